@@ -1,0 +1,154 @@
+//! Fenwick levels (MATH §2.2 "Fenwick levels", §2.6 "Chunked form").
+//!
+//! Token `t` sees token `s ≤ t` at level $\ell(t,s)$: $\ell(t,t) = 0$ and, for $s < t$,
+//! $\ell(t,s) = \operatorname{bitlen}(t \oplus s) = \lfloor \log_2 (t \oplus s) \rfloor + 1$.
+//! The levels of `t` partition $[0, t]$ into buckets of sizes $1, 2^{\ell-1}$.
+
+use std::ops::Range;
+
+/// Number of bits needed to write `x`: $\operatorname{bitlen}(0) = 0$,
+/// $\operatorname{bitlen}(x) = \lfloor \log_2 x \rfloor + 1$ for $x \ge 1$.
+fn bitlen(x: usize) -> usize {
+    (usize::BITS - x.leading_zeros()) as usize
+}
+
+/// Fenwick level $\ell(t,s)$ of MATH §2.2: $0$ when $s = t$, otherwise
+/// $\operatorname{bitlen}(t \oplus s)$.
+///
+/// The definition is for $s \le t$; the formula is symmetric, so for $s > t$ this returns
+/// $\ell(s,t)$.
+pub fn level(t: usize, s: usize) -> usize {
+    bitlen(t ^ s)
+}
+
+/// Number of levels needed for sequences of length $T$ (MATH §2.2):
+/// $L(T) = \operatorname{bitlen}(T-1) + 1$, with $L(1) = 1$ and, by convention, $L(0) = 1$.
+pub fn num_levels(t_len: usize) -> usize {
+    bitlen(t_len.saturating_sub(1)) + 1
+}
+
+/// The bucket of token `t` at level `l` (MATH §2.2): the positions $s \le t$ with $\ell(t,s) = l$.
+///
+/// Level $0$ is $\{t\}$. Level $\ell \ge 1$ is non-empty iff bit $\ell-1$ of $t$ is $1$, and then is
+/// $\big[(t \gg \ell) \ll \ell,\ ((t \gg \ell) \ll \ell) + 2^{\ell-1}\big)$; otherwise `None`.
+/// Levels beyond the word size are empty (`None`); level 0 of `usize::MAX` is `None` too, as
+/// its range end would not be representable.
+pub fn bucket(t: usize, l: usize) -> Option<Range<usize>> {
+    if l == 0 {
+        return t.checked_add(1).map(|end| t..end);
+    }
+    let bit = u32::try_from(l - 1).ok().filter(|&b| b < usize::BITS)?;
+    if (t >> bit) & 1 == 0 {
+        return None;
+    }
+    // l = bit + 1 ≤ usize::BITS; (t >> l) << l clears the low l bits.
+    let base = if bit + 1 == usize::BITS { 0 } else { (t >> (bit + 1)) << (bit + 1) };
+    // base + 2^(l-1) ≤ t because bit l-1 of t is set: no overflow.
+    Some(base..base + (1usize << bit))
+}
+
+/// Level between tokens in different chunks of the chunked form (MATH §2.6): with chunk size
+/// $C = 2^c$, chunk indices $i = \lfloor t/C \rfloor \ne j = \lfloor s/C \rfloor$ give
+/// $\ell(t,s) = c + \operatorname{bitlen}(i \oplus j)$.
+///
+/// For $i = j$ this returns $c$, which is only an upper bound on the intra-chunk level: use
+/// [`level`] inside a chunk.
+pub fn chunk_level(i: usize, j: usize, c: u32) -> usize {
+    c as usize + bitlen(i ^ j)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn level_matches_bucket_enumeration_and_buckets_partition() {
+        for t in 0..2048usize {
+            let mut covered = vec![0u8; t + 1];
+            for l in 0..num_levels(t + 1) + 2 {
+                if let Some(r) = bucket(t, l) {
+                    assert!(r.end <= t + 1, "bucket({t},{l}) = {r:?} exceeds t");
+                    assert!(!r.is_empty());
+                    for s in r {
+                        covered[s] += 1;
+                        assert_eq!(level(t, s), l, "t={t} s={s}");
+                    }
+                }
+            }
+            assert!(covered.iter().all(|&c| c == 1), "buckets of t={t} do not partition [0,t]");
+            // Direct enumeration: level(t,s) is the unique l whose bucket holds s.
+            for s in 0..t {
+                let ls: Vec<usize> =
+                    (0..64).filter(|&l| bucket(t, l).is_some_and(|r| r.contains(&s))).collect();
+                assert_eq!(ls, vec![level(t, s)], "t={t} s={s}");
+            }
+        }
+    }
+
+    #[test]
+    fn num_levels_values() {
+        assert_eq!(num_levels(0), 1);
+        assert_eq!(num_levels(1), 1);
+        assert_eq!(num_levels(2), 2);
+        assert_eq!(num_levels(3), 3);
+        assert_eq!(num_levels(4), 3);
+        assert_eq!(num_levels(5), 4);
+        assert_eq!(num_levels(1024), 11);
+        assert_eq!(num_levels(1025), 12);
+        // Every level reached by some pair s ≤ t < T is < L(T).
+        for t_len in 1..300usize {
+            let max = (0..t_len).flat_map(|t| (0..=t).map(move |s| level(t, s))).max().unwrap();
+            assert_eq!(max + 1, num_levels(t_len), "T={t_len}");
+        }
+    }
+
+    #[test]
+    fn bucket_edge_cases() {
+        assert_eq!(bucket(0, 0), Some(0..1));
+        assert_eq!(bucket(0, 1), None);
+        assert_eq!(bucket(5, 1), Some(4..5));
+        assert_eq!(bucket(5, 2), None);
+        assert_eq!(bucket(5, 3), Some(0..4));
+        assert_eq!(bucket(usize::MAX, 0), None);
+        assert_eq!(bucket(usize::MAX, 64), Some(0..1 << 63));
+        assert_eq!(bucket(usize::MAX, 65), None);
+        assert_eq!(bucket(1, usize::MAX), None);
+        assert_eq!(level(3, 7), level(7, 3));
+    }
+
+    #[test]
+    fn chunk_level_matches_level() {
+        for c in 0..5u32 {
+            for t in 0..300usize {
+                for s in 0..=t {
+                    let (i, j) = (t >> c, s >> c);
+                    if i != j {
+                        assert_eq!(chunk_level(i, j, c), level(t, s), "c={c} t={t} s={s}");
+                    } else {
+                        assert!(level(t, s) <= chunk_level(i, j, c));
+                    }
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn prop_level_in_its_bucket(t in 0usize..(1 << 40), back in 0usize..(1 << 40)) {
+            let s = t.saturating_sub(back);
+            let l = level(t, s);
+            let r = bucket(t, l).expect("the bucket holding s is non-empty");
+            prop_assert!(r.contains(&s));
+            prop_assert!(l < num_levels(t + 1));
+        }
+
+        #[test]
+        fn prop_chunk_level(t in 0usize..(1 << 30), s in 0usize..(1 << 30), c in 0u32..12) {
+            let (t, s) = (t.max(s), t.min(s));
+            if t >> c != s >> c {
+                prop_assert_eq!(chunk_level(t >> c, s >> c, c), level(t, s));
+            }
+        }
+    }
+}

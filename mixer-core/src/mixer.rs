@@ -1,0 +1,112 @@
+//! The mixer and decoder contracts every family implements.
+
+use std::any::Any;
+use std::fmt::Debug;
+
+use ndarray::{ArrayD, Axis, IxDyn};
+
+use crate::error::{Error, Result, fmt_shape};
+use crate::materialize::Materialization;
+use crate::real::Real;
+use crate::spec::{Bound, Dims, InputSpec};
+use crate::tensor::{AnyTensors, Tensors, token_slice};
+
+/// A configured mixer: what it takes, and its materialization. Backends implement its forms
+/// (see `mixer-registry`'s kernel entries); this trait is backend-free.
+pub trait Mixer: Send + Sync + Debug + Any {
+    /// The registered name (e.g. `kth-order`).
+    fn name(&self) -> &str;
+    /// The key under which backends register its forms (e.g. `glr` for all its aliases).
+    fn kernel(&self) -> &'static str;
+    /// The normalized configuration, as JSON.
+    fn config(&self) -> serde_json::Value;
+    /// Inputs, symbolic shapes and constraints.
+    fn spec(&self) -> InputSpec;
+    /// Requirements on derived sizes for bound base sizes (e.g. `K = K(T)`, `L ≥ L(T)`).
+    fn bounds(&self, _dims: &Dims) -> Vec<(&'static str, Bound, &'static str)> {
+        Vec::new()
+    }
+    /// The materialization `(A, B)` for these inputs (`f64`, validated).
+    fn materialize(&self, inputs: &Tensors<f64>) -> Result<Materialization>;
+    /// Valid random inputs of the given sizes. The default draws from the spec; families
+    /// override it to plant garbage where it must be ignored, normalise keys, etc.
+    fn random_inputs(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
+        let dims = complete_dims(self, dims);
+        self.spec().random(&dims, seed, false)
+    }
+    /// Upcast for backends that downcast to the concrete configuration.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Fills in derived sizes (`K`, `L`, …) from their bounds.
+pub fn complete_dims<M: Mixer + ?Sized>(m: &M, dims: &Dims) -> Dims {
+    let mut d = dims.clone();
+    for (sym, b, _) in m.bounds(dims) {
+        d.entry(sym).or_insert(match b {
+            Bound::Exact(n) | Bound::AtLeast(n) => n,
+        });
+    }
+    d
+}
+
+/// Checks shapes, derived sizes and value constraints; returns the bound sizes.
+pub fn validate(m: &dyn Mixer, inputs: &AnyTensors) -> Result<Dims> {
+    let spec = m.spec();
+    let dims = spec.bind(&inputs.shapes())?;
+    spec.check_bounds(&dims, &m.bounds(&dims))?;
+    match inputs {
+        AnyTensors::F32(t) => spec.check_values(t)?,
+        AnyTensors::F64(t) => spec.check_values(t)?,
+    }
+    Ok(dims)
+}
+
+/// Downcasts a mixer to its concrete type, with an error naming both.
+pub fn downcast<'a, T: 'static>(m: &'a dyn Mixer, backend: &str) -> Result<&'a T> {
+    m.as_any().downcast_ref::<T>().ok_or_else(|| Error::Backend {
+        backend: backend.to_string(),
+        kernel: Some(m.kernel().to_string()),
+        message: format!("mixer `{}` is not a {}", m.name(), std::any::type_name::<T>()),
+    })
+}
+
+/// A token-by-token decoder with a bounded cache or state.
+pub trait Decoder<F: Real>: Send {
+    /// Consumes the per-token inputs of the next position (sequence axis removed, e.g.
+    /// `x [B, C]`) and returns that position's output (e.g. `[B, C]`).
+    fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>>;
+    /// Number of scalars held in the cache/state right now.
+    fn cache_elems(&self) -> usize;
+    /// Number of tokens consumed so far.
+    fn position(&self) -> usize;
+}
+
+/// Runs a decoder over a whole sequence; returns `y` with the shape of the mixed input.
+/// Calls `observe(t, cache_elems)` after every step.
+pub fn run_decoder<F: Real>(
+    dec: &mut dyn Decoder<F>,
+    spec: &InputSpec,
+    inputs: &Tensors<F>,
+    mut observe: impl FnMut(usize, usize),
+) -> Result<ArrayD<F>> {
+    let mixed = crate::tensor::get(inputs, spec.mixed)?;
+    let shape = mixed.shape().to_vec();
+    let t_len = shape[1];
+    let per_token = spec.per_token();
+    let mut y = ArrayD::<F>::zeros(IxDyn(&shape));
+    for t in 0..t_len {
+        let tok = token_slice(inputs, &per_token, t);
+        let yt = dec.step(&tok)?;
+        let mut dst = y.index_axis_mut(Axis(1), t);
+        if yt.shape() != dst.shape() {
+            return Err(Error::Decoder(format!(
+                "step {t} returned {}, expected {}",
+                fmt_shape(yt.shape()),
+                fmt_shape(dst.shape())
+            )));
+        }
+        dst.assign(&yt);
+        observe(t, dec.cache_elems());
+    }
+    Ok(y)
+}

@@ -1,0 +1,7 @@
+//! Definitions of the builtin mixers: configuration, input spec, bounds and materialization
+//! (backend-free). Backends implement their forms; `mixer-registry` registers them.
+
+pub mod attention;
+pub mod glr;
+pub mod loglinear;
+pub mod toeplitz;

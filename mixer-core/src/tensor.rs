@@ -1,0 +1,157 @@
+//! Named tensors: the inputs and outputs of every mixer (`ndarray`, row-major, batch first).
+
+use std::collections::BTreeMap;
+
+use ndarray::{ArrayD, Axis};
+
+use crate::error::{Error, Result};
+use crate::real::Real;
+
+/// Named tensors of one scalar type, e.g. `{"q": [B,T,H,Dk], "k": …, "v": …}`.
+pub type Tensors<F> = BTreeMap<String, ArrayD<F>>;
+
+/// The scalar type of a computation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub enum DType {
+    /// 32-bit float.
+    F32,
+    /// 64-bit float.
+    F64,
+}
+
+impl DType {
+    /// `"f32"` or `"f64"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F64 => "f64",
+        }
+    }
+}
+
+/// A tensor of either scalar type.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Tensor {
+    /// `f32` data.
+    F32(ArrayD<f32>),
+    /// `f64` data.
+    F64(ArrayD<f64>),
+}
+
+impl Tensor {
+    /// The scalar type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            Tensor::F32(_) => DType::F32,
+            Tensor::F64(_) => DType::F64,
+        }
+    }
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        match self {
+            Tensor::F32(a) => a.shape(),
+            Tensor::F64(a) => a.shape(),
+        }
+    }
+    /// A copy in `f64`.
+    pub fn to_f64(&self) -> ArrayD<f64> {
+        match self {
+            Tensor::F32(a) => a.mapv(|x| x as f64),
+            Tensor::F64(a) => a.clone(),
+        }
+    }
+}
+
+/// Named tensors of one scalar type, either `f32` or `f64`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AnyTensors {
+    /// All `f32`.
+    F32(Tensors<f32>),
+    /// All `f64`.
+    F64(Tensors<f64>),
+}
+
+impl AnyTensors {
+    /// Gathers named tensors; they must share one scalar type.
+    pub fn from_tensors(map: BTreeMap<String, Tensor>) -> Result<Self> {
+        let dtypes: std::collections::BTreeSet<DType> = map.values().map(Tensor::dtype).collect();
+        if dtypes.len() > 1 {
+            let list: Vec<String> = map.iter().map(|(k, v)| format!("{k}: {}", v.dtype().name())).collect();
+            return Err(Error::Io(format!(
+                "inputs mix f32 and f64 ({}); expected one dtype",
+                list.join(", ")
+            )));
+        }
+        if dtypes.contains(&DType::F32) {
+            Ok(AnyTensors::F32(
+                map.into_iter()
+                    .map(|(k, v)| if let Tensor::F32(a) = v { (k, a) } else { unreachable!() })
+                    .collect(),
+            ))
+        } else {
+            Ok(AnyTensors::F64(map.into_iter().map(|(k, v)| (k, v.to_f64())).collect()))
+        }
+    }
+    /// The scalar type.
+    pub fn dtype(&self) -> DType {
+        match self {
+            AnyTensors::F32(_) => DType::F32,
+            AnyTensors::F64(_) => DType::F64,
+        }
+    }
+    /// All tensors converted to `f64`.
+    pub fn to_f64(&self) -> Tensors<f64> {
+        match self {
+            AnyTensors::F32(m) => m.iter().map(|(k, v)| (k.clone(), v.mapv(|x| x as f64))).collect(),
+            AnyTensors::F64(m) => m.clone(),
+        }
+    }
+    /// Names and shapes, for messages.
+    pub fn shapes(&self) -> BTreeMap<String, Vec<usize>> {
+        match self {
+            AnyTensors::F32(m) => m.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect(),
+            AnyTensors::F64(m) => m.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect(),
+        }
+    }
+}
+
+/// Converts named `f64` tensors to another scalar type.
+pub fn cast_tensors<F: Real>(m: &Tensors<f64>) -> Tensors<F> {
+    m.iter().map(|(k, v)| (k.clone(), v.mapv(F::of))).collect()
+}
+
+/// Converts a tensor to `f64`.
+pub fn to_f64<F: Real>(a: &ArrayD<F>) -> ArrayD<f64> {
+    a.mapv(|x| x.f64())
+}
+
+/// Looks up a named input, with an error listing what was given.
+pub fn get<'a, F>(m: &'a Tensors<F>, name: &str) -> Result<&'a ArrayD<F>> {
+    m.get(name).ok_or_else(|| Error::MissingInput {
+        name: name.to_string(),
+        expected: "a tensor".into(),
+        given: m.keys().cloned().collect::<Vec<_>>().join(", "),
+    })
+}
+
+/// The slice of every per-token input at position `t` (sequence axis 1 removed), for decoders.
+pub fn token_slice<F: Clone>(m: &Tensors<F>, per_token: &[String], t: usize) -> Tensors<F> {
+    m.iter()
+        .filter(|(k, _)| per_token.contains(k))
+        .map(|(k, v)| (k.clone(), v.index_axis(Axis(1), t).to_owned()))
+        .collect()
+}
+
+/// The prefix `[0, len)` along the sequence axis of every per-token input.
+pub fn prefix<F: Clone>(m: &Tensors<F>, per_token: &[String], len: usize) -> Tensors<F> {
+    m.iter()
+        .map(|(k, v)| {
+            let v = if per_token.contains(k) {
+                v.slice_axis(Axis(1), ndarray::Slice::from(0..len)).to_owned()
+            } else {
+                v.clone()
+            };
+            (k.clone(), v)
+        })
+        .collect()
+}

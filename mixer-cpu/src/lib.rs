@@ -1,0 +1,25 @@
+//! # mixer-cpu
+//!
+//! The CPU backend: every builtin family's forms, with ndarray, faer (matmul, triangular
+//! solve), realfft/rustfft (FFT) and rayon (parallel over batch × heads/channels). One folder
+//! per family; each registers a [`KernelEntry`](mixer_registry::KernelEntry) for backend `cpu`.
+
+pub mod attention;
+pub mod glr;
+pub mod loglinear;
+pub mod toeplitz;
+
+use mixer_registry::{Availability, BackendEntry, register};
+
+fn probe() -> Availability {
+    let threads = rayon::current_num_threads();
+    Availability::Available(format!("{threads} threads"))
+}
+
+#[register]
+static CPU: BackendEntry = BackendEntry {
+    name: "cpu",
+    doc: "CPU: ndarray + faer + realfft, parallel with rayon",
+    priority: 0,
+    probe,
+};

@@ -1,0 +1,114 @@
+//! The entry types placed in the link-time slices by `#[register]`.
+
+use mixer_core::mixer::{Decoder, Mixer};
+use mixer_core::{Dims, Form, Result, Tensors};
+use ndarray::ArrayD;
+
+/// An offset pattern `f(k)` (MATH.md §1.1): strictly increasing, `f(k) ≥ 1`; `f(0) = 1` if
+/// it is to be used with the cache-efficient lattice.
+#[derive(Debug)]
+pub struct PatternEntry {
+    /// Name used in configs (`"pattern": "pow2"`).
+    pub name: &'static str,
+    /// One-line description.
+    pub doc: &'static str,
+    /// `f(k)`; may saturate at `u64::MAX`.
+    pub offset: fn(usize) -> u64,
+    /// Optional CUDA device function `__device__ long long mixers_offset(int k)`; the CUDA
+    /// backend otherwise ships the offsets as a table (which always works).
+    pub cuda: Option<&'static str>,
+}
+
+/// A causal level mask for the log-linear lift (MATH.md §2.3): `ℓ(t, s)` for `s ≤ t`.
+#[derive(Debug)]
+pub struct MaskEntry {
+    /// Name used in configs (`"mask": "fenwick"`).
+    pub name: &'static str,
+    /// One-line description.
+    pub doc: &'static str,
+    /// The level of `s` as seen from `t` (`s ≤ t`); must be `< levels(T)` for `t < T`.
+    pub level: fn(usize, usize) -> usize,
+    /// Number of levels needed for length `T`.
+    pub levels: fn(usize) -> usize,
+    /// CUDA device function `__device__ int mixers_level(long long t, long long s)`, spliced
+    /// into the generic quadratic kernel.
+    pub cuda: Option<&'static str>,
+}
+
+/// A λ scheme (MATH.md §2.4): maps a raw projection and a per-(head, level) parameter
+/// (learnable, initialised to 1) to a weight `λ ≥ 0`.
+#[derive(Debug)]
+pub struct LambdaEntry {
+    /// Name used in configs (`"lambda_scheme": "softplus"`).
+    pub name: &'static str,
+    /// One-line description.
+    pub doc: &'static str,
+    /// `λ = map(raw, param)`.
+    pub map: fn(f64, f64) -> f64,
+    /// CUDA device function `__device__ double mixers_lambda(double raw, double param)`.
+    pub cuda: Option<&'static str>,
+}
+
+/// Builds a mixer from its registered name and a JSON configuration.
+pub type BuildFn = fn(&str, &serde_json::Value) -> Result<Box<dyn Mixer>>;
+
+/// A mixer: its name, family and constructor.
+#[derive(Debug)]
+pub struct MixerEntry {
+    /// Registered name (`"glr"`, `"mamba2"`, …).
+    pub name: &'static str,
+    /// Family (`"glr"`, `"attention"`, `"loglinear"`, `"toeplitz"`, or a plugin's).
+    pub family: &'static str,
+    /// One-line description.
+    pub doc: &'static str,
+    /// Constructor from a JSON config (`{}` gives the defaults).
+    pub build: BuildFn,
+    /// Configurations (JSON) exercised by `mixers check` and the tour.
+    pub examples: &'static [&'static str],
+}
+
+/// Availability of a backend on this machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Availability {
+    /// Usable; the string describes the device.
+    Available(String),
+    /// Not usable; the string says why.
+    Unavailable(String),
+}
+
+/// A compute backend (`cpu`, `cuda`, or a plugin's).
+#[derive(Debug)]
+pub struct BackendEntry {
+    /// Name (`MIXERS_BACKEND=<name>`).
+    pub name: &'static str,
+    /// One-line description.
+    pub doc: &'static str,
+    /// Higher is preferred by `Backend::auto()` when available.
+    pub priority: i32,
+    /// Whether it can run here (must never panic, e.g. when a driver is missing).
+    pub probe: fn() -> Availability,
+}
+
+/// Runs a form of a mixer on tensors of one scalar type.
+pub type RunFn<F> = fn(&dyn Mixer, Form, &Tensors<F>) -> Result<ArrayD<F>>;
+/// Builds a decoder from the static inputs (those without a sequence axis) and the sizes.
+pub type DecoderFn<F> = fn(&dyn Mixer, &Tensors<F>, &Dims) -> Result<Box<dyn Decoder<F>>>;
+
+/// A backend's implementation of the forms of one mixer kernel (e.g. `glr` on `cpu`).
+#[derive(Debug)]
+pub struct KernelEntry {
+    /// The mixer kernel key ([`Mixer::kernel`]).
+    pub kernel: &'static str,
+    /// The backend name.
+    pub backend: &'static str,
+    /// Forms computed by `run_*` (the recurrent form comes from the decoder).
+    pub forms: &'static [Form],
+    /// `f64` forms.
+    pub run_f64: RunFn<f64>,
+    /// `f32` forms.
+    pub run_f32: RunFn<f32>,
+    /// `f64` decoder.
+    pub decoder_f64: Option<DecoderFn<f64>>,
+    /// `f32` decoder.
+    pub decoder_f32: Option<DecoderFn<f32>>,
+}

@@ -1,0 +1,143 @@
+//! The cross-check harness: for a mixer, a seed and sizes, draw valid inputs from its spec,
+//! run every form on every available backend in `f64` and `f32`, and compare each with the
+//! `f64` materialized oracle.
+
+use std::time::Instant;
+
+use mixer_core::mixer::{Mixer, complete_dims};
+use mixer_core::{DType, Dims, Form, Tolerance};
+use serde::Serialize;
+
+use crate::backend::Backend;
+use crate::run::{forms, oracle, run_as};
+
+/// Sizes for a check: `B`, `T`, `C`, `H`, `Dk`, `Dv` (a mixer uses those it needs).
+#[derive(Clone, Debug, Serialize)]
+pub struct Sizes {
+    /// Batch.
+    pub batch: usize,
+    /// Sequence length.
+    pub seq: usize,
+    /// Channels.
+    pub channels: usize,
+    /// Heads.
+    pub heads: usize,
+    /// Key/query head dim.
+    pub dk: usize,
+    /// Value head dim.
+    pub dv: usize,
+}
+
+impl Default for Sizes {
+    fn default() -> Self {
+        Sizes { batch: 2, seq: 37, channels: 6, heads: 2, dk: 5, dv: 3 }
+    }
+}
+
+impl Sizes {
+    /// As named dims.
+    pub fn dims(&self) -> Dims {
+        [
+            ("B", self.batch),
+            ("T", self.seq),
+            ("C", self.channels),
+            ("H", self.heads),
+            ("Dk", self.dk),
+            ("Dv", self.dv),
+        ]
+        .into_iter()
+        .collect()
+    }
+}
+
+/// One line of a check report.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckRow {
+    /// Mixer name.
+    pub mixer: String,
+    /// Its config (JSON).
+    pub config: String,
+    /// Backend.
+    pub backend: String,
+    /// Form.
+    pub form: Form,
+    /// Scalar type.
+    pub dtype: DType,
+    /// Sequence length.
+    pub seq: usize,
+    /// Relative RMS error against the oracle.
+    pub rel_rms: f64,
+    /// Max-abs error against the oracle.
+    pub max_abs: f64,
+    /// Whether it passed its dtype's tolerance.
+    pub pass: bool,
+    /// The error message, if the form failed to run.
+    pub error: Option<String>,
+    /// Wall time of the run, in milliseconds.
+    pub millis: f64,
+}
+
+/// Checks one configured mixer on the given backends. Returns one row per backend × form ×
+/// dtype; a failure to run is a failed row, not an error.
+pub fn check(m: &dyn Mixer, backends: &[Backend], sizes: &Sizes, seed: u64) -> Vec<CheckRow> {
+    let dims = complete_dims(m, &sizes.dims());
+    let cfg = m.config().to_string();
+    let base = |backend: &str, form: Form, dtype: DType| CheckRow {
+        mixer: m.name().to_string(),
+        config: cfg.clone(),
+        backend: backend.to_string(),
+        form,
+        dtype,
+        seq: sizes.seq,
+        rel_rms: f64::INFINITY,
+        max_abs: f64::INFINITY,
+        pass: false,
+        error: None,
+        millis: 0.0,
+    };
+    let inputs = match m.random_inputs(&dims, seed) {
+        Ok(i) => i,
+        Err(e) => {
+            return vec![CheckRow {
+                error: Some(format!("random inputs: {e}")),
+                ..base("-", Form::Materialized, DType::F64)
+            }];
+        }
+    };
+    let want = match oracle(m, &inputs) {
+        Ok(y) => y,
+        Err(e) => {
+            return vec![CheckRow {
+                error: Some(format!("oracle: {e}")),
+                ..base("-", Form::Materialized, DType::F64)
+            }];
+        }
+    };
+    let mut rows = Vec::new();
+    for b in backends {
+        for form in forms(m, b.name()) {
+            if form == Form::Materialized {
+                continue;
+            }
+            for dtype in [DType::F64, DType::F32] {
+                let tol = Tolerance::for_dtype(dtype.name());
+                let t0 = Instant::now();
+                let got = run_as(m, b.name(), form, &inputs, dtype);
+                let millis = t0.elapsed().as_secs_f64() * 1e3;
+                let mut row = base(b.name(), form, dtype);
+                row.millis = millis;
+                match got {
+                    Ok(y) => {
+                        let c = tol.compare(y.view(), want.view());
+                        row.rel_rms = c.rel_rms;
+                        row.max_abs = c.max_abs;
+                        row.pass = c.pass;
+                    }
+                    Err(e) => row.error = Some(e.to_string()),
+                }
+                rows.push(row);
+            }
+        }
+    }
+    rows
+}
