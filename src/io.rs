@@ -1,0 +1,1 @@
+//! npz and JSON input/output (in progress)
