@@ -20,7 +20,7 @@ use faer::{Accum, Mat, Par};
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Real, Result};
 
-use super::common::{Head, decay_tile};
+use super::common::{Head, decay_matrix_tiled, decay_tile};
 
 /// Rows per tile of the masked product.
 const TILE: usize = 128;
@@ -99,7 +99,7 @@ fn masked_attention<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> 
 fn delta_rule<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
     let t_len = hd.q.nrows();
     let dv = hd.v.ncols();
-    let ms = decay_tile::<F>(&hd.g, 0, t_len);
+    let ms = decay_matrix_tiled::<F>(&hd.g, TILE);
     // L = I + strict(diag(β)(KKᵀ ⊙ Mˢ)); the unit solves never read the diagonal.
     let mut l = Mat::<F>::zeros(t_len, t_len);
     matmul(l.as_mut(), Accum::Replace, hd.k, hd.k.transpose(), F::one(), Par::Seq);
