@@ -1,1 +1,3 @@
-fn main() { eprintln!("glr_scaling: not written yet"); }
+fn main() {
+    eprintln!("glr_scaling: not written yet");
+}
