@@ -277,7 +277,8 @@ pub fn source(body: &str) -> String {
 macro_rules! launch {
     ($g:expr, $kernel:expr, $f:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
         use cudarc::driver::PushKernelArg;
-        let mut b = $g.stream.launch_builder(&$f);
+        let func = $f;
+        let mut b = $g.stream.launch_builder(&func);
         $( b.arg($arg); )*
         // SAFETY: the argument list matches the kernel's signature in `kernels/*.cu` (types
         // and order); buffers are sized by the caller for the launch's index range.
