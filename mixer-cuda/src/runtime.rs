@@ -209,6 +209,7 @@ impl Gpu {
     pub fn download<F: GpuReal>(&self, kernel: &str, d: &CudaSlice<F>, shape: &[usize]) -> Result<ArrayD<F>> {
         let n: usize = shape.iter().product();
         let mut v = self.stream.clone_dtoh(d).map_err(|e| err(kernel, format!("device→host copy: {e}")))?;
+        self.sync(kernel)?;
         if v.len() < n {
             return Err(err(
                 kernel,
@@ -302,4 +303,12 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
     ("toeplitz", include_str!("../kernels/toeplitz.cu")),
     ("glr", include_str!("../kernels/glr.cu")),
     ("attention", include_str!("../kernels/attention.cu")),
+    (
+        "loglinear",
+        concat!(
+            "__device__ int mixers_level(long long t, long long s) { return 0; }\n",
+            "__device__ double mixers_lambda(double raw, double param) { return raw; }\n",
+            include_str!("../kernels/loglinear.cu")
+        ),
+    ),
 ];

@@ -16,7 +16,8 @@ pub fn run<F: FftReal>(tz: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>> 
     if b * t * c == 0 {
         return Ok(ArrayD::zeros(IxDyn(&[b, t, c])));
     }
-    let n = fast_size(2 * t - 1);
+    // p ≥ 2T − 1 (no wrap-around); at least 8 to keep cuFFT away from degenerate sizes.
+    let n = fast_size((2 * t - 1).max(8));
     let nf = n / 2 + 1;
     check_elems(KERNEL, b * c * n)?;
     check_elems(KERNEL, kw * h * n)?;
