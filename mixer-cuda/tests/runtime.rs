@@ -89,3 +89,24 @@ fn module_compile_errors_are_backend_errors_on_device() {
     let e = gpu().unwrap().module("broken", "extern \"C\" __global__ void k() { nope(); }", &[]).unwrap_err();
     assert!(matches!(e, Error::Backend { ref kernel, .. } if kernel.as_deref() == Some("broken")), "{e}");
 }
+
+#[test]
+fn loglinear_kernel_compiles_with_every_registered_mask_and_lambda_scheme() {
+    use mixers_plugin_fibonacci as _;
+    if !nvrtc_available() {
+        eprintln!("skipped: NVRTC (libnvrtc.so) not found");
+        return;
+    }
+    let body = mixer_cuda::loglinear::SRC;
+    let mut n = 0;
+    for mask in mixer_registry::MASKS.iter() {
+        for lam in mixer_registry::LAMBDAS.iter() {
+            let (Some(ms), Some(ls)) = (mask.cuda, lam.cuda) else { continue };
+            let src = source(&format!("{ms}\n{ls}\n{body}"));
+            compile_only("loglinear", &src, "sm_90")
+                .unwrap_or_else(|e| panic!("mask `{}` × λ `{}`: {e}", mask.name, lam.name));
+            n += 1;
+        }
+    }
+    assert!(n >= 4, "expected the builtin and plugin masks × schemes, compiled {n}");
+}

@@ -21,7 +21,7 @@ use crate::runtime::{GpuReal, err};
 /// Kernel family name in errors.
 pub(crate) const KERNEL: &str = "loglinear";
 /// The generic kernel (`kernels/loglinear.cu`), without the mask and λ functions.
-pub(crate) const SRC: &str = include_str!("../../kernels/loglinear.cu");
+pub const SRC: &str = include_str!("../../kernels/loglinear.cu");
 
 fn run<F: GpuReal>(m: &dyn Mixer, form: Form, x: &Tensors<F>) -> Result<ArrayD<F>> {
     let ll = downcast::<LogLinear>(m, "cuda")?;

@@ -1,6 +1,6 @@
 //! Naive decoder on the GPU: the input history `x_0..x_t` stays on the device
 //! (`[T, B, C]`), and token $t$ costs $O(t)$ per channel:
-//! $y_t[e] = \sum_i \sum_{s \le t} w[i,h(e),t-s]\, x_s[e+i-(K_w-1)] + \text{bias}[h(e),t]$.
+//! $y_{t,e} = \sum_i \sum_{s \le t} w[i,h(e),t-s]\, x_s[e+i-(K_w-1)] + \text{bias}[h(e),t]$.
 //! Its cache is the whole history ($t \cdot B \cdot C$ elements after $t$ tokens).
 
 use cudarc::driver::CudaSlice;

@@ -1,5 +1,5 @@
 //! Toeplitz mixer on CUDA (MATH.md §3):
-//! $y[t,e] = \sum_{i<K_w} \sum_{s \le t} w[i, h(e), t-s]\, x[s, e+i-(K_w-1)] + \text{bias}[h(e), t]$.
+//! $y_{t,e} = \sum_{i<K_w} \sum_{s \le t} w[i, h(e), t-s]\, x[s, e+i-(K_w-1)] + \text{bias}[h(e), t]$.
 //!
 //! - `fast`: batched real FFTs through cuFFT (plans cached): pack `x` and `w` into zero-padded
 //!   rows of a fast size $p \ge 2T-1$, R2C, multiply-accumulate the spectra over the kernel
