@@ -124,3 +124,36 @@ fn list_shows_every_kind_and_cuda_status() {
     let cuda_line = out.lines().find(|l| l.trim_start().starts_with("cuda:")).expect("a cuda line");
     assert!(cuda_line.contains("available ("), "{cuda_line}");
 }
+
+#[test]
+fn backend_environment_overrides() {
+    use mixers::prelude::*;
+    let m = mixers::registry::mixer("glr", &serde_json::json!({})).unwrap();
+    let inputs = m.random_inputs(&Sizes { seq: 9, ..Sizes::default() }.dims(), 1).unwrap();
+    let p = tmp("env.npz");
+    mixers::io::write_tensors(&p, &inputs).unwrap();
+    let out = tmp("env_y.npz");
+    let args = ["run", "--mixer", "glr", "--inputs", p.to_str().unwrap(), "--out", out.to_str().unwrap()];
+    let gpu = matches!(
+        (mixers::registry::backend_entry("cuda").unwrap().probe)(),
+        mixers::registry::Availability::Available(_)
+    );
+    let run_with = |k: &str, v: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_mixers")).args(args).env(k, v).output().unwrap();
+        (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (code, err) = run_with("MIXERS_BACKEND", "cpu");
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("on cpu"), "{err}");
+    let (code, err) = run_with("MIXERS_REQUIRE_CUDA", "1");
+    if gpu {
+        assert_eq!(code, 0, "{err}");
+        assert!(err.contains("on cuda"), "{err}");
+    } else {
+        assert_eq!(code, 2);
+        assert_one_line_error(&err, &["backend `cuda` is not available", "MIXERS_REQUIRE_CUDA=1"]);
+        let (code, err) = run_with("MIXERS_BACKEND", "cuda");
+        assert_eq!(code, 2);
+        assert_one_line_error(&err, &["backend `cuda` is not available"]);
+    }
+}
