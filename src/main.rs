@@ -5,6 +5,10 @@
 #[cfg(feature = "example-plugin")]
 use mixers_plugin_fibonacci as _;
 
+// Counts heap bytes so that `mixers bench` can report peak working memory.
+#[global_allocator]
+static ALLOC: mixers::cli::bench::CountingAlloc = mixers::cli::bench::CountingAlloc;
+
 fn main() {
     std::process::exit(mixers::cli::main());
 }

@@ -42,9 +42,14 @@ pub fn listing() -> String {
         match (e.build)(e.name, &serde_json::json!({})) {
             Ok(m) => {
                 s += &format!("  {:<26} inputs: {}\n", "", m.spec().describe());
-                for (b, _) in &status {
+                for (b, av) in &status {
                     let f: Vec<&str> = forms(m.as_ref(), b).iter().map(|f| f.name()).collect();
-                    s += &format!("  {:<26} {b}: {}\n", "", f.join(", "));
+                    let note = if matches!(av, Availability::Available(_)) {
+                        ""
+                    } else {
+                        " (backend not available here)"
+                    };
+                    s += &format!("  {:<26} {b}: {}{note}\n", "", f.join(", "));
                 }
             }
             Err(err) => s += &format!("  {:<26} (needs a config: {err})\n", ""),

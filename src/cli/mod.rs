@@ -1,8 +1,9 @@
-//! The `mixers` command line: `list`, `run`, `check`, `metrics`, `tour`.
+//! The `mixers` command line: `list`, `run`, `check`, `metrics`, `bench`, `tour`.
 //!
 //! It lives in the library so that a researcher's own binary, linking extra plugins, can
 //! offer the same commands: `fn main() { std::process::exit(mixers::cli::main()) }`.
 
+pub mod bench;
 mod check;
 mod list;
 mod metrics;
@@ -30,6 +31,8 @@ enum Command {
     Check(check::Args),
     /// Structural metrics of an offset pattern (shortest paths, congestion, cost, cache).
     Metrics(metrics::Args),
+    /// Scaling, memory and form/backend comparisons: tables, JSON and log–log plots.
+    Bench(bench::Args),
     /// The guided tour: what is registered, a check of every mixer, the structural table.
     Tour(tour::Args),
 }
@@ -43,6 +46,7 @@ pub fn main() -> i32 {
         Command::Run(a) => run::run(a),
         Command::Check(a) => check::run(a),
         Command::Metrics(a) => metrics::run(a),
+        Command::Bench(a) => bench::run(a),
         Command::Tour(a) => tour::run(a),
     };
     match r {

@@ -402,6 +402,12 @@ impl Mixer for LogLinear {
         }
         Ok(mat)
     }
+    fn form_unsupported(&self, form: crate::Form) -> Option<String> {
+        let needs_fenwick = matches!(form, crate::Form::Fast | crate::Form::Recurrent);
+        (needs_fenwick && !self.has_fenwick_structure())
+            .then(|| format!("the {form} form needs the Fenwick mask (the chunked and O(log T) recurrent algorithms use its structure)"))
+    }
+
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
