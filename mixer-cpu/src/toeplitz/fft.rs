@@ -1,0 +1,331 @@
+//! FFT machinery of the Toeplitz forms: fast sizes, the process-wide plan cache, the kernel
+//! spectrum cache, and the `fast` form (MATH.md §3).
+//!
+//! **Fast form.** With `p` the smallest 7-smooth size `≥ 2T−1` (so the circular convolution
+//! of two length-`T` signals has no wrap-around in its first `T` outputs):
+//! $y = \mathrm{irfft}_p\big(\sum_i \hat w_{i,h} \odot \mathrm{rfft}_p(x_{e-\delta_i})\big)[0..T] + \mathrm{bias}$,
+//! where the kernel spectra $\hat w$ already carry the single normalisation `1/p` (realfft's
+//! transforms are unnormalised both ways).
+//!
+//! **Caches.**
+//! - Plans: one `RealFftPlanner` per scalar type for the whole process (behind a mutex);
+//!   it keeps every forward/inverse plan by size, so a size is planned once per process.
+//! - Kernel spectra: within a call, each `(shift i, head h)` spectrum is computed once and
+//!   shared by every batch row and channel of the head. Across calls, a small process-wide
+//!   LRU cache ([`CACHE_CAPACITY`] entries per scalar type) keyed by `(p, T, rows)` and a
+//!   64-bit hash of the truncated taps; a hit also compares the stored taps exactly, so a
+//!   hash collision or a reused allocation can never return a stale spectrum.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use mixer_core::mixers::toeplitz::{Prepared, Toeplitz};
+use mixer_core::{Error, Real, Result};
+use rayon::prelude::*;
+use realfft::num_complex::Complex;
+use realfft::{ComplexToReal, FftNum, RealFftPlanner, RealToComplex};
+
+/// Number of kernel-spectrum sets kept across calls, per scalar type.
+pub const CACHE_CAPACITY: usize = 8;
+
+/// Whether `n ≥ 1` has no prime factor above 7 (`2^a 3^b 5^c 7^d`).
+pub fn is_fast_size(mut n: usize) -> bool {
+    if n == 0 {
+        return false;
+    }
+    for f in [2, 3, 5, 7] {
+        while n.is_multiple_of(f) {
+            n /= f;
+        }
+    }
+    n == 1
+}
+
+/// The smallest size `≥ n` of the form `2^a 3^b 5^c 7^d` (1 for `n ≤ 1`).
+pub fn fast_size(n: usize) -> usize {
+    let mut p = n.max(1);
+    while !is_fast_size(p) {
+        p += 1;
+    }
+    p
+}
+
+/// A forward/inverse real FFT pair of one size.
+#[derive(Clone)]
+pub struct Plans<F> {
+    /// `rfft` of size `p`.
+    pub fwd: Arc<dyn RealToComplex<F>>,
+    /// `irfft` of size `p` (unnormalised).
+    pub inv: Arc<dyn ComplexToReal<F>>,
+}
+
+impl<F> Plans<F> {
+    /// The real length `p`.
+    pub fn len(&self) -> usize {
+        self.fwd.len()
+    }
+    /// Whether `p = 0` (never, plans are made for `p ≥ 1`).
+    pub fn is_empty(&self) -> bool {
+        self.fwd.len() == 0
+    }
+}
+
+/// One cached set of kernel spectra.
+struct Entry<F> {
+    p: usize,
+    t: usize,
+    rows: usize,
+    hash: u64,
+    taps: Vec<F>,
+    spectra: Arc<Vec<Vec<Complex<F>>>>,
+}
+
+/// The process-wide state of one scalar type: its planner and its kernel-spectrum cache.
+pub struct FftState<F: FftNum> {
+    planner: Mutex<RealFftPlanner<F>>,
+    spectra: Mutex<VecDeque<Entry<F>>>,
+}
+
+impl<F: FftNum> FftState<F> {
+    fn new() -> Self {
+        FftState { planner: Mutex::new(RealFftPlanner::new()), spectra: Mutex::new(VecDeque::new()) }
+    }
+}
+
+/// A scalar type with a process-wide FFT state (`f32`, `f64`).
+pub trait FftReal: Real + FftNum {
+    /// This type's planner and spectrum cache.
+    fn state() -> &'static FftState<Self>;
+}
+
+impl FftReal for f32 {
+    fn state() -> &'static FftState<f32> {
+        static S: OnceLock<FftState<f32>> = OnceLock::new();
+        S.get_or_init(FftState::new)
+    }
+}
+
+impl FftReal for f64 {
+    fn state() -> &'static FftState<f64> {
+        static S: OnceLock<FftState<f64>> = OnceLock::new();
+        S.get_or_init(FftState::new)
+    }
+}
+
+/// The plans of size `p ≥ 1`, from the process-wide planner.
+pub fn plans<F: FftReal>(p: usize) -> Plans<F> {
+    let mut pl = F::state().planner.lock().unwrap_or_else(PoisonError::into_inner);
+    Plans { fwd: pl.plan_fft_forward(p), inv: pl.plan_fft_inverse(p) }
+}
+
+/// Work buffers for one thread: a real signal, its spectrum, and scratch.
+pub struct Buffers<F> {
+    /// Real signal (length `p`).
+    pub real: Vec<F>,
+    /// Spectrum (length `p/2 + 1`).
+    pub spec: Vec<Complex<F>>,
+    scratch: Vec<Complex<F>>,
+}
+
+impl<F: FftReal> Buffers<F> {
+    /// Buffers sized for these plans.
+    pub fn new(pl: &Plans<F>) -> Self {
+        let n = pl.fwd.get_scratch_len().max(pl.inv.get_scratch_len());
+        Buffers {
+            real: pl.fwd.make_input_vec(),
+            spec: pl.fwd.make_output_vec(),
+            scratch: vec![Complex::default(); n],
+        }
+    }
+
+    /// `spec ← rfft(signal zero-padded to p)`.
+    pub fn forward(&mut self, pl: &Plans<F>, signal: &[F]) -> Result<()> {
+        let n = signal.len().min(self.real.len());
+        self.real[..n].copy_from_slice(&signal[..n]);
+        self.real[n..].iter_mut().for_each(|v| *v = F::zero());
+        pl.fwd
+            .process_with_scratch(&mut self.real, &mut self.spec, &mut self.scratch)
+            .map_err(|e| Error::Numerical(format!("rfft of size {}: {e}", pl.len())))
+    }
+
+    /// `real ← irfft(spec)` (unnormalised). The imaginary parts that a real signal's spectrum
+    /// has zero (DC, and Nyquist for even `p`) are zeroed first; `spec` is clobbered.
+    pub fn inverse(&mut self, pl: &Plans<F>) -> Result<()> {
+        let p = pl.len();
+        self.spec[0].im = F::zero();
+        if p.is_multiple_of(2) {
+            let last = self.spec.len() - 1;
+            self.spec[last].im = F::zero();
+        }
+        pl.inv
+            .process_with_scratch(&mut self.spec, &mut self.real, &mut self.scratch)
+            .map_err(|e| Error::Numerical(format!("irfft of size {p}: {e}")))
+    }
+}
+
+fn hash_taps<F: Real>(taps: &[F]) -> u64 {
+    // A 64-bit multiply–xorshift hash of the bit patterns (speed matters more than quality:
+    // hits are confirmed by an exact comparison).
+    let mut h: u64 = 0x9E37_79B9_7F4A_7C15 ^ taps.len() as u64;
+    for &v in taps {
+        h ^= v.f64().to_bits();
+        h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        h ^= h >> 31;
+    }
+    h
+}
+
+/// Spectra `rfft_p(row) / p` of `rows` consecutive length-`t` rows of `taps` (each zero-padded
+/// to `p`), through the process-wide cache (see the module docs).
+pub fn kernel_spectra<F: FftReal>(
+    taps: &[F],
+    rows: usize,
+    t: usize,
+    pl: &Plans<F>,
+) -> Result<Arc<Vec<Vec<Complex<F>>>>> {
+    let p = pl.len();
+    let hash = hash_taps(taps);
+    {
+        let mut cache = F::state().spectra.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(pos) = cache
+            .iter()
+            .position(|e| e.hash == hash && e.p == p && e.t == t && e.rows == rows && e.taps == taps)
+        {
+            let e = cache.remove(pos).expect("position found above");
+            let s = e.spectra.clone();
+            cache.push_back(e);
+            return Ok(s);
+        }
+    }
+    let scale = F::one() / F::of(p as f64);
+    let spectra: Vec<Vec<Complex<F>>> = (0..rows)
+        .into_par_iter()
+        .map_init(
+            || Buffers::new(pl),
+            |buf, r| {
+                buf.forward(pl, &taps[r * t..(r + 1) * t])?;
+                Ok(buf.spec.iter().map(|z| z * scale).collect())
+            },
+        )
+        .collect::<Result<_>>()?;
+    let spectra = Arc::new(spectra);
+    let mut cache = F::state().spectra.lock().unwrap_or_else(PoisonError::into_inner);
+    if cache.len() >= CACHE_CAPACITY {
+        cache.pop_front();
+    }
+    cache.push_back(Entry { p, t, rows, hash, taps: taps.to_vec(), spectra: spectra.clone() });
+    Ok(spectra)
+}
+
+/// Number of kernel-spectrum sets currently cached for `F` (for tests and diagnostics).
+pub fn cached_spectra<F: FftReal>() -> usize {
+    F::state().spectra.lock().unwrap_or_else(PoisonError::into_inner).len()
+}
+
+/// The `fast` form on gathered columns `xcols[b·C + c]` (each of length `T`); returns the
+/// output columns in the same order. Parallel over batch × channel.
+pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, xcols: &[Vec<F>]) -> Result<Vec<Vec<F>>> {
+    let (t, c, d) = (p.seq, p.channels, p.head_dim);
+    if t == 0 || c == 0 || p.batch == 0 {
+        return Ok(vec![Vec::new(); p.batch * c]);
+    }
+    let pl = plans::<F>(fast_size(2 * t - 1));
+    let w_hat = kernel_spectra(&p.taps, p.kernel_width * p.heads, t, &pl)?;
+    // Input spectra, one per (b, c).
+    let x_hat: Vec<Vec<Complex<F>>> = xcols
+        .par_iter()
+        .map_init(
+            || Buffers::new(&pl),
+            |buf, col| {
+                buf.forward(&pl, col)?;
+                Ok(buf.spec.clone())
+            },
+        )
+        .collect::<Result<_>>()?;
+    // Outputs, one per (b, e): Σ_i ŵ_{i,h} ⊙ x̂_{e−δᵢ}, inverse, first T, bias.
+    (0..p.batch * c)
+        .into_par_iter()
+        .map_init(
+            || Buffers::new(&pl),
+            |buf, idx| {
+                let (b, e) = (idx / c, idx % c);
+                let h = e / d;
+                buf.spec.iter_mut().for_each(|z| *z = Complex::default());
+                for (i, dl) in m.shifts(e % d) {
+                    let wk = &w_hat[i * p.heads + h];
+                    let xk = &x_hat[b * c + e - dl];
+                    for ((acc, a), bb) in buf.spec.iter_mut().zip(wk).zip(xk) {
+                        *acc += a * bb;
+                    }
+                }
+                buf.inverse(&pl)?;
+                let mut y = buf.real[..t].to_vec();
+                if let Some(bias) = p.bias_row(h) {
+                    y.iter_mut().zip(bias).for_each(|(v, &bv)| *v += bv);
+                }
+                Ok(y)
+            },
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_sizes() {
+        assert_eq!(fast_size(0), 1);
+        assert_eq!(fast_size(1), 1);
+        assert_eq!(fast_size(11), 12);
+        assert_eq!(fast_size(13), 14);
+        assert_eq!(fast_size(97), 98);
+        assert_eq!(fast_size(199), 200);
+        assert_eq!(fast_size(2 * 1000 - 1), 2000);
+        assert_eq!(fast_size(2 * 257 - 1), 525);
+        assert_eq!(fast_size(262_143), 262_144);
+        // Exhaustive against the definition for small n.
+        for n in 1..2000usize {
+            let p = fast_size(n);
+            assert!(p >= n && is_fast_size(p));
+            assert!((n..p).all(|q| !is_fast_size(q)), "n = {n}");
+        }
+    }
+
+    /// A round trip through the buffers recovers the signal times p (unnormalised).
+    #[test]
+    fn round_trip_is_unnormalised() {
+        for p in [1usize, 2, 9, 14, 60] {
+            let pl = plans::<f64>(p);
+            let mut buf = Buffers::new(&pl);
+            let sig: Vec<f64> = (0..p).map(|i| (i as f64 * 0.7).sin() + 0.1).collect();
+            buf.forward(&pl, &sig).unwrap();
+            buf.inverse(&pl).unwrap();
+            for i in 0..p {
+                assert!((buf.real[i] - p as f64 * sig[i]).abs() < 1e-10, "p = {p}");
+            }
+        }
+    }
+
+    /// Spectra are reused across calls for equal taps and recomputed for different ones.
+    #[test]
+    fn spectrum_cache_hits_only_on_equal_taps() {
+        let pl = plans::<f32>(30);
+        let taps: Vec<f32> = (0..2 * 15).map(|i| 0.37 * i as f32 - 1.0).collect();
+        // Other tests share the process-wide cache and may evict between two calls: a hit
+        // must happen in at least one of a few back-to-back attempts.
+        let a = kernel_spectra(&taps, 2, 15, &pl).unwrap();
+        let hit = (0..10).any(|_| {
+            let a = kernel_spectra(&taps, 2, 15, &pl).unwrap();
+            let b = kernel_spectra(&taps, 2, 15, &pl).unwrap();
+            Arc::ptr_eq(&a, &b)
+        });
+        assert!(hit);
+        let mut other = taps.clone();
+        other[7] += 1.0;
+        let c = kernel_spectra(&other, 2, 15, &pl).unwrap();
+        assert!(!Arc::ptr_eq(&a, &c));
+        assert!((c[0][0].re - a[0][0].re - 1.0 / 30.0).abs() < 1e-6);
+        assert!(cached_spectra::<f32>() <= CACHE_CAPACITY);
+    }
+}
