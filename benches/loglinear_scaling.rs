@@ -1,1 +1,3 @@
-fn main() { eprintln!("loglinear_scaling: not written yet"); }
+fn main() {
+    eprintln!("loglinear_scaling: not written yet");
+}

@@ -1,1 +1,3 @@
-fn main() { eprintln!("toeplitz_scaling: not written yet"); }
+fn main() {
+    eprintln!("toeplitz_scaling: not written yet");
+}

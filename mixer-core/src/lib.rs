@@ -21,7 +21,7 @@ pub mod tolerance;
 
 pub use error::{Error, Result};
 pub use form::Form;
-pub use materialize::{Block, Materialization, Term};
+pub use materialize::{Block, Materialization, Offset, Term};
 pub use mixer::{Decoder, Mixer};
 pub use real::Real;
 pub use spec::{Bound, Constraint, Dim, Dims, Gen, InputDecl, InputSpec};

@@ -4,6 +4,9 @@
 //! trailing axes flattened. A [`Block`] produces the output columns `out_cols` of batch row
 //! `batch` as $(I-B)^{-1}\sum_j A_j X[\text{batch}, :, \text{cols}_j]$. A plain mixer has one
 //! term per block (per head or per channel); the Toeplitz kernel variant has one per shift.
+//!
+//! An affine mixer (e.g. the Toeplitz mixer's position bias, MATH.md §3) adds an [`Offset`]
+//! `D` that does not depend on `X`: `Y = (I − B)⁻¹ A X + D`.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -32,6 +35,18 @@ pub struct Block {
     pub b: Option<Arc<Array2<f64>>>,
 }
 
+/// An additive output term independent of the mixed input:
+/// `Y[batch, :, out_cols] += values` (`values` is `T × |out_cols|`), added after the solve.
+#[derive(Clone, Debug)]
+pub struct Offset {
+    /// Batch row.
+    pub batch: usize,
+    /// Output columns (flattened trailing axes).
+    pub out_cols: Range<usize>,
+    /// `T × |out_cols|` values.
+    pub values: Arc<Array2<f64>>,
+}
+
 /// A mixer's full materialization for one set of inputs.
 #[derive(Clone, Debug, Default)]
 pub struct Materialization {
@@ -39,12 +54,14 @@ pub struct Materialization {
     pub seq: usize,
     /// The blocks; together they cover every output column of every batch row once.
     pub blocks: Vec<Block>,
+    /// Additive terms `D` of an affine mixer (empty for a linear one).
+    pub offsets: Vec<Offset>,
 }
 
 impl Materialization {
     /// An empty materialization for length `seq`.
     pub fn new(seq: usize) -> Self {
-        Materialization { seq, blocks: Vec::new() }
+        Materialization { seq, blocks: Vec::new(), offsets: Vec::new() }
     }
     /// Adds a single-term block.
     pub fn push(

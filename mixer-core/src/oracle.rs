@@ -67,7 +67,30 @@ pub fn solve(mat: &Materialization, x: &ArrayD<f64>) -> Result<ArrayD<f64>> {
             }
         }
     }
+    add_offsets(mat, &mut y3)?;
     y3.into_shape_with_order(x.raw_dim()).map_err(|e| Error::Numerical(format!("reshape: {e}")))
+}
+
+/// Adds the materialization's additive terms `D` to `y3` (`[B, T, M]`).
+fn add_offsets(mat: &Materialization, y3: &mut ndarray::Array3<f64>) -> Result<()> {
+    let (nb, t_len, m) = y3.dim();
+    for off in &mat.offsets {
+        if off.batch >= nb || off.out_cols.end > m || off.values.dim() != (t_len, off.out_cols.len()) {
+            return Err(Error::Numerical(format!(
+                "materialization offset: batch {} columns {:?} values {:?} for output [{nb}, {t_len}, {m}]",
+                off.batch,
+                off.out_cols,
+                off.values.dim()
+            )));
+        }
+        let mut yb = y3.index_axis_mut(Axis(0), off.batch);
+        for i in 0..t_len {
+            for (j, c) in off.out_cols.clone().enumerate() {
+                yb[[i, c]] += off.values[[i, j]];
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The same oracle through a system LAPACK (`dtrsm` via ndarray-linalg), for cross-checking
@@ -98,6 +121,7 @@ pub fn solve_lapack(mat: &Materialization, x: &ArrayD<f64>) -> Result<ArrayD<f64
         }
         y3.slice_mut(s![blk.batch, .., blk.out_cols.clone()]).assign(&r);
     }
+    add_offsets(mat, &mut y3)?;
     y3.into_shape_with_order(x.raw_dim()).map_err(|e| Error::Numerical(format!("reshape: {e}")))
 }
 
@@ -127,6 +151,27 @@ mod tests {
                 prev = want;
             }
         }
+    }
+
+    /// An additive offset lands after the solve, on its own columns only.
+    #[test]
+    fn offsets_are_added_after_the_solve() {
+        let t = 4;
+        let a = Array2::from_shape_fn((t, t), |(i, j)| if i == j { 2.0 } else { 0.0 });
+        let b = Array2::from_shape_fn((t, t), |(i, j)| if j + 1 == i { 0.5 } else { 0.0 });
+        let x = Array3::from_shape_fn((1, t, 2), |(_, i, c)| (i + c) as f64).into_dyn();
+        let mut m = Materialization::new(t);
+        m.push(0, 0..2, Arc::new(a), Some(Arc::new(b)));
+        let y0 = solve(&m, &x).unwrap();
+        let d = Array2::from_shape_fn((t, 1), |(i, _)| 10.0 * i as f64 + 1.0);
+        m.offsets.push(crate::materialize::Offset { batch: 0, out_cols: 1..2, values: Arc::new(d) });
+        let y1 = solve(&m, &x).unwrap();
+        for i in 0..t {
+            assert_eq!(y1[[0, i, 0]], y0[[0, i, 0]]);
+            assert!((y1[[0, i, 1]] - y0[[0, i, 1]] - (10.0 * i as f64 + 1.0)).abs() < 1e-12);
+        }
+        m.offsets[0].out_cols = 1..3;
+        assert!(solve(&m, &x).is_err());
     }
 
     #[cfg(feature = "lapack")]

@@ -1,1 +1,28 @@
-//! (in progress)
+//! The Toeplitz mixer (MATH.md §3): per-head causal convolution over the sequence, optional
+//! channel-shift kernel width and position bias.
+
+use mixer_core::Result;
+use mixer_core::mixer::Mixer;
+use mixer_core::mixers::toeplitz::Toeplitz;
+
+use crate::entries::MixerEntry;
+use crate::register;
+
+fn build(name: &str, config: &serde_json::Value) -> Result<Box<dyn Mixer>> {
+    Ok(Box::new(Toeplitz::from_json(name, config)?))
+}
+
+#[register]
+static TOEPLITZ: MixerEntry = MixerEntry {
+    name: "toeplitz",
+    family: "toeplitz",
+    doc: "Toeplitz MLP mixer: y[t,c] = Σ_{s≤t} w[h(c), t−s]·x[s,c] (+ bias[h,t]); FFT prefill, \
+          online O(log² t) decoding",
+    build,
+    examples: &[
+        r#"{}"#,
+        r#"{"heads": 2}"#,
+        r#"{"heads": 3, "kernel_width": 2}"#,
+        r#"{"heads": 1, "kernel_width": 4, "decoder": "naive"}"#,
+    ],
+};
