@@ -311,4 +311,5 @@ pub const KERNEL_SOURCES: &[(&str, &str)] = &[
             include_str!("../kernels/loglinear.cu")
         ),
     ),
+    ("loglinear_fenwick", include_str!("../kernels/loglinear_fenwick.cu")),
 ];
