@@ -16,6 +16,7 @@
 //! let y = mixers::registry::run::run(m.as_ref(), backend.name(), Form::Fast, &AnyTensors::F64(inputs)).unwrap();
 //! ```
 
+pub mod cli;
 pub mod io;
 pub mod timing;
 

@@ -283,6 +283,14 @@ impl CommGraph {
         self.analyze(&sources, &[]).0
     }
 
+    /// Shortest paths from the sources [`pattern_metrics`] uses: every source when
+    /// $T \le$ [`EXACT_PATHS_MAX_T`] (then `exact`), else [`SAMPLED_SOURCES`] evenly spaced ones
+    /// plus the last [`LAST_SOURCES`] (`exact = false`). $O(\#\text{sources} \cdot E)$, without
+    /// the all-sources cost of [`CommGraph::congestion`].
+    pub fn sampled_shortest_paths(&self) -> PathStats {
+        self.analyze(&path_sources(self.n), &[]).0
+    }
+
     /// Congestion of the copy routings (MATH §1.4) as an upper bound: every $s \to s+\Delta$ is
     /// routed along a BFS shortest path, and the worst node count is taken, worst over shifts
     /// ($\Delta \in [1, T)$ when $T \le$ [`ALL_SHIFTS_MAX_T`], sampled above). Unreachable pairs

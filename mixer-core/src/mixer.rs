@@ -34,6 +34,11 @@ pub trait Mixer: Send + Sync + Debug + Any {
         let dims = complete_dims(self, dims);
         self.spec().random(&dims, seed, false)
     }
+    /// Why this configuration has no such form on any backend (e.g. the chunked form of a
+    /// log-linear mixer needs the Fenwick mask), or `None` when the form may exist.
+    fn form_unsupported(&self, _form: crate::Form) -> Option<String> {
+        None
+    }
     /// Upcast for backends that downcast to the concrete configuration.
     fn as_any(&self) -> &dyn Any;
 }

@@ -18,12 +18,24 @@ pub fn forms(m: &dyn Mixer, backend: &str) -> Vec<Form> {
             v.push(Form::Recurrent);
         }
     }
+    v.retain(|f| m.form_unsupported(*f).is_none());
     v.sort();
     v.dedup();
     v
 }
 
 fn unavailable(m: &dyn Mixer, form: Form, backend: &str) -> Error {
+    if let Some(why) = m.form_unsupported(form) {
+        return Error::FormUnavailable {
+            mixer: m.name().to_string(),
+            form: form.name().into(),
+            backend: backend.into(),
+            available: format!(
+                "{} ({why})",
+                forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
+            ),
+        };
+    }
     Error::FormUnavailable {
         mixer: m.name().to_string(),
         form: form.name().into(),

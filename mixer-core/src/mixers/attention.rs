@@ -1,1 +1,189 @@
-//! (in progress)
+//! Softmax attention (MATH §1.3 "Attention"): `attention` and `local-attention`.
+//!
+//! Per batch row and head, $A_{t,s} = \mathrm{softmax}_{s \le t,\ t - s < w}(\sigma\, q_t \cdot k_s)$,
+//! $B = 0$, mixed input `v`: $y_t = \sum_s A_{t,s} v_s$. The scale $\sigma$ defaults to
+//! $1/\sqrt{D_k}$; the window $w$ is unbounded for `attention` (unless configured) and required
+//! for `local-attention` (default [`LOCAL_WINDOW_DEFAULT`] = 64).
+
+use std::any::Any;
+use std::sync::Arc;
+
+use ndarray::Array2;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::materialize::Materialization;
+use crate::mixer::Mixer;
+use crate::spec::{Dim, InputDecl, InputSpec};
+use crate::tensor::{Tensors, get};
+
+/// Default window of `local-attention`.
+pub const LOCAL_WINDOW_DEFAULT: usize = 64;
+
+/// The names under which attention is registered.
+pub const ATTENTION_NAMES: [&str; 2] = ["attention", "local-attention"];
+
+/// Config of `attention`: `{"window": null | w ≥ 1, "scale": null | σ}`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AttentionConfig {
+    /// Window $w$: token $t$ sees $s \in (t - w, t]$; `None` = every $s \le t$.
+    pub window: Option<usize>,
+    /// Score scale $\sigma$; `None` = $1/\sqrt{D_k}$.
+    pub scale: Option<f64>,
+}
+
+/// Config of `local-attention`: `{"window": w ≥ 1 (default 64), "scale": null | σ}`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct LocalConfig {
+    window: usize,
+    scale: Option<f64>,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig { window: LOCAL_WINDOW_DEFAULT, scale: None }
+    }
+}
+
+/// A configured softmax attention.
+#[derive(Clone, Debug)]
+pub struct Attention {
+    name: String,
+    config: AttentionConfig,
+}
+
+impl Attention {
+    /// Builds with a checked config: window $\ge 1$ when given, finite scale.
+    pub fn new(name: &str, config: AttentionConfig) -> Result<Self> {
+        if config.window == Some(0) {
+            return Err(Error::config(name, "window must be ≥ 1 (a token sees itself) or null, got 0"));
+        }
+        if let Some(s) = config.scale
+            && !s.is_finite()
+        {
+            return Err(Error::config(name, format!("scale must be finite, got {s}")));
+        }
+        Ok(Attention { name: name.to_string(), config })
+    }
+
+    /// Builds `attention` or `local-attention` from JSON.
+    pub fn from_json(name: &str, cfg: &serde_json::Value) -> Result<Self> {
+        let cfg = if cfg.is_null() { serde_json::json!({}) } else { cfg.clone() };
+        let config = match name {
+            "attention" => serde_json::from_value::<AttentionConfig>(cfg).map_err(|e| {
+                Error::config(name, format!(r#"{e}; expected {{"window": null | w ≥ 1, "scale": null | σ}}"#))
+            })?,
+            "local-attention" => {
+                let c = serde_json::from_value::<LocalConfig>(cfg).map_err(|e| {
+                    Error::config(
+                        name,
+                        format!(r#"{e}; expected {{"window": w ≥ 1 (default 64), "scale": null | σ}}"#),
+                    )
+                })?;
+                AttentionConfig { window: Some(c.window), scale: c.scale }
+            }
+            other => {
+                return Err(Error::config(
+                    other,
+                    format!("not an attention mixer name; expected one of {}", ATTENTION_NAMES.join(", ")),
+                ));
+            }
+        };
+        Attention::new(name, config)
+    }
+
+    /// The window (`None` = full causal).
+    pub fn window(&self) -> Option<usize> {
+        self.config.window
+    }
+
+    /// The score scale for head dimension `dk`: the configured one, else $1/\sqrt{D_k}$
+    /// ($1$ when $D_k = 0$, where every score is 0 anyway).
+    pub fn scale(&self, dk: usize) -> f64 {
+        self.config.scale.unwrap_or(if dk == 0 { 1.0 } else { 1.0 / (dk as f64).sqrt() })
+    }
+
+    /// First key position token `t` sees: $\max(0, t + 1 - w)$.
+    pub fn first_key(&self, t: usize) -> usize {
+        match self.config.window {
+            Some(w) => (t + 1).saturating_sub(w),
+            None => 0,
+        }
+    }
+}
+
+impl Mixer for Attention {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kernel(&self) -> &'static str {
+        "attention"
+    }
+    fn config(&self) -> serde_json::Value {
+        serde_json::to_value(&self.config).unwrap_or_default()
+    }
+    fn spec(&self) -> InputSpec {
+        use Dim::Sym;
+        InputSpec {
+            inputs: vec![
+                InputDecl::new("q", vec![Sym("B"), Sym("T"), Sym("H"), Sym("Dk")]),
+                InputDecl::new("k", vec![Sym("B"), Sym("T"), Sym("H"), Sym("Dk")]),
+                InputDecl::new("v", vec![Sym("B"), Sym("T"), Sym("H"), Sym("Dv")]),
+            ],
+            mixed: "v",
+        }
+    }
+    fn materialize(&self, inputs: &Tensors<f64>) -> Result<Materialization> {
+        let q = get(inputs, "q")?;
+        let k = get(inputs, "k")?;
+        let v = get(inputs, "v")?;
+        let (bn, t_len, hn, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+        let dv = v.shape()[3];
+        let scale = self.scale(dk);
+        let mut m = Materialization::new(t_len);
+        for b in 0..bn {
+            for h in 0..hn {
+                let mut a = Array2::<f64>::zeros((t_len, t_len));
+                for t in 0..t_len {
+                    let lo = self.first_key(t);
+                    let scores: Vec<f64> = (lo..=t)
+                        .map(|s| scale * (0..dk).map(|d| q[[b, t, h, d]] * k[[b, s, h, d]]).sum::<f64>())
+                        .collect();
+                    let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let den: f64 = scores.iter().map(|s| (s - mx).exp()).sum();
+                    for (i, s) in scores.iter().enumerate() {
+                        a[[t, lo + i]] = (s - mx).exp() / den;
+                    }
+                }
+                m.push(b, h * dv..(h + 1) * dv, Arc::new(a), None);
+            }
+        }
+        Ok(m)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configs() {
+        let a = Attention::from_json("local-attention", &serde_json::json!({})).unwrap();
+        assert_eq!(a.window(), Some(LOCAL_WINDOW_DEFAULT));
+        assert_eq!(a.first_key(100), 37);
+        let a = Attention::from_json("attention", &serde_json::Value::Null).unwrap();
+        assert_eq!(a.window(), None);
+        assert_eq!(a.scale(4), 0.5);
+        let e = Attention::from_json("local-attention", &serde_json::json!({"window": 0})).unwrap_err();
+        assert!(e.to_string().contains("got 0"), "{e}");
+        let e = Attention::from_json("attention", &serde_json::json!({"windw": 3})).unwrap_err();
+        assert!(e.to_string().contains("unknown field `windw`"), "{e}");
+        let e = Attention::from_json("local-attention", &serde_json::json!({"window": null})).unwrap_err();
+        assert!(e.to_string().contains("window"), "{e}");
+    }
+}

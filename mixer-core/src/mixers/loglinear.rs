@@ -1,1 +1,501 @@
-//! (in progress)
+//! The log-linear attention family (MATH.md §2): the base mixers `linear-attention`,
+//! `mamba2`, `gated-deltanet`, and their lifts by a level mask (`loglinear-*`).
+//!
+//! Per batch row and head, with $q_t, k_t \in \mathbb R^{D_k}$, $v_t \in \mathbb R^{D_v}$,
+//! log-decays $g_t \le 0$ and $G_t = \sum_{r \le t} g_r$, every member is causal and linear in
+//! `v` with `B = 0`:
+//! $$y_t = \sum_{s \le t} A_{t,s}\, v_s .$$
+//! - `linear-attention`: $A_{t,s} = \sigma\, q_t \cdot k_s$;
+//! - `mamba2`: $A_{t,s} = \sigma\, (q_t \cdot k_s)\, e^{G_t - G_s}$;
+//! - `gated-deltanet`: state $S_t = e^{g_t} S_{t-1}(I - \beta_t k_t k_t^\top) + \beta_t v_t k_t^\top$,
+//!   $y_t = \sigma S_t q_t$, so $A_{t,s} = \sigma\,\beta_s\, k_s^\top \Phi_{s+1..t}\, q_t$ with
+//!   $\Phi_{s+1..t} = \prod_{r=s+1}^{t} e^{g_r}(I - \beta_r k_r k_r^\top)$ (left to right);
+//!
+//! where $\sigma$ is the config `scale` (default 1). The lift by a level mask $\ell(t,s)$
+//! (default Fenwick, MATH §2.2) weights every contribution by a per-token, per-level
+//! $\lambda_t^{(\ell(t,s))} \ge 0$ (MATH §2.3):
+//! $$A^{\text{lift}}_{t,s} = \lambda_t^{(\ell(t,s))} A_{t,s} .$$
+//! For gated DeltaNet the transition acts on every level's state; only the inputs are
+//! bucketed, which is exactly this elementwise weighting of the base $A$.
+//!
+//! ## λ schemes (config `lambda_scheme`, MATH §2.4)
+//! The `lambda` input holds raw values; the weight actually used is
+//! $\lambda = \mathrm{map}(\text{raw}, 1)$ with the scheme's registered map and its learnable
+//! per-(head, level) parameter at its initial value 1. With `identity` (default) the input
+//! is used as given and must be `≥ 0`; with any other scheme (`softplus`, `ones`, a plugin's)
+//! the raw input only has to be finite, and the mapped weights must come out finite and
+//! `≥ 0` (checked at run time, with an error naming the scheme otherwise).
+//!
+//! ## Config
+//! `scale` (finite, default 1), `chunk` (power of two, default 64: the chunk size of the
+//! fast form, MATH §2.6), and for the lifted mixers `mask` (a registered level mask, default
+//! `"fenwick"`) and `lambda_scheme` (default `"identity"`).
+
+use std::sync::Arc;
+
+use ndarray::{Array2, ArrayD, ArrayView3, ArrayView4, Ix3, Ix4};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::materialize::Materialization;
+use crate::mixer::Mixer;
+use crate::real::Real;
+use crate::spec::{Bound, Constraint, Dim, Dims, Gen, InputDecl, InputSpec};
+use crate::tensor::{Tensors, get};
+
+/// The base mixer of a member of the family (MATH §2.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Base {
+    /// $A_{t,s} = q_t \cdot k_s$.
+    LinearAttention,
+    /// $A_{t,s} = (q_t \cdot k_s)\, e^{G_t - G_s}$ (SSD form of Mamba-2).
+    Mamba2,
+    /// Gated delta rule, $A_{t,s} = \beta_s k_s^\top \Phi_{s+1..t} q_t$.
+    GatedDeltaNet,
+}
+
+impl Base {
+    /// The base mixer's registered name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Base::LinearAttention => "linear-attention",
+            Base::Mamba2 => "mamba2",
+            Base::GatedDeltaNet => "gated-deltanet",
+        }
+    }
+    /// Whether the mixer takes the log-decay `g`.
+    pub fn has_decay(self) -> bool {
+        !matches!(self, Base::LinearAttention)
+    }
+    /// Whether the mixer takes the delta-rule strength `beta`.
+    pub fn has_beta(self) -> bool {
+        matches!(self, Base::GatedDeltaNet)
+    }
+}
+
+/// A level mask resolved from the registry: $\ell(t, s)$ for $s \le t$ and the number of
+/// levels $L(T)$ needed for length $T$.
+#[derive(Clone, Copy, Debug)]
+pub struct LevelMask {
+    /// Registered name (`"fenwick"`, or a plugin's).
+    pub name: &'static str,
+    /// $\ell(t, s)$, `s ≤ t`; must be `< levels(T)` for `t < T`.
+    pub level: fn(usize, usize) -> usize,
+    /// $L(T)$.
+    pub levels: fn(usize) -> usize,
+}
+
+impl LevelMask {
+    /// The Fenwick mask of MATH §2.2.
+    pub fn fenwick() -> Self {
+        LevelMask { name: "fenwick", level: crate::fenwick::level, levels: crate::fenwick::num_levels }
+    }
+    /// Whether this is the Fenwick mask (the only one with a chunked and a recurrent form).
+    pub fn is_fenwick(&self) -> bool {
+        self.name == "fenwick"
+    }
+}
+
+/// A λ scheme resolved from the registry: $\lambda = \mathrm{map}(\text{raw}, 1)$.
+#[derive(Clone, Copy, Debug)]
+pub struct LambdaScheme {
+    /// Registered name (`"identity"`, `"softplus"`, `"ones"`, or a plugin's).
+    pub name: &'static str,
+    /// `map(raw, param)`.
+    pub map: fn(f64, f64) -> f64,
+}
+
+impl LambdaScheme {
+    /// The identity scheme (λ = raw).
+    pub fn identity() -> Self {
+        fn id(raw: f64, _p: f64) -> f64 {
+            raw
+        }
+        LambdaScheme { name: "identity", map: id }
+    }
+    /// Whether the scheme is the identity (λ input used as given).
+    pub fn is_identity(&self) -> bool {
+        self.name == "identity"
+    }
+}
+
+/// The lift of a base mixer (MATH §2.3): its mask and λ scheme.
+#[derive(Clone, Copy, Debug)]
+pub struct Lift {
+    /// Level mask.
+    pub mask: LevelMask,
+    /// λ scheme.
+    pub lambda: LambdaScheme,
+}
+
+/// The JSON configuration (unknown fields are rejected).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogLinearConfig {
+    /// Output scale σ (default 1).
+    #[serde(default = "default_scale")]
+    pub scale: f64,
+    /// Chunk size of the fast form (power of two, default 64).
+    #[serde(default = "default_chunk")]
+    pub chunk: usize,
+    /// Level mask (lifted mixers only; default `"fenwick"`).
+    #[serde(default)]
+    pub mask: Option<String>,
+    /// λ scheme (lifted mixers only; default `"identity"`).
+    #[serde(default)]
+    pub lambda_scheme: Option<String>,
+}
+
+fn default_scale() -> f64 {
+    1.0
+}
+fn default_chunk() -> usize {
+    64
+}
+
+impl LogLinearConfig {
+    /// Parses a JSON config (`{}` gives the defaults).
+    pub fn parse(mixer: &str, cfg: &serde_json::Value) -> Result<Self> {
+        let cfg = if cfg.is_null() { serde_json::json!({}) } else { cfg.clone() };
+        serde_json::from_value(cfg).map_err(|e| Error::config(mixer, e.to_string()))
+    }
+}
+
+/// A configured member of the family. Backends downcast `&dyn Mixer` to this.
+#[derive(Clone, Debug)]
+pub struct LogLinear {
+    /// Registered name.
+    pub name: String,
+    /// Base mixer.
+    pub base: Base,
+    /// The lift (`None` for the base mixers).
+    pub lift: Option<Lift>,
+    /// Output scale σ.
+    pub scale: f64,
+    /// Chunk size $C = 2^c$ of the fast form.
+    pub chunk: usize,
+}
+
+/// Largest accepted chunk size.
+pub const MAX_CHUNK: usize = 1 << 16;
+
+impl LogLinear {
+    /// A configured mixer; checks `scale` (finite) and `chunk` (a power of two in
+    /// `[1, 65536]`).
+    pub fn new(name: &str, base: Base, lift: Option<Lift>, scale: f64, chunk: usize) -> Result<Self> {
+        if !scale.is_finite() {
+            return Err(Error::config(name, format!("`scale` must be finite, got {scale}")));
+        }
+        if chunk == 0 || !chunk.is_power_of_two() || chunk > MAX_CHUNK {
+            return Err(Error::config(
+                name,
+                format!("`chunk` must be a power of two in [1, {MAX_CHUNK}], got {chunk}"),
+            ));
+        }
+        Ok(LogLinear { name: name.to_string(), base, lift, scale, chunk })
+    }
+
+    /// $c = \log_2 C$.
+    pub fn chunk_log2(&self) -> u32 {
+        self.chunk.trailing_zeros()
+    }
+
+    /// Number of λ levels needed for length `t_len` (1 for the base mixers).
+    pub fn levels(&self, t_len: usize) -> usize {
+        self.lift.map_or(1, |l| (l.mask.levels)(t_len))
+    }
+
+    /// Whether the level mask is Fenwick (or there is none): the chunked and recurrent forms
+    /// exist only then.
+    pub fn has_fenwick_structure(&self) -> bool {
+        self.lift.is_none_or(|l| l.mask.is_fenwick())
+    }
+
+    /// The weights $\lambda = \mathrm{map}(\text{raw}, 1)$ of the λ scheme, for a raw `lambda`
+    /// tensor of any shape. The identity scheme returns the input unchanged; other schemes
+    /// must produce finite, non-negative weights, or an error names the scheme.
+    pub fn lambda_weights<F: Real>(&self, raw: &ArrayD<F>) -> Result<ArrayD<F>> {
+        let Some(lift) = self.lift else {
+            return Err(Error::config(&self.name, "this mixer takes no `lambda`"));
+        };
+        if lift.lambda.is_identity() {
+            return Ok(raw.clone());
+        }
+        let mut out = raw.clone();
+        for (x, &r) in out.iter_mut().zip(raw.iter()) {
+            let w = (lift.lambda.map)(r.f64(), 1.0);
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(Error::Value {
+                    name: "lambda".into(),
+                    constraint: format!(
+                        "λ scheme `{}` must map raw values to finite weights ≥ 0",
+                        lift.lambda.name
+                    ),
+                    found: format!("map({r}, 1) = {w}"),
+                });
+            }
+            *x = F::of(w);
+        }
+        Ok(out)
+    }
+
+    /// The level $\ell(t,s)$ of the mask, checked against the number of λ levels given.
+    pub fn level_checked(&self, t: usize, s: usize, given: usize) -> Result<usize> {
+        let lift = self.lift.ok_or_else(|| Error::config(&self.name, "no level mask"))?;
+        let l = (lift.mask.level)(t, s);
+        if l >= given {
+            return Err(self.level_error(t, s, l, given));
+        }
+        Ok(l)
+    }
+
+    /// The error for a level `l = ℓ(t, s)` beyond the `given` λ levels.
+    pub fn level_error(&self, t: usize, s: usize, l: usize, given: usize) -> Error {
+        Error::Value {
+            name: "lambda".into(),
+            constraint: format!(
+                "mask `{}` puts s = {s} at level {l} of t = {t}, so λ needs more than {l} levels",
+                self.lift.map_or("none", |x| x.mask.name)
+            ),
+            found: format!("L = {given}"),
+        }
+    }
+}
+
+fn dims4(last: &'static str) -> Vec<Dim> {
+    vec![Dim::Sym("B"), Dim::Sym("T"), Dim::Sym("H"), Dim::Sym(last)]
+}
+
+fn view3<'a>(x: &'a Tensors<f64>, name: &str) -> Result<ArrayView3<'a, f64>> {
+    get(x, name)?.view().into_dimensionality::<Ix3>().map_err(|e| Error::shape(name, "rank 3", e.to_string()))
+}
+
+fn view4<'a>(x: &'a Tensors<f64>, name: &str) -> Result<ArrayView4<'a, f64>> {
+    get(x, name)?.view().into_dimensionality::<Ix4>().map_err(|e| Error::shape(name, "rank 4", e.to_string()))
+}
+
+impl Mixer for LogLinear {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn kernel(&self) -> &'static str {
+        "loglinear"
+    }
+    fn config(&self) -> serde_json::Value {
+        let mut c = serde_json::json!({ "scale": self.scale, "chunk": self.chunk });
+        if let Some(l) = self.lift {
+            c["mask"] = l.mask.name.into();
+            c["lambda_scheme"] = l.lambda.name.into();
+        }
+        c
+    }
+    fn spec(&self) -> InputSpec {
+        let gdn = self.base == Base::GatedDeltaNet;
+        let bth = vec![Dim::Sym("B"), Dim::Sym("T"), Dim::Sym("H")];
+        let mut inputs = vec![
+            InputDecl::new("q", dims4("Dk")),
+            InputDecl::new("k", dims4("Dk")).sample(if gdn { Gen::UnitNorm(3) } else { Gen::Normal(1.0) }),
+            InputDecl::new("v", dims4("Dv")),
+        ];
+        if self.base.has_decay() {
+            inputs.push(
+                InputDecl::new("g", bth.clone())
+                    .constraint(Constraint::NonPositive)
+                    .sample(Gen::LogDecay(0.1)),
+            );
+        }
+        if self.base.has_beta() {
+            inputs.push(
+                InputDecl::new("beta", bth)
+                    .constraint(Constraint::UnitInterval)
+                    .sample(Gen::Uniform(0.0, 1.0)),
+            );
+        }
+        if let Some(l) = self.lift {
+            let (c, g) = if l.lambda.is_identity() {
+                (Constraint::NonNegative, Gen::Uniform(0.0, 1.5))
+            } else {
+                (Constraint::Finite, Gen::Normal(1.0))
+            };
+            inputs.push(InputDecl::new("lambda", dims4("L")).constraint(c).sample(g));
+        }
+        InputSpec { inputs, mixed: "v" }
+    }
+    fn bounds(&self, dims: &Dims) -> Vec<(&'static str, Bound, &'static str)> {
+        match (self.lift, dims.get("T")) {
+            (Some(_), Some(&t)) => {
+                vec![(
+                    "L",
+                    Bound::AtLeast(self.levels(t)),
+                    "λ needs one value per level of the mask at length T",
+                )]
+            }
+            _ => Vec::new(),
+        }
+    }
+    fn materialize(&self, inputs: &Tensors<f64>) -> Result<Materialization> {
+        let q = view4(inputs, "q")?;
+        let k = view4(inputs, "k")?;
+        let v = view4(inputs, "v")?;
+        let (nb, t_len, nh, dk) = q.dim();
+        let dv = v.dim().3;
+        if k.dim() != q.dim() {
+            return Err(Error::shape("k", format!("{:?} (as q)", q.dim()), format!("{:?}", k.dim())));
+        }
+        let zeros = ndarray::Array3::<f64>::zeros((nb, t_len, nh));
+        let g = if self.base.has_decay() { view3(inputs, "g")? } else { zeros.view() };
+        let beta = if self.base.has_beta() { view3(inputs, "beta")? } else { zeros.view() };
+        let lam = match self.lift {
+            Some(_) => Some(self.lambda_weights(get(inputs, "lambda")?)?),
+            None => None,
+        };
+        let n_levels = lam.as_ref().map_or(1, |l| l.shape()[3]);
+        let mut mat = Materialization::new(t_len);
+        for b in 0..nb {
+            for h in 0..nh {
+                let mut a = Array2::<f64>::zeros((t_len, t_len));
+                let mut w = vec![0.0; dk];
+                for t in 0..t_len {
+                    let qt = q.slice(ndarray::s![b, t, h, ..]);
+                    match self.base {
+                        Base::LinearAttention => {
+                            for s in 0..=t {
+                                a[[t, s]] = self.scale * qt.dot(&k.slice(ndarray::s![b, s, h, ..]));
+                            }
+                        }
+                        Base::Mamba2 => {
+                            // Σ_{r=s+1..t} g_r, accumulated from t downwards (no cancellation).
+                            let mut cum = 0.0f64;
+                            for s in (0..=t).rev() {
+                                let qk = qt.dot(&k.slice(ndarray::s![b, s, h, ..]));
+                                a[[t, s]] = self.scale * qk * cum.exp();
+                                cum += g[[b, s, h]];
+                            }
+                        }
+                        Base::GatedDeltaNet => {
+                            // w = Φ_{s+1..t} q_t, built from s = t downwards.
+                            for (d, wd) in w.iter_mut().enumerate() {
+                                *wd = self.scale * qt[d];
+                            }
+                            for s in (0..=t).rev() {
+                                let ks = k.slice(ndarray::s![b, s, h, ..]);
+                                let kw: f64 = (0..dk).map(|d| ks[d] * w[d]).sum();
+                                let bs = beta[[b, s, h]];
+                                a[[t, s]] = bs * kw;
+                                let decay = g[[b, s, h]].exp();
+                                for d in 0..dk {
+                                    w[d] = decay * (w[d] - bs * ks[d] * kw);
+                                }
+                            }
+                        }
+                    }
+                    if let Some(lam) = &lam {
+                        for s in 0..=t {
+                            let l = self.level_checked(t, s, n_levels)?;
+                            a[[t, s]] *= lam[[b, t, h, l]];
+                        }
+                    }
+                }
+                mat.push(b, h * dv..(h + 1) * dv, Arc::new(a), None);
+            }
+        }
+        Ok(mat)
+    }
+    fn form_unsupported(&self, form: crate::Form) -> Option<String> {
+        let needs_fenwick = matches!(form, crate::Form::Fast | crate::Form::Recurrent);
+        (needs_fenwick && !self.has_fenwick_structure())
+            .then(|| format!("the {form} form needs the Fenwick mask (the chunked and O(log T) recurrent algorithms use its structure)"))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mixer::complete_dims;
+
+    fn dims(t: usize) -> Dims {
+        [("B", 2), ("T", t), ("H", 2), ("Dk", 3), ("Dv", 2)].into_iter().collect()
+    }
+
+    fn lifted(base: Base) -> LogLinear {
+        let lift = Lift { mask: LevelMask::fenwick(), lambda: LambdaScheme::identity() };
+        LogLinear::new("x", base, Some(lift), 0.7, 16).unwrap()
+    }
+
+    /// The GDN materialization against the literal state recurrence of MATH §2.1/§2.5
+    /// (levels kept separately, λ read per level).
+    #[test]
+    fn gated_deltanet_materialization_matches_level_recurrence() {
+        let m = lifted(Base::GatedDeltaNet);
+        let t_len = 23;
+        let d = complete_dims(&m, &dims(t_len));
+        let x = m.random_inputs(&d, 3).unwrap();
+        let mat = m.materialize(&x).unwrap();
+        let y = crate::oracle::solve(&mat, &x["v"]).unwrap();
+        let (q, k, v, g, beta, lam) = (&x["q"], &x["k"], &x["v"], &x["g"], &x["beta"], &x["lambda"]);
+        for b in 0..2 {
+            for h in 0..2 {
+                // states[l] is Dv×Dk.
+                let mut st: Vec<Array2<f64>> = Vec::new();
+                for t in 0..t_len {
+                    if t >= 1 {
+                        let mm = t.trailing_zeros() as usize;
+                        while st.len() < mm + 2 {
+                            st.push(Array2::zeros((2, 3)));
+                        }
+                        let mut sum = Array2::zeros((2, 3));
+                        for l in 0..=mm {
+                            sum += &st[l];
+                            st[l].fill(0.0);
+                        }
+                        st[mm + 1] += &sum;
+                    }
+                    if st.is_empty() {
+                        st.push(Array2::zeros((2, 3)));
+                    }
+                    let kt: Vec<f64> = (0..3).map(|i| k[[b, t, h, i]]).collect();
+                    let bt = beta[[b, t, h]];
+                    let e = g[[b, t, h]].exp();
+                    for s in st.iter_mut() {
+                        let sk: Vec<f64> = (0..2).map(|r| (0..3).map(|c| s[[r, c]] * kt[c]).sum()).collect();
+                        for r in 0..2 {
+                            for c in 0..3 {
+                                s[[r, c]] = e * (s[[r, c]] - bt * sk[r] * kt[c]);
+                            }
+                        }
+                    }
+                    for r in 0..2 {
+                        for c in 0..3 {
+                            st[0][[r, c]] = bt * v[[b, t, h, r]] * kt[c];
+                        }
+                    }
+                    for r in 0..2 {
+                        let mut want = 0.0;
+                        for (l, s) in st.iter().enumerate() {
+                            let sq: f64 = (0..3).map(|c| s[[r, c]] * q[[b, t, h, c]]).sum();
+                            want += 0.7 * lam[[b, t, h, l]] * sq;
+                        }
+                        let got = y[[b, t, h, r]];
+                        assert!((got - want).abs() < 1e-10 * (1.0 + want.abs()), "t={t}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bounds_and_config() {
+        let m = lifted(Base::Mamba2);
+        assert_eq!(m.bounds(&dims(65)), vec![("L", Bound::AtLeast(8), m.bounds(&dims(65))[0].2)]);
+        assert_eq!(m.config()["mask"], "fenwick");
+        assert!(LogLinear::new("x", Base::Mamba2, None, 1.0, 48).is_err());
+        assert!(LogLinear::new("x", Base::Mamba2, None, f64::NAN, 64).is_err());
+        let names: Vec<&str> = m.spec().inputs.iter().map(|d| d.name).collect();
+        assert_eq!(names, ["q", "k", "v", "g", "lambda"]);
+    }
+}

@@ -1,0 +1,87 @@
+//! Regression benches (divan) of each family's hot path on the CPU: one fast form per family
+//! at a moderate, non-power-of-two `T`, and one decode step after a prefix.
+//!
+//! `cargo bench --bench regression` (a few minutes on 2 cores); filter with a substring,
+//! e.g. `cargo bench --bench regression -- decode`. A mixer that is not registered in this
+//! build is reported on stderr and left out.
+
+use divan::Bencher;
+use mixers::core::mixer::{Decoder, Mixer, validate};
+use mixers::core::tensor::{cast_tensors, token_slice};
+use mixers::prelude::*;
+use mixers::registry::run::{decoder, run};
+
+fn main() {
+    divan::main();
+}
+
+/// Sequence length of the fast-form benches.
+const T: usize = 1500;
+/// Tokens fed before the timed decode step.
+const PREFIX: usize = 700;
+
+/// One mixer per family (and the delta-rule variant, whose chunk form is the costliest).
+const MIXERS: &[&str] =
+    &["glr pow2", "attention", "mamba2", "gated-deltanet", "loglinear-mamba2", "toeplitz"];
+
+fn config(label: &str) -> (&str, serde_json::Value) {
+    match label {
+        "glr pow2" => ("glr", serde_json::json!({"pattern": "pow2"})),
+        "toeplitz" => ("toeplitz", serde_json::json!({"heads": 2})),
+        other => (other, serde_json::json!({})),
+    }
+}
+
+/// The mixer and `f32` inputs with `B = 1, H = 2, Dk = Dv = 32, C = 64`, or `None` (with a
+/// note on stderr) where the mixer is not available here.
+fn setup(label: &str, seq: usize) -> Option<(Box<dyn Mixer>, Tensors<f32>)> {
+    let (name, cfg) = config(label);
+    let sizes = Sizes { batch: 1, seq, channels: 64, heads: 2, dk: 32, dv: 32 };
+    match mixers::registry::mixer(name, &cfg).and_then(|m| m.random_inputs(&sizes.dims(), 0).map(|x| (m, x)))
+    {
+        Ok((m, x)) => Some((m, cast_tensors::<f32>(&x))),
+        Err(e) => {
+            eprintln!("regression: {label} left out: {e}");
+            None
+        }
+    }
+}
+
+#[divan::bench(args = MIXERS, sample_count = 20)]
+fn fast(bencher: Bencher, label: &str) {
+    let Some((m, x)) = setup(label, T) else { return };
+    let x = AnyTensors::F32(x);
+    if let Err(e) = run(m.as_ref(), "cpu", Form::Fast, &x) {
+        eprintln!("regression: {label} fast left out: {e}");
+        return;
+    }
+    bencher.bench_local(|| run(m.as_ref(), "cpu", Form::Fast, &x));
+}
+
+#[divan::bench(args = MIXERS, sample_count = 30, sample_size = 2)]
+fn decode_step(bencher: Bencher, label: &str) {
+    let Some((m, x)) = setup(label, PREFIX + 1) else { return };
+    let dims = match validate(m.as_ref(), &AnyTensors::F32(x.clone())) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("regression: {label} inputs rejected: {e}");
+            return;
+        }
+    };
+    let per_token = m.spec().per_token();
+    let primed = || -> Result<Box<dyn Decoder<f32>>> {
+        let mut d = decoder::<f32>(m.as_ref(), "cpu", &x, &dims)?;
+        for t in 0..PREFIX {
+            d.step(&token_slice(&x, &per_token, t))?;
+        }
+        Ok(d)
+    };
+    if let Err(e) = primed() {
+        eprintln!("regression: {label} decoder left out: {e}");
+        return;
+    }
+    let last = token_slice(&x, &per_token, PREFIX);
+    bencher
+        .with_inputs(|| primed().expect("priming succeeded once with the same inputs"))
+        .bench_local_values(|mut d| d.step(&last));
+}

@@ -1,0 +1,49 @@
+//! The parallel form of attention: per batch row and head, the full masked score matrix
+//! $S = \sigma QK^\top$ (entries with $s > t$ or $t - s \ge w$ masked before the exponential), a
+//! row softmax, then $Y = PV$. $O(T^2)$ time and memory per head; parallel over batch × heads.
+
+use mixer_core::mixers::attention::Attention;
+use mixer_core::{Real, Result, Tensors};
+use ndarray::{Array2, Array4, ArrayD, s};
+use rayon::prelude::*;
+
+use super::heads_major;
+
+/// `y [B,T,H,Dv]` from `q, k [B,T,H,Dk]`, `v [B,T,H,Dv]`.
+pub fn parallel<F: Real>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+    let (q, k, v) = (heads_major(inputs, "q")?, heads_major(inputs, "k")?, heads_major(inputs, "v")?);
+    let (bn, hn, tn, dk) = q.dim();
+    let dv = v.dim().3;
+    let scale = F::of(a.scale(dk));
+    let pairs: Vec<(usize, usize)> = (0..bn).flat_map(|b| (0..hn).map(move |h| (b, h))).collect();
+    let outs: Vec<Array2<F>> = pairs
+        .par_iter()
+        .map(|&(b, h)| {
+            let qh = q.slice(s![b, h, .., ..]);
+            let kh = k.slice(s![b, h, .., ..]);
+            let mut p = qh.dot(&kh.t());
+            for t in 0..tn {
+                let lo = a.first_key(t);
+                let mut row = p.row_mut(t);
+                let mx = (lo..=t).map(|s| row[s] * scale).fold(F::neg_infinity(), F::max);
+                let mut den = F::zero();
+                for s in 0..tn {
+                    row[s] = if s >= lo && s <= t {
+                        let e = (row[s] * scale - mx).exp();
+                        den += e;
+                        e
+                    } else {
+                        F::zero()
+                    };
+                }
+                row.mapv_inplace(|e| e / den);
+            }
+            p.dot(&v.slice(s![b, h, .., ..]))
+        })
+        .collect();
+    let mut y = Array4::<F>::zeros((bn, tn, hn, dv));
+    for (&(b, h), o) in pairs.iter().zip(&outs) {
+        y.slice_mut(s![b, .., h, ..]).assign(o);
+    }
+    Ok(y.into_dyn())
+}

@@ -1,0 +1,188 @@
+//! The recurrent form of the GLR (MATH.md §1.1–1.2): one token per step, a bounded cache.
+//!
+//! Token $t$ reads past values at its dependency positions $d_k(t)$ (outputs $y$ when `on`
+//! includes `b`, inputs $x$ when it includes `a`). What is kept after token $t$:
+//! - cache-efficient pattern: exactly the lattice positions $P_{t+1} = \{d_k(t+1)\}$. By the
+//!   lattice invariant $P_{t+1} \subseteq P_t \cup \{t\}$, so the new cache is drawn from the
+//!   old one plus token $t$, and everything else is evicted. Its size is $O(f^{-1}(T))$
+//!   (pow2: $\le \lfloor\log_2 T\rfloor + 1$ positions).
+//! - translation-invariant pattern: the last $f(K-1)$ tokens (a ring buffer), what the largest
+//!   active offset needs.
+//!
+//! [`Decoder::cache_elems`] counts the scalars held: positions × streams (x and/or y) × B × C.
+
+use mixer_core::mixer::Decoder;
+use mixer_core::mixers::glr::{Glr, On, Slots};
+use mixer_core::{Dims, Error, Real, Result, Tensors};
+use ndarray::{ArrayD, IxDyn};
+
+use super::fast::contiguous;
+
+enum Store<F> {
+    /// Sorted by position; each value holds `streams × B × C` scalars.
+    Lattice(Vec<(usize, Vec<F>)>),
+    /// `cap` slots; position `p` lives in slot `p % cap`.
+    Window { ring: Vec<F>, cap: usize },
+}
+
+/// The GLR decoder on CPU.
+pub struct GlrDecoder<F> {
+    on: On,
+    slots: Slots,
+    t_len: usize,
+    b_len: usize,
+    c_len: usize,
+    pos: usize,
+    store: Store<F>,
+}
+
+fn dim(dims: &Dims, s: &str) -> Result<usize> {
+    dims.get(s).copied().ok_or_else(|| Error::Decoder(format!("size `{s}` is missing from the dims")))
+}
+
+impl<F: Real> GlrDecoder<F> {
+    /// A decoder for sequences of length `T` with `B × C` channels (from `dims`).
+    pub fn new(g: &Glr, dims: &Dims) -> Result<Self> {
+        let (t_len, b_len, c_len) = (dim(dims, "T")?, dim(dims, "B")?, dim(dims, "C")?);
+        let slots = g.slots(t_len);
+        let streams = Self::streams_of(g.on());
+        let store = if g.pattern().cache_efficient() {
+            Store::Lattice(Vec::new())
+        } else {
+            let cap = slots.offsets().last().copied().unwrap_or(0);
+            Store::Window { ring: vec![F::zero(); cap * streams * b_len * c_len], cap }
+        };
+        Ok(GlrDecoder { on: g.on(), slots, t_len, b_len, c_len, pos: 0, store })
+    }
+
+    fn streams_of(on: On) -> usize {
+        if on == On::Both { 2 } else { 1 }
+    }
+
+    fn streams(&self) -> usize {
+        Self::streams_of(self.on)
+    }
+
+    /// Number of past positions held right now.
+    pub fn cached_positions(&self) -> usize {
+        match &self.store {
+            Store::Lattice(v) => v.len(),
+            Store::Window { cap, .. } => self.pos.min(*cap),
+        }
+    }
+
+    /// The cached values of position `d` (`streams × B × C`: y first, then x).
+    fn lookup(&self, d: usize) -> Result<&[F]> {
+        let n = self.streams() * self.b_len * self.c_len;
+        match &self.store {
+            Store::Lattice(v) => {
+                v.binary_search_by_key(&d, |e| e.0).map(|i| v[i].1.as_slice()).map_err(|_| {
+                    Error::Decoder(format!("position {d} is not in the lattice cache at t = {}", self.pos))
+                })
+            }
+            Store::Window { ring, cap } => {
+                if *cap == 0 || d + cap < self.pos || d >= self.pos {
+                    return Err(Error::Decoder(format!(
+                        "position {d} is outside the window at t = {}",
+                        self.pos
+                    )));
+                }
+                Ok(&ring[(d % cap) * n..(d % cap + 1) * n])
+            }
+        }
+    }
+}
+
+impl<F: Real> Decoder<F> for GlrDecoder<F> {
+    fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
+        let t = self.pos;
+        if t >= self.t_len {
+            return Err(Error::Decoder(format!(
+                "the decoder was built for T = {} tokens; step {} is past its end",
+                self.t_len,
+                t + 1
+            )));
+        }
+        let (bn, cn, kn) = (self.b_len, self.c_len, self.slots.len());
+        let bc = bn * cn;
+        let x = contiguous(token, "x", &[bn, cn])?;
+        let alpha = if self.on.has_a() {
+            contiguous(token, "alpha", &[bn, kn + 1, cn])?
+        } else {
+            contiguous(token, "alpha", &[bn, cn])?
+        };
+        let beta = if self.on.has_b() { Some(contiguous(token, "beta", &[bn, kn, cn])?) } else { None };
+        let n = self.slots.active(t);
+        let mut y = vec![F::zero(); bc];
+        if self.on.has_a() {
+            for b in 0..bn {
+                for c in 0..cn {
+                    y[b * cn + c] = alpha[b * (kn + 1) * cn + c] * x[b * cn + c];
+                }
+            }
+        } else {
+            for i in 0..bc {
+                y[i] = alpha[i] * x[i];
+            }
+        }
+        // Stream layout of a cached position: y (when on has b) first, then x (when on has a).
+        let x_off = if self.on.has_b() { bc } else { 0 };
+        for k in 0..n {
+            let d = self.slots.pos(t, k);
+            let past = self.lookup(d)?;
+            for b in 0..bn {
+                for c in 0..cn {
+                    let i = b * cn + c;
+                    let mut acc = y[i];
+                    if self.on.has_a() {
+                        acc += alpha[(b * (kn + 1) + k + 1) * cn + c] * past[x_off + i];
+                    }
+                    if let Some(beta) = &beta {
+                        acc += beta[(b * kn + k) * cn + c] * past[i];
+                    }
+                    y[i] = acc;
+                }
+            }
+        }
+        let mut entry = Vec::with_capacity(self.streams() * bc);
+        if self.on.has_b() {
+            entry.extend_from_slice(&y);
+        }
+        if self.on.has_a() {
+            entry.extend_from_slice(&x);
+        }
+        let slots = &self.slots;
+        match &mut self.store {
+            Store::Lattice(v) => {
+                // Keep exactly P_{t+1} ⊆ P_t ∪ {t}.
+                v.push((t, entry));
+                let mut keep: Vec<usize> = (0..slots.active(t + 1)).map(|k| slots.pos(t + 1, k)).collect();
+                keep.sort_unstable();
+                keep.dedup();
+                v.retain(|e| keep.binary_search(&e.0).is_ok());
+                if v.len() != keep.len() {
+                    return Err(Error::Decoder(format!(
+                        "lattice invariant broken at t = {t}: P_(t+1) = {keep:?}, cache holds {:?}",
+                        v.iter().map(|e| e.0).collect::<Vec<_>>()
+                    )));
+                }
+            }
+            Store::Window { ring, cap } => {
+                if *cap > 0 {
+                    let m = entry.len();
+                    ring[(t % *cap) * m..(t % *cap + 1) * m].copy_from_slice(&entry);
+                }
+            }
+        }
+        self.pos += 1;
+        ArrayD::from_shape_vec(IxDyn(&[bn, cn]), y).map_err(|e| Error::Decoder(e.to_string()))
+    }
+
+    fn cache_elems(&self) -> usize {
+        self.cached_positions() * self.streams() * self.b_len * self.c_len
+    }
+
+    fn position(&self) -> usize {
+        self.pos
+    }
+}

@@ -1,0 +1,152 @@
+//! The fast form of the GLR: the sparse recurrence (MATH.md §1.2), $O(T \cdot K)$ per channel.
+//!
+//! For every batch row and block of channels, tokens run in order and token $t$ reads its
+//! $K(t+1)$ active slots: $y_t = \alpha_t x_t + \sum_k \beta_{t,k}\, y_{d_k(t)}$ (`on = "b"`),
+//! $y_t = \alpha_{t,0} x_t + \sum_k \alpha_{t,k+1}\, x_{d_k(t)}$ (`on = "a"`), or both sums. The
+//! state is a `[T, w]` buffer of the block's outputs (row-major), so every inner loop runs
+//! over `w` contiguous channels, as do the rows of `x`, `alpha [B,T,K+1,C]` and
+//! `beta [B,T,K,C]`. Blocks (batch × channel block) run in parallel with rayon.
+
+use std::borrow::Cow;
+
+use mixer_core::mixers::glr::{Glr, Slots};
+use mixer_core::tensor::get;
+use mixer_core::{Error, Real, Result, Tensors};
+use ndarray::{Array3, ArrayD, Axis};
+use rayon::prelude::*;
+
+/// A contiguous row-major slice of an input, with its shape checked against `want`.
+pub(crate) fn contiguous<'a, F: Real>(
+    inputs: &'a Tensors<F>,
+    name: &str,
+    want: &[usize],
+) -> Result<Cow<'a, [F]>> {
+    let a = get(inputs, name)?;
+    if a.shape() != want {
+        return Err(Error::shape(
+            name,
+            mixer_core::error::fmt_shape(want),
+            mixer_core::error::fmt_shape(a.shape()),
+        ));
+    }
+    Ok(match a.as_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(a.iter().copied().collect()),
+    })
+}
+
+/// Channel block width: enough blocks to keep every thread busy (4 per thread), at least 16
+/// channels (a few SIMD vectors) per block when there are that many.
+fn block_width(batch: usize, channels: usize) -> usize {
+    let threads = rayon::current_num_threads().max(1);
+    let per_batch = (4 * threads).div_ceil(batch.max(1)).max(1);
+    channels.div_ceil(per_batch).max(16).min(channels.max(1))
+}
+
+struct Views<'a, F> {
+    x: &'a [F],
+    alpha: &'a [F],
+    beta: &'a [F],
+    t_len: usize,
+    c_len: usize,
+    k_len: usize,
+    has_a: bool,
+    has_b: bool,
+}
+
+/// `y[t, 0..w]` of batch row `b`, channels `c0..c0+w`, as a `[T, w]` row-major buffer.
+fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, b: usize, c0: usize, w: usize) -> Vec<F> {
+    let (tn, cn, kn) = (v.t_len, v.c_len, v.k_len);
+    let k1 = kn + 1;
+    let mut buf = vec![F::zero(); tn * w];
+    let mut n = 0usize;
+    let offsets = slots.offsets();
+    for t in 0..tn {
+        while n < kn && offsets[n] <= t {
+            n += 1;
+        }
+        let (done, rest) = buf.split_at_mut(t * w);
+        let cur = &mut rest[..w];
+        let row = (b * tn + t) * cn + c0;
+        let xt = &v.x[row..row + w];
+        if v.has_a {
+            let base = (b * tn + t) * k1;
+            let a0 = &v.alpha[base * cn + c0..][..w];
+            for ((y, &a), &x) in cur.iter_mut().zip(a0).zip(xt) {
+                *y = a * x;
+            }
+            for k in 0..n {
+                let d = slots.pos(t, k);
+                let ak = &v.alpha[(base + k + 1) * cn + c0..][..w];
+                let xd = &v.x[(b * tn + d) * cn + c0..][..w];
+                for ((y, &a), &x) in cur.iter_mut().zip(ak).zip(xd) {
+                    *y += a * x;
+                }
+            }
+        } else {
+            let at = &v.alpha[row..row + w];
+            for ((y, &a), &x) in cur.iter_mut().zip(at).zip(xt) {
+                *y = a * x;
+            }
+        }
+        if v.has_b {
+            let base = (b * tn + t) * kn;
+            for k in 0..n {
+                let d = slots.pos(t, k);
+                let bk = &v.beta[(base + k) * cn + c0..][..w];
+                let yd = &done[d * w..(d + 1) * w];
+                for ((y, &bb), &p) in cur.iter_mut().zip(bk).zip(yd) {
+                    *y += bb * p;
+                }
+            }
+        }
+    }
+    buf
+}
+
+/// The fast form: `y [B,T,C]` from `x [B,T,C]`, `alpha`, `beta` (shapes per MATH.md §1.2, with
+/// `K = K(T)`); inactive slots ($f(k) > t$) are never read.
+pub fn fast<F: Real>(g: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+    let xs = get(inputs, "x")?.shape().to_vec();
+    if xs.len() != 3 {
+        return Err(Error::shape("x", "[B, T, C]", mixer_core::error::fmt_shape(&xs)));
+    }
+    let (bn, tn, cn) = (xs[0], xs[1], xs[2]);
+    let slots = g.slots(tn);
+    let kn = slots.len();
+    let on = g.on();
+    let x = contiguous(inputs, "x", &xs)?;
+    let alpha = if on.has_a() {
+        contiguous(inputs, "alpha", &[bn, tn, kn + 1, cn])?
+    } else {
+        contiguous(inputs, "alpha", &xs)?
+    };
+    let beta =
+        if on.has_b() { contiguous(inputs, "beta", &[bn, tn, kn, cn])? } else { Cow::Owned(Vec::new()) };
+    let views = Views {
+        x: &x,
+        alpha: &alpha,
+        beta: &beta,
+        t_len: tn,
+        c_len: cn,
+        k_len: kn,
+        has_a: on.has_a(),
+        has_b: on.has_b(),
+    };
+    let w = block_width(bn, cn);
+    let tasks: Vec<(usize, usize)> =
+        (0..bn).flat_map(|b| (0..cn).step_by(w.max(1)).map(move |c0| (b, c0))).collect();
+    let blocks: Vec<Vec<F>> =
+        tasks.par_iter().map(|&(b, c0)| block(&views, &slots, b, c0, w.min(cn - c0))).collect();
+    let mut y = Array3::<F>::zeros((bn, tn, cn));
+    for (&(b, c0), buf) in tasks.iter().zip(&blocks) {
+        let wb = w.min(cn - c0);
+        let mut yb = y.index_axis_mut(Axis(0), b);
+        for (t, mut row) in yb.outer_iter_mut().enumerate() {
+            for j in 0..wb {
+                row[c0 + j] = buf[t * wb + j];
+            }
+        }
+    }
+    Ok(y.into_dyn())
+}

@@ -1,0 +1,187 @@
+//! The recurrent form (MATH.md §2.5): O(log T) states per head for the lifts, one state for
+//! the base mixers.
+//!
+//! Per (batch, head) the decoder keeps level states $H^{(\ell)} = S^{(\ell)\top} \in
+//! \mathbb R^{D_k \times D_v}$ (only the non-empty ones). At token `t`:
+//! 1. (lifts) if $t \ge 1$, $m = \operatorname{ctz}(t)$: $H^{(m+1)} \leftarrow \sum_{\ell \le m} H^{(\ell)}$,
+//!    levels $0..m$ emptied;
+//! 2. every level takes the transition: Mamba-2 $H \leftarrow e^{g_t} H$; gated DeltaNet
+//!    $H \leftarrow e^{g_t}(I - \beta_t k_t k_t^\top) H$; linear attention nothing;
+//! 3. insert $H^{(0)} \leftarrow k_t v_t^\top$ (gated DeltaNet $\beta_t k_t v_t^\top$; the base
+//!    mixers add it to their single state);
+//! 4. read $y_t = \sigma \sum_\ell \lambda_t^{(\ell)} H^{(\ell)\top} q_t$.
+//!
+//! A step costs $O(L \cdot D_k D_v)$ with $L \le \lfloor\log_2 t\rfloor + 2$ non-empty levels, and
+//! the merge is amortized O(1) states; `cache_elems` counts the scalars in non-empty states.
+
+use mixer_core::error::fmt_shape;
+use mixer_core::mixer::{Decoder, Mixer, downcast};
+use mixer_core::mixers::loglinear::{Base, LogLinear};
+use mixer_core::tensor::get;
+use mixer_core::{Dims, Error, Real, Result, Tensors};
+use ndarray::{ArrayD, IxDyn};
+
+/// The decoder of one configured member of the family.
+pub struct LogLinearDecoder<F: Real> {
+    m: LogLinear,
+    nb: usize,
+    nh: usize,
+    dk: usize,
+    dv: usize,
+    /// λ levels available per token (1 for the base mixers).
+    n_levels: usize,
+    /// Per (batch, head): the level states, `Dk×Dv` row-major.
+    states: Vec<Vec<Option<Vec<F>>>>,
+    pos: usize,
+}
+
+fn dim(dims: &Dims, s: &str) -> Result<usize> {
+    dims.get(s).copied().ok_or_else(|| Error::Decoder(format!("size `{s}` was not given")))
+}
+
+/// Builds the decoder (registered as the kernel's `decoder_*`).
+pub fn build<F: Real>(m: &dyn Mixer, _statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
+    let m: &LogLinear = downcast(m, "cpu")?;
+    if !m.has_fenwick_structure() {
+        return Err(super::unavailable(m, mixer_core::Form::Recurrent));
+    }
+    let (nb, nh) = (dim(dims, "B")?, dim(dims, "H")?);
+    let n_levels = if m.lift.is_some() { dim(dims, "L")? } else { 1 };
+    Ok(Box::new(LogLinearDecoder::<F> {
+        m: m.clone(),
+        nb,
+        nh,
+        dk: dim(dims, "Dk")?,
+        dv: dim(dims, "Dv")?,
+        n_levels,
+        states: vec![Vec::new(); nb * nh],
+        pos: 0,
+    }))
+}
+
+impl<F: Real> LogLinearDecoder<F> {
+    fn input<'a>(&self, tok: &'a Tensors<F>, name: &str, shape: &[usize]) -> Result<&'a ArrayD<F>> {
+        let a = get(tok, name)?;
+        if a.shape() != shape {
+            return Err(Error::Decoder(format!(
+                "token {}: input `{name}` expected {}, got {}",
+                self.pos,
+                fmt_shape(shape),
+                fmt_shape(a.shape())
+            )));
+        }
+        Ok(a)
+    }
+}
+
+impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
+    fn step(&mut self, tok: &Tensors<F>) -> Result<ArrayD<F>> {
+        let (nb, nh, dk, dv) = (self.nb, self.nh, self.dk, self.dv);
+        let base = self.m.base;
+        let nl = self.n_levels;
+        // Contiguous row-major copies: q, k [B·H·Dk], v [B·H·Dv], g, beta [B·H], λ [B·H·L].
+        let flat = |a: &ArrayD<F>| a.iter().copied().collect::<Vec<F>>();
+        let q = flat(self.input(tok, "q", &[nb, nh, dk])?);
+        let k = flat(self.input(tok, "k", &[nb, nh, dk])?);
+        let v = flat(self.input(tok, "v", &[nb, nh, dv])?);
+        let g = if base.has_decay() { Some(flat(self.input(tok, "g", &[nb, nh])?)) } else { None };
+        let beta = if base.has_beta() { Some(flat(self.input(tok, "beta", &[nb, nh])?)) } else { None };
+        let lam = match self.m.lift {
+            Some(_) => Some(flat(&self.m.lambda_weights(self.input(tok, "lambda", &[nb, nh, nl])?)?)),
+            None => None,
+        };
+        let t = self.pos;
+        let lifted = lam.is_some();
+        let scale = F::of(self.m.scale);
+        let mut y = vec![F::zero(); nb * nh * dv];
+        let mut ku = vec![F::zero(); dv];
+        for bh in 0..nb * nh {
+            let st = &mut self.states[bh];
+            // 1. merge (lifts only).
+            if lifted && t >= 1 {
+                let mm = t.trailing_zeros() as usize;
+                if st.len() < mm + 2 {
+                    st.resize_with(mm + 2, || None);
+                }
+                let mut merged = st[mm + 1].take();
+                for e in 0..=mm {
+                    if let Some(s) = st[e].take() {
+                        merged = Some(match merged {
+                            Some(mut acc) => {
+                                acc.iter_mut().zip(&s).for_each(|(a, x)| *a += *x);
+                                acc
+                            }
+                            None => s,
+                        });
+                    }
+                }
+                st[mm + 1] = merged;
+            }
+            // 2. transition every level.
+            let kt = &k[bh * dk..(bh + 1) * dk];
+            let qt = &q[bh * dk..(bh + 1) * dk];
+            let vt = &v[bh * dv..(bh + 1) * dv];
+            let decay = g.as_ref().map_or(F::one(), |g| F::of(g[bh].f64().exp()));
+            let bt = beta.as_ref().map_or(F::one(), |x| x[bh]);
+            for s in st.iter_mut().flatten() {
+                match base {
+                    Base::LinearAttention => {}
+                    Base::Mamba2 => s.iter_mut().for_each(|x| *x *= decay),
+                    Base::GatedDeltaNet => {
+                        // H ← e^g (H − β k (kᵀH)).
+                        ku.iter_mut().for_each(|x| *x = F::zero());
+                        for (row, &kd) in s.chunks_exact(dv).zip(kt) {
+                            ku.iter_mut().zip(row).for_each(|(u, &x)| *u += kd * x);
+                        }
+                        for (row, &kd) in s.chunks_exact_mut(dv).zip(kt) {
+                            let bk = bt * kd;
+                            row.iter_mut().zip(&ku).for_each(|(x, &u)| *x = decay * (*x - bk * u));
+                        }
+                    }
+                }
+            }
+            // 3. insert.
+            if st.is_empty() {
+                st.push(None);
+            }
+            let slot = st[0].get_or_insert_with(|| vec![F::zero(); dk * dv]);
+            for (row, &kd) in slot.chunks_exact_mut(dv).zip(kt) {
+                let bk = bt * kd;
+                row.iter_mut().zip(vt).for_each(|(x, &vv)| *x += bk * vv);
+            }
+            // 4. read.
+            let yt = &mut y[bh * dv..(bh + 1) * dv];
+            for (l, s) in st.iter().enumerate() {
+                let Some(s) = s else { continue };
+                let w = match &lam {
+                    Some(lam) => {
+                        if l >= nl {
+                            return Err(Error::Decoder(format!(
+                                "token {t} reads level {l}, but lambda has {nl} levels"
+                            )));
+                        }
+                        lam[bh * nl + l]
+                    }
+                    None => F::one(),
+                } * scale;
+                if w == F::zero() {
+                    continue;
+                }
+                for (row, &qd) in s.chunks_exact(dv).zip(qt) {
+                    let wq = w * qd;
+                    yt.iter_mut().zip(row).for_each(|(y, &x)| *y += wq * x);
+                }
+            }
+        }
+        self.pos += 1;
+        ArrayD::from_shape_vec(IxDyn(&[nb, nh, dv]), y).map_err(|e| Error::Decoder(e.to_string()))
+    }
+
+    fn cache_elems(&self) -> usize {
+        self.states.iter().map(|st| st.iter().flatten().map(Vec::len).sum::<usize>()).sum()
+    }
+
+    fn position(&self) -> usize {
+        self.pos
+    }
+}

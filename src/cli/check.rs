@@ -1,0 +1,154 @@
+//! `mixers check`: every form on every backend against the f64 materialized oracle.
+
+use indicatif::{ProgressBar, ProgressStyle};
+use mixer_core::{Error, Result};
+use mixer_registry::harness::{CheckRow, Sizes, check};
+use mixer_registry::{Backend, MIXERS, mixer_entry};
+
+use super::table::{markdown, sci};
+
+/// Arguments of `mixers check`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Mixer to check (default: every registered mixer, with each of its example configs).
+    #[arg(long)]
+    mixer: Option<String>,
+    /// JSON config for `--mixer` (default: the mixer's example configs).
+    #[arg(long)]
+    config: Option<String>,
+    /// Backend (default: every available backend).
+    #[arg(long)]
+    backend: Option<String>,
+    /// Sequence length T.
+    #[arg(long, default_value_t = 37)]
+    seq: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 2)]
+    batch: usize,
+    /// Random seed of the inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Also write the rows as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+/// The (mixer, config) pairs to check: one mixer with a config, or every example.
+pub(crate) fn cases(mixer: Option<&str>, config: Option<&str>) -> Result<Vec<(String, serde_json::Value)>> {
+    let entries: Vec<_> = match mixer {
+        Some(name) => vec![mixer_entry(name)?],
+        None => {
+            let mut v: Vec<_> = MIXERS.iter().collect();
+            v.sort_by_key(|e| (e.family, e.name));
+            v
+        }
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        if let Some(c) = config {
+            out.push((e.name.to_string(), super::parse_config(Some(c))?));
+            continue;
+        }
+        if e.examples.is_empty() {
+            out.push((e.name.to_string(), serde_json::json!({})));
+        }
+        for ex in e.examples {
+            let v = serde_json::from_str(ex).map_err(|err| {
+                Error::Io(format!("example config of `{}` is not JSON ({err}): {ex}", e.name))
+            })?;
+            out.push((e.name.to_string(), v));
+        }
+    }
+    Ok(out)
+}
+
+/// Checks the cases on the backends with a progress bar; build errors become failed rows.
+pub(crate) fn check_cases(
+    cases: &[(String, serde_json::Value)],
+    backends: &[Backend],
+    sizes: &Sizes,
+    seed: u64,
+) -> Vec<CheckRow> {
+    let pb = ProgressBar::new(cases.len() as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut rows = Vec::new();
+    for (name, cfg) in cases {
+        pb.set_message(name.clone());
+        match mixer_registry::mixer(name, cfg) {
+            Ok(m) => rows.extend(check(m.as_ref(), backends, sizes, seed)),
+            Err(e) => rows.push(CheckRow {
+                mixer: name.clone(),
+                config: cfg.to_string(),
+                backend: "-".into(),
+                form: mixer_core::Form::Materialized,
+                dtype: mixer_core::DType::F64,
+                seq: sizes.seq,
+                rel_rms: f64::INFINITY,
+                max_abs: f64::INFINITY,
+                pass: false,
+                error: Some(format!("build: {e}")),
+                millis: 0.0,
+            }),
+        }
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    rows
+}
+
+/// Renders check rows as a Markdown table.
+pub(crate) fn render(rows: &[CheckRow]) -> String {
+    let body: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.mixer.clone(),
+                r.config.clone(),
+                r.backend.clone(),
+                r.form.name().into(),
+                r.dtype.name().into(),
+                r.seq.to_string(),
+                sci(r.rel_rms),
+                sci(r.max_abs),
+                format!("{:.1}", r.millis),
+                match (&r.error, r.pass) {
+                    (Some(e), _) => format!("FAIL: {e}"),
+                    (None, true) => "ok".into(),
+                    (None, false) => "FAIL".into(),
+                },
+            ]
+        })
+        .collect();
+    markdown(
+        &["mixer", "config", "backend", "form", "dtype", "T", "rel RMS", "max abs", "ms", "result"],
+        &body,
+    )
+}
+
+pub(crate) fn backends(name: Option<&str>) -> Result<Vec<Backend>> {
+    match name {
+        Some(n) => Ok(vec![Backend::by_name(n)?]),
+        None => Ok(Backend::available()),
+    }
+}
+
+pub(crate) fn run(a: Args) -> Result<i32> {
+    if a.config.is_some() && a.mixer.is_none() {
+        return Err(Error::Io("--config needs --mixer".into()));
+    }
+    let backends = backends(a.backend.as_deref())?;
+    let sizes = Sizes { seq: a.seq, batch: a.batch, ..Sizes::default() };
+    let cases = cases(a.mixer.as_deref(), a.config.as_deref())?;
+    let rows = check_cases(&cases, &backends, &sizes, a.seed);
+    print!("{}", render(&rows));
+    if let Some(p) = &a.json {
+        let s = serde_json::to_string_pretty(&rows).map_err(|e| Error::Io(e.to_string()))?;
+        std::fs::write(p, s).map_err(|e| Error::Io(format!("cannot write {}: {e}", p.display())))?;
+    }
+    let failed = rows.iter().filter(|r| !r.pass).count();
+    println!("\n{} checks, {} passed, {} failed", rows.len(), rows.len() - failed, failed);
+    Ok(if failed == 0 && !rows.is_empty() { 0 } else { 1 })
+}

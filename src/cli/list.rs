@@ -1,0 +1,64 @@
+//! `mixers list`.
+
+use mixer_core::Result;
+use mixer_registry::{Availability, LAMBDAS, MASKS, MIXERS, PATTERNS, backends_status, run::forms};
+
+/// Arguments of `mixers list`.
+#[derive(clap::Args, Debug)]
+pub struct Args {}
+
+/// The listing, as text.
+pub fn listing() -> String {
+    let mut s = String::new();
+    let mut section = |title: &str, mut items: Vec<(String, String)>| {
+        items.sort();
+        s += &format!("{title}:\n");
+        for (n, d) in items {
+            s += &format!("  {n:<26} {d}\n");
+        }
+    };
+    section("patterns", PATTERNS.iter().map(|e| (e.name.to_string(), e.doc.to_string())).collect());
+    section("masks", MASKS.iter().map(|e| (e.name.to_string(), e.doc.to_string())).collect());
+    section("λ schemes", LAMBDAS.iter().map(|e| (e.name.to_string(), e.doc.to_string())).collect());
+    let status = backends_status();
+    section(
+        "backends",
+        status
+            .iter()
+            .map(|(n, a)| {
+                let d = match a {
+                    Availability::Available(d) => format!("available ({d})"),
+                    Availability::Unavailable(r) => format!("not available ({r})"),
+                };
+                (format!("{n}:"), d)
+            })
+            .collect(),
+    );
+    let mut mixers: Vec<_> = MIXERS.iter().collect();
+    mixers.sort_by_key(|e| (e.family, e.name));
+    s += "mixers:\n";
+    for e in mixers {
+        s += &format!("  {:<26} [{}] {}\n", e.name, e.family, e.doc);
+        match (e.build)(e.name, &serde_json::json!({})) {
+            Ok(m) => {
+                s += &format!("  {:<26} inputs: {}\n", "", m.spec().describe());
+                for (b, av) in &status {
+                    let f: Vec<&str> = forms(m.as_ref(), b).iter().map(|f| f.name()).collect();
+                    let note = if matches!(av, Availability::Available(_)) {
+                        ""
+                    } else {
+                        " (backend not available here)"
+                    };
+                    s += &format!("  {:<26} {b}: {}{note}\n", "", f.join(", "));
+                }
+            }
+            Err(err) => s += &format!("  {:<26} (needs a config: {err})\n", ""),
+        }
+    }
+    s
+}
+
+pub(crate) fn run(_a: Args) -> Result<i32> {
+    print!("{}", listing());
+    Ok(0)
+}

@@ -1,0 +1,68 @@
+//! The `mixers` command line: `list`, `run`, `check`, `metrics`, `bench`, `tour`.
+//!
+//! It lives in the library so that a researcher's own binary, linking extra plugins, can
+//! offer the same commands: `fn main() { std::process::exit(mixers::cli::main()) }`.
+
+pub mod bench;
+mod check;
+mod list;
+mod metrics;
+mod run;
+pub mod table;
+mod tour;
+
+use clap::{Parser, Subcommand};
+
+/// Causal token mixers on CPU and CUDA: list, run, check against the oracle, measure.
+#[derive(Parser, Debug)]
+#[command(name = "mixers", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Everything registered (patterns, masks, λ schemes, mixers, backends) with docs.
+    List(list::Args),
+    /// Run one mixer on inputs from an .npz file, writing `y` to an .npz file.
+    Run(run::Args),
+    /// Cross-check every form on every backend against the f64 materialized oracle.
+    Check(check::Args),
+    /// Structural metrics of an offset pattern (shortest paths, congestion, cost, cache).
+    Metrics(metrics::Args),
+    /// Scaling, memory and form/backend comparisons: tables, JSON and log–log plots.
+    Bench(bench::Args),
+    /// The guided tour: what is registered, a check of every mixer, the structural table.
+    Tour(tour::Args),
+}
+
+/// Runs the CLI on the process arguments; returns the exit code (0 ok, 1 check failures,
+/// 2 errors). Errors are printed as one line, never as a panic.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::List(a) => list::run(a),
+        Command::Run(a) => run::run(a),
+        Command::Check(a) => check::run(a),
+        Command::Metrics(a) => metrics::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Tour(a) => tour::run(a),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            2
+        }
+    }
+}
+
+/// Parses a JSON config given on the command line.
+pub(crate) fn parse_config(s: Option<&str>) -> mixer_core::Result<serde_json::Value> {
+    match s {
+        None => Ok(serde_json::json!({})),
+        Some(s) => serde_json::from_str(s)
+            .map_err(|e| mixer_core::Error::Io(format!("--config is not valid JSON ({e}): {s}"))),
+    }
+}

@@ -1,0 +1,149 @@
+//! `mixers tour`: the README's main job. Lists what is registered, checks every mixer on the
+//! automatically chosen backend at small sizes, and prints the structural table.
+
+use std::collections::BTreeMap;
+
+use indicatif::ProgressBar;
+use mixer_core::Result;
+use mixer_registry::harness::{CheckRow, Sizes};
+use mixer_registry::{Backend, LAMBDAS, MASKS, MIXERS, PATTERNS, backends_status};
+
+use super::check::{cases, check_cases};
+use super::table::{markdown, sci};
+
+/// Arguments of `mixers tour`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Sequence length of the checks.
+    #[arg(long, default_value_t = 37)]
+    seq: usize,
+    /// Sequence length of the structural table.
+    #[arg(long, default_value_t = 1024)]
+    n: usize,
+}
+
+fn names(mut v: Vec<&str>) -> String {
+    v.sort();
+    v.join(", ")
+}
+
+/// Per (mixer, config): forms checked, worst errors per dtype, failures.
+fn summarize(rows: &[CheckRow]) -> Vec<Vec<String>> {
+    let mut by: BTreeMap<(String, String), Vec<&CheckRow>> = BTreeMap::new();
+    for r in rows {
+        by.entry((r.mixer.clone(), r.config.clone())).or_default().push(r);
+    }
+    by.into_iter()
+        .map(|((m, c), rs)| {
+            let mut forms: Vec<&str> = rs.iter().map(|r| r.form.name()).collect();
+            forms.sort();
+            forms.dedup();
+            let worst =
+                |d: &str| rs.iter().filter(|r| r.dtype.name() == d).map(|r| r.rel_rms).fold(0.0f64, f64::max);
+            let failed: Vec<String> = rs
+                .iter()
+                .filter(|r| !r.pass)
+                .map(|r| match &r.error {
+                    Some(e) => format!("{} {}: {e}", r.form, r.dtype.name()),
+                    None => format!("{} {}", r.form, r.dtype.name()),
+                })
+                .collect();
+            vec![
+                m,
+                c,
+                forms.join(", "),
+                sci(worst("f64")),
+                sci(worst("f32")),
+                if failed.is_empty() { "ok".into() } else { format!("FAIL: {}", failed.join("; ")) },
+            ]
+        })
+        .collect()
+}
+
+fn structure_table(n: usize) -> Vec<Vec<String>> {
+    let mut pats: Vec<_> = PATTERNS.iter().collect();
+    pats.sort_by_key(|e| e.name);
+    let pb = ProgressBar::new(2 * pats.len() as u64);
+    let mut rows = Vec::new();
+    for e in pats {
+        for ce in [false, true] {
+            pb.inc(1);
+            let row = match super::metrics::compute(e.name, n, ce, None) {
+                Ok(m) => vec![
+                    e.name.to_string(),
+                    if ce { "cache-efficient" } else { "translation-inv." }.into(),
+                    m.slots.to_string(),
+                    m.paths.max.map(|x| x.to_string()).unwrap_or("∞".into()),
+                    format!("{:.2}", m.paths.mean),
+                    format!("{}{}", if m.congestion.is_bound { "≤ " } else { "" }, m.congestion.value),
+                    format!("{:.1}", m.per_token_cost),
+                    m.cache_positions.to_string(),
+                ],
+                Err(err) => vec![
+                    e.name.to_string(),
+                    if ce { "cache-efficient" } else { "translation-inv." }.into(),
+                    format!("error: {err}"),
+                ],
+            };
+            rows.push(row);
+        }
+    }
+    pb.finish_and_clear();
+    rows
+}
+
+pub(crate) fn run(a: Args) -> Result<i32> {
+    println!("# mixers tour\n");
+    println!(
+        "Every causal linear token mixer is Y = (I − B)⁻¹ A X. Each mixer below materializes its (A, B);"
+    );
+    println!("a dense f64 solve of that is the oracle every fast form and backend is checked against.\n");
+    println!("## Registered (link time)\n");
+    println!("- patterns: {}", names(PATTERNS.iter().map(|e| e.name).collect()));
+    println!("- level masks: {}", names(MASKS.iter().map(|e| e.name).collect()));
+    println!("- λ schemes: {}", names(LAMBDAS.iter().map(|e| e.name).collect()));
+    println!("- mixers: {}", names(MIXERS.iter().map(|e| e.name).collect()));
+    for (b, av) in backends_status() {
+        match av {
+            mixer_registry::Availability::Available(d) => println!("- backend {b}: available ({d})"),
+            mixer_registry::Availability::Unavailable(r) => println!("- backend {b}: not available ({r})"),
+        }
+    }
+    let backend = Backend::auto()?;
+    println!(
+        "\n## Check on backend `{}` (T = {}, every form, f64 and f32, against the oracle)\n",
+        backend.name(),
+        a.seq
+    );
+    let sizes = Sizes { seq: a.seq, ..Sizes::default() };
+    let all = cases(None, None)?;
+    let rows = check_cases(&all, &[backend], &sizes, 0);
+    print!(
+        "{}",
+        markdown(
+            &["mixer", "config", "forms", "worst rel RMS f64", "worst rel RMS f32", "result"],
+            &summarize(&rows)
+        )
+    );
+    let failed = rows.iter().filter(|r| !r.pass).count();
+    println!("\n{} checks, {} failed.\n", rows.len(), failed);
+    println!("## Structure of every registered pattern at T = {} (MATH.md §1.4)\n", a.n);
+    print!(
+        "{}",
+        markdown(
+            &[
+                "pattern",
+                "layout",
+                "slots K",
+                "max shortest path",
+                "mean path",
+                "congestion",
+                "deps/token",
+                "cache"
+            ],
+            &structure_table(a.n)
+        )
+    );
+    println!("\nNext: `mixers list`, `mixers check --mixer NAME`, `mixers metrics --pattern pow2 --n 4096`.");
+    Ok(if failed == 0 { 0 } else { 1 })
+}
