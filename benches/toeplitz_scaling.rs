@@ -7,6 +7,9 @@
 //!    and the online FFT decoder (`O(log² t)` amortised, `O(T log² T)` in total); reports the
 //!    total-time exponents.
 //!
+//! Times are the minimum over repeated runs (reported as such): on a shared, oversubscribed
+//! machine the median picks up whole scheduler time slices (several ms), the minimum much less.
+//!
 //! `MIXERS_BENCH_QUICK=1` shrinks everything to seconds.
 
 use mixers::core::mixer::Mixer;
@@ -47,7 +50,7 @@ fn main() {
     let quick = std::env::var("MIXERS_BENCH_QUICK").is_ok_and(|v| v == "1");
     let threads = rayon_threads();
     println!(
-        "# Toeplitz scaling (CPU, f64, B = {B}, C = {C}, H = {H}, {threads}{})\n",
+        "# Toeplitz scaling (CPU, f64, B = {B}, C = {C}, H = {H}, {threads}{}; min over runs)\n",
         if quick { ", quick" } else { "" }
     );
 
@@ -65,22 +68,22 @@ fn main() {
     let mut direct_stop: Option<usize> = None;
     for &t in &ts {
         let inp = inputs(m.as_ref(), t);
-        let f = time(1, 5, if quick { 0.2 } else { 1.0 }, || {
+        let f = time(1, 9, if quick { 0.2 } else { 1.0 }, || {
             run(m.as_ref(), "cpu", Form::Fast, &inp).expect("fast")
         });
         fx.push(t as f64);
-        fy.push(f.median);
+        fy.push(f.min);
         let d = if direct_on {
-            let d = time(usize::from(t <= 4096), 5, if quick { 0.2 } else { 1.0 }, || {
+            let d = time(usize::from(t <= 4096), 9, if quick { 0.2 } else { 1.0 }, || {
                 run(m.as_ref(), "cpu", Form::Parallel, &inp).expect("direct")
             });
             dx.push(t as f64);
-            dy.push(d.median);
-            if d.median > direct_budget {
+            dy.push(d.min);
+            if d.min > direct_budget {
                 direct_on = false;
                 direct_stop = Some(t);
             }
-            if crossover.is_none() && f.median < d.median {
+            if crossover.is_none() && f.min < d.min {
                 crossover = Some(t);
             }
             Some(d)
@@ -89,9 +92,9 @@ fn main() {
         };
         match d {
             Some(d) => {
-                println!("| {t} | {} | {} | {:.2} |", fmt_s(f.median), fmt_s(d.median), d.median / f.median)
+                println!("| {t} | {} | {} | {:.2} |", fmt_s(f.min), fmt_s(d.min), d.min / f.min)
             }
-            None => println!("| {t} | {} | (stopped) | |", fmt_s(f.median)),
+            None => println!("| {t} | {} | (stopped) | |", fmt_s(f.min)),
         }
     }
     println!();
@@ -129,12 +132,12 @@ fn main() {
         let reps = if quick { 1 } else { 3 };
         let o = time(0, reps, 2.0, || run(online.as_ref(), "cpu", Form::Recurrent, &inp).expect("online"));
         ox.push(t as f64);
-        oy.push(o.median);
+        oy.push(o.min);
         let n = if naive_on {
             let n = time(0, reps, 2.0, || run(naive.as_ref(), "cpu", Form::Recurrent, &inp).expect("naive"));
             nx.push(t as f64);
-            ny.push(n.median);
-            if n.median > naive_budget {
+            ny.push(n.min);
+            if n.min > naive_budget {
                 naive_on = false;
                 naive_stop = Some(t);
             }
@@ -142,17 +145,12 @@ fn main() {
         } else {
             None
         };
-        let per = fmt_s(o.median / t as f64);
+        let per = fmt_s(o.min / t as f64);
         match n {
             Some(n) => {
-                println!(
-                    "| {t} | {} | {} | {:.2} | {per} |",
-                    fmt_s(n.median),
-                    fmt_s(o.median),
-                    n.median / o.median
-                )
+                println!("| {t} | {} | {} | {:.2} | {per} |", fmt_s(n.min), fmt_s(o.min), n.min / o.min)
             }
-            None => println!("| {t} | (stopped) | {} | | {per} |", fmt_s(o.median)),
+            None => println!("| {t} | (stopped) | {} | | {per} |", fmt_s(o.min)),
         }
     }
     println!();
