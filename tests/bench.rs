@@ -313,3 +313,13 @@ fn cli_errors_are_one_line() {
         assert!(err.starts_with("error: ") && err.contains(needle) && !err.contains("panicked"), "{err}");
     }
 }
+
+#[test]
+fn inline_mixer_configs_parse() {
+    let (code, err) = mixers_cli(&["bench", "--mixer", "glr{\"pattern\":", "--seq", "16"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("is not valid JSON"), "{err}");
+    let (code, err) = mixers_cli(&["bench", "--mixer", "glr{}", "--config", "{}", "--seq", "16"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("inline config"), "{err}");
+}

@@ -5,8 +5,9 @@
 //! Method, the same for every mixer: inputs come from `Mixer::random_inputs` with
 //! `B = batch`, `T`, `H = heads`, `Dk = Dv = dim`, `C = heads·dim`, cast to the bench dtype.
 //! Each point runs once untimed (that run also measures peak working memory through
-//! [`CountingAlloc`], see [`alloc`]), then is timed with [`crate::timing::time`] for up to
-//! `reps` runs or `max_seconds`. Forms other than `recurrent` are timed as wall time around
+//! [`CountingAlloc`], see [`alloc`]; the first point of a series gets one more warm-up run
+//! before it), then is timed with [`crate::timing::time`] for up to `reps` runs or
+//! `max_seconds`. Forms other than `recurrent` are timed as wall time around
 //! [`mixer_registry::run::run`] (input validation included; the CUDA backend synchronises
 //! inside `run`, so its wall time includes host↔device copies). `recurrent` builds a decoder
 //! ([`mixer_registry::run::decoder`]) and feeds every token ([`run_decoder`]); its cache size
@@ -386,9 +387,10 @@ struct Measured {
     cache: Option<usize>,
 }
 
-/// Untimed run (memory, cache size), then timed runs. `first` marks the first point of a
-/// series: its untimed run may carry one-time setup (plans, kernel compilation), so it is
-/// never used as the timing.
+/// An untimed run that measures memory and cache size, then timed runs. The first point of
+/// a series gets one more untimed run before that, so that one-time setup (FFT plans,
+/// thread pools, kernel compilation, allocator arenas) is neither timed nor counted. A
+/// point whose measured run already took more than `max_seconds` is timed by that run.
 fn measure(
     m: &dyn Mixer,
     backend: &str,
@@ -398,13 +400,16 @@ fn measure(
     opts: &Options,
     first: bool,
 ) -> Result<Measured> {
+    if first {
+        run_once(m, backend, form, inputs, dims)?;
+    }
     let t0 = Instant::now();
     let (r, peak) = alloc::measure(|| run_once(m, backend, form, inputs, dims));
-    let warm = t0.elapsed().as_secs_f64();
+    let once = t0.elapsed().as_secs_f64();
     let cache = r?;
     let peak = if backend == "cpu" { peak } else { None };
-    let timing = if warm > opts.max_seconds && !first {
-        Timing { median: warm, min: warm, max: warm, reps: 1 }
+    let timing = if once > opts.max_seconds {
+        Timing { median: once, min: once, max: once, reps: 1 }
     } else {
         time(0, opts.reps.max(1), opts.max_seconds, || run_once(m, backend, form, inputs, dims))
     };
@@ -645,9 +650,10 @@ pub fn ratios(points: &[Point]) -> Vec<Ratio> {
 /// Arguments of `mixers bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Mixers to measure (repeat or comma-separate); default: one per family (glr pow2,
-    /// attention, mamba2, loglinear-mamba2, toeplitz), those registered.
-    #[arg(long, num_args = 1.., value_delimiter = ',')]
+    /// Mixers to measure: `NAME` or `NAME{JSON config}` (e.g. `glr{"pattern":"sq1"}`),
+    /// several after one --mixer or repeated; default: one per family (glr pow2, attention,
+    /// mamba2, loglinear-mamba2, toeplitz), those registered.
+    #[arg(long, num_args = 1..)]
     mixer: Vec<String>,
     /// JSON config, when exactly one --mixer is given.
     #[arg(long)]
@@ -711,8 +717,23 @@ impl Args {
             "f64" => DType::F64,
             d => return Err(Error::Io(format!("--dtype: expected f32 or f64, given `{d}`"))),
         };
+        let mixers = self
+            .mixer
+            .iter()
+            .map(|m| match m.find('{') {
+                Some(_) if self.config.is_some() => Err(Error::Io(format!(
+                    "--mixer `{m}` has an inline config and --config is given too; use one"
+                ))),
+                Some(i) => {
+                    serde_json::from_str(&m[i..]).map(|c| (m[..i].trim().to_string(), c)).map_err(|e| {
+                        Error::Io(format!("--mixer `{m}`: the config after the name is not valid JSON ({e})"))
+                    })
+                }
+                None => Ok((m.trim().to_string(), cfg.clone())),
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(Options {
-            mixers: self.mixer.iter().map(|m| (m.clone(), cfg.clone())).collect(),
+            mixers,
             forms,
             backends: self.backend.clone(),
             seqs: parse_seq(&self.seq)?,

