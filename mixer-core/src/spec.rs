@@ -277,6 +277,10 @@ impl InputSpec {
     pub fn check_values<F: Real>(&self, inputs: &Tensors<F>) -> Result<()> {
         for d in &self.inputs {
             let Some(a) = inputs.get(d.name) else { continue };
+            // Fast scan first; the index of a violation is only looked up when there is one.
+            if a.iter().all(|x| d.constraint.ok(x.f64())) {
+                continue;
+            }
             if let Some((idx, x)) = a.indexed_iter().find(|(_, x)| !d.constraint.ok(x.f64())) {
                 return Err(Error::Value {
                     name: d.name.to_string(),

@@ -364,6 +364,25 @@ fn long_sequences_stay_finite() {
 }
 
 #[test]
+fn non_standard_layouts_are_accepted() {
+    let m = mixer("loglinear-gated-deltanet", &json!({ "chunk": 8 })).unwrap();
+    let x = m.random_inputs(&dims(m.as_ref(), &sizes(30)), 2).unwrap();
+    let want = oracle(m.as_ref(), &x).unwrap();
+    let mut y = x.clone();
+    for name in ["q", "v", "lambda"] {
+        // Same values, stored as [T, B, H, D] and viewed as [B, T, H, D].
+        let a = x[name].view().permuted_axes(IxDyn(&[1, 0, 2, 3])).as_standard_layout().into_owned();
+        let a = a.permuted_axes(IxDyn(&[1, 0, 2, 3]));
+        assert!(!a.is_standard_layout());
+        y.insert(name.into(), a);
+    }
+    for f in [Form::Parallel, Form::Fast, Form::Recurrent] {
+        let got = run_as(m.as_ref(), "cpu", f, &y, DType::F64).unwrap();
+        assert_close(&got, &want, Tolerance::F64, f.name());
+    }
+}
+
+#[test]
 fn bad_inputs_give_clear_errors() {
     let m = mixer("loglinear-gated-deltanet", &json!({})).unwrap();
     let s = sizes(20);

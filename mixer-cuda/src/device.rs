@@ -2,28 +2,28 @@
 
 use mixer_registry::Availability;
 
-/// Whether the CUDA driver library can be loaded and a device exists.
+/// Whether the CUDA driver library can be loaded and a device exists. The first call creates
+/// the backend's context on device 0 (see [`crate::runtime::gpu`]); later calls reuse it.
 pub fn probe() -> Availability {
-    // SAFETY: only attempts to dlopen the driver library; no driver call is made before it.
-    let present =
-        std::panic::catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() }).unwrap_or(false);
-    if !present {
-        return Availability::Unavailable("the CUDA driver library (libcuda.so) was not found".into());
+    match crate::runtime::gpu() {
+        Ok(g) => {
+            Availability::Available(format!("{} (sm_{}{}, {} device(s))", g.name, g.cc.0, g.cc.1, g.count))
+        }
+        Err(mixer_core::Error::BackendUnavailable { reason, .. }) => Availability::Unavailable(reason),
+        Err(e) => Availability::Unavailable(e.to_string()),
     }
-    match std::panic::catch_unwind(cudarc::driver::result::init) {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Availability::Unavailable(format!("cuInit failed: {e}")),
-        Err(_) => return Availability::Unavailable("the CUDA driver could not be initialised".into()),
-    }
-    match cudarc::driver::CudaContext::device_count() {
-        Ok(0) => Availability::Unavailable("the driver reports no CUDA device".into()),
-        Ok(n) => match cudarc::driver::CudaContext::new(0) {
-            Ok(ctx) => {
-                let name = ctx.name().unwrap_or_else(|_| "unknown device".into());
-                Availability::Available(format!("{name} ({n} device(s))"))
+}
+
+/// For tests: `Some(reason)` when CUDA is unusable here and the test should skip (after
+/// printing the reason); panics instead when `MIXERS_REQUIRE_CUDA=1` is set.
+pub fn skip_reason() -> Option<String> {
+    match probe() {
+        Availability::Available(_) => None,
+        Availability::Unavailable(why) => {
+            if std::env::var("MIXERS_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                panic!("MIXERS_REQUIRE_CUDA=1 but CUDA is unavailable: {why}");
             }
-            Err(e) => Availability::Unavailable(format!("cannot create a context on device 0: {e}")),
-        },
-        Err(e) => Availability::Unavailable(format!("cannot count devices: {e}")),
+            Some(why)
+        }
     }
 }

@@ -3,11 +3,29 @@
 //! The CUDA backend, chosen at run time. It compiles without CUDA (cudarc with dynamic
 //! loading) and checks that the driver library is present before touching it, because cudarc
 //! panics when it is missing.
+//!
+//! - [`runtime`]: the lazily created context and stream on device 0, the NVRTC module cache
+//!   (kernels in `mixer-cuda/kernels/*.cu`, compiled for the device's compute capability),
+//!   host↔device copies, errors as `Error::Backend { backend: "cuda", .. }`.
+//! - [`fft`]: batched real FFTs through cuFFT with cached plans.
+//! - one module per family, registering `KernelEntry { backend: "cuda", .. }`:
+//!
+//! | family | forms on CUDA | kernel file |
+//! |---|---|---|
+//! | [`toeplitz`] | `fast` (cuFFT R2C/C2R, plans cached), `parallel` (direct), `recurrent` (naive, device history) | `toeplitz.cu` |
+//! | [`glr`] | `fast` (sparse recurrence, any pattern via a host table), `recurrent` (lattice cache on device) | `glr.cu` |
+//! | [`attention`] | `fast` (tiled online softmax, window), `recurrent` (KV cache on device) | `attention.cu` |
+//! | [`loglinear`] | `parallel` (generic quadratic, mask and λ device functions spliced in) | `loglinear.cu` |
+//!
+//! GPU tests live in `mixer-cuda/tests/`; they skip with a printed reason when no device is
+//! present and fail instead under `MIXERS_REQUIRE_CUDA=1`.
 
 pub mod attention;
 pub mod device;
+pub mod fft;
 pub mod glr;
 pub mod loglinear;
+pub mod runtime;
 pub mod toeplitz;
 
 use mixer_registry::{BackendEntry, register};

@@ -245,16 +245,21 @@ impl LogLinear {
         let lift = self.lift.ok_or_else(|| Error::config(&self.name, "no level mask"))?;
         let l = (lift.mask.level)(t, s);
         if l >= given {
-            return Err(Error::Value {
-                name: "lambda".into(),
-                constraint: format!(
-                    "mask `{}` puts s = {s} at level {l} of t = {t}, so λ needs more than {l} levels",
-                    lift.mask.name
-                ),
-                found: format!("L = {given}"),
-            });
+            return Err(self.level_error(t, s, l, given));
         }
         Ok(l)
+    }
+
+    /// The error for a level `l = ℓ(t, s)` beyond the `given` λ levels.
+    pub fn level_error(&self, t: usize, s: usize, l: usize, given: usize) -> Error {
+        Error::Value {
+            name: "lambda".into(),
+            constraint: format!(
+                "mask `{}` puts s = {s} at level {l} of t = {t}, so λ needs more than {l} levels",
+                self.lift.map_or("none", |x| x.mask.name)
+            ),
+            found: format!("L = {given}"),
+        }
     }
 }
 

@@ -36,9 +36,10 @@ use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Real, Result};
 
 use super::common::Head;
+use super::parallel::col_mut;
 
 /// The chunked form for one (batch, head): `T×Dv`.
-pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<F>) -> Result<Mat<F>> {
+pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
     let t_len = hd.q.nrows();
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
     let chunk = m.chunk;
@@ -72,7 +73,8 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<F>) -> Result<Mat<F>> {
         // P = σ QKᵀ ⊙ Γ, lower with diagonal.
         let mut p = Mat::<F>::zeros(n, n);
         matmul(p.as_mut(), Accum::Replace, qc, kc.transpose(), scale, Par::Seq);
-        mask_decay(&mut p, &gam, m.base.has_decay(), true);
+        let gamma = m.base.has_decay().then(|| decay_matrix::<F>(&gam));
+        mask_decay(&mut p, gamma.as_ref(), true);
 
         // Effective queries, chunk-state keys, intra-chunk coefficients and the delta-rule
         // pieces (W, Ũ) where they apply.
@@ -83,10 +85,11 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<F>) -> Result<Mat<F>> {
         if m.base == Base::GatedDeltaNet {
             let mut lm = Mat::<F>::zeros(n, n);
             matmul(lm.as_mut(), Accum::Replace, kc, kc.transpose(), F::one(), Par::Seq);
-            mask_decay(&mut lm, &gam, true, false);
-            for r in 0..n {
-                for s in 0..r {
-                    lm[(r, s)] *= hd.beta[i0 + r];
+            mask_decay(&mut lm, gamma.as_ref(), false);
+            for s in 0..n {
+                let col = col_mut(&mut lm, s);
+                for r in s + 1..n {
+                    col[r] *= hd.beta[i0 + r];
                 }
             }
             let mut tinv = Mat::<F>::identity(n, n);
@@ -100,10 +103,8 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<F>) -> Result<Mat<F>> {
             if lifted {
                 let mut a = Mat::<F>::zeros(n, n);
                 matmul(a.as_mut(), Accum::Replace, p.as_ref(), tinv.as_ref(), F::one(), Par::Seq);
-                for r in 0..n {
-                    for s in 0..=r {
-                        a[(r, s)] *= hd.beta[i0 + s];
-                    }
+                for s in 0..n {
+                    col_mut(&mut a, s).iter_mut().for_each(|x| *x *= hd.beta[i0 + s]);
                 }
                 a_intra = Some(a);
             } else {
@@ -117,10 +118,11 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<F>) -> Result<Mat<F>> {
         }
         if let Some(mut a) = a_intra {
             if let Some(lam) = &hd.lam {
-                for r in 0..n {
-                    for s in 0..=r {
+                for s in 0..n {
+                    let col = col_mut(&mut a, s);
+                    for r in s..n {
                         let l = m.level_checked(i0 + r, i0 + s, n_levels)?;
-                        a[(r, s)] *= lam[(i0 + r, l)];
+                        col[r] *= lam[(i0 + r, l)];
                     }
                 }
             }
@@ -172,13 +174,17 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<F>) -> Result<Mat<F>> {
                 } else {
                     None
                 };
-                for row in 0..n {
-                    let w = match (col, &hd.lam) {
+                let w: Vec<F> = (0..n)
+                    .map(|row| match (col, &hd.lam) {
                         (Some(l), Some(lam)) => lam[(i0 + row, l)],
                         _ => F::one(),
-                    };
-                    for d in 0..dv {
-                        y[(i0 + row, d)] += w * r[(row, j * dv + d)];
+                    })
+                    .collect();
+                for d in 0..dv {
+                    let src = r.col(j * dv + d);
+                    let mut dst = y.col_mut(d);
+                    for row in 0..n {
+                        dst[i0 + row] += w[row] * src[row];
                     }
                 }
             }
@@ -216,20 +222,75 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<F>) -> Result<Mat<F>> {
     Ok(y)
 }
 
-/// Multiplies the lower part of `a` by $\Gamma_{r,s} = e^{\gamma_r - \gamma_s}$ (when `decay`)
-/// and zeroes the part above the diagonal (`diag = true` keeps the diagonal, otherwise it is
-/// zeroed as well).
-fn mask_decay<F: Real>(a: &mut Mat<F>, gam: &[f64], decay: bool, diag: bool) {
-    let n = a.nrows();
-    for r in 0..n {
-        let end = if diag { r + 1 } else { r };
-        if decay {
-            for s in 0..end {
-                a[(r, s)] *= F::of((gam[r] - gam[s]).exp());
+/// The masked chunk decay $\Gamma_{r,s} = e^{\gamma_r - \gamma_s}$ for $s \le r$, zero above the
+/// diagonal. Exponents are only taken of masked (non-positive) differences. To save
+/// exponentials, a pair whose column `s` lies in an earlier block of 16 than row `r` is
+/// factored through the block's last index `p` ($s \le p < r$) as
+/// $e^{\gamma_r - \gamma_p}\, e^{\gamma_p - \gamma_s}$: both factors lie in $[0, 1]$, so the
+/// product neither overflows nor loses anything that the direct exponential would keep.
+fn decay_matrix<F: Real>(gam: &[f64]) -> Mat<F> {
+    const SUB: usize = 16;
+    let n = gam.len();
+    let mut m = Mat::<F>::zeros(n, n);
+    let mut j0 = 0;
+    while j0 < n {
+        let j1 = (j0 + SUB).min(n);
+        let piv = gam[j1 - 1];
+        let after: Vec<f64> = (j1..n).map(|r| (gam[r] - piv).exp()).collect();
+        for s in j0..j1 {
+            let col = col_mut(&mut m, s);
+            for r in s..j1 {
+                col[r] = F::of((gam[r] - gam[s]).exp());
+            }
+            let before = (piv - gam[s]).exp();
+            for (r, &a) in (j1..n).zip(&after) {
+                col[r] = F::of(a * before);
             }
         }
-        for s in end..n {
-            a[(r, s)] = F::zero();
+        j0 = j1;
+    }
+    m
+}
+
+/// Multiplies the lower part of `a` by the decay matrix (when given) and zeroes the part
+/// above the diagonal (`diag = true` keeps the diagonal, otherwise it is zeroed as well).
+fn mask_decay<F: Real>(a: &mut Mat<F>, gamma: Option<&Mat<F>>, diag: bool) {
+    let n = a.nrows();
+    for s in 0..n {
+        let start = if diag { s } else { s + 1 };
+        let col = col_mut(a, s);
+        col[..start.min(n)].iter_mut().for_each(|x| *x = F::zero());
+        if let Some(gm) = gamma {
+            let gc = gm.col(s);
+            for r in start..n {
+                col[r] *= gc[r];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decay_matrix;
+
+    #[test]
+    fn decay_matrix_matches_direct_exponentials() {
+        let mut gam = Vec::new();
+        let mut acc = 0.0;
+        for i in 0..53usize {
+            acc += if i % 9 == 4 { -1e4 } else { -((i * 5 % 7) as f64) / 10.0 };
+            gam.push(acc);
+        }
+        let m = decay_matrix::<f64>(&gam);
+        for r in 0..53 {
+            for s in 0..53 {
+                let want = if s <= r { (gam[r] - gam[s]).exp() } else { 0.0 };
+                let got = m[(r, s)];
+                assert!(
+                    got.is_finite() && (got - want).abs() <= 1e-14 * want,
+                    "r={r} s={s}: {got} vs {want}"
+                );
+            }
         }
     }
 }

@@ -1,36 +1,30 @@
 //! Per-(batch, head) views of the log-linear family's inputs, and the masked decay factors.
 
-use faer::Mat;
+use faer::{Mat, MatRef};
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::tensor::get;
 use mixer_core::{Error, Real, Result, Tensors};
-use ndarray::{ArrayD, ArrayView3, ArrayView4, Ix3, Ix4};
+use ndarray::{ArrayD, ArrayView3, Ix3};
 
-/// One (batch, head) slice of the inputs, as contiguous matrices.
-pub struct Head<F: Real> {
+/// One (batch, head) slice of the inputs: strided views `x[b, :, h, :]` into the
+/// (row-major) input tensors, no copies.
+pub struct Head<'a, F: Real> {
     /// Batch row.
     pub b: usize,
     /// Head.
     pub h: usize,
     /// Queries `T×Dk`.
-    pub q: Mat<F>,
+    pub q: MatRef<'a, F>,
     /// Keys `T×Dk`.
-    pub k: Mat<F>,
+    pub k: MatRef<'a, F>,
     /// Values `T×Dv`.
-    pub v: Mat<F>,
+    pub v: MatRef<'a, F>,
     /// Log-decays in `f64` (zeros for linear attention).
     pub g: Vec<f64>,
     /// Delta-rule strengths (ones unless gated DeltaNet).
     pub beta: Vec<F>,
     /// λ weights (after the λ scheme), `T×L`; `None` for the base mixers.
-    pub lam: Option<Mat<F>>,
-}
-
-fn view4<'a, F: Real>(x: &'a Tensors<F>, name: &str) -> Result<ArrayView4<'a, F>> {
-    get(x, name)?
-        .view()
-        .into_dimensionality::<Ix4>()
-        .map_err(|e| Error::shape(name, "rank 4 [B, T, H, ·]", e.to_string()))
+    pub lam: Option<MatRef<'a, F>>,
 }
 
 fn view3<'a, F: Real>(x: &'a Tensors<F>, name: &str) -> Result<ArrayView3<'a, F>> {
@@ -55,51 +49,103 @@ pub struct Sizes {
     pub dv: usize,
 }
 
-/// Splits the (validated) inputs into per-(batch, head) matrices, applying the λ scheme.
-pub fn heads<F: Real>(m: &LogLinear, x: &Tensors<F>) -> Result<(Sizes, Vec<Head<F>>)> {
-    let q = view4(x, "q")?;
-    let k = view4(x, "k")?;
-    let v = view4(x, "v")?;
-    let (nb, t_len, nh, dk) = q.dim();
-    let dv = v.dim().3;
-    if k.dim() != q.dim() || v.dim().0 != nb || v.dim().1 != t_len || v.dim().2 != nh {
+/// A rank-4 `[B, T, H, D]` tensor in standard (row-major) layout, as a flat slice and its
+/// shape.
+struct Flat4<'a, F> {
+    data: &'a [F],
+    shape: [usize; 4],
+}
+
+impl<'a, F: Real> Flat4<'a, F> {
+    fn new(a: &'a ArrayD<F>, name: &str) -> Result<Self> {
+        let shape: [usize; 4] = a.shape().try_into().map_err(|_| {
+            Error::shape(name, "rank 4 [B, T, H, ·]", mixer_core::error::fmt_shape(a.shape()))
+        })?;
+        let data = a.as_slice().ok_or_else(|| Error::Backend {
+            backend: "cpu".into(),
+            kernel: Some("loglinear".into()),
+            message: format!("input `{name}` is not in standard layout"),
+        })?;
+        Ok(Flat4 { data, shape })
+    }
+    /// `x[b, :, h, :]` as a `T×D` view with row stride `H·D`.
+    fn head(&self, b: usize, h: usize) -> MatRef<'a, F> {
+        let [_, t, nh, d] = self.shape;
+        let start = (b * t * nh + h) * d;
+        let len = if t == 0 { 0 } else { (t - 1) * nh * d + d };
+        MatRef::from_row_major_slice_with_stride(&self.data[start..start + len], t, d, nh * d)
+    }
+}
+
+/// The inputs in standard layout (a copy only of those that are not).
+pub fn standard<F: Real>(x: &Tensors<F>) -> std::borrow::Cow<'_, Tensors<F>> {
+    if x.values().all(|a| a.is_standard_layout()) {
+        std::borrow::Cow::Borrowed(x)
+    } else {
+        std::borrow::Cow::Owned(
+            x.iter().map(|(k, v)| (k.clone(), v.as_standard_layout().into_owned())).collect(),
+        )
+    }
+}
+
+/// Splits the (validated, standard-layout) inputs into per-(batch, head) views; `lam` holds
+/// the λ weights (after the λ scheme) for the lifted mixers.
+pub fn heads<'a, F: Real>(
+    m: &LogLinear,
+    x: &'a Tensors<F>,
+    lam: Option<&'a ArrayD<F>>,
+) -> Result<(Sizes, Vec<Head<'a, F>>)> {
+    let q = Flat4::new(get(x, "q")?, "q")?;
+    let k = Flat4::new(get(x, "k")?, "k")?;
+    let v = Flat4::new(get(x, "v")?, "v")?;
+    let [nb, t_len, nh, dk] = q.shape;
+    let dv = v.shape[3];
+    if k.shape != q.shape || v.shape[..3] != q.shape[..3] {
         return Err(Error::shape(
             "k/v",
-            format!("k {:?}, v [{nb}, {t_len}, {nh}, Dv]", q.dim()),
-            format!("k {:?}, v {:?}", k.dim(), v.dim()),
+            format!("k {:?}, v [{nb}, {t_len}, {nh}, Dv]", q.shape),
+            format!("k {:?}, v {:?}", k.shape, v.shape),
         ));
     }
+    let lam = match lam {
+        Some(l) => {
+            let f = Flat4::new(l, "lambda")?;
+            if f.shape[..3] != q.shape[..3] {
+                return Err(Error::shape(
+                    "lambda",
+                    format!("[{nb}, {t_len}, {nh}, L]"),
+                    mixer_core::error::fmt_shape(&f.shape),
+                ));
+            }
+            Some(f)
+        }
+        None if m.lift.is_some() => return Err(Error::config(&m.name, "the lifted mixers need `lambda`")),
+        None => None,
+    };
     let g = if m.base.has_decay() { Some(view3(x, "g")?) } else { None };
     let beta = if m.base.has_beta() { Some(view3(x, "beta")?) } else { None };
-    let lam_all: Option<ArrayD<F>> = match m.lift {
-        Some(_) => Some(m.lambda_weights(get(x, "lambda")?)?),
-        None => None,
-    };
-    let lam4 = match &lam_all {
-        Some(l) => Some(
-            l.view()
-                .into_dimensionality::<Ix4>()
-                .map_err(|e| Error::shape("lambda", "rank 4 [B, T, H, L]", e.to_string()))?,
-        ),
-        None => None,
-    };
     let mut out = Vec::with_capacity(nb * nh);
     for b in 0..nb {
         for h in 0..nh {
-            let q = Mat::from_fn(t_len, dk, |t, d| q[[b, t, h, d]]);
-            let k = Mat::from_fn(t_len, dk, |t, d| k[[b, t, h, d]]);
-            let v = Mat::from_fn(t_len, dv, |t, d| v[[b, t, h, d]]);
             let g = (0..t_len).map(|t| g.as_ref().map_or(0.0, |g| g[[b, t, h]].f64())).collect();
             let beta = (0..t_len).map(|t| beta.as_ref().map_or(F::one(), |x| x[[b, t, h]])).collect();
-            let lam = lam4.as_ref().map(|l| Mat::from_fn(t_len, l.dim().3, |t, e| l[[b, t, h, e]]));
-            out.push(Head { b, h, q, k, v, g, beta, lam });
+            out.push(Head {
+                b,
+                h,
+                q: q.head(b, h),
+                k: k.head(b, h),
+                v: v.head(b, h),
+                g,
+                beta,
+                lam: lam.as_ref().map(|l| l.head(b, h)),
+            });
         }
     }
     Ok((Sizes { b: nb, t: t_len, h: nh, dk, dv }, out))
 }
 
 /// Assembles per-head outputs `T×Dv` into `y [B, T, H, Dv]`.
-pub fn assemble<F: Real>(s: Sizes, heads: &[Head<F>], ys: Vec<Mat<F>>) -> ArrayD<F> {
+pub fn assemble<F: Real>(s: Sizes, heads: &[Head<'_, F>], ys: Vec<Mat<F>>) -> ArrayD<F> {
     let mut y = ndarray::Array4::<F>::zeros((s.b, s.t, s.h, s.dv));
     for (hd, yh) in heads.iter().zip(ys) {
         for t in 0..s.t {
@@ -133,15 +179,63 @@ pub fn decay_tile<F: Real>(g: &[f64], r0: usize, r1: usize) -> Mat<F> {
         suf_exp[s] = acc.exp();
         acc += g[s];
     }
-    let mut m = Mat::<F>::zeros(rows, r1);
-    for i in 0..rows {
-        let ep = pre[i].exp();
-        for s in 0..r0 {
-            m[(i, s)] = F::of(ep * suf_exp[s]);
+    let ep: Vec<f64> = pre.iter().map(|x| x.exp()).collect();
+    Mat::<F>::from_fn(rows, r1, |i, s| {
+        if s < r0 {
+            F::of(ep[i] * suf_exp[s])
+        } else if s - r0 <= i {
+            F::of((pre[i] - pre[s - r0]).exp())
+        } else {
+            F::zero()
         }
-        for j in 0..=i {
-            m[(i, r0 + j)] = F::of((pre[i] - pre[j]).exp());
-        }
+    })
+}
+
+/// The full masked decay matrix $M^S$ (`T×T`), assembled from [`decay_tile`]s of `tile` rows
+/// so that only $O(T^2/\text{tile} + T \cdot \text{tile})$ exponentials are taken.
+pub fn decay_matrix_tiled<F: Real>(g: &[f64], tile: usize) -> Mat<F> {
+    let t_len = g.len();
+    let mut m = Mat::<F>::zeros(t_len, t_len);
+    let mut r0 = 0;
+    while r0 < t_len {
+        let r1 = (r0 + tile.max(1)).min(t_len);
+        m.submatrix_mut(r0, 0, r1 - r0, r1).copy_from(decay_tile::<F>(g, r0, r1));
+        r0 = r1;
     }
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{decay_matrix_tiled, decay_tile};
+
+    #[test]
+    fn tiled_decay_matrix_equals_one_tile() {
+        let g: Vec<f64> = (0..77).map(|i| -((i * 3 % 5) as f64) / 7.0).collect();
+        let a = decay_matrix_tiled::<f64>(&g, 16);
+        let b = decay_tile::<f64>(&g, 0, 77);
+        for t in 0..77 {
+            for s in 0..77 {
+                assert!((a[(t, s)] - b[(t, s)]).abs() <= 1e-14, "t={t} s={s}");
+            }
+        }
+    }
+
+    #[test]
+    fn decay_tile_matches_direct_segment_sums() {
+        let g: Vec<f64> =
+            (0..150).map(|i| if i % 37 == 5 { -1e4 } else { -((i * 7 % 11) as f64) / 20.0 }).collect();
+        for (r0, r1) in [(0, 150), (0, 1), (64, 128), (128, 150), (149, 150)] {
+            let m = decay_tile::<f64>(&g, r0, r1);
+            assert_eq!((m.nrows(), m.ncols()), (r1 - r0, r1));
+            for i in 0..r1 - r0 {
+                let t = r0 + i;
+                for s in 0..r1 {
+                    let want = if s <= t { g[s + 1..=t].iter().sum::<f64>().exp() } else { 0.0 };
+                    let got = m[(i, s)];
+                    assert!(got.is_finite() && (got - want).abs() <= 1e-11 * want.max(1e-300), "t={t} s={s}");
+                }
+            }
+        }
+    }
 }

@@ -78,109 +78,103 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
     fn step(&mut self, tok: &Tensors<F>) -> Result<ArrayD<F>> {
         let (nb, nh, dk, dv) = (self.nb, self.nh, self.dk, self.dv);
         let base = self.m.base;
-        let q = self.input(tok, "q", &[nb, nh, dk])?;
-        let k = self.input(tok, "k", &[nb, nh, dk])?;
-        let v = self.input(tok, "v", &[nb, nh, dv])?;
-        let g = if base.has_decay() { Some(self.input(tok, "g", &[nb, nh])?) } else { None };
-        let beta = if base.has_beta() { Some(self.input(tok, "beta", &[nb, nh])?) } else { None };
+        let nl = self.n_levels;
+        // Contiguous row-major copies: q, k [B·H·Dk], v [B·H·Dv], g, beta [B·H], λ [B·H·L].
+        let flat = |a: &ArrayD<F>| a.iter().copied().collect::<Vec<F>>();
+        let q = flat(self.input(tok, "q", &[nb, nh, dk])?);
+        let k = flat(self.input(tok, "k", &[nb, nh, dk])?);
+        let v = flat(self.input(tok, "v", &[nb, nh, dv])?);
+        let g = if base.has_decay() { Some(flat(self.input(tok, "g", &[nb, nh])?)) } else { None };
+        let beta = if base.has_beta() { Some(flat(self.input(tok, "beta", &[nb, nh])?)) } else { None };
         let lam = match self.m.lift {
-            Some(_) => Some(self.m.lambda_weights(self.input(tok, "lambda", &[nb, nh, self.n_levels])?)?),
+            Some(_) => Some(flat(&self.m.lambda_weights(self.input(tok, "lambda", &[nb, nh, nl])?)?)),
             None => None,
         };
         let t = self.pos;
         let lifted = lam.is_some();
         let scale = F::of(self.m.scale);
-        let mut y = ArrayD::<F>::zeros(IxDyn(&[nb, nh, dv]));
+        let mut y = vec![F::zero(); nb * nh * dv];
         let mut ku = vec![F::zero(); dv];
-        for b in 0..nb {
-            for h in 0..nh {
-                let st = &mut self.states[b * nh + h];
-                // 1. merge (lifts only).
-                if lifted && t >= 1 {
-                    let mm = t.trailing_zeros() as usize;
-                    if st.len() < mm + 2 {
-                        st.resize_with(mm + 2, || None);
-                    }
-                    let mut merged = st[mm + 1].take();
-                    for e in 0..=mm {
-                        if let Some(s) = st[e].take() {
-                            merged = Some(match merged {
-                                Some(mut acc) => {
-                                    acc.iter_mut().zip(&s).for_each(|(a, x)| *a += *x);
-                                    acc
-                                }
-                                None => s,
-                            });
-                        }
-                    }
-                    st[mm + 1] = merged;
+        for bh in 0..nb * nh {
+            let st = &mut self.states[bh];
+            // 1. merge (lifts only).
+            if lifted && t >= 1 {
+                let mm = t.trailing_zeros() as usize;
+                if st.len() < mm + 2 {
+                    st.resize_with(mm + 2, || None);
                 }
-                // 2. transition every level.
-                let kt: Vec<F> = (0..dk).map(|d| k[[b, h, d]]).collect();
-                let decay = g.map_or(F::one(), |g| F::of(g[[b, h]].f64().exp()));
-                let bt = beta.map_or(F::one(), |x| x[[b, h]]);
-                for s in st.iter_mut().flatten() {
-                    match base {
-                        Base::LinearAttention => {}
-                        Base::Mamba2 => s.iter_mut().for_each(|x| *x *= decay),
-                        Base::GatedDeltaNet => {
-                            // H ← e^g (H − β k (kᵀH)).
-                            ku.iter_mut().for_each(|x| *x = F::zero());
-                            for (dd, &kd) in kt.iter().enumerate() {
-                                for c in 0..dv {
-                                    ku[c] += kd * s[dd * dv + c];
-                                }
+                let mut merged = st[mm + 1].take();
+                for e in 0..=mm {
+                    if let Some(s) = st[e].take() {
+                        merged = Some(match merged {
+                            Some(mut acc) => {
+                                acc.iter_mut().zip(&s).for_each(|(a, x)| *a += *x);
+                                acc
                             }
-                            for (dd, &kd) in kt.iter().enumerate() {
-                                for c in 0..dv {
-                                    let x = &mut s[dd * dv + c];
-                                    *x = decay * (*x - bt * kd * ku[c]);
-                                }
-                            }
-                        }
+                            None => s,
+                        });
                     }
                 }
-                // 3. insert.
-                if st.is_empty() {
-                    st.push(None);
-                }
-                let own: Vec<F> = (0..dk * dv).map(|i| bt * kt[i / dv] * v[[b, h, i % dv]]).collect();
-                st[0] = Some(match st[0].take() {
-                    Some(mut acc) => {
-                        acc.iter_mut().zip(&own).for_each(|(a, x)| *a += *x);
-                        acc
-                    }
-                    None => own,
-                });
-                // 4. read.
-                for (l, s) in st.iter().enumerate() {
-                    let Some(s) = s else { continue };
-                    let w = match &lam {
-                        Some(lam) => {
-                            if l >= self.n_levels {
-                                return Err(Error::Decoder(format!(
-                                    "token {t} reads level {l}, but lambda has {} levels",
-                                    self.n_levels
-                                )));
-                            }
-                            lam[[b, h, l]]
+                st[mm + 1] = merged;
+            }
+            // 2. transition every level.
+            let kt = &k[bh * dk..(bh + 1) * dk];
+            let qt = &q[bh * dk..(bh + 1) * dk];
+            let vt = &v[bh * dv..(bh + 1) * dv];
+            let decay = g.as_ref().map_or(F::one(), |g| F::of(g[bh].f64().exp()));
+            let bt = beta.as_ref().map_or(F::one(), |x| x[bh]);
+            for s in st.iter_mut().flatten() {
+                match base {
+                    Base::LinearAttention => {}
+                    Base::Mamba2 => s.iter_mut().for_each(|x| *x *= decay),
+                    Base::GatedDeltaNet => {
+                        // H ← e^g (H − β k (kᵀH)).
+                        ku.iter_mut().for_each(|x| *x = F::zero());
+                        for (row, &kd) in s.chunks_exact(dv).zip(kt) {
+                            ku.iter_mut().zip(row).for_each(|(u, &x)| *u += kd * x);
                         }
-                        None => F::one(),
-                    } * scale;
-                    if w == F::zero() {
-                        continue;
-                    }
-                    for dd in 0..dk {
-                        let qd = w * q[[b, h, dd]];
-                        for c in 0..dv {
-                            y[[b, h, c]] += qd * s[dd * dv + c];
+                        for (row, &kd) in s.chunks_exact_mut(dv).zip(kt) {
+                            let bk = bt * kd;
+                            row.iter_mut().zip(&ku).for_each(|(x, &u)| *x = decay * (*x - bk * u));
                         }
                     }
                 }
             }
+            // 3. insert.
+            if st.is_empty() {
+                st.push(None);
+            }
+            let slot = st[0].get_or_insert_with(|| vec![F::zero(); dk * dv]);
+            for (row, &kd) in slot.chunks_exact_mut(dv).zip(kt) {
+                let bk = bt * kd;
+                row.iter_mut().zip(vt).for_each(|(x, &vv)| *x += bk * vv);
+            }
+            // 4. read.
+            let yt = &mut y[bh * dv..(bh + 1) * dv];
+            for (l, s) in st.iter().enumerate() {
+                let Some(s) = s else { continue };
+                let w = match &lam {
+                    Some(lam) => {
+                        if l >= nl {
+                            return Err(Error::Decoder(format!(
+                                "token {t} reads level {l}, but lambda has {nl} levels"
+                            )));
+                        }
+                        lam[bh * nl + l]
+                    }
+                    None => F::one(),
+                } * scale;
+                if w == F::zero() {
+                    continue;
+                }
+                for (row, &qd) in s.chunks_exact(dv).zip(qt) {
+                    let wq = w * qd;
+                    yt.iter_mut().zip(row).for_each(|(y, &x)| *y += wq * x);
+                }
+            }
         }
         self.pos += 1;
-        Ok(y)
+        ArrayD::from_shape_vec(IxDyn(&[nb, nh, dv]), y).map_err(|e| Error::Decoder(e.to_string()))
     }
 
     fn cache_elems(&self) -> usize {

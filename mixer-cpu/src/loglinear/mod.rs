@@ -40,12 +40,17 @@ pub(crate) fn unavailable(m: &LogLinear, form: Form) -> Error {
 /// Runs the `parallel` or `fast` form.
 pub fn run<F: Real>(m: &dyn Mixer, form: Form, x: &Tensors<F>) -> Result<ArrayD<F>> {
     let m: &LogLinear = downcast(m, "cpu")?;
-    let f: fn(&LogLinear, &common::Head<F>) -> Result<Mat<F>> = match form {
+    let f: fn(&LogLinear, &common::Head<'_, F>) -> Result<Mat<F>> = match form {
         Form::Parallel => parallel::run_head::<F>,
         Form::Fast if m.has_fenwick_structure() => chunked::run_head::<F>,
         f => return Err(unavailable(m, f)),
     };
-    let (sizes, heads) = common::heads(m, x)?;
+    let x = common::standard(x);
+    let lam = match m.lift {
+        Some(_) => Some(m.lambda_weights(mixer_core::tensor::get(&x, "lambda")?)?),
+        None => None,
+    };
+    let (sizes, heads) = common::heads(m, &x, lam.as_ref())?;
     let ys: Vec<Mat<F>> = heads.par_iter().map(|hd| f(m, hd)).collect::<Result<_>>()?;
     Ok(common::assemble(sizes, &heads, ys))
 }

@@ -7,10 +7,10 @@
 //!   (lower, diagonal included) and the unit-lower
 //!   $L = I + \operatorname{strict}(\operatorname{diag}(\beta)(KK^\top \odot M^S))$, the pseudo-values
 //!   $U = L^{-1}\operatorname{diag}(\beta) V$ give $Y = PU$, i.e. $A = P L^{-1}\operatorname{diag}(\beta)$.
-//!   The lift needs $A$ itself, $A^{\text{lift}} = M^H \odot A$: it is obtained from
-//!   $L^\top A^\top = (P\operatorname{diag}(\beta)^{-1})^\top$-style upper-triangular solves, one per
-//!   block of rows of $P$ against the leading block of $L^\top$ (rows of $P$ above `b` vanish
-//!   beyond column `b`), which costs $\approx T^3/3$ flops.
+//!   The lift needs $A$ itself, $A^{\text{lift}} = M^H \odot A$: $X = L^{-\top} P^\top$ comes from
+//!   unit-upper triangular solves $L^\top X = P^\top$, one per block of rows `[a, b)` of $P$
+//!   against the leading `b×b` block of $L^\top$ (those rows of $P$ vanish beyond column `b`),
+//!   about $T^3/3$ flops; then $A_{t,s} = \beta_s X_{s,t}$.
 
 use faer::linalg::matmul::matmul;
 use faer::linalg::triangular_solve::{
@@ -20,34 +20,45 @@ use faer::{Accum, Mat, Par};
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Real, Result};
 
-use super::common::{Head, decay_tile};
+use super::common::{Head, decay_matrix_tiled, decay_tile};
 
 /// Rows per tile of the masked product.
 const TILE: usize = 128;
 
-/// Multiplies `p[i, s]` (row `t = r0 + i`) by $\lambda_t^{(\ell(t,s))}$ for `s ≤ t`.
-fn apply_levels<F: Real>(m: &LogLinear, hd: &Head<F>, p: &mut Mat<F>, r0: usize) -> Result<()> {
-    let Some(lam) = &hd.lam else { return Ok(()) };
+/// Multiplies `p[i, s]` (row `t = r0 + i`) by $\lambda_t^{(\ell(t,s))}$ for `s ≤ t`, column by
+/// column (faer matrices are column-major).
+fn apply_levels<F: Real>(m: &LogLinear, hd: &Head<'_, F>, p: &mut Mat<F>, r0: usize) -> Result<()> {
+    let (Some(lam), Some(lift)) = (&hd.lam, m.lift) else { return Ok(()) };
     let n_levels = lam.ncols();
-    for i in 0..p.nrows() {
-        let t = r0 + i;
-        for s in 0..=t {
-            let l = m.level_checked(t, s, n_levels)?;
-            p[(i, s)] *= lam[(t, l)];
+    let rows = p.nrows();
+    for s in 0..p.ncols() {
+        let col = col_mut(p, s);
+        for i in s.saturating_sub(r0)..rows {
+            let t = r0 + i;
+            let l = (lift.mask.level)(t, s);
+            if l >= n_levels {
+                return Err(m.level_error(t, s, l, n_levels));
+            }
+            col[i] *= lam[(t, l)];
         }
     }
     Ok(())
 }
 
+/// Column `j` of an owned matrix as a slice (owned faer matrices are column-major).
+pub(crate) fn col_mut<F: Real>(m: &mut Mat<F>, j: usize) -> &mut [F] {
+    m.col_mut(j).try_as_col_major_mut().expect("owned faer matrices have unit row stride").as_slice_mut()
+}
+
 /// The parallel form for one (batch, head): `T×Dv`.
-pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<F>) -> Result<Mat<F>> {
+pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
     match m.base {
         Base::LinearAttention | Base::Mamba2 => masked_attention(m, hd),
         Base::GatedDeltaNet => delta_rule(m, hd),
     }
 }
 
-fn masked_attention<F: Real>(m: &LogLinear, hd: &Head<F>) -> Result<Mat<F>> {
+fn masked_attention<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
     let t_len = hd.q.nrows();
     let dv = hd.v.ncols();
     let scale = F::of(m.scale);
@@ -55,67 +66,59 @@ fn masked_attention<F: Real>(m: &LogLinear, hd: &Head<F>) -> Result<Mat<F>> {
     let mut r0 = 0;
     while r0 < t_len {
         let r1 = (r0 + TILE).min(t_len);
-        let mut p = Mat::<F>::zeros(r1 - r0, r1);
+        let rows = r1 - r0;
+        let mut p = Mat::<F>::zeros(rows, r1);
         matmul(
             p.as_mut(),
             Accum::Replace,
-            hd.q.subrows(r0, r1 - r0),
+            hd.q.subrows(r0, rows),
             hd.k.subrows(0, r1).transpose(),
             scale,
             Par::Seq,
         );
         if m.base == Base::Mamba2 {
             let d = decay_tile::<F>(&hd.g, r0, r1);
-            for i in 0..r1 - r0 {
-                for s in 0..=r0 + i {
-                    p[(i, s)] *= d[(i, s)];
-                }
+            for s in 0..r1 {
+                let dc =
+                    d.col(s).try_as_col_major().expect("owned faer matrices have unit row stride").as_slice();
+                let pc = col_mut(&mut p, s);
+                pc.iter_mut().zip(dc).for_each(|(x, &f)| *x *= f);
             }
-        }
-        for i in 0..r1 - r0 {
-            for s in r0 + i + 1..r1 {
-                p[(i, s)] = F::zero();
+        } else {
+            for s in r0 + 1..r1 {
+                col_mut(&mut p, s)[..s - r0].iter_mut().for_each(|x| *x = F::zero());
             }
         }
         apply_levels(m, hd, &mut p, r0)?;
-        matmul(
-            y.subrows_mut(r0, r1 - r0),
-            Accum::Replace,
-            p.as_ref(),
-            hd.v.subrows(0, r1),
-            F::one(),
-            Par::Seq,
-        );
+        matmul(y.subrows_mut(r0, rows), Accum::Replace, p.as_ref(), hd.v.subrows(0, r1), F::one(), Par::Seq);
         r0 = r1;
     }
     Ok(y)
 }
 
-fn delta_rule<F: Real>(m: &LogLinear, hd: &Head<F>) -> Result<Mat<F>> {
+fn delta_rule<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
     let t_len = hd.q.nrows();
     let dv = hd.v.ncols();
-    let ms = decay_tile::<F>(&hd.g, 0, t_len);
+    let ms = decay_matrix_tiled::<F>(&hd.g, TILE);
     // L = I + strict(diag(β)(KKᵀ ⊙ Mˢ)); the unit solves never read the diagonal.
     let mut l = Mat::<F>::zeros(t_len, t_len);
-    matmul(l.as_mut(), Accum::Replace, hd.k.as_ref(), hd.k.transpose(), F::one(), Par::Seq);
-    for t in 0..t_len {
-        for s in 0..t {
-            l[(t, s)] *= hd.beta[t] * ms[(t, s)];
-        }
-        for s in t..t_len {
-            l[(t, s)] = F::zero();
+    matmul(l.as_mut(), Accum::Replace, hd.k, hd.k.transpose(), F::one(), Par::Seq);
+    for s in 0..t_len {
+        let msc = ms.col(s).try_as_col_major().expect("owned faer matrices have unit row stride").as_slice();
+        let col = col_mut(&mut l, s);
+        col[..=s].iter_mut().for_each(|x| *x = F::zero());
+        for t in s + 1..t_len {
+            col[t] *= hd.beta[t] * msc[t];
         }
     }
     // P = σ QKᵀ ⊙ Mˢ, lower with diagonal.
     let mut p = Mat::<F>::zeros(t_len, t_len);
-    matmul(p.as_mut(), Accum::Replace, hd.q.as_ref(), hd.k.transpose(), F::of(m.scale), Par::Seq);
-    for t in 0..t_len {
-        for s in 0..=t {
-            p[(t, s)] *= ms[(t, s)];
-        }
-        for s in t + 1..t_len {
-            p[(t, s)] = F::zero();
-        }
+    matmul(p.as_mut(), Accum::Replace, hd.q, hd.k.transpose(), F::of(m.scale), Par::Seq);
+    for s in 0..t_len {
+        let msc = ms.col(s).try_as_col_major().expect("owned faer matrices have unit row stride").as_slice();
+        let col = col_mut(&mut p, s);
+        col[..s].iter_mut().for_each(|x| *x = F::zero());
+        col[s..].iter_mut().zip(&msc[s..]).for_each(|(x, &f)| *x *= f);
     }
     drop(ms);
     let mut y = Mat::<F>::zeros(t_len, dv);
@@ -140,11 +143,22 @@ fn delta_rule<F: Real>(m: &LogLinear, hd: &Head<F>) -> Result<Mat<F>> {
         );
         a = b;
     }
-    // A[t, s] = β_s · (L⁻ᵀPᵀ)[s, t] · λ_t^{(ℓ(t,s))}.
-    let mut amat =
-        Mat::<F>::from_fn(t_len, t_len, |t, s| if s <= t { at[(s, t)] * hd.beta[s] } else { F::zero() });
-    drop(at);
-    apply_levels(m, hd, &mut amat, 0)?;
-    matmul(y.as_mut(), Accum::Replace, amat.as_ref(), hd.v.as_ref(), F::one(), Par::Seq);
+    // Column t of X = L⁻ᵀPᵀ is row t of P L⁻¹: A[t, s] = β_s · X[s, t] · λ_t^{(ℓ(t,s))}, s ≤ t.
+    let (Some(lam), Some(lift)) = (&hd.lam, m.lift) else {
+        return Err(mixer_core::Error::config(&m.name, "the lifted delta rule needs λ"));
+    };
+    let n_levels = lam.ncols();
+    for t in 0..t_len {
+        let col = col_mut(&mut at, t);
+        for s in 0..=t {
+            let l = (lift.mask.level)(t, s);
+            if l >= n_levels {
+                return Err(m.level_error(t, s, l, n_levels));
+            }
+            col[s] *= hd.beta[s] * lam[(t, l)];
+        }
+        col[t + 1..].iter_mut().for_each(|x| *x = F::zero());
+    }
+    matmul(y.as_mut(), Accum::Replace, at.transpose(), hd.v, F::one(), Par::Seq);
     Ok(y)
 }

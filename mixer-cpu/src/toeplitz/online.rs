@@ -35,6 +35,7 @@ use realfft::num_complex::Complex;
 
 use super::decode::Base;
 use super::fft::{Buffers, FftReal, plans};
+use super::naive::dot_rev;
 
 /// Tiles of at most this many inputs are computed directly (`O(k²)`), larger ones by FFT.
 pub const DIRECT_MAX: usize = 32;
@@ -117,8 +118,7 @@ impl<F: FftReal> OnlineDecoder<F> {
                     let u = &base.hist[b * c + e - dl][n - k..n];
                     for (r, zr) in z.iter_mut().enumerate() {
                         // Σ_a w[k + r − a] u[a]
-                        let lags = &w[r + 1..k + r + 1];
-                        *zr += lags.iter().rev().zip(u).map(|(&a, &b)| a * b).sum::<F>();
+                        *zr += dot_rev(&w[r + 1..k + r + 1], u);
                     }
                 }
                 z

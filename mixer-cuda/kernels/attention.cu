@@ -1,0 +1,127 @@
+// Softmax attention (MATH.md §1.3): y_t = Σ_{s ≤ t, t−s < window} softmax_s(scale · q_t·k_s) v_s.
+// Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]. window ≤ 0 means full causal attention.
+
+// Tiled online-softmax forward. Grid (⌈T/BQ⌉, B·H); block BQ threads, one query row each.
+// Dynamic shared memory: q tile [BQ,Dk], accumulators [BQ,Dv], key tile [BK,Dk], value tile
+// [BK,Dv]. For every key tile: the tile's running maximum m', rescale (l, acc) by e^{m−m'},
+// add e^{score−m'}·v. Scores are masked before exponentiating.
+template <typename T>
+__device__ void attn_fwd(const T* q, const T* k, const T* v, T* y, int B, int Tn, int H, int Dk, int Dv, int window,
+                         T scale, int BK) {
+    extern __shared__ unsigned char smem_raw[];
+    T* sm = reinterpret_cast<T*>(smem_raw);
+    const int BQ = blockDim.x;
+    T* qs = sm;
+    T* acc = qs + BQ * Dk;
+    T* ks = acc + BQ * Dv;
+    T* vs = ks + BK * Dk;
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int t0 = blockIdx.x * BQ, i = threadIdx.x, t = t0 + i;
+    const bool active = t < Tn;
+    if (active) {
+        for (int d = 0; d < Dk; ++d) qs[i * Dk + d] = q[(((long long)b * Tn + t) * H + h) * Dk + d];
+        for (int d = 0; d < Dv; ++d) acc[i * Dv + d] = (T)0;
+    }
+    T m = Lim<T>::neg_inf(), l = (T)0;
+    const int t_last = min(t0 + BQ, Tn) - 1;
+    const int s_begin = window > 0 ? max(0, t0 - window + 1) : 0;
+    for (int s0 = s_begin; s0 <= t_last; s0 += BK) {
+        __syncthreads();
+        for (int idx = i; idx < BK * Dk; idx += BQ) {
+            int j = idx / Dk, d = idx % Dk, s = s0 + j;
+            ks[idx] = s <= t_last ? k[(((long long)b * Tn + s) * H + h) * Dk + d] : (T)0;
+        }
+        for (int idx = i; idx < BK * Dv; idx += BQ) {
+            int j = idx / Dv, d = idx % Dv, s = s0 + j;
+            vs[idx] = s <= t_last ? v[(((long long)b * Tn + s) * H + h) * Dv + d] : (T)0;
+        }
+        __syncthreads();
+        if (!active) continue;
+        const int lo = window > 0 ? max(s0, t - window + 1) : s0;
+        const int hi = min(s0 + BK - 1, t);
+        if (lo > hi) continue;
+        T mt = m;
+        for (int s = lo; s <= hi; ++s) {
+            const T* kr = ks + (s - s0) * Dk;
+            T sc = 0;
+            for (int d = 0; d < Dk; ++d) sc += qs[i * Dk + d] * kr[d];
+            mt = max(mt, sc * scale);
+        }
+        const T corr = mx_exp(m - mt);
+        l *= corr;
+        for (int d = 0; d < Dv; ++d) acc[i * Dv + d] *= corr;
+        for (int s = lo; s <= hi; ++s) {
+            const T* kr = ks + (s - s0) * Dk;
+            T sc = 0;
+            for (int d = 0; d < Dk; ++d) sc += qs[i * Dk + d] * kr[d];
+            const T p = mx_exp(sc * scale - mt);
+            l += p;
+            const T* vr = vs + (s - s0) * Dv;
+            for (int d = 0; d < Dv; ++d) acc[i * Dv + d] += p * vr[d];
+        }
+        m = mt;
+    }
+    if (active) {
+        for (int d = 0; d < Dv; ++d) y[(((long long)b * Tn + t) * H + h) * Dv + d] = acc[i * Dv + d] / l;
+    }
+}
+
+// Decode step over a device KV cache of n entries (ring buffer rows [cap, B, H, D]; the
+// order of entries does not matter to softmax). One block per (b, h); scratch [B·H, cap]
+// holds the scores, then the weights.
+template <typename T>
+__device__ void attn_step(const T* q, const T* kc, const T* vc, T* scratch, T* y, int B, int H, int Dk, int Dv,
+                          int cap, int n, T scale) {
+    __shared__ T red[256];
+    const int bh = blockIdx.x, b = bh / H, h = bh % H, tid = threadIdx.x, nt = blockDim.x;
+    const T* qr = q + ((long long)b * H + h) * Dk;
+    T* sc = scratch + (long long)bh * cap;
+    T mloc = Lim<T>::neg_inf();
+    for (int j = tid; j < n; j += nt) {
+        const T* kr = kc + (((long long)j * B + b) * H + h) * Dk;
+        T s = 0;
+        for (int d = 0; d < Dk; ++d) s += qr[d] * kr[d];
+        s *= scale;
+        sc[j] = s;
+        mloc = max(mloc, s);
+    }
+    red[tid] = mloc;
+    __syncthreads();
+    for (int w = nt / 2; w > 0; w >>= 1) {
+        if (tid < w) red[tid] = max(red[tid], red[tid + w]);
+        __syncthreads();
+    }
+    const T mx = red[0];
+    __syncthreads();
+    T lsum = 0;
+    for (int j = tid; j < n; j += nt) {
+        T p = mx_exp(sc[j] - mx);
+        sc[j] = p;
+        lsum += p;
+    }
+    red[tid] = lsum;
+    __syncthreads();
+    for (int w = nt / 2; w > 0; w >>= 1) {
+        if (tid < w) red[tid] += red[tid + w];
+        __syncthreads();
+    }
+    const T tot = red[0];
+    for (int d = tid; d < Dv; d += nt) {
+        T a = 0;
+        for (int j = 0; j < n; ++j) a += sc[j] * vc[(((long long)j * B + b) * H + h) * Dv + d];
+        y[((long long)b * H + h) * Dv + d] = a / tot;
+    }
+}
+
+#define ATTN_EXPORT(T, S)                                                                                        \
+    extern "C" __global__ void attn_fwd_##S(const T* q, const T* k, const T* v, T* y, int B, int Tn, int H,      \
+                                            int Dk, int Dv, int window, T scale, int BK) {                       \
+        attn_fwd<T>(q, k, v, y, B, Tn, H, Dk, Dv, window, scale, BK);                                            \
+    }                                                                                                            \
+    extern "C" __global__ void attn_step_##S(const T* q, const T* kc, const T* vc, T* scratch, T* y, int B,      \
+                                             int H, int Dk, int Dv, int cap, int n, T scale) {                   \
+        attn_step<T>(q, kc, vc, scratch, y, B, H, Dk, Dv, cap, n, scale);                                        \
+    }
+
+ATTN_EXPORT(float, f32)
+ATTN_EXPORT(double, f64)

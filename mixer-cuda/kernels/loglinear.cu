@@ -1,0 +1,74 @@
+// Log-linear family, generic quadratic form (MATH.md §2.1, §2.3). The host prepends the level
+// mask's device function `int mixers_level(long long t, long long s)` and the λ scheme's
+// `double mixers_lambda(double raw, double param)`, so a plugin mask or scheme runs here
+// with no kernel of its own.
+//
+// Per (b, t, h): y_t = Σ_{s ≤ t} w_{t,s} v_s with
+//   w_{t,s} = σ · β_s · k_s · u_s · [lifted: mixers_lambda(λraw[t, ℓ(t,s)], 1)],
+//   u_t = q_t,  u_{s−1} = M_s u_s,
+//   M_s = I (linear attention), e^{g_s} I (Mamba-2), e^{g_s}(I − β_s k_s k_sᵀ) (gated DeltaNet),
+// so that k_s · u_s = k_sᵀ Φ_{s+1..t} q_t with Φ the ordered product of MATH §2.1; for Mamba-2
+// this is (q_t·k_s) e^{G_t − G_s}, accumulated as a product of factors e^{g_r} ≤ 1 (no
+// exponential of a difference is ever formed). β_s = 1 except for gated DeltaNet.
+// Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]; g, beta [B,T,H]; lambda [B,T,H,L].
+// err: set to 1 when the mask gives a level outside [0, L), 2 when λ maps to a non-finite or
+// negative weight.
+
+template <typename T>
+__device__ void ll_quadratic(const T* q, const T* k, const T* v, const T* g, const T* beta, const T* lam, T* y,
+                             int* err, int B, int Tn, int H, int Dk, int Dv, int L, int base, int lifted,
+                             double scale) {
+    extern __shared__ unsigned char smem_raw[];
+    T* u = reinterpret_cast<T*>(smem_raw) + (long long)threadIdx.x * (Dk + Dv);
+    T* acc = u + Dk;
+    long long i = gtid();
+    if (i >= (long long)B * Tn * H) return;
+    const int h = (int)(i % H);
+    const long long bt = i / H;
+    const int t = (int)(bt % Tn), b = (int)(bt / Tn);
+    for (int d = 0; d < Dk; ++d) u[d] = q[i * Dk + d];
+    for (int d = 0; d < Dv; ++d) acc[d] = (T)0;
+    for (int s = t; s >= 0; --s) {
+        const long long js = ((long long)b * Tn + s) * H + h;
+        const T* ks = k + js * Dk;
+        T ku = 0;
+        for (int d = 0; d < Dk; ++d) ku += ks[d] * u[d];
+        const T bs = base == 2 ? beta[js] : (T)1;
+        T w = (T)scale * bs * ku;
+        if (lifted) {
+            const int l = mixers_level((long long)t, (long long)s);
+            if (l < 0 || l >= L) {
+                atomicExch(err, 1);
+                return;
+            }
+            const double lw = mixers_lambda((double)lam[i * L + l], 1.0);
+            if (!(isfinite(lw) && lw >= 0.0)) {
+                atomicExch(err, 2);
+                return;
+            }
+            w *= (T)lw;
+        }
+        const T* vs = v + js * Dv;
+        for (int d = 0; d < Dv; ++d) acc[d] += w * vs[d];
+        if (base >= 1 && s > 0) {
+            const T e = mx_exp(g[js]);
+            if (base == 2) {
+                const T c = bs * ku;
+                for (int d = 0; d < Dk; ++d) u[d] = e * (u[d] - c * ks[d]);
+            } else {
+                for (int d = 0; d < Dk; ++d) u[d] *= e;
+            }
+        }
+    }
+    for (int d = 0; d < Dv; ++d) y[i * Dv + d] = acc[d];
+}
+
+#define LL_EXPORT(T, S)                                                                                          \
+    extern "C" __global__ void ll_quadratic_##S(const T* q, const T* k, const T* v, const T* g, const T* beta,   \
+                                                const T* lam, T* y, int* err, int B, int Tn, int H, int Dk,      \
+                                                int Dv, int L, int base, int lifted, double scale) {             \
+        ll_quadratic<T>(q, k, v, g, beta, lam, y, err, B, Tn, H, Dk, Dv, L, base, lifted, scale);               \
+    }
+
+LL_EXPORT(float, f32)
+LL_EXPORT(double, f64)

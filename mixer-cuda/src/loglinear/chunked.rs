@@ -1,0 +1,129 @@
+//! The chunked (`fast`) form with the Fenwick mask (MATH.md §2.6), `kernels/loglinear_fenwick.cu`.
+//!
+//! Chunks of size $C = 2^c$ (the last one may be partial). Inside a chunk the output is the
+//! quadratic form with the Fenwick levels $0..c$ ($\ell = \mathrm{bitlen}(r \oplus s)$); for gated
+//! DeltaNet it uses the WY/UT form: $T^{-1} = (I + \mathrm{strict}(\mathrm{diag}(\beta)(KK^\top \odot
+//! \Gamma)))^{-1}$ applied by forward substitution to $[I \mid \mathrm{diag}(\beta e^\gamma)K \mid
+//! \mathrm{diag}(\beta)V]$, giving $T^{-1}$, $W$, $U$; intra coefficients $A = P\,T^{-1}\mathrm{diag}(\beta)$
+//! and carried queries $\tilde Q = \sigma\,\mathrm{diag}(e^\gamma)Q - PW$, $P = \sigma QK^\top \odot \Gamma$.
+//! Between chunks, chunk-level states $H^{(e)} \in \mathbb R^{D_k \times D_v}$ follow the
+//! chunk-granular Fenwick recurrence (merge at $m = \operatorname{ctz}(i)$, read
+//! $y_r \mathrel{+}= \lambda_r^{(c+e)} \tilde Q_r H^{(e)}$, chunk transition
+//! $H \leftarrow e^{\gamma_{n-1}}H - \hat K^\top(WH)$ — Mamba-2 $e^{\gamma_{n-1}}H$ —, insert
+//! $\hat K^\top U$ or $\hat K^\top V$ at level 0). The base mixers keep a single state.
+//!
+//! Work is $O(T (C + \log(T/C)) (D_k + D_v) D)$ — $O(T \log T)$ for fixed $C$. Parallelism: one
+//! thread block per (batch, head); the block walks its chunks in order (the intra-chunk work
+//! of different chunks is not spread over blocks), each chunk's matrix work spread over the
+//! block's threads. Scratch (per block, in global memory): $2n^2 + n(n + D_k + D_v) + n(D_k+D_v)$
+//! values with $n = \min(C, T)$, plus the $\lfloor\log_2 \lceil T/C\rceil\rfloor + 2$ chunk-level states.
+//! λ is mapped by the scheme on the host (`LogLinear::lambda_weights`).
+
+use cudarc::driver::LaunchConfig;
+use mixer_core::mixers::loglinear::{Base, LogLinear};
+use mixer_core::{Error, Result, Tensors};
+use ndarray::{ArrayD, IxDyn};
+
+use super::{FENWICK_SRC, KERNEL};
+use crate::runtime::{GpuReal, err, gpu, input, int, launch, source};
+
+/// Most scratch bytes the form allocates.
+const MAX_SCRATCH: usize = 8 << 30;
+
+/// `bitlen(x)` = ⌊log₂ x⌋ + 1, 0 for 0.
+pub(crate) fn bitlen(x: usize) -> usize {
+    (usize::BITS - x.leading_zeros()) as usize
+}
+
+/// The base code the kernels take.
+pub(crate) fn base_code(b: Base) -> i32 {
+    match b {
+        Base::LinearAttention => 0,
+        Base::Mamba2 => 1,
+        Base::GatedDeltaNet => 2,
+    }
+}
+
+/// Runs the chunked form on the GPU.
+pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+    let q = input(inputs, KERNEL, "q")?;
+    let v = input(inputs, KERNEL, "v")?;
+    let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let dv = v.shape()[3];
+    if b * t * h * dv == 0 {
+        return Ok(ArrayD::zeros(IxDyn(&[b, t, h, dv])));
+    }
+    let lifted = ll.lift.is_some();
+    let chunk = ll.chunk;
+    let cbits = ll.chunk_log2() as usize;
+    let n_chunks = t.div_ceil(chunk);
+    let nmax = chunk.min(t);
+    let e_levels = if lifted { bitlen(n_chunks - 1) + 1 } else { 1 };
+    let g = gpu()?;
+    let (dl, levels) = if lifted {
+        let raw = input(inputs, KERNEL, "lambda")?;
+        let levels = raw.shape()[3];
+        // Highest level read: inside a chunk bitlen(nmax − 1), between chunks c + bitlen(i).
+        let need = if n_chunks > 1 { cbits + bitlen(n_chunks - 1) } else { bitlen(nmax - 1) };
+        if need >= levels {
+            return Err(Error::Value {
+                name: "lambda".into(),
+                constraint: format!("T = {t} reads Fenwick level {need}, so λ needs more than {need} levels"),
+                found: format!("L = {levels}"),
+            });
+        }
+        (g.upload(KERNEL, &ll.lambda_weights(raw)?)?, levels)
+    } else {
+        (g.zeros::<F>(KERNEL, 1)?, 1)
+    };
+    let bh = b * h;
+    let ws_per = 2 * nmax * nmax + nmax * (nmax + dk + dv) + nmax * (dk + dv);
+    let sz = std::mem::size_of::<F>();
+    let scratch = bh * (ws_per * sz + nmax * 8 + e_levels * dk * dv * sz);
+    if scratch > MAX_SCRATCH {
+        return Err(err(
+            KERNEL,
+            format!(
+                "the chunked form needs {scratch} bytes of scratch (chunk {chunk}, B·H = {bh}, Dk = {dk}, \
+                 Dv = {dv}); at most {MAX_SCRATCH} are allocated: use a smaller `chunk`"
+            ),
+        ));
+    }
+    let f = g.function(KERNEL, &source(FENWICK_SRC), &[], &format!("ll_chunked_{}", F::SUFFIX))?;
+    let opt = |name: &str, used: bool| -> Result<_> {
+        if used { g.upload(KERNEL, input(inputs, KERNEL, name)?) } else { g.zeros::<F>(KERNEL, 1) }
+    };
+    let dq = g.upload(KERNEL, q)?;
+    let dkk = g.upload(KERNEL, input(inputs, KERNEL, "k")?)?;
+    let dvv = g.upload(KERNEL, v)?;
+    let dg = opt("g", ll.base.has_decay())?;
+    let db = opt("beta", ll.base.has_beta())?;
+    let mut y = g.zeros::<F>(KERNEL, b * t * h * dv)?;
+    let mut ws = g.zeros::<F>(KERNEL, bh * ws_per)?;
+    let mut gws = g.zeros::<f64>(KERNEL, bh * nmax)?;
+    let mut st = g.zeros::<F>(KERNEL, bh * e_levels * dk * dv)?;
+    let cfg = LaunchConfig {
+        grid_dim: (int(KERNEL, "B·H", bh)? as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    int(KERNEL, "B·T·H·max(Dk, Dv)", b * t * h * dk.max(dv))?;
+    int(KERNEL, "chunk²", nmax * nmax)?;
+    let (ti, hi, dki, dvi, li, ci, cbi) = (
+        int(KERNEL, "T", t)?,
+        int(KERNEL, "H", h)?,
+        int(KERNEL, "Dk", dk)?,
+        int(KERNEL, "Dv", dv)?,
+        int(KERNEL, "L", levels)?,
+        int(KERNEL, "chunk", chunk)?,
+        cbits as i32,
+    );
+    let (base, lifted_i, ei, ni) =
+        (base_code(ll.base), lifted as i32, e_levels as i32, int(KERNEL, "n", nmax)?);
+    let scale = ll.scale;
+    launch!(g, KERNEL, f, cfg;
+        &dq, &dkk, &dvv, &dg, &db, &dl, &mut y, &mut ws, &mut gws, &mut st,
+        &ti, &hi, &dki, &dvi, &li, &ci, &cbi, &base, &lifted_i, &ei, &ni, &scale)?;
+    g.sync(KERNEL)?;
+    g.download(KERNEL, &y, &[b, t, h, dv])
+}

@@ -1,0 +1,117 @@
+//! The generic quadratic form: one thread per (batch, token, head) sweeps $s = t, t-1, \dots, 0$
+//! carrying $u_s = \Phi_{s+1..t}\, q_t$ (MATH §2.1) and accumulates
+//! $y_t = \sum_{s \le t} \sigma\, \beta_s\, (k_s \cdot u_s)\, \lambda_t^{(\ell(t,s))}\, v_s$, with $\ell$ and
+//! $\lambda = \mathrm{map}(\text{raw}, 1)$ from the spliced device functions. $O(T^2 (D_k + D_v))$ work.
+
+use cudarc::driver::LaunchConfig;
+use mixer_core::mixers::loglinear::{Base, LogLinear};
+use mixer_core::{Error, Result, Tensors};
+use ndarray::{ArrayD, IxDyn};
+
+use super::{KERNEL, SRC};
+use crate::runtime::{COMMON, GpuReal, check_elems, err, gpu, input, int, launch};
+
+/// Shared memory one block may use without opting in (bytes).
+const SMEM: usize = 48 * 1024;
+
+/// Device functions used when the mixer has no lift (never called: `lifted = 0`).
+const NO_LIFT: &str = "__device__ int mixers_level(long long t, long long s) { return 0; }\n\
+                       __device__ double mixers_lambda(double raw, double param) { return 1.0; }";
+
+/// The kernel source for this mixer: common helpers, the mask's and the λ scheme's device
+/// functions (from their registry entries), then the generic kernel.
+pub fn kernel_source(ll: &LogLinear) -> Result<String> {
+    let Some(lift) = ll.lift else {
+        return Ok(format!("{COMMON}\n{NO_LIFT}\n{SRC}"));
+    };
+    let mask = mixer_registry::mask(lift.mask.name)?;
+    let mask_src = mask.cuda.ok_or_else(|| {
+        err(KERNEL, format!("level mask `{}` has no CUDA device function (MaskEntry::cuda)", mask.name))
+    })?;
+    let lam = mixer_registry::lambda_scheme(lift.lambda.name)?;
+    let lam_src = lam.cuda.ok_or_else(|| {
+        err(KERNEL, format!("λ scheme `{}` has no CUDA device function (LambdaEntry::cuda)", lam.name))
+    })?;
+    Ok(format!("{COMMON}\n{mask_src}\n{lam_src}\n{SRC}"))
+}
+
+/// Runs the quadratic form on the GPU.
+pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+    let q = input(inputs, KERNEL, "q")?;
+    let v = input(inputs, KERNEL, "v")?;
+    let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let dv = v.shape()[3];
+    if b * t * h * dv == 0 {
+        return Ok(ArrayD::zeros(IxDyn(&[b, t, h, dv])));
+    }
+    let lifted = ll.lift.is_some();
+    let sz = std::mem::size_of::<F>();
+    let per_thread = (dk + dv) * sz;
+    let nt = (SMEM / per_thread.max(1)).min(128);
+    if nt == 0 {
+        return Err(err(
+            KERNEL,
+            format!("Dk + Dv = {} is too large for the per-thread shared memory", dk + dv),
+        ));
+    }
+    let g = gpu()?;
+    let f = g.function(KERNEL, &kernel_source(ll)?, &[], &format!("ll_quadratic_{}", F::SUFFIX))?;
+    let opt = |name: &str, used: bool| -> Result<_> {
+        if used { g.upload(KERNEL, input(inputs, KERNEL, name)?) } else { g.zeros::<F>(KERNEL, 1) }
+    };
+    let dq = g.upload(KERNEL, q)?;
+    let dkk = g.upload(KERNEL, input(inputs, KERNEL, "k")?)?;
+    let dvv = g.upload(KERNEL, v)?;
+    let dg = opt("g", ll.base.has_decay())?;
+    let db = opt("beta", ll.base.has_beta())?;
+    let (dl, levels) = if lifted {
+        let l = input(inputs, KERNEL, "lambda")?;
+        check_elems(KERNEL, l.len())?;
+        (g.upload(KERNEL, l)?, l.shape()[3])
+    } else {
+        (g.zeros::<F>(KERNEL, 1)?, 1)
+    };
+    let n = b * t * h;
+    check_elems(KERNEL, n * dk.max(dv))?;
+    let mut y = g.zeros::<F>(KERNEL, n * dv)?;
+    let mut flag = g.zeros::<i32>(KERNEL, 1)?;
+    let base = match ll.base {
+        Base::LinearAttention => 0i32,
+        Base::Mamba2 => 1,
+        Base::GatedDeltaNet => 2,
+    };
+    let cfg = LaunchConfig {
+        grid_dim: (int(KERNEL, "blocks", n.div_ceil(nt))? as u32, 1, 1),
+        block_dim: (nt as u32, 1, 1),
+        shared_mem_bytes: (nt * per_thread) as u32,
+    };
+    let (bi, ti, hi, dki, dvi, li) = (
+        int(KERNEL, "B", b)?,
+        int(KERNEL, "T", t)?,
+        int(KERNEL, "H", h)?,
+        int(KERNEL, "Dk", dk)?,
+        int(KERNEL, "Dv", dv)?,
+        int(KERNEL, "L", levels)?,
+    );
+    let lifted_i = lifted as i32;
+    let scale = ll.scale;
+    launch!(g, KERNEL, f, cfg;
+        &dq, &dkk, &dvv, &dg, &db, &dl, &mut y, &mut flag, &bi, &ti, &hi, &dki, &dvi, &li, &base, &lifted_i, &scale)?;
+    g.sync(KERNEL)?;
+    let code = g.stream.clone_dtoh(&flag).map_err(|e| err(KERNEL, format!("device→host copy: {e}")))?;
+    g.sync(KERNEL)?;
+    if let (Some(lift), Some(&c)) = (ll.lift, code.first())
+        && c != 0
+    {
+        return Err(Error::Value {
+            name: "lambda".into(),
+            constraint: if c == 1 {
+                format!("mask `{}` must give levels in [0, L) for s ≤ t < T", lift.mask.name)
+            } else {
+                format!("λ scheme `{}` must map raw values to finite weights ≥ 0", lift.lambda.name)
+            },
+            found: format!("L = {levels}; the kernel found a violation (code {c})"),
+        });
+    }
+    g.download(KERNEL, &y, &[b, t, h, dv])
+}

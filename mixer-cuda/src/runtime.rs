@@ -1,0 +1,315 @@
+//! The process-wide CUDA runtime of this backend: one context on device 0 with one stream,
+//! created lazily (after checking that the driver library exists, since cudarc panics when
+//! it does not), an NVRTC module cache keyed by (source, options), host↔device copies of
+//! `ndarray` tensors, and the error conversions to [`mixer_core::Error::Backend`].
+//!
+//! Kernels are `.cu` files under `mixer-cuda/kernels/`, embedded with `include_str!` and
+//! compiled on first use for the device's compute capability (`--gpu-architecture=sm_XY`).
+//! Each kernel is written once as a template and exported as `extern "C"` wrappers
+//! `name_f32` / `name_f64`; [`GpuReal::SUFFIX`] picks the instantiation.
+
+use std::collections::HashMap;
+use std::fmt::Display;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits,
+};
+use cudarc::nvrtc::{CompileError, CompileOptions, compile_ptx_with_opts};
+use mixer_core::{Error, Real, Result};
+use ndarray::{ArrayD, IxDyn};
+
+/// A scalar type with device kernels: `f32` or `f64`.
+pub trait GpuReal: Real + DeviceRepr + ValidAsZeroBits + Copy + Unpin {
+    /// Suffix of the `extern "C"` kernel instantiation (`"f32"` / `"f64"`).
+    const SUFFIX: &'static str;
+}
+
+impl GpuReal for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+
+impl GpuReal for f64 {
+    const SUFFIX: &'static str = "f64";
+}
+
+/// A backend error for `kernel` (`Error::Backend { backend: "cuda", kernel, message }`).
+pub fn err(kernel: &str, message: impl Display) -> Error {
+    Error::Backend { backend: "cuda".into(), kernel: Some(kernel.to_string()), message: message.to_string() }
+}
+
+/// Key of a compiled module: the full source and the NVRTC options.
+type ModuleKey = (String, Vec<String>);
+
+/// The lazily created CUDA state shared by every kernel of this backend.
+pub struct Gpu {
+    /// Context on device 0 (the primary context).
+    pub ctx: Arc<CudaContext>,
+    /// The stream every kernel, copy and FFT of this backend runs on.
+    pub stream: Arc<CudaStream>,
+    /// Compute capability `(major, minor)`.
+    pub cc: (i32, i32),
+    /// Device name.
+    pub name: String,
+    /// Number of devices the driver reports.
+    pub count: i32,
+    modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
+    pub(crate) ffts: Mutex<crate::fft::PlanCache>,
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Gpu({}, sm_{}{})", self.name, self.cc.0, self.cc.1)
+    }
+}
+
+static GPU: OnceLock<std::result::Result<Gpu, String>> = OnceLock::new();
+
+fn create() -> std::result::Result<Gpu, String> {
+    // SAFETY: only attempts to dlopen the driver library; no driver call is made before it.
+    let present =
+        std::panic::catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() }).unwrap_or(false);
+    if !present {
+        return Err("the CUDA driver library (libcuda.so) was not found".into());
+    }
+    match std::panic::catch_unwind(cudarc::driver::result::init) {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(format!("cuInit failed: {e}")),
+        Err(_) => return Err("the CUDA driver could not be initialised".into()),
+    }
+    let count = match CudaContext::device_count() {
+        Ok(0) => return Err("the driver reports no CUDA device".into()),
+        Ok(n) => n,
+        Err(e) => return Err(format!("cannot count devices: {e}")),
+    };
+    let ctx = CudaContext::new(0).map_err(|e| format!("cannot create a context on device 0: {e}"))?;
+    let cc = ctx.compute_capability().map_err(|e| format!("cannot read the compute capability: {e}"))?;
+    let name = ctx.name().unwrap_or_else(|_| "unknown device".into());
+    let stream = ctx.default_stream();
+    Ok(Gpu {
+        ctx,
+        stream,
+        cc,
+        name,
+        count,
+        modules: Mutex::new(HashMap::new()),
+        ffts: Mutex::new(crate::fft::PlanCache::default()),
+    })
+}
+
+/// The process-wide GPU state, created on first use; an error says why CUDA is unusable.
+pub fn gpu() -> Result<&'static Gpu> {
+    GPU.get_or_init(create)
+        .as_ref()
+        .map_err(|reason| Error::BackendUnavailable { backend: "cuda".into(), reason: reason.clone() })
+}
+
+/// Whether NVRTC can be loaded (checked before compiling: cudarc panics when it is missing).
+fn nvrtc_present() -> bool {
+    // SAFETY: only attempts to dlopen the NVRTC library.
+    std::panic::catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false)
+}
+
+fn compile_error(kernel: &str, e: CompileError) -> Error {
+    match e {
+        CompileError::CompileError { nvrtc, options, log } => err(
+            kernel,
+            format!(
+                "NVRTC compilation failed ({nvrtc:?}) with options {options:?}:\n{}",
+                log.to_string_lossy()
+            ),
+        ),
+        other => err(kernel, format!("NVRTC: {other:?}")),
+    }
+}
+
+impl Gpu {
+    /// The architecture option for this device, e.g. `sm_90`.
+    pub fn arch(&self) -> String {
+        format!("sm_{}{}", self.cc.0, self.cc.1)
+    }
+
+    /// The module compiled from `src` (with `extra` NVRTC options), compiled on first use for
+    /// this device's compute capability and cached by (source, options). `kernel` names the
+    /// kernel family in errors (NVRTC's log is included).
+    pub fn module(&self, kernel: &str, src: &str, extra: &[String]) -> Result<Arc<CudaModule>> {
+        let mut options = vec![format!("--gpu-architecture={}", self.arch()), "--std=c++17".to_string()];
+        options.extend(extra.iter().cloned());
+        let key = (src.to_string(), options.clone());
+        let mut cache = self.modules.lock().map_err(|_| err(kernel, "module cache poisoned"))?;
+        if let Some(m) = cache.get(&key) {
+            return Ok(m.clone());
+        }
+        if !nvrtc_present() {
+            return Err(err(
+                kernel,
+                "the NVRTC library (libnvrtc.so) was not found; kernels cannot be compiled",
+            ));
+        }
+        let compile = |opts: Vec<String>| {
+            let o =
+                CompileOptions { options: opts, name: Some(format!("{kernel}.cu")), ..Default::default() };
+            std::panic::catch_unwind(|| compile_ptx_with_opts(src, o))
+                .map_err(|_| err(kernel, "NVRTC panicked (missing symbol or invalid source)"))
+        };
+        let ptx = match compile(options.clone())? {
+            Ok(p) => p,
+            // Some NVRTC versions give no PTX for a real architecture: fall back to the
+            // virtual one (the driver then compiles the PTX for this device).
+            Err(CompileError::GetPtxError(_)) => {
+                let mut virt = options.clone();
+                virt[0] = format!("--gpu-architecture=compute_{}{}", self.cc.0, self.cc.1);
+                compile(virt)?.map_err(|e| compile_error(kernel, e))?
+            }
+            Err(e) => return Err(compile_error(kernel, e)),
+        };
+        let module =
+            self.ctx.load_module(ptx).map_err(|e| err(kernel, format!("loading the module: {e}")))?;
+        cache.insert(key, module.clone());
+        Ok(module)
+    }
+
+    /// The function `name` of the module compiled from `src`.
+    pub fn function(&self, kernel: &str, src: &str, extra: &[String], name: &str) -> Result<CudaFunction> {
+        let m = self.module(kernel, src, extra)?;
+        m.load_function(name)
+            .map_err(|e| err(kernel, format!("function `{name}` not found in the module: {e}")))
+    }
+
+    /// Copies a tensor (any layout) to a new device buffer, row-major.
+    pub fn upload<F: GpuReal>(&self, kernel: &str, a: &ArrayD<F>) -> Result<CudaSlice<F>> {
+        let a = a.as_standard_layout();
+        let s =
+            a.as_slice().ok_or_else(|| err(kernel, "internal: a standard-layout array is not contiguous"))?;
+        self.upload_slice(kernel, s)
+    }
+
+    /// Copies a host slice to a new device buffer (a one-element buffer for an empty slice,
+    /// so that kernels always get a valid pointer).
+    pub fn upload_slice<T: DeviceRepr + ValidAsZeroBits>(
+        &self,
+        kernel: &str,
+        s: &[T],
+    ) -> Result<CudaSlice<T>> {
+        if s.is_empty() {
+            return self.zeros(kernel, 1);
+        }
+        self.stream
+            .clone_htod(s)
+            .map_err(|e| err(kernel, format!("host→device copy of {} elements: {e}", s.len())))
+    }
+
+    /// A new zero-filled device buffer of `n` elements (at least one).
+    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, kernel: &str, n: usize) -> Result<CudaSlice<T>> {
+        let bytes = n.max(1) * std::mem::size_of::<T>();
+        self.stream.alloc_zeros(n.max(1)).map_err(|e| err(kernel, format!("allocating {bytes} bytes: {e}")))
+    }
+
+    /// Copies the first `prod(shape)` elements of a device buffer into a new array.
+    pub fn download<F: GpuReal>(&self, kernel: &str, d: &CudaSlice<F>, shape: &[usize]) -> Result<ArrayD<F>> {
+        let n: usize = shape.iter().product();
+        let mut v = self.stream.clone_dtoh(d).map_err(|e| err(kernel, format!("device→host copy: {e}")))?;
+        self.sync(kernel)?;
+        if v.len() < n {
+            return Err(err(
+                kernel,
+                format!("internal: device buffer has {} elements, expected {n}", v.len()),
+            ));
+        }
+        v.truncate(n);
+        ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| err(kernel, format!("internal: {e}")))
+    }
+
+    /// Waits for the stream and reports an asynchronous kernel failure as an error.
+    pub fn sync(&self, kernel: &str) -> Result<()> {
+        self.stream.synchronize().map_err(|e| err(kernel, format!("kernel execution failed: {e}")))
+    }
+}
+
+/// A 1-D launch of `n` threads in blocks of `block`.
+pub fn grid1(n: usize, block: u32) -> LaunchConfig {
+    let blocks = n.div_ceil(block as usize).max(1) as u32;
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// Compiles `src` with NVRTC for `arch` (e.g. `sm_90`) without touching a device, returning
+/// the PTX size; used to check kernel sources where NVRTC exists but no GPU does.
+pub fn compile_only(kernel: &str, src: &str, arch: &str) -> Result<usize> {
+    if !nvrtc_present() {
+        return Err(err(kernel, "the NVRTC library (libnvrtc.so) was not found"));
+    }
+    let o = CompileOptions {
+        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()],
+        name: Some(format!("{kernel}.cu")),
+        ..Default::default()
+    };
+    let ptx = std::panic::catch_unwind(|| compile_ptx_with_opts(src, o))
+        .map_err(|_| err(kernel, "NVRTC panicked"))?
+        .map_err(|e| compile_error(kernel, e))?;
+    Ok(ptx.to_src().len())
+}
+
+/// Whether NVRTC can be loaded here (no device needed).
+pub fn nvrtc_available() -> bool {
+    nvrtc_present()
+}
+
+/// Converts a size to the `int` kernels take, with an error when it does not fit.
+pub fn int(kernel: &str, what: &str, n: usize) -> Result<i32> {
+    i32::try_from(n).map_err(|_| err(kernel, format!("{what} = {n} exceeds the kernel's 32-bit index range")))
+}
+
+/// Checks that a launch of `n` threads (or elements) stays within 32-bit indexing.
+pub fn check_elems(kernel: &str, n: usize) -> Result<()> {
+    int(kernel, "element count", n).map(|_| ())
+}
+
+/// The helpers every kernel source starts with (`kernels/common.cuh`).
+pub const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// A kernel source with the common helpers prepended.
+pub fn source(body: &str) -> String {
+    format!("{COMMON}\n{body}")
+}
+
+/// Launches `$f` on the backend's stream with the given arguments (references), mapping a
+/// launch failure to a backend error of `$kernel`.
+#[allow(unused_macros)]
+macro_rules! launch {
+    ($g:expr, $kernel:expr, $f:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
+        use cudarc::driver::PushKernelArg;
+        let func = $f;
+        let mut b = $g.stream.launch_builder(&func);
+        $( b.arg($arg); )*
+        // SAFETY: the argument list matches the kernel's signature in `kernels/*.cu` (types
+        // and order); buffers are sized by the caller for the launch's index range.
+        unsafe { b.launch($cfg) }
+            .map(|_| ())
+            .map_err(|e| $crate::runtime::err($kernel, format!("launch: {e}")))
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use launch;
+
+/// Input `name` of a tensor map, or an error naming the kernel.
+pub fn input<'a, F>(inputs: &'a mixer_core::Tensors<F>, kernel: &str, name: &str) -> Result<&'a ArrayD<F>> {
+    inputs.get(name).ok_or_else(|| {
+        err(kernel, format!("missing input `{name}`; given: {:?}", inputs.keys().collect::<Vec<_>>()))
+    })
+}
+
+/// Every kernel source of this backend, by family (without the common prefix).
+pub const KERNEL_SOURCES: &[(&str, &str)] = &[
+    ("toeplitz", include_str!("../kernels/toeplitz.cu")),
+    ("glr", include_str!("../kernels/glr.cu")),
+    ("attention", include_str!("../kernels/attention.cu")),
+    (
+        "loglinear",
+        concat!(
+            "__device__ int mixers_level(long long t, long long s) { return 0; }\n",
+            "__device__ double mixers_lambda(double raw, double param) { return raw; }\n",
+            include_str!("../kernels/loglinear.cu")
+        ),
+    ),
+    ("loglinear_fenwick", include_str!("../kernels/loglinear_fenwick.cu")),
+];

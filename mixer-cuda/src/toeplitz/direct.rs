@@ -1,0 +1,38 @@
+//! The direct form: $y_{t,e} = \sum_i \sum_{s \le t} w[i,h(e),t-s]\, x[s, e+i-(K_w-1)] + \text{bias}[h(e),t]$,
+//! one thread per output element, $O(T)$ work each.
+
+use mixer_core::mixers::toeplitz::Toeplitz;
+use mixer_core::{Result, Tensors};
+use ndarray::{ArrayD, IxDyn};
+
+use super::{KERNEL, SRC};
+use crate::runtime::{GpuReal, check_elems, gpu, grid1, input, int, launch, source};
+
+/// Runs the direct (parallel) form on the GPU.
+pub fn run<F: GpuReal>(tz: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+    let p = tz.prepare(inputs)?;
+    let (b, t, c, h, kw) = (p.batch, p.seq, p.channels, p.heads, p.kernel_width);
+    if b * t * c == 0 {
+        return Ok(ArrayD::zeros(IxDyn(&[b, t, c])));
+    }
+    check_elems(KERNEL, b * t * c)?;
+    let g = gpu()?;
+    let f = g.function(KERNEL, &source(SRC), &[], &format!("toeplitz_direct_{}", F::SUFFIX))?;
+    let x = g.upload(KERNEL, input(inputs, KERNEL, "x")?)?;
+    let w = g.upload_slice(KERNEL, &p.taps)?;
+    let (bias, has_bias) = match &p.bias {
+        Some(v) => (g.upload_slice(KERNEL, v)?, 1i32),
+        None => (g.zeros::<F>(KERNEL, 1)?, 0i32),
+    };
+    let mut y = g.zeros::<F>(KERNEL, b * t * c)?;
+    let (bi, ti, ci, hi, kwi) = (
+        int(KERNEL, "B", b)?,
+        int(KERNEL, "T", t)?,
+        int(KERNEL, "C", c)?,
+        int(KERNEL, "H", h)?,
+        int(KERNEL, "Kw", kw)?,
+    );
+    launch!(g, KERNEL, f, grid1(b * t * c, 128); &x, &w, &bias, &has_bias, &mut y, &bi, &ti, &ci, &hi, &kwi)?;
+    g.sync(KERNEL)?;
+    g.download(KERNEL, &y, &[b, t, c])
+}

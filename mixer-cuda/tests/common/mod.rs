@@ -1,0 +1,79 @@
+//! Shared helpers of the GPU tests: skip-or-fail on a missing device, and a cross-check of
+//! every CUDA form against the f64 oracle and the CPU forms through `harness::check`.
+
+#![allow(dead_code)]
+
+use mixer_core::{DType, Form};
+use mixer_registry::{Backend, Sizes, check, mixer, run::forms};
+
+/// `true` when the test should run; prints the reason and returns `false` when no GPU is
+/// usable (panics instead under `MIXERS_REQUIRE_CUDA=1`).
+pub fn gpu() -> bool {
+    match mixer_cuda::device::skip_reason() {
+        None => true,
+        Some(why) => {
+            eprintln!("skipped: no usable CUDA device: {why}");
+            false
+        }
+    }
+}
+
+/// Runs `harness::check` for `name` with `config` on the CPU and CUDA backends at each of
+/// `sizes`; asserts that the CUDA backend offers `want` forms, that every row passes its
+/// tolerance (f32: rel RMS ≤ 1e-4; f64: ≤ 1e-9), and prints one `CHECK` line per row.
+/// Returns the worst CUDA f32 relative RMS error.
+pub fn cross_check(name: &str, config: &str, sizes: &[Sizes], want: &[Form]) -> f64 {
+    let cfg: serde_json::Value = serde_json::from_str(config).expect("test config is JSON");
+    let m = mixer(name, &cfg).unwrap_or_else(|e| panic!("{name} {config}: {e}"));
+    let have = forms(m.as_ref(), "cuda");
+    for f in want {
+        assert!(have.contains(f), "{name}: cuda lacks form {f}; has {have:?}");
+    }
+    let backends =
+        [Backend::by_name("cpu").expect("cpu backend"), Backend::by_name("cuda").expect("cuda backend")];
+    let mut worst = 0.0f64;
+    let mut failures = Vec::new();
+    for (i, s) in sizes.iter().enumerate() {
+        let rows = check(m.as_ref(), &backends, s, 1000 + i as u64);
+        assert!(rows.iter().any(|r| r.backend == "cuda"), "{name}: no cuda rows");
+        for r in &rows {
+            println!(
+                "CHECK {name} {config} backend={} form={} dtype={} T={} rel_rms={:.3e} max_abs={:.3e} pass={} {}",
+                r.backend,
+                r.form,
+                r.dtype.name(),
+                r.seq,
+                r.rel_rms,
+                r.max_abs,
+                r.pass,
+                r.error.as_deref().unwrap_or("")
+            );
+            if r.backend == "cuda" && r.dtype == DType::F32 && r.rel_rms.is_finite() {
+                worst = worst.max(r.rel_rms);
+            }
+            // A CPU form that the CPU kernel entry lists but declines for this configuration
+            // (e.g. chunked log-linear forms with a non-Fenwick mask) is not a CUDA failure.
+            let declined = r.backend != "cuda"
+                && r.error.as_deref().is_some_and(|e| e.contains("is not available on backend"));
+            if !r.pass && !declined {
+                failures.push(format!(
+                    "{} {} {} T={}: rel_rms {:.3e} {}",
+                    r.backend,
+                    r.form,
+                    r.dtype.name(),
+                    r.seq,
+                    r.rel_rms,
+                    r.error.as_deref().unwrap_or("")
+                ));
+            }
+        }
+    }
+    println!("WORST {name} {config} cuda f32 rel_rms={worst:.3e}");
+    assert!(failures.is_empty(), "{name} {config}: failed rows:\n{}", failures.join("\n"));
+    worst
+}
+
+/// Sizes with `T` not a power of two and odd head/channel counts.
+pub fn sizes(seqs: &[usize]) -> Vec<Sizes> {
+    seqs.iter().map(|&t| Sizes { batch: 2, seq: t, channels: 6, heads: 2, dk: 5, dv: 3 }).collect()
+}

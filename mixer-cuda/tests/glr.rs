@@ -1,0 +1,57 @@
+//! GLR on CUDA (fast = sparse recurrence, recurrent = lattice-cache decoder) against the f64
+//! oracle and the CPU forms, for builtin patterns, every `on`, both lattices, the named
+//! aliases, and a plugin pattern (Fibonacci) that has no kernel of its own.
+
+mod common;
+
+use mixer_core::Form;
+use mixer_cpu as _;
+use mixers_plugin_fibonacci as _;
+
+const WANT: [Form; 2] = [Form::Fast, Form::Recurrent];
+
+#[test]
+fn glr_cuda_builtin_patterns() {
+    if !common::gpu() {
+        return;
+    }
+    for cfg in [
+        r#"{"pattern": "pow2"}"#,
+        r#"{"pattern": "pow2", "cache_efficient": true}"#,
+        r#"{"pattern": "pow2", "cache_efficient": true, "on": "a"}"#,
+        r#"{"pattern": "sq1"}"#,
+        r#"{"pattern": "sq1", "cache_efficient": true, "on": "both"}"#,
+        r#"{"pattern": "pow2", "on": "a"}"#,
+        r#"{"pattern": "sq1", "order": 3, "on": "both"}"#,
+        r#"{"pattern": "linear", "order": 2, "cache_efficient": true}"#,
+    ] {
+        common::cross_check("glr", cfg, &common::sizes(&[1, 37, 100]), &WANT);
+    }
+}
+
+#[test]
+fn glr_cuda_aliases() {
+    if !common::gpu() {
+        return;
+    }
+    common::cross_check("diagonal-ssm", "{}", &common::sizes(&[37, 100]), &WANT);
+    common::cross_check("diagonal-ssm", r#"{"on": "both"}"#, &common::sizes(&[37]), &WANT);
+    common::cross_check("kth-order", r#"{"order": 8}"#, &common::sizes(&[37, 100]), &WANT);
+    common::cross_check("kth-order", r#"{"order": 3, "on": "a"}"#, &common::sizes(&[37]), &WANT);
+    common::cross_check("dense-recurrence", "{}", &common::sizes(&[37, 70]), &WANT);
+}
+
+#[test]
+fn glr_cuda_plugin_pattern() {
+    if !common::gpu() {
+        return;
+    }
+    for cfg in [
+        r#"{"pattern": "fibonacci"}"#,
+        r#"{"pattern": "fibonacci", "cache_efficient": true}"#,
+        r#"{"pattern": "fibonacci", "cache_efficient": true, "on": "both"}"#,
+    ] {
+        common::cross_check("glr", cfg, &common::sizes(&[37, 100]), &WANT);
+    }
+    common::cross_check("fibonacci-glr", r#"{"cache_efficient": true}"#, &common::sizes(&[37]), &WANT);
+}

@@ -1,0 +1,188 @@
+//! The log-linear family on CUDA (generic quadratic form with the mask's and λ scheme's
+//! device functions spliced in by NVRTC) against the f64 oracle and the CPU forms, including
+//! a plugin mask and λ scheme that have no kernel of their own.
+
+mod common;
+
+use mixer_core::Form;
+use mixer_cpu as _;
+use mixers_plugin_fibonacci as _;
+
+const WANT: [Form; 1] = [Form::Parallel];
+
+#[test]
+fn loglinear_cuda_base_mixers() {
+    if !common::gpu() {
+        return;
+    }
+    for (name, cfg) in [
+        ("linear-attention", "{}"),
+        ("mamba2", "{}"),
+        ("mamba2", r#"{"scale": 0.5}"#),
+        ("gated-deltanet", "{}"),
+    ] {
+        common::cross_check(name, cfg, &common::sizes(&[1, 37, 100]), &WANT);
+    }
+}
+
+#[test]
+fn loglinear_cuda_lifted_mixers() {
+    if !common::gpu() {
+        return;
+    }
+    for (name, cfg) in [
+        ("loglinear-attention", "{}"),
+        ("loglinear-attention", r#"{"lambda_scheme": "softplus"}"#),
+        ("loglinear-mamba2", r#"{"scale": 0.5}"#),
+        ("loglinear-gated-deltanet", "{}"),
+        ("loglinear-gated-deltanet", r#"{"lambda_scheme": "ones"}"#),
+    ] {
+        common::cross_check(name, cfg, &common::sizes(&[1, 37, 100]), &WANT);
+    }
+}
+
+#[test]
+fn loglinear_cuda_plugin_mask_and_scheme() {
+    if !common::gpu() {
+        return;
+    }
+    common::cross_check("log-distance-mamba2", "{}", &common::sizes(&[37, 100]), &WANT);
+    common::cross_check(
+        "loglinear-gated-deltanet",
+        r#"{"mask": "log-distance", "lambda_scheme": "sigmoid2"}"#,
+        &common::sizes(&[37]),
+        &WANT,
+    );
+}
+
+// ---- Fenwick forms: chunked `fast` and the O(log T) `recurrent` decoder ----
+
+use mixer_core::mixer::{complete_dims, run_decoder};
+use mixer_core::{DType, Tolerance};
+use mixer_registry::run::{decoder, run_as};
+use mixer_registry::{Sizes, mixer};
+use ndarray::{Axis, Slice};
+
+const FENWICK_FORMS: [Form; 3] = [Form::Parallel, Form::Fast, Form::Recurrent];
+const FAMILY: [&str; 6] = [
+    "linear-attention",
+    "mamba2",
+    "gated-deltanet",
+    "loglinear-attention",
+    "loglinear-mamba2",
+    "loglinear-gated-deltanet",
+];
+
+/// T around chunk boundaries and powers of two; head dims 5 and 7, three heads.
+fn fenwick_sizes() -> Vec<Sizes> {
+    [1, 2, 63, 64, 65, 100, 257]
+        .into_iter()
+        .map(|t| Sizes { batch: 2, seq: t, channels: 6, heads: 3, dk: 5, dv: 7 })
+        .collect()
+}
+
+fn fenwick_forms_against_oracle(chunk: usize) {
+    for name in FAMILY {
+        let cfg = format!(r#"{{"chunk": {chunk}}}"#);
+        common::cross_check(name, &cfg, &fenwick_sizes(), &FENWICK_FORMS);
+    }
+}
+
+#[test]
+fn loglinear_cuda_fenwick_forms_chunk16() {
+    if !common::gpu() {
+        return;
+    }
+    fenwick_forms_against_oracle(16);
+}
+
+#[test]
+fn loglinear_cuda_fenwick_forms_chunk64() {
+    if !common::gpu() {
+        return;
+    }
+    fenwick_forms_against_oracle(64);
+}
+
+#[test]
+fn loglinear_cuda_fenwick_forms_other_configs() {
+    if !common::gpu() {
+        return;
+    }
+    let s = common::sizes(&[1, 37, 100]);
+    for (name, cfg) in [
+        ("loglinear-attention", r#"{"lambda_scheme": "softplus", "chunk": 8}"#),
+        ("loglinear-mamba2", r#"{"scale": 0.5, "chunk": 1}"#),
+        ("loglinear-gated-deltanet", r#"{"lambda_scheme": "ones", "chunk": 32}"#),
+        ("gated-deltanet", r#"{"scale": -1.5, "chunk": 128}"#),
+    ] {
+        common::cross_check(name, cfg, &s, &FENWICK_FORMS);
+    }
+}
+
+/// The decoder's outputs equal the chunked form run on every prefix, and it holds exactly
+/// 1 + popcount(t) level states per head after token t (one for the base mixers).
+#[test]
+fn loglinear_cuda_decoder_matches_fast_on_prefixes() {
+    if !common::gpu() {
+        return;
+    }
+    let s = Sizes { batch: 2, seq: 100, channels: 1, heads: 2, dk: 6, dv: 5 };
+    for name in FAMILY {
+        let m = mixer(name, &serde_json::json!({"chunk": 16})).unwrap();
+        let dims = complete_dims(m.as_ref(), &s.dims());
+        let x = m.random_inputs(&dims, 21).unwrap();
+        let mut dec = decoder::<f64>(m.as_ref(), "cuda", &x, &dims).unwrap();
+        let lifted = name.starts_with("loglinear");
+        let per_state = s.batch * s.heads * s.dk * s.dv;
+        let y_dec = run_decoder(dec.as_mut(), &m.spec(), &x, |t, cache| {
+            let levels = if lifted { 1 + (t as u32).count_ones() as usize } else { 1 };
+            assert_eq!(cache, levels * per_state, "{name}: cache after token {t}");
+        })
+        .unwrap();
+        assert_eq!(dec.position(), s.seq);
+        for n in [1usize, 15, 16, 17, 48, 64, 99, 100] {
+            let xp: mixer_core::Tensors<f64> = x
+                .iter()
+                .map(|(k, a)| (k.clone(), a.slice_axis(Axis(1), Slice::from(0..n)).to_owned()))
+                .collect();
+            for dtype in [DType::F64, DType::F32] {
+                let y_fast = run_as(m.as_ref(), "cuda", Form::Fast, &xp, dtype).unwrap();
+                let want = y_dec.slice_axis(Axis(1), Slice::from(0..n));
+                let c = Tolerance::for_dtype(dtype.name()).compare(y_fast.view(), want.view());
+                println!("DECODE {name} prefix={n} dtype={} rel_rms={:.3e}", dtype.name(), c.rel_rms);
+                assert!(c.pass, "{name} prefix {n} {}: {c:?}", dtype.name());
+            }
+        }
+    }
+}
+
+/// T = 65536: the CUDA chunked form (f32) against the CPU chunked form (f64 and f32).
+#[test]
+fn loglinear_cuda_fast_long_sequence() {
+    if !common::gpu() {
+        return;
+    }
+    let s = Sizes { batch: 1, seq: 65536, channels: 1, heads: 2, dk: 8, dv: 6 };
+    for name in ["mamba2", "loglinear-mamba2"] {
+        let m = mixer(name, &serde_json::json!({})).unwrap();
+        let dims = complete_dims(m.as_ref(), &s.dims());
+        let x = m.random_inputs(&dims, 5).unwrap();
+        let t0 = std::time::Instant::now();
+        let want = run_as(m.as_ref(), "cpu", Form::Fast, &x, DType::F64).unwrap();
+        let cpu_ms = t0.elapsed().as_secs_f64() * 1e3;
+        let cpu32 = run_as(m.as_ref(), "cpu", Form::Fast, &x, DType::F32).unwrap();
+        run_as(m.as_ref(), "cuda", Form::Fast, &x, DType::F32).unwrap();
+        let t0 = std::time::Instant::now();
+        let got = run_as(m.as_ref(), "cuda", Form::Fast, &x, DType::F32).unwrap();
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        let c = Tolerance::F32.compare(got.view(), want.view());
+        let c32 = Tolerance::F32.compare(got.view(), cpu32.view());
+        println!(
+            "SCALE {name} T=65536 form=fast dtype=f32 rel_rms_vs_cpu_f64={:.3e} rel_rms_vs_cpu_f32={:.3e} \
+             cuda_ms={ms:.1} cpu_f64_ms={cpu_ms:.1}",
+            c.rel_rms, c32.rel_rms
+        );
+        assert!(c.pass && c32.pass, "{name}: {c:?} {c32:?}");
+    }
+}

@@ -1,0 +1,112 @@
+//! The CUDA runtime: NVRTC compilation of every kernel source, host↔device copies, cuFFT
+//! round trips, and NVRTC errors as `Error::Backend`. GPU tests skip (printing why) when no
+//! device is present, and fail instead under `MIXERS_REQUIRE_CUDA=1`.
+
+use mixer_core::Error;
+use mixer_cuda::device::skip_reason;
+use mixer_cuda::runtime::{KERNEL_SOURCES, compile_only, gpu, nvrtc_available, source};
+use ndarray::{ArrayD, IxDyn};
+
+#[test]
+fn every_kernel_compiles_with_nvrtc_for_sm90() {
+    if !nvrtc_available() {
+        if std::env::var("MIXERS_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+            panic!("MIXERS_REQUIRE_CUDA=1 but NVRTC is not available");
+        }
+        eprintln!("skipped: NVRTC (libnvrtc.so) not found");
+        return;
+    }
+    for (name, src) in KERNEL_SOURCES {
+        let n = compile_only(name, &source(src), "sm_90").unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 100, "{name}: PTX of {n} bytes");
+    }
+}
+
+#[test]
+fn nvrtc_errors_carry_the_log() {
+    if !nvrtc_available() {
+        eprintln!("skipped: NVRTC (libnvrtc.so) not found");
+        return;
+    }
+    let e = compile_only("broken", "extern \"C\" __global__ void k() { undefined_thing(); }", "sm_90")
+        .unwrap_err();
+    match e {
+        Error::Backend { backend, kernel, message } => {
+            assert_eq!(backend, "cuda");
+            assert_eq!(kernel.as_deref(), Some("broken"));
+            assert!(message.contains("undefined_thing"), "{message}");
+        }
+        other => panic!("unexpected error {other:?}"),
+    }
+}
+
+#[test]
+fn upload_download_round_trip() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let g = gpu().unwrap();
+    let a = ArrayD::from_shape_fn(IxDyn(&[3, 5, 7]), |i| (i[0] * 35 + i[1] * 7 + i[2]) as f64 * 0.5 - 3.0);
+    let d = g.upload("test", &a).unwrap();
+    assert_eq!(g.download("test", &d, &[3, 5, 7]).unwrap(), a);
+    // a transposed (non-standard) layout is made contiguous first
+    let t = a.t().to_owned().into_dyn();
+    let at = a.t().into_dyn();
+    let d = g.upload("test", &at.to_owned()).unwrap();
+    assert_eq!(g.download("test", &d, t.shape()).unwrap(), t);
+}
+
+fn fft_round_trip<F: mixer_cuda::fft::FftReal>(tol: f64) {
+    let g = gpu().unwrap();
+    let (n, batch) = (45usize, 3usize);
+    let x: Vec<F> = (0..n * batch).map(|i| F::of(((i * 7919) % 101) as f64 / 50.0 - 1.0)).collect();
+    let dx = g.upload_slice("fft", &x).unwrap();
+    let spec = mixer_cuda::fft::rfft::<F>("fft", &dx, n, batch).unwrap();
+    let back = mixer_cuda::fft::irfft::<F>("fft", spec, n, batch).unwrap();
+    let back = g.download("fft", &back, &[n * batch]).unwrap();
+    for (a, b) in x.iter().zip(back.iter()) {
+        assert!((a.f64() - b.f64() / n as f64).abs() < tol, "{a} vs {}", b.f64() / n as f64);
+    }
+}
+
+#[test]
+fn cufft_round_trips() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    fft_round_trip::<f32>(1e-5);
+    fft_round_trip::<f64>(1e-12);
+}
+
+#[test]
+fn module_compile_errors_are_backend_errors_on_device() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let e = gpu().unwrap().module("broken", "extern \"C\" __global__ void k() { nope(); }", &[]).unwrap_err();
+    assert!(matches!(e, Error::Backend { ref kernel, .. } if kernel.as_deref() == Some("broken")), "{e}");
+}
+
+#[test]
+fn loglinear_kernel_compiles_with_every_registered_mask_and_lambda_scheme() {
+    use mixers_plugin_fibonacci as _;
+    if !nvrtc_available() {
+        eprintln!("skipped: NVRTC (libnvrtc.so) not found");
+        return;
+    }
+    let body = mixer_cuda::loglinear::SRC;
+    let mut n = 0;
+    for mask in mixer_registry::MASKS.iter() {
+        for lam in mixer_registry::LAMBDAS.iter() {
+            let (Some(ms), Some(ls)) = (mask.cuda, lam.cuda) else { continue };
+            let src = source(&format!("{ms}\n{ls}\n{body}"));
+            compile_only("loglinear", &src, "sm_90")
+                .unwrap_or_else(|e| panic!("mask `{}` × λ `{}`: {e}", mask.name, lam.name));
+            n += 1;
+        }
+    }
+    assert!(n >= 4, "expected the builtin and plugin masks × schemes, compiled {n}");
+}

@@ -1,0 +1,50 @@
+//! Toeplitz on CUDA (fast = cuFFT, parallel = direct, recurrent = naive decoder) against the
+//! f64 oracle and the CPU forms.
+
+mod common;
+
+use mixer_core::Form;
+use mixer_cpu as _;
+use mixer_registry::run::{oracle, run_as};
+use mixer_registry::{Sizes, mixer};
+
+#[test]
+fn toeplitz_cuda_forms_match_the_oracle() {
+    if !common::gpu() {
+        return;
+    }
+    let want = [Form::Fast, Form::Parallel, Form::Recurrent];
+    for cfg in [
+        r#"{}"#,
+        r#"{"heads": 2}"#,
+        r#"{"heads": 3, "kernel_width": 2}"#,
+        r#"{"heads": 1, "kernel_width": 4}"#,
+    ] {
+        common::cross_check("toeplitz", cfg, &common::sizes(&[1, 37, 100]), &want);
+    }
+}
+
+#[test]
+fn toeplitz_cuda_without_bias_and_large_t() {
+    if !common::gpu() {
+        return;
+    }
+    let m = mixer("toeplitz", &serde_json::json!({"heads": 2, "kernel_width": 3})).unwrap();
+    let s = Sizes { batch: 3, seq: 1111, channels: 10, heads: 2, dk: 1, dv: 1 };
+    let dims = mixer_core::mixer::complete_dims(m.as_ref(), &s.dims());
+    let mut inputs = m.random_inputs(&dims, 7).unwrap();
+    inputs.remove("bias");
+    let want = oracle(m.as_ref(), &inputs).unwrap();
+    for form in [Form::Fast, Form::Parallel] {
+        for dtype in [mixer_core::DType::F32, mixer_core::DType::F64] {
+            let got = run_as(m.as_ref(), "cuda", form, &inputs, dtype).unwrap();
+            let c = mixer_core::Tolerance::for_dtype(dtype.name()).compare(got.view(), want.view());
+            println!(
+                "CHECK toeplitz no-bias T=1111 form={form} dtype={} rel_rms={:.3e}",
+                dtype.name(),
+                c.rel_rms
+            );
+            assert!(c.pass, "{form} {}: {c:?}", dtype.name());
+        }
+    }
+}
