@@ -36,7 +36,6 @@ common=(--batch "$BATCH" --heads "$HEADS" --dim "$DIM" --max-seconds "$MAX_SECON
 "$BIN" bench --mixer 'glr{"pattern":"pow2"}' 'glr{"pattern":"pow2","cache_efficient":true}' \
     'glr{"pattern":"sq1"}' diagonal-ssm --form fast --decode --seq "$GLR_SEQ" "${common[@]}" \
     --out "$PERF/glr" > /dev/null
-# Keep the plots and JSON; the Markdown is embedded below.
 
 # Keep a GPU section that was filled in earlier.
 gpu_default=$(cat <<'GPU'

@@ -323,3 +323,42 @@ fn inline_mixer_configs_parse() {
     assert_eq!(code, 2);
     assert!(err.contains("inline config"), "{err}");
 }
+
+#[test]
+fn ratios_compare_forms_and_backends_at_equal_t() {
+    use mixers::timing::Timing;
+    let pt = |backend: &str, form: Form, seq: usize, secs: f64| bench::Point {
+        mixer: "m".into(),
+        name: "m".into(),
+        config: serde_json::json!({}),
+        backend: backend.into(),
+        form,
+        seq,
+        status: Status::Ok,
+        reason: None,
+        timing: Some(Timing { median: secs, min: secs, max: secs, reps: 1 }),
+        tokens_per_s: None,
+        peak_bytes: None,
+        cache_elems: None,
+    };
+    let mut points = vec![
+        pt("cpu", Form::Fast, 100, 2.0),
+        pt("cpu", Form::Parallel, 100, 6.0),
+        pt("cuda", Form::Fast, 100, 0.5),
+        pt("cuda", Form::Fast, 200, 0.9),
+        pt("cpu", Form::Fast, 300, 1.0),
+    ];
+    // A skipped point takes part in nothing.
+    let mut skipped = pt("cpu", Form::Parallel, 300, 9.0);
+    skipped.status = Status::Skipped;
+    points.push(skipped);
+    let r = bench::ratios(&points);
+    let got: Vec<(String, usize, f64)> = r.iter().map(|x| (x.comparison.clone(), x.seq, x.ratio)).collect();
+    assert_eq!(
+        got,
+        vec![("parallel / fast (cpu)".to_string(), 100, 3.0), ("cuda / cpu (fast)".to_string(), 100, 0.25)]
+    );
+    let f = bench::fits(&points);
+    assert_eq!(f.len(), 2, "{f:?}"); // cpu fast (100, 300) and cuda fast (100, 200)
+    assert!(f.iter().any(|x| x.backend == "cuda" && (x.exponent - (0.9f64 / 0.5).log2()).abs() < 1e-12));
+}
