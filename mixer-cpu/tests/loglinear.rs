@@ -437,17 +437,17 @@ fn plugin_masks_work_in_parallel_form() {
         assert_eq!(ll.lift.unwrap().mask.name, "test-distance");
         for t in [1usize, 37, 100] {
             let rows = check(m.as_ref(), &[cpu()], &sizes(t), 3);
+            assert!(rows.iter().any(|r| r.form == Form::Parallel), "{name}: no parallel row");
             for r in &rows {
-                match r.form {
-                    Form::Parallel => assert!(r.pass, "{name} T={t}: {r:?}"),
-                    Form::Fast | Form::Recurrent => {
-                        let e = r.error.as_deref().unwrap_or("");
-                        assert!(e.contains("not available") && e.contains("Fenwick"), "{name}: {e}");
-                    }
-                    Form::Materialized => {}
-                }
+                assert!(r.pass, "{name} T={t}: {r:?}");
             }
-            assert!(rows.iter().any(|r| r.form == Form::Parallel && r.pass));
+            // The chunked and recurrent forms need the Fenwick structure: a clear error.
+            let x = m.random_inputs(&dims(m.as_ref(), &sizes(t)), 3).unwrap();
+            for f in [Form::Fast, Form::Recurrent] {
+                let e = run(m.as_ref(), "cpu", f, &AnyTensors::F64(x.clone())).unwrap_err();
+                assert!(matches!(e, Error::FormUnavailable { .. }), "{name} {f}: {e}");
+                assert!(e.to_string().contains("Fenwick"), "{name} {f}: {e}");
+            }
         }
         // The plugin mask really differs from Fenwick.
         let fen = mixer(name, &json!({ "chunk": 16 })).unwrap();

@@ -199,8 +199,13 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
                 (None, Base::Mamba2) => zcat *= faer::Scale(total),
                 _ => {}
             }
+            // A level whose entries all fell below the smallest normal number is dropped (its
+            // contribution is below resolution; subnormal arithmetic is very slow).
             for (j, &e) in present.iter().enumerate() {
-                states[e] = Some(zcat.submatrix(0, j * dv, dk, dv).to_owned());
+                let blk = zcat.submatrix(0, j * dv, dk, dv).to_owned();
+                let tiny = F::min_positive_value();
+                let gone = m.base.has_decay() && (0..dv).all(|c| blk.col(c).iter().all(|x| x.abs() < tiny));
+                states[e] = if gone { None } else { Some(blk) };
             }
         }
 
