@@ -86,6 +86,18 @@ pub trait Decoder<F: Real>: Send {
     fn position(&self) -> usize;
 }
 
+/// The error a decoder built for `t_len` tokens returns when asked for step `pos + 1`
+/// beyond that; `Ok` while `pos < t_len`.
+pub fn check_decoder_capacity(pos: usize, t_len: usize) -> Result<()> {
+    if pos >= t_len {
+        return Err(Error::Decoder(format!(
+            "the decoder was built for T = {t_len} tokens; step {} is past its end",
+            pos + 1
+        )));
+    }
+    Ok(())
+}
+
 /// Runs a decoder over a whole sequence; returns `y` with the shape of the mixed input.
 /// Calls `observe(t, cache_elems)` after every step.
 pub fn run_decoder<F: Real>(

@@ -44,13 +44,7 @@ impl<F: Real> AttentionDecoder<F> {
 impl<F: Real> Decoder<F> for AttentionDecoder<F> {
     fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
         let t = self.pos;
-        if t >= self.t_len {
-            return Err(Error::Decoder(format!(
-                "the decoder was built for T = {} tokens; step {} is past its end",
-                self.t_len,
-                t + 1
-            )));
-        }
+        mixer_core::mixer::check_decoder_capacity(t, self.t_len)?;
         let [bn, hn, dk, dv] = self.dims;
         let q = contiguous(token, "q", &[bn, hn, dk])?;
         let k = contiguous(token, "k", &[bn, hn, dk])?;

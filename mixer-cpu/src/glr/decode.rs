@@ -96,13 +96,7 @@ impl<F: Real> GlrDecoder<F> {
 impl<F: Real> Decoder<F> for GlrDecoder<F> {
     fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
         let t = self.pos;
-        if t >= self.t_len {
-            return Err(Error::Decoder(format!(
-                "the decoder was built for T = {} tokens; step {} is past its end",
-                self.t_len,
-                t + 1
-            )));
-        }
+        mixer_core::mixer::check_decoder_capacity(t, self.t_len)?;
         let (bn, cn, kn) = (self.b_len, self.c_len, self.slots.len());
         let bc = bn * cn;
         let x = contiguous(token, "x", &[bn, cn])?;
