@@ -8,6 +8,7 @@ pub mod attention;
 pub mod glr;
 pub mod loglinear;
 pub mod toeplitz;
+pub mod vmath;
 
 use mixer_registry::{Availability, BackendEntry, register};
 

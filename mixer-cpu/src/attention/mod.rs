@@ -30,7 +30,7 @@ pub(crate) fn heads_major<F: Real>(inputs: &Tensors<F>, name: &str) -> Result<Ar
     Array4::from_shape_vec((s[0], s[1], s[2], s[3]), data).map_err(|e| Error::Numerical(e.to_string()))
 }
 
-fn run<F: Real>(m: &dyn Mixer, form: Form, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+fn run<F: crate::vmath::VecMath>(m: &dyn Mixer, form: Form, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let a = downcast::<Attention>(m, "cpu")?;
     match form {
         Form::Parallel => parallel::parallel(a, inputs),

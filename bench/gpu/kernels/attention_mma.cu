@@ -1,0 +1,473 @@
+// Softmax attention on tensor cores (FlashAttention-2 structure), for NVRTC, no headers.
+//
+//   y_t = Σ_{s ≤ t, t − s < window} softmax_s(scale · q_t·k_s) v_s
+//
+// Layouts: q, k [B,T,H,D]; v, y [B,T,H,D] (token stride H·D). window ≤ 0: full causal.
+// Compile-time: ATT_D (head dim, multiple of 16), ATT_BK (keys per tile), ATT_WM (16-row
+// m-tiles per warp). A block of 4 warps owns BQ = 64·ATT_WM query rows of one (batch, head).
+//
+// Two kernels:
+//  * attn_mma_bf16: bf16 q, k, v, y; mma.m16n8k16 bf16 → f32; ldmatrix from XOR-swizzled
+//    shared memory; P is re-packed from the score accumulators as the A operand of P·V.
+//  * attn_mma_tf32: f32 q, k, v, y; mma.m16n8k8 tf32 → f32 (q and P rounded to tf32, k and
+//    v truncated by the tensor core); padded shared memory. The key index inside an 8-key
+//    step is permuted (A column t ↔ key 2t, t+4 ↔ 2t+1) so that P goes from the score
+//    accumulators to the A operand without shuffles; V is read with the same permutation.
+// Both: K/V tiles streamed with cp.async, double-buffered; online softmax in f32 with exp2
+// (scale·log2 e folded into the exponent's FMA); causal/window masks applied before exp2 and only
+// on tiles that straddle a boundary; tiles wholly outside the window are skipped; blocks run
+// the longest query tiles first.
+
+#ifndef ATT_D
+#define ATT_D 64
+#endif
+#ifndef ATT_BK
+#define ATT_BK 64
+#endif
+#ifndef ATT_WM
+#define ATT_WM 1
+#endif
+#ifndef ATT_WARPS
+#define ATT_WARPS 4
+#endif
+#define ATT_BQ (16 * ATT_WM * ATT_WARPS)
+#define NEG_INF __int_as_float(0xff800000)
+
+typedef unsigned short bf16_t;
+typedef unsigned int u32;
+
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+__device__ __forceinline__ u32 to_tf32(float x) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// ---------------------------------------------------------------------------------------
+// Online-softmax bookkeeping shared by both kernels. A thread holds, for each of its m-tiles,
+// two rows (g and g+8) of the score tile: s[mt][nt][0..1] (row g) and [2..3] (row g+8).
+struct RowState {
+    float m[ATT_WM][2];
+    float l[ATT_WM][2];
+};
+
+// Masks s for keys outside [lo_q, q] (per row) or beyond T, where lo_q = q − window + 1.
+__device__ __forceinline__ void mask_tile(float (&s)[ATT_WM][ATT_BK / 8][4], int q_row0, int k0, int T,
+                                          int window) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < ATT_BK / 8; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int q = q_row0 + mt * 16 + g + (e >> 1) * 8;
+                const int kk = k0 + nt * 8 + 2 * t + (e & 1);
+                bool ok = kk <= q && kk < T;
+                if (window > 0) ok = ok && (q - kk < window);
+                if (!ok) s[mt][nt][e] = NEG_INF;
+            }
+}
+
+// Rescales the running state by the new tile; turns the raw scores s into
+// p = exp2(scale_log2·s − m) in place, m the running row maximum in the scaled domain.
+// Masked scores are −∞; a row with every key masked so far keeps m = −∞ and is referenced
+// to 0 instead, so that no ∞ − ∞ appears.
+__device__ __forceinline__ void softmax_update(float (&s)[ATT_WM][ATT_BK / 8][4], RowState& st,
+                                               float (&o)[ATT_WM][ATT_D / 8][4], float scale_log2) {
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int nt = 0; nt < ATT_BK / 8; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            mx = fmaxf(st.m[mt][r], mx * scale_log2);
+            const float mref = mx == NEG_INF ? 0.f : mx;
+            const float corr = fast_exp2(st.m[mt][r] - mref);
+            st.m[mt][r] = mx;
+            float sum = 0.f;
+#pragma unroll
+            for (int nt = 0; nt < ATT_BK / 8; ++nt)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const float p = fast_exp2(fmaf(s[mt][nt][2 * r + c], scale_log2, -mref));
+                    s[mt][nt][2 * r + c] = p;
+                    sum += p;
+                }
+            st.l[mt][r] = st.l[mt][r] * corr + sum;
+#pragma unroll
+            for (int dt = 0; dt < ATT_D / 8; ++dt) {
+                o[mt][dt][2 * r] *= corr;
+                o[mt][dt][2 * r + 1] *= corr;
+            }
+        }
+}
+
+// Tile range of a query block: [first, last] key tiles, with the window's skip.
+__device__ __forceinline__ void tile_range(int q0, int T, int window, int& first, int& last) {
+    const int q_last = min(q0 + ATT_BQ, T) - 1;
+    last = q_last / ATT_BK;
+    first = window > 0 ? max(0, q0 - window + 1) / ATT_BK : 0;
+}
+__device__ __forceinline__ bool tile_needs_mask(int q0, int k0, int T, int window) {
+    // Some key after some query row, past T, or (window) too far back for some row.
+    if (k0 + ATT_BK - 1 > q0) return true;
+    if (k0 + ATT_BK > T) return true;
+    if (window > 0 && (q0 + ATT_BQ - 1) - k0 >= window) return true;
+    return false;
+}
+
+// =======================================================================================
+// bf16
+// =======================================================================================
+#define CH (ATT_D / 8)  // 16-byte chunks per row (8 bf16 each)
+
+__device__ __forceinline__ int swz(int row, int chunk) { return row * CH + (chunk ^ (row & 7)); }
+
+// Loads rows [r0, r0+nrows) of a [B,T,H,D] bf16 tensor (this batch/head) into swizzled smem.
+__device__ __forceinline__ void load_tile_bf16(bf16_t* sm, const bf16_t* base, int r0, int nrows, int T,
+                                               long long tok_stride) {
+    const u32 sbase = smem_u32(sm);
+    for (int idx = threadIdx.x; idx < nrows * CH; idx += ATT_WARPS * 32) {
+        const int row = idx / CH, ch = idx % CH, r = r0 + row;
+        const bool in = r < T;
+        const bf16_t* src = base + (long long)(in ? r : 0) * tok_stride + ch * 8;
+        cp_async16(sbase + swz(row, ch) * 16, src, in ? 16 : 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
+    attn_mma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                  bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
+    // Dynamic shared memory: q [BQ·D] | k stage 0, 1 [BK·D] | v stage 0, 1 [BK·D].
+    extern __shared__ __align__(128) bf16_t smb[];
+    bf16_t* qs = smb;
+    bf16_t* ks[2] = {qs + ATT_BQ * ATT_D, qs + ATT_BQ * ATT_D + ATT_BK * ATT_D};
+    bf16_t* vs[2] = {ks[1] + ATT_BK * ATT_D, ks[1] + 2 * ATT_BK * ATT_D};
+    const int qb = gridDim.x - 1 - blockIdx.x;  // longest rows first
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int q0 = qb * ATT_BQ;
+    const long long tok = (long long)H * ATT_D;
+    const long long off = (long long)b * T * tok + (long long)h * ATT_D;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wrow0 = q0 + warp * 16 * ATT_WM;
+
+    int first, last;
+    tile_range(q0, T, window, first, last);
+    load_tile_bf16(qs, q + off, q0, ATT_BQ, T, tok);
+    load_tile_bf16(ks[0], k + off, first * ATT_BK, ATT_BK, T, tok);
+    cp_commit();
+    load_tile_bf16(vs[0], v + off, first * ATT_BK, ATT_BK, T, tok);
+    cp_commit();
+
+    u32 qf[ATT_WM][ATT_D / 16][4];
+    float o[ATT_WM][ATT_D / 8][4];
+    RowState st;
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt) {
+        st.m[mt][0] = st.m[mt][1] = NEG_INF;
+        st.l[mt][0] = st.l[mt][1] = 0.f;
+#pragma unroll
+        for (int dt = 0; dt < ATT_D / 8; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+    }
+
+    for (int j = first; j <= last; ++j) {
+        // Groups in flight: K_j, V_j. K_{j+1} is issued once every warp is done with K_{j−1}
+        // (the barrier below), V_{j+1} once every warp is done with V_{j−1} (the middle barrier).
+        const int stage = (j - first) & 1;
+        cp_wait<1>();
+        __syncthreads();
+        if (j < last) load_tile_bf16(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
+        cp_commit();
+        if (j == first) {
+#pragma unroll
+            for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+                for (int kt = 0; kt < ATT_D / 16; ++kt) {
+                    const int row = warp * 16 * ATT_WM + mt * 16 + (lane & 15);
+                    const int ch = kt * 2 + (lane >> 4);
+                    const u32 addr = smem_u32(qs) + swz(row, ch) * 16;
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                                 : "=r"(qf[mt][kt][0]), "=r"(qf[mt][kt][1]), "=r"(qf[mt][kt][2]), "=r"(qf[mt][kt][3])
+                                 : "r"(addr));
+                }
+        }
+        // S = Q Kᵀ
+        float s[ATT_WM][ATT_BK / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < ATT_BK / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+        const u32 kb = smem_u32(ks[stage]);
+#pragma unroll
+        for (int kt = 0; kt < ATT_D / 16; ++kt) {
+            // all of this step's K fragments first, then the products (more loads in flight)
+            u32 bf[ATT_BK / 16][4];
+#pragma unroll
+            for (int np = 0; np < ATT_BK / 16; ++np) {
+                const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+                const int ch = kt * 2 + ((lane >> 3) & 1);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(bf[np][0]), "=r"(bf[np][1]), "=r"(bf[np][2]), "=r"(bf[np][3])
+                             : "r"(kb + swz(row, ch) * 16));
+            }
+#pragma unroll
+            for (int np = 0; np < ATT_BK / 16; ++np)
+#pragma unroll
+                for (int mt = 0; mt < ATT_WM; ++mt) {
+                    float* c0 = s[mt][2 * np];
+                    float* c1 = s[mt][2 * np + 1];
+                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                        "{%0,%1,%2,%3};\n"
+                        : "+f"(c0[0]), "+f"(c0[1]), "+f"(c0[2]), "+f"(c0[3])
+                        : "r"(qf[mt][kt][0]), "r"(qf[mt][kt][1]), "r"(qf[mt][kt][2]), "r"(qf[mt][kt][3]),
+                          "r"(bf[np][0]), "r"(bf[np][1]));
+                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                        "{%0,%1,%2,%3};\n"
+                        : "+f"(c1[0]), "+f"(c1[1]), "+f"(c1[2]), "+f"(c1[3])
+                        : "r"(qf[mt][kt][0]), "r"(qf[mt][kt][1]), "r"(qf[mt][kt][2]), "r"(qf[mt][kt][3]),
+                          "r"(bf[np][2]), "r"(bf[np][3]));
+                }
+        }
+        if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
+        softmax_update(s, st, o, scale_log2);
+        cp_wait<1>();
+        __syncthreads();
+        if (j < last) load_tile_bf16(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
+        cp_commit();
+        // O += P V
+        const u32 vb = smem_u32(vs[stage]);
+#pragma unroll
+        for (int kt = 0; kt < ATT_BK / 16; ++kt) {
+            u32 pa[ATT_WM][4];
+#pragma unroll
+            for (int mt = 0; mt < ATT_WM; ++mt) {
+                pa[mt][0] = pack_bf16(s[mt][2 * kt][0], s[mt][2 * kt][1]);
+                pa[mt][1] = pack_bf16(s[mt][2 * kt][2], s[mt][2 * kt][3]);
+                pa[mt][2] = pack_bf16(s[mt][2 * kt + 1][0], s[mt][2 * kt + 1][1]);
+                pa[mt][3] = pack_bf16(s[mt][2 * kt + 1][2], s[mt][2 * kt + 1][3]);
+            }
+            u32 vf[ATT_D / 16][4];
+#pragma unroll
+            for (int dp = 0; dp < ATT_D / 16; ++dp) {
+                const int row = kt * 16 + (lane & 15);
+                const int ch = dp * 2 + (lane >> 4);
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(vf[dp][0]), "=r"(vf[dp][1]), "=r"(vf[dp][2]), "=r"(vf[dp][3])
+                             : "r"(vb + swz(row, ch) * 16));
+            }
+#pragma unroll
+            for (int dp = 0; dp < ATT_D / 16; ++dp)
+#pragma unroll
+                for (int mt = 0; mt < ATT_WM; ++mt) {
+                    float* c0 = o[mt][2 * dp];
+                    float* c1 = o[mt][2 * dp + 1];
+                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                        "{%0,%1,%2,%3};\n"
+                        : "+f"(c0[0]), "+f"(c0[1]), "+f"(c0[2]), "+f"(c0[3])
+                        : "r"(pa[mt][0]), "r"(pa[mt][1]), "r"(pa[mt][2]), "r"(pa[mt][3]), "r"(vf[dp][0]),
+                          "r"(vf[dp][1]));
+                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                        "{%0,%1,%2,%3};\n"
+                        : "+f"(c1[0]), "+f"(c1[1]), "+f"(c1[2]), "+f"(c1[3])
+                        : "r"(pa[mt][0]), "r"(pa[mt][1]), "r"(pa[mt][2]), "r"(pa[mt][3]), "r"(vf[dp][2]),
+                          "r"(vf[dp][3]));
+                }
+        }
+    }
+    // y = O / l
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float l = st.l[mt][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const int row = wrow0 + mt * 16 + g + r * 8;
+            if (row < T) {
+                bf16_t* dst = y + off + (long long)row * tok;
+#pragma unroll
+                for (int dt = 0; dt < ATT_D / 8; ++dt)
+                    *reinterpret_cast<u32*>(dst + dt * 8 + 2 * t) =
+                        pack_bf16(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+            }
+        }
+}
+
+// =======================================================================================
+// tf32
+// =======================================================================================
+#define KS_STRIDE (ATT_D + 8)  // float2 reads of K rows: conflict-free per half-warp
+#define VS_STRIDE (ATT_D + 4)  // scalar reads of V columns: conflict-free
+
+__device__ __forceinline__ void load_tile_f32(float* sm, int stride, const float* base, int r0, int nrows, int T,
+                                              long long tok_stride) {
+    const u32 sbase = smem_u32(sm);
+    const int chs = ATT_D / 4;
+    for (int idx = threadIdx.x; idx < nrows * chs; idx += ATT_WARPS * 32) {
+        const int row = idx / chs, ch = idx % chs, r = r0 + row;
+        const bool in = r < T;
+        const float* src = base + (long long)(in ? r : 0) * tok_stride + ch * 4;
+        cp_async16(sbase + (row * stride + ch * 4) * 4, src, in ? 16 : 0);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
+    attn_mma_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                  float* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
+    extern __shared__ __align__(16) float smf[];
+    float* ks0 = smf;
+    float* ks1 = ks0 + ATT_BK * KS_STRIDE;
+    float* vs0 = ks1 + ATT_BK * KS_STRIDE;
+    float* vs1 = vs0 + ATT_BK * VS_STRIDE;
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int q0 = qb * ATT_BQ;
+    const long long tok = (long long)H * ATT_D;
+    const long long off = (long long)b * T * tok + (long long)h * ATT_D;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wrow0 = q0 + warp * 16 * ATT_WM;
+
+    int first, last;
+    tile_range(q0, T, window, first, last);
+    load_tile_f32(ks0, KS_STRIDE, k + off, first * ATT_BK, ATT_BK, T, tok);
+    cp_commit();
+    load_tile_f32(vs0, VS_STRIDE, v + off, first * ATT_BK, ATT_BK, T, tok);
+    cp_commit();
+
+    // Q fragments straight from global memory (read once). Dim permutation inside each
+    // 8-dim step: A column t ↔ dim 2t, t+4 ↔ dim 2t+1 (K uses the same).
+    u32 qf[ATT_WM][ATT_D / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt) {
+        const int r0 = wrow0 + mt * 16 + g, r1 = r0 + 8;
+#pragma unroll
+        for (int kt = 0; kt < ATT_D / 8; ++kt) {
+            float2 a = r0 < T ? *reinterpret_cast<const float2*>(q + off + (long long)r0 * tok + kt * 8 + 2 * t)
+                              : make_float2(0.f, 0.f);
+            float2 c = r1 < T ? *reinterpret_cast<const float2*>(q + off + (long long)r1 * tok + kt * 8 + 2 * t)
+                              : make_float2(0.f, 0.f);
+            qf[mt][kt][0] = to_tf32(a.x);
+            qf[mt][kt][1] = to_tf32(c.x);
+            qf[mt][kt][2] = to_tf32(a.y);
+            qf[mt][kt][3] = to_tf32(c.y);
+        }
+    }
+    float o[ATT_WM][ATT_D / 8][4];
+    RowState st;
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt) {
+        st.m[mt][0] = st.m[mt][1] = NEG_INF;
+        st.l[mt][0] = st.l[mt][1] = 0.f;
+#pragma unroll
+        for (int dt = 0; dt < ATT_D / 8; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+    }
+
+    for (int j = first; j <= last; ++j) {
+        const int stage = (j - first) & 1;  // same K/V pipeline as the bf16 kernel
+        cp_wait<1>();
+        __syncthreads();
+        if (j < last) load_tile_f32(stage ? ks0 : ks1, KS_STRIDE, k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
+        cp_commit();
+        const float* kss = stage ? ks1 : ks0;
+        const float* vss = stage ? vs1 : vs0;
+        float s[ATT_WM][ATT_BK / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < ATT_BK / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+#pragma unroll
+        for (int kt = 0; kt < ATT_D / 8; ++kt)
+#pragma unroll
+            for (int nt = 0; nt < ATT_BK / 8; ++nt) {
+                const float2 kv = *reinterpret_cast<const float2*>(kss + (nt * 8 + g) * KS_STRIDE + kt * 8 + 2 * t);
+                const u32 b0 = __float_as_uint(kv.x), b1 = __float_as_uint(kv.y);
+#pragma unroll
+                for (int mt = 0; mt < ATT_WM; ++mt) {
+                    float* c = s[mt][nt];
+                    asm(
+                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                        "{%0,%1,%2,%3};\n"
+                        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                        : "r"(qf[mt][kt][0]), "r"(qf[mt][kt][1]), "r"(qf[mt][kt][2]), "r"(qf[mt][kt][3]), "r"(b0),
+                          "r"(b1));
+                }
+            }
+        if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
+        softmax_update(s, st, o, scale_log2);
+        cp_wait<1>();
+        __syncthreads();
+        if (j < last) load_tile_f32(stage ? vs0 : vs1, VS_STRIDE, v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
+        cp_commit();
+        // O += P V, one 8-key step at a time; A column t ↔ key 2t, t+4 ↔ key 2t+1.
+#pragma unroll
+        for (int kt = 0; kt < ATT_BK / 8; ++kt) {
+            u32 pa[ATT_WM][4];
+#pragma unroll
+            for (int mt = 0; mt < ATT_WM; ++mt) {
+                pa[mt][0] = to_tf32(s[mt][kt][0]);
+                pa[mt][1] = to_tf32(s[mt][kt][2]);
+                pa[mt][2] = to_tf32(s[mt][kt][1]);
+                pa[mt][3] = to_tf32(s[mt][kt][3]);
+            }
+            const float* v0 = vss + (kt * 8 + 2 * t) * VS_STRIDE + g;
+#pragma unroll
+            for (int dt = 0; dt < ATT_D / 8; ++dt) {
+                const u32 b0 = __float_as_uint(v0[dt * 8]);
+                const u32 b1 = __float_as_uint(v0[VS_STRIDE + dt * 8]);
+#pragma unroll
+                for (int mt = 0; mt < ATT_WM; ++mt) {
+                    float* c = o[mt][dt];
+                    asm(
+                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                        "{%0,%1,%2,%3};\n"
+                        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                        : "r"(pa[mt][0]), "r"(pa[mt][1]), "r"(pa[mt][2]), "r"(pa[mt][3]), "r"(b0), "r"(b1));
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float l = st.l[mt][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const int row = wrow0 + mt * 16 + g + r * 8;
+            if (row < T) {
+                float* dst = y + off + (long long)row * tok;
+#pragma unroll
+                for (int dt = 0; dt < ATT_D / 8; ++dt)
+                    *reinterpret_cast<float2*>(dst + dt * 8 + 2 * t) =
+                        make_float2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+            }
+        }
+}
