@@ -18,6 +18,7 @@
 
 pub mod cli;
 pub mod io;
+pub mod ops;
 pub mod timing;
 
 // The builtin backends register themselves at link time; referencing the crates keeps the
@@ -27,6 +28,8 @@ pub use mixer_cpu as cpu;
 pub use mixer_cuda as cuda;
 pub use mixer_registry as registry;
 pub use mixer_registry::register;
+/// The `ndarray` version the library's arrays come from (use it to avoid a version mismatch).
+pub use ndarray;
 
 /// The names most programs need.
 pub mod prelude {
