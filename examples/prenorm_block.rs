@@ -104,14 +104,17 @@ pub fn run(backend: Backend) -> Res<()> {
     Ok(())
 }
 
-fn main() -> Res<()> {
+fn main() {
     let args: Vec<String> = std::env::args().collect();
     let backend = if args.iter().any(|a| a == "--cuda") {
-        Backend::by_name("cuda")?
+        Backend::by_name("cuda")
     } else if args.iter().any(|a| a == "--cpu") {
-        Backend::by_name("cpu")?
+        Backend::by_name("cpu")
     } else {
-        Backend::auto()?
+        Backend::auto()
     };
-    run(backend)
+    if let Err(e) = backend.map_err(Into::into).and_then(run) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
 }

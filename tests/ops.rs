@@ -38,9 +38,10 @@ fn tagged<F: Scalar>(x: &Tensors<f64>) -> AnyTensors {
     }
 }
 
-/// Runs every CPU form of `name` with `cfg` both ways and compares the bits. Returns the
-/// number of forms compared.
+/// Runs every form of `name` with `cfg` on `backend` both ways and compares the bits.
+/// Returns the number of forms compared.
 fn agree<F: Scalar>(
+    backend: Backend,
     name: &str,
     cfg: serde_json::Value,
     opts: Options,
@@ -51,12 +52,12 @@ fn agree<F: Scalar>(
     let mut x64 = m.random_inputs(&sizes().dims(), 5).unwrap();
     extra(&mut x64);
     let x = cast_tensors::<F>(&x64);
-    let forms = mixers::registry::run::forms(m.as_ref(), "cpu");
+    let forms = mixers::registry::run::forms(m.as_ref(), backend.name());
     for &form in &forms {
-        let want = mixers::registry::run::run(m.as_ref(), "cpu", form, &tagged::<F>(&x64))
+        let want = mixers::registry::run::run(m.as_ref(), backend.name(), form, &tagged::<F>(&x64))
             .unwrap_or_else(|e| panic!("{name} {form}: {e}"))
             .to_f64();
-        let got = typed(&x, &opts.clone().backend(cpu()).form(form))
+        let got = typed(&x, &opts.clone().backend(backend).form(form))
             .unwrap_or_else(|e| panic!("typed {name} {form}: {e}"))
             .mapv(|v| v.f64());
         assert_eq!(got.shape(), want.shape(), "{name} {form} {}", F::NAME);
@@ -67,11 +68,15 @@ fn agree<F: Scalar>(
     forms.len()
 }
 
-/// `agree` in `f64` and `f32` with one typed call written once.
+/// `agree` in `f64` and `f32` with one typed call written once (on the CPU unless a backend
+/// is given first).
 macro_rules! agree_both {
-    ($name:expr, $cfg:expr, $opts:expr, $extra:expr, |$x:ident, $o:ident| $call:expr) => {{
-        let a = agree::<f64>($name, $cfg, $opts, $extra, |$x, $o| $call.map(|y| y.into_dyn()));
-        let b = agree::<f32>($name, $cfg, $opts, $extra, |$x, $o| $call.map(|y| y.into_dyn()));
+    ($name:expr, $($rest:tt)*) => {
+        agree_both!(@on cpu(); $name, $($rest)*)
+    };
+    (@on $b:expr; $name:expr, $cfg:expr, $opts:expr, $extra:expr, |$x:ident, $o:ident| $call:expr) => {{
+        let a = agree::<f64>($b, $name, $cfg, $opts, $extra, |$x, $o| $call.map(|y| y.into_dyn()));
+        let b = agree::<f32>($b, $name, $cfg, $opts, $extra, |$x, $o| $call.map(|y| y.into_dyn()));
         assert_eq!(a, b);
         a
     }};
@@ -468,6 +473,33 @@ fn entries_given_by_value_must_be_the_registered_ones() {
     let e = call(&o.clone().mask(&UNREGISTERED)).unwrap_err().to_string();
     assert!(e.contains("`two-levels`") && e.contains("not registered"), "{e}");
     call(&o.mask(mixers::registry::mask("fenwick").unwrap())).unwrap();
+}
+
+/// On the GPU machine (`MIXERS_REQUIRE_CUDA=1` turns a missing GPU into a failure): one
+/// mixer per family agrees bit for bit with the dynamic path on CUDA, and the README's
+/// example runs there.
+#[test]
+fn typed_calls_agree_with_the_dynamic_path_on_cuda() {
+    if let Some(why) = mixers::cuda::device::skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let cuda = Backend::by_name("cuda").unwrap();
+    agree_both!(@on cuda; "attention", serde_json::json!({"window": 9}), Options::default().window(9), none, |x, o| {
+        ops::attention(v4(x, "q"), v4(x, "k"), v4(x, "v"), o)
+    });
+    agree_both!(@on cuda; "loglinear-gated-deltanet", serde_json::json!({"chunk": 8}), Options::default().chunk(8), none, |x, o| {
+        ops::loglinear_gated_deltanet(v4(x, "q"), v4(x, "k"), v4(x, "v"), v3(x, "g"), v3(x, "beta"), v4(x, "lambda"), o)
+    });
+    let cfg = serde_json::json!({"pattern": "sq1", "cache_efficient": true, "on": "both"});
+    let pattern = GlrPattern::new("sq1").cache_efficient(true);
+    agree_both!(@on cuda; "glr", cfg.clone(), Options::default(), none, |x, o| {
+        ops::glr(v3(x, "x"), GlrCoeffs::Both { alpha: v4(x, "alpha"), beta: v4(x, "beta") }, &pattern, o)
+    });
+    agree_both!(@on cuda; "toeplitz", serde_json::json!({"heads": 3, "kernel_width": 2}), Options::default(), none, |x, o| {
+        ops::toeplitz(v3(x, "x"), v3(x, "w"), Some(v2(x, "bias")), o)
+    });
+    prenorm_block::run(cuda).unwrap();
 }
 
 #[test]

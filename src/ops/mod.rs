@@ -93,3 +93,9 @@ macro_rules! decoder_accessors {
     };
 }
 use decoder_accessors;
+
+/// The README's "Using it as a dependency" block, which is `examples/prenorm_block.rs`
+/// verbatim (a test in `tests/ops.rs` keeps them equal), run as a doc-test of this crate.
+#[cfg(doctest)]
+#[doc = concat!("```rust\n", include_str!("../../examples/prenorm_block.rs"), "```")]
+pub struct ReadmeDependencyExample;

@@ -257,7 +257,8 @@ impl Options {
         }
     }
 
-    /// Fails when a per-family setting outside `allowed` is set, naming the mixer; also checks that a given scale is finite.
+    /// Fails when a per-family setting outside `allowed` is set, naming the mixer; also
+    /// checks that a given scale is finite.
     pub(crate) fn only(&self, mixer: &str, allowed: &[&str]) -> Result<()> {
         if let Some(s) = self.scale
             && !s.is_finite()
