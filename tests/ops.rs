@@ -235,6 +235,42 @@ fn toeplitz_agrees_with_the_dynamic_path() {
     );
 }
 
+/// Views with other strides (axes permuted, every other row) give the same bits as
+/// row-major arrays.
+#[test]
+fn strided_views_give_the_same_bits() {
+    let o = Options::default().backend(cpu()).chunk(8);
+    let x = inputs("mamba2", serde_json::json!({}));
+    // q stored as [B, H, T, Dk] and viewed as [B, T, H, Dk]; v interleaved with zeros in T.
+    let q_bhtd = x["q"].view().permuted_axes(vec![0, 2, 1, 3]).as_standard_layout().into_owned();
+    let q_view = q_bhtd.view().permuted_axes(vec![0, 2, 1, 3]);
+    assert!(!q_view.is_standard_layout());
+    let mut v_inter = ArrayD::<f64>::zeros(mixers::ndarray::IxDyn(&[2, 2 * sizes().seq, 3, 5]));
+    v_inter.slice_axis_mut(Axis(1), Slice::new(0, None, 2)).assign(&x["v"]);
+    let v_strided = v_inter.slice_axis(Axis(1), Slice::new(0, None, 2));
+    assert!(!v_strided.is_standard_layout());
+    let want = ops::mamba2(v4(&x, "q"), v4(&x, "k"), v4(&x, "v"), v3(&x, "g"), &o).unwrap();
+    let got = ops::mamba2(
+        q_view.into_dimensionality().unwrap(),
+        v4(&x, "k"),
+        v_strided.into_dimensionality().unwrap(),
+        v3(&x, "g"),
+        &o,
+    )
+    .unwrap();
+    assert!(got.iter().zip(want.iter()).all(|(a, b)| a.to_bits() == b.to_bits()));
+
+    let x = inputs("toeplitz", serde_json::json!({"heads": 3}));
+    let x_t = x["x"].view().reversed_axes().as_standard_layout().into_owned(); // [C, T, B]
+    let x_view = x_t.view().reversed_axes();
+    assert!(!x_view.is_standard_layout());
+    let w = x["w"].view().insert_axis(Axis(0)).into_dimensionality::<Ix3>().unwrap();
+    let o = Options::default().backend(cpu());
+    let want = ops::toeplitz(v3(&x, "x"), w, None, &o).unwrap();
+    let got = ops::toeplitz(x_view.into_dimensionality().unwrap(), w, None, &o).unwrap();
+    assert!(got.iter().zip(want.iter()).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
 /// The largest relative difference of `got` from `want` (scale: `max |want|`).
 fn rel_diff(got: &ArrayD<f64>, want: &ArrayD<f64>) -> f64 {
     assert_eq!(got.shape(), want.shape());

@@ -2,8 +2,9 @@
 //! backend dispatch): [`forward`] for whole sequences and [`Stepper`] for token-by-token
 //! decoding. Every backend argument handed to the registry is made by [`backend_arg`].
 //!
-//! Copies: each input view is copied once into the owned named-tensor map the registry's
-//! kernels take ([`Tensors`]); the output is moved out, not copied.
+//! Copies: each input view is copied once, into row-major order, into the owned
+//! named-tensor map the registry's kernels take ([`Tensors`]); the output is moved out, not
+//! copied.
 
 use std::collections::BTreeMap;
 
@@ -26,9 +27,9 @@ fn backend_arg(b: Backend) -> BackendArg {
 /// A named input, as a view of the caller's array.
 pub(crate) type Named<'a, F> = (&'static str, ArrayViewD<'a, F>);
 
-/// The one copy: views into the owned map the kernels take.
+/// The one copy: views (any strides) into the owned, row-major map the kernels take.
 fn owned<F: Clone>(inputs: Vec<Named<'_, F>>) -> Tensors<F> {
-    inputs.into_iter().map(|(n, a)| (n.to_string(), a.to_owned())).collect()
+    inputs.into_iter().map(|(n, a)| (n.to_string(), a.as_standard_layout().into_owned())).collect()
 }
 
 /// Reshapes the dynamic output into the operation's rank (no copy).
