@@ -370,6 +370,59 @@ fn loglinear_decoders_equal_the_fast_form_at_every_prefix() {
     });
 }
 
+/// The other four log-linear decoders (the two above are tested at every prefix): each
+/// against its typed fast form on the whole sequence.
+#[test]
+fn every_loglinear_decoder_equals_its_fast_form() {
+    let o = Options::default().backend(cpu()).chunk(4);
+    let t_len = sizes().seq;
+    let x = inputs("loglinear-gated-deltanet", serde_json::json!({}));
+    let tok = |s: &str, t: usize| token(&x[s], t);
+    let stack = |ys: Vec<ArrayD<f64>>| {
+        let views: Vec<_> = ys.iter().map(|y| y.view().insert_axis(Axis(1))).collect();
+        mixers::ndarray::concatenate(Axis(1), &views).unwrap()
+    };
+    let (q, k, v, g, b, l) =
+        (v4(&x, "q"), v4(&x, "k"), v4(&x, "v"), v3(&x, "g"), v3(&x, "beta"), v4(&x, "lambda"));
+
+    let mut dec = ops::LinearAttentionDecoder::new(t_len, &o).unwrap();
+    let ys = (0..t_len)
+        .map(|t| dec.step(d3(&tok("q", t)), d3(&tok("k", t)), d3(&tok("v", t))).unwrap().into_dyn())
+        .collect();
+    let d = rel_diff(&stack(ys), &ops::linear_attention(q, k, v, &o).unwrap().into_dyn());
+    assert!(d < 1e-10, "linear-attention: {d:e}");
+
+    let mut dec = ops::GatedDeltaNetDecoder::new(t_len, &o).unwrap();
+    let ys = (0..t_len)
+        .map(|t| {
+            let (qt, kt, vt, gt, bt) = (tok("q", t), tok("k", t), tok("v", t), tok("g", t), tok("beta", t));
+            dec.step(d3(&qt), d3(&kt), d3(&vt), d2(&gt), d2(&bt)).unwrap().into_dyn()
+        })
+        .collect();
+    let d = rel_diff(&stack(ys), &ops::gated_deltanet(q, k, v, g, b, &o).unwrap().into_dyn());
+    assert!(d < 1e-10, "gated-deltanet: {d:e}");
+
+    let mut dec = ops::LogLinearAttentionDecoder::new(t_len, &o).unwrap();
+    let ys = (0..t_len)
+        .map(|t| {
+            let (qt, kt, vt, lt) = (tok("q", t), tok("k", t), tok("v", t), tok("lambda", t));
+            dec.step(d3(&qt), d3(&kt), d3(&vt), d3(&lt)).unwrap().into_dyn()
+        })
+        .collect();
+    let d = rel_diff(&stack(ys), &ops::loglinear_attention(q, k, v, l, &o).unwrap().into_dyn());
+    assert!(d < 1e-10, "loglinear-attention: {d:e}");
+
+    let mut dec = ops::LogLinearMamba2Decoder::new(t_len, &o).unwrap();
+    let ys = (0..t_len)
+        .map(|t| {
+            let (qt, kt, vt, gt, lt) = (tok("q", t), tok("k", t), tok("v", t), tok("g", t), tok("lambda", t));
+            dec.step(d3(&qt), d3(&kt), d3(&vt), d2(&gt), d3(&lt)).unwrap().into_dyn()
+        })
+        .collect();
+    let d = rel_diff(&stack(ys), &ops::loglinear_mamba2(q, k, v, g, l, &o).unwrap().into_dyn());
+    assert!(d < 1e-10, "loglinear-mamba2: {d:e}");
+}
+
 /// The number of GLR slots `K(T)` of a pattern (offsets `f(k) ≤ T − 1`).
 fn slots(pattern: &str, order: Option<usize>, t_len: usize) -> usize {
     let p = mixers::core::pattern::Pattern::new(

@@ -98,7 +98,7 @@ pub enum GlrTokenCoeffs<'a, F> {
 fn mixer(pattern: &GlrPattern, on: &str, opts: &Options) -> Result<Box<dyn Mixer>> {
     opts.only("glr", &[])?;
     let cfg = serde_json::json!({
-        "pattern": pattern.pattern.resolve()?,
+        "pattern": pattern.pattern.resolve("glr")?,
         "cache_efficient": pattern.cache_efficient,
         "order": pattern.order,
         "on": on,

@@ -28,10 +28,10 @@ fn mixer(name: &str, lifted: bool, opts: &Options) -> Result<Box<dyn Mixer>> {
         cfg["scale"] = s.into();
     }
     if let Some(m) = &opts.mask {
-        cfg["mask"] = m.resolve()?.into();
+        cfg["mask"] = m.resolve(name)?.into();
     }
     if let Some(l) = &opts.lambda {
-        cfg["lambda_scheme"] = l.resolve()?.into();
+        cfg["lambda_scheme"] = l.resolve(name)?.into();
     }
     build(name, &cfg)
 }

@@ -79,30 +79,30 @@ impl RegistryEntry for LambdaEntry {
 
 impl<E: RegistryEntry> Registered<E> {
     /// The registered name, after checking that the entry is registered (a name with a
-    /// "did you mean" error; a `static` by identity with its registered namesake).
-    pub fn resolve(&self) -> Result<&'static str> {
+    /// "did you mean" error; a `static` by identity with its registered namesake). `mixer`
+    /// names the caller in errors.
+    pub fn resolve(&self, mixer: &str) -> Result<&'static str> {
         match self {
             Registered::Name(n) => E::lookup(n).map(|e| e.entry_name()),
             Registered::Entry(e) => {
                 let name = e.entry_name();
                 match E::lookup(name) {
                     Ok(found) if std::ptr::eq(found, *e) => Ok(name),
-                    Ok(_) => Err(Error::Config {
-                        mixer: "ops".into(),
-                        message: format!(
+                    Ok(_) => Err(Error::config(
+                        mixer,
+                        format!(
                             "the {} `{name}` given by value is not the registered `{name}`; register it with \
                              #[register] under a name of its own",
                             E::KIND
                         ),
-                    }),
-                    Err(_) => Err(Error::Config {
-                        mixer: "ops".into(),
-                        message: format!(
-                            "the {} `{name}` given by value is not registered; add #[register] to its static \
-                             (and `use its_crate as _;` where it must be linked)",
+                    )),
+                    Err(_) => Err(Error::config(
+                        mixer,
+                        format!(
+                            "the {} `{name}` given by value is not registered; add #[register] to its static",
                             E::KIND
                         ),
-                    }),
+                    )),
                 }
             }
         }
