@@ -13,7 +13,7 @@ use mixer_core::{Dims, Error, Form, Result, Tensors};
 use mixer_registry::Backend;
 use ndarray::{Array, ArrayD, ArrayViewD, Dimension};
 
-use super::options::Options;
+use super::options::{Options, Precision};
 use super::scalar::Scalar;
 
 /// What the registry takes to name a backend.
@@ -46,6 +46,15 @@ fn into_rank<F, D: Dimension>(a: ArrayD<F>) -> Result<Array<F, D>> {
     })
 }
 
+/// The backend of `opts`, after checking its precision. Exact arithmetic is all the backends
+/// offer today; a new [`Precision`] variant fails to compile here until it is passed on.
+fn backend_for(opts: &Options) -> Result<Backend> {
+    match opts.precision {
+        Precision::Exact => {}
+    }
+    opts.resolve_backend()
+}
+
 /// Builds a registered mixer from its name and JSON config (the registry's constructor, so a
 /// typed call configures exactly the mixer the dynamic path would).
 pub(crate) fn build(name: &str, config: &serde_json::Value) -> Result<Box<dyn Mixer>> {
@@ -58,7 +67,7 @@ pub(crate) fn forward<F: Scalar, D: Dimension>(
     opts: &Options,
     inputs: Vec<Named<'_, F>>,
 ) -> Result<Array<F, D>> {
-    let backend = opts.resolve_backend()?;
+    let backend = backend_for(opts)?;
     let y = mixer_registry::run::run(m, backend_arg(backend), opts.form, &F::tag(owned(inputs)))?;
     into_rank(F::untag(y)?)
 }
@@ -81,7 +90,7 @@ impl<F: Scalar> Stepper<F> {
         statics: Vec<Named<'_, F>>,
         max_len: usize,
     ) -> Result<Self> {
-        let backend = opts.resolve_backend()?;
+        let backend = backend_for(opts)?;
         let forms = mixer_registry::run::forms(mixer.as_ref(), backend_arg(backend));
         if !forms.contains(&Form::Recurrent) {
             let why = mixer.form_unsupported(Form::Recurrent).map(|w| format!(" ({w})")).unwrap_or_default();

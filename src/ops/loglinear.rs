@@ -1,13 +1,6 @@
 //! The log-linear attention family (MATH §2), typed: linear attention, Mamba-2, gated
-//! DeltaNet and their `loglinear_*` lifts.
-//!
-//! Shared shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]`, log-decay `g [B, T, H]` (`≤ 0`),
-//! delta-rule strength `beta [B, T, H]` (in `[0, 1]`), level weights `lambda [B, T, H, L]`
-//! with `L ≥ L(T) = bitlen(T−1) + 1` for the Fenwick mask; output `y [B, T, H, Dv]`.
-//! Options: `scale` (σ, default 1), `chunk` (fast form, a power of two, default 64), and for
-//! the lifts `mask` (default `"fenwick"`) and `lambda` (λ scheme, default `"identity"`).
-//! Forms: materialized, parallel, fast (chunked), recurrent (O(log T) states); the fast and
-//! recurrent forms need the Fenwick mask.
+//! DeltaNet and their `loglinear_*` lifts. Shared shapes, options and forms are documented
+//! on the `ops` module ("The log-linear family").
 
 use mixer_core::{Mixer, Result};
 use ndarray::{Array3, Array4, ArrayView2, ArrayView3, ArrayView4};
@@ -43,8 +36,8 @@ fn run<F: Scalar>(name: &str, lifted: bool, opts: &Options, inputs: Vec<Named<'_
 
 /// Linear attention: $y_t = \sigma \sum_{s \le t} (q_t \cdot k_s)\, v_s$.
 ///
-/// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]` → `y [B, T, H, Dv]` (see the
-/// [module](self) for options and forms).
+/// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]` → `y [B, T, H, Dv]`. Options and forms:
+/// [the log-linear family](crate::ops#the-log-linear-family).
 ///
 /// ```
 /// use mixers::ndarray::Array4;
@@ -69,6 +62,7 @@ pub fn linear_attention<F: Scalar>(
 ///
 /// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]`, `g [B, T, H]` (`≤ 0`) → `y [B, T, H, Dv]`.
 /// In Mamba-2's terms q = C, k = B, v = Δ·x, g = Δ·A; the D·x skip is outside the mixer.
+/// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
 ///
 /// ```
 /// use mixers::ndarray::{Array3, Array4};
@@ -99,6 +93,7 @@ pub fn mamba2<F: Scalar>(
 ///
 /// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]`, `g, beta [B, T, H]` (`g ≤ 0`,
 /// `beta ∈ [0, 1]`) → `y [B, T, H, Dv]`. Keys are usually L2-normalised.
+/// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
 ///
 /// ```
 /// use mixers::ndarray::{Array3, Array4};
@@ -135,6 +130,7 @@ pub fn gated_deltanet<F: Scalar>(
 /// Shapes: as [`linear_attention`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`. With the
 /// default `identity` λ scheme, `lambda ≥ 0` is used as given; `Options::lambda` picks
 /// another scheme (`softplus`, `ones`, a plugin's).
+/// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
 ///
 /// ```
 /// use mixers::ndarray::Array4;
@@ -160,6 +156,7 @@ pub fn loglinear_attention<F: Scalar>(
 /// Log-linear Mamba-2: $y_t = \sigma \sum_{s \le t} \lambda_t^{(\ell(t,s))} (q_t \cdot k_s)\, e^{G_t - G_s} v_s$.
 ///
 /// Shapes: as [`mamba2`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`.
+/// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
 ///
 /// ```
 /// use mixers::ndarray::{Array3, Array4};
@@ -194,6 +191,7 @@ pub fn loglinear_mamba2<F: Scalar>(
 /// bucketed by level: $y_t = \sigma \sum_{s \le t} \lambda_t^{(\ell(t,s))} \beta_s\, (k_s^\top \Phi_{s+1..t}\, q_t)\, v_s$.
 ///
 /// Shapes: as [`gated_deltanet`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`.
+/// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
 ///
 /// ```
 /// use mixers::ndarray::{Array3, Array4};

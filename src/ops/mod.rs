@@ -46,6 +46,20 @@
 //! # Ok::<(), mixers::prelude::Error>(())
 //! ```
 //!
+//! # The log-linear family
+//!
+//! [`linear_attention`], [`mamba2`], [`gated_deltanet`] and the lifts [`loglinear_attention`],
+//! [`loglinear_mamba2`], [`loglinear_gated_deltanet`] share their shapes: `q, k [B, T, H, Dk]`,
+//! `v [B, T, H, Dv]`, log-decay `g [B, T, H]` (`≤ 0`), delta-rule strength `beta [B, T, H]`
+//! (in `[0, 1]`), level weights `lambda [B, T, H, L]` with `L ≥ L(T) = bitlen(T−1) + 1` for the
+//! Fenwick mask; output `y [B, T, H, Dv]`. Options: `scale` (σ, default 1), `chunk` (the fast
+//! form's chunk, a power of two, default 64), and for the lifts `mask` (default `"fenwick"`)
+//! and `lambda` (λ scheme, default `"identity"`: `lambda ≥ 0` used as given). Forms:
+//! materialized, parallel, fast (chunked, O(T log T)), recurrent (O(log T) states per head);
+//! the fast and recurrent forms need the Fenwick mask.
+//!
+//! # Copies and device tensors
+//!
 //! **Copies.** Each input view is copied once into the owned named-tensor map that the
 //! backends' kernels take; the output is returned without a copy. (A borrowed input path
 //! through the registry would remove that copy; it does not exist yet.)
