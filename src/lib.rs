@@ -7,6 +7,10 @@
 //! Every mixer is `Y = (I − B)⁻¹ A X`; each can materialize `(A, B)`, and a dense `f64` oracle
 //! checks every fast form, backend and plugin. See `MATH.md` for the math and input names.
 //!
+//! In model code, call a mixer through [`ops`]: one typed function per builtin mixer
+//! (`ops::mamba2(q, k, v, g, &opts)`, …) and a typed decoder for token-by-token use. The
+//! dynamic API below (a mixer by name with a JSON config) serves the command line and plugins.
+//!
 //! ```no_run
 //! use mixers::prelude::*;
 //! let m = mixers::registry::mixer("glr", &serde_json::json!({"pattern": "pow2"})).unwrap();
@@ -18,6 +22,7 @@
 
 pub mod cli;
 pub mod io;
+pub mod ops;
 pub mod timing;
 
 // The builtin backends register themselves at link time; referencing the crates keeps the
@@ -27,6 +32,8 @@ pub use mixer_cpu as cpu;
 pub use mixer_cuda as cuda;
 pub use mixer_registry as registry;
 pub use mixer_registry::register;
+/// The `ndarray` version the library's arrays come from (use it to avoid a version mismatch).
+pub use ndarray;
 
 /// The names most programs need.
 pub mod prelude {

@@ -23,8 +23,9 @@ pub fn fibonacci(k: usize) -> u64 {
     a
 }
 
+/// The `fibonacci` pattern's entry (public, so that typed calls can take it by value).
 #[register]
-static FIBONACCI: PatternEntry = PatternEntry {
+pub static FIBONACCI: PatternEntry = PatternEntry {
     name: "fibonacci",
     doc: "plugin: f(k) = F(k+2) = 1, 2, 3, 5, 8, …; O(log_φ T) hops (Zeckendorf)",
     offset: fibonacci,
@@ -45,8 +46,9 @@ pub fn log_distance_levels(t_len: usize) -> usize {
     log_distance_level(t_len.max(1) - 1, 0) + 1
 }
 
+/// The `log-distance` mask's entry (public, so that typed calls can take it by value).
 #[register]
-static LOG_DISTANCE: MaskEntry = MaskEntry {
+pub static LOG_DISTANCE: MaskEntry = MaskEntry {
     name: "log-distance",
     doc: "plugin: ℓ(t,s) = bitlen(t − s), distance bands [2^(ℓ−1), 2^ℓ)",
     level: log_distance_level,
@@ -61,8 +63,9 @@ pub fn sigmoid2(raw: f64, param: f64) -> f64 {
     2.0 / (1.0 + (-param * raw).exp())
 }
 
+/// The `sigmoid2` λ scheme's entry (public, so that typed calls can take it by value).
 #[register]
-static SIGMOID2: LambdaEntry = LambdaEntry {
+pub static SIGMOID2: LambdaEntry = LambdaEntry {
     name: "sigmoid2",
     doc: "plugin: λ = 2·sigmoid(L · raw), 1 at raw = 0",
     map: sigmoid2,

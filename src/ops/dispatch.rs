@@ -1,0 +1,161 @@
+//! The only way from the typed operations into the dynamic path (registry lookup, validation,
+//! backend dispatch): [`forward`] for whole sequences and [`Stepper`] for token-by-token
+//! decoding. Every backend argument handed to the registry is made by [`backend_arg`].
+//!
+//! Copies: each input view is copied once, into row-major order, into the owned
+//! named-tensor map the registry's kernels take ([`Tensors`]); the output is moved out, not
+//! copied.
+
+use std::collections::BTreeMap;
+
+use mixer_core::mixer::{Decoder, Mixer, check_decoder_capacity};
+use mixer_core::{Dims, Error, Form, Result, Tensors};
+use mixer_registry::Backend;
+use ndarray::{Array, ArrayD, ArrayViewD, Dimension};
+
+use super::options::{Options, Precision};
+use super::scalar::Scalar;
+
+/// What the registry takes to name a backend.
+pub type BackendArg = &'static str;
+
+/// The registry's backend argument for `b`.
+fn backend_arg(b: Backend) -> BackendArg {
+    b.name()
+}
+
+/// A named input, as a view of the caller's array.
+pub(crate) type Named<'a, F> = (&'static str, ArrayViewD<'a, F>);
+
+/// The one copy: views (any strides) into the owned, row-major map the kernels take.
+fn owned<F: Clone>(inputs: Vec<Named<'_, F>>) -> Tensors<F> {
+    inputs.into_iter().map(|(n, a)| (n.to_string(), a.as_standard_layout().into_owned())).collect()
+}
+
+/// Reshapes the dynamic output into the operation's rank (no copy).
+fn into_rank<F, D: Dimension>(a: ArrayD<F>) -> Result<Array<F, D>> {
+    let shape = a.shape().to_vec();
+    a.into_dimensionality::<D>().map_err(|_| Error::Backend {
+        backend: "ops".into(),
+        kernel: None,
+        message: format!(
+            "the output has shape {}, expected rank {}",
+            mixer_core::error::fmt_shape(&shape),
+            D::NDIM.map_or("any".to_string(), |n| n.to_string())
+        ),
+    })
+}
+
+/// The backend of `opts`, after checking its precision. Exact arithmetic is all the backends
+/// offer today; a new [`Precision`] variant fails to compile here until it is passed on.
+fn backend_for(opts: &Options) -> Result<Backend> {
+    match opts.precision {
+        Precision::Exact => {}
+    }
+    opts.resolve_backend()
+}
+
+/// Builds a registered mixer from its name and JSON config (the registry's constructor, so a
+/// typed call configures exactly the mixer the dynamic path would).
+pub(crate) fn build(name: &str, config: &serde_json::Value) -> Result<Box<dyn Mixer>> {
+    mixer_registry::mixer(name, config)
+}
+
+/// Runs `opts.form` of `m` on `opts`' backend over whole sequences.
+pub(crate) fn forward<F: Scalar, D: Dimension>(
+    m: &dyn Mixer,
+    opts: &Options,
+    inputs: Vec<Named<'_, F>>,
+) -> Result<Array<F, D>> {
+    let backend = backend_for(opts)?;
+    let y = mixer_registry::run::run(m, backend_arg(backend), opts.form, &F::tag(owned(inputs)))?;
+    into_rank(F::untag(y)?)
+}
+
+/// A token-by-token decoder of a configured mixer, for at most `max_len` tokens. The backend's
+/// decoder is opened at the first step, when the token shapes give the sizes.
+pub(crate) struct Stepper<F: Scalar> {
+    mixer: Box<dyn Mixer>,
+    backend: Backend,
+    statics: Tensors<F>,
+    max_len: usize,
+    dec: Option<Box<dyn Decoder<F>>>,
+}
+
+impl<F: Scalar> Stepper<F> {
+    /// Checks that `m` decodes on the chosen backend and that the static inputs are valid.
+    pub(crate) fn new(
+        mixer: Box<dyn Mixer>,
+        opts: &Options,
+        statics: Vec<Named<'_, F>>,
+        max_len: usize,
+    ) -> Result<Self> {
+        let backend = backend_for(opts)?;
+        let forms = mixer_registry::run::forms(mixer.as_ref(), backend_arg(backend));
+        if !forms.contains(&Form::Recurrent) {
+            let why = mixer.form_unsupported(Form::Recurrent).map(|w| format!(" ({w})")).unwrap_or_default();
+            return Err(Error::FormUnavailable {
+                mixer: mixer.name().to_string(),
+                form: Form::Recurrent.name().into(),
+                backend: backend.name().into(),
+                available: format!("{}{why}", forms.iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")),
+            });
+        }
+        let statics = owned(statics);
+        mixer.spec().check_values(&statics)?;
+        Ok(Stepper { mixer, backend, statics, max_len, dec: None })
+    }
+
+    /// The sizes, from the static inputs and the first token with the sequence axis
+    /// (`T = max_len`) put back, checked like a whole-sequence call.
+    fn bind(&self, token: &Tensors<F>) -> Result<Dims> {
+        let mut shapes: BTreeMap<String, Vec<usize>> =
+            self.statics.iter().map(|(k, a)| (k.clone(), a.shape().to_vec())).collect();
+        for (k, a) in token {
+            let mut s = a.shape().to_vec();
+            s.insert(1.min(s.len()), self.max_len);
+            shapes.insert(k.clone(), s);
+        }
+        let spec = self.mixer.spec();
+        let dims = spec.bind(&shapes).and_then(|d| spec.check_bounds(&d, &self.mixer.bounds(&d)).map(|()| d));
+        dims.map_err(|e| {
+            Error::Decoder(format!(
+                "first token of `{}`: {e} (shapes shown with the sequence axis T = max_len = {} put back)",
+                self.mixer.name(),
+                self.max_len
+            ))
+        })
+    }
+
+    /// Consumes one token's inputs (sequence axis removed) and returns that token's output.
+    pub(crate) fn step<D: Dimension>(&mut self, token: Vec<Named<'_, F>>) -> Result<Array<F, D>> {
+        check_decoder_capacity(self.position(), self.max_len)?;
+        let token = owned(token);
+        self.mixer.spec().check_values(&token)?;
+        let dec = match &mut self.dec {
+            Some(d) => d,
+            None => {
+                let dims = self.bind(&token)?;
+                let d =
+                    F::open_decoder(self.mixer.as_ref(), backend_arg(self.backend), &self.statics, &dims)?;
+                self.dec.insert(d)
+            }
+        };
+        into_rank(dec.step(&token)?)
+    }
+
+    /// Tokens consumed so far.
+    pub(crate) fn position(&self) -> usize {
+        self.dec.as_ref().map_or(0, |d| d.position())
+    }
+
+    /// Scalars held in the decoder's cache or state now.
+    pub(crate) fn cache_elems(&self) -> usize {
+        self.dec.as_ref().map_or(0, |d| d.cache_elems())
+    }
+
+    /// The most tokens this decoder takes.
+    pub(crate) fn max_len(&self) -> usize {
+        self.max_len
+    }
+}

@@ -1,0 +1,236 @@
+//! The generalized linear recurrence (MATH §1.2), typed.
+//!
+//! Which side the offset pattern sits on (`on = b | a | both`) follows from the
+//! coefficients given: [`GlrCoeffs::B`], [`GlrCoeffs::A`] or [`GlrCoeffs::Both`].
+
+use mixer_core::{Error, Mixer, Result};
+use ndarray::{Array2, Array3, ArrayView2, ArrayView3, ArrayView4};
+
+use super::dispatch::{Named, Stepper, build, forward};
+use super::options::{Options, PatternRef};
+use super::scalar::Scalar;
+
+/// The offset pattern of a GLR (MATH §1.1): a registered `f(k)`, translation-invariant
+/// positions $d_k(t) = t - f(k)$ or the cache-efficient lattice, optionally truncated to the
+/// first `order` slots.
+///
+/// `K = K(T) = #{k : f(k) ≤ T − 1}` (after truncation) is the number of slots the
+/// coefficient tensors carry.
+#[derive(Clone, Debug)]
+pub struct GlrPattern {
+    /// The offset pattern, by name or by value.
+    pub pattern: PatternRef,
+    /// Cache-efficient lattice positions (needs `f(0) = 1`).
+    pub cache_efficient: bool,
+    /// Truncation to the first `order` slots (`None`: untruncated).
+    pub order: Option<usize>,
+}
+
+impl GlrPattern {
+    /// The pattern `pattern`, translation-invariant and untruncated.
+    pub fn new(pattern: impl Into<PatternRef>) -> Self {
+        GlrPattern { pattern: pattern.into(), cache_efficient: false, order: None }
+    }
+    /// Uses the cache-efficient lattice.
+    pub fn cache_efficient(mut self, yes: bool) -> Self {
+        self.cache_efficient = yes;
+        self
+    }
+    /// Truncates to the first `order` slots (`linear` with order 1 is a diagonal SSM).
+    pub fn order(mut self, order: usize) -> Self {
+        self.order = Some(order);
+        self
+    }
+}
+
+/// The coefficients of a GLR over a whole sequence; the variant chooses `on`.
+#[derive(Clone, Debug)]
+pub enum GlrCoeffs<'a, F> {
+    /// `on = b`, recurrence on past outputs: `alpha [B, T, C]`, `beta [B, T, K, C]`;
+    /// $y_t = \alpha_t x_t + \sum_{k: f(k) \le t} \beta_{t,k}\, y_{d_k(t)}$.
+    B {
+        /// `[B, T, C]`.
+        alpha: ArrayView3<'a, F>,
+        /// `[B, T, K, C]`.
+        beta: ArrayView4<'a, F>,
+    },
+    /// `on = a`, sparse attention-like: `alpha [B, T, K+1, C]`;
+    /// $y_t = \alpha_{t,0} x_t + \sum_{k} \alpha_{t,k+1}\, x_{d_k(t)}$.
+    A {
+        /// `[B, T, K+1, C]`.
+        alpha: ArrayView4<'a, F>,
+    },
+    /// `on = both`: `alpha [B, T, K+1, C]`, `beta [B, T, K, C]`, both sums.
+    Both {
+        /// `[B, T, K+1, C]`.
+        alpha: ArrayView4<'a, F>,
+        /// `[B, T, K, C]`.
+        beta: ArrayView4<'a, F>,
+    },
+}
+
+/// The coefficients of one token (sequence axis removed); the variant must match the one
+/// the decoder started with.
+#[derive(Clone, Debug)]
+pub enum GlrTokenCoeffs<'a, F> {
+    /// `on = b`: `alpha [B, C]`, `beta [B, K, C]`.
+    B {
+        /// `[B, C]`.
+        alpha: ArrayView2<'a, F>,
+        /// `[B, K, C]`.
+        beta: ArrayView3<'a, F>,
+    },
+    /// `on = a`: `alpha [B, K+1, C]`.
+    A {
+        /// `[B, K+1, C]`.
+        alpha: ArrayView3<'a, F>,
+    },
+    /// `on = both`: `alpha [B, K+1, C]`, `beta [B, K, C]`.
+    Both {
+        /// `[B, K+1, C]`.
+        alpha: ArrayView3<'a, F>,
+        /// `[B, K, C]`.
+        beta: ArrayView3<'a, F>,
+    },
+}
+
+/// The `glr` mixer for `pattern` with `on` = `"b"`, `"a"` or `"both"`.
+fn mixer(pattern: &GlrPattern, on: &str, opts: &Options) -> Result<Box<dyn Mixer>> {
+    opts.only("glr", &[])?;
+    let cfg = serde_json::json!({
+        "pattern": pattern.pattern.resolve("glr")?,
+        "cache_efficient": pattern.cache_efficient,
+        "order": pattern.order,
+        "on": on,
+    });
+    build("glr", &cfg)
+}
+
+impl<'a, F> GlrCoeffs<'a, F> {
+    fn split(self) -> (&'static str, Vec<Named<'a, F>>) {
+        match self {
+            GlrCoeffs::B { alpha, beta } => {
+                ("b", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
+            }
+            GlrCoeffs::A { alpha } => ("a", vec![("alpha", alpha.into_dyn())]),
+            GlrCoeffs::Both { alpha, beta } => {
+                ("both", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
+            }
+        }
+    }
+}
+
+impl<'a, F> GlrTokenCoeffs<'a, F> {
+    fn split(self) -> (&'static str, Vec<Named<'a, F>>) {
+        match self {
+            GlrTokenCoeffs::B { alpha, beta } => {
+                ("b", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
+            }
+            GlrTokenCoeffs::A { alpha } => ("a", vec![("alpha", alpha.into_dyn())]),
+            GlrTokenCoeffs::Both { alpha, beta } => {
+                ("both", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
+            }
+        }
+    }
+}
+
+/// Generalized linear recurrence: $y_t = \sum_{s \le t} \alpha_{t,s} x_s + \sum_{s < t} \beta_{t,s} y_s$
+/// with the off-diagonal coefficients at the pattern's positions $d_k(t)$ only.
+///
+/// Shapes: `x [B, T, C]` and the coefficients of [`GlrCoeffs`] (`K = K(T)` slots) →
+/// `y [B, T, C]`. Slots with $f(k) > t$ are ignored. No per-family options (`chunk`,
+/// `scale`, … are errors). Forms: materialized, fast (sparse recurrence), recurrent.
+///
+/// ```
+/// use mixers::ndarray::{Array3, Array4};
+/// use mixers::ops::{self, GlrCoeffs, GlrPattern, Options};
+/// // A diagonal SSM y_t = x_t + ½ y_{t−1}: pattern linear, order 1 (K = 1).
+/// let x = Array3::<f64>::ones((1, 3, 1));
+/// let (alpha, beta) = (Array3::ones((1, 3, 1)), Array4::from_elem((1, 3, 1, 1), 0.5));
+/// let coeffs = GlrCoeffs::B { alpha: alpha.view(), beta: beta.view() };
+/// let y = ops::glr(x.view(), coeffs, &GlrPattern::new("linear").order(1), &Options::default())?;
+/// assert_eq!(y.as_slice().unwrap(), &[1.0, 1.5, 1.75]);
+/// # Ok::<(), mixers::prelude::Error>(())
+/// ```
+pub fn glr<F: Scalar>(
+    x: ArrayView3<'_, F>,
+    coeffs: GlrCoeffs<'_, F>,
+    pattern: &GlrPattern,
+    opts: &Options,
+) -> Result<Array3<F>> {
+    let (on, mut inputs) = coeffs.split();
+    let m = mixer(pattern, on, opts)?;
+    inputs.push(("x", x.into_dyn()));
+    forward(m.as_ref(), opts, inputs)
+}
+
+/// Token-by-token [`glr`], with a cache of the past positions the pattern reads (at most
+/// `f⁻¹(T)` on the cache-efficient lattice, the largest offset otherwise).
+///
+/// [`step`](Self::step) takes `x_t [B, C]` and the token's [`GlrTokenCoeffs`]
+/// (`K = K(max_len)` slots) and returns `y_t [B, C]`.
+///
+/// ```
+/// use mixers::ndarray::{Array2, Array3};
+/// use mixers::ops::{GlrDecoder, GlrPattern, GlrTokenCoeffs, Options};
+/// let mut dec = GlrDecoder::<f64>::new(GlrPattern::new("pow2").cache_efficient(true), 10, &Options::default())?;
+/// // K(10) = 4 slots (offsets 1, 2, 4, 8); on = a: alpha [B, K+1, C].
+/// let alpha = Array3::<f64>::ones((1, 5, 1));
+/// for t in 0..10 {
+///     let x = Array2::from_elem((1, 1), t as f64);
+///     dec.step(x.view(), GlrTokenCoeffs::A { alpha: alpha.view() })?;
+/// }
+/// assert!(dec.cache_elems() <= 5); // ≤ log₂T + 1 positions
+/// # Ok::<(), mixers::prelude::Error>(())
+/// ```
+pub struct GlrDecoder<F: Scalar> {
+    pattern: GlrPattern,
+    opts: Options,
+    max_len: usize,
+    /// `on` and the decoder, from the first step.
+    started: Option<(&'static str, Stepper<F>)>,
+}
+
+impl<F: Scalar> GlrDecoder<F> {
+    /// A decoder for at most `max_len` tokens; checks the pattern now (the side it sits on
+    /// comes with the first token's coefficients).
+    pub fn new(pattern: GlrPattern, max_len: usize, opts: &Options) -> Result<Self> {
+        mixer(&pattern, "b", opts)?;
+        Ok(GlrDecoder { pattern, opts: opts.clone(), max_len, started: None })
+    }
+
+    /// Consumes one token: `x_t [B, C]` and its coefficients; returns `y_t [B, C]`.
+    pub fn step(&mut self, x: ArrayView2<'_, F>, coeffs: GlrTokenCoeffs<'_, F>) -> Result<Array2<F>> {
+        let (on, mut token) = coeffs.split();
+        token.push(("x", x.into_dyn()));
+        let (started_on, stepper) = match &mut self.started {
+            Some(s) => s,
+            None => {
+                let m = mixer(&self.pattern, on, &self.opts)?;
+                self.started.insert((on, Stepper::new(m, &self.opts, Vec::new(), self.max_len)?))
+            }
+        };
+        if *started_on != on {
+            return Err(Error::Decoder(format!(
+                "token {}: coefficients for on = \"{on}\", but the decoder started with on = \"{started_on}\"",
+                stepper.position()
+            )));
+        }
+        stepper.step(token)
+    }
+
+    /// Tokens consumed so far.
+    pub fn position(&self) -> usize {
+        self.started.as_ref().map_or(0, |s| s.1.position())
+    }
+
+    /// Scalars held in the cache now.
+    pub fn cache_elems(&self) -> usize {
+        self.started.as_ref().map_or(0, |s| s.1.cache_elems())
+    }
+
+    /// The most tokens this decoder takes.
+    pub fn max_len(&self) -> usize {
+        self.max_len
+    }
+}

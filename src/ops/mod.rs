@@ -1,0 +1,115 @@
+//! Typed operations: one function per builtin mixer, taking `ndarray` views and returning an
+//! owned array, and one typed decoder per mixer for token-by-token use.
+//!
+//! | function | inputs | output | decoder |
+//! |---|---|---|---|
+//! | [`attention`] | `q, k [B,T,H,Dk]`, `v [B,T,H,Dv]` | `[B,T,H,Dv]` | [`AttentionDecoder`] |
+//! | [`linear_attention`] | `q, k, v` | `[B,T,H,Dv]` | [`LinearAttentionDecoder`] |
+//! | [`mamba2`] | `q, k, v`, `g [B,T,H]` | `[B,T,H,Dv]` | [`Mamba2Decoder`] |
+//! | [`gated_deltanet`] | `q, k, v, g`, `beta [B,T,H]` | `[B,T,H,Dv]` | [`GatedDeltaNetDecoder`] |
+//! | [`loglinear_attention`] | `q, k, v`, `lambda [B,T,H,L]` | `[B,T,H,Dv]` | [`LogLinearAttentionDecoder`] |
+//! | [`loglinear_mamba2`] | `q, k, v, g, lambda` | `[B,T,H,Dv]` | [`LogLinearMamba2Decoder`] |
+//! | [`loglinear_gated_deltanet`] | `q, k, v, g, beta, lambda` | `[B,T,H,Dv]` | [`LogLinearGatedDeltaNetDecoder`] |
+//! | [`glr`] | `x [B,T,C]`, [`GlrCoeffs`] | `[B,T,C]` | [`GlrDecoder`] |
+//! | [`toeplitz`] | `x [B,T,C]`, `w [Kw,H,Tw]`, `bias [H,Tw]`? | `[B,T,C]` | [`ToeplitzDecoder`] |
+//!
+//! Every function is generic over the element type ([`Scalar`]: `f32`, `f64`) and takes an
+//! [`Options`]: the form (default fast), the backend (default [`Backend::auto()`](crate::registry::Backend::auto)),
+//! the precision, and the per-family settings (chunk, scale, window, level mask, λ scheme;
+//! masks, λ schemes and offset patterns by name or by value, plugins' included). Shapes,
+//! value constraints (`g ≤ 0`, `beta ∈ [0, 1]`, …) and sizes (`K = K(T)`, `L ≥ L(T)`) are
+//! checked on every call, with errors naming the input, what was expected and what was given.
+//!
+//! The typed layer is a thin front of the dynamic path (registry lookup by name and JSON
+//! config, [`registry::run::run`](crate::registry::run::run)), which stays the interface of
+//! the command line and of plugin mixers: a typed call computes bit for bit what the dynamic
+//! call with the same mixer, config, form and backend computes.
+//!
+//! ```
+//! use mixers::ndarray::{Array3, Array4, Axis};
+//! use mixers::ops::{self, Mamba2Decoder, Options};
+//!
+//! let (b, t, h, dk, dv) = (2, 37, 3, 4, 5);
+//! let q = Array4::<f32>::from_shape_fn((b, t, h, dk), |(i, j, k, l)| ((i + 2 * j + 3 * k + l) as f32).sin());
+//! let v = Array4::<f32>::from_shape_fn((b, t, h, dv), |(i, j, k, l)| ((i + j + k * l) as f32).cos());
+//! let g = Array3::<f32>::from_elem((b, t, h), -0.1);
+//! let opts = Options::default().chunk(16);
+//! let y = ops::mamba2(q.view(), q.view(), v.view(), g.view(), &opts)?; // fast (chunked) form
+//!
+//! // Token by token, the decoder gives the same outputs.
+//! let mut dec = Mamba2Decoder::new(t, &opts)?;
+//! for s in 0..t {
+//!     let (qs, vs, gs) = (q.index_axis(Axis(1), s), v.index_axis(Axis(1), s), g.index_axis(Axis(1), s));
+//!     let ys = dec.step(qs, qs, vs, gs)?;
+//!     assert!(ys.iter().zip(y.index_axis(Axis(1), s)).all(|(a, b)| (a - b).abs() < 1e-4 * (1.0 + b.abs())));
+//! }
+//! # Ok::<(), mixers::prelude::Error>(())
+//! ```
+//!
+//! # The log-linear family
+//!
+//! [`linear_attention`], [`mamba2`], [`gated_deltanet`] and the lifts [`loglinear_attention`],
+//! [`loglinear_mamba2`], [`loglinear_gated_deltanet`] share their shapes: `q, k [B, T, H, Dk]`,
+//! `v [B, T, H, Dv]`, log-decay `g [B, T, H]` (`≤ 0`), delta-rule strength `beta [B, T, H]`
+//! (in `[0, 1]`), level weights `lambda [B, T, H, L]` with `L ≥ L(T) = bitlen(T−1) + 1` for the
+//! Fenwick mask; output `y [B, T, H, Dv]`. Options: `scale` (σ, default 1), `chunk` (the fast
+//! form's chunk, a power of two, default 64), and for the lifts `mask` (default `"fenwick"`)
+//! and `lambda` (λ scheme, default `"identity"`: `lambda ≥ 0` used as given). Forms:
+//! materialized, parallel, fast (chunked, O(T log T)), recurrent (O(log T) states per head);
+//! the fast and recurrent forms need the Fenwick mask.
+//!
+//! # Copies and device tensors
+//!
+//! **Copies.** Each input view is copied once into the owned named-tensor map that the
+//! backends' kernels take; the output is returned without a copy. (A borrowed input path
+//! through the registry would remove that copy; it does not exist yet.)
+//!
+//! **Device tensors** are not available yet: inputs and outputs are host arrays, and the
+//! CUDA backend copies them to the device and back on every call. When device tensors land,
+//! the same functions are meant to accept and return them, so that a GPU model stays on the
+//! device; [`Options`] and [`Precision`] are non-exhaustive so that the settings this needs
+//! can be added without breaking callers.
+
+mod attention;
+mod dispatch;
+mod glr;
+mod loglinear;
+mod options;
+mod scalar;
+mod toeplitz;
+
+pub use attention::{AttentionDecoder, attention};
+pub use glr::{GlrCoeffs, GlrDecoder, GlrPattern, GlrTokenCoeffs, glr};
+pub use loglinear::{
+    GatedDeltaNetDecoder, LinearAttentionDecoder, LogLinearAttentionDecoder, LogLinearGatedDeltaNetDecoder,
+    LogLinearMamba2Decoder, Mamba2Decoder, gated_deltanet, linear_attention, loglinear_attention,
+    loglinear_gated_deltanet, loglinear_mamba2, mamba2,
+};
+pub use options::{LambdaRef, MaskRef, Options, PatternRef, Precision, Registered, RegistryEntry};
+pub use scalar::Scalar;
+pub use toeplitz::{ToeplitzDecoder, toeplitz};
+
+/// `position`, `cache_elems` and `max_len` of a typed decoder wrapping a `Stepper`.
+macro_rules! decoder_accessors {
+    () => {
+        /// Tokens consumed so far.
+        pub fn position(&self) -> usize {
+            self.0.position()
+        }
+        /// Scalars held in the decoder's cache or state now (0 before the first token).
+        pub fn cache_elems(&self) -> usize {
+            self.0.cache_elems()
+        }
+        /// The most tokens this decoder takes.
+        pub fn max_len(&self) -> usize {
+            self.0.max_len()
+        }
+    };
+}
+use decoder_accessors;
+
+/// The README's "Using it as a dependency" block, which is `examples/prenorm_block.rs`
+/// verbatim (a test in `tests/ops.rs` keeps them equal), run as a doc-test of this crate.
+#[cfg(doctest)]
+#[doc = concat!("```rust\n", include_str!("../../examples/prenorm_block.rs"), "```")]
+pub struct ReadmeDependencyExample;
