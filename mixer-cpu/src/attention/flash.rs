@@ -47,7 +47,8 @@ pub fn flash<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>
         .par_iter()
         .map(|&(b, h, i0)| {
             let i1 = (i0 + BLOCK_Q).min(tn);
-            let qb = MatRef::from_row_major_slice(&qs[head(b, h, dk) + i0 * dk..][..(i1 - i0) * dk], i1 - i0, dk);
+            let qb =
+                MatRef::from_row_major_slice(&qs[head(b, h, dk) + i0 * dk..][..(i1 - i0) * dk], i1 - i0, dk);
             query_block(a, qb, i0, &ks[head(b, h, dk)..][..tn * dk], &vs[head(b, h, dv)..][..tn * dv], dk, dv)
         })
         .collect();

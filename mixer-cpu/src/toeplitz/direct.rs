@@ -4,6 +4,8 @@ use mixer_core::Real;
 use mixer_core::mixers::toeplitz::{Prepared, Toeplitz};
 use rayon::prelude::*;
 
+use super::columns::Columns;
+
 /// `y[t] += Σ_{s≤t} w[t−s] x[s]` for `t < y.len()` (`w` and `x` at least that long).
 /// Written as one axpy per input position so that the inner loop vectorises.
 pub fn conv_accumulate<F: Real>(w: &[F], x: &[F], y: &mut [F]) {
@@ -19,26 +21,26 @@ pub fn conv_accumulate<F: Real>(w: &[F], x: &[F], y: &mut [F]) {
     }
 }
 
-/// The `parallel` form on gathered columns `xcols[b·C + c]`; returns output columns in the
-/// same order: $y_e = \mathrm{bias}_{h} + \sum_i w_{i,h} * x_{e-\delta_i}$ (causal, truncated
+/// The `parallel` form on channel-major columns (`b·C + c`); returns the output columns in
+/// the same order: $y_e = \mathrm{bias}_{h} + \sum_i w_{i,h} * x_{e-\delta_i}$ (causal, truncated
 /// to `T`). Parallel over batch × channel.
-pub fn direct<F: Real>(m: &Toeplitz, p: &Prepared<F>, xcols: &[Vec<F>]) -> Vec<Vec<F>> {
+pub fn direct<F: Real>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Columns<F> {
     let (t, c, d) = (p.seq, p.channels, p.head_dim);
-    (0..p.batch * c)
-        .into_par_iter()
-        .map(|idx| {
-            let (b, e) = (idx / c, idx % c);
-            let h = e / d;
-            let mut y = match p.bias_row(h) {
-                Some(bias) => bias.to_vec(),
-                None => vec![F::zero(); t],
-            };
-            for (i, dl) in m.shifts(e % d) {
-                conv_accumulate(p.kernel(i, h), &xcols[b * c + e - dl], &mut y);
-            }
-            y
-        })
-        .collect()
+    let mut out = Columns { data: vec![F::zero(); p.batch * c * t], len: t };
+    if t == 0 {
+        return out;
+    }
+    out.data.par_chunks_mut(t).enumerate().for_each(|(idx, y)| {
+        let (b, e) = (idx / c, idx % c);
+        let h = e / d;
+        if let Some(bias) = p.bias_row(h) {
+            y.copy_from_slice(bias);
+        }
+        for (i, dl) in m.shifts(e % d) {
+            conv_accumulate(p.kernel(i, h), x.col(b * c + e - dl), y);
+        }
+    });
+    out
 }
 
 #[cfg(test)]

@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use mixer_core::mixers::toeplitz::{Prepared, Toeplitz};
 use mixer_core::{Error, Real, Result};
+
+use super::columns::Columns;
 use rayon::prelude::*;
 use realfft::num_complex::Complex;
 use realfft::{ComplexToReal, FftNum, RealFftPlanner, RealToComplex};
@@ -222,32 +224,62 @@ pub fn cached_spectra<F: FftReal>() -> usize {
     F::state().spectra.lock().unwrap_or_else(PoisonError::into_inner).len()
 }
 
-/// The `fast` form on gathered columns `xcols[b·C + c]` (each of length `T`); returns the
+/// The `fast` form on channel-major columns (`b·C + c`, each of length `T`); returns the
 /// output columns in the same order. Parallel over batch × channel.
-pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, xcols: &[Vec<F>]) -> Result<Vec<Vec<F>>> {
+///
+/// With one kernel per head (`Kw = 1`) each output column needs only its own input column,
+/// so the transform, the product with the cached kernel spectrum, the inverse and the bias
+/// run back to back in one thread-local buffer: no spectrum of `x` is stored. With `Kw > 1`
+/// an output mixes `Kw` neighbouring input channels, so the input spectra are computed once
+/// and kept (one per column) before the products.
+pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Result<Columns<F>> {
     let (t, c, d) = (p.seq, p.channels, p.head_dim);
+    let mut out = Columns { data: vec![F::zero(); p.batch * c * t], len: t };
     if t == 0 || c == 0 || p.batch == 0 {
-        return Ok(vec![Vec::new(); p.batch * c]);
+        return Ok(out);
     }
     let pl = plans::<F>(fast_size(2 * t - 1));
     let w_hat = kernel_spectra(&p.taps, p.kernel_width * p.heads, t, &pl)?;
-    // Input spectra, one per (b, c).
-    let x_hat: Vec<Vec<Complex<F>>> = xcols
-        .par_iter()
-        .map_init(
-            || Buffers::new(&pl),
-            |buf, col| {
-                buf.forward(&pl, col)?;
-                Ok(buf.spec.clone())
-            },
-        )
-        .collect::<Result<_>>()?;
-    // Outputs, one per (b, e): Σ_i ŵ_{i,h} ⊙ x̂_{e−δᵢ}, inverse, first T, bias.
-    (0..p.batch * c)
+    let finish = |buf: &mut Buffers<F>, h: usize, y: &mut [F]| -> Result<()> {
+        buf.inverse(&pl)?;
+        y.copy_from_slice(&buf.real[..t]);
+        if let Some(bias) = p.bias_row(h) {
+            y.iter_mut().zip(bias).for_each(|(v, &bv)| *v += bv);
+        }
+        Ok(())
+    };
+    if p.kernel_width == 1 {
+        return out
+            .data
+            .par_chunks_mut(t)
+            .enumerate()
+            .try_for_each_init(
+                || Buffers::new(&pl),
+                |buf, (idx, y)| {
+                    let h = (idx % c) / d;
+                    buf.forward(&pl, x.col(idx))?;
+                    buf.spec.iter_mut().zip(&w_hat[h]).for_each(|(z, w)| *z *= w);
+                    finish(buf, h, y)
+                },
+            )
+            .map(|()| out);
+    }
+    let x_hat: Vec<Vec<Complex<F>>> = (0..p.batch * c)
         .into_par_iter()
         .map_init(
             || Buffers::new(&pl),
             |buf, idx| {
+                buf.forward(&pl, x.col(idx))?;
+                Ok(buf.spec.clone())
+            },
+        )
+        .collect::<Result<_>>()?;
+    out.data
+        .par_chunks_mut(t)
+        .enumerate()
+        .try_for_each_init(
+            || Buffers::new(&pl),
+            |buf, (idx, y)| {
                 let (b, e) = (idx / c, idx % c);
                 let h = e / d;
                 buf.spec.iter_mut().for_each(|z| *z = Complex::default());
@@ -258,15 +290,10 @@ pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, xcols: &[Vec<F>]) -> Resu
                         *acc += a * bb;
                     }
                 }
-                buf.inverse(&pl)?;
-                let mut y = buf.real[..t].to_vec();
-                if let Some(bias) = p.bias_row(h) {
-                    y.iter_mut().zip(bias).for_each(|(v, &bv)| *v += bv);
-                }
-                Ok(y)
+                finish(buf, h, y)
             },
         )
-        .collect()
+        .map(|()| out)
 }
 
 #[cfg(test)]

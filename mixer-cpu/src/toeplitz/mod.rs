@@ -3,6 +3,7 @@
 //! decoders for `recurrent` — naive `O(t)` per token, or online FFT with `O(log² t)`
 //! amortised work per token (config `decoder`).
 
+pub mod columns;
 pub mod decode;
 pub mod direct;
 pub mod fft;
@@ -12,37 +13,17 @@ pub mod online;
 use mixer_core::mixer::{Decoder, Mixer, downcast};
 use mixer_core::mixers::toeplitz::{DecoderKind, KERNEL, Toeplitz};
 use mixer_core::tensor::get;
-use mixer_core::{Dims, Error, Form, Real, Result, Tensors};
+use mixer_core::{Dims, Error, Form, Result, Tensors};
 use mixer_registry::{KernelEntry, register};
-use ndarray::{ArrayD, IxDyn};
+use ndarray::ArrayD;
 
 use fft::FftReal;
-
-/// `x [B,T,C]` as columns `cols[b·C + c][t]`.
-pub fn columns<F: Real>(x: &ArrayD<F>) -> Vec<Vec<F>> {
-    let (nb, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
-    let x = x.as_standard_layout();
-    let flat = x.as_slice().unwrap_or(&[]);
-    (0..nb * c).map(|idx| (0..t).map(|s| flat[((idx / c) * t + s) * c + idx % c]).collect()).collect()
-}
-
-/// The inverse of [`columns`]: `y [B,T,C]` from `cols[b·C + c][t]`.
-pub fn from_columns<F: Real>(cols: &[Vec<F>], nb: usize, t: usize, c: usize) -> ArrayD<F> {
-    let mut flat = vec![F::zero(); nb * t * c];
-    for (idx, col) in cols.iter().enumerate() {
-        let (b, e) = (idx / c, idx % c);
-        for (s, &v) in col.iter().enumerate() {
-            flat[(b * t + s) * c + e] = v;
-        }
-    }
-    ArrayD::from_shape_vec(IxDyn(&[nb, t, c]), flat).unwrap_or_else(|_| ArrayD::zeros(IxDyn(&[nb, t, c])))
-}
 
 /// The `parallel` and `fast` forms (inputs already validated by `run::run`; checked again).
 pub fn run<F: FftReal>(m: &dyn Mixer, form: Form, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let tm = downcast::<Toeplitz>(m, "cpu")?;
     let p = tm.prepare(inputs)?;
-    let xcols = columns(get(inputs, "x")?);
+    let xcols = columns::columns(get(inputs, "x")?);
     let ycols = match form {
         Form::Parallel => direct::direct(tm, &p, &xcols),
         Form::Fast => fft::fast(tm, &p, &xcols)?,
@@ -55,7 +36,7 @@ pub fn run<F: FftReal>(m: &dyn Mixer, form: Form, inputs: &Tensors<F>) -> Result
             });
         }
     };
-    Ok(from_columns(&ycols, p.batch, p.seq, p.channels))
+    Ok(columns::from_columns(&ycols, p.batch, p.channels))
 }
 
 /// The decoder selected by the config's `decoder` (`online` by default, or `naive`).
