@@ -34,7 +34,7 @@ pub fn direct<F: Real>(m: &Toeplitz, p: &Prepared<F>, xcols: &[Vec<F>]) -> Vec<V
                 None => vec![F::zero(); t],
             };
             for (i, dl) in m.shifts(e % d) {
-                conv_accumulate(p.kernel(i, h), &xcols[b * c + e - dl], &mut y);
+                conv_accumulate(p.tap_row(i, h), &xcols[b * c + e - dl], &mut y);
             }
             y
         })

@@ -1,4 +1,4 @@
-//! FFT machinery of the Toeplitz forms: fast sizes, the process-wide plan cache, the kernel
+//! FFT machinery of the Toeplitz forms: the process-wide plan cache, the kernel
 //! spectrum cache, and the `fast` form (MATH.md §3).
 //!
 //! **Fast form.** With `p` the smallest 7-smooth size `≥ 2T−1` (so the circular convolution
@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use mixer_core::mixers::toeplitz::{Prepared, Toeplitz};
+use mixer_core::mixers::toeplitz::{Prepared, Toeplitz, fast_size};
 use mixer_core::{Error, Real, Result};
 use rayon::prelude::*;
 use realfft::num_complex::Complex;
@@ -27,28 +27,6 @@ use realfft::{ComplexToReal, FftNum, RealFftPlanner, RealToComplex};
 
 /// Number of kernel-spectrum sets kept across calls, per scalar type.
 pub const CACHE_CAPACITY: usize = 8;
-
-/// Whether `n ≥ 1` has no prime factor above 7 (`2^a 3^b 5^c 7^d`).
-pub fn is_fast_size(mut n: usize) -> bool {
-    if n == 0 {
-        return false;
-    }
-    for f in [2, 3, 5, 7] {
-        while n.is_multiple_of(f) {
-            n /= f;
-        }
-    }
-    n == 1
-}
-
-/// The smallest size `≥ n` of the form `2^a 3^b 5^c 7^d` (1 for `n ≤ 1`).
-pub fn fast_size(n: usize) -> usize {
-    let mut p = n.max(1);
-    while !is_fast_size(p) {
-        p += 1;
-    }
-    p
-}
 
 /// A forward/inverse real FFT pair of one size.
 #[derive(Clone)]
@@ -272,25 +250,6 @@ pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, xcols: &[Vec<F>]) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fast_sizes() {
-        assert_eq!(fast_size(0), 1);
-        assert_eq!(fast_size(1), 1);
-        assert_eq!(fast_size(11), 12);
-        assert_eq!(fast_size(13), 14);
-        assert_eq!(fast_size(97), 98);
-        assert_eq!(fast_size(199), 200);
-        assert_eq!(fast_size(2 * 1000 - 1), 2000);
-        assert_eq!(fast_size(2 * 257 - 1), 525);
-        assert_eq!(fast_size(262_143), 262_144);
-        // Exhaustive against the definition for small n.
-        for n in 1..2000usize {
-            let p = fast_size(n);
-            assert!(p >= n && is_fast_size(p));
-            assert!((n..p).all(|q| !is_fast_size(q)), "n = {n}");
-        }
-    }
 
     /// A round trip through the buffers recovers the signal times p (unnormalised).
     #[test]

@@ -5,24 +5,25 @@ use mixer_core::mixers::glr::Glr;
 use mixer_core::{Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
 
-use super::{KERNEL, SRC};
-use crate::runtime::{GpuReal, check_elems, err, gpu, grid1, input, int, launch, source};
+use super::FAMILY;
+use crate::kernels;
+use crate::runtime::{GpuReal, check_elems, err, gpu, grid1, int, launch};
+use mixer_core::tensor::get;
 
-/// The pattern table for length `t_len`: offsets $f(k)$ and strides $a_k$ for $k < K(T)$.
+/// The pattern table the kernel takes for length `t_len`: [`Glr::slots`]'s offsets $f(k)$
+/// and strides $a_k$ for $k < K(T)$, as `i64`.
 pub(crate) fn table(glr: &Glr, t_len: usize) -> Result<(Vec<i64>, Vec<i64>)> {
-    let p = glr.pattern();
-    let off = p.offsets(t_len);
-    let strides = if p.cache_efficient() { p.strides(off.len()) } else { vec![1; off.len()] };
-    let conv = |v: u64| i64::try_from(v).map_err(|_| err(KERNEL, format!("pattern value {v} exceeds i64")));
+    let slots = glr.slots(t_len);
+    let conv = |v: usize| i64::try_from(v).map_err(|_| err(FAMILY, format!("pattern value {v} exceeds i64")));
     Ok((
-        off.iter().map(|&v| conv(v)).collect::<Result<_>>()?,
-        strides.iter().map(|&v| conv(v.min(i64::MAX as u64))).collect::<Result<_>>()?,
+        slots.offsets().iter().map(|&v| conv(v)).collect::<Result<_>>()?,
+        slots.strides().iter().map(|&v| conv(v.min(i64::MAX as usize))).collect::<Result<_>>()?,
     ))
 }
 
 /// Runs the fast (sparse recurrence) form on the GPU.
 pub fn run<F: GpuReal>(glr: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let x = input(inputs, KERNEL, "x")?;
+    let x = get(inputs, "x")?;
     let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
     if b * t * c == 0 {
         return Ok(ArrayD::zeros(IxDyn(&[b, t, c])));
@@ -31,28 +32,28 @@ pub fn run<F: GpuReal>(glr: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let k = off.len();
     let on = glr.on();
     let na = if on.has_a() { k + 1 } else { 1 };
-    check_elems(KERNEL, b * t * na.max(k) * c)?;
+    check_elems(FAMILY, b * t * na.max(k) * c)?;
     let g = gpu()?;
-    let f = g.function(KERNEL, &source(SRC), &[], &format!("glr_scan_{}", F::SUFFIX))?;
-    let dx = g.upload(KERNEL, x)?;
-    let da = g.upload(KERNEL, input(inputs, KERNEL, "alpha")?)?;
+    let f = g.function(FAMILY, &kernels::GLR.full(), &[], &format!("glr_scan_{}", F::SUFFIX))?;
+    let dx = g.upload(FAMILY, x)?;
+    let da = g.upload(FAMILY, get(inputs, "alpha")?)?;
     let db = match inputs.get("beta") {
-        Some(beta) if on.has_b() => g.upload(KERNEL, beta)?,
-        _ => g.zeros::<F>(KERNEL, 1)?,
+        Some(beta) if on.has_b() => g.upload(FAMILY, beta)?,
+        _ => g.zeros::<F>(FAMILY, 1)?,
     };
-    let doff = g.upload_slice(KERNEL, &off)?;
-    let dstr = g.upload_slice(KERNEL, &strides)?;
-    let mut y = g.zeros::<F>(KERNEL, b * t * c)?;
+    let doff = g.upload_slice(FAMILY, &off)?;
+    let dstr = g.upload_slice(FAMILY, &strides)?;
+    let mut y = g.zeros::<F>(FAMILY, b * t * c)?;
     let (bi, ti, ci, ki, nai) = (
-        int(KERNEL, "B", b)?,
-        int(KERNEL, "T", t)?,
-        int(KERNEL, "C", c)?,
-        int(KERNEL, "K", k)?,
-        int(KERNEL, "K+1", na)?,
+        int(FAMILY, "B", b)?,
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "C", c)?,
+        int(FAMILY, "K", k)?,
+        int(FAMILY, "K+1", na)?,
     );
     let (ha, hb, ce) = (on.has_a() as i32, on.has_b() as i32, glr.pattern().cache_efficient() as i32);
-    launch!(g, KERNEL, f, grid1(b * c, 128);
+    launch!(g, FAMILY, f, grid1(b * c, 128);
         &dx, &da, &db, &doff, &dstr, &mut y, &bi, &ti, &ci, &ki, &nai, &ha, &hb, &ce)?;
-    g.sync(KERNEL)?;
-    g.download(KERNEL, &y, &[b, t, c])
+    g.sync(FAMILY)?;
+    g.download(FAMILY, &y, &[b, t, c])
 }
