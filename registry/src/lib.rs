@@ -36,7 +36,7 @@ pub use mixer_registry_macros::register;
 
 pub use backend::{Backend, backends_status};
 pub use entries::*;
-pub use family::{DecoderFn, DynFamily, Family, FormFn};
+pub use family::{DecoderFn, DynFamily, Family, FormFn, Scalar};
 pub use harness::{CheckRow, Sizes, check};
 pub use lookup::{backend_entry, duplicates, family, lambda_scheme, mask, mixer, mixer_entry, pattern};
 

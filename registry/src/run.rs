@@ -94,7 +94,6 @@ pub fn oracle(m: &dyn Mixer, inputs: &Tensors<f64>) -> Result<ArrayD<f64>> {
 }
 
 /// Builds a decoder of `m` on `backend` from the full inputs' static part and sizes.
-#[allow(private_bounds)]
 pub fn decoder<F: Scalar>(
     m: &dyn Mixer,
     backend: &Backend,

@@ -147,7 +147,7 @@ impl Toeplitz {
     }
 
     /// The kernel `w` as `[Kw, H, Tw]` (a view; `[H, Tw]` gains a leading axis of 1).
-    pub fn kernel_view<'a, F>(&self, w: &'a ArrayD<F>) -> Result<ndarray::ArrayView3<'a, F>> {
+    pub fn taps_view<'a, F>(&self, w: &'a ArrayD<F>) -> Result<ndarray::ArrayView3<'a, F>> {
         let kw = self.cfg.kernel_width;
         let v = w.view();
         let v = if w.ndim() == 2 && kw == 1 { v.insert_axis(Axis(0)) } else { v };
@@ -221,7 +221,7 @@ impl Toeplitz {
         bias: Option<&ArrayD<F>>,
         limit: usize,
     ) -> Result<(Vec<F>, Option<Vec<F>>)> {
-        let wv = self.kernel_view(w)?;
+        let wv = self.taps_view(w)?;
         check_taps("w", w.shape(), limit)?;
         let mut taps = Vec::with_capacity(wv.shape()[0] * wv.shape()[1] * limit);
         for i in 0..wv.shape()[0] {

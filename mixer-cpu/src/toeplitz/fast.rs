@@ -155,7 +155,7 @@ fn hash_taps<F: Real>(taps: &[F]) -> u64 {
 
 /// Spectra `rfft_p(row) / p` of `rows` consecutive length-`t` rows of `taps` (each zero-padded
 /// to `p`), through the process-wide cache (see the module docs).
-pub fn kernel_spectra<F: FftReal>(
+pub fn tap_spectra<F: FftReal>(
     taps: &[F],
     rows: usize,
     t: usize,
@@ -208,7 +208,7 @@ pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, xcols: &[Vec<F>]) -> Resu
         return Ok(vec![Vec::new(); p.batch * c]);
     }
     let pl = plans::<F>(fast_size(2 * t - 1));
-    let w_hat = kernel_spectra(&p.taps, p.kernel_width * p.heads, t, &pl)?;
+    let w_hat = tap_spectra(&p.taps, p.kernel_width * p.heads, t, &pl)?;
     // Input spectra, one per (b, c).
     let x_hat: Vec<Vec<Complex<F>>> = xcols
         .par_iter()
@@ -273,16 +273,16 @@ mod tests {
         let taps: Vec<f32> = (0..2 * 15).map(|i| 0.37 * i as f32 - 1.0).collect();
         // Other tests share the process-wide cache and may evict between two calls: a hit
         // must happen in at least one of a few back-to-back attempts.
-        let a = kernel_spectra(&taps, 2, 15, &pl).unwrap();
+        let a = tap_spectra(&taps, 2, 15, &pl).unwrap();
         let hit = (0..10).any(|_| {
-            let a = kernel_spectra(&taps, 2, 15, &pl).unwrap();
-            let b = kernel_spectra(&taps, 2, 15, &pl).unwrap();
+            let a = tap_spectra(&taps, 2, 15, &pl).unwrap();
+            let b = tap_spectra(&taps, 2, 15, &pl).unwrap();
             Arc::ptr_eq(&a, &b)
         });
         assert!(hit);
         let mut other = taps.clone();
         other[7] += 1.0;
-        let c = kernel_spectra(&other, 2, 15, &pl).unwrap();
+        let c = tap_spectra(&other, 2, 15, &pl).unwrap();
         assert!(!Arc::ptr_eq(&a, &c));
         assert!((c[0][0].re - a[0][0].re - 1.0 / 30.0).abs() < 1e-6);
         assert!(cached_spectra::<f32>() <= CACHE_CAPACITY);
