@@ -51,11 +51,12 @@ fn setup(label: &str, seq: usize) -> Option<(Box<dyn Mixer>, Tensors<f32>)> {
 fn fast(bencher: Bencher, label: &str) {
     let Some((m, x)) = setup(label, T) else { return };
     let x = AnyTensors::F32(x);
-    if let Err(e) = run(m.as_ref(), "cpu", Form::Fast, &x) {
+    let cpu = Backend::by_name("cpu").expect("the cpu backend is linked");
+    if let Err(e) = run(m.as_ref(), &cpu, Form::Fast, &x) {
         eprintln!("regression: {label} fast left out: {e}");
         return;
     }
-    bencher.bench_local(|| run(m.as_ref(), "cpu", Form::Fast, &x));
+    bencher.bench_local(|| run(m.as_ref(), &cpu, Form::Fast, &x));
 }
 
 #[divan::bench(args = MIXERS, sample_count = 30, sample_size = 2)]
@@ -69,8 +70,9 @@ fn decode_step(bencher: Bencher, label: &str) {
         }
     };
     let per_token = m.spec().per_token();
+    let cpu = Backend::by_name("cpu").expect("the cpu backend is linked");
     let primed = || -> Result<Box<dyn Decoder<f32>>> {
-        let mut d = decoder::<f32>(m.as_ref(), "cpu", &x, &dims)?;
+        let mut d = decoder::<f32>(m.as_ref(), &cpu, &x, &dims)?;
         for t in 0..PREFIX {
             d.step(&token_slice(&x, &per_token, t))?;
         }

@@ -26,7 +26,7 @@ use mixers::core::mixer::{Mixer, downcast, validate};
 use mixers::core::mixers::attention::Attention;
 use mixers::core::mixers::glr::Glr;
 use mixers::core::{AnyTensors, Form, Tensors};
-use mixers::registry::{kernel, mixer, run::decoder};
+use mixers::registry::{Backend, family, mixer, run::decoder};
 use mixers::timing::time;
 use ndarray::{ArrayD, IxDyn};
 use serde_json::{Value, json};
@@ -125,9 +125,9 @@ fn time_fast(m: &dyn Mixer, inputs: Tensors<f32>, t: usize) -> f64 {
     let any = AnyTensors::F32(inputs);
     validate(m, &any).expect("valid inputs");
     let AnyTensors::F32(inputs) = any else { unreachable!() };
-    let k = kernel(m.kernel(), "cpu").expect("cpu kernel");
-    let run = k.run_f32;
-    let tm = time(1, 3, 2.0, || run(m, Form::Fast, &inputs).expect("fast form"));
+    let imp = family(m.family(), "cpu").expect("cpu implementation").f32;
+    let tm =
+        time(1, 3, 2.0, || imp.run(m, "cpu", Form::Fast, &inputs).expect("a fast form").expect("fast form"));
     tm.median * 1e9 / t as f64
 }
 
@@ -138,7 +138,8 @@ fn decode_cache(m: &dyn Mixer, t: usize, steps: usize) -> usize {
         [("B", 1), ("T", t), ("C", 1), ("H", 1), ("Dk", 1), ("Dv", 1)].into_iter().collect();
     dims = mixers::core::mixer::complete_dims(m, &dims);
     let empty = Tensors::<f32>::new();
-    let mut dec = decoder::<f32>(m, "cpu", &empty, &dims).expect("decoder");
+    let cpu = Backend::by_name("cpu").expect("the cpu backend is linked");
+    let mut dec = decoder::<f32>(m, &cpu, &empty, &dims).expect("decoder");
     let spec = m.spec();
     let mut most = 0;
     for s in 0..steps {

@@ -17,7 +17,7 @@
 //! let backend = Backend::auto().unwrap();
 //! let sizes = Sizes { seq: 100, ..Sizes::default() };
 //! let inputs = m.random_inputs(&sizes.dims(), 0).unwrap();
-//! let y = mixers::registry::run::run(m.as_ref(), backend.name(), Form::Fast, &AnyTensors::F64(inputs)).unwrap();
+//! let y = mixers::registry::run::run(m.as_ref(), &backend, Form::Fast, &AnyTensors::F64(inputs)).unwrap();
 //! ```
 
 pub mod cli;

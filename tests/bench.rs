@@ -10,8 +10,8 @@ use mixers::cli::bench::{self, Fit, Options, Status, alloc, parse_seq};
 use mixers::core::materialize::Materialization;
 use mixers::core::mixer::{Decoder, Mixer};
 use mixers::core::spec::{Dim, InputDecl, InputSpec};
-use mixers::core::{Dims, Form, Real, Result, Tensors};
-use mixers::registry::{KernelEntry, MixerEntry, register};
+use mixers::core::{Form, Real, Result, Tensors};
+use mixers::registry::{DecoderFn, Family, FamilyEntry, FormFn, MixerEntry, register};
 use ndarray::{Array2, ArrayD, Axis};
 
 #[global_allocator]
@@ -28,7 +28,7 @@ impl Mixer for Ema {
     fn name(&self) -> &str {
         "bench-test-ema"
     }
-    fn kernel(&self) -> &'static str {
+    fn family(&self) -> &'static str {
         "bench-test-ema"
     }
     fn config(&self) -> serde_json::Value {
@@ -67,13 +67,13 @@ fn build(_: &str, _: &serde_json::Value) -> Result<Box<dyn Mixer>> {
 #[register]
 static EMA: MixerEntry = MixerEntry {
     name: "bench-test-ema",
-    family: "test",
+    family: "bench-test-ema",
     doc: "test: y_t = x_t + y_{t-1}/2",
     build,
     examples: &["{}"],
 };
 
-fn run<F: Real>(_: &dyn Mixer, _: Form, x: &Tensors<F>) -> Result<ArrayD<F>> {
+fn fast<F: Real>(_: &Ema, x: &Tensors<F>) -> Result<ArrayD<F>> {
     let mut y = mixers::core::tensor::get(x, "x")?.clone();
     let half = F::of(0.5);
     for t in 1..y.shape()[1] {
@@ -112,20 +112,21 @@ impl<F: Real> Decoder<F> for EmaDecoder<F> {
     }
 }
 
-fn dec<F: Real>(_: &dyn Mixer, _: &Tensors<F>, _: &Dims) -> Result<Box<dyn Decoder<F>>> {
-    Ok(Box::new(EmaDecoder::<F> { state: None, pos: 0 }))
+struct EmaCpu;
+
+impl<F: Real> Family<F> for EmaCpu {
+    type Mixer = Ema;
+    fn fast(&self) -> Option<FormFn<Ema, F>> {
+        Some(fast)
+    }
+    fn decoder(&self) -> Option<DecoderFn<Ema, F>> {
+        Some(|_, _, _| Ok(Box::new(EmaDecoder::<F> { state: None, pos: 0 })))
+    }
 }
 
 #[register]
-static EMA_CPU: KernelEntry = KernelEntry {
-    kernel: "bench-test-ema",
-    backend: "cpu",
-    forms: &[Form::Fast],
-    run_f64: run::<f64>,
-    run_f32: run::<f32>,
-    decoder_f64: Some(dec::<f64>),
-    decoder_f32: Some(dec::<f32>),
-};
+static EMA_CPU: FamilyEntry =
+    FamilyEntry { family: "bench-test-ema", backend: "cpu", f64: &EmaCpu, f32: &EmaCpu };
 
 fn tmp(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("mixers-bench-{}-{name}", std::process::id()));

@@ -52,9 +52,9 @@ fn agree<F: Scalar>(
     let mut x64 = m.random_inputs(&sizes().dims(), 5).unwrap();
     extra(&mut x64);
     let x = cast_tensors::<F>(&x64);
-    let forms = mixers::registry::run::forms(m.as_ref(), backend.name());
+    let forms = mixers::registry::run::forms(m.as_ref(), &backend);
     for &form in &forms {
-        let want = mixers::registry::run::run(m.as_ref(), backend.name(), form, &tagged::<F>(&x64))
+        let want = mixers::registry::run::run(m.as_ref(), &backend, form, &tagged::<F>(&x64))
             .unwrap_or_else(|e| panic!("{name} {form}: {e}"))
             .to_f64();
         let got = typed(&x, &opts.clone().backend(backend).form(form))

@@ -39,8 +39,11 @@ pub enum Error {
     #[error("backend `{backend}` is not available: {reason}")]
     BackendUnavailable { backend: String, reason: String },
     /// A failure inside a backend (driver error, NVRTC log, out of memory…).
-    #[error("backend `{backend}`{}: {message}", kernel.as_ref().map(|k| format!(" (kernel `{k}`)")).unwrap_or_default())]
-    Backend { backend: String, kernel: Option<String>, message: String },
+    #[error("backend `{backend}`{}: {message}", family.as_ref().map(|k| format!(" (family `{k}`)")).unwrap_or_default())]
+    Backend { backend: String, family: Option<String>, message: String },
+    /// A size (`B`, `T`, …) that a form or decoder needs was not bound.
+    #[error("size `{size}` is needed but was not bound (bound sizes: {given})")]
+    MissingSize { size: String, given: String },
     /// A decoder was driven wrongly (e.g. past its declared length).
     #[error("decoder: {0}")]
     Decoder(String),

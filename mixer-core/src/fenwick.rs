@@ -8,7 +8,7 @@ use std::ops::Range;
 
 /// Number of bits needed to write `x`: $\operatorname{bitlen}(0) = 0$,
 /// $\operatorname{bitlen}(x) = \lfloor \log_2 x \rfloor + 1$ for $x \ge 1$.
-fn bitlen(x: usize) -> usize {
+pub fn bitlen(x: usize) -> usize {
     (usize::BITS - x.leading_zeros()) as usize
 }
 
@@ -57,10 +57,76 @@ pub fn chunk_level(i: usize, j: usize, c: u32) -> usize {
     c as usize + bitlen(i ^ j)
 }
 
+/// The Fenwick merge at token (or, in the chunked form, chunk) `t` (MATH §2.5, §2.6):
+/// for $t \ge 1$, with $m = \operatorname{ctz}(t)$, the states of levels $0..=m$ are summed into
+/// level $m+1$ and emptied. Returns `Some(m)`, or `None` for $t = 0$ (nothing to merge).
+pub fn merge_level(t: usize) -> Option<usize> {
+    (t >= 1).then(|| t.trailing_zeros() as usize)
+}
+
+/// Applies the merge at `t` ([`merge_level`]) to host-side level states (`None` is an empty
+/// level), combining two states with `add`. `states` grows to hold level $m+1$.
+pub fn merge_states<S>(states: &mut Vec<Option<S>>, t: usize, mut add: impl FnMut(S, S) -> S) {
+    let Some(m) = merge_level(t) else { return };
+    if states.len() < m + 2 {
+        states.resize_with(m + 2, || None);
+    }
+    let mut merged = states[m + 1].take();
+    for slot in &mut states[..=m] {
+        if let Some(s) = slot.take() {
+            merged = Some(match merged {
+                Some(acc) => add(acc, s),
+                None => s,
+            });
+        }
+    }
+    states[m + 1] = merged;
+}
+
+/// The levels that hold a state after token `t` was merged and inserted (MATH §2.5): level 0
+/// and every $\ell \ge 1$ with bit $\ell - 1$ of $t$ set, as a bit mask (bit $\ell$ for level
+/// $\ell$), i.e. $(t \ll 1) \mid 1$; that is $1 + \operatorname{popcount}(t)$ states. For
+/// $t < 2^{63}$.
+pub fn occupied_levels(t: usize) -> u64 {
+    ((t as u64) << 1) | 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// Merging then inserting level 0 token by token leaves exactly the occupied levels, and
+    /// every state is the sum of the tokens of its bucket.
+    #[test]
+    fn merge_states_keeps_buckets() {
+        let mut states: Vec<Option<Vec<usize>>> = Vec::new();
+        for t in 0..300usize {
+            merge_states(&mut states, t, |mut a, b| {
+                a.extend(b);
+                a
+            });
+            if states.is_empty() {
+                states.push(None);
+            }
+            assert!(states[0].is_none(), "level 0 not emptied at t = {t}");
+            states[0] = Some(vec![t]);
+            let mut occ = 0u64;
+            for (l, s) in states.iter().enumerate() {
+                if let Some(s) = s {
+                    occ |= 1 << l;
+                    let mut got = s.clone();
+                    got.sort_unstable();
+                    let want: Vec<usize> = bucket(t, l).expect("occupied level has a bucket").collect();
+                    assert_eq!(got, want, "t = {t}, level {l}");
+                }
+            }
+            assert_eq!(occ, occupied_levels(t), "t = {t}");
+            assert_eq!(occ.count_ones() as usize, 1 + t.count_ones() as usize);
+        }
+        assert_eq!(merge_level(0), None);
+        assert_eq!(merge_level(12), Some(2));
+    }
 
     #[test]
     fn level_matches_bucket_enumeration_and_buckets_partition() {

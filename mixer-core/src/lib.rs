@@ -24,7 +24,7 @@ pub use form::Form;
 pub use materialize::{Block, Materialization, Offset, Term};
 pub use mixer::{Decoder, Mixer};
 pub use real::Real;
-pub use spec::{Bound, Constraint, Dim, Dims, Gen, InputDecl, InputSpec};
+pub use spec::{Bound, Constraint, Dim, Dims, DimsExt, Gen, InputDecl, InputSpec};
 pub use tensor::{AnyTensors, DType, Tensor, Tensors};
 pub use tolerance::{Comparison, Tolerance};
 

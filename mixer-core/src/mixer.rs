@@ -16,8 +16,9 @@ use crate::tensor::{AnyTensors, Tensors, token_slice};
 pub trait Mixer: Send + Sync + Debug + Any {
     /// The registered name (e.g. `kth-order`).
     fn name(&self) -> &str;
-    /// The key under which backends register its forms (e.g. `glr` for all its aliases).
-    fn kernel(&self) -> &'static str;
+    /// The family: the key under which backends register its forms (e.g. `glr` for all its
+    /// aliases; the same as its registry entry's `family`).
+    fn family(&self) -> &'static str;
     /// The normalized configuration, as JSON.
     fn config(&self) -> serde_json::Value;
     /// Inputs, symbolic shapes and constraints.
@@ -38,6 +39,22 @@ pub trait Mixer: Send + Sync + Debug + Any {
     /// log-linear mixer needs the Fenwick mask), or `None` when the form may exist.
     fn form_unsupported(&self, _form: crate::Form) -> Option<String> {
         None
+    }
+    /// The number of scalars a correct decoder holds after consuming `consumed` tokens
+    /// (`1 ≤ consumed ≤ T`) for the sizes `dims` (bound by [`validate`]), by the family's cache
+    /// formula (e.g. $\min(t, w)\,B H (D_k + D_v)$ for a KV cache), or `None` when the decoder
+    /// of this configuration has no closed form. The shared backend suite checks every
+    /// backend's [`Decoder::cache_elems`] against it at every step.
+    fn decoder_cache(&self, _dims: &Dims, _consumed: usize) -> Option<usize> {
+        None
+    }
+    /// The inputs of the first `len` tokens of a sequence (`len ≤ T`): every per-token input
+    /// cut along the sequence axis, static inputs kept. Families whose derived sizes depend on
+    /// `T` exactly (e.g. the GLR's `K(T)` slot axes) cut those too, so that the result is a
+    /// valid input of length `len`: the decoder's first `len` outputs must equal any form run
+    /// on it.
+    fn prefix(&self, inputs: &Tensors<f64>, len: usize) -> Result<Tensors<f64>> {
+        Ok(crate::tensor::prefix(inputs, &self.spec().per_token(), len))
     }
     /// Upcast for backends that downcast to the concrete configuration.
     fn as_any(&self) -> &dyn Any;
@@ -70,7 +87,7 @@ pub fn validate(m: &dyn Mixer, inputs: &AnyTensors) -> Result<Dims> {
 pub fn downcast<'a, T: 'static>(m: &'a dyn Mixer, backend: &str) -> Result<&'a T> {
     m.as_any().downcast_ref::<T>().ok_or_else(|| Error::Backend {
         backend: backend.to_string(),
-        kernel: Some(m.kernel().to_string()),
+        family: Some(m.family().to_string()),
         message: format!("mixer `{}` is not a {}", m.name(), std::any::type_name::<T>()),
     })
 }

@@ -171,56 +171,26 @@ impl Pattern {
         out
     }
 
-    /// Position for slot with offset `fk` ($\le t$) and stride `ak`.
-    fn position(&self, t: usize, fk: u64, ak: u64) -> usize {
-        let t64 = t as u64;
-        if !self.cache_efficient {
-            return (t64 - fk) as usize;
-        }
-        // u = t + 1 − f(k) ≥ 1; a_k ⌈u / a_k⌉ − 1 computed in u128 (no overflow).
-        let u = u128::from(t64 - fk) + 1;
-        let a = u128::from(ak.max(1));
-        let p = u.div_ceil(a) * a - 1;
-        usize::try_from(p).unwrap_or(usize::MAX)
-    }
-
     /// Position $d_k(t)$ read by token $t$ in slot $k$ (MATH §1.1), or `None` when slot $k$ is
     /// truncated away ($k \ge$ `order`) or inactive ($f(k) > t$).
-    /// Translation-invariant: $t - f(k)$; cache-efficient: $a_k \lceil (t+1-f(k))/a_k \rceil - 1$.
-    /// Costs $O(k)$ for cache-efficient patterns (the strides); use [`Pattern::deps`] for all slots.
+    /// Costs $O(k)$ for cache-efficient patterns (the strides); use [`Slots`] for many tokens.
     pub fn dep(&self, t: usize, k: usize) -> Option<usize> {
-        if !self.in_order(k) {
-            return None;
-        }
-        let fk = (self.f)(k);
-        if fk > t as u64 {
-            return None;
-        }
-        let ak = if self.cache_efficient { self.strides(k + 1)[k] } else { 1 };
-        Some(self.position(t, fk, ak))
+        let slots = Slots::new(self, t.checked_add(1)?);
+        (k < slots.len()).then(|| slots.pos(t, k))
     }
 
     /// All active slots of token $t$ as `(k, d_k(t))`, for $k < K(t+1)$ (i.e. $f(k) \le t$).
     pub fn deps(&self, t: usize) -> Vec<(usize, usize)> {
-        let n = self.count_le(t as u64);
-        let strides = if self.cache_efficient { self.strides(n) } else { vec![1; n] };
-        (0..n).map(|k| (k, self.position(t, (self.f)(k), strides[k]))).collect()
+        match t.checked_add(1) {
+            Some(n) => Slots::new(self, n).deps(t).collect(),
+            None => Vec::new(),
+        }
     }
 
-    /// The dependency positions of every token $t <$ `t_len`, computed with one stride table.
+    /// The dependency positions of every token $t <$ `t_len`, from one [`Slots`] table.
     pub(crate) fn all_deps(&self, t_len: usize) -> Vec<Vec<usize>> {
-        let offsets = self.offsets(t_len);
-        let strides = if self.cache_efficient { self.strides(offsets.len()) } else { vec![1; offsets.len()] };
-        (0..t_len)
-            .map(|t| {
-                offsets
-                    .iter()
-                    .zip(&strides)
-                    .take_while(|&(&fk, _)| fk <= t as u64)
-                    .map(|(&fk, &ak)| self.position(t, fk, ak))
-                    .collect()
-            })
-            .collect()
+        let slots = Slots::new(self, t_len);
+        (0..t_len).map(|t| slots.deps(t).map(|(_, d)| d).collect()).collect()
     }
 
     /// Checks MATH §1.1's lattice invariant for every $t <$ `t_len`: $P_t \subseteq [0, t-1]$ and,
@@ -228,16 +198,8 @@ impl Pattern {
     /// after token $t-1$ is exactly $P_t$). Translation-invariant patterns only need
     /// $P_t \subseteq [0, t-1]$. The error names the token and the offending position.
     pub fn check_lattice_invariant(&self, t_len: usize) -> Result<()> {
-        let offsets = self.offsets(t_len);
-        let strides = if self.cache_efficient { self.strides(offsets.len()) } else { vec![1; offsets.len()] };
-        let positions = |t: usize| -> Vec<usize> {
-            offsets
-                .iter()
-                .zip(&strides)
-                .take_while(|&(&fk, _)| fk <= t as u64)
-                .map(|(&fk, &ak)| self.position(t, fk, ak))
-                .collect()
-        };
+        let slots = Slots::new(self, t_len);
+        let positions = |t: usize| -> Vec<usize> { slots.deps(t).map(|(_, d)| d).collect() };
         check_positions(&self.name, t_len, positions, self.cache_efficient)
     }
 
@@ -247,21 +209,97 @@ impl Pattern {
     /// $f(K-1)$ outputs), $0$ when $K(T) = 0$.
     pub fn max_cache(&self, t_len: usize) -> usize {
         if self.cache_efficient {
-            self.all_deps(t_len)
-                .into_iter()
-                .map(|mut p| {
-                    p.sort_unstable();
-                    p.dedup();
-                    p.len()
-                })
-                .max()
-                .unwrap_or(0)
+            let slots = Slots::new(self, t_len);
+            (0..t_len).map(|t| slots.distinct_positions(t)).max().unwrap_or(0)
         } else {
             match self.slots(t_len) {
                 0 => 0,
                 k => (self.f)(k - 1) as usize,
             }
         }
+    }
+}
+
+/// The dependency table of a pattern for one length $T$: offsets $f(k)$ and lattice strides
+/// $a_k$ for the $K(T)$ slots, so that $d_k(t)$ costs $O(1)$ (MATH §1.1). This is the one place
+/// the position formula is written; the GLR forms, its decoders (CPU and CUDA, whose kernels
+/// take [`Slots::offsets`] and [`Slots::strides`] as tables), the materialization and the
+/// lattice checks all read it.
+#[derive(Clone, Debug)]
+pub struct Slots {
+    offsets: Vec<usize>,
+    strides: Vec<usize>,
+    cache_efficient: bool,
+}
+
+impl Slots {
+    /// Offsets and strides of `p` for length `t_len` ($f(k) \le T - 1$, so they fit in `usize`;
+    /// strides are $\le f(k)$, MATH §1.1).
+    pub fn new(p: &Pattern, t_len: usize) -> Self {
+        let offsets: Vec<usize> = p.offsets(t_len).into_iter().map(|f| f as usize).collect();
+        let strides = if p.cache_efficient() {
+            p.strides(offsets.len()).into_iter().map(|a| usize::try_from(a).unwrap_or(usize::MAX)).collect()
+        } else {
+            vec![1; offsets.len()]
+        };
+        Slots { offsets, strides, cache_efficient: p.cache_efficient() }
+    }
+
+    /// $K(T)$.
+    pub fn len(&self) -> usize {
+        self.offsets.len()
+    }
+
+    /// Whether there are no slots ($T \le 1$ or an empty pattern).
+    pub fn is_empty(&self) -> bool {
+        self.offsets.is_empty()
+    }
+
+    /// The offsets $f(0..K)$.
+    pub fn offsets(&self) -> &[usize] {
+        &self.offsets
+    }
+
+    /// The strides $a_0..a_{K-1}$ (all 1 for a translation-invariant pattern).
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// Whether positions are on the cache-efficient lattice.
+    pub fn cache_efficient(&self) -> bool {
+        self.cache_efficient
+    }
+
+    /// Number of active slots of token $t$: $\#\{k < K : f(k) \le t\}$.
+    pub fn active(&self, t: usize) -> usize {
+        self.offsets.partition_point(|&f| f <= t)
+    }
+
+    /// $d_k(t)$ for an active slot ($f(k) \le t$): $t - f(k)$, or on the lattice
+    /// $a_k \lceil (t + 1 - f(k)) / a_k \rceil - 1$.
+    #[inline]
+    pub fn pos(&self, t: usize, k: usize) -> usize {
+        let u = t - self.offsets[k];
+        if self.cache_efficient {
+            let a = self.strides[k];
+            // a ⌈(u + 1)/a⌉ − 1 = u + (a − 1 − u mod a); never exceeds t − 1 (module docs).
+            u + (a - 1 - u % a)
+        } else {
+            u
+        }
+    }
+
+    /// The active slots of token $t$ as `(k, d_k(t))`.
+    pub fn deps(&self, t: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.active(t)).map(move |k| (k, self.pos(t, k)))
+    }
+
+    /// $|P_t|$: the number of distinct positions token $t$ reads.
+    pub fn distinct_positions(&self, t: usize) -> usize {
+        let mut p: Vec<usize> = self.deps(t).map(|(_, d)| d).collect();
+        p.sort_unstable();
+        p.dedup();
+        p.len()
     }
 }
 

@@ -148,6 +148,21 @@ impl InputDecl {
 /// Concrete values of the symbolic sizes.
 pub type Dims = BTreeMap<&'static str, usize>;
 
+/// Required-size lookup on [`Dims`], with one error message for every caller.
+pub trait DimsExt {
+    /// The bound size `sym` (`"B"`, `"T"`, …), or an error naming it and the sizes given.
+    fn size(&self, sym: &str) -> Result<usize>;
+}
+
+impl DimsExt for Dims {
+    fn size(&self, sym: &str) -> Result<usize> {
+        self.get(sym).copied().ok_or_else(|| Error::MissingSize {
+            size: sym.to_string(),
+            given: self.iter().map(|(k, v)| format!("{k} = {v}")).collect::<Vec<_>>().join(", "),
+        })
+    }
+}
+
 /// A requirement on a size derived from others (e.g. `K = K(T)`, `L ≥ L(T)`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum Bound {

@@ -1,10 +1,11 @@
 //! Named tensors: the inputs and outputs of every mixer (`ndarray`, row-major, batch first).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use ndarray::{ArrayD, Axis};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, fmt_shape};
 use crate::real::Real;
 
 /// Named tensors of one scalar type, e.g. `{"q": [B,T,H,Dk], "k": …, "v": …}`.
@@ -131,6 +132,20 @@ pub fn get<'a, F>(m: &'a Tensors<F>, name: &str) -> Result<&'a ArrayD<F>> {
         name: name.to_string(),
         expected: "a tensor".into(),
         given: m.keys().cloned().collect::<Vec<_>>().join(", "),
+    })
+}
+
+/// Input `name` as a contiguous row-major slice (borrowed when it already is), after checking
+/// that its shape is exactly `want`. Decoders use it for the per-token inputs (`want` without
+/// the sequence axis), forms for whole inputs.
+pub fn contiguous<'a, F: Copy>(m: &'a Tensors<F>, name: &str, want: &[usize]) -> Result<Cow<'a, [F]>> {
+    let a = get(m, name)?;
+    if a.shape() != want {
+        return Err(Error::shape(name, fmt_shape(want), fmt_shape(a.shape())));
+    }
+    Ok(match a.as_slice() {
+        Some(s) => Cow::Borrowed(s),
+        None => Cow::Owned(a.iter().copied().collect()),
     })
 }
 

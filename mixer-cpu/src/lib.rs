@@ -2,7 +2,8 @@
 //!
 //! The CPU backend: every builtin family's forms, with ndarray, faer (matmul, triangular
 //! solve), realfft/rustfft (FFT) and rayon (parallel over batch × heads/channels). One folder
-//! per family; each registers a [`KernelEntry`](mixer_registry::KernelEntry) for backend `cpu`.
+//! per family; each implements [`Family`](mixer_registry::Family) and registers a
+//! [`FamilyEntry`](mixer_registry::FamilyEntry) for backend `cpu`.
 
 pub mod attention;
 pub mod glr;

@@ -5,6 +5,7 @@
 //! (the caller divides by `n` once).
 
 use std::collections::HashMap;
+use std::sync::{LazyLock, Mutex};
 
 use cudarc::cufft::sys::{cufftType, double2, float2};
 use cudarc::cufft::{CudaFft, result::CufftError};
@@ -13,11 +14,9 @@ use mixer_core::Result;
 
 use crate::runtime::{GpuReal, err, gpu};
 
-/// Cached cuFFT plans, keyed by (n, batch, inverse, f64).
-#[derive(Default)]
-pub struct PlanCache {
-    plans: HashMap<(usize, usize, bool, bool), CudaFft>,
-}
+/// Cached cuFFT plans, keyed by (n, batch, inverse, f64), for the backend's one stream.
+static PLANS: LazyLock<Mutex<HashMap<(usize, usize, bool, bool), CudaFft>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// A scalar with cuFFT real transforms.
 pub trait FftReal: GpuReal {
@@ -81,9 +80,9 @@ fn with_plan<F: FftReal, R>(
     }
     let ni = i32::try_from(n).map_err(|_| err(kernel, format!("FFT size {n} exceeds i32")))?;
     let bi = i32::try_from(batch).map_err(|_| err(kernel, format!("FFT batch {batch} exceeds i32")))?;
-    let mut cache = g.ffts.lock().map_err(|_| err(kernel, "FFT plan cache poisoned"))?;
+    let mut cache = PLANS.lock().map_err(|_| err(kernel, "FFT plan cache poisoned"))?;
     let key = (n, batch, inverse, F::DOUBLE);
-    let plan = match cache.plans.entry(key) {
+    let plan = match cache.entry(key) {
         std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
         std::collections::hash_map::Entry::Vacant(v) => {
             let ty = if inverse { F::INV } else { F::FWD };
@@ -116,33 +115,4 @@ pub fn irfft<F: FftReal>(
     let mut y = g.zeros::<F>(kernel, batch * n)?;
     with_plan::<F, ()>(kernel, n, batch, true, |p| F::exec_inv(p, &mut x, &mut y))?;
     Ok(y)
-}
-
-/// The smallest `p ≥ n` of the form $2^a 3^b 5^c 7^d$ (sizes cuFFT handles fastest).
-pub fn fast_size(n: usize) -> usize {
-    let mut p = n.max(1);
-    loop {
-        let mut m = p;
-        for f in [2, 3, 5, 7] {
-            while m.is_multiple_of(f) {
-                m /= f;
-            }
-        }
-        if m == 1 {
-            return p;
-        }
-        p += 1;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn fast_sizes() {
-        assert_eq!(super::fast_size(1), 1);
-        assert_eq!(super::fast_size(11), 12);
-        assert_eq!(super::fast_size(73), 75);
-        assert_eq!(super::fast_size(127), 128);
-        assert_eq!(super::fast_size(121), 125);
-    }
 }

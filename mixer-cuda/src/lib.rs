@@ -5,25 +5,30 @@
 //! panics when it is missing.
 //!
 //! - [`runtime`]: the lazily created context and stream on device 0, the NVRTC module cache
-//!   (kernels in `mixer-cuda/kernels/*.cu`, compiled for the device's compute capability),
-//!   host↔device copies, errors as `Error::Backend { backend: "cuda", .. }`.
+//!   (compiled for the device's compute capability), host↔device copies, errors as
+//!   `Error::Backend { backend: "cuda", .. }`.
+//! - [`kernels`]: the table of every kernel source (`mixer-cuda/kernels/*.cu`).
 //! - [`fft`]: batched real FFTs through cuFFT with cached plans.
-//! - one module per family, registering `KernelEntry { backend: "cuda", .. }`:
+//! - one module per family, implementing `mixer_registry::Family` and registering a
+//!   `FamilyEntry { backend: "cuda", .. }`:
 //!
 //! | family | forms on CUDA | kernel file |
 //! |---|---|---|
-//! | [`toeplitz`] | `fast` (cuFFT R2C/C2R, plans cached), `parallel` (direct), `recurrent` (naive, device history) | `toeplitz.cu` |
+//! | [`toeplitz`] | `fast` (cuFFT R2C/C2R, plans cached), `parallel` (direct), `recurrent` (naive decoder only, device history) | `toeplitz.cu` |
 //! | [`glr`] | `fast` (sparse recurrence, any pattern via a host table), `recurrent` (lattice cache on device) | `glr.cu` |
 //! | [`attention`] | `fast` (tiled online softmax, window), `recurrent` (KV cache on device) | `attention.cu` |
-//! | [`loglinear`] | `parallel` (generic quadratic, mask and λ device functions spliced in) | `loglinear.cu` |
+//! | [`loglinear`] | `parallel` (generic quadratic, mask and λ device functions spliced in), `fast` (chunked, Fenwick structure), `recurrent` (device level states, Fenwick structure) | `loglinear.cu`, `loglinear_fenwick.cu` |
 //!
-//! GPU tests live in `mixer-cuda/tests/`; they skip with a printed reason when no device is
-//! present and fail instead under `MIXERS_REQUIRE_CUDA=1`.
+//! GPU tests live in `mixer-cuda/tests/all/`; they are `#[ignore]`d (so `cargo test` reports
+//! them as ignored, not passed) and run with `cargo test -p mixer-cuda -- --include-ignored`
+//! on a machine with a GPU, where `MIXERS_REQUIRE_CUDA=1` turns a missing device into a
+//! failure.
 
 pub mod attention;
 pub mod device;
 pub mod fft;
 pub mod glr;
+pub mod kernels;
 pub mod loglinear;
 pub mod runtime;
 pub mod toeplitz;

@@ -3,8 +3,8 @@
 //! it does not), an NVRTC module cache keyed by (source, options), host↔device copies of
 //! `ndarray` tensors, and the error conversions to [`mixer_core::Error::Backend`].
 //!
-//! Kernels are `.cu` files under `mixer-cuda/kernels/`, embedded with `include_str!` and
-//! compiled on first use for the device's compute capability (`--gpu-architecture=sm_XY`).
+//! Kernels are the sources of [`crate::kernels`], compiled on first use for the device's
+//! compute capability (`--gpu-architecture=sm_XY`).
 //! Each kernel is written once as a template and exported as `extern "C"` wrappers
 //! `name_f32` / `name_f64`; [`GpuReal::SUFFIX`] picks the instantiation.
 
@@ -33,9 +33,10 @@ impl GpuReal for f64 {
     const SUFFIX: &'static str = "f64";
 }
 
-/// A backend error for `kernel` (`Error::Backend { backend: "cuda", kernel, message }`).
-pub fn err(kernel: &str, message: impl Display) -> Error {
-    Error::Backend { backend: "cuda".into(), kernel: Some(kernel.to_string()), message: message.to_string() }
+/// A backend error of a family (or of a kernel source, by its name):
+/// `Error::Backend { backend: "cuda", family, message }`.
+pub fn err(family: &str, message: impl Display) -> Error {
+    Error::Backend { backend: "cuda".into(), family: Some(family.to_string()), message: message.to_string() }
 }
 
 /// Key of a compiled module: the full source and the NVRTC options.
@@ -54,7 +55,6 @@ pub struct Gpu {
     /// Number of devices the driver reports.
     pub count: i32,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
-    pub(crate) ffts: Mutex<crate::fft::PlanCache>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -86,15 +86,7 @@ fn create() -> std::result::Result<Gpu, String> {
     let cc = ctx.compute_capability().map_err(|e| format!("cannot read the compute capability: {e}"))?;
     let name = ctx.name().unwrap_or_else(|_| "unknown device".into());
     let stream = ctx.default_stream();
-    Ok(Gpu {
-        ctx,
-        stream,
-        cc,
-        name,
-        count,
-        modules: Mutex::new(HashMap::new()),
-        ffts: Mutex::new(crate::fft::PlanCache::default()),
-    })
+    Ok(Gpu { ctx, stream, cc, name, count, modules: Mutex::new(HashMap::new()) })
 }
 
 /// The process-wide GPU state, created on first use; an error says why CUDA is unusable.
@@ -131,7 +123,7 @@ impl Gpu {
 
     /// The module compiled from `src` (with `extra` NVRTC options), compiled on first use for
     /// this device's compute capability and cached by (source, options). `kernel` names the
-    /// kernel family in errors (NVRTC's log is included).
+    /// source in errors (NVRTC's log is included).
     pub fn module(&self, kernel: &str, src: &str, extra: &[String]) -> Result<Arc<CudaModule>> {
         let mut options = vec![format!("--gpu-architecture={}", self.arch()), "--std=c++17".to_string()];
         options.extend(extra.iter().cloned());
@@ -264,14 +256,6 @@ pub fn check_elems(kernel: &str, n: usize) -> Result<()> {
     int(kernel, "element count", n).map(|_| ())
 }
 
-/// The helpers every kernel source starts with (`kernels/common.cuh`).
-pub const COMMON: &str = include_str!("../kernels/common.cuh");
-
-/// A kernel source with the common helpers prepended.
-pub fn source(body: &str) -> String {
-    format!("{COMMON}\n{body}")
-}
-
 /// Launches `$f` on the backend's stream with the given arguments (references), mapping a
 /// launch failure to a backend error of `$kernel`.
 #[allow(unused_macros)]
@@ -290,26 +274,3 @@ macro_rules! launch {
 }
 #[allow(unused_imports)]
 pub(crate) use launch;
-
-/// Input `name` of a tensor map, or an error naming the kernel.
-pub fn input<'a, F>(inputs: &'a mixer_core::Tensors<F>, kernel: &str, name: &str) -> Result<&'a ArrayD<F>> {
-    inputs.get(name).ok_or_else(|| {
-        err(kernel, format!("missing input `{name}`; given: {:?}", inputs.keys().collect::<Vec<_>>()))
-    })
-}
-
-/// Every kernel source of this backend, by family (without the common prefix).
-pub const KERNEL_SOURCES: &[(&str, &str)] = &[
-    ("toeplitz", include_str!("../kernels/toeplitz.cu")),
-    ("glr", include_str!("../kernels/glr.cu")),
-    ("attention", include_str!("../kernels/attention.cu")),
-    (
-        "loglinear",
-        concat!(
-            "__device__ int mixers_level(long long t, long long s) { return 0; }\n",
-            "__device__ double mixers_lambda(double raw, double param) { return raw; }\n",
-            include_str!("../kernels/loglinear.cu")
-        ),
-    ),
-    ("loglinear_fenwick", include_str!("../kernels/loglinear_fenwick.cu")),
-];

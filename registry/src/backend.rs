@@ -7,10 +7,11 @@
 use mixer_core::{Error, Result};
 
 use crate::BACKENDS;
-use crate::entries::{Availability, BackendEntry};
+use crate::entries::{Availability, BackendEntry, FamilyEntry};
 use crate::lookup::backend_entry;
 
-/// A backend that was found available.
+/// A backend that was found available: the value every `run::*` entry point takes, so the
+/// name is looked up and probed once, when it is chosen.
 #[derive(Clone, Copy, Debug)]
 pub struct Backend {
     entry: &'static BackendEntry,
@@ -24,6 +25,18 @@ impl Backend {
     /// Its registry entry.
     pub fn entry(&self) -> &'static BackendEntry {
         self.entry
+    }
+
+    /// Its implementation of a mixer family, if it registered one.
+    pub fn family(&self, family: &str) -> Option<&'static FamilyEntry> {
+        crate::lookup::family(family, self.entry.name)
+    }
+
+    /// A registered backend by name without probing it, for introspection (e.g. listing the
+    /// forms it implements where it is not available). Running a form on it where it is not
+    /// available fails with the backend's own error.
+    pub fn registered(name: &str) -> Result<Backend> {
+        backend_entry(name).map(|entry| Backend { entry })
     }
 
     /// A backend by name, if it is available here.
@@ -84,6 +97,12 @@ impl Backend {
             .collect();
         v.sort_by_key(|b| -b.entry.priority);
         v
+    }
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.entry.name)
     }
 }
 

@@ -1,8 +1,7 @@
 //! The entry types placed in the link-time slices by `#[register]`.
 
-use mixer_core::mixer::{Decoder, Mixer};
-use mixer_core::{Dims, Form, Result, Tensors};
-use ndarray::ArrayD;
+use mixer_core::Result;
+use mixer_core::mixer::Mixer;
 
 /// An offset pattern `f(k)` (MATH.md §1.1): strictly increasing, `f(k) ≥ 1`; `f(0) = 1` if
 /// it is to be used with the cache-efficient lattice.
@@ -12,11 +11,10 @@ pub struct PatternEntry {
     pub name: &'static str,
     /// One-line description.
     pub doc: &'static str,
-    /// `f(k)`; may saturate at `u64::MAX`.
+    /// `f(k)`; may saturate at `u64::MAX`. Every backend reads it through the offset/stride
+    /// table of `mixer_core::pattern::Slots` (the CUDA kernels take that table), so a pattern
+    /// needs no device code.
     pub offset: fn(usize) -> u64,
-    /// Optional CUDA device function `__device__ long long mixers_offset(int k)`; the CUDA
-    /// backend otherwise ships the offsets as a table (which always works).
-    pub cuda: Option<&'static str>,
 }
 
 /// A causal level mask for the log-linear lift (MATH.md §2.3): `ℓ(t, s)` for `s ≤ t`.
@@ -57,7 +55,8 @@ pub type BuildFn = fn(&str, &serde_json::Value) -> Result<Box<dyn Mixer>>;
 pub struct MixerEntry {
     /// Registered name (`"glr"`, `"mamba2"`, …).
     pub name: &'static str,
-    /// Family (`"glr"`, `"attention"`, `"loglinear"`, `"toeplitz"`, or a plugin's).
+    /// Family (`"glr"`, `"attention"`, `"loglinear"`, `"toeplitz"`, or a plugin's): the key
+    /// of the backends' [`FamilyEntry`]s, equal to [`Mixer::family`] of what `build` returns.
     pub family: &'static str,
     /// One-line description.
     pub doc: &'static str,
@@ -89,26 +88,4 @@ pub struct BackendEntry {
     pub probe: fn() -> Availability,
 }
 
-/// Runs a form of a mixer on tensors of one scalar type.
-pub type RunFn<F> = fn(&dyn Mixer, Form, &Tensors<F>) -> Result<ArrayD<F>>;
-/// Builds a decoder from the static inputs (those without a sequence axis) and the sizes.
-pub type DecoderFn<F> = fn(&dyn Mixer, &Tensors<F>, &Dims) -> Result<Box<dyn Decoder<F>>>;
-
-/// A backend's implementation of the forms of one mixer kernel (e.g. `glr` on `cpu`).
-#[derive(Debug)]
-pub struct KernelEntry {
-    /// The mixer kernel key ([`Mixer::kernel`]).
-    pub kernel: &'static str,
-    /// The backend name.
-    pub backend: &'static str,
-    /// Forms computed by `run_*` (the recurrent form comes from the decoder).
-    pub forms: &'static [Form],
-    /// `f64` forms.
-    pub run_f64: RunFn<f64>,
-    /// `f32` forms.
-    pub run_f32: RunFn<f32>,
-    /// `f64` decoder.
-    pub decoder_f64: Option<DecoderFn<f64>>,
-    /// `f32` decoder.
-    pub decoder_f32: Option<DecoderFn<f32>>,
-}
+pub use crate::family::FamilyEntry;

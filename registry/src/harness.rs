@@ -115,14 +115,14 @@ pub fn check(m: &dyn Mixer, backends: &[Backend], sizes: &Sizes, seed: u64) -> V
     };
     let mut rows = Vec::new();
     for b in backends {
-        for form in forms(m, b.name()) {
+        for form in forms(m, b) {
             if form == Form::Materialized {
                 continue;
             }
             for dtype in [DType::F64, DType::F32] {
                 let tol = Tolerance::for_dtype(dtype.name());
                 let t0 = Instant::now();
-                let got = run_as(m, b.name(), form, &inputs, dtype);
+                let got = run_as(m, b, form, &inputs, dtype);
                 let millis = t0.elapsed().as_secs_f64() * 1e3;
                 let mut row = base(b.name(), form, dtype);
                 row.millis = millis;

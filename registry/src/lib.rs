@@ -1,29 +1,33 @@
 //! # mixer-registry
 //!
 //! Link-time registries of the `mixers` library. A plugin crate registers an offset pattern,
-//! a level mask, a λ scheme, a mixer, a backend or a backend's kernels with one attribute,
-//! [`register`], on a `static` of the matching entry type:
+//! a level mask, a λ scheme, a mixer, a backend or a backend's implementation of a mixer family
+//! ([`FamilyEntry`], the backend contract of [`family`]) with one attribute, [`register`], on a
+//! `static` of the matching entry type:
 //!
 //! ```ignore
 //! use mixer_registry::{register, PatternEntry};
 //! fn fib(k: usize) -> u64 { /* 1, 2, 3, 5, 8, … */ }
 //! #[register]
-//! static FIB: PatternEntry = PatternEntry { name: "fibonacci", doc: "Fibonacci offsets", offset: fib, cuda: None };
+//! static FIB: PatternEntry = PatternEntry { name: "fibonacci", doc: "Fibonacci offsets", offset: fib };
 //! ```
 //!
 //! The linker drops crates nothing references: a binary that relies on a plugin must
 //! mention it, e.g. `use my_plugin as _;`.
 //!
 //! Also here: lookup by name with "did you mean" errors ([`lookup`]), run-time backend
-//! selection ([`Backend::auto`]), running a form with validation ([`run::run`]) and the
-//! cross-check harness ([`harness::check`]).
+//! selection ([`Backend::auto`]), running a form with validation ([`run::run`]), the
+//! cross-check harness ([`harness::check`]) and the backend test suite every registered
+//! backend and mixer gets ([`suite`]).
 
 pub mod backend;
 mod builtins;
 pub mod entries;
+pub mod family;
 pub mod harness;
 pub mod lookup;
 pub mod run;
+pub mod suite;
 
 #[doc(hidden)]
 pub use linkme as __linkme;
@@ -32,8 +36,9 @@ pub use mixer_registry_macros::register;
 
 pub use backend::{Backend, backends_status};
 pub use entries::*;
+pub use family::{DecoderFn, DynFamily, Family, FormFn, Scalar};
 pub use harness::{CheckRow, Sizes, check};
-pub use lookup::{backend_entry, duplicates, kernel, lambda_scheme, mask, mixer, mixer_entry, pattern};
+pub use lookup::{backend_entry, duplicates, family, lambda_scheme, mask, mixer, mixer_entry, pattern};
 
 /// Offset patterns.
 #[linkme::distributed_slice]
@@ -50,9 +55,9 @@ pub static MIXERS: [MixerEntry];
 /// Backends.
 #[linkme::distributed_slice]
 pub static BACKENDS: [BackendEntry];
-/// Backends' kernels.
+/// Backends' implementations of mixer families.
 #[linkme::distributed_slice]
-pub static KERNELS: [KernelEntry];
+pub static FAMILIES: [FamilyEntry];
 
 #[cfg(test)]
 mod tests {

@@ -3,7 +3,7 @@
 use mixer_core::{Error, Result};
 
 use crate::entries::*;
-use crate::{BACKENDS, KERNELS, LAMBDAS, MASKS, MIXERS, PATTERNS};
+use crate::{BACKENDS, FAMILIES, LAMBDAS, MASKS, MIXERS, PATTERNS};
 
 /// Names within a small edit distance of `name`, closest first.
 pub fn near_names<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> Vec<String> {
@@ -53,9 +53,9 @@ pub fn mixer(name: &str, config: &serde_json::Value) -> Result<Box<dyn mixer_cor
     let e = mixer_entry(name)?;
     (e.build)(name, config)
 }
-/// The kernel entry of a mixer kernel on a backend, if any.
-pub fn kernel(kernel: &str, backend: &str) -> Option<&'static KernelEntry> {
-    KERNELS.iter().find(|k| k.kernel == kernel && k.backend == backend)
+/// A backend's implementation of a mixer family, if it registered one.
+pub fn family(family: &str, backend: &str) -> Option<&'static FamilyEntry> {
+    FAMILIES.iter().find(|k| k.family == family && k.backend == backend)
 }
 
 /// Every `(kind, name)` registered more than once.
@@ -75,6 +75,6 @@ pub fn duplicates() -> Vec<(&'static str, String)> {
     dups("λ scheme", &LAMBDAS, |e| e.name.into(), &mut out);
     dups("mixer", &MIXERS, |e| e.name.into(), &mut out);
     dups("backend", &BACKENDS, |e| e.name.into(), &mut out);
-    dups("kernel", &KERNELS, |e| format!("{}@{}", e.kernel, e.backend), &mut out);
+    dups("family", &FAMILIES, |e| format!("{}@{}", e.family, e.backend), &mut out);
     out
 }

@@ -1,46 +1,88 @@
-//! Running a form of a mixer on a backend: validation, dispatch, and the generic forms
-//! (`materialized` through the oracle, `recurrent` through the decoder).
+//! Running a form of a mixer on a backend: validation, the one place that decides whether a
+//! backend can run a form, dispatch, and the generic forms (`materialized` through the
+//! oracle, `recurrent` through the decoder).
 
 use mixer_core::mixer::{Decoder, Mixer, run_decoder, validate};
 use mixer_core::tensor::cast_tensors;
-use mixer_core::{AnyTensors, Dims, Error, Form, Real, Result, Tensor, Tensors, oracle};
+use mixer_core::{AnyTensors, DType, Dims, Error, Form, Result, Tensor, Tensors, oracle};
 use ndarray::ArrayD;
 
-use crate::entries::KernelEntry;
-use crate::lookup::kernel;
+use crate::backend::Backend;
+use crate::family::{DynFamily, Scalar};
 
-/// The forms of `m` available on `backend` (the materialized oracle is always available).
-pub fn forms(m: &dyn Mixer, backend: &str) -> Vec<Form> {
-    let mut v = vec![Form::Materialized];
-    if let Some(k) = kernel(m.kernel(), backend) {
-        v.extend(k.forms.iter().copied());
-        if k.decoder_f64.is_some() {
-            v.push(Form::Recurrent);
-        }
+/// Why `backend` cannot run `form` of `m`, or `None` when it can. In order: the mixer's own
+/// restriction ([`Mixer::form_unsupported`]), a missing family implementation, a form the
+/// implementation lacks, and the implementation's restriction for this configuration.
+/// `materialized` (the oracle) only depends on the mixer.
+fn why_not(m: &dyn Mixer, backend: &Backend, form: Form) -> Option<String> {
+    if let Some(why) = m.form_unsupported(form) {
+        return Some(why);
     }
-    v.retain(|f| m.form_unsupported(*f).is_none());
-    v.sort();
-    v.dedup();
-    v
+    if form == Form::Materialized {
+        return None;
+    }
+    let Some(entry) = backend.family(m.family()) else {
+        return Some(format!(
+            "backend `{}` implements no form of the `{}` family",
+            backend.name(),
+            m.family()
+        ));
+    };
+    if !entry.f64.implements(form) {
+        return Some(format!(
+            "backend `{}` has no {form} form for the `{}` family",
+            backend.name(),
+            m.family()
+        ));
+    }
+    match entry.f64.unsupported(m, backend.name(), form) {
+        Ok(why) => why,
+        Err(e) => Some(e.to_string()),
+    }
 }
 
-fn unavailable(m: &dyn Mixer, form: Form, backend: &str) -> Error {
-    if let Some(why) = m.form_unsupported(form) {
-        return Error::FormUnavailable {
+/// The forms of `m` that `backend` can run, in report order.
+pub fn forms(m: &dyn Mixer, backend: &Backend) -> Vec<Form> {
+    Form::ALL.into_iter().filter(|&f| why_not(m, backend, f).is_none()).collect()
+}
+
+/// `Ok` when `backend` can run `form` of `m`; otherwise the error that says why and lists the
+/// forms that are available there.
+pub fn available(m: &dyn Mixer, backend: &Backend, form: Form) -> Result<()> {
+    match why_not(m, backend, form) {
+        None => Ok(()),
+        Some(why) => Err(Error::FormUnavailable {
             mixer: m.name().to_string(),
             form: form.name().into(),
-            backend: backend.into(),
+            backend: backend.name().into(),
             available: format!(
                 "{} ({why})",
                 forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
             ),
-        };
+        }),
     }
-    Error::FormUnavailable {
-        mixer: m.name().to_string(),
-        form: form.name().into(),
-        backend: backend.into(),
-        available: forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", "),
+}
+
+/// The implementation of `m`'s family on `backend` for `F`, once [`available`] said yes.
+fn implementation<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+) -> Result<&'static dyn DynFamily<F>> {
+    available(m, backend, form)?;
+    backend.family(m.family()).map(F::implementation).ok_or_else(|| Error::Backend {
+        backend: backend.name().into(),
+        family: Some(m.family().into()),
+        message: "internal: the family entry disappeared".into(),
+    })
+}
+
+/// The error for an implementation that declared a form and then did not run it.
+fn not_run(m: &dyn Mixer, backend: &Backend, form: Form) -> Error {
+    Error::Backend {
+        backend: backend.name().into(),
+        family: Some(m.family().into()),
+        message: format!("the {form} form is declared for f64 but not for this scalar type"),
     }
 }
 
@@ -51,53 +93,31 @@ pub fn oracle(m: &dyn Mixer, inputs: &Tensors<f64>) -> Result<ArrayD<f64>> {
     oracle::solve(&mat, x)
 }
 
-trait Pick: Real {
-    fn run_fn(k: &KernelEntry) -> crate::entries::RunFn<Self>;
-    fn dec_fn(k: &KernelEntry) -> Option<crate::entries::DecoderFn<Self>>;
-}
-impl Pick for f64 {
-    fn run_fn(k: &KernelEntry) -> crate::entries::RunFn<f64> {
-        k.run_f64
-    }
-    fn dec_fn(k: &KernelEntry) -> Option<crate::entries::DecoderFn<f64>> {
-        k.decoder_f64
-    }
-}
-impl Pick for f32 {
-    fn run_fn(k: &KernelEntry) -> crate::entries::RunFn<f32> {
-        k.run_f32
-    }
-    fn dec_fn(k: &KernelEntry) -> Option<crate::entries::DecoderFn<f32>> {
-        k.decoder_f32
-    }
-}
-
 /// Builds a decoder of `m` on `backend` from the full inputs' static part and sizes.
-#[allow(private_bounds)]
-pub fn decoder<F: Real + Pick>(
+pub fn decoder<F: Scalar>(
     m: &dyn Mixer,
-    backend: &str,
+    backend: &Backend,
     inputs: &Tensors<F>,
     dims: &Dims,
 ) -> Result<Box<dyn Decoder<F>>> {
-    let k = kernel(m.kernel(), backend).ok_or_else(|| unavailable(m, Form::Recurrent, backend))?;
-    let make = F::dec_fn(k).ok_or_else(|| unavailable(m, Form::Recurrent, backend))?;
+    let imp = implementation::<F>(m, backend, Form::Recurrent)?;
     let per_token = m.spec().per_token();
     let statics: Tensors<F> =
         inputs.iter().filter(|(k, _)| !per_token.contains(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
-    make(m, &statics, dims)
+    imp.decoder(m, backend.name(), &statics, dims)
+        .unwrap_or_else(|| Err(not_run(m, backend, Form::Recurrent)))
 }
 
-#[allow(private_bounds)]
-fn run_typed<F: Real + Pick>(
+fn run_typed<F: Scalar>(
     m: &dyn Mixer,
-    backend: &str,
+    backend: &Backend,
     form: Form,
     inputs: &Tensors<F>,
     dims: &Dims,
 ) -> Result<ArrayD<F>> {
     match form {
         Form::Materialized => {
+            available(m, backend, form)?;
             let x64: Tensors<f64> = inputs.iter().map(|(k, v)| (k.clone(), v.mapv(|x| x.f64()))).collect();
             Ok(oracle(m, &x64)?.mapv(F::of))
         }
@@ -105,19 +125,15 @@ fn run_typed<F: Real + Pick>(
             let mut dec = decoder::<F>(m, backend, inputs, dims)?;
             run_decoder(dec.as_mut(), &m.spec(), inputs, |_, _| {})
         }
-        f => {
-            let k = kernel(m.kernel(), backend).ok_or_else(|| unavailable(m, f, backend))?;
-            if !k.forms.contains(&f) {
-                return Err(unavailable(m, f, backend));
-            }
-            (F::run_fn(k))(m, f, inputs)
-        }
+        f => implementation::<F>(m, backend, f)?
+            .run(m, backend.name(), f, inputs)
+            .unwrap_or_else(|| Err(not_run(m, backend, f))),
     }
 }
 
 /// Runs one form of `m` on `backend`, after checking shapes and value constraints.
 /// The output `y` has the dtype of the inputs and the shape of the mixed input.
-pub fn run(m: &dyn Mixer, backend: &str, form: Form, inputs: &AnyTensors) -> Result<Tensor> {
+pub fn run(m: &dyn Mixer, backend: &Backend, form: Form, inputs: &AnyTensors) -> Result<Tensor> {
     let dims = validate(m, inputs)?;
     match inputs {
         AnyTensors::F64(t) => run_typed::<f64>(m, backend, form, t, &dims).map(Tensor::F64),
@@ -128,14 +144,14 @@ pub fn run(m: &dyn Mixer, backend: &str, form: Form, inputs: &AnyTensors) -> Res
 /// Runs in a given scalar type from `f64` inputs (cast first); returns `f64`.
 pub fn run_as(
     m: &dyn Mixer,
-    backend: &str,
+    backend: &Backend,
     form: Form,
     inputs: &Tensors<f64>,
-    dtype: mixer_core::DType,
+    dtype: DType,
 ) -> Result<ArrayD<f64>> {
     let any = match dtype {
-        mixer_core::DType::F64 => AnyTensors::F64(inputs.clone()),
-        mixer_core::DType::F32 => AnyTensors::F32(cast_tensors::<f32>(inputs)),
+        DType::F64 => AnyTensors::F64(inputs.clone()),
+        DType::F32 => AnyTensors::F32(cast_tensors::<f32>(inputs)),
     };
     run(m, backend, form, &any).map(|t| t.to_f64())
 }

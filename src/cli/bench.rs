@@ -288,7 +288,7 @@ struct Case {
     config: serde_json::Value,
     mixer: Box<dyn Mixer>,
     /// (backend, forms to run there)
-    plan: Vec<(String, Vec<Form>)>,
+    plan: Vec<(Backend, Vec<Form>)>,
 }
 
 fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<(Vec<Case>, Vec<String>)> {
@@ -328,8 +328,9 @@ fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<(Vec<Case>, Vec<Strin
         };
         let label = label(&name, &config);
         let mut plan = Vec::new();
-        for b in &backends {
-            let have = available_forms(mixer.as_ref(), b);
+        for name in &backends {
+            let b = Backend::by_name(name)?;
+            let have = available_forms(mixer.as_ref(), &b);
             let mut forms = Vec::new();
             for f in &wanted {
                 if have.contains(f) {
@@ -341,7 +342,7 @@ fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<(Vec<Case>, Vec<Strin
                     ));
                 }
             }
-            plan.push((b.clone(), forms));
+            plan.push((b, forms));
         }
         cases.push(Case { label, name, config, mixer, plan });
     }
@@ -354,7 +355,7 @@ fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<(Vec<Case>, Vec<Strin
 /// One run of a form; returns the decoder's cache size for `recurrent`.
 fn run_once(
     m: &dyn Mixer,
-    backend: &str,
+    backend: &Backend,
     form: Form,
     inputs: &AnyTensors,
     dims: &Dims,
@@ -393,7 +394,7 @@ struct Measured {
 /// point whose measured run already took more than `max_seconds` is timed by that run.
 fn measure(
     m: &dyn Mixer,
-    backend: &str,
+    backend: &Backend,
     form: Form,
     inputs: &AnyTensors,
     dims: &Dims,
@@ -407,7 +408,7 @@ fn measure(
     let (r, peak) = alloc::measure(|| run_once(m, backend, form, inputs, dims));
     let once = t0.elapsed().as_secs_f64();
     let cache = r?;
-    let peak = if backend == "cpu" { peak } else { None };
+    let peak = if backend.name() == "cpu" { peak } else { None };
     let timing = if once > opts.max_seconds {
         Timing { median: once, min: once, max: once, reps: 1 }
     } else {
@@ -492,7 +493,7 @@ pub fn bench(opts: &Options) -> Result<Report> {
                 let too_long = f == Form::Materialized && seq > MATERIALIZED_MAX_SEQ;
                 !too_long && !stopped.contains_key(&(b.to_string(), f))
             };
-            let any = case.plan.iter().any(|(b, fs)| fs.iter().any(|&f| todo(b, f)));
+            let any = case.plan.iter().any(|(b, fs)| fs.iter().any(|&f| todo(b.name(), f)));
             pb.set_message(format!("{} T={seq}: drawing inputs", case.label));
             let inputs: Result<(AnyTensors, Dims)> = if any {
                 m.random_inputs(&sizes(opts, seq).dims(), opts.seed).and_then(|x| {
@@ -506,10 +507,11 @@ pub fn bench(opts: &Options) -> Result<Report> {
             } else {
                 Err(Error::Io("not drawn".into()))
             };
-            for (backend, forms) in &case.plan {
+            for (b, forms) in &case.plan {
+                let backend = b.name();
                 for &form in forms {
                     pb.set_message(format!("{} {form} {backend} T={seq}", case.label));
-                    let key = (backend.clone(), form);
+                    let key = (backend.to_string(), form);
                     let mut p = base(backend, form);
                     if form == Form::Materialized && seq > MATERIALIZED_MAX_SEQ {
                         p.reason = Some(format!("materialized is not run above T = {MATERIALIZED_MAX_SEQ}"));
@@ -523,7 +525,7 @@ pub fn bench(opts: &Options) -> Result<Report> {
                             }
                             Ok((x, dims)) => {
                                 let first = !measured_any.get(&key).copied().unwrap_or(false);
-                                match measure(m, backend, form, x, dims, opts, first) {
+                                match measure(m, b, form, x, dims, opts, first) {
                                     Ok(r) => {
                                         measured_any.insert(key.clone(), true);
                                         p.status = Status::Ok;

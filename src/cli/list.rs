@@ -1,7 +1,7 @@
 //! `mixers list`.
 
 use mixer_core::Result;
-use mixer_registry::{Availability, LAMBDAS, MASKS, MIXERS, PATTERNS, backends_status, run::forms};
+use mixer_registry::{Availability, Backend, LAMBDAS, MASKS, MIXERS, PATTERNS, backends_status, run::forms};
 
 /// Arguments of `mixers list`.
 #[derive(clap::Args, Debug)]
@@ -43,7 +43,10 @@ pub fn listing() -> String {
             Ok(m) => {
                 s += &format!("  {:<26} inputs: {}\n", "", m.spec().describe());
                 for (b, av) in &status {
-                    let f: Vec<&str> = forms(m.as_ref(), b).iter().map(|f| f.name()).collect();
+                    let f: Vec<&str> = match Backend::registered(b) {
+                        Ok(b) => forms(m.as_ref(), &b).iter().map(|f| f.name()).collect(),
+                        Err(_) => Vec::new(),
+                    };
                     let note = if matches!(av, Availability::Available(_)) {
                         ""
                     } else {

@@ -37,7 +37,7 @@ pub(crate) fn run(a: Args) -> Result<i32> {
         None => Backend::auto()?,
     };
     let inputs = crate::io::read_npz(&a.inputs)?;
-    let y = mixer_registry::run::run(m.as_ref(), backend.name(), form, &inputs)?;
+    let y = mixer_registry::run::run(m.as_ref(), &backend, form, &inputs)?;
     crate::io::write_npz(&a.out, &[("y", &y)])?;
     eprintln!(
         "{} ({} form on {}): y {:?} {} written to {}",

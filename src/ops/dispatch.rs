@@ -16,12 +16,12 @@ use ndarray::{Array, ArrayD, ArrayViewD, Dimension};
 use super::options::{Options, Precision};
 use super::scalar::Scalar;
 
-/// What the registry takes to name a backend.
-pub type BackendArg = &'static str;
+/// What the registry takes to name a backend: the chosen backend itself.
+pub type BackendArg = Backend;
 
 /// The registry's backend argument for `b`.
 fn backend_arg(b: Backend) -> BackendArg {
-    b.name()
+    b
 }
 
 /// A named input, as a view of the caller's array.
@@ -68,7 +68,7 @@ pub(crate) fn forward<F: Scalar, D: Dimension>(
     inputs: Vec<Named<'_, F>>,
 ) -> Result<Array<F, D>> {
     let backend = backend_for(opts)?;
-    let y = mixer_registry::run::run(m, backend_arg(backend), opts.form, &F::tag(owned(inputs)))?;
+    let y = mixer_registry::run::run(m, &backend_arg(backend), opts.form, &F::tag(owned(inputs)))?;
     into_rank(F::untag(y)?)
 }
 
@@ -91,7 +91,7 @@ impl<F: Scalar> Stepper<F> {
         max_len: usize,
     ) -> Result<Self> {
         let backend = backend_for(opts)?;
-        let forms = mixer_registry::run::forms(mixer.as_ref(), backend_arg(backend));
+        let forms = mixer_registry::run::forms(mixer.as_ref(), &backend_arg(backend));
         if !forms.contains(&Form::Recurrent) {
             let why = mixer.form_unsupported(Form::Recurrent).map(|w| format!(" ({w})")).unwrap_or_default();
             return Err(Error::FormUnavailable {

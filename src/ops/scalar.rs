@@ -35,7 +35,7 @@ pub trait Scalar: Real + sealed::Sealed {
 fn dtype_error(want: &str, got: &Tensor) -> Error {
     Error::Backend {
         backend: "ops".into(),
-        kernel: None,
+        family: None,
         message: format!("expected a {want} output, the dynamic path returned {}", got.dtype().name()),
     }
 }
@@ -56,7 +56,7 @@ impl Scalar for f32 {
         statics: &Tensors<f32>,
         dims: &Dims,
     ) -> Result<Box<dyn Decoder<f32>>> {
-        mixer_registry::run::decoder::<f32>(m, backend, statics, dims)
+        mixer_registry::run::decoder::<f32>(m, &backend, statics, dims)
     }
 }
 
@@ -76,6 +76,6 @@ impl Scalar for f64 {
         statics: &Tensors<f64>,
         dims: &Dims,
     ) -> Result<Box<dyn Decoder<f64>>> {
-        mixer_registry::run::decoder::<f64>(m, backend, statics, dims)
+        mixer_registry::run::decoder::<f64>(m, &backend, statics, dims)
     }
 }

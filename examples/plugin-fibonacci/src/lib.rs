@@ -29,9 +29,6 @@ pub static FIBONACCI: PatternEntry = PatternEntry {
     name: "fibonacci",
     doc: "plugin: f(k) = F(k+2) = 1, 2, 3, 5, 8, …; O(log_φ T) hops (Zeckendorf)",
     offset: fibonacci,
-    cuda: Some(
-        "__device__ long long mixers_offset(int k) { long long a = 1, b = 2; for (int i = 0; i < k; ++i) { long long c = a + b; a = b; b = c; } return a; }",
-    ),
 };
 
 /// Level by distance: `ℓ(t, s) = bitlen(t − s)` (0 on the diagonal). Unlike Fenwick levels,

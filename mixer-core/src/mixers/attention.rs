@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::materialize::Materialization;
 use crate::mixer::Mixer;
-use crate::spec::{Dim, InputDecl, InputSpec};
+use crate::spec::{Dim, Dims, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
 /// Default window of `local-attention`.
@@ -118,7 +118,13 @@ impl Mixer for Attention {
     fn name(&self) -> &str {
         &self.name
     }
-    fn kernel(&self) -> &'static str {
+    /// The KV cache: $\min(n, w)$ positions (every position without a window) × B × H × (Dk + Dv).
+    fn decoder_cache(&self, dims: &Dims, consumed: usize) -> Option<usize> {
+        let (b, h, dk, dv) = (*dims.get("B")?, *dims.get("H")?, *dims.get("Dk")?, *dims.get("Dv")?);
+        let kept = self.window().map_or(consumed, |w| consumed.min(w));
+        Some(kept * b * h * (dk + dv))
+    }
+    fn family(&self) -> &'static str {
         "attention"
     }
     fn config(&self) -> serde_json::Value {

@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::materialize::Materialization;
 use crate::mixer::{Mixer, complete_dims};
+pub use crate::pattern::Slots;
 use crate::pattern::{OffsetFn, Pattern};
 use crate::spec::{Bound, Dim, Dims, Gen, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
@@ -177,68 +178,48 @@ impl Glr {
     }
 }
 
-/// The dependency slots of a pattern for one length $T$: offsets $f(k)$ and lattice strides
-/// $a_k$ for $k < K(T)$, so that $d_k(t)$ costs O(1) (MATH §1.1).
-#[derive(Clone, Debug)]
-pub struct Slots {
-    offsets: Vec<usize>,
-    strides: Vec<usize>,
-    cache_efficient: bool,
-}
-
-impl Slots {
-    /// Offsets and strides of `p` for length `t_len`.
-    pub fn new(p: &Pattern, t_len: usize) -> Self {
-        // Offsets are ≤ T − 1, so they fit in usize; strides are ≤ f(k) (MATH §1.1).
-        let offsets: Vec<usize> = p.offsets(t_len).into_iter().map(|f| f as usize).collect();
-        let strides = if p.cache_efficient() {
-            p.strides(offsets.len()).into_iter().map(|a| usize::try_from(a).unwrap_or(usize::MAX)).collect()
-        } else {
-            vec![1; offsets.len()]
-        };
-        Slots { offsets, strides, cache_efficient: p.cache_efficient() }
-    }
-
-    /// $K(T)$.
-    pub fn len(&self) -> usize {
-        self.offsets.len()
-    }
-
-    /// Whether there are no slots ($T \le 1$ or an empty pattern).
-    pub fn is_empty(&self) -> bool {
-        self.offsets.is_empty()
-    }
-
-    /// The offsets $f(0..K)$.
-    pub fn offsets(&self) -> &[usize] {
-        &self.offsets
-    }
-
-    /// Number of active slots of token $t$: $\#\{k < K : f(k) \le t\}$.
-    pub fn active(&self, t: usize) -> usize {
-        self.offsets.partition_point(|&f| f <= t)
-    }
-
-    /// $d_k(t)$ for an active slot ($f(k) \le t$): $t - f(k)$, or on the lattice
-    /// $a_k \lceil (t + 1 - f(k)) / a_k \rceil - 1$.
-    #[inline]
-    pub fn pos(&self, t: usize, k: usize) -> usize {
-        let u = t - self.offsets[k];
-        if self.cache_efficient {
-            let a = self.strides[k];
-            // a ⌈(u + 1)/a⌉ − 1 = u + (a − 1 − u mod a); never exceeds t − 1 (proved in pattern.rs).
-            u + (a - 1 - u % a)
-        } else {
-            u
-        }
-    }
-}
-
 impl Mixer for Glr {
     fn name(&self) -> &str {
         &self.name
     }
-    fn kernel(&self) -> &'static str {
+    /// Positions tokens after the `consumed`-th (and before `T`) read, × streams × B × C:
+    /// cache-efficient, $|P_n|$ (MATH §1.1); translation-invariant, the window
+    /// $\min(n, f(K-1))$; none once all `T` tokens are consumed.
+    fn decoder_cache(&self, dims: &Dims, consumed: usize) -> Option<usize> {
+        let (t_len, b, c) = (*dims.get("T")?, *dims.get("B")?, *dims.get("C")?);
+        if consumed >= t_len {
+            return Some(0);
+        }
+        let slots = self.slots(t_len);
+        let positions = if slots.cache_efficient() {
+            slots.distinct_positions(consumed)
+        } else {
+            consumed.min(slots.offsets().last().copied().unwrap_or(0))
+        };
+        let streams = if self.config.on == On::Both { 2 } else { 1 };
+        Some(positions * streams * b * c)
+    }
+    /// Cuts the sequence axis and the slot axes: `K(len)` slots of `beta`, `K(len) + 1` of
+    /// `alpha` when `on` includes `a`.
+    fn prefix(&self, inputs: &Tensors<f64>, len: usize) -> Result<Tensors<f64>> {
+        let mut p = crate::tensor::prefix(inputs, &self.spec().per_token(), len);
+        let k = self.pattern.slots(len);
+        let cut = |a: &mut ArrayD<f64>, n: usize| {
+            if a.ndim() == 4 && a.shape()[2] >= n {
+                *a = a.slice_axis(ndarray::Axis(2), ndarray::Slice::from(0..n)).to_owned();
+            }
+        };
+        if let Some(b) = p.get_mut("beta") {
+            cut(b, k);
+        }
+        if self.config.on.has_a()
+            && let Some(a) = p.get_mut("alpha")
+        {
+            cut(a, k + 1);
+        }
+        Ok(p)
+    }
+    fn family(&self) -> &'static str {
         "glr"
     }
     fn config(&self) -> serde_json::Value {
@@ -282,13 +263,8 @@ impl Mixer for Glr {
         let (bn, t_len, cn) = (x.shape()[0], x.shape()[1], x.shape()[2]);
         let alpha = get(inputs, "alpha")?;
         let beta = if self.config.on.has_b() { Some(get(inputs, "beta")?) } else { None };
-        let deps: Vec<Vec<(usize, usize)>> = (0..t_len)
-            .map(|t| {
-                let mut d = self.pattern.deps(t);
-                d.truncate(self.pattern.slots(t_len));
-                d
-            })
-            .collect();
+        let slots = self.slots(t_len);
+        let deps: Vec<Vec<(usize, usize)>> = (0..t_len).map(|t| slots.deps(t).collect()).collect();
         let mut m = Materialization::new(t_len);
         for b in 0..bn {
             for c in 0..cn {

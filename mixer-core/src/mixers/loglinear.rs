@@ -279,7 +279,20 @@ impl Mixer for LogLinear {
     fn name(&self) -> &str {
         &self.name
     }
-    fn kernel(&self) -> &'static str {
+    /// $D_k D_v$ per state and (batch, head): one state for the base mixers; for the lifts the
+    /// occupied Fenwick levels after token $t = n - 1$, $1 + \operatorname{popcount}(t)$
+    /// (MATH §2.5). A decoder may drop a state that decayed below the smallest normal number;
+    /// test inputs do not decay that far.
+    fn decoder_cache(&self, dims: &Dims, consumed: usize) -> Option<usize> {
+        let (b, h, dk, dv) = (*dims.get("B")?, *dims.get("H")?, *dims.get("Dk")?, *dims.get("Dv")?);
+        let t = consumed.checked_sub(1)?;
+        let states = match self.lift {
+            None => 1,
+            Some(_) => crate::fenwick::occupied_levels(t).count_ones() as usize,
+        };
+        Some(states * b * h * dk * dv)
+    }
+    fn family(&self) -> &'static str {
         "loglinear"
     }
     fn config(&self) -> serde_json::Value {

@@ -35,8 +35,32 @@ use crate::real::Real;
 use crate::spec::{Bound, Dim, Dims, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
-/// The kernel key under which backends register the Toeplitz forms.
-pub const KERNEL: &str = "toeplitz";
+/// The family key under which backends register the Toeplitz forms.
+pub const FAMILY: &str = "toeplitz";
+
+/// Whether `n ≥ 1` has no prime factor above 7 (`2^a 3^b 5^c 7^d`).
+pub fn is_fast_size(mut n: usize) -> bool {
+    if n == 0 {
+        return false;
+    }
+    for f in [2, 3, 5, 7] {
+        while n.is_multiple_of(f) {
+            n /= f;
+        }
+    }
+    n == 1
+}
+
+/// The FFT length of the fast form for any backend: the smallest size `≥ n` of the form
+/// $2^a 3^b 5^c 7^d$ (the sizes FFT libraries handle fastest), 1 for `n ≤ 1`. The linear
+/// convolution of `T` taps with `T` inputs needs `n = 2T − 1`.
+pub fn fast_size(n: usize) -> usize {
+    let mut p = n.max(1);
+    while !is_fast_size(p) {
+        p += 1;
+    }
+    p
+}
 
 /// Which decoder the `recurrent` form uses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,7 +147,7 @@ impl Toeplitz {
     }
 
     /// The kernel `w` as `[Kw, H, Tw]` (a view; `[H, Tw]` gains a leading axis of 1).
-    pub fn kernel_view<'a, F>(&self, w: &'a ArrayD<F>) -> Result<ndarray::ArrayView3<'a, F>> {
+    pub fn taps_view<'a, F>(&self, w: &'a ArrayD<F>) -> Result<ndarray::ArrayView3<'a, F>> {
         let kw = self.cfg.kernel_width;
         let v = w.view();
         let v = if w.ndim() == 2 && kw == 1 { v.insert_axis(Axis(0)) } else { v };
@@ -178,7 +202,7 @@ pub struct Prepared<F> {
 
 impl<F: Copy> Prepared<F> {
     /// The taps `w[i, h, 0..T)`.
-    pub fn kernel(&self, i: usize, h: usize) -> &[F] {
+    pub fn tap_row(&self, i: usize, h: usize) -> &[F] {
         let t = self.seq;
         &self.taps[(i * self.heads + h) * t..(i * self.heads + h + 1) * t]
     }
@@ -197,7 +221,7 @@ impl Toeplitz {
         bias: Option<&ArrayD<F>>,
         limit: usize,
     ) -> Result<(Vec<F>, Option<Vec<F>>)> {
-        let wv = self.kernel_view(w)?;
+        let wv = self.taps_view(w)?;
         check_taps("w", w.shape(), limit)?;
         let mut taps = Vec::with_capacity(wv.shape()[0] * wv.shape()[1] * limit);
         for i in 0..wv.shape()[0] {
@@ -258,8 +282,16 @@ impl Mixer for Toeplitz {
     fn name(&self) -> &str {
         &self.name
     }
-    fn kernel(&self) -> &'static str {
-        KERNEL
+    fn family(&self) -> &'static str {
+        FAMILY
+    }
+    /// The naive decoder keeps the input history, $n \cdot B \cdot C$; the online decoder's
+    /// pending partial sums depend on its block schedule (no closed form here).
+    fn decoder_cache(&self, dims: &Dims, consumed: usize) -> Option<usize> {
+        match self.cfg.decoder {
+            DecoderKind::Naive => Some(consumed * dims.get("B")? * dims.get("C")?),
+            DecoderKind::Online => None,
+        }
     }
     fn config(&self) -> serde_json::Value {
         serde_json::to_value(&self.cfg).unwrap_or(serde_json::Value::Null)
@@ -310,7 +342,7 @@ impl Mixer for Toeplitz {
         // A per (shift i, head h), shared by every batch row and channel group.
         let a: Vec<Vec<Arc<Array2<f64>>>> = (0..kw)
             .map(|i| {
-                (0..p.heads).map(|h| Arc::new(toeplitz_matrix(ArrayView1::from(p.kernel(i, h))))).collect()
+                (0..p.heads).map(|h| Arc::new(toeplitz_matrix(ArrayView1::from(p.tap_row(i, h))))).collect()
             })
             .collect();
         for b in 0..p.batch {
@@ -371,8 +403,9 @@ impl Mixer for Toeplitz {
     }
 }
 
-/// Reference evaluation straight from the formula (any scalar type, `O(T²·Kw)` per column);
-/// used by tests of every backend.
+/// Reference evaluation straight from the formula (any scalar type, `O(T²·Kw)` per column).
+/// Only this module's tests use it (as an oracle that is independent of the materialization);
+/// backends are checked against the materialized oracle by the shared suite.
 pub fn reference<F: Real>(m: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let p = m.prepare(inputs)?;
     let x = get(inputs, "x")?;
@@ -383,7 +416,7 @@ pub fn reference<F: Real>(m: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>
             for t in 0..p.seq {
                 let mut acc = p.bias_row(h).map(|r| r[t]).unwrap_or_else(F::zero);
                 for (i, dl) in m.shifts(e % p.head_dim) {
-                    let w = p.kernel(i, h);
+                    let w = p.tap_row(i, h);
                     for s in 0..=t {
                         acc += w[t - s] * x[[b, s, e - dl]];
                     }
@@ -398,6 +431,23 @@ pub fn reference<F: Real>(m: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_sizes() {
+        assert_eq!(fast_size(0), 1);
+        assert_eq!(fast_size(1), 1);
+        assert_eq!(fast_size(11), 12);
+        assert_eq!(fast_size(13), 14);
+        assert_eq!(fast_size(73), 75);
+        assert_eq!(fast_size(121), 125);
+        assert_eq!(fast_size(2 * 257 - 1), 525);
+        assert_eq!(fast_size(262_143), 262_144);
+        for n in 1..2000 {
+            let p = fast_size(n);
+            assert!(p >= n && is_fast_size(p));
+            assert!((n..p).all(|q| !is_fast_size(q)), "n = {n}");
+        }
+    }
     use crate::mixer::validate;
     use crate::tensor::AnyTensors;
 

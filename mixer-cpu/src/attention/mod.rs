@@ -5,18 +5,17 @@
 //! - `fast`: streaming over key blocks with an online softmax, flash-style ([`flash`]):
 //!   $O(T)$ memory, never a $T \times T$ matrix; with a window $w$ only the key blocks that
 //!   intersect $(t - w, t]$ are visited, so local attention costs $O(T \cdot w)$;
-//! - `recurrent`: a KV-cache decoder ([`decode`]) holding $\min(t, w)$ keys and values.
+//! - `recurrent`: a KV-cache decoder ([`decoder`]) holding $\min(t, w)$ keys and values.
 
-pub mod decode;
+pub mod decoder;
 pub mod flash;
 pub mod parallel;
 
-use mixer_core::mixer::{Decoder, Mixer, downcast};
 use mixer_core::mixers::attention::Attention;
 use mixer_core::tensor::get;
-use mixer_core::{Dims, Error, Form, Real, Result, Tensors};
-use mixer_registry::{KernelEntry, register};
-use ndarray::{Array4, ArrayD};
+use mixer_core::{Error, Real, Result, Tensors};
+use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
+use ndarray::Array4;
 
 /// `a [B,T,H,D]` as a contiguous `[B,H,T,D]` array (one head's rows contiguous).
 pub(crate) fn heads_major<F: Real>(inputs: &Tensors<F>, name: &str) -> Result<Array4<F>> {
@@ -30,32 +29,22 @@ pub(crate) fn heads_major<F: Real>(inputs: &Tensors<F>, name: &str) -> Result<Ar
     Array4::from_shape_vec((s[0], s[1], s[2], s[3]), data).map_err(|e| Error::Numerical(e.to_string()))
 }
 
-fn run<F: crate::vmath::VecMath>(m: &dyn Mixer, form: Form, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let a = downcast::<Attention>(m, "cpu")?;
-    match form {
-        Form::Parallel => parallel::parallel(a, inputs),
-        Form::Fast => flash::flash(a, inputs),
-        other => Err(Error::FormUnavailable {
-            mixer: m.name().to_string(),
-            form: other.name().to_string(),
-            backend: "cpu".into(),
-            available: "materialized, parallel, fast, recurrent".into(),
-        }),
+/// Softmax attention on CPU.
+struct AttentionCpu;
+
+impl<F: crate::vmath::VecMath> Family<F> for AttentionCpu {
+    type Mixer = Attention;
+    fn parallel(&self) -> Option<FormFn<Attention, F>> {
+        Some(parallel::parallel)
+    }
+    fn fast(&self) -> Option<FormFn<Attention, F>> {
+        Some(flash::flash)
+    }
+    fn decoder(&self) -> Option<DecoderFn<Attention, F>> {
+        Some(|a, _statics, dims| Ok(Box::new(decoder::AttentionDecoder::<F>::new(a, dims)?)))
     }
 }
 
-fn dec<F: Real>(m: &dyn Mixer, _statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
-    let a = downcast::<Attention>(m, "cpu")?;
-    Ok(Box::new(decode::AttentionDecoder::<F>::new(a, dims)?))
-}
-
 #[register]
-static ATTENTION_CPU: KernelEntry = KernelEntry {
-    kernel: "attention",
-    backend: "cpu",
-    forms: &[Form::Parallel, Form::Fast],
-    run_f64: run::<f64>,
-    run_f32: run::<f32>,
-    decoder_f64: Some(dec::<f64>),
-    decoder_f32: Some(dec::<f32>),
-};
+static ATTENTION_CPU: FamilyEntry =
+    FamilyEntry { family: "attention", backend: "cpu", f64: &AttentionCpu, f32: &AttentionCpu };

@@ -10,30 +10,10 @@
 use std::borrow::Cow;
 
 use mixer_core::mixers::glr::{Glr, Slots};
-use mixer_core::tensor::get;
+use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Error, Real, Result, Tensors};
 use ndarray::{Array3, ArrayD, Axis};
 use rayon::prelude::*;
-
-/// A contiguous row-major slice of an input, with its shape checked against `want`.
-pub(crate) fn contiguous<'a, F: Real>(
-    inputs: &'a Tensors<F>,
-    name: &str,
-    want: &[usize],
-) -> Result<Cow<'a, [F]>> {
-    let a = get(inputs, name)?;
-    if a.shape() != want {
-        return Err(Error::shape(
-            name,
-            mixer_core::error::fmt_shape(want),
-            mixer_core::error::fmt_shape(a.shape()),
-        ));
-    }
-    Ok(match a.as_slice() {
-        Some(s) => Cow::Borrowed(s),
-        None => Cow::Owned(a.iter().copied().collect()),
-    })
-}
 
 /// Channel block width: enough blocks to keep every thread busy (4 per thread), at least 16
 /// channels (a few SIMD vectors) per block when there are that many.

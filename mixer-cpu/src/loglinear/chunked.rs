@@ -130,21 +130,8 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
         }
 
         // Chunk-granular Fenwick merge (lifted only): levels 0..=ctz(i) go to ctz(i)+1.
-        if lifted && ci >= 1 {
-            let mm = ci.trailing_zeros() as usize;
-            if states.len() < mm + 2 {
-                states.resize_with(mm + 2, || None);
-            }
-            let mut merged = states[mm + 1].take();
-            for e in 0..=mm {
-                if let Some(s) = states[e].take() {
-                    merged = Some(match merged {
-                        Some(acc) => acc + s,
-                        None => s,
-                    });
-                }
-            }
-            states[mm + 1] = merged;
+        if lifted {
+            mixer_core::fenwick::merge_states(&mut states, ci, |acc, s| acc + s);
         }
 
         // Read every present state, stacked: R = Q̃ [H⁽ᵉ¹⁾ | H⁽ᵉ²⁾ | …].

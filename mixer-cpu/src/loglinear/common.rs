@@ -63,7 +63,7 @@ impl<'a, F: Real> Flat4<'a, F> {
         })?;
         let data = a.as_slice().ok_or_else(|| Error::Backend {
             backend: "cpu".into(),
-            kernel: Some("loglinear".into()),
+            family: Some("loglinear".into()),
             message: format!("input `{name}` is not in standard layout"),
         })?;
         Ok(Flat4 { data, shape })

@@ -14,11 +14,11 @@
 //! A step costs $O(L \cdot D_k D_v)$ with $L \le \lfloor\log_2 t\rfloor + 2$ non-empty levels, and
 //! the merge is amortized O(1) states; `cache_elems` counts the scalars in non-empty states.
 
-use mixer_core::error::fmt_shape;
-use mixer_core::mixer::{Decoder, Mixer, downcast};
+use mixer_core::fenwick::merge_states;
+use mixer_core::mixer::{Decoder, check_decoder_capacity};
 use mixer_core::mixers::loglinear::{Base, LogLinear};
-use mixer_core::tensor::get;
-use mixer_core::{Dims, Error, Real, Result, Tensors};
+use mixer_core::tensor::{contiguous, get};
+use mixer_core::{Dims, DimsExt, Error, Real, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
 
 /// The decoder of one configured member of the family.
@@ -32,11 +32,9 @@ pub struct LogLinearDecoder<F: Real> {
     n_levels: usize,
     /// Per (batch, head): the level states, `Dk×Dv` row-major.
     states: Vec<Vec<Option<Vec<F>>>>,
+    /// Tokens the decoder was built for (`T`).
+    t_len: usize,
     pos: usize,
-}
-
-fn dim(dims: &Dims, s: &str) -> Result<usize> {
-    dims.get(s).copied().ok_or_else(|| Error::Decoder(format!("size `{s}` was not given")))
 }
 
 /// Whether every entry is below the smallest positive normal number of `F`.
@@ -45,39 +43,22 @@ pub(crate) fn negligible<F: Real>(xs: &[F]) -> bool {
     xs.iter().all(|x| x.abs() < tiny)
 }
 
-/// Builds the decoder (registered as the kernel's `decoder_*`).
-pub fn build<F: Real>(m: &dyn Mixer, _statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
-    let m: &LogLinear = downcast(m, "cpu")?;
-    if !m.has_fenwick_structure() {
-        return Err(super::unavailable(m, mixer_core::Form::Recurrent));
-    }
-    let (nb, nh) = (dim(dims, "B")?, dim(dims, "H")?);
-    let n_levels = if m.lift.is_some() { dim(dims, "L")? } else { 1 };
+/// Builds the decoder (Fenwick structure: the registry refuses other masks through
+/// `Mixer::form_unsupported`).
+pub fn build<F: Real>(m: &LogLinear, _statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
+    let (nb, nh) = (dims.size("B")?, dims.size("H")?);
+    let n_levels = if m.lift.is_some() { dims.size("L")? } else { 1 };
     Ok(Box::new(LogLinearDecoder::<F> {
         m: m.clone(),
         nb,
         nh,
-        dk: dim(dims, "Dk")?,
-        dv: dim(dims, "Dv")?,
+        dk: dims.size("Dk")?,
+        dv: dims.size("Dv")?,
         n_levels,
         states: vec![Vec::new(); nb * nh],
+        t_len: dims.size("T")?,
         pos: 0,
     }))
-}
-
-impl<F: Real> LogLinearDecoder<F> {
-    fn input<'a>(&self, tok: &'a Tensors<F>, name: &str, shape: &[usize]) -> Result<&'a ArrayD<F>> {
-        let a = get(tok, name)?;
-        if a.shape() != shape {
-            return Err(Error::Decoder(format!(
-                "token {}: input `{name}` expected {}, got {}",
-                self.pos,
-                fmt_shape(shape),
-                fmt_shape(a.shape())
-            )));
-        }
-        Ok(a)
-    }
 }
 
 impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
@@ -85,18 +66,22 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
         let (nb, nh, dk, dv) = (self.nb, self.nh, self.dk, self.dv);
         let base = self.m.base;
         let nl = self.n_levels;
-        // Contiguous row-major copies: q, k [B·H·Dk], v [B·H·Dv], g, beta [B·H], λ [B·H·L].
-        let flat = |a: &ArrayD<F>| a.iter().copied().collect::<Vec<F>>();
-        let q = flat(self.input(tok, "q", &[nb, nh, dk])?);
-        let k = flat(self.input(tok, "k", &[nb, nh, dk])?);
-        let v = flat(self.input(tok, "v", &[nb, nh, dv])?);
-        let g = if base.has_decay() { Some(flat(self.input(tok, "g", &[nb, nh])?)) } else { None };
-        let beta = if base.has_beta() { Some(flat(self.input(tok, "beta", &[nb, nh])?)) } else { None };
+        let t = self.pos;
+        check_decoder_capacity(t, self.t_len)?;
+        // Contiguous row-major views: q, k [B·H·Dk], v [B·H·Dv], g, beta [B·H], λ [B·H·L].
+        let q = contiguous(tok, "q", &[nb, nh, dk])?;
+        let k = contiguous(tok, "k", &[nb, nh, dk])?;
+        let v = contiguous(tok, "v", &[nb, nh, dv])?;
+        let g = if base.has_decay() { Some(contiguous(tok, "g", &[nb, nh])?) } else { None };
+        let beta = if base.has_beta() { Some(contiguous(tok, "beta", &[nb, nh])?) } else { None };
         let lam = match self.m.lift {
-            Some(_) => Some(flat(&self.m.lambda_weights(self.input(tok, "lambda", &[nb, nh, nl])?)?)),
+            Some(_) => {
+                contiguous(tok, "lambda", &[nb, nh, nl])?;
+                let w = self.m.lambda_weights(get(tok, "lambda")?)?;
+                Some(w.iter().copied().collect::<Vec<F>>())
+            }
             None => None,
         };
-        let t = self.pos;
         let lifted = lam.is_some();
         let scale = F::of(self.m.scale);
         let mut y = vec![F::zero(); nb * nh * dv];
@@ -104,24 +89,11 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
         for bh in 0..nb * nh {
             let st = &mut self.states[bh];
             // 1. merge (lifts only).
-            if lifted && t >= 1 {
-                let mm = t.trailing_zeros() as usize;
-                if st.len() < mm + 2 {
-                    st.resize_with(mm + 2, || None);
-                }
-                let mut merged = st[mm + 1].take();
-                for e in 0..=mm {
-                    if let Some(s) = st[e].take() {
-                        merged = Some(match merged {
-                            Some(mut acc) => {
-                                acc.iter_mut().zip(&s).for_each(|(a, x)| *a += *x);
-                                acc
-                            }
-                            None => s,
-                        });
-                    }
-                }
-                st[mm + 1] = merged;
+            if lifted {
+                merge_states(st, t, |mut acc, s| {
+                    acc.iter_mut().zip(&s).for_each(|(a, x)| *a += *x);
+                    acc
+                });
             }
             // 2. transition every level.
             let kt = &k[bh * dk..(bh + 1) * dk];

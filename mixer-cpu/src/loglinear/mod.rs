@@ -3,7 +3,7 @@
 //!
 //! - `parallel` ([`parallel`]): the quadratic masked form, for any level mask;
 //! - `fast` ([`chunked`]): the chunked O(T log T) algorithm of §2.6 (Fenwick mask only;
-//!   other masks give [`Error::FormUnavailable`]);
+//!   the registry refuses other masks through `Mixer::form_unsupported`);
 //! - `recurrent` ([`decoder`]): O(log T) states per head (§2.5; Fenwick mask only).
 //!
 //! Work is spread over (batch, head) with rayon; each head's matmuls and triangular solves
@@ -15,36 +15,17 @@ pub mod decoder;
 pub mod parallel;
 
 use faer::Mat;
-use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::mixers::loglinear::LogLinear;
-use mixer_core::{Error, Form, Real, Result, Tensors};
-use mixer_registry::{KernelEntry, register};
+use mixer_core::{Real, Result, Tensors};
+use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
 use ndarray::ArrayD;
 use rayon::prelude::*;
 
-/// The error for a form this mixer's mask does not admit on CPU.
-pub(crate) fn unavailable(m: &LogLinear, form: Form) -> Error {
-    let mask = m.lift.map_or("none", |l| l.mask.name);
-    Error::FormUnavailable {
-        mixer: format!("{} (mask `{mask}`)", m.name),
-        form: form.name().into(),
-        backend: "cpu".into(),
-        available: if m.has_fenwick_structure() {
-            "materialized, parallel, fast, recurrent".into()
-        } else {
-            "materialized, parallel (the chunked and recurrent forms need the Fenwick mask)".into()
-        },
-    }
-}
+/// The quadratic form on one head.
+type HeadFn<F> = fn(&LogLinear, &common::Head<'_, F>) -> Result<Mat<F>>;
 
-/// Runs the `parallel` or `fast` form.
-pub fn run<F: Real>(m: &dyn Mixer, form: Form, x: &Tensors<F>) -> Result<ArrayD<F>> {
-    let m: &LogLinear = downcast(m, "cpu")?;
-    let f: fn(&LogLinear, &common::Head<'_, F>) -> Result<Mat<F>> = match form {
-        Form::Parallel => parallel::run_head::<F>,
-        Form::Fast if m.has_fenwick_structure() => chunked::run_head::<F>,
-        f => return Err(unavailable(m, f)),
-    };
+/// Runs a per-head form over every (batch, head) in parallel.
+fn run_heads<F: Real>(m: &LogLinear, x: &Tensors<F>, f: HeadFn<F>) -> Result<ArrayD<F>> {
     let x = common::standard(x);
     let lam = match m.lift {
         Some(_) => Some(m.lambda_weights(mixer_core::tensor::get(&x, "lambda")?)?),
@@ -55,13 +36,33 @@ pub fn run<F: Real>(m: &dyn Mixer, form: Form, x: &Tensors<F>) -> Result<ArrayD<
     Ok(common::assemble(sizes, &heads, ys))
 }
 
+/// The `parallel` form: the quadratic masked form, any level mask.
+pub fn parallel<F: Real>(m: &LogLinear, x: &Tensors<F>) -> Result<ArrayD<F>> {
+    run_heads(m, x, parallel::run_head::<F>)
+}
+
+/// The `fast` form: the chunked algorithm (Fenwick structure; the registry refuses other masks
+/// through [`Mixer::form_unsupported`](mixer_core::Mixer::form_unsupported)).
+pub fn fast<F: Real>(m: &LogLinear, x: &Tensors<F>) -> Result<ArrayD<F>> {
+    run_heads(m, x, chunked::run_head::<F>)
+}
+
+/// The log-linear family on CPU.
+struct LogLinearCpu;
+
+impl<F: Real> Family<F> for LogLinearCpu {
+    type Mixer = LogLinear;
+    fn parallel(&self) -> Option<FormFn<LogLinear, F>> {
+        Some(parallel)
+    }
+    fn fast(&self) -> Option<FormFn<LogLinear, F>> {
+        Some(fast)
+    }
+    fn decoder(&self) -> Option<DecoderFn<LogLinear, F>> {
+        Some(decoder::build)
+    }
+}
+
 #[register]
-static LOGLINEAR_CPU: KernelEntry = KernelEntry {
-    kernel: "loglinear",
-    backend: "cpu",
-    forms: &[Form::Parallel, Form::Fast],
-    run_f64: run::<f64>,
-    run_f32: run::<f32>,
-    decoder_f64: Some(decoder::build::<f64>),
-    decoder_f32: Some(decoder::build::<f32>),
-};
+static LOGLINEAR_CPU: FamilyEntry =
+    FamilyEntry { family: "loglinear", backend: "cpu", f64: &LogLinearCpu, f32: &LogLinearCpu };

@@ -37,7 +37,7 @@ pub fn direct<F: Real>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Columns
             y.copy_from_slice(bias);
         }
         for (i, dl) in m.shifts(e % d) {
-            conv_accumulate(p.kernel(i, h), x.col(b * c + e - dl), y);
+            conv_accumulate(p.tap_row(i, h), x.col(b * c + e - dl), y);
         }
     });
     out

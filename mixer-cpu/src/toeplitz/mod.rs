@@ -4,57 +4,69 @@
 //! amortised work per token (config `decoder`).
 
 pub mod columns;
-pub mod decode;
+pub mod decoder;
 pub mod direct;
-pub mod fft;
+pub mod fast;
 pub mod naive;
 pub mod online;
 
-use mixer_core::mixer::{Decoder, Mixer, downcast};
-use mixer_core::mixers::toeplitz::{DecoderKind, KERNEL, Toeplitz};
+use mixer_core::mixer::Decoder;
+use mixer_core::mixers::toeplitz::{DecoderKind, FAMILY, Prepared, Toeplitz};
 use mixer_core::tensor::get;
-use mixer_core::{Dims, Error, Form, Result, Tensors};
-use mixer_registry::{KernelEntry, register};
+use mixer_core::{Dims, Real, Result, Tensors};
+use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
 use ndarray::ArrayD;
 
-use fft::FftReal;
+use columns::Columns;
 
-/// The `parallel` and `fast` forms (inputs already validated by `run::run`; checked again).
-pub fn run<F: FftReal>(m: &dyn Mixer, form: Form, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let tm = downcast::<Toeplitz>(m, "cpu")?;
+use fast::FftReal;
+
+/// Runs a column form on the prepared inputs.
+fn by_columns<F: Real>(
+    tm: &Toeplitz,
+    inputs: &Tensors<F>,
+    form: fn(&Toeplitz, &Prepared<F>, &Columns<F>) -> Result<Columns<F>>,
+) -> Result<ArrayD<F>> {
     let p = tm.prepare(inputs)?;
     let xcols = columns::columns(get(inputs, "x")?);
-    let ycols = match form {
-        Form::Parallel => direct::direct(tm, &p, &xcols),
-        Form::Fast => fft::fast(tm, &p, &xcols)?,
-        f => {
-            return Err(Error::FormUnavailable {
-                mixer: m.name().to_string(),
-                form: f.name().to_string(),
-                backend: "cpu".into(),
-                available: "materialized, parallel, fast, recurrent".into(),
-            });
-        }
-    };
+    let ycols = form(tm, &p, &xcols)?;
     Ok(columns::from_columns(&ycols, p.batch, p.channels))
 }
 
+/// The `parallel` form: the direct `O(T²)` convolution.
+pub fn parallel<F: Real>(tm: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+    by_columns(tm, inputs, |tm, p, x| Ok(direct::direct(tm, p, x)))
+}
+
+/// The `fast` form: real FFTs of a 7-smooth size `≥ 2T − 1`.
+pub fn fast<F: FftReal>(tm: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+    by_columns(tm, inputs, fast::fast)
+}
+
 /// The decoder selected by the config's `decoder` (`online` by default, or `naive`).
-pub fn decoder<F: FftReal>(m: &dyn Mixer, statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
-    let tm = downcast::<Toeplitz>(m, "cpu")?;
+pub fn decoder<F: FftReal>(tm: &Toeplitz, statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
     Ok(match tm.cfg.decoder {
         DecoderKind::Online => Box::new(online::OnlineDecoder::new(tm, statics, dims)?),
         DecoderKind::Naive => Box::new(naive::NaiveDecoder::new(tm, statics, dims)?),
     })
 }
 
+/// The Toeplitz mixer on CPU.
+struct ToeplitzCpu;
+
+impl<F: FftReal> Family<F> for ToeplitzCpu {
+    type Mixer = Toeplitz;
+    fn parallel(&self) -> Option<FormFn<Toeplitz, F>> {
+        Some(parallel)
+    }
+    fn fast(&self) -> Option<FormFn<Toeplitz, F>> {
+        Some(fast)
+    }
+    fn decoder(&self) -> Option<DecoderFn<Toeplitz, F>> {
+        Some(decoder)
+    }
+}
+
 #[register]
-static TOEPLITZ_CPU: KernelEntry = KernelEntry {
-    kernel: KERNEL,
-    backend: "cpu",
-    forms: &[Form::Parallel, Form::Fast],
-    run_f64: run::<f64>,
-    run_f32: run::<f32>,
-    decoder_f64: Some(decoder::<f64>),
-    decoder_f32: Some(decoder::<f32>),
-};
+static TOEPLITZ_CPU: FamilyEntry =
+    FamilyEntry { family: FAMILY, backend: "cpu", f64: &ToeplitzCpu, f32: &ToeplitzCpu };

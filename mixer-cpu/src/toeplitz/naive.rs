@@ -7,7 +7,7 @@ use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::{Dims, Real, Result, Tensors};
 use ndarray::ArrayD;
 
-use super::decode::Base;
+use super::decoder::History;
 
 /// $\sum_{s<n} w[n-1-s]\, x[s]$ for `n = w.len() ≤ x.len()`, with four independent
 /// accumulators (so the loop vectorises; the naive baseline should not be slow for
@@ -31,13 +31,13 @@ pub fn dot_rev<F: Real>(w: &[F], x: &[F]) -> F {
 
 /// Naive decoder; cache = the input history (`B·C·t` scalars).
 pub struct NaiveDecoder<F> {
-    base: Base<F>,
+    base: History<F>,
 }
 
 impl<F: Real> NaiveDecoder<F> {
     /// From the static inputs `w`, `bias` and the sizes.
     pub fn new(m: &Toeplitz, statics: &Tensors<F>, dims: &Dims) -> Result<Self> {
-        Ok(NaiveDecoder { base: Base::new(m, statics, dims)? })
+        Ok(NaiveDecoder { base: History::new(m, statics, dims)? })
     }
 }
 
@@ -50,7 +50,7 @@ impl<F: Real> Decoder<F> for NaiveDecoder<F> {
             let h = e / d;
             let mut acc = base.bias(h, t);
             for (i, dl) in base.m.shifts(e % d) {
-                acc += dot_rev(&base.kernel(i, h)[..=t], &base.hist[b * c + e - dl]);
+                acc += dot_rev(&base.tap_row(i, h)[..=t], &base.hist[b * c + e - dl]);
             }
             acc
         }))

@@ -33,8 +33,8 @@ use ndarray::ArrayD;
 use rayon::prelude::*;
 use realfft::num_complex::Complex;
 
-use super::decode::Base;
-use super::fft::{Buffers, FftReal, plans};
+use super::decoder::History;
+use super::fast::{Buffers, FftReal, plans};
 use super::naive::dot_rev;
 
 /// Tiles of at most this many inputs are computed directly (`O(k²)`), larger ones by FFT.
@@ -45,7 +45,7 @@ const PAR_WORK: usize = 1 << 14;
 
 /// Online FFT decoder.
 pub struct OnlineDecoder<F> {
-    base: Base<F>,
+    base: History<F>,
     /// `pending[b·C + e][r]`: contributions already added to output `pos + r`.
     pending: Vec<VecDeque<F>>,
     /// Per level `j`: the spectra of `w[i, h, 0..2^{j+1})` (size `2^{j+1}`, scaled by its
@@ -56,7 +56,7 @@ pub struct OnlineDecoder<F> {
 impl<F: FftReal> OnlineDecoder<F> {
     /// From the static inputs `w`, `bias` and the sizes.
     pub fn new(m: &Toeplitz, statics: &Tensors<F>, dims: &Dims) -> Result<Self> {
-        let base = Base::new(m, statics, dims)?;
+        let base = History::new(m, statics, dims)?;
         let pending = (0..base.batch * base.channels).map(|_| VecDeque::new()).collect();
         Ok(OnlineDecoder { base, pending, levels: Vec::new() })
     }
@@ -114,7 +114,7 @@ impl<F: FftReal> OnlineDecoder<F> {
                 let h = e / d;
                 let mut z = vec![F::zero(); reach];
                 for (i, dl) in base.m.shifts(e % d) {
-                    let w = base.kernel(i, h);
+                    let w = base.tap_row(i, h);
                     let u = &base.hist[b * c + e - dl][n - k..n];
                     for (r, zr) in z.iter_mut().enumerate() {
                         // Σ_a w[k + r − a] u[a]
@@ -178,7 +178,7 @@ impl<F: FftReal> Decoder<F> for OnlineDecoder<F> {
             let h = e / d;
             let mut acc = pending[b * c + e].pop_front().unwrap_or_else(F::zero) + base.bias(h, t);
             for (i, dl) in base.m.shifts(e % d) {
-                acc += base.kernel(i, h)[0] * base.hist[b * c + e - dl][t];
+                acc += base.tap_row(i, h)[0] * base.hist[b * c + e - dl][t];
             }
             acc
         });

@@ -4,16 +4,18 @@
 //! $y_t = \mathrm{softmax}(\text{scale}\cdot K q_t)^\top V$ over the $\min(t+1, \text{cap})$ filled rows.
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
-use mixer_core::mixer::Decoder;
+use mixer_core::mixer::{Decoder, check_decoder_capacity};
 use mixer_core::mixers::attention::Attention;
-use mixer_core::{Dims, Error, Result, Tensors};
+use mixer_core::tensor::contiguous;
+use mixer_core::{Dims, DimsExt, Result, Tensors};
 use ndarray::ArrayD;
 
-use super::{KERNEL, SRC, window_arg};
-use crate::runtime::{GpuReal, err, gpu, input, int, launch, source};
+use super::{FAMILY, window_arg};
+use crate::kernels;
+use crate::runtime::{GpuReal, err, gpu, int, launch};
 
 /// The attention decoder (KV cache on the device).
-pub struct KvDecoder<F: GpuReal> {
+pub struct AttentionDecoder<F: GpuReal> {
     kc: CudaSlice<F>,
     vc: CudaSlice<F>,
     scratch: CudaSlice<F>,
@@ -27,22 +29,18 @@ pub struct KvDecoder<F: GpuReal> {
     scale: F,
 }
 
-impl<F: GpuReal> KvDecoder<F> {
+impl<F: GpuReal> AttentionDecoder<F> {
     /// Allocates the cache for length `T`.
     pub fn new(a: &Attention, dims: &Dims) -> Result<Self> {
-        let get = |s: &str| {
-            dims.get(s)
-                .copied()
-                .ok_or_else(|| Error::Decoder(format!("attention decoder: size `{s}` not bound")))
-        };
-        let (b, tmax, h, dk, dv) = (get("B")?, get("T")?, get("H")?, get("Dk")?, get("Dv")?);
+        let (b, tmax, h, dk, dv) =
+            (dims.size("B")?, dims.size("T")?, dims.size("H")?, dims.size("Dk")?, dims.size("Dv")?);
         let w = window_arg(a, tmax);
         let cap = if w > 0 { w as usize } else { tmax.max(1) };
         let g = gpu()?;
-        Ok(KvDecoder {
-            kc: g.zeros::<F>(KERNEL, cap * b * h * dk)?,
-            vc: g.zeros::<F>(KERNEL, cap * b * h * dv)?,
-            scratch: g.zeros::<F>(KERNEL, b * h * cap)?,
+        Ok(AttentionDecoder {
+            kc: g.zeros::<F>(FAMILY, cap * b * h * dk)?,
+            vc: g.zeros::<F>(FAMILY, cap * b * h * dv)?,
+            scratch: g.zeros::<F>(FAMILY, b * h * cap)?,
             b,
             h,
             dk,
@@ -59,61 +57,47 @@ impl<F: GpuReal> KvDecoder<F> {
     }
 }
 
-/// Token input `name` as a row-major vector, after checking its shape.
-fn token<F: GpuReal>(tok: &Tensors<F>, name: &str, want: &[usize]) -> Result<Vec<F>> {
-    let a = input(tok, KERNEL, name)?;
-    if a.shape() != want {
-        return Err(Error::shape(name, format!("{want:?} (one token)"), format!("{:?}", a.shape())));
-    }
-    Ok(a.iter().copied().collect())
-}
-
-impl<F: GpuReal> Decoder<F> for KvDecoder<F> {
+impl<F: GpuReal> Decoder<F> for AttentionDecoder<F> {
     fn step(&mut self, tok: &Tensors<F>) -> Result<ArrayD<F>> {
-        if self.t >= self.tmax {
-            return Err(Error::Decoder(format!(
-                "attention decoder: step {} beyond T = {}",
-                self.t, self.tmax
-            )));
-        }
+        check_decoder_capacity(self.t, self.tmax)?;
         let (b, h, dk, dv) = (self.b, self.h, self.dk, self.dv);
-        let q = token(tok, "q", &[b, h, dk])?;
-        let k = token(tok, "k", &[b, h, dk])?;
-        let v = token(tok, "v", &[b, h, dv])?;
+        let q = contiguous(tok, "q", &[b, h, dk])?;
+        let k = contiguous(tok, "k", &[b, h, dk])?;
+        let v = contiguous(tok, "v", &[b, h, dv])?;
         let g = gpu()?;
         let slot = self.t % self.cap;
         let (nk, nv) = (b * h * dk, b * h * dv);
-        let copy = |e| err(KERNEL, format!("copy into the KV cache: {e}"));
+        let copy = |e| err(FAMILY, format!("copy into the KV cache: {e}"));
         if nk > 0 {
-            g.stream.memcpy_htod(&k, &mut self.kc.slice_mut(slot * nk..(slot + 1) * nk)).map_err(copy)?;
+            g.stream.memcpy_htod(&k[..], &mut self.kc.slice_mut(slot * nk..(slot + 1) * nk)).map_err(copy)?;
         }
         if nv > 0 {
-            g.stream.memcpy_htod(&v, &mut self.vc.slice_mut(slot * nv..(slot + 1) * nv)).map_err(copy)?;
+            g.stream.memcpy_htod(&v[..], &mut self.vc.slice_mut(slot * nv..(slot + 1) * nv)).map_err(copy)?;
         }
         self.t += 1;
         if nv == 0 || b * h == 0 {
             return Ok(ArrayD::zeros(ndarray::IxDyn(&[b, h, dv])));
         }
-        let dq = g.upload_slice(KERNEL, &q)?;
-        let mut y = g.zeros::<F>(KERNEL, nv)?;
-        let f = g.function(KERNEL, &source(SRC), &[], &format!("attn_step_{}", F::SUFFIX))?;
+        let dq = g.upload_slice(FAMILY, &q[..])?;
+        let mut y = g.zeros::<F>(FAMILY, nv)?;
+        let f = g.function(FAMILY, &kernels::ATTENTION.full(), &[], &format!("attn_step_{}", F::SUFFIX))?;
         let cfg = LaunchConfig {
-            grid_dim: (int(KERNEL, "B·H", b * h)? as u32, 1, 1),
+            grid_dim: (int(FAMILY, "B·H", b * h)? as u32, 1, 1),
             block_dim: (128, 1, 1),
             shared_mem_bytes: 0,
         };
         let (bi, hi, dki, dvi, capi, ni) = (
-            int(KERNEL, "B", b)?,
-            int(KERNEL, "H", h)?,
-            int(KERNEL, "Dk", dk)?,
-            int(KERNEL, "Dv", dv)?,
-            int(KERNEL, "cap", self.cap)?,
-            int(KERNEL, "n", self.filled())?,
+            int(FAMILY, "B", b)?,
+            int(FAMILY, "H", h)?,
+            int(FAMILY, "Dk", dk)?,
+            int(FAMILY, "Dv", dv)?,
+            int(FAMILY, "cap", self.cap)?,
+            int(FAMILY, "n", self.filled())?,
         );
-        launch!(g, KERNEL, f, cfg;
+        launch!(g, FAMILY, f, cfg;
             &dq, &self.kc, &self.vc, &mut self.scratch, &mut y, &bi, &hi, &dki, &dvi, &capi, &ni, &self.scale)?;
-        g.sync(KERNEL)?;
-        g.download(KERNEL, &y, &[b, h, dv])
+        g.sync(FAMILY)?;
+        g.download(FAMILY, &y, &[b, h, dv])
     }
     fn cache_elems(&self) -> usize {
         self.filled() * self.b * self.h * (self.dk + self.dv)

@@ -8,8 +8,10 @@ use mixer_core::mixers::attention::Attention;
 use mixer_core::{Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
 
-use super::{KERNEL, SRC, window_arg};
-use crate::runtime::{GpuReal, check_elems, err, gpu, input, int, launch, source};
+use super::{FAMILY, window_arg};
+use crate::kernels;
+use crate::runtime::{GpuReal, check_elems, err, gpu, int, launch};
+use mixer_core::tensor::get;
 
 /// Shared memory one block may use without opting in (bytes).
 const SMEM: usize = 48 * 1024;
@@ -19,44 +21,44 @@ pub(crate) fn tile(dk: usize, dv: usize, elem: usize) -> Result<usize> {
     let per_row = (dk + dv) * elem;
     let t = (SMEM / (2 * per_row.max(1))).min(64);
     if t == 0 {
-        return Err(err(KERNEL, format!("Dk + Dv = {} is too large for the shared-memory tiles", dk + dv)));
+        return Err(err(FAMILY, format!("Dk + Dv = {} is too large for the shared-memory tiles", dk + dv)));
     }
     Ok(t)
 }
 
 /// Runs the fast form on the GPU.
 pub fn run<F: GpuReal>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let q = input(inputs, KERNEL, "q")?;
-    let k = input(inputs, KERNEL, "k")?;
-    let v = input(inputs, KERNEL, "v")?;
+    let q = get(inputs, "q")?;
+    let k = get(inputs, "k")?;
+    let v = get(inputs, "v")?;
     let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let dv = v.shape()[3];
     if b * t * h * dv == 0 {
         return Ok(ArrayD::zeros(IxDyn(&[b, t, h, dv])));
     }
-    check_elems(KERNEL, b * t * h * dk.max(dv))?;
+    check_elems(FAMILY, b * t * h * dk.max(dv))?;
     let bq = tile(dk, dv, std::mem::size_of::<F>())?;
     let g = gpu()?;
-    let f = g.function(KERNEL, &source(SRC), &[], &format!("attn_fwd_{}", F::SUFFIX))?;
-    let (dq, dkk, dvv) = (g.upload(KERNEL, q)?, g.upload(KERNEL, k)?, g.upload(KERNEL, v)?);
-    let mut y = g.zeros::<F>(KERNEL, b * t * h * dv)?;
+    let f = g.function(FAMILY, &kernels::ATTENTION.full(), &[], &format!("attn_fwd_{}", F::SUFFIX))?;
+    let (dq, dkk, dvv) = (g.upload(FAMILY, q)?, g.upload(FAMILY, k)?, g.upload(FAMILY, v)?);
+    let mut y = g.zeros::<F>(FAMILY, b * t * h * dv)?;
     let blocks_t = t.div_ceil(bq);
     let cfg = LaunchConfig {
-        grid_dim: (int(KERNEL, "query tiles", blocks_t)? as u32, int(KERNEL, "B·H", b * h)? as u32, 1),
+        grid_dim: (int(FAMILY, "query tiles", blocks_t)? as u32, int(FAMILY, "B·H", b * h)? as u32, 1),
         block_dim: (bq as u32, 1, 1),
         shared_mem_bytes: (2 * bq * (dk + dv) * std::mem::size_of::<F>()) as u32,
     };
     let (bi, ti, hi, dki, dvi) = (
-        int(KERNEL, "B", b)?,
-        int(KERNEL, "T", t)?,
-        int(KERNEL, "H", h)?,
-        int(KERNEL, "Dk", dk)?,
-        int(KERNEL, "Dv", dv)?,
+        int(FAMILY, "B", b)?,
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "H", h)?,
+        int(FAMILY, "Dk", dk)?,
+        int(FAMILY, "Dv", dv)?,
     );
     let w = window_arg(a, t);
     let scale = F::of(a.scale(dk));
     let bk = bq as i32;
-    launch!(g, KERNEL, f, cfg; &dq, &dkk, &dvv, &mut y, &bi, &ti, &hi, &dki, &dvi, &w, &scale, &bk)?;
-    g.sync(KERNEL)?;
-    g.download(KERNEL, &y, &[b, t, h, dv])
+    launch!(g, FAMILY, f, cfg; &dq, &dkk, &dvv, &mut y, &bi, &ti, &hi, &dki, &dvi, &w, &scale, &bk)?;
+    g.sync(FAMILY)?;
+    g.download(FAMILY, &y, &[b, t, h, dv])
 }

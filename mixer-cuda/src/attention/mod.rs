@@ -11,42 +11,30 @@
 pub mod decoder;
 pub mod flash;
 
-use mixer_core::mixer::{Decoder, Mixer, downcast};
 use mixer_core::mixers::attention::Attention;
-use mixer_core::{Dims, Form, Result, Tensors};
-use mixer_registry::{KernelEntry, register};
-use ndarray::ArrayD;
+use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
 
-use crate::runtime::{GpuReal, err};
+use crate::runtime::GpuReal;
 
-/// Kernel family name in errors.
-pub(crate) const KERNEL: &str = "attention";
-/// The kernels (`kernels/attention.cu`).
-pub(crate) const SRC: &str = include_str!("../../kernels/attention.cu");
+/// Family name in errors.
+pub(crate) const FAMILY: &str = "attention";
 
-fn run<F: GpuReal>(m: &dyn Mixer, form: Form, x: &Tensors<F>) -> Result<ArrayD<F>> {
-    let a = downcast::<Attention>(m, "cuda")?;
-    match form {
-        Form::Fast => flash::run(a, x),
-        f => Err(err(KERNEL, format!("form `{f}` is not computed by this kernel entry"))),
+/// Softmax attention on CUDA.
+struct AttentionCuda;
+
+impl<F: GpuReal> Family<F> for AttentionCuda {
+    type Mixer = Attention;
+    fn fast(&self) -> Option<FormFn<Attention, F>> {
+        Some(flash::run)
+    }
+    fn decoder(&self) -> Option<DecoderFn<Attention, F>> {
+        Some(|a, _statics, dims| Ok(Box::new(decoder::AttentionDecoder::<F>::new(a, dims)?)))
     }
 }
 
-fn dec<F: GpuReal>(m: &dyn Mixer, _statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
-    let a = downcast::<Attention>(m, "cuda")?;
-    Ok(Box::new(decoder::KvDecoder::new(a, dims)?))
-}
-
 #[register]
-static ATTENTION_CUDA: KernelEntry = KernelEntry {
-    kernel: "attention",
-    backend: "cuda",
-    forms: &[Form::Fast],
-    run_f64: run::<f64>,
-    run_f32: run::<f32>,
-    decoder_f64: Some(dec::<f64>),
-    decoder_f32: Some(dec::<f32>),
-};
+static ATTENTION_CUDA: FamilyEntry =
+    FamilyEntry { family: FAMILY, backend: "cuda", f64: &AttentionCuda, f32: &AttentionCuda };
 
 /// The window as the kernels take it: `0` for none (or one at least as long as `T`).
 pub(crate) fn window_arg(a: &Attention, t_len: usize) -> i32 {

@@ -7,19 +7,19 @@
 use std::collections::{BTreeSet, HashMap};
 
 use cudarc::driver::CudaSlice;
-use mixer_core::mixer::Decoder;
-use mixer_core::mixers::glr::Glr;
-use mixer_core::{Dims, Error, Result, Tensors};
+use mixer_core::mixer::{Decoder, check_decoder_capacity};
+use mixer_core::mixers::glr::{Glr, Slots};
+use mixer_core::tensor::contiguous;
+use mixer_core::{Dims, DimsExt, Result, Tensors};
 use ndarray::ArrayD;
 
-use super::{KERNEL, SRC, dep};
-use crate::runtime::{GpuReal, err, gpu, grid1, input, int, launch, source};
+use super::FAMILY;
+use crate::kernels;
+use crate::runtime::{GpuReal, err, gpu, grid1, int, launch};
 
 /// The GLR decoder (device-resident lattice cache).
 pub struct GlrDecoder<F: GpuReal> {
-    off: Vec<u64>,
-    strides: Vec<u64>,
-    ce: bool,
+    slots: Slots,
     has_a: bool,
     has_b: bool,
     b: usize,
@@ -35,22 +35,13 @@ pub struct GlrDecoder<F: GpuReal> {
 impl<F: GpuReal> GlrDecoder<F> {
     /// Sizes the cache for length `T` and allocates it on the device.
     pub fn new(glr: &Glr, dims: &Dims) -> Result<Self> {
-        let get = |s: &str| {
-            dims.get(s).copied().ok_or_else(|| Error::Decoder(format!("glr decoder: size `{s}` not bound")))
-        };
-        let (b, tmax, c) = (get("B")?, get("T")?, get("C")?);
-        let p = glr.pattern();
-        let off = p.offsets(tmax);
-        let ce = p.cache_efficient();
-        let strides = if ce { p.strides(off.len()) } else { vec![1; off.len()] };
-        let cap = p.max_cache(tmax).max(1);
+        let (b, tmax, c) = (dims.size("B")?, dims.size("T")?, dims.size("C")?);
+        let cap = glr.pattern().max_cache(tmax).max(1);
         let on = glr.on();
         let g = gpu()?;
-        let alloc = |used: bool| g.zeros::<F>(KERNEL, if used { cap * b * c } else { 1 });
+        let alloc = |used: bool| g.zeros::<F>(FAMILY, if used { cap * b * c } else { 1 });
         Ok(GlrDecoder {
-            off,
-            strides,
-            ce,
+            slots: glr.slots(tmax),
             has_a: on.has_a(),
             has_b: on.has_b(),
             b,
@@ -66,11 +57,8 @@ impl<F: GpuReal> GlrDecoder<F> {
 
     /// Positions read by token `t`, per slot (`None` when inactive).
     fn deps(&self, t: usize) -> Vec<Option<usize>> {
-        self.off
-            .iter()
-            .zip(&self.strides)
-            .map(|(&fk, &ak)| (fk <= t as u64).then(|| dep(t as u64, fk, ak, self.ce) as usize))
-            .collect()
+        let active = self.slots.active(t);
+        (0..self.slots.len()).map(|k| (k < active).then(|| self.slots.pos(t, k))).collect()
     }
 
     /// Positions to keep after token `t`: those tokens `> t` read.
@@ -78,42 +66,37 @@ impl<F: GpuReal> GlrDecoder<F> {
         if t + 1 >= self.tmax {
             return BTreeSet::new();
         }
-        if self.ce {
-            self.deps(t + 1).into_iter().flatten().collect()
+        if self.slots.cache_efficient() {
+            self.slots.deps(t + 1).map(|(_, d)| d).collect()
         } else {
-            let w = self.off.last().copied().unwrap_or(0) as usize;
+            let w = self.slots.offsets().last().copied().unwrap_or(0);
             ((t + 1).saturating_sub(w)..=t).collect()
         }
     }
 }
 
+/// Per-token input `name`, shape-checked, on the device.
 fn upload_token<F: GpuReal>(token: &Tensors<F>, name: &str, want: &[usize]) -> Result<CudaSlice<F>> {
-    let a = input(token, KERNEL, name)?;
-    if a.shape() != want {
-        return Err(Error::shape(name, format!("{want:?} (one token)"), format!("{:?}", a.shape())));
-    }
-    gpu()?.upload(KERNEL, a)
+    gpu()?.upload_slice(FAMILY, &contiguous(token, name, want)?)
 }
 
 impl<F: GpuReal> Decoder<F> for GlrDecoder<F> {
     fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
         let t = self.t;
-        if t >= self.tmax {
-            return Err(Error::Decoder(format!("glr decoder: step {t} beyond T = {}", self.tmax)));
-        }
-        let (b, c, k) = (self.b, self.c, self.off.len());
+        check_decoder_capacity(t, self.tmax)?;
+        let (b, c, k) = (self.b, self.c, self.slots.len());
         let na = if self.has_a { k + 1 } else { 1 };
         let g = gpu()?;
         let xt = upload_token(token, "x", &[b, c])?;
         let at = upload_token(token, "alpha", &if self.has_a { vec![b, na, c] } else { vec![b, c] })?;
-        let bt = if self.has_b { upload_token(token, "beta", &[b, k, c])? } else { g.zeros::<F>(KERNEL, 1)? };
+        let bt = if self.has_b { upload_token(token, "beta", &[b, k, c])? } else { g.zeros::<F>(FAMILY, 1)? };
         let slots: Vec<i32> = self
             .deps(t)
             .into_iter()
             .map(|d| match d {
                 None => Ok(-1),
                 Some(p) => self.slot_of.get(&p).copied().ok_or_else(|| {
-                    err(KERNEL, format!("internal: position {p} read at t = {t} is not in the cache"))
+                    err(FAMILY, format!("internal: position {p} read at t = {t} is not in the cache"))
                 }),
             })
             .collect::<Result<_>>()?;
@@ -126,23 +109,23 @@ impl<F: GpuReal> Decoder<F> for GlrDecoder<F> {
             }
         }
         let out = if live.contains(&t) {
-            let s = self.free.pop().ok_or_else(|| err(KERNEL, "internal: decoder cache overflow"))?;
+            let s = self.free.pop().ok_or_else(|| err(FAMILY, "internal: decoder cache overflow"))?;
             self.slot_of.insert(t, s);
             s
         } else {
             -1
         };
-        let dslots = g.upload_slice(KERNEL, &slots)?;
-        let mut y = g.zeros::<F>(KERNEL, b * c)?;
-        let f = g.function(KERNEL, &source(SRC), &[], &format!("glr_step_{}", F::SUFFIX))?;
+        let dslots = g.upload_slice(FAMILY, &slots)?;
+        let mut y = g.zeros::<F>(FAMILY, b * c)?;
+        let f = g.function(FAMILY, &kernels::GLR.full(), &[], &format!("glr_step_{}", F::SUFFIX))?;
         let (bi, ci, ki, nai) =
-            (int(KERNEL, "B", b)?, int(KERNEL, "C", c)?, int(KERNEL, "K", k)?, int(KERNEL, "K+1", na)?);
+            (int(FAMILY, "B", b)?, int(FAMILY, "C", c)?, int(FAMILY, "K", k)?, int(FAMILY, "K+1", na)?);
         let (ha, hb) = (self.has_a as i32, self.has_b as i32);
-        launch!(g, KERNEL, f, grid1(b * c, 128);
+        launch!(g, FAMILY, f, grid1(b * c, 128);
             &xt, &at, &bt, &dslots, &mut self.cx, &mut self.cy, &mut y, &bi, &ci, &ki, &nai, &ha, &hb, &out)?;
-        g.sync(KERNEL)?;
+        g.sync(FAMILY)?;
         self.t += 1;
-        g.download(KERNEL, &y, &[b, c])
+        g.download(FAMILY, &y, &[b, c])
     }
     fn cache_elems(&self) -> usize {
         self.slot_of.len() * self.b * self.c * (self.has_a as usize + self.has_b as usize)

@@ -24,16 +24,14 @@ use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
 
-use super::{FENWICK_SRC, KERNEL};
-use crate::runtime::{GpuReal, err, gpu, input, int, launch, source};
+use super::FAMILY;
+use crate::kernels;
+use crate::runtime::{GpuReal, err, gpu, int, launch};
+use mixer_core::fenwick::bitlen;
+use mixer_core::tensor::get;
 
 /// Most scratch bytes the form allocates.
 const MAX_SCRATCH: usize = 8 << 30;
-
-/// `bitlen(x)` = ⌊log₂ x⌋ + 1, 0 for 0.
-pub(crate) fn bitlen(x: usize) -> usize {
-    (usize::BITS - x.leading_zeros()) as usize
-}
 
 /// The base code the kernels take.
 pub(crate) fn base_code(b: Base) -> i32 {
@@ -46,8 +44,8 @@ pub(crate) fn base_code(b: Base) -> i32 {
 
 /// Runs the chunked form on the GPU.
 pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let q = input(inputs, KERNEL, "q")?;
-    let v = input(inputs, KERNEL, "v")?;
+    let q = get(inputs, "q")?;
+    let v = get(inputs, "v")?;
     let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let dv = v.shape()[3];
     if b * t * h * dv == 0 {
@@ -61,7 +59,7 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
     let e_levels = if lifted { bitlen(n_chunks - 1) + 1 } else { 1 };
     let g = gpu()?;
     let (dl, levels) = if lifted {
-        let raw = input(inputs, KERNEL, "lambda")?;
+        let raw = get(inputs, "lambda")?;
         let levels = raw.shape()[3];
         // Highest level read: inside a chunk bitlen(nmax − 1), between chunks c + bitlen(i).
         let need = if n_chunks > 1 { cbits + bitlen(n_chunks - 1) } else { bitlen(nmax - 1) };
@@ -72,9 +70,9 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
                 found: format!("L = {levels}"),
             });
         }
-        (g.upload(KERNEL, &ll.lambda_weights(raw)?)?, levels)
+        (g.upload(FAMILY, &ll.lambda_weights(raw)?)?, levels)
     } else {
-        (g.zeros::<F>(KERNEL, 1)?, 1)
+        (g.zeros::<F>(FAMILY, 1)?, 1)
     };
     let bh = b * h;
     let ws_per = 2 * nmax * nmax + nmax * (nmax + dk + dv) + nmax * (dk + dv);
@@ -82,48 +80,49 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
     let scratch = bh * (ws_per * sz + nmax * 8 + e_levels * dk * dv * sz);
     if scratch > MAX_SCRATCH {
         return Err(err(
-            KERNEL,
+            FAMILY,
             format!(
                 "the chunked form needs {scratch} bytes of scratch (chunk {chunk}, B·H = {bh}, Dk = {dk}, \
                  Dv = {dv}); at most {MAX_SCRATCH} are allocated: use a smaller `chunk`"
             ),
         ));
     }
-    let f = g.function(KERNEL, &source(FENWICK_SRC), &[], &format!("ll_chunked_{}", F::SUFFIX))?;
+    let f =
+        g.function(FAMILY, &kernels::LOGLINEAR_FENWICK.full(), &[], &format!("ll_chunked_{}", F::SUFFIX))?;
     let opt = |name: &str, used: bool| -> Result<_> {
-        if used { g.upload(KERNEL, input(inputs, KERNEL, name)?) } else { g.zeros::<F>(KERNEL, 1) }
+        if used { g.upload(FAMILY, get(inputs, name)?) } else { g.zeros::<F>(FAMILY, 1) }
     };
-    let dq = g.upload(KERNEL, q)?;
-    let dkk = g.upload(KERNEL, input(inputs, KERNEL, "k")?)?;
-    let dvv = g.upload(KERNEL, v)?;
+    let dq = g.upload(FAMILY, q)?;
+    let dkk = g.upload(FAMILY, get(inputs, "k")?)?;
+    let dvv = g.upload(FAMILY, v)?;
     let dg = opt("g", ll.base.has_decay())?;
     let db = opt("beta", ll.base.has_beta())?;
-    let mut y = g.zeros::<F>(KERNEL, b * t * h * dv)?;
-    let mut ws = g.zeros::<F>(KERNEL, bh * ws_per)?;
-    let mut gws = g.zeros::<f64>(KERNEL, bh * nmax)?;
-    let mut st = g.zeros::<F>(KERNEL, bh * e_levels * dk * dv)?;
+    let mut y = g.zeros::<F>(FAMILY, b * t * h * dv)?;
+    let mut ws = g.zeros::<F>(FAMILY, bh * ws_per)?;
+    let mut gws = g.zeros::<f64>(FAMILY, bh * nmax)?;
+    let mut st = g.zeros::<F>(FAMILY, bh * e_levels * dk * dv)?;
     let cfg = LaunchConfig {
-        grid_dim: (int(KERNEL, "B·H", bh)? as u32, 1, 1),
+        grid_dim: (int(FAMILY, "B·H", bh)? as u32, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    int(KERNEL, "B·T·H·max(Dk, Dv)", b * t * h * dk.max(dv))?;
-    int(KERNEL, "chunk²", nmax * nmax)?;
+    int(FAMILY, "B·T·H·max(Dk, Dv)", b * t * h * dk.max(dv))?;
+    int(FAMILY, "chunk²", nmax * nmax)?;
     let (ti, hi, dki, dvi, li, ci, cbi) = (
-        int(KERNEL, "T", t)?,
-        int(KERNEL, "H", h)?,
-        int(KERNEL, "Dk", dk)?,
-        int(KERNEL, "Dv", dv)?,
-        int(KERNEL, "L", levels)?,
-        int(KERNEL, "chunk", chunk)?,
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "H", h)?,
+        int(FAMILY, "Dk", dk)?,
+        int(FAMILY, "Dv", dv)?,
+        int(FAMILY, "L", levels)?,
+        int(FAMILY, "chunk", chunk)?,
         cbits as i32,
     );
     let (base, lifted_i, ei, ni) =
-        (base_code(ll.base), lifted as i32, e_levels as i32, int(KERNEL, "n", nmax)?);
+        (base_code(ll.base), lifted as i32, e_levels as i32, int(FAMILY, "n", nmax)?);
     let scale = ll.scale;
-    launch!(g, KERNEL, f, cfg;
+    launch!(g, FAMILY, f, cfg;
         &dq, &dkk, &dvv, &dg, &db, &dl, &mut y, &mut ws, &mut gws, &mut st,
         &ti, &hi, &dki, &dvi, &li, &ci, &cbi, &base, &lifted_i, &ei, &ni, &scale)?;
-    g.sync(KERNEL)?;
-    g.download(KERNEL, &y, &[b, t, h, dv])
+    g.sync(FAMILY)?;
+    g.download(FAMILY, &y, &[b, t, h, dv])
 }

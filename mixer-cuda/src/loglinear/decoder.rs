@@ -16,19 +16,20 @@
 //! and downloads `y_t` (`B·H·Dv` values).
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
-use mixer_core::error::fmt_shape;
-use mixer_core::mixer::Decoder;
+use mixer_core::mixer::{Decoder, check_decoder_capacity};
 use mixer_core::mixers::loglinear::LogLinear;
-use mixer_core::tensor::get;
-use mixer_core::{Dims, Error, Result, Tensors};
+use mixer_core::tensor::{contiguous, get};
+use mixer_core::{Dims, DimsExt, Error, Result, Tensors};
 use ndarray::ArrayD;
 
-use super::chunked::{base_code, bitlen};
-use super::{FENWICK_SRC, KERNEL};
-use crate::runtime::{GpuReal, gpu, int, launch, source};
+use super::FAMILY;
+use super::chunked::base_code;
+use crate::kernels;
+use crate::runtime::{GpuReal, gpu, int, launch};
+use mixer_core::fenwick::{bitlen, merge_level, occupied_levels};
 
 /// The decoder of one configured member of the family (device-resident level states).
-pub struct LogLinearGpuDecoder<F: GpuReal> {
+pub struct LogLinearDecoder<F: GpuReal> {
     m: LogLinear,
     nb: usize,
     nh: usize,
@@ -41,74 +42,55 @@ pub struct LogLinearGpuDecoder<F: GpuReal> {
     states: CudaSlice<F>,
     /// Bit `l` set when level `l` is non-empty after the last step.
     occ: u64,
+    /// Tokens the decoder was built for (`T`).
+    t_len: usize,
     pos: usize,
 }
 
-fn dim(dims: &Dims, s: &str) -> Result<usize> {
-    dims.get(s)
-        .copied()
-        .ok_or_else(|| Error::Decoder(format!("loglinear cuda decoder: size `{s}` not given")))
-}
-
-impl<F: GpuReal> LogLinearGpuDecoder<F> {
+impl<F: GpuReal> LogLinearDecoder<F> {
     /// Allocates zero states for the sizes in `dims` (`B`, `H`, `Dk`, `Dv`, and `L` for lifts).
     pub fn new(m: &LogLinear, dims: &Dims) -> Result<Self> {
-        let (nb, nh, dk, dv) = (dim(dims, "B")?, dim(dims, "H")?, dim(dims, "Dk")?, dim(dims, "Dv")?);
-        let n_levels = if m.lift.is_some() { dim(dims, "L")? } else { 1 };
+        let (nb, nh, dk, dv) = (dims.size("B")?, dims.size("H")?, dims.size("Dk")?, dims.size("Dv")?);
+        let n_levels = if m.lift.is_some() { dims.size("L")? } else { 1 };
+        let t_len = dims.size("T")?;
         let slots = n_levels.min(32);
-        int(KERNEL, "B·H·L·Dk·Dv", nb * nh * slots * dk * dv)?;
-        let states = gpu()?.zeros::<F>(KERNEL, nb * nh * slots * dk * dv)?;
-        Ok(LogLinearGpuDecoder { m: m.clone(), nb, nh, dk, dv, n_levels, slots, states, occ: 0, pos: 0 })
-    }
-
-    fn input<'a>(&self, tok: &'a Tensors<F>, name: &str, shape: &[usize]) -> Result<&'a ArrayD<F>> {
-        let a = get(tok, name)?;
-        if a.shape() != shape {
-            return Err(Error::Decoder(format!(
-                "token {}: input `{name}` expected {}, got {}",
-                self.pos,
-                fmt_shape(shape),
-                fmt_shape(a.shape())
-            )));
-        }
-        Ok(a)
+        int(FAMILY, "B·H·L·Dk·Dv", nb * nh * slots * dk * dv)?;
+        let states = gpu()?.zeros::<F>(FAMILY, nb * nh * slots * dk * dv)?;
+        Ok(LogLinearDecoder { m: m.clone(), nb, nh, dk, dv, n_levels, slots, states, occ: 0, t_len, pos: 0 })
     }
 }
 
-fn push<F: GpuReal>(buf: &mut Vec<F>, a: &ArrayD<F>) {
-    buf.extend(a.as_standard_layout().iter().copied());
-}
-
-impl<F: GpuReal> Decoder<F> for LogLinearGpuDecoder<F> {
+impl<F: GpuReal> Decoder<F> for LogLinearDecoder<F> {
     fn step(&mut self, tok: &Tensors<F>) -> Result<ArrayD<F>> {
         let (nb, nh, dk, dv) = (self.nb, self.nh, self.dk, self.dv);
         let bh = nb * nh;
         let base = self.m.base;
         let lifted = self.m.lift.is_some();
         let t = self.pos;
+        check_decoder_capacity(t, self.t_len)?;
         let mut buf: Vec<F> = Vec::with_capacity(bh * (2 * dk + dv + 2 + self.n_levels));
-        push(&mut buf, self.input(tok, "q", &[nb, nh, dk])?);
-        push(&mut buf, self.input(tok, "k", &[nb, nh, dk])?);
-        push(&mut buf, self.input(tok, "v", &[nb, nh, dv])?);
+        buf.extend_from_slice(&contiguous(tok, "q", &[nb, nh, dk])?);
+        buf.extend_from_slice(&contiguous(tok, "k", &[nb, nh, dk])?);
+        buf.extend_from_slice(&contiguous(tok, "v", &[nb, nh, dv])?);
         let zeros = vec![F::zero(); bh];
         if base.has_decay() {
-            push(&mut buf, self.input(tok, "g", &[nb, nh])?);
+            buf.extend_from_slice(&contiguous(tok, "g", &[nb, nh])?);
         } else {
             buf.extend_from_slice(&zeros);
         }
         if base.has_beta() {
-            push(&mut buf, self.input(tok, "beta", &[nb, nh])?);
+            buf.extend_from_slice(&contiguous(tok, "beta", &[nb, nh])?);
         } else {
             buf.extend_from_slice(&zeros);
         }
         if lifted {
-            let raw = self.input(tok, "lambda", &[nb, nh, self.n_levels])?;
-            push(&mut buf, &self.m.lambda_weights(raw)?);
+            contiguous(tok, "lambda", &[nb, nh, self.n_levels])?;
+            let w = self.m.lambda_weights(get(tok, "lambda")?)?;
+            buf.extend(w.as_standard_layout().iter().copied());
         }
-        // Levels after this step's merge.
-        let m = if t >= 1 { t.trailing_zeros() as usize } else { 0 };
-        let occ =
-            if !lifted || t == 0 { 1u64 } else { (self.occ & !((2u64 << m) - 1)) | (1u64 << (m + 1)) | 1 };
+        // The merge level of this step and the levels occupied after it (MATH §2.5).
+        let m = merge_level(t).unwrap_or(0);
+        let occ = if lifted { occupied_levels(t) } else { 1 };
         if lifted && bitlen(t) >= self.slots {
             return Err(Error::Decoder(format!(
                 "token {t} needs Fenwick level {}, but lambda has {} levels",
@@ -117,30 +99,31 @@ impl<F: GpuReal> Decoder<F> for LogLinearGpuDecoder<F> {
             )));
         }
         let g = gpu()?;
-        let dtok = g.upload_slice(KERNEL, &buf)?;
-        let mut y = g.zeros::<F>(KERNEL, bh * dv)?;
-        let f = g.function(KERNEL, &source(FENWICK_SRC), &[], &format!("ll_step_{}", F::SUFFIX))?;
+        let dtok = g.upload_slice(FAMILY, &buf)?;
+        let mut y = g.zeros::<F>(FAMILY, bh * dv)?;
+        let f =
+            g.function(FAMILY, &kernels::LOGLINEAR_FENWICK.full(), &[], &format!("ll_step_{}", F::SUFFIX))?;
         let cfg = LaunchConfig {
-            grid_dim: (int(KERNEL, "B·H", bh)? as u32, 1, 1),
+            grid_dim: (int(FAMILY, "B·H", bh)? as u32, 1, 1),
             block_dim: (128, 1, 1),
-            shared_mem_bytes: int(KERNEL, "shared bytes", self.slots * dv * std::mem::size_of::<F>())? as u32,
+            shared_mem_bytes: int(FAMILY, "shared bytes", self.slots * dv * std::mem::size_of::<F>())? as u32,
         };
         let (bhi, dki, dvi, nl) =
-            (int(KERNEL, "B·H", bh)?, int(KERNEL, "Dk", dk)?, int(KERNEL, "Dv", dv)?, self.slots as i32);
+            (int(FAMILY, "B·H", bh)?, int(FAMILY, "Dk", dk)?, int(FAMILY, "Dv", dv)?, self.slots as i32);
         let (li, basei, liftedi, ti, mi) = (
-            int(KERNEL, "L", self.n_levels)?,
+            int(FAMILY, "L", self.n_levels)?,
             base_code(base),
             lifted as i32,
-            int(KERNEL, "t", t)?,
+            int(FAMILY, "t", t)?,
             m as i32,
         );
         let occ32 = occ as u32;
         let scale = self.m.scale;
-        launch!(g, KERNEL, f, cfg;
+        launch!(g, FAMILY, f, cfg;
             &dtok, &mut self.states, &mut y, &bhi, &dki, &dvi, &nl, &li, &basei, &liftedi, &ti, &mi, &occ32, &scale)?;
         self.occ = occ;
         self.pos += 1;
-        g.download(KERNEL, &y, &[nb, nh, dv])
+        g.download(FAMILY, &y, &[nb, nh, dv])
     }
 
     fn cache_elems(&self) -> usize {

@@ -1,79 +1,50 @@
 //! The log-linear family on CUDA (MATH.md §2): `linear-attention`, `mamba2`,
 //! `gated-deltanet` and their lifts `loglinear-*`.
 //!
-//! - `parallel` ([`quadratic`]): the generic quadratic form, any level mask;
+//! - `parallel` ([`parallel`]): the generic quadratic form, any level mask;
 //! - `fast` ([`chunked`]): the chunked form of MATH §2.6 (Fenwick mask; WY/UT form for gated
 //!   DeltaNet), one block per (batch, head) walking its chunks;
 //! - `recurrent` ([`decoder`]): O(log T) device-resident level states per head (§2.5), one
 //!   kernel launch per token.
 //!
 //! The `fast` and `recurrent` forms exist only with Fenwick structure (base mixers, or the
-//! Fenwick mask); `Mixer::form_unsupported` filters the rest before dispatch, and they are
-//! refused here as well.
+//! Fenwick mask); the registry refuses the rest through `Mixer::form_unsupported`, on every
+//! backend alike.
 //!
 //! The level mask's registered CUDA device function (`MaskEntry::cuda`,
 //! `__device__ int mixers_level(long long t, long long s)`) and the λ scheme's
 //! (`LambdaEntry::cuda`, `__device__ double mixers_lambda(double raw, double param)`) are
 //! spliced into the generic kernel `kernels/loglinear.cu` and compiled by NVRTC (one module
 //! per (mask, scheme) pair, cached), so a plugin mask or scheme needs no kernel of its own.
-//! The chunked (`fast`) and recurrent forms are not ported to CUDA.
 
 pub mod chunked;
 pub mod decoder;
-pub mod quadratic;
+pub mod parallel;
 
-use mixer_core::mixer::{Decoder, Mixer, downcast};
 use mixer_core::mixers::loglinear::LogLinear;
-use mixer_core::{Dims, Form, Result, Tensors};
-use mixer_registry::{KernelEntry, register};
-use ndarray::ArrayD;
+use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
 
-use crate::runtime::{GpuReal, err};
+use crate::runtime::GpuReal;
 
-/// Kernel family name in errors.
-pub(crate) const KERNEL: &str = "loglinear";
-/// The generic kernel (`kernels/loglinear.cu`), without the mask and λ functions.
-pub const SRC: &str = include_str!("../../kernels/loglinear.cu");
-/// The Fenwick-structure kernels (`kernels/loglinear_fenwick.cu`): chunked form, decoder step.
-pub const FENWICK_SRC: &str = include_str!("../../kernels/loglinear_fenwick.cu");
+/// Family name in errors.
+pub(crate) const FAMILY: &str = "loglinear";
 
-fn needs_fenwick(ll: &LogLinear, form: Form) -> Result<()> {
-    if ll.has_fenwick_structure() {
-        return Ok(());
+/// The log-linear family on CUDA.
+struct LogLinearCuda;
+
+impl<F: GpuReal> Family<F> for LogLinearCuda {
+    type Mixer = LogLinear;
+    fn parallel(&self) -> Option<FormFn<LogLinear, F>> {
+        Some(parallel::run)
     }
-    Err(mixer_core::Error::FormUnavailable {
-        mixer: format!("{} (mask `{}`)", ll.name, ll.lift.map_or("none", |l| l.mask.name)),
-        form: form.name().into(),
-        backend: "cuda".into(),
-        available: "materialized, parallel (the chunked and recurrent forms need the Fenwick mask)".into(),
-    })
-}
-
-fn run<F: GpuReal>(m: &dyn Mixer, form: Form, x: &Tensors<F>) -> Result<ArrayD<F>> {
-    let ll = downcast::<LogLinear>(m, "cuda")?;
-    match form {
-        Form::Parallel => quadratic::run(ll, x),
-        Form::Fast => {
-            needs_fenwick(ll, Form::Fast)?;
-            chunked::run(ll, x)
-        }
-        f => Err(err(KERNEL, format!("form `{f}` is not computed by this kernel entry"))),
+    fn fast(&self) -> Option<FormFn<LogLinear, F>> {
+        Some(chunked::run)
     }
-}
-
-fn dec<F: GpuReal>(m: &dyn Mixer, _statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
-    let ll = downcast::<LogLinear>(m, "cuda")?;
-    needs_fenwick(ll, Form::Recurrent)?;
-    Ok(Box::new(decoder::LogLinearGpuDecoder::<F>::new(ll, dims)?))
+    fn decoder(&self) -> Option<DecoderFn<LogLinear, F>> {
+        Some(|m, _statics, dims| Ok(Box::new(decoder::LogLinearDecoder::<F>::new(m, dims)?)))
+    }
 }
 
 #[register]
-static LOGLINEAR_CUDA: KernelEntry = KernelEntry {
-    kernel: "loglinear",
-    backend: "cuda",
-    forms: &[Form::Parallel, Form::Fast],
-    run_f64: run::<f64>,
-    run_f32: run::<f32>,
-    decoder_f64: Some(dec::<f64>),
-    decoder_f32: Some(dec::<f32>),
-};
+static LOGLINEAR_CUDA: FamilyEntry =
+    FamilyEntry { family: FAMILY, backend: "cuda", f64: &LogLinearCuda, f32: &LogLinearCuda };

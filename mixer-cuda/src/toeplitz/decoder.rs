@@ -4,13 +4,15 @@
 //! Its cache is the whole history ($t \cdot B \cdot C$ elements after $t$ tokens).
 
 use cudarc::driver::CudaSlice;
-use mixer_core::mixer::Decoder;
+use mixer_core::mixer::{Decoder, check_decoder_capacity};
 use mixer_core::mixers::toeplitz::Toeplitz;
-use mixer_core::{Dims, Error, Result, Tensors};
+use mixer_core::tensor::{contiguous, get};
+use mixer_core::{Dims, DimsExt, Result, Tensors};
 use ndarray::ArrayD;
 
-use super::{KERNEL, SRC};
-use crate::runtime::{GpuReal, gpu, grid1, input, int, launch, source};
+use super::FAMILY;
+use crate::kernels;
+use crate::runtime::{GpuReal, gpu, grid1, int, launch};
 
 /// The naive Toeplitz decoder (device-resident history).
 pub struct NaiveDecoder<F: GpuReal> {
@@ -27,27 +29,22 @@ pub struct NaiveDecoder<F: GpuReal> {
 impl<F: GpuReal> NaiveDecoder<F> {
     /// Uploads the taps and bias (truncated to `T`) and allocates the history.
     pub fn new(tz: &Toeplitz, statics: &Tensors<F>, dims: &Dims) -> Result<Self> {
-        let get = |s: &str| {
-            dims.get(s)
-                .copied()
-                .ok_or_else(|| Error::Decoder(format!("toeplitz decoder: size `{s}` not bound")))
-        };
-        let (b, t, c) = (get("B")?, get("T")?, get("C")?);
+        let (b, t, c) = (dims.size("B")?, dims.size("T")?, dims.size("C")?);
         tz.head_dim(c)?;
-        let (taps, bias) = tz.prepare_statics(input(statics, KERNEL, "w")?, statics.get("bias"), t)?;
+        let (taps, bias) = tz.prepare_statics(get(statics, "w")?, statics.get("bias"), t)?;
         let g = gpu()?;
-        let w = g.upload_slice(KERNEL, &taps)?;
+        let w = g.upload_slice(FAMILY, &taps)?;
         let (bias, has_bias) = match bias {
-            Some(v) => (g.upload_slice(KERNEL, &v)?, 1),
-            None => (g.zeros::<F>(KERNEL, 1)?, 0),
+            Some(v) => (g.upload_slice(FAMILY, &v)?, 1),
+            None => (g.zeros::<F>(FAMILY, 1)?, 0),
         };
-        let hist = g.zeros::<F>(KERNEL, t * b * c)?;
+        let hist = g.zeros::<F>(FAMILY, t * b * c)?;
         let dims = [
-            int(KERNEL, "B", b)?,
-            int(KERNEL, "T", t)?,
-            int(KERNEL, "C", c)?,
-            int(KERNEL, "H", tz.cfg.heads)?,
-            int(KERNEL, "Kw", tz.cfg.kernel_width)?,
+            int(FAMILY, "B", b)?,
+            int(FAMILY, "T", t)?,
+            int(FAMILY, "C", c)?,
+            int(FAMILY, "H", tz.cfg.heads)?,
+            int(FAMILY, "Kw", tz.cfg.kernel_width)?,
         ];
         Ok(NaiveDecoder { w, bias, has_bias, hist, dims, bc: b * c, tmax: t, t: 0 })
     }
@@ -55,32 +52,25 @@ impl<F: GpuReal> NaiveDecoder<F> {
 
 impl<F: GpuReal> Decoder<F> for NaiveDecoder<F> {
     fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
-        let x = input(token, KERNEL, "x")?;
+        check_decoder_capacity(self.t, self.tmax)?;
         let [b, _, c, h, kw] = self.dims;
         let want = [b as usize, c as usize];
-        if x.shape() != want {
-            return Err(Error::shape("x", format!("{want:?} (one token)"), format!("{:?}", x.shape())));
-        }
-        if self.t >= self.tmax {
-            return Err(Error::Decoder(format!(
-                "toeplitz decoder: step {} beyond T = {}",
-                self.t, self.tmax
-            )));
-        }
+        let xs = contiguous(token, "x", &want)?;
         let g = gpu()?;
-        let xs = x.as_standard_layout();
-        let xs = xs.as_slice().unwrap_or(&[]);
         let mut dst = self.hist.slice_mut(self.t * self.bc..(self.t + 1) * self.bc);
-        g.stream.memcpy_htod(xs, &mut dst).map_err(|e| crate::runtime::err(KERNEL, format!("copy: {e}")))?;
-        let f = g.function(KERNEL, &source(SRC), &[], &format!("toeplitz_step_{}", F::SUFFIX))?;
-        let mut y = g.zeros::<F>(KERNEL, self.bc)?;
+        g.stream
+            .memcpy_htod(&xs[..], &mut dst)
+            .map_err(|e| crate::runtime::err(FAMILY, format!("copy: {e}")))?;
+        let f =
+            g.function(FAMILY, &kernels::TOEPLITZ.full(), &[], &format!("toeplitz_step_{}", F::SUFFIX))?;
+        let mut y = g.zeros::<F>(FAMILY, self.bc)?;
         let ti = self.t as i32;
         let tn = self.dims[1];
-        launch!(g, KERNEL, f, grid1(self.bc, 128);
+        launch!(g, FAMILY, f, grid1(self.bc, 128);
             &self.hist, &self.w, &self.bias, &self.has_bias, &mut y, &b, &tn, &c, &h, &kw, &ti)?;
-        g.sync(KERNEL)?;
+        g.sync(FAMILY)?;
         self.t += 1;
-        g.download(KERNEL, &y, &want)
+        g.download(FAMILY, &y, &want)
     }
     fn cache_elems(&self) -> usize {
         self.t * self.bc

@@ -5,8 +5,10 @@ use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::{Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
 
-use super::{KERNEL, SRC};
-use crate::runtime::{GpuReal, check_elems, gpu, grid1, input, int, launch, source};
+use super::FAMILY;
+use crate::kernels;
+use crate::runtime::{GpuReal, check_elems, gpu, grid1, int, launch};
+use mixer_core::tensor::get;
 
 /// Runs the direct (parallel) form on the GPU.
 pub fn run<F: GpuReal>(tz: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
@@ -15,24 +17,24 @@ pub fn run<F: GpuReal>(tz: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>> 
     if b * t * c == 0 {
         return Ok(ArrayD::zeros(IxDyn(&[b, t, c])));
     }
-    check_elems(KERNEL, b * t * c)?;
+    check_elems(FAMILY, b * t * c)?;
     let g = gpu()?;
-    let f = g.function(KERNEL, &source(SRC), &[], &format!("toeplitz_direct_{}", F::SUFFIX))?;
-    let x = g.upload(KERNEL, input(inputs, KERNEL, "x")?)?;
-    let w = g.upload_slice(KERNEL, &p.taps)?;
+    let f = g.function(FAMILY, &kernels::TOEPLITZ.full(), &[], &format!("toeplitz_direct_{}", F::SUFFIX))?;
+    let x = g.upload(FAMILY, get(inputs, "x")?)?;
+    let w = g.upload_slice(FAMILY, &p.taps)?;
     let (bias, has_bias) = match &p.bias {
-        Some(v) => (g.upload_slice(KERNEL, v)?, 1i32),
-        None => (g.zeros::<F>(KERNEL, 1)?, 0i32),
+        Some(v) => (g.upload_slice(FAMILY, v)?, 1i32),
+        None => (g.zeros::<F>(FAMILY, 1)?, 0i32),
     };
-    let mut y = g.zeros::<F>(KERNEL, b * t * c)?;
+    let mut y = g.zeros::<F>(FAMILY, b * t * c)?;
     let (bi, ti, ci, hi, kwi) = (
-        int(KERNEL, "B", b)?,
-        int(KERNEL, "T", t)?,
-        int(KERNEL, "C", c)?,
-        int(KERNEL, "H", h)?,
-        int(KERNEL, "Kw", kw)?,
+        int(FAMILY, "B", b)?,
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "C", c)?,
+        int(FAMILY, "H", h)?,
+        int(FAMILY, "Kw", kw)?,
     );
-    launch!(g, KERNEL, f, grid1(b * t * c, 128); &x, &w, &bias, &has_bias, &mut y, &bi, &ti, &ci, &hi, &kwi)?;
-    g.sync(KERNEL)?;
-    g.download(KERNEL, &y, &[b, t, c])
+    launch!(g, FAMILY, f, grid1(b * t * c, 128); &x, &w, &bias, &has_bias, &mut y, &bi, &ti, &ci, &hi, &kwi)?;
+    g.sync(FAMILY)?;
+    g.download(FAMILY, &y, &[b, t, c])
 }

@@ -7,47 +7,44 @@
 //!   spectra are recomputed per call (they are cheap next to the inputs' transforms).
 //! - `parallel`: the direct $O(T^2)$ sum, one thread per output element ([`direct`]).
 //! - `recurrent`: a naive decoder, $O(t)$ work per token over the full input history kept on
-//!   the device ([`decoder`]); the CPU's online (relaxed) FFT decoder is not ported.
+//!   the device ([`decoder`]), for `decoder: "naive"`. The CPU's online (relaxed) FFT decoder
+//!   is not ported: for `decoder: "online"` (the default) the recurrent form is unavailable on
+//!   this backend, with that reason.
 
 pub mod decoder;
 pub mod direct;
 pub mod fast;
 
-use mixer_core::mixer::{Decoder, Mixer, downcast};
-use mixer_core::mixers::toeplitz::Toeplitz;
-use mixer_core::{Dims, Form, Result, Tensors};
-use mixer_registry::{KernelEntry, register};
-use ndarray::ArrayD;
+use mixer_core::Form;
+use mixer_core::mixers::toeplitz::{DecoderKind, Toeplitz};
+use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
 
 use crate::fft::FftReal;
-use crate::runtime::err;
 
-/// Kernel family name in errors.
-pub(crate) const KERNEL: &str = "toeplitz";
-/// The kernels (`kernels/toeplitz.cu`).
-pub(crate) const SRC: &str = include_str!("../../kernels/toeplitz.cu");
+/// Family name in errors.
+pub(crate) const FAMILY: &str = mixer_core::mixers::toeplitz::FAMILY;
 
-fn run<F: FftReal>(m: &dyn Mixer, form: Form, x: &Tensors<F>) -> Result<ArrayD<F>> {
-    let tz = downcast::<Toeplitz>(m, "cuda")?;
-    match form {
-        Form::Fast => fast::run(tz, x),
-        Form::Parallel => direct::run(tz, x),
-        f => Err(err(KERNEL, format!("form `{f}` is not computed by this kernel entry"))),
+/// The Toeplitz mixer on CUDA.
+struct ToeplitzCuda;
+
+impl<F: FftReal> Family<F> for ToeplitzCuda {
+    type Mixer = Toeplitz;
+    fn parallel(&self) -> Option<FormFn<Toeplitz, F>> {
+        Some(direct::run)
+    }
+    fn fast(&self) -> Option<FormFn<Toeplitz, F>> {
+        Some(fast::run)
+    }
+    fn decoder(&self) -> Option<DecoderFn<Toeplitz, F>> {
+        Some(|tz, statics, dims| Ok(Box::new(decoder::NaiveDecoder::<F>::new(tz, statics, dims)?)))
+    }
+    fn unsupported(&self, tz: &Toeplitz, form: Form) -> Option<String> {
+        (form == Form::Recurrent && tz.cfg.decoder == DecoderKind::Online).then(|| {
+            "the online FFT decoder is not ported to CUDA; configure `\"decoder\": \"naive\"`".to_string()
+        })
     }
 }
 
-fn dec<F: FftReal>(m: &dyn Mixer, statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
-    let tz = downcast::<Toeplitz>(m, "cuda")?;
-    Ok(Box::new(decoder::NaiveDecoder::new(tz, statics, dims)?))
-}
-
 #[register]
-static TOEPLITZ_CUDA: KernelEntry = KernelEntry {
-    kernel: "toeplitz",
-    backend: "cuda",
-    forms: &[Form::Parallel, Form::Fast],
-    run_f64: run::<f64>,
-    run_f32: run::<f32>,
-    decoder_f64: Some(dec::<f64>),
-    decoder_f32: Some(dec::<f32>),
-};
+static TOEPLITZ_CUDA: FamilyEntry =
+    FamilyEntry { family: FAMILY, backend: "cuda", f64: &ToeplitzCuda, f32: &ToeplitzCuda };

@@ -1,6 +1,6 @@
 //! The one attribute that registers a plugin: `#[register]` on a `static` whose type is one
 //! of the registry's entry types (`PatternEntry`, `MaskEntry`, `LambdaEntry`, `MixerEntry`,
-//! `BackendEntry`, `KernelEntry`). It places the static in the matching link-time slice, so
+//! `BackendEntry`, `FamilyEntry`). It places the static in the matching link-time slice, so
 //! plugin crates never name `linkme` themselves.
 
 use proc_macro::TokenStream;
@@ -12,7 +12,7 @@ use syn::{ItemStatic, Path, Type, parse_macro_input};
 ///
 /// ```ignore
 /// #[mixer_registry::register]
-/// static FIB: PatternEntry = PatternEntry { name: "fibonacci", doc: "…", offset: fib, cuda: None };
+/// static FIB: PatternEntry = PatternEntry { name: "fibonacci", doc: "…", offset: fib };
 /// ```
 /// The registry is found as `mixer_registry` or, failing that, `mixers::registry`; pass
 /// `#[register(crate = path::to::registry)]` to name it explicitly.
@@ -72,13 +72,13 @@ pub fn register(attr: TokenStream, item: TokenStream) -> TokenStream {
         "LambdaEntry" => "LAMBDAS",
         "MixerEntry" => "MIXERS",
         "BackendEntry" => "BACKENDS",
-        "KernelEntry" => "KERNELS",
+        "FamilyEntry" => "FAMILIES",
         other => {
             return syn::Error::new_spanned(
                 &item.ty,
                 format!(
                     "#[register] works on statics of type PatternEntry, MaskEntry, LambdaEntry, MixerEntry, \
-                     BackendEntry or KernelEntry; found `{other}`"
+                     BackendEntry or FamilyEntry; found `{other}`"
                 ),
             )
             .to_compile_error()

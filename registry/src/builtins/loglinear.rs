@@ -128,7 +128,7 @@ mod tests {
             "loglinear-gated-deltanet",
         ] {
             let m = crate::mixer(n, &json!({})).unwrap();
-            assert_eq!(m.kernel(), "loglinear");
+            assert_eq!(m.family(), "loglinear");
             assert_eq!(m.name(), n);
         }
         let e = crate::mixer("mamba2", &json!({"mask": "fenwick"})).unwrap_err().to_string();

@@ -8,7 +8,6 @@ static POW2: PatternEntry = PatternEntry {
     name: "pow2",
     doc: "f(k) = 2^k: shortest path popcount(Δ) ≤ log₂T; lattice cache ≤ log₂T + 1",
     offset: mixer_core::pattern::pow2,
-    cuda: Some("__device__ long long mixers_offset(int k) { return k >= 62 ? (1LL << 62) : (1LL << k); }"),
 };
 
 #[register]
@@ -16,7 +15,6 @@ static SQ1: PatternEntry = PatternEntry {
     name: "sq1",
     doc: "f(k) = k² + 1: shortest path ≤ 4 (four squares); lattice cache O(√T)",
     offset: mixer_core::pattern::sq1,
-    cuda: Some("__device__ long long mixers_offset(int k) { return (long long)k * k + 1; }"),
 };
 
 #[register]
@@ -24,5 +22,4 @@ static LINEAR: PatternEntry = PatternEntry {
     name: "linear",
     doc: "f(k) = k + 1: order k gives the k-th order recurrence; untruncated, the dense recurrence",
     offset: mixer_core::pattern::linear,
-    cuda: Some("__device__ long long mixers_offset(int k) { return (long long)k + 1; }"),
 };

@@ -1,4 +1,4 @@
-//! FFT machinery of the Toeplitz forms: fast sizes, the process-wide plan cache, the kernel
+//! FFT machinery of the Toeplitz forms: the process-wide plan cache, the kernel
 //! spectrum cache, and the `fast` form (MATH.md §3).
 //!
 //! **Fast form.** With `p` the smallest 7-smooth size `≥ 2T−1` (so the circular convolution
@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use mixer_core::mixers::toeplitz::{Prepared, Toeplitz};
+use mixer_core::mixers::toeplitz::{Prepared, Toeplitz, fast_size};
 use mixer_core::{Error, Real, Result};
 
 use super::columns::Columns;
@@ -29,28 +29,6 @@ use realfft::{ComplexToReal, FftNum, RealFftPlanner, RealToComplex};
 
 /// Number of kernel-spectrum sets kept across calls, per scalar type.
 pub const CACHE_CAPACITY: usize = 8;
-
-/// Whether `n ≥ 1` has no prime factor above 7 (`2^a 3^b 5^c 7^d`).
-pub fn is_fast_size(mut n: usize) -> bool {
-    if n == 0 {
-        return false;
-    }
-    for f in [2, 3, 5, 7] {
-        while n.is_multiple_of(f) {
-            n /= f;
-        }
-    }
-    n == 1
-}
-
-/// The smallest size `≥ n` of the form `2^a 3^b 5^c 7^d` (1 for `n ≤ 1`).
-pub fn fast_size(n: usize) -> usize {
-    let mut p = n.max(1);
-    while !is_fast_size(p) {
-        p += 1;
-    }
-    p
-}
 
 /// A forward/inverse real FFT pair of one size.
 #[derive(Clone)]
@@ -179,7 +157,7 @@ fn hash_taps<F: Real>(taps: &[F]) -> u64 {
 
 /// Spectra `rfft_p(row) / p` of `rows` consecutive length-`t` rows of `taps` (each zero-padded
 /// to `p`), through the process-wide cache (see the module docs).
-pub fn kernel_spectra<F: FftReal>(
+pub fn tap_spectra<F: FftReal>(
     taps: &[F],
     rows: usize,
     t: usize,
@@ -239,7 +217,7 @@ pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Result
         return Ok(out);
     }
     let pl = plans::<F>(fast_size(2 * t - 1));
-    let w_hat = kernel_spectra(&p.taps, p.kernel_width * p.heads, t, &pl)?;
+    let w_hat = tap_spectra(&p.taps, p.kernel_width * p.heads, t, &pl)?;
     let finish = |buf: &mut Buffers<F>, h: usize, y: &mut [F]| -> Result<()> {
         buf.inverse(&pl)?;
         y.copy_from_slice(&buf.real[..t]);
@@ -300,25 +278,6 @@ pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Result
 mod tests {
     use super::*;
 
-    #[test]
-    fn fast_sizes() {
-        assert_eq!(fast_size(0), 1);
-        assert_eq!(fast_size(1), 1);
-        assert_eq!(fast_size(11), 12);
-        assert_eq!(fast_size(13), 14);
-        assert_eq!(fast_size(97), 98);
-        assert_eq!(fast_size(199), 200);
-        assert_eq!(fast_size(2 * 1000 - 1), 2000);
-        assert_eq!(fast_size(2 * 257 - 1), 525);
-        assert_eq!(fast_size(262_143), 262_144);
-        // Exhaustive against the definition for small n.
-        for n in 1..2000usize {
-            let p = fast_size(n);
-            assert!(p >= n && is_fast_size(p));
-            assert!((n..p).all(|q| !is_fast_size(q)), "n = {n}");
-        }
-    }
-
     /// A round trip through the buffers recovers the signal times p (unnormalised).
     #[test]
     fn round_trip_is_unnormalised() {
@@ -341,16 +300,16 @@ mod tests {
         let taps: Vec<f32> = (0..2 * 15).map(|i| 0.37 * i as f32 - 1.0).collect();
         // Other tests share the process-wide cache and may evict between two calls: a hit
         // must happen in at least one of a few back-to-back attempts.
-        let a = kernel_spectra(&taps, 2, 15, &pl).unwrap();
+        let a = tap_spectra(&taps, 2, 15, &pl).unwrap();
         let hit = (0..10).any(|_| {
-            let a = kernel_spectra(&taps, 2, 15, &pl).unwrap();
-            let b = kernel_spectra(&taps, 2, 15, &pl).unwrap();
+            let a = tap_spectra(&taps, 2, 15, &pl).unwrap();
+            let b = tap_spectra(&taps, 2, 15, &pl).unwrap();
             Arc::ptr_eq(&a, &b)
         });
         assert!(hit);
         let mut other = taps.clone();
         other[7] += 1.0;
-        let c = kernel_spectra(&other, 2, 15, &pl).unwrap();
+        let c = tap_spectra(&other, 2, 15, &pl).unwrap();
         assert!(!Arc::ptr_eq(&a, &c));
         assert!((c[0][0].re - a[0][0].re - 1.0 / 30.0).abs() < 1e-6);
         assert!(cached_spectra::<f32>() <= CACHE_CAPACITY);

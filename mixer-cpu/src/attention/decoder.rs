@@ -5,10 +5,9 @@
 
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::attention::Attention;
-use mixer_core::{Dims, Error, Real, Result, Tensors};
+use mixer_core::tensor::contiguous;
+use mixer_core::{Dims, DimsExt, Error, Real, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
-
-use crate::glr::fast::contiguous;
 
 /// The attention KV-cache decoder on CPU.
 pub struct AttentionDecoder<F> {
@@ -24,10 +23,8 @@ pub struct AttentionDecoder<F> {
 impl<F: Real> AttentionDecoder<F> {
     /// A decoder for `T` tokens of `B × H` heads.
     pub fn new(a: &Attention, dims: &Dims) -> Result<Self> {
-        let get = |s: &str| {
-            dims.get(s).copied().ok_or_else(|| Error::Decoder(format!("size `{s}` is missing from the dims")))
-        };
-        let (t_len, bn, hn, dk, dv) = (get("T")?, get("B")?, get("H")?, get("Dk")?, get("Dv")?);
+        let (t_len, bn, hn, dk, dv) =
+            (dims.size("T")?, dims.size("B")?, dims.size("H")?, dims.size("Dk")?, dims.size("Dv")?);
         let cap = a.window().unwrap_or(t_len).min(t_len);
         Ok(AttentionDecoder {
             t_len,

@@ -2,12 +2,11 @@
 //! device function disagrees with its level count) and larger sizes checked against the CPU
 //! `f64` forms (the dense oracle is too slow there), with wall times printed.
 
-mod common;
+use super::common;
 
 use std::time::Instant;
 
 use mixer_core::{DType, Error, Form, Tolerance};
-use mixer_cpu as _;
 use mixer_registry::run::{forms, run_as};
 use mixer_registry::{MaskEntry, Sizes, mixer, register};
 
@@ -45,13 +44,14 @@ fn inputs(
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn mask_without_cuda_function_is_a_backend_error() {
     if !common::gpu() {
         return;
     }
     let s = Sizes { batch: 1, seq: 9, channels: 1, heads: 1, dk: 2, dv: 2 };
     let (m, x) = inputs("loglinear-mamba2", serde_json::json!({"mask": "test-no-cuda-mask"}), &s);
-    let e = run_as(m.as_ref(), "cuda", Form::Parallel, &x, DType::F32).unwrap_err();
+    let e = run_as(m.as_ref(), &common::cuda(), Form::Parallel, &x, DType::F32).unwrap_err();
     assert!(
         matches!(&e, Error::Backend { backend, message, .. } if backend == "cuda" && message.contains("MaskEntry::cuda")),
         "{e}"
@@ -59,13 +59,14 @@ fn mask_without_cuda_function_is_a_backend_error() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn device_level_out_of_range_is_reported() {
     if !common::gpu() {
         return;
     }
     let s = Sizes { batch: 1, seq: 9, channels: 1, heads: 1, dk: 2, dv: 2 };
     let (m, x) = inputs("loglinear-attention", serde_json::json!({"mask": "test-lying-mask"}), &s);
-    let e = run_as(m.as_ref(), "cuda", Form::Parallel, &x, DType::F64).unwrap_err();
+    let e = run_as(m.as_ref(), &common::cuda(), Form::Parallel, &x, DType::F64).unwrap_err();
     assert!(matches!(&e, Error::Value { name, .. } if name == "lambda"), "{e}");
 }
 
@@ -73,19 +74,19 @@ fn device_level_out_of_range_is_reported() {
 /// the CPU lacks it, with the CUDA `parallel` form in f64: an independent algorithm).
 fn against_cpu(name: &str, cfg: serde_json::Value, s: &Sizes, form: Form, cpu_form: Form) {
     let (m, x) = inputs(name, cfg.clone(), s);
-    let (ref_backend, cpu_form) = if forms(m.as_ref(), "cpu").contains(&cpu_form) {
-        ("cpu", cpu_form)
+    let (ref_backend, cpu_form) = if forms(m.as_ref(), &common::cpu()).contains(&cpu_form) {
+        (common::cpu(), cpu_form)
     } else {
-        ("cuda", Form::Parallel)
+        (common::cuda(), Form::Parallel)
     };
     let t0 = Instant::now();
-    let want = run_as(m.as_ref(), ref_backend, cpu_form, &x, DType::F64).unwrap();
+    let want = run_as(m.as_ref(), &ref_backend, cpu_form, &x, DType::F64).unwrap();
     let cpu_ms = t0.elapsed().as_secs_f64() * 1e3;
     for dtype in [DType::F32, DType::F64] {
         // once to compile and warm up, once timed
-        run_as(m.as_ref(), "cuda", form, &x, dtype).unwrap();
+        run_as(m.as_ref(), &common::cuda(), form, &x, dtype).unwrap();
         let t0 = Instant::now();
-        let got = run_as(m.as_ref(), "cuda", form, &x, dtype).unwrap();
+        let got = run_as(m.as_ref(), &common::cuda(), form, &x, dtype).unwrap();
         let ms = t0.elapsed().as_secs_f64() * 1e3;
         let c = Tolerance::for_dtype(dtype.name()).compare(got.view(), want.view());
         println!(
@@ -100,6 +101,7 @@ fn against_cpu(name: &str, cfg: serde_json::Value, s: &Sizes, form: Form, cpu_fo
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn larger_sizes_match_the_cpu() {
     if !common::gpu() {
         return;
@@ -158,6 +160,7 @@ fn larger_sizes_match_the_cpu() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn decoders_at_moderate_length() {
     if !common::gpu() {
         return;
@@ -173,7 +176,7 @@ fn decoders_at_moderate_length() {
     against_cpu("local-attention", serde_json::json!({"window": 50}), &s, Form::Recurrent, Form::Fast);
     against_cpu(
         "toeplitz",
-        serde_json::json!({"heads": 2, "kernel_width": 2}),
+        serde_json::json!({"heads": 2, "kernel_width": 2, "decoder": "naive"}),
         &s,
         Form::Recurrent,
         Form::Fast,

@@ -2,15 +2,14 @@
 //! oracle and the CPU forms, for builtin patterns, every `on`, both lattices, the named
 //! aliases, and a plugin pattern (Fibonacci) that has no kernel of its own.
 
-mod common;
+use super::common;
 
 use mixer_core::Form;
-use mixer_cpu as _;
-use mixers_plugin_fibonacci as _;
 
 const WANT: [Form; 2] = [Form::Fast, Form::Recurrent];
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn glr_cuda_builtin_patterns() {
     if !common::gpu() {
         return;
@@ -30,6 +29,7 @@ fn glr_cuda_builtin_patterns() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn glr_cuda_aliases() {
     if !common::gpu() {
         return;
@@ -42,6 +42,7 @@ fn glr_cuda_aliases() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn glr_cuda_plugin_pattern() {
     if !common::gpu() {
         return;

@@ -1,15 +1,14 @@
-//! What both Toeplitz decoders share: the static kernel and bias, the input history, and the
-//! per-token checks. A decoder runs for at most `Tw` tokens (the length of `w`).
+//! What both Toeplitz decoders share ([`History`]): the static taps and bias, the input
+//! history, and the per-token checks. A decoder runs for at most `Tw` tokens (the length of `w`).
 
+use mixer_core::mixer::check_decoder_capacity;
 use mixer_core::mixers::toeplitz::Toeplitz;
-use mixer_core::tensor::get;
-use mixer_core::{Dims, Error, Real, Result, Tensors};
+use mixer_core::tensor::{contiguous, get};
+use mixer_core::{Dims, DimsExt, Real, Result, Tensors};
 use ndarray::ArrayD;
 
-use mixer_core::error::fmt_shape;
-
 /// Static inputs, sizes, history `x[b, 0..t, c]` and position of a Toeplitz decoder.
-pub struct Base<F> {
+pub struct History<F> {
     /// The configured mixer.
     pub m: Toeplitz,
     /// Batch `B`.
@@ -30,18 +29,15 @@ pub struct Base<F> {
     pub pos: usize,
 }
 
-impl<F: Real> Base<F> {
+impl<F: Real> History<F> {
     /// From the static inputs (`w`, optional `bias`) and the sizes `B`, `C` (validated).
     pub fn new(m: &Toeplitz, statics: &Tensors<F>, dims: &Dims) -> Result<Self> {
-        let size = |s: &str| {
-            dims.get(s).copied().ok_or_else(|| Error::Decoder(format!("size `{s}` not given to the decoder")))
-        };
-        let (batch, channels) = (size("B")?, size("C")?);
+        let (batch, channels) = (dims.size("B")?, dims.size("C")?);
         let head_dim = m.head_dim(channels)?;
         let w = get(statics, "w")?;
         let limit = w.shape().last().copied().unwrap_or(0);
         let (taps, bias) = m.prepare_statics(w, statics.get("bias"), limit)?;
-        Ok(Base {
+        Ok(History {
             m: m.clone(),
             batch,
             channels,
@@ -55,7 +51,7 @@ impl<F: Real> Base<F> {
     }
 
     /// `w[i, h, 0..Tw)`.
-    pub fn kernel(&self, i: usize, h: usize) -> &[F] {
+    pub fn tap_row(&self, i: usize, h: usize) -> &[F] {
         let n = self.limit;
         let r = i * self.m.cfg.heads + h;
         &self.taps[r * n..(r + 1) * n]
@@ -74,25 +70,12 @@ impl<F: Real> Base<F> {
     /// Checks the token (`x [B, C]`) and the position, and appends it to the history;
     /// returns its position `t`.
     pub fn push(&mut self, token: &Tensors<F>) -> Result<usize> {
-        let x = get(token, "x")?;
-        if x.shape() != [self.batch, self.channels] {
-            return Err(Error::shape(
-                "x",
-                format!("[B = {}, C = {}] per token", self.batch, self.channels),
-                fmt_shape(x.shape()),
-            ));
-        }
         let t = self.pos;
-        if t >= self.limit {
-            return Err(Error::Decoder(format!(
-                "position {t} is past the kernel: w has Tw = {} taps, so at most {} tokens can be decoded",
-                self.limit, self.limit
-            )));
-        }
-        for b in 0..self.batch {
-            for c in 0..self.channels {
-                self.hist[b * self.channels + c].push(x[[b, c]]);
-            }
+        // A decoder runs for at most Tw tokens (the taps of `w`).
+        check_decoder_capacity(t, self.limit)?;
+        let x = contiguous(token, "x", &[self.batch, self.channels])?;
+        for (col, &v) in self.hist.iter_mut().zip(x.iter()) {
+            col.push(v);
         }
         self.pos = t + 1;
         Ok(t)

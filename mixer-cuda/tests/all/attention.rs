@@ -1,15 +1,15 @@
 //! Attention and local attention on CUDA (fast = tiled online softmax, recurrent = device KV
 //! cache) against the f64 oracle and the CPU forms.
 
-mod common;
+use super::common;
 
 use mixer_core::Form;
-use mixer_cpu as _;
 use mixer_registry::Sizes;
 
 const WANT: [Form; 2] = [Form::Fast, Form::Recurrent];
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn attention_cuda_small_heads() {
     if !common::gpu() {
         return;
@@ -25,6 +25,7 @@ fn attention_cuda_small_heads() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn attention_cuda_several_tiles() {
     if !common::gpu() {
         return;

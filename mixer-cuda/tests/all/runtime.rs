@@ -4,10 +4,12 @@
 
 use mixer_core::Error;
 use mixer_cuda::device::skip_reason;
-use mixer_cuda::runtime::{KERNEL_SOURCES, compile_only, gpu, nvrtc_available, source};
+use mixer_cuda::kernels::with_prelude;
+use mixer_cuda::runtime::{compile_only, gpu, nvrtc_available};
 use ndarray::{ArrayD, IxDyn};
 
 #[test]
+#[ignore = "needs NVRTC (the CUDA toolkit)"]
 fn every_kernel_compiles_with_nvrtc_for_sm90() {
     if !nvrtc_available() {
         if std::env::var("MIXERS_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
@@ -16,13 +18,14 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         eprintln!("skipped: NVRTC (libnvrtc.so) not found");
         return;
     }
-    for (name, src) in KERNEL_SOURCES {
-        let n = compile_only(name, &source(src), "sm_90").unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 100, "{name}: PTX of {n} bytes");
+    for k in mixer_cuda::kernels::ALL {
+        let n = compile_only(k.name, &k.full(), "sm_90").unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 100, "{}: PTX of {n} bytes", k.name);
     }
 }
 
 #[test]
+#[ignore = "needs NVRTC (the CUDA toolkit)"]
 fn nvrtc_errors_carry_the_log() {
     if !nvrtc_available() {
         eprintln!("skipped: NVRTC (libnvrtc.so) not found");
@@ -31,9 +34,9 @@ fn nvrtc_errors_carry_the_log() {
     let e = compile_only("broken", "extern \"C\" __global__ void k() { undefined_thing(); }", "sm_90")
         .unwrap_err();
     match e {
-        Error::Backend { backend, kernel, message } => {
+        Error::Backend { backend, family, message } => {
             assert_eq!(backend, "cuda");
-            assert_eq!(kernel.as_deref(), Some("broken"));
+            assert_eq!(family.as_deref(), Some("broken"));
             assert!(message.contains("undefined_thing"), "{message}");
         }
         other => panic!("unexpected error {other:?}"),
@@ -41,6 +44,7 @@ fn nvrtc_errors_carry_the_log() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn upload_download_round_trip() {
     if let Some(why) = skip_reason() {
         eprintln!("skipped: {why}");
@@ -71,6 +75,7 @@ fn fft_round_trip<F: mixer_cuda::fft::FftReal>(tol: f64) {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn cufft_round_trips() {
     if let Some(why) = skip_reason() {
         eprintln!("skipped: {why}");
@@ -81,28 +86,29 @@ fn cufft_round_trips() {
 }
 
 #[test]
+#[ignore = "needs a CUDA device"]
 fn module_compile_errors_are_backend_errors_on_device() {
     if let Some(why) = skip_reason() {
         eprintln!("skipped: {why}");
         return;
     }
     let e = gpu().unwrap().module("broken", "extern \"C\" __global__ void k() { nope(); }", &[]).unwrap_err();
-    assert!(matches!(e, Error::Backend { ref kernel, .. } if kernel.as_deref() == Some("broken")), "{e}");
+    assert!(matches!(e, Error::Backend { ref family, .. } if family.as_deref() == Some("broken")), "{e}");
 }
 
 #[test]
+#[ignore = "needs NVRTC (the CUDA toolkit)"]
 fn loglinear_kernel_compiles_with_every_registered_mask_and_lambda_scheme() {
-    use mixers_plugin_fibonacci as _;
     if !nvrtc_available() {
         eprintln!("skipped: NVRTC (libnvrtc.so) not found");
         return;
     }
-    let body = mixer_cuda::loglinear::SRC;
+    let body = mixer_cuda::kernels::LOGLINEAR.body;
     let mut n = 0;
     for mask in mixer_registry::MASKS.iter() {
         for lam in mixer_registry::LAMBDAS.iter() {
             let (Some(ms), Some(ls)) = (mask.cuda, lam.cuda) else { continue };
-            let src = source(&format!("{ms}\n{ls}\n{body}"));
+            let src = with_prelude(&format!("{ms}\n{ls}"), body);
             compile_only("loglinear", &src, "sm_90")
                 .unwrap_or_else(|e| panic!("mask `{}` × λ `{}`: {e}", mask.name, lam.name));
             n += 1;

@@ -2,17 +2,16 @@
 //! against the f64 oracle in f64 and f32, decode = fast at every prefix, the family's
 //! properties, numerical robustness, input errors, and a plugin level mask.
 
+use super::{cpu, suite_on};
 use mixer_core::mixer::{Mixer, complete_dims, validate};
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{AnyTensors, DType, Dims, Error, Form, Tensors, Tolerance};
 use mixer_registry::harness::{Sizes, check};
 use mixer_registry::run::{oracle, run, run_as};
-use mixer_registry::{Backend, MaskEntry, mixer, register};
+use mixer_registry::{MaskEntry, mixer, register};
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::json;
-
-use mixer_cpu as _;
 
 const BASES: [&str; 3] = ["linear-attention", "mamba2", "gated-deltanet"];
 const LIFTS: [&str; 3] = ["loglinear-attention", "loglinear-mamba2", "loglinear-gated-deltanet"];
@@ -21,20 +20,12 @@ fn all_six() -> Vec<&'static str> {
     BASES.iter().chain(LIFTS.iter()).copied().collect()
 }
 
-fn cpu() -> Backend {
-    Backend::by_name("cpu").unwrap()
-}
-
 fn sizes(t: usize) -> Sizes {
     Sizes { batch: 2, seq: t, channels: 1, heads: 2, dk: 5, dv: 3 }
 }
 
 fn dims(m: &dyn Mixer, s: &Sizes) -> Dims {
     complete_dims(m, &s.dims())
-}
-
-fn prefix(x: &Tensors<f64>, len: usize) -> Tensors<f64> {
-    x.iter().map(|(k, v)| (k.clone(), v.slice_axis(Axis(1), Slice::from(0..len)).to_owned())).collect()
 }
 
 fn assert_close(got: &ArrayD<f64>, want: &ArrayD<f64>, tol: Tolerance, what: &str) {
@@ -101,22 +92,13 @@ fn every_mixer_and_form_matches_the_oracle() {
     assert!(n_rows >= 6 * 2 * 9 * 6);
 }
 
+/// The shared backend suite on all six members with chunk 16 at T = 70 (several chunks, not
+/// a multiple of one), and on every registered example.
 #[test]
-fn decode_equals_fast_at_every_prefix() {
-    for name in all_six() {
-        let m = mixer(name, &json!({ "chunk": 16 })).unwrap();
-        let s = sizes(70);
-        let x = m.random_inputs(&dims(m.as_ref(), &s), 11).unwrap();
-        for dtype in [DType::F64, DType::F32] {
-            let tol = Tolerance::for_dtype(dtype.name());
-            let dec = run_as(m.as_ref(), "cpu", Form::Recurrent, &x, dtype).unwrap();
-            for len in 1..=70 {
-                let fast = run_as(m.as_ref(), "cpu", Form::Fast, &prefix(&x, len), dtype).unwrap();
-                let want = dec.slice_axis(Axis(1), Slice::from(0..len)).to_owned();
-                assert_close(&fast, &want, tol, &format!("{name} {} prefix {len}", dtype.name()));
-            }
-        }
-    }
+fn shared_suite_on_every_member() {
+    let configs: Vec<_> = all_six().into_iter().map(|n| (n, json!({ "chunk": 16 }))).collect();
+    let n = suite_on(configs, &sizes(70));
+    assert!(n >= 60, "{n} cases");
 }
 
 #[test]
@@ -125,7 +107,7 @@ fn decoder_cache_is_logarithmic() {
     let s = Sizes { batch: 1, seq: 1500, channels: 1, heads: 1, dk: 3, dv: 2 };
     let x = m.random_inputs(&dims(m.as_ref(), &s), 1).unwrap();
     let spec = m.spec();
-    let mut dec = mixer_registry::run::decoder::<f64>(m.as_ref(), "cpu", &x, &dims(m.as_ref(), &s)).unwrap();
+    let mut dec = mixer_registry::run::decoder::<f64>(m.as_ref(), &cpu(), &x, &dims(m.as_ref(), &s)).unwrap();
     let mut max_levels = 0;
     mixer_core::mixer::run_decoder(dec.as_mut(), &spec, &x, |t, elems| {
         let levels = elems / 6;
@@ -138,7 +120,7 @@ fn decoder_cache_is_logarithmic() {
     let base = mixer("mamba2", &json!({})).unwrap();
     let xb: Tensors<f64> =
         x.iter().filter(|(k, _)| *k != "lambda").map(|(k, v)| (k.clone(), v.clone())).collect();
-    let mut dec = mixer_registry::run::decoder::<f64>(base.as_ref(), "cpu", &xb, &s.dims()).unwrap();
+    let mut dec = mixer_registry::run::decoder::<f64>(base.as_ref(), &cpu(), &xb, &s.dims()).unwrap();
     mixer_core::mixer::run_decoder(dec.as_mut(), &base.spec(), &xb, |_, e| assert_eq!(e, 6)).unwrap();
 }
 
@@ -146,7 +128,7 @@ fn decoder_cache_is_logarithmic() {
 fn all_forms(m: &dyn Mixer, x: &Tensors<f64>) -> Vec<(String, ArrayD<f64>)> {
     let mut v = vec![("oracle".to_string(), oracle(m, x).unwrap())];
     for f in [Form::Parallel, Form::Fast, Form::Recurrent] {
-        v.push((f.name().to_string(), run_as(m, "cpu", f, x, DType::F64).unwrap()));
+        v.push((f.name().to_string(), run_as(m, &cpu(), f, x, DType::F64).unwrap()));
     }
     v
 }
@@ -330,7 +312,7 @@ fn extreme_decays_and_betas_match_the_oracle() {
                 assert_close(&y, &want, Tolerance::F64, &format!("{name} chunk {chunk} {f}"));
             }
             for f in [Form::Parallel, Form::Fast, Form::Recurrent] {
-                let y = run_as(m.as_ref(), "cpu", f, &x, DType::F32).unwrap();
+                let y = run_as(m.as_ref(), &cpu(), f, &x, DType::F32).unwrap();
                 assert_close(&y, &want, Tolerance::F32, &format!("{name} chunk {chunk} {f} f32"));
             }
         }
@@ -353,8 +335,8 @@ fn long_sequences_stay_finite() {
             b.mapv_inplace(|_| if rng.random::<bool>() { 1.0 } else { 0.0 });
         }
         for dtype in [DType::F64, DType::F32] {
-            let fast = run_as(m.as_ref(), "cpu", Form::Fast, &x, dtype).unwrap();
-            let dec = run_as(m.as_ref(), "cpu", Form::Recurrent, &x, dtype).unwrap();
+            let fast = run_as(m.as_ref(), &cpu(), Form::Fast, &x, dtype).unwrap();
+            let dec = run_as(m.as_ref(), &cpu(), Form::Recurrent, &x, dtype).unwrap();
             assert!(fast.iter().chain(dec.iter()).all(|v| v.is_finite()), "{name}: non-finite");
             let tol =
                 if dtype == DType::F64 { Tolerance { rel_rms: 1e-8, max_abs: 1e-7 } } else { Tolerance::F32 };
@@ -377,7 +359,7 @@ fn non_standard_layouts_are_accepted() {
         y.insert(name.into(), a);
     }
     for f in [Form::Parallel, Form::Fast, Form::Recurrent] {
-        let got = run_as(m.as_ref(), "cpu", f, &y, DType::F64).unwrap();
+        let got = run_as(m.as_ref(), &cpu(), f, &y, DType::F64).unwrap();
         assert_close(&got, &want, Tolerance::F64, f.name());
     }
 }
@@ -387,7 +369,7 @@ fn bad_inputs_give_clear_errors() {
     let m = mixer("loglinear-gated-deltanet", &json!({})).unwrap();
     let s = sizes(20);
     let x = m.random_inputs(&dims(m.as_ref(), &s), 1).unwrap();
-    let err = |x: Tensors<f64>| run(m.as_ref(), "cpu", Form::Fast, &AnyTensors::F64(x)).unwrap_err();
+    let err = |x: Tensors<f64>| run(m.as_ref(), &cpu(), Form::Fast, &AnyTensors::F64(x)).unwrap_err();
 
     let mut bad = x.clone();
     bad.get_mut("g").unwrap()[[0, 3, 1]] = 0.5;
@@ -426,7 +408,7 @@ fn bad_inputs_give_clear_errors() {
     let m2 = mixer("loglinear-attention", &json!({ "lambda_scheme": "softplus" })).unwrap();
     let x2 = m2.random_inputs(&dims(m2.as_ref(), &s), 1).unwrap();
     validate(m2.as_ref(), &AnyTensors::F64(x2.clone())).unwrap();
-    run(m2.as_ref(), "cpu", Form::Fast, &AnyTensors::F64(x2)).unwrap();
+    run(m2.as_ref(), &cpu(), Form::Fast, &AnyTensors::F64(x2)).unwrap();
 }
 
 #[test]
@@ -444,7 +426,7 @@ fn plugin_masks_work_in_parallel_form() {
             // The chunked and recurrent forms need the Fenwick structure: a clear error.
             let x = m.random_inputs(&dims(m.as_ref(), &sizes(t)), 3).unwrap();
             for f in [Form::Fast, Form::Recurrent] {
-                let e = run(m.as_ref(), "cpu", f, &AnyTensors::F64(x.clone())).unwrap_err();
+                let e = run(m.as_ref(), &cpu(), f, &AnyTensors::F64(x.clone())).unwrap_err();
                 assert!(matches!(e, Error::FormUnavailable { .. }), "{name} {f}: {e}");
                 assert!(e.to_string().contains("Fenwick"), "{name} {f}: {e}");
             }

@@ -2,17 +2,15 @@
 //! oracle in f64 and f32, decode = fast = parallel at every prefix, the KV-cache size, the
 //! sparsity of the materialization, and configuration/shape errors.
 
+use super::{cpu, suite_on};
 use mixer_core::metrics::CommGraph;
-use mixer_core::mixer::{complete_dims, run_decoder};
-use mixer_core::tensor::prefix;
+use mixer_core::mixer::run_decoder;
 use mixer_core::{AnyTensors, Dims, Form, Tolerance};
 use mixer_registry::harness::{Sizes, check};
+use mixer_registry::mixer;
 use mixer_registry::run::{decoder, run};
-use mixer_registry::{Backend, mixer};
-use ndarray::{ArrayD, Axis, Slice};
+use ndarray::ArrayD;
 use serde_json::json;
-
-use mixer_cpu as _;
 
 fn configs() -> Vec<(&'static str, serde_json::Value)> {
     vec![
@@ -27,7 +25,7 @@ fn configs() -> Vec<(&'static str, serde_json::Value)> {
 
 #[test]
 fn every_form_matches_the_oracle() {
-    let cpu = [Backend::by_name("cpu").unwrap()];
+    let cpu = [cpu()];
     for (name, cfg) in configs() {
         let m = mixer(name, &cfg).unwrap();
         for (i, &t) in [1usize, 2, 7, 64, 100, 257].iter().enumerate() {
@@ -44,27 +42,14 @@ fn every_form_matches_the_oracle() {
     }
 }
 
+/// The shared backend suite on every configuration here, at T = 150 (several 64-key
+/// blocks, not a multiple of one): decode = fast at every prefix, the KV-cache formula, f32
+/// against f64, error paths.
 #[test]
-fn decode_equals_fast_at_every_prefix() {
-    for (name, cfg) in configs() {
-        let m = mixer(name, &cfg).unwrap();
-        let t_len = 150; // crosses several 64-blocks, not a multiple of one
-        let dims: Dims = [("B", 2), ("T", t_len), ("H", 2), ("Dk", 3), ("Dv", 2)].into_iter().collect();
-        let dims = complete_dims(m.as_ref(), &dims);
-        let inp = m.random_inputs(&dims, 5).unwrap();
-        let mut dec = decoder::<f64>(m.as_ref(), "cpu", &inp, &dims).unwrap();
-        let yd = run_decoder(dec.as_mut(), &m.spec(), &inp, |_, _| {}).unwrap();
-        let names: Vec<String> = inp.keys().cloned().collect();
-        for len in (1..=t_len).filter(|l| *l < 70 || l % 7 == 0 || *l == t_len) {
-            let p = AnyTensors::F64(prefix(&inp, &names, len));
-            let want = yd.slice_axis(Axis(1), Slice::from(0..len));
-            for form in [Form::Fast, Form::Parallel] {
-                let y = run(m.as_ref(), "cpu", form, &p).unwrap().to_f64();
-                let c = Tolerance::F64.compare(y.view(), want.view());
-                assert!(c.pass, "{name} {cfg} {form} prefix {len}: {c:?}");
-            }
-        }
-    }
+fn shared_suite_on_every_config() {
+    let sizes = Sizes { batch: 2, seq: 150, channels: 1, heads: 2, dk: 3, dv: 2 };
+    let n = suite_on(configs(), &sizes);
+    assert!(n >= 10 * configs().len(), "{n} cases");
 }
 
 #[test]
@@ -78,7 +63,7 @@ fn kv_cache_is_the_window() {
         let dims: Dims = [("B", 1), ("T", 100), ("H", 2), ("Dk", 3), ("Dv", 4)].into_iter().collect();
         let inp = m.random_inputs(&dims, 1).unwrap();
         let mut dec =
-            decoder::<f32>(m.as_ref(), "cpu", &mixer_core::tensor::cast_tensors(&inp), &dims).unwrap();
+            decoder::<f32>(m.as_ref(), &cpu(), &mixer_core::tensor::cast_tensors(&inp), &dims).unwrap();
         run_decoder(dec.as_mut(), &m.spec(), &mixer_core::tensor::cast_tensors(&inp), |t, e| {
             assert_eq!(e, (t + 1).min(w) * 2 * 7, "{name} t = {t}");
         })
@@ -117,13 +102,13 @@ fn errors() {
     let dims: Dims = [("B", 1), ("T", 6), ("H", 2), ("Dk", 3), ("Dv", 4)].into_iter().collect();
     let mut inp = m.random_inputs(&dims, 0).unwrap();
     inp.insert("k".into(), ArrayD::zeros(ndarray::IxDyn(&[1, 6, 2, 4])));
-    let e = run(m.as_ref(), "cpu", Form::Fast, &AnyTensors::F64(inp)).unwrap_err().to_string();
+    let e = run(m.as_ref(), &cpu(), Form::Fast, &AnyTensors::F64(inp)).unwrap_err().to_string();
     assert!(e.contains("`k`") && e.contains("Dk=3") && e.contains("[1, 6, 2, 4]"), "{e}");
     // T = 1: every form returns v.
     let dims: Dims = [("B", 2), ("T", 1), ("H", 1), ("Dk", 2), ("Dv", 2)].into_iter().collect();
     let inp = m.random_inputs(&dims, 0).unwrap();
     for form in [Form::Parallel, Form::Fast, Form::Recurrent] {
-        let y = run(m.as_ref(), "cpu", form, &AnyTensors::F64(inp.clone())).unwrap().to_f64();
+        let y = run(m.as_ref(), &cpu(), form, &AnyTensors::F64(inp.clone())).unwrap().to_f64();
         let c = Tolerance::F64.compare(y.view(), inp["v"].view());
         assert!(c.pass, "T = 1 returns v: {c:?}");
     }

@@ -8,37 +8,36 @@ use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
 
-use super::{KERNEL, SRC};
-use crate::runtime::{COMMON, GpuReal, check_elems, err, gpu, input, int, launch};
+use super::FAMILY;
+use crate::kernels;
+use crate::runtime::{GpuReal, check_elems, err, gpu, int, launch};
+use mixer_core::tensor::get;
 
 /// Shared memory one block may use without opting in (bytes).
 const SMEM: usize = 48 * 1024;
 
-/// Device functions used when the mixer has no lift (never called: `lifted = 0`).
-const NO_LIFT: &str = "__device__ int mixers_level(long long t, long long s) { return 0; }\n\
-                       __device__ double mixers_lambda(double raw, double param) { return 1.0; }";
-
 /// The kernel source for this mixer: common helpers, the mask's and the λ scheme's device
-/// functions (from their registry entries), then the generic kernel.
+/// functions (from their registry entries; [`kernels::NO_LIFT`] without a lift), then the
+/// generic kernel.
 pub fn kernel_source(ll: &LogLinear) -> Result<String> {
     let Some(lift) = ll.lift else {
-        return Ok(format!("{COMMON}\n{NO_LIFT}\n{SRC}"));
+        return Ok(kernels::LOGLINEAR.full());
     };
     let mask = mixer_registry::mask(lift.mask.name)?;
     let mask_src = mask.cuda.ok_or_else(|| {
-        err(KERNEL, format!("level mask `{}` has no CUDA device function (MaskEntry::cuda)", mask.name))
+        err(FAMILY, format!("level mask `{}` has no CUDA device function (MaskEntry::cuda)", mask.name))
     })?;
     let lam = mixer_registry::lambda_scheme(lift.lambda.name)?;
     let lam_src = lam.cuda.ok_or_else(|| {
-        err(KERNEL, format!("λ scheme `{}` has no CUDA device function (LambdaEntry::cuda)", lam.name))
+        err(FAMILY, format!("λ scheme `{}` has no CUDA device function (LambdaEntry::cuda)", lam.name))
     })?;
-    Ok(format!("{COMMON}\n{mask_src}\n{lam_src}\n{SRC}"))
+    Ok(kernels::with_prelude(&format!("{mask_src}\n{lam_src}"), kernels::LOGLINEAR.body))
 }
 
 /// Runs the quadratic form on the GPU.
 pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let q = input(inputs, KERNEL, "q")?;
-    let v = input(inputs, KERNEL, "v")?;
+    let q = get(inputs, "q")?;
+    let v = get(inputs, "v")?;
     let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let dv = v.shape()[3];
     if b * t * h * dv == 0 {
@@ -50,56 +49,56 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
     let nt = (SMEM / per_thread.max(1)).min(128);
     if nt == 0 {
         return Err(err(
-            KERNEL,
+            FAMILY,
             format!("Dk + Dv = {} is too large for the per-thread shared memory", dk + dv),
         ));
     }
     let g = gpu()?;
-    let f = g.function(KERNEL, &kernel_source(ll)?, &[], &format!("ll_quadratic_{}", F::SUFFIX))?;
+    let f = g.function(FAMILY, &kernel_source(ll)?, &[], &format!("ll_quadratic_{}", F::SUFFIX))?;
     let opt = |name: &str, used: bool| -> Result<_> {
-        if used { g.upload(KERNEL, input(inputs, KERNEL, name)?) } else { g.zeros::<F>(KERNEL, 1) }
+        if used { g.upload(FAMILY, get(inputs, name)?) } else { g.zeros::<F>(FAMILY, 1) }
     };
-    let dq = g.upload(KERNEL, q)?;
-    let dkk = g.upload(KERNEL, input(inputs, KERNEL, "k")?)?;
-    let dvv = g.upload(KERNEL, v)?;
+    let dq = g.upload(FAMILY, q)?;
+    let dkk = g.upload(FAMILY, get(inputs, "k")?)?;
+    let dvv = g.upload(FAMILY, v)?;
     let dg = opt("g", ll.base.has_decay())?;
     let db = opt("beta", ll.base.has_beta())?;
     let (dl, levels) = if lifted {
-        let l = input(inputs, KERNEL, "lambda")?;
-        check_elems(KERNEL, l.len())?;
-        (g.upload(KERNEL, l)?, l.shape()[3])
+        let l = get(inputs, "lambda")?;
+        check_elems(FAMILY, l.len())?;
+        (g.upload(FAMILY, l)?, l.shape()[3])
     } else {
-        (g.zeros::<F>(KERNEL, 1)?, 1)
+        (g.zeros::<F>(FAMILY, 1)?, 1)
     };
     let n = b * t * h;
-    check_elems(KERNEL, n * dk.max(dv))?;
-    let mut y = g.zeros::<F>(KERNEL, n * dv)?;
-    let mut flag = g.zeros::<i32>(KERNEL, 1)?;
+    check_elems(FAMILY, n * dk.max(dv))?;
+    let mut y = g.zeros::<F>(FAMILY, n * dv)?;
+    let mut flag = g.zeros::<i32>(FAMILY, 1)?;
     let base = match ll.base {
         Base::LinearAttention => 0i32,
         Base::Mamba2 => 1,
         Base::GatedDeltaNet => 2,
     };
     let cfg = LaunchConfig {
-        grid_dim: (int(KERNEL, "blocks", n.div_ceil(nt))? as u32, 1, 1),
+        grid_dim: (int(FAMILY, "blocks", n.div_ceil(nt))? as u32, 1, 1),
         block_dim: (nt as u32, 1, 1),
         shared_mem_bytes: (nt * per_thread) as u32,
     };
     let (bi, ti, hi, dki, dvi, li) = (
-        int(KERNEL, "B", b)?,
-        int(KERNEL, "T", t)?,
-        int(KERNEL, "H", h)?,
-        int(KERNEL, "Dk", dk)?,
-        int(KERNEL, "Dv", dv)?,
-        int(KERNEL, "L", levels)?,
+        int(FAMILY, "B", b)?,
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "H", h)?,
+        int(FAMILY, "Dk", dk)?,
+        int(FAMILY, "Dv", dv)?,
+        int(FAMILY, "L", levels)?,
     );
     let lifted_i = lifted as i32;
     let scale = ll.scale;
-    launch!(g, KERNEL, f, cfg;
+    launch!(g, FAMILY, f, cfg;
         &dq, &dkk, &dvv, &dg, &db, &dl, &mut y, &mut flag, &bi, &ti, &hi, &dki, &dvi, &li, &base, &lifted_i, &scale)?;
-    g.sync(KERNEL)?;
-    let code = g.stream.clone_dtoh(&flag).map_err(|e| err(KERNEL, format!("device→host copy: {e}")))?;
-    g.sync(KERNEL)?;
+    g.sync(FAMILY)?;
+    let code = g.stream.clone_dtoh(&flag).map_err(|e| err(FAMILY, format!("device→host copy: {e}")))?;
+    g.sync(FAMILY)?;
     if let (Some(lift), Some(&c)) = (ll.lift, code.first())
         && c != 0
     {
@@ -113,5 +112,5 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
             found: format!("L = {levels}; the kernel found a violation (code {c})"),
         });
     }
-    g.download(KERNEL, &y, &[b, t, h, dv])
+    g.download(FAMILY, &y, &[b, t, h, dv])
 }

@@ -1,22 +1,18 @@
 //! Registry-wide checks of the Toeplitz mixer on CPU: every form against the f64 oracle,
 //! the online decoder against the naive one at every step, and the error paths.
 
+use super::cpu;
 use mixer_core::mixer::{Decoder, Mixer};
 use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::{AnyTensors, DType, Dims, Form, Tensors, Tolerance};
-use mixer_cpu as _;
 use mixer_cpu::toeplitz::{naive::NaiveDecoder, online::OnlineDecoder};
 use mixer_registry::harness::{Sizes, check};
+use mixer_registry::mixer;
 use mixer_registry::run::{oracle, run, run_as};
-use mixer_registry::{Backend, mixer};
 use ndarray::{ArrayD, Axis, IxDyn, Slice};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
-
-fn cpu() -> Vec<Backend> {
-    vec![Backend::by_name("cpu").unwrap()]
-}
 
 const CONFIGS: [&str; 5] = [
     r#"{}"#,
@@ -34,7 +30,7 @@ fn every_form_matches_the_oracle() {
         let m = mixer("toeplitz", &serde_json::from_str(cfg).unwrap()).unwrap();
         for t in [1usize, 2, 5, 64, 100, 257, 1000] {
             let sizes = Sizes { seq: t, ..Sizes::default() };
-            let rows = check(m.as_ref(), &cpu(), &sizes, 11 + t as u64);
+            let rows = check(m.as_ref(), &[cpu()], &sizes, 11 + t as u64);
             assert_eq!(rows.len(), 6, "{cfg} T={t}: {rows:?}");
             for r in &rows {
                 assert!(
@@ -61,7 +57,7 @@ fn forms_without_bias() {
         let want = oracle(m.as_ref(), &inp).unwrap();
         for form in [Form::Parallel, Form::Fast, Form::Recurrent] {
             for dt in [DType::F64, DType::F32] {
-                let got = run_as(m.as_ref(), "cpu", form, &inp, dt).unwrap();
+                let got = run_as(m.as_ref(), &cpu(), form, &inp, dt).unwrap();
                 let c = Tolerance::for_dtype(dt.name()).compare(got.view(), want.view());
                 assert!(c.pass, "{cfg} {form} {dt:?}: {c:?}");
             }
@@ -82,8 +78,8 @@ fn fast_matches_direct_on_long_flat_kernels() {
             ArrayD::from_shape_fn(IxDyn(&[2, 2, t]), |_| s * (2.0 * rng.random::<f64>() - 1.0)),
         );
         for dt in [DType::F64, DType::F32] {
-            let a = run_as(m.as_ref(), "cpu", Form::Parallel, &inp, dt).unwrap();
-            let b = run_as(m.as_ref(), "cpu", Form::Fast, &inp, dt).unwrap();
+            let a = run_as(m.as_ref(), &cpu(), Form::Parallel, &inp, dt).unwrap();
+            let b = run_as(m.as_ref(), &cpu(), Form::Fast, &inp, dt).unwrap();
             let tol = if dt == DType::F64 { Tolerance::F64 } else { Tolerance::F32 };
             let c = tol.compare(b.view(), a.view());
             assert!(c.pass, "T={t} {dt:?}: {c:?}");
@@ -109,7 +105,7 @@ fn longer_kernels_are_truncated() {
     let want_long = oracle(m.as_ref(), &long).unwrap();
     assert!(Tolerance::F64.compare(want_long.view(), want.view()).pass);
     for form in [Form::Parallel, Form::Fast, Form::Fast, Form::Recurrent] {
-        let got = run(m.as_ref(), "cpu", form, &AnyTensors::F64(long.clone())).unwrap().to_f64();
+        let got = run(m.as_ref(), &cpu(), form, &AnyTensors::F64(long.clone())).unwrap().to_f64();
         let c = Tolerance::F64.compare(got.view(), want.view());
         assert!(c.pass, "{form}: {c:?}");
     }
@@ -123,22 +119,22 @@ fn clear_errors() {
     inp.insert("w".into(), ArrayD::zeros(IxDyn(&[2, 19])));
     inp.insert("bias".into(), ArrayD::zeros(IxDyn(&[2, 19])));
     for form in [Form::Fast, Form::Recurrent] {
-        let e = run(m.as_ref(), "cpu", form, &AnyTensors::F64(inp.clone())).unwrap_err().to_string();
+        let e = run(m.as_ref(), &cpu(), form, &AnyTensors::F64(inp.clone())).unwrap_err().to_string();
         assert!(e.contains("`w`") && e.contains("Tw ≥ 20") && e.contains("Tw = 19"), "{e}");
     }
     let mut inp = random(m.as_ref(), 1, 20, 4, 0);
     inp.insert("x".into(), ArrayD::zeros(IxDyn(&[1, 20, 5])));
-    let e = run(m.as_ref(), "cpu", Form::Fast, &AnyTensors::F64(inp)).unwrap_err().to_string();
+    let e = run(m.as_ref(), &cpu(), Form::Fast, &AnyTensors::F64(inp)).unwrap_err().to_string();
     assert!(e.contains("`x`") && e.contains("multiple of `heads`") && e.contains("C = 5"), "{e}");
     let mut inp = random(m.as_ref(), 1, 20, 4, 0);
     inp.insert("w".into(), ArrayD::zeros(IxDyn(&[3, 20])));
-    let e = run(m.as_ref(), "cpu", Form::Parallel, &AnyTensors::F64(inp)).unwrap_err().to_string();
+    let e = run(m.as_ref(), &cpu(), Form::Parallel, &AnyTensors::F64(inp)).unwrap_err().to_string();
     assert!(e.contains("`w`") && e.contains("[3, 20]"), "{e}");
     // The kernel variant wants w [Kw, H, Tw].
     let m = mixer("toeplitz", &json!({"heads": 2, "kernel_width": 3})).unwrap();
     let mut inp = random(m.as_ref(), 1, 20, 4, 0);
     inp.insert("w".into(), ArrayD::zeros(IxDyn(&[2, 20])));
-    let e = run(m.as_ref(), "cpu", Form::Fast, &AnyTensors::F64(inp)).unwrap_err().to_string();
+    let e = run(m.as_ref(), &cpu(), Form::Fast, &AnyTensors::F64(inp)).unwrap_err().to_string();
     assert!(e.contains("`w`") && e.contains("rank 3"), "{e}");
 }
 
@@ -183,7 +179,7 @@ fn online_decoder_equals_naive_at_every_step() {
     }
     // Past the kernel: a clear error.
     let e = on.step(&token(x, 0)).unwrap_err().to_string();
-    assert!(e.contains("Tw = 5000"), "{e}");
+    assert!(e.contains("built for T = 5000 tokens") && e.contains("step 5001"), "{e}");
     eprintln!("worst relative step error {worst:e}");
 }
 
@@ -220,7 +216,7 @@ fn decoders_accept_full_length_kernels_for_a_prefix() {
         let want = oracle(m.as_ref(), &full).unwrap();
         let mut prefix = full.clone();
         prefix.insert("x".into(), full["x"].slice_axis(Axis(1), Slice::from(0..37)).to_owned());
-        let got = run(m.as_ref(), "cpu", Form::Recurrent, &AnyTensors::F64(prefix)).unwrap().to_f64();
+        let got = run(m.as_ref(), &cpu(), Form::Recurrent, &AnyTensors::F64(prefix)).unwrap().to_f64();
         let want = want.slice_axis(Axis(1), Slice::from(0..37)).to_owned();
         assert!(Tolerance::F64.compare(got.view(), want.view()).pass, "{dec}");
     }
@@ -232,8 +228,8 @@ fn registered_examples_check_clean() {
     assert_eq!(e.family, "toeplitz");
     for cfg in e.examples {
         let m = mixer("toeplitz", &serde_json::from_str(cfg).unwrap()).unwrap();
-        assert_eq!(mixer_registry::run::forms(m.as_ref(), "cpu").len(), 4);
-        for r in check(m.as_ref(), &cpu(), &Sizes { seq: 41, ..Sizes::default() }, 0) {
+        assert_eq!(mixer_registry::run::forms(m.as_ref(), &cpu()).len(), 4);
+        for r in check(m.as_ref(), &[cpu()], &Sizes { seq: 41, ..Sizes::default() }, 0) {
             assert!(r.pass, "{cfg}: {r:?}");
         }
     }

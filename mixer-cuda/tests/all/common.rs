@@ -1,10 +1,19 @@
 //! Shared helpers of the GPU tests: skip-or-fail on a missing device, and a cross-check of
 //! every CUDA form against the f64 oracle and the CPU forms through `harness::check`.
 
-#![allow(dead_code)]
-
 use mixer_core::{DType, Form};
+use mixer_registry::suite::check_mixer;
 use mixer_registry::{Backend, Sizes, check, mixer, run::forms};
+
+/// The CPU backend.
+pub fn cpu() -> Backend {
+    Backend::by_name("cpu").expect("cpu backend")
+}
+
+/// The CUDA backend (call after [`gpu`] said it is usable).
+pub fn cuda() -> Backend {
+    Backend::by_name("cuda").expect("cuda backend")
+}
 
 /// `true` when the test should run; prints the reason and returns `false` when no GPU is
 /// usable (panics instead under `MIXERS_REQUIRE_CUDA=1`).
@@ -25,12 +34,11 @@ pub fn gpu() -> bool {
 pub fn cross_check(name: &str, config: &str, sizes: &[Sizes], want: &[Form]) -> f64 {
     let cfg: serde_json::Value = serde_json::from_str(config).expect("test config is JSON");
     let m = mixer(name, &cfg).unwrap_or_else(|e| panic!("{name} {config}: {e}"));
-    let have = forms(m.as_ref(), "cuda");
+    let have = forms(m.as_ref(), &cuda());
     for f in want {
         assert!(have.contains(f), "{name}: cuda lacks form {f}; has {have:?}");
     }
-    let backends =
-        [Backend::by_name("cpu").expect("cpu backend"), Backend::by_name("cuda").expect("cuda backend")];
+    let backends = [cpu(), cuda()];
     let mut worst = 0.0f64;
     let mut failures = Vec::new();
     for (i, s) in sizes.iter().enumerate() {
@@ -76,4 +84,21 @@ pub fn cross_check(name: &str, config: &str, sizes: &[Sizes], want: &[Form]) -> 
 /// Sizes with `T` not a power of two and odd head/channel counts.
 pub fn sizes(seqs: &[usize]) -> Vec<Sizes> {
     seqs.iter().map(|&t| Sizes { batch: 2, seq: t, channels: 6, heads: 2, dk: 5, dv: 3 }).collect()
+}
+
+/// Runs the shared backend suite on CUDA for each configuration, prints every case, and panics
+/// with every failed one; returns the number of cases.
+pub fn suite_on(configs: Vec<(&str, serde_json::Value)>, sizes: &Sizes) -> usize {
+    let cuda = cuda();
+    let mut cases = Vec::new();
+    for (i, (name, cfg)) in configs.into_iter().enumerate() {
+        let m = mixer(name, &cfg).unwrap_or_else(|e| panic!("{name} {cfg}: {e}"));
+        cases.extend(check_mixer(m.as_ref(), &cuda, sizes, 40 + i as u64));
+    }
+    for c in &cases {
+        println!("SUITE {c}");
+    }
+    let failed: Vec<String> = cases.iter().filter(|c| c.failure.is_some()).map(|c| c.to_string()).collect();
+    assert!(failed.is_empty(), "{} of {} cases failed:\n{}", failed.len(), cases.len(), failed.join("\n"));
+    cases.len()
 }

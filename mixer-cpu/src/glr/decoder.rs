@@ -13,10 +13,9 @@
 
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::glr::{Glr, On, Slots};
-use mixer_core::{Dims, Error, Real, Result, Tensors};
+use mixer_core::tensor::contiguous;
+use mixer_core::{Dims, DimsExt, Error, Real, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
-
-use super::fast::contiguous;
 
 enum Store<F> {
     /// Sorted by position; each value holds `streams × B × C` scalars.
@@ -36,14 +35,10 @@ pub struct GlrDecoder<F> {
     store: Store<F>,
 }
 
-fn dim(dims: &Dims, s: &str) -> Result<usize> {
-    dims.get(s).copied().ok_or_else(|| Error::Decoder(format!("size `{s}` is missing from the dims")))
-}
-
 impl<F: Real> GlrDecoder<F> {
     /// A decoder for sequences of length `T` with `B × C` channels (from `dims`).
     pub fn new(g: &Glr, dims: &Dims) -> Result<Self> {
-        let (t_len, b_len, c_len) = (dim(dims, "T")?, dim(dims, "B")?, dim(dims, "C")?);
+        let (t_len, b_len, c_len) = (dims.size("T")?, dims.size("B")?, dims.size("C")?);
         let slots = g.slots(t_len);
         let streams = Self::streams_of(g.on());
         let store = if g.pattern().cache_efficient() {
@@ -67,7 +62,8 @@ impl<F: Real> GlrDecoder<F> {
     pub fn cached_positions(&self) -> usize {
         match &self.store {
             Store::Lattice(v) => v.len(),
-            Store::Window { cap, .. } => self.pos.min(*cap),
+            Store::Window { cap, .. } if self.pos < self.t_len => self.pos.min(*cap),
+            Store::Window { .. } => 0,
         }
     }
 
@@ -146,11 +142,15 @@ impl<F: Real> Decoder<F> for GlrDecoder<F> {
             entry.extend_from_slice(&x);
         }
         let slots = &self.slots;
+        let last = t + 1 == self.t_len;
         match &mut self.store {
+            // No later token reads anything: the cache empties (`Glr::decoder_cache`).
+            Store::Lattice(v) if last => v.clear(),
+            Store::Window { ring, .. } if last => ring.clear(),
             Store::Lattice(v) => {
                 // Keep exactly P_{t+1} ⊆ P_t ∪ {t}.
                 v.push((t, entry));
-                let mut keep: Vec<usize> = (0..slots.active(t + 1)).map(|k| slots.pos(t + 1, k)).collect();
+                let mut keep: Vec<usize> = slots.deps(t + 1).map(|(_, d)| d).collect();
                 keep.sort_unstable();
                 keep.dedup();
                 v.retain(|e| keep.binary_search(&e.0).is_ok());

@@ -1,0 +1,77 @@
+//! Every CUDA source of this backend, in one table: the `.cu` files under
+//! `mixer-cuda/kernels/`, embedded with `include_str!`, each with the helpers of `common.cuh`
+//! and the device functions it needs prepended ([`KernelSource::full`]). The families compile
+//! from here (through [`crate::runtime::Gpu::function`]) and the NVRTC test compiles every
+//! entry of [`ALL`], so a source that is not in the table is neither run nor checked.
+
+/// The helpers every kernel source starts with (`kernels/common.cuh`).
+pub const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// The device functions of the generic log-linear kernel for a mixer without a lift. The
+/// kernel does not call them then (`lifted = 0`); they are what the lift reduces to, so that
+/// the source means what it says: every token at level 0, and the λ of the `ones` scheme
+/// (λ ≡ 1, which turns every lift into its base mixer, MATH §2.4).
+pub const NO_LIFT: &str = "__device__ int mixers_level(long long t, long long s) { return 0; }\n\
+                           __device__ double mixers_lambda(double raw, double param) { return 1.0; }";
+
+/// One kernel source: a name (used in errors and as the NVRTC file name), the device functions
+/// it needs before its body, and the body.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSource {
+    /// Name, e.g. `"glr"`.
+    pub name: &'static str,
+    /// Device functions the body calls but does not define (empty for most).
+    pub prelude: &'static str,
+    /// The `.cu` file.
+    pub body: &'static str,
+}
+
+impl KernelSource {
+    /// The complete source: common helpers, prelude, body.
+    pub fn full(&self) -> String {
+        with_prelude(self.prelude, self.body)
+    }
+}
+
+/// `common.cuh`, then `prelude`, then `body`.
+pub fn with_prelude(prelude: &str, body: &str) -> String {
+    format!("{COMMON}\n{prelude}\n{body}")
+}
+
+/// Softmax attention: tiled forward and decoder step (`kernels/attention.cu`).
+pub const ATTENTION: KernelSource =
+    KernelSource { name: "attention", prelude: "", body: include_str!("../kernels/attention.cu") };
+/// The GLR: sparse recurrence and decoder step (`kernels/glr.cu`).
+pub const GLR: KernelSource =
+    KernelSource { name: "glr", prelude: "", body: include_str!("../kernels/glr.cu") };
+/// The Toeplitz mixer: direct form, FFT packing and decoder step (`kernels/toeplitz.cu`).
+pub const TOEPLITZ: KernelSource =
+    KernelSource { name: "toeplitz", prelude: "", body: include_str!("../kernels/toeplitz.cu") };
+/// The log-linear family's generic quadratic form (`kernels/loglinear.cu`); a lift replaces
+/// the prelude with its mask's and λ scheme's registered device functions.
+pub const LOGLINEAR: KernelSource =
+    KernelSource { name: "loglinear", prelude: NO_LIFT, body: include_str!("../kernels/loglinear.cu") };
+/// The log-linear family's Fenwick-structured forms: chunked form and decoder step
+/// (`kernels/loglinear_fenwick.cu`).
+pub const LOGLINEAR_FENWICK: KernelSource = KernelSource {
+    name: "loglinear_fenwick",
+    prelude: "",
+    body: include_str!("../kernels/loglinear_fenwick.cu"),
+};
+
+/// Every kernel source of the backend.
+pub const ALL: &[KernelSource] = &[ATTENTION, GLR, TOEPLITZ, LOGLINEAR, LOGLINEAR_FENWICK];
+
+#[cfg(test)]
+mod tests {
+    /// Without a lift the generic kernel is the lift with the `ones` λ scheme (λ ≡ 1): the
+    /// prelude's λ function is exactly that scheme's registered device function.
+    #[test]
+    fn no_lift_prelude_is_the_ones_scheme() {
+        let ones = mixer_registry::lambda_scheme("ones").unwrap().cuda.unwrap();
+        assert!(super::NO_LIFT.lines().any(|l| l.trim() == ones), "{}", super::NO_LIFT);
+        assert_eq!(super::LOGLINEAR.prelude, super::NO_LIFT);
+        let names: Vec<&str> = super::ALL.iter().map(|k| k.name).collect();
+        assert_eq!(names, ["attention", "glr", "toeplitz", "loglinear", "loglinear_fenwick"]);
+    }
+}

@@ -1,0 +1,17 @@
+//! The CUDA backend's integration tests, in one test binary. Every test that needs a GPU (or
+//! NVRTC) is `#[ignore]`d, so that `cargo test` reports it as ignored rather than passed;
+//! on a machine with a GPU run them with
+//! `MIXERS_REQUIRE_CUDA=1 cargo test -p mixer-cuda --test all -- --include-ignored`
+//! (`MIXERS_REQUIRE_CUDA=1` turns "no device, skipped" into a failure).
+
+mod attention;
+mod common;
+mod errors_and_scale;
+mod glr;
+mod loglinear;
+mod runtime;
+mod suite;
+mod toeplitz;
+
+use mixer_cpu as _;
+use mixers_plugin_fibonacci as _;

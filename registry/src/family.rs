@@ -1,0 +1,157 @@
+//! The backend contract: what a backend implements for one mixer family.
+//!
+//! A backend implements [`Family<F>`] once per family (e.g. `GlrCpu` for the `glr` family on
+//! `cpu`), for every scalar type `F` it supports, and registers it with one
+//! [`FamilyEntry`](crate::FamilyEntry). Every method has a default meaning "not implemented on
+//! this backend", so a backend writes only the forms it has. The registry, not the backend,
+//! decides what runs (`crate::run`): it asks the mixer ([`Mixer::form_unsupported`]), then
+//! the family implementation ([`Family::unsupported`] and whether the form's method returns a
+//! function), and builds every "not available" error and every list of available forms from
+//! those answers. The registry also downcasts the mixer to [`Family::Mixer`] once, so a form
+//! receives its concrete configuration.
+//!
+//! `materialized` is never a backend's business (the registry runs the `f64` oracle), and
+//! `recurrent` is the decoder run over the whole sequence.
+//!
+//! Extending the contract (e.g. a vector–Jacobian product per form) means adding a method
+//! with a `None` default here and a branch in `crate::run`: no backend has to change.
+
+use std::fmt;
+
+use mixer_core::mixer::{Decoder, Mixer, downcast};
+use mixer_core::{Dims, Form, Real, Result, Tensors};
+use ndarray::ArrayD;
+
+/// A form of the family: output from the validated inputs.
+pub type FormFn<M, F> = fn(&M, &Tensors<F>) -> Result<ArrayD<F>>;
+/// A decoder of the family from the static inputs (those without a sequence axis) and the
+/// bound sizes.
+pub type DecoderFn<M, F> = fn(&M, &Tensors<F>, &Dims) -> Result<Box<dyn Decoder<F>>>;
+
+/// One backend's implementation of one mixer family for scalar type `F`.
+pub trait Family<F: Real>: Send + Sync + 'static {
+    /// The family's concrete mixer type (the registry downcasts to it).
+    type Mixer: Mixer;
+    /// The family's own quadratic form, if this backend has it.
+    fn parallel(&self) -> Option<FormFn<Self::Mixer, F>> {
+        None
+    }
+    /// The sub-quadratic form, if this backend has it.
+    fn fast(&self) -> Option<FormFn<Self::Mixer, F>> {
+        None
+    }
+    /// The token-by-token decoder (the `recurrent` form), if this backend has it.
+    fn decoder(&self) -> Option<DecoderFn<Self::Mixer, F>> {
+        None
+    }
+    /// Why this backend cannot run `form` for this configuration although it implements the
+    /// form for others (e.g. a decoder variant it has not ported), or `None`. Restrictions that
+    /// hold on every backend belong to [`Mixer::form_unsupported`] instead.
+    fn unsupported(&self, _m: &Self::Mixer, _form: Form) -> Option<String> {
+        None
+    }
+}
+
+/// [`Family`] with the mixer type erased: what a [`FamilyEntry`](crate::FamilyEntry) stores.
+/// Implemented for every `Family`; not meant to be implemented by hand.
+pub trait DynFamily<F: Real>: Send + Sync {
+    /// Whether the form has an implementation (`materialized` never has one here).
+    fn implements(&self, form: Form) -> bool;
+    /// [`Family::unsupported`] for a mixer of this family (an error if it is not one).
+    fn unsupported(&self, m: &dyn Mixer, backend: &str, form: Form) -> Result<Option<String>>;
+    /// Runs `parallel` or `fast`; `None` when the form is not implemented.
+    fn run(&self, m: &dyn Mixer, backend: &str, form: Form, x: &Tensors<F>) -> Option<Result<ArrayD<F>>>;
+    /// Builds the decoder; `None` when there is none.
+    fn decoder(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        statics: &Tensors<F>,
+        dims: &Dims,
+    ) -> Option<Result<Box<dyn Decoder<F>>>>;
+}
+
+impl<F: Real, T: Family<F>> DynFamily<F> for T {
+    fn implements(&self, form: Form) -> bool {
+        match form {
+            Form::Materialized => false,
+            Form::Parallel => self.parallel().is_some(),
+            Form::Fast => self.fast().is_some(),
+            Form::Recurrent => self.decoder().is_some(),
+        }
+    }
+    fn unsupported(&self, m: &dyn Mixer, backend: &str, form: Form) -> Result<Option<String>> {
+        Ok(Family::unsupported(self, downcast::<T::Mixer>(m, backend)?, form))
+    }
+    fn run(&self, m: &dyn Mixer, backend: &str, form: Form, x: &Tensors<F>) -> Option<Result<ArrayD<F>>> {
+        let f = match form {
+            Form::Parallel => self.parallel()?,
+            Form::Fast => self.fast()?,
+            Form::Materialized | Form::Recurrent => return None,
+        };
+        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x)))
+    }
+    fn decoder(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        statics: &Tensors<F>,
+        dims: &Dims,
+    ) -> Option<Result<Box<dyn Decoder<F>>>> {
+        let make = Family::decoder(self)?;
+        Some(downcast::<T::Mixer>(m, backend).and_then(|m| make(m, statics, dims)))
+    }
+}
+
+/// A backend's implementation of one mixer family (e.g. `glr` on `cpu`), registered with
+/// `#[register]`:
+///
+/// ```ignore
+/// struct GlrCpu;
+/// impl<F: Real> Family<F> for GlrCpu {
+///     type Mixer = Glr;
+///     fn fast(&self) -> Option<FormFn<Glr, F>> { Some(fast::fast) }
+/// }
+/// #[register]
+/// static GLR_CPU: FamilyEntry = FamilyEntry { family: "glr", backend: "cpu", f64: &GlrCpu, f32: &GlrCpu };
+/// ```
+pub struct FamilyEntry {
+    /// The family key ([`Mixer::family`]).
+    pub family: &'static str,
+    /// The backend name.
+    pub backend: &'static str,
+    /// The `f64` implementation.
+    pub f64: &'static dyn DynFamily<f64>,
+    /// The `f32` implementation.
+    pub f32: &'static dyn DynFamily<f32>,
+}
+
+impl fmt::Debug for FamilyEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let forms: Vec<&str> =
+            Form::ALL.iter().filter(|&&x| self.f64.implements(x)).map(|x| x.name()).collect();
+        f.debug_struct("FamilyEntry")
+            .field("family", &self.family)
+            .field("backend", &self.backend)
+            .field("forms", &forms)
+            .finish()
+    }
+}
+
+/// Picks the implementation of a [`FamilyEntry`] for a scalar type.
+pub trait Scalar: Real {
+    /// The entry's implementation for `Self`.
+    fn implementation(e: &FamilyEntry) -> &'static dyn DynFamily<Self>;
+}
+
+impl Scalar for f64 {
+    fn implementation(e: &FamilyEntry) -> &'static dyn DynFamily<f64> {
+        e.f64
+    }
+}
+
+impl Scalar for f32 {
+    fn implementation(e: &FamilyEntry) -> &'static dyn DynFamily<f32> {
+        e.f32
+    }
+}
