@@ -29,6 +29,7 @@ pub fn suite_on(configs: Vec<(&str, serde_json::Value)>, sizes: &Sizes) -> usize
         let m = mixer(name, &cfg).unwrap_or_else(|e| panic!("{name} {cfg}: {e}"));
         cases.extend(check_mixer(m.as_ref(), &cpu, sizes, 40 + i as u64));
     }
+    println!("suite on cpu at T = {}: {} cases", sizes.seq, cases.len());
     let failed: Vec<String> = cases.iter().filter(|c| c.failure.is_some()).map(|c| c.to_string()).collect();
     assert!(failed.is_empty(), "{} of {} cases failed:\n{}", failed.len(), cases.len(), failed.join("\n"));
     cases.len()
