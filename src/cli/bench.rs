@@ -10,17 +10,23 @@
 //! `max_seconds`. Forms other than `recurrent` are timed as wall time around
 //! [`mixer_registry::run::run`] (input validation included; the CUDA backend synchronises
 //! inside `run`, so its wall time includes host↔device copies). `recurrent` builds a decoder
-//! ([`mixer_registry::run::decoder`]) and feeds every token ([`run_decoder`]); its cache size
+//! ([`mixer_registry::run::decoder`]) and feeds every token ([`run_decoder`](mixer_core::mixer::run_decoder)); its cache size
 //! is [`Decoder::cache_elems`](mixer_core::mixer::Decoder::cache_elems) after the last step.
 //!
 //! Guards: `materialized` (a dense `f64` solve) is skipped above `T = 4096`; a series stops
-//! growing `T` after a point whose run took more than `max_seconds`, and the larger `T` are
-//! listed as skipped — nothing is extrapolated.
+//! growing `T` after a point whose run took more than `max_seconds`, and does not start a
+//! point whose time, predicted from the series' measured points ([`guard`]), exceeds it; a
+//! point whose inputs or working memory exceed the memory budget is skipped with the
+//! estimate (`mixer_core::memory`); the larger `T` are listed as skipped — nothing is
+//! extrapolated into the results. A point that fails (or panics) is recorded as an error
+//! and the bench goes on; [`bench_to`] rewrites `bench.md` and `bench.json` after every
+//! point.
 
 pub mod alloc;
 mod analysis;
 mod args;
 mod format;
+mod guard;
 mod measure;
 mod model;
 mod options;
@@ -30,6 +36,7 @@ mod report;
 pub mod seq;
 
 use std::collections::BTreeMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -43,7 +50,7 @@ pub(crate) use args::run;
 pub use args::{Args, bench_to};
 pub use model::{Fit, Meta, Point, Ratio, Report, Status, label};
 pub use options::{MATERIALIZED_MAX_SEQ, Options, default_mixers};
-pub use report::{render_markdown, write_outputs};
+pub use report::{render_markdown, write_outputs, write_tables};
 pub use seq::parse_seq;
 
 use measure::{measure, sizes};
@@ -53,6 +60,21 @@ use plan::plan;
 /// Runs the bench. Per mixer and `T` (ascending), inputs are drawn once and shared by every
 /// backend and form, so ratios compare the same data.
 pub fn bench(opts: &Options) -> Result<Report> {
+    bench_with(opts, |_| Ok(()))
+}
+
+/// What a series (one backend and form of one mixer) has done so far.
+#[derive(Default)]
+struct Series {
+    /// Why it stopped growing `T`.
+    stopped: Option<String>,
+    /// Measured `(T, median seconds)`.
+    measured: Vec<(usize, f64)>,
+}
+
+/// [`bench`], calling `after_point` with the report so far after every point (e.g. to save
+/// it, so that the measurements survive whatever happens to a later point).
+pub fn bench_with(opts: &Options, mut after_point: impl FnMut(&Report) -> Result<()>) -> Result<Report> {
     check_options(opts)?;
     let start = Instant::now();
     let mut notes = Vec::new();
@@ -73,32 +95,31 @@ pub fn bench(opts: &Options) -> Result<Report> {
     let mut points = Vec::new();
     for case in &cases {
         let m = case.mixer.as_ref();
-        // Why a series stopped growing, per (backend, form).
-        let mut stopped: BTreeMap<(String, Form), String> = BTreeMap::new();
-        let mut measured_any: BTreeMap<(String, Form), bool> = BTreeMap::new();
+        let mut series: BTreeMap<(String, Form), Series> = BTreeMap::new();
         for &seq in &seqs {
-            let base = |backend: &str, form: Form| Point {
-                mixer: case.label.clone(),
-                name: case.name.clone(),
-                config: case.config.clone(),
-                backend: backend.to_string(),
-                form,
-                seq,
-                status: Status::Skipped,
-                reason: None,
-                timing: None,
-                tokens_per_s: None,
-                peak_bytes: None,
-                cache_elems: None,
-            };
-            let todo = |b: &str, f: Form| {
-                let too_long = f == Form::Materialized && seq > MATERIALIZED_MAX_SEQ;
-                !too_long && !stopped.contains_key(&(b.to_string(), f))
-            };
-            let any = case.plan.iter().any(|(b, fs)| fs.iter().any(|&f| todo(b, f)));
+            // Why each (backend, form) is not run at this T, decided before drawing inputs.
+            let mut skip: BTreeMap<(String, Form), String> = BTreeMap::new();
+            for (b, forms) in &case.plan {
+                for &f in forms {
+                    let key = (b.clone(), f);
+                    let s = series.entry(key.clone()).or_default();
+                    let why = if f == Form::Materialized && seq > MATERIALIZED_MAX_SEQ {
+                        Some(format!("materialized is not run above T = {MATERIALIZED_MAX_SEQ}"))
+                    } else if let Some(why) = &s.stopped {
+                        Some(why.clone())
+                    } else {
+                        guard::too_slow(&s.measured, seq, opts.max_seconds)
+                    };
+                    if let Some(w) = why {
+                        skip.insert(key, w);
+                    }
+                }
+            }
+            let any = case.plan.iter().any(|(b, fs)| fs.iter().any(|&f| !skip.contains_key(&(b.clone(), f))));
             pb.set_message(format!("{} T={seq}: drawing inputs", case.label));
             let inputs: Result<(AnyTensors, Dims)> = if any {
-                m.random_inputs(&sizes(opts, seq).dims(), opts.seed).and_then(|x| {
+                guard::inputs_fit(m, opts, seq).and_then(|()| {
+                    let x = m.random_inputs(&sizes(opts, seq).dims(), opts.seed)?;
                     let any = match opts.dtype {
                         DType::F64 => AnyTensors::F64(x),
                         DType::F32 => AnyTensors::F32(cast_tensors::<f32>(&x)),
@@ -113,54 +134,93 @@ pub fn bench(opts: &Options) -> Result<Report> {
                 for &form in forms {
                     pb.set_message(format!("{} {form} {backend} T={seq}", case.label));
                     let key = (backend.clone(), form);
-                    let mut p = base(backend, form);
-                    if form == Form::Materialized && seq > MATERIALIZED_MAX_SEQ {
-                        p.reason = Some(format!("materialized is not run above T = {MATERIALIZED_MAX_SEQ}"));
-                    } else if let Some(why) = stopped.get(&key) {
-                        p.reason = Some(why.clone());
-                    } else {
-                        match &inputs {
+                    let s = series.entry(key.clone()).or_default();
+                    let mut p = Point {
+                        mixer: case.label.clone(),
+                        name: case.name.clone(),
+                        config: case.config.clone(),
+                        backend: backend.to_string(),
+                        form,
+                        seq,
+                        status: Status::Skipped,
+                        reason: skip.get(&key).cloned(),
+                        timing: None,
+                        tokens_per_s: None,
+                        peak_bytes: None,
+                        cache_elems: None,
+                    };
+                    if p.reason.is_none() {
+                        let outcome = match &inputs {
+                            Err(e) => Err(e.clone()),
+                            Ok((x, dims)) => {
+                                let first = s.measured.is_empty();
+                                catch_unwind(AssertUnwindSafe(|| {
+                                    measure(m, backend, form, x, dims, opts, first)
+                                }))
+                                .unwrap_or_else(|panic| Err(Error::Numerical(panicked(panic.as_ref()))))
+                            }
+                        };
+                        match outcome {
+                            Ok(r) => {
+                                p.status = Status::Ok;
+                                p.tokens_per_s = Some((opts.batch * seq) as f64 / r.timing.median);
+                                p.peak_bytes = r.peak;
+                                p.cache_elems = r.cache;
+                                s.measured.push((seq, r.timing.median));
+                                if r.timing.median > opts.max_seconds {
+                                    s.stopped = Some(format!(
+                                        "T = {seq} took {:.1} s > budget {} s",
+                                        r.timing.median, opts.max_seconds
+                                    ));
+                                }
+                                p.timing = Some(r.timing);
+                            }
+                            // Larger T need more memory still: the series stops here.
+                            Err(e) if guard::is_memory(&e) => {
+                                s.stopped = Some(e.to_string());
+                                p.reason = Some(e.to_string());
+                            }
                             Err(e) => {
                                 p.status = Status::Error;
-                                p.reason = Some(format!("inputs: {e}"));
-                            }
-                            Ok((x, dims)) => {
-                                let first = !measured_any.get(&key).copied().unwrap_or(false);
-                                match measure(m, backend, form, x, dims, opts, first) {
-                                    Ok(r) => {
-                                        measured_any.insert(key.clone(), true);
-                                        p.status = Status::Ok;
-                                        p.tokens_per_s = Some((opts.batch * seq) as f64 / r.timing.median);
-                                        p.peak_bytes = r.peak;
-                                        p.cache_elems = r.cache;
-                                        if r.timing.median > opts.max_seconds {
-                                            stopped.insert(
-                                                key,
-                                                format!(
-                                                    "T = {seq} took {:.1} s > budget {} s",
-                                                    r.timing.median, opts.max_seconds
-                                                ),
-                                            );
-                                        }
-                                        p.timing = Some(r.timing);
-                                    }
-                                    Err(e) => {
-                                        p.status = Status::Error;
-                                        p.reason = Some(e.to_string());
-                                    }
-                                }
+                                p.reason = Some(if inputs.is_err() {
+                                    format!("inputs: {e}")
+                                } else {
+                                    e.to_string()
+                                });
                             }
                         }
                     }
                     points.push(p);
                     pb.inc(1);
+                    after_point(&report(opts, &seqs, &backends, start, &points, &notes))?;
                 }
             }
         }
     }
     pb.finish_and_clear();
-    let fits = fits(&points);
-    let ratios = ratios(&points);
+    Ok(report(opts, &seqs, &backends, start, &points, &notes))
+}
+
+/// The message of a caught panic (library code should not panic; if a form does, the bench
+/// records it as a failed point and goes on).
+fn panicked(payload: &(dyn std::any::Any + Send)) -> String {
+    let msg = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".into());
+    format!("panicked: {msg}")
+}
+
+/// The report of the points so far.
+fn report(
+    opts: &Options,
+    seqs: &[usize],
+    backends: &[String],
+    start: Instant,
+    points: &[Point],
+    notes: &[String],
+) -> Report {
     let cpu = backends.iter().any(|b| b == "cpu");
     let meta = Meta {
         version: env!("CARGO_PKG_VERSION").into(),
@@ -169,11 +229,11 @@ pub fn bench(opts: &Options) -> Result<Report> {
         heads: opts.heads,
         dim: opts.dim,
         channels: opts.heads * opts.dim,
-        seqs,
+        seqs: seqs.to_vec(),
         reps: opts.reps.max(1),
         max_seconds: opts.max_seconds,
         materialized_max_seq: MATERIALIZED_MAX_SEQ,
-        backends,
+        backends: backends.to_vec(),
         cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         threads: rayon::current_num_threads(),
         timing: "wall time (std::time::Instant) around mixer_registry::run::run (validation included), \
@@ -190,5 +250,11 @@ pub fn bench(opts: &Options) -> Result<Report> {
         },
         elapsed_s: start.elapsed().as_secs_f64(),
     };
-    Ok(Report { meta, points, fits, ratios, notes })
+    Report {
+        meta,
+        points: points.to_vec(),
+        fits: fits(points),
+        ratios: ratios(points),
+        notes: notes.to_vec(),
+    }
 }

@@ -9,6 +9,7 @@
 //! computed over shifts; for other graphs (cache-efficient lattices, materialized sparsities)
 //! by breadth-first search.
 
+mod cost;
 mod graph;
 mod sampling;
 mod shifts;
@@ -18,6 +19,7 @@ mod tests;
 use crate::error::{Error, Result};
 use crate::pattern::Pattern;
 
+pub use cost::{MAX_SEARCH_STEPS, check as check_cost};
 pub use graph::CommGraph;
 pub use shifts::shift_distances;
 
@@ -118,11 +120,14 @@ pub struct PatternMetrics {
 ///   bound of [`CommGraph::congestion`] (finite line: only $s + \Delta < T$ is routed). Cost
 ///   $O(T \cdot E)$, $E \approx T \cdot K$.
 ///
-/// Errors when $T = 0$ or (cache-efficient) when the lattice produces a non-causal position.
+/// Errors when $T = 0$, when the search would exceed [`MAX_SEARCH_STEPS`] or the memory budget
+/// ([`check_cost`]; inputs are bounded, not approximated), or (cache-efficient) when the
+/// lattice produces a non-causal position.
 pub fn pattern_metrics(p: &Pattern, t_len: usize) -> Result<PatternMetrics> {
     if t_len == 0 {
         return Err(Error::pattern(p.name(), "metrics need a sequence length T ≥ 1, got T = 0"));
     }
+    cost::check(p, t_len)?;
     let slots = p.slots(t_len);
     let offsets = p.offsets(t_len);
     if p.cache_efficient() {

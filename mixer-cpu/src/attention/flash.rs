@@ -4,7 +4,8 @@
 //! range $[\max(0, i_0 + 1 - w), i_1)$ are visited in order; per query row the running maximum
 //! $m$, denominator $\ell$ and accumulator $o$ are updated as
 //! $m' = \max(m, \max_s S_{t,s})$, $\ell' = e^{m - m'}\ell + \sum_s e^{S_{t,s} - m'}$,
-//! $o' = e^{m - m'} o + \sum_s e^{S_{t,s} - m'} v_s$, masked entries skipped (never
+//! $o' = e^{m - m'} o + \sum_s e^{S_{t,s} - m'} v_s$ (maxima and exponents in `f64` through
+//! [`Logits`](mixer_core::mixers::attention::Logits), so that no finite input overflows), masked entries skipped (never
 //! exponentiated), and $y_t = o / \ell$ at the end. Memory is $O(B_q B_k + B_q D_v)$ per task
 //! (never $T \times T$); tasks (batch × head × query block) run in parallel with rayon.
 
@@ -13,7 +14,7 @@ use mixer_core::{Real, Result, Tensors};
 use ndarray::{Array2, Array4, ArrayD, s};
 use rayon::prelude::*;
 
-use super::heads_major;
+use super::{heads_major, key};
 
 /// Query block size.
 pub const BLOCK_Q: usize = 64;
@@ -25,7 +26,7 @@ pub fn flash<F: Real>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let (q, k, v) = (heads_major(inputs, "q")?, heads_major(inputs, "k")?, heads_major(inputs, "v")?);
     let (bn, hn, tn, dk) = q.dim();
     let dv = v.dim().3;
-    let scale = F::of(a.scale(dk));
+    let lg = a.logits(dk);
     let tasks: Vec<(usize, usize, usize)> = (0..bn)
         .flat_map(|b| (0..hn).flat_map(move |h| (0..tn).step_by(BLOCK_Q).map(move |i0| (b, h, i0))))
         .collect();
@@ -35,9 +36,11 @@ pub fn flash<F: Real>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
             let i1 = (i0 + BLOCK_Q).min(tn);
             let nq = i1 - i0;
             let qb = q.slice(s![b, h, i0..i1, ..]);
-            let mut m = vec![F::neg_infinity(); nq];
+            // Running maximum key (f64, see `Logits`), denominator and accumulator per row.
+            let mut m = vec![f64::NEG_INFINITY; nq];
             let mut l = vec![F::zero(); nq];
             let mut o = Array2::<F>::zeros((nq, dv));
+            let mut keys = [0.0f64; BLOCK_K];
             let lo = a.first_key(i0);
             let mut j0 = lo;
             while j0 < i1 {
@@ -53,13 +56,18 @@ pub fn flash<F: Real>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
                         row.fill(F::zero());
                         continue;
                     }
-                    let mx = (slo..shi).map(|s| row[s - j0] * scale).fold(m[r], F::max);
-                    let corr = (m[r] - mx).exp();
+                    let mut mx = m[r];
+                    for s in slo..shi {
+                        let u = key(&lg, row[s - j0], qb.row(r), kb.row(s - j0), t, s)?;
+                        keys[s - j0] = u;
+                        mx = mx.max(u);
+                    }
+                    let corr = F::of(lg.weight(m[r], mx));
                     let mut sum = F::zero();
                     for c in 0..j1 - j0 {
                         let s = j0 + c;
                         row[c] = if s >= slo && s < shi {
-                            let e = (row[c] * scale - mx).exp();
+                            let e = F::of(lg.weight(keys[c], mx));
                             sum += e;
                             e
                         } else {
@@ -77,9 +85,9 @@ pub fn flash<F: Real>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
                 let inv = F::one() / l[r];
                 o.row_mut(r).mapv_inplace(|x| x * inv);
             }
-            o
+            Ok(o)
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let mut y = Array4::<F>::zeros((bn, tn, hn, dv));
     for (&(b, h, i0), ob) in tasks.iter().zip(&outs) {
         y.slice_mut(s![b, i0..i0 + ob.nrows(), h, ..]).assign(ob);

@@ -24,7 +24,8 @@ pub struct KvDecoder<F: GpuReal> {
     cap: usize,
     tmax: usize,
     t: usize,
-    scale: F,
+    /// The score scale, passed to the kernel as a double (overflow-free logits).
+    scale: f64,
 }
 
 impl<F: GpuReal> KvDecoder<F> {
@@ -50,7 +51,7 @@ impl<F: GpuReal> KvDecoder<F> {
             cap,
             tmax,
             t: 0,
-            scale: F::of(a.scale(dk)),
+            scale: a.scale(dk),
         })
     }
 

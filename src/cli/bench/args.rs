@@ -6,7 +6,7 @@ use mixer_core::{DType, Error, Form, Result};
 
 use super::model::{Report, Status};
 use super::options::Options;
-use super::report::{render_markdown, write_outputs};
+use super::report::{render_markdown, write_outputs, write_tables};
 use super::seq::parse_seq;
 
 /// Arguments of `mixers bench`.
@@ -114,8 +114,11 @@ impl Args {
 
 /// Runs the bench and writes `bench.md`, `bench.json`, `bench.png`, `bench.svg` to `out`;
 /// returns the paths written.
+///
+/// `bench.md` and `bench.json` are rewritten after every point, so the measurements made
+/// survive a later point that fails, or the process being stopped.
 pub fn bench_to(opts: &Options, out: &Path) -> Result<(Report, Vec<PathBuf>)> {
-    let report = super::bench(opts)?;
+    let report = super::bench_with(opts, |r| write_tables(r, out).map(|_| ()))?;
     let files = write_outputs(&report, out)?;
     Ok((report, files))
 }

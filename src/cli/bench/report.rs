@@ -118,8 +118,10 @@ pub fn method(r: &Report) -> String {
          - backends: {}; {} logical CPUs, {} rayon threads; mixers {}\n\
          - timing: {}; median and min–max over up to {} timed runs or {} s per point\n\
          - memory: {}\n\
-         - guards: materialized only up to T = {}; a series stops growing T after a point over {} s, \
-         and the larger T are listed as skipped (nothing is extrapolated)\n\
+         - guards: materialized only up to T = {}; a series stops growing T after a point over {} s, or \
+         before a point whose time, predicted from the series' measured points, is over it; points whose \
+         estimated memory exceeds the budget (MIXERS_MAX_MEMORY, else available memory) are skipped with \
+         the estimate (nothing is extrapolated into the results)\n\
          - whole bench: {:.0} s\n",
         m.batch,
         m.heads,
@@ -166,17 +168,24 @@ fn io(p: &Path, e: impl std::fmt::Display) -> Error {
     Error::Io(format!("cannot write {}: {e}", p.display()))
 }
 
-/// Writes `bench.md`, `bench.json`, `bench.png` and `bench.svg` into `dir` (created if
-/// needed); returns their paths.
-pub fn write_outputs(r: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
+/// Writes `bench.md` and `bench.json` into `dir` (created if needed); returns their paths.
+pub fn write_tables(r: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let md = dir.join("bench.md");
     std::fs::write(&md, render_markdown(r)).map_err(|e| io(&md, e))?;
     let json = dir.join("bench.json");
     let text = serde_json::to_string_pretty(r).map_err(|e| io(&json, e))?;
     std::fs::write(&json, text).map_err(|e| io(&json, e))?;
+    Ok(vec![md, json])
+}
+
+/// Writes `bench.md`, `bench.json`, `bench.png` and `bench.svg` into `dir` (created if
+/// needed); returns their paths.
+pub fn write_outputs(r: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = write_tables(r, dir)?;
     let png = dir.join("bench.png");
     let svg = dir.join("bench.svg");
     super::plot::plot(r, &png, &svg)?;
-    Ok(vec![md, json, png, svg])
+    files.extend([png, svg]);
+    Ok(files)
 }
