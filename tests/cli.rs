@@ -157,3 +157,255 @@ fn backend_environment_overrides() {
         assert_one_line_error(&err, &["backend `cuda` is not available"]);
     }
 }
+
+/// A `.npy` member: header for `descr` and `shape` (a Python tuple such as `(3,)`), then `data`.
+fn npy(descr: &str, shape: &str, data: &[u8]) -> Vec<u8> {
+    let mut dict = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + dict.len() + 1) % 64 != 0 {
+        dict.push(' ');
+    }
+    dict.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(dict.len() as u16).to_le_bytes());
+    out.extend_from_slice(dict.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+/// Writes an `.npz` holding the given members, uncompressed.
+fn npz(path: &std::path::Path, members: &[(&str, Vec<u8>)]) {
+    use std::io::Write;
+    let mut z = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+    let opts = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    for (name, bytes) in members {
+        z.start_file(format!("{name}.npy"), opts).unwrap();
+        z.write_all(bytes).unwrap();
+    }
+    z.finish().unwrap();
+}
+
+fn run_args<'a>(mixer: &'a str, inputs: &'a str, form: &'a str, out: &'a str) -> Vec<&'a str> {
+    vec!["run", "--mixer", mixer, "--inputs", inputs, "--form", form, "--backend", "cpu", "--out", out]
+}
+
+/// Issue 14, defects 3 and 7: a small file whose header declares 10¹² elements is refused
+/// before anything is allocated (it used to abort with exit 134), and a corrupt member is
+/// reported with the dtype its header declares.
+#[test]
+fn npz_headers_are_checked_before_reading() {
+    let p = tmp("lying.npz");
+    npz(&p, &[("x", npy("<f8", "(1000000, 1000000)", &[0u8; 2048]))]);
+    assert!(std::fs::metadata(&p).unwrap().len() < 4096);
+    let out = tmp("lying_y.npz");
+    let (code, _, err) = mixers(&run_args("glr", p.to_str().unwrap(), "fast", out.to_str().unwrap()));
+    assert_eq!(code, 2, "{err}");
+    assert_one_line_error(&err, &["array `x`", "[1000000, 1000000]", "8000000000000 bytes", "2048 bytes"]);
+    // A truncated f64 member: the error names f64 (<f8), not f32.
+    npz(&p, &[("x", npy("<f8", "(3,)", &[0u8; 20]))]);
+    let (code, _, err) = mixers(&run_args("glr", p.to_str().unwrap(), "fast", out.to_str().unwrap()));
+    assert_eq!(code, 2);
+    assert_one_line_error(&err, &["array `x`", "<f8", "24 bytes", "20 bytes"]);
+    assert!(!err.contains("f4"), "{err}");
+    // Within the file's means but above the memory budget.
+    npz(&p, &[("x", npy("<f4", "(1000, 1000)", &vec![0u8; 4_000_000]))]);
+    let o = Command::new(env!("CARGO_BIN_EXE_mixers"))
+        .args(run_args("glr", p.to_str().unwrap(), "fast", out.to_str().unwrap()))
+        .env("MIXERS_MAX_MEMORY", "1M")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert_one_line_error(
+        &String::from_utf8_lossy(&o.stderr),
+        &["3.8 MiB", "1.0 MiB", "MIXERS_MAX_MEMORY=1M"],
+    );
+}
+
+/// Issue 14, defects 1 and 2: T = 0 with H = 2 (the issue's repro) and Dv = 0 in the
+/// recurrent form give an empty `y`, not a panic.
+#[test]
+fn empty_sequence_and_value_dims_run() {
+    use mixers::core::Tensor;
+    use ndarray::{ArrayD, IxDyn};
+    let z = |s: &[usize]| Tensor::F32(ArrayD::zeros(IxDyn(s)));
+    for (t, dv) in [(0, 3), (4, 0)] {
+        let p = tmp(&format!("empty_{t}_{dv}.npz"));
+        let (q, k, v, g) = (z(&[1, t, 2, 4]), z(&[1, t, 2, 4]), z(&[1, t, 2, dv]), z(&[1, t, 2]));
+        mixers::io::write_npz(&p, &[("q", &q), ("k", &k), ("v", &v), ("g", &g)]).unwrap();
+        for form in ["fast", "parallel", "recurrent", "materialized"] {
+            let out = tmp(&format!("empty_{t}_{dv}_{form}_y.npz"));
+            let (code, _, err) =
+                mixers(&run_args("mamba2", p.to_str().unwrap(), form, out.to_str().unwrap()));
+            assert_eq!(code, 0, "T={t} Dv={dv} {form}: {err}");
+            match mixers::io::read_npz(&out).unwrap() {
+                mixers::core::AnyTensors::F32(m) => assert_eq!(m["y"].shape(), &[1, t, 2, dv]),
+                other => panic!("f32 in, {:?} out", other.dtype()),
+            }
+        }
+    }
+}
+
+/// Issue 14, defect 4: forms whose working memory exceeds the budget are refused with the
+/// estimate and the limit, before allocating; `check` reports it per row; `bench` records
+/// the point as skipped and still writes its report.
+#[test]
+fn memory_estimates_are_checked_before_allocating() {
+    use mixers::core::Tensor;
+    use ndarray::{ArrayD, IxDyn};
+    let t = 100_000;
+    let f = |s: &[usize]| Tensor::F32(ArrayD::from_shape_fn(IxDyn(s), |i| ((i[1] % 7) as f32) / 7.0));
+    let p = tmp("long.npz");
+    mixers::io::write_npz(
+        &p,
+        &[("q", &f(&[1, t, 1, 2])), ("k", &f(&[1, t, 1, 2])), ("v", &f(&[1, t, 1, 2]))],
+    )
+    .unwrap();
+    let out = tmp("long_y.npz");
+    let with_budget = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_mixers"))
+            .args(args)
+            .env("MIXERS_MAX_MEMORY", "2G")
+            .output()
+            .unwrap();
+        (
+            o.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    for form in ["materialized", "parallel"] {
+        let (code, _, err) =
+            with_budget(&run_args("attention", p.to_str().unwrap(), form, out.to_str().unwrap()));
+        assert_eq!(code, 2, "{form}: {err}");
+        assert_one_line_error(
+            &err,
+            &[form, "T=100000", "GiB of working memory", "limit of 2.0 GiB", "MIXERS_MAX_MEMORY=2G"],
+        );
+    }
+    // The streaming form of local attention is O(T·w) in time and O(T) in memory: it runs.
+    let (code, _, err) =
+        with_budget(&run_args("local-attention", p.to_str().unwrap(), "fast", out.to_str().unwrap()));
+    assert_eq!(code, 0, "{err}");
+    // check: the oracle of attention at T = 1e5 would be 2·2 dense 1e5² matrices.
+    let (code, out_text, _) = with_budget(&["check", "--mixer", "attention", "--seq", "100000"]);
+    assert_eq!(code, 1);
+    assert!(out_text.contains("oracle:") && out_text.contains("working memory"), "{out_text}");
+    // check at T = 1e6: the glr inputs alone (beta [2, 1e6, 20, 6] in f64) exceed 1 GiB.
+    let o = Command::new(env!("CARGO_BIN_EXE_mixers"))
+        .args(["check", "--mixer", "glr", "--seq", "1000000"])
+        .env("MIXERS_MAX_MEMORY", "1G")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text.contains("random inputs:") && text.contains("limit of 1.0 GiB"), "{text}");
+    // bench: the parallel point at T = 1e5 is skipped with the estimate; bench.md is written.
+    let dir = tmp("bench_mem");
+    let (code, _, err) = with_budget(&[
+        "bench",
+        "--mixer",
+        "attention",
+        "--form",
+        "parallel",
+        "--seq",
+        "100000",
+        "--heads",
+        "1",
+        "--dim",
+        "2",
+        "--reps",
+        "1",
+        "--max-seconds",
+        "20",
+        "--quiet",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let md = std::fs::read_to_string(dir.join("bench.md")).unwrap();
+    let row = md
+        .lines()
+        .find(|l| l.contains("| parallel |") && l.contains("| 100000 |"))
+        .expect("a parallel row at T = 1e5");
+    assert!(row.contains("skipped:") && row.contains("working memory"), "{row}");
+}
+
+/// Issue 14, defect 5: `metrics --n` is bounded by an estimate of the search, refused at
+/// once instead of a capacity-overflow panic, an abort, or minutes of work.
+#[test]
+fn metrics_sizes_are_bounded() {
+    for n in ["9223372036854775807", "4294967296", "100000000"] {
+        let t0 = std::time::Instant::now();
+        let (code, _, err) = mixers(&["metrics", "--pattern", "pow2", "--n", n]);
+        assert_eq!(code, 2, "{n}: {err}");
+        assert_one_line_error(&err, &["pattern `pow2`", &format!("T = {n}"), "search steps", "limit"]);
+        assert!(t0.elapsed().as_secs() < 10, "{n}: {:?}", t0.elapsed());
+    }
+    let (code, _, err) = mixers(&["metrics", "--pattern", "pow2", "--cache-efficient", "--n", "1000000"]);
+    assert_eq!(code, 2);
+    assert_one_line_error(&err, &["search steps"]);
+}
+
+/// Issue 14, defects 8 and 9: `check` sizes channels from a Toeplitz config (heads 4, 5, 12
+/// used to fail with C = 6) and takes `--channels`; batch 0 and `tour --n 0` are refused.
+#[test]
+fn check_sizes_inputs_from_the_config() {
+    for h in [4, 5, 12] {
+        let cfg = format!(r#"{{"heads": {h}}}"#);
+        let (code, out, err) =
+            mixers(&["check", "--mixer", "toeplitz", "--config", &cfg, "--backend", "cpu", "--seq", "11"]);
+        assert_eq!(code, 0, "heads {h}: {out}{err}");
+    }
+    let (code, _, _) = mixers(&[
+        "check",
+        "--mixer",
+        "toeplitz",
+        "--config",
+        r#"{"heads": 3}"#,
+        "--channels",
+        "9",
+        "--backend",
+        "cpu",
+    ]);
+    assert_eq!(code, 0);
+    // An explicit C that the config cannot use is reported, not changed.
+    let (code, out, _) = mixers(&[
+        "check",
+        "--mixer",
+        "toeplitz",
+        "--config",
+        r#"{"heads": 4}"#,
+        "--channels",
+        "6",
+        "--backend",
+        "cpu",
+    ]);
+    assert_eq!(code, 1);
+    assert!(out.contains("divisible by heads = 4"), "{out}");
+    let (code, _, err) = mixers(&["check", "--mixer", "glr", "--batch", "0"]);
+    assert_eq!(code, 2);
+    assert_one_line_error(&err, &["--batch must be ≥ 1, given 0"]);
+    let (code, _, err) = mixers(&["tour", "--n", "0"]);
+    assert_eq!(code, 2);
+    assert_one_line_error(&err, &["--n must be ≥ 1"]);
+}
+
+/// Issue 14, defect 6: a divergent GLR (Σ|β| > 1) overflows; the run is an error that says
+/// so, not NaN with exit 0.
+#[test]
+fn divergent_recurrences_are_reported() {
+    use mixers::core::Tensor;
+    use ndarray::{ArrayD, IxDyn};
+    let (t, c) = (3000, 2);
+    let k = 12; // K(T) of pow2 at T = 3000
+    let p = tmp("diverge.npz");
+    let x = Tensor::F64(ArrayD::from_elem(IxDyn(&[1, t, c]), 1.0));
+    let alpha = Tensor::F64(ArrayD::from_elem(IxDyn(&[1, t, c]), 1.0));
+    let beta = Tensor::F64(ArrayD::from_elem(IxDyn(&[1, t, k, c]), 0.9));
+    mixers::io::write_npz(&p, &[("x", &x), ("alpha", &alpha), ("beta", &beta)]).unwrap();
+    let out = tmp("diverge_y.npz");
+    for form in ["fast", "recurrent"] {
+        let (code, _, err) = mixers(&run_args("glr", p.to_str().unwrap(), form, out.to_str().unwrap()));
+        assert_eq!(code, 2, "{form}: {err}");
+        assert_one_line_error(&err, &["numerical:", "although every input is finite", "Σ_k |beta[t,k]| > 1"]);
+    }
+}

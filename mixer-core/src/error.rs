@@ -50,6 +50,12 @@ pub enum Error {
     /// Input/output (files, npz, JSON).
     #[error("{0}")]
     Io(String),
+    /// A call whose estimated working memory exceeds the budget (`MIXERS_MAX_MEMORY`, else
+    /// the available memory); refused before allocating.
+    #[error(
+        "{what} needs about {estimate} of working memory, above the limit of {limit} ({budget_from}); use smaller sizes, or set MIXERS_MAX_MEMORY to allow more"
+    )]
+    OutOfMemory { what: String, estimate: String, limit: String, budget_from: String },
     /// A numerical failure (non-finite result where the input was finite, singular solve…).
     #[error("numerical: {0}")]
     Numerical(String),

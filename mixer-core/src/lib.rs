@@ -9,6 +9,7 @@ pub mod error;
 pub mod fenwick;
 pub mod form;
 pub mod materialize;
+pub mod memory;
 pub mod metrics;
 pub mod mixer;
 pub mod mixers;

@@ -3,13 +3,13 @@
 use std::any::Any;
 use std::fmt::Debug;
 
-use ndarray::{ArrayD, Axis, IxDyn};
+use ndarray::{ArrayD, Axis, Dimension, IxDyn};
 
 use crate::error::{Error, Result, fmt_shape};
 use crate::materialize::Materialization;
 use crate::real::Real;
 use crate::spec::{Bound, Dims, InputSpec};
-use crate::tensor::{AnyTensors, Tensors, token_slice};
+use crate::tensor::{AnyTensors, Tensor, Tensors, token_slice};
 
 /// A configured mixer: what it takes, and its materialization. Backends implement its forms
 /// (see `mixer-registry`'s kernel entries); this trait is backend-free.
@@ -56,6 +56,18 @@ pub trait Mixer: Send + Sync + Debug + Any {
     fn prefix(&self, inputs: &Tensors<f64>, len: usize) -> Result<Tensors<f64>> {
         Ok(crate::tensor::prefix(inputs, &self.spec().per_token(), len))
     }
+    /// Estimated peak working memory, in bytes, of running `form` at these sizes with
+    /// scalars of `elem` bytes (what the call allocates: output, copies, dense matrices; not
+    /// its inputs). Checked against the budget before every run ([`crate::memory::guard`]).
+    /// The default is [`crate::memory::default_estimate`]; families give their own formula.
+    fn working_memory(&self, form: crate::Form, dims: &Dims, elem: f64) -> f64 {
+        crate::memory::default_estimate(&self.spec(), form, dims, elem)
+    }
+    /// A hint appended to the error when an output overflows to ±∞ or NaN although every
+    /// input is finite (e.g. a divergent recurrence), or `None`.
+    fn overflow_hint(&self) -> Option<String> {
+        None
+    }
     /// Upcast for backends that downcast to the concrete configuration.
     fn as_any(&self) -> &dyn Any;
 }
@@ -67,6 +79,26 @@ pub fn complete_dims<M: Mixer + ?Sized>(m: &M, dims: &Dims) -> Dims {
         d.entry(sym).or_insert(match b {
             Bound::Exact(n) | Bound::AtLeast(n) => n,
         });
+    }
+    d
+}
+
+/// Sizes that satisfy every bound of `m`: derived sizes filled in as by [`complete_dims`],
+/// and given sizes that violate a bound replaced by the bound (e.g. channels rounded up to
+/// a multiple of a Toeplitz mixer's `heads`). For drawing inputs sized from a config.
+pub fn fit_dims<M: Mixer + ?Sized>(m: &M, dims: &Dims) -> Dims {
+    let mut d = complete_dims(m, dims);
+    for (sym, b, _) in m.bounds(&d) {
+        let have = d.get(sym).copied();
+        match (b, have) {
+            (Bound::Exact(n), Some(h)) if h != n => {
+                d.insert(sym, n);
+            }
+            (Bound::AtLeast(n), Some(h)) if h < n => {
+                d.insert(sym, n);
+            }
+            _ => {}
+        }
     }
     d
 }
@@ -143,4 +175,31 @@ pub fn run_decoder<F: Real>(
         observe(t, dec.cache_elems());
     }
     Ok(y)
+}
+
+/// Refuses an output with an entry that is ±∞ or NaN. Inputs passed [`validate`], so they
+/// are finite: such an entry means the result overflowed the scalar type (or a form has a
+/// bug), and it is reported with its index instead of being written silently.
+pub fn check_output(m: &dyn Mixer, form: crate::Form, backend: &str, y: &Tensor) -> Result<()> {
+    fn first_bad<F: Real>(a: &ArrayD<F>) -> Option<(Vec<usize>, f64)> {
+        if a.iter().all(|x| x.is_finite()) {
+            return None;
+        }
+        a.indexed_iter().find(|(_, x)| !x.is_finite()).map(|(i, x)| (i.as_array_view().to_vec(), x.f64()))
+    }
+    let bad = match y {
+        Tensor::F32(a) => first_bad(a),
+        Tensor::F64(a) => first_bad(a),
+    };
+    match bad {
+        None => Ok(()),
+        Some((idx, x)) => Err(Error::Numerical(format!(
+            "`{}` {form} form on {backend}: y{} = {x} although every input is finite; the result \
+             overflows {}{}",
+            m.name(),
+            fmt_shape(&idx),
+            y.dtype().name(),
+            m.overflow_hint().map(|h| format!(" ({h})")).unwrap_or_default()
+        ))),
+    }
 }

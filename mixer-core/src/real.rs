@@ -21,6 +21,8 @@ pub trait Real:
 {
     /// Name of the type as it appears in reports (`"f32"` / `"f64"`).
     const NAME: &'static str;
+    /// The matching [`DType`](crate::tensor::DType).
+    const DTYPE: crate::tensor::DType;
     /// Converts from `f64` (rounding for `f32`).
     fn of(x: f64) -> Self;
     /// Converts to `f64`.
@@ -29,6 +31,7 @@ pub trait Real:
 
 impl Real for f32 {
     const NAME: &'static str = "f32";
+    const DTYPE: crate::tensor::DType = crate::tensor::DType::F32;
     #[inline]
     fn of(x: f64) -> Self {
         x as f32
@@ -41,6 +44,7 @@ impl Real for f32 {
 
 impl Real for f64 {
     const NAME: &'static str = "f64";
+    const DTYPE: crate::tensor::DType = crate::tensor::DType::F64;
     #[inline]
     fn of(x: f64) -> Self {
         x

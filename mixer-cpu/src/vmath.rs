@@ -1,7 +1,9 @@
 //! Vectorised elementwise kernels shared by the CPU forms.
 //!
-//! [`VecMath::exp_sub_sum`] computes `xᵢ ← e^{xᵢ − m}` over a slice and returns `Σ xᵢ`, the
-//! inner step of every online softmax. For `f32` it is a branch-free polynomial that the
+//! [`VecMath::exp_scaled_sum`] computes `xᵢ ← e^{a(xᵢ − m)}` over a slice and returns `Σ xᵢ`,
+//! the inner step of every online softmax (`a` the softmax scale, `m` the running maximum;
+//! the difference is formed before the product, so a large `a` or large scores cannot
+//! overflow an intermediate). For `f32` it is a branch-free polynomial that the
 //! compiler vectorises, built for AVX-512, AVX2 + FMA and NEON and chosen at run time
 //! (`multiversion`), with the plain build as the fallback:
 //!
@@ -16,23 +18,24 @@ use multiversion::multiversion;
 
 /// Elementwise kernels with a fast path per scalar type.
 pub trait VecMath: Real {
-    /// `xs[i] ← e^{xs[i] − m}` for every `i`; returns the sum of the new values.
-    fn exp_sub_sum(xs: &mut [Self], m: Self) -> Self;
+    /// `xs[i] ← e^{a·(xs[i] − m)}` for every `i` (`a > 0`, `xs[i] ≤ m` or `−∞`); returns the
+    /// sum of the new values.
+    fn exp_scaled_sum(xs: &mut [Self], m: Self, a: Self) -> Self;
 }
 
 impl VecMath for f32 {
     #[inline]
-    fn exp_sub_sum(xs: &mut [f32], m: f32) -> f32 {
-        exp_sub_sum_f32(xs, m)
+    fn exp_scaled_sum(xs: &mut [f32], m: f32, a: f32) -> f32 {
+        exp_scaled_sum_f32(xs, m, a)
     }
 }
 
 impl VecMath for f64 {
     #[inline]
-    fn exp_sub_sum(xs: &mut [f64], m: f64) -> f64 {
+    fn exp_scaled_sum(xs: &mut [f64], m: f64, a: f64) -> f64 {
         let mut sum = 0.0;
         for x in xs.iter_mut() {
-            *x = (*x - m).exp();
+            *x = (a * (*x - m)).exp();
             sum += *x;
         }
         sum
@@ -43,19 +46,19 @@ impl VecMath for f64 {
 const LANES: usize = 16;
 
 #[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
-fn exp_sub_sum_f32(xs: &mut [f32], m: f32) -> f32 {
+fn exp_scaled_sum_f32(xs: &mut [f32], m: f32, a: f32) -> f32 {
     let mut acc = [0.0f32; LANES];
     let mut chunks = xs.chunks_exact_mut(LANES);
     for c in &mut chunks {
         for i in 0..LANES {
-            let e = exp_f32(c[i] - m);
+            let e = exp_f32(a * (c[i] - m));
             c[i] = e;
             acc[i] += e;
         }
     }
     let mut tail = 0.0f32;
     for x in chunks.into_remainder() {
-        let e = exp_f32(*x - m);
+        let e = exp_f32(a * (*x - m));
         *x = e;
         tail += e;
     }
@@ -105,20 +108,20 @@ mod tests {
     }
 
     #[test]
-    fn exp_sub_sum_is_the_elementwise_exp_and_its_sum_for_every_length() {
+    fn exp_scaled_sum_is_the_elementwise_exp_and_its_sum_for_every_length() {
         for n in [0usize, 1, 15, 16, 17, 100] {
             let xs: Vec<f32> = (0..n).map(|i| -((i * 7 % 13) as f32) * 0.9).collect();
             let mut got = xs.clone();
-            let sum = f32::exp_sub_sum(&mut got, -0.5);
+            let sum = f32::exp_scaled_sum(&mut got, -0.5, 0.75);
             let mut want_sum = 0.0f64;
             for (g, x) in got.iter().zip(&xs) {
-                let w = ((*x + 0.5) as f64).exp();
+                let w = (0.75 * (*x as f64 + 0.5)).exp();
                 want_sum += w;
                 assert!(((*g as f64) - w).abs() <= 3e-7 * w, "{g} vs {w}");
             }
             assert!((sum as f64 - want_sum).abs() <= 1e-6 * want_sum.max(1.0), "{sum} vs {want_sum}");
             let mut g64: Vec<f64> = xs.iter().map(|&x| x as f64).collect();
-            let s64 = f64::exp_sub_sum(&mut g64, -0.5);
+            let s64 = f64::exp_scaled_sum(&mut g64, -0.5, 0.75);
             assert!((s64 - want_sum).abs() <= 1e-12 * want_sum.max(1.0));
         }
     }

@@ -5,9 +5,26 @@
 // Dynamic shared memory: q tile [BQ,Dk], accumulators [BQ,Dv], key tile [BK,Dk], value tile
 // [BK,Dv]. For every key tile: the tile's running maximum m', rescale (l, acc) by e^{m−m'},
 // add e^{score−m'}·v. Scores are masked before exponentiating.
+//
+// Overflow-free logits (the CPU's `Logits`): the dot product q·k is accumulated in double and
+// kept as the key u = sign(scale)·(q·k); maxima are over keys, and weights are
+// e^{|scale|·(u − max u)} ≤ 1, so neither a huge scale (1e308, passed as a double) nor f32 inputs
+// with q·k beyond 3.4e38 produce ∞ − ∞.
+__device__ inline double attn_weight(double abs_scale, double key, double max_key) {
+    return (abs_scale == 0.0 || key == max_key) ? 1.0 : exp(abs_scale * (key - max_key));
+}
+
+template <typename T>
+__device__ inline double attn_dot(const T* a, const T* b, int n) {
+    double s = 0.0;
+    for (int d = 0; d < n; ++d) s += (double)a[d] * (double)b[d];
+    return s;
+}
+
 template <typename T>
 __device__ void attn_fwd(const T* q, const T* k, const T* v, T* y, int B, int Tn, int H, int Dk, int Dv, int window,
-                         T scale, int BK) {
+                         double scale, int BK) {
+    const double asc = fabs(scale), sg = scale < 0.0 ? -1.0 : 1.0;
     extern __shared__ unsigned char smem_raw[];
     T* sm = reinterpret_cast<T*>(smem_raw);
     const int BQ = blockDim.x;
@@ -22,7 +39,8 @@ __device__ void attn_fwd(const T* q, const T* k, const T* v, T* y, int B, int Tn
         for (int d = 0; d < Dk; ++d) qs[i * Dk + d] = q[(((long long)b * Tn + t) * H + h) * Dk + d];
         for (int d = 0; d < Dv; ++d) acc[i * Dv + d] = (T)0;
     }
-    T m = Lim<T>::neg_inf(), l = (T)0;
+    double m = Lim<double>::neg_inf();
+    T l = (T)0;
     const int t_last = min(t0 + BQ, Tn) - 1;
     const int s_begin = window > 0 ? max(0, t0 - window + 1) : 0;
     for (int s0 = s_begin; s0 <= t_last; s0 += BK) {
@@ -40,21 +58,13 @@ __device__ void attn_fwd(const T* q, const T* k, const T* v, T* y, int B, int Tn
         const int lo = window > 0 ? max(s0, t - window + 1) : s0;
         const int hi = min(s0 + BK - 1, t);
         if (lo > hi) continue;
-        T mt = m;
-        for (int s = lo; s <= hi; ++s) {
-            const T* kr = ks + (s - s0) * Dk;
-            T sc = 0;
-            for (int d = 0; d < Dk; ++d) sc += qs[i * Dk + d] * kr[d];
-            mt = max(mt, sc * scale);
-        }
-        const T corr = mx_exp(m - mt);
+        double mt = m;
+        for (int s = lo; s <= hi; ++s) mt = fmax(mt, sg * attn_dot(qs + i * Dk, ks + (s - s0) * Dk, Dk));
+        const T corr = (T)attn_weight(asc, m, mt);
         l *= corr;
         for (int d = 0; d < Dv; ++d) acc[i * Dv + d] *= corr;
         for (int s = lo; s <= hi; ++s) {
-            const T* kr = ks + (s - s0) * Dk;
-            T sc = 0;
-            for (int d = 0; d < Dk; ++d) sc += qs[i * Dk + d] * kr[d];
-            const T p = mx_exp(sc * scale - mt);
+            const T p = (T)attn_weight(asc, sg * attn_dot(qs + i * Dk, ks + (s - s0) * Dk, Dk), mt);
             l += p;
             const T* vr = vs + (s - s0) * Dv;
             for (int d = 0; d < Dv; ++d) acc[i * Dv + d] += p * vr[d];
@@ -68,35 +78,32 @@ __device__ void attn_fwd(const T* q, const T* k, const T* v, T* y, int B, int Tn
 
 // Decode step over a device KV cache of n entries (ring buffer rows [cap, B, H, D]; the
 // order of entries does not matter to softmax). One block per (b, h); scratch [B·H, cap]
-// holds the scores, then the weights.
+// holds the weights (keys are recomputed in double for the second pass, so no score is ever
+// stored in T).
 template <typename T>
 __device__ void attn_step(const T* q, const T* kc, const T* vc, T* scratch, T* y, int B, int H, int Dk, int Dv,
-                          int cap, int n, T scale) {
-    __shared__ T red[256];
+                          int cap, int n, double scale) {
+    __shared__ double red[256];
+    const double asc = fabs(scale), sg = scale < 0.0 ? -1.0 : 1.0;
     const int bh = blockIdx.x, b = bh / H, h = bh % H, tid = threadIdx.x, nt = blockDim.x;
     const T* qr = q + ((long long)b * H + h) * Dk;
     T* sc = scratch + (long long)bh * cap;
-    T mloc = Lim<T>::neg_inf();
+    double mloc = Lim<double>::neg_inf();
     for (int j = tid; j < n; j += nt) {
-        const T* kr = kc + (((long long)j * B + b) * H + h) * Dk;
-        T s = 0;
-        for (int d = 0; d < Dk; ++d) s += qr[d] * kr[d];
-        s *= scale;
-        sc[j] = s;
-        mloc = max(mloc, s);
+        mloc = fmax(mloc, sg * attn_dot(qr, kc + (((long long)j * B + b) * H + h) * Dk, Dk));
     }
     red[tid] = mloc;
     __syncthreads();
     for (int w = nt / 2; w > 0; w >>= 1) {
-        if (tid < w) red[tid] = max(red[tid], red[tid + w]);
+        if (tid < w) red[tid] = fmax(red[tid], red[tid + w]);
         __syncthreads();
     }
-    const T mx = red[0];
+    const double mx = red[0];
     __syncthreads();
-    T lsum = 0;
+    double lsum = 0;
     for (int j = tid; j < n; j += nt) {
-        T p = mx_exp(sc[j] - mx);
-        sc[j] = p;
+        const double p = attn_weight(asc, sg * attn_dot(qr, kc + (((long long)j * B + b) * H + h) * Dk, Dk), mx);
+        sc[j] = (T)p;
         lsum += p;
     }
     red[tid] = lsum;
@@ -105,7 +112,7 @@ __device__ void attn_step(const T* q, const T* kc, const T* vc, T* scratch, T* y
         if (tid < w) red[tid] += red[tid + w];
         __syncthreads();
     }
-    const T tot = red[0];
+    const T tot = (T)red[0];
     for (int d = tid; d < Dv; d += nt) {
         T a = 0;
         for (int j = 0; j < n; ++j) a += sc[j] * vc[(((long long)j * B + b) * H + h) * Dv + d];
@@ -115,11 +122,11 @@ __device__ void attn_step(const T* q, const T* kc, const T* vc, T* scratch, T* y
 
 #define ATTN_EXPORT(T, S)                                                                                        \
     extern "C" __global__ void attn_fwd_##S(const T* q, const T* k, const T* v, T* y, int B, int Tn, int H,      \
-                                            int Dk, int Dv, int window, T scale, int BK) {                       \
+                                            int Dk, int Dv, int window, double scale, int BK) {                  \
         attn_fwd<T>(q, k, v, y, B, Tn, H, Dk, Dv, window, scale, BK);                                            \
     }                                                                                                            \
     extern "C" __global__ void attn_step_##S(const T* q, const T* kc, const T* vc, T* scratch, T* y, int B,      \
-                                             int H, int Dk, int Dv, int cap, int n, T scale) {                   \
+                                             int H, int Dk, int Dv, int cap, int n, double scale) {              \
         attn_step<T>(q, kc, vc, scratch, y, B, H, Dk, Dv, cap, n, scale);                                        \
     }
 

@@ -88,6 +88,8 @@ fn not_run(m: &dyn Mixer, backend: &Backend, form: Form) -> Error {
 
 /// The oracle: materialize in `f64` and solve.
 pub fn oracle(m: &dyn Mixer, inputs: &Tensors<f64>) -> Result<ArrayD<f64>> {
+    let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
+    mixer_core::memory::guard(m, Form::Materialized, &m.spec().bind(&shapes)?, mixer_core::DType::F64)?;
     let mat = m.materialize(inputs)?;
     let x = mixer_core::tensor::get(inputs, m.spec().mixed)?;
     oracle::solve(&mat, x)
@@ -101,6 +103,7 @@ pub fn decoder<F: Scalar>(
     dims: &Dims,
 ) -> Result<Box<dyn Decoder<F>>> {
     let imp = implementation::<F>(m, backend, Form::Recurrent)?;
+    mixer_core::memory::guard(m, Form::Recurrent, dims, F::DTYPE)?;
     let per_token = m.spec().per_token();
     let statics: Tensors<F> =
         inputs.iter().filter(|(k, _)| !per_token.contains(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -135,10 +138,13 @@ fn run_typed<F: Scalar>(
 /// The output `y` has the dtype of the inputs and the shape of the mixed input.
 pub fn run(m: &dyn Mixer, backend: &Backend, form: Form, inputs: &AnyTensors) -> Result<Tensor> {
     let dims = validate(m, inputs)?;
-    match inputs {
+    mixer_core::memory::guard(m, form, &dims, inputs.dtype())?;
+    let y = match inputs {
         AnyTensors::F64(t) => run_typed::<f64>(m, backend, form, t, &dims).map(Tensor::F64),
         AnyTensors::F32(t) => run_typed::<f32>(m, backend, form, t, &dims).map(Tensor::F32),
-    }
+    }?;
+    mixer_core::mixer::check_output(m, form, backend.name(), &y)?;
+    Ok(y)
 }
 
 /// Runs in a given scalar type from `f64` inputs (cast first); returns `f64`.

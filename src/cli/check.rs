@@ -1,6 +1,8 @@
 //! `mixers check`: every form on every backend against the f64 materialized oracle.
 
 use indicatif::{ProgressBar, ProgressStyle};
+use mixer_core::memory::{self, inputs_bytes};
+use mixer_core::mixer::fit_dims;
 use mixer_core::{Error, Result};
 use mixer_registry::harness::{CheckRow, Sizes, check};
 use mixer_registry::{Backend, MIXERS, mixer_entry};
@@ -25,6 +27,10 @@ pub struct Args {
     /// Batch size.
     #[arg(long, default_value_t = 2)]
     batch: usize,
+    /// Channels C of channel mixers (glr, toeplitz). Default: 6, rounded up to what each
+    /// config needs (a multiple of a Toeplitz mixer's `heads`).
+    #[arg(long)]
+    channels: Option<usize>,
     /// Random seed of the inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -62,11 +68,40 @@ pub(crate) fn cases(mixer: Option<&str>, config: Option<&str>) -> Result<Vec<(St
     Ok(out)
 }
 
+/// `sizes` with the channels a configured mixer needs (see [`fit_dims`]), unless the caller
+/// fixed them.
+pub(crate) fn sized_for(m: &dyn mixer_core::Mixer, sizes: &Sizes, fixed_channels: bool) -> Sizes {
+    if fixed_channels {
+        return sizes.clone();
+    }
+    let d = fit_dims(m, &sizes.dims());
+    Sizes { channels: d.get("C").copied().unwrap_or(sizes.channels), ..sizes.clone() }
+}
+
+/// Refuses sizes that would make a check vacuous (nothing to compare).
+pub(crate) fn check_sizes(sizes: &Sizes) -> Result<()> {
+    for (flag, v) in [("--batch", sizes.batch), ("--seq", sizes.seq), ("--channels", sizes.channels)] {
+        if v == 0 {
+            return Err(Error::Io(format!(
+                "{flag} must be ≥ 1, given 0: a check with no {} compares empty outputs and proves nothing",
+                match flag {
+                    "--batch" => "batch rows",
+                    "--seq" => "tokens",
+                    _ => "channels",
+                }
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Checks the cases on the backends with a progress bar; build errors become failed rows.
+/// Channels are sized from each config unless `fixed_channels`.
 pub(crate) fn check_cases(
     cases: &[(String, serde_json::Value)],
     backends: &[Backend],
     sizes: &Sizes,
+    fixed_channels: bool,
     seed: u64,
 ) -> Vec<CheckRow> {
     let pb = ProgressBar::new(cases.len() as u64);
@@ -74,24 +109,35 @@ pub(crate) fn check_cases(
         ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
+    let failed = |name: &str, cfg: &serde_json::Value, error: String| CheckRow {
+        mixer: name.to_string(),
+        config: cfg.to_string(),
+        backend: "-".into(),
+        form: mixer_core::Form::Materialized,
+        dtype: mixer_core::DType::F64,
+        seq: sizes.seq,
+        rel_rms: f64::INFINITY,
+        max_abs: f64::INFINITY,
+        pass: false,
+        error: Some(error),
+        millis: 0.0,
+    };
     let mut rows = Vec::new();
     for (name, cfg) in cases {
         pb.set_message(name.clone());
         match mixer_registry::mixer(name, cfg) {
-            Ok(m) => rows.extend(check(m.as_ref(), backends, sizes, seed)),
-            Err(e) => rows.push(CheckRow {
-                mixer: name.clone(),
-                config: cfg.to_string(),
-                backend: "-".into(),
-                form: mixer_core::Form::Materialized,
-                dtype: mixer_core::DType::F64,
-                seq: sizes.seq,
-                rel_rms: f64::INFINITY,
-                max_abs: f64::INFINITY,
-                pass: false,
-                error: Some(format!("build: {e}")),
-                millis: 0.0,
-            }),
+            Ok(m) => {
+                let s = sized_for(m.as_ref(), sizes, fixed_channels);
+                // The f64 inputs are drawn before any form runs: refuse them when they alone
+                // exceed the memory budget (each form's own memory is guarded where it runs).
+                let dims = fit_dims(m.as_ref(), &s.dims());
+                let bytes = inputs_bytes(&m.spec(), &dims, 8.0);
+                match memory::check(&format!("the inputs of `{name}` at T = {}", s.seq), bytes) {
+                    Ok(()) => rows.extend(check(m.as_ref(), backends, &s, seed)),
+                    Err(e) => rows.push(failed(name, cfg, format!("random inputs: {e}"))),
+                }
+            }
+            Err(e) => rows.push(failed(name, cfg, format!("build: {e}"))),
         }
         pb.inc(1);
     }
@@ -140,9 +186,12 @@ pub(crate) fn run(a: Args) -> Result<i32> {
         return Err(Error::Io("--config needs --mixer".into()));
     }
     let backends = backends(a.backend.as_deref())?;
-    let sizes = Sizes { seq: a.seq, batch: a.batch, ..Sizes::default() };
+    let defaults = Sizes::default();
+    let sizes =
+        Sizes { seq: a.seq, batch: a.batch, channels: a.channels.unwrap_or(defaults.channels), ..defaults };
+    check_sizes(&sizes)?;
     let cases = cases(a.mixer.as_deref(), a.config.as_deref())?;
-    let rows = check_cases(&cases, &backends, &sizes, a.seed);
+    let rows = check_cases(&cases, &backends, &sizes, a.channels.is_some(), a.seed);
     print!("{}", render(&rows));
     if let Some(p) = &a.json {
         let s = serde_json::to_string_pretty(&rows).map_err(|e| Error::Io(e.to_string()))?;

@@ -10,7 +10,8 @@ pub struct Args {
     /// Registered pattern name (`mixers list` shows them).
     #[arg(long)]
     pattern: String,
-    /// Sequence length T.
+    /// Sequence length T (≥ 1). Bounded: a T whose exact search would take more than
+    /// about 2·10⁹ steps or more memory than available is refused with the estimate.
     #[arg(long)]
     n: usize,
     /// Use the cache-efficient lattice instead of translation-invariant offsets.
@@ -33,6 +34,7 @@ pub fn compute(
 ) -> Result<PatternMetrics> {
     let e = mixer_registry::pattern(pattern)?;
     let p = Pattern::new(e.name, e.offset, order, cache_efficient)?;
+    mixer_core::metrics::check_cost(&p, n)?;
     p.check_lattice_invariant(n.min(100_000))?;
     pattern_metrics(&p, n)
 }

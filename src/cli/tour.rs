@@ -93,6 +93,13 @@ fn structure_table(n: usize) -> Vec<Vec<String>> {
 }
 
 pub(crate) fn run(a: Args) -> Result<i32> {
+    let sizes = Sizes { seq: a.seq, ..Sizes::default() };
+    super::check::check_sizes(&sizes)?;
+    if a.n == 0 {
+        return Err(mixer_core::Error::Io(
+            "--n must be ≥ 1, given 0: the structural table needs a sequence length".into(),
+        ));
+    }
     println!("# mixers tour\n");
     println!(
         "Every causal linear token mixer is Y = (I − B)⁻¹ A X. Each mixer below materializes its (A, B);"
@@ -115,9 +122,8 @@ pub(crate) fn run(a: Args) -> Result<i32> {
         backend.name(),
         a.seq
     );
-    let sizes = Sizes { seq: a.seq, ..Sizes::default() };
     let all = cases(None, None)?;
-    let rows = check_cases(&all, &[backend], &sizes, 0);
+    let rows = check_cases(&all, &[backend], &sizes, false, 0);
     print!(
         "{}",
         markdown(

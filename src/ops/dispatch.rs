@@ -37,7 +37,7 @@ fn into_rank<F, D: Dimension>(a: ArrayD<F>) -> Result<Array<F, D>> {
     let shape = a.shape().to_vec();
     a.into_dimensionality::<D>().map_err(|_| Error::Backend {
         backend: "ops".into(),
-        kernel: None,
+        family: None,
         message: format!(
             "the output has shape {}, expected rank {}",
             mixer_core::error::fmt_shape(&shape),

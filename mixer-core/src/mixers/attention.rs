@@ -47,6 +47,50 @@ impl Default for LocalConfig {
     }
 }
 
+/// Softmax weights that cannot overflow (MATH §1.3). A logit $z_s = \sigma\, q \cdot k_s$ is
+/// kept as the key $u_s = \operatorname{sign}(\sigma)\,(q \cdot k_s)$, with the dot product
+/// formed in `f64`, and the weight is
+/// $e^{z_s - \max_r z_r} = e^{|\sigma| (u_s - \max_r u_r)}$: the exponent is $\le 0$ for every
+/// finite $\sigma$ and finite keys, so neither a huge scale (`1e308`) nor huge `f32` queries
+/// and keys (`q·k ≈ 1e38`, finite in `f64`) produce ∞ − ∞ = NaN. Terms that underflow are
+/// exactly the ones whose weight is below the type's resolution.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Logits {
+    abs: f64,
+    sign: f64,
+}
+
+impl Logits {
+    /// For the score scale $\sigma$ (finite).
+    pub fn new(scale: f64) -> Self {
+        Logits { abs: scale.abs(), sign: if scale < 0.0 { -1.0 } else { 1.0 } }
+    }
+
+    /// The key $u = \operatorname{sign}(\sigma)\, d$ of a dot product $d = q_t \cdot k_s$, or an
+    /// error when $d$ is not finite even in `f64` (`f64` inputs near `1e154` and above).
+    pub fn key(&self, dot: f64, t: usize, s: usize) -> Result<f64> {
+        if dot.is_finite() {
+            return Ok(self.sign * dot);
+        }
+        Err(Error::Numerical(format!(
+            "attention: the dot product q_{t}·k_{s} = {dot} overflows f64; inputs this large have \
+             no finite logits (scale q and k down, or fold the factor into `scale`)"
+        )))
+    }
+
+    /// The unnormalized weight $e^{|\sigma|(u - m)}$ of key `u` under the running maximum key
+    /// `m ≥ u` (`m = −∞` before any key: weight 0, or 1 when $\sigma = 0$).
+    #[inline]
+    pub fn weight(&self, key: f64, max_key: f64) -> f64 {
+        if self.abs == 0.0 || key == max_key { 1.0 } else { (self.abs * (key - max_key)).exp() }
+    }
+}
+
+/// $q \cdot k$ accumulated in `f64` (finite for any finite `f32` operands).
+pub fn dot_f64<F: crate::Real>(q: impl IntoIterator<Item = F>, k: impl IntoIterator<Item = F>) -> f64 {
+    q.into_iter().zip(k).map(|(a, b)| a.f64() * b.f64()).sum()
+}
+
 /// A configured softmax attention.
 #[derive(Clone, Debug)]
 pub struct Attention {
@@ -105,6 +149,11 @@ impl Attention {
         self.config.scale.unwrap_or(if dk == 0 { 1.0 } else { 1.0 / (dk as f64).sqrt() })
     }
 
+    /// The overflow-free softmax for head dimension `dk` ([`Logits`]).
+    pub fn logits(&self, dk: usize) -> Logits {
+        Logits::new(self.scale(dk))
+    }
+
     /// First key position token `t` sees: $\max(0, t + 1 - w)$.
     pub fn first_key(&self, t: usize) -> usize {
         match self.config.window {
@@ -147,26 +196,31 @@ impl Mixer for Attention {
         let v = get(inputs, "v")?;
         let (bn, t_len, hn, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
         let dv = v.shape()[3];
-        let scale = self.scale(dk);
+        let lg = self.logits(dk);
         let mut m = Materialization::new(t_len);
         for b in 0..bn {
             for h in 0..hn {
                 let mut a = Array2::<f64>::zeros((t_len, t_len));
                 for t in 0..t_len {
                     let lo = self.first_key(t);
-                    let scores: Vec<f64> = (lo..=t)
-                        .map(|s| scale * (0..dk).map(|d| q[[b, t, h, d]] * k[[b, s, h, d]]).sum::<f64>())
-                        .collect();
-                    let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                    let den: f64 = scores.iter().map(|s| (s - mx).exp()).sum();
-                    for (i, s) in scores.iter().enumerate() {
-                        a[[t, lo + i]] = (s - mx).exp() / den;
+                    let keys: Vec<f64> = (lo..=t)
+                        .map(|s| {
+                            lg.key((0..dk).map(|d| q[[b, t, h, d]] * k[[b, s, h, d]]).sum::<f64>(), t, s)
+                        })
+                        .collect::<Result<_>>()?;
+                    let mx = keys.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let den: f64 = keys.iter().map(|&u| lg.weight(u, mx)).sum();
+                    for (i, &u) in keys.iter().enumerate() {
+                        a[[t, lo + i]] = lg.weight(u, mx) / den;
                     }
                 }
                 m.push(b, h * dv..(h + 1) * dv, Arc::new(a), None);
             }
         }
         Ok(m)
+    }
+    fn working_memory(&self, form: crate::Form, dims: &crate::Dims, elem: f64) -> f64 {
+        crate::memory::attention(form, dims, elem, self.window())
     }
     fn as_any(&self) -> &dyn Any {
         self

@@ -326,6 +326,14 @@ impl Mixer for Glr {
         }
         Ok(inp)
     }
+    fn working_memory(&self, form: crate::Form, dims: &crate::Dims, elem: f64) -> f64 {
+        crate::memory::glr(form, dims, elem, self.on().has_b())
+    }
+    fn overflow_hint(&self) -> Option<String> {
+        self.on().has_b().then(|| {
+            "the recurrence grows geometrically where Σ_k |beta[t,k]| > 1 (a divergent GLR)".to_string()
+        })
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }

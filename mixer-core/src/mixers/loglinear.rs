@@ -421,6 +421,9 @@ impl Mixer for LogLinear {
             .then(|| format!("the {form} form needs the Fenwick mask (the chunked and O(log T) recurrent algorithms use its structure)"))
     }
 
+    fn working_memory(&self, form: crate::Form, dims: &crate::Dims, elem: f64) -> f64 {
+        crate::memory::loglinear(form, dims, elem, self.base.has_beta(), self.chunk)
+    }
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

@@ -398,6 +398,9 @@ impl Mixer for Toeplitz {
         out.insert("bias".into(), bias);
         Ok(out)
     }
+    fn working_memory(&self, form: crate::Form, dims: &crate::Dims, elem: f64) -> f64 {
+        crate::memory::toeplitz(form, dims, elem, self.cfg.heads, self.cfg.kernel_width)
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }

@@ -1,10 +1,11 @@
 //! The recurrent form of attention: a KV cache. Token $t$ appends $(k_t, v_t)$ and attends
-//! over the cached keys $s \in [\max(0, t + 1 - w), t]$ with a (max-subtracted) softmax. The
+//! over the cached keys $s \in [\max(0, t + 1 - w), t]$ with a (max-subtracted) softmax whose keys and maximum are `f64`
+//! ([`Logits`]), so no finite input overflows. The
 //! cache is a ring of $\min(w, T)$ slots (all $T$ for full attention), so it holds
 //! $\min(t + 1, w)$ tokens × B × H × (Dk + Dv) scalars.
 
 use mixer_core::mixer::Decoder;
-use mixer_core::mixers::attention::Attention;
+use mixer_core::mixers::attention::{Attention, Logits, dot_f64};
 use mixer_core::tensor::contiguous;
 use mixer_core::{Dims, DimsExt, Error, Real, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
@@ -14,7 +15,7 @@ pub struct AttentionDecoder<F> {
     t_len: usize,
     dims: [usize; 4], // B, H, Dk, Dv
     cap: usize,
-    scale: F,
+    logits: Logits,
     keys: Vec<F>,   // [cap, B, H, Dk]
     values: Vec<F>, // [cap, B, H, Dv]
     pos: usize,
@@ -30,7 +31,7 @@ impl<F: Real> AttentionDecoder<F> {
             t_len,
             dims: [bn, hn, dk, dv],
             cap,
-            scale: F::of(a.scale(dk)),
+            logits: a.logits(dk),
             keys: vec![F::zero(); cap * bn * hn * dk],
             values: vec![F::zero(); cap * bn * hn * dv],
             pos: 0,
@@ -53,18 +54,18 @@ impl<F: Real> Decoder<F> for AttentionDecoder<F> {
         self.values[slot * nv..(slot + 1) * nv].copy_from_slice(&v);
         let first = (t + 1).saturating_sub(self.cap);
         let mut y = vec![F::zero(); nv];
-        let mut scores = vec![F::zero(); t + 1 - first];
+        let mut scores = vec![0.0f64; t + 1 - first];
         for bh in 0..bn * hn {
             let qv = &q[bh * dk..(bh + 1) * dk];
             for (i, s) in (first..=t).enumerate() {
                 let kv = &self.keys[(s % self.cap) * nk + bh * dk..][..dk];
-                scores[i] = qv.iter().zip(kv).map(|(&a, &b)| a * b).sum::<F>() * self.scale;
+                scores[i] = self.logits.key(dot_f64(qv.iter().copied(), kv.iter().copied()), t, s)?;
             }
-            let mx = scores.iter().copied().fold(F::neg_infinity(), F::max);
+            let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let mut den = F::zero();
             let out = &mut y[bh * dv..(bh + 1) * dv];
             for (i, s) in (first..=t).enumerate() {
-                let e = (scores[i] - mx).exp();
+                let e = F::of(self.logits.weight(scores[i], mx));
                 den += e;
                 let vv = &self.values[(s % self.cap) * nv + bh * dv..][..dv];
                 for (o, &x) in out.iter_mut().zip(vv) {

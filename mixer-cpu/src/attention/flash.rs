@@ -4,26 +4,34 @@
 //! For a block of queries `[i₀, i₁)` the key blocks `[j₀, j₁)` that intersect the visible
 //! range `[max(0, i₀ + 1 − w), i₁)` are visited in order (tiles wholly outside the causal
 //! triangle or the window are never touched). Per tile:
-//! `Sᵀ = K_j (σ Q_i)ᵀ` (one matmul; `σ` is folded into the queries once, before any product,
-//! so the scores never hold an unscaled `q·k`), then per query `t` (one contiguous column of
-//! `Sᵀ`): keys outside `[first(t), t]` are set to `−∞` — only on tiles that straddle the
-//! diagonal or the window's edge — and the running maximum `m`, denominator `ℓ` and output
-//! `o` are updated:
-//! `m' = max(m, maxₛ S_{t,s})`, `ℓ' = e^{m − m'} ℓ + Σₛ e^{S_{t,s} − m'}`,
-//! `o' = e^{m − m'} o + Σₛ e^{S_{t,s} − m'} vₛ` — the exponentials by the vectorised
-//! [`VecMath::exp_sub_sum`], the sum over `s` as one matmul `Oᵀ += V_jᵀ Pᵀ`. At the end
-//! `y_t = o / ℓ`. Memory per task is `O(B_q·B_k + B_q·D_v)`; tasks (batch × head × query
-//! block) run in parallel with rayon, each product sequential inside its task.
+//! `Uᵀ = K_j (sign(σ)·Q_i)ᵀ` (one matmul: the keys `u = sign(σ)·q·k` of
+//! [`Logits`](mixer_core::mixers::attention::Logits), unscaled), then per query `t` (one
+//! contiguous column of `Uᵀ`): keys outside `[first(t), t]` are set to `−∞` — only on tiles
+//! that straddle the diagonal or the window's edge — and the running maximum key `m`,
+//! denominator `ℓ` and output `o` are updated:
+//! `m' = max(m, maxₛ u_s)`, `ℓ' = e^{|σ|(m − m')} ℓ + Σₛ e^{|σ|(u_s − m')}`,
+//! `o' = e^{|σ|(m − m')} o + Σₛ e^{|σ|(u_s − m')} vₛ` — differences before products, so a
+//! huge `σ` or huge scores never overflow an intermediate; the exponentials by the vectorised
+//! [`VecMath::exp_scaled_sum`], the sum over `s` as one matmul `Oᵀ += V_jᵀ Pᵀ`. At the end
+//! `y_t = o / ℓ`.
+//!
+//! Exact fallback: a query block where some `q·k` overflowed in `F` (an `f32` dot product
+//! beyond 3.4e38), or a scale `σ` that is 0 or not representable in `F`, is computed by
+//! [`exact_block`] instead: keys formed again in `f64` where needed and weights in `f64`
+//! (slower, and only ever taken on such inputs).
+//!
+//! Memory per task is `O(B_q·B_k + B_q·D_v)`; tasks (batch × head × query block) run in
+//! parallel with rayon, each product sequential inside its task.
 
 use faer::linalg::matmul::matmul;
 use faer::prelude::{Reborrow, ReborrowMut};
 use faer::{Accum, Mat, MatRef, Par};
-use mixer_core::mixers::attention::Attention;
+use mixer_core::mixers::attention::{Attention, Logits};
 use mixer_core::{Result, Tensors};
-use ndarray::{Array4, ArrayD, s};
+use ndarray::{Array2, Array4, ArrayD, s};
 use rayon::prelude::*;
 
-use super::heads_major;
+use super::{heads_major, key};
 use crate::vmath::VecMath;
 
 /// Query block size.
@@ -33,25 +41,44 @@ pub const BLOCK_K: usize = 128;
 
 /// `y [B,T,H,Dv]` by streaming over key blocks.
 pub fn flash<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let (mut q, k, v) = (heads_major(inputs, "q")?, heads_major(inputs, "k")?, heads_major(inputs, "v")?);
+    let (q, k, v) = (heads_major(inputs, "q")?, heads_major(inputs, "k")?, heads_major(inputs, "v")?);
     let (bn, hn, tn, dk) = q.dim();
     let dv = v.dim().3;
-    let scale = F::of(a.scale(dk));
-    q.mapv_inplace(|x| x * scale);
-    let (qs, ks, vs) = (slice_of(&q), slice_of(&k), slice_of(&v));
+    let sigma = a.scale(dk);
+    let abs = F::of(sigma.abs());
+    let fast = sigma != 0.0 && abs.is_finite() && abs > F::zero();
+    // The keys u = sign(σ)·q·k: the sign goes into the queries (exact).
+    let qs_owned;
+    let qsigned = if sigma < 0.0 {
+        qs_owned = q.mapv(|x| -x);
+        &qs_owned
+    } else {
+        &q
+    };
+    let (qs, ks, vs) = (slice_of(qsigned), slice_of(&k), slice_of(&v));
     let tasks: Vec<(usize, usize, usize)> = (0..bn)
         .flat_map(|b| (0..hn).flat_map(move |h| (0..tn).step_by(BLOCK_Q).map(move |i0| (b, h, i0))))
         .collect();
     let head = |b: usize, h: usize, d: usize| (b * hn + h) * tn * d;
+    let lg = a.logits(dk);
     let outs: Vec<Mat<F>> = tasks
         .par_iter()
         .map(|&(b, h, i0)| {
             let i1 = (i0 + BLOCK_Q).min(tn);
-            let qb =
-                MatRef::from_row_major_slice(&qs[head(b, h, dk) + i0 * dk..][..(i1 - i0) * dk], i1 - i0, dk);
-            query_block(a, qb, i0, &ks[head(b, h, dk)..][..tn * dk], &vs[head(b, h, dv)..][..tn * dv], dk, dv)
+            if fast {
+                let qb = MatRef::from_row_major_slice(
+                    &qs[head(b, h, dk) + i0 * dk..][..(i1 - i0) * dk],
+                    i1 - i0,
+                    dk,
+                );
+                let (kh, vh) = (&ks[head(b, h, dk)..][..tn * dk], &vs[head(b, h, dv)..][..tn * dv]);
+                if let Some(ot) = query_block(a, qb, i0, kh, vh, dk, dv, abs) {
+                    return Ok(ot);
+                }
+            }
+            exact_block(a, &lg, (&q, &k, &v), (b, h, i0, i1))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let mut y = Array4::<F>::zeros((bn, tn, hn, dv));
     for (&(b, h, i0), ot) in tasks.iter().zip(&outs) {
         for r in 0..ot.ncols() {
@@ -69,8 +96,15 @@ fn slice_of<F: VecMath>(a: &Array4<F>) -> &[F] {
     a.as_slice().expect("heads_major returns a standard-layout array")
 }
 
-/// `Oᵀ [Dv, nq]` for the queries `qb` (pre-scaled, rows `i₀..i₀+nq`) of one head whose keys
-/// and values are the row-major `k [T, Dk]`, `v [T, Dv]`.
+/// Column `j` of a column-major `Mat` as a slice.
+fn col_slice<F: VecMath>(m: &mut Mat<F>, j: usize) -> &mut [F] {
+    m.as_mut().col_mut(j).try_as_col_major_mut().expect("a column of a Mat is contiguous").as_slice_mut()
+}
+
+/// `Oᵀ [Dv, nq]` for the queries `qb` (sign-adjusted, rows `i₀..i₀+nq`) of one head whose
+/// keys and values are the row-major `k [T, Dk]`, `v [T, Dv]`; `abs` is `|σ|`. `None` when
+/// a key is not finite in `F` (the caller then takes the exact path).
+#[allow(clippy::too_many_arguments)]
 fn query_block<F: VecMath>(
     a: &Attention,
     qb: MatRef<'_, F>,
@@ -79,7 +113,8 @@ fn query_block<F: VecMath>(
     v: &[F],
     dk: usize,
     dv: usize,
-) -> Mat<F> {
+    abs: F,
+) -> Option<Mat<F>> {
     let nq = qb.nrows();
     let i1 = i0 + nq;
     let mut m = vec![F::neg_infinity(); nq];
@@ -103,11 +138,17 @@ fn query_block<F: VecMath>(
                 col.fill(F::zero());
                 continue;
             }
+            let mut mx = m[r];
+            for &u in &col[lo - j0..hi - j0] {
+                if !u.is_finite() {
+                    return None;
+                }
+                mx = mx.max(u);
+            }
             col[..lo - j0].fill(F::neg_infinity());
             col[hi - j0..].fill(F::neg_infinity());
-            let mx = col[lo - j0..hi - j0].iter().copied().fold(m[r], F::max);
-            let corr = (m[r] - mx).exp();
-            let sum = F::exp_sub_sum(col, mx);
+            let corr = if m[r] == F::neg_infinity() { F::zero() } else { (abs * (m[r] - mx)).exp() };
+            let sum = F::exp_scaled_sum(col, mx, abs);
             l[r] = l[r] * corr + sum;
             m[r] = mx;
             if corr != F::one() {
@@ -121,10 +162,72 @@ fn query_block<F: VecMath>(
         let inv = F::one() / l[r];
         col_slice(&mut ot, r).iter_mut().for_each(|x| *x *= inv);
     }
-    ot
+    Some(ot)
 }
 
-/// Column `j` of a column-major `Mat` as a slice.
-fn col_slice<F: VecMath>(m: &mut Mat<F>, j: usize) -> &mut [F] {
-    m.as_mut().col_mut(j).try_as_col_major_mut().expect("a column of a Mat is contiguous").as_slice_mut()
+/// The exact path for the query rows `[i₀, i₁)` of batch row `b`, head `h` (inputs `[B,H,T,D]`,
+/// unscaled): keys through [`Logits`] (formed again in `f64` where `F` overflowed) and
+/// weights in `f64`. Returns `Oᵀ [Dv, nq]`, like the fast path.
+fn exact_block<F: VecMath>(
+    a: &Attention,
+    lg: &Logits,
+    (q, k, v): (&Array4<F>, &Array4<F>, &Array4<F>),
+    (b, h, i0, i1): (usize, usize, usize, usize),
+) -> Result<Mat<F>> {
+    const BK: usize = 64;
+    let nq = i1 - i0;
+    let dv = v.dim().3;
+    let qb = q.slice(s![b, h, i0..i1, ..]);
+    // Running maximum key (f64), denominator and accumulator per row.
+    let mut m = vec![f64::NEG_INFINITY; nq];
+    let mut l = vec![F::zero(); nq];
+    let mut o = Array2::<F>::zeros((nq, dv));
+    let mut keys = [0.0f64; BK];
+    let mut j0 = a.first_key(i0);
+    while j0 < i1 {
+        let j1 = (j0 + BK).min(i1);
+        let kb = k.slice(s![b, h, j0..j1, ..]);
+        let vb = v.slice(s![b, h, j0..j1, ..]);
+        let mut p = qb.dot(&kb.t());
+        for r in 0..nq {
+            let t = i0 + r;
+            let (slo, shi) = (a.first_key(t).max(j0), (t + 1).min(j1));
+            let mut row = p.row_mut(r);
+            if slo >= shi {
+                row.fill(F::zero());
+                continue;
+            }
+            let mut mx = m[r];
+            for s in slo..shi {
+                let u = key(lg, row[s - j0], qb.row(r), kb.row(s - j0), t, s)?;
+                keys[s - j0] = u;
+                mx = mx.max(u);
+            }
+            let corr = F::of(lg.weight(m[r], mx));
+            let mut sum = F::zero();
+            for c in 0..j1 - j0 {
+                let s = j0 + c;
+                row[c] = if s >= slo && s < shi {
+                    let e = F::of(lg.weight(keys[c], mx));
+                    sum += e;
+                    e
+                } else {
+                    F::zero()
+                };
+            }
+            l[r] = l[r] * corr + sum;
+            m[r] = mx;
+            o.row_mut(r).mapv_inplace(|x| x * corr);
+        }
+        o += &p.dot(&vb);
+        j0 = j1;
+    }
+    let mut ot = Mat::<F>::zeros(dv, nq);
+    for r in 0..nq {
+        let inv = F::one() / l[r];
+        for d in 0..dv {
+            ot[(d, r)] = o[[r, d]] * inv;
+        }
+    }
+    Ok(ot)
 }

@@ -11,11 +11,11 @@ pub mod decoder;
 pub mod flash;
 pub mod parallel;
 
-use mixer_core::mixers::attention::Attention;
+use mixer_core::mixers::attention::{Attention, Logits, dot_f64};
 use mixer_core::tensor::get;
 use mixer_core::{Error, Real, Result, Tensors};
 use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
-use ndarray::Array4;
+use ndarray::{Array4, ArrayView1};
 
 /// `a [B,T,H,D]` as a contiguous `[B,H,T,D]` array (one head's rows contiguous).
 pub(crate) fn heads_major<F: Real>(inputs: &Tensors<F>, name: &str) -> Result<Array4<F>> {
@@ -27,6 +27,24 @@ pub(crate) fn heads_major<F: Real>(inputs: &Tensors<F>, name: &str) -> Result<Ar
     let s = v.shape().to_vec();
     let data: Vec<F> = v.iter().copied().collect();
     Array4::from_shape_vec((s[0], s[1], s[2], s[3]), data).map_err(|e| Error::Numerical(e.to_string()))
+}
+
+/// The softmax key ([`Logits::key`]) of a score `dot` computed in `F` between query row
+/// `q` (token `t`) and key row `k` (token `s`): where `F` overflowed (an `f32` q·k beyond
+/// 3.4e38), the dot product is formed again in `f64`.
+pub(crate) fn key<F: Real>(
+    lg: &Logits,
+    dot: F,
+    q: ArrayView1<'_, F>,
+    k: ArrayView1<'_, F>,
+    t: usize,
+    s: usize,
+) -> Result<f64> {
+    let d = dot.f64();
+    if d.is_finite() {
+        return lg.key(d, t, s);
+    }
+    lg.key(dot_f64(q.iter().copied(), k.iter().copied()), t, s)
 }
 
 /// Softmax attention on CPU.

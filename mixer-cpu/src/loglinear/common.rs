@@ -69,10 +69,15 @@ impl<'a, F: Real> Flat4<'a, F> {
         Ok(Flat4 { data, shape })
     }
     /// `x[b, :, h, :]` as a `T×D` view with row stride `H·D`.
+    /// With `T = 0` or `D = 0` the view is empty and no offset into the data is formed
+    /// (the start of head `h` would lie beyond an empty buffer).
     fn head(&self, b: usize, h: usize) -> MatRef<'a, F> {
         let [_, t, nh, d] = self.shape;
+        if t == 0 || d == 0 {
+            return MatRef::from_row_major_slice(&self.data[..0], t, d);
+        }
         let start = (b * t * nh + h) * d;
-        let len = if t == 0 { 0 } else { (t - 1) * nh * d + d };
+        let len = (t - 1) * nh * d + d;
         MatRef::from_row_major_slice_with_stride(&self.data[start..start + len], t, d, nh * d)
     }
 }

@@ -82,6 +82,12 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
             }
             None => None,
         };
+        if dv == 0 {
+            // No value channels: every state is empty and `y_t` has no entries (and rows of
+            // width 0 cannot be iterated below).
+            self.pos += 1;
+            return Ok(ArrayD::zeros(IxDyn(&[nb, nh, 0])));
+        }
         let lifted = lam.is_some();
         let scale = F::of(self.m.scale);
         let mut y = vec![F::zero(); nb * nh * dv];

@@ -113,3 +113,50 @@ fn errors() {
         assert!(c.pass, "T = 1 returns v: {c:?}");
     }
 }
+
+/// Issue 14: f32 queries and keys near 1e19 (q·k ≈ 1e38·Dk overflows f32) and a scale of
+/// 1e308 used to give NaN in the fast, parallel and recurrent forms. Every form must now
+/// agree with the materialized oracle and be finite.
+#[test]
+fn huge_logits_do_not_overflow() {
+    let t_len = 13;
+    let (bn, hn, dk, dv) = (2, 2, 3, 2);
+    let shape = |d: usize| ndarray::IxDyn(&[bn, t_len, hn, d]);
+    // Multiples of 1/8 times a power of two: exact in f32, so the f32 forms see the same
+    // inputs (and the same ties between dot products) as the f64 oracle.
+    let val = |i: &ndarray::IxDyn, salt: usize| {
+        let h = (i[0] * 31 + i[1] * 17 + i[2] * 7 + i[3] * 3 + salt * 11) % 13;
+        h as f64 / 8.0 - 0.75
+    };
+    // ≈ 9.2e18: each term of q·k is near 1e38, and f32 attention used to overflow.
+    let big = 2f64.powi(63);
+    for (cfg, mag) in
+        [(json!({}), big), (json!({"scale": 1e308}), 1.0), (json!({"window": 4, "scale": -1e300}), 4.0)]
+    {
+        let m = mixer("attention", &cfg).unwrap();
+        let mut x = mixer_core::Tensors::<f64>::new();
+        x.insert("q".into(), ArrayD::from_shape_fn(shape(dk), |i| mag * val(&i, 1)));
+        x.insert("k".into(), ArrayD::from_shape_fn(shape(dk), |i| mag * val(&i, 2)));
+        x.insert("v".into(), ArrayD::from_shape_fn(shape(dv), |i| val(&i, 3)));
+        let want = mixer_registry::run::oracle(m.as_ref(), &x).unwrap();
+        assert!(want.iter().all(|y| y.is_finite()));
+        for form in [Form::Parallel, Form::Fast, Form::Recurrent] {
+            for dtype in [mixer_core::DType::F32, mixer_core::DType::F64] {
+                let y = mixer_registry::run::run_as(m.as_ref(), &crate::cpu(), form, &x, dtype)
+                    .unwrap_or_else(|e| panic!("{cfg} {form} {dtype:?}: {e}"));
+                let c = Tolerance::for_dtype(dtype.name()).compare(y.view(), want.view());
+                assert!(c.pass, "{cfg} {form} {dtype:?}: {c:?}");
+            }
+        }
+    }
+    // f64 inputs whose dot products overflow even f64 have no finite logits: a clear error.
+    let m = mixer("attention", &json!({})).unwrap();
+    let mut x = mixer_core::Tensors::<f64>::new();
+    x.insert("q".into(), ArrayD::from_elem(shape(dk), 1e200));
+    x.insert("k".into(), ArrayD::from_elem(shape(dk), 1e200));
+    x.insert("v".into(), ArrayD::from_elem(shape(dv), 1.0));
+    for form in [Form::Materialized, Form::Parallel, Form::Fast, Form::Recurrent] {
+        let e = run(m.as_ref(), &crate::cpu(), form, &AnyTensors::F64(x.clone())).unwrap_err().to_string();
+        assert!(e.contains("overflows f64") && e.contains("q_0·k_0"), "{form}: {e}");
+    }
+}

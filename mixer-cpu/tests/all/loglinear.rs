@@ -439,3 +439,23 @@ fn plugin_masks_work_in_parallel_form() {
         assert!(!c.pass);
     }
 }
+
+/// Issue 14: T = 0 with H ≥ 2 used to panic in the fast and parallel forms (a head's start
+/// offset was formed into an empty buffer), and Dv = 0 in the recurrent form
+/// (`chunks_exact_mut(0)`). Both are valid sizes with an empty output.
+#[test]
+fn empty_sequences_and_empty_values() {
+    for name in all_six() {
+        let m = mixer(name, &json!({})).unwrap();
+        for (t, dv) in [(0usize, 3usize), (5, 0), (0, 0), (1, 0)] {
+            let s = Sizes { batch: 1, seq: t, channels: 1, heads: 3, dk: 4, dv };
+            let d = dims(m.as_ref(), &s);
+            let x = m.random_inputs(&d, 3).unwrap();
+            for form in [Form::Materialized, Form::Parallel, Form::Fast, Form::Recurrent] {
+                let y = run(m.as_ref(), &crate::cpu(), form, &AnyTensors::F64(x.clone()))
+                    .unwrap_or_else(|e| panic!("{name} T={t} Dv={dv} {form}: {e}"));
+                assert_eq!(y.shape(), &[1, t, 3, dv], "{name} {form}");
+            }
+        }
+    }
+}

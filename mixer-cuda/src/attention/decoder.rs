@@ -26,7 +26,8 @@ pub struct AttentionDecoder<F: GpuReal> {
     cap: usize,
     tmax: usize,
     t: usize,
-    scale: F,
+    /// The score scale, passed to the kernel as a double (overflow-free logits).
+    scale: f64,
 }
 
 impl<F: GpuReal> AttentionDecoder<F> {
@@ -48,7 +49,7 @@ impl<F: GpuReal> AttentionDecoder<F> {
             cap,
             tmax,
             t: 0,
-            scale: F::of(a.scale(dk)),
+            scale: a.scale(dk),
         })
     }
 

@@ -56,7 +56,8 @@ pub fn run<F: GpuReal>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> 
         int(FAMILY, "Dv", dv)?,
     );
     let w = window_arg(a, t);
-    let scale = F::of(a.scale(dk));
+    // Passed as a double: the kernel forms overflow-free logits from it (see attention.cu).
+    let scale: f64 = a.scale(dk);
     let bk = bq as i32;
     launch!(g, FAMILY, f, cfg; &dq, &dkk, &dvv, &mut y, &bi, &ti, &hi, &dki, &dvi, &w, &scale, &bk)?;
     g.sync(FAMILY)?;

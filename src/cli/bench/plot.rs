@@ -11,7 +11,8 @@ use plotters::coord::{CoordTranslate, Shift};
 use plotters::prelude::*;
 use plotters::style::FontStyle;
 
-use super::{Report, Status};
+use super::format::sig3;
+use super::model::{Report, Status};
 
 const COLORS: [RGBColor; 10] = [
     RGBColor(31, 119, 180),
@@ -146,7 +147,7 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, r: &Report) -> std::re
         .y_desc("median wall time (ms)")
         .x_labels(ticks)
         .x_label_formatter(&|x| if (x - x.round()).abs() < 1e-6 { tokens(*x) } else { String::new() })
-        .y_label_formatter(&|y| super::report::sig3(*y))
+        .y_label_formatter(&|y| sig3(*y))
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 17))
         .draw()

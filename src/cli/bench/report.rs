@@ -6,38 +6,9 @@ use std::path::{Path, PathBuf};
 use mixer_core::{Error, Result};
 
 use super::alloc::human;
-use super::{Report, Status};
+use super::format::{si, sig3};
+use super::model::{Report, Status};
 use crate::cli::table::markdown;
-
-/// Three significant digits, no exponent for everyday magnitudes (`0.0123`, `1.23`, `123`).
-pub fn sig3(x: f64) -> String {
-    if !x.is_finite() {
-        return "∞".into();
-    }
-    if x == 0.0 {
-        return "0".into();
-    }
-    let mag = x.abs().log10().floor() as i32;
-    if !(-4..6).contains(&mag) {
-        return format!("{x:.2e}");
-    }
-    let decimals = (2 - mag).max(0) as usize;
-    format!("{x:.decimals$}")
-}
-
-/// Large counts with an SI suffix (`12.3k`, `4.56M`).
-pub fn si(x: f64) -> String {
-    let (v, s) = if x >= 1e9 {
-        (x / 1e9, "G")
-    } else if x >= 1e6 {
-        (x / 1e6, "M")
-    } else if x >= 1e3 {
-        (x / 1e3, "k")
-    } else {
-        (x, "")
-    };
-    format!("{}{s}", sig3(v))
-}
 
 /// The fits table.
 pub fn fits_table(r: &Report) -> String {
@@ -147,8 +118,10 @@ pub fn method(r: &Report) -> String {
          - backends: {}; {} logical CPUs, {} rayon threads; mixers {}\n\
          - timing: {}; median and min–max over up to {} timed runs or {} s per point\n\
          - memory: {}\n\
-         - guards: materialized only up to T = {}; a series stops growing T after a point over {} s, \
-         and the larger T are listed as skipped (nothing is extrapolated)\n\
+         - guards: materialized only up to T = {}; a series stops growing T after a point over {} s, or \
+         before a point whose time, predicted from the series' measured points, is over it; points whose \
+         estimated memory exceeds the budget (MIXERS_MAX_MEMORY, else available memory) are skipped with \
+         the estimate (nothing is extrapolated into the results)\n\
          - whole bench: {:.0} s\n",
         m.batch,
         m.heads,
@@ -195,32 +168,24 @@ fn io(p: &Path, e: impl std::fmt::Display) -> Error {
     Error::Io(format!("cannot write {}: {e}", p.display()))
 }
 
-/// Writes `bench.md`, `bench.json`, `bench.png` and `bench.svg` into `dir` (created if
-/// needed); returns their paths.
-pub fn write_outputs(r: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
+/// Writes `bench.md` and `bench.json` into `dir` (created if needed); returns their paths.
+pub fn write_tables(r: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let md = dir.join("bench.md");
     std::fs::write(&md, render_markdown(r)).map_err(|e| io(&md, e))?;
     let json = dir.join("bench.json");
     let text = serde_json::to_string_pretty(r).map_err(|e| io(&json, e))?;
     std::fs::write(&json, text).map_err(|e| io(&json, e))?;
+    Ok(vec![md, json])
+}
+
+/// Writes `bench.md`, `bench.json`, `bench.png` and `bench.svg` into `dir` (created if
+/// needed); returns their paths.
+pub fn write_outputs(r: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = write_tables(r, dir)?;
     let png = dir.join("bench.png");
     let svg = dir.join("bench.svg");
     super::plot::plot(r, &png, &svg)?;
-    Ok(vec![md, json, png, svg])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn number_formats() {
-        assert_eq!(sig3(1.23456), "1.23");
-        assert_eq!(sig3(123.456), "123");
-        assert_eq!(sig3(0.0123456), "0.0123");
-        assert_eq!(sig3(1234.6), "1235");
-        assert_eq!(si(1.5e6), "1.50M");
-        assert_eq!(si(999.0), "999");
-    }
+    files.extend([png, svg]);
+    Ok(files)
 }
