@@ -1,4 +1,4 @@
-//! GLR scaling benchmark (MATH.md §1.2, §1.3): per-token cost of the fast form against T, the
+//! GLR scaling benchmark (docs/math.md §1.2, §1.3): per-token cost of the fast form against T, the
 //! fast/materialized and fast/recurrent ratios at T = 2048, and attention's streaming (flash)
 //! form against its parallel form.
 //!

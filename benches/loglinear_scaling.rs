@@ -1,4 +1,4 @@
-//! Scaling of the log-linear family on the CPU (MATH.md §2.6, §2.5): the chunked `fast`
+//! Scaling of the log-linear family on the CPU (docs/math.md §2.6, §2.5): the chunked `fast`
 //! form against the quadratic `parallel` form across T (H = 4, Dk = Dv = 64, batch 1,
 //! chunk 64, f64), with the crossover length and fitted exponents, then the decoder's
 //! latency per token and cache at T = 1k, 16k and 64k.

@@ -1,4 +1,4 @@
-//! Toeplitz mixer scaling on CPU (MATH.md §3).
+//! Toeplitz mixer scaling on CPU (docs/math.md §3).
 //!
 //! 1. Prefill: `fast` (real FFT, `O(T log T)`) against `parallel` (direct, `O(T²)`) across T;
 //!    direct stops once one run exceeds its budget (nothing is extrapolated). Reports the

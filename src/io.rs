@@ -1,4 +1,4 @@
-//! `.npz` input/output with the names of MATH.md; `f32` and `f64` arrays.
+//! `.npz` input/output with the names of docs/math.md; `f32` and `f64` arrays.
 
 use std::collections::BTreeMap;
 use std::fs::File;

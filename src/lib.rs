@@ -5,7 +5,7 @@
 //! as one checked, pluggable library on CPU and CUDA, chosen at run time.
 //!
 //! Every mixer is `Y = (I − B)⁻¹ A X`; each can materialize `(A, B)`, and a dense `f64` oracle
-//! checks every fast form, backend and plugin. See `MATH.md` for the math and input names.
+//! checks every fast form, backend and plugin. See `docs/math.md` in the repository for the math and input names.
 //!
 //! ```no_run
 //! use mixers::prelude::*;
@@ -15,6 +15,11 @@
 //! let inputs = m.random_inputs(&sizes.dims(), 0).unwrap();
 //! let y = mixers::registry::run::run(m.as_ref(), backend.name(), Form::Fast, &AnyTensors::F64(inputs)).unwrap();
 //! ```
+
+/// The README's code blocks, compiled and run by `cargo test --doc` (not shown in the docs).
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
 
 pub mod cli;
 pub mod io;

@@ -1,4 +1,4 @@
-//! Fenwick levels (MATH §2.2 "Fenwick levels", §2.6 "Chunked form").
+//! Fenwick levels (docs/math.md §2.2 "Fenwick levels", §2.6 "Chunked form").
 //!
 //! Token `t` sees token `s ≤ t` at level $\ell(t,s)$: $\ell(t,t) = 0$ and, for $s < t$,
 //! $\ell(t,s) = \operatorname{bitlen}(t \oplus s) = \lfloor \log_2 (t \oplus s) \rfloor + 1$.
@@ -12,7 +12,7 @@ fn bitlen(x: usize) -> usize {
     (usize::BITS - x.leading_zeros()) as usize
 }
 
-/// Fenwick level $\ell(t,s)$ of MATH §2.2: $0$ when $s = t$, otherwise
+/// Fenwick level $\ell(t,s)$ of docs/math.md §2.2: $0$ when $s = t$, otherwise
 /// $\operatorname{bitlen}(t \oplus s)$.
 ///
 /// The definition is for $s \le t$; the formula is symmetric, so for $s > t$ this returns
@@ -21,13 +21,13 @@ pub fn level(t: usize, s: usize) -> usize {
     bitlen(t ^ s)
 }
 
-/// Number of levels needed for sequences of length $T$ (MATH §2.2):
+/// Number of levels needed for sequences of length $T$ (docs/math.md §2.2):
 /// $L(T) = \operatorname{bitlen}(T-1) + 1$, with $L(1) = 1$ and, by convention, $L(0) = 1$.
 pub fn num_levels(t_len: usize) -> usize {
     bitlen(t_len.saturating_sub(1)) + 1
 }
 
-/// The bucket of token `t` at level `l` (MATH §2.2): the positions $s \le t$ with $\ell(t,s) = l$.
+/// The bucket of token `t` at level `l` (docs/math.md §2.2): the positions $s \le t$ with $\ell(t,s) = l$.
 ///
 /// Level $0$ is $\{t\}$. Level $\ell \ge 1$ is non-empty iff bit $\ell-1$ of $t$ is $1$, and then is
 /// $\big[(t \gg \ell) \ll \ell,\ ((t \gg \ell) \ll \ell) + 2^{\ell-1}\big)$; otherwise `None`.
@@ -47,7 +47,7 @@ pub fn bucket(t: usize, l: usize) -> Option<Range<usize>> {
     Some(base..base + (1usize << bit))
 }
 
-/// Level between tokens in different chunks of the chunked form (MATH §2.6): with chunk size
+/// Level between tokens in different chunks of the chunked form (docs/math.md §2.6): with chunk size
 /// $C = 2^c$, chunk indices $i = \lfloor t/C \rfloor \ne j = \lfloor s/C \rfloor$ give
 /// $\ell(t,s) = c + \operatorname{bitlen}(i \oplus j)$.
 ///

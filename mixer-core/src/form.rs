@@ -1,4 +1,4 @@
-//! Computational forms of a mixer (DESIGN.md, "Forms").
+//! Computational forms of a mixer (docs/math.md §4, "Forms").
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

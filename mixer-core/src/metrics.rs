@@ -1,4 +1,4 @@
-//! Structural metrics of communication graphs (MATH §1.4 "Structural metrics").
+//! Structural metrics of communication graphs (docs/math.md §1.4 "Structural metrics").
 //!
 //! The communication graph has an edge $s \to t$ when $B_{t,s} \ne 0$ (the recurrence reads
 //! $y_s$), which chains, plus edges for $A_{t,s} \ne 0$ (one-hop direct influence of $x_s$ on
@@ -32,7 +32,7 @@ pub const SAMPLED_SHIFTS: usize = 128;
 
 const INF: u32 = u32::MAX;
 
-/// Shortest-path statistics (MATH §1.4): over pairs $s < t < T$ for graphs, over shifts
+/// Shortest-path statistics (docs/math.md §1.4): over pairs $s < t < T$ for graphs, over shifts
 /// $\Delta \in [1, T)$ for translation-invariant patterns.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PathStats {
@@ -63,7 +63,7 @@ impl PathStats {
     }
 }
 
-/// Congestion of the copy routing with shift $\Delta$ (token $s$ must reach $s + \Delta$), MATH
+/// Congestion of the copy routing with shift $\Delta$ (token $s$ must reach $s + \Delta$), docs/math.md
 /// §1.4: the maximum over nodes of the number of routed paths that leave through the node,
 /// worst case over shifts.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,7 +79,7 @@ pub struct Congestion {
     pub exact_over_all_shifts: bool,
 }
 
-/// All structural metrics of a pattern at length $T$ (MATH §1.4).
+/// All structural metrics of a pattern at length $T$ (docs/math.md §1.4).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PatternMetrics {
     /// The sequence length $T$.
@@ -165,7 +165,7 @@ fn shift_distances_raw(offsets: &[usize], t_len: usize) -> Vec<u32> {
     dist
 }
 
-/// A causal communication graph on tokens $0..T$ (MATH §1.4): chaining edges $p \to t$
+/// A causal communication graph on tokens $0..T$ (docs/math.md §1.4): chaining edges $p \to t$
 /// (recurrence, $B_{t,p} \ne 0$, $p < t$) and first-hop-only edges (direct influence,
 /// $A_{t,p} \ne 0$, $p < t$).
 #[derive(Clone, Debug)]
@@ -241,7 +241,7 @@ impl CommGraph {
         Ok(Self { n, b_start, b_succ, a_start: vec![0; n + 1], a_succ: Vec::new() })
     }
 
-    /// Graph from a materialized sparsity (MATH §1.4): first-hop edge $s \to t$ when
+    /// Graph from a materialized sparsity (docs/math.md §1.4): first-hop edge $s \to t$ when
     /// $A_{t,s} \ne 0$, chaining edge $s \to t$ when $B_{t,s} \ne 0$, for $s < t$ (entries with
     /// $s \ge t$ are ignored; NaN counts as non-zero). `a` must be square $[T, T]$ and `b`, when
     /// given, the same shape.
@@ -291,7 +291,7 @@ impl CommGraph {
         self.analyze(&path_sources(self.n), &[]).0
     }
 
-    /// Congestion of the copy routings (MATH §1.4) as an upper bound: every $s \to s+\Delta$ is
+    /// Congestion of the copy routings (docs/math.md §1.4) as an upper bound: every $s \to s+\Delta$ is
     /// routed along a BFS shortest path, and the worst node count is taken, worst over shifts
     /// ($\Delta \in [1, T)$ when $T \le$ [`ALL_SHIFTS_MAX_T`], sampled above). Unreachable pairs
     /// are not routed. $O(T \cdot E)$.
@@ -440,7 +440,7 @@ fn path_sources(n: usize) -> Vec<usize> {
     v
 }
 
-/// Structural metrics of a pattern at length $T \ge 1$ (MATH §1.4).
+/// Structural metrics of a pattern at length $T \ge 1$ (docs/math.md §1.4).
 ///
 /// - Translation-invariant: $d(s,t) = d(t-s)$ from [`shift_distances`]; `paths` is over shifts
 ///   $\Delta \in [1, T)$ (exact). Congestion is $\max_\Delta d(\Delta)$: translating one shortest

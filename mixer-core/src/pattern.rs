@@ -1,4 +1,4 @@
-//! Offset patterns of the generalized linear recurrence (MATH §1.1 "Offset patterns").
+//! Offset patterns of the generalized linear recurrence (docs/math.md §1.1 "Offset patterns").
 //!
 //! A pattern is a strictly increasing $f : \mathbb{N} \to \mathbb{N}_{>0}$. Token $t$ reads
 //! slot $k$ when $f(k) \le t$, at position $d_k(t)$:
@@ -21,23 +21,23 @@ pub type OffsetFn = fn(usize) -> u64;
 /// Number of leading terms of $f$ checked for strict increase by [`Pattern::new`].
 const CHECKED_TERMS: usize = 64;
 
-/// `pow2`: $f(k) = 2^k$ (saturating at `u64::MAX`). MATH §1.1.
+/// `pow2`: $f(k) = 2^k$ (saturating at `u64::MAX`). docs/math.md §1.1.
 pub fn pow2(k: usize) -> u64 {
     u32::try_from(k).ok().and_then(|k| 1u64.checked_shl(k)).unwrap_or(u64::MAX)
 }
 
-/// `sq1`: $f(k) = k^2 + 1$ (saturating at `u64::MAX`). MATH §1.1.
+/// `sq1`: $f(k) = k^2 + 1$ (saturating at `u64::MAX`). docs/math.md §1.1.
 pub fn sq1(k: usize) -> u64 {
     (k as u64).saturating_mul(k as u64).saturating_add(1)
 }
 
 /// `linear`: $f(k) = k + 1$ (saturating at `u64::MAX`). With `order` $= 1$ it is the diagonal SSM,
-/// with `order` $= k$ a $k$-th order recurrence, untruncated the dense recurrence. MATH §1.1.
+/// with `order` $= k$ a $k$-th order recurrence, untruncated the dense recurrence. docs/math.md §1.1.
 pub fn linear(k: usize) -> u64 {
     (k as u64).saturating_add(1)
 }
 
-/// An offset pattern (MATH §1.1): an offset function $f$, an optional truncation to the first
+/// An offset pattern (docs/math.md §1.1): an offset function $f$, an optional truncation to the first
 /// `order` slots, and the choice between translation-invariant and cache-efficient positions.
 #[derive(Clone, Debug)]
 pub struct Pattern {
@@ -48,7 +48,7 @@ pub struct Pattern {
 }
 
 impl Pattern {
-    /// Builds a pattern after checking MATH §1.1's requirements:
+    /// Builds a pattern after checking docs/math.md §1.1's requirements:
     /// `order` $\ne 0$; $f(0) \ge 1$; $f(0) = 1$ when `cache_efficient` (the lattice needs it);
     /// $f(k) < f(k+1)$ for the first 64 terms (or until $f$ saturates at `u64::MAX`).
     pub fn new(name: &str, f: OffsetFn, order: Option<usize>, cache_efficient: bool) -> Result<Self> {
@@ -99,7 +99,7 @@ impl Pattern {
     }
 
     /// Whether positions are the cache-efficient lattice $d_k(t) = a_k\lceil (t+1-f(k))/a_k\rceil - 1$
-    /// rather than the translation-invariant $d_k(t) = t - f(k)$ (MATH §1.1).
+    /// rather than the translation-invariant $d_k(t) = t - f(k)$ (docs/math.md §1.1).
     pub fn cache_efficient(&self) -> bool {
         self.cache_efficient
     }
@@ -131,7 +131,7 @@ impl Pattern {
         k
     }
 
-    /// Number of dependency slots for length $T$ (MATH §1.1):
+    /// Number of dependency slots for length $T$ (docs/math.md §1.1):
     /// $K(T) = \#\{k : f(k) \le T - 1\}$, capped by `order`. $K(0) = 0$.
     pub fn slots(&self, t_len: usize) -> usize {
         match t_len.checked_sub(1) {
@@ -145,7 +145,7 @@ impl Pattern {
         (0..self.slots(t_len)).map(self.f).collect()
     }
 
-    /// The strides $a_0, \dots, a_{n-1}$ of the cache-efficient lattice (MATH §1.1):
+    /// The strides $a_0, \dots, a_{n-1}$ of the cache-efficient lattice (docs/math.md §1.1):
     /// $a_0 = 1$, $a_{k+1} = a_k \lceil (f(k+1) - f(k)) / a_k \rceil$ (pow2: $1,1,2,4,8,\dots$; sq1:
     /// $1,1,3,6,12,12,12,24,\dots$). Saturates at `u64::MAX` once $f$ does. Defined (and
     /// returned) whether or not the pattern is cache-efficient.
@@ -184,7 +184,7 @@ impl Pattern {
         usize::try_from(p).unwrap_or(usize::MAX)
     }
 
-    /// Position $d_k(t)$ read by token $t$ in slot $k$ (MATH §1.1), or `None` when slot $k$ is
+    /// Position $d_k(t)$ read by token $t$ in slot $k$ (docs/math.md §1.1), or `None` when slot $k$ is
     /// truncated away ($k \ge$ `order`) or inactive ($f(k) > t$).
     /// Translation-invariant: $t - f(k)$; cache-efficient: $a_k \lceil (t+1-f(k))/a_k \rceil - 1$.
     /// Costs $O(k)$ for cache-efficient patterns (the strides); use [`Pattern::deps`] for all slots.
@@ -223,7 +223,7 @@ impl Pattern {
             .collect()
     }
 
-    /// Checks MATH §1.1's lattice invariant for every $t <$ `t_len`: $P_t \subseteq [0, t-1]$ and,
+    /// Checks docs/math.md §1.1's lattice invariant for every $t <$ `t_len`: $P_t \subseteq [0, t-1]$ and,
     /// for cache-efficient patterns, $P_t \subseteq P_{t-1} \cup \{t-1\}$ (so a decoder's cache
     /// after token $t-1$ is exactly $P_t$). Translation-invariant patterns only need
     /// $P_t \subseteq [0, t-1]$. The error names the token and the offending position.
@@ -241,7 +241,7 @@ impl Pattern {
         check_positions(&self.name, t_len, positions, self.cache_efficient)
     }
 
-    /// Positions a decoder must keep for length $T$ (MATH §1.1).
+    /// Positions a decoder must keep for length $T$ (docs/math.md §1.1).
     /// Cache-efficient: $\max_{t < T} |P_t|$ (distinct positions; $\le \log_2 T + 1$ for pow2).
     /// Translation-invariant: the largest active offset $f(K(T)-1)$ (a window of the last
     /// $f(K-1)$ outputs), $0$ when $K(T) = 0$.

@@ -4,7 +4,7 @@ use mixer_core::mixer::{Decoder, Mixer};
 use mixer_core::{Dims, Form, Result, Tensors};
 use ndarray::ArrayD;
 
-/// An offset pattern `f(k)` (MATH.md §1.1): strictly increasing, `f(k) ≥ 1`; `f(0) = 1` if
+/// An offset pattern `f(k)` (docs/math.md §1.1): strictly increasing, `f(k) ≥ 1`; `f(0) = 1` if
 /// it is to be used with the cache-efficient lattice.
 #[derive(Debug)]
 pub struct PatternEntry {
@@ -19,7 +19,7 @@ pub struct PatternEntry {
     pub cuda: Option<&'static str>,
 }
 
-/// A causal level mask for the log-linear lift (MATH.md §2.3): `ℓ(t, s)` for `s ≤ t`.
+/// A causal level mask for the log-linear lift (docs/math.md §2.3): `ℓ(t, s)` for `s ≤ t`.
 #[derive(Debug)]
 pub struct MaskEntry {
     /// Name used in configs (`"mask": "fenwick"`).
@@ -35,7 +35,7 @@ pub struct MaskEntry {
     pub cuda: Option<&'static str>,
 }
 
-/// A λ scheme (MATH.md §2.4): maps a raw projection and a per-(head, level) parameter
+/// A λ scheme (docs/math.md §2.4): maps a raw projection and a per-(head, level) parameter
 /// (learnable, initialised to 1) to a weight `λ ≥ 0`.
 #[derive(Debug)]
 pub struct LambdaEntry {
@@ -111,4 +111,21 @@ pub struct KernelEntry {
     pub decoder_f64: Option<DecoderFn<f64>>,
     /// `f32` decoder.
     pub decoder_f32: Option<DecoderFn<f32>>,
+}
+
+/// Where a registered entry comes from: written by `#[register]` next to every entry it
+/// registers, so that duplicate names and linked plugins can be reported by crate.
+#[derive(Debug)]
+pub struct Origin {
+    /// The registered static (compared by address).
+    pub entry: &'static (dyn std::any::Any + Send + Sync),
+    /// `module_path!()` where the static was registered; its first segment is the crate.
+    pub module: &'static str,
+}
+
+impl Origin {
+    /// The crate that registered the entry (the first segment of [`Origin::module`]).
+    pub fn krate(&self) -> &'static str {
+        self.module.split("::").next().unwrap_or(self.module)
+    }
 }

@@ -139,6 +139,7 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     if a.config.is_some() && a.mixer.is_none() {
         return Err(Error::Io("--config needs --mixer".into()));
     }
+    super::warn_duplicates();
     let backends = backends(a.backend.as_deref())?;
     let sizes = Sizes { seq: a.seq, batch: a.batch, ..Sizes::default() };
     let cases = cases(a.mixer.as_deref(), a.config.as_deref())?;

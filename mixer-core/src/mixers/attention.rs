@@ -1,4 +1,4 @@
-//! Softmax attention (MATH §1.3 "Attention"): `attention` and `local-attention`.
+//! Softmax attention (docs/math.md §1.3 "Attention"): `attention` and `local-attention`.
 //!
 //! Per batch row and head, $A_{t,s} = \mathrm{softmax}_{s \le t,\ t - s < w}(\sigma\, q_t \cdot k_s)$,
 //! $B = 0$, mixed input `v`: $y_t = \sum_s A_{t,s} v_s$. The scale $\sigma$ defaults to

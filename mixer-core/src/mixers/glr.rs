@@ -1,8 +1,8 @@
-//! The generalized linear recurrence (MATH §1.2 "The `glr` mixer") and its named aliases.
+//! The generalized linear recurrence (docs/math.md §1.2 "The `glr` mixer") and its named aliases.
 //!
 //! Per batch row and channel,
 //! $y_t = \sum_{s \le t} \alpha_{t,s} x_s + \sum_{s < t} \beta_{t,s} y_s$, where the only non-zero
-//! off-diagonal coefficients sit at the pattern's dependency positions $d_k(t)$ (MATH §1.1):
+//! off-diagonal coefficients sit at the pattern's dependency positions $d_k(t)$ (docs/math.md §1.1):
 //! - `on = "b"`: $y_t = \alpha_t x_t + \sum_{k: f(k) \le t} \beta_{t,k}\, y_{d_k(t)}$;
 //! - `on = "a"`: $y_t = \alpha_{t,0} x_t + \sum_{k: f(k) \le t} \alpha_{t,k+1}\, x_{d_k(t)}$;
 //! - `on = "both"`: both sums.
@@ -26,7 +26,7 @@ use crate::pattern::{OffsetFn, Pattern};
 use crate::spec::{Bound, Dim, Dims, Gen, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
-/// Which side the pattern sits on (MATH §1.2).
+/// Which side the pattern sits on (docs/math.md §1.2).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum On {
@@ -50,7 +50,7 @@ impl On {
     }
 }
 
-/// Configuration of `glr` (MATH §1.2). `{}` gives `pow2`, translation-invariant, untruncated, on `b`.
+/// Configuration of `glr` (docs/math.md §1.2). `{}` gives `pow2`, translation-invariant, untruncated, on `b`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GlrConfig {
@@ -178,7 +178,7 @@ impl Glr {
 }
 
 /// The dependency slots of a pattern for one length $T$: offsets $f(k)$ and lattice strides
-/// $a_k$ for $k < K(T)$, so that $d_k(t)$ costs O(1) (MATH §1.1).
+/// $a_k$ for $k < K(T)$, so that $d_k(t)$ costs O(1) (docs/math.md §1.1).
 #[derive(Clone, Debug)]
 pub struct Slots {
     offsets: Vec<usize>,
@@ -189,7 +189,7 @@ pub struct Slots {
 impl Slots {
     /// Offsets and strides of `p` for length `t_len`.
     pub fn new(p: &Pattern, t_len: usize) -> Self {
-        // Offsets are ≤ T − 1, so they fit in usize; strides are ≤ f(k) (MATH §1.1).
+        // Offsets are ≤ T − 1, so they fit in usize; strides are ≤ f(k) (docs/math.md §1.1).
         let offsets: Vec<usize> = p.offsets(t_len).into_iter().map(|f| f as usize).collect();
         let strides = if p.cache_efficient() {
             p.strides(offsets.len()).into_iter().map(|a| usize::try_from(a).unwrap_or(usize::MAX)).collect()

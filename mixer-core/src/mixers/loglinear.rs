@@ -1,4 +1,4 @@
-//! The log-linear attention family (MATH.md §2): the base mixers `linear-attention`,
+//! The log-linear attention family (docs/math.md §2): the base mixers `linear-attention`,
 //! `mamba2`, `gated-deltanet`, and their lifts by a level mask (`loglinear-*`).
 //!
 //! Per batch row and head, with $q_t, k_t \in \mathbb R^{D_k}$, $v_t \in \mathbb R^{D_v}$,
@@ -12,13 +12,13 @@
 //!   $\Phi_{s+1..t} = \prod_{r=s+1}^{t} e^{g_r}(I - \beta_r k_r k_r^\top)$ (left to right);
 //!
 //! where $\sigma$ is the config `scale` (default 1). The lift by a level mask $\ell(t,s)$
-//! (default Fenwick, MATH §2.2) weights every contribution by a per-token, per-level
-//! $\lambda_t^{(\ell(t,s))} \ge 0$ (MATH §2.3):
+//! (default Fenwick, docs/math.md §2.2) weights every contribution by a per-token, per-level
+//! $\lambda_t^{(\ell(t,s))} \ge 0$ (docs/math.md §2.3):
 //! $$A^{\text{lift}}_{t,s} = \lambda_t^{(\ell(t,s))} A_{t,s} .$$
 //! For gated DeltaNet the transition acts on every level's state; only the inputs are
 //! bucketed, which is exactly this elementwise weighting of the base $A$.
 //!
-//! ## λ schemes (config `lambda_scheme`, MATH §2.4)
+//! ## λ schemes (config `lambda_scheme`, docs/math.md §2.4)
 //! The `lambda` input holds raw values; the weight actually used is
 //! $\lambda = \mathrm{map}(\text{raw}, 1)$ with the scheme's registered map and its learnable
 //! per-(head, level) parameter at its initial value 1. With `identity` (default) the input
@@ -28,7 +28,7 @@
 //!
 //! ## Config
 //! `scale` (finite, default 1), `chunk` (power of two, default 64: the chunk size of the
-//! fast form, MATH §2.6), and for the lifted mixers `mask` (a registered level mask, default
+//! fast form, docs/math.md §2.6), and for the lifted mixers `mask` (a registered level mask, default
 //! `"fenwick"`) and `lambda_scheme` (default `"identity"`).
 
 use std::sync::Arc;
@@ -43,7 +43,7 @@ use crate::real::Real;
 use crate::spec::{Bound, Constraint, Dim, Dims, Gen, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
-/// The base mixer of a member of the family (MATH §2.1).
+/// The base mixer of a member of the family (docs/math.md §2.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Base {
@@ -87,7 +87,7 @@ pub struct LevelMask {
 }
 
 impl LevelMask {
-    /// The Fenwick mask of MATH §2.2.
+    /// The Fenwick mask of docs/math.md §2.2.
     pub fn fenwick() -> Self {
         LevelMask { name: "fenwick", level: crate::fenwick::level, levels: crate::fenwick::num_levels }
     }
@@ -120,7 +120,7 @@ impl LambdaScheme {
     }
 }
 
-/// The lift of a base mixer (MATH §2.3): its mask and λ scheme.
+/// The lift of a base mixer (docs/math.md §2.3): its mask and λ scheme.
 #[derive(Clone, Copy, Debug)]
 pub struct Lift {
     /// Level mask.
@@ -427,7 +427,7 @@ mod tests {
         LogLinear::new("x", base, Some(lift), 0.7, 16).unwrap()
     }
 
-    /// The GDN materialization against the literal state recurrence of MATH §2.1/§2.5
+    /// The GDN materialization against the literal state recurrence of docs/math.md §2.1/§2.5
     /// (levels kept separately, λ read per level).
     #[test]
     fn gated_deltanet_materialization_matches_level_recurrence() {

@@ -1,4 +1,4 @@
-//! The Toeplitz mixer (MATH.md §3; the Toeplitz MLP mixer of `papers/003_*.txt`).
+//! The Toeplitz mixer (docs/math.md §3; the Toeplitz MLP mixer of Badger & Roland, 2026).
 //!
 //! Inputs: `x [B,T,C]` (mixed), `w [H,Tw]` — or `[Kw,H,Tw]` when `kernel_width = Kw > 1` —
 //! and an optional position bias `bias [H,Tw]`. `w` and `bias` are static (no per-token

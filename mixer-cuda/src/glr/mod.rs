@@ -1,4 +1,4 @@
-//! Generalized linear recurrence on CUDA (MATH.md §1.2), for any offset pattern, on `b`,
+//! Generalized linear recurrence on CUDA (docs/math.md §1.2), for any offset pattern, on `b`,
 //! `a` or `both`, translation-invariant or cache-efficient:
 //! $y_t = \alpha_{t,0} x_t + \sum_{k: f(k) \le t} \big(\alpha_{t,k+1} x_{d_k(t)} + \beta_{t,k} y_{d_k(t)}\big)$.
 //!
@@ -27,7 +27,7 @@ pub(crate) const KERNEL: &str = "glr";
 /// The kernels (`kernels/glr.cu`).
 pub(crate) const SRC: &str = include_str!("../../kernels/glr.cu");
 
-/// Dependency position of a slot with offset `fk ≤ t` and stride `ak` (MATH §1.1):
+/// Dependency position of a slot with offset `fk ≤ t` and stride `ak` (docs/math.md §1.1):
 /// $t - f(k)$, or $a_k \lceil (t + 1 - f(k)) / a_k \rceil - 1$ on the cache-efficient lattice.
 pub(crate) fn dep(t: u64, fk: u64, ak: u64, cache_efficient: bool) -> u64 {
     if !cache_efficient {
