@@ -5,7 +5,8 @@
 //! as one checked, pluggable library on CPU and CUDA, chosen at run time.
 //!
 //! Every mixer is `Y = (I − B)⁻¹ A X`; each can materialize `(A, B)`, and a dense `f64` oracle
-//! checks every fast form, backend and plugin. See `docs/math.md` in the repository for the math and input names.
+//! checks every fast form, backend and plugin. The math, every input's name and shape and every
+//! config field: `docs/math.md` in the repository.
 //!
 //! ```no_run
 //! use mixers::prelude::*;
@@ -27,10 +28,22 @@ pub mod timing;
 
 // The builtin backends register themselves at link time; referencing the crates keeps the
 // linker from dropping them.
+/// Math and contracts: errors, input specs, materialization and the `f64` oracle, offset
+/// patterns, Fenwick levels, structural metrics, the builtin mixer definitions (crate
+/// `mixer-core`).
+#[doc(inline)]
 pub use mixer_core as core;
+/// The CPU backend: every family's forms (crate `mixer-cpu`).
+#[doc(inline)]
 pub use mixer_cpu as cpu;
+/// The CUDA backend, chosen at run time (crate `mixer-cuda`).
+#[doc(inline)]
 pub use mixer_cuda as cuda;
+/// Link-time registries, `#[register]`, lookup, backend selection, running forms and the
+/// cross-check harness (crate `mixer-registry`).
+#[doc(inline)]
 pub use mixer_registry as registry;
+#[doc(inline)]
 pub use mixer_registry::register;
 
 /// The names most programs need.

@@ -1,11 +1,11 @@
 //! Structural metrics of communication graphs (docs/math.md §1.4 "Structural metrics").
 //!
-//! The communication graph has an edge $s \to t$ when $B_{t,s} \ne 0$ (the recurrence reads
-//! $y_s$), which chains, plus edges for $A_{t,s} \ne 0$ (one-hop direct influence of $x_s$ on
-//! $y_t$), which can only be the first hop of a path. A path from $s$ starts at $s$ itself
-//! (token $s$'s own output holds its input at 0 hops). $d(s,t)$ is the fewest hops.
+//! The communication graph has an edge `s → t` when `B_{t,s} ≠ 0` (the recurrence reads
+//! `y_s`), which chains, plus edges for `A_{t,s} ≠ 0` (one-hop direct influence of `x_s` on
+//! `y_t`), which can only be the first hop of a path. A path from `s` starts at `s` itself
+//! (token `s`'s own output holds its input at 0 hops). `d(s,t)` is the fewest hops.
 //!
-//! For a translation-invariant pattern $d(s,t) = d(t-s)$ depends on the shift only and is
+//! For a translation-invariant pattern `d(s,t) = d(t−s)` depends on the shift only and is
 //! computed over shifts; for other graphs (cache-efficient lattices, materialized sparsities)
 //! by breadth-first search.
 
@@ -17,34 +17,34 @@ use rayon::prelude::*;
 use crate::error::{Error, Result, fmt_shape};
 use crate::pattern::Pattern;
 
-/// Up to this length, graph shortest paths are exact over all pairs $s < t$; above, sources are
+/// Up to this length, graph shortest paths are exact over all pairs `s < t`; above, sources are
 /// sampled ([`SAMPLED_SOURCES`] evenly spaced plus the last [`LAST_SOURCES`]).
 pub const EXACT_PATHS_MAX_T: usize = 4096;
-/// Up to this length, graph congestion is computed for every shift $\Delta \in [1, T)$; above,
-/// for [`SAMPLED_SHIFTS`] evenly spaced shifts plus $2^j - 1$, $2^j$ and $T - 1$.
+/// Up to this length, graph congestion is computed for every shift `Δ ∈ [1, T)`; above,
+/// for [`SAMPLED_SHIFTS`] evenly spaced shifts plus `2^j − 1`, `2^j` and `T − 1`.
 pub const ALL_SHIFTS_MAX_T: usize = 2048;
 /// Number of evenly spaced sources used for shortest paths above [`EXACT_PATHS_MAX_T`].
 pub const SAMPLED_SOURCES: usize = 256;
-/// Number of final sources ($T-2, T-3, \dots$) added to the sample above [`EXACT_PATHS_MAX_T`].
+/// Number of final sources (`T−2, T−3, …`) added to the sample above [`EXACT_PATHS_MAX_T`].
 pub const LAST_SOURCES: usize = 8;
 /// Number of evenly spaced shifts used for congestion above [`ALL_SHIFTS_MAX_T`].
 pub const SAMPLED_SHIFTS: usize = 128;
 
 const INF: u32 = u32::MAX;
 
-/// Shortest-path statistics (docs/math.md §1.4): over pairs $s < t < T$ for graphs, over shifts
-/// $\Delta \in [1, T)$ for translation-invariant patterns.
+/// Shortest-path statistics (docs/math.md §1.4): over pairs `s < t < T` for graphs, over shifts
+/// `Δ ∈ [1, T)` for translation-invariant patterns.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PathStats {
-    /// $\max d$ over the counted pairs (or shifts); `None` when some are unreachable
-    /// ($d = \infty$). `Some(0)` when there is nothing to count ($T \le 1$).
+    /// `max d` over the counted pairs (or shifts); `None` when some are unreachable
+    /// (`d = ∞`). `Some(0)` when there is nothing to count (`T ≤ 1`).
     pub max: Option<usize>,
-    /// `histogram[h]` = number of pairs (or shifts) with $d = h$; unreachable ones are in
+    /// `histogram[h]` = number of pairs (or shifts) with `d = h`; unreachable ones are in
     /// [`PathStats::unreachable`].
     pub histogram: Vec<usize>,
     /// Number of unreachable pairs (or shifts).
     pub unreachable: usize,
-    /// Mean of $d$ over the reachable pairs (or shifts); $0$ when there are none.
+    /// Mean of `d` over the reachable pairs (or shifts); `0` when there are none.
     pub mean: f64,
     /// `false` when the pairs come from sampled sources only.
     pub exact: bool,
@@ -63,49 +63,49 @@ impl PathStats {
     }
 }
 
-/// Congestion of the copy routing with shift $\Delta$ (token $s$ must reach $s + \Delta$), docs/math.md
+/// Congestion of the copy routing with shift `Δ` (token `s` must reach `s + Δ`), docs/math.md
 /// §1.4: the maximum over nodes of the number of routed paths that leave through the node,
 /// worst case over shifts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Congestion {
     /// The worst congestion over the shifts considered.
     pub value: usize,
-    /// A shift $\Delta$ attaining it (the smallest one); $0$ when $T \le 1$.
+    /// A shift `Δ` attaining it (the smallest one); `0` when `T ≤ 1`.
     pub worst_shift: usize,
     /// `true` when the value comes from an explicit routing (BFS shortest paths) on a graph that
     /// is not translation-invariant: an upper bound on the minimum over routings.
     pub is_bound: bool,
-    /// Whether every shift $\Delta \in [1, T)$ was considered (otherwise a sample).
+    /// Whether every shift `Δ ∈ [1, T)` was considered (otherwise a sample).
     pub exact_over_all_shifts: bool,
 }
 
-/// All structural metrics of a pattern at length $T$ (docs/math.md §1.4).
+/// All structural metrics of a pattern at length `T` (docs/math.md §1.4).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PatternMetrics {
-    /// The sequence length $T$.
+    /// The sequence length `T`.
     pub t_len: usize,
-    /// $K(T)$, the number of dependency slots.
+    /// `K(T)`, the number of dependency slots.
     pub slots: usize,
     /// Shortest paths (over shifts when translation-invariant, over pairs otherwise).
     pub paths: PathStats,
     /// Worst-case congestion over shifts.
     pub congestion: Congestion,
-    /// Mean number of dependencies read per token, $\frac1T \sum_{t<T} \#\{k : f(k) \le t\}$.
+    /// Mean number of dependencies read per token, `1/T Σ_{t<T} #{k : f(k) ≤ t}`.
     pub per_token_cost: f64,
-    /// $\max_{t<T}$ of the number of dependencies read ($= K(T)$).
+    /// `max_{t<T}` of the number of dependencies read (`= K(T)`).
     pub max_per_token_cost: usize,
     /// Positions a decoder keeps: [`Pattern::max_cache`].
     pub cache_positions: usize,
 }
 
-/// Shortest path $d(\Delta)$ for every shift $\Delta \in [0, T)$ of the translation-invariant graph
-/// with offsets $f(0..K(T))$ (edges $t - f(k) \to t$): `Some(0)` at $\Delta = 0$, `None` when
-/// $\Delta$ is not a sum of offsets. Uses only the offsets (and `order`), even for a
+/// Shortest path `d(Δ)` for every shift `Δ ∈ [0, T)` of the translation-invariant graph
+/// with offsets `f(0..K(T))` (edges `t − f(k) → t`): `Some(0)` at `Δ = 0`, `None` when
+/// `Δ` is not a sum of offsets. Uses only the offsets (and `order`), even for a
 /// cache-efficient pattern.
 ///
 /// Breadth-first search over shifts; offsets are grouped into runs of consecutive values and a
 /// "next unvisited shift" union-find skips visited shifts, so the cost is
-/// $O(T \cdot \#\text{runs})$ at most (pow2: $O(T \log T)$; linear: $O(T)$), and the search stops
+/// `O(T · #runs)` at most (pow2: `O(T log T)`; linear: `O(T)`), and the search stops
 /// once every shift is reached.
 pub fn shift_distances(p: &Pattern, t_len: usize) -> Vec<Option<usize>> {
     let offsets: Vec<usize> = p.offsets(t_len).into_iter().map(|f| f as usize).collect();
@@ -165,9 +165,9 @@ fn shift_distances_raw(offsets: &[usize], t_len: usize) -> Vec<u32> {
     dist
 }
 
-/// A causal communication graph on tokens $0..T$ (docs/math.md §1.4): chaining edges $p \to t$
-/// (recurrence, $B_{t,p} \ne 0$, $p < t$) and first-hop-only edges (direct influence,
-/// $A_{t,p} \ne 0$, $p < t$).
+/// A causal communication graph on tokens `0..T` (docs/math.md §1.4): chaining edges `p → t`
+/// (recurrence, `B_{t,p} ≠ 0`, `p < t`) and first-hop-only edges (direct influence,
+/// `A_{t,p} ≠ 0`, `p < t`).
 #[derive(Clone, Debug)]
 pub struct CommGraph {
     n: usize,
@@ -225,8 +225,8 @@ impl Work {
 }
 
 impl CommGraph {
-    /// Graph from chaining predecessors: `preds[t]` lists the positions $p$ token $t$ reads
-    /// ($y_p \to y_t$, i.e. $B_{t,p} \ne 0$). Every $p$ must satisfy $p < t$ (causal).
+    /// Graph from chaining predecessors: `preds[t]` lists the positions `p` token `t` reads
+    /// (`y_p → y_t`, i.e. `B_{t,p} ≠ 0`). Every `p` must satisfy `p < t` (causal).
     pub fn from_preds(preds: Vec<Vec<usize>>) -> Result<Self> {
         let n = preds.len();
         for (t, ps) in preds.iter().enumerate() {
@@ -241,9 +241,9 @@ impl CommGraph {
         Ok(Self { n, b_start, b_succ, a_start: vec![0; n + 1], a_succ: Vec::new() })
     }
 
-    /// Graph from a materialized sparsity (docs/math.md §1.4): first-hop edge $s \to t$ when
-    /// $A_{t,s} \ne 0$, chaining edge $s \to t$ when $B_{t,s} \ne 0$, for $s < t$ (entries with
-    /// $s \ge t$ are ignored; NaN counts as non-zero). `a` must be square $[T, T]$ and `b`, when
+    /// Graph from a materialized sparsity (docs/math.md §1.4): first-hop edge `s → t` when
+    /// `A_{t,s} ≠ 0`, chaining edge `s → t` when `B_{t,s} ≠ 0`, for `s < t` (entries with
+    /// `s ≥ t` are ignored; NaN counts as non-zero). `a` must be square `[T, T]` and `b`, when
     /// given, the same shape.
     pub fn from_dense(a: ArrayView2<f64>, b: Option<ArrayView2<f64>>) -> Result<Self> {
         let (rows, cols) = a.dim();
@@ -266,7 +266,7 @@ impl CommGraph {
         Ok(Self { n, b_start, b_succ, a_start, a_succ })
     }
 
-    /// Number of tokens $T$.
+    /// Number of tokens `T`.
     pub fn len(&self) -> usize {
         self.n
     }
@@ -276,25 +276,25 @@ impl CommGraph {
         self.n == 0
     }
 
-    /// Exact shortest paths $d(s,t)$ over all pairs $s < t$, by a BFS from every source
-    /// (parallel; $O(T \cdot E)$ — meant for small $T$).
+    /// Exact shortest paths `d(s,t)` over all pairs `s < t`, by a BFS from every source
+    /// (parallel; `O(T · E)` — meant for small `T`).
     pub fn shortest_paths(&self) -> PathStats {
         let sources: Vec<usize> = (0..self.n).collect();
         self.analyze(&sources, &[]).0
     }
 
     /// Shortest paths from the sources [`pattern_metrics`] uses: every source when
-    /// $T \le$ [`EXACT_PATHS_MAX_T`] (then `exact`), else [`SAMPLED_SOURCES`] evenly spaced ones
-    /// plus the last [`LAST_SOURCES`] (`exact = false`). $O(\#\text{sources} \cdot E)$, without
+    /// `T ≤` [`EXACT_PATHS_MAX_T`] (then `exact`), else [`SAMPLED_SOURCES`] evenly spaced ones
+    /// plus the last [`LAST_SOURCES`] (`exact = false`). `O(#sources · E)`, without
     /// the all-sources cost of [`CommGraph::congestion`].
     pub fn sampled_shortest_paths(&self) -> PathStats {
         self.analyze(&path_sources(self.n), &[]).0
     }
 
-    /// Congestion of the copy routings (docs/math.md §1.4) as an upper bound: every $s \to s+\Delta$ is
+    /// Congestion of the copy routings (docs/math.md §1.4) as an upper bound: every `s → s+Δ` is
     /// routed along a BFS shortest path, and the worst node count is taken, worst over shifts
-    /// ($\Delta \in [1, T)$ when $T \le$ [`ALL_SHIFTS_MAX_T`], sampled above). Unreachable pairs
-    /// are not routed. $O(T \cdot E)$.
+    /// (`Δ ∈ [1, T)` when `T ≤` [`ALL_SHIFTS_MAX_T`], sampled above). Unreachable pairs
+    /// are not routed. `O(T · E)`.
     pub fn congestion(&self) -> Congestion {
         self.analyze(&[], &congestion_shifts(self.n)).1
     }
@@ -402,8 +402,8 @@ impl CommGraph {
     }
 }
 
-/// Shifts for graph congestion: all of $[1, T)$ when $T \le$ [`ALL_SHIFTS_MAX_T`], else
-/// [`SAMPLED_SHIFTS`] evenly spaced ones plus $2^j - 1$, $2^j$ and $T - 1$ (sorted, distinct).
+/// Shifts for graph congestion: all of `[1, T)` when `T ≤` [`ALL_SHIFTS_MAX_T`], else
+/// [`SAMPLED_SHIFTS`] evenly spaced ones plus `2^j − 1`, `2^j` and `T − 1` (sorted, distinct).
 fn congestion_shifts(n: usize) -> Vec<usize> {
     if n <= 1 {
         return Vec::new();
@@ -427,8 +427,8 @@ fn congestion_shifts(n: usize) -> Vec<usize> {
     v
 }
 
-/// Sources for graph shortest paths: all when $T \le$ [`EXACT_PATHS_MAX_T`], else
-/// [`SAMPLED_SOURCES`] evenly spaced in $[0, T-1)$ plus the last [`LAST_SOURCES`] before $T-1$.
+/// Sources for graph shortest paths: all when `T ≤` [`EXACT_PATHS_MAX_T`], else
+/// [`SAMPLED_SOURCES`] evenly spaced in `[0, T−1)` plus the last [`LAST_SOURCES`] before `T−1`.
 fn path_sources(n: usize) -> Vec<usize> {
     if n <= EXACT_PATHS_MAX_T {
         return (0..n).collect();
@@ -440,19 +440,19 @@ fn path_sources(n: usize) -> Vec<usize> {
     v
 }
 
-/// Structural metrics of a pattern at length $T \ge 1$ (docs/math.md §1.4).
+/// Structural metrics of a pattern at length `T ≥ 1` (docs/math.md §1.4).
 ///
-/// - Translation-invariant: $d(s,t) = d(t-s)$ from [`shift_distances`]; `paths` is over shifts
-///   $\Delta \in [1, T)$ (exact). Congestion is $\max_\Delta d(\Delta)$: translating one shortest
-///   path puts every node on $d(\Delta)$ translated paths, and on the boundary-free line no
-///   routing does better (each path leaves $\ge d(\Delta)$ nodes, so the mean load per node is
-///   $\ge d(\Delta)$); exact, not a bound. Shifts that are unreachable are skipped.
-/// - Cache-efficient: BFS over the lattice graph (edges $d_k(t) \to t$): `paths` over pairs
-///   $s < t$, exact for $T \le$ [`EXACT_PATHS_MAX_T`], sampled sources above; congestion is the
-///   bound of [`CommGraph::congestion`] (finite line: only $s + \Delta < T$ is routed). Cost
-///   $O(T \cdot E)$, $E \approx T \cdot K$.
+/// - Translation-invariant: `d(s,t) = d(t−s)` from [`shift_distances`]; `paths` is over shifts
+///   `Δ ∈ [1, T)` (exact). Congestion is `max_Δ d(Δ)`: translating one shortest
+///   path puts every node on `d(Δ)` translated paths, and on the boundary-free line no
+///   routing does better (each path leaves `≥ d(Δ)` nodes, so the mean load per node is
+///   `≥ d(Δ)`); exact, not a bound. Shifts that are unreachable are skipped.
+/// - Cache-efficient: BFS over the lattice graph (edges `d_k(t) → t`): `paths` over pairs
+///   `s < t`, exact for `T ≤` [`EXACT_PATHS_MAX_T`], sampled sources above; congestion is the
+///   bound of [`CommGraph::congestion`] (finite line: only `s + Δ < T` is routed). Cost
+///   `O(T · E)`, `E ≈ T · K`.
 ///
-/// Errors when $T = 0$ or (cache-efficient) when the lattice produces a non-causal position.
+/// Errors when `T = 0` or (cache-efficient) when the lattice produces a non-causal position.
 pub fn pattern_metrics(p: &Pattern, t_len: usize) -> Result<PatternMetrics> {
     if t_len == 0 {
         return Err(Error::pattern(p.name(), "metrics need a sequence length T ≥ 1, got T = 0"));

@@ -1,13 +1,13 @@
 //! The generalized linear recurrence (docs/math.md §1.2 "The `glr` mixer") and its named aliases.
 //!
 //! Per batch row and channel,
-//! $y_t = \sum_{s \le t} \alpha_{t,s} x_s + \sum_{s < t} \beta_{t,s} y_s$, where the only non-zero
-//! off-diagonal coefficients sit at the pattern's dependency positions $d_k(t)$ (docs/math.md §1.1):
-//! - `on = "b"`: $y_t = \alpha_t x_t + \sum_{k: f(k) \le t} \beta_{t,k}\, y_{d_k(t)}$;
-//! - `on = "a"`: $y_t = \alpha_{t,0} x_t + \sum_{k: f(k) \le t} \alpha_{t,k+1}\, x_{d_k(t)}$;
+//! `y_t = Σ_{s ≤ t} α_{t,s} x_s + Σ_{s < t} β_{t,s} y_s`, where the only non-zero
+//! off-diagonal coefficients sit at the pattern's dependency positions `d_k(t)` (docs/math.md §1.1):
+//! - `on = "b"`: `y_t = α_t x_t + Σ_{k: f(k) ≤ t} β_{t,k} y_{d_k(t)}`;
+//! - `on = "a"`: `y_t = α_{t,0} x_t + Σ_{k: f(k) ≤ t} α_{t,k+1} x_{d_k(t)}`;
 //! - `on = "both"`: both sums.
 //!
-//! Slots with $f(k) > t$ are ignored: their coefficient values never matter.
+//! Slots with `f(k) > t` are ignored: their coefficient values never matter.
 //!
 //! Aliases (all with `pattern = "linear"`, translation-invariant):
 //! `diagonal-ssm` (`order = 1`), `kth-order` (config `{"order": k}`, default `k = 2`),
@@ -40,11 +40,11 @@ pub enum On {
 }
 
 impl On {
-    /// Whether the output recurrence ($\beta$ on past outputs) is present.
+    /// Whether the output recurrence (`β` on past outputs) is present.
     pub fn has_b(self) -> bool {
         matches!(self, On::B | On::Both)
     }
-    /// Whether past inputs are read directly ($\alpha$ has `K + 1` slots).
+    /// Whether past inputs are read directly (`α` has `K + 1` slots).
     pub fn has_a(self) -> bool {
         matches!(self, On::A | On::Both)
     }
@@ -112,7 +112,7 @@ fn parse<T: for<'de> Deserialize<'de>>(name: &str, cfg: &serde_json::Value, expe
 
 impl Glr {
     /// Builds from a resolved offset function. Errors from [`Pattern::new`]: `order = 0`,
-    /// `cache_efficient` with $f(0) \ne 1$, non-increasing $f$.
+    /// `cache_efficient` with `f(0) ≠ 1`, non-increasing `f`.
     pub fn new(name: &str, config: GlrConfig, offset: OffsetFn) -> Result<Self> {
         let pattern = Pattern::new(&config.pattern, offset, config.order, config.cache_efficient)
             .map_err(|e| Error::config(name, e.to_string()))?;
@@ -177,8 +177,8 @@ impl Glr {
     }
 }
 
-/// The dependency slots of a pattern for one length $T$: offsets $f(k)$ and lattice strides
-/// $a_k$ for $k < K(T)$, so that $d_k(t)$ costs O(1) (docs/math.md §1.1).
+/// The dependency slots of a pattern for one length `T`: offsets `f(k)` and lattice strides
+/// `a_k` for `k < K(T)`, so that `d_k(t)` costs O(1) (docs/math.md §1.1).
 #[derive(Clone, Debug)]
 pub struct Slots {
     offsets: Vec<usize>,
@@ -199,28 +199,28 @@ impl Slots {
         Slots { offsets, strides, cache_efficient: p.cache_efficient() }
     }
 
-    /// $K(T)$.
+    /// `K(T)`.
     pub fn len(&self) -> usize {
         self.offsets.len()
     }
 
-    /// Whether there are no slots ($T \le 1$ or an empty pattern).
+    /// Whether there are no slots (`T ≤ 1` or an empty pattern).
     pub fn is_empty(&self) -> bool {
         self.offsets.is_empty()
     }
 
-    /// The offsets $f(0..K)$.
+    /// The offsets `f(0..K)`.
     pub fn offsets(&self) -> &[usize] {
         &self.offsets
     }
 
-    /// Number of active slots of token $t$: $\#\{k < K : f(k) \le t\}$.
+    /// Number of active slots of token `t`: `#{k < K : f(k) ≤ t}`.
     pub fn active(&self, t: usize) -> usize {
         self.offsets.partition_point(|&f| f <= t)
     }
 
-    /// $d_k(t)$ for an active slot ($f(k) \le t$): $t - f(k)$, or on the lattice
-    /// $a_k \lceil (t + 1 - f(k)) / a_k \rceil - 1$.
+    /// `d_k(t)` for an active slot (`f(k) ≤ t`): `t − f(k)`, or on the lattice
+    /// `a_k ⌈ (t + 1 − f(k)) / a_k ⌉ − 1`.
     #[inline]
     pub fn pos(&self, t: usize, k: usize) -> usize {
         let u = t - self.offsets[k];
@@ -314,9 +314,9 @@ impl Mixer for Glr {
         }
         Ok(m)
     }
-    /// Draws from the spec (β stable: $\sum_k |\beta_{t,k}| \le 0.95$), then overwrites every slot
-    /// with $f(k) > t$ (in `beta`, and slots `k + 1` of `alpha` when `on` includes `a`) with
-    /// $\pm 10^6$, so that any form that reads an inactive slot fails the comparison.
+    /// Draws from the spec (β stable: `Σ_k |β_{t,k}| ≤ 0.95`), then overwrites every slot
+    /// with `f(k) > t` (in `beta`, and slots `k + 1` of `alpha` when `on` includes `a`) with
+    /// `± 10⁶`, so that any form that reads an inactive slot fails the comparison.
     fn random_inputs(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
         let dims = complete_dims(self, dims);
         let mut inp = self.spec().random(&dims, seed, false)?;
