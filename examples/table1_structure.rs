@@ -1,5 +1,5 @@
-//! The structural columns of Table 1 of the generalized-linear-mixing paper
-//! (`papers/000_*.txt`), measured from this library for T = 4096 and T = 65536.
+//! The structural columns of Table 1 of *Structured generalized linear token mixing* (ICML 2026,
+//! arXiv 2605.31367; docs/math.md §1.4), measured from this library for T = 4096 and T = 65536.
 //!
 //! Columns: time per token (dependencies read per token, and fast-form ns per token), cache
 //! (decoder `cache_elems`), shortest path and congestion (`mixer_core::metrics`). Only the

@@ -24,6 +24,28 @@ pub enum Error {
     /// A name was looked up and not found.
     #[error("unknown {kind} `{name}`{}; known: {known}", did_you_mean(.suggestions))]
     Unknown { kind: &'static str, name: String, suggestions: Vec<String>, known: String },
+    /// A name was looked up in a link-time registry and not found. Besides near names, says
+    /// which plugin crates this binary links: a plugin's names exist only where it is linked.
+    #[error(
+        "unknown {kind} `{name}`{}; registered: {known}. {}",
+        did_you_mean(.suggestions),
+        link_hint(.plugins)
+    )]
+    NotRegistered {
+        kind: &'static str,
+        name: String,
+        suggestions: Vec<String>,
+        known: String,
+        plugins: Vec<String>,
+    },
+    /// A name is registered more than once (e.g. a plugin reusing a builtin's name); lookups
+    /// refuse it rather than pick one silently. `origins` are the registering modules.
+    #[error(
+        "{kind} `{name}` is registered {} times, by {}; names must be unique, so rename one of them",
+        .origins.len(),
+        .origins.iter().map(|o| format!("`{o}`")).collect::<Vec<_>>().join(" and ")
+    )]
+    Duplicate { kind: &'static str, name: String, origins: Vec<String> },
     /// A configuration value is invalid.
     #[error("invalid config for `{mixer}`: {message}")]
     Config { mixer: String, message: String },
@@ -67,6 +89,15 @@ fn did_you_mean(s: &[String]) -> String {
     } else {
         format!(" (did you mean {}?)", s.iter().map(|x| format!("`{x}`")).collect::<Vec<_>>().join(" or "))
     }
+}
+
+fn link_hint(plugins: &[String]) -> String {
+    let linked = if plugins.is_empty() {
+        "no plugin crates are linked into this binary".to_string()
+    } else {
+        format!("plugin crates linked into this binary: {}", plugins.join(", "))
+    };
+    format!("{linked} (a plugin's names exist only where a binary links it with `use plugin_crate as _;`)")
 }
 
 impl Error {

@@ -1,36 +1,36 @@
-//! Fenwick levels (MATH §2.2 "Fenwick levels", §2.6 "Chunked form").
+//! Fenwick levels (docs/math.md §2.2 "Fenwick levels", §2.6 "Chunked form").
 //!
-//! Token `t` sees token `s ≤ t` at level $\ell(t,s)$: $\ell(t,t) = 0$ and, for $s < t$,
-//! $\ell(t,s) = \operatorname{bitlen}(t \oplus s) = \lfloor \log_2 (t \oplus s) \rfloor + 1$.
-//! The levels of `t` partition $[0, t]$ into buckets of sizes $1, 2^{\ell-1}$.
+//! Token `t` sees token `s ≤ t` at level `ℓ(t,s)`: `ℓ(t,t) = 0` and, for `s < t`,
+//! `ℓ(t,s) = bitlen(t ⊕ s) = ⌊ log_2 (t ⊕ s) ⌋ + 1`.
+//! The levels of `t` partition `[0, t]` into buckets of sizes `1, 2^(ℓ−1)`.
 
 use std::ops::Range;
 
-/// Number of bits needed to write `x`: $\operatorname{bitlen}(0) = 0$,
-/// $\operatorname{bitlen}(x) = \lfloor \log_2 x \rfloor + 1$ for $x \ge 1$.
+/// Number of bits needed to write `x`: `bitlen(0) = 0`,
+/// `bitlen(x) = ⌊ log_2 x ⌋ + 1` for `x ≥ 1`.
 pub fn bitlen(x: usize) -> usize {
     (usize::BITS - x.leading_zeros()) as usize
 }
 
-/// Fenwick level $\ell(t,s)$ of MATH §2.2: $0$ when $s = t$, otherwise
-/// $\operatorname{bitlen}(t \oplus s)$.
+/// Fenwick level `ℓ(t,s)` of docs/math.md §2.2: `0` when `s = t`, otherwise
+/// `bitlen(t ⊕ s)`.
 ///
-/// The definition is for $s \le t$; the formula is symmetric, so for $s > t$ this returns
-/// $\ell(s,t)$.
+/// The definition is for `s ≤ t`; the formula is symmetric, so for `s > t` this returns
+/// `ℓ(s,t)`.
 pub fn level(t: usize, s: usize) -> usize {
     bitlen(t ^ s)
 }
 
-/// Number of levels needed for sequences of length $T$ (MATH §2.2):
-/// $L(T) = \operatorname{bitlen}(T-1) + 1$, with $L(1) = 1$ and, by convention, $L(0) = 1$.
+/// Number of levels needed for sequences of length `T` (docs/math.md §2.2):
+/// `L(T) = bitlen(T−1) + 1`, with `L(1) = 1` and, by convention, `L(0) = 1`.
 pub fn num_levels(t_len: usize) -> usize {
     bitlen(t_len.saturating_sub(1)) + 1
 }
 
-/// The bucket of token `t` at level `l` (MATH §2.2): the positions $s \le t$ with $\ell(t,s) = l$.
+/// The bucket of token `t` at level `l` (docs/math.md §2.2): the positions `s ≤ t` with `ℓ(t,s) = l`.
 ///
-/// Level $0$ is $\{t\}$. Level $\ell \ge 1$ is non-empty iff bit $\ell-1$ of $t$ is $1$, and then is
-/// $\big[(t \gg \ell) \ll \ell,\ ((t \gg \ell) \ll \ell) + 2^{\ell-1}\big)$; otherwise `None`.
+/// Level `0` is `{t}`. Level `ℓ ≥ 1` is non-empty iff bit `ℓ−1` of `t` is `1`, and then is
+/// `[(t ≫ ℓ) ≪ ℓ, ((t ≫ ℓ) ≪ ℓ) + 2^(ℓ−1))`; otherwise `None`.
 /// Levels beyond the word size are empty (`None`); level 0 of `usize::MAX` is `None` too, as
 /// its range end would not be representable.
 pub fn bucket(t: usize, l: usize) -> Option<Range<usize>> {
@@ -47,11 +47,11 @@ pub fn bucket(t: usize, l: usize) -> Option<Range<usize>> {
     Some(base..base + (1usize << bit))
 }
 
-/// Level between tokens in different chunks of the chunked form (MATH §2.6): with chunk size
-/// $C = 2^c$, chunk indices $i = \lfloor t/C \rfloor \ne j = \lfloor s/C \rfloor$ give
-/// $\ell(t,s) = c + \operatorname{bitlen}(i \oplus j)$.
+/// Level between tokens in different chunks of the chunked form (docs/math.md §2.6): with chunk size
+/// `C = 2^c`, chunk indices `i = ⌊ t/C ⌋ ≠ j = ⌊ s/C ⌋` give
+/// `ℓ(t,s) = c + bitlen(i ⊕ j)`.
 ///
-/// For $i = j$ this returns $c$, which is only an upper bound on the intra-chunk level: use
+/// For `i = j` this returns `c`, which is only an upper bound on the intra-chunk level: use
 /// [`level`] inside a chunk.
 pub fn chunk_level(i: usize, j: usize, c: u32) -> usize {
     c as usize + bitlen(i ^ j)

@@ -1,4 +1,4 @@
-//! Computational forms of a mixer (`docs/design.md`, "Forms").
+//! Computational forms of a mixer (docs/math.md §4, "Forms").
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -10,9 +10,9 @@ use crate::error::Error;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Form {
-    /// Build `(A, B)` and solve $(I-B)Y = AX$ densely in `f64` (the oracle).
+    /// Build `(A, B)` and solve `(I−B)Y = AX` densely in `f64` (the oracle).
     Materialized,
-    /// The family's own quadratic form, e.g. $(QK^\top \odot M)V$.
+    /// The family's own quadratic form, e.g. `(QKᵀ ⊙ M)V`.
     Parallel,
     /// The sub-quadratic algorithm (sparse recurrence, chunked scan, FFT, streaming softmax).
     Fast,

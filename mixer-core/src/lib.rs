@@ -2,7 +2,7 @@
 //!
 //! Math and contracts of the `mixers` library, free of backend code: the error and tolerance
 //! types, input specifications, the materialization `Y = (I − B)⁻¹ A X` and its dense `f64`
-//! oracle, offset patterns and cache-efficient lattices (MATH.md §1.1), Fenwick levels
+//! oracle, offset patterns and cache-efficient lattices (docs/math.md §1.1), Fenwick levels
 //! (§2.2), structural metrics (§1.4), and the [`Mixer`]/[`Decoder`] contracts.
 
 pub mod error;

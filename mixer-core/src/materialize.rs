@@ -2,10 +2,10 @@
 //!
 //! The mixed input `X` (e.g. `x [B,T,C]` or `v [B,T,H,Dv]`) is viewed as `[B, T, M]` with the
 //! trailing axes flattened. A [`Block`] produces the output columns `out_cols` of batch row
-//! `batch` as $(I-B)^{-1}\sum_j A_j X[\text{batch}, :, \text{cols}_j]$. A plain mixer has one
+//! `batch` as `(I−B)⁻¹Σ_j A_j X[batch, :, cols_j]`. A plain mixer has one
 //! term per block (per head or per channel); the Toeplitz kernel variant has one per shift.
 //!
-//! An affine mixer (e.g. the Toeplitz mixer's position bias, MATH.md §3) adds an [`Offset`]
+//! An affine mixer (e.g. the Toeplitz mixer's position bias, docs/math.md §3) adds an [`Offset`]
 //! `D` that does not depend on `X`: `Y = (I − B)⁻¹ A X + D`.
 
 use std::ops::Range;

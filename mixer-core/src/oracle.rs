@@ -1,4 +1,4 @@
-//! The generic dense oracle: $Y = (I-B)^{-1} A X$ in `f64`, via faer's unit-lower-triangular
+//! The generic dense oracle: `Y = (I−B)⁻¹ A X` in `f64`, via faer's unit-lower-triangular
 //! solve. Every fast form, backend and plugin is checked against it.
 
 use faer::{Mat, Par};

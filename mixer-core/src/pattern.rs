@@ -1,43 +1,43 @@
-//! Offset patterns of the generalized linear recurrence (MATH §1.1 "Offset patterns").
+//! Offset patterns of the generalized linear recurrence (docs/math.md §1.1 "Offset patterns").
 //!
-//! A pattern is a strictly increasing $f : \mathbb{N} \to \mathbb{N}_{>0}$. Token $t$ reads
-//! slot $k$ when $f(k) \le t$, at position $d_k(t)$:
-//! - translation-invariant: $d_k(t) = t - f(k)$;
-//! - cache-efficient (needs $f(0) = 1$): $d_k(t) = a_k \lceil (t + 1 - f(k)) / a_k \rceil - 1$ with
-//!   strides $a_0 = 1$, $a_{k+1} = a_k \lceil (f(k+1) - f(k)) / a_k \rceil$.
+//! A pattern is a strictly increasing `f : ℕ → ℕ_{>0}`. Token `t` reads
+//! slot `k` when `f(k) ≤ t`, at position `d_k(t)`:
+//! - translation-invariant: `d_k(t) = t − f(k)`;
+//! - cache-efficient (needs `f(0) = 1`): `d_k(t) = a_k ⌈ (t + 1 − f(k)) / a_k ⌉ − 1` with
+//!   strides `a_0 = 1`, `a_{k+1} = a_k ⌈ (f(k+1) − f(k)) / a_k ⌉`.
 //!
-//! The cache-efficient positions satisfy the lattice invariant $P_t \subseteq [0, t-1]$ and
-//! $P_t \subseteq P_{t-1} \cup \{t-1\}$ for every strictly increasing $f$ with $f(0) = 1$: when
-//! $d_k(t) \ne d_k(t-1)$ one has $a_k \mid t - f(k)$, and then $d_k(t) = d_{k-1}(t-1)$
-//! (slot $k-1$ is active at $t-1$ since $f(k-1) < f(k) \le t$). So no $f$ breaks it; the checker
+//! The cache-efficient positions satisfy the lattice invariant `P_t ⊆ [0, t−1]` and
+//! `P_t ⊆ P_{t−1} ∪ {t−1}` for every strictly increasing `f` with `f(0) = 1`: when
+//! `d_k(t) ≠ d_k(t−1)` one has `a_k | t − f(k)`, and then `d_k(t) = d_{k−1}(t−1)`
+//! (slot `k−1` is active at `t−1` since `f(k−1) < f(k) ≤ t`). So no `f` breaks it; the checker
 //! still verifies it from the positions actually produced.
 
 use crate::error::{Error, Result};
 
-/// An offset function $k \mapsto f(k)$. It may saturate at `u64::MAX` for large $k$; the value
+/// An offset function `k ↦ f(k)`. It may saturate at `u64::MAX` for large `k`; the value
 /// `u64::MAX` is treated as "beyond every sequence length".
 pub type OffsetFn = fn(usize) -> u64;
 
-/// Number of leading terms of $f$ checked for strict increase by [`Pattern::new`].
+/// Number of leading terms of `f` checked for strict increase by [`Pattern::new`].
 const CHECKED_TERMS: usize = 64;
 
-/// `pow2`: $f(k) = 2^k$ (saturating at `u64::MAX`). MATH §1.1.
+/// `pow2`: `f(k) = 2^k` (saturating at `u64::MAX`). docs/math.md §1.1.
 pub fn pow2(k: usize) -> u64 {
     u32::try_from(k).ok().and_then(|k| 1u64.checked_shl(k)).unwrap_or(u64::MAX)
 }
 
-/// `sq1`: $f(k) = k^2 + 1$ (saturating at `u64::MAX`). MATH §1.1.
+/// `sq1`: `f(k) = k² + 1` (saturating at `u64::MAX`). docs/math.md §1.1.
 pub fn sq1(k: usize) -> u64 {
     (k as u64).saturating_mul(k as u64).saturating_add(1)
 }
 
-/// `linear`: $f(k) = k + 1$ (saturating at `u64::MAX`). With `order` $= 1$ it is the diagonal SSM,
-/// with `order` $= k$ a $k$-th order recurrence, untruncated the dense recurrence. MATH §1.1.
+/// `linear`: `f(k) = k + 1` (saturating at `u64::MAX`). With `order` `= 1` it is the diagonal SSM,
+/// with `order` `= k` a `k`-th order recurrence, untruncated the dense recurrence. docs/math.md §1.1.
 pub fn linear(k: usize) -> u64 {
     (k as u64).saturating_add(1)
 }
 
-/// An offset pattern (MATH §1.1): an offset function $f$, an optional truncation to the first
+/// An offset pattern (docs/math.md §1.1): an offset function `f`, an optional truncation to the first
 /// `order` slots, and the choice between translation-invariant and cache-efficient positions.
 #[derive(Clone, Debug)]
 pub struct Pattern {
@@ -48,9 +48,9 @@ pub struct Pattern {
 }
 
 impl Pattern {
-    /// Builds a pattern after checking MATH §1.1's requirements:
-    /// `order` $\ne 0$; $f(0) \ge 1$; $f(0) = 1$ when `cache_efficient` (the lattice needs it);
-    /// $f(k) < f(k+1)$ for the first 64 terms (or until $f$ saturates at `u64::MAX`).
+    /// Builds a pattern after checking docs/math.md §1.1's requirements:
+    /// `order` `≠ 0`; `f(0) ≥ 1`; `f(0) = 1` when `cache_efficient` (the lattice needs it);
+    /// `f(k) < f(k+1)` for the first 64 terms (or until `f` saturates at `u64::MAX`).
     pub fn new(name: &str, f: OffsetFn, order: Option<usize>, cache_efficient: bool) -> Result<Self> {
         if order == Some(0) {
             return Err(Error::pattern(
@@ -93,18 +93,18 @@ impl Pattern {
         &self.name
     }
 
-    /// The truncation: at most `order` slots ($k < $ `order`); `None` = untruncated.
+    /// The truncation: at most `order` slots (`k <` `order`); `None` = untruncated.
     pub fn order(&self) -> Option<usize> {
         self.order
     }
 
-    /// Whether positions are the cache-efficient lattice $d_k(t) = a_k\lceil (t+1-f(k))/a_k\rceil - 1$
-    /// rather than the translation-invariant $d_k(t) = t - f(k)$ (MATH §1.1).
+    /// Whether positions are the cache-efficient lattice `d_k(t) = a_k⌈ (t+1−f(k))/a_k⌉ − 1`
+    /// rather than the translation-invariant `d_k(t) = t − f(k)` (docs/math.md §1.1).
     pub fn cache_efficient(&self) -> bool {
         self.cache_efficient
     }
 
-    /// The offset $f(k)$ (ignores the truncation).
+    /// The offset `f(k)` (ignores the truncation).
     pub fn offset(&self, k: usize) -> u64 {
         (self.f)(k)
     }
@@ -114,9 +114,9 @@ impl Pattern {
         self.order.is_none_or(|o| k < o)
     }
 
-    /// Number of slots $k$ (within the truncation) with $f(k) \le$ `limit`. Counting stops at the
+    /// Number of slots `k` (within the truncation) with `f(k) ≤` `limit`. Counting stops at the
     /// first term that does not increase (only the first 64 terms are validated) and after
-    /// `limit` terms (a strictly increasing $f \ge 1$ has $f(k) \ge k + 1$).
+    /// `limit` terms (a strictly increasing `f ≥ 1` has `f(k) ≥ k + 1`).
     fn count_le(&self, limit: u64) -> usize {
         let mut k = 0usize;
         let mut prev = 0u64;
@@ -131,8 +131,8 @@ impl Pattern {
         k
     }
 
-    /// Number of dependency slots for length $T$ (MATH §1.1):
-    /// $K(T) = \#\{k : f(k) \le T - 1\}$, capped by `order`. $K(0) = 0$.
+    /// Number of dependency slots for length `T` (docs/math.md §1.1):
+    /// `K(T) = #{k : f(k) ≤ T − 1}`, capped by `order`. `K(0) = 0`.
     pub fn slots(&self, t_len: usize) -> usize {
         match t_len.checked_sub(1) {
             Some(limit) => self.count_le(limit as u64),
@@ -140,14 +140,14 @@ impl Pattern {
         }
     }
 
-    /// The active offsets $f(0), \dots, f(K(T) - 1)$.
+    /// The active offsets `f(0), …, f(K(T) − 1)`.
     pub fn offsets(&self, t_len: usize) -> Vec<u64> {
         (0..self.slots(t_len)).map(self.f).collect()
     }
 
-    /// The strides $a_0, \dots, a_{n-1}$ of the cache-efficient lattice (MATH §1.1):
-    /// $a_0 = 1$, $a_{k+1} = a_k \lceil (f(k+1) - f(k)) / a_k \rceil$ (pow2: $1,1,2,4,8,\dots$; sq1:
-    /// $1,1,3,6,12,12,12,24,\dots$). Saturates at `u64::MAX` once $f$ does. Defined (and
+    /// The strides `a_0, …, a_{n−1}` of the cache-efficient lattice (docs/math.md §1.1):
+    /// `a_0 = 1`, `a_{k+1} = a_k ⌈ (f(k+1) − f(k)) / a_k ⌉` (pow2: `1,1,2,4,8,…`; sq1:
+    /// `1,1,3,6,12,12,12,24,…`). Saturates at `u64::MAX` once `f` does. Defined (and
     /// returned) whether or not the pattern is cache-efficient.
     pub fn strides(&self, n: usize) -> Vec<u64> {
         let mut out = Vec::with_capacity(n);
@@ -171,15 +171,15 @@ impl Pattern {
         out
     }
 
-    /// Position $d_k(t)$ read by token $t$ in slot $k$ (MATH §1.1), or `None` when slot $k$ is
-    /// truncated away ($k \ge$ `order`) or inactive ($f(k) > t$).
-    /// Costs $O(k)$ for cache-efficient patterns (the strides); use [`Slots`] for many tokens.
+    /// Position `d_k(t)` read by token `t` in slot `k` (docs/math.md §1.1), or `None` when slot `k`
+    /// is truncated away (`k ≥ order`) or inactive (`f(k) > t`).
+    /// Costs `O(k)` for cache-efficient patterns (the strides); use [`Slots`] for many tokens.
     pub fn dep(&self, t: usize, k: usize) -> Option<usize> {
         let slots = Slots::new(self, t.checked_add(1)?);
         (k < slots.len()).then(|| slots.pos(t, k))
     }
 
-    /// All active slots of token $t$ as `(k, d_k(t))`, for $k < K(t+1)$ (i.e. $f(k) \le t$).
+    /// All active slots of token `t` as `(k, d_k(t))`, for `k < K(t+1)` (i.e. `f(k) ≤ t`).
     pub fn deps(&self, t: usize) -> Vec<(usize, usize)> {
         match t.checked_add(1) {
             Some(n) => Slots::new(self, n).deps(t).collect(),
@@ -187,26 +187,26 @@ impl Pattern {
         }
     }
 
-    /// The dependency positions of every token $t <$ `t_len`, from one [`Slots`] table.
+    /// The dependency positions of every token `t <` `t_len`, computed with one stride table.
     pub(crate) fn all_deps(&self, t_len: usize) -> Vec<Vec<usize>> {
         let slots = Slots::new(self, t_len);
         (0..t_len).map(|t| slots.deps(t).map(|(_, d)| d).collect()).collect()
     }
 
-    /// Checks MATH §1.1's lattice invariant for every $t <$ `t_len`: $P_t \subseteq [0, t-1]$ and,
-    /// for cache-efficient patterns, $P_t \subseteq P_{t-1} \cup \{t-1\}$ (so a decoder's cache
-    /// after token $t-1$ is exactly $P_t$). Translation-invariant patterns only need
-    /// $P_t \subseteq [0, t-1]$. The error names the token and the offending position.
+    /// Checks docs/math.md §1.1's lattice invariant for every `t <` `t_len`: `P_t ⊆ [0, t−1]` and,
+    /// for cache-efficient patterns, `P_t ⊆ P_{t−1} ∪ {t−1}` (so a decoder's cache
+    /// after token `t−1` is exactly `P_t`). Translation-invariant patterns only need
+    /// `P_t ⊆ [0, t−1]`. The error names the token and the offending position.
     pub fn check_lattice_invariant(&self, t_len: usize) -> Result<()> {
         let slots = Slots::new(self, t_len);
         let positions = |t: usize| -> Vec<usize> { slots.deps(t).map(|(_, d)| d).collect() };
         check_positions(&self.name, t_len, positions, self.cache_efficient)
     }
 
-    /// Positions a decoder must keep for length $T$ (MATH §1.1).
-    /// Cache-efficient: $\max_{t < T} |P_t|$ (distinct positions; $\le \log_2 T + 1$ for pow2).
-    /// Translation-invariant: the largest active offset $f(K(T)-1)$ (a window of the last
-    /// $f(K-1)$ outputs), $0$ when $K(T) = 0$.
+    /// Positions a decoder must keep for length `T` (docs/math.md §1.1).
+    /// Cache-efficient: `max_{t < T} |P_t|` (distinct positions; `≤ log_2 T + 1` for pow2).
+    /// Translation-invariant: the largest active offset `f(K(T)−1)` (a window of the last
+    /// `f(K−1)` outputs), `0` when `K(T) = 0`.
     pub fn max_cache(&self, t_len: usize) -> usize {
         if self.cache_efficient {
             let slots = Slots::new(self, t_len);
@@ -221,7 +221,7 @@ impl Pattern {
 }
 
 /// The dependency table of a pattern for one length $T$: offsets $f(k)$ and lattice strides
-/// $a_k$ for the $K(T)$ slots, so that $d_k(t)$ costs $O(1)$ (MATH §1.1). This is the one place
+/// $a_k$ for the $K(T)$ slots, so that $d_k(t)$ costs $O(1)$ (docs/math.md §1.1). This is the one place
 /// the position formula is written; the GLR forms, its decoders (CPU and CUDA, whose kernels
 /// take [`Slots::offsets`] and [`Slots::strides`] as tables), the materialization and the
 /// lattice checks all read it.
@@ -234,7 +234,7 @@ pub struct Slots {
 
 impl Slots {
     /// Offsets and strides of `p` for length `t_len` ($f(k) \le T - 1$, so they fit in `usize`;
-    /// strides are $\le f(k)$, MATH §1.1).
+    /// strides are $\le f(k)$, docs/math.md §1.1).
     pub fn new(p: &Pattern, t_len: usize) -> Self {
         let offsets: Vec<usize> = p.offsets(t_len).into_iter().map(|f| f as usize).collect();
         let strides = if p.cache_efficient() {

@@ -83,7 +83,7 @@ pub enum Gen {
 /// One input of a mixer.
 #[derive(Clone, Debug, Serialize)]
 pub struct InputDecl {
-    /// Name, as in MATH.md and the npz files.
+    /// Name, as in docs/math.md and the npz files.
     pub name: &'static str,
     /// Symbolic shape.
     pub shape: Vec<Dim>,

@@ -5,8 +5,8 @@ use serde::Serialize;
 
 /// Acceptance thresholds for comparing an output against the `f64` oracle.
 ///
-/// Relative RMS error $\|y-\hat y\|_2 / \max(\|\hat y\|_2, \epsilon)$ and max-abs error
-/// $\max_i |y_i - \hat y_i|$; an output passes when both are within bounds.
+/// Relative RMS error `‖y−ŷ‖_2 / max(‖ŷ‖_2, ε)` and max-abs error
+/// `max_i |y_i − ŷ_i|`; an output passes when both are within bounds.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Tolerance {
     /// Bound on the relative RMS error.

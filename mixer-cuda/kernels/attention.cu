@@ -1,4 +1,4 @@
-// Softmax attention (MATH.md §1.3): y_t = Σ_{s ≤ t, t−s < window} softmax_s(scale · q_t·k_s) v_s.
+// Softmax attention (docs/math.md §1.3): y_t = Σ_{s ≤ t, t−s < window} softmax_s(scale · q_t·k_s) v_s.
 // Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]. window ≤ 0 means full causal attention.
 
 // Tiled online-softmax forward. Grid (⌈T/BQ⌉, B·H); block BQ threads, one query row each.

@@ -1,4 +1,4 @@
-// Generalized linear recurrence (MATH.md §1.2), any offset pattern:
+// Generalized linear recurrence (docs/math.md §1.2), any offset pattern:
 //   y[t] = α[t,0]·x[t] + Σ_{k: f(k) ≤ t} ( α[t,k+1]·x[d_k(t)] + β[t,k]·y[d_k(t)] )   per (b, c),
 // with the α-terms on x present for on = a | both and the β-terms for on = b | both.
 // The pattern reaches the GPU as a table computed on the host: offsets f(k) and lattice

@@ -1,4 +1,4 @@
-// Log-linear family, generic quadratic form (MATH.md §2.1, §2.3). The host prepends the level
+// Log-linear family, generic quadratic form (docs/math.md §2.1, §2.3). The host prepends the level
 // mask's device function `int mixers_level(long long t, long long s)` and the λ scheme's
 // `double mixers_lambda(double raw, double param)`, so a plugin mask or scheme runs here
 // with no kernel of its own.
@@ -7,7 +7,7 @@
 //   w_{t,s} = σ · β_s · k_s · u_s · [lifted: mixers_lambda(λraw[t, ℓ(t,s)], 1)],
 //   u_t = q_t,  u_{s−1} = M_s u_s,
 //   M_s = I (linear attention), e^{g_s} I (Mamba-2), e^{g_s}(I − β_s k_s k_sᵀ) (gated DeltaNet),
-// so that k_s · u_s = k_sᵀ Φ_{s+1..t} q_t with Φ the ordered product of MATH §2.1; for Mamba-2
+// so that k_s · u_s = k_sᵀ Φ_{s+1..t} q_t with Φ the ordered product of docs/math.md §2.1; for Mamba-2
 // this is (q_t·k_s) e^{G_t − G_s}, accumulated as a product of factors e^{g_r} ≤ 1 (no
 // exponential of a difference is ever formed). β_s = 1 except for gated DeltaNet.
 // Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]; g, beta [B,T,H]; lambda [B,T,H,L].

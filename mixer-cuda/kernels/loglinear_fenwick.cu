@@ -1,4 +1,4 @@
-// Log-linear family with the Fenwick mask (MATH.md §2.2, §2.5, §2.6): the chunked form and the
+// Log-linear family with the Fenwick mask (docs/math.md §2.2, §2.5, §2.6): the chunked form and the
 // O(log T)-state decoder step. λ arrives already mapped by the host (weights ≥ 0).
 // Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]; g, beta [B,T,H]; lambda [B,T,H,L].
 // base: 0 linear attention, 1 Mamba-2, 2 gated DeltaNet.
@@ -194,7 +194,7 @@ __device__ void ll_chunked(const T* q, const T* k, const T* v, const T* g, const
 #undef ROW
 }
 
-// Decoder step (MATH §2.5), one block per (b, h). tok packs the token's inputs:
+// Decoder step (docs/math.md §2.5), one block per (b, h). tok packs the token's inputs:
 // q [BH·Dk] | k [BH·Dk] | v [BH·Dv] | g [BH] | beta [BH] | lambda [BH·L] (g, beta, lambda as the
 // mixer takes them; absent parts are not read). States st [BH·NL·Dv·Dk], level l row-major Dv×Dk.
 // occ: bit l set when level l is non-empty after the merge of this step. m = ctz(t) (t ≥ 1).

@@ -1,4 +1,4 @@
-// Toeplitz mixer (MATH.md §3): y[t,e] = Σ_i Σ_{s≤t} w[i,h(e),t−s] · x[s, e+i−(Kw−1)] + bias[h(e),t],
+// Toeplitz mixer (docs/math.md §3): y[t,e] = Σ_i Σ_{s≤t} w[i,h(e),t−s] · x[s, e+i−(Kw−1)] + bias[h(e),t],
 // where head h(e) = e / (C/H) and a channel index outside the head's range contributes 0.
 // Layouts: x, y [B,T,C]; w [Kw,H,T]; bias [H,T].
 

@@ -3,7 +3,7 @@
 use mixer_core::Result;
 use mixer_core::mixer::Mixer;
 
-/// An offset pattern `f(k)` (MATH.md §1.1): strictly increasing, `f(k) ≥ 1`; `f(0) = 1` if
+/// An offset pattern `f(k)` (docs/math.md §1.1): strictly increasing, `f(k) ≥ 1`; `f(0) = 1` if
 /// it is to be used with the cache-efficient lattice.
 #[derive(Debug)]
 pub struct PatternEntry {
@@ -17,7 +17,7 @@ pub struct PatternEntry {
     pub offset: fn(usize) -> u64,
 }
 
-/// A causal level mask for the log-linear lift (MATH.md §2.3): `ℓ(t, s)` for `s ≤ t`.
+/// A causal level mask for the log-linear lift (docs/math.md §2.3): `ℓ(t, s)` for `s ≤ t`.
 #[derive(Debug)]
 pub struct MaskEntry {
     /// Name used in configs (`"mask": "fenwick"`).
@@ -33,7 +33,7 @@ pub struct MaskEntry {
     pub cuda: Option<&'static str>,
 }
 
-/// A λ scheme (MATH.md §2.4): maps a raw projection and a per-(head, level) parameter
+/// A λ scheme (docs/math.md §2.4): maps a raw projection and a per-(head, level) parameter
 /// (learnable, initialised to 1) to a weight `λ ≥ 0`.
 #[derive(Debug)]
 pub struct LambdaEntry {
@@ -89,3 +89,20 @@ pub struct BackendEntry {
 }
 
 pub use crate::family::FamilyEntry;
+
+/// Where a registered entry comes from: written by `#[register]` next to every entry it
+/// registers, so that duplicate names and linked plugins can be reported by crate.
+#[derive(Debug)]
+pub struct Origin {
+    /// The registered static (compared by address).
+    pub entry: &'static (dyn std::any::Any + Send + Sync),
+    /// `module_path!()` where the static was registered; its first segment is the crate.
+    pub module: &'static str,
+}
+
+impl Origin {
+    /// The crate that registered the entry (the first segment of [`Origin::module`]).
+    pub fn krate(&self) -> &'static str {
+        self.module.split("::").next().unwrap_or(self.module)
+    }
+}

@@ -38,7 +38,10 @@ pub use backend::{Backend, backends_status};
 pub use entries::*;
 pub use family::{DecoderFn, DynFamily, Family, FormFn, Scalar};
 pub use harness::{CheckRow, Sizes, check};
-pub use lookup::{backend_entry, duplicates, family, lambda_scheme, mask, mixer, mixer_entry, pattern};
+pub use lookup::{
+    Duplicate, backend_entry, duplicates, family, lambda_scheme, mask, mixer, mixer_entry, origin, pattern,
+    plugin_crates,
+};
 
 /// Offset patterns.
 #[linkme::distributed_slice]
@@ -58,12 +61,72 @@ pub static BACKENDS: [BackendEntry];
 /// Backends' implementations of mixer families.
 #[linkme::distributed_slice]
 pub static FAMILIES: [FamilyEntry];
+/// Where each entry above was registered (one [`Origin`] per `#[register]`).
+#[linkme::distributed_slice]
+pub static ORIGINS: [Origin];
 
 #[cfg(test)]
 mod tests {
+    use crate::{LambdaEntry, register};
+
+    fn half(raw: f64, _: f64) -> f64 {
+        raw / 2.0
+    }
+
+    // The same λ-scheme name registered from two modules: lookups must refuse it.
+    mod first {
+        #[super::register]
+        static TWICE: super::LambdaEntry =
+            super::LambdaEntry { name: "test-twice", doc: "first", map: super::half, cuda: None };
+    }
+    mod second {
+        #[super::register]
+        static TWICE: super::LambdaEntry =
+            super::LambdaEntry { name: "test-twice", doc: "second", map: super::half, cuda: None };
+    }
+
+    #[test]
+    fn duplicate_names_are_refused_naming_both_modules() {
+        let e = super::lambda_scheme("test-twice").unwrap_err();
+        assert!(matches!(e, mixer_core::Error::Duplicate { .. }), "{e:?}");
+        let msg = e.to_string();
+        for needle in [
+            "λ scheme `test-twice` is registered 2 times",
+            "`mixer_registry::tests::first`",
+            "`mixer_registry::tests::second`",
+        ] {
+            assert!(msg.contains(needle), "`{needle}` not in: {msg}");
+        }
+        let d = super::duplicates();
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!((d[0].kind, d[0].name.as_str(), d[0].origins.len()), ("λ scheme", "test-twice", 2));
+        assert_eq!(d[0].to_string(), msg);
+    }
+
+    #[test]
+    fn every_entry_knows_its_origin() {
+        assert_eq!(
+            super::origin(super::pattern("pow2").unwrap()),
+            Some("mixer_registry::builtins::patterns")
+        );
+        assert_eq!(super::origin(super::mask("fenwick").unwrap()), Some("mixer_registry::builtins::masks"));
+        assert_eq!(
+            super::ORIGINS.len(),
+            super::PATTERNS.len()
+                + super::MASKS.len()
+                + super::LAMBDAS.len()
+                + super::MIXERS.len()
+                + super::BACKENDS.len()
+                + super::FAMILIES.len()
+        );
+        // Only the registry itself registers here (its tests count as its own crate).
+        assert!(super::plugin_crates().is_empty(), "{:?}", super::plugin_crates());
+    }
+
     #[test]
     fn builtins_are_registered_once() {
-        assert!(super::duplicates().is_empty(), "{:?}", super::duplicates());
+        let d = super::duplicates();
+        assert!(d.iter().all(|d| d.name == "test-twice"), "{d:?}");
         for p in ["pow2", "sq1", "linear"] {
             super::pattern(p).unwrap();
         }
@@ -74,8 +137,10 @@ mod tests {
     }
 
     #[test]
-    fn unknown_names_suggest_near_ones() {
+    fn unknown_names_suggest_near_ones_and_the_link_rule() {
         let e = super::pattern("pow").unwrap_err().to_string();
-        assert!(e.contains("did you mean `pow2`"), "{e}");
+        assert!(e.contains("unknown pattern `pow` (did you mean `pow2`?)"), "{e}");
+        assert!(e.contains("no plugin crates are linked") && e.contains("use plugin_crate as _;"), "{e}");
+        assert!(!e.contains('\n'), "{e}");
     }
 }

@@ -1,9 +1,10 @@
-//! Lookup by name, with "did you mean" errors, and duplicate detection.
+//! Lookup by name, with "did you mean" errors that name the linked plugins, and duplicate
+//! names refused at lookup (the error names every registering module).
 
 use mixer_core::{Error, Result};
 
 use crate::entries::*;
-use crate::{BACKENDS, FAMILIES, LAMBDAS, MASKS, MIXERS, PATTERNS};
+use crate::{BACKENDS, FAMILIES, LAMBDAS, MASKS, MIXERS, ORIGINS, PATTERNS};
 
 /// Names within a small edit distance of `name`, closest first.
 pub fn near_names<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> Vec<String> {
@@ -15,17 +16,60 @@ pub fn near_names<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> Vec<S
     v.into_iter().take(3).map(|(_, k)| k.to_string()).collect()
 }
 
-fn find<'a, E>(kind: &'static str, name: &str, all: &'a [E], key: fn(&E) -> &'static str) -> Result<&'a E> {
-    all.iter().find(|e| key(e) == name).ok_or_else(|| {
-        let mut known: Vec<&str> = all.iter().map(key).collect();
-        known.sort();
-        Error::Unknown {
+/// The crates that register the builtins; every other registering crate is a plugin.
+pub const BUILTIN_CRATES: [&str; 3] = ["mixer_registry", "mixer_cpu", "mixer_cuda"];
+
+/// The module that registered `entry` (`module_path!()` at its `#[register]`), or `None` for
+/// an entry placed in a slice without the attribute.
+pub fn origin<E: std::any::Any>(entry: &'static E) -> Option<&'static str> {
+    ORIGINS
+        .iter()
+        .find(|o| std::ptr::addr_eq(o.entry as *const dyn std::any::Any, entry as *const E))
+        .map(|o| o.module)
+}
+
+fn origin_or_unknown<E: std::any::Any>(entry: &'static E) -> String {
+    origin(entry).unwrap_or("(registered without #[register])").to_string()
+}
+
+/// Crates other than the builtin ones ([`BUILTIN_CRATES`]) that registered anything in this
+/// binary, sorted: the plugins the linker kept.
+pub fn plugin_crates() -> Vec<&'static str> {
+    let mut v: Vec<&str> =
+        ORIGINS.iter().map(|o| o.krate()).filter(|c| !BUILTIN_CRATES.contains(c)).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The one entry of `all` named `name`: an error naming near names and the linked plugins
+/// when there is none, and an error naming every registering module when there are several.
+fn find<E: std::any::Any>(
+    kind: &'static str,
+    name: &str,
+    all: &'static [E],
+    key: fn(&E) -> &'static str,
+) -> Result<&'static E> {
+    let found: Vec<&'static E> = all.iter().filter(|e| key(e) == name).collect();
+    match found.as_slice() {
+        [one] => Ok(one),
+        [] => {
+            let mut known: Vec<&str> = all.iter().map(key).collect();
+            known.sort();
+            Err(Error::NotRegistered {
+                kind,
+                name: name.to_string(),
+                suggestions: near_names(name, known.iter().copied()),
+                known: known.join(", "),
+                plugins: plugin_crates().into_iter().map(String::from).collect(),
+            })
+        }
+        many => Err(Error::Duplicate {
             kind,
             name: name.to_string(),
-            suggestions: near_names(name, known.iter().copied()),
-            known: known.join(", "),
-        }
-    })
+            origins: many.iter().map(|e| origin_or_unknown(*e)).collect(),
+        }),
+    }
 }
 
 /// A registered offset pattern.
@@ -58,16 +102,42 @@ pub fn family(family: &str, backend: &str) -> Option<&'static FamilyEntry> {
     FAMILIES.iter().find(|k| k.family == family && k.backend == backend)
 }
 
-/// Every `(kind, name)` registered more than once.
-pub fn duplicates() -> Vec<(&'static str, String)> {
-    fn dups<E>(kind: &'static str, all: &[E], key: fn(&E) -> String, out: &mut Vec<(&'static str, String)>) {
-        let mut seen = std::collections::BTreeSet::new();
+/// A name registered more than once: its kind and the modules that registered it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Duplicate {
+    /// `pattern`, `mask`, `λ scheme`, `mixer`, `backend` or `kernel`.
+    pub kind: &'static str,
+    /// The name (`kernel@backend` for kernels).
+    pub name: String,
+    /// The registering modules, in slice order.
+    pub origins: Vec<String>,
+}
+
+impl std::fmt::Display for Duplicate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let e = Error::Duplicate { kind: self.kind, name: self.name.clone(), origins: self.origins.clone() };
+        write!(f, "{e}")
+    }
+}
+
+/// Every name registered more than once, with the modules that registered it. Lookups of
+/// these names fail; `mixers list`, `check` and `tour` print them as warnings.
+pub fn duplicates() -> Vec<Duplicate> {
+    fn dups<E: std::any::Any>(
+        kind: &'static str,
+        all: &'static [E],
+        key: fn(&E) -> String,
+        out: &mut Vec<Duplicate>,
+    ) {
+        let mut by: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
         for e in all {
-            let k = key(e);
-            if !seen.insert(k.clone()) {
-                out.push((kind, k));
-            }
+            by.entry(key(e)).or_default().push(origin_or_unknown(e));
         }
+        out.extend(by.into_iter().filter(|(_, o)| o.len() > 1).map(|(name, origins)| Duplicate {
+            kind,
+            name,
+            origins,
+        }));
     }
     let mut out = Vec::new();
     dups("pattern", &PATTERNS, |e| e.name.into(), &mut out);

@@ -185,6 +185,7 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     if a.config.is_some() && a.mixer.is_none() {
         return Err(Error::Io("--config needs --mixer".into()));
     }
+    super::warn_duplicates();
     let backends = backends(a.backend.as_deref())?;
     let defaults = Sizes::default();
     let sizes =

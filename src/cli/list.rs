@@ -1,5 +1,6 @@
 //! `mixers list`.
 
+use super::plugin_note;
 use mixer_core::Result;
 use mixer_registry::{Availability, Backend, LAMBDAS, MASKS, MIXERS, PATTERNS, backends_status, run::forms};
 
@@ -10,6 +11,14 @@ pub struct Args {}
 /// The listing, as text.
 pub fn listing() -> String {
     let mut s = String::new();
+    let plugins = mixer_registry::plugin_crates();
+    s += &format!(
+        "plugin crates linked: {}\n",
+        if plugins.is_empty() { "none".to_string() } else { plugins.join(", ") }
+    );
+    for d in mixer_registry::duplicates() {
+        s += &format!("DUPLICATE: {d}\n");
+    }
     let mut section = |title: &str, mut items: Vec<(String, String)>| {
         items.sort();
         s += &format!("{title}:\n");
@@ -17,9 +26,18 @@ pub fn listing() -> String {
             s += &format!("  {n:<26} {d}\n");
         }
     };
-    section("patterns", PATTERNS.iter().map(|e| (e.name.to_string(), e.doc.to_string())).collect());
-    section("masks", MASKS.iter().map(|e| (e.name.to_string(), e.doc.to_string())).collect());
-    section("λ schemes", LAMBDAS.iter().map(|e| (e.name.to_string(), e.doc.to_string())).collect());
+    section(
+        "patterns",
+        PATTERNS.iter().map(|e| (e.name.to_string(), format!("{}{}", e.doc, plugin_note(e)))).collect(),
+    );
+    section(
+        "masks",
+        MASKS.iter().map(|e| (e.name.to_string(), format!("{}{}", e.doc, plugin_note(e)))).collect(),
+    );
+    section(
+        "λ schemes",
+        LAMBDAS.iter().map(|e| (e.name.to_string(), format!("{}{}", e.doc, plugin_note(e)))).collect(),
+    );
     let status = backends_status();
     section(
         "backends",
@@ -38,7 +56,7 @@ pub fn listing() -> String {
     mixers.sort_by_key(|e| (e.family, e.name));
     s += "mixers:\n";
     for e in mixers {
-        s += &format!("  {:<26} [{}] {}\n", e.name, e.family, e.doc);
+        s += &format!("  {:<26} [{}] {}{}\n", e.name, e.family, e.doc, plugin_note(e));
         match (e.build)(e.name, &serde_json::json!({})) {
             Ok(m) => {
                 s += &format!("  {:<26} inputs: {}\n", "", m.spec().describe());
@@ -62,6 +80,7 @@ pub fn listing() -> String {
 }
 
 pub(crate) fn run(_a: Args) -> Result<i32> {
+    super::warn_duplicates();
     print!("{}", listing());
     Ok(0)
 }

@@ -1,4 +1,4 @@
-//! `mixers metrics`: structural metrics of an offset pattern (MATH.md §1.4).
+//! `mixers metrics`: structural metrics of an offset pattern (docs/math.md §1.4).
 
 use mixer_core::metrics::{PatternMetrics, pattern_metrics};
 use mixer_core::pattern::Pattern;

@@ -40,7 +40,27 @@ enum Command {
 /// Runs the CLI on the process arguments; returns the exit code (0 ok, 1 check failures,
 /// 2 errors). Errors are printed as one line, never as a panic.
 pub fn main() -> i32 {
-    let cli = Cli::parse();
+    run(Cli::parse())
+}
+
+/// Runs the CLI on the given arguments (the first one is the program name), e.g.
+/// `main_with(["mixers", "check", "--mixer", "glr"])`; returns the exit code like [`main`].
+/// Invalid arguments print clap's usage message and return 2.
+pub fn main_with<I, T>(args: I) -> i32
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    match Cli::try_parse_from(args) {
+        Ok(cli) => run(cli),
+        Err(e) => {
+            let _ = e.print();
+            if e.use_stderr() { 2 } else { 0 }
+        }
+    }
+}
+
+fn run(cli: Cli) -> i32 {
     let r = match cli.command {
         Command::List(a) => list::run(a),
         Command::Run(a) => run::run(a),
@@ -64,5 +84,23 @@ pub(crate) fn parse_config(s: Option<&str>) -> mixer_core::Result<serde_json::Va
         None => Ok(serde_json::json!({})),
         Some(s) => serde_json::from_str(s)
             .map_err(|e| mixer_core::Error::Io(format!("--config is not valid JSON ({e}): {s}"))),
+    }
+}
+
+/// Prints one `warning:` line to stderr per name registered more than once (lookups of those
+/// names fail, naming both registering crates); returns how many there are.
+pub(crate) fn warn_duplicates() -> usize {
+    let dups = mixer_registry::duplicates();
+    for d in &dups {
+        eprintln!("warning: {d}; lookups of this name fail until it is unique");
+    }
+    dups.len()
+}
+
+/// `" [from crate]"` for an entry registered outside the builtin crates, else `""`.
+pub(crate) fn plugin_note<E: std::any::Any>(entry: &'static E) -> String {
+    match mixer_registry::origin(entry).map(|m| m.split("::").next().unwrap_or(m)) {
+        Some(c) if !mixer_registry::lookup::BUILTIN_CRATES.contains(&c) => format!(" [from {c}]"),
+        _ => String::new(),
     }
 }

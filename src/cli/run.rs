@@ -14,7 +14,7 @@ pub struct Args {
     /// JSON config (default `{}`).
     #[arg(long)]
     config: Option<String>,
-    /// Input `.npz` with the names of MATH.md (f32 or f64).
+    /// Input `.npz` with the names of docs/math.md (f32 or f64).
     #[arg(long)]
     inputs: PathBuf,
     /// Form: materialized, parallel, fast, recurrent.

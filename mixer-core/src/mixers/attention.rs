@@ -1,8 +1,8 @@
-//! Softmax attention (MATH §1.3 "Attention"): `attention` and `local-attention`.
+//! Softmax attention (docs/math.md §1.3 "Attention"): `attention` and `local-attention`.
 //!
-//! Per batch row and head, $A_{t,s} = \mathrm{softmax}_{s \le t,\ t - s < w}(\sigma\, q_t \cdot k_s)$,
-//! $B = 0$, mixed input `v`: $y_t = \sum_s A_{t,s} v_s$. The scale $\sigma$ defaults to
-//! $1/\sqrt{D_k}$; the window $w$ is unbounded for `attention` (unless configured) and required
+//! Per batch row and head, `A_{t,s} = softmax_{s ≤ t, t − s < w}(σ q_t · k_s)`,
+//! `B = 0`, mixed input `v`: `y_t = Σ_s A_{t,s} v_s`. The scale `σ` defaults to
+//! `1/√(D_k)`; the window `w` is unbounded for `attention` (unless configured) and required
 //! for `local-attention` (default [`LOCAL_WINDOW_DEFAULT`] = 64).
 
 use std::any::Any;
@@ -27,9 +27,9 @@ pub const ATTENTION_NAMES: [&str; 2] = ["attention", "local-attention"];
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AttentionConfig {
-    /// Window $w$: token $t$ sees $s \in (t - w, t]$; `None` = every $s \le t$.
+    /// Window `w`: token `t` sees `s ∈ (t − w, t]`; `None` = every `s ≤ t`.
     pub window: Option<usize>,
-    /// Score scale $\sigma$; `None` = $1/\sqrt{D_k}$.
+    /// Score scale `σ`; `None` = `1/√(D_k)`.
     pub scale: Option<f64>,
 }
 
@@ -99,7 +99,7 @@ pub struct Attention {
 }
 
 impl Attention {
-    /// Builds with a checked config: window $\ge 1$ when given, finite scale.
+    /// Builds with a checked config: window `≥ 1` when given, finite scale.
     pub fn new(name: &str, config: AttentionConfig) -> Result<Self> {
         if config.window == Some(0) {
             return Err(Error::config(name, "window must be ≥ 1 (a token sees itself) or null, got 0"));
@@ -143,8 +143,8 @@ impl Attention {
         self.config.window
     }
 
-    /// The score scale for head dimension `dk`: the configured one, else $1/\sqrt{D_k}$
-    /// ($1$ when $D_k = 0$, where every score is 0 anyway).
+    /// The score scale for head dimension `dk`: the configured one, else `1/√(D_k)`
+    /// (`1` when `D_k = 0`, where every score is 0 anyway).
     pub fn scale(&self, dk: usize) -> f64 {
         self.config.scale.unwrap_or(if dk == 0 { 1.0 } else { 1.0 / (dk as f64).sqrt() })
     }
@@ -154,7 +154,7 @@ impl Attention {
         Logits::new(self.scale(dk))
     }
 
-    /// First key position token `t` sees: $\max(0, t + 1 - w)$.
+    /// First key position token `t` sees: `max(0, t + 1 − w)`.
     pub fn first_key(&self, t: usize) -> usize {
         match self.config.window {
             Some(w) => (t + 1).saturating_sub(w),

@@ -1,13 +1,13 @@
-//! The generalized linear recurrence (MATH §1.2 "The `glr` mixer") and its named aliases.
+//! The generalized linear recurrence (docs/math.md §1.2 "The `glr` mixer") and its named aliases.
 //!
 //! Per batch row and channel,
-//! $y_t = \sum_{s \le t} \alpha_{t,s} x_s + \sum_{s < t} \beta_{t,s} y_s$, where the only non-zero
-//! off-diagonal coefficients sit at the pattern's dependency positions $d_k(t)$ (MATH §1.1):
-//! - `on = "b"`: $y_t = \alpha_t x_t + \sum_{k: f(k) \le t} \beta_{t,k}\, y_{d_k(t)}$;
-//! - `on = "a"`: $y_t = \alpha_{t,0} x_t + \sum_{k: f(k) \le t} \alpha_{t,k+1}\, x_{d_k(t)}$;
+//! `y_t = Σ_{s ≤ t} α_{t,s} x_s + Σ_{s < t} β_{t,s} y_s`, where the only non-zero
+//! off-diagonal coefficients sit at the pattern's dependency positions `d_k(t)` (docs/math.md §1.1):
+//! - `on = "b"`: `y_t = α_t x_t + Σ_{k: f(k) ≤ t} β_{t,k} y_{d_k(t)}`;
+//! - `on = "a"`: `y_t = α_{t,0} x_t + Σ_{k: f(k) ≤ t} α_{t,k+1} x_{d_k(t)}`;
 //! - `on = "both"`: both sums.
 //!
-//! Slots with $f(k) > t$ are ignored: their coefficient values never matter.
+//! Slots with `f(k) > t` are ignored: their coefficient values never matter.
 //!
 //! Aliases (all with `pattern = "linear"`, translation-invariant):
 //! `diagonal-ssm` (`order = 1`), `kth-order` (config `{"order": k}`, default `k = 2`),
@@ -27,7 +27,7 @@ use crate::pattern::{OffsetFn, Pattern};
 use crate::spec::{Bound, Dim, Dims, Gen, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
-/// Which side the pattern sits on (MATH §1.2).
+/// Which side the pattern sits on (docs/math.md §1.2).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum On {
@@ -41,17 +41,17 @@ pub enum On {
 }
 
 impl On {
-    /// Whether the output recurrence ($\beta$ on past outputs) is present.
+    /// Whether the output recurrence (`β` on past outputs) is present.
     pub fn has_b(self) -> bool {
         matches!(self, On::B | On::Both)
     }
-    /// Whether past inputs are read directly ($\alpha$ has `K + 1` slots).
+    /// Whether past inputs are read directly (`α` has `K + 1` slots).
     pub fn has_a(self) -> bool {
         matches!(self, On::A | On::Both)
     }
 }
 
-/// Configuration of `glr` (MATH §1.2). `{}` gives `pow2`, translation-invariant, untruncated, on `b`.
+/// Configuration of `glr` (docs/math.md §1.2). `{}` gives `pow2`, translation-invariant, untruncated, on `b`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct GlrConfig {
@@ -113,7 +113,7 @@ fn parse<T: for<'de> Deserialize<'de>>(name: &str, cfg: &serde_json::Value, expe
 
 impl Glr {
     /// Builds from a resolved offset function. Errors from [`Pattern::new`]: `order = 0`,
-    /// `cache_efficient` with $f(0) \ne 1$, non-increasing $f$.
+    /// `cache_efficient` with `f(0) ≠ 1`, non-increasing `f`.
     pub fn new(name: &str, config: GlrConfig, offset: OffsetFn) -> Result<Self> {
         let pattern = Pattern::new(&config.pattern, offset, config.order, config.cache_efficient)
             .map_err(|e| Error::config(name, e.to_string()))?;
@@ -290,9 +290,9 @@ impl Mixer for Glr {
         }
         Ok(m)
     }
-    /// Draws from the spec (β stable: $\sum_k |\beta_{t,k}| \le 0.95$), then overwrites every slot
-    /// with $f(k) > t$ (in `beta`, and slots `k + 1` of `alpha` when `on` includes `a`) with
-    /// $\pm 10^6$, so that any form that reads an inactive slot fails the comparison.
+    /// Draws from the spec (β stable: `Σ_k |β_{t,k}| ≤ 0.95`), then overwrites every slot
+    /// with `f(k) > t` (in `beta`, and slots `k + 1` of `alpha` when `on` includes `a`) with
+    /// `± 10⁶`, so that any form that reads an inactive slot fails the comparison.
     fn random_inputs(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
         let dims = complete_dims(self, dims);
         let mut inp = self.spec().random(&dims, seed, false)?;

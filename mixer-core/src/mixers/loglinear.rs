@@ -1,26 +1,26 @@
-//! The log-linear attention family (MATH.md §2): the base mixers `linear-attention`,
+//! The log-linear attention family (docs/math.md §2): the base mixers `linear-attention`,
 //! `mamba2`, `gated-deltanet`, and their lifts by a level mask (`loglinear-*`).
 //!
-//! Per batch row and head, with $q_t, k_t \in \mathbb R^{D_k}$, $v_t \in \mathbb R^{D_v}$,
-//! log-decays $g_t \le 0$ and $G_t = \sum_{r \le t} g_r$, every member is causal and linear in
+//! Per batch row and head, with `q_t, k_t ∈ ℝ^(D_k)`, `v_t ∈ ℝ^(D_v)`,
+//! log-decays `g_t ≤ 0` and `G_t = Σ_{r ≤ t} g_r`, every member is causal and linear in
 //! `v` with `B = 0`:
-//! $$y_t = \sum_{s \le t} A_{t,s}\, v_s .$$
-//! - `linear-attention`: $A_{t,s} = \sigma\, q_t \cdot k_s$;
-//! - `mamba2`: $A_{t,s} = \sigma\, (q_t \cdot k_s)\, e^{G_t - G_s}$;
-//! - `gated-deltanet`: state $S_t = e^{g_t} S_{t-1}(I - \beta_t k_t k_t^\top) + \beta_t v_t k_t^\top$,
-//!   $y_t = \sigma S_t q_t$, so $A_{t,s} = \sigma\,\beta_s\, k_s^\top \Phi_{s+1..t}\, q_t$ with
-//!   $\Phi_{s+1..t} = \prod_{r=s+1}^{t} e^{g_r}(I - \beta_r k_r k_r^\top)$ (left to right);
+//! `y_t = Σ_{s ≤ t} A_{t,s} v_s .`
+//! - `linear-attention`: `A_{t,s} = σ q_t · k_s`;
+//! - `mamba2`: `A_{t,s} = σ (q_t · k_s) e^(G_t − G_s)`;
+//! - `gated-deltanet`: state `S_t = e^(g_t) S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ`,
+//!   `y_t = σ S_t q_t`, so `A_{t,s} = σ β_s k_sᵀ Φ_{s+1..t} q_t` with
+//!   `Φ_{s+1..t} = Π_{r=s+1}^t e^(g_r)(I − β_r k_r k_rᵀ)` (left to right);
 //!
-//! where $\sigma$ is the config `scale` (default 1). The lift by a level mask $\ell(t,s)$
-//! (default Fenwick, MATH §2.2) weights every contribution by a per-token, per-level
-//! $\lambda_t^{(\ell(t,s))} \ge 0$ (MATH §2.3):
-//! $$A^{\text{lift}}_{t,s} = \lambda_t^{(\ell(t,s))} A_{t,s} .$$
+//! where `σ` is the config `scale` (default 1). The lift by a level mask `ℓ(t,s)`
+//! (default Fenwick, docs/math.md §2.2) weights every contribution by a per-token, per-level
+//! `λ_t^(ℓ(t,s)) ≥ 0` (docs/math.md §2.3):
+//! `A^(lift)_{t,s} = λ_t^(ℓ(t,s)) A_{t,s} .`
 //! For gated DeltaNet the transition acts on every level's state; only the inputs are
-//! bucketed, which is exactly this elementwise weighting of the base $A$.
+//! bucketed, which is exactly this elementwise weighting of the base `A`.
 //!
-//! ## λ schemes (config `lambda_scheme`, MATH §2.4)
+//! ## λ schemes (config `lambda_scheme`, docs/math.md §2.4)
 //! The `lambda` input holds raw values; the weight actually used is
-//! $\lambda = \mathrm{map}(\text{raw}, 1)$ with the scheme's registered map and its learnable
+//! `λ = map(raw, 1)` with the scheme's registered map and its learnable
 //! per-(head, level) parameter at its initial value 1. With `identity` (default) the input
 //! is used as given and must be `≥ 0`; with any other scheme (`softplus`, `ones`, a plugin's)
 //! the raw input only has to be finite, and the mapped weights must come out finite and
@@ -28,7 +28,7 @@
 //!
 //! ## Config
 //! `scale` (finite, default 1), `chunk` (power of two, default 64: the chunk size of the
-//! fast form, MATH §2.6), and for the lifted mixers `mask` (a registered level mask, default
+//! fast form, docs/math.md §2.6), and for the lifted mixers `mask` (a registered level mask, default
 //! `"fenwick"`) and `lambda_scheme` (default `"identity"`).
 
 use std::sync::Arc;
@@ -43,15 +43,15 @@ use crate::real::Real;
 use crate::spec::{Bound, Constraint, Dim, Dims, Gen, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
-/// The base mixer of a member of the family (MATH §2.1).
+/// The base mixer of a member of the family (docs/math.md §2.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Base {
-    /// $A_{t,s} = q_t \cdot k_s$.
+    /// `A_{t,s} = q_t · k_s`.
     LinearAttention,
-    /// $A_{t,s} = (q_t \cdot k_s)\, e^{G_t - G_s}$ (SSD form of Mamba-2).
+    /// `A_{t,s} = (q_t · k_s) e^(G_t − G_s)` (SSD form of Mamba-2).
     Mamba2,
-    /// Gated delta rule, $A_{t,s} = \beta_s k_s^\top \Phi_{s+1..t} q_t$.
+    /// Gated delta rule, `A_{t,s} = β_s k_sᵀ Φ_{s+1..t} q_t`.
     GatedDeltaNet,
 }
 
@@ -74,20 +74,20 @@ impl Base {
     }
 }
 
-/// A level mask resolved from the registry: $\ell(t, s)$ for $s \le t$ and the number of
-/// levels $L(T)$ needed for length $T$.
+/// A level mask resolved from the registry: `ℓ(t, s)` for `s ≤ t` and the number of
+/// levels `L(T)` needed for length `T`.
 #[derive(Clone, Copy, Debug)]
 pub struct LevelMask {
     /// Registered name (`"fenwick"`, or a plugin's).
     pub name: &'static str,
-    /// $\ell(t, s)$, `s ≤ t`; must be `< levels(T)` for `t < T`.
+    /// `ℓ(t, s)`, `s ≤ t`; must be `< levels(T)` for `t < T`.
     pub level: fn(usize, usize) -> usize,
-    /// $L(T)$.
+    /// `L(T)`.
     pub levels: fn(usize) -> usize,
 }
 
 impl LevelMask {
-    /// The Fenwick mask of MATH §2.2.
+    /// The Fenwick mask of docs/math.md §2.2.
     pub fn fenwick() -> Self {
         LevelMask { name: "fenwick", level: crate::fenwick::level, levels: crate::fenwick::num_levels }
     }
@@ -97,7 +97,7 @@ impl LevelMask {
     }
 }
 
-/// A λ scheme resolved from the registry: $\lambda = \mathrm{map}(\text{raw}, 1)$.
+/// A λ scheme resolved from the registry: `λ = map(raw, 1)`.
 #[derive(Clone, Copy, Debug)]
 pub struct LambdaScheme {
     /// Registered name (`"identity"`, `"softplus"`, `"ones"`, or a plugin's).
@@ -120,7 +120,7 @@ impl LambdaScheme {
     }
 }
 
-/// The lift of a base mixer (MATH §2.3): its mask and λ scheme.
+/// The lift of a base mixer (docs/math.md §2.3): its mask and λ scheme.
 #[derive(Clone, Copy, Debug)]
 pub struct Lift {
     /// Level mask.
@@ -173,7 +173,7 @@ pub struct LogLinear {
     pub lift: Option<Lift>,
     /// Output scale σ.
     pub scale: f64,
-    /// Chunk size $C = 2^c$ of the fast form.
+    /// Chunk size `C = 2^c` of the fast form.
     pub chunk: usize,
 }
 
@@ -196,7 +196,7 @@ impl LogLinear {
         Ok(LogLinear { name: name.to_string(), base, lift, scale, chunk })
     }
 
-    /// $c = \log_2 C$.
+    /// `c = log_2 C`.
     pub fn chunk_log2(&self) -> u32 {
         self.chunk.trailing_zeros()
     }
@@ -212,7 +212,7 @@ impl LogLinear {
         self.lift.is_none_or(|l| l.mask.is_fenwick())
     }
 
-    /// The weights $\lambda = \mathrm{map}(\text{raw}, 1)$ of the λ scheme, for a raw `lambda`
+    /// The weights `λ = map(raw, 1)` of the λ scheme, for a raw `lambda`
     /// tensor of any shape. The identity scheme returns the input unchanged; other schemes
     /// must produce finite, non-negative weights, or an error names the scheme.
     pub fn lambda_weights<F: Real>(&self, raw: &ArrayD<F>) -> Result<ArrayD<F>> {
@@ -240,7 +240,7 @@ impl LogLinear {
         Ok(out)
     }
 
-    /// The level $\ell(t,s)$ of the mask, checked against the number of λ levels given.
+    /// The level `ℓ(t,s)` of the mask, checked against the number of λ levels given.
     pub fn level_checked(&self, t: usize, s: usize, given: usize) -> Result<usize> {
         let lift = self.lift.ok_or_else(|| Error::config(&self.name, "no level mask"))?;
         let l = (lift.mask.level)(t, s);
@@ -443,7 +443,7 @@ mod tests {
         LogLinear::new("x", base, Some(lift), 0.7, 16).unwrap()
     }
 
-    /// The GDN materialization against the literal state recurrence of MATH §2.1/§2.5
+    /// The GDN materialization against the literal state recurrence of docs/math.md §2.1/§2.5
     /// (levels kept separately, λ read per level).
     #[test]
     fn gated_deltanet_materialization_matches_level_recurrence() {

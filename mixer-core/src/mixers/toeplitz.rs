@@ -1,11 +1,11 @@
-//! The Toeplitz mixer (MATH.md §3; the Toeplitz MLP mixer of `papers/003_*.txt`).
+//! The Toeplitz mixer (docs/math.md §3; the Toeplitz MLP mixer of Badger & Roland, 2026).
 //!
 //! Inputs: `x [B,T,C]` (mixed), `w [H,Tw]` — or `[Kw,H,Tw]` when `kernel_width = Kw > 1` —
 //! and an optional position bias `bias [H,Tw]`. `w` and `bias` are static (no per-token
 //! axis). Head `h` owns the contiguous channels `[h·C/H, (h+1)·C/H)`; `C` must be divisible
-//! by `H`. With $\delta_i = K_w - 1 - i$:
+//! by `H`. With `δ_i = K_w − 1 − i`:
 //!
-//! $$y[t,e] = \sum_{i<K_w} \sum_{s\le t} w[i, h(e), t-s]\, x[s, e-\delta_i] + \mathrm{bias}[h(e), t],$$
+//! `y[t,e] = Σ_{i<K_w} Σ_{s≤ t} w[i, h(e), t−s] x[s, e−δ_i] + bias[h(e), t],`
 //!
 //! where an input channel `e − δᵢ` outside head `h(e)`'s range contributes 0 (for `Kw = 1`
 //! this is the plain per-head causal convolution `y[t,c] = Σ_{s≤t} w[h(c), t−s] x[s,c]`).
@@ -16,7 +16,7 @@
 //! kernel. A decoder can run for up to `Tw` tokens.
 //!
 //! The materialization is, per batch row and head, the `T×T` causal Toeplitz matrix
-//! $A_h[t,s] = w[h,t-s]$ for $s\le t$ (per head and shift for the kernel variant, as one
+//! `A_h[t,s] = w[h,t−s]` for `s≤ t` (per head and shift for the kernel variant, as one
 //! multi-term [`Block`] per group of output channels with the same valid shifts), plus the
 //! bias as an additive [`Offset`](crate::materialize::Offset).
 

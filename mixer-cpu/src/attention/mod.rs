@@ -1,4 +1,4 @@
-//! CPU forms of softmax attention (MATH.md §1.3): `attention` and `local-attention`.
+//! CPU forms of softmax attention (docs/math.md §1.3): `attention` and `local-attention`.
 //!
 //! - `parallel`: the masked-softmax matrix per head, $Y = \mathrm{softmax}(\sigma QK^\top + M)V$
 //!   ([`parallel`], $O(T^2)$ memory per head);

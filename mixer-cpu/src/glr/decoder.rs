@@ -1,4 +1,4 @@
-//! The recurrent form of the GLR (MATH.md §1.1–1.2): one token per step, a bounded cache.
+//! The recurrent form of the GLR (docs/math.md §1.1–1.2): one token per step, a bounded cache.
 //!
 //! Token $t$ reads past values at its dependency positions $d_k(t)$ (outputs $y$ when `on`
 //! includes `b`, inputs $x$ when it includes `a`). What is kept after token $t$:

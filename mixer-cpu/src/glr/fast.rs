@@ -1,4 +1,4 @@
-//! The fast form of the GLR: the sparse recurrence (MATH.md §1.2), $O(T \cdot K)$ per channel.
+//! The fast form of the GLR: the sparse recurrence (docs/math.md §1.2), $O(T \cdot K)$ per channel.
 //!
 //! For every batch row and block of channels, tokens run in order and token $t$ reads its
 //! $K(t+1)$ active slots: $y_t = \alpha_t x_t + \sum_k \beta_{t,k}\, y_{d_k(t)}$ (`on = "b"`),
@@ -84,7 +84,7 @@ fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, b: usize, c0: usize, w: usize
     buf
 }
 
-/// The fast form: `y [B,T,C]` from `x [B,T,C]`, `alpha`, `beta` (shapes per MATH.md §1.2, with
+/// The fast form: `y [B,T,C]` from `x [B,T,C]`, `alpha`, `beta` (shapes per docs/math.md §1.2, with
 /// `K = K(T)`); inactive slots ($f(k) > t$) are never read.
 pub fn fast<F: Real>(g: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let xs = get(inputs, "x")?.shape().to_vec();

@@ -1,4 +1,4 @@
-//! CPU forms of the generalized linear recurrence (MATH.md §1.2): `glr` and its aliases.
+//! CPU forms of the generalized linear recurrence (docs/math.md §1.2): `glr` and its aliases.
 //!
 //! - `fast`: the sparse recurrence, $O(T \cdot K)$ per channel ([`fast`]);
 //! - `recurrent`: a token-by-token decoder that keeps the lattice positions $P_t$

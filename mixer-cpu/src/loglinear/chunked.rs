@@ -1,4 +1,4 @@
-//! The chunked form (MATH.md §2.6): O(T log T) for the lifts, O(T) for the base mixers.
+//! The chunked form (docs/math.md §2.6): O(T log T) for the lifts, O(T) for the base mixers.
 //!
 //! Chunks of size $C = 2^c$ (the last one may be partial). States are kept as
 //! $H = S^\top \in \mathbb R^{D_k \times D_v}$, so a read is $y_t^\top = q_t^\top H$.

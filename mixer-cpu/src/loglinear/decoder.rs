@@ -1,4 +1,4 @@
-//! The recurrent form (MATH.md §2.5): O(log T) states per head for the lifts, one state for
+//! The recurrent form (docs/math.md §2.5): O(log T) states per head for the lifts, one state for
 //! the base mixers.
 //!
 //! Per (batch, head) the decoder keeps level states $H^{(\ell)} = S^{(\ell)\top} \in

@@ -1,4 +1,4 @@
-//! The log-linear attention family on CPU (MATH.md §2): `linear-attention`, `mamba2`,
+//! The log-linear attention family on CPU (docs/math.md §2): `linear-attention`, `mamba2`,
 //! `gated-deltanet` and their lifts, all under the kernel key `"loglinear"`.
 //!
 //! - `parallel` ([`parallel`]): the quadratic masked form, for any level mask;

@@ -1,5 +1,5 @@
-//! FFT machinery of the Toeplitz forms: the process-wide plan cache, the kernel
-//! spectrum cache, and the `fast` form (MATH.md §3).
+//! FFT machinery of the Toeplitz forms: fast sizes, the process-wide plan cache, the kernel
+//! spectrum cache, and the `fast` form (docs/math.md §3).
 //!
 //! **Fast form.** With `p` the smallest 7-smooth size `≥ 2T−1` (so the circular convolution
 //! of two length-`T` signals has no wrap-around in its first `T` outputs):

@@ -1,4 +1,4 @@
-//! The Toeplitz mixer on CPU (MATH.md §3): `parallel` (direct `O(T²)` convolution), `fast`
+//! The Toeplitz mixer on CPU (docs/math.md §3): `parallel` (direct `O(T²)` convolution), `fast`
 //! (real FFT of a 7-smooth size `p ≥ 2T−1`, cached plans and kernel spectra) and two
 //! decoders for `recurrent` — naive `O(t)` per token, or online FFT with `O(log² t)`
 //! amortised work per token (config `decoder`).

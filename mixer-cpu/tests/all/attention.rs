@@ -1,4 +1,4 @@
-//! Registry-wide tests of softmax attention (MATH.md §1.3) on CPU: every form against the f64
+//! Registry-wide tests of softmax attention (docs/math.md §1.3) on CPU: every form against the f64
 //! oracle in f64 and f32, decode = fast = parallel at every prefix, the KV-cache size, the
 //! sparsity of the materialization, and configuration/shape errors.
 

@@ -1,4 +1,4 @@
-//! Registry-wide tests of the GLR family (MATH.md §1.1, §1.2, §1.4) on CPU: every mixer × form
+//! Registry-wide tests of the GLR family (docs/math.md §1.1, §1.2, §1.4) on CPU: every mixer × form
 //! against the f64 oracle in f64 and f32, decode = fast at every prefix, closed-form shortest
 //! paths of the materialized sparsity, the lattice invariant for every registered pattern,
 //! measured decoder cache sizes, and configuration errors.

@@ -1,4 +1,4 @@
-//! Registry-wide tests of the log-linear family on CPU (MATH.md §2): every mixer × form
+//! Registry-wide tests of the log-linear family on CPU (docs/math.md §2): every mixer × form
 //! against the f64 oracle in f64 and f32, decode = fast at every prefix, the family's
 //! properties, numerical robustness, input errors, and a plugin level mask.
 
@@ -111,7 +111,7 @@ fn decoder_cache_is_logarithmic() {
     let mut max_levels = 0;
     mixer_core::mixer::run_decoder(dec.as_mut(), &spec, &x, |t, elems| {
         let levels = elems / 6;
-        // Non-empty levels after token t: level 0 plus one per set bit of t (MATH §2.5).
+        // Non-empty levels after token t: level 0 plus one per set bit of t (docs/math.md §2.5).
         assert_eq!(levels, 1 + (t as u32).count_ones() as usize, "t={t}");
         max_levels = max_levels.max(levels);
     })

@@ -1,4 +1,4 @@
-//! Softmax attention and local attention on CUDA (MATH.md §1.3):
+//! Softmax attention and local attention on CUDA (docs/math.md §1.3):
 //! $y_t = \sum_{s \le t,\ t-s < w} \mathrm{softmax}_s(\text{scale}\cdot q_t \cdot k_s)\, v_s$.
 //!
 //! - `fast`: a tiled online-softmax forward ([`flash`]): one block per (query tile, batch·head),

@@ -1,4 +1,4 @@
-//! Generalized linear recurrence on CUDA (MATH.md §1.2), for any offset pattern, on `b`,
+//! Generalized linear recurrence on CUDA (docs/math.md §1.2), for any offset pattern, on `b`,
 //! `a` or `both`, translation-invariant or cache-efficient:
 //! $y_t = \alpha_{t,0} x_t + \sum_{k: f(k) \le t} \big(\alpha_{t,k+1} x_{d_k(t)} + \beta_{t,k} y_{d_k(t)}\big)$.
 //!

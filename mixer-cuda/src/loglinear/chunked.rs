@@ -1,4 +1,4 @@
-//! The chunked (`fast`) form with the Fenwick mask (MATH.md §2.6), `kernels/loglinear_fenwick.cu`.
+//! The chunked (`fast`) form with the Fenwick mask (docs/math.md §2.6), `kernels/loglinear_fenwick.cu`.
 //!
 //! Chunks of size $C = 2^c$ (the last one may be partial). Inside a chunk the output is the
 //! quadratic form with the Fenwick levels $0..c$ ($\ell = \mathrm{bitlen}(r \oplus s)$); for gated

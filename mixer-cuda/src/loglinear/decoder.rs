@@ -1,4 +1,4 @@
-//! The recurrent form with the Fenwick mask (MATH.md §2.5) on the GPU: per (batch, head) the
+//! The recurrent form with the Fenwick mask (docs/math.md §2.5) on the GPU: per (batch, head) the
 //! device holds level states $S^{(\ell)} \in \mathbb R^{D_v \times D_k}$. At token `t` one kernel
 //! launch (`ll_step_*`, a block per (b, h)) does:
 //! 1. (lifts) if $t \ge 1$, $m = \operatorname{ctz}(t)$: $S^{(m+1)} \leftarrow \sum_{\ell \le m} S^{(\ell)}$,

@@ -1,8 +1,8 @@
-//! The log-linear family on CUDA (MATH.md §2): `linear-attention`, `mamba2`,
+//! The log-linear family on CUDA (docs/math.md §2): `linear-attention`, `mamba2`,
 //! `gated-deltanet` and their lifts `loglinear-*`.
 //!
-//! - `parallel` ([`parallel`]): the generic quadratic form, any level mask;
-//! - `fast` ([`chunked`]): the chunked form of MATH §2.6 (Fenwick mask; WY/UT form for gated
+//! - `parallel` ([`quadratic`]): the generic quadratic form, any level mask;
+//! - `fast` ([`chunked`]): the chunked form of docs/math.md §2.6 (Fenwick mask; WY/UT form for gated
 //!   DeltaNet), one block per (batch, head) walking its chunks;
 //! - `recurrent` ([`decoder`]): O(log T) device-resident level states per head (§2.5), one
 //!   kernel launch per token.

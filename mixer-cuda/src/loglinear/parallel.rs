@@ -1,5 +1,5 @@
 //! The generic quadratic form: one thread per (batch, token, head) sweeps $s = t, t-1, \dots, 0$
-//! carrying $u_s = \Phi_{s+1..t}\, q_t$ (MATH §2.1) and accumulates
+//! carrying $u_s = \Phi_{s+1..t}\, q_t$ (docs/math.md §2.1) and accumulates
 //! $y_t = \sum_{s \le t} \sigma\, \beta_s\, (k_s \cdot u_s)\, \lambda_t^{(\ell(t,s))}\, v_s$, with $\ell$ and
 //! $\lambda = \mathrm{map}(\text{raw}, 1)$ from the spliced device functions. $O(T^2 (D_k + D_v))$ work.
 

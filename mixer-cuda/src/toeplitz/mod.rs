@@ -1,4 +1,4 @@
-//! Toeplitz mixer on CUDA (MATH.md §3):
+//! Toeplitz mixer on CUDA (docs/math.md §3):
 //! $y_{t,e} = \sum_{i<K_w} \sum_{s \le t} w[i, h(e), t-s]\, x[s, e+i-(K_w-1)] + \text{bias}[h(e), t]$.
 //!
 //! - `fast`: batched real FFTs through cuFFT (plans cached): pack `x` and `w` into zero-padded

@@ -1,7 +1,8 @@
 //! The one attribute that registers a plugin: `#[register]` on a `static` whose type is one
 //! of the registry's entry types (`PatternEntry`, `MaskEntry`, `LambdaEntry`, `MixerEntry`,
-//! `BackendEntry`, `FamilyEntry`). It places the static in the matching link-time slice, so
-//! plugin crates never name `linkme` themselves.
+//! `BackendEntry`, `FamilyEntry`). It places the static in the matching link-time slice, and
+//! an `Origin` (the registering module) in the `ORIGINS` slice, so plugin crates never name
+//! `linkme` themselves and duplicate names can be reported by crate.
 
 use proc_macro::TokenStream;
 use proc_macro_crate::{FoundCrate, crate_name};
@@ -86,10 +87,20 @@ pub fn register(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let slice = syn::Ident::new(slice, proc_macro2::Span::call_site());
+    // Next to the entry, its origin (the registering module), so that duplicate names and
+    // linked plugins can be reported by crate.
+    let ident = &item.ident;
+    let origin = quote::format_ident!("__MIXERS_ORIGIN_OF_{}", ident);
     quote!(
         #[#krate::__linkme::distributed_slice(#krate::#slice)]
         #[linkme(crate = #krate::__linkme)]
         #item
+
+        #[doc(hidden)]
+        #[allow(non_upper_case_globals)]
+        #[#krate::__linkme::distributed_slice(#krate::ORIGINS)]
+        #[linkme(crate = #krate::__linkme)]
+        static #origin: #krate::Origin = #krate::Origin { entry: &#ident, module: ::core::module_path!() };
     )
     .into()
 }

@@ -1,4 +1,4 @@
-//! Softmax attention (MATH.md §1.3): `attention` and `local-attention`.
+//! Softmax attention (docs/math.md §1.3): `attention` and `local-attention`.
 
 use mixer_core::Result;
 use mixer_core::mixer::Mixer;

@@ -1,4 +1,4 @@
-//! The generalized linear recurrence (MATH.md §1.2) and its aliases: `glr`, `diagonal-ssm`,
+//! The generalized linear recurrence (docs/math.md §1.2) and its aliases: `glr`, `diagonal-ssm`,
 //! `kth-order`, `dense-recurrence`. The pattern is resolved by name through the pattern registry
 //! (builtins and plugins alike).
 

@@ -1,4 +1,4 @@
-//! Builtin λ schemes (MATH.md §2.4): `λ = map(raw, param)`, with `param` learnable (init 1).
+//! Builtin λ schemes (docs/math.md §2.4): `λ = map(raw, param)`, with `param` learnable (init 1).
 
 use crate::entries::LambdaEntry;
 use crate::register;

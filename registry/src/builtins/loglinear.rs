@@ -1,4 +1,4 @@
-//! The log-linear attention family (MATH.md §2): `linear-attention`, `mamba2`,
+//! The log-linear attention family (docs/math.md §2): `linear-attention`, `mamba2`,
 //! `gated-deltanet` and their lifts `loglinear-*` by a registered level mask (config `mask`,
 //! default `"fenwick"`) with a registered λ scheme (config `lambda_scheme`, default
 //! `"identity"`). All six share the kernel key `"loglinear"`.
@@ -63,7 +63,7 @@ fn build(name: &str, cfg: &serde_json::Value) -> Result<Box<dyn Mixer>> {
 static LINEAR_ATTENTION: MixerEntry = MixerEntry {
     name: "linear-attention",
     family: "loglinear",
-    doc: "linear attention y_t = Σ_{s≤t} (q_t·k_s) v_s (MATH §2.1)",
+    doc: "linear attention y_t = Σ_{s≤t} (q_t·k_s) v_s (docs/math.md §2.1)",
     build,
     examples: &[r#"{}"#, r#"{"chunk": 16}"#],
 };
@@ -72,7 +72,7 @@ static LINEAR_ATTENTION: MixerEntry = MixerEntry {
 static MAMBA2: MixerEntry = MixerEntry {
     name: "mamba2",
     family: "loglinear",
-    doc: "Mamba-2 (SSD): y_t = Σ_{s≤t} (q_t·k_s) e^{G_t−G_s} v_s (MATH §2.1)",
+    doc: "Mamba-2 (SSD): y_t = Σ_{s≤t} (q_t·k_s) e^{G_t−G_s} v_s (docs/math.md §2.1)",
     build,
     examples: &[r#"{}"#, r#"{"chunk": 16}"#],
 };
@@ -81,7 +81,7 @@ static MAMBA2: MixerEntry = MixerEntry {
 static GATED_DELTANET: MixerEntry = MixerEntry {
     name: "gated-deltanet",
     family: "loglinear",
-    doc: "gated DeltaNet: S_t = e^{g_t} S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ, y_t = S_t q_t (MATH §2.1)",
+    doc: "gated DeltaNet: S_t = e^{g_t} S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ, y_t = S_t q_t (docs/math.md §2.1)",
     build,
     examples: &[r#"{}"#, r#"{"chunk": 16}"#],
 };
@@ -90,7 +90,7 @@ static GATED_DELTANET: MixerEntry = MixerEntry {
 static LOGLINEAR_ATTENTION: MixerEntry = MixerEntry {
     name: "loglinear-attention",
     family: "loglinear",
-    doc: "log-linear attention: linear attention weighted by λ_t^{(ℓ(t,s))} per Fenwick level (MATH §2.3)",
+    doc: "log-linear attention: linear attention weighted by λ_t^{(ℓ(t,s))} per Fenwick level (docs/math.md §2.3)",
     build,
     examples: &[r#"{}"#, r#"{"chunk": 16}"#, r#"{"chunk": 8, "lambda_scheme": "softplus"}"#],
 };
@@ -99,7 +99,7 @@ static LOGLINEAR_ATTENTION: MixerEntry = MixerEntry {
 static LOGLINEAR_MAMBA2: MixerEntry = MixerEntry {
     name: "loglinear-mamba2",
     family: "loglinear",
-    doc: "log-linear Mamba-2: (QKᵀ ⊙ Mˢ ⊙ Mᴴ)V with the Fenwick level mask Mᴴ (MATH §2.3)",
+    doc: "log-linear Mamba-2: (QKᵀ ⊙ Mˢ ⊙ Mᴴ)V with the Fenwick level mask Mᴴ (docs/math.md §2.3)",
     build,
     examples: &[r#"{}"#, r#"{"chunk": 16}"#, r#"{"chunk": 8, "scale": 0.5}"#],
 };
@@ -108,7 +108,7 @@ static LOGLINEAR_MAMBA2: MixerEntry = MixerEntry {
 static LOGLINEAR_GATED_DELTANET: MixerEntry = MixerEntry {
     name: "loglinear-gated-deltanet",
     family: "loglinear",
-    doc: "log-linear gated DeltaNet: the delta-rule transition on every Fenwick level's state (MATH §2.3)",
+    doc: "log-linear gated DeltaNet: the delta-rule transition on every Fenwick level's state (docs/math.md §2.3)",
     build,
     examples: &[r#"{}"#, r#"{"chunk": 16}"#, r#"{"chunk": 8}"#],
 };

@@ -1,4 +1,4 @@
-//! Builtin level masks (MATH.md §2.2).
+//! Builtin level masks (docs/math.md §2.2).
 
 use crate::entries::MaskEntry;
 use crate::register;

@@ -1,4 +1,4 @@
-//! Builtin offset patterns (MATH.md §1.1).
+//! Builtin offset patterns (docs/math.md §1.1).
 
 use crate::entries::PatternEntry;
 use crate::register;

@@ -1,4 +1,4 @@
-//! The Toeplitz mixer (MATH.md §3): per-head causal convolution over the sequence, optional
+//! The Toeplitz mixer (docs/math.md §3): per-head causal convolution over the sequence, optional
 //! channel-shift kernel width and position bias.
 
 use mixer_core::Result;

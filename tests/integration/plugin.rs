@@ -1,8 +1,6 @@
 //! A plugin crate outside the builtin crates is found once linked (`use plugin as _;`).
-#![cfg(feature = "example-plugin")]
 
 use mixers::prelude::*;
-use mixers_plugin_fibonacci as _;
 
 #[test]
 fn plugin_entries_are_registered() {

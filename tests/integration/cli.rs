@@ -48,7 +48,49 @@ fn unknown_names_are_one_line_errors() {
     assert_one_line_error(&err, &["unknown mixer `atention`", "did you mean `attention`"]);
     let (code, _, err) = mixers(&["metrics", "--pattern", "pow3", "--n", "10"]);
     assert_eq!(code, 2);
-    assert_one_line_error(&err, &["unknown pattern `pow3`", "pow2"]);
+    // The link rule is part of the message, with the plugin crates this binary links.
+    assert_one_line_error(
+        &err,
+        &[
+            "unknown pattern `pow3`",
+            "pow2",
+            "plugin crates linked into this binary: mixers_plugin_fibonacci",
+            "use plugin_crate as _;",
+        ],
+    );
+}
+
+#[test]
+fn list_names_the_linked_plugin_and_its_entries() {
+    let (code, out, err) = mixers(&["list"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("plugin crates linked: mixers_plugin_fibonacci\n"), "{out}");
+    assert!(!out.contains("DUPLICATE") && !err.contains("warning"), "{out}\n{err}");
+    let fib = out.lines().find(|l| l.trim_start().starts_with("fibonacci ")).expect("a fibonacci line");
+    assert!(fib.ends_with("[from mixers_plugin_fibonacci]"), "{fib}");
+    let pow2 = out.lines().find(|l| l.trim_start().starts_with("pow2 ")).expect("a pow2 line");
+    assert!(!pow2.contains("[from"), "{pow2}");
+}
+
+#[test]
+fn tour_ends_with_the_verdict_and_the_next_commands() {
+    let (code, out, err) = mixers(&["tour", "--seq", "7", "--n", "64"]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let verdict = out.find("## Verdict").expect("a verdict section");
+    let structure = out.find("## Structure").expect("a structure section");
+    assert!(structure < verdict, "the verdict comes last:\n{out}");
+    let tail = &out[verdict..];
+    assert!(tail.contains("\nPASS: ") && tail.contains("checks on backend `cpu`"), "{tail}");
+    assert!(
+        tail.contains("\nNext:\n")
+            && tail.contains("mixers check --mixer")
+            && tail.contains("mixers metrics")
+    );
+    for legend in ["- slots K: K(T)", "- congestion: ", "`≤ n` is an upper bound", "- deps/token: "] {
+        assert!(out.contains(legend), "`{legend}` missing:\n{out}");
+    }
+    // The plugin's non-Fenwick mixer is explained, not silently thinner.
+    assert!(out.contains("(registered as `log-distance-mamba2`) is checked in `parallel` only"), "{out}");
 }
 
 #[test]

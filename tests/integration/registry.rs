@@ -1,5 +1,6 @@
-//! Registry-wide properties: unique names, every mixer's examples build and pass the
-//! cross-check on the CPU, every registered pattern meets the lattice invariant.
+//! Registry-wide properties (builtins and the linked example plugin): unique names, every
+//! mixer's examples build and pass the cross-check on the CPU, every registered pattern meets
+//! the lattice invariant.
 
 use mixers::prelude::*;
 use mixers::registry::{MIXERS, PATTERNS};
