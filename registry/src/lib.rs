@@ -15,12 +15,14 @@
 //! mention it, e.g. `use my_plugin as _;`.
 //!
 //! Also here: lookup by name with "did you mean" errors ([`lookup`]), run-time backend
-//! selection ([`Backend::auto`]), running a form with validation ([`run::run`]) and the
-//! cross-check harness ([`harness::check`]).
+//! selection ([`Backend::auto`]), running a form with validation ([`run::run`]), its gradient
+//! ([`backward::backward`]) and the cross-check harness ([`harness::check`]).
 
 pub mod backend;
+pub mod backward;
 mod builtins;
 pub mod entries;
+pub mod grad_check;
 pub mod harness;
 pub mod lookup;
 pub mod run;
@@ -32,8 +34,12 @@ pub use mixer_registry_macros::register;
 
 pub use backend::{Backend, backends_status};
 pub use entries::*;
+pub use grad_check::{GradRow, check_grad};
 pub use harness::{CheckRow, Sizes, check};
-pub use lookup::{backend_entry, duplicates, kernel, lambda_scheme, mask, mixer, mixer_entry, pattern};
+pub use lookup::{
+    backend_entry, backward_entry, duplicates, kernel, lambda_grad, lambda_scheme, mask, mixer, mixer_entry,
+    pattern,
+};
 
 /// Offset patterns.
 #[linkme::distributed_slice]
@@ -53,6 +59,12 @@ pub static BACKENDS: [BackendEntry];
 /// Backends' kernels.
 #[linkme::distributed_slice]
 pub static KERNELS: [KernelEntry];
+/// Backends' backward passes (vector–Jacobian products).
+#[linkme::distributed_slice]
+pub static BACKWARDS: [BackwardEntry];
+/// Derivatives of λ schemes.
+#[linkme::distributed_slice]
+pub static LAMBDA_GRADS: [LambdaGradEntry];
 
 #[cfg(test)]
 mod tests {

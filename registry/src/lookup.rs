@@ -3,7 +3,7 @@
 use mixer_core::{Error, Result};
 
 use crate::entries::*;
-use crate::{BACKENDS, KERNELS, LAMBDAS, MASKS, MIXERS, PATTERNS};
+use crate::{BACKENDS, BACKWARDS, KERNELS, LAMBDA_GRADS, LAMBDAS, MASKS, MIXERS, PATTERNS};
 
 /// Names within a small edit distance of `name`, closest first.
 pub fn near_names<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> Vec<String> {
@@ -57,6 +57,14 @@ pub fn mixer(name: &str, config: &serde_json::Value) -> Result<Box<dyn mixer_cor
 pub fn kernel(kernel: &str, backend: &str) -> Option<&'static KernelEntry> {
     KERNELS.iter().find(|k| k.kernel == kernel && k.backend == backend)
 }
+/// The backward entry of a mixer kernel on a backend, if any.
+pub fn backward_entry(kernel: &str, backend: &str) -> Option<&'static BackwardEntry> {
+    BACKWARDS.iter().find(|k| k.kernel == kernel && k.backend == backend)
+}
+/// The registered derivative of a λ scheme, if any.
+pub fn lambda_grad(name: &str) -> Option<&'static LambdaGradEntry> {
+    LAMBDA_GRADS.iter().find(|e| e.name == name)
+}
 
 /// Every `(kind, name)` registered more than once.
 pub fn duplicates() -> Vec<(&'static str, String)> {
@@ -76,5 +84,7 @@ pub fn duplicates() -> Vec<(&'static str, String)> {
     dups("mixer", &MIXERS, |e| e.name.into(), &mut out);
     dups("backend", &BACKENDS, |e| e.name.into(), &mut out);
     dups("kernel", &KERNELS, |e| format!("{}@{}", e.kernel, e.backend), &mut out);
+    dups("backward", &BACKWARDS, |e| format!("{}@{}", e.kernel, e.backend), &mut out);
+    dups("λ derivative", &LAMBDA_GRADS, |e| e.name.into(), &mut out);
     out
 }

@@ -18,6 +18,7 @@
 //! listed as skipped — nothing is extrapolated.
 
 pub mod alloc;
+mod backward;
 mod plot;
 mod report;
 pub mod seq;
@@ -699,6 +700,10 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Measure the backward pass instead: backward/forward time ratio of the fast forms and
+    /// both scaling exponents (default lengths 4k, 8k, 16k).
+    #[arg(long)]
+    backward: bool,
 }
 
 impl Args {
@@ -759,7 +764,13 @@ pub fn bench_to(opts: &Options, out: &Path) -> Result<(Report, Vec<PathBuf>)> {
 }
 
 pub(crate) fn run(a: Args) -> Result<i32> {
-    let opts = a.options()?;
+    let mut opts = a.options()?;
+    if a.backward {
+        if a.seq == "1k..64k" {
+            opts.seqs = backward::DEFAULT_SEQS.to_vec();
+        }
+        return backward::run(&opts);
+    }
     let (report, files) = bench_to(&opts, &a.out)?;
     print!("{}", render_markdown(&report));
     println!();

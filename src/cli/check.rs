@@ -31,6 +31,10 @@ pub struct Args {
     /// Also write the rows as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Check the gradients instead: the materialized backward against finite differences,
+    /// and every other backward form against it in f64 and f32.
+    #[arg(long)]
+    grad: bool,
 }
 
 /// The (mixer, config) pairs to check: one mixer with a config, or every example.
@@ -142,6 +146,9 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     let backends = backends(a.backend.as_deref())?;
     let sizes = Sizes { seq: a.seq, batch: a.batch, ..Sizes::default() };
     let cases = cases(a.mixer.as_deref(), a.config.as_deref())?;
+    if a.grad {
+        return super::check_grad::run(&cases, &backends, &sizes, a.seed, a.json.as_deref());
+    }
     let rows = check_cases(&cases, &backends, &sizes, a.seed);
     print!("{}", render(&rows));
     if let Some(p) = &a.json {

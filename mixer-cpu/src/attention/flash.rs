@@ -10,7 +10,7 @@
 
 use mixer_core::mixers::attention::Attention;
 use mixer_core::{Real, Result, Tensors};
-use ndarray::{Array2, Array4, ArrayD, s};
+use ndarray::{Array2, Array3, Array4, ArrayD, s};
 use rayon::prelude::*;
 
 use super::heads_major;
@@ -23,13 +23,26 @@ pub const BLOCK_K: usize = 64;
 /// `y [B,T,H,Dv]` by streaming over key blocks.
 pub fn flash<F: Real>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let (q, k, v) = (heads_major(inputs, "q")?, heads_major(inputs, "k")?, heads_major(inputs, "v")?);
+    let (y, _) = forward(a, &q, &k, &v);
+    Ok(y.permuted_axes([0, 2, 1, 3]).as_standard_layout().to_owned().into_dyn())
+}
+
+/// The streaming forward on heads-major `q, k [B,H,T,Dk]`, `v [B,H,T,Dv]`: the output
+/// `[B,H,T,Dv]` and the per-row log-sum-exp $\mathrm{LSE}_t = m_t + \ln \ell_t$ of the scaled,
+/// masked scores (which the backward pass uses to recompute the softmax blockwise).
+pub(crate) fn forward<F: Real>(
+    a: &Attention,
+    q: &Array4<F>,
+    k: &Array4<F>,
+    v: &Array4<F>,
+) -> (Array4<F>, Array3<F>) {
     let (bn, hn, tn, dk) = q.dim();
     let dv = v.dim().3;
     let scale = F::of(a.scale(dk));
     let tasks: Vec<(usize, usize, usize)> = (0..bn)
         .flat_map(|b| (0..hn).flat_map(move |h| (0..tn).step_by(BLOCK_Q).map(move |i0| (b, h, i0))))
         .collect();
-    let outs: Vec<Array2<F>> = tasks
+    let outs: Vec<(Array2<F>, Vec<F>)> = tasks
         .par_iter()
         .map(|&(b, h, i0)| {
             let i1 = (i0 + BLOCK_Q).min(tn);
@@ -77,12 +90,17 @@ pub fn flash<F: Real>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
                 let inv = F::one() / l[r];
                 o.row_mut(r).mapv_inplace(|x| x * inv);
             }
-            o
+            let lse = (0..nq).map(|r| m[r] + l[r].ln()).collect();
+            (o, lse)
         })
         .collect();
-    let mut y = Array4::<F>::zeros((bn, tn, hn, dv));
-    for (&(b, h, i0), ob) in tasks.iter().zip(&outs) {
-        y.slice_mut(s![b, i0..i0 + ob.nrows(), h, ..]).assign(ob);
+    let mut y = Array4::<F>::zeros((bn, hn, tn, dv));
+    let mut lse = Array3::<F>::zeros((bn, hn, tn));
+    for (&(b, h, i0), (ob, lb)) in tasks.iter().zip(&outs) {
+        y.slice_mut(s![b, h, i0..i0 + ob.nrows(), ..]).assign(ob);
+        for (r, &x) in lb.iter().enumerate() {
+            lse[[b, h, i0 + r]] = x;
+        }
     }
-    Ok(y.into_dyn())
+    (y, lse)
 }

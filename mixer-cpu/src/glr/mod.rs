@@ -5,6 +5,7 @@
 //!   (cache-efficient) or the last $f(K-1)$ tokens (translation-invariant) ([`decode`]);
 //! - `materialized`: the generic oracle on [`Glr`]'s `(A, B)`.
 
+pub mod backward;
 pub mod decode;
 pub mod fast;
 

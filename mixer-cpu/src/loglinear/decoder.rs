@@ -30,6 +30,8 @@ pub struct LogLinearDecoder<F: Real> {
     dv: usize,
     /// λ levels available per token (1 for the base mixers).
     n_levels: usize,
+    /// The λ scheme's parameter `lambda_param [H, L]`, when given (a static input).
+    lambda_param: Option<ArrayD<F>>,
     /// Per (batch, head): the level states, `Dk×Dv` row-major.
     states: Vec<Vec<Option<Vec<F>>>>,
     pos: usize,
@@ -46,7 +48,7 @@ pub(crate) fn negligible<F: Real>(xs: &[F]) -> bool {
 }
 
 /// Builds the decoder (registered as the kernel's `decoder_*`).
-pub fn build<F: Real>(m: &dyn Mixer, _statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
+pub fn build<F: Real>(m: &dyn Mixer, statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
     let m: &LogLinear = downcast(m, "cpu")?;
     if !m.has_fenwick_structure() {
         return Err(super::unavailable(m, mixer_core::Form::Recurrent));
@@ -60,6 +62,7 @@ pub fn build<F: Real>(m: &dyn Mixer, _statics: &Tensors<F>, dims: &Dims) -> Resu
         dk: dim(dims, "Dk")?,
         dv: dim(dims, "Dv")?,
         n_levels,
+        lambda_param: statics.get("lambda_param").cloned(),
         states: vec![Vec::new(); nb * nh],
         pos: 0,
     }))
@@ -93,7 +96,11 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
         let g = if base.has_decay() { Some(flat(self.input(tok, "g", &[nb, nh])?)) } else { None };
         let beta = if base.has_beta() { Some(flat(self.input(tok, "beta", &[nb, nh])?)) } else { None };
         let lam = match self.m.lift {
-            Some(_) => Some(flat(&self.m.lambda_weights(self.input(tok, "lambda", &[nb, nh, nl])?)?)),
+            Some(_) => Some(flat(
+                &self
+                    .m
+                    .lambda_weights(self.input(tok, "lambda", &[nb, nh, nl])?, self.lambda_param.as_ref())?,
+            )),
             None => None,
         };
         let t = self.pos;

@@ -9,6 +9,7 @@
 //! Work is spread over (batch, head) with rayon; each head's matmuls and triangular solves
 //! use faer sequentially.
 
+pub mod backward;
 pub mod chunked;
 pub mod common;
 pub mod decoder;
@@ -47,7 +48,7 @@ pub fn run<F: Real>(m: &dyn Mixer, form: Form, x: &Tensors<F>) -> Result<ArrayD<
     };
     let x = common::standard(x);
     let lam = match m.lift {
-        Some(_) => Some(m.lambda_weights(mixer_core::tensor::get(&x, "lambda")?)?),
+        Some(_) => Some(m.lambda_weights(mixer_core::tensor::get(&x, "lambda")?, x.get("lambda_param"))?),
         None => None,
     };
     let (sizes, heads) = common::heads(m, &x, lam.as_ref())?;

@@ -72,7 +72,7 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
                 found: format!("L = {levels}"),
             });
         }
-        (g.upload(KERNEL, &ll.lambda_weights(raw)?)?, levels)
+        (g.upload(KERNEL, &ll.lambda_weights(raw, inputs.get("lambda_param"))?)?, levels)
     } else {
         (g.zeros::<F>(KERNEL, 1)?, 1)
     };

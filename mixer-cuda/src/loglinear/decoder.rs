@@ -36,6 +36,8 @@ pub struct LogLinearGpuDecoder<F: GpuReal> {
     dv: usize,
     /// λ levels per token (1 for the base mixers).
     n_levels: usize,
+    /// The λ scheme's parameter `lambda_param [H, L]`, when given (a static input).
+    lambda_param: Option<ArrayD<F>>,
     /// State slots per (b, h): `min(n_levels, 32)` (a token `t < 2³¹` uses levels `≤ 31`).
     slots: usize,
     states: CudaSlice<F>,
@@ -58,7 +60,25 @@ impl<F: GpuReal> LogLinearGpuDecoder<F> {
         let slots = n_levels.min(32);
         int(KERNEL, "B·H·L·Dk·Dv", nb * nh * slots * dk * dv)?;
         let states = gpu()?.zeros::<F>(KERNEL, nb * nh * slots * dk * dv)?;
-        Ok(LogLinearGpuDecoder { m: m.clone(), nb, nh, dk, dv, n_levels, slots, states, occ: 0, pos: 0 })
+        Ok(LogLinearGpuDecoder {
+            m: m.clone(),
+            nb,
+            nh,
+            dk,
+            dv,
+            n_levels,
+            lambda_param: None,
+            slots,
+            states,
+            occ: 0,
+            pos: 0,
+        })
+    }
+
+    /// Sets the λ scheme's parameter `lambda_param [H, L]` (a static input; absent = 1).
+    pub fn with_lambda_param(mut self, p: Option<ArrayD<F>>) -> Self {
+        self.lambda_param = p;
+        self
     }
 
     fn input<'a>(&self, tok: &'a Tensors<F>, name: &str, shape: &[usize]) -> Result<&'a ArrayD<F>> {
@@ -103,7 +123,7 @@ impl<F: GpuReal> Decoder<F> for LogLinearGpuDecoder<F> {
         }
         if lifted {
             let raw = self.input(tok, "lambda", &[nb, nh, self.n_levels])?;
-            push(&mut buf, &self.m.lambda_weights(raw)?);
+            push(&mut buf, &self.m.lambda_weights(raw, self.lambda_param.as_ref())?);
         }
         // Levels after this step's merge.
         let m = if t >= 1 { t.trailing_zeros() as usize } else { 0 };

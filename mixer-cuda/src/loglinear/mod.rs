@@ -61,10 +61,13 @@ fn run<F: GpuReal>(m: &dyn Mixer, form: Form, x: &Tensors<F>) -> Result<ArrayD<F
     }
 }
 
-fn dec<F: GpuReal>(m: &dyn Mixer, _statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
+fn dec<F: GpuReal>(m: &dyn Mixer, statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
     let ll = downcast::<LogLinear>(m, "cuda")?;
     needs_fenwick(ll, Form::Recurrent)?;
-    Ok(Box::new(decoder::LogLinearGpuDecoder::<F>::new(ll, dims)?))
+    Ok(Box::new(
+        decoder::LogLinearGpuDecoder::<F>::new(ll, dims)?
+            .with_lambda_param(statics.get("lambda_param").cloned()),
+    ))
 }
 
 #[register]

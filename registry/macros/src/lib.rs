@@ -1,6 +1,6 @@
 //! The one attribute that registers a plugin: `#[register]` on a `static` whose type is one
 //! of the registry's entry types (`PatternEntry`, `MaskEntry`, `LambdaEntry`, `MixerEntry`,
-//! `BackendEntry`, `KernelEntry`). It places the static in the matching link-time slice, so
+//! `BackendEntry`, `KernelEntry`, `BackwardEntry`, `LambdaGradEntry`). It places the static in the matching link-time slice, so
 //! plugin crates never name `linkme` themselves.
 
 use proc_macro::TokenStream;
@@ -73,12 +73,14 @@ pub fn register(attr: TokenStream, item: TokenStream) -> TokenStream {
         "MixerEntry" => "MIXERS",
         "BackendEntry" => "BACKENDS",
         "KernelEntry" => "KERNELS",
+        "BackwardEntry" => "BACKWARDS",
+        "LambdaGradEntry" => "LAMBDA_GRADS",
         other => {
             return syn::Error::new_spanned(
                 &item.ty,
                 format!(
                     "#[register] works on statics of type PatternEntry, MaskEntry, LambdaEntry, MixerEntry, \
-                     BackendEntry or KernelEntry; found `{other}`"
+                     BackendEntry, KernelEntry, BackwardEntry or LambdaGradEntry; found `{other}`"
                 ),
             )
             .to_compile_error()
