@@ -1,5 +1,7 @@
-//! The log-linear family's fast backward on CPU for linear attention and Mamba-2, lifted or
-//! not (Fenwick mask): $O(T \log T)$ per head, never a `T×T` matrix.
+//! The log-linear family's fast backward on CPU (Fenwick mask). Linear attention and
+//! Mamba-2, lifted or not, use the level decomposition below: $O(T \log T)$ per head, never
+//! a `T×T` matrix. Gated DeltaNet (lifted or not) goes through reverse mode of its level
+//! recurrence with checkpoints ([`super::backward_gdn`]).
 //!
 //! Every pair $s \le t$ contributes $w_{t,s}\, a_{t,s}\, v_s$ to $y_t$, with
 //! $a_{t,s} = \sigma\,(q_t \cdot k_s)\, e^{G_t - G_s}$ and $w_{t,s} = \lambda_t^{(\ell(t,s))}$ (1 for
@@ -18,8 +20,6 @@
 //!   $O(T D_k D_v)$ per level, $\lceil \log_2 T \rceil - c$ levels.
 //!
 //! Exponents are differences of `f64` cumulative sums taken only where they are $\le 0$.
-//! Gated DeltaNet has no fast backward here (its entry says so); its reference is the
-//! materialized backward.
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, Mat, MatRef, Par};
@@ -27,7 +27,7 @@ use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::tensor::get;
 use mixer_core::{Error, Form, Real, Requires, Result, Tensors, grad_name};
-use mixer_registry::{BackwardEntry, register};
+use mixer_registry::{BackwardEntry, every_config, register};
 use ndarray::{Array4, ArrayD, IxDyn};
 use rayon::prelude::*;
 
@@ -38,8 +38,10 @@ struct HeadGrads<F> {
     dq: Mat<F>,
     dk: Mat<F>,
     dv: Mat<F>,
-    /// $\bar G_t$ (before the suffix sum).
+    /// $\bar G_t$ while accumulating, $\bar g_t$ once returned.
     dgc: Vec<f64>,
+    /// $\bar\beta_t$ (gated DeltaNet; empty otherwise).
+    dbeta: Vec<F>,
     /// $\bar\lambda$ of the weights, `T×L` (empty when not lifted).
     dlam: Mat<F>,
 }
@@ -65,6 +67,7 @@ fn head_vjp<F: Real>(m: &LogLinear, hd: &Head<'_, F>, dy: MatRef<'_, F>) -> Resu
         dk: Mat::zeros(t_len, dk),
         dv: Mat::zeros(t_len, dv),
         dgc: vec![0.0; t_len],
+        dbeta: Vec::new(),
         dlam: Mat::zeros(t_len, n_levels),
     };
     // Inside chunks: dense tiles.
@@ -161,16 +164,25 @@ fn head_vjp<F: Real>(m: &LogLinear, hd: &Head<'_, F>, dy: MatRef<'_, F>) -> Resu
         }
         l += 1;
     }
+    // ḡ_r = Σ_{t ≥ r} Ḡ_t.
+    let mut acc = 0.0;
+    for x in out.dgc.iter_mut().rev() {
+        acc += *x;
+        *x = acc;
+    }
     Ok(out)
 }
 
-/// Why the fast backward does not exist for this configuration (gated DeltaNet), if so.
-fn unsupported(m: &dyn Mixer, _f: Form) -> Option<String> {
-    let ll = m.as_any().downcast_ref::<LogLinear>()?;
-    (ll.base == Base::GatedDeltaNet).then(|| {
-        "the cpu fast backward covers linear attention and Mamba-2 (and their lifts); gated DeltaNet \
-         has the materialized backward only"
-            .to_string()
+/// Gated DeltaNet through [`super::backward_gdn`], in the common shape.
+fn gdn_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>, dy: MatRef<'_, F>) -> Result<HeadGrads<F>> {
+    let g = super::backward_gdn::head_vjp(m, hd, dy)?;
+    Ok(HeadGrads {
+        dq: g.dq,
+        dk: g.dk,
+        dv: g.dv,
+        dgc: g.dg.iter().map(|x| x.f64()).collect(),
+        dbeta: g.dbeta,
+        dlam: g.dlam,
     })
 }
 
@@ -183,14 +195,16 @@ pub fn vjp<F: Real>(
     _req: &Requires,
 ) -> Result<Tensors<F>> {
     let ll: &LogLinear = downcast(m, "cpu")?;
-    if form != Form::Fast || !ll.has_fenwick_structure() || ll.base == Base::GatedDeltaNet {
+    if form != Form::Fast || !ll.has_fenwick_structure() {
         return Err(Error::FormUnavailable {
             mixer: m.name().into(),
             form: format!("{form} (backward)"),
             backend: "cpu".into(),
-            available: format!("materialized{}", if unsupported(m, form).is_none() { ", fast" } else { "" }),
+            available: format!("materialized{}", if ll.has_fenwick_structure() { ", fast" } else { "" }),
         });
     }
+    type PerHead<F> = fn(&LogLinear, &Head<'_, F>, MatRef<'_, F>) -> Result<HeadGrads<F>>;
+    let per_head: PerHead<F> = if ll.base == Base::GatedDeltaNet { gdn_head::<F> } else { head_vjp::<F> };
     let x = common::standard(inputs);
     let raw = ll.lift.map(|_| get(&x, "lambda")).transpose()?;
     let param = x.get("lambda_param");
@@ -207,20 +221,22 @@ pub fn vjp<F: Real>(
         .par_iter()
         .map(|hd| {
             let gy = Mat::<F>::from_fn(sz.t, sz.dv, |t, d| dy[[hd.b, t, hd.h, d]]);
-            head_vjp(ll, hd, gy.as_ref())
+            per_head(ll, hd, gy.as_ref())
         })
         .collect::<Result<_>>()?;
     let mut dq = Array4::<F>::zeros((sz.b, sz.t, sz.h, sz.dk));
     let mut dk = Array4::<F>::zeros((sz.b, sz.t, sz.h, sz.dk));
     let mut dv = Array4::<F>::zeros((sz.b, sz.t, sz.h, sz.dv));
     let mut dg = ArrayD::<F>::zeros(IxDyn(&[sz.b, sz.t, sz.h]));
+    let mut dbeta = ArrayD::<F>::zeros(IxDyn(&[sz.b, sz.t, sz.h]));
     let nl = lam.as_ref().map_or(0, |l| l.shape()[3]);
     let mut dlam = ArrayD::<F>::zeros(IxDyn(&[sz.b, sz.t, sz.h, nl]));
     for (hd, g) in heads.iter().zip(&grads) {
-        let mut acc = 0.0;
-        for t in (0..sz.t).rev() {
-            acc += g.dgc[t];
-            dg[[hd.b, t, hd.h]] = F::of(acc);
+        for t in 0..sz.t {
+            dg[[hd.b, t, hd.h]] = F::of(g.dgc[t]);
+            if let Some(&x) = g.dbeta.get(t) {
+                dbeta[[hd.b, t, hd.h]] = x;
+            }
             for d in 0..sz.dk {
                 dq[[hd.b, t, hd.h, d]] = g.dq[(t, d)];
                 dk[[hd.b, t, hd.h, d]] = g.dk[(t, d)];
@@ -240,6 +256,9 @@ pub fn vjp<F: Real>(
     if ll.base.has_decay() {
         out.insert(grad_name("g"), dg);
     }
+    if ll.base.has_beta() {
+        out.insert(grad_name("beta"), dbeta);
+    }
     if let Some(raw) = raw {
         let (d_raw, d_param) = ll.lambda_vjp(raw, param, &dlam)?;
         out.insert(grad_name("lambda"), d_raw);
@@ -255,7 +274,7 @@ static LOGLINEAR_CPU_BACKWARD: BackwardEntry = BackwardEntry {
     kernel: "loglinear",
     backend: "cpu",
     forms: &[Form::Fast],
-    unsupported,
+    unsupported: every_config,
     vjp_f64: vjp::<f64>,
     vjp_f32: vjp::<f32>,
 };

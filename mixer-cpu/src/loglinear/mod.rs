@@ -10,6 +10,7 @@
 //! use faer sequentially.
 
 pub mod backward;
+mod backward_gdn;
 pub mod chunked;
 pub mod common;
 pub mod decoder;
