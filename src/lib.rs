@@ -56,7 +56,7 @@ pub use ndarray;
 /// The names most programs need.
 pub mod prelude {
     pub use mixer_core::mixer::{Decoder, Mixer};
-    pub use mixer_core::{AnyTensors, DType, Error, Form, Result, Tensor, Tensors, Tolerance};
+    pub use mixer_core::{AnyTensors, DType, Error, Form, Requires, Result, Tensor, Tensors, Tolerance};
     pub use mixer_registry::harness::{CheckRow, Sizes};
     pub use mixer_registry::{Backend, register};
 }

@@ -8,6 +8,7 @@
 pub mod error;
 pub mod fenwick;
 pub mod form;
+pub mod grad;
 pub mod materialize;
 pub mod memory;
 pub mod metrics;
@@ -22,6 +23,7 @@ pub mod tolerance;
 
 pub use error::{Error, Result};
 pub use form::Form;
+pub use grad::{Requires, grad_name};
 pub use materialize::{Block, Materialization, Offset, Term};
 pub use mixer::{Decoder, Mixer};
 pub use real::Real;

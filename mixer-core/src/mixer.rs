@@ -6,6 +6,7 @@ use std::fmt::Debug;
 use ndarray::{ArrayD, Axis, Dimension, IxDyn};
 
 use crate::error::{Error, Result, fmt_shape};
+use crate::grad::{MatGrad, Requires};
 use crate::materialize::Materialization;
 use crate::real::Real;
 use crate::spec::{Bound, Dims, InputSpec};
@@ -67,6 +68,31 @@ pub trait Mixer: Send + Sync + Debug + Any {
     /// input is finite (e.g. a divergent recurrence), or `None`.
     fn overflow_hint(&self) -> Option<String> {
         None
+    }
+    /// Whether [`Mixer::materialized_vjp`] is implemented, i.e. the materialized backward
+    /// (the reference gradient) exists for this mixer.
+    fn has_materialized_vjp(&self) -> bool {
+        false
+    }
+    /// Maps the gradients of the materialization's entries ([`crate::grad::vjp`]: $\bar A$,
+    /// $\bar B$, $\bar D$) back to the gradients `d_<input>` of every input except the mixed
+    /// one (whose gradient the generic VJP computes). Inputs outside `requires` may be
+    /// skipped. The default says that the mixer has no materialized backward.
+    fn materialized_vjp(
+        &self,
+        _inputs: &Tensors<f64>,
+        _mat: &Materialization,
+        _grad: &MatGrad,
+        _requires: &Requires,
+    ) -> Result<Tensors<f64>> {
+        Err(Error::FormUnavailable {
+            mixer: self.name().to_string(),
+            form: "materialized (backward)".into(),
+            backend: "any".into(),
+            available: "none: the mixer does not map entry gradients to its inputs \
+                        (implement `Mixer::materialized_vjp` and `has_materialized_vjp`)"
+                .into(),
+        })
     }
     /// Upcast for backends that downcast to the concrete configuration.
     fn as_any(&self) -> &dyn Any;

@@ -170,3 +170,8 @@ pub fn prefix<F: Clone>(m: &Tensors<F>, per_token: &[String], len: usize) -> Ten
         })
         .collect()
 }
+
+/// The shape of an array, formatted as `[2, 7, 3]` (for messages).
+pub fn fmt_shape_of<F>(a: &ArrayD<F>) -> String {
+    crate::error::fmt_shape(a.shape())
+}

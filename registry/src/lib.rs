@@ -16,14 +16,17 @@
 //! mention it, e.g. `use my_plugin as _;`.
 //!
 //! Also here: lookup by name with "did you mean" errors ([`lookup`]), run-time backend
-//! selection ([`Backend::auto`]), running a form with validation ([`run::run`]), the
+//! selection ([`Backend::auto`]), running a form with validation ([`run::run`]), its gradient
+//! ([`backward::backward`]), the
 //! cross-check harness ([`harness::check`]) and the backend test suite every registered
 //! backend and mixer gets ([`suite`]).
 
 pub mod backend;
+pub mod backward;
 mod builtins;
 pub mod entries;
 pub mod family;
+pub mod grad_check;
 pub mod harness;
 pub mod lookup;
 pub mod run;
@@ -37,10 +40,11 @@ pub use mixer_registry_macros::register;
 pub use backend::{Backend, backends_status};
 pub use entries::*;
 pub use family::{DecoderFn, DynFamily, Family, FormFn, Scalar};
+pub use grad_check::{GradRow, check_grad};
 pub use harness::{CheckRow, Sizes, check};
 pub use lookup::{
-    Duplicate, backend_entry, duplicates, family, lambda_scheme, mask, mixer, mixer_entry, origin, pattern,
-    plugin_crates,
+    Duplicate, backend_entry, backward_entry, duplicates, family, lambda_grad, lambda_scheme, mask, mixer,
+    mixer_entry, origin, pattern, plugin_crates,
 };
 
 /// Offset patterns.
@@ -64,6 +68,12 @@ pub static FAMILIES: [FamilyEntry];
 /// Where each entry above was registered (one [`Origin`] per `#[register]`).
 #[linkme::distributed_slice]
 pub static ORIGINS: [Origin];
+/// Backends' backward passes (vector–Jacobian products).
+#[linkme::distributed_slice]
+pub static BACKWARDS: [BackwardEntry];
+/// Derivatives of λ schemes.
+#[linkme::distributed_slice]
+pub static LAMBDA_GRADS: [LambdaGradEntry];
 
 #[cfg(test)]
 mod tests {

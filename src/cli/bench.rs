@@ -25,6 +25,7 @@
 pub mod alloc;
 mod analysis;
 mod args;
+mod backward;
 mod format;
 mod guard;
 mod measure;

@@ -37,6 +37,10 @@ pub struct Args {
     /// Also write the rows as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Check the gradients instead: the materialized backward against finite differences,
+    /// and every other backward form against it in f64 and f32.
+    #[arg(long)]
+    grad: bool,
 }
 
 /// The (mixer, config) pairs to check: one mixer with a config, or every example.
@@ -192,6 +196,9 @@ pub(crate) fn run(a: Args) -> Result<i32> {
         Sizes { seq: a.seq, batch: a.batch, channels: a.channels.unwrap_or(defaults.channels), ..defaults };
     check_sizes(&sizes)?;
     let cases = cases(a.mixer.as_deref(), a.config.as_deref())?;
+    if a.grad {
+        return super::check_grad::run(&cases, &backends, &sizes, a.seed, a.json.as_deref());
+    }
     let rows = check_cases(&cases, &backends, &sizes, a.channels.is_some(), a.seed);
     print!("{}", render(&rows));
     if let Some(p) = &a.json {

@@ -5,6 +5,7 @@
 
 pub mod bench;
 mod check;
+mod check_grad;
 mod list;
 mod metrics;
 mod run;

@@ -451,3 +451,58 @@ fn divergent_recurrences_are_reported() {
         assert_one_line_error(&err, &["numerical:", "although every input is finite", "Σ_k |beta[t,k]| > 1"]);
     }
 }
+/// `run --grad` writes `y` and one `d_<input>` per input, in the inputs' dtype, equal to the
+/// library's backward; `check --grad` passes for a mixer.
+#[test]
+fn run_grad_writes_input_gradients_and_check_grad_passes() {
+    use mixers::core::{AnyTensors, Tensor};
+    use mixers::prelude::*;
+    let m = mixers::registry::mixer(
+        "loglinear-mamba2",
+        &serde_json::json!({"chunk": 8, "lambda_scheme": "softplus"}),
+    )
+    .unwrap();
+    let x = mixers::registry::grad_check::grad_inputs(m.as_ref(), &Sizes { seq: 13, ..Sizes::default() }, 4)
+        .unwrap();
+    let x32: std::collections::BTreeMap<String, Tensor> =
+        x.iter().map(|(k, v)| (k.clone(), Tensor::F32(v.mapv(|a| a as f32)))).collect();
+    let inp = tmp("grad_in.npz");
+    let refs: Vec<(&str, &Tensor)> = x32.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    mixers::io::write_npz(&inp, &refs).unwrap();
+    let dy = Tensor::F32(x["v"].mapv(|a| (2.0 * a).cos() as f32));
+    let dyp = tmp("dy.npz");
+    mixers::io::write_npz(&dyp, &[("dy", &dy)]).unwrap();
+    let out = tmp("grad_out.npz");
+    let cfg = r#"{"chunk": 8, "lambda_scheme": "softplus"}"#;
+    let args = ["run", "--mixer", "loglinear-mamba2", "--config", cfg, "--inputs", inp.to_str().unwrap()];
+    let (code, _, err) =
+        mixers(&[&args[..], &["--grad", dyp.to_str().unwrap(), "--out", out.to_str().unwrap()]].concat());
+    assert_eq!(code, 0, "{err}");
+    let AnyTensors::F32(got) = mixers::io::read_npz(&out).unwrap() else { panic!("f32 in, f32 out") };
+    let names: Vec<&str> = got.keys().map(|k| k.as_str()).collect();
+    assert_eq!(names, ["d_g", "d_k", "d_lambda", "d_lambda_param", "d_q", "d_v", "y"]);
+    let want = mixers::registry::backward::backward_as(
+        m.as_ref(),
+        "cpu",
+        Form::Materialized,
+        &x,
+        &dy.to_f64(),
+        DType::F64,
+        &Requires::All,
+    )
+    .unwrap();
+    for (k, w) in &want {
+        let c = Tolerance::F32.compare(got[k].mapv(|a| a as f64).view(), w.view());
+        assert!(c.pass, "{k}: {c:?}");
+    }
+    // A cotangent of the wrong shape is a one-line error.
+    let bad = Tensor::F32(ndarray::ArrayD::zeros(ndarray::IxDyn(&[1, 2, 3])));
+    mixers::io::write_npz(&dyp, &[("dy", &bad)]).unwrap();
+    let (code, _, err) =
+        mixers(&[&args[..], &["--grad", dyp.to_str().unwrap(), "--out", out.to_str().unwrap()]].concat());
+    assert_eq!(code, 2);
+    assert_one_line_error(&err, &["`dy`", "[1, 2, 3]"]);
+    let (code, out, err) = mixers(&["check", "--grad", "--mixer", "glr", "--seq", "11"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("finite-diff") && out.contains("| fast ") && out.contains("0 failed"), "{out}");
+}

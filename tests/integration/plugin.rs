@@ -41,3 +41,32 @@ fn plugin_mixers_pass_the_cross_check() {
         }
     }
 }
+
+/// Plugin mixers (a plugin pattern, mask and λ scheme with its registered derivative) get
+/// gradients checked three ways like the builtins.
+#[test]
+fn plugin_mixers_pass_the_gradient_checks() {
+    let backends = vec![Backend::by_name("cpu").unwrap()];
+    for name in ["fibonacci-glr", "log-distance-mamba2"] {
+        let entry = mixers::registry::mixer_entry(name).unwrap();
+        for ex in entry.examples {
+            let cfg: serde_json::Value = serde_json::from_str(ex).unwrap();
+            let m = mixers::registry::mixer(name, &cfg).unwrap();
+            for seq in [1, 23] {
+                let rows = mixers::registry::check_grad(
+                    m.as_ref(),
+                    &backends,
+                    &Sizes { seq, ..Sizes::default() },
+                    7,
+                );
+                assert!(
+                    rows.iter().any(|r| r.input == "x" || r.input == "v"),
+                    "{name}: gradients were checked"
+                );
+                for r in rows {
+                    assert!(r.pass, "{name} {ex} T={seq}: {r:?}");
+                }
+            }
+        }
+    }
+}

@@ -52,3 +52,86 @@ fn auto_backend_is_cpu_without_a_gpu() {
         );
     }
 }
+
+/// Gradients, three ways, for every registered mixer's examples on the CPU: the
+/// materialized backward against central finite differences, every fast backward against
+/// it in f64, and in f32 (T = 1, and lengths that are not chunk multiples).
+#[test]
+fn every_mixer_gradient_passes_three_ways_on_cpu() {
+    let cpu = vec![Backend::by_name("cpu").unwrap()];
+    let (mut fd, mut fast) = (0, 0);
+    let mut failed = Vec::new();
+    for e in MIXERS.iter() {
+        for ex in e.examples {
+            let cfg: serde_json::Value = serde_json::from_str(ex).unwrap();
+            let m = (e.build)(e.name, &cfg).unwrap_or_else(|err| panic!("{} {ex}: {err}", e.name));
+            for seq in [1, 19] {
+                let sizes = Sizes { seq, ..Sizes::default() };
+                for r in mixers::registry::check_grad(m.as_ref(), &cpu, &sizes, 5) {
+                    if !r.pass {
+                        failed.push(format!("{} {ex} T={seq}: {r:?}", e.name));
+                    }
+                    if r.form == mixers::registry::grad_check::FINITE_DIFFERENCES {
+                        fd += 1;
+                    } else {
+                        fast += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{} failures:\n{}", failed.len(), failed.join("\n"));
+    assert!(fd > 100 && fast > 100, "{fd} finite-difference rows, {fast} fast rows");
+}
+
+/// With λ ≡ 1 a lifted mixer's gradients with respect to the base inputs are the base
+/// mixer's, on every backward form.
+#[test]
+fn gradients_reduce_to_the_base_mixer_when_lambda_is_one() {
+    use mixers::registry::backward::{backward_as, backward_forms};
+    for base in ["linear-attention", "mamba2", "gated-deltanet"] {
+        let lifted = format!("loglinear-{}", if base == "linear-attention" { "attention" } else { base });
+        let mb = mixers::registry::mixer(base, &serde_json::json!({"chunk": 8})).unwrap();
+        let ml = mixers::registry::mixer(&lifted, &serde_json::json!({"chunk": 8})).unwrap();
+        let sizes = Sizes { seq: 21, ..Sizes::default() };
+        let x = mixers::registry::grad_check::grad_inputs(mb.as_ref(), &sizes, 2).unwrap();
+        let mut xl = x.clone();
+        let (b, t, h) = (x["q"].shape()[0], x["q"].shape()[1], x["q"].shape()[2]);
+        xl.insert("lambda".into(), ndarray::ArrayD::from_elem(ndarray::IxDyn(&[b, t, h, 6]), 1.0));
+        let dy = x["v"].mapv(|v| (3.0 * v).sin());
+        let want =
+            backward_as(mb.as_ref(), "cpu", Form::Materialized, &x, &dy, DType::F64, &Requires::All).unwrap();
+        for form in backward_forms(ml.as_ref(), "cpu") {
+            let got = backward_as(ml.as_ref(), "cpu", form, &xl, &dy, DType::F64, &Requires::All).unwrap();
+            for (name, w) in &want {
+                let c = Tolerance::F64.compare(got[name].view(), w.view());
+                assert!(c.pass, "{lifted} {form} {name}: {c:?}");
+            }
+            assert!(got.contains_key("d_lambda"));
+        }
+    }
+}
+
+/// `requires` selects gradients; bad names, absent inputs and a wrong `dy` are errors.
+#[test]
+fn backward_requires_and_validation() {
+    use mixers::registry::backward::backward;
+    let m = mixers::registry::mixer("mamba2", &serde_json::json!({})).unwrap();
+    let x = mixers::registry::grad_check::grad_inputs(m.as_ref(), &Sizes { seq: 7, ..Sizes::default() }, 1)
+        .unwrap();
+    let inputs = AnyTensors::F64(x.clone());
+    let dy = Tensor::F64(x["v"].clone());
+    let only = Requires::only(["g", "q"]);
+    let g = backward(m.as_ref(), "cpu", Form::Materialized, &inputs, &dy, &only).unwrap();
+    assert_eq!(g.keys().collect::<Vec<_>>(), ["d_g", "d_q"]);
+    let e = backward(m.as_ref(), "cpu", Form::Materialized, &inputs, &dy, &Requires::only(["lambda"]))
+        .unwrap_err();
+    assert!(e.to_string().contains("`lambda`"), "{e}");
+    let short = Tensor::F64(x["v"].slice(ndarray::s![.., ..3, .., ..]).to_owned().into_dyn());
+    let e = backward(m.as_ref(), "cpu", Form::Materialized, &inputs, &short, &Requires::All).unwrap_err();
+    assert!(e.to_string().contains("dy"), "{e}");
+    let dy32 = Tensor::F32(x["v"].mapv(|v| v as f32));
+    assert!(backward(m.as_ref(), "cpu", Form::Materialized, &inputs, &dy32, &Requires::All).is_err());
+    let e = backward(m.as_ref(), "cpu", Form::Recurrent, &inputs, &dy, &Requires::All).unwrap_err();
+    assert!(e.to_string().contains("backward"), "{e}");
+}

@@ -6,7 +6,7 @@
 //! drops it: `use mixers_plugin_fibonacci as _;`.
 
 use mixer_registry::mixer_core::{Mixer, Result, serde_json};
-use mixer_registry::{LambdaEntry, MaskEntry, MixerEntry, PatternEntry, register};
+use mixer_registry::{LambdaEntry, LambdaGradEntry, MaskEntry, MixerEntry, PatternEntry, register};
 
 /// Fibonacci offsets `f(k) = F(k+2)`: 1, 2, 3, 5, 8, 13, … (saturating). Every Δ is a sum of
 /// non-consecutive Fibonacci numbers (Zeckendorf), so shortest paths are `O(log_φ Δ)`.
@@ -70,6 +70,17 @@ pub static SIGMOID2: LambdaEntry = LambdaEntry {
         "__device__ double mixers_lambda(double raw, double param) { return 2.0 / (1.0 + exp(-param * raw)); }",
     ),
 };
+
+/// `(∂λ/∂raw, ∂λ/∂param)` of [`sigmoid2`]: `2σ(1−σ) · (param, raw)` with `σ = σ(param·raw)`;
+/// registered so that gradients flow through the scheme (and its parameter).
+pub fn sigmoid2_grad(raw: f64, param: f64) -> (f64, f64) {
+    let sig = 1.0 / (1.0 + (-param * raw).exp());
+    let d = 2.0 * sig * (1.0 - sig);
+    (d * param, d * raw)
+}
+
+#[register]
+static SIGMOID2_GRAD: LambdaGradEntry = LambdaGradEntry { name: "sigmoid2", grad: sigmoid2_grad };
 
 fn with_defaults(base: serde_json::Value, user: &serde_json::Value) -> serde_json::Value {
     let mut cfg = base;

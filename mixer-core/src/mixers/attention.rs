@@ -8,10 +8,11 @@
 use std::any::Any;
 use std::sync::Arc;
 
-use ndarray::Array2;
+use ndarray::{Array2, ArrayD};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::grad::{MatGrad, Requires, grad_name};
 use crate::materialize::Materialization;
 use crate::mixer::Mixer;
 use crate::spec::{Dim, Dims, InputDecl, InputSpec};
@@ -221,6 +222,54 @@ impl Mixer for Attention {
     }
     fn working_memory(&self, form: crate::Form, dims: &crate::Dims, elem: f64) -> f64 {
         crate::memory::attention(form, dims, elem, self.window())
+    }
+    fn has_materialized_vjp(&self) -> bool {
+        true
+    }
+    /// Softmax backward per row: $\bar S_{t,s} = A_{t,s}(\bar A_{t,s} - \sum_{s'} A_{t,s'} \bar A_{t,s'})$
+    /// on the visible keys, then $\bar q_t = \sigma \sum_s \bar S_{t,s} k_s$ and
+    /// $\bar k_s = \sigma \sum_t \bar S_{t,s} q_t$.
+    fn materialized_vjp(
+        &self,
+        inputs: &Tensors<f64>,
+        mat: &Materialization,
+        grad: &MatGrad,
+        _requires: &Requires,
+    ) -> Result<Tensors<f64>> {
+        let q = get(inputs, "q")?;
+        let k = get(inputs, "k")?;
+        let (bn, t_len, hn, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+        if grad.blocks.len() != bn * hn || mat.blocks.len() != bn * hn {
+            return Err(Error::Numerical(format!(
+                "attention backward: {} blocks for B·H = {}",
+                grad.blocks.len(),
+                bn * hn
+            )));
+        }
+        let scale = self.scale(dk);
+        let mut dq = ArrayD::<f64>::zeros(q.raw_dim());
+        let mut dkk = ArrayD::<f64>::zeros(k.raw_dim());
+        for b in 0..bn {
+            for h in 0..hn {
+                let a = &mat.blocks[b * hn + h].terms[0].a;
+                let ga = &grad.blocks[b * hn + h].terms[0];
+                for t in 0..t_len {
+                    let lo = self.first_key(t);
+                    let dot: f64 = (lo..=t).map(|s| a[[t, s]] * ga[[t, s]]).sum();
+                    for s in lo..=t {
+                        let ds = scale * a[[t, s]] * (ga[[t, s]] - dot);
+                        for d in 0..dk {
+                            dq[[b, t, h, d]] += ds * k[[b, s, h, d]];
+                            dkk[[b, s, h, d]] += ds * q[[b, t, h, d]];
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = Tensors::new();
+        out.insert(grad_name("q"), dq);
+        out.insert(grad_name("k"), dkk);
+        Ok(out)
     }
     fn as_any(&self) -> &dyn Any {
         self

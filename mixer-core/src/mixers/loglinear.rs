@@ -20,8 +20,9 @@
 //!
 //! ## λ schemes (config `lambda_scheme`, docs/math.md §2.4)
 //! The `lambda` input holds raw values; the weight actually used is
-//! `λ = map(raw, 1)` with the scheme's registered map and its learnable
-//! per-(head, level) parameter at its initial value 1. With `identity` (default) the input
+//! $\lambda_{t,h,\ell} = \mathrm{map}(\text{raw}_{t,h,\ell}, p_{h,\ell})$ with the scheme's registered
+//! map and its learnable per-(head, level) parameter $p$, given as the optional input
+//! `lambda_param [H, L]` (absent: its initial value 1). With `identity` (default) the input
 //! is used as given and must be `≥ 0`; with any other scheme (`softplus`, `ones`, a plugin's)
 //! the raw input only has to be finite, and the mapped weights must come out finite and
 //! `≥ 0` (checked at run time, with an error naming the scheme otherwise).
@@ -97,13 +98,21 @@ impl LevelMask {
     }
 }
 
-/// A λ scheme resolved from the registry: `λ = map(raw, 1)`.
+/// The partial derivatives $(\partial\lambda/\partial\text{raw}, \partial\lambda/\partial\text{param})$
+/// of a λ scheme's map at `(raw, param)`.
+pub type LambdaGradFn = fn(f64, f64) -> (f64, f64);
+
+/// A λ scheme resolved from the registry: $\lambda = \mathrm{map}(\text{raw}, p_{h,\ell})$ with
+/// the per-(head, level) parameter $p$ from the optional input `lambda_param [H, L]`
+/// (default 1 everywhere).
 #[derive(Clone, Copy, Debug)]
 pub struct LambdaScheme {
     /// Registered name (`"identity"`, `"softplus"`, `"ones"`, or a plugin's).
     pub name: &'static str,
     /// `map(raw, param)`.
     pub map: fn(f64, f64) -> f64,
+    /// Its partial derivatives, when registered (needed by every backward pass).
+    pub grad: Option<LambdaGradFn>,
 }
 
 impl LambdaScheme {
@@ -112,7 +121,10 @@ impl LambdaScheme {
         fn id(raw: f64, _p: f64) -> f64 {
             raw
         }
-        LambdaScheme { name: "identity", map: id }
+        fn did(_raw: f64, _p: f64) -> (f64, f64) {
+            (1.0, 0.0)
+        }
+        LambdaScheme { name: "identity", map: id, grad: Some(did) }
     }
     /// Whether the scheme is the identity (λ input used as given).
     pub fn is_identity(&self) -> bool {
@@ -212,19 +224,24 @@ impl LogLinear {
         self.lift.is_none_or(|l| l.mask.is_fenwick())
     }
 
-    /// The weights `λ = map(raw, 1)` of the λ scheme, for a raw `lambda`
-    /// tensor of any shape. The identity scheme returns the input unchanged; other schemes
-    /// must produce finite, non-negative weights, or an error names the scheme.
-    pub fn lambda_weights<F: Real>(&self, raw: &ArrayD<F>) -> Result<ArrayD<F>> {
+    /// The weights $\lambda_{b,t,h,\ell} = \mathrm{map}(\text{raw}_{b,t,h,\ell}, p_{h,\ell})$ of the λ
+    /// scheme, for a raw `lambda [B,T,H,L]` (or one token's `[B,H,L]`) and the optional `lambda_param [H, L]` (`None` =
+    /// 1 everywhere). The identity scheme returns the input unchanged; other schemes must
+    /// produce finite, non-negative weights, or an error names the scheme.
+    pub fn lambda_weights<F: Real>(&self, raw: &ArrayD<F>, param: Option<&ArrayD<F>>) -> Result<ArrayD<F>> {
         let Some(lift) = self.lift else {
             return Err(Error::config(&self.name, "this mixer takes no `lambda`"));
         };
         if lift.lambda.is_identity() {
             return Ok(raw.clone());
         }
+        let param_at = self.lambda_param_reader(raw, param)?;
         let mut out = raw.clone();
-        for (x, &r) in out.iter_mut().zip(raw.iter()) {
-            let w = (lift.lambda.map)(r.f64(), 1.0);
+        for (ix, x) in out.indexed_iter_mut() {
+            let r = raw[&ix];
+            let n = ndarray::Dimension::ndim(&ix);
+            let p = param_at(ix[n - 2], ix[n - 1]);
+            let w = (lift.lambda.map)(r.f64(), p);
             if !(w.is_finite() && w >= 0.0) {
                 return Err(Error::Value {
                     name: "lambda".into(),
@@ -232,7 +249,7 @@ impl LogLinear {
                         "λ scheme `{}` must map raw values to finite weights ≥ 0",
                         lift.lambda.name
                     ),
-                    found: format!("map({r}, 1) = {w}"),
+                    found: format!("map({r}, {p}) = {w}"),
                 });
             }
             *x = F::of(w);
@@ -240,7 +257,73 @@ impl LogLinear {
         Ok(out)
     }
 
-    /// The level `ℓ(t,s)` of the mask, checked against the number of λ levels given.
+    /// The parameter $p_{h,\ell}$ as a function of `(h, ℓ)`, after checking that
+    /// `lambda_param` is `[H, L]` for a `lambda [B,T,H,L]` (or a decoder's token `[B,H,L]`).
+    fn lambda_param_reader<'a, F: Real>(
+        &self,
+        raw: &ArrayD<F>,
+        param: Option<&'a ArrayD<F>>,
+    ) -> Result<impl Fn(usize, usize) -> f64 + 'a> {
+        let n = raw.ndim();
+        if n < 2 {
+            return Err(Error::shape("lambda", "[…, H, L]", crate::error::fmt_shape(raw.shape())));
+        }
+        let (nh, nl) = (raw.shape()[n - 2], raw.shape()[n - 1]);
+        if let Some(p) = param
+            && p.shape() != [nh, nl]
+        {
+            return Err(Error::shape(
+                "lambda_param",
+                format!("[H, L] = [{nh}, {nl}] (as `lambda`)"),
+                crate::error::fmt_shape(p.shape()),
+            ));
+        }
+        Ok(move |h: usize, l: usize| param.map_or(1.0, |p| p[[h, l]].f64()))
+    }
+
+    /// The backward of [`LogLinear::lambda_weights`]: from the gradient `d_weights` of the
+    /// weights, the gradients of the raw `lambda` ($\bar\lambda \cdot \partial_{\text{raw}}\mathrm{map}$)
+    /// and of `lambda_param` ($\sum_{b,t} \bar\lambda \cdot \partial_p \mathrm{map}$, when it
+    /// was given). Errors when the scheme has no registered derivative.
+    pub fn lambda_vjp<F: Real>(
+        &self,
+        raw: &ArrayD<F>,
+        param: Option<&ArrayD<F>>,
+        d_weights: &ArrayD<F>,
+    ) -> Result<(ArrayD<F>, Option<ArrayD<F>>)> {
+        let Some(lift) = self.lift else {
+            return Err(Error::config(&self.name, "this mixer takes no `lambda`"));
+        };
+        if lift.lambda.is_identity() {
+            return Ok((d_weights.clone(), None));
+        }
+        let Some(dmap) = lift.lambda.grad else {
+            return Err(Error::config(
+                &self.name,
+                format!(
+                    "λ scheme `{}` has no registered derivative, so no gradient flows through it \
+                     (register a `LambdaGradEntry` for it)",
+                    lift.lambda.name
+                ),
+            ));
+        };
+        let param_at = self.lambda_param_reader(raw, param)?;
+        let mut d_raw = d_weights.clone();
+        let mut d_param = param.map(|p| ArrayD::<F>::zeros(p.raw_dim()));
+        for (ix, x) in d_raw.indexed_iter_mut() {
+            let n = ndarray::Dimension::ndim(&ix);
+            let (h, l) = (ix[n - 2], ix[n - 1]);
+            let (dr, dp) = dmap(raw[&ix].f64(), param_at(h, l));
+            let g = d_weights[&ix].f64();
+            *x = F::of(g * dr);
+            if let Some(d) = d_param.as_mut() {
+                d[[h, l]] += F::of(g * dp);
+            }
+        }
+        Ok((d_raw, d_param))
+    }
+
+    /// The level $\ell(t,s)$ of the mask, checked against the number of λ levels given.
     pub fn level_checked(&self, t: usize, s: usize, given: usize) -> Result<usize> {
         let lift = self.lift.ok_or_else(|| Error::config(&self.name, "no level mask"))?;
         let l = (lift.mask.level)(t, s);
@@ -263,15 +346,70 @@ impl LogLinear {
     }
 }
 
+/// The `f64` views of the coefficient inputs of one call (`g`, `beta` zero when absent).
+pub(crate) struct Views<'a> {
+    pub(crate) q: ArrayView4<'a, f64>,
+    pub(crate) k: ArrayView4<'a, f64>,
+    pub(crate) g: ArrayView3<'a, f64>,
+    pub(crate) beta: ArrayView3<'a, f64>,
+}
+
+impl LogLinear {
+    /// The base mixer's `T×T` matrix $A_{t,s}$ (scale included, no λ) of batch row `b`,
+    /// head `h` (MATH §2.1).
+    pub(crate) fn base_matrix(&self, x: &Views<'_>, b: usize, h: usize) -> Array2<f64> {
+        let (q, k, g, beta) = (&x.q, &x.k, &x.g, &x.beta);
+        let (_, t_len, _, dk) = q.dim();
+        let mut a = Array2::<f64>::zeros((t_len, t_len));
+        let mut w = vec![0.0; dk];
+        for t in 0..t_len {
+            let qt = q.slice(ndarray::s![b, t, h, ..]);
+            match self.base {
+                Base::LinearAttention => {
+                    for s in 0..=t {
+                        a[[t, s]] = self.scale * qt.dot(&k.slice(ndarray::s![b, s, h, ..]));
+                    }
+                }
+                Base::Mamba2 => {
+                    // Σ_{r=s+1..t} g_r, accumulated from t downwards (no cancellation).
+                    let mut cum = 0.0f64;
+                    for s in (0..=t).rev() {
+                        let qk = qt.dot(&k.slice(ndarray::s![b, s, h, ..]));
+                        a[[t, s]] = self.scale * qk * cum.exp();
+                        cum += g[[b, s, h]];
+                    }
+                }
+                Base::GatedDeltaNet => {
+                    // w = Φ_{s+1..t} q_t, built from s = t downwards.
+                    for (d, wd) in w.iter_mut().enumerate() {
+                        *wd = self.scale * qt[d];
+                    }
+                    for s in (0..=t).rev() {
+                        let ks = k.slice(ndarray::s![b, s, h, ..]);
+                        let kw: f64 = (0..dk).map(|d| ks[d] * w[d]).sum();
+                        let bs = beta[[b, s, h]];
+                        a[[t, s]] = bs * kw;
+                        let decay = g[[b, s, h]].exp();
+                        for d in 0..dk {
+                            w[d] = decay * (w[d] - bs * ks[d] * kw);
+                        }
+                    }
+                }
+            }
+        }
+        a
+    }
+}
+
 fn dims4(last: &'static str) -> Vec<Dim> {
     vec![Dim::Sym("B"), Dim::Sym("T"), Dim::Sym("H"), Dim::Sym(last)]
 }
 
-fn view3<'a>(x: &'a Tensors<f64>, name: &str) -> Result<ArrayView3<'a, f64>> {
+pub(crate) fn view3<'a>(x: &'a Tensors<f64>, name: &str) -> Result<ArrayView3<'a, f64>> {
     get(x, name)?.view().into_dimensionality::<Ix3>().map_err(|e| Error::shape(name, "rank 3", e.to_string()))
 }
 
-fn view4<'a>(x: &'a Tensors<f64>, name: &str) -> Result<ArrayView4<'a, f64>> {
+pub(crate) fn view4<'a>(x: &'a Tensors<f64>, name: &str) -> Result<ArrayView4<'a, f64>> {
     get(x, name)?.view().into_dimensionality::<Ix4>().map_err(|e| Error::shape(name, "rank 4", e.to_string()))
 }
 
@@ -332,6 +470,14 @@ impl Mixer for LogLinear {
                 (Constraint::Finite, Gen::Normal(1.0))
             };
             inputs.push(InputDecl::new("lambda", dims4("L")).constraint(c).sample(g));
+            if !l.lambda.is_identity() {
+                inputs.push(
+                    InputDecl::new("lambda_param", vec![Dim::Sym("H"), Dim::Sym("L")])
+                        .fixed()
+                        .optional()
+                        .sample(Gen::Uniform(0.5, 1.5)),
+                );
+            }
         }
         InputSpec { inputs, mixed: "v" }
     }
@@ -351,7 +497,7 @@ impl Mixer for LogLinear {
         let q = view4(inputs, "q")?;
         let k = view4(inputs, "k")?;
         let v = view4(inputs, "v")?;
-        let (nb, t_len, nh, dk) = q.dim();
+        let (nb, t_len, nh, _) = q.dim();
         let dv = v.dim().3;
         if k.dim() != q.dim() {
             return Err(Error::shape("k", format!("{:?} (as q)", q.dim()), format!("{:?}", k.dim())));
@@ -360,50 +506,16 @@ impl Mixer for LogLinear {
         let g = if self.base.has_decay() { view3(inputs, "g")? } else { zeros.view() };
         let beta = if self.base.has_beta() { view3(inputs, "beta")? } else { zeros.view() };
         let lam = match self.lift {
-            Some(_) => Some(self.lambda_weights(get(inputs, "lambda")?)?),
+            Some(_) => Some(self.lambda_weights(get(inputs, "lambda")?, inputs.get("lambda_param"))?),
             None => None,
         };
         let n_levels = lam.as_ref().map_or(1, |l| l.shape()[3]);
         let mut mat = Materialization::new(t_len);
         for b in 0..nb {
             for h in 0..nh {
-                let mut a = Array2::<f64>::zeros((t_len, t_len));
-                let mut w = vec![0.0; dk];
-                for t in 0..t_len {
-                    let qt = q.slice(ndarray::s![b, t, h, ..]);
-                    match self.base {
-                        Base::LinearAttention => {
-                            for s in 0..=t {
-                                a[[t, s]] = self.scale * qt.dot(&k.slice(ndarray::s![b, s, h, ..]));
-                            }
-                        }
-                        Base::Mamba2 => {
-                            // Σ_{r=s+1..t} g_r, accumulated from t downwards (no cancellation).
-                            let mut cum = 0.0f64;
-                            for s in (0..=t).rev() {
-                                let qk = qt.dot(&k.slice(ndarray::s![b, s, h, ..]));
-                                a[[t, s]] = self.scale * qk * cum.exp();
-                                cum += g[[b, s, h]];
-                            }
-                        }
-                        Base::GatedDeltaNet => {
-                            // w = Φ_{s+1..t} q_t, built from s = t downwards.
-                            for (d, wd) in w.iter_mut().enumerate() {
-                                *wd = self.scale * qt[d];
-                            }
-                            for s in (0..=t).rev() {
-                                let ks = k.slice(ndarray::s![b, s, h, ..]);
-                                let kw: f64 = (0..dk).map(|d| ks[d] * w[d]).sum();
-                                let bs = beta[[b, s, h]];
-                                a[[t, s]] = bs * kw;
-                                let decay = g[[b, s, h]].exp();
-                                for d in 0..dk {
-                                    w[d] = decay * (w[d] - bs * ks[d] * kw);
-                                }
-                            }
-                        }
-                    }
-                    if let Some(lam) = &lam {
+                let mut a = self.base_matrix(&Views { q, k, g, beta }, b, h);
+                if let Some(lam) = &lam {
+                    for t in 0..t_len {
                         for s in 0..=t {
                             let l = self.level_checked(t, s, n_levels)?;
                             a[[t, s]] *= lam[[b, t, h, l]];
@@ -414,6 +526,18 @@ impl Mixer for LogLinear {
             }
         }
         Ok(mat)
+    }
+    fn has_materialized_vjp(&self) -> bool {
+        true
+    }
+    fn materialized_vjp(
+        &self,
+        inputs: &Tensors<f64>,
+        _mat: &Materialization,
+        grad: &crate::grad::MatGrad,
+        _requires: &crate::grad::Requires,
+    ) -> Result<Tensors<f64>> {
+        super::loglinear_vjp::materialized_vjp(self, inputs, grad)
     }
     fn form_unsupported(&self, form: crate::Form) -> Option<String> {
         let needs_fenwick = matches!(form, crate::Form::Fast | crate::Form::Recurrent);

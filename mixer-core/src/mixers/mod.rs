@@ -4,4 +4,5 @@
 pub mod attention;
 pub mod glr;
 pub mod loglinear;
+mod loglinear_vjp;
 pub mod toeplitz;

@@ -29,6 +29,7 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, fmt_shape};
+use crate::grad::{MatGrad, Requires, grad_name};
 use crate::materialize::{Block, Materialization, Offset, Term};
 use crate::mixer::{Mixer, complete_dims};
 use crate::real::Real;
@@ -144,6 +145,21 @@ impl Toeplitz {
     pub fn shifts(&self, e_in_head: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
         let kw = self.cfg.kernel_width;
         (0..kw).map(move |i| (i, kw - 1 - i)).filter(move |&(_, d)| d <= e_in_head)
+    }
+
+    /// The materialization blocks of one head with `d` channels, in order: output channels
+    /// (within the head) and their valid shifts `(i, δᵢ)`. Channels `Kw−1..d` see every shift
+    /// (one block of `Kw` terms); each of the first `Kw−1` channels sees fewer (one block each).
+    pub fn head_blocks(&self, d: usize) -> Vec<(std::ops::Range<usize>, Vec<(usize, usize)>)> {
+        let kw = self.cfg.kernel_width;
+        let mut v = Vec::new();
+        if kw - 1 < d {
+            v.push((kw - 1..d, self.shifts(kw - 1).collect()));
+        }
+        for e in 0..(kw - 1).min(d) {
+            v.push((e..e + 1, self.shifts(e).collect()));
+        }
+        v
     }
 
     /// The kernel `w` as `[Kw, H, Tw]` (a view; `[H, Tw]` gains a leading axis of 1).
@@ -348,22 +364,13 @@ impl Mixer for Toeplitz {
         for b in 0..p.batch {
             for h in 0..p.heads {
                 let h0 = h * d;
-                // Output channels with all Kw shifts valid: one block of Kw terms.
-                if kw - 1 < d {
-                    let out = h0 + kw - 1..h0 + d;
-                    let terms = self
-                        .shifts(kw - 1)
-                        .map(|(i, dl)| Term { a: a[i][h].clone(), cols: out.start - dl..out.end - dl })
+                for (out, shifts) in self.head_blocks(d) {
+                    let out = h0 + out.start..h0 + out.end;
+                    let terms = shifts
+                        .iter()
+                        .map(|&(i, dl)| Term { a: a[i][h].clone(), cols: out.start - dl..out.end - dl })
                         .collect();
                     mat.blocks.push(Block { batch: b, out_cols: out, terms, b: None });
-                }
-                // The first Kw−1 channels of the head see fewer shifts: one block each.
-                for e in 0..(kw - 1).min(d) {
-                    let terms = self
-                        .shifts(e)
-                        .map(|(i, dl)| Term { a: a[i][h].clone(), cols: h0 + e - dl..h0 + e - dl + 1 })
-                        .collect();
-                    mat.blocks.push(Block { batch: b, out_cols: h0 + e..h0 + e + 1, terms, b: None });
                 }
                 if let Some(row) = p.bias_row(h) {
                     let vals = Array2::from_shape_fn((t, d), |(s, _)| row[s]);
@@ -372,6 +379,65 @@ impl Mixer for Toeplitz {
             }
         }
         Ok(mat)
+    }
+    fn has_materialized_vjp(&self) -> bool {
+        true
+    }
+    /// $\bar w[i,h,j] = \sum_{t} \bar A_{i,h}[t, t-j]$ summed over every block (batch row,
+    /// channel group) that uses the term of shift `i` and head `h`; taps `j ≥ T` get 0;
+    /// $\bar{\mathrm{bias}}[h,t] = \sum_{b,\,c \in h} \bar D[b,t,c]$.
+    fn materialized_vjp(
+        &self,
+        inputs: &Tensors<f64>,
+        _mat: &Materialization,
+        grad: &MatGrad,
+        _requires: &Requires,
+    ) -> Result<Tensors<f64>> {
+        let p = self.prepare(inputs)?;
+        let (t, d) = (p.seq, p.head_dim);
+        let w = get(inputs, "w")?;
+        let mut dw = ArrayD::<f64>::zeros(w.raw_dim());
+        let bias = inputs.get("bias");
+        let mut dbias = bias.map(|b| ArrayD::<f64>::zeros(b.raw_dim()));
+        let layout = self.head_blocks(d);
+        let (mut blk, mut off) = (0, 0);
+        for _b in 0..p.batch {
+            for h in 0..p.heads {
+                for (_, shifts) in &layout {
+                    let bg = grad
+                        .blocks
+                        .get(blk)
+                        .ok_or_else(|| Error::Numerical("toeplitz backward: too few blocks".into()))?;
+                    for (&(i, _), ga) in shifts.iter().zip(&bg.terms) {
+                        for j in 0..t {
+                            let g: f64 = (j..t).map(|r| ga[[r, r - j]]).sum();
+                            if w.ndim() == 2 {
+                                dw[[h, j]] += g;
+                            } else {
+                                dw[[i, h, j]] += g;
+                            }
+                        }
+                    }
+                    blk += 1;
+                }
+                if let Some(db) = dbias.as_mut() {
+                    let go = grad
+                        .offsets
+                        .get(off)
+                        .ok_or_else(|| Error::Numerical("toeplitz backward: too few offsets".into()))?;
+                    for r in 0..t {
+                        db[[h, r]] += go.row(r).sum();
+                    }
+                    off += 1;
+                }
+            }
+        }
+        let mut out = Tensors::new();
+        out.insert(grad_name("w"), dw);
+        if let Some(db) = dbias {
+            out.insert(grad_name("bias"), db);
+        }
+        Ok(out)
     }
     /// `x ~ N(0,1)`; `w[i,h,j] = n·exp(−j/τ)·√(2/(τ·Kw))` with `n ~ N(0,1)` and
     /// `τ = max(Tw/4, 2)` (decaying, `Σⱼ w² ≈ 1/Kw`, yet long-range lags still matter);

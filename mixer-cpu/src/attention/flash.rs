@@ -28,7 +28,7 @@ use faer::prelude::{Reborrow, ReborrowMut};
 use faer::{Accum, Mat, MatRef, Par};
 use mixer_core::mixers::attention::{Attention, Logits};
 use mixer_core::{Result, Tensors};
-use ndarray::{Array2, Array4, ArrayD, s};
+use ndarray::{Array2, Array3, Array4, ArrayD, s};
 use rayon::prelude::*;
 
 use super::{heads_major, key};
@@ -42,6 +42,55 @@ pub const BLOCK_K: usize = 128;
 /// `y [B,T,H,Dv]` by streaming over key blocks.
 pub fn flash<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let (q, k, v) = (heads_major(inputs, "q")?, heads_major(inputs, "k")?, heads_major(inputs, "v")?);
+    let (bn, hn, tn, _) = q.dim();
+    let dv = v.dim().3;
+    let (tasks, outs) = blocks(a, &q, &k, &v)?;
+    let mut y = Array4::<F>::zeros((bn, tn, hn, dv));
+    for (&(b, h, i0), (ot, _)) in tasks.iter().zip(&outs) {
+        for r in 0..ot.ncols() {
+            let mut row = y.slice_mut(s![b, i0 + r, h, ..]);
+            for (d, x) in row.iter_mut().enumerate() {
+                *x = ot[(d, r)];
+            }
+        }
+    }
+    Ok(y.into_dyn())
+}
+
+/// The streaming forward on heads-major `q, k [B,H,T,Dk]`, `v [B,H,T,Dv]`: the output
+/// `[B,H,T,Dv]` and the per-row log-sum-exp `LSE_t = log Σ_s e^{σ q_t·k_s}` of the scaled,
+/// masked scores (which the backward pass uses to recompute the softmax blockwise).
+pub(crate) fn forward<F: VecMath>(
+    a: &Attention,
+    q: &Array4<F>,
+    k: &Array4<F>,
+    v: &Array4<F>,
+) -> Result<(Array4<F>, Array3<F>)> {
+    let (bn, hn, tn, _) = q.dim();
+    let dv = v.dim().3;
+    let (tasks, outs) = blocks(a, q, k, v)?;
+    let mut y = Array4::<F>::zeros((bn, hn, tn, dv));
+    let mut lse = Array3::<F>::zeros((bn, hn, tn));
+    for (&(b, h, i0), (ot, lb)) in tasks.iter().zip(&outs) {
+        for r in 0..ot.ncols() {
+            for d in 0..dv {
+                y[[b, h, i0 + r, d]] = ot[(d, r)];
+            }
+            lse[[b, h, i0 + r]] = lb[r];
+        }
+    }
+    Ok((y, lse))
+}
+
+/// The tasks (batch row, head, first query of the block) and, per task, `Oᵀ [Dv, nq]` and the
+/// rows' log-sum-exp.
+#[allow(clippy::type_complexity)]
+fn blocks<F: VecMath>(
+    a: &Attention,
+    q: &Array4<F>,
+    k: &Array4<F>,
+    v: &Array4<F>,
+) -> Result<(Vec<(usize, usize, usize)>, Vec<(Mat<F>, Vec<F>)>)> {
     let (bn, hn, tn, dk) = q.dim();
     let dv = v.dim().3;
     let sigma = a.scale(dk);
@@ -53,15 +102,15 @@ pub fn flash<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>
         qs_owned = q.mapv(|x| -x);
         &qs_owned
     } else {
-        &q
+        q
     };
-    let (qs, ks, vs) = (slice_of(qsigned), slice_of(&k), slice_of(&v));
+    let (qs, ks, vs) = (slice_of(qsigned), slice_of(k), slice_of(v));
     let tasks: Vec<(usize, usize, usize)> = (0..bn)
         .flat_map(|b| (0..hn).flat_map(move |h| (0..tn).step_by(BLOCK_Q).map(move |i0| (b, h, i0))))
         .collect();
     let head = |b: usize, h: usize, d: usize| (b * hn + h) * tn * d;
     let lg = a.logits(dk);
-    let outs: Vec<Mat<F>> = tasks
+    let outs = tasks
         .par_iter()
         .map(|&(b, h, i0)| {
             let i1 = (i0 + BLOCK_Q).min(tn);
@@ -72,23 +121,14 @@ pub fn flash<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>
                     dk,
                 );
                 let (kh, vh) = (&ks[head(b, h, dk)..][..tn * dk], &vs[head(b, h, dv)..][..tn * dv]);
-                if let Some(ot) = query_block(a, qb, i0, kh, vh, dk, dv, abs) {
-                    return Ok(ot);
+                if let Some(out) = query_block(a, qb, i0, kh, vh, dk, dv, abs) {
+                    return Ok(out);
                 }
             }
-            exact_block(a, &lg, (&q, &k, &v), (b, h, i0, i1))
+            exact_block(a, &lg, (q, k, v), (b, h, i0, i1))
         })
         .collect::<Result<_>>()?;
-    let mut y = Array4::<F>::zeros((bn, tn, hn, dv));
-    for (&(b, h, i0), ot) in tasks.iter().zip(&outs) {
-        for r in 0..ot.ncols() {
-            let mut row = y.slice_mut(s![b, i0 + r, h, ..]);
-            for (d, x) in row.iter_mut().enumerate() {
-                *x = ot[(d, r)];
-            }
-        }
-    }
-    Ok(y.into_dyn())
+    Ok((tasks, outs))
 }
 
 /// The contiguous data of a standard-layout array.
@@ -103,7 +143,8 @@ fn col_slice<F: VecMath>(m: &mut Mat<F>, j: usize) -> &mut [F] {
 
 /// `Oᵀ [Dv, nq]` for the queries `qb` (sign-adjusted, rows `i₀..i₀+nq`) of one head whose
 /// keys and values are the row-major `k [T, Dk]`, `v [T, Dv]`; `abs` is `|σ|`. `None` when
-/// a key is not finite in `F` (the caller then takes the exact path).
+/// a key is not finite in `F` (the caller then takes the exact path). Also returns the
+/// rows' log-sum-exp `|σ|·m + ln ℓ`.
 #[allow(clippy::too_many_arguments)]
 fn query_block<F: VecMath>(
     a: &Attention,
@@ -114,7 +155,7 @@ fn query_block<F: VecMath>(
     dk: usize,
     dv: usize,
     abs: F,
-) -> Option<Mat<F>> {
+) -> Option<(Mat<F>, Vec<F>)> {
     let nq = qb.nrows();
     let i1 = i0 + nq;
     let mut m = vec![F::neg_infinity(); nq];
@@ -162,18 +203,19 @@ fn query_block<F: VecMath>(
         let inv = F::one() / l[r];
         col_slice(&mut ot, r).iter_mut().for_each(|x| *x *= inv);
     }
-    Some(ot)
+    let lse = (0..nq).map(|r| abs * m[r] + l[r].ln()).collect();
+    Some((ot, lse))
 }
 
 /// The exact path for the query rows `[i₀, i₁)` of batch row `b`, head `h` (inputs `[B,H,T,D]`,
 /// unscaled): keys through [`Logits`] (formed again in `f64` where `F` overflowed) and
-/// weights in `f64`. Returns `Oᵀ [Dv, nq]`, like the fast path.
+/// weights in `f64`. Returns `Oᵀ [Dv, nq]` and the rows' log-sum-exp, like the fast path.
 fn exact_block<F: VecMath>(
     a: &Attention,
     lg: &Logits,
     (q, k, v): (&Array4<F>, &Array4<F>, &Array4<F>),
     (b, h, i0, i1): (usize, usize, usize, usize),
-) -> Result<Mat<F>> {
+) -> Result<(Mat<F>, Vec<F>)> {
     const BK: usize = 64;
     let nq = i1 - i0;
     let dv = v.dim().3;
@@ -229,5 +271,7 @@ fn exact_block<F: VecMath>(
             ot[(d, r)] = o[[r, d]] * inv;
         }
     }
-    Ok(ot)
+    let abs = a.scale(q.dim().3).abs();
+    let lse = (0..nq).map(|r| F::of(abs * m[r] + l[r].f64().ln())).collect();
+    Ok((ot, lse))
 }

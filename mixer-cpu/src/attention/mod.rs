@@ -7,6 +7,7 @@
 //!   intersect $(t - w, t]$ are visited, so local attention costs $O(T \cdot w)$;
 //! - `recurrent`: a KV-cache decoder ([`decoder`]) holding $\min(t, w)$ keys and values.
 
+pub mod backward;
 pub mod decoder;
 pub mod flash;
 pub mod parallel;

@@ -17,25 +17,26 @@ use rayon::prelude::*;
 
 /// Channel block width: enough blocks to keep every thread busy (4 per thread), at least 16
 /// channels (a few SIMD vectors) per block when there are that many.
-fn block_width(batch: usize, channels: usize) -> usize {
+pub(crate) fn block_width(batch: usize, channels: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let per_batch = (4 * threads).div_ceil(batch.max(1)).max(1);
     channels.div_ceil(per_batch).max(16).min(channels.max(1))
 }
 
-struct Views<'a, F> {
-    x: &'a [F],
-    alpha: &'a [F],
-    beta: &'a [F],
-    t_len: usize,
-    c_len: usize,
-    k_len: usize,
-    has_a: bool,
-    has_b: bool,
+/// Contiguous row-major inputs of one call and their sizes.
+pub(crate) struct Views<'a, F> {
+    pub(crate) x: &'a [F],
+    pub(crate) alpha: &'a [F],
+    pub(crate) beta: &'a [F],
+    pub(crate) t_len: usize,
+    pub(crate) c_len: usize,
+    pub(crate) k_len: usize,
+    pub(crate) has_a: bool,
+    pub(crate) has_b: bool,
 }
 
 /// `y[t, 0..w]` of batch row `b`, channels `c0..c0+w`, as a `[T, w]` row-major buffer.
-fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, b: usize, c0: usize, w: usize) -> Vec<F> {
+pub(crate) fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, b: usize, c0: usize, w: usize) -> Vec<F> {
     let (tn, cn, kn) = (v.t_len, v.c_len, v.k_len);
     let k1 = kn + 1;
     let mut buf = vec![F::zero(); tn * w];
@@ -84,15 +85,16 @@ fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, b: usize, c0: usize, w: usize
     buf
 }
 
-/// The fast form: `y [B,T,C]` from `x [B,T,C]`, `alpha`, `beta` (shapes per docs/math.md §1.2, with
-/// `K = K(T)`); inactive slots ($f(k) > t$) are never read.
-pub fn fast<F: Real>(g: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+/// The contiguous `x`, `alpha` and `beta` (empty without `b`), shapes checked.
+pub(crate) type Gathered<'a, F> = (Cow<'a, [F]>, Cow<'a, [F]>, Cow<'a, [F]>);
+
+/// Gathers the inputs of `g` contiguously, with their shapes checked against `K = K(T)`.
+pub(crate) fn gather<'a, F: Real>(g: &Glr, inputs: &'a Tensors<F>, slots: &Slots) -> Result<Gathered<'a, F>> {
     let xs = get(inputs, "x")?.shape().to_vec();
     if xs.len() != 3 {
         return Err(Error::shape("x", "[B, T, C]", mixer_core::error::fmt_shape(&xs)));
     }
     let (bn, tn, cn) = (xs[0], xs[1], xs[2]);
-    let slots = g.slots(tn);
     let kn = slots.len();
     let on = g.on();
     let x = contiguous(inputs, "x", &xs)?;
@@ -103,16 +105,41 @@ pub fn fast<F: Real>(g: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     };
     let beta =
         if on.has_b() { contiguous(inputs, "beta", &[bn, tn, kn, cn])? } else { Cow::Owned(Vec::new()) };
-    let views = Views {
-        x: &x,
-        alpha: &alpha,
-        beta: &beta,
-        t_len: tn,
-        c_len: cn,
-        k_len: kn,
-        has_a: on.has_a(),
-        has_b: on.has_b(),
-    };
+    Ok((x, alpha, beta))
+}
+
+/// The [`Views`] of gathered inputs of shape `xs = [B, T, C]`.
+pub(crate) fn views<'a, F>(
+    g: &Glr,
+    x: &'a [F],
+    alpha: &'a [F],
+    beta: &'a [F],
+    xs: &[usize],
+    slots: &Slots,
+) -> Views<'a, F> {
+    Views {
+        x,
+        alpha,
+        beta,
+        t_len: xs[1],
+        c_len: xs[2],
+        k_len: slots.len(),
+        has_a: g.on().has_a(),
+        has_b: g.on().has_b(),
+    }
+}
+
+/// The fast form: `y [B,T,C]` from `x [B,T,C]`, `alpha`, `beta` (shapes per docs/math.md §1.2, with
+/// `K = K(T)`); inactive slots ($f(k) > t$) are never read.
+pub fn fast<F: Real>(g: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+    let xs = get(inputs, "x")?.shape().to_vec();
+    if xs.len() != 3 {
+        return Err(Error::shape("x", "[B, T, C]", mixer_core::error::fmt_shape(&xs)));
+    }
+    let (bn, tn, cn) = (xs[0], xs[1], xs[2]);
+    let slots = g.slots(tn);
+    let (x, alpha, beta) = gather(g, inputs, &slots)?;
+    let views = views(g, &x, &alpha, &beta, &xs, &slots);
     let w = block_width(bn, cn);
     let tasks: Vec<(usize, usize)> =
         (0..bn).flat_map(|b| (0..cn).step_by(w.max(1)).map(move |c0| (b, c0))).collect();

@@ -5,6 +5,7 @@
 //!   (cache-efficient) or the last $f(K-1)$ tokens (translation-invariant) ([`decoder`]);
 //! - `materialized`: the generic oracle on [`Glr`]'s `(A, B)`.
 
+pub mod backward;
 pub mod decoder;
 pub mod fast;
 

@@ -30,6 +30,8 @@ pub struct LogLinearDecoder<F: Real> {
     dv: usize,
     /// λ levels available per token (1 for the base mixers).
     n_levels: usize,
+    /// The λ scheme's parameter `lambda_param [H, L]`, when given (a static input).
+    lambda_param: Option<ArrayD<F>>,
     /// Per (batch, head): the level states, `Dk×Dv` row-major.
     states: Vec<Vec<Option<Vec<F>>>>,
     /// Tokens the decoder was built for (`T`).
@@ -45,7 +47,7 @@ pub(crate) fn negligible<F: Real>(xs: &[F]) -> bool {
 
 /// Builds the decoder (Fenwick structure: the registry refuses other masks through
 /// `Mixer::form_unsupported`).
-pub fn build<F: Real>(m: &LogLinear, _statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
+pub fn build<F: Real>(m: &LogLinear, statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
     let (nb, nh) = (dims.size("B")?, dims.size("H")?);
     let n_levels = if m.lift.is_some() { dims.size("L")? } else { 1 };
     Ok(Box::new(LogLinearDecoder::<F> {
@@ -55,6 +57,7 @@ pub fn build<F: Real>(m: &LogLinear, _statics: &Tensors<F>, dims: &Dims) -> Resu
         dk: dims.size("Dk")?,
         dv: dims.size("Dv")?,
         n_levels,
+        lambda_param: statics.get("lambda_param").cloned(),
         states: vec![Vec::new(); nb * nh],
         t_len: dims.size("T")?,
         pos: 0,
@@ -77,7 +80,7 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
         let lam = match self.m.lift {
             Some(_) => {
                 contiguous(tok, "lambda", &[nb, nh, nl])?;
-                let w = self.m.lambda_weights(get(tok, "lambda")?)?;
+                let w = self.m.lambda_weights(get(tok, "lambda")?, self.lambda_param.as_ref())?;
                 Some(w.iter().copied().collect::<Vec<F>>())
             }
             None => None,

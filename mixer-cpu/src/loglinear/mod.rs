@@ -9,6 +9,8 @@
 //! Work is spread over (batch, head) with rayon; each head's matmuls and triangular solves
 //! use faer sequentially.
 
+pub mod backward;
+mod backward_gdn;
 pub mod chunked;
 pub mod common;
 pub mod decoder;
@@ -28,7 +30,7 @@ type HeadFn<F> = fn(&LogLinear, &common::Head<'_, F>) -> Result<Mat<F>>;
 fn run_heads<F: Real>(m: &LogLinear, x: &Tensors<F>, f: HeadFn<F>) -> Result<ArrayD<F>> {
     let x = common::standard(x);
     let lam = match m.lift {
-        Some(_) => Some(m.lambda_weights(mixer_core::tensor::get(&x, "lambda")?)?),
+        Some(_) => Some(m.lambda_weights(mixer_core::tensor::get(&x, "lambda")?, x.get("lambda_param"))?),
         None => None,
     };
     let (sizes, heads) = common::heads(m, &x, lam.as_ref())?;

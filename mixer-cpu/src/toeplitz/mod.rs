@@ -3,6 +3,7 @@
 //! decoders for `recurrent` — naive `O(t)` per token, or online FFT with `O(log² t)`
 //! amortised work per token (config `decoder`).
 
+pub mod backward;
 pub mod columns;
 pub mod decoder;
 pub mod direct;

@@ -70,7 +70,7 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
                 found: format!("L = {levels}"),
             });
         }
-        (g.upload(FAMILY, &ll.lambda_weights(raw)?)?, levels)
+        (g.upload(FAMILY, &ll.lambda_weights(raw, inputs.get("lambda_param"))?)?, levels)
     } else {
         (g.zeros::<F>(FAMILY, 1)?, 1)
     };

@@ -37,6 +37,8 @@ pub struct LogLinearDecoder<F: GpuReal> {
     dv: usize,
     /// λ levels per token (1 for the base mixers).
     n_levels: usize,
+    /// The λ scheme's parameter `lambda_param [H, L]`, when given (a static input).
+    lambda_param: Option<ArrayD<F>>,
     /// State slots per (b, h): `min(n_levels, 32)` (a token `t < 2³¹` uses levels `≤ 31`).
     slots: usize,
     states: CudaSlice<F>,
@@ -56,7 +58,26 @@ impl<F: GpuReal> LogLinearDecoder<F> {
         let slots = n_levels.min(32);
         int(FAMILY, "B·H·L·Dk·Dv", nb * nh * slots * dk * dv)?;
         let states = gpu()?.zeros::<F>(FAMILY, nb * nh * slots * dk * dv)?;
-        Ok(LogLinearDecoder { m: m.clone(), nb, nh, dk, dv, n_levels, slots, states, occ: 0, t_len, pos: 0 })
+        Ok(LogLinearDecoder {
+            m: m.clone(),
+            nb,
+            nh,
+            dk,
+            dv,
+            n_levels,
+            lambda_param: None,
+            slots,
+            states,
+            occ: 0,
+            t_len,
+            pos: 0,
+        })
+    }
+
+    /// Sets the λ scheme's parameter `lambda_param [H, L]` (a static input; absent = 1).
+    pub fn with_lambda_param(mut self, p: Option<ArrayD<F>>) -> Self {
+        self.lambda_param = p;
+        self
     }
 }
 
@@ -85,7 +106,7 @@ impl<F: GpuReal> Decoder<F> for LogLinearDecoder<F> {
         }
         if lifted {
             contiguous(tok, "lambda", &[nb, nh, self.n_levels])?;
-            let w = self.m.lambda_weights(get(tok, "lambda")?)?;
+            let w = self.m.lambda_weights(get(tok, "lambda")?, self.lambda_param.as_ref())?;
             buf.extend(w.as_standard_layout().iter().copied());
         }
         // The merge level of this step and the levels occupied after it (MATH §2.5).

@@ -41,7 +41,12 @@ impl<F: GpuReal> Family<F> for LogLinearCuda {
         Some(chunked::run)
     }
     fn decoder(&self) -> Option<DecoderFn<LogLinear, F>> {
-        Some(|m, _statics, dims| Ok(Box::new(decoder::LogLinearDecoder::<F>::new(m, dims)?)))
+        Some(|m, statics, dims| {
+            Ok(Box::new(
+                decoder::LogLinearDecoder::<F>::new(m, dims)?
+                    .with_lambda_param(statics.get("lambda_param").cloned()),
+            ))
+        })
     }
 }
 

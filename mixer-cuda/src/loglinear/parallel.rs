@@ -44,6 +44,13 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
         return Ok(ArrayD::zeros(IxDyn(&[b, t, h, dv])));
     }
     let lifted = ll.lift.is_some();
+    if inputs.contains_key("lambda_param") {
+        return Err(err(
+            FAMILY,
+            "this quadratic kernel maps λ on the device with the parameter at 1, so it does not take \
+             `lambda_param` yet; use the fast or recurrent form (λ mapped on the host) or the cpu backend",
+        ));
+    }
     let sz = std::mem::size_of::<F>();
     let per_thread = (dk + dv) * sz;
     let nt = (SMEM / per_thread.max(1)).min(128);

@@ -1,6 +1,6 @@
 //! Builtin λ schemes (docs/math.md §2.4): `λ = map(raw, param)`, with `param` learnable (init 1).
 
-use crate::entries::LambdaEntry;
+use crate::entries::{LambdaEntry, LambdaGradEntry};
 use crate::register;
 
 fn identity(raw: f64, _param: f64) -> f64 {
@@ -16,6 +16,30 @@ pub fn softplus(raw: f64, param: f64) -> f64 {
     let z = param * raw;
     if z > 30.0 { z } else { z.exp().ln_1p() }
 }
+
+/// `(∂/∂raw, ∂/∂param)` of identity.
+fn identity_grad(_raw: f64, _param: f64) -> (f64, f64) {
+    (1.0, 0.0)
+}
+
+fn ones_grad(_raw: f64, _param: f64) -> (f64, f64) {
+    (0.0, 0.0)
+}
+
+/// `(∂/∂raw, ∂/∂param)` of `softplus(param · raw)`: `σ(param·raw) · (param, raw)`, with the
+/// logistic σ computed without overflow.
+pub fn softplus_grad(raw: f64, param: f64) -> (f64, f64) {
+    let z = param * raw;
+    let sig = if z >= 0.0 { 1.0 / (1.0 + (-z).exp()) } else { z.exp() / (1.0 + z.exp()) };
+    (sig * param, sig * raw)
+}
+
+#[register]
+static IDENTITY_GRAD: LambdaGradEntry = LambdaGradEntry { name: "identity", grad: identity_grad };
+#[register]
+static ONES_GRAD: LambdaGradEntry = LambdaGradEntry { name: "ones", grad: ones_grad };
+#[register]
+static SOFTPLUS_GRAD: LambdaGradEntry = LambdaGradEntry { name: "softplus", grad: softplus_grad };
 
 #[register]
 static IDENTITY: LambdaEntry = LambdaEntry {
@@ -50,5 +74,16 @@ mod tests {
         assert!((super::softplus(0.0, 1.0) - 2f64.ln()).abs() < 1e-15);
         assert_eq!(super::softplus(1e4, 1.0), 1e4);
         assert!(super::softplus(-1e4, 1.0) >= 0.0);
+    }
+
+    #[test]
+    fn softplus_derivative_matches_central_differences() {
+        let h = 1e-6;
+        for (r, p) in [(0.3, 1.0), (-2.0, 0.7), (5.0, -1.3), (40.0, 1.0), (-40.0, 1.0)] {
+            let (dr, dp) = super::softplus_grad(r, p);
+            let fr = (super::softplus(r + h, p) - super::softplus(r - h, p)) / (2.0 * h);
+            let fp = (super::softplus(r, p + h) - super::softplus(r, p - h)) / (2.0 * h);
+            assert!((dr - fr).abs() < 1e-6 && (dp - fp).abs() < 1e-6, "({r}, {p}): {dr} {dp} vs {fr} {fp}");
+        }
     }
 }

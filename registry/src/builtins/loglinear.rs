@@ -8,7 +8,7 @@ use mixer_core::mixers::loglinear::{Base, LambdaScheme, LevelMask, Lift, LogLine
 use mixer_core::{Error, Result};
 
 use crate::entries::MixerEntry;
-use crate::lookup::{lambda_scheme, mask};
+use crate::lookup::{lambda_grad, lambda_scheme, mask};
 use crate::register;
 
 /// The base mixer and whether it is lifted, from a registered name.
@@ -43,7 +43,7 @@ fn build(name: &str, cfg: &serde_json::Value) -> Result<Box<dyn Mixer>> {
         let le = lambda_scheme(c.lambda_scheme.as_deref().unwrap_or("identity"))?;
         Some(Lift {
             mask: LevelMask { name: me.name, level: me.level, levels: me.levels },
-            lambda: LambdaScheme { name: le.name, map: le.map },
+            lambda: LambdaScheme { name: le.name, map: le.map, grad: lambda_grad(le.name).map(|g| g.grad) },
         })
     } else {
         for (key, v) in [("mask", &c.mask), ("lambda_scheme", &c.lambda_scheme)] {

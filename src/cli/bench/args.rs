@@ -61,6 +61,10 @@ pub struct Args {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Measure the backward pass instead: backward/forward time ratio of the fast forms and
+    /// both scaling exponents (default lengths 4k, 8k, 16k).
+    #[arg(long)]
+    backward: bool,
 }
 
 impl Args {
@@ -124,7 +128,13 @@ pub fn bench_to(opts: &Options, out: &Path) -> Result<(Report, Vec<PathBuf>)> {
 }
 
 pub(crate) fn run(a: Args) -> Result<i32> {
-    let opts = a.options()?;
+    let mut opts = a.options()?;
+    if a.backward {
+        if a.seq == "1k..64k" {
+            opts.seqs = super::backward::DEFAULT_SEQS.to_vec();
+        }
+        return super::backward::run(&opts);
+    }
     let (report, files) = bench_to(&opts, &a.out)?;
     print!("{}", render_markdown(&report));
     println!();

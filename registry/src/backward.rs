@@ -1,0 +1,206 @@
+//! Gradients: running a backward form of a mixer on a backend, with validation.
+//!
+//! Every mixer is linear in its mixed input once its coefficients are fixed, but a backward
+//! pass differentiates with respect to *every* input tensor: for an output cotangent `dy`
+//! (the shape of `y`) it returns the vector–Jacobian products
+//! $\bar u = (\partial y / \partial u)^\top dy$ for each input `u`, named `d_<u>` (`d_x`,
+//! `d_q`, `d_g`, `d_lambda`, `d_lambda_param`, `d_w`, …) with the shape and dtype of `u`.
+//!
+//! Forms: `materialized` is the reference on every backend (the generic VJP of
+//! $Y = (I-B)^{-1} A X$ mapped to the inputs by [`Mixer::materialized_vjp`], in `f64`); a
+//! backend adds its own forms with a [`BackwardEntry`] (`#[register]`), exactly as it adds
+//! forward forms with a `KernelEntry`.
+
+use std::collections::BTreeMap;
+
+use mixer_core::grad::{grad_name, materialized_backward};
+use mixer_core::mixer::{Mixer, validate};
+use mixer_core::tensor::{cast_tensors, fmt_shape_of};
+use mixer_core::{AnyTensors, DType, Error, Form, Real, Requires, Result, Tensor, Tensors};
+use ndarray::ArrayD;
+
+use crate::entries::{BackwardEntry, VjpFn};
+use crate::lookup::backward_entry;
+
+/// The backward forms of `m` on `backend`: `materialized` when the mixer maps entry
+/// gradients to its inputs, and the backend's registered forms that this configuration
+/// admits.
+pub fn backward_forms(m: &dyn Mixer, backend: &str) -> Vec<Form> {
+    let mut v = Vec::new();
+    if m.has_materialized_vjp() {
+        v.push(Form::Materialized);
+    }
+    if let Some(e) = backward_entry(m.family(), backend) {
+        v.extend(
+            e.forms
+                .iter()
+                .copied()
+                .filter(|f| m.form_unsupported(*f).is_none() && (e.unsupported)(m, *f).is_none()),
+        );
+    }
+    v.sort();
+    v.dedup();
+    v
+}
+
+fn unavailable(m: &dyn Mixer, form: Form, backend: &str) -> Error {
+    let list = backward_forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ");
+    Error::FormUnavailable {
+        mixer: m.name().to_string(),
+        form: format!("{} (backward)", form.name()),
+        backend: backend.into(),
+        available: if list.is_empty() { "no backward form".into() } else { list },
+    }
+}
+
+/// Checks `requires` against the spec and the given inputs.
+fn check_requires(m: &dyn Mixer, given: &[String], requires: &Requires) -> Result<()> {
+    let Requires::Only(set) = requires else { return Ok(()) };
+    let spec = m.spec();
+    for name in set {
+        if !spec.inputs.iter().any(|d| d.name == name) {
+            return Err(Error::UnexpectedInput { name: name.clone(), expected: spec.describe() });
+        }
+        if !given.contains(name) {
+            return Err(Error::MissingInput {
+                name: name.clone(),
+                expected: "the input whose gradient is required".into(),
+                given: given.join(", "),
+            });
+        }
+    }
+    Ok(())
+}
+
+trait PickVjp: Real {
+    fn vjp_fn(e: &BackwardEntry) -> VjpFn<Self>;
+}
+impl PickVjp for f64 {
+    fn vjp_fn(e: &BackwardEntry) -> VjpFn<f64> {
+        e.vjp_f64
+    }
+}
+impl PickVjp for f32 {
+    fn vjp_fn(e: &BackwardEntry) -> VjpFn<f32> {
+        e.vjp_f32
+    }
+}
+
+#[allow(private_bounds)]
+fn backward_typed<F: Real + PickVjp>(
+    m: &dyn Mixer,
+    backend: &str,
+    form: Form,
+    inputs: &Tensors<F>,
+    dy: &ArrayD<F>,
+    requires: &Requires,
+) -> Result<Tensors<F>> {
+    let mixed = mixer_core::tensor::get(inputs, m.spec().mixed)?;
+    if dy.shape() != mixed.shape() {
+        return Err(Error::shape(
+            "dy",
+            format!("{} (the shape of y, i.e. of `{}`)", fmt_shape_of(mixed), m.spec().mixed),
+            fmt_shape_of(dy),
+        ));
+    }
+    if let Some((i, x)) = dy.indexed_iter().find(|(_, x)| !x.is_finite()) {
+        return Err(Error::Value {
+            name: "dy".into(),
+            constraint: "values must be finite".into(),
+            found: format!("{x} at {:?}", ndarray::Dimension::slice(&i)),
+        });
+    }
+    let mut out = match form {
+        Form::Materialized => {
+            if !m.has_materialized_vjp() {
+                return Err(unavailable(m, form, backend));
+            }
+            let x64: Tensors<f64> = inputs.iter().map(|(k, v)| (k.clone(), v.mapv(|x| x.f64()))).collect();
+            let g = materialized_backward(m, &x64, &dy.mapv(|x| x.f64()), requires)?;
+            cast_tensors::<F>(&g)
+        }
+        f => {
+            let e = backward_entry(m.family(), backend).ok_or_else(|| unavailable(m, f, backend))?;
+            if !e.forms.contains(&f) || m.form_unsupported(f).is_some() {
+                return Err(unavailable(m, f, backend));
+            }
+            if let Some(why) = (e.unsupported)(m, f) {
+                let mut err = unavailable(m, f, backend);
+                if let Error::FormUnavailable { available, .. } = &mut err {
+                    *available = format!("{available} ({why})");
+                }
+                return Err(err);
+            }
+            (F::vjp_fn(e))(m, f, inputs, dy, requires)?
+        }
+    };
+    out.retain(|k, _| k.strip_prefix("d_").is_some_and(|n| requires.wants(n) && inputs.contains_key(n)));
+    for name in inputs.keys().filter(|n| requires.wants(n)) {
+        let g = out.get(&grad_name(name)).ok_or_else(|| Error::Backend {
+            backend: backend.into(),
+            family: Some(m.family().into()),
+            message: format!("the {form} backward of `{}` returned no gradient for `{name}`", m.name()),
+        })?;
+        if g.shape() != inputs[name].shape() {
+            return Err(Error::Backend {
+                backend: backend.into(),
+                family: Some(m.family().into()),
+                message: format!(
+                    "the {form} backward returned d_{name} of shape {}, expected {}",
+                    fmt_shape_of(g),
+                    fmt_shape_of(&inputs[name])
+                ),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The gradients `d_<input>` of `m`'s output against `dy` (shape and dtype of `y`), by one
+/// backward form on `backend`, for every given input in `requires`. Inputs are validated as
+/// for the forward pass.
+pub fn backward(
+    m: &dyn Mixer,
+    backend: &str,
+    form: Form,
+    inputs: &AnyTensors,
+    dy: &Tensor,
+    requires: &Requires,
+) -> Result<BTreeMap<String, Tensor>> {
+    validate(m, inputs)?;
+    let given: Vec<String> = inputs.shapes().into_keys().collect();
+    check_requires(m, &given, requires)?;
+    match (inputs, dy) {
+        (AnyTensors::F64(t), Tensor::F64(d)) => Ok(backward_typed::<f64>(m, backend, form, t, d, requires)?
+            .into_iter()
+            .map(|(k, v)| (k, Tensor::F64(v)))
+            .collect()),
+        (AnyTensors::F32(t), Tensor::F32(d)) => Ok(backward_typed::<f32>(m, backend, form, t, d, requires)?
+            .into_iter()
+            .map(|(k, v)| (k, Tensor::F32(v)))
+            .collect()),
+        _ => Err(Error::Io(format!(
+            "dy is {} but the inputs are {}; expected one dtype",
+            dy.dtype().name(),
+            inputs.dtype().name()
+        ))),
+    }
+}
+
+/// [`backward`] in a given scalar type from `f64` inputs and cotangent (cast first); the
+/// gradients come back as `f64`.
+pub fn backward_as(
+    m: &dyn Mixer,
+    backend: &str,
+    form: Form,
+    inputs: &Tensors<f64>,
+    dy: &ArrayD<f64>,
+    dtype: DType,
+    requires: &Requires,
+) -> Result<Tensors<f64>> {
+    let (any, d) = match dtype {
+        DType::F64 => (AnyTensors::F64(inputs.clone()), Tensor::F64(dy.clone())),
+        DType::F32 => (AnyTensors::F32(cast_tensors::<f32>(inputs)), Tensor::F32(dy.mapv(|x| x as f32))),
+    };
+    Ok(backward(m, backend, form, &any, &d, requires)?.into_iter().map(|(k, v)| (k, v.to_f64())).collect())
+}
