@@ -179,8 +179,16 @@ fn finite(y: &Tensor) -> bool {
 }
 
 /// Checks one (mixer, sizes, edit): every CPU form in f64 and f32 returns `Ok` with a finite
-/// output or an error with a message, never panics; unedited inputs must succeed.
-fn exercise(name: &str, cfg: &Value, sizes: [usize; 6], seed: u64, e: &Edit) -> Result<(), TestCaseError> {
+/// output or an error with a message, never panics; with `strict`, unedited inputs must
+/// succeed (the configs are the examples and edge configs, whose math is finite).
+fn exercise(
+    name: &str,
+    cfg: &Value,
+    sizes: [usize; 6],
+    seed: u64,
+    e: &Edit,
+    strict: bool,
+) -> Result<(), TestCaseError> {
     let Ok(m) = mixers::registry::mixer(name, cfg) else { return Ok(()) };
     let [b, t, h, dk, dv, c] = sizes;
     let s = Sizes { batch: b, seq: t, heads: h, dk, dv, channels: c };
@@ -215,7 +223,7 @@ fn exercise(name: &str, cfg: &Value, sizes: [usize; 6], seed: u64, e: &Edit) -> 
                     prop_assert!(!err.to_string().is_empty());
                     // Valid inputs of moderate size: the math is finite and representable.
                     prop_assert!(
-                        !matches!(e, Edit::None),
+                        !strict || !matches!(e, Edit::None),
                         "{what} {form} {dtype:?}: valid inputs were refused: {err}"
                     );
                 }
@@ -226,9 +234,11 @@ fn exercise(name: &str, cfg: &Value, sizes: [usize; 6], seed: u64, e: &Edit) -> 
 }
 
 fn sizes() -> impl Strategy<Value = [usize; 6]> {
-    let small = || prop_oneof![Just(0usize), Just(1usize), 2usize..4];
-    let seq = prop_oneof![Just(0usize), Just(1usize), Just(2usize), 3usize..40];
-    (small(), seq, 1usize..4, small(), small(), prop_oneof![Just(0usize), Just(1usize), 2usize..7])
+    // 0 and 1 in every dimension, but mostly sizes with something to compute.
+    let small = || prop_oneof![1 => Just(0usize), 1 => Just(1usize), 4 => 2usize..4];
+    let seq = prop_oneof![1 => Just(0usize), 1 => Just(1usize), 1 => Just(2usize), 6 => 3usize..40];
+    let channels = prop_oneof![1 => Just(0usize), 1 => Just(1usize), 4 => 2usize..7];
+    (small(), seq, 1usize..4, small(), small(), channels)
         .prop_map(|(b, t, h, dk, dv, c)| [b, t, h, dk, dv, c])
 }
 
@@ -246,7 +256,7 @@ proptest! {
         let _g = serial();
         let all = mixer_configs();
         let (name, cfg) = &all[pick.index(all.len())];
-        exercise(name, cfg, sizes, seed, &e)?;
+        exercise(name, cfg, sizes, seed, &e, true)?;
     }
 
     /// Random JSON configs for every mixer: built or refused with an error; a built one runs
@@ -258,7 +268,9 @@ proptest! {
         let name = names[pick.index(names.len())];
         let built = no_panic(&format!("{name} {cfg}"), || mixers::registry::mixer(name, &cfg))?;
         match built {
-            Ok(_) => exercise(name, &cfg, [1, 5, 2, 3, 2, 4], 0, &Edit::None)?,
+            // A random config may ask for a result that overflows (e.g. a scale of 1e308 on
+            // a linear mixer): then a clear error is right, so not `strict`.
+            Ok(_) => exercise(name, &cfg, [1, 5, 2, 3, 2, 4], 0, &Edit::None, false)?,
             Err(e) => prop_assert!(!e.to_string().is_empty()),
         }
     }
@@ -396,13 +408,13 @@ fn npz_bytes() -> impl Strategy<Value = Vec<u8>> {
                 3 => {
                     // A lying shape: the first digit run after "shape" becomes 99999999999.
                     let text = b.clone();
-                    if let Some(pos) = text.windows(5).position(|w| w == b"shape") {
-                        if let Some(d) = text[pos..].iter().position(|c| c.is_ascii_digit()) {
-                            let s = pos + d;
-                            for (i, c) in b"99999999999".iter().enumerate() {
-                                if s + i < n && text[s + i].is_ascii_digit() {
-                                    b[s + i] = *c;
-                                }
+                    if let Some(pos) = text.windows(5).position(|w| w == b"shape")
+                        && let Some(d) = text[pos..].iter().position(|c| c.is_ascii_digit())
+                    {
+                        let s = pos + d;
+                        for (i, c) in b"99999999999".iter().enumerate() {
+                            if s + i < n && text[s + i].is_ascii_digit() {
+                                b[s + i] = *c;
                             }
                         }
                     }

@@ -95,6 +95,13 @@ pub fn backend_entry(name: &str) -> Result<&'static BackendEntry> {
 /// Builds a mixer by name from a JSON config.
 pub fn mixer(name: &str, config: &serde_json::Value) -> Result<Box<dyn mixer_core::Mixer>> {
     let e = mixer_entry(name)?;
+    // serde would read a JSON array as the config's fields in order (`[1e308]` as a scale).
+    if !(config.is_object() || config.is_null()) {
+        return Err(mixer_core::Error::config(
+            name,
+            format!("a config is a JSON object such as {{\"chunk\": 16}} (or null), given {config}"),
+        ));
+    }
     (e.build)(name, config)
 }
 /// A backend's implementation of a mixer family, if it registered one.

@@ -16,7 +16,14 @@ use clap::{Parser, Subcommand};
 
 /// Causal token mixers on CPU and CUDA: list, run, check against the oracle, measure.
 #[derive(Parser, Debug)]
-#[command(name = "mixers", version, about, long_about = None)]
+#[command(
+    name = "mixers",
+    version,
+    about,
+    long_about = None,
+    after_help = "Memory: every form estimates its working memory from the sizes before it allocates, and \
+                  refuses a call above MIXERS_MAX_MEMORY (e.g. 16G; default: the available memory)."
+)]
 pub struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -29,4 +29,20 @@ mod tests {
         }
         std::fs::remove_dir_all(&dir).ok();
     }
+
+    /// Issue 14: a write failure (here ENOSPC from /dev/full) is reported with the system's
+    /// reason, not lost in the zip writer's drop message.
+    #[test]
+    fn write_failures_keep_the_reason() {
+        let full = std::path::Path::new("/dev/full");
+        if !full.exists() {
+            return;
+        }
+        let a = Tensor::F64(ArrayD::from_elem(ndarray::IxDyn(&[64, 64]), 1.0));
+        let e = write_npz(full, &[("y", &a)]).unwrap_err().to_string();
+        assert!(e.contains("/dev/full") && e.contains("No space left on device"), "{e}");
+        let e =
+            write_npz(std::path::Path::new("/nonexistent-dir/y.npz"), &[("y", &a)]).unwrap_err().to_string();
+        assert!(e.contains("cannot write /nonexistent-dir/y.npz"), "{e}");
+    }
 }

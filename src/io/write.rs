@@ -22,8 +22,11 @@ pub fn write_npz(path: &Path, arrays: &[(&str, &Tensor)]) -> Result<()> {
     }
     let bytes = npz.finish().map_err(|e| Error::Io(format!("{}: {e}", path.display())))?.into_inner();
     if let Err(e) = std::fs::write(path, &bytes) {
-        // A partly written file would read as a corrupt archive later.
-        std::fs::remove_file(path).ok();
+        // A partly written regular file would read as a corrupt archive later (devices and
+        // other special files are left alone).
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file()) {
+            std::fs::remove_file(path).ok();
+        }
         return Err(Error::Io(format!("cannot write {} ({} bytes): {e}", path.display(), bytes.len())));
     }
     Ok(())

@@ -135,3 +135,16 @@ fn backward_requires_and_validation() {
     let e = backward(m.as_ref(), "cpu", Form::Recurrent, &inputs, &dy, &Requires::All).unwrap_err();
     assert!(e.to_string().contains("backward"), "{e}");
 }
+
+/// Found by the config fuzzer (issue 14): serde reads a JSON array as a struct's fields in
+/// order, so `[1e308]` was accepted as `{"scale": 1e308}`. A config must be an object.
+#[test]
+fn configs_must_be_objects() {
+    for cfg in [serde_json::json!([1e308]), serde_json::json!(3), serde_json::json!("pow2")] {
+        for name in ["gated-deltanet", "attention", "glr", "toeplitz"] {
+            let e = mixers::registry::mixer(name, &cfg).unwrap_err().to_string();
+            assert!(e.contains("a config is a JSON object") && e.contains(&cfg.to_string()), "{name}: {e}");
+        }
+    }
+    assert!(mixers::registry::mixer("attention", &serde_json::Value::Null).is_ok());
+}

@@ -2,8 +2,8 @@
 
 use mixer_core::mixer::Mixer;
 use mixer_core::{Error, Form, Result};
+use mixer_registry::Backend;
 use mixer_registry::run::forms as available_forms;
-use mixer_registry::{Backend, mixer_entry};
 
 use super::model::label;
 use super::options::{Options, default_mixers};
@@ -43,7 +43,7 @@ pub(crate) fn plan(opts: &Options, notes: &mut Vec<String>) -> Result<(Vec<Case>
     wanted.dedup();
     let mut cases = Vec::new();
     for (name, config) in list {
-        let built = mixer_entry(&name).and_then(|e| (e.build)(e.name, &config));
+        let built = mixer_registry::mixer(&name, &config);
         let mixer = match built {
             Ok(m) => m,
             Err(e) if defaults => {
