@@ -70,7 +70,7 @@ pub(crate) fn run(opts: &Options) -> Result<i32> {
                 validate(m.as_ref(), &inputs)?;
                 let mut err = None;
                 let fwd = time(1, opts.reps, opts.max_seconds, || {
-                    mixer_registry::run::run(m.as_ref(), &b, Form::Fast, &inputs).map_err(|e| err = Some(e))
+                    mixer_registry::run::run(m.as_ref(), b, Form::Fast, &inputs).map_err(|e| err = Some(e))
                 });
                 let bwd = time(1, opts.reps, opts.max_seconds, || {
                     backward(m.as_ref(), b.name(), Form::Fast, &inputs, &dy, &Requires::All)
