@@ -128,6 +128,8 @@ mod tests {
                 + super::MIXERS.len()
                 + super::BACKENDS.len()
                 + super::FAMILIES.len()
+                + super::BACKWARDS.len()
+                + super::LAMBDA_GRADS.len()
         );
         // Only the registry itself registers here (its tests count as its own crate).
         assert!(super::plugin_crates().is_empty(), "{:?}", super::plugin_crates());
