@@ -58,14 +58,14 @@ pub fn chunk_level(i: usize, j: usize, c: u32) -> usize {
 }
 
 /// The Fenwick merge at token (or, in the chunked form, chunk) `t` (MATH §2.5, §2.6):
-/// for $t \ge 1$, with $m = \operatorname{ctz}(t)$, the states of levels $0..=m$ are summed into
-/// level $m+1$ and emptied. Returns `Some(m)`, or `None` for $t = 0$ (nothing to merge).
+/// for `t ≥ 1`, with `m = ctz(t)`, the states of levels `0..=m` are summed into
+/// level `m+1` and emptied. Returns `Some(m)`, or `None` for `t = 0` (nothing to merge).
 pub fn merge_level(t: usize) -> Option<usize> {
     (t >= 1).then(|| t.trailing_zeros() as usize)
 }
 
 /// Applies the merge at `t` ([`merge_level`]) to host-side level states (`None` is an empty
-/// level), combining two states with `add`. `states` grows to hold level $m+1$.
+/// level), combining two states with `add`. `states` grows to hold level `m+1`.
 pub fn merge_states<S>(states: &mut Vec<Option<S>>, t: usize, mut add: impl FnMut(S, S) -> S) {
     let Some(m) = merge_level(t) else { return };
     if states.len() < m + 2 {
@@ -84,9 +84,9 @@ pub fn merge_states<S>(states: &mut Vec<Option<S>>, t: usize, mut add: impl FnMu
 }
 
 /// The levels that hold a state after token `t` was merged and inserted (MATH §2.5): level 0
-/// and every $\ell \ge 1$ with bit $\ell - 1$ of $t$ set, as a bit mask (bit $\ell$ for level
-/// $\ell$), i.e. $(t \ll 1) \mid 1$; that is $1 + \operatorname{popcount}(t)$ states. For
-/// $t < 2^{63}$.
+/// and every `ℓ ≥ 1` with bit `ℓ − 1` of `t` set, as a bit mask (bit `ℓ` for level
+/// `ℓ`), i.e. `(t ≪ 1) | 1`; that is `1 + popcount(t)` states. For
+/// `t < 2⁶³`.
 pub fn occupied_levels(t: usize) -> u64 {
     ((t as u64) << 1) | 1
 }

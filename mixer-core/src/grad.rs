@@ -1,13 +1,13 @@
 //! Vector–Jacobian products (gradients) of the materialization, in `f64`: the reference
 //! backward pass every fast backward is checked against.
 //!
-//! For one block, with $R = \sum_j A_j X_j$, $Y = (I - B)^{-1} R + D$ and an output cotangent
-//! $\bar Y$, the cotangent of $R$ is $\bar R = (I - B)^{-\top} \bar Y$ (one unit-upper
+//! For one block, with `R = Σ_j A_j X_j`, `Y = (I − B)⁻¹ R + D` and an output cotangent
+//! `Ȳ`, the cotangent of `R` is `R̄ = (I − B)^(−ᵀ) Ȳ` (one unit-upper
 //! triangular solve), and
-//! $$\bar X_j \mathrel{+}= A_j^\top \bar R, \qquad
-//!   \bar A_j = \bar R\, X_j^\top, \qquad
-//!   \bar B = \bar R\, (Y - D)^\top, \qquad \bar D = \bar Y .$$
-//! Only the lower triangle of $\bar A_j$ and the strictly lower triangle of $\bar B$ are
+//! `X̄_j += A_jᵀ R̄,
+//!  Ā_j = R̄ X_jᵀ,
+//!  B̄ = R̄ (Y − D)ᵀ, D̄ = Ȳ .`
+//! Only the lower triangle of `Ā_j` and the strictly lower triangle of `B̄` are
 //! meaningful (the entries a mixer can move); the rest is set to zero. Each mixer then maps
 //! these entry gradients back to its own inputs ([`Mixer::materialized_vjp`]).
 //!
@@ -57,9 +57,9 @@ impl Requires {
 /// Gradients with respect to one block's entries.
 #[derive(Clone, Debug)]
 pub struct BlockGrad {
-    /// $\bar A_j$ per term (`T×T`, zero above the diagonal).
+    /// `Ā_j` per term (`T×T`, zero above the diagonal).
     pub terms: Vec<Array2<f64>>,
-    /// $\bar B$ (`T×T`, zero on and above the diagonal), when the block has a `B`.
+    /// `B̄` (`T×T`, zero on and above the diagonal), when the block has a `B`.
     pub b: Option<Array2<f64>>,
 }
 
@@ -68,7 +68,7 @@ pub struct BlockGrad {
 pub struct MatGrad {
     /// One per block, in the materialization's order.
     pub blocks: Vec<BlockGrad>,
-    /// $\bar D$ per offset (`T × |out_cols|`), in the materialization's order.
+    /// `D̄` per offset (`T × |out_cols|`), in the materialization's order.
     pub offsets: Vec<Array2<f64>>,
 }
 
@@ -149,7 +149,7 @@ fn block_vjp(
 }
 
 /// The VJP of the materialization: given the mixed input `x` and the output cotangent `dy`
-/// (shape of `x`), returns $\bar X$ (shape of `x`) and the gradients of every entry.
+/// (shape of `x`), returns `X̄` (shape of `x`) and the gradients of every entry.
 pub fn vjp(mat: &Materialization, x: &ArrayD<f64>, dy: &ArrayD<f64>) -> Result<(ArrayD<f64>, MatGrad)> {
     if dy.shape() != x.shape() {
         return Err(Error::shape(

@@ -43,7 +43,7 @@ pub trait Mixer: Send + Sync + Debug + Any {
     }
     /// The number of scalars a correct decoder holds after consuming `consumed` tokens
     /// (`1 ≤ consumed ≤ T`) for the sizes `dims` (bound by [`validate`]), by the family's cache
-    /// formula (e.g. $\min(t, w)\,B H (D_k + D_v)$ for a KV cache), or `None` when the decoder
+    /// formula (e.g. `min(t, w) B H (D_k + D_v)` for a KV cache), or `None` when the decoder
     /// of this configuration has no closed form. The shared backend suite checks every
     /// backend's [`Decoder::cache_elems`] against it at every step.
     fn decoder_cache(&self, _dims: &Dims, _consumed: usize) -> Option<usize> {
@@ -74,8 +74,8 @@ pub trait Mixer: Send + Sync + Debug + Any {
     fn has_materialized_vjp(&self) -> bool {
         false
     }
-    /// Maps the gradients of the materialization's entries ([`crate::grad::vjp`]: $\bar A$,
-    /// $\bar B$, $\bar D$) back to the gradients `d_<input>` of every input except the mixed
+    /// Maps the gradients of the materialization's entries ([`crate::grad::vjp`]: `Ā`,
+    /// `B̄`, `D̄`) back to the gradients `d_<input>` of every input except the mixed
     /// one (whose gradient the generic VJP computes). Inputs outside `requires` may be
     /// skipped. The default says that the mixer has no materialized backward.
     fn materialized_vjp(

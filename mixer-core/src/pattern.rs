@@ -220,8 +220,8 @@ impl Pattern {
     }
 }
 
-/// The dependency table of a pattern for one length $T$: offsets $f(k)$ and lattice strides
-/// $a_k$ for the $K(T)$ slots, so that $d_k(t)$ costs $O(1)$ (docs/math.md §1.1). This is the one place
+/// The dependency table of a pattern for one length `T`: offsets `f(k)` and lattice strides
+/// `a_k` for the `K(T)` slots, so that `d_k(t)` costs `O(1)` (docs/math.md §1.1). This is the one place
 /// the position formula is written; the GLR forms, its decoders (CPU and CUDA, whose kernels
 /// take [`Slots::offsets`] and [`Slots::strides`] as tables), the materialization and the
 /// lattice checks all read it.
@@ -233,8 +233,8 @@ pub struct Slots {
 }
 
 impl Slots {
-    /// Offsets and strides of `p` for length `t_len` ($f(k) \le T - 1$, so they fit in `usize`;
-    /// strides are $\le f(k)$, docs/math.md §1.1).
+    /// Offsets and strides of `p` for length `t_len` (`f(k) ≤ T − 1`, so they fit in `usize`;
+    /// strides are `≤ f(k)`, docs/math.md §1.1).
     pub fn new(p: &Pattern, t_len: usize) -> Self {
         let offsets: Vec<usize> = p.offsets(t_len).into_iter().map(|f| f as usize).collect();
         let strides = if p.cache_efficient() {
@@ -245,22 +245,22 @@ impl Slots {
         Slots { offsets, strides, cache_efficient: p.cache_efficient() }
     }
 
-    /// $K(T)$.
+    /// `K(T)`.
     pub fn len(&self) -> usize {
         self.offsets.len()
     }
 
-    /// Whether there are no slots ($T \le 1$ or an empty pattern).
+    /// Whether there are no slots (`T ≤ 1` or an empty pattern).
     pub fn is_empty(&self) -> bool {
         self.offsets.is_empty()
     }
 
-    /// The offsets $f(0..K)$.
+    /// The offsets `f(0..K)`.
     pub fn offsets(&self) -> &[usize] {
         &self.offsets
     }
 
-    /// The strides $a_0..a_{K-1}$ (all 1 for a translation-invariant pattern).
+    /// The strides `a_0..a_{K−1}` (all 1 for a translation-invariant pattern).
     pub fn strides(&self) -> &[usize] {
         &self.strides
     }
@@ -270,13 +270,13 @@ impl Slots {
         self.cache_efficient
     }
 
-    /// Number of active slots of token $t$: $\#\{k < K : f(k) \le t\}$.
+    /// Number of active slots of token `t`: `#{k < K : f(k) ≤ t}`.
     pub fn active(&self, t: usize) -> usize {
         self.offsets.partition_point(|&f| f <= t)
     }
 
-    /// $d_k(t)$ for an active slot ($f(k) \le t$): $t - f(k)$, or on the lattice
-    /// $a_k \lceil (t + 1 - f(k)) / a_k \rceil - 1$.
+    /// `d_k(t)` for an active slot (`f(k) ≤ t`): `t − f(k)`, or on the lattice
+    /// `a_k ⌈ (t + 1 − f(k)) / a_k ⌉ − 1`.
     #[inline]
     pub fn pos(&self, t: usize, k: usize) -> usize {
         let u = t - self.offsets[k];
@@ -289,12 +289,12 @@ impl Slots {
         }
     }
 
-    /// The active slots of token $t$ as `(k, d_k(t))`.
+    /// The active slots of token `t` as `(k, d_k(t))`.
     pub fn deps(&self, t: usize) -> impl Iterator<Item = (usize, usize)> + '_ {
         (0..self.active(t)).map(move |k| (k, self.pos(t, k)))
     }
 
-    /// $|P_t|$: the number of distinct positions token $t$ reads.
+    /// `|P_t|`: the number of distinct positions token `t` reads.
     pub fn distinct_positions(&self, t: usize) -> usize {
         let mut p: Vec<usize> = self.deps(t).map(|(_, d)| d).collect();
         p.sort_unstable();
@@ -303,8 +303,8 @@ impl Slots {
     }
 }
 
-/// Checks position sets $P_t$ (given by `positions(t)` for $t <$ `t_len`): $P_t \subseteq [0, t-1]$,
-/// and when `nested`, $P_t \subseteq P_{t-1} \cup \{t-1\}$. Errors name `t` and the position.
+/// Checks position sets `P_t` (given by `positions(t)` for `t <` `t_len`): `P_t ⊆ [0, t−1]`,
+/// and when `nested`, `P_t ⊆ P_{t−1} ∪ {t−1}`. Errors name `t` and the position.
 fn check_positions(
     name: &str,
     t_len: usize,

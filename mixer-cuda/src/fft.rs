@@ -1,7 +1,7 @@
 //! Batched real FFTs through cuFFT, with plans cached per (size, batch, direction, dtype).
 //!
 //! Forward: `batch` contiguous real rows of length `n` → `batch` rows of `n/2 + 1` complex
-//! bins, $\hat x_f = \sum_t x_t e^{-2\pi i f t / n}$. Inverse: the unnormalized C2R transform
+//! bins, `x̂_f = Σ_t x_t e^(−2π i f t / n)`. Inverse: the unnormalized C2R transform
 //! (the caller divides by `n` once).
 
 use std::collections::HashMap;

@@ -3,11 +3,11 @@
 //! Every mixer is linear in its mixed input once its coefficients are fixed, but a backward
 //! pass differentiates with respect to *every* input tensor: for an output cotangent `dy`
 //! (the shape of `y`) it returns the vector–Jacobian products
-//! $\bar u = (\partial y / \partial u)^\top dy$ for each input `u`, named `d_<u>` (`d_x`,
+//! `ū = (∂ y / ∂ u)ᵀ dy` for each input `u`, named `d_<u>` (`d_x`,
 //! `d_q`, `d_g`, `d_lambda`, `d_lambda_param`, `d_w`, …) with the shape and dtype of `u`.
 //!
 //! Forms: `materialized` is the reference on every backend (the generic VJP of
-//! $Y = (I-B)^{-1} A X$ mapped to the inputs by [`Mixer::materialized_vjp`], in `f64`); a
+//! `Y = (I−B)⁻¹ A X` mapped to the inputs by [`Mixer::materialized_vjp`], in `f64`); a
 //! backend adds its own forms with a [`BackwardEntry`] (`#[register]`), exactly as it adds
 //! forward forms with a `KernelEntry`.
 

@@ -2,10 +2,10 @@
 //! passes, all in one report ([`GradRow`] per input gradient):
 //!
 //! 1. **finite differences** — the `materialized` (reference) backward against central
-//!    differences in `f64` of $f(\theta) = \langle \bar y, y(\theta) \rangle$ along a random
-//!    direction $\delta_u$ per input $u$: the error
-//!    $|\frac{f(\theta + h\delta_u) - f(\theta - h\delta_u)}{2h} - \langle \bar u, \delta_u\rangle|$
-//!    is reported relative to the Cauchy–Schwarz scale $\|\bar u\|_2 \|\delta_u\|_2$;
+//!    differences in `f64` of `f(θ) = ⟨ ȳ, y(θ) ⟩` along a random
+//!    direction `δ_u` per input `u`: the error
+//!    `|(f(θ + hδ_u) − f(θ − hδ_u))/2h − ⟨ ū, δ_u⟩|`
+//!    is reported relative to the Cauchy–Schwarz scale `‖ū‖_2 ‖δ_u‖_2`;
 //! 2. **materialized vs fast** — every other backward form of every backend in `f64`
 //!    against the reference, with [`Tolerance::F64`];
 //! 3. **f32 vs f64** — the same forms in `f32` against the `f64` reference, with
@@ -27,7 +27,7 @@ use crate::backward::{backward_as, backward_forms};
 use crate::harness::Sizes;
 use crate::run::oracle;
 
-/// Bound on the finite-difference error relative to $\|\bar u\|_2\|\delta_u\|_2$.
+/// Bound on the finite-difference error relative to `‖ū‖_2‖δ_u‖_2`.
 pub const FD_TOLERANCE: f64 = 1e-6;
 
 /// The step of the central differences.

@@ -13,10 +13,10 @@ fn mixer(opts: &Options) -> Result<Box<dyn mixer_core::Mixer>> {
     build("attention", &serde_json::json!({ "window": opts.window, "scale": opts.scale }))
 }
 
-/// Causal softmax attention: $y_t = \sum_{s \le t,\ t-s < w} \mathrm{softmax}_s(\sigma\, q_t \cdot k_s)\, v_s$.
+/// Causal softmax attention: `y_t = Σ_{s ≤ t, t−s < w} softmax_s(σ q_t · k_s) v_s`.
 ///
 /// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]` → `y [B, T, H, Dv]`. Options: `scale`
-/// (σ, default $1/\sqrt{D_k}$), `window` (`w`, default unbounded). Forms: materialized,
+/// (σ, default `1/√(D_k)`), `window` (`w`, default unbounded). Forms: materialized,
 /// parallel, fast (streaming online softmax), recurrent (KV cache).
 ///
 /// ```

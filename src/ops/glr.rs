@@ -11,7 +11,7 @@ use super::options::{Options, PatternRef};
 use super::scalar::Scalar;
 
 /// The offset pattern of a GLR (MATH §1.1): a registered `f(k)`, translation-invariant
-/// positions $d_k(t) = t - f(k)$ or the cache-efficient lattice, optionally truncated to the
+/// positions `d_k(t) = t − f(k)` or the cache-efficient lattice, optionally truncated to the
 /// first `order` slots.
 ///
 /// `K = K(T) = #{k : f(k) ≤ T − 1}` (after truncation) is the number of slots the
@@ -47,7 +47,7 @@ impl GlrPattern {
 #[derive(Clone, Debug)]
 pub enum GlrCoeffs<'a, F> {
     /// `on = b`, recurrence on past outputs: `alpha [B, T, C]`, `beta [B, T, K, C]`;
-    /// $y_t = \alpha_t x_t + \sum_{k: f(k) \le t} \beta_{t,k}\, y_{d_k(t)}$.
+    /// `y_t = α_t x_t + Σ_{k: f(k) ≤ t} β_{t,k} y_{d_k(t)}`.
     B {
         /// `[B, T, C]`.
         alpha: ArrayView3<'a, F>,
@@ -55,7 +55,7 @@ pub enum GlrCoeffs<'a, F> {
         beta: ArrayView4<'a, F>,
     },
     /// `on = a`, sparse attention-like: `alpha [B, T, K+1, C]`;
-    /// $y_t = \alpha_{t,0} x_t + \sum_{k} \alpha_{t,k+1}\, x_{d_k(t)}$.
+    /// `y_t = α_{t,0} x_t + Σ_k α_{t,k+1} x_{d_k(t)}`.
     A {
         /// `[B, T, K+1, C]`.
         alpha: ArrayView4<'a, F>,
@@ -134,11 +134,11 @@ impl<'a, F> GlrTokenCoeffs<'a, F> {
     }
 }
 
-/// Generalized linear recurrence: $y_t = \sum_{s \le t} \alpha_{t,s} x_s + \sum_{s < t} \beta_{t,s} y_s$
-/// with the off-diagonal coefficients at the pattern's positions $d_k(t)$ only.
+/// Generalized linear recurrence: `y_t = Σ_{s ≤ t} α_{t,s} x_s + Σ_{s < t} β_{t,s} y_s`
+/// with the off-diagonal coefficients at the pattern's positions `d_k(t)` only.
 ///
 /// Shapes: `x [B, T, C]` and the coefficients of [`GlrCoeffs`] (`K = K(T)` slots) →
-/// `y [B, T, C]`. Slots with $f(k) > t$ are ignored. No per-family options (`chunk`,
+/// `y [B, T, C]`. Slots with `f(k) > t` are ignored. No per-family options (`chunk`,
 /// `scale`, … are errors). Forms: materialized, fast (sparse recurrence), recurrent.
 ///
 /// ```

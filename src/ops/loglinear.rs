@@ -34,7 +34,7 @@ fn run<F: Scalar>(name: &str, lifted: bool, opts: &Options, inputs: Vec<Named<'_
     forward(m.as_ref(), opts, inputs)
 }
 
-/// Linear attention: $y_t = \sigma \sum_{s \le t} (q_t \cdot k_s)\, v_s$.
+/// Linear attention: `y_t = σ Σ_{s ≤ t} (q_t · k_s) v_s`.
 ///
 /// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]` → `y [B, T, H, Dv]`. Options and forms:
 /// [the log-linear family](crate::ops#the-log-linear-family).
@@ -57,8 +57,8 @@ pub fn linear_attention<F: Scalar>(
     run("linear-attention", false, opts, vec![("q", q.into_dyn()), ("k", k.into_dyn()), ("v", v.into_dyn())])
 }
 
-/// Mamba-2 (SSD form): $y_t = \sigma \sum_{s \le t} (q_t \cdot k_s)\, e^{G_t - G_s} v_s$ with
-/// $G_t = \sum_{r \le t} g_r$.
+/// Mamba-2 (SSD form): `y_t = σ Σ_{s ≤ t} (q_t · k_s) e^(G_t − G_s) v_s` with
+/// `G_t = Σ_{r ≤ t} g_r`.
 ///
 /// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]`, `g [B, T, H]` (`≤ 0`) → `y [B, T, H, Dv]`.
 /// In Mamba-2's terms q = C, k = B, v = Δ·x, g = Δ·A; the D·x skip is outside the mixer.
@@ -88,8 +88,8 @@ pub fn mamba2<F: Scalar>(
     )
 }
 
-/// Gated DeltaNet: $S_t = e^{g_t} S_{t-1}(I - \beta_t k_t k_t^\top) + \beta_t v_t k_t^\top$,
-/// $y_t = \sigma S_t q_t$.
+/// Gated DeltaNet: `S_t = e^(g_t) S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ`,
+/// `y_t = σ S_t q_t`.
 ///
 /// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]`, `g, beta [B, T, H]` (`g ≤ 0`,
 /// `beta ∈ [0, 1]`) → `y [B, T, H, Dv]`. Keys are usually L2-normalised.
@@ -124,8 +124,8 @@ pub fn gated_deltanet<F: Scalar>(
     run("gated-deltanet", false, opts, inputs)
 }
 
-/// Log-linear attention: $y_t = \sigma \sum_{s \le t} \lambda_t^{(\ell(t,s))} (q_t \cdot k_s)\, v_s$,
-/// with $\ell$ the level mask (Fenwick: $\ell(t,s) = \mathrm{bitlen}(t \oplus s)$).
+/// Log-linear attention: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) (q_t · k_s) v_s`,
+/// with `ℓ` the level mask (Fenwick: `ℓ(t,s) = bitlen(t ⊕ s)`).
 ///
 /// Shapes: as [`linear_attention`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`. With the
 /// default `identity` λ scheme, `lambda ≥ 0` is used as given; `Options::lambda` picks
@@ -153,7 +153,7 @@ pub fn loglinear_attention<F: Scalar>(
     run("loglinear-attention", true, opts, inputs)
 }
 
-/// Log-linear Mamba-2: $y_t = \sigma \sum_{s \le t} \lambda_t^{(\ell(t,s))} (q_t \cdot k_s)\, e^{G_t - G_s} v_s$.
+/// Log-linear Mamba-2: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) (q_t · k_s) e^(G_t − G_s) v_s`.
 ///
 /// Shapes: as [`mamba2`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`.
 /// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
@@ -188,7 +188,7 @@ pub fn loglinear_mamba2<F: Scalar>(
 }
 
 /// Log-linear gated DeltaNet: the gated delta rule acting on every level's state, inputs
-/// bucketed by level: $y_t = \sigma \sum_{s \le t} \lambda_t^{(\ell(t,s))} \beta_s\, (k_s^\top \Phi_{s+1..t}\, q_t)\, v_s$.
+/// bucketed by level: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) β_s (k_sᵀ Φ_{s+1..t} q_t) v_s`.
 ///
 /// Shapes: as [`gated_deltanet`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`.
 /// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).

@@ -178,7 +178,7 @@ pub struct Options {
     pub precision: Precision,
     /// Chunk size of the log-linear fast form (a power of two; default 64).
     pub chunk: Option<usize>,
-    /// Score/output scale σ (attention default $1/\sqrt{D_k}$, log-linear default 1).
+    /// Score/output scale σ (attention default `1/√(D_k)`, log-linear default 1).
     pub scale: Option<f64>,
     /// Attention window `w`: token `t` sees `s ∈ (t − w, t]` (default: every `s ≤ t`).
     pub window: Option<usize>,

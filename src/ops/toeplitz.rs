@@ -26,7 +26,7 @@ fn mixer_and_statics<'a, F>(
     Ok((m, statics))
 }
 
-/// Toeplitz mixer: $y_{t,e} = \sum_{i < K_w} \sum_{s \le t} w_{i,h(e),t-s}\, x_{s,\,e-(K_w-1-i)} + \mathrm{bias}_{h(e),t}$,
+/// Toeplitz mixer: `y_{t,e} = Σ_{i < K_w} Σ_{s ≤ t} w_{i,h(e),t−s} x_{s, e−(K_w−1−i)} + bias_{h(e),t}`,
 /// a per-head causal convolution along the sequence (channel `e` belongs to head
 /// `h(e) = ⌊e H / C⌋`; shifted channels outside the head contribute 0).
 ///

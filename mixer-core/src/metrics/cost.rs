@@ -4,10 +4,10 @@
 //! than approximating them.
 //!
 //! - Translation-invariant: the shift search holds about 20 bytes per shift (distance,
-//!   union-find link, queue) and takes at most $T \cdot R$ steps, $R$ the number of runs of
-//!   consecutive offsets (pow2: $R \approx \log_2 T$; sq1: $R \approx \sqrt T$; linear: 1).
-//! - Cache-efficient: the lattice graph has $E = \sum_k (T - f(k))$ edges; congestion routes
-//!   every source by breadth-first search, so about $E \cdot (T + S)$ steps with $S$ the
+//!   union-find link, queue) and takes at most `T · R` steps, `R` the number of runs of
+//!   consecutive offsets (pow2: `R ≈ log_2 T`; sq1: `R ≈ √T`; linear: 1).
+//! - Cache-efficient: the lattice graph has `E = Σ_k (T − f(k))` edges; congestion routes
+//!   every source by breadth-first search, so about `E · (T + S)` steps with `S` the
 //!   path sources, and memory for the edge lists, per-worker search state and per-shift
 //!   load counters.
 
@@ -29,7 +29,7 @@ fn too_slow(p: &Pattern, t_len: usize, steps: f64, how: &str) -> Error {
 }
 
 /// Refuses `(p, T)` when the metrics would exceed the step limit or the memory budget.
-/// Runs in $O(K(T))$ time and memory, before the metrics allocate anything of size `T`.
+/// Runs in `O(K(T))` time and memory, before the metrics allocate anything of size `T`.
 pub fn check(p: &Pattern, t_len: usize) -> Result<()> {
     let t = t_len as f64;
     // Every shift (or token) is visited at least once: refuse before counting offsets, which

@@ -10,9 +10,9 @@ use super::sampling::{congestion_shifts, path_sources};
 use super::{Congestion, INF, PathStats};
 use crate::error::{Error, Result, fmt_shape};
 
-/// A causal communication graph on tokens $0..T$ (MATH §1.4): chaining edges $p \to t$
-/// (recurrence, $B_{t,p} \ne 0$, $p < t$) and first-hop-only edges (direct influence,
-/// $A_{t,p} \ne 0$, $p < t$).
+/// A causal communication graph on tokens `0..T` (MATH §1.4): chaining edges `p → t`
+/// (recurrence, `B_{t,p} ≠ 0`, `p < t`) and first-hop-only edges (direct influence,
+/// `A_{t,p} ≠ 0`, `p < t`).
 #[derive(Clone, Debug)]
 pub struct CommGraph {
     n: usize,
@@ -70,8 +70,8 @@ impl Work {
 }
 
 impl CommGraph {
-    /// Graph from chaining predecessors: `preds[t]` lists the positions $p$ token $t$ reads
-    /// ($y_p \to y_t$, i.e. $B_{t,p} \ne 0$). Every $p$ must satisfy $p < t$ (causal).
+    /// Graph from chaining predecessors: `preds[t]` lists the positions `p` token `t` reads
+    /// (`y_p → y_t`, i.e. `B_{t,p} ≠ 0`). Every `p` must satisfy `p < t` (causal).
     pub fn from_preds(preds: Vec<Vec<usize>>) -> Result<Self> {
         let n = preds.len();
         for (t, ps) in preds.iter().enumerate() {
@@ -86,9 +86,9 @@ impl CommGraph {
         Ok(Self { n, b_start, b_succ, a_start: vec![0; n + 1], a_succ: Vec::new() })
     }
 
-    /// Graph from a materialized sparsity (MATH §1.4): first-hop edge $s \to t$ when
-    /// $A_{t,s} \ne 0$, chaining edge $s \to t$ when $B_{t,s} \ne 0$, for $s < t$ (entries with
-    /// $s \ge t$ are ignored; NaN counts as non-zero). `a` must be square $[T, T]$ and `b`, when
+    /// Graph from a materialized sparsity (MATH §1.4): first-hop edge `s → t` when
+    /// `A_{t,s} ≠ 0`, chaining edge `s → t` when `B_{t,s} ≠ 0`, for `s < t` (entries with
+    /// `s ≥ t` are ignored; NaN counts as non-zero). `a` must be square `[T, T]` and `b`, when
     /// given, the same shape.
     pub fn from_dense(a: ArrayView2<f64>, b: Option<ArrayView2<f64>>) -> Result<Self> {
         let (rows, cols) = a.dim();
@@ -111,7 +111,7 @@ impl CommGraph {
         Ok(Self { n, b_start, b_succ, a_start, a_succ })
     }
 
-    /// Number of tokens $T$.
+    /// Number of tokens `T`.
     pub fn len(&self) -> usize {
         self.n
     }
@@ -121,25 +121,25 @@ impl CommGraph {
         self.n == 0
     }
 
-    /// Exact shortest paths $d(s,t)$ over all pairs $s < t$, by a BFS from every source
-    /// (parallel; $O(T \cdot E)$ — meant for small $T$).
+    /// Exact shortest paths `d(s,t)` over all pairs `s < t`, by a BFS from every source
+    /// (parallel; `O(T · E)` — meant for small `T`).
     pub fn shortest_paths(&self) -> PathStats {
         let sources: Vec<usize> = (0..self.n).collect();
         self.analyze(&sources, &[]).0
     }
 
     /// Shortest paths from the sources [`pattern_metrics`] uses: every source when
-    /// $T \le$ [`EXACT_PATHS_MAX_T`] (then `exact`), else [`SAMPLED_SOURCES`] evenly spaced ones
-    /// plus the last [`LAST_SOURCES`] (`exact = false`). $O(\#\text{sources} \cdot E)$, without
+    /// `T ≤` [`EXACT_PATHS_MAX_T`] (then `exact`), else [`SAMPLED_SOURCES`] evenly spaced ones
+    /// plus the last [`LAST_SOURCES`] (`exact = false`). `O(#sources · E)`, without
     /// the all-sources cost of [`CommGraph::congestion`].
     pub fn sampled_shortest_paths(&self) -> PathStats {
         self.analyze(&path_sources(self.n), &[]).0
     }
 
-    /// Congestion of the copy routings (MATH §1.4) as an upper bound: every $s \to s+\Delta$ is
+    /// Congestion of the copy routings (MATH §1.4) as an upper bound: every `s → s+Δ` is
     /// routed along a BFS shortest path, and the worst node count is taken, worst over shifts
-    /// ($\Delta \in [1, T)$ when $T \le$ [`ALL_SHIFTS_MAX_T`], sampled above). Unreachable pairs
-    /// are not routed. $O(T \cdot E)$.
+    /// (`Δ ∈ [1, T)` when `T ≤` [`ALL_SHIFTS_MAX_T`], sampled above). Unreachable pairs
+    /// are not routed. `O(T · E)`.
     pub fn congestion(&self) -> Congestion {
         self.analyze(&[], &congestion_shifts(self.n)).1
     }

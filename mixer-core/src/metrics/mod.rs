@@ -1,11 +1,11 @@
 //! Structural metrics of communication graphs (MATH §1.4 "Structural metrics").
 //!
-//! The communication graph has an edge $s \to t$ when $B_{t,s} \ne 0$ (the recurrence reads
-//! $y_s$), which chains, plus edges for $A_{t,s} \ne 0$ (one-hop direct influence of $x_s$ on
-//! $y_t$), which can only be the first hop of a path. A path from $s$ starts at $s$ itself
-//! (token $s$'s own output holds its input at 0 hops). $d(s,t)$ is the fewest hops.
+//! The communication graph has an edge `s → t` when `B_{t,s} ≠ 0` (the recurrence reads
+//! `y_s`), which chains, plus edges for `A_{t,s} ≠ 0` (one-hop direct influence of `x_s` on
+//! `y_t`), which can only be the first hop of a path. A path from `s` starts at `s` itself
+//! (token `s`'s own output holds its input at 0 hops). `d(s,t)` is the fewest hops.
 //!
-//! For a translation-invariant pattern $d(s,t) = d(t-s)$ depends on the shift only and is
+//! For a translation-invariant pattern `d(s,t) = d(t−s)` depends on the shift only and is
 //! computed over shifts; for other graphs (cache-efficient lattices, materialized sparsities)
 //! by breadth-first search.
 
@@ -26,15 +26,15 @@ pub use shifts::shift_distances;
 use sampling::{congestion_shifts, path_sources};
 use shifts::shift_distances_raw;
 
-/// Up to this length, graph shortest paths are exact over all pairs $s < t$; above, sources are
+/// Up to this length, graph shortest paths are exact over all pairs `s < t`; above, sources are
 /// sampled ([`SAMPLED_SOURCES`] evenly spaced plus the last [`LAST_SOURCES`]).
 pub const EXACT_PATHS_MAX_T: usize = 4096;
-/// Up to this length, graph congestion is computed for every shift $\Delta \in [1, T)$; above,
-/// for [`SAMPLED_SHIFTS`] evenly spaced shifts plus $2^j - 1$, $2^j$ and $T - 1$.
+/// Up to this length, graph congestion is computed for every shift `Δ ∈ [1, T)`; above,
+/// for [`SAMPLED_SHIFTS`] evenly spaced shifts plus `2^j − 1`, `2^j` and `T − 1`.
 pub const ALL_SHIFTS_MAX_T: usize = 2048;
 /// Number of evenly spaced sources used for shortest paths above [`EXACT_PATHS_MAX_T`].
 pub const SAMPLED_SOURCES: usize = 256;
-/// Number of final sources ($T-2, T-3, \dots$) added to the sample above [`EXACT_PATHS_MAX_T`].
+/// Number of final sources (`T−2, T−3, …`) added to the sample above [`EXACT_PATHS_MAX_T`].
 pub const LAST_SOURCES: usize = 8;
 /// Number of evenly spaced shifts used for congestion above [`ALL_SHIFTS_MAX_T`].
 pub const SAMPLED_SHIFTS: usize = 128;
@@ -42,19 +42,19 @@ pub const SAMPLED_SHIFTS: usize = 128;
 /// Marks an unreachable shift or pair in the breadth-first searches.
 const INF: u32 = u32::MAX;
 
-/// Shortest-path statistics (MATH §1.4): over pairs $s < t < T$ for graphs, over shifts
-/// $\Delta \in [1, T)$ for translation-invariant patterns.
+/// Shortest-path statistics (MATH §1.4): over pairs `s < t < T` for graphs, over shifts
+/// `Δ ∈ [1, T)` for translation-invariant patterns.
 #[derive(Clone, Debug, PartialEq)]
 pub struct PathStats {
-    /// $\max d$ over the counted pairs (or shifts); `None` when some are unreachable
-    /// ($d = \infty$). `Some(0)` when there is nothing to count ($T \le 1$).
+    /// `max d` over the counted pairs (or shifts); `None` when some are unreachable
+    /// (`d = ∞`). `Some(0)` when there is nothing to count (`T ≤ 1`).
     pub max: Option<usize>,
-    /// `histogram[h]` = number of pairs (or shifts) with $d = h$; unreachable ones are in
+    /// `histogram[h]` = number of pairs (or shifts) with `d = h`; unreachable ones are in
     /// [`PathStats::unreachable`].
     pub histogram: Vec<usize>,
     /// Number of unreachable pairs (or shifts).
     pub unreachable: usize,
-    /// Mean of $d$ over the reachable pairs (or shifts); $0$ when there are none.
+    /// Mean of `d` over the reachable pairs (or shifts); `0` when there are none.
     pub mean: f64,
     /// `false` when the pairs come from sampled sources only.
     pub exact: bool,
@@ -73,54 +73,54 @@ impl PathStats {
     }
 }
 
-/// Congestion of the copy routing with shift $\Delta$ (token $s$ must reach $s + \Delta$), MATH
+/// Congestion of the copy routing with shift `Δ` (token `s` must reach `s + Δ`), MATH
 /// §1.4: the maximum over nodes of the number of routed paths that leave through the node,
 /// worst case over shifts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Congestion {
     /// The worst congestion over the shifts considered.
     pub value: usize,
-    /// A shift $\Delta$ attaining it (the smallest one); $0$ when $T \le 1$.
+    /// A shift `Δ` attaining it (the smallest one); `0` when `T ≤ 1`.
     pub worst_shift: usize,
     /// `true` when the value comes from an explicit routing (BFS shortest paths) on a graph that
     /// is not translation-invariant: an upper bound on the minimum over routings.
     pub is_bound: bool,
-    /// Whether every shift $\Delta \in [1, T)$ was considered (otherwise a sample).
+    /// Whether every shift `Δ ∈ [1, T)` was considered (otherwise a sample).
     pub exact_over_all_shifts: bool,
 }
 
-/// All structural metrics of a pattern at length $T$ (MATH §1.4).
+/// All structural metrics of a pattern at length `T` (MATH §1.4).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PatternMetrics {
-    /// The sequence length $T$.
+    /// The sequence length `T`.
     pub t_len: usize,
-    /// $K(T)$, the number of dependency slots.
+    /// `K(T)`, the number of dependency slots.
     pub slots: usize,
     /// Shortest paths (over shifts when translation-invariant, over pairs otherwise).
     pub paths: PathStats,
     /// Worst-case congestion over shifts.
     pub congestion: Congestion,
-    /// Mean number of dependencies read per token, $\frac1T \sum_{t<T} \#\{k : f(k) \le t\}$.
+    /// Mean number of dependencies read per token, `1/T Σ_{t<T} #{k : f(k) ≤ t}`.
     pub per_token_cost: f64,
-    /// $\max_{t<T}$ of the number of dependencies read ($= K(T)$).
+    /// `max_{t<T}` of the number of dependencies read (`= K(T)`).
     pub max_per_token_cost: usize,
     /// Positions a decoder keeps: [`Pattern::max_cache`].
     pub cache_positions: usize,
 }
 
-/// Structural metrics of a pattern at length $T \ge 1$ (MATH §1.4).
+/// Structural metrics of a pattern at length `T ≥ 1` (MATH §1.4).
 ///
-/// - Translation-invariant: $d(s,t) = d(t-s)$ from [`shift_distances`]; `paths` is over shifts
-///   $\Delta \in [1, T)$ (exact). Congestion is $\max_\Delta d(\Delta)$: translating one shortest
-///   path puts every node on $d(\Delta)$ translated paths, and on the boundary-free line no
-///   routing does better (each path leaves $\ge d(\Delta)$ nodes, so the mean load per node is
-///   $\ge d(\Delta)$); exact, not a bound. Shifts that are unreachable are skipped.
-/// - Cache-efficient: BFS over the lattice graph (edges $d_k(t) \to t$): `paths` over pairs
-///   $s < t$, exact for $T \le$ [`EXACT_PATHS_MAX_T`], sampled sources above; congestion is the
-///   bound of [`CommGraph::congestion`] (finite line: only $s + \Delta < T$ is routed). Cost
-///   $O(T \cdot E)$, $E \approx T \cdot K$.
+/// - Translation-invariant: `d(s,t) = d(t−s)` from [`shift_distances`]; `paths` is over shifts
+///   `Δ ∈ [1, T)` (exact). Congestion is `max_Δ d(Δ)`: translating one shortest
+///   path puts every node on `d(Δ)` translated paths, and on the boundary-free line no
+///   routing does better (each path leaves `≥ d(Δ)` nodes, so the mean load per node is
+///   `≥ d(Δ)`); exact, not a bound. Shifts that are unreachable are skipped.
+/// - Cache-efficient: BFS over the lattice graph (edges `d_k(t) → t`): `paths` over pairs
+///   `s < t`, exact for `T ≤` [`EXACT_PATHS_MAX_T`], sampled sources above; congestion is the
+///   bound of [`CommGraph::congestion`] (finite line: only `s + Δ < T` is routed). Cost
+///   `O(T · E)`, `E ≈ T · K`.
 ///
-/// Errors when $T = 0$, when the search would exceed [`MAX_SEARCH_STEPS`] or the memory budget
+/// Errors when `T = 0`, when the search would exceed [`MAX_SEARCH_STEPS`] or the memory budget
 /// ([`check_cost`]; inputs are bounded, not approximated), or (cache-efficient) when the
 /// lattice produces a non-causal position.
 pub fn pattern_metrics(p: &Pattern, t_len: usize) -> Result<PatternMetrics> {

@@ -3,8 +3,8 @@
 
 use super::{ALL_SHIFTS_MAX_T, EXACT_PATHS_MAX_T, LAST_SOURCES, SAMPLED_SHIFTS, SAMPLED_SOURCES};
 
-/// Shifts for graph congestion: all of $[1, T)$ when $T \le$ [`ALL_SHIFTS_MAX_T`], else
-/// [`SAMPLED_SHIFTS`] evenly spaced ones plus $2^j - 1$, $2^j$ and $T - 1$ (sorted, distinct).
+/// Shifts for graph congestion: all of `[1, T)` when `T ≤` [`ALL_SHIFTS_MAX_T`], else
+/// [`SAMPLED_SHIFTS`] evenly spaced ones plus `2^j − 1`, `2^j` and `T − 1` (sorted, distinct).
 pub(super) fn congestion_shifts(n: usize) -> Vec<usize> {
     if n <= 1 {
         return Vec::new();
@@ -28,8 +28,8 @@ pub(super) fn congestion_shifts(n: usize) -> Vec<usize> {
     v
 }
 
-/// Sources for graph shortest paths: all when $T \le$ [`EXACT_PATHS_MAX_T`], else
-/// [`SAMPLED_SOURCES`] evenly spaced in $[0, T-1)$ plus the last [`LAST_SOURCES`] before $T-1$.
+/// Sources for graph shortest paths: all when `T ≤` [`EXACT_PATHS_MAX_T`], else
+/// [`SAMPLED_SOURCES`] evenly spaced in `[0, T−1)` plus the last [`LAST_SOURCES`] before `T−1`.
 pub(super) fn path_sources(n: usize) -> Vec<usize> {
     if n <= EXACT_PATHS_MAX_T {
         return (0..n).collect();

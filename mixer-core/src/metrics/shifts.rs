@@ -3,14 +3,14 @@
 use super::INF;
 use crate::pattern::Pattern;
 
-/// Shortest path $d(\Delta)$ for every shift $\Delta \in [0, T)$ of the translation-invariant graph
-/// with offsets $f(0..K(T))$ (edges $t - f(k) \to t$): `Some(0)` at $\Delta = 0$, `None` when
-/// $\Delta$ is not a sum of offsets. Uses only the offsets (and `order`), even for a
+/// Shortest path `d(Δ)` for every shift `Δ ∈ [0, T)` of the translation-invariant graph
+/// with offsets `f(0..K(T))` (edges `t − f(k) → t`): `Some(0)` at `Δ = 0`, `None` when
+/// `Δ` is not a sum of offsets. Uses only the offsets (and `order`), even for a
 /// cache-efficient pattern.
 ///
 /// Breadth-first search over shifts; offsets are grouped into runs of consecutive values and a
 /// "next unvisited shift" union-find skips visited shifts, so the cost is
-/// $O(T \cdot \#\text{runs})$ at most (pow2: $O(T \log T)$; linear: $O(T)$), and the search stops
+/// `O(T · #runs)` at most (pow2: `O(T log T)`; linear: `O(T)`), and the search stops
 /// once every shift is reached.
 pub fn shift_distances(p: &Pattern, t_len: usize) -> Vec<Option<usize>> {
     let offsets: Vec<usize> = p.offsets(t_len).into_iter().map(|f| f as usize).collect();

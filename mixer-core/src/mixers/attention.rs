@@ -48,11 +48,11 @@ impl Default for LocalConfig {
     }
 }
 
-/// Softmax weights that cannot overflow (MATH §1.3). A logit $z_s = \sigma\, q \cdot k_s$ is
-/// kept as the key $u_s = \operatorname{sign}(\sigma)\,(q \cdot k_s)$, with the dot product
+/// Softmax weights that cannot overflow (MATH §1.3). A logit `z_s = σ q · k_s` is
+/// kept as the key `u_s = sign(σ) (q · k_s)`, with the dot product
 /// formed in `f64`, and the weight is
-/// $e^{z_s - \max_r z_r} = e^{|\sigma| (u_s - \max_r u_r)}$: the exponent is $\le 0$ for every
-/// finite $\sigma$ and finite keys, so neither a huge scale (`1e308`) nor huge `f32` queries
+/// `e^(z_s − max_r z_r) = e^(|σ| (u_s − max_r u_r))`: the exponent is `≤ 0` for every
+/// finite `σ` and finite keys, so neither a huge scale (`1e308`) nor huge `f32` queries
 /// and keys (`q·k ≈ 1e38`, finite in `f64`) produce ∞ − ∞ = NaN. Terms that underflow are
 /// exactly the ones whose weight is below the type's resolution.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -62,13 +62,13 @@ pub struct Logits {
 }
 
 impl Logits {
-    /// For the score scale $\sigma$ (finite).
+    /// For the score scale `σ` (finite).
     pub fn new(scale: f64) -> Self {
         Logits { abs: scale.abs(), sign: if scale < 0.0 { -1.0 } else { 1.0 } }
     }
 
-    /// The key $u = \operatorname{sign}(\sigma)\, d$ of a dot product $d = q_t \cdot k_s$, or an
-    /// error when $d$ is not finite even in `f64` (`f64` inputs near `1e154` and above).
+    /// The key `u = sign(σ) d` of a dot product `d = q_t · k_s`, or an
+    /// error when `d` is not finite even in `f64` (`f64` inputs near `1e154` and above).
     pub fn key(&self, dot: f64, t: usize, s: usize) -> Result<f64> {
         if dot.is_finite() {
             return Ok(self.sign * dot);
@@ -79,15 +79,15 @@ impl Logits {
         )))
     }
 
-    /// The unnormalized weight $e^{|\sigma|(u - m)}$ of key `u` under the running maximum key
-    /// `m ≥ u` (`m = −∞` before any key: weight 0, or 1 when $\sigma = 0$).
+    /// The unnormalized weight `e^(|σ|(u − m))` of key `u` under the running maximum key
+    /// `m ≥ u` (`m = −∞` before any key: weight 0, or 1 when `σ = 0`).
     #[inline]
     pub fn weight(&self, key: f64, max_key: f64) -> f64 {
         if self.abs == 0.0 || key == max_key { 1.0 } else { (self.abs * (key - max_key)).exp() }
     }
 }
 
-/// $q \cdot k$ accumulated in `f64` (finite for any finite `f32` operands).
+/// `q · k` accumulated in `f64` (finite for any finite `f32` operands).
 pub fn dot_f64<F: crate::Real>(q: impl IntoIterator<Item = F>, k: impl IntoIterator<Item = F>) -> f64 {
     q.into_iter().zip(k).map(|(a, b)| a.f64() * b.f64()).sum()
 }
@@ -168,7 +168,7 @@ impl Mixer for Attention {
     fn name(&self) -> &str {
         &self.name
     }
-    /// The KV cache: $\min(n, w)$ positions (every position without a window) × B × H × (Dk + Dv).
+    /// The KV cache: `min(n, w)` positions (every position without a window) × B × H × (Dk + Dv).
     fn decoder_cache(&self, dims: &Dims, consumed: usize) -> Option<usize> {
         let (b, h, dk, dv) = (*dims.get("B")?, *dims.get("H")?, *dims.get("Dk")?, *dims.get("Dv")?);
         let kept = self.window().map_or(consumed, |w| consumed.min(w));
@@ -226,9 +226,9 @@ impl Mixer for Attention {
     fn has_materialized_vjp(&self) -> bool {
         true
     }
-    /// Softmax backward per row: $\bar S_{t,s} = A_{t,s}(\bar A_{t,s} - \sum_{s'} A_{t,s'} \bar A_{t,s'})$
-    /// on the visible keys, then $\bar q_t = \sigma \sum_s \bar S_{t,s} k_s$ and
-    /// $\bar k_s = \sigma \sum_t \bar S_{t,s} q_t$.
+    /// Softmax backward per row: `S̄_{t,s} = A_{t,s}(Ā_{t,s} − Σ_{s'} A_{t,s'} Ā_{t,s'})`
+    /// on the visible keys, then `q̄_t = σ Σ_s S̄_{t,s} k_s` and
+    /// `k̄_s = σ Σ_t S̄_{t,s} q_t`.
     fn materialized_vjp(
         &self,
         inputs: &Tensors<f64>,

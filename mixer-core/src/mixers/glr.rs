@@ -184,8 +184,8 @@ impl Mixer for Glr {
         &self.name
     }
     /// Positions tokens after the `consumed`-th (and before `T`) read, × streams × B × C:
-    /// cache-efficient, $|P_n|$ (MATH §1.1); translation-invariant, the window
-    /// $\min(n, f(K-1))$; none once all `T` tokens are consumed.
+    /// cache-efficient, `|P_n|` (MATH §1.1); translation-invariant, the window
+    /// `min(n, f(K−1))`; none once all `T` tokens are consumed.
     fn decoder_cache(&self, dims: &Dims, consumed: usize) -> Option<usize> {
         let (t_len, b, c) = (*dims.get("T")?, *dims.get("B")?, *dims.get("C")?);
         if consumed >= t_len {
@@ -294,9 +294,9 @@ impl Mixer for Glr {
     fn has_materialized_vjp(&self) -> bool {
         true
     }
-    /// Entry gradients to coefficients, per batch row and channel, for active slots $k$:
-    /// $\bar\alpha_t = \bar A_{t,t}$ (or $\bar\alpha_{t,0}$), $\bar\alpha_{t,k+1} = \bar A_{t,d_k(t)}$,
-    /// $\bar\beta_{t,k} = \bar B_{t,d_k(t)}$; inactive slots get 0 (their values never matter).
+    /// Entry gradients to coefficients, per batch row and channel, for active slots `k`:
+    /// `ᾱ_t = Ā_{t,t}` (or `ᾱ_{t,0}`), `ᾱ_{t,k+1} = Ā_{t,d_k(t)}`,
+    /// `β̄_{t,k} = B̄_{t,d_k(t)}`; inactive slots get 0 (their values never matter).
     fn materialized_vjp(
         &self,
         inputs: &Tensors<f64>,

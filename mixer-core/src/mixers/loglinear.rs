@@ -20,8 +20,8 @@
 //!
 //! ## λ schemes (config `lambda_scheme`, docs/math.md §2.4)
 //! The `lambda` input holds raw values; the weight actually used is
-//! $\lambda_{t,h,\ell} = \mathrm{map}(\text{raw}_{t,h,\ell}, p_{h,\ell})$ with the scheme's registered
-//! map and its learnable per-(head, level) parameter $p$, given as the optional input
+//! `λ_{t,h,ℓ} = map(raw_{t,h,ℓ}, p_{h,ℓ})` with the scheme's registered
+//! map and its learnable per-(head, level) parameter `p`, given as the optional input
 //! `lambda_param [H, L]` (absent: its initial value 1). With `identity` (default) the input
 //! is used as given and must be `≥ 0`; with any other scheme (`softplus`, `ones`, a plugin's)
 //! the raw input only has to be finite, and the mapped weights must come out finite and
@@ -98,12 +98,12 @@ impl LevelMask {
     }
 }
 
-/// The partial derivatives $(\partial\lambda/\partial\text{raw}, \partial\lambda/\partial\text{param})$
+/// The partial derivatives `(∂λ/∂raw, ∂λ/∂param)`
 /// of a λ scheme's map at `(raw, param)`.
 pub type LambdaGradFn = fn(f64, f64) -> (f64, f64);
 
-/// A λ scheme resolved from the registry: $\lambda = \mathrm{map}(\text{raw}, p_{h,\ell})$ with
-/// the per-(head, level) parameter $p$ from the optional input `lambda_param [H, L]`
+/// A λ scheme resolved from the registry: `λ = map(raw, p_{h,ℓ})` with
+/// the per-(head, level) parameter `p` from the optional input `lambda_param [H, L]`
 /// (default 1 everywhere).
 #[derive(Clone, Copy, Debug)]
 pub struct LambdaScheme {
@@ -224,7 +224,7 @@ impl LogLinear {
         self.lift.is_none_or(|l| l.mask.is_fenwick())
     }
 
-    /// The weights $\lambda_{b,t,h,\ell} = \mathrm{map}(\text{raw}_{b,t,h,\ell}, p_{h,\ell})$ of the λ
+    /// The weights `λ_{b,t,h,ℓ} = map(raw_{b,t,h,ℓ}, p_{h,ℓ})` of the λ
     /// scheme, for a raw `lambda [B,T,H,L]` (or one token's `[B,H,L]`) and the optional `lambda_param [H, L]` (`None` =
     /// 1 everywhere). The identity scheme returns the input unchanged; other schemes must
     /// produce finite, non-negative weights, or an error names the scheme.
@@ -257,7 +257,7 @@ impl LogLinear {
         Ok(out)
     }
 
-    /// The parameter $p_{h,\ell}$ as a function of `(h, ℓ)`, after checking that
+    /// The parameter `p_{h,ℓ}` as a function of `(h, ℓ)`, after checking that
     /// `lambda_param` is `[H, L]` for a `lambda [B,T,H,L]` (or a decoder's token `[B,H,L]`).
     fn lambda_param_reader<'a, F: Real>(
         &self,
@@ -282,8 +282,8 @@ impl LogLinear {
     }
 
     /// The backward of [`LogLinear::lambda_weights`]: from the gradient `d_weights` of the
-    /// weights, the gradients of the raw `lambda` ($\bar\lambda \cdot \partial_{\text{raw}}\mathrm{map}$)
-    /// and of `lambda_param` ($\sum_{b,t} \bar\lambda \cdot \partial_p \mathrm{map}$, when it
+    /// weights, the gradients of the raw `lambda` (`λ̄ · ∂_{raw}map`)
+    /// and of `lambda_param` (`Σ_{b,t} λ̄ · ∂_p map`, when it
     /// was given). Errors when the scheme has no registered derivative.
     pub fn lambda_vjp<F: Real>(
         &self,
@@ -323,7 +323,7 @@ impl LogLinear {
         Ok((d_raw, d_param))
     }
 
-    /// The level $\ell(t,s)$ of the mask, checked against the number of λ levels given.
+    /// The level `ℓ(t,s)` of the mask, checked against the number of λ levels given.
     pub fn level_checked(&self, t: usize, s: usize, given: usize) -> Result<usize> {
         let lift = self.lift.ok_or_else(|| Error::config(&self.name, "no level mask"))?;
         let l = (lift.mask.level)(t, s);
@@ -355,7 +355,7 @@ pub(crate) struct Views<'a> {
 }
 
 impl LogLinear {
-    /// The base mixer's `T×T` matrix $A_{t,s}$ (scale included, no λ) of batch row `b`,
+    /// The base mixer's `T×T` matrix `A_{t,s}` (scale included, no λ) of batch row `b`,
     /// head `h` (MATH §2.1).
     pub(crate) fn base_matrix(&self, x: &Views<'_>, b: usize, h: usize) -> Array2<f64> {
         let (q, k, g, beta) = (&x.q, &x.k, &x.g, &x.beta);
@@ -417,8 +417,8 @@ impl Mixer for LogLinear {
     fn name(&self) -> &str {
         &self.name
     }
-    /// $D_k D_v$ per state and (batch, head): one state for the base mixers; for the lifts the
-    /// occupied Fenwick levels after token $t = n - 1$, $1 + \operatorname{popcount}(t)$
+    /// `D_k D_v` per state and (batch, head): one state for the base mixers; for the lifts the
+    /// occupied Fenwick levels after token `t = n − 1`, `1 + popcount(t)`
     /// (MATH §2.5). A decoder may drop a state that decayed below the smallest normal number;
     /// test inputs do not decay that far.
     fn decoder_cache(&self, dims: &Dims, consumed: usize) -> Option<usize> {

@@ -53,7 +53,7 @@ pub fn is_fast_size(mut n: usize) -> bool {
 }
 
 /// The FFT length of the fast form for any backend: the smallest size `≥ n` of the form
-/// $2^a 3^b 5^c 7^d$ (the sizes FFT libraries handle fastest), 1 for `n ≤ 1`. The linear
+/// `2^a 3^b 5^c 7^d` (the sizes FFT libraries handle fastest), 1 for `n ≤ 1`. The linear
 /// convolution of `T` taps with `T` inputs needs `n = 2T − 1`.
 pub fn fast_size(n: usize) -> usize {
     let mut p = n.max(1);
@@ -301,7 +301,7 @@ impl Mixer for Toeplitz {
     fn family(&self) -> &'static str {
         FAMILY
     }
-    /// The naive decoder keeps the input history, $n \cdot B \cdot C$; the online decoder's
+    /// The naive decoder keeps the input history, `n · B · C`; the online decoder's
     /// pending partial sums depend on its block schedule (no closed form here).
     fn decoder_cache(&self, dims: &Dims, consumed: usize) -> Option<usize> {
         match self.cfg.decoder {
@@ -383,9 +383,9 @@ impl Mixer for Toeplitz {
     fn has_materialized_vjp(&self) -> bool {
         true
     }
-    /// $\bar w[i,h,j] = \sum_{t} \bar A_{i,h}[t, t-j]$ summed over every block (batch row,
+    /// `w̄[i,h,j] = Σ_t Ā_{i,h}[t, t−j]` summed over every block (batch row,
     /// channel group) that uses the term of shift `i` and head `h`; taps `j ≥ T` get 0;
-    /// $\bar{\mathrm{bias}}[h,t] = \sum_{b,\,c \in h} \bar D[b,t,c]$.
+    /// `bar(bias)[h,t] = Σ_{b, c ∈ h} D̄[b,t,c]`.
     fn materialized_vjp(
         &self,
         inputs: &Tensors<f64>,

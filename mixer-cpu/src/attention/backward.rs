@@ -1,14 +1,14 @@
 //! Attention's backward pass on CPU, FlashAttention-2 style: the softmax is recomputed
 //! blockwise from the per-row log-sum-exp of the forward pass, never as a `T×T` matrix.
 //!
-//! With $P_{t,s} = e^{\sigma q_t \cdot k_s - \mathrm{LSE}_t}$ on the visible keys (0 elsewhere),
-//! $D_t = \bar y_t \cdot y_t$ and $\bar S_{t,s} = P_{t,s}(\bar y_t \cdot v_s - D_t)$:
-//! $$\bar v_s = \sum_t P_{t,s}\, \bar y_t, \qquad \bar k_s = \sigma \sum_t \bar S_{t,s}\, q_t, \qquad
-//!   \bar q_t = \sigma \sum_s \bar S_{t,s}\, k_s .$$
-//! One pass runs in parallel over (batch, head, key block) and accumulates $\bar k, \bar v$ of
+//! With `P_{t,s} = e^(σ q_t · k_s − LSE_t)` on the visible keys (0 elsewhere),
+//! `D_t = ȳ_t · y_t` and `S̄_{t,s} = P_{t,s}(ȳ_t · v_s − D_t)`:
+//! `v̄_s = Σ_t P_{t,s} ȳ_t, k̄_s = σ Σ_t S̄_{t,s} q_t,
+//!  q̄_t = σ Σ_s S̄_{t,s} k_s .`
+//! One pass runs in parallel over (batch, head, key block) and accumulates `k̄, v̄` of
 //! its keys over the query blocks that see them; a second pass runs over (batch, head, query
-//! block) for $\bar q$. Each recomputes the blocks of $P$ it needs, so memory stays
-//! $O(B_q B_k)$ per task and a window $w$ keeps the cost at $O(T w)$.
+//! block) for `q̄`. Each recomputes the blocks of `P` it needs, so memory stays
+//! `O(B_q B_k)` per task and a window `w` keeps the cost at `O(T w)`.
 
 use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::mixers::attention::Attention;

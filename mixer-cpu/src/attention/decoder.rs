@@ -1,8 +1,8 @@
-//! The recurrent form of attention: a KV cache. Token $t$ appends $(k_t, v_t)$ and attends
-//! over the cached keys $s \in [\max(0, t + 1 - w), t]$ with a (max-subtracted) softmax whose keys and maximum are `f64`
+//! The recurrent form of attention: a KV cache. Token `t` appends `(k_t, v_t)` and attends
+//! over the cached keys `s ∈ [max(0, t + 1 − w), t]` with a (max-subtracted) softmax whose keys and maximum are `f64`
 //! ([`Logits`]), so no finite input overflows. The
-//! cache is a ring of $\min(w, T)$ slots (all $T$ for full attention), so it holds
-//! $\min(t + 1, w)$ tokens × B × H × (Dk + Dv) scalars.
+//! cache is a ring of `min(w, T)` slots (all `T` for full attention), so it holds
+//! `min(t + 1, w)` tokens × B × H × (Dk + Dv) scalars.
 
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::attention::{Attention, Logits, dot_f64};

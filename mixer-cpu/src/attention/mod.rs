@@ -1,11 +1,11 @@
 //! CPU forms of softmax attention (docs/math.md §1.3): `attention` and `local-attention`.
 //!
-//! - `parallel`: the masked-softmax matrix per head, $Y = \mathrm{softmax}(\sigma QK^\top + M)V$
-//!   ([`parallel`], $O(T^2)$ memory per head);
+//! - `parallel`: the masked-softmax matrix per head, `Y = softmax(σ QKᵀ + M)V`
+//!   ([`parallel`], `O(T²)` memory per head);
 //! - `fast`: streaming over key blocks with an online softmax, flash-style ([`flash`]):
-//!   $O(T)$ memory, never a $T \times T$ matrix; with a window $w$ only the key blocks that
-//!   intersect $(t - w, t]$ are visited, so local attention costs $O(T \cdot w)$;
-//! - `recurrent`: a KV-cache decoder ([`decoder`]) holding $\min(t, w)$ keys and values.
+//!   `O(T)` memory, never a `T × T` matrix; with a window `w` only the key blocks that
+//!   intersect `(t − w, t]` are visited, so local attention costs `O(T · w)`;
+//! - `recurrent`: a KV-cache decoder ([`decoder`]) holding `min(t, w)` keys and values.
 
 pub mod backward;
 pub mod decoder;

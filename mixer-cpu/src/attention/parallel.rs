@@ -1,6 +1,6 @@
 //! The parallel form of attention: per batch row and head, the full masked score matrix
-//! $S = \sigma QK^\top$ (entries with $s > t$ or $t - s \ge w$ masked before the exponential), a
-//! row softmax, then $Y = PV$. $O(T^2)$ time and memory per head; parallel over batch × heads.
+//! `S = σ QKᵀ` (entries with `s > t` or `t − s ≥ w` masked before the exponential), a
+//! row softmax, then `Y = PV`. `O(T²)` time and memory per head; parallel over batch × heads.
 
 use mixer_core::mixers::attention::Attention;
 use mixer_core::{Real, Result, Tensors};

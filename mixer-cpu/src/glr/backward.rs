@@ -1,14 +1,14 @@
-//! The GLR's backward pass on CPU: the reverse sparse recurrence, $O(T \cdot K)$ per channel.
+//! The GLR's backward pass on CPU: the reverse sparse recurrence, `O(T · K)` per channel.
 //!
-//! With $\bar y$ the output cotangent, the total cotangent of $y_t$ gathers the reads of
-//! $y_t$ by later tokens through the *transposed* pattern:
-//! $$g_t = \bar y_t + \sum_{t' > t,\ k:\ d_k(t') = t} \beta_{t',k}\, g_{t'} .$$
-//! Tokens run from $T-1$ down to 0; when token $t$ is reached its $g_t$ is complete, and it
-//! scatters $\beta_{t,k} g_t$ to $g_{d_k(t)}$ (so the transposed pattern is never built, and
+//! With `ȳ` the output cotangent, the total cotangent of `y_t` gathers the reads of
+//! `y_t` by later tokens through the *transposed* pattern:
+//! `g_t = ȳ_t + Σ_{t' > t, k: d_k(t') = t} β_{t',k} g_{t'} .`
+//! Tokens run from `T−1` down to 0; when token `t` is reached its `g_t` is complete, and it
+//! scatters `β_{t,k} g_t` to `g_{d_k(t)}` (so the transposed pattern is never built, and
 //! cache-efficient lattices work unchanged). Then
-//! $\bar\alpha_t = g_t x_t$ (or $\bar\alpha_{t,0}$), $\bar\alpha_{t,k+1} = g_t x_{d_k(t)}$,
-//! $\bar\beta_{t,k} = g_t\, y_{d_k(t)}$, $\bar x_t \mathrel{+}= \alpha_t g_t$,
-//! $\bar x_{d_k(t)} \mathrel{+}= \alpha_{t,k+1} g_t$. The outputs $y$ are recomputed by the
+//! `ᾱ_t = g_t x_t` (or `ᾱ_{t,0}`), `ᾱ_{t,k+1} = g_t x_{d_k(t)}`,
+//! `β̄_{t,k} = g_t y_{d_k(t)}`, `x̄_t += α_t g_t`,
+//! `x̄_{d_k(t)} += α_{t,k+1} g_t`. The outputs `y` are recomputed by the
 //! forward recurrence first (one `[T, w]` buffer per channel block). Inactive slots get 0.
 
 use mixer_core::mixer::{Mixer, downcast};

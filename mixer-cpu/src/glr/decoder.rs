@@ -1,12 +1,12 @@
 //! The recurrent form of the GLR (docs/math.md §1.1–1.2): one token per step, a bounded cache.
 //!
-//! Token $t$ reads past values at its dependency positions $d_k(t)$ (outputs $y$ when `on`
-//! includes `b`, inputs $x$ when it includes `a`). What is kept after token $t$:
-//! - cache-efficient pattern: exactly the lattice positions $P_{t+1} = \{d_k(t+1)\}$. By the
-//!   lattice invariant $P_{t+1} \subseteq P_t \cup \{t\}$, so the new cache is drawn from the
-//!   old one plus token $t$, and everything else is evicted. Its size is $O(f^{-1}(T))$
-//!   (pow2: $\le \lfloor\log_2 T\rfloor + 1$ positions).
-//! - translation-invariant pattern: the last $f(K-1)$ tokens (a ring buffer), what the largest
+//! Token `t` reads past values at its dependency positions `d_k(t)` (outputs `y` when `on`
+//! includes `b`, inputs `x` when it includes `a`). What is kept after token `t`:
+//! - cache-efficient pattern: exactly the lattice positions `P_{t+1} = {d_k(t+1)}`. By the
+//!   lattice invariant `P_{t+1} ⊆ P_t ∪ {t}`, so the new cache is drawn from the
+//!   old one plus token `t`, and everything else is evicted. Its size is `O(f⁻¹(T))`
+//!   (pow2: `≤ ⌊log_2 T⌋ + 1` positions).
+//! - translation-invariant pattern: the last `f(K−1)` tokens (a ring buffer), what the largest
 //!   active offset needs.
 //!
 //! [`Decoder::cache_elems`] counts the scalars held: positions × streams (x and/or y) × B × C.

@@ -1,8 +1,8 @@
-//! The fast form of the GLR: the sparse recurrence (docs/math.md §1.2), $O(T \cdot K)$ per channel.
+//! The fast form of the GLR: the sparse recurrence (docs/math.md §1.2), `O(T · K)` per channel.
 //!
-//! For every batch row and block of channels, tokens run in order and token $t$ reads its
-//! $K(t+1)$ active slots: $y_t = \alpha_t x_t + \sum_k \beta_{t,k}\, y_{d_k(t)}$ (`on = "b"`),
-//! $y_t = \alpha_{t,0} x_t + \sum_k \alpha_{t,k+1}\, x_{d_k(t)}$ (`on = "a"`), or both sums. The
+//! For every batch row and block of channels, tokens run in order and token `t` reads its
+//! `K(t+1)` active slots: `y_t = α_t x_t + Σ_k β_{t,k} y_{d_k(t)}` (`on = "b"`),
+//! `y_t = α_{t,0} x_t + Σ_k α_{t,k+1} x_{d_k(t)}` (`on = "a"`), or both sums. The
 //! state is a `[T, w]` buffer of the block's outputs (row-major), so every inner loop runs
 //! over `w` contiguous channels, as do the rows of `x`, `alpha [B,T,K+1,C]` and
 //! `beta [B,T,K,C]`. Blocks (batch × channel block) run in parallel with rayon.
@@ -130,7 +130,7 @@ pub(crate) fn views<'a, F>(
 }
 
 /// The fast form: `y [B,T,C]` from `x [B,T,C]`, `alpha`, `beta` (shapes per docs/math.md §1.2, with
-/// `K = K(T)`); inactive slots ($f(k) > t$) are never read.
+/// `K = K(T)`); inactive slots (`f(k) > t`) are never read.
 pub fn fast<F: Real>(g: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let xs = get(inputs, "x")?.shape().to_vec();
     if xs.len() != 3 {

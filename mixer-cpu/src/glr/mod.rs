@@ -1,8 +1,8 @@
 //! CPU forms of the generalized linear recurrence (docs/math.md §1.2): `glr` and its aliases.
 //!
-//! - `fast`: the sparse recurrence, $O(T \cdot K)$ per channel ([`fast`]);
-//! - `recurrent`: a token-by-token decoder that keeps the lattice positions $P_t$
-//!   (cache-efficient) or the last $f(K-1)$ tokens (translation-invariant) ([`decoder`]);
+//! - `fast`: the sparse recurrence, `O(T · K)` per channel ([`fast`]);
+//! - `recurrent`: a token-by-token decoder that keeps the lattice positions `P_t`
+//!   (cache-efficient) or the last `f(K−1)` tokens (translation-invariant) ([`decoder`]);
 //! - `materialized`: the generic oracle on [`Glr`]'s `(A, B)`.
 
 pub mod backward;

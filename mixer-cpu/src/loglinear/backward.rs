@@ -1,25 +1,25 @@
 //! The log-linear family's fast backward on CPU (Fenwick mask). Linear attention and
-//! Mamba-2, lifted or not, use the level decomposition below: $O(T \log T)$ per head, never
+//! Mamba-2, lifted or not, use the level decomposition below: `O(T log T)` per head, never
 //! a `T×T` matrix. Gated DeltaNet (lifted or not) goes through reverse mode of its level
 //! recurrence with checkpoints ([`super::backward_gdn`]).
 //!
-//! Every pair $s \le t$ contributes $w_{t,s}\, a_{t,s}\, v_s$ to $y_t$, with
-//! $a_{t,s} = \sigma\,(q_t \cdot k_s)\, e^{G_t - G_s}$ and $w_{t,s} = \lambda_t^{(\ell(t,s))}$ (1 for
-//! the base mixers). With $\bar a_{t,s} = \bar y_t \cdot v_s$ and $P_{t,s} = w\, a\, \bar a$:
-//! $\bar v_s \mathrel{+}= w a \bar y_t$, $\bar q_t \mathrel{+}= w \sigma e^{G_t-G_s} \bar a\, k_s$,
-//! $\bar k_s \mathrel{+}= w \sigma e^{G_t-G_s} \bar a\, q_t$, $\bar\lambda_t^{(\ell)} \mathrel{+}= a \bar a$,
-//! $\bar G_t \mathrel{+}= P$, $\bar G_s \mathrel{-}= P$, and finally $\bar g_r = \sum_{t \ge r} \bar G_t$.
+//! Every pair `s ≤ t` contributes `w_{t,s} a_{t,s} v_s` to `y_t`, with
+//! `a_{t,s} = σ (q_t · k_s) e^(G_t − G_s)` and `w_{t,s} = λ_t^(ℓ(t,s))` (1 for
+//! the base mixers). With `ā_{t,s} = ȳ_t · v_s` and `P_{t,s} = w a ā`:
+//! `v̄_s += w a ȳ_t`, `q̄_t += w σ e^(G_t−G_s) ā k_s`,
+//! `k̄_s += w σ e^(G_t−G_s) ā q_t`, `λ̄_t^(ℓ) += a ā`,
+//! `Ḡ_t += P`, `Ḡ_s −= P`, and finally `ḡ_r = Σ_{t ≥ r} Ḡ_t`.
 //!
 //! The pairs are split by Fenwick level (MATH §2.2, §2.6):
-//! - **inside a chunk** of $C = 2^c$ tokens (levels $\le c$): dense $C \times C$ tiles;
-//! - **level $\ell > c$**: in every block of $2^\ell$ tokens the upper half $U$ reads the lower
-//!   half $L$ through one state $S = \sum_{s \in L} e^{G_{m-1} - G_s} k_s v_s^\top$ ($m$ the first
-//!   position of $U$), weighted by $\lambda^{(\ell)}$. Its adjoint
-//!   $\bar S = \sum_{t \in U} \sigma \lambda_t^{(\ell)} e^{G_t - G_{m-1}} q_t \bar y_t^\top$ gives
-//!   $\bar k_s, \bar v_s$ on $L$, and $S$ gives $\bar q_t, \bar\lambda_t^{(\ell)}$ on $U$ —
-//!   $O(T D_k D_v)$ per level, $\lceil \log_2 T \rceil - c$ levels.
+//! - **inside a chunk** of `C = 2^c` tokens (levels `≤ c`): dense `C × C` tiles;
+//! - **level `ℓ > c`**: in every block of `2^ℓ` tokens the upper half `U` reads the lower
+//!   half `L` through one state `S = Σ_{s ∈ L} e^(G_{m−1} − G_s) k_s v_sᵀ` (`m` the first
+//!   position of `U`), weighted by `λ^(ℓ)`. Its adjoint
+//!   `S̄ = Σ_{t ∈ U} σ λ_t^(ℓ) e^(G_t − G_{m−1}) q_t ȳ_tᵀ` gives
+//!   `k̄_s, v̄_s` on `L`, and `S` gives `q̄_t, λ̄_t^(ℓ)` on `U` —
+//!   `O(T D_k D_v)` per level, `⌈ log_2 T ⌉ − c` levels.
 //!
-//! Exponents are differences of `f64` cumulative sums taken only where they are $\le 0$.
+//! Exponents are differences of `f64` cumulative sums taken only where they are `≤ 0`.
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, Mat, MatRef, Par};
@@ -38,11 +38,11 @@ struct HeadGrads<F> {
     dq: Mat<F>,
     dk: Mat<F>,
     dv: Mat<F>,
-    /// $\bar G_t$ while accumulating, $\bar g_t$ once returned.
+    /// `Ḡ_t` while accumulating, `ḡ_t` once returned.
     dgc: Vec<f64>,
-    /// $\bar\beta_t$ (gated DeltaNet; empty otherwise).
+    /// `β̄_t` (gated DeltaNet; empty otherwise).
     dbeta: Vec<F>,
-    /// $\bar\lambda$ of the weights, `T×L` (empty when not lifted).
+    /// `λ̄` of the weights, `T×L` (empty when not lifted).
     dlam: Mat<F>,
 }
 

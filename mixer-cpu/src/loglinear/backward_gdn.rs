@@ -1,23 +1,23 @@
 //! Gated DeltaNet's fast backward on CPU, lifted (Fenwick) or not: reverse mode through the
-//! level recurrence of MATH §2.5 with checkpoints, $O(T \cdot L \cdot D_k D_v)$ per head
-//! ($L = 1$ for the base mixer), memory $O((T/C + C) \cdot L \cdot D_k D_v)$.
+//! level recurrence of MATH §2.5 with checkpoints, `O(T · L · D_k D_v)` per head
+//! (`L = 1` for the base mixer), memory `O((T/C + C) · L · D_k D_v)`.
 //!
-//! Forward step at token $t$ on the level states $S^{(\ell)} \in \mathbb R^{D_v \times D_k}$:
-//! merge (lifts, $t \ge 1$, $m = \operatorname{ctz} t$: $S^{(m+1)} \mathrel{+}= \sum_{\ell \le m} S^{(\ell)}$,
-//! then $S^{(\ell \le m)} = 0$); transition $S \leftarrow e^{g_t}(S - \beta_t (S k_t) k_t^\top)$ on every
-//! level; insert $S^{(0)} \mathrel{+}= \beta_t v_t k_t^\top$; read
-//! $y_t = \sigma \sum_\ell \lambda_t^{(\ell)} S^{(\ell)} q_t$.
+//! Forward step at token `t` on the level states `S^(ℓ) ∈ ℝ^(D_v × D_k)`:
+//! merge (lifts, `t ≥ 1`, `m = ctz t`: `S^(m+1) += Σ_{ℓ ≤ m} S^(ℓ)`,
+//! then `S^(ℓ ≤ m) = 0`); transition `S ← e^(g_t)(S − β_t (S k_t) k_tᵀ)` on every
+//! level; insert `S^(0) += β_t v_t k_tᵀ`; read
+//! `y_t = σ Σ_ℓ λ_t^(ℓ) S^(ℓ) q_t`.
 //!
-//! Backward step, with $\bar S$ the adjoints of the states after token $t$:
-//! read: $\bar S^{(\ell)} \mathrel{+}= \sigma\lambda^{(\ell)} \bar y_t q_t^\top$,
-//! $\bar\lambda^{(\ell)}_t = \sigma\, \bar y_t \cdot S^{(\ell)} q_t$, $\bar q_t = \sigma \sum_\ell \lambda^{(\ell)} S^{(\ell)\top} \bar y_t$;
-//! insert: $\bar v_t = \beta \bar S^{(0)} k$, $\bar k_t \mathrel{+}= \beta \bar S^{(0)\top} v$, $\bar\beta_t \mathrel{+}= v^\top \bar S^{(0)} k$;
-//! transition (per level, $S$ the merged state, $u = S k$, $D = \bar S$):
-//! $\bar g_t \mathrel{+}= \langle D, S_{\text{new}} \rangle$, $\bar\beta_t \mathrel{-}= e^{g}\, u^\top D k$,
-//! $\bar k_t \mathrel{-}= \beta e^{g} (S^\top D k + D^\top u)$, $\bar S \leftarrow e^{g}(D - \beta (D k) k^\top)$;
-//! merge: the adjoint of level $m+1$ is copied to levels $0..m$.
+//! Backward step, with `S̄` the adjoints of the states after token `t`:
+//! read: `S̄^(ℓ) += σλ^(ℓ) ȳ_t q_tᵀ`,
+//! `λ̄^(ℓ)_t = σ ȳ_t · S^(ℓ) q_t`, `q̄_t = σ Σ_ℓ λ^(ℓ) S^((ℓ)ᵀ) ȳ_t`;
+//! insert: `v̄_t = β S̄^(0) k`, `k̄_t += β S̄^((0)ᵀ) v`, `β̄_t += vᵀ S̄^(0) k`;
+//! transition (per level, `S` the merged state, `u = S k`, `D = S̄`):
+//! `ḡ_t += ⟨ D, S_{new} ⟩`, `β̄_t −= e^g uᵀ D k`,
+//! `k̄_t −= β e^g (Sᵀ D k + Dᵀ u)`, `S̄ ← e^g(D − β (D k) kᵀ)`;
+//! merge: the adjoint of level `m+1` is copied to levels `0..m`.
 //!
-//! The states are saved at every chunk start ($C$ = the config's `chunk`) in a forward
+//! The states are saved at every chunk start (`C` = the config's `chunk`) in a forward
 //! sweep; the backward sweep recomputes each chunk's per-token states from its checkpoint.
 
 use faer::{Mat, MatRef};

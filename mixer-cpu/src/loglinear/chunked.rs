@@ -1,30 +1,30 @@
 //! The chunked form (docs/math.md §2.6): O(T log T) for the lifts, O(T) for the base mixers.
 //!
-//! Chunks of size $C = 2^c$ (the last one may be partial). States are kept as
-//! $H = S^\top \in \mathbb R^{D_k \times D_v}$, so a read is $y_t^\top = q_t^\top H$.
+//! Chunks of size `C = 2^c` (the last one may be partial). States are kept as
+//! `H = Sᵀ ∈ ℝ^(D_k × D_v)`, so a read is `y_tᵀ = q_tᵀ H`.
 //!
-//! **Inside chunk** `i` (positions $i_0 \dots i_0+n-1$), with chunk-local log-decay sums
-//! $\gamma_r = \sum_{r' \le r} g_{i_0+r'}$ (in `f64`) and the masked
-//! $\Gamma_{r,s} = e^{\gamma_r - \gamma_s}$ for $s \le r$ (zero above the diagonal, taken
-//! before exponentiating), $P = \sigma QK^\top \odot \Gamma$:
-//! - linear attention / Mamba-2: intra output $(P \odot M^H) V$; effective queries
-//!   $\tilde Q = \sigma\,\mathrm{diag}(e^{\gamma}) Q$; chunk state
-//!   $\hat K^\top V$ with $\hat K = \mathrm{diag}(e^{\gamma_{n-1}-\gamma})K$; transition
-//!   $H \mapsto e^{\gamma_{n-1}} H$.
-//! - gated DeltaNet (WY/UT form): $T^{-1} = (I + \operatorname{strict}(\mathrm{diag}(\beta)
-//!   (KK^\top \odot \Gamma)))^{-1}$ by a unit-lower triangular solve,
-//!   $W = T^{-1}\mathrm{diag}(\beta e^{\gamma})K$, $\tilde U = T^{-1}\mathrm{diag}(\beta)V$. Then the
-//!   intra output is $(M^H \odot P\,T^{-1}\mathrm{diag}(\beta))V$ (just $P\tilde U$ unlifted),
-//!   $\tilde Q = \sigma\,\mathrm{diag}(e^\gamma)Q - PW$ (a query carried through the chunk's
-//!   transitions), the chunk's own state is $\hat K^\top \tilde U$, and the chunk transition
-//!   $\Phi = e^{\gamma_{n-1}} I - \hat K^\top W$ acts on **every** level's state:
-//!   $H \mapsto e^{\gamma_{n-1}} H - \hat K^\top (W H)$.
+//! **Inside chunk** `i` (positions `i_0 … i_0+n−1`), with chunk-local log-decay sums
+//! `γ_r = Σ_{r' ≤ r} g_{i_0+r'}` (in `f64`) and the masked
+//! `Γ_{r,s} = e^(γ_r − γ_s)` for `s ≤ r` (zero above the diagonal, taken
+//! before exponentiating), `P = σ QKᵀ ⊙ Γ`:
+//! - linear attention / Mamba-2: intra output `(P ⊙ M^H) V`; effective queries
+//!   `Q̃ = σ diag(e^γ) Q`; chunk state
+//!   `K̂ᵀ V` with `K̂ = diag(e^(γ_{n−1}−γ))K`; transition
+//!   `H ↦ e^(γ_{n−1}) H`.
+//! - gated DeltaNet (WY/UT form): `T⁻¹ = (I + strict(diag(β)
+//!  (KKᵀ ⊙ Γ)))⁻¹` by a unit-lower triangular solve,
+//!   `W = T⁻¹diag(β e^γ)K`, `Ũ = T⁻¹diag(β)V`. Then the
+//!   intra output is `(M^H ⊙ P T⁻¹diag(β))V` (just `PŨ` unlifted),
+//!   `Q̃ = σ diag(e^γ)Q − PW` (a query carried through the chunk's
+//!   transitions), the chunk's own state is `K̂ᵀ Ũ`, and the chunk transition
+//!   `Φ = e^(γ_{n−1}) I − K̂ᵀ W` acts on **every** level's state:
+//!   `H ↦ e^(γ_{n−1}) H − K̂ᵀ (W H)`.
 //!
 //! **Between chunks** the chunk-granular Fenwick recurrence of §2.5 runs over chunk
-//! indices: before chunk `i ≥ 1`, with $m = \operatorname{ctz}(i)$, chunk-level states
-//! $0..m$ merge into level $m+1$; then chunk-level state $e \ge 1$ holds exactly the chunks
-//! $j$ with $\operatorname{bitlen}(i \oplus j) = e$, i.e. token level $c + e$, read as
-//! $y_r \mrel{+}= \lambda_{i_0+r}^{(c+e)}\,(\tilde Q H^{(e)})_r$; then every state takes the
+//! indices: before chunk `i ≥ 1`, with `m = ctz(i)`, chunk-level states
+//! `0..m` merge into level `m+1`; then chunk-level state `e ≥ 1` holds exactly the chunks
+//! `j` with `bitlen(i ⊕ j) = e`, i.e. token level `c + e`, read as
+//! `y_r += λ_{i_0+r}^(c+e) (Q̃ H^(e))_r`; then every state takes the
 //! chunk transition and the chunk's own state is inserted at level 0. The base mixers keep
 //! one state (single level, weight 1). Present states are stacked side by side so each read
 //! and each transition is one matmul.
@@ -214,11 +214,11 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
     Ok(y)
 }
 
-/// The masked chunk decay $\Gamma_{r,s} = e^{\gamma_r - \gamma_s}$ for $s \le r$, zero above the
+/// The masked chunk decay `Γ_{r,s} = e^(γ_r − γ_s)` for `s ≤ r`, zero above the
 /// diagonal. Exponents are only taken of masked (non-positive) differences. To save
 /// exponentials, a pair whose column `s` lies in an earlier block of 16 than row `r` is
-/// factored through the block's last index `p` ($s \le p < r$) as
-/// $e^{\gamma_r - \gamma_p}\, e^{\gamma_p - \gamma_s}$: both factors lie in $[0, 1]$, so the
+/// factored through the block's last index `p` (`s ≤ p < r`) as
+/// `e^(γ_r − γ_p) e^(γ_p − γ_s)`: both factors lie in `[0, 1]`, so the
 /// product neither overflows nor loses anything that the direct exponential would keep.
 fn decay_matrix<F: Real>(gam: &[f64]) -> Mat<F> {
     const SUB: usize = 16;

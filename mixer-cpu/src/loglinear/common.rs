@@ -162,10 +162,10 @@ pub fn assemble<F: Real>(s: Sizes, heads: &[Head<'_, F>], ys: Vec<Mat<F>>) -> Ar
     y.into_dyn()
 }
 
-/// Masked decay factors $M^S_{t,s} = e^{G_t - G_s}$ for rows `t ∈ [r0, r1)` and columns
+/// Masked decay factors `M^S_{t,s} = e^(G_t − G_s)` for rows `t ∈ [r0, r1)` and columns
 /// `s ∈ [0, r1)` (zero for `s > t`), as an `(r1−r0) × r1` matrix.
 ///
-/// The exponent $\sum_{r=s+1}^{t} g_r$ is never formed as a difference of global cumulative
+/// The exponent `Σ_{r=s+1}^t g_r` is never formed as a difference of global cumulative
 /// sums: for `s < r0` it is `pre_t + suf_s` with `pre_t = Σ_{r0 ≤ r ≤ t} g_r` and
 /// `suf_s = Σ_{s < r < r0} g_r` (both sums of non-positive terms, no cancellation), and
 /// inside the tile it is a difference of tile-local sums. Exponentials are only taken of
@@ -196,8 +196,8 @@ pub fn decay_tile<F: Real>(g: &[f64], r0: usize, r1: usize) -> Mat<F> {
     })
 }
 
-/// The full masked decay matrix $M^S$ (`T×T`), assembled from [`decay_tile`]s of `tile` rows
-/// so that only $O(T^2/\text{tile} + T \cdot \text{tile})$ exponentials are taken.
+/// The full masked decay matrix `M^S` (`T×T`), assembled from [`decay_tile`]s of `tile` rows
+/// so that only `O(T²/tile + T · tile)` exponentials are taken.
 pub fn decay_matrix_tiled<F: Real>(g: &[f64], tile: usize) -> Mat<F> {
     let t_len = g.len();
     let mut m = Mat::<F>::zeros(t_len, t_len);

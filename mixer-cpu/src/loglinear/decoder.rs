@@ -1,17 +1,17 @@
 //! The recurrent form (docs/math.md §2.5): O(log T) states per head for the lifts, one state for
 //! the base mixers.
 //!
-//! Per (batch, head) the decoder keeps level states $H^{(\ell)} = S^{(\ell)\top} \in
-//! \mathbb R^{D_k \times D_v}$ (only the non-empty ones). At token `t`:
-//! 1. (lifts) if $t \ge 1$, $m = \operatorname{ctz}(t)$: $H^{(m+1)} \leftarrow \sum_{\ell \le m} H^{(\ell)}$,
-//!    levels $0..m$ emptied;
-//! 2. every level takes the transition: Mamba-2 $H \leftarrow e^{g_t} H$; gated DeltaNet
-//!    $H \leftarrow e^{g_t}(I - \beta_t k_t k_t^\top) H$; linear attention nothing;
-//! 3. insert $H^{(0)} \leftarrow k_t v_t^\top$ (gated DeltaNet $\beta_t k_t v_t^\top$; the base
+//! Per (batch, head) the decoder keeps level states `H^(ℓ) = S^((ℓ)ᵀ) ∈
+//! ℝ^(D_k × D_v)` (only the non-empty ones). At token `t`:
+//! 1. (lifts) if `t ≥ 1`, `m = ctz(t)`: `H^(m+1) ← Σ_{ℓ ≤ m} H^(ℓ)`,
+//!    levels `0..m` emptied;
+//! 2. every level takes the transition: Mamba-2 `H ← e^(g_t) H`; gated DeltaNet
+//!    `H ← e^(g_t)(I − β_t k_t k_tᵀ) H`; linear attention nothing;
+//! 3. insert `H^(0) ← k_t v_tᵀ` (gated DeltaNet `β_t k_t v_tᵀ`; the base
 //!    mixers add it to their single state);
-//! 4. read $y_t = \sigma \sum_\ell \lambda_t^{(\ell)} H^{(\ell)\top} q_t$.
+//! 4. read `y_t = σ Σ_ℓ λ_t^(ℓ) H^((ℓ)ᵀ) q_t`.
 //!
-//! A step costs $O(L \cdot D_k D_v)$ with $L \le \lfloor\log_2 t\rfloor + 2$ non-empty levels, and
+//! A step costs `O(L · D_k D_v)` with `L ≤ ⌊log_2 t⌋ + 2` non-empty levels, and
 //! the merge is amortized O(1) states; `cache_elems` counts the scalars in non-empty states.
 
 use mixer_core::fenwick::merge_states;

@@ -1,16 +1,16 @@
 //! The parallel (quadratic) form of the log-linear family.
 //!
 //! - linear attention and Mamba-2 (and their lifts, for any level mask):
-//!   $Y = (\sigma QK^\top \odot M^S \odot M^H) V$ with $M^S_{t,s} = e^{G_t - G_s}$ and
-//!   $M^H_{t,s} = \lambda_t^{(\ell(t,s))}$, computed in row tiles so memory is `O(tile · T)`.
-//! - gated DeltaNet, by its triangular-solve form: with $P = \sigma QK^\top \odot M^S$
+//!   `Y = (σ QKᵀ ⊙ M^S ⊙ M^H) V` with `M^S_{t,s} = e^(G_t − G_s)` and
+//!   `M^H_{t,s} = λ_t^(ℓ(t,s))`, computed in row tiles so memory is `O(tile · T)`.
+//! - gated DeltaNet, by its triangular-solve form: with `P = σ QKᵀ ⊙ M^S`
 //!   (lower, diagonal included) and the unit-lower
-//!   $L = I + \operatorname{strict}(\operatorname{diag}(\beta)(KK^\top \odot M^S))$, the pseudo-values
-//!   $U = L^{-1}\operatorname{diag}(\beta) V$ give $Y = PU$, i.e. $A = P L^{-1}\operatorname{diag}(\beta)$.
-//!   The lift needs $A$ itself, $A^{\text{lift}} = M^H \odot A$: $X = L^{-\top} P^\top$ comes from
-//!   unit-upper triangular solves $L^\top X = P^\top$, one per block of rows `[a, b)` of $P$
-//!   against the leading `b×b` block of $L^\top$ (those rows of $P$ vanish beyond column `b`),
-//!   about $T^3/3$ flops; then $A_{t,s} = \beta_s X_{s,t}$.
+//!   `L = I + strict(diag(β)(KKᵀ ⊙ M^S))`, the pseudo-values
+//!   `U = L⁻¹diag(β) V` give `Y = PU`, i.e. `A = P L⁻¹diag(β)`.
+//!   The lift needs `A` itself, `A^(lift) = M^H ⊙ A`: `X = L^(−ᵀ) Pᵀ` comes from
+//!   unit-upper triangular solves `Lᵀ X = Pᵀ`, one per block of rows `[a, b)` of `P`
+//!   against the leading `b×b` block of `Lᵀ` (those rows of `P` vanish beyond column `b`),
+//!   about `T³/3` flops; then `A_{t,s} = β_s X_{s,t}`.
 
 use faer::linalg::matmul::matmul;
 use faer::linalg::triangular_solve::{
@@ -25,7 +25,7 @@ use super::common::{Head, decay_matrix_tiled, decay_tile};
 /// Rows per tile of the masked product.
 const TILE: usize = 128;
 
-/// Multiplies `p[i, s]` (row `t = r0 + i`) by $\lambda_t^{(\ell(t,s))}$ for `s ≤ t`, column by
+/// Multiplies `p[i, s]` (row `t = r0 + i`) by `λ_t^(ℓ(t,s))` for `s ≤ t`, column by
 /// column (faer matrices are column-major).
 fn apply_levels<F: Real>(m: &LogLinear, hd: &Head<'_, F>, p: &mut Mat<F>, r0: usize) -> Result<()> {
     let (Some(lam), Some(lift)) = (&hd.lam, m.lift) else { return Ok(()) };

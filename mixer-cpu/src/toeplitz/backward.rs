@@ -1,14 +1,14 @@
 //! The Toeplitz mixer's backward pass on CPU (MATH.md §3), by FFT correlation with the
 //! cached plans and kernel spectra of the forward pass ([`super::fft`]).
 //!
-//! With $\bar y$ the output cotangent and $\mathrm{rev}$ the reversal of a length-`T` column,
-//! $$\bar x[s, c] = \sum_i \sum_{j \ge 0} w[i,h,j]\, \bar y[s + j,\, c + \delta_i]
-//!   = \sum_i \big(w_{i,h} * \mathrm{rev}\,\bar y_{c+\delta_i}\big)[T-1-s],$$
-//! $$\bar w[i,h,j] = \sum_{b} \sum_{e} \sum_s x[s, e-\delta_i]\, \bar y[s+j, e]
-//!   = \Big(\sum_{b,e} x_{e-\delta_i} * \mathrm{rev}\,\bar y_e\Big)[T-1-j],$$
+//! With `ȳ` the output cotangent and `rev` the reversal of a length-`T` column,
+//! `x̄[s, c] = Σ_i Σ_{j ≥ 0} w[i,h,j] ȳ[s + j, c + δ_i]
+//!  = Σ_i (w_{i,h} * rev ȳ_{c+δ_i})[T−1−s],`
+//! `w̄[i,h,j] = Σ_b Σ_e Σ_s x[s, e−δ_i] ȳ[s+j, e]
+//!  = (Σ_{b,e} x_{e−δ_i} * rev ȳ_e)[T−1−j],`
 //! (sums over the output channels `e` of head `h` for which shift `i` is valid), and
-//! $\overline{\mathrm{bias}}[h,t] = \sum_b \sum_{e \in h} \bar y[t,e]$. Each convolution is one
-//! product of spectra of size $p \ge 2T-1$, so the pass costs a constant number of FFTs per
+//! `overline(bias)[h,t] = Σ_b Σ_{e ∈ h} ȳ[t,e]`. Each convolution is one
+//! product of spectra of size `p ≥ 2T−1`, so the pass costs a constant number of FFTs per
 //! column, like the forward. Taps and bias entries beyond `T` get gradient 0.
 
 use mixer_core::mixer::{Mixer, downcast};

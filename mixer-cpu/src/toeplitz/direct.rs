@@ -22,7 +22,7 @@ pub fn conv_accumulate<F: Real>(w: &[F], x: &[F], y: &mut [F]) {
 }
 
 /// The `parallel` form on channel-major columns (`b·C + c`); returns the output columns in
-/// the same order: $y_e = \mathrm{bias}_{h} + \sum_i w_{i,h} * x_{e-\delta_i}$ (causal, truncated
+/// the same order: `y_e = bias_h + Σ_i w_{i,h} * x_{e−δ_i}` (causal, truncated
 /// to `T`). Parallel over batch × channel.
 pub fn direct<F: Real>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Columns<F> {
     let (t, c, d) = (p.seq, p.channels, p.head_dim);

@@ -3,8 +3,8 @@
 //!
 //! **Fast form.** With `p` the smallest 7-smooth size `≥ 2T−1` (so the circular convolution
 //! of two length-`T` signals has no wrap-around in its first `T` outputs):
-//! $y = \mathrm{irfft}_p\big(\sum_i \hat w_{i,h} \odot \mathrm{rfft}_p(x_{e-\delta_i})\big)[0..T] + \mathrm{bias}$,
-//! where the kernel spectra $\hat w$ already carry the single normalisation `1/p` (realfft's
+//! `y = irfft_p(Σ_i ŵ_{i,h} ⊙ rfft_p(x_{e−δ_i}))[0..T] + bias`,
+//! where the kernel spectra `ŵ` already carry the single normalisation `1/p` (realfft's
 //! transforms are unnormalised both ways).
 //!
 //! **Caches.**

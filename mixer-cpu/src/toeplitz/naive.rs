@@ -1,5 +1,5 @@
 //! The naive Toeplitz decoder (as in the paper): keep the whole input history and compute
-//! $y_t = \mathrm{bias}_h[t] + \sum_i \sum_{s\le t} w_{i,h}[t-s]\, x_s$ directly — `O(t)` work
+//! `y_t = bias_h[t] + Σ_i Σ_{s≤ t} w_{i,h}[t−s] x_s` directly — `O(t)` work
 //! per token and channel, `O(T²)` for a sequence.
 
 use mixer_core::mixer::Decoder;
@@ -9,7 +9,7 @@ use ndarray::ArrayD;
 
 use super::decoder::History;
 
-/// $\sum_{s<n} w[n-1-s]\, x[s]$ for `n = w.len() ≤ x.len()`, with four independent
+/// `Σ_{s<n} w[n−1−s] x[s]` for `n = w.len() ≤ x.len()`, with four independent
 /// accumulators (so the loop vectorises; the naive baseline should not be slow for
 /// avoidable reasons).
 pub fn dot_rev<F: Real>(w: &[F], x: &[F]) -> F {

@@ -1,14 +1,14 @@
 //! The online (relaxed) FFT decoder: each token after `O(log² t)` amortised work.
 //!
-//! Per output channel the decoder must produce $y_t = \sum_{s\le t} w[t-s]\,x_s$ knowing only
-//! $x_0..x_t$. Split the pairs `(s, t')`, `s < t'`, by the highest bit `j` in which `s` and `t'`
+//! Per output channel the decoder must produce `y_t = Σ_{s≤ t} w[t−s] x_s` knowing only
+//! `x_0..x_t`. Split the pairs `(s, t')`, `s < t'`, by the highest bit `j` in which `s` and `t'`
 //! differ: then `s` lies in an even block and `t'` in the next (odd) block of the aligned
-//! blocks of length $k = 2^j$. Every pair falls in exactly one such tile, and the tile with
+//! blocks of length `k = 2^j`. Every pair falls in exactly one such tile, and the tile with
 //! input block `[n−k, n)` (`n` an odd multiple of `k`, i.e. `k` = the lowest set bit of `n`)
 //! can be computed as soon as `n` tokens are known. So after consuming token `n−1` the decoder
 //! adds, for every `t' ∈ [n, n+k)`,
 //!
-//! $$\mathrm{pending}[t'] \mathrel{+}= \sum_{s=n-k}^{n-1} w[t'-s]\,x_s \qquad (1 \le t'-s \le 2k-1)$$
+//! `pending[t'] += Σ_{s=n−k}^(n−1) w[t'−s] x_s (1 ≤ t'−s ≤ 2k−1)`
 //!
 //! — a convolution of the block with `w[0..2k)` of which the outputs `k..2k` are needed;
 //! a circular convolution of size `2k` does not alias there (the linear one ends at `3k−2`),

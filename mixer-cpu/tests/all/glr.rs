@@ -15,7 +15,7 @@ use mixer_registry::{PATTERNS, PatternEntry, mixer, register};
 use ndarray::ArrayD;
 use serde_json::json;
 
-/// A plugin-style pattern registered from this test: $f(k) = \binom{k+1}{2} + 1$ = 1, 2, 4, 7, 11, …
+/// A plugin-style pattern registered from this test: `f(k) = C(k+1, 2) + 1` = 1, 2, 4, 7, 11, …
 fn tri1(k: usize) -> u64 {
     let k = k as u64;
     k.saturating_mul(k + 1) / 2 + 1

@@ -1,7 +1,7 @@
 //! Attention decoder with a device-resident KV cache: a ring buffer of
-//! $\min(T, w)$ rows `[cap, B, H, D]` (the last $w$ keys and values for local attention, all of
-//! them otherwise). Step $t$ copies $k_t, v_t$ into row $t \bmod \text{cap}$ and computes
-//! $y_t = \mathrm{softmax}(\text{scale}\cdot K q_t)^\top V$ over the $\min(t+1, \text{cap})$ filled rows.
+//! `min(T, w)` rows `[cap, B, H, D]` (the last `w` keys and values for local attention, all of
+//! them otherwise). Step `t` copies `k_t, v_t` into row `t mod cap` and computes
+//! `y_t = softmax(scale· K q_t)ᵀ V` over the `min(t+1, cap)` filled rows.
 
 use cudarc::driver::{CudaSlice, LaunchConfig};
 use mixer_core::mixer::{Decoder, check_decoder_capacity};

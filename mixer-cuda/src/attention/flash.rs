@@ -1,7 +1,7 @@
-//! The tiled online-softmax forward. Per query $t$ and key tile $S$:
-//! $m' = \max(m, \max_{s \in S} z_{ts})$, $l \leftarrow l\,e^{m-m'} + \sum_{s\in S} e^{z_{ts}-m'}$,
-//! $a \leftarrow a\,e^{m-m'} + \sum_{s \in S} e^{z_{ts}-m'} v_s$; finally $y_t = a / l$, with
-//! $z_{ts} = \text{scale}\cdot q_t\cdot k_s$ over unmasked $s$ only.
+//! The tiled online-softmax forward. Per query `t` and key tile `S`:
+//! `m' = max(m, max_{s ∈ S} z_{ts})`, `l ← l e^(m−m') + Σ_{s∈ S} e^(z_{ts}−m')`,
+//! `a ← a e^(m−m') + Σ_{s ∈ S} e^(z_{ts}−m') v_s`; finally `y_t = a / l`, with
+//! `z_{ts} = scale· q_t· k_s` over unmasked `s` only.
 
 use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::attention::Attention;

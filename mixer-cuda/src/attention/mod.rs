@@ -1,12 +1,12 @@
 //! Softmax attention and local attention on CUDA (docs/math.md §1.3):
-//! $y_t = \sum_{s \le t,\ t-s < w} \mathrm{softmax}_s(\text{scale}\cdot q_t \cdot k_s)\, v_s$.
+//! `y_t = Σ_{s ≤ t, t−s < w} softmax_s(scale· q_t · k_s) v_s`.
 //!
 //! - `fast`: a tiled online-softmax forward ([`flash`]): one block per (query tile, batch·head),
 //!   key/value tiles staged in shared memory, a running maximum and normalizer per query,
-//!   causal and window masks applied before exponentiating. $O(T^2)$ work (or $O(T w)$ with a
-//!   window), $O(T)$ memory.
+//!   causal and window masks applied before exponentiating. `O(T²)` work (or `O(T w)` with a
+//!   window), `O(T)` memory.
 //! - `recurrent`: a decoder with the KV cache **on the device** ([`decoder`]), a ring buffer of
-//!   $\min(T, w)$ positions; each step appends $k_t, v_t$ and runs one block per (batch, head).
+//!   `min(T, w)` positions; each step appends `k_t, v_t` and runs one block per (batch, head).
 
 pub mod decoder;
 pub mod flash;

@@ -1,7 +1,7 @@
-//! GLR decoder on the GPU. After token $t$ the device cache holds $x$ and/or $y$ (as `on`
-//! needs) at exactly the positions later tokens read: the lattice's $P_{t+1}$ for
-//! cache-efficient patterns ($\le \log_2 T + 1$ positions for pow2), the window
-//! $[t + 1 - f(K-1), t]$ otherwise. Slots are assigned on the host; each step is one kernel
+//! GLR decoder on the GPU. After token `t` the device cache holds `x` and/or `y` (as `on`
+//! needs) at exactly the positions later tokens read: the lattice's `P_{t+1}` for
+//! cache-efficient patterns (`≤ log_2 T + 1` positions for pow2), the window
+//! `[t + 1 − f(K−1), t]` otherwise. Slots are assigned on the host; each step is one kernel
 //! launch, one thread per (batch, channel).
 
 use std::collections::{BTreeSet, HashMap};

@@ -1,4 +1,4 @@
-//! The sparse recurrence: one thread per (batch, channel), sequential over $t$, reading the
+//! The sparse recurrence: one thread per (batch, channel), sequential over `t`, reading the
 //! pattern's positions from the host-computed (offset, stride) table.
 
 use mixer_core::mixers::glr::Glr;
@@ -10,8 +10,8 @@ use crate::kernels;
 use crate::runtime::{GpuReal, check_elems, err, gpu, grid1, int, launch};
 use mixer_core::tensor::get;
 
-/// The pattern table the kernel takes for length `t_len`: [`Glr::slots`]'s offsets $f(k)$
-/// and strides $a_k$ for $k < K(T)$, as `i64`.
+/// The pattern table the kernel takes for length `t_len`: [`Glr::slots`]'s offsets `f(k)`
+/// and strides `a_k` for `k < K(T)`, as `i64`.
 pub(crate) fn table(glr: &Glr, t_len: usize) -> Result<(Vec<i64>, Vec<i64>)> {
     let slots = glr.slots(t_len);
     let conv = |v: usize| i64::try_from(v).map_err(|_| err(FAMILY, format!("pattern value {v} exceeds i64")));

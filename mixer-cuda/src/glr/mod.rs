@@ -1,14 +1,14 @@
 //! Generalized linear recurrence on CUDA (docs/math.md §1.2), for any offset pattern, on `b`,
 //! `a` or `both`, translation-invariant or cache-efficient:
-//! $y_t = \alpha_{t,0} x_t + \sum_{k: f(k) \le t} \big(\alpha_{t,k+1} x_{d_k(t)} + \beta_{t,k} y_{d_k(t)}\big)$.
+//! `y_t = α_{t,0} x_t + Σ_{k: f(k) ≤ t} (α_{t,k+1} x_{d_k(t)} + β_{t,k} y_{d_k(t)})`.
 //!
-//! The pattern reaches the GPU as the table of [`mixer_core::pattern::Slots`] (offsets $f(k)$
-//! and lattice strides $a_k$, $k < K(T)$), computed on the host by the same code as every other
+//! The pattern reaches the GPU as the table of [`mixer_core::pattern::Slots`] (offsets `f(k)`
+//! and lattice strides `a_k`, `k < K(T)`), computed on the host by the same code as every other
 //! form, so a plugin pattern works with no kernel of its own.
-//! - `fast`: the sparse recurrence, one thread per (batch, channel), sequential over $t$
-//!   ([`fast`]); $O(T \cdot K)$ work per thread.
+//! - `fast`: the sparse recurrence, one thread per (batch, channel), sequential over `t`
+//!   ([`fast`]); `O(T · K)` work per thread.
 //! - `recurrent`: a decoder whose cache holds exactly the positions later tokens read
-//!   (the lattice's $P_{t+1}$, or the last $f(K-1)$ outputs for translation-invariant
+//!   (the lattice's `P_{t+1}`, or the last `f(K−1)` outputs for translation-invariant
 //!   patterns), on the device; slots are assigned on the host ([`decoder`]).
 
 pub mod decoder;

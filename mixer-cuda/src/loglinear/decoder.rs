@@ -1,17 +1,17 @@
 //! The recurrent form with the Fenwick mask (docs/math.md §2.5) on the GPU: per (batch, head) the
-//! device holds level states $S^{(\ell)} \in \mathbb R^{D_v \times D_k}$. At token `t` one kernel
+//! device holds level states `S^(ℓ) ∈ ℝ^(D_v × D_k)`. At token `t` one kernel
 //! launch (`ll_step_*`, a block per (b, h)) does:
-//! 1. (lifts) if $t \ge 1$, $m = \operatorname{ctz}(t)$: $S^{(m+1)} \leftarrow \sum_{\ell \le m} S^{(\ell)}$,
-//!    levels $0..m$ emptied;
-//! 2. every non-empty level takes the transition: Mamba-2 $S \leftarrow e^{g_t} S$, gated DeltaNet
-//!    $S \leftarrow e^{g_t} S (I - \beta_t k_t k_t^\top)$, linear attention none;
-//! 3. insert $S^{(0)} \mathrel{+}= \beta_t v_t k_t^\top$ ($\beta = 1$ except gated DeltaNet; level 0 is
+//! 1. (lifts) if `t ≥ 1`, `m = ctz(t)`: `S^(m+1) ← Σ_{ℓ ≤ m} S^(ℓ)`,
+//!    levels `0..m` emptied;
+//! 2. every non-empty level takes the transition: Mamba-2 `S ← e^(g_t) S`, gated DeltaNet
+//!    `S ← e^(g_t) S (I − β_t k_t k_tᵀ)`, linear attention none;
+//! 3. insert `S^(0) += β_t v_t k_tᵀ` (`β = 1` except gated DeltaNet; level 0 is
 //!    empty for the lifts after the merge, the base mixers keep one accumulating state);
-//! 4. read $y_t = \sigma \sum_\ell \lambda_t^{(\ell)} S^{(\ell)} q_t$ (weight 1 for the base mixers).
+//! 4. read `y_t = σ Σ_ℓ λ_t^(ℓ) S^(ℓ) q_t` (weight 1 for the base mixers).
 //!
-//! After token $t$ the non-empty levels are 0 and every $\ell \ge 1$ with bit $\ell - 1$ of $t$ set,
-//! i.e. $1 + \mathrm{popcount}(t)$ states; `cache_elems` counts those ($\times D_v D_k B H$). The
-//! device buffer has one slot per λ level ($L \ge L(T)$); a token needing a level beyond it is an
+//! After token `t` the non-empty levels are 0 and every `ℓ ≥ 1` with bit `ℓ − 1` of `t` set,
+//! i.e. `1 + popcount(t)` states; `cache_elems` counts those (`× D_v D_k B H`). The
+//! device buffer has one slot per λ level (`L ≥ L(T)`); a token needing a level beyond it is an
 //! error. Per token the host uploads one packed buffer (q, k, v, g, β, mapped λ of that token)
 //! and downloads `y_t` (`B·H·Dv` values).
 

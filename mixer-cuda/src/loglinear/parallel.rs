@@ -1,7 +1,7 @@
-//! The generic quadratic form: one thread per (batch, token, head) sweeps $s = t, t-1, \dots, 0$
-//! carrying $u_s = \Phi_{s+1..t}\, q_t$ (docs/math.md §2.1) and accumulates
-//! $y_t = \sum_{s \le t} \sigma\, \beta_s\, (k_s \cdot u_s)\, \lambda_t^{(\ell(t,s))}\, v_s$, with $\ell$ and
-//! $\lambda = \mathrm{map}(\text{raw}, 1)$ from the spliced device functions. $O(T^2 (D_k + D_v))$ work.
+//! The generic quadratic form: one thread per (batch, token, head) sweeps `s = t, t−1, …, 0`
+//! carrying `u_s = Φ_{s+1..t} q_t` (docs/math.md §2.1) and accumulates
+//! `y_t = Σ_{s ≤ t} σ β_s (k_s · u_s) λ_t^(ℓ(t,s)) v_s`, with `ℓ` and
+//! `λ = map(raw, 1)` from the spliced device functions. `O(T² (D_k + D_v))` work.
 
 use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::loglinear::{Base, LogLinear};

@@ -1,7 +1,7 @@
 //! Naive decoder on the GPU: the input history `x_0..x_t` stays on the device
-//! (`[T, B, C]`), and token $t$ costs $O(t)$ per channel:
-//! $y_{t,e} = \sum_i \sum_{s \le t} w[i,h(e),t-s]\, x_s[e+i-(K_w-1)] + \text{bias}[h(e),t]$.
-//! Its cache is the whole history ($t \cdot B \cdot C$ elements after $t$ tokens).
+//! (`[T, B, C]`), and token `t` costs `O(t)` per channel:
+//! `y_{t,e} = Σ_i Σ_{s ≤ t} w[i,h(e),t−s] x_s[e+i−(K_w−1)] + bias[h(e),t]`.
+//! Its cache is the whole history (`t · B · C` elements after `t` tokens).
 
 use cudarc::driver::CudaSlice;
 use mixer_core::mixer::{Decoder, check_decoder_capacity};

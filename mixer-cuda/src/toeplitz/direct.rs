@@ -1,5 +1,5 @@
-//! The direct form: $y_{t,e} = \sum_i \sum_{s \le t} w[i,h(e),t-s]\, x[s, e+i-(K_w-1)] + \text{bias}[h(e),t]$,
-//! one thread per output element, $O(T)$ work each.
+//! The direct form: `y_{t,e} = Σ_i Σ_{s ≤ t} w[i,h(e),t−s] x[s, e+i−(K_w−1)] + bias[h(e),t]`,
+//! one thread per output element, `O(T)` work each.
 
 use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::{Result, Tensors};

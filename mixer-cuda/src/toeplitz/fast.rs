@@ -1,5 +1,5 @@
-//! The FFT form: $y = \mathcal{F}^{-1}\big(\sum_i \hat w_{i,h(e)} \cdot \hat x_{e+i-(K_w-1)}\big)[0..T) / p + \text{bias}$,
-//! with zero-padded transforms of a fast size $p \ge 2T - 1$ (no circular wrap-around).
+//! The FFT form: `y = F⁻¹(Σ_i ŵ_{i,h(e)} · x̂_{e+i−(K_w−1)})[0..T) / p + bias`,
+//! with zero-padded transforms of a fast size `p ≥ 2T − 1` (no circular wrap-around).
 
 use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::{Result, Tensors};

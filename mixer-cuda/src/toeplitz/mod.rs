@@ -1,12 +1,12 @@
 //! Toeplitz mixer on CUDA (docs/math.md §3):
-//! $y_{t,e} = \sum_{i<K_w} \sum_{s \le t} w[i, h(e), t-s]\, x[s, e+i-(K_w-1)] + \text{bias}[h(e), t]$.
+//! `y_{t,e} = Σ_{i<K_w} Σ_{s ≤ t} w[i, h(e), t−s] x[s, e+i−(K_w−1)] + bias[h(e), t]`.
 //!
 //! - `fast`: batched real FFTs through cuFFT (plans cached): pack `x` and `w` into zero-padded
-//!   rows of a fast size $p \ge 2T-1$, R2C, multiply-accumulate the spectra over the kernel
-//!   taps, C2R, keep the first $T$ outputs and normalize once by $1/p$ ([`fast`]). The kernel
+//!   rows of a fast size `p ≥ 2T−1`, R2C, multiply-accumulate the spectra over the kernel
+//!   taps, C2R, keep the first `T` outputs and normalize once by `1/p` ([`fast`]). The kernel
 //!   spectra are recomputed per call (they are cheap next to the inputs' transforms).
-//! - `parallel`: the direct $O(T^2)$ sum, one thread per output element ([`direct`]).
-//! - `recurrent`: a naive decoder, $O(t)$ work per token over the full input history kept on
+//! - `parallel`: the direct `O(T²)` sum, one thread per output element ([`direct`]).
+//! - `recurrent`: a naive decoder, `O(t)` work per token over the full input history kept on
 //!   the device ([`decoder`]), for `decoder: "naive"`. The CPU's online (relaxed) FFT decoder
 //!   is not ported: for `decoder: "online"` (the default) the recurrent form is unavailable on
 //!   this backend, with that reason.

@@ -16,7 +16,7 @@ use crate::timing::fit_exponent;
 pub const NOMINAL_EXPONENT: f64 = 2.0;
 
 /// Predicted seconds of one run at `seq`, and the exponent used, from a series' measured
-/// `(T, median seconds)`: $t_{last} (T / T_{last})^b$ with $b$ fitted over the series (at least
+/// `(T, median seconds)`: `t_{last} (T / T_{last})^b` with `b` fitted over the series (at least
 /// 1) when it has two or more points, else [`NOMINAL_EXPONENT`]. `None` before any point.
 pub fn predict(measured: &[(usize, f64)], seq: usize) -> Option<(f64, f64)> {
     let &(t_last, s_last) = measured.iter().max_by_key(|p| p.0)?;
