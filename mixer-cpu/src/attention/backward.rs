@@ -12,7 +12,7 @@
 
 use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::mixers::attention::Attention;
-use mixer_core::{Error, Form, Real, Requires, Result, Tensors, grad_name};
+use mixer_core::{Form, Real, Requires, Result, Tensors, grad_name};
 use mixer_registry::{BackwardEntry, every_config, register};
 use ndarray::{Array2, Array3, Array4, ArrayD, ArrayView2, s};
 use rayon::prelude::*;
@@ -63,14 +63,7 @@ pub fn vjp<F: crate::vmath::VecMath>(
     dy: &ArrayD<F>,
     req: &Requires,
 ) -> Result<Tensors<F>> {
-    if form != Form::Fast {
-        return Err(Error::FormUnavailable {
-            mixer: m.name().into(),
-            form: format!("{form} (backward)"),
-            backend: "cpu".into(),
-            available: "materialized, fast".into(),
-        });
-    }
+    crate::fast_backward_only(m, form)?;
     let a = downcast::<Attention>(m, "cpu")?;
     let (q, k, v) = (heads_major(inputs, "q")?, heads_major(inputs, "k")?, heads_major(inputs, "v")?);
     let g = heads_major(&std::iter::once(("dy".to_string(), dy.clone())).collect(), "dy")?;

@@ -94,14 +94,7 @@ pub fn vjp<F: Real>(
     dy: &ArrayD<F>,
     _req: &Requires,
 ) -> Result<Tensors<F>> {
-    if form != Form::Fast {
-        return Err(Error::FormUnavailable {
-            mixer: m.name().into(),
-            form: format!("{form} (backward)"),
-            backend: "cpu".into(),
-            available: "materialized, fast".into(),
-        });
-    }
+    crate::fast_backward_only(m, form)?;
     let g = downcast::<Glr>(m, "cpu")?;
     let xs = get(inputs, "x")?.shape().to_vec();
     let slots = g.slots(xs.get(1).copied().unwrap_or(0));

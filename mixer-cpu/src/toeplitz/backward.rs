@@ -39,14 +39,7 @@ pub fn vjp<F: FftReal>(
     dy: &ArrayD<F>,
     req: &Requires,
 ) -> Result<Tensors<F>> {
-    if form != Form::Fast {
-        return Err(Error::FormUnavailable {
-            mixer: m.name().into(),
-            form: format!("{form} (backward)"),
-            backend: "cpu".into(),
-            available: "materialized, fast".into(),
-        });
-    }
+    crate::fast_backward_only(m, form)?;
     let tm = downcast::<Toeplitz>(m, "cpu")?;
     let p = tm.prepare(inputs)?;
     let (t, c, d, nb) = (p.seq, p.channels, p.head_dim, p.batch);
