@@ -23,13 +23,7 @@ use realfft::num_complex::Complex;
 use mixer_core::mixers::toeplitz::fast_size;
 
 use super::columns::{Columns, columns, from_columns};
-use super::fast::{Buffers, FftReal, plans, tap_spectra};
-
-/// `a [B,T,C]` as one `Vec` per channel-major column (`b·C + c`).
-fn column_vecs<F: FftReal>(a: &ArrayD<F>) -> Vec<Vec<F>> {
-    let cols = columns(a);
-    cols.data.chunks(cols.len.max(1)).map(|c| c.to_vec()).collect()
-}
+use super::fast::{Buffers, FftReal, column_spectra, plans, tap_spectra};
 
 /// The `fast` backward (see the module documentation).
 pub fn vjp<F: FftReal>(
@@ -68,23 +62,9 @@ pub fn vjp<F: FftReal>(
     }
     let pl = plans::<F>(fast_size(2 * t - 1));
     // Spectra of the reversed cotangent columns, one per (b, e).
-    let gcols: Vec<Vec<F>> = column_vecs(dy)
-        .into_iter()
-        .map(|mut v| {
-            v.reverse();
-            v
-        })
-        .collect();
-    let g_hat: Vec<Vec<Complex<F>>> = gcols
-        .par_iter()
-        .map_init(
-            || Buffers::new(&pl),
-            |buf, col| {
-                buf.forward(&pl, col)?;
-                Ok(buf.spec.clone())
-            },
-        )
-        .collect::<Result<_>>()?;
+    let mut gcols = columns(dy);
+    gcols.data.chunks_mut(t).for_each(|col| col.reverse());
+    let g_hat = column_spectra(&gcols, &pl)?;
     if req.wants("x") {
         let w_hat = tap_spectra(&p.taps, p.kernel_width * p.heads, t, &pl)?;
         let cols: Vec<Vec<F>> = (0..nb * c)
@@ -115,16 +95,7 @@ pub fn vjp<F: FftReal>(
         dx = from_columns(&Columns { data: cols.concat(), len: t }, nb, c);
     }
     if req.wants("w") {
-        let x_hat: Vec<Vec<Complex<F>>> = column_vecs(get(inputs, "x")?)
-            .par_iter()
-            .map_init(
-                || Buffers::new(&pl),
-                |buf, col| {
-                    buf.forward(&pl, col)?;
-                    Ok(buf.spec.clone())
-                },
-            )
-            .collect::<Result<_>>()?;
+        let x_hat = column_spectra(&columns(get(inputs, "x")?), &pl)?;
         let scale = F::one() / F::of(pl.len() as f64);
         let rows: Vec<Vec<F>> = (0..p.kernel_width * p.heads)
             .into_par_iter()

@@ -202,6 +202,20 @@ pub fn cached_spectra<F: FftReal>() -> usize {
     F::state().spectra.lock().unwrap_or_else(PoisonError::into_inner).len()
 }
 
+/// `rfft_p` of every column of `x` (zero-padded to `p`, unnormalised), in column order.
+pub fn column_spectra<F: FftReal>(x: &Columns<F>, pl: &Plans<F>) -> Result<Vec<Vec<Complex<F>>>> {
+    x.data
+        .par_chunks(x.len.max(1))
+        .map_init(
+            || Buffers::new(pl),
+            |buf, col| {
+                buf.forward(pl, col)?;
+                Ok(buf.spec.clone())
+            },
+        )
+        .collect()
+}
+
 /// The `fast` form on channel-major columns (`b·C + c`, each of length `T`); returns the
 /// output columns in the same order. Parallel over batch × channel.
 ///
@@ -242,16 +256,7 @@ pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Result
             )
             .map(|()| out);
     }
-    let x_hat: Vec<Vec<Complex<F>>> = (0..p.batch * c)
-        .into_par_iter()
-        .map_init(
-            || Buffers::new(&pl),
-            |buf, idx| {
-                buf.forward(&pl, x.col(idx))?;
-                Ok(buf.spec.clone())
-            },
-        )
-        .collect::<Result<_>>()?;
+    let x_hat = column_spectra(x, &pl)?;
     out.data
         .par_chunks_mut(t)
         .enumerate()
