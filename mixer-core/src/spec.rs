@@ -45,7 +45,8 @@ pub enum Constraint {
 }
 
 impl Constraint {
-    fn describe(self) -> &'static str {
+    /// What the constraint requires, for messages.
+    pub fn describe(self) -> &'static str {
         match self {
             Constraint::Finite => "values must be finite",
             Constraint::NonPositive => "log-decay must be ≤ 0 and finite",

@@ -13,10 +13,14 @@
 // Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]; g, beta [B,T,H]; lambda [B,T,H,L].
 // err: set to 1 when the mask gives a level outside [0, L), 2 when λ maps to a non-finite or
 // negative weight.
+//
+// ll_map_lambda maps raw λ [.., H, L] to weights with the scheme's device function and the
+// parameter lambda_param [H, L] (1 when absent), for the Fenwick-structured forms; its flag
+// ends as n − i for the first raw value i mapped to a non-finite or negative weight.
 
 template <typename T>
 __device__ void ll_quadratic(const T* q, const T* k, const T* v, const T* g, const T* beta, const T* lam, T* y,
-                             int* err, int B, int Tn, int H, int Dk, int Dv, int L, int base, int lifted,
+                             long long* err, int B, int Tn, int H, int Dk, int Dv, int L, int base, int lifted,
                              double scale) {
     extern __shared__ unsigned char smem_raw[];
     T* u = reinterpret_cast<T*>(smem_raw) + (long long)threadIdx.x * (Dk + Dv);
@@ -38,12 +42,12 @@ __device__ void ll_quadratic(const T* q, const T* k, const T* v, const T* g, con
         if (lifted) {
             const int l = mixers_level((long long)t, (long long)s);
             if (l < 0 || l >= L) {
-                atomicExch(err, 1);
+                atomicExch((unsigned long long*)err, 1ULL);
                 return;
             }
             const double lw = mixers_lambda((double)lam[i * L + l], 1.0);
             if (!(isfinite(lw) && lw >= 0.0)) {
-                atomicExch(err, 2);
+                atomicExch((unsigned long long*)err, 2ULL);
                 return;
             }
             w *= (T)lw;
@@ -63,11 +67,27 @@ __device__ void ll_quadratic(const T* q, const T* k, const T* v, const T* g, con
     for (int d = 0; d < Dv; ++d) y[i * Dv + d] = acc[d];
 }
 
+template <typename T>
+__device__ void ll_map_lambda(const T* raw, const T* param, int has_param, T* out, long long n, int H, int L,
+                              long long* flag) {
+    for (long long i = gtid(); i < n; i += (long long)gridDim.x * blockDim.x) {
+        const int l = (int)(i % L), h = (int)((i / L) % H);
+        const double p = has_param ? (double)param[h * L + l] : 1.0;
+        const double w = mixers_lambda((double)raw[i], p);
+        if (!(isfinite(w) && w >= 0.0)) atomicMax((unsigned long long*)flag, (unsigned long long)(n - i));
+        out[i] = (T)w;
+    }
+}
+
 #define LL_EXPORT(T, S)                                                                                          \
     extern "C" __global__ void ll_quadratic_##S(const T* q, const T* k, const T* v, const T* g, const T* beta,   \
-                                                const T* lam, T* y, int* err, int B, int Tn, int H, int Dk,      \
+                                                const T* lam, T* y, long long* err, int B, int Tn, int H, int Dk,      \
                                                 int Dv, int L, int base, int lifted, double scale) {             \
         ll_quadratic<T>(q, k, v, g, beta, lam, y, err, B, Tn, H, Dk, Dv, L, base, lifted, scale);               \
+    }                                                                                                            \
+    extern "C" __global__ void ll_map_lambda_##S(const T* raw, const T* param, int has_param, T* out,            \
+                                                 long long n, int H, int L, long long* flag) {                   \
+        ll_map_lambda<T>(raw, param, has_param, out, n, H, L, flag);                                             \
     }
 
 LL_EXPORT(float, f32)

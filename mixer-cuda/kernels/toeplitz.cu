@@ -1,6 +1,7 @@
 // Toeplitz mixer (docs/math.md §3): y[t,e] = Σ_i Σ_{s≤t} w[i,h(e),t−s] · x[s, e+i−(Kw−1)] + bias[h(e),t],
 // where head h(e) = e / (C/H) and a channel index outside the head's range contributes 0.
-// Layouts: x, y [B,T,C]; w [Kw,H,T]; bias [H,T].
+// Layouts: x, y [B,T,C]; w [Kw,H,Lw]; bias [H,Lb], with rows of Lw, Lb ≥ T entries of which the
+// first T are read (longer kernels are truncated to T).
 
 // Source channel of tap i for output channel e, or −1 outside e's head.
 __device__ inline int tz_src(int e, int i, int Kw, int CH) {
@@ -21,14 +22,14 @@ __device__ void tz_pack_x(const T* x, T* X, int B, int Tn, int C, int p) {
     X[i] = t < Tn ? x[((long long)b * Tn + t) * C + c] : (T)0;
 }
 
-// w [R,T] → W [R,p], zero-padded rows.
+// w [R,Lw] → W [R,p]: the first T taps of each row, zero-padded.
 template <typename T>
-__device__ void tz_pack_w(const T* w, T* W, int R, int Tn, int p) {
+__device__ void tz_pack_w(const T* w, T* W, int R, int Tn, int Lw, int p) {
     long long i = gtid();
     if (i >= (long long)R * p) return;
     int t = (int)(i % p);
     long long r = i / p;
-    W[i] = t < Tn ? w[r * Tn + t] : (T)0;
+    W[i] = t < Tn ? w[r * Lw + t] : (T)0;
 }
 
 // Spectra: Yh[b,e,f] = Σ_i Wh[i,h(e),f] · Xh[b, src(e,i), f].
@@ -55,7 +56,8 @@ __device__ void tz_mul(const Cplx<T>* Xh, const Cplx<T>* Wh, Cplx<T>* Yh, int B,
 
 // Yr [B·C, p] (unnormalized inverse) → y [B,T,C] = Yr/p + bias.
 template <typename T>
-__device__ void tz_unpack(const T* Yr, const T* bias, int has_bias, T* y, int B, int Tn, int C, int H, int p) {
+__device__ void tz_unpack(const T* Yr, const T* bias, int has_bias, T* y, int B, int Tn, int C, int H, int p,
+                          int Lb) {
     long long i = gtid();
     if (i >= (long long)B * Tn * C) return;
     int e = (int)(i % C);
@@ -63,14 +65,14 @@ __device__ void tz_unpack(const T* Yr, const T* bias, int has_bias, T* y, int B,
     int t = (int)(bt % Tn), b = (int)(bt / Tn);
     int h = e / (C / H);
     T v = Yr[((long long)b * C + e) * p + t] / (T)p;
-    if (has_bias) v += bias[(long long)h * Tn + t];
+    if (has_bias) v += bias[(long long)h * Lb + t];
     y[i] = v;
 }
 
 // Direct O(T²) form: one thread per (b, t, e).
 template <typename T>
 __device__ void tz_direct(const T* x, const T* w, const T* bias, int has_bias, T* y, int B, int Tn, int C, int H,
-                          int Kw) {
+                          int Kw, int Lw, int Lb) {
     long long i = gtid();
     if (i >= (long long)B * Tn * C) return;
     int e = (int)(i % C);
@@ -81,18 +83,18 @@ __device__ void tz_direct(const T* x, const T* w, const T* bias, int has_bias, T
     for (int k = 0; k < Kw; ++k) {
         int c = tz_src(e, k, Kw, CH);
         if (c < 0) continue;
-        const T* wr = w + ((long long)k * H + h) * Tn;
+        const T* wr = w + ((long long)k * H + h) * Lw;
         const T* xc = x + (long long)b * Tn * C + c;
         for (int s = 0; s <= t; ++s) acc += wr[t - s] * xc[(long long)s * C];
     }
-    if (has_bias) acc += bias[(long long)h * Tn + t];
+    if (has_bias) acc += bias[(long long)h * Lb + t];
     y[i] = acc;
 }
 
 // Decoder step at position t: hist [Tmax, B, C] holds x_0..x_t; one thread per (b, e).
 template <typename T>
 __device__ void tz_step(const T* hist, const T* w, const T* bias, int has_bias, T* y, int B, int Tn, int C, int H,
-                        int Kw, int t) {
+                        int Kw, int t, int Lw, int Lb) {
     long long i = gtid();
     if (i >= (long long)B * C) return;
     int e = (int)(i % C), b = (int)(i / C);
@@ -101,10 +103,10 @@ __device__ void tz_step(const T* hist, const T* w, const T* bias, int has_bias, 
     for (int k = 0; k < Kw; ++k) {
         int c = tz_src(e, k, Kw, CH);
         if (c < 0) continue;
-        const T* wr = w + ((long long)k * H + h) * Tn;
+        const T* wr = w + ((long long)k * H + h) * Lw;
         for (int s = 0; s <= t; ++s) acc += wr[t - s] * hist[((long long)s * B + b) * C + c];
     }
-    if (has_bias) acc += bias[(long long)h * Tn + t];
+    if (has_bias) acc += bias[(long long)h * Lb + t];
     y[i] = acc;
 }
 
@@ -112,24 +114,24 @@ __device__ void tz_step(const T* hist, const T* w, const T* bias, int has_bias, 
     extern "C" __global__ void toeplitz_pack_x_##S(const T* x, T* X, int B, int Tn, int C, int p) {             \
         tz_pack_x<T>(x, X, B, Tn, C, p);                                                                         \
     }                                                                                                            \
-    extern "C" __global__ void toeplitz_pack_w_##S(const T* w, T* W, int R, int Tn, int p) {                    \
-        tz_pack_w<T>(w, W, R, Tn, p);                                                                            \
+    extern "C" __global__ void toeplitz_pack_w_##S(const T* w, T* W, int R, int Tn, int Lw, int p) {            \
+        tz_pack_w<T>(w, W, R, Tn, Lw, p);                                                                        \
     }                                                                                                            \
     extern "C" __global__ void toeplitz_mul_##S(const Cplx<T>* Xh, const Cplx<T>* Wh, Cplx<T>* Yh, int B, int C, \
                                                 int H, int Kw, int F) {                                          \
         tz_mul<T>(Xh, Wh, Yh, B, C, H, Kw, F);                                                                   \
     }                                                                                                            \
     extern "C" __global__ void toeplitz_unpack_##S(const T* Yr, const T* bias, int has_bias, T* y, int B, int Tn, \
-                                                   int C, int H, int p) {                                        \
-        tz_unpack<T>(Yr, bias, has_bias, y, B, Tn, C, H, p);                                                     \
+                                                   int C, int H, int p, int Lb) {                                \
+        tz_unpack<T>(Yr, bias, has_bias, y, B, Tn, C, H, p, Lb);                                                 \
     }                                                                                                            \
     extern "C" __global__ void toeplitz_direct_##S(const T* x, const T* w, const T* bias, int has_bias, T* y,    \
-                                                   int B, int Tn, int C, int H, int Kw) {                        \
-        tz_direct<T>(x, w, bias, has_bias, y, B, Tn, C, H, Kw);                                                  \
+                                                   int B, int Tn, int C, int H, int Kw, int Lw, int Lb) {        \
+        tz_direct<T>(x, w, bias, has_bias, y, B, Tn, C, H, Kw, Lw, Lb);                                          \
     }                                                                                                            \
     extern "C" __global__ void toeplitz_step_##S(const T* hist, const T* w, const T* bias, int has_bias, T* y,   \
-                                                 int B, int Tn, int C, int H, int Kw, int t) {                   \
-        tz_step<T>(hist, w, bias, has_bias, y, B, Tn, C, H, Kw, t);                                              \
+                                                 int B, int Tn, int C, int H, int Kw, int t, int Lw, int Lb) {   \
+        tz_step<T>(hist, w, bias, has_bias, y, B, Tn, C, H, Kw, t, Lw, Lb);                                      \
     }
 
 TZ_EXPORT(float, f32)

@@ -12,6 +12,7 @@ use cudarc::cufft::{CudaFft, result::CufftError};
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use mixer_core::Result;
 
+use crate::pool::{self, Pooled};
 use crate::runtime::{GpuReal, err, gpu};
 
 /// Cached cuFFT plans, keyed by (n, batch, inverse, f64), for the backend's one stream.
@@ -21,7 +22,7 @@ static PLANS: LazyLock<Mutex<HashMap<(usize, usize, bool, bool), CudaFft>>> =
 /// A scalar with cuFFT real transforms.
 pub trait FftReal: GpuReal {
     /// The interleaved complex type (`float2` / `double2`).
-    type C: DeviceRepr + ValidAsZeroBits + Unpin;
+    type C: DeviceRepr + ValidAsZeroBits + Unpin + 'static;
     /// Whether this is `f64` (plan key).
     const DOUBLE: bool;
     /// Forward (R2C / D2Z) transform type.
@@ -96,23 +97,16 @@ fn with_plan<F: FftReal, R>(
 
 /// Forward real FFT of `batch` contiguous rows of length `n` (`x` holds `batch·n` values);
 /// returns `batch` rows of `n/2 + 1` bins.
-pub fn rfft<F: FftReal>(kernel: &str, x: &CudaSlice<F>, n: usize, batch: usize) -> Result<CudaSlice<F::C>> {
-    let g = gpu()?;
-    let mut y = g.zeros::<F::C>(kernel, batch * (n / 2 + 1))?;
-    with_plan::<F, ()>(kernel, n, batch, false, |p| F::exec_fwd(p, x, &mut y))?;
+pub fn rfft<F: FftReal>(kernel: &str, x: &CudaSlice<F>, n: usize, batch: usize) -> Result<Pooled<F::C>> {
+    let mut y = pool::take::<F::C>(kernel, batch * (n / 2 + 1))?;
+    with_plan::<F, ()>(kernel, n, batch, false, |p| F::exec_fwd(p, x, &mut *y))?;
     Ok(y)
 }
 
 /// Unnormalized inverse real FFT of `batch` rows of `n/2 + 1` bins (consumed: cuFFT may
 /// overwrite them); returns `batch` real rows of length `n`, scaled by `n`.
-pub fn irfft<F: FftReal>(
-    kernel: &str,
-    mut x: CudaSlice<F::C>,
-    n: usize,
-    batch: usize,
-) -> Result<CudaSlice<F>> {
-    let g = gpu()?;
-    let mut y = g.zeros::<F>(kernel, batch * n)?;
-    with_plan::<F, ()>(kernel, n, batch, true, |p| F::exec_inv(p, &mut x, &mut y))?;
+pub fn irfft<F: FftReal>(kernel: &str, mut x: Pooled<F::C>, n: usize, batch: usize) -> Result<Pooled<F>> {
+    let mut y = pool::take::<F>(kernel, batch * n)?;
+    with_plan::<F, ()>(kernel, n, batch, true, |p| F::exec_inv(p, &mut *x, &mut *y))?;
     Ok(y)
 }

@@ -41,6 +41,10 @@ pub fn with_prelude(prelude: &str, body: &str) -> String {
 /// Softmax attention: tiled forward and decoder step (`kernels/attention.cu`).
 pub const ATTENTION: KernelSource =
     KernelSource { name: "attention", prelude: "", body: include_str!("../kernels/attention.cu") };
+/// Softmax attention on tensor cores (tf32 and bf16 modes): `kernels/attention_mma.cu`,
+/// compiled per head dim with `-DATT_D=…`.
+pub const ATTENTION_MMA: KernelSource =
+    KernelSource { name: "attention_mma", prelude: "", body: include_str!("../kernels/attention_mma.cu") };
 /// The GLR: sparse recurrence and decoder step (`kernels/glr.cu`).
 pub const GLR: KernelSource =
     KernelSource { name: "glr", prelude: "", body: include_str!("../kernels/glr.cu") };
@@ -59,8 +63,13 @@ pub const LOGLINEAR_FENWICK: KernelSource = KernelSource {
     body: include_str!("../kernels/loglinear_fenwick.cu"),
 };
 
+/// Device-tensor helpers: bf16 conversions and input value checks (`kernels/tensor.cu`).
+pub const TENSOR: KernelSource =
+    KernelSource { name: "tensor", prelude: "", body: include_str!("../kernels/tensor.cu") };
+
 /// Every kernel source of the backend.
-pub const ALL: &[KernelSource] = &[ATTENTION, GLR, TOEPLITZ, LOGLINEAR, LOGLINEAR_FENWICK];
+pub const ALL: &[KernelSource] =
+    &[ATTENTION, ATTENTION_MMA, GLR, TOEPLITZ, LOGLINEAR, LOGLINEAR_FENWICK, TENSOR];
 
 #[cfg(test)]
 mod tests {
@@ -72,6 +81,9 @@ mod tests {
         assert!(super::NO_LIFT.lines().any(|l| l.trim() == ones), "{}", super::NO_LIFT);
         assert_eq!(super::LOGLINEAR.prelude, super::NO_LIFT);
         let names: Vec<&str> = super::ALL.iter().map(|k| k.name).collect();
-        assert_eq!(names, ["attention", "glr", "toeplitz", "loglinear", "loglinear_fenwick"]);
+        assert_eq!(
+            names,
+            ["attention", "attention_mma", "glr", "toeplitz", "loglinear", "loglinear_fenwick", "tensor"]
+        );
     }
 }

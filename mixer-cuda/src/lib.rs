@@ -26,12 +26,20 @@
 
 pub mod attention;
 pub mod device;
+pub mod device_run;
 pub mod fft;
+pub mod forms;
 pub mod glr;
 pub mod kernels;
 pub mod loglinear;
+pub mod pool;
 pub mod runtime;
+pub mod tensor;
 pub mod toeplitz;
+
+pub use device_run::{decoder_device, run_device, stream};
+pub use forms::DeviceDecoder;
+pub use tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
 use mixer_registry::{BackendEntry, register};
 

@@ -10,17 +10,19 @@
 
 use std::collections::HashMap;
 use std::fmt::Display;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits,
+    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits,
 };
+
+use crate::pool::Pooled;
 use cudarc::nvrtc::{CompileError, CompileOptions, compile_ptx_with_opts};
 use mixer_core::{Error, Real, Result};
-use ndarray::{ArrayD, IxDyn};
 
 /// A scalar type with device kernels: `f32` or `f64`.
-pub trait GpuReal: Real + DeviceRepr + ValidAsZeroBits + Copy + Unpin {
+pub trait GpuReal: Real + crate::tensor::DeviceScalar {
     /// Suffix of the `extern "C"` kernel instantiation (`"f32"` / `"f64"`).
     const SUFFIX: &'static str;
 }
@@ -96,6 +98,29 @@ pub fn gpu() -> Result<&'static Gpu> {
         .map_err(|reason| Error::BackendUnavailable { backend: "cuda".into(), reason: reason.clone() })
 }
 
+static SYNCS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one host synchronisation (a wait for the stream, or a device→host copy, which
+/// waits for it).
+pub fn count_sync() {
+    SYNCS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// How many times this process's host code has waited for the backend's stream: every wait
+/// of the backend goes through [`Gpu::sync`] or [`count_sync`], so a test can prove that a
+/// stretch of work (a decode loop) never waited.
+pub fn host_syncs() -> u64 {
+    SYNCS.load(Ordering::Relaxed)
+}
+
+/// The CUDA driver's version as `major.minor`, e.g. `13.0`.
+pub fn driver_version() -> Option<String> {
+    let mut v = 0i32;
+    // SAFETY: writes one int; only called once the driver was initialised (`gpu()` succeeded).
+    let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS).then(|| format!("{}.{}", v / 1000, (v % 1000) / 10))
+}
+
 /// Whether NVRTC can be loaded (checked before compiling: cudarc panics when it is missing).
 fn nvrtc_present() -> bool {
     // SAFETY: only attempts to dlopen the NVRTC library.
@@ -168,52 +193,25 @@ impl Gpu {
             .map_err(|e| err(kernel, format!("function `{name}` not found in the module: {e}")))
     }
 
-    /// Copies a tensor (any layout) to a new device buffer, row-major.
-    pub fn upload<F: GpuReal>(&self, kernel: &str, a: &ArrayD<F>) -> Result<CudaSlice<F>> {
-        let a = a.as_standard_layout();
-        let s =
-            a.as_slice().ok_or_else(|| err(kernel, "internal: a standard-layout array is not contiguous"))?;
-        self.upload_slice(kernel, s)
-    }
-
-    /// Copies a host slice to a new device buffer (a one-element buffer for an empty slice,
-    /// so that kernels always get a valid pointer).
-    pub fn upload_slice<T: DeviceRepr + ValidAsZeroBits>(
+    /// Copies a host slice to a new pooled device buffer (at least one element, so that
+    /// kernels always get a valid pointer). The copy is enqueued on the stream.
+    pub fn upload_slice<T: DeviceRepr + ValidAsZeroBits + 'static>(
         &self,
         kernel: &str,
         s: &[T],
-    ) -> Result<CudaSlice<T>> {
-        if s.is_empty() {
-            return self.zeros(kernel, 1);
+    ) -> Result<Pooled<T>> {
+        let mut p = crate::pool::take::<T>(kernel, s.len())?;
+        if !s.is_empty() {
+            self.stream
+                .memcpy_htod(s, &mut p.slice_mut(0..s.len()))
+                .map_err(|e| err(kernel, format!("host→device copy of {} elements: {e}", s.len())))?;
         }
-        self.stream
-            .clone_htod(s)
-            .map_err(|e| err(kernel, format!("host→device copy of {} elements: {e}", s.len())))
-    }
-
-    /// A new zero-filled device buffer of `n` elements (at least one).
-    pub fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, kernel: &str, n: usize) -> Result<CudaSlice<T>> {
-        let bytes = n.max(1) * std::mem::size_of::<T>();
-        self.stream.alloc_zeros(n.max(1)).map_err(|e| err(kernel, format!("allocating {bytes} bytes: {e}")))
-    }
-
-    /// Copies the first `prod(shape)` elements of a device buffer into a new array.
-    pub fn download<F: GpuReal>(&self, kernel: &str, d: &CudaSlice<F>, shape: &[usize]) -> Result<ArrayD<F>> {
-        let n: usize = shape.iter().product();
-        let mut v = self.stream.clone_dtoh(d).map_err(|e| err(kernel, format!("device→host copy: {e}")))?;
-        self.sync(kernel)?;
-        if v.len() < n {
-            return Err(err(
-                kernel,
-                format!("internal: device buffer has {} elements, expected {n}", v.len()),
-            ));
-        }
-        v.truncate(n);
-        ArrayD::from_shape_vec(IxDyn(shape), v).map_err(|e| err(kernel, format!("internal: {e}")))
+        Ok(p)
     }
 
     /// Waits for the stream and reports an asynchronous kernel failure as an error.
     pub fn sync(&self, kernel: &str) -> Result<()> {
+        count_sync();
         self.stream.synchronize().map_err(|e| err(kernel, format!("kernel execution failed: {e}")))
     }
 }

@@ -19,11 +19,15 @@
 use std::fmt;
 
 use mixer_core::mixer::{Decoder, Mixer, downcast};
-use mixer_core::{Dims, Form, Real, Result, Tensors};
+use mixer_core::{Dims, Form, Precision, Real, Result, Tensors};
 use ndarray::ArrayD;
 
 /// A form of the family: output from the validated inputs.
 pub type FormFn<M, F> = fn(&M, &Tensors<F>) -> Result<ArrayD<F>>;
+/// A form of the family that honours a [`Precision`] mode other than `exact` (tensor cores,
+/// bf16 storage), from the validated `f32` inputs. The output has the inputs' scalar type; in
+/// the `bf16` mode its values are bf16 numbers.
+pub type PreciseFn<M, F> = fn(&M, &Tensors<F>, Precision) -> Result<ArrayD<F>>;
 /// A decoder of the family from the static inputs (those without a sequence axis) and the
 /// bound sizes.
 pub type DecoderFn<M, F> = fn(&M, &Tensors<F>, &Dims) -> Result<Box<dyn Decoder<F>>>;
@@ -38,6 +42,12 @@ pub trait Family<F: Real>: Send + Sync + 'static {
     }
     /// The sub-quadratic form, if this backend has it.
     fn fast(&self) -> Option<FormFn<Self::Mixer, F>> {
+        None
+    }
+    /// The `parallel` or `fast` form with its own handling of the `tf32` and `bf16` modes,
+    /// if this backend has one for `form`. Without it the registry runs the exact form
+    /// (`tf32`) or converts at the boundary (`bf16`: activations and `y` rounded to bf16).
+    fn precise(&self, _form: Form) -> Option<PreciseFn<Self::Mixer, F>> {
         None
     }
     /// The token-by-token decoder (the `recurrent` form), if this backend has it.
@@ -61,6 +71,15 @@ pub trait DynFamily<F: Real>: Send + Sync {
     fn unsupported(&self, m: &dyn Mixer, backend: &str, form: Form) -> Result<Option<String>>;
     /// Runs `parallel` or `fast`; `None` when the form is not implemented.
     fn run(&self, m: &dyn Mixer, backend: &str, form: Form, x: &Tensors<F>) -> Option<Result<ArrayD<F>>>;
+    /// Runs [`Family::precise`]'s form; `None` when there is none.
+    fn run_precise(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        precision: Precision,
+    ) -> Option<Result<ArrayD<F>>>;
     /// Builds the decoder; `None` when there is none.
     fn decoder(
         &self,
@@ -90,6 +109,17 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
             Form::Materialized | Form::Recurrent => return None,
         };
         Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x)))
+    }
+    fn run_precise(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        precision: Precision,
+    ) -> Option<Result<ArrayD<F>>> {
+        let f = self.precise(form)?;
+        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, precision)))
     }
     fn decoder(
         &self,

@@ -5,11 +5,12 @@
 use std::time::Instant;
 
 use mixer_core::mixer::{Mixer, complete_dims};
-use mixer_core::{DType, Dims, Form, Tolerance};
+use mixer_core::tensor::cast_tensors;
+use mixer_core::{AnyTensors, DType, Dims, Form, Precision, Tolerance};
 use serde::Serialize;
 
 use crate::backend::Backend;
-use crate::run::{forms, oracle, run_as};
+use crate::run::{bf16_activations, forms, oracle, run_as, run_with};
 
 /// Sizes for a check: `B`, `T`, `C`, `H`, `Dk`, `Dv` (a mixer uses those it needs).
 #[derive(Clone, Debug, Serialize)]
@@ -63,13 +64,15 @@ pub struct CheckRow {
     pub form: Form,
     /// Scalar type.
     pub dtype: DType,
+    /// Precision mode (`exact` unless asked).
+    pub precision: Precision,
     /// Sequence length.
     pub seq: usize,
     /// Relative RMS error against the oracle.
     pub rel_rms: f64,
     /// Max-abs error against the oracle.
     pub max_abs: f64,
-    /// Whether it passed its dtype's tolerance.
+    /// Whether it passed its dtype's (or precision mode's) tolerance.
     pub pass: bool,
     /// The error message, if the form failed to run.
     pub error: Option<String>,
@@ -80,6 +83,19 @@ pub struct CheckRow {
 /// Checks one configured mixer on the given backends. Returns one row per backend × form ×
 /// dtype; a failure to run is a failed row, not an error.
 pub fn check(m: &dyn Mixer, backends: &[Backend], sizes: &Sizes, seed: u64) -> Vec<CheckRow> {
+    check_with(m, backends, sizes, seed, Precision::Exact)
+}
+
+/// [`check`] in a precision mode. `exact` checks `f64` and `f32`; `tf32` and `bf16` check
+/// `f32` inputs against the mode's tolerance ([`Precision::tolerance`]). For `bf16` the
+/// oracle is evaluated on the bf16-rounded activations, the inputs the call stores.
+pub fn check_with(
+    m: &dyn Mixer,
+    backends: &[Backend],
+    sizes: &Sizes,
+    seed: u64,
+    precision: Precision,
+) -> Vec<CheckRow> {
     let dims = complete_dims(m, &sizes.dims());
     let cfg = m.config().to_string();
     let base = |backend: &str, form: Form, dtype: DType| CheckRow {
@@ -88,6 +104,7 @@ pub fn check(m: &dyn Mixer, backends: &[Backend], sizes: &Sizes, seed: u64) -> V
         backend: backend.to_string(),
         form,
         dtype,
+        precision,
         seq: sizes.seq,
         rel_rms: f64::INFINITY,
         max_abs: f64::INFINITY,
@@ -96,6 +113,11 @@ pub fn check(m: &dyn Mixer, backends: &[Backend], sizes: &Sizes, seed: u64) -> V
         millis: 0.0,
     };
     let inputs = match m.random_inputs(&dims, seed) {
+        // Rounded through f32 first, so that the oracle sees exactly the stored bf16 values.
+        Ok(i) if precision == Precision::Bf16 => bf16_activations(&cast_tensors::<f32>(&i))
+            .iter()
+            .map(|(k, v)| (k.clone(), v.mapv(f64::from)))
+            .collect(),
         Ok(i) => i,
         Err(e) => {
             return vec![CheckRow {
@@ -119,10 +141,17 @@ pub fn check(m: &dyn Mixer, backends: &[Backend], sizes: &Sizes, seed: u64) -> V
             if form == Form::Materialized {
                 continue;
             }
-            for dtype in [DType::F64, DType::F32] {
-                let tol = Tolerance::for_dtype(dtype.name());
+            let dtypes: &[DType] =
+                if precision == Precision::Exact { &[DType::F64, DType::F32] } else { &[DType::F32] };
+            for &dtype in dtypes {
+                let tol: Tolerance = precision.tolerance(dtype.name());
                 let t0 = Instant::now();
-                let got = run_as(m, b, form, &inputs, dtype);
+                let got = if precision == Precision::Exact {
+                    run_as(m, b, form, &inputs, dtype)
+                } else {
+                    run_with(m, b, form, &AnyTensors::F32(cast_tensors::<f32>(&inputs)), precision)
+                        .map(|t| t.to_f64())
+                };
                 let millis = t0.elapsed().as_secs_f64() * 1e3;
                 let mut row = base(b.name(), form, dtype);
                 row.millis = millis;

@@ -39,9 +39,9 @@ pub use mixer_registry_macros::register;
 
 pub use backend::{Backend, backends_status};
 pub use entries::*;
-pub use family::{DecoderFn, DynFamily, Family, FormFn, Scalar};
+pub use family::{DecoderFn, DynFamily, Family, FormFn, PreciseFn, Scalar};
 pub use grad_check::{GradRow, check_grad};
-pub use harness::{CheckRow, Sizes, check};
+pub use harness::{CheckRow, Sizes, check, check_with};
 pub use lookup::{
     Duplicate, backend_entry, backward_entry, duplicates, family, lambda_grad, lambda_scheme, mask, mixer,
     mixer_entry, origin, pattern, plugin_crates,

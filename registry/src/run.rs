@@ -3,8 +3,9 @@
 //! oracle, `recurrent` through the decoder).
 
 use mixer_core::mixer::{Decoder, Mixer, run_decoder, validate};
+use mixer_core::precision::{ACTIVATIONS, round_bf16};
 use mixer_core::tensor::cast_tensors;
-use mixer_core::{AnyTensors, DType, Dims, Error, Form, Result, Tensor, Tensors, oracle};
+use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Result, Tensor, Tensors, oracle};
 use ndarray::ArrayD;
 
 use crate::backend::Backend;
@@ -160,4 +161,63 @@ pub fn run_as(
         DType::F32 => AnyTensors::F32(cast_tensors::<f32>(inputs)),
     };
     run(m, backend, form, &any).map(|t| t.to_f64())
+}
+
+/// Runs one form of `m` on `backend` in a [`Precision`] mode (see [`mixer_core::precision`]):
+/// `exact` is [`run`]; `tf32` and `bf16` take `f32` inputs. A backend form with its own
+/// handling of the mode ([`crate::Family::precise`]) gets it; otherwise `tf32` runs the exact
+/// form (the mode permits tensor cores, it does not require them) and `bf16` converts at the
+/// boundary: the activations are rounded to bf16, the form runs in `f32`, and `y` is rounded
+/// to bf16.
+pub fn run_with(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+    inputs: &AnyTensors,
+    precision: Precision,
+) -> Result<Tensor> {
+    if precision == Precision::Exact {
+        return run(m, backend, form, inputs);
+    }
+    let AnyTensors::F32(x) = inputs else {
+        return Err(Error::Value {
+            name: "precision".into(),
+            constraint: format!("the {precision} mode takes f32 inputs"),
+            found: format!("{} inputs", inputs.dtype().name()),
+        });
+    };
+    let dims = validate(m, inputs)?;
+    mixer_core::memory::guard(m, form, &dims, inputs.dtype())?;
+    let precise = match form {
+        Form::Parallel | Form::Fast => {
+            implementation::<f32>(m, backend, form)?.run_precise(m, backend.name(), form, x, precision)
+        }
+        Form::Materialized | Form::Recurrent => None,
+    };
+    let y = match precise {
+        Some(y) => y?,
+        None if precision == Precision::Bf16 => {
+            let rounded = bf16_activations(x);
+            run_typed::<f32>(m, backend, form, &rounded, &dims)?.mapv(round_bf16)
+        }
+        None => run_typed::<f32>(m, backend, form, x, &dims)?,
+    };
+    let y = Tensor::F32(y);
+    mixer_core::mixer::check_output(m, form, backend.name(), &y)?;
+    Ok(y)
+}
+
+/// The inputs with their activations ([`ACTIVATIONS`]) rounded to bf16: what a `bf16` call
+/// stores.
+pub fn bf16_activations<F: mixer_core::Real>(x: &Tensors<F>) -> Tensors<F> {
+    x.iter()
+        .map(|(k, v)| {
+            let v = if ACTIVATIONS.contains(&k.as_str()) {
+                v.mapv(|e| F::of(f64::from(round_bf16(e.f64() as f32))))
+            } else {
+                v.clone()
+            };
+            (k.clone(), v)
+        })
+        .collect()
 }

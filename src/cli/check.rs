@@ -1,10 +1,11 @@
 //! `mixers check`: every form on every backend against the f64 materialized oracle.
 
 use indicatif::{ProgressBar, ProgressStyle};
+use mixer_core::Precision;
 use mixer_core::memory::{self, inputs_bytes};
 use mixer_core::mixer::fit_dims;
 use mixer_core::{Error, Result};
-use mixer_registry::harness::{CheckRow, Sizes, check};
+use mixer_registry::harness::{CheckRow, Sizes, check_with};
 use mixer_registry::{Backend, MIXERS, mixer_entry};
 
 use super::table::{markdown, sci};
@@ -37,6 +38,14 @@ pub struct Args {
     /// Also write the rows as JSON to this file.
     #[arg(long)]
     json: Option<std::path::PathBuf>,
+    /// Precision mode: `exact` (f64 and f32, the default), `tf32` (f32 inputs, tensor cores
+    /// allowed) or `bf16` (bf16 storage of the activations and of `y`); each mode is held to
+    /// its own tolerance against the f64 oracle.
+    #[arg(long, default_value = "exact")]
+    precision: String,
+    /// `bf16`: the same as `--precision bf16` (f32 and f64 are both checked by default).
+    #[arg(long)]
+    dtype: Option<String>,
     /// Check the gradients instead: the materialized backward against finite differences,
     /// and every other backward form against it in f64 and f32.
     #[arg(long)]
@@ -107,6 +116,7 @@ pub(crate) fn check_cases(
     sizes: &Sizes,
     fixed_channels: bool,
     seed: u64,
+    precision: Precision,
 ) -> Vec<CheckRow> {
     let pb = ProgressBar::new(cases.len() as u64);
     pb.set_style(
@@ -119,6 +129,7 @@ pub(crate) fn check_cases(
         backend: "-".into(),
         form: mixer_core::Form::Materialized,
         dtype: mixer_core::DType::F64,
+        precision,
         seq: sizes.seq,
         rel_rms: f64::INFINITY,
         max_abs: f64::INFINITY,
@@ -137,7 +148,7 @@ pub(crate) fn check_cases(
                 let dims = fit_dims(m.as_ref(), &s.dims());
                 let bytes = inputs_bytes(&m.spec(), &dims, 8.0);
                 match memory::check(&format!("the inputs of `{name}` at T = {}", s.seq), bytes) {
-                    Ok(()) => rows.extend(check(m.as_ref(), backends, &s, seed)),
+                    Ok(()) => rows.extend(check_with(m.as_ref(), backends, &s, seed, precision)),
                     Err(e) => rows.push(failed(name, cfg, format!("random inputs: {e}"))),
                 }
             }
@@ -160,6 +171,7 @@ pub(crate) fn render(rows: &[CheckRow]) -> String {
                 r.backend.clone(),
                 r.form.name().into(),
                 r.dtype.name().into(),
+                r.precision.name().into(),
                 r.seq.to_string(),
                 sci(r.rel_rms),
                 sci(r.max_abs),
@@ -173,7 +185,19 @@ pub(crate) fn render(rows: &[CheckRow]) -> String {
         })
         .collect();
     markdown(
-        &["mixer", "config", "backend", "form", "dtype", "T", "rel RMS", "max abs", "ms", "result"],
+        &[
+            "mixer",
+            "config",
+            "backend",
+            "form",
+            "dtype",
+            "precision",
+            "T",
+            "rel RMS",
+            "max abs",
+            "ms",
+            "result",
+        ],
         &body,
     )
 }
@@ -196,10 +220,14 @@ pub(crate) fn run(a: Args) -> Result<i32> {
         Sizes { seq: a.seq, batch: a.batch, channels: a.channels.unwrap_or(defaults.channels), ..defaults };
     check_sizes(&sizes)?;
     let cases = cases(a.mixer.as_deref(), a.config.as_deref())?;
-    if a.grad {
+    if a.grad && a.precision == "exact" && a.dtype.is_none() {
         return super::check_grad::run(&cases, &backends, &sizes, a.seed, a.json.as_deref());
     }
-    let rows = check_cases(&cases, &backends, &sizes, a.channels.is_some(), a.seed);
+    let precision = precision_arg(&a.precision, a.dtype.as_deref())?;
+    if a.grad && precision != Precision::Exact {
+        return Err(Error::Io("--grad checks the exact arithmetic only; drop --precision/--dtype".into()));
+    }
+    let rows = check_cases(&cases, &backends, &sizes, a.channels.is_some(), a.seed, precision);
     print!("{}", render(&rows));
     if let Some(p) = &a.json {
         let s = serde_json::to_string_pretty(&rows).map_err(|e| Error::Io(e.to_string()))?;
@@ -208,4 +236,18 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     let failed = rows.iter().filter(|r| !r.pass).count();
     println!("\n{} checks, {} passed, {} failed", rows.len(), rows.len() - failed, failed);
     Ok(if failed == 0 && !rows.is_empty() { 0 } else { 1 })
+}
+
+/// The precision mode of `--precision` and `--dtype` (`--dtype bf16` is `--precision bf16`;
+/// `--dtype f32`/`f64` leave the mode as given).
+pub(crate) fn precision_arg(precision: &str, dtype: Option<&str>) -> Result<Precision> {
+    let p = Precision::parse(precision)?;
+    match dtype {
+        None | Some("f32") | Some("f64") => Ok(p),
+        Some("bf16") if matches!(p, Precision::Exact | Precision::Bf16) => Ok(Precision::Bf16),
+        Some("bf16") => Err(Error::Io(format!(
+            "--dtype bf16 is its own mode; it cannot be combined with --precision {p}"
+        ))),
+        Some(other) => Err(Error::Io(format!("--dtype must be f32, f64 or bf16, got `{other}`"))),
+    }
 }

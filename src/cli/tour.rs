@@ -157,7 +157,7 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     );
     let sizes = Sizes { seq: a.seq, ..Sizes::default() };
     let all = cases(None, None)?;
-    let rows = check_cases(&all, &[backend], &sizes, false, 0);
+    let rows = check_cases(&all, &[backend], &sizes, false, 0, mixer_core::Precision::Exact);
     print!(
         "{}",
         markdown(

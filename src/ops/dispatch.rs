@@ -13,7 +13,7 @@ use mixer_core::{Dims, Error, Form, Result, Tensors};
 use mixer_registry::Backend;
 use ndarray::{Array, ArrayD, ArrayViewD, Dimension};
 
-use super::options::{Options, Precision};
+use super::options::Options;
 use super::scalar::Scalar;
 
 /// What the registry takes to name a backend: the chosen backend itself.
@@ -46,12 +46,8 @@ fn into_rank<F, D: Dimension>(a: ArrayD<F>) -> Result<Array<F, D>> {
     })
 }
 
-/// The backend of `opts`, after checking its precision. Exact arithmetic is all the backends
-/// offer today; a new [`Precision`] variant fails to compile here until it is passed on.
+/// The backend of `opts`.
 fn backend_for(opts: &Options) -> Result<Backend> {
-    match opts.precision {
-        Precision::Exact => {}
-    }
     opts.resolve_backend()
 }
 
@@ -68,7 +64,13 @@ pub(crate) fn forward<F: Scalar, D: Dimension>(
     inputs: Vec<Named<'_, F>>,
 ) -> Result<Array<F, D>> {
     let backend = backend_for(opts)?;
-    let y = mixer_registry::run::run(m, &backend_arg(backend), opts.form, &F::tag(owned(inputs)))?;
+    let y = mixer_registry::run::run_with(
+        m,
+        &backend_arg(backend),
+        opts.form,
+        &F::tag(owned(inputs)),
+        opts.precision,
+    )?;
     into_rank(F::untag(y)?)
 }
 

@@ -64,11 +64,14 @@
 //! backends' kernels take; the output is returned without a copy. (A borrowed input path
 //! through the registry would remove that copy; it does not exist yet.)
 //!
-//! **Device tensors** are not available yet: inputs and outputs are host arrays, and the
-//! CUDA backend copies them to the device and back on every call. When device tensors land,
-//! the same functions are meant to accept and return them, so that a GPU model stays on the
-//! device; [`Options`] and [`Precision`] are non-exhaustive so that the settings this needs
-//! can be added without breaking callers.
+//! **Device tensors.** These typed functions take and return host arrays. A model whose
+//! activations live on the GPU calls the CUDA backend's device-tensor entry points instead
+//! (`mixer_cuda::run_device`, `mixer_cuda::decoder_device`, `mixer_cuda::DeviceTensor`), which
+//! run the same kernels without host copies or waits; the host path here is a thin wrapper on
+//! them and gives the same bits.
+//!
+//! **Precision.** [`Options::precision`] selects `exact` (default), `tf32` or `bf16` per call
+//! (f32 inputs for the latter two); see [`Precision`].
 
 mod attention;
 mod dispatch;

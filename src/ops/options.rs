@@ -5,15 +5,9 @@
 use mixer_core::{Error, Form, Result};
 use mixer_registry::{Backend, LambdaEntry, MaskEntry, PatternEntry};
 
-/// How the arithmetic is done. Only [`Precision::Exact`] exists today; the `tf32` and `bf16`
-/// modes of the GPU performance plan will be added here (the enum is non-exhaustive).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Precision {
-    /// The element type's own arithmetic (FMA in `f32`/`f64`): the checked reference.
-    #[default]
-    Exact,
-}
+/// How the arithmetic is done: `exact` (default), `tf32` or `bf16` (see
+/// [`mixer_core::precision`]).
+pub use mixer_core::Precision;
 
 /// A registry entry (offset pattern, level mask or λ scheme) named by its registered name or
 /// given by value (a reference to its registered `static`).

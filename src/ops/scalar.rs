@@ -13,8 +13,8 @@ mod sealed {
     impl Sealed for f64 {}
 }
 
-/// An element type of the typed operations: `f32` or `f64` (bf16 joins when the precision
-/// modes land). Sealed: the backends compute in exactly these types.
+/// An element type of the typed operations: `f32` or `f64` (bf16 storage is the `bf16`
+/// precision mode on `f32` arrays). Sealed: the backends compute in exactly these types.
 pub trait Scalar: Real + sealed::Sealed {
     /// Tags named tensors of this type for the dynamic path.
     #[doc(hidden)]

@@ -1,24 +1,25 @@
 //! Attention decoder with a device-resident KV cache: a ring buffer of
 //! `min(T, w)` rows `[cap, B, H, D]` (the last `w` keys and values for local attention, all of
-//! them otherwise). Step `t` copies `k_t, v_t` into row `t mod cap` and computes
-//! `y_t = softmax(scale· K q_t)ᵀ V` over the `min(t+1, cap)` filled rows.
+//! them otherwise). Step `t` copies `k_t, v_t` into row `t mod cap` (device to device) and
+//! computes `y_t = softmax(scale· K q_t)ᵀ V` over the `min(t+1, cap)` filled rows; nothing
+//! waits for the stream.
 
-use cudarc::driver::{CudaSlice, LaunchConfig};
-use mixer_core::mixer::{Decoder, check_decoder_capacity};
+use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::attention::Attention;
-use mixer_core::tensor::contiguous;
-use mixer_core::{Dims, DimsExt, Result, Tensors};
-use ndarray::ArrayD;
+use mixer_core::{Dims, DimsExt, Error, Result};
 
 use super::{FAMILY, window_arg};
+use crate::forms::{DeviceDecoder, input};
 use crate::kernels;
+use crate::pool::{self, Pooled};
 use crate::runtime::{GpuReal, err, gpu, int, launch};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// The attention decoder (KV cache on the device).
 pub struct AttentionDecoder<F: GpuReal> {
-    kc: CudaSlice<F>,
-    vc: CudaSlice<F>,
-    scratch: CudaSlice<F>,
+    kc: Pooled<F>,
+    vc: Pooled<F>,
+    scratch: Pooled<F>,
     b: usize,
     h: usize,
     dk: usize,
@@ -37,11 +38,10 @@ impl<F: GpuReal> AttentionDecoder<F> {
             (dims.size("B")?, dims.size("T")?, dims.size("H")?, dims.size("Dk")?, dims.size("Dv")?);
         let w = window_arg(a, tmax);
         let cap = if w > 0 { w as usize } else { tmax.max(1) };
-        let g = gpu()?;
         Ok(AttentionDecoder {
-            kc: g.zeros::<F>(FAMILY, cap * b * h * dk)?,
-            vc: g.zeros::<F>(FAMILY, cap * b * h * dv)?,
-            scratch: g.zeros::<F>(FAMILY, b * h * cap)?,
+            kc: pool::zeros::<F>(FAMILY, cap * b * h * dk)?,
+            vc: pool::zeros::<F>(FAMILY, cap * b * h * dv)?,
+            scratch: pool::zeros::<F>(FAMILY, b * h * cap)?,
             b,
             h,
             dk,
@@ -58,29 +58,45 @@ impl<F: GpuReal> AttentionDecoder<F> {
     }
 }
 
-impl<F: GpuReal> Decoder<F> for AttentionDecoder<F> {
-    fn step(&mut self, tok: &Tensors<F>) -> Result<ArrayD<F>> {
-        check_decoder_capacity(self.t, self.tmax)?;
+/// Checks a token input's shape.
+pub(crate) fn token_shape(name: &str, got: &[usize], want: &[usize]) -> Result<()> {
+    if got != want {
+        return Err(Error::shape(
+            name,
+            mixer_core::error::fmt_shape(want),
+            mixer_core::error::fmt_shape(got),
+        ));
+    }
+    Ok(())
+}
+
+impl<F: GpuReal> DeviceDecoder for AttentionDecoder<F> {
+    fn step(&mut self, tok: &DeviceTensors) -> Result<AnyDeviceTensor> {
+        mixer_core::mixer::check_decoder_capacity(self.t, self.tmax)?;
         let (b, h, dk, dv) = (self.b, self.h, self.dk, self.dv);
-        let q = contiguous(tok, "q", &[b, h, dk])?;
-        let k = contiguous(tok, "k", &[b, h, dk])?;
-        let v = contiguous(tok, "v", &[b, h, dv])?;
+        let (q, k, v) = (input::<F>(tok, "q")?, input::<F>(tok, "k")?, input::<F>(tok, "v")?);
+        token_shape("q", q.shape(), &[b, h, dk])?;
+        token_shape("k", k.shape(), &[b, h, dk])?;
+        token_shape("v", v.shape(), &[b, h, dv])?;
         let g = gpu()?;
         let slot = self.t % self.cap;
         let (nk, nv) = (b * h * dk, b * h * dv);
         let copy = |e| err(FAMILY, format!("copy into the KV cache: {e}"));
         if nk > 0 {
-            g.stream.memcpy_htod(&k[..], &mut self.kc.slice_mut(slot * nk..(slot + 1) * nk)).map_err(copy)?;
+            g.stream
+                .memcpy_dtod(&k.view(), &mut self.kc.slice_mut(slot * nk..(slot + 1) * nk))
+                .map_err(copy)?;
         }
         if nv > 0 {
-            g.stream.memcpy_htod(&v[..], &mut self.vc.slice_mut(slot * nv..(slot + 1) * nv)).map_err(copy)?;
+            g.stream
+                .memcpy_dtod(&v.view(), &mut self.vc.slice_mut(slot * nv..(slot + 1) * nv))
+                .map_err(copy)?;
         }
         self.t += 1;
         if nv == 0 || b * h == 0 {
-            return Ok(ArrayD::zeros(ndarray::IxDyn(&[b, h, dv])));
+            return Ok(F::wrap(DeviceTensor::<F>::zeros(&[b, h, dv])?));
         }
-        let dq = g.upload_slice(FAMILY, &q[..])?;
-        let mut y = g.zeros::<F>(FAMILY, nv)?;
+        let mut y = pool::take::<F>(FAMILY, nv)?;
         let f = g.function(FAMILY, &kernels::ATTENTION.full(), &[], &format!("attn_step_{}", F::SUFFIX))?;
         let cfg = LaunchConfig {
             grid_dim: (int(FAMILY, "B·H", b * h)? as u32, 1, 1),
@@ -95,10 +111,10 @@ impl<F: GpuReal> Decoder<F> for AttentionDecoder<F> {
             int(FAMILY, "cap", self.cap)?,
             int(FAMILY, "n", self.filled())?,
         );
+        let qv = q.view();
         launch!(g, FAMILY, f, cfg;
-            &dq, &self.kc, &self.vc, &mut self.scratch, &mut y, &bi, &hi, &dki, &dvi, &capi, &ni, &self.scale)?;
-        g.sync(FAMILY)?;
-        g.download(FAMILY, &y, &[b, h, dv])
+            &qv, &*self.kc, &*self.vc, &mut *self.scratch, &mut *y, &bi, &hi, &dki, &dvi, &capi, &ni, &self.scale)?;
+        Ok(F::wrap(DeviceTensor::from_pooled(y, &[b, h, dv])?))
     }
     fn cache_elems(&self) -> usize {
         self.filled() * self.b * self.h * (self.dk + self.dv)

@@ -1,17 +1,19 @@
 //! The tiled online-softmax forward. Per query `t` and key tile `S`:
 //! `m' = max(m, max_{s ∈ S} z_{ts})`, `l ← l e^(m−m') + Σ_{s∈ S} e^(z_{ts}−m')`,
 //! `a ← a e^(m−m') + Σ_{s ∈ S} e^(z_{ts}−m') v_s`; finally `y_t = a / l`, with
-//! `z_{ts} = scale· q_t· k_s` over unmasked `s` only.
+//! `z_{ts} = scale· q_t· k_s` over unmasked `s` only. The `exact` arithmetic; in the `tf32`
+//! and `bf16` modes the tensor-core kernel ([`super::mma`]) runs instead where it applies.
 
 use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::attention::Attention;
-use mixer_core::{Result, Tensors};
-use ndarray::{ArrayD, IxDyn};
+use mixer_core::{Precision, Result};
 
-use super::{FAMILY, window_arg};
+use super::{FAMILY, mma, window_arg};
+use crate::forms::{finish, input};
 use crate::kernels;
+use crate::pool;
 use crate::runtime::{GpuReal, check_elems, err, gpu, int, launch};
-use mixer_core::tensor::get;
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// Shared memory one block may use without opting in (bytes).
 const SMEM: usize = 48 * 1024;
@@ -26,25 +28,25 @@ pub(crate) fn tile(dk: usize, dv: usize, elem: usize) -> Result<usize> {
     Ok(t)
 }
 
-/// Runs the fast form on the GPU.
-pub fn run<F: GpuReal>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let q = get(inputs, "q")?;
-    let k = get(inputs, "k")?;
-    let v = get(inputs, "v")?;
+/// Runs the fast form on device tensors.
+pub fn run<F: GpuReal>(a: &Attention, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
+    if let Some(y) = mma::run::<F>(a, x, p)? {
+        return Ok(y);
+    }
+    let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let dv = v.shape()[3];
+    let shape = [b, t, h, dv];
     if b * t * h * dv == 0 {
-        return Ok(ArrayD::zeros(IxDyn(&[b, t, h, dv])));
+        return finish(DeviceTensor::<F>::zeros(&shape)?, p);
     }
     check_elems(FAMILY, b * t * h * dk.max(dv))?;
     let bq = tile(dk, dv, std::mem::size_of::<F>())?;
     let g = gpu()?;
     let f = g.function(FAMILY, &kernels::ATTENTION.full(), &[], &format!("attn_fwd_{}", F::SUFFIX))?;
-    let (dq, dkk, dvv) = (g.upload(FAMILY, q)?, g.upload(FAMILY, k)?, g.upload(FAMILY, v)?);
-    let mut y = g.zeros::<F>(FAMILY, b * t * h * dv)?;
-    let blocks_t = t.div_ceil(bq);
+    let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let cfg = LaunchConfig {
-        grid_dim: (int(FAMILY, "query tiles", blocks_t)? as u32, int(FAMILY, "B·H", b * h)? as u32, 1),
+        grid_dim: (int(FAMILY, "query tiles", t.div_ceil(bq))? as u32, int(FAMILY, "B·H", b * h)? as u32, 1),
         block_dim: (bq as u32, 1, 1),
         shared_mem_bytes: (2 * bq * (dk + dv) * std::mem::size_of::<F>()) as u32,
     };
@@ -59,7 +61,7 @@ pub fn run<F: GpuReal>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> 
     // Passed as a double: the kernel forms overflow-free logits from it (see attention.cu).
     let scale: f64 = a.scale(dk);
     let bk = bq as i32;
-    launch!(g, FAMILY, f, cfg; &dq, &dkk, &dvv, &mut y, &bi, &ti, &hi, &dki, &dvi, &w, &scale, &bk)?;
-    g.sync(FAMILY)?;
-    g.download(FAMILY, &y, &[b, t, h, dv])
+    let (qv, kv, vv) = (q.view(), k.view(), v.view());
+    launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &dki, &dvi, &w, &scale, &bk)?;
+    finish(DeviceTensor::from_pooled(y, &shape)?, p)
 }

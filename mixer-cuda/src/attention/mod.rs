@@ -4,37 +4,43 @@
 //! - `fast`: a tiled online-softmax forward ([`flash`]): one block per (query tile, batch·head),
 //!   key/value tiles staged in shared memory, a running maximum and normalizer per query,
 //!   causal and window masks applied before exponentiating. `O(T²)` work (or `O(T w)` with a
-//!   window), `O(T)` memory.
+//!   window), `O(T)` memory. In the `tf32` and `bf16` modes, the tensor-core kernel ([`mma`]).
 //! - `recurrent`: a decoder with the KV cache **on the device** ([`decoder`]), a ring buffer of
 //!   `min(T, w)` positions; each step appends `k_t, v_t` and runs one block per (batch, head).
 
 pub mod decoder;
 pub mod flash;
+pub mod mma;
 
 use mixer_core::mixers::attention::Attention;
-use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
+use mixer_registry::{FamilyEntry, register};
 
+use crate::device_run::{DeviceEntry, device_entry};
+use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
 use crate::runtime::GpuReal;
 
 /// Family name in errors.
 pub(crate) const FAMILY: &str = "attention";
 
 /// Softmax attention on CUDA.
-struct AttentionCuda;
+pub struct AttentionCuda;
 
-impl<F: GpuReal> Family<F> for AttentionCuda {
+impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     type Mixer = Attention;
-    fn fast(&self) -> Option<FormFn<Attention, F>> {
-        Some(flash::run)
+    fn fast() -> Option<DeviceFormFn<Attention>> {
+        Some(flash::run::<F>)
     }
-    fn decoder(&self) -> Option<DecoderFn<Attention, F>> {
+    fn decoder() -> Option<DeviceDecoderFn<Attention, F>> {
         Some(|a, _statics, dims| Ok(Box::new(decoder::AttentionDecoder::<F>::new(a, dims)?)))
     }
 }
 
 #[register]
 static ATTENTION_CUDA: FamilyEntry =
-    FamilyEntry { family: FAMILY, backend: "cuda", f64: &AttentionCuda, f32: &AttentionCuda };
+    FamilyEntry { family: FAMILY, backend: "cuda", f64: &Hosted(AttentionCuda), f32: &Hosted(AttentionCuda) };
+
+/// The device-tensor forms.
+pub static DEVICE: DeviceEntry = device_entry::<AttentionCuda>(FAMILY);
 
 /// The window as the kernels take it: `0` for none (or one at least as long as `T`).
 pub(crate) fn window_arg(a: &Attention, t_len: usize) -> i32 {

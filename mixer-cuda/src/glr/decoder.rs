@@ -2,20 +2,22 @@
 //! needs) at exactly the positions later tokens read: the lattice's `P_{t+1}` for
 //! cache-efficient patterns (`≤ log_2 T + 1` positions for pow2), the window
 //! `[t + 1 − f(K−1), t]` otherwise. Slots are assigned on the host; each step is one kernel
-//! launch, one thread per (batch, channel).
+//! launch, one thread per (batch, channel). The step's slot table goes to the device with a
+//! stream-ordered copy into the decoder's own buffer, so no step waits for the stream.
 
 use std::collections::{BTreeSet, HashMap};
 
-use cudarc::driver::CudaSlice;
-use mixer_core::mixer::{Decoder, check_decoder_capacity};
+use mixer_core::mixer::check_decoder_capacity;
 use mixer_core::mixers::glr::{Glr, Slots};
-use mixer_core::tensor::contiguous;
-use mixer_core::{Dims, DimsExt, Result, Tensors};
-use ndarray::ArrayD;
+use mixer_core::{Dims, DimsExt, Result};
 
 use super::FAMILY;
+use crate::attention::decoder::token_shape;
+use crate::forms::{DeviceDecoder, input};
 use crate::kernels;
+use crate::pool::{self, Pooled};
 use crate::runtime::{GpuReal, err, gpu, grid1, int, launch};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// The GLR decoder (device-resident lattice cache).
 pub struct GlrDecoder<F: GpuReal> {
@@ -26,8 +28,10 @@ pub struct GlrDecoder<F: GpuReal> {
     c: usize,
     tmax: usize,
     t: usize,
-    cx: CudaSlice<F>,
-    cy: CudaSlice<F>,
+    cx: Pooled<F>,
+    cy: Pooled<F>,
+    /// The current step's slot table (`K` entries) on the device.
+    dslots: Pooled<i32>,
     slot_of: HashMap<usize, i32>,
     free: Vec<i32>,
 }
@@ -38,10 +42,11 @@ impl<F: GpuReal> GlrDecoder<F> {
         let (b, tmax, c) = (dims.size("B")?, dims.size("T")?, dims.size("C")?);
         let cap = glr.pattern().max_cache(tmax).max(1);
         let on = glr.on();
-        let g = gpu()?;
-        let alloc = |used: bool| g.zeros::<F>(FAMILY, if used { cap * b * c } else { 1 });
+        let alloc = |used: bool| pool::zeros::<F>(FAMILY, if used { cap * b * c } else { 1 });
+        let slots = glr.slots(tmax);
         Ok(GlrDecoder {
-            slots: glr.slots(tmax),
+            dslots: pool::zeros::<i32>(FAMILY, slots.len().max(1))?,
+            slots,
             has_a: on.has_a(),
             has_b: on.has_b(),
             b,
@@ -75,21 +80,25 @@ impl<F: GpuReal> GlrDecoder<F> {
     }
 }
 
-/// Per-token input `name`, shape-checked, on the device.
-fn upload_token<F: GpuReal>(token: &Tensors<F>, name: &str, want: &[usize]) -> Result<CudaSlice<F>> {
-    gpu()?.upload_slice(FAMILY, &contiguous(token, name, want)?)
-}
-
-impl<F: GpuReal> Decoder<F> for GlrDecoder<F> {
-    fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
+impl<F: GpuReal> DeviceDecoder for GlrDecoder<F> {
+    fn step(&mut self, token: &DeviceTensors) -> Result<AnyDeviceTensor> {
         let t = self.t;
         check_decoder_capacity(t, self.tmax)?;
         let (b, c, k) = (self.b, self.c, self.slots.len());
         let na = if self.has_a { k + 1 } else { 1 };
         let g = gpu()?;
-        let xt = upload_token(token, "x", &[b, c])?;
-        let at = upload_token(token, "alpha", &if self.has_a { vec![b, na, c] } else { vec![b, c] })?;
-        let bt = if self.has_b { upload_token(token, "beta", &[b, k, c])? } else { g.zeros::<F>(FAMILY, 1)? };
+        let xt = input::<F>(token, "x")?;
+        token_shape("x", xt.shape(), &[b, c])?;
+        let at = input::<F>(token, "alpha")?;
+        token_shape("alpha", at.shape(), &if self.has_a { vec![b, na, c] } else { vec![b, c] })?;
+        let bt = if self.has_b {
+            let bt = input::<F>(token, "beta")?;
+            token_shape("beta", bt.shape(), &[b, k, c])?;
+            Some(bt)
+        } else {
+            None
+        };
+        let zero = pool::zeros::<F>(FAMILY, 1)?;
         let slots: Vec<i32> = self
             .deps(t)
             .into_iter()
@@ -115,17 +124,22 @@ impl<F: GpuReal> Decoder<F> for GlrDecoder<F> {
         } else {
             -1
         };
-        let dslots = g.upload_slice(FAMILY, &slots)?;
-        let mut y = g.zeros::<F>(FAMILY, b * c)?;
+        if !slots.is_empty() {
+            g.stream
+                .memcpy_htod(&slots[..], &mut self.dslots.slice_mut(0..slots.len()))
+                .map_err(|e| err(FAMILY, format!("copy of the slot table: {e}")))?;
+        }
+        let mut y = pool::take::<F>(FAMILY, b * c)?;
         let f = g.function(FAMILY, &kernels::GLR.full(), &[], &format!("glr_step_{}", F::SUFFIX))?;
         let (bi, ci, ki, nai) =
             (int(FAMILY, "B", b)?, int(FAMILY, "C", c)?, int(FAMILY, "K", k)?, int(FAMILY, "K+1", na)?);
         let (ha, hb) = (self.has_a as i32, self.has_b as i32);
+        let (xv, av) = (xt.view(), at.view());
+        let bv = bt.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
         launch!(g, FAMILY, f, grid1(b * c, 128);
-            &xt, &at, &bt, &dslots, &mut self.cx, &mut self.cy, &mut y, &bi, &ci, &ki, &nai, &ha, &hb, &out)?;
-        g.sync(FAMILY)?;
+            &xv, &av, &bv, &*self.dslots, &mut *self.cx, &mut *self.cy, &mut *y, &bi, &ci, &ki, &nai, &ha, &hb, &out)?;
         self.t += 1;
-        g.download(FAMILY, &y, &[b, c])
+        Ok(F::wrap(DeviceTensor::from_pooled(y, &[b, c])?))
     }
     fn cache_elems(&self) -> usize {
         self.slot_of.len() * self.b * self.c * (self.has_a as usize + self.has_b as usize)

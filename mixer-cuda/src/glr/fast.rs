@@ -1,14 +1,18 @@
 //! The sparse recurrence: one thread per (batch, channel), sequential over `t`, reading the
 //! pattern's positions from the host-computed (offset, stride) table.
 
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex};
+
 use mixer_core::mixers::glr::Glr;
-use mixer_core::{Result, Tensors};
-use ndarray::{ArrayD, IxDyn};
+use mixer_core::{Mixer, Precision, Result};
 
 use super::FAMILY;
+use crate::forms::{finish, input, input_opt};
 use crate::kernels;
+use crate::pool::{self, Pooled};
 use crate::runtime::{GpuReal, check_elems, err, gpu, grid1, int, launch};
-use mixer_core::tensor::get;
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// The pattern table the kernel takes for length `t_len`: [`Glr::slots`]'s offsets `f(k)`
 /// and strides `a_k` for `k < K(T)`, as `i64`.
@@ -21,29 +25,49 @@ pub(crate) fn table(glr: &Glr, t_len: usize) -> Result<(Vec<i64>, Vec<i64>)> {
     ))
 }
 
-/// Runs the fast (sparse recurrence) form on the GPU.
-pub fn run<F: GpuReal>(glr: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let x = get(inputs, "x")?;
-    let (b, t, c) = (x.shape()[0], x.shape()[1], x.shape()[2]);
-    if b * t * c == 0 {
-        return Ok(ArrayD::zeros(IxDyn(&[b, t, c])));
+/// A pattern table on the device: offsets, strides, and `K`.
+type DeviceTable = Arc<(Pooled<i64>, Pooled<i64>, usize)>;
+
+/// Device tables by (mixer config, T), so that a repeated call uploads nothing.
+static TABLES: LazyLock<Mutex<HashMap<(String, usize), DeviceTable>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// The device table of `glr` for length `t`, uploaded on first use.
+fn device_table(glr: &Glr, t: usize) -> Result<DeviceTable> {
+    let key = (glr.config().to_string(), t);
+    let mut cache = TABLES.lock().map_err(|_| err(FAMILY, "pattern table cache poisoned"))?;
+    if let Some(d) = cache.get(&key) {
+        return Ok(d.clone());
     }
     let (off, strides) = table(glr, t)?;
-    let k = off.len();
+    let g = gpu()?;
+    let d = Arc::new((g.upload_slice(FAMILY, &off)?, g.upload_slice(FAMILY, &strides)?, off.len()));
+    if cache.len() >= 64 {
+        cache.clear();
+    }
+    cache.insert(key, d.clone());
+    Ok(d)
+}
+
+/// Runs the fast (sparse recurrence) form on device tensors.
+pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
+    let xs = input::<F>(x, "x")?;
+    let (b, t, c) = (xs.shape()[0], xs.shape()[1], xs.shape()[2]);
+    if b * t * c == 0 {
+        return finish(DeviceTensor::<F>::zeros(&[b, t, c])?, p);
+    }
+    let tab = device_table(glr, t)?;
+    let k = tab.2;
     let on = glr.on();
     let na = if on.has_a() { k + 1 } else { 1 };
     check_elems(FAMILY, b * t * na.max(k) * c)?;
     let g = gpu()?;
     let f = g.function(FAMILY, &kernels::GLR.full(), &[], &format!("glr_scan_{}", F::SUFFIX))?;
-    let dx = g.upload(FAMILY, x)?;
-    let da = g.upload(FAMILY, get(inputs, "alpha")?)?;
-    let db = match inputs.get("beta") {
-        Some(beta) if on.has_b() => g.upload(FAMILY, beta)?,
-        _ => g.zeros::<F>(FAMILY, 1)?,
-    };
-    let doff = g.upload_slice(FAMILY, &off)?;
-    let dstr = g.upload_slice(FAMILY, &strides)?;
-    let mut y = g.zeros::<F>(FAMILY, b * t * c)?;
+    let alpha = input::<F>(x, "alpha")?;
+    let beta = if on.has_b() { input_opt::<F>(x, "beta")? } else { None };
+    let zero = pool::zeros::<F>(FAMILY, 1)?;
+    let bv = beta.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let mut y = pool::take::<F>(FAMILY, b * t * c)?;
     let (bi, ti, ci, ki, nai) = (
         int(FAMILY, "B", b)?,
         int(FAMILY, "T", t)?,
@@ -52,8 +76,8 @@ pub fn run<F: GpuReal>(glr: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
         int(FAMILY, "K+1", na)?,
     );
     let (ha, hb, ce) = (on.has_a() as i32, on.has_b() as i32, glr.pattern().cache_efficient() as i32);
+    let (xv, av) = (xs.view(), alpha.view());
     launch!(g, FAMILY, f, grid1(b * c, 128);
-        &dx, &da, &db, &doff, &dstr, &mut y, &bi, &ti, &ci, &ki, &nai, &ha, &hb, &ce)?;
-    g.sync(FAMILY)?;
-    g.download(FAMILY, &y, &[b, t, c])
+        &xv, &av, &bv, &*tab.0, &*tab.1, &mut *y, &bi, &ti, &ci, &ki, &nai, &ha, &hb, &ce)?;
+    finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p)
 }

@@ -15,25 +15,31 @@ pub mod decoder;
 pub mod fast;
 
 use mixer_core::mixers::glr::Glr;
-use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
+use mixer_registry::{FamilyEntry, register};
 
+use crate::device_run::{DeviceEntry, device_entry};
+use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
 use crate::runtime::GpuReal;
 
 /// Family name in errors.
 pub(crate) const FAMILY: &str = "glr";
 
 /// The GLR on CUDA.
-struct GlrCuda;
+pub struct GlrCuda;
 
-impl<F: GpuReal> Family<F> for GlrCuda {
+impl<F: GpuReal> DeviceFamily<F> for GlrCuda {
     type Mixer = Glr;
-    fn fast(&self) -> Option<FormFn<Glr, F>> {
-        Some(fast::run)
+    fn fast() -> Option<DeviceFormFn<Glr>> {
+        Some(fast::run::<F>)
     }
-    fn decoder(&self) -> Option<DecoderFn<Glr, F>> {
+    fn decoder() -> Option<DeviceDecoderFn<Glr, F>> {
         Some(|g, _statics, dims| Ok(Box::new(decoder::GlrDecoder::<F>::new(g, dims)?)))
     }
 }
 
 #[register]
-static GLR_CUDA: FamilyEntry = FamilyEntry { family: FAMILY, backend: "cuda", f64: &GlrCuda, f32: &GlrCuda };
+static GLR_CUDA: FamilyEntry =
+    FamilyEntry { family: FAMILY, backend: "cuda", f64: &Hosted(GlrCuda), f32: &Hosted(GlrCuda) };
+
+/// The device-tensor forms.
+pub static DEVICE: DeviceEntry = device_entry::<GlrCuda>(FAMILY);

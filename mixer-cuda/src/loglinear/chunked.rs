@@ -20,15 +20,16 @@
 //! λ is mapped by the scheme on the host (`LogLinear::lambda_weights`).
 
 use cudarc::driver::LaunchConfig;
-use mixer_core::mixers::loglinear::{Base, LogLinear};
-use mixer_core::{Error, Result, Tensors};
-use ndarray::{ArrayD, IxDyn};
-
-use super::FAMILY;
-use crate::kernels;
-use crate::runtime::{GpuReal, err, gpu, int, launch};
 use mixer_core::fenwick::bitlen;
-use mixer_core::tensor::get;
+use mixer_core::mixers::loglinear::{Base, LogLinear};
+use mixer_core::{Error, Precision, Result};
+
+use super::{FAMILY, lambda};
+use crate::forms::{finish, input, input_opt};
+use crate::kernels;
+use crate::pool;
+use crate::runtime::{GpuReal, err, gpu, int, launch};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// Most scratch bytes the form allocates.
 const MAX_SCRATCH: usize = 8 << 30;
@@ -42,14 +43,13 @@ pub(crate) fn base_code(b: Base) -> i32 {
     }
 }
 
-/// Runs the chunked form on the GPU.
-pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let q = get(inputs, "q")?;
-    let v = get(inputs, "v")?;
+/// Runs the chunked form on device tensors.
+pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
+    let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let dv = v.shape()[3];
     if b * t * h * dv == 0 {
-        return Ok(ArrayD::zeros(IxDyn(&[b, t, h, dv])));
+        return finish(DeviceTensor::<F>::zeros(&[b, t, h, dv])?, p);
     }
     let lifted = ll.lift.is_some();
     let chunk = ll.chunk;
@@ -58,8 +58,9 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
     let nmax = chunk.min(t);
     let e_levels = if lifted { bitlen(n_chunks - 1) + 1 } else { 1 };
     let g = gpu()?;
-    let (dl, levels) = if lifted {
-        let raw = get(inputs, "lambda")?;
+    let zero = pool::zeros::<F>(FAMILY, 1)?;
+    let (lam, levels) = if lifted {
+        let raw = input::<F>(x, "lambda")?;
         let levels = raw.shape()[3];
         // Highest level read: inside a chunk bitlen(nmax − 1), between chunks c + bitlen(i).
         let need = if n_chunks > 1 { cbits + bitlen(n_chunks - 1) } else { bitlen(nmax - 1) };
@@ -70,9 +71,10 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
                 found: format!("L = {levels}"),
             });
         }
-        (g.upload(FAMILY, &ll.lambda_weights(raw, inputs.get("lambda_param"))?)?, levels)
+        let param = input_opt::<F>(x, "lambda_param")?;
+        (Some(lambda::weights(ll, &raw, param.as_deref())?), levels)
     } else {
-        (g.zeros::<F>(FAMILY, 1)?, 1)
+        (None, 1)
     };
     let bh = b * h;
     let ws_per = 2 * nmax * nmax + nmax * (nmax + dk + dv) + nmax * (dk + dv);
@@ -89,18 +91,15 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
     }
     let f =
         g.function(FAMILY, &kernels::LOGLINEAR_FENWICK.full(), &[], &format!("ll_chunked_{}", F::SUFFIX))?;
-    let opt = |name: &str, used: bool| -> Result<_> {
-        if used { g.upload(FAMILY, get(inputs, name)?) } else { g.zeros::<F>(FAMILY, 1) }
-    };
-    let dq = g.upload(FAMILY, q)?;
-    let dkk = g.upload(FAMILY, get(inputs, "k")?)?;
-    let dvv = g.upload(FAMILY, v)?;
-    let dg = opt("g", ll.base.has_decay())?;
-    let db = opt("beta", ll.base.has_beta())?;
-    let mut y = g.zeros::<F>(FAMILY, b * t * h * dv)?;
-    let mut ws = g.zeros::<F>(FAMILY, bh * ws_per)?;
-    let mut gws = g.zeros::<f64>(FAMILY, bh * nmax)?;
-    let mut st = g.zeros::<F>(FAMILY, bh * e_levels * dk * dv)?;
+    let gg = if ll.base.has_decay() { input_opt::<F>(x, "g")? } else { None };
+    let bb = if ll.base.has_beta() { input_opt::<F>(x, "beta")? } else { None };
+    let gv = gg.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let bv = bb.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let lv = lam.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut ws = pool::zeros::<F>(FAMILY, bh * ws_per)?;
+    let mut gws = pool::zeros::<f64>(FAMILY, bh * nmax)?;
+    let mut st = pool::zeros::<F>(FAMILY, bh * e_levels * dk * dv)?;
     let cfg = LaunchConfig {
         grid_dim: (int(FAMILY, "B·H", bh)? as u32, 1, 1),
         block_dim: (256, 1, 1),
@@ -120,9 +119,10 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
     let (base, lifted_i, ei, ni) =
         (base_code(ll.base), lifted as i32, e_levels as i32, int(FAMILY, "n", nmax)?);
     let scale = ll.scale;
+    let (qv, kv, vv) = (q.view(), k.view(), v.view());
     launch!(g, FAMILY, f, cfg;
-        &dq, &dkk, &dvv, &dg, &db, &dl, &mut y, &mut ws, &mut gws, &mut st,
+        &qv, &kv, &vv, &gv, &bv, &lv, &mut *y, &mut *ws, &mut *gws, &mut *st,
         &ti, &hi, &dki, &dvi, &li, &ci, &cbi, &base, &lifted_i, &ei, &ni, &scale)?;
-    g.sync(FAMILY)?;
-    g.download(FAMILY, &y, &[b, t, h, dv])
+    let checks = lam.as_ref().map(|l| l.checks().to_vec()).unwrap_or_default();
+    finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)
 }

@@ -12,21 +12,24 @@
 //! After token `t` the non-empty levels are 0 and every `ℓ ≥ 1` with bit `ℓ − 1` of `t` set,
 //! i.e. `1 + popcount(t)` states; `cache_elems` counts those (`× D_v D_k B H`). The
 //! device buffer has one slot per λ level (`L ≥ L(T)`); a token needing a level beyond it is an
-//! error. Per token the host uploads one packed buffer (q, k, v, g, β, mapped λ of that token)
-//! and downloads `y_t` (`B·H·Dv` values).
+//! error. Per token the device gathers one packed buffer (q, k, v, g, β, mapped λ of that
+//! token) with device-to-device copies, and `y_t` stays on the device: nothing waits.
 
-use cudarc::driver::{CudaSlice, LaunchConfig};
-use mixer_core::mixer::{Decoder, check_decoder_capacity};
+use cudarc::driver::{CudaView, LaunchConfig};
+use mixer_core::fenwick::{bitlen, merge_level, occupied_levels};
+use mixer_core::mixer::check_decoder_capacity;
 use mixer_core::mixers::loglinear::LogLinear;
-use mixer_core::tensor::{contiguous, get};
-use mixer_core::{Dims, DimsExt, Error, Result, Tensors};
+use mixer_core::{Dims, DimsExt, Error, Result};
 use ndarray::ArrayD;
 
-use super::FAMILY;
 use super::chunked::base_code;
+use super::{FAMILY, lambda};
+use crate::attention::decoder::token_shape;
+use crate::forms::{DeviceDecoder, input};
 use crate::kernels;
-use crate::runtime::{GpuReal, gpu, int, launch};
-use mixer_core::fenwick::{bitlen, merge_level, occupied_levels};
+use crate::pool::{self, Pooled};
+use crate::runtime::{GpuReal, err, gpu, int, launch};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// The decoder of one configured member of the family (device-resident level states).
 pub struct LogLinearDecoder<F: GpuReal> {
@@ -38,10 +41,12 @@ pub struct LogLinearDecoder<F: GpuReal> {
     /// λ levels per token (1 for the base mixers).
     n_levels: usize,
     /// The λ scheme's parameter `lambda_param [H, L]`, when given (a static input).
-    lambda_param: Option<ArrayD<F>>,
+    lambda_param: Option<DeviceTensor<F>>,
     /// State slots per (b, h): `min(n_levels, 32)` (a token `t < 2³¹` uses levels `≤ 31`).
     slots: usize,
-    states: CudaSlice<F>,
+    states: Pooled<F>,
+    /// The packed token `[q | k | v | g | β | λ]`, gathered on the device each step.
+    tok: Pooled<F>,
     /// Bit `l` set when level `l` is non-empty after the last step.
     occ: u64,
     /// Tokens the decoder was built for (`T`).
@@ -57,7 +62,9 @@ impl<F: GpuReal> LogLinearDecoder<F> {
         let t_len = dims.size("T")?;
         let slots = n_levels.min(32);
         int(FAMILY, "B·H·L·Dk·Dv", nb * nh * slots * dk * dv)?;
-        let states = gpu()?.zeros::<F>(FAMILY, nb * nh * slots * dk * dv)?;
+        let states = pool::zeros::<F>(FAMILY, nb * nh * slots * dk * dv)?;
+        let lifted = m.lift.is_some();
+        let tok = pool::zeros::<F>(FAMILY, nb * nh * (2 * dk + dv + 2 + if lifted { n_levels } else { 0 }))?;
         Ok(LogLinearDecoder {
             m: m.clone(),
             nb,
@@ -68,6 +75,7 @@ impl<F: GpuReal> LogLinearDecoder<F> {
             lambda_param: None,
             slots,
             states,
+            tok,
             occ: 0,
             t_len,
             pos: 0,
@@ -75,39 +83,57 @@ impl<F: GpuReal> LogLinearDecoder<F> {
     }
 
     /// Sets the λ scheme's parameter `lambda_param [H, L]` (a static input; absent = 1).
-    pub fn with_lambda_param(mut self, p: Option<ArrayD<F>>) -> Self {
-        self.lambda_param = p;
-        self
+    pub fn with_lambda_param(mut self, p: Option<&ArrayD<F>>) -> Result<Self> {
+        self.lambda_param = p.map(DeviceTensor::upload).transpose()?;
+        Ok(self)
     }
 }
 
-impl<F: GpuReal> Decoder<F> for LogLinearDecoder<F> {
-    fn step(&mut self, tok: &Tensors<F>) -> Result<ArrayD<F>> {
+impl<F: GpuReal> LogLinearDecoder<F> {
+    /// Copies `src` into the packed token at element `at` (device to device).
+    fn pack(&mut self, at: usize, src: &CudaView<'_, F>) -> Result<()> {
+        let n = src.len();
+        if n > 0 {
+            gpu()?
+                .stream
+                .memcpy_dtod(src, &mut self.tok.slice_mut(at..at + n))
+                .map_err(|e| err(FAMILY, format!("gathering the token: {e}")))?;
+        }
+        Ok(())
+    }
+}
+
+impl<F: GpuReal> DeviceDecoder for LogLinearDecoder<F> {
+    fn step(&mut self, tok: &DeviceTensors) -> Result<AnyDeviceTensor> {
         let (nb, nh, dk, dv) = (self.nb, self.nh, self.dk, self.dv);
         let bh = nb * nh;
         let base = self.m.base;
         let lifted = self.m.lift.is_some();
         let t = self.pos;
         check_decoder_capacity(t, self.t_len)?;
-        let mut buf: Vec<F> = Vec::with_capacity(bh * (2 * dk + dv + 2 + self.n_levels));
-        buf.extend_from_slice(&contiguous(tok, "q", &[nb, nh, dk])?);
-        buf.extend_from_slice(&contiguous(tok, "k", &[nb, nh, dk])?);
-        buf.extend_from_slice(&contiguous(tok, "v", &[nb, nh, dv])?);
-        let zeros = vec![F::zero(); bh];
-        if base.has_decay() {
-            buf.extend_from_slice(&contiguous(tok, "g", &[nb, nh])?);
-        } else {
-            buf.extend_from_slice(&zeros);
+        let mut at = 0;
+        for (name, d) in [("q", dk), ("k", dk), ("v", dv)] {
+            let x = input::<F>(tok, name)?;
+            token_shape(name, x.shape(), &[nb, nh, d])?;
+            self.pack(at, &x.view())?;
+            at += bh * d;
         }
-        if base.has_beta() {
-            buf.extend_from_slice(&contiguous(tok, "beta", &[nb, nh])?);
-        } else {
-            buf.extend_from_slice(&zeros);
+        // An unused gate's slot keeps the zeros it was allocated with.
+        for (name, used) in [("g", base.has_decay()), ("beta", base.has_beta())] {
+            if used {
+                let x = input::<F>(tok, name)?;
+                token_shape(name, x.shape(), &[nb, nh])?;
+                self.pack(at, &x.view())?;
+            }
+            at += bh;
         }
+        let mut checks = Vec::new();
         if lifted {
-            contiguous(tok, "lambda", &[nb, nh, self.n_levels])?;
-            let w = self.m.lambda_weights(get(tok, "lambda")?, self.lambda_param.as_ref())?;
-            buf.extend(w.as_standard_layout().iter().copied());
+            let raw = input::<F>(tok, "lambda")?;
+            token_shape("lambda", raw.shape(), &[nb, nh, self.n_levels])?;
+            let w = lambda::weights(&self.m, &raw, self.lambda_param.as_ref())?;
+            self.pack(at, &w.view())?;
+            checks = w.checks().to_vec();
         }
         // The merge level of this step and the levels occupied after it (MATH §2.5).
         let m = merge_level(t).unwrap_or(0);
@@ -120,8 +146,7 @@ impl<F: GpuReal> Decoder<F> for LogLinearDecoder<F> {
             )));
         }
         let g = gpu()?;
-        let dtok = g.upload_slice(FAMILY, &buf)?;
-        let mut y = g.zeros::<F>(FAMILY, bh * dv)?;
+        let mut y = pool::take::<F>(FAMILY, bh * dv)?;
         let f =
             g.function(FAMILY, &kernels::LOGLINEAR_FENWICK.full(), &[], &format!("ll_step_{}", F::SUFFIX))?;
         let cfg = LaunchConfig {
@@ -141,10 +166,10 @@ impl<F: GpuReal> Decoder<F> for LogLinearDecoder<F> {
         let occ32 = occ as u32;
         let scale = self.m.scale;
         launch!(g, FAMILY, f, cfg;
-            &dtok, &mut self.states, &mut y, &bhi, &dki, &dvi, &nl, &li, &basei, &liftedi, &ti, &mi, &occ32, &scale)?;
+            &*self.tok, &mut *self.states, &mut *y, &bhi, &dki, &dvi, &nl, &li, &basei, &liftedi, &ti, &mi, &occ32, &scale)?;
         self.occ = occ;
         self.pos += 1;
-        g.download(FAMILY, &y, &[nb, nh, dv])
+        Ok(F::wrap(DeviceTensor::from_pooled(y, &[nb, nh, dv])?.with_checks(checks)))
     }
 
     fn cache_elems(&self) -> usize {

@@ -19,32 +19,35 @@
 
 pub mod chunked;
 pub mod decoder;
+pub mod lambda;
 pub mod parallel;
 
 use mixer_core::mixers::loglinear::LogLinear;
-use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
+use mixer_registry::{FamilyEntry, register};
 
+use crate::device_run::{DeviceEntry, device_entry};
+use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
 use crate::runtime::GpuReal;
 
 /// Family name in errors.
 pub(crate) const FAMILY: &str = "loglinear";
 
 /// The log-linear family on CUDA.
-struct LogLinearCuda;
+pub struct LogLinearCuda;
 
-impl<F: GpuReal> Family<F> for LogLinearCuda {
+impl<F: GpuReal> DeviceFamily<F> for LogLinearCuda {
     type Mixer = LogLinear;
-    fn parallel(&self) -> Option<FormFn<LogLinear, F>> {
-        Some(parallel::run)
+    fn parallel() -> Option<DeviceFormFn<LogLinear>> {
+        Some(parallel::run::<F>)
     }
-    fn fast(&self) -> Option<FormFn<LogLinear, F>> {
-        Some(chunked::run)
+    fn fast() -> Option<DeviceFormFn<LogLinear>> {
+        Some(chunked::run::<F>)
     }
-    fn decoder(&self) -> Option<DecoderFn<LogLinear, F>> {
+    fn decoder() -> Option<DeviceDecoderFn<LogLinear, F>> {
         Some(|m, statics, dims| {
             Ok(Box::new(
                 decoder::LogLinearDecoder::<F>::new(m, dims)?
-                    .with_lambda_param(statics.get("lambda_param").cloned()),
+                    .with_lambda_param(statics.get("lambda_param"))?,
             ))
         })
     }
@@ -52,4 +55,7 @@ impl<F: GpuReal> Family<F> for LogLinearCuda {
 
 #[register]
 static LOGLINEAR_CUDA: FamilyEntry =
-    FamilyEntry { family: FAMILY, backend: "cuda", f64: &LogLinearCuda, f32: &LogLinearCuda };
+    FamilyEntry { family: FAMILY, backend: "cuda", f64: &Hosted(LogLinearCuda), f32: &Hosted(LogLinearCuda) };
+
+/// The device-tensor forms.
+pub static DEVICE: DeviceEntry = device_entry::<LogLinearCuda>(FAMILY);

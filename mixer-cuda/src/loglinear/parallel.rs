@@ -3,15 +3,19 @@
 //! `y_t = Σ_{s ≤ t} σ β_s (k_s · u_s) λ_t^(ℓ(t,s)) v_s`, with `ℓ` and
 //! `λ = map(raw, 1)` from the spliced device functions. `O(T² (D_k + D_v))` work.
 
+use std::sync::Arc;
+
 use cudarc::driver::LaunchConfig;
-use mixer_core::mixers::loglinear::{Base, LogLinear};
-use mixer_core::{Error, Result, Tensors};
-use ndarray::{ArrayD, IxDyn};
+use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::{Error, Precision, Result};
 
 use super::FAMILY;
+use super::chunked::base_code;
+use crate::forms::{finish, input, input_opt};
 use crate::kernels;
+use crate::pool;
 use crate::runtime::{GpuReal, check_elems, err, gpu, int, launch};
-use mixer_core::tensor::get;
+use crate::tensor::{AnyDeviceTensor, Deferred, DeviceTensor, DeviceTensors};
 
 /// Shared memory one block may use without opting in (bytes).
 const SMEM: usize = 48 * 1024;
@@ -34,21 +38,20 @@ pub fn kernel_source(ll: &LogLinear) -> Result<String> {
     Ok(kernels::with_prelude(&format!("{mask_src}\n{lam_src}"), kernels::LOGLINEAR.body))
 }
 
-/// Runs the quadratic form on the GPU.
-pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let q = get(inputs, "q")?;
-    let v = get(inputs, "v")?;
+/// Runs the quadratic form on device tensors.
+pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
+    let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let dv = v.shape()[3];
     if b * t * h * dv == 0 {
-        return Ok(ArrayD::zeros(IxDyn(&[b, t, h, dv])));
+        return finish(DeviceTensor::<F>::zeros(&[b, t, h, dv])?, p);
     }
     let lifted = ll.lift.is_some();
-    if inputs.contains_key("lambda_param") {
+    if x.contains_key("lambda_param") {
         return Err(err(
             FAMILY,
             "this quadratic kernel maps λ on the device with the parameter at 1, so it does not take \
-             `lambda_param` yet; use the fast or recurrent form (λ mapped on the host) or the cpu backend",
+             `lambda_param` yet; use the fast or recurrent form or the cpu backend",
         ));
     }
     let sz = std::mem::size_of::<F>();
@@ -62,30 +65,30 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
     }
     let g = gpu()?;
     let f = g.function(FAMILY, &kernel_source(ll)?, &[], &format!("ll_quadratic_{}", F::SUFFIX))?;
-    let opt = |name: &str, used: bool| -> Result<_> {
-        if used { g.upload(FAMILY, get(inputs, name)?) } else { g.zeros::<F>(FAMILY, 1) }
-    };
-    let dq = g.upload(FAMILY, q)?;
-    let dkk = g.upload(FAMILY, get(inputs, "k")?)?;
-    let dvv = g.upload(FAMILY, v)?;
-    let dg = opt("g", ll.base.has_decay())?;
-    let db = opt("beta", ll.base.has_beta())?;
-    let (dl, levels) = if lifted {
-        let l = get(inputs, "lambda")?;
+    let zero = pool::zeros::<F>(FAMILY, 1)?;
+    let gg = if ll.base.has_decay() { input_opt::<F>(x, "g")? } else { None };
+    let bb = if ll.base.has_beta() { input_opt::<F>(x, "beta")? } else { None };
+    let ll_raw = if lifted { input_opt::<F>(x, "lambda")? } else { None };
+    let levels = ll_raw.as_ref().map_or(1, |l| l.shape()[3]);
+    if let Some(l) = &ll_raw {
         check_elems(FAMILY, l.len())?;
-        (g.upload(FAMILY, l)?, l.shape()[3])
-    } else {
-        (g.zeros::<F>(FAMILY, 1)?, 1)
-    };
+    }
+    let gv = gg.as_ref().map_or_else(|| zero.slice(0..1), |t| t.view());
+    let bv = bb.as_ref().map_or_else(|| zero.slice(0..1), |t| t.view());
+    let lv = ll_raw.as_ref().map_or_else(|| zero.slice(0..1), |t| t.view());
     let n = b * t * h;
     check_elems(FAMILY, n * dk.max(dv))?;
-    let mut y = g.zeros::<F>(FAMILY, n * dv)?;
-    let mut flag = g.zeros::<i32>(FAMILY, 1)?;
-    let base = match ll.base {
-        Base::LinearAttention => 0i32,
-        Base::Mamba2 => 1,
-        Base::GatedDeltaNet => 2,
-    };
+    let mut y = pool::take::<F>(FAMILY, n * dv)?;
+    let (mask, scheme) = ll.lift.map_or(("", ""), |l| (l.mask.name, l.lambda.name));
+    let flag = Arc::new(Deferred::new(FAMILY, move |c| Error::Value {
+        name: "lambda".into(),
+        constraint: if c == 1 {
+            format!("mask `{mask}` must give levels in [0, L) for s ≤ t < T")
+        } else {
+            format!("λ scheme `{scheme}` must map raw values to finite weights ≥ 0")
+        },
+        found: format!("L = {levels}; the kernel found a violation (code {c})"),
+    })?);
     let cfg = LaunchConfig {
         grid_dim: (int(FAMILY, "blocks", n.div_ceil(nt))? as u32, 1, 1),
         block_dim: (nt as u32, 1, 1),
@@ -99,25 +102,9 @@ pub fn run<F: GpuReal>(ll: &LogLinear, inputs: &Tensors<F>) -> Result<ArrayD<F>>
         int(FAMILY, "Dv", dv)?,
         int(FAMILY, "L", levels)?,
     );
-    let lifted_i = lifted as i32;
-    let scale = ll.scale;
+    let (base, lifted_i, scale) = (base_code(ll.base), lifted as i32, ll.scale);
+    let (qv, kv, vv) = (q.view(), k.view(), v.view());
     launch!(g, FAMILY, f, cfg;
-        &dq, &dkk, &dvv, &dg, &db, &dl, &mut y, &mut flag, &bi, &ti, &hi, &dki, &dvi, &li, &base, &lifted_i, &scale)?;
-    g.sync(FAMILY)?;
-    let code = g.stream.clone_dtoh(&flag).map_err(|e| err(FAMILY, format!("device→host copy: {e}")))?;
-    g.sync(FAMILY)?;
-    if let (Some(lift), Some(&c)) = (ll.lift, code.first())
-        && c != 0
-    {
-        return Err(Error::Value {
-            name: "lambda".into(),
-            constraint: if c == 1 {
-                format!("mask `{}` must give levels in [0, L) for s ≤ t < T", lift.mask.name)
-            } else {
-                format!("λ scheme `{}` must map raw values to finite weights ≥ 0", lift.lambda.name)
-            },
-            found: format!("L = {levels}; the kernel found a violation (code {c})"),
-        });
-    }
-    g.download(FAMILY, &y, &[b, t, h, dv])
+        &qv, &kv, &vv, &gv, &bv, &lv, &mut *y, flag.flag(), &bi, &ti, &hi, &dki, &dvi, &li, &base, &lifted_i, &scale)?;
+    finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks([flag]), p)
 }

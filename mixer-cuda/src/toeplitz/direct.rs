@@ -2,39 +2,35 @@
 //! one thread per output element, `O(T)` work each.
 
 use mixer_core::mixers::toeplitz::Toeplitz;
-use mixer_core::{Result, Tensors};
-use ndarray::{ArrayD, IxDyn};
+use mixer_core::{Precision, Result};
 
-use super::FAMILY;
+use super::{FAMILY, prepare};
+use crate::fft::FftReal;
+use crate::forms::finish;
 use crate::kernels;
-use crate::runtime::{GpuReal, check_elems, gpu, grid1, int, launch};
-use mixer_core::tensor::get;
+use crate::pool;
+use crate::runtime::{check_elems, gpu, grid1, launch};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
-/// Runs the direct (parallel) form on the GPU.
-pub fn run<F: GpuReal>(tz: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let p = tz.prepare(inputs)?;
-    let (b, t, c, h, kw) = (p.batch, p.seq, p.channels, p.heads, p.kernel_width);
+/// Runs the direct (parallel) form on device tensors.
+pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
+    let d = prepare::<F>(tz, x)?;
+    let (b, t, c) = (d.b, d.t, d.c);
     if b * t * c == 0 {
-        return Ok(ArrayD::zeros(IxDyn(&[b, t, c])));
+        return finish(DeviceTensor::<F>::zeros(&[b, t, c])?, p);
     }
     check_elems(FAMILY, b * t * c)?;
     let g = gpu()?;
     let f = g.function(FAMILY, &kernels::TOEPLITZ.full(), &[], &format!("toeplitz_direct_{}", F::SUFFIX))?;
-    let x = g.upload(FAMILY, get(inputs, "x")?)?;
-    let w = g.upload_slice(FAMILY, &p.taps)?;
-    let (bias, has_bias) = match &p.bias {
-        Some(v) => (g.upload_slice(FAMILY, v)?, 1i32),
-        None => (g.zeros::<F>(FAMILY, 1)?, 0i32),
+    let zero = pool::zeros::<F>(FAMILY, 1)?;
+    let (bias, has_bias) = match &d.bias {
+        Some(v) => (v.view(), 1i32),
+        None => (zero.slice(0..1), 0i32),
     };
-    let mut y = g.zeros::<F>(FAMILY, b * t * c)?;
-    let (bi, ti, ci, hi, kwi) = (
-        int(FAMILY, "B", b)?,
-        int(FAMILY, "T", t)?,
-        int(FAMILY, "C", c)?,
-        int(FAMILY, "H", h)?,
-        int(FAMILY, "Kw", kw)?,
-    );
-    launch!(g, FAMILY, f, grid1(b * t * c, 128); &x, &w, &bias, &has_bias, &mut y, &bi, &ti, &ci, &hi, &kwi)?;
-    g.sync(FAMILY)?;
-    g.download(FAMILY, &y, &[b, t, c])
+    let mut y = pool::take::<F>(FAMILY, b * t * c)?;
+    let [bi, ti, ci, hi, kwi, lw, lb] = d.dims;
+    let (xv, wv) = (d.x.view(), d.w.view());
+    launch!(g, FAMILY, f, grid1(b * t * c, 128);
+        &xv, &wv, &bias, &has_bias, &mut *y, &bi, &ti, &ci, &hi, &kwi, &lw, &lb)?;
+    finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p)
 }

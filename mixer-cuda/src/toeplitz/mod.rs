@@ -10,35 +10,45 @@
 //!   the device ([`decoder`]), for `decoder: "naive"`. The CPU's online (relaxed) FFT decoder
 //!   is not ported: for `decoder: "online"` (the default) the recurrent form is unavailable on
 //!   this backend, with that reason.
+//!
+//! Kernels and biases may be longer than `T` (`Tw, Tb ≥ T`); the kernels read the first `T`
+//! entries of each row, so device tensors are used as given, without a truncating copy.
 
 pub mod decoder;
 pub mod direct;
 pub mod fast;
 
-use mixer_core::Form;
-use mixer_core::mixers::toeplitz::{DecoderKind, Toeplitz};
-use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
+use std::borrow::Cow;
 
+use mixer_core::mixers::toeplitz::{DecoderKind, Toeplitz};
+use mixer_core::{Form, Result};
+use mixer_registry::{FamilyEntry, register};
+use ndarray::{ArrayD, IxDyn};
+
+use crate::device_run::{DeviceEntry, device_entry};
 use crate::fft::FftReal;
+use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted, input, input_opt};
+use crate::runtime::int;
+use crate::tensor::{DeviceTensor, DeviceTensors};
 
 /// Family name in errors.
 pub(crate) const FAMILY: &str = mixer_core::mixers::toeplitz::FAMILY;
 
 /// The Toeplitz mixer on CUDA.
-struct ToeplitzCuda;
+pub struct ToeplitzCuda;
 
-impl<F: FftReal> Family<F> for ToeplitzCuda {
+impl<F: FftReal> DeviceFamily<F> for ToeplitzCuda {
     type Mixer = Toeplitz;
-    fn parallel(&self) -> Option<FormFn<Toeplitz, F>> {
-        Some(direct::run)
+    fn parallel() -> Option<DeviceFormFn<Toeplitz>> {
+        Some(direct::run::<F>)
     }
-    fn fast(&self) -> Option<FormFn<Toeplitz, F>> {
-        Some(fast::run)
+    fn fast() -> Option<DeviceFormFn<Toeplitz>> {
+        Some(fast::run::<F>)
     }
-    fn decoder(&self) -> Option<DecoderFn<Toeplitz, F>> {
+    fn decoder() -> Option<DeviceDecoderFn<Toeplitz, F>> {
         Some(|tz, statics, dims| Ok(Box::new(decoder::NaiveDecoder::<F>::new(tz, statics, dims)?)))
     }
-    fn unsupported(&self, tz: &Toeplitz, form: Form) -> Option<String> {
+    fn unsupported(tz: &Toeplitz, form: Form) -> Option<String> {
         (form == Form::Recurrent && tz.cfg.decoder == DecoderKind::Online).then(|| {
             "the online FFT decoder is not ported to CUDA; configure `\"decoder\": \"naive\"`".to_string()
         })
@@ -47,4 +57,48 @@ impl<F: FftReal> Family<F> for ToeplitzCuda {
 
 #[register]
 static TOEPLITZ_CUDA: FamilyEntry =
-    FamilyEntry { family: FAMILY, backend: "cuda", f64: &ToeplitzCuda, f32: &ToeplitzCuda };
+    FamilyEntry { family: FAMILY, backend: "cuda", f64: &Hosted(ToeplitzCuda), f32: &Hosted(ToeplitzCuda) };
+
+/// The device-tensor forms.
+pub static DEVICE: DeviceEntry = device_entry::<ToeplitzCuda>(FAMILY);
+
+/// The inputs of a form on the device, with the sizes the kernels take.
+pub(crate) struct Prepared<'a, F: FftReal> {
+    pub x: Cow<'a, DeviceTensor<F>>,
+    pub w: Cow<'a, DeviceTensor<F>>,
+    pub bias: Option<Cow<'a, DeviceTensor<F>>>,
+    /// `[B, T, C, H, Kw, Lw, Lb]` as kernel ints (`Lw`, `Lb`: row lengths of `w` and `bias`).
+    pub dims: [i32; 7],
+    pub b: usize,
+    pub t: usize,
+    pub c: usize,
+}
+
+/// Checks the shapes of `x`, `w` and `bias` as every form does (through the same
+/// [`Toeplitz::prepare_statics`], on placeholder arrays of the same shapes) and gathers the
+/// device inputs.
+pub(crate) fn prepare<'a, F: FftReal>(tz: &Toeplitz, x: &'a DeviceTensors) -> Result<Prepared<'a, F>> {
+    let xs = input::<F>(x, "x")?;
+    let s = xs.shape().to_vec();
+    if s.len() != 3 {
+        return Err(mixer_core::Error::shape("x", "[B, T, C]", mixer_core::error::fmt_shape(&s)));
+    }
+    let (b, t, c) = (s[0], s[1], s[2]);
+    tz.head_dim(c)?;
+    let w = input::<F>(x, "w")?;
+    let bias = input_opt::<F>(x, "bias")?;
+    let shape_only = |d: &DeviceTensor<F>| ArrayD::<u8>::zeros(IxDyn(d.shape()));
+    tz.prepare_statics(&shape_only(&w), bias.as_deref().map(shape_only).as_ref(), t)?;
+    let lw = *w.shape().last().unwrap_or(&0);
+    let lb = bias.as_ref().map_or(t, |d| *d.shape().last().unwrap_or(&0));
+    let dims = [
+        int(FAMILY, "B", b)?,
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "C", c)?,
+        int(FAMILY, "H", tz.cfg.heads)?,
+        int(FAMILY, "Kw", tz.cfg.kernel_width)?,
+        int(FAMILY, "Tw", lw)?,
+        int(FAMILY, "Tb", lb)?,
+    ];
+    Ok(Prepared { x: xs, w, bias, dims, b, t, c })
+}

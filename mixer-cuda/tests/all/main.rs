@@ -6,6 +6,7 @@
 
 mod attention;
 mod common;
+mod device;
 mod errors_and_scale;
 mod glr;
 mod loglinear;

@@ -3,6 +3,7 @@
 //! device is present, and fail instead under `MIXERS_REQUIRE_CUDA=1`.
 
 use mixer_core::Error;
+use mixer_cuda::DeviceTensor;
 use mixer_cuda::device::skip_reason;
 use mixer_cuda::kernels::with_prelude;
 use mixer_cuda::runtime::{compile_only, gpu, nvrtc_available};
@@ -50,15 +51,16 @@ fn upload_download_round_trip() {
         eprintln!("skipped: {why}");
         return;
     }
-    let g = gpu().unwrap();
     let a = ArrayD::from_shape_fn(IxDyn(&[3, 5, 7]), |i| (i[0] * 35 + i[1] * 7 + i[2]) as f64 * 0.5 - 3.0);
-    let d = g.upload("test", &a).unwrap();
-    assert_eq!(g.download("test", &d, &[3, 5, 7]).unwrap(), a);
+    let d = DeviceTensor::upload(&a).unwrap();
+    assert_eq!(d.to_host().unwrap(), a);
+    // a zero-copy view of batch entries 1..3
+    assert_eq!(d.batch(1..3).unwrap().to_host().unwrap(), a.slice(ndarray::s![1..3, .., ..]).into_dyn());
+    assert!(d.batch(2..4).is_err());
     // a transposed (non-standard) layout is made contiguous first
     let t = a.t().to_owned().into_dyn();
-    let at = a.t().into_dyn();
-    let d = g.upload("test", &at.to_owned()).unwrap();
-    assert_eq!(g.download("test", &d, t.shape()).unwrap(), t);
+    let d = DeviceTensor::upload(&a.t().into_dyn().to_owned()).unwrap();
+    assert_eq!(d.to_host().unwrap(), t);
 }
 
 fn fft_round_trip<F: mixer_cuda::fft::FftReal>(tol: f64) {
@@ -68,8 +70,10 @@ fn fft_round_trip<F: mixer_cuda::fft::FftReal>(tol: f64) {
     let dx = g.upload_slice("fft", &x).unwrap();
     let spec = mixer_cuda::fft::rfft::<F>("fft", &dx, n, batch).unwrap();
     let back = mixer_cuda::fft::irfft::<F>("fft", spec, n, batch).unwrap();
-    let back = g.download("fft", &back, &[n * batch]).unwrap();
-    for (a, b) in x.iter().zip(back.iter()) {
+    let mut host = vec![F::zero(); n * batch];
+    g.stream.memcpy_dtoh(&back.slice(0..n * batch), &mut host[..]).unwrap();
+    g.sync("fft").unwrap();
+    for (a, b) in x.iter().zip(host.iter()) {
         assert!((a.f64() - b.f64() / n as f64).abs() < tol, "{a} vs {}", b.f64() / n as f64);
     }
 }

@@ -1,0 +1,90 @@
+//! The tensor-core forward (`kernels/attention_mma.cu`), FlashAttention-2 style, for the
+//! `tf32` and `bf16` modes: a block of 4 warps owns 128 query rows of one (batch, head); K and
+//! V tiles of 64 keys stream through shared memory with `cp.async` (two stages); `mma.sync`
+//! computes `QKᵀ` and `PV` (bf16 `m16n8k16` or tf32 `m16n8k8`, `f32` accumulation); the
+//! online softmax runs in `f32` with `exp2` (scale·log₂e folded in); tiles wholly outside the
+//! causal window are skipped, masks are applied only on tiles that cross a boundary.
+//!
+//! It applies when `Dk = Dv` is a multiple of 16 and at most 128; otherwise the exact kernel
+//! runs (the `tf32` mode permits tensor cores, it does not require them).
+
+use cudarc::driver::LaunchConfig;
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use mixer_core::mixers::attention::Attention;
+use mixer_core::{Precision, Result};
+
+use super::{FAMILY, window_arg};
+use crate::kernels;
+use crate::pool;
+use crate::runtime::{GpuReal, err, gpu, int, launch};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
+
+/// Warps per block and 16-row m-tiles per warp (128 query rows per block).
+const WARPS: usize = 4;
+const WM: usize = 2;
+/// Keys per K/V tile.
+const BK: usize = 64;
+
+/// Whether the tensor-core kernel handles head dims `dk`, `dv`.
+pub fn applies(dk: usize, dv: usize) -> bool {
+    dk == dv && dk.is_multiple_of(16) && (16..=128).contains(&dk)
+}
+
+/// Runs the tensor-core kernel when the mode and the sizes allow it; `None` otherwise.
+pub fn run<F: GpuReal>(a: &Attention, x: &DeviceTensors, p: Precision) -> Result<Option<AnyDeviceTensor>> {
+    if p == Precision::Exact || F::ELEM != "f32" {
+        return Ok(None);
+    }
+    let (Some(q), Some(k), Some(v)) = (x.get("q"), x.get("k"), x.get("v")) else { return Ok(None) };
+    let s = q.shape();
+    let (b, t, h, d) = (s[0], s[1], s[2], s[3]);
+    if !applies(d, v.shape()[3]) || b * t * h == 0 {
+        return Ok(None);
+    }
+    let g = gpu()?;
+    let bq = 16 * WM * WARPS;
+    let (name, smem) = match p {
+        Precision::Bf16 => ("attn_mma_bf16", (bq * d + 4 * BK * d) * 2),
+        _ => ("attn_mma_tf32", (2 * BK * (d + 8) + 2 * BK * (d + 4)) * 4),
+    };
+    let opts = [
+        format!("-DATT_D={d}"),
+        format!("-DATT_BK={BK}"),
+        format!("-DATT_WM={WM}"),
+        format!("-DATT_WARPS={WARPS}"),
+    ];
+    let f = g.function(FAMILY, &kernels::ATTENTION_MMA.full(), &opts, name)?;
+    f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+        .map_err(|e| err(FAMILY, format!("opting in to {smem} bytes of shared memory: {e}")))?;
+    let cfg = LaunchConfig {
+        grid_dim: (int(FAMILY, "query tiles", t.div_ceil(bq))? as u32, int(FAMILY, "B·H", b * h)? as u32, 1),
+        block_dim: ((32 * WARPS) as u32, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    int(FAMILY, "B·T·H·D", b * t * h * d)?;
+    let (bi, ti, hi) = (int(FAMILY, "B", b)?, int(FAMILY, "T", t)?, int(FAMILY, "H", h)?);
+    let w = window_arg(a, t);
+    let scale_log2 = (a.scale(d) * std::f64::consts::LOG2_E) as f32;
+    if !(scale_log2.is_finite() && scale_log2.abs() < 1e30) {
+        // Logits this large need the exact kernel's overflow-free form.
+        return Ok(None);
+    }
+    let n = b * t * h * d;
+    let y = match p {
+        Precision::Bf16 => {
+            let (q, k, v) = (q.typed::<bf16>("q")?, k.typed::<bf16>("k")?, v.typed::<bf16>("v")?);
+            let mut y = pool::take::<bf16>(FAMILY, n)?;
+            let (qv, kv, vv) = (q.view(), k.view(), v.view());
+            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2)?;
+            AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, s)?)
+        }
+        _ => {
+            let (q, k, v) = (q.typed::<f32>("q")?, k.typed::<f32>("k")?, v.typed::<f32>("v")?);
+            let mut y = pool::take::<f32>(FAMILY, n)?;
+            let (qv, kv, vv) = (q.view(), k.view(), v.view());
+            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2)?;
+            AnyDeviceTensor::F32(DeviceTensor::from_pooled(y, s)?)
+        }
+    };
+    Ok(Some(y))
+}

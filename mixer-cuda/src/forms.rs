@@ -1,0 +1,246 @@
+//! The device-tensor contract of this backend's families, and the host-array forms built on
+//! it.
+//!
+//! Each family implements [`DeviceFamily`] once for `f32` and `f64`: its forms take
+//! [`DeviceTensors`] and return a device tensor without waiting for the stream, and its
+//! decoder ([`DeviceDecoder`]) keeps its state on the device and takes each token's inputs
+//! as device tensors. [`Hosted`] turns that into the registry's [`Family`]: a host-array form
+//! uploads the inputs, runs the device form and reads the result (the only wait), so the two
+//! paths agree bit for bit by construction. [`crate::run_device`] is the entry point for
+//! callers whose tensors live on the device.
+//!
+//! Precision: a form receives the call's [`Precision`]. In the `bf16` mode the activations
+//! arrive as bf16 tensors; [`input`] converts them to the form's `f32` on the device, and
+//! [`finish`] stores `y` as bf16. A form with tensor-core kernels (attention) uses them instead.
+
+use std::borrow::Cow;
+
+use mixer_core::mixer::{Decoder, Mixer};
+use mixer_core::precision::{ACTIVATIONS, round_bf16};
+use mixer_core::{Dims, Error, Form, Precision, Result, Tensors};
+use mixer_registry::{DecoderFn, Family, FormFn, PreciseFn};
+use ndarray::ArrayD;
+
+use crate::kernels;
+use crate::pool;
+use crate::runtime::{GpuReal, err, gpu, grid1, launch};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
+
+/// A device form: inputs on the device, output on the device, nothing waited for.
+pub type DeviceFormFn<M> = fn(&M, &DeviceTensors, Precision) -> Result<AnyDeviceTensor>;
+
+/// A decoder whose state lives on the device.
+pub trait DeviceDecoder: Send {
+    /// Enqueues the next position: `token` holds the per-token inputs (sequence axis removed)
+    /// as device tensors; the output tensor is ready once the stream reaches it.
+    fn step(&mut self, token: &DeviceTensors) -> Result<AnyDeviceTensor>;
+    /// Number of scalars held in the cache/state right now.
+    fn cache_elems(&self) -> usize;
+    /// Number of tokens consumed so far.
+    fn position(&self) -> usize;
+}
+
+/// A device decoder from the static inputs (host arrays: kernels, biases, λ parameters) and
+/// the bound sizes.
+pub type DeviceDecoderFn<M, F> = fn(&M, &Tensors<F>, &Dims) -> Result<Box<dyn DeviceDecoder>>;
+
+/// One family's forms on device tensors, for element type `F` (`f32` or `f64`).
+pub trait DeviceFamily<F: GpuReal>: Send + Sync + 'static {
+    /// The family's mixer type.
+    type Mixer: Mixer;
+    /// The `parallel` form, if any.
+    fn parallel() -> Option<DeviceFormFn<Self::Mixer>> {
+        None
+    }
+    /// The `fast` form, if any.
+    fn fast() -> Option<DeviceFormFn<Self::Mixer>> {
+        None
+    }
+    /// The decoder, if any.
+    fn decoder() -> Option<DeviceDecoderFn<Self::Mixer, F>> {
+        None
+    }
+    /// A configuration this backend cannot run in `form` although the family has the form.
+    fn unsupported(_m: &Self::Mixer, _form: Form) -> Option<String> {
+        None
+    }
+}
+
+/// A [`DeviceFamily`] as the registry's [`Family`] (host arrays in and out).
+pub struct Hosted<T>(pub T);
+
+impl<F: GpuReal, T: DeviceFamily<F>> Family<F> for Hosted<T> {
+    type Mixer = T::Mixer;
+    fn parallel(&self) -> Option<FormFn<T::Mixer, F>> {
+        T::parallel().map(|_| host_parallel::<F, T> as FormFn<T::Mixer, F>)
+    }
+    fn fast(&self) -> Option<FormFn<T::Mixer, F>> {
+        T::fast().map(|_| host_fast::<F, T> as FormFn<T::Mixer, F>)
+    }
+    fn precise(&self, form: Form) -> Option<PreciseFn<T::Mixer, F>> {
+        match form {
+            Form::Parallel => T::parallel().map(|_| host_parallel_with::<F, T> as PreciseFn<T::Mixer, F>),
+            Form::Fast => T::fast().map(|_| host_fast_with::<F, T> as PreciseFn<T::Mixer, F>),
+            _ => None,
+        }
+    }
+    fn decoder(&self) -> Option<DecoderFn<T::Mixer, F>> {
+        T::decoder().map(|_| host_decoder::<F, T> as DecoderFn<T::Mixer, F>)
+    }
+    fn unsupported(&self, m: &T::Mixer, form: Form) -> Option<String> {
+        T::unsupported(m, form)
+    }
+}
+
+fn host_parallel<F: GpuReal, T: DeviceFamily<F>>(m: &T::Mixer, x: &Tensors<F>) -> Result<ArrayD<F>> {
+    host_parallel_with::<F, T>(m, x, Precision::Exact)
+}
+
+fn host_fast<F: GpuReal, T: DeviceFamily<F>>(m: &T::Mixer, x: &Tensors<F>) -> Result<ArrayD<F>> {
+    host_fast_with::<F, T>(m, x, Precision::Exact)
+}
+
+fn host_parallel_with<F: GpuReal, T: DeviceFamily<F>>(
+    m: &T::Mixer,
+    x: &Tensors<F>,
+    p: Precision,
+) -> Result<ArrayD<F>> {
+    let f = T::parallel().ok_or_else(|| err(m.family(), "internal: no parallel form"))?;
+    on_device(m, f, x, p)
+}
+
+fn host_fast_with<F: GpuReal, T: DeviceFamily<F>>(
+    m: &T::Mixer,
+    x: &Tensors<F>,
+    p: Precision,
+) -> Result<ArrayD<F>> {
+    let f = T::fast().ok_or_else(|| err(m.family(), "internal: no fast form"))?;
+    on_device(m, f, x, p)
+}
+
+/// Uploads host inputs (the activations as bf16 in the `bf16` mode), runs the device form,
+/// reads `y` back as `F`.
+fn on_device<F: GpuReal, M>(m: &M, f: DeviceFormFn<M>, x: &Tensors<F>, p: Precision) -> Result<ArrayD<F>> {
+    let dev = upload_inputs(x, p)?;
+    download_as::<F>(&f(m, &dev, p)?)
+}
+
+/// Host inputs as device tensors: every input as `F`, except the activations in the `bf16`
+/// mode, which are rounded to bf16 on the host and uploaded as bf16.
+pub fn upload_inputs<F: GpuReal>(x: &Tensors<F>, p: Precision) -> Result<DeviceTensors> {
+    x.iter()
+        .map(|(k, v)| {
+            let t = if p == Precision::Bf16 && ACTIVATIONS.contains(&k.as_str()) {
+                let b = v.mapv(|e| bf16::from_bits((round_bf16(e.f64() as f32).to_bits() >> 16) as u16));
+                AnyDeviceTensor::Bf16(DeviceTensor::upload(&b)?)
+            } else {
+                F::wrap(DeviceTensor::upload(v)?)
+            };
+            Ok((k.clone(), t))
+        })
+        .collect()
+}
+
+/// Reads a device tensor back as `F` (bf16 values are exact in `f32` and `f64`).
+pub fn download_as<F: GpuReal>(y: &AnyDeviceTensor) -> Result<ArrayD<F>> {
+    match y {
+        AnyDeviceTensor::Bf16(t) => Ok(t.to_host()?.mapv(|b| F::of(f64::from(b.to_f32())))),
+        other => F::unwrap(other)
+            .ok_or_else(|| {
+                err("tensor", format!("internal: a {} result where {} was expected", other.dtype(), F::ELEM))
+            })?
+            .to_host(),
+    }
+}
+
+fn host_decoder<F: GpuReal, T: DeviceFamily<F>>(
+    m: &T::Mixer,
+    statics: &Tensors<F>,
+    dims: &Dims,
+) -> Result<Box<dyn Decoder<F>>> {
+    let make = T::decoder().ok_or_else(|| err(m.family(), "internal: no decoder"))?;
+    Ok(Box::new(HostDecoder::<F> { inner: make(m, statics, dims)?, _f: std::marker::PhantomData }))
+}
+
+/// A device decoder driven with host arrays: uploads the token, steps, reads `y`.
+struct HostDecoder<F> {
+    inner: Box<dyn DeviceDecoder>,
+    _f: std::marker::PhantomData<fn() -> F>,
+}
+
+impl<F: GpuReal> Decoder<F> for HostDecoder<F> {
+    fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
+        let dev = upload_inputs(token, Precision::Exact)?;
+        download_as::<F>(&self.inner.step(&dev)?)
+    }
+    fn cache_elems(&self) -> usize {
+        self.inner.cache_elems()
+    }
+    fn position(&self) -> usize {
+        self.inner.position()
+    }
+}
+
+/// Input `name` as an `F` tensor: borrowed when it is stored as `F`, converted on the device
+/// when it is a bf16 activation and `F` is `f32`.
+pub fn input<'a, F: GpuReal>(x: &'a DeviceTensors, name: &str) -> Result<Cow<'a, DeviceTensor<F>>> {
+    let t = x.get(name).ok_or_else(|| Error::MissingInput {
+        name: name.to_string(),
+        expected: "a device tensor of that name".into(),
+        given: x.keys().cloned().collect::<Vec<_>>().join(", "),
+    })?;
+    match t {
+        AnyDeviceTensor::Bf16(b) if F::ELEM == "f32" => {
+            let y = bf16_to_f32(b)?;
+            // `F` is `f32` here: the tensor is re-typed through its wrapper.
+            Ok(Cow::Owned(
+                F::unwrap(&AnyDeviceTensor::F32(y)).cloned().ok_or_else(|| err("tensor", "internal: f32"))?,
+            ))
+        }
+        other => other.typed::<F>(name).map(Cow::Borrowed),
+    }
+}
+
+/// An optional input as `F` (see [`input`]).
+pub fn input_opt<'a, F: GpuReal>(
+    x: &'a DeviceTensors,
+    name: &str,
+) -> Result<Option<Cow<'a, DeviceTensor<F>>>> {
+    if x.contains_key(name) { input::<F>(x, name).map(Some) } else { Ok(None) }
+}
+
+/// A bf16 tensor converted to `f32` on the device.
+pub fn bf16_to_f32(b: &DeviceTensor<bf16>) -> Result<DeviceTensor<f32>> {
+    let n = b.len();
+    let mut out = pool::take::<f32>("tensor", n)?;
+    if n > 0 {
+        let g = gpu()?;
+        let f = g.function("tensor", &kernels::TENSOR.full(), &[], "bf16_to_f32")?;
+        let bv = b.view();
+        let ni = n as i64;
+        launch!(g, "tensor", f, grid1(n.min(1 << 20), 256); &bv, &mut *out, &ni)?;
+    }
+    Ok(DeviceTensor::from_pooled(out, b.shape())?.with_checks(b.checks().iter().cloned()))
+}
+
+/// An `f32` tensor rounded to bf16 on the device (nearest, ties to even).
+pub fn f32_to_bf16(a: &DeviceTensor<f32>) -> Result<DeviceTensor<bf16>> {
+    let n = a.len();
+    let mut out = pool::take::<bf16>("tensor", n)?;
+    if n > 0 {
+        let g = gpu()?;
+        let f = g.function("tensor", &kernels::TENSOR.full(), &[], "f32_to_bf16")?;
+        let av = a.view();
+        let ni = n as i64;
+        launch!(g, "tensor", f, grid1(n.min(1 << 20), 256); &av, &mut *out, &ni)?;
+    }
+    Ok(DeviceTensor::from_pooled(out, a.shape())?.with_checks(a.checks().iter().cloned()))
+}
+
+/// The form's `F` output as the call's result: bf16 storage in the `bf16` mode (from `f32`).
+pub fn finish<F: GpuReal>(y: DeviceTensor<F>, p: Precision) -> Result<AnyDeviceTensor> {
+    match (p, F::wrap(y)) {
+        (Precision::Bf16, AnyDeviceTensor::F32(y)) => Ok(AnyDeviceTensor::Bf16(f32_to_bf16(&y)?)),
+        (_, y) => Ok(y),
+    }
+}

@@ -1,0 +1,238 @@
+//! Device tensors: every registered mixer × form on device tensors agrees bit for bit with the
+//! host-array path; batch views; steady-state calls allocate nothing; a 1,000-token decode
+//! loop never waits for the stream; invalid values are reported when the result is read; the
+//! precision modes meet their tolerances.
+
+use mixer_core::mixer::{complete_dims, fit_dims};
+use mixer_core::tensor::cast_tensors;
+use mixer_core::{AnyTensors, Error, Form, Precision, Tensor, Tensors};
+use mixer_cuda::forms::upload_inputs;
+use mixer_cuda::{AnyDeviceTensor, DeviceTensor, DeviceTensors, decoder_device, pool, run_device};
+use mixer_registry::run::{forms, oracle, run, run_with};
+use mixer_registry::suite::registered_configs;
+use mixer_registry::{Sizes, mixer};
+use ndarray::{ArrayD, Axis};
+
+use super::common::{cuda, gpu};
+
+fn host(y: &AnyDeviceTensor) -> Tensor {
+    match y {
+        AnyDeviceTensor::F32(t) => Tensor::F32(t.to_host().unwrap()),
+        AnyDeviceTensor::F64(t) => Tensor::F64(t.to_host().unwrap()),
+        AnyDeviceTensor::Bf16(t) => Tensor::F32(t.to_host().unwrap().mapv(|b| b.to_f32())),
+    }
+}
+
+fn device_inputs(x: &AnyTensors) -> DeviceTensors {
+    match x {
+        AnyTensors::F32(t) => upload_inputs(t, Precision::Exact).unwrap(),
+        AnyTensors::F64(t) => upload_inputs(t, Precision::Exact).unwrap(),
+    }
+}
+
+fn sizes() -> Sizes {
+    Sizes { batch: 3, seq: 45, channels: 6, heads: 2, dk: 5, dv: 3 }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn every_form_on_device_tensors_equals_the_host_path_bit_for_bit() {
+    if !gpu() {
+        return;
+    }
+    let backend = cuda();
+    let mut n = 0;
+    for (name, cfg) in registered_configs() {
+        let m = mixer(name, &cfg).unwrap();
+        let dims = complete_dims(m.as_ref(), &sizes().dims());
+        let x64 = m.random_inputs(&dims, 7).unwrap();
+        for form in forms(m.as_ref(), &backend) {
+            if !matches!(form, Form::Parallel | Form::Fast) {
+                continue;
+            }
+            for x in [AnyTensors::F64(x64.clone()), AnyTensors::F32(cast_tensors::<f32>(&x64))] {
+                let want = run(m.as_ref(), &backend, form, &x).unwrap();
+                let dev = device_inputs(&x);
+                let got = host(&run_device(m.as_ref(), form, &dev, Precision::Exact).unwrap());
+                assert_eq!(got, want, "{name} {cfg} {form} {:?}", x.dtype());
+                // A zero-copy view of batch entries 1..3 gives the same rows.
+                let view: DeviceTensors = dev
+                    .iter()
+                    .map(|(k, v)| {
+                        let per_batch = m.spec().inputs.iter().any(|d| {
+                            d.name == k
+                                && d.shape.first().is_some_and(|s| matches!(s, mixer_core::Dim::Sym("B")))
+                        });
+                        (k.clone(), if per_batch { v.batch(1..3).unwrap() } else { v.clone() })
+                    })
+                    .collect();
+                let part = host(&run_device(m.as_ref(), form, &view, Precision::Exact).unwrap());
+                let rows = |t: &Tensor| t.to_f64().slice_axis(Axis(0), (1..3).into()).to_owned();
+                assert_eq!(part.to_f64(), rows(&want), "{name} {cfg} {form}: batch view");
+                n += 1;
+            }
+        }
+    }
+    assert!(n >= 20, "only {n} mixer × form × dtype cases ran");
+    println!("DEVICE bit-for-bit: {n} cases");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn steady_state_calls_allocate_no_device_memory() {
+    if !gpu() {
+        return;
+    }
+    for (name, cfg) in [
+        ("attention", "{}"),
+        ("glr", r#"{"pattern":"pow2"}"#),
+        ("mamba2", r#"{"chunk":16}"#),
+        ("loglinear-gated-deltanet", r#"{"chunk":16}"#),
+        ("toeplitz", r#"{"heads":2}"#),
+    ] {
+        let m = mixer(name, &serde_json::from_str(cfg).unwrap()).unwrap();
+        let dims = complete_dims(m.as_ref(), &Sizes { seq: 300, ..sizes() }.dims());
+        let x = AnyTensors::F32(cast_tensors::<f32>(&m.random_inputs(&dims, 3).unwrap()));
+        let dev = device_inputs(&x);
+        for form in [Form::Fast] {
+            // Warm-up: compiles the kernels, fills the pool and the plan caches.
+            host(&run_device(m.as_ref(), form, &dev, Precision::Exact).unwrap());
+            let before = pool::stats().driver_allocs;
+            for _ in 0..3 {
+                let y = run_device(m.as_ref(), form, &dev, Precision::Exact).unwrap();
+                host(&y);
+            }
+            let after = pool::stats().driver_allocs;
+            assert_eq!(
+                after,
+                before,
+                "{name} {form}: {} new device allocations in 3 steady calls",
+                after - before
+            );
+        }
+    }
+}
+
+/// The per-token device inputs of position `t` (sequence axis removed).
+fn token(x: &Tensors<f32>, per_token: &[String], t: usize) -> DeviceTensors {
+    x.iter()
+        .filter(|(k, _)| per_token.contains(k))
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                AnyDeviceTensor::F32(DeviceTensor::upload(&v.index_axis(Axis(1), t).to_owned()).unwrap()),
+            )
+        })
+        .collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_decode_loop_of_1000_tokens_never_waits_for_the_stream() {
+    if !gpu() {
+        return;
+    }
+    let backend = cuda();
+    for (name, cfg) in [
+        ("attention", "{}"),
+        ("glr", r#"{"pattern":"pow2","cache_efficient":true}"#),
+        ("loglinear-mamba2", "{}"),
+        ("gated-deltanet", "{}"),
+        ("toeplitz", r#"{"heads":2,"decoder":"naive"}"#),
+    ] {
+        let m = mixer(name, &serde_json::from_str(cfg).unwrap()).unwrap();
+        let t_len = 1000;
+        let dims = fit_dims(
+            m.as_ref(),
+            &complete_dims(m.as_ref(), &Sizes { batch: 1, seq: t_len, ..sizes() }.dims()),
+        );
+        let x = cast_tensors::<f32>(&m.random_inputs(&dims, 5).unwrap());
+        let per_token = m.spec().per_token();
+        let statics: Tensors<f32> =
+            x.iter().filter(|(k, _)| !per_token.contains(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+        // Every token's inputs are on the device before the loop.
+        let tokens: Vec<DeviceTensors> = (0..t_len).map(|t| token(&x, &per_token, t)).collect();
+        let mut dec = decoder_device(m.as_ref(), &AnyTensors::F32(statics), &dims).unwrap();
+        let syncs = mixer_cuda::runtime::host_syncs();
+        let ys: Vec<AnyDeviceTensor> = tokens.iter().map(|tok| dec.step(tok).unwrap()).collect();
+        assert_eq!(mixer_cuda::runtime::host_syncs(), syncs, "{name}: the decode loop waited for the stream");
+        // Reading the outputs afterwards gives the recurrent form of the host path, bit for bit.
+        let want = match run(m.as_ref(), &backend, Form::Recurrent, &AnyTensors::F32(x.clone())).unwrap() {
+            Tensor::F32(y) => y,
+            Tensor::F64(_) => unreachable!(),
+        };
+        for (t, y) in ys.iter().enumerate() {
+            let Tensor::F32(got) = host(y) else { unreachable!() };
+            assert_eq!(got, want.index_axis(Axis(1), t).to_owned(), "{name}: token {t}");
+        }
+        println!("DECODE {name}: 1000 steps, 0 host synchronisations");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn invalid_values_are_reported_when_the_result_is_read() {
+    if !gpu() {
+        return;
+    }
+    let m = mixer("mamba2", &serde_json::json!({})).unwrap();
+    let dims = complete_dims(m.as_ref(), &sizes().dims());
+    let mut x = cast_tensors::<f32>(&m.random_inputs(&dims, 1).unwrap());
+    x.get_mut("g").unwrap()[[1, 4, 0]] = 0.5; // a log-decay must be ≤ 0
+    let dev = upload_inputs(&x, Precision::Exact).unwrap();
+    let y = run_device(m.as_ref(), Form::Fast, &dev, Precision::Exact).unwrap();
+    let AnyDeviceTensor::F32(y) = y else { panic!("f32 expected") };
+    match y.to_host() {
+        Err(Error::Value { name, .. }) => assert_eq!(name, "g"),
+        other => panic!("expected a value error on g, got {other:?}"),
+    }
+    // Wrong dtype mixes are refused before anything runs.
+    let mut mixed = dev.clone();
+    mixed.insert("v".into(), AnyDeviceTensor::F64(DeviceTensor::<f64>::zeros(dev["v"].shape()).unwrap()));
+    assert!(run_device(m.as_ref(), Form::Fast, &mixed, Precision::Exact).is_err());
+}
+
+/// Relative RMS error of `got` against `want`.
+fn rel_rms(got: &ArrayD<f64>, want: &ArrayD<f64>) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn precision_modes_meet_their_tolerances_on_tensor_cores() {
+    if !gpu() {
+        return;
+    }
+    let backend = cuda();
+    for (cfg, d, t) in [("{}", 64, 1000), (r#"{"window":100}"#, 64, 777), ("{}", 32, 300), ("{}", 128, 515)] {
+        let m = mixer("attention", &serde_json::from_str(cfg).unwrap()).unwrap();
+        let dims = complete_dims(
+            m.as_ref(),
+            &Sizes { batch: 2, seq: t, channels: 6, heads: 3, dk: d, dv: d }.dims(),
+        );
+        let x64 = m.random_inputs(&dims, 11).unwrap();
+        for p in [Precision::Tf32, Precision::Bf16] {
+            let x =
+                if p == Precision::Bf16 { mixer_registry::run::bf16_activations(&x64) } else { x64.clone() };
+            let want = oracle(m.as_ref(), &x).unwrap();
+            let y = run_with(m.as_ref(), &backend, Form::Fast, &AnyTensors::F32(cast_tensors::<f32>(&x)), p)
+                .unwrap();
+            let err = rel_rms(&y.to_f64(), &want);
+            let exact =
+                run(m.as_ref(), &backend, Form::Fast, &AnyTensors::F32(cast_tensors::<f32>(&x))).unwrap();
+            let err_exact = rel_rms(&exact.to_f64(), &want);
+            println!(
+                "PRECISION attention {cfg} D={d} T={t} {p}: rel RMS {err:.2e} (exact f32: {err_exact:.2e})"
+            );
+            assert!(err <= p.tolerance("f32").rel_rms, "{cfg} D={d} {p}: {err:.3e}");
+            // The tensor-core path ran: its error is visibly above the exact kernel's.
+            assert!(err > 2.0 * err_exact, "{cfg} D={d} {p}: {err:.3e} vs exact {err_exact:.3e}");
+        }
+        // The bf16 device path stores y as bf16.
+        let dev = upload_inputs(&cast_tensors::<f32>(&x64), Precision::Bf16).unwrap();
+        let y = run_device(m.as_ref(), Form::Fast, &dev, Precision::Bf16).unwrap();
+        assert_eq!(y.dtype(), "bf16");
+    }
+}
