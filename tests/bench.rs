@@ -341,6 +341,8 @@ fn ratios_compare_forms_and_backends_at_equal_t() {
         tokens_per_s: None,
         peak_bytes: None,
         cache_elems: None,
+        upload_s: None,
+        download_s: None,
     };
     let mut points = vec![
         pt("cpu", Form::Fast, 100, 2.0),

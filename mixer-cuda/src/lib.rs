@@ -35,6 +35,7 @@ pub mod loglinear;
 pub mod pool;
 pub mod runtime;
 pub mod tensor;
+pub mod timing;
 pub mod toeplitz;
 
 pub use device_run::{decoder_device, run_device, stream};

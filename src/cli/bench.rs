@@ -149,6 +149,8 @@ pub fn bench_with(opts: &Options, mut after_point: impl FnMut(&Report) -> Result
                         tokens_per_s: None,
                         peak_bytes: None,
                         cache_elems: None,
+                        upload_s: None,
+                        download_s: None,
                     };
                     if p.reason.is_none() {
                         let outcome = match &inputs {
@@ -167,6 +169,8 @@ pub fn bench_with(opts: &Options, mut after_point: impl FnMut(&Report) -> Result
                                 p.tokens_per_s = Some((opts.batch * seq) as f64 / r.timing.median);
                                 p.peak_bytes = r.peak;
                                 p.cache_elems = r.cache;
+                                p.upload_s = r.transfers.map(|t| t.0);
+                                p.download_s = r.transfers.map(|t| t.1);
                                 s.measured.push((seq, r.timing.median));
                                 if r.timing.median > opts.max_seconds {
                                     s.stopped = Some(format!(
@@ -223,9 +227,14 @@ fn report(
     notes: &[String],
 ) -> Report {
     let cpu = backends.iter().any(|b| b == "cpu");
+    let cuda_info =
+        if backends.iter().any(|b| b == "cuda") { mixer_cuda::timing::device_info().ok() } else { None };
     let meta = Meta {
         version: env!("CARGO_PKG_VERSION").into(),
         dtype: opts.dtype.name().into(),
+        precision: opts.precision.name().into(),
+        device: cuda_info.as_ref().map(|i| i.0.clone()),
+        driver: cuda_info.as_ref().and_then(|i| i.1.clone()),
         batch: opts.batch,
         heads: opts.heads,
         dim: opts.dim,
@@ -237,10 +246,12 @@ fn report(
         backends: backends.to_vec(),
         cpus: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         threads: rayon::current_num_threads(),
-        timing: "wall time (std::time::Instant) around mixer_registry::run::run (validation included), \
-                 or around decoder construction plus every decode step for `recurrent`; one untimed \
-                 run first; the CUDA backend synchronises inside run, so its times include \
-                 host↔device copies (no device events)"
+        timing: "cpu: wall time (std::time::Instant) around mixer_registry::run::run_with (validation \
+                 included), or around decoder construction plus every decode step for `recurrent`; one \
+                 untimed run first. cuda: CUDA events around the form's launches on device-resident \
+                 inputs (one checked, untimed warm-up run first; upload and download reported apart, \
+                 in upload_s and download_s), or around all decode steps with every token already on \
+                 the device; the materialized form is the host oracle, timed on the host"
             .into(),
         memory: if alloc::counting() && cpu {
             "peak live heap bytes above the pre-run baseline during the untimed run, from a \

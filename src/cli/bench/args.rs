@@ -43,9 +43,13 @@ pub struct Args {
     /// Also measure token-by-token decoding (recurrent form) and the decoder's cache size.
     #[arg(long)]
     decode: bool,
-    /// Input dtype (f32 or f64).
+    /// Input dtype: f32, f64, or bf16 (f32 arrays with bf16 storage of the activations and
+    /// of `y`, the same as `--precision bf16`).
     #[arg(long, default_value = "f32")]
     dtype: String,
+    /// Precision mode: exact, tf32 (tensor cores allowed) or bf16.
+    #[arg(long, default_value = "exact")]
+    precision: String,
     /// Time budget of one run in seconds: a series stops growing T after a run over it.
     #[arg(long, default_value_t = 5.0)]
     max_seconds: f64,
@@ -78,10 +82,11 @@ impl Args {
         }
         let cfg = crate::cli::parse_config(self.config.as_deref())?;
         let forms = self.form.iter().map(|f| f.parse::<Form>()).collect::<Result<Vec<_>>>()?;
+        let precision = crate::cli::check::precision_arg(&self.precision, Some(&self.dtype))?;
         let dtype = match self.dtype.as_str() {
-            "f32" => DType::F32,
+            "f32" | "bf16" => DType::F32,
             "f64" => DType::F64,
-            d => return Err(Error::Io(format!("--dtype: expected f32 or f64, given `{d}`"))),
+            d => return Err(Error::Io(format!("--dtype: expected f32, f64 or bf16, given `{d}`"))),
         };
         let mixers = self
             .mixer
@@ -108,6 +113,7 @@ impl Args {
             dim: self.dim,
             decode: self.decode,
             dtype,
+            precision,
             max_seconds: self.max_seconds,
             reps: self.reps,
             seed: self.seed,

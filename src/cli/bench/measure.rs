@@ -3,10 +3,10 @@
 use std::time::Instant;
 
 use mixer_core::mixer::{Mixer, run_decoder};
-use mixer_core::{AnyTensors, Dims, Form, Result};
+use mixer_core::{AnyTensors, Dims, Form, Precision, Result};
 use mixer_registry::Backend;
 use mixer_registry::harness::Sizes;
-use mixer_registry::run::{decoder, run as run_form};
+use mixer_registry::run::{decoder, run_with};
 
 use super::alloc;
 use super::options::Options;
@@ -19,9 +19,10 @@ fn run_once(
     form: Form,
     inputs: &AnyTensors,
     dims: &Dims,
+    precision: Precision,
 ) -> Result<Option<usize>> {
     if form != Form::Recurrent {
-        let y = run_form(m, backend, form, inputs)?;
+        let y = run_with(m, backend, form, inputs, precision)?;
         std::hint::black_box(&y);
         return Ok(None);
     }
@@ -46,6 +47,32 @@ pub(crate) struct Measured {
     pub(crate) timing: Timing,
     pub(crate) peak: Option<usize>,
     pub(crate) cache: Option<usize>,
+    /// CUDA: (upload, download) seconds, measured apart from `timing`.
+    pub(crate) transfers: Option<(f64, f64)>,
+}
+
+/// The CUDA backend's measurement: device-resident inputs, CUDA events (see
+/// `mixer_cuda::timing` for what a time includes). The materialized form is the host oracle
+/// and is timed on the host like any other backend's.
+fn measure_cuda(
+    m: &dyn Mixer,
+    form: Form,
+    inputs: &AnyTensors,
+    dims: &Dims,
+    opts: &Options,
+) -> Result<Measured> {
+    let (t, cache) = if form == Form::Recurrent {
+        let (t, c) = mixer_cuda::timing::time_decode(m, inputs, dims, opts.reps, opts.max_seconds)?;
+        (t, Some(c))
+    } else {
+        (mixer_cuda::timing::time_form(m, form, inputs, opts.precision, opts.reps, opts.max_seconds)?, None)
+    };
+    Ok(Measured {
+        timing: Timing { median: t.median, min: t.min, max: t.max, reps: t.reps },
+        peak: None,
+        cache,
+        transfers: Some((t.upload_s, t.download_s)),
+    })
 }
 
 /// An untimed run that measures memory and cache size, then timed runs. The first point of
@@ -62,21 +89,25 @@ pub(crate) fn measure(
     first: bool,
 ) -> Result<Measured> {
     let name = backend;
+    if name == "cuda" && form != Form::Materialized {
+        return measure_cuda(m, form, inputs, dims, opts);
+    }
     let backend = &Backend::by_name(name)?;
+    let p = opts.precision;
     if first {
-        run_once(m, backend, form, inputs, dims)?;
+        run_once(m, backend, form, inputs, dims, p)?;
     }
     let t0 = Instant::now();
-    let (r, peak) = alloc::measure(|| run_once(m, backend, form, inputs, dims));
+    let (r, peak) = alloc::measure(|| run_once(m, backend, form, inputs, dims, p));
     let once = t0.elapsed().as_secs_f64();
     let cache = r?;
     let peak = if name == "cpu" { peak } else { None };
     let timing = if once > opts.max_seconds {
         Timing { median: once, min: once, max: once, reps: 1 }
     } else {
-        time(0, opts.reps.max(1), opts.max_seconds, || run_once(m, backend, form, inputs, dims))
+        time(0, opts.reps.max(1), opts.max_seconds, || run_once(m, backend, form, inputs, dims, p))
     };
-    Ok(Measured { timing, peak, cache })
+    Ok(Measured { timing, peak, cache, transfers: None })
 }
 
 pub(crate) fn sizes(opts: &Options, seq: usize) -> Sizes {

@@ -32,6 +32,10 @@ pub struct Point {
     pub peak_bytes: Option<usize>,
     /// Decoder cache/state size in scalars after the last token (`recurrent` only).
     pub cache_elems: Option<usize>,
+    /// CUDA only: host→device copy of the inputs, seconds (not in `timing`).
+    pub upload_s: Option<f64>,
+    /// CUDA only: device→host copy of `y`, seconds (not in `timing`).
+    pub download_s: Option<f64>,
 }
 
 /// Outcome of a point.
@@ -117,6 +121,12 @@ pub struct Meta {
     pub version: String,
     /// Input dtype.
     pub dtype: String,
+    /// Precision mode (`exact`, `tf32`, `bf16`).
+    pub precision: String,
+    /// The GPU's name, when the CUDA backend was measured.
+    pub device: Option<String>,
+    /// The CUDA driver's version, when the CUDA backend was measured.
+    pub driver: Option<String>,
     /// Batch.
     pub batch: usize,
     /// Heads.

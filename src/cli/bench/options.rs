@@ -38,6 +38,8 @@ pub struct Options {
     pub decode: bool,
     /// Scalar type of the inputs.
     pub dtype: DType,
+    /// Precision mode (`tf32` and `bf16` take `f32` inputs).
+    pub precision: mixer_core::Precision,
     /// Time budget of one run, in seconds: a series stops growing `T` after a point whose
     /// run exceeded it; also the timing budget of one point.
     pub max_seconds: f64,
@@ -61,6 +63,7 @@ impl Default for Options {
             dim: 32,
             decode: false,
             dtype: DType::F32,
+            precision: mixer_core::Precision::Exact,
             max_seconds: 5.0,
             reps: 5,
             seed: 0,
@@ -82,6 +85,9 @@ pub(crate) fn check_options(opts: &Options) -> Result<()> {
     }
     if opts.seqs.is_empty() || opts.seqs.contains(&0) {
         return Err(Error::Io(format!("--seq needs lengths ≥ 1, given {:?}", opts.seqs)));
+    }
+    if opts.precision != mixer_core::Precision::Exact && opts.dtype != DType::F32 {
+        return Err(Error::Io(format!("--precision {} takes f32 inputs, given --dtype f64", opts.precision)));
     }
     if !(opts.max_seconds.is_finite() && opts.max_seconds > 0.0) {
         return Err(Error::Io(format!("--max-seconds must be > 0, given {}", opts.max_seconds)));

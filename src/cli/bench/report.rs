@@ -81,6 +81,10 @@ pub fn points_table(r: &Report) -> String {
                     _ => "–".into(),
                 },
                 p.cache_elems.map(|c| c.to_string()).unwrap_or("–".into()),
+                match (p.upload_s, p.download_s) {
+                    (Some(u), Some(d)) => format!("{} / {}", ms(u), ms(d)),
+                    _ => "–".into(),
+                },
                 match (p.status, &p.reason) {
                     (Status::Ok, _) => "ok".into(),
                     (Status::Skipped, Some(r)) => format!("skipped: {r}"),
@@ -103,6 +107,7 @@ pub fn points_table(r: &Report) -> String {
             "tokens/s",
             "peak work mem",
             "cache elems",
+            "upload / download ms",
             "status",
         ],
         &rows,
@@ -114,8 +119,8 @@ pub fn method(r: &Report) -> String {
     let m = &r.meta;
     let seqs: Vec<String> = m.seqs.iter().map(|s| s.to_string()).collect();
     format!(
-        "- sizes: B = {}, H = {}, Dk = Dv = {}, C = H·Dk = {}, dtype {}; T ∈ {{{}}}\n\
-         - backends: {}; {} logical CPUs, {} rayon threads; mixers {}\n\
+        "- sizes: B = {}, H = {}, Dk = Dv = {}, C = H·Dk = {}, dtype {}, precision {}; T ∈ {{{}}}\n\
+         - backends: {}; {} logical CPUs, {} rayon threads; mixers {}{}\n\
          - timing: {}; median and min–max over up to {} timed runs or {} s per point\n\
          - memory: {}\n\
          - guards: materialized only up to T = {}; a series stops growing T after a point over {} s, or \
@@ -128,11 +133,17 @@ pub fn method(r: &Report) -> String {
         m.dim,
         m.channels,
         m.dtype,
+        m.precision,
         seqs.join(", "),
         m.backends.join(", "),
         m.cpus,
         m.threads,
         m.version,
+        match (&m.device, &m.driver) {
+            (Some(d), Some(v)) => format!("; GPU {d}, driver {v}"),
+            (Some(d), None) => format!("; GPU {d}"),
+            _ => String::new(),
+        },
         m.timing,
         m.reps,
         m.max_seconds,
