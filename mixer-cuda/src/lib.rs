@@ -5,8 +5,14 @@
 //! panics when it is missing.
 //!
 //! - [`runtime`]: the lazily created context and stream on device 0, the NVRTC module cache
-//!   (compiled for the device's compute capability), host↔device copies, errors as
+//!   (compiled for the device's compute capability), the count of host waits, errors as
 //!   `Error::Backend { backend: "cuda", .. }`.
+//! - [`tensor`]: device tensors ([`DeviceTensor`], `f32`/`f64`/`bf16`, zero-copy batch views,
+//!   deferred device-side checks); [`pool`]: the caching allocator every buffer comes from.
+//! - [`forms`]: the device-tensor contract of the families ([`forms::DeviceFamily`],
+//!   [`DeviceDecoder`]) and the host-array forms built on it; [`device_run`]: the entry points
+//!   [`run_device`] and [`decoder_device`] for inputs that live on the GPU, and [`stream`].
+//! - [`timing`]: CUDA-event timing of forms and decode loops on device-resident inputs.
 //! - [`kernels`]: the table of every kernel source (`mixer-cuda/kernels/*.cu`).
 //! - [`fft`]: batched real FFTs through cuFFT with cached plans.
 //! - one module per family, implementing `mixer_registry::Family` and registering a
@@ -16,7 +22,7 @@
 //! |---|---|---|
 //! | [`toeplitz`] | `fast` (cuFFT R2C/C2R, plans cached), `parallel` (direct), `recurrent` (naive decoder only, device history) | `toeplitz.cu` |
 //! | [`glr`] | `fast` (sparse recurrence, any pattern via a host table), `recurrent` (lattice cache on device) | `glr.cu` |
-//! | [`attention`] | `fast` (tiled online softmax, window), `recurrent` (KV cache on device) | `attention.cu` |
+//! | [`attention`] | `fast` (tiled online softmax, window; tensor cores in the `tf32`/`bf16` modes), `recurrent` (KV cache on device) | `attention.cu`, `attention_mma.cu` |
 //! | [`loglinear`] | `parallel` (generic quadratic, mask and λ device functions spliced in), `fast` (chunked, Fenwick structure), `recurrent` (device level states, Fenwick structure) | `loglinear.cu`, `loglinear_fenwick.cu` |
 //!
 //! GPU tests live in `mixer-cuda/tests/all/`; they are `#[ignore]`d (so `cargo test` reports

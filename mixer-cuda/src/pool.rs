@@ -26,6 +26,14 @@ static FREE: LazyLock<Mutex<HashMap<Key, Vec<Box<dyn Any + Send>>>>> =
 static DRIVER_ALLOCS: AtomicU64 = AtomicU64::new(0);
 static DRIVER_BYTES: AtomicUsize = AtomicUsize::new(0);
 static CACHED_BYTES: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static THREAD_ALLOCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Driver allocations made by the calling thread (for tests that run beside others).
+pub fn thread_driver_allocs() -> u64 {
+    THREAD_ALLOCS.with(|c| c.get())
+}
 
 /// What the allocator has done so far in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -138,6 +146,7 @@ pub fn take<T: DeviceRepr + 'static>(kernel: &str, n: usize) -> Result<Pooled<T>
             let s = unsafe { g.stream.alloc::<T>(len) }
                 .map_err(|e| err(kernel, format!("allocating {bytes} bytes of device memory: {e}")))?;
             DRIVER_ALLOCS.fetch_add(1, Ordering::Relaxed);
+            THREAD_ALLOCS.with(|c| c.set(c.get() + 1));
             DRIVER_BYTES.fetch_add(bytes, Ordering::Relaxed);
             s
         }

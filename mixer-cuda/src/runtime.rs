@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 use std::fmt::Display;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::{
@@ -98,19 +97,22 @@ pub fn gpu() -> Result<&'static Gpu> {
         .map_err(|reason| Error::BackendUnavailable { backend: "cuda".into(), reason: reason.clone() })
 }
 
-static SYNCS: AtomicU64 = AtomicU64::new(0);
-
-/// Counts one host synchronisation (a wait for the stream, or a device→host copy, which
-/// waits for it).
-pub fn count_sync() {
-    SYNCS.fetch_add(1, Ordering::Relaxed);
+thread_local! {
+    static SYNCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
-/// How many times this process's host code has waited for the backend's stream: every wait
-/// of the backend goes through [`Gpu::sync`] or [`count_sync`], so a test can prove that a
-/// stretch of work (a decode loop) never waited.
+/// Counts one host synchronisation (a wait for the stream, or a device→host copy, which
+/// waits for it) on the calling thread.
+pub fn count_sync() {
+    SYNCS.with(|c| c.set(c.get() + 1));
+}
+
+/// How many times the calling thread has waited for the backend's stream: every wait of the
+/// backend goes through [`Gpu::sync`] or [`count_sync`], so a test can prove that a stretch
+/// of work (a decode loop) never waited. Per thread, so that other threads' work does not
+/// count.
 pub fn host_syncs() -> u64 {
-    SYNCS.load(Ordering::Relaxed)
+    SYNCS.with(|c| c.get())
 }
 
 /// The CUDA driver's version as `major.minor`, e.g. `13.0`.

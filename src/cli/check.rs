@@ -32,6 +32,10 @@ pub struct Args {
     /// config needs (a multiple of a Toeplitz mixer's `heads`).
     #[arg(long)]
     channels: Option<usize>,
+    /// Head dim Dk = Dv of the attention and log-linear mixers (default: Dk = 5, Dv = 3; the
+    /// tensor-core attention kernel of the tf32 and bf16 modes needs Dk = Dv, a multiple of 16).
+    #[arg(long)]
+    head_dim: Option<usize>,
     /// Random seed of the inputs.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -93,13 +97,19 @@ pub(crate) fn sized_for(m: &dyn mixer_core::Mixer, sizes: &Sizes, fixed_channels
 
 /// Refuses sizes that would make a check vacuous (nothing to compare).
 pub(crate) fn check_sizes(sizes: &Sizes) -> Result<()> {
-    for (flag, v) in [("--batch", sizes.batch), ("--seq", sizes.seq), ("--channels", sizes.channels)] {
+    for (flag, v) in [
+        ("--batch", sizes.batch),
+        ("--seq", sizes.seq),
+        ("--channels", sizes.channels),
+        ("--head-dim", sizes.dk.min(sizes.dv)),
+    ] {
         if v == 0 {
             return Err(Error::Io(format!(
                 "{flag} must be ≥ 1, given 0: a check with no {} compares empty outputs and proves nothing",
                 match flag {
                     "--batch" => "batch rows",
                     "--seq" => "tokens",
+                    "--head-dim" => "head dims",
                     _ => "channels",
                 }
             )));
@@ -216,8 +226,15 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     super::warn_duplicates();
     let backends = backends(a.backend.as_deref())?;
     let defaults = Sizes::default();
-    let sizes =
-        Sizes { seq: a.seq, batch: a.batch, channels: a.channels.unwrap_or(defaults.channels), ..defaults };
+    let (dk, dv) = a.head_dim.map_or((defaults.dk, defaults.dv), |d| (d, d));
+    let sizes = Sizes {
+        seq: a.seq,
+        batch: a.batch,
+        channels: a.channels.unwrap_or(defaults.channels),
+        dk,
+        dv,
+        ..defaults
+    };
     check_sizes(&sizes)?;
     let cases = cases(a.mixer.as_deref(), a.config.as_deref())?;
     if a.grad && a.precision == "exact" && a.dtype.is_none() {

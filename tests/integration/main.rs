@@ -8,4 +8,5 @@ use mixers_plugin_fibonacci as _;
 
 mod cli;
 mod plugin;
+mod precision;
 mod registry;

@@ -5,8 +5,8 @@
 //! online softmax runs in `f32` with `exp2` (scale·log₂e folded in); tiles wholly outside the
 //! causal window are skipped, masks are applied only on tiles that cross a boundary.
 //!
-//! It applies when `Dk = Dv` is a multiple of 16 and at most 128; otherwise the exact kernel
-//! runs (the `tf32` mode permits tensor cores, it does not require them).
+//! It applies when `Dk = Dv = 64` (tf32 also 32, see [`applies`]); otherwise the exact kernel
+//! runs (the modes permit tensor cores, they do not require them).
 
 use cudarc::driver::LaunchConfig;
 use cudarc::driver::sys::CUfunction_attribute_enum;
@@ -25,9 +25,11 @@ const WM: usize = 2;
 /// Keys per K/V tile.
 const BK: usize = 64;
 
-/// Whether the tensor-core kernel handles head dims `dk`, `dv`.
-pub fn applies(dk: usize, dv: usize) -> bool {
-    dk == dv && dk.is_multiple_of(16) && (16..=128).contains(&dk)
+/// Whether the tensor-core kernel handles head dims `dk`, `dv` in mode `p`: `Dk = Dv = 64`,
+/// and also 32 for tf32 (the sizes checked on the H200; the bf16 kernel's fragment layout is
+/// written for 64).
+pub fn applies(dk: usize, dv: usize, p: Precision) -> bool {
+    dk == dv && (dk == 64 || (dk == 32 && p == Precision::Tf32))
 }
 
 /// Runs the tensor-core kernel when the mode and the sizes allow it; `None` otherwise.
@@ -38,7 +40,7 @@ pub fn run<F: GpuReal>(a: &Attention, x: &DeviceTensors, p: Precision) -> Result
     let (Some(q), Some(k), Some(v)) = (x.get("q"), x.get("k"), x.get("v")) else { return Ok(None) };
     let s = q.shape();
     let (b, t, h, d) = (s[0], s[1], s[2], s[3]);
-    if !applies(d, v.shape()[3]) || b * t * h == 0 {
+    if !applies(d, v.shape()[3], p) || b * t * h == 0 {
         return Ok(None);
     }
     let g = gpu()?;

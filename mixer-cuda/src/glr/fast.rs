@@ -28,13 +28,15 @@ pub(crate) fn table(glr: &Glr, t_len: usize) -> Result<(Vec<i64>, Vec<i64>)> {
 /// A pattern table on the device: offsets, strides, and `K`.
 type DeviceTable = Arc<(Pooled<i64>, Pooled<i64>, usize)>;
 
-/// Device tables by (mixer config, T), so that a repeated call uploads nothing.
-static TABLES: LazyLock<Mutex<HashMap<(String, usize), DeviceTable>>> =
+/// Device tables by (mixer name, mixer config, T), so that a repeated call uploads nothing.
+/// The name is part of the key: aliases such as `diagonal-ssm` and `dense-recurrence` fix the
+/// pattern by name and may share a config.
+static TABLES: LazyLock<Mutex<HashMap<(String, String, usize), DeviceTable>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The device table of `glr` for length `t`, uploaded on first use.
 fn device_table(glr: &Glr, t: usize) -> Result<DeviceTable> {
-    let key = (glr.config().to_string(), t);
+    let key = (glr.name().to_string(), glr.config().to_string(), t);
     let mut cache = TABLES.lock().map_err(|_| err(FAMILY, "pattern table cache poisoned"))?;
     if let Some(d) = cache.get(&key) {
         return Ok(d.clone());
@@ -42,7 +44,7 @@ fn device_table(glr: &Glr, t: usize) -> Result<DeviceTable> {
     let (off, strides) = table(glr, t)?;
     let g = gpu()?;
     let d = Arc::new((g.upload_slice(FAMILY, &off)?, g.upload_slice(FAMILY, &strides)?, off.len()));
-    if cache.len() >= 64 {
+    if cache.len() >= 1024 {
         cache.clear();
     }
     cache.insert(key, d.clone());
