@@ -127,6 +127,7 @@ def main():
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--max-seconds", type=float, default=10.0)
+    ap.add_argument("--only", default="", help="comma list: run only the cases whose mixer name starts with one of these")
     a = ap.parse_args()
     seqs = [int(s) for s in a.seqs.split(",")]
     H, D = a.heads, a.dim
@@ -140,6 +141,9 @@ def main():
         ("loglinear-mamba2", "exact", "fla chunk_log_linear_attn fp32", None if FLA else lambda B, T: ref_loglinear(B, T, H, D)),
         ("toeplitz{\"heads\":%d}" % H, "exact", "torch.fft causal conv fp32", lambda B, T: ref_fft_conv(B, T, H, D)),
     ]
+    if a.only:
+        keep = tuple(a.only.split(","))
+        cases = [c for c in cases if c[0].startswith(keep)]
     rows, device = [], None
     for B in [int(b) for b in a.batches.split(",")]:
         for mixer, prec, ref_name, ref in cases:

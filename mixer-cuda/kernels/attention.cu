@@ -77,46 +77,75 @@ __device__ void attn_fwd(const T* q, const T* k, const T* v, T* y, int B, int Tn
 }
 
 // Decode step over a device KV cache of n entries (ring buffer rows [cap, B, H, D]; the
-// order of entries does not matter to softmax). One block per (b, h); scratch [B·H, cap]
-// holds the weights (keys are recomputed in double for the second pass, so no score is ever
-// stored in T).
+// order of entries does not matter to softmax), split over the keys (flash-decoding):
+//
+// attn_split: grid (B·H, S), block ATTN_SPLIT_THREADS; block s takes keys
+// [s·ATTN_SPLIT_KEYS, (s+1)·ATTN_SPLIT_KEYS) ∩ [0, n) and writes the partial
+// (m_s, l_s, a_s) = (max key, Σ e^{|scale|(u−m_s)}, Σ e^{|scale|(u−m_s)} v) to part[bh, s, :]
+// (2 + Dv doubles), with the overflow-free keys u = sign(scale)·(q·k) in double.
+// attn_combine: one block per (b, h): M = max_s m_s, y = Σ_s e^{|scale|(m_s−M)} a_s /
+// Σ_s e^{|scale|(m_s−M)} l_s.
+#define ATTN_SPLIT_KEYS 256
+#define ATTN_SPLIT_THREADS 128
+
 template <typename T>
-__device__ void attn_step(const T* q, const T* kc, const T* vc, T* scratch, T* y, int B, int H, int Dk, int Dv,
-                          int cap, int n, double scale) {
-    __shared__ double red[256];
+__device__ void attn_split(const T* q, const T* kc, const T* vc, double* part, int B, int H, int Dk, int Dv, int n,
+                           double scale) {
+    __shared__ double u[ATTN_SPLIT_KEYS];
+    __shared__ double red[ATTN_SPLIT_THREADS];
     const double asc = fabs(scale), sg = scale < 0.0 ? -1.0 : 1.0;
-    const int bh = blockIdx.x, b = bh / H, h = bh % H, tid = threadIdx.x, nt = blockDim.x;
+    const int bh = blockIdx.x, b = bh / H, h = bh % H, s = blockIdx.y, tid = threadIdx.x;
+    const int j0 = s * ATTN_SPLIT_KEYS, cnt = min(ATTN_SPLIT_KEYS, n - j0);
     const T* qr = q + ((long long)b * H + h) * Dk;
-    T* sc = scratch + (long long)bh * cap;
     double mloc = Lim<double>::neg_inf();
-    for (int j = tid; j < n; j += nt) {
-        mloc = fmax(mloc, sg * attn_dot(qr, kc + (((long long)j * B + b) * H + h) * Dk, Dk));
+    for (int j = tid; j < cnt; j += ATTN_SPLIT_THREADS) {
+        u[j] = sg * attn_dot(qr, kc + (((long long)(j0 + j) * B + b) * H + h) * Dk, Dk);
+        mloc = fmax(mloc, u[j]);
     }
     red[tid] = mloc;
     __syncthreads();
-    for (int w = nt / 2; w > 0; w >>= 1) {
+    for (int w = ATTN_SPLIT_THREADS / 2; w > 0; w >>= 1) {
         if (tid < w) red[tid] = fmax(red[tid], red[tid + w]);
         __syncthreads();
     }
     const double mx = red[0];
     __syncthreads();
-    double lsum = 0;
-    for (int j = tid; j < n; j += nt) {
-        const double p = attn_weight(asc, sg * attn_dot(qr, kc + (((long long)j * B + b) * H + h) * Dk, Dk), mx);
-        sc[j] = (T)p;
-        lsum += p;
+    double lsum = 0.0;
+    for (int j = tid; j < cnt; j += ATTN_SPLIT_THREADS) {
+        u[j] = attn_weight(asc, u[j], mx);
+        lsum += u[j];
     }
     red[tid] = lsum;
     __syncthreads();
-    for (int w = nt / 2; w > 0; w >>= 1) {
+    for (int w = ATTN_SPLIT_THREADS / 2; w > 0; w >>= 1) {
         if (tid < w) red[tid] += red[tid + w];
         __syncthreads();
     }
-    const T tot = (T)red[0];
-    for (int d = tid; d < Dv; d += nt) {
-        T a = 0;
-        for (int j = 0; j < n; ++j) a += sc[j] * vc[(((long long)j * B + b) * H + h) * Dv + d];
-        y[((long long)b * H + h) * Dv + d] = a / tot;
+    double* out = part + ((long long)bh * gridDim.y + s) * (2 + Dv);
+    if (tid == 0) {
+        out[0] = mx;
+        out[1] = red[0];
+    }
+    for (int d = tid; d < Dv; d += ATTN_SPLIT_THREADS) {
+        double a = 0.0;
+        for (int j = 0; j < cnt; ++j) a += u[j] * (double)vc[(((long long)(j0 + j) * B + b) * H + h) * Dv + d];
+        out[2 + d] = a;
+    }
+}
+
+template <typename T>
+__device__ void attn_combine(const double* part, T* y, int H, int Dv, int S, double scale) {
+    const double asc = fabs(scale);
+    const int bh = blockIdx.x, tid = threadIdx.x;
+    const double* p = part + (long long)bh * S * (2 + Dv);
+    double M = Lim<double>::neg_inf();
+    for (int s = 0; s < S; ++s) M = fmax(M, p[s * (2 + Dv)]);
+    double L = 0.0;
+    for (int s = 0; s < S; ++s) L += attn_weight(asc, p[s * (2 + Dv)], M) * p[s * (2 + Dv) + 1];
+    for (int d = tid; d < Dv; d += blockDim.x) {
+        double a = 0.0;
+        for (int s = 0; s < S; ++s) a += attn_weight(asc, p[s * (2 + Dv)], M) * p[s * (2 + Dv) + 2 + d];
+        y[(long long)bh * Dv + d] = (T)(a / L);
     }
 }
 
@@ -125,9 +154,12 @@ __device__ void attn_step(const T* q, const T* kc, const T* vc, T* scratch, T* y
                                             int Dk, int Dv, int window, double scale, int BK) {                  \
         attn_fwd<T>(q, k, v, y, B, Tn, H, Dk, Dv, window, scale, BK);                                            \
     }                                                                                                            \
-    extern "C" __global__ void attn_step_##S(const T* q, const T* kc, const T* vc, T* scratch, T* y, int B,      \
-                                             int H, int Dk, int Dv, int cap, int n, double scale) {              \
-        attn_step<T>(q, kc, vc, scratch, y, B, H, Dk, Dv, cap, n, scale);                                        \
+    extern "C" __global__ void attn_split_##S(const T* q, const T* kc, const T* vc, double* part, int B, int H,  \
+                                              int Dk, int Dv, int n, double scale) {                             \
+        attn_split<T>(q, kc, vc, part, B, H, Dk, Dv, n, scale);                                                  \
+    }                                                                                                            \
+    extern "C" __global__ void attn_combine_##S(const double* part, T* y, int H, int Dv, int S, double scale) {  \
+        attn_combine<T>(part, y, H, Dv, S, scale);                                                               \
     }
 
 ATTN_EXPORT(float, f32)

@@ -10,16 +10,23 @@ __device__ inline int tz_src(int e, int i, int Kw, int CH) {
     return (c >= h0 && c < h0 + CH) ? c : -1;
 }
 
-// x [B,T,C] → X [B·C, p], zero-padded rows (one row per (b, c)).
+// x [B,T,C] → X [B·C, p], zero-padded rows (one row per (b, c)): a transpose through a
+// 32 × 33 shared tile, so that both the reads (along c) and the writes (along t) are
+// coalesced. Block (32, 8), grid (⌈p/32⌉, ⌈C/32⌉, B).
 template <typename T>
 __device__ void tz_pack_x(const T* x, T* X, int B, int Tn, int C, int p) {
-    long long i = gtid();
-    long long n = (long long)B * C * p;
-    if (i >= n) return;
-    int t = (int)(i % p);
-    long long bc = i / p;
-    int c = (int)(bc % C), b = (int)(bc / C);
-    X[i] = t < Tn ? x[((long long)b * Tn + t) * C + c] : (T)0;
+    __shared__ T tile[32][33];
+    const int t0 = blockIdx.x * 32, c0 = blockIdx.y * 32, b = blockIdx.z;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int j = ty; j < 32; j += 8) {
+        const int t = t0 + j, c = c0 + tx;
+        tile[j][tx] = (t < Tn && c < C) ? x[((long long)b * Tn + t) * C + c] : (T)0;
+    }
+    __syncthreads();
+    for (int j = ty; j < 32; j += 8) {
+        const int c = c0 + j, t = t0 + tx;
+        if (c < C && t < p) X[((long long)b * C + c) * p + t] = tile[tx][j];
+    }
 }
 
 // w [R,Lw] → W [R,p]: the first T taps of each row, zero-padded.
@@ -54,19 +61,27 @@ __device__ void tz_mul(const Cplx<T>* Xh, const Cplx<T>* Wh, Cplx<T>* Yh, int B,
     Yh[i].im = im;
 }
 
-// Yr [B·C, p] (unnormalized inverse) → y [B,T,C] = Yr/p + bias.
+// Yr [B·C, p] (unnormalized inverse) → y [B,T,C] = Yr/p + bias: the transpose of
+// tz_pack_x, through the same shared tile. Block (32, 8), grid (⌈T/32⌉, ⌈C/32⌉, B).
 template <typename T>
 __device__ void tz_unpack(const T* Yr, const T* bias, int has_bias, T* y, int B, int Tn, int C, int H, int p,
                           int Lb) {
-    long long i = gtid();
-    if (i >= (long long)B * Tn * C) return;
-    int e = (int)(i % C);
-    long long bt = i / C;
-    int t = (int)(bt % Tn), b = (int)(bt / Tn);
-    int h = e / (C / H);
-    T v = Yr[((long long)b * C + e) * p + t] / (T)p;
-    if (has_bias) v += bias[(long long)h * Lb + t];
-    y[i] = v;
+    __shared__ T tile[32][33];
+    const int t0 = blockIdx.x * 32, e0 = blockIdx.y * 32, b = blockIdx.z;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int j = ty; j < 32; j += 8) {
+        const int e = e0 + j, t = t0 + tx;
+        tile[j][tx] = (e < C && t < Tn) ? Yr[((long long)b * C + e) * p + t] : (T)0;
+    }
+    __syncthreads();
+    for (int j = ty; j < 32; j += 8) {
+        const int t = t0 + j, e = e0 + tx;
+        if (t < Tn && e < C) {
+            T v = tile[tx][j] / (T)p;
+            if (has_bias) v += bias[(long long)(e / (C / H)) * Lb + t];
+            y[((long long)b * Tn + t) * C + e] = v;
+        }
+    }
 }
 
 // Direct O(T²) form: one thread per (b, t, e).

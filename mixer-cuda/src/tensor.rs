@@ -218,6 +218,13 @@ impl<T: DeviceScalar> DeviceTensor<T> {
         Ok(DeviceTensor { shape: shape.to_vec(), ..self.clone() })
     }
 
+    /// The identity of this tensor's elements, for caches of values derived from them: the
+    /// buffer (weakly held, so a dropped tensor never matches), the offset and the shape.
+    /// Device tensors are not mutated by this library, so equal identity means equal values.
+    pub fn identity(&self) -> (std::sync::Weak<Pooled<T>>, usize, Vec<usize>) {
+        (Arc::downgrade(&self.buf), self.offset, self.shape.clone())
+    }
+
     /// Attaches deferred checks (reported when this tensor is read).
     pub fn with_checks(mut self, checks: impl IntoIterator<Item = Arc<Deferred>>) -> Self {
         for c in checks {

@@ -24,6 +24,10 @@ pub struct Args {
     /// Backend (default: automatic).
     #[arg(long)]
     backend: Option<String>,
+    /// Precision mode: exact (default), tf32 or bf16 (f32 inputs; bf16 stores the
+    /// activations and `y` in bfloat16, written back as f32 values).
+    #[arg(long, default_value = "exact")]
+    precision: String,
     /// Output `.npz` (holds `y`, and `d_<input>` with `--grad`).
     #[arg(long)]
     out: PathBuf,
@@ -91,8 +95,12 @@ pub(crate) fn run(a: Args) -> Result<i32> {
         Some(b) => Backend::by_name(b)?,
         None => Backend::auto()?,
     };
+    let precision = mixer_core::Precision::parse(&a.precision)?;
+    if a.grad.is_some() && precision != mixer_core::Precision::Exact {
+        return Err(mixer_core::Error::Io("--grad runs the exact arithmetic only; drop --precision".into()));
+    }
     let inputs = crate::io::read_npz(&a.inputs)?;
-    let y = mixer_registry::run::run(m.as_ref(), &backend, form, &inputs)?;
+    let y = mixer_registry::run::run_with(m.as_ref(), &backend, form, &inputs, precision)?;
     let mut grads = std::collections::BTreeMap::new();
     if let Some(p) = &a.grad {
         let dy = read_dy(p)?;

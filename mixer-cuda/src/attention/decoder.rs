@@ -1,8 +1,10 @@
 //! Attention decoder with a device-resident KV cache: a ring buffer of
 //! `min(T, w)` rows `[cap, B, H, D]` (the last `w` keys and values for local attention, all of
 //! them otherwise). Step `t` copies `k_t, v_t` into row `t mod cap` (device to device) and
-//! computes `y_t = softmax(scale· K q_t)ᵀ V` over the `min(t+1, cap)` filled rows; nothing
-//! waits for the stream.
+//! computes `y_t = softmax(scale· K q_t)ᵀ V` over the `min(t+1, cap)` filled rows, split over
+//! the keys (flash-decoding): blocks of 256 keys per (batch, head) write partial maxima, sums
+//! and weighted values, and one block per (batch, head) combines them. Two launches per token;
+//! nothing waits for the stream.
 
 use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::attention::Attention;
@@ -15,11 +17,15 @@ use crate::pool::{self, Pooled};
 use crate::runtime::{GpuReal, err, gpu, int, launch};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
+/// Keys per split block (`ATTN_SPLIT_KEYS` in `attention.cu`).
+const SPLIT_KEYS: usize = 256;
+
 /// The attention decoder (KV cache on the device).
 pub struct AttentionDecoder<F: GpuReal> {
     kc: Pooled<F>,
     vc: Pooled<F>,
-    scratch: Pooled<F>,
+    /// Partials `[B·H, S, 2 + Dv]` of the split steps (`S = ⌈cap / 256⌉`).
+    part: Pooled<f64>,
     b: usize,
     h: usize,
     dk: usize,
@@ -41,7 +47,7 @@ impl<F: GpuReal> AttentionDecoder<F> {
         Ok(AttentionDecoder {
             kc: pool::zeros::<F>(FAMILY, cap * b * h * dk)?,
             vc: pool::zeros::<F>(FAMILY, cap * b * h * dv)?,
-            scratch: pool::zeros::<F>(FAMILY, b * h * cap)?,
+            part: pool::zeros::<f64>(FAMILY, b * h * cap.div_ceil(SPLIT_KEYS) * (2 + dv))?,
             b,
             h,
             dk,
@@ -97,23 +103,27 @@ impl<F: GpuReal> DeviceDecoder for AttentionDecoder<F> {
             return Ok(F::wrap(DeviceTensor::<F>::zeros(&[b, h, dv])?));
         }
         let mut y = pool::take::<F>(FAMILY, nv)?;
-        let f = g.function(FAMILY, &kernels::ATTENTION.full(), &[], &format!("attn_step_{}", F::SUFFIX))?;
-        let cfg = LaunchConfig {
-            grid_dim: (int(FAMILY, "B·H", b * h)? as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let (bi, hi, dki, dvi, capi, ni) = (
+        let src = kernels::ATTENTION.full();
+        let split = g.function(FAMILY, &src, &[], &format!("attn_split_{}", F::SUFFIX))?;
+        let combine = g.function(FAMILY, &src, &[], &format!("attn_combine_{}", F::SUFFIX))?;
+        let n = self.filled();
+        let splits = n.div_ceil(SPLIT_KEYS);
+        let bhi = int(FAMILY, "B·H", b * h)? as u32;
+        let cfg =
+            LaunchConfig { grid_dim: (bhi, splits as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        let (bi, hi, dki, dvi, ni, si) = (
             int(FAMILY, "B", b)?,
             int(FAMILY, "H", h)?,
             int(FAMILY, "Dk", dk)?,
             int(FAMILY, "Dv", dv)?,
-            int(FAMILY, "cap", self.cap)?,
-            int(FAMILY, "n", self.filled())?,
+            int(FAMILY, "n", n)?,
+            int(FAMILY, "splits", splits)?,
         );
         let qv = q.view();
-        launch!(g, FAMILY, f, cfg;
-            &qv, &*self.kc, &*self.vc, &mut *self.scratch, &mut *y, &bi, &hi, &dki, &dvi, &capi, &ni, &self.scale)?;
+        launch!(g, FAMILY, split, cfg;
+            &qv, &*self.kc, &*self.vc, &mut *self.part, &bi, &hi, &dki, &dvi, &ni, &self.scale)?;
+        let cfg = LaunchConfig { grid_dim: (bhi, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        launch!(g, FAMILY, combine, cfg; &*self.part, &mut *y, &hi, &dvi, &si, &self.scale)?;
         Ok(F::wrap(DeviceTensor::from_pooled(y, &[b, h, dv])?))
     }
     fn cache_elems(&self) -> usize {

@@ -1,6 +1,10 @@
 //! The FFT form: `y = F⁻¹(Σ_i ŵ_{i,h(e)} · x̂_{e+i−(K_w−1)})[0..T) / p + bias`,
 //! with zero-padded transforms of a fast size `p ≥ 2T − 1` (no circular wrap-around).
+//! `x` goes to rows of `p` and `y` comes back through tiled shared-memory transposes
+//! (coalesced on both sides); the kernel spectra `ŵ` are cached per kernel tensor
+//! ([`super::spectra`]).
 
+use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::toeplitz::{Toeplitz, fast_size};
 use mixer_core::{Precision, Result};
 
@@ -9,8 +13,25 @@ use crate::fft::{FftReal, irfft, rfft};
 use crate::forms::finish;
 use crate::kernels;
 use crate::pool;
-use crate::runtime::{check_elems, gpu, grid1, int, launch};
+use crate::runtime::{check_elems, err, gpu, grid1, int, launch};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
+
+/// The launch of the tiled transposes: 32 × 32 tiles over (`rows`, `c`), one grid layer per
+/// batch entry, blocks of 32 × 8 threads.
+fn tiles(rows: usize, c: usize, b: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            int(FAMILY, "tiles along T", rows.div_ceil(32))? as u32,
+            int(FAMILY, "tiles along C", c.div_ceil(32))? as u32,
+            u32::try_from(b)
+                .ok()
+                .filter(|&b| b <= 65535)
+                .ok_or_else(|| err(FAMILY, format!("B = {b} exceeds 65535")))?,
+        ),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    })
+}
 
 /// Runs the FFT form on device tensors.
 pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
@@ -28,21 +49,16 @@ pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result
     let g = gpu()?;
     let src = kernels::TOEPLITZ.full();
     let f = |name: &str| g.function(FAMILY, &src, &[], &format!("{name}_{}", F::SUFFIX));
-    let [bi, ti, ci, hi, kwi, lw, lb] = d.dims;
+    let [bi, ti, ci, hi, kwi, _, lb] = d.dims;
     let (ni, nfi) = (int(FAMILY, "p", n)?, int(FAMILY, "p/2+1", nf)?);
     let xv = d.x.view();
     let mut xp = pool::take::<F>(FAMILY, b * c * n)?;
-    launch!(g, FAMILY, f("toeplitz_pack_x")?, grid1(b * c * n, 256); &xv, &mut *xp, &bi, &ti, &ci, &ni)?;
-    let rows = kw * h;
-    let ri = int(FAMILY, "Kw·H", rows)?;
-    let wv = d.w.view();
-    let mut wp = pool::take::<F>(FAMILY, rows * n)?;
-    launch!(g, FAMILY, f("toeplitz_pack_w")?, grid1(rows * n, 256); &wv, &mut *wp, &ri, &ti, &lw, &ni)?;
+    launch!(g, FAMILY, f("toeplitz_pack_x")?, tiles(n, c, b)?; &xv, &mut *xp, &bi, &ti, &ci, &ni)?;
+    let wh = super::spectra::spectra::<F>(&d.w, kw * h, t, n)?;
     let xh = rfft::<F>(FAMILY, &xp, n, b * c)?;
-    let wh = rfft::<F>(FAMILY, &wp, n, rows)?;
-    drop((xp, wp));
+    drop(xp);
     let mut yh = pool::take::<F::C>(FAMILY, b * c * nf)?;
-    launch!(g, FAMILY, f("toeplitz_mul")?, grid1(b * c * nf, 256); &*xh, &*wh, &mut *yh, &bi, &ci, &hi, &kwi, &nfi)?;
+    launch!(g, FAMILY, f("toeplitz_mul")?, grid1(b * c * nf, 256); &*xh, &**wh, &mut *yh, &bi, &ci, &hi, &kwi, &nfi)?;
     drop((xh, wh));
     let yr = irfft::<F>(FAMILY, yh, n, b * c)?;
     let zero = pool::zeros::<F>(FAMILY, 1)?;
@@ -51,7 +67,7 @@ pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result
         None => (zero.slice(0..1), 0i32),
     };
     let mut y = pool::take::<F>(FAMILY, b * t * c)?;
-    launch!(g, FAMILY, f("toeplitz_unpack")?, grid1(b * t * c, 256);
+    launch!(g, FAMILY, f("toeplitz_unpack")?, tiles(t, c, b)?;
         &*yr, &bias, &has_bias, &mut *y, &bi, &ti, &ci, &hi, &ni, &lb)?;
     finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p)
 }

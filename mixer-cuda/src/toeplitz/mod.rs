@@ -4,7 +4,8 @@
 //! - `fast`: batched real FFTs through cuFFT (plans cached): pack `x` and `w` into zero-padded
 //!   rows of a fast size `p ≥ 2T−1`, R2C, multiply-accumulate the spectra over the kernel
 //!   taps, C2R, keep the first `T` outputs and normalize once by `1/p` ([`fast`]). The kernel
-//!   spectra are recomputed per call (they are cheap next to the inputs' transforms).
+//!   spectra are cached per kernel tensor ([`spectra`]): a model that keeps `w` on the device
+//!   transforms it once.
 //! - `parallel`: the direct `O(T²)` sum, one thread per output element ([`direct`]).
 //! - `recurrent`: a naive decoder, `O(t)` work per token over the full input history kept on
 //!   the device ([`decoder`]), for `decoder: "naive"`. The CPU's online (relaxed) FFT decoder
@@ -17,6 +18,7 @@
 pub mod decoder;
 pub mod direct;
 pub mod fast;
+pub mod spectra;
 
 use std::borrow::Cow;
 

@@ -249,3 +249,38 @@ fn precision_modes_meet_their_tolerances_on_tensor_cores() {
         assert_eq!(y.dtype(), "bf16");
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn toeplitz_kernel_spectra_are_cached_per_device_tensor_and_never_stale() {
+    if !gpu() {
+        return;
+    }
+    let backend = cuda();
+    let m = mixer("toeplitz", &serde_json::json!({"heads": 2})).unwrap();
+    let dims = complete_dims(m.as_ref(), &Sizes { seq: 333, ..sizes() }.dims());
+    let y_of = |seed: u64| {
+        let x = cast_tensors::<f32>(&m.random_inputs(&dims, seed).unwrap());
+        let want = run(m.as_ref(), &backend, Form::Fast, &AnyTensors::F32(x.clone())).unwrap();
+        (upload_inputs(&x, Precision::Exact).unwrap(), want)
+    };
+    let (dev, want) = y_of(1);
+    let first = host(&run_device(m.as_ref(), Form::Fast, &dev, Precision::Exact).unwrap());
+    let cached = mixer_cuda::toeplitz::spectra::cached();
+    // The same kernel tensor again: its spectra come from the cache, with the same bits.
+    let again = host(&run_device(m.as_ref(), Form::Fast, &dev, Precision::Exact).unwrap());
+    assert_eq!(mixer_cuda::toeplitz::spectra::cached(), cached);
+    assert_eq!(first, want);
+    assert_eq!(again, want);
+    // New kernels of the same shape (the old tensor dropped, its buffer back in the pool):
+    // never the old spectra.
+    drop(dev);
+    for seed in 2..5 {
+        let (dev, want) = y_of(seed);
+        assert_eq!(
+            host(&run_device(m.as_ref(), Form::Fast, &dev, Precision::Exact).unwrap()),
+            want,
+            "seed {seed}"
+        );
+    }
+}
