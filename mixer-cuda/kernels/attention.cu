@@ -79,74 +79,56 @@ __device__ void attn_fwd(const T* q, const T* k, const T* v, T* y, int B, int Tn
 // Decode step over a device KV cache of n entries (ring buffer rows [cap, B, H, D]; the
 // order of entries does not matter to softmax), split over the keys (flash-decoding):
 //
-// attn_split: grid (B·H, S), block of ATTN_SPLIT_WARPS warps; block s takes keys
-// [s·ATTN_SPLIT_KEYS, (s+1)·ATTN_SPLIT_KEYS) ∩ [0, n), each warp a quarter of them, and
-// writes the partial (m_s, l_s, a_s) = (max key, Σ e^{|scale|(u−m_s)}, Σ e^{|scale|(u−m_s)} v)
-// to part[bh, s, :] (2 + Dv doubles), with the overflow-free keys u = sign(scale)·(q·k) in
-// double. Keys are read a row per warp (lanes along d, coalesced), dot products reduced with
-// shuffles; the weighted sum of values runs with lanes along d, one partial per warp, summed
-// through shared memory.
+// attn_split: grid (B·H, S), block ATTN_SPLIT_THREADS; block s takes keys
+// [s·ATTN_SPLIT_KEYS, (s+1)·ATTN_SPLIT_KEYS) ∩ [0, n) and writes the partial
+// (m_s, l_s, a_s) = (max key, Σ e^{|scale|(u−m_s)}, Σ e^{|scale|(u−m_s)} v) to part[bh, s, :]
+// (2 + Dv doubles), with the overflow-free keys u = sign(scale)·(q·k) in double.
 // attn_combine: one block per (b, h): M = max_s m_s, y = Σ_s e^{|scale|(m_s−M)} a_s /
 // Σ_s e^{|scale|(m_s−M)} l_s.
-#define ATTN_SPLIT_KEYS 128
-#define ATTN_SPLIT_WARPS 4
-#define ATTN_SPLIT_MAX_DV 256
+#define ATTN_SPLIT_KEYS 256
+#define ATTN_SPLIT_THREADS 128
 
 template <typename T>
 __device__ void attn_split(const T* q, const T* kc, const T* vc, double* part, int B, int H, int Dk, int Dv, int n,
                            double scale) {
     __shared__ double u[ATTN_SPLIT_KEYS];
-    __shared__ double red[ATTN_SPLIT_WARPS];
-    __shared__ double acc[ATTN_SPLIT_WARPS][ATTN_SPLIT_MAX_DV];
+    __shared__ double red[ATTN_SPLIT_THREADS];
     const double asc = fabs(scale), sg = scale < 0.0 ? -1.0 : 1.0;
-    const int bh = blockIdx.x, b = bh / H, h = bh % H, s = blockIdx.y;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int bh = blockIdx.x, b = bh / H, h = bh % H, s = blockIdx.y, tid = threadIdx.x;
     const int j0 = s * ATTN_SPLIT_KEYS, cnt = min(ATTN_SPLIT_KEYS, n - j0);
     const T* qr = q + ((long long)b * H + h) * Dk;
-    const long long krow = (long long)B * H * Dk, vrow = (long long)B * H * Dv;
-    const T* k0 = kc + (long long)j0 * krow + ((long long)b * H + h) * Dk;
-    const T* v0 = vc + (long long)j0 * vrow + ((long long)b * H + h) * Dv;
-    // Keys: a warp per key, lanes along d.
     double mloc = Lim<double>::neg_inf();
-    for (int j = warp; j < cnt; j += ATTN_SPLIT_WARPS) {
-        const T* kr = k0 + (long long)j * krow;
-        double d = 0.0;
-        for (int i = lane; i < Dk; i += 32) d += (double)qr[i] * (double)kr[i];
-        for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-        if (lane == 0) u[j] = sg * d;
-        mloc = fmax(mloc, sg * d);
+    for (int j = tid; j < cnt; j += ATTN_SPLIT_THREADS) {
+        u[j] = sg * attn_dot(qr, kc + (((long long)(j0 + j) * B + b) * H + h) * Dk, Dk);
+        mloc = fmax(mloc, u[j]);
     }
-    if (lane == 0) red[warp] = mloc;
+    red[tid] = mloc;
     __syncthreads();
-    double mx = red[0];
-    for (int w = 1; w < ATTN_SPLIT_WARPS; ++w) mx = fmax(mx, red[w]);
+    for (int w = ATTN_SPLIT_THREADS / 2; w > 0; w >>= 1) {
+        if (tid < w) red[tid] = fmax(red[tid], red[tid + w]);
+        __syncthreads();
+    }
+    const double mx = red[0];
     __syncthreads();
-    // Weights and their sum.
     double lsum = 0.0;
-    for (int j = threadIdx.x; j < cnt; j += 32 * ATTN_SPLIT_WARPS) {
+    for (int j = tid; j < cnt; j += ATTN_SPLIT_THREADS) {
         u[j] = attn_weight(asc, u[j], mx);
         lsum += u[j];
     }
-    for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
-    if (lane == 0) red[warp] = lsum;
+    red[tid] = lsum;
     __syncthreads();
-    // Weighted values: warp w takes keys w, w + WARPS, …; lanes along d.
-    for (int d = lane; d < Dv; d += 32) {
-        double a = 0.0;
-        for (int j = warp; j < cnt; j += ATTN_SPLIT_WARPS) a += u[j] * (double)v0[(long long)j * vrow + d];
-        acc[warp][d] = a;
+    for (int w = ATTN_SPLIT_THREADS / 2; w > 0; w >>= 1) {
+        if (tid < w) red[tid] += red[tid + w];
+        __syncthreads();
     }
-    __syncthreads();
     double* out = part + ((long long)bh * gridDim.y + s) * (2 + Dv);
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
         out[0] = mx;
-        double l = 0.0;
-        for (int w = 0; w < ATTN_SPLIT_WARPS; ++w) l += red[w];
-        out[1] = l;
+        out[1] = red[0];
     }
-    for (int d = threadIdx.x; d < Dv; d += 32 * ATTN_SPLIT_WARPS) {
+    for (int d = tid; d < Dv; d += ATTN_SPLIT_THREADS) {
         double a = 0.0;
-        for (int w = 0; w < ATTN_SPLIT_WARPS; ++w) a += acc[w][d];
+        for (int j = 0; j < cnt; ++j) a += u[j] * (double)vc[(((long long)(j0 + j) * B + b) * H + h) * Dv + d];
         out[2 + d] = a;
     }
 }

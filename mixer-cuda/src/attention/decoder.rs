@@ -2,9 +2,9 @@
 //! `min(T, w)` rows `[cap, B, H, D]` (the last `w` keys and values for local attention, all of
 //! them otherwise). Step `t` copies `k_t, v_t` into row `t mod cap` (device to device) and
 //! computes `y_t = softmax(scale· K q_t)ᵀ V` over the `min(t+1, cap)` filled rows, split over
-//! the keys (flash-decoding): blocks of 128 keys per (batch, head), a warp per key row,
-//! write partial maxima, sums and weighted values, and one block per (batch, head) combines
-//! them. Two launches per token; nothing waits for the stream. `Dv ≤ 256`.
+//! the keys (flash-decoding): blocks of 256 keys per (batch, head) write partial maxima, sums
+//! and weighted values, and one block per (batch, head) combines them. Two launches per token;
+//! nothing waits for the stream.
 
 use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::attention::Attention;
@@ -18,9 +18,7 @@ use crate::runtime::{GpuReal, err, gpu, int, launch};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// Keys per split block (`ATTN_SPLIT_KEYS` in `attention.cu`).
-const SPLIT_KEYS: usize = 128;
-/// Largest `Dv` of the split kernel's shared accumulators (`ATTN_SPLIT_MAX_DV`).
-const SPLIT_MAX_DV: usize = 256;
+const SPLIT_KEYS: usize = 256;
 
 /// The attention decoder (KV cache on the device).
 pub struct AttentionDecoder<F: GpuReal> {
@@ -46,12 +44,6 @@ impl<F: GpuReal> AttentionDecoder<F> {
             (dims.size("B")?, dims.size("T")?, dims.size("H")?, dims.size("Dk")?, dims.size("Dv")?);
         let w = window_arg(a, tmax);
         let cap = if w > 0 { w as usize } else { tmax.max(1) };
-        if dv > SPLIT_MAX_DV {
-            return Err(err(
-                FAMILY,
-                format!("the CUDA decoder supports Dv ≤ {SPLIT_MAX_DV}, given Dv = {dv}"),
-            ));
-        }
         Ok(AttentionDecoder {
             kc: pool::zeros::<F>(FAMILY, cap * b * h * dk)?,
             vc: pool::zeros::<F>(FAMILY, cap * b * h * dv)?,
