@@ -32,6 +32,15 @@ struct Entry<F: FftReal> {
     spectra: Arc<Pooled<F::C>>,
 }
 
+thread_local! {
+    static HITS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Cache hits on the calling thread (for tests that run beside others).
+pub fn thread_hits() -> u64 {
+    HITS.with(|h| h.get())
+}
+
 /// Entries of every element type, most recently used last.
 static CACHE: LazyLock<Mutex<Vec<Box<dyn Any + Send>>>> = LazyLock::new(|| Mutex::new(Vec::new()));
 
@@ -57,6 +66,7 @@ pub fn spectra<F: FftReal>(
         let s = e.downcast_ref::<Entry<F>>().map(|e| e.spectra.clone());
         cache.push(e);
         if let Some(s) = s {
+            HITS.with(|h| h.set(h.get() + 1));
             return Ok(s);
         }
     }

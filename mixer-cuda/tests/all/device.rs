@@ -266,12 +266,19 @@ fn toeplitz_kernel_spectra_are_cached_per_device_tensor_and_never_stale() {
     };
     let (dev, want) = y_of(1);
     let first = host(&run_device(m.as_ref(), Form::Fast, &dev, Precision::Exact).unwrap());
-    let cached = mixer_cuda::toeplitz::spectra::cached();
-    // The same kernel tensor again: its spectra come from the cache, with the same bits.
-    let again = host(&run_device(m.as_ref(), Form::Fast, &dev, Precision::Exact).unwrap());
-    assert_eq!(mixer_cuda::toeplitz::spectra::cached(), cached);
     assert_eq!(first, want);
-    assert_eq!(again, want);
+    // The same kernel tensor again: its spectra come from the cache, with the same bits. (Tests
+    // running beside this one share the cache of 8 entries and may evict ours in between, so
+    // a hit is asked of one of three calls.)
+    let hits = mixer_cuda::toeplitz::spectra::thread_hits();
+    for _ in 0..3 {
+        let again = host(&run_device(m.as_ref(), Form::Fast, &dev, Precision::Exact).unwrap());
+        assert_eq!(again, want);
+    }
+    assert!(
+        mixer_cuda::toeplitz::spectra::thread_hits() > hits,
+        "no cache hit in three calls with the same w"
+    );
     // New kernels of the same shape (the old tensor dropped, its buffer back in the pool):
     // never the old spectra.
     drop(dev);
