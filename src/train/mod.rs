@@ -23,6 +23,7 @@
 //! ```
 
 pub mod checkpoint;
+pub mod expressivity;
 pub mod fit;
 pub mod layer;
 pub mod model;
