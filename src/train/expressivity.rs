@@ -86,9 +86,9 @@ impl Setting {
         Setting {
             name: "default".into(),
             tasks: vec![
-                TaskConfig { alphabet: 8, min_len: 4, max_len: 12, ..TaskConfig::new(TaskKind::Copy) },
-                TaskConfig { vocab: 32, pairs: 8, seq_len: 48, ..TaskConfig::new(TaskKind::Mqar) },
-                TaskConfig { vocab: 32, pairs: 10, max_hops: 3, queries: 2, ..TaskConfig::new(TaskKind::Multihop) },
+                TaskConfig { alphabet: 8, min_len: 4, max_len: 10, ..TaskConfig::new(TaskKind::Copy) },
+                TaskConfig { vocab: 32, pairs: 6, seq_len: 32, ..TaskConfig::new(TaskKind::Mqar) },
+                TaskConfig { vocab: 24, pairs: 6, max_hops: 3, queries: 2, ..TaskConfig::new(TaskKind::Multihop) },
             ],
             run: TrainConfig {
                 width: 32,
@@ -96,7 +96,7 @@ impl Setting {
                 heads: 2,
                 mlp_mult: 2,
                 pos_emb: true,
-                steps: 600,
+                steps: 1000,
                 batch: 32,
                 optim: AdamWConfig { lr: 3e-3, ..AdamWConfig::default() },
                 eval_every: 0,
@@ -119,7 +119,7 @@ impl Setting {
                 TaskConfig { vocab: 16, pairs: 4, seq_len: 24, ..TaskConfig::new(TaskKind::Mqar) },
                 TaskConfig { vocab: 16, pairs: 5, max_hops: 2, queries: 2, ..TaskConfig::new(TaskKind::Multihop) },
             ],
-            run: TrainConfig { width: 16, steps: 80, batch: 16, test_size: 64, ..d.run },
+            run: TrainConfig { width: 16, steps: 200, batch: 16, test_size: 64, ..d.run },
             ..d
         }
     }

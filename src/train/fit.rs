@@ -56,10 +56,10 @@ impl Default for TrainConfig {
             heads: 2,
             mlp_mult: 2,
             pos_emb: true,
-            steps: 400,
+            steps: 1000,
             batch: 32,
             optim: AdamWConfig::default(),
-            eval_every: 50,
+            eval_every: 100,
             test_size: 256,
             seed: 0,
         }

@@ -7,7 +7,7 @@
 //! | family | coefficients |
 //! |---|---|
 //! | attention | `q, k, v = u·W_q, u·W_k, u·W_v` (`H` heads of `D/H`) |
-//! | glr (`on = "b"`) | `x = u·W_x`, `alpha = σ(u·W_α + b_α)`, `beta[t,k] = γ_t · softmax_{k : f(k) ≤ t}(u·W_β)` per head, `γ = σ(u·W_γ + b_γ)`, so `Σ_k |β| ≤ 1` |
+//! | glr (`on = "b"`) | `x = u·W_x`, `alpha = σ(u·W_α + b_α)`, `beta[t,k] = γ_t · softmax_{k : f(k) ≤ t}(σ q_t·k_{d_k(t)} + b_k)` per head (`q, k` projections of `u`, `σ = 1/√(D/H)`, a learned bias per slot), `γ = σ(u·W_γ + b_γ)`, so `Σ_k |β| ≤ 1` |
 //! | mamba2, linear attention | `q, k, v` projections, `g = −e^{a_h} · softplus(u·W_g + b_g)` |
 //! | gated DeltaNet | the above with `q, k` L2-normalised per head, `beta = σ(u·W_b + b_b)` |
 //! | log-linear lifts | the base's, and `lambda = u·W_λ + b_λ` with the `softplus` λ scheme and its learnable `lambda_param [H, L]` (init 1) |
@@ -168,7 +168,8 @@ impl MixerLayer {
                 v.push(m("wx", d));
                 v.push(m("walpha", d));
                 v.push(ParamSpec::vector(self.n("balpha"), d, 0.0));
-                v.push(ParamSpec::matrix(self.n("wbeta"), d, slots.len() * h, 0.1));
+                v.extend([m("wq", d), m("wk", d)]);
+                v.push(ParamSpec { name: self.n("slot_bias"), shape: vec![slots.len().max(1), h], init: Init::Const(0.0), decay: false });
                 v.push(m("wgamma", h));
                 v.push(ParamSpec::vector(self.n("bgamma"), h, 1.0));
             }
@@ -234,7 +235,23 @@ impl MixerLayer {
                 nn::add_bias(&mut za, &vec1(p, &self.n("balpha"))?);
                 inputs.insert("alpha".into(), reshape(za.mapv(nn::sigmoid), &[n, t, d])?);
                 let k = slots.len();
-                let zb = proj("wbeta")?; // [N·T, K·H]
+                let (q, kk) = (proj("wq")?, proj("wk")?);
+                let sb = mat(p, &self.n("slot_bias"))?;
+                let scale = 1.0 / (dh as f64).sqrt();
+                // Logits: σ·q_t·k_{d_j(t)} + bias_j per head (attention-like scores over the slots).
+                let mut zb = Array2::<f64>::zeros((n * t, k * h));
+                for r in 0..n * t {
+                    let (b0, tt) = (r - r % t, r % t);
+                    for (j, src) in slots.deps(tt) {
+                        for hh in 0..h {
+                            let cs = hh * dh..(hh + 1) * dh;
+                            let dot: f64 = cs.map(|c| q[[r, c]] * kk[[b0 + src, c]]).sum();
+                            zb[[r, j * h + hh]] = scale * dot + sb[[j, hh]];
+                        }
+                    }
+                }
+                aux.insert("q".into(), q.into_dyn());
+                aux.insert("k".into(), kk.into_dyn());
                 let mut zg = proj("wgamma")?;
                 nn::add_bias(&mut zg, &vec1(p, &self.n("bgamma"))?);
                 let gamma = zg.mapv(nn::sigmoid); // [N·T, H]
@@ -384,7 +401,28 @@ impl MixerLayer {
                         dzg[[r, hh]] = if a == 0 { 0.0 } else { dgamma * gm * (1.0 - gm) };
                     }
                 }
-                back("wbeta", None, dzb, &mut du, grads)?;
+                // Through the logits σ·q_t·k_{d_j(t)} + bias_j.
+                let q = flat(&c.aux["q"], d)?;
+                let kk = flat(&c.aux["k"], d)?;
+                let scale = 1.0 / (dh as f64).sqrt();
+                let (mut dq, mut dk) = (Array2::<f64>::zeros(q.raw_dim()), Array2::<f64>::zeros(kk.raw_dim()));
+                let mut dsb = Array2::<f64>::zeros((k.max(1), h));
+                for r in 0..u.nrows() {
+                    let (b0, tt) = (r - r % t, r % t);
+                    for (j, src) in slots.deps(tt) {
+                        for hh in 0..h {
+                            let dz = dzb[[r, j * h + hh]];
+                            dsb[[j, hh]] += dz;
+                            for cc in hh * dh..(hh + 1) * dh {
+                                dq[[r, cc]] += scale * dz * kk[[b0 + src, cc]];
+                                dk[[b0 + src, cc]] += scale * dz * q[[r, cc]];
+                            }
+                        }
+                    }
+                }
+                acc2(grads, &self.n("slot_bias"), dsb);
+                back("wq", None, dq, &mut du, grads)?;
+                back("wk", None, dk, &mut du, grads)?;
                 back("wgamma", Some("bgamma"), dzg, &mut du, grads)?;
             }
             Kind::Ssd { gdn, lift } => {

@@ -1,4 +1,4 @@
-//! Seeded synthetic tasks (docs/math.md §6): copy, multi-query associative recall (MQAR) and
+//! Seeded synthetic tasks (docs/training.md): copy, multi-query associative recall (MQAR) and
 //! multi-hop recall, with disjoint train/test splits.
 //!
 //! Every example has the task's fixed length `T` (inputs) and one target per position
@@ -150,18 +150,17 @@ impl TaskConfig {
             task,
             alphabet: 8,
             min_len: 4,
-            max_len: 12,
+            max_len: 10,
             vocab: 32,
-            pairs: 8,
-            seq_len: 48,
+            pairs: 6,
+            seq_len: 32,
             power_a: 0.01,
             max_hops: 3,
             queries: 2,
         };
         match task {
-            TaskKind::Copy => base,
-            TaskKind::Mqar => base,
-            TaskKind::Multihop => TaskConfig { pairs: 10, ..base },
+            TaskKind::Copy | TaskKind::Mqar => base,
+            TaskKind::Multihop => TaskConfig { vocab: 24, ..base },
         }
     }
 

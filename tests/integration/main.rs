@@ -9,3 +9,4 @@ use mixers_plugin_fibonacci as _;
 mod cli;
 mod plugin;
 mod registry;
+mod train;
