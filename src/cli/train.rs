@@ -127,7 +127,8 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     if !matches!(a.plot.as_str(), "svg" | "png") {
         return Err(Error::Io(format!("--plot must be svg or png, got {}", a.plot)));
     }
-    std::fs::create_dir_all(&a.out).map_err(|e| Error::Io(format!("cannot create {}: {e}", a.out.display())))?;
+    std::fs::create_dir_all(&a.out)
+        .map_err(|e| Error::Io(format!("cannot create {}: {e}", a.out.display())))?;
     let stem = format!("{}-{}", cfg.task.task.name(), cfg.mixer);
     let pb = ProgressBar::new(cfg.steps as u64);
     if a.quiet {

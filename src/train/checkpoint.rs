@@ -39,11 +39,10 @@ fn st(e: safetensors::SafeTensorError) -> Error {
 /// configuration).
 pub fn from_bytes(bytes: &[u8]) -> Result<Model> {
     let (_, meta) = SafeTensors::read_metadata(bytes).map_err(st)?;
-    let cfg = meta
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get(CONFIG_KEY))
-        .ok_or_else(|| Error::Io(format!("not a mixers checkpoint: no `{CONFIG_KEY}` in the metadata")))?;
+    let cfg =
+        meta.metadata().as_ref().and_then(|m| m.get(CONFIG_KEY)).ok_or_else(|| {
+            Error::Io(format!("not a mixers checkpoint: no `{CONFIG_KEY}` in the metadata"))
+        })?;
     let cfg: ModelConfig =
         serde_json::from_str(cfg).map_err(|e| Error::Io(format!("checkpoint model config: {e}")))?;
     let t = SafeTensors::deserialize(bytes).map_err(st)?;
@@ -54,7 +53,8 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Model> {
         }
         let data: Vec<f64> =
             v.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect();
-        let a = ArrayD::from_shape_vec(IxDyn(v.shape()), data).map_err(|e| Error::Io(format!("`{name}`: {e}")))?;
+        let a = ArrayD::from_shape_vec(IxDyn(v.shape()), data)
+            .map_err(|e| Error::Io(format!("`{name}`: {e}")))?;
         params.insert(name, a);
     }
     Model::from_params(cfg, params)
@@ -62,7 +62,8 @@ pub fn from_bytes(bytes: &[u8]) -> Result<Model> {
 
 /// Writes `model` to `path`.
 pub fn save(model: &Model, path: &Path) -> Result<()> {
-    std::fs::write(path, to_bytes(model)?).map_err(|e| Error::Io(format!("cannot write {}: {e}", path.display())))
+    std::fs::write(path, to_bytes(model)?)
+        .map_err(|e| Error::Io(format!("cannot write {}: {e}", path.display())))
 }
 
 /// Reads a model from `path`.

@@ -47,18 +47,66 @@ pub fn rows(window: usize, order: usize) -> Vec<Row> {
     };
     vec![
         r("Attention".into(), "attention", json!({}), [Some(100.0), Some(100.0), Some(39.21)], t1),
-        r(format!("Local attention (w = {window})"), "local-attention", json!({"window": window}), [Some(23.75), Some(26.20), Some(23.59)], t1),
+        r(
+            format!("Local attention (w = {window})"),
+            "local-attention",
+            json!({"window": window}),
+            [Some(23.75), Some(26.20), Some(23.59)],
+            t1,
+        ),
         r("Diagonal SSM".into(), "diagonal-ssm", json!({}), [Some(42.98), Some(32.53), Some(27.17)], t1),
-        r(format!("k-th order recurrence (k = {order})"), "kth-order", json!({"order": order}), [Some(74.66), Some(41.12), Some(39.08)], t1),
-        r("Dense recurrence".into(), "dense-recurrence", json!({}), [Some(100.0), Some(99.99), Some(99.80)], t1),
-        r("f(k) = 2^k".into(), "glr", json!({"pattern": "pow2"}), [Some(92.63), Some(49.03), Some(34.85)], t1),
-        r("f(k) = 2^k + cache-eff".into(), "glr", json!({"pattern": "pow2", "cache_efficient": true}), [Some(75.47), Some(52.59), Some(38.63)], t1),
-        r("f(k) = k²+1".into(), "glr", json!({"pattern": "sq1"}), [Some(99.66), Some(53.61), Some(35.68)], t1),
-        r("f(k) = k²+1 + cache-eff".into(), "glr", json!({"pattern": "sq1", "cache_efficient": true}), [Some(91.59), Some(54.56), Some(38.02)], t1),
+        r(
+            format!("k-th order recurrence (k = {order})"),
+            "kth-order",
+            json!({"order": order}),
+            [Some(74.66), Some(41.12), Some(39.08)],
+            t1,
+        ),
+        r(
+            "Dense recurrence".into(),
+            "dense-recurrence",
+            json!({}),
+            [Some(100.0), Some(99.99), Some(99.80)],
+            t1,
+        ),
+        r(
+            "f(k) = 2^k".into(),
+            "glr",
+            json!({"pattern": "pow2"}),
+            [Some(92.63), Some(49.03), Some(34.85)],
+            t1,
+        ),
+        r(
+            "f(k) = 2^k + cache-eff".into(),
+            "glr",
+            json!({"pattern": "pow2", "cache_efficient": true}),
+            [Some(75.47), Some(52.59), Some(38.63)],
+            t1,
+        ),
+        r(
+            "f(k) = k²+1".into(),
+            "glr",
+            json!({"pattern": "sq1"}),
+            [Some(99.66), Some(53.61), Some(35.68)],
+            t1,
+        ),
+        r(
+            "f(k) = k²+1 + cache-eff".into(),
+            "glr",
+            json!({"pattern": "sq1", "cache_efficient": true}),
+            [Some(91.59), Some(54.56), Some(38.02)],
+            t1,
+        ),
         r("Mamba-2".into(), "mamba2", json!({}), [None, Some(89.6), None], ll),
         r("Log-linear Mamba-2".into(), "loglinear-mamba2", json!({}), [None, Some(92.9), None], ll),
         r("Gated DeltaNet".into(), "gated-deltanet", json!({}), [None, Some(79.0), None], ll),
-        r("Log-linear gated DeltaNet".into(), "loglinear-gated-deltanet", json!({}), [None, Some(84.4), None], ll),
+        r(
+            "Log-linear gated DeltaNet".into(),
+            "loglinear-gated-deltanet",
+            json!({}),
+            [None, Some(84.4), None],
+            ll,
+        ),
         r("Toeplitz".into(), "toeplitz", json!({}), [None, None, None], "—"),
     ]
 }
@@ -88,7 +136,13 @@ impl Setting {
             tasks: vec![
                 TaskConfig { alphabet: 8, min_len: 4, max_len: 10, ..TaskConfig::new(TaskKind::Copy) },
                 TaskConfig { vocab: 32, pairs: 6, seq_len: 32, ..TaskConfig::new(TaskKind::Mqar) },
-                TaskConfig { vocab: 24, pairs: 6, max_hops: 3, queries: 2, ..TaskConfig::new(TaskKind::Multihop) },
+                TaskConfig {
+                    vocab: 24,
+                    pairs: 6,
+                    max_hops: 3,
+                    queries: 2,
+                    ..TaskConfig::new(TaskKind::Multihop)
+                },
             ],
             run: TrainConfig {
                 width: 32,
@@ -117,7 +171,13 @@ impl Setting {
             tasks: vec![
                 TaskConfig { alphabet: 6, min_len: 2, max_len: 6, ..TaskConfig::new(TaskKind::Copy) },
                 TaskConfig { vocab: 16, pairs: 4, seq_len: 24, ..TaskConfig::new(TaskKind::Mqar) },
-                TaskConfig { vocab: 16, pairs: 5, max_hops: 2, queries: 2, ..TaskConfig::new(TaskKind::Multihop) },
+                TaskConfig {
+                    vocab: 16,
+                    pairs: 5,
+                    max_hops: 2,
+                    queries: 2,
+                    ..TaskConfig::new(TaskKind::Multihop)
+                },
             ],
             run: TrainConfig { width: 16, steps: 200, batch: 16, test_size: 64, ..d.run },
             ..d
@@ -209,10 +269,16 @@ fn run_cell(setting: &Setting, row: &Row, task: &TaskConfig) -> Cell {
 /// Trains every (row, task) of `rows` on `jobs` threads; `done` is called after each cell.
 pub fn run(setting: &Setting, rows: &[Row], jobs: usize, done: &(dyn Fn(&Cell) + Sync)) -> Result<Report> {
     let start = Instant::now();
-    let work: Vec<(usize, usize)> = (0..rows.len()).flat_map(|r| (0..setting.tasks.len()).map(move |t| (r, t))).collect();
+    let work: Vec<(usize, usize)> =
+        (0..rows.len()).flat_map(|r| (0..setting.tasks.len()).map(move |t| (r, t))).collect();
     // The slowest first, so that the threads finish together.
     let mut order = work.clone();
-    order.sort_by_key(|&(r, _)| std::cmp::Reverse(usize::from(rows[r].mixer.contains("deltanet")) * 2 + usize::from(rows[r].mixer.contains("dense"))));
+    order.sort_by_key(|&(r, _)| {
+        std::cmp::Reverse(
+            usize::from(rows[r].mixer.contains("deltanet")) * 2
+                + usize::from(rows[r].mixer.contains("dense")),
+        )
+    });
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<Cell>>> = Mutex::new(vec![None; work.len()]);
     std::thread::scope(|s| {
@@ -249,7 +315,13 @@ pub fn run(setting: &Setting, rows: &[Row], jobs: usize, done: &(dyn Fn(&Cell) +
         }
         cells.push(v);
     }
-    Ok(Report { setting: setting.clone(), rows: rows.to_vec(), cells, wall_s: start.elapsed().as_secs_f64(), jobs })
+    Ok(Report {
+        setting: setting.clone(),
+        rows: rows.to_vec(),
+        cells,
+        wall_s: start.elapsed().as_secs_f64(),
+        jobs,
+    })
 }
 
 /// Kendall's τ-b between two score lists (ties allowed); `None` with fewer than 2 pairs.
@@ -293,7 +365,11 @@ impl Report {
         let _ = writeln!(s, " wall s |");
         let _ = writeln!(s, "|---|---|{}---:|", "---:|---:|".repeat(names.len()));
         for (row, cells) in self.rows.iter().zip(&self.cells) {
-            let cfg = if row.config.as_object().is_some_and(|o| o.is_empty()) { String::new() } else { format!(" `{}`", row.config) };
+            let cfg = if row.config.as_object().is_some_and(|o| o.is_empty()) {
+                String::new()
+            } else {
+                format!(" `{}`", row.config)
+            };
             let _ = write!(s, "| {} | `{}`{} |", row.label, row.mixer, cfg);
             for (i, c) in cells.iter().enumerate() {
                 let ours = match &c.error {
@@ -307,8 +383,15 @@ impl Report {
             let _ = writeln!(s, " {wall:.0} |");
         }
         let _ = writeln!(s);
-        let _ = writeln!(s, "Ours: test accuracy (%) on labelled positions (copy: characters, whole strings in parentheses), mean over seeds {:?}.", self.setting.seeds);
-        let _ = writeln!(s, "Paper: Table 1 of the GLR paper (copy, associative recall, multi-hop); MQAR of the log-linear paper for Mamba-2 / gated DeltaNet and their lifts (in the associative-recall column).");
+        let _ = writeln!(
+            s,
+            "Ours: test accuracy (%) on labelled positions (copy: characters, whole strings in parentheses), mean over seeds {:?}.",
+            self.setting.seeds
+        );
+        let _ = writeln!(
+            s,
+            "Paper: Table 1 of the GLR paper (copy, associative recall, multi-hop); MQAR of the log-linear paper for Mamba-2 / gated DeltaNet and their lifts (in the associative-recall column)."
+        );
         let _ = writeln!(s);
         for (line, _) in self.ordering() {
             let _ = writeln!(s, "- {line}");
@@ -350,7 +433,9 @@ impl Report {
         }
         // The lifts on MQAR.
         if let Some(ti) = self.setting.tasks.iter().position(|t| t.task == TaskKind::Mqar) {
-            for (base, lift) in [("mamba2", "loglinear-mamba2"), ("gated-deltanet", "loglinear-gated-deltanet")] {
+            for (base, lift) in
+                [("mamba2", "loglinear-mamba2"), ("gated-deltanet", "loglinear-gated-deltanet")]
+            {
                 let find = |m: &str| self.rows.iter().position(|r| r.mixer == m).map(|i| &self.cells[i][ti]);
                 if let (Some(b), Some(l)) = (find(base), find(lift)) {
                     let gain = l.accuracy - b.accuracy;

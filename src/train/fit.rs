@@ -226,8 +226,15 @@ pub fn train(cfg: &TrainConfig, on: &mut dyn FnMut(Event<'_>)) -> Result<(Model,
         }
         let lr = opt.lr_at(s, cfg.steps);
         let grad_norm = opt.update(&mut model.params, &grads, lr);
-        let (right, all) = out.correct.iter().flatten().fold((0, 0), |(r, a), &c| (r + usize::from(c), a + 1));
-        let st = StepLog { step: s + 1, loss: out.loss, accuracy: right as f64 / all.max(1) as f64, lr, grad_norm };
+        let (right, all) =
+            out.correct.iter().flatten().fold((0, 0), |(r, a), &c| (r + usize::from(c), a + 1));
+        let st = StepLog {
+            step: s + 1,
+            loss: out.loss,
+            accuracy: right as f64 / all.max(1) as f64,
+            lr,
+            grad_norm,
+        };
         on(Event::Step(&st));
         log.steps.push(st);
         if (cfg.eval_every > 0 && (s + 1) % cfg.eval_every == 0) || s + 1 == cfg.steps {

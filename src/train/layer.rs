@@ -131,12 +131,17 @@ impl MixerLayer {
             other => {
                 return Err(Error::config(
                     name,
-                    format!("no training layer for the `{other}` family (attention, glr, loglinear, toeplitz)"),
+                    format!(
+                        "no training layer for the `{other}` family (attention, glr, loglinear, toeplitz)"
+                    ),
                 ));
             }
         };
         if !mixer_registry::backward::backward_forms(mixer.as_ref(), BACKEND).contains(&Form::Fast) {
-            return Err(Error::config(name, "this configuration has no fast backward form on the cpu backend"));
+            return Err(Error::config(
+                name,
+                "this configuration has no fast backward form on the cpu backend",
+            ));
         }
         let backend = Backend::by_name(BACKEND)?;
         Ok(MixerLayer { mixer, kind, prefix: prefix.to_string(), d, h, t, backend })
@@ -169,7 +174,12 @@ impl MixerLayer {
                 v.push(m("walpha", d));
                 v.push(ParamSpec::vector(self.n("balpha"), d, 0.0));
                 v.extend([m("wq", d), m("wk", d)]);
-                v.push(ParamSpec { name: self.n("slot_bias"), shape: vec![slots.len().max(1), h], init: Init::Const(0.0), decay: false });
+                v.push(ParamSpec {
+                    name: self.n("slot_bias"),
+                    shape: vec![slots.len().max(1), h],
+                    init: Init::Const(0.0),
+                    decay: false,
+                });
                 v.push(m("wgamma", h));
                 v.push(ParamSpec::vector(self.n("bgamma"), h, 1.0));
             }
@@ -177,8 +187,15 @@ impl MixerLayer {
                 v.extend([m("wq", d), m("wk", d), m("wv", d)]);
                 v.push(ParamSpec::matrix(self.n("wg"), d, h, 0.1));
                 // Δ = softplus(b_g) spread over the heads (slow to fast decay), a_h = 0.
-                let bg = (0..h).map(|i| nn::softplus_inv(0.02 * 8f64.powf(i as f64 / h.max(2) as f64 * 2.0))).collect();
-                v.push(ParamSpec { name: self.n("bg"), shape: vec![h], init: Init::Values(bg), decay: false });
+                let bg = (0..h)
+                    .map(|i| nn::softplus_inv(0.02 * 8f64.powf(i as f64 / h.max(2) as f64 * 2.0)))
+                    .collect();
+                v.push(ParamSpec {
+                    name: self.n("bg"),
+                    shape: vec![h],
+                    init: Init::Values(bg),
+                    decay: false,
+                });
                 v.push(ParamSpec::vector(self.n("a_log"), h, 0.0));
                 if *gdn {
                     v.push(m("wb", h));
@@ -203,7 +220,11 @@ impl MixerLayer {
                 for i in 0..*kw {
                     for _ in 0..th {
                         for lag in 0..t {
-                            let base = if i + 1 == *kw { if lag == 0 { 1.0 } else { 0.5 / (lag as f64 + 1.0) } } else { 0.0 };
+                            let base = if i + 1 == *kw {
+                                if lag == 0 { 1.0 } else { 0.5 / (lag as f64 + 1.0) }
+                            } else {
+                                0.0
+                            };
                             w.push(base);
                         }
                     }
@@ -313,7 +334,9 @@ impl MixerLayer {
                     let mut raw = proj("wlambda")?;
                     nn::add_bias(&mut raw, &vec1(p, &self.n("blambda"))?);
                     inputs.insert("lambda".into(), reshape(raw, &[n, t, h, *l])?);
-                    let lp = p.get(&self.n("lambda_param")).ok_or_else(|| Error::Io("missing lambda_param".into()))?;
+                    let lp = p
+                        .get(&self.n("lambda_param"))
+                        .ok_or_else(|| Error::Io("missing lambda_param".into()))?;
                     inputs.insert("lambda_param".into(), lp.clone());
                 }
             }
@@ -335,12 +358,21 @@ impl MixerLayer {
     }
 
     /// Backward: from `dout [N·T, D]`, adds the parameter gradients to `grads` and returns `du`.
-    pub fn backward(&self, p: &Params, c: LayerCache, dout: &Array2<f64>, grads: &mut Params) -> Result<Array2<f64>> {
+    pub fn backward(
+        &self,
+        p: &Params,
+        c: LayerCache,
+        dout: &Array2<f64>,
+        grads: &mut Params,
+    ) -> Result<Array2<f64>> {
         let (d, h, t) = (self.d, self.h, self.t);
         let dh = d / h;
         let (dy, dwo) = nn::linear_back(c.y.view(), mat(p, &self.n("wo"))?, dout.view());
         acc2(grads, &self.n("wo"), dwo);
-        let mixed = c.inputs.get(self.mixer.spec().mixed).ok_or_else(|| Error::Io("internal: no mixed input".into()))?;
+        let mixed = c
+            .inputs
+            .get(self.mixer.spec().mixed)
+            .ok_or_else(|| Error::Io("internal: no mixed input".into()))?;
         let dy = reshape(dy, mixed.shape())?;
         let g_in = c.inputs.get("g").cloned();
         let g = mixer_registry::backward::backward(
@@ -352,13 +384,20 @@ impl MixerLayer {
             &Requires::All,
         )?;
         let gd = |name: &str, cols: usize| -> Result<Array2<f64>> {
-            let a = g.get(&format!("d_{name}")).ok_or_else(|| Error::Io(format!("the backward returned no d_{name}")))?;
+            let a = g
+                .get(&format!("d_{name}"))
+                .ok_or_else(|| Error::Io(format!("the backward returned no d_{name}")))?;
             flat(&a.to_f64(), cols)
         };
         let u = &c.u;
         let mut du = Array2::<f64>::zeros(u.raw_dim());
         // Pre-activation gradient `dz` of `z = u·W (+ b)`: accumulates dW, db, du.
-        let back = |w: &str, b: Option<&str>, dz: Array2<f64>, du: &mut Array2<f64>, grads: &mut Params| -> Result<()> {
+        let back = |w: &str,
+                    b: Option<&str>,
+                    dz: Array2<f64>,
+                    du: &mut Array2<f64>,
+                    grads: &mut Params|
+         -> Result<()> {
             let (dui, dw) = nn::linear_back(u.view(), mat(p, &self.n(w))?, dz.view());
             *du += &dui;
             acc2(grads, &self.n(w), dw);
@@ -379,8 +418,12 @@ impl MixerLayer {
                 let dza = gd("alpha", d)? * &alpha.mapv(|a| a * (1.0 - a));
                 back("walpha", Some("balpha"), dza, &mut du, grads)?;
                 let k = slots.len();
-                let dbeta = g.get("d_beta").ok_or_else(|| Error::Io("the backward returned no d_beta".into()))?.to_f64();
-                let dbeta = dbeta.into_shape_with_order((u.nrows(), k, d)).map_err(|e| Error::Io(e.to_string()))?;
+                let dbeta = g
+                    .get("d_beta")
+                    .ok_or_else(|| Error::Io("the backward returned no d_beta".into()))?
+                    .to_f64();
+                let dbeta =
+                    dbeta.into_shape_with_order((u.nrows(), k, d)).map_err(|e| Error::Io(e.to_string()))?;
                 let gamma = flat(&c.aux["gamma"], h)?;
                 let probs = flat(&c.aux["probs"], k * h)?;
                 let mut dzb = Array2::<f64>::zeros((u.nrows(), k * h));
@@ -389,8 +432,9 @@ impl MixerLayer {
                     let a = slots.active(r % t);
                     for hh in 0..h {
                         // dβ per (slot, head): the sum over the head's channels.
-                        let db: Vec<f64> =
-                            (0..a).map(|j| dbeta.slice(ndarray::s![r, j, hh * dh..(hh + 1) * dh]).sum()).collect();
+                        let db: Vec<f64> = (0..a)
+                            .map(|j| dbeta.slice(ndarray::s![r, j, hh * dh..(hh + 1) * dh]).sum())
+                            .collect();
                         let gm = gamma[[r, hh]];
                         let dgamma: f64 = (0..a).map(|j| probs[[r, j * h + hh]] * db[j]).sum();
                         // dp = γ·dβ; dz = p ⊙ (dp − Σ p·dp).
@@ -405,7 +449,8 @@ impl MixerLayer {
                 let q = flat(&c.aux["q"], d)?;
                 let kk = flat(&c.aux["k"], d)?;
                 let scale = 1.0 / (dh as f64).sqrt();
-                let (mut dq, mut dk) = (Array2::<f64>::zeros(q.raw_dim()), Array2::<f64>::zeros(kk.raw_dim()));
+                let (mut dq, mut dk) =
+                    (Array2::<f64>::zeros(q.raw_dim()), Array2::<f64>::zeros(kk.raw_dim()));
                 let mut dsb = Array2::<f64>::zeros((k.max(1), h));
                 for r in 0..u.nrows() {
                     let (b0, tt) = (r - r % t, r % t);
@@ -461,11 +506,11 @@ impl MixerLayer {
             }
             Kind::Toeplitz { .. } => {
                 back("wx", None, gd("x", d)?, &mut du, grads)?;
-                let dw = g.get("d_w").ok_or_else(|| Error::Io("the backward returned no d_w".into()))?.to_f64();
+                let dw =
+                    g.get("d_w").ok_or_else(|| Error::Io("the backward returned no d_w".into()))?.to_f64();
                 super::params::acc(grads, &self.n("taps"), dw);
             }
         }
         Ok(du)
     }
 }
-

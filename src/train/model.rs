@@ -82,19 +82,35 @@ impl Model {
         let (d, v, t) = (cfg.width, cfg.vocab, cfg.seq_len);
         let f = cfg.mlp_mult * d;
         let mut layers = Vec::new();
-        let mut specs = vec![ParamSpec { name: "embed".into(), shape: vec![v, d], init: Init::Normal(1.0), decay: false }];
+        let mut specs = vec![ParamSpec {
+            name: "embed".into(),
+            shape: vec![v, d],
+            init: Init::Normal(1.0),
+            decay: false,
+        }];
         if cfg.pos_emb {
-            specs.push(ParamSpec { name: "pos".into(), shape: vec![t, d], init: Init::Normal(0.5), decay: false });
+            specs.push(ParamSpec {
+                name: "pos".into(),
+                shape: vec![t, d],
+                init: Init::Normal(0.5),
+                decay: false,
+            });
         }
         for i in 0..cfg.layers {
             let pre = format!("blocks.{i}");
-            let layer = MixerLayer::new(&format!("{pre}.mix"), &cfg.mixer, &cfg.mixer_config, d, cfg.heads, t)?;
+            let layer =
+                MixerLayer::new(&format!("{pre}.mix"), &cfg.mixer, &cfg.mixer_config, d, cfg.heads, t)?;
             specs.push(ParamSpec::vector(format!("{pre}.norm1"), d, 1.0));
             specs.extend(layer.param_specs(cfg.layers));
             specs.push(ParamSpec::vector(format!("{pre}.norm2"), d, 1.0));
             specs.push(ParamSpec::matrix(format!("{pre}.mlp.w1"), d, f, 1.0));
             specs.push(ParamSpec::vector(format!("{pre}.mlp.b1"), f, 0.0));
-            specs.push(ParamSpec::matrix(format!("{pre}.mlp.w2"), f, d, 1.0 / (2.0 * cfg.layers as f64).sqrt()));
+            specs.push(ParamSpec::matrix(
+                format!("{pre}.mlp.w2"),
+                f,
+                d,
+                1.0 / (2.0 * cfg.layers as f64).sqrt(),
+            ));
             specs.push(ParamSpec::vector(format!("{pre}.mlp.b2"), d, 0.0));
             layers.push(layer);
         }
@@ -140,6 +156,20 @@ impl Model {
         Ok(())
     }
 
+    fn check_targets(&self, tokens: &[usize], targets: &[Option<usize>]) -> Result<()> {
+        if targets.len() != tokens.len() {
+            return Err(Error::shape("targets", format!("{}", tokens.len()), format!("{}", targets.len())));
+        }
+        if let Some(&x) = targets.iter().flatten().find(|&&x| x >= self.cfg.vocab) {
+            return Err(Error::Value {
+                name: "targets".into(),
+                constraint: format!("< vocab {}", self.cfg.vocab),
+                found: x.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     fn embed(&self, tokens: &[usize]) -> Result<Array2<f64>> {
         let e = mat(&self.params, "embed")?;
         let t = self.cfg.seq_len;
@@ -155,7 +185,11 @@ impl Model {
         Ok(h)
     }
 
-    fn run(&self, tokens: &[usize], n: usize) -> Result<(Array2<f64>, Vec<BlockCache>, Array2<f64>, Array1<f64>)> {
+    fn run(
+        &self,
+        tokens: &[usize],
+        n: usize,
+    ) -> Result<(Array2<f64>, Vec<BlockCache>, Array2<f64>, Array1<f64>)> {
         self.check_tokens(tokens, n)?;
         let p = &self.params;
         let mut h = self.embed(tokens)?;
@@ -187,16 +221,20 @@ impl Model {
 
     /// Loss and accuracy of a batch, without gradients.
     pub fn evaluate(&self, tokens: &[usize], targets: &[Option<usize>], n: usize) -> Result<Output> {
+        self.check_targets(tokens, targets)?;
         let logits = self.logits(tokens, n)?;
         let ce = nn::cross_entropy(logits.view(), targets);
         Ok(Output { loss: ce.loss, logits, correct: ce.correct })
     }
 
     /// Loss, accuracy and the gradient of the loss with respect to every parameter.
-    pub fn loss_and_grad(&self, tokens: &[usize], targets: &[Option<usize>], n: usize) -> Result<(Output, Params)> {
-        if targets.len() != tokens.len() {
-            return Err(Error::shape("targets", format!("{}", tokens.len()), format!("{}", targets.len())));
-        }
+    pub fn loss_and_grad(
+        &self,
+        tokens: &[usize],
+        targets: &[Option<usize>],
+        n: usize,
+    ) -> Result<(Output, Params)> {
+        self.check_targets(tokens, targets)?;
         let p = &self.params;
         let (logits, caches, h, rf) = self.run(tokens, n)?;
         let ce = nn::cross_entropy(logits.view(), targets);
@@ -261,7 +299,17 @@ mod tests {
     use crate::train::params::normal;
 
     fn cfg(mixer: &str, mixer_config: Value) -> ModelConfig {
-        ModelConfig { mixer: mixer.into(), mixer_config, vocab: 7, seq_len: 9, width: 8, layers: 2, heads: 2, mlp_mult: 2, pos_emb: true }
+        ModelConfig {
+            mixer: mixer.into(),
+            mixer_config,
+            vocab: 7,
+            seq_len: 9,
+            width: 8,
+            layers: 2,
+            heads: 2,
+            mlp_mult: 2,
+            pos_emb: true,
+        }
     }
 
     /// Central differences of the loss along a random direction in parameter space, against
@@ -322,6 +370,8 @@ mod tests {
         let m = Model::new(cfg("attention", serde_json::json!({})), 0).unwrap();
         assert!(m.logits(&[0; 9], 2).is_err());
         assert!(m.logits(&[9; 9], 1).is_err());
+        assert!(m.evaluate(&[0; 9], &[Some(7); 9], 1).is_err());
+        assert!(m.loss_and_grad(&[0; 9], &[None; 8], 1).is_err());
         assert!(Model::new(cfg("no-such-mixer", serde_json::json!({})), 0).is_err());
         assert!(Model::new(ModelConfig { heads: 3, ..cfg("attention", serde_json::json!({})) }, 0).is_err());
         let mut p = m.params.clone();

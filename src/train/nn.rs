@@ -14,7 +14,11 @@ pub fn linear(x: ArrayView2<f64>, w: ArrayView2<f64>) -> Array2<f64> {
 }
 
 /// Backward of [`linear`]: `(dx, dw) = (dy · wᵀ, xᵀ · dy)`.
-pub fn linear_back(x: ArrayView2<f64>, w: ArrayView2<f64>, dy: ArrayView2<f64>) -> (Array2<f64>, Array2<f64>) {
+pub fn linear_back(
+    x: ArrayView2<f64>,
+    w: ArrayView2<f64>,
+    dy: ArrayView2<f64>,
+) -> (Array2<f64>, Array2<f64>) {
     (dy.dot(&w.t()), x.t().dot(&dy))
 }
 
@@ -31,7 +35,8 @@ pub fn bias_back(dy: ArrayView2<f64>) -> Array1<f64> {
 /// RMSNorm of every row with gain `g`: `y = g ⊙ x / rms(x)`; returns `y` and `1/rms` per row.
 pub fn rmsnorm(x: ArrayView2<f64>, g: &Array1<f64>) -> (Array2<f64>, Array1<f64>) {
     let d = x.ncols() as f64;
-    let r: Array1<f64> = x.rows().into_iter().map(|row| 1.0 / (row.dot(&row) / d + NORM_EPS).sqrt()).collect();
+    let r: Array1<f64> =
+        x.rows().into_iter().map(|row| 1.0 / (row.dot(&row) / d + NORM_EPS).sqrt()).collect();
     let mut y = x.to_owned();
     for (mut row, &ri) in y.rows_mut().into_iter().zip(r.iter()) {
         Zip::from(&mut row).and(g).for_each(|a, &gi| *a *= ri * gi);
@@ -53,7 +58,10 @@ pub fn rmsnorm_back(
         let (xr, dyr, ri) = (x.row(i), dy.row(i), r[i]);
         let a = &dyr * g; // ∂/∂(x·r)
         let dot = a.dot(&xr);
-        Zip::from(dx.row_mut(i)).and(&a).and(&xr).for_each(|o, &ai, &xi| *o = ri * ai - ri * ri * ri * xi * dot / d);
+        Zip::from(dx.row_mut(i))
+            .and(&a)
+            .and(&xr)
+            .for_each(|o, &ai, &xi| *o = ri * ai - ri * ri * ri * xi * dot / d);
         Zip::from(&mut dg).and(&dyr).and(&xr).for_each(|o, &dyi, &xi| *o += dyi * xi * ri);
     }
     (dx, dg)
@@ -111,7 +119,12 @@ pub fn l2norm_groups(x: ArrayView2<f64>, d: usize) -> (Array2<f64>, Array2<f64>)
 }
 
 /// Backward of [`l2norm_groups`]: `dx = r (dy − y (y·dy))`.
-pub fn l2norm_groups_back(y: ArrayView2<f64>, inv: &Array2<f64>, dy: ArrayView2<f64>, d: usize) -> Array2<f64> {
+pub fn l2norm_groups_back(
+    y: ArrayView2<f64>,
+    inv: &Array2<f64>,
+    dy: ArrayView2<f64>,
+    d: usize,
+) -> Array2<f64> {
     let mut dx = Array2::zeros(y.raw_dim());
     for i in 0..y.nrows() {
         for h in 0..inv.ncols() {
@@ -171,7 +184,12 @@ pub(crate) mod tests {
 
     /// Central difference of `f` at `x` along `dir`, against the analytic `⟨grad, dir⟩`.
     /// Returns the relative error (against max(1, |analytic|)).
-    pub(crate) fn fd_check(f: &dyn Fn(&Array2<f64>) -> f64, x: &Array2<f64>, grad: &Array2<f64>, dir: &Array2<f64>) -> f64 {
+    pub(crate) fn fd_check(
+        f: &dyn Fn(&Array2<f64>) -> f64,
+        x: &Array2<f64>,
+        grad: &Array2<f64>,
+        dir: &Array2<f64>,
+    ) -> f64 {
         let h = 1e-5;
         let num = (f(&(x + &(dir * h))) - f(&(x - &(dir * h)))) / (2.0 * h);
         let ana = (grad * dir).sum();

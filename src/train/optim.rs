@@ -91,7 +91,8 @@ impl AdamW {
         let bc1 = 1.0 - b1.powi(self.step as i32);
         let bc2 = 1.0 - b2.powi(self.step as i32);
         for (name, p) in params.iter_mut() {
-            let (Some(g), Some(m), Some(v)) = (grads.get(name), self.m.get_mut(name), self.v.get_mut(name)) else {
+            let (Some(g), Some(m), Some(v)) = (grads.get(name), self.m.get_mut(name), self.v.get_mut(name))
+            else {
                 continue;
             };
             let wd = if self.decay.get(name).copied().unwrap_or(false) { c.weight_decay } else { 0.0 };
@@ -113,8 +114,11 @@ mod tests {
 
     #[test]
     fn adamw_minimises_a_quadratic_and_schedules() {
-        let specs = vec![ParamSpec { name: "w".into(), shape: vec![3], init: Init::Const(0.0), decay: false }];
-        let mut p: Params = [("w".to_string(), ArrayD::from_shape_vec(ndarray::IxDyn(&[3]), vec![1.0, -2.0, 3.0]).unwrap())].into();
+        let specs =
+            vec![ParamSpec { name: "w".into(), shape: vec![3], init: Init::Const(0.0), decay: false }];
+        let mut p: Params =
+            [("w".to_string(), ArrayD::from_shape_vec(ndarray::IxDyn(&[3]), vec![1.0, -2.0, 3.0]).unwrap())]
+                .into();
         let mut opt = AdamW::new(AdamWConfig { lr: 0.1, clip: 0.0, ..Default::default() }, &specs);
         for _ in 0..300 {
             let g: Params = [("w".to_string(), p["w"].mapv(|x| 2.0 * x))].into();

@@ -37,7 +37,12 @@ pub struct ParamSpec {
 impl ParamSpec {
     /// A `[rows, cols]` projection with entries of standard deviation `gain/√rows`, decayed.
     pub fn matrix(name: String, rows: usize, cols: usize, gain: f64) -> Self {
-        ParamSpec { name, shape: vec![rows, cols], init: Init::Normal(gain / (rows as f64).sqrt()), decay: true }
+        ParamSpec {
+            name,
+            shape: vec![rows, cols],
+            init: Init::Normal(gain / (rows as f64).sqrt()),
+            decay: true,
+        }
     }
     /// A vector of constant value, not decayed.
     pub fn vector(name: String, len: usize, value: f64) -> Self {
@@ -63,7 +68,8 @@ pub fn init(specs: &[ParamSpec], rng: &mut StdRng) -> Params {
                 Init::Const(v) => vec![*v; n],
                 Init::Values(v) => v.clone(),
             };
-            let a = ArrayD::from_shape_vec(IxDyn(&s.shape), data).unwrap_or_else(|_| ArrayD::zeros(IxDyn(&s.shape)));
+            let a = ArrayD::from_shape_vec(IxDyn(&s.shape), data)
+                .unwrap_or_else(|_| ArrayD::zeros(IxDyn(&s.shape)));
             (s.name.clone(), a)
         })
         .collect()

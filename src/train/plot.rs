@@ -16,11 +16,19 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, log: &TrainLog) -> std
     let (top, bottom) = root.split_vertically(380);
     let steps = log.steps.len().max(1) as f64;
     let c = &log.config;
-    let title = format!("{} on {} (D={}, {} layers, seed {})", c.mixer, c.task.task.name(), c.width, c.layers, c.seed);
+    let title = format!(
+        "{} on {} (D={}, {} layers, seed {})",
+        c.mixer,
+        c.task.task.name(),
+        c.width,
+        c.layers,
+        c.seed
+    );
     // Loss (log scale): training per step (thin), test per evaluation (thick).
     let train: Vec<(f64, f64)> = log.steps.iter().map(|s| (s.step as f64, s.loss.max(1e-6))).collect();
     let test: Vec<(f64, f64)> = log.evals.iter().map(|v| (v.step as f64, v.test.loss.max(1e-6))).collect();
-    let (lo, hi) = train.iter().chain(&test).fold((f64::INFINITY, 0.0f64), |(a, b), p| (a.min(p.1), b.max(p.1)));
+    let (lo, hi) =
+        train.iter().chain(&test).fold((f64::INFINITY, 0.0f64), |(a, b), p| (a.min(p.1), b.max(p.1)));
     let (lo, hi) = if lo.is_finite() { (lo / 1.5, hi * 1.5) } else { (1e-3, 10.0) };
     let mut chart = ChartBuilder::on(&top)
         .caption(title, ("sans-serif", 20))

@@ -173,7 +173,10 @@ impl TaskConfig {
                     return bad(format!("alphabet must be in 1..=26, got {}", self.alphabet));
                 }
                 if self.min_len == 0 || self.min_len > self.max_len {
-                    return bad(format!("need 1 ≤ min_len ≤ max_len, got {}..{}", self.min_len, self.max_len));
+                    return bad(format!(
+                        "need 1 ≤ min_len ≤ max_len, got {}..{}",
+                        self.min_len, self.max_len
+                    ));
                 }
                 if self.max_len > 4096 {
                     return bad(format!("max_len {} is above 4096", self.max_len));
@@ -185,7 +188,10 @@ impl TaskConfig {
                 }
                 let keys = self.vocab / 2 - 1;
                 if self.pairs == 0 || self.pairs > keys {
-                    return bad(format!("pairs must be in 1..={keys} (distinct keys in [1, V/2)), got {}", self.pairs));
+                    return bad(format!(
+                        "pairs must be in 1..={keys} (distinct keys in [1, V/2)), got {}",
+                        self.pairs
+                    ));
                 }
                 if self.seq_len < 4 * self.pairs || self.seq_len > 1 << 16 {
                     return bad(format!("seq_len must be in 4·pairs..=65536, got {}", self.seq_len));
@@ -234,7 +240,9 @@ impl TaskConfig {
     /// Names of the groups of [`Example::groups`] (multihop: `1 hop`, `2 hops`, …).
     pub fn groups(&self) -> Vec<String> {
         match self.task {
-            TaskKind::Multihop => (1..=self.max_hops).map(|h| format!("{h} hop{}", if h == 1 { "" } else { "s" })).collect(),
+            TaskKind::Multihop => {
+                (1..=self.max_hops).map(|h| format!("{h} hop{}", if h == 1 { "" } else { "s" })).collect()
+            }
             _ => vec!["all".into()],
         }
     }
@@ -278,7 +286,8 @@ impl TaskConfig {
         let answer_end = seq.len(); // exclusive
         seq.resize(t + 1, pad);
         let tokens = seq[..t].to_vec();
-        let targets = (0..t).map(|i| (i + 1 >= answer_start && i + 1 < answer_end).then_some(seq[i + 1])).collect();
+        let targets =
+            (0..t).map(|i| (i + 1 >= answer_start && i + 1 < answer_end).then_some(seq[i + 1])).collect();
         Example { tokens, targets, groups: vec![0; t] }
     }
 
@@ -345,7 +354,8 @@ impl TaskConfig {
             chains.push((0..=h).map(|_| next.next().unwrap_or(0)).collect());
             used += h;
         }
-        let mut pairs: Vec<(usize, usize)> = chains.iter().flat_map(|c| c.windows(2).map(|w| (w[0], w[1]))).collect();
+        let mut pairs: Vec<(usize, usize)> =
+            chains.iter().flat_map(|c| c.windows(2).map(|w| (w[0], w[1]))).collect();
         pairs.shuffle(rng);
         let t = self.seq_len();
         let mut tokens = Vec::with_capacity(t);
@@ -370,7 +380,11 @@ mod tests {
     use super::*;
 
     fn all() -> Vec<TaskConfig> {
-        vec![TaskConfig::new(TaskKind::Copy), TaskConfig::new(TaskKind::Mqar), TaskConfig::new(TaskKind::Multihop)]
+        vec![
+            TaskConfig::new(TaskKind::Copy),
+            TaskConfig::new(TaskKind::Mqar),
+            TaskConfig::new(TaskKind::Multihop),
+        ]
     }
 
     #[test]

@@ -11,13 +11,21 @@ fn quick_expressivity_lowers_the_loss() {
     setting.run.steps = 40;
     setting.run.test_size = 16;
     let keep = ["attention", "f(k) = k²+1 + cache-eff", "Log-linear Mamba-2", "Gated DeltaNet", "Toeplitz"];
-    let all: Vec<_> = rows(setting.window, setting.order).into_iter().filter(|r| keep.contains(&r.label.as_str()) || keep.contains(&r.mixer.as_str())).collect();
+    let all: Vec<_> = rows(setting.window, setting.order)
+        .into_iter()
+        .filter(|r| keep.contains(&r.label.as_str()) || keep.contains(&r.mixer.as_str()))
+        .collect();
     assert_eq!(all.len(), keep.len());
     let report = run(&setting, &all, 2, &|_| {}).unwrap();
     for cell in report.cells.iter().flatten() {
         assert!(cell.error.is_none(), "{} on {}: {:?}", cell.row, cell.task, cell.error);
         for &(first, last) in &cell.train_loss_first_last {
-            assert!(last < first, "{} on {}: training loss went from {first:.3} to {last:.3}", cell.row, cell.task);
+            assert!(
+                last < first,
+                "{} on {}: training loss went from {first:.3} to {last:.3}",
+                cell.row,
+                cell.task
+            );
         }
     }
     let md = report.markdown();
@@ -29,7 +37,14 @@ fn the_train_command_writes_log_plot_and_a_checkpoint() {
     let dir = std::env::temp_dir().join(format!("mixers-train-{}", std::process::id()));
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_mixers"))
         .args(["train", "--task", "multihop", "--mixer", "glr", "--config", r#"{"pattern": "pow2"}"#])
-        .args(["--task-config", r#"{"pairs": 4, "max_hops": 2, "vocab": 12}"#, "--steps", "4", "--width", "8"])
+        .args([
+            "--task-config",
+            r#"{"pairs": 4, "max_hops": 2, "vocab": 12}"#,
+            "--steps",
+            "4",
+            "--width",
+            "8",
+        ])
         .args(["--batch", "4", "--test-size", "4", "--eval-every", "2", "--quiet", "--out"])
         .arg(&dir)
         .output()
@@ -37,7 +52,8 @@ fn the_train_command_writes_log_plot_and_a_checkpoint() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("per group: 1 hop"), "{stdout}");
-    let log: TrainLog = serde_json::from_str(&std::fs::read_to_string(dir.join("multihop-glr.json")).unwrap()).unwrap();
+    let log: TrainLog =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("multihop-glr.json")).unwrap()).unwrap();
     assert_eq!((log.steps.len(), log.evals.len()), (4, 2));
     assert!(std::fs::read_to_string(dir.join("multihop-glr.svg")).unwrap().starts_with("<svg"));
     let model = checkpoint::load(&dir.join("multihop-glr.safetensors")).unwrap();
