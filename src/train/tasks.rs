@@ -255,7 +255,7 @@ impl TaskConfig {
                 TaskKind::Mqar => self.mqar(rng),
                 TaskKind::Multihop => self.multihop(rng),
             };
-            if (hash(&e.tokens) % TEST_BUCKETS == 0) == (split == Split::Test) {
+            if hash(&e.tokens).is_multiple_of(TEST_BUCKETS) == (split == Split::Test) {
                 return e;
             }
         }
@@ -408,7 +408,7 @@ mod tests {
             let t = c.seq_len();
             let train: std::collections::HashSet<&[usize]> = tr.tokens.chunks(t).collect();
             assert!(te.tokens.chunks(t).all(|e| !train.contains(e)), "{:?}", c.task);
-            assert!(te.tokens.chunks(t).all(|e| hash(e) % TEST_BUCKETS == 0));
+            assert!(te.tokens.chunks(t).all(|e| hash(e).is_multiple_of(TEST_BUCKETS)));
         }
     }
 
