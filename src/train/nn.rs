@@ -149,14 +149,15 @@ pub struct CrossEntropy {
     pub correct: Vec<Option<bool>>,
 }
 
-/// Cross-entropy of `logits [rows, V]` against `targets` (`None`: no loss).
+/// Cross-entropy of `logits [rows, V]` against `targets` (`None`: no loss); a target `≥ V`
+/// counts as unlabelled (the model rejects such targets before it gets here).
 pub fn cross_entropy(logits: ArrayView2<f64>, targets: &[Option<usize>]) -> CrossEntropy {
-    let n = targets.iter().filter(|t| t.is_some()).count();
+    let n = targets.iter().flatten().filter(|&&t| t < logits.ncols()).count();
     let mut dlogits = Array2::zeros(logits.raw_dim());
     let mut loss = 0.0;
     let mut correct = vec![None; targets.len()];
     for (i, t) in targets.iter().enumerate() {
-        let Some(t) = *t else { continue };
+        let Some(t) = t.filter(|&t| t < logits.ncols()) else { continue };
         let row = logits.row(i);
         let m = row.fold(f64::NEG_INFINITY, |a, &b| a.max(b));
         let z: f64 = row.iter().map(|&v| (v - m).exp()).sum();

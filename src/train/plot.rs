@@ -33,6 +33,7 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, log: &TrainLog) -> std
     let mut chart = ChartBuilder::on(&top)
         .caption(title, ("sans-serif", 20))
         .margin(12)
+        .margin_right(28)
         .x_label_area_size(36)
         .y_label_area_size(64)
         .build_cartesian_2d(0.0..steps, (lo..hi).log_scale())
@@ -40,6 +41,7 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, log: &TrainLog) -> std
     chart
         .configure_mesh()
         .y_desc("cross-entropy")
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 15))
         .draw()
@@ -64,12 +66,14 @@ fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, log: &TrainLog) -> std
     // Accuracy.
     let mut acc = ChartBuilder::on(&bottom)
         .margin(12)
+        .margin_right(28)
         .x_label_area_size(40)
         .y_label_area_size(64)
         .build_cartesian_2d(0.0..steps, 0.0..1.0)
         .map_err(e)?;
     acc.configure_mesh()
         .x_desc("step")
+        .x_label_formatter(&|x| format!("{x:.0}"))
         .y_desc("accuracy")
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 15))
