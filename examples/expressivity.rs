@@ -6,7 +6,8 @@
 //!
 //! ```text
 //! cargo run --release --example expressivity [-- --quick] [--jobs 2] [--out out/expressivity]
-//!                                            [--only attention,mamba2] [--seeds 0,1] [--steps N]
+//!                                            [--only attention,mamba2] [--tasks copy,mqar]
+//!                                            [--seeds 0,1] [--steps N]
 //! ```
 //! writes `OUT.md` and `OUT.json` (`--quick`: `OUT-quick.*`).
 
@@ -25,6 +26,10 @@ fn main() {
     }
     if let Some(s) = arg(&args, "--steps").and_then(|s| s.parse().ok()) {
         setting.run.steps = s;
+    }
+    if let Some(t) = arg(&args, "--tasks") {
+        let keep: Vec<&str> = t.split(',').map(str::trim).collect();
+        setting.tasks.retain(|c| keep.contains(&c.task.name()));
     }
     let jobs = arg(&args, "--jobs").and_then(|s| s.parse().ok()).unwrap_or(2);
     let mut all = rows(setting.window, setting.order);
