@@ -25,8 +25,8 @@ pub struct Args {
     /// `{"pairs": 16, "seq_len": 96}` (mqar), `{"max_hops": 4}` (multihop).
     #[arg(long)]
     task_config: Option<String>,
-    /// The whole run's settings as JSON (a `TrainConfig`, as written in the log's `config`);
-    /// the other flags override it.
+    /// The whole run's settings as JSON or a file: a `TrainConfig`, or a log written by
+    /// `mixers train` (its `config` is used); the other flags override it.
     #[arg(long, value_name = "JSON|FILE")]
     run_config: Option<String>,
     /// Optimiser steps.
@@ -97,7 +97,12 @@ fn config(a: &Args) -> Result<TrainConfig> {
     let mut cfg = TrainConfig { task: TaskConfig::new(task), ..TrainConfig::default() };
     let mut v = serde_json::to_value(&cfg).map_err(|e| Error::Io(e.to_string()))?;
     if let Some(r) = &a.run_config {
-        merge(&mut v, &json_arg(r, "--run-config")?);
+        let mut over = json_arg(r, "--run-config")?;
+        // A log written by `mixers train` holds its configuration under `config`.
+        if over.get("config").is_some() && over.get("steps").is_some_and(|s| s.is_array()) {
+            over = over["config"].take();
+        }
+        merge(&mut v, &over);
     }
     if let Some(t) = &a.task_config {
         merge(&mut v["task"], &json_arg(t, "--task-config")?);
