@@ -30,6 +30,7 @@ pub mod cli;
 pub mod io;
 pub mod ops;
 pub mod timing;
+pub mod train;
 
 // The builtin backends register themselves at link time; referencing the crates keeps the
 // linker from dropping them.

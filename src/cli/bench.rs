@@ -32,7 +32,7 @@ mod measure;
 mod model;
 mod options;
 mod plan;
-mod plot;
+pub(crate) mod plot;
 mod report;
 pub mod seq;
 

@@ -1,4 +1,4 @@
-//! The `mixers` command line: `list`, `run`, `check`, `metrics`, `bench`, `tour`.
+//! The `mixers` command line: `list`, `run`, `check`, `metrics`, `bench`, `tour`, `train`.
 //!
 //! It lives in the library so that a researcher's own binary, linking extra plugins, can
 //! offer the same commands: `fn main() { std::process::exit(mixers::cli::main()) }`.
@@ -11,6 +11,7 @@ mod metrics;
 mod run;
 pub mod table;
 mod tour;
+mod train;
 
 use clap::{Parser, Subcommand};
 
@@ -43,6 +44,8 @@ enum Command {
     Bench(bench::Args),
     /// The guided tour: what is registered, a check of every mixer, the structural table.
     Tour(tour::Args),
+    /// Train a small model with one mixer on a synthetic task (copy, mqar, multihop).
+    Train(train::Args),
 }
 
 /// Runs the CLI on the process arguments; returns the exit code (0 ok, 1 check failures,
@@ -76,6 +79,7 @@ fn run(cli: Cli) -> i32 {
         Command::Metrics(a) => metrics::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Tour(a) => tour::run(a),
+        Command::Train(a) => train::run(a),
     };
     match r {
         Ok(code) => code,

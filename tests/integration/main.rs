@@ -10,3 +10,4 @@ mod cli;
 mod plugin;
 mod precision;
 mod registry;
+mod train;
