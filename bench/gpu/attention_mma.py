@@ -23,6 +23,8 @@ import cupy
 import numpy as np
 import torch
 
+from reference import timed as reference_timed
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = open(os.path.join(HERE, "..", "..", "mixer-cuda", "kernels", "attention_mma.cu")).read()
 LOG2E = 1.4426950408889634
@@ -121,19 +123,9 @@ def check(variants):
 
 
 def timed(fn, reps=20):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2], ts[0]
+    """(median, min) milliseconds of `fn`, with CUDA events (reference.py's timing)."""
+    median, low, _ = reference_timed(fn, reps=reps)
+    return median, low
 
 
 def timing(variants, sizes, windows=(0,)):

@@ -26,6 +26,8 @@ import tempfile
 
 import torch
 
+from reference import timed as reference_timed
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 if os.path.isdir(os.path.join(ROOT, ".fla", "fla")):
@@ -41,20 +43,9 @@ except Exception as e:  # noqa: BLE001 - any import failure means "not available
     FLA = f"flash-linear-attention not importable: {type(e).__name__}: {e}"
 
 
-def timed(fn, warmup=3, reps=10):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
+def timed(fn):
+    """Median milliseconds of `fn` (CUDA events; the same timing as reference.py)."""
+    return reference_timed(fn)[0]
 
 
 def ref_attention(B, T, H, D, dtype):

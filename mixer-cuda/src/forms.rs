@@ -24,7 +24,7 @@ use ndarray::ArrayD;
 use crate::kernels;
 use crate::pool;
 use crate::runtime::{GpuReal, err, gpu, grid1, launch};
-use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
+use crate::tensor::{AnyDeviceTensor, DeviceScalar, DeviceTensor, DeviceTensors, bf16};
 
 /// A device form: inputs on the device, output on the device, nothing waited for.
 pub type DeviceFormFn<M> = fn(&M, &DeviceTensors, Precision) -> Result<AnyDeviceTensor>;
@@ -211,25 +211,22 @@ pub fn input_opt<'a, F: GpuReal>(
 
 /// A bf16 tensor converted to `f32` on the device.
 pub fn bf16_to_f32(b: &DeviceTensor<bf16>) -> Result<DeviceTensor<f32>> {
-    let n = b.len();
-    let mut out = pool::take::<f32>("tensor", n)?;
-    if n > 0 {
-        let g = gpu()?;
-        let f = g.function("tensor", &kernels::TENSOR.full(), &[], "bf16_to_f32")?;
-        let bv = b.view();
-        let ni = n as i64;
-        launch!(g, "tensor", f, grid1(n.min(1 << 20), 256); &bv, &mut *out, &ni)?;
-    }
-    Ok(DeviceTensor::from_pooled(out, b.shape())?.with_checks(b.checks().iter().cloned()))
+    convert(b, "bf16_to_f32")
 }
 
 /// An `f32` tensor rounded to bf16 on the device (nearest, ties to even).
 pub fn f32_to_bf16(a: &DeviceTensor<f32>) -> Result<DeviceTensor<bf16>> {
+    convert(a, "f32_to_bf16")
+}
+
+/// `a` converted element by element by the `kernels/tensor.cu` kernel `name`
+/// (`(const A*, B*, long long n)`), keeping its shape and deferred checks.
+fn convert<A: DeviceScalar, B: DeviceScalar>(a: &DeviceTensor<A>, name: &str) -> Result<DeviceTensor<B>> {
     let n = a.len();
-    let mut out = pool::take::<bf16>("tensor", n)?;
+    let mut out = pool::take::<B>("tensor", n)?;
     if n > 0 {
         let g = gpu()?;
-        let f = g.function("tensor", &kernels::TENSOR.full(), &[], "f32_to_bf16")?;
+        let f = g.function("tensor", &kernels::TENSOR.full(), &[], name)?;
         let av = a.view();
         let ni = n as i64;
         launch!(g, "tensor", f, grid1(n.min(1 << 20), 256); &av, &mut *out, &ni)?;

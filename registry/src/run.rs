@@ -138,14 +138,7 @@ fn run_typed<F: Scalar>(
 /// Runs one form of `m` on `backend`, after checking shapes and value constraints.
 /// The output `y` has the dtype of the inputs and the shape of the mixed input.
 pub fn run(m: &dyn Mixer, backend: &Backend, form: Form, inputs: &AnyTensors) -> Result<Tensor> {
-    let dims = validate(m, inputs)?;
-    mixer_core::memory::guard(m, form, &dims, inputs.dtype())?;
-    let y = match inputs {
-        AnyTensors::F64(t) => run_typed::<f64>(m, backend, form, t, &dims).map(Tensor::F64),
-        AnyTensors::F32(t) => run_typed::<f32>(m, backend, form, t, &dims).map(Tensor::F32),
-    }?;
-    mixer_core::mixer::check_output(m, form, backend.name(), &y)?;
-    Ok(y)
+    run_with(m, backend, form, inputs, Precision::Exact)
 }
 
 /// Runs in a given scalar type from `f64` inputs (cast first); returns `f64`.
@@ -176,35 +169,49 @@ pub fn run_with(
     inputs: &AnyTensors,
     precision: Precision,
 ) -> Result<Tensor> {
-    if precision == Precision::Exact {
-        return run(m, backend, form, inputs);
-    }
-    let AnyTensors::F32(x) = inputs else {
+    if precision != Precision::Exact && inputs.dtype() != DType::F32 {
         return Err(Error::Value {
             name: "precision".into(),
             constraint: format!("the {precision} mode takes f32 inputs"),
             found: format!("{} inputs", inputs.dtype().name()),
         });
-    };
+    }
     let dims = validate(m, inputs)?;
     mixer_core::memory::guard(m, form, &dims, inputs.dtype())?;
+    let y = match inputs {
+        AnyTensors::F64(t) => run_typed::<f64>(m, backend, form, t, &dims).map(Tensor::F64),
+        AnyTensors::F32(t) if precision == Precision::Exact => {
+            run_typed::<f32>(m, backend, form, t, &dims).map(Tensor::F32)
+        }
+        AnyTensors::F32(t) => run_reduced(m, backend, form, t, &dims, precision).map(Tensor::F32),
+    }?;
+    mixer_core::mixer::check_output(m, form, backend.name(), &y)?;
+    Ok(y)
+}
+
+/// `f32` inputs in the `tf32` or `bf16` mode: the backend's own handling of the mode when it
+/// has one, else the exact form (`tf32`) or the conversion at the boundary (`bf16`).
+fn run_reduced(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+    x: &Tensors<f32>,
+    dims: &Dims,
+    precision: Precision,
+) -> Result<ArrayD<f32>> {
     let precise = match form {
         Form::Parallel | Form::Fast => {
             implementation::<f32>(m, backend, form)?.run_precise(m, backend.name(), form, x, precision)
         }
         Form::Materialized | Form::Recurrent => None,
     };
-    let y = match precise {
-        Some(y) => y?,
+    match precise {
+        Some(y) => y,
         None if precision == Precision::Bf16 => {
-            let rounded = bf16_activations(x);
-            run_typed::<f32>(m, backend, form, &rounded, &dims)?.mapv(round_bf16)
+            Ok(run_typed::<f32>(m, backend, form, &bf16_activations(x), dims)?.mapv(round_bf16))
         }
-        None => run_typed::<f32>(m, backend, form, x, &dims)?,
-    };
-    let y = Tensor::F32(y);
-    mixer_core::mixer::check_output(m, form, backend.name(), &y)?;
-    Ok(y)
+        None => run_typed::<f32>(m, backend, form, x, dims),
+    }
 }
 
 /// The inputs with their activations ([`ACTIVATIONS`]) rounded to bf16: what a `bf16` call

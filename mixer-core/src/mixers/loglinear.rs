@@ -264,20 +264,7 @@ impl LogLinear {
         raw: &ArrayD<F>,
         param: Option<&'a ArrayD<F>>,
     ) -> Result<impl Fn(usize, usize) -> f64 + 'a> {
-        let n = raw.ndim();
-        if n < 2 {
-            return Err(Error::shape("lambda", "[…, H, L]", crate::error::fmt_shape(raw.shape())));
-        }
-        let (nh, nl) = (raw.shape()[n - 2], raw.shape()[n - 1]);
-        if let Some(p) = param
-            && p.shape() != [nh, nl]
-        {
-            return Err(Error::shape(
-                "lambda_param",
-                format!("[H, L] = [{nh}, {nl}] (as `lambda`)"),
-                crate::error::fmt_shape(p.shape()),
-            ));
-        }
+        lambda_shape(raw.shape(), param.map(|p| p.shape()))?;
         Ok(move |h: usize, l: usize| param.map_or(1.0, |p| p[[h, l]].f64()))
     }
 
@@ -551,6 +538,26 @@ impl Mixer for LogLinear {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
+}
+
+/// The `(H, L)` of raw λ of shape `[…, H, L]`, after checking that `lambda_param`, when given,
+/// is `[H, L]`: the shape rule every backend's λ map applies.
+pub fn lambda_shape(raw: &[usize], param: Option<&[usize]>) -> Result<(usize, usize)> {
+    let n = raw.len();
+    if n < 2 {
+        return Err(Error::shape("lambda", "[…, H, L]", crate::error::fmt_shape(raw)));
+    }
+    let (nh, nl) = (raw[n - 2], raw[n - 1]);
+    if let Some(p) = param
+        && p != [nh, nl]
+    {
+        return Err(Error::shape(
+            "lambda_param",
+            format!("[H, L] = [{nh}, {nl}] (as `lambda`)"),
+            crate::error::fmt_shape(p),
+        ));
+    }
+    Ok((nh, nl))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::mixers::loglinear::{LogLinear, lambda_shape};
 use mixer_core::{Error, Result};
 
 use super::FAMILY;
@@ -24,19 +24,7 @@ pub fn weights<F: GpuReal>(
 ) -> Result<DeviceTensor<F>> {
     let s = raw.shape();
     let n = raw.len();
-    if s.len() < 2 {
-        return Err(Error::shape("lambda", "[…, H, L]", mixer_core::error::fmt_shape(s)));
-    }
-    let (h, l) = (s[s.len() - 2], s[s.len() - 1]);
-    if let Some(p) = param
-        && p.shape() != [h, l]
-    {
-        return Err(Error::shape(
-            "lambda_param",
-            format!("[H, L] = [{h}, {l}] (as `lambda`)"),
-            mixer_core::error::fmt_shape(p.shape()),
-        ));
-    }
+    let (h, l) = lambda_shape(s, param.map(|p| p.shape()))?;
     let Some(lift) = ll.lift else {
         return Err(Error::config(&ll.name, "this mixer takes no `lambda`"));
     };
