@@ -53,15 +53,15 @@ def ref_attention(B, T, H, D, dtype):
     return timed(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
-def ref_simple_gla(B, T, H, D):
-    q, k, v = (torch.randn(B, T, H, D, device="cuda") for _ in range(3))
+def ref_simple_gla(B, T, H, D, dtype=torch.float32):
+    q, k, v = (torch.randn(B, T, H, D, device="cuda", dtype=dtype) for _ in range(3))
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda"))
     return timed(lambda: chunk_simple_gla(q, k, v, g=g))
 
 
-def ref_gdn(B, T, H, D):
-    q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, D, device="cuda"), dim=-1) for _ in range(2))
-    v = torch.randn(B, T, H, D, device="cuda")
+def ref_gdn(B, T, H, D, dtype=torch.float32):
+    q, k = (torch.nn.functional.normalize(torch.randn(B, T, H, D, device="cuda"), dim=-1).to(dtype) for _ in range(2))
+    v = torch.randn(B, T, H, D, device="cuda", dtype=dtype)
     g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device="cuda"))
     beta = torch.sigmoid(torch.randn(B, T, H, device="cuda"))
     return timed(lambda: chunk_gated_delta_rule(q, k, v, g, beta))
@@ -128,8 +128,16 @@ def main():
         ("attention", "tf32", "SDPA causal fp32", lambda B, T: ref_attention(B, T, H, D, torch.float32)),
         ("attention", "bf16", "SDPA causal bf16", lambda B, T: ref_attention(B, T, H, D, torch.bfloat16)),
         ("mamba2", "exact", "fla chunk_simple_gla fp32", None if FLA else lambda B, T: ref_simple_gla(B, T, H, D)),
+        ("mamba2", "tf32", "fla chunk_simple_gla fp32", None if FLA else lambda B, T: ref_simple_gla(B, T, H, D)),
+        ("mamba2", "bf16", "fla chunk_simple_gla bf16",
+         None if FLA else lambda B, T: ref_simple_gla(B, T, H, D, torch.bfloat16)),
         ("gated-deltanet", "exact", "fla chunk_gated_delta_rule fp32", None if FLA else lambda B, T: ref_gdn(B, T, H, D)),
+        ("gated-deltanet", "tf32", "fla chunk_gated_delta_rule fp32", None if FLA else lambda B, T: ref_gdn(B, T, H, D)),
+        ("gated-deltanet", "bf16", "fla chunk_gated_delta_rule bf16",
+         None if FLA else lambda B, T: ref_gdn(B, T, H, D, torch.bfloat16)),
         ("loglinear-mamba2", "exact", "fla chunk_log_linear_attn fp32", None if FLA else lambda B, T: ref_loglinear(B, T, H, D)),
+        ("loglinear-mamba2", "tf32", "fla chunk_log_linear_attn fp32", None if FLA else lambda B, T: ref_loglinear(B, T, H, D)),
+        ("loglinear-gated-deltanet", "tf32", "(no public fp32 kernel)", None),
         ("toeplitz{\"heads\":%d}" % H, "exact", "torch.fft causal conv fp32", lambda B, T: ref_fft_conv(B, T, H, D)),
     ]
     if a.only:

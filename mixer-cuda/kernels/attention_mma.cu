@@ -58,11 +58,6 @@ __device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
-__device__ __forceinline__ u32 to_tf32(float x) {
-    u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-    return r;
-}
 
 // ---------------------------------------------------------------------------------------
 // Online-softmax bookkeeping shared by both kernels. A thread holds, for each of its m-tiles,
@@ -373,10 +368,10 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
                               : make_float2(0.f, 0.f);
             float2 c = r1 < T ? *reinterpret_cast<const float2*>(q + off + (long long)r1 * tok + kt * 8 + 2 * t)
                               : make_float2(0.f, 0.f);
-            qf[mt][kt][0] = to_tf32(a.x);
-            qf[mt][kt][1] = to_tf32(c.x);
-            qf[mt][kt][2] = to_tf32(a.y);
-            qf[mt][kt][3] = to_tf32(c.y);
+            qf[mt][kt][0] = mx_tf32(a.x);
+            qf[mt][kt][1] = mx_tf32(c.x);
+            qf[mt][kt][2] = mx_tf32(a.y);
+            qf[mt][kt][3] = mx_tf32(c.y);
         }
     }
     float o[ATT_WM][ATT_D / 8][4];
@@ -431,10 +426,10 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
             u32 pa[ATT_WM][4];
 #pragma unroll
             for (int mt = 0; mt < ATT_WM; ++mt) {
-                pa[mt][0] = to_tf32(s[mt][kt][0]);
-                pa[mt][1] = to_tf32(s[mt][kt][2]);
-                pa[mt][2] = to_tf32(s[mt][kt][1]);
-                pa[mt][3] = to_tf32(s[mt][kt][3]);
+                pa[mt][0] = mx_tf32(s[mt][kt][0]);
+                pa[mt][1] = mx_tf32(s[mt][kt][2]);
+                pa[mt][2] = mx_tf32(s[mt][kt][1]);
+                pa[mt][3] = mx_tf32(s[mt][kt][3]);
             }
             const float* v0 = vss + (kt * 8 + 2 * t) * VS_STRIDE + g;
 #pragma unroll

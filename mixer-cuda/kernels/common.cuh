@@ -19,3 +19,22 @@ template <typename T> struct Cplx {
 
 // Global thread index of a 1-D launch.
 __device__ inline long long gtid() { return (long long)blockIdx.x * blockDim.x + threadIdx.x; }
+
+// f32 rounded to tf32 (round to nearest, ties away), as the bits the tensor cores take.
+__device__ __forceinline__ unsigned mx_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+// c += a·b on tensor cores, tf32 inputs, f32 accumulation: one m16n8k8 tile per warp. Fragments
+// (g = lane / 4, i = lane % 4): a = A[g][i], A[g+8][i], A[g][i+4], A[g+8][i+4];
+// b = B[i][g], B[i+4][g]; c = C[g][2i], C[g][2i+1], C[g+8][2i], C[g+8][2i+1].
+__device__ __forceinline__ void mx_mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                            unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}

@@ -1,5 +1,6 @@
-// Log-linear family with the Fenwick mask (docs/math.md §2.2, §2.5, §2.6): the chunked form and the
-// O(log T)-state decoder step. λ arrives already mapped by the host (weights ≥ 0).
+// Gated DeltaNet and its Fenwick lift (docs/math.md §2.2, §2.6): the chunked form, one block per
+// (batch, head). (The scalar-decay mixers and every decoder step: loglinear_chunked.cu.)
+// λ arrives mapped (weights ≥ 0).
 // Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]; g, beta [B,T,H]; lambda [B,T,H,L].
 // base: 0 linear attention, 1 Mamba-2, 2 gated DeltaNet.
 
@@ -194,85 +195,6 @@ __device__ void ll_chunked(const T* q, const T* k, const T* v, const T* g, const
 #undef ROW
 }
 
-// Decoder step (docs/math.md §2.5), one block per (b, h). tok packs the token's inputs:
-// q [BH·Dk] | k [BH·Dk] | v [BH·Dv] | g [BH] | beta [BH] | lambda [BH·L] (g, beta, lambda as the
-// mixer takes them; absent parts are not read). States st [BH·NL·Dv·Dk], level l row-major Dv×Dk.
-// occ: bit l set when level l is non-empty after the merge of this step. m = ctz(t) (t ≥ 1).
-// Shared memory: NL·Dv values (S k per level and row).
-template <typename T>
-__device__ void ll_step(const T* tok, T* st, T* y, int BH, int Dk, int Dv, int NL, int L, int base, int lifted,
-                        int t, int m, unsigned occ, double scale) {
-    extern __shared__ unsigned char smem_raw[];
-    T* u = reinterpret_cast<T*>(smem_raw);
-    const int bh = blockIdx.x;
-    const int tid = threadIdx.x, nth = blockDim.x;
-    const T* q = tok + (long long)bh * Dk;
-    const T* k = tok + (long long)BH * Dk + (long long)bh * Dk;
-    const T* v = tok + 2LL * BH * Dk + (long long)bh * Dv;
-    const T* gp = tok + 2LL * BH * Dk + (long long)BH * Dv;
-    const T* bp = gp + BH;
-    const T* lam = bp + BH + (long long)bh * L;
-    const long long DD = (long long)Dk * Dv;
-    T* S = st + (long long)bh * NL * DD;
-    // 1. merge.
-    if (lifted && t >= 1) {
-        for (long long idx = tid; idx < DD; idx += nth) {
-            T sum = (T)0;
-            for (int l = 0; l <= m; ++l) {
-                sum += S[l * DD + idx];
-                S[l * DD + idx] = (T)0;
-            }
-            S[(m + 1) * DD + idx] = sum;
-        }
-    }
-    __syncthreads();
-    // 2. transition every non-empty level.
-    const T bt = base == 2 ? bp[bh] : (T)1;
-    if (base >= 1) {
-        const T e = mx_exp(gp[bh]);
-        if (base == 2) {
-            for (int idx = tid; idx < NL * Dv; idx += nth) {
-                const int l = idx / Dv, r = idx % Dv;
-                T x = (T)0;
-                if ((occ >> l) & 1u)
-                    for (int c = 0; c < Dk; ++c) x += S[l * DD + (long long)r * Dk + c] * k[c];
-                u[idx] = x;
-            }
-            __syncthreads();
-        }
-        for (long long idx = tid; idx < NL * DD; idx += nth) {
-            const int l = (int)(idx / DD);
-            if (!((occ >> l) & 1u)) continue;
-            if (base == 2) {
-                const long long w = idx % DD;
-                const int r = (int)(w / Dk), c = (int)(w % Dk);
-                S[idx] = e * (S[idx] - bt * u[l * Dv + r] * k[c]);
-            } else {
-                S[idx] *= e;
-            }
-        }
-    }
-    __syncthreads();
-    // 3. insert at level 0 (empty for the lifts after the merge).
-    for (long long idx = tid; idx < DD; idx += nth) {
-        const int r = (int)(idx / Dk), c = (int)(idx % Dk);
-        S[idx] += bt * v[r] * k[c];
-    }
-    __syncthreads();
-    // 4. read.
-    for (int r = tid; r < Dv; r += nth) {
-        T acc = (T)0;
-        for (int l = 0; l < NL; ++l) {
-            if (!((occ >> l) & 1u)) continue;
-            const T w = lifted ? lam[l] : (T)1;
-            T x = (T)0;
-            for (int c = 0; c < Dk; ++c) x += S[l * DD + (long long)r * Dk + c] * q[c];
-            acc += w * x;
-        }
-        y[(long long)bh * Dv + r] = (T)scale * acc;
-    }
-}
-
 #define LLF_EXPORT(T, S)                                                                                         \
     extern "C" __global__ void ll_chunked_##S(const T* q, const T* k, const T* v, const T* g, const T* beta,     \
                                               const T* lam, T* y, T* ws, double* gws, T* st, int Tn, int H,      \
@@ -280,10 +202,6 @@ __device__ void ll_step(const T* tok, T* st, T* y, int BH, int Dk, int Dv, int N
                                               int E, int nmax, double scale) {                                   \
         ll_chunked<T>(q, k, v, g, beta, lam, y, ws, gws, st, Tn, H, Dk, Dv, L, C, cbits, base, lifted, E, nmax, \
                       scale);                                                                                    \
-    }                                                                                                            \
-    extern "C" __global__ void ll_step_##S(const T* tok, T* st, T* y, int BH, int Dk, int Dv, int NL, int L,     \
-                                           int base, int lifted, int t, int m, unsigned occ, double scale) {     \
-        ll_step<T>(tok, st, y, BH, Dk, Dv, NL, L, base, lifted, t, m, occ, scale);                               \
     }
 
 LLF_EXPORT(float, f32)

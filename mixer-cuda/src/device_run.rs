@@ -135,7 +135,7 @@ fn check_values<T: DeviceScalar>(
     let d = Deferred::new("tensor", move |v| explain(n - v as usize))?;
     if n > 0 {
         let g = gpu()?;
-        let f = g.function("tensor", &kernels::TENSOR.full(), &[], &format!("check_values_{suffix}"))?;
+        let f = g.kernel("tensor", &kernels::TENSOR, &[], &format!("check_values_{suffix}"))?;
         let (tv, ni) = (t.view(), n as i64);
         launch!(g, "tensor", f, grid1(n.min(1 << 20), 256); &tv, &ni, &code, d.flag())?;
     }

@@ -226,7 +226,7 @@ fn convert<A: DeviceScalar, B: DeviceScalar>(a: &DeviceTensor<A>, name: &str) ->
     let mut out = pool::take::<B>("tensor", n)?;
     if n > 0 {
         let g = gpu()?;
-        let f = g.function("tensor", &kernels::TENSOR.full(), &[], name)?;
+        let f = g.kernel("tensor", &kernels::TENSOR, &[], name)?;
         let av = a.view();
         let ni = n as i64;
         launch!(g, "tensor", f, grid1(n.min(1 << 20), 256); &av, &mut *out, &ni)?;

@@ -26,10 +26,19 @@ pub struct KernelSource {
     pub body: &'static str,
 }
 
+/// Environment variable naming a folder of kernel sources that replace the built-in bodies
+/// (`<folder>/<name>.cu`, e.g. `loglinear_chunked.cu`) — for tuning a kernel without rebuilding;
+/// read when a source is first compiled.
+pub const KERNEL_DIR_ENV: &str = "MIXERS_KERNEL_DIR";
+
 impl KernelSource {
-    /// The complete source: common helpers, prelude, body.
+    /// The complete source: common helpers, prelude, body (the body from
+    /// `$MIXERS_KERNEL_DIR/<name>.cu` when that file exists).
     pub fn full(&self) -> String {
-        with_prelude(self.prelude, self.body)
+        let over = std::env::var_os(KERNEL_DIR_ENV).and_then(|d| {
+            std::fs::read_to_string(std::path::Path::new(&d).join(format!("{}.cu", self.name))).ok()
+        });
+        with_prelude(self.prelude, over.as_deref().unwrap_or(self.body))
     }
 }
 
@@ -63,13 +72,21 @@ pub const LOGLINEAR_FENWICK: KernelSource = KernelSource {
     body: include_str!("../kernels/loglinear_fenwick.cu"),
 };
 
+/// The chunk-parallel forms of the scalar-decay log-linear mixers and the row-parallel decoder
+/// step of the whole family (`kernels/loglinear_chunked.cu`).
+pub const LOGLINEAR_CHUNKED: KernelSource = KernelSource {
+    name: "loglinear_chunked",
+    prelude: "",
+    body: include_str!("../kernels/loglinear_chunked.cu"),
+};
+
 /// Device-tensor helpers: bf16 conversions and input value checks (`kernels/tensor.cu`).
 pub const TENSOR: KernelSource =
     KernelSource { name: "tensor", prelude: "", body: include_str!("../kernels/tensor.cu") };
 
 /// Every kernel source of the backend.
 pub const ALL: &[KernelSource] =
-    &[ATTENTION, ATTENTION_MMA, GLR, TOEPLITZ, LOGLINEAR, LOGLINEAR_FENWICK, TENSOR];
+    &[ATTENTION, ATTENTION_MMA, GLR, TOEPLITZ, LOGLINEAR, LOGLINEAR_FENWICK, LOGLINEAR_CHUNKED, TENSOR];
 
 #[cfg(test)]
 mod tests {

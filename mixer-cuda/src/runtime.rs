@@ -42,6 +42,8 @@ pub fn err(family: &str, message: impl Display) -> Error {
 
 /// Key of a compiled module: the full source and the NVRTC options.
 type ModuleKey = (String, Vec<String>);
+/// A function of a kernel source: (source key, NVRTC options, function name).
+type FunctionKey = (String, Vec<String>, String);
 
 /// The lazily created CUDA state shared by every kernel of this backend.
 pub struct Gpu {
@@ -56,6 +58,8 @@ pub struct Gpu {
     /// Number of devices the driver reports.
     pub count: i32,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
+    /// Functions of the builtin sources, found without formatting or hashing their text.
+    functions: Mutex<HashMap<FunctionKey, CudaFunction>>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -87,7 +91,15 @@ fn create() -> std::result::Result<Gpu, String> {
     let cc = ctx.compute_capability().map_err(|e| format!("cannot read the compute capability: {e}"))?;
     let name = ctx.name().unwrap_or_else(|_| "unknown device".into());
     let stream = ctx.default_stream();
-    Ok(Gpu { ctx, stream, cc, name, count, modules: Mutex::new(HashMap::new()) })
+    Ok(Gpu {
+        ctx,
+        stream,
+        cc,
+        name,
+        count,
+        modules: Mutex::new(HashMap::new()),
+        functions: Mutex::new(HashMap::new()),
+    })
 }
 
 /// The process-wide GPU state, created on first use; an error says why CUDA is unusable.
@@ -193,6 +205,42 @@ impl Gpu {
         let m = self.module(kernel, src, extra)?;
         m.load_function(name)
             .map_err(|e| err(kernel, format!("function `{name}` not found in the module: {e}")))
+    }
+
+    /// The function `name` of a builtin kernel source (compiled with `extra` options), cached by
+    /// (source name, options, function name): the hot path of every launch, which neither
+    /// assembles nor hashes the source text. `kernel` names the caller in errors.
+    pub fn kernel(
+        &self,
+        kernel: &str,
+        src: &crate::kernels::KernelSource,
+        extra: &[String],
+        name: &str,
+    ) -> Result<CudaFunction> {
+        self.kernel_keyed(kernel, src.name, extra, name, || Ok(src.full()))
+    }
+
+    /// The function `name` of the source that `key` stands for (one key, one source text: e.g. a
+    /// kernel with a given mask's and λ scheme's device functions spliced in), cached by (key,
+    /// options, function name); `src` assembles the text on the first call only.
+    pub fn kernel_keyed(
+        &self,
+        kernel: &str,
+        key: &str,
+        extra: &[String],
+        name: &str,
+        src: impl FnOnce() -> Result<String>,
+    ) -> Result<CudaFunction> {
+        let key: FunctionKey = (key.to_string(), extra.to_vec(), name.to_string());
+        {
+            let cache = self.functions.lock().map_err(|_| err(kernel, "function cache poisoned"))?;
+            if let Some(f) = cache.get(&key) {
+                return Ok(f.clone());
+            }
+        }
+        let f = self.function(kernel, &src()?, extra, name)?;
+        self.functions.lock().map_err(|_| err(kernel, "function cache poisoned"))?.insert(key, f.clone());
+        Ok(f)
     }
 
     /// Copies a host slice to a new pooled device buffer (at least one element, so that

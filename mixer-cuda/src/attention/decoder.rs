@@ -103,9 +103,8 @@ impl<F: GpuReal> DeviceDecoder for AttentionDecoder<F> {
             return Ok(F::wrap(DeviceTensor::<F>::zeros(&[b, h, dv])?));
         }
         let mut y = pool::take::<F>(FAMILY, nv)?;
-        let src = kernels::ATTENTION.full();
-        let split = g.function(FAMILY, &src, &[], &format!("attn_split_{}", F::SUFFIX))?;
-        let combine = g.function(FAMILY, &src, &[], &format!("attn_combine_{}", F::SUFFIX))?;
+        let split = g.kernel(FAMILY, &kernels::ATTENTION, &[], &format!("attn_split_{}", F::SUFFIX))?;
+        let combine = g.kernel(FAMILY, &kernels::ATTENTION, &[], &format!("attn_combine_{}", F::SUFFIX))?;
         let n = self.filled();
         let splits = n.div_ceil(SPLIT_KEYS);
         let bhi = int(FAMILY, "B·H", b * h)? as u32;

@@ -43,7 +43,7 @@ pub fn run<F: GpuReal>(a: &Attention, x: &DeviceTensors, p: Precision) -> Result
     check_elems(FAMILY, b * t * h * dk.max(dv))?;
     let bq = tile(dk, dv, std::mem::size_of::<F>())?;
     let g = gpu()?;
-    let f = g.function(FAMILY, &kernels::ATTENTION.full(), &[], &format!("attn_fwd_{}", F::SUFFIX))?;
+    let f = g.kernel(FAMILY, &kernels::ATTENTION, &[], &format!("attn_fwd_{}", F::SUFFIX))?;
     let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let cfg = LaunchConfig {
         grid_dim: (int(FAMILY, "query tiles", t.div_ceil(bq))? as u32, int(FAMILY, "B·H", b * h)? as u32, 1),

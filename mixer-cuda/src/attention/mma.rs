@@ -55,7 +55,7 @@ pub fn run<F: GpuReal>(a: &Attention, x: &DeviceTensors, p: Precision) -> Result
         format!("-DATT_WM={WM}"),
         format!("-DATT_WARPS={WARPS}"),
     ];
-    let f = g.function(FAMILY, &kernels::ATTENTION_MMA.full(), &opts, name)?;
+    let f = g.kernel(FAMILY, &kernels::ATTENTION_MMA, &opts, name)?;
     f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
         .map_err(|e| err(FAMILY, format!("opting in to {smem} bytes of shared memory: {e}")))?;
     let cfg = LaunchConfig {

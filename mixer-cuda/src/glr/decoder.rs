@@ -130,7 +130,7 @@ impl<F: GpuReal> DeviceDecoder for GlrDecoder<F> {
                 .map_err(|e| err(FAMILY, format!("copy of the slot table: {e}")))?;
         }
         let mut y = pool::take::<F>(FAMILY, b * c)?;
-        let f = g.function(FAMILY, &kernels::GLR.full(), &[], &format!("glr_step_{}", F::SUFFIX))?;
+        let f = g.kernel(FAMILY, &kernels::GLR, &[], &format!("glr_step_{}", F::SUFFIX))?;
         let (bi, ci, ki, nai) =
             (int(FAMILY, "B", b)?, int(FAMILY, "C", c)?, int(FAMILY, "K", k)?, int(FAMILY, "K+1", na)?);
         let (ha, hb) = (self.has_a as i32, self.has_b as i32);

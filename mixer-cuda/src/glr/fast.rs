@@ -64,7 +64,7 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     let na = if on.has_a() { k + 1 } else { 1 };
     check_elems(FAMILY, b * t * na.max(k) * c)?;
     let g = gpu()?;
-    let f = g.function(FAMILY, &kernels::GLR.full(), &[], &format!("glr_scan_{}", F::SUFFIX))?;
+    let f = g.kernel(FAMILY, &kernels::GLR, &[], &format!("glr_scan_{}", F::SUFFIX))?;
     let alpha = input::<F>(x, "alpha")?;
     let beta = if on.has_b() { input_opt::<F>(x, "beta")? } else { None };
     let zero = pool::zeros::<F>(FAMILY, 1)?;

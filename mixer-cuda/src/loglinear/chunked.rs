@@ -19,15 +19,17 @@
 //! values with `n = min(C, T)`, plus the `⌊log_2 ⌈ T/C⌉⌋ + 2` chunk-level states.
 //! λ is mapped by the scheme on the host (`LogLinear::lambda_weights`).
 
+use std::borrow::Cow;
+
 use cudarc::driver::LaunchConfig;
 use mixer_core::fenwick::bitlen;
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Precision, Result};
 
-use super::{FAMILY, lambda};
+use super::{FAMILY, chunk_tree, lambda};
 use crate::forms::{finish, input, input_opt};
 use crate::kernels;
-use crate::pool;
+use crate::pool::{self, Pooled};
 use crate::runtime::{GpuReal, err, gpu, int, launch};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
@@ -43,7 +45,24 @@ pub(crate) fn base_code(b: Base) -> i32 {
     }
 }
 
-/// Runs the chunked form on device tensors.
+/// The inputs of the chunked form, checked and on the device.
+pub(crate) struct ChunkedInputs<'a, F: GpuReal> {
+    pub q: Cow<'a, DeviceTensor<F>>,
+    pub k: Cow<'a, DeviceTensor<F>>,
+    pub v: Cow<'a, DeviceTensor<F>>,
+    /// `g` (absent: linear attention) and gated DeltaNet's `beta`.
+    pub g: Option<Cow<'a, DeviceTensor<F>>>,
+    pub beta: Option<Cow<'a, DeviceTensor<F>>>,
+    /// The mapped λ weights and their level count (lifts only).
+    pub lam: Option<(DeviceTensor<F>, usize)>,
+    /// `[B, T, H, Dk, Dv]`.
+    pub dims: [usize; 5],
+}
+
+/// Runs the chunked form on device tensors: the scalar-decay mixers and gated DeltaNet by the
+/// chunk-parallel passes of [`chunk_tree`], the lift of gated DeltaNet (and gated DeltaNet with a
+/// key dim too wide for the sequential pass's shared memory, `Dk` above about 140 in f32) by the
+/// sequential WY/UT kernel below.
 pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
@@ -51,31 +70,60 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
     if b * t * h * dv == 0 {
         return finish(DeviceTensor::<F>::zeros(&[b, t, h, dv])?, p);
     }
+    let lam = match ll.lift {
+        Some(_) => {
+            let raw = input::<F>(x, "lambda")?;
+            let levels = raw.shape()[3];
+            // The highest Fenwick level T tokens read (MATH §2.2), whatever the chunking.
+            let need = bitlen(t - 1);
+            if need >= levels {
+                return Err(Error::Value {
+                    name: "lambda".into(),
+                    constraint: format!(
+                        "T = {t} reads Fenwick level {need}, so λ needs more than {need} levels"
+                    ),
+                    found: format!("L = {levels}"),
+                });
+            }
+            let param = input_opt::<F>(x, "lambda_param")?;
+            Some((lambda::weights(ll, &raw, param.as_deref())?, levels))
+        }
+        None => None,
+    };
+    let inp = ChunkedInputs {
+        g: if ll.base.has_decay() { input_opt::<F>(x, "g")? } else { None },
+        beta: if ll.base.has_beta() { input_opt::<F>(x, "beta")? } else { None },
+        q,
+        k,
+        v,
+        lam,
+        dims: [b, t, h, dk, dv],
+    };
+    let y = match ll.base {
+        Base::GatedDeltaNet
+            if ll.lift.is_none() && chunk_tree::delta_h_smem::<F>(dk) <= chunk_tree::MAX_DYNAMIC_SMEM =>
+        {
+            chunk_tree::run_delta(ll, &inp, p)?
+        }
+        Base::GatedDeltaNet => sequential(ll, &inp)?,
+        Base::LinearAttention | Base::Mamba2 => chunk_tree::run(ll, &inp, p)?,
+    };
+    let checks = inp.lam.as_ref().map(|(l, _)| l.checks().to_vec()).unwrap_or_default();
+    finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)
+}
+
+/// Gated DeltaNet's lift (and very wide keys): one block per (batch, head) walking its chunks.
+fn sequential<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>) -> Result<Pooled<F>> {
+    let [b, t, h, dk, dv] = x.dims;
     let lifted = ll.lift.is_some();
     let chunk = ll.chunk;
     let cbits = ll.chunk_log2() as usize;
     let n_chunks = t.div_ceil(chunk);
     let nmax = chunk.min(t);
     let e_levels = if lifted { bitlen(n_chunks - 1) + 1 } else { 1 };
+    let levels = x.lam.as_ref().map_or(1, |(_, l)| *l);
     let g = gpu()?;
     let zero = pool::zeros::<F>(FAMILY, 1)?;
-    let (lam, levels) = if lifted {
-        let raw = input::<F>(x, "lambda")?;
-        let levels = raw.shape()[3];
-        // Highest level read: inside a chunk bitlen(nmax − 1), between chunks c + bitlen(i).
-        let need = if n_chunks > 1 { cbits + bitlen(n_chunks - 1) } else { bitlen(nmax - 1) };
-        if need >= levels {
-            return Err(Error::Value {
-                name: "lambda".into(),
-                constraint: format!("T = {t} reads Fenwick level {need}, so λ needs more than {need} levels"),
-                found: format!("L = {levels}"),
-            });
-        }
-        let param = input_opt::<F>(x, "lambda_param")?;
-        (Some(lambda::weights(ll, &raw, param.as_deref())?), levels)
-    } else {
-        (None, 1)
-    };
     let bh = b * h;
     let ws_per = 2 * nmax * nmax + nmax * (nmax + dk + dv) + nmax * (dk + dv);
     let sz = std::mem::size_of::<F>();
@@ -89,13 +137,10 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
             ),
         ));
     }
-    let f =
-        g.function(FAMILY, &kernels::LOGLINEAR_FENWICK.full(), &[], &format!("ll_chunked_{}", F::SUFFIX))?;
-    let gg = if ll.base.has_decay() { input_opt::<F>(x, "g")? } else { None };
-    let bb = if ll.base.has_beta() { input_opt::<F>(x, "beta")? } else { None };
-    let gv = gg.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
-    let bv = bb.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
-    let lv = lam.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let f = g.kernel(FAMILY, &kernels::LOGLINEAR_FENWICK, &[], &format!("ll_chunked_{}", F::SUFFIX))?;
+    let gv = x.g.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let bv = x.beta.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let lv = x.lam.as_ref().map_or_else(|| zero.slice(0..1), |(d, _)| d.view());
     let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let mut ws = pool::zeros::<F>(FAMILY, bh * ws_per)?;
     let mut gws = pool::zeros::<f64>(FAMILY, bh * nmax)?;
@@ -119,10 +164,9 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
     let (base, lifted_i, ei, ni) =
         (base_code(ll.base), lifted as i32, e_levels as i32, int(FAMILY, "n", nmax)?);
     let scale = ll.scale;
-    let (qv, kv, vv) = (q.view(), k.view(), v.view());
+    let (qv, kv, vv) = (x.q.view(), x.k.view(), x.v.view());
     launch!(g, FAMILY, f, cfg;
         &qv, &kv, &vv, &gv, &bv, &lv, &mut *y, &mut *ws, &mut *gws, &mut *st,
         &ti, &hi, &dki, &dvi, &li, &ci, &cbi, &base, &lifted_i, &ei, &ni, &scale)?;
-    let checks = lam.as_ref().map(|l| l.checks().to_vec()).unwrap_or_default();
-    finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)
+    Ok(y)
 }

@@ -1,6 +1,7 @@
 //! The recurrent form with the Fenwick mask (docs/math.md §2.5) on the GPU: per (batch, head) the
 //! device holds level states `S^(ℓ) ∈ ℝ^(D_v × D_k)`. At token `t` one kernel
-//! launch (`ll_step_*`, a block per (b, h)) does:
+//! launch (`llc_step_*` of `kernels/loglinear_chunked.cu`, a warp per (b·h, state row), every
+//! row independent) does:
 //! 1. (lifts) if `t ≥ 1`, `m = ctz(t)`: `S^(m+1) ← Σ_{ℓ ≤ m} S^(ℓ)`,
 //!    levels `0..m` emptied;
 //! 2. every non-empty level takes the transition: Mamba-2 `S ← e^(g_t) S`, gated DeltaNet
@@ -12,10 +13,10 @@
 //! After token `t` the non-empty levels are 0 and every `ℓ ≥ 1` with bit `ℓ − 1` of `t` set,
 //! i.e. `1 + popcount(t)` states; `cache_elems` counts those (`× D_v D_k B H`). The
 //! device buffer has one slot per λ level (`L ≥ L(T)`); a token needing a level beyond it is an
-//! error. Per token the device gathers one packed buffer (q, k, v, g, β, mapped λ of that
-//! token) with device-to-device copies, and `y_t` stays on the device: nothing waits.
+//! error. The kernel reads the token's inputs where they are (λ mapped on the device first for
+//! the lifts), and `y_t` stays on the device: nothing waits.
 
-use cudarc::driver::{CudaView, LaunchConfig};
+use cudarc::driver::LaunchConfig;
 use mixer_core::fenwick::{bitlen, merge_level, occupied_levels};
 use mixer_core::mixer::check_decoder_capacity;
 use mixer_core::mixers::loglinear::LogLinear;
@@ -45,8 +46,8 @@ pub struct LogLinearDecoder<F: GpuReal> {
     /// State slots per (b, h): `min(n_levels, 32)` (a token `t < 2³¹` uses levels `≤ 31`).
     slots: usize,
     states: Pooled<F>,
-    /// The packed token `[q | k | v | g | β | λ]`, gathered on the device each step.
-    tok: Pooled<F>,
+    /// One zero, passed for the gates a mixer does not have.
+    zero: Pooled<F>,
     /// Bit `l` set when level `l` is non-empty after the last step.
     occ: u64,
     /// Tokens the decoder was built for (`T`).
@@ -63,8 +64,6 @@ impl<F: GpuReal> LogLinearDecoder<F> {
         let slots = n_levels.min(32);
         int(FAMILY, "B·H·L·Dk·Dv", nb * nh * slots * dk * dv)?;
         let states = pool::zeros::<F>(FAMILY, nb * nh * slots * dk * dv)?;
-        let lifted = m.lift.is_some();
-        let tok = pool::zeros::<F>(FAMILY, nb * nh * (2 * dk + dv + 2 + if lifted { n_levels } else { 0 }))?;
         Ok(LogLinearDecoder {
             m: m.clone(),
             nb,
@@ -75,7 +74,7 @@ impl<F: GpuReal> LogLinearDecoder<F> {
             lambda_param: None,
             slots,
             states,
-            tok,
+            zero: pool::zeros::<F>(FAMILY, 1)?,
             occ: 0,
             t_len,
             pos: 0,
@@ -89,20 +88,6 @@ impl<F: GpuReal> LogLinearDecoder<F> {
     }
 }
 
-impl<F: GpuReal> LogLinearDecoder<F> {
-    /// Copies `src` into the packed token at element `at` (device to device).
-    fn pack(&mut self, at: usize, src: &CudaView<'_, F>) -> Result<()> {
-        let n = src.len();
-        if n > 0 {
-            gpu()?
-                .stream
-                .memcpy_dtod(src, &mut self.tok.slice_mut(at..at + n))
-                .map_err(|e| err(FAMILY, format!("gathering the token: {e}")))?;
-        }
-        Ok(())
-    }
-}
-
 impl<F: GpuReal> DeviceDecoder for LogLinearDecoder<F> {
     fn step(&mut self, tok: &DeviceTensors) -> Result<AnyDeviceTensor> {
         let (nb, nh, dk, dv) = (self.nb, self.nh, self.dk, self.dv);
@@ -111,30 +96,31 @@ impl<F: GpuReal> DeviceDecoder for LogLinearDecoder<F> {
         let lifted = self.m.lift.is_some();
         let t = self.pos;
         check_decoder_capacity(t, self.t_len)?;
-        let mut at = 0;
+        let mut toks = Vec::with_capacity(3);
         for (name, d) in [("q", dk), ("k", dk), ("v", dv)] {
             let x = input::<F>(tok, name)?;
             token_shape(name, x.shape(), &[nb, nh, d])?;
-            self.pack(at, &x.view())?;
-            at += bh * d;
+            toks.push(x);
         }
-        // An unused gate's slot keeps the zeros it was allocated with.
+        // A gate the mixer does not have is passed as the zero buffer (the kernel does not read it).
+        let mut gates = Vec::with_capacity(2);
         for (name, used) in [("g", base.has_decay()), ("beta", base.has_beta())] {
             if used {
                 let x = input::<F>(tok, name)?;
                 token_shape(name, x.shape(), &[nb, nh])?;
-                self.pack(at, &x.view())?;
+                gates.push(Some(x));
+            } else {
+                gates.push(None);
             }
-            at += bh;
         }
-        let mut checks = Vec::new();
-        if lifted {
+        let lam = if lifted {
             let raw = input::<F>(tok, "lambda")?;
             token_shape("lambda", raw.shape(), &[nb, nh, self.n_levels])?;
-            let w = lambda::weights(&self.m, &raw, self.lambda_param.as_ref())?;
-            self.pack(at, &w.view())?;
-            checks = w.checks().to_vec();
-        }
+            Some(lambda::weights(&self.m, &raw, self.lambda_param.as_ref())?)
+        } else {
+            None
+        };
+        let checks = lam.as_ref().map(|w| w.checks().to_vec()).unwrap_or_default();
         // The merge level of this step and the levels occupied after it (MATH §2.5).
         let m = merge_level(t).unwrap_or(0);
         let occ = if lifted { occupied_levels(t) } else { 1 };
@@ -147,12 +133,14 @@ impl<F: GpuReal> DeviceDecoder for LogLinearDecoder<F> {
         }
         let g = gpu()?;
         let mut y = pool::take::<F>(FAMILY, bh * dv)?;
-        let f =
-            g.function(FAMILY, &kernels::LOGLINEAR_FENWICK.full(), &[], &format!("ll_step_{}", F::SUFFIX))?;
+        let f = g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &[], &format!("llc_step_{}", F::SUFFIX))?;
+        if bh > 65535 {
+            return Err(err(FAMILY, format!("the decoder takes B·H ≤ 65535, got {bh}")));
+        }
         let cfg = LaunchConfig {
-            grid_dim: (int(FAMILY, "B·H", bh)? as u32, 1, 1),
+            grid_dim: (dv.div_ceil(4) as u32, bh as u32, 1),
             block_dim: (128, 1, 1),
-            shared_mem_bytes: int(FAMILY, "shared bytes", self.slots * dv * std::mem::size_of::<F>())? as u32,
+            shared_mem_bytes: 0,
         };
         let (bhi, dki, dvi, nl) =
             (int(FAMILY, "B·H", bh)?, int(FAMILY, "Dk", dk)?, int(FAMILY, "Dv", dv)?, self.slots as i32);
@@ -165,8 +153,14 @@ impl<F: GpuReal> DeviceDecoder for LogLinearDecoder<F> {
         );
         let occ32 = occ as u32;
         let scale = self.m.scale;
+        let zero = &self.zero;
+        let (qv, kv, vv) = (toks[0].view(), toks[1].view(), toks[2].view());
+        let gv = gates[0].as_deref().map_or_else(|| zero.slice(0..1), |d| d.view());
+        let bv = gates[1].as_deref().map_or_else(|| zero.slice(0..1), |d| d.view());
+        let lv = lam.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
         launch!(g, FAMILY, f, cfg;
-            &*self.tok, &mut *self.states, &mut *y, &bhi, &dki, &dvi, &nl, &li, &basei, &liftedi, &ti, &mi, &occ32, &scale)?;
+            &qv, &kv, &vv, &gv, &bv, &lv, &mut *self.states, &mut *y,
+            &bhi, &dki, &dvi, &nl, &li, &basei, &liftedi, &ti, &mi, &occ32, &scale)?;
         self.occ = occ;
         self.pos += 1;
         Ok(F::wrap(DeviceTensor::from_pooled(y, &[nb, nh, dv])?.with_checks(checks)))

@@ -11,7 +11,7 @@ use mixer_core::mixers::loglinear::{LogLinear, lambda_shape};
 use mixer_core::{Error, Result};
 
 use super::FAMILY;
-use super::parallel::kernel_source;
+use super::parallel::{kernel_key, kernel_source};
 use crate::pool;
 use crate::runtime::{GpuReal, gpu, grid1, int, launch};
 use crate::tensor::{Deferred, DeviceTensor};
@@ -43,7 +43,10 @@ pub fn weights<F: GpuReal>(
     let mut out = pool::take::<F>(FAMILY, n)?;
     if n > 0 {
         let g = gpu()?;
-        let f = g.function(FAMILY, &kernel_source(ll)?, &[], &format!("ll_map_lambda_{}", F::SUFFIX))?;
+        let f =
+            g.kernel_keyed(FAMILY, &kernel_key(ll), &[], &format!("ll_map_lambda_{}", F::SUFFIX), || {
+                kernel_source(ll)
+            })?;
         let zero = pool::zeros::<F>(FAMILY, 1)?;
         let pv = param.map_or_else(|| zero.slice(0..1), |p| p.view());
         let (rv, has, ni, hi, li) =

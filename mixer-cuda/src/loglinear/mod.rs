@@ -2,10 +2,12 @@
 //! `gated-deltanet` and their lifts `loglinear-*`.
 //!
 //! - `parallel` ([`quadratic`]): the generic quadratic form, any level mask;
-//! - `fast` ([`chunked`]): the chunked form of docs/math.md §2.6 (Fenwick mask; WY/UT form for gated
-//!   DeltaNet), one block per (batch, head) walking its chunks;
+//! - `fast` ([`chunked`]): the chunked form of docs/math.md §2.6 (Fenwick mask): for linear
+//!   attention and Mamba-2 (and their lifts) parallel over chunks with a tree of chunk states
+//!   ([`chunk_tree`]); for gated DeltaNet the WY/UT form, one block per (batch, head) walking its
+//!   chunks;
 //! - `recurrent` ([`decoder`]): O(log T) device-resident level states per head (§2.5), one
-//!   kernel launch per token.
+//!   kernel launch per token, a warp per (batch·head, state row).
 //!
 //! The `fast` and `recurrent` forms exist only with Fenwick structure (base mixers, or the
 //! Fenwick mask); the registry refuses the rest through `Mixer::form_unsupported`, on every
@@ -17,6 +19,7 @@
 //! spliced into the generic kernel `kernels/loglinear.cu` and compiled by NVRTC (one module
 //! per (mask, scheme) pair, cached), so a plugin mask or scheme needs no kernel of its own.
 
+pub mod chunk_tree;
 pub mod chunked;
 pub mod decoder;
 pub mod lambda;

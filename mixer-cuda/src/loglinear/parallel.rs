@@ -38,6 +38,15 @@ pub fn kernel_source(ll: &LogLinear) -> Result<String> {
     Ok(kernels::with_prelude(&format!("{mask_src}\n{lam_src}"), kernels::LOGLINEAR.body))
 }
 
+/// The key of [`kernel_source`] for [`crate::runtime::Gpu::kernel_keyed`]: the mask and the λ
+/// scheme (registry names are unique).
+pub fn kernel_key(ll: &LogLinear) -> String {
+    match ll.lift {
+        Some(l) => format!("loglinear/{}/{}", l.mask.name, l.lambda.name),
+        None => "loglinear".to_string(),
+    }
+}
+
 /// Runs the quadratic form on device tensors.
 pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
@@ -64,7 +73,9 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
         ));
     }
     let g = gpu()?;
-    let f = g.function(FAMILY, &kernel_source(ll)?, &[], &format!("ll_quadratic_{}", F::SUFFIX))?;
+    let f = g.kernel_keyed(FAMILY, &kernel_key(ll), &[], &format!("ll_quadratic_{}", F::SUFFIX), || {
+        kernel_source(ll)
+    })?;
     let zero = pool::zeros::<F>(FAMILY, 1)?;
     let gg = if ll.base.has_decay() { input_opt::<F>(x, "g")? } else { None };
     let bb = if ll.base.has_beta() { input_opt::<F>(x, "beta")? } else { None };

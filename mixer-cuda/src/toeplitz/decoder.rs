@@ -65,8 +65,7 @@ impl<F: FftReal> DeviceDecoder for NaiveDecoder<F> {
             let mut dst = self.hist.slice_mut(self.t * self.bc..(self.t + 1) * self.bc);
             g.stream.memcpy_dtod(&xs.view(), &mut dst).map_err(|e| err(FAMILY, format!("copy: {e}")))?;
         }
-        let f =
-            g.function(FAMILY, &kernels::TOEPLITZ.full(), &[], &format!("toeplitz_step_{}", F::SUFFIX))?;
+        let f = g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_step_{}", F::SUFFIX))?;
         let mut y = pool::take::<F>(FAMILY, self.bc)?;
         let ti = self.t as i32;
         // The taps and bias were truncated to T on upload: rows of T entries.

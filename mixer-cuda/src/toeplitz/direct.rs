@@ -21,7 +21,7 @@ pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result
     }
     check_elems(FAMILY, b * t * c)?;
     let g = gpu()?;
-    let f = g.function(FAMILY, &kernels::TOEPLITZ.full(), &[], &format!("toeplitz_direct_{}", F::SUFFIX))?;
+    let f = g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_direct_{}", F::SUFFIX))?;
     let zero = pool::zeros::<F>(FAMILY, 1)?;
     let (bias, has_bias) = match &d.bias {
         Some(v) => (v.view(), 1i32),

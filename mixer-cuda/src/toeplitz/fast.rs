@@ -47,8 +47,7 @@ pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result
     check_elems(FAMILY, b * c * n)?;
     check_elems(FAMILY, kw * h * n)?;
     let g = gpu()?;
-    let src = kernels::TOEPLITZ.full();
-    let f = |name: &str| g.function(FAMILY, &src, &[], &format!("{name}_{}", F::SUFFIX));
+    let f = |name: &str| g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("{name}_{}", F::SUFFIX));
     let [bi, ti, ci, hi, kwi, _, lb] = d.dims;
     let (ni, nfi) = (int(FAMILY, "p", n)?, int(FAMILY, "p/2+1", nf)?);
     let xv = d.x.view();

@@ -71,7 +71,7 @@ pub fn spectra<F: FftReal>(
         }
     }
     let g = gpu()?;
-    let f = g.function(FAMILY, &kernels::TOEPLITZ.full(), &[], &format!("toeplitz_pack_w_{}", F::SUFFIX))?;
+    let f = g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_pack_w_{}", F::SUFFIX))?;
     let lw = *w.shape().last().unwrap_or(&0);
     let (ri, ti, lwi, ni) =
         (int(FAMILY, "Kw·H", rows)?, int(FAMILY, "T", t)?, int(FAMILY, "Tw", lw)?, int(FAMILY, "p", n)?);

@@ -250,6 +250,41 @@ fn precision_modes_meet_their_tolerances_on_tensor_cores() {
     }
 }
 
+/// The log-linear members whose chunked form has a tensor-core path (tf32 mma in the tf32 and bf16
+/// modes): within each mode's tolerance of the f64 oracle, and visibly less exact than the exact
+/// f32 kernel (so the tensor cores ran), at T and D that are not tile multiples.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn loglinear_precision_modes_meet_their_tolerances() {
+    if !gpu() {
+        return;
+    }
+    let backend = cuda();
+    for (name, d, t) in [
+        ("mamba2", 64, 1000),
+        ("linear-attention", 70, 333),
+        ("loglinear-mamba2", 64, 777),
+        ("loglinear-attention", 48, 1000),
+        ("gated-deltanet", 64, 515),
+    ] {
+        let m = mixer(name, &serde_json::json!({})).unwrap();
+        let dims = complete_dims(
+            m.as_ref(),
+            &Sizes { batch: 2, seq: t, channels: 1, heads: 3, dk: d, dv: d }.dims(),
+        );
+        let x64 = m.random_inputs(&dims, 13).unwrap();
+        let want = oracle(m.as_ref(), &x64).unwrap();
+        let x32 = AnyTensors::F32(cast_tensors::<f32>(&x64));
+        let exact = run(m.as_ref(), &backend, Form::Fast, &x32).unwrap();
+        let err_exact = rel_rms(&exact.to_f64(), &want);
+        let y = run_with(m.as_ref(), &backend, Form::Fast, &x32, Precision::Tf32).unwrap();
+        let err = rel_rms(&y.to_f64(), &want);
+        println!("PRECISION {name} D={d} T={t} tf32: rel RMS {err:.2e} (exact f32: {err_exact:.2e})");
+        assert!(err <= Precision::Tf32.tolerance("f32").rel_rms, "{name}: {err:.3e}");
+        assert!(err > 2.0 * err_exact, "{name}: tf32 {err:.3e} vs exact {err_exact:.3e}");
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn toeplitz_kernel_spectra_are_cached_per_device_tensor_and_never_stale() {

@@ -138,6 +138,20 @@ fn loglinear_cuda_shared_suite() {
     assert!(n >= 60, "{n} cases");
 }
 
+/// Head dims past one 64-wide tile of the chunk-parallel kernels (Dk = 70, Dv = 130) and several
+/// tree levels (T = 700: 11 chunks of 64 in f32, 22 of 32 in f64), every Fenwick form.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn loglinear_cuda_wide_heads() {
+    if !common::gpu() {
+        return;
+    }
+    let s = [Sizes { batch: 1, seq: 700, channels: 1, heads: 2, dk: 70, dv: 130 }];
+    for name in FAMILY {
+        common::cross_check(name, "{}", &s, &[Form::Fast, Form::Recurrent]);
+    }
+}
+
 /// T = 65536: the CUDA chunked form (f32) against the CPU chunked form (f64 and f32).
 #[test]
 #[ignore = "needs a CUDA device"]

@@ -1,0 +1,239 @@
+//! The chunked form of the scalar-decay members (`linear-attention`, `mamba2` and their
+//! Fenwick lifts), parallel over chunks: `kernels/loglinear_chunked.cu`.
+//!
+//! The tokens are cut into chunks of `CH = 64` (f32) or `32` (f64) whatever the configured
+//! `chunk` (the result does not depend on the chunking). Three passes:
+//! 1. `llc_states`, per (chunk, batch·head, tile): the chunk state
+//!    `Z_j = Σ_s e^(a_j − γ_s) k_s v_sᵀ` and the chunk's log-decay `a_j`;
+//! 2. `llc_tree`, one launch per tree level `e ≥ 1`: every aligned block of `2^e` chunks gets its
+//!    state decayed to its end, `F_e(m) = e^(A_{e−1}(2m+1)) F_{e−1}(2m) + F_{e−1}(2m+1)`, and its
+//!    log-decay `A_e(m)`;
+//! 3. `llc_out`, per (chunk, batch·head, value tile): the intra-chunk quadratic part (Fenwick
+//!    levels inside the chunk) plus, for every set bit `e − 1` of the chunk index `i`, the
+//!    bucket of chunks `j` with `bitlen(i ⊕ j) = e` — the tree entry `F_{e−1}(2⌊i/2^e⌋)`,
+//!    decayed over the buckets of the lower set bits and read with `σ λ_r^(c+e) e^(γ_r) q_r`
+//!    (`c = log₂ CH`). Without a lift those states are summed before the one product.
+//!
+//! In the tf32 and bf16 modes `llc_states_tc` and `llc_out_tc` do the products of passes 1 and 3
+//! on tensor cores (tf32 `mma.sync`, f32 accumulation).
+//!
+//! So the base mixers and the lifts share every pass; the lift costs one `CH × D_k × D_v` product
+//! per set bit of the chunk index (`O(T log T)` work) and the tree holds `< 2 T/CH` states per
+//! (batch, head) (`O(T)` memory). Work is parallel over `T/CH × B·H × ⌈D_v/64⌉` blocks; only
+//! the `⌊log₂(T/CH)⌋` tree launches are ordered.
+
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaView, LaunchConfig};
+use mixer_core::mixers::loglinear::{Base, LogLinear};
+use mixer_core::{Precision, Result};
+
+use super::FAMILY;
+use super::chunked::ChunkedInputs;
+use crate::kernels;
+use crate::pool::{self, Pooled};
+use crate::runtime::{GpuReal, err, gpu, int, launch};
+
+/// Most bytes of chunk states the form allocates.
+const MAX_TREE_BYTES: usize = 48 << 30;
+
+/// Chunk length of the kernels for this scalar type (`Llc<T>::CH` in the source).
+fn chunk_len<F: GpuReal>() -> usize {
+    if std::mem::size_of::<F>() == 8 { 32 } else { 64 }
+}
+
+/// Tree entries per (batch, head): `Σ_e ⌊nc / 2^e⌋` over the levels that are read.
+fn tree_entries(nc: usize) -> usize {
+    (0..usize::BITS).map(|e| nc >> e).take_while(|&c| c > 0).sum()
+}
+
+/// Whether the products run on tensor cores: the tf32 and bf16 modes, with f32 data.
+fn tensor_cores<F: GpuReal>(p: Precision) -> bool {
+    p != Precision::Exact && F::ELEM == "f32"
+}
+
+/// Runs the three passes; returns `y` `[B, T, H, Dv]`.
+pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Precision) -> Result<Pooled<F>> {
+    let [b, t, h, dk, dv] = x.dims;
+    let ch = chunk_len::<F>();
+    let nc = t.div_ceil(ch);
+    let bh = b * h;
+    let entries = tree_entries(nc);
+    let bytes = bh * entries * dk * dv * std::mem::size_of::<F>();
+    if bytes > MAX_TREE_BYTES {
+        return Err(err(
+            FAMILY,
+            format!(
+                "the chunked form needs {bytes} bytes of chunk states (T = {t}, B·H = {bh}, Dk = {dk}, Dv = {dv}); \
+                 at most {MAX_TREE_BYTES} are allocated: run fewer batch rows or heads per call"
+            ),
+        ));
+    }
+    int(FAMILY, "B·T·H·max(Dk, Dv)", b * t * h * dk.max(dv))?;
+    if bh > 65535 {
+        return Err(err(FAMILY, format!("the chunked form takes B·H ≤ 65535 per call, got {bh}")));
+    }
+    let g = gpu()?;
+    let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &[], &format!("{name}_{}", F::SUFFIX));
+    let zero = pool::zeros::<F>(FAMILY, 1)?;
+    let has_g = x.g.is_some() as i32;
+    debug_assert!(x.g.is_some() || ll.base == Base::LinearAttention);
+    let gv = x.g.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let levels = x.lam.as_ref().map_or(1, |(_, n)| *n);
+    let mut tree = pool::take::<F>(FAMILY, bh * entries * dk * dv)?;
+    let mut decays = pool::take::<f64>(FAMILY, bh * entries)?;
+    let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let tiles = |n: usize| n.div_ceil(64) as u32;
+    let (ti, hi, dki, dvi, nci, bhi) = (
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "H", h)?,
+        int(FAMILY, "Dk", dk)?,
+        int(FAMILY, "Dv", dv)?,
+        int(FAMILY, "chunks", nc)?,
+        int(FAMILY, "B·H", bh)?,
+    );
+    let block = (256, 1, 1);
+    let (kv, vv) = (x.k.view(), x.v.view());
+    let (states, threads) = if tensor_cores::<F>(p) { ("llc_states_tc", 128) } else { ("llc_states", 256) };
+    let cfg = LaunchConfig {
+        grid_dim: (nc as u32, bhi as u32, tiles(dk) * tiles(dv)),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(g, FAMILY, k(states)?, cfg;
+        &kv, &vv, &gv, &has_g, &mut *tree, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?;
+    let tree_fn = k("llc_tree")?;
+    for e in 1..usize::BITS as usize {
+        let cnt = nc >> e;
+        // Level e is read as the lower half of a level-(e + 1) block only, which needs
+        // ⌊nc / 2^(e+1)⌋ ≥ 1 — but computing one more level is harmless and keeps this simple.
+        if cnt == 0 {
+            break;
+        }
+        let cfg =
+            LaunchConfig { grid_dim: (cnt as u32, bhi as u32, 1), block_dim: block, shared_mem_bytes: 0 };
+        let ei = e as i32;
+        launch!(g, FAMILY, tree_fn.clone(), cfg; &mut *tree, &mut *decays, &ei, &bhi, &dki, &dvi, &nci)?;
+    }
+    let lifted = ll.lift.is_some();
+    outputs(ll, x, &vv, &tree, &decays, levels, lifted, false, p, &mut y)?;
+    Ok(y)
+}
+
+/// Pass 3 (`llc_out`, or `llc_out_tc` on tensor cores in the tf32 and bf16 modes with f32 data):
+/// `y` from the chunks and the states they read — the tree (`direct = false`), or the state entering
+/// each chunk (`direct = true`, gated DeltaNet, with `v` its new values).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn outputs<F: GpuReal>(
+    ll: &LogLinear,
+    x: &ChunkedInputs<'_, F>,
+    v: &CudaView<'_, F>,
+    states: &Pooled<F>,
+    decays: &Pooled<f64>,
+    levels: usize,
+    lifted: bool,
+    direct: bool,
+    p: Precision,
+    y: &mut Pooled<F>,
+) -> Result<()> {
+    let [_, t, h, dk, dv] = x.dims;
+    let nc = t.div_ceil(chunk_len::<F>());
+    let g = gpu()?;
+    let zero = pool::zeros::<F>(FAMILY, 1)?;
+    let has_g = x.g.is_some() as i32;
+    let gv = x.g.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let lv = x.lam.as_ref().map_or_else(|| zero.slice(0..1), |(d, _)| d.view());
+    let (ti, hi, dki, dvi, nci, bh) =
+        (t as i32, h as i32, dk as i32, dv as i32, nc as i32, (x.dims[0] * h) as u32);
+    let (li, lifted, direct) = (int(FAMILY, "L", levels)?, lifted as i32, direct as i32);
+    let scale = ll.scale;
+    let (name, threads) = if tensor_cores::<F>(p) { ("llc_out_tc", 128) } else { ("llc_out", 256) };
+    let f = g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &[], &format!("{name}_{}", F::SUFFIX))?;
+    let cfg = LaunchConfig {
+        grid_dim: (nc as u32, bh, dv.div_ceil(64) as u32),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (qv, kv) = (x.q.view(), x.k.view());
+    launch!(g, FAMILY, f, cfg;
+        &qv, &kv, v, &gv, &has_g, &lv, &**states, &**decays, &mut **y,
+        &ti, &hi, &dki, &dvi, &li, &lifted, &direct, &nci, &scale)
+}
+
+/// Dynamic shared memory of `llc_delta_h` (the layout in the kernel): the state tile, two buffers of
+/// the chunk's `W`, `K` (rows padded to `Dk + 1`), `U` and `g`, the new values and the decays.
+pub(crate) fn delta_h_smem<F: GpuReal>(dk: usize) -> usize {
+    let ch = chunk_len::<F>();
+    (dk * 16 + 4 * ch * (dk + 1) + 2 * ch * 16 + 2 * ch + ch * 17 + ch) * std::mem::size_of::<F>()
+}
+
+/// Most dynamic shared memory a block may use on the devices this backend targets (sm_80+).
+pub(crate) const MAX_DYNAMIC_SMEM: usize = 160 << 10;
+
+/// Gated DeltaNet without a lift, parallel over chunks except one pass: `llc_wy` (per chunk, the
+/// WY/UT pieces `W = T⁻¹ diag(β e^γ) K`, `U = T⁻¹ diag(β) V`), `llc_delta_h` (the sequential pass,
+/// a block per (batch·head, 32 value columns): the state entering each chunk and the new values
+/// `U' = U − W S`), then pass 3 with `v = U'` and those states.
+pub(crate) fn run_delta<F: GpuReal>(
+    ll: &LogLinear,
+    x: &ChunkedInputs<'_, F>,
+    p: Precision,
+) -> Result<Pooled<F>> {
+    let [b, t, h, dk, dv] = x.dims;
+    let nc = t.div_ceil(chunk_len::<F>());
+    let bh = b * h;
+    let bytes = bh * nc * dk * dv * std::mem::size_of::<F>();
+    if bytes > MAX_TREE_BYTES {
+        return Err(err(
+            FAMILY,
+            format!(
+                "the chunked form needs {bytes} bytes of chunk states (T = {t}, B·H = {bh}, Dk = {dk}, Dv = {dv}); \
+                 at most {MAX_TREE_BYTES} are allocated: run fewer batch rows or heads per call"
+            ),
+        ));
+    }
+    int(FAMILY, "B·T·H·max(Dk, Dv)", b * t * h * dk.max(dv))?;
+    if bh > 65535 {
+        return Err(err(FAMILY, format!("the chunked form takes B·H ≤ 65535 per call, got {bh}")));
+    }
+    let smem = delta_h_smem::<F>(dk);
+    let g = gpu()?;
+    let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &[], &format!("{name}_{}", F::SUFFIX));
+    let zero = pool::zeros::<F>(FAMILY, 1)?;
+    let has_g = x.g.is_some() as i32;
+    let gv = x.g.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let beta = x.beta.as_ref().ok_or_else(|| err(FAMILY, "gated DeltaNet needs `beta`"))?;
+    let (ti, hi, dki, dvi, nci) = (
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "H", h)?,
+        int(FAMILY, "Dk", dk)?,
+        int(FAMILY, "Dv", dv)?,
+        int(FAMILY, "chunks", nc)?,
+    );
+    let mut w = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut u = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let (kv, vv, bv) = (x.k.view(), x.v.view(), beta.view());
+    let cfg =
+        LaunchConfig { grid_dim: (nc as u32, bh as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    launch!(g, FAMILY, k("llc_wy")?, cfg; &kv, &vv, &gv, &has_g, &bv, &mut *w, &mut *u, &ti, &hi, &dki, &dvi)?;
+    let mut vn = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut hs = pool::take::<F>(FAMILY, bh * nc * dk * dv)?;
+    let f = k("llc_delta_h")?;
+    // Always the same ceiling (never lowered): calls from other threads may use this function
+    // with a larger Dk between this call's setting and its launch.
+    f.set_attribute(
+        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        MAX_DYNAMIC_SMEM as i32,
+    )
+    .map_err(|e| err(FAMILY, format!("shared memory of {MAX_DYNAMIC_SMEM} bytes: {e}")))?;
+    let cfg = LaunchConfig {
+        grid_dim: (bh as u32, dv.div_ceil(16) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci)?;
+    drop((w, u));
+    let decays = pool::zeros::<f64>(FAMILY, 1)?;
+    let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    outputs(ll, x, &vn.slice(0..vn.len()), &hs, &decays, 1, false, true, p, &mut y)?;
+    Ok(y)
+}
