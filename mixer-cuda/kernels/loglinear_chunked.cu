@@ -563,8 +563,8 @@ extern "C" __global__ void __launch_bounds__(128)
 // column), W = T⁻¹ diag(β e^γ) K, U = T⁻¹ diag(β) V, written as W [B,T,H,Dk], U [B,T,H,Dv].
 // Grid (NC, BH), 256 threads.
 template <typename T>
-__device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* beta, T* W, T* U, int Tn, int H,
-                       int Dk, int Dv) {
+__device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* beta, T* W, T* U, T* Ti, int want_ti,
+                       int Tn, int H, int Dk, int Dv) {
     constexpr int CH = Llc<T>::CH, RI = CH / 16, LDT = CH + 1;
     __shared__ double gam[CH], gtmp[CH];
     __shared__ T Lm[CH * LDT];  // Lm[r][s]
@@ -625,6 +625,11 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
         }
     }
     __syncthreads();
+    if (want_ti) {
+        // T⁻¹ of the chunk, row-major [CH][CH], for the lift's intra-chunk coefficients.
+        T* dst = Ti + ((long long)bh * gridDim.x + j) * CH * CH;
+        for (int idx = tid; idx < CH * CH; idx += 256) dst[idx] = Tt[(idx % CH) * LDT + idx / CH];
+    }
     // W (over key tiles), then U (over value tiles): out[r][col] = Σ_s T⁻¹[r][s] Y[s][col].
     for (int pass = 0; pass < 2; ++pass) {
         const int D = pass == 0 ? Dk : Dv;
@@ -659,12 +664,17 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
     }
 }
 
-// 5. Gated DeltaNet (no lift), the one sequential pass over chunks. One block per (b·h, tile of
-// 16 value columns) keeps the state S [Dk × 16] in shared memory; per chunk j it writes the
-// entering state to Hs [BH][NC][Dk][Dv], forms the new values U' = U − W S (written to Vn, laid out
-// as v), and moves the state on: S ← e^{a_j} S + K̂ᵀ U', K̂_s = e^{a_j − γ_s} k_s. The next chunk's
-// W, K, U and g are copied into a second buffer (cp.async) while the current one is computed.
-// Grid (BH, ⌈Dv/16⌉), 256 threads; dynamic shared memory: see llc_delta_h_smem.
+// 5. Gated DeltaNet, the one sequential pass over chunks. One block per (b·h, tile of 16 value
+// columns) keeps the state in shared memory. The next chunk's W, K, U and g are copied into a
+// second buffer (cp.async) while the current one is computed. Per chunk j, K̂_s = e^{a_j − γ_s} k_s:
+// - lifted = 0 (one state S [Dk × 16]): write the entering state to Hs [BH][NC][Dk][Dv], form the
+//   new values U' = U − W S (written to Vn, laid out as v), and move on: S ← e^{a_j} S + K̂ᵀ U'.
+// - lifted = 1 (chunk-level Fenwick states S^(e), e < E, docs/math.md §2.6): merge levels 0..m
+//   into m + 1 (m = ctz j, j ≥ 1); write every non-empty level e ≥ 1 (bit e − 1 of j) to Hs at slot
+//   popsum(j) + rank [BH][slots][Dk][Dv] (popsum(j) = Σ_{j'<j} popcount(j'), so chunk j's levels
+//   follow each other); take every such level through the chunk, S ← e^{a_j} S − K̂ᵀ (W S); and
+//   insert the chunk's own state at level 0, S^(0) = K̂ᵀ U.
+// Grid (BH, ⌈Dv/16⌉), 256 threads; dynamic shared memory: see delta_h_smem on the host.
 #define LLC_DVT 16
 __device__ __forceinline__ void llc_cp_async(void* dst, const void* src, int bytes, int valid) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
@@ -673,16 +683,27 @@ __device__ __forceinline__ void llc_cp_async(void* dst, const void* src, int byt
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
 }
+// Σ_{j' < j} popcount(j'): for each bit b, the numbers below j with bit b set.
+__device__ inline long long llc_popsum(long long j) {
+    long long s = 0;
+    for (int b2 = 0; b2 < 40; ++b2) {
+        const long long p = 1LL << b2;
+        if (p > j) break;
+        s += (j >> (b2 + 1)) * p + max(0LL, (j & (2 * p - 1)) - p);
+    }
+    return s;
+}
 template <typename T>
 __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const T* U, T* Vn, T* Hs, int Tn, int H,
-                            int Dk, int Dv, int nc) {
+                            int Dk, int Dv, int nc, int lifted, int E, long long slots) {
     constexpr int CH = Llc<T>::CH, RI = CH / 16, LDU = LLC_DVT + 1;
     const int LDW = Dk + 1;
+    const int SD = Dk * LLC_DVT;  // one state tile
     extern __shared__ unsigned char llc_dyn[];
-    // Layout (elements of T): S [Dk·16] | Wb [2][CH·LDW] | Kb [2][CH·LDW] | Ub [2][CH·16] | gb [2][CH] |
+    // Layout (elements of T): S [E][Dk·16] | Wb [2][CH·LDW] | Kb [2][CH·LDW] | Ub [2][CH·16] | gb [2][CH] |
     // Un [CH·LDU] | dec [CH].
     T* S = reinterpret_cast<T*>(llc_dyn);
-    T* Wb = S + Dk * LLC_DVT;
+    T* Wb = S + E * SD;
     T* Kb = Wb + 2 * CH * LDW;
     T* Ub = Kb + 2 * CH * LDW;
     T* gb = Ub + 2 * CH * LLC_DVT;
@@ -713,7 +734,7 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
-    for (int idx = tid; idx < Dk * LLC_DVT; idx += 256) S[idx] = (T)0;
+    for (int idx = tid; idx < E * SD; idx += 256) S[idx] = (T)0;
     prefetch(0, 0);
     for (int j = 0; j < nc; ++j) {
         const int buf = j & 1;
@@ -733,52 +754,226 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
             const double p = llc_prefix<CH>(tid < CH ? (double)gb[buf * CH + tid] : 0.0, &gtmp1);
             if (tid < CH) gam[tid] = p;
         }
-        T* Hj = Hs + ((long long)bh * nc + j) * DD;
-        for (int idx = tid; idx < Dk * LLC_DVT; idx += 256) {
-            const int c = idx / LLC_DVT, dd = idx % LLC_DVT;
-            if (d0 + dd < Dv) Hj[(long long)c * Dv + d0 + dd] = S[idx];
+        if (lifted && j >= 1) {
+            const int m = __ffs(j) - 1;
+            for (int idx = tid; idx < SD; idx += 256) {
+                T sum = (T)0;
+                for (int e = 0; e <= m; ++e) {
+                    sum += S[e * SD + idx];
+                    S[e * SD + idx] = (T)0;
+                }
+                S[(m + 1) * SD + idx] = sum;
+            }
         }
         __syncthreads();
+        // The entering states, written out.
+        if (lifted) {
+            long long slot = llc_popsum(j);
+            for (int e = 1; e < E; ++e) {
+                if (!((j >> (e - 1)) & 1)) continue;
+                T* Hj = Hs + ((long long)bh * slots + slot) * DD;
+                for (int idx = tid; idx < SD; idx += 256) {
+                    const int c = idx / LLC_DVT, dd = idx % LLC_DVT;
+                    if (d0 + dd < Dv) Hj[(long long)c * Dv + d0 + dd] = S[e * SD + idx];
+                }
+                ++slot;
+            }
+        } else {
+            T* Hj = Hs + ((long long)bh * nc + j) * DD;
+            for (int idx = tid; idx < SD; idx += 256) {
+                const int c = idx / LLC_DVT, dd = idx % LLC_DVT;
+                if (d0 + dd < Dv) Hj[(long long)c * Dv + d0 + dd] = S[idx];
+            }
+        }
         const double alast = gam[CH - 1];
         if (tid < CH) dec[tid] = mx_exp((T)(alast - gam[tid]));
-        // U' = U − W S: rows s = ty + 16a, column tx.
-        T acc[RI] = {};
-        for (int c = 0; c < Dk; ++c) {
-            const T sv = S[c * LLC_DVT + tx];
-#pragma unroll
-            for (int a = 0; a < RI; ++a) acc[a] = fma(Wc[(ty + 16 * a) * LDW + c], sv, acc[a]);
-        }
-#pragma unroll
-        for (int a = 0; a < RI; ++a) {
-            const int s = ty + 16 * a, d = d0 + tx;
-            T un = (T)0;
-            if (s < n && d < Dv) {
-                un = Uc[s * LLC_DVT + tx] - acc[a];
-                Vn[(row0 + (long long)s * H) * Dv + d] = un;
-            }
-            Un[s * LDU + tx] = un;
-        }
-        __syncthreads();
-        // S ← e^{a_j} S + K̂ᵀ U': rows c = ty + 16a, column tx.
         const T tot = mx_exp((T)alast);
-        for (int c0 = 0; c0 < Dk; c0 += 64) {
-            T acc2[4] = {};
-            for (int s = 0; s < n; ++s) {
-                const T u = dec[s] * Un[s * LDU + tx];
+        // Each pass: Un from the level's state (sign −1: Un = W S; base: Un = U − W S; the lift's
+        // level 0: Un = U), then S^(e) ← e^{a_j} S^(e) + sign·K̂ᵀ Un.
+        for (int e = lifted ? E - 1 : 0; e >= 0; --e) {
+            const int from_w = !lifted || e >= 1;
+            if (lifted && e >= 1 && !((j >> (e - 1)) & 1)) continue;
+            T* Se = S + e * SD;
+            T acc[RI] = {};
+            if (from_w)
+                for (int c = 0; c < Dk; ++c) {
+                    const T sv = Se[c * LLC_DVT + tx];
+#pragma unroll
+                    for (int a = 0; a < RI; ++a) acc[a] = fma(Wc[(ty + 16 * a) * LDW + c], sv, acc[a]);
+                }
+            const T sign = (lifted && e >= 1) ? (T)-1 : (T)1;
+#pragma unroll
+            for (int a = 0; a < RI; ++a) {
+                const int s = ty + 16 * a, d = d0 + tx;
+                T un = (T)0;
+                if (s < n && d < Dv) {
+                    un = (lifted && e >= 1) ? acc[a] : Uc[s * LLC_DVT + tx] - acc[a];
+                    if (!lifted) Vn[(row0 + (long long)s * H) * Dv + d] = un;
+                }
+                Un[s * LDU + tx] = un;
+            }
+            __syncthreads();
+            for (int c0 = 0; c0 < Dk; c0 += 64) {
+                T acc2[4] = {};
+                for (int s = 0; s < n; ++s) {
+                    const T u = dec[s] * Un[s * LDU + tx];
+#pragma unroll
+                    for (int a = 0; a < 4; ++a) {
+                        const int c = c0 + ty + 16 * a;
+                        if (c < Dk) acc2[a] = fma(Kc[s * LDW + c], u, acc2[a]);
+                    }
+                }
 #pragma unroll
                 for (int a = 0; a < 4; ++a) {
                     const int c = c0 + ty + 16 * a;
-                    if (c < Dk) acc2[a] = fma(Kc[s * LDW + c], u, acc2[a]);
+                    if (c < Dk) Se[c * LLC_DVT + tx] = tot * Se[c * LLC_DVT + tx] + sign * acc2[a];
                 }
             }
-#pragma unroll
-            for (int a = 0; a < 4; ++a) {
-                const int c = c0 + ty + 16 * a;
-                if (c < Dk) S[c * LLC_DVT + tx] = tot * S[c * LLC_DVT + tx] + acc2[a];
+            __syncthreads();
+        }
+    }
+}
+
+// 6. Outputs of gated DeltaNet's lift, chunk i, a tile of 64 value columns (docs/math.md §2.6):
+// P = σ QKᵀ ⊙ Γ (s ≤ r); the intra-chunk coefficients A = P T⁻¹ diag(β), weighted λ_r^(ℓ(r,s)), give
+// y = A V; the carried queries Q̃ = σ diag(e^γ) Q − P W read every level state llc_delta_h wrote for
+// the chunk: y_r += Σ_e λ_r^(c+e) Q̃_r S^(e). Grid (NC, BH, ⌈Dv/64⌉), 256 threads; dynamic shared
+// memory (Pt, At [CH][CH+1], Qt [64][CH+1], Xs, Ys [16][65]).
+template <typename T>
+__device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int has_g, const T* beta, const T* lam,
+                           const T* W, const T* Ti, const T* Hs, T* y, int Tn, int H, int Dk, int Dv, int L, int nc,
+                           long long slots, double scale) {
+    constexpr int CH = Llc<T>::CH, CB = Llc<T>::CBITS, RI = CH / 16, LDC = CH + 1;
+    extern __shared__ unsigned char llc_dyn[];
+    T* Pt = reinterpret_cast<T*>(llc_dyn);  // Pt[s][r] = P[r][s]
+    T* At = Pt + CH * LDC;                  // At[s][r] = λ-weighted A[r][s]
+    T* Qt = At + CH * LDC;                  // Qt[c][r] = Q̃[r][c0 + c]
+    T* Xs = Qt + 64 * LDC;
+    T* Ys = Xs + LLC_KT * LLC_LD;
+    __shared__ double gam[CH], gtmp[CH];
+    __shared__ T bet[CH];
+    const int i = blockIdx.x, bh = blockIdx.y;
+    const int b = bh / H, h = bh % H;
+    const int d0 = blockIdx.z * LLC_NT;
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int i0 = i * CH, n = min(CH, Tn - i0);
+    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    const long long DD = (long long)Dk * Dv;
+    const T sc = (T)scale;
+    if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : (T)0;
+    llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
+    {
+        T acc[RI][RI] = {};
+        for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
+            for (int idx = tid; idx < LLC_KT * CH; idx += 256) {
+                const int r = idx / LLC_KT, kk = idx % LLC_KT, c = c0 + kk;
+                const bool ok = r < n && c < Dk;
+                const long long at = (row0 + (long long)r * H) * Dk + c;
+                Xs[kk * LLC_LD + r] = ok ? q[at] : (T)0;
+                Ys[kk * LLC_LD + r] = ok ? k[at] : (T)0;
             }
+            __syncthreads();
+            llc_gemm<T, RI, RI, LLC_LD, LLC_LD>(acc, Xs, Ys, LLC_KT, ty, tx);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int a = 0; a < RI; ++a)
+#pragma unroll
+            for (int bb = 0; bb < RI; ++bb) {
+                const int r = ty + 16 * a, s = tx + 16 * bb;
+                Pt[s * LDC + r] = (s <= r && r < n) ? sc * acc[a][bb] * mx_exp((T)(gam[r] - gam[s])) : (T)0;
+            }
+    }
+    __syncthreads();
+    {
+        // A = P T⁻¹ diag(β), reduced over j in tiles of 16.
+        const T* Tc = Ti + ((long long)bh * nc + i) * CH * CH;
+        T acc[RI][RI] = {};
+        for (int j0 = 0; j0 < CH; j0 += LLC_KT) {
+            for (int idx = tid; idx < LLC_KT * CH; idx += 256) {
+                const int kk = idx / CH, s = idx % CH;
+                Ys[kk * LLC_LD + s] = Tc[(j0 + kk) * CH + s] * bet[s];
+            }
+            __syncthreads();
+            llc_gemm<T, RI, RI, LDC, LLC_LD>(acc, Pt + j0 * LDC, Ys, LLC_KT, ty, tx);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int a = 0; a < RI; ++a)
+#pragma unroll
+            for (int bb = 0; bb < RI; ++bb) {
+                const int r = ty + 16 * a, s = tx + 16 * bb;
+                At[s * LDC + r] = (s <= r && r < n)
+                                      ? acc[a][bb] * lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))]
+                                      : (T)0;
+            }
+    }
+    __syncthreads();
+    T yacc[RI][4] = {};
+    for (int s0 = 0; s0 < n; s0 += LLC_KT) {
+        for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
+            const int kk = idx / LLC_NT, dd = idx % LLC_NT, s = s0 + kk;
+            Ys[kk * LLC_LD + dd] = (s < n && d0 + dd < Dv) ? v[(row0 + (long long)s * H) * Dv + d0 + dd] : (T)0;
         }
         __syncthreads();
+        llc_gemm<T, RI, 4, LDC, LLC_LD>(yacc, At + s0 * LDC, Ys, min(LLC_KT, n - s0), ty, tx);
+        __syncthreads();
     }
+    const long long first = llc_popsum(i);
+    const int ne = __popc((unsigned)i);
+    for (int c0 = 0; ne > 0 && c0 < Dk; c0 += 64) {
+        // Q̃ for key columns c0..c0+64: σ e^γ Q − P W.
+        T qa[RI][4] = {};
+        for (int s0 = 0; s0 < n; s0 += LLC_KT) {
+            for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
+                const int kk = idx / LLC_NT, cc = idx % LLC_NT, s = s0 + kk;
+                Ys[kk * LLC_LD + cc] = (s < n && c0 + cc < Dk) ? W[(row0 + (long long)s * H) * Dk + c0 + cc] : (T)0;
+            }
+            __syncthreads();
+            llc_gemm<T, RI, 4, LDC, LLC_LD>(qa, Pt + s0 * LDC, Ys, min(LLC_KT, n - s0), ty, tx);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int a = 0; a < RI; ++a)
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                const int r = ty + 16 * a, cc = tx + 16 * jj, c = c0 + cc;
+                Qt[cc * LDC + r] = (r < n && c < Dk)
+                                       ? sc * mx_exp((T)gam[r]) * q[(row0 + (long long)r * H) * Dk + c] - qa[a][jj]
+                                       : (T)0;
+            }
+        __syncthreads();
+        int rank = 0;
+        for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
+            if (!((i >> (e - 1)) & 1)) continue;
+            const T* Se = Hs + ((long long)bh * slots + first + rank) * DD;
+            ++rank;
+            T la[RI][4] = {};
+            for (int k0 = 0; k0 < 64 && c0 + k0 < Dk; k0 += LLC_KT) {
+                for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
+                    const int kk = idx / LLC_NT, dd = idx % LLC_NT, c = c0 + k0 + kk;
+                    Ys[kk * LLC_LD + dd] = (c < Dk && d0 + dd < Dv) ? Se[(long long)c * Dv + d0 + dd] : (T)0;
+                }
+                __syncthreads();
+                llc_gemm<T, RI, 4, LDC, LLC_LD>(la, Qt + k0 * LDC, Ys, LLC_KT, ty, tx);
+                __syncthreads();
+            }
+#pragma unroll
+            for (int a = 0; a < RI; ++a) {
+                const int r = ty + 16 * a;
+                const T w = r < n ? lam[(row0 + (long long)r * H) * L + CB + e] : (T)0;
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) yacc[a][jj] += w * la[a][jj];
+            }
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < RI; ++a)
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+            const int r = ty + 16 * a, d = d0 + tx + 16 * jj;
+            if (r < n && d < Dv) y[(row0 + (long long)r * H) * Dv + d] = yacc[a][jj];
+        }
 }
 
 // Decoder step, row-parallel (docs/math.md §2.5): one warp per (b·h, value row r) does, for its row
@@ -870,14 +1065,20 @@ __device__ void llc_step(const T* q, const T* k, const T* v, const T* g, const T
         llc_out<T>(q, k, v, g, has_g, lam, F, A, y, Tn, H, Dk, Dv, L, lifted, direct, nc, scale);                 \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
-        llc_wy_##S(const T* k, const T* v, const T* g, int has_g, const T* beta, T* W, T* U, int Tn, int H, int Dk, \
-                   int Dv) {                                                                                      \
-        llc_wy<T>(k, v, g, has_g, beta, W, U, Tn, H, Dk, Dv);                                                     \
+        llc_wy_##S(const T* k, const T* v, const T* g, int has_g, const T* beta, T* W, T* U, T* Ti, int want_ti,   \
+                   int Tn, int H, int Dk, int Dv) {                                                               \
+        llc_wy<T>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);                                        \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llc_delta_h_##S(const T* k, const T* g, int has_g, const T* W, const T* U, T* Vn, T* Hs, int Tn, int H,   \
-                        int Dk, int Dv, int nc) {                                                                 \
-        llc_delta_h<T>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc);                                             \
+                        int Dk, int Dv, int nc, int lifted, int E, long long slots) {                             \
+        llc_delta_h<T>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, lifted, E, slots);                           \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        llc_out_dl_##S(const T* q, const T* k, const T* v, const T* g, int has_g, const T* beta, const T* lam,      \
+                       const T* W, const T* Ti, const T* Hs, T* y, int Tn, int H, int Dk, int Dv, int L, int nc,  \
+                       long long slots, double scale) {                                                           \
+        llc_out_dl<T>(q, k, v, g, has_g, beta, lam, W, Ti, Hs, y, Tn, H, Dk, Dv, L, nc, slots, scale);           \
     }                                                                                                             \
     extern "C" __global__ void llc_step_##S(const T* q, const T* k, const T* v, const T* g, const T* beta,         \
                                             const T* lam, T* st, T* y, int BH, int Dk, int Dv, int NL, int L,     \

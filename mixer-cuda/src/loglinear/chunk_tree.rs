@@ -159,29 +159,63 @@ pub(crate) fn outputs<F: GpuReal>(
         &ti, &hi, &dki, &dvi, &li, &lifted, &direct, &nci, &scale)
 }
 
-/// Dynamic shared memory of `llc_delta_h` (the layout in the kernel): the state tile, two buffers of
-/// the chunk's `W`, `K` (rows padded to `Dk + 1`), `U` and `g`, the new values and the decays.
-pub(crate) fn delta_h_smem<F: GpuReal>(dk: usize) -> usize {
+/// Dynamic shared memory of `llc_delta_h` (the layout in the kernel): `levels` state tiles, two
+/// buffers of the chunk's `W`, `K` (rows padded to `Dk + 1`), `U` and `g`, the new values and the
+/// decays.
+pub(crate) fn delta_h_smem<F: GpuReal>(dk: usize, levels: usize) -> usize {
     let ch = chunk_len::<F>();
-    (dk * 16 + 4 * ch * (dk + 1) + 2 * ch * 16 + 2 * ch + ch * 17 + ch) * std::mem::size_of::<F>()
+    (levels * dk * 16 + 4 * ch * (dk + 1) + 2 * ch * 16 + 2 * ch + ch * 17 + ch) * std::mem::size_of::<F>()
+}
+
+/// Dynamic shared memory of `llc_out_dl`: `Pt`, `At` `[CH][CH+1]`, `Qt` `[64][CH+1]`, two
+/// `[16][65]` staging tiles.
+fn out_dl_smem<F: GpuReal>() -> usize {
+    let ch = chunk_len::<F>();
+    (2 * ch * (ch + 1) + 64 * (ch + 1) + 2 * 16 * 65) * std::mem::size_of::<F>()
+}
+
+/// Chunk-level Fenwick levels of gated DeltaNet's lift for `t` tokens (1 without a lift).
+pub(crate) fn delta_levels<F: GpuReal>(lifted: bool, t: usize) -> usize {
+    if lifted { mixer_core::fenwick::bitlen(t.div_ceil(chunk_len::<F>()).max(1) - 1) + 1 } else { 1 }
 }
 
 /// Most dynamic shared memory a block may use on the devices this backend targets (sm_80+).
 pub(crate) const MAX_DYNAMIC_SMEM: usize = 160 << 10;
 
-/// Gated DeltaNet without a lift, parallel over chunks except one pass: `llc_wy` (per chunk, the
-/// WY/UT pieces `W = T⁻¹ diag(β e^γ) K`, `U = T⁻¹ diag(β) V`), `llc_delta_h` (the sequential pass,
-/// a block per (batch·head, 32 value columns): the state entering each chunk and the new values
-/// `U' = U − W S`), then pass 3 with `v = U'` and those states.
+/// `Σ_{j < n} popcount(j)`: the level states gated DeltaNet's lift writes for `n` chunks.
+fn popsum(n: usize) -> usize {
+    (0..n).map(|j| j.count_ones() as usize).sum()
+}
+
+/// Opts `f` in to [`MAX_DYNAMIC_SMEM`] bytes of dynamic shared memory — always the same ceiling,
+/// never lowered, because calls from other threads may launch it with more between this call's
+/// setting and its launch.
+fn opt_in(f: &cudarc::driver::CudaFunction) -> Result<()> {
+    f.set_attribute(
+        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        MAX_DYNAMIC_SMEM as i32,
+    )
+    .map_err(|e| err(FAMILY, format!("shared memory of {MAX_DYNAMIC_SMEM} bytes: {e}")))
+}
+
+/// Gated DeltaNet and its lift, parallel over chunks except one pass: `llc_wy` (per chunk, the
+/// WY/UT pieces `W = T⁻¹ diag(β e^γ) K`, `U = T⁻¹ diag(β) V`, and for the lift `T⁻¹`), `llc_delta_h`
+/// (the sequential pass, a block per (batch·head, 16 value columns): without a lift the state
+/// entering each chunk and the new values `U' = U − W S`; with it, every chunk-level state entering
+/// each chunk), then the outputs: pass 3 with `v = U'` and the entering states, or `llc_out_dl`.
 pub(crate) fn run_delta<F: GpuReal>(
     ll: &LogLinear,
     x: &ChunkedInputs<'_, F>,
     p: Precision,
 ) -> Result<Pooled<F>> {
     let [b, t, h, dk, dv] = x.dims;
-    let nc = t.div_ceil(chunk_len::<F>());
+    let ch = chunk_len::<F>();
+    let nc = t.div_ceil(ch);
     let bh = b * h;
-    let bytes = bh * nc * dk * dv * std::mem::size_of::<F>();
+    let lifted = ll.lift.is_some();
+    let levels = delta_levels::<F>(lifted, t);
+    let slots = if lifted { popsum(nc) } else { nc };
+    let bytes = bh * slots.max(1) * dk * dv * std::mem::size_of::<F>();
     if bytes > MAX_TREE_BYTES {
         return Err(err(
             FAMILY,
@@ -195,7 +229,7 @@ pub(crate) fn run_delta<F: GpuReal>(
     if bh > 65535 {
         return Err(err(FAMILY, format!("the chunked form takes B·H ≤ 65535 per call, got {bh}")));
     }
-    let smem = delta_h_smem::<F>(dk);
+    let smem = delta_h_smem::<F>(dk, levels);
     let g = gpu()?;
     let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &[], &format!("{name}_{}", F::SUFFIX));
     let zero = pool::zeros::<F>(FAMILY, 1)?;
@@ -211,29 +245,44 @@ pub(crate) fn run_delta<F: GpuReal>(
     );
     let mut w = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let mut u = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut tinv = pool::take::<F>(FAMILY, if lifted { bh * nc * ch * ch } else { 1 })?;
     let (kv, vv, bv) = (x.k.view(), x.v.view(), beta.view());
+    let want_ti = lifted as i32;
     let cfg =
         LaunchConfig { grid_dim: (nc as u32, bh as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    launch!(g, FAMILY, k("llc_wy")?, cfg; &kv, &vv, &gv, &has_g, &bv, &mut *w, &mut *u, &ti, &hi, &dki, &dvi)?;
-    let mut vn = pool::take::<F>(FAMILY, b * t * h * dv)?;
-    let mut hs = pool::take::<F>(FAMILY, bh * nc * dk * dv)?;
+    launch!(g, FAMILY, k("llc_wy")?, cfg;
+        &kv, &vv, &gv, &has_g, &bv, &mut *w, &mut *u, &mut *tinv, &want_ti, &ti, &hi, &dki, &dvi)?;
+    let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
+    let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
     let f = k("llc_delta_h")?;
-    // Always the same ceiling (never lowered): calls from other threads may use this function
-    // with a larger Dk between this call's setting and its launch.
-    f.set_attribute(
-        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        MAX_DYNAMIC_SMEM as i32,
-    )
-    .map_err(|e| err(FAMILY, format!("shared memory of {MAX_DYNAMIC_SMEM} bytes: {e}")))?;
+    opt_in(&f)?;
     let cfg = LaunchConfig {
         grid_dim: (bh as u32, dv.div_ceil(16) as u32, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci)?;
-    drop((w, u));
-    let decays = pool::zeros::<f64>(FAMILY, 1)?;
+    let (lifted_i, levels_i, slots_i) = (lifted as i32, levels as i32, slots as i64);
+    launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci,
+        &lifted_i, &levels_i, &slots_i)?;
+    drop(u);
     let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
-    outputs(ll, x, &vn.slice(0..vn.len()), &hs, &decays, 1, false, true, p, &mut y)?;
+    if !lifted {
+        drop((w, tinv));
+        let decays = pool::zeros::<f64>(FAMILY, 1)?;
+        outputs(ll, x, &vn.slice(0..vn.len()), &hs, &decays, 1, false, true, p, &mut y)?;
+        return Ok(y);
+    }
+    let (lam, n_levels) = x.lam.as_ref().ok_or_else(|| err(FAMILY, "the lift needs `lambda`"))?;
+    let f = k("llc_out_dl")?;
+    opt_in(&f)?;
+    let cfg = LaunchConfig {
+        grid_dim: (nc as u32, bh as u32, dv.div_ceil(64) as u32),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: out_dl_smem::<F>() as u32,
+    };
+    let (qv, lv, li) = (x.q.view(), lam.view(), int(FAMILY, "L", *n_levels)?);
+    let scale = ll.scale;
+    launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &has_g, &bv, &lv, &*w, &*tinv, &*hs, &mut *y,
+        &ti, &hi, &dki, &dvi, &li, &nci, &slots_i, &scale)?;
     Ok(y)
 }

@@ -59,10 +59,10 @@ pub(crate) struct ChunkedInputs<'a, F: GpuReal> {
     pub dims: [usize; 5],
 }
 
-/// Runs the chunked form on device tensors: the scalar-decay mixers and gated DeltaNet by the
-/// chunk-parallel passes of [`chunk_tree`], the lift of gated DeltaNet (and gated DeltaNet with a
-/// key dim too wide for the sequential pass's shared memory, `Dk` above about 140 in f32) by the
-/// sequential WY/UT kernel below.
+/// Runs the chunked form on device tensors: every member by the chunk-parallel passes of
+/// [`chunk_tree`], except gated DeltaNet and its lift when the sequential pass's states do not fit
+/// in shared memory (in f32 `Dk` above about 140 without the lift; with it, `Dk = 64` up to
+/// T = 2²⁰): those run the sequential WY/UT kernel below.
 pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
@@ -101,7 +101,8 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
     };
     let y = match ll.base {
         Base::GatedDeltaNet
-            if ll.lift.is_none() && chunk_tree::delta_h_smem::<F>(dk) <= chunk_tree::MAX_DYNAMIC_SMEM =>
+            if chunk_tree::delta_h_smem::<F>(dk, chunk_tree::delta_levels::<F>(ll.lift.is_some(), t))
+                <= chunk_tree::MAX_DYNAMIC_SMEM =>
         {
             chunk_tree::run_delta(ll, &inp, p)?
         }
@@ -112,7 +113,8 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
     finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)
 }
 
-/// Gated DeltaNet's lift (and very wide keys): one block per (batch, head) walking its chunks.
+/// Gated DeltaNet and its lift with states too large for shared memory: one block per (batch,
+/// head) walking its chunks.
 fn sequential<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>) -> Result<Pooled<F>> {
     let [b, t, h, dk, dv] = x.dims;
     let lifted = ll.lift.is_some();
