@@ -1,7 +1,7 @@
 //! The log-linear family's fast backward on CPU (Fenwick mask). Linear attention and
 //! Mamba-2, lifted or not, use the level decomposition below: `O(T log T)` per head, never
-//! a `T×T` matrix. Gated DeltaNet (lifted or not) goes through reverse mode of its level
-//! recurrence with checkpoints ([`super::backward_gdn`]).
+//! a `T×T` matrix. Gated DeltaNet (lifted or not) goes through reverse mode of its WY/UT
+//! chunk form ([`super::backward_gdn`]).
 //!
 //! Every pair `s ≤ t` contributes `w_{t,s} a_{t,s} v_s` to `y_t`, with
 //! `a_{t,s} = σ (q_t · k_s) e^(G_t − G_s)` and `w_{t,s} = λ_t^(ℓ(t,s))` (1 for
@@ -176,14 +176,7 @@ fn head_vjp<F: Real>(m: &LogLinear, hd: &Head<'_, F>, dy: MatRef<'_, F>) -> Resu
 /// Gated DeltaNet through [`super::backward_gdn`], in the common shape.
 fn gdn_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>, dy: MatRef<'_, F>) -> Result<HeadGrads<F>> {
     let g = super::backward_gdn::head_vjp(m, hd, dy)?;
-    Ok(HeadGrads {
-        dq: g.dq,
-        dk: g.dk,
-        dv: g.dv,
-        dgc: g.dg.iter().map(|x| x.f64()).collect(),
-        dbeta: g.dbeta,
-        dlam: g.dlam,
-    })
+    Ok(HeadGrads { dq: g.dq, dk: g.dk, dv: g.dv, dgc: g.dg, dbeta: g.dbeta, dlam: g.dlam })
 }
 
 /// The `fast` backward (see the module documentation).
