@@ -103,7 +103,11 @@ fn backward_typed<F: Real + PickVjp>(
             fmt_shape_of(dy),
         ));
     }
-    if let Some((i, x)) = dy.indexed_iter().find(|(_, x)| !x.is_finite()) {
+    // The index is only formed once a non-finite value is known to exist (an indexed scan of
+    // every element costs as much as a fast backward pass).
+    if dy.iter().any(|x| !x.is_finite())
+        && let Some((i, x)) = dy.indexed_iter().find(|(_, x)| !x.is_finite())
+    {
         return Err(Error::Value {
             name: "dy".into(),
             constraint: "values must be finite".into(),

@@ -10,7 +10,7 @@
 //! use faer sequentially.
 
 pub mod backward;
-mod backward_gdn;
+mod backward_chunked;
 pub mod chunked;
 pub mod common;
 pub mod decoder;
