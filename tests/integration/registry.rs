@@ -171,6 +171,31 @@ fn loglinear_backward_with_states_dropped_by_decay() {
     }
 }
 
+/// Attention's fast backward works in 128 × 128 tiles and sums `q̄` over key blocks: a length
+/// of three partial blocks, full and windowed (a window wider than a block), and a negative
+/// scale (the vectorised exponentials take the sign into the keys), against the reference in
+/// f64 and f32.
+#[test]
+fn attention_backward_over_several_blocks() {
+    use mixers::registry::backward::backward_as;
+    let configs = [serde_json::json!({}), serde_json::json!({"window": 150, "scale": -0.4})];
+    for cfg in configs {
+        let m = mixers::registry::mixer("attention", &cfg).unwrap();
+        let sizes = Sizes { seq: 301, batch: 1, ..Sizes::default() };
+        let x = mixers::registry::grad_check::grad_inputs(m.as_ref(), &sizes, 4).unwrap();
+        let dy = x["v"].mapv(|v| (1.7 * v).sin());
+        let want =
+            backward_as(m.as_ref(), "cpu", Form::Materialized, &x, &dy, DType::F64, &Requires::All).unwrap();
+        for (dtype, tol) in [(DType::F64, Tolerance::F64), (DType::F32, Tolerance::F32)] {
+            let got = backward_as(m.as_ref(), "cpu", Form::Fast, &x, &dy, dtype, &Requires::All).unwrap();
+            for (k, w) in &want {
+                let c = tol.compare(got[k].view(), w.view());
+                assert!(c.pass, "{cfg} {dtype:?} {k}: {c:?}");
+            }
+        }
+    }
+}
+
 /// `requires` selects gradients; bad names, absent inputs and a wrong `dy` are errors.
 #[test]
 fn backward_requires_and_validation() {
