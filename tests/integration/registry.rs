@@ -196,6 +196,29 @@ fn attention_backward_over_several_blocks() {
     }
 }
 
+/// The Toeplitz backward skips the work of gradients that are not required; what it returns
+/// for a subset equals the full pass (one kernel per head, which streams, and `Kw = 2`).
+#[test]
+fn toeplitz_backward_subsets_match_the_full_pass() {
+    use mixers::registry::backward::backward_as;
+    for cfg in [serde_json::json!({"heads": 2}), serde_json::json!({"heads": 3, "kernel_width": 2})] {
+        let m = mixers::registry::mixer("toeplitz", &cfg).unwrap();
+        let x =
+            mixers::registry::grad_check::grad_inputs(m.as_ref(), &Sizes { seq: 23, ..Sizes::default() }, 6)
+                .unwrap();
+        let dy = x["x"].mapv(|v| (1.3 * v).cos());
+        let all = backward_as(m.as_ref(), "cpu", Form::Fast, &x, &dy, DType::F64, &Requires::All).unwrap();
+        for name in ["x", "w"] {
+            let one =
+                backward_as(m.as_ref(), "cpu", Form::Fast, &x, &dy, DType::F64, &Requires::only([name]))
+                    .unwrap();
+            let key = format!("d_{name}");
+            assert_eq!(one.keys().collect::<Vec<_>>(), [&key], "{cfg}");
+            assert_eq!(one[&key], all[&key], "{cfg} {name}");
+        }
+    }
+}
+
 /// `requires` selects gradients; bad names, absent inputs and a wrong `dy` are errors.
 #[test]
 fn backward_requires_and_validation() {
