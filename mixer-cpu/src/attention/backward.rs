@@ -12,10 +12,8 @@
 //! accumulators (rayon `fold`/`reduce`). Memory stays `O(B_q B_k)` per task plus those
 //! accumulators, and a window `w` keeps the cost at `O(T w)`.
 
-use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::mixers::attention::Attention;
-use mixer_core::{Form, Requires, Result, Tensors, grad_name};
-use mixer_registry::{BackwardEntry, every_config, register};
+use mixer_core::{Requires, Result, Tensors, grad_name};
 use ndarray::{Array2, Array3, Array4, ArrayD, ArrayView2, s};
 use rayon::prelude::*;
 
@@ -86,14 +84,11 @@ type KeyGrads<F> = (usize, Array2<F>, Array2<F>);
 
 /// The `fast` backward (see the module documentation).
 pub fn vjp<F: VecMath>(
-    m: &dyn Mixer,
-    form: Form,
+    a: &Attention,
     inputs: &Tensors<F>,
     dy: &ArrayD<F>,
     _req: &Requires,
 ) -> Result<Tensors<F>> {
-    crate::fast_backward_only(m, form)?;
-    let a = downcast::<Attention>(m, "cpu")?;
     let (q, k, v) = (heads_major(inputs, "q")?, heads_major(inputs, "k")?, heads_major(inputs, "v")?);
     let g = heads_major(&std::iter::once(("dy".to_string(), dy.clone())).collect(), "dy")?;
     let (bn, hn, tn, dk) = q.dim();
@@ -158,13 +153,3 @@ pub fn vjp<F: VecMath>(
     out.insert(grad_name("v"), dvv.into_dyn());
     Ok(out)
 }
-
-#[register]
-static ATTENTION_CPU_BACKWARD: BackwardEntry = BackwardEntry {
-    kernel: "attention",
-    backend: "cpu",
-    forms: &[Form::Fast],
-    unsupported: every_config,
-    vjp_f64: vjp::<f64>,
-    vjp_f32: vjp::<f32>,
-};

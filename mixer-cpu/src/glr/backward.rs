@@ -11,11 +11,9 @@
 //! `x̄_{d_k(t)} += α_{t,k+1} g_t`. The outputs `y` are recomputed by the
 //! forward recurrence first (one `[T, w]` buffer per channel block). Inactive slots get 0.
 
-use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::mixers::glr::{Glr, Slots};
 use mixer_core::tensor::get;
-use mixer_core::{Error, Form, Real, Requires, Result, Tensors, grad_name};
-use mixer_registry::{BackwardEntry, every_config, register};
+use mixer_core::{Error, Real, Requires, Result, Tensors, grad_name};
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 
@@ -87,15 +85,7 @@ fn block_vjp<F: Real>(
 }
 
 /// The `fast` backward (see the module documentation).
-pub fn vjp<F: Real>(
-    m: &dyn Mixer,
-    form: Form,
-    inputs: &Tensors<F>,
-    dy: &ArrayD<F>,
-    _req: &Requires,
-) -> Result<Tensors<F>> {
-    crate::fast_backward_only(m, form)?;
-    let g = downcast::<Glr>(m, "cpu")?;
+pub fn vjp<F: Real>(g: &Glr, inputs: &Tensors<F>, dy: &ArrayD<F>, _req: &Requires) -> Result<Tensors<F>> {
     let xs = get(inputs, "x")?.shape().to_vec();
     let slots = g.slots(xs.get(1).copied().unwrap_or(0));
     let (x, alpha, beta) = gather(g, inputs, &slots)?;
@@ -146,13 +136,3 @@ pub fn vjp<F: Real>(
     }
     Ok(out)
 }
-
-#[register]
-static GLR_CPU_BACKWARD: BackwardEntry = BackwardEntry {
-    kernel: "glr",
-    backend: "cpu",
-    forms: &[Form::Fast],
-    unsupported: every_config,
-    vjp_f64: vjp::<f64>,
-    vjp_f32: vjp::<f32>,
-};

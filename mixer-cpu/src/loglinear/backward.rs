@@ -4,11 +4,9 @@
 //! `T×T` matrix), and maps the λ weights' gradient back through the λ scheme.
 
 use faer::Mat;
-use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::tensor::get;
-use mixer_core::{Error, Form, Real, Requires, Result, Tensors, grad_name};
-use mixer_registry::{BackwardEntry, every_config, register};
+use mixer_core::{Error, Real, Requires, Result, Tensors, grad_name};
 use ndarray::{Array4, ArrayD, IxDyn};
 use rayon::prelude::*;
 
@@ -17,20 +15,13 @@ use super::common;
 
 /// The `fast` backward (see the module documentation).
 pub fn vjp<F: Real>(
-    m: &dyn Mixer,
-    form: Form,
+    ll: &LogLinear,
     inputs: &Tensors<F>,
     dy: &ArrayD<F>,
     _req: &Requires,
 ) -> Result<Tensors<F>> {
-    let ll: &LogLinear = downcast(m, "cpu")?;
-    if form != Form::Fast || !ll.has_fenwick_structure() {
-        return Err(Error::FormUnavailable {
-            mixer: m.name().into(),
-            form: format!("{form} (backward)"),
-            backend: "cpu".into(),
-            available: format!("materialized{}", if ll.has_fenwick_structure() { ", fast" } else { "" }),
-        });
+    if !ll.has_fenwick_structure() {
+        return Err(Error::config(&ll.name, "the fast backward needs the Fenwick level mask"));
     }
     let x = common::standard(inputs);
     let raw = ll.lift.map(|_| get(&x, "lambda")).transpose()?;
@@ -95,13 +86,3 @@ pub fn vjp<F: Real>(
     }
     Ok(out)
 }
-
-#[register]
-static LOGLINEAR_CPU_BACKWARD: BackwardEntry = BackwardEntry {
-    kernel: "loglinear",
-    backend: "cpu",
-    forms: &[Form::Fast],
-    unsupported: every_config,
-    vjp_f64: vjp::<f64>,
-    vjp_f32: vjp::<f32>,
-};

@@ -14,11 +14,9 @@
 //! its head's `w̄` spectrum (no spectra stored); with `Kw > 1` the column spectra are kept,
 //! since a column meets its `Kw` neighbours. Taps and bias entries beyond `T` get gradient 0.
 
-use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::tensor::get;
-use mixer_core::{Error, Form, Requires, Result, Tensors, grad_name};
-use mixer_registry::{BackwardEntry, every_config, register};
+use mixer_core::{Error, Requires, Result, Tensors, grad_name};
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 use realfft::num_complex::Complex;
@@ -30,14 +28,11 @@ use super::fast::{Buffers, FftReal, column_spectra, plans, tap_spectra};
 
 /// The `fast` backward (see the module documentation).
 pub fn vjp<F: FftReal>(
-    m: &dyn Mixer,
-    form: Form,
+    tm: &Toeplitz,
     inputs: &Tensors<F>,
     dy: &ArrayD<F>,
     req: &Requires,
 ) -> Result<Tensors<F>> {
-    crate::fast_backward_only(m, form)?;
-    let tm = downcast::<Toeplitz>(m, "cpu")?;
     let p = tm.prepare(inputs)?;
     let (t, c, d, nb) = (p.seq, p.channels, p.head_dim, p.batch);
     let w = get(inputs, "w")?;
@@ -176,13 +171,3 @@ pub fn vjp<F: FftReal>(
     out.insert(grad_name("w"), dw);
     Ok(out)
 }
-
-#[register]
-static TOEPLITZ_CPU_BACKWARD: BackwardEntry = BackwardEntry {
-    kernel: mixer_core::mixers::toeplitz::FAMILY,
-    backend: "cpu",
-    forms: &[Form::Fast],
-    unsupported: every_config,
-    vjp_f64: vjp::<f64>,
-    vjp_f32: vjp::<f32>,
-};
