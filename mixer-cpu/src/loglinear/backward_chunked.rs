@@ -45,7 +45,7 @@ use faer::{Accum, Mat, MatRef};
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Real, Result};
 
-use super::chunked::{Chunk, Stacked, delta_intra, mm, sweep, visit_levels};
+use super::chunked::{Chunk, Stacked, delta_intra, mm, read_weights, sweep, visit_levels};
 use super::common::Head;
 
 /// One head's gradients: `dq, dk [T×Dk]`, `dv [T×Dv]`, `dg, dbeta [T]`, `dlam [T×L]`.
@@ -182,17 +182,14 @@ fn states_vjp<F: Real>(
             r
         });
         let mut drc = Mat::<F>::zeros(n, dv * np);
-        for (j, col) in st.cols.iter().enumerate() {
+        for (j, &col) in st.cols.iter().enumerate() {
+            let w = read_weights(hd, i0, n, col);
             for r in 0..n {
-                let w = match (col, &hd.lam) {
-                    (Some(l), Some(lam)) => lam[(i0 + r, *l)],
-                    _ => one,
-                };
                 for d in 0..dv {
-                    drc[(r, j * dv + d)] = w * gy[(r, d)];
+                    drc[(r, j * dv + d)] = w[r] * gy[(r, d)];
                 }
                 if let (Some(l), Some(rc)) = (col, &rc) {
-                    out.dlam[(i0 + r, *l)] +=
+                    out.dlam[(i0 + r, l)] +=
                         dot((0..dv).map(|d| gy[(r, d)]), (0..dv).map(|d| rc[(r, j * dv + d)]));
                 }
             }

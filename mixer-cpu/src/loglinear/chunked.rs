@@ -167,6 +167,15 @@ pub(crate) struct Stacked<F> {
     pub kept: Vec<bool>,
 }
 
+/// The weights `λ^(l)_{i0+r}` of the rows of the chunk `[i0, i0 + n)` for the read of λ
+/// column `col` (ones for the base mixers, `col = None`).
+pub(crate) fn read_weights<F: Real>(hd: &Head<'_, F>, i0: usize, n: usize, col: Option<usize>) -> Vec<F> {
+    match (col, &hd.lam) {
+        (Some(l), Some(lam)) => (0..n).map(|r| lam[(i0 + r, l)]).collect(),
+        _ => vec![F::one(); n],
+    }
+}
+
 /// The λ column that reads chunk level `e` at chunk `ci` (`c + e`), or the error when λ
 /// has too few levels.
 fn read_col(cbits: usize, e: usize, n_levels: usize, ci: usize) -> Result<usize> {
@@ -294,16 +303,13 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
         }
         let mut r = Mat::<F>::zeros(n, st.zcat.ncols());
         mm(r.as_mut(), Accum::Replace, ck.qt.as_ref(), st.zcat.as_ref(), F::one());
-        for (j, col) in st.cols.iter().enumerate() {
+        for (j, &col) in st.cols.iter().enumerate() {
+            let w = read_weights(hd, i0, n, col);
             for d in 0..dv {
                 let src = r.col(j * dv + d);
                 let mut dst = y.col_mut(d);
                 for row in 0..n {
-                    let w = match (col, &hd.lam) {
-                        (Some(l), Some(lam)) => lam[(i0 + row, *l)],
-                        _ => F::one(),
-                    };
-                    dst[i0 + row] += w * src[row];
+                    dst[i0 + row] += w[row] * src[row];
                 }
             }
         }
