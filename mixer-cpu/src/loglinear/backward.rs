@@ -1,6 +1,6 @@
 //! The log-linear family's fast backward on CPU (Fenwick mask): the registered entry point.
 //! It splits the inputs per (batch, head), runs reverse mode through the chunked form on each
-//! ([`super::backward_chunked`]: `O(T)` for the base mixers, `O(T log T)` for the lifts, no
+//! (`backward_chunked`: `O(T)` for the base mixers, `O(T log T)` for the lifts, no
 //! `T×T` matrix), and maps the λ weights' gradient back through the λ scheme.
 
 use faer::Mat;

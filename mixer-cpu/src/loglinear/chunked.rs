@@ -28,6 +28,9 @@
 //! chunk transition and the chunk's own state is inserted at level 0. The base mixers keep
 //! one state (single level, weight 1). Present states are stacked side by side so each read
 //! and each transition is one matmul.
+//!
+//! The pieces of a chunk (`chunk_pieces`) and the state recurrence (`sweep`) are shared
+//! with the backward pass (`backward_chunked`), which differentiates them.
 
 use faer::linalg::matmul::matmul;
 use faer::linalg::triangular_solve::solve_unit_lower_triangular_in_place;
