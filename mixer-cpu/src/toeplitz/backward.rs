@@ -1,5 +1,5 @@
 //! The Toeplitz mixer's backward pass on CPU (MATH.md §3), by FFT correlation with the
-//! cached plans and kernel spectra of the forward pass ([`super::fast`]).
+//! cached plans and kernel spectra of the forward pass ([`super::fast`](mod@super::fast)).
 //!
 //! With `ȳ` the output cotangent and `rev` the reversal of a length-`T` column,
 //! `x̄[s, c] = Σ_i Σ_{j ≥ 0} w[i,h,j] ȳ[s + j, c + δ_i]
