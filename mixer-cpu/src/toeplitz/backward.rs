@@ -1,4 +1,4 @@
-//! The Toeplitz mixer's backward pass on CPU (MATH.md §3), by FFT correlation with the
+//! The Toeplitz mixer's backward pass on CPU (docs/math.md §3), by FFT correlation with the
 //! cached plans and kernel spectra of the forward pass ([`super::fast`](mod@super::fast)).
 //!
 //! With `ȳ` the output cotangent and `rev` the reversal of a length-`T` column,
