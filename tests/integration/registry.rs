@@ -219,6 +219,31 @@ fn toeplitz_backward_subsets_match_the_full_pass() {
     }
 }
 
+/// The GLR backward writes each (batch row, channel block) of its gradients in place: with
+/// 41 channels there are several blocks of at least 16 (the last one shorter), for every `on`.
+#[test]
+fn glr_backward_over_several_channel_blocks() {
+    use mixers::registry::backward::backward_as;
+    for cfg in [
+        serde_json::json!({"pattern": "pow2"}),
+        serde_json::json!({"pattern": "sq1", "on": "a", "cache_efficient": true}),
+        serde_json::json!({"pattern": "pow2", "on": "both"}),
+    ] {
+        let m = mixers::registry::mixer("glr", &cfg).unwrap();
+        let sizes = Sizes { seq: 23, batch: 2, channels: 41, ..Sizes::default() };
+        let x = mixers::registry::grad_check::grad_inputs(m.as_ref(), &sizes, 8).unwrap();
+        let dy = x["x"].mapv(|v| (0.9 * v).sin());
+        let want =
+            backward_as(m.as_ref(), "cpu", Form::Materialized, &x, &dy, DType::F64, &Requires::All).unwrap();
+        let got = backward_as(m.as_ref(), "cpu", Form::Fast, &x, &dy, DType::F64, &Requires::All).unwrap();
+        assert_eq!(got.len(), want.len());
+        for (k, w) in &want {
+            let c = Tolerance::F64.compare(got[k].view(), w.view());
+            assert!(c.pass, "{cfg} {k}: {c:?}");
+        }
+    }
+}
+
 /// `requires` selects gradients; bad names, absent inputs and a wrong `dy` are errors.
 #[test]
 fn backward_requires_and_validation() {
