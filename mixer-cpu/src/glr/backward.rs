@@ -14,7 +14,7 @@
 use mixer_core::mixers::glr::{Glr, Slots};
 use mixer_core::tensor::get;
 use mixer_core::{Error, Real, Requires, Result, Tensors, grad_name};
-use ndarray::{Array3, Array4, ArrayD, ArrayViewMut, ArrayViewMut1, ArrayViewMut2, ArrayViewMut3, Axis, s};
+use ndarray::{Array3, Array4, ArrayD, ArrayViewMut, ArrayViewMut1, ArrayViewMut2, ArrayViewMut3, Axis};
 use rayon::prelude::*;
 
 use super::fast::{Views, block, block_width, gather, views};
@@ -59,27 +59,34 @@ fn block_vjp<F: Real>(v: &Views<'_, F>, slots: &Slots, gy: &[F], out: BlockOut<'
         let r = (b * tn + t) * cn + c0;
         g[t * w..(t + 1) * w].copy_from_slice(&gy[r..r + w]);
     }
+    // x̄ is scattered to earlier rows: kept in a local [T, w] buffer, copied out at the end;
+    // ᾱ and β̄ are written row by row in place (each (t, k) once).
+    let mut dxl = vec![F::zero(); tn * w];
+    let mut da_rows = dalpha.outer_iter_mut().rev();
+    let mut db_rows = dbeta.outer_iter_mut().rev();
     for t in (0..tn).rev() {
         let n = slots.active(t);
         let (before, rest) = g.split_at_mut(t * w);
         let gt = &rest[..w];
         let r = (b * tn + t) * cn + c0;
         let xt = &v.x[r..r + w];
+        let (Some(mut dat), Some(mut dbt)) = (da_rows.next(), db_rows.next()) else { break };
+        let mut da_slots = dat.outer_iter_mut().map(row);
+        let mut db_slots = dbt.outer_iter_mut().map(row);
         // α on x_t.
         let a0 = if v.has_a { &v.alpha[(b * tn + t) * ka * cn + c0..][..w] } else { &v.alpha[r..r + w] };
-        let da0 = row(dalpha.slice_mut(s![t, 0, ..]));
-        let dxt = row(dx.row_mut(t));
+        let Some(da0) = da_slots.next() else { break };
         for j in 0..w {
             da0[j] = gt[j] * xt[j];
-            dxt[j] += a0[j] * gt[j];
+            dxl[t * w + j] += a0[j] * gt[j];
         }
         for k in 0..n {
             let d = slots.pos(t, k);
             if v.has_a {
                 let ak = &v.alpha[((b * tn + t) * ka + k + 1) * cn + c0..][..w];
                 let xd = &v.x[(b * tn + d) * cn + c0..][..w];
-                let dak = row(dalpha.slice_mut(s![t, k + 1, ..]));
-                let dxd = row(dx.row_mut(d));
+                let Some(dak) = da_slots.next() else { break };
+                let dxd = &mut dxl[d * w..(d + 1) * w];
                 for j in 0..w {
                     dak[j] = gt[j] * xd[j];
                     dxd[j] += ak[j] * gt[j];
@@ -88,7 +95,7 @@ fn block_vjp<F: Real>(v: &Views<'_, F>, slots: &Slots, gy: &[F], out: BlockOut<'
             if v.has_b {
                 let bk = &v.beta[((b * tn + t) * v.k_len + k) * cn + c0..][..w];
                 let yd = &y[d * w..(d + 1) * w];
-                let dbk = row(dbeta.slice_mut(s![t, k, ..]));
+                let Some(dbk) = db_slots.next() else { break };
                 let gd = &mut before[d * w..(d + 1) * w];
                 for j in 0..w {
                     dbk[j] = gt[j] * yd[j];
@@ -96,6 +103,9 @@ fn block_vjp<F: Real>(v: &Views<'_, F>, slots: &Slots, gy: &[F], out: BlockOut<'
                 }
             }
         }
+    }
+    for (t, dxt) in dx.outer_iter_mut().enumerate() {
+        row(dxt).copy_from_slice(&dxl[t * w..(t + 1) * w]);
     }
 }
 
