@@ -8,35 +8,34 @@
 //!
 //! Forms: `materialized` is the reference on every backend (the generic VJP of
 //! `Y = (I−B)⁻¹ A X` mapped to the inputs by [`Mixer::materialized_vjp`], in `f64`); a
-//! backend adds its own forms with a [`BackwardEntry`] (`#[register]`), exactly as it adds
-//! forward forms with a `KernelEntry`.
+//! backend adds its own forms through its [`Family`](crate::Family) implementation
+//! ([`Family::backward`](crate::Family::backward)), exactly as it adds forward forms.
 
 use std::collections::BTreeMap;
 
 use mixer_core::grad::{grad_name, materialized_backward};
 use mixer_core::mixer::{Mixer, validate};
 use mixer_core::tensor::{cast_tensors, fmt_shape_of};
-use mixer_core::{AnyTensors, DType, Error, Form, Real, Requires, Result, Tensor, Tensors};
+use mixer_core::{AnyTensors, DType, Error, Form, Requires, Result, Tensor, Tensors};
 use ndarray::ArrayD;
 
-use crate::entries::{BackwardEntry, VjpFn};
-use crate::lookup::backward_entry;
+use crate::family::Scalar;
+use crate::lookup::family;
 
 /// The backward forms of `m` on `backend`: `materialized` when the mixer maps entry
-/// gradients to its inputs, and the backend's registered forms that this configuration
+/// gradients to its inputs, and the backend's backward forms that this configuration
 /// admits.
 pub fn backward_forms(m: &dyn Mixer, backend: &str) -> Vec<Form> {
     let mut v = Vec::new();
     if m.has_materialized_vjp() {
         v.push(Form::Materialized);
     }
-    if let Some(e) = backward_entry(m.family(), backend) {
-        v.extend(
-            e.forms
-                .iter()
-                .copied()
-                .filter(|f| m.form_unsupported(*f).is_none() && (e.unsupported)(m, *f).is_none()),
-        );
+    if let Some(e) = family(m.family(), backend) {
+        v.extend(Form::ALL.iter().copied().filter(|&f| {
+            e.f64.implements_backward(f)
+                && m.form_unsupported(f).is_none()
+                && matches!(e.f64.backward_unsupported(m, backend, f), Ok(None))
+        }));
     }
     v.sort();
     v.dedup();
@@ -72,22 +71,7 @@ fn check_requires(m: &dyn Mixer, given: &[String], requires: &Requires) -> Resul
     Ok(())
 }
 
-trait PickVjp: Real {
-    fn vjp_fn(e: &BackwardEntry) -> VjpFn<Self>;
-}
-impl PickVjp for f64 {
-    fn vjp_fn(e: &BackwardEntry) -> VjpFn<f64> {
-        e.vjp_f64
-    }
-}
-impl PickVjp for f32 {
-    fn vjp_fn(e: &BackwardEntry) -> VjpFn<f32> {
-        e.vjp_f32
-    }
-}
-
-#[allow(private_bounds)]
-fn backward_typed<F: Real + PickVjp>(
+fn backward_typed<F: Scalar>(
     m: &dyn Mixer,
     backend: &str,
     form: Form,
@@ -103,7 +87,11 @@ fn backward_typed<F: Real + PickVjp>(
             fmt_shape_of(dy),
         ));
     }
-    if let Some((i, x)) = dy.indexed_iter().find(|(_, x)| !x.is_finite()) {
+    // The index is only formed once a non-finite value is known to exist (an indexed scan of
+    // every element costs as much as a fast backward pass).
+    if dy.iter().any(|x| !x.is_finite())
+        && let Some((i, x)) = dy.indexed_iter().find(|(_, x)| !x.is_finite())
+    {
         return Err(Error::Value {
             name: "dy".into(),
             constraint: "values must be finite".into(),
@@ -120,18 +108,20 @@ fn backward_typed<F: Real + PickVjp>(
             cast_tensors::<F>(&g)
         }
         f => {
-            let e = backward_entry(m.family(), backend).ok_or_else(|| unavailable(m, f, backend))?;
-            if !e.forms.contains(&f) || m.form_unsupported(f).is_some() {
+            let imp = family(m.family(), backend).map(F::implementation);
+            let imp = imp.filter(|i| i.implements_backward(f)).ok_or_else(|| unavailable(m, f, backend))?;
+            if m.form_unsupported(f).is_some() {
                 return Err(unavailable(m, f, backend));
             }
-            if let Some(why) = (e.unsupported)(m, f) {
+            if let Some(why) = imp.backward_unsupported(m, backend, f)? {
                 let mut err = unavailable(m, f, backend);
                 if let Error::FormUnavailable { available, .. } = &mut err {
                     *available = format!("{available} ({why})");
                 }
                 return Err(err);
             }
-            (F::vjp_fn(e))(m, f, inputs, dy, requires)?
+            imp.run_backward(m, backend, f, inputs, dy, requires)
+                .ok_or_else(|| unavailable(m, f, backend))??
         }
     };
     out.retain(|k, _| k.strip_prefix("d_").is_some_and(|n| requires.wants(n) && inputs.contains_key(n)));

@@ -1,8 +1,7 @@
 //! The entry types placed in the link-time slices by `#[register]`.
 
+use mixer_core::Result;
 use mixer_core::mixer::Mixer;
-use mixer_core::{Form, Result, Tensors};
-use ndarray::ArrayD;
 
 /// An offset pattern `f(k)` (docs/math.md §1.1): strictly increasing, `f(k) ≥ 1`; `f(0) = 1` if
 /// it is to be used with the cache-efficient lattice.
@@ -118,35 +117,4 @@ pub struct LambdaGradEntry {
     pub name: &'static str,
     /// `(∂map/∂raw, ∂map/∂param)` at `(raw, param)`.
     pub grad: fn(f64, f64) -> (f64, f64),
-}
-
-/// A backend's vector–Jacobian product: from the inputs, the output cotangent `dy` (shape of
-/// `y`) and the set of wanted gradients, returns `d_<input>` for (at least) every wanted,
-/// given input. Inputs are validated by the caller.
-pub type VjpFn<F> =
-    fn(&dyn Mixer, Form, &Tensors<F>, &ArrayD<F>, &mixer_core::Requires) -> Result<Tensors<F>>;
-
-/// A backend's backward forms of one mixer kernel (e.g. `glr` on `cpu`). The `materialized`
-/// backward (the reference) needs no entry: it comes from the mixer's
-/// [`Mixer::materialized_vjp`] on every backend.
-#[derive(Debug)]
-pub struct BackwardEntry {
-    /// The mixer kernel key ([`Mixer::kernel`]).
-    pub kernel: &'static str,
-    /// The backend name.
-    pub backend: &'static str,
-    /// Backward forms computed by `vjp_*` (e.g. `fast`).
-    pub forms: &'static [Form],
-    /// Why a form is not available for a given configuration (e.g. a family member the
-    /// backend has no fast backward for), or `None`; [`every_config`] for "always".
-    pub unsupported: fn(&dyn Mixer, Form) -> Option<String>,
-    /// `f64` backward.
-    pub vjp_f64: VjpFn<f64>,
-    /// `f32` backward.
-    pub vjp_f32: VjpFn<f32>,
-}
-
-/// The `unsupported` of a [`BackwardEntry`] whose forms exist for every configuration.
-pub fn every_config(_m: &dyn Mixer, _f: Form) -> Option<String> {
-    None
 }

@@ -13,13 +13,18 @@
 //! `materialized` is never a backend's business (the registry runs the `f64` oracle), and
 //! `recurrent` is the decoder run over the whole sequence.
 //!
-//! Extending the contract (e.g. a vector–Jacobian product per form) means adding a method
-//! with a `None` default here and a branch in `crate::run`: no backend has to change.
+//! Gradients follow the same contract: [`Family::backward`] gives a backend's backward pass
+//! (vector–Jacobian product) of a form, [`Family::backward_unsupported`] its per-configuration
+//! restrictions, and `crate::backward` dispatches, validates and builds the errors; the
+//! `materialized` backward (the reference) is generic and needs nothing from a backend.
+//!
+//! Extending the contract (e.g. another operation per form) means adding a method with a
+//! `None` default here and a branch in the registry's dispatch: no backend has to change.
 
 use std::fmt;
 
 use mixer_core::mixer::{Decoder, Mixer, downcast};
-use mixer_core::{Dims, Form, Precision, Real, Result, Tensors};
+use mixer_core::{Dims, Form, Precision, Real, Requires, Result, Tensors};
 use ndarray::ArrayD;
 
 /// A form of the family: output from the validated inputs.
@@ -31,6 +36,11 @@ pub type PreciseFn<M, F> = fn(&M, &Tensors<F>, Precision) -> Result<ArrayD<F>>;
 /// A decoder of the family from the static inputs (those without a sequence axis) and the
 /// bound sizes.
 pub type DecoderFn<M, F> = fn(&M, &Tensors<F>, &Dims) -> Result<Box<dyn Decoder<F>>>;
+
+/// A backward form of the family: the gradients `d_<input>` (at least every wanted, given
+/// input's) from the validated inputs, the output cotangent `dy` (shape of `y`, checked) and
+/// the wanted set.
+pub type BackwardFn<M, F> = fn(&M, &Tensors<F>, &ArrayD<F>, &Requires) -> Result<Tensors<F>>;
 
 /// One backend's implementation of one mixer family for scalar type `F`.
 pub trait Family<F: Real>: Send + Sync + 'static {
@@ -58,6 +68,15 @@ pub trait Family<F: Real>: Send + Sync + 'static {
     /// form for others (e.g. a decoder variant it has not ported), or `None`. Restrictions that
     /// hold on every backend belong to [`Mixer::form_unsupported`] instead.
     fn unsupported(&self, _m: &Self::Mixer, _form: Form) -> Option<String> {
+        None
+    }
+    /// The backward pass of `form` (`parallel` or `fast`), if this backend has one.
+    fn backward(&self, _form: Form) -> Option<BackwardFn<Self::Mixer, F>> {
+        None
+    }
+    /// Why this backend cannot differentiate `form` for this configuration although it has
+    /// that backward form for others, or `None`.
+    fn backward_unsupported(&self, _m: &Self::Mixer, _form: Form) -> Option<String> {
         None
     }
 }
@@ -88,6 +107,20 @@ pub trait DynFamily<F: Real>: Send + Sync {
         statics: &Tensors<F>,
         dims: &Dims,
     ) -> Option<Result<Box<dyn Decoder<F>>>>;
+    /// Whether the form has a backward pass here.
+    fn implements_backward(&self, form: Form) -> bool;
+    /// [`Family::backward_unsupported`] for a mixer of this family (an error if it is not one).
+    fn backward_unsupported(&self, m: &dyn Mixer, backend: &str, form: Form) -> Result<Option<String>>;
+    /// Runs [`Family::backward`]'s pass of `form`; `None` when there is none.
+    fn run_backward(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        dy: &ArrayD<F>,
+        requires: &Requires,
+    ) -> Option<Result<Tensors<F>>>;
 }
 
 impl<F: Real, T: Family<F>> DynFamily<F> for T {
@@ -131,6 +164,24 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         let make = Family::decoder(self)?;
         Some(downcast::<T::Mixer>(m, backend).and_then(|m| make(m, statics, dims)))
     }
+    fn implements_backward(&self, form: Form) -> bool {
+        self.backward(form).is_some()
+    }
+    fn backward_unsupported(&self, m: &dyn Mixer, backend: &str, form: Form) -> Result<Option<String>> {
+        Ok(Family::backward_unsupported(self, downcast::<T::Mixer>(m, backend)?, form))
+    }
+    fn run_backward(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        dy: &ArrayD<F>,
+        requires: &Requires,
+    ) -> Option<Result<Tensors<F>>> {
+        let f = self.backward(form)?;
+        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, dy, requires)))
+    }
 }
 
 /// A backend's implementation of one mixer family (e.g. `glr` on `cpu`), registered with
@@ -141,6 +192,9 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
 /// impl<F: Real> Family<F> for GlrCpu {
 ///     type Mixer = Glr;
 ///     fn fast(&self) -> Option<FormFn<Glr, F>> { Some(fast::fast) }
+///     fn backward(&self, form: Form) -> Option<BackwardFn<Glr, F>> {
+///         (form == Form::Fast).then_some(backward::vjp)
+///     }
 /// }
 /// #[register]
 /// static GLR_CPU: FamilyEntry = FamilyEntry { family: "glr", backend: "cpu", f64: &GlrCpu, f32: &GlrCpu };

@@ -39,12 +39,12 @@ pub use mixer_registry_macros::register;
 
 pub use backend::{Backend, backends_status};
 pub use entries::*;
-pub use family::{DecoderFn, DynFamily, Family, FormFn, PreciseFn, Scalar};
+pub use family::{BackwardFn, DecoderFn, DynFamily, Family, FormFn, PreciseFn, Scalar};
 pub use grad_check::{GradRow, check_grad};
 pub use harness::{CheckRow, Sizes, check, check_with};
 pub use lookup::{
-    Duplicate, backend_entry, backward_entry, duplicates, family, lambda_grad, lambda_scheme, mask, mixer,
-    mixer_entry, origin, pattern, plugin_crates,
+    Duplicate, backend_entry, duplicates, family, lambda_grad, lambda_scheme, mask, mixer, mixer_entry,
+    origin, pattern, plugin_crates,
 };
 
 /// Offset patterns.
@@ -68,9 +68,6 @@ pub static FAMILIES: [FamilyEntry];
 /// Where each entry above was registered (one [`Origin`] per `#[register]`).
 #[linkme::distributed_slice]
 pub static ORIGINS: [Origin];
-/// Backends' backward passes (vector–Jacobian products).
-#[linkme::distributed_slice]
-pub static BACKWARDS: [BackwardEntry];
 /// Derivatives of λ schemes.
 #[linkme::distributed_slice]
 pub static LAMBDA_GRADS: [LambdaGradEntry];
@@ -128,7 +125,6 @@ mod tests {
                 + super::MIXERS.len()
                 + super::BACKENDS.len()
                 + super::FAMILIES.len()
-                + super::BACKWARDS.len()
                 + super::LAMBDA_GRADS.len()
         );
         // Only the registry itself registers here (its tests count as its own crate).

@@ -4,7 +4,7 @@
 use mixer_core::{Error, Result};
 
 use crate::entries::*;
-use crate::{BACKENDS, BACKWARDS, FAMILIES, LAMBDA_GRADS, LAMBDAS, MASKS, MIXERS, ORIGINS, PATTERNS};
+use crate::{BACKENDS, FAMILIES, LAMBDA_GRADS, LAMBDAS, MASKS, MIXERS, ORIGINS, PATTERNS};
 
 /// Names within a small edit distance of `name`, closest first.
 pub fn near_names<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> Vec<String> {
@@ -108,10 +108,6 @@ pub fn mixer(name: &str, config: &serde_json::Value) -> Result<Box<dyn mixer_cor
 pub fn family(family: &str, backend: &str) -> Option<&'static FamilyEntry> {
     FAMILIES.iter().find(|k| k.family == family && k.backend == backend)
 }
-/// The backward entry of a mixer kernel on a backend, if any.
-pub fn backward_entry(kernel: &str, backend: &str) -> Option<&'static BackwardEntry> {
-    BACKWARDS.iter().find(|k| k.kernel == kernel && k.backend == backend)
-}
 /// The registered derivative of a λ scheme, if any.
 pub fn lambda_grad(name: &str) -> Option<&'static LambdaGradEntry> {
     LAMBDA_GRADS.iter().find(|e| e.name == name)
@@ -161,7 +157,6 @@ pub fn duplicates() -> Vec<Duplicate> {
     dups("mixer", &MIXERS, |e| e.name.into(), &mut out);
     dups("backend", &BACKENDS, |e| e.name.into(), &mut out);
     dups("family", &FAMILIES, |e| format!("{}@{}", e.family, e.backend), &mut out);
-    dups("backward", &BACKWARDS, |e| format!("{}@{}", e.kernel, e.backend), &mut out);
     dups("λ derivative", &LAMBDA_GRADS, |e| e.name.into(), &mut out);
     out
 }

@@ -112,6 +112,138 @@ fn gradients_reduce_to_the_base_mixer_when_lambda_is_one() {
     }
 }
 
+/// The log-linear family's fast backward runs through the chunk form (gated DeltaNet's WY/UT
+/// form), so its checks must span many chunks: chunk sizes 1, 4 and 8 against lengths that
+/// are 1, shorter than a chunk, and several chunks with a partial last one (the lifts then
+/// read up to four chunk levels).
+#[test]
+fn loglinear_backward_three_ways_over_many_chunks() {
+    let cpu = vec![Backend::by_name("cpu").unwrap()];
+    let (mut fast, mut failed) = (0, Vec::new());
+    let names = [
+        "linear-attention",
+        "mamba2",
+        "gated-deltanet",
+        "loglinear-attention",
+        "loglinear-mamba2",
+        "loglinear-gated-deltanet",
+    ];
+    for name in names {
+        for chunk in [1, 4, 8] {
+            let m =
+                mixers::registry::mixer(name, &serde_json::json!({"chunk": chunk, "scale": 0.7})).unwrap();
+            for seq in [1, 3, 29, 45] {
+                let sizes = Sizes { seq, batch: 1, ..Sizes::default() };
+                for r in mixers::registry::check_grad(m.as_ref(), &cpu, &sizes, 9) {
+                    if !r.pass {
+                        failed.push(format!("{name} chunk {chunk} T={seq}: {r:?}"));
+                    }
+                    fast += usize::from(r.form == "fast");
+                }
+            }
+        }
+    }
+    assert!(failed.is_empty(), "{} failures:\n{}", failed.len(), failed.join("\n"));
+    // At least q, k, v in f64 and f32, for 6 mixers × 3 chunks × 4 lengths.
+    assert!(fast >= 6 * 3 * 4 * 2 * 3, "{fast} fast rows");
+}
+
+/// A state that decays below the smallest normal number inside a chunk is dropped by the
+/// chunked forward; the backward passes it no adjoint, and the gradients still match the
+/// materialized reference (log-decays of −200 per token over a stretch of two chunks).
+#[test]
+fn loglinear_backward_with_states_dropped_by_decay() {
+    use mixers::registry::backward::backward_as;
+    for name in ["mamba2", "gated-deltanet", "loglinear-mamba2", "loglinear-gated-deltanet"] {
+        let m = mixers::registry::mixer(name, &serde_json::json!({"chunk": 4})).unwrap();
+        let sizes = Sizes { seq: 27, batch: 1, ..Sizes::default() };
+        let mut x = mixers::registry::grad_check::grad_inputs(m.as_ref(), &sizes, 3).unwrap();
+        x.get_mut("g").unwrap().slice_mut(ndarray::s![.., 8..16, ..]).fill(-200.0);
+        let dy = x["v"].mapv(|v| (2.0 * v).cos());
+        let want =
+            backward_as(m.as_ref(), "cpu", Form::Materialized, &x, &dy, DType::F64, &Requires::All).unwrap();
+        let got = backward_as(m.as_ref(), "cpu", Form::Fast, &x, &dy, DType::F64, &Requires::All).unwrap();
+        assert_eq!(got.len(), want.len());
+        for (k, w) in &want {
+            let c = Tolerance::F64.compare(got[k].view(), w.view());
+            assert!(c.pass, "{name} {k}: {c:?}");
+        }
+    }
+}
+
+/// Attention's fast backward works in 128 × 128 tiles and sums `q̄` over key blocks: a length
+/// of three partial blocks, full and windowed (a window wider than a block), and a negative
+/// scale (the vectorised exponentials take the sign into the keys), against the reference in
+/// f64 and f32.
+#[test]
+fn attention_backward_over_several_blocks() {
+    use mixers::registry::backward::backward_as;
+    let configs = [serde_json::json!({}), serde_json::json!({"window": 150, "scale": -0.4})];
+    for cfg in configs {
+        let m = mixers::registry::mixer("attention", &cfg).unwrap();
+        let sizes = Sizes { seq: 301, batch: 1, ..Sizes::default() };
+        let x = mixers::registry::grad_check::grad_inputs(m.as_ref(), &sizes, 4).unwrap();
+        let dy = x["v"].mapv(|v| (1.7 * v).sin());
+        let want =
+            backward_as(m.as_ref(), "cpu", Form::Materialized, &x, &dy, DType::F64, &Requires::All).unwrap();
+        for (dtype, tol) in [(DType::F64, Tolerance::F64), (DType::F32, Tolerance::F32)] {
+            let got = backward_as(m.as_ref(), "cpu", Form::Fast, &x, &dy, dtype, &Requires::All).unwrap();
+            for (k, w) in &want {
+                let c = tol.compare(got[k].view(), w.view());
+                assert!(c.pass, "{cfg} {dtype:?} {k}: {c:?}");
+            }
+        }
+    }
+}
+
+/// The Toeplitz backward skips the work of gradients that are not required; what it returns
+/// for a subset equals the full pass (one kernel per head, which streams, and `Kw = 2`).
+#[test]
+fn toeplitz_backward_subsets_match_the_full_pass() {
+    use mixers::registry::backward::backward_as;
+    for cfg in [serde_json::json!({"heads": 2}), serde_json::json!({"heads": 3, "kernel_width": 2})] {
+        let m = mixers::registry::mixer("toeplitz", &cfg).unwrap();
+        let x =
+            mixers::registry::grad_check::grad_inputs(m.as_ref(), &Sizes { seq: 23, ..Sizes::default() }, 6)
+                .unwrap();
+        let dy = x["x"].mapv(|v| (1.3 * v).cos());
+        let all = backward_as(m.as_ref(), "cpu", Form::Fast, &x, &dy, DType::F64, &Requires::All).unwrap();
+        for name in ["x", "w"] {
+            let one =
+                backward_as(m.as_ref(), "cpu", Form::Fast, &x, &dy, DType::F64, &Requires::only([name]))
+                    .unwrap();
+            let key = format!("d_{name}");
+            assert_eq!(one.keys().collect::<Vec<_>>(), [&key], "{cfg}");
+            assert_eq!(one[&key], all[&key], "{cfg} {name}");
+        }
+    }
+}
+
+/// The GLR backward writes each (batch row, channel block) of its gradients in place: with
+/// 41 channels there are several blocks of at least 16 (the last one shorter), for every `on`.
+#[test]
+fn glr_backward_over_several_channel_blocks() {
+    use mixers::registry::backward::backward_as;
+    for cfg in [
+        serde_json::json!({"pattern": "pow2"}),
+        serde_json::json!({"pattern": "sq1", "on": "a", "cache_efficient": true}),
+        serde_json::json!({"pattern": "pow2", "on": "both"}),
+    ] {
+        let m = mixers::registry::mixer("glr", &cfg).unwrap();
+        let sizes = Sizes { seq: 23, batch: 2, channels: 41, ..Sizes::default() };
+        let x = mixers::registry::grad_check::grad_inputs(m.as_ref(), &sizes, 8).unwrap();
+        let dy = x["x"].mapv(|v| (0.9 * v).sin());
+        let want =
+            backward_as(m.as_ref(), "cpu", Form::Materialized, &x, &dy, DType::F64, &Requires::All).unwrap();
+        let got = backward_as(m.as_ref(), "cpu", Form::Fast, &x, &dy, DType::F64, &Requires::All).unwrap();
+        assert_eq!(got.len(), want.len());
+        for (k, w) in &want {
+            let c = Tolerance::F64.compare(got[k].view(), w.view());
+            assert!(c.pass, "{cfg} {k}: {c:?}");
+        }
+    }
+}
+
 /// `requires` selects gradients; bad names, absent inputs and a wrong `dy` are errors.
 #[test]
 fn backward_requires_and_validation() {

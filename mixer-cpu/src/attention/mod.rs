@@ -12,10 +12,11 @@ pub mod decoder;
 pub mod flash;
 pub mod parallel;
 
+use mixer_core::Form;
 use mixer_core::mixers::attention::{Attention, Logits, dot_f64};
 use mixer_core::tensor::get;
 use mixer_core::{Error, Real, Result, Tensors};
-use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
+use mixer_registry::{BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, register};
 use ndarray::{Array4, ArrayView1};
 
 /// `a [B,T,H,D]` as a contiguous `[B,H,T,D]` array (one head's rows contiguous).
@@ -61,6 +62,9 @@ impl<F: crate::vmath::VecMath> Family<F> for AttentionCpu {
     }
     fn decoder(&self) -> Option<DecoderFn<Attention, F>> {
         Some(|a, _statics, dims| Ok(Box::new(decoder::AttentionDecoder::<F>::new(a, dims)?)))
+    }
+    fn backward(&self, form: Form) -> Option<BackwardFn<Attention, F>> {
+        (form == Form::Fast).then_some(backward::vjp)
     }
 }
 

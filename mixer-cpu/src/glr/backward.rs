@@ -11,70 +11,91 @@
 //! `x̄_{d_k(t)} += α_{t,k+1} g_t`. The outputs `y` are recomputed by the
 //! forward recurrence first (one `[T, w]` buffer per channel block). Inactive slots get 0.
 
-use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::mixers::glr::{Glr, Slots};
 use mixer_core::tensor::get;
-use mixer_core::{Error, Form, Real, Requires, Result, Tensors, grad_name};
-use mixer_registry::{BackwardEntry, every_config, register};
-use ndarray::{ArrayD, IxDyn};
+use mixer_core::{Error, Real, Requires, Result, Tensors, grad_name};
+use ndarray::{Array3, Array4, ArrayD, ArrayViewMut, ArrayViewMut1, ArrayViewMut2, ArrayViewMut3, Axis};
 use rayon::prelude::*;
 
 use super::fast::{Views, block, block_width, gather, views};
 
-/// One channel block's gradients: `dx [T, w]`, `dalpha [T, A, w]`, `dbeta [T, K, w]`.
-struct BlockGrads<F> {
-    dx: Vec<F>,
-    dalpha: Vec<F>,
-    dbeta: Vec<F>,
-}
-
-fn block_vjp<F: Real>(
-    v: &Views<'_, F>,
-    slots: &Slots,
-    gy: &[F],
+/// One channel block's gradients, written in place: views of `dx [T, w]`,
+/// `dalpha [T, A, w]` and `dbeta [T, K, w]` (the block's channels of batch row `b`; the last
+/// axis is contiguous).
+struct BlockOut<'a, F> {
     b: usize,
     c0: usize,
-    w: usize,
-) -> BlockGrads<F> {
-    let (tn, cn, kn) = (v.t_len, v.c_len, v.k_len);
-    let ka = if v.has_a { kn + 1 } else { 1 };
+    dx: ArrayViewMut2<'a, F>,
+    dalpha: ArrayViewMut3<'a, F>,
+    dbeta: ArrayViewMut3<'a, F>,
+}
+
+/// `v` cut along its last (channel) axis into blocks of `w` (the last one may be shorter).
+fn chunks<F, D: ndarray::Dimension>(mut v: ArrayViewMut<'_, F, D>, w: usize) -> Vec<ArrayViewMut<'_, F, D>> {
+    let axis = Axis(v.ndim() - 1);
+    let mut out = Vec::new();
+    while v.len_of(axis) > w {
+        let (head, rest) = v.split_at(axis, w);
+        out.push(head);
+        v = rest;
+    }
+    out.push(v);
+    out
+}
+
+/// A contiguous row of a view whose last axis has stride 1.
+fn row<'a, F>(v: ArrayViewMut1<'a, F>) -> &'a mut [F] {
+    v.into_slice().expect("the channel axis is the arrays' last, contiguous axis")
+}
+
+fn block_vjp<F: Real>(v: &Views<'_, F>, slots: &Slots, gy: &[F], out: BlockOut<'_, F>) {
+    let (tn, cn) = (v.t_len, v.c_len);
+    let BlockOut { b, c0, mut dx, mut dalpha, mut dbeta } = out;
+    let w = dx.ncols();
+    let ka = dalpha.shape()[1];
     let y = if v.has_b { block(v, slots, b, c0, w) } else { Vec::new() };
     let mut g = vec![F::zero(); tn * w];
     for t in 0..tn {
-        let row = (b * tn + t) * cn + c0;
-        g[t * w..(t + 1) * w].copy_from_slice(&gy[row..row + w]);
+        let r = (b * tn + t) * cn + c0;
+        g[t * w..(t + 1) * w].copy_from_slice(&gy[r..r + w]);
     }
-    let mut dx = vec![F::zero(); tn * w];
-    let mut dalpha = vec![F::zero(); tn * ka * w];
-    let mut dbeta = vec![F::zero(); if v.has_b { tn * kn * w } else { 0 }];
+    // x̄ is scattered to earlier rows: kept in a local [T, w] buffer, copied out at the end;
+    // ᾱ and β̄ are written row by row in place (each (t, k) once).
+    let mut dxl = vec![F::zero(); tn * w];
+    let mut da_rows = dalpha.outer_iter_mut().rev();
+    let mut db_rows = dbeta.outer_iter_mut().rev();
     for t in (0..tn).rev() {
         let n = slots.active(t);
         let (before, rest) = g.split_at_mut(t * w);
         let gt = &rest[..w];
-        let row = (b * tn + t) * cn + c0;
-        let xt = &v.x[row..row + w];
+        let r = (b * tn + t) * cn + c0;
+        let xt = &v.x[r..r + w];
+        let (Some(mut dat), Some(mut dbt)) = (da_rows.next(), db_rows.next()) else { break };
+        let mut da_slots = dat.outer_iter_mut().map(row);
+        let mut db_slots = dbt.outer_iter_mut().map(row);
         // α on x_t.
-        let a0 = if v.has_a { &v.alpha[(b * tn + t) * ka * cn + c0..][..w] } else { &v.alpha[row..row + w] };
-        let da0 = &mut dalpha[t * ka * w..][..w];
+        let a0 = if v.has_a { &v.alpha[(b * tn + t) * ka * cn + c0..][..w] } else { &v.alpha[r..r + w] };
+        let Some(da0) = da_slots.next() else { break };
         for j in 0..w {
             da0[j] = gt[j] * xt[j];
-            dx[t * w + j] += a0[j] * gt[j];
+            dxl[t * w + j] += a0[j] * gt[j];
         }
         for k in 0..n {
             let d = slots.pos(t, k);
             if v.has_a {
                 let ak = &v.alpha[((b * tn + t) * ka + k + 1) * cn + c0..][..w];
                 let xd = &v.x[(b * tn + d) * cn + c0..][..w];
-                let dak = &mut dalpha[(t * ka + k + 1) * w..][..w];
+                let Some(dak) = da_slots.next() else { break };
+                let dxd = &mut dxl[d * w..(d + 1) * w];
                 for j in 0..w {
                     dak[j] = gt[j] * xd[j];
-                    dx[d * w + j] += ak[j] * gt[j];
+                    dxd[j] += ak[j] * gt[j];
                 }
             }
             if v.has_b {
-                let bk = &v.beta[((b * tn + t) * kn + k) * cn + c0..][..w];
+                let bk = &v.beta[((b * tn + t) * v.k_len + k) * cn + c0..][..w];
                 let yd = &y[d * w..(d + 1) * w];
-                let dbk = &mut dbeta[(t * kn + k) * w..][..w];
+                let Some(dbk) = db_slots.next() else { break };
                 let gd = &mut before[d * w..(d + 1) * w];
                 for j in 0..w {
                     dbk[j] = gt[j] * yd[j];
@@ -83,19 +104,13 @@ fn block_vjp<F: Real>(
             }
         }
     }
-    BlockGrads { dx, dalpha, dbeta }
+    for (t, dxt) in dx.outer_iter_mut().enumerate() {
+        row(dxt).copy_from_slice(&dxl[t * w..(t + 1) * w]);
+    }
 }
 
 /// The `fast` backward (see the module documentation).
-pub fn vjp<F: Real>(
-    m: &dyn Mixer,
-    form: Form,
-    inputs: &Tensors<F>,
-    dy: &ArrayD<F>,
-    _req: &Requires,
-) -> Result<Tensors<F>> {
-    crate::fast_backward_only(m, form)?;
-    let g = downcast::<Glr>(m, "cpu")?;
+pub fn vjp<F: Real>(g: &Glr, inputs: &Tensors<F>, dy: &ArrayD<F>, _req: &Requires) -> Result<Tensors<F>> {
     let xs = get(inputs, "x")?.shape().to_vec();
     let slots = g.slots(xs.get(1).copied().unwrap_or(0));
     let (x, alpha, beta) = gather(g, inputs, &slots)?;
@@ -107,52 +122,31 @@ pub fn vjp<F: Real>(
             mixer_core::error::fmt_shape(dy.shape()),
         ));
     }
-    let gy: Vec<F> = dy.iter().copied().collect();
+    let gy = dy.as_standard_layout();
+    let gy = gy.as_slice().expect("a standard-layout array is one slice");
     let (bn, tn, cn, kn) = (xs[0], xs[1], xs[2], slots.len());
     let ka = if v.has_a { kn + 1 } else { 1 };
-    let w = block_width(bn, cn);
-    let tasks: Vec<(usize, usize)> =
-        (0..bn).flat_map(|b| (0..cn).step_by(w.max(1)).map(move |c0| (b, c0))).collect();
-    let parts: Vec<BlockGrads<F>> =
-        tasks.par_iter().map(|&(b, c0)| block_vjp(&v, &slots, &gy, b, c0, w.min(cn - c0))).collect();
-    let mut dx = vec![F::zero(); bn * tn * cn];
-    let mut da = vec![F::zero(); bn * tn * ka * cn];
-    let mut db = vec![F::zero(); if v.has_b { bn * tn * kn * cn } else { 0 }];
-    for (&(b, c0), p) in tasks.iter().zip(&parts) {
-        let wb = w.min(cn - c0);
-        for t in 0..tn {
-            dx[(b * tn + t) * cn + c0..][..wb].copy_from_slice(&p.dx[t * wb..][..wb]);
-            for k in 0..ka {
-                da[((b * tn + t) * ka + k) * cn + c0..][..wb]
-                    .copy_from_slice(&p.dalpha[(t * ka + k) * wb..][..wb]);
-            }
-            if v.has_b {
-                for k in 0..kn {
-                    db[((b * tn + t) * kn + k) * cn + c0..][..wb]
-                        .copy_from_slice(&p.dbeta[(t * kn + k) * wb..][..wb]);
-                }
-            }
+    let w = block_width(bn, cn).max(1);
+    let mut dx = Array3::<F>::zeros((bn, tn, cn));
+    let mut da = Array4::<F>::zeros((bn, tn, ka, cn));
+    let mut db = Array4::<F>::zeros((bn, tn, if v.has_b { kn } else { 0 }, cn));
+    // One task per (batch row, block of w channels), each writing its own channels.
+    let mut tasks = Vec::new();
+    for (b, ((dxb, dab), dbb)) in
+        dx.outer_iter_mut().zip(da.outer_iter_mut()).zip(db.outer_iter_mut()).enumerate()
+    {
+        let parts = chunks(dxb, w).into_iter().zip(chunks(dab, w)).zip(chunks(dbb, w));
+        for (i, ((dx, dalpha), dbeta)) in parts.enumerate() {
+            tasks.push(BlockOut { b, c0: i * w, dx, dalpha, dbeta });
         }
     }
-    let shape = |s: &[usize], data: Vec<F>| {
-        ArrayD::from_shape_vec(IxDyn(s), data).map_err(|e| Error::Numerical(format!("glr backward: {e}")))
-    };
+    tasks.into_par_iter().for_each(|out| block_vjp(&v, &slots, gy, out));
     let mut out = Tensors::new();
-    out.insert(grad_name("x"), shape(&xs, dx)?);
-    let a_shape = if v.has_a { vec![bn, tn, ka, cn] } else { xs.clone() };
-    out.insert(grad_name("alpha"), shape(&a_shape, da)?);
+    out.insert(grad_name("x"), dx.into_dyn());
+    let da = if v.has_a { da.into_dyn() } else { da.remove_axis(Axis(2)).into_dyn() };
+    out.insert(grad_name("alpha"), da);
     if v.has_b {
-        out.insert(grad_name("beta"), shape(&[bn, tn, kn, cn], db)?);
+        out.insert(grad_name("beta"), db.into_dyn());
     }
     Ok(out)
 }
-
-#[register]
-static GLR_CPU_BACKWARD: BackwardEntry = BackwardEntry {
-    kernel: "glr",
-    backend: "cpu",
-    forms: &[Form::Fast],
-    unsupported: every_config,
-    vjp_f64: vjp::<f64>,
-    vjp_f32: vjp::<f32>,
-};

@@ -9,9 +9,10 @@ pub mod backward;
 pub mod decoder;
 pub mod fast;
 
+use mixer_core::Form;
 use mixer_core::Real;
 use mixer_core::mixers::glr::Glr;
-use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
+use mixer_registry::{BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, register};
 
 /// The GLR on CPU.
 struct GlrCpu;
@@ -23,6 +24,9 @@ impl<F: Real> Family<F> for GlrCpu {
     }
     fn decoder(&self) -> Option<DecoderFn<Glr, F>> {
         Some(|g, _statics, dims| Ok(Box::new(decoder::GlrDecoder::<F>::new(g, dims)?)))
+    }
+    fn backward(&self, form: Form) -> Option<BackwardFn<Glr, F>> {
+        (form == Form::Fast).then_some(backward::vjp)
     }
 }
 

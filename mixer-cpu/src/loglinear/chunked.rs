@@ -28,181 +28,236 @@
 //! chunk transition and the chunk's own state is inserted at level 0. The base mixers keep
 //! one state (single level, weight 1). Present states are stacked side by side so each read
 //! and each transition is one matmul.
+//!
+//! The pieces of a chunk (`chunk_pieces`) and the state recurrence (`sweep`) are shared
+//! with the backward pass (`backward_chunked`), which differentiates them.
 
 use faer::linalg::matmul::matmul;
 use faer::linalg::triangular_solve::solve_unit_lower_triangular_in_place;
-use faer::{Accum, Mat, Par};
+use faer::{Accum, Mat, MatRef, Par};
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Real, Result};
 
 use super::common::Head;
 use super::parallel::col_mut;
 
-/// The chunked form for one (batch, head): `T×Dv`.
-pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
+/// `dst (+)= a b` sequentially.
+pub(crate) fn mm<F: Real>(
+    dst: faer::MatMut<'_, F>,
+    acc: Accum,
+    a: MatRef<'_, F>,
+    b: MatRef<'_, F>,
+    alpha: F,
+) {
+    matmul(dst, acc, a, b, alpha, Par::Seq);
+}
+
+/// The delta-rule pieces of one chunk (gated DeltaNet).
+pub(crate) struct Wy<F> {
+    /// `KKᵀ ⊙ Γ`, strictly lower (zero on and above the diagonal).
+    pub kg: Mat<F>,
+    /// `T⁻¹ = (I + diag(β) (KKᵀ ⊙ Γ))⁻¹` (unit lower triangular).
+    pub tinv: Mat<F>,
+    /// `W = T⁻¹ diag(β e^γ) K`.
+    pub w: Mat<F>,
+    /// `Ũ = T⁻¹ diag(β) V`.
+    pub u: Mat<F>,
+}
+
+/// What one chunk contributes, computed from its inputs alone (see the module documentation).
+pub(crate) struct Chunk<F> {
+    /// First position.
+    pub i0: usize,
+    /// Length (the last chunk may be partial).
+    pub n: usize,
+    /// `e^(γ_r)`.
+    pub eg: Vec<F>,
+    /// `e^(γ_{n−1} − γ_r)`.
+    pub tail: Vec<F>,
+    /// `e^(γ_{n−1})`.
+    pub total: F,
+    /// `Γ` (lower with diagonal), when the base has a decay.
+    pub gamma: Option<Mat<F>>,
+    /// `P = σ QKᵀ ⊙ Γ` (lower with diagonal).
+    pub p: Mat<F>,
+    /// The effective queries `Q̃`.
+    pub qt: Mat<F>,
+    /// The chunk-state keys `K̂ = diag(e^(γ_{n−1} − γ)) K`.
+    pub khat: Mat<F>,
+    /// The delta-rule pieces (gated DeltaNet only).
+    pub wy: Option<Wy<F>>,
+}
+
+/// The pieces of the chunk `[i0, i0 + n)` of one head.
+pub(crate) fn chunk_pieces<F: Real>(m: &LogLinear, hd: &Head<'_, F>, i0: usize, n: usize) -> Chunk<F> {
+    let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
+    let scale = F::of(m.scale);
+    let (qc, kc, vc) = (hd.q.subrows(i0, n), hd.k.subrows(i0, n), hd.v.subrows(i0, n));
+    // Chunk-local log-decay sums and the factors built from them (masked, ≤ 0 exponents).
+    let mut gam = vec![0.0f64; n];
+    let mut acc = 0.0f64;
+    for r in 0..n {
+        acc += hd.g[i0 + r];
+        gam[r] = acc;
+    }
+    let last = gam[n - 1];
+    let eg: Vec<F> = gam.iter().map(|&x| F::of(x.exp())).collect();
+    let tail: Vec<F> = gam.iter().map(|&x| F::of((last - x).exp())).collect();
+    let total = F::of(last.exp());
+
+    // P = σ QKᵀ ⊙ Γ, lower with diagonal.
+    let mut p = Mat::<F>::zeros(n, n);
+    mm(p.as_mut(), Accum::Replace, qc, kc.transpose(), scale);
+    let gamma = m.base.has_decay().then(|| decay_matrix::<F>(&gam));
+    mask_decay(&mut p, gamma.as_ref(), true);
+
+    let mut qt = Mat::<F>::from_fn(n, dk, |r, d| scale * eg[r] * qc[(r, d)]);
+    let khat = Mat::<F>::from_fn(n, dk, |r, d| tail[r] * kc[(r, d)]);
+    let wy = (m.base == Base::GatedDeltaNet).then(|| {
+        let mut kg = Mat::<F>::zeros(n, n);
+        mm(kg.as_mut(), Accum::Replace, kc, kc.transpose(), F::one());
+        mask_decay(&mut kg, gamma.as_ref(), false);
+        let lm = Mat::<F>::from_fn(n, n, |r, s| hd.beta[i0 + r] * kg[(r, s)]);
+        let mut tinv = Mat::<F>::identity(n, n);
+        solve_unit_lower_triangular_in_place(lm.as_ref(), tinv.as_mut(), Par::Seq);
+        let bek = Mat::<F>::from_fn(n, dk, |r, d| hd.beta[i0 + r] * eg[r] * kc[(r, d)]);
+        let bv = Mat::<F>::from_fn(n, dv, |r, d| hd.beta[i0 + r] * vc[(r, d)]);
+        let mut w = Mat::<F>::zeros(n, dk);
+        mm(w.as_mut(), Accum::Replace, tinv.as_ref(), bek.as_ref(), F::one());
+        let mut u = Mat::<F>::zeros(n, dv);
+        mm(u.as_mut(), Accum::Replace, tinv.as_ref(), bv.as_ref(), F::one());
+        // Q̃ = σ diag(e^γ) Q − P W.
+        mm(qt.as_mut(), Accum::Add, p.as_ref(), w.as_ref(), -F::one());
+        Wy { kg, tinv, w, u }
+    });
+    Chunk { i0, n, eg, tail, total, gamma, p, qt, khat, wy }
+}
+
+/// `P T⁻¹` (gated DeltaNet): the intra-chunk coefficients are `A = P T⁻¹ diag(β)`.
+pub(crate) fn delta_intra<F: Real>(ck: &Chunk<F>, wy: &Wy<F>) -> Mat<F> {
+    let mut a = Mat::<F>::zeros(ck.n, ck.n);
+    mm(a.as_mut(), Accum::Replace, ck.p.as_ref(), wy.tinv.as_ref(), F::one());
+    a
+}
+
+/// Calls `f(r, s, l)` for every pair `s ≤ r` of the chunk, with `l = ℓ(i0 + r, i0 + s)`,
+/// column by column; an error when `l` is beyond the `n_levels` given λ levels.
+pub(crate) fn visit_levels(
+    m: &LogLinear,
+    i0: usize,
+    n: usize,
+    n_levels: usize,
+    mut f: impl FnMut(usize, usize, usize),
+) -> Result<()> {
+    for s in 0..n {
+        for r in s..n {
+            f(r, s, m.level_checked(i0 + r, i0 + s, n_levels)?);
+        }
+    }
+    Ok(())
+}
+
+/// The level states present at a chunk's start (after the merge), stacked side by side.
+pub(crate) struct Stacked<F> {
+    /// The chunk levels `e` present, increasing.
+    pub present: Vec<usize>,
+    /// The λ column that reads each present level (`c + e`; `None` for the base mixers).
+    pub cols: Vec<Option<usize>>,
+    /// `[H^(e_1) | H^(e_2) | …]`, `D_k × (D_v · #present)`.
+    pub zcat: Mat<F>,
+    /// Whether each present level survived its transition (a state that decays below the
+    /// smallest normal number is dropped).
+    pub kept: Vec<bool>,
+}
+
+/// The weights `λ^(l)_{i0+r}` of the rows of the chunk `[i0, i0 + n)` for the read of λ
+/// column `col` (ones for the base mixers, `col = None`).
+pub(crate) fn read_weights<F: Real>(hd: &Head<'_, F>, i0: usize, n: usize, col: Option<usize>) -> Vec<F> {
+    match (col, &hd.lam) {
+        (Some(l), Some(lam)) => (0..n).map(|r| lam[(i0 + r, l)]).collect(),
+        _ => vec![F::one(); n],
+    }
+}
+
+/// The λ column that reads chunk level `e` at chunk `ci` (`c + e`), or the error when λ
+/// has too few levels.
+fn read_col(cbits: usize, e: usize, n_levels: usize, ci: usize) -> Result<usize> {
+    let l = cbits + e;
+    if l >= n_levels {
+        return Err(Error::Value {
+            name: "lambda".into(),
+            constraint: format!("chunk {ci} reads level {l}, so λ needs more than {l} levels"),
+            found: format!("L = {n_levels}"),
+        });
+    }
+    Ok(l)
+}
+
+/// The state transition through a chunk, on stacked states:
+/// `H ↦ e^(γ_{n−1}) H − K̂ᵀ (W H)` (gated DeltaNet), `H ↦ e^(γ_{n−1}) H` (Mamba-2),
+/// `H ↦ H` (linear attention).
+fn transition<F: Real>(ck: &Chunk<F>, base: Base, zcat: &Mat<F>) -> Mat<F> {
+    let mut out = zcat * faer::Scale(if base.has_decay() { ck.total } else { F::one() });
+    if let Some(wy) = &ck.wy {
+        let mut wz = Mat::<F>::zeros(ck.n, zcat.ncols());
+        mm(wz.as_mut(), Accum::Replace, wy.w.as_ref(), zcat.as_ref(), F::one());
+        mm(out.as_mut(), Accum::Add, ck.khat.transpose(), wz.as_ref(), -F::one());
+    }
+    out
+}
+
+/// Runs the chunk recurrence of one head (module documentation) and hands every chunk's
+/// pieces and its stacked start states to `visit`, in order. The states are advanced
+/// before `visit` is called.
+pub(crate) fn sweep<F: Real>(
+    m: &LogLinear,
+    hd: &Head<'_, F>,
+    mut visit: impl FnMut(usize, Chunk<F>, Stacked<F>) -> Result<()>,
+) -> Result<()> {
     let t_len = hd.q.nrows();
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
     let chunk = m.chunk;
     let cbits = m.chunk_log2() as usize;
-    let scale = F::of(m.scale);
     let lifted = hd.lam.is_some();
     let n_levels = hd.lam.as_ref().map_or(1, |l| l.ncols());
-    let mut y = Mat::<F>::zeros(t_len, dv);
     // states[e]: chunk-level e (lifted), or the single state at index 0 (base mixers).
     let mut states: Vec<Option<Mat<F>>> = Vec::new();
-    let n_chunks = t_len.div_ceil(chunk);
-    for ci in 0..n_chunks {
+    for ci in 0..t_len.div_ceil(chunk) {
         let i0 = ci * chunk;
         let n = chunk.min(t_len - i0);
-        let qc = hd.q.subrows(i0, n);
-        let kc = hd.k.subrows(i0, n);
-        let vc = hd.v.subrows(i0, n);
-
-        // Chunk-local log-decay sums and the factors built from them (masked, ≤ 0 exponents).
-        let mut gam = vec![0.0f64; n];
-        let mut acc = 0.0f64;
-        for r in 0..n {
-            acc += hd.g[i0 + r];
-            gam[r] = acc;
-        }
-        let last = gam[n - 1];
-        let eg: Vec<F> = gam.iter().map(|&x| F::of(x.exp())).collect();
-        let tail: Vec<F> = gam.iter().map(|&x| F::of((last - x).exp())).collect();
-        let total = F::of(last.exp());
-
-        // P = σ QKᵀ ⊙ Γ, lower with diagonal.
-        let mut p = Mat::<F>::zeros(n, n);
-        matmul(p.as_mut(), Accum::Replace, qc, kc.transpose(), scale, Par::Seq);
-        let gamma = m.base.has_decay().then(|| decay_matrix::<F>(&gam));
-        mask_decay(&mut p, gamma.as_ref(), true);
-
-        // Effective queries, chunk-state keys, intra-chunk coefficients and the delta-rule
-        // pieces (W, Ũ) where they apply.
-        let mut qt = Mat::<F>::from_fn(n, dk, |r, d| scale * eg[r] * qc[(r, d)]);
-        let khat = Mat::<F>::from_fn(n, dk, |r, d| tail[r] * kc[(r, d)]);
-        let mut a_intra: Option<Mat<F>> = None;
-        let mut wy: Option<(Mat<F>, Mat<F>)> = None;
-        if m.base == Base::GatedDeltaNet {
-            let mut lm = Mat::<F>::zeros(n, n);
-            matmul(lm.as_mut(), Accum::Replace, kc, kc.transpose(), F::one(), Par::Seq);
-            mask_decay(&mut lm, gamma.as_ref(), false);
-            for s in 0..n {
-                let col = col_mut(&mut lm, s);
-                for r in s + 1..n {
-                    col[r] *= hd.beta[i0 + r];
-                }
-            }
-            let mut tinv = Mat::<F>::identity(n, n);
-            solve_unit_lower_triangular_in_place(lm.as_ref(), tinv.as_mut(), Par::Seq);
-            let bek = Mat::<F>::from_fn(n, dk, |r, d| hd.beta[i0 + r] * eg[r] * kc[(r, d)]);
-            let bv = Mat::<F>::from_fn(n, dv, |r, d| hd.beta[i0 + r] * vc[(r, d)]);
-            let mut w = Mat::<F>::zeros(n, dk);
-            matmul(w.as_mut(), Accum::Replace, tinv.as_ref(), bek.as_ref(), F::one(), Par::Seq);
-            let mut u = Mat::<F>::zeros(n, dv);
-            matmul(u.as_mut(), Accum::Replace, tinv.as_ref(), bv.as_ref(), F::one(), Par::Seq);
-            if lifted {
-                let mut a = Mat::<F>::zeros(n, n);
-                matmul(a.as_mut(), Accum::Replace, p.as_ref(), tinv.as_ref(), F::one(), Par::Seq);
-                for s in 0..n {
-                    col_mut(&mut a, s).iter_mut().for_each(|x| *x *= hd.beta[i0 + s]);
-                }
-                a_intra = Some(a);
-            } else {
-                matmul(y.subrows_mut(i0, n), Accum::Replace, p.as_ref(), u.as_ref(), F::one(), Par::Seq);
-            }
-            // Q̃ = σ diag(e^γ) Q − P W.
-            matmul(qt.as_mut(), Accum::Add, p.as_ref(), w.as_ref(), -F::one(), Par::Seq);
-            wy = Some((w, u));
-        } else {
-            a_intra = Some(p);
-        }
-        if let Some(mut a) = a_intra {
-            if let Some(lam) = &hd.lam {
-                for s in 0..n {
-                    let col = col_mut(&mut a, s);
-                    for r in s..n {
-                        let l = m.level_checked(i0 + r, i0 + s, n_levels)?;
-                        col[r] *= lam[(i0 + r, l)];
-                    }
-                }
-            }
-            matmul(y.subrows_mut(i0, n), Accum::Replace, a.as_ref(), vc, F::one(), Par::Seq);
-        }
-
+        let ck = chunk_pieces(m, hd, i0, n);
         // Chunk-granular Fenwick merge (lifted only): levels 0..=ctz(i) go to ctz(i)+1.
         if lifted {
             mixer_core::fenwick::merge_states(&mut states, ci, |acc, s| acc + s);
         }
-
-        // Read every present state, stacked: R = Q̃ [H⁽ᵉ¹⁾ | H⁽ᵉ²⁾ | …].
         let present: Vec<usize> = (0..states.len()).filter(|&e| states[e].is_some()).collect();
+        let cols = present
+            .iter()
+            .map(|&e| lifted.then(|| read_col(cbits, e, n_levels, ci)).transpose())
+            .collect::<Result<Vec<_>>>()?;
+        let mut zcat = Mat::<F>::zeros(dk, dv * present.len());
+        for (j, &e) in present.iter().enumerate() {
+            if let Some(s) = &states[e] {
+                zcat.submatrix_mut(0, j * dv, dk, dv).copy_from(s);
+            }
+        }
+        let mut kept = Vec::with_capacity(present.len());
         if !present.is_empty() {
-            let mut zcat = Mat::<F>::zeros(dk, dv * present.len());
-            for (j, &e) in present.iter().enumerate() {
-                if let Some(s) = &states[e] {
-                    zcat.submatrix_mut(0, j * dv, dk, dv).copy_from(s);
-                }
-            }
-            let mut r = Mat::<F>::zeros(n, dv * present.len());
-            matmul(r.as_mut(), Accum::Replace, qt.as_ref(), zcat.as_ref(), F::one(), Par::Seq);
-            for (j, &e) in present.iter().enumerate() {
-                let col = if lifted {
-                    let l = cbits + e;
-                    if l >= n_levels {
-                        return Err(Error::Value {
-                            name: "lambda".into(),
-                            constraint: format!(
-                                "chunk {ci} reads level {l}, so λ needs more than {l} levels"
-                            ),
-                            found: format!("L = {n_levels}"),
-                        });
-                    }
-                    Some(l)
-                } else {
-                    None
-                };
-                let w: Vec<F> = (0..n)
-                    .map(|row| match (col, &hd.lam) {
-                        (Some(l), Some(lam)) => lam[(i0 + row, l)],
-                        _ => F::one(),
-                    })
-                    .collect();
-                for d in 0..dv {
-                    let src = r.col(j * dv + d);
-                    let mut dst = y.col_mut(d);
-                    for row in 0..n {
-                        dst[i0 + row] += w[row] * src[row];
-                    }
-                }
-            }
-            // Transition every state through the chunk.
-            match (&wy, m.base) {
-                (Some((w, _)), _) => {
-                    let mut wz = Mat::<F>::zeros(n, zcat.ncols());
-                    matmul(wz.as_mut(), Accum::Replace, w.as_ref(), zcat.as_ref(), F::one(), Par::Seq);
-                    zcat *= faer::Scale(total);
-                    matmul(zcat.as_mut(), Accum::Add, khat.transpose(), wz.as_ref(), -F::one(), Par::Seq);
-                }
-                (None, Base::Mamba2) => zcat *= faer::Scale(total),
-                _ => {}
-            }
+            let next = transition(&ck, m.base, &zcat);
             // A level whose entries all fell below the smallest normal number is dropped (its
             // contribution is below resolution; subnormal arithmetic is very slow).
             for (j, &e) in present.iter().enumerate() {
-                let blk = zcat.submatrix(0, j * dv, dk, dv).to_owned();
+                let blk = next.submatrix(0, j * dv, dk, dv);
                 let tiny = F::min_positive_value();
                 let gone = m.base.has_decay() && (0..dv).all(|c| blk.col(c).iter().all(|x| x.abs() < tiny));
-                states[e] = if gone { None } else { Some(blk) };
+                states[e] = if gone { None } else { Some(blk.to_owned()) };
+                kept.push(!gone);
             }
         }
-
-        // Insert the chunk's own state at level 0.
+        // Insert the chunk's own state K̂ᵀ Ũ (K̂ᵀ V without the delta rule) at level 0.
         let mut own = Mat::<F>::zeros(dk, dv);
-        let vals = match &wy {
-            Some((_, u)) => u.as_ref(),
-            None => vc,
-        };
-        matmul(own.as_mut(), Accum::Replace, khat.transpose(), vals, F::one(), Par::Seq);
+        let vals = ck.wy.as_ref().map_or(hd.v.subrows(i0, n), |wy| wy.u.as_ref());
+        mm(own.as_mut(), Accum::Replace, ck.khat.transpose(), vals, F::one());
         if states.is_empty() {
             states.push(None);
         }
@@ -210,7 +265,59 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
             Some(acc) => acc + own,
             None => own,
         });
+        visit(ci, ck, Stacked { present, cols, zcat, kept })?;
     }
+    Ok(())
+}
+
+/// The chunked form for one (batch, head): `T×Dv`.
+pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
+    let t_len = hd.q.nrows();
+    let dv = hd.v.ncols();
+    let n_levels = hd.lam.as_ref().map_or(1, |l| l.ncols());
+    let mut y = Mat::<F>::zeros(t_len, dv);
+    sweep(m, hd, |_, ck, st| {
+        let (i0, n) = (ck.i0, ck.n);
+        let vc = hd.v.subrows(i0, n);
+        // Intra-chunk part.
+        let a = match (&ck.wy, &hd.lam) {
+            (Some(wy), None) => {
+                mm(y.subrows_mut(i0, n), Accum::Replace, ck.p.as_ref(), wy.u.as_ref(), F::one());
+                None
+            }
+            (Some(wy), Some(_)) => {
+                let mut a = delta_intra(&ck, wy);
+                for s in 0..n {
+                    col_mut(&mut a, s).iter_mut().for_each(|x| *x *= hd.beta[i0 + s]);
+                }
+                Some(a)
+            }
+            (None, _) => Some(ck.p),
+        };
+        if let Some(mut a) = a {
+            if let Some(lam) = &hd.lam {
+                visit_levels(m, i0, n, n_levels, |r, s, l| a[(r, s)] *= lam[(i0 + r, l)])?;
+            }
+            mm(y.subrows_mut(i0, n), Accum::Replace, a.as_ref(), vc, F::one());
+        }
+        // Read every present state, stacked: R = Q̃ [H⁽ᵉ¹⁾ | H⁽ᵉ²⁾ | …].
+        if st.present.is_empty() {
+            return Ok(());
+        }
+        let mut r = Mat::<F>::zeros(n, st.zcat.ncols());
+        mm(r.as_mut(), Accum::Replace, ck.qt.as_ref(), st.zcat.as_ref(), F::one());
+        for (j, &col) in st.cols.iter().enumerate() {
+            let w = read_weights(hd, i0, n, col);
+            for d in 0..dv {
+                let src = r.col(j * dv + d);
+                let mut dst = y.col_mut(d);
+                for row in 0..n {
+                    dst[i0 + row] += w[row] * src[row];
+                }
+            }
+        }
+        Ok(())
+    })?;
     Ok(y)
 }
 

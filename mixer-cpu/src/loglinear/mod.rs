@@ -10,16 +10,17 @@
 //! use faer sequentially.
 
 pub mod backward;
-mod backward_gdn;
+mod backward_chunked;
 pub mod chunked;
 pub mod common;
 pub mod decoder;
 pub mod parallel;
 
 use faer::Mat;
+use mixer_core::Form;
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Real, Result, Tensors};
-use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
+use mixer_registry::{BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, register};
 use ndarray::ArrayD;
 use rayon::prelude::*;
 
@@ -62,6 +63,9 @@ impl<F: Real> Family<F> for LogLinearCpu {
     }
     fn decoder(&self) -> Option<DecoderFn<LogLinear, F>> {
         Some(decoder::build)
+    }
+    fn backward(&self, form: Form) -> Option<BackwardFn<LogLinear, F>> {
+        (form == Form::Fast).then_some(backward::vjp)
     }
 }
 

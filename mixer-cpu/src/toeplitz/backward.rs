@@ -1,5 +1,5 @@
-//! The Toeplitz mixer's backward pass on CPU (MATH.md §3), by FFT correlation with the
-//! cached plans and kernel spectra of the forward pass ([`super::fft`]).
+//! The Toeplitz mixer's backward pass on CPU (docs/math.md §3), by FFT correlation with the
+//! cached plans and kernel spectra of the forward pass ([`super::fast`](mod@super::fast)).
 //!
 //! With `ȳ` the output cotangent and `rev` the reversal of a length-`T` column,
 //! `x̄[s, c] = Σ_i Σ_{j ≥ 0} w[i,h,j] ȳ[s + j, c + δ_i]
@@ -9,13 +9,14 @@
 //! (sums over the output channels `e` of head `h` for which shift `i` is valid), and
 //! `overline(bias)[h,t] = Σ_b Σ_{e ∈ h} ȳ[t,e]`. Each convolution is one
 //! product of spectra of size `p ≥ 2T−1`, so the pass costs a constant number of FFTs per
-//! column, like the forward. Taps and bias entries beyond `T` get gradient 0.
+//! column, like the forward: with one kernel per head (`Kw = 1`) one thread-local pass per
+//! column transforms `rev ȳ` and `x`, inverts `ŵ ⊙ ĝ` for `x̄` and adds `x̂ ⊙ ĝ` to
+//! its head's `w̄` spectrum (no spectra stored); with `Kw > 1` the column spectra are kept,
+//! since a column meets its `Kw` neighbours. Taps and bias entries beyond `T` get gradient 0.
 
-use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::tensor::get;
-use mixer_core::{Error, Form, Requires, Result, Tensors, grad_name};
-use mixer_registry::{BackwardEntry, every_config, register};
+use mixer_core::{Error, Requires, Result, Tensors, grad_name};
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 use realfft::num_complex::Complex;
@@ -27,14 +28,11 @@ use super::fast::{Buffers, FftReal, column_spectra, plans, tap_spectra};
 
 /// The `fast` backward (see the module documentation).
 pub fn vjp<F: FftReal>(
-    m: &dyn Mixer,
-    form: Form,
+    tm: &Toeplitz,
     inputs: &Tensors<F>,
     dy: &ArrayD<F>,
     req: &Requires,
 ) -> Result<Tensors<F>> {
-    crate::fast_backward_only(m, form)?;
-    let tm = downcast::<Toeplitz>(m, "cpu")?;
     let p = tm.prepare(inputs)?;
     let (t, c, d, nb) = (p.seq, p.channels, p.head_dim, p.batch);
     let w = get(inputs, "w")?;
@@ -61,17 +59,51 @@ pub fn vjp<F: FftReal>(
         return Ok(out);
     }
     let pl = plans::<F>(fast_size(2 * t - 1));
-    // Spectra of the reversed cotangent columns, one per (b, e).
+    // The reversed cotangent columns, one per (b, e).
     let mut gcols = columns(dy);
     gcols.data.chunks_mut(t).for_each(|col| col.reverse());
-    let g_hat = column_spectra(&gcols, &pl)?;
-    if req.wants("x") {
-        let w_hat = tap_spectra(&p.taps, p.kernel_width * p.heads, t, &pl)?;
-        let cols: Vec<Vec<F>> = (0..nb * c)
-            .into_par_iter()
-            .map_init(
+    let xcols = columns(get(inputs, "x")?);
+    let (want_x, want_w) = (req.wants("x"), req.wants("w"));
+    let w_hat = if want_x { Some(tap_spectra(&p.taps, p.kernel_width * p.heads, t, &pl)?) } else { None };
+    let mut dx_cols = vec![F::zero(); nb * c * t];
+    // Σ_{b,e} x̂_{e−δ_i} ⊙ ĝ_e per (i, h), then one inverse per (i, h).
+    let dw_spectra = if p.kernel_width == 1 {
+        // One kernel per head: every column's cotangent and input spectra are formed, used
+        // for x̄ and for the head's w̄ accumulator, and dropped, in one thread-local pass.
+        let nspec = pl.len() / 2 + 1;
+        let zeros = || vec![vec![Complex::<F>::default(); nspec]; p.heads];
+        dx_cols
+            .par_chunks_mut(t)
+            .enumerate()
+            .try_fold(
+                || (Buffers::new(&pl), vec![Complex::<F>::default(); nspec], zeros()),
+                |(mut buf, mut gs, mut acc), (idx, dxc)| -> Result<_> {
+                    let h = (idx % c) / d;
+                    buf.forward(&pl, gcols.col(idx))?;
+                    gs.copy_from_slice(&buf.spec);
+                    if want_w {
+                        buf.forward(&pl, xcols.col(idx))?;
+                        acc[h].iter_mut().zip(&buf.spec).zip(&gs).for_each(|((a, xv), gv)| *a += xv * gv);
+                    }
+                    if let Some(w_hat) = &w_hat {
+                        buf.spec.iter_mut().zip(&w_hat[h]).zip(&gs).for_each(|((z, wv), gv)| *z = wv * gv);
+                        buf.inverse(&pl)?;
+                        dxc.iter_mut().enumerate().for_each(|(s, v)| *v = buf.real[t - 1 - s]);
+                    }
+                    Ok((buf, gs, acc))
+                },
+            )
+            .map(|r| r.map(|(_, _, acc)| acc))
+            .try_reduce(zeros, |mut a, b| {
+                a.iter_mut().zip(b).for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(u, v)| *u += v));
+                Ok(a)
+            })?
+    } else {
+        let g_hat = column_spectra(&gcols, &pl)?;
+        if let Some(w_hat) = &w_hat {
+            dx_cols.par_chunks_mut(t).enumerate().try_for_each_init(
                 || Buffers::new(&pl),
-                |buf, idx| {
+                |buf, (idx, dxc)| -> Result<()> {
                     let (b, ci) = (idx / c, idx % c);
                     let h = ci / d;
                     buf.spec.iter_mut().for_each(|z| *z = Complex::default());
@@ -81,38 +113,44 @@ pub fn vjp<F: FftReal>(
                         if ci % d + dl >= d {
                             continue;
                         }
-                        let wk = &w_hat[i * p.heads + h];
-                        let gk = &g_hat[b * c + ci + dl];
-                        for ((acc, a), bb) in buf.spec.iter_mut().zip(wk).zip(gk) {
-                            *acc += a * bb;
-                        }
+                        let (wk, gk) = (&w_hat[i * p.heads + h], &g_hat[b * c + ci + dl]);
+                        buf.spec.iter_mut().zip(wk).zip(gk).for_each(|((acc, a), bb)| *acc += a * bb);
                     }
                     buf.inverse(&pl)?;
-                    Ok((0..t).map(|s| buf.real[t - 1 - s]).collect())
+                    dxc.iter_mut().enumerate().for_each(|(s, v)| *v = buf.real[t - 1 - s]);
+                    Ok(())
                 },
-            )
-            .collect::<Result<_>>()?;
-        dx = from_columns(&Columns { data: cols.concat(), len: t }, nb, c);
+            )?;
+        }
+        let x_hat = if want_w { column_spectra(&xcols, &pl)? } else { Vec::new() };
+        let rows = if want_w { p.kernel_width * p.heads } else { 0 };
+        (0..rows)
+            .into_par_iter()
+            .map(|r| {
+                let (i, h) = (r / p.heads, r % p.heads);
+                let dl = p.kernel_width - 1 - i;
+                let mut acc = vec![Complex::<F>::default(); pl.len() / 2 + 1];
+                for b in 0..nb {
+                    for e in h * d + dl.min(d)..(h + 1) * d {
+                        let (xk, gk) = (&x_hat[b * c + e - dl], &g_hat[b * c + e]);
+                        acc.iter_mut().zip(xk).zip(gk).for_each(|((a, x), g)| *a += x * g);
+                    }
+                }
+                acc
+            })
+            .collect()
+    };
+    if want_x {
+        dx = from_columns(&Columns { data: dx_cols, len: t }, nb, c);
     }
-    if req.wants("w") {
-        let x_hat = column_spectra(&columns(get(inputs, "x")?), &pl)?;
+    if want_w {
         let scale = F::one() / F::of(pl.len() as f64);
-        let rows: Vec<Vec<F>> = (0..p.kernel_width * p.heads)
+        let rows: Vec<Vec<F>> = dw_spectra
             .into_par_iter()
             .map_init(
                 || Buffers::new(&pl),
-                |buf, r| {
-                    let (i, h) = (r / p.heads, r % p.heads);
-                    let dl = p.kernel_width - 1 - i;
-                    buf.spec.iter_mut().for_each(|z| *z = Complex::default());
-                    for b in 0..nb {
-                        for e in h * d + dl.min(d)..(h + 1) * d {
-                            let (xk, gk) = (&x_hat[b * c + e - dl], &g_hat[b * c + e]);
-                            for ((acc, a), bb) in buf.spec.iter_mut().zip(xk).zip(gk) {
-                                *acc += a * bb;
-                            }
-                        }
-                    }
+                |buf, spec| {
+                    buf.spec.copy_from_slice(&spec);
                     buf.inverse(&pl)?;
                     Ok((0..t).map(|j| buf.real[t - 1 - j] * scale).collect())
                 },
@@ -133,13 +171,3 @@ pub fn vjp<F: FftReal>(
     out.insert(grad_name("w"), dw);
     Ok(out)
 }
-
-#[register]
-static TOEPLITZ_CPU_BACKWARD: BackwardEntry = BackwardEntry {
-    kernel: mixer_core::mixers::toeplitz::FAMILY,
-    backend: "cpu",
-    forms: &[Form::Fast],
-    unsupported: every_config,
-    vjp_f64: vjp::<f64>,
-    vjp_f32: vjp::<f32>,
-};

@@ -11,11 +11,12 @@ pub mod fast;
 pub mod naive;
 pub mod online;
 
+use mixer_core::Form;
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::toeplitz::{DecoderKind, FAMILY, Prepared, Toeplitz};
 use mixer_core::tensor::get;
 use mixer_core::{Dims, Real, Result, Tensors};
-use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
+use mixer_registry::{BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, register};
 use ndarray::ArrayD;
 
 use columns::Columns;
@@ -65,6 +66,9 @@ impl<F: FftReal> Family<F> for ToeplitzCpu {
     }
     fn decoder(&self) -> Option<DecoderFn<Toeplitz, F>> {
         Some(decoder)
+    }
+    fn backward(&self, form: Form) -> Option<BackwardFn<Toeplitz, F>> {
+        (form == Form::Fast).then_some(backward::vjp)
     }
 }
 

@@ -9,10 +9,10 @@ use mixer_core::materialize::Materialization;
 use mixer_core::mixer::{Decoder, Mixer, check_decoder_capacity};
 use mixer_core::spec::{Dim, InputDecl, InputSpec};
 use mixer_core::tensor::{contiguous, get};
-use mixer_core::{Dims, DimsExt, Error, Form, Real, Result, Tensors};
+use mixer_core::{Dims, DimsExt, Error, Form, Real, Requires, Result, Tensors};
 use mixer_registry::harness::Sizes;
 use mixer_registry::suite::{Check, assert_backend, check_mixer, registered_configs, tally};
-use mixer_registry::{DecoderFn, Family, FamilyEntry, FormFn, register};
+use mixer_registry::{BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, register};
 use ndarray::{Array2, ArrayD, Axis, IxDyn};
 
 use super::cpu;
@@ -197,10 +197,28 @@ impl Mixer for EmaRight {
 
 struct RightCpu;
 
+/// The EMA's backward: `x̄_t = ȳ_t + ½ x̄_{t+1}` (the recurrence run backwards).
+fn ema_backward<F: Real>(_: &EmaRight, _x: &Tensors<F>, dy: &ArrayD<F>, _: &Requires) -> Result<Tensors<F>> {
+    let mut dx = dy.clone();
+    for t in (0..dy.shape()[1].saturating_sub(1)).rev() {
+        let next = dx.index_axis(Axis(1), t + 1).to_owned();
+        dx.index_axis_mut(Axis(1), t).zip_mut_with(&next, |a, &n| *a += F::of(0.5) * n);
+    }
+    Ok([("d_x".to_string(), dx)].into_iter().collect())
+}
+
 impl<F: Real> Family<F> for RightCpu {
     type Mixer = EmaRight;
     fn fast(&self) -> Option<FormFn<EmaRight, F>> {
         Some(|_, x| fast(&Ema, x))
+    }
+    /// The same backward for `fast` and `parallel`; `parallel` is then refused per
+    /// configuration, to check that the registry honours `backward_unsupported`.
+    fn backward(&self, form: Form) -> Option<BackwardFn<EmaRight, F>> {
+        matches!(form, Form::Fast | Form::Parallel).then_some(ema_backward)
+    }
+    fn backward_unsupported(&self, _: &EmaRight, form: Form) -> Option<String> {
+        (form == Form::Parallel).then(|| "suite-test: no parallel backward for this configuration".into())
     }
     fn decoder(&self) -> Option<DecoderFn<EmaRight, F>> {
         Some(|_, _, dims| {
@@ -241,4 +259,37 @@ fn the_suite_fails_a_wrong_decoder_and_passes_a_right_one() {
         ],
         "drift (oracle, prefix), the cache count, and no capacity check"
     );
+}
+
+/// A backend adds a backward form through its `Family` implementation: the registry lists it,
+/// runs it (validating `dy`), and refuses what `backward_unsupported` and unimplemented forms
+/// rule out, naming the reason.
+#[test]
+fn a_family_backward_is_listed_run_and_refused_through_the_registry() {
+    use mixer_core::{AnyTensors, Tensor};
+    use mixer_registry::backward::{backward, backward_forms};
+    assert_eq!(backward_forms(&EmaRight, "cpu"), vec![Form::Fast]);
+    assert_eq!(backward_forms(&EmaRight, "no-such-backend"), vec![]);
+    let (b, t, c) = (2, 9, 3);
+    let x = ArrayD::from_shape_fn(IxDyn(&[b, t, c]), |i| (i[0] + 2 * i[1] + 3 * i[2]) as f64 * 0.1);
+    let dy = ArrayD::from_shape_fn(IxDyn(&[b, t, c]), |i| ((i[0] * 7 + i[1] * 3 + i[2]) % 5) as f64 - 2.0);
+    let inputs = AnyTensors::F64([("x".to_string(), x)].into_iter().collect());
+    let g =
+        backward(&EmaRight, "cpu", Form::Fast, &inputs, &Tensor::F64(dy.clone()), &Requires::All).unwrap();
+    let Tensor::F64(dx) = &g["d_x"] else { panic!("f64 in, f64 out") };
+    // x̄_t = Σ_{s ≥ t} 2^{−(s−t)} ȳ_s, summed directly.
+    for (bi, ti, ci) in (0..b).flat_map(|bi| (0..t).flat_map(move |ti| (0..c).map(move |ci| (bi, ti, ci)))) {
+        let want: f64 = (ti..t).map(|s| 0.5f64.powi((s - ti) as i32) * dy[[bi, s, ci]]).sum();
+        assert!((dx[[bi, ti, ci]] - want).abs() < 1e-12, "({bi}, {ti}, {ci})");
+    }
+    let e = backward(&EmaRight, "cpu", Form::Parallel, &inputs, &Tensor::F64(dy.clone()), &Requires::All)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no parallel backward for this configuration") && e.contains("fast"), "{e}");
+    let e = backward(&EmaRight, "cpu", Form::Recurrent, &inputs, &Tensor::F64(dy.clone()), &Requires::All)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("recurrent (backward)"), "{e}");
+    let short = Tensor::F64(dy.slice(ndarray::s![.., ..4, ..]).to_owned().into_dyn());
+    assert!(backward(&EmaRight, "cpu", Form::Fast, &inputs, &short, &Requires::All).is_err());
 }

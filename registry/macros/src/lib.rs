@@ -1,6 +1,6 @@
 //! The one attribute that registers a plugin: `#[register]` on a `static` whose type is one
 //! of the registry's entry types (`PatternEntry`, `MaskEntry`, `LambdaEntry`, `MixerEntry`,
-//! `BackendEntry`, `FamilyEntry`, `BackwardEntry`, `LambdaGradEntry`). It places the static in the matching link-time slice, and
+//! `BackendEntry`, `FamilyEntry`, `LambdaGradEntry`). It places the static in the matching link-time slice, and
 //! an `Origin` (the registering module) in the `ORIGINS` slice, so plugin crates never name
 //! `linkme` themselves and duplicate names can be reported by crate.
 
@@ -74,14 +74,13 @@ pub fn register(attr: TokenStream, item: TokenStream) -> TokenStream {
         "MixerEntry" => "MIXERS",
         "BackendEntry" => "BACKENDS",
         "FamilyEntry" => "FAMILIES",
-        "BackwardEntry" => "BACKWARDS",
         "LambdaGradEntry" => "LAMBDA_GRADS",
         other => {
             return syn::Error::new_spanned(
                 &item.ty,
                 format!(
                     "#[register] works on statics of type PatternEntry, MaskEntry, LambdaEntry, MixerEntry, \
-                     BackendEntry, FamilyEntry, BackwardEntry or LambdaGradEntry; found `{other}`"
+                     BackendEntry, FamilyEntry or LambdaGradEntry; found `{other}`"
                 ),
             )
             .to_compile_error()
