@@ -1,23 +1,20 @@
-//! The chunked (`fast`) form with the Fenwick mask (docs/math.md §2.6), `kernels/loglinear_fenwick.cu`.
+//! The chunked (`fast`) form with the Fenwick mask (docs/math.md §2.6): the entry point of the
+//! form, which checks the inputs, maps λ on the device and picks the kernels — the chunk-parallel
+//! passes of [`super::chunk_tree`] for every member, and, when gated DeltaNet's sequential-pass
+//! states do not fit in shared memory, the one-block-per-head kernel below
+//! (`kernels/loglinear_fenwick.cu`).
 //!
-//! Chunks of size `C = 2^c` (the last one may be partial). Inside a chunk the output is the
-//! quadratic form with the Fenwick levels `0..c` (`ℓ = bitlen(r ⊕ s)`); for gated
-//! DeltaNet it uses the WY/UT form: `T⁻¹ = (I + strict(diag(β)(KKᵀ ⊙
-//! Γ)))⁻¹` applied by forward substitution to `[I | diag(β e^γ)K |
-//! diag(β)V]`, giving `T⁻¹`, `W`, `U`; intra coefficients `A = P T⁻¹diag(β)`
-//! and carried queries `Q̃ = σ diag(e^γ)Q − PW`, `P = σ QKᵀ ⊙ Γ`.
-//! Between chunks, chunk-level states `H^(e) ∈ ℝ^(D_k × D_v)` follow the
-//! chunk-granular Fenwick recurrence (merge at `m = ctz(i)`, read
-//! `y_r += λ_r^(c+e) Q̃_r H^(e)`, chunk transition
-//! `H ← e^(γ_{n−1})H − K̂ᵀ(WH)` — Mamba-2 `e^(γ_{n−1})H` —, insert
-//! `K̂ᵀ U` or `K̂ᵀ V` at level 0). The base mixers keep a single state.
-//!
-//! Work is `O(T (C + log(T/C)) (D_k + D_v) D)` — `O(T log T)` for fixed `C`. Parallelism: one
-//! thread block per (batch, head); the block walks its chunks in order (the intra-chunk work
-//! of different chunks is not spread over blocks), each chunk's matrix work spread over the
-//! block's threads. Scratch (per block, in global memory): `2n² + n(n + D_k + D_v) + n(D_k+D_v)`
-//! values with `n = min(C, T)`, plus the `⌊log_2 ⌈ T/C⌉⌋ + 2` chunk-level states.
-//! λ is mapped by the scheme on the host (`LogLinear::lambda_weights`).
+//! That kernel: chunks of size `C = 2^c` (the configured `chunk`; the last one may be partial).
+//! Inside a chunk the output is the quadratic form with the Fenwick levels `0..c`
+//! (`ℓ = bitlen(r ⊕ s)`) in the WY/UT form: `T⁻¹ = (I + strict(diag(β)(KKᵀ ⊙ Γ)))⁻¹` applied by
+//! forward substitution to `[I | diag(β e^γ)K | diag(β)V]`, giving `T⁻¹`, `W`, `U`; intra
+//! coefficients `A = P T⁻¹diag(β)` and carried queries `Q̃ = σ diag(e^γ)Q − PW`,
+//! `P = σ QKᵀ ⊙ Γ`. Between chunks, chunk-level states `H^(e) ∈ ℝ^(D_k × D_v)` follow the
+//! chunk-granular Fenwick recurrence (merge at `m = ctz(i)`, read `y_r += λ_r^(c+e) Q̃_r H^(e)`,
+//! transition `H ← e^(γ_{n−1})H − K̂ᵀ(WH)`, insert `K̂ᵀ U` at level 0). One thread block per
+//! (batch, head) walks its chunks in order; scratch per block in global memory:
+//! `2n² + n(n + D_k + D_v) + n(D_k+D_v)` values with `n = min(C, T)`, plus the
+//! `⌊log_2 ⌈T/C⌉⌋ + 2` chunk-level states.
 
 use std::borrow::Cow;
 

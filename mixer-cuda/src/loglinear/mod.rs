@@ -1,7 +1,7 @@
 //! The log-linear family on CUDA (docs/math.md §2): `linear-attention`, `mamba2`,
 //! `gated-deltanet` and their lifts `loglinear-*`.
 //!
-//! - `parallel` ([`quadratic`]): the generic quadratic form, any level mask;
+//! - `parallel` ([`parallel`]): the generic quadratic form, any level mask;
 //! - `fast` ([`chunked`]): the chunked form of docs/math.md §2.6 (Fenwick mask): for linear
 //!   attention and Mamba-2 (and their lifts) parallel over chunks with a tree of chunk states
 //!   ([`chunk_tree`]); for gated DeltaNet the WY/UT form, one block per (batch, head) walking its
