@@ -182,6 +182,30 @@ __device__ void llc_tree(T* __restrict__ F, double* A, int e, int BH, int Dk, in
     if (threadIdx.x == 0) A[dst] = A[lo] + au;
 }
 
+// The states chunk i reads between chunks (thread 0 of llc_out / llc_out_tc; returns how many):
+// for every set bit e − 1 of i, its tree entry (the level-(e−1) block 2·(i ≫ e)), the decay from
+// that block's end to the chunk's start (the entries of the lower set bits summed) and e; with
+// direct = 1 the one state entering chunk i (entry bh·NC + i), none for i = 0.
+__device__ inline int llc_levels(int i, int bh, int nc, int direct, const double* A, long long* ent, double* dec,
+                                 int* lev) {
+    if (direct) {
+        ent[0] = (long long)bh * nc + i;
+        dec[0] = 0.0;
+        return i > 0 ? 1 : 0;
+    }
+    int np = 0;
+    double d = 0.0;
+    for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
+        if (!((i >> (e - 1)) & 1)) continue;
+        ent[np] = llc_entry(e - 1, bh, (i >> e) << 1, nc, gridDim.y);
+        dec[np] = d;
+        lev[np] = e;
+        d += A[ent[np]];
+        ++np;
+    }
+    return np;
+}
+
 // 3. Outputs of chunk i, a tile of 64 value columns. Grid (NC, BH, ⌈Dv/64⌉), 256 threads.
 // direct = 1 (gated DeltaNet, no lift): F holds the state entering each chunk, [BH][NC][Dk][Dv],
 // read once with σ e^{γ_r} q_r; v is then the new values U' of the sequential pass.
@@ -204,25 +228,7 @@ __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     const long long DD = (long long)Dk * Dv;
     const T sc = (T)scale;
-    if (tid == 0 && direct) {
-        // The state entering chunk i, given (gated DeltaNet's sequential pass).
-        lev_ent[0] = (long long)bh * nc + i;
-        lev_d[0] = 0.0;
-        nlev_s = i > 0 ? 1 : 0;
-    } else if (tid == 0) {
-        int np = 0;
-        double d = 0.0;
-        for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
-            if (!((i >> (e - 1)) & 1)) continue;
-            const long long ent = llc_entry(e - 1, bh, (i >> e) << 1, nc, gridDim.y);
-            lev_ent[np] = ent;
-            lev_d[np] = d;
-            lev_e[np] = e;
-            d += A[ent];
-            ++np;
-        }
-        nlev_s = np;
-    }
+    if (tid == 0) nlev_s = llc_levels(i, bh, nc, direct, A, lev_ent, lev_d, lev_e);
     llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
     const int nlev = nlev_s;
     // Intra-chunk scores P[r][s] (r = ty + 16a, s = tx + 16b'), masked, decayed, weighted.
@@ -345,25 +351,7 @@ __device__ void llc_out_tc(const float* q, const float* k, const float* v, const
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     const long long DD = (long long)Dk * Dv;
     const float sc = (float)scale;
-    if (tid == 0 && direct) {
-        // The state entering chunk i, given (gated DeltaNet's sequential pass).
-        lev_ent[0] = (long long)bh * nc + i;
-        lev_d[0] = 0.0;
-        nlev_s = i > 0 ? 1 : 0;
-    } else if (tid == 0) {
-        int np = 0;
-        double d = 0.0;
-        for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
-            if (!((i >> (e - 1)) & 1)) continue;
-            const long long ent = llc_entry(e - 1, bh, (i >> e) << 1, nc, gridDim.y);
-            lev_ent[np] = ent;
-            lev_d[np] = d;
-            lev_e[np] = e;
-            d += A[ent];
-            ++np;
-        }
-        nlev_s = np;
-    }
+    if (tid == 0) nlev_s = llc_levels(i, bh, nc, direct, A, lev_ent, lev_d, lev_e);
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
     const int nlev = nlev_s;
     // Scores S = Q Kᵀ, a warp's 16 rows × 64 keys.

@@ -46,19 +46,11 @@ fn tree_entries(nc: usize) -> usize {
     (0..usize::BITS).map(|e| nc >> e).take_while(|&c| c > 0).sum()
 }
 
-/// Whether the products run on tensor cores: the tf32 and bf16 modes, with f32 data.
-fn tensor_cores<F: GpuReal>(p: Precision) -> bool {
-    p != Precision::Exact && F::ELEM == "f32"
-}
-
-/// Runs the three passes; returns `y` `[B, T, H, Dv]`.
-pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Precision) -> Result<Pooled<F>> {
-    let [b, t, h, dk, dv] = x.dims;
-    let ch = chunk_len::<F>();
-    let nc = t.div_ceil(ch);
+/// The limits of these kernels: `states` chunk states of `Dk × Dv` per (batch, head) within
+/// [`MAX_TREE_BYTES`], indices within `i32`, `B·H` within a grid dimension.
+fn check_sizes<F: GpuReal>([b, t, h, dk, dv]: [usize; 5], states: usize) -> Result<()> {
     let bh = b * h;
-    let entries = tree_entries(nc);
-    let bytes = bh * entries * dk * dv * std::mem::size_of::<F>();
+    let bytes = bh * states * dk * dv * std::mem::size_of::<F>();
     if bytes > MAX_TREE_BYTES {
         return Err(err(
             FAMILY,
@@ -72,6 +64,22 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Preci
     if bh > 65535 {
         return Err(err(FAMILY, format!("the chunked form takes B·H ≤ 65535 per call, got {bh}")));
     }
+    Ok(())
+}
+
+/// Whether the products run on tensor cores: the tf32 and bf16 modes, with f32 data.
+fn tensor_cores<F: GpuReal>(p: Precision) -> bool {
+    p != Precision::Exact && F::ELEM == "f32"
+}
+
+/// Runs the three passes; returns `y` `[B, T, H, Dv]`.
+pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Precision) -> Result<Pooled<F>> {
+    let [b, t, h, dk, dv] = x.dims;
+    let ch = chunk_len::<F>();
+    let nc = t.div_ceil(ch);
+    let bh = b * h;
+    let entries = tree_entries(nc);
+    check_sizes::<F>(x.dims, entries)?;
     let g = gpu()?;
     let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &[], &format!("{name}_{}", F::SUFFIX));
     let zero = pool::zeros::<F>(FAMILY, 1)?;
@@ -215,20 +223,7 @@ pub(crate) fn run_delta<F: GpuReal>(
     let lifted = ll.lift.is_some();
     let levels = delta_levels::<F>(lifted, t);
     let slots = if lifted { popsum(nc) } else { nc };
-    let bytes = bh * slots.max(1) * dk * dv * std::mem::size_of::<F>();
-    if bytes > MAX_TREE_BYTES {
-        return Err(err(
-            FAMILY,
-            format!(
-                "the chunked form needs {bytes} bytes of chunk states (T = {t}, B·H = {bh}, Dk = {dk}, Dv = {dv}); \
-                 at most {MAX_TREE_BYTES} are allocated: run fewer batch rows or heads per call"
-            ),
-        ));
-    }
-    int(FAMILY, "B·T·H·max(Dk, Dv)", b * t * h * dk.max(dv))?;
-    if bh > 65535 {
-        return Err(err(FAMILY, format!("the chunked form takes B·H ≤ 65535 per call, got {bh}")));
-    }
+    check_sizes::<F>(x.dims, slots.max(1))?;
     let smem = delta_h_smem::<F>(dk, levels);
     let g = gpu()?;
     let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &[], &format!("{name}_{}", F::SUFFIX));
