@@ -21,12 +21,20 @@ pub trait VecMath: Real {
     /// `xs[i] ← e^{a·(xs[i] − m)}` for every `i` (`a > 0`, `xs[i] ≤ m` or `−∞`); returns the
     /// sum of the new values.
     fn exp_scaled_sum(xs: &mut [Self], m: Self, a: Self) -> Self;
+
+    /// `eˣ` of one value, written so that a loop over lanes vectorises ([`exp_f32`] for
+    /// `f32`, the standard library's `exp` for `f64`); `−∞` gives 0.
+    fn exp_lane(x: Self) -> Self;
 }
 
 impl VecMath for f32 {
     #[inline]
     fn exp_scaled_sum(xs: &mut [f32], m: f32, a: f32) -> f32 {
         exp_scaled_sum_f32(xs, m, a)
+    }
+    #[inline(always)]
+    fn exp_lane(x: f32) -> f32 {
+        exp_f32(x)
     }
 }
 
@@ -39,6 +47,10 @@ impl VecMath for f64 {
             sum += *x;
         }
         sum
+    }
+    #[inline(always)]
+    fn exp_lane(x: f64) -> f64 {
+        x.exp()
     }
 }
 
