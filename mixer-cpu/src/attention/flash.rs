@@ -49,6 +49,9 @@ const FWD_BLOCK_Q: usize = 64;
 /// Lane granularity of the fast path: a query block is padded to a multiple of this many
 /// queries (two AVX-512 registers of `f32`).
 const NR: usize = 32;
+/// Lanes per register-resident chunk of the softmax passes (two AVX-512 registers of `f32`:
+/// two independent dependency chains down the rows).
+const LANES: usize = NR;
 
 /// `y [B,T,H,Dv]` by streaming over key blocks.
 pub fn flash<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
@@ -101,12 +104,28 @@ struct Block<F> {
     lse: Vec<F>,
 }
 
-/// One head's keys and values, row-major `K [T, Dk]` and `V [T, Dv]`.
+/// One head's keys and values, row-major `K [T, Dk]` and `V [T, Dv]`; `may_overflow`: the
+/// norm bound of [`may_overflow`] does not rule out a non-finite `q·k` in `F`.
 struct Head<'a, F> {
     k: &'a [F],
     v: &'a [F],
     dk: usize,
     dv: usize,
+    may_overflow: bool,
+}
+
+/// Whether some computed `q·k` (queries `q [T, Dk]`, keys `k [T, Dk]` of one head, row-major)
+/// may be non-finite in `F`: by Cauchy–Schwarz every partial sum of a dot product in `F` is at
+/// most `maxₜ‖q_t‖ · maxₛ‖k_s‖ · (1 + 2·Dk·ε)`, so below `F::MAX` nothing overflows and the
+/// per-tile check is skipped. Non-finite inputs give `true`.
+fn may_overflow<F: VecMath>(q: &[F], k: &[F], dk: usize) -> bool {
+    let max_norm = |x: &[F]| {
+        x.chunks_exact(dk.max(1))
+            .map(|row| row.iter().map(|&e| e.f64() * e.f64()).sum::<f64>().sqrt())
+            .fold(0.0f64, |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) })
+    };
+    let bound = max_norm(q) * max_norm(k) * (1.0 + 2.0 * dk as f64 * F::epsilon().f64());
+    bound.is_nan() || bound >= F::max_value().f64()
 }
 
 /// The tasks (batch row, head, first query of the block) and, per task, its [`Block`].
@@ -134,6 +153,10 @@ fn blocks<F: VecMath>(
     let tasks: Vec<(usize, usize, usize)> = (0..bn)
         .flat_map(|b| (0..hn).flat_map(move |h| (0..tn).step_by(FWD_BLOCK_Q).map(move |i0| (b, h, i0))))
         .collect();
+    let risky: Vec<bool> = (0..bn * hn)
+        .into_par_iter()
+        .map(|bh| fast && may_overflow(&qs[bh * tn * dk..][..tn * dk], &ks[bh * tn * dk..][..tn * dk], dk))
+        .collect();
     let lg = a.logits(dk);
     let outs = tasks
         .par_iter()
@@ -142,8 +165,8 @@ fn blocks<F: VecMath>(
             if fast {
                 let bh = b * hn + h;
                 let qb = &qs[(bh * tn + i0) * dk..][..(i1 - i0) * dk];
-                let head =
-                    Head { k: &ks[bh * tn * dk..][..tn * dk], v: &vs[bh * tn * dv..][..tn * dv], dk, dv };
+                let kh = &ks[bh * tn * dk..][..tn * dk];
+                let head = Head { k: kh, v: &vs[bh * tn * dv..][..tn * dv], dk, dv, may_overflow: risky[bh] };
                 if let Some(out) = query_block(a, qb, i0, i1 - i0, &head, abs) {
                     return Ok(out);
                 }
@@ -174,7 +197,7 @@ fn query_block<F: VecMath>(
     head: &Head<'_, F>,
     abs: F,
 ) -> Option<Block<F>> {
-    let Head { k, v, dk, dv } = *head;
+    let Head { k, v, dk, dv, may_overflow } = *head;
     let fused = multiversion::target::target_cfg_f!(target_feature = "fma");
     let n = nq.div_ceil(NR) * NR;
     let i1 = i0 + nq;
@@ -200,28 +223,41 @@ fn query_block<F: VecMath>(
         let kb = MatRef::from_row_major_slice(&k[j0 * dk..j1 * dk], nk, dk);
         let qm = MatRef::from_row_major_slice(&qt, dk, n);
         matmul(MatMut::from_row_major_slice_mut(s, nk, n), Accum::Replace, kb, qm, F::one(), Par::Seq);
-        // Finiteness (x·0 is NaN exactly when x is not finite), the mask of tiles that cross
-        // the diagonal or the window's edge (visible lanes of key s: r ≥ s − i₀ and
-        // first(i₀ + r) ≤ s, a contiguous range), the running maximum.
-        let straddles = j1 > i0 + 1 || j0 < first[nq - 1];
-        mnew.copy_from_slice(&m);
-        for (c, row) in s.chunks_exact_mut(n).enumerate() {
-            for (z, &x) in bad.iter_mut().zip(row.iter()) {
-                *z += x * F::zero();
+        // Finiteness, only where the norm bound allows an overflow (x·0 is NaN exactly when x
+        // is not finite).
+        if may_overflow {
+            bad.fill(F::zero());
+            for row in s.chunks_exact(n) {
+                for (z, &x) in bad.iter_mut().zip(row) {
+                    *z += x * F::zero();
+                }
             }
-            if straddles {
+            if bad.iter().any(|z| z.is_nan()) {
+                return None;
+            }
+        }
+        // The mask of tiles that cross the diagonal or the window's edge (visible lanes of key
+        // s: r ≥ s − i₀ and first(i₀ + r) ≤ s, a contiguous range).
+        if j1 > i0 + 1 || j0 < first[nq - 1] {
+            for (c, row) in s.chunks_exact_mut(n).enumerate() {
                 let key = j0 + c;
                 let lo = key.saturating_sub(i0).min(n);
                 let hi = first.partition_point(|&f| f <= key).max(lo);
                 row[..lo].fill(F::neg_infinity());
                 row[hi..].fill(F::neg_infinity());
             }
-            for (mx, &x) in mnew.iter_mut().zip(row.iter()) {
-                *mx = mx.max(x);
-            }
         }
-        if bad.iter().any(|z| z.is_nan()) {
-            return None;
+        // The running maximum, LANES lanes at a time down the rows (accumulators in registers).
+        for w0 in (0..n).step_by(LANES) {
+            let mut mx: [F; LANES] = m[w0..w0 + LANES].try_into().expect("LANES lanes");
+            for row in s.chunks_exact(n) {
+                // No NaN reaches this point (inputs are finite or the check above ran), so a
+                // plain comparison (one vector max) is the maximum.
+                for (a, &x) in mx.iter_mut().zip(&row[w0..w0 + LANES]) {
+                    *a = if x > *a { x } else { *a };
+                }
+            }
+            mnew[w0..w0 + LANES].copy_from_slice(&mx);
         }
         for r in 0..n {
             corr[r] = if m[r] == F::neg_infinity() {
@@ -232,14 +268,18 @@ fn query_block<F: VecMath>(
             msafe[r] = if mnew[r] == F::neg_infinity() { F::zero() } else { mnew[r] };
         }
         m.copy_from_slice(&mnew);
-        // Pᵀ = e^{|σ|(Sᵀ − m)} and its column sums.
-        psum.fill(F::zero());
-        for row in s.chunks_exact_mut(n) {
-            for ((x, &mr), ps) in row.iter_mut().zip(&msafe).zip(psum.iter_mut()) {
-                let e = F::exp_lane(abs * (*x - mr), fused);
-                *x = e;
-                *ps += e;
+        // Pᵀ = e^{|σ|(Sᵀ − m)} and its column sums, LANES lanes at a time.
+        for w0 in (0..n).step_by(LANES) {
+            let ms: [F; LANES] = msafe[w0..w0 + LANES].try_into().expect("LANES lanes");
+            let mut acc = [F::zero(); LANES];
+            for row in s.chunks_exact_mut(n) {
+                for ((x, &mr), a) in row[w0..w0 + LANES].iter_mut().zip(&ms).zip(acc.iter_mut()) {
+                    let e = F::exp_lane(abs * (*x - mr), fused);
+                    *x = e;
+                    *a += e;
+                }
             }
+            psum[w0..w0 + LANES].copy_from_slice(&acc);
         }
         for r in 0..n {
             l[r] = l[r] * corr[r] + psum[r];
@@ -339,6 +379,26 @@ fn exact_block<F: VecMath>(
 
 #[cfg(test)]
 mod tests {
+    use super::may_overflow;
+
+    /// The norm bound: ordinary inputs need no check; norms whose product nears `F::MAX`, or a
+    /// non-finite input, do.
+    #[test]
+    fn overflow_bound() {
+        let q: Vec<f32> = (0..3 * 5).map(|i| (i % 7) as f32 - 3.0).collect();
+        assert!(!may_overflow(&q, &q, 5));
+        let big: Vec<f32> = q.iter().map(|x| x * 4e18).collect();
+        assert!(may_overflow(&big, &big, 5));
+        let small: Vec<f32> = q.iter().map(|x| x * 1e-20).collect();
+        assert!(!may_overflow(&big, &small, 5));
+        let mut nan = q.clone();
+        nan[7] = f32::NAN;
+        assert!(may_overflow(&nan, &q, 5));
+        assert!(may_overflow(&q, &[f32::INFINITY; 5], 5));
+        // f64 has room where f32 has none.
+        let big64: Vec<f64> = big.iter().map(|&x| x as f64).collect();
+        assert!(!may_overflow(&big64, &big64, 5));
+    }
     /// Prints the machine's `f32` matmul rate with faer: one large product on two threads, and
     /// the fast form's tile shapes (scores `128×64·64×128`, values `64×128·128×128`, and the
     /// same at 256) sequential inside two tasks that run at once, as the fast form runs them.
