@@ -20,10 +20,11 @@
 //! `y_t = o / ℓ`. The lane loops are built for AVX-512, AVX2 + FMA and NEON and chosen at run
 //! time (`multiversion`).
 //!
-//! Exact fallback: a query block where some `q·k` of a visited tile overflowed in `F` (an `f32` dot product
-//! beyond 3.4e38), or a scale `σ` that is 0 or not representable in `F`, is computed by
-//! [`exact_block`] instead: keys formed again in `f64` where needed and weights in `f64`
-//! (slower, and only ever taken on such inputs).
+//! Exact fallback: a query block where some `q·k` of a visited tile overflowed in `F` (an
+//! `f32` dot product beyond 3.4e38; checked per tile only in heads where the bound
+//! `maxₜ‖q_t‖ · maxₛ‖k_s‖` does not rule it out, see [`may_overflow`]), or a scale `σ` that is
+//! 0 or not representable in `F`, is computed by [`exact_block`] instead: keys formed again in
+//! `f64` where needed and weights in `f64` (slower, and only ever taken on such inputs).
 //!
 //! Memory per task is `O(B_q·B_k + B_q·D_v)`; tasks (batch × head × query block) run in
 //! parallel with rayon, each product sequential inside its task.
