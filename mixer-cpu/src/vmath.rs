@@ -7,7 +7,8 @@
 //! compiler vectorises, built for AVX-512, AVX2 + FMA and NEON and chosen at run time
 //! (`multiversion`), with the plain build as the fallback:
 //!
-//! `eˣ = 2ⁿ · eʳ`, `n = ⌊x·log₂e + ½⌋`, `r = x − n·ln 2` (ln 2 split in two parts so `r` is
+//! `eˣ = 2ⁿ · eʳ`, `n = round(x·log₂e)` (by adding `1.5·2²³`, which leaves `n` in the low
+//! mantissa bits), `r = x − n·ln 2` (ln 2 split in two parts so `r` is
 //! exact), `eʳ ≈ 1 + r + r²·P(r)` with the degree-5 minimax `P` of the Cephes library
 //! (max relative error ≈ 1 ulp on `[−½ ln 2, ½ ln 2]`). Arguments below `−87.3` (including
 //! `−∞`, the masked scores) give exactly 0; the softmax never passes arguments above 0.
@@ -21,12 +22,22 @@ pub trait VecMath: Real {
     /// `xs[i] ← e^{a·(xs[i] − m)}` for every `i` (`a > 0`, `xs[i] ≤ m` or `−∞`); returns the
     /// sum of the new values.
     fn exp_scaled_sum(xs: &mut [Self], m: Self, a: Self) -> Self;
+
+    /// `eˣ` of one value, written so that a loop over lanes vectorises ([`exp_f32`] for
+    /// `f32`, the standard library's `exp` for `f64`); `−∞` gives 0. `fused`: the caller is
+    /// built for a target with FMA (`multiversion::target::target_cfg_f!`), so the polynomial
+    /// may use fused multiply-adds.
+    fn exp_lane(x: Self, fused: bool) -> Self;
 }
 
 impl VecMath for f32 {
     #[inline]
     fn exp_scaled_sum(xs: &mut [f32], m: f32, a: f32) -> f32 {
         exp_scaled_sum_f32(xs, m, a)
+    }
+    #[inline(always)]
+    fn exp_lane(x: f32, fused: bool) -> f32 {
+        exp_f32_with(x, fused)
     }
 }
 
@@ -40,6 +51,10 @@ impl VecMath for f64 {
         }
         sum
     }
+    #[inline(always)]
+    fn exp_lane(x: f64, _fused: bool) -> f64 {
+        x.exp()
+    }
 }
 
 /// Width of the independent partial sums (lets the sum vectorise without reassociation).
@@ -47,18 +62,19 @@ const LANES: usize = 16;
 
 #[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn exp_scaled_sum_f32(xs: &mut [f32], m: f32, a: f32) -> f32 {
+    let fused = multiversion::target::target_cfg_f!(target_feature = "fma");
     let mut acc = [0.0f32; LANES];
     let mut chunks = xs.chunks_exact_mut(LANES);
     for c in &mut chunks {
         for i in 0..LANES {
-            let e = exp_f32(a * (c[i] - m));
+            let e = exp_f32_with(a * (c[i] - m), fused);
             c[i] = e;
             acc[i] += e;
         }
     }
     let mut tail = 0.0f32;
     for x in chunks.into_remainder() {
-        let e = exp_f32(a * (*x - m));
+        let e = exp_f32_with(a * (*x - m), fused);
         *x = e;
         tail += e;
     }
@@ -68,22 +84,37 @@ fn exp_scaled_sum_f32(xs: &mut [f32], m: f32, a: f32) -> f32 {
 /// `eˣ` for `f32`, branch-free (see the module docs).
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
+    exp_f32_with(x, false)
+}
+
+/// `a·b + c`, one fused multiply-add when `fused` (a constant after inlining; pass `true` only
+/// inside code built for a target with FMA, else it is a slow library call).
+#[inline(always)]
+fn madd(a: f32, b: f32, c: f32, fused: bool) -> f32 {
+    if fused { a.mul_add(b, c) } else { a * b + c }
+}
+
+/// [`exp_f32`], with fused multiply-adds in the polynomial when `fused`.
+#[inline(always)]
+pub fn exp_f32_with(x: f32, fused: bool) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     const LO: f32 = -87.33;
     const HI: f32 = 88.0;
+    // 1.5·2²³: adding it rounds to the nearest integer, held in the low bits of the mantissa
+    // (so n and 2ⁿ come from float and integer adds, with no float-to-int conversion).
+    const SHIFTER: f32 = 12_582_912.0;
     let xc = x.clamp(LO, HI);
-    let n = (xc * LOG2E + 0.5).floor();
-    let r = xc - n * LN2_HI - n * LN2_LO;
+    let j = madd(xc, LOG2E, SHIFTER, fused);
+    let n = j - SHIFTER;
+    let r = madd(-n, LN2_LO, madd(-n, LN2_HI, xc, fused), fused);
     let mut p = 1.987_569_1e-4_f32;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
-    let er = p * r * r + r + 1.0;
-    let two_n = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+        p = madd(p, r, c, fused);
+    }
+    let er = madd(p, r * r, r, fused) + 1.0;
+    let two_n = f32::from_bits(j.to_bits().wrapping_sub(SHIFTER.to_bits()).wrapping_add(127) << 23);
     if x < LO { 0.0 } else { er * two_n }
 }
 
@@ -93,15 +124,17 @@ mod tests {
 
     #[test]
     fn exp_f32_matches_std_within_two_ulp_over_the_softmax_range() {
-        let mut worst = 0.0f64;
-        let mut x = -87.0f32;
-        while x <= 0.0 {
-            let want = (x as f64).exp();
-            let got = exp_f32(x) as f64;
-            worst = worst.max(((got - want) / want).abs());
-            x += 0.0137;
+        for fused in [false, true] {
+            let mut worst = 0.0f64;
+            let mut x = -87.0f32;
+            while x <= 0.0 {
+                let want = (x as f64).exp();
+                let got = exp_f32_with(x, fused) as f64;
+                worst = worst.max(((got - want) / want).abs());
+                x += 0.0137;
+            }
+            assert!(worst < 2.5e-7, "fused {fused}: worst relative error {worst}");
         }
-        assert!(worst < 2.5e-7, "worst relative error {worst}");
         assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_f32(-200.0), 0.0);
         assert!((exp_f32(80.0) as f64 / 80f64.exp() - 1.0).abs() < 1e-6);

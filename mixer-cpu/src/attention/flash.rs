@@ -3,29 +3,34 @@
 //!
 //! For a block of queries `[i₀, i₁)` the key blocks `[j₀, j₁)` that intersect the visible
 //! range `[max(0, i₀ + 1 − w), i₁)` are visited in order (tiles wholly outside the causal
-//! triangle or the window are never touched). Per tile:
-//! `Uᵀ = K_j (sign(σ)·Q_i)ᵀ` (one matmul: the keys `u = sign(σ)·q·k` of
-//! [`Logits`](mixer_core::mixers::attention::Logits), unscaled), then per query `t` (one
-//! contiguous column of `Uᵀ`): keys outside `[first(t), t]` are set to `−∞` — only on tiles
-//! that straddle the diagonal or the window's edge — and the running maximum key `m`,
-//! denominator `ℓ` and output `o` are updated:
+//! triangle or the window are never touched). The queries are the lanes of every tile: the
+//! block keeps `Qᵀ [Dk, n]`, `Oᵀ [Dv, n]` and per lane the running maximum key `m` and
+//! denominator `ℓ` (`n` = the block's queries rounded up to a multiple of 32, padded with zero
+//! queries whose results are dropped). Per tile:
+//! `Sᵀ = K_j (sign(σ)·Q_i)ᵀ` (one matmul: the keys `u = sign(σ)·q·k` of
+//! [`Logits`](mixer_core::mixers::attention::Logits), unscaled), then row by row of `Sᵀ`
+//! (one key against every query, so every step below is elementwise over the lanes and
+//! vectorises, with no horizontal reductions): keys outside `[first(t), t]` are set to `−∞` —
+//! only on tiles that straddle the diagonal or the window's edge, where the visible lanes of a
+//! key are one contiguous range — and
 //! `m' = max(m, maxₛ u_s)`, `ℓ' = e^{|σ|(m − m')} ℓ + Σₛ e^{|σ|(u_s − m')}`,
 //! `o' = e^{|σ|(m − m')} o + Σₛ e^{|σ|(u_s − m')} vₛ` — differences before products, so a
 //! huge `σ` or huge scores never overflow an intermediate; the exponentials by the vectorised
-//! [`VecMath::exp_scaled_sum`], the sum over `s` as one matmul `Oᵀ += V_jᵀ Pᵀ`. At the end
-//! `y_t = o / ℓ`.
+//! [`VecMath::exp_lane`], the sum over `s` as one matmul `Oᵀ += V_jᵀ Pᵀ`. At the end
+//! `y_t = o / ℓ`. The lane loops are built for AVX-512, AVX2 + FMA and NEON and chosen at run
+//! time (`multiversion`).
 //!
-//! Exact fallback: a query block where some `q·k` overflowed in `F` (an `f32` dot product
-//! beyond 3.4e38), or a scale `σ` that is 0 or not representable in `F`, is computed by
-//! [`exact_block`] instead: keys formed again in `f64` where needed and weights in `f64`
-//! (slower, and only ever taken on such inputs).
+//! Exact fallback: a query block where some `q·k` of a visited tile overflowed in `F` (an
+//! `f32` dot product beyond 3.4e38; checked per tile only in heads where the bound
+//! `maxₜ‖q_t‖ · maxₛ‖k_s‖` does not rule it out, see [`may_overflow`]), or a scale `σ` that is
+//! 0 or not representable in `F`, is computed by [`exact_block`] instead: keys formed again in
+//! `f64` where needed and weights in `f64` (slower, and only ever taken on such inputs).
 //!
 //! Memory per task is `O(B_q·B_k + B_q·D_v)`; tasks (batch × head × query block) run in
 //! parallel with rayon, each product sequential inside its task.
 
 use faer::linalg::matmul::matmul;
-use faer::prelude::{Reborrow, ReborrowMut};
-use faer::{Accum, Mat, MatRef, Par};
+use faer::{Accum, MatMut, MatRef, Par};
 use mixer_core::mixers::attention::{Attention, Logits};
 use mixer_core::{Result, Tensors};
 use ndarray::{Array2, Array3, Array4, ArrayD, s};
@@ -33,26 +38,42 @@ use rayon::prelude::*;
 
 use super::{heads_major, key};
 use crate::vmath::VecMath;
+use multiversion::multiversion;
 
-/// Query block size.
+/// Query block size of the backward pass.
 pub const BLOCK_Q: usize = 128;
-/// Key block size.
+/// Key block size (forward and backward).
 pub const BLOCK_K: usize = 128;
+/// Query block size of the forward pass (the lanes of a tile; `Sᵀ [B_k, 64]` stays in L1).
+/// Measured at T = 4k and 16k (f32, H = 4, D = 64, 2 threads) against 32, 128 and 256.
+const FWD_BLOCK_Q: usize = 64;
+/// Lane granularity of the fast path: a query block is padded to a multiple of this many
+/// queries (two AVX-512 registers of `f32`).
+const NR: usize = 32;
+/// Lanes per register-resident chunk of the softmax passes (two AVX-512 registers of `f32`:
+/// two independent dependency chains down the rows).
+const LANES: usize = NR;
 
 /// `y [B,T,H,Dv]` by streaming over key blocks.
 pub fn flash<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let (q, k, v) = (heads_major(inputs, "q")?, heads_major(inputs, "k")?, heads_major(inputs, "v")?);
     let (bn, hn, tn, _) = q.dim();
     let dv = v.dim().3;
-    let (tasks, outs) = blocks(a, &q, &k, &v)?;
+    let (_, outs) = blocks(a, &q, &k, &v)?;
+    // Task (b, h, block) is number (b·H + h)·blocks + block (see `blocks`); rows of y in parallel.
+    let nblocks = tn.div_ceil(FWD_BLOCK_Q);
     let mut y = Array4::<F>::zeros((bn, tn, hn, dv));
-    for (&(b, h, i0), (ot, _)) in tasks.iter().zip(&outs) {
-        for r in 0..ot.ncols() {
-            let mut row = y.slice_mut(s![b, i0 + r, h, ..]);
-            for (d, x) in row.iter_mut().enumerate() {
-                *x = ot[(d, r)];
+    if let Some(data) = y.as_slice_mut().filter(|d| !d.is_empty()) {
+        data.par_chunks_mut(hn * dv).enumerate().for_each(|(bt, row)| {
+            let (b, t) = (bt / tn, bt % tn);
+            for (h, out) in row.chunks_exact_mut(dv).enumerate() {
+                let blk = &outs[(b * hn + h) * nblocks + t / FWD_BLOCK_Q];
+                let r = t % FWD_BLOCK_Q;
+                for (d, x) in out.iter_mut().enumerate() {
+                    *x = blk.ot[d * blk.ld + r];
+                }
             }
-        }
+        });
     }
     Ok(y.into_dyn())
 }
@@ -71,26 +92,57 @@ pub(crate) fn forward<F: VecMath>(
     let (tasks, outs) = blocks(a, q, k, v)?;
     let mut y = Array4::<F>::zeros((bn, hn, tn, dv));
     let mut lse = Array3::<F>::zeros((bn, hn, tn));
-    for (&(b, h, i0), (ot, lb)) in tasks.iter().zip(&outs) {
-        for r in 0..ot.ncols() {
+    for (&(b, h, i0), blk) in tasks.iter().zip(&outs) {
+        for (r, &lr) in blk.lse.iter().enumerate() {
             for d in 0..dv {
-                y[[b, h, i0 + r, d]] = ot[(d, r)];
+                y[[b, h, i0 + r, d]] = blk.ot[d * blk.ld + r];
             }
-            lse[[b, h, i0 + r]] = lb[r];
+            lse[[b, h, i0 + r]] = lr;
         }
     }
     Ok((y, lse))
 }
 
-/// The tasks (batch row, head, first query of the block) and, per task, `Oᵀ [Dv, nq]` and the
-/// rows' log-sum-exp.
+/// The result of one query block of `nq` rows: `Oᵀ` (`ot[d·ld + r]`, `ld ≥ nq`, the normalised
+/// outputs) and the rows' log-sum-exp.
+struct Block<F> {
+    ot: Vec<F>,
+    ld: usize,
+    lse: Vec<F>,
+}
+
+/// One head's keys and values, row-major `K [T, Dk]` and `V [T, Dv]`; `may_overflow`: the
+/// norm bound of [`may_overflow`] does not rule out a non-finite `q·k` in `F`.
+struct Head<'a, F> {
+    k: &'a [F],
+    v: &'a [F],
+    dk: usize,
+    dv: usize,
+    may_overflow: bool,
+}
+
+/// Whether some computed `q·k` (queries `q [T, Dk]`, keys `k [T, Dk]` of one head, row-major)
+/// may be non-finite in `F`: by Cauchy–Schwarz every partial sum of a dot product in `F` is at
+/// most `maxₜ‖q_t‖ · maxₛ‖k_s‖ · (1 + 2·Dk·ε)`, so below `F::MAX` nothing overflows and the
+/// per-tile check is skipped. Non-finite inputs give `true`.
+fn may_overflow<F: VecMath>(q: &[F], k: &[F], dk: usize) -> bool {
+    let max_norm = |x: &[F]| {
+        x.chunks_exact(dk.max(1))
+            .map(|row| row.iter().map(|&e| e.f64() * e.f64()).sum::<f64>().sqrt())
+            .fold(0.0f64, |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) })
+    };
+    let bound = max_norm(q) * max_norm(k) * (1.0 + 2.0 * dk as f64 * F::epsilon().f64());
+    bound.is_nan() || bound >= F::max_value().f64()
+}
+
+/// The tasks (batch row, head, first query of the block) and, per task, its [`Block`].
 #[allow(clippy::type_complexity)]
 fn blocks<F: VecMath>(
     a: &Attention,
     q: &Array4<F>,
     k: &Array4<F>,
     v: &Array4<F>,
-) -> Result<(Vec<(usize, usize, usize)>, Vec<(Mat<F>, Vec<F>)>)> {
+) -> Result<(Vec<(usize, usize, usize)>, Vec<Block<F>>)> {
     let (bn, hn, tn, dk) = q.dim();
     let dv = v.dim().3;
     let sigma = a.scale(dk);
@@ -106,22 +158,23 @@ fn blocks<F: VecMath>(
     };
     let (qs, ks, vs) = (slice_of(qsigned), slice_of(k), slice_of(v));
     let tasks: Vec<(usize, usize, usize)> = (0..bn)
-        .flat_map(|b| (0..hn).flat_map(move |h| (0..tn).step_by(BLOCK_Q).map(move |i0| (b, h, i0))))
+        .flat_map(|b| (0..hn).flat_map(move |h| (0..tn).step_by(FWD_BLOCK_Q).map(move |i0| (b, h, i0))))
         .collect();
-    let head = |b: usize, h: usize, d: usize| (b * hn + h) * tn * d;
+    let risky: Vec<bool> = (0..bn * hn)
+        .into_par_iter()
+        .map(|bh| fast && may_overflow(&qs[bh * tn * dk..][..tn * dk], &ks[bh * tn * dk..][..tn * dk], dk))
+        .collect();
     let lg = a.logits(dk);
     let outs = tasks
         .par_iter()
         .map(|&(b, h, i0)| {
-            let i1 = (i0 + BLOCK_Q).min(tn);
+            let i1 = (i0 + FWD_BLOCK_Q).min(tn);
             if fast {
-                let qb = MatRef::from_row_major_slice(
-                    &qs[head(b, h, dk) + i0 * dk..][..(i1 - i0) * dk],
-                    i1 - i0,
-                    dk,
-                );
-                let (kh, vh) = (&ks[head(b, h, dk)..][..tn * dk], &vs[head(b, h, dv)..][..tn * dv]);
-                if let Some(out) = query_block(a, qb, i0, kh, vh, dk, dv, abs) {
+                let bh = b * hn + h;
+                let qb = &qs[(bh * tn + i0) * dk..][..(i1 - i0) * dk];
+                let kh = &ks[bh * tn * dk..][..tn * dk];
+                let head = Head { k: kh, v: &vs[bh * tn * dv..][..tn * dv], dk, dv, may_overflow: risky[bh] };
+                if let Some(out) = query_block(a, qb, i0, i1 - i0, &head, abs) {
                     return Ok(out);
                 }
             }
@@ -136,75 +189,130 @@ fn slice_of<F: VecMath>(a: &Array4<F>) -> &[F] {
     a.as_slice().expect("heads_major returns a standard-layout array")
 }
 
-/// Column `j` of a column-major `Mat` as a slice.
-fn col_slice<F: VecMath>(m: &mut Mat<F>, j: usize) -> &mut [F] {
-    m.as_mut().col_mut(j).try_as_col_major_mut().expect("a column of a Mat is contiguous").as_slice_mut()
-}
-
-/// `Oᵀ [Dv, nq]` for the queries `qb` (sign-adjusted, rows `i₀..i₀+nq`) of one head whose
-/// keys and values are the row-major `k [T, Dk]`, `v [T, Dv]`; `abs` is `|σ|`. `None` when
-/// a key is not finite in `F` (the caller then takes the exact path). Also returns the
-/// rows' log-sum-exp `|σ|·m + ln ℓ`.
-#[allow(clippy::too_many_arguments)]
+/// The fast path for the `nq` queries `qb [nq, Dk]` (row-major, sign-adjusted, rows
+/// `i₀..i₀+nq`) of one head; `abs` is `|σ|`. The queries are the lanes of every tile
+/// (`n = nq` rounded up to [`NR`], padded with zero queries whose results are dropped), so the
+/// online softmax runs down the columns of `Sᵀ [B_k, n]` with no horizontal reductions.
+/// `None` when a computed key `q·k` is not finite in `F` (the caller then takes the exact
+/// path).
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn query_block<F: VecMath>(
     a: &Attention,
-    qb: MatRef<'_, F>,
+    qb: &[F],
     i0: usize,
-    k: &[F],
-    v: &[F],
-    dk: usize,
-    dv: usize,
+    nq: usize,
+    head: &Head<'_, F>,
     abs: F,
-) -> Option<(Mat<F>, Vec<F>)> {
-    let nq = qb.nrows();
+) -> Option<Block<F>> {
+    let Head { k, v, dk, dv, may_overflow } = *head;
+    let fused = multiversion::target::target_cfg_f!(target_feature = "fma");
+    let n = nq.div_ceil(NR) * NR;
     let i1 = i0 + nq;
-    let mut m = vec![F::neg_infinity(); nq];
-    let mut l = vec![F::zero(); nq];
-    let mut ot = Mat::<F>::zeros(dv, nq);
-    let mut st = Mat::<F>::zeros(BLOCK_K, nq);
+    let mut qt = vec![F::zero(); dk * n];
+    for (r, row) in qb.chunks_exact(dk.max(1)).take(nq).enumerate() {
+        for (d, &x) in row.iter().enumerate() {
+            qt[d * n + r] = x;
+        }
+    }
+    // The first visible key of every lane (non-decreasing in the lane).
+    let first: Vec<usize> = (0..n).map(|r| a.first_key(i0 + r)).collect();
+    let (mut m, mut l) = (vec![F::neg_infinity(); n], vec![F::zero(); n]);
+    let (mut mnew, mut msafe, mut corr, mut psum, mut bad) =
+        (vec![F::zero(); n], vec![F::zero(); n], vec![F::zero(); n], vec![F::zero(); n], vec![F::zero(); n]);
+    let mut ot = vec![F::zero(); dv * n];
+    let mut st = vec![F::zero(); BLOCK_K * n];
     let mut j0 = a.first_key(i0) / BLOCK_K * BLOCK_K;
     while j0 < i1 {
         let j1 = (j0 + BLOCK_K).min(i1);
         let nk = j1 - j0;
+        let s = &mut st[..nk * n];
+        // Sᵀ = K_j Qᵀ.
         let kb = MatRef::from_row_major_slice(&k[j0 * dk..j1 * dk], nk, dk);
-        let vb = MatRef::from_row_major_slice(&v[j0 * dv..j1 * dv], nk, dv);
-        let mut sv = st.as_mut().submatrix_mut(0, 0, nk, nq);
-        matmul(sv.rb_mut(), Accum::Replace, kb, qb.transpose(), F::one(), Par::Seq);
-        for r in 0..nq {
-            let t = i0 + r;
-            let (lo, hi) = (a.first_key(t).max(j0), (t + 1).min(j1));
-            let col = sv.rb_mut().col_mut(r).try_as_col_major_mut().expect("a column of a Mat is contiguous");
-            let col = col.as_slice_mut();
-            if lo >= hi {
-                col.fill(F::zero());
-                continue;
-            }
-            let mut mx = m[r];
-            for &u in &col[lo - j0..hi - j0] {
-                if !u.is_finite() {
-                    return None;
+        let qm = MatRef::from_row_major_slice(&qt, dk, n);
+        matmul(MatMut::from_row_major_slice_mut(s, nk, n), Accum::Replace, kb, qm, F::one(), Par::Seq);
+        // Finiteness, only where the norm bound allows an overflow (x·0 is NaN exactly when x
+        // is not finite).
+        if may_overflow {
+            bad.fill(F::zero());
+            for row in s.chunks_exact(n) {
+                for (z, &x) in bad.iter_mut().zip(row) {
+                    *z += x * F::zero();
                 }
-                mx = mx.max(u);
             }
-            col[..lo - j0].fill(F::neg_infinity());
-            col[hi - j0..].fill(F::neg_infinity());
-            let corr = if m[r] == F::neg_infinity() { F::zero() } else { (abs * (m[r] - mx)).exp() };
-            let sum = F::exp_scaled_sum(col, mx, abs);
-            l[r] = l[r] * corr + sum;
-            m[r] = mx;
-            if corr != F::one() {
-                col_slice(&mut ot, r).iter_mut().for_each(|x| *x *= corr);
+            if bad.iter().any(|z| z.is_nan()) {
+                return None;
             }
         }
-        matmul(ot.as_mut(), Accum::Add, vb.transpose(), sv.rb(), F::one(), Par::Seq);
+        // The mask of tiles that cross the diagonal or the window's edge (visible lanes of key
+        // s: r ≥ s − i₀ and first(i₀ + r) ≤ s, a contiguous range).
+        if j1 > i0 + 1 || j0 < first[nq - 1] {
+            for (c, row) in s.chunks_exact_mut(n).enumerate() {
+                let key = j0 + c;
+                let lo = key.saturating_sub(i0).min(n);
+                let hi = first.partition_point(|&f| f <= key).max(lo);
+                row[..lo].fill(F::neg_infinity());
+                row[hi..].fill(F::neg_infinity());
+            }
+        }
+        // The running maximum, LANES lanes at a time down the rows (accumulators in registers).
+        for w0 in (0..n).step_by(LANES) {
+            let mut mx: [F; LANES] = m[w0..w0 + LANES].try_into().expect("LANES lanes");
+            for row in s.chunks_exact(n) {
+                // No NaN reaches this point (inputs are finite or the check above ran), so a
+                // plain comparison (one vector max) is the maximum.
+                for (a, &x) in mx.iter_mut().zip(&row[w0..w0 + LANES]) {
+                    *a = if x > *a { x } else { *a };
+                }
+            }
+            mnew[w0..w0 + LANES].copy_from_slice(&mx);
+        }
+        for r in 0..n {
+            corr[r] = if m[r] == F::neg_infinity() {
+                F::zero()
+            } else {
+                F::exp_lane(abs * (m[r] - mnew[r]), fused)
+            };
+            msafe[r] = if mnew[r] == F::neg_infinity() { F::zero() } else { mnew[r] };
+        }
+        m.copy_from_slice(&mnew);
+        // Pᵀ = e^{|σ|(Sᵀ − m)} and its column sums, LANES lanes at a time.
+        for w0 in (0..n).step_by(LANES) {
+            let ms: [F; LANES] = msafe[w0..w0 + LANES].try_into().expect("LANES lanes");
+            let mut acc = [F::zero(); LANES];
+            for row in s.chunks_exact_mut(n) {
+                for ((x, &mr), a) in row[w0..w0 + LANES].iter_mut().zip(&ms).zip(acc.iter_mut()) {
+                    let e = F::exp_lane(abs * (*x - mr), fused);
+                    *x = e;
+                    *a += e;
+                }
+            }
+            psum[w0..w0 + LANES].copy_from_slice(&acc);
+        }
+        for r in 0..n {
+            l[r] = l[r] * corr[r] + psum[r];
+        }
+        // Oᵀ ← Oᵀ diag(corr) + V_jᵀ Pᵀ.
+        for row in ot.chunks_exact_mut(n) {
+            for (o, &cr) in row.iter_mut().zip(&corr) {
+                *o *= cr;
+            }
+        }
+        let vb = MatRef::from_row_major_slice(&v[j0 * dv..j1 * dv], nk, dv);
+        let pm = MatRef::from_row_major_slice(s, nk, n);
+        let om = MatMut::from_row_major_slice_mut(&mut ot, dv, n);
+        matmul(om, Accum::Add, vb.transpose(), pm, F::one(), Par::Seq);
         j0 = j1;
     }
     for r in 0..nq {
-        let inv = F::one() / l[r];
-        col_slice(&mut ot, r).iter_mut().for_each(|x| *x *= inv);
+        corr[r] = F::one() / l[r];
+    }
+    for row in ot.chunks_exact_mut(n) {
+        for (o, &inv) in row.iter_mut().zip(&corr[..nq]) {
+            *o *= inv;
+        }
     }
     let lse = (0..nq).map(|r| abs * m[r] + l[r].ln()).collect();
-    Some((ot, lse))
+    Some(Block { ot, ld: n, lse })
 }
 
 /// The exact path for the query rows `[i₀, i₁)` of batch row `b`, head `h` (inputs `[B,H,T,D]`,
@@ -215,7 +323,7 @@ fn exact_block<F: VecMath>(
     lg: &Logits,
     (q, k, v): (&Array4<F>, &Array4<F>, &Array4<F>),
     (b, h, i0, i1): (usize, usize, usize, usize),
-) -> Result<(Mat<F>, Vec<F>)> {
+) -> Result<Block<F>> {
     const BK: usize = 64;
     let nq = i1 - i0;
     let dv = v.dim().3;
@@ -264,14 +372,84 @@ fn exact_block<F: VecMath>(
         o += &p.dot(&vb);
         j0 = j1;
     }
-    let mut ot = Mat::<F>::zeros(dv, nq);
+    let mut ot = vec![F::zero(); dv * nq];
     for r in 0..nq {
         let inv = F::one() / l[r];
         for d in 0..dv {
-            ot[(d, r)] = o[[r, d]] * inv;
+            ot[d * nq + r] = o[[r, d]] * inv;
         }
     }
     let abs = a.scale(q.dim().3).abs();
     let lse = (0..nq).map(|r| F::of(abs * m[r] + l[r].f64().ln())).collect();
-    Ok((ot, lse))
+    Ok(Block { ot, ld: nq, lse })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::may_overflow;
+
+    /// The norm bound: ordinary inputs need no check; norms whose product nears `F::MAX`, or a
+    /// non-finite input, do.
+    #[test]
+    fn overflow_bound() {
+        let q: Vec<f32> = (0..3 * 5).map(|i| (i % 7) as f32 - 3.0).collect();
+        assert!(!may_overflow(&q, &q, 5));
+        let big: Vec<f32> = q.iter().map(|x| x * 4e18).collect();
+        assert!(may_overflow(&big, &big, 5));
+        let small: Vec<f32> = q.iter().map(|x| x * 1e-20).collect();
+        assert!(!may_overflow(&big, &small, 5));
+        let mut nan = q.clone();
+        nan[7] = f32::NAN;
+        assert!(may_overflow(&nan, &q, 5));
+        assert!(may_overflow(&q, &[f32::INFINITY; 5], 5));
+        // f64 has room where f32 has none.
+        let big64: Vec<f64> = big.iter().map(|&x| x as f64).collect();
+        assert!(!may_overflow(&big64, &big64, 5));
+    }
+    /// Prints the machine's `f32` matmul rate with faer: one large product on two threads, and
+    /// the forward's tile shapes at `Dk = Dv = 64` (scores `K_j Qᵀ`: `128×64·64×64`, values
+    /// `V_jᵀ Pᵀ`: `64×128·128×64`; and the same with 128 queries) sequential inside two tasks
+    /// that run at once, as the fast form runs them, on operands that stay in cache.
+    /// A measurement, not a check:
+    /// `cargo test --release -p mixer-cpu --lib -- --ignored --nocapture matmul_rates`.
+    #[test]
+    #[ignore]
+    fn matmul_rates() {
+        use faer::linalg::matmul::matmul;
+        use faer::{Accum, Mat, Par};
+        use rayon::prelude::*;
+        use std::time::Instant;
+        let best = |f: &dyn Fn()| {
+            f();
+            (0..3)
+                .map(|_| {
+                    let t = Instant::now();
+                    f();
+                    t.elapsed().as_secs_f64()
+                })
+                .fold(f64::INFINITY, f64::min)
+        };
+        let big = 2048;
+        let x = Mat::<f32>::from_fn(big, big, |i, j| ((i * 7 + j * 3) % 11) as f32 * 0.1);
+        let t = best(&|| {
+            let mut y = Mat::<f32>::zeros(big, big);
+            matmul(y.as_mut(), Accum::Replace, x.as_ref(), x.as_ref(), 1.0, Par::rayon(2));
+        });
+        println!("faer {big}³ on 2 threads: {:.1} GFLOP/s", 2.0 * (big as f64).powi(3) / t / 1e9);
+        for (m, k, n) in [(128usize, 64usize, 64usize), (64, 128, 64), (128, 64, 128), (64, 128, 128)] {
+            let a = Mat::<f32>::from_fn(m, k, |i, j| ((i + 2 * j) % 5) as f32 * 0.1);
+            let b = Mat::<f32>::from_fn(k, n, |i, j| ((3 * i + j) % 7) as f32 * 0.1);
+            let reps = 200;
+            let t = best(&|| {
+                (0..2).into_par_iter().for_each(|_| {
+                    let mut c = Mat::<f32>::zeros(m, n);
+                    for _ in 0..reps {
+                        matmul(c.as_mut(), Accum::Add, a.as_ref(), b.as_ref(), 1.0, Par::Seq);
+                    }
+                });
+            });
+            let flops = 2.0 * 2.0 * (m * k * n * reps) as f64;
+            println!("faer {m}×{k}·{k}×{n}, two tasks at once: {:.1} GFLOP/s", flops / t / 1e9);
+        }
+    }
 }

@@ -18,17 +18,29 @@ use mixer_core::tensor::get;
 use mixer_core::{Error, Real, Result, Tensors};
 use mixer_registry::{BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, register};
 use ndarray::{Array4, ArrayView1};
+use rayon::prelude::*;
 
-/// `a [B,T,H,D]` as a contiguous `[B,H,T,D]` array (one head's rows contiguous).
+/// `a [B,T,H,D]` as a contiguous `[B,H,T,D]` array (one head's rows contiguous), copied
+/// row by row (the `D` values of one `(b, t, h)` are contiguous in the input), in parallel
+/// over `(b, h)`.
 pub(crate) fn heads_major<F: Real>(inputs: &Tensors<F>, name: &str) -> Result<Array4<F>> {
     let a = get(inputs, name)?;
     if a.ndim() != 4 {
         return Err(Error::shape(name, "[B, T, H, D]", mixer_core::error::fmt_shape(a.shape())));
     }
-    let v = a.view().permuted_axes(ndarray::IxDyn(&[0, 2, 1, 3]));
-    let s = v.shape().to_vec();
-    let data: Vec<F> = v.iter().copied().collect();
-    Array4::from_shape_vec((s[0], s[1], s[2], s[3]), data).map_err(|e| Error::Numerical(e.to_string()))
+    let (bn, tn, hn, dn) = (a.shape()[0], a.shape()[1], a.shape()[2], a.shape()[3]);
+    let src = a.as_standard_layout();
+    let src = src.as_slice().expect("a standard-layout array is contiguous");
+    let mut data = vec![F::zero(); src.len()];
+    if tn * dn > 0 {
+        data.par_chunks_mut(tn * dn).enumerate().for_each(|(bh, dst)| {
+            let (b, h) = (bh / hn, bh % hn);
+            for (t, row) in dst.chunks_exact_mut(dn).enumerate() {
+                row.copy_from_slice(&src[((b * tn + t) * hn + h) * dn..][..dn]);
+            }
+        });
+    }
+    Array4::from_shape_vec((bn, hn, tn, dn), data).map_err(|e| Error::Numerical(e.to_string()))
 }
 
 /// The softmax key ([`Logits::key`]) of a score `dot` computed in `F` between query row

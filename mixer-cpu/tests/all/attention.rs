@@ -42,6 +42,27 @@ fn every_form_matches_the_oracle() {
     }
 }
 
+/// The fast form's tiles (64 queries × 128 keys, queries padded to 32 lanes) at lengths that
+/// are no multiple of either, with head sizes like a model's (Dk = 64, Dv = 40) and windows
+/// whose edge cuts through tiles: every form against the f64 oracle in f64 and f32.
+#[test]
+fn fast_form_across_tile_boundaries() {
+    let cpu = [cpu()];
+    for (i, (cfg, t)) in
+        [(json!({}), 331usize), (json!({"window": 150}), 331), (json!({"window": 64, "scale": -0.2}), 203)]
+            .into_iter()
+            .enumerate()
+    {
+        let m = mixer("attention", &cfg).unwrap();
+        let sizes = Sizes { batch: 1, seq: t, heads: 2, dk: 64, dv: 40, ..Sizes::default() };
+        let rows = check(m.as_ref(), &cpu, &sizes, 90 + i as u64);
+        assert_eq!(rows.len(), 6, "{rows:?}");
+        for r in rows {
+            assert!(r.pass, "{cfg} T={t}: {r:?}");
+        }
+    }
+}
+
 /// The shared backend suite on every configuration here, at T = 150 (several 64-key
 /// blocks, not a multiple of one): decode = fast at every prefix, the KV-cache formula, f32
 /// against f64, error paths.
