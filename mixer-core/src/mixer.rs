@@ -208,7 +208,7 @@ pub fn run_decoder<F: Real>(
 /// bug), and it is reported with its index instead of being written silently.
 pub fn check_output(m: &dyn Mixer, form: crate::Form, backend: &str, y: &Tensor) -> Result<()> {
     fn first_bad<F: Real>(a: &ArrayD<F>) -> Option<(Vec<usize>, f64)> {
-        if a.iter().all(|x| x.is_finite()) {
+        if crate::spec::Constraint::Finite.all(a) {
             return None;
         }
         a.indexed_iter().find(|(_, x)| !x.is_finite()).map(|(i, x)| (i.as_array_view().to_vec(), x.f64()))
