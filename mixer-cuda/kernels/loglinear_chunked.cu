@@ -182,6 +182,30 @@ __device__ void llc_tree(T* __restrict__ F, double* A, int e, int BH, int Dk, in
     if (threadIdx.x == 0) A[dst] = A[lo] + au;
 }
 
+// The chunk's raw scores acc[a][b'] = q_r · k_s (r = ty + 16a, s = tx + 16b', rows ≥ n zero),
+// through key-column tiles of 16 staged transposed in Xs, Ys [16][65]. 256 threads.
+template <typename T, int CH>
+__device__ inline void llc_qk(T (&acc)[CH / 16][CH / 16], const T* q, const T* k, T* Xs, T* Ys, long long row0,
+                              int H, int Dk, int n) {
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
+        for (int idx = tid; idx < LLC_KT * CH; idx += 256) {
+            const int r = idx / LLC_KT, kk = idx % LLC_KT, c = c0 + kk;
+            T qv = (T)0, kv = (T)0;
+            if (r < n && c < Dk) {
+                const long long row = row0 + (long long)r * H;
+                qv = q[row * Dk + c];
+                kv = k[row * Dk + c];
+            }
+            Xs[kk * LLC_LD + r] = qv;
+            Ys[kk * LLC_LD + r] = kv;
+        }
+        __syncthreads();
+        llc_gemm<T, CH / 16, CH / 16, LLC_LD, LLC_LD>(acc, Xs, Ys, LLC_KT, ty, tx);
+        __syncthreads();
+    }
+}
+
 // The states chunk i reads between chunks (thread 0 of llc_out / llc_out_tc; returns how many):
 // for every set bit e − 1 of i, its tree entry (the level-(e−1) block 2·(i ≫ e)), the decay from
 // that block's end to the chunk's start (the entries of the lower set bits summed) and e; with
@@ -234,22 +258,7 @@ __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_
     // Intra-chunk scores P[r][s] (r = ty + 16a, s = tx + 16b'), masked, decayed, weighted.
     {
         T acc[RI][RI] = {};
-        for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
-            for (int idx = tid; idx < LLC_KT * CH; idx += 256) {
-                const int r = idx / LLC_KT, kk = idx % LLC_KT, c = c0 + kk;
-                T qv = (T)0, kv = (T)0;
-                if (r < n && c < Dk) {
-                    const long long row = row0 + (long long)r * H;
-                    qv = q[row * Dk + c];
-                    kv = k[row * Dk + c];
-                }
-                Xs[kk * LLC_LD + r] = qv;
-                Ys[kk * LLC_LD + r] = kv;
-            }
-            __syncthreads();
-            llc_gemm<T, RI, RI, LLC_LD, LLC_LD>(acc, Xs, Ys, LLC_KT, ty, tx);
-            __syncthreads();
-        }
+        llc_qk<T, CH>(acc, q, k, Xs, Ys, row0, H, Dk, n);
 #pragma unroll
         for (int a = 0; a < RI; ++a)
 #pragma unroll
@@ -852,18 +861,7 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
     llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
     {
         T acc[RI][RI] = {};
-        for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
-            for (int idx = tid; idx < LLC_KT * CH; idx += 256) {
-                const int r = idx / LLC_KT, kk = idx % LLC_KT, c = c0 + kk;
-                const bool ok = r < n && c < Dk;
-                const long long at = (row0 + (long long)r * H) * Dk + c;
-                Xs[kk * LLC_LD + r] = ok ? q[at] : (T)0;
-                Ys[kk * LLC_LD + r] = ok ? k[at] : (T)0;
-            }
-            __syncthreads();
-            llc_gemm<T, RI, RI, LLC_LD, LLC_LD>(acc, Xs, Ys, LLC_KT, ty, tx);
-            __syncthreads();
-        }
+        llc_qk<T, CH>(acc, q, k, Xs, Ys, row0, H, Dk, n);
 #pragma unroll
         for (int a = 0; a < RI; ++a)
 #pragma unroll

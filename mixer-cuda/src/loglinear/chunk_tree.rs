@@ -82,10 +82,8 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Preci
     check_sizes::<F>(x.dims, entries)?;
     let g = gpu()?;
     let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &[], &format!("{name}_{}", F::SUFFIX));
-    let zero = pool::zeros::<F>(FAMILY, 1)?;
-    let has_g = x.g.is_some() as i32;
     debug_assert!(x.g.is_some() || ll.base == Base::LinearAttention);
-    let gv = x.g.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let (gv, has_g) = x.g_view();
     let levels = x.lam.as_ref().map_or(1, |(_, n)| *n);
     let mut tree = pool::take::<F>(FAMILY, bh * entries * dk * dv)?;
     let mut decays = pool::take::<f64>(FAMILY, bh * entries)?;
@@ -146,10 +144,7 @@ pub(crate) fn outputs<F: GpuReal>(
     let [_, t, h, dk, dv] = x.dims;
     let nc = t.div_ceil(chunk_len::<F>());
     let g = gpu()?;
-    let zero = pool::zeros::<F>(FAMILY, 1)?;
-    let has_g = x.g.is_some() as i32;
-    let gv = x.g.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
-    let lv = x.lam.as_ref().map_or_else(|| zero.slice(0..1), |(d, _)| d.view());
+    let ((gv, has_g), lv) = (x.g_view(), x.lam_view());
     let (ti, hi, dki, dvi, nci, bh) =
         (t as i32, h as i32, dk as i32, dv as i32, nc as i32, (x.dims[0] * h) as u32);
     let (li, lifted, direct) = (int(FAMILY, "L", levels)?, lifted as i32, direct as i32);
@@ -227,9 +222,7 @@ pub(crate) fn run_delta<F: GpuReal>(
     let smem = delta_h_smem::<F>(dk, levels);
     let g = gpu()?;
     let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &[], &format!("{name}_{}", F::SUFFIX));
-    let zero = pool::zeros::<F>(FAMILY, 1)?;
-    let has_g = x.g.is_some() as i32;
-    let gv = x.g.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let (gv, has_g) = x.g_view();
     let beta = x.beta.as_ref().ok_or_else(|| err(FAMILY, "gated DeltaNet needs `beta`"))?;
     let (ti, hi, dki, dvi, nci) = (
         int(FAMILY, "T", t)?,

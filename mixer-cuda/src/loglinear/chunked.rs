@@ -18,7 +18,7 @@
 
 use std::borrow::Cow;
 
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{CudaView, LaunchConfig};
 use mixer_core::fenwick::bitlen;
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Precision, Result};
@@ -54,6 +54,25 @@ pub(crate) struct ChunkedInputs<'a, F: GpuReal> {
     pub lam: Option<(DeviceTensor<F>, usize)>,
     /// `[B, T, H, Dk, Dv]`.
     pub dims: [usize; 5],
+    /// One zero, passed to the kernels in place of an input the mixer does not have (never read).
+    pub zero: Pooled<F>,
+}
+
+impl<F: GpuReal> ChunkedInputs<'_, F> {
+    /// `g`, or the zero buffer without a decay, and whether `g` is there (the kernels' `has_g`).
+    pub fn g_view(&self) -> (CudaView<'_, F>, i32) {
+        (self.g.as_ref().map_or_else(|| self.zero.slice(0..1), |d| d.view()), self.g.is_some() as i32)
+    }
+
+    /// `beta`, or the zero buffer without one.
+    pub fn beta_view(&self) -> CudaView<'_, F> {
+        self.beta.as_ref().map_or_else(|| self.zero.slice(0..1), |d| d.view())
+    }
+
+    /// The mapped λ, or the zero buffer without a lift.
+    pub fn lam_view(&self) -> CudaView<'_, F> {
+        self.lam.as_ref().map_or_else(|| self.zero.slice(0..1), |(d, _)| d.view())
+    }
 }
 
 /// Runs the chunked form on device tensors: every member by the chunk-parallel passes of
@@ -95,6 +114,7 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
         v,
         lam,
         dims: [b, t, h, dk, dv],
+        zero: pool::zeros::<F>(FAMILY, 1)?,
     };
     let y = match ll.base {
         Base::GatedDeltaNet
@@ -122,7 +142,6 @@ fn sequential<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>) -> Result<Po
     let e_levels = if lifted { bitlen(n_chunks - 1) + 1 } else { 1 };
     let levels = x.lam.as_ref().map_or(1, |(_, l)| *l);
     let g = gpu()?;
-    let zero = pool::zeros::<F>(FAMILY, 1)?;
     let bh = b * h;
     let ws_per = 2 * nmax * nmax + nmax * (nmax + dk + dv) + nmax * (dk + dv);
     let sz = std::mem::size_of::<F>();
@@ -137,9 +156,7 @@ fn sequential<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>) -> Result<Po
         ));
     }
     let f = g.kernel(FAMILY, &kernels::LOGLINEAR_FENWICK, &[], &format!("ll_chunked_{}", F::SUFFIX))?;
-    let gv = x.g.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
-    let bv = x.beta.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
-    let lv = x.lam.as_ref().map_or_else(|| zero.slice(0..1), |(d, _)| d.view());
+    let ((gv, _), bv, lv) = (x.g_view(), x.beta_view(), x.lam_view());
     let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let mut ws = pool::zeros::<F>(FAMILY, bh * ws_per)?;
     let mut gws = pool::zeros::<f64>(FAMILY, bh * nmax)?;
