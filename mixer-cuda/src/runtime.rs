@@ -266,6 +266,20 @@ impl Gpu {
     }
 }
 
+/// Most dynamic shared memory a block may use on the devices this backend targets (sm_80+).
+pub(crate) const MAX_DYNAMIC_SMEM: usize = 160 << 10;
+
+/// Opts `f` in to [`MAX_DYNAMIC_SMEM`] bytes of dynamic shared memory — always the same ceiling,
+/// never lowered, because calls from other threads may launch it with more between this call's
+/// setting and its launch.
+pub(crate) fn opt_in(kernel: &str, f: &CudaFunction) -> Result<()> {
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        MAX_DYNAMIC_SMEM as i32,
+    )
+    .map_err(|e| err(kernel, format!("shared memory of {MAX_DYNAMIC_SMEM} bytes: {e}")))
+}
+
 /// A 1-D launch of `n` threads in blocks of `block`.
 pub fn grid1(n: usize, block: u32) -> LaunchConfig {
     let blocks = n.div_ceil(block as usize).max(1) as u32;

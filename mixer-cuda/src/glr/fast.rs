@@ -1,8 +1,13 @@
-//! The sparse recurrence: one thread per (batch, channel), sequential over `t`, reading the
-//! pattern's positions from the host-computed (offset, stride) table.
+//! The sparse recurrence, pipelined over tiles of [`TILE`] tokens (`kernels/glr.cu`,
+//! `glr_tiled`): a block per (batch, [`CHANNELS`] channels); one warp runs the recurrence of a tile
+//! over the taps that reach into it or the tile before, while the other warps gather every other
+//! term of the next tile — the α-terms and the far β-terms, whose `y` is final — with many loads in
+//! flight. Positions come from the host-computed (offset, stride) table.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
+
+use cudarc::driver::LaunchConfig;
 
 use mixer_core::mixers::glr::Glr;
 use mixer_core::{Mixer, Precision, Result};
@@ -11,7 +16,7 @@ use super::FAMILY;
 use crate::forms::{finish, input, input_opt};
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, check_elems, err, gpu, grid1, int, launch};
+use crate::runtime::{GpuReal, MAX_DYNAMIC_SMEM, err, gpu, int, launch, opt_in};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// The pattern table the kernel takes for length `t_len`: [`Glr::slots`]'s offsets `f(k)`
@@ -25,8 +30,8 @@ pub(crate) fn table(glr: &Glr, t_len: usize) -> Result<(Vec<i64>, Vec<i64>)> {
     ))
 }
 
-/// A pattern table on the device: offsets, strides, and `K`.
-type DeviceTable = Arc<(Pooled<i64>, Pooled<i64>, usize)>;
+/// A pattern table on the device: offsets, strides, `K`, and the near-tap count of [`near_taps`].
+type DeviceTable = Arc<(Pooled<i64>, Pooled<i64>, usize, usize)>;
 
 /// Device tables by (mixer name, mixer config, T), so that a repeated call uploads nothing.
 /// The name is part of the key: aliases such as `diagonal-ssm` and `dense-recurrence` fix the
@@ -43,12 +48,33 @@ fn device_table(glr: &Glr, t: usize) -> Result<DeviceTable> {
     }
     let (off, strides) = table(glr, t)?;
     let g = gpu()?;
-    let d = Arc::new((g.upload_slice(FAMILY, &off)?, g.upload_slice(FAMILY, &strides)?, off.len()));
+    let near = near_taps(&off, &strides, glr.pattern().cache_efficient());
+    let d = Arc::new((g.upload_slice(FAMILY, &off)?, g.upload_slice(FAMILY, &strides)?, off.len(), near));
     if cache.len() >= 1024 {
         cache.clear();
     }
     cache.insert(key, d.clone());
     Ok(d)
+}
+
+/// Tokens per tile (`GLR_L`).
+const TILE: usize = 64;
+/// Channels per block (`GLR_CH`).
+const CHANNELS: usize = 8;
+/// Threads per block (`GLR_THREADS`): one sequential warp, the rest gather.
+const THREADS: usize = 512;
+
+/// `1 + max{k : f(k) − a_k + 1 ≤ 2·TILE − 1}` (`a_k = 1` when translation-invariant): taps from
+/// `knear` on always lie before the previous tile (`d_k(t) ≤ t − f(k) + a_k − 1`).
+fn near_taps(off: &[i64], strides: &[i64], ce: bool) -> usize {
+    let reach = 2 * TILE as i64 - 1;
+    (0..off.len())
+        .filter(|&k| {
+            let a = if ce { strides[k] } else { 1 };
+            off[k].saturating_sub(a) < reach
+        })
+        .max()
+        .map_or(0, |k| k + 1)
 }
 
 /// Runs the fast (sparse recurrence) form on device tensors.
@@ -62,9 +88,20 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     let k = tab.2;
     let on = glr.on();
     let na = if on.has_a() { k + 1 } else { 1 };
-    check_elems(FAMILY, b * t * na.max(k) * c)?;
+    let ce = glr.pattern().cache_efficient();
+    let knear = tab.3;
+    // β of the near taps staged in shared memory, as many as fit next to the two tile buffers.
+    let elem = std::mem::size_of::<F>();
+    let fixed = 4 * TILE * CHANNELS * elem;
+    let per_tap = 2 * TILE * CHANNELS * elem;
+    let kn = knear.min((MAX_DYNAMIC_SMEM - fixed) / per_tap);
+    let smem = fixed + kn * per_tap;
     let g = gpu()?;
-    let f = g.kernel(FAMILY, &kernels::GLR, &[], &format!("glr_scan_{}", F::SUFFIX))?;
+    let opts = [format!("-DGLR_L={TILE}"), format!("-DGLR_CH={CHANNELS}"), format!("-DGLR_THREADS={THREADS}")];
+    let f = g.kernel(FAMILY, &kernels::GLR, &opts, &format!("glr_tiled_{}", F::SUFFIX))?;
+    if smem > 48 << 10 {
+        opt_in(FAMILY, &f)?;
+    }
     let alpha = input::<F>(x, "alpha")?;
     let beta = if on.has_b() { input_opt::<F>(x, "beta")? } else { None };
     let zero = pool::zeros::<F>(FAMILY, 1)?;
@@ -77,9 +114,16 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
         int(FAMILY, "K", k)?,
         int(FAMILY, "K+1", na)?,
     );
-    let (ha, hb, ce) = (on.has_a() as i32, on.has_b() as i32, glr.pattern().cache_efficient() as i32);
+    let (ha, hb, cei) = (on.has_a() as i32, on.has_b() as i32, ce as i32);
+    let (kni, kn_i) = (int(FAMILY, "near taps", knear)?, int(FAMILY, "staged taps", kn)?);
+    let blocks = b * c.div_ceil(CHANNELS);
+    let cfg = LaunchConfig {
+        grid_dim: (int(FAMILY, "blocks", blocks)? as u32, 1, 1),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
     let (xv, av) = (xs.view(), alpha.view());
-    launch!(g, FAMILY, f, grid1(b * c, 128);
-        &xv, &av, &bv, &*tab.0, &*tab.1, &mut *y, &bi, &ti, &ci, &ki, &nai, &ha, &hb, &ce)?;
+    launch!(g, FAMILY, f, cfg;
+        &xv, &av, &bv, &*tab.0, &*tab.1, &mut *y, &bi, &ti, &ci, &ki, &nai, &ha, &hb, &cei, &kni, &kn_i)?;
     finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p)
 }

@@ -22,7 +22,6 @@
 //! (batch, head) (`O(T)` memory). Work is parallel over `T/CH × B·H × ⌈D_v/64⌉` blocks; only
 //! the `⌊log₂(T/CH)⌋` tree launches are ordered.
 
-use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaView, LaunchConfig};
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Precision, Result};
@@ -31,7 +30,7 @@ use super::FAMILY;
 use super::chunked::ChunkedInputs;
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, err, gpu, int, launch};
+use crate::runtime::{GpuReal, err, gpu, int, launch, opt_in};
 
 /// Most bytes of chunk states the form allocates.
 const MAX_TREE_BYTES: usize = 48 << 30;
@@ -182,23 +181,9 @@ pub(crate) fn delta_levels<F: GpuReal>(lifted: bool, t: usize) -> usize {
     if lifted { mixer_core::fenwick::bitlen(t.div_ceil(chunk_len::<F>()).max(1) - 1) + 1 } else { 1 }
 }
 
-/// Most dynamic shared memory a block may use on the devices this backend targets (sm_80+).
-pub(crate) const MAX_DYNAMIC_SMEM: usize = 160 << 10;
-
 /// `Σ_{j < n} popcount(j)`: the level states gated DeltaNet's lift writes for `n` chunks.
 fn popsum(n: usize) -> usize {
     (0..n).map(|j| j.count_ones() as usize).sum()
-}
-
-/// Opts `f` in to [`MAX_DYNAMIC_SMEM`] bytes of dynamic shared memory — always the same ceiling,
-/// never lowered, because calls from other threads may launch it with more between this call's
-/// setting and its launch.
-fn opt_in(f: &cudarc::driver::CudaFunction) -> Result<()> {
-    f.set_attribute(
-        CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        MAX_DYNAMIC_SMEM as i32,
-    )
-    .map_err(|e| err(FAMILY, format!("shared memory of {MAX_DYNAMIC_SMEM} bytes: {e}")))
 }
 
 /// Gated DeltaNet and its lift, parallel over chunks except one pass: `llc_wy` (per chunk, the
@@ -243,7 +228,7 @@ pub(crate) fn run_delta<F: GpuReal>(
     let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
     let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
     let f = k("llc_delta_h")?;
-    opt_in(&f)?;
+    opt_in(FAMILY, &f)?;
     let cfg = LaunchConfig {
         grid_dim: (bh as u32, dv.div_ceil(16) as u32, 1),
         block_dim: (256, 1, 1),
@@ -262,7 +247,7 @@ pub(crate) fn run_delta<F: GpuReal>(
     }
     let (lam, n_levels) = x.lam.as_ref().ok_or_else(|| err(FAMILY, "the lift needs `lambda`"))?;
     let f = k("llc_out_dl")?;
-    opt_in(&f)?;
+    opt_in(FAMILY, &f)?;
     let cfg = LaunchConfig {
         grid_dim: (nc as u32, bh as u32, dv.div_ceil(64) as u32),
         block_dim: (256, 1, 1),

@@ -56,3 +56,28 @@ fn glr_cuda_plugin_pattern() {
     }
     common::cross_check("fibonacci-glr", r#"{"cache_efficient": true}"#, &common::sizes(&[37]), &WANT);
 }
+
+/// The tiled kernel over many tiles (64 tokens each) and a channel count that is not a multiple
+/// of the block's 8: taps that reach the previous tile, far taps, more near taps than the
+/// unrolled 12 (`kth-order` 20, `dense-recurrence`), and near taps whose β is read from global
+/// memory because shared memory holds fewer (`dense-recurrence`, 127 near taps).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn glr_cuda_many_tiles() {
+    if !common::gpu() {
+        return;
+    }
+    let sizes = |seqs: &[usize]| -> Vec<mixer_registry::Sizes> {
+        seqs.iter().map(|&t| mixer_registry::Sizes { batch: 2, seq: t, channels: 13, heads: 1, dk: 1, dv: 1 }).collect()
+    };
+    for (name, cfg) in [
+        ("glr", r#"{"pattern": "pow2"}"#),
+        ("glr", r#"{"pattern": "pow2", "cache_efficient": true, "on": "both"}"#),
+        ("glr", r#"{"pattern": "sq1", "cache_efficient": true}"#),
+        ("glr", r#"{"pattern": "sq1", "on": "a"}"#),
+        ("kth-order", r#"{"order": 20}"#),
+    ] {
+        common::cross_check(name, cfg, &sizes(&[300, 1000]), &WANT);
+    }
+    common::cross_check("dense-recurrence", "{}", &sizes(&[200]), &WANT);
+}
