@@ -79,56 +79,95 @@ __device__ void attn_fwd(const T* q, const T* k, const T* v, T* y, int B, int Tn
 // Decode step over a device KV cache of n entries (ring buffer rows [cap, B, H, D]; the
 // order of entries does not matter to softmax), split over the keys (flash-decoding):
 //
-// attn_split: grid (B·H, S), block ATTN_SPLIT_THREADS; block s takes keys
+// attn_split: grid (B·H, S), block ATTN_SPLIT_THREADS (8 warps); block s takes keys
 // [s·ATTN_SPLIT_KEYS, (s+1)·ATTN_SPLIT_KEYS) ∩ [0, n) and writes the partial
 // (m_s, l_s, a_s) = (max key, Σ e^{|scale|(u−m_s)}, Σ e^{|scale|(u−m_s)} v) to part[bh, s, :]
-// (2 + Dv doubles), with the overflow-free keys u = sign(scale)·(q·k) in double.
+// (2 + Dv doubles), with the overflow-free keys u = sign(scale)·(q·k) in double. Each warp owns 32
+// consecutive keys; its lanes split the head dimension, so every cache row is read by one warp
+// in coalesced 128-byte pieces, eight rows in flight per lane, and the dot products are finished
+// with warp shuffles. Dynamic shared memory: [8][Dv] doubles, each warp's weighted-value sums,
+// added in a fixed order (the result does not depend on scheduling).
 // attn_combine: one block per (b, h): M = max_s m_s, y = Σ_s e^{|scale|(m_s−M)} a_s /
 // Σ_s e^{|scale|(m_s−M)} l_s.
 #define ATTN_SPLIT_KEYS 256
-#define ATTN_SPLIT_THREADS 128
+#define ATTN_SPLIT_THREADS 256
+#define ATTN_SPLIT_ROWS 8
 
 template <typename T>
 __device__ void attn_split(const T* q, const T* kc, const T* vc, double* part, int B, int H, int Dk, int Dv, int n,
                            double scale) {
     __shared__ double u[ATTN_SPLIT_KEYS];
-    __shared__ double red[ATTN_SPLIT_THREADS];
+    __shared__ double red[ATTN_SPLIT_THREADS / 32];
+    extern __shared__ double attn_acc[];
     const double asc = fabs(scale), sg = scale < 0.0 ? -1.0 : 1.0;
     const int bh = blockIdx.x, b = bh / H, h = bh % H, s = blockIdx.y, tid = threadIdx.x;
+    const int w = tid >> 5, lane = tid & 31, warps = ATTN_SPLIT_THREADS / 32;
     const int j0 = s * ATTN_SPLIT_KEYS, cnt = min(ATTN_SPLIT_KEYS, n - j0);
+    const long long rk = (long long)B * H * Dk, rv = (long long)B * H * Dv;
     const T* qr = q + ((long long)b * H + h) * Dk;
+    const T* kb = kc + (long long)j0 * rk + ((long long)b * H + h) * Dk;
+    const T* vb = vc + (long long)j0 * rv + ((long long)b * H + h) * Dv;
+    const int kw0 = w * (ATTN_SPLIT_KEYS / warps), kw1 = min(cnt, kw0 + ATTN_SPLIT_KEYS / warps);
     double mloc = Lim<double>::neg_inf();
-    for (int j = tid; j < cnt; j += ATTN_SPLIT_THREADS) {
-        u[j] = sg * attn_dot(qr, kc + (((long long)(j0 + j) * B + b) * H + h) * Dk, Dk);
-        mloc = fmax(mloc, u[j]);
+    for (int jb = kw0; jb < kw1; jb += ATTN_SPLIT_ROWS) {
+        double dot[ATTN_SPLIT_ROWS];
+#pragma unroll
+        for (int e = 0; e < ATTN_SPLIT_ROWS; ++e) dot[e] = 0.0;
+        for (int d = lane; d < Dk; d += 32) {
+            const double qd = (double)qr[d];
+            T kv[ATTN_SPLIT_ROWS];
+#pragma unroll
+            for (int e = 0; e < ATTN_SPLIT_ROWS; ++e) kv[e] = jb + e < kw1 ? kb[(jb + e) * rk + d] : (T)0;
+#pragma unroll
+            for (int e = 0; e < ATTN_SPLIT_ROWS; ++e) dot[e] += qd * (double)kv[e];
+        }
+#pragma unroll
+        for (int e = 0; e < ATTN_SPLIT_ROWS; ++e) {
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) dot[e] += __shfl_xor_sync(0xffffffffu, dot[e], o);
+            if (jb + e < kw1) {
+                mloc = fmax(mloc, sg * dot[e]);
+                if (lane == 0) u[jb + e] = sg * dot[e];
+            }
+        }
     }
-    red[tid] = mloc;
+    if (lane == 0) red[w] = mloc;
     __syncthreads();
-    for (int w = ATTN_SPLIT_THREADS / 2; w > 0; w >>= 1) {
-        if (tid < w) red[tid] = fmax(red[tid], red[tid + w]);
-        __syncthreads();
-    }
-    const double mx = red[0];
+    double mx = red[0];
+    for (int i = 1; i < warps; ++i) mx = fmax(mx, red[i]);
     __syncthreads();
     double lsum = 0.0;
     for (int j = tid; j < cnt; j += ATTN_SPLIT_THREADS) {
         u[j] = attn_weight(asc, u[j], mx);
         lsum += u[j];
     }
-    red[tid] = lsum;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
+    if (lane == 0) red[w] = lsum;
     __syncthreads();
-    for (int w = ATTN_SPLIT_THREADS / 2; w > 0; w >>= 1) {
-        if (tid < w) red[tid] += red[tid + w];
-        __syncthreads();
+    for (int d = lane; d < Dv; d += 32) {
+        double a = 0.0;
+        for (int jb = kw0; jb < kw1; jb += ATTN_SPLIT_ROWS) {
+            T vv[ATTN_SPLIT_ROWS];
+#pragma unroll
+            for (int e = 0; e < ATTN_SPLIT_ROWS; ++e) vv[e] = jb + e < kw1 ? vb[(jb + e) * rv + d] : (T)0;
+#pragma unroll
+            for (int e = 0; e < ATTN_SPLIT_ROWS; ++e)
+                if (jb + e < kw1) a += u[jb + e] * (double)vv[e];
+        }
+        attn_acc[w * Dv + d] = a;
     }
+    __syncthreads();
     double* out = part + ((long long)bh * gridDim.y + s) * (2 + Dv);
     if (tid == 0) {
+        double l = 0.0;
+        for (int i = 0; i < warps; ++i) l += red[i];
         out[0] = mx;
-        out[1] = red[0];
+        out[1] = l;
     }
     for (int d = tid; d < Dv; d += ATTN_SPLIT_THREADS) {
         double a = 0.0;
-        for (int j = 0; j < cnt; ++j) a += u[j] * (double)vc[(((long long)(j0 + j) * B + b) * H + h) * Dv + d];
+        for (int i = 0; i < warps; ++i) a += attn_acc[i * Dv + d];
         out[2 + d] = a;
     }
 }

@@ -2,9 +2,9 @@
 //! `min(T, w)` rows `[cap, B, H, D]` (the last `w` keys and values for local attention, all of
 //! them otherwise). Step `t` copies `k_t, v_t` into row `t mod cap` (device to device) and
 //! computes `y_t = softmax(scale· K q_t)ᵀ V` over the `min(t+1, cap)` filled rows, split over
-//! the keys (flash-decoding): blocks of 256 keys per (batch, head) write partial maxima, sums
-//! and weighted values, and one block per (batch, head) combines them. Two launches per token;
-//! nothing waits for the stream.
+//! the keys (flash-decoding): blocks of 256 keys per (batch, head), a warp per 32 keys reading
+//! whole cache rows, write partial maxima, sums and weighted values, and one block per
+//! (batch, head) combines them. Two launches per token; nothing waits for the stream.
 
 use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::attention::Attention;
@@ -14,11 +14,13 @@ use super::{FAMILY, window_arg};
 use crate::forms::{DeviceDecoder, input};
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, err, gpu, int, launch};
+use crate::runtime::{GpuReal, MAX_DYNAMIC_SMEM, err, gpu, int, launch, opt_in};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// Keys per split block (`ATTN_SPLIT_KEYS` in `attention.cu`).
 const SPLIT_KEYS: usize = 256;
+/// Threads per split block (`ATTN_SPLIT_THREADS`).
+const SPLIT_THREADS: usize = 256;
 
 /// The attention decoder (KV cache on the device).
 pub struct AttentionDecoder<F: GpuReal> {
@@ -42,6 +44,15 @@ impl<F: GpuReal> AttentionDecoder<F> {
     pub fn new(a: &Attention, dims: &Dims) -> Result<Self> {
         let (b, tmax, h, dk, dv) =
             (dims.size("B")?, dims.size("T")?, dims.size("H")?, dims.size("Dk")?, dims.size("Dv")?);
+        if SPLIT_THREADS / 32 * dv * 8 > MAX_DYNAMIC_SMEM {
+            return Err(err(
+                FAMILY,
+                format!(
+                    "the CUDA decoder takes value heads up to Dv = {}, got Dv = {dv}",
+                    MAX_DYNAMIC_SMEM / (SPLIT_THREADS / 32 * 8)
+                ),
+            ));
+        }
         let w = window_arg(a, tmax);
         let cap = if w > 0 { w as usize } else { tmax.max(1) };
         Ok(AttentionDecoder {
@@ -108,8 +119,16 @@ impl<F: GpuReal> DeviceDecoder for AttentionDecoder<F> {
         let n = self.filled();
         let splits = n.div_ceil(SPLIT_KEYS);
         let bhi = int(FAMILY, "B·H", b * h)? as u32;
-        let cfg =
-            LaunchConfig { grid_dim: (bhi, splits as u32, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // Each warp's weighted-value sums, [warps, Dv] doubles (checked against the ceiling in `new`).
+        let smem = SPLIT_THREADS / 32 * dv * 8;
+        if smem > 48 << 10 {
+            opt_in(FAMILY, &split)?;
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (bhi, splits as u32, 1),
+            block_dim: (SPLIT_THREADS as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
         let (bi, hi, dki, dvi, ni, si) = (
             int(FAMILY, "B", b)?,
             int(FAMILY, "H", h)?,
