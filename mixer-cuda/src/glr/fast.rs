@@ -1,8 +1,11 @@
 //! The sparse recurrence, pipelined over tiles of [`TILE`] tokens (`kernels/glr.cu`,
-//! `glr_tiled`): a block per (batch, [`CHANNELS`] channels); one warp runs the recurrence of a tile
-//! over the taps that reach into it or the tile before, while the other warps gather every other
-//! term of the next tile — the α-terms and the far β-terms, whose `y` is final — with many loads in
-//! flight. Positions come from the host-computed (offset, stride) table.
+//! `glr_tiled`): a block per (batch, [`CHANNELS`] channels). One warp runs the recurrence of a
+//! tile with a single FMA per token on its critical path, `y_t = pa_t + b_t·y_{t−1}`, while one
+//! thread per (token, channel) of the next tile gathers every term whose `y` is already final
+//! (the α-terms and the far β-terms, many loads in flight) and lists the taps that reach the last
+//! two tiles as (β, ring slot) pairs, so that `pa_t` is a short gather from shared memory done
+//! while the previous token is computed. Positions come from the host-computed (offset, stride)
+//! table, so plugin patterns need no kernel of their own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -61,8 +64,17 @@ fn device_table(glr: &Glr, t: usize) -> Result<DeviceTable> {
 const TILE: usize = 64;
 /// Channels per block (`GLR_CH`).
 const CHANNELS: usize = 8;
-/// Threads per block (`GLR_THREADS`): one sequential warp, the rest gather.
-const THREADS: usize = 512;
+/// Threads per block: the sequential warp and one thread per (token, channel) of a tile.
+const THREADS: usize = 32 + TILE * CHANNELS;
+/// Longest gather list per token (`GLR_NN`): taps beyond it that reach the last two tiles are
+/// added by the sequential warp itself, which is slower.
+const MAX_LIST: usize = 16;
+
+/// Dynamic shared memory of `glr_tiled` with gather lists of `nn` taps (see the kernel's layout).
+fn smem_bytes(nn: usize, elem: usize) -> usize {
+    let (tile, list) = (TILE * CHANNELS, TILE * nn * CHANNELS);
+    4 * tile * elem + 2 * list * elem + (2 * TILE + 1) * CHANNELS * elem + 2 * list * 2
+}
 
 /// `1 + max{k : f(k) − a_k + 1 ≤ 2·TILE − 1}` (`a_k = 1` when translation-invariant): taps from
 /// `knear` on always lie before the previous tile (`d_k(t) ≤ t − f(k) + a_k − 1`).
@@ -90,14 +102,14 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     let na = if on.has_a() { k + 1 } else { 1 };
     let ce = glr.pattern().cache_efficient();
     let knear = tab.3;
-    // β of the near taps staged in shared memory, as many as fit next to the two tile buffers.
     let elem = std::mem::size_of::<F>();
-    let fixed = 4 * TILE * CHANNELS * elem;
-    let per_tap = 2 * TILE * CHANNELS * elem;
-    let kn = knear.min((MAX_DYNAMIC_SMEM - fixed) / per_tap);
-    let smem = fixed + kn * per_tap;
+    let mut nn = knear.clamp(1, MAX_LIST);
+    while nn > 1 && smem_bytes(nn, elem) > MAX_DYNAMIC_SMEM {
+        nn -= 1;
+    }
+    let smem = smem_bytes(nn, elem);
     let g = gpu()?;
-    let opts = [format!("-DGLR_L={TILE}"), format!("-DGLR_CH={CHANNELS}"), format!("-DGLR_THREADS={THREADS}")];
+    let opts = [format!("-DGLR_L={TILE}"), format!("-DGLR_CH={CHANNELS}"), format!("-DGLR_NN={nn}")];
     let f = g.kernel(FAMILY, &kernels::GLR, &opts, &format!("glr_tiled_{}", F::SUFFIX))?;
     if smem > 48 << 10 {
         opt_in(FAMILY, &f)?;
@@ -115,7 +127,7 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
         int(FAMILY, "K+1", na)?,
     );
     let (ha, hb, cei) = (on.has_a() as i32, on.has_b() as i32, ce as i32);
-    let (kni, kn_i) = (int(FAMILY, "near taps", knear)?, int(FAMILY, "staged taps", kn)?);
+    let kni = int(FAMILY, "near taps", knear)?;
     let blocks = b * c.div_ceil(CHANNELS);
     let cfg = LaunchConfig {
         grid_dim: (int(FAMILY, "blocks", blocks)? as u32, 1, 1),
@@ -124,6 +136,6 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     };
     let (xv, av) = (xs.view(), alpha.view());
     launch!(g, FAMILY, f, cfg;
-        &xv, &av, &bv, &*tab.0, &*tab.1, &mut *y, &bi, &ti, &ci, &ki, &nai, &ha, &hb, &cei, &kni, &kn_i)?;
+        &xv, &av, &bv, &*tab.0, &*tab.1, &mut *y, &bi, &ti, &ci, &ki, &nai, &ha, &hb, &cei, &kni)?;
     finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p)
 }

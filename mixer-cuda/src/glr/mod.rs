@@ -5,8 +5,9 @@
 //! The pattern reaches the GPU as the table of [`mixer_core::pattern::Slots`] (offsets `f(k)`
 //! and lattice strides `a_k`, `k < K(T)`), computed on the host by the same code as every other
 //! form, so a plugin pattern works with no kernel of its own.
-//! - `fast`: the sparse recurrence, one thread per (batch, channel), sequential over `t`
-//!   ([`fast`]); `O(T · K)` work per thread.
+//! - `fast`: the sparse recurrence, pipelined over tiles of 64 tokens: per block of 8 channels
+//!   one warp runs the sequential part (one FMA per token on its critical path) while the other
+//!   threads gather the next tile's terms ([`fast`]); `O(T · K)` work per channel.
 //! - `recurrent`: a decoder whose cache holds exactly the positions later tokens read
 //!   (the lattice's `P_{t+1}`, or the last `f(K−1)` outputs for translation-invariant
 //!   patterns), on the device; slots are assigned on the host ([`decoder`]).

@@ -68,7 +68,9 @@ fn glr_cuda_many_tiles() {
         return;
     }
     let sizes = |seqs: &[usize]| -> Vec<mixer_registry::Sizes> {
-        seqs.iter().map(|&t| mixer_registry::Sizes { batch: 2, seq: t, channels: 13, heads: 1, dk: 1, dv: 1 }).collect()
+        seqs.iter()
+            .map(|&t| mixer_registry::Sizes { batch: 2, seq: t, channels: 13, heads: 1, dk: 1, dv: 1 })
+            .collect()
     };
     for (name, cfg) in [
         ("glr", r#"{"pattern": "pow2"}"#),
