@@ -10,17 +10,18 @@ __device__ inline int tz_src(int e, int i, int Kw, int CH) {
     return (c >= h0 && c < h0 + CH) ? c : -1;
 }
 
-// x [B,T,C] → X [B·C, p], zero-padded rows (one row per (b, c)): a transpose through a
-// 32 × 33 shared tile, so that both the reads (along c) and the writes (along t) are
-// coalesced. Block (32, 8), grid (⌈p/32⌉, ⌈C/32⌉, B).
+// x → X [B·C, p], zero-padded rows (one row per (b, c)) of the Tn tokens at x[b·sb + t·st + c]
+// (sb = Tn·C, st = C for x [B,T,C]; sb = C, st = B·C for a block of the decoder's history
+// [T,B,C]): a transpose through a 32 × 33 shared tile, so that both the reads (along c) and the
+// writes (along t) are coalesced. Block (32, 8), grid (⌈p/32⌉, ⌈C/32⌉, B).
 template <typename T>
-__device__ void tz_pack_x(const T* x, T* X, int B, int Tn, int C, int p) {
+__device__ void tz_pack_x(const T* x, T* X, int B, int Tn, int C, int p, long long sb, long long st) {
     __shared__ T tile[32][33];
     const int t0 = blockIdx.x * 32, c0 = blockIdx.y * 32, b = blockIdx.z;
     const int tx = threadIdx.x, ty = threadIdx.y;
     for (int j = ty; j < 32; j += 8) {
         const int t = t0 + j, c = c0 + tx;
-        tile[j][tx] = (t < Tn && c < C) ? x[((long long)b * Tn + t) * C + c] : (T)0;
+        tile[j][tx] = (t < Tn && c < C) ? x[b * sb + t * st + c] : (T)0;
     }
     __syncthreads();
     for (int j = ty; j < 32; j += 8) {
@@ -125,9 +126,83 @@ __device__ void tz_step(const T* hist, const T* w, const T* bias, int has_bias, 
     y[i] = acc;
 }
 
+// Online (relaxed) decoder, docs/math.md §3. After token n − 1 the tile of the k = lowbit(n)
+// inputs [n − k, n) adds its part to the outputs [n, n + k):
+//   pending[n + r] += Σ_i Σ_{j<k} w[i, h(e), k + r − j] · hist[n − k + j, src(e, i)],  r < k,
+// and the output of token t is y_t = pending[t] + Σ_i w[i,h(e),0]·x_t[src(e,i)] + bias[h(e), t].
+// Every pair s < t' falls in exactly one tile (the one of the highest bit in which s and t'
+// differ), fired at n ≤ t'. Layouts: hist, pending [Tmax, B, C]; w [Kw, H, Lw]; bias [H, Lb].
+
+// The output of token t: one thread per (b, e).
+template <typename T>
+__device__ void tz_online_out(const T* hist, const T* pending, const T* w, const T* bias, int has_bias, T* y, int B,
+                              int C, int H, int Kw, int t, int Lw, int Lb) {
+    long long i = gtid();
+    if (i >= (long long)B * C) return;
+    int e = (int)(i % C), b = (int)(i / C);
+    int CH = C / H, h = e / CH;
+    const long long rowt = (long long)t * B * C + (long long)b * C;
+    T acc = pending[rowt + e];
+    for (int k = 0; k < Kw; ++k) {
+        int c = tz_src(e, k, Kw, CH);
+        if (c >= 0) acc += w[((long long)k * H + h) * Lw] * hist[rowt + c];
+    }
+    if (has_bias) acc += bias[(long long)h * Lb + t];
+    y[i] = acc;
+}
+
+// A small tile computed directly: one thread per (r, b, e), r < min(k, Tmax − n).
+template <typename T>
+__device__ void tz_online_direct(const T* hist, T* pending, const T* w, int B, int C, int H, int Kw, int n, int k,
+                                 int rows, int Lw) {
+    long long i = gtid();
+    const long long bc = (long long)B * C;
+    if (i >= (long long)rows * bc) return;
+    int r = (int)(i / bc);
+    long long be = i % bc;
+    int e = (int)(be % C), b = (int)(be / C);
+    int CH = C / H, h = e / CH;
+    T acc = 0;
+    for (int kk = 0; kk < Kw; ++kk) {
+        int c = tz_src(e, kk, Kw, CH);
+        if (c < 0) continue;
+        const T* wr = w + ((long long)kk * H + h) * Lw + k + r;
+        const T* xr = hist + (long long)(n - k) * bc + (long long)b * C + c;
+        for (int j = 0; j < k; ++j) acc += wr[-j] * xr[j * bc];
+    }
+    pending[(long long)(n + r) * bc + be] += acc;
+}
+
+// A large tile's inverse transform Yr [B·C, m = 2k] (unnormalized) into pending: outputs k..2k
+// of the circular convolution are the linear ones (no wrap-around there). One thread per
+// (r, b, e), r < rows.
+template <typename T>
+__device__ void tz_online_acc(const T* Yr, T* pending, int B, int C, int n, int k, int rows) {
+    long long i = gtid();
+    const long long bc = (long long)B * C;
+    if (i >= (long long)rows * bc) return;
+    int r = (int)(i / bc);
+    long long be = i % bc;
+    pending[(long long)(n + r) * bc + be] += Yr[be * 2 * k + k + r] / (T)(2 * k);
+}
+
 #define TZ_EXPORT(T, S)                                                                                          \
-    extern "C" __global__ void toeplitz_pack_x_##S(const T* x, T* X, int B, int Tn, int C, int p) {             \
-        tz_pack_x<T>(x, X, B, Tn, C, p);                                                                         \
+    extern "C" __global__ void toeplitz_pack_x_##S(const T* x, T* X, int B, int Tn, int C, int p, long long sb,  \
+                                                   long long st) {                                               \
+        tz_pack_x<T>(x, X, B, Tn, C, p, sb, st);                                                                 \
+    }                                                                                                            \
+    extern "C" __global__ void toeplitz_online_out_##S(const T* hist, const T* pending, const T* w,              \
+                                                       const T* bias, int has_bias, T* y, int B, int C, int H,   \
+                                                       int Kw, int t, int Lw, int Lb) {                          \
+        tz_online_out<T>(hist, pending, w, bias, has_bias, y, B, C, H, Kw, t, Lw, Lb);                           \
+    }                                                                                                            \
+    extern "C" __global__ void toeplitz_online_direct_##S(const T* hist, T* pending, const T* w, int B, int C,    \
+                                                          int H, int Kw, int n, int k, int rows, int Lw) {       \
+        tz_online_direct<T>(hist, pending, w, B, C, H, Kw, n, k, rows, Lw);                                      \
+    }                                                                                                            \
+    extern "C" __global__ void toeplitz_online_acc_##S(const T* Yr, T* pending, int B, int C, int n, int k,      \
+                                                       int rows) {                                               \
+        tz_online_acc<T>(Yr, pending, B, C, n, k, rows);                                                         \
     }                                                                                                            \
     extern "C" __global__ void toeplitz_pack_w_##S(const T* w, T* W, int R, int Tn, int Lw, int p) {            \
         tz_pack_w<T>(w, W, R, Tn, Lw, p);                                                                        \

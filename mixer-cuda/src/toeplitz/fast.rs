@@ -18,7 +18,7 @@ use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// The launch of the tiled transposes: 32 × 32 tiles over (`rows`, `c`), one grid layer per
 /// batch entry, blocks of 32 × 8 threads.
-fn tiles(rows: usize, c: usize, b: usize) -> Result<LaunchConfig> {
+pub(crate) fn tiles(rows: usize, c: usize, b: usize) -> Result<LaunchConfig> {
     Ok(LaunchConfig {
         grid_dim: (
             int(FAMILY, "tiles along T", rows.div_ceil(32))? as u32,
@@ -52,7 +52,8 @@ pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result
     let (ni, nfi) = (int(FAMILY, "p", n)?, int(FAMILY, "p/2+1", nf)?);
     let xv = d.x.view();
     let mut xp = pool::take::<F>(FAMILY, b * c * n)?;
-    launch!(g, FAMILY, f("toeplitz_pack_x")?, tiles(n, c, b)?; &xv, &mut *xp, &bi, &ti, &ci, &ni)?;
+    let (sb, st) = ((t * c) as i64, c as i64);
+    launch!(g, FAMILY, f("toeplitz_pack_x")?, tiles(n, c, b)?; &xv, &mut *xp, &bi, &ti, &ci, &ni, &sb, &st)?;
     let wh = super::spectra::spectra::<F>(&d.w, kw * h, t, n)?;
     let xh = rfft::<F>(FAMILY, &xp, n, b * c)?;
     drop(xp);

@@ -7,10 +7,9 @@
 //!   spectra are cached per kernel tensor ([`spectra`]): a model that keeps `w` on the device
 //!   transforms it once.
 //! - `parallel`: the direct `O(T²)` sum, one thread per output element ([`direct`]).
-//! - `recurrent`: a naive decoder, `O(t)` work per token over the full input history kept on
-//!   the device ([`decoder`]), for `decoder: "naive"`. The CPU's online (relaxed) FFT decoder
-//!   is not ported: for `decoder: "online"` (the default) the recurrent form is unavailable on
-//!   this backend, with that reason.
+//! - `recurrent`: for `decoder: "online"` (the default), the online (relaxed) FFT decoder,
+//!   `O(log² t)` amortised work per token ([`online`]); for `decoder: "naive"`, `O(t)` work per
+//!   token over the full input history ([`decoder`]). Both keep their state on the device.
 //!
 //! Kernels and biases may be longer than `T` (`Tw, Tb ≥ T`); the kernels read the first `T`
 //! entries of each row, so device tensors are used as given, without a truncating copy.
@@ -18,12 +17,13 @@
 pub mod decoder;
 pub mod direct;
 pub mod fast;
+pub mod online;
 pub mod spectra;
 
 use std::borrow::Cow;
 
 use mixer_core::mixers::toeplitz::{DecoderKind, Toeplitz};
-use mixer_core::{Form, Result};
+use mixer_core::Result;
 use mixer_registry::{FamilyEntry, register};
 use ndarray::{ArrayD, IxDyn};
 
@@ -48,11 +48,11 @@ impl<F: FftReal> DeviceFamily<F> for ToeplitzCuda {
         Some(fast::run::<F>)
     }
     fn decoder() -> Option<DeviceDecoderFn<Toeplitz, F>> {
-        Some(|tz, statics, dims| Ok(Box::new(decoder::NaiveDecoder::<F>::new(tz, statics, dims)?)))
-    }
-    fn unsupported(tz: &Toeplitz, form: Form) -> Option<String> {
-        (form == Form::Recurrent && tz.cfg.decoder == DecoderKind::Online).then(|| {
-            "the online FFT decoder is not ported to CUDA; configure `\"decoder\": \"naive\"`".to_string()
+        Some(|tz, statics, dims| -> Result<Box<dyn crate::forms::DeviceDecoder>> {
+            Ok(match tz.cfg.decoder {
+                DecoderKind::Naive => Box::new(decoder::NaiveDecoder::<F>::new(tz, statics, dims)?),
+                DecoderKind::Online => Box::new(online::OnlineDecoder::<F>::new(tz, statics, dims)?),
+            })
         })
     }
 }

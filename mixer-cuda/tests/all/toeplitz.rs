@@ -1,5 +1,5 @@
-//! Toeplitz on CUDA (fast = cuFFT, parallel = direct, recurrent = naive decoder) against the
-//! f64 oracle and the CPU forms.
+//! Toeplitz on CUDA (fast = cuFFT, parallel = direct, recurrent = online or naive decoder)
+//! against the f64 oracle and the CPU forms.
 
 use super::common;
 
@@ -14,7 +14,6 @@ fn toeplitz_cuda_forms_match_the_oracle() {
         return;
     }
     let want = [Form::Fast, Form::Parallel, Form::Recurrent];
-    // The recurrent form on CUDA is the naive decoder (the online one is not ported).
     for cfg in [
         r#"{"decoder": "naive"}"#,
         r#"{"heads": 2, "decoder": "naive"}"#,
@@ -22,6 +21,19 @@ fn toeplitz_cuda_forms_match_the_oracle() {
         r#"{"heads": 1, "kernel_width": 4, "decoder": "naive"}"#,
     ] {
         common::cross_check("toeplitz", cfg, &common::sizes(&[1, 37, 100]), &want);
+    }
+}
+
+/// The online decoder past its direct tiles: from n = 128 on, tiles of 128, 256 and 512 inputs go
+/// through cuFFT (transform sizes 256–1024), with kernel widths above 1 and several heads.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn toeplitz_cuda_online_decoder() {
+    if !common::gpu() {
+        return;
+    }
+    for cfg in [r#"{}"#, r#"{"heads": 2, "kernel_width": 3}"#, r#"{"heads": 3, "kernel_width": 2}"#] {
+        common::cross_check("toeplitz", cfg, &common::sizes(&[1, 100, 300, 1000]), &[Form::Recurrent]);
     }
 }
 

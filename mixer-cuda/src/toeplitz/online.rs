@@ -1,0 +1,177 @@
+//! The online (relaxed) FFT decoder on the GPU (docs/math.md §3): each token after `O(log² t)`
+//! amortised work, nothing waiting for the stream.
+//!
+//! Split the pairs `(s, t')`, `s < t'`, by the highest bit in which `s` and `t'` differ: each
+//! falls in exactly one tile whose inputs are the aligned block `[n − k, n)` and whose outputs
+//! are `[n, n + k)`, `k` the lowest set bit of `n`. After token `n − 1` the decoder adds that
+//! tile to the pending sums of its outputs,
+//! `pending[n + r] += Σ_{j<k} w[k + r − j] · x_{n−k+j}` (`r < k`),
+//! and token `t`'s output is `y_t = pending[t] + w[0]·x_t + bias[t]` (with kernel width `K_w`,
+//! summed over the taps' source channels). Small tiles (`k ≤` [`DIRECT_MAX`]) are one direct
+//! kernel; larger ones a batched real FFT pair of size `2k` (outputs `k..2k` of the circular
+//! convolution have no wrap-around), with the kernel block's spectrum computed once per level.
+//! Level `j` fires every `2^{j+1}` tokens at cost `O(2^j j)`: `O(T log² T)` in total.
+//!
+//! Device state: the input history and the pending sums, both `[T, B, C]` (`O(T)`), and one
+//! spectrum per level.
+
+use mixer_core::mixers::toeplitz::Toeplitz;
+use mixer_core::tensor::get;
+use mixer_core::{Dims, DimsExt, Result, Tensors};
+
+use super::FAMILY;
+use super::fast::tiles;
+use crate::attention::decoder::token_shape;
+use crate::fft::{FftReal, irfft, rfft};
+use crate::forms::{DeviceDecoder, input};
+use crate::kernels;
+use crate::pool::{self, Pooled};
+use crate::runtime::{err, gpu, grid1, int, launch};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
+
+/// Tiles of at most this many inputs are computed directly (`O(k²)` per channel), larger ones
+/// by FFT.
+pub const DIRECT_MAX: usize = 64;
+
+/// The online Toeplitz decoder (device-resident history and pending sums).
+pub struct OnlineDecoder<F: FftReal> {
+    w: Pooled<F>,
+    bias: Pooled<F>,
+    has_bias: i32,
+    hist: Pooled<F>,
+    pending: Pooled<F>,
+    /// Per level `j` (tile size `k = 2^j` above [`DIRECT_MAX`]): the spectra of `w[i, h, 0..2k)`,
+    /// rows `i·H + h`, computed when the level first fires.
+    levels: Vec<Option<Pooled<F::C>>>,
+    dims: [i32; 5],
+    bc: usize,
+    tmax: usize,
+    t: usize,
+    /// One past the furthest output a fired tile has reached.
+    ahead: usize,
+}
+
+impl<F: FftReal> OnlineDecoder<F> {
+    /// Uploads the taps and bias (truncated to `T`) and allocates the history and pending sums.
+    pub fn new(tz: &Toeplitz, statics: &Tensors<F>, dims: &Dims) -> Result<Self> {
+        let (b, t, c) = (dims.size("B")?, dims.size("T")?, dims.size("C")?);
+        tz.head_dim(c)?;
+        let (taps, bias) = tz.prepare_statics(get(statics, "w")?, statics.get("bias"), t)?;
+        let g = gpu()?;
+        let w = g.upload_slice(FAMILY, &taps)?;
+        let (bias, has_bias) = match bias {
+            Some(v) => (g.upload_slice(FAMILY, &v)?, 1),
+            None => (pool::zeros::<F>(FAMILY, 1)?, 0),
+        };
+        let dims = [
+            int(FAMILY, "B", b)?,
+            int(FAMILY, "T", t)?,
+            int(FAMILY, "C", c)?,
+            int(FAMILY, "H", tz.cfg.heads)?,
+            int(FAMILY, "Kw", tz.cfg.kernel_width)?,
+        ];
+        Ok(OnlineDecoder {
+            w,
+            bias,
+            has_bias,
+            hist: pool::zeros::<F>(FAMILY, t * b * c)?,
+            pending: pool::zeros::<F>(FAMILY, t * b * c)?,
+            levels: Vec::new(),
+            dims,
+            bc: b * c,
+            tmax: t,
+            t: 0,
+            ahead: 0,
+        })
+    }
+
+    /// The spectra of level `j` (tile size `k = 2^j`, transform size `2k`), computed on first use.
+    fn level(&mut self, j: usize) -> Result<&Pooled<F::C>> {
+        if self.levels.len() <= j {
+            self.levels.resize_with(j + 1, || None);
+        }
+        if self.levels[j].is_none() {
+            let m = 2usize << j;
+            let [_, tn, _, h, kw] = self.dims;
+            let rows = (kw * h) as usize;
+            let g = gpu()?;
+            let f = g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_pack_w_{}", F::SUFFIX))?;
+            let (ri, taps, mi) = (int(FAMILY, "Kw·H", rows)?, int(FAMILY, "taps", m.min(self.tmax))?, int(FAMILY, "2k", m)?);
+            let mut wp = pool::take::<F>(FAMILY, rows * m)?;
+            launch!(g, FAMILY, f, grid1(rows * m, 256); &*self.w, &mut *wp, &ri, &taps, &tn, &mi)?;
+            self.levels[j] = Some(rfft::<F>(FAMILY, &wp, m, rows)?);
+        }
+        self.levels[j].as_ref().ok_or_else(|| err(FAMILY, "level spectrum missing"))
+    }
+
+    /// Adds the tile of inputs `[n − k, n)` to the pending sums of outputs `[n, n + k) ∩ [0, T)`.
+    fn tile(&mut self, n: usize, k: usize) -> Result<()> {
+        let rows = k.min(self.tmax - n);
+        let [b, tn, c, h, kw] = self.dims;
+        let g = gpu()?;
+        let f = |name: &str| g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("{name}_{}", F::SUFFIX));
+        let (ni, ki, ri) = (int(FAMILY, "n", n)?, int(FAMILY, "k", k)?, int(FAMILY, "rows", rows)?);
+        if k <= DIRECT_MAX {
+            launch!(g, FAMILY, f("toeplitz_online_direct")?, grid1(rows * self.bc, 128);
+                &*self.hist, &mut *self.pending, &*self.w, &b, &c, &h, &kw, &ni, &ki, &ri, &tn)?;
+            return Ok(());
+        }
+        let m = 2 * k;
+        let (bc, bu, cu) = (self.bc, b as usize, c as usize);
+        // The block's rows of the history [T, B, C] into zero-padded rows [B·C, 2k].
+        let block = self.hist.slice((n - k) * bc..n * bc);
+        let mut xp = pool::take::<F>(FAMILY, bc * m)?;
+        let (mi, sb, st) = (int(FAMILY, "2k", m)?, c as i64, bc as i64);
+        launch!(g, FAMILY, f("toeplitz_pack_x")?, tiles(m, cu, bu)?; &block, &mut *xp, &b, &ki, &c, &mi, &sb, &st)?;
+        let xh = rfft::<F>(FAMILY, &xp, m, bc)?;
+        drop(xp);
+        let j = k.trailing_zeros() as usize;
+        let nf = k + 1;
+        let mut yh = pool::take::<F::C>(FAMILY, bc * nf)?;
+        let nfi = int(FAMILY, "k+1", nf)?;
+        let wh = self.level(j)?;
+        launch!(g, FAMILY, f("toeplitz_mul")?, grid1(bc * nf, 256); &*xh, &**wh, &mut *yh, &b, &c, &h, &kw, &nfi)?;
+        drop(xh);
+        let yr = irfft::<F>(FAMILY, yh, m, bc)?;
+        launch!(g, FAMILY, f("toeplitz_online_acc")?, grid1(rows * bc, 256);
+            &*yr, &mut *self.pending, &b, &c, &ni, &ki, &ri)?;
+        Ok(())
+    }
+}
+
+impl<F: FftReal> DeviceDecoder for OnlineDecoder<F> {
+    fn step(&mut self, token: &DeviceTensors) -> Result<AnyDeviceTensor> {
+        mixer_core::mixer::check_decoder_capacity(self.t, self.tmax)?;
+        let [b, tn, c, h, kw] = self.dims;
+        let want = [b as usize, c as usize];
+        let xs = input::<F>(token, "x")?;
+        token_shape("x", xs.shape(), &want)?;
+        let g = gpu()?;
+        let mut y = pool::take::<F>(FAMILY, self.bc)?;
+        if self.bc > 0 {
+            let mut dst = self.hist.slice_mut(self.t * self.bc..(self.t + 1) * self.bc);
+            g.stream.memcpy_dtod(&xs.view(), &mut dst).map_err(|e| err(FAMILY, format!("copy: {e}")))?;
+            let f = g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_online_out_{}", F::SUFFIX))?;
+            let ti = int(FAMILY, "t", self.t)?;
+            // The taps and bias were truncated to T on upload: rows of T entries.
+            launch!(g, FAMILY, f, grid1(self.bc, 128);
+                &*self.hist, &*self.pending, &*self.w, &*self.bias, &self.has_bias, &mut *y, &b, &c, &h, &kw, &ti,
+                &tn, &tn)?;
+        }
+        self.t += 1;
+        let n = self.t;
+        if n < self.tmax && self.bc > 0 {
+            let k = 1usize << n.trailing_zeros();
+            self.tile(n, k)?;
+            self.ahead = self.ahead.max((n + k).min(self.tmax));
+        }
+        Ok(F::wrap(DeviceTensor::from_pooled(y, &want)?))
+    }
+    /// The input history plus the pending sums not yet consumed.
+    fn cache_elems(&self) -> usize {
+        (self.t + self.ahead.saturating_sub(self.t)) * self.bc
+    }
+    fn position(&self) -> usize {
+        self.t
+    }
+}
