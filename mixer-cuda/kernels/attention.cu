@@ -88,7 +88,7 @@ __device__ void attn_fwd(const T* q, const T* k, const T* v, T* y, int B, int Tn
 // with warp shuffles. Dynamic shared memory: [8][Dv] doubles, each warp's weighted-value sums,
 // added in a fixed order (the result does not depend on scheduling).
 // attn_combine: one block per (b, h): M = max_s m_s, y = Σ_s e^{|scale|(m_s−M)} a_s /
-// Σ_s e^{|scale|(m_s−M)} l_s.
+// Σ_s e^{|scale|(m_s−M)} l_s (below).
 #define ATTN_SPLIT_KEYS 256
 #define ATTN_SPLIT_THREADS 256
 #define ATTN_SPLIT_ROWS 8
@@ -172,19 +172,56 @@ __device__ void attn_split(const T* q, const T* kc, const T* vc, double* part, i
     }
 }
 
+// attn_combine, block of ATTN_COMBINE_THREADS: M and L by block reductions over the splits, the
+// split weights e^{|scale|(m_s−M)} computed once per chunk of splits into shared memory, then
+// one thread per output column.
+#define ATTN_COMBINE_THREADS 128
+#define ATTN_COMBINE_CHUNK 512
+
+__device__ inline double attn_block_reduce(double v, bool is_max, double* red) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const double u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmax(v, u) : v + u;
+    }
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    double r = red[0];
+    for (int i = 1; i < nw; ++i) r = is_max ? fmax(r, red[i]) : r + red[i];
+    __syncthreads();
+    return r;
+}
+
 template <typename T>
 __device__ void attn_combine(const double* part, T* y, int H, int Dv, int S, double scale) {
+    __shared__ double wsh[ATTN_COMBINE_CHUNK];
+    __shared__ double red[32];
     const double asc = fabs(scale);
-    const int bh = blockIdx.x, tid = threadIdx.x;
-    const double* p = part + (long long)bh * S * (2 + Dv);
+    const int bh = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    const long long stride = 2 + Dv;
+    const double* p = part + (long long)bh * S * stride;
     double M = Lim<double>::neg_inf();
-    for (int s = 0; s < S; ++s) M = fmax(M, p[s * (2 + Dv)]);
+    for (int s = tid; s < S; s += nt) M = fmax(M, p[s * stride]);
+    M = attn_block_reduce(M, true, red);
     double L = 0.0;
-    for (int s = 0; s < S; ++s) L += attn_weight(asc, p[s * (2 + Dv)], M) * p[s * (2 + Dv) + 1];
-    for (int d = tid; d < Dv; d += blockDim.x) {
+    for (int s = tid; s < S; s += nt) L += attn_weight(asc, p[s * stride], M) * p[s * stride + 1];
+    L = attn_block_reduce(L, false, red);
+    for (int d0 = 0; d0 < Dv; d0 += nt) {
+        const int d = d0 + tid;
         double a = 0.0;
-        for (int s = 0; s < S; ++s) a += attn_weight(asc, p[s * (2 + Dv)], M) * p[s * (2 + Dv) + 2 + d];
-        y[(long long)bh * Dv + d] = (T)(a / L);
+        for (int s0 = 0; s0 < S; s0 += ATTN_COMBINE_CHUNK) {
+            const int n = min(ATTN_COMBINE_CHUNK, S - s0);
+            for (int j = tid; j < n; j += nt) wsh[j] = attn_weight(asc, p[(s0 + j) * stride], M);
+            __syncthreads();
+            if (d < Dv) {
+                const double* col = p + s0 * stride + 2 + d;
+#pragma unroll 8
+                for (int j = 0; j < n; ++j) a += wsh[j] * col[j * stride];
+            }
+            __syncthreads();
+        }
+        if (d < Dv) y[(long long)bh * Dv + d] = (T)(a / L);
     }
 }
 

@@ -26,7 +26,8 @@ __device__ __forceinline__ int glr_dep(int t, int fk, int ak, int ce) {
 // when knear > GLR_NN, i.e. patterns with many small offsets) are added by warp 0 directly.
 // Only taps k < knear can reach them: the host gives knear = 1 + max{k : f(k) − a_k + 1 ≤ 2L − 1}
 // (a_k = 1 when translation-invariant), since d_k(t) ≤ t − f(k) + a_k − 1.
-// y of the last two tiles lives in a ring of 2L rows (row d mod 2L) plus one zero row.
+// y of the last two tiles lives in a ring of 2L rows (row d mod 2L) plus one zero row; warp 0
+// copies each finished tile to y in global memory.
 // Shared memory (dynamic): pre, b1 [2][L][CH] T; list β [2][L][NN][CH] T; ring [2L+1][CH] T;
 // list slots [2][L][NN][CH] u16. Block: 32 + L·CH threads.
 #ifndef GLR_L
@@ -89,12 +90,25 @@ __device__ void glr_tiled(const T* x, const T* alpha, const T* beta, const long 
                             acc += beta[((row + t) * K + k) * C + cc] * ring[(d % (2 * GLR_L)) * GLR_CH + c];
                     }
                     ring[(t % (2 * GLR_L)) * GLR_CH + c] = acc;
-                    if (cc < C) y[(row + t) * C + cc] = acc;
                     yprev = acc;
-                    pa = npre;
                     w1 = nw1;
+                    // Two independent FMA chains (half the latency of one).
+                    T s0 = npre, s1 = 0;
 #pragma unroll
-                    for (int k = 0; k < GLR_NN; ++k) pa += nb[k] * ny[k];
+                    for (int k = 0; k < GLR_NN; k += 2) s0 += nb[k] * ny[k];
+#pragma unroll
+                    for (int k = 1; k < GLR_NN; k += 2) s1 += nb[k] * ny[k];
+                    pa = s0 + s1;
+                }
+            }
+            // The tile's y from the ring to global memory, coalesced, before the barrier (the
+            // gathering threads read it from the next iteration on).
+            __syncwarp();
+            if (i >= 0) {
+                const int t0 = i * GLR_L, lim = min(GLR_L, Tn - t0);
+                for (int j = tid; j < lim * GLR_CH; j += 32) {
+                    const int tl = j / GLR_CH, c = j % GLR_CH, t = t0 + tl;
+                    if (c0 + c < C) y[(row + t) * C + c0 + c] = ring[(t % (2 * GLR_L)) * GLR_CH + c];
                 }
             }
         } else if (i + 1 < tiles) {

@@ -22,8 +22,8 @@ pub mod spectra;
 
 use std::borrow::Cow;
 
-use mixer_core::mixers::toeplitz::{DecoderKind, Toeplitz};
 use mixer_core::Result;
+use mixer_core::mixers::toeplitz::{DecoderKind, Toeplitz};
 use mixer_registry::{FamilyEntry, register};
 use ndarray::{ArrayD, IxDyn};
 

@@ -96,7 +96,8 @@ impl<F: FftReal> OnlineDecoder<F> {
             let rows = (kw * h) as usize;
             let g = gpu()?;
             let f = g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_pack_w_{}", F::SUFFIX))?;
-            let (ri, taps, mi) = (int(FAMILY, "Kw·H", rows)?, int(FAMILY, "taps", m.min(self.tmax))?, int(FAMILY, "2k", m)?);
+            let (ri, taps, mi) =
+                (int(FAMILY, "Kw·H", rows)?, int(FAMILY, "taps", m.min(self.tmax))?, int(FAMILY, "2k", m)?);
             let mut wp = pool::take::<F>(FAMILY, rows * m)?;
             launch!(g, FAMILY, f, grid1(rows * m, 256); &*self.w, &mut *wp, &ri, &taps, &tn, &mi)?;
             self.levels[j] = Some(rfft::<F>(FAMILY, &wp, m, rows)?);
@@ -151,7 +152,8 @@ impl<F: FftReal> DeviceDecoder for OnlineDecoder<F> {
         if self.bc > 0 {
             let mut dst = self.hist.slice_mut(self.t * self.bc..(self.t + 1) * self.bc);
             g.stream.memcpy_dtod(&xs.view(), &mut dst).map_err(|e| err(FAMILY, format!("copy: {e}")))?;
-            let f = g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_online_out_{}", F::SUFFIX))?;
+            let f =
+                g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_online_out_{}", F::SUFFIX))?;
             let ti = int(FAMILY, "t", self.t)?;
             // The taps and bias were truncated to T on upload: rows of T entries.
             launch!(g, FAMILY, f, grid1(self.bc, 128);
