@@ -85,6 +85,11 @@ impl Logits {
     pub fn weight(&self, key: f64, max_key: f64) -> f64 {
         if self.abs == 0.0 || key == max_key { 1.0 } else { (self.abs * (key - max_key)).exp() }
     }
+
+    /// `|σ|`, the factor of the weights' exponent: `weight(u, m) = e^{|σ|(u − m)}`.
+    pub fn weight_scale(&self) -> f64 {
+        self.abs
+    }
 }
 
 /// `q · k` accumulated in `f64` (finite for any finite `f32` operands).

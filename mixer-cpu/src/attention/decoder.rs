@@ -1,14 +1,29 @@
 //! The recurrent form of attention: a KV cache. Token `t` appends `(k_t, v_t)` and attends
-//! over the cached keys `s ∈ [max(0, t + 1 − w), t]` with a (max-subtracted) softmax whose keys and maximum are `f64`
-//! ([`Logits`]), so no finite input overflows. The
-//! cache is a ring of `min(w, T)` slots (all `T` for full attention), so it holds
+//! over the cached keys `s ∈ [max(0, t + 1 − w), t]` with a (max-subtracted) softmax whose keys
+//! and maximum are `f64` ([`Logits`]), so no finite input overflows. The cache is a ring of
+//! `min(w, T)` slots (all `T` for full attention) per (batch, head), rows contiguous, so it holds
 //! `min(t + 1, w)` tokens × B × H × (Dk + Dv) scalars.
+//!
+//! Per (batch, head), in parallel over them when the step is large: the scores `q·k_s` in `F`
+//! with independent partial sums (vectorised; formed again in `f64` where `F` overflows, as in the
+//! fast form), the keys and their maximum in `f64`, the weights `e^{|σ|(u_s − max u)}` by the
+//! vectorised exponential of [`VecMath`] on the `f64` differences rounded to `F`, and
+//! `y = Σ_s w_s v_s / Σ_s w_s` with the value rows added in order.
 
 use mixer_core::mixer::Decoder;
-use mixer_core::mixers::attention::{Attention, Logits, dot_f64};
+use mixer_core::mixers::attention::{Attention, Logits};
 use mixer_core::tensor::contiguous;
 use mixer_core::{Dims, DimsExt, Error, Real, Result, Tensors};
-use ndarray::{ArrayD, IxDyn};
+use ndarray::{ArrayD, ArrayView1, IxDyn};
+use rayon::prelude::*;
+
+use crate::vmath::VecMath;
+
+/// Cache entries × head dims per step above which the heads run in parallel.
+const PAR_WORK: usize = 1 << 16;
+
+/// Partial sums of the score dot products (lets them vectorise without reassociation).
+const LANES: usize = 8;
 
 /// The attention KV-cache decoder on CPU.
 pub struct AttentionDecoder<F> {
@@ -16,12 +31,12 @@ pub struct AttentionDecoder<F> {
     dims: [usize; 4], // B, H, Dk, Dv
     cap: usize,
     logits: Logits,
-    keys: Vec<F>,   // [cap, B, H, Dk]
-    values: Vec<F>, // [cap, B, H, Dv]
+    keys: Vec<F>,   // [B·H, cap, Dk]
+    values: Vec<F>, // [B·H, cap, Dv]
     pos: usize,
 }
 
-impl<F: Real> AttentionDecoder<F> {
+impl<F: VecMath> AttentionDecoder<F> {
     /// A decoder for `T` tokens of `B × H` heads.
     pub fn new(a: &Attention, dims: &Dims) -> Result<Self> {
         let (t_len, bn, hn, dk, dv) =
@@ -39,7 +54,66 @@ impl<F: Real> AttentionDecoder<F> {
     }
 }
 
-impl<F: Real> Decoder<F> for AttentionDecoder<F> {
+/// `a · b` in `F` with [`LANES`] independent partial sums.
+fn dot_lanes<F: Real>(a: &[F], b: &[F]) -> F {
+    let mut acc = [F::zero(); LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..LANES {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let mut s = acc.iter().fold(F::zero(), |s, &v| s + v);
+    for (&x, &y) in ra.iter().zip(rb) {
+        s += x * y;
+    }
+    s
+}
+
+/// One head's output over the cached rows `slots` (token indices `first..=t` in order):
+/// `out = Σ w_s v_s / Σ w_s`. `u` and `w` are scratch of at least `slots.len()` entries.
+#[allow(clippy::too_many_arguments)]
+fn head<F: VecMath>(
+    lg: &Logits,
+    q: &[F],
+    keys: &[F],
+    values: &[F],
+    (cap, first, t): (usize, usize, usize),
+    u: &mut [f64],
+    w: &mut [F],
+    out: &mut [F],
+) -> Result<()> {
+    let (dk, dv, n) = (q.len(), out.len(), t + 1 - first);
+    let mut mx = f64::NEG_INFINITY;
+    for (i, s) in (first..=t).enumerate() {
+        let kr = &keys[(s % cap) * dk..][..dk];
+        let key = super::key(lg, dot_lanes(q, kr), ArrayView1::from(q), ArrayView1::from(kr), t, s)?;
+        u[i] = key;
+        mx = mx.max(key);
+    }
+    // e^{|σ|(u − max)}: the difference and product in f64 (≤ 0, so no overflow), the
+    // exponential vectorised in F; |σ| = 0 gives 0·d = 0, weight 1, as Logits::weight.
+    let abs = lg.weight_scale();
+    for (wi, &ui) in w[..n].iter_mut().zip(&u[..n]) {
+        *wi = F::of(abs * (ui - mx));
+    }
+    let den = F::exp_scaled_sum(&mut w[..n], F::zero(), F::one());
+    out.fill(F::zero());
+    for (i, s) in (first..=t).enumerate() {
+        let vr = &values[(s % cap) * dv..][..dv];
+        let e = w[i];
+        for (o, &x) in out.iter_mut().zip(vr) {
+            *o += e * x;
+        }
+    }
+    for o in out.iter_mut() {
+        *o /= den;
+    }
+    Ok(())
+}
+
+impl<F: VecMath> Decoder<F> for AttentionDecoder<F> {
     fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
         let t = self.pos;
         mixer_core::mixer::check_decoder_capacity(t, self.t_len)?;
@@ -47,33 +121,30 @@ impl<F: Real> Decoder<F> for AttentionDecoder<F> {
         let q = contiguous(token, "q", &[bn, hn, dk])?;
         let k = contiguous(token, "k", &[bn, hn, dk])?;
         let v = contiguous(token, "v", &[bn, hn, dv])?;
-        let slot = t % self.cap;
-        let nk = bn * hn * dk;
-        let nv = bn * hn * dv;
-        self.keys[slot * nk..(slot + 1) * nk].copy_from_slice(&k);
-        self.values[slot * nv..(slot + 1) * nv].copy_from_slice(&v);
-        let first = (t + 1).saturating_sub(self.cap);
-        let mut y = vec![F::zero(); nv];
-        let mut scores = vec![0.0f64; t + 1 - first];
+        let (cap, slot) = (self.cap, t % self.cap);
         for bh in 0..bn * hn {
-            let qv = &q[bh * dk..(bh + 1) * dk];
-            for (i, s) in (first..=t).enumerate() {
-                let kv = &self.keys[(s % self.cap) * nk + bh * dk..][..dk];
-                scores[i] = self.logits.key(dot_f64(qv.iter().copied(), kv.iter().copied()), t, s)?;
-            }
-            let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let mut den = F::zero();
-            let out = &mut y[bh * dv..(bh + 1) * dv];
-            for (i, s) in (first..=t).enumerate() {
-                let e = F::of(self.logits.weight(scores[i], mx));
-                den += e;
-                let vv = &self.values[(s % self.cap) * nv + bh * dv..][..dv];
-                for (o, &x) in out.iter_mut().zip(vv) {
-                    *o += e * x;
-                }
-            }
-            for o in out.iter_mut() {
-                *o /= den;
+            self.keys[(bh * cap + slot) * dk..][..dk].copy_from_slice(&k[bh * dk..(bh + 1) * dk]);
+            self.values[(bh * cap + slot) * dv..][..dv].copy_from_slice(&v[bh * dv..(bh + 1) * dv]);
+        }
+        let first = (t + 1).saturating_sub(cap);
+        let n = t + 1 - first;
+        let mut y = vec![F::zero(); bn * hn * dv];
+        let (keys, values, lg) = (&self.keys, &self.values, &self.logits);
+        let run = |(bh, out): (usize, &mut [F]), u: &mut Vec<f64>, w: &mut Vec<F>| {
+            let kh = &keys[bh * cap * dk..(bh + 1) * cap * dk];
+            let vh = &values[bh * cap * dv..(bh + 1) * cap * dv];
+            head(lg, &q[bh * dk..(bh + 1) * dk], kh, vh, (cap, first, t), u, w, out)
+        };
+        let scratch = || (vec![0.0f64; n], vec![F::zero(); n]);
+        if dv > 0 && n * bn * hn * (dk + dv) >= PAR_WORK {
+            y.par_chunks_mut(dv)
+                .enumerate()
+                .map_init(scratch, |(u, w), job| run(job, u, w))
+                .collect::<Result<()>>()?;
+        } else if dv > 0 {
+            let (mut u, mut w) = scratch();
+            for job in y.chunks_mut(dv).enumerate() {
+                run(job, &mut u, &mut w)?;
             }
         }
         self.pos += 1;
