@@ -164,21 +164,40 @@ impl Toeplitz {
 
     /// The kernel `w` as `[Kw, H, Tw]` (a view; `[H, Tw]` gains a leading axis of 1).
     pub fn taps_view<'a, F>(&self, w: &'a ArrayD<F>) -> Result<ndarray::ArrayView3<'a, F>> {
-        let kw = self.cfg.kernel_width;
+        self.check_w(w.shape())?;
         let v = w.view();
-        let v = if w.ndim() == 2 && kw == 1 { v.insert_axis(Axis(0)) } else { v };
+        let v = if w.ndim() == 2 { v.insert_axis(Axis(0)) } else { v };
+        v.into_dimensionality().map_err(|_| Error::shape("w", "[Kw, H, Tw]", fmt_shape(w.shape())))
+    }
+
+    /// Checks the shape of `w`: `[H, Tw]` (kernel width 1) or `[Kw, H, Tw]`.
+    fn check_w(&self, shape: &[usize]) -> Result<()> {
+        let (kw, h) = (self.cfg.kernel_width, self.cfg.heads);
         let want = if kw == 1 { "[H, Tw]" } else { "[Kw, H, Tw]" };
-        v.into_dimensionality().map_err(|_| Error::shape("w", want, fmt_shape(w.shape()))).and_then(|v| {
-            if v.shape()[0] != kw || v.shape()[1] != self.cfg.heads {
-                Err(Error::shape(
-                    "w",
-                    format!("{want} with Kw = {kw}, H = {}", self.cfg.heads),
-                    fmt_shape(w.shape()),
-                ))
-            } else {
-                Ok(v)
+        let full: Vec<usize> =
+            if shape.len() == 2 && kw == 1 { [&[1], shape].concat() } else { shape.to_vec() };
+        if full.len() != 3 {
+            return Err(Error::shape("w", want, fmt_shape(shape)));
+        }
+        if full[0] != kw || full[1] != h {
+            return Err(Error::shape("w", format!("{want} with Kw = {kw}, H = {h}"), fmt_shape(shape)));
+        }
+        Ok(())
+    }
+
+    /// The checks of [`Toeplitz::prepare_statics`] on the shapes alone (for inputs that live
+    /// elsewhere, e.g. on a device): `w` and `bias` of the configured heads and kernel width, with
+    /// rows of at least `limit` entries.
+    pub fn check_statics(&self, w: &[usize], bias: Option<&[usize]>, limit: usize) -> Result<()> {
+        self.check_w(w)?;
+        check_taps("w", w, limit)?;
+        if let Some(b) = bias {
+            if b.len() != 2 || b[0] != self.cfg.heads {
+                return Err(Error::shape("bias", format!("[H = {}, Tw]", self.cfg.heads), fmt_shape(b)));
             }
-        })
+            check_taps("bias", b, limit)?;
+        }
+        Ok(())
     }
 }
 
@@ -237,32 +256,21 @@ impl Toeplitz {
         bias: Option<&ArrayD<F>>,
         limit: usize,
     ) -> Result<(Vec<F>, Option<Vec<F>>)> {
+        self.check_statics(w.shape(), bias.map(|b| b.shape()), limit)?;
         let wv = self.taps_view(w)?;
-        check_taps("w", w.shape(), limit)?;
         let mut taps = Vec::with_capacity(wv.shape()[0] * wv.shape()[1] * limit);
         for i in 0..wv.shape()[0] {
             for h in 0..wv.shape()[1] {
                 taps.extend(wv.slice(ndarray::s![i, h, ..limit]).iter().copied());
             }
         }
-        let bias = match bias {
-            None => None,
-            Some(b) => {
-                if b.ndim() != 2 || b.shape()[0] != self.cfg.heads {
-                    return Err(Error::shape(
-                        "bias",
-                        format!("[H = {}, Tw]", self.cfg.heads),
-                        fmt_shape(b.shape()),
-                    ));
-                }
-                check_taps("bias", b.shape(), limit)?;
-                let mut v = Vec::with_capacity(self.cfg.heads * limit);
-                for h in 0..self.cfg.heads {
-                    v.extend(b.index_axis(Axis(0), h).iter().take(limit).copied());
-                }
-                Some(v)
+        let bias = bias.map(|b| {
+            let mut v = Vec::with_capacity(self.cfg.heads * limit);
+            for h in 0..self.cfg.heads {
+                v.extend(b.index_axis(Axis(0), h).iter().take(limit).copied());
             }
-        };
+            v
+        });
         Ok((taps, bias))
     }
 

@@ -25,7 +25,6 @@ use std::borrow::Cow;
 use mixer_core::Result;
 use mixer_core::mixers::toeplitz::{DecoderKind, Toeplitz};
 use mixer_registry::{FamilyEntry, register};
-use ndarray::{ArrayD, IxDyn};
 
 use crate::device_run::{DeviceEntry, device_entry};
 use crate::fft::FftReal;
@@ -77,7 +76,7 @@ pub(crate) struct Prepared<'a, F: FftReal> {
 }
 
 /// Checks the shapes of `x`, `w` and `bias` as every form does (through the same
-/// [`Toeplitz::prepare_statics`], on placeholder arrays of the same shapes) and gathers the
+/// [`Toeplitz::check_statics`], on the shapes alone: no host work that grows with `T`) and gathers the
 /// device inputs.
 pub(crate) fn prepare<'a, F: FftReal>(tz: &Toeplitz, x: &'a DeviceTensors) -> Result<Prepared<'a, F>> {
     let xs = input::<F>(x, "x")?;
@@ -89,8 +88,7 @@ pub(crate) fn prepare<'a, F: FftReal>(tz: &Toeplitz, x: &'a DeviceTensors) -> Re
     tz.head_dim(c)?;
     let w = input::<F>(x, "w")?;
     let bias = input_opt::<F>(x, "bias")?;
-    let shape_only = |d: &DeviceTensor<F>| ArrayD::<u8>::zeros(IxDyn(d.shape()));
-    tz.prepare_statics(&shape_only(&w), bias.as_deref().map(shape_only).as_ref(), t)?;
+    tz.check_statics(w.shape(), bias.as_ref().map(|d| d.shape()), t)?;
     let lw = *w.shape().last().unwrap_or(&0);
     let lb = bias.as_ref().map_or(t, |d| *d.shape().last().unwrap_or(&0));
     let dims = [
