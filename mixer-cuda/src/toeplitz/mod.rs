@@ -75,6 +75,17 @@ pub(crate) struct Prepared<'a, F: FftReal> {
     pub c: usize,
 }
 
+/// `[B, T, C, H, Kw]` as kernel ints.
+pub(crate) fn kernel_dims(tz: &Toeplitz, b: usize, t: usize, c: usize) -> Result<[i32; 5]> {
+    Ok([
+        int(FAMILY, "B", b)?,
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "C", c)?,
+        int(FAMILY, "H", tz.cfg.heads)?,
+        int(FAMILY, "Kw", tz.cfg.kernel_width)?,
+    ])
+}
+
 /// Checks the shapes of `x`, `w` and `bias` as every form does (through the same
 /// [`Toeplitz::check_statics`], on the shapes alone: no host work that grows with `T`) and gathers the
 /// device inputs.
@@ -91,14 +102,7 @@ pub(crate) fn prepare<'a, F: FftReal>(tz: &Toeplitz, x: &'a DeviceTensors) -> Re
     tz.check_statics(w.shape(), bias.as_ref().map(|d| d.shape()), t)?;
     let lw = *w.shape().last().unwrap_or(&0);
     let lb = bias.as_ref().map_or(t, |d| *d.shape().last().unwrap_or(&0));
-    let dims = [
-        int(FAMILY, "B", b)?,
-        int(FAMILY, "T", t)?,
-        int(FAMILY, "C", c)?,
-        int(FAMILY, "H", tz.cfg.heads)?,
-        int(FAMILY, "Kw", tz.cfg.kernel_width)?,
-        int(FAMILY, "Tw", lw)?,
-        int(FAMILY, "Tb", lb)?,
-    ];
+    let [bi, ti, ci, hi, kwi] = kernel_dims(tz, b, t, c)?;
+    let dims = [bi, ti, ci, hi, kwi, int(FAMILY, "Tw", lw)?, int(FAMILY, "Tb", lb)?];
     Ok(Prepared { x: xs, w, bias, dims, b, t, c })
 }

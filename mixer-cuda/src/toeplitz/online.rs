@@ -16,14 +16,13 @@
 //! spectrum per level.
 
 use mixer_core::mixers::toeplitz::Toeplitz;
-use mixer_core::tensor::get;
-use mixer_core::{Dims, DimsExt, Result, Tensors};
+use mixer_core::{Dims, Result, Tensors};
 
 use super::FAMILY;
+use super::decoder::Statics;
 use super::fast::tiles;
-use crate::attention::decoder::token_shape;
 use crate::fft::{FftReal, irfft, rfft};
-use crate::forms::{DeviceDecoder, input};
+use crate::forms::DeviceDecoder;
 use crate::kernels;
 use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu, grid1, int, launch};
@@ -35,17 +34,12 @@ pub const DIRECT_MAX: usize = 64;
 
 /// The online Toeplitz decoder (device-resident history and pending sums).
 pub struct OnlineDecoder<F: FftReal> {
-    w: Pooled<F>,
-    bias: Pooled<F>,
-    has_bias: i32,
+    s: Statics<F>,
     hist: Pooled<F>,
     pending: Pooled<F>,
     /// Per level `j` (tile size `k = 2^j` above [`DIRECT_MAX`]): the spectra of `w[i, h, 0..2k)`,
     /// rows `i·H + h`, computed when the level first fires.
     levels: Vec<Option<Pooled<F::C>>>,
-    dims: [i32; 5],
-    bc: usize,
-    tmax: usize,
     t: usize,
     /// One past the furthest output a fired tile has reached.
     ahead: usize,
@@ -54,32 +48,13 @@ pub struct OnlineDecoder<F: FftReal> {
 impl<F: FftReal> OnlineDecoder<F> {
     /// Uploads the taps and bias (truncated to `T`) and allocates the history and pending sums.
     pub fn new(tz: &Toeplitz, statics: &Tensors<F>, dims: &Dims) -> Result<Self> {
-        let (b, t, c) = (dims.size("B")?, dims.size("T")?, dims.size("C")?);
-        tz.head_dim(c)?;
-        let (taps, bias) = tz.prepare_statics(get(statics, "w")?, statics.get("bias"), t)?;
-        let g = gpu()?;
-        let w = g.upload_slice(FAMILY, &taps)?;
-        let (bias, has_bias) = match bias {
-            Some(v) => (g.upload_slice(FAMILY, &v)?, 1),
-            None => (pool::zeros::<F>(FAMILY, 1)?, 0),
-        };
-        let dims = [
-            int(FAMILY, "B", b)?,
-            int(FAMILY, "T", t)?,
-            int(FAMILY, "C", c)?,
-            int(FAMILY, "H", tz.cfg.heads)?,
-            int(FAMILY, "Kw", tz.cfg.kernel_width)?,
-        ];
+        let s = Statics::upload(tz, statics, dims)?;
+        let n = s.tmax * s.bc;
         Ok(OnlineDecoder {
-            w,
-            bias,
-            has_bias,
-            hist: pool::zeros::<F>(FAMILY, t * b * c)?,
-            pending: pool::zeros::<F>(FAMILY, t * b * c)?,
+            s,
+            hist: pool::zeros::<F>(FAMILY, n)?,
+            pending: pool::zeros::<F>(FAMILY, n)?,
             levels: Vec::new(),
-            dims,
-            bc: b * c,
-            tmax: t,
             t: 0,
             ahead: 0,
         })
@@ -92,14 +67,14 @@ impl<F: FftReal> OnlineDecoder<F> {
         }
         if self.levels[j].is_none() {
             let m = 2usize << j;
-            let [_, tn, _, h, kw] = self.dims;
+            let [_, tn, _, h, kw] = self.s.dims;
             let rows = (kw * h) as usize;
             let g = gpu()?;
             let f = g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_pack_w_{}", F::SUFFIX))?;
             let (ri, taps, mi) =
-                (int(FAMILY, "Kw·H", rows)?, int(FAMILY, "taps", m.min(self.tmax))?, int(FAMILY, "2k", m)?);
+                (int(FAMILY, "Kw·H", rows)?, int(FAMILY, "taps", m.min(self.s.tmax))?, int(FAMILY, "2k", m)?);
             let mut wp = pool::take::<F>(FAMILY, rows * m)?;
-            launch!(g, FAMILY, f, grid1(rows * m, 256); &*self.w, &mut *wp, &ri, &taps, &tn, &mi)?;
+            launch!(g, FAMILY, f, grid1(rows * m, 256); &*self.s.w, &mut *wp, &ri, &taps, &tn, &mi)?;
             self.levels[j] = Some(rfft::<F>(FAMILY, &wp, m, rows)?);
         }
         self.levels[j].as_ref().ok_or_else(|| err(FAMILY, "level spectrum missing"))
@@ -107,18 +82,18 @@ impl<F: FftReal> OnlineDecoder<F> {
 
     /// Adds the tile of inputs `[n − k, n)` to the pending sums of outputs `[n, n + k) ∩ [0, T)`.
     fn tile(&mut self, n: usize, k: usize) -> Result<()> {
-        let rows = k.min(self.tmax - n);
-        let [b, tn, c, h, kw] = self.dims;
+        let rows = k.min(self.s.tmax - n);
+        let [b, tn, c, h, kw] = self.s.dims;
         let g = gpu()?;
         let f = |name: &str| g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("{name}_{}", F::SUFFIX));
         let (ni, ki, ri) = (int(FAMILY, "n", n)?, int(FAMILY, "k", k)?, int(FAMILY, "rows", rows)?);
         if k <= DIRECT_MAX {
-            launch!(g, FAMILY, f("toeplitz_online_direct")?, grid1(rows * self.bc, 128);
-                &*self.hist, &mut *self.pending, &*self.w, &b, &c, &h, &kw, &ni, &ki, &ri, &tn)?;
+            launch!(g, FAMILY, f("toeplitz_online_direct")?, grid1(rows * self.s.bc, 128);
+                &*self.hist, &mut *self.pending, &*self.s.w, &b, &c, &h, &kw, &ni, &ki, &ri, &tn)?;
             return Ok(());
         }
         let m = 2 * k;
-        let (bc, bu, cu) = (self.bc, b as usize, c as usize);
+        let (bc, bu, cu) = (self.s.bc, b as usize, c as usize);
         // The block's rows of the history [T, B, C] into zero-padded rows [B·C, 2k].
         let block = self.hist.slice((n - k) * bc..n * bc);
         let mut xp = pool::take::<F>(FAMILY, bc * m)?;
@@ -142,36 +117,32 @@ impl<F: FftReal> OnlineDecoder<F> {
 
 impl<F: FftReal> DeviceDecoder for OnlineDecoder<F> {
     fn step(&mut self, token: &DeviceTensors) -> Result<AnyDeviceTensor> {
-        mixer_core::mixer::check_decoder_capacity(self.t, self.tmax)?;
-        let [b, tn, c, h, kw] = self.dims;
+        self.s.append(&mut self.hist, self.t, token)?;
+        let [b, tn, c, h, kw] = self.s.dims;
         let want = [b as usize, c as usize];
-        let xs = input::<F>(token, "x")?;
-        token_shape("x", xs.shape(), &want)?;
         let g = gpu()?;
-        let mut y = pool::take::<F>(FAMILY, self.bc)?;
-        if self.bc > 0 {
-            let mut dst = self.hist.slice_mut(self.t * self.bc..(self.t + 1) * self.bc);
-            g.stream.memcpy_dtod(&xs.view(), &mut dst).map_err(|e| err(FAMILY, format!("copy: {e}")))?;
+        let mut y = pool::take::<F>(FAMILY, self.s.bc)?;
+        if self.s.bc > 0 {
             let f =
                 g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_online_out_{}", F::SUFFIX))?;
             let ti = int(FAMILY, "t", self.t)?;
             // The taps and bias were truncated to T on upload: rows of T entries.
-            launch!(g, FAMILY, f, grid1(self.bc, 128);
-                &*self.hist, &*self.pending, &*self.w, &*self.bias, &self.has_bias, &mut *y, &b, &c, &h, &kw, &ti,
+            launch!(g, FAMILY, f, grid1(self.s.bc, 128);
+                &*self.hist, &*self.pending, &*self.s.w, &*self.s.bias, &self.s.has_bias, &mut *y, &b, &c, &h, &kw, &ti,
                 &tn, &tn)?;
         }
         self.t += 1;
         let n = self.t;
-        if n < self.tmax && self.bc > 0 {
+        if n < self.s.tmax && self.s.bc > 0 {
             let k = 1usize << n.trailing_zeros();
             self.tile(n, k)?;
-            self.ahead = self.ahead.max((n + k).min(self.tmax));
+            self.ahead = self.ahead.max((n + k).min(self.s.tmax));
         }
         Ok(F::wrap(DeviceTensor::from_pooled(y, &want)?))
     }
     /// The input history plus the pending sums not yet consumed.
     fn cache_elems(&self) -> usize {
-        (self.t + self.ahead.saturating_sub(self.t)) * self.bc
+        (self.t + self.ahead.saturating_sub(self.t)) * self.s.bc
     }
     fn position(&self) -> usize {
         self.t
