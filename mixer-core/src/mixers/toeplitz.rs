@@ -593,6 +593,37 @@ mod tests {
         assert!(crate::tolerance::Tolerance::F64.compare(yo.view(), want.view()).pass);
     }
 
+    /// The shape-only checks give the errors of the data path, for every way a shape can be
+    /// wrong (rank, kernel width, heads, too few taps, bias shape).
+    #[test]
+    fn check_statics_agrees_with_prepare_statics() {
+        let m1 = mk(serde_json::json!({"heads": 2}));
+        let m3 = mk(serde_json::json!({"heads": 2, "kernel_width": 3}));
+        let cases: [(&Toeplitz, &[usize], Option<&[usize]>); 9] = [
+            (&m1, &[2, 9], Some(&[2, 9])),
+            (&m1, &[2, 9], None),
+            (&m1, &[3, 9], None),
+            (&m1, &[2, 7], None),
+            (&m1, &[2, 9], Some(&[3, 9])),
+            (&m1, &[2, 9], Some(&[2, 7])),
+            (&m1, &[1, 2, 9], None),
+            (&m3, &[3, 2, 9], None),
+            (&m3, &[2, 9], None),
+        ];
+        for (m, w, bias) in cases {
+            let data = m.prepare_statics(
+                &ArrayD::<u8>::zeros(IxDyn(w)),
+                bias.map(|b| ArrayD::<u8>::zeros(IxDyn(b))).as_ref(),
+                8,
+            );
+            let shapes = m.check_statics(w, bias, 8);
+            assert_eq!(data.is_ok(), shapes.is_ok(), "{w:?} {bias:?}");
+            if let (Err(a), Err(b)) = (data, shapes) {
+                assert_eq!(a.to_string(), b.to_string());
+            }
+        }
+    }
+
     #[test]
     fn clear_errors_for_short_kernels_and_bad_channels() {
         let m = mk(serde_json::json!({"heads": 2}));
