@@ -34,15 +34,18 @@
 
 use faer::linalg::matmul::matmul;
 use faer::linalg::triangular_solve::solve_unit_lower_triangular_in_place;
-use faer::{Accum, Mat, MatRef, Par};
+use faer::{Accum, Mat, MatMut, MatRef, Par};
 use mixer_core::mixers::loglinear::{Base, LogLinear};
-use mixer_core::{Error, Real, Result};
+use mixer_core::{Error, Result};
+use multiversion::multiversion;
+
+use crate::vmath::VecMath;
 
 use super::common::Head;
 use super::parallel::col_mut;
 
 /// `dst (+)= a b` sequentially.
-pub(crate) fn mm<F: Real>(
+pub(crate) fn mm<F: VecMath>(
     dst: faer::MatMut<'_, F>,
     acc: Accum,
     a: MatRef<'_, F>,
@@ -89,7 +92,7 @@ pub(crate) struct Chunk<F> {
 }
 
 /// The pieces of the chunk `[i0, i0 + n)` of one head.
-pub(crate) fn chunk_pieces<F: Real>(m: &LogLinear, hd: &Head<'_, F>, i0: usize, n: usize) -> Chunk<F> {
+pub(crate) fn chunk_pieces<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>, i0: usize, n: usize) -> Chunk<F> {
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
     let scale = F::of(m.scale);
     let (qc, kc, vc) = (hd.q.subrows(i0, n), hd.k.subrows(i0, n), hd.v.subrows(i0, n));
@@ -134,7 +137,7 @@ pub(crate) fn chunk_pieces<F: Real>(m: &LogLinear, hd: &Head<'_, F>, i0: usize, 
 }
 
 /// `P T⁻¹` (gated DeltaNet): the intra-chunk coefficients are `A = P T⁻¹ diag(β)`.
-pub(crate) fn delta_intra<F: Real>(ck: &Chunk<F>, wy: &Wy<F>) -> Mat<F> {
+pub(crate) fn delta_intra<F: VecMath>(ck: &Chunk<F>, wy: &Wy<F>) -> Mat<F> {
     let mut a = Mat::<F>::zeros(ck.n, ck.n);
     mm(a.as_mut(), Accum::Replace, ck.p.as_ref(), wy.tinv.as_ref(), F::one());
     a
@@ -172,7 +175,7 @@ pub(crate) struct Stacked<F> {
 
 /// The weights `λ^(l)_{i0+r}` of the rows of the chunk `[i0, i0 + n)` for the read of λ
 /// column `col` (ones for the base mixers, `col = None`).
-pub(crate) fn read_weights<F: Real>(hd: &Head<'_, F>, i0: usize, n: usize, col: Option<usize>) -> Vec<F> {
+pub(crate) fn read_weights<F: VecMath>(hd: &Head<'_, F>, i0: usize, n: usize, col: Option<usize>) -> Vec<F> {
     match (col, &hd.lam) {
         (Some(l), Some(lam)) => (0..n).map(|r| lam[(i0 + r, l)]).collect(),
         _ => vec![F::one(); n],
@@ -196,7 +199,7 @@ fn read_col(cbits: usize, e: usize, n_levels: usize, ci: usize) -> Result<usize>
 /// The state transition through a chunk, on stacked states:
 /// `H ↦ e^(γ_{n−1}) H − K̂ᵀ (W H)` (gated DeltaNet), `H ↦ e^(γ_{n−1}) H` (Mamba-2),
 /// `H ↦ H` (linear attention).
-fn transition<F: Real>(ck: &Chunk<F>, base: Base, zcat: &Mat<F>) -> Mat<F> {
+fn transition<F: VecMath>(ck: &Chunk<F>, base: Base, zcat: &Mat<F>) -> Mat<F> {
     let mut out = zcat * faer::Scale(if base.has_decay() { ck.total } else { F::one() });
     if let Some(wy) = &ck.wy {
         let mut wz = Mat::<F>::zeros(ck.n, zcat.ncols());
@@ -209,7 +212,7 @@ fn transition<F: Real>(ck: &Chunk<F>, base: Base, zcat: &Mat<F>) -> Mat<F> {
 /// Runs the chunk recurrence of one head (module documentation) and hands every chunk's
 /// pieces and its stacked start states to `visit`, in order. The states are advanced
 /// before `visit` is called.
-pub(crate) fn sweep<F: Real>(
+pub(crate) fn sweep<F: VecMath>(
     m: &LogLinear,
     hd: &Head<'_, F>,
     mut visit: impl FnMut(usize, Chunk<F>, Stacked<F>) -> Result<()>,
@@ -271,7 +274,7 @@ pub(crate) fn sweep<F: Real>(
 }
 
 /// The chunked form for one (batch, head): `T×Dv`.
-pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
+pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
     let t_len = hd.q.nrows();
     let dv = hd.v.ncols();
     let n_levels = hd.lam.as_ref().map_or(1, |l| l.ncols());
@@ -322,38 +325,46 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
 }
 
 /// The masked chunk decay `Γ_{r,s} = e^(γ_r − γ_s)` for `s ≤ r`, zero above the
-/// diagonal. Exponents are only taken of masked (non-positive) differences. To save
-/// exponentials, a pair whose column `s` lies in an earlier block of 16 than row `r` is
-/// factored through the block's last index `p` (`s ≤ p < r`) as
-/// `e^(γ_r − γ_p) e^(γ_p − γ_s)`: both factors lie in `[0, 1]`, so the
-/// product neither overflows nor loses anything that the direct exponential would keep.
-fn decay_matrix<F: Real>(gam: &[f64]) -> Mat<F> {
-    const SUB: usize = 16;
-    let n = gam.len();
-    let mut m = Mat::<F>::zeros(n, n);
-    let mut j0 = 0;
-    while j0 < n {
-        let j1 = (j0 + SUB).min(n);
-        let piv = gam[j1 - 1];
-        let after: Vec<f64> = (j1..n).map(|r| (gam[r] - piv).exp()).collect();
-        for s in j0..j1 {
-            let col = col_mut(&mut m, s);
-            for r in s..j1 {
-                col[r] = F::of((gam[r] - gam[s]).exp());
-            }
-            let before = (piv - gam[s]).exp();
-            for (r, &a) in (j1..n).zip(&after) {
-                col[r] = F::of(a * before);
-            }
-        }
-        j0 = j1;
-    }
+/// diagonal (see [`decay_into`]).
+fn decay_matrix<F: VecMath>(gam: &[f64]) -> Mat<F> {
+    let mut m = Mat::<F>::zeros(gam.len(), gam.len());
+    decay_into(m.as_mut(), gam);
     m
+}
+
+/// Writes the masked chunk decay `Γ_{r,s} = e^(γ_r − γ_s)`, `s ≤ r`, into the lower part
+/// (with the diagonal) of the `n × n` matrix `m` (unit row stride), `n = gam.len()`; entries
+/// above the diagonal are left as they are. The exponent is a difference of the `f64` sums
+/// (non-positive for the non-positive log-decays), rounded to `F`; the exponentials are
+/// [`VecMath::exp_lane`], vectorised down each column (the loop is built for AVX-512,
+/// AVX2 + FMA and NEON and chosen at run time). Exponents below `f32`'s range give 0.
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+pub(crate) fn decay_into<F: VecMath>(m: MatMut<'_, F>, gam: &[f64]) {
+    let fused = multiversion::target::target_cfg_f!(target_feature = "fma");
+    let n = gam.len();
+    let mut m = m;
+    for (s, &gs) in gam.iter().enumerate() {
+        let col = m.as_mut().col_mut(s).try_as_col_major_mut().expect("unit row stride").as_slice_mut();
+        for (x, &gr) in col[s..n].iter_mut().zip(&gam[s..]) {
+            *x = F::exp_lane(F::of(gr - gs), fused);
+        }
+    }
+}
+
+/// `dst[i] ← e^(σ (xs[i] − x0))` with `σ = −1` when `negate`, else `1`: the exponent is
+/// formed in `f64` and rounded to `F`, the exponentials vectorised as in [`decay_into`].
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+pub(crate) fn exps_into<F: VecMath>(dst: &mut [F], xs: &[f64], x0: f64, negate: bool) {
+    let fused = multiversion::target::target_cfg_f!(target_feature = "fma");
+    let sign = if negate { -1.0 } else { 1.0 };
+    for (d, &x) in dst.iter_mut().zip(xs) {
+        *d = F::exp_lane(F::of(sign * (x - x0)), fused);
+    }
 }
 
 /// Multiplies the lower part of `a` by the decay matrix (when given) and zeroes the part
 /// above the diagonal (`diag = true` keeps the diagonal, otherwise it is zeroed as well).
-fn mask_decay<F: Real>(a: &mut Mat<F>, gamma: Option<&Mat<F>>, diag: bool) {
+fn mask_decay<F: VecMath>(a: &mut Mat<F>, gamma: Option<&Mat<F>>, diag: bool) {
     let n = a.nrows();
     for s in 0..n {
         let start = if diag { s } else { s + 1 };
@@ -370,7 +381,7 @@ fn mask_decay<F: Real>(a: &mut Mat<F>, gamma: Option<&Mat<F>>, diag: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::decay_matrix;
+    use super::{decay_matrix, exps_into};
 
     #[test]
     fn decay_matrix_matches_direct_exponentials() {
@@ -390,6 +401,37 @@ mod tests {
                     "r={r} s={s}: {got} vs {want}"
                 );
             }
+        }
+    }
+
+    /// The `f32` decay factors and exponentials (vectorised polynomial) against `f64` ones:
+    /// within a few ulp, plus the rounding of the exponent to `f32`.
+    #[test]
+    fn f32_decay_factors_match_f64() {
+        let mut gam = Vec::new();
+        let mut acc = 0.0;
+        for i in 0..77usize {
+            acc += if i % 13 == 6 { -90.0 } else { -((i * 5 % 7) as f64) / 9.0 };
+            gam.push(acc);
+        }
+        let m = decay_matrix::<f32>(&gam);
+        for r in 0..77 {
+            for s in 0..77 {
+                let x = gam[r] - gam[s];
+                let want = if s <= r { x.exp() } else { 0.0 };
+                let got = m[(r, s)] as f64;
+                let tol = 4e-7 * want + (x.abs() * 6e-8) * want + 1e-38;
+                assert!((got - want).abs() <= tol, "r={r} s={s}: {got} vs {want}");
+            }
+        }
+        let mut tail = vec![0.0f32; 77];
+        exps_into(&mut tail, &gam, gam[76], true);
+        let mut eg = vec![0.0f32; 77];
+        exps_into(&mut eg, &gam, 0.0, false);
+        for r in 0..77 {
+            let (wt, we) = ((gam[76] - gam[r]).exp(), gam[r].exp());
+            assert!((tail[r] as f64 - wt).abs() <= 1e-6 * wt + 1e-38, "tail {r}");
+            assert!((eg[r] as f64 - we).abs() <= 1e-6 * we + 1e-38, "eg {r}");
         }
     }
 }
