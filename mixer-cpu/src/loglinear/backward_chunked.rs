@@ -68,7 +68,7 @@ pub(crate) fn head_vjp<F: VecMath>(
     let t_len = hd.q.nrows();
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
     let mut saved = Vec::with_capacity(t_len.div_ceil(m.chunk));
-    sweep(m, hd, |_, ck, st| {
+    sweep(m, hd, false, |_, ck, st| {
         saved.push((ck, st));
         Ok(())
     })?;

@@ -104,8 +104,9 @@ pub(crate) fn chunk_pieces<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>, i0: usiz
         gam[r] = acc;
     }
     let last = gam[n - 1];
-    let eg: Vec<F> = gam.iter().map(|&x| F::of(x.exp())).collect();
-    let tail: Vec<F> = gam.iter().map(|&x| F::of((last - x).exp())).collect();
+    let (mut eg, mut tail) = (vec![F::zero(); n], vec![F::zero(); n]);
+    exps_into(&mut eg, &gam, 0.0, false);
+    exps_into(&mut tail, &gam, last, true);
     let total = F::of(last.exp());
 
     // P = σ QKᵀ ⊙ Γ, lower with diagonal.
@@ -160,6 +161,57 @@ pub(crate) fn visit_levels(
     Ok(())
 }
 
+/// `a_{r,s} ← λ^(ℓ)_{i0+r} a_{r,s}` for every pair `s ≤ r` of the chunk `[i0, i0 + n)`
+/// (`a` lower triangular, `ℓ = ℓ(i0 + r, i0 + s)`, `lam` the `T × L` weights); an error when
+/// a level is beyond the given λ levels.
+///
+/// With the Fenwick mask the chunk start is a multiple of the chunk size `2^c ≥ n`, so
+/// `ℓ(i0 + r, i0 + s) = bitlen(r ⊕ s)`: level 0 is the diagonal, and level `l ≥ 1` is the
+/// blocks of rows `[b·2^l + 2^(l−1), (b+1)·2^l)` by columns `[b·2^l, b·2^l + 2^(l−1))`, so
+/// each column of a block is scaled by one contiguous run of a λ column. Other masks go pair by
+/// pair through [`visit_levels`].
+pub(crate) fn scale_by_levels<F: VecMath>(
+    m: &LogLinear,
+    a: &mut Mat<F>,
+    lam: MatRef<'_, F>,
+    i0: usize,
+    n: usize,
+) -> Result<()> {
+    let n_levels = lam.ncols();
+    let top = mixer_core::fenwick::bitlen(n.saturating_sub(1));
+    let chunk = m.chunk;
+    if !m.lift.is_some_and(|l| l.mask.is_fenwick())
+        || !i0.is_multiple_of(chunk)
+        || n > chunk
+        || top >= n_levels
+    {
+        return visit_levels(m, i0, n, n_levels, |r, s, l| a[(r, s)] *= lam[(i0 + r, l)]);
+    }
+    let mut w = vec![F::zero(); n];
+    for l in 0..=top {
+        for (r, x) in w.iter_mut().enumerate() {
+            *x = lam[(i0 + r, l)];
+        }
+        if l == 0 {
+            for (s, &x) in w.iter().enumerate() {
+                a[(s, s)] *= x;
+            }
+            continue;
+        }
+        let half = 1usize << (l - 1);
+        let mut b0 = 0;
+        while b0 + half < n {
+            let rows = b0 + half..(b0 + 2 * half).min(n);
+            for s in b0..b0 + half {
+                let col = col_mut(a, s);
+                col[rows.clone()].iter_mut().zip(&w[rows.clone()]).for_each(|(x, &lw)| *x *= lw);
+            }
+            b0 += 2 * half;
+        }
+    }
+    Ok(())
+}
+
 /// The level states present at a chunk's start (after the merge), stacked side by side.
 pub(crate) struct Stacked<F> {
     /// The chunk levels `e` present, increasing.
@@ -171,6 +223,9 @@ pub(crate) struct Stacked<F> {
     /// Whether each present level survived its transition (a state that decays below the
     /// smallest normal number is dropped).
     pub kept: Vec<bool>,
+    /// The read `Q̃ Z` (`n × (D_v · #present)`), when the sweep was asked for it and formed it
+    /// in one product with the transition (see [`transition`]).
+    pub read: Option<Mat<F>>,
 }
 
 /// The weights `λ^(l)_{i0+r}` of the rows of the chunk `[i0, i0 + n)` for the read of λ
@@ -198,23 +253,69 @@ fn read_col(cbits: usize, e: usize, n_levels: usize, ci: usize) -> Result<usize>
 
 /// The state transition through a chunk, on stacked states:
 /// `H ↦ e^(γ_{n−1}) H − K̂ᵀ (W H)` (gated DeltaNet), `H ↦ e^(γ_{n−1}) H` (Mamba-2),
-/// `H ↦ H` (linear attention).
-fn transition<F: VecMath>(ck: &Chunk<F>, base: Base, zcat: &Mat<F>) -> Mat<F> {
-    let mut out = zcat * faer::Scale(if base.has_decay() { ck.total } else { F::one() });
-    if let Some(wy) = &ck.wy {
-        let mut wz = Mat::<F>::zeros(ck.n, zcat.ncols());
-        mm(wz.as_mut(), Accum::Replace, wy.w.as_ref(), zcat.as_ref(), F::one());
-        mm(out.as_mut(), Accum::Add, ck.khat.transpose(), wz.as_ref(), -F::one());
+/// `H ↦ H` (linear attention). Returns a matrix whose rows `off .. off + D_k` hold the new
+/// stacked states, and `off`.
+///
+/// For gated DeltaNet with `N` stacked columns, the transition matrix
+/// `Φ = e^(γ_{n−1}) I − K̂ᵀ W` (`D_k × D_k`, `n·D_k²` multiply-adds) is formed first and
+/// applied as one product `Φ Z` (`D_k²·N`) when that is cheaper than the two products
+/// `K̂ᵀ (W Z)` (`2·n·D_k·N`), i.e. when several level states are stacked. With `read`, the
+/// queries are stacked on top of `Φ` so that the same product also gives the read
+/// `Q̃ Z` in rows `0 .. off = n` (one wide product instead of two).
+fn transition<F: VecMath>(ck: &Chunk<F>, base: Base, zcat: &Mat<F>, read: bool) -> (Mat<F>, usize) {
+    let total = if base.has_decay() { ck.total } else { F::one() };
+    let Some(wy) = &ck.wy else {
+        return (zcat * faer::Scale(total), 0);
+    };
+    let (dk, cols) = (zcat.nrows(), zcat.ncols());
+    if dk * (ck.n + cols) < 2 * ck.n * cols {
+        let off = if read { ck.n } else { 0 };
+        let mut lhs = Mat::<F>::zeros(off + dk, dk);
+        if read {
+            lhs.as_mut().subrows_mut(0, off).copy_from(&ck.qt);
+        }
+        let mut phi = lhs.as_mut().subrows_mut(off, dk);
+        phi.as_mut().diagonal_mut().column_vector_mut().iter_mut().for_each(|x| *x = total);
+        mm(phi, Accum::Add, ck.khat.transpose(), wy.w.as_ref(), -F::one());
+        let mut out = Mat::<F>::zeros(off + dk, cols);
+        mm(out.as_mut(), Accum::Replace, lhs.as_ref(), zcat.as_ref(), F::one());
+        return (out, off);
     }
-    out
+    let mut out = zcat * faer::Scale(total);
+    let mut wz = Mat::<F>::zeros(ck.n, cols);
+    mm(wz.as_mut(), Accum::Replace, wy.w.as_ref(), zcat.as_ref(), F::one());
+    mm(out.as_mut(), Accum::Add, ck.khat.transpose(), wz.as_ref(), -F::one());
+    (out, 0)
+}
+
+/// Sets the entries of a decayed state whose magnitude is below the smallest normal number
+/// to zero; returns whether a non-zero entry is left. Such an entry contributes less than
+/// `F`'s resolution to any output of normal size, and products with subnormal operands or
+/// results are very slow on most CPUs (a microcode assist per operation); without the flush
+/// the high Fenwick levels of the lifted mixers, whose states decay for many chunks, pass
+/// through the subnormal range in every product.
+pub(crate) fn flush_subnormals<F: VecMath>(mut h: MatMut<'_, F>) -> bool {
+    let tiny = F::min_positive_value();
+    let mut alive = false;
+    for j in 0..h.ncols() {
+        for x in h.as_mut().col_mut(j).iter_mut() {
+            if x.abs() < tiny {
+                *x = F::zero();
+            }
+            alive |= *x != F::zero();
+        }
+    }
+    alive
 }
 
 /// Runs the chunk recurrence of one head (module documentation) and hands every chunk's
 /// pieces and its stacked start states to `visit`, in order. The states are advanced
-/// before `visit` is called.
+/// before `visit` is called. With `read`, [`Stacked::read`] is filled where the transition
+/// forms it at no extra cost (the forward asks for it, the backward does not).
 pub(crate) fn sweep<F: VecMath>(
     m: &LogLinear,
     hd: &Head<'_, F>,
+    read: bool,
     mut visit: impl FnMut(usize, Chunk<F>, Stacked<F>) -> Result<()>,
 ) -> Result<()> {
     let t_len = hd.q.nrows();
@@ -245,15 +346,19 @@ pub(crate) fn sweep<F: VecMath>(
             }
         }
         let mut kept = Vec::with_capacity(present.len());
+        let mut stacked_read = None;
         if !present.is_empty() {
-            let next = transition(&ck, m.base, &zcat);
-            // A level whose entries all fell below the smallest normal number is dropped (its
-            // contribution is below resolution; subnormal arithmetic is very slow).
+            let (out, off) = transition(&ck, m.base, &zcat, read);
+            if off > 0 {
+                stacked_read = Some(out.subrows(0, off).to_owned());
+            }
+            let next = out.subrows(off, dk);
+            // Entries that decayed below the smallest normal number are flushed to zero, and a
+            // level left all zero is dropped (see [`flush_subnormals`]).
             for (j, &e) in present.iter().enumerate() {
-                let blk = next.submatrix(0, j * dv, dk, dv);
-                let tiny = F::min_positive_value();
-                let gone = m.base.has_decay() && (0..dv).all(|c| blk.col(c).iter().all(|x| x.abs() < tiny));
-                states[e] = if gone { None } else { Some(blk.to_owned()) };
+                let mut blk = next.submatrix(0, j * dv, dk, dv).to_owned();
+                let gone = m.base.has_decay() && !flush_subnormals(blk.as_mut());
+                states[e] = if gone { None } else { Some(blk) };
                 kept.push(!gone);
             }
         }
@@ -268,7 +373,7 @@ pub(crate) fn sweep<F: VecMath>(
             Some(acc) => acc + own,
             None => own,
         });
-        visit(ci, ck, Stacked { present, cols, zcat, kept })?;
+        visit(ci, ck, Stacked { present, cols, zcat, kept, read: stacked_read })?;
     }
     Ok(())
 }
@@ -277,9 +382,8 @@ pub(crate) fn sweep<F: VecMath>(
 pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
     let t_len = hd.q.nrows();
     let dv = hd.v.ncols();
-    let n_levels = hd.lam.as_ref().map_or(1, |l| l.ncols());
     let mut y = Mat::<F>::zeros(t_len, dv);
-    sweep(m, hd, |_, ck, st| {
+    sweep(m, hd, true, |_, ck, st| {
         let (i0, n) = (ck.i0, ck.n);
         let vc = hd.v.subrows(i0, n);
         // Intra-chunk part.
@@ -299,7 +403,7 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
         };
         if let Some(mut a) = a {
             if let Some(lam) = &hd.lam {
-                visit_levels(m, i0, n, n_levels, |r, s, l| a[(r, s)] *= lam[(i0 + r, l)])?;
+                scale_by_levels(m, &mut a, *lam, i0, n)?;
             }
             mm(y.subrows_mut(i0, n), Accum::Replace, a.as_ref(), vc, F::one());
         }
@@ -307,8 +411,11 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
         if st.present.is_empty() {
             return Ok(());
         }
-        let mut r = Mat::<F>::zeros(n, st.zcat.ncols());
-        mm(r.as_mut(), Accum::Replace, ck.qt.as_ref(), st.zcat.as_ref(), F::one());
+        let r = st.read.unwrap_or_else(|| {
+            let mut r = Mat::<F>::zeros(n, st.zcat.ncols());
+            mm(r.as_mut(), Accum::Replace, ck.qt.as_ref(), st.zcat.as_ref(), F::one());
+            r
+        });
         for (j, &col) in st.cols.iter().enumerate() {
             let w = read_weights(hd, i0, n, col);
             for d in 0..dv {

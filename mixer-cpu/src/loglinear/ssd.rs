@@ -11,15 +11,14 @@
 //! parallel). All work buffers are allocated once per head and reused by every chunk; `y` is
 //! written row-major (returned as `yᵀ`, `Dv×T`), so that the assembly into `[B, T, H, Dv]`
 //! copies whole rows. The exponentials are vectorised ([`decay_into`], [`exps_into`]). As in
-//! the general chunked form ([`super::chunked`]), a state whose entries all decay below the
-//! smallest normal number is dropped (its contribution is below resolution, and subnormal
-//! arithmetic is very slow).
+//! the general chunked form ([`super::chunked`]), state entries that decay below the smallest
+//! normal number are flushed to zero ([`flush_subnormals`]).
 
 use faer::{Accum, Mat, MatRef};
 use mixer_core::Result;
 use mixer_core::mixers::loglinear::LogLinear;
 
-use super::chunked::{decay_into, exps_into, mm};
+use super::chunked::{decay_into, exps_into, flush_subnormals, mm};
 use super::common::Head;
 use crate::vmath::VecMath;
 
@@ -85,16 +84,8 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
 
         // State update: H ← e^(γ_{n−1}) H + (diag(e^(γ_{n−1} − γ)) K_c)ᵀ V_c.
         if have_state && decay {
-            let total = F::of(last.exp());
-            let tiny = F::min_positive_value();
-            let mut alive = false;
-            for j in 0..dv {
-                for x in h.as_mut().col_mut(j).iter_mut() {
-                    *x *= total;
-                    alive |= x.abs() >= tiny;
-                }
-            }
-            have_state = alive;
+            h *= faer::Scale(F::of(last.exp()));
+            have_state = flush_subnormals(h.as_mut());
         }
         let acc = if have_state { Accum::Add } else { Accum::Replace };
         if decay {
