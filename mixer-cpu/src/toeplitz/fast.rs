@@ -1,8 +1,9 @@
 //! FFT machinery of the Toeplitz forms: fast sizes, the process-wide plan cache, the kernel
 //! spectrum cache, and the `fast` form (docs/math.md §3).
 //!
-//! **Fast form.** With `p` the smallest 7-smooth size `≥ 2T−1` (so the circular convolution
-//! of two length-`T` signals has no wrap-around in its first `T` outputs):
+//! **Fast form.** With `p` a 7-smooth size `≥ 2T−1` (so the circular convolution of two
+//! length-`T` signals has no wrap-around in its first `T` outputs), chosen by a cost model
+//! ([`fft_size`]):
 //! `y = irfft_p(Σ_i ŵ_{i,h} ⊙ rfft_p(x_{e−δ_i}))[0..T] + bias`,
 //! where the kernel spectra `ŵ` already carry the single normalisation `1/p` (realfft's
 //! transforms are unnormalised both ways).
@@ -19,7 +20,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use mixer_core::mixers::toeplitz::{Prepared, Toeplitz, fast_size};
+use mixer_core::mixers::toeplitz::{Prepared, Toeplitz};
 use mixer_core::{Error, Real, Result};
 
 use super::columns::Columns;
@@ -29,6 +30,58 @@ use realfft::{ComplexToReal, FftNum, RealFftPlanner, RealToComplex};
 
 /// Number of kernel-spectrum sets kept across calls, per scalar type.
 pub const CACHE_CAPACITY: usize = 8;
+
+/// Modelled cost per point of one radix-`f` pass of an FFT, relative to a radix-2 pass:
+/// `log₂ f` passes' worth of work times a penalty for the less regular odd-radix butterflies
+/// (1.15, 1.3, 1.45 for 3, 5, 7).
+const RADIX_COST: [(usize, f64); 4] = [(2, 1.0), (3, 1.82), (5, 3.02), (7, 4.07)];
+
+/// The FFT length of the CPU forms for a linear convolution that needs `n` points: among the
+/// 7-smooth sizes `p` in `[n, 2^⌈log₂ n⌉]`, the one of least modelled cost
+/// `p · Σ_f c_f` (sum over the prime factors `f` of `p` with multiplicity, `c_f` from
+/// [`RADIX_COST`]); ties go to the smaller size. The smallest 7-smooth size is not always the
+/// cheapest: `n = 1999` gives 2048 (2¹¹, cost 11·2048) rather than 2000 (2⁴·5³,
+/// cost 13.06·2000).
+pub fn fft_size(n: usize) -> usize {
+    let n = n.max(1);
+    let top = n.next_power_of_two();
+    let cost = |p: usize| {
+        let (mut m, mut c) = (p, 0.0);
+        for (f, cf) in RADIX_COST {
+            while m.is_multiple_of(f) {
+                m /= f;
+                c += cf;
+            }
+        }
+        p as f64 * c
+    };
+    let mut best = (cost(top), top);
+    // Every 7-smooth p = 3^b 5^c 7^d · 2^a in [n, top]: for each odd part, the least power of
+    // two that lifts it to n or above.
+    let mut odd7 = 1;
+    while odd7 <= top {
+        let mut odd5 = odd7;
+        while odd5 <= top {
+            let mut odd = odd5;
+            while odd <= top {
+                let mut p = odd;
+                while p < n {
+                    p *= 2;
+                }
+                if p <= top {
+                    let c = cost(p);
+                    if c < best.0 || (c == best.0 && p < best.1) {
+                        best = (c, p);
+                    }
+                }
+                odd *= 3;
+            }
+            odd5 *= 5;
+        }
+        odd7 *= 7;
+    }
+    best.1
+}
 
 /// A forward/inverse real FFT pair of one size.
 #[derive(Clone)]
@@ -145,12 +198,24 @@ impl<F: FftReal> Buffers<F> {
 
 fn hash_taps<F: Real>(taps: &[F]) -> u64 {
     // A 64-bit multiply–xorshift hash of the bit patterns (speed matters more than quality:
-    // hits are confirmed by an exact comparison).
-    let mut h: u64 = 0x9E37_79B9_7F4A_7C15 ^ taps.len() as u64;
-    for &v in taps {
-        h ^= v.f64().to_bits();
-        h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        h ^= h >> 31;
+    // hits are confirmed by an exact comparison), in `LANES` independent chains over
+    // interleaved taps (so the multiplies overlap) that are combined at the end.
+    const LANES: usize = 8;
+    const K: u64 = 0xBF58_476D_1CE4_E5B9;
+    let mix = |h: u64, v: u64| {
+        let h = (h ^ v).wrapping_mul(K);
+        h ^ (h >> 31)
+    };
+    let mut lanes = [0x9E37_79B9_7F4A_7C15 ^ taps.len() as u64; LANES];
+    let mut chunks = taps.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (h, v) in lanes.iter_mut().zip(c) {
+            *h = mix(*h, v.f64().to_bits());
+        }
+    }
+    let mut h = lanes.iter().fold(0u64, |acc, &l| mix(acc, l));
+    for v in chunks.remainder() {
+        h = mix(h, v.f64().to_bits());
     }
     h
 }
@@ -230,7 +295,7 @@ pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Result
     if t == 0 || c == 0 || p.batch == 0 {
         return Ok(out);
     }
-    let pl = plans::<F>(fast_size(2 * t - 1));
+    let pl = plans::<F>(fft_size(2 * t - 1));
     let w_hat = tap_spectra(&p.taps, p.kernel_width * p.heads, t, &pl)?;
     let finish = |buf: &mut Buffers<F>, h: usize, y: &mut [F]| -> Result<()> {
         buf.inverse(&pl)?;
@@ -282,6 +347,26 @@ pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The chosen FFT size is 7-smooth, within [n, next power of two], and the cheapest by
+    /// the model; hand-worked cases of the model (costs in radix-2 passes × size).
+    #[test]
+    fn fft_size_follows_the_cost_model() {
+        use mixer_core::mixers::toeplitz::is_fast_size;
+        // 1999: 2000 = 2⁴5³ costs (4 + 3·3.02)·2000 = 26 120, 2048 = 2¹¹ costs 22 528.
+        assert_eq!(fft_size(1999), 2048);
+        // 5999: 6000 = 2⁴·3·5³ costs 89 280, 6144 = 2¹¹·3 costs 78 766, 8192 costs 106 496.
+        assert_eq!(fft_size(5999), 6144);
+        // 8191 and 32767: the power of two is the only candidate.
+        assert_eq!(fft_size(8191), 8192);
+        assert_eq!(fft_size(32767), 32768);
+        // 2·100 − 1 = 199: 200 = 2³5² costs 1 808, 224 = 2⁵·7 costs 2 032, 256 costs 2 048.
+        assert_eq!(fft_size(199), 200);
+        for n in [1usize, 2, 3, 7, 97, 199, 1000, 4097, 20001] {
+            let p = fft_size(n);
+            assert!(p >= n && p <= n.next_power_of_two() && is_fast_size(p), "n = {n}: p = {p}");
+        }
+    }
 
     /// A round trip through the buffers recovers the signal times p (unnormalised).
     #[test]
