@@ -176,6 +176,11 @@ impl<F: FftReal> Buffers<F> {
         let n = signal.len().min(self.real.len());
         self.real[..n].copy_from_slice(&signal[..n]);
         self.real[n..].iter_mut().for_each(|v| *v = F::zero());
+        self.forward_in_place(pl)
+    }
+
+    /// `spec ← rfft(real)`; `real` is clobbered.
+    pub fn forward_in_place(&mut self, pl: &Plans<F>) -> Result<()> {
         pl.fwd
             .process_with_scratch(&mut self.real, &mut self.spec, &mut self.scratch)
             .map_err(|e| Error::Numerical(format!("rfft of size {}: {e}", pl.len())))
@@ -196,16 +201,17 @@ impl<F: FftReal> Buffers<F> {
     }
 }
 
+/// One step of a 64-bit multiply–xorshift hash.
+fn mix(h: u64, v: u64) -> u64 {
+    let h = (h ^ v).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    h ^ (h >> 31)
+}
+
 fn hash_taps<F: Real>(taps: &[F]) -> u64 {
-    // A 64-bit multiply–xorshift hash of the bit patterns (speed matters more than quality:
-    // hits are confirmed by an exact comparison), in `LANES` independent chains over
-    // interleaved taps (so the multiplies overlap) that are combined at the end.
+    // A hash of the bit patterns (speed matters more than quality: hits are confirmed by an
+    // exact comparison), in `LANES` independent chains over interleaved taps (so the
+    // multiplies overlap) that are combined at the end.
     const LANES: usize = 8;
-    const K: u64 = 0xBF58_476D_1CE4_E5B9;
-    let mix = |h: u64, v: u64| {
-        let h = (h ^ v).wrapping_mul(K);
-        h ^ (h >> 31)
-    };
     let mut lanes = [0x9E37_79B9_7F4A_7C15 ^ taps.len() as u64; LANES];
     let mut chunks = taps.chunks_exact(LANES);
     for c in &mut chunks {
@@ -229,12 +235,20 @@ pub fn tap_spectra<F: FftReal>(
     pl: &Plans<F>,
 ) -> Result<Arc<Vec<Vec<Complex<F>>>>> {
     let p = pl.len();
-    let hash = hash_taps(taps);
+    // Hashed (and, on a candidate hit, compared) in blocks in parallel: at T = 4k with one
+    // kernel per channel the taps are as large as the input.
+    const BLOCK: usize = 1 << 16;
+    let block_hashes: Vec<u64> = taps.par_chunks(BLOCK).map(hash_taps).collect();
+    let hash = block_hashes.iter().fold(taps.len() as u64, |acc, &h| mix(acc, h));
+    let same = |stored: &[F]| {
+        stored.len() == taps.len()
+            && stored.par_chunks(BLOCK).zip(taps.par_chunks(BLOCK)).all(|(a, b)| a == b)
+    };
     {
         let mut cache = F::state().spectra.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(pos) = cache
             .iter()
-            .position(|e| e.hash == hash && e.p == p && e.t == t && e.rows == rows && e.taps == taps)
+            .position(|e| e.hash == hash && e.p == p && e.t == t && e.rows == rows && same(&e.taps))
         {
             let e = cache.remove(pos).expect("position found above");
             let s = e.spectra.clone();
@@ -281,14 +295,76 @@ pub fn column_spectra<F: FftReal>(x: &Columns<F>, pl: &Plans<F>) -> Result<Vec<V
         .collect()
 }
 
-/// The `fast` form on channel-major columns (`b·C + c`, each of length `T`); returns the
-/// output columns in the same order. Parallel over batch × channel.
+/// Channels per task of [`fast_rows`]: 16 `f32` values of a row of `x` are one cache line.
+const CHANNEL_BLOCK: usize = 16;
+
+/// The `fast` form with one kernel per head (`Kw = 1`) straight from `x [B, T, C]` (standard
+/// layout) to `y [B, T, C]`, with no channel-major copies of `x` or `y`.
 ///
-/// With one kernel per head (`Kw = 1`) each output column needs only its own input column,
-/// so the transform, the product with the cached kernel spectrum, the inverse and the bias
-/// run back to back in one thread-local buffer: no spectrum of `x` is stored. With `Kw > 1`
-/// an output mixes `Kw` neighbouring input channels, so the input spectra are computed once
-/// and kept (one per column) before the products.
+/// Tasks are blocks of [`CHANNEL_BLOCK`] channels of one batch row, spread over the threads in
+/// contiguous runs; each thread has one set of FFT buffers, reused by all its tasks. A task
+/// gathers its channels row by row from `x` straight into the (zero-padded) real FFT
+/// buffers, transforms each, multiplies by the cached kernel spectrum, transforms back, and
+/// writes `T × block` values (plus the bias); the blocks are then copied into the rows of
+/// `y` in parallel.
+pub fn fast_rows<F: FftReal>(p: &Prepared<F>, x: &[F]) -> Result<Vec<F>> {
+    let (nb, t, c, d) = (p.batch, p.seq, p.channels, p.head_dim);
+    let mut y = vec![F::zero(); nb * t * c];
+    if t == 0 || c == 0 || nb == 0 {
+        return Ok(y);
+    }
+    let pl = plans::<F>(fft_size(2 * t - 1));
+    let w_hat = tap_spectra(&p.taps, p.heads, t, &pl)?;
+    let nblk = c.div_ceil(CHANNEL_BLOCK);
+    let tasks = nb * nblk;
+    let per = tasks.div_ceil(rayon::current_num_threads().max(1));
+    let run = |bufs: &mut Vec<Buffers<F>>, task: usize| -> Result<Vec<F>> {
+        let (b, c0) = (task / nblk, (task % nblk) * CHANNEL_BLOCK);
+        let cw = CHANNEL_BLOCK.min(c - c0);
+        for buf in &mut bufs[..cw] {
+            buf.real[t..].iter_mut().for_each(|v| *v = F::zero());
+        }
+        for (s, row) in x[b * t * c..(b + 1) * t * c].chunks_exact(c).enumerate() {
+            for (buf, &v) in bufs.iter_mut().zip(&row[c0..c0 + cw]) {
+                buf.real[s] = v;
+            }
+        }
+        let mut out = vec![F::zero(); t * cw];
+        for (j, buf) in bufs[..cw].iter_mut().enumerate() {
+            let h = (c0 + j) / d;
+            buf.forward_in_place(&pl)?;
+            buf.spec.iter_mut().zip(&w_hat[h]).for_each(|(z, w)| *z *= w);
+            buf.inverse(&pl)?;
+            let bias = p.bias_row(h);
+            for (s, o) in out.chunks_exact_mut(cw).enumerate() {
+                o[j] = buf.real[s] + bias.map_or(F::zero(), |bv| bv[s]);
+            }
+        }
+        Ok(out)
+    };
+    let blocks: Vec<Vec<Vec<F>>> = (0..tasks.div_ceil(per))
+        .into_par_iter()
+        .map(|g| {
+            let mut bufs: Vec<Buffers<F>> = (0..CHANNEL_BLOCK.min(c)).map(|_| Buffers::new(&pl)).collect();
+            (g * per..((g + 1) * per).min(tasks)).map(|task| run(&mut bufs, task)).collect::<Result<_>>()
+        })
+        .collect::<Result<_>>()?;
+    let blocks: Vec<&Vec<F>> = blocks.iter().flatten().collect();
+    y.par_chunks_mut(c).enumerate().for_each(|(bs, row)| {
+        let (b, s) = (bs / t, bs % t);
+        for (k, dst) in row.chunks_mut(CHANNEL_BLOCK).enumerate() {
+            let cw = dst.len();
+            dst.copy_from_slice(&blocks[b * nblk + k][s * cw..(s + 1) * cw]);
+        }
+    });
+    Ok(y)
+}
+
+/// The `fast` form with several kernels per head (`Kw > 1`, one kernel per head goes through
+/// [`fast_rows`]) on channel-major columns (`b·C + c`, each of length `T`); returns the output
+/// columns in the same order. An output mixes `Kw` neighbouring input channels, so the input
+/// spectra are computed once and kept (one per column) before the products, in parallel over
+/// batch × channel.
 pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Result<Columns<F>> {
     let (t, c, d) = (p.seq, p.channels, p.head_dim);
     let mut out = Columns { data: vec![F::zero(); p.batch * c * t], len: t };
@@ -297,30 +373,6 @@ pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Result
     }
     let pl = plans::<F>(fft_size(2 * t - 1));
     let w_hat = tap_spectra(&p.taps, p.kernel_width * p.heads, t, &pl)?;
-    let finish = |buf: &mut Buffers<F>, h: usize, y: &mut [F]| -> Result<()> {
-        buf.inverse(&pl)?;
-        y.copy_from_slice(&buf.real[..t]);
-        if let Some(bias) = p.bias_row(h) {
-            y.iter_mut().zip(bias).for_each(|(v, &bv)| *v += bv);
-        }
-        Ok(())
-    };
-    if p.kernel_width == 1 {
-        return out
-            .data
-            .par_chunks_mut(t)
-            .enumerate()
-            .try_for_each_init(
-                || Buffers::new(&pl),
-                |buf, (idx, y)| {
-                    let h = (idx % c) / d;
-                    buf.forward(&pl, x.col(idx))?;
-                    buf.spec.iter_mut().zip(&w_hat[h]).for_each(|(z, w)| *z *= w);
-                    finish(buf, h, y)
-                },
-            )
-            .map(|()| out);
-    }
     let x_hat = column_spectra(x, &pl)?;
     out.data
         .par_chunks_mut(t)
@@ -338,7 +390,12 @@ pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Result
                         *acc += a * bb;
                     }
                 }
-                finish(buf, h, y)
+                buf.inverse(&pl)?;
+                y.copy_from_slice(&buf.real[..t]);
+                if let Some(bias) = p.bias_row(h) {
+                    y.iter_mut().zip(bias).for_each(|(v, &bv)| *v += bv);
+                }
+                Ok(())
             },
         )
         .map(|()| out)

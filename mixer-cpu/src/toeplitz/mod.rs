@@ -42,7 +42,14 @@ pub fn parallel<F: Real>(tm: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>
 
 /// The `fast` form: real FFTs of a 7-smooth size `≥ 2T − 1` ([`fast::fft_size`]).
 pub fn fast<F: FftReal>(tm: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    by_columns(tm, inputs, fast::fast)
+    if tm.cfg.kernel_width != 1 {
+        return by_columns(tm, inputs, fast::fast);
+    }
+    let p = tm.prepare(inputs)?;
+    let x = get(inputs, "x")?.as_standard_layout();
+    let y = fast::fast_rows(&p, x.as_slice().unwrap_or(&[]))?;
+    ArrayD::from_shape_vec(ndarray::IxDyn(&[p.batch, p.seq, p.channels]), y)
+        .map_err(|e| mixer_core::Error::Numerical(format!("toeplitz fast form: output shape: {e}")))
 }
 
 /// The decoder selected by the config's `decoder` (`online` by default, or `naive`).
