@@ -172,7 +172,7 @@ pub(crate) fn visit_levels(
 /// pair through [`visit_levels`].
 pub(crate) fn scale_by_levels<F: VecMath>(
     m: &LogLinear,
-    a: &mut Mat<F>,
+    mut a: MatMut<'_, F>,
     lam: MatRef<'_, F>,
     i0: usize,
     n: usize,
@@ -203,7 +203,8 @@ pub(crate) fn scale_by_levels<F: VecMath>(
         while b0 + half < n {
             let rows = b0 + half..(b0 + 2 * half).min(n);
             for s in b0..b0 + half {
-                let col = col_mut(a, s);
+                let col =
+                    a.as_mut().col_mut(s).try_as_col_major_mut().expect("unit row stride").as_slice_mut();
                 col[rows.clone()].iter_mut().zip(&w[rows.clone()]).for_each(|(x, &lw)| *x *= lw);
             }
             b0 += 2 * half;
@@ -239,7 +240,7 @@ pub(crate) fn read_weights<F: VecMath>(hd: &Head<'_, F>, i0: usize, n: usize, co
 
 /// The λ column that reads chunk level `e` at chunk `ci` (`c + e`), or the error when λ
 /// has too few levels.
-fn read_col(cbits: usize, e: usize, n_levels: usize, ci: usize) -> Result<usize> {
+pub(crate) fn read_col(cbits: usize, e: usize, n_levels: usize, ci: usize) -> Result<usize> {
     let l = cbits + e;
     if l >= n_levels {
         return Err(Error::Value {
@@ -403,7 +404,7 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
         };
         if let Some(mut a) = a {
             if let Some(lam) = &hd.lam {
-                scale_by_levels(m, &mut a, *lam, i0, n)?;
+                scale_by_levels(m, a.as_mut(), *lam, i0, n)?;
             }
             mm(y.subrows_mut(i0, n), Accum::Replace, a.as_ref(), vc, F::one());
         }

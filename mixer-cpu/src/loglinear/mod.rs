@@ -3,8 +3,9 @@
 //!
 //! - `parallel` ([`parallel`]): the quadratic masked form, for any level mask;
 //! - `fast` ([`chunked`]): the chunked O(T log T) algorithm of §2.6 (Fenwick mask only;
-//!   the registry refuses other masks through `Mixer::form_unsupported`); linear attention
-//!   and Mamba-2 without a lift take its one-state specialisation [`ssd`];
+//!   the registry refuses other masks through `Mixer::form_unsupported`); linear attention,
+//!   Mamba-2 and their lifts (scalar transitions) take the specialisation [`ssd`], gated
+//!   DeltaNet and its lift the general [`chunked`] form;
 //! - `recurrent` ([`decoder`]): O(log T) states per head (§2.5; Fenwick mask only).
 //!
 //! Work is spread over (batch, head) with rayon; each head's matmuls and triangular solves
