@@ -55,9 +55,17 @@ pub fn parallel<F: VecMath>(m: &LogLinear, x: &Tensors<F>) -> Result<ArrayD<F>> 
 /// through [`Mixer::form_unsupported`](mixer_core::Mixer::form_unsupported)).
 pub fn fast<F: VecMath>(m: &LogLinear, x: &Tensors<F>) -> Result<ArrayD<F>> {
     if ssd::applies(m) {
-        return run_heads(m, x, ssd::run_head::<F>, true);
+        return run_heads(m, x, |m, hd| flushed(|| ssd::run_head(m, hd)), true);
     }
-    run_heads(m, x, chunked::run_head::<F>, false)
+    run_heads(m, x, |m, hd| flushed(|| chunked::run_head(m, hd)), false)
+}
+
+/// Runs one head's chunked form with subnormal results flushed to zero
+/// ([`crate::flush::FlushToZero`]): its decaying level states would otherwise pass through
+/// the subnormal range in every product.
+fn flushed<T>(f: impl FnOnce() -> T) -> T {
+    let _ftz = crate::flush::FlushToZero::new();
+    f()
 }
 
 /// The log-linear family on CPU.
