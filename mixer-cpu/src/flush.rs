@@ -4,7 +4,7 @@
 //! becomes 0) and DAZ (a subnormal operand reads as 0) and restores the previous MXCSR when
 //! dropped. The recurrent states of the decaying mixers pass through the subnormal range
 //! before they vanish, and every product with a subnormal operand or result costs a microcode
-//! assist on most x86 CPUs (in the log-linear lifts this was about a third of the run time
+//! assist on most x86 CPUs (in the log-linear lifts this was about a quarter of the run time
 //! at T = 16k). The values changed are below `F::min_positive_value()` in magnitude, the
 //! same size as the state entries the chunked forms already drop. Other architectures: a
 //! no-op.
