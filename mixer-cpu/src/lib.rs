@@ -7,6 +7,7 @@
 //! backend `cpu`.
 
 pub mod attention;
+pub mod flush;
 pub mod glr;
 pub mod loglinear;
 pub mod toeplitz;

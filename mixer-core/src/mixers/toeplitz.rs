@@ -261,13 +261,22 @@ impl Toeplitz {
         let mut taps = Vec::with_capacity(wv.shape()[0] * wv.shape()[1] * limit);
         for i in 0..wv.shape()[0] {
             for h in 0..wv.shape()[1] {
-                taps.extend(wv.slice(ndarray::s![i, h, ..limit]).iter().copied());
+                let row = wv.slice(ndarray::s![i, h, ..limit]);
+                match row.as_slice() {
+                    Some(r) => taps.extend_from_slice(r),
+                    None => taps.extend(row.iter().copied()),
+                }
             }
         }
         let bias = bias.map(|b| {
             let mut v = Vec::with_capacity(self.cfg.heads * limit);
             for h in 0..self.cfg.heads {
-                v.extend(b.index_axis(Axis(0), h).iter().take(limit).copied());
+                let row = b.index_axis(Axis(0), h);
+                let row = row.slice(ndarray::s![..limit.min(row.len())]);
+                match row.as_slice() {
+                    Some(r) => v.extend_from_slice(r),
+                    None => v.extend(row.iter().copied()),
+                }
             }
             v
         });

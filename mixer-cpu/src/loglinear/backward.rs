@@ -3,10 +3,11 @@
 //! (`backward_chunked`: `O(T)` for the base mixers, `O(T log T)` for the lifts, no
 //! `T×T` matrix), and maps the λ weights' gradient back through the λ scheme.
 
+use crate::vmath::VecMath;
 use faer::Mat;
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::tensor::get;
-use mixer_core::{Error, Real, Requires, Result, Tensors, grad_name};
+use mixer_core::{Error, Requires, Result, Tensors, grad_name};
 use ndarray::{Array4, ArrayD, IxDyn};
 use rayon::prelude::*;
 
@@ -14,7 +15,7 @@ use super::backward_chunked::{HeadGrads, head_vjp};
 use super::common;
 
 /// The `fast` backward (see the module documentation).
-pub fn vjp<F: Real>(
+pub fn vjp<F: VecMath>(
     ll: &LogLinear,
     inputs: &Tensors<F>,
     dy: &ArrayD<F>,

@@ -41,9 +41,10 @@
 //! merged levels `0..=m`. A state the forward dropped (decayed below the smallest normal
 //! number) passes no adjoint, as it passed no value.
 
+use crate::vmath::VecMath;
 use faer::{Accum, Mat, MatRef};
+use mixer_core::Result;
 use mixer_core::mixers::loglinear::LogLinear;
-use mixer_core::{Real, Result};
 
 use super::chunked::{Chunk, Stacked, delta_intra, mm, read_weights, sweep, visit_levels};
 use super::common::Head;
@@ -59,11 +60,15 @@ pub(crate) struct HeadGrads<F> {
 }
 
 /// The backward of one (batch, head) of (loglinear-)gated-deltanet; `dy` is `T×Dv`.
-pub(crate) fn head_vjp<F: Real>(m: &LogLinear, hd: &Head<'_, F>, dy: MatRef<'_, F>) -> Result<HeadGrads<F>> {
+pub(crate) fn head_vjp<F: VecMath>(
+    m: &LogLinear,
+    hd: &Head<'_, F>,
+    dy: MatRef<'_, F>,
+) -> Result<HeadGrads<F>> {
     let t_len = hd.q.nrows();
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
     let mut saved = Vec::with_capacity(t_len.div_ceil(m.chunk));
-    sweep(m, hd, |_, ck, st| {
+    sweep(m, hd, false, |_, ck, st| {
         saved.push((ck, st));
         Ok(())
     })?;
@@ -99,7 +104,7 @@ pub(crate) fn head_vjp<F: Real>(m: &LogLinear, hd: &Head<'_, F>, dy: MatRef<'_, 
     Ok(out)
 }
 
-fn dot<F: Real>(a: impl Iterator<Item = F>, b: impl Iterator<Item = F>) -> F {
+fn dot<F: VecMath>(a: impl Iterator<Item = F>, b: impl Iterator<Item = F>) -> F {
     a.zip(b).fold(F::zero(), |acc, (x, y)| acc + x * y)
 }
 
@@ -130,7 +135,7 @@ struct Adj<F> {
 /// The adjoint of one chunk: accumulates the input gradients of its tokens into `out` and
 /// returns `Z̄`, the adjoint of its stacked start states (`D_k × (D_v · #present)`).
 /// `after[e]` is the adjoint of level `e` after the chunk (absent: zero).
-fn chunk_vjp<F: Real>(
+fn chunk_vjp<F: VecMath>(
     m: &LogLinear,
     hd: &Head<'_, F>,
     dy: MatRef<'_, F>,
@@ -161,7 +166,7 @@ fn chunk_vjp<F: Real>(
 }
 
 /// The adjoint of the reads, the transition and the insert of the chunk's own state.
-fn states_vjp<F: Real>(
+fn states_vjp<F: VecMath>(
     hd: &Head<'_, F>,
     dy: MatRef<'_, F>,
     ck: &Chunk<F>,
@@ -240,7 +245,7 @@ fn states_vjp<F: Real>(
 
 /// The adjoint of the intra-chunk part: `Y += P Ũ` (gated DeltaNet), `Y += P V`
 /// (otherwise), or, lifted, `Y += (Λ ⊙ A) V` with `A = P T⁻¹ diag(β)` or `A = P`.
-fn intra_vjp<F: Real>(
+fn intra_vjp<F: VecMath>(
     m: &LogLinear,
     hd: &Head<'_, F>,
     dy: MatRef<'_, F>,
@@ -299,7 +304,7 @@ fn intra_vjp<F: Real>(
 
 /// The adjoint of the chunk's pieces (`Q̃`, `W`, `Ũ`, `T`, `P`, `K̂` and the decays)
 /// with respect to the chunk's `q, k, v, g, β`, accumulated into `out`.
-fn pieces_vjp<F: Real>(
+fn pieces_vjp<F: VecMath>(
     m: &LogLinear,
     hd: &Head<'_, F>,
     ck: &Chunk<F>,

@@ -34,15 +34,18 @@
 
 use faer::linalg::matmul::matmul;
 use faer::linalg::triangular_solve::solve_unit_lower_triangular_in_place;
-use faer::{Accum, Mat, MatRef, Par};
+use faer::{Accum, Mat, MatMut, MatRef, Par};
 use mixer_core::mixers::loglinear::{Base, LogLinear};
-use mixer_core::{Error, Real, Result};
+use mixer_core::{Error, Result};
+use multiversion::multiversion;
+
+use crate::vmath::VecMath;
 
 use super::common::Head;
 use super::parallel::col_mut;
 
 /// `dst (+)= a b` sequentially.
-pub(crate) fn mm<F: Real>(
+pub(crate) fn mm<F: VecMath>(
     dst: faer::MatMut<'_, F>,
     acc: Accum,
     a: MatRef<'_, F>,
@@ -89,7 +92,7 @@ pub(crate) struct Chunk<F> {
 }
 
 /// The pieces of the chunk `[i0, i0 + n)` of one head.
-pub(crate) fn chunk_pieces<F: Real>(m: &LogLinear, hd: &Head<'_, F>, i0: usize, n: usize) -> Chunk<F> {
+pub(crate) fn chunk_pieces<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>, i0: usize, n: usize) -> Chunk<F> {
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
     let scale = F::of(m.scale);
     let (qc, kc, vc) = (hd.q.subrows(i0, n), hd.k.subrows(i0, n), hd.v.subrows(i0, n));
@@ -101,8 +104,9 @@ pub(crate) fn chunk_pieces<F: Real>(m: &LogLinear, hd: &Head<'_, F>, i0: usize, 
         gam[r] = acc;
     }
     let last = gam[n - 1];
-    let eg: Vec<F> = gam.iter().map(|&x| F::of(x.exp())).collect();
-    let tail: Vec<F> = gam.iter().map(|&x| F::of((last - x).exp())).collect();
+    let (mut eg, mut tail) = (vec![F::zero(); n], vec![F::zero(); n]);
+    exps_into(&mut eg, &gam, 0.0, false);
+    exps_into(&mut tail, &gam, last, true);
     let total = F::of(last.exp());
 
     // P = σ QKᵀ ⊙ Γ, lower with diagonal.
@@ -134,7 +138,7 @@ pub(crate) fn chunk_pieces<F: Real>(m: &LogLinear, hd: &Head<'_, F>, i0: usize, 
 }
 
 /// `P T⁻¹` (gated DeltaNet): the intra-chunk coefficients are `A = P T⁻¹ diag(β)`.
-pub(crate) fn delta_intra<F: Real>(ck: &Chunk<F>, wy: &Wy<F>) -> Mat<F> {
+pub(crate) fn delta_intra<F: VecMath>(ck: &Chunk<F>, wy: &Wy<F>) -> Mat<F> {
     let mut a = Mat::<F>::zeros(ck.n, ck.n);
     mm(a.as_mut(), Accum::Replace, ck.p.as_ref(), wy.tinv.as_ref(), F::one());
     a
@@ -157,6 +161,58 @@ pub(crate) fn visit_levels(
     Ok(())
 }
 
+/// `a_{r,s} ← λ^(ℓ)_{i0+r} a_{r,s}` for every pair `s ≤ r` of the chunk `[i0, i0 + n)`
+/// (`a` lower triangular, `ℓ = ℓ(i0 + r, i0 + s)`, `lam` the `T × L` weights); an error when
+/// a level is beyond the given λ levels.
+///
+/// With the Fenwick mask the chunk start is a multiple of the chunk size `2^c ≥ n`, so
+/// `ℓ(i0 + r, i0 + s) = bitlen(r ⊕ s)`: level 0 is the diagonal, and level `l ≥ 1` is the
+/// blocks of rows `[b·2^l + 2^(l−1), (b+1)·2^l)` by columns `[b·2^l, b·2^l + 2^(l−1))`, so
+/// each column of a block is scaled by one contiguous run of a λ column. Other masks go pair by
+/// pair through [`visit_levels`].
+pub(crate) fn scale_by_levels<F: VecMath>(
+    m: &LogLinear,
+    mut a: MatMut<'_, F>,
+    lam: MatRef<'_, F>,
+    i0: usize,
+    n: usize,
+) -> Result<()> {
+    let n_levels = lam.ncols();
+    let top = mixer_core::fenwick::bitlen(n.saturating_sub(1));
+    let chunk = m.chunk;
+    if !m.lift.is_some_and(|l| l.mask.is_fenwick())
+        || !i0.is_multiple_of(chunk)
+        || n > chunk
+        || top >= n_levels
+    {
+        return visit_levels(m, i0, n, n_levels, |r, s, l| a[(r, s)] *= lam[(i0 + r, l)]);
+    }
+    let mut w = vec![F::zero(); n];
+    for l in 0..=top {
+        for (r, x) in w.iter_mut().enumerate() {
+            *x = lam[(i0 + r, l)];
+        }
+        if l == 0 {
+            for (s, &x) in w.iter().enumerate() {
+                a[(s, s)] *= x;
+            }
+            continue;
+        }
+        let half = 1usize << (l - 1);
+        let mut b0 = 0;
+        while b0 + half < n {
+            let rows = b0 + half..(b0 + 2 * half).min(n);
+            for s in b0..b0 + half {
+                let col =
+                    a.as_mut().col_mut(s).try_as_col_major_mut().expect("unit row stride").as_slice_mut();
+                col[rows.clone()].iter_mut().zip(&w[rows.clone()]).for_each(|(x, &lw)| *x *= lw);
+            }
+            b0 += 2 * half;
+        }
+    }
+    Ok(())
+}
+
 /// The level states present at a chunk's start (after the merge), stacked side by side.
 pub(crate) struct Stacked<F> {
     /// The chunk levels `e` present, increasing.
@@ -168,11 +224,14 @@ pub(crate) struct Stacked<F> {
     /// Whether each present level survived its transition (a state that decays below the
     /// smallest normal number is dropped).
     pub kept: Vec<bool>,
+    /// The read `Q̃ Z` (`n × (D_v · #present)`), when the sweep was asked for it and formed it
+    /// in one product with the transition (see [`transition`]).
+    pub read: Option<Mat<F>>,
 }
 
 /// The weights `λ^(l)_{i0+r}` of the rows of the chunk `[i0, i0 + n)` for the read of λ
 /// column `col` (ones for the base mixers, `col = None`).
-pub(crate) fn read_weights<F: Real>(hd: &Head<'_, F>, i0: usize, n: usize, col: Option<usize>) -> Vec<F> {
+pub(crate) fn read_weights<F: VecMath>(hd: &Head<'_, F>, i0: usize, n: usize, col: Option<usize>) -> Vec<F> {
     match (col, &hd.lam) {
         (Some(l), Some(lam)) => (0..n).map(|r| lam[(i0 + r, l)]).collect(),
         _ => vec![F::one(); n],
@@ -181,7 +240,7 @@ pub(crate) fn read_weights<F: Real>(hd: &Head<'_, F>, i0: usize, n: usize, col: 
 
 /// The λ column that reads chunk level `e` at chunk `ci` (`c + e`), or the error when λ
 /// has too few levels.
-fn read_col(cbits: usize, e: usize, n_levels: usize, ci: usize) -> Result<usize> {
+pub(crate) fn read_col(cbits: usize, e: usize, n_levels: usize, ci: usize) -> Result<usize> {
     let l = cbits + e;
     if l >= n_levels {
         return Err(Error::Value {
@@ -195,23 +254,69 @@ fn read_col(cbits: usize, e: usize, n_levels: usize, ci: usize) -> Result<usize>
 
 /// The state transition through a chunk, on stacked states:
 /// `H ↦ e^(γ_{n−1}) H − K̂ᵀ (W H)` (gated DeltaNet), `H ↦ e^(γ_{n−1}) H` (Mamba-2),
-/// `H ↦ H` (linear attention).
-fn transition<F: Real>(ck: &Chunk<F>, base: Base, zcat: &Mat<F>) -> Mat<F> {
-    let mut out = zcat * faer::Scale(if base.has_decay() { ck.total } else { F::one() });
-    if let Some(wy) = &ck.wy {
-        let mut wz = Mat::<F>::zeros(ck.n, zcat.ncols());
-        mm(wz.as_mut(), Accum::Replace, wy.w.as_ref(), zcat.as_ref(), F::one());
-        mm(out.as_mut(), Accum::Add, ck.khat.transpose(), wz.as_ref(), -F::one());
+/// `H ↦ H` (linear attention). Returns a matrix whose rows `off .. off + D_k` hold the new
+/// stacked states, and `off`.
+///
+/// For gated DeltaNet with `N` stacked columns, the transition matrix
+/// `Φ = e^(γ_{n−1}) I − K̂ᵀ W` (`D_k × D_k`, `n·D_k²` multiply-adds) is formed first and
+/// applied as one product `Φ Z` (`D_k²·N`) when that is cheaper than the two products
+/// `K̂ᵀ (W Z)` (`2·n·D_k·N`), i.e. when several level states are stacked. With `read`, the
+/// queries are stacked on top of `Φ` so that the same product also gives the read
+/// `Q̃ Z` in rows `0 .. off = n` (one wide product instead of two).
+fn transition<F: VecMath>(ck: &Chunk<F>, base: Base, zcat: &Mat<F>, read: bool) -> (Mat<F>, usize) {
+    let total = if base.has_decay() { ck.total } else { F::one() };
+    let Some(wy) = &ck.wy else {
+        return (zcat * faer::Scale(total), 0);
+    };
+    let (dk, cols) = (zcat.nrows(), zcat.ncols());
+    if dk * (ck.n + cols) < 2 * ck.n * cols {
+        let off = if read { ck.n } else { 0 };
+        let mut lhs = Mat::<F>::zeros(off + dk, dk);
+        if read {
+            lhs.as_mut().subrows_mut(0, off).copy_from(&ck.qt);
+        }
+        let mut phi = lhs.as_mut().subrows_mut(off, dk);
+        phi.as_mut().diagonal_mut().column_vector_mut().iter_mut().for_each(|x| *x = total);
+        mm(phi, Accum::Add, ck.khat.transpose(), wy.w.as_ref(), -F::one());
+        let mut out = Mat::<F>::zeros(off + dk, cols);
+        mm(out.as_mut(), Accum::Replace, lhs.as_ref(), zcat.as_ref(), F::one());
+        return (out, off);
     }
-    out
+    let mut out = zcat * faer::Scale(total);
+    let mut wz = Mat::<F>::zeros(ck.n, cols);
+    mm(wz.as_mut(), Accum::Replace, wy.w.as_ref(), zcat.as_ref(), F::one());
+    mm(out.as_mut(), Accum::Add, ck.khat.transpose(), wz.as_ref(), -F::one());
+    (out, 0)
+}
+
+/// Sets the entries of a decayed state whose magnitude is below the smallest normal number
+/// to zero; returns whether a non-zero entry is left. Such an entry contributes less than
+/// `F`'s resolution to any output of normal size, and products with subnormal operands or
+/// results are very slow on most CPUs (a microcode assist per operation); without the flush
+/// the high Fenwick levels of the lifted mixers, whose states decay for many chunks, pass
+/// through the subnormal range in every product.
+pub(crate) fn flush_subnormals<F: VecMath>(mut h: MatMut<'_, F>) -> bool {
+    let tiny = F::min_positive_value();
+    let mut alive = false;
+    for j in 0..h.ncols() {
+        for x in h.as_mut().col_mut(j).iter_mut() {
+            if x.abs() < tiny {
+                *x = F::zero();
+            }
+            alive |= *x != F::zero();
+        }
+    }
+    alive
 }
 
 /// Runs the chunk recurrence of one head (module documentation) and hands every chunk's
 /// pieces and its stacked start states to `visit`, in order. The states are advanced
-/// before `visit` is called.
-pub(crate) fn sweep<F: Real>(
+/// before `visit` is called. With `read`, [`Stacked::read`] is filled where the transition
+/// forms it at no extra cost (the forward asks for it, the backward does not).
+pub(crate) fn sweep<F: VecMath>(
     m: &LogLinear,
     hd: &Head<'_, F>,
+    read: bool,
     mut visit: impl FnMut(usize, Chunk<F>, Stacked<F>) -> Result<()>,
 ) -> Result<()> {
     let t_len = hd.q.nrows();
@@ -242,15 +347,19 @@ pub(crate) fn sweep<F: Real>(
             }
         }
         let mut kept = Vec::with_capacity(present.len());
+        let mut stacked_read = None;
         if !present.is_empty() {
-            let next = transition(&ck, m.base, &zcat);
-            // A level whose entries all fell below the smallest normal number is dropped (its
-            // contribution is below resolution; subnormal arithmetic is very slow).
+            let (out, off) = transition(&ck, m.base, &zcat, read);
+            if off > 0 {
+                stacked_read = Some(out.subrows(0, off).to_owned());
+            }
+            let next = out.subrows(off, dk);
+            // Entries that decayed below the smallest normal number are flushed to zero, and a
+            // level left all zero is dropped (see [`flush_subnormals`]).
             for (j, &e) in present.iter().enumerate() {
-                let blk = next.submatrix(0, j * dv, dk, dv);
-                let tiny = F::min_positive_value();
-                let gone = m.base.has_decay() && (0..dv).all(|c| blk.col(c).iter().all(|x| x.abs() < tiny));
-                states[e] = if gone { None } else { Some(blk.to_owned()) };
+                let mut blk = next.submatrix(0, j * dv, dk, dv).to_owned();
+                let gone = m.base.has_decay() && !flush_subnormals(blk.as_mut());
+                states[e] = if gone { None } else { Some(blk) };
                 kept.push(!gone);
             }
         }
@@ -265,18 +374,17 @@ pub(crate) fn sweep<F: Real>(
             Some(acc) => acc + own,
             None => own,
         });
-        visit(ci, ck, Stacked { present, cols, zcat, kept })?;
+        visit(ci, ck, Stacked { present, cols, zcat, kept, read: stacked_read })?;
     }
     Ok(())
 }
 
 /// The chunked form for one (batch, head): `T×Dv`.
-pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
+pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
     let t_len = hd.q.nrows();
     let dv = hd.v.ncols();
-    let n_levels = hd.lam.as_ref().map_or(1, |l| l.ncols());
     let mut y = Mat::<F>::zeros(t_len, dv);
-    sweep(m, hd, |_, ck, st| {
+    sweep(m, hd, true, |_, ck, st| {
         let (i0, n) = (ck.i0, ck.n);
         let vc = hd.v.subrows(i0, n);
         // Intra-chunk part.
@@ -296,7 +404,7 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
         };
         if let Some(mut a) = a {
             if let Some(lam) = &hd.lam {
-                visit_levels(m, i0, n, n_levels, |r, s, l| a[(r, s)] *= lam[(i0 + r, l)])?;
+                scale_by_levels(m, a.as_mut(), *lam, i0, n)?;
             }
             mm(y.subrows_mut(i0, n), Accum::Replace, a.as_ref(), vc, F::one());
         }
@@ -304,8 +412,11 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
         if st.present.is_empty() {
             return Ok(());
         }
-        let mut r = Mat::<F>::zeros(n, st.zcat.ncols());
-        mm(r.as_mut(), Accum::Replace, ck.qt.as_ref(), st.zcat.as_ref(), F::one());
+        let r = st.read.unwrap_or_else(|| {
+            let mut r = Mat::<F>::zeros(n, st.zcat.ncols());
+            mm(r.as_mut(), Accum::Replace, ck.qt.as_ref(), st.zcat.as_ref(), F::one());
+            r
+        });
         for (j, &col) in st.cols.iter().enumerate() {
             let w = read_weights(hd, i0, n, col);
             for d in 0..dv {
@@ -322,38 +433,46 @@ pub fn run_head<F: Real>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
 }
 
 /// The masked chunk decay `Γ_{r,s} = e^(γ_r − γ_s)` for `s ≤ r`, zero above the
-/// diagonal. Exponents are only taken of masked (non-positive) differences. To save
-/// exponentials, a pair whose column `s` lies in an earlier block of 16 than row `r` is
-/// factored through the block's last index `p` (`s ≤ p < r`) as
-/// `e^(γ_r − γ_p) e^(γ_p − γ_s)`: both factors lie in `[0, 1]`, so the
-/// product neither overflows nor loses anything that the direct exponential would keep.
-fn decay_matrix<F: Real>(gam: &[f64]) -> Mat<F> {
-    const SUB: usize = 16;
-    let n = gam.len();
-    let mut m = Mat::<F>::zeros(n, n);
-    let mut j0 = 0;
-    while j0 < n {
-        let j1 = (j0 + SUB).min(n);
-        let piv = gam[j1 - 1];
-        let after: Vec<f64> = (j1..n).map(|r| (gam[r] - piv).exp()).collect();
-        for s in j0..j1 {
-            let col = col_mut(&mut m, s);
-            for r in s..j1 {
-                col[r] = F::of((gam[r] - gam[s]).exp());
-            }
-            let before = (piv - gam[s]).exp();
-            for (r, &a) in (j1..n).zip(&after) {
-                col[r] = F::of(a * before);
-            }
-        }
-        j0 = j1;
-    }
+/// diagonal (see [`decay_into`]).
+fn decay_matrix<F: VecMath>(gam: &[f64]) -> Mat<F> {
+    let mut m = Mat::<F>::zeros(gam.len(), gam.len());
+    decay_into(m.as_mut(), gam);
     m
+}
+
+/// Writes the masked chunk decay `Γ_{r,s} = e^(γ_r − γ_s)`, `s ≤ r`, into the lower part
+/// (with the diagonal) of the `n × n` matrix `m` (unit row stride), `n = gam.len()`; entries
+/// above the diagonal are left as they are. The exponent is a difference of the `f64` sums
+/// (non-positive for the non-positive log-decays), rounded to `F`; the exponentials are
+/// [`VecMath::exp_lane`], vectorised down each column (the loop is built for AVX-512,
+/// AVX2 + FMA and NEON and chosen at run time). Exponents below `f32`'s range give 0.
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+pub(crate) fn decay_into<F: VecMath>(m: MatMut<'_, F>, gam: &[f64]) {
+    let fused = multiversion::target::target_cfg_f!(target_feature = "fma");
+    let n = gam.len();
+    let mut m = m;
+    for (s, &gs) in gam.iter().enumerate() {
+        let col = m.as_mut().col_mut(s).try_as_col_major_mut().expect("unit row stride").as_slice_mut();
+        for (x, &gr) in col[s..n].iter_mut().zip(&gam[s..]) {
+            *x = F::exp_lane(F::of(gr - gs), fused);
+        }
+    }
+}
+
+/// `dst[i] ← e^(σ (xs[i] − x0))` with `σ = −1` when `negate`, else `1`: the exponent is
+/// formed in `f64` and rounded to `F`, the exponentials vectorised as in [`decay_into`].
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
+pub(crate) fn exps_into<F: VecMath>(dst: &mut [F], xs: &[f64], x0: f64, negate: bool) {
+    let fused = multiversion::target::target_cfg_f!(target_feature = "fma");
+    let sign = if negate { -1.0 } else { 1.0 };
+    for (d, &x) in dst.iter_mut().zip(xs) {
+        *d = F::exp_lane(F::of(sign * (x - x0)), fused);
+    }
 }
 
 /// Multiplies the lower part of `a` by the decay matrix (when given) and zeroes the part
 /// above the diagonal (`diag = true` keeps the diagonal, otherwise it is zeroed as well).
-fn mask_decay<F: Real>(a: &mut Mat<F>, gamma: Option<&Mat<F>>, diag: bool) {
+fn mask_decay<F: VecMath>(a: &mut Mat<F>, gamma: Option<&Mat<F>>, diag: bool) {
     let n = a.nrows();
     for s in 0..n {
         let start = if diag { s } else { s + 1 };
@@ -370,7 +489,7 @@ fn mask_decay<F: Real>(a: &mut Mat<F>, gamma: Option<&Mat<F>>, diag: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::decay_matrix;
+    use super::{decay_matrix, exps_into};
 
     #[test]
     fn decay_matrix_matches_direct_exponentials() {
@@ -390,6 +509,37 @@ mod tests {
                     "r={r} s={s}: {got} vs {want}"
                 );
             }
+        }
+    }
+
+    /// The `f32` decay factors and exponentials (vectorised polynomial) against `f64` ones:
+    /// within a few ulp, plus the rounding of the exponent to `f32`.
+    #[test]
+    fn f32_decay_factors_match_f64() {
+        let mut gam = Vec::new();
+        let mut acc = 0.0;
+        for i in 0..77usize {
+            acc += if i % 13 == 6 { -90.0 } else { -((i * 5 % 7) as f64) / 9.0 };
+            gam.push(acc);
+        }
+        let m = decay_matrix::<f32>(&gam);
+        for r in 0..77 {
+            for s in 0..77 {
+                let x = gam[r] - gam[s];
+                let want = if s <= r { x.exp() } else { 0.0 };
+                let got = m[(r, s)] as f64;
+                let tol = 4e-7 * want + (x.abs() * 6e-8) * want + 1e-38;
+                assert!((got - want).abs() <= tol, "r={r} s={s}: {got} vs {want}");
+            }
+        }
+        let mut tail = vec![0.0f32; 77];
+        exps_into(&mut tail, &gam, gam[76], true);
+        let mut eg = vec![0.0f32; 77];
+        exps_into(&mut eg, &gam, 0.0, false);
+        for r in 0..77 {
+            let (wt, we) = ((gam[76] - gam[r]).exp(), gam[r].exp());
+            assert!((tail[r] as f64 - wt).abs() <= 1e-6 * wt + 1e-38, "tail {r}");
+            assert!((eg[r] as f64 - we).abs() <= 1e-6 * we + 1e-38, "eg {r}");
         }
     }
 }

@@ -5,6 +5,7 @@ use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::tensor::get;
 use mixer_core::{Error, Real, Result, Tensors};
 use ndarray::{ArrayD, ArrayView3, Ix3};
+use rayon::prelude::*;
 
 /// One (batch, head) slice of the inputs: strided views `x[b, :, h, :]` into the
 /// (row-major) input tensors, no copies.
@@ -149,15 +150,27 @@ pub fn heads<'a, F: Real>(
     Ok((Sizes { b: nb, t: t_len, h: nh, dk, dv }, out))
 }
 
-/// Assembles per-head outputs `T×Dv` into `y [B, T, H, Dv]`.
-pub fn assemble<F: Real>(s: Sizes, heads: &[Head<'_, F>], ys: Vec<Mat<F>>) -> ArrayD<F> {
+/// Assembles per-head outputs `T×Dv` (views of any layout; a row-major one is copied row
+/// by row) into `y [B, T, H, Dv]`, in parallel over the rows `(b, t)`.
+pub fn assemble<F: Real>(s: Sizes, heads: &[Head<'_, F>], ys: &[MatRef<'_, F>]) -> ArrayD<F> {
     let mut y = ndarray::Array4::<F>::zeros((s.b, s.t, s.h, s.dv));
+    let mut by_bh: Vec<Option<MatRef<'_, F>>> = vec![None; s.b * s.h];
     for (hd, yh) in heads.iter().zip(ys) {
-        for t in 0..s.t {
-            for d in 0..s.dv {
-                y[[hd.b, t, hd.h, d]] = yh[(t, d)];
+        by_bh[hd.b * s.h + hd.h] = Some(*yh);
+    }
+    let row = s.h * s.dv;
+    if row > 0 {
+        let flat = y.as_slice_mut().expect("a new array is in standard layout");
+        flat.par_chunks_mut(row).enumerate().for_each(|(bt, dst)| {
+            let (b, t) = (bt / s.t, bt % s.t);
+            for (h, part) in dst.chunks_mut(s.dv).enumerate() {
+                let Some(yh) = by_bh[b * s.h + h] else { continue };
+                match yh.row(t).try_as_row_major() {
+                    Some(src) => part.copy_from_slice(src.as_slice()),
+                    None => part.iter_mut().zip(yh.row(t).iter()).for_each(|(d, &v)| *d = v),
+                }
             }
-        }
+        });
     }
     y.into_dyn()
 }

@@ -3,7 +3,9 @@
 //!
 //! - `parallel` ([`parallel`]): the quadratic masked form, for any level mask;
 //! - `fast` ([`chunked`]): the chunked O(T log T) algorithm of §2.6 (Fenwick mask only;
-//!   the registry refuses other masks through `Mixer::form_unsupported`);
+//!   the registry refuses other masks through `Mixer::form_unsupported`); linear attention,
+//!   Mamba-2 and their lifts (scalar transitions) take the specialisation [`ssd`], gated
+//!   DeltaNet and its lift the general [`chunked`] form;
 //! - `recurrent` ([`decoder`]): O(log T) states per head (§2.5; Fenwick mask only).
 //!
 //! Work is spread over (batch, head) with rayon; each head's matmuls and triangular solves
@@ -15,20 +17,24 @@ pub mod chunked;
 pub mod common;
 pub mod decoder;
 pub mod parallel;
+pub mod ssd;
 
+use crate::vmath::VecMath;
 use faer::Mat;
 use mixer_core::Form;
 use mixer_core::mixers::loglinear::LogLinear;
-use mixer_core::{Real, Result, Tensors};
+use mixer_core::{Result, Tensors};
 use mixer_registry::{BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, register};
 use ndarray::ArrayD;
 use rayon::prelude::*;
 
-/// The quadratic form on one head.
+/// A form on one head: `y` of the head as a `T×Dv` matrix, or as its transpose
+/// `Dv×T` (row-major `y`) for the forms that write rows.
 type HeadFn<F> = fn(&LogLinear, &common::Head<'_, F>) -> Result<Mat<F>>;
 
-/// Runs a per-head form over every (batch, head) in parallel.
-fn run_heads<F: Real>(m: &LogLinear, x: &Tensors<F>, f: HeadFn<F>) -> Result<ArrayD<F>> {
+/// Runs a per-head form over every (batch, head) in parallel; `transposed`: the form returns
+/// `yᵀ` (`Dv×T`).
+fn run_heads<F: VecMath>(m: &LogLinear, x: &Tensors<F>, f: HeadFn<F>, transposed: bool) -> Result<ArrayD<F>> {
     let x = common::standard(x);
     let lam = match m.lift {
         Some(_) => Some(m.lambda_weights(mixer_core::tensor::get(&x, "lambda")?, x.get("lambda_param"))?),
@@ -36,24 +42,36 @@ fn run_heads<F: Real>(m: &LogLinear, x: &Tensors<F>, f: HeadFn<F>) -> Result<Arr
     };
     let (sizes, heads) = common::heads(m, &x, lam.as_ref())?;
     let ys: Vec<Mat<F>> = heads.par_iter().map(|hd| f(m, hd)).collect::<Result<_>>()?;
-    Ok(common::assemble(sizes, &heads, ys))
+    let views: Vec<_> = ys.iter().map(|y| if transposed { y.transpose() } else { y.as_ref() }).collect();
+    Ok(common::assemble(sizes, &heads, &views))
 }
 
 /// The `parallel` form: the quadratic masked form, any level mask.
-pub fn parallel<F: Real>(m: &LogLinear, x: &Tensors<F>) -> Result<ArrayD<F>> {
-    run_heads(m, x, parallel::run_head::<F>)
+pub fn parallel<F: VecMath>(m: &LogLinear, x: &Tensors<F>) -> Result<ArrayD<F>> {
+    run_heads(m, x, parallel::run_head::<F>, false)
 }
 
 /// The `fast` form: the chunked algorithm (Fenwick structure; the registry refuses other masks
 /// through [`Mixer::form_unsupported`](mixer_core::Mixer::form_unsupported)).
-pub fn fast<F: Real>(m: &LogLinear, x: &Tensors<F>) -> Result<ArrayD<F>> {
-    run_heads(m, x, chunked::run_head::<F>)
+pub fn fast<F: VecMath>(m: &LogLinear, x: &Tensors<F>) -> Result<ArrayD<F>> {
+    if ssd::applies(m) {
+        return run_heads(m, x, |m, hd| flushed(|| ssd::run_head(m, hd)), true);
+    }
+    run_heads(m, x, |m, hd| flushed(|| chunked::run_head(m, hd)), false)
+}
+
+/// Runs one head's chunked form with subnormal results flushed to zero
+/// ([`crate::flush::FlushToZero`]): its decaying level states would otherwise pass through
+/// the subnormal range in every product.
+fn flushed<T>(f: impl FnOnce() -> T) -> T {
+    let _ftz = crate::flush::FlushToZero::new();
+    f()
 }
 
 /// The log-linear family on CPU.
 struct LogLinearCpu;
 
-impl<F: Real> Family<F> for LogLinearCpu {
+impl<F: VecMath> Family<F> for LogLinearCpu {
     type Mixer = LogLinear;
     fn parallel(&self) -> Option<FormFn<LogLinear, F>> {
         Some(parallel)

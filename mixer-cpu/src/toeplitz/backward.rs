@@ -21,10 +21,8 @@ use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 use realfft::num_complex::Complex;
 
-use mixer_core::mixers::toeplitz::fast_size;
-
 use super::columns::{Columns, columns, from_columns};
-use super::fast::{Buffers, FftReal, column_spectra, plans, tap_spectra};
+use super::fast::{Buffers, FftReal, column_spectra, fft_size, plans, tap_spectra};
 
 /// The `fast` backward (see the module documentation).
 pub fn vjp<F: FftReal>(
@@ -58,7 +56,7 @@ pub fn vjp<F: FftReal>(
         out.insert(grad_name("w"), dw);
         return Ok(out);
     }
-    let pl = plans::<F>(fast_size(2 * t - 1));
+    let pl = plans::<F>(fft_size(2 * t - 1));
     // The reversed cotangent columns, one per (b, e).
     let mut gcols = columns(dy);
     gcols.data.chunks_mut(t).for_each(|col| col.reverse());

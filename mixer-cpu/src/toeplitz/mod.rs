@@ -1,7 +1,7 @@
 //! The Toeplitz mixer on CPU (docs/math.md §3): `parallel` (direct `O(T²)` convolution), `fast`
-//! (real FFT of a 7-smooth size `p ≥ 2T−1`, cached plans and kernel spectra) and two
-//! decoders for `recurrent` — naive `O(t)` per token, or online FFT with `O(log² t)`
-//! amortised work per token (config `decoder`).
+//! (real FFT of a 7-smooth size `p ≥ 2T−1` chosen by a cost model, cached plans and kernel
+//! spectra) and two decoders for `recurrent` — naive `O(t)` per token, or online FFT with
+//! `O(log² t)` amortised work per token (config `decoder`).
 
 pub mod backward;
 pub mod columns;
@@ -40,9 +40,16 @@ pub fn parallel<F: Real>(tm: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>
     by_columns(tm, inputs, |tm, p, x| Ok(direct::direct(tm, p, x)))
 }
 
-/// The `fast` form: real FFTs of a 7-smooth size `≥ 2T − 1`.
+/// The `fast` form: real FFTs of a 7-smooth size `≥ 2T − 1` ([`fast::fft_size`]).
 pub fn fast<F: FftReal>(tm: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    by_columns(tm, inputs, fast::fast)
+    if tm.cfg.kernel_width != 1 {
+        return by_columns(tm, inputs, fast::fast);
+    }
+    let p = tm.prepare(inputs)?;
+    let x = get(inputs, "x")?.as_standard_layout();
+    let y = fast::fast_rows(&p, x.as_slice().unwrap_or(&[]))?;
+    ArrayD::from_shape_vec(ndarray::IxDyn(&[p.batch, p.seq, p.channels]), y)
+        .map_err(|e| mixer_core::Error::Numerical(format!("toeplitz fast form: output shape: {e}")))
 }
 
 /// The decoder selected by the config's `decoder` (`online` by default, or `naive`).

@@ -65,6 +65,25 @@ fn forms_without_bias() {
     }
 }
 
+/// One kernel per head with more channels than one task's block of 16 and a partial last
+/// block (C = 39), two batch rows, with and without bias: the fast form against the oracle.
+#[test]
+fn fast_form_over_channel_blocks() {
+    let m = mixer("toeplitz", &json!({"heads": 3})).unwrap();
+    for with_bias in [true, false] {
+        let mut inp = random(m.as_ref(), 2, 300, 39, 21);
+        if !with_bias {
+            inp.remove("bias");
+        }
+        let want = oracle(m.as_ref(), &inp).unwrap();
+        for dt in [DType::F64, DType::F32] {
+            let got = run_as(m.as_ref(), &cpu(), Form::Fast, &inp, dt).unwrap();
+            let c = Tolerance::for_dtype(dt.name()).compare(got.view(), want.view());
+            assert!(c.pass, "bias {with_bias} {dt:?}: {c:?}");
+        }
+    }
+}
+
 /// Long sequences with a kernel that does not decay: fast (FFT) against direct, f64 and f32.
 #[test]
 fn fast_matches_direct_on_long_flat_kernels() {

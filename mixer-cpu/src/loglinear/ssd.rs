@@ -1,0 +1,180 @@
+//! The chunked form of the scalar-decay members of the family (linear attention, Mamba-2 and
+//! their log-linear lifts): the state-space-duality ("SSD") algorithm of docs/math.md §2.6,
+//! where a chunk transition is a scalar, so level states are only ever scaled.
+//!
+//! For chunk `i` (positions `i_0 … i_0+n−1`, chunk-local log-decay sums
+//! `γ_r = Σ_{r' ≤ r} g_{i_0+r'}`, masked decay `Γ_{r,s} = e^(γ_r − γ_s)` for `s ≤ r`, zero
+//! above the diagonal) and the level states `H^(e) ∈ ℝ^(D_k × D_v)` present at its start
+//! (the base mixers: one state of everything before the chunk):
+//! - `Y_c = ((σ Q_c K_cᵀ ⊙ Γ) ⊙ M^H) V_c` (intra-chunk part; `M^H` the λ weights of the
+//!   pairs' levels, all ones for the base mixers);
+//! - `Y_c += Σ_e diag(λ^(c+e)) σ diag(e^γ) Q_c H^(e)` (the read; weight 1 for the base);
+//! - every state `H^(e) ← e^(γ_{n−1}) H^(e)`, and the chunk's own state
+//!   `(diag(e^(γ_{n−1} − γ)) K_c)ᵀ V_c` enters level 0 (added to the single state of the base
+//!   mixers).
+//!
+//! The lifts merge levels `0..=ctz(i)` into level `ctz(i)+1` before chunk `i ≥ 1` (the
+//! chunk-granular Fenwick recurrence, as in [`super::chunked`]).
+//!
+//! Each line is one matrix product of chunk size per state (faer, sequential: the heads run in
+//! parallel). All work buffers and the states are allocated once per head and reused by every
+//! chunk; `y` is written row-major (returned as `yᵀ`, `Dv×T`), so that the assembly into
+//! `[B, T, H, Dv]` copies whole rows. The exponentials are vectorised ([`decay_into`],
+//! [`exps_into`]). As in the general chunked form, state entries that decay below the smallest
+//! normal number are flushed to zero and a level left all zero is dropped
+//! ([`flush_subnormals`]).
+
+use faer::{Accum, Mat, MatRef};
+use mixer_core::Result;
+use mixer_core::mixers::loglinear::LogLinear;
+
+use super::chunked::{decay_into, exps_into, flush_subnormals, mm, read_col, scale_by_levels};
+use super::common::Head;
+use crate::vmath::VecMath;
+
+/// Whether a mixer takes this path: a scalar decay or none (not gated DeltaNet).
+pub fn applies(m: &LogLinear) -> bool {
+    !m.base.has_beta()
+}
+
+/// The chunked form for one (batch, head) of a scalar-decay member: `yᵀ` (`Dv×T`).
+pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
+    let t_len = hd.q.nrows();
+    let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
+    let c = m.chunk.min(t_len.max(1));
+    let decay = m.base.has_decay();
+    let scale = F::of(m.scale);
+    let cbits = m.chunk_log2() as usize;
+    let n_chunks = t_len.div_ceil(m.chunk);
+    let n_levels = hd.lam.as_ref().map_or(1, |l| l.ncols());
+    // Level states side by side (block e = level e); the base mixers keep one.
+    let levels = if hd.lam.is_some() { mixer_core::fenwick::bitlen(n_chunks) + 1 } else { 1 };
+    let mut z = Mat::<F>::zeros(dk, dv * levels);
+    let mut live = vec![false; levels];
+    let mut yt = Mat::<F>::zeros(dv, t_len);
+    // Work buffers: P = σ QKᵀ ⊙ Γ and Γ (C×C), the scaled rows of Q or K (C×Dk, row-major),
+    // the row factors and γ.
+    let mut p = Mat::<F>::zeros(c, c);
+    let mut gamma = Mat::<F>::zeros(c, c);
+    let mut rows = vec![F::zero(); c * dk];
+    let mut fac = vec![F::one(); c];
+    let mut wfac = vec![F::one(); c];
+    let mut gam = vec![0.0f64; c];
+    for ci in 0..n_chunks {
+        let i0 = ci * m.chunk;
+        let n = c.min(t_len - i0);
+        let (qc, kc, vc) = (hd.q.subrows(i0, n), hd.k.subrows(i0, n), hd.v.subrows(i0, n));
+        let gam = &mut gam[..n];
+        let mut acc = 0.0f64;
+        for (x, &g) in gam.iter_mut().zip(&hd.g[i0..i0 + n]) {
+            acc += g;
+            *x = acc;
+        }
+        let last = acc;
+        // Chunk-granular Fenwick merge (lifts only): levels 0..=ctz(i) go to ctz(i)+1.
+        if levels > 1 && ci >= 1 {
+            merge(&mut z, &mut live, ci.trailing_zeros() as usize, dv);
+        }
+        let mut yc = yt.as_mut().transpose_mut().subrows_mut(i0, n);
+
+        // Intra-chunk part: Y_c = ((σ QKᵀ ⊙ Γ) ⊙ M^H) V_c.
+        let mut pc = p.as_mut().submatrix_mut(0, 0, n, n);
+        mm(pc.as_mut(), Accum::Replace, qc, kc.transpose(), scale);
+        if decay {
+            decay_into(gamma.as_mut().submatrix_mut(0, 0, n, n), gam);
+        }
+        for s in 0..n {
+            let col = pc.as_mut().col_mut(s).try_as_col_major_mut().expect("unit row stride").as_slice_mut();
+            col[..s].iter_mut().for_each(|x| *x = F::zero());
+            if decay {
+                let gcol = gamma.col(s).try_as_col_major().expect("unit row stride").as_slice();
+                col[s..].iter_mut().zip(&gcol[s..n]).for_each(|(x, &gm)| *x *= gm);
+            }
+        }
+        if let Some(lam) = &hd.lam {
+            scale_by_levels(m, pc.as_mut(), *lam, i0, n)?;
+        }
+        mm(yc.as_mut(), Accum::Replace, pc.as_ref(), vc, F::one());
+
+        // Read of every present state: Y_c += diag(λ^(c+e)) σ diag(e^γ) Q_c H^(e).
+        if live.iter().any(|&l| l) {
+            if decay {
+                exps_into(&mut fac[..n], gam, 0.0, false);
+            }
+            for e in (0..levels).filter(|&e| live[e]) {
+                let w = match &hd.lam {
+                    Some(lam) => {
+                        let col = read_col(cbits, e, n_levels, ci)?;
+                        for (r, x) in wfac[..n].iter_mut().enumerate() {
+                            *x = fac[r] * lam[(i0 + r, col)];
+                        }
+                        &wfac[..n]
+                    }
+                    None => &fac[..n],
+                };
+                let qs = scale_rows(&mut rows, qc, w, scale);
+                mm(yc.as_mut(), Accum::Add, qs, z.as_ref().subcols(e * dv, dv), F::one());
+            }
+        }
+
+        // Transition of every state, then the chunk's own state at level 0.
+        if decay {
+            let total = F::of(last.exp());
+            for e in 0..levels {
+                if !live[e] {
+                    continue;
+                }
+                let mut blk = z.as_mut().subcols_mut(e * dv, dv);
+                blk *= faer::Scale(total);
+                live[e] = flush_subnormals(blk);
+            }
+        }
+        let acc = if live[0] { Accum::Add } else { Accum::Replace };
+        let own = z.as_mut().subcols_mut(0, dv);
+        if decay {
+            exps_into(&mut fac[..n], gam, last, true);
+            let ks = scale_rows(&mut rows, kc, &fac[..n], F::one());
+            mm(own, acc, ks.transpose(), vc, F::one());
+            fac.iter_mut().for_each(|x| *x = F::one());
+        } else {
+            mm(own, acc, kc.transpose(), vc, F::one());
+        }
+        live[0] = true;
+    }
+    Ok(yt)
+}
+
+/// The Fenwick merge before chunk `i ≥ 1` with `ctz(i) = mz`: the states of levels `0..=mz`
+/// are added into level `mz + 1` and emptied.
+fn merge<F: VecMath>(z: &mut Mat<F>, live: &mut [bool], mz: usize, dv: usize) {
+    let (lo, mut hi) = z.as_mut().split_at_col_mut((mz + 1) * dv);
+    let mut dst = hi.as_mut().subcols_mut(0, dv);
+    for e in 0..=mz {
+        if !live[e] {
+            continue;
+        }
+        let src = lo.as_ref().subcols(e * dv, dv);
+        if live[mz + 1] {
+            dst += src;
+        } else {
+            dst.copy_from(src);
+            live[mz + 1] = true;
+        }
+        live[e] = false;
+    }
+}
+
+/// `diag(α f) src` into the row-major buffer `buf` (`f` one factor per row of `src`); returns
+/// the result as a view.
+fn scale_rows<'a, F: VecMath>(buf: &'a mut [F], src: MatRef<'_, F>, f: &[F], alpha: F) -> MatRef<'a, F> {
+    let (n, d) = (src.nrows(), src.ncols());
+    let buf = &mut buf[..n * d];
+    for (r, dst) in buf.chunks_exact_mut(d.max(1)).take(n).enumerate() {
+        let a = alpha * f[r];
+        match src.row(r).try_as_row_major() {
+            Some(s) => dst.iter_mut().zip(s.as_slice()).for_each(|(x, &v)| *x = a * v),
+            None => dst.iter_mut().zip(src.row(r).iter()).for_each(|(x, &v)| *x = a * v),
+        }
+    }
+    MatRef::from_row_major_slice(buf, n, d)
+}
