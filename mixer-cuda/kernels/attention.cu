@@ -89,6 +89,22 @@ __device__ void attn_fwd(const T* q, const T* k, const T* v, T* y, int B, int Tn
 // added in a fixed order (the result does not depend on scheduling).
 // attn_combine: one block per (b, h): M = max_s m_s, y = Σ_s e^{|scale|(m_s−M)} a_s /
 // Σ_s e^{|scale|(m_s−M)} l_s (below).
+// Sum (or maximum) of v over the block, returned to every thread; red holds one double per warp.
+__device__ inline double attn_block_reduce(double v, bool is_max, double* red) {
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const double u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmax(v, u) : v + u;
+    }
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    double r = red[0];
+    for (int i = 1; i < nw; ++i) r = is_max ? fmax(r, red[i]) : r + red[i];
+    __syncthreads();
+    return r;
+}
+
 #define ATTN_SPLIT_KEYS 256
 #define ATTN_SPLIT_THREADS 256
 #define ATTN_SPLIT_ROWS 8
@@ -131,20 +147,13 @@ __device__ void attn_split(const T* q, const T* kc, const T* vc, double* part, i
             }
         }
     }
-    if (lane == 0) red[w] = mloc;
-    __syncthreads();
-    double mx = red[0];
-    for (int i = 1; i < warps; ++i) mx = fmax(mx, red[i]);
-    __syncthreads();
+    const double mx = attn_block_reduce(mloc, true, red);
     double lsum = 0.0;
     for (int j = tid; j < cnt; j += ATTN_SPLIT_THREADS) {
         u[j] = attn_weight(asc, u[j], mx);
         lsum += u[j];
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) lsum += __shfl_xor_sync(0xffffffffu, lsum, o);
-    if (lane == 0) red[w] = lsum;
-    __syncthreads();
+    const double l = attn_block_reduce(lsum, false, red);
     for (int d = lane; d < Dv; d += 32) {
         double a = 0.0;
         for (int jb = kw0; jb < kw1; jb += ATTN_SPLIT_ROWS) {
@@ -160,8 +169,6 @@ __device__ void attn_split(const T* q, const T* kc, const T* vc, double* part, i
     __syncthreads();
     double* out = part + ((long long)bh * gridDim.y + s) * (2 + Dv);
     if (tid == 0) {
-        double l = 0.0;
-        for (int i = 0; i < warps; ++i) l += red[i];
         out[0] = mx;
         out[1] = l;
     }
@@ -177,21 +184,6 @@ __device__ void attn_split(const T* q, const T* kc, const T* vc, double* part, i
 // one thread per output column.
 #define ATTN_COMBINE_THREADS 128
 #define ATTN_COMBINE_CHUNK 512
-
-__device__ inline double attn_block_reduce(double v, bool is_max, double* red) {
-    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const double u = __shfl_xor_sync(0xffffffffu, v, o);
-        v = is_max ? fmax(v, u) : v + u;
-    }
-    if (lane == 0) red[w] = v;
-    __syncthreads();
-    double r = red[0];
-    for (int i = 1; i < nw; ++i) r = is_max ? fmax(r, red[i]) : r + red[i];
-    __syncthreads();
-    return r;
-}
 
 template <typename T>
 __device__ void attn_combine(const double* part, T* y, int H, int Dv, int S, double scale) {

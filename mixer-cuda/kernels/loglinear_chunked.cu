@@ -58,6 +58,21 @@ __device__ inline void llc_gemm(T (&acc)[RI][RJ], const T* X, const T* Y, int K,
     }
 }
 
+// Stores a thread's RI × 4 tile of a chunk's block (rows ty + 16a, columns c0 + tx + 16jj, as
+// llc_gemm leaves it) into x laid out as rows (row0 + r·H) of D columns: rows below n, columns
+// below D only.
+template <typename T, int RI>
+__device__ inline void llc_store(const T (&acc)[RI][4], T* x, long long row0, int H, int D, int n, int c0, int ty,
+                                 int tx) {
+#pragma unroll
+    for (int a = 0; a < RI; ++a)
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+            const int r = ty + 16 * a, c = c0 + tx + 16 * jj;
+            if (r < n && c < D) x[(row0 + (long long)r * H) * D + c] = acc[a][jj];
+        }
+}
+
 // Moves `total` elements from `fetch(idx)` to `put(idx, value)`, idx = threadIdx.x + u·NT for u <
 // PER: every load is issued before the first store, so that a tile's global loads are in flight
 // together rather than one round trip per loop iteration.
@@ -322,13 +337,7 @@ __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_
             __syncthreads();
         }
     }
-#pragma unroll
-    for (int a = 0; a < RI; ++a)
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-            const int r = ty + 16 * a, d = d0 + tx + 16 * jj;
-            if (r < n && d < Dv) y[(row0 + (long long)r * H) * Dv + d] = acc[a][jj];
-        }
+    llc_store<T, RI>(acc, y, row0, H, Dv, n, d0, ty, tx);
 }
 
 // 3'. llc_out on tensor cores (precision modes tf32 and bf16; f32 data): the same products as
@@ -650,13 +659,7 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
                 llc_gemm<T, RI, 4, LDT, LLC_LD>(acc, Tt + s0 * LDT, Ys, LLC_KT, ty, tx);
                 __syncthreads();
             }
-#pragma unroll
-            for (int a = 0; a < RI; ++a)
-#pragma unroll
-                for (int jj = 0; jj < 4; ++jj) {
-                    const int r = ty + 16 * a, cc = c0 + tx + 16 * jj;
-                    if (r < n && cc < D) dst[(row0 + (long long)r * H) * D + cc] = acc[a][jj];
-                }
+            llc_store<T, RI>(acc, dst, row0, H, D, n, c0, ty, tx);
         }
     }
 }
@@ -953,13 +956,7 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
             }
         }
     }
-#pragma unroll
-    for (int a = 0; a < RI; ++a)
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-            const int r = ty + 16 * a, d = d0 + tx + 16 * jj;
-            if (r < n && d < Dv) y[(row0 + (long long)r * H) * Dv + d] = yacc[a][jj];
-        }
+    llc_store<T, RI>(yacc, y, row0, H, Dv, n, d0, ty, tx);
 }
 
 // Decoder step, row-parallel (docs/math.md §2.5): one warp per (b·h, value row r) does, for its row

@@ -22,6 +22,11 @@ const SPLIT_KEYS: usize = 256;
 /// Threads per split block (`ATTN_SPLIT_THREADS`).
 const SPLIT_THREADS: usize = 256;
 
+/// Dynamic shared memory of a split block: each warp's weighted-value sums, `[warps, Dv]` doubles.
+const fn split_smem(dv: usize) -> usize {
+    SPLIT_THREADS / 32 * dv * 8
+}
+
 /// The attention decoder (KV cache on the device).
 pub struct AttentionDecoder<F: GpuReal> {
     kc: Pooled<F>,
@@ -44,12 +49,12 @@ impl<F: GpuReal> AttentionDecoder<F> {
     pub fn new(a: &Attention, dims: &Dims) -> Result<Self> {
         let (b, tmax, h, dk, dv) =
             (dims.size("B")?, dims.size("T")?, dims.size("H")?, dims.size("Dk")?, dims.size("Dv")?);
-        if SPLIT_THREADS / 32 * dv * 8 > MAX_DYNAMIC_SMEM {
+        if split_smem(dv) > MAX_DYNAMIC_SMEM {
             return Err(err(
                 FAMILY,
                 format!(
                     "the CUDA decoder takes value heads up to Dv = {}, got Dv = {dv}",
-                    MAX_DYNAMIC_SMEM / (SPLIT_THREADS / 32 * 8)
+                    MAX_DYNAMIC_SMEM / split_smem(1)
                 ),
             ));
         }
@@ -119,8 +124,8 @@ impl<F: GpuReal> DeviceDecoder for AttentionDecoder<F> {
         let n = self.filled();
         let splits = n.div_ceil(SPLIT_KEYS);
         let bhi = int(FAMILY, "B·H", b * h)? as u32;
-        // Each warp's weighted-value sums, [warps, Dv] doubles (checked against the ceiling in `new`).
-        let smem = SPLIT_THREADS / 32 * dv * 8;
+        // Checked against the ceiling in `new`.
+        let smem = split_smem(dv);
         if smem > 48 << 10 {
             opt_in(FAMILY, &split)?;
         }

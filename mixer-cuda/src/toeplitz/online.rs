@@ -21,6 +21,7 @@ use mixer_core::{Dims, Result, Tensors};
 use super::FAMILY;
 use super::decoder::Statics;
 use super::fast::tiles;
+use super::spectra;
 use crate::fft::{FftReal, irfft, rfft};
 use crate::forms::DeviceDecoder;
 use crate::kernels;
@@ -67,15 +68,10 @@ impl<F: FftReal> OnlineDecoder<F> {
         }
         if self.levels[j].is_none() {
             let m = 2usize << j;
-            let [_, tn, _, h, kw] = self.s.dims;
-            let rows = (kw * h) as usize;
-            let g = gpu()?;
-            let f = g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_pack_w_{}", F::SUFFIX))?;
-            let (ri, taps, mi) =
-                (int(FAMILY, "Kw·H", rows)?, int(FAMILY, "taps", m.min(self.s.tmax))?, int(FAMILY, "2k", m)?);
-            let mut wp = pool::take::<F>(FAMILY, rows * m)?;
-            launch!(g, FAMILY, f, grid1(rows * m, 256); &*self.s.w, &mut *wp, &ri, &taps, &tn, &mi)?;
-            self.levels[j] = Some(rfft::<F>(FAMILY, &wp, m, rows)?);
+            let [_, _, _, h, kw] = self.s.dims;
+            let (rows, w) = ((kw * h) as usize, &self.s.w);
+            self.levels[j] =
+                Some(spectra::compute::<F>(&w.slice(0..w.len()), rows, self.s.tmax, m.min(self.s.tmax), m)?);
         }
         self.levels[j].as_ref().ok_or_else(|| err(FAMILY, "level spectrum missing"))
     }
@@ -142,7 +138,7 @@ impl<F: FftReal> DeviceDecoder for OnlineDecoder<F> {
     }
     /// The input history plus the pending sums not yet consumed.
     fn cache_elems(&self) -> usize {
-        (self.t + self.ahead.saturating_sub(self.t)) * self.s.bc
+        self.t.max(self.ahead) * self.s.bc
     }
     fn position(&self) -> usize {
         self.t

@@ -11,6 +11,7 @@
 use std::any::Any;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
+use cudarc::driver::CudaView;
 use mixer_core::Result;
 
 use super::FAMILY;
@@ -70,20 +71,31 @@ pub fn spectra<F: FftReal>(
             return Ok(s);
         }
     }
-    let g = gpu()?;
-    let f = g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_pack_w_{}", F::SUFFIX))?;
     let lw = *w.shape().last().unwrap_or(&0);
-    let (ri, ti, lwi, ni) =
-        (int(FAMILY, "Kw·H", rows)?, int(FAMILY, "T", t)?, int(FAMILY, "Tw", lw)?, int(FAMILY, "p", n)?);
-    let mut wp = pool::take::<F>(FAMILY, rows * n)?;
-    let wv = w.view();
-    launch!(g, FAMILY, f, grid1(rows * n, 256); &wv, &mut *wp, &ri, &ti, &lwi, &ni)?;
-    let spectra = Arc::new(rfft::<F>(FAMILY, &wp, n, rows)?);
+    let spectra = Arc::new(compute::<F>(&w.view(), rows, lw, t, n)?);
     if cache.len() >= CAPACITY {
         cache.remove(0);
     }
     cache.push(Box::new(Entry::<F> { owner, offset, shape, t, n, spectra: spectra.clone() }));
     Ok(spectra)
+}
+
+/// The spectra of the first `t` taps of each of the `rows` rows of `w` (`[rows, lw]`, on the
+/// device), zero-padded to `n`: `rows` rows of `n/2 + 1` bins, computed now (no cache).
+pub(crate) fn compute<F: FftReal>(
+    w: &CudaView<'_, F>,
+    rows: usize,
+    lw: usize,
+    t: usize,
+    n: usize,
+) -> Result<Pooled<F::C>> {
+    let g = gpu()?;
+    let f = g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("toeplitz_pack_w_{}", F::SUFFIX))?;
+    let (ri, ti, lwi, ni) =
+        (int(FAMILY, "Kw·H", rows)?, int(FAMILY, "T", t)?, int(FAMILY, "Tw", lw)?, int(FAMILY, "p", n)?);
+    let mut wp = pool::take::<F>(FAMILY, rows * n)?;
+    launch!(g, FAMILY, f, grid1(rows * n, 256); w, &mut *wp, &ri, &ti, &lwi, &ni)?;
+    rfft::<F>(FAMILY, &wp, n, rows)
 }
 
 /// Number of cached spectra (all element types), for tests.
