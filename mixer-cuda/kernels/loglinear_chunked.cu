@@ -82,7 +82,7 @@ __device__ __forceinline__ void llc_stage(int total, Fetch fetch, Put put) {
 #pragma unroll
     for (int u = 0; u < PER; ++u) {
         const int idx = threadIdx.x + u * NT;
-        r[u] = idx < total ? fetch(idx) : (T)0;
+        r[u] = idx < total ? fetch(idx) : T{};
     }
 #pragma unroll
     for (int u = 0; u < PER; ++u) {
@@ -340,10 +340,37 @@ __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_
     llc_store<T, RI>(acc, y, row0, H, Dv, n, d0, ty, tx);
 }
 
+// Four consecutive floats p[off + c .. off + c + 3] of a row of D entries, entries at or past D
+// read as 0: one 16-byte load when vec (D % 4 = 0 and p 16-byte aligned, so that off + c is a
+// multiple of 4), else four loads.
+__device__ __forceinline__ float4 llc_ld4(const float* p, long long off, int c, int D, bool vec) {
+    float4 r = {0.f, 0.f, 0.f, 0.f};
+    if (vec) {
+        if (c < D) r = *reinterpret_cast<const float4*>(p + off + c);
+    } else {
+        if (c < D) r.x = p[off + c];
+        if (c + 1 < D) r.y = p[off + c + 1];
+        if (c + 2 < D) r.z = p[off + c + 2];
+        if (c + 3 < D) r.w = p[off + c + 3];
+    }
+    return r;
+}
+// Stores x · s, rounded to tf32, at dst[0..3].
+__device__ __forceinline__ void llc_put4_tf32(float* dst, float4 x, float s) {
+    dst[0] = __uint_as_float(mx_tf32(s * x.x));
+    dst[1] = __uint_as_float(mx_tf32(s * x.y));
+    dst[2] = __uint_as_float(mx_tf32(s * x.z));
+    dst[3] = __uint_as_float(mx_tf32(s * x.w));
+}
+__device__ __forceinline__ bool llc_al16(const void* p) { return ((unsigned long long)p & 15) == 0; }
+
 // 3'. llc_out on tensor cores (precision modes tf32 and bf16; f32 data): the same products as
 // llc_out, each an m16n8k8 tf32 mma with f32 accumulation. Chunk of 64 rows, value tile of 64
 // columns, 4 warps of 16 rows. Shared tiles are padded so that fragment loads hit 32 banks:
 // Qs [64][36] (a key tile of 32 columns), KV = Ks [64][36] | Vs [64][72] | Fs [32][72], Ps [64][68].
+// Tiles are loaded four floats at a time (16-byte loads where the layout allows), every load of a
+// tile in flight before the first store (llc_stage); without a lift the states between chunks are
+// summed with their decays e^{d_e} computed once per block.
 // Grid (NC, BH, ⌈Dv/64⌉), 128 threads.
 #define LLT_LDQ 36
 #define LLT_LDP 68
@@ -358,6 +385,7 @@ __device__ void llc_out_tc(const float* q, const float* k, const float* v, const
     __shared__ float Ps[CH * LLT_LDP];
     __shared__ long long lev_ent[32];
     __shared__ double lev_d[32];
+    __shared__ float lev_w[32];
     __shared__ int lev_e[32];
     __shared__ int nlev_s;
     const int i = blockIdx.x, bh = blockIdx.y;
@@ -369,23 +397,28 @@ __device__ void llc_out_tc(const float* q, const float* k, const float* v, const
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     const long long DD = (long long)Dk * Dv;
     const float sc = (float)scale;
-    if (tid == 0) nlev_s = llc_levels(i, bh, nc, direct, A, lev_ent, lev_d, lev_e);
+    const bool vq = Dk % 4 == 0 && llc_al16(q) && llc_al16(k), vv = Dv % 4 == 0 && llc_al16(v),
+               vf = Dv % 4 == 0 && llc_al16(F);
+    if (tid == 0) {
+        nlev_s = llc_levels(i, bh, nc, direct, A, lev_ent, lev_d, lev_e);
+        for (int l = 0; l < nlev_s; ++l) lev_w[l] = __expf((float)lev_d[l]);
+    }
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
     const int nlev = nlev_s;
-    // Scores S = Q Kᵀ, a warp's 16 rows × 64 keys.
+    // Scores S = Q Kᵀ, a warp's 16 rows × 64 keys; key columns in tiles of 32.
     float acc[8][4] = {};
     for (int c0 = 0; c0 < Dk; c0 += 32) {
-        for (int idx = tid; idx < CH * 32; idx += 128) {
-            const int r = idx >> 5, kk = idx & 31, c = c0 + kk;
-            float qv = 0.f, kv = 0.f;
-            if (r < n && c < Dk) {
-                const long long row = row0 + (long long)r * H;
-                qv = q[row * Dk + c];
-                kv = k[row * Dk + c];
-            }
-            Qs[r * LLT_LDQ + kk] = __uint_as_float(mx_tf32(qv));
-            KV[r * LLT_LDQ + kk] = __uint_as_float(mx_tf32(kv));
-        }
+        llc_stage<float4, 8, 128>(
+            2 * CH * 8,
+            [&](int idx) {
+                const int r = (idx >> 3) & (CH - 1), c = c0 + (idx & 7) * 4;
+                return r < n ? llc_ld4(idx < CH * 8 ? q : k, (row0 + (long long)r * H) * Dk, c, Dk, vq)
+                             : float4{0.f, 0.f, 0.f, 0.f};
+            },
+            [&](int idx, float4 x) {
+                const int r = (idx >> 3) & (CH - 1), kk = (idx & 7) * 4;
+                llc_put4_tf32((idx < CH * 8 ? Qs : KV) + r * LLT_LDQ + kk, x, 1.f);
+            });
         __syncthreads();
 #pragma unroll
         for (int k8 = 0; k8 < 4; ++k8) {
@@ -416,12 +449,14 @@ __device__ void llc_out_tc(const float* q, const float* k, const float* v, const
             Ps[r * LLT_LDP + s] = __uint_as_float(mx_tf32(p));
         }
     // V tile [64 s][64 d].
-    for (int idx = tid; idx < CH * 64; idx += 128) {
-        const int s = idx >> 6, dd = idx & 63;
-        float vv = 0.f;
-        if (s < n && d0 + dd < Dv) vv = v[(row0 + (long long)s * H) * Dv + d0 + dd];
-        KV[s * LLT_LDV + dd] = __uint_as_float(mx_tf32(vv));
-    }
+    llc_stage<float4, 8, 128>(
+        CH * 16,
+        [&](int idx) {
+            const int s = idx >> 4, dd = (idx & 15) * 4;
+            return s < n ? llc_ld4(v, (row0 + (long long)s * H) * Dv + d0, dd, Dv - d0, vv)
+                         : float4{0.f, 0.f, 0.f, 0.f};
+        },
+        [&](int idx, float4 x) { llc_put4_tf32(KV + (idx >> 4) * LLT_LDV + (idx & 15) * 4, x, 1.f); });
     __syncthreads();
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
@@ -453,22 +488,37 @@ __device__ void llc_out_tc(const float* q, const float* k, const float* v, const
         }
         for (int c0 = 0; c0 < Dk; c0 += 32) {
             __syncthreads();
-            for (int idx = tid; idx < CH * 32; idx += 128) {
-                const int r = idx >> 5, kk = idx & 31, c = c0 + kk;
-                Qs[r * LLT_LDQ + kk] = (r < n && c < Dk) ? q[(row0 + (long long)r * H) * Dk + c] : 0.f;
-            }
-            for (int idx = tid; idx < 32 * 64; idx += 128) {
-                const int kk = idx >> 6, dd = idx & 63, c = c0 + kk, d = d0 + dd;
-                float fv = 0.f;
-                if (c < Dk && d < Dv) {
-                    const long long off = (long long)c * Dv + d;
-                    if (lifted)
-                        fv = F[lev_ent[grp] * DD + off];
-                    else
-                        for (int l = 0; l < nlev; ++l) fv += __expf((float)lev_d[l]) * F[lev_ent[l] * DD + off];
-                }
-                KV[kk * LLT_LDV + dd] = __uint_as_float(mx_tf32(fv));
-            }
+            // Q tile [64 r][32 c] and the state tile [32 c][64 d] (summed over the levels without
+            // a lift), 4 + 4 loads of four floats per thread.
+            llc_stage<float4, 8, 128>(
+                CH * 8 + 32 * 16,
+                [&](int idx) {
+                    float4 x = {0.f, 0.f, 0.f, 0.f};
+                    if (idx < CH * 8) {
+                        const int r = idx >> 3;
+                        return r < n ? llc_ld4(q, (row0 + (long long)r * H) * Dk, c0 + (idx & 7) * 4, Dk, vq) : x;
+                    }
+                    const int kk = (idx - CH * 8) >> 4, c = c0 + kk, dd = (idx & 15) * 4;
+                    if (c >= Dk) return x;
+                    const long long off = (long long)c * Dv + d0;
+                    if (lifted) return llc_ld4(F, lev_ent[grp] * DD + off, dd, Dv - d0, vf);
+#pragma unroll 4
+                    for (int l = 0; l < nlev; ++l) {
+                        const float4 f = llc_ld4(F, lev_ent[l] * DD + off, dd, Dv - d0, vf);
+                        const float w = lev_w[l];
+                        x.x += w * f.x, x.y += w * f.y, x.z += w * f.z, x.w += w * f.w;
+                    }
+                    return x;
+                },
+                [&](int idx, float4 x) {
+                    if (idx < CH * 8) {
+                        float* d = Qs + (idx >> 3) * LLT_LDQ + (idx & 7) * 4;
+                        d[0] = x.x, d[1] = x.y, d[2] = x.z, d[3] = x.w;
+                    } else {
+                        const int j2 = idx - CH * 8;
+                        llc_put4_tf32(KV + (j2 >> 4) * LLT_LDV + (j2 & 15) * 4, x, 1.f);
+                    }
+                });
             __syncthreads();
 #pragma unroll
             for (int k8 = 0; k8 < 4; ++k8) {
@@ -492,7 +542,7 @@ __device__ void llc_out_tc(const float* q, const float* k, const float* v, const
         }
 }
 
-extern "C" __global__ void __launch_bounds__(128)
+extern "C" __global__ void __launch_bounds__(128, 4)
     llc_out_tc_f32(const float* q, const float* k, const float* v, const float* g, int has_g, const float* lam,
                    const float* F, const double* A, float* y, int Tn, int H, int Dk, int Dv, int L, int lifted,
                    int direct, int nc, double scale) {
@@ -833,6 +883,230 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
         }
     }
 }
+
+// 5'. llc_delta_h on tensor cores (tf32 / bf16 modes, f32 data): the same pass, levels and chunk
+// order, with each level's two products as m16n8k8 tf32 mma with f32 accumulation, eight warps:
+//   Un = W S          — the (16 token rows × 8 value columns) tiles of the 64 × 16 result, one per
+//                       warp, ⌈Dk/8⌉ k-steps in two accumulator chains;
+//   S ← e^{a_j} S + sign·K̂ᵀ Un — the (16 key rows × 8 value columns) tiles over the warps, k-steps
+//                       over the chunk's tokens; the decays e^{a_j − γ_s} and the sign are folded
+//                       into Un.
+// The states stay f32 in shared memory (only the products' inputs are rounded to tf32). Rows of
+// W and K are padded to LDK ≡ 4 (mod 32) floats and rows of S and Un to 24, so that fragment
+// loads hit 32 distinct banks; columns Dk..DKP of W and K and rows Dk..DKP of S are zero (DKP = Dk
+// rounded up to 16). The chunks' W, K, U and g are loaded ST − 1 chunks ahead (cp.async, 16
+// bytes where Dk, Dv and the pointers allow) into ST buffers. Warp 0 loads the chunk's log-decays
+// and alone takes their prefix sums (f32, two tokens per lane), so that one barrier per chunk
+// publishes the loaded tiles and the decays.
+// Grid (BH, ⌈Dv/16⌉), 256 threads; dynamic shared memory: see delta_h_tc_smem on the host.
+#define LDT_LDS 24
+__device__ __forceinline__ void llc_cp_async16(void* dst, const void* src, int valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
+                               float* Hs, int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots,
+                               int ST) {
+    constexpr int CH = 64, NW = 8, NT = NW * 32;
+    const int DKP = (Dk + 15) / 16 * 16, LDK = (DKP + 31) / 32 * 32 + 4;
+    const int SD = DKP * LDT_LDS;  // one state tile
+    extern __shared__ unsigned char llc_dyn[];
+    // Layout (floats): S [E][SD] | Wb [ST][CH·LDK] | Kb [ST][CH·LDK] | Ub [ST][CH·16] | gb [ST][CH] |
+    // Un [CH·24] | dec [CH + 1] (the last entry: e^{a_j}).
+    float* S = reinterpret_cast<float*>(llc_dyn);
+    float* Wb = S + E * SD;
+    float* Kb = Wb + ST * CH * LDK;
+    float* Ub = Kb + ST * CH * LDK;
+    float* gb = Ub + ST * CH * LLC_DVT;
+    float* Un = gb + ST * CH;
+    float* dec = Un + CH * LDT_LDS;
+    const int bh = blockIdx.x, b = bh / H, h = bh % H;
+    const int d0 = blockIdx.y * LLC_DVT;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const long long DD = (long long)Dk * Dv;
+    const bool vk = Dk % 4 == 0 && ((unsigned long long)k & 15) == 0 && ((unsigned long long)W & 15) == 0;
+    const bool vu = Dv % 4 == 0 && ((unsigned long long)U & 15) == 0;
+    auto prefetch = [&](int j, int buf) {
+        const int i0 = j * CH, n = min(CH, Tn - i0);
+        const long long row0 = ((long long)b * Tn + i0) * H + h;
+        float* Wd = Wb + buf * CH * LDK;
+        float* Kd = Kb + buf * CH * LDK;
+        if (vk && NT % (DKP / 4) == 0) {
+            // Each thread keeps one column quad c and walks rows s ≡ tid / q4 (mod NT / q4).
+            const int q4 = DKP / 4, c = (tid % q4) * 4;
+            const long long rs = (long long)H * Dk, at0 = row0 * Dk + c;
+            for (int s = tid / q4; s < CH; s += NT / q4) {
+                const int ok = s < n && c < Dk;
+                llc_cp_async16(Wd + s * LDK + c, ok ? W + at0 + s * rs : W, ok);
+                llc_cp_async16(Kd + s * LDK + c, ok ? k + at0 + s * rs : k, ok);
+            }
+        } else {
+            for (int idx = tid; idx < CH * DKP; idx += NT) {
+                const int s = idx / DKP, c = idx % DKP, ok = s < n && c < Dk;
+                const long long at = ok ? (row0 + (long long)s * H) * Dk + c : 0;
+                llc_cp_async(Wd + s * LDK + c, W + at, 4, ok);
+                llc_cp_async(Kd + s * LDK + c, k + at, 4, ok);
+            }
+        }
+        float* Ud = Ub + buf * CH * LLC_DVT;
+        if (vu) {
+            const int dd = (tid & 3) * 4;
+            for (int s = tid >> 2; s < CH; s += NT / 4) {
+                const int ok = s < n && d0 + dd < Dv;
+                llc_cp_async16(Ud + s * LLC_DVT + dd, ok ? U + (row0 + (long long)s * H) * Dv + d0 + dd : U, ok);
+            }
+        } else {
+            for (int idx = tid; idx < CH * LLC_DVT; idx += NT) {
+                const int s = idx / LLC_DVT, dd = idx % LLC_DVT, ok = s < n && d0 + dd < Dv;
+                llc_cp_async(Ud + idx, U + (ok ? (row0 + (long long)s * H) * Dv + d0 + dd : 0), 4, ok);
+            }
+        }
+        if (tid < 32)  // warp 0 loads every log-decay of the chunk: it alone takes their prefix sums
+            for (int s = 2 * tid; s < 2 * tid + 2; ++s) {
+                const int ok = has_g && s < n;
+                llc_cp_async(gb + buf * CH + s, g + (ok ? row0 + (long long)s * H : 0), 4, ok);
+            }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    for (int idx = tid; idx < E * SD; idx += NT) S[idx] = 0.f;
+    for (int jj = 0; jj < ST - 1 && jj < nc; ++jj) prefetch(jj, jj);
+    for (int j = 0; j < nc; ++j) {
+        const int buf = j % ST;
+        const int i0 = j * CH, n = min(CH, Tn - i0);
+        const long long row0 = ((long long)b * Tn + i0) * H + h;
+        if (lifted && j >= 1) {  // merge levels 0..m into m + 1 (S is idle since the last barrier)
+            const int m = __ffs(j) - 1;
+            for (int idx = tid; idx < SD; idx += NT) {
+                float sum = 0.f;
+                for (int e = 0; e <= m; ++e) {
+                    sum += S[e * SD + idx];
+                    S[e * SD + idx] = 0.f;
+                }
+                S[(m + 1) * SD + idx] = sum;
+            }
+        }
+        // Chunk j's group is complete once at most (chunks issued after it) groups are pending.
+        if (j + ST - 1 < nc) prefetch(j + ST - 1, (j + ST - 1) % ST);
+        const int after = min(ST - 1, nc - 1 - j);
+        if (after >= 3) asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+        else if (after >= 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+        else if (after == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        if (warp == 0) {
+            // γ (chunk-local cumulative log-decays, two tokens per lane, f32), the decays
+            // e^{a_j − γ_s} (0 past the chunk's end) and e^{a_j}.
+            __syncwarp();
+            const float x0 = gb[buf * CH + 2 * lane], x1 = gb[buf * CH + 2 * lane + 1];
+            float inc = x0 + x1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float y = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= o) inc += y;
+            }
+            const float alast = __shfl_sync(0xffffffffu, inc, 31);
+            dec[2 * lane] = 2 * lane < n ? __expf(alast - (inc - x1)) : 0.f;
+            dec[2 * lane + 1] = 2 * lane + 1 < n ? __expf(alast - inc) : 0.f;
+            if (lane == 0) dec[CH] = __expf(alast);
+        }
+        __syncthreads();
+        const float* Wc = Wb + buf * CH * LDK;
+        const float* Kc = Kb + buf * CH * LDK;
+        const float* Uc = Ub + buf * CH * LLC_DVT;
+        const float tot = dec[CH];
+        auto write_state = [&](const float* Se, float* Hj) {
+            if (Dv % 4 == 0) {  // float4 stores: rows c ≡ tid / 4 (mod NT / 4), columns dd..dd+3
+                const int dd = (tid & 3) * 4;
+                if (d0 + dd < Dv)
+                    for (int c = tid >> 2; c < Dk; c += NT / 4)
+                        *reinterpret_cast<float4*>(Hj + (long long)c * Dv + d0 + dd) =
+                            *reinterpret_cast<const float4*>(Se + c * LDT_LDS + dd);
+                return;
+            }
+            for (int idx = tid; idx < Dk * LLC_DVT; idx += NT) {
+                const int c = idx / LLC_DVT, dd = idx % LLC_DVT;
+                if (d0 + dd < Dv) Hj[(long long)c * Dv + d0 + dd] = Se[c * LDT_LDS + dd];
+            }
+        };
+        if (lifted) {
+            long long slot = llc_popsum(j);
+            for (int e = 1; e < E; ++e) {
+                if (!((j >> (e - 1)) & 1)) continue;
+                write_state(S + e * SD, Hs + ((long long)bh * slots + slot) * DD);
+                ++slot;
+            }
+        } else {
+            write_state(S, Hs + ((long long)bh * nc + j) * DD);
+        }
+        for (int e = lifted ? E - 1 : 0; e >= 0; --e) {
+            const int from_w = !lifted || e >= 1;
+            if (lifted && e >= 1 && !((j >> (e - 1)) & 1)) continue;
+            float* Se = S + e * SD;
+            const float sign = (lifted && e >= 1) ? -1.f : 1.f;
+            // Product 1: (m-tile, n-tile) pairs of the 64 × 16 Un over the warps.
+            for (int pr = warp; pr < 8; pr += NW) {
+                const int mw = pr & 3, nt = pr >> 2;
+                float acc[4] = {}, acc2[4] = {};
+                if (from_w) {
+                    const float* wr = Wc + (mw * 16 + gi) * LDK + tg;
+                    const float* sr = Se + tg * LDT_LDS + nt * 8 + gi;
+                    int c8 = 0;
+#pragma unroll 2
+                    for (; c8 + 16 <= DKP; c8 += 16) {
+                        mx_mma_tf32(acc, mx_tf32(wr[c8]), mx_tf32(wr[8 * LDK + c8]), mx_tf32(wr[c8 + 4]),
+                                    mx_tf32(wr[8 * LDK + c8 + 4]), mx_tf32(sr[c8 * LDT_LDS]),
+                                    mx_tf32(sr[(c8 + 4) * LDT_LDS]));
+                        mx_mma_tf32(acc2, mx_tf32(wr[c8 + 8]), mx_tf32(wr[8 * LDK + c8 + 8]), mx_tf32(wr[c8 + 12]),
+                                    mx_tf32(wr[8 * LDK + c8 + 12]), mx_tf32(sr[(c8 + 8) * LDT_LDS]),
+                                    mx_tf32(sr[(c8 + 12) * LDT_LDS]));
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int s = mw * 16 + gi + (u < 2 ? 0 : 8), dd = nt * 8 + 2 * tg + (u & 1), d = d0 + dd;
+                    const float ws = acc[u] + acc2[u];
+                    float un = 0.f;
+                    if (s < n && d < Dv) {
+                        un = (lifted && e >= 1) ? ws : Uc[s * LLC_DVT + dd] - ws;
+                        if (!lifted) Vn[(row0 + (long long)s * H) * Dv + d] = un;
+                    }
+                    Un[s * LDT_LDS + dd] = sign * dec[s] * un;
+                }
+            }
+            __syncthreads();
+            // Product 2: S ← e^{a_j} S + K̂ᵀ (sign·dec·Un), (m-tile, n-tile) pairs over the warps.
+            for (int pr = warp; pr < (DKP / 16) * 2; pr += NW) {
+                const int mt = pr >> 1, nt = pr & 1;
+                float st[4], st2[4] = {};
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    st[u] = tot * Se[(mt * 16 + gi + (u < 2 ? 0 : 8)) * LDT_LDS + nt * 8 + 2 * tg + (u & 1)];
+                const float* kr = Kc + tg * LDK + mt * 16 + gi;
+                const float* ur = Un + tg * LDT_LDS + nt * 8 + gi;
+                int s8 = 0;
+#pragma unroll 2
+                for (; s8 + 16 <= ((n + 15) & ~15); s8 += 16) {
+                    mx_mma_tf32(st, mx_tf32(kr[s8 * LDK]), mx_tf32(kr[s8 * LDK + 8]), mx_tf32(kr[(s8 + 4) * LDK]),
+                                mx_tf32(kr[(s8 + 4) * LDK + 8]), mx_tf32(ur[s8 * LDT_LDS]),
+                                mx_tf32(ur[(s8 + 4) * LDT_LDS]));
+                    mx_mma_tf32(st2, mx_tf32(kr[(s8 + 8) * LDK]), mx_tf32(kr[(s8 + 8) * LDK + 8]),
+                                mx_tf32(kr[(s8 + 12) * LDK]), mx_tf32(kr[(s8 + 12) * LDK + 8]),
+                                mx_tf32(ur[(s8 + 8) * LDT_LDS]), mx_tf32(ur[(s8 + 12) * LDT_LDS]));
+                }
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    Se[(mt * 16 + gi + (u < 2 ? 0 : 8)) * LDT_LDS + nt * 8 + 2 * tg + (u & 1)] = st[u] + st2[u];
+            }
+            __syncthreads();
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    llc_delta_h_tc_f32(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn, float* Hs,
+                       int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots, int stages) {
+    llc_delta_h_tc(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, lifted, E, slots, stages);
+}
+
 
 // 6. Outputs of gated DeltaNet's lift, chunk i, a tile of 64 value columns (docs/math.md §2.6):
 // P = σ QKᵀ ⊙ Γ (s ≤ r); the intra-chunk coefficients A = P T⁻¹ diag(β), weighted λ_r^(ℓ(r,s)), give

@@ -15,7 +15,9 @@
 //!    (`c = log₂ CH`). Without a lift those states are summed before the one product.
 //!
 //! In the tf32 and bf16 modes `llc_states_tc` and `llc_out_tc` do the products of passes 1 and 3
-//! on tensor cores (tf32 `mma.sync`, f32 accumulation).
+//! on tensor cores (tf32 `mma.sync`, f32 accumulation), and gated DeltaNet's sequential pass runs
+//! as `llc_delta_h_tc` (its two products per chunk and level as tf32 `mma.sync`; the state stays
+//! f32).
 //!
 //! So the base mixers and the lifts share every pass; the lift costs one `CH × D_k × D_v` product
 //! per set bit of the chunk index (`O(T log T)` work) and the tree holds `< 2 T/CH` states per
@@ -30,7 +32,7 @@ use super::FAMILY;
 use super::chunked::ChunkedInputs;
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, err, gpu, int, launch, opt_in};
+use crate::runtime::{GpuReal, MAX_DYNAMIC_SMEM, err, gpu, int, launch, opt_in};
 
 /// Most bytes of chunk states the form allocates.
 const MAX_TREE_BYTES: usize = 48 << 30;
@@ -169,6 +171,16 @@ pub(crate) fn delta_h_smem<F: GpuReal>(dk: usize, levels: usize) -> usize {
     (levels * dk * 16 + 4 * ch * (dk + 1) + 2 * ch * 16 + 2 * ch + ch * 17 + ch) * std::mem::size_of::<F>()
 }
 
+/// Dynamic shared memory of `llc_delta_h_tc` (f32; the layout in the kernel) with `stages`
+/// buffers: `levels` state tiles of `DKP × 24` (`DKP` = `Dk` rounded up to 16), per buffer the
+/// chunk's `W` and `K` (rows padded to `LDK ≡ 4 (mod 32)`), `U` and `g`; the new values `[64][24]`
+/// and the decays.
+pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize) -> usize {
+    let (ch, dkp) = (64, dk.div_ceil(16) * 16);
+    let ldk = dkp.div_ceil(32) * 32 + 4;
+    (levels * dkp * 24 + stages * (2 * ch * ldk + ch * 16 + ch) + ch * 24 + ch + 1) * 4
+}
+
 /// Dynamic shared memory of `llc_out_dl`: `Pt`, `At` `[CH][CH+1]`, `Qt` `[64][CH+1]`, two
 /// `[16][65]` staging tiles.
 fn out_dl_smem<F: GpuReal>() -> usize {
@@ -227,7 +239,14 @@ pub(crate) fn run_delta<F: GpuReal>(
         &kv, &vv, &gv, &has_g, &bv, &mut *w, &mut *u, &mut *tinv, &want_ti, &ti, &hi, &dki, &dvi)?;
     let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
     let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
-    let f = k("llc_delta_h")?;
+    // The sequential pass on tensor cores in the tf32 / bf16 modes, loading three chunks ahead
+    // where that fits in shared memory, else two (the FMA kernel when neither fits).
+    let stages = (2..=3).rev().find(|&s| delta_h_tc_smem(dk, levels, s) <= MAX_DYNAMIC_SMEM);
+    let (name, smem, stages) = match stages {
+        Some(s) if tensor_cores::<F>(p) => ("llc_delta_h_tc", delta_h_tc_smem(dk, levels, s), s),
+        _ => ("llc_delta_h", smem, 0),
+    };
+    let f = k(name)?;
     opt_in(FAMILY, &f)?;
     let cfg = LaunchConfig {
         grid_dim: (bh as u32, dv.div_ceil(16) as u32, 1),
@@ -235,8 +254,14 @@ pub(crate) fn run_delta<F: GpuReal>(
         shared_mem_bytes: smem as u32,
     };
     let (lifted_i, levels_i, slots_i) = (lifted as i32, levels as i32, slots as i64);
-    launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci,
-        &lifted_i, &levels_i, &slots_i)?;
+    if stages > 0 {
+        let st = stages as i32;
+        launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci,
+            &lifted_i, &levels_i, &slots_i, &st)?;
+    } else {
+        launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci,
+            &lifted_i, &levels_i, &slots_i)?;
+    }
     drop(u);
     let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
     if !lifted {
