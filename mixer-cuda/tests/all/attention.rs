@@ -11,9 +11,9 @@ const WANT: [Form; 2] = [Form::Fast, Form::Recurrent];
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_cuda_small_heads() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     for (name, cfg) in [
         ("attention", "{}"),
         ("attention", r#"{"window": 9, "scale": 0.3}"#),
@@ -27,9 +27,9 @@ fn attention_cuda_small_heads() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_cuda_several_tiles() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     // Dk = 64, Dv = 48: several query and key tiles (f64 tiles hold 27 rows), T not a multiple.
     let s = [Sizes { batch: 2, seq: 203, channels: 1, heads: 3, dk: 64, dv: 48 }];
     common::cross_check("attention", "{}", &s, &WANT);
@@ -42,9 +42,9 @@ fn attention_cuda_several_tiles() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_cuda_huge_logits() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     use mixer_core::{DType, Tensors, Tolerance};
     use ndarray::{ArrayD, IxDyn};
     let (bn, t_len, hn, dk, dv) = (2, 13, 2, 3, 2);

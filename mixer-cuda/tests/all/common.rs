@@ -1,6 +1,8 @@
 //! Shared helpers of the GPU tests: skip-or-fail on a missing device, and a cross-check of
 //! every CUDA form against the f64 oracle and the CPU forms through `harness::check`.
 
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+
 use mixer_core::{DType, Form};
 use mixer_registry::suite::check_mixer;
 use mixer_registry::{Backend, Sizes, check, mixer, run::forms};
@@ -15,9 +17,24 @@ pub fn cuda() -> Backend {
     Backend::by_name("cuda").expect("cuda backend")
 }
 
-/// `true` when the test should run; prints the reason and returns `false` when no GPU is
-/// usable (panics instead under `MIXERS_REQUIRE_CUDA=1`).
-pub fn gpu() -> bool {
+/// Device tests run side by side (each holds a read turn) except those that measure the
+/// process's device allocations, which run alone (a write turn): the buffer pool is shared by
+/// every thread, so a test beside them would take the buffers they expect to reuse.
+static DEVICE_TURNS: RwLock<()> = RwLock::new(());
+
+/// A device test's turn, held until the returned guard drops: `None` (after printing why) when
+/// no GPU is usable (panics instead under `MIXERS_REQUIRE_CUDA=1`).
+pub fn gpu() -> Option<RwLockReadGuard<'static, ()>> {
+    usable().then(|| DEVICE_TURNS.read().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// [`gpu`] for a test that must run with no other device test beside it.
+pub fn gpu_alone() -> Option<RwLockWriteGuard<'static, ()>> {
+    usable().then(|| DEVICE_TURNS.write().unwrap_or_else(|e| e.into_inner()))
+}
+
+/// `true` when a GPU is usable; prints the reason otherwise.
+fn usable() -> bool {
     match mixer_cuda::device::skip_reason() {
         None => true,
         Some(why) => {

@@ -13,7 +13,7 @@ use mixer_registry::suite::registered_configs;
 use mixer_registry::{Sizes, mixer};
 use ndarray::{ArrayD, Axis};
 
-use super::common::{cuda, gpu};
+use super::common::{cuda, gpu, gpu_alone};
 
 fn host(y: &AnyDeviceTensor) -> Tensor {
     match y {
@@ -37,9 +37,9 @@ fn sizes() -> Sizes {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn every_form_on_device_tensors_equals_the_host_path_bit_for_bit() {
-    if !gpu() {
+    let Some(_turn) = gpu() else {
         return;
-    }
+    };
     let backend = cuda();
     let mut n = 0;
     for (name, cfg) in registered_configs() {
@@ -80,9 +80,9 @@ fn every_form_on_device_tensors_equals_the_host_path_bit_for_bit() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn steady_state_calls_allocate_no_device_memory() {
-    if !gpu() {
+    let Some(_alone) = gpu_alone() else {
         return;
-    }
+    };
     for (name, cfg) in [
         ("attention", "{}"),
         ("glr", r#"{"pattern":"pow2"}"#),
@@ -97,10 +97,10 @@ fn steady_state_calls_allocate_no_device_memory() {
         let form = Form::Fast;
         // Warm-up: compiles the kernels, fills the pool and the plan caches.
         host(&run_device(m.as_ref(), form, &dev, Precision::Exact).unwrap());
-        // The pool is shared by every thread, and tests running beside this one take buffers
-        // from it: a window of 3 calls may find a bucket emptied by another thread. Steady
-        // state means some window of 3 calls allocates nothing; a form that allocates on every
-        // call fails all 5 windows.
+        // The test runs alone (no other device test takes the shared pool's buffers meanwhile);
+        // steady state still means some window of 3 calls allocates nothing, so that a bucket
+        // the first calls leave short is not counted; a form that allocates on every call fails
+        // all 5 windows.
         let mut windows = Vec::new();
         for _ in 0..5 {
             let before = pool::thread_driver_allocs();
@@ -137,9 +137,9 @@ fn token(x: &Tensors<f32>, per_token: &[String], t: usize) -> DeviceTensors {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn a_decode_loop_of_1000_tokens_never_waits_for_the_stream() {
-    if !gpu() {
+    let Some(_turn) = gpu() else {
         return;
-    }
+    };
     let backend = cuda();
     for (name, cfg) in [
         ("attention", "{}"),
@@ -180,9 +180,9 @@ fn a_decode_loop_of_1000_tokens_never_waits_for_the_stream() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn invalid_values_are_reported_when_the_result_is_read() {
-    if !gpu() {
+    let Some(_turn) = gpu() else {
         return;
-    }
+    };
     let m = mixer("mamba2", &serde_json::json!({})).unwrap();
     let dims = complete_dims(m.as_ref(), &sizes().dims());
     let mut x = cast_tensors::<f32>(&m.random_inputs(&dims, 1).unwrap());
@@ -210,9 +210,9 @@ fn rel_rms(got: &ArrayD<f64>, want: &ArrayD<f64>) -> f64 {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn precision_modes_meet_their_tolerances_on_tensor_cores() {
-    if !gpu() {
+    let Some(_turn) = gpu() else {
         return;
-    }
+    };
     let backend = cuda();
     for (cfg, d, t) in [("{}", 64, 1000), (r#"{"window":100}"#, 64, 777), ("{}", 32, 300), ("{}", 48, 515)] {
         let m = mixer("attention", &serde_json::from_str(cfg).unwrap()).unwrap();
@@ -256,9 +256,9 @@ fn precision_modes_meet_their_tolerances_on_tensor_cores() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_precision_modes_meet_their_tolerances() {
-    if !gpu() {
+    let Some(_turn) = gpu() else {
         return;
-    }
+    };
     let backend = cuda();
     for (name, d, t) in [
         ("mamba2", 64, 1000),
@@ -288,9 +288,9 @@ fn loglinear_precision_modes_meet_their_tolerances() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn toeplitz_kernel_spectra_are_cached_per_device_tensor_and_never_stale() {
-    if !gpu() {
+    let Some(_turn) = gpu() else {
         return;
-    }
+    };
     let backend = cuda();
     let m = mixer("toeplitz", &serde_json::json!({"heads": 2})).unwrap();
     let dims = complete_dims(m.as_ref(), &Sizes { seq: 333, ..sizes() }.dims());

@@ -46,9 +46,9 @@ fn inputs(
 #[test]
 #[ignore = "needs a CUDA device"]
 fn mask_without_cuda_function_is_a_backend_error() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     let s = Sizes { batch: 1, seq: 9, channels: 1, heads: 1, dk: 2, dv: 2 };
     let (m, x) = inputs("loglinear-mamba2", serde_json::json!({"mask": "test-no-cuda-mask"}), &s);
     let e = run_as(m.as_ref(), &common::cuda(), Form::Parallel, &x, DType::F32).unwrap_err();
@@ -61,9 +61,9 @@ fn mask_without_cuda_function_is_a_backend_error() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn device_level_out_of_range_is_reported() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     let s = Sizes { batch: 1, seq: 9, channels: 1, heads: 1, dk: 2, dv: 2 };
     let (m, x) = inputs("loglinear-attention", serde_json::json!({"mask": "test-lying-mask"}), &s);
     let e = run_as(m.as_ref(), &common::cuda(), Form::Parallel, &x, DType::F64).unwrap_err();
@@ -103,9 +103,9 @@ fn against_cpu(name: &str, cfg: serde_json::Value, s: &Sizes, form: Form, cpu_fo
 #[test]
 #[ignore = "needs a CUDA device"]
 fn larger_sizes_match_the_cpu() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     let big = |seq, channels, heads, dk, dv| Sizes { batch: 2, seq, channels, heads, dk, dv };
     against_cpu(
         "toeplitz",
@@ -162,9 +162,9 @@ fn larger_sizes_match_the_cpu() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn decoders_at_moderate_length() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     let s = Sizes { batch: 2, seq: 700, channels: 8, heads: 2, dk: 8, dv: 8 };
     against_cpu(
         "glr",

@@ -11,9 +11,9 @@ const WANT: [Form; 2] = [Form::Fast, Form::Recurrent];
 #[test]
 #[ignore = "needs a CUDA device"]
 fn glr_cuda_builtin_patterns() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     for cfg in [
         r#"{"pattern": "pow2"}"#,
         r#"{"pattern": "pow2", "cache_efficient": true}"#,
@@ -31,9 +31,9 @@ fn glr_cuda_builtin_patterns() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn glr_cuda_aliases() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     common::cross_check("diagonal-ssm", "{}", &common::sizes(&[37, 100]), &WANT);
     common::cross_check("diagonal-ssm", r#"{"on": "both"}"#, &common::sizes(&[37]), &WANT);
     common::cross_check("kth-order", r#"{"order": 8}"#, &common::sizes(&[37, 100]), &WANT);
@@ -44,9 +44,9 @@ fn glr_cuda_aliases() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn glr_cuda_plugin_pattern() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     for cfg in [
         r#"{"pattern": "fibonacci"}"#,
         r#"{"pattern": "fibonacci", "cache_efficient": true}"#,
@@ -64,9 +64,9 @@ fn glr_cuda_plugin_pattern() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn glr_cuda_many_tiles() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     let sizes = |seqs: &[usize]| -> Vec<mixer_registry::Sizes> {
         seqs.iter()
             .map(|&t| mixer_registry::Sizes { batch: 2, seq: t, channels: 13, heads: 1, dk: 1, dv: 1 })

@@ -11,9 +11,9 @@ const WANT: [Form; 1] = [Form::Parallel];
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_cuda_base_mixers() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     for (name, cfg) in [
         ("linear-attention", "{}"),
         ("mamba2", "{}"),
@@ -27,9 +27,9 @@ fn loglinear_cuda_base_mixers() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_cuda_lifted_mixers() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     for (name, cfg) in [
         ("loglinear-attention", "{}"),
         ("loglinear-attention", r#"{"lambda_scheme": "softplus"}"#),
@@ -44,9 +44,9 @@ fn loglinear_cuda_lifted_mixers() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_cuda_plugin_mask_and_scheme() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     common::cross_check("log-distance-mamba2", "{}", &common::sizes(&[37, 100]), &WANT);
     common::cross_check(
         "loglinear-gated-deltanet",
@@ -91,27 +91,27 @@ fn fenwick_forms_against_oracle(chunk: usize) {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_cuda_fenwick_forms_chunk16() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     fenwick_forms_against_oracle(16);
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_cuda_fenwick_forms_chunk64() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     fenwick_forms_against_oracle(64);
 }
 
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_cuda_fenwick_forms_other_configs() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     let s = common::sizes(&[1, 37, 100]);
     for (name, cfg) in [
         ("loglinear-attention", r#"{"lambda_scheme": "softplus", "chunk": 8}"#),
@@ -129,9 +129,9 @@ fn loglinear_cuda_fenwick_forms_other_configs() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_cuda_shared_suite() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     let s = Sizes { batch: 2, seq: 100, channels: 1, heads: 2, dk: 6, dv: 5 };
     let configs: Vec<_> = FAMILY.iter().map(|&n| (n, serde_json::json!({"chunk": 16}))).collect();
     let n = common::suite_on(configs, &s);
@@ -143,9 +143,9 @@ fn loglinear_cuda_shared_suite() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_cuda_wide_heads() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     let s = [Sizes { batch: 1, seq: 700, channels: 1, heads: 2, dk: 70, dv: 130 }];
     for name in FAMILY {
         common::cross_check(name, "{}", &s, &[Form::Fast, Form::Recurrent]);
@@ -156,9 +156,9 @@ fn loglinear_cuda_wide_heads() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_cuda_fast_long_sequence() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     let s = Sizes { batch: 1, seq: 65536, channels: 1, heads: 2, dk: 8, dv: 6 };
     for name in ["mamba2", "loglinear-mamba2"] {
         let m = mixer(name, &serde_json::json!({})).unwrap();

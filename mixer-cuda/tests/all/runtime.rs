@@ -4,7 +4,6 @@
 
 use mixer_core::Error;
 use mixer_cuda::DeviceTensor;
-use mixer_cuda::device::skip_reason;
 use mixer_cuda::kernels::with_prelude;
 use mixer_cuda::runtime::{compile_only, gpu, nvrtc_available};
 use ndarray::{ArrayD, IxDyn};
@@ -47,10 +46,9 @@ fn nvrtc_errors_carry_the_log() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn upload_download_round_trip() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+    let Some(_turn) = crate::common::gpu() else {
         return;
-    }
+    };
     let a = ArrayD::from_shape_fn(IxDyn(&[3, 5, 7]), |i| (i[0] * 35 + i[1] * 7 + i[2]) as f64 * 0.5 - 3.0);
     let d = DeviceTensor::upload(&a).unwrap();
     assert_eq!(d.to_host().unwrap(), a);
@@ -81,10 +79,9 @@ fn fft_round_trip<F: mixer_cuda::fft::FftReal>(tol: f64) {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn cufft_round_trips() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+    let Some(_turn) = crate::common::gpu() else {
         return;
-    }
+    };
     fft_round_trip::<f32>(1e-5);
     fft_round_trip::<f64>(1e-12);
 }
@@ -92,10 +89,9 @@ fn cufft_round_trips() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn module_compile_errors_are_backend_errors_on_device() {
-    if let Some(why) = skip_reason() {
-        eprintln!("skipped: {why}");
+    let Some(_turn) = crate::common::gpu() else {
         return;
-    }
+    };
     let e = gpu().unwrap().module("broken", "extern \"C\" __global__ void k() { nope(); }", &[]).unwrap_err();
     assert!(matches!(e, Error::Backend { ref family, .. } if family.as_deref() == Some("broken")), "{e}");
 }

@@ -12,9 +12,9 @@ use super::common;
 #[test]
 #[ignore = "needs a CUDA device"]
 fn every_registered_mixer_passes_the_shared_suite_on_cuda() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     let cases = assert_backend("cuda");
     for c in &cases {
         println!("SUITE {c}");

@@ -10,9 +10,9 @@ use mixer_registry::{Sizes, mixer};
 #[test]
 #[ignore = "needs a CUDA device"]
 fn toeplitz_cuda_forms_match_the_oracle() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     let want = [Form::Fast, Form::Parallel, Form::Recurrent];
     for cfg in [
         r#"{"decoder": "naive"}"#,
@@ -29,9 +29,9 @@ fn toeplitz_cuda_forms_match_the_oracle() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn toeplitz_cuda_online_decoder() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     for cfg in [r#"{}"#, r#"{"heads": 2, "kernel_width": 3}"#, r#"{"heads": 3, "kernel_width": 2}"#] {
         common::cross_check("toeplitz", cfg, &common::sizes(&[1, 100, 300, 1000]), &[Form::Recurrent]);
     }
@@ -40,9 +40,9 @@ fn toeplitz_cuda_online_decoder() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn toeplitz_cuda_without_bias_and_large_t() {
-    if !common::gpu() {
+    let Some(_turn) = common::gpu() else {
         return;
-    }
+    };
     let m = mixer("toeplitz", &serde_json::json!({"heads": 2, "kernel_width": 3})).unwrap();
     let s = Sizes { batch: 3, seq: 1111, channels: 10, heads: 2, dk: 1, dv: 1 };
     let dims = mixer_core::mixer::complete_dims(m.as_ref(), &s.dims());
