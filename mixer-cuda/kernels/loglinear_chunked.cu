@@ -614,6 +614,31 @@ extern "C" __global__ void __launch_bounds__(128)
     llc_states_tc(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
 }
 
+// T⁻¹ = (I + Lm)⁻¹ for a strictly lower triangular CH × CH Lm (rows of LDL), row by row,
+// X[r][c] = δ_rc − Σ_{s<r} Lm[r][s] X[s][c] (zero above the diagonal by itself): four lanes per
+// column c split the sum and join it by shuffles; column c lives in row c of Tt (rows of LDX),
+// read and written by its own warp only. Threads 0 .. 4·CH − 1 of the block take part.
+template <typename T, int CH, int LDL, int LDX>
+__device__ inline void llc_tri_inverse(const T* Lm, T* Tt) {
+    const int tid = threadIdx.x, c = tid >> 2, part = tid & 3;
+    if (c >= CH) return;
+    T* x = Tt + c * LDX;
+    for (int r = 0; r < CH; ++r) {
+        T a0 = (T)0, a1 = (T)0;
+        int s2 = part;
+        for (; s2 + 4 < r; s2 += 8) {
+            a0 = fma(Lm[r * LDL + s2], x[s2], a0);
+            a1 = fma(Lm[r * LDL + s2 + 4], x[s2 + 4], a1);
+        }
+        if (s2 < r) a0 = fma(Lm[r * LDL + s2], x[s2], a0);
+        T acc = a0 + a1;
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        if (part == 0) x[r] = (r == c ? (T)1 : (T)0) - acc;
+        __syncwarp();
+    }
+}
+
 // 4. Gated DeltaNet (no lift), chunk-parallel WY/UT pieces (docs/math.md §2.6). Per chunk, with
 // γ and β: Lm = strict(diag(β)(KKᵀ ⊙ Γ)), T⁻¹ = (I + Lm)⁻¹ by forward substitution (four lanes per
 // column), W = T⁻¹ diag(β e^γ) K, U = T⁻¹ diag(β) V, written as W [B,T,H,Dk], U [B,T,H,Dv].
@@ -657,29 +682,7 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
             }
     }
     __syncthreads();
-    // T⁻¹ row by row, X[r][c] = δ_rc − Σ_{s<r} Lm[r][s] X[s][c] (zero above the diagonal by itself):
-    // four lanes per column c split the sum and join it by shuffles; column c lives in row c of Tt,
-    // read and written by its own warp only.
-    {
-        const int c = tid >> 2, part = tid & 3;
-        if (c < CH) {
-            T* x = Tt + c * LDT;
-            for (int r = 0; r < CH; ++r) {
-                T a0 = (T)0, a1 = (T)0;
-                int s2 = part;
-                for (; s2 + 4 < r; s2 += 8) {
-                    a0 = fma(Lm[r * LDT + s2], x[s2], a0);
-                    a1 = fma(Lm[r * LDT + s2 + 4], x[s2 + 4], a1);
-                }
-                if (s2 < r) a0 = fma(Lm[r * LDT + s2], x[s2], a0);
-                T acc = a0 + a1;
-                acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-                acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-                if (part == 0) x[r] = (r == c ? (T)1 : (T)0) - acc;
-                __syncwarp();
-            }
-        }
-    }
+    llc_tri_inverse<T, CH, LDT, LDT>(Lm, Tt);
     __syncthreads();
     if (want_ti) {
         // T⁻¹ of the chunk, row-major [CH][CH], for the lift's intra-chunk coefficients.
