@@ -1,0 +1,106 @@
+"""Tuning harness for gated DeltaNet's chunked kernels (mixer-cuda/kernels/loglinear_chunked.cu)
+on a GPU machine with CuPy, without a Rust build: the sequential pass (`--kernel delta_h`:
+`llc_delta_h` and its tensor-core form `llc_delta_h_tc`) and the WY/UT pieces (`--kernel wy`:
+`llc_wy` and `llc_wy_tc`). It compiles kernel files with NVRTC, runs each variant on the same
+device-resident inputs, compares what it writes against the FMA kernel of the shipped file
+(delta_h: the entering states Hs and, without a lift, the new values Vn; wy: W, U and, with
+--lifted, T⁻¹), and times each kernel alone with CUDA events (median of --reps after a warm-up).
+
+    python3 bench/gpu/gdn_tune.py [--kernel delta_h|wy] [--T 16384] [--H 16] [--D 64] [--lifted] [VARIANT ...]
+
+VARIANT is `file.cu:function:threads[:NAME=V,NAME=V]`: compile-time defines, except `ARG_ST=n`,
+which passes n as one more kernel argument (the shipped `llc_delta_h_tc` takes its number of
+buffers so). Default: the shipped tensor-core kernel (`llc_delta_h_tc_f32:256:ARG_ST=3` or
+`llc_wy_tc_f32:256`). Inputs are synthetic but shaped like the real ones: unit-norm key rows,
+β in (0, 1), log-decays in (−0.05, 0); for delta_h W = 0.5·K (so that the state update
+S ← e^a S + K̂ᵀ(U − W S) stays bounded).
+"""
+import argparse, cupy as cp, numpy as np
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--kernel", choices=("delta_h", "wy"), default="delta_h")
+ap.add_argument("--T", type=int, default=16384)
+ap.add_argument("--H", type=int, default=16)
+ap.add_argument("--D", type=int, default=64)
+ap.add_argument("--lifted", action="store_true")
+ap.add_argument("--reps", type=int, default=10)
+ap.add_argument("variants", nargs="*")
+a = ap.parse_args()
+common = open("mixer-cuda/kernels/common.cuh").read()
+SHIPPED = "mixer-cuda/kernels/loglinear_chunked.cu"
+OPT_IN = 227 * 1024  # the shared memory a block may opt in to on sm_90, static and dynamic together
+mods = {}
+
+def function(path, name, defs=""):
+    if (path, defs) not in mods:
+        opts = ("--std=c++17",) + tuple(f"-D{d}" for d in defs.split(",") if d and not d.startswith("ARG_"))
+        mods[(path, defs)] = cp.RawModule(code=common + open(path).read(), options=opts)
+    f = mods[(path, defs)].get_function(name)
+    # every variant gets all the dynamic shared memory that its static arrays leave (1 KB kept)
+    f.max_dynamic_shared_size_bytes = OPT_IN - f.shared_size_bytes - 1024
+    return f
+
+B, T, H, D = 1, a.T, a.H, a.D
+CH = 64
+nc = (T + CH - 1) // CH
+E = (nc - 1).bit_length() + 1 if a.lifted else 1
+slots = sum(bin(j).count("1") for j in range(nc)) if a.lifted else nc
+rng = cp.random.default_rng(0)
+k = rng.standard_normal((B, T, H, D), dtype=cp.float32)
+k /= cp.linalg.norm(k, axis=-1, keepdims=True)
+U = rng.standard_normal((B, T, H, D), dtype=cp.float32)
+g = (-0.05 * rng.random((B, T, H), dtype=cp.float32)).astype(cp.float32)
+beta = (1 / (1 + cp.exp(-rng.standard_normal((B, T, H), dtype=cp.float32)))).astype(cp.float32)
+W = (0.5 * k).astype(cp.float32)
+
+def args_and_outputs(defs):
+    """The kernel's arguments, grid and the outputs it writes (compared in this order)."""
+    extra = tuple(np.int32(int(d.split("=")[1])) for d in defs.split(",") if d.startswith("ARG_ST="))
+    if a.kernel == "delta_h":
+        Vn = cp.zeros((B, T, H, D) if not a.lifted else 1, cp.float32)
+        Hs = cp.zeros((B * H, slots, D, D), cp.float32)
+        args = (k, g, np.int32(1), W, U, Vn, Hs, np.int32(T), np.int32(H), np.int32(D), np.int32(D), np.int32(nc),
+                np.int32(int(a.lifted)), np.int32(E), np.int64(slots)) + extra
+        return args, (B * H, (D + 15) // 16), {"Hs": Hs} if a.lifted else {"Hs": Hs, "Vn": Vn}
+    Wo = cp.zeros((B, T, H, D), cp.float32)
+    Uo = cp.zeros((B, T, H, D), cp.float32)
+    Ti = cp.zeros((B * H * nc * CH * CH) if a.lifted else 1, cp.float32)
+    args = (k, U, g, np.int32(1), beta, Wo, Uo, Ti, np.int32(int(a.lifted)), np.int32(T), np.int32(H), np.int32(D),
+            np.int32(D)) + extra
+    outs = {"W": Wo, "U": Uo}
+    if a.lifted:
+        outs["Ti"] = Ti
+    return args, (nc, B * H), outs
+
+def run(path, name, threads, defs=""):
+    f = function(path, name, defs)
+    args, grid, outs = args_and_outputs(defs)
+    launch = lambda: f(grid, (threads,), args, shared_mem=f.max_dynamic_shared_size_bytes)
+    launch()
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(a.reps):
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        e0.record(); launch(); e1.record(); e1.synchronize()
+        times.append(cp.cuda.get_elapsed_time(e0, e1))
+    return outs, float(np.median(times))
+
+def rel(x, y):
+    return float(cp.sqrt(cp.mean((x - y) ** 2)) / (cp.sqrt(cp.mean(y ** 2)) + 1e-30))
+
+print(f"kernel={a.kernel} T={T} H={H} D={D} lifted={a.lifted} chunks={nc} levels={E} slots={slots}")
+ref_name = "llc_delta_h_f32" if a.kernel == "delta_h" else "llc_wy_f32"
+ref, rt = run(SHIPPED, ref_name, 256)
+first = next(iter(ref.values()))
+print(f"reference {ref_name} (FMA): {rt:.3f} ms, rms {float(cp.sqrt(cp.mean(first**2))):.3g}, "
+      f"finite {all(bool(cp.isfinite(x).all()) for x in ref.values())}")
+default = "llc_delta_h_tc_f32:256:ARG_ST=3" if a.kernel == "delta_h" else "llc_wy_tc_f32:256"
+for v in a.variants or [f"{SHIPPED}:{default}"]:
+    path, name, threads, *defs = v.split(":")
+    try:
+        outs, t = run(path, name, int(threads), defs[0] if defs else "")
+    except Exception as e:  # a variant that does not compile or launch: say so, go on
+        print(f"{v}: failed: {type(e).__name__}: {e}")
+        continue
+    err = ", ".join(f"{key} rel {rel(outs[key], ref[key]):.2e}" for key in ref)
+    print(f"{v}: {t:.3f} ms ({rt / t:.2f}x the FMA kernel), {err}")
