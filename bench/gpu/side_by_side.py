@@ -14,7 +14,8 @@ flash-linear-attention is imported from ./.fla (its `fla/` folder, carried to th
 ignored folder, never committed) or from the environment; its rows say so when it is missing.
 Ours: `mixers bench --backend cuda --form fast` (CUDA events around the form's launches on
 device-resident inputs; upload and download reported apart), exact f32, and for attention also
-the tf32 and bf16 modes. Writes side_by_side.md and side_by_side.json to --out.
+the tf32 and bf16 modes. Writes side_by_side.md and side_by_side.json to --out, rewritten after
+every row (a run cut short by a time limit keeps the rows it finished).
 """
 import argparse
 import json
@@ -144,6 +145,24 @@ def main():
         keep = tuple(a.only.split(","))
         cases = [c for c in cases if c[0].startswith(keep)]
     rows, device = [], None
+    fmt = lambda x: "–" if x is None else (f"{x:.3g}" if x < 100 else f"{x:.0f}")
+
+    def write_tables():
+        """side_by_side.md and .json of the rows so far: rewritten after every row, so that a run
+        cut short by a time limit still leaves its table."""
+        md = [f"Device: {device or torch.cuda.get_device_name()}; B ∈ {{{a.batches}}}, H = {H}, D = {D}; "
+              f"command: `python3 bench/gpu/side_by_side.py --bin .gpu-bundle/bin/mixers --out $OUT`", "",
+              "| mixer | mode | B | T | ours ms | reference | ref ms | ours / ref | our upload / download ms | note |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            note = r["ours_note"] or r["ref_note"] or ""
+            md.append(f"| {r['mixer']} | {r['precision']} | {r['B']} | {r['T']} | {fmt(r['ours_ms'])} | {r['reference']} | "
+                      f"{fmt(r['ref_ms'])} | {fmt(r['ratio'])} | {fmt(r['upload_ms'])} / {fmt(r['download_ms'])} | {note} |")
+        os.makedirs(a.out, exist_ok=True)
+        open(os.path.join(a.out, "side_by_side.md"), "w").write("\n".join(md) + "\n")
+        json.dump(rows, open(os.path.join(a.out, "side_by_side.json"), "w"), indent=1)
+        return md
+
     for B in [int(b) for b in a.batches.split(",")]:
         for mixer, prec, ref_name, ref in cases:
             mine, dev = ours(a.bin, mixer, seqs, B, H, D, prec, a.max_seconds)
@@ -164,20 +183,8 @@ def main():
                     "ratio": (m[0] / r) if (m[0] is not None and r) else None,
                 })
                 print(json.dumps(rows[-1]), flush=True)
-    fmt = lambda x: "–" if x is None else (f"{x:.3g}" if x < 100 else f"{x:.0f}")
-    md = [f"Device: {device or torch.cuda.get_device_name()}; B ∈ {{{a.batches}}}, H = {H}, D = {D}; "
-          f"command: `python3 bench/gpu/side_by_side.py --bin .gpu-bundle/bin/mixers --out $OUT`", "",
-          "| mixer | mode | B | T | ours ms | reference | ref ms | ours / ref | our upload / download ms | note |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        note = r["ours_note"] or r["ref_note"] or ""
-        md.append(f"| {r['mixer']} | {r['precision']} | {r['B']} | {r['T']} | {fmt(r['ours_ms'])} | {r['reference']} | "
-                  f"{fmt(r['ref_ms'])} | {fmt(r['ratio'])} | {fmt(r['upload_ms'])} / {fmt(r['download_ms'])} | {note} |")
-    os.makedirs(a.out, exist_ok=True)
-    open(os.path.join(a.out, "side_by_side.md"), "w").write("\n".join(md) + "\n")
-    json.dump(rows, open(os.path.join(a.out, "side_by_side.json"), "w"), indent=1)
-    print("\n".join(md))
-
+                write_tables()
+    print("\n".join(write_tables()))
 
 if __name__ == "__main__":
     main()
