@@ -1,4 +1,4 @@
-"""Tuning harness for gated DeltaNet's chunked kernels (mixer-cuda/kernels/loglinear_chunked.cu)
+"""Tuning harness for gated DeltaNet's chunked kernels (mixer-cuda/kernels/loglinear_delta.cu)
 on a GPU machine with CuPy, without a Rust build: the sequential pass (`--kernel delta_h`:
 `llc_delta_h` and its tensor-core form `llc_delta_h_tc`) and the WY/UT pieces (`--kernel wy`:
 `llc_wy` and `llc_wy_tc`). It compiles kernel files with NVRTC, runs each variant on the same
@@ -8,7 +8,8 @@ device-resident inputs, compares what it writes against the FMA kernel of the sh
 
     python3 bench/gpu/gdn_tune.py [--kernel delta_h|wy] [--T 16384] [--H 16] [--D 64] [--lifted] [VARIANT ...]
 
-VARIANT is `file.cu:function:threads[:NAME=V,NAME=V]`: compile-time defines, except `ARG_ST=n`,
+VARIANT is `file.cu:function:threads[:NAME=V,NAME=V]` (compiled after common.cuh and the helpers
+loglinear_chunk.cuh, as the host does): compile-time defines, except `ARG_ST=n`,
 which passes n as one more kernel argument (the shipped `llc_delta_h_tc` takes its number of
 buffers so). Default: the shipped tensor-core kernel (`llc_delta_h_tc_f32:256:ARG_ST=3` or
 `llc_wy_tc_f32:256`). Inputs are synthetic but shaped like the real ones: unit-norm key rows,
@@ -26,8 +27,8 @@ ap.add_argument("--lifted", action="store_true")
 ap.add_argument("--reps", type=int, default=10)
 ap.add_argument("variants", nargs="*")
 a = ap.parse_args()
-common = open("mixer-cuda/kernels/common.cuh").read()
-SHIPPED = "mixer-cuda/kernels/loglinear_chunked.cu"
+common = open("mixer-cuda/kernels/common.cuh").read() + "\n" + open("mixer-cuda/kernels/loglinear_chunk.cuh").read()
+SHIPPED = "mixer-cuda/kernels/loglinear_delta.cu"
 OPT_IN = 227 * 1024  # the shared memory a block may opt in to on sm_90, static and dynamic together
 mods = {}
 

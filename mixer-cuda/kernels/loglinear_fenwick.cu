@@ -1,5 +1,6 @@
 // Gated DeltaNet and its Fenwick lift (docs/math.md §2.2, §2.6): the chunked form, one block per
-// (batch, head). (The scalar-decay mixers and every decoder step: loglinear_chunked.cu.)
+// (batch, head), for states too large for the chunk-parallel kernels of loglinear_delta.cu. (The
+// scalar-decay mixers: loglinear_chunked.cu; every decoder step: loglinear_step.cu.)
 // λ arrives mapped (weights ≥ 0).
 // Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]; g, beta [B,T,H]; lambda [B,T,H,L].
 // base: 0 linear attention, 1 Mamba-2, 2 gated DeltaNet.

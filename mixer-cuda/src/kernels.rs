@@ -72,21 +72,47 @@ pub const LOGLINEAR_FENWICK: KernelSource = KernelSource {
     body: include_str!("../kernels/loglinear_fenwick.cu"),
 };
 
-/// The chunk-parallel forms of the scalar-decay log-linear mixers and the row-parallel decoder
-/// step of the whole family (`kernels/loglinear_chunked.cu`).
+/// The helpers of the log-linear chunk kernels (`kernels/loglinear_chunk.cuh`), the prelude of
+/// [`LOGLINEAR_CHUNKED`] and [`LOGLINEAR_DELTA`].
+pub const LOGLINEAR_CHUNK_HELPERS: &str = include_str!("../kernels/loglinear_chunk.cuh");
+
+/// The chunk-parallel forms of the scalar-decay log-linear mixers (`kernels/loglinear_chunked.cu`):
+/// chunk states, the chunk tree and the outputs (also gated DeltaNet's, with its entering states).
 pub const LOGLINEAR_CHUNKED: KernelSource = KernelSource {
     name: "loglinear_chunked",
-    prelude: "",
+    prelude: LOGLINEAR_CHUNK_HELPERS,
     body: include_str!("../kernels/loglinear_chunked.cu"),
 };
+
+/// Gated DeltaNet and its lift, chunked (`kernels/loglinear_delta.cu`): the WY/UT pieces, the
+/// sequential pass over chunks and the lift's outputs.
+pub const LOGLINEAR_DELTA: KernelSource = KernelSource {
+    name: "loglinear_delta",
+    prelude: LOGLINEAR_CHUNK_HELPERS,
+    body: include_str!("../kernels/loglinear_delta.cu"),
+};
+
+/// The log-linear family's decoder step, one launch per token (`kernels/loglinear_step.cu`).
+pub const LOGLINEAR_STEP: KernelSource =
+    KernelSource { name: "loglinear_step", prelude: "", body: include_str!("../kernels/loglinear_step.cu") };
 
 /// Device-tensor helpers: bf16 conversions and input value checks (`kernels/tensor.cu`).
 pub const TENSOR: KernelSource =
     KernelSource { name: "tensor", prelude: "", body: include_str!("../kernels/tensor.cu") };
 
 /// Every kernel source of the backend.
-pub const ALL: &[KernelSource] =
-    &[ATTENTION, ATTENTION_MMA, GLR, TOEPLITZ, LOGLINEAR, LOGLINEAR_FENWICK, LOGLINEAR_CHUNKED, TENSOR];
+pub const ALL: &[KernelSource] = &[
+    ATTENTION,
+    ATTENTION_MMA,
+    GLR,
+    TOEPLITZ,
+    LOGLINEAR,
+    LOGLINEAR_FENWICK,
+    LOGLINEAR_CHUNKED,
+    LOGLINEAR_DELTA,
+    LOGLINEAR_STEP,
+    TENSOR,
+];
 
 #[cfg(test)]
 mod tests {

@@ -1,5 +1,7 @@
 //! The chunked form of the scalar-decay members (`linear-attention`, `mamba2` and their
-//! Fenwick lifts), parallel over chunks: `kernels/loglinear_chunked.cu`.
+//! Fenwick lifts), parallel over chunks: `kernels/loglinear_chunked.cu`; gated DeltaNet and its
+//! lift (`run_delta`): `kernels/loglinear_delta.cu`; both with the helpers of
+//! `kernels/loglinear_chunk.cuh`.
 //!
 //! The tokens are cut into chunks of `CH = 64` (f32) or `32` (f64) whatever the configured
 //! `chunk` (the result does not depend on the chunking). Three passes:
@@ -218,7 +220,7 @@ pub(crate) fn run_delta<F: GpuReal>(
     check_sizes::<F>(x.dims, slots.max(1))?;
     let smem = delta_h_smem::<F>(dk, levels);
     let g = gpu()?;
-    let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &[], &format!("{name}_{}", F::SUFFIX));
+    let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &[], &format!("{name}_{}", F::SUFFIX));
     let (gv, has_g) = x.g_view();
     let beta = x.beta.as_ref().ok_or_else(|| err(FAMILY, "gated DeltaNet needs `beta`"))?;
     let (ti, hi, dki, dvi, nci) = (

@@ -1,0 +1,151 @@
+// Helpers of the log-linear chunk kernels (loglinear_chunked.cu, loglinear_delta.cu), prepended
+// to each as its prelude: the chunk length per scalar type, tile sizes, the shared-memory GEMM and
+// store of the FMA kernels, load staging, the chunk-local prefix sums γ, the chunk's raw scores,
+// and the four-float loads of the tensor-core kernels.
+// Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]; g [B,T,H]; lam [B,T,H,L] (weights, mapped).
+
+template <typename T> struct Llc;
+template <> struct Llc<float> {
+    static constexpr int CH = 64, CBITS = 6;
+};
+template <> struct Llc<double> {
+    static constexpr int CH = 32, CBITS = 5;
+};
+#define LLC_KT 16  // reduction tile
+#define LLC_NT 64  // output column tile (value columns or key rows)
+#define LLC_LD (LLC_NT + 1)
+
+__device__ inline int llc_bitlen(unsigned x) { return x == 0u ? 0 : 32 - __clz((int)x); }
+
+// Index of tree entry (level e, bh, block m): levels one after the other, each [BH][⌊NC/2^e⌋].
+__device__ inline long long llc_entry(int e, int bh, int m, int nc, int BH) {
+    long long s = 0;
+    for (int l = 0; l < e; ++l) s += (long long)(nc >> l);
+    return s * BH + (long long)bh * (nc >> e) + m;
+}
+
+// acc[i][j] += Σ_κ X[κ][ty + 16 i] · Y[κ][tx + 16 j] (X, Y in shared memory, rows of LDX / LDY).
+template <typename T, int RI, int RJ, int LDX, int LDY>
+__device__ inline void llc_gemm(T (&acc)[RI][RJ], const T* X, const T* Y, int K, int ty, int tx) {
+#pragma unroll 4
+    for (int kk = 0; kk < K; ++kk) {
+        T xr[RI], yr[RJ];
+#pragma unroll
+        for (int i = 0; i < RI; ++i) xr[i] = X[kk * LDX + ty + 16 * i];
+#pragma unroll
+        for (int j = 0; j < RJ; ++j) yr[j] = Y[kk * LDY + tx + 16 * j];
+#pragma unroll
+        for (int i = 0; i < RI; ++i)
+#pragma unroll
+            for (int j = 0; j < RJ; ++j) acc[i][j] = fma(xr[i], yr[j], acc[i][j]);
+    }
+}
+
+// Stores a thread's RI × 4 tile of a chunk's block (rows ty + 16a, columns c0 + tx + 16jj, as
+// llc_gemm leaves it) into x laid out as rows (row0 + r·H) of D columns: rows below n, columns
+// below D only.
+template <typename T, int RI>
+__device__ inline void llc_store(const T (&acc)[RI][4], T* x, long long row0, int H, int D, int n, int c0, int ty,
+                                 int tx) {
+#pragma unroll
+    for (int a = 0; a < RI; ++a)
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+            const int r = ty + 16 * a, c = c0 + tx + 16 * jj;
+            if (r < n && c < D) x[(row0 + (long long)r * H) * D + c] = acc[a][jj];
+        }
+}
+
+// Moves `total` elements from `fetch(idx)` to `put(idx, value)`, idx = threadIdx.x + u·NT for u <
+// PER: every load is issued before the first store, so that a tile's global loads are in flight
+// together rather than one round trip per loop iteration.
+template <typename T, int PER, int NT, typename Fetch, typename Put>
+__device__ __forceinline__ void llc_stage(int total, Fetch fetch, Put put) {
+    T r[PER];
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+        const int idx = threadIdx.x + u * NT;
+        r[u] = idx < total ? fetch(idx) : T{};
+    }
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+        const int idx = threadIdx.x + u * NT;
+        if (idx < total) put(idx, r[u]);
+    }
+}
+
+// γ_r of chunk i0..i0+n (γ_r = γ_{n−1} for r ≥ n) into gam[CH]; has_g = 0: no decay (γ ≡ 0).
+// Inclusive prefix sum of x over threads 0..CH−1 (CH ≤ 64) by warp shuffles; every thread of the
+// block calls it (it synchronises); tmp holds one double. The result is meaningful for tid < CH.
+template <int CH>
+__device__ inline double llc_prefix(double x, double* tmp) {
+    const int tid = threadIdx.x, lane = tid & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (CH > 32) {
+        if (tid == 31) *tmp = x;
+        __syncthreads();
+        if (tid >= 32 && tid < 64) x += *tmp;
+    }
+    return x;
+}
+
+template <typename T, int CH>
+__device__ inline void llc_gamma(double* gam, double* gtmp, const T* g, int has_g, long long rowbase, int H, int n) {
+    const int tid = threadIdx.x;
+    const double x = (tid < CH && has_g && tid < n) ? (double)g[rowbase + (long long)tid * H] : 0.0;
+    const double p = llc_prefix<CH>(x, gtmp);
+    if (tid < CH) gam[tid] = p;
+    __syncthreads();
+}
+
+// The chunk's raw scores acc[a][b'] = q_r · k_s (r = ty + 16a, s = tx + 16b', rows ≥ n zero),
+// through key-column tiles of 16 staged transposed in Xs, Ys [16][65]. 256 threads.
+template <typename T, int CH>
+__device__ inline void llc_qk(T (&acc)[CH / 16][CH / 16], const T* q, const T* k, T* Xs, T* Ys, long long row0,
+                              int H, int Dk, int n) {
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
+        for (int idx = tid; idx < LLC_KT * CH; idx += 256) {
+            const int r = idx / LLC_KT, kk = idx % LLC_KT, c = c0 + kk;
+            T qv = (T)0, kv = (T)0;
+            if (r < n && c < Dk) {
+                const long long row = row0 + (long long)r * H;
+                qv = q[row * Dk + c];
+                kv = k[row * Dk + c];
+            }
+            Xs[kk * LLC_LD + r] = qv;
+            Ys[kk * LLC_LD + r] = kv;
+        }
+        __syncthreads();
+        llc_gemm<T, CH / 16, CH / 16, LLC_LD, LLC_LD>(acc, Xs, Ys, LLC_KT, ty, tx);
+        __syncthreads();
+    }
+}
+
+// Four consecutive floats p[off + c .. off + c + 3] of a row of D entries, entries at or past D
+// read as 0: one 16-byte load when vec (D % 4 = 0 and p 16-byte aligned, so that off + c is a
+// multiple of 4), else four loads.
+__device__ __forceinline__ float4 llc_ld4(const float* p, long long off, int c, int D, bool vec) {
+    float4 r = {0.f, 0.f, 0.f, 0.f};
+    if (vec) {
+        if (c < D) r = *reinterpret_cast<const float4*>(p + off + c);
+    } else {
+        if (c < D) r.x = p[off + c];
+        if (c + 1 < D) r.y = p[off + c + 1];
+        if (c + 2 < D) r.z = p[off + c + 2];
+        if (c + 3 < D) r.w = p[off + c + 3];
+    }
+    return r;
+}
+// Stores x · s, rounded to tf32, at dst[0..3].
+__device__ __forceinline__ void llc_put4_tf32(float* dst, float4 x, float s) {
+    dst[0] = __uint_as_float(mx_tf32(s * x.x));
+    dst[1] = __uint_as_float(mx_tf32(s * x.y));
+    dst[2] = __uint_as_float(mx_tf32(s * x.z));
+    dst[3] = __uint_as_float(mx_tf32(s * x.w));
+}
+__device__ __forceinline__ bool llc_al16(const void* p) { return ((unsigned long long)p & 15) == 0; }

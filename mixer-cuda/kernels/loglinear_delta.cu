@@ -1,0 +1,648 @@
+// Gated DeltaNet and its Fenwick lift, chunk-parallel except one pass (docs/math.md §2.6): per
+// chunk the WY/UT pieces (llc_wy, llc_wy on tensor cores), one sequential pass over chunks that
+// carries the state or the chunk-level Fenwick states (llc_delta_h, llc_delta_h_tc), and the lift's
+// own output kernel (llc_out_dl; without a lift the outputs are loglinear_chunked.cu's llc_out with
+// the entering states). Chunks as in loglinear_chunked.cu; helpers in loglinear_chunk.cuh.
+
+// T⁻¹ = (I + Lm)⁻¹ for a strictly lower triangular CH × CH Lm (rows of LDL), row by row,
+// X[r][c] = δ_rc − Σ_{s<r} Lm[r][s] X[s][c] (zero above the diagonal by itself): four lanes per
+// column c split the sum and join it by shuffles; column c lives in row c of Tt (rows of LDX),
+// read and written by its own warp only. Threads 0 .. 4·CH − 1 of the block take part.
+template <typename T, int CH, int LDL, int LDX>
+__device__ inline void llc_tri_inverse(const T* Lm, T* Tt) {
+    const int tid = threadIdx.x, c = tid >> 2, part = tid & 3;
+    if (c >= CH) return;
+    T* x = Tt + c * LDX;
+    for (int r = 0; r < CH; ++r) {
+        T a0 = (T)0, a1 = (T)0;
+        int s2 = part;
+        for (; s2 + 4 < r; s2 += 8) {
+            a0 = fma(Lm[r * LDL + s2], x[s2], a0);
+            a1 = fma(Lm[r * LDL + s2 + 4], x[s2 + 4], a1);
+        }
+        if (s2 < r) a0 = fma(Lm[r * LDL + s2], x[s2], a0);
+        T acc = a0 + a1;
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        if (part == 0) x[r] = (r == c ? (T)1 : (T)0) - acc;
+        __syncwarp();
+    }
+}
+
+// 4. Gated DeltaNet (no lift), chunk-parallel WY/UT pieces (docs/math.md §2.6). Per chunk, with
+// γ and β: Lm = strict(diag(β)(KKᵀ ⊙ Γ)), T⁻¹ = (I + Lm)⁻¹ by forward substitution (four lanes per
+// column), W = T⁻¹ diag(β e^γ) K, U = T⁻¹ diag(β) V, written as W [B,T,H,Dk], U [B,T,H,Dv].
+// Grid (NC, BH), 256 threads.
+template <typename T>
+__device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* beta, T* W, T* U, T* Ti, int want_ti,
+                       int Tn, int H, int Dk, int Dv) {
+    constexpr int CH = Llc<T>::CH, RI = CH / 16, LDT = CH + 1;
+    __shared__ double gam[CH], gtmp[CH];
+    __shared__ T Lm[CH * LDT];  // Lm[r][s]
+    __shared__ T Tt[CH * LDT];  // Tt[s][r] = T⁻¹[r][s]
+    __shared__ T Xs[LLC_KT * LLC_LD], Ys[LLC_KT * LLC_LD];
+    __shared__ T bet[CH];
+    const int j = blockIdx.x, bh = blockIdx.y;
+    const int b = bh / H, h = bh % H;
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int i0 = j * CH, n = min(CH, Tn - i0);
+    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : (T)0;
+    llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
+    {
+        T acc[RI][RI] = {};
+        for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
+            llc_stage<T, LLC_KT * CH / 256, 256>(
+                LLC_KT * CH,
+                [&](int idx) {
+                    const int r = idx / LLC_KT, c = c0 + idx % LLC_KT;
+                    return (r < n && c < Dk) ? k[(row0 + (long long)r * H) * Dk + c] : (T)0;
+                },
+                [&](int idx, T x) { Xs[(idx % LLC_KT) * LLC_LD + idx / LLC_KT] = x; });
+            __syncthreads();
+            llc_gemm<T, RI, RI, LLC_LD, LLC_LD>(acc, Xs, Xs, LLC_KT, ty, tx);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int a = 0; a < RI; ++a)
+#pragma unroll
+            for (int bb = 0; bb < RI; ++bb) {
+                const int r = ty + 16 * a, s = tx + 16 * bb;
+                Lm[r * LDT + s] = (s < r && r < n) ? bet[r] * acc[a][bb] * mx_exp((T)(gam[r] - gam[s])) : (T)0;
+            }
+    }
+    __syncthreads();
+    llc_tri_inverse<T, CH, LDT, LDT>(Lm, Tt);
+    __syncthreads();
+    if (want_ti) {
+        // T⁻¹ of the chunk, row-major [CH][CH], for the lift's intra-chunk coefficients.
+        T* dst = Ti + ((long long)bh * gridDim.x + j) * CH * CH;
+        for (int idx = tid; idx < CH * CH; idx += 256) dst[idx] = Tt[(idx % CH) * LDT + idx / CH];
+    }
+    // W (over key tiles), then U (over value tiles): out[r][col] = Σ_s T⁻¹[r][s] Y[s][col].
+    for (int pass = 0; pass < 2; ++pass) {
+        const int D = pass == 0 ? Dk : Dv;
+        const T* src = pass == 0 ? k : v;
+        T* dst = pass == 0 ? W : U;
+        for (int c0 = 0; c0 < D; c0 += LLC_NT) {
+            T acc[RI][4] = {};
+            for (int s0 = 0; s0 < CH; s0 += LLC_KT) {
+                llc_stage<T, LLC_KT * LLC_NT / 256, 256>(
+                    LLC_KT * LLC_NT,
+                    [&](int idx) {
+                        const int s2 = s0 + idx / LLC_NT, cc = c0 + idx % LLC_NT;
+                        return (s2 < n && cc < D) ? src[(row0 + (long long)s2 * H) * D + cc] : (T)0;
+                    },
+                    [&](int idx, T x) {
+                        const int s2 = s0 + idx / LLC_NT;
+                        const T w = s2 < n ? (pass == 0 ? bet[s2] * mx_exp((T)gam[s2]) : bet[s2]) : (T)0;
+                        Ys[(idx / LLC_NT) * LLC_LD + idx % LLC_NT] = w * x;
+                    });
+                __syncthreads();
+                llc_gemm<T, RI, 4, LDT, LLC_LD>(acc, Tt + s0 * LDT, Ys, LLC_KT, ty, tx);
+                __syncthreads();
+            }
+            llc_store<T, RI>(acc, dst, row0, H, D, n, c0, ty, tx);
+        }
+    }
+}
+
+// 5. Gated DeltaNet, the one sequential pass over chunks. One block per (b·h, tile of 16 value
+// columns) keeps the state in shared memory. The next chunk's W, K, U and g are copied into a
+// second buffer (cp.async) while the current one is computed. Per chunk j, K̂_s = e^{a_j − γ_s} k_s:
+// - lifted = 0 (one state S [Dk × 16]): write the entering state to Hs [BH][NC][Dk][Dv], form the
+//   new values U' = U − W S (written to Vn, laid out as v), and move on: S ← e^{a_j} S + K̂ᵀ U'.
+// - lifted = 1 (chunk-level Fenwick states S^(e), e < E, docs/math.md §2.6): merge levels 0..m
+//   into m + 1 (m = ctz j, j ≥ 1); write every non-empty level e ≥ 1 (bit e − 1 of j) to Hs at slot
+//   popsum(j) + rank [BH][slots][Dk][Dv] (popsum(j) = Σ_{j'<j} popcount(j'), so chunk j's levels
+//   follow each other); take every such level through the chunk, S ← e^{a_j} S − K̂ᵀ (W S); and
+//   insert the chunk's own state at level 0, S^(0) = K̂ᵀ U.
+// Grid (BH, ⌈Dv/16⌉), 256 threads; dynamic shared memory: see delta_h_smem on the host.
+#define LLC_DVT 16
+__device__ __forceinline__ void llc_cp_async(void* dst, const void* src, int bytes, int valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if (bytes == 8)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 8 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
+}
+// Σ_{j' < j} popcount(j'): for each bit b, the numbers below j with bit b set.
+__device__ inline long long llc_popsum(long long j) {
+    long long s = 0;
+    for (int b2 = 0; b2 < 40; ++b2) {
+        const long long p = 1LL << b2;
+        if (p > j) break;
+        s += (j >> (b2 + 1)) * p + max(0LL, (j & (2 * p - 1)) - p);
+    }
+    return s;
+}
+template <typename T>
+__device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const T* U, T* Vn, T* Hs, int Tn, int H,
+                            int Dk, int Dv, int nc, int lifted, int E, long long slots) {
+    constexpr int CH = Llc<T>::CH, RI = CH / 16, LDU = LLC_DVT + 1;
+    const int LDW = Dk + 1;
+    const int SD = Dk * LLC_DVT;  // one state tile
+    extern __shared__ unsigned char llc_dyn[];
+    // Layout (elements of T): S [E][Dk·16] | Wb [2][CH·LDW] | Kb [2][CH·LDW] | Ub [2][CH·16] | gb [2][CH] |
+    // Un [CH·LDU] | dec [CH].
+    T* S = reinterpret_cast<T*>(llc_dyn);
+    T* Wb = S + E * SD;
+    T* Kb = Wb + 2 * CH * LDW;
+    T* Ub = Kb + 2 * CH * LDW;
+    T* gb = Ub + 2 * CH * LLC_DVT;
+    T* Un = gb + 2 * CH;
+    T* dec = Un + CH * LDU;
+    __shared__ double gam[CH], gtmp1;
+    const int bh = blockIdx.x, b = bh / H, h = bh % H;
+    const int d0 = blockIdx.y * LLC_DVT;
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const long long DD = (long long)Dk * Dv;
+    auto prefetch = [&](int j, int buf) {
+        const int i0 = j * CH, n = min(CH, Tn - i0);
+        const long long row0 = ((long long)b * Tn + i0) * H + h;
+        for (int idx = tid; idx < CH * Dk; idx += 256) {
+            const int s = idx / Dk, c = idx % Dk, ok = s < n;
+            const long long at = (row0 + (long long)(ok ? s : 0) * H) * Dk + c;
+            llc_cp_async(Wb + buf * CH * LDW + s * LDW + c, W + at, sizeof(T), ok);
+            llc_cp_async(Kb + buf * CH * LDW + s * LDW + c, k + at, sizeof(T), ok);
+        }
+        for (int idx = tid; idx < CH * LLC_DVT; idx += 256) {
+            const int s = idx / LLC_DVT, dd = idx % LLC_DVT, ok = s < n && d0 + dd < Dv;
+            const long long at = (row0 + (long long)(ok ? s : 0) * H) * Dv + (ok ? d0 + dd : 0);
+            llc_cp_async(Ub + buf * CH * LLC_DVT + idx, U + at, sizeof(T), ok);
+        }
+        if (tid < CH) {
+            const int ok = has_g && tid < n;
+            llc_cp_async(gb + buf * CH + tid, g + (ok ? row0 + (long long)tid * H : 0), sizeof(T), ok);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    for (int idx = tid; idx < E * SD; idx += 256) S[idx] = (T)0;
+    prefetch(0, 0);
+    for (int j = 0; j < nc; ++j) {
+        const int buf = j & 1;
+        const int i0 = j * CH, n = min(CH, Tn - i0);
+        const long long row0 = ((long long)b * Tn + i0) * H + h;
+        if (j + 1 < nc) {
+            prefetch(j + 1, buf ^ 1);
+            asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        }
+        __syncthreads();
+        const T* Wc = Wb + buf * CH * LDW;
+        const T* Kc = Kb + buf * CH * LDW;
+        const T* Uc = Ub + buf * CH * LLC_DVT;
+        {
+            const double p = llc_prefix<CH>(tid < CH ? (double)gb[buf * CH + tid] : 0.0, &gtmp1);
+            if (tid < CH) gam[tid] = p;
+        }
+        if (lifted && j >= 1) {
+            const int m = __ffs(j) - 1;
+            for (int idx = tid; idx < SD; idx += 256) {
+                T sum = (T)0;
+                for (int e = 0; e <= m; ++e) {
+                    sum += S[e * SD + idx];
+                    S[e * SD + idx] = (T)0;
+                }
+                S[(m + 1) * SD + idx] = sum;
+            }
+        }
+        __syncthreads();
+        // The entering states, written out.
+        if (lifted) {
+            long long slot = llc_popsum(j);
+            for (int e = 1; e < E; ++e) {
+                if (!((j >> (e - 1)) & 1)) continue;
+                T* Hj = Hs + ((long long)bh * slots + slot) * DD;
+                for (int idx = tid; idx < SD; idx += 256) {
+                    const int c = idx / LLC_DVT, dd = idx % LLC_DVT;
+                    if (d0 + dd < Dv) Hj[(long long)c * Dv + d0 + dd] = S[e * SD + idx];
+                }
+                ++slot;
+            }
+        } else {
+            T* Hj = Hs + ((long long)bh * nc + j) * DD;
+            for (int idx = tid; idx < SD; idx += 256) {
+                const int c = idx / LLC_DVT, dd = idx % LLC_DVT;
+                if (d0 + dd < Dv) Hj[(long long)c * Dv + d0 + dd] = S[idx];
+            }
+        }
+        const double alast = gam[CH - 1];
+        if (tid < CH) dec[tid] = mx_exp((T)(alast - gam[tid]));
+        const T tot = mx_exp((T)alast);
+        // Each pass: Un from the level's state (sign −1: Un = W S; base: Un = U − W S; the lift's
+        // level 0: Un = U), then S^(e) ← e^{a_j} S^(e) + sign·K̂ᵀ Un.
+        for (int e = lifted ? E - 1 : 0; e >= 0; --e) {
+            const int from_w = !lifted || e >= 1;
+            if (lifted && e >= 1 && !((j >> (e - 1)) & 1)) continue;
+            T* Se = S + e * SD;
+            T acc[RI] = {};
+            if (from_w)
+                for (int c = 0; c < Dk; ++c) {
+                    const T sv = Se[c * LLC_DVT + tx];
+#pragma unroll
+                    for (int a = 0; a < RI; ++a) acc[a] = fma(Wc[(ty + 16 * a) * LDW + c], sv, acc[a]);
+                }
+            const T sign = (lifted && e >= 1) ? (T)-1 : (T)1;
+#pragma unroll
+            for (int a = 0; a < RI; ++a) {
+                const int s = ty + 16 * a, d = d0 + tx;
+                T un = (T)0;
+                if (s < n && d < Dv) {
+                    un = (lifted && e >= 1) ? acc[a] : Uc[s * LLC_DVT + tx] - acc[a];
+                    if (!lifted) Vn[(row0 + (long long)s * H) * Dv + d] = un;
+                }
+                Un[s * LDU + tx] = un;
+            }
+            __syncthreads();
+            for (int c0 = 0; c0 < Dk; c0 += 64) {
+                T acc2[4] = {};
+                for (int s = 0; s < n; ++s) {
+                    const T u = dec[s] * Un[s * LDU + tx];
+#pragma unroll
+                    for (int a = 0; a < 4; ++a) {
+                        const int c = c0 + ty + 16 * a;
+                        if (c < Dk) acc2[a] = fma(Kc[s * LDW + c], u, acc2[a]);
+                    }
+                }
+#pragma unroll
+                for (int a = 0; a < 4; ++a) {
+                    const int c = c0 + ty + 16 * a;
+                    if (c < Dk) Se[c * LLC_DVT + tx] = tot * Se[c * LLC_DVT + tx] + sign * acc2[a];
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// 5'. llc_delta_h on tensor cores (tf32 / bf16 modes, f32 data): the same pass, levels and chunk
+// order, with each level's two products as m16n8k8 tf32 mma with f32 accumulation, eight warps:
+//   Un = W S          — the (16 token rows × 8 value columns) tiles of the 64 × 16 result, one per
+//                       warp, ⌈Dk/8⌉ k-steps in two accumulator chains;
+//   S ← e^{a_j} S + sign·K̂ᵀ Un — the (16 key rows × 8 value columns) tiles over the warps, k-steps
+//                       over the chunk's tokens; the decays e^{a_j − γ_s} and the sign are folded
+//                       into Un.
+// The states stay f32 in shared memory (only the products' inputs are rounded to tf32). Rows of
+// W and K are padded to LDK ≡ 4 (mod 32) floats and rows of S and Un to 24, so that fragment
+// loads hit 32 distinct banks; columns Dk..DKP of W and K and rows Dk..DKP of S are zero (DKP = Dk
+// rounded up to 16). The chunks' W, K, U and g are loaded ST − 1 chunks ahead (cp.async, 16
+// bytes where Dk, Dv and the pointers allow) into ST buffers. Warp 0 loads the chunk's log-decays
+// and alone takes their prefix sums (f32, two tokens per lane), so that one barrier per chunk
+// publishes the loaded tiles and the decays.
+// Grid (BH, ⌈Dv/16⌉), 256 threads; dynamic shared memory: see delta_h_tc_smem on the host.
+#define LDT_LDS 24
+__device__ __forceinline__ void llc_cp_async16(void* dst, const void* src, int valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
+                               float* Hs, int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots,
+                               int ST) {
+    constexpr int CH = 64, NW = 8, NT = NW * 32;
+    const int DKP = (Dk + 15) / 16 * 16, LDK = (DKP + 31) / 32 * 32 + 4;
+    const int SD = DKP * LDT_LDS;  // one state tile
+    extern __shared__ unsigned char llc_dyn[];
+    // Layout (floats): S [E][SD] | Wb [ST][CH·LDK] | Kb [ST][CH·LDK] | Ub [ST][CH·16] | gb [ST][CH] |
+    // Un [CH·24] | dec [CH + 1] (the last entry: e^{a_j}).
+    float* S = reinterpret_cast<float*>(llc_dyn);
+    float* Wb = S + E * SD;
+    float* Kb = Wb + ST * CH * LDK;
+    float* Ub = Kb + ST * CH * LDK;
+    float* gb = Ub + ST * CH * LLC_DVT;
+    float* Un = gb + ST * CH;
+    float* dec = Un + CH * LDT_LDS;
+    const int bh = blockIdx.x, b = bh / H, h = bh % H;
+    const int d0 = blockIdx.y * LLC_DVT;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const long long DD = (long long)Dk * Dv;
+    const bool vk = Dk % 4 == 0 && ((unsigned long long)k & 15) == 0 && ((unsigned long long)W & 15) == 0;
+    const bool vu = Dv % 4 == 0 && ((unsigned long long)U & 15) == 0;
+    auto prefetch = [&](int j, int buf) {
+        const int i0 = j * CH, n = min(CH, Tn - i0);
+        const long long row0 = ((long long)b * Tn + i0) * H + h;
+        float* Wd = Wb + buf * CH * LDK;
+        float* Kd = Kb + buf * CH * LDK;
+        if (vk && NT % (DKP / 4) == 0) {
+            // Each thread keeps one column quad c and walks rows s ≡ tid / q4 (mod NT / q4).
+            const int q4 = DKP / 4, c = (tid % q4) * 4;
+            const long long rs = (long long)H * Dk, at0 = row0 * Dk + c;
+            for (int s = tid / q4; s < CH; s += NT / q4) {
+                const int ok = s < n && c < Dk;
+                llc_cp_async16(Wd + s * LDK + c, ok ? W + at0 + s * rs : W, ok);
+                llc_cp_async16(Kd + s * LDK + c, ok ? k + at0 + s * rs : k, ok);
+            }
+        } else {
+            for (int idx = tid; idx < CH * DKP; idx += NT) {
+                const int s = idx / DKP, c = idx % DKP, ok = s < n && c < Dk;
+                const long long at = ok ? (row0 + (long long)s * H) * Dk + c : 0;
+                llc_cp_async(Wd + s * LDK + c, W + at, 4, ok);
+                llc_cp_async(Kd + s * LDK + c, k + at, 4, ok);
+            }
+        }
+        float* Ud = Ub + buf * CH * LLC_DVT;
+        if (vu) {
+            const int dd = (tid & 3) * 4;
+            for (int s = tid >> 2; s < CH; s += NT / 4) {
+                const int ok = s < n && d0 + dd < Dv;
+                llc_cp_async16(Ud + s * LLC_DVT + dd, ok ? U + (row0 + (long long)s * H) * Dv + d0 + dd : U, ok);
+            }
+        } else {
+            for (int idx = tid; idx < CH * LLC_DVT; idx += NT) {
+                const int s = idx / LLC_DVT, dd = idx % LLC_DVT, ok = s < n && d0 + dd < Dv;
+                llc_cp_async(Ud + idx, U + (ok ? (row0 + (long long)s * H) * Dv + d0 + dd : 0), 4, ok);
+            }
+        }
+        if (tid < 32)  // warp 0 loads every log-decay of the chunk: it alone takes their prefix sums
+            for (int s = 2 * tid; s < 2 * tid + 2; ++s) {
+                const int ok = has_g && s < n;
+                llc_cp_async(gb + buf * CH + s, g + (ok ? row0 + (long long)s * H : 0), 4, ok);
+            }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    for (int idx = tid; idx < E * SD; idx += NT) S[idx] = 0.f;
+    for (int jj = 0; jj < ST - 1 && jj < nc; ++jj) prefetch(jj, jj);
+    for (int j = 0; j < nc; ++j) {
+        const int buf = j % ST;
+        const int i0 = j * CH, n = min(CH, Tn - i0);
+        const long long row0 = ((long long)b * Tn + i0) * H + h;
+        if (lifted && j >= 1) {  // merge levels 0..m into m + 1 (S is idle since the last barrier)
+            const int m = __ffs(j) - 1;
+            for (int idx = tid; idx < SD; idx += NT) {
+                float sum = 0.f;
+                for (int e = 0; e <= m; ++e) {
+                    sum += S[e * SD + idx];
+                    S[e * SD + idx] = 0.f;
+                }
+                S[(m + 1) * SD + idx] = sum;
+            }
+        }
+        // Chunk j's group is complete once at most (chunks issued after it) groups are pending.
+        if (j + ST - 1 < nc) prefetch(j + ST - 1, (j + ST - 1) % ST);
+        const int after = min(ST - 1, nc - 1 - j);
+        if (after >= 3) asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+        else if (after >= 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+        else if (after == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        if (warp == 0) {
+            // γ (chunk-local cumulative log-decays, two tokens per lane, f32), the decays
+            // e^{a_j − γ_s} (0 past the chunk's end) and e^{a_j}.
+            __syncwarp();
+            const float x0 = gb[buf * CH + 2 * lane], x1 = gb[buf * CH + 2 * lane + 1];
+            float inc = x0 + x1;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float y = __shfl_up_sync(0xffffffffu, inc, o);
+                if (lane >= o) inc += y;
+            }
+            const float alast = __shfl_sync(0xffffffffu, inc, 31);
+            dec[2 * lane] = 2 * lane < n ? __expf(alast - (inc - x1)) : 0.f;
+            dec[2 * lane + 1] = 2 * lane + 1 < n ? __expf(alast - inc) : 0.f;
+            if (lane == 0) dec[CH] = __expf(alast);
+        }
+        __syncthreads();
+        const float* Wc = Wb + buf * CH * LDK;
+        const float* Kc = Kb + buf * CH * LDK;
+        const float* Uc = Ub + buf * CH * LLC_DVT;
+        const float tot = dec[CH];
+        auto write_state = [&](const float* Se, float* Hj) {
+            if (Dv % 4 == 0) {  // float4 stores: rows c ≡ tid / 4 (mod NT / 4), columns dd..dd+3
+                const int dd = (tid & 3) * 4;
+                if (d0 + dd < Dv)
+                    for (int c = tid >> 2; c < Dk; c += NT / 4)
+                        *reinterpret_cast<float4*>(Hj + (long long)c * Dv + d0 + dd) =
+                            *reinterpret_cast<const float4*>(Se + c * LDT_LDS + dd);
+                return;
+            }
+            for (int idx = tid; idx < Dk * LLC_DVT; idx += NT) {
+                const int c = idx / LLC_DVT, dd = idx % LLC_DVT;
+                if (d0 + dd < Dv) Hj[(long long)c * Dv + d0 + dd] = Se[c * LDT_LDS + dd];
+            }
+        };
+        if (lifted) {
+            long long slot = llc_popsum(j);
+            for (int e = 1; e < E; ++e) {
+                if (!((j >> (e - 1)) & 1)) continue;
+                write_state(S + e * SD, Hs + ((long long)bh * slots + slot) * DD);
+                ++slot;
+            }
+        } else {
+            write_state(S, Hs + ((long long)bh * nc + j) * DD);
+        }
+        for (int e = lifted ? E - 1 : 0; e >= 0; --e) {
+            const int from_w = !lifted || e >= 1;
+            if (lifted && e >= 1 && !((j >> (e - 1)) & 1)) continue;
+            float* Se = S + e * SD;
+            const float sign = (lifted && e >= 1) ? -1.f : 1.f;
+            // Product 1: (m-tile, n-tile) pairs of the 64 × 16 Un over the warps.
+            for (int pr = warp; pr < 8; pr += NW) {
+                const int mw = pr & 3, nt = pr >> 2;
+                float acc[4] = {}, acc2[4] = {};
+                if (from_w) {
+                    const float* wr = Wc + (mw * 16 + gi) * LDK + tg;
+                    const float* sr = Se + tg * LDT_LDS + nt * 8 + gi;
+                    int c8 = 0;
+#pragma unroll 2
+                    for (; c8 + 16 <= DKP; c8 += 16) {
+                        mx_mma_tf32(acc, mx_tf32(wr[c8]), mx_tf32(wr[8 * LDK + c8]), mx_tf32(wr[c8 + 4]),
+                                    mx_tf32(wr[8 * LDK + c8 + 4]), mx_tf32(sr[c8 * LDT_LDS]),
+                                    mx_tf32(sr[(c8 + 4) * LDT_LDS]));
+                        mx_mma_tf32(acc2, mx_tf32(wr[c8 + 8]), mx_tf32(wr[8 * LDK + c8 + 8]), mx_tf32(wr[c8 + 12]),
+                                    mx_tf32(wr[8 * LDK + c8 + 12]), mx_tf32(sr[(c8 + 8) * LDT_LDS]),
+                                    mx_tf32(sr[(c8 + 12) * LDT_LDS]));
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int s = mw * 16 + gi + (u < 2 ? 0 : 8), dd = nt * 8 + 2 * tg + (u & 1), d = d0 + dd;
+                    const float ws = acc[u] + acc2[u];
+                    float un = 0.f;
+                    if (s < n && d < Dv) {
+                        un = (lifted && e >= 1) ? ws : Uc[s * LLC_DVT + dd] - ws;
+                        if (!lifted) Vn[(row0 + (long long)s * H) * Dv + d] = un;
+                    }
+                    Un[s * LDT_LDS + dd] = sign * dec[s] * un;
+                }
+            }
+            __syncthreads();
+            // Product 2: S ← e^{a_j} S + K̂ᵀ (sign·dec·Un), (m-tile, n-tile) pairs over the warps.
+            for (int pr = warp; pr < (DKP / 16) * 2; pr += NW) {
+                const int mt = pr >> 1, nt = pr & 1;
+                float st[4], st2[4] = {};
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    st[u] = tot * Se[(mt * 16 + gi + (u < 2 ? 0 : 8)) * LDT_LDS + nt * 8 + 2 * tg + (u & 1)];
+                const float* kr = Kc + tg * LDK + mt * 16 + gi;
+                const float* ur = Un + tg * LDT_LDS + nt * 8 + gi;
+                int s8 = 0;
+#pragma unroll 2
+                for (; s8 + 16 <= ((n + 15) & ~15); s8 += 16) {
+                    mx_mma_tf32(st, mx_tf32(kr[s8 * LDK]), mx_tf32(kr[s8 * LDK + 8]), mx_tf32(kr[(s8 + 4) * LDK]),
+                                mx_tf32(kr[(s8 + 4) * LDK + 8]), mx_tf32(ur[s8 * LDT_LDS]),
+                                mx_tf32(ur[(s8 + 4) * LDT_LDS]));
+                    mx_mma_tf32(st2, mx_tf32(kr[(s8 + 8) * LDK]), mx_tf32(kr[(s8 + 8) * LDK + 8]),
+                                mx_tf32(kr[(s8 + 12) * LDK]), mx_tf32(kr[(s8 + 12) * LDK + 8]),
+                                mx_tf32(ur[(s8 + 8) * LDT_LDS]), mx_tf32(ur[(s8 + 12) * LDT_LDS]));
+                }
+#pragma unroll
+                for (int u = 0; u < 4; ++u)
+                    Se[(mt * 16 + gi + (u < 2 ? 0 : 8)) * LDT_LDS + nt * 8 + 2 * tg + (u & 1)] = st[u] + st2[u];
+            }
+            __syncthreads();
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1)
+    llc_delta_h_tc_f32(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn, float* Hs,
+                       int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots, int stages) {
+    llc_delta_h_tc(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, lifted, E, slots, stages);
+}
+
+
+// 6. Outputs of gated DeltaNet's lift, chunk i, a tile of 64 value columns (docs/math.md §2.6):
+// P = σ QKᵀ ⊙ Γ (s ≤ r); the intra-chunk coefficients A = P T⁻¹ diag(β), weighted λ_r^(ℓ(r,s)), give
+// y = A V; the carried queries Q̃ = σ diag(e^γ) Q − P W read every level state llc_delta_h wrote for
+// the chunk: y_r += Σ_e λ_r^(c+e) Q̃_r S^(e). Grid (NC, BH, ⌈Dv/64⌉), 256 threads; dynamic shared
+// memory (Pt, At [CH][CH+1], Qt [64][CH+1], Xs, Ys [16][65]).
+template <typename T>
+__device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int has_g, const T* beta, const T* lam,
+                           const T* W, const T* Ti, const T* Hs, T* y, int Tn, int H, int Dk, int Dv, int L, int nc,
+                           long long slots, double scale) {
+    constexpr int CH = Llc<T>::CH, CB = Llc<T>::CBITS, RI = CH / 16, LDC = CH + 1;
+    extern __shared__ unsigned char llc_dyn[];
+    T* Pt = reinterpret_cast<T*>(llc_dyn);  // Pt[s][r] = P[r][s]
+    T* At = Pt + CH * LDC;                  // At[s][r] = λ-weighted A[r][s]
+    T* Qt = At + CH * LDC;                  // Qt[c][r] = Q̃[r][c0 + c]
+    T* Xs = Qt + 64 * LDC;
+    T* Ys = Xs + LLC_KT * LLC_LD;
+    __shared__ double gam[CH], gtmp[CH];
+    __shared__ T bet[CH];
+    const int i = blockIdx.x, bh = blockIdx.y;
+    const int b = bh / H, h = bh % H;
+    const int d0 = blockIdx.z * LLC_NT;
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int i0 = i * CH, n = min(CH, Tn - i0);
+    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    const long long DD = (long long)Dk * Dv;
+    const T sc = (T)scale;
+    if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : (T)0;
+    llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
+    {
+        T acc[RI][RI] = {};
+        llc_qk<T, CH>(acc, q, k, Xs, Ys, row0, H, Dk, n);
+#pragma unroll
+        for (int a = 0; a < RI; ++a)
+#pragma unroll
+            for (int bb = 0; bb < RI; ++bb) {
+                const int r = ty + 16 * a, s = tx + 16 * bb;
+                Pt[s * LDC + r] = (s <= r && r < n) ? sc * acc[a][bb] * mx_exp((T)(gam[r] - gam[s])) : (T)0;
+            }
+    }
+    __syncthreads();
+    {
+        // A = P T⁻¹ diag(β), reduced over j in tiles of 16.
+        const T* Tc = Ti + ((long long)bh * nc + i) * CH * CH;
+        T acc[RI][RI] = {};
+        for (int j0 = 0; j0 < CH; j0 += LLC_KT) {
+            for (int idx = tid; idx < LLC_KT * CH; idx += 256) {
+                const int kk = idx / CH, s = idx % CH;
+                Ys[kk * LLC_LD + s] = Tc[(j0 + kk) * CH + s] * bet[s];
+            }
+            __syncthreads();
+            llc_gemm<T, RI, RI, LDC, LLC_LD>(acc, Pt + j0 * LDC, Ys, LLC_KT, ty, tx);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int a = 0; a < RI; ++a)
+#pragma unroll
+            for (int bb = 0; bb < RI; ++bb) {
+                const int r = ty + 16 * a, s = tx + 16 * bb;
+                At[s * LDC + r] = (s <= r && r < n)
+                                      ? acc[a][bb] * lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))]
+                                      : (T)0;
+            }
+    }
+    __syncthreads();
+    T yacc[RI][4] = {};
+    for (int s0 = 0; s0 < n; s0 += LLC_KT) {
+        for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
+            const int kk = idx / LLC_NT, dd = idx % LLC_NT, s = s0 + kk;
+            Ys[kk * LLC_LD + dd] = (s < n && d0 + dd < Dv) ? v[(row0 + (long long)s * H) * Dv + d0 + dd] : (T)0;
+        }
+        __syncthreads();
+        llc_gemm<T, RI, 4, LDC, LLC_LD>(yacc, At + s0 * LDC, Ys, min(LLC_KT, n - s0), ty, tx);
+        __syncthreads();
+    }
+    const long long first = llc_popsum(i);
+    const int ne = __popc((unsigned)i);
+    for (int c0 = 0; ne > 0 && c0 < Dk; c0 += 64) {
+        // Q̃ for key columns c0..c0+64: σ e^γ Q − P W.
+        T qa[RI][4] = {};
+        for (int s0 = 0; s0 < n; s0 += LLC_KT) {
+            for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
+                const int kk = idx / LLC_NT, cc = idx % LLC_NT, s = s0 + kk;
+                Ys[kk * LLC_LD + cc] = (s < n && c0 + cc < Dk) ? W[(row0 + (long long)s * H) * Dk + c0 + cc] : (T)0;
+            }
+            __syncthreads();
+            llc_gemm<T, RI, 4, LDC, LLC_LD>(qa, Pt + s0 * LDC, Ys, min(LLC_KT, n - s0), ty, tx);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int a = 0; a < RI; ++a)
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                const int r = ty + 16 * a, cc = tx + 16 * jj, c = c0 + cc;
+                Qt[cc * LDC + r] = (r < n && c < Dk)
+                                       ? sc * mx_exp((T)gam[r]) * q[(row0 + (long long)r * H) * Dk + c] - qa[a][jj]
+                                       : (T)0;
+            }
+        __syncthreads();
+        int rank = 0;
+        for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
+            if (!((i >> (e - 1)) & 1)) continue;
+            const T* Se = Hs + ((long long)bh * slots + first + rank) * DD;
+            ++rank;
+            T la[RI][4] = {};
+            for (int k0 = 0; k0 < 64 && c0 + k0 < Dk; k0 += LLC_KT) {
+                for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
+                    const int kk = idx / LLC_NT, dd = idx % LLC_NT, c = c0 + k0 + kk;
+                    Ys[kk * LLC_LD + dd] = (c < Dk && d0 + dd < Dv) ? Se[(long long)c * Dv + d0 + dd] : (T)0;
+                }
+                __syncthreads();
+                llc_gemm<T, RI, 4, LDC, LLC_LD>(la, Qt + k0 * LDC, Ys, LLC_KT, ty, tx);
+                __syncthreads();
+            }
+#pragma unroll
+            for (int a = 0; a < RI; ++a) {
+                const int r = ty + 16 * a;
+                const T w = r < n ? lam[(row0 + (long long)r * H) * L + CB + e] : (T)0;
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) yacc[a][jj] += w * la[a][jj];
+            }
+        }
+    }
+    llc_store<T, RI>(yacc, y, row0, H, Dv, n, d0, ty, tx);
+}
+
+#define LLD_EXPORT(T, S)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        llc_wy_##S(const T* k, const T* v, const T* g, int has_g, const T* beta, T* W, T* U, T* Ti, int want_ti,   \
+                   int Tn, int H, int Dk, int Dv) {                                                               \
+        llc_wy<T>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);                                        \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        llc_delta_h_##S(const T* k, const T* g, int has_g, const T* W, const T* U, T* Vn, T* Hs, int Tn, int H,   \
+                        int Dk, int Dv, int nc, int lifted, int E, long long slots) {                             \
+        llc_delta_h<T>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, lifted, E, slots);                           \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        llc_out_dl_##S(const T* q, const T* k, const T* v, const T* g, int has_g, const T* beta, const T* lam,      \
+                       const T* W, const T* Ti, const T* Hs, T* y, int Tn, int H, int Dk, int Dv, int L, int nc,  \
+                       long long slots, double scale) {                                                           \
+        llc_out_dl<T>(q, k, v, g, has_g, beta, lam, W, Ti, Hs, y, Tn, H, Dk, Dv, L, nc, slots, scale);           \
+    }
+
+LLD_EXPORT(float, f32)
+LLD_EXPORT(double, f64)
