@@ -21,19 +21,34 @@
 //! time (`multiversion`).
 //!
 //! Exact fallback: a query block where some `q·k` of a visited tile overflowed in `F` (an
-//! `f32` dot product beyond 3.4e38; checked per tile only in heads where the bound
-//! `maxₜ‖q_t‖ · maxₛ‖k_s‖` does not rule it out, see [`may_overflow`]), or a scale `σ` that is
+//! `f32` dot product beyond 3.4e38; checked per tile only where the bound
+//! `Dk · max|q| · max|k|` does not rule it out, see [`may_overflow`]), or a scale `σ` that is
 //! 0 or not representable in `F`, is computed by [`exact_block`] instead: keys formed again in
 //! `f64` where needed and weights in `f64` (slower, and only ever taken on such inputs).
 //!
-//! Memory per task is `O(B_q·B_k + B_q·D_v)`; tasks (batch × head × query block) run in
-//! parallel with rayon, each product sequential inside its task.
+//! Layout: the queries are read and `y` is written in the inputs' `[B,T,H,D]` layout directly;
+//! only the keys and values are copied heads-major (every query block streams them, and
+//! contiguous rows stream faster than rows `H·D` apart).
+//!
+//! Parallelism: a task is one (batch row, head) and the pair of query blocks `i` and
+//! `n_b − 1 − i`, whose causal work adds up to the same for every pair, so the tasks are of
+//! one size and the two halves of the triangle balance across threads; tasks run in parallel
+//! with rayon, each product sequential inside its task, with its work buffers allocated once
+//! per task (`O(B_q·B_k + B_q·D_v)`).
+
+use std::borrow::Cow;
+use std::collections::VecDeque;
 
 use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
+use mixer_core::error::fmt_shape;
 use mixer_core::mixers::attention::{Attention, Logits};
-use mixer_core::{Result, Tensors};
-use ndarray::{Array2, Array3, Array4, ArrayD, s};
+use mixer_core::tensor::{contiguous, get};
+use mixer_core::{Error, Result, Tensors};
+use ndarray::{
+    Array2, Array3, Array4, ArrayD, ArrayView2, ArrayViewMut, ArrayViewMut1, ArrayViewMut2, ArrayViewMut3,
+    ArrayViewMut4, Axis, ShapeBuilder,
+};
 use rayon::prelude::*;
 
 use super::{heads_major, key};
@@ -54,27 +69,27 @@ const NR: usize = 32;
 /// two independent dependency chains down the rows).
 const LANES: usize = NR;
 
-/// `y [B,T,H,Dv]` by streaming over key blocks.
+/// `y [B,T,H,Dv]` by streaming over key blocks, read from and written to the token-major
+/// layout of the inputs directly (no per-head copies).
 pub fn flash<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    let (q, k, v) = (heads_major(inputs, "q")?, heads_major(inputs, "k")?, heads_major(inputs, "v")?);
-    let (bn, hn, tn, _) = q.dim();
-    let dv = v.dim().3;
-    let (_, outs) = blocks(a, &q, &k, &v)?;
-    // Task (b, h, block) is number (b·H + h)·blocks + block (see `blocks`); rows of y in parallel.
-    let nblocks = tn.div_ceil(FWD_BLOCK_Q);
+    let q = get(inputs, "q")?;
+    let v = get(inputs, "v")?;
+    let (&[bn, tn, hn, dk], &[.., dv]) = (q.shape(), v.shape()) else {
+        let bad = if q.ndim() != 4 { q } else { v };
+        let name = if q.ndim() != 4 { "q" } else { "v" };
+        return Err(Error::shape(name, "[B, T, H, D]", fmt_shape(bad.shape())));
+    };
+    let qs = contiguous(inputs, "q", &[bn, tn, hn, dk])?;
+    contiguous(inputs, "k", &[bn, tn, hn, dk])?;
+    // The keys and values heads-major: every query block streams them, and contiguous rows
+    // stream faster than rows H·D apart (measured: about an eighth of the time at T = 16k).
+    let (ks, vs) = (heads_major(inputs, "k")?, heads_major(inputs, "v")?);
+    let (ks, vs) = (ks.as_slice().expect("contiguous"), vs.as_slice().expect("contiguous"));
+    let x = Qkv { q: &qs, k: ks, v: vs, bn, tn, hn, dk, dv, q_heads_major: false };
     let mut y = Array4::<F>::zeros((bn, tn, hn, dv));
-    if let Some(data) = y.as_slice_mut().filter(|d| !d.is_empty()) {
-        data.par_chunks_mut(hn * dv).enumerate().for_each(|(bt, row)| {
-            let (b, t) = (bt / tn, bt % tn);
-            for (h, out) in row.chunks_exact_mut(dv).enumerate() {
-                let blk = &outs[(b * hn + h) * nblocks + t / FWD_BLOCK_Q];
-                let r = t % FWD_BLOCK_Q;
-                for (d, x) in out.iter_mut().enumerate() {
-                    *x = blk.ot[d * blk.ld + r];
-                }
-            }
-        });
-    }
+    let mut lse = vec![F::zero(); bn * tn * hn];
+    let ys = y.as_slice_mut().expect("a new array is contiguous");
+    drive(a, &x, ys, &mut lse)?;
     Ok(y.into_dyn())
 }
 
@@ -87,152 +102,314 @@ pub(crate) fn forward<F: VecMath>(
     k: &Array4<F>,
     v: &Array4<F>,
 ) -> Result<(Array4<F>, Array3<F>)> {
-    let (bn, hn, tn, _) = q.dim();
+    let (bn, hn, tn, dk) = q.dim();
     let dv = v.dim().3;
-    let (tasks, outs) = blocks(a, q, k, v)?;
-    let mut y = Array4::<F>::zeros((bn, hn, tn, dv));
-    let mut lse = Array3::<F>::zeros((bn, hn, tn));
-    for (&(b, h, i0), blk) in tasks.iter().zip(&outs) {
-        for (r, &lr) in blk.lse.iter().enumerate() {
-            for d in 0..dv {
-                y[[b, h, i0 + r, d]] = blk.ot[d * blk.ld + r];
-            }
-            lse[[b, h, i0 + r]] = lr;
-        }
-    }
+    let std = |x: &Array4<F>| -> Vec<F> { x.as_standard_layout().iter().copied().collect() };
+    let (qs, ks, vs): (Cow<'_, [F]>, Cow<'_, [F]>, Cow<'_, [F]>) = (
+        q.as_slice().map_or_else(|| Cow::Owned(std(q)), Cow::Borrowed),
+        k.as_slice().map_or_else(|| Cow::Owned(std(k)), Cow::Borrowed),
+        v.as_slice().map_or_else(|| Cow::Owned(std(v)), Cow::Borrowed),
+    );
+    let x = Qkv { q: &qs, k: &ks, v: &vs, bn, tn, hn, dk, dv, q_heads_major: true };
+    let mut y = Array4::<F>::zeros((bn, tn, hn, dv));
+    let mut lse = Array3::<F>::zeros((bn, tn, hn));
+    drive(
+        a,
+        &x,
+        y.as_slice_mut().expect("a new array is contiguous"),
+        lse.as_slice_mut().expect("a new array is contiguous"),
+    )?;
+    let y = y.permuted_axes([0, 2, 1, 3]).as_standard_layout().into_owned();
+    let lse = lse.permuted_axes([0, 2, 1]).as_standard_layout().into_owned();
     Ok((y, lse))
 }
 
-/// The result of one query block of `nq` rows: `Oᵀ` (`ot[d·ld + r]`, `ld ≥ nq`, the normalised
-/// outputs) and the rows' log-sum-exp.
-struct Block<F> {
-    ot: Vec<F>,
-    ld: usize,
-    lse: Vec<F>,
-}
-
-/// One head's keys and values, row-major `K [T, Dk]` and `V [T, Dv]`; `may_overflow`: the
-/// norm bound of [`may_overflow`] does not rule out a non-finite `q·k` in `F`.
-struct Head<'a, F> {
+/// `q, k [·, Dk]` and `v [·, Dv]` of every (batch row, head) as flat row-major data, in one of
+/// two layouts: token-major `[B,T,H,D]` (the inputs) or heads-major `[B,H,T,D]`.
+struct Qkv<'a, F> {
+    q: &'a [F],
     k: &'a [F],
     v: &'a [F],
+    bn: usize,
+    tn: usize,
+    hn: usize,
     dk: usize,
     dv: usize,
-    may_overflow: bool,
+    q_heads_major: bool,
 }
 
-/// Whether some computed `q·k` (queries `q [T, Dk]`, keys `k [T, Dk]` of one head, row-major)
-/// may be non-finite in `F`: by Cauchy–Schwarz every partial sum of a dot product in `F` is at
-/// most `maxₜ‖q_t‖ · maxₛ‖k_s‖ · (1 + 2·Dk·ε)`, so below `F::MAX` nothing overflows and the
-/// per-tile check is skipped. Non-finite inputs give `true`.
+impl<'a, F: VecMath> Qkv<'a, F> {
+    /// Rows `t₀..t₀+n` of (batch row `b`, head `h`) of `x` (rows of width `d`), with the
+    /// layout's row stride (`d` heads-major, `H·d` token-major).
+    fn rows(
+        &self,
+        x: &'a [F],
+        d: usize,
+        hm: bool,
+        (b, h): (usize, usize),
+        t0: usize,
+        n: usize,
+    ) -> Rows<'a, F> {
+        if n == 0 || d == 0 {
+            return Rows { data: &[], n, d, stride: 1 };
+        }
+        let (first, stride) = if hm {
+            ((b * self.hn + h) * self.tn * d, d)
+        } else {
+            ((b * self.tn * self.hn + h) * d, self.hn * d)
+        };
+        let start = first + t0 * stride;
+        Rows { data: &x[start..start + (n - 1) * stride + d], n, d, stride }
+    }
+    fn q(&self, bh: (usize, usize), t0: usize, n: usize) -> Rows<'a, F> {
+        self.rows(self.q, self.dk, self.q_heads_major, bh, t0, n)
+    }
+    fn k(&self, bh: (usize, usize), t0: usize, n: usize) -> Rows<'a, F> {
+        self.rows(self.k, self.dk, true, bh, t0, n)
+    }
+    fn v(&self, bh: (usize, usize), t0: usize, n: usize) -> Rows<'a, F> {
+        self.rows(self.v, self.dv, true, bh, t0, n)
+    }
+}
+
+/// `n` rows of width `d`, row `r` at `data[r·stride..][..d]`.
+#[derive(Clone, Copy)]
+struct Rows<'a, F> {
+    data: &'a [F],
+    n: usize,
+    d: usize,
+    stride: usize,
+}
+
+impl<'a, F: VecMath> Rows<'a, F> {
+    fn row(&self, r: usize) -> &'a [F] {
+        &self.data[r * self.stride..][..self.d]
+    }
+    /// Rows `j₀..j₀+n` of these rows.
+    fn sub(&self, j0: usize, n: usize) -> Rows<'a, F> {
+        if n == 0 || self.d == 0 {
+            return Rows { data: &[], n, ..*self };
+        }
+        Rows { data: &self.data[j0 * self.stride..][..(n - 1) * self.stride + self.d], n, ..*self }
+    }
+    /// As a faer view (`n, d > 0`).
+    fn mat(&self) -> MatRef<'a, F> {
+        MatRef::from_row_major_slice_with_stride(self.data, self.n, self.d, self.stride)
+    }
+    /// As an ndarray view.
+    fn nd(&self) -> ArrayView2<'a, F> {
+        ArrayView2::from_shape((self.n, self.d).strides((self.stride, 1)), self.data)
+            .expect("the rows fit their slice")
+    }
+}
+
+/// Whether some computed `q·k` (queries `q`, keys `k`, rows of length `dk`; all heads at
+/// once) may be non-finite in `F`: by Cauchy–Schwarz and `‖x‖ ≤ √Dk · maxᵢ|xᵢ|`, every partial
+/// sum of a dot product in `F` is at most `Dk · max|q| · max|k| · (1 + 2·Dk·ε)`, so below
+/// `F::MAX` nothing overflows and the per-tile check is skipped. Non-finite inputs give
+/// `true`.
 fn may_overflow<F: VecMath>(q: &[F], k: &[F], dk: usize) -> bool {
-    let max_norm = |x: &[F]| {
-        x.chunks_exact(dk.max(1))
-            .map(|row| row.iter().map(|&e| e.f64() * e.f64()).sum::<f64>().sqrt())
-            .fold(0.0f64, |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) })
-    };
-    let bound = max_norm(q) * max_norm(k) * (1.0 + 2.0 * dk as f64 * F::epsilon().f64());
+    let bound = dk as f64 * max_abs(q) * max_abs(k) * (1.0 + 2.0 * dk as f64 * F::epsilon().f64());
     bound.is_nan() || bound >= F::max_value().f64()
 }
 
-/// The tasks (batch row, head, first query of the block) and, per task, its [`Block`].
-#[allow(clippy::type_complexity)]
-fn blocks<F: VecMath>(
-    a: &Attention,
-    q: &Array4<F>,
-    k: &Array4<F>,
-    v: &Array4<F>,
-) -> Result<(Vec<(usize, usize, usize)>, Vec<Block<F>>)> {
-    let (bn, hn, tn, dk) = q.dim();
-    let dv = v.dim().3;
+/// `maxᵢ |xᵢ|` in `f64`, NaN if some entry is not finite: in parallel blocks, each reduced in
+/// sixteen independent lanes (so that the loop vectorises); `x·0` is NaN exactly for the
+/// non-finite entries.
+fn max_abs<F: VecMath>(x: &[F]) -> f64 {
+    const W: usize = 16;
+    let block = |b: &[F]| {
+        let (mut mx, mut bad) = ([F::zero(); W], [F::zero(); W]);
+        let mut chunks = b.chunks_exact(W);
+        for c in &mut chunks {
+            for ((m, z), &e) in mx.iter_mut().zip(bad.iter_mut()).zip(c) {
+                let a = e.abs();
+                *m = if a > *m { a } else { *m };
+                *z += e * F::zero();
+            }
+        }
+        let rest = chunks.remainder();
+        let worst = mx.iter().chain(rest).fold(0.0f64, |w, &e| w.max(e.f64().abs()));
+        if bad.iter().chain(rest).any(|&e| !e.is_finite()) { f64::NAN } else { worst }
+    };
+    x.par_chunks(1 << 16)
+        .map(block)
+        .reduce(|| 0.0, |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) })
+}
+
+/// `x` cut along `axis` into consecutive pieces of `size` (the last one shorter), each a view
+/// of the whole lifetime.
+fn pieces<'a, F, D: ndarray::Dimension>(
+    x: ArrayViewMut<'a, F, D>,
+    axis: usize,
+    size: usize,
+) -> Vec<ArrayViewMut<'a, F, D>> {
+    let mut out = Vec::new();
+    let mut rest = x;
+    while rest.len_of(Axis(axis)) > size {
+        let (a, b) = rest.split_at(Axis(axis), size);
+        out.push(a);
+        rest = b;
+    }
+    if rest.len_of(Axis(axis)) > 0 {
+        out.push(rest);
+    }
+    out
+}
+
+/// One query block's outputs for one head: `y [nq, Dv]` and `lse [nq]` (views into the
+/// `[B,T,H,·]` results).
+struct Out<'a, F> {
+    b: usize,
+    h: usize,
+    i0: usize,
+    y: ArrayViewMut2<'a, F>,
+    lse: ArrayViewMut1<'a, F>,
+}
+
+/// Every (batch row, head, query block) of `x`: the normalised outputs into `y [B,T,H,Dv]`
+/// and the rows' log-sum-exp into `lse [B,T,H]`. A task takes, per batch row and head, query
+/// block `i` together with block `n_b − 1 − i`: the causal work of the two blocks adds up to
+/// the same for every pair, so the tasks are of one size and the threads stay balanced over
+/// the triangle.
+fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) -> Result<()> {
+    let Qkv { bn, tn, hn, dk, dv, .. } = *x;
+    if bn * tn * hn == 0 {
+        return Ok(());
+    }
     let sigma = a.scale(dk);
     let abs = F::of(sigma.abs());
-    let fast = sigma != 0.0 && abs.is_finite() && abs > F::zero();
-    // The keys u = sign(σ)·q·k: the sign goes into the queries (exact).
-    let qs_owned;
-    let qsigned = if sigma < 0.0 {
-        qs_owned = q.mapv(|x| -x);
-        &qs_owned
-    } else {
-        q
-    };
-    let (qs, ks, vs) = (slice_of(qsigned), slice_of(k), slice_of(v));
-    let tasks: Vec<(usize, usize, usize)> = (0..bn)
-        .flat_map(|b| (0..hn).flat_map(move |h| (0..tn).step_by(FWD_BLOCK_Q).map(move |i0| (b, h, i0))))
-        .collect();
-    let risky: Vec<bool> = (0..bn * hn)
-        .into_par_iter()
-        .map(|bh| fast && may_overflow(&qs[bh * tn * dk..][..tn * dk], &ks[bh * tn * dk..][..tn * dk], dk))
-        .collect();
-    let lg = a.logits(dk);
-    let outs = tasks
-        .par_iter()
-        .map(|&(b, h, i0)| {
-            let i1 = (i0 + FWD_BLOCK_Q).min(tn);
-            if fast {
-                let bh = b * hn + h;
-                let qb = &qs[(bh * tn + i0) * dk..][..(i1 - i0) * dk];
-                let kh = &ks[bh * tn * dk..][..tn * dk];
-                let head = Head { k: kh, v: &vs[bh * tn * dv..][..tn * dv], dk, dv, may_overflow: risky[bh] };
-                if let Some(out) = query_block(a, qb, i0, i1 - i0, &head, abs) {
-                    return Ok(out);
-                }
+    let fast = dk > 0 && dv > 0 && sigma != 0.0 && abs.is_finite() && abs > F::zero();
+    let risky = fast && may_overflow(x.q, x.k, dk);
+    let shape_err = |e: ndarray::ShapeError| Error::Numerical(e.to_string());
+    let y = ArrayViewMut4::from_shape((bn, tn, hn, dv), y).map_err(shape_err)?;
+    let lse = ArrayViewMut3::from_shape((bn, tn, hn), lse).map_err(shape_err)?;
+    let mut tasks: Vec<Vec<Out<'_, F>>> = Vec::new();
+    for (b, (yb, lb)) in pieces(y, 0, 1).into_iter().zip(pieces(lse, 0, 1)).enumerate() {
+        for (h, (yh, lh)) in pieces(yb, 2, 1).into_iter().zip(pieces(lb, 2, 1)).enumerate() {
+            let (yh, lh) = (
+                yh.index_axis_move(Axis(0), 0).index_axis_move(Axis(1), 0),
+                lh.index_axis_move(Axis(0), 0).index_axis_move(Axis(1), 0),
+            );
+            let mut outs: VecDeque<Out<'_, F>> = pieces(yh, 0, FWD_BLOCK_Q)
+                .into_iter()
+                .zip(pieces(lh, 0, FWD_BLOCK_Q))
+                .enumerate()
+                .map(|(i, (y, lse))| Out { b, h, i0: i * FWD_BLOCK_Q, y, lse })
+                .collect();
+            while let Some(first) = outs.pop_front() {
+                tasks.push(std::iter::once(first).chain(outs.pop_back()).collect());
             }
-            exact_block(a, &lg, (q, k, v), (b, h, i0, i1))
-        })
-        .collect::<Result<_>>()?;
-    Ok((tasks, outs))
+        }
+    }
+    let lg = a.logits(dk);
+    tasks.into_par_iter().try_for_each(|task| {
+        let mut sc = Scratch::new(FWD_BLOCK_Q.div_ceil(NR) * NR, dk, dv);
+        for mut out in task {
+            let nq = out.lse.len();
+            let bh = (out.b, out.h);
+            let head = Head { q: x.q(bh, out.i0, nq), k: x.k(bh, 0, tn), v: x.v(bh, 0, tn) };
+            if !(fast && query_block(a, &head, out.i0, (abs, sigma < 0.0, risky), &mut sc, &mut out)) {
+                exact_block(a, &lg, &head, out.i0, &mut out)?;
+            }
+        }
+        Ok(())
+    })
 }
 
-/// The contiguous data of a standard-layout array.
-fn slice_of<F: VecMath>(a: &Array4<F>) -> &[F] {
-    a.as_slice().expect("heads_major returns a standard-layout array")
+/// One head's rows for one query block: its queries `q [nq, Dk]` and all keys and values
+/// `k [T, Dk]`, `v [T, Dv]`; `h` of `hn` heads (where its outputs go).
+struct Head<'a, F> {
+    q: Rows<'a, F>,
+    k: Rows<'a, F>,
+    v: Rows<'a, F>,
 }
 
-/// The fast path for the `nq` queries `qb [nq, Dk]` (row-major, sign-adjusted, rows
-/// `i₀..i₀+nq`) of one head; `abs` is `|σ|`. The queries are the lanes of every tile
-/// (`n = nq` rounded up to [`NR`], padded with zero queries whose results are dropped), so the
-/// online softmax runs down the columns of `Sᵀ [B_k, n]` with no horizontal reductions.
-/// `None` when a computed key `q·k` is not finite in `F` (the caller then takes the exact
-/// path).
+/// Work buffers of the fast path for query blocks of up to `n` lanes, reused across blocks.
+struct Scratch<F> {
+    qt: Vec<F>,
+    st: Vec<F>,
+    ot: Vec<F>,
+    m: Vec<F>,
+    l: Vec<F>,
+    mnew: Vec<F>,
+    msafe: Vec<F>,
+    corr: Vec<F>,
+    psum: Vec<F>,
+    bad: Vec<F>,
+    first: Vec<usize>,
+}
+
+impl<F: VecMath> Scratch<F> {
+    fn new(n: usize, dk: usize, dv: usize) -> Self {
+        let lanes = || vec![F::zero(); n];
+        Scratch {
+            qt: vec![F::zero(); dk * n],
+            st: vec![F::zero(); BLOCK_K * n],
+            ot: vec![F::zero(); dv * n],
+            m: lanes(),
+            l: lanes(),
+            mnew: lanes(),
+            msafe: lanes(),
+            corr: lanes(),
+            psum: lanes(),
+            bad: lanes(),
+            first: vec![0; n],
+        }
+    }
+}
+
+/// The fast path for the `nq` queries of `head` (rows `i₀..i₀+nq`); `abs` is `|σ|`, `neg`
+/// whether `σ < 0` (the sign goes into the queries, exactly), `risky` the bound of
+/// [`may_overflow`] for this head. The queries are the lanes of every tile (`n = nq` rounded
+/// up to [`NR`], padded with zero queries whose results are dropped), so the online softmax
+/// runs down the columns of `Sᵀ [B_k, n]` with no horizontal reductions. Writes the block's
+/// normalised outputs and log-sum-exp into `out`; `false` (nothing written) when a computed
+/// key `q·k` is not finite in `F` (the caller then takes the exact path).
 #[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma", "aarch64+neon"))]
 fn query_block<F: VecMath>(
     a: &Attention,
-    qb: &[F],
-    i0: usize,
-    nq: usize,
     head: &Head<'_, F>,
-    abs: F,
-) -> Option<Block<F>> {
-    let Head { k, v, dk, dv, may_overflow } = *head;
+    i0: usize,
+    (abs, neg, risky): (F, bool, bool),
+    sc: &mut Scratch<F>,
+    out: &mut Out<'_, F>,
+) -> bool {
+    let Head { q, k, v } = *head;
+    let (nq, dk, dv) = (q.n, q.d, v.d);
     let fused = multiversion::target::target_cfg_f!(target_feature = "fma");
     let n = nq.div_ceil(NR) * NR;
     let i1 = i0 + nq;
-    let mut qt = vec![F::zero(); dk * n];
-    for (r, row) in qb.chunks_exact(dk.max(1)).take(nq).enumerate() {
-        for (d, &x) in row.iter().enumerate() {
-            qt[d * n + r] = x;
+    let qt = &mut sc.qt[..dk * n];
+    qt.fill(F::zero());
+    let sign = if neg { -F::one() } else { F::one() };
+    for r in 0..nq {
+        for (d, &x) in q.row(r).iter().enumerate() {
+            qt[d * n + r] = sign * x;
         }
     }
+    let qm = MatRef::from_row_major_slice(qt, dk, n);
     // The first visible key of every lane (non-decreasing in the lane).
-    let first: Vec<usize> = (0..n).map(|r| a.first_key(i0 + r)).collect();
-    let (mut m, mut l) = (vec![F::neg_infinity(); n], vec![F::zero(); n]);
-    let (mut mnew, mut msafe, mut corr, mut psum, mut bad) =
-        (vec![F::zero(); n], vec![F::zero(); n], vec![F::zero(); n], vec![F::zero(); n], vec![F::zero(); n]);
-    let mut ot = vec![F::zero(); dv * n];
-    let mut st = vec![F::zero(); BLOCK_K * n];
+    let first = &mut sc.first[..n];
+    first.iter_mut().enumerate().for_each(|(r, f)| *f = a.first_key(i0 + r));
+    let (m, l) = (&mut sc.m[..n], &mut sc.l[..n]);
+    m.fill(F::neg_infinity());
+    l.fill(F::zero());
+    let (mnew, msafe, corr, psum, bad) =
+        (&mut sc.mnew[..n], &mut sc.msafe[..n], &mut sc.corr[..n], &mut sc.psum[..n], &mut sc.bad[..n]);
+    let ot = &mut sc.ot[..dv * n];
+    ot.fill(F::zero());
     let mut j0 = a.first_key(i0) / BLOCK_K * BLOCK_K;
     while j0 < i1 {
         let j1 = (j0 + BLOCK_K).min(i1);
         let nk = j1 - j0;
-        let s = &mut st[..nk * n];
+        let s = &mut sc.st[..nk * n];
         // Sᵀ = K_j Qᵀ.
-        let kb = MatRef::from_row_major_slice(&k[j0 * dk..j1 * dk], nk, dk);
-        let qm = MatRef::from_row_major_slice(&qt, dk, n);
+        let kb = k.sub(j0, nk).mat();
         matmul(MatMut::from_row_major_slice_mut(s, nk, n), Accum::Replace, kb, qm, F::one(), Par::Seq);
         // Finiteness, only where the norm bound allows an overflow (x·0 is NaN exactly when x
         // is not finite).
-        if may_overflow {
+        if risky {
             bad.fill(F::zero());
             for row in s.chunks_exact(n) {
                 for (z, &x) in bad.iter_mut().zip(row) {
@@ -240,7 +417,7 @@ fn query_block<F: VecMath>(
                 }
             }
             if bad.iter().any(|z| z.is_nan()) {
-                return None;
+                return false;
             }
         }
         // The mask of tiles that cross the diagonal or the window's edge (visible lanes of key
@@ -274,7 +451,7 @@ fn query_block<F: VecMath>(
             };
             msafe[r] = if mnew[r] == F::neg_infinity() { F::zero() } else { mnew[r] };
         }
-        m.copy_from_slice(&mnew);
+        m.copy_from_slice(mnew);
         // Pᵀ = e^{|σ|(Sᵀ − m)} and its column sums, LANES lanes at a time.
         for w0 in (0..n).step_by(LANES) {
             let ms: [F; LANES] = msafe[w0..w0 + LANES].try_into().expect("LANES lanes");
@@ -293,41 +470,40 @@ fn query_block<F: VecMath>(
         }
         // Oᵀ ← Oᵀ diag(corr) + V_jᵀ Pᵀ.
         for row in ot.chunks_exact_mut(n) {
-            for (o, &cr) in row.iter_mut().zip(&corr) {
+            for (o, &cr) in row.iter_mut().zip(corr.iter()) {
                 *o *= cr;
             }
         }
-        let vb = MatRef::from_row_major_slice(&v[j0 * dv..j1 * dv], nk, dv);
         let pm = MatRef::from_row_major_slice(s, nk, n);
-        let om = MatMut::from_row_major_slice_mut(&mut ot, dv, n);
-        matmul(om, Accum::Add, vb.transpose(), pm, F::one(), Par::Seq);
+        let om = MatMut::from_row_major_slice_mut(ot, dv, n);
+        matmul(om, Accum::Add, v.sub(j0, nk).mat().transpose(), pm, F::one(), Par::Seq);
         j0 = j1;
     }
     for r in 0..nq {
-        corr[r] = F::one() / l[r];
-    }
-    for row in ot.chunks_exact_mut(n) {
-        for (o, &inv) in row.iter_mut().zip(&corr[..nq]) {
-            *o *= inv;
+        let inv = F::one() / l[r];
+        for (d, y) in out.y.row_mut(r).iter_mut().enumerate() {
+            *y = ot[d * n + r] * inv;
         }
+        out.lse[r] = abs * m[r] + l[r].ln();
     }
-    let lse = (0..nq).map(|r| abs * m[r] + l[r].ln()).collect();
-    Some(Block { ot, ld: n, lse })
+    true
 }
 
-/// The exact path for the query rows `[i₀, i₁)` of batch row `b`, head `h` (inputs `[B,H,T,D]`,
-/// unscaled): keys through [`Logits`] (formed again in `f64` where `F` overflowed) and
-/// weights in `f64`. Returns `Oᵀ [Dv, nq]` and the rows' log-sum-exp, like the fast path.
+/// The exact path for the queries of `head` (rows `i₀..i₀+nq`), unscaled inputs: keys through
+/// [`Logits`] (formed again in `f64` where `F` overflowed) and weights in `f64`. Writes the
+/// normalised outputs and log-sum-exp into `out`, like the fast path.
 fn exact_block<F: VecMath>(
     a: &Attention,
     lg: &Logits,
-    (q, k, v): (&Array4<F>, &Array4<F>, &Array4<F>),
-    (b, h, i0, i1): (usize, usize, usize, usize),
-) -> Result<Block<F>> {
+    head: &Head<'_, F>,
+    i0: usize,
+    out: &mut Out<'_, F>,
+) -> Result<()> {
     const BK: usize = 64;
-    let nq = i1 - i0;
-    let dv = v.dim().3;
-    let qb = q.slice(s![b, h, i0..i1, ..]);
+    let Head { q, k, v } = *head;
+    let (nq, dv) = (q.n, v.d);
+    let i1 = i0 + nq;
+    let qb = q.nd();
     // Running maximum key (f64), denominator and accumulator per row.
     let mut m = vec![f64::NEG_INFINITY; nq];
     let mut l = vec![F::zero(); nq];
@@ -336,8 +512,7 @@ fn exact_block<F: VecMath>(
     let mut j0 = a.first_key(i0);
     while j0 < i1 {
         let j1 = (j0 + BK).min(i1);
-        let kb = k.slice(s![b, h, j0..j1, ..]);
-        let vb = v.slice(s![b, h, j0..j1, ..]);
+        let (kb, vb) = (k.sub(j0, j1 - j0).nd(), v.sub(j0, j1 - j0).nd());
         let mut p = qb.dot(&kb.t());
         for r in 0..nq {
             let t = i0 + r;
@@ -372,39 +547,45 @@ fn exact_block<F: VecMath>(
         o += &p.dot(&vb);
         j0 = j1;
     }
-    let mut ot = vec![F::zero(); dv * nq];
+    let abs = a.scale(q.d).abs();
     for r in 0..nq {
         let inv = F::one() / l[r];
-        for d in 0..dv {
-            ot[d * nq + r] = o[[r, d]] * inv;
+        for (y, &x) in out.y.row_mut(r).iter_mut().zip(o.row(r)) {
+            *y = x * inv;
         }
+        out.lse[r] = F::of(abs * m[r] + l[r].f64().ln());
     }
-    let abs = a.scale(q.dim().3).abs();
-    let lse = (0..nq).map(|r| F::of(abs * m[r] + l[r].f64().ln())).collect();
-    Ok(Block { ot, ld: nq, lse })
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::may_overflow;
+    use super::{max_abs, may_overflow};
 
-    /// The norm bound: ordinary inputs need no check; norms whose product nears `F::MAX`, or a
-    /// non-finite input, do.
+    /// The bound: ordinary inputs need no check; entries whose product nears `F::MAX`, or a
+    /// non-finite entry, do — in the vectorised part (lengths ≥ 16) and in the remainder.
     #[test]
     fn overflow_bound() {
-        let q: Vec<f32> = (0..3 * 5).map(|i| (i % 7) as f32 - 3.0).collect();
-        assert!(!may_overflow(&q, &q, 5));
-        let big: Vec<f32> = q.iter().map(|x| x * 4e18).collect();
-        assert!(may_overflow(&big, &big, 5));
-        let small: Vec<f32> = q.iter().map(|x| x * 1e-20).collect();
-        assert!(!may_overflow(&big, &small, 5));
-        let mut nan = q.clone();
-        nan[7] = f32::NAN;
-        assert!(may_overflow(&nan, &q, 5));
-        assert!(may_overflow(&q, &[f32::INFINITY; 5], 5));
-        // f64 has room where f32 has none.
-        let big64: Vec<f64> = big.iter().map(|&x| x as f64).collect();
-        assert!(!may_overflow(&big64, &big64, 5));
+        for len in [15usize, 37 * 5] {
+            let q: Vec<f32> = (0..len).map(|i| (i % 7) as f32 - 3.0).collect();
+            assert_eq!(max_abs(&q), 3.0);
+            assert!(!may_overflow(&q, &q, 5));
+            let big: Vec<f32> = q.iter().map(|x| x * 4e18).collect();
+            assert!(may_overflow(&big, &big, 5));
+            let small: Vec<f32> = q.iter().map(|x| x * 1e-20).collect();
+            assert!(!may_overflow(&big, &small, 5));
+            for at in [0, len / 2, len - 1] {
+                let mut nan = q.clone();
+                nan[at] = f32::NAN;
+                assert!(may_overflow(&nan, &q, 5));
+                let mut inf = q.clone();
+                inf[at] = f32::NEG_INFINITY;
+                assert!(may_overflow(&q, &inf, 5));
+            }
+            // f64 has room where f32 has none.
+            let big64: Vec<f64> = big.iter().map(|&x| x as f64).collect();
+            assert!(!may_overflow(&big64, &big64, 5));
+        }
     }
     /// Prints the machine's `f32` matmul rate with faer: one large product on two threads, and
     /// the forward's tile shapes at `Dk = Dv = 64` (scores `K_j Qᵀ`: `128×64·64×64`, values

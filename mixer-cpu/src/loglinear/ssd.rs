@@ -22,13 +22,13 @@
 //! `[B, T, H, Dv]` copies whole rows. The exponentials are vectorised ([`decay_into`],
 //! [`exps_into`]). As in the general chunked form, state entries that decay below the smallest
 //! normal number are flushed to zero and a level left all zero is dropped
-//! ([`flush_subnormals`]).
+//! ([`scale_and_flush`]).
 
 use faer::{Accum, Mat, MatRef};
 use mixer_core::Result;
 use mixer_core::mixers::loglinear::LogLinear;
 
-use super::chunked::{decay_into, exps_into, flush_subnormals, mm, read_col, scale_by_levels};
+use super::chunked::{decay_into, exps_into, mm, read_col, scale_and_flush, scale_by_levels};
 use super::common::Head;
 use crate::vmath::VecMath;
 
@@ -124,9 +124,7 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
                 if !live[e] {
                     continue;
                 }
-                let mut blk = z.as_mut().subcols_mut(e * dv, dv);
-                blk *= faer::Scale(total);
-                live[e] = flush_subnormals(blk);
+                live[e] = scale_and_flush(z.as_mut().subcols_mut(e * dv, dv), total);
             }
         }
         let acc = if live[0] { Accum::Add } else { Accum::Replace };
