@@ -462,6 +462,21 @@ fn cpu_forms_are_deterministic_across_runs_and_threads() {
     }
 }
 
+/// Zero-width heads (Dk = Dv = 0, so C = 0) and an empty sequence, for every registered mixer
+/// with its default config: every CPU form returns an output or an error, and never panics
+/// (a case the random sizes above reach only now and then: the attention fast form's exact
+/// fallback once panicked on empty rows).
+#[test]
+fn empty_dims_return_output_or_error() {
+    let _g = serial();
+    for e in mixers::registry::MIXERS.iter() {
+        for sizes in [[1, 2, 1, 0, 0, 0], [1, 0, 2, 3, 2, 4], [2, 3, 1, 0, 2, 0]] {
+            exercise(e.name, &json!({}), sizes, 0, &Edit::None, false)
+                .unwrap_or_else(|err| panic!("{} at sizes {sizes:?}: {err}", e.name));
+        }
+    }
+}
+
 /// The specific edge inputs the issue names, on which the math is finite: each must succeed
 /// with a finite output in every CPU form.
 #[test]

@@ -196,10 +196,13 @@ impl<'a, F: VecMath> Rows<'a, F> {
     fn mat(&self) -> MatRef<'a, F> {
         MatRef::from_row_major_slice_with_stride(self.data, self.n, self.d, self.stride)
     }
-    /// As an ndarray view.
-    fn nd(&self) -> ArrayView2<'a, F> {
-        ArrayView2::from_shape((self.n, self.d).strides((self.stride, 1)), self.data)
-            .expect("the rows fit their slice")
+    /// As an ndarray view (empty rows, `n = 0` or `d = 0`, as an empty `n × d` view).
+    fn nd(&self) -> Result<ArrayView2<'a, F>> {
+        let shape_err = |e: ndarray::ShapeError| Error::Numerical(format!("attention rows as a view: {e}"));
+        if self.n == 0 || self.d == 0 {
+            return ArrayView2::from_shape((self.n, self.d), &[]).map_err(shape_err);
+        }
+        ArrayView2::from_shape((self.n, self.d).strides((self.stride, 1)), self.data).map_err(shape_err)
     }
 }
 
@@ -503,7 +506,7 @@ fn exact_block<F: VecMath>(
     let Head { q, k, v } = *head;
     let (nq, dv) = (q.n, v.d);
     let i1 = i0 + nq;
-    let qb = q.nd();
+    let qb = q.nd()?;
     // Running maximum key (f64), denominator and accumulator per row.
     let mut m = vec![f64::NEG_INFINITY; nq];
     let mut l = vec![F::zero(); nq];
@@ -512,7 +515,7 @@ fn exact_block<F: VecMath>(
     let mut j0 = a.first_key(i0);
     while j0 < i1 {
         let j1 = (j0 + BK).min(i1);
-        let (kb, vb) = (k.sub(j0, j1 - j0).nd(), v.sub(j0, j1 - j0).nd());
+        let (kb, vb) = (k.sub(j0, j1 - j0).nd()?, v.sub(j0, j1 - j0).nd()?);
         let mut p = qb.dot(&kb.t());
         for r in 0..nq {
             let t = i0 + r;
