@@ -116,9 +116,19 @@ impl AnyTensors {
     }
 }
 
-/// Converts named `f64` tensors to another scalar type.
+/// Converts named `f64` tensors to another scalar type (large tensors in parallel).
 pub fn cast_tensors<F: Real>(m: &Tensors<f64>) -> Tensors<F> {
-    m.iter().map(|(k, v)| (k.clone(), v.mapv(F::of))).collect()
+    m.iter().map(|(k, v)| (k.clone(), cast(v))).collect()
+}
+
+/// One tensor as another scalar type; above [`crate::spec::PARALLEL_DRAW`] elements, in parallel.
+fn cast<F: Real>(v: &ArrayD<f64>) -> ArrayD<F> {
+    if v.len() <= crate::spec::PARALLEL_DRAW {
+        return v.mapv(F::of);
+    }
+    let mut out = ArrayD::<F>::zeros(v.raw_dim());
+    ndarray::Zip::from(&mut out).and(v).par_for_each(|o, &x| *o = F::of(x));
+    out
 }
 
 /// Converts a tensor to `f64`.
