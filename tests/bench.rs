@@ -17,8 +17,13 @@ use ndarray::{Array2, ArrayD, Axis};
 #[global_allocator]
 static ALLOC: bench::CountingAlloc = bench::CountingAlloc;
 
-/// Tests that read the process-wide allocation counters run one at a time.
+/// Every test of this file runs alone: the allocation counters are process-wide, so a test
+/// that allocates or frees beside one that measures would shift its count.
 static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Bytes by which a measured peak may fall short: frees, during a measurement, of memory the
+/// test harness's threads allocated before it (tens of bytes were seen).
+const SLACK: usize = 1024;
 
 /// `y_t = x_t + ½ y_{t−1}` per batch row and channel: `A = I`, `B = ½` on the subdiagonal.
 #[derive(Debug)]
@@ -151,6 +156,7 @@ fn ema_options(seqs: Vec<usize>) -> Options {
 
 #[test]
 fn seq_ranges_and_lists() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     assert_eq!(parse_seq("1k..64k").unwrap(), vec![1024, 2048, 4096, 8192, 16384, 32768, 65536]);
     assert_eq!(parse_seq("1000,3000").unwrap(), vec![1000, 3000]);
     assert_eq!(parse_seq("64,128").unwrap(), vec![64, 128]);
@@ -160,6 +166,7 @@ fn seq_ranges_and_lists() {
 
 #[test]
 fn exponent_and_interval() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     // Exact T^2: exponent 2, zero error, interval present (more than two points).
     let pts: Vec<(usize, f64)> =
         [64usize, 128, 256, 512].iter().map(|&t| (t, 1e-9 * (t * t) as f64)).collect();
@@ -198,7 +205,9 @@ fn allocator_counts_peak_working_memory() {
         std::hint::black_box(&b);
     });
     let peak = peak.unwrap();
-    assert!(peak >= 8 * mb && peak < 9 * mb, "peak {peak}");
+    // The counters are process-wide: the test harness's own threads may free a few bytes
+    // allocated before the run while it lasts (SLACK).
+    assert!(peak + SLACK >= 8 * mb && peak < 9 * mb, "peak {peak}");
     // Bytes live before the run are not counted.
     let (_, small) = alloc::measure(|| std::hint::black_box(keep.len()));
     assert!(small.unwrap() < 64 * 1024, "{small:?}");
@@ -238,8 +247,8 @@ fn end_to_end_writes_tables_json_and_plots() {
         assert!(t.reps >= 1 && t.min <= t.median && t.median <= t.max);
         let tps = p.tokens_per_s.unwrap();
         assert!((tps - (2 * p.seq) as f64 / t.median).abs() <= 1e-6 * tps);
-        // The output alone is B·T·C f32 values.
-        assert!(p.peak_bytes.unwrap() >= 2 * p.seq * 15 * 4, "{p:?}");
+        // The output alone is B·T·C f32 values (less what other threads may free meanwhile).
+        assert!(p.peak_bytes.unwrap() + SLACK >= 2 * p.seq * 15 * 4, "{p:?}");
         match p.form {
             Form::Recurrent => assert_eq!(p.cache_elems, Some(2 * 15)),
             _ => assert_eq!(p.cache_elems, None),
@@ -285,6 +294,7 @@ fn guards_skip_and_never_extrapolate() {
 
 #[test]
 fn bad_options_are_errors() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let mut o = ema_options(vec![10]);
     o.mixers = vec![("no-such-mixer".into(), serde_json::json!({}))];
     assert!(bench::bench(&o).unwrap_err().to_string().contains("no-such-mixer"));
@@ -303,6 +313,7 @@ fn mixers_cli(args: &[&str]) -> (i32, String) {
 
 #[test]
 fn cli_errors_are_one_line() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     for (args, needle) in [
         (vec!["bench", "--seq", "4k..1k"], "--seq"),
         (vec!["bench", "--mixer", "a", "--mixer", "b", "--config", "{}"], "exactly one"),
@@ -317,6 +328,7 @@ fn cli_errors_are_one_line() {
 
 #[test]
 fn inline_mixer_configs_parse() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (code, err) = mixers_cli(&["bench", "--mixer", "glr{\"pattern\":", "--seq", "16"]);
     assert_eq!(code, 2);
     assert!(err.contains("is not valid JSON"), "{err}");
@@ -327,6 +339,7 @@ fn inline_mixer_configs_parse() {
 
 #[test]
 fn ratios_compare_forms_and_backends_at_equal_t() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     use mixers::timing::Timing;
     let pt = |backend: &str, form: Form, seq: usize, secs: f64| bench::Point {
         mixer: "m".into(),
