@@ -254,7 +254,8 @@ fn report(
                  the device; the materialized form is the host oracle, timed on the host"
             .into(),
         memory: if alloc::counting() && cpu {
-            "peak live heap bytes above the pre-run baseline during the untimed run, from a \
+            "peak live heap bytes above the pre-run baseline (or above the lower level left when \
+             memory live before the run is freed during it) during the untimed run, from a \
              counting global allocator (all threads); CUDA device memory: n/a"
                 .into()
         } else {

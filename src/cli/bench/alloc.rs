@@ -7,17 +7,23 @@
 //! static ALLOC: mixers::cli::bench::CountingAlloc = mixers::cli::bench::CountingAlloc;
 //! ```
 //!
-//! The working memory of a run is `peak − baseline`, where `baseline = reset_peak()` is the
-//! number of live bytes just before the run: everything the run allocated and held at its
-//! worst moment, including its output. Counters are process-wide (every thread, so rayon
-//! workers count too). Where the allocator is not installed, [`counting`] is `false` and
-//! memory is reported as "n/a".
+//! The working memory of a run ([`measure`]) is the largest rise of the live bytes above the
+//! lowest level they reached since the run started (at first the baseline `reset_peak()`,
+//! the bytes live just before the run): everything the run allocated and held at its worst
+//! moment, including its output — also when memory that was live before the run is freed
+//! meanwhile, which a plain `peak − baseline` would subtract. Counters are process-wide
+//! (every thread, so rayon workers count too). Where the allocator is not installed,
+//! [`counting`] is `false` and memory is reported as "n/a".
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Lowest live bytes since the last [`reset_peak`].
+static LOW: AtomicUsize = AtomicUsize::new(0);
+/// Largest rise of the live bytes above [`LOW`] since the last [`reset_peak`].
+static RISE: AtomicUsize = AtomicUsize::new(0);
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
 /// [`System`] with byte counters (current and peak live bytes).
@@ -29,13 +35,18 @@ fn grew(n: usize) {
     if !ACTIVE.load(Relaxed) {
         ACTIVE.store(true, Relaxed);
     }
-    let now = CURRENT.fetch_add(n, Relaxed) + n;
+    let now = CURRENT.fetch_add(n, SeqCst) + n;
     PEAK.fetch_max(now, Relaxed);
+    RISE.fetch_max(now.saturating_sub(LOW.load(SeqCst)), Relaxed);
 }
 
 #[inline]
 fn shrank(n: usize) {
-    CURRENT.fetch_sub(n, Relaxed);
+    // The low-water mark before the count, so that an allocation on another thread never
+    // measures its rise from a level above the one this free reaches (at worst it counts the
+    // bytes of a concurrent allocation twice).
+    LOW.fetch_min(CURRENT.load(SeqCst).saturating_sub(n), SeqCst);
+    CURRENT.fetch_sub(n, SeqCst);
 }
 
 // SAFETY: every method forwards to `System` with the caller's arguments unchanged; the
@@ -95,20 +106,24 @@ pub fn peak_bytes() -> usize {
     PEAK.load(Relaxed)
 }
 
-/// Sets the peak to the current live bytes and returns them (the baseline of a run).
+/// Sets the peak and the low-water mark to the current live bytes and returns them (the
+/// baseline of a run).
 pub fn reset_peak() -> usize {
-    let now = CURRENT.load(Relaxed);
+    let now = CURRENT.load(SeqCst);
     PEAK.store(now, Relaxed);
+    LOW.store(now, SeqCst);
+    RISE.store(0, Relaxed);
     now
 }
 
-/// Peak working memory of `f`: the most bytes it held live beyond what was live before it,
-/// or `None` when the counting allocator is not installed.
+/// Peak working memory of `f`: the largest rise of the live bytes above the lowest level
+/// they reached since `f` started (see the module docs), or `None` when the counting
+/// allocator is not installed.
 pub fn measure<T>(f: impl FnOnce() -> T) -> (T, Option<usize>) {
-    let base = reset_peak();
+    reset_peak();
     let out = f();
-    let peak = peak_bytes();
-    (out, counting().then(|| peak.saturating_sub(base)))
+    let rise = RISE.load(Relaxed);
+    (out, counting().then_some(rise))
 }
 
 /// Human-readable bytes (`12.3 MiB`).
