@@ -28,26 +28,9 @@ __device__ void llc_step(const T* q, const T* k, const T* v, const T* g, const T
     for (int l = NL - 1; l >= 0; --l) {
         if (!((occ >> l) & 1u)) continue;
         T* Sl = S + l * DD;
-        // The row before the transition: the merged sum at level m + 1, zero at level 0 of a lift.
-        // u = S_r · k (gated DeltaNet).
-        T u = (T)0;
-        if (base == 2) {
-            for (int c = lane; c < Dk; c += 32) {
-                T s;
-                if (merged && l == m + 1) {
-                    s = (T)0;
-                    for (int l2 = 0; l2 <= m; ++l2) s += S[l2 * DD + c];
-                } else if (lifted && l == 0) {
-                    s = (T)0;
-                } else {
-                    s = Sl[c];
-                }
-                u += s * kk[c];
-            }
-            for (int o = 16; o > 0; o >>= 1) u += __shfl_xor_sync(0xffffffffu, u, o);
-        }
-        T rd = (T)0;
-        for (int c = lane; c < Dk; c += 32) {
+        // Entry c of the row before the transition: the merged sum at level m + 1, zero at level
+        // 0 of a lift.
+        auto before = [&](int c) {
             T s;
             if (merged && l == m + 1) {
                 s = (T)0;
@@ -57,6 +40,17 @@ __device__ void llc_step(const T* q, const T* k, const T* v, const T* g, const T
             } else {
                 s = Sl[c];
             }
+            return s;
+        };
+        // u = S_r · k (gated DeltaNet).
+        T u = (T)0;
+        if (base == 2) {
+            for (int c = lane; c < Dk; c += 32) u += before(c) * kk[c];
+            for (int o = 16; o > 0; o >>= 1) u += __shfl_xor_sync(0xffffffffu, u, o);
+        }
+        T rd = (T)0;
+        for (int c = lane; c < Dk; c += 32) {
+            T s = before(c);
             if (base == 2)
                 s = e * (s - bt * u * kk[c]);
             else
