@@ -107,6 +107,124 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
     }
 }
 
+// 4'. llc_wy on tensor cores (tf32 / bf16 modes, f32 data): the products KKᵀ,
+// W = T⁻¹ diag(β e^γ) K and U = T⁻¹ diag(β) V as m16n8k8 tf32 mma with f32 accumulation, over
+// 64-column tiles of K and V staged (rounded to tf32) in X [64][68]; T⁻¹ = (I + Lm)⁻¹ by the same
+// f32 forward substitution as llc_wy (llc_tri_inverse). Eight warps: warp w takes rows
+// 16 (w mod 4) .. + 15 and columns 32 ⌊w / 4⌋ .. + 31 of each 64 × 64 product (tiles of KKᵀ above
+// the diagonal are skipped). Row strides ≡ 4 (mod 32) so that fragment loads hit 32 banks.
+// Grid (NC, BH), 256 threads; dynamic shared memory: X [64][68] | Lm [64][65] | Tt [64][68]
+// floats (wy_tc_smem on the host).
+#define LWT_LD 68
+__device__ void llc_wy_tc(const float* k, const float* v, const float* g, int has_g, const float* beta, float* W,
+                          float* U, float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
+    constexpr int CH = 64, LDL = CH + 1;
+    __shared__ double gam[CH], gtmp[CH];
+    __shared__ float bet[CH];
+    extern __shared__ unsigned char llc_dyn[];
+    float* X = reinterpret_cast<float*>(llc_dyn);  // a 64-column tile of K or V, [64][LWT_LD]
+    float* Lm = X + CH * LWT_LD;                    // [64][LDL]
+    float* Tt = Lm + CH * LDL;                      // Tt[s][r] = T⁻¹[r][s], [64][LWT_LD]
+    const int j = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32;  // this warp's first row and column
+    const int i0 = j * CH, n = min(CH, Tn - i0);
+    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : 0.f;
+    llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
+    // Columns c0 .. c0 + 63 of rows r < n of src (D columns), times wrow(r), rounded, into X.
+    auto stage = [&](const float* src, int D, bool vec, int c0, auto wrow) {
+        llc_stage<float4, 4, 256>(
+            CH * 16,
+            [&](int idx) {
+                const int r = idx >> 4;
+                return r < n ? llc_ld4(src, (row0 + (long long)r * H) * D + c0, (idx & 15) * 4, D - c0, vec)
+                             : float4{0.f, 0.f, 0.f, 0.f};
+            },
+            [&](int idx, float4 x) {
+                const int r = idx >> 4;
+                llc_put4_tf32(X + r * LWT_LD + (idx & 15) * 4, x, wrow(r));
+            });
+    };
+    // KKᵀ, then Lm = strict(diag(β)(KKᵀ ⊙ Γ)).
+    {
+        float acc[4][4] = {};
+        const bool live = nb <= mr + 15;  // some column of this warp's tiles is left of the diagonal
+        for (int c0 = 0; c0 < Dk; c0 += 64) {
+            stage(k, Dk, Dk % 4 == 0 && llc_al16(k), c0, [](int) { return 1.f; });
+            __syncthreads();
+            const int kend = min(64, (Dk - c0 + 7) & ~7);
+            if (live)
+                for (int k8 = 0; k8 < kend; k8 += 8) {
+                    const float* a = X + (mr + gi) * LWT_LD + k8 + tg;
+                    const unsigned a0 = __float_as_uint(a[0]), a1 = __float_as_uint(a[8 * LWT_LD]),
+                                   a2 = __float_as_uint(a[4]), a3 = __float_as_uint(a[8 * LWT_LD + 4]);
+#pragma unroll
+                    for (int nt = 0; nt < 4; ++nt) {
+                        const float* bq = X + (nb + nt * 8 + gi) * LWT_LD + k8 + tg;
+                        mx_mma_tf32(acc[nt], a0, a1, a2, a3, __float_as_uint(bq[0]), __float_as_uint(bq[4]));
+                    }
+                }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = mr + gi + (u < 2 ? 0 : 8), s = nb + nt * 8 + 2 * tg + (u & 1);
+                Lm[r * LDL + s] = (s < r && r < n) ? bet[r] * acc[nt][u] * __expf((float)(gam[r] - gam[s])) : 0.f;
+            }
+    }
+    __syncthreads();
+    llc_tri_inverse<float, CH, LDL, LWT_LD>(Lm, Tt);
+    __syncthreads();
+    if (want_ti) {
+        // T⁻¹ of the chunk, row-major [CH][CH], for the lift's intra-chunk coefficients.
+        float* dst = Ti + ((long long)bh * gridDim.x + j) * CH * CH;
+        for (int idx = tid; idx < CH * CH; idx += 256) dst[idx] = Tt[(idx % CH) * LWT_LD + idx / CH];
+    }
+    // W (over key tiles), then U (over value tiles): out[r][col] = Σ_s T⁻¹[r][s] Y[s][col].
+    const int send = (n + 7) & ~7;
+    for (int pass = 0; pass < 2; ++pass) {
+        const int D = pass == 0 ? Dk : Dv;
+        const float* src = pass == 0 ? k : v;
+        float* dst = pass == 0 ? W : U;
+        const bool vec = D % 4 == 0 && llc_al16(src);
+        for (int c0 = 0; c0 < D; c0 += 64) {
+            if (pass == 0)
+                stage(src, D, vec, c0, [&](int r) { return r < n ? bet[r] * __expf((float)gam[r]) : 0.f; });
+            else
+                stage(src, D, vec, c0, [&](int r) { return bet[r]; });
+            __syncthreads();
+            float o[4][4] = {};
+            for (int k8 = 0; k8 < send; k8 += 8) {
+                const float* a = Tt + (k8 + tg) * LWT_LD + mr + gi;
+                const unsigned a0 = mx_tf32(a[0]), a1 = mx_tf32(a[8]), a2 = mx_tf32(a[4 * LWT_LD]),
+                               a3 = mx_tf32(a[4 * LWT_LD + 8]);
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) {
+                    const float* bq = X + (k8 + tg) * LWT_LD + nb + nt * 8 + gi;
+                    mx_mma_tf32(o[nt], a0, a1, a2, a3, __float_as_uint(bq[0]), __float_as_uint(bq[4 * LWT_LD]));
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const int r = mr + gi + (u < 2 ? 0 : 8), col = c0 + nb + nt * 8 + 2 * tg + (u & 1);
+                    if (r < n && col < D) dst[(row0 + (long long)r * H) * D + col] = o[nt][u];
+                }
+            __syncthreads();
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    llc_wy_tc_f32(const float* k, const float* v, const float* g, int has_g, const float* beta, float* W, float* U,
+                  float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
+    llc_wy_tc(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);
+}
+
 // 5. Gated DeltaNet, the one sequential pass over chunks. One block per (b·h, tile of 16 value
 // columns) keeps the state in shared memory. The next chunk's W, K, U and g are copied into a
 // second buffer (cp.async) while the current one is computed. Per chunk j, K̂_s = e^{a_j − γ_s} k_s:
@@ -624,6 +742,171 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
         }
     }
     llc_store<T, RI>(yacc, y, row0, H, Dv, n, d0, ty, tx);
+}
+
+// 6'. llc_out_dl on tensor cores (tf32 / bf16 modes, f32 data): the same outputs, every product
+// (QKᵀ, P·T⁻¹diag(β), A·V, P·W, Q̃·S^(e)) as m16n8k8 tf32 mma with f32 accumulation. Eight warps:
+// warp w owns rows 16 (w mod 4) .. + 15 and columns 32 ⌊w / 4⌋ .. + 31 of every 64 × 64 product.
+// Shared (floats, rows of 68 ≡ 4 mod 32 so that fragment loads hit 32 banks): Pm [64][68] (P),
+// Am [64][68] (a Q tile, then the λ-weighted A, then a Q̃ tile), X [64][68] (the B operand
+// being staged: K, T⁻¹diag(β), V, W or a level state). Grid (NC, BH, ⌈Dv/64⌉), 256 threads,
+// 3 · 64 · 68 · 4 bytes of dynamic shared memory.
+#define LDL_LD 68
+__device__ void llc_out_dl_tc(const float* q, const float* k, const float* v, const float* g, int has_g,
+                              const float* beta, const float* lam, const float* W, const float* Ti, const float* Hs,
+                              float* y, int Tn, int H, int Dk, int Dv, int L, int nc, long long slots, double scale) {
+    constexpr int CH = 64, CB = 6;
+    extern __shared__ unsigned char llc_dyn[];
+    float* Pm = reinterpret_cast<float*>(llc_dyn);
+    float* Am = Pm + CH * LDL_LD;
+    float* X = Am + CH * LDL_LD;
+    __shared__ double gam[CH], gtmp[CH];
+    __shared__ float bet[CH];
+    const int i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int d0 = blockIdx.z * 64;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32;
+    const int i0 = i * CH, n = min(CH, Tn - i0);
+    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    const long long DD = (long long)Dk * Dv;
+    const float sc = (float)scale;
+    const bool vq = Dk % 4 == 0 && llc_al16(q) && llc_al16(k) && llc_al16(W), vv = Dv % 4 == 0 && llc_al16(v),
+               vh = Dv % 4 == 0 && llc_al16(Hs);
+    if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : 0.f;
+    llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
+    // 64 × 64 tile of a [rows][D] array into dst (rows r < nrows of src at src + off(r), columns
+    // c0 .. c0 + 63 below D), times w(r), rounded to tf32; 4 loads of four floats per thread.
+    auto stage = [&](float* dst, const float* src, int nrows, int D, int c0, bool vec, auto off, auto w) {
+        llc_stage<float4, 4, 256>(
+            CH * 16,
+            [&](int idx) {
+                const int r = idx >> 4;
+                return r < nrows ? llc_ld4(src, off(r) + c0, (idx & 15) * 4, D - c0, vec) : float4{0.f, 0.f, 0.f, 0.f};
+            },
+            [&](int idx, float4 x) {
+                const int r = idx >> 4;
+                llc_put4_tf32(dst + r * LDL_LD + (idx & 15) * 4, x, w(r));
+            });
+    };
+    auto tok = [&](int D) { return [=](int r) { return (row0 + (long long)r * H) * D; }; };
+    auto one = [](int) { return 1.f; };
+    // acc += A · B over k < kend: A rows mr.. of a (row-major, k along the row), B = bt rows k, this
+    // warp's 32 columns; or, with bt_t, B[k][col] = bt[col][k] (the transpose of a row-major tile).
+    auto mma_rows = [&](float (&acc)[4][4], const float* a, const float* bt, int kend, bool b_t) {
+        for (int k8 = 0; k8 < kend; k8 += 8) {
+            const float* ap = a + (mr + gi) * LDL_LD + k8 + tg;
+            const unsigned a0 = __float_as_uint(ap[0]), a1 = __float_as_uint(ap[8 * LDL_LD]),
+                           a2 = __float_as_uint(ap[4]), a3 = __float_as_uint(ap[8 * LDL_LD + 4]);
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                const int col = nb + nt * 8 + gi;
+                const float* bp = b_t ? bt + col * LDL_LD + k8 + tg : bt + (k8 + tg) * LDL_LD + col;
+                const unsigned b0 = __float_as_uint(bp[0]), b1 = __float_as_uint(b_t ? bp[4] : bp[4 * LDL_LD]);
+                mx_mma_tf32(acc[nt], a0, a1, a2, a3, b0, b1);
+            }
+        }
+    };
+    // Fragment element u of n-tile nt: row, column.
+    auto frow = [&](int u) { return mr + gi + (u < 2 ? 0 : 8); };
+    auto fcol = [&](int nt, int u) { return nb + nt * 8 + 2 * tg + (u & 1); };
+    // 1. P = σ QKᵀ ⊙ Γ (s ≤ r).
+    {
+        float acc[4][4] = {};
+        for (int c0 = 0; c0 < Dk; c0 += 64) {
+            stage(Am, q, n, Dk, c0, vq, tok(Dk), one);
+            stage(X, k, n, Dk, c0, vq, tok(Dk), one);
+            __syncthreads();
+            mma_rows(acc, Am, X, min(64, (Dk - c0 + 7) & ~7), true);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = frow(u), s = fcol(nt, u);
+                const float p = (s <= r && r < n) ? sc * acc[nt][u] * __expf((float)(gam[r] - gam[s])) : 0.f;
+                Pm[r * LDL_LD + s] = __uint_as_float(mx_tf32(p));
+            }
+    }
+    // 2. A = P T⁻¹ diag(β), λ-weighted by the Fenwick level of (r, s).
+    {
+        const float* Tc = Ti + ((long long)bh * nc + i) * CH * CH;
+        stage(X, Tc, CH, CH, 0, llc_al16(Ti), [](int r) { return (long long)r * CH; }, one);
+        __syncthreads();
+        float acc[4][4] = {};
+        mma_rows(acc, Pm, X, (n + 7) & ~7, false);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = frow(u), s = fcol(nt, u);
+                // (P T⁻¹)[r][s] β_s λ_r^(ℓ(r,s))
+                const float a = (s <= r && r < n) ? acc[nt][u] * bet[s] *
+                                                        lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))]
+                                                  : 0.f;
+                Am[r * LDL_LD + s] = __uint_as_float(mx_tf32(a));
+            }
+        __syncthreads();
+    }
+    // 3. y = A V (value columns d0 ..).
+    float yacc[4][4] = {};
+    stage(X, v, n, Dv, d0, vv, tok(Dv), one);
+    __syncthreads();
+    mma_rows(yacc, Am, X, (n + 7) & ~7, false);
+    __syncthreads();
+    // 4. The levels entering the chunk: y_r += Σ_e λ_r^(c+e) Q̃_r S^(e), Q̃ = σ e^γ Q − P W, over key
+    // tiles of 64.
+    const long long first = llc_popsum(i);
+    const int ne = __popc((unsigned)i);
+    for (int c0 = 0; ne > 0 && c0 < Dk; c0 += 64) {
+        stage(X, W, n, Dk, c0, vq, tok(Dk), one);
+        __syncthreads();
+        float qa[4][4] = {};
+        mma_rows(qa, Pm, X, (n + 7) & ~7, false);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = frow(u), cc = fcol(nt, u), c = c0 + cc;
+                const float qt = (r < n && c < Dk)
+                                     ? sc * __expf((float)gam[r]) * q[(row0 + (long long)r * H) * Dk + c] - qa[nt][u]
+                                     : 0.f;
+                Am[r * LDL_LD + cc] = __uint_as_float(mx_tf32(qt));
+            }
+        __syncthreads();
+        int rank = 0;
+        for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
+            if (!((i >> (e - 1)) & 1)) continue;
+            const float* Se = Hs + ((long long)bh * slots + first + rank) * DD;
+            ++rank;
+            stage(X, Se, min(64, Dk - c0), Dv, d0, vh, [&](int r) { return (long long)(c0 + r) * Dv; }, one);
+            __syncthreads();
+            float la[4][4] = {};
+            mma_rows(la, Am, X, min(64, (Dk - c0 + 7) & ~7), false);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = frow(u);
+                const float w = r < n ? lam[(row0 + (long long)r * H) * L + CB + e] : 0.f;
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) yacc[nt][u] += w * la[nt][u];
+            }
+            __syncthreads();
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int r = frow(u), d = d0 + fcol(nt, u);
+            if (r < n && d < Dv) y[(row0 + (long long)r * H) * Dv + d] = yacc[nt][u];
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    llc_out_dl_tc_f32(const float* q, const float* k, const float* v, const float* g, int has_g, const float* beta,
+                      const float* lam, const float* W, const float* Ti, const float* Hs, float* y, int Tn, int H,
+                      int Dk, int Dv, int L, int nc, long long slots, double scale) {
+    llc_out_dl_tc(q, k, v, g, has_g, beta, lam, W, Ti, Hs, y, Tn, H, Dk, Dv, L, nc, slots, scale);
 }
 
 #define LLD_EXPORT(T, S)                                                                                          \

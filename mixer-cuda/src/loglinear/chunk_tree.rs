@@ -19,7 +19,7 @@
 //! In the tf32 and bf16 modes `llc_states_tc` and `llc_out_tc` do the products of passes 1 and 3
 //! on tensor cores (tf32 `mma.sync`, f32 accumulation), and gated DeltaNet's sequential pass runs
 //! as `llc_delta_h_tc` (its two products per chunk and level as tf32 `mma.sync`; the state stays
-//! f32).
+//! f32); the WY/UT kernel and the lift's output kernel likewise (`llc_wy_tc`, `llc_out_dl_tc`).
 //!
 //! So the base mixers and the lifts share every pass; the lift costs one `CH × D_k × D_v` product
 //! per set bit of the chunk index (`O(T log T)` work) and the tree holds `< 2 T/CH` states per
@@ -183,6 +183,10 @@ pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize) -> usize 
     (levels * dkp * 24 + stages * (2 * ch * ldk + ch * 16 + ch) + ch * 24 + ch + 1) * 4
 }
 
+/// Dynamic shared memory of `llc_wy_tc` (`X`, `Lm`, `Tt`: `[64][68]`, `[64][65]`, `[64][68]`
+/// floats) and of `llc_out_dl_tc` (three `[64][68]` tiles): the larger of the two.
+const TC_TILES_SMEM: usize = 3 * 64 * 68 * 4;
+
 /// Dynamic shared memory of `llc_out_dl`: `Pt`, `At` `[CH][CH+1]`, `Qt` `[64][CH+1]`, two
 /// `[16][65]` staging tiles.
 fn out_dl_smem<F: GpuReal>() -> usize {
@@ -235,9 +239,17 @@ pub(crate) fn run_delta<F: GpuReal>(
     let mut tinv = pool::take::<F>(FAMILY, if lifted { bh * nc * ch * ch } else { 1 })?;
     let (kv, vv, bv) = (x.k.view(), x.v.view(), beta.view());
     let want_ti = lifted as i32;
-    let cfg =
-        LaunchConfig { grid_dim: (nc as u32, bh as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-    launch!(g, FAMILY, k("llc_wy")?, cfg;
+    let tc = tensor_cores::<F>(p);
+    let wy = k(if tc { "llc_wy_tc" } else { "llc_wy" })?;
+    if tc {
+        opt_in(FAMILY, &wy)?;
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (nc as u32, bh as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: if tc { TC_TILES_SMEM as u32 } else { 0 },
+    };
+    launch!(g, FAMILY, wy, cfg;
         &kv, &vv, &gv, &has_g, &bv, &mut *w, &mut *u, &mut *tinv, &want_ti, &ti, &hi, &dki, &dvi)?;
     let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
     let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
@@ -273,12 +285,12 @@ pub(crate) fn run_delta<F: GpuReal>(
         return Ok(y);
     }
     let (lam, n_levels) = x.lam.as_ref().ok_or_else(|| err(FAMILY, "the lift needs `lambda`"))?;
-    let f = k("llc_out_dl")?;
+    let f = k(if tc { "llc_out_dl_tc" } else { "llc_out_dl" })?;
     opt_in(FAMILY, &f)?;
     let cfg = LaunchConfig {
         grid_dim: (nc as u32, bh as u32, dv.div_ceil(64) as u32),
         block_dim: (256, 1, 1),
-        shared_mem_bytes: out_dl_smem::<F>() as u32,
+        shared_mem_bytes: if tc { TC_TILES_SMEM } else { out_dl_smem::<F>() } as u32,
     };
     let (qv, lv, li) = (x.q.view(), lam.view(), int(FAMILY, "L", *n_levels)?);
     let scale = ll.scale;
