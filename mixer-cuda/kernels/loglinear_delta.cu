@@ -132,8 +132,13 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : 0.f;
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
-    // Columns c0 .. c0 + 63 of rows r < n of src (D columns), times wrow(r), rounded, into X.
-    auto stage = [&](const float* src, int D, bool vec, int c0, auto wrow) {
+    // Columns c0 .. c0 + 63 of rows r < n of src (D columns), times the row weight w(r), rounded,
+    // into X; w = 1 (wmode 0), βᵣ·exp(γᵣ) (wmode 1) or βᵣ (wmode 2). (No generic lambdas: some
+    // NVRTC versions take a lambda with an `auto` parameter for a host function.)
+    auto wrow = [&](int wmode, int r) {
+        return wmode == 0 ? 1.f : wmode == 1 ? (r < n ? bet[r] * __expf((float)gam[r]) : 0.f) : bet[r];
+    };
+    auto stage = [&](const float* src, int D, bool vec, int c0, int wmode) {
         llc_stage<float4, 4, 256>(
             CH * 16,
             [&](int idx) {
@@ -143,7 +148,7 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
             },
             [&](int idx, float4 x) {
                 const int r = idx >> 4;
-                llc_put4_tf32(X + r * LWT_LD + (idx & 15) * 4, x, wrow(r));
+                llc_put4_tf32(X + r * LWT_LD + (idx & 15) * 4, x, wrow(wmode, r));
             });
     };
     // KKᵀ, then Lm = strict(diag(β)(KKᵀ ⊙ Γ)).
@@ -151,7 +156,7 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
         float acc[4][4] = {};
         const bool live = nb <= mr + 15;  // some column of this warp's tiles is left of the diagonal
         for (int c0 = 0; c0 < Dk; c0 += 64) {
-            stage(k, Dk, Dk % 4 == 0 && llc_al16(k), c0, [](int) { return 1.f; });
+            stage(k, Dk, Dk % 4 == 0 && llc_al16(k), c0, 0);
             __syncthreads();
             const int kend = min(64, (Dk - c0 + 7) & ~7);
             if (live)
@@ -192,9 +197,9 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
         const bool vec = D % 4 == 0 && llc_al16(src);
         for (int c0 = 0; c0 < D; c0 += 64) {
             if (pass == 0)
-                stage(src, D, vec, c0, [&](int r) { return r < n ? bet[r] * __expf((float)gam[r]) : 0.f; });
+                stage(src, D, vec, c0, 1);
             else
-                stage(src, D, vec, c0, [&](int r) { return bet[r]; });
+                stage(src, D, vec, c0, 2);
             __syncthreads();
             float o[4][4] = {};
             for (int k8 = 0; k8 < send; k8 += 8) {
@@ -774,22 +779,22 @@ __device__ void llc_out_dl_tc(const float* q, const float* k, const float* v, co
                vh = Dv % 4 == 0 && llc_al16(Hs);
     if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : 0.f;
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
-    // 64 × 64 tile of a [rows][D] array into dst (rows r < nrows of src at src + off(r), columns
-    // c0 .. c0 + 63 below D), times w(r), rounded to tf32; 4 loads of four floats per thread.
-    auto stage = [&](float* dst, const float* src, int nrows, int D, int c0, bool vec, auto off, auto w) {
+    // 64 × 64 tile of a [rows][D] array into dst (rows r < nrows of src at src + base + r·stride,
+    // columns c0 .. c0 + 63 below D), rounded to tf32; 4 loads of four floats per thread.
+    auto stage = [&](float* dst, const float* src, int nrows, int D, int c0, bool vec, long long base,
+                     long long stride) {
         llc_stage<float4, 4, 256>(
             CH * 16,
             [&](int idx) {
                 const int r = idx >> 4;
-                return r < nrows ? llc_ld4(src, off(r) + c0, (idx & 15) * 4, D - c0, vec) : float4{0.f, 0.f, 0.f, 0.f};
+                return r < nrows ? llc_ld4(src, base + r * stride + c0, (idx & 15) * 4, D - c0, vec)
+                                 : float4{0.f, 0.f, 0.f, 0.f};
             },
             [&](int idx, float4 x) {
                 const int r = idx >> 4;
-                llc_put4_tf32(dst + r * LDL_LD + (idx & 15) * 4, x, w(r));
+                llc_put4_tf32(dst + r * LDL_LD + (idx & 15) * 4, x, 1.f);
             });
     };
-    auto tok = [&](int D) { return [=](int r) { return (row0 + (long long)r * H) * D; }; };
-    auto one = [](int) { return 1.f; };
     // acc += A · B over k < kend: A rows mr.. of a (row-major, k along the row), B = bt rows k, this
     // warp's 32 columns; or, with bt_t, B[k][col] = bt[col][k] (the transpose of a row-major tile).
     auto mma_rows = [&](float (&acc)[4][4], const float* a, const float* bt, int kend, bool b_t) {
@@ -813,8 +818,8 @@ __device__ void llc_out_dl_tc(const float* q, const float* k, const float* v, co
     {
         float acc[4][4] = {};
         for (int c0 = 0; c0 < Dk; c0 += 64) {
-            stage(Am, q, n, Dk, c0, vq, tok(Dk), one);
-            stage(X, k, n, Dk, c0, vq, tok(Dk), one);
+            stage(Am, q, n, Dk, c0, vq, row0 * Dk, (long long)H * Dk);
+            stage(X, k, n, Dk, c0, vq, row0 * Dk, (long long)H * Dk);
             __syncthreads();
             mma_rows(acc, Am, X, min(64, (Dk - c0 + 7) & ~7), true);
             __syncthreads();
@@ -831,7 +836,7 @@ __device__ void llc_out_dl_tc(const float* q, const float* k, const float* v, co
     // 2. A = P T⁻¹ diag(β), λ-weighted by the Fenwick level of (r, s).
     {
         const float* Tc = Ti + ((long long)bh * nc + i) * CH * CH;
-        stage(X, Tc, CH, CH, 0, llc_al16(Ti), [](int r) { return (long long)r * CH; }, one);
+        stage(X, Tc, CH, CH, 0, llc_al16(Ti), 0, CH);
         __syncthreads();
         float acc[4][4] = {};
         mma_rows(acc, Pm, X, (n + 7) & ~7, false);
@@ -850,7 +855,7 @@ __device__ void llc_out_dl_tc(const float* q, const float* k, const float* v, co
     }
     // 3. y = A V (value columns d0 ..).
     float yacc[4][4] = {};
-    stage(X, v, n, Dv, d0, vv, tok(Dv), one);
+    stage(X, v, n, Dv, d0, vv, row0 * Dv, (long long)H * Dv);
     __syncthreads();
     mma_rows(yacc, Am, X, (n + 7) & ~7, false);
     __syncthreads();
@@ -859,7 +864,7 @@ __device__ void llc_out_dl_tc(const float* q, const float* k, const float* v, co
     const long long first = llc_popsum(i);
     const int ne = __popc((unsigned)i);
     for (int c0 = 0; ne > 0 && c0 < Dk; c0 += 64) {
-        stage(X, W, n, Dk, c0, vq, tok(Dk), one);
+        stage(X, W, n, Dk, c0, vq, row0 * Dk, (long long)H * Dk);
         __syncthreads();
         float qa[4][4] = {};
         mma_rows(qa, Pm, X, (n + 7) & ~7, false);
@@ -879,7 +884,7 @@ __device__ void llc_out_dl_tc(const float* q, const float* k, const float* v, co
             if (!((i >> (e - 1)) & 1)) continue;
             const float* Se = Hs + ((long long)bh * slots + first + rank) * DD;
             ++rank;
-            stage(X, Se, min(64, Dk - c0), Dv, d0, vh, [&](int r) { return (long long)(c0 + r) * Dv; }, one);
+            stage(X, Se, min(64, Dk - c0), Dv, d0, vh, (long long)c0 * Dv, Dv);
             __syncthreads();
             float la[4][4] = {};
             mma_rows(la, Am, X, min(64, (Dk - c0 + 7) & ~7), false);
