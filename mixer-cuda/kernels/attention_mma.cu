@@ -30,6 +30,9 @@
 #ifndef ATT_WARPS
 #define ATT_WARPS 4
 #endif
+#ifndef ATT_MINB
+#define ATT_MINB 1  // blocks per SM the register allocation must allow
+#endif
 #define ATT_BQ (16 * ATT_WM * ATT_WARPS)
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -155,7 +158,7 @@ __device__ __forceinline__ void load_tile_bf16(bf16_t* sm, const bf16_t* base, i
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
     attn_mma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                   bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
     // Dynamic shared memory: q [BQ·D] | k stage 0, 1 [BK·D] | v stage 0, 1 [BK·D].
@@ -333,7 +336,7 @@ __device__ __forceinline__ void load_tile_f32(float* sm, int stride, const float
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
     attn_mma_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                   float* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
     extern __shared__ __align__(16) float smf[];

@@ -13,7 +13,7 @@ __device__ inline float mx_exp(float x) { return expf(x); }
 __device__ inline double mx_exp(double x) { return exp(x); }
 
 // Interleaved complex numbers, layout-compatible with cuFFT's float2 / double2.
-template <typename T> struct Cplx {
+template <typename T> struct alignas(2 * sizeof(T)) Cplx {  // aligned as cuFFT's complex types (one 8- or 16-byte access)
     T re, im;
 };
 

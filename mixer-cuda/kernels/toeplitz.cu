@@ -40,29 +40,31 @@ __device__ void tz_pack_w(const T* w, T* W, int R, int Tn, int Lw, int p) {
     W[i] = t < Tn ? w[r * Lw + t] : (T)0;
 }
 
-// Spectra: Yh[b,e,f] = Σ_i Wh[i,h(e),f] · Xh[b, src(e,i), f].
+// Spectra: Yh[b,e,f] = Σ_i Wh[i,h(e),f] · Xh[b, src(e,i), f]. Grid (⌈F/256⌉, ≤ 65535) of 256
+// threads: block row y takes the rows be = b·C + e ≡ y (mod gridDim.y), so a thread's row indices
+// are uniform over its block and no thread divides per element (B·C fits in an int: the caller
+// checks B·C·p).
 template <typename T>
 __device__ void tz_mul(const Cplx<T>* Xh, const Cplx<T>* Wh, Cplx<T>* Yh, int B, int C, int H, int Kw, int F) {
-    long long i = gtid();
-    if (i >= (long long)B * C * F) return;
-    int f = (int)(i % F);
-    long long be = i / F;
-    int e = (int)(be % C), b = (int)(be / C);
-    int CH = C / H, h = e / CH;
-    T re = 0, im = 0;
-    for (int k = 0; k < Kw; ++k) {
-        int c = tz_src(e, k, Kw, CH);
-        if (c < 0) continue;
-        Cplx<T> a = Wh[((long long)k * H + h) * F + f];
-        Cplx<T> x = Xh[((long long)b * C + c) * F + f];
-        re += a.re * x.re - a.im * x.im;
-        im += a.re * x.im + a.im * x.re;
+    const int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= F) return;
+    const int CH = C / H, rows = B * C;
+    for (int be = blockIdx.y; be < rows; be += gridDim.y) {
+        const int e = be % C, b = be / C, h = e / CH;
+        T re = 0, im = 0;
+        for (int k = 0; k < Kw; ++k) {
+            const int c = tz_src(e, k, Kw, CH);
+            if (c < 0) continue;
+            const Cplx<T> a = Wh[((long long)k * H + h) * F + f];
+            const Cplx<T> x = Xh[((long long)b * C + c) * F + f];
+            re += a.re * x.re - a.im * x.im;
+            im += a.re * x.im + a.im * x.re;
+        }
+        Yh[(long long)be * F + f] = Cplx<T>{re, im};
     }
-    Yh[i].re = re;
-    Yh[i].im = im;
 }
 
-// Yr [B·C, p] (unnormalized inverse) → y [B,T,C] = Yr/p + bias: the transpose of
+// Yr [B·C, p] (unnormalized inverse) → y [B,T,C] = Yr·(1/p) + bias: the transpose of
 // tz_pack_x, through the same shared tile. Block (32, 8), grid (⌈T/32⌉, ⌈C/32⌉, B).
 template <typename T>
 __device__ void tz_unpack(const T* Yr, const T* bias, int has_bias, T* y, int B, int Tn, int C, int H, int p,
@@ -75,11 +77,14 @@ __device__ void tz_unpack(const T* Yr, const T* bias, int has_bias, T* y, int B,
         tile[j][tx] = (e < C && t < Tn) ? Yr[((long long)b * C + e) * p + t] : (T)0;
     }
     __syncthreads();
+    const T inv_p = (T)1 / (T)p;
+    const int e = e0 + tx;
+    const T* brow = bias + (long long)(e / (C / H)) * Lb;  // read only where has_bias and e < C
     for (int j = ty; j < 32; j += 8) {
-        const int t = t0 + j, e = e0 + tx;
+        const int t = t0 + j;
         if (t < Tn && e < C) {
-            T v = tile[tx][j] / (T)p;
-            if (has_bias) v += bias[(long long)(e / (C / H)) * Lb + t];
+            T v = tile[tx][j] * inv_p;
+            if (has_bias) v += brow[t];
             y[((long long)b * Tn + t) * C + e] = v;
         }
     }

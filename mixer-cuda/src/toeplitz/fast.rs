@@ -13,7 +13,7 @@ use crate::fft::{FftReal, irfft, rfft};
 use crate::forms::finish;
 use crate::kernels;
 use crate::pool;
-use crate::runtime::{check_elems, err, gpu, grid1, int, launch};
+use crate::runtime::{check_elems, err, gpu, int, launch};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// The launch of the tiled transposes: 32 × 32 tiles over (`rows`, `c`), one grid layer per
@@ -31,6 +31,17 @@ pub(crate) fn tiles(rows: usize, c: usize, b: usize) -> Result<LaunchConfig> {
         block_dim: (32, 8, 1),
         shared_mem_bytes: 0,
     })
+}
+
+/// The launch of `toeplitz_mul` over `rows` spectra of `nf` bins: 256 bins per block along x,
+/// one spectrum per block row along y (the kernel strides rows by the grid's height, at most
+/// 65535).
+pub(crate) fn mul_grid(rows: usize, nf: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (nf.div_ceil(256).max(1) as u32, rows.clamp(1, 65535) as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// Runs the FFT form on device tensors.
@@ -58,7 +69,7 @@ pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result
     let xh = rfft::<F>(FAMILY, &xp, n, b * c)?;
     drop(xp);
     let mut yh = pool::take::<F::C>(FAMILY, b * c * nf)?;
-    launch!(g, FAMILY, f("toeplitz_mul")?, grid1(b * c * nf, 256); &*xh, &**wh, &mut *yh, &bi, &ci, &hi, &kwi, &nfi)?;
+    launch!(g, FAMILY, f("toeplitz_mul")?, mul_grid(b * c, nf); &*xh, &**wh, &mut *yh, &bi, &ci, &hi, &kwi, &nfi)?;
     drop((xh, wh));
     let yr = irfft::<F>(FAMILY, yh, n, b * c)?;
     let zero = pool::zeros::<F>(FAMILY, 1)?;
