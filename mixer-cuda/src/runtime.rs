@@ -57,6 +57,8 @@ pub struct Gpu {
     pub name: String,
     /// Number of devices the driver reports.
     pub count: i32,
+    /// Shared memory (static and dynamic together) a block may opt in to (227 KiB on sm_90).
+    pub smem_optin: usize,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
     /// Functions of the builtin sources, found without formatting or hashing their text.
     functions: Mutex<HashMap<FunctionKey, CudaFunction>>,
@@ -91,12 +93,19 @@ fn create() -> std::result::Result<Gpu, String> {
     let cc = ctx.compute_capability().map_err(|e| format!("cannot read the compute capability: {e}"))?;
     let name = ctx.name().unwrap_or_else(|_| "unknown device".into());
     let stream = ctx.default_stream();
+    let optin = ctx
+        .attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+        )
+        .map_err(|e| format!("cannot read the shared memory limit: {e}"))?;
+    let smem_optin = (optin.max(0) as usize).max(48 << 10);
     Ok(Gpu {
         ctx,
         stream,
         cc,
         name,
         count,
+        smem_optin,
         modules: Mutex::new(HashMap::new()),
         functions: Mutex::new(HashMap::new()),
     })
@@ -266,18 +275,30 @@ impl Gpu {
     }
 }
 
-/// Most dynamic shared memory a block may use on the devices this backend targets (sm_80+).
-pub(crate) const MAX_DYNAMIC_SMEM: usize = 160 << 10;
+/// Shared memory kept back from the opt-in limit for the static `__shared__` arrays of the
+/// kernels that size their dynamic shared memory by [`max_dynamic_smem`] (each declares less).
+const STATIC_SMEM_RESERVE: usize = 8 << 10;
 
-/// Opts `f` in to [`MAX_DYNAMIC_SMEM`] bytes of dynamic shared memory — always the same ceiling,
-/// never lowered, because calls from other threads may launch it with more between this call's
-/// setting and its launch.
+/// Most dynamic shared memory a block of a kernel with under 8 KiB of static shared memory may
+/// use on this device (219 KiB on sm_90; 48 KiB, the limit without opting in, where no device
+/// is present).
+pub(crate) fn max_dynamic_smem() -> usize {
+    gpu().map_or(48 << 10, |g| g.smem_optin.saturating_sub(STATIC_SMEM_RESERVE))
+}
+
+/// Opts `f` in to all the dynamic shared memory the device allows beside its static shared
+/// memory — always the same ceiling for a function, never lowered, because calls from other
+/// threads may launch it with more between this call's setting and its launch.
 pub(crate) fn opt_in(kernel: &str, f: &CudaFunction) -> Result<()> {
+    let g = gpu()?;
+    let fixed =
+        f.shared_size_bytes().map_err(|e| err(kernel, format!("reading the static shared memory: {e}")))?;
+    let limit = g.smem_optin.saturating_sub(fixed.max(0) as usize);
     f.set_attribute(
         cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        MAX_DYNAMIC_SMEM as i32,
+        limit as i32,
     )
-    .map_err(|e| err(kernel, format!("shared memory of {MAX_DYNAMIC_SMEM} bytes: {e}")))
+    .map_err(|e| err(kernel, format!("opting in to {limit} bytes of dynamic shared memory: {e}")))
 }
 
 /// A 1-D launch of `n` threads in blocks of `block`.

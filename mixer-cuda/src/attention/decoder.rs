@@ -14,7 +14,7 @@ use super::{FAMILY, window_arg};
 use crate::forms::{DeviceDecoder, input};
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, MAX_DYNAMIC_SMEM, err, gpu, int, launch, opt_in};
+use crate::runtime::{GpuReal, err, gpu, int, launch, max_dynamic_smem, opt_in};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// Keys per split block (`ATTN_SPLIT_KEYS` in `attention.cu`).
@@ -49,12 +49,12 @@ impl<F: GpuReal> AttentionDecoder<F> {
     pub fn new(a: &Attention, dims: &Dims) -> Result<Self> {
         let (b, tmax, h, dk, dv) =
             (dims.size("B")?, dims.size("T")?, dims.size("H")?, dims.size("Dk")?, dims.size("Dv")?);
-        if split_smem(dv) > MAX_DYNAMIC_SMEM {
+        if split_smem(dv) > max_dynamic_smem() {
             return Err(err(
                 FAMILY,
                 format!(
                     "the CUDA decoder takes value heads up to Dv = {}, got Dv = {dv}",
-                    MAX_DYNAMIC_SMEM / split_smem(1)
+                    max_dynamic_smem() / split_smem(1)
                 ),
             ));
         }

@@ -19,7 +19,7 @@ use super::FAMILY;
 use crate::forms::{finish, input, input_opt};
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, MAX_DYNAMIC_SMEM, err, gpu, int, launch, opt_in};
+use crate::runtime::{GpuReal, err, gpu, int, launch, max_dynamic_smem, opt_in};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// The pattern table the kernel takes for length `t_len`: [`Glr::slots`]'s offsets `f(k)`
@@ -104,7 +104,7 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     let knear = tab.3;
     let elem = std::mem::size_of::<F>();
     let mut nn = knear.clamp(1, MAX_LIST);
-    while nn > 1 && smem_bytes(nn, elem) > MAX_DYNAMIC_SMEM {
+    while nn > 1 && smem_bytes(nn, elem) > max_dynamic_smem() {
         nn -= 1;
     }
     let smem = smem_bytes(nn, elem);

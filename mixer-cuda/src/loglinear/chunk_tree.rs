@@ -34,7 +34,7 @@ use super::FAMILY;
 use super::chunked::ChunkedInputs;
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, MAX_DYNAMIC_SMEM, err, gpu, int, launch, opt_in};
+use crate::runtime::{GpuReal, err, gpu, int, launch, max_dynamic_smem, opt_in};
 
 /// Most bytes of chunk states the form allocates.
 const MAX_TREE_BYTES: usize = 48 << 30;
@@ -255,7 +255,7 @@ pub(crate) fn run_delta<F: GpuReal>(
     let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
     // The sequential pass on tensor cores in the tf32 / bf16 modes, loading three chunks ahead
     // where that fits in shared memory, else two (the FMA kernel when neither fits).
-    let stages = (2..=3).rev().find(|&s| delta_h_tc_smem(dk, levels, s) <= MAX_DYNAMIC_SMEM);
+    let stages = (2..=3).rev().find(|&s| delta_h_tc_smem(dk, levels, s) <= max_dynamic_smem());
     let (name, smem, stages) = match stages {
         Some(s) if tensor_cores::<F>(p) => ("llc_delta_h_tc", delta_h_tc_smem(dk, levels, s), s),
         _ => ("llc_delta_h", smem, 0),

@@ -119,7 +119,7 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
     let y = match ll.base {
         Base::GatedDeltaNet
             if chunk_tree::delta_h_smem::<F>(dk, chunk_tree::delta_levels::<F>(ll.lift.is_some(), t))
-                <= crate::runtime::MAX_DYNAMIC_SMEM =>
+                <= crate::runtime::max_dynamic_smem() =>
         {
             chunk_tree::run_delta(ll, &inp, p)?
         }
