@@ -40,27 +40,43 @@ __device__ void tz_pack_w(const T* w, T* W, int R, int Tn, int Lw, int p) {
     W[i] = t < Tn ? w[r * Lw + t] : (T)0;
 }
 
-// Spectra: Yh[b,e,f] = Σ_i Wh[i,h(e),f] · Xh[b, src(e,i), f]. Grid (⌈F/256⌉, ≤ 65535) of 256
-// threads: block row y takes the rows be = b·C + e ≡ y (mod gridDim.y), so a thread's row indices
-// are uniform over its block and no thread divides per element (B·C fits in an int: the caller
-// checks B·C·p).
+// Spectra: Yh[b,e,f] = Σ_i Wh[i,h(e),f] · Xh[b, src(e,i), f]. Grid (⌈F/1024⌉, ≤ 65535) of 256
+// threads, each taking the bins f0 + 256·j, j < 4 (four loads of each operand in flight per
+// thread, coalesced over the block); block row y takes the rows be = b·C + e ≡ y (mod gridDim.y),
+// so a thread's row indices are uniform over its block and no thread divides per element (B·C
+// fits in an int: the caller checks B·C·p).
 template <typename T>
 __device__ void tz_mul(const Cplx<T>* Xh, const Cplx<T>* Wh, Cplx<T>* Yh, int B, int C, int H, int Kw, int F) {
-    const int f = blockIdx.x * blockDim.x + threadIdx.x;
-    if (f >= F) return;
+    constexpr int PER = 4, BLK = 256;
+    const int f0 = blockIdx.x * (BLK * PER) + threadIdx.x;
     const int CH = C / H, rows = B * C;
     for (int be = blockIdx.y; be < rows; be += gridDim.y) {
         const int e = be % C, b = be / C, h = e / CH;
-        T re = 0, im = 0;
+        T re[PER] = {}, im[PER] = {};
         for (int k = 0; k < Kw; ++k) {
             const int c = tz_src(e, k, Kw, CH);
             if (c < 0) continue;
-            const Cplx<T> a = Wh[((long long)k * H + h) * F + f];
-            const Cplx<T> x = Xh[((long long)b * C + c) * F + f];
-            re += a.re * x.re - a.im * x.im;
-            im += a.re * x.im + a.im * x.re;
+            const Cplx<T>* wr = Wh + ((long long)k * H + h) * F;
+            const Cplx<T>* xr = Xh + ((long long)b * C + c) * F;
+            Cplx<T> a[PER], x[PER];
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                const int f = f0 + j * BLK;
+                a[j] = f < F ? wr[f] : Cplx<T>{0, 0};
+                x[j] = f < F ? xr[f] : Cplx<T>{0, 0};
+            }
+#pragma unroll
+            for (int j = 0; j < PER; ++j) {
+                re[j] += a[j].re * x[j].re - a[j].im * x[j].im;
+                im[j] += a[j].re * x[j].im + a[j].im * x[j].re;
+            }
         }
-        Yh[(long long)be * F + f] = Cplx<T>{re, im};
+        Cplx<T>* yr = Yh + (long long)be * F;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int f = f0 + j * BLK;
+            if (f < F) yr[f] = Cplx<T>{re[j], im[j]};
+        }
     }
 }
 

@@ -33,12 +33,12 @@ pub(crate) fn tiles(rows: usize, c: usize, b: usize) -> Result<LaunchConfig> {
     })
 }
 
-/// The launch of `toeplitz_mul` over `rows` spectra of `nf` bins: 256 bins per block along x,
-/// one spectrum per block row along y (the kernel strides rows by the grid's height, at most
-/// 65535).
+/// The launch of `toeplitz_mul` over `rows` spectra of `nf` bins: 256 threads of four bins each
+/// per block along x, one spectrum per block row along y (the kernel strides rows by the grid's
+/// height, at most 65535).
 pub(crate) fn mul_grid(rows: usize, nf: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (nf.div_ceil(256).max(1) as u32, rows.clamp(1, 65535) as u32, 1),
+        grid_dim: (nf.div_ceil(1024).max(1) as u32, rows.clamp(1, 65535) as u32, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     }
