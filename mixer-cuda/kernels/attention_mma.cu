@@ -94,6 +94,8 @@ __device__ __forceinline__ void mask_tile(float (&s)[ATT_WM][ATT_BK / 8][4], int
 // to 0 instead, so that no ∞ − ∞ appears.
 __device__ __forceinline__ void softmax_update(float (&s)[ATT_WM][ATT_BK / 8][4], RowState& st,
                                                float (&o)[ATT_WM][ATT_D / 8][4], float scale_log2) {
+    float cf[ATT_WM][2];
+    bool moved = false;
 #pragma unroll
     for (int mt = 0; mt < ATT_WM; ++mt)
 #pragma unroll
@@ -117,12 +119,21 @@ __device__ __forceinline__ void softmax_update(float (&s)[ATT_WM][ATT_BK / 8][4]
                     sum += p;
                 }
             st.l[mt][r] = st.l[mt][r] * corr + sum;
+            cf[mt][r] = corr;
+            moved = moved || corr != 1.f;
+        }
+    // Rescale the accumulators only where some row of the warp has a new maximum (after the first
+    // tiles of a causal row the maximum rarely moves; corr = 1 leaves them unchanged anyway).
+    if (__any_sync(0xffffffffu, moved))
+#pragma unroll
+        for (int mt = 0; mt < ATT_WM; ++mt)
 #pragma unroll
             for (int dt = 0; dt < ATT_D / 8; ++dt) {
-                o[mt][dt][2 * r] *= corr;
-                o[mt][dt][2 * r + 1] *= corr;
+                o[mt][dt][0] *= cf[mt][0];
+                o[mt][dt][1] *= cf[mt][0];
+                o[mt][dt][2] *= cf[mt][1];
+                o[mt][dt][3] *= cf[mt][1];
             }
-        }
 }
 
 // Tile range of a query block: [first, last] key tiles, with the window's skip.
