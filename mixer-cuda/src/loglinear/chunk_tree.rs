@@ -260,7 +260,13 @@ pub(crate) fn run_delta<F: GpuReal>(
         Some(s) if tensor_cores::<F>(p) => ("llc_delta_h_tc", delta_h_tc_smem(dk, levels, s), s),
         _ => ("llc_delta_h", smem, 0),
     };
-    let f = k(name)?;
+    // The tensor-core pass is compiled for this Dk rounded up to 16, so that its loops unroll.
+    let f = if stages > 0 {
+        let dkp = [format!("-DDH_DKP={}", dk.div_ceil(16) * 16)];
+        g.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &dkp, &format!("{name}_{}", F::SUFFIX))?
+    } else {
+        k(name)?
+    };
     opt_in(FAMILY, &f)?;
     let cfg = LaunchConfig {
         grid_dim: (bh as u32, dv.div_ceil(16) as u32, 1),
