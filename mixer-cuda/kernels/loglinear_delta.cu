@@ -29,6 +29,14 @@ __device__ inline void llc_tri_inverse(const T* Lm, T* Tt) {
     }
 }
 
+// The chunk's T⁻¹ (column c in row c of Tt, rows of LDX) written row-major [CH][CH] at chunk j
+// of batch·head bh, for the lift's intra-chunk coefficients. 256 threads.
+template <typename T, int CH, int LDX>
+__device__ inline void llc_store_ti(T* Ti, const T* Tt, int bh, int j) {
+    T* dst = Ti + ((long long)bh * gridDim.x + j) * CH * CH;
+    for (int idx = threadIdx.x; idx < CH * CH; idx += 256) dst[idx] = Tt[(idx % CH) * LDX + idx / CH];
+}
+
 // 4. Gated DeltaNet (no lift), chunk-parallel WY/UT pieces (docs/math.md §2.6). Per chunk, with
 // γ and β: Lm = strict(diag(β)(KKᵀ ⊙ Γ)), T⁻¹ = (I + Lm)⁻¹ by forward substitution (four lanes per
 // column), W = T⁻¹ diag(β e^γ) K, U = T⁻¹ diag(β) V, written as W [B,T,H,Dk], U [B,T,H,Dv].
@@ -74,11 +82,7 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
     __syncthreads();
     llc_tri_inverse<T, CH, LDT, LDT>(Lm, Tt);
     __syncthreads();
-    if (want_ti) {
-        // T⁻¹ of the chunk, row-major [CH][CH], for the lift's intra-chunk coefficients.
-        T* dst = Ti + ((long long)bh * gridDim.x + j) * CH * CH;
-        for (int idx = tid; idx < CH * CH; idx += 256) dst[idx] = Tt[(idx % CH) * LDT + idx / CH];
-    }
+    if (want_ti) llc_store_ti<T, CH, LDT>(Ti, Tt, bh, j);
     // W (over key tiles), then U (over value tiles): out[r][col] = Σ_s T⁻¹[r][s] Y[s][col].
     for (int pass = 0; pass < 2; ++pass) {
         const int D = pass == 0 ? Dk : Dv;
@@ -183,11 +187,7 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
     __syncthreads();
     llc_tri_inverse<float, CH, LDL, LWT_LD>(Lm, Tt);
     __syncthreads();
-    if (want_ti) {
-        // T⁻¹ of the chunk, row-major [CH][CH], for the lift's intra-chunk coefficients.
-        float* dst = Ti + ((long long)bh * gridDim.x + j) * CH * CH;
-        for (int idx = tid; idx < CH * CH; idx += 256) dst[idx] = Tt[(idx % CH) * LWT_LD + idx / CH];
-    }
+    if (want_ti) llc_store_ti<float, CH, LWT_LD>(Ti, Tt, bh, j);
     // W (over key tiles), then U (over value tiles): out[r][col] = Σ_s T⁻¹[r][s] Y[s][col].
     const int send = (n + 7) & ~7;
     for (int pass = 0; pass < 2; ++pass) {
@@ -197,9 +197,9 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
         const bool vec = D % 4 == 0 && llc_al16(src);
         for (int c0 = 0; c0 < D; c0 += 64) {
             if (pass == 0)
-                stage(src, D, vec, c0, 1);
+                stage(src, D, vec, c0, 1);  // K times βᵣe^γᵣ
             else
-                stage(src, D, vec, c0, 2);
+                stage(src, D, vec, c0, 2);  // V times βᵣ
             __syncthreads();
             float o[4][4] = {};
             for (int k8 = 0; k8 < send; k8 += 8) {
