@@ -51,7 +51,7 @@ use ndarray::{
 };
 use rayon::prelude::*;
 
-use super::{heads_major, key};
+use super::{fused, heads_major, key};
 use crate::vmath::VecMath;
 use multiversion::multiversion;
 
@@ -211,9 +211,20 @@ impl<'a, F: VecMath> Rows<'a, F> {
 /// sum of a dot product in `F` is at most `Dk · max|q| · max|k| · (1 + 2·Dk·ε)`, so below
 /// `F::MAX` nothing overflows and the per-tile check is skipped. Non-finite inputs give
 /// `true`.
+#[cfg(test)]
 fn may_overflow<F: VecMath>(q: &[F], k: &[F], dk: usize) -> bool {
-    let bound = dk as f64 * max_abs(q) * max_abs(k) * (1.0 + 2.0 * dk as f64 * F::epsilon().f64());
+    overflows::<F>(qk_bound::<F>(q, k, dk))
+}
+
+/// Whether a bound of [`qk_bound`] admits an overflow in `F` (NaN: a non-finite input).
+fn overflows<F: VecMath>(bound: f64) -> bool {
     bound.is_nan() || bound >= F::max_value().f64()
+}
+
+/// The bound `Dk · max|q| · max|k| · (1 + 2·Dk·ε)` of every partial sum of a `q·k` in `F`
+/// ([`may_overflow`]); NaN if some entry is not finite.
+fn qk_bound<F: VecMath>(q: &[F], k: &[F], dk: usize) -> f64 {
+    dk as f64 * max_abs(q) * max_abs(k) * (1.0 + 2.0 * dk as f64 * F::epsilon().f64())
 }
 
 /// `maxᵢ |xᵢ|` in `f64`, NaN if some entry is not finite: in parallel blocks, each reduced in
@@ -283,7 +294,18 @@ fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) 
     let sigma = a.scale(dk);
     let abs = F::of(sigma.abs());
     let fast = dk > 0 && dv > 0 && sigma != 0.0 && abs.is_finite() && abs > F::zero();
-    let risky = fast && may_overflow(x.q, x.k, dk);
+    let bound = if fast { qk_bound(x.q, x.k, dk) } else { f64::NAN };
+    let risky = fast && overflows::<F>(bound);
+    // The fused kernel (f32, AVX-512, Dv ≤ 64) where `|σ|·log₂e·q·k` stays far inside f32.
+    let packed = match (F::as_f32(x.k), F::as_f32(x.v)) {
+        (Some(k), Some(v))
+            if fast && !risky && fused::available(dv) && bound * sigma.abs() * 8.0 < f32::MAX as f64 =>
+        {
+            Some(fused::Packed::new(k, v, bn * hn, tn, dk, dv))
+        }
+        _ => None,
+    };
+    let block = if packed.is_some() { fused::QB } else { FWD_BLOCK_Q };
     let shape_err = |e: ndarray::ShapeError| Error::Numerical(e.to_string());
     let y = ArrayViewMut4::from_shape((bn, tn, hn, dv), y).map_err(shape_err)?;
     let lse = ArrayViewMut3::from_shape((bn, tn, hn), lse).map_err(shape_err)?;
@@ -294,11 +316,11 @@ fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) 
                 yh.index_axis_move(Axis(0), 0).index_axis_move(Axis(1), 0),
                 lh.index_axis_move(Axis(0), 0).index_axis_move(Axis(1), 0),
             );
-            let mut outs: VecDeque<Out<'_, F>> = pieces(yh, 0, FWD_BLOCK_Q)
+            let mut outs: VecDeque<Out<'_, F>> = pieces(yh, 0, block)
                 .into_iter()
-                .zip(pieces(lh, 0, FWD_BLOCK_Q))
+                .zip(pieces(lh, 0, block))
                 .enumerate()
-                .map(|(i, (y, lse))| Out { b, h, i0: i * FWD_BLOCK_Q, y, lse })
+                .map(|(i, (y, lse))| Out { b, h, i0: i * block, y, lse })
                 .collect();
             while let Some(first) = outs.pop_front() {
                 tasks.push(std::iter::once(first).chain(outs.pop_back()).collect());
@@ -307,6 +329,37 @@ fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) 
     }
     let lg = a.logits(dk);
     tasks.into_par_iter().try_for_each(|task| {
+        if let Some(pk) = &packed {
+            let mut sc = fused::Scratch::new(dk);
+            for mut out in task {
+                let nq = out.lse.len();
+                let bh = (out.b, out.h);
+                let q = x.q(bh, out.i0, nq);
+                let done = F::as_f32(q.data).is_some_and(|qf| {
+                    let rows = (qf, q.stride, nq, out.i0);
+                    fused::query_block(a, pk, out.b * hn + out.h, rows, sigma < 0.0, sigma.abs(), &mut sc)
+                });
+                if done {
+                    for (r, (mut yr, l)) in out.y.rows_mut().into_iter().zip(out.lse.iter_mut()).enumerate() {
+                        yr.iter_mut().zip(&sc.y[r]).for_each(|(y, &o)| *y = F::of(o as f64));
+                        *l = F::of(sc.lse[r]);
+                    }
+                } else {
+                    let head = Head { q, k: x.k(bh, 0, tn), v: x.v(bh, 0, tn) };
+                    if !query_block(
+                        a,
+                        &head,
+                        out.i0,
+                        (abs, sigma < 0.0, risky),
+                        &mut sc_fallback(nq, dk, dv),
+                        &mut out,
+                    ) {
+                        exact_block(a, &lg, &head, out.i0, &mut out)?;
+                    }
+                }
+            }
+            return Ok(());
+        }
         let mut sc = Scratch::new(FWD_BLOCK_Q.div_ceil(NR) * NR, dk, dv);
         for mut out in task {
             let nq = out.lse.len();
@@ -318,6 +371,11 @@ fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) 
         }
         Ok(())
     })
+}
+
+/// Work buffers of the faer-tiled path for one block (where the fused kernel declined it).
+fn sc_fallback<F: VecMath>(nq: usize, dk: usize, dv: usize) -> Scratch<F> {
+    Scratch::new(nq.div_ceil(NR) * NR, dk, dv)
 }
 
 /// One head's rows for one query block: its queries `q [nq, Dk]` and all keys and values
