@@ -90,8 +90,8 @@ impl Packed {
 pub struct Scratch {
     qt: Vec<[f32; MR]>,
     pub y: Vec<[f32; KB]>,
-    m: Vec<f32>,
-    l: Vec<f32>,
+    m: Vec<[f32; 16]>,
+    l: Vec<[f32; 16]>,
     pub lse: Vec<f64>,
 }
 
@@ -101,8 +101,8 @@ impl Scratch {
         Scratch {
             qt: vec![[0.0; MR]; tiles * dk],
             y: vec![[0.0; KB]; tiles * MR],
-            m: vec![0.0; tiles * MR],
-            l: vec![0.0; tiles * MR],
+            m: vec![[0.0; 16]; tiles * MR],
+            l: vec![[0.0; 16]; tiles * MR],
             lse: vec![0.0; tiles * MR],
         }
     }
@@ -138,8 +138,8 @@ pub fn query_block(
         }
     }
     let n = tiles * MR;
-    sc.m[..n].fill(f32::NEG_INFINITY);
-    sc.l[..n].fill(0.0);
+    sc.m[..n].fill([f32::NEG_INFINITY; 16]);
+    sc.l[..n].fill([0.0; 16]);
     sc.y[..n].fill([0.0; KB]);
     let c = (abs * std::f64::consts::LOG2_E) as f32;
     let head = Head {
@@ -180,10 +180,10 @@ pub fn query_block(
         }
     }
     for r in 0..nq {
-        let (m, l) = (sc.m[r], sc.l[r]);
-        let inv = 1.0 / l;
+        let (m, l) = (sc.m[r][0], sc.l[r].iter().map(|&x| x as f64).sum::<f64>());
+        let inv = (1.0 / l) as f32;
         sc.y[r][..pk.dv].iter_mut().for_each(|x| *x *= inv);
-        sc.lse[r] = abs * m as f64 + (l as f64).ln();
+        sc.lse[r] = abs * m as f64 + l.ln();
     }
     true
 }
@@ -207,10 +207,11 @@ struct Span {
     c: f32,
 }
 
-/// The running state of a micro-tile's rows: maximum key, denominator, unnormalised output.
+/// The running state of a micro-tile's rows: maximum key (in every lane), denominator (16
+/// partial sums), unnormalised output.
 struct TileState<'a> {
-    m: &'a mut [f32; MR],
-    l: &'a mut [f32; MR],
+    m: &'a mut [[f32; 16]; MR],
+    l: &'a mut [[f32; 16]; MR],
     o: &'a mut [[f32; KB]; MR],
 }
 
@@ -250,6 +251,39 @@ mod avx512 {
         let s = &x[at..at + 16];
         // SAFETY: `s` holds 16 initialised `f32`; the load is unaligned.
         unsafe { _mm512_loadu_ps(s.as_ptr()) }
+    }
+
+    /// `maxᵢ xᵢ` in every lane (swaps of halves, then of quarters, pairs and neighbours).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn hmax(x: __m512) -> __m512 {
+        let x = _mm512_max_ps(x, _mm512_shuffle_f32x4::<0x4E>(x, x));
+        let x = _mm512_max_ps(x, _mm512_shuffle_f32x4::<0xB1>(x, x));
+        let x = _mm512_max_ps(x, _mm512_permute_ps::<0x4E>(x));
+        _mm512_max_ps(x, _mm512_permute_ps::<0xB1>(x))
+    }
+
+    /// Lane `r` of `x` in every lane.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn lane_bcast(r: usize, x: __m512) -> __m512 {
+        _mm512_permutexvar_ps(_mm512_set1_epi32(r as i32), x)
+    }
+
+    /// 16 lanes from `x`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn load16(x: &[f32; 16]) -> __m512 {
+        // SAFETY: `x` holds 16 initialised `f32`; the load is unaligned.
+        unsafe { _mm512_loadu_ps(x.as_ptr()) }
+    }
+
+    /// `x ← v`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn store16(x: &mut [f32; 16], v: __m512) {
+        // SAFETY: `x` is 16 writable `f32`; the store is unaligned.
+        unsafe { _mm512_storeu_ps(x.as_mut_ptr(), v) }
     }
 
     /// `x[at..at + 16] ← v`.
@@ -292,8 +326,10 @@ mod avx512 {
         let masked = j0 + KB - 1 > toks[0] || j0 < firsts[MR - 1];
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
         let cv = _mm512_set1_ps(c);
-        let mut p = Weights([[0.0f32; KB]; MR]);
-        let mut corr = [0.0f32; MR];
+        // Per row: the new running maximum (every lane), then the rescaling factors
+        // 2^{c(m − m')} of all rows by one exp2 (row r in lane r), all in registers.
+        let mut m_safe = [_mm512_setzero_ps(); MR];
+        let mut diff = _mm512_setzero_ps();
         for r in 0..MR {
             if masked {
                 let bits = lane_bits(firsts[r].saturating_sub(j0), (toks[r] + 1).saturating_sub(j0));
@@ -301,30 +337,36 @@ mod avx512 {
                     *acc = _mm512_mask_blend_ps((bits >> (16 * i)) as u16, ninf, *acc);
                 }
             }
-            let mx = _mm512_max_ps(_mm512_max_ps(s[r][0], s[r][1]), _mm512_max_ps(s[r][2], s[r][3]));
-            let m_old = st.m[r];
-            let m_new = m_old.max(_mm512_reduce_max_ps(mx));
-            // Before any visible key the maximum is −∞: weights e^{u − 0} of −∞ keys are 0.
-            let m_safe = if m_new == f32::NEG_INFINITY { 0.0 } else { m_new };
-            corr[r] = (c * (m_old - m_safe)).exp2();
-            let cm = _mm512_set1_ps(-c * m_safe);
+            let m4 = _mm512_max_ps(_mm512_max_ps(s[r][0], s[r][1]), _mm512_max_ps(s[r][2], s[r][3]));
+            let m_old = load16(&st.m[r]);
+            let m_new = _mm512_max_ps(m_old, hmax(m4));
+            store16(&mut st.m[r], m_new);
+            // Before any visible key the maximum is −∞: weights 2^{c(u − 0)} of −∞ keys are 0.
+            let none = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_new, ninf);
+            m_safe[r] = _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps());
+            diff = _mm512_mask_blend_ps(1 << r, diff, _mm512_sub_ps(m_old, m_safe[r]));
+        }
+        let corr_all = exp2(_mm512_mul_ps(cv, diff));
+        let corr: [__m512; MR] = std::array::from_fn(|r| lane_bcast(r, corr_all));
+        let mut p = Weights([[0.0f32; KB]; MR]);
+        for r in 0..MR {
+            let cmr = _mm512_mul_ps(_mm512_set1_ps(-c), m_safe[r]);
             let mut sum = _mm512_setzero_ps();
             for (i, &acc) in s[r].iter().enumerate() {
-                let w = exp2(_mm512_fmadd_ps(cv, acc, cm));
+                let w = exp2(_mm512_fmadd_ps(cv, acc, cmr));
                 store(&mut p.0[r], 16 * i, w);
                 sum = _mm512_add_ps(sum, w);
             }
-            st.l[r] = st.l[r] * corr[r] + _mm512_reduce_add_ps(sum);
-            st.m[r] = m_new;
+            let l = _mm512_fmadd_ps(load16(&st.l[r]), corr[r], sum);
+            store16(&mut st.l[r], l);
         }
         // o ← corr·o + Σ_s p_s v_s over the keys some row sees.
         let lo = firsts[0].saturating_sub(j0);
         let hi = (toks[MR - 1] + 1 - j0).min(KB);
         let mut o = [[_mm512_setzero_ps(); NV]; MR];
         for r in 0..MR {
-            let cr = _mm512_set1_ps(corr[r]);
             for (i, acc) in o[r].iter_mut().enumerate() {
-                *acc = _mm512_mul_ps(load(&st.o[r], 16 * i), cr);
+                *acc = _mm512_mul_ps(load(&st.o[r], 16 * i), corr[r]);
             }
         }
         let vb = &h.v[kb * KB..][..KB];
@@ -395,5 +437,48 @@ mod tests {
             }
             assert_eq!(out, [0.0; 16], "2^{x}");
         }
+    }
+
+    /// The kernel's rate on one thread over one causal head (`T` from `FUSED_T`, default
+    /// 4096; `Dk = Dv = 64`), by the thread's CPU time (`/proc/thread-self/schedstat`, so that
+    /// other load on the machine does not count) and wall clock; FLOPs `2·T²·D` (the causal
+    /// halves of `QKᵀ` and `PV`). A measurement, not a check:
+    /// `cargo test --release -p mixer-cpu --lib -- --ignored --nocapture fused_kernel_rate`.
+    #[test]
+    #[ignore]
+    fn fused_kernel_rate() {
+        use mixer_core::mixers::attention::{Attention, AttentionConfig};
+        let tn: usize = std::env::var("FUSED_T").ok().and_then(|s| s.parse().ok()).unwrap_or(4096);
+        let d = 64;
+        if !super::available(d) {
+            return;
+        }
+        let a = Attention::new("attention", AttentionConfig::default()).unwrap();
+        let x: Vec<f32> = (0..tn * d).map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5).collect();
+        let pk = super::Packed::new(&x, &x, 1, tn, d, d);
+        let mut sc = super::Scratch::new(d);
+        let cpu_ns = || -> f64 {
+            let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+            s.split_whitespace().next().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+        };
+        let run = |sc: &mut super::Scratch| {
+            for i0 in (0..tn).step_by(super::QB) {
+                let nq = super::QB.min(tn - i0);
+                assert!(super::query_block(&a, &pk, 0, (&x[i0 * d..], d, nq, i0), false, 0.125, sc));
+            }
+        };
+        run(&mut sc);
+        let (c0, w0) = (cpu_ns(), std::time::Instant::now());
+        let reps = 5;
+        for _ in 0..reps {
+            run(&mut sc);
+        }
+        let (cpu, wall) = ((cpu_ns() - c0) * 1e-9, w0.elapsed().as_secs_f64());
+        let flop = 2.0 * (tn * tn * d) as f64 * reps as f64;
+        println!(
+            "fused kernel, T = {tn}, one thread: {:.1} GFLOP/s by CPU time, {:.1} by wall clock",
+            flop / cpu / 1e9,
+            flop / wall / 1e9
+        );
     }
 }
