@@ -60,24 +60,34 @@ pub struct Packed {
 }
 
 impl Packed {
-    /// From heads-major `k [BH, T, Dk]` and `v [BH, T, Dv]` (`Dk, Dv ≥ 1`), in parallel over
-    /// heads.
-    pub fn new(k: &[f32], v: &[f32], bh: usize, tn: usize, dk: usize, dv: usize) -> Self {
+    /// From `k [B,T,H,Dk]`, `v [B,T,H,Dv]` (`Dk, Dv ≥ 1`), or from `[B,H,T,·]` where
+    /// `heads_major`, in parallel over heads.
+    pub fn new(
+        k: &[f32],
+        v: &[f32],
+        (bn, tn, hn, dk, dv): (usize, usize, usize, usize, usize),
+        heads_major: bool,
+    ) -> Self {
         let nkb = tn.div_ceil(KB);
+        let bh = bn * hn;
+        // Start of row t of head `i = b·H + h` in rows of width d.
+        let row = |i: usize, t: usize, d: usize| {
+            if heads_major { (i * tn + t) * d } else { ((i / hn * tn + t) * hn + i % hn) * d }
+        };
         let mut kt = vec![[0.0f32; KB]; bh * nkb * dk];
         let mut vp = vec![[0.0f32; KB]; bh * nkb * KB];
         if tn > 0 {
-            kt.par_chunks_mut(nkb * dk).zip(k.par_chunks(tn * dk)).for_each(|(dst, src)| {
-                for (t, row) in src.chunks_exact(dk).enumerate() {
+            kt.par_chunks_mut(nkb * dk).enumerate().for_each(|(i, dst)| {
+                for t in 0..tn {
                     let (b, lane) = (t / KB, t % KB);
-                    for (d, &x) in row.iter().enumerate() {
-                        dst[b * dk + d][lane] = x;
+                    for (lanes, &x) in dst[b * dk..][..dk].iter_mut().zip(&k[row(i, t, dk)..][..dk]) {
+                        lanes[lane] = x;
                     }
                 }
             });
-            vp.par_chunks_mut(nkb * KB).zip(v.par_chunks(tn * dv)).for_each(|(dst, src)| {
-                for (row, s) in dst.iter_mut().zip(src.chunks_exact(dv)) {
-                    row[..dv].copy_from_slice(s);
+            vp.par_chunks_mut(nkb * KB).enumerate().for_each(|(i, dst)| {
+                for (t, out) in dst[..tn].iter_mut().enumerate() {
+                    out[..dv].copy_from_slice(&v[row(i, t, dv)..][..dv]);
                 }
             });
         }
@@ -130,10 +140,14 @@ pub fn query_block(
     let sign = if neg { -1.0f32 } else { 1.0 };
     let qt = &mut sc.qt[..tiles * dk];
     for (tile, qtile) in qt.chunks_exact_mut(dk).enumerate() {
-        for (d, lanes) in qtile.iter_mut().enumerate() {
-            for (r, x) in lanes.iter_mut().enumerate() {
-                let row = tile * MR + r;
-                *x = if row < nq { sign * q[row * stride + d] } else { 0.0 };
+        for r in 0..MR {
+            let row = tile * MR + r;
+            if row < nq {
+                for (lanes, &x) in qtile.iter_mut().zip(&q[row * stride..][..dk]) {
+                    lanes[r] = sign * x;
+                }
+            } else {
+                qtile.iter_mut().for_each(|lanes| lanes[r] = 0.0);
             }
         }
     }
@@ -455,7 +469,7 @@ mod tests {
         }
         let a = Attention::new("attention", AttentionConfig::default()).unwrap();
         let x: Vec<f32> = (0..tn * d).map(|i| ((i * 7919) % 1013) as f32 / 1013.0 - 0.5).collect();
-        let pk = super::Packed::new(&x, &x, 1, tn, d, d);
+        let pk = super::Packed::new(&x, &x, (1, tn, 1, d, d), true);
         let mut sc = super::Scratch::new(d);
         let cpu_ns = || -> f64 {
             let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
