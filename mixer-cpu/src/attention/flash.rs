@@ -1,5 +1,10 @@
-//! The fast (streaming) form of attention: flash-style tiling with an online softmax, the
-//! two products of every tile done as matrix products (faer).
+//! The fast (streaming) form of attention: flash-style tiling with an online softmax.
+//!
+//! For `f32` with `Dv ≤ 64` on CPUs with AVX-512 every tile is computed by the fused
+//! register-tiled kernel of [`super::fused`] (query blocks of 96, keys and values packed once
+//! from the inputs' layout). Elsewhere — `f64`, other CPUs, wider values, and inputs whose
+//! scaled scores could approach the `f32` range — the two products of every tile are matrix
+//! products (faer), as described below.
 //!
 //! For a block of queries `[i₀, i₁)` the key blocks `[j₀, j₁)` that intersect the visible
 //! range `[max(0, i₀ + 1 − w), i₁)` are visited in order (tiles wholly outside the causal

@@ -1,9 +1,9 @@
 //! The fused tile kernel of the attention fast form: `f32`, `1 ≤ Dv ≤ 64`, on CPUs with
 //! AVX-512 (checked at run time; elsewhere the faer-tiled path of [`super::flash`] runs).
 //!
-//! Keys are the lanes. Per head the keys are packed once, transposed in blocks of
-//! [`KB`] = 64 keys (`Kᵀ_j [Dk, 64]`, four registers per row), and the values padded to 64
-//! columns and to whole key blocks (zeros). A query block is cut into micro-tiles of
+//! Keys are the lanes. Per head the keys are packed once (from `[B,T,H,D]` or `[B,H,T,D]`),
+//! transposed in blocks of [`KB`] = 64 keys (`Kᵀ_j [Dk, 64]`, four registers per row), and
+//! the values padded to 64 columns and to whole key blocks (zeros). A query block is cut into micro-tiles of
 //! [`MR`] = 6 queries; for every key block `j` that the micro-tile sees (causal, window) the
 //! kernel keeps in 24 registers the scores `u = sign(σ)·q_t·k_s` of 6 queries × 64 keys
 //! (`Dk` broadcast-FMA steps), masks the keys outside `[first(t), t]` (only on blocks that
@@ -12,7 +12,11 @@
 //! `m' = max(m, maxₛ u_s)`, `p_s = 2^{c·u_s − c·m'}`, `ℓ' = 2^{c(m − m')} ℓ + Σₛ p_s`,
 //! `o' = 2^{c(m − m')} o + Σₛ p_s v_s`, the last as 6 queries × `Dv` outputs held in registers
 //! across the keys of the block (the weights go through a 1.5 KiB stack buffer, no faer call,
-//! no score matrix). At the end `y_t = o/ℓ` and `LSE_t = |σ|·m + ln ℓ`.
+//! no score matrix). The row maxima are formed in registers (every lane holds the row's
+//! maximum), the six rescaling factors by one `exp2`, and `ℓ` is kept as 16 partial sums per
+//! row (summed in `f64` at the end). At the end `y_t = o/ℓ` and `LSE_t = |σ|·m + ln ℓ`.
+//! Within a query block the key blocks are the outer loop, so the 32 KiB of one key block's
+//! `Kᵀ` and `V` serve all 16 micro-tiles while in cache.
 //!
 //! `2^x` ([`exp2`]): `n = round(x)`, `f = x − n ∈ [−½, ½]`, `2^f` by a degree-6 polynomial
 //! (a relative-error least-squares fit on Chebyshev nodes; relative error below 1e-7 in
