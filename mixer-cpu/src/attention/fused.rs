@@ -245,8 +245,15 @@ mod avx512 {
     use std::arch::x86_64::*;
 
     /// Coefficients of `2^f ≈ Σᵢ Cᵢ fⁱ` on `[−½, ½]`, lowest degree first.
-    const C: [f32; 7] =
-        [1.0, 0.693_147_2, 0.240_226_46, 0.055_503_29, 0.009_618_52, 0.001_339_986, 0.000_153_375_77];
+    const C: [f32; 7] = [
+        1.0,
+        std::f32::consts::LN_2,
+        0.240_226_46,
+        0.055_503_29,
+        0.009_618_52,
+        0.001_339_986,
+        0.000_153_375_77,
+    ];
 
     /// `2^x` lane by lane (see the module docs); `x` is never NaN here.
     #[inline]
