@@ -28,6 +28,10 @@ pub trait VecMath: Real {
     /// built for a target with FMA (`multiversion::target::target_cfg_f!`), so the polynomial
     /// may use fused multiply-adds.
     fn exp_lane(x: Self, fused: bool) -> Self;
+
+    /// These values as `f32` when `Self` is `f32` (kernels written for `f32` only, such as
+    /// the fused attention tile, take their fast path through this), `None` otherwise.
+    fn as_f32(xs: &[Self]) -> Option<&[f32]>;
 }
 
 impl VecMath for f32 {
@@ -38,6 +42,9 @@ impl VecMath for f32 {
     #[inline(always)]
     fn exp_lane(x: f32, fused: bool) -> f32 {
         exp_f32_with(x, fused)
+    }
+    fn as_f32(xs: &[f32]) -> Option<&[f32]> {
+        Some(xs)
     }
 }
 
@@ -54,6 +61,9 @@ impl VecMath for f64 {
     #[inline(always)]
     fn exp_lane(x: f64, _fused: bool) -> f64 {
         x.exp()
+    }
+    fn as_f32(_: &[f64]) -> Option<&[f32]> {
+        None
     }
 }
 

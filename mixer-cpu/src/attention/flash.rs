@@ -1,5 +1,10 @@
-//! The fast (streaming) form of attention: flash-style tiling with an online softmax, the
-//! two products of every tile done as matrix products (faer).
+//! The fast (streaming) form of attention: flash-style tiling with an online softmax.
+//!
+//! For `f32` with `Dv ≤ 64` on CPUs with AVX-512 every tile is computed by the fused
+//! register-tiled kernel of [`super::fused`] (query blocks of 96, keys and values packed once
+//! from the inputs' layout). Elsewhere — `f64`, other CPUs, wider values, and inputs whose
+//! scaled scores could approach the `f32` range — the two products of every tile are matrix
+//! products (faer), as described below.
 //!
 //! For a block of queries `[i₀, i₁)` the key blocks `[j₀, j₁)` that intersect the visible
 //! range `[max(0, i₀ + 1 − w), i₁)` are visited in order (tiles wholly outside the causal
@@ -51,7 +56,7 @@ use ndarray::{
 };
 use rayon::prelude::*;
 
-use super::{heads_major, key};
+use super::{fused, heads_major, key};
 use crate::vmath::VecMath;
 use multiversion::multiversion;
 
@@ -80,12 +85,20 @@ pub fn flash<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>
         return Err(Error::shape(name, "[B, T, H, D]", fmt_shape(bad.shape())));
     };
     let qs = contiguous(inputs, "q", &[bn, tn, hn, dk])?;
-    contiguous(inputs, "k", &[bn, tn, hn, dk])?;
-    // The keys and values heads-major: every query block streams them, and contiguous rows
-    // stream faster than rows H·D apart (measured: about an eighth of the time at T = 16k).
-    let (ks, vs) = (heads_major(inputs, "k")?, heads_major(inputs, "v")?);
-    let (ks, vs) = (ks.as_slice().expect("contiguous"), vs.as_slice().expect("contiguous"));
-    let x = Qkv { q: &qs, k: ks, v: vs, bn, tn, hn, dk, dv, q_heads_major: false };
+    // The fused kernel packs the keys and values itself, from the inputs' layout; the faer
+    // path takes them heads-major: every query block streams them, and contiguous rows stream
+    // faster than rows H·D apart (measured: about an eighth of the time at T = 16k).
+    let (kc, vc, kh, vh);
+    let (ks, vs, kv_heads_major): (&[F], &[F], bool) = if F::as_f32(&[]).is_some() && fused::available(dv) {
+        kc = contiguous(inputs, "k", &[bn, tn, hn, dk])?;
+        vc = contiguous(inputs, "v", &[bn, tn, hn, dv])?;
+        (&kc, &vc, false)
+    } else {
+        contiguous(inputs, "k", &[bn, tn, hn, dk])?;
+        (kh, vh) = (heads_major(inputs, "k")?, heads_major(inputs, "v")?);
+        (kh.as_slice().expect("contiguous"), vh.as_slice().expect("contiguous"), true)
+    };
+    let x = Qkv { q: &qs, k: ks, v: vs, bn, tn, hn, dk, dv, q_heads_major: false, kv_heads_major };
     let mut y = Array4::<F>::zeros((bn, tn, hn, dv));
     let mut lse = vec![F::zero(); bn * tn * hn];
     let ys = y.as_slice_mut().expect("a new array is contiguous");
@@ -110,7 +123,7 @@ pub(crate) fn forward<F: VecMath>(
         k.as_slice().map_or_else(|| Cow::Owned(std(k)), Cow::Borrowed),
         v.as_slice().map_or_else(|| Cow::Owned(std(v)), Cow::Borrowed),
     );
-    let x = Qkv { q: &qs, k: &ks, v: &vs, bn, tn, hn, dk, dv, q_heads_major: true };
+    let x = Qkv { q: &qs, k: &ks, v: &vs, bn, tn, hn, dk, dv, q_heads_major: true, kv_heads_major: true };
     let mut y = Array4::<F>::zeros((bn, tn, hn, dv));
     let mut lse = Array3::<F>::zeros((bn, tn, hn));
     drive(
@@ -136,6 +149,7 @@ struct Qkv<'a, F> {
     dk: usize,
     dv: usize,
     q_heads_major: bool,
+    kv_heads_major: bool,
 }
 
 impl<'a, F: VecMath> Qkv<'a, F> {
@@ -165,10 +179,10 @@ impl<'a, F: VecMath> Qkv<'a, F> {
         self.rows(self.q, self.dk, self.q_heads_major, bh, t0, n)
     }
     fn k(&self, bh: (usize, usize), t0: usize, n: usize) -> Rows<'a, F> {
-        self.rows(self.k, self.dk, true, bh, t0, n)
+        self.rows(self.k, self.dk, self.kv_heads_major, bh, t0, n)
     }
     fn v(&self, bh: (usize, usize), t0: usize, n: usize) -> Rows<'a, F> {
-        self.rows(self.v, self.dv, true, bh, t0, n)
+        self.rows(self.v, self.dv, self.kv_heads_major, bh, t0, n)
     }
 }
 
@@ -211,9 +225,20 @@ impl<'a, F: VecMath> Rows<'a, F> {
 /// sum of a dot product in `F` is at most `Dk · max|q| · max|k| · (1 + 2·Dk·ε)`, so below
 /// `F::MAX` nothing overflows and the per-tile check is skipped. Non-finite inputs give
 /// `true`.
+#[cfg(test)]
 fn may_overflow<F: VecMath>(q: &[F], k: &[F], dk: usize) -> bool {
-    let bound = dk as f64 * max_abs(q) * max_abs(k) * (1.0 + 2.0 * dk as f64 * F::epsilon().f64());
+    overflows::<F>(qk_bound::<F>(q, k, dk))
+}
+
+/// Whether a bound of [`qk_bound`] admits an overflow in `F` (NaN: a non-finite input).
+fn overflows<F: VecMath>(bound: f64) -> bool {
     bound.is_nan() || bound >= F::max_value().f64()
+}
+
+/// The bound `Dk · max|q| · max|k| · (1 + 2·Dk·ε)` of every partial sum of a `q·k` in `F`
+/// ([`may_overflow`]); NaN if some entry is not finite.
+fn qk_bound<F: VecMath>(q: &[F], k: &[F], dk: usize) -> f64 {
+    dk as f64 * max_abs(q) * max_abs(k) * (1.0 + 2.0 * dk as f64 * F::epsilon().f64())
 }
 
 /// `maxᵢ |xᵢ|` in `f64`, NaN if some entry is not finite: in parallel blocks, each reduced in
@@ -283,7 +308,18 @@ fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) 
     let sigma = a.scale(dk);
     let abs = F::of(sigma.abs());
     let fast = dk > 0 && dv > 0 && sigma != 0.0 && abs.is_finite() && abs > F::zero();
-    let risky = fast && may_overflow(x.q, x.k, dk);
+    let bound = if fast { qk_bound(x.q, x.k, dk) } else { f64::NAN };
+    let risky = fast && overflows::<F>(bound);
+    // The fused kernel (f32, AVX-512, Dv ≤ 64) where `|σ|·log₂e·q·k` stays far inside f32.
+    let packed = match (F::as_f32(x.k), F::as_f32(x.v)) {
+        (Some(k), Some(v))
+            if fast && !risky && fused::available(dv) && bound * sigma.abs() * 8.0 < f32::MAX as f64 =>
+        {
+            Some(fused::Packed::new(k, v, (bn, tn, hn, dk, dv), x.kv_heads_major))
+        }
+        _ => None,
+    };
+    let block = if packed.is_some() { fused::QB } else { FWD_BLOCK_Q };
     let shape_err = |e: ndarray::ShapeError| Error::Numerical(e.to_string());
     let y = ArrayViewMut4::from_shape((bn, tn, hn, dv), y).map_err(shape_err)?;
     let lse = ArrayViewMut3::from_shape((bn, tn, hn), lse).map_err(shape_err)?;
@@ -294,11 +330,11 @@ fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) 
                 yh.index_axis_move(Axis(0), 0).index_axis_move(Axis(1), 0),
                 lh.index_axis_move(Axis(0), 0).index_axis_move(Axis(1), 0),
             );
-            let mut outs: VecDeque<Out<'_, F>> = pieces(yh, 0, FWD_BLOCK_Q)
+            let mut outs: VecDeque<Out<'_, F>> = pieces(yh, 0, block)
                 .into_iter()
-                .zip(pieces(lh, 0, FWD_BLOCK_Q))
+                .zip(pieces(lh, 0, block))
                 .enumerate()
-                .map(|(i, (y, lse))| Out { b, h, i0: i * FWD_BLOCK_Q, y, lse })
+                .map(|(i, (y, lse))| Out { b, h, i0: i * block, y, lse })
                 .collect();
             while let Some(first) = outs.pop_front() {
                 tasks.push(std::iter::once(first).chain(outs.pop_back()).collect());
@@ -307,6 +343,37 @@ fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) 
     }
     let lg = a.logits(dk);
     tasks.into_par_iter().try_for_each(|task| {
+        if let Some(pk) = &packed {
+            let mut sc = fused::Scratch::new(dk);
+            for mut out in task {
+                let nq = out.lse.len();
+                let bh = (out.b, out.h);
+                let q = x.q(bh, out.i0, nq);
+                let done = F::as_f32(q.data).is_some_and(|qf| {
+                    let rows = (qf, q.stride, nq, out.i0);
+                    fused::query_block(a, pk, out.b * hn + out.h, rows, sigma < 0.0, sigma.abs(), &mut sc)
+                });
+                if done {
+                    for (r, (mut yr, l)) in out.y.rows_mut().into_iter().zip(out.lse.iter_mut()).enumerate() {
+                        yr.iter_mut().zip(&sc.y[r]).for_each(|(y, &o)| *y = F::of(o as f64));
+                        *l = F::of(sc.lse[r]);
+                    }
+                } else {
+                    let head = Head { q, k: x.k(bh, 0, tn), v: x.v(bh, 0, tn) };
+                    if !query_block(
+                        a,
+                        &head,
+                        out.i0,
+                        (abs, sigma < 0.0, risky),
+                        &mut sc_fallback(nq, dk, dv),
+                        &mut out,
+                    ) {
+                        exact_block(a, &lg, &head, out.i0, &mut out)?;
+                    }
+                }
+            }
+            return Ok(());
+        }
         let mut sc = Scratch::new(FWD_BLOCK_Q.div_ceil(NR) * NR, dk, dv);
         for mut out in task {
             let nq = out.lse.len();
@@ -318,6 +385,11 @@ fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) 
         }
         Ok(())
     })
+}
+
+/// Work buffers of the faer-tiled path for one block (where the fused kernel declined it).
+fn sc_fallback<F: VecMath>(nq: usize, dk: usize, dv: usize) -> Scratch<F> {
+    Scratch::new(nq.div_ceil(NR) * NR, dk, dv)
 }
 
 /// One head's rows for one query block: its queries `q [nq, Dk]` and all keys and values

@@ -10,6 +10,7 @@
 pub mod backward;
 pub mod decoder;
 pub mod flash;
+mod fused;
 pub mod parallel;
 
 use mixer_core::Form;

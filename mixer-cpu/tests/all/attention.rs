@@ -63,6 +63,34 @@ fn fast_form_across_tile_boundaries() {
     }
 }
 
+/// The fused AVX-512 kernel of the fast form (f32, Dv ≤ 64; 96-query blocks of 6-query
+/// micro-tiles, 64-key blocks, keys and values packed from the `[B,T,H,D]` inputs) at lengths
+/// that are no multiple of any of these, several batch rows and heads (the packing's
+/// indexing), value widths that fill 1, 3 and 4 registers and one past the kernel (Dv = 65,
+/// the faer path), windows that cut micro-tiles and blocks, and a negative scale: every form
+/// against the f64 oracle in f64 and f32 (on CPUs without AVX-512 the same cases check the
+/// faer path).
+#[test]
+fn fused_kernel_across_blocks_heads_and_widths() {
+    let cpu = [cpu()];
+    let cases = [
+        (json!({}), 389usize, 64usize, 64usize),
+        (json!({"window": 100}), 389, 64, 48),
+        (json!({"window": 7, "scale": -0.3}), 211, 32, 16),
+        (json!({"scale": 2.5}), 97, 13, 64),
+        (json!({"window": 250}), 301, 64, 65),
+    ];
+    for (i, (cfg, t, dk, dv)) in cases.into_iter().enumerate() {
+        let m = mixer("attention", &cfg).unwrap();
+        let sizes = Sizes { batch: 2, seq: t, heads: 3, dk, dv, ..Sizes::default() };
+        let rows = check(m.as_ref(), &cpu, &sizes, 120 + i as u64);
+        assert_eq!(rows.len(), 6, "{rows:?}");
+        for r in rows {
+            assert!(r.pass, "{cfg} T={t} Dk={dk} Dv={dv}: {r:?}");
+        }
+    }
+}
+
 /// The shared backend suite on every configuration here, at T = 150 (several 64-key
 /// blocks, not a multiple of one): decode = fast at every prefix, the KV-cache formula, f32
 /// against f64, error paths.
