@@ -701,30 +701,28 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
             }
     }
     __syncthreads();
-    T yacc[RI][4] = {};
-    for (int s0 = 0; s0 < n; s0 += LLC_KT) {
-        for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
-            const int kk = idx / LLC_NT, dd = idx % LLC_NT, s = s0 + kk;
-            Ys[kk * LLC_LD + dd] = (s < n && d0 + dd < Dv) ? v[(row0 + (long long)s * H) * Dv + d0 + dd] : (T)0;
+    // acc += M · X, M = Mt transposed (Mt[s][r], rows r of the chunk), X the chunk's tokens s < n of
+    // a [B,T,H,D] array, columns col0 .. col0 + LLC_NT − 1; tokens staged LLC_KT at a time.
+    auto times_tokens = [&](T (&acc)[RI][4], const T* Mt, const T* src, int D, int col0) {
+        for (int s0 = 0; s0 < n; s0 += LLC_KT) {
+            for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
+                const int kk = idx / LLC_NT, cc = idx % LLC_NT, s = s0 + kk;
+                Ys[kk * LLC_LD + cc] =
+                    (s < n && col0 + cc < D) ? src[(row0 + (long long)s * H) * D + col0 + cc] : (T)0;
+            }
+            __syncthreads();
+            llc_gemm<T, RI, 4, LDC, LLC_LD>(acc, Mt + s0 * LDC, Ys, min(LLC_KT, n - s0), ty, tx);
+            __syncthreads();
         }
-        __syncthreads();
-        llc_gemm<T, RI, 4, LDC, LLC_LD>(yacc, At + s0 * LDC, Ys, min(LLC_KT, n - s0), ty, tx);
-        __syncthreads();
-    }
+    };
+    T yacc[RI][4] = {};
+    times_tokens(yacc, At, v, Dv, d0);  // A V
     const long long first = llc_popsum(i);
     const int ne = __popc((unsigned)i);
     for (int c0 = 0; ne > 0 && c0 < Dk; c0 += 64) {
         // Q̃ for key columns c0..c0+64: σ e^γ Q − P W.
         T qa[RI][4] = {};
-        for (int s0 = 0; s0 < n; s0 += LLC_KT) {
-            for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
-                const int kk = idx / LLC_NT, cc = idx % LLC_NT, s = s0 + kk;
-                Ys[kk * LLC_LD + cc] = (s < n && c0 + cc < Dk) ? W[(row0 + (long long)s * H) * Dk + c0 + cc] : (T)0;
-            }
-            __syncthreads();
-            llc_gemm<T, RI, 4, LDC, LLC_LD>(qa, Pt + s0 * LDC, Ys, min(LLC_KT, n - s0), ty, tx);
-            __syncthreads();
-        }
+        times_tokens(qa, Pt, W, Dk, c0);  // P W
 #pragma unroll
         for (int a = 0; a < RI; ++a)
 #pragma unroll

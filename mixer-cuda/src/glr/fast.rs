@@ -103,8 +103,8 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     let ce = glr.pattern().cache_efficient();
     let knear = tab.3;
     let elem = std::mem::size_of::<F>();
-    let mut nn = knear.clamp(1, MAX_LIST);
-    while nn > 1 && smem_bytes(nn, elem) > max_dynamic_smem() {
+    let (mut nn, limit) = (knear.clamp(1, MAX_LIST), max_dynamic_smem());
+    while nn > 1 && smem_bytes(nn, elem) > limit {
         nn -= 1;
     }
     let smem = smem_bytes(nn, elem);
