@@ -255,10 +255,11 @@ pub(crate) fn run_delta<F: GpuReal>(
     let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
     // The sequential pass on tensor cores in the tf32 / bf16 modes, loading three chunks ahead
     // where that fits in shared memory, else two (the FMA kernel when neither fits).
-    let stages = (2..=3).rev().find(|&s| delta_h_tc_smem(dk, levels, s) <= max_dynamic_smem());
+    let limit = max_dynamic_smem();
+    let stages = if tc { (2..=3).rev().find(|&s| delta_h_tc_smem(dk, levels, s) <= limit) } else { None };
     let (name, smem, stages) = match stages {
-        Some(s) if tensor_cores::<F>(p) => ("llc_delta_h_tc", delta_h_tc_smem(dk, levels, s), s),
-        _ => ("llc_delta_h", smem, 0),
+        Some(s) => ("llc_delta_h_tc", delta_h_tc_smem(dk, levels, s), s),
+        None => ("llc_delta_h", smem, 0),
     };
     // The tensor-core pass is compiled for this Dk rounded up to 16, so that its loops unroll.
     let f = if stages > 0 {
