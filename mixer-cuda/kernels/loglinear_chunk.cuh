@@ -149,3 +149,16 @@ __device__ __forceinline__ void llc_put4_tf32(float* dst, float4 x, float s) {
     dst[3] = __uint_as_float(mx_tf32(s * x.w));
 }
 __device__ __forceinline__ bool llc_al16(const void* p) { return ((unsigned long long)p & 15) == 0; }
+
+// Head dims fixed at compile time: the host compiles the chunk kernels for the call's Dk and Dv
+// (-DLLC_DK=…, -DLLC_DV=…) and passes the same values as arguments; each kernel starts with
+// LLC_FIX_DIMS(Dk, Dv), so that loop trip counts, vector-load tests and index arithmetic fold
+// into constants. Without the defines the kernels take the arguments as they are.
+#if defined(LLC_DK) && defined(LLC_DV)
+#define LLC_FIX_DIMS(Dk, Dv) (Dk = LLC_DK, Dv = LLC_DV)
+#if !defined(DH_DKP)
+#define DH_DKP ((LLC_DK + 15) / 16 * 16)
+#endif
+#else
+#define LLC_FIX_DIMS(Dk, Dv) ((void)0)
+#endif

@@ -26,6 +26,7 @@
 template <typename T>
 __device__ void llc_states(const T* k, const T* v, const T* g, int has_g, T* F, double* A, int Tn, int H, int Dk, int Dv,
                            int nc) {
+    LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH;
     __shared__ double gam[CH], gtmp[CH];
     __shared__ T Xs[CH * LLC_LD], Ys[CH * LLC_LD];  // K̂ [s][64 key columns], V [s][64 value columns]
@@ -74,6 +75,7 @@ __device__ void llc_states(const T* k, const T* v, const T* g, int has_g, T* F, 
 // 2. One tree level e ≥ 1. Grid (⌊NC/2^e⌋, BH), 256 threads.
 template <typename T>
 __device__ void llc_tree(T* __restrict__ F, double* A, int e, int BH, int Dk, int Dv, int nc) {
+    LLC_FIX_DIMS(Dk, Dv);
     const long long DD = (long long)Dk * Dv;
     const int m = blockIdx.x, bh = blockIdx.y;
     const long long lo = llc_entry(e - 1, bh, 2 * m, nc, BH), dst = llc_entry(e, bh, m, nc, BH);
@@ -129,6 +131,7 @@ __device__ inline int llc_levels(int i, int bh, int nc, int direct, const double
 template <typename T>
 __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_g, const T* lam, const T* F, const double* A,
                         T* y, int Tn, int H, int Dk, int Dv, int L, int lifted, int direct, int nc, double scale) {
+    LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH, CB = Llc<T>::CBITS, RI = CH / 16;
     __shared__ double gam[CH], gtmp[CH];
     __shared__ T Xs[LLC_KT * LLC_LD], Ys[LLC_KT * LLC_LD];
@@ -232,6 +235,7 @@ __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_
 __device__ void llc_out_tc(const float* q, const float* k, const float* v, const float* g, int has_g,
                            const float* lam, const float* F, const double* A, float* y, int Tn, int H, int Dk,
                            int Dv, int L, int lifted, int direct, int nc, double scale) {
+    LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, CB = 6;
     __shared__ double gam[CH], gtmp[CH];
     __shared__ float Qs[CH * LLT_LDQ];
@@ -408,6 +412,7 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 // (padded: fragment loads hit 32 banks). Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 128 threads.
 __device__ void llc_states_tc(const float* k, const float* v, const float* g, int has_g, float* F, double* A, int Tn,
                               int H, int Dk, int Dv, int nc) {
+    LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64;
     __shared__ double gam[CH], gtmp[CH];
     __shared__ float Ks[CH * LLT_LDV], Vs[CH * LLT_LDV];

@@ -44,6 +44,7 @@ __device__ inline void llc_store_ti(T* Ti, const T* Tt, int bh, int j) {
 template <typename T>
 __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* beta, T* W, T* U, T* Ti, int want_ti,
                        int Tn, int H, int Dk, int Dv) {
+    LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH, RI = CH / 16, LDT = CH + 1;
     __shared__ double gam[CH], gtmp[CH];
     __shared__ T Lm[CH * LDT];  // Lm[r][s]
@@ -122,6 +123,7 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
 #define LWT_LD 68
 __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int has_g, const float* beta, float* W,
                           float* U, float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
+    LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, LDL = CH + 1;
     __shared__ double gam[CH], gtmp[CH];
     __shared__ float bet[CH];
@@ -262,6 +264,7 @@ __device__ inline long long llc_popsum(long long j) {
 template <typename T>
 __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const T* U, T* Vn, T* Hs, int Tn, int H,
                             int Dk, int Dv, int nc, int lifted, int E, long long slots) {
+    LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH, RI = CH / 16, LDU = LLC_DVT + 1;
     const int LDW = Dk + 1;
     const int SD = Dk * LLC_DVT;  // one state tile
@@ -423,6 +426,7 @@ __device__ __forceinline__ void llc_cp_async16(void* dst, const void* src, int v
 __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
                                float* Hs, int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots,
                                int ST) {
+    LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, NW = 8, NT = NW * 32;
 #ifdef DH_DKP
     // The host compiles the pass for each Dk rounded up to 16 (-DDH_DKP=…): compile-time trip
@@ -646,6 +650,7 @@ template <typename T>
 __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int has_g, const T* beta, const T* lam,
                            const T* W, const T* Ti, const T* Hs, T* y, int Tn, int H, int Dk, int Dv, int L, int nc,
                            long long slots, double scale) {
+    LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH, CB = Llc<T>::CBITS, RI = CH / 16, LDC = CH + 1;
     extern __shared__ unsigned char llc_dyn[];
     T* Pt = reinterpret_cast<T*>(llc_dyn);  // Pt[s][r] = P[r][s]
@@ -771,6 +776,7 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
 __device__ void llc_out_dl_tc(const float* q, const float* k, const float* v, const float* g, int has_g,
                               const float* beta, const float* lam, const float* W, const float* Ti, const float* Hs,
                               float* y, int Tn, int H, int Dk, int Dv, int L, int nc, long long slots, double scale) {
+    LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, CB = 6;
     extern __shared__ unsigned char llc_dyn[];
     float* Pm = reinterpret_cast<float*>(llc_dyn);

@@ -75,6 +75,12 @@ fn tensor_cores<F: GpuReal>(p: Precision) -> bool {
     p != Precision::Exact && F::ELEM == "f32"
 }
 
+/// NVRTC options that fix the chunk kernels' head dims at compile time (`LLC_FIX_DIMS` in
+/// `loglinear_chunk.cuh`): one module per (Dk, Dv), compiled on first use.
+fn fixed_dims(dk: usize, dv: usize) -> [String; 2] {
+    [format!("-DLLC_DK={dk}"), format!("-DLLC_DV={dv}")]
+}
+
 /// Runs the three passes; returns `y` `[B, T, H, Dv]`.
 pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Precision) -> Result<Pooled<F>> {
     let [b, t, h, dk, dv] = x.dims;
@@ -84,7 +90,9 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Preci
     let entries = tree_entries(nc);
     check_sizes::<F>(x.dims, entries)?;
     let g = gpu()?;
-    let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &[], &format!("{name}_{}", F::SUFFIX));
+    let dims = fixed_dims(dk, dv);
+    let k =
+        |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &dims, &format!("{name}_{}", F::SUFFIX));
     debug_assert!(x.g.is_some() || ll.base == Base::LinearAttention);
     let (gv, has_g) = x.g_view();
     let levels = x.lam.as_ref().map_or(1, |(_, n)| *n);
@@ -153,7 +161,8 @@ pub(crate) fn outputs<F: GpuReal>(
     let (li, lifted, direct) = (int(FAMILY, "L", levels)?, lifted as i32, direct as i32);
     let scale = ll.scale;
     let (name, threads) = if tensor_cores::<F>(p) { ("llc_out_tc", 128) } else { ("llc_out", 256) };
-    let f = g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &[], &format!("{name}_{}", F::SUFFIX))?;
+    let f =
+        g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &fixed_dims(dk, dv), &format!("{name}_{}", F::SUFFIX))?;
     let cfg = LaunchConfig {
         grid_dim: (nc as u32, bh, dv.div_ceil(64) as u32),
         block_dim: (threads, 1, 1),
@@ -224,7 +233,8 @@ pub(crate) fn run_delta<F: GpuReal>(
     check_sizes::<F>(x.dims, slots.max(1))?;
     let smem = delta_h_smem::<F>(dk, levels);
     let g = gpu()?;
-    let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &[], &format!("{name}_{}", F::SUFFIX));
+    let dims = fixed_dims(dk, dv);
+    let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &dims, &format!("{name}_{}", F::SUFFIX));
     let (gv, has_g) = x.g_view();
     let beta = x.beta.as_ref().ok_or_else(|| err(FAMILY, "gated DeltaNet needs `beta`"))?;
     let (ti, hi, dki, dvi, nci) = (
@@ -261,13 +271,7 @@ pub(crate) fn run_delta<F: GpuReal>(
         Some(s) => ("llc_delta_h_tc", delta_h_tc_smem(dk, levels, s), s),
         None => ("llc_delta_h", smem, 0),
     };
-    // The tensor-core pass is compiled for this Dk rounded up to 16, so that its loops unroll.
-    let f = if stages > 0 {
-        let dkp = [format!("-DDH_DKP={}", dk.div_ceil(16) * 16)];
-        g.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &dkp, &format!("{name}_{}", F::SUFFIX))?
-    } else {
-        k(name)?
-    };
+    let f = k(name)?;
     opt_in(FAMILY, &f)?;
     let cfg = LaunchConfig {
         grid_dim: (bh as u32, dv.div_ceil(16) as u32, 1),
