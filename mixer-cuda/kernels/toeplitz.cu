@@ -21,7 +21,7 @@ __device__ void tz_pack_x(const T* x, T* X, int B, int Tn, int C, int p, long lo
     const int tx = threadIdx.x, ty = threadIdx.y;
     for (int j = ty; j < 32; j += 8) {
         const int t = t0 + j, c = c0 + tx;
-        tile[j][tx] = (t < Tn && c < C) ? x[b * sb + t * st + c] : (T)0;
+        tile[j][tx] = (t < Tn && c < C) ? x[b * sb + t * st + c] : T{};
     }
     __syncthreads();
     for (int j = ty; j < 32; j += 8) {
@@ -102,6 +102,70 @@ __device__ void tz_unpack(const T* Yr, const T* bias, int has_bias, T* y, int B,
             T v = tile[tx][j] * inv_p;
             if (has_bias) v += brow[t];
             y[((long long)b * Tn + t) * C + e] = v;
+        }
+    }
+}
+
+// The paired path (Kw = 1, an even number of channels per head): channels 2j and 2j + 1 of
+// x travel as one complex signal z_j = x_{2j} + i·x_{2j+1} (tz_pack_x with T = Cplx, reading x
+// as [B,T,C/2] pairs), one complex FFT of length p per pair, the product with the head's kernel
+// spectrum — the same real kernel for both channels, so ŷ_j = ŵ·ẑ_j needs no separation — and
+// the inverse gives y_{2j} + i·y_{2j+1}. ŵ is stored as its p/2 + 1 non-negative bins (real
+// transform); the others are ŵ_{p−f} conjugated.
+// Yz[be, f] = ŵ[h(2j), f]·Z[be, f] in place, be = b·(C/2) + j; grid and bins as tz_mul.
+template <typename T>
+__device__ void tz_mul_pairs(Cplx<T>* Z, const Cplx<T>* Wh, int B, int C, int H, int p) {
+    constexpr int PER = 4, BLK = 256;
+    const int f0 = blockIdx.x * (BLK * PER) + threadIdx.x;
+    const int CP = C / 2, CH = C / H, rows = B * CP, F = p / 2 + 1;
+    for (int be = blockIdx.y; be < rows; be += gridDim.y) {
+        const int h = (2 * (be % CP)) / CH;
+        const Cplx<T>* wr = Wh + (long long)h * F;
+        Cplx<T>* zr = Z + (long long)be * p;
+        Cplx<T> a[PER], z[PER];
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int f = f0 + j * BLK;
+            if (f < p) {
+                const Cplx<T> w = f < F ? wr[f] : wr[p - f];
+                a[j] = f < F ? w : Cplx<T>{w.re, -w.im};
+                z[j] = zr[f];
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int f = f0 + j * BLK;
+            if (f < p) zr[f] = Cplx<T>{a[j].re * z[j].re - a[j].im * z[j].im, a[j].re * z[j].im + a[j].im * z[j].re};
+        }
+    }
+}
+
+// Zr [B·C/2, p] (unnormalized inverse of the pairs) → y [B,T,C]: y_{2j} = Re·(1/p) + bias,
+// y_{2j+1} = Im·(1/p) + bias, through a 32 × 33 tile of pairs as tz_unpack. Block (32, 8),
+// grid (⌈T/32⌉, ⌈C/64⌉, B).
+template <typename T>
+__device__ void tz_unpack_pairs(const Cplx<T>* Zr, const T* bias, int has_bias, T* y, int B, int Tn, int C, int H,
+                                int p, int Lb) {
+    __shared__ Cplx<T> tile[32][33];
+    const int CP = C / 2;
+    const int t0 = blockIdx.x * 32, j0 = blockIdx.y * 32, b = blockIdx.z;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int jj = ty; jj < 32; jj += 8) {
+        const int j = j0 + jj, t = t0 + tx;
+        tile[jj][tx] = (j < CP && t < Tn) ? Zr[((long long)b * CP + j) * p + t] : Cplx<T>{};
+    }
+    __syncthreads();
+    const T inv_p = (T)1 / (T)p;
+    const int j = j0 + tx;
+    const T* brow = bias + (long long)((2 * j) / (C / H)) * Lb;  // read only where has_bias and j < CP
+    for (int tt = ty; tt < 32; tt += 8) {
+        const int t = t0 + tt;
+        if (t < Tn && j < CP) {
+            const Cplx<T> z = tile[tx][tt];
+            const T bb = has_bias ? brow[t] : (T)0;
+            T* yr = y + ((long long)b * Tn + t) * C + 2 * j;
+            yr[0] = z.re * inv_p + bb;
+            yr[1] = z.im * inv_p + bb;
         }
     }
 }
@@ -235,6 +299,17 @@ __device__ void tz_online_acc(const T* Yr, T* pending, int B, int C, int n, int 
     extern "C" __global__ void toeplitz_unpack_##S(const T* Yr, const T* bias, int has_bias, T* y, int B, int Tn, \
                                                    int C, int H, int p, int Lb) {                                \
         tz_unpack<T>(Yr, bias, has_bias, y, B, Tn, C, H, p, Lb);                                                 \
+    }                                                                                                            \
+    extern "C" __global__ void toeplitz_pack_pairs_##S(const Cplx<T>* x, Cplx<T>* Z, int B, int Tn, int CP, int p,   \
+                                                       long long sb, long long st) {                             \
+        tz_pack_x<Cplx<T>>(x, Z, B, Tn, CP, p, sb, st);                                                          \
+    }                                                                                                            \
+    extern "C" __global__ void toeplitz_mul_pairs_##S(Cplx<T>* Z, const Cplx<T>* Wh, int B, int C, int H, int p) {  \
+        tz_mul_pairs<T>(Z, Wh, B, C, H, p);                                                                      \
+    }                                                                                                            \
+    extern "C" __global__ void toeplitz_unpack_pairs_##S(const Cplx<T>* Zr, const T* bias, int has_bias, T* y,      \
+                                                         int B, int Tn, int C, int H, int p, int Lb) {           \
+        tz_unpack_pairs<T>(Zr, bias, has_bias, y, B, Tn, C, H, p, Lb);                                           \
     }                                                                                                            \
     extern "C" __global__ void toeplitz_direct_##S(const T* x, const T* w, const T* bias, int has_bias, T* y,    \
                                                    int B, int Tn, int C, int H, int Kw, int Lw, int Lb) {        \

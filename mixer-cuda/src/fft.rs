@@ -1,22 +1,34 @@
-//! Batched real FFTs through cuFFT, with plans cached per (size, batch, direction, dtype).
+//! Batched FFTs through cuFFT, with plans cached per (size, batch, kind, dtype).
 //!
-//! Forward: `batch` contiguous real rows of length `n` → `batch` rows of `n/2 + 1` complex
-//! bins, `x̂_f = Σ_t x_t e^(−2π i f t / n)`. Inverse: the unnormalized C2R transform
-//! (the caller divides by `n` once).
+//! Real forward: `batch` contiguous real rows of length `n` → `batch` rows of `n/2 + 1` complex
+//! bins, `x̂_f = Σ_t x_t e^(−2π i f t / n)`. Real inverse: the unnormalized C2R transform
+//! (the caller divides by `n` once). Complex: `batch` rows of `n` complex values, forward
+//! (`e^(−2π i f t / n)`) or unnormalized inverse.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex};
 
 use cudarc::cufft::sys::{cufftType, double2, float2};
-use cudarc::cufft::{CudaFft, result::CufftError};
+use cudarc::cufft::{CudaFft, FftDirection, result::CufftError};
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use mixer_core::Result;
 
 use crate::pool::{self, Pooled};
 use crate::runtime::{GpuReal, err, gpu};
 
-/// Cached cuFFT plans, keyed by (n, batch, inverse, f64), for the backend's one stream.
-static PLANS: LazyLock<Mutex<HashMap<(usize, usize, bool, bool), CudaFft>>> =
+/// The transform a plan computes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Kind {
+    /// Real to complex (R2C / D2Z).
+    Forward,
+    /// Complex to real (C2R / Z2D).
+    Inverse,
+    /// Complex to complex (C2C / Z2Z; the direction is chosen at execution).
+    Complex,
+}
+
+/// Cached cuFFT plans, keyed by (n, batch, kind, f64), for the backend's one stream.
+static PLANS: LazyLock<Mutex<HashMap<(usize, usize, Kind, bool), CudaFft>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// A scalar with cuFFT real transforms.
@@ -29,10 +41,23 @@ pub trait FftReal: GpuReal {
     const FWD: cufftType;
     /// Inverse (C2R / Z2D) transform type.
     const INV: cufftType;
+    /// Complex (C2C / Z2Z) transform type.
+    const CPLX: cufftType;
     /// Runs a forward plan.
     fn exec_fwd(p: &CudaFft, x: &CudaSlice<Self>, y: &mut CudaSlice<Self::C>) -> Result<(), CufftError>;
     /// Runs an inverse plan (cuFFT may overwrite its input).
     fn exec_inv(p: &CudaFft, x: &mut CudaSlice<Self::C>, y: &mut CudaSlice<Self>) -> Result<(), CufftError>;
+    /// Runs a complex plan, forward or inverse.
+    fn exec_cplx(
+        p: &CudaFft,
+        x: &mut CudaSlice<Self::C>,
+        y: &mut CudaSlice<Self::C>,
+        inverse: bool,
+    ) -> Result<(), CufftError>;
+}
+
+fn direction(inverse: bool) -> FftDirection {
+    if inverse { FftDirection::Inverse } else { FftDirection::Forward }
 }
 
 impl FftReal for f32 {
@@ -40,11 +65,20 @@ impl FftReal for f32 {
     const DOUBLE: bool = false;
     const FWD: cufftType = cufftType::CUFFT_R2C;
     const INV: cufftType = cufftType::CUFFT_C2R;
+    const CPLX: cufftType = cufftType::CUFFT_C2C;
     fn exec_fwd(p: &CudaFft, x: &CudaSlice<f32>, y: &mut CudaSlice<float2>) -> Result<(), CufftError> {
         p.exec_r2c(x, y)
     }
     fn exec_inv(p: &CudaFft, x: &mut CudaSlice<float2>, y: &mut CudaSlice<f32>) -> Result<(), CufftError> {
         p.exec_c2r(x, y)
+    }
+    fn exec_cplx(
+        p: &CudaFft,
+        x: &mut CudaSlice<float2>,
+        y: &mut CudaSlice<float2>,
+        inverse: bool,
+    ) -> Result<(), CufftError> {
+        p.exec_c2c(x, y, direction(inverse))
     }
 }
 
@@ -53,11 +87,20 @@ impl FftReal for f64 {
     const DOUBLE: bool = true;
     const FWD: cufftType = cufftType::CUFFT_D2Z;
     const INV: cufftType = cufftType::CUFFT_Z2D;
+    const CPLX: cufftType = cufftType::CUFFT_Z2Z;
     fn exec_fwd(p: &CudaFft, x: &CudaSlice<f64>, y: &mut CudaSlice<double2>) -> Result<(), CufftError> {
         p.exec_d2z(x, y)
     }
     fn exec_inv(p: &CudaFft, x: &mut CudaSlice<double2>, y: &mut CudaSlice<f64>) -> Result<(), CufftError> {
         p.exec_z2d(x, y)
+    }
+    fn exec_cplx(
+        p: &CudaFft,
+        x: &mut CudaSlice<double2>,
+        y: &mut CudaSlice<double2>,
+        inverse: bool,
+    ) -> Result<(), CufftError> {
+        p.exec_z2z(x, y, direction(inverse))
     }
 }
 
@@ -66,13 +109,13 @@ fn cufft_present() -> bool {
     std::panic::catch_unwind(|| unsafe { cudarc::cufft::sys::is_culib_present() }).unwrap_or(false)
 }
 
-/// Runs `f` with the cached plan for (n, batch, direction) of type `F`, creating it if needed.
+/// Runs `f` with the cached plan for (n, batch, kind) of type `F`, creating it if needed.
 /// The cache's lock is held while the transform is enqueued.
 fn with_plan<F: FftReal, R>(
     kernel: &str,
     n: usize,
     batch: usize,
-    inverse: bool,
+    kind: Kind,
     f: impl FnOnce(&CudaFft) -> Result<R, CufftError>,
 ) -> mixer_core::Result<R> {
     let g = gpu()?;
@@ -82,11 +125,15 @@ fn with_plan<F: FftReal, R>(
     let ni = i32::try_from(n).map_err(|_| err(kernel, format!("FFT size {n} exceeds i32")))?;
     let bi = i32::try_from(batch).map_err(|_| err(kernel, format!("FFT batch {batch} exceeds i32")))?;
     let mut cache = PLANS.lock().map_err(|_| err(kernel, "FFT plan cache poisoned"))?;
-    let key = (n, batch, inverse, F::DOUBLE);
+    let key = (n, batch, kind, F::DOUBLE);
     let plan = match cache.entry(key) {
         std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
         std::collections::hash_map::Entry::Vacant(v) => {
-            let ty = if inverse { F::INV } else { F::FWD };
+            let ty = match kind {
+                Kind::Forward => F::FWD,
+                Kind::Inverse => F::INV,
+                Kind::Complex => F::CPLX,
+            };
             let plan = CudaFft::plan_1d(ni, ty, bi, g.stream.clone())
                 .map_err(|e| err(kernel, format!("cuFFT plan (n = {n}, batch = {batch}, {ty:?}): {e}")))?;
             v.insert(plan)
@@ -99,7 +146,7 @@ fn with_plan<F: FftReal, R>(
 /// returns `batch` rows of `n/2 + 1` bins.
 pub fn rfft<F: FftReal>(kernel: &str, x: &CudaSlice<F>, n: usize, batch: usize) -> Result<Pooled<F::C>> {
     let mut y = pool::take::<F::C>(kernel, batch * (n / 2 + 1))?;
-    with_plan::<F, ()>(kernel, n, batch, false, |p| F::exec_fwd(p, x, &mut *y))?;
+    with_plan::<F, ()>(kernel, n, batch, Kind::Forward, |p| F::exec_fwd(p, x, &mut *y))?;
     Ok(y)
 }
 
@@ -107,6 +154,20 @@ pub fn rfft<F: FftReal>(kernel: &str, x: &CudaSlice<F>, n: usize, batch: usize) 
 /// overwrite them); returns `batch` real rows of length `n`, scaled by `n`.
 pub fn irfft<F: FftReal>(kernel: &str, mut x: Pooled<F::C>, n: usize, batch: usize) -> Result<Pooled<F>> {
     let mut y = pool::take::<F>(kernel, batch * n)?;
-    with_plan::<F, ()>(kernel, n, batch, true, |p| F::exec_inv(p, &mut *x, &mut *y))?;
+    with_plan::<F, ()>(kernel, n, batch, Kind::Inverse, |p| F::exec_inv(p, &mut *x, &mut *y))?;
+    Ok(y)
+}
+
+/// Complex FFT of `batch` rows of `n` values (consumed: cuFFT may overwrite them), forward or
+/// unnormalized inverse (scaled by `n`); returns `batch` rows of `n` values.
+pub fn cfft<F: FftReal>(
+    kernel: &str,
+    mut x: Pooled<F::C>,
+    n: usize,
+    batch: usize,
+    inverse: bool,
+) -> Result<Pooled<F::C>> {
+    let mut y = pool::take::<F::C>(kernel, batch * n)?;
+    with_plan::<F, ()>(kernel, n, batch, Kind::Complex, |p| F::exec_cplx(p, &mut *x, &mut *y, inverse))?;
     Ok(y)
 }

@@ -2,14 +2,17 @@
 //! with zero-padded transforms of a fast size `p ≥ 2T − 1` (no circular wrap-around).
 //! `x` goes to rows of `p` and `y` comes back through tiled shared-memory transposes
 //! (coalesced on both sides); the kernel spectra `ŵ` are cached per kernel tensor
-//! ([`super::spectra`]).
+//! ([`super::spectra`]). With one tap per channel (`K_w = 1`) and an even number of channels
+//! per head, channels `2j` and `2j + 1` share their head's kernel and travel as one complex
+//! signal `x_{2j} + i·x_{2j+1}` through complex FFTs of length `p` (no real-transform pre- and
+//! post-processing passes, half the rows).
 
 use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::toeplitz::{Toeplitz, fast_size};
 use mixer_core::{Precision, Result};
 
 use super::{FAMILY, prepare};
-use crate::fft::{FftReal, irfft, rfft};
+use crate::fft::{FftReal, cfft, irfft, rfft};
 use crate::forms::finish;
 use crate::kernels;
 use crate::pool;
@@ -62,6 +65,29 @@ pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result
     let [bi, ti, ci, hi, kwi, _, lb] = d.dims;
     let (ni, nfi) = (int(FAMILY, "p", n)?, int(FAMILY, "p/2+1", nf)?);
     let xv = d.x.view();
+    let zero = pool::zeros::<F>(FAMILY, 1)?;
+    let (bias, has_bias) = match &d.bias {
+        Some(v) => (v.view(), 1i32),
+        None => (zero.slice(0..1), 0i32),
+    };
+    let mut y = pool::take::<F>(FAMILY, b * t * c)?;
+    let pairs = kw == 1 && (c / h) % 2 == 0 && d.x.identity().1 % 2 == 0;
+    if pairs {
+        // x as [B, T, C/2] complex pairs (8- or 16-byte aligned: an even element offset).
+        let cp = c / 2;
+        let cpi = int(FAMILY, "C/2", cp)?;
+        let mut z = pool::take::<F::C>(FAMILY, b * cp * n)?;
+        let (sb, st) = ((t * cp) as i64, cp as i64);
+        launch!(g, FAMILY, f("toeplitz_pack_pairs")?, tiles(n, cp, b)?; &xv, &mut *z, &bi, &ti, &cpi, &ni, &sb, &st)?;
+        let wh = super::spectra::spectra::<F>(&d.w, h, t, n)?;
+        let mut zh = cfft::<F>(FAMILY, z, n, b * cp, false)?;
+        launch!(g, FAMILY, f("toeplitz_mul_pairs")?, mul_grid(b * cp, n); &mut *zh, &**wh, &bi, &ci, &hi, &ni)?;
+        drop(wh);
+        let zr = cfft::<F>(FAMILY, zh, n, b * cp, true)?;
+        launch!(g, FAMILY, f("toeplitz_unpack_pairs")?, tiles(t, cp, b)?;
+            &*zr, &bias, &has_bias, &mut *y, &bi, &ti, &ci, &hi, &ni, &lb)?;
+        return finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p);
+    }
     let mut xp = pool::take::<F>(FAMILY, b * c * n)?;
     let (sb, st) = ((t * c) as i64, c as i64);
     launch!(g, FAMILY, f("toeplitz_pack_x")?, tiles(n, c, b)?; &xv, &mut *xp, &bi, &ti, &ci, &ni, &sb, &st)?;
@@ -72,12 +98,6 @@ pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result
     launch!(g, FAMILY, f("toeplitz_mul")?, mul_grid(b * c, nf); &*xh, &**wh, &mut *yh, &bi, &ci, &hi, &kwi, &nfi)?;
     drop((xh, wh));
     let yr = irfft::<F>(FAMILY, yh, n, b * c)?;
-    let zero = pool::zeros::<F>(FAMILY, 1)?;
-    let (bias, has_bias) = match &d.bias {
-        Some(v) => (v.view(), 1i32),
-        None => (zero.slice(0..1), 0i32),
-    };
-    let mut y = pool::take::<F>(FAMILY, b * t * c)?;
     launch!(g, FAMILY, f("toeplitz_unpack")?, tiles(t, c, b)?;
         &*yr, &bias, &has_bias, &mut *y, &bi, &ti, &ci, &hi, &ni, &lb)?;
     finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p)
