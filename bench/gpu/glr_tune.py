@@ -1,26 +1,18 @@
 """Tuning harness for the GLR fast-form kernel (mixer-cuda/kernels/glr.cu, glr_tiled) on a GPU
 machine with CuPy, without a Rust build: compiles the kernel file with NVRTC under different
-compile-time settings (tile length GLR_L, channels per block GLR_CH, gather-list length GLR_NN),
+compile-time settings (tile length GLR_L, channels per block GLR_CH, taps sorted per token GLR_NN),
 checks the first 8 channels against a float64 loop over the first 2500 tokens, and times the
 kernel alone with CUDA events (inputs on the device, C = 1024, B = 1, has_a = 0).
 
     python3 bench/gpu/glr_tune.py [T]            # checks and timings of the default variants
-    HOOKS=1 python3 bench/gpu/glr_tune.py [T]    # the sequential warp alone, with parts removed
+    FILES=a.cu,b.cu python3 bench/gpu/glr_tune.py [T]   # the same for other kernel files, side by side
     ONE=1 python3 bench/gpu/glr_tune.py [T]      # one checked pow2 run (e.g. under compute-sanitizer)
 """
 import sys, cupy as cp, numpy as np
-src = open("mixer-cuda/kernels/common.cuh").read() + open("mixer-cuda/kernels/glr.cu").read()
 import os
-if os.environ.get("HOOKS"):
-    a1 = "                for (int tl = 0; tl < lim; ++tl) {"
-    assert src.count(a1) == 1
-    src = src.replace(a1, "#ifdef GLR_NO_SEQ\n                for (int tl = 0; tl < 0; ++tl) {\n#else\n" + a1 + "\n#endif", 1)
-    a3 = "                    ring[(t % (2 * GLR_L)) * GLR_CH + c] = acc;\n                    if (cc < C) y[(row + t) * C + cc] = acc;"
-    assert src.count(a3) == 1
-    src = src.replace(a3, "#ifndef GLR_NO_RING\n                    ring[(t % (2 * GLR_L)) * GLR_CH + c] = acc;\n#endif\n#ifndef GLR_NO_YSTORE\n                    if (cc < C) y[(row + t) * C + cc] = acc;\n#endif", 1)
-    a2 = "            if (t < Tn) {\n                const bool live"
-    assert src.count(a2) == 1
-    src = src.replace(a2, "            if (t < Tn) {\n#ifdef GLR_NO_PROD\n                const bool live = false;\n#else\n                const bool live = cc < C;\n#endif\n                const bool live_unused", 1)
+COMMON = open("mixer-cuda/kernels/common.cuh").read()
+FILES = os.environ.get("FILES", "mixer-cuda/kernels/glr.cu").split(",")
+src = COMMON + open(FILES[0]).read()
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 65536
 C = 1024
 def table(pattern):
@@ -36,7 +28,8 @@ def knear(f, a, ce, L):
 rng = cp.random.default_rng(0)
 x = rng.standard_normal((T, C), dtype=cp.float32)
 al = rng.standard_normal((T, C), dtype=cp.float32)
-def run(pattern, ce, L=64, CH=8, NN=None, check=False, tlen=None, extra=()):
+def run(pattern, ce, L=64, CH=8, NN=None, check=False, tlen=None, extra=(), code=None):
+    code = code or src
     Tn = tlen or T
     f, a = table(pattern)
     f, a = f[f <= Tn - 1], a[:len(f[f <= Tn - 1])]
@@ -45,9 +38,17 @@ def run(pattern, ce, L=64, CH=8, NN=None, check=False, tlen=None, extra=()):
     kn_ = knear(f, a, ce, L)
     nn = NN or max(1, min(kn_, 16))
     TH = 32 + L * CH
-    mod = cp.RawModule(code=src, options=("--std=c++17", f"-DGLR_L={L}", f"-DGLR_CH={CH}", f"-DGLR_NN={nn}") + tuple(extra))
+    opts = ("--std=c++17", f"-DGLR_L={L}", f"-DGLR_CH={CH}", f"-DGLR_NN={nn}")
+    if "GLR_NL" in code:
+        # records [pre, b1, b2, list] and slot records (the layout of glr/fast.rs's smem_bytes)
+        k2 = int(sum(1 for v in f if v <= 2)); nl = max(0, min(kn_, nn) - k2)
+        rec, srec = (3 + nl + 3) // 4 * 4, 16 if nl > 8 else 8
+        opts += (f"-DGLR_K2={k2}", f"-DGLR_NL={nl}", f"-DGLR_FARNEAR={int(kn_ > nn)}")
+        smem = 2 * L * CH * rec * 4 + (2 * L + 1) * CH * 4 + 2 * L * CH * srec * 2
+    else:  # the layout before the records (kernel files up to session 7), to time older files
+        smem = 4 * L * CH * 4 + 2 * L * nn * CH * 4 + (2 * L + 1) * CH * 4 + 2 * L * nn * CH * 2
+    mod = cp.RawModule(code=code, options=opts + tuple(extra))
     fn = mod.get_function("glr_tiled_f32")
-    smem = 4 * L * CH * 4 + 2 * L * nn * CH * 4 + (2 * L + 1) * CH * 4 + 2 * L * nn * CH * 2
     fn.max_dynamic_shared_size_bytes = 160 * 1024
     off, st = cp.asarray(f), cp.asarray(a)
     y = cp.full((Tn, C), cp.nan, cp.float32)
@@ -68,28 +69,34 @@ def run(pattern, ce, L=64, CH=8, NN=None, check=False, tlen=None, extra=()):
             ref[t] = acc
         err = np.abs(yb[:n] - ref).max() / np.abs(ref).max()
         msg = f"  rel err {err:.2e}  nan {int(cp.isnan(y).sum())}"
+    tag = ""
     e0, e1 = cp.cuda.Event(), cp.cuda.Event()
     ts = []
     for _ in range(3):
         e0.record(); fn(grid, (TH,), args, shared_mem=smem); e1.record(); e1.synchronize()
         ts.append(cp.cuda.get_elapsed_time(e0, e1))
-    print(f"{' '.join(extra)} {pattern:5s} ce={int(ce)} T={Tn} L={L} CH={CH} NN={nn} knear={kn_} smem={smem}: {np.median(ts):8.3f} ms{msg}", flush=True)
+    print(f"{tag}{' '.join(extra)} {pattern:5s} ce={int(ce)} T={Tn} L={L} CH={CH} NN={nn} knear={kn_} smem={smem}: {np.median(ts):8.3f} ms{msg}", flush=True)
     del beta
-import os
-if os.environ.get("HOOKS"):
-    for e in [("-DGLR_NO_PROD",), ("-DGLR_NO_PROD", "-DGLR_NO_YSTORE"), ("-DGLR_NO_PROD", "-DGLR_NO_RING"), ("-DGLR_NO_PROD", "-DGLR_NO_RING", "-DGLR_NO_YSTORE")]:
-        run("pow2", False, extra=e)
-    run("pow2", False, extra=("-DGLR_NO_PROD",), NN=1)
-    open("/tmp/glr_hooked.cu", "w").write(src)
-    sys.exit(0)
 if os.environ.get("ONE"):
     run("pow2", False, check=True); sys.exit(0)
-run("pow2", False, check=True)
-run("pow2", True, check=True)
-run("kth", False, check=True)
-run("pow2", False, NN=3, check=True, tlen=5000)
-run("pow2", True, NN=2, check=True, tlen=5000)
-run("sq1", False, check=True, tlen=4099)
-run("sq1", True, check=True, tlen=4099)
-for (L, CH) in [(32, 8), (64, 4), (32, 16), (128, 4)]:
-    run("pow2", False, L=L, CH=CH)
+for fname in FILES:
+    code = COMMON + open(fname).read()
+    print("==", fname, flush=True)
+    run("pow2", False, check=True, code=code)
+    run("pow2", True, check=True, code=code)
+    run("kth", False, check=True, code=code)
+    run("pow2", False, NN=3, check=True, tlen=5000, code=code)
+    run("pow2", True, NN=2, check=True, tlen=5000, code=code)
+    run("sq1", False, check=True, tlen=4099, code=code)
+    run("sq1", True, check=True, tlen=4099, code=code)
+    run("pow2", False, check=True, tlen=777, code=code)
+for fname in FILES:
+    code = COMMON + open(fname).read()
+    print("== timing", fname, flush=True)
+    for _ in range(2):
+        run("pow2", False, code=code)
+        run("pow2", True, code=code)
+        run("kth", False, code=code)
+if not os.environ.get("FILES"):
+    for (L, CH) in [(32, 8), (64, 4), (32, 16), (128, 4)]:
+        run("pow2", False, L=L, CH=CH)

@@ -1,10 +1,11 @@
 //! The sparse recurrence, pipelined over tiles of [`TILE`] tokens (`kernels/glr.cu`,
 //! `glr_tiled`): a block per (batch, [`CHANNELS`] channels). One warp runs the recurrence of a
-//! tile with a single FMA per token on its critical path, `y_t = pa_t + b_t·y_{t−1}`, while one
+//! tile with a single FMA per token on its critical path, `y_t = q_t + b1_t·y_{t−1}`, while one
 //! thread per (token, channel) of the next tile gathers every term whose `y` is already final
-//! (the α-terms and the far β-terms, many loads in flight) and lists the taps that reach the last
-//! two tiles as (β, ring slot) pairs, so that `pa_t` is a short gather from shared memory done
-//! while the previous token is computed. Positions come from the host-computed (offset, stride)
+//! (the α-terms and the far β-terms, many loads in flight), sums the coefficients of `y_{t−1}`
+//! and `y_{t−2}` (kept in registers by the sequential warp), and lists the other taps that reach
+//! the last two tiles as (β, ring slot) pairs, at least three tokens back, so that
+//! `q_t = pre_t + b2_t·y_{t−2} + Σ β·ring` is gathered from shared memory two tokens ahead. Positions come from the host-computed (offset, stride)
 //! table, so plugin patterns need no kernel of their own.
 
 use std::collections::HashMap;
@@ -33,8 +34,9 @@ pub(crate) fn table(glr: &Glr, t_len: usize) -> Result<(Vec<i64>, Vec<i64>)> {
     ))
 }
 
-/// A pattern table on the device: offsets, strides, `K`, and the near-tap count of [`near_taps`].
-type DeviceTable = Arc<(Pooled<i64>, Pooled<i64>, usize, usize)>;
+/// A pattern table on the device: offsets, strides, `K`, the near-tap count of [`near_taps`],
+/// and the number of taps with `f(k) ≤ 2` (always at lag 1 or 2: never in a gather list).
+type DeviceTable = Arc<(Pooled<i64>, Pooled<i64>, usize, usize, usize)>;
 
 /// Device tables by (mixer name, mixer config, T), so that a repeated call uploads nothing.
 /// The name is part of the key: aliases such as `diagonal-ssm` and `dense-recurrence` fix the
@@ -52,7 +54,9 @@ fn device_table(glr: &Glr, t: usize) -> Result<DeviceTable> {
     let (off, strides) = table(glr, t)?;
     let g = gpu()?;
     let near = near_taps(&off, &strides, glr.pattern().cache_efficient());
-    let d = Arc::new((g.upload_slice(FAMILY, &off)?, g.upload_slice(FAMILY, &strides)?, off.len(), near));
+    let short = off.iter().filter(|&&f| f <= 2).count();
+    let d =
+        Arc::new((g.upload_slice(FAMILY, &off)?, g.upload_slice(FAMILY, &strides)?, off.len(), near, short));
     if cache.len() >= 1024 {
         cache.clear();
     }
@@ -70,10 +74,18 @@ const THREADS: usize = 32 + TILE * CHANNELS;
 /// added by the sequential warp itself, which is slower.
 const MAX_LIST: usize = 16;
 
-/// Dynamic shared memory of `glr_tiled` with gather lists of `nn` taps (see the kernel's layout).
-fn smem_bytes(nn: usize, elem: usize) -> usize {
-    let (tile, list) = (TILE * CHANNELS, TILE * nn * CHANNELS);
-    4 * tile * elem + 2 * list * elem + (2 * TILE + 1) * CHANNELS * elem + 2 * list * 2
+/// Length of a token's record `[pre, b1, b2, β…]` with gather lists of `nl` taps
+/// (`GLR_REC`: a multiple of 16 bytes of `f32`).
+fn record_len(nl: usize) -> usize {
+    (3 + nl).div_ceil(4) * 4
+}
+
+/// Dynamic shared memory of `glr_tiled` with gather lists of `nl` taps (see the kernel's layout:
+/// records and slot records of two tiles, and the ring of the last two tiles' outputs).
+fn smem_bytes(nl: usize, elem: usize) -> usize {
+    let tile = TILE * CHANNELS;
+    let slots = if nl > 8 { 16 } else { 8 };
+    2 * tile * record_len(nl) * elem + (2 * TILE + 1) * CHANNELS * elem + 2 * tile * slots * 2
 }
 
 /// `1 + max{k : f(k) − a_k + 1 ≤ 2·TILE − 1}` (`a_k = 1` when translation-invariant): taps from
@@ -101,15 +113,26 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     let on = glr.on();
     let na = if on.has_a() { k + 1 } else { 1 };
     let ce = glr.pattern().cache_efficient();
-    let knear = tab.3;
+    let (knear, short) = (tab.3, tab.4);
     let elem = std::mem::size_of::<F>();
+    // Taps k < nn are sorted by the gathering threads; entries short..min(knear, nn) can be listed.
+    let list_len = |nn: usize| knear.min(nn).saturating_sub(short);
     let (mut nn, limit) = (knear.clamp(1, MAX_LIST), max_dynamic_smem());
-    while nn > 1 && smem_bytes(nn, elem) > limit {
+    while nn > 1 && smem_bytes(list_len(nn), elem) > limit {
         nn -= 1;
     }
-    let smem = smem_bytes(nn, elem);
+    let (nl, smem) = (list_len(nn), smem_bytes(list_len(nn), elem));
     let g = gpu()?;
-    let opts = [format!("-DGLR_L={TILE}"), format!("-DGLR_CH={CHANNELS}"), format!("-DGLR_NN={nn}")];
+    let k2 = short.min(nn);
+    let opts = [
+        format!("-DGLR_L={TILE}"),
+        format!("-DGLR_CH={CHANNELS}"),
+        format!("-DGLR_NN={nn}"),
+        format!("-DGLR_K2={k2}"),
+        format!("-DGLR_NL={nl}"),
+        // near taps k ≥ nn, added by the sequential warp itself
+        format!("-DGLR_FARNEAR={}", i32::from(knear > nn)),
+    ];
     let f = g.kernel(FAMILY, &kernels::GLR, &opts, &format!("glr_tiled_{}", F::SUFFIX))?;
     if smem > 48 << 10 {
         opt_in(FAMILY, &f)?;
