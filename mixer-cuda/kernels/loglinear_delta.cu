@@ -4,18 +4,24 @@
 // own output kernel (llc_out_dl; without a lift the outputs are loglinear_chunked.cu's llc_out with
 // the entering states). Chunks as in loglinear_chunked.cu; helpers in loglinear_chunk.cuh.
 
-// T⁻¹ = (I + Lm)⁻¹ for a strictly lower triangular CH × CH Lm (rows of LDL), row by row,
-// X[r][c] = δ_rc − Σ_{s<r} Lm[r][s] X[s][c] (zero above the diagonal by itself): four lanes per
-// column c split the sum and join it by shuffles; column c lives in row c of Tt (rows of LDX),
-// read and written by its own warp only. Threads 0 .. 4·CH − 1 of the block take part.
+// T⁻¹ = (I + Lm)⁻¹ for a strictly lower triangular CH × CH Lm (rows of LDL), column by column:
+// X[r][c] = 0 for r < c, X[c][c] = 1 and X[r][c] = −Σ_{c≤s<r} Lm[r][s] X[s][c] for r > c (the terms
+// s < c vanish, so they are not computed: a third of the work of the full sums). Four lanes per
+// column c split the sum and join it by shuffles; the rows r run from the warp's first column on,
+// the same for its eight columns (the shuffles need the whole warp). Column c lives in row c of
+// Tt (rows of LDX), read and written by its own warp only. Threads 0 .. 4·CH − 1 of the block
+// take part (CH a multiple of 8).
 template <typename T, int CH, int LDL, int LDX>
 __device__ inline void llc_tri_inverse(const T* Lm, T* Tt) {
     const int tid = threadIdx.x, c = tid >> 2, part = tid & 3;
     if (c >= CH) return;
     T* x = Tt + c * LDX;
-    for (int r = 0; r < CH; ++r) {
+    for (int r = part; r < c; r += 4) x[r] = (T)0;
+    if (part == 0) x[c] = (T)1;
+    __syncwarp();
+    for (int r = (c & ~7) + 1; r < CH; ++r) {
         T a0 = (T)0, a1 = (T)0;
-        int s2 = part;
+        int s2 = c + part;
         for (; s2 + 4 < r; s2 += 8) {
             a0 = fma(Lm[r * LDL + s2], x[s2], a0);
             a1 = fma(Lm[r * LDL + s2 + 4], x[s2 + 4], a1);
@@ -24,7 +30,7 @@ __device__ inline void llc_tri_inverse(const T* Lm, T* Tt) {
         T acc = a0 + a1;
         acc += __shfl_xor_sync(0xffffffffu, acc, 1);
         acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-        if (part == 0) x[r] = (r == c ? (T)1 : (T)0) - acc;
+        if (part == 0 && r > c) x[r] = -acc;
         __syncwarp();
     }
 }
@@ -191,7 +197,8 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
     __syncthreads();
     if (want_ti) llc_store_ti<float, CH, LWT_LD>(Ti, Tt, bh, j);
     // W (over key tiles), then U (over value tiles): out[r][col] = Σ_s T⁻¹[r][s] Y[s][col].
-    const int send = (n + 7) & ~7;
+    // T⁻¹ is lower triangular: rows mr .. mr + 15 take s ≤ mr + 15 only.
+    const int send = min((n + 7) & ~7, mr + 16);
     for (int pass = 0; pass < 2; ++pass) {
         const int D = pass == 0 ? Dk : Dv;
         const float* src = pass == 0 ? k : v;
