@@ -6,7 +6,10 @@ device-resident inputs, compares what it writes against the FMA kernel of the sh
 (delta_h: the entering states Hs and, without a lift, the new values Vn; wy: W, U and, with
 --lifted, T⁻¹), and times each kernel alone with CUDA events (median of --reps after a warm-up).
 
-    python3 bench/gpu/gdn_tune.py [--kernel delta_h|wy] [--T 16384] [--H 16] [--D 64] [--lifted] [VARIANT ...]
+    python3 bench/gpu/gdn_tune.py [--kernel delta_h|wy] [--T 16384] [--H 16] [--D 64] [--lifted] [--lineinfo] [VARIANT ...]
+
+With --lineinfo, under `ncu --section SourceCounters --section WarpStateStats -k regex:NAME`, Nsight
+Compute names the kernel's source lines with the most stall samples.
 
 VARIANT is `file.cu:function:threads[:NAME=V,NAME=V]` (compiled after common.cuh and the helpers
 loglinear_chunk.cuh, as the host does): compile-time defines, except `ARG_ST=n`,
@@ -25,6 +28,7 @@ ap.add_argument("--H", type=int, default=16)
 ap.add_argument("--D", type=int, default=64)
 ap.add_argument("--lifted", action="store_true")
 ap.add_argument("--reps", type=int, default=10)
+ap.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo (Nsight Compute source counters)")
 ap.add_argument("variants", nargs="*")
 a = ap.parse_args()
 common = open("mixer-cuda/kernels/common.cuh").read() + "\n" + open("mixer-cuda/kernels/loglinear_chunk.cuh").read()
@@ -34,7 +38,8 @@ mods = {}
 
 def function(path, name, defs=""):
     if (path, defs) not in mods:
-        opts = ("--std=c++17",) + tuple(f"-D{d}" for d in defs.split(",") if d and not d.startswith("ARG_"))
+        opts = ("--std=c++17",) + (("-lineinfo",) if a.lineinfo else ()) + tuple(
+            f"-D{d}" for d in defs.split(",") if d and not d.startswith("ARG_"))
         mods[(path, defs)] = cp.RawModule(code=common + open(path).read(), options=opts)
     f = mods[(path, defs)].get_function(name)
     # every variant gets all the dynamic shared memory that its static arrays leave (1 KB kept)
