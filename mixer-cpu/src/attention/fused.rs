@@ -40,6 +40,10 @@ pub const KB: usize = 64;
 pub const MR: usize = 6;
 /// Queries per block (the unit of the parallel tasks): 16 micro-tiles.
 pub const QB: usize = 96;
+/// How far (in the base-2 exponent) a key block's row maximum may exceed the running maximum
+/// before the running maximum is raised: weights stay `≤ 2^TAU`, and most blocks skip the
+/// rescaling of `ℓ` and `o`.
+const TAU: f32 = 8.0;
 
 /// Whether this CPU runs the kernel, for values of width `dv`.
 pub fn available(dv: usize) -> bool {
@@ -245,7 +249,7 @@ fn lane_bits(lo: usize, hi: usize) -> u64 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Head, KB, MR, Span, TileState, lane_bits};
+    use super::{Head, KB, MR, Span, TAU, TileState, lane_bits};
     use std::arch::x86_64::*;
 
     /// Coefficients of `2^f ≈ Σᵢ Cᵢ fⁱ` on `[−½, ½]`, lowest degree first.
@@ -259,11 +263,17 @@ mod avx512 {
         0.000_153_375_77,
     ];
 
-    /// `2^x` lane by lane (see the module docs); `x` is never NaN here.
+    /// `2^x` lane by lane (see the module docs); `x` is never NaN here, `−∞` gives 0.
     #[inline]
     #[target_feature(enable = "avx512f")]
     pub(super) fn exp2(x: __m512) -> __m512 {
-        let x = _mm512_max_ps(x, _mm512_set1_ps(-200.0));
+        exp2_finite(_mm512_max_ps(x, _mm512_set1_ps(-200.0)))
+    }
+
+    /// `2^x` lane by lane for finite `x` (no clamp: `−∞` would give NaN).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exp2_finite(x: __m512) -> __m512 {
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm512_sub_ps(x, n);
         let mut p = _mm512_set1_ps(C[6]);
@@ -271,6 +281,20 @@ mod avx512 {
             p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ci));
         }
         _mm512_scalef_ps(p, n)
+    }
+
+    /// Runs `$body` with `$r` = 0, 1, …, `MR − 1`, unrolled (so that arrays indexed by `$r`
+    /// stay in registers).
+    macro_rules! each_row {
+        ($r:ident => $body:block) => {{
+            const _: () = assert!(MR == 6);
+            { let $r = 0usize; $body }
+            { let $r = 1usize; $body }
+            { let $r = 2usize; $body }
+            { let $r = 3usize; $body }
+            { let $r = 4usize; $body }
+            { let $r = 5usize; $body }
+        }};
     }
 
     /// 16 lanes from `x[at..at + 16]`.
@@ -353,13 +377,17 @@ mod avx512 {
         }
         // Masks only where the block crosses the diagonal or the window's edge.
         let masked = j0 + KB - 1 > toks[0] || j0 < firsts[MR - 1];
+        let zero = _mm512_setzero_ps();
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
         let cv = _mm512_set1_ps(c);
-        // Per row: the new running maximum (every lane), then the rescaling factors
-        // 2^{c(m − m')} of all rows by one exp2 (row r in lane r), all in registers.
-        let mut m_safe = [_mm512_setzero_ps(); MR];
-        let mut diff = _mm512_setzero_ps();
-        for r in 0..MR {
+        let tau = _mm512_set1_ps(TAU);
+        // Per row: the block's maximum (every lane), the running maximum, and whether the
+        // block's exceeds the running one by more than TAU in the exponent (always where the
+        // running one is −∞ and the block has a visible key).
+        let mut m_old = [zero; MR];
+        let mut m_blk = [zero; MR];
+        let mut grow: u16 = 0;
+        each_row!(r => {
             if masked {
                 let bits = lane_bits(firsts[r].saturating_sub(j0), (toks[r] + 1).saturating_sub(j0));
                 for (i, acc) in s[r].iter_mut().enumerate() {
@@ -367,37 +395,61 @@ mod avx512 {
                 }
             }
             let m4 = _mm512_max_ps(_mm512_max_ps(s[r][0], s[r][1]), _mm512_max_ps(s[r][2], s[r][3]));
-            let m_old = load16(&st.m[r]);
-            let m_new = _mm512_max_ps(m_old, hmax(m4));
-            store16(&mut st.m[r], m_new);
-            // Before any visible key the maximum is −∞: weights 2^{c(u − 0)} of −∞ keys are 0.
-            let none = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_new, ninf);
-            m_safe[r] = _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps());
-            diff = _mm512_mask_blend_ps(1 << r, diff, _mm512_sub_ps(m_old, m_safe[r]));
+            m_blk[r] = hmax(m4);
+            m_old[r] = load16(&st.m[r]);
+            let above = _mm512_fmadd_ps(cv, m_old[r], tau);
+            grow |= _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_mul_ps(cv, m_blk[r]), above);
+        });
+        // The maxima the weights are taken against: the running ones, unless some row grew;
+        // then every row's becomes max(running, block) and the old sums are rescaled by
+        // 2^{c(m − m')} (all six factors by one exp2, row r in lane r).
+        let rescale = grow != 0;
+        let mut m_run = m_old;
+        let mut corr = [zero; MR];
+        if rescale {
+            let mut diff = zero;
+            each_row!(r => {
+                let m_new = _mm512_max_ps(m_old[r], m_blk[r]);
+                store16(&mut st.m[r], m_new);
+                m_run[r] = m_new;
+                // Before any visible key the maximum is −∞: the factor of the (zero) sums is 0.
+                let none = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_new, ninf);
+                let safe = _mm512_mask_blend_ps(none, m_new, zero);
+                diff = _mm512_mask_blend_ps(1 << r, diff, _mm512_sub_ps(m_old[r], safe));
+            });
+            let corr_all = exp2(_mm512_mul_ps(cv, diff));
+            each_row!(r => {
+                corr[r] = lane_bcast(r, corr_all);
+            });
         }
-        let corr_all = exp2(_mm512_mul_ps(cv, diff));
-        let corr: [__m512; MR] = std::array::from_fn(|r| lane_bcast(r, corr_all));
+        // Weights p = 2^{c·u − c·m} (≤ 2^TAU) into the stack buffer, and ℓ ← corr·ℓ + Σ p.
         let mut p = Weights([[0.0f32; KB]; MR]);
-        for r in 0..MR {
-            let cmr = _mm512_mul_ps(_mm512_set1_ps(-c), m_safe[r]);
-            let mut sum = _mm512_setzero_ps();
+        each_row!(r => {
+            // Before any visible key the maximum is −∞: weights 2^{c(u − 0)} of −∞ keys are 0.
+            let none = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_run[r], ninf);
+            let cm = _mm512_mul_ps(cv, _mm512_mask_blend_ps(none, m_run[r], zero));
+            let mut sum = zero;
             for (i, &acc) in s[r].iter().enumerate() {
-                let w = exp2(_mm512_fmadd_ps(cv, acc, cmr));
+                let x = _mm512_fmsub_ps(cv, acc, cm);
+                // Unmasked blocks hold finite scores only: no −∞ to clamp.
+                let w = if masked { exp2(x) } else { exp2_finite(x) };
                 store(&mut p.0[r], 16 * i, w);
                 sum = _mm512_add_ps(sum, w);
             }
-            let l = _mm512_fmadd_ps(load16(&st.l[r]), corr[r], sum);
+            let l_old = load16(&st.l[r]);
+            let l = if rescale { _mm512_fmadd_ps(l_old, corr[r], sum) } else { _mm512_add_ps(l_old, sum) };
             store16(&mut st.l[r], l);
-        }
+        });
         // o ← corr·o + Σ_s p_s v_s over the keys some row sees.
         let lo = firsts[0].saturating_sub(j0);
         let hi = (toks[MR - 1] + 1 - j0).min(KB);
-        let mut o = [[_mm512_setzero_ps(); NV]; MR];
-        for r in 0..MR {
+        let mut o = [[zero; NV]; MR];
+        each_row!(r => {
             for (i, acc) in o[r].iter_mut().enumerate() {
-                *acc = _mm512_mul_ps(load(&st.o[r], 16 * i), corr[r]);
+                let x = load(&st.o[r], 16 * i);
+                *acc = if rescale { _mm512_mul_ps(x, corr[r]) } else { x };
             }
-        }
+        });
         let vb = &h.v[kb * KB..][..KB];
         for j in lo..hi {
             let vrow = &vb[j];
@@ -409,11 +461,11 @@ mod avx512 {
                 }
             }
         }
-        for r in 0..MR {
+        each_row!(r => {
             for (i, &acc) in o[r].iter().enumerate() {
                 store(&mut st.o[r], 16 * i, acc);
             }
-        }
+        });
     }
 
     /// The weights of one micro-tile, one cache-line-aligned row of 64 keys per query.
