@@ -248,7 +248,7 @@ fn lane_bits(lo: usize, hi: usize) -> u64 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(super) mod avx512 {
     use super::{Head, KB, MR, Span, TAU, TileState, lane_bits};
     use std::arch::x86_64::*;
 
@@ -266,7 +266,7 @@ mod avx512 {
     /// `2^x` lane by lane (see the module docs); `x` is never NaN here, `−∞` gives 0.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(super) fn exp2(x: __m512) -> __m512 {
+    pub(in crate::attention) fn exp2(x: __m512) -> __m512 {
         exp2_finite(_mm512_max_ps(x, _mm512_set1_ps(-200.0)))
     }
 
@@ -288,12 +288,30 @@ mod avx512 {
     macro_rules! each_row {
         ($r:ident => $body:block) => {{
             const _: () = assert!(MR == 6);
-            { let $r = 0usize; $body }
-            { let $r = 1usize; $body }
-            { let $r = 2usize; $body }
-            { let $r = 3usize; $body }
-            { let $r = 4usize; $body }
-            { let $r = 5usize; $body }
+            {
+                let $r = 0usize;
+                $body
+            }
+            {
+                let $r = 1usize;
+                $body
+            }
+            {
+                let $r = 2usize;
+                $body
+            }
+            {
+                let $r = 3usize;
+                $body
+            }
+            {
+                let $r = 4usize;
+                $body
+            }
+            {
+                let $r = 5usize;
+                $body
+            }
         }};
     }
 
