@@ -56,14 +56,15 @@ pub fn head(
     // SAFETY: `available()` above confirmed that this CPU executes AVX-512F, the only target
     // feature these functions are compiled for.
     unsafe {
-        let (mut at, mut lo, mut hi) = (0, f32::INFINITY, f32::NEG_INFINITY);
+        let (mut at, mut lo, mut hi, mut bad) = (0, f32::INFINITY, f32::NEG_INFINITY, false);
         for (slot, len) in runs {
             let (l, h) = avx512::scores(q, &keys[slot * dk..][..len * dk], neg, &mut u[at..at + len]);
+            // Non-finite scores give NaN bounds (which `min`/`max` would skip).
+            bad |= l.is_nan() || h.is_nan();
             (lo, hi) = (lo.min(l), hi.max(h));
             at += len;
         }
-        // Non-finite scores give NaN bounds (NaN fails both comparisons).
-        if !(hi - lo).is_finite() {
+        if bad || !(hi - lo).is_finite() {
             return false;
         }
         let den = avx512::weights(&mut u[..n], hi, c);
@@ -281,6 +282,31 @@ mod avx512 {
                 let want: f32 = vals[4 * (i % 4) + i / 4].iter().sum();
                 assert_eq!(g, want, "lane {i}");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// A ring that wraps (visible slots 1, 2, 3 then 0, `Dk = 1`): finite scores give the
+    /// softmax average; a score that overflows `f32` in either run of slots, or a range
+    /// `max u − min u` beyond `f32`, is declined.
+    #[test]
+    fn declines_what_f32_cannot_hold_in_either_run() {
+        let values = [10.0f32, 20.0, 30.0, 40.0];
+        let mut u = [0.0f32; 4];
+        let mut out = [0.0f32; 1];
+        let run = |q: f32, keys: [f32; 4], u: &mut [f32], out: &mut [f32]| {
+            super::head(&[q], &keys, &values, (4, 1, 4), false, 1.0, u, out)
+        };
+        if super::available() {
+            // Scores 0 for every key: the plain mean of the values.
+            assert!(run(0.0, [1.0, 2.0, 3.0, 4.0], &mut u, &mut out));
+            assert!((out[0] - 25.0).abs() < 1e-5, "{out:?}");
+        }
+        for keys in [[1e30f32, 1.0, 2.0, 3.0], [1.0, 1e30, 2.0, 3.0], [-3e38, 1.0, 3e38, 2.0]] {
+            let q = if keys.contains(&1e30) { 1e30 } else { 1.0 };
+            assert!(!run(q, keys, &mut u, &mut out), "{keys:?}");
         }
     }
 }

@@ -183,9 +183,12 @@ fn huge_logits_do_not_overflow() {
     };
     // ≈ 9.2e18: each term of q·k is near 1e38, and f32 attention used to overflow.
     let big = 2f64.powi(63);
-    for (cfg, mag) in
-        [(json!({}), big), (json!({"scale": 1e308}), 1.0), (json!({"window": 4, "scale": -1e300}), 4.0)]
-    {
+    for (cfg, mag) in [
+        (json!({}), big),
+        (json!({"scale": 1e308}), 1.0),
+        (json!({"window": 4, "scale": -1e300}), 4.0),
+        (json!({"window": 5}), big),
+    ] {
         let m = mixer("attention", &cfg).unwrap();
         let mut x = mixer_core::Tensors::<f64>::new();
         x.insert("q".into(), ArrayD::from_shape_fn(shape(dk), |i| mag * val(&i, 1)));
