@@ -32,6 +32,9 @@ pub trait VecMath: Real {
     /// These values as `f32` when `Self` is `f32` (kernels written for `f32` only, such as
     /// the fused attention tile, take their fast path through this), `None` otherwise.
     fn as_f32(xs: &[Self]) -> Option<&[f32]>;
+
+    /// [`VecMath::as_f32`] for writing.
+    fn as_f32_mut(xs: &mut [Self]) -> Option<&mut [f32]>;
 }
 
 impl VecMath for f32 {
@@ -44,6 +47,9 @@ impl VecMath for f32 {
         exp_f32_with(x, fused)
     }
     fn as_f32(xs: &[f32]) -> Option<&[f32]> {
+        Some(xs)
+    }
+    fn as_f32_mut(xs: &mut [f32]) -> Option<&mut [f32]> {
         Some(xs)
     }
 }
@@ -63,6 +69,9 @@ impl VecMath for f64 {
         x.exp()
     }
     fn as_f32(_: &[f64]) -> Option<&[f32]> {
+        None
+    }
+    fn as_f32_mut(_: &mut [f64]) -> Option<&mut [f32]> {
         None
     }
 }

@@ -4,10 +4,14 @@
 //! `min(w, T)` slots (all `T` for full attention) per (batch, head), rows contiguous, so it holds
 //! `min(t + 1, w)` tokens × B × H × (Dk + Dv) scalars.
 //!
-//! Per (batch, head), in parallel over them when the step is large: the scores `q·k_s` in `F`
-//! with independent partial sums (vectorised; formed again in `f64` where `F` overflows, as in the
-//! fast form), the keys and their maximum in `f64`, the weights `e^{|σ|(u_s − max u)}` by the
-//! vectorised exponential of [`VecMath`] on the `f64` differences rounded to `F`, and
+//! Per (batch, head), in parallel over them when the step is large. In `f32` on CPUs with
+//! AVX-512 the step runs the vector loops of the fused fast form ([`super::decode_fused`]:
+//! scores 16 keys at a time, weights `2^{|σ|·log₂e·(u_s − max u)}` by the fast form's `exp2`,
+//! the value rows added into register accumulators). Elsewhere (`f64`, other CPUs, and the
+//! inputs that path declines: a score or the scores' range beyond `f32`): the scores `q·k_s` in
+//! `F` with independent partial sums (vectorised; formed again in `f64` where `F` overflows, as
+//! in the fast form), the keys and their maximum in `f64`, the weights `e^{|σ|(u_s − max u)}`
+//! by the vectorised exponential of [`VecMath`] on the `f64` differences rounded to `F`, and
 //! `y = Σ_s w_s v_s / Σ_s w_s` with the value rows added in order.
 
 use mixer_core::mixer::Decoder;
@@ -31,6 +35,8 @@ pub struct AttentionDecoder<F> {
     dims: [usize; 4], // B, H, Dk, Dv
     cap: usize,
     logits: Logits,
+    /// Whether `σ < 0`.
+    neg: bool,
     keys: Vec<F>,   // [B·H, cap, Dk]
     values: Vec<F>, // [B·H, cap, Dv]
     pos: usize,
@@ -47,6 +53,7 @@ impl<F: VecMath> AttentionDecoder<F> {
             dims: [bn, hn, dk, dv],
             cap,
             logits: a.logits(dk),
+            neg: a.scale(dk) < 0.0,
             keys: vec![F::zero(); cap * bn * hn * dk],
             values: vec![F::zero(); cap * bn * hn * dv],
             pos: 0,
@@ -72,10 +79,11 @@ fn dot_lanes<F: Real>(a: &[F], b: &[F]) -> F {
 }
 
 /// One head's output over the cached rows `slots` (token indices `first..=t` in order):
-/// `out = Σ w_s v_s / Σ w_s`. `u` and `w` are scratch of at least `slots.len()` entries.
+/// `out = Σ w_s v_s / Σ w_s`. `u` and `w` are scratch of at least `slots.len()` entries;
+/// `neg` whether `σ < 0`.
 #[allow(clippy::too_many_arguments)]
 fn head<F: VecMath>(
-    lg: &Logits,
+    (lg, neg): (&Logits, bool),
     q: &[F],
     keys: &[F],
     values: &[F],
@@ -85,6 +93,12 @@ fn head<F: VecMath>(
     out: &mut [F],
 ) -> Result<()> {
     let (dk, dv, n) = (q.len(), out.len(), t + 1 - first);
+    if let (Some(qf), Some(kf), Some(vf)) = (F::as_f32(q), F::as_f32(keys), F::as_f32(values))
+        && let (Some(wf), Some(of)) = (F::as_f32_mut(w), F::as_f32_mut(&mut *out))
+        && super::decode_fused::head(qf, kf, vf, (cap, first, t), neg, lg.weight_scale(), wf, of)
+    {
+        return Ok(());
+    }
     let mut mx = f64::NEG_INFINITY;
     for (i, s) in (first..=t).enumerate() {
         let kr = &keys[(s % cap) * dk..][..dk];
@@ -129,7 +143,7 @@ impl<F: VecMath> Decoder<F> for AttentionDecoder<F> {
         let first = (t + 1).saturating_sub(cap);
         let n = t + 1 - first;
         let mut y = vec![F::zero(); bn * hn * dv];
-        let (keys, values, lg) = (&self.keys, &self.values, &self.logits);
+        let (keys, values, lg) = (&self.keys, &self.values, (&self.logits, self.neg));
         let run = |(bh, out): (usize, &mut [F]), u: &mut Vec<f64>, w: &mut Vec<F>| {
             let kh = &keys[bh * cap * dk..(bh + 1) * cap * dk];
             let vh = &values[bh * cap * dv..(bh + 1) * cap * dv];

@@ -318,7 +318,8 @@ fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) 
             Some(fused::Packed::new(k, v, (bn, tn, hn, dk, dv), x.kv_heads_major))
         }
         _ => None,
-    };
+    }
+    .filter(|pk| fused::sums_fit(pk, tn));
     let block = if packed.is_some() { fused::QB } else { FWD_BLOCK_Q };
     let shape_err = |e: ndarray::ShapeError| Error::Numerical(e.to_string());
     let y = ArrayViewMut4::from_shape((bn, tn, hn, dv), y).map_err(shape_err)?;

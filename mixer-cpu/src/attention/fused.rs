@@ -8,24 +8,32 @@
 //! kernel keeps in 24 registers the scores `u = sign(σ)·q_t·k_s` of 6 queries × 64 keys
 //! (`Dk` broadcast-FMA steps), masks the keys outside `[first(t), t]` (only on blocks that
 //! cross the diagonal or the window's edge), and runs the online softmax in the base-2
-//! domain, `c = |σ|·log₂e`:
-//! `m' = max(m, maxₛ u_s)`, `p_s = 2^{c·u_s − c·m'}`, `ℓ' = 2^{c(m − m')} ℓ + Σₛ p_s`,
-//! `o' = 2^{c(m − m')} o + Σₛ p_s v_s`, the last as 6 queries × `Dv` outputs held in registers
-//! across the keys of the block (the weights go through a 1.5 KiB stack buffer, no faer call,
-//! no score matrix). The row maxima are formed in registers (every lane holds the row's
-//! maximum), the six rescaling factors by one `exp2`, and `ℓ` is kept as 16 partial sums per
-//! row (summed in `f64` at the end). At the end `y_t = o/ℓ` and `LSE_t = |σ|·m + ln ℓ`.
+//! domain, `c = |σ|·log₂e`, with a running maximum `m` that is raised only when it must be:
+//! while every score of the block has `c·u_s ≤ c·m + τ` (`τ` = [`TAU`] = 8) the maximum stays,
+//! and `p_s = 2^{c·u_s − c·m}` (at most `2^τ`), `ℓ' = ℓ + Σₛ p_s`, `o' = o + Σₛ p_s v_s`;
+//! otherwise (for any of the six rows) every row takes `m' = max(m, maxₛ u_s)` and
+//! `p_s = 2^{c·u_s − c·m'}`, `ℓ' = 2^{c(m − m')} ℓ + Σₛ p_s`, `o' = 2^{c(m − m')} o + Σₛ p_s v_s`.
+//! Any `m` gives the same `o/ℓ` and `|σ|·m + ln ℓ`; the rule spares most blocks the row
+//! reductions, the rescaling `exp2` and the multiplications of `o` (the check is one compare
+//! per row against the rows' lane-wise maxima). `o` is 6 queries × `Dv` outputs held in
+//! registers across the keys of the block (the weights go through a 1.5 KiB stack buffer, no
+//! faer call, no score matrix); the row maxima, when needed, are formed in registers (every
+//! lane holds the row's maximum), the six rescaling factors by one `exp2`, and `ℓ` is kept as
+//! 16 partial sums per row (summed in `f64` at the end). At the end `y_t = o/ℓ` and
+//! `LSE_t = |σ|·m + ln ℓ`.
 //! Within a query block the key blocks are the outer loop, so the 32 KiB of one key block's
 //! `Kᵀ` and `V` serve all 16 micro-tiles while in cache.
 //!
 //! `2^x` ([`exp2`]): `n = round(x)`, `f = x − n ∈ [−½, ½]`, `2^f` by a degree-6 polynomial
 //! (a relative-error least-squares fit on Chebyshev nodes; relative error below 1e-7 in
 //! `f32`), times `2ⁿ` by `vscalefps`; arguments are clamped at −200 so that masked keys
-//! (`−∞`) weigh exactly 0.
+//! (`−∞`) weigh exactly 0 (only on blocks with masked keys; elsewhere every argument is
+//! finite).
 //!
 //! Range: the caller takes this path only where `|c|·Dk·max|q|·max|k|` stays far below
-//! `f32::MAX` (so no score, no `c·u` and no `c·m` overflows); otherwise the faer-tiled path
-//! with its exact fallback runs.
+//! `f32::MAX` (so no score, no `c·u` and no `c·m` overflows) and where `2^τ·T·max|v|` does
+//! ([`sums_fit`]: `ℓ` and `o` stay finite); otherwise the faer-tiled path with its exact
+//! fallback runs.
 
 // Elsewhere than on x86-64 the kernel is not built and [`query_block`] declines every block,
 // so the tile's argument types are never read.
@@ -40,6 +48,17 @@ pub const KB: usize = 64;
 pub const MR: usize = 6;
 /// Queries per block (the unit of the parallel tasks): 16 micro-tiles.
 pub const QB: usize = 96;
+/// How far (in the base-2 exponent) a key block's row maximum may exceed the running maximum
+/// before the running maximum is raised: weights stay `≤ 2^TAU`, and most blocks skip the
+/// rescaling of `ℓ` and `o`.
+const TAU: f32 = 8.0;
+
+/// Whether the kernel's sums stay finite for `T` keys: `ℓ ≤ 2^TAU·T` and
+/// `|o| ≤ 2^TAU·T·max|v|` must stay below `f32::MAX` (by a factor 2 for rounding); the
+/// scores' range is the caller's check.
+pub fn sums_fit(pk: &Packed, tn: usize) -> bool {
+    (tn as f64) * (TAU as f64).exp2() * (pk.vmax as f64).max(1.0) * 2.0 < f32::MAX as f64
+}
 
 /// Whether this CPU runs the kernel, for values of width `dv`.
 pub fn available(dv: usize) -> bool {
@@ -65,6 +84,8 @@ pub struct Packed {
     nkb: usize,
     dk: usize,
     dv: usize,
+    /// `max |v|` (NaN entries skipped).
+    vmax: f32,
 }
 
 impl Packed {
@@ -84,6 +105,7 @@ impl Packed {
         };
         let mut kt = vec![[0.0f32; KB]; bh * nkb * dk];
         let mut vp = vec![[0.0f32; KB]; bh * nkb * KB];
+        let mut vmax = 0.0;
         if tn > 0 {
             kt.par_chunks_mut(nkb * dk).enumerate().for_each(|(i, dst)| {
                 for t in 0..tn {
@@ -93,13 +115,20 @@ impl Packed {
                     }
                 }
             });
-            vp.par_chunks_mut(nkb * KB).enumerate().for_each(|(i, dst)| {
-                for (t, out) in dst[..tn].iter_mut().enumerate() {
-                    out[..dv].copy_from_slice(&v[row(i, t, dv)..][..dv]);
-                }
-            });
+            vmax = vp
+                .par_chunks_mut(nkb * KB)
+                .enumerate()
+                .map(|(i, dst)| {
+                    let mut mx = 0.0f32;
+                    for (t, out) in dst[..tn].iter_mut().enumerate() {
+                        out[..dv].copy_from_slice(&v[row(i, t, dv)..][..dv]);
+                        mx = out[..dv].iter().fold(mx, |m, x| m.max(x.abs()));
+                    }
+                    mx
+                })
+                .reduce(|| 0.0, f32::max);
         }
-        Packed { kt, v: vp, nkb, dk, dv }
+        Packed { kt, v: vp, nkb, dk, dv, vmax }
     }
 }
 
@@ -244,8 +273,8 @@ fn lane_bits(lo: usize, hi: usize) -> u64 {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use super::{Head, KB, MR, Span, TileState, lane_bits};
+pub(super) mod avx512 {
+    use super::{Head, KB, MR, Span, TAU, TileState, lane_bits};
     use std::arch::x86_64::*;
 
     /// Coefficients of `2^f ≈ Σᵢ Cᵢ fⁱ` on `[−½, ½]`, lowest degree first.
@@ -259,11 +288,17 @@ mod avx512 {
         0.000_153_375_77,
     ];
 
-    /// `2^x` lane by lane (see the module docs); `x` is never NaN here.
+    /// `2^x` lane by lane (see the module docs); `x` is never NaN here, `−∞` gives 0.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    pub(super) fn exp2(x: __m512) -> __m512 {
-        let x = _mm512_max_ps(x, _mm512_set1_ps(-200.0));
+    pub(in crate::attention) fn exp2(x: __m512) -> __m512 {
+        exp2_finite(_mm512_max_ps(x, _mm512_set1_ps(-200.0)))
+    }
+
+    /// `2^x` lane by lane for finite `x` (no clamp: `−∞` would give NaN).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn exp2_finite(x: __m512) -> __m512 {
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm512_sub_ps(x, n);
         let mut p = _mm512_set1_ps(C[6]);
@@ -271,6 +306,38 @@ mod avx512 {
             p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(ci));
         }
         _mm512_scalef_ps(p, n)
+    }
+
+    /// Runs `$body` with `$r` = 0, 1, …, `MR − 1`, unrolled (so that arrays indexed by `$r`
+    /// stay in registers).
+    macro_rules! each_row {
+        ($r:ident => $body:block) => {{
+            const _: () = assert!(MR == 6);
+            {
+                let $r = 0usize;
+                $body
+            }
+            {
+                let $r = 1usize;
+                $body
+            }
+            {
+                let $r = 2usize;
+                $body
+            }
+            {
+                let $r = 3usize;
+                $body
+            }
+            {
+                let $r = 4usize;
+                $body
+            }
+            {
+                let $r = 5usize;
+                $body
+            }
+        }};
     }
 
     /// 16 lanes from `x[at..at + 16]`.
@@ -353,51 +420,83 @@ mod avx512 {
         }
         // Masks only where the block crosses the diagonal or the window's edge.
         let masked = j0 + KB - 1 > toks[0] || j0 < firsts[MR - 1];
+        let zero = _mm512_setzero_ps();
         let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
         let cv = _mm512_set1_ps(c);
-        // Per row: the new running maximum (every lane), then the rescaling factors
-        // 2^{c(m − m')} of all rows by one exp2 (row r in lane r), all in registers.
-        let mut m_safe = [_mm512_setzero_ps(); MR];
-        let mut diff = _mm512_setzero_ps();
-        for r in 0..MR {
+        let tau = _mm512_set1_ps(TAU);
+        // Per row: the lane-wise maximum of the block's scores, the running maximum, and
+        // whether some score exceeds the running maximum by more than TAU in the exponent
+        // (always where the running one is −∞ and the block has a visible key).
+        let mut m_old = [zero; MR];
+        let mut m4 = [zero; MR];
+        let mut grow: u16 = 0;
+        each_row!(r => {
             if masked {
                 let bits = lane_bits(firsts[r].saturating_sub(j0), (toks[r] + 1).saturating_sub(j0));
                 for (i, acc) in s[r].iter_mut().enumerate() {
                     *acc = _mm512_mask_blend_ps((bits >> (16 * i)) as u16, ninf, *acc);
                 }
             }
-            let m4 = _mm512_max_ps(_mm512_max_ps(s[r][0], s[r][1]), _mm512_max_ps(s[r][2], s[r][3]));
-            let m_old = load16(&st.m[r]);
-            let m_new = _mm512_max_ps(m_old, hmax(m4));
-            store16(&mut st.m[r], m_new);
-            // Before any visible key the maximum is −∞: weights 2^{c(u − 0)} of −∞ keys are 0.
-            let none = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_new, ninf);
-            m_safe[r] = _mm512_mask_blend_ps(none, m_new, _mm512_setzero_ps());
-            diff = _mm512_mask_blend_ps(1 << r, diff, _mm512_sub_ps(m_old, m_safe[r]));
+            m4[r] = _mm512_max_ps(_mm512_max_ps(s[r][0], s[r][1]), _mm512_max_ps(s[r][2], s[r][3]));
+            m_old[r] = load16(&st.m[r]);
+            let above = _mm512_fmadd_ps(cv, m_old[r], tau);
+            grow |= _mm512_cmp_ps_mask::<_CMP_GT_OQ>(_mm512_mul_ps(cv, m4[r]), above);
+        });
+        // The maxima the weights are taken against: the running ones, unless some row grew;
+        // then every row's becomes max(running, the block's row maximum) and the old sums are
+        // rescaled by 2^{c(m − m')} (all six factors by one exp2, row r in lane r).
+        let rescale = grow != 0;
+        let mut m_run = m_old;
+        let mut corr = [zero; MR];
+        if rescale {
+            let mut diff = zero;
+            each_row!(r => {
+                let m_new = _mm512_max_ps(m_old[r], hmax(m4[r]));
+                store16(&mut st.m[r], m_new);
+                m_run[r] = m_new;
+                // Before any visible key the maximum is −∞: the factor of the (zero) sums is 0.
+                let none = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_new, ninf);
+                let safe = _mm512_mask_blend_ps(none, m_new, zero);
+                diff = _mm512_mask_blend_ps(1 << r, diff, _mm512_sub_ps(m_old[r], safe));
+            });
+            let corr_all = exp2(_mm512_mul_ps(cv, diff));
+            each_row!(r => {
+                corr[r] = lane_bcast(r, corr_all);
+            });
         }
-        let corr_all = exp2(_mm512_mul_ps(cv, diff));
-        let corr: [__m512; MR] = std::array::from_fn(|r| lane_bcast(r, corr_all));
+        // Weights p = 2^{c·u − c·m} (≤ 2^TAU) into the stack buffer, and ℓ ← corr·ℓ + Σ p.
         let mut p = Weights([[0.0f32; KB]; MR]);
-        for r in 0..MR {
-            let cmr = _mm512_mul_ps(_mm512_set1_ps(-c), m_safe[r]);
-            let mut sum = _mm512_setzero_ps();
+        each_row!(r => {
+            // Before any visible key the maximum is −∞ (only on masked blocks: an unmasked one
+            // gives every row a finite maximum): weights 2^{c(u − 0)} of −∞ keys are 0.
+            let cm = if masked {
+                let none = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(m_run[r], ninf);
+                _mm512_mul_ps(cv, _mm512_mask_blend_ps(none, m_run[r], zero))
+            } else {
+                _mm512_mul_ps(cv, m_run[r])
+            };
+            let mut sum = zero;
             for (i, &acc) in s[r].iter().enumerate() {
-                let w = exp2(_mm512_fmadd_ps(cv, acc, cmr));
+                let x = _mm512_fmsub_ps(cv, acc, cm);
+                // Unmasked blocks hold finite scores only: no −∞ to clamp.
+                let w = if masked { exp2(x) } else { exp2_finite(x) };
                 store(&mut p.0[r], 16 * i, w);
                 sum = _mm512_add_ps(sum, w);
             }
-            let l = _mm512_fmadd_ps(load16(&st.l[r]), corr[r], sum);
+            let l_old = load16(&st.l[r]);
+            let l = if rescale { _mm512_fmadd_ps(l_old, corr[r], sum) } else { _mm512_add_ps(l_old, sum) };
             store16(&mut st.l[r], l);
-        }
+        });
         // o ← corr·o + Σ_s p_s v_s over the keys some row sees.
         let lo = firsts[0].saturating_sub(j0);
         let hi = (toks[MR - 1] + 1 - j0).min(KB);
-        let mut o = [[_mm512_setzero_ps(); NV]; MR];
-        for r in 0..MR {
+        let mut o = [[zero; NV]; MR];
+        each_row!(r => {
             for (i, acc) in o[r].iter_mut().enumerate() {
-                *acc = _mm512_mul_ps(load(&st.o[r], 16 * i), corr[r]);
+                let x = load(&st.o[r], 16 * i);
+                *acc = if rescale { _mm512_mul_ps(x, corr[r]) } else { x };
             }
-        }
+        });
         let vb = &h.v[kb * KB..][..KB];
         for j in lo..hi {
             let vrow = &vb[j];
@@ -409,11 +508,11 @@ mod avx512 {
                 }
             }
         }
-        for r in 0..MR {
+        each_row!(r => {
             for (i, &acc) in o[r].iter().enumerate() {
                 store(&mut st.o[r], 16 * i, acc);
             }
-        }
+        });
     }
 
     /// The weights of one micro-tile, one cache-line-aligned row of 64 keys per query.
@@ -424,6 +523,23 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::lane_bits;
+
+    /// The sums' bound: `2^8·T·max|v|·2` against `f32::MAX` (3.4e38), NaN values skipped.
+    #[test]
+    fn sums_fit_bounds_the_values() {
+        let (tn, dk, dv) = (100, 3, 5);
+        let k = vec![1.0f32; tn * dk];
+        let fits = |scale: f32, nan: bool| {
+            let mut v: Vec<f32> = (0..tn * dv).map(|i| scale * ((i % 7) as f32 - 3.0) / 3.0).collect();
+            if nan {
+                v[17] = f32::NAN;
+            }
+            super::sums_fit(&super::Packed::new(&k, &v, (1, tn, 1, dk, dv), true), tn)
+        };
+        // 100·256·1e33·2 = 5.1e37 fits, 100·256·1e34·2 = 5.1e38 does not.
+        assert!(fits(1e33, false) && fits(1e33, true) && fits(1.0, false));
+        assert!(!fits(1e34, false) && !fits(-1e34, true));
+    }
 
     #[test]
     fn lane_bits_are_the_visible_range() {

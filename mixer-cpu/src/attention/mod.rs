@@ -8,6 +8,7 @@
 //! - `recurrent`: a KV-cache decoder ([`decoder`]) holding `min(t, w)` keys and values.
 
 pub mod backward;
+mod decode_fused;
 pub mod decoder;
 pub mod flash;
 mod fused;

@@ -69,7 +69,10 @@ fn fast_form_across_tile_boundaries() {
 /// indexing), value widths that fill 1, 3 and 4 registers and one past the kernel (Dv = 65,
 /// the faer path), windows that cut micro-tiles and blocks, and a negative scale: every form
 /// against the f64 oracle in f64 and f32 (on CPUs without AVX-512 the same cases check the
-/// faer path).
+/// faer path). The same cases check the decoder's AVX-512 step at every token (groups of 16
+/// keys, a ring of odd length that wraps, key widths with a masked tail (13, 17), value
+/// widths past 64 (65: a second column pass of one lane)), and a large scale (40: weights
+/// down to e⁻⁴⁰ and below).
 #[test]
 fn fused_kernel_across_blocks_heads_and_widths() {
     let cpu = [cpu()];
@@ -79,6 +82,7 @@ fn fused_kernel_across_blocks_heads_and_widths() {
         (json!({"window": 7, "scale": -0.3}), 211, 32, 16),
         (json!({"scale": 2.5}), 97, 13, 64),
         (json!({"window": 250}), 301, 64, 65),
+        (json!({"window": 37, "scale": 40.0}), 150, 17, 65),
     ];
     for (i, (cfg, t, dk, dv)) in cases.into_iter().enumerate() {
         let m = mixer("attention", &cfg).unwrap();
@@ -179,9 +183,12 @@ fn huge_logits_do_not_overflow() {
     };
     // ≈ 9.2e18: each term of q·k is near 1e38, and f32 attention used to overflow.
     let big = 2f64.powi(63);
-    for (cfg, mag) in
-        [(json!({}), big), (json!({"scale": 1e308}), 1.0), (json!({"window": 4, "scale": -1e300}), 4.0)]
-    {
+    for (cfg, mag) in [
+        (json!({}), big),
+        (json!({"scale": 1e308}), 1.0),
+        (json!({"window": 4, "scale": -1e300}), 4.0),
+        (json!({"window": 5}), big),
+    ] {
         let m = mixer("attention", &cfg).unwrap();
         let mut x = mixer_core::Tensors::<f64>::new();
         x.insert("q".into(), ArrayD::from_shape_fn(shape(dk), |i| mag * val(&i, 1)));
@@ -197,6 +204,22 @@ fn huge_logits_do_not_overflow() {
                 assert!(c.pass, "{cfg} {form} {dtype:?}: {c:?}");
             }
         }
+    }
+    // Dk = 1 and entries near 2^64: every f32 q·k is finite (up to ≈ 1.9e38), but the range
+    // max u − min u of a row overflows f32, while with σ = 1e-38 the logits are of order 1 and
+    // every weight counts (the decoder's f32 step declines such a row).
+    let m = mixer("attention", &json!({"scale": 1e-38})).unwrap();
+    let shape1 = |d: usize| ndarray::IxDyn(&[1, t_len, 1, d]);
+    let mut x = mixer_core::Tensors::<f64>::new();
+    x.insert("q".into(), ArrayD::from_shape_fn(shape1(1), |i| 2f64.powi(64) * val(&i, 1)));
+    x.insert("k".into(), ArrayD::from_shape_fn(shape1(1), |i| 2f64.powi(64) * val(&i, 2)));
+    x.insert("v".into(), ArrayD::from_shape_fn(shape1(dv), |i| val(&i, 3)));
+    let want = mixer_registry::run::oracle(m.as_ref(), &x).unwrap();
+    for form in [Form::Parallel, Form::Fast, Form::Recurrent] {
+        let y =
+            mixer_registry::run::run_as(m.as_ref(), &crate::cpu(), form, &x, mixer_core::DType::F32).unwrap();
+        let c = Tolerance::for_dtype("f32").compare(y.view(), want.view());
+        assert!(c.pass, "Dk = 1, entries near 2^64, {form}: {c:?}");
     }
     // f64 inputs whose dot products overflow even f64 have no finite logits: a clear error.
     let m = mixer("attention", &json!({})).unwrap();
