@@ -88,6 +88,45 @@ fn smem_bytes(nl: usize, elem: usize) -> usize {
     2 * tile * record_len(nl) * elem + (2 * TILE + 1) * CHANNELS * elem + 2 * tile * slots * 2
 }
 
+/// The kernel's compile-time shape for one pattern table: taps sorted per token (`GLR_NN`), taps
+/// never listed (`GLR_K2`, those with `f(k) ≤ 2`), gather-list length (`GLR_NL`), whether near
+/// taps beyond `GLR_NN` exist (`GLR_FARNEAR`), and the dynamic shared memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    nn: usize,
+    k2: usize,
+    nl: usize,
+    farnear: bool,
+    smem: usize,
+}
+
+impl Layout {
+    /// For `knear` near taps of which `short` have `f(k) ≤ 2`, elements of `elem` bytes and a
+    /// shared-memory ceiling `limit`: the longest list (at most [`MAX_LIST`] sorted taps) that fits.
+    fn choose(knear: usize, short: usize, elem: usize, limit: usize) -> Layout {
+        // Taps k < nn are sorted by the gathering threads; entries short..min(knear, nn) can be listed.
+        let list_len = |nn: usize| knear.min(nn).saturating_sub(short);
+        let mut nn = knear.clamp(1, MAX_LIST);
+        while nn > 1 && smem_bytes(list_len(nn), elem) > limit {
+            nn -= 1;
+        }
+        let nl = list_len(nn);
+        Layout { nn, k2: short.min(nn), nl, farnear: knear > nn, smem: smem_bytes(nl, elem) }
+    }
+
+    /// The NVRTC defines of this layout.
+    fn defines(&self) -> [String; 6] {
+        [
+            format!("-DGLR_L={TILE}"),
+            format!("-DGLR_CH={CHANNELS}"),
+            format!("-DGLR_NN={}", self.nn),
+            format!("-DGLR_K2={}", self.k2),
+            format!("-DGLR_NL={}", self.nl),
+            format!("-DGLR_FARNEAR={}", i32::from(self.farnear)),
+        ]
+    }
+}
+
 /// `1 + max{k : f(k) − a_k + 1 ≤ 2·TILE − 1}` (`a_k = 1` when translation-invariant): taps from
 /// `knear` on always lie before the previous tile (`d_k(t) ≤ t − f(k) + a_k − 1`).
 fn near_taps(off: &[i64], strides: &[i64], ce: bool) -> usize {
@@ -113,28 +152,11 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     let on = glr.on();
     let na = if on.has_a() { k + 1 } else { 1 };
     let ce = glr.pattern().cache_efficient();
-    let (knear, short) = (tab.3, tab.4);
-    let elem = std::mem::size_of::<F>();
-    // Taps k < nn are sorted by the gathering threads; entries short..min(knear, nn) can be listed.
-    let list_len = |nn: usize| knear.min(nn).saturating_sub(short);
-    let (mut nn, limit) = (knear.clamp(1, MAX_LIST), max_dynamic_smem());
-    while nn > 1 && smem_bytes(list_len(nn), elem) > limit {
-        nn -= 1;
-    }
-    let (nl, smem) = (list_len(nn), smem_bytes(list_len(nn), elem));
+    let lay = Layout::choose(tab.3, tab.4, std::mem::size_of::<F>(), max_dynamic_smem());
     let g = gpu()?;
-    let k2 = short.min(nn);
-    let opts = [
-        format!("-DGLR_L={TILE}"),
-        format!("-DGLR_CH={CHANNELS}"),
-        format!("-DGLR_NN={nn}"),
-        format!("-DGLR_K2={k2}"),
-        format!("-DGLR_NL={nl}"),
-        // near taps k ≥ nn, added by the sequential warp itself
-        format!("-DGLR_FARNEAR={}", i32::from(knear > nn)),
-    ];
+    let opts = lay.defines();
     let f = g.kernel(FAMILY, &kernels::GLR, &opts, &format!("glr_tiled_{}", F::SUFFIX))?;
-    if smem > 48 << 10 {
+    if lay.smem > 48 << 10 {
         opt_in(FAMILY, &f)?;
     }
     let alpha = input::<F>(x, "alpha")?;
@@ -150,15 +172,62 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
         int(FAMILY, "K+1", na)?,
     );
     let (ha, hb, cei) = (on.has_a() as i32, on.has_b() as i32, ce as i32);
-    let kni = int(FAMILY, "near taps", knear)?;
+    let kni = int(FAMILY, "near taps", tab.3)?;
     let blocks = b * c.div_ceil(CHANNELS);
     let cfg = LaunchConfig {
         grid_dim: (int(FAMILY, "blocks", blocks)? as u32, 1, 1),
         block_dim: (THREADS as u32, 1, 1),
-        shared_mem_bytes: smem as u32,
+        shared_mem_bytes: lay.smem as u32,
     };
     let (xv, av) = (xs.view(), alpha.view());
     launch!(g, FAMILY, f, cfg;
         &xv, &av, &bv, &*tab.0, &*tab.1, &mut *y, &bi, &ti, &ci, &ki, &nai, &ha, &hb, &cei, &kni)?;
     finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mixer_core::mixers::glr::{GlrConfig, On};
+
+    fn pow2(ce: bool, t: usize) -> (usize, usize) {
+        let f = mixer_registry::pattern("pow2").unwrap().offset;
+        let cfg = GlrConfig { pattern: "pow2".into(), cache_efficient: ce, order: None, on: On::B };
+        let glr = Glr::new("glr", cfg, f).unwrap();
+        let (off, strides) = table(&glr, t).unwrap();
+        (near_taps(&off, &strides, ce), off.iter().filter(|&&f| f <= 2).count())
+    }
+
+    /// The layouts the H200 ran in session 8 (the CuPy harness computes them with its own
+    /// formula; pow2 at T = 65536, f32): 7 near taps (offsets 1 … 64), two never listed,
+    /// 5 list entries, 53 280 bytes; cache-efficient: 8 near taps, 6 entries, 69 664 bytes.
+    #[test]
+    fn pow2_layouts_match_the_kernel_runs() {
+        let limit = 219 << 10;
+        let (knear, short) = pow2(false, 65536);
+        assert_eq!((knear, short), (7, 2));
+        let l = Layout::choose(knear, short, 4, limit);
+        assert_eq!(l, Layout { nn: 7, k2: 2, nl: 5, farnear: false, smem: 53_280 });
+        let (knear, short) = pow2(true, 65536);
+        assert_eq!((knear, short), (8, 2));
+        assert_eq!(Layout::choose(knear, short, 4, limit).smem, 69_664);
+        assert_eq!(Layout::choose(knear, short, 4, limit).nl, 6);
+    }
+
+    /// A tight shared-memory ceiling shortens the sorted taps (and the list), leaving the near
+    /// taps beyond them to the sequential warp; the list never counts the taps with f(k) ≤ 2.
+    #[test]
+    fn short_shared_memory_moves_near_taps_to_the_sequential_warp() {
+        let full = Layout::choose(16, 2, 8, usize::MAX);
+        assert_eq!((full.nn, full.nl, full.farnear), (16, 14, false));
+        let tight = Layout::choose(16, 2, 8, full.smem - 1);
+        assert!(tight.nn < 16 && tight.farnear && tight.smem < full.smem);
+        assert_eq!(tight.nl, tight.nn - 2);
+        let one = Layout::choose(16, 2, 8, 0);
+        assert_eq!((one.nn, one.k2, one.nl, one.farnear), (1, 1, 0, true));
+        assert_eq!(
+            Layout::choose(0, 0, 4, usize::MAX),
+            Layout { nn: 1, k2: 0, nl: 0, farnear: false, smem: smem_bytes(0, 4) }
+        );
+    }
 }
