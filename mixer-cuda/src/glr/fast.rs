@@ -5,8 +5,9 @@
 //! (the α-terms and the far β-terms, many loads in flight), sums the coefficients of `y_{t−1}`
 //! and `y_{t−2}` (kept in registers by the sequential warp), and lists the other taps that reach
 //! the last two tiles as (β, ring slot) pairs, at least three tokens back, so that
-//! `q_t = pre_t + b2_t·y_{t−2} + Σ β·ring` is gathered from shared memory two tokens ahead. Positions come from the host-computed (offset, stride)
-//! table, so plugin patterns need no kernel of their own.
+//! `q_t = pre_t + b2_t·y_{t−2} + Σ β·ring` is gathered from shared memory two tokens ahead.
+//! Positions come from the host-computed (offset, stride) table, so plugin patterns need no
+//! kernel of their own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -34,18 +35,26 @@ pub(crate) fn table(glr: &Glr, t_len: usize) -> Result<(Vec<i64>, Vec<i64>)> {
     ))
 }
 
-/// A pattern table on the device: offsets, strides, `K`, the near-tap count of [`near_taps`],
-/// and the number of taps with `f(k) ≤ 2` (always at lag 1 or 2: never in a gather list).
-type DeviceTable = Arc<(Pooled<i64>, Pooled<i64>, usize, usize, usize)>;
+/// A pattern table on the device, with the counts the kernel's [`Layout`] is chosen from.
+struct DeviceTable {
+    off: Pooled<i64>,
+    strides: Pooled<i64>,
+    /// `K`, the number of taps.
+    k: usize,
+    /// The near-tap count of [`near_taps`].
+    near: usize,
+    /// The taps of [`short_taps`].
+    short: usize,
+}
 
 /// Device tables by (mixer name, mixer config, T), so that a repeated call uploads nothing.
 /// The name is part of the key: aliases such as `diagonal-ssm` and `dense-recurrence` fix the
 /// pattern by name and may share a config.
-static TABLES: LazyLock<Mutex<HashMap<(String, String, usize), DeviceTable>>> =
+static TABLES: LazyLock<Mutex<HashMap<(String, String, usize), Arc<DeviceTable>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The device table of `glr` for length `t`, uploaded on first use.
-fn device_table(glr: &Glr, t: usize) -> Result<DeviceTable> {
+fn device_table(glr: &Glr, t: usize) -> Result<Arc<DeviceTable>> {
     let key = (glr.name().to_string(), glr.config().to_string(), t);
     let mut cache = TABLES.lock().map_err(|_| err(FAMILY, "pattern table cache poisoned"))?;
     if let Some(d) = cache.get(&key) {
@@ -53,10 +62,13 @@ fn device_table(glr: &Glr, t: usize) -> Result<DeviceTable> {
     }
     let (off, strides) = table(glr, t)?;
     let g = gpu()?;
-    let near = near_taps(&off, &strides, glr.pattern().cache_efficient());
-    let short = off.iter().filter(|&&f| f <= 2).count();
-    let d =
-        Arc::new((g.upload_slice(FAMILY, &off)?, g.upload_slice(FAMILY, &strides)?, off.len(), near, short));
+    let d = Arc::new(DeviceTable {
+        near: near_taps(&off, &strides, glr.pattern().cache_efficient()),
+        short: short_taps(&off),
+        k: off.len(),
+        off: g.upload_slice(FAMILY, &off)?,
+        strides: g.upload_slice(FAMILY, &strides)?,
+    });
     if cache.len() >= 1024 {
         cache.clear();
     }
@@ -140,6 +152,12 @@ fn near_taps(off: &[i64], strides: &[i64], ce: bool) -> usize {
         .map_or(0, |k| k + 1)
 }
 
+/// The taps with `f(k) ≤ 2` (a prefix, `f` being increasing): always at lag 1 or 2, so never in a
+/// gather list.
+fn short_taps(off: &[i64]) -> usize {
+    off.iter().filter(|&&f| f <= 2).count()
+}
+
 /// Runs the fast (sparse recurrence) form on device tensors.
 pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
     let xs = input::<F>(x, "x")?;
@@ -148,11 +166,11 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
         return finish(DeviceTensor::<F>::zeros(&[b, t, c])?, p);
     }
     let tab = device_table(glr, t)?;
-    let k = tab.2;
+    let k = tab.k;
     let on = glr.on();
     let na = if on.has_a() { k + 1 } else { 1 };
     let ce = glr.pattern().cache_efficient();
-    let lay = Layout::choose(tab.3, tab.4, std::mem::size_of::<F>(), max_dynamic_smem());
+    let lay = Layout::choose(tab.near, tab.short, std::mem::size_of::<F>(), max_dynamic_smem());
     let g = gpu()?;
     let opts = lay.defines();
     let f = g.kernel(FAMILY, &kernels::GLR, &opts, &format!("glr_tiled_{}", F::SUFFIX))?;
@@ -172,7 +190,7 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
         int(FAMILY, "K+1", na)?,
     );
     let (ha, hb, cei) = (on.has_a() as i32, on.has_b() as i32, ce as i32);
-    let kni = int(FAMILY, "near taps", tab.3)?;
+    let kni = int(FAMILY, "near taps", tab.near)?;
     let blocks = b * c.div_ceil(CHANNELS);
     let cfg = LaunchConfig {
         grid_dim: (int(FAMILY, "blocks", blocks)? as u32, 1, 1),
@@ -181,7 +199,7 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     };
     let (xv, av) = (xs.view(), alpha.view());
     launch!(g, FAMILY, f, cfg;
-        &xv, &av, &bv, &*tab.0, &*tab.1, &mut *y, &bi, &ti, &ci, &ki, &nai, &ha, &hb, &cei, &kni)?;
+        &xv, &av, &bv, &*tab.off, &*tab.strides, &mut *y, &bi, &ti, &ci, &ki, &nai, &ha, &hb, &cei, &kni)?;
     finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p)
 }
 
@@ -195,7 +213,7 @@ mod tests {
         let cfg = GlrConfig { pattern: "pow2".into(), cache_efficient: ce, order: None, on: On::B };
         let glr = Glr::new("glr", cfg, f).unwrap();
         let (off, strides) = table(&glr, t).unwrap();
-        (near_taps(&off, &strides, ce), off.iter().filter(|&&f| f <= 2).count())
+        (near_taps(&off, &strides, ce), short_taps(&off))
     }
 
     /// The layouts the H200 ran in session 8 (the CuPy harness computes them with its own
