@@ -90,6 +90,9 @@ template <int N> __device__ __forceinline__ void glr_ld(const unsigned short* p,
 #error "GLR_L and GLR_CH must be powers of two (ring positions wrap by masking)"
 #endif
 
+// Index in the ring (the last two tiles' outputs, row d mod 2L) of position d ≥ 0, channel lane c.
+__device__ __forceinline__ int glr_ring(int d, int c) { return (d & (2 * GLR_L - 1)) * GLR_CH + c; }
+
 // The sequential warp's state for one channel (lane): records and slot records of the tile, the
 // ring (slots are byte offsets into it), the write position of y_t in the ring, y_{t−1}, y_{t−2},
 // q and b1 of the current token, and the slots of the token after next.
@@ -116,7 +119,7 @@ template <typename T> struct GlrSeq {
             if (off[k] > t) break;
             const int d = glr_dep(t, (int)off[k], (int)stride[k], ce);
             if (d >= t0 - GLR_L)
-                acc += beta[((row + t) * K + k) * C + cc] * ((const T*)ring)[(d & (2 * GLR_L - 1)) * GLR_CH + (wpos & (GLR_CH - 1))];
+                acc += beta[((row + t) * K + k) * C + cc] * ((const T*)ring)[glr_ring(d, wpos & (GLR_CH - 1))];
         }
 #endif
         ((T*)ring)[wpos] = acc;
@@ -164,10 +167,10 @@ __device__ void glr_tiled(const T* x, const T* alpha, const T* beta, const long 
                 s.rt = rec + (i & 1) * TILE * GLR_REC + c * GLR_REC;
                 s.st = sl + (i & 1) * TILE * GLR_SREC + c * GLR_SREC;
                 s.ring = (unsigned char*)ring;
-                s.wpos = ((t0 & (2 * GLR_L - 1)) * GLR_CH + c);
+                s.wpos = glr_ring(t0, c);
                 s.lim = lim;
-                s.y1 = t0 >= 1 ? ring[((t0 - 1) & (2 * GLR_L - 1)) * GLR_CH + c] : (T)0;
-                s.y2 = t0 >= 2 ? ring[((t0 - 2) & (2 * GLR_L - 1)) * GLR_CH + c] : (T)0;
+                s.y1 = t0 >= 1 ? ring[glr_ring(t0 - 1, c)] : (T)0;
+                s.y2 = t0 >= 2 ? ring[glr_ring(t0 - 2, c)] : (T)0;
                 // Prologue: q and b1 of token 0, ring values and record of token 1, slots of token 2.
                 T r0[GLR_REC], ra[GLR_REC], rb[GLR_REC], va[GLR_NLA], vb[GLR_NLA];
                 unsigned s0[GLR_SREC];
@@ -198,7 +201,7 @@ __device__ void glr_tiled(const T* x, const T* alpha, const T* beta, const long 
                 const int t0 = i * GLR_L, lim = min(GLR_L, Tn - t0);
                 for (int j = tid; j < lim * GLR_CH; j += 32) {
                     const int tl = j / GLR_CH, c = j % GLR_CH, t = t0 + tl;
-                    if (c0 + c < C) y[(row + t) * C + c0 + c] = ring[(t & (2 * GLR_L - 1)) * GLR_CH + c];
+                    if (c0 + c < C) y[(row + t) * C + c0 + c] = ring[glr_ring(t, c)];
                 }
             }
         } else if (i + 1 < tiles) {
@@ -234,7 +237,7 @@ __device__ void glr_tiled(const T* x, const T* alpha, const T* beta, const long 
                             const bool listed = dk[k] >= 0 && dk[k] >= far && dk[k] < t - 2;
                             rr[3 + k - GLR_K2] = listed ? bk[k] : (T)0;
                             ss[k - GLR_K2] =
-                                (unsigned short)((listed ? (dk[k] & (2 * GLR_L - 1)) * GLR_CH + c : ZERO + c) * sizeof(T));
+                                (unsigned short)((listed ? glr_ring(dk[k], c) : ZERO + c) * sizeof(T));
                         }
                     }
                 }
