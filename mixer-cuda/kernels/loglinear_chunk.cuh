@@ -150,6 +150,27 @@ __device__ __forceinline__ void llc_put4_tf32(float* dst, float4 x, float s) {
 }
 __device__ __forceinline__ bool llc_al16(const void* p) { return ((unsigned long long)p & 15) == 0; }
 
+// acc += A·B over k < kend (a multiple of 8) as tf32 m16n8k8 mma, for a warp's 16 rows from mr and
+// 32 columns from nb (g = lane / 4, t = lane % 4): A row-major with rows of LD floats, k along the
+// row; B = bt rows k, or with b_t B[k][col] = bt[col][k] (the transpose of a row-major tile).
+// Operands already rounded to tf32.
+template <int LD>
+__device__ __forceinline__ void llc_mma_rows(float (&acc)[4][4], const float* a, const float* bt, int kend, bool b_t,
+                                             int mr, int nb, int g, int t) {
+    for (int k8 = 0; k8 < kend; k8 += 8) {
+        const float* ap = a + (mr + g) * LD + k8 + t;
+        const unsigned a0 = __float_as_uint(ap[0]), a1 = __float_as_uint(ap[8 * LD]), a2 = __float_as_uint(ap[4]),
+                       a3 = __float_as_uint(ap[8 * LD + 4]);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+            const int col = nb + nt * 8 + g;
+            const float* bp = b_t ? bt + col * LD + k8 + t : bt + (k8 + t) * LD + col;
+            const unsigned b0 = __float_as_uint(bp[0]), b1 = __float_as_uint(b_t ? bp[4] : bp[4 * LD]);
+            mx_mma_tf32(acc[nt], a0, a1, a2, a3, b0, b1);
+        }
+    }
+}
+
 // Head dims fixed at compile time: the host compiles the chunk kernels for the call's Dk and Dv
 // (-DLLC_DK=…, -DLLC_DV=…) and passes the same values as arguments; each kernel starts with
 // LLC_FIX_DIMS(Dk, Dv), so that loop trip counts, vector-load tests and index arithmetic fold

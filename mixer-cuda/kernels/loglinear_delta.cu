@@ -171,17 +171,7 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
             stage(k, Dk, Dk % 4 == 0 && llc_al16(k), c0, 0);
             __syncthreads();
             const int kend = min(64, (Dk - c0 + 7) & ~7);
-            if (live)
-                for (int k8 = 0; k8 < kend; k8 += 8) {
-                    const float* a = X + (mr + gi) * LWT_LD + k8 + tg;
-                    const unsigned a0 = __float_as_uint(a[0]), a1 = __float_as_uint(a[8 * LWT_LD]),
-                                   a2 = __float_as_uint(a[4]), a3 = __float_as_uint(a[8 * LWT_LD + 4]);
-#pragma unroll
-                    for (int nt = 0; nt < 4; ++nt) {
-                        const float* bq = X + (nb + nt * 8 + gi) * LWT_LD + k8 + tg;
-                        mx_mma_tf32(acc[nt], a0, a1, a2, a3, __float_as_uint(bq[0]), __float_as_uint(bq[4]));
-                    }
-                }
+            if (live) llc_mma_rows<LWT_LD>(acc, X, X, kend, true, mr, nb, gi, tg);
             __syncthreads();
         }
 #pragma unroll
@@ -819,21 +809,8 @@ __device__ void llc_out_dl_tc(const float* q, const float* k, const float* v, co
                 llc_put4_tf32(dst + r * LDL_LD + (idx & 15) * 4, x, 1.f);
             });
     };
-    // acc += A · B over k < kend: A rows mr.. of a (row-major, k along the row), B = bt rows k, this
-    // warp's 32 columns; or, with bt_t, B[k][col] = bt[col][k] (the transpose of a row-major tile).
     auto mma_rows = [&](float (&acc)[4][4], const float* a, const float* bt, int kend, bool b_t) {
-        for (int k8 = 0; k8 < kend; k8 += 8) {
-            const float* ap = a + (mr + gi) * LDL_LD + k8 + tg;
-            const unsigned a0 = __float_as_uint(ap[0]), a1 = __float_as_uint(ap[8 * LDL_LD]),
-                           a2 = __float_as_uint(ap[4]), a3 = __float_as_uint(ap[8 * LDL_LD + 4]);
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                const int col = nb + nt * 8 + gi;
-                const float* bp = b_t ? bt + col * LDL_LD + k8 + tg : bt + (k8 + tg) * LDL_LD + col;
-                const unsigned b0 = __float_as_uint(bp[0]), b1 = __float_as_uint(b_t ? bp[4] : bp[4 * LDL_LD]);
-                mx_mma_tf32(acc[nt], a0, a1, a2, a3, b0, b1);
-            }
-        }
+        llc_mma_rows<LDL_LD>(acc, a, bt, kend, b_t, mr, nb, gi, tg);
     };
     // Fragment element u of n-tile nt: row, column.
     auto frow = [&](int u) { return mr + gi + (u < 2 ? 0 : 8); };
