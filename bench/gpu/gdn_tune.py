@@ -12,7 +12,8 @@ With --lineinfo, under `ncu --section SourceCounters --section WarpStateStats -k
 Compute names the kernel's source lines with the most stall samples.
 
 VARIANT is `file.cu:function:threads[:NAME=V,NAME=V]` (compiled after common.cuh and the helpers
-loglinear_chunk.cuh, as the host does): compile-time defines, except `ARG_ST=n`,
+loglinear_chunk.cuh, as the host does): compile-time defines, except `SMEM=n` (the dynamic shared
+memory of the launch; default: what the host gives that kernel) and `ARG_ST=n`,
 which passes n as one more kernel argument (the shipped `llc_delta_h_tc` takes its number of
 buffers so). Default: the shipped tensor-core kernel (`llc_delta_h_tc_f32:256:ARG_ST=3` or
 `llc_wy_tc_f32:256`). Inputs are synthetic but shaped like the real ones: unit-norm key rows,
@@ -33,7 +34,10 @@ ap.add_argument("variants", nargs="*")
 a = ap.parse_args()
 common = open("mixer-cuda/kernels/common.cuh").read() + "\n" + open("mixer-cuda/kernels/loglinear_chunk.cuh").read()
 SHIPPED = "mixer-cuda/kernels/loglinear_delta.cu"
-OPT_IN = 227 * 1024  # the shared memory a block may opt in to on sm_90, static and dynamic together
+B, T, H, D = 1, a.T, a.H, a.D
+CH = 64
+nc = (T + CH - 1) // CH
+E = (nc - 1).bit_length() + 1 if a.lifted else 1
 mods = {}
 
 def function(path, name, defs=""):
@@ -42,14 +46,27 @@ def function(path, name, defs=""):
             f"-D{d}" for d in defs.split(",") if d and not d.startswith("ARG_"))
         mods[(path, defs)] = cp.RawModule(code=common + open(path).read(), options=opts)
     f = mods[(path, defs)].get_function(name)
-    # every variant gets all the dynamic shared memory that its static arrays leave (1 KB kept)
-    f.max_dynamic_shared_size_bytes = OPT_IN - f.shared_size_bytes - 1024
+    f.max_dynamic_shared_size_bytes = launch_smem(name, defs)
     return f
 
-B, T, H, D = 1, a.T, a.H, a.D
-CH = 64
-nc = (T + CH - 1) // CH
-E = (nc - 1).bit_length() + 1 if a.lifted else 1
+def launch_smem(name, defs):
+    """The dynamic shared memory the host launches `name` with (mixer-cuda/src/loglinear/chunk_tree.rs),
+    or `SMEM=n` from the variant's settings: the number of blocks per SM, and so the timing, depends
+    on it."""
+    d = dict(x.split("=") for x in defs.split(",") if "=" in x)
+    if "SMEM" in d:
+        return int(d["SMEM"])
+    dkp = (D + 15) // 16 * 16
+    ldk = (dkp + 31) // 32 * 32 + 4
+    if name.startswith("llc_wy_tc"):
+        return 3 * 64 * 68 * 4
+    if name.startswith("llc_wy"):
+        return 0
+    if name.startswith("llc_delta_h_tc"):
+        st = int(d.get("ARG_ST", 3))
+        return (E * dkp * 24 + st * (2 * CH * ldk + CH * 16 + CH) + CH * 24 + CH + 1) * 4
+    return (E * D * 16 + 4 * CH * (D + 1) + 2 * CH * 16 + 2 * CH + CH * 17 + CH) * 4
+
 slots = sum(bin(j).count("1") for j in range(nc)) if a.lifted else nc
 rng = cp.random.default_rng(0)
 k = rng.standard_normal((B, T, H, D), dtype=cp.float32)

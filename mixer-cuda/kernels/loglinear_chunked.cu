@@ -16,7 +16,8 @@
 //    m_e = 2·(i ≫ e). The chunks between its end and i's start are exactly the buckets of the lower
 //    set bits of i, so its decay to i's start is d_e = Σ_{e' < e, bit e'−1 set} A_{e'−1}(m_{e'}).
 //    y_r += σ λ_r^{(c+e)} e^{γ_r + d_e} q_r · F_{e−1}(m_e), c = log₂ CH. Without a lift the levels
-//    are summed first (λ ≡ 1): one product with H_i = Σ_e e^{d_e} F_{e−1}(m_e).
+//    are summed first (λ ≡ 1): one product with H_i = Σ_e e^{d_e} F_{e−1}(m_e); the host runs
+//    llc_scan (2') instead of the tree then, which leaves exactly H_i in place of Z_i.
 // Tree entries: level e has ⌊NC / 2^e⌋ complete blocks; entries of level e start at
 // BH·DD·Σ_{e'<e} ⌊NC/2^{e'}⌋ (DD = Dk·Dv) and are laid out [bh][m][Dk][Dv]; the log-decays A
 // likewise without DD. A block that is not complete is never read.
@@ -123,6 +124,49 @@ __device__ inline int llc_levels(int i, int bh, int nc, int direct, const double
         ++np;
     }
     return np;
+}
+
+// 2'. Without a lift, instead of the tree: the state entering every chunk, in place over the
+// level-0 entries. For each (batch·head) and each of the Dk·Dv entries independently,
+//   H_0 = 0,  H_{j+1} = e^{a_j} H_j + Z_j,
+// and entry j is overwritten by H_j (Z_j is read first), so that pass 3 runs with direct = 1 and
+// reads one state per chunk. Each thread walks one entry over the chunks, loading LLC_SCAN_P
+// chunks' values before storing any (the loads do not wait on the recurrence).
+// Grid (⌈Dk·Dv/256⌉, BH), 256 threads.
+#define LLC_SCAN_P 16
+template <typename T>
+__device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk, int Dv, int nc) {
+    LLC_FIX_DIMS(Dk, Dv);
+    const long long DD = (long long)Dk * Dv;
+    const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
+    const int bh = blockIdx.y;
+    if (idx >= DD) return;
+    T* f = F + (long long)bh * nc * DD + idx;
+    const double* a = A + (long long)bh * nc;
+    T hcur = (T)0;
+    int j0 = 0;
+    for (; j0 + LLC_SCAN_P <= nc; j0 += LLC_SCAN_P) {
+        T z[LLC_SCAN_P], w[LLC_SCAN_P];
+#pragma unroll
+        for (int p = 0; p < LLC_SCAN_P; ++p) {
+            z[p] = f[(long long)(j0 + p) * DD];
+            w[p] = mx_exp((T)a[j0 + p]);
+        }
+        // Every load of the group (states and decays) is issued before the first store: a load
+        // after a store that the compiler cannot tell apart waits for it, and each step would
+        // then wait a full memory latency.
+        asm volatile("" ::: "memory");
+#pragma unroll
+        for (int p = 0; p < LLC_SCAN_P; ++p) {
+            f[(long long)(j0 + p) * DD] = hcur;
+            hcur = fma(w[p], hcur, z[p]);
+        }
+    }
+    for (; j0 < nc; ++j0) {
+        const T z = f[(long long)j0 * DD];
+        f[(long long)j0 * DD] = hcur;
+        hcur = fma(mx_exp((T)a[j0]), hcur, z);
+    }
 }
 
 // 3. Outputs of chunk i, a tile of 64 value columns. Grid (NC, BH, ⌈Dv/64⌉), 256 threads.
@@ -481,6 +525,9 @@ extern "C" __global__ void __launch_bounds__(128)
     }                                                                                                             \
     extern "C" __global__ void llc_tree_##S(T* F, double* A, int e, int BH, int Dk, int Dv, int nc) {             \
         llc_tree<T>(F, A, e, BH, Dk, Dv, nc);                                                                     \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) llc_scan_##S(T* F, const double* A, int Dk, int Dv, int nc) { \
+        llc_scan<T>(F, A, Dk, Dv, nc);                                                                            \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llc_out_##S(const T* q, const T* k, const T* v, const T* g, int has_g, const T* lam, const T* F,          \

@@ -12,12 +12,38 @@ __device__ inline unsigned short f32_to_bf16_bits(float x) {
 
 __device__ inline float bf16_bits_to_f32(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
 
+// The element loops below take four elements per access where the pointers allow (a view into a
+// larger tensor may start anywhere: 8 bytes of bf16, 16 of f32, so that a warp's loads and its
+// stores each cover one contiguous span) over the first n − n mod 4 elements, then one at a time.
+__device__ inline bool al16(const void* p) { return ((unsigned long long)p & 15) == 0; }
+
 extern "C" __global__ void bf16_to_f32(const unsigned short* a, float* out, long long n) {
-    for (long long i = gtid(); i < n; i += (long long)gridDim.x * blockDim.x) out[i] = bf16_bits_to_f32(a[i]);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (((unsigned long long)a & 7) == 0 && al16(out)) {
+        done = n / 4 * 4;
+        for (long long v = gtid(); v < n / 4; v += stride) {
+            const uint2 x = reinterpret_cast<const uint2*>(a)[v];
+            reinterpret_cast<float4*>(out)[v] = make_float4(__uint_as_float(x.x << 16), __uint_as_float(x.x & 0xffff0000u),
+                                                            __uint_as_float(x.y << 16), __uint_as_float(x.y & 0xffff0000u));
+        }
+    }
+    for (long long i = done + gtid(); i < n; i += stride) out[i] = bf16_bits_to_f32(a[i]);
 }
 
 extern "C" __global__ void f32_to_bf16(const float* a, unsigned short* out, long long n) {
-    for (long long i = gtid(); i < n; i += (long long)gridDim.x * blockDim.x) out[i] = f32_to_bf16_bits(a[i]);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (al16(a) && ((unsigned long long)out & 7) == 0) {
+        done = n / 4 * 4;
+        for (long long v = gtid(); v < n / 4; v += stride) {
+            const float4 x = reinterpret_cast<const float4*>(a)[v];
+            reinterpret_cast<uint2*>(out)[v] =
+                make_uint2((unsigned)f32_to_bf16_bits(x.x) | ((unsigned)f32_to_bf16_bits(x.y) << 16),
+                           (unsigned)f32_to_bf16_bits(x.z) | ((unsigned)f32_to_bf16_bits(x.w) << 16));
+        }
+    }
+    for (long long i = done + gtid(); i < n; i += stride) out[i] = f32_to_bf16_bits(a[i]);
 }
 
 // Value constraints (mixer_core::spec::Constraint): 0 finite, 1 finite and ≤ 0, 2 finite and
@@ -33,10 +59,34 @@ __device__ inline bool value_ok(double x, int c) {
     }
 }
 
+__device__ inline double check_value(float x) { return x; }
+__device__ inline double check_value(double x) { return x; }
+__device__ inline double check_value(unsigned short b) { return bf16_bits_to_f32(b); }
+
+template <typename T>
+__device__ inline void check_one(const T* a, long long i, long long n, int c, long long* flag) {
+    if (!value_ok(check_value(a[i]), c)) atomicMax((unsigned long long*)flag, (unsigned long long)(n - i));
+}
+
+// W = 16 / sizeof(T) elements per 16-byte load; an element that fails is reported alone.
 template <typename T>
 __device__ void check_values(const T* a, long long n, int c, long long* flag) {
-    for (long long i = gtid(); i < n; i += (long long)gridDim.x * blockDim.x)
-        if (!value_ok((double)a[i], c)) atomicMax((unsigned long long*)flag, (unsigned long long)(n - i));
+    constexpr int W = 16 / sizeof(T);
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (al16(a)) {
+        done = n / W * W;
+        for (long long v = gtid(); v < n / W; v += stride) {
+            const uint4 x = reinterpret_cast<const uint4*>(a)[v];
+            const T* e = reinterpret_cast<const T*>(&x);
+            bool ok = true;
+#pragma unroll
+            for (int w = 0; w < W; ++w) ok &= value_ok(check_value(e[w]), c);
+            if (!ok)
+                for (int w = 0; w < W; ++w) check_one(a, v * W + w, n, c, flag);
+        }
+    }
+    for (long long i = done + gtid(); i < n; i += stride) check_one(a, i, n, c, flag);
 }
 
 extern "C" __global__ void check_values_f32(const float* a, long long n, int c, long long* flag) {
@@ -46,7 +96,5 @@ extern "C" __global__ void check_values_f64(const double* a, long long n, int c,
     check_values<double>(a, n, c, flag);
 }
 extern "C" __global__ void check_values_bf16(const unsigned short* a, long long n, int c, long long* flag) {
-    for (long long i = gtid(); i < n; i += (long long)gridDim.x * blockDim.x)
-        if (!value_ok((double)bf16_bits_to_f32(a[i]), c))
-            atomicMax((unsigned long long*)flag, (unsigned long long)(n - i));
+    check_values<unsigned short>(a, n, c, flag);
 }

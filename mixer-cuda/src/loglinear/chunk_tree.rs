@@ -14,7 +14,13 @@
 //!    levels inside the chunk) plus, for every set bit `e − 1` of the chunk index `i`, the
 //!    bucket of chunks `j` with `bitlen(i ⊕ j) = e` — the tree entry `F_{e−1}(2⌊i/2^e⌋)`,
 //!    decayed over the buckets of the lower set bits and read with `σ λ_r^(c+e) e^(γ_r) q_r`
-//!    (`c = log₂ CH`). Without a lift those states are summed before the one product.
+//!    (`c = log₂ CH`).
+//!
+//! Without a lift, pass 2 is `llc_scan` instead of the tree: one launch in which every entry of
+//! every chunk state is an independent recurrence over the chunks, `H_0 = 0`,
+//! `H_{j+1} = e^(a_j) H_j + Z_j`; `Z_j` is overwritten in place by `H_j`, the state entering chunk
+//! `j`, and pass 3 reads that one state per chunk (`direct`) instead of summing `popcount(i)`
+//! tree entries (which made pass 3 read about four states per chunk at 16k tokens).
 //!
 //! In the tf32 and bf16 modes `llc_states_tc` and `llc_out_tc` do the products of passes 1 and 3
 //! on tensor cores (tf32 `mma.sync`, f32 accumulation), and gated DeltaNet's sequential pass runs
@@ -87,7 +93,8 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Preci
     let ch = chunk_len::<F>();
     let nc = t.div_ceil(ch);
     let bh = b * h;
-    let entries = tree_entries(nc);
+    // The tree of chunk states, or (without a lift) one state per chunk.
+    let entries = if ll.lift.is_some() { tree_entries(nc) } else { nc };
     check_sizes::<F>(x.dims, entries)?;
     let g = gpu()?;
     let dims = fixed_dims(dk, dv);
@@ -118,6 +125,19 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Preci
     };
     launch!(g, FAMILY, k(states)?, cfg;
         &kv, &vv, &gv, &has_g, &mut *tree, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?;
+    let lifted = ll.lift.is_some();
+    if !lifted {
+        // Without a lift each chunk reads one state: the level-0 entries become the states
+        // entering the chunks (`llc_scan`, in place) and pass 3 reads them directly.
+        let cfg = LaunchConfig {
+            grid_dim: ((dk * dv).div_ceil(256) as u32, bhi as u32, 1),
+            block_dim: block,
+            shared_mem_bytes: 0,
+        };
+        launch!(g, FAMILY, k("llc_scan")?, cfg; &mut *tree, &*decays, &dki, &dvi, &nci)?;
+        outputs(ll, x, &vv, &tree, &decays, levels, false, true, p, &mut y)?;
+        return Ok(y);
+    }
     let tree_fn = k("llc_tree")?;
     for e in 1..usize::BITS as usize {
         let cnt = nc >> e;
@@ -131,8 +151,7 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Preci
         let ei = e as i32;
         launch!(g, FAMILY, tree_fn.clone(), cfg; &mut *tree, &mut *decays, &ei, &bhi, &dki, &dvi, &nci)?;
     }
-    let lifted = ll.lift.is_some();
-    outputs(ll, x, &vv, &tree, &decays, levels, lifted, false, p, &mut y)?;
+    outputs(ll, x, &vv, &tree, &decays, levels, true, false, p, &mut y)?;
     Ok(y)
 }
 

@@ -200,6 +200,106 @@ fn invalid_values_are_reported_when_the_result_is_read() {
     assert!(run_device(m.as_ref(), Form::Fast, &mixed, Precision::Exact).is_err());
 }
 
+/// The device value check reads 16 bytes at a time over the first `n − n mod W` elements and one
+/// at a time after them: the first violation is the one reported wherever the two fall (`g` of
+/// mamba2 here has 3·45·2 = 270 entries: the last two are past the vector part in f32 and bf16's
+/// f32 `g`, none in f64).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn value_checks_report_the_first_violation_in_the_vector_part_and_the_tail() {
+    let Some(_turn) = gpu() else {
+        return;
+    };
+    let m = mixer("mamba2", &serde_json::json!({})).unwrap();
+    let dims = complete_dims(m.as_ref(), &sizes().dims());
+    let base = m.random_inputs(&dims, 3).unwrap();
+    let cases: [(&[usize], usize); 4] =
+        [(&[269], 269), (&[269, 101], 101), (&[103, 102], 102), (&[0, 268], 0)];
+    for (bad, first) in cases {
+        for double in [false, true] {
+            let expect = format!("flat index {first} ");
+            let found = if double {
+                let mut x = cast_tensors::<f64>(&base);
+                let g = x.get_mut("g").unwrap();
+                for &i in bad {
+                    g.as_slice_mut().unwrap()[i] = f64::NAN;
+                }
+                let dev = upload_inputs(&x, Precision::Exact).unwrap();
+                let AnyDeviceTensor::F64(y) =
+                    run_device(m.as_ref(), Form::Fast, &dev, Precision::Exact).unwrap()
+                else {
+                    panic!("f64 expected")
+                };
+                y.to_host().err()
+            } else {
+                let mut x = cast_tensors::<f32>(&base);
+                let g = x.get_mut("g").unwrap();
+                for &i in bad {
+                    g.as_slice_mut().unwrap()[i] = 0.25; // a log-decay must be ≤ 0
+                }
+                let dev = upload_inputs(&x, Precision::Exact).unwrap();
+                let AnyDeviceTensor::F32(y) =
+                    run_device(m.as_ref(), Form::Fast, &dev, Precision::Exact).unwrap()
+                else {
+                    panic!("f32 expected")
+                };
+                y.to_host().err()
+            };
+            match found {
+                Some(Error::Value { name, found, .. }) => {
+                    assert_eq!(name, "g");
+                    assert!(found.contains(&expect), "violations at {bad:?} (f64 {double}): {found}");
+                }
+                other => {
+                    panic!("expected a value error on g (violations at {bad:?}, f64 {double}), got {other:?}")
+                }
+            }
+        }
+    }
+}
+
+/// The device's bf16 ⇄ f32 conversions (four elements per access where the pointers allow, one at
+/// a time otherwise and past the last multiple of 4) equal the host's rounding (`half`: nearest,
+/// ties to even) bit for bit, at every length and at an unaligned start (a batch view).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn bf16_conversions_equal_the_host_rounding_at_any_length_and_offset() {
+    use mixer_cuda::forms::{bf16_to_f32, f32_to_bf16};
+    use mixer_cuda::tensor::bf16;
+    let Some(_turn) = gpu() else {
+        return;
+    };
+    for len in [1usize, 7, 8, 9, 1003] {
+        // Ties (1 + 2^-8 and its odd neighbour), signs, a huge, a tiny and a subnormal value.
+        let special = [1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.5e38, 1.2e-38, 3.0e-42, -0.0, 65504.0];
+        let host = ArrayD::from_shape_fn(vec![3, len], |ix| {
+            let i = ix[0] * len + ix[1];
+            if i % 5 == 0 {
+                special[(i / 5) % special.len()]
+            } else {
+                ((i as f32) * 0.731).sin() * 10f32.powi((i % 9) as i32 - 4)
+            }
+        });
+        let dev = DeviceTensor::<f32>::upload(&host).unwrap();
+        for (rows, view) in [(0..3, dev.clone()), (1..3, dev.batch(1..3).unwrap())] {
+            let want = host.slice(ndarray::s![rows.clone(), ..]).to_owned().into_dyn();
+            let b = f32_to_bf16(&view).unwrap();
+            let got = b.to_host().unwrap();
+            for (g, w) in got.iter().zip(want.iter()) {
+                assert_eq!(g.to_bits(), bf16::from_f32(*w).to_bits(), "len {len}, rows {rows:?}, value {w}");
+            }
+            // Back to f32 from an unaligned start too: exact.
+            for bv in [b.clone(), b.batch(1..rows.len()).unwrap()] {
+                let back = bf16_to_f32(&bv).unwrap().to_host().unwrap();
+                let src = bv.to_host().unwrap();
+                for (f, h) in back.iter().zip(src.iter()) {
+                    assert_eq!(f.to_bits(), h.to_f32().to_bits(), "len {len}");
+                }
+            }
+        }
+    }
+}
+
 /// Relative RMS error of `got` against `want`.
 fn rel_rms(got: &ArrayD<f64>, want: &ArrayD<f64>) -> f64 {
     let num: f64 = got.iter().zip(want).map(|(a, b)| (a - b) * (a - b)).sum();
