@@ -389,24 +389,27 @@ pub(crate) fn sweep<F: VecMath>(
             let next = out.subrows(off, dk);
             // Entries that decayed below the smallest normal number are flushed to zero, and a
             // level left all zero is dropped (see [`flush_subnormals`]).
+            // The new states overwrite the old ones in place (no allocation per chunk).
             for (j, &e) in present.iter().enumerate() {
-                let mut blk = next.submatrix(0, j * dv, dk, dv).to_owned();
+                let blk = states[e].as_mut().expect("a present level holds a state");
+                blk.copy_from(next.submatrix(0, j * dv, dk, dv));
                 let gone = m.base.has_decay() && !flush_subnormals(blk.as_mut());
-                states[e] = if gone { None } else { Some(blk) };
+                if gone {
+                    states[e] = None;
+                }
                 kept.push(!gone);
             }
         }
         // Insert the chunk's own state K̂ᵀ Ũ (K̂ᵀ V without the delta rule) at level 0.
-        let mut own = Mat::<F>::zeros(dk, dv);
         let vals = ck.wy.as_ref().map_or(hd.v.subrows(i0, n), |wy| wy.u.as_ref());
-        mm(own.as_mut(), Accum::Replace, ck.khat.transpose(), vals, F::one());
         if states.is_empty() {
             states.push(None);
         }
-        states[0] = Some(match states[0].take() {
-            Some(acc) => acc + own,
-            None => own,
-        });
+        let (acc, own) = match &mut states[0] {
+            Some(s) => (Accum::Add, s),
+            none => (Accum::Replace, none.insert(Mat::<F>::zeros(dk, dv))),
+        };
+        mm(own.as_mut(), acc, ck.khat.transpose(), vals, F::one());
         visit(ci, ck, Stacked { present, cols, zcat, kept, read: stacked_read })?;
     }
     Ok(())
