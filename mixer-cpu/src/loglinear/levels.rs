@@ -132,14 +132,23 @@ impl<F: VecMath> LevelStates<F> {
         let lo = lo.as_ref();
         for j in 0..dk {
             let out = hi.as_mut().col_mut(j).try_as_col_major_mut().expect(unit).as_slice_mut();
-            match dst_factor {
-                None => out.iter_mut().for_each(|x| *x = F::zero()),
-                Some(s) if s != F::one() => out.iter_mut().for_each(|x| *x *= s),
-                Some(_) => {}
-            }
-            for &(e, s) in &src {
-                let v = lo.col(e * dk + j).try_as_col_major().expect(unit).as_slice();
-                out.iter_mut().zip(v).for_each(|(x, &v)| *x += s * v);
+            let col = |e: usize| lo.col(e * dk + j).try_as_col_major().expect(unit).as_slice();
+            // Without a state at `dst`, the first term is written rather than added.
+            let added = match dst_factor {
+                None => {
+                    let (e, s) = src[0];
+                    out.iter_mut().zip(col(e)).for_each(|(x, &v)| *x = s * v);
+                    &src[1..]
+                }
+                Some(s) => {
+                    if s != F::one() {
+                        out.iter_mut().for_each(|x| *x *= s);
+                    }
+                    &src[..]
+                }
+            };
+            for &(e, s) in added {
+                out.iter_mut().zip(col(e)).for_each(|(x, &v)| *x += s * v);
             }
         }
         for e in 0..dst {
