@@ -32,6 +32,7 @@
 //! fast form, docs/math.md §2.6), and for the lifted mixers `mask` (a registered level mask, default
 //! `"fenwick"`) and `lambda_scheme` (default `"identity"`).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use ndarray::{Array2, ArrayD, ArrayView3, ArrayView4, Ix3, Ix4};
@@ -229,11 +230,21 @@ impl LogLinear {
     /// 1 everywhere). The identity scheme returns the input unchanged; other schemes must
     /// produce finite, non-negative weights, or an error names the scheme.
     pub fn lambda_weights<F: Real>(&self, raw: &ArrayD<F>, param: Option<&ArrayD<F>>) -> Result<ArrayD<F>> {
+        self.lambda_weights_ref(raw, param).map(Cow::into_owned)
+    }
+
+    /// [`LogLinear::lambda_weights`], borrowing the input for the identity scheme instead of
+    /// copying it.
+    pub fn lambda_weights_ref<'a, F: Real>(
+        &self,
+        raw: &'a ArrayD<F>,
+        param: Option<&ArrayD<F>>,
+    ) -> Result<Cow<'a, ArrayD<F>>> {
         let Some(lift) = self.lift else {
             return Err(Error::config(&self.name, "this mixer takes no `lambda`"));
         };
         if lift.lambda.is_identity() {
-            return Ok(raw.clone());
+            return Ok(Cow::Borrowed(raw));
         }
         let param_at = self.lambda_param_reader(raw, param)?;
         let mut out = raw.clone();
@@ -254,7 +265,7 @@ impl LogLinear {
             }
             *x = F::of(w);
         }
-        Ok(out)
+        Ok(Cow::Owned(out))
     }
 
     /// The parameter `p_{h,ℓ}` as a function of `(h, ℓ)`, after checking that

@@ -161,21 +161,24 @@ pub(crate) fn visit_levels(
     Ok(())
 }
 
-/// `a_{r,s} ← λ^(ℓ)_{i0+r} a_{r,s}` for every pair `s ≤ r` of the chunk `[i0, i0 + n)`
-/// (`a` lower triangular, `ℓ = ℓ(i0 + r, i0 + s)`, `lam` the `T × L` weights); an error when
-/// a level is beyond the given λ levels.
+/// `a_{r,s} ← λ^(ℓ)_{i0+r} Γ_{r,s} a_{r,s}` for every pair `s ≤ r` of the chunk `[i0, i0 + n)`
+/// (`a` lower triangular, `ℓ = ℓ(i0 + r, i0 + s)`, `lam` the `T × L` weights, `Γ` the chunk's
+/// `n × n` decay when given, else 1); entries above the diagonal are left as they are. An
+/// error when a level is beyond the given λ levels.
 ///
 /// With the Fenwick mask the chunk start is a multiple of the chunk size `2^c ≥ n`, so
-/// `ℓ(i0 + r, i0 + s) = bitlen(r ⊕ s)`: level 0 is the diagonal, and level `l ≥ 1` is the
-/// blocks of rows `[b·2^l + 2^(l−1), (b+1)·2^l)` by columns `[b·2^l, b·2^l + 2^(l−1))`, so
-/// each column of a block is scaled by one contiguous run of a λ column. Other masks go pair by
-/// pair through [`visit_levels`].
+/// `ℓ(i0 + r, i0 + s) = bitlen(r ⊕ s)`: in column `s`, level 0 is the diagonal, and level
+/// `l ≥ 1` is present when bit `l − 1` of `s` is clear, as the rows
+/// `⌊s/2^l⌋·2^l + 2^(l−1) ≤ r < ⌊s/2^l⌋·2^l + 2^l`, so each column is scaled by at most
+/// `bitlen(n − 1) + 1` contiguous runs of λ's columns (read once per chunk, level-major). Other
+/// masks go pair by pair through [`visit_levels`].
 pub(crate) fn scale_by_levels<F: VecMath>(
     m: &LogLinear,
     mut a: MatMut<'_, F>,
     lam: MatRef<'_, F>,
     i0: usize,
     n: usize,
+    gamma: Option<MatRef<'_, F>>,
 ) -> Result<()> {
     let n_levels = lam.ncols();
     let top = mixer_core::fenwick::bitlen(n.saturating_sub(1));
@@ -185,29 +188,37 @@ pub(crate) fn scale_by_levels<F: VecMath>(
         || n > chunk
         || top >= n_levels
     {
-        return visit_levels(m, i0, n, n_levels, |r, s, l| a[(r, s)] *= lam[(i0 + r, l)]);
+        return visit_levels(m, i0, n, n_levels, |r, s, l| {
+            a[(r, s)] *= lam[(i0 + r, l)] * gamma.map_or(F::one(), |g| g[(r, s)]);
+        });
     }
-    let mut w = vec![F::zero(); n];
-    for l in 0..=top {
-        for (r, x) in w.iter_mut().enumerate() {
-            *x = lam[(i0 + r, l)];
+    // lt[l·n + r] = λ^(l)_{i0+r}.
+    let mut lt = vec![F::zero(); (top + 1) * n];
+    for r in 0..n {
+        for l in 0..=top {
+            lt[l * n + r] = lam[(i0 + r, l)];
         }
-        if l == 0 {
-            for (s, &x) in w.iter().enumerate() {
-                a[(s, s)] *= x;
+    }
+    let unit = "unit row stride";
+    for s in 0..n {
+        let col = a.as_mut().col_mut(s).try_as_col_major_mut().expect(unit).as_slice_mut();
+        let gcol = gamma.map(|g| g.col(s).try_as_col_major().expect(unit).as_slice());
+        col[s] *= lt[s] * gcol.map_or(F::one(), |g| g[s]);
+        for l in 1..=top {
+            let half = 1usize << (l - 1);
+            let lo = (s >> l << l) + half;
+            if s & half != 0 || lo >= n {
+                continue;
             }
-            continue;
-        }
-        let half = 1usize << (l - 1);
-        let mut b0 = 0;
-        while b0 + half < n {
-            let rows = b0 + half..(b0 + 2 * half).min(n);
-            for s in b0..b0 + half {
-                let col =
-                    a.as_mut().col_mut(s).try_as_col_major_mut().expect("unit row stride").as_slice_mut();
-                col[rows.clone()].iter_mut().zip(&w[rows.clone()]).for_each(|(x, &lw)| *x *= lw);
+            let rows = lo..(lo + half).min(n);
+            let w = &lt[l * n + rows.start..l * n + rows.end];
+            match gcol {
+                Some(g) => col[rows.clone()]
+                    .iter_mut()
+                    .zip(w.iter().zip(&g[rows]))
+                    .for_each(|(x, (&lw, &gm))| *x *= lw * gm),
+                None => col[rows].iter_mut().zip(w).for_each(|(x, &lw)| *x *= lw),
             }
-            b0 += 2 * half;
         }
     }
     Ok(())
@@ -378,24 +389,27 @@ pub(crate) fn sweep<F: VecMath>(
             let next = out.subrows(off, dk);
             // Entries that decayed below the smallest normal number are flushed to zero, and a
             // level left all zero is dropped (see [`flush_subnormals`]).
+            // The new states overwrite the old ones in place (no allocation per chunk).
             for (j, &e) in present.iter().enumerate() {
-                let mut blk = next.submatrix(0, j * dv, dk, dv).to_owned();
+                let blk = states[e].as_mut().expect("a present level holds a state");
+                blk.copy_from(next.submatrix(0, j * dv, dk, dv));
                 let gone = m.base.has_decay() && !flush_subnormals(blk.as_mut());
-                states[e] = if gone { None } else { Some(blk) };
+                if gone {
+                    states[e] = None;
+                }
                 kept.push(!gone);
             }
         }
         // Insert the chunk's own state K̂ᵀ Ũ (K̂ᵀ V without the delta rule) at level 0.
-        let mut own = Mat::<F>::zeros(dk, dv);
         let vals = ck.wy.as_ref().map_or(hd.v.subrows(i0, n), |wy| wy.u.as_ref());
-        mm(own.as_mut(), Accum::Replace, ck.khat.transpose(), vals, F::one());
         if states.is_empty() {
             states.push(None);
         }
-        states[0] = Some(match states[0].take() {
-            Some(acc) => acc + own,
-            None => own,
-        });
+        let (acc, own) = match &mut states[0] {
+            Some(s) => (Accum::Add, s),
+            none => (Accum::Replace, none.insert(Mat::<F>::zeros(dk, dv))),
+        };
+        mm(own.as_mut(), acc, ck.khat.transpose(), vals, F::one());
         visit(ci, ck, Stacked { present, cols, zcat, kept, read: stacked_read })?;
     }
     Ok(())
@@ -426,7 +440,7 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
         };
         if let Some(mut a) = a {
             if let Some(lam) = &hd.lam {
-                scale_by_levels(m, a.as_mut(), *lam, i0, n)?;
+                scale_by_levels(m, a.as_mut(), *lam, i0, n, None)?;
             }
             mm(y.subrows_mut(i0, n), Accum::Replace, a.as_ref(), vc, F::one());
         }
@@ -511,8 +525,44 @@ fn mask_decay<F: VecMath>(a: &mut Mat<F>, gamma: Option<&Mat<F>>, diag: bool) {
 
 #[cfg(test)]
 mod tests {
-    use super::{decay_matrix, exps_into, flush_subnormals, scale_and_flush};
+    use super::{decay_matrix, exps_into, flush_subnormals, scale_and_flush, scale_by_levels};
     use faer::Mat;
+    use mixer_core::mixers::loglinear::{Base, LambdaScheme, LevelMask, Lift, LogLinear};
+
+    /// The Fenwick fast path of `scale_by_levels`, with and without the decay `Γ`, against
+    /// `λ^(ℓ(t,s))_t Γ_{r,s} a_{r,s}` formed pair by pair from the mask's level function:
+    /// full chunks of 16 and the partial last chunk of a length that is no multiple of it
+    /// (T = 45); entries above the diagonal are left as they are.
+    #[test]
+    fn level_scaling_matches_the_mask_pair_by_pair() {
+        let lift = Lift { mask: LevelMask::fenwick(), lambda: LambdaScheme::identity() };
+        let m = LogLinear::new("x", Base::Mamba2, Some(lift), 1.0, 16).unwrap();
+        let t_len = 45;
+        let lam = Mat::<f64>::from_fn(t_len, 6, |t, l| 0.25 + ((t * 7 + l * 5) % 11) as f64 / 8.0);
+        for i0 in [0usize, 16, 32] {
+            let n = 16.min(t_len - i0);
+            let a = Mat::<f64>::from_fn(n, n, |r, s| 1.0 + ((r * 3 + s * 13) % 17) as f64 / 4.0);
+            let gam =
+                Mat::<f64>::from_fn(n, n, |r, s| if s <= r { (-0.1 * (r - s) as f64).exp() } else { 9.0 });
+            for with_gamma in [false, true] {
+                let mut got = a.clone();
+                scale_by_levels(&m, got.as_mut(), lam.as_ref(), i0, n, with_gamma.then(|| gam.as_ref()))
+                    .unwrap();
+                for r in 0..n {
+                    for s in 0..n {
+                        let want = if s <= r {
+                            let l = mixer_core::fenwick::level(i0 + r, i0 + s);
+                            a[(r, s)] * lam[(i0 + r, l)] * if with_gamma { gam[(r, s)] } else { 1.0 }
+                        } else {
+                            a[(r, s)]
+                        };
+                        let err = (got[(r, s)] - want).abs();
+                        assert!(err <= 1e-15 * want.abs(), "i0 {i0} r {r} s {s} gamma {with_gamma}");
+                    }
+                }
+            }
+        }
+    }
 
     /// Scaling with the flush: entries that end up below the smallest normal `f32` become
     /// exactly 0, the others are `s·x` rounded once; the result says whether a non-zero entry

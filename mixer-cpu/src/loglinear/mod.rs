@@ -16,6 +16,7 @@ mod backward_chunked;
 pub mod chunked;
 pub mod common;
 pub mod decoder;
+mod levels;
 pub mod parallel;
 pub mod ssd;
 
@@ -37,10 +38,10 @@ type HeadFn<F> = fn(&LogLinear, &common::Head<'_, F>) -> Result<Mat<F>>;
 fn run_heads<F: VecMath>(m: &LogLinear, x: &Tensors<F>, f: HeadFn<F>, transposed: bool) -> Result<ArrayD<F>> {
     let x = common::standard(x);
     let lam = match m.lift {
-        Some(_) => Some(m.lambda_weights(mixer_core::tensor::get(&x, "lambda")?, x.get("lambda_param"))?),
+        Some(_) => Some(m.lambda_weights_ref(mixer_core::tensor::get(&x, "lambda")?, x.get("lambda_param"))?),
         None => None,
     };
-    let (sizes, heads) = common::heads(m, &x, lam.as_ref())?;
+    let (sizes, heads) = common::heads(m, &x, lam.as_deref())?;
     let ys: Vec<Mat<F>> = heads.par_iter().map(|hd| f(m, hd)).collect::<Result<_>>()?;
     let views: Vec<_> = ys.iter().map(|y| if transposed { y.transpose() } else { y.as_ref() }).collect();
     Ok(common::assemble(sizes, &heads, &views))

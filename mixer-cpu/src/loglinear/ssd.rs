@@ -16,20 +16,23 @@
 //! The lifts merge levels `0..=ctz(i)` into level `ctz(i)+1` before chunk `i ≥ 1` (the
 //! chunk-granular Fenwick recurrence, as in [`super::chunked`]).
 //!
-//! Each line is one matrix product of chunk size per state (faer, sequential: the heads run in
-//! parallel). All work buffers and the states are allocated once per head and reused by every
-//! chunk; `y` is written row-major (returned as `yᵀ`, `Dv×T`), so that the assembly into
-//! `[B, T, H, Dv]` copies whole rows. The exponentials are vectorised ([`decay_into`],
-//! [`exps_into`]). As in the general chunked form, state entries that decay below the smallest
-//! normal number are flushed to zero and a level left all zero is dropped
-//! ([`scale_and_flush`]).
+//! Each line is one matrix product of chunk size (faer, sequential: the heads run in
+//! parallel); the read of all live levels is one product per run of consecutive live levels,
+//! `[diag(w_a) Q_c | … | diag(w_b) Q_c] [H^(a); …; H^(b)]`. All work buffers and the states
+//! are allocated once per head and reused by every chunk; `y` is written row-major (returned
+//! as `yᵀ`, `Dv×T`), so that the assembly into `[B, T, H, Dv]` copies whole rows. The
+//! exponentials are vectorised ([`decay_into`], [`exps_into`]). The states carry their decay
+//! as a pending scalar that the reads fold into their row weights ([`LevelStates`]): a state
+//! is rescaled only when that scalar falls below `e^(−16)`, and then entries that decayed
+//! below the smallest normal number are flushed to zero and a level left all zero is dropped.
 
 use faer::{Accum, Mat, MatRef};
 use mixer_core::Result;
 use mixer_core::mixers::loglinear::LogLinear;
 
-use super::chunked::{decay_into, exps_into, mm, read_col, scale_and_flush, scale_by_levels};
+use super::chunked::{decay_into, exps_into, mm, read_col, scale_by_levels};
 use super::common::Head;
+use super::levels::LevelStates;
 use crate::vmath::VecMath;
 
 /// Whether a mixer takes this path: a scalar decay or none (not gated DeltaNet).
@@ -49,16 +52,17 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
     let n_levels = hd.lam.as_ref().map_or(1, |l| l.ncols());
     // Level states side by side (block e = level e); the base mixers keep one.
     let levels = if hd.lam.is_some() { mixer_core::fenwick::bitlen(n_chunks) + 1 } else { 1 };
-    let mut z = Mat::<F>::zeros(dk, dv * levels);
-    let mut live = vec![false; levels];
+    let mut states = LevelStates::<F>::new(levels, dk, dv);
     let mut yt = Mat::<F>::zeros(dv, t_len);
-    // Work buffers: P = σ QKᵀ ⊙ Γ and Γ (C×C), the scaled rows of Q or K (C×Dk, row-major),
-    // the row factors and γ.
+    // Work buffers: P = σ QKᵀ ⊙ Γ and Γ (C×C), the weighted queries of the read
+    // (C × levels·Dk, row-major: block e of row r is w_{r,e} q_r), the scaled rows of K
+    // (C×Dk, row-major), the row factors and γ.
     let mut p = Mat::<F>::zeros(c, c);
     let mut gamma = Mat::<F>::zeros(c, c);
+    let ld = levels * dk;
+    let mut qw = vec![F::zero(); c * ld];
     let mut rows = vec![F::zero(); c * dk];
     let mut fac = vec![F::one(); c];
-    let mut wfac = vec![F::one(); c];
     let mut gam = vec![0.0f64; c];
     for ci in 0..n_chunks {
         let i0 = ci * m.chunk;
@@ -73,7 +77,7 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
         let last = acc;
         // Chunk-granular Fenwick merge (lifts only): levels 0..=ctz(i) go to ctz(i)+1.
         if levels > 1 && ci >= 1 {
-            merge(&mut z, &mut live, ci.trailing_zeros() as usize, dv);
+            states.merge(ci.trailing_zeros() as usize);
         }
         let mut yc = yt.as_mut().transpose_mut().subrows_mut(i0, n);
 
@@ -86,49 +90,68 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
         for s in 0..n {
             let col = pc.as_mut().col_mut(s).try_as_col_major_mut().expect("unit row stride").as_slice_mut();
             col[..s].iter_mut().for_each(|x| *x = F::zero());
-            if decay {
+            if decay && hd.lam.is_none() {
                 let gcol = gamma.col(s).try_as_col_major().expect("unit row stride").as_slice();
                 col[s..].iter_mut().zip(&gcol[s..n]).for_each(|(x, &gm)| *x *= gm);
             }
         }
         if let Some(lam) = &hd.lam {
-            scale_by_levels(m, pc.as_mut(), *lam, i0, n)?;
+            let g = decay.then(|| gamma.as_ref().submatrix(0, 0, n, n));
+            scale_by_levels(m, pc.as_mut(), *lam, i0, n, g)?;
         }
         mm(yc.as_mut(), Accum::Replace, pc.as_ref(), vc, F::one());
 
-        // Read of every present state: Y_c += diag(λ^(c+e)) σ diag(e^γ) Q_c H^(e).
-        if live.iter().any(|&l| l) {
+        // Read of every present state: Y_c += diag(λ^(c+e)) σ diag(e^γ) Q_c H^(e), one product
+        // per run of consecutive live levels.
+        let runs = states.live_runs();
+        if !runs.is_empty() && dk > 0 {
             if decay {
                 exps_into(&mut fac[..n], gam, 0.0, false);
             }
-            for e in (0..levels).filter(|&e| live[e]) {
-                let w = match &hd.lam {
-                    Some(lam) => {
-                        let col = read_col(cbits, e, n_levels, ci)?;
-                        for (r, x) in wfac[..n].iter_mut().enumerate() {
-                            *x = fac[r] * lam[(i0 + r, col)];
-                        }
-                        &wfac[..n]
+            // (level, λ column, σ e^(ℓ_e)) of every live level.
+            let reads = runs
+                .iter()
+                .flat_map(|r| r.clone())
+                .map(|e| {
+                    let col = hd.lam.map(|_| read_col(cbits, e, n_levels, ci)).transpose()?;
+                    Ok((e, col, scale * states.scale(e)))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            for (r, dst) in qw.chunks_exact_mut(ld).take(n).enumerate() {
+                let lam_row = hd.lam.map(|l| l.row(i0 + r));
+                for &(e, col, se) in &reads {
+                    let w = se
+                        * fac[r]
+                        * match (col, lam_row) {
+                            (Some(l), Some(row)) => row[l],
+                            _ => F::one(),
+                        };
+                    let out = &mut dst[e * dk..(e + 1) * dk];
+                    match qc.row(r).try_as_row_major() {
+                        Some(q) => out.iter_mut().zip(q.as_slice()).for_each(|(x, &v)| *x = w * v),
+                        None => out.iter_mut().zip(qc.row(r).iter()).for_each(|(x, &v)| *x = w * v),
                     }
-                    None => &fac[..n],
-                };
-                let qs = scale_rows(&mut rows, qc, w, scale);
-                mm(yc.as_mut(), Accum::Add, qs, z.as_ref().subcols(e * dv, dv), F::one());
+                }
+            }
+            for run in runs {
+                let (off, width) = (run.start * dk, run.len() * dk);
+                let a = MatRef::from_row_major_slice_with_stride(
+                    &qw[off..off + (n - 1) * ld + width],
+                    n,
+                    width,
+                    ld,
+                );
+                mm(yc.as_mut(), Accum::Add, a, states.stored(run), F::one());
             }
         }
 
-        // Transition of every state, then the chunk's own state at level 0.
+        // Transition of every state (a pending scale, see [`LevelStates`]), then the chunk's
+        // own state at level 0.
         if decay {
-            let total = F::of(last.exp());
-            for e in 0..levels {
-                if !live[e] {
-                    continue;
-                }
-                live[e] = scale_and_flush(z.as_mut().subcols_mut(e * dv, dv), total);
-            }
+            states.decay(last);
         }
-        let acc = if live[0] { Accum::Add } else { Accum::Replace };
-        let own = z.as_mut().subcols_mut(0, dv);
+        let (own, live) = states.level0_for_update();
+        let acc = if live { Accum::Add } else { Accum::Replace };
         if decay {
             exps_into(&mut fac[..n], gam, last, true);
             let ks = scale_rows(&mut rows, kc, &fac[..n], F::one());
@@ -137,29 +160,8 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
         } else {
             mm(own, acc, kc.transpose(), vc, F::one());
         }
-        live[0] = true;
     }
     Ok(yt)
-}
-
-/// The Fenwick merge before chunk `i ≥ 1` with `ctz(i) = mz`: the states of levels `0..=mz`
-/// are added into level `mz + 1` and emptied.
-fn merge<F: VecMath>(z: &mut Mat<F>, live: &mut [bool], mz: usize, dv: usize) {
-    let (lo, mut hi) = z.as_mut().split_at_col_mut((mz + 1) * dv);
-    let mut dst = hi.as_mut().subcols_mut(0, dv);
-    for e in 0..=mz {
-        if !live[e] {
-            continue;
-        }
-        let src = lo.as_ref().subcols(e * dv, dv);
-        if live[mz + 1] {
-            dst += src;
-        } else {
-            dst.copy_from(src);
-            live[mz + 1] = true;
-        }
-        live[e] = false;
-    }
 }
 
 /// `diag(α f) src` into the row-major buffer `buf` (`f` one factor per row of `src`); returns
