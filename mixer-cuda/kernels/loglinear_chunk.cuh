@@ -149,6 +149,19 @@ __device__ __forceinline__ void llc_put4_tf32(float* dst, float4 x, float s) {
     dst[3] = __uint_as_float(mx_tf32(s * x.w));
 }
 __device__ __forceinline__ bool llc_al16(const void* p) { return ((unsigned long long)p & 15) == 0; }
+// Asynchronous copies global → shared (cp.async) of 4 or 8 bytes, or of 16; with valid = 0 the
+// destination is zero-filled and nothing is read.
+__device__ __forceinline__ void llc_cp_async(void* dst, const void* src, int bytes, int valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    if (bytes == 8)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 8 : 0));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void llc_cp_async16(void* dst, const void* src, int valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
 
 // acc += A·B over k < kend (a multiple of 8) as tf32 m16n8k8 mma, for a warp's 16 rows from mr and
 // 32 columns from nb (g = lane / 4, t = lane % 4): A row-major with rows of LD floats, k along the

@@ -451,6 +451,140 @@ extern "C" __global__ void __launch_bounds__(128, 4)
     llc_out_tc(q, k, v, g, has_g, lam, F, A, y, Tn, H, Dk, Dv, L, lifted, direct, nc, scale);
 }
 
+// 3''. Pass 3 without a lift (direct = 1: F[bh·NC + i] is the state entering chunk i) on tensor
+// cores, for Dk ≤ 64: the four tiles a block needs — Q, K [64 tokens × 64 key columns], V [64 tokens
+// × 64 value columns] and the state H [64 key rows × 64 value columns] — are copied by cp.async
+// all at once (Q and H first), so that one memory latency is exposed per block. Warp w owns rows
+// r = 16w..16w+15 of the chunk:
+//   y_r = σ e^{γ_r} q_r·H + Σ_{s ≤ r} σ e^{γ_r − γ_s} (q_r·k_s) v_s.
+// The scores stay in registers and are P·V's A operand: inside each 8-key step the key order is
+// permuted (A column t ↔ key 2t, column t + 4 ↔ key 2t + 1) and V's rows are read in that order.
+// Key steps after the warp's last row are skipped. Shared tiles are unpadded, XOR-swizzled so that
+// every fragment load hits 32 banks: Q, K (r, c) at r·64 + (c ⊕ 4(r mod 8)); V (s, d) at
+// s·64 + (d ⊕ 8(⌊s/2⌋ mod 4)); H (c, d) at c·64 + (d ⊕ 8(c mod 4)). Columns ≥ Dk of Q and K,
+// rows ≥ Dk of H, tokens ≥ n and value columns ≥ Dv are zero-filled by the copies.
+// Grid (NC, BH, ⌈Dv/64⌉), 128 threads, dynamic shared memory 4 · 64 · 64 floats (LLD_SMEM).
+#define LLD_SMEM (4 * 64 * 64 * 4)
+// K, V and the state as mma operands: rounded to tf32 (default), or with LLD_RAW = 1 their f32 bits
+// as they are (the tensor core then drops the low 13 bits: truncation, about 2^-11 relative on
+// average, saving a conversion per operand read).
+#ifndef LLD_RAW
+#define LLD_RAW 0
+#endif
+__device__ __forceinline__ unsigned lld_b(float x) { return LLD_RAW ? __float_as_uint(x) : mx_tf32(x); }
+__device__ __forceinline__ int lld_qk(int r, int c) { return r * 64 + (c ^ ((r & 7) << 2)); }
+__device__ __forceinline__ int lld_v(int s, int d) { return s * 64 + (d ^ (((s >> 1) & 3) << 3)); }
+__device__ __forceinline__ int lld_h(int c, int d) { return c * 64 + (d ^ ((c & 3) << 3)); }
+// Copies rows [0, nrows) × columns [0, ncols) of a tile whose row r starts at src + r·rs, into 64 × 64
+// floats of shared memory at dst (element (r, c) at dst + at(r, c)); the rest of the tile is
+// zero-filled. 16-byte copies when vec (rows and base 16-byte aligned, ncols ≡ 0 mod 4 or the
+// row is longer), else 4-byte ones.
+template <typename At>
+__device__ __forceinline__ void lld_tile(float* dst, const float* src, long long rs, int nrows, int ncols, bool vec,
+                                         At at) {
+    if (vec) {
+        for (int idx = threadIdx.x; idx < 64 * 16; idx += 128) {
+            const int r = idx >> 4, c = (idx & 15) * 4, ok = r < nrows && c < ncols;
+            llc_cp_async16(dst + at(r, c), ok ? src + r * rs + c : src, ok);
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < 64 * 64; idx += 128) {
+            const int r = idx >> 6, c = idx & 63, ok = r < nrows && c < ncols;
+            llc_cp_async(dst + at(r, c), ok ? src + r * rs + c : src, 4, ok);
+        }
+    }
+}
+__device__ void llc_out_direct_tc(const float* q, const float* k, const float* v, const float* g, int has_g,
+                                  const float* F, float* y, int Tn, int H, int Dk, int Dv, int nc, double scale) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = 64;
+    __shared__ double gam[CH], gtmp[CH];
+    extern __shared__ __align__(16) float lld_dyn[];
+    float* Qs = lld_dyn;
+    float* Hs = Qs + 64 * 64;
+    float* Ks = Hs + 64 * 64;
+    float* Vs = Ks + 64 * 64;
+    const int i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, d0 = blockIdx.z * 64;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const int i0 = i * CH, n = min(CH, Tn - i0), nd = min(64, Dv - d0);
+    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    const float sc = (float)scale;
+    const bool vq = Dk % 4 == 0 && llc_al16(q) && llc_al16(k), vv = Dv % 4 == 0 && llc_al16(v),
+               vf = Dv % 4 == 0 && llc_al16(F);
+    const int DK8 = (Dk + 7) / 8;
+    // Group 1: Q and the entering state (none for chunk 0); group 2: K and V.
+    lld_tile(Qs, q + row0 * Dk, (long long)H * Dk, n, Dk, vq, lld_qk);
+    if (i > 0)
+        lld_tile(Hs, F + ((long long)bh * nc + i) * Dk * Dv + d0, Dv, Dk, nd, vf, lld_h);
+    asm volatile("cp.async.commit_group;\n" ::);
+    lld_tile(Ks, k + row0 * Dk, (long long)H * Dk, n, Dk, vq, lld_qk);
+    lld_tile(Vs, v + row0 * Dv + d0, (long long)H * Dv, n, nd, vv, lld_v);
+    asm volatile("cp.async.commit_group;\n" ::);
+    llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);  // ends with a barrier
+    const int r0 = w * 16 + gi, r1 = r0 + 8;
+    float o[8][4] = {};
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    __syncthreads();
+    if (i > 0) {
+        // o = (Q H) scaled by σ e^{γ_r} per row.
+        for (int k8 = 0; k8 < DK8; ++k8) {
+            const int c = k8 * 8 + tg;
+            const unsigned a0 = mx_tf32(Qs[lld_qk(r0, c)]), a1 = mx_tf32(Qs[lld_qk(r1, c)]),
+                           a2 = mx_tf32(Qs[lld_qk(r0, c + 4)]), a3 = mx_tf32(Qs[lld_qk(r1, c + 4)]);
+#pragma unroll
+            for (int dt = 0; dt < 8; ++dt)
+                mx_mma_tf32(o[dt], a0, a1, a2, a3, lld_b(Hs[lld_h(c, dt * 8 + gi)]),
+                            lld_b(Hs[lld_h(c + 4, dt * 8 + gi)]));
+        }
+        const float f0 = r0 < n ? sc * __expf((float)gam[r0]) : 0.f, f1 = r1 < n ? sc * __expf((float)gam[r1]) : 0.f;
+#pragma unroll
+        for (int dt = 0; dt < 8; ++dt) o[dt][0] *= f0, o[dt][1] *= f0, o[dt][2] *= f1, o[dt][3] *= f1;
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+    // Scores of the warp's rows against keys 0..16w+15 (n-tiles nt ≤ 2w + 1).
+    float s[8][4] = {};
+    for (int k8 = 0; k8 < DK8; ++k8) {
+        const int c = k8 * 8 + tg;
+        const unsigned a0 = mx_tf32(Qs[lld_qk(r0, c)]), a1 = mx_tf32(Qs[lld_qk(r1, c)]),
+                       a2 = mx_tf32(Qs[lld_qk(r0, c + 4)]), a3 = mx_tf32(Qs[lld_qk(r1, c + 4)]);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+            if (nt <= 2 * w + 1)
+                mx_mma_tf32(s[nt], a0, a1, a2, a3, lld_b(Ks[lld_qk(nt * 8 + gi, c)]),
+                            lld_b(Ks[lld_qk(nt * 8 + gi, c + 4)]));
+    }
+    // P = σ e^{γ_r − γ_s} S on s ≤ r < n, 0 elsewhere; then o += P V with the permuted key order.
+    const double g0 = gam[min(r0, CH - 1)], g1 = gam[min(r1, CH - 1)];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+        if (nt > 2 * w + 1) continue;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int r = u < 2 ? r0 : r1, ss = nt * 8 + 2 * tg + (u & 1);
+            s[nt][u] = (ss <= r && r < n) ? sc * s[nt][u] * __expf((float)((u < 2 ? g0 : g1) - gam[ss])) : 0.f;
+        }
+        const unsigned a0 = mx_tf32(s[nt][0]), a1 = mx_tf32(s[nt][2]), a2 = mx_tf32(s[nt][1]), a3 = mx_tf32(s[nt][3]);
+        const int k0 = nt * 8 + 2 * tg;
+#pragma unroll
+        for (int dt = 0; dt < 8; ++dt)
+            mx_mma_tf32(o[dt], a0, a1, a2, a3, lld_b(Vs[lld_v(k0, dt * 8 + gi)]), lld_b(Vs[lld_v(k0 + 1, dt * 8 + gi)]));
+    }
+#pragma unroll
+    for (int dt = 0; dt < 8; ++dt)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int r = u < 2 ? r0 : r1, d = dt * 8 + 2 * tg + (u & 1);
+            if (r < n && d < nd) y[(row0 + (long long)r * H) * Dv + d0 + d] = o[dt][u];
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    llc_out_direct_tc_f32(const float* q, const float* k, const float* v, const float* g, int has_g, const float* F,
+                          float* y, int Tn, int H, int Dk, int Dv, int nc, double scale) {
+    llc_out_direct_tc(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale);
+}
+
 // 1'. llc_states on tensor cores (tf32 / bf16 modes, f32 data): Z_j = K̂ᵀ V as m16n8k8 tf32 mma,
 // a 64 × 64 tile of (key rows, value columns) per block, 4 warps of 16 key rows. Ks, Vs [64][72]
 // (padded: fragment loads hit 32 banks). Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 128 threads.

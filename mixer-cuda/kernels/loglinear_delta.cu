@@ -241,13 +241,6 @@ extern "C" __global__ void __launch_bounds__(256)
 //   insert the chunk's own state at level 0, S^(0) = K̂ᵀ U.
 // Grid (BH, ⌈Dv/16⌉), 256 threads; dynamic shared memory: see delta_h_smem on the host.
 #define LLC_DVT 16
-__device__ __forceinline__ void llc_cp_async(void* dst, const void* src, int bytes, int valid) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    if (bytes == 8)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 8 : 0));
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
-}
 // Σ_{j' < j} popcount(j'): for each bit b, the numbers below j with bit b set.
 __device__ inline long long llc_popsum(long long j) {
     long long s = 0;
@@ -416,10 +409,6 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 // publishes the loaded tiles and the decays.
 // Grid (BH, ⌈Dv/16⌉), 256 threads; dynamic shared memory: see delta_h_tc_smem on the host.
 #define LDT_LDS 24
-__device__ __forceinline__ void llc_cp_async16(void* dst, const void* src, int valid) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
 __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
                                float* Hs, int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots,
                                int ST) {

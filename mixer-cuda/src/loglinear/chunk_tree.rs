@@ -20,7 +20,10 @@
 //! every chunk state is an independent recurrence over the chunks, `H_0 = 0`,
 //! `H_{j+1} = e^(a_j) H_j + Z_j`; `Z_j` is overwritten in place by `H_j`, the state entering chunk
 //! `j`, and pass 3 reads that one state per chunk (`direct`) instead of summing `popcount(i)`
-//! tree entries (which made pass 3 read about four states per chunk at 16k tokens).
+//! tree entries (which made pass 3 read about four states per chunk at 16k tokens). Reading one
+//! state per chunk (these members and gated DeltaNet without a lift) with tensor cores and
+//! `Dk ≤ 64`, pass 3 is `llc_out_direct_tc`: a block copies its four tiles (Q, K, V, the state)
+//! into shared memory at once and keeps the scores in registers as the A operand of `P·V`.
 //!
 //! In the tf32 and bf16 modes `llc_states_tc` and `llc_out_tc` do the products of passes 1 and 3
 //! on tensor cores (tf32 `mma.sync`, f32 accumulation), and gated DeltaNet's sequential pass runs
@@ -179,6 +182,20 @@ pub(crate) fn outputs<F: GpuReal>(
         (t as i32, h as i32, dk as i32, dv as i32, nc as i32, (x.dims[0] * h) as u32);
     let (li, lifted, direct) = (int(FAMILY, "L", levels)?, lifted as i32, direct as i32);
     let scale = ll.scale;
+    let (qv, kv) = (x.q.view(), x.k.view());
+    if direct == 1 && lifted == 0 && tensor_cores::<F>(p) && dk <= 64 {
+        // One state per chunk and Dk ≤ 64: every tile of a block copied at once (`llc_out_direct_tc`).
+        let f =
+            g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &fixed_dims(dk, dv), "llc_out_direct_tc_f32")?;
+        opt_in(FAMILY, &f)?;
+        let cfg = LaunchConfig {
+            grid_dim: (nc as u32, bh, dv.div_ceil(64) as u32),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: OUT_DIRECT_SMEM,
+        };
+        return launch!(g, FAMILY, f, cfg;
+            &qv, &kv, v, &gv, &has_g, &**states, &mut **y, &ti, &hi, &dki, &dvi, &nci, &scale);
+    }
     let (name, threads) = if tensor_cores::<F>(p) { ("llc_out_tc", 128) } else { ("llc_out", 256) };
     let f =
         g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &fixed_dims(dk, dv), &format!("{name}_{}", F::SUFFIX))?;
@@ -187,7 +204,6 @@ pub(crate) fn outputs<F: GpuReal>(
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (qv, kv) = (x.q.view(), x.k.view());
     launch!(g, FAMILY, f, cfg;
         &qv, &kv, v, &gv, &has_g, &lv, &**states, &**decays, &mut **y,
         &ti, &hi, &dki, &dvi, &li, &lifted, &direct, &nci, &scale)
@@ -210,6 +226,10 @@ pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize) -> usize 
     let ldk = dkp.div_ceil(32) * 32 + 4;
     (levels * dkp * 24 + stages * (2 * ch * ldk + ch * 16 + ch) + ch * 24 + ch + 1) * 4
 }
+
+/// Dynamic shared memory of `llc_out_direct_tc`: its Q, K, V and state tiles, `[64][64]` floats each
+/// (`LLD_SMEM` in the kernel).
+const OUT_DIRECT_SMEM: u32 = 4 * 64 * 64 * 4;
 
 /// Dynamic shared memory of `llc_wy_tc` (`X`, `Lm`, `Tt`: `[64][68]`, `[64][65]`, `[64][68]`
 /// floats) and of `llc_out_dl_tc` (three `[64][68]` tiles): the larger of the two.
