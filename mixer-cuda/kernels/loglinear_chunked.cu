@@ -459,66 +459,95 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 //   y_r = σ e^{γ_r} q_r·H + Σ_{s ≤ r} σ e^{γ_r − γ_s} (q_r·k_s) v_s.
 // The scores stay in registers and are P·V's A operand: inside each 8-key step the key order is
 // permuted (A column t ↔ key 2t, column t + 4 ↔ key 2t + 1) and V's rows are read in that order.
-// Key steps after the warp's last row are skipped. Shared tiles are unpadded, XOR-swizzled so that
-// every fragment load hits 32 banks: Q, K (r, c) at r·64 + (c ⊕ 4(r mod 8)); V (s, d) at
-// s·64 + (d ⊕ 8(⌊s/2⌋ mod 4)); H (c, d) at c·64 + (d ⊕ 8(c mod 4)). Columns ≥ Dk of Q and K,
-// rows ≥ Dk of H, tokens ≥ n and value columns ≥ Dv are zero-filled by the copies.
-// Grid (NC, BH, ⌈Dv/64⌉), 128 threads, dynamic shared memory 4 · 64 · 64 floats (LLD_SMEM).
-#define LLD_SMEM (4 * 64 * 64 * 4)
-// K, V and the state as mma operands: rounded to tf32 (default), or with LLD_RAW = 1 their f32 bits
+// Key steps after the warp's last row are skipped. Columns ≥ Dk of Q and K, rows ≥ Dk of H, tokens
+// ≥ n and value columns ≥ Dv are zero-filled by the copies.
+// TI is the activations' type (q, k, v and y): f32, or bf16 as its bits (the bf16 mode; a bf16
+// value is exact in tf32, so Q, K and V need no rounding then, and y is rounded to bf16 at the
+// store). Shared tiles are unpadded and XOR-swizzled so that every fragment load hits distinct
+// banks: f32 Q, K (r, c) at r·64 + (c ⊕ 4(r mod 8)), V (s, d) at s·64 + (d ⊕ 8(⌊s/2⌋ mod 4)); bf16
+// Q, K, V: the 8-element (16-byte) group ⌊c/8⌋ ⊕ (r mod 8); the f32 state (c, d) at
+// c·64 + (d ⊕ 8(c mod 4)).
+// Grid (NC, BH, ⌈Dv/64⌉), 128 threads, dynamic shared memory lld_smem<TI>() bytes.
+// K, V and the state as mma operands: rounded to tf32 (default), or with LLD_RAW = 1 the f32 bits
 // as they are (the tensor core then drops the low 13 bits: truncation, about 2^-11 relative on
 // average, saving a conversion per operand read).
 #ifndef LLD_RAW
 #define LLD_RAW 0
 #endif
+typedef unsigned short lld_bf16;
+template <typename TI>
+__device__ constexpr int lld_smem() { return 3 * 64 * 64 * (int)sizeof(TI) + 64 * 64 * 4; }
+__device__ __forceinline__ float lld_f(float x) { return x; }
+__device__ __forceinline__ float lld_f(lld_bf16 b) { return __uint_as_float((unsigned)b << 16); }
+// The A operand from an activation: f32 rounded to tf32; bf16 exact.
+__device__ __forceinline__ unsigned lld_a(float x) { return mx_tf32(x); }
+__device__ __forceinline__ unsigned lld_a(lld_bf16 b) { return (unsigned)b << 16; }
+// The B operand: K, V (activations) and the f32 state.
 __device__ __forceinline__ unsigned lld_b(float x) { return LLD_RAW ? __float_as_uint(x) : mx_tf32(x); }
-__device__ __forceinline__ int lld_qk(int r, int c) { return r * 64 + (c ^ ((r & 7) << 2)); }
-__device__ __forceinline__ int lld_v(int s, int d) { return s * 64 + (d ^ (((s >> 1) & 3) << 3)); }
+__device__ __forceinline__ unsigned lld_b(lld_bf16 b) { return (unsigned)b << 16; }
+__device__ __forceinline__ void lld_store(float* y, float x) { *y = x; }
+__device__ __forceinline__ void lld_store(lld_bf16* y, float x) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    *y = r;
+}
+// Swizzled offsets: of Q and K (qk = true) or V in a TI tile, and of the f32 state.
+template <typename TI>
+__device__ __forceinline__ int lld_at(int r, int c, bool qk) {
+    if (sizeof(TI) == 2) return r * 64 + ((((c >> 3) ^ (r & 7)) << 3) | (c & 7));
+    return qk ? r * 64 + (c ^ ((r & 7) << 2)) : r * 64 + (c ^ (((r >> 1) & 3) << 3));
+}
 __device__ __forceinline__ int lld_h(int c, int d) { return c * 64 + (d ^ ((c & 3) << 3)); }
-// Copies rows [0, nrows) × columns [0, ncols) of a tile whose row r starts at src + r·rs, into 64 × 64
-// floats of shared memory at dst (element (r, c) at dst + at(r, c)); the rest of the tile is
-// zero-filled. 16-byte copies when vec (rows and base 16-byte aligned, ncols ≡ 0 mod 4 or the
-// row is longer), else 4-byte ones.
-template <typename At>
-__device__ __forceinline__ void lld_tile(float* dst, const float* src, long long rs, int nrows, int ncols, bool vec,
-                                         At at) {
+// Copies rows [0, nrows) × columns [0, ncols) of a tile whose row r starts at src + r·rs into the
+// 64 × 64 shared tile dst (element (r, c) at dst + at(r, c)), zero-filling the rest: 16-byte copies
+// when vec (base and rows 16-byte aligned, ncols a multiple of 16 bytes), else element by element
+// (4-byte cp.async for f32, plain loads and stores for bf16).
+template <typename T, typename At>
+__device__ __forceinline__ void lld_tile(T* dst, const T* src, long long rs, int nrows, int ncols, bool vec, At at) {
+    constexpr int E = 16 / sizeof(T);  // elements per 16 bytes
     if (vec) {
-        for (int idx = threadIdx.x; idx < 64 * 16; idx += 128) {
-            const int r = idx >> 4, c = (idx & 15) * 4, ok = r < nrows && c < ncols;
+        for (int idx = threadIdx.x; idx < 64 * (64 / E); idx += 128) {
+            const int r = idx / (64 / E), c = (idx % (64 / E)) * E, ok = r < nrows && c < ncols;
             llc_cp_async16(dst + at(r, c), ok ? src + r * rs + c : src, ok);
         }
     } else {
         for (int idx = threadIdx.x; idx < 64 * 64; idx += 128) {
-            const int r = idx >> 6, c = idx & 63, ok = r < nrows && c < ncols;
-            llc_cp_async(dst + at(r, c), ok ? src + r * rs + c : src, 4, ok);
+            const int r = idx >> 6, c = idx & 63;
+            const bool ok = r < nrows && c < ncols;
+            if (sizeof(T) == 4)
+                llc_cp_async(dst + at(r, c), ok ? src + r * rs + c : src, 4, ok);
+            else
+                dst[at(r, c)] = ok ? src[r * rs + c] : T(0);
         }
     }
 }
-__device__ void llc_out_direct_tc(const float* q, const float* k, const float* v, const float* g, int has_g,
-                                  const float* F, float* y, int Tn, int H, int Dk, int Dv, int nc, double scale) {
+template <typename TI>
+__device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const float* F,
+                                  TI* y, int Tn, int H, int Dk, int Dv, int nc, double scale) {
     LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = 64;
+    constexpr int CH = 64, E = 16 / sizeof(TI);
     __shared__ double gam[CH], gtmp[CH];
-    extern __shared__ __align__(16) float lld_dyn[];
-    float* Qs = lld_dyn;
-    float* Hs = Qs + 64 * 64;
-    float* Ks = Hs + 64 * 64;
-    float* Vs = Ks + 64 * 64;
+    extern __shared__ __align__(16) unsigned char lld_dyn[];
+    float* Hs = reinterpret_cast<float*>(lld_dyn);
+    TI* Qs = reinterpret_cast<TI*>(Hs + 64 * 64);
+    TI* Ks = Qs + 64 * 64;
+    TI* Vs = Ks + 64 * 64;
     const int i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, d0 = blockIdx.z * 64;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
     const int i0 = i * CH, n = min(CH, Tn - i0), nd = min(64, Dv - d0);
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     const float sc = (float)scale;
-    const bool vq = Dk % 4 == 0 && llc_al16(q) && llc_al16(k), vv = Dv % 4 == 0 && llc_al16(v),
+    const bool vq = Dk % E == 0 && llc_al16(q) && llc_al16(k), vv = Dv % E == 0 && llc_al16(v),
                vf = Dv % 4 == 0 && llc_al16(F);
     const int DK8 = (Dk + 7) / 8;
+    auto atqk = [](int r, int c) { return lld_at<TI>(r, c, true); };
+    auto atv = [](int r, int c) { return lld_at<TI>(r, c, false); };
     // Group 1: Q and the entering state (none for chunk 0); group 2: K and V.
-    lld_tile(Qs, q + row0 * Dk, (long long)H * Dk, n, Dk, vq, lld_qk);
-    if (i > 0)
-        lld_tile(Hs, F + ((long long)bh * nc + i) * Dk * Dv + d0, Dv, Dk, nd, vf, lld_h);
+    lld_tile(Qs, q + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
+    if (i > 0) lld_tile(Hs, F + ((long long)bh * nc + i) * Dk * Dv + d0, Dv, Dk, nd, vf, lld_h);
     asm volatile("cp.async.commit_group;\n" ::);
-    lld_tile(Ks, k + row0 * Dk, (long long)H * Dk, n, Dk, vq, lld_qk);
-    lld_tile(Vs, v + row0 * Dv + d0, (long long)H * Dv, n, nd, vv, lld_v);
+    lld_tile(Ks, k + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
+    lld_tile(Vs, v + row0 * Dv + d0, (long long)H * Dv, n, nd, vv, atv);
     asm volatile("cp.async.commit_group;\n" ::);
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);  // ends with a barrier
     const int r0 = w * 16 + gi, r1 = r0 + 8;
@@ -529,8 +558,8 @@ __device__ void llc_out_direct_tc(const float* q, const float* k, const float* v
         // o = (Q H) scaled by σ e^{γ_r} per row.
         for (int k8 = 0; k8 < DK8; ++k8) {
             const int c = k8 * 8 + tg;
-            const unsigned a0 = mx_tf32(Qs[lld_qk(r0, c)]), a1 = mx_tf32(Qs[lld_qk(r1, c)]),
-                           a2 = mx_tf32(Qs[lld_qk(r0, c + 4)]), a3 = mx_tf32(Qs[lld_qk(r1, c + 4)]);
+            const unsigned a0 = lld_a(Qs[atqk(r0, c)]), a1 = lld_a(Qs[atqk(r1, c)]), a2 = lld_a(Qs[atqk(r0, c + 4)]),
+                           a3 = lld_a(Qs[atqk(r1, c + 4)]);
 #pragma unroll
             for (int dt = 0; dt < 8; ++dt)
                 mx_mma_tf32(o[dt], a0, a1, a2, a3, lld_b(Hs[lld_h(c, dt * 8 + gi)]),
@@ -546,13 +575,12 @@ __device__ void llc_out_direct_tc(const float* q, const float* k, const float* v
     float s[8][4] = {};
     for (int k8 = 0; k8 < DK8; ++k8) {
         const int c = k8 * 8 + tg;
-        const unsigned a0 = mx_tf32(Qs[lld_qk(r0, c)]), a1 = mx_tf32(Qs[lld_qk(r1, c)]),
-                       a2 = mx_tf32(Qs[lld_qk(r0, c + 4)]), a3 = mx_tf32(Qs[lld_qk(r1, c + 4)]);
+        const unsigned a0 = lld_a(Qs[atqk(r0, c)]), a1 = lld_a(Qs[atqk(r1, c)]), a2 = lld_a(Qs[atqk(r0, c + 4)]),
+                       a3 = lld_a(Qs[atqk(r1, c + 4)]);
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
             if (nt <= 2 * w + 1)
-                mx_mma_tf32(s[nt], a0, a1, a2, a3, lld_b(Ks[lld_qk(nt * 8 + gi, c)]),
-                            lld_b(Ks[lld_qk(nt * 8 + gi, c + 4)]));
+                mx_mma_tf32(s[nt], a0, a1, a2, a3, lld_b(Ks[atqk(nt * 8 + gi, c)]), lld_b(Ks[atqk(nt * 8 + gi, c + 4)]));
     }
     // P = σ e^{γ_r − γ_s} S on s ≤ r < n, 0 elsewhere; then o += P V with the permuted key order.
     const double g0 = gam[min(r0, CH - 1)], g1 = gam[min(r1, CH - 1)];
@@ -568,28 +596,35 @@ __device__ void llc_out_direct_tc(const float* q, const float* k, const float* v
         const int k0 = nt * 8 + 2 * tg;
 #pragma unroll
         for (int dt = 0; dt < 8; ++dt)
-            mx_mma_tf32(o[dt], a0, a1, a2, a3, lld_b(Vs[lld_v(k0, dt * 8 + gi)]), lld_b(Vs[lld_v(k0 + 1, dt * 8 + gi)]));
+            mx_mma_tf32(o[dt], a0, a1, a2, a3, lld_b(Vs[atv(k0, dt * 8 + gi)]), lld_b(Vs[atv(k0 + 1, dt * 8 + gi)]));
     }
 #pragma unroll
     for (int dt = 0; dt < 8; ++dt)
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int r = u < 2 ? r0 : r1, d = dt * 8 + 2 * tg + (u & 1);
-            if (r < n && d < nd) y[(row0 + (long long)r * H) * Dv + d0 + d] = o[dt][u];
+            if (r < n && d < nd) lld_store(y + (row0 + (long long)r * H) * Dv + d0 + d, o[dt][u]);
         }
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     llc_out_direct_tc_f32(const float* q, const float* k, const float* v, const float* g, int has_g, const float* F,
                           float* y, int Tn, int H, int Dk, int Dv, int nc, double scale) {
-    llc_out_direct_tc(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale);
+    llc_out_direct_tc<float>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    llc_out_direct_tc_bf16(const lld_bf16* q, const lld_bf16* k, const lld_bf16* v, const float* g, int has_g,
+                           const float* F, lld_bf16* y, int Tn, int H, int Dk, int Dv, int nc, double scale) {
+    llc_out_direct_tc<lld_bf16>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale);
 }
 
-// 1'. llc_states on tensor cores (tf32 / bf16 modes, f32 data): Z_j = K̂ᵀ V as m16n8k8 tf32 mma,
+// 1'. llc_states on tensor cores (tf32 / bf16 modes; k and v f32, or bf16 bits as stored in the bf16
+// mode — TI): Z_j = K̂ᵀ V as m16n8k8 tf32 mma,
 // a 64 × 64 tile of (key rows, value columns) per block, 4 warps of 16 key rows. Ks, Vs [64][72]
 // (padded: fragment loads hit 32 banks). Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 128 threads.
-__device__ void llc_states_tc(const float* k, const float* v, const float* g, int has_g, float* F, double* A, int Tn,
-                              int H, int Dk, int Dv, int nc) {
+template <typename TI>
+__device__ void llc_states_tc(const TI* k, const TI* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
+                              int Dk, int Dv, int nc) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64;
     __shared__ double gam[CH], gtmp[CH];
@@ -607,7 +642,7 @@ __device__ void llc_states_tc(const float* k, const float* v, const float* g, in
         CH * 64,
         [&](int idx) {
             const int s = idx >> 6, c = c0 + (idx & 63);
-            return (s < n && c < Dk) ? k[(row0 + (long long)s * H) * Dk + c] : 0.f;
+            return (s < n && c < Dk) ? lld_f(k[(row0 + (long long)s * H) * Dk + c]) : 0.f;
         },
         [&](int idx, float x) {
             const int s = idx >> 6;
@@ -617,7 +652,7 @@ __device__ void llc_states_tc(const float* k, const float* v, const float* g, in
         CH * 64,
         [&](int idx) {
             const int s = idx >> 6, d = d0 + (idx & 63);
-            return (s < n && d < Dv) ? v[(row0 + (long long)s * H) * Dv + d] : 0.f;
+            return (s < n && d < Dv) ? lld_f(v[(row0 + (long long)s * H) * Dv + d]) : 0.f;
         },
         [&](int idx, float x) { Vs[(idx >> 6) * LLT_LDV + (idx & 63)] = __uint_as_float(mx_tf32(x)); });
     __syncthreads();
@@ -648,7 +683,13 @@ __device__ void llc_states_tc(const float* k, const float* v, const float* g, in
 extern "C" __global__ void __launch_bounds__(128)
     llc_states_tc_f32(const float* k, const float* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
                       int Dk, int Dv, int nc) {
-    llc_states_tc(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
+    llc_states_tc<float>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
+}
+// The bf16 mode's activations read as they are stored (bf16 bits; g stays f32).
+extern "C" __global__ void __launch_bounds__(128)
+    llc_states_tc_bf16(const lld_bf16* k, const lld_bf16* v, const float* g, int has_g, float* F, double* A, int Tn,
+                       int H, int Dk, int Dv, int nc) {
+    llc_states_tc<lld_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
 }
 
 #define LLC_EXPORT(T, S)                                                                                          \

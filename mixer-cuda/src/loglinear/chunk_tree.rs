@@ -41,9 +41,11 @@ use mixer_core::{Precision, Result};
 
 use super::FAMILY;
 use super::chunked::ChunkedInputs;
+use crate::forms::input_opt;
 use crate::kernels;
 use crate::pool::{self, Pooled};
 use crate::runtime::{GpuReal, err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
 /// Most bytes of chunk states the form allocates.
 const MAX_TREE_BYTES: usize = 48 << 30;
@@ -158,6 +160,73 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Preci
     Ok(y)
 }
 
+/// The bf16 mode of linear attention and Mamba-2 without a lift, `Dk ≤ 64`: `llc_states_tc_bf16`
+/// and `llc_out_direct_tc_bf16` read `q`, `k`, `v` as they are stored and the latter writes a bf16
+/// `y` (no f32 copies of the activations or of `y`; a bf16 value is exact in tf32, so the products
+/// are those of the f32 path on the same values); the states and the scan stay f32. `None` where
+/// this path does not apply (a lift, gated DeltaNet, `Dk > 64`, an empty tensor): the caller then
+/// takes the general path.
+pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDeviceTensor>> {
+    if ll.lift.is_some() || ll.base == Base::GatedDeltaNet {
+        return Ok(None);
+    }
+    let (Some(AnyDeviceTensor::Bf16(q)), Some(AnyDeviceTensor::Bf16(k)), Some(AnyDeviceTensor::Bf16(v))) =
+        (x.get("q"), x.get("k"), x.get("v"))
+    else {
+        return Ok(None);
+    };
+    let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let dv = v.shape()[3];
+    if dk > 64 || b * t * h * dk * dv == 0 {
+        return Ok(None);
+    }
+    let g = if ll.base.has_decay() { input_opt::<f32>(x, "g")? } else { None };
+    let zero = pool::zeros::<f32>(FAMILY, 1)?;
+    let (gv, has_g) = (g.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view()), g.is_some() as i32);
+    let nc = t.div_ceil(64);
+    let bh = b * h;
+    check_sizes::<f32>([b, t, h, dk, dv], nc)?;
+    let gpu = gpu()?;
+    let dims = fixed_dims(dk, dv);
+    let kernel = |name: &str| gpu.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &dims, name);
+    let (ti, hi, dki, dvi, nci, bhi) = (
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "H", h)?,
+        int(FAMILY, "Dk", dk)?,
+        int(FAMILY, "Dv", dv)?,
+        int(FAMILY, "chunks", nc)?,
+        int(FAMILY, "B·H", bh)?,
+    );
+    let mut states = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
+    let mut decays = pool::take::<f64>(FAMILY, bh * nc)?;
+    let (qv, kv, vv) = (q.view(), k.view(), v.view());
+    let cfg = LaunchConfig {
+        grid_dim: (nc as u32, bhi as u32, (dk.div_ceil(64) * dv.div_ceil(64)) as u32),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(gpu, FAMILY, kernel("llc_states_tc_bf16")?, cfg;
+        &kv, &vv, &gv, &has_g, &mut *states, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?;
+    let cfg = LaunchConfig {
+        grid_dim: ((dk * dv).div_ceil(256) as u32, bhi as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(gpu, FAMILY, kernel("llc_scan_f32")?, cfg; &mut *states, &*decays, &dki, &dvi, &nci)?;
+    let mut y = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
+    let f = kernel("llc_out_direct_tc_bf16")?;
+    opt_in(FAMILY, &f)?;
+    let cfg = LaunchConfig {
+        grid_dim: (nc as u32, bhi as u32, dv.div_ceil(64) as u32),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: OUT_DIRECT_SMEM_BF16,
+    };
+    let scale = ll.scale;
+    launch!(gpu, FAMILY, f, cfg;
+        &qv, &kv, &vv, &gv, &has_g, &*states, &mut *y, &ti, &hi, &dki, &dvi, &nci, &scale)?;
+    Ok(Some(AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?)))
+}
+
 /// Pass 3 (`llc_out`, or `llc_out_tc` on tensor cores in the tf32 and bf16 modes with f32 data):
 /// `y` from the chunks and the states they read — the tree (`direct = false`), or the state entering
 /// each chunk (`direct = true`, gated DeltaNet, with `v` its new values).
@@ -230,6 +299,8 @@ pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize) -> usize 
 /// Dynamic shared memory of `llc_out_direct_tc`: its Q, K, V and state tiles, `[64][64]` floats each
 /// (`LLD_SMEM` in the kernel).
 const OUT_DIRECT_SMEM: u32 = 4 * 64 * 64 * 4;
+/// The same with bf16 activations: three `[64][64]` bf16 tiles and the f32 state.
+const OUT_DIRECT_SMEM_BF16: u32 = 3 * 64 * 64 * 2 + 64 * 64 * 4;
 
 /// Dynamic shared memory of `llc_wy_tc` (`X`, `Lm`, `Tt`: `[64][68]`, `[64][65]`, `[64][68]`
 /// floats) and of `llc_out_dl_tc` (three `[64][68]` tiles): the larger of the two.

@@ -385,6 +385,46 @@ fn loglinear_precision_modes_meet_their_tolerances() {
     }
 }
 
+/// The bf16 mode of Mamba-2 and linear attention without a lift equals the tf32 mode on the same
+/// values with its output rounded to bf16, bit for bit (bf16 values are exact in tf32): with
+/// `Dk ≤ 64` the kernels read the bf16 activations as stored and write a bf16 `y`; with `Dk = 70`
+/// the activations are converted and the f32 kernels run.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn loglinear_bf16_mode_equals_tf32_on_the_same_values() {
+    use mixer_cuda::tensor::bf16;
+    let Some(_turn) = gpu() else {
+        return;
+    };
+    for (name, d, t) in
+        [("mamba2", 64, 1000), ("mamba2", 5, 130), ("linear-attention", 16, 333), ("mamba2", 70, 129)]
+    {
+        let m = mixer(name, &serde_json::json!({})).unwrap();
+        let dims = complete_dims(
+            m.as_ref(),
+            &Sizes { batch: 2, seq: t, channels: 1, heads: 3, dk: d, dv: d }.dims(),
+        );
+        let mut x = cast_tensors::<f32>(&m.random_inputs(&dims, 5).unwrap());
+        for a in mixer_core::precision::ACTIVATIONS {
+            if let Some(a) = x.get_mut(*a) {
+                a.mapv_inplace(|v| bf16::from_f32(v).to_f32());
+            }
+        }
+        let run_in =
+            |p: Precision| run_device(m.as_ref(), Form::Fast, &upload_inputs(&x, p).unwrap(), p).unwrap();
+        let (AnyDeviceTensor::Bf16(yb), AnyDeviceTensor::F32(yt)) =
+            (run_in(Precision::Bf16), run_in(Precision::Tf32))
+        else {
+            panic!("{name}: a bf16 and an f32 result expected")
+        };
+        let (yb, yt) = (yb.to_host().unwrap(), yt.to_host().unwrap());
+        assert_eq!(yb.shape(), yt.shape());
+        let differ =
+            yb.iter().zip(yt.iter()).filter(|(b, f)| b.to_bits() != bf16::from_f32(**f).to_bits()).count();
+        assert_eq!(differ, 0, "{name} Dk = {d}, T = {t}: {differ} of {} entries differ", yb.len());
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn toeplitz_kernel_spectra_are_cached_per_device_tensor_and_never_stale() {
