@@ -81,6 +81,16 @@ fn check_sizes<F: GpuReal>([b, t, h, dk, dv]: [usize; 5], states: usize) -> Resu
     Ok(())
 }
 
+/// `[T, H, Dk, Dv, chunks, B·H]` as the kernels' `int` arguments (an error names the one too large).
+fn kernel_ints(v: [usize; 6]) -> Result<[i32; 6]> {
+    let names = ["T", "H", "Dk", "Dv", "chunks", "B·H"];
+    let mut out = [0; 6];
+    for ((o, n), name) in out.iter_mut().zip(v).zip(names) {
+        *o = int(FAMILY, name, n)?;
+    }
+    Ok(out)
+}
+
 /// Whether the products run on tensor cores: the tf32 and bf16 modes, with f32 data.
 fn tensor_cores<F: GpuReal>(p: Precision) -> bool {
     p != Precision::Exact && F::ELEM == "f32"
@@ -112,14 +122,7 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Preci
     let mut decays = pool::take::<f64>(FAMILY, bh * entries)?;
     let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let tiles = |n: usize| n.div_ceil(64) as u32;
-    let (ti, hi, dki, dvi, nci, bhi) = (
-        int(FAMILY, "T", t)?,
-        int(FAMILY, "H", h)?,
-        int(FAMILY, "Dk", dk)?,
-        int(FAMILY, "Dv", dv)?,
-        int(FAMILY, "chunks", nc)?,
-        int(FAMILY, "B·H", bh)?,
-    );
+    let [ti, hi, dki, dvi, nci, bhi] = kernel_ints([t, h, dk, dv, nc, bh])?;
     let block = (256, 1, 1);
     let (kv, vv) = (x.k.view(), x.v.view());
     let (states, threads) = if tensor_cores::<F>(p) { ("llc_states_tc", 128) } else { ("llc_states", 256) };
@@ -189,14 +192,7 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
     let gpu = gpu()?;
     let dims = fixed_dims(dk, dv);
     let kernel = |name: &str| gpu.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &dims, name);
-    let (ti, hi, dki, dvi, nci, bhi) = (
-        int(FAMILY, "T", t)?,
-        int(FAMILY, "H", h)?,
-        int(FAMILY, "Dk", dk)?,
-        int(FAMILY, "Dv", dv)?,
-        int(FAMILY, "chunks", nc)?,
-        int(FAMILY, "B·H", bh)?,
-    );
+    let [ti, hi, dki, dvi, nci, bhi] = kernel_ints([t, h, dk, dv, nc, bh])?;
     let mut states = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
     let mut decays = pool::take::<f64>(FAMILY, bh * nc)?;
     let (qv, kv, vv) = (q.view(), k.view(), v.view());
