@@ -169,6 +169,51 @@ __device__ __forceinline__ void load_tile_bf16(bf16_t* sm, const bf16_t* base, i
     }
 }
 
+// The block's query tile (longest rows first), its key tiles [first, last] and its offsets in the
+// [B,T,H,D] layout; issues the copies of Q and the first K tile (one group) and V tile (a second).
+struct AttBlock {
+    int q0, first, last;
+    long long tok, off;
+};
+__device__ __forceinline__ AttBlock att_start_bf16(bf16_t* qs, bf16_t* k0s, bf16_t* v0s, const bf16_t* q,
+                                                   const bf16_t* k, const bf16_t* v, int T, int H, int window) {
+    AttBlock a;
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    a.q0 = qb * ATT_BQ;
+    a.tok = (long long)H * ATT_D;
+    a.off = (long long)b * T * a.tok + (long long)h * ATT_D;
+    tile_range(a.q0, T, window, a.first, a.last);
+    load_tile_bf16(qs, q + a.off, a.q0, ATT_BQ, T, a.tok);
+    load_tile_bf16(k0s, k + a.off, a.first * ATT_BK, ATT_BK, T, a.tok);
+    cp_commit();
+    load_tile_bf16(v0s, v + a.off, a.first * ATT_BK, ATT_BK, T, a.tok);
+    cp_commit();
+    return a;
+}
+// y = O / ℓ for the warp's rows from wrow0 (ℓ summed over the four threads of a row), bf16.
+__device__ __forceinline__ void att_store_bf16(bf16_t* y, const float (&o)[ATT_WM][ATT_D / 8][4], const RowState& st,
+                                               int wrow0, int T, long long tok) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float l = st.l[mt][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const int row = wrow0 + mt * 16 + g + r * 8;
+            if (row < T) {
+                bf16_t* dst = y + (long long)row * tok;
+#pragma unroll
+                for (int dt = 0; dt < ATT_D / 8; ++dt)
+                    *reinterpret_cast<u32*>(dst + dt * 8 + 2 * t) =
+                        pack_bf16(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+            }
+        }
+}
+
 // ---------------------------------------------------------------------------------------
 // Hopper warpgroup MMA (wgmma, sm_90a; compiled only with -DATT_WGMMA=1 and --gpu-architecture=sm_90a).
 // A warpgroup (4 warps, 128 threads) computes a 64 × 64 tile, m64n64k16 per instruction, bf16 → f32.
@@ -287,21 +332,11 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
     bf16_t* qs = smw + ((1024 - (smem_u32(smw) & 1023)) & 1023) / 2;
     bf16_t* ks[2] = {qs + ATT_BQ * ATT_D, qs + ATT_BQ * ATT_D + ATT_BK * ATT_D};
     bf16_t* vs[2] = {ks[1] + ATT_BK * ATT_D, ks[1] + 2 * ATT_BK * ATT_D};
-    const int qb = gridDim.x - 1 - blockIdx.x;  // longest rows first
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int q0 = qb * ATT_BQ;
-    const long long tok = (long long)H * ATT_D;
-    const long long off = (long long)b * T * tok + (long long)h * ATT_D;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, wg = warp >> 2;
+    const AttBlock ab = att_start_bf16(qs, ks[0], vs[0], q, k, v, T, H, window);
+    const int q0 = ab.q0, first = ab.first, last = ab.last;
+    const long long tok = ab.tok, off = ab.off;
+    const int warp = threadIdx.x >> 5, wg = warp >> 2;
     const int wrow0 = q0 + warp * 16;
-
-    int first, last;
-    tile_range(q0, T, window, first, last);
-    load_tile_bf16(qs, q + off, q0, ATT_BQ, T, tok);
-    load_tile_bf16(ks[0], k + off, first * ATT_BK, ATT_BK, T, tok);
-    cp_commit();
-    load_tile_bf16(vs[0], v + off, first * ATT_BK, ATT_BK, T, tok);
-    cp_commit();
 
     float o[1][ATT_D / 8][4];
     RowState st;
@@ -350,21 +385,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
         wg_commit();
         wg_wait0();
     }
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        float l = st.l[0][r];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        const float inv = l > 0.f ? 1.f / l : 0.f;
-        const int row = wrow0 + g + r * 8;
-        if (row < T) {
-            bf16_t* dst = y + off + (long long)row * tok;
-#pragma unroll
-            for (int dt = 0; dt < ATT_D / 8; ++dt)
-                *reinterpret_cast<u32*>(dst + dt * 8 + 2 * t) = pack_bf16(o[0][dt][2 * r] * inv, o[0][dt][2 * r + 1] * inv);
-        }
-    }
+    att_store_bf16(y + off, o, st, wrow0, T, tok);
 }
 #endif
 
@@ -376,21 +397,11 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
     bf16_t* qs = smb;
     bf16_t* ks[2] = {qs + ATT_BQ * ATT_D, qs + ATT_BQ * ATT_D + ATT_BK * ATT_D};
     bf16_t* vs[2] = {ks[1] + ATT_BK * ATT_D, ks[1] + 2 * ATT_BK * ATT_D};
-    const int qb = gridDim.x - 1 - blockIdx.x;  // longest rows first
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int q0 = qb * ATT_BQ;
-    const long long tok = (long long)H * ATT_D;
-    const long long off = (long long)b * T * tok + (long long)h * ATT_D;
+    const AttBlock ab = att_start_bf16(qs, ks[0], vs[0], q, k, v, T, H, window);
+    const int q0 = ab.q0, first = ab.first, last = ab.last;
+    const long long tok = ab.tok, off = ab.off;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wrow0 = q0 + warp * 16 * ATT_WM;
-
-    int first, last;
-    tile_range(q0, T, window, first, last);
-    load_tile_bf16(qs, q + off, q0, ATT_BQ, T, tok);
-    load_tile_bf16(ks[0], k + off, first * ATT_BK, ATT_BK, T, tok);
-    cp_commit();
-    load_tile_bf16(vs[0], v + off, first * ATT_BK, ATT_BK, T, tok);
-    cp_commit();
 
     u32 qf[ATT_WM][ATT_D / 16][4];
     float o[ATT_WM][ATT_D / 8][4];
@@ -507,25 +518,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
                 }
         }
     }
-    // y = O / l
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int mt = 0; mt < ATT_WM; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float l = st.l[mt][r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            const int row = wrow0 + mt * 16 + g + r * 8;
-            if (row < T) {
-                bf16_t* dst = y + off + (long long)row * tok;
-#pragma unroll
-                for (int dt = 0; dt < ATT_D / 8; ++dt)
-                    *reinterpret_cast<u32*>(dst + dt * 8 + 2 * t) =
-                        pack_bf16(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-            }
-        }
+    att_store_bf16(y + off, o, st, wrow0, T, tok);
 }
 
 // =======================================================================================
