@@ -191,9 +191,13 @@ __device__ __forceinline__ AttBlock att_start_bf16(bf16_t* qs, bf16_t* k0s, bf16
     cp_commit();
     return a;
 }
-// y = O / ℓ for the warp's rows from wrow0 (ℓ summed over the four threads of a row), bf16.
-__device__ __forceinline__ void att_store_bf16(bf16_t* y, const float (&o)[ATT_WM][ATT_D / 8][4], const RowState& st,
-                                               int wrow0, int T, long long tok) {
+// y = O / ℓ for the warp's rows from wrow0 (ℓ summed over the four threads of a row), as bf16
+// or f32 (att_put2: two adjacent columns).
+__device__ __forceinline__ void att_put2(bf16_t* d, float a, float b) { *reinterpret_cast<u32*>(d) = pack_bf16(a, b); }
+__device__ __forceinline__ void att_put2(float* d, float a, float b) { *reinterpret_cast<float2*>(d) = make_float2(a, b); }
+template <typename TO>
+__device__ __forceinline__ void att_store(TO* y, const float (&o)[ATT_WM][ATT_D / 8][4], const RowState& st, int wrow0,
+                                          int T, long long tok) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int mt = 0; mt < ATT_WM; ++mt)
@@ -205,11 +209,10 @@ __device__ __forceinline__ void att_store_bf16(bf16_t* y, const float (&o)[ATT_W
             const float inv = l > 0.f ? 1.f / l : 0.f;
             const int row = wrow0 + mt * 16 + g + r * 8;
             if (row < T) {
-                bf16_t* dst = y + (long long)row * tok;
+                TO* dst = y + (long long)row * tok;
 #pragma unroll
                 for (int dt = 0; dt < ATT_D / 8; ++dt)
-                    *reinterpret_cast<u32*>(dst + dt * 8 + 2 * t) =
-                        pack_bf16(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+                    att_put2(dst + dt * 8 + 2 * t, o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
             }
         }
 }
@@ -385,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
         wg_commit();
         wg_wait0();
     }
-    att_store_bf16(y + off, o, st, wrow0, T, tok);
+    att_store(y + off, o, st, wrow0, T, tok);
 }
 #endif
 
@@ -518,7 +521,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
                 }
         }
     }
-    att_store_bf16(y + off, o, st, wrow0, T, tok);
+    att_store(y + off, o, st, wrow0, T, tok);
 }
 
 // =======================================================================================
@@ -654,21 +657,5 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
             }
         }
     }
-#pragma unroll
-    for (int mt = 0; mt < ATT_WM; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float l = st.l[mt][r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            const int row = wrow0 + mt * 16 + g + r * 8;
-            if (row < T) {
-                float* dst = y + off + (long long)row * tok;
-#pragma unroll
-                for (int dt = 0; dt < ATT_D / 8; ++dt)
-                    *reinterpret_cast<float2*>(dst + dt * 8 + 2 * t) =
-                        make_float2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-            }
-        }
+    att_store(y + off, o, st, wrow0, T, tok);
 }
