@@ -9,10 +9,14 @@ uses, SDPA on [B, H, T, D] views of the same tensors).
         FILE.cu[:DEF=V,DEF=V...] ...
 
 Each variant names a kernel file and the -D settings (ATT_BK, ATT_WM, ATT_WARPS); with none,
-the shipped file at the shipped settings is timed.
+the shipped file at the shipped settings is timed. ATT_WGMMA=1 (bf16, with ATT_WM=1 and ATT_WARPS
+4 or 8) times the warpgroup-MMA kernel attn_wgmma_bf16, compiled for sm_90a (see wgmma_probe.py
+for its descriptor settings WG_V_LBO, WG_V_SBO, WG_V_STEP).
 """
 import argparse
 import math
+import os
+import sys
 
 import cupy as cp
 import numpy as np
@@ -70,14 +74,20 @@ for var in variants:
     bk, wm, warps = int(d.get("ATT_BK", 64)), int(d.get("ATT_WM", 1)), int(d.get("ATT_WARPS", 4))
     bq = 16 * wm * warps
     opts = ("--std=c++17", f"-DATT_D={D}") + tuple(f"-D{kk}={vv}" for kk, vv in d.items())
+    wgmma = "ATT_WGMMA" in d  # Hopper's warpgroup MMA: sm_90a, compiled through NVRTC directly
     try:
         src = open("mixer-cuda/kernels/common.cuh").read() + "\n" + open(path).read()
-        mod = cp.RawModule(code=src, options=opts)
-        fn = mod.get_function("attn_mma_bf16" if a.mode == "bf16" else "attn_mma_tf32")
+        if wgmma:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from nvrtc_cubin import load
+            mod = load(src, "sm_90a", opts[1:])
+        else:
+            mod = cp.RawModule(code=src, options=opts)
+        fn = mod.get_function("attn_wgmma_bf16" if wgmma else "attn_mma_bf16" if a.mode == "bf16" else "attn_mma_tf32")
     except Exception as e:  # a variant that does not compile is reported, not fatal
         print(f"{var}: compile error {str(e)[-400:]}")
         continue
-    smem = (bq * D + 4 * bk * D) * 2 if a.mode == "bf16" else (2 * bk * (D + 8) + 2 * bk * (D + 4)) * 4
+    smem = (bq * D + 4 * bk * D) * 2 + (1024 if wgmma else 0) if a.mode == "bf16" else (2 * bk * (D + 8) + 2 * bk * (D + 4)) * 4
     smem = int(d.get("SMEM", smem))
     fn.max_dynamic_shared_size_bytes = smem
     y = torch.full_like(q, float("nan"))

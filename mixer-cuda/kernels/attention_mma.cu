@@ -169,6 +169,229 @@ __device__ __forceinline__ void load_tile_bf16(bf16_t* sm, const bf16_t* base, i
     }
 }
 
+// The block's query tile (longest rows first), its key tiles [first, last] and its offsets in the
+// [B,T,H,D] layout; issues the copies of Q and the first K tile (one group) and V tile (a second).
+struct AttBlock {
+    int q0, first, last;
+    long long tok, off;
+};
+__device__ __forceinline__ AttBlock att_start_bf16(bf16_t* qs, bf16_t* k0s, bf16_t* v0s, const bf16_t* q,
+                                                   const bf16_t* k, const bf16_t* v, int T, int H, int window) {
+    AttBlock a;
+    const int qb = gridDim.x - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    a.q0 = qb * ATT_BQ;
+    a.tok = (long long)H * ATT_D;
+    a.off = (long long)b * T * a.tok + (long long)h * ATT_D;
+    tile_range(a.q0, T, window, a.first, a.last);
+    load_tile_bf16(qs, q + a.off, a.q0, ATT_BQ, T, a.tok);
+    load_tile_bf16(k0s, k + a.off, a.first * ATT_BK, ATT_BK, T, a.tok);
+    cp_commit();
+    load_tile_bf16(v0s, v + a.off, a.first * ATT_BK, ATT_BK, T, a.tok);
+    cp_commit();
+    return a;
+}
+// y = O / ℓ for the warp's rows from wrow0 (ℓ summed over the four threads of a row), as bf16
+// or f32 (att_put2: two adjacent columns).
+__device__ __forceinline__ void att_put2(bf16_t* d, float a, float b) { *reinterpret_cast<u32*>(d) = pack_bf16(a, b); }
+__device__ __forceinline__ void att_put2(float* d, float a, float b) { *reinterpret_cast<float2*>(d) = make_float2(a, b); }
+template <typename TO>
+__device__ __forceinline__ void att_store(TO* y, const float (&o)[ATT_WM][ATT_D / 8][4], const RowState& st, int wrow0,
+                                          int T, long long tok) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float l = st.l[mt][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const float inv = l > 0.f ? 1.f / l : 0.f;
+            const int row = wrow0 + mt * 16 + g + r * 8;
+            if (row < T) {
+                TO* dst = y + (long long)row * tok;
+#pragma unroll
+                for (int dt = 0; dt < ATT_D / 8; ++dt)
+                    att_put2(dst + dt * 8 + 2 * t, o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
+            }
+        }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hopper warpgroup MMA (wgmma, sm_90a; compiled only with -DATT_WGMMA=1 and --gpu-architecture=sm_90a).
+// A warpgroup (4 warps, 128 threads) computes a 64 × 64 tile, m64n64k16 per instruction, bf16 → f32.
+// The accumulator d[j][e] of a thread is the mma.sync m16n8 layout per 8-column block j: warp w of
+// the warpgroup holds rows 16w + g (e = 0, 1) and 16w + g + 8 (e = 2, 3), columns 8j + 2t + (e & 1).
+// Shared operands are described by 64-bit descriptors: start address, leading and stride byte
+// offsets (16-byte units), swizzle mode (1 = 128 B: the 16-byte group index XOR row mod 8 inside
+// 8-row × 128-byte atoms, the layout of swz() above with 64 bf16 per row).
+#if defined(ATT_WGMMA) || defined(ATT_WGMMA_PROBE)
+typedef unsigned long long u64;
+__device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo & 0x3FFF) << 16) | ((u64)(sbo & 0x3FFF) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Shared-memory writes of the generic proxy (st.shared, cp.async) made visible to wgmma's reads.
+__device__ __forceinline__ void wg_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// d += A·B (A, B in shared memory; TB = 1: B stored MN-major, i.e. transposed); accumulate = 0 starts from 0.
+template <int TB>
+__device__ __forceinline__ void wg_ss(float (&d)[8][4], u64 da, u64 db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, %35;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(da), "l"(db), "r"(accumulate), "n"(TB));
+}
+// d += A·B with A from registers (each warp its 16 rows as the m16n8k16 A fragment), B shared.
+template <int TB>
+__device__ __forceinline__ void wg_rs(float (&d)[8][4], const u32 (&a)[4], u64 db, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(TB), "r"(accumulate));
+}
+#endif
+
+#ifdef ATT_WGMMA_PROBE
+// Probes of the descriptor encoding (bench/gpu/wgmma_probe.py): C[64][64] = A · B for one warpgroup,
+// A [64 m][64 k] K-major in shared memory (SS) or in registers (RS), B either K-major (given as
+// [n][k], TB = 0) or MN-major ([k][n], TB = 1); both tiles stored as the attention kernels store
+// Q, K and V (swz: 128-byte rows, 16-byte groups XOR row mod 8). B's leading and stride byte
+// offsets (16-byte units) and its start-address step per 16 k (bytes) are arguments.
+__device__ void probe_load(bf16_t* s, const bf16_t* g) {
+    for (int idx = threadIdx.x; idx < 64 * 8; idx += 128) {
+        const int row = idx / 8, ch = idx % 8;
+        *reinterpret_cast<uint4*>(s + swz(row, ch) * 8) = *reinterpret_cast<const uint4*>(g + row * 64 + ch * 8);
+    }
+}
+template <int TB, int RS>
+__device__ void probe(const bf16_t* A, const bf16_t* Bm, float* C, u32 lbo, u32 sbo, u32 kstep) {
+    extern __shared__ __align__(1024) bf16_t psm[];
+    const u32 pad = (1024 - (smem_u32(psm) & 1023)) & 1023;
+    bf16_t* as = psm + pad / 2;
+    bf16_t* bs = as + 64 * 64;
+    probe_load(as, A);
+    probe_load(bs, Bm);
+    wg_proxy_fence();
+    __syncthreads();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    u32 a[4][4];
+    for (int ks = 0; ks < 4; ++ks) {  // the A fragment of rows 16w + g (+8), k = 16ks + 2t (+1), +8
+        const bf16_t* r0 = A + (16 * warp + g) * 64 + 16 * ks + 2 * t;
+        const bf16_t* r1 = r0 + 8 * 64;
+        a[ks][0] = *reinterpret_cast<const u32*>(r0);
+        a[ks][1] = *reinterpret_cast<const u32*>(r1);
+        a[ks][2] = *reinterpret_cast<const u32*>(r0 + 8);
+        a[ks][3] = *reinterpret_cast<const u32*>(r1 + 8);
+    }
+    float d[8][4];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+        const u64 db = wg_desc(smem_u32(bs) + ks * kstep, lbo, sbo);
+        if (RS)
+            wg_rs<TB>(d, a[ks], db, ks > 0);
+        else
+            wg_ss<TB>(d, wg_desc(smem_u32(as) + ks * 32, 1, 64), db, ks > 0);
+    }
+    wg_commit();
+    wg_wait0();
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) C[(16 * warp + g + (e >> 1) * 8) * 64 + 8 * j + 2 * t + (e & 1)] = d[j][e];
+}
+extern "C" __global__ void __launch_bounds__(128) probe_ss_k(const bf16_t* A, const bf16_t* B, float* C, u32 l, u32 s, u32 k) { probe<0, 0>(A, B, C, l, s, k); }
+extern "C" __global__ void __launch_bounds__(128) probe_ss_mn(const bf16_t* A, const bf16_t* B, float* C, u32 l, u32 s, u32 k) { probe<1, 0>(A, B, C, l, s, k); }
+extern "C" __global__ void __launch_bounds__(128) probe_rs_k(const bf16_t* A, const bf16_t* B, float* C, u32 l, u32 s, u32 k) { probe<0, 1>(A, B, C, l, s, k); }
+extern "C" __global__ void __launch_bounds__(128) probe_rs_mn(const bf16_t* A, const bf16_t* B, float* C, u32 l, u32 s, u32 k) { probe<1, 1>(A, B, C, l, s, k); }
+#endif
+
+#ifdef ATT_WGMMA
+// =======================================================================================
+// bf16 on Hopper's warpgroup MMA (UNVERIFIED draft; bench/gpu/attn_tune.py with ATT_WGMMA=1):
+// the structure of attn_mma_bf16 with ATT_WM = 1, each warpgroup owning 64 query rows: S = Q Kᵀ
+// as four m64n64k16 wgmma with Q and K from shared memory (K-major descriptors), the online
+// softmax on the accumulators (the same layout as mma.sync's), then O += P V as four wgmma with P
+// from registers and V from shared memory (MN-major descriptor, WG_V_LBO / WG_V_SBO, start
+// stepping WG_V_STEP bytes per 16 keys). Tiles are 1024-byte aligned (128-byte swizzle atoms).
+#ifndef WG_V_LBO
+#define WG_V_LBO 1
+#endif
+#ifndef WG_V_SBO
+#define WG_V_SBO 64
+#endif
+#ifndef WG_V_STEP
+#define WG_V_STEP 2048
+#endif
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
+    attn_wgmma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
+                    bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
+    // Dynamic shared memory (plus up to 1 KB to align): q [BQ·D] | k stage 0, 1 [BK·D] | v stage 0, 1 [BK·D].
+    extern __shared__ __align__(1024) bf16_t smw[];
+    bf16_t* qs = smw + ((1024 - (smem_u32(smw) & 1023)) & 1023) / 2;
+    bf16_t* ks[2] = {qs + ATT_BQ * ATT_D, qs + ATT_BQ * ATT_D + ATT_BK * ATT_D};
+    bf16_t* vs[2] = {ks[1] + ATT_BK * ATT_D, ks[1] + 2 * ATT_BK * ATT_D};
+    const AttBlock ab = att_start_bf16(qs, ks[0], vs[0], q, k, v, T, H, window);
+    const int q0 = ab.q0, first = ab.first, last = ab.last;
+    const long long tok = ab.tok, off = ab.off;
+    const int warp = threadIdx.x >> 5, wg = warp >> 2;
+    const int wrow0 = q0 + warp * 16;
+
+    float o[1][ATT_D / 8][4];
+    RowState st;
+    st.m[0][0] = st.m[0][1] = NEG_INF;
+    st.l[0][0] = st.l[0][1] = 0.f;
+#pragma unroll
+    for (int dt = 0; dt < ATT_D / 8; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
+    const u32 qaddr = smem_u32(qs) + wg * 64 * ATT_D * 2;
+
+    for (int j = first; j <= last; ++j) {
+        const int stage = (j - first) & 1;
+        cp_wait<1>();
+        wg_proxy_fence();
+        __syncthreads();
+        if (j < last) load_tile_bf16(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
+        cp_commit();
+        // S = Q Kᵀ: 16 keys of reduction per instruction, the descriptors' start 32 bytes further.
+        float s[1][ATT_BK / 8][4];
+        const u32 kaddr = smem_u32(ks[stage]);
+        wg_fence();
+#pragma unroll
+        for (int kt = 0; kt < ATT_D / 16; ++kt)
+            wg_ss<0>(s[0], wg_desc(qaddr + kt * 32, 1, 64), wg_desc(kaddr + kt * 32, 1, 64), kt > 0);
+        wg_commit();
+        wg_wait0();
+        if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
+        softmax_update(s, st, o, scale_log2);
+        cp_wait<1>();
+        wg_proxy_fence();
+        __syncthreads();
+        if (j < last) load_tile_bf16(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
+        cp_commit();
+        // O += P V: P as the A fragment (the same packing as attn_mma_bf16), V MN-major.
+        u32 pa[ATT_BK / 16][4];
+#pragma unroll
+        for (int kt = 0; kt < ATT_BK / 16; ++kt) {
+            pa[kt][0] = pack_bf16(s[0][2 * kt][0], s[0][2 * kt][1]);
+            pa[kt][1] = pack_bf16(s[0][2 * kt][2], s[0][2 * kt][3]);
+            pa[kt][2] = pack_bf16(s[0][2 * kt + 1][0], s[0][2 * kt + 1][1]);
+            pa[kt][3] = pack_bf16(s[0][2 * kt + 1][2], s[0][2 * kt + 1][3]);
+        }
+        const u32 vaddr = smem_u32(vs[stage]);
+        wg_fence();
+#pragma unroll
+        for (int kt = 0; kt < ATT_BK / 16; ++kt) wg_rs<1>(o[0], pa[kt], wg_desc(vaddr + kt * WG_V_STEP, WG_V_LBO, WG_V_SBO), 1);
+        wg_commit();
+        wg_wait0();
+    }
+    att_store(y + off, o, st, wrow0, T, tok);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
     attn_mma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                   bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
@@ -177,21 +400,11 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
     bf16_t* qs = smb;
     bf16_t* ks[2] = {qs + ATT_BQ * ATT_D, qs + ATT_BQ * ATT_D + ATT_BK * ATT_D};
     bf16_t* vs[2] = {ks[1] + ATT_BK * ATT_D, ks[1] + 2 * ATT_BK * ATT_D};
-    const int qb = gridDim.x - 1 - blockIdx.x;  // longest rows first
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int q0 = qb * ATT_BQ;
-    const long long tok = (long long)H * ATT_D;
-    const long long off = (long long)b * T * tok + (long long)h * ATT_D;
+    const AttBlock ab = att_start_bf16(qs, ks[0], vs[0], q, k, v, T, H, window);
+    const int q0 = ab.q0, first = ab.first, last = ab.last;
+    const long long tok = ab.tok, off = ab.off;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wrow0 = q0 + warp * 16 * ATT_WM;
-
-    int first, last;
-    tile_range(q0, T, window, first, last);
-    load_tile_bf16(qs, q + off, q0, ATT_BQ, T, tok);
-    load_tile_bf16(ks[0], k + off, first * ATT_BK, ATT_BK, T, tok);
-    cp_commit();
-    load_tile_bf16(vs[0], v + off, first * ATT_BK, ATT_BK, T, tok);
-    cp_commit();
 
     u32 qf[ATT_WM][ATT_D / 16][4];
     float o[ATT_WM][ATT_D / 8][4];
@@ -308,25 +521,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
                 }
         }
     }
-    // y = O / l
-    const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int mt = 0; mt < ATT_WM; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float l = st.l[mt][r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            const int row = wrow0 + mt * 16 + g + r * 8;
-            if (row < T) {
-                bf16_t* dst = y + off + (long long)row * tok;
-#pragma unroll
-                for (int dt = 0; dt < ATT_D / 8; ++dt)
-                    *reinterpret_cast<u32*>(dst + dt * 8 + 2 * t) =
-                        pack_bf16(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-            }
-        }
+    att_store(y + off, o, st, wrow0, T, tok);
 }
 
 // =======================================================================================
@@ -462,21 +657,5 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
             }
         }
     }
-#pragma unroll
-    for (int mt = 0; mt < ATT_WM; ++mt)
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            float l = st.l[mt][r];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            const float inv = l > 0.f ? 1.f / l : 0.f;
-            const int row = wrow0 + mt * 16 + g + r * 8;
-            if (row < T) {
-                float* dst = y + off + (long long)row * tok;
-#pragma unroll
-                for (int dt = 0; dt < ATT_D / 8; ++dt)
-                    *reinterpret_cast<float2*>(dst + dt * 8 + 2 * t) =
-                        make_float2(o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
-            }
-        }
+    att_store(y + off, o, st, wrow0, T, tok);
 }
