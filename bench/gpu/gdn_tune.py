@@ -15,7 +15,8 @@ VARIANT is `file.cu:function:threads[:NAME=V,NAME=V]` (compiled after common.cuh
 loglinear_chunk.cuh, as the host does): compile-time defines, except `SMEM=n` (the dynamic shared
 memory of the launch; default: what the host gives that kernel) and `ARG_ST=n`,
 which passes n as one more kernel argument (the shipped `llc_delta_h_tc` takes its number of
-buffers so). Default: the shipped tensor-core kernel (`llc_delta_h_tc_f32:256:ARG_ST=3` or
+buffers so). Default: the shipped tensor-core kernel (`llc_delta_h_tc_f32:288:ARG_ST=3`: 288 threads, eight computing
+warps and the decay warp; or
 `llc_wy_tc_f32:256`). Inputs are synthetic but shaped like the real ones: unit-norm key rows,
 β in (0, 1), log-decays in (−0.05, 0); for delta_h W = 0.5·K (so that the state update
 S ← e^a S + K̂ᵀ(U − W S) stays bounded).
@@ -64,7 +65,9 @@ def launch_smem(name, defs):
         return 0
     if name.startswith("llc_delta_h_tc"):
         st = int(d.get("ARG_ST", 3))
-        return (E * dkp * 24 + st * (2 * CH * ldk + CH * 16 + CH) + CH * 24 + CH + 1) * 4
+        # enough for both layouts: per buffer W, K, U (and g before the decay warp), then the new
+        # values and one or two decay buffers
+        return (E * dkp * 24 + st * (2 * CH * ldk + CH * 16 + CH) + CH * 24 + 2 * (CH + 1)) * 4
     return (E * D * 16 + 4 * CH * (D + 1) + 2 * CH * 16 + 2 * CH + CH * 17 + CH) * 4
 
 slots = sum(bin(j).count("1") for j in range(nc)) if a.lifted else nc
@@ -117,7 +120,7 @@ ref, rt = run(SHIPPED, ref_name, 256)
 first = next(iter(ref.values()))
 print(f"reference {ref_name} (FMA): {rt:.3f} ms, rms {float(cp.sqrt(cp.mean(first**2))):.3g}, "
       f"finite {all(bool(cp.isfinite(x).all()) for x in ref.values())}")
-default = "llc_delta_h_tc_f32:256:ARG_ST=3" if a.kernel == "delta_h" else "llc_wy_tc_f32:256"
+default = "llc_delta_h_tc_f32:288:ARG_ST=3" if a.kernel == "delta_h" else "llc_wy_tc_f32:256"
 for v in a.variants or [f"{SHIPPED}:{default}"]:
     path, name, threads, *defs = v.split(":")
     try:

@@ -404,16 +404,18 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 // W and K are padded to LDK ≡ 4 (mod 32) floats and rows of S and Un to 24, so that fragment
 // loads hit 32 distinct banks; columns Dk..DKP of W and K and rows Dk..DKP of S are zero (DKP = Dk
 // rounded up to 16). The chunks' W, K, U and g are loaded ST − 1 chunks ahead (cp.async, 16
-// bytes where Dk, Dv and the pointers allow) into ST buffers. Warp 0 loads the chunk's log-decays
-// and alone takes their prefix sums (f32, two tokens per lane), so that one barrier per chunk
+// bytes where Dk, Dv and the pointers allow) into ST buffers. A ninth warp does nothing but the
+// decays: while the eight others compute chunk j it takes the prefix sums of chunk j + 1's
+// log-decays (f32, two tokens per lane, loaded a chunk earlier) into the other of two decay
+// buffers, so that the decays are off the chunk's critical path and one barrier per chunk
 // publishes the loaded tiles and the decays.
-// Grid (BH, ⌈Dv/16⌉), 256 threads; dynamic shared memory: see delta_h_tc_smem on the host.
+// Grid (BH, ⌈Dv/16⌉), 288 threads (LDT_THREADS); dynamic shared memory: see delta_h_tc_smem on the host.
 #define LDT_LDS 24
 __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
                                float* Hs, int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots,
                                int ST) {
     LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = 64, NW = 8, NT = NW * 32;
+    constexpr int CH = 64, NW = 8, NT = NW * 32;  // NW warps compute; warp NW takes the decays
 #ifdef DH_DKP
     // The host compiles the pass for each Dk rounded up to 16 (-DDH_DKP=…): compile-time trip
     // counts let the W·S loop unroll fully.
@@ -423,15 +425,14 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
 #endif
     const int SD = DKP * LDT_LDS;  // one state tile
     extern __shared__ unsigned char llc_dyn[];
-    // Layout (floats): S [E][SD] | Wb [ST][CH·LDK] | Kb [ST][CH·LDK] | Ub [ST][CH·16] | gb [ST][CH] |
-    // Un [CH·24] | dec [CH + 1] (the last entry: e^{a_j}).
+    // Layout (floats): S [E][SD] | Wb [ST][CH·LDK] | Kb [ST][CH·LDK] | Ub [ST][CH·16] | Un [CH·24] |
+    // dec2 [2][CH + 1] (chunk j's decays in dec2[j mod 2]; the last entry: e^{a_j}).
     float* S = reinterpret_cast<float*>(llc_dyn);
     float* Wb = S + E * SD;
     float* Kb = Wb + ST * CH * LDK;
     float* Ub = Kb + ST * CH * LDK;
-    float* gb = Ub + ST * CH * LLC_DVT;
-    float* Un = gb + ST * CH;
-    float* dec = Un + CH * LDT_LDS;
+    float* Un = Ub + ST * CH * LLC_DVT;
+    float* dec2 = Un + CH * LDT_LDS;
     const int bh = blockIdx.x, b = bh / H, h = bh % H;
     const int d0 = blockIdx.y * LLC_DVT;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
@@ -473,20 +474,47 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
                 llc_cp_async(Ud + idx, U + (ok ? (row0 + (long long)s * H) * Dv + d0 + dd : 0), 4, ok);
             }
         }
-        if (tid < 32)  // warp 0 loads every log-decay of the chunk: it alone takes their prefix sums
-            for (int s = 2 * tid; s < 2 * tid + 2; ++s) {
-                const int ok = has_g && s < n;
-                llc_cp_async(gb + buf * CH + s, g + (ok ? row0 + (long long)s * H : 0), 4, ok);
-            }
         asm volatile("cp.async.commit_group;\n" ::);
     };
-    for (int idx = tid; idx < E * SD; idx += NT) S[idx] = 0.f;
-    for (int jj = 0; jj < ST - 1 && jj < nc; ++jj) prefetch(jj, jj);
+    // The decay warp: the log-decays of chunk j as two per lane (0 past the chunk or without g), and
+    // from them γ (chunk-local prefix sums), the decays e^{a_j − γ_s} (0 past the chunk's end) and
+    // e^{a_j} into dst.
+    const bool dwarp = warp == NW;
+    auto load_g = [&](int j, float& x0, float& x1) {
+        x0 = x1 = 0.f;
+        if (!has_g || j >= nc) return;
+        const int i0 = j * CH, n = min(CH, Tn - i0);
+        const long long row0 = ((long long)b * Tn + i0) * H + h;
+        if (2 * lane < n) x0 = g[row0 + (long long)(2 * lane) * H];
+        if (2 * lane + 1 < n) x1 = g[row0 + (long long)(2 * lane + 1) * H];
+    };
+    auto decays = [&](int j, float x0, float x1, float* dst) {
+        const int n = min(CH, Tn - j * CH);
+        float inc = x0 + x1;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const float y = __shfl_up_sync(0xffffffffu, inc, o);
+            if (lane >= o) inc += y;
+        }
+        const float alast = __shfl_sync(0xffffffffu, inc, 31);
+        dst[2 * lane] = 2 * lane < n ? __expf(alast - (inc - x1)) : 0.f;
+        dst[2 * lane + 1] = 2 * lane + 1 < n ? __expf(alast - inc) : 0.f;
+        if (lane == 0) dst[CH] = __expf(alast);
+    };
+    float gx0 = 0.f, gx1 = 0.f;  // the decay warp: chunk j + 1's log-decays during chunk j
+    if (dwarp) {
+        load_g(0, gx0, gx1);
+        decays(0, gx0, gx1, dec2);
+        load_g(1, gx0, gx1);
+    } else {
+        for (int idx = tid; idx < E * SD; idx += NT) S[idx] = 0.f;
+        for (int jj = 0; jj < ST - 1 && jj < nc; ++jj) prefetch(jj, jj);
+    }
     for (int j = 0; j < nc; ++j) {
         const int buf = j % ST;
         const int i0 = j * CH, n = min(CH, Tn - i0);
         const long long row0 = ((long long)b * Tn + i0) * H + h;
-        if (lifted && j >= 1) {  // merge levels 0..m into m + 1 (S is idle since the last barrier)
+        if (lifted && j >= 1 && !dwarp) {  // merge levels 0..m into m + 1 (S is idle since the last barrier)
             const int m = __ffs(j) - 1;
             for (int idx = tid; idx < SD; idx += NT) {
                 float sum = 0.f;
@@ -497,30 +525,21 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
                 S[(m + 1) * SD + idx] = sum;
             }
         }
-        // Chunk j's group is complete once at most (chunks issued after it) groups are pending.
-        if (j + ST - 1 < nc) prefetch(j + ST - 1, (j + ST - 1) % ST);
-        const int after = min(ST - 1, nc - 1 - j);
-        if (after >= 3) asm volatile("cp.async.wait_group 3;\n" ::: "memory");
-        else if (after >= 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
-        else if (after == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-        else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-        if (warp == 0) {
-            // γ (chunk-local cumulative log-decays, two tokens per lane, f32), the decays
-            // e^{a_j − γ_s} (0 past the chunk's end) and e^{a_j}.
-            __syncwarp();
-            const float x0 = gb[buf * CH + 2 * lane], x1 = gb[buf * CH + 2 * lane + 1];
-            float inc = x0 + x1;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const float y = __shfl_up_sync(0xffffffffu, inc, o);
-                if (lane >= o) inc += y;
-            }
-            const float alast = __shfl_sync(0xffffffffu, inc, 31);
-            dec[2 * lane] = 2 * lane < n ? __expf(alast - (inc - x1)) : 0.f;
-            dec[2 * lane + 1] = 2 * lane + 1 < n ? __expf(alast - inc) : 0.f;
-            if (lane == 0) dec[CH] = __expf(alast);
+        if (!dwarp) {
+            // Chunk j's group is complete once at most (chunks issued after it) groups are pending.
+            if (j + ST - 1 < nc) prefetch(j + ST - 1, (j + ST - 1) % ST);
+            const int after = min(ST - 1, nc - 1 - j);
+            if (after >= 3) asm volatile("cp.async.wait_group 3;\n" ::: "memory");
+            else if (after >= 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+            else if (after == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+            else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         }
-        __syncthreads();
+        __syncthreads();  // chunk j's tiles and decays (dec2[j mod 2]) are in place
+        const float* dec = dec2 + (j & 1) * (CH + 1);
+        if (dwarp) {  // chunk j + 1's decays into the other buffer (read last by chunk j − 1)
+            if (j + 1 < nc) decays(j + 1, gx0, gx1, dec2 + ((j + 1) & 1) * (CH + 1));
+            load_g(j + 2, gx0, gx1);
+        }
         const float* Wc = Wb + buf * CH * LDK;
         const float* Kc = Kb + buf * CH * LDK;
         const float* Uc = Ub + buf * CH * LLC_DVT;
@@ -539,7 +558,8 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
                 if (d0 + dd < Dv) Hj[(long long)c * Dv + d0 + dd] = Se[c * LDT_LDS + dd];
             }
         };
-        if (lifted) {
+        if (dwarp) {
+        } else if (lifted) {
             long long slot = llc_popsum(j);
             for (int e = 1; e < E; ++e) {
                 if (!((j >> (e - 1)) & 1)) continue;
@@ -554,8 +574,8 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
             if (lifted && e >= 1 && !((j >> (e - 1)) & 1)) continue;
             float* Se = S + e * SD;
             const float sign = (lifted && e >= 1) ? -1.f : 1.f;
-            // Product 1: (m-tile, n-tile) pairs of the 64 × 16 Un over the warps.
-            for (int pr = warp; pr < 8; pr += NW) {
+            // Product 1: (m-tile, n-tile) pairs of the 64 × 16 Un over the computing warps.
+            for (int pr = dwarp ? 8 : warp; pr < 8; pr += NW) {
                 const int mw = pr & 3, nt = pr >> 2;
                 float acc[4] = {}, acc2[4] = {};
                 if (from_w) {
@@ -590,7 +610,7 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
             }
             __syncthreads();
             // Product 2: S ← e^{a_j} S + K̂ᵀ (sign·dec·Un), (m-tile, n-tile) pairs over the warps.
-            for (int pr = warp; pr < (DKP / 16) * 2; pr += NW) {
+            for (int pr = dwarp ? (DKP / 16) * 2 : warp; pr < (DKP / 16) * 2; pr += NW) {
                 const int mt = pr >> 1, nt = pr & 1;
                 float st[4], st2[4] = {};
 #pragma unroll
@@ -620,7 +640,8 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1)
+#define LDT_THREADS 288  // 8 computing warps and the decay warp
+extern "C" __global__ void __launch_bounds__(LDT_THREADS, 1)
     llc_delta_h_tc_f32(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn, float* Hs,
                        int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots, int stages) {
     llc_delta_h_tc(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, lifted, E, slots, stages);

@@ -284,12 +284,12 @@ pub(crate) fn delta_h_smem<F: GpuReal>(dk: usize, levels: usize) -> usize {
 
 /// Dynamic shared memory of `llc_delta_h_tc` (f32; the layout in the kernel) with `stages`
 /// buffers: `levels` state tiles of `DKP × 24` (`DKP` = `Dk` rounded up to 16), per buffer the
-/// chunk's `W` and `K` (rows padded to `LDK ≡ 4 (mod 32)`), `U` and `g`; the new values `[64][24]`
-/// and the decays.
+/// chunk's `W` and `K` (rows padded to `LDK ≡ 4 (mod 32)`) and `U`; the new values `[64][24]`
+/// and two buffers of decays (`[2][65]`: the decay warp fills chunk j + 1's during chunk j).
 pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize) -> usize {
     let (ch, dkp) = (64, dk.div_ceil(16) * 16);
     let ldk = dkp.div_ceil(32) * 32 + 4;
-    (levels * dkp * 24 + stages * (2 * ch * ldk + ch * 16 + ch) + ch * 24 + ch + 1) * 4
+    (levels * dkp * 24 + stages * (2 * ch * ldk + ch * 16) + ch * 24 + 2 * (ch + 1)) * 4
 }
 
 /// Dynamic shared memory of `llc_out_direct_tc`: its Q, K, V and state tiles, `[64][64]` floats each
@@ -381,7 +381,8 @@ pub(crate) fn run_delta<F: GpuReal>(
     opt_in(FAMILY, &f)?;
     let cfg = LaunchConfig {
         grid_dim: (bh as u32, dv.div_ceil(16) as u32, 1),
-        block_dim: (256, 1, 1),
+        // llc_delta_h_tc: eight computing warps and the decay warp (LDT_THREADS).
+        block_dim: (if stages > 0 { 288 } else { 256 }, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     let (lifted_i, levels_i, slots_i) = (lifted as i32, levels as i32, slots as i64);
