@@ -148,7 +148,7 @@ __device__ __forceinline__ void llc_put4_tf32(float* dst, float4 x, float s) {
     dst[2] = __uint_as_float(mx_tf32(s * x.z));
     dst[3] = __uint_as_float(mx_tf32(s * x.w));
 }
-__device__ __forceinline__ bool llc_al16(const void* p) { return ((unsigned long long)p & 15) == 0; }
+__device__ __forceinline__ bool llc_al16(const void* p) { return mx_aligned(p, 16); }
 
 // acc += A·B over k < kend (a multiple of 8) as tf32 m16n8k8 mma, for a warp's 16 rows from mr and
 // 32 columns from nb (g = lane / 4, t = lane % 4): A row-major with rows of LD floats, k along the
