@@ -20,6 +20,11 @@ template <typename T> struct alignas(2 * sizeof(T)) Cplx {  // aligned as cuFFT'
 // Global thread index of a 1-D launch.
 __device__ inline long long gtid() { return (long long)blockIdx.x * blockDim.x + threadIdx.x; }
 
+// Whether p is aligned to `bytes` (a power of two), e.g. for 16-byte vector loads.
+__device__ __forceinline__ bool mx_aligned(const void* p, unsigned bytes) {
+    return ((unsigned long long)p & (bytes - 1)) == 0;
+}
+
 // f32 rounded to tf32 (round to nearest, ties away), as the bits the tensor cores take.
 __device__ __forceinline__ unsigned mx_tf32(float x) {
     unsigned r;

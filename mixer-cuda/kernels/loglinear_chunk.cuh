@@ -148,7 +148,7 @@ __device__ __forceinline__ void llc_put4_tf32(float* dst, float4 x, float s) {
     dst[2] = __uint_as_float(mx_tf32(s * x.z));
     dst[3] = __uint_as_float(mx_tf32(s * x.w));
 }
-__device__ __forceinline__ bool llc_al16(const void* p) { return ((unsigned long long)p & 15) == 0; }
+__device__ __forceinline__ bool llc_al16(const void* p) { return mx_aligned(p, 16); }
 // Asynchronous copies global → shared (cp.async) of 4 or 8 bytes, or of 16; with valid = 0 the
 // destination is zero-filled and nothing is read.
 __device__ __forceinline__ void llc_cp_async(void* dst, const void* src, int bytes, int valid) {

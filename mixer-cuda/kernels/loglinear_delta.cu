@@ -437,8 +437,8 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
     const int d0 = blockIdx.y * LLC_DVT;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
     const long long DD = (long long)Dk * Dv;
-    const bool vk = Dk % 4 == 0 && ((unsigned long long)k & 15) == 0 && ((unsigned long long)W & 15) == 0;
-    const bool vu = Dv % 4 == 0 && ((unsigned long long)U & 15) == 0;
+    const bool vk = Dk % 4 == 0 && llc_al16(k) && llc_al16(W);
+    const bool vu = Dv % 4 == 0 && llc_al16(U);
     auto prefetch = [&](int j, int buf) {
         const int i0 = j * CH, n = min(CH, Tn - i0);
         const long long row0 = ((long long)b * Tn + i0) * H + h;

@@ -15,12 +15,11 @@ __device__ inline float bf16_bits_to_f32(unsigned short b) { return __uint_as_fl
 // The element loops below take four elements per access where the pointers allow (a view into a
 // larger tensor may start anywhere: 8 bytes of bf16, 16 of f32, so that a warp's loads and its
 // stores each cover one contiguous span) over the first n − n mod 4 elements, then one at a time.
-__device__ inline bool al16(const void* p) { return ((unsigned long long)p & 15) == 0; }
 
 extern "C" __global__ void bf16_to_f32(const unsigned short* a, float* out, long long n) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     long long done = 0;
-    if (((unsigned long long)a & 7) == 0 && al16(out)) {
+    if (mx_aligned(a, 8) && mx_aligned(out, 16)) {
         done = n / 4 * 4;
         for (long long v = gtid(); v < n / 4; v += stride) {
             const uint2 x = reinterpret_cast<const uint2*>(a)[v];
@@ -34,7 +33,7 @@ extern "C" __global__ void bf16_to_f32(const unsigned short* a, float* out, long
 extern "C" __global__ void f32_to_bf16(const float* a, unsigned short* out, long long n) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     long long done = 0;
-    if (al16(a) && ((unsigned long long)out & 7) == 0) {
+    if (mx_aligned(a, 16) && mx_aligned(out, 8)) {
         done = n / 4 * 4;
         for (long long v = gtid(); v < n / 4; v += stride) {
             const float4 x = reinterpret_cast<const float4*>(a)[v];
@@ -74,7 +73,7 @@ __device__ void check_values(const T* a, long long n, int c, long long* flag) {
     constexpr int W = 16 / sizeof(T);
     const long long stride = (long long)gridDim.x * blockDim.x;
     long long done = 0;
-    if (al16(a)) {
+    if (mx_aligned(a, 16)) {
         done = n / W * W;
         for (long long v = gtid(); v < n / W; v += stride) {
             const uint4 x = reinterpret_cast<const uint4*>(a)[v];

@@ -108,8 +108,9 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Preci
     let ch = chunk_len::<F>();
     let nc = t.div_ceil(ch);
     let bh = b * h;
+    let lifted = ll.lift.is_some();
     // The tree of chunk states, or (without a lift) one state per chunk.
-    let entries = if ll.lift.is_some() { tree_entries(nc) } else { nc };
+    let entries = if lifted { tree_entries(nc) } else { nc };
     check_sizes::<F>(x.dims, entries)?;
     let g = gpu()?;
     let dims = fixed_dims(dk, dv);
@@ -133,7 +134,6 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Preci
     };
     launch!(g, FAMILY, k(states)?, cfg;
         &kv, &vv, &gv, &has_g, &mut *tree, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?;
-    let lifted = ll.lift.is_some();
     if !lifted {
         // Without a lift each chunk reads one state: the level-0 entries become the states
         // entering the chunks (`llc_scan`, in place) and pass 3 reads them directly.
