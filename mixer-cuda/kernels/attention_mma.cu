@@ -327,6 +327,9 @@ extern "C" __global__ void __launch_bounds__(128) probe_rs_mn(const bf16_t* A, c
 #ifndef WG_V_STEP
 #define WG_V_STEP 2048
 #endif
+#ifndef ATT_WG_OVERLAP
+#define ATT_WG_OVERLAP 0  // 1: a tile's P·V left in flight while the next tile's Q Kᵀ is issued
+#endif
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
     attn_wgmma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                     bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
@@ -386,8 +389,13 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
 #pragma unroll
         for (int kt = 0; kt < ATT_BK / 16; ++kt) wg_rs<1>(o[0], pa[kt], wg_desc(vaddr + kt * WG_V_STEP, WG_V_LBO, WG_V_SBO), 1);
         wg_commit();
+#if !ATT_WG_OVERLAP
         wg_wait0();
+#endif
     }
+#if ATT_WG_OVERLAP
+    wg_wait0();  // P·V of the last tile (otherwise waited with the next tile's Q Kᵀ)
+#endif
     att_store(y + off, o, st, wrow0, T, tok);
 }
 #endif

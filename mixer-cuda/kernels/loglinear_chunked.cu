@@ -479,6 +479,27 @@ template <typename TI>
 __device__ constexpr int lld_smem() { return 3 * 64 * 64 * (int)sizeof(TI) + 64 * 64 * 4; }
 __device__ __forceinline__ float lld_f(float x) { return x; }
 __device__ __forceinline__ float lld_f(lld_bf16 b) { return __uint_as_float((unsigned)b << 16); }
+// Four entries p[off + c .. + 3] as f32, those at or past D read as 0 (llc_ld4; the bf16 form loads
+// 8 bytes when vec: D % 4 = 0 and p 8-byte aligned).
+__device__ __forceinline__ float4 lld_ld4(const float* p, long long off, int c, int D, bool vec) {
+    return llc_ld4(p, off, c, D, vec);
+}
+__device__ __forceinline__ float4 lld_ld4(const lld_bf16* p, long long off, int c, int D, bool vec) {
+    float4 r = {0.f, 0.f, 0.f, 0.f};
+    if (vec) {
+        if (c < D) {
+            const uint2 u = *reinterpret_cast<const uint2*>(p + off + c);
+            r = float4{__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u)};
+        }
+    } else {
+        if (c < D) r.x = lld_f(p[off + c]);
+        if (c + 1 < D) r.y = lld_f(p[off + c + 1]);
+        if (c + 2 < D) r.z = lld_f(p[off + c + 2]);
+        if (c + 3 < D) r.w = lld_f(p[off + c + 3]);
+    }
+    return r;
+}
 // The A operand from an activation: f32 rounded to tf32; bf16 exact.
 __device__ __forceinline__ unsigned lld_a(float x) { return mx_tf32(x); }
 __device__ __forceinline__ unsigned lld_a(lld_bf16 b) { return (unsigned)b << 16; }
@@ -638,23 +659,24 @@ __device__ void llc_states_tc(const TI* k, const TI* v, const float* g, int has_
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
     const double alast = gam[CH - 1];
-    llc_stage<float, CH * 64 / 128, 128>(
-        CH * 64,
+    // Four entries per load (one 16-byte f32 or 8-byte bf16 load when the rows allow it); K and V
+    // loads are all issued before the first store.
+    const bool vk = Dk % 4 == 0 && mx_aligned(k, 4 * sizeof(TI)), vv = Dv % 4 == 0 && mx_aligned(v, 4 * sizeof(TI));
+    llc_stage<float4, 2 * CH * 16 / 128, 128>(
+        2 * CH * 16,
         [&](int idx) {
-            const int s = idx >> 6, c = c0 + (idx & 63);
-            return (s < n && c < Dk) ? lld_f(k[(row0 + (long long)s * H) * Dk + c]) : 0.f;
+            const int s = (idx >> 4) & (CH - 1), c = (idx & 15) * 4;
+            if (s >= n) return float4{0.f, 0.f, 0.f, 0.f};
+            return idx < CH * 16 ? lld_ld4(k, (row0 + (long long)s * H) * Dk + c0, c, Dk - c0, vk)
+                                 : lld_ld4(v, (row0 + (long long)s * H) * Dv + d0, c, Dv - d0, vv);
         },
-        [&](int idx, float x) {
-            const int s = idx >> 6;
-            Ks[s * LLT_LDV + (idx & 63)] = __uint_as_float(mx_tf32(__expf((float)(alast - gam[s])) * x));
+        [&](int idx, float4 x) {
+            const int s = (idx >> 4) & (CH - 1), c = (idx & 15) * 4;
+            if (idx < CH * 16)
+                llc_put4_tf32(Ks + s * LLT_LDV + c, x, __expf((float)(alast - gam[s])));
+            else
+                llc_put4_tf32(Vs + s * LLT_LDV + c, x, 1.f);
         });
-    llc_stage<float, CH * 64 / 128, 128>(
-        CH * 64,
-        [&](int idx) {
-            const int s = idx >> 6, d = d0 + (idx & 63);
-            return (s < n && d < Dv) ? lld_f(v[(row0 + (long long)s * H) * Dv + d]) : 0.f;
-        },
-        [&](int idx, float x) { Vs[(idx >> 6) * LLT_LDV + (idx & 63)] = __uint_as_float(mx_tf32(x)); });
     __syncthreads();
     float acc[8][4] = {};
     const int cr = warp * 16 + gi;
