@@ -6,7 +6,9 @@
 // Compile-time: ATT_D (head dim, multiple of 16), ATT_BK (keys per tile), ATT_WM (16-row
 // m-tiles per warp). A block of 4 warps owns BQ = 64·ATT_WM query rows of one (batch, head).
 //
-// Two kernels:
+// Three kernels:
+//  * attn_wgmma_bf16 (compiled with -DATT_WGMMA=1 for sm_90a): attn_mma_bf16's structure on
+//    Hopper's warpgroup MMA, described where it is defined below.
 //  * attn_mma_bf16: bf16 q, k, v, y; mma.m16n8k16 bf16 → f32; ldmatrix from XOR-swizzled
 //    shared memory; P is re-packed from the score accumulators as the A operand of P·V.
 //  * attn_mma_tf32: f32 q, k, v, y; mma.m16n8k8 tf32 → f32 (q and P rounded to tf32, k and
@@ -312,12 +314,13 @@ extern "C" __global__ void __launch_bounds__(128) probe_rs_mn(const bf16_t* A, c
 
 #ifdef ATT_WGMMA
 // =======================================================================================
-// bf16 on Hopper's warpgroup MMA (UNVERIFIED draft; bench/gpu/attn_tune.py with ATT_WGMMA=1):
+// bf16 on Hopper's warpgroup MMA (the bf16 mode on compute capability 9.0, ATT_WM = 1, ATT_WARPS = 8):
 // the structure of attn_mma_bf16 with ATT_WM = 1, each warpgroup owning 64 query rows: S = Q Kᵀ
 // as four m64n64k16 wgmma with Q and K from shared memory (K-major descriptors), the online
 // softmax on the accumulators (the same layout as mma.sync's), then O += P V as four wgmma with P
 // from registers and V from shared memory (MN-major descriptor, WG_V_LBO / WG_V_SBO, start
-// stepping WG_V_STEP bytes per 16 keys). Tiles are 1024-byte aligned (128-byte swizzle atoms).
+// stepping WG_V_STEP bytes per 16 keys: the settings bench/gpu/wgmma_probe.py found against an f64
+// product on the H200). Tiles are 1024-byte aligned (128-byte swizzle atoms).
 #ifndef WG_V_LBO
 #define WG_V_LBO 1
 #endif
@@ -326,6 +329,9 @@ extern "C" __global__ void __launch_bounds__(128) probe_rs_mn(const bf16_t* A, c
 #endif
 #ifndef WG_V_STEP
 #define WG_V_STEP 2048
+#endif
+#ifndef ATT_WG_ONESYNC
+#define ATT_WG_ONESYNC 0  // 1: one barrier per tile (K and V of the next tile copied together)
 #endif
 #ifndef ATT_WG_OVERLAP
 #define ATT_WG_OVERLAP 0  // 1: a tile's P·V left in flight while the next tile's Q Kᵀ is issued
@@ -354,11 +360,23 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
 
     for (int j = first; j <= last; ++j) {
         const int stage = (j - first) & 1;
+#if ATT_WG_ONESYNC
+        // One barrier per tile: K and V of tile j + 1 are copied while tile j is computed.
+        cp_wait<0>();
+        wg_proxy_fence();
+        __syncthreads();
+        if (j < last) {
+            load_tile_bf16(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
+            load_tile_bf16(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
+        }
+        cp_commit();
+#else
         cp_wait<1>();
         wg_proxy_fence();
         __syncthreads();
         if (j < last) load_tile_bf16(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
         cp_commit();
+#endif
         // S = Q Kᵀ: 16 keys of reduction per instruction, the descriptors' start 32 bytes further.
         float s[1][ATT_BK / 8][4];
         const u32 kaddr = smem_u32(ks[stage]);
@@ -370,11 +388,13 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
         wg_wait0();
         if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
         softmax_update(s, st, o, scale_log2);
+#if !ATT_WG_ONESYNC
         cp_wait<1>();
         wg_proxy_fence();
         __syncthreads();
         if (j < last) load_tile_bf16(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
         cp_commit();
+#endif
         // O += P V: P as the A fragment (the same packing as attn_mma_bf16), V MN-major.
         u32 pa[ATT_BK / 16][4];
 #pragma unroll

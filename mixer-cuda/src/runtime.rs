@@ -169,12 +169,25 @@ impl Gpu {
         format!("sm_{}{}", self.cc.0, self.cc.1)
     }
 
+    /// Whether this device has Hopper's warpgroup MMA (`wgmma`): compute capability 9.0 exactly,
+    /// the `sm_90a` features, which later architectures do not promise.
+    pub fn has_wgmma(&self) -> bool {
+        self.cc == (9, 0)
+    }
+
     /// The module compiled from `src` (with `extra` NVRTC options), compiled on first use for
     /// this device's compute capability and cached by (source, options). `kernel` names the
-    /// source in errors (NVRTC's log is included).
+    /// source in errors (NVRTC's log is included). An `--gpu-architecture=` option in `extra`
+    /// replaces the device's own (e.g. `sm_90a` for `wgmma`).
     pub fn module(&self, kernel: &str, src: &str, extra: &[String]) -> Result<Arc<CudaModule>> {
-        let mut options = vec![format!("--gpu-architecture={}", self.arch()), "--std=c++17".to_string()];
-        options.extend(extra.iter().cloned());
+        const ARCH: &str = "--gpu-architecture=";
+        let arch = extra
+            .iter()
+            .find(|o| o.starts_with(ARCH))
+            .cloned()
+            .unwrap_or_else(|| format!("{ARCH}{}", self.arch()));
+        let mut options = vec![arch, "--std=c++17".to_string()];
+        options.extend(extra.iter().filter(|o| !o.starts_with(ARCH)).cloned());
         let key = (src.to_string(), options.clone());
         let mut cache = self.modules.lock().map_err(|_| err(kernel, "module cache poisoned"))?;
         if let Some(m) = cache.get(&key) {
@@ -198,7 +211,7 @@ impl Gpu {
             // virtual one (the driver then compiles the PTX for this device).
             Err(CompileError::GetPtxError(_)) => {
                 let mut virt = options.clone();
-                virt[0] = format!("--gpu-architecture=compute_{}{}", self.cc.0, self.cc.1);
+                virt[0] = virt[0].replace("=sm_", "=compute_");
                 compile(virt)?.map_err(|e| compile_error(kernel, e))?
             }
             Err(e) => return Err(compile_error(kernel, e)),
@@ -310,14 +323,17 @@ pub fn grid1(n: usize, block: u32) -> LaunchConfig {
 /// Compiles `src` with NVRTC for `arch` (e.g. `sm_90`) without touching a device, returning
 /// the PTX size; used to check kernel sources where NVRTC exists but no GPU does.
 pub fn compile_only(kernel: &str, src: &str, arch: &str) -> Result<usize> {
+    compile_only_with(kernel, src, arch, &[])
+}
+
+/// [`compile_only`] with extra NVRTC options (e.g. `-DATT_WGMMA=1`).
+pub fn compile_only_with(kernel: &str, src: &str, arch: &str, extra: &[String]) -> Result<usize> {
     if !nvrtc_present() {
         return Err(err(kernel, "the NVRTC library (libnvrtc.so) was not found"));
     }
-    let o = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()],
-        name: Some(format!("{kernel}.cu")),
-        ..Default::default()
-    };
+    let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
+    options.extend(extra.iter().cloned());
+    let o = CompileOptions { options, name: Some(format!("{kernel}.cu")), ..Default::default() };
     let ptx = std::panic::catch_unwind(|| compile_ptx_with_opts(src, o))
         .map_err(|_| err(kernel, "NVRTC panicked"))?
         .map_err(|e| compile_error(kernel, e))?;

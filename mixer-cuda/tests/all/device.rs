@@ -350,6 +350,57 @@ fn precision_modes_meet_their_tolerances_on_tensor_cores() {
     }
 }
 
+/// Both bf16 attention kernels (`mma.sync`, and Hopper's `wgmma` where the device has it) within
+/// the bf16 tolerance of the f64 oracle and close to each other, causal and windowed, at T that is
+/// not a tile multiple; the default picks `wgmma` on compute capability 9.0.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn both_bf16_attention_kernels_agree_with_the_oracle() {
+    use mixer_cuda::attention::mma::{Bf16Kernel, run_with as run_kernel};
+    let Some(_turn) = gpu() else {
+        return;
+    };
+    let wgmma = mixer_cuda::runtime::gpu().unwrap().has_wgmma();
+    assert_eq!(
+        Bf16Kernel::for_device().unwrap(),
+        if wgmma { Bf16Kernel::Wgmma } else { Bf16Kernel::MmaSync }
+    );
+    for (cfg, t) in [("{}", 1000), (r#"{"window":100}"#, 777), ("{}", 129), (r#"{"window":1}"#, 200)] {
+        let m = mixer("attention", &serde_json::from_str(cfg).unwrap()).unwrap();
+        let dims = complete_dims(
+            m.as_ref(),
+            &Sizes { batch: 2, seq: t, channels: 6, heads: 3, dk: 64, dv: 64 }.dims(),
+        );
+        let x = mixer_registry::run::bf16_activations(&m.random_inputs(&dims, 5).unwrap());
+        let want = oracle(m.as_ref(), &x).unwrap();
+        let a = m.as_any().downcast_ref::<mixer_core::mixers::attention::Attention>().unwrap();
+        let dev = upload_inputs(&cast_tensors::<f32>(&x), Precision::Bf16).unwrap();
+        let mut outs = Vec::new();
+        for k in [Bf16Kernel::MmaSync, Bf16Kernel::Wgmma] {
+            if k == Bf16Kernel::Wgmma && !wgmma {
+                assert!(
+                    run_kernel(a, &dev, Precision::Bf16, k).is_err(),
+                    "wgmma must be refused below sm_90"
+                );
+                continue;
+            }
+            let y = host(
+                &run_kernel(a, &dev, Precision::Bf16, k).unwrap().expect("the tensor-core path applies"),
+            );
+            let y = y.to_f64();
+            let err = rel_rms(&y, &want);
+            println!("BF16 attention {cfg} T={t} {k:?}: rel RMS {err:.2e}");
+            assert!(err <= Precision::Bf16.tolerance("f32").rel_rms, "{cfg} T={t} {k:?}: {err:.3e}");
+            outs.push(y);
+        }
+        if let [a, b] = &outs[..] {
+            // Both round P to bf16 and accumulate in f32; they differ in accumulation order only.
+            let d = rel_rms(a, b);
+            assert!(d < 4e-3, "{cfg} T={t}: mma.sync vs wgmma rel RMS {d:.3e}");
+        }
+    }
+}
+
 /// The log-linear members whose chunked form has a tensor-core path (tf32 mma in the tf32 and bf16
 /// modes): within each mode's tolerance of the f64 oracle, and visibly less exact than the exact
 /// f32 kernel (so the tensor cores ran), at T and D that are not tile multiples.

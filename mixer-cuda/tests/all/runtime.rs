@@ -5,7 +5,7 @@
 use mixer_core::Error;
 use mixer_cuda::DeviceTensor;
 use mixer_cuda::kernels::with_prelude;
-use mixer_cuda::runtime::{compile_only, gpu, nvrtc_available};
+use mixer_cuda::runtime::{compile_only, compile_only_with, gpu, nvrtc_available};
 use ndarray::{ArrayD, IxDyn};
 
 #[test]
@@ -21,6 +21,16 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
     for k in mixer_cuda::kernels::ALL {
         let n = compile_only(k.name, &k.full(), "sm_90").unwrap_or_else(|e| panic!("{e}"));
         assert!(n > 100, "{}: PTX of {n} bytes", k.name);
+    }
+    // The Hopper-only parts of the attention source: the wgmma kernel and its descriptor probes.
+    let src = mixer_cuda::kernels::ATTENTION_MMA.full();
+    for defs in [
+        ["-DATT_WGMMA=1", "-DATT_WM=1", "-DATT_WARPS=8"],
+        ["-DATT_WGMMA_PROBE=1", "-DATT_WM=1", "-DATT_WARPS=4"],
+    ] {
+        let extra: Vec<String> = defs.iter().map(|d| d.to_string()).collect();
+        let n = compile_only_with("attention_mma", &src, "sm_90a", &extra).unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 100, "attention_mma {defs:?}: PTX of {n} bytes");
     }
 }
 
