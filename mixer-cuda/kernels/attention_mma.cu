@@ -330,12 +330,6 @@ extern "C" __global__ void __launch_bounds__(128) probe_rs_mn(const bf16_t* A, c
 #ifndef WG_V_STEP
 #define WG_V_STEP 2048
 #endif
-#ifndef ATT_WG_ONESYNC
-#define ATT_WG_ONESYNC 0  // 1: one barrier per tile (K and V of the next tile copied together)
-#endif
-#ifndef ATT_WG_OVERLAP
-#define ATT_WG_OVERLAP 0  // 1: a tile's P·V left in flight while the next tile's Q Kᵀ is issued
-#endif
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
     attn_wgmma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                     bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
@@ -360,8 +354,8 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
 
     for (int j = first; j <= last; ++j) {
         const int stage = (j - first) & 1;
-#if ATT_WG_ONESYNC
-        // One barrier per tile: K and V of tile j + 1 are copied while tile j is computed.
+        // One barrier per tile: K and V of tile j + 1 are copied while tile j is computed (1.06x
+        // faster than a barrier before each of the two products on the H200).
         cp_wait<0>();
         wg_proxy_fence();
         __syncthreads();
@@ -370,13 +364,6 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
             load_tile_bf16(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
         }
         cp_commit();
-#else
-        cp_wait<1>();
-        wg_proxy_fence();
-        __syncthreads();
-        if (j < last) load_tile_bf16(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
-        cp_commit();
-#endif
         // S = Q Kᵀ: 16 keys of reduction per instruction, the descriptors' start 32 bytes further.
         float s[1][ATT_BK / 8][4];
         const u32 kaddr = smem_u32(ks[stage]);
@@ -388,13 +375,6 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
         wg_wait0();
         if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
         softmax_update(s, st, o, scale_log2);
-#if !ATT_WG_ONESYNC
-        cp_wait<1>();
-        wg_proxy_fence();
-        __syncthreads();
-        if (j < last) load_tile_bf16(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
-        cp_commit();
-#endif
         // O += P V: P as the A fragment (the same packing as attn_mma_bf16), V MN-major.
         u32 pa[ATT_BK / 16][4];
 #pragma unroll
@@ -409,13 +389,8 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
 #pragma unroll
         for (int kt = 0; kt < ATT_BK / 16; ++kt) wg_rs<1>(o[0], pa[kt], wg_desc(vaddr + kt * WG_V_STEP, WG_V_LBO, WG_V_SBO), 1);
         wg_commit();
-#if !ATT_WG_OVERLAP
         wg_wait0();
-#endif
     }
-#if ATT_WG_OVERLAP
-    wg_wait0();  // P·V of the last tile (otherwise waited with the next tile's Q Kᵀ)
-#endif
     att_store(y + off, o, st, wrow0, T, tok);
 }
 #endif
