@@ -331,6 +331,40 @@ fn inline_mixer_configs_parse() {
     assert!(err.contains("inline config"), "{err}");
 }
 
+/// `check` and `run` take the same `--mixer name{json}` form as `bench`: the inline config means
+/// what `--config` means (the same rows, the same output), and both at once is an error.
+#[test]
+fn check_and_run_take_inline_mixer_configs() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let check = |mixer: &str, config: Option<&str>| {
+        let mut args = vec!["check", "--backend", "cpu", "--mixer", mixer, "--seq", "20"];
+        if let Some(c) = config {
+            args.extend(["--config", c]);
+        }
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_mixers")).args(&args).output().expect("the mixers binary runs");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (code, inline) = check(r#"attention{"window":3}"#, None);
+    assert_eq!(code, Some(0), "{inline}");
+    let (code, separate) = check("attention", Some(r#"{"window":3}"#));
+    assert_eq!(code, Some(0), "{separate}");
+    assert!(inline.contains(r#""window":3"#), "{inline}");
+    // The rows agree (config, backend, form, dtype, mode, T and both errors) up to the timing.
+    let rows = |t: &str| -> Vec<String> {
+        t.lines().filter(|l| l.starts_with("| attention")).map(|l| l.split('|').take(10).collect()).collect()
+    };
+    assert_eq!(rows(&inline).len(), 6, "{inline}");
+    assert_eq!(rows(&inline), rows(&separate));
+    let (code, err) = mixers_cli(&["check", "--mixer", "attention{}", "--config", "{}"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("inline config"), "{err}");
+    let (code, err) =
+        mixers_cli(&["run", "--mixer", "glr{\"pattern\":", "--inputs", "none.npz", "--out", "x.npz"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("not valid JSON"), "{err}");
+}
+
 #[test]
 fn ratios_compare_forms_and_backends_at_equal_t() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());

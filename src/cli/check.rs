@@ -13,7 +13,8 @@ use super::table::{markdown, sci};
 /// Arguments of `mixers check`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Mixer to check (default: every registered mixer, with each of its example configs).
+    /// Mixer to check (default: every registered mixer, with each of its example configs); a JSON
+    /// config may follow the name (`attention{"window":100}`) instead of `--config`.
     #[arg(long)]
     mixer: Option<String>,
     /// JSON config for `--mixer` (default: the mixer's example configs).
@@ -236,7 +237,14 @@ pub(crate) fn run(a: Args) -> Result<i32> {
         ..defaults
     };
     check_sizes(&sizes)?;
-    let cases = cases(a.mixer.as_deref(), a.config.as_deref())?;
+    let (mixer, config) = match a.mixer.as_deref() {
+        Some(m) => {
+            let (name, config) = super::mixer_spec(m, a.config.as_deref())?;
+            (Some(name), config)
+        }
+        None => (None, None),
+    };
+    let cases = cases(mixer, config)?;
     if a.grad && a.precision == "exact" && a.dtype.is_none() {
         return super::check_grad::run(&cases, &backends, &sizes, a.seed, a.json.as_deref());
     }

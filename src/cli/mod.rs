@@ -90,6 +90,22 @@ fn run(cli: Cli) -> i32 {
     }
 }
 
+/// A `--mixer` value and `--config`: the mixer's name and its config text. The value may carry
+/// the config after the name (`glr{"pattern":"pow2"}`, as in `mixers bench`); giving it both
+/// inline and with `--config` is an error.
+pub(crate) fn mixer_spec<'a>(
+    spec: &'a str,
+    config: Option<&'a str>,
+) -> mixer_core::Result<(&'a str, Option<&'a str>)> {
+    match spec.find('{') {
+        Some(_) if config.is_some() => Err(mixer_core::Error::Io(format!(
+            "--mixer `{spec}` has an inline config and --config is given too; use one"
+        ))),
+        Some(i) => Ok((spec[..i].trim(), Some(&spec[i..]))),
+        None => Ok((spec.trim(), config)),
+    }
+}
+
 /// Parses a JSON config given on the command line.
 pub(crate) fn parse_config(s: Option<&str>) -> mixer_core::Result<serde_json::Value> {
     match s {

@@ -9,7 +9,8 @@ use mixer_registry::Backend;
 /// Arguments of `mixers run`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Registered mixer name.
+    /// Registered mixer name; a JSON config may follow it (`glr{"pattern":"sq1"}`) instead of
+    /// `--config`.
     #[arg(long)]
     mixer: String,
     /// JSON config (default `{}`).
@@ -88,8 +89,9 @@ fn grad_form(m: &dyn mixer_core::Mixer, backend: &str, asked: Option<&str>, forw
 }
 
 pub(crate) fn run(a: Args) -> Result<i32> {
-    let cfg = super::parse_config(a.config.as_deref())?;
-    let m = mixer_registry::mixer(&a.mixer, &cfg)?;
+    let (name, config) = super::mixer_spec(&a.mixer, a.config.as_deref())?;
+    let cfg = super::parse_config(config)?;
+    let m = mixer_registry::mixer(name, &cfg)?;
     let form: Form = a.form.parse()?;
     let backend = match &a.backend {
         Some(b) => Backend::by_name(b)?,

@@ -15,7 +15,8 @@ pub struct Args {
     #[arg(long)]
     task: String,
     /// Registered mixer name (attention, local-attention, glr, diagonal-ssm, kth-order,
-    /// dense-recurrence, mamba2, gated-deltanet, loglinear-*, toeplitz, …).
+    /// dense-recurrence, mamba2, gated-deltanet, loglinear-*, toeplitz, …); a JSON config may
+    /// follow the name (`glr{"pattern":"sq1"}`) instead of `--config`.
     #[arg(long)]
     mixer: String,
     /// The mixer's JSON config (default `{}`; e.g. `{"pattern": "sq1"}` for glr).
@@ -109,9 +110,10 @@ fn config(a: &Args) -> Result<TrainConfig> {
     }
     v["task"]["task"] = serde_json::json!(task.name());
     cfg = serde_json::from_value(v).map_err(|e| Error::Io(format!("run configuration: {e}")))?;
-    cfg.mixer = a.mixer.clone();
-    if a.config.is_some() {
-        cfg.mixer_config = super::parse_config(a.config.as_deref())?;
+    let (name, config) = super::mixer_spec(&a.mixer, a.config.as_deref())?;
+    cfg.mixer = name.to_string();
+    if config.is_some() {
+        cfg.mixer_config = super::parse_config(config)?;
     }
     macro_rules! set {
         ($($f:ident),*) => { $( if let Some(x) = a.$f { cfg.$f = x; } )* };

@@ -91,16 +91,13 @@ impl Args {
         let mixers = self
             .mixer
             .iter()
-            .map(|m| match m.find('{') {
-                Some(_) if self.config.is_some() => Err(Error::Io(format!(
-                    "--mixer `{m}` has an inline config and --config is given too; use one"
-                ))),
-                Some(i) => {
-                    serde_json::from_str(&m[i..]).map(|c| (m[..i].trim().to_string(), c)).map_err(|e| {
+            .map(|m| match crate::cli::mixer_spec(m, self.config.as_deref())? {
+                (name, Some(inline)) if self.config.is_none() => {
+                    serde_json::from_str(inline).map(|c| (name.to_string(), c)).map_err(|e| {
                         Error::Io(format!("--mixer `{m}`: the config after the name is not valid JSON ({e})"))
                     })
                 }
-                None => Ok((m.trim().to_string(), cfg.clone())),
+                (name, _) => Ok((name.to_string(), cfg.clone())),
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(Options {
