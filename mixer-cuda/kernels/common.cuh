@@ -25,6 +25,13 @@ __device__ __forceinline__ bool mx_aligned(const void* p, unsigned bytes) {
     return ((unsigned long long)p & (bytes - 1)) == 0;
 }
 
+// bf16 (its 16 bits) to f32, exact; four at once from 8 bytes (element 0 in the low half of .x).
+__device__ __forceinline__ float mx_bf16_f32(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
+__device__ __forceinline__ float4 mx_bf16x4_f32(uint2 u) {
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+
 // f32 rounded to tf32 (round to nearest, ties away), as the bits the tensor cores take.
 __device__ __forceinline__ unsigned mx_tf32(float x) {
     unsigned r;

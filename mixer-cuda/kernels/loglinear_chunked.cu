@@ -478,7 +478,7 @@ typedef unsigned short lld_bf16;
 template <typename TI>
 __device__ constexpr int lld_smem() { return 3 * 64 * 64 * (int)sizeof(TI) + 64 * 64 * 4; }
 __device__ __forceinline__ float lld_f(float x) { return x; }
-__device__ __forceinline__ float lld_f(lld_bf16 b) { return __uint_as_float((unsigned)b << 16); }
+__device__ __forceinline__ float lld_f(lld_bf16 b) { return mx_bf16_f32(b); }
 // Four entries p[off + c .. + 3] as f32, those at or past D read as 0 (llc_ld4; the bf16 form loads
 // 8 bytes when vec: D % 4 = 0 and p 8-byte aligned).
 __device__ __forceinline__ float4 lld_ld4(const float* p, long long off, int c, int D, bool vec) {
@@ -487,11 +487,7 @@ __device__ __forceinline__ float4 lld_ld4(const float* p, long long off, int c, 
 __device__ __forceinline__ float4 lld_ld4(const lld_bf16* p, long long off, int c, int D, bool vec) {
     float4 r = {0.f, 0.f, 0.f, 0.f};
     if (vec) {
-        if (c < D) {
-            const uint2 u = *reinterpret_cast<const uint2*>(p + off + c);
-            r = float4{__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
-                       __uint_as_float(u.y & 0xffff0000u)};
-        }
+        if (c < D) r = mx_bf16x4_f32(*reinterpret_cast<const uint2*>(p + off + c));
     } else {
         if (c < D) r.x = lld_f(p[off + c]);
         if (c + 1 < D) r.y = lld_f(p[off + c + 1]);

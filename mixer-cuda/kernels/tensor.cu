@@ -10,8 +10,6 @@ __device__ inline unsigned short f32_to_bf16_bits(float x) {
     return (unsigned short)(u >> 16);
 }
 
-__device__ inline float bf16_bits_to_f32(unsigned short b) { return __uint_as_float(((unsigned int)b) << 16); }
-
 // The element loops below take four elements per access where the pointers allow (a view into a
 // larger tensor may start anywhere: 8 bytes of bf16, 16 of f32, so that a warp's loads and its
 // stores each cover one contiguous span) over the first n − n mod 4 elements, then one at a time.
@@ -22,12 +20,10 @@ extern "C" __global__ void bf16_to_f32(const unsigned short* a, float* out, long
     if (mx_aligned(a, 8) && mx_aligned(out, 16)) {
         done = n / 4 * 4;
         for (long long v = gtid(); v < n / 4; v += stride) {
-            const uint2 x = reinterpret_cast<const uint2*>(a)[v];
-            reinterpret_cast<float4*>(out)[v] = make_float4(__uint_as_float(x.x << 16), __uint_as_float(x.x & 0xffff0000u),
-                                                            __uint_as_float(x.y << 16), __uint_as_float(x.y & 0xffff0000u));
+            reinterpret_cast<float4*>(out)[v] = mx_bf16x4_f32(reinterpret_cast<const uint2*>(a)[v]);
         }
     }
-    for (long long i = done + gtid(); i < n; i += stride) out[i] = bf16_bits_to_f32(a[i]);
+    for (long long i = done + gtid(); i < n; i += stride) out[i] = mx_bf16_f32(a[i]);
 }
 
 extern "C" __global__ void f32_to_bf16(const float* a, unsigned short* out, long long n) {
@@ -60,7 +56,7 @@ __device__ inline bool value_ok(double x, int c) {
 
 __device__ inline double check_value(float x) { return x; }
 __device__ inline double check_value(double x) { return x; }
-__device__ inline double check_value(unsigned short b) { return bf16_bits_to_f32(b); }
+__device__ inline double check_value(unsigned short b) { return mx_bf16_f32(b); }
 
 template <typename T>
 __device__ inline void check_one(const T* a, long long i, long long n, int c, long long* flag) {
