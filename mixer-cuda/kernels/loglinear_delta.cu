@@ -216,7 +216,10 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     const int r = mr + gi + (u < 2 ? 0 : 8), col = c0 + nb + nt * 8 + 2 * tg + (u & 1);
-                    if (r < n && col < D) dst[(row0 + (long long)r * H) * D + col] = o[nt][u];
+                    // W is stored rounded to tf32: its readers (the sequential pass, the lift's
+                    // outputs) take it as a tensor-core operand only, and skip the rounding.
+                    if (r < n && col < D)
+                        dst[(row0 + (long long)r * H) * D + col] = pass == 0 ? __uint_as_float(mx_tf32(o[nt][u])) : o[nt][u];
                 }
             __syncthreads();
         }
@@ -587,13 +590,15 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
 #else
 #pragma unroll 2
 #endif
+                    // W arrives rounded to tf32 (llc_wy_tc stores it so): its bits go to the
+                    // tensor cores as they are; S is kept in f32 and rounded here.
                     for (; c8 + 16 <= DKP; c8 += 16) {
-                        mx_mma_tf32(acc, mx_tf32(wr[c8]), mx_tf32(wr[8 * LDK + c8]), mx_tf32(wr[c8 + 4]),
-                                    mx_tf32(wr[8 * LDK + c8 + 4]), mx_tf32(sr[c8 * LDT_LDS]),
-                                    mx_tf32(sr[(c8 + 4) * LDT_LDS]));
-                        mx_mma_tf32(acc2, mx_tf32(wr[c8 + 8]), mx_tf32(wr[8 * LDK + c8 + 8]), mx_tf32(wr[c8 + 12]),
-                                    mx_tf32(wr[8 * LDK + c8 + 12]), mx_tf32(sr[(c8 + 8) * LDT_LDS]),
-                                    mx_tf32(sr[(c8 + 12) * LDT_LDS]));
+                        mx_mma_tf32(acc, __float_as_uint(wr[c8]), __float_as_uint(wr[8 * LDK + c8]),
+                                    __float_as_uint(wr[c8 + 4]), __float_as_uint(wr[8 * LDK + c8 + 4]),
+                                    mx_tf32(sr[c8 * LDT_LDS]), mx_tf32(sr[(c8 + 4) * LDT_LDS]));
+                        mx_mma_tf32(acc2, __float_as_uint(wr[c8 + 8]), __float_as_uint(wr[8 * LDK + c8 + 8]),
+                                    __float_as_uint(wr[c8 + 12]), __float_as_uint(wr[8 * LDK + c8 + 12]),
+                                    mx_tf32(sr[(c8 + 8) * LDT_LDS]), mx_tf32(sr[(c8 + 12) * LDT_LDS]));
                     }
                 }
 #pragma unroll
@@ -605,7 +610,8 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
                         un = (lifted && e >= 1) ? ws : Uc[s * LLC_DVT + dd] - ws;
                         if (!lifted) Vn[(row0 + (long long)s * H) * Dv + d] = un;
                     }
-                    Un[s * LDT_LDS + dd] = sign * dec[s] * un;
+                    // Rounded once here rather than at each of its DKP / 16 reads in product 2.
+                    Un[s * LDT_LDS + dd] = __uint_as_float(mx_tf32(sign * dec[s] * un));
                 }
             }
             __syncthreads();
@@ -625,11 +631,11 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
 #pragma unroll
                 for (; s8 + 16 <= CH; s8 += 16) {
                     mx_mma_tf32(st, mx_tf32(kr[s8 * LDK]), mx_tf32(kr[s8 * LDK + 8]), mx_tf32(kr[(s8 + 4) * LDK]),
-                                mx_tf32(kr[(s8 + 4) * LDK + 8]), mx_tf32(ur[s8 * LDT_LDS]),
-                                mx_tf32(ur[(s8 + 4) * LDT_LDS]));
+                                mx_tf32(kr[(s8 + 4) * LDK + 8]), __float_as_uint(ur[s8 * LDT_LDS]),
+                                __float_as_uint(ur[(s8 + 4) * LDT_LDS]));
                     mx_mma_tf32(st2, mx_tf32(kr[(s8 + 8) * LDK]), mx_tf32(kr[(s8 + 8) * LDK + 8]),
                                 mx_tf32(kr[(s8 + 12) * LDK]), mx_tf32(kr[(s8 + 12) * LDK + 8]),
-                                mx_tf32(ur[(s8 + 8) * LDT_LDS]), mx_tf32(ur[(s8 + 12) * LDT_LDS]));
+                                __float_as_uint(ur[(s8 + 8) * LDT_LDS]), __float_as_uint(ur[(s8 + 12) * LDT_LDS]));
                 }
 #pragma unroll
                 for (int u = 0; u < 4; ++u)
