@@ -414,6 +414,13 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 // publishes the loaded tiles and the decays.
 // Grid (BH, ⌈Dv/16⌉), 288 threads (LDT_THREADS); dynamic shared memory: see delta_h_tc_smem on the host.
 #define LDT_LDS 24
+// k as the tensor cores' operand: rounded to tf32, or (-DDH_K_TF32=1, the bf16 mode, where k holds
+// bf16 values, which tf32 represents exactly) its bits as they are.
+#ifdef DH_K_TF32
+#define DH_KOP(x) __float_as_uint(x)
+#else
+#define DH_KOP(x) mx_tf32(x)
+#endif
 __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
                                float* Hs, int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots,
                                int ST) {
@@ -630,11 +637,11 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
                 // at n, measured on the H200).
 #pragma unroll
                 for (; s8 + 16 <= CH; s8 += 16) {
-                    mx_mma_tf32(st, mx_tf32(kr[s8 * LDK]), mx_tf32(kr[s8 * LDK + 8]), mx_tf32(kr[(s8 + 4) * LDK]),
-                                mx_tf32(kr[(s8 + 4) * LDK + 8]), __float_as_uint(ur[s8 * LDT_LDS]),
+                    mx_mma_tf32(st, DH_KOP(kr[s8 * LDK]), DH_KOP(kr[s8 * LDK + 8]), DH_KOP(kr[(s8 + 4) * LDK]),
+                                DH_KOP(kr[(s8 + 4) * LDK + 8]), __float_as_uint(ur[s8 * LDT_LDS]),
                                 __float_as_uint(ur[(s8 + 4) * LDT_LDS]));
-                    mx_mma_tf32(st2, mx_tf32(kr[(s8 + 8) * LDK]), mx_tf32(kr[(s8 + 8) * LDK + 8]),
-                                mx_tf32(kr[(s8 + 12) * LDK]), mx_tf32(kr[(s8 + 12) * LDK + 8]),
+                    mx_mma_tf32(st2, DH_KOP(kr[(s8 + 8) * LDK]), DH_KOP(kr[(s8 + 8) * LDK + 8]),
+                                DH_KOP(kr[(s8 + 12) * LDK]), DH_KOP(kr[(s8 + 12) * LDK + 8]),
                                 __float_as_uint(ur[(s8 + 8) * LDT_LDS]), __float_as_uint(ur[(s8 + 12) * LDT_LDS]));
                 }
 #pragma unroll

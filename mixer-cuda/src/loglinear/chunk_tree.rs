@@ -377,7 +377,13 @@ pub(crate) fn run_delta<F: GpuReal>(
         Some(s) => ("llc_delta_h_tc", delta_h_tc_smem(dk, levels, s), s),
         None => ("llc_delta_h", smem, 0),
     };
-    let f = k(name)?;
+    // In the bf16 mode k holds bf16 values, exact in tf32: the pass takes their bits as they are.
+    let f = if stages > 0 && p == Precision::Bf16 {
+        let opts = [dims[0].clone(), dims[1].clone(), "-DDH_K_TF32=1".to_string()];
+        g.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &opts, &format!("{name}_{}", F::SUFFIX))?
+    } else {
+        k(name)?
+    };
     opt_in(FAMILY, &f)?;
     let cfg = LaunchConfig {
         grid_dim: (bh as u32, dv.div_ceil(16) as u32, 1),
