@@ -35,7 +35,7 @@
 //! (batch, head) (`O(T)` memory). Work is parallel over `T/CH × B·H × ⌈D_v/64⌉` blocks; only
 //! the `⌊log₂(T/CH)⌋` tree launches are ordered.
 
-use cudarc::driver::{CudaView, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaView, DeviceRepr, LaunchConfig};
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Precision, Result};
 
@@ -137,12 +137,7 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Preci
     if !lifted {
         // Without a lift each chunk reads one state: the level-0 entries become the states
         // entering the chunks (`llc_scan`, in place) and pass 3 reads them directly.
-        let cfg = LaunchConfig {
-            grid_dim: ((dk * dv).div_ceil(256) as u32, bhi as u32, 1),
-            block_dim: block,
-            shared_mem_bytes: 0,
-        };
-        launch!(g, FAMILY, k("llc_scan")?, cfg; &mut *tree, &*decays, &dki, &dvi, &nci)?;
+        scan(&k("llc_scan")?, &mut tree, &decays, [dk, dv], [dki, dvi, nci, bhi])?;
         outputs(ll, x, &vv, &tree, &decays, levels, false, true, p, &mut y)?;
         return Ok(y);
     }
@@ -203,23 +198,19 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
     };
     launch!(gpu, FAMILY, kernel("llc_states_tc_bf16")?, cfg;
         &kv, &vv, &gv, &has_g, &mut *states, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?;
-    let cfg = LaunchConfig {
-        grid_dim: ((dk * dv).div_ceil(256) as u32, bhi as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    launch!(gpu, FAMILY, kernel("llc_scan_f32")?, cfg; &mut *states, &*decays, &dki, &dvi, &nci)?;
+    scan(&kernel("llc_scan_f32")?, &mut states, &decays, [dk, dv], [dki, dvi, nci, bhi])?;
     let mut y = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
     let f = kernel("llc_out_direct_tc_bf16")?;
-    opt_in(FAMILY, &f)?;
-    let cfg = LaunchConfig {
-        grid_dim: (nc as u32, bhi as u32, dv.div_ceil(64) as u32),
-        block_dim: (128, 1, 1),
-        shared_mem_bytes: OUT_DIRECT_SMEM_BF16,
-    };
-    let scale = ll.scale;
-    launch!(gpu, FAMILY, f, cfg;
-        &qv, &kv, &vv, &gv, &has_g, &*states, &mut *y, &ti, &hi, &dki, &dvi, &nci, &scale)?;
+    out_direct(
+        ll,
+        f,
+        [nc, dv],
+        [ti, hi, dki, dvi, nci, bhi],
+        [&qv, &kv, &vv],
+        (&gv, has_g),
+        &states,
+        &mut y,
+    )?;
     Ok(Some(AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?)))
 }
 
@@ -252,14 +243,8 @@ pub(crate) fn outputs<F: GpuReal>(
         // One state per chunk and Dk ≤ 64: every tile of a block copied at once (`llc_out_direct_tc`).
         let f =
             g.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &fixed_dims(dk, dv), "llc_out_direct_tc_f32")?;
-        opt_in(FAMILY, &f)?;
-        let cfg = LaunchConfig {
-            grid_dim: (nc as u32, bh, dv.div_ceil(64) as u32),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: OUT_DIRECT_SMEM,
-        };
-        return launch!(g, FAMILY, f, cfg;
-            &qv, &kv, v, &gv, &has_g, &**states, &mut **y, &ti, &hi, &dki, &dvi, &nci, &scale);
+        let ints = [ti, hi, dki, dvi, nci, bh as i32];
+        return out_direct(ll, f, [nc, dv], ints, [&qv, &kv, v], (&gv, has_g), states, y);
     }
     let (name, threads) = if tensor_cores::<F>(p) { ("llc_out_tc", 128) } else { ("llc_out", 256) };
     let f =
@@ -292,11 +277,48 @@ pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize) -> usize 
     (levels * dkp * 24 + stages * (2 * ch * ldk + ch * 16) + ch * 24 + 2 * (ch + 1)) * 4
 }
 
-/// Dynamic shared memory of `llc_out_direct_tc`: its Q, K, V and state tiles, `[64][64]` floats each
-/// (`LLD_SMEM` in the kernel).
-const OUT_DIRECT_SMEM: u32 = 4 * 64 * 64 * 4;
-/// The same with bf16 activations: three `[64][64]` bf16 tiles and the f32 state.
-const OUT_DIRECT_SMEM_BF16: u32 = 3 * 64 * 64 * 2 + 64 * 64 * 4;
+/// Pass 2 without a lift (`llc_scan`, function `f`): every entry of the chunk states `[B·H][NC][Dk][Dv]`
+/// becomes, in place, the state entering its chunk. `ints`: `[Dk, Dv, chunks, B·H]`.
+fn scan<F: GpuReal>(
+    f: &CudaFunction,
+    states: &mut Pooled<F>,
+    decays: &Pooled<f64>,
+    [dk, dv]: [usize; 2],
+    [dki, dvi, nci, bhi]: [i32; 4],
+) -> Result<()> {
+    let cfg = LaunchConfig {
+        grid_dim: ((dk * dv).div_ceil(256) as u32, bhi as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(gpu()?, FAMILY, f.clone(), cfg; &mut **states, &**decays, &dki, &dvi, &nci)
+}
+
+/// Pass 3 with one state per chunk and `Dk ≤ 64` (`llc_out_direct_tc_f32` or `_bf16`, function `f`):
+/// `q`, `k`, `v` and `y` of type `T` (f32, or bf16 as stored), `g` and the states entering the
+/// chunks of type `S` (f32). Dynamic shared memory: the Q, K, V tiles `[64][64]` of `T` and the
+/// state tile of f32 (`lld_smem` in the kernel). `ints`: `[T, H, Dk, Dv, chunks, B·H]`.
+#[allow(clippy::too_many_arguments)]
+fn out_direct<T: DeviceRepr, S: DeviceRepr>(
+    ll: &LogLinear,
+    f: CudaFunction,
+    [nc, dv]: [usize; 2],
+    [ti, hi, dki, dvi, nci, bhi]: [i32; 6],
+    [q, k, v]: [&CudaView<'_, T>; 3],
+    (g, has_g): (&CudaView<'_, S>, i32),
+    states: &Pooled<S>,
+    y: &mut Pooled<T>,
+) -> Result<()> {
+    opt_in(FAMILY, &f)?;
+    let cfg = LaunchConfig {
+        grid_dim: (nc as u32, bhi as u32, dv.div_ceil(64) as u32),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: (3 * 64 * 64 * std::mem::size_of::<T>() + 64 * 64 * 4) as u32,
+    };
+    let scale = ll.scale;
+    launch!(gpu()?, FAMILY, f, cfg;
+        q, k, v, g, &has_g, &**states, &mut **y, &ti, &hi, &dki, &dvi, &nci, &scale)
+}
 
 /// Dynamic shared memory of `llc_wy_tc` (`X`, `Lm`, `Tt`: `[64][68]`, `[64][65]`, `[64][68]`
 /// floats) and of `llc_out_dl_tc` (three `[64][68]` tiles): the larger of the two.
