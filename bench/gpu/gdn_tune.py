@@ -15,7 +15,8 @@ VARIANT is `file.cu:function:threads[:NAME=V,NAME=V]` (compiled after common.cuh
 loglinear_chunk.cuh, as the host does): compile-time defines, except `SMEM=n` (the dynamic shared
 memory of the launch; default: what the host gives that kernel) and `ARG_ST=n`,
 which passes n as one more kernel argument (the shipped `llc_delta_h_tc` takes its number of
-buffers so). Default: the shipped tensor-core kernel (`llc_delta_h_tc_f32:288:ARG_ST=3`: 288 threads, eight computing
+buffers so). `llc_delta_h_rg_f32:32·DHR_WARPS:DHR_WARPS=w,DHR_ST=s` is the pass without a lift with
+the state in registers (grid over value columns in blocks of 16·w). Default: the shipped tensor-core kernel (`llc_delta_h_tc_f32:288:ARG_ST=3`: 288 threads, eight computing
 warps and the decay warp; or
 `llc_wy_tc_f32:256`). Inputs are synthetic but shaped like the real ones: unit-norm key rows,
 β in (0, 1), log-decays in (−0.05, 0); for delta_h W = 0.5·K (so that the state update
@@ -63,6 +64,10 @@ def launch_smem(name, defs):
         return 3 * 64 * 68 * 4
     if name.startswith("llc_wy"):
         return 0
+    if name.startswith("llc_delta_h_rg"):
+        # per buffer W, K (rows ≡ 8 and ≡ 4 mod 32), U (16·warps columns + 4) and the log-decays
+        r = (dkp + 31) // 32 * 32
+        return int(d.get("DHR_ST", 3)) * CH * ((r + 8) + (r + 4) + 16 * int(d.get("DHR_WARPS", 1)) + 4 + 1) * 4
     if name.startswith("llc_delta_h_tc"):
         st = int(d.get("ARG_ST", 3))
         # enough for both layouts: per buffer W, K, U (and g before the decay warp), then the new
@@ -81,14 +86,17 @@ W = (0.5 * k).astype(cp.float32)
 # W as llc_wy_tc stores it for the sequential pass: rounded to tf32 (nearest, ties away).
 W = ((W.view(cp.uint32) + cp.uint32(0x1000)) & cp.uint32(0xFFFFE000)).view(cp.float32)
 
-def args_and_outputs(defs):
+def args_and_outputs(name, defs):
     """The kernel's arguments, grid and the outputs it writes (compared in this order)."""
     extra = tuple(np.int32(int(d.split("=")[1])) for d in defs.split(",") if d.startswith("ARG_ST="))
     if a.kernel == "delta_h":
         Vn = cp.zeros((B, T, H, D) if not a.lifted else 1, cp.float32)
         Hs = cp.zeros((B * H, slots, D, D), cp.float32)
-        args = (k, g, np.int32(1), W, U, Vn, Hs, np.int32(T), np.int32(H), np.int32(D), np.int32(D), np.int32(nc),
-                np.int32(int(a.lifted)), np.int32(E), np.int64(slots)) + extra
+        args = (k, g, np.int32(1), W, U, Vn, Hs, np.int32(T), np.int32(H), np.int32(D), np.int32(D), np.int32(nc))
+        if name.startswith("llc_delta_h_rg"):  # no lift; warps of 16 value columns
+            warps = int(dict(x.split("=") for x in defs.split(",") if "=" in x).get("DHR_WARPS", 1))
+            return args, (B * H, (D + 16 * warps - 1) // (16 * warps)), {"Hs": Hs, "Vn": Vn}
+        args += (np.int32(int(a.lifted)), np.int32(E), np.int64(slots)) + extra
         return args, (B * H, (D + 15) // 16), {"Hs": Hs} if a.lifted else {"Hs": Hs, "Vn": Vn}
     Wo = cp.zeros((B, T, H, D), cp.float32)
     Uo = cp.zeros((B, T, H, D), cp.float32)
@@ -102,7 +110,7 @@ def args_and_outputs(defs):
 
 def run(path, name, threads, defs=""):
     f = function(path, name, defs)
-    args, grid, outs = args_and_outputs(defs)
+    args, grid, outs = args_and_outputs(name, defs)
     launch = lambda: f(grid, (threads,), args, shared_mem=f.max_dynamic_shared_size_bytes)
     launch()
     cp.cuda.Device().synchronize()

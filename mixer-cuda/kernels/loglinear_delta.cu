@@ -421,6 +421,21 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 #else
 #define DH_KOP(x) mx_tf32(x)
 #endif
+// A chunk's decays from its log-decays, two tokens per lane of a warp (x0, x1: tokens 2·lane and
+// 2·lane + 1, 0 past the chunk's n tokens): γ (chunk-local prefix sums) by a warp scan, then
+// d0, d1 = e^{a − γ_s} for those tokens (0 from n on); returns e^{a} (a = γ of the last token).
+__device__ __forceinline__ float ldt_decays(int lane, int n, float x0, float x1, float& d0, float& d1) {
+    float inc = x0 + x1;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const float y = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += y;
+    }
+    const float alast = __shfl_sync(0xffffffffu, inc, 31);
+    d0 = 2 * lane < n ? __expf(alast - (inc - x1)) : 0.f;
+    d1 = 2 * lane + 1 < n ? __expf(alast - inc) : 0.f;
+    return __expf(alast);
+}
 __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
                                float* Hs, int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots,
                                int ST) {
@@ -499,17 +514,11 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
         if (2 * lane + 1 < n) x1 = g[row0 + (long long)(2 * lane + 1) * H];
     };
     auto decays = [&](int j, float x0, float x1, float* dst) {
-        const int n = min(CH, Tn - j * CH);
-        float inc = x0 + x1;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const float y = __shfl_up_sync(0xffffffffu, inc, o);
-            if (lane >= o) inc += y;
-        }
-        const float alast = __shfl_sync(0xffffffffu, inc, 31);
-        dst[2 * lane] = 2 * lane < n ? __expf(alast - (inc - x1)) : 0.f;
-        dst[2 * lane + 1] = 2 * lane + 1 < n ? __expf(alast - inc) : 0.f;
-        if (lane == 0) dst[CH] = __expf(alast);
+        float d0, d1;
+        const float tot = ldt_decays(lane, min(CH, Tn - j * CH), x0, x1, d0, d1);
+        dst[2 * lane] = d0;
+        dst[2 * lane + 1] = d1;
+        if (lane == 0) dst[CH] = tot;
     };
     float gx0 = 0.f, gx1 = 0.f;  // the decay warp: chunk j + 1's log-decays during chunk j
     if (dwarp) {
@@ -658,6 +667,184 @@ extern "C" __global__ void __launch_bounds__(LDT_THREADS, 1)
     llc_delta_h_tc_f32(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn, float* Hs,
                        int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots, int stages) {
     llc_delta_h_tc(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, lifted, E, slots, stages);
+}
+
+// 5''. Gated DeltaNet's sequential pass without a lift, the state in registers (tf32 / bf16 modes,
+// f32 data): the same pass as llc_delta_h_tc with lifted = 0, the same operand roundings, and no
+// barrier inside a chunk. Each warp owns 16 value columns of the state for all keys, held
+// transposed (Sᵀ, 16 × DKP) as the accumulators of DKP/8 m16n8k8 tf32 tiles, and per chunk j
+//   Hs_j = S (the entering state),
+//   U'ᵀ = Uᵀ − Sᵀ Wᵀ (the new values, written to Vn; 8 tiles of 8 tokens, DKP/8 k-steps),
+//   Sᵀ ← e^{a_j} Sᵀ + (U'ᵀ diag(e^{a_j − γ_s})) K (DKP/8 tiles, 8 k-steps over the tokens).
+// No value crosses lanes between the products: an mma's k index may be relabelled as long as both
+// operands use the same relabelling, and with k = t ↔ 2t, k = t + 4 ↔ 2t + 1 (t = lane mod 4)
+// an accumulator tile (c0, c1, c2, c3) = (C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1])
+// (g = lane / 4) is the A fragment (c0, c2, c1, c3) of the next product, whose B fragment then
+// reads rows (or columns) 2t and 2t + 1 of W or K. The chunk's W, K, U and log-decays are loaded
+// ST − 1 chunks ahead (cp.async) into ST buffers shared by the block's NWV warps, one barrier per
+// chunk; each warp takes the decays itself (ldt_decays) and hands them to the lanes by shuffles.
+// Grid (BH, ⌈Dv / (16·NWV)⌉), 32·NWV threads; dynamic shared memory ST · delta_h_rg_stage floats
+// (delta_h_rg_smem on the host).
+template <int DKP, int NWV, int ST>
+__device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
+                               float* Hs, int Tn, int H, int Dk, int Dv, int nc) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = 64, NT = 32 * NWV, KT = DKP / 8, VB = 16 * NWV;
+    // Row strides: W ≡ 8 (mod 32) floats for its float2 fragment loads, K ≡ 4 and U ≡ 4 (mod 16)
+    // for scalar loads from rows 2t and 2t + 1: every fragment load hits 32 distinct banks.
+    constexpr int LDW = (DKP + 31) / 32 * 32 + 8, LDK = (DKP + 31) / 32 * 32 + 4, LDU = VB + 4;
+    constexpr int STAGE = CH * (LDW + LDK + LDU + 1);
+    extern __shared__ unsigned char llc_dyn[];
+    float* smem = reinterpret_cast<float*>(llc_dyn);
+    const int bh = blockIdx.x, b = bh / H, h = bh % H;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const int v0 = blockIdx.y * VB, dw = warp * 16;  // the block's first value column, the warp's within it
+    const long long DD = (long long)Dk * Dv;
+    const bool vk = Dk % 4 == 0 && llc_al16(k) && llc_al16(W);
+    const bool vu = Dv % 4 == 0 && llc_al16(U);
+    // Chunk j's W, K (rows padded to LDW, LDK; columns Dk..DKP zero), U (the block's VB columns) and
+    // log-decays into buffer j mod ST; rows past the chunk's end are zero. One commit group per
+    // call, empty past the last chunk.
+    auto prefetch = [&](int j) {
+        if (j < nc) {
+            float* Ws = smem + (j % ST) * STAGE;
+            float* Ks = Ws + CH * LDW;
+            float* Us = Ks + CH * LDK;
+            float* gs = Us + CH * LDU;
+            const int i0 = j * CH, n = min(CH, Tn - i0);
+            const long long row0 = ((long long)b * Tn + i0) * H + h;
+            if (vk) {
+                constexpr int Q = DKP / 4;
+                for (int idx = tid; idx < CH * Q; idx += NT) {
+                    const int s = idx / Q, c = idx % Q * 4, ok = s < n && c < Dk;
+                    const long long at = (row0 + (long long)s * H) * Dk + c;
+                    llc_cp_async16(Ws + s * LDW + c, ok ? W + at : W, ok);
+                    llc_cp_async16(Ks + s * LDK + c, ok ? k + at : k, ok);
+                }
+            } else {
+                for (int idx = tid; idx < CH * DKP; idx += NT) {
+                    const int s = idx / DKP, c = idx % DKP, ok = s < n && c < Dk;
+                    const long long at = ok ? (row0 + (long long)s * H) * Dk + c : 0;
+                    llc_cp_async(Ws + s * LDW + c, W + at, 4, ok);
+                    llc_cp_async(Ks + s * LDK + c, k + at, 4, ok);
+                }
+            }
+            if (vu) {
+                constexpr int Q = VB / 4;
+                for (int idx = tid; idx < CH * Q; idx += NT) {
+                    const int s = idx / Q, c = idx % Q * 4, ok = s < n && v0 + c < Dv;
+                    llc_cp_async16(Us + s * LDU + c, ok ? U + (row0 + (long long)s * H) * Dv + v0 + c : U, ok);
+                }
+            } else {
+                for (int idx = tid; idx < CH * VB; idx += NT) {
+                    const int s = idx / VB, c = idx % VB, ok = s < n && v0 + c < Dv;
+                    llc_cp_async(Us + s * LDU + c, U + (ok ? (row0 + (long long)s * H) * Dv + v0 + c : 0), 4, ok);
+                }
+            }
+            for (int s = tid; s < CH; s += NT) {
+                const int ok = has_g && s < n;
+                llc_cp_async(gs + s, g + (ok ? row0 + (long long)s * H : 0), 4, ok);
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    for (int j = 0; j < ST - 1; ++j) prefetch(j);
+    float S[KT][4];  // Sᵀ: tile kk holds keys 8kk .. 8kk + 7 as (k = 2t, 2t + 1) × (values g, g + 8)
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) S[kk][u] = 0.f;
+    const int dg = v0 + dw + gi;  // this lane's value columns dg and dg + 8
+    for (int j = 0; j < nc; ++j) {
+        // Chunk j's group is complete once at most ST − 2 younger ones are pending; the barrier
+        // publishes it and frees chunk j − 1's buffer, which the prefetch below overwrites.
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2) : "memory");
+        __syncthreads();
+        prefetch(j + ST - 1);
+        const float* Ws = smem + (j % ST) * STAGE;
+        const float* Ks = Ws + CH * LDW;
+        const float* Us = Ks + CH * LDK;
+        const float* gs = Us + CH * LDU;
+        const int i0 = j * CH, n = min(CH, Tn - i0);
+        const long long row0 = ((long long)b * Tn + i0) * H + h;
+        float* Hj = Hs + ((long long)bh * nc + j) * DD;
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int c = 8 * kk + 2 * tg + (u & 1), d = dg + (u < 2 ? 0 : 8);
+                if (c < Dk && d < Dv) Hj[(long long)c * Dv + d] = S[kk][u];
+            }
+        float d0, d1;
+        const float tot = ldt_decays(lane, n, gs[2 * lane], gs[2 * lane + 1], d0, d1);
+        // U'ᵀ = Uᵀ − Sᵀ Wᵀ: tile nt holds tokens 8nt + 2t, 8nt + 2t + 1 (columns) of values g, g + 8.
+        float P[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const float* ur = Us + (8 * nt + 2 * tg) * LDU + dw + gi;
+            P[nt][0] = ur[0];
+            P[nt][1] = ur[LDU];
+            P[nt][2] = ur[8];
+            P[nt][3] = ur[LDU + 8];
+        }
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk) {
+            // −S rounded to tf32 (the rounding is odd, so this is −tf32(S)); W arrives rounded.
+            const unsigned a0 = mx_tf32(-S[kk][0]), a1 = mx_tf32(-S[kk][2]), a2 = mx_tf32(-S[kk][1]),
+                           a3 = mx_tf32(-S[kk][3]);
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                const float2 w = *reinterpret_cast<const float2*>(Ws + (8 * nt + gi) * LDW + 8 * kk + 2 * tg);
+                mx_mma_tf32(P[nt], a0, a1, a2, a3, __float_as_uint(w.x), __float_as_uint(w.y));
+            }
+        }
+        // The new values out (tokens before n, columns before Dv), then scaled by their decays
+        // (0 from n on) and rounded once for the state update.
+        unsigned A[8][4];
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const float e0 = __shfl_sync(0xffffffffu, d0, 4 * nt + tg), e1 = __shfl_sync(0xffffffffu, d1, 4 * nt + tg);
+            const int s = 8 * nt + 2 * tg;
+            if (s < n && dg < Dv) Vn[(row0 + (long long)s * H) * Dv + dg] = P[nt][0];
+            if (s + 1 < n && dg < Dv) Vn[(row0 + (long long)(s + 1) * H) * Dv + dg] = P[nt][1];
+            if (s < n && dg + 8 < Dv) Vn[(row0 + (long long)s * H) * Dv + dg + 8] = P[nt][2];
+            if (s + 1 < n && dg + 8 < Dv) Vn[(row0 + (long long)(s + 1) * H) * Dv + dg + 8] = P[nt][3];
+            A[nt][0] = mx_tf32(e0 * P[nt][0]);
+            A[nt][1] = mx_tf32(e0 * P[nt][2]);
+            A[nt][2] = mx_tf32(e1 * P[nt][1]);
+            A[nt][3] = mx_tf32(e1 * P[nt][3]);
+        }
+        // Sᵀ ← e^{a_j} Sᵀ + (scaled U'ᵀ) K: k-steps over the chunk's tokens (rows n..63 of K and of
+        // the scaled values are zero).
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) S[kk][u] *= tot;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const float* kr = Ks + (8 * nt + 2 * tg) * LDK + gi;
+#pragma unroll
+            for (int kk = 0; kk < KT; ++kk)
+                mx_mma_tf32(S[kk], A[nt][0], A[nt][1], A[nt][2], A[nt][3], DH_KOP(kr[8 * kk]), DH_KOP(kr[LDK + 8 * kk]));
+        }
+    }
+}
+
+#ifndef DHR_WARPS
+#define DHR_WARPS 1  // warps per block of llc_delta_h_rg (16 value columns each)
+#endif
+#ifndef DHR_ST
+#define DHR_ST 3  // its buffers (chunks loaded ST − 1 ahead)
+#endif
+#ifdef DH_DKP
+#define DHR_DKP DH_DKP
+#else
+#define DHR_DKP 64  // the host always passes Dk (LLC_DK); this lets the file compile alone
+#endif
+extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
+    llc_delta_h_rg_f32(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
+                       float* Hs, int Tn, int H, int Dk, int Dv, int nc) {
+    llc_delta_h_rg<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc);
 }
 
 

@@ -59,6 +59,8 @@ pub struct Gpu {
     pub count: i32,
     /// Shared memory (static and dynamic together) a block may opt in to (227 KiB on sm_90).
     pub smem_optin: usize,
+    /// Multiprocessors (132 on the H200).
+    pub sms: usize,
     modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
     /// Functions of the builtin sources, found without formatting or hashing their text.
     functions: Mutex<HashMap<FunctionKey, CudaFunction>>,
@@ -99,6 +101,10 @@ fn create() -> std::result::Result<Gpu, String> {
         )
         .map_err(|e| format!("cannot read the shared memory limit: {e}"))?;
     let smem_optin = (optin.max(0) as usize).max(48 << 10);
+    let sms = ctx
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| format!("cannot read the multiprocessor count: {e}"))?
+        .max(1) as usize;
     Ok(Gpu {
         ctx,
         stream,
@@ -106,6 +112,7 @@ fn create() -> std::result::Result<Gpu, String> {
         name,
         count,
         smem_optin,
+        sms,
         modules: Mutex::new(HashMap::new()),
         functions: Mutex::new(HashMap::new()),
     })

@@ -44,14 +44,14 @@ use super::chunked::ChunkedInputs;
 use crate::forms::input_opt;
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::runtime::{GpuReal, err, gpu, int, launch, opt_in};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
 /// Most bytes of chunk states the form allocates.
 const MAX_TREE_BYTES: usize = 48 << 30;
 
 /// Chunk length of the kernels for this scalar type (`Llc<T>::CH` in the source).
-fn chunk_len<F: GpuReal>() -> usize {
+pub(super) fn chunk_len<F: GpuReal>() -> usize {
     if std::mem::size_of::<F>() == 8 { 32 } else { 64 }
 }
 
@@ -62,7 +62,7 @@ fn tree_entries(nc: usize) -> usize {
 
 /// The limits of these kernels: `states` chunk states of `Dk × Dv` per (batch, head) within
 /// [`MAX_TREE_BYTES`], indices within `i32`, `B·H` within a grid dimension.
-fn check_sizes<F: GpuReal>([b, t, h, dk, dv]: [usize; 5], states: usize) -> Result<()> {
+pub(super) fn check_sizes<F: GpuReal>([b, t, h, dk, dv]: [usize; 5], states: usize) -> Result<()> {
     let bh = b * h;
     let bytes = bh * states * dk * dv * std::mem::size_of::<F>();
     if bytes > MAX_TREE_BYTES {
@@ -92,13 +92,13 @@ fn kernel_ints(v: [usize; 6]) -> Result<[i32; 6]> {
 }
 
 /// Whether the products run on tensor cores: the tf32 and bf16 modes, with f32 data.
-fn tensor_cores<F: GpuReal>(p: Precision) -> bool {
+pub(super) fn tensor_cores<F: GpuReal>(p: Precision) -> bool {
     p != Precision::Exact && F::ELEM == "f32"
 }
 
 /// NVRTC options that fix the chunk kernels' head dims at compile time (`LLC_FIX_DIMS` in
 /// `loglinear_chunk.cuh`): one module per (Dk, Dv), compiled on first use.
-fn fixed_dims(dk: usize, dv: usize) -> [String; 2] {
+pub(super) fn fixed_dims(dk: usize, dv: usize) -> [String; 2] {
     [format!("-DLLC_DK={dk}"), format!("-DLLC_DV={dv}")]
 }
 
@@ -259,24 +259,6 @@ pub(crate) fn outputs<F: GpuReal>(
         &ti, &hi, &dki, &dvi, &li, &lifted, &direct, &nci, &scale)
 }
 
-/// Dynamic shared memory of `llc_delta_h` (the layout in the kernel): `levels` state tiles, two
-/// buffers of the chunk's `W`, `K` (rows padded to `Dk + 1`), `U` and `g`, the new values and the
-/// decays.
-pub(crate) fn delta_h_smem<F: GpuReal>(dk: usize, levels: usize) -> usize {
-    let ch = chunk_len::<F>();
-    (levels * dk * 16 + 4 * ch * (dk + 1) + 2 * ch * 16 + 2 * ch + ch * 17 + ch) * std::mem::size_of::<F>()
-}
-
-/// Dynamic shared memory of `llc_delta_h_tc` (f32; the layout in the kernel) with `stages`
-/// buffers: `levels` state tiles of `DKP × 24` (`DKP` = `Dk` rounded up to 16), per buffer the
-/// chunk's `W` and `K` (rows padded to `LDK ≡ 4 (mod 32)`) and `U`; the new values `[64][24]`
-/// and two buffers of decays (`[2][65]`: the decay warp fills chunk j + 1's during chunk j).
-pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize) -> usize {
-    let (ch, dkp) = (64, dk.div_ceil(16) * 16);
-    let ldk = dkp.div_ceil(32) * 32 + 4;
-    (levels * dkp * 24 + stages * (2 * ch * ldk + ch * 16) + ch * 24 + 2 * (ch + 1)) * 4
-}
-
 /// Pass 2 without a lift (`llc_scan`, function `f`): every entry of the chunk states `[B·H][NC][Dk][Dv]`
 /// becomes, in place, the state entering its chunk. `ints`: `[Dk, Dv, chunks, B·H]`.
 fn scan<F: GpuReal>(
@@ -318,129 +300,4 @@ fn out_direct<T: DeviceRepr, S: DeviceRepr>(
     let scale = ll.scale;
     launch!(gpu()?, FAMILY, f, cfg;
         q, k, v, g, &has_g, &**states, &mut **y, &ti, &hi, &dki, &dvi, &nci, &scale)
-}
-
-/// Dynamic shared memory of `llc_wy_tc` (`X`, `Lm`, `Tt`: `[64][68]`, `[64][65]`, `[64][68]`
-/// floats) and of `llc_out_dl_tc` (three `[64][68]` tiles): the larger of the two.
-const TC_TILES_SMEM: usize = 3 * 64 * 68 * 4;
-
-/// Dynamic shared memory of `llc_out_dl`: `Pt`, `At` `[CH][CH+1]`, `Qt` `[64][CH+1]`, two
-/// `[16][65]` staging tiles.
-fn out_dl_smem<F: GpuReal>() -> usize {
-    let ch = chunk_len::<F>();
-    (2 * ch * (ch + 1) + 64 * (ch + 1) + 2 * 16 * 65) * std::mem::size_of::<F>()
-}
-
-/// Chunk-level Fenwick levels of gated DeltaNet's lift for `t` tokens (1 without a lift).
-pub(crate) fn delta_levels<F: GpuReal>(lifted: bool, t: usize) -> usize {
-    if lifted { mixer_core::fenwick::bitlen(t.div_ceil(chunk_len::<F>()).max(1) - 1) + 1 } else { 1 }
-}
-
-/// `Σ_{j < n} popcount(j)`: the level states gated DeltaNet's lift writes for `n` chunks.
-fn popsum(n: usize) -> usize {
-    (0..n).map(|j| j.count_ones() as usize).sum()
-}
-
-/// Gated DeltaNet and its lift, parallel over chunks except one pass: `llc_wy` (per chunk, the
-/// WY/UT pieces `W = T⁻¹ diag(β e^γ) K`, `U = T⁻¹ diag(β) V`, and for the lift `T⁻¹`), `llc_delta_h`
-/// (the sequential pass, a block per (batch·head, 16 value columns): without a lift the state
-/// entering each chunk and the new values `U' = U − W S`; with it, every chunk-level state entering
-/// each chunk), then the outputs: pass 3 with `v = U'` and the entering states, or `llc_out_dl`.
-pub(crate) fn run_delta<F: GpuReal>(
-    ll: &LogLinear,
-    x: &ChunkedInputs<'_, F>,
-    p: Precision,
-) -> Result<Pooled<F>> {
-    let [b, t, h, dk, dv] = x.dims;
-    let ch = chunk_len::<F>();
-    let nc = t.div_ceil(ch);
-    let bh = b * h;
-    let lifted = ll.lift.is_some();
-    let levels = delta_levels::<F>(lifted, t);
-    let slots = if lifted { popsum(nc) } else { nc };
-    check_sizes::<F>(x.dims, slots.max(1))?;
-    let smem = delta_h_smem::<F>(dk, levels);
-    let g = gpu()?;
-    let dims = fixed_dims(dk, dv);
-    let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &dims, &format!("{name}_{}", F::SUFFIX));
-    let (gv, has_g) = x.g_view();
-    let beta = x.beta.as_ref().ok_or_else(|| err(FAMILY, "gated DeltaNet needs `beta`"))?;
-    let (ti, hi, dki, dvi, nci) = (
-        int(FAMILY, "T", t)?,
-        int(FAMILY, "H", h)?,
-        int(FAMILY, "Dk", dk)?,
-        int(FAMILY, "Dv", dv)?,
-        int(FAMILY, "chunks", nc)?,
-    );
-    let mut w = pool::take::<F>(FAMILY, b * t * h * dk)?;
-    let mut u = pool::take::<F>(FAMILY, b * t * h * dv)?;
-    let mut tinv = pool::take::<F>(FAMILY, if lifted { bh * nc * ch * ch } else { 1 })?;
-    let (kv, vv, bv) = (x.k.view(), x.v.view(), beta.view());
-    let want_ti = lifted as i32;
-    let tc = tensor_cores::<F>(p);
-    let wy = k(if tc { "llc_wy_tc" } else { "llc_wy" })?;
-    if tc {
-        opt_in(FAMILY, &wy)?;
-    }
-    let cfg = LaunchConfig {
-        grid_dim: (nc as u32, bh as u32, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: if tc { TC_TILES_SMEM as u32 } else { 0 },
-    };
-    launch!(g, FAMILY, wy, cfg;
-        &kv, &vv, &gv, &has_g, &bv, &mut *w, &mut *u, &mut *tinv, &want_ti, &ti, &hi, &dki, &dvi)?;
-    let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
-    let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
-    // The sequential pass on tensor cores in the tf32 / bf16 modes, loading three chunks ahead
-    // where that fits in shared memory, else two (the FMA kernel when neither fits).
-    let limit = max_dynamic_smem();
-    let stages = if tc { (2..=3).rev().find(|&s| delta_h_tc_smem(dk, levels, s) <= limit) } else { None };
-    let (name, smem, stages) = match stages {
-        Some(s) => ("llc_delta_h_tc", delta_h_tc_smem(dk, levels, s), s),
-        None => ("llc_delta_h", smem, 0),
-    };
-    // In the bf16 mode k holds bf16 values, exact in tf32: the pass takes their bits as they are.
-    let f = if stages > 0 && p == Precision::Bf16 {
-        let opts = [dims[0].clone(), dims[1].clone(), "-DDH_K_TF32=1".to_string()];
-        g.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &opts, &format!("{name}_{}", F::SUFFIX))?
-    } else {
-        k(name)?
-    };
-    opt_in(FAMILY, &f)?;
-    let cfg = LaunchConfig {
-        grid_dim: (bh as u32, dv.div_ceil(16) as u32, 1),
-        // llc_delta_h_tc: eight computing warps and the decay warp (LDT_THREADS).
-        block_dim: (if stages > 0 { 288 } else { 256 }, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
-    let (lifted_i, levels_i, slots_i) = (lifted as i32, levels as i32, slots as i64);
-    if stages > 0 {
-        let st = stages as i32;
-        launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci,
-            &lifted_i, &levels_i, &slots_i, &st)?;
-    } else {
-        launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci,
-            &lifted_i, &levels_i, &slots_i)?;
-    }
-    drop(u);
-    let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
-    if !lifted {
-        drop((w, tinv));
-        let decays = pool::zeros::<f64>(FAMILY, 1)?;
-        outputs(ll, x, &vn.slice(0..vn.len()), &hs, &decays, 1, false, true, p, &mut y)?;
-        return Ok(y);
-    }
-    let (lam, n_levels) = x.lam.as_ref().ok_or_else(|| err(FAMILY, "the lift needs `lambda`"))?;
-    let f = k(if tc { "llc_out_dl_tc" } else { "llc_out_dl" })?;
-    opt_in(FAMILY, &f)?;
-    let cfg = LaunchConfig {
-        grid_dim: (nc as u32, bh as u32, dv.div_ceil(64) as u32),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: if tc { TC_TILES_SMEM } else { out_dl_smem::<F>() } as u32,
-    };
-    let (qv, lv, li) = (x.q.view(), lam.view(), int(FAMILY, "L", *n_levels)?);
-    let scale = ll.scale;
-    launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &has_g, &bv, &lv, &*w, &*tinv, &*hs, &mut *y,
-        &ti, &hi, &dki, &dvi, &li, &nci, &slots_i, &scale)?;
-    Ok(y)
 }

@@ -23,7 +23,7 @@ use mixer_core::fenwick::bitlen;
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Precision, Result};
 
-use super::{FAMILY, chunk_tree, lambda};
+use super::{FAMILY, chunk_tree, delta, lambda};
 use crate::forms::{finish, input, input_opt};
 use crate::kernels;
 use crate::pool::{self, Pooled};
@@ -124,10 +124,10 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
     };
     let y = match ll.base {
         Base::GatedDeltaNet
-            if chunk_tree::delta_h_smem::<F>(dk, chunk_tree::delta_levels::<F>(ll.lift.is_some(), t))
+            if delta::delta_h_smem::<F>(dk, delta::delta_levels::<F>(ll.lift.is_some(), t))
                 <= crate::runtime::max_dynamic_smem() =>
         {
-            chunk_tree::run_delta(ll, &inp, p)?
+            delta::run_delta(ll, &inp, p)?
         }
         Base::GatedDeltaNet => sequential(ll, &inp)?,
         Base::LinearAttention | Base::Mamba2 => chunk_tree::run(ll, &inp, p)?,

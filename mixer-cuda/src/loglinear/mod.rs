@@ -22,6 +22,7 @@
 pub mod chunk_tree;
 pub mod chunked;
 pub mod decoder;
+pub mod delta;
 pub mod lambda;
 pub mod parallel;
 

@@ -436,10 +436,44 @@ fn loglinear_precision_modes_meet_their_tolerances() {
     }
 }
 
-/// The bf16 mode of Mamba-2 and linear attention without a lift equals the tf32 mode on the same
-/// values with its output rounded to bf16, bit for bit (bf16 values are exact in tf32): with
-/// `Dk ≤ 64` the kernels read the bf16 activations as stored and write a bf16 `y`; with `Dk = 70`
-/// the activations are converted and the f32 kernels run.
+/// Gated DeltaNet's sequential pass with the state in registers at each block shape the host picks
+/// (one, two and four warps per block, by the number of batch·heads), at head dims 64, 70 and 128
+/// and T that is not a chunk multiple: tf32 within its tolerance of the f64 oracle and visibly
+/// less exact than the exact f32 kernel (so the tensor cores ran).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gated_deltanet_register_pass_at_every_block_shape() {
+    let Some(_turn) = gpu() else {
+        return;
+    };
+    let backend = cuda();
+    let m = mixer("gated-deltanet", &serde_json::json!({})).unwrap();
+    for (batch, heads, d, t) in
+        [(2, 3, 64, 515), (3, 30, 64, 200), (4, 48, 64, 130), (2, 3, 70, 333), (1, 2, 128, 300)]
+    {
+        let dims =
+            complete_dims(m.as_ref(), &Sizes { batch, seq: t, channels: 1, heads, dk: d, dv: d }.dims());
+        let x64 = m.random_inputs(&dims, 17).unwrap();
+        let want = oracle(m.as_ref(), &x64).unwrap();
+        let x32 = AnyTensors::F32(cast_tensors::<f32>(&x64));
+        let err_exact = rel_rms(&run(m.as_ref(), &backend, Form::Fast, &x32).unwrap().to_f64(), &want);
+        let err = rel_rms(
+            &run_with(m.as_ref(), &backend, Form::Fast, &x32, Precision::Tf32).unwrap().to_f64(),
+            &want,
+        );
+        println!(
+            "PRECISION gated-deltanet B={batch} H={heads} D={d} T={t} tf32: rel RMS {err:.2e} (exact f32: {err_exact:.2e})"
+        );
+        assert!(err <= Precision::Tf32.tolerance("f32").rel_rms, "B={batch} H={heads} D={d}: {err:.3e}");
+        assert!(err > 2.0 * err_exact, "B={batch} H={heads} D={d}: tf32 {err:.3e} vs exact {err_exact:.3e}");
+    }
+}
+
+/// The bf16 mode of Mamba-2, linear attention and gated DeltaNet without a lift equals the tf32
+/// mode on the same values with its output rounded to bf16, bit for bit (bf16 values are exact in
+/// tf32): Mamba-2 and linear attention with `Dk ≤ 64` read the bf16 activations as stored and
+/// write a bf16 `y`; otherwise the activations are converted and the f32 kernels run (gated
+/// DeltaNet's sequential pass then takes k's bits without rounding them).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_bf16_mode_equals_tf32_on_the_same_values() {
@@ -447,9 +481,14 @@ fn loglinear_bf16_mode_equals_tf32_on_the_same_values() {
     let Some(_turn) = gpu() else {
         return;
     };
-    for (name, d, t) in
-        [("mamba2", 64, 1000), ("mamba2", 5, 130), ("linear-attention", 16, 333), ("mamba2", 70, 129)]
-    {
+    for (name, d, t) in [
+        ("mamba2", 64, 1000),
+        ("mamba2", 5, 130),
+        ("linear-attention", 16, 333),
+        ("mamba2", 70, 129),
+        ("gated-deltanet", 64, 515),
+        ("gated-deltanet", 70, 129),
+    ] {
         let m = mixer(name, &serde_json::json!({})).unwrap();
         let dims = complete_dims(
             m.as_ref(),

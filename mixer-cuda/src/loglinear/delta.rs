@@ -1,0 +1,278 @@
+//! Gated DeltaNet and its Fenwick lift in the chunked form (`run_delta`,
+//! `kernels/loglinear_delta.cu`), parallel over chunks except one pass:
+//! 1. `llc_wy` (per chunk): the WY/UT pieces `W = T⁻¹ diag(β e^γ) K`, `U = T⁻¹ diag(β) V` and, for
+//!    the lift, `T⁻¹`;
+//! 2. the sequential pass over chunks: without a lift the state entering each chunk and the new
+//!    values `U' = U − W S`; with it, every chunk-level state entering each chunk ([`Pass`]);
+//! 3. the outputs: the chunk-tree outputs with `v = U'` and the entering states, or the lift's
+//!    `llc_out_dl`.
+//!
+//! In the tf32 and bf16 modes every product runs on tensor cores (tf32 `mma.sync`, f32
+//! accumulation). The pass without a lift keeps the state in registers (`llc_delta_h_rg`: each
+//! warp owns 16 value columns for all keys, no barrier inside a chunk); the lift's pass keeps
+//! its level states in shared memory (`llc_delta_h_tc`).
+
+use cudarc::driver::LaunchConfig;
+use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::{Precision, Result};
+
+use super::FAMILY;
+use super::chunk_tree::{check_sizes, chunk_len, fixed_dims, outputs, tensor_cores};
+use super::chunked::ChunkedInputs;
+use crate::kernels;
+use crate::pool;
+use crate::pool::Pooled;
+use crate::runtime::{GpuReal, err, gpu, int, launch, max_dynamic_smem, opt_in};
+
+/// Dynamic shared memory of `llc_delta_h` (the layout in the kernel): `levels` state tiles, two
+/// buffers of the chunk's `W`, `K` (rows padded to `Dk + 1`), `U` and `g`, the new values and the
+/// decays.
+pub(crate) fn delta_h_smem<F: GpuReal>(dk: usize, levels: usize) -> usize {
+    let ch = chunk_len::<F>();
+    (levels * dk * 16 + 4 * ch * (dk + 1) + 2 * ch * 16 + 2 * ch + ch * 17 + ch) * std::mem::size_of::<F>()
+}
+
+/// Dynamic shared memory of `llc_delta_h_tc` (f32; the layout in the kernel) with `stages`
+/// buffers: `levels` state tiles of `DKP × 24` (`DKP` = `Dk` rounded up to 16), per buffer the
+/// chunk's `W` and `K` (rows padded to `LDK ≡ 4 (mod 32)`) and `U`; the new values `[64][24]`
+/// and two buffers of decays (`[2][65]`: the decay warp fills chunk j + 1's during chunk j).
+pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize) -> usize {
+    let (ch, dkp) = (64, dk.div_ceil(16) * 16);
+    let ldk = dkp.div_ceil(32) * 32 + 4;
+    (levels * dkp * 24 + stages * (2 * ch * ldk + ch * 16) + ch * 24 + 2 * (ch + 1)) * 4
+}
+
+/// Largest `Dk` of `llc_delta_h_rg` (its state tile is `Dk/8 · 4` registers per lane).
+const RG_MAX_DK: usize = 128;
+
+/// Dynamic shared memory of `llc_delta_h_rg` (the layout in the kernel) with `warps` warps per
+/// block and `stages` buffers: per buffer the chunk's `W` and `K` (`DKP` = `Dk` rounded up to
+/// 16; rows padded to `≡ 8` and `≡ 4 (mod 32)` floats), `U` (the block's `16·warps` columns, rows
+/// padded by 4) and log-decays.
+pub(crate) fn delta_h_rg_smem(dk: usize, warps: usize, stages: usize) -> usize {
+    let r = (dk.div_ceil(16) * 16).div_ceil(32) * 32;
+    stages * 64 * ((r + 8) + (r + 4) + (16 * warps + 4) + 1) * 4
+}
+
+/// How gated DeltaNet's sequential pass runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Pass {
+    /// `llc_delta_h_rg` (no lift, tensor cores, `Dk ≤ 128`): the state in registers, `warps`
+    /// warps of 16 value columns per block, chunks loaded `stages − 1` ahead.
+    Registers { warps: usize, stages: usize },
+    /// `llc_delta_h_tc` (tensor cores): the states in shared memory, eight computing warps and a
+    /// decay warp, chunks loaded `stages − 1` ahead.
+    Shared { stages: usize },
+    /// `llc_delta_h` (FMA; the exact mode, or where neither of the others fits).
+    Fma,
+}
+
+impl Pass {
+    /// The pass for `bh` batch·heads and these dims; `sms` multiprocessors, `limit` bytes of
+    /// dynamic shared memory per block. Registers: the most warps per block (4, 2, 1) that still
+    /// gives every multiprocessor a block (the block's warps share each chunk's loads; fewer
+    /// blocks than multiprocessors leave some idle), three buffers where they fit, else two.
+    pub(crate) fn pick(
+        tc: bool,
+        lifted: bool,
+        [bh, dk, dv]: [usize; 3],
+        levels: usize,
+        sms: usize,
+        limit: usize,
+    ) -> Pass {
+        if !tc {
+            return Pass::Fma;
+        }
+        if !lifted && dk <= RG_MAX_DK {
+            let warps = [4, 2, 1].into_iter().find(|&w| bh * dv.div_ceil(16 * w) >= sms).unwrap_or(1);
+            if let Some(stages) = (2..=3).rev().find(|&s| delta_h_rg_smem(dk, warps, s) <= limit) {
+                return Pass::Registers { warps, stages };
+            }
+        }
+        match (2..=3).rev().find(|&s| delta_h_tc_smem(dk, levels, s) <= limit) {
+            Some(stages) => Pass::Shared { stages },
+            None => Pass::Fma,
+        }
+    }
+}
+
+/// Dynamic shared memory of `llc_wy_tc` (`X`, `Lm`, `Tt`: `[64][68]`, `[64][65]`, `[64][68]`
+/// floats) and of `llc_out_dl_tc` (three `[64][68]` tiles): the larger of the two.
+const TC_TILES_SMEM: usize = 3 * 64 * 68 * 4;
+
+/// Dynamic shared memory of `llc_out_dl`: `Pt`, `At` `[CH][CH+1]`, `Qt` `[64][CH+1]`, two
+/// `[16][65]` staging tiles.
+fn out_dl_smem<F: GpuReal>() -> usize {
+    let ch = chunk_len::<F>();
+    (2 * ch * (ch + 1) + 64 * (ch + 1) + 2 * 16 * 65) * std::mem::size_of::<F>()
+}
+
+/// Chunk-level Fenwick levels of gated DeltaNet's lift for `t` tokens (1 without a lift).
+pub(crate) fn delta_levels<F: GpuReal>(lifted: bool, t: usize) -> usize {
+    if lifted { mixer_core::fenwick::bitlen(t.div_ceil(chunk_len::<F>()).max(1) - 1) + 1 } else { 1 }
+}
+
+/// `Σ_{j < n} popcount(j)`: the level states gated DeltaNet's lift writes for `n` chunks.
+fn popsum(n: usize) -> usize {
+    (0..n).map(|j| j.count_ones() as usize).sum()
+}
+
+/// Gated DeltaNet and its lift, parallel over chunks except one pass: `llc_wy` (per chunk, the
+/// WY/UT pieces `W = T⁻¹ diag(β e^γ) K`, `U = T⁻¹ diag(β) V`, and for the lift `T⁻¹`), `llc_delta_h`
+/// (the sequential pass, a block per (batch·head, 16 value columns): without a lift the state
+/// entering each chunk and the new values `U' = U − W S`; with it, every chunk-level state entering
+/// each chunk), then the outputs: pass 3 with `v = U'` and the entering states, or `llc_out_dl`.
+pub(crate) fn run_delta<F: GpuReal>(
+    ll: &LogLinear,
+    x: &ChunkedInputs<'_, F>,
+    p: Precision,
+) -> Result<Pooled<F>> {
+    let [b, t, h, dk, dv] = x.dims;
+    let ch = chunk_len::<F>();
+    let nc = t.div_ceil(ch);
+    let bh = b * h;
+    let lifted = ll.lift.is_some();
+    let levels = delta_levels::<F>(lifted, t);
+    let slots = if lifted { popsum(nc) } else { nc };
+    check_sizes::<F>(x.dims, slots.max(1))?;
+    let smem = delta_h_smem::<F>(dk, levels);
+    let g = gpu()?;
+    let dims = fixed_dims(dk, dv);
+    let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &dims, &format!("{name}_{}", F::SUFFIX));
+    let (gv, has_g) = x.g_view();
+    let beta = x.beta.as_ref().ok_or_else(|| err(FAMILY, "gated DeltaNet needs `beta`"))?;
+    let (ti, hi, dki, dvi, nci) = (
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "H", h)?,
+        int(FAMILY, "Dk", dk)?,
+        int(FAMILY, "Dv", dv)?,
+        int(FAMILY, "chunks", nc)?,
+    );
+    let mut w = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut u = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut tinv = pool::take::<F>(FAMILY, if lifted { bh * nc * ch * ch } else { 1 })?;
+    let (kv, vv, bv) = (x.k.view(), x.v.view(), beta.view());
+    let want_ti = lifted as i32;
+    let tc = tensor_cores::<F>(p);
+    let wy = k(if tc { "llc_wy_tc" } else { "llc_wy" })?;
+    if tc {
+        opt_in(FAMILY, &wy)?;
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (nc as u32, bh as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: if tc { TC_TILES_SMEM as u32 } else { 0 },
+    };
+    launch!(g, FAMILY, wy, cfg;
+        &kv, &vv, &gv, &has_g, &bv, &mut *w, &mut *u, &mut *tinv, &want_ti, &ti, &hi, &dki, &dvi)?;
+    let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
+    let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
+    let pass = Pass::pick(tc, lifted, [bh, dk, dv], levels, g.sms, max_dynamic_smem());
+    let (name, smem, threads, grid_y) = match pass {
+        Pass::Registers { warps, stages } => {
+            ("llc_delta_h_rg", delta_h_rg_smem(dk, warps, stages), 32 * warps, dv.div_ceil(16 * warps))
+        }
+        // Eight computing warps and the decay warp (LDT_THREADS).
+        Pass::Shared { stages } => {
+            ("llc_delta_h_tc", delta_h_tc_smem(dk, levels, stages), 288, dv.div_ceil(16))
+        }
+        Pass::Fma => ("llc_delta_h", smem, 256, dv.div_ceil(16)),
+    };
+    let mut opts = dims.to_vec();
+    if let Pass::Registers { warps, stages } = pass {
+        opts.extend([format!("-DDHR_WARPS={warps}"), format!("-DDHR_ST={stages}")]);
+    }
+    // In the bf16 mode k holds bf16 values, exact in tf32: the tensor cores take their bits as they are.
+    if pass != Pass::Fma && p == Precision::Bf16 {
+        opts.push("-DDH_K_TF32=1".to_string());
+    }
+    let f = g.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &opts, &format!("{name}_{}", F::SUFFIX))?;
+    opt_in(FAMILY, &f)?;
+    let cfg = LaunchConfig {
+        grid_dim: (bh as u32, grid_y as u32, 1),
+        block_dim: (threads as u32, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    let (lifted_i, levels_i, slots_i) = (lifted as i32, levels as i32, slots as i64);
+    match pass {
+        Pass::Registers { .. } => {
+            launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci)?
+        }
+        Pass::Shared { stages } => {
+            let st = stages as i32;
+            launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci,
+                &lifted_i, &levels_i, &slots_i, &st)?
+        }
+        Pass::Fma => {
+            launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi,
+            &nci, &lifted_i, &levels_i, &slots_i)?
+        }
+    }
+    drop(u);
+    let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    if !lifted {
+        drop((w, tinv));
+        let decays = pool::zeros::<f64>(FAMILY, 1)?;
+        outputs(ll, x, &vn.slice(0..vn.len()), &hs, &decays, 1, false, true, p, &mut y)?;
+        return Ok(y);
+    }
+    let (lam, n_levels) = x.lam.as_ref().ok_or_else(|| err(FAMILY, "the lift needs `lambda`"))?;
+    let f = k(if tc { "llc_out_dl_tc" } else { "llc_out_dl" })?;
+    opt_in(FAMILY, &f)?;
+    let cfg = LaunchConfig {
+        grid_dim: (nc as u32, bh as u32, dv.div_ceil(64) as u32),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: if tc { TC_TILES_SMEM } else { out_dl_smem::<F>() } as u32,
+    };
+    let (qv, lv, li) = (x.q.view(), lam.view(), int(FAMILY, "L", *n_levels)?);
+    let scale = ll.scale;
+    launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &has_g, &bv, &lv, &*w, &*tinv, &*hs, &mut *y,
+        &ti, &hi, &dki, &dvi, &li, &nci, &slots_i, &scale)?;
+    Ok(y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Pass, delta_h_rg_smem};
+
+    const H200: (usize, usize) = (132, 219 << 10);
+
+    #[test]
+    fn the_pass_follows_mode_lift_and_size() {
+        let (sms, limit) = H200;
+        // The exact mode runs FMA whatever fits.
+        assert_eq!(Pass::pick(false, false, [16, 64, 64], 1, sms, limit), Pass::Fma);
+        // B·H = 16, Dv = 64: 64 one-warp blocks (even one warp per block leaves SMs idle).
+        assert_eq!(
+            Pass::pick(true, false, [16, 64, 64], 1, sms, limit),
+            Pass::Registers { warps: 1, stages: 3 }
+        );
+        // B·H = 128: two warps per block still give 256 blocks, four only 128.
+        assert_eq!(
+            Pass::pick(true, false, [128, 64, 64], 1, sms, limit),
+            Pass::Registers { warps: 2, stages: 3 }
+        );
+        assert_eq!(
+            Pass::pick(true, false, [512, 64, 64], 1, sms, limit),
+            Pass::Registers { warps: 4, stages: 3 }
+        );
+        // Dk = 128 with four warps: three buffers no longer fit.
+        assert_eq!(
+            Pass::pick(true, false, [512, 128, 128], 1, sms, limit),
+            Pass::Registers { warps: 4, stages: 2 }
+        );
+        // The lift, and Dk above 128, keep the states in shared memory.
+        assert_eq!(Pass::pick(true, true, [16, 64, 64], 9, sms, limit), Pass::Shared { stages: 3 });
+        assert!(matches!(Pass::pick(true, false, [16, 129, 64], 1, sms, limit), Pass::Shared { .. }));
+        // Nothing fits in 48 KiB.
+        assert_eq!(Pass::pick(true, false, [16, 64, 64], 1, sms, 48 << 10), Pass::Fma);
+    }
+
+    #[test]
+    fn register_pass_smem_is_its_buffers() {
+        // Dk = 64: W rows of 72 floats, K rows of 68, U rows of 16·warps + 4, 64 log-decays.
+        assert_eq!(delta_h_rg_smem(64, 1, 3), 3 * 64 * (72 + 68 + 20 + 1) * 4);
+        // Dk = 70 is padded to 80 columns, rows to 96 + 8 and 96 + 4.
+        assert_eq!(delta_h_rg_smem(70, 2, 2), 2 * 64 * (104 + 100 + 36 + 1) * 4);
+    }
+}
