@@ -1,7 +1,6 @@
 //! The chunked form of the scalar-decay members (`linear-attention`, `mamba2` and their
-//! Fenwick lifts), parallel over chunks: `kernels/loglinear_chunked.cu`; gated DeltaNet and its
-//! lift (`run_delta`): `kernels/loglinear_delta.cu`; both with the helpers of
-//! `kernels/loglinear_chunk.cuh`.
+//! Fenwick lifts), parallel over chunks: `kernels/loglinear_chunked.cu`, with the helpers of
+//! `kernels/loglinear_chunk.cuh`. Gated DeltaNet (`super::delta`) reuses its outputs pass.
 //!
 //! The tokens are cut into chunks of `CH = 64` (f32) or `32` (f64) whatever the configured
 //! `chunk` (the result does not depend on the chunking). Three passes:
@@ -26,9 +25,7 @@
 //! into shared memory at once and keeps the scores in registers as the A operand of `P·V`.
 //!
 //! In the tf32 and bf16 modes `llc_states_tc` and `llc_out_tc` do the products of passes 1 and 3
-//! on tensor cores (tf32 `mma.sync`, f32 accumulation), and gated DeltaNet's sequential pass runs
-//! as `llc_delta_h_tc` (its two products per chunk and level as tf32 `mma.sync`; the state stays
-//! f32); the WY/UT kernel and the lift's output kernel likewise (`llc_wy_tc`, `llc_out_dl_tc`).
+//! on tensor cores (tf32 `mma.sync`, f32 accumulation).
 //!
 //! So the base mixers and the lifts share every pass; the lift costs one `CH × D_k × D_v` product
 //! per set bit of the chunk index (`O(T log T)` work) and the tree holds `< 2 T/CH` states per

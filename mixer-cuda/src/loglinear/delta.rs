@@ -8,9 +8,9 @@
 //!    `llc_out_dl`.
 //!
 //! In the tf32 and bf16 modes every product runs on tensor cores (tf32 `mma.sync`, f32
-//! accumulation). The pass without a lift keeps the state in registers (`llc_delta_h_rg`: each
-//! warp owns 16 value columns for all keys, no barrier inside a chunk); the lift's pass keeps
-//! its level states in shared memory (`llc_delta_h_tc`).
+//! accumulation). The pass keeps its states in shared memory (`llc_delta_h_tc`, eight warps share
+//! each chunk's products), or without a lift and with many batch·heads in registers
+//! (`llc_delta_h_rg`: each warp owns 16 value columns for all keys, no barrier inside a chunk).
 
 use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::loglinear::LogLinear;
@@ -69,9 +69,13 @@ pub(crate) enum Pass {
 
 impl Pass {
     /// The pass for `bh` batch·heads and these dims; `sms` multiprocessors, `limit` bytes of
-    /// dynamic shared memory per block. Registers: the most warps per block (4, 2, 1) that still
-    /// gives every multiprocessor a block (the block's warps share each chunk's loads; fewer
-    /// blocks than multiprocessors leave some idle), three buffers where they fit, else two.
+    /// dynamic shared memory per block. Without a lift the state-in-registers kernel runs where
+    /// the shared-memory kernel's blocks (one per batch·head and 16 value columns, one block per
+    /// multiprocessor) would need more than one wave: each of its warps issues both products of
+    /// every chunk alone, so with few warps it is slower (H200, T = 16k, Dk = Dv = 64, kernel
+    /// alone: 0.80 ms against 0.68 at B·H = 16, 0.77 against 1.27 at B·H = 64). It takes four
+    /// warps per block (fewer when Dv is narrower), whose warps share each chunk's loads, and
+    /// three buffers where they fit, else two.
     pub(crate) fn pick(
         tc: bool,
         lifted: bool,
@@ -83,8 +87,8 @@ impl Pass {
         if !tc {
             return Pass::Fma;
         }
-        if !lifted && dk <= RG_MAX_DK {
-            let warps = [4, 2, 1].into_iter().find(|&w| bh * dv.div_ceil(16 * w) >= sms).unwrap_or(1);
+        if !lifted && dk <= RG_MAX_DK && bh * dv.div_ceil(16) > sms {
+            let warps = dv.div_ceil(16).min(4);
             if let Some(stages) = (2..=3).rev().find(|&s| delta_h_rg_smem(dk, warps, s) <= limit) {
                 return Pass::Registers { warps, stages };
             }
@@ -242,30 +246,33 @@ mod tests {
         let (sms, limit) = H200;
         // The exact mode runs FMA whatever fits.
         assert_eq!(Pass::pick(false, false, [16, 64, 64], 1, sms, limit), Pass::Fma);
-        // B·H = 16, Dv = 64: 64 one-warp blocks (even one warp per block leaves SMs idle).
+        // B·H = 16 or 32, Dv = 64: the shared-memory kernel's 64 or 128 blocks fit in one wave.
+        assert_eq!(Pass::pick(true, false, [16, 64, 64], 1, sms, limit), Pass::Shared { stages: 3 });
+        assert_eq!(Pass::pick(true, false, [32, 64, 64], 1, sms, limit), Pass::Shared { stages: 3 });
+        // B·H = 64: 256 blocks would take two waves; four warps of 16 value columns per block.
         assert_eq!(
-            Pass::pick(true, false, [16, 64, 64], 1, sms, limit),
-            Pass::Registers { warps: 1, stages: 3 }
-        );
-        // B·H = 128: two warps per block still give 256 blocks, four only 128.
-        assert_eq!(
-            Pass::pick(true, false, [128, 64, 64], 1, sms, limit),
-            Pass::Registers { warps: 2, stages: 3 }
-        );
-        assert_eq!(
-            Pass::pick(true, false, [512, 64, 64], 1, sms, limit),
+            Pass::pick(true, false, [64, 64, 64], 1, sms, limit),
             Pass::Registers { warps: 4, stages: 3 }
         );
-        // Dk = 128 with four warps: three buffers no longer fit.
+        // Dv = 20: two warps cover it.
+        assert_eq!(
+            Pass::pick(true, false, [512, 64, 20], 1, sms, limit),
+            Pass::Registers { warps: 2, stages: 3 }
+        );
+        // Dk = 70 (padded to 80) still takes three buffers; Dk = 128 only two.
+        assert_eq!(
+            Pass::pick(true, false, [512, 70, 70], 1, sms, limit),
+            Pass::Registers { warps: 4, stages: 3 }
+        );
         assert_eq!(
             Pass::pick(true, false, [512, 128, 128], 1, sms, limit),
             Pass::Registers { warps: 4, stages: 2 }
         );
         // The lift, and Dk above 128, keep the states in shared memory.
         assert_eq!(Pass::pick(true, true, [16, 64, 64], 9, sms, limit), Pass::Shared { stages: 3 });
-        assert!(matches!(Pass::pick(true, false, [16, 129, 64], 1, sms, limit), Pass::Shared { .. }));
+        assert!(matches!(Pass::pick(true, false, [512, 129, 64], 1, sms, limit), Pass::Shared { .. }));
         // Nothing fits in 48 KiB.
-        assert_eq!(Pass::pick(true, false, [16, 64, 64], 1, sms, 48 << 10), Pass::Fma);
+        assert_eq!(Pass::pick(true, false, [512, 64, 64], 1, sms, 48 << 10), Pass::Fma);
     }
 
     #[test]
