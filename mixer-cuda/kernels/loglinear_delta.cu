@@ -414,6 +414,9 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 // publishes the loaded tiles and the decays.
 // Grid (BH, ⌈Dv/16⌉), 288 threads (LDT_THREADS); dynamic shared memory: see delta_h_tc_smem on the host.
 #define LDT_LDS 24
+#ifndef DH_NB2
+#define DH_NB2 1  // 0: the prefetch before the first barrier and a barrier after each level, lift or not
+#endif
 // k as the tensor cores' operand: rounded to tf32, or (-DDH_K_TF32=1, the bf16 mode, where k holds
 // bf16 values, which tf32 represents exactly) its bits as they are.
 #ifdef DH_K_TF32
@@ -520,6 +523,11 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
         dst[2 * lane + 1] = d1;
         if (lane == 0) dst[CH] = tot;
     };
+    // Without a lift (one level, late = 1): the next chunks are prefetched after the chunk's first
+    // barrier (their buffer was read last by chunk j − 1, before that barrier), so no barrier is
+    // needed after the state update: the next chunk's first barrier orders it. With levels, the
+    // merge before that barrier touches the states, so each level ends with a barrier.
+    const bool late = DH_NB2 && !lifted;
     float gx0 = 0.f, gx1 = 0.f;  // the decay warp: chunk j + 1's log-decays during chunk j
     if (dwarp) {
         load_g(0, gx0, gx1);
@@ -546,14 +554,15 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
         }
         if (!dwarp) {
             // Chunk j's group is complete once at most (chunks issued after it) groups are pending.
-            if (j + ST - 1 < nc) prefetch(j + ST - 1, (j + ST - 1) % ST);
-            const int after = min(ST - 1, nc - 1 - j);
+            if (!late && j + ST - 1 < nc) prefetch(j + ST - 1, (j + ST - 1) % ST);
+            const int after = min(late ? ST - 2 : ST - 1, nc - 1 - j);
             if (after >= 3) asm volatile("cp.async.wait_group 3;\n" ::: "memory");
             else if (after >= 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
             else if (after == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
             else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         }
         __syncthreads();  // chunk j's tiles and decays (dec2[j mod 2]) are in place
+        if (late && !dwarp && j + ST - 1 < nc) prefetch(j + ST - 1, (j + ST - 1) % ST);
         const float* dec = dec2 + (j & 1) * (CH + 1);
         if (dwarp) {  // chunk j + 1's decays into the other buffer (read last by chunk j − 1)
             if (j + 1 < nc) decays(j + 1, gx0, gx1, dec2 + ((j + 1) & 1) * (CH + 1));
@@ -657,7 +666,7 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
                 for (int u = 0; u < 4; ++u)
                     Se[(mt * 16 + gi + (u < 2 ? 0 : 8)) * LDT_LDS + nt * 8 + 2 * tg + (u & 1)] = st[u] + st2[u];
             }
-            __syncthreads();
+            if (!late) __syncthreads();
         }
     }
 }
