@@ -126,18 +126,27 @@ __device__ inline void llc_qk(T (&acc)[CH / 16][CH / 16], const T* q, const T* k
     }
 }
 
-// Four consecutive floats p[off + c .. off + c + 3] of a row of D entries, entries at or past D
-// read as 0: one 16-byte load when vec (D % 4 = 0 and p 16-byte aligned, so that off + c is a
-// multiple of 4), else four loads.
-__device__ __forceinline__ float4 llc_ld4(const float* p, long long off, int c, int D, bool vec) {
+// An entry as f32 (f32 as it is; bf16 — its 16 bits — exactly), and four consecutive entries
+// from one 16-byte (f32) or 8-byte (bf16) load.
+__device__ __forceinline__ float llc_f(float x) { return x; }
+__device__ __forceinline__ float llc_f(unsigned short b) { return mx_bf16_f32(b); }
+__device__ __forceinline__ float4 llc_f4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 llc_f4(const unsigned short* p) {
+    return mx_bf16x4_f32(*reinterpret_cast<const uint2*>(p));
+}
+// Four consecutive entries p[off + c .. off + c + 3] of a row of D entries as f32, entries at or
+// past D read as 0: one load when vec (D % 4 = 0 and p aligned to four entries, so that off + c is
+// a multiple of 4), else four loads.
+template <typename T>
+__device__ __forceinline__ float4 llc_ld4(const T* p, long long off, int c, int D, bool vec) {
     float4 r = {0.f, 0.f, 0.f, 0.f};
     if (vec) {
-        if (c < D) r = *reinterpret_cast<const float4*>(p + off + c);
+        if (c < D) r = llc_f4(p + off + c);
     } else {
-        if (c < D) r.x = p[off + c];
-        if (c + 1 < D) r.y = p[off + c + 1];
-        if (c + 2 < D) r.z = p[off + c + 2];
-        if (c + 3 < D) r.w = p[off + c + 3];
+        if (c < D) r.x = llc_f(p[off + c]);
+        if (c + 1 < D) r.y = llc_f(p[off + c + 1]);
+        if (c + 2 < D) r.z = llc_f(p[off + c + 2]);
+        if (c + 3 < D) r.w = llc_f(p[off + c + 3]);
     }
     return r;
 }

@@ -478,25 +478,6 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 typedef unsigned short lld_bf16;
 template <typename TI>
 __device__ constexpr int lld_smem() { return 3 * 64 * 64 * (int)sizeof(TI) + 64 * 64 * 4; }
-__device__ __forceinline__ float lld_f(float x) { return x; }
-__device__ __forceinline__ float lld_f(lld_bf16 b) { return mx_bf16_f32(b); }
-// Four entries p[off + c .. + 3] as f32, those at or past D read as 0 (llc_ld4; the bf16 form loads
-// 8 bytes when vec: D % 4 = 0 and p 8-byte aligned).
-__device__ __forceinline__ float4 lld_ld4(const float* p, long long off, int c, int D, bool vec) {
-    return llc_ld4(p, off, c, D, vec);
-}
-__device__ __forceinline__ float4 lld_ld4(const lld_bf16* p, long long off, int c, int D, bool vec) {
-    float4 r = {0.f, 0.f, 0.f, 0.f};
-    if (vec) {
-        if (c < D) r = mx_bf16x4_f32(*reinterpret_cast<const uint2*>(p + off + c));
-    } else {
-        if (c < D) r.x = lld_f(p[off + c]);
-        if (c + 1 < D) r.y = lld_f(p[off + c + 1]);
-        if (c + 2 < D) r.z = lld_f(p[off + c + 2]);
-        if (c + 3 < D) r.w = lld_f(p[off + c + 3]);
-    }
-    return r;
-}
 // The A operand from an activation: f32 rounded to tf32; bf16 exact.
 __device__ __forceinline__ unsigned lld_a(float x) { return mx_tf32(x); }
 __device__ __forceinline__ unsigned lld_a(lld_bf16 b) { return (unsigned)b << 16; }
@@ -664,8 +645,8 @@ __device__ void llc_states_tc(const TI* k, const TI* v, const float* g, int has_
         [&](int idx) {
             const int s = (idx >> 4) & (CH - 1), c = (idx & 15) * 4;
             if (s >= n) return float4{0.f, 0.f, 0.f, 0.f};
-            return idx < CH * 16 ? lld_ld4(k, (row0 + (long long)s * H) * Dk + c0, c, Dk - c0, vk)
-                                 : lld_ld4(v, (row0 + (long long)s * H) * Dv + d0, c, Dv - d0, vv);
+            return idx < CH * 16 ? llc_ld4(k, (row0 + (long long)s * H) * Dk + c0, c, Dk - c0, vk)
+                                 : llc_ld4(v, (row0 + (long long)s * H) * Dv + d0, c, Dv - d0, vv);
         },
         [&](int idx, float4 x) {
             const int s = (idx >> 4) & (CH - 1), c = (idx & 15) * 4;
