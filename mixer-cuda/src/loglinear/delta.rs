@@ -139,7 +139,6 @@ pub(crate) fn run_delta<F: GpuReal>(
     let levels = delta_levels::<F>(lifted, t);
     let slots = if lifted { popsum(nc) } else { nc };
     check_sizes::<F>(x.dims, slots.max(1))?;
-    let smem = delta_h_smem::<F>(dk, levels);
     let g = gpu()?;
     let dims = fixed_dims(dk, dv);
     let k = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &dims, &format!("{name}_{}", F::SUFFIX));
@@ -180,7 +179,7 @@ pub(crate) fn run_delta<F: GpuReal>(
         Pass::Shared { stages } => {
             ("llc_delta_h_tc", delta_h_tc_smem(dk, levels, stages), 288, dv.div_ceil(16))
         }
-        Pass::Fma => ("llc_delta_h", smem, 256, dv.div_ceil(16)),
+        Pass::Fma => ("llc_delta_h", delta_h_smem::<F>(dk, levels), 256, dv.div_ceil(16)),
     };
     let mut opts = dims.to_vec();
     if let Pass::Registers { warps, stages } = pass {
