@@ -35,6 +35,50 @@ __device__ inline void llc_tri_inverse(const T* Lm, T* Tt) {
     }
 }
 
+// The same T⁻¹ = (I + Lm)⁻¹ by 16 × 16 blocks (CH = 64; 256 threads), balanced over the warps:
+// 1. each diagonal block X_ii = (I + L_ii)⁻¹ by the forward substitution above, restricted to
+//    the block (at most 15 steps per column instead of 63);
+// 2. the blocks below the diagonal, one block diagonal d = i − j at a time (d = 1, 2, 3), from
+//    (I + L) X = I: X_ij = −X_ii Y_ij with Y_ij = Σ_{j ≤ k < i} L_ik X_kj, Y staged in Ys
+//    (3 · 16 × 17 floats).
+// Same layout: column c of X in row c of Tt (rows of LDX), zero above the diagonal.
+template <int LDL, int LDX>
+__device__ inline void llc_tri_inverse_blocked(const float* Lm, float* Tt, float* Ys) {
+    constexpr int CH = 64, NB = 16, LDY = NB + 1;
+    const int tid = threadIdx.x, c = tid >> 2, part = tid & 3, c0 = c & ~(NB - 1);
+    float* x = Tt + c * LDX;
+    for (int r = part; r < CH; r += 4) x[r] = r == c ? 1.f : 0.f;
+    __syncwarp();
+    for (int r = (c & ~7) + 1; r < c0 + NB; ++r) {
+        float acc = 0.f;
+        for (int s = c + part; s < r; s += 4) acc = fmaf(Lm[r * LDL + s], x[s], acc);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        if (part == 0 && r > c) x[r] = -acc;
+        __syncwarp();
+    }
+    for (int d = 1; d < CH / NB; ++d) {
+        __syncthreads();  // the blocks of diagonals < d are in place
+        // Y_ij for the 4 − d blocks (i, j = i − d), one entry per thread and block.
+        for (int idx = tid; idx < (CH / NB - d) * NB * NB; idx += 256) {
+            const int blk = idx / (NB * NB), rr = (idx / NB) % NB, cc = idx % NB;
+            const int i = blk + d, j = blk, row = i * NB + rr, col = j * NB + cc;
+            float acc = 0.f;
+            for (int s = j * NB; s < i * NB; ++s) acc = fmaf(Lm[row * LDL + s], Tt[col * LDX + s], acc);
+            Ys[(blk * NB + rr) * LDY + cc] = acc;
+        }
+        __syncthreads();
+        // X_ij = −X_ii Y_ij (X_ii lower triangular).
+        for (int idx = tid; idx < (CH / NB - d) * NB * NB; idx += 256) {
+            const int blk = idx / (NB * NB), rr = (idx / NB) % NB, cc = idx % NB;
+            const int i = blk + d, j = blk, row = i * NB + rr, col = j * NB + cc;
+            float acc = 0.f;
+            for (int s = 0; s <= rr; ++s) acc = fmaf(Tt[(i * NB + s) * LDX + row], Ys[(blk * NB + s) * LDY + cc], acc);
+            Tt[col * LDX + row] = -acc;
+        }
+    }
+}
+
 // The chunk's T⁻¹ (column c in row c of Tt, rows of LDX) written row-major [CH][CH] at chunk j
 // of batch·head bh, for the lift's intra-chunk coefficients. 256 threads.
 template <typename T, int CH, int LDX>
@@ -127,6 +171,9 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
 // Grid (NC, BH), 256 threads; dynamic shared memory: X [64][68] | Lm [64][65] | Tt [64][68]
 // floats (wy_tc_smem on the host).
 #define LWT_LD 68
+#ifndef LWT_BLOCKED_INV
+#define LWT_BLOCKED_INV 1  // 0: T⁻¹ by the column-by-column substitution (llc_tri_inverse)
+#endif
 __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int has_g, const float* beta, float* W,
                           float* U, float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
     LLC_FIX_DIMS(Dk, Dv);
@@ -183,7 +230,11 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
             }
     }
     __syncthreads();
+#if LWT_BLOCKED_INV
+    llc_tri_inverse_blocked<LDL, LWT_LD>(Lm, Tt, X);  // X is free until the W tiles are staged
+#else
     llc_tri_inverse<float, CH, LDL, LWT_LD>(Lm, Tt);
+#endif
     __syncthreads();
     if (want_ti) llc_store_ti<float, CH, LWT_LD>(Ti, Tt, bh, j);
     // W (over key tiles), then U (over value tiles): out[r][col] = Σ_s T⁻¹[r][s] Y[s][col].
