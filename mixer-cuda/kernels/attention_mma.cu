@@ -58,11 +58,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 
 // ---------------------------------------------------------------------------------------
 // Online-softmax bookkeeping shared by both kernels. A thread holds, for each of its m-tiles,
@@ -195,7 +190,7 @@ __device__ __forceinline__ AttBlock att_start_bf16(bf16_t* qs, bf16_t* k0s, bf16
 }
 // y = O / ℓ for the warp's rows from wrow0 (ℓ summed over the four threads of a row), as bf16
 // or f32 (att_put2: two adjacent columns).
-__device__ __forceinline__ void att_put2(bf16_t* d, float a, float b) { *reinterpret_cast<u32*>(d) = pack_bf16(a, b); }
+__device__ __forceinline__ void att_put2(bf16_t* d, float a, float b) { *reinterpret_cast<u32*>(d) = mx_pack_bf16(a, b); }
 __device__ __forceinline__ void att_put2(float* d, float a, float b) { *reinterpret_cast<float2*>(d) = make_float2(a, b); }
 template <typename TO>
 __device__ __forceinline__ void att_store(TO* y, const float (&o)[ATT_WM][ATT_D / 8][4], const RowState& st, int wrow0,
@@ -379,10 +374,10 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
         u32 pa[ATT_BK / 16][4];
 #pragma unroll
         for (int kt = 0; kt < ATT_BK / 16; ++kt) {
-            pa[kt][0] = pack_bf16(s[0][2 * kt][0], s[0][2 * kt][1]);
-            pa[kt][1] = pack_bf16(s[0][2 * kt][2], s[0][2 * kt][3]);
-            pa[kt][2] = pack_bf16(s[0][2 * kt + 1][0], s[0][2 * kt + 1][1]);
-            pa[kt][3] = pack_bf16(s[0][2 * kt + 1][2], s[0][2 * kt + 1][3]);
+            pa[kt][0] = mx_pack_bf16(s[0][2 * kt][0], s[0][2 * kt][1]);
+            pa[kt][1] = mx_pack_bf16(s[0][2 * kt][2], s[0][2 * kt][3]);
+            pa[kt][2] = mx_pack_bf16(s[0][2 * kt + 1][0], s[0][2 * kt + 1][1]);
+            pa[kt][3] = mx_pack_bf16(s[0][2 * kt + 1][2], s[0][2 * kt + 1][3]);
         }
         const u32 vaddr = smem_u32(vs[stage]);
         wg_fence();
@@ -491,10 +486,10 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
             u32 pa[ATT_WM][4];
 #pragma unroll
             for (int mt = 0; mt < ATT_WM; ++mt) {
-                pa[mt][0] = pack_bf16(s[mt][2 * kt][0], s[mt][2 * kt][1]);
-                pa[mt][1] = pack_bf16(s[mt][2 * kt][2], s[mt][2 * kt][3]);
-                pa[mt][2] = pack_bf16(s[mt][2 * kt + 1][0], s[mt][2 * kt + 1][1]);
-                pa[mt][3] = pack_bf16(s[mt][2 * kt + 1][2], s[mt][2 * kt + 1][3]);
+                pa[mt][0] = mx_pack_bf16(s[mt][2 * kt][0], s[mt][2 * kt][1]);
+                pa[mt][1] = mx_pack_bf16(s[mt][2 * kt][2], s[mt][2 * kt][3]);
+                pa[mt][2] = mx_pack_bf16(s[mt][2 * kt + 1][0], s[mt][2 * kt + 1][1]);
+                pa[mt][3] = mx_pack_bf16(s[mt][2 * kt + 1][2], s[mt][2 * kt + 1][3]);
             }
             u32 vf[ATT_D / 16][4];
 #pragma unroll

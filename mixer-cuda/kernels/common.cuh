@@ -50,3 +50,24 @@ __device__ __forceinline__ void mx_mma_tf32(float (&c)[4], unsigned a0, unsigned
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+
+// Two floats rounded to bf16 (nearest even) and packed as an mma operand register: lo in the
+// low half.
+__device__ __forceinline__ unsigned mx_pack_bf16(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// c += a·b on tensor cores, bf16 inputs, f32 accumulation: one m16n8k16 tile per warp. Fragments
+// (g = lane / 4, i = lane % 4; each register two bf16, the lower k first): a = A[g][2i..2i+1],
+// A[g+8][2i..2i+1], A[g][2i+8..2i+9], A[g+8][2i+8..2i+9]; b = B[2i..2i+1][g], B[2i+8..2i+9][g];
+// c as mx_mma_tf32's.
+__device__ __forceinline__ void mx_mma_bf16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
+                                            unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
