@@ -495,6 +495,27 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 #else
 #define DH_KOP(x) mx_tf32(x)
 #endif
+// cp.async copies of rows 0..CH−1 of one chunk of a matrix with D columns (row s at
+// src + (row0 + s·H)·D), columns c0 .. c0 + width − 1, into dst (rows of ld floats); entries in
+// rows at or past n or in columns at or past D are zero-filled. NT threads from thread 0; 16-byte
+// copies when vec (D, c0 and width multiples of 4, src 16-byte aligned).
+template <int CH, int NT>
+__device__ __forceinline__ void ldt_copy_rows(float* dst, int ld, const float* src, long long row0, int H, int D,
+                                              int c0, int width, int n, bool vec) {
+    const int tid = threadIdx.x;
+    if (vec) {
+        const int q = width / 4;
+        for (int idx = tid; idx < CH * q; idx += NT) {
+            const int s = idx / q, c = idx % q * 4, ok = s < n && c0 + c < D;
+            llc_cp_async16(dst + s * ld + c, ok ? src + (row0 + (long long)s * H) * D + c0 + c : src, ok);
+        }
+    } else {
+        for (int idx = tid; idx < CH * width; idx += NT) {
+            const int s = idx / width, c = idx % width, ok = s < n && c0 + c < D;
+            llc_cp_async(dst + s * ld + c, src + (ok ? (row0 + (long long)s * H) * D + c0 + c : 0), 4, ok);
+        }
+    }
+}
 // A chunk's decays from its log-decays, two tokens per lane of a warp (x0, x1: tokens 2·lane and
 // 2·lane + 1, 0 past the chunk's n tokens): γ (chunk-local prefix sums) by a warp scan, then
 // d0, d1 = e^{a − γ_s} for those tokens (0 from n on); returns e^{a} (a = γ of the last token).
@@ -553,26 +574,10 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
                 llc_cp_async16(Kd + s * LDK + c, ok ? k + at0 + s * rs : k, ok);
             }
         } else {
-            for (int idx = tid; idx < CH * DKP; idx += NT) {
-                const int s = idx / DKP, c = idx % DKP, ok = s < n && c < Dk;
-                const long long at = ok ? (row0 + (long long)s * H) * Dk + c : 0;
-                llc_cp_async(Wd + s * LDK + c, W + at, 4, ok);
-                llc_cp_async(Kd + s * LDK + c, k + at, 4, ok);
-            }
+            ldt_copy_rows<CH, NT>(Wd, LDK, W, row0, H, Dk, 0, DKP, n, false);
+            ldt_copy_rows<CH, NT>(Kd, LDK, k, row0, H, Dk, 0, DKP, n, false);
         }
-        float* Ud = Ub + buf * CH * LLC_DVT;
-        if (vu) {
-            const int dd = (tid & 3) * 4;
-            for (int s = tid >> 2; s < CH; s += NT / 4) {
-                const int ok = s < n && d0 + dd < Dv;
-                llc_cp_async16(Ud + s * LLC_DVT + dd, ok ? U + (row0 + (long long)s * H) * Dv + d0 + dd : U, ok);
-            }
-        } else {
-            for (int idx = tid; idx < CH * LLC_DVT; idx += NT) {
-                const int s = idx / LLC_DVT, dd = idx % LLC_DVT, ok = s < n && d0 + dd < Dv;
-                llc_cp_async(Ud + idx, U + (ok ? (row0 + (long long)s * H) * Dv + d0 + dd : 0), 4, ok);
-            }
-        }
+        ldt_copy_rows<CH, NT>(Ub + buf * CH * LLC_DVT, LLC_DVT, U, row0, H, Dv, d0, LLC_DVT, n, vu);
         asm volatile("cp.async.commit_group;\n" ::);
     };
     // The decay warp: the log-decays of chunk j as two per lane (0 past the chunk or without g), and
@@ -825,34 +830,9 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
             float* gs = Us + CH * LDU;
             const int i0 = j * CH, n = min(CH, Tn - i0);
             const long long row0 = ((long long)b * Tn + i0) * H + h;
-            if (vk) {
-                constexpr int Q = DKP / 4;
-                for (int idx = tid; idx < CH * Q; idx += NT) {
-                    const int s = idx / Q, c = idx % Q * 4, ok = s < n && c < Dk;
-                    const long long at = (row0 + (long long)s * H) * Dk + c;
-                    llc_cp_async16(Ws + s * LDW + c, ok ? W + at : W, ok);
-                    llc_cp_async16(Ks + s * LDK + c, ok ? k + at : k, ok);
-                }
-            } else {
-                for (int idx = tid; idx < CH * DKP; idx += NT) {
-                    const int s = idx / DKP, c = idx % DKP, ok = s < n && c < Dk;
-                    const long long at = ok ? (row0 + (long long)s * H) * Dk + c : 0;
-                    llc_cp_async(Ws + s * LDW + c, W + at, 4, ok);
-                    llc_cp_async(Ks + s * LDK + c, k + at, 4, ok);
-                }
-            }
-            if (vu) {
-                constexpr int Q = VB / 4;
-                for (int idx = tid; idx < CH * Q; idx += NT) {
-                    const int s = idx / Q, c = idx % Q * 4, ok = s < n && v0 + c < Dv;
-                    llc_cp_async16(Us + s * LDU + c, ok ? U + (row0 + (long long)s * H) * Dv + v0 + c : U, ok);
-                }
-            } else {
-                for (int idx = tid; idx < CH * VB; idx += NT) {
-                    const int s = idx / VB, c = idx % VB, ok = s < n && v0 + c < Dv;
-                    llc_cp_async(Us + s * LDU + c, U + (ok ? (row0 + (long long)s * H) * Dv + v0 + c : 0), 4, ok);
-                }
-            }
+            ldt_copy_rows<CH, NT>(Ws, LDW, W, row0, H, Dk, 0, DKP, n, vk);
+            ldt_copy_rows<CH, NT>(Ks, LDK, k, row0, H, Dk, 0, DKP, n, vk);
+            ldt_copy_rows<CH, NT>(Us, LDU, U, row0, H, Dv, v0, VB, n, vu);
             for (int s = tid; s < CH; s += NT) {
                 const int ok = has_g && s < n;
                 llc_cp_async(gs + s, g + (ok ? row0 + (long long)s * H : 0), 4, ok);
