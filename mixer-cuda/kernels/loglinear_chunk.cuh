@@ -58,29 +58,20 @@ __device__ inline void llc_store(const T (&acc)[RI][4], T* x, long long row0, in
 
 // Moves `total` elements from `fetch(idx)` to `put(idx, value)`, idx = threadIdx.x + u·NT for u <
 // PER: every load is issued before the first store, so that a tile's global loads are in flight
-// together rather than one round trip per loop iteration. llc_fetch and llc_put are its halves,
-// for callers that do other work while the loads are in flight.
-template <typename T, int PER, int NT, typename Fetch>
-__device__ __forceinline__ void llc_fetch(T (&r)[PER], int total, Fetch fetch) {
+// together rather than one round trip per loop iteration.
+template <typename T, int PER, int NT, typename Fetch, typename Put>
+__device__ __forceinline__ void llc_stage(int total, Fetch fetch, Put put) {
+    T r[PER];
 #pragma unroll
     for (int u = 0; u < PER; ++u) {
         const int idx = threadIdx.x + u * NT;
         r[u] = idx < total ? fetch(idx) : T{};
     }
-}
-template <typename T, int PER, int NT, typename Put>
-__device__ __forceinline__ void llc_put(const T (&r)[PER], int total, Put put) {
 #pragma unroll
     for (int u = 0; u < PER; ++u) {
         const int idx = threadIdx.x + u * NT;
         if (idx < total) put(idx, r[u]);
     }
-}
-template <typename T, int PER, int NT, typename Fetch, typename Put>
-__device__ __forceinline__ void llc_stage(int total, Fetch fetch, Put put) {
-    T r[PER];
-    llc_fetch<T, PER, NT>(r, total, fetch);
-    llc_put<T, PER, NT>(r, total, put);
 }
 
 // γ_r of chunk i0..i0+n (γ_r = γ_{n−1} for r ≥ n) into gam[CH]; has_g = 0: no decay (γ ≡ 0).

@@ -171,9 +171,6 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
 // Grid (NC, BH), 256 threads; dynamic shared memory: X [64][68] | Lm [64][65] | Tt [64][68]
 // floats (wy_tc_smem on the host).
 #define LWT_LD 68
-#ifndef LWT_PREFETCH
-#define LWT_PREFETCH 1  // 0: every tile loaded where it is staged
-#endif
 #ifndef LWT_BLOCKED_INV
 #define LWT_BLOCKED_INV 1  // 0: T⁻¹ by the column-by-column substitution (llc_tri_inverse)
 #endif
@@ -200,42 +197,30 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
     auto wrow = [&](int wmode, int r) {
         return wmode == 0 ? 1.f : wmode == 1 ? (r < n ? bet[r] * __expf((float)gam[r]) : 0.f) : bet[r];
     };
-    // A tile in two halves: its global loads into registers (fetch), then weighted and rounded
-    // into X (put).
-    auto fetch = [&](float4 (&t)[4], const float* src, int D, bool vec, int c0) {
-        llc_fetch<float4, 4, 256>(t, CH * 16, [&](int idx) {
-            const int r = idx >> 4;
-            return r < n ? llc_ld4(src, (row0 + (long long)r * H) * D + c0, (idx & 15) * 4, D - c0, vec)
-                         : float4{0.f, 0.f, 0.f, 0.f};
-        });
-    };
-    auto put = [&](const float4 (&t)[4], int wmode) {
-        llc_put<float4, 4, 256>(t, CH * 16, [&](int idx, float4 x) {
-            const int r = idx >> 4;
-            llc_put4_tf32(X + r * LWT_LD + (idx & 15) * 4, x, wrow(wmode, r));
-        });
-    };
     auto stage = [&](const float* src, int D, bool vec, int c0, int wmode) {
-        float4 t[4];
-        fetch(t, src, D, vec, c0);
-        put(t, wmode);
+        llc_stage<float4, 4, 256>(
+            CH * 16,
+            [&](int idx) {
+                const int r = idx >> 4;
+                return r < n ? llc_ld4(src, (row0 + (long long)r * H) * D + c0, (idx & 15) * 4, D - c0, vec)
+                             : float4{0.f, 0.f, 0.f, 0.f};
+            },
+            [&](int idx, float4 x) {
+                const int r = idx >> 4;
+                llc_put4_tf32(X + r * LWT_LD + (idx & 15) * 4, x, wrow(wmode, r));
+            });
     };
-    // With LWT_PREFETCH the first tile of K for W is fetched before Lm and T⁻¹ are formed, and
-    // the first tile of V during W's products, so that their loads overlap that work.
-    float4 pre[4];
-    const bool vk = Dk % 4 == 0 && llc_al16(k), vv = Dv % 4 == 0 && llc_al16(v);
     // KKᵀ, then Lm = strict(diag(β)(KKᵀ ⊙ Γ)).
     {
         float acc[4][4] = {};
         const bool live = nb <= mr + 15;  // some column of this warp's tiles is left of the diagonal
         for (int c0 = 0; c0 < Dk; c0 += 64) {
-            stage(k, Dk, vk, c0, 0);
+            stage(k, Dk, Dk % 4 == 0 && llc_al16(k), c0, 0);
             __syncthreads();
             const int kend = min(64, (Dk - c0 + 7) & ~7);
             if (live) llc_mma_rows<LWT_LD>(acc, X, X, kend, true, mr, nb, gi, tg);
             __syncthreads();
         }
-        if (LWT_PREFETCH) fetch(pre, k, Dk, vk, 0);
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -259,15 +244,13 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
         const int D = pass == 0 ? Dk : Dv;
         const float* src = pass == 0 ? k : v;
         float* dst = pass == 0 ? W : U;
-        const bool vec = pass == 0 ? vk : vv;
+        const bool vec = D % 4 == 0 && llc_al16(src);
         for (int c0 = 0; c0 < D; c0 += 64) {
-            const int wmode = pass == 0 ? 1 : 2;  // K times βᵣe^γᵣ, V times βᵣ
-            if (LWT_PREFETCH && c0 == 0)
-                put(pre, wmode);
+            if (pass == 0)
+                stage(src, D, vec, c0, 1);  // K times βᵣe^γᵣ
             else
-                stage(src, D, vec, c0, wmode);
+                stage(src, D, vec, c0, 2);  // V times βᵣ
             __syncthreads();
-            if (LWT_PREFETCH && pass == 0 && c0 == 0) fetch(pre, v, Dv, vv, 0);
             float o[4][4] = {};
             for (int k8 = 0; k8 < send; k8 += 8) {
                 const float* a = Tt + (k8 + tg) * LWT_LD + mr + gi;
