@@ -25,6 +25,16 @@ __device__ __forceinline__ bool mx_aligned(const void* p, unsigned bytes) {
     return ((unsigned long long)p & (bytes - 1)) == 0;
 }
 
+// A bf16 value as its 16 bits.
+typedef unsigned short mx_bf16;
+
+// f32 rounded to bf16 (nearest even).
+__device__ __forceinline__ mx_bf16 mx_f32_bf16(float x) {
+    mx_bf16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return r;
+}
+
 // bf16 (its 16 bits) to f32, exact; four at once from 8 bytes (element 0 in the low half of .x).
 __device__ __forceinline__ float mx_bf16_f32(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
 __device__ __forceinline__ float4 mx_bf16x4_f32(uint2 u) {
@@ -70,4 +80,26 @@ __device__ __forceinline__ void mx_mma_bf16(float (&c)[4], unsigned a0, unsigned
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Four 8 × 8 b16 matrices from shared memory (ldmatrix): lanes 8i .. 8i + 7 give the addresses
+// (shared-window, 16-byte aligned) of matrix i's rows 0..7; register i of lane l holds matrix i's
+// row l / 4, entries 2(l % 4) and 2(l % 4) + 1 (the lower one in the low half). With trans, the
+// same of the transposed matrices: entries (2(l % 4), l / 4) and (2(l % 4) + 1, l / 4).
+__device__ __forceinline__ void mx_ldsm_x4(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void mx_ldsm_x4_t(unsigned (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+// The transpose of an 8 × 8 b16 matrix held as ldmatrix leaves it (lane l: row l / 4, entries
+// 2(l % 4), 2(l % 4) + 1), in the same layout.
+__device__ __forceinline__ unsigned mx_movm_t(unsigned x) {
+    unsigned r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+    return r;
 }

@@ -475,21 +475,16 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 #ifndef LLD_RAW
 #define LLD_RAW 0
 #endif
-typedef unsigned short lld_bf16;
 template <typename TI>
 __device__ constexpr int lld_smem() { return 3 * 64 * 64 * (int)sizeof(TI) + 64 * 64 * 4; }
 // The A operand from an activation: f32 rounded to tf32; bf16 exact.
 __device__ __forceinline__ unsigned lld_a(float x) { return mx_tf32(x); }
-__device__ __forceinline__ unsigned lld_a(lld_bf16 b) { return (unsigned)b << 16; }
+__device__ __forceinline__ unsigned lld_a(mx_bf16 b) { return (unsigned)b << 16; }
 // The B operand: K, V (activations) and the f32 state.
 __device__ __forceinline__ unsigned lld_b(float x) { return LLD_RAW ? __float_as_uint(x) : mx_tf32(x); }
-__device__ __forceinline__ unsigned lld_b(lld_bf16 b) { return (unsigned)b << 16; }
+__device__ __forceinline__ unsigned lld_b(mx_bf16 b) { return (unsigned)b << 16; }
 __device__ __forceinline__ void lld_store(float* y, float x) { *y = x; }
-__device__ __forceinline__ void lld_store(lld_bf16* y, float x) {
-    unsigned short r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
-    *y = r;
-}
+__device__ __forceinline__ void lld_store(mx_bf16* y, float x) { *y = mx_f32_bf16(x); }
 // Swizzled offsets: of Q and K (qk = true) or V in a TI tile, and of the f32 state.
 template <typename TI>
 __device__ __forceinline__ int lld_at(int r, int c, bool qk) {
@@ -612,9 +607,9 @@ extern "C" __global__ void __launch_bounds__(128)
     llc_out_direct_tc<float>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale);
 }
 extern "C" __global__ void __launch_bounds__(128)
-    llc_out_direct_tc_bf16(const lld_bf16* q, const lld_bf16* k, const lld_bf16* v, const float* g, int has_g,
-                           const float* F, lld_bf16* y, int Tn, int H, int Dk, int Dv, int nc, double scale) {
-    llc_out_direct_tc<lld_bf16>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale);
+    llc_out_direct_tc_bf16(const mx_bf16* q, const mx_bf16* k, const mx_bf16* v, const float* g, int has_g,
+                           const float* F, mx_bf16* y, int Tn, int H, int Dk, int Dv, int nc, double scale) {
+    llc_out_direct_tc<mx_bf16>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale);
 }
 
 // 1'. llc_states on tensor cores (tf32 / bf16 modes; k and v f32, or bf16 bits as stored in the bf16
@@ -687,9 +682,9 @@ extern "C" __global__ void __launch_bounds__(128)
 }
 // The bf16 mode's activations read as they are stored (bf16 bits; g stays f32).
 extern "C" __global__ void __launch_bounds__(128)
-    llc_states_tc_bf16(const lld_bf16* k, const lld_bf16* v, const float* g, int has_g, float* F, double* A, int Tn,
+    llc_states_tc_bf16(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, float* F, double* A, int Tn,
                        int H, int Dk, int Dv, int nc) {
-    llc_states_tc<lld_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
+    llc_states_tc<mx_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
 }
 
 #define LLC_EXPORT(T, S)                                                                                          \

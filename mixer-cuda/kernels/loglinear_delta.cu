@@ -170,12 +170,16 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
 // the diagonal are skipped). Row strides ≡ 4 (mod 32) so that fragment loads hit 32 banks.
 // Grid (NC, BH), 256 threads; dynamic shared memory: X [64][68] | Lm [64][65] | Tt [64][68]
 // floats (wy_tc_smem on the host).
+// llc_wy_tc's outputs: f32 (W rounded to tf32 when w), or bf16 (rounded to nearest even).
+__device__ __forceinline__ void lwt_store(float* p, float x, bool w) { *p = w ? __uint_as_float(mx_tf32(x)) : x; }
+__device__ __forceinline__ void lwt_store(mx_bf16* p, float x, bool) { *p = mx_f32_bf16(x); }
 #define LWT_LD 68
 #ifndef LWT_BLOCKED_INV
 #define LWT_BLOCKED_INV 1  // 0: T⁻¹ by the column-by-column substitution (llc_tri_inverse)
 #endif
-__device__ void llc_wy_tc(const float* k, const float* v, const float* g, int has_g, const float* beta, float* W,
-                          float* U, float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
+template <typename TI, typename TO>
+__device__ void llc_wy_tc(const TI* k, const TI* v, const float* g, int has_g, const float* beta, TO* W, TO* U,
+                          float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, LDL = CH + 1;
     __shared__ double gam[CH], gtmp[CH];
@@ -197,7 +201,7 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
     auto wrow = [&](int wmode, int r) {
         return wmode == 0 ? 1.f : wmode == 1 ? (r < n ? bet[r] * __expf((float)gam[r]) : 0.f) : bet[r];
     };
-    auto stage = [&](const float* src, int D, bool vec, int c0, int wmode) {
+    auto stage = [&](const TI* src, int D, bool vec, int c0, int wmode) {
         llc_stage<float4, 4, 256>(
             CH * 16,
             [&](int idx) {
@@ -242,8 +246,8 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
     const int send = min((n + 7) & ~7, mr + 16);
     for (int pass = 0; pass < 2; ++pass) {
         const int D = pass == 0 ? Dk : Dv;
-        const float* src = pass == 0 ? k : v;
-        float* dst = pass == 0 ? W : U;
+        const TI* src = pass == 0 ? k : v;
+        TO* dst = pass == 0 ? W : U;
         const bool vec = D % 4 == 0 && llc_al16(src);
         for (int c0 = 0; c0 < D; c0 += 64) {
             if (pass == 0)
@@ -267,10 +271,9 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     const int r = mr + gi + (u < 2 ? 0 : 8), col = c0 + nb + nt * 8 + 2 * tg + (u & 1);
-                    // W is stored rounded to tf32: its readers (the sequential pass, the lift's
+                    // f32 W is stored rounded to tf32: its readers (the sequential pass, the lift's
                     // outputs) take it as a tensor-core operand only, and skip the rounding.
-                    if (r < n && col < D)
-                        dst[(row0 + (long long)r * H) * D + col] = pass == 0 ? __uint_as_float(mx_tf32(o[nt][u])) : o[nt][u];
+                    if (r < n && col < D) lwt_store(dst + (row0 + (long long)r * H) * D + col, o[nt][u], pass == 0);
                 }
             __syncthreads();
         }
@@ -280,7 +283,14 @@ __device__ void llc_wy_tc(const float* k, const float* v, const float* g, int ha
 extern "C" __global__ void __launch_bounds__(256)
     llc_wy_tc_f32(const float* k, const float* v, const float* g, int has_g, const float* beta, float* W, float* U,
                   float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
-    llc_wy_tc(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);
+    llc_wy_tc<float, float>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);
+}
+// The bf16 mode without a lift: k and v read as stored, W and U written rounded to bf16 (the
+// operands of llc_delta_h_rb); g and β f32.
+extern "C" __global__ void __launch_bounds__(256)
+    llc_wy_tc_bf16(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, const float* beta, mx_bf16* W,
+                   mx_bf16* U, float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
+    llc_wy_tc<mx_bf16, mx_bf16>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);
 }
 
 // 5. Gated DeltaNet, the one sequential pass over chunks. One block per (b·h, tile of 16 value
@@ -479,17 +489,19 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 #define DH_KOP(x) mx_tf32(x)
 #endif
 // cp.async copies of rows 0..CH−1 of one chunk of a matrix with D columns (row s at
-// src + (row0 + s·H)·D), columns c0 .. c0 + width − 1, into dst (rows of ld floats); entries in
+// src + (row0 + s·H)·D), columns c0 .. c0 + width − 1, into dst (rows of ld entries); entries in
 // rows at or past n or in columns at or past D are zero-filled. NT threads from thread 0; 16-byte
-// copies when vec (D, c0 and width multiples of 4, src 16-byte aligned).
-template <int CH, int NT>
-__device__ __forceinline__ void ldt_copy_rows(float* dst, int ld, const float* src, long long row0, int H, int D,
-                                              int c0, int width, int n, bool vec) {
+// copies when vec (D, c0 and width multiples of 16 bytes' entries, src 16-byte aligned), else
+// 4-byte copies (f32 only: bf16 always takes vec).
+template <int CH, int NT, typename T>
+__device__ __forceinline__ void ldt_copy_rows(T* dst, int ld, const T* src, long long row0, int H, int D, int c0,
+                                              int width, int n, bool vec) {
+    constexpr int E = 16 / sizeof(T);  // entries per 16-byte copy
     const int tid = threadIdx.x;
-    if (vec) {
-        const int q = width / 4;
+    if (vec || sizeof(T) != 4) {
+        const int q = width / E;
         for (int idx = tid; idx < CH * q; idx += NT) {
-            const int s = idx / q, c = idx % q * 4, ok = s < n && c0 + c < D;
+            const int s = idx / q, c = idx % q * E, ok = s < n && c0 + c < D;
             llc_cp_async16(dst + s * ld + c, ok ? src + (row0 + (long long)s * H) * D + c0 + c : src, ok);
         }
     } else {
@@ -920,6 +932,154 @@ extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
     llc_delta_h_rg_f32(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
                        float* Hs, int Tn, int H, int Dk, int Dv, int nc) {
     llc_delta_h_rg<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc);
+}
+
+// 5'''. Gated DeltaNet's sequential pass in the bf16 mode without a lift: llc_delta_h_rg's scheme
+// (each warp owns 16 value columns of the state for all keys, Sᵀ held as f32 mma accumulators, no
+// barrier inside a chunk) on bf16 operands: k, W and U bf16 as stored (W and U rounded by
+// llc_wy_tc_bf16), m16n8k16 bf16 mma (half the mma and k-steps of tf32) with f32 accumulation,
+// W's and K's fragments by ldmatrix from rows padded by 16 bytes (no bank conflicts). Per chunk j
+//   Hs_j = S (f32),
+//   U'ᵀ = Uᵀ − Sᵀ Wᵀ (Sᵀ rounded to bf16; U' written to Vn rounded to bf16),
+//   Sᵀ ← e^{a_j} Sᵀ + (U'ᵀ diag(e^{a_j − γ_s})) K (the scaled values rounded to bf16).
+// Two accumulator tiles (keys, or tokens, 16kk .. 16kk + 15) make one A fragment of the next
+// product as they are: the first gives k = 2t, 2t + 1, the second 2t + 8, 2t + 9. The new values
+// leave transposed by movmatrix (two adjacent values of one token per lane). Needs Dk and Dv
+// multiples of 8 and 16-byte aligned k, W, U (the host checks).
+template <int DKP, int NWV, int ST>
+__device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, const mx_bf16* W, const mx_bf16* U,
+                               mx_bf16* Vn, float* Hs, int Tn, int H, int Dk, int Dv, int nc) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = 64, NT = 32 * NWV, KT = DKP / 8, K16 = DKP / 16, VB = 16 * NWV;
+    constexpr int DKW = (DKP + 31) / 32 * 32;    // W, K columns copied (zero from Dk on): whole x4 loads
+    constexpr int LDW = DKW + 8, LDU = VB + 8;   // row strides (bf16): 16 bytes past a multiple of 64
+    constexpr int STAGE = CH * (2 * LDW + LDU) * 2 + CH * 4;  // bytes: W, K, U, log-decays
+    extern __shared__ unsigned char llc_dyn[];
+    const int bh = blockIdx.x, b = bh / H, h = bh % H;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const int lr = lane & 7, lm = lane >> 3;   // the row and the matrix this lane addresses in ldmatrix
+    const int v0 = blockIdx.y * VB, dw = warp * 16;  // the block's first value column, the warp's within it
+    const long long DD = (long long)Dk * Dv;
+    auto prefetch = [&](int j) {
+        if (j < nc) {
+            mx_bf16* Ws = reinterpret_cast<mx_bf16*>(llc_dyn + (j % ST) * STAGE);
+            mx_bf16* Ks = Ws + CH * LDW;
+            mx_bf16* Us = Ks + CH * LDW;
+            float* gs = reinterpret_cast<float*>(Us + CH * LDU);
+            const int i0 = j * CH, n = min(CH, Tn - i0);
+            const long long row0 = ((long long)b * Tn + i0) * H + h;
+            ldt_copy_rows<CH, NT>(Ws, LDW, W, row0, H, Dk, 0, DKW, n, true);
+            ldt_copy_rows<CH, NT>(Ks, LDW, k, row0, H, Dk, 0, DKW, n, true);
+            ldt_copy_rows<CH, NT>(Us, LDU, U, row0, H, Dv, v0, VB, n, true);
+            for (int s = tid; s < CH; s += NT) {
+                const int ok = has_g && s < n;
+                llc_cp_async(gs + s, g + (ok ? row0 + (long long)s * H : 0), 4, ok);
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    for (int j = 0; j < ST - 1; ++j) prefetch(j);
+    float S[KT][4];  // Sᵀ: tile kk holds keys 8kk + 2t, 8kk + 2t + 1 (columns) of values g, g + 8
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) S[kk][u] = 0.f;
+    const int dg = v0 + dw + gi;  // this lane's value columns dg and dg + 8 in S
+    for (int j = 0; j < nc; ++j) {
+        // As llc_delta_h_rg: chunk j's group is complete, the barrier frees chunk j − 1's buffer.
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2) : "memory");
+        __syncthreads();
+        prefetch(j + ST - 1);
+        const unsigned char* base = llc_dyn + (j % ST) * STAGE;
+        const unsigned wa = (unsigned)__cvta_generic_to_shared(base);
+        const unsigned ka = wa + CH * LDW * 2, ua = ka + CH * LDW * 2;
+        const float* gs = reinterpret_cast<const float*>(base + CH * (2 * LDW + LDU) * 2);
+        const int i0 = j * CH, n = min(CH, Tn - i0);
+        const long long row0 = ((long long)b * Tn + i0) * H + h;
+        float* Hj = Hs + ((long long)bh * nc + j) * DD;
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int c = 8 * kk + 2 * tg + (u & 1), d = dg + (u < 2 ? 0 : 8);
+                if (c < Dk && d < Dv) Hj[(long long)c * Dv + d] = S[kk][u];
+            }
+        float d0, d1;
+        const float tot = ldt_decays(lane, n, gs[2 * lane], gs[2 * lane + 1], d0, d1);
+        // U'ᵀ = Uᵀ − Sᵀ Wᵀ: tile nt holds tokens 8nt + 2t, 8nt + 2t + 1 (columns) of values g, g + 8;
+        // Uᵀ by transposing loads of U (tokens 16np .. 16np + 15, the warp's 16 values).
+        float P[8][4];
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+            unsigned r[4];
+            mx_ldsm_x4_t(r, ua + ((16 * np + 8 * (lm >> 1) + lr) * LDU + dw + 8 * (lm & 1)) * 2);
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+                P[2 * np + q][0] = __uint_as_float(r[2 * q] << 16);
+                P[2 * np + q][1] = __uint_as_float(r[2 * q] & 0xffff0000u);
+                P[2 * np + q][2] = __uint_as_float(r[2 * q + 1] << 16);
+                P[2 * np + q][3] = __uint_as_float(r[2 * q + 1] & 0xffff0000u);
+            }
+        }
+        unsigned A[K16][4];  // −Sᵀ as A fragments, k-steps of 16 keys
+#pragma unroll
+        for (int kk = 0; kk < K16; ++kk) {
+            A[kk][0] = mx_pack_bf16(-S[2 * kk][0], -S[2 * kk][1]);
+            A[kk][1] = mx_pack_bf16(-S[2 * kk][2], -S[2 * kk][3]);
+            A[kk][2] = mx_pack_bf16(-S[2 * kk + 1][0], -S[2 * kk + 1][1]);
+            A[kk][3] = mx_pack_bf16(-S[2 * kk + 1][2], -S[2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int kq = 0; kq < DKW / 32; ++kq)
+#pragma unroll
+            for (int nt = 0; nt < 8; ++nt) {
+                unsigned w[4];  // W rows 8nt .. 8nt + 7, keys 32kq .. 32kq + 31: two k-steps' B fragments
+                mx_ldsm_x4(w, wa + ((8 * nt + lr) * LDW + 32 * kq + 8 * lm) * 2);
+                mx_mma_bf16(P[nt], A[2 * kq][0], A[2 * kq][1], A[2 * kq][2], A[2 * kq][3], w[0], w[1]);
+                if (2 * kq + 1 < K16)
+                    mx_mma_bf16(P[nt], A[2 * kq + 1][0], A[2 * kq + 1][1], A[2 * kq + 1][2], A[2 * kq + 1][3], w[2],
+                                w[3]);
+            }
+        // The new values out (tokens before n; Dv is a multiple of 8, so a lane's pair of columns is
+        // in or out together), then scaled by their decays (0 from n on) as the A fragments of the
+        // state update, k-steps of 16 tokens.
+        unsigned B2[4][4];
+        const int dc = v0 + dw + 2 * tg;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+            const unsigned lo = mx_movm_t(mx_pack_bf16(P[nt][0], P[nt][1]));  // token 8nt + g, values 2t, 2t + 1
+            const unsigned hi = mx_movm_t(mx_pack_bf16(P[nt][2], P[nt][3]));  // values 2t + 8, 2t + 9
+            const int s = 8 * nt + gi;
+            if (s < n) {
+                unsigned* vr = reinterpret_cast<unsigned*>(Vn + (row0 + (long long)s * H) * Dv + dc);
+                if (dc < Dv) vr[0] = lo;
+                if (dc + 8 < Dv) vr[4] = hi;
+            }
+            const float e0 = __shfl_sync(0xffffffffu, d0, 4 * nt + tg), e1 = __shfl_sync(0xffffffffu, d1, 4 * nt + tg);
+            B2[nt >> 1][(nt & 1) * 2] = mx_pack_bf16(e0 * P[nt][0], e1 * P[nt][1]);
+            B2[nt >> 1][(nt & 1) * 2 + 1] = mx_pack_bf16(e0 * P[nt][2], e1 * P[nt][3]);
+        }
+        // Sᵀ ← e^{a_j} Sᵀ + (scaled U'ᵀ) K: K's fragments by transposing loads (tokens 16kk .. 16kk + 15,
+        // keys 16np .. 16np + 15); rows n..63 of K and of the scaled values are zero.
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) S[kk][u] *= tot;
+#pragma unroll
+        for (int np = 0; np < KT / 2; ++np)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                unsigned r[4];
+                mx_ldsm_x4_t(r, ka + ((16 * kk + 8 * (lm & 1) + lr) * LDW + 16 * np + 8 * (lm >> 1)) * 2);
+                mx_mma_bf16(S[2 * np], B2[kk][0], B2[kk][1], B2[kk][2], B2[kk][3], r[0], r[1]);
+                mx_mma_bf16(S[2 * np + 1], B2[kk][0], B2[kk][1], B2[kk][2], B2[kk][3], r[2], r[3]);
+            }
+    }
+}
+extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
+    llc_delta_h_rb_bf16(const mx_bf16* k, const float* g, int has_g, const mx_bf16* W, const mx_bf16* U,
+                        mx_bf16* Vn, float* Hs, int Tn, int H, int Dk, int Dv, int nc) {
+    llc_delta_h_rb<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc);
 }
 
 

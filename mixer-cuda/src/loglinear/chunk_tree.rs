@@ -79,7 +79,7 @@ pub(super) fn check_sizes<F: GpuReal>([b, t, h, dk, dv]: [usize; 5], states: usi
 }
 
 /// `[T, H, Dk, Dv, chunks, B·H]` as the kernels' `int` arguments (an error names the one too large).
-fn kernel_ints(v: [usize; 6]) -> Result<[i32; 6]> {
+pub(super) fn kernel_ints(v: [usize; 6]) -> Result<[i32; 6]> {
     let names = ["T", "H", "Dk", "Dv", "chunks", "B·H"];
     let mut out = [0; 6];
     for ((o, n), name) in out.iter_mut().zip(v).zip(names) {
@@ -278,7 +278,7 @@ fn scan<F: GpuReal>(
 /// chunks of type `S` (f32). Dynamic shared memory: the Q, K, V tiles `[64][64]` of `T` and the
 /// state tile of f32 (`lld_smem` in the kernel). `ints`: `[T, H, Dk, Dv, chunks, B·H]`.
 #[allow(clippy::too_many_arguments)]
-fn out_direct<T: DeviceRepr, S: DeviceRepr>(
+pub(super) fn out_direct<T: DeviceRepr, S: DeviceRepr>(
     ll: &LogLinear,
     f: CudaFunction,
     [nc, dv]: [usize; 2],

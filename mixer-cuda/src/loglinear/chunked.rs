@@ -80,11 +80,13 @@ impl<F: GpuReal> ChunkedInputs<'_, F> {
 /// in shared memory (in f32 `Dk` above about 140 without the lift; with it, `Dk = 64` up to
 /// T = 2²⁰): those run the sequential WY/UT kernel below.
 pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
-    if p == Precision::Bf16
-        && F::ELEM == "f32"
-        && let Some(y) = chunk_tree::run_bf16(ll, x)?
-    {
-        return Ok(y);
+    if p == Precision::Bf16 && F::ELEM == "f32" {
+        if let Some(y) = chunk_tree::run_bf16(ll, x)? {
+            return Ok(y);
+        }
+        if let Some(y) = delta::run_bf16(ll, x)? {
+            return Ok(y);
+        }
     }
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);

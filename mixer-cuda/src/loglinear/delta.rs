@@ -13,16 +13,18 @@
 //! (`llc_delta_h_rg`: each warp owns 16 value columns for all keys, no barrier inside a chunk).
 
 use cudarc::driver::LaunchConfig;
-use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Precision, Result};
 
 use super::FAMILY;
-use super::chunk_tree::{check_sizes, chunk_len, fixed_dims, outputs, tensor_cores};
+use super::chunk_tree::{check_sizes, chunk_len, fixed_dims, kernel_ints, out_direct, outputs, tensor_cores};
 use super::chunked::ChunkedInputs;
+use crate::forms::{input, input_opt};
 use crate::kernels;
 use crate::pool;
 use crate::pool::Pooled;
 use crate::runtime::{GpuReal, err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
 /// Dynamic shared memory of `llc_delta_h` (the layout in the kernel): `levels` state tiles, two
 /// buffers of the chunk's `W`, `K` (rows padded to `Dk + 1`), `U` and `g`, the new values and the
@@ -98,6 +100,25 @@ impl Pass {
             None => Pass::Fma,
         }
     }
+}
+
+/// Dynamic shared memory of `llc_delta_h_rb` (bytes; the layout in the kernel) with `warps` warps
+/// per block and `stages` buffers: per buffer the chunk's bf16 `W` and `K` (`Dk` rounded up to 16,
+/// then to 32, plus 8 entries per row), `U` (the block's `16·warps` columns plus 8) and the f32
+/// log-decays.
+pub(crate) fn delta_h_rb_smem(dk: usize, warps: usize, stages: usize) -> usize {
+    let ldw = (dk.div_ceil(16) * 16).div_ceil(32) * 32 + 8;
+    stages * (64 * (2 * ldw + 16 * warps + 8) * 2 + 64 * 4)
+}
+
+/// Warps per block of `llc_delta_h_rb`: `MIXERS_DELTA_WARPS` (1 to 4) where set, for tuning;
+/// otherwise `default`.
+fn register_warps(default: usize) -> usize {
+    std::env::var("MIXERS_DELTA_WARPS")
+        .ok()
+        .and_then(|w| w.parse::<usize>().ok())
+        .filter(|w| (1..=4).contains(w))
+        .unwrap_or(default)
 }
 
 /// Dynamic shared memory of `llc_wy_tc` (`X`, `Lm`, `Tt`: `[64][68]`, `[64][65]`, `[64][68]`
@@ -232,6 +253,81 @@ pub(crate) fn run_delta<F: GpuReal>(
     launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &has_g, &bv, &lv, &*w, &*tinv, &*hs, &mut *y,
         &ti, &hi, &dki, &dvi, &li, &nci, &slots_i, &scale)?;
     Ok(y)
+}
+
+/// The bf16 mode of gated DeltaNet without a lift, with bf16 `q`, `k`, `v`, `Dk ≤ 64` and `Dk`, `Dv`
+/// multiples of 8: every pass on bf16 operands, as flash-linear-attention's bf16 kernels do.
+/// `llc_wy_tc_bf16` reads `k`, `v` as stored and writes `W`, `U` rounded to bf16;
+/// `llc_delta_h_rb_bf16` (the state in registers, f32 accumulation, bf16 `m16n8k16` mma) writes
+/// the entering states (f32) and the new values (bf16); `llc_out_direct_tc_bf16` writes a bf16
+/// `y`. The state and the new values are rounded to bf16 where they enter a product, so this mode
+/// is less exact than tf32 (about 10⁻³ relative against the f64 oracle). `None` where it does not
+/// apply: the caller then takes the f32 path with tf32 products.
+pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDeviceTensor>> {
+    if ll.lift.is_some() || ll.base != Base::GatedDeltaNet {
+        return Ok(None);
+    }
+    let (Some(AnyDeviceTensor::Bf16(q)), Some(AnyDeviceTensor::Bf16(k)), Some(AnyDeviceTensor::Bf16(v))) =
+        (x.get("q"), x.get("k"), x.get("v"))
+    else {
+        return Ok(None);
+    };
+    let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let dv = v.shape()[3];
+    // 16-byte rows and row starts for the cp.async copies (whole multiples of 8 bf16).
+    let aligned = [q, k, v].iter().all(|a| a.identity().1 % 8 == 0);
+    if dk > 64 || dk % 8 != 0 || dv % 8 != 0 || !aligned || b * t * h * dk * dv == 0 {
+        return Ok(None);
+    }
+    let gt = input_opt::<f32>(x, "g")?;
+    let beta = input::<f32>(x, "beta")?;
+    let zero = pool::zeros::<f32>(FAMILY, 1)?;
+    let (gv, has_g) = (gt.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view()), gt.is_some() as i32);
+    let nc = t.div_ceil(64);
+    let bh = b * h;
+    check_sizes::<f32>([b, t, h, dk, dv], nc)?;
+    let gpu = gpu()?;
+    let dims = fixed_dims(dk, dv);
+    let ints = kernel_ints([t, h, dk, dv, nc, bh])?;
+    let [ti, hi, dki, dvi, nci, _] = ints;
+    let (qv, kv, vv, bv) = (q.view(), k.view(), v.view(), beta.view());
+    let mut w = pool::take::<bf16>(FAMILY, b * t * h * dk)?;
+    let mut u = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
+    let mut tinv = pool::take::<f32>(FAMILY, 1)?;
+    let wy = gpu.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &dims, "llc_wy_tc_bf16")?;
+    opt_in(FAMILY, &wy)?;
+    let cfg = LaunchConfig {
+        grid_dim: (nc as u32, bh as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: TC_TILES_SMEM as u32,
+    };
+    let no_ti = 0i32;
+    launch!(gpu, FAMILY, wy, cfg;
+        &kv, &vv, &gv, &has_g, &bv, &mut *w, &mut *u, &mut *tinv, &no_ti, &ti, &hi, &dki, &dvi)?;
+    // Four warps of 16 value columns per block (fewer when Dv is narrower); three buffers.
+    let warps = register_warps(dv.div_ceil(16).min(4));
+    let limit = max_dynamic_smem();
+    let Some(stages) = (2..=3).rev().find(|&s| delta_h_rb_smem(dk, warps, s) <= limit) else {
+        return Ok(None);
+    };
+    let mut opts = dims.to_vec();
+    opts.extend([format!("-DDHR_WARPS={warps}"), format!("-DDHR_ST={stages}")]);
+    let f = gpu.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &opts, "llc_delta_h_rb_bf16")?;
+    opt_in(FAMILY, &f)?;
+    let cfg = LaunchConfig {
+        grid_dim: (bh as u32, dv.div_ceil(16 * warps) as u32, 1),
+        block_dim: (32 * warps as u32, 1, 1),
+        shared_mem_bytes: delta_h_rb_smem(dk, warps, stages) as u32,
+    };
+    let mut vn = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
+    let mut hs = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
+    launch!(gpu, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci)?;
+    drop((w, u, tinv));
+    let mut y = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
+    let f = gpu.kernel(FAMILY, &kernels::LOGLINEAR_CHUNKED, &dims, "llc_out_direct_tc_bf16")?;
+    let vnv = vn.slice(0..vn.len());
+    out_direct(ll, f, [nc, dv], ints, [&qv, &kv, &vnv], (&gv, has_g), &hs, &mut y)?;
+    Ok(Some(AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?)))
 }
 
 #[cfg(test)]

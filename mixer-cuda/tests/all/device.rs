@@ -477,9 +477,11 @@ fn gated_deltanet_register_pass_at_every_block_shape() {
 
 /// The bf16 mode of Mamba-2, linear attention and gated DeltaNet without a lift equals the tf32
 /// mode on the same values with its output rounded to bf16, bit for bit (bf16 values are exact in
-/// tf32): Mamba-2 and linear attention with `Dk ≤ 64` read the bf16 activations as stored and
-/// write a bf16 `y`; otherwise the activations are converted and the f32 kernels run (gated
-/// DeltaNet's sequential pass then takes k's bits without rounding them).
+/// tf32), where it runs the tf32 kernels: Mamba-2 and linear attention with `Dk ≤ 64` read the
+/// bf16 activations as stored and write a bf16 `y`; otherwise the activations are converted and
+/// the f32 kernels run (gated DeltaNet's sequential pass then takes k's bits without rounding
+/// them). Gated DeltaNet with `Dk ≤ 64` and head dims multiples of 8 runs on bf16 operands instead
+/// (`gated_deltanet_bf16_operands_…` below).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_bf16_mode_equals_tf32_on_the_same_values() {
@@ -492,8 +494,8 @@ fn loglinear_bf16_mode_equals_tf32_on_the_same_values() {
         ("mamba2", 5, 130),
         ("linear-attention", 16, 333),
         ("mamba2", 70, 129),
-        ("gated-deltanet", 64, 515),
         ("gated-deltanet", 70, 129),
+        ("gated-deltanet", 20, 300),
     ] {
         let m = mixer(name, &serde_json::json!({})).unwrap();
         let dims = complete_dims(
@@ -518,6 +520,54 @@ fn loglinear_bf16_mode_equals_tf32_on_the_same_values() {
         let differ =
             yb.iter().zip(yt.iter()).filter(|(b, f)| b.to_bits() != bf16::from_f32(**f).to_bits()).count();
         assert_eq!(differ, 0, "{name} Dk = {d}, T = {t}: {differ} of {} entries differ", yb.len());
+    }
+}
+
+/// Gated DeltaNet's bf16 mode on bf16 operands (`Dk ≤ 64`, head dims multiples of 8: the WY
+/// kernel, the sequential pass with the state in registers and bf16 mma, the bf16 output kernel)
+/// at key dims 8 to 64 (one to four 16-key steps, an odd count at 40), value dims that leave a
+/// block's last warp partly or wholly past `Dv` (24, 72), one to four warps per block and T that
+/// is not a chunk multiple: within 10⁻² relative RMS of the f64 oracle on the same bf16 values
+/// (the mode's tolerance is 2·10⁻²), and not bit-equal to the tf32 mode's output rounded to bf16
+/// (so the bf16 kernels ran, not the converted f32 path).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gated_deltanet_bf16_operands_within_tolerance_at_every_shape() {
+    use mixer_cuda::tensor::bf16;
+    let Some(_turn) = gpu() else {
+        return;
+    };
+    let m = mixer("gated-deltanet", &serde_json::json!({})).unwrap();
+    for (batch, heads, dk, dv, t) in
+        [(2, 3, 64, 64, 515), (1, 5, 40, 24, 200), (3, 2, 8, 16, 65), (1, 1, 64, 64, 1), (2, 4, 16, 72, 130)]
+    {
+        let dims = complete_dims(m.as_ref(), &Sizes { batch, seq: t, channels: 1, heads, dk, dv }.dims());
+        let mut x = cast_tensors::<f32>(&m.random_inputs(&dims, 23).unwrap());
+        for a in mixer_core::precision::ACTIVATIONS {
+            if let Some(a) = x.get_mut(*a) {
+                a.mapv_inplace(|v| bf16::from_f32(v).to_f32());
+            }
+        }
+        let x64: Tensors<f64> = x.iter().map(|(k, v)| (k.clone(), v.mapv(f64::from))).collect();
+        let want = oracle(m.as_ref(), &x64).unwrap();
+        let run_in =
+            |p: Precision| run_device(m.as_ref(), Form::Fast, &upload_inputs(&x, p).unwrap(), p).unwrap();
+        let (AnyDeviceTensor::Bf16(yb), AnyDeviceTensor::F32(yt)) =
+            (run_in(Precision::Bf16), run_in(Precision::Tf32))
+        else {
+            panic!("a bf16 and an f32 result expected")
+        };
+        let (yb, yt) = (yb.to_host().unwrap(), yt.to_host().unwrap());
+        let err = rel_rms(&yb.mapv(|v| f64::from(v.to_f32())), &want);
+        let differ =
+            yb.iter().zip(yt.iter()).filter(|(b, f)| b.to_bits() != bf16::from_f32(**f).to_bits()).count();
+        println!(
+            "PRECISION gated-deltanet bf16 B={batch} H={heads} Dk={dk} Dv={dv} T={t}: rel RMS {err:.2e}, \
+             {differ} of {} entries differ from tf32",
+            yb.len()
+        );
+        assert!(err <= 1e-2, "Dk = {dk}, Dv = {dv}, T = {t}: {err:.3e}");
+        assert!(differ > 0, "Dk = {dk}, Dv = {dv}, T = {t}: bit-equal to the tf32 path");
     }
 }
 

@@ -32,12 +32,17 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         let n = compile_only_with("attention_mma", &src, "sm_90a", &extra).unwrap_or_else(|e| panic!("{e}"));
         assert!(n > 100, "attention_mma {defs:?}: PTX of {n} bytes");
     }
-    // Gated DeltaNet's register-state pass as the host compiles it: head dims fixed, warps per
-    // block and buffers, k's bits taken as they are in the bf16 mode.
+    // Gated DeltaNet's register-state passes (tf32 and bf16) as the host compiles them: head
+    // dims fixed, warps per block and buffers, k's bits taken as they are in the bf16 mode.
     let src = mixer_cuda::kernels::LOGLINEAR_DELTA.full();
-    for (dk, warps, stages, bf16) in
-        [(5, 1, 3, false), (70, 2, 2, true), (64, 4, 3, false), (128, 1, 2, true)]
-    {
+    for (dk, warps, stages, bf16) in [
+        (5, 1, 3, false),
+        (70, 2, 2, true),
+        (64, 4, 3, false),
+        (128, 1, 2, true),
+        (40, 2, 3, false),
+        (8, 4, 2, false),
+    ] {
         let mut extra = vec![
             format!("-DLLC_DK={dk}"),
             format!("-DLLC_DV={dk}"),
