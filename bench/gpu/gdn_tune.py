@@ -16,7 +16,9 @@ loglinear_chunk.cuh, as the host does): compile-time defines, except `SMEM=n` (t
 memory of the launch; default: what the host gives that kernel) and `ARG_ST=n`,
 which passes n as one more kernel argument (the shipped `llc_delta_h_tc` takes its number of
 buffers so). `llc_delta_h_rg_f32:32·DHR_WARPS:DHR_WARPS=w,DHR_ST=s` is the pass without a lift with
-the state in registers (grid over value columns in blocks of 16·w). Default: the shipped tensor-core kernel (`llc_delta_h_tc_f32:288:ARG_ST=3`: 288 threads, eight computing
+the state in registers (grid over value columns in blocks of 16·w); `llc_delta_h_rb_bf16` the same on
+bf16 operands (k, W, U rounded to bf16 here; bf16 Vn), and `llc_wy_tc_bf16` the WY kernel of the bf16
+mode (bf16 k, v in, bf16 W, U out): their outputs differ from the f32 reference by bf16 roundings. Default: the shipped tensor-core kernel (`llc_delta_h_tc_f32:288:ARG_ST=3`: 288 threads, eight computing
 warps and the decay warp; or
 `llc_wy_tc_f32:256`). Inputs are synthetic but shaped like the real ones: unit-norm key rows,
 β in (0, 1), log-decays in (−0.05, 0); for delta_h W = 0.5·K (so that the state update
@@ -64,6 +66,10 @@ def launch_smem(name, defs):
         return 3 * 64 * 68 * 4
     if name.startswith("llc_wy"):
         return 0
+    if name.startswith("llc_delta_h_rb"):
+        # bf16; per buffer W, K (DKP rounded to 32, + 8), U (16·warps + 8 columns), f32 log-decays
+        ldw = (dkp + 31) // 32 * 32 + 8
+        return int(d.get("DHR_ST", 3)) * (CH * (2 * ldw + 16 * int(d.get("DHR_WARPS", 1)) + 8) * 2 + CH * 4)
     if name.startswith("llc_delta_h_rg"):
         # per buffer W, K (rows ≡ 8 and ≡ 4 mod 32), U (16·warps columns + 4) and the log-decays
         r = (dkp + 31) // 32 * 32
@@ -86,9 +92,32 @@ W = (0.5 * k).astype(cp.float32)
 # W as llc_wy_tc stores it for the sequential pass: rounded to tf32 (nearest, ties away).
 W = ((W.view(cp.uint32) + cp.uint32(0x1000)) & cp.uint32(0xFFFFE000)).view(cp.float32)
 
+def to_bf16(x):
+    """f32 rounded to bf16 (nearest even), as its bits (uint16)."""
+    u = x.view(cp.uint32)
+    return ((u + cp.uint32(0x7FFF) + ((u >> 16) & cp.uint32(1))) >> 16).astype(cp.uint16)
+
+def from_bf16(b):
+    return (b.astype(cp.uint32) << 16).view(cp.float32)
+
 def args_and_outputs(name, defs):
-    """The kernel's arguments, grid and the outputs it writes (compared in this order)."""
+    """The kernel's arguments, grid and the outputs it writes (compared in this order). Kernels
+    named *_bf16 (the bf16 mode's llc_wy_tc_bf16, llc_delta_h_rb_bf16) take k, v (U) and W rounded
+    to bf16 and write bf16 W, U, Vn."""
     extra = tuple(np.int32(int(d.split("=")[1])) for d in defs.split(",") if d.startswith("ARG_ST="))
+    if name.endswith("_bf16"):
+        warps = int(dict(x.split("=") for x in defs.split(",") if "=" in x).get("DHR_WARPS", 1))
+        kb, Ub, Wb = to_bf16(k), to_bf16(U), to_bf16(W)
+        if a.kernel == "delta_h":
+            Vn = cp.zeros((B, T, H, D), cp.uint16)
+            Hs = cp.zeros((B * H, slots, D, D), cp.float32)
+            args = (kb, g, np.int32(1), Wb, Ub, Vn, Hs, np.int32(T), np.int32(H), np.int32(D), np.int32(D), np.int32(nc))
+            return args, (B * H, (D + 16 * warps - 1) // (16 * warps)), {"Hs": Hs, "Vn": Vn}
+        Wo = cp.zeros((B, T, H, D), cp.uint16)
+        Uo = cp.zeros((B, T, H, D), cp.uint16)
+        Ti = cp.zeros(1, cp.float32)
+        args = (kb, Ub, g, np.int32(1), beta, Wo, Uo, Ti, np.int32(0), np.int32(T), np.int32(H), np.int32(D), np.int32(D))
+        return args, (nc, B * H), {"W": Wo, "U": Uo}
     if a.kernel == "delta_h":
         Vn = cp.zeros((B, T, H, D) if not a.lifted else 1, cp.float32)
         Hs = cp.zeros((B * H, slots, D, D), cp.float32)
@@ -122,6 +151,7 @@ def run(path, name, threads, defs=""):
     return outs, float(np.median(times))
 
 def rel(x, y):
+    x = from_bf16(x) if x.dtype == cp.uint16 else x
     return float(cp.sqrt(cp.mean((x - y) ** 2)) / (cp.sqrt(cp.mean(y ** 2)) + 1e-30))
 
 print(f"kernel={a.kernel} T={T} H={H} D={D} lifted={a.lifted} chunks={nc} levels={E} slots={slots}")
