@@ -285,6 +285,7 @@ extern "C" __global__ void __launch_bounds__(256)
                   float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
     llc_wy_tc<float, float>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);
 }
+#if DH_BF16
 // The bf16 mode without a lift: k and v read as stored, W and U written rounded to bf16 (the
 // operands of llc_delta_h_rb); g and β f32.
 extern "C" __global__ void __launch_bounds__(256)
@@ -292,6 +293,7 @@ extern "C" __global__ void __launch_bounds__(256)
                    mx_bf16* U, float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
     llc_wy_tc<mx_bf16, mx_bf16>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);
 }
+#endif
 
 // 5. Gated DeltaNet, the one sequential pass over chunks. One block per (b·h, tile of 16 value
 // columns) keeps the state in shared memory. The next chunk's W, K, U and g are copied into a
@@ -511,6 +513,27 @@ __device__ __forceinline__ void ldt_copy_rows(T* dst, int ld, const T* src, long
         }
     }
 }
+// 16-byte cp.async copies of rows 0..CH−1 of one chunk into dst (rows of LD entries), when a
+// row's Q 16-byte pieces divide the NT threads: thread t keeps piece t mod Q and walks rows t / Q,
+// t / Q + NT / Q, … with one pointer step per row (no index arithmetic per copy). src points at
+// the chunk's row 0 at the tile's first column, rows rs entries apart; pieces at or past `left`
+// columns and rows at or past n are zero-filled. Threads from NT on copy nothing.
+template <int CH, int NT, int Q, int LD, typename T>
+__device__ __forceinline__ void ldt_copy_tile(T* dst, const T* src, long long rs, int left, int n) {
+    static_assert(NT % Q == 0 && CH % (NT / Q) == 0, "a row's pieces must divide the threads");
+    constexpr int E = 16 / sizeof(T), RS = NT / Q;
+    const int tid = threadIdx.x, c = tid % Q * E, s0 = tid / Q;
+    if (tid >= NT) return;
+    const bool cok = c < left;
+    const T* p = src + s0 * rs + c;
+    T* d = dst + s0 * LD + c;
+#pragma unroll
+    for (int i = 0; i < CH / RS; ++i) {
+        const int ok = cok && s0 + i * RS < n;
+        llc_cp_async16(d + i * RS * LD, ok ? p : src, ok);
+        p += RS * rs;
+    }
+}
 // A chunk's decays from its log-decays, two tokens per lane of a warp (x0, x1: tokens 2·lane and
 // 2·lane + 1, 0 past the chunk's n tokens): γ (chunk-local prefix sums) by a warp scan, then
 // d0, d1 = e^{a − γ_s} for those tokens (0 from n on); returns e^{a} (a = γ of the last token).
@@ -572,7 +595,11 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
             ldt_copy_rows<CH, NT>(Wd, LDK, W, row0, H, Dk, 0, DKP, n, false);
             ldt_copy_rows<CH, NT>(Kd, LDK, k, row0, H, Dk, 0, DKP, n, false);
         }
-        ldt_copy_rows<CH, NT>(Ub + buf * CH * LLC_DVT, LLC_DVT, U, row0, H, Dv, d0, LLC_DVT, n, vu);
+        if (vu)
+            ldt_copy_tile<CH, NT, LLC_DVT / 4, LLC_DVT>(Ub + buf * CH * LLC_DVT, U + row0 * Dv + d0, (long long)H * Dv,
+                                                       Dv - d0, n);
+        else
+            ldt_copy_rows<CH, NT>(Ub + buf * CH * LLC_DVT, LLC_DVT, U, row0, H, Dv, d0, LLC_DVT, n, false);
         asm volatile("cp.async.commit_group;\n" ::);
     };
     // The decay warp: the log-decays of chunk j as two per lane (0 past the chunk or without g), and
@@ -825,9 +852,20 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
             float* gs = Us + CH * LDU;
             const int i0 = j * CH, n = min(CH, Tn - i0);
             const long long row0 = ((long long)b * Tn + i0) * H + h;
-            ldt_copy_rows<CH, NT>(Ws, LDW, W, row0, H, Dk, 0, DKP, n, vk);
-            ldt_copy_rows<CH, NT>(Ks, LDK, k, row0, H, Dk, 0, DKP, n, vk);
-            ldt_copy_rows<CH, NT>(Us, LDU, U, row0, H, Dv, v0, VB, n, vu);
+            if constexpr (NT % (DKP / 4) == 0) {
+                if (vk) {
+                    ldt_copy_tile<CH, NT, DKP / 4, LDW>(Ws, W + row0 * Dk, (long long)H * Dk, Dk, n);
+                    ldt_copy_tile<CH, NT, DKP / 4, LDK>(Ks, k + row0 * Dk, (long long)H * Dk, Dk, n);
+                }
+            }
+            if (!vk || NT % (DKP / 4) != 0) {
+                ldt_copy_rows<CH, NT>(Ws, LDW, W, row0, H, Dk, 0, DKP, n, vk);
+                ldt_copy_rows<CH, NT>(Ks, LDK, k, row0, H, Dk, 0, DKP, n, vk);
+            }
+            if (vu)
+                ldt_copy_tile<CH, NT, VB / 4, LDU>(Us, U + row0 * Dv + v0, (long long)H * Dv, Dv - v0, n);
+            else
+                ldt_copy_rows<CH, NT>(Us, LDU, U, row0, H, Dv, v0, VB, n, false);
             for (int s = tid; s < CH; s += NT) {
                 const int ok = has_g && s < n;
                 llc_cp_async(gs + s, g + (ok ? row0 + (long long)s * H : 0), 4, ok);
@@ -968,9 +1006,9 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
             float* gs = reinterpret_cast<float*>(Us + CH * LDU);
             const int i0 = j * CH, n = min(CH, Tn - i0);
             const long long row0 = ((long long)b * Tn + i0) * H + h;
-            ldt_copy_rows<CH, NT>(Ws, LDW, W, row0, H, Dk, 0, DKW, n, true);
-            ldt_copy_rows<CH, NT>(Ks, LDW, k, row0, H, Dk, 0, DKW, n, true);
-            ldt_copy_rows<CH, NT>(Us, LDU, U, row0, H, Dv, v0, VB, n, true);
+            ldt_copy_tile<CH, NT, DKW / 8, LDW>(Ws, W + row0 * Dk, (long long)H * Dk, Dk, n);
+            ldt_copy_tile<CH, NT, DKW / 8, LDW>(Ks, k + row0 * Dk, (long long)H * Dk, Dk, n);
+            ldt_copy_tile<CH, NT, VB / 8, LDU>(Us, U + row0 * Dv + v0, (long long)H * Dv, Dv - v0, n);
             for (int s = tid; s < CH; s += NT) {
                 const int ok = has_g && s < n;
                 llc_cp_async(gs + s, g + (ok ? row0 + (long long)s * H : 0), 4, ok);
@@ -985,6 +1023,11 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
 #pragma unroll
         for (int u = 0; u < 4; ++u) S[kk][u] = 0.f;
     const int dg = v0 + dw + gi;  // this lane's value columns dg and dg + 8 in S
+    const bool hlo = dg < Dv, hhi = dg + 8 < Dv;
+    float* hp = Hs + (long long)bh * nc * DD + 2 * tg * Dv + dg;  // chunk j's entering state, this lane's first entry
+    const int dc = v0 + dw + 2 * tg;  // this lane's pairs of new values: columns dc, dc + 1 and dc + 8, dc + 9
+    const bool vlo = dc < Dv, vhi = dc + 8 < Dv;
+    const long long vstep = 8LL * H * Dv;  // eight tokens of Vn
     for (int j = 0; j < nc; ++j) {
         // As llc_delta_h_rg: chunk j's group is complete, the barrier frees chunk j − 1's buffer.
         asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2) : "memory");
@@ -996,14 +1039,15 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
         const float* gs = reinterpret_cast<const float*>(base + CH * (2 * LDW + LDU) * 2);
         const int i0 = j * CH, n = min(CH, Tn - i0);
         const long long row0 = ((long long)b * Tn + i0) * H + h;
-        float* Hj = Hs + ((long long)bh * nc + j) * DD;
+        // The entering state: keys 8kk + 2t (+1) of values g, g + 8 (Dk is a multiple of 8, so a
+        // key tile is in or out whole).
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk)
+            if (8 * kk < Dk)
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int c = 8 * kk + 2 * tg + (u & 1), d = dg + (u < 2 ? 0 : 8);
-                if (c < Dk && d < Dv) Hj[(long long)c * Dv + d] = S[kk][u];
-            }
+                for (int u = 0; u < 4; ++u)
+                    if (u < 2 ? hlo : hhi) hp[(8 * kk + (u & 1)) * Dv + (u < 2 ? 0 : 8)] = S[kk][u];
+        hp += DD;
         float d0, d1;
         const float tot = ldt_decays(lane, n, gs[2 * lane], gs[2 * lane + 1], d0, d1);
         // U'ᵀ = Uᵀ − Sᵀ Wᵀ: tile nt holds tokens 8nt + 2t, 8nt + 2t + 1 (columns) of values g, g + 8;
@@ -1044,17 +1088,17 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
         // in or out together), then scaled by their decays (0 from n on) as the A fragments of the
         // state update, k-steps of 16 tokens.
         unsigned B2[4][4];
-        const int dc = v0 + dw + 2 * tg;
+        mx_bf16* vp = Vn + (row0 + (long long)gi * H) * Dv + dc;  // token g of the chunk
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
             const unsigned lo = mx_movm_t(mx_pack_bf16(P[nt][0], P[nt][1]));  // token 8nt + g, values 2t, 2t + 1
             const unsigned hi = mx_movm_t(mx_pack_bf16(P[nt][2], P[nt][3]));  // values 2t + 8, 2t + 9
-            const int s = 8 * nt + gi;
-            if (s < n) {
-                unsigned* vr = reinterpret_cast<unsigned*>(Vn + (row0 + (long long)s * H) * Dv + dc);
-                if (dc < Dv) vr[0] = lo;
-                if (dc + 8 < Dv) vr[4] = hi;
+            if (8 * nt + gi < n) {
+                unsigned* vr = reinterpret_cast<unsigned*>(vp);
+                if (vlo) vr[0] = lo;
+                if (vhi) vr[4] = hi;
             }
+            vp += vstep;
             const float e0 = __shfl_sync(0xffffffffu, d0, 4 * nt + tg), e1 = __shfl_sync(0xffffffffu, d1, 4 * nt + tg);
             B2[nt >> 1][(nt & 1) * 2] = mx_pack_bf16(e0 * P[nt][0], e1 * P[nt][1]);
             B2[nt >> 1][(nt & 1) * 2 + 1] = mx_pack_bf16(e0 * P[nt][2], e1 * P[nt][3]);
@@ -1076,11 +1120,13 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
             }
     }
 }
+#if DH_BF16  // the bf16 mode's kernels are compiled in their own module (-DDH_BF16=1)
 extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
     llc_delta_h_rb_bf16(const mx_bf16* k, const float* g, int has_g, const mx_bf16* W, const mx_bf16* U,
                         mx_bf16* Vn, float* Hs, int Tn, int H, int Dk, int Dv, int nc) {
     llc_delta_h_rb<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc);
 }
+#endif
 
 
 // 6. Outputs of gated DeltaNet's lift, chunk i, a tile of 64 value columns (docs/math.md §2.6):

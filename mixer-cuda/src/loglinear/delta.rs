@@ -288,13 +288,16 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
     check_sizes::<f32>([b, t, h, dk, dv], nc)?;
     let gpu = gpu()?;
     let dims = fixed_dims(dk, dv);
+    // The bf16 kernels are compiled apart from the f32 ones (`-DDH_BF16=1`), only when this mode runs.
+    let mut opts = dims.to_vec();
+    opts.push("-DDH_BF16=1".to_string());
     let ints = kernel_ints([t, h, dk, dv, nc, bh])?;
     let [ti, hi, dki, dvi, nci, _] = ints;
     let (qv, kv, vv, bv) = (q.view(), k.view(), v.view(), beta.view());
     let mut w = pool::take::<bf16>(FAMILY, b * t * h * dk)?;
     let mut u = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
     let mut tinv = pool::take::<f32>(FAMILY, 1)?;
-    let wy = gpu.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &dims, "llc_wy_tc_bf16")?;
+    let wy = gpu.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &opts, "llc_wy_tc_bf16")?;
     opt_in(FAMILY, &wy)?;
     let cfg = LaunchConfig {
         grid_dim: (nc as u32, bh as u32, 1),
@@ -310,7 +313,6 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
     let Some(stages) = (2..=3).rev().find(|&s| delta_h_rb_smem(dk, warps, s) <= limit) else {
         return Ok(None);
     };
-    let mut opts = dims.to_vec();
     opts.extend([format!("-DDHR_WARPS={warps}"), format!("-DDHR_ST={stages}")]);
     let f = gpu.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &opts, "llc_delta_h_rb_bf16")?;
     opt_in(FAMILY, &f)?;

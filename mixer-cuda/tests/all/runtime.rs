@@ -52,6 +52,10 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         if bf16 {
             extra.push("-DDH_K_TF32=1".into());
         }
+        // The bf16 mode's kernels (llc_wy_tc_bf16, llc_delta_h_rb_bf16) at Dk ≤ 64.
+        if dk <= 64 {
+            extra.push("-DDH_BF16=1".into());
+        }
         let n = compile_only_with("loglinear_delta", &src, "sm_90", &extra).unwrap_or_else(|e| panic!("{e}"));
         assert!(n > 100, "loglinear_delta {extra:?}: PTX of {n} bytes");
     }
