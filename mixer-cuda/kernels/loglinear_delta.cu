@@ -518,9 +518,14 @@ __device__ __forceinline__ void ldt_copy_rows(T* dst, int ld, const T* src, long
 // t / Q + NT / Q, … with one pointer step per row (no index arithmetic per copy). src points at
 // the chunk's row 0 at the tile's first column, rows rs entries apart; pieces at or past `left`
 // columns and rows at or past n are zero-filled. Threads from NT on copy nothing.
+// Whether ldt_copy_tile takes rows of Q pieces with NT threads (every thread the same rows' count).
+template <int CH, int NT, int Q>
+__device__ constexpr bool ldt_tiles() {
+    return NT % Q == 0 && CH % (NT / Q) == 0;
+}
 template <int CH, int NT, int Q, int LD, typename T>
 __device__ __forceinline__ void ldt_copy_tile(T* dst, const T* src, long long rs, int left, int n) {
-    static_assert(NT % Q == 0 && CH % (NT / Q) == 0, "a row's pieces must divide the threads");
+    static_assert(ldt_tiles<CH, NT, Q>(), "a row's pieces must divide the threads");
     constexpr int E = 16 / sizeof(T), RS = NT / Q;
     const int tid = threadIdx.x, c = tid % Q * E, s0 = tid / Q;
     if (tid >= NT) return;
@@ -852,13 +857,14 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
             float* gs = Us + CH * LDU;
             const int i0 = j * CH, n = min(CH, Tn - i0);
             const long long row0 = ((long long)b * Tn + i0) * H + h;
-            if constexpr (NT % (DKP / 4) == 0) {
+            constexpr bool tiles = ldt_tiles<CH, NT, DKP / 4>();
+            if constexpr (tiles) {
                 if (vk) {
                     ldt_copy_tile<CH, NT, DKP / 4, LDW>(Ws, W + row0 * Dk, (long long)H * Dk, Dk, n);
                     ldt_copy_tile<CH, NT, DKP / 4, LDK>(Ks, k + row0 * Dk, (long long)H * Dk, Dk, n);
                 }
             }
-            if (!vk || NT % (DKP / 4) != 0) {
+            if (!vk || !tiles) {
                 ldt_copy_rows<CH, NT>(Ws, LDW, W, row0, H, Dk, 0, DKP, n, vk);
                 ldt_copy_rows<CH, NT>(Ks, LDK, k, row0, H, Dk, 0, DKP, n, vk);
             }

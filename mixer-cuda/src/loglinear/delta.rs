@@ -111,14 +111,16 @@ pub(crate) fn delta_h_rb_smem(dk: usize, warps: usize, stages: usize) -> usize {
     stages * (64 * (2 * ldw + 16 * warps + 8) * 2 + 64 * 4)
 }
 
-/// Warps per block of `llc_delta_h_rb`: `MIXERS_DELTA_WARPS` (1 to 4) where set, for tuning;
-/// otherwise `default`.
-fn register_warps(default: usize) -> usize {
-    std::env::var("MIXERS_DELTA_WARPS")
-        .ok()
-        .and_then(|w| w.parse::<usize>().ok())
-        .filter(|w| (1..=4).contains(w))
-        .unwrap_or(default)
+/// Warps per block of `llc_delta_h_rb` (16 value columns each): two, or one where `Dv ≤ 16`
+/// (H200, T = 16k, B·H = 16, Dk = Dv = 64, kernel alone: 0.350 / 0.347 / 0.435 ms with 1 / 2 / 4
+/// warps). `MIXERS_DELTA_WARPS` (1, 2 or 4; the kernel's copies need a power of two) overrides it,
+/// for tuning.
+fn rb_warps(dv: usize, over: Option<String>) -> usize {
+    over.and_then(|w| w.parse::<usize>().ok()).filter(|w| [1, 2, 4].contains(w)).unwrap_or(if dv <= 16 {
+        1
+    } else {
+        2
+    })
 }
 
 /// Dynamic shared memory of `llc_wy_tc` (`X`, `Lm`, `Tt`: `[64][68]`, `[64][65]`, `[64][68]`
@@ -307,8 +309,8 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
     let no_ti = 0i32;
     launch!(gpu, FAMILY, wy, cfg;
         &kv, &vv, &gv, &has_g, &bv, &mut *w, &mut *u, &mut *tinv, &no_ti, &ti, &hi, &dki, &dvi)?;
-    // Four warps of 16 value columns per block (fewer when Dv is narrower); three buffers.
-    let warps = register_warps(dv.div_ceil(16).min(4));
+    // Two warps of 16 value columns per block (one when Dv is narrower); three buffers where they fit.
+    let warps = rb_warps(dv, std::env::var("MIXERS_DELTA_WARPS").ok());
     let limit = max_dynamic_smem();
     let Some(stages) = (2..=3).rev().find(|&s| delta_h_rb_smem(dk, warps, s) <= limit) else {
         return Ok(None);
@@ -334,7 +336,7 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
 
 #[cfg(test)]
 mod tests {
-    use super::{Pass, delta_h_rg_smem};
+    use super::{Pass, delta_h_rb_smem, delta_h_rg_smem, rb_warps};
 
     const H200: (usize, usize) = (132, 219 << 10);
 
@@ -370,6 +372,21 @@ mod tests {
         assert!(matches!(Pass::pick(true, false, [512, 129, 64], 1, sms, limit), Pass::Shared { .. }));
         // Nothing fits in 48 KiB.
         assert_eq!(Pass::pick(true, false, [512, 64, 64], 1, sms, 48 << 10), Pass::Fma);
+    }
+
+    #[test]
+    fn bf16_pass_takes_two_warps_or_a_power_of_two_asked_for() {
+        assert_eq!(rb_warps(64, None), 2);
+        assert_eq!(rb_warps(24, None), 2);
+        assert_eq!(rb_warps(16, None), 1);
+        assert_eq!(rb_warps(64, Some("4".into())), 4);
+        // Three warps' copies do not divide a chunk's rows: refused, as is anything unparsable.
+        assert_eq!(rb_warps(64, Some("3".into())), 2);
+        assert_eq!(rb_warps(64, Some("many".into())), 2);
+        // Dk = 64: W and K rows of 72 bf16, U rows of 16·warps + 8, 64 f32 log-decays.
+        assert_eq!(delta_h_rb_smem(64, 2, 3), 3 * (64 * (2 * 72 + 40) * 2 + 256));
+        // Dk = 40 is copied as 64 columns (whole ldmatrix groups).
+        assert_eq!(delta_h_rb_smem(40, 1, 2), 2 * (64 * (2 * 72 + 24) * 2 + 256));
     }
 
     #[test]
