@@ -477,9 +477,6 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 // publishes the loaded tiles and the decays.
 // Grid (BH, ⌈Dv/16⌉), 288 threads (LDT_THREADS); dynamic shared memory: see delta_h_tc_smem on the host.
 #define LDT_LDS 24
-#ifndef DH_MMA_BF16
-#define DH_MMA_BF16 0  // 1 (experiment): both products as bf16 m16n8k16 mma, W, S, k and the new values rounded to bf16
-#endif
 #ifndef DH_NB2
 #define DH_NB2 1  // 0: the prefetch before the first barrier and a barrier after each level, lift or not
 #endif
@@ -710,19 +707,6 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
                 const int mw = pr & 3, nt = pr >> 2;
                 float acc[4] = {}, acc2[4] = {};
                 if (from_w) {
-#if DH_MMA_BF16
-                    // bf16 operands (W and S rounded here), k16 steps into two accumulators.
-                    const float* wb = Wc + (mw * 16 + gi) * LDK + 2 * tg;
-                    const float* sb = Se + 2 * tg * LDT_LDS + nt * 8 + gi;
-#pragma unroll
-                    for (int k16 = 0; k16 < DKP; k16 += 16)
-                        mx_mma_bf16((k16 & 16) ? acc2 : acc, mx_pack_bf16(wb[k16], wb[k16 + 1]),
-                                    mx_pack_bf16(wb[8 * LDK + k16], wb[8 * LDK + k16 + 1]),
-                                    mx_pack_bf16(wb[k16 + 8], wb[k16 + 9]),
-                                    mx_pack_bf16(wb[8 * LDK + k16 + 8], wb[8 * LDK + k16 + 9]),
-                                    mx_pack_bf16(sb[k16 * LDT_LDS], sb[(k16 + 1) * LDT_LDS]),
-                                    mx_pack_bf16(sb[(k16 + 8) * LDT_LDS], sb[(k16 + 9) * LDT_LDS]));
-#else
                     const float* wr = Wc + (mw * 16 + gi) * LDK + tg;
                     const float* sr = Se + tg * LDT_LDS + nt * 8 + gi;
                     int c8 = 0;
@@ -741,7 +725,6 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
                                     __float_as_uint(wr[c8 + 12]), __float_as_uint(wr[8 * LDK + c8 + 12]),
                                     mx_tf32(sr[(c8 + 8) * LDT_LDS]), mx_tf32(sr[(c8 + 12) * LDT_LDS]));
                     }
-#endif
                 }
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
@@ -752,9 +735,8 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
                         un = (lifted && e >= 1) ? ws : Uc[s * LLC_DVT + dd] - ws;
                         if (!lifted) Vn[(row0 + (long long)s * H) * Dv + d] = un;
                     }
-                    // Rounded once here rather than at each of its DKP / 16 reads in product 2
-                    // (to bf16 there with DH_MMA_BF16).
-                    Un[s * LDT_LDS + dd] = DH_MMA_BF16 ? sign * dec[s] * un : __uint_as_float(mx_tf32(sign * dec[s] * un));
+                    // Rounded once here rather than at each of its DKP / 16 reads in product 2.
+                    Un[s * LDT_LDS + dd] = __uint_as_float(mx_tf32(sign * dec[s] * un));
                 }
             }
             __syncthreads();
@@ -765,18 +747,6 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
 #pragma unroll
                 for (int u = 0; u < 4; ++u)
                     st[u] = tot * Se[(mt * 16 + gi + (u < 2 ? 0 : 8)) * LDT_LDS + nt * 8 + 2 * tg + (u & 1)];
-#if DH_MMA_BF16
-                const float* kb = Kc + 2 * tg * LDK + mt * 16 + gi;
-                const float* ub = Un + 2 * tg * LDT_LDS + nt * 8 + gi;
-#pragma unroll
-                for (int s16 = 0; s16 < CH; s16 += 16)
-                    mx_mma_bf16((s16 & 16) ? st2 : st, mx_pack_bf16(kb[s16 * LDK], kb[(s16 + 1) * LDK]),
-                                mx_pack_bf16(kb[s16 * LDK + 8], kb[(s16 + 1) * LDK + 8]),
-                                mx_pack_bf16(kb[(s16 + 8) * LDK], kb[(s16 + 9) * LDK]),
-                                mx_pack_bf16(kb[(s16 + 8) * LDK + 8], kb[(s16 + 9) * LDK + 8]),
-                                mx_pack_bf16(ub[s16 * LDT_LDS], ub[(s16 + 1) * LDT_LDS]),
-                                mx_pack_bf16(ub[(s16 + 8) * LDT_LDS], ub[(s16 + 9) * LDT_LDS]));
-#else
                 const float* kr = Kc + tg * LDK + mt * 16 + gi;
                 const float* ur = Un + tg * LDT_LDS + nt * 8 + gi;
                 int s8 = 0;
@@ -792,7 +762,6 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
                                 DH_KOP(kr[(s8 + 12) * LDK]), DH_KOP(kr[(s8 + 12) * LDK + 8]),
                                 __float_as_uint(ur[(s8 + 8) * LDT_LDS]), __float_as_uint(ur[(s8 + 12) * LDT_LDS]));
                 }
-#endif
 #pragma unroll
                 for (int u = 0; u < 4; ++u)
                     Se[(mt * 16 + gi + (u < 2 ? 0 : 8)) * LDT_LDS + nt * 8 + 2 * tg + (u & 1)] = st[u] + st2[u];
