@@ -155,6 +155,18 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, p: Preci
     Ok(y)
 }
 
+/// The bf16 mode's `q`, `k`, `v` as stored and the dims `[B, T, H, Dk, Dv]`, where all three are
+/// bf16 (`None` otherwise).
+pub(super) fn bf16_qkv(x: &DeviceTensors) -> Option<([&DeviceTensor<bf16>; 3], [usize; 5])> {
+    let (Some(AnyDeviceTensor::Bf16(q)), Some(AnyDeviceTensor::Bf16(k)), Some(AnyDeviceTensor::Bf16(v))) =
+        (x.get("q"), x.get("k"), x.get("v"))
+    else {
+        return None;
+    };
+    let s = q.shape();
+    Some(([q, k, v], [s[0], s[1], s[2], s[3], v.shape()[3]]))
+}
+
 /// The bf16 mode of linear attention and Mamba-2 without a lift, `Dk ≤ 64`: `llc_states_tc_bf16`
 /// and `llc_out_direct_tc_bf16` read `q`, `k`, `v` as they are stored and the latter writes a bf16
 /// `y` (no f32 copies of the activations or of `y`; a bf16 value is exact in tf32, so the products
@@ -165,13 +177,9 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
     if ll.lift.is_some() || ll.base == Base::GatedDeltaNet {
         return Ok(None);
     }
-    let (Some(AnyDeviceTensor::Bf16(q)), Some(AnyDeviceTensor::Bf16(k)), Some(AnyDeviceTensor::Bf16(v))) =
-        (x.get("q"), x.get("k"), x.get("v"))
-    else {
+    let Some(([q, k, v], [b, t, h, dk, dv])) = bf16_qkv(x) else {
         return Ok(None);
     };
-    let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
-    let dv = v.shape()[3];
     if dk > 64 || b * t * h * dk * dv == 0 {
         return Ok(None);
     }

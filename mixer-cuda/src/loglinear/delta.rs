@@ -17,7 +17,9 @@ use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Precision, Result};
 
 use super::FAMILY;
-use super::chunk_tree::{check_sizes, chunk_len, fixed_dims, kernel_ints, out_direct, outputs, tensor_cores};
+use super::chunk_tree::{
+    bf16_qkv, check_sizes, chunk_len, fixed_dims, kernel_ints, out_direct, outputs, tensor_cores,
+};
 use super::chunked::ChunkedInputs;
 use crate::forms::{input, input_opt};
 use crate::kernels;
@@ -269,13 +271,9 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
     if ll.lift.is_some() || ll.base != Base::GatedDeltaNet {
         return Ok(None);
     }
-    let (Some(AnyDeviceTensor::Bf16(q)), Some(AnyDeviceTensor::Bf16(k)), Some(AnyDeviceTensor::Bf16(v))) =
-        (x.get("q"), x.get("k"), x.get("v"))
-    else {
+    let Some(([q, k, v], [b, t, h, dk, dv])) = bf16_qkv(x) else {
         return Ok(None);
     };
-    let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
-    let dv = v.shape()[3];
     // 16-byte rows and row starts for the cp.async copies (whole multiples of 8 bf16).
     let aligned = [q, k, v].iter().all(|a| a.identity().1 % 8 == 0);
     if dk > 64 || dk % 8 != 0 || dv % 8 != 0 || !aligned || b * t * h * dk * dv == 0 {

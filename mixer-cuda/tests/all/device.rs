@@ -8,7 +8,7 @@ use mixer_core::tensor::cast_tensors;
 use mixer_core::{AnyTensors, Error, Form, Precision, Tensor, Tensors};
 use mixer_cuda::forms::upload_inputs;
 use mixer_cuda::{AnyDeviceTensor, DeviceTensor, DeviceTensors, decoder_device, pool, run_device};
-use mixer_registry::run::{forms, oracle, run, run_with};
+use mixer_registry::run::{bf16_activations, forms, oracle, run, run_with};
 use mixer_registry::suite::registered_configs;
 use mixer_registry::{Sizes, mixer};
 use ndarray::{ArrayD, Axis};
@@ -502,12 +502,7 @@ fn loglinear_bf16_mode_equals_tf32_on_the_same_values() {
             m.as_ref(),
             &Sizes { batch: 2, seq: t, channels: 1, heads: 3, dk: d, dv: d }.dims(),
         );
-        let mut x = cast_tensors::<f32>(&m.random_inputs(&dims, 5).unwrap());
-        for a in mixer_core::precision::ACTIVATIONS {
-            if let Some(a) = x.get_mut(*a) {
-                a.mapv_inplace(|v| bf16::from_f32(v).to_f32());
-            }
-        }
+        let x = bf16_activations(&cast_tensors::<f32>(&m.random_inputs(&dims, 5).unwrap()));
         let run_in =
             |p: Precision| run_device(m.as_ref(), Form::Fast, &upload_inputs(&x, p).unwrap(), p).unwrap();
         let (AnyDeviceTensor::Bf16(yb), AnyDeviceTensor::F32(yt)) =
@@ -542,12 +537,7 @@ fn gated_deltanet_bf16_operands_within_tolerance_at_every_shape() {
         [(2, 3, 64, 64, 515), (1, 5, 40, 24, 200), (3, 2, 8, 16, 65), (1, 1, 64, 64, 1), (2, 4, 16, 72, 130)]
     {
         let dims = complete_dims(m.as_ref(), &Sizes { batch, seq: t, channels: 1, heads, dk, dv }.dims());
-        let mut x = cast_tensors::<f32>(&m.random_inputs(&dims, 23).unwrap());
-        for a in mixer_core::precision::ACTIVATIONS {
-            if let Some(a) = x.get_mut(*a) {
-                a.mapv_inplace(|v| bf16::from_f32(v).to_f32());
-            }
-        }
+        let x = bf16_activations(&cast_tensors::<f32>(&m.random_inputs(&dims, 23).unwrap()));
         let x64: Tensors<f64> = x.iter().map(|(k, v)| (k.clone(), v.mapv(f64::from))).collect();
         let want = oracle(m.as_ref(), &x64).unwrap();
         let run_in =
