@@ -965,7 +965,9 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, NT = 32 * NWV, KT = DKP / 8, K16 = DKP / 16, VB = 16 * NWV;
     constexpr int DKW = (DKP + 31) / 32 * 32;    // W, K columns copied (zero from Dk on): whole x4 loads
-    constexpr int LDW = DKW + 8, LDU = VB + 8;   // row strides (bf16): 16 bytes past a multiple of 64
+    // Row strides (bf16) 16 bytes longer than the rows: an ldmatrix's eight rows fall in distinct
+    // 16-byte bank groups.
+    constexpr int LDW = DKW + 8, LDU = VB + 8;
     constexpr int STAGE = CH * (2 * LDW + LDU) * 2 + CH * 4;  // bytes: W, K, U, log-decays
     extern __shared__ unsigned char llc_dyn[];
     const int bh = blockIdx.x, b = bh / H, h = bh % H;
