@@ -13,7 +13,9 @@ Compute names the kernel's source lines with the most stall samples.
 
 VARIANT is `file.cu:function:threads[:NAME=V,NAME=V]` (compiled after common.cuh and the helpers
 loglinear_chunk.cuh, as the host does): compile-time defines, except `SMEM=n` (the dynamic shared
-memory of the launch; default: what the host gives that kernel) and `ARG_ST=n`,
+memory of the launch; default: what the host gives that kernel), `CARVEOUT=p` (the preferred
+shared-memory carveout, percent of the L1/shared capacity: the driver otherwise may pick a smaller
+configuration than the blocks per SM that registers and shared memory allow) and `ARG_ST=n`,
 which passes n as one more kernel argument (the shipped `llc_delta_h_tc` takes its number of
 buffers so). `llc_delta_h_rg_f32:32·DHR_WARPS:DHR_WARPS=w,DHR_ST=s` is the pass without a lift with
 the state in registers (grid over value columns in blocks of 16·w); `llc_delta_h_rb_bf16` the same on
@@ -51,6 +53,9 @@ def function(path, name, defs=""):
         mods[(path, defs)] = cp.RawModule(code=common + open(path).read(), options=opts)
     f = mods[(path, defs)].get_function(name)
     f.max_dynamic_shared_size_bytes = launch_smem(name, defs)
+    d = dict(x.split("=") for x in defs.split(",") if "=" in x)
+    if "CARVEOUT" in d:  # the shared-memory share of the SM's L1 the driver is asked for (percent)
+        f.preferred_shared_memory_carveout = int(d["CARVEOUT"])
     return f
 
 def launch_smem(name, defs):
