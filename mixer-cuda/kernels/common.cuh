@@ -36,7 +36,7 @@ __device__ __forceinline__ mx_bf16 mx_f32_bf16(float x) {
 }
 
 // bf16 (its 16 bits) to f32, exact; four at once from 8 bytes (element 0 in the low half of .x).
-__device__ __forceinline__ float mx_bf16_f32(unsigned short b) { return __uint_as_float((unsigned)b << 16); }
+__device__ __forceinline__ float mx_bf16_f32(mx_bf16 b) { return __uint_as_float((unsigned)b << 16); }
 __device__ __forceinline__ float4 mx_bf16x4_f32(uint2 u) {
     return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
                        __uint_as_float(u.y & 0xffff0000u));

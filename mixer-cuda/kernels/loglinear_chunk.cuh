@@ -129,9 +129,9 @@ __device__ inline void llc_qk(T (&acc)[CH / 16][CH / 16], const T* q, const T* k
 // An entry as f32 (f32 as it is; bf16 — its 16 bits — exactly), and four consecutive entries
 // from one 16-byte (f32) or 8-byte (bf16) load.
 __device__ __forceinline__ float llc_f(float x) { return x; }
-__device__ __forceinline__ float llc_f(unsigned short b) { return mx_bf16_f32(b); }
+__device__ __forceinline__ float llc_f(mx_bf16 b) { return mx_bf16_f32(b); }
 __device__ __forceinline__ float4 llc_f4(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float4 llc_f4(const unsigned short* p) {
+__device__ __forceinline__ float4 llc_f4(const mx_bf16* p) {
     return mx_bf16x4_f32(*reinterpret_cast<const uint2*>(p));
 }
 // Four consecutive entries p[off + c .. off + c + 3] of a row of D entries as f32, entries at or

@@ -510,16 +510,16 @@ __device__ __forceinline__ void ldt_copy_rows(T* dst, int ld, const T* src, long
         }
     }
 }
-// 16-byte cp.async copies of rows 0..CH−1 of one chunk into dst (rows of LD entries), when a
-// row's Q 16-byte pieces divide the NT threads: thread t keeps piece t mod Q and walks rows t / Q,
-// t / Q + NT / Q, … with one pointer step per row (no index arithmetic per copy). src points at
-// the chunk's row 0 at the tile's first column, rows rs entries apart; pieces at or past `left`
-// columns and rows at or past n are zero-filled. Threads from NT on copy nothing.
 // Whether ldt_copy_tile takes rows of Q pieces with NT threads (every thread the same rows' count).
 template <int CH, int NT, int Q>
 __device__ constexpr bool ldt_tiles() {
     return NT % Q == 0 && CH % (NT / Q) == 0;
 }
+// 16-byte cp.async copies of rows 0..CH−1 of one chunk into dst (rows of LD entries), when a
+// row's Q 16-byte pieces divide the NT threads: thread t keeps piece t mod Q and walks rows t / Q,
+// t / Q + NT / Q, … with one pointer step per row (no index arithmetic per copy). src points at
+// the chunk's row 0 at the tile's first column, rows rs entries apart; pieces at or past `left`
+// columns and rows at or past n are zero-filled. Threads from NT on copy nothing.
 template <int CH, int NT, int Q, int LD, typename T>
 __device__ __forceinline__ void ldt_copy_tile(T* dst, const T* src, long long rs, int left, int n) {
     static_assert(ldt_tiles<CH, NT, Q>(), "a row's pieces must divide the threads");
@@ -534,6 +534,15 @@ __device__ __forceinline__ void ldt_copy_tile(T* dst, const T* src, long long rs
         const int ok = cok && s0 + i * RS < n;
         llc_cp_async16(d + i * RS * LD, ok ? p : src, ok);
         p += RS * rs;
+    }
+}
+// 4-byte cp.async copies of a chunk's log-decays g[row0 + s·H] into gs[s], s < CH (zero at or
+// past n, or everywhere without g). NT threads from thread 0.
+template <int CH, int NT>
+__device__ __forceinline__ void ldt_copy_g(float* gs, const float* g, int has_g, long long row0, int H, int n) {
+    for (int s = threadIdx.x; s < CH; s += NT) {
+        const int ok = has_g && s < n;
+        llc_cp_async(gs + s, g + (ok ? row0 + (long long)s * H : 0), 4, ok);
     }
 }
 // A chunk's decays from its log-decays, two tokens per lane of a warp (x0, x1: tokens 2·lane and
@@ -841,10 +850,7 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
                 ldt_copy_tile<CH, NT, VB / 4, LDU>(Us, U + row0 * Dv + v0, (long long)H * Dv, Dv - v0, n);
             else
                 ldt_copy_rows<CH, NT>(Us, LDU, U, row0, H, Dv, v0, VB, n, false);
-            for (int s = tid; s < CH; s += NT) {
-                const int ok = has_g && s < n;
-                llc_cp_async(gs + s, g + (ok ? row0 + (long long)s * H : 0), 4, ok);
-            }
+            ldt_copy_g<CH, NT>(gs, g, has_g, row0, H, n);
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
@@ -986,10 +992,7 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
             ldt_copy_tile<CH, NT, DKW / 8, LDW>(Ws, W + row0 * Dk, (long long)H * Dk, Dk, n);
             ldt_copy_tile<CH, NT, DKW / 8, LDW>(Ks, k + row0 * Dk, (long long)H * Dk, Dk, n);
             ldt_copy_tile<CH, NT, VB / 8, LDU>(Us, U + row0 * Dv + v0, (long long)H * Dv, Dv - v0, n);
-            for (int s = tid; s < CH; s += NT) {
-                const int ok = has_g && s < n;
-                llc_cp_async(gs + s, g + (ok ? row0 + (long long)s * H : 0), 4, ok);
-            }
+            ldt_copy_g<CH, NT>(gs, g, has_g, row0, H, n);
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
