@@ -37,7 +37,7 @@ use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Precision, Result};
 
 use super::FAMILY;
-use super::chunked::ChunkedInputs;
+use super::chunked::{ChunkedInputs, view_or_zero};
 use crate::forms::input_opt;
 use crate::kernels;
 use crate::pool::{self, Pooled};
@@ -185,7 +185,7 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
     }
     let g = if ll.base.has_decay() { input_opt::<f32>(x, "g")? } else { None };
     let zero = pool::zeros::<f32>(FAMILY, 1)?;
-    let (gv, has_g) = (g.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view()), g.is_some() as i32);
+    let (gv, has_g) = view_or_zero(g.as_deref(), &zero);
     let nc = t.div_ceil(64);
     let bh = b * h;
     check_sizes::<f32>([b, t, h, dk, dv], nc)?;

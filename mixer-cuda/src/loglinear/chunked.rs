@@ -28,7 +28,7 @@ use crate::forms::{finish, input, input_opt};
 use crate::kernels;
 use crate::pool::{self, Pooled};
 use crate::runtime::{GpuReal, err, gpu, int, launch};
-use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
+use crate::tensor::{AnyDeviceTensor, DeviceScalar, DeviceTensor, DeviceTensors};
 
 /// Most scratch bytes the form allocates.
 const MAX_SCRATCH: usize = 8 << 30;
@@ -58,10 +58,19 @@ pub(crate) struct ChunkedInputs<'a, F: GpuReal> {
     pub zero: Pooled<F>,
 }
 
+/// An optional input as the kernels take it: its view and 1, or the one-entry `zero` buffer and
+/// 0 where it is absent (`has_g`).
+pub(super) fn view_or_zero<'a, T: DeviceScalar>(
+    t: Option<&'a DeviceTensor<T>>,
+    zero: &'a Pooled<T>,
+) -> (CudaView<'a, T>, i32) {
+    (t.map_or_else(|| zero.slice(0..1), |d| d.view()), t.is_some() as i32)
+}
+
 impl<F: GpuReal> ChunkedInputs<'_, F> {
     /// `g`, or the zero buffer without a decay, and whether `g` is there (the kernels' `has_g`).
     pub fn g_view(&self) -> (CudaView<'_, F>, i32) {
-        (self.g.as_ref().map_or_else(|| self.zero.slice(0..1), |d| d.view()), self.g.is_some() as i32)
+        view_or_zero(self.g.as_deref(), &self.zero)
     }
 
     /// `beta`, or the zero buffer without one.

@@ -20,7 +20,7 @@ use super::FAMILY;
 use super::chunk_tree::{
     bf16_qkv, check_sizes, chunk_len, fixed_dims, kernel_ints, out_direct, outputs, tensor_cores,
 };
-use super::chunked::ChunkedInputs;
+use super::chunked::{ChunkedInputs, view_or_zero};
 use crate::forms::{input, input_opt};
 use crate::kernels;
 use crate::pool;
@@ -279,10 +279,17 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
     if dk > 64 || dk % 8 != 0 || dv % 8 != 0 || !aligned || b * t * h * dk * dv == 0 {
         return Ok(None);
     }
+    // Two warps of 16 value columns per block (one when Dv is narrower); three buffers where they fit
+    // (decided before any launch, so that a fallback wastes no work).
+    let warps = rb_warps(dv, std::env::var("MIXERS_DELTA_WARPS").ok());
+    let limit = max_dynamic_smem();
+    let Some(stages) = (2..=3).rev().find(|&s| delta_h_rb_smem(dk, warps, s) <= limit) else {
+        return Ok(None);
+    };
     let gt = input_opt::<f32>(x, "g")?;
     let beta = input::<f32>(x, "beta")?;
     let zero = pool::zeros::<f32>(FAMILY, 1)?;
-    let (gv, has_g) = (gt.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view()), gt.is_some() as i32);
+    let (gv, has_g) = view_or_zero(gt.as_deref(), &zero);
     let nc = t.div_ceil(64);
     let bh = b * h;
     check_sizes::<f32>([b, t, h, dk, dv], nc)?;
@@ -307,12 +314,6 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
     let no_ti = 0i32;
     launch!(gpu, FAMILY, wy, cfg;
         &kv, &vv, &gv, &has_g, &bv, &mut *w, &mut *u, &mut *tinv, &no_ti, &ti, &hi, &dki, &dvi)?;
-    // Two warps of 16 value columns per block (one when Dv is narrower); three buffers where they fit.
-    let warps = rb_warps(dv, std::env::var("MIXERS_DELTA_WARPS").ok());
-    let limit = max_dynamic_smem();
-    let Some(stages) = (2..=3).rev().find(|&s| delta_h_rb_smem(dk, warps, s) <= limit) else {
-        return Ok(None);
-    };
     opts.extend([format!("-DDHR_WARPS={warps}"), format!("-DDHR_ST={stages}")]);
     let f = gpu.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &opts, "llc_delta_h_rb_bf16")?;
     opt_in(FAMILY, &f)?;
