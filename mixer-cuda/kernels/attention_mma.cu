@@ -431,9 +431,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
                     const int row = warp * 16 * ATT_WM + mt * 16 + (lane & 15);
                     const int ch = kt * 2 + (lane >> 4);
                     const u32 addr = smem_u32(qs) + swz(row, ch) * 16;
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                                 : "=r"(qf[mt][kt][0]), "=r"(qf[mt][kt][1]), "=r"(qf[mt][kt][2]), "=r"(qf[mt][kt][3])
-                                 : "r"(addr));
+                    mx_ldsm_x4(qf[mt][kt], addr);
                 }
         }
         // S = Q Kᵀ
@@ -451,9 +449,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
             for (int np = 0; np < ATT_BK / 16; ++np) {
                 const int row = np * 16 + (lane & 7) + ((lane >> 4) << 3);
                 const int ch = kt * 2 + ((lane >> 3) & 1);
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(bf[np][0]), "=r"(bf[np][1]), "=r"(bf[np][2]), "=r"(bf[np][3])
-                             : "r"(kb + swz(row, ch) * 16));
+                mx_ldsm_x4(bf[np], kb + swz(row, ch) * 16);
             }
 #pragma unroll
             for (int np = 0; np < ATT_BK / 16; ++np)
@@ -496,9 +492,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
             for (int dp = 0; dp < ATT_D / 16; ++dp) {
                 const int row = kt * 16 + (lane & 15);
                 const int ch = dp * 2 + (lane >> 4);
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                             : "=r"(vf[dp][0]), "=r"(vf[dp][1]), "=r"(vf[dp][2]), "=r"(vf[dp][3])
-                             : "r"(vb + swz(row, ch) * 16));
+                mx_ldsm_x4_t(vf[dp], vb + swz(row, ch) * 16);
             }
 #pragma unroll
             for (int dp = 0; dp < ATT_D / 16; ++dp)
