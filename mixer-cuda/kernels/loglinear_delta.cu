@@ -35,16 +35,32 @@ __device__ inline void llc_tri_inverse(const T* Lm, T* Tt) {
     }
 }
 
+// acc += A B for one m16n8k8 step from f32 fragments (a0..a3, b0, b1 as mx_mma_tf32's), in three
+// tf32 products: a_lo b_hi + a_hi b_lo + a_hi b_hi, hi = tf32(x), lo = tf32(x − hi).
+__device__ __forceinline__ void llc_mma3_tf32(float (&acc)[4], float a0, float a1, float a2, float a3, float b0,
+                                              float b1) {
+    const unsigned ah0 = mx_tf32(a0), ah1 = mx_tf32(a1), ah2 = mx_tf32(a2), ah3 = mx_tf32(a3), bh0 = mx_tf32(b0),
+                   bh1 = mx_tf32(b1);
+    const unsigned al0 = mx_tf32(a0 - __uint_as_float(ah0)), al1 = mx_tf32(a1 - __uint_as_float(ah1)),
+                   al2 = mx_tf32(a2 - __uint_as_float(ah2)), al3 = mx_tf32(a3 - __uint_as_float(ah3)),
+                   bl0 = mx_tf32(b0 - __uint_as_float(bh0)), bl1 = mx_tf32(b1 - __uint_as_float(bh1));
+    mx_mma_tf32(acc, al0, al1, al2, al3, bh0, bh1);
+    mx_mma_tf32(acc, ah0, ah1, ah2, ah3, bl0, bl1);
+    mx_mma_tf32(acc, ah0, ah1, ah2, ah3, bh0, bh1);
+}
+
 // The same T⁻¹ = (I + Lm)⁻¹ by 16 × 16 blocks (CH = 64; 256 threads), balanced over the warps:
 // 1. each diagonal block X_ii = (I + L_ii)⁻¹ by the forward substitution above, restricted to
 //    the block (at most 15 steps per column instead of 63);
 // 2. the blocks below the diagonal, one block diagonal d = i − j at a time (d = 1, 2, 3), from
-//    (I + L) X = I: X_ij = −X_ii Y_ij with Y_ij = Σ_{j ≤ k < i} L_ik X_kj, Y staged in Ys
-//    (3 · 16 × 17 floats).
+//    (I + L) X = I: X_ij = −X_ii Y_ij with Y_ij = Σ_{j ≤ k < i} L_ik X_kj, as tensor-core products
+//    (llc_mma3_tf32), Y staged in Ys (6 · 16 × 8 floats, one slice per working warp). These
+//    products took most of the inverse's instructions as FMA loops (WY kernel 0.295 → 0.21 ms,
+//    docs/gpu-report.md).
 // Same layout: column c of X in row c of Tt (rows of LDX), zero above the diagonal.
 template <int LDL, int LDX>
 __device__ inline void llc_tri_inverse_blocked(const float* Lm, float* Tt, float* Ys) {
-    constexpr int CH = 64, NB = 16, LDY = NB + 1;
+    constexpr int CH = 64, NB = 16;
     const int tid = threadIdx.x, c = tid >> 2, part = tid & 3, c0 = c & ~(NB - 1);
     float* x = Tt + c * LDX;
     for (int r = part; r < CH; r += 4) x[r] = r == c ? 1.f : 0.f;
@@ -57,25 +73,37 @@ __device__ inline void llc_tri_inverse_blocked(const float* Lm, float* Tt, float
         if (part == 0 && r > c) x[r] = -acc;
         __syncwarp();
     }
+    // Step 2 on tensor cores: warp w < 2 (4 − d) takes block (i, j) = (⌊w/2⌋ + d, ⌊w/2⌋) and its
+    // 8 columns 16j + 8 (w mod 2) ..: Y (16 × 8) = L_i,[16j,16i) X_[16j,16i),cols, staged in the
+    // warp's 16 × 8 floats of Ys, then X_ij = −X_ii Y; m16n8k8 products in three tf32 terms
+    // (a_hi b_hi + a_hi b_lo + a_lo b_hi, hi = tf32(x), lo = tf32(x − hi)): f32-like accuracy.
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    float* ys = Ys + warp * 128;
     for (int d = 1; d < CH / NB; ++d) {
         __syncthreads();  // the blocks of diagonals < d are in place
-        // Y_ij for the 4 − d blocks (i, j = i − d), one entry per thread and block.
-        for (int idx = tid; idx < (CH / NB - d) * NB * NB; idx += 256) {
-            const int blk = idx / (NB * NB), rr = (idx / NB) % NB, cc = idx % NB;
-            const int i = blk + d, j = blk, row = i * NB + rr, col = j * NB + cc;
-            float acc = 0.f;
-            for (int s = j * NB; s < i * NB; ++s) acc = fmaf(Lm[row * LDL + s], Tt[col * LDX + s], acc);
-            Ys[(blk * NB + rr) * LDY + cc] = acc;
+        if (warp >= 2 * (CH / NB - d)) continue;
+        const int j = warp >> 1, i = j + d, r0 = i * NB, col = j * NB + (warp & 1) * 8 + g;
+        float y[4] = {0.f, 0.f, 0.f, 0.f};
+        for (int k8 = j * NB; k8 < i * NB; k8 += 8) {
+            const float* ap = Lm + (r0 + g) * LDL + k8 + t;
+            const float* bp = Tt + col * LDX + k8 + t;
+            llc_mma3_tf32(y, ap[0], ap[8 * LDL], ap[4], ap[8 * LDL + 4], bp[0], bp[4]);
         }
-        __syncthreads();
-        // X_ij = −X_ii Y_ij (X_ii lower triangular).
-        for (int idx = tid; idx < (CH / NB - d) * NB * NB; idx += 256) {
-            const int blk = idx / (NB * NB), rr = (idx / NB) % NB, cc = idx % NB;
-            const int i = blk + d, j = blk, row = i * NB + rr, col = j * NB + cc;
-            float acc = 0.f;
-            for (int s = 0; s <= rr; ++s) acc = fmaf(Tt[(i * NB + s) * LDX + row], Ys[(blk * NB + s) * LDY + cc], acc);
-            Tt[col * LDX + row] = -acc;
+        // Y[g][2t], Y[g][2t + 1], Y[g + 8][2t], Y[g + 8][2t + 1] → ys[row][col] (rows of 8)
+        ys[g * 8 + 2 * t] = y[0], ys[g * 8 + 2 * t + 1] = y[1];
+        ys[(g + 8) * 8 + 2 * t] = y[2], ys[(g + 8) * 8 + 2 * t + 1] = y[3];
+        __syncwarp();
+        float x[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int k8 = 0; k8 < NB; k8 += 8) {
+            // A = X_ii[g][k8 + t] = Tt[r0 + k8 + t][r0 + g]; B = Y[k8 + t][g]
+            const float* ap = Tt + (r0 + k8 + t) * LDX + r0 + g;
+            llc_mma3_tf32(x, ap[0], ap[8], ap[4 * LDX], ap[4 * LDX + 8], ys[(k8 + t) * 8 + g], ys[(k8 + t + 4) * 8 + g]);
         }
+        // X_ij[g (+8)][2t (+1)] = −x → Tt[16j + 8(w mod 2) + 2t (+1)][r0 + g (+8)]
+        float* dst = Tt + (j * NB + (warp & 1) * 8 + 2 * t) * LDX + r0 + g;
+        dst[0] = -x[0], dst[LDX] = -x[1], dst[8] = -x[2], dst[LDX + 8] = -x[3];
+        __syncwarp();  // ys is read before the next diagonal's stores (also ordered by the barrier)
     }
 }
 
@@ -164,12 +192,13 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
 
 // 4'. llc_wy on tensor cores (tf32 / bf16 modes, f32 data): the products KKᵀ,
 // W = T⁻¹ diag(β e^γ) K and U = T⁻¹ diag(β) V as m16n8k8 tf32 mma with f32 accumulation, over
-// 64-column tiles of K and V staged (rounded to tf32) in X [64][68]; T⁻¹ = (I + Lm)⁻¹ by the same
-// f32 forward substitution as llc_wy (llc_tri_inverse). Eight warps: warp w takes rows
+// 64-column tiles of K and V staged (rounded to tf32) in X [64][68]; T⁻¹ = (I + Lm)⁻¹ by 16 × 16
+// blocks (llc_tri_inverse_blocked: f32 substitution in the diagonal blocks, three-term tf32
+// products below them), X serving as its scratch. Eight warps: warp w takes rows
 // 16 (w mod 4) .. + 15 and columns 32 ⌊w / 4⌋ .. + 31 of each 64 × 64 product (tiles of KKᵀ above
 // the diagonal are skipped). Row strides ≡ 4 (mod 32) so that fragment loads hit 32 banks.
-// Grid (NC, BH), 256 threads; dynamic shared memory: X [64][68] | Lm [64][65] | Tt [64][68]
-// floats (wy_tc_smem on the host).
+// Grid (NC, BH), 256 threads; dynamic shared memory: X [64][68] | Lm [64][68] | Tt [64][68]
+// floats (TC_TILES_SMEM on the host).
 // llc_wy_tc's outputs: f32 (W rounded to tf32 when w), or bf16 (rounded to nearest even).
 __device__ __forceinline__ void lwt_store(float* p, float x, bool w) { *p = w ? __uint_as_float(mx_tf32(x)) : x; }
 __device__ __forceinline__ void lwt_store(mx_bf16* p, float x, bool) { *p = mx_f32_bf16(x); }
@@ -181,7 +210,7 @@ template <typename TI, typename TO>
 __device__ void llc_wy_tc(const TI* k, const TI* v, const float* g, int has_g, const float* beta, TO* W, TO* U,
                           float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
     LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = 64, LDL = CH + 1;
+    constexpr int CH = 64, LDL = LWT_LD;
     __shared__ double gam[CH], gtmp[CH];
     __shared__ float bet[CH];
     extern __shared__ unsigned char llc_dyn[];
@@ -280,7 +309,14 @@ __device__ void llc_wy_tc(const TI* k, const TI* v, const float* g, int has_g, c
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+// With head dims ≤ 64 at most 64 registers, so that four blocks fit an SM as their shared memory
+// does (the tensor-core inverse would take 73); larger head dims need more (no minimum then).
+#if defined(LLC_DK) && defined(LLC_DV) && LLC_DK <= 64 && LLC_DV <= 64
+#define LWT_MIN_BLOCKS 4
+#else
+#define LWT_MIN_BLOCKS 1
+#endif
+extern "C" __global__ void __launch_bounds__(256, LWT_MIN_BLOCKS)
     llc_wy_tc_f32(const float* k, const float* v, const float* g, int has_g, const float* beta, float* W, float* U,
                   float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
     llc_wy_tc<float, float>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);
@@ -288,7 +324,7 @@ extern "C" __global__ void __launch_bounds__(256)
 #if DH_BF16
 // The bf16 mode without a lift: k and v read as stored, W and U written rounded to bf16 (the
 // operands of llc_delta_h_rb); g and β f32.
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(256, LWT_MIN_BLOCKS)
     llc_wy_tc_bf16(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, const float* beta, mx_bf16* W,
                    mx_bf16* U, float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
     llc_wy_tc<mx_bf16, mx_bf16>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);

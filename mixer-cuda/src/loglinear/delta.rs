@@ -125,8 +125,8 @@ fn rb_warps(dv: usize, over: Option<String>) -> usize {
     })
 }
 
-/// Dynamic shared memory of `llc_wy_tc` (`X`, `Lm`, `Tt`: `[64][68]`, `[64][65]`, `[64][68]`
-/// floats) and of `llc_out_dl_tc` (three `[64][68]` tiles): the larger of the two.
+/// Dynamic shared memory of `llc_wy_tc` (`X`, `Lm`, `Tt`) and of `llc_out_dl_tc`: three
+/// `[64][68]` f32 tiles each.
 const TC_TILES_SMEM: usize = 3 * 64 * 68 * 4;
 
 /// Dynamic shared memory of `llc_out_dl`: `Pt`, `At` `[CH][CH+1]`, `Qt` `[64][CH+1]`, two
