@@ -14,6 +14,7 @@
 //!   [`run_device`] and [`decoder_device`] for inputs that live on the GPU, and [`stream`].
 //! - [`timing`]: CUDA-event timing of forms and decode loops on device-resident inputs.
 //! - [`kernels`]: the table of every kernel source (`mixer-cuda/kernels/*.cu`).
+//! - [`nvrtc`]: one NVRTC compilation (PTX, and NVRTC's CUBIN for `MIXERS_NVRTC_CUBIN=1`).
 //! - [`fft`]: batched real FFTs through cuFFT with cached plans.
 //! - one module per family, implementing `mixer_registry::Family` and registering a
 //!   `FamilyEntry { backend: "cuda", .. }`:
@@ -38,6 +39,7 @@ pub mod forms;
 pub mod glr;
 pub mod kernels;
 pub mod loglinear;
+pub mod nvrtc;
 pub mod pool;
 pub mod runtime;
 pub mod tensor;

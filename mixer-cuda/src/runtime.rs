@@ -17,7 +17,7 @@ use cudarc::driver::{
 };
 
 use crate::pool::Pooled;
-use cudarc::nvrtc::{CompileError, CompileOptions, compile_ptx_with_opts};
+use cudarc::nvrtc::Ptx;
 use mixer_core::{Error, Real, Result};
 
 /// A scalar type with device kernels: `f32` or `f64`.
@@ -157,19 +157,6 @@ fn nvrtc_present() -> bool {
     std::panic::catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false)
 }
 
-fn compile_error(kernel: &str, e: CompileError) -> Error {
-    match e {
-        CompileError::CompileError { nvrtc, options, log } => err(
-            kernel,
-            format!(
-                "NVRTC compilation failed ({nvrtc:?}) with options {options:?}:\n{}",
-                log.to_string_lossy()
-            ),
-        ),
-        other => err(kernel, format!("NVRTC: {other:?}")),
-    }
-}
-
 impl Gpu {
     /// The architecture option for this device, e.g. `sm_90`.
     pub fn arch(&self) -> String {
@@ -200,31 +187,27 @@ impl Gpu {
         if let Some(m) = cache.get(&key) {
             return Ok(m.clone());
         }
-        if !nvrtc_present() {
-            return Err(err(
-                kernel,
-                "the NVRTC library (libnvrtc.so) was not found; kernels cannot be compiled",
-            ));
-        }
-        let compile = |opts: Vec<String>| {
-            let o =
-                CompileOptions { options: opts, name: Some(format!("{kernel}.cu")), ..Default::default() };
-            std::panic::catch_unwind(|| compile_ptx_with_opts(src, o))
-                .map_err(|_| err(kernel, "NVRTC panicked (missing symbol or invalid source)"))
-        };
-        let ptx = match compile(options.clone())? {
-            Ok(p) => p,
+        let want_cubin = crate::nvrtc::cubin_wanted();
+        let compile = |opts: &[String]| compile_checked(kernel, src, opts, want_cubin);
+        let load =
+            |ptx: Ptx| self.ctx.load_module(ptx).map_err(|e| err(kernel, format!("loading the module: {e}")));
+        let compiled = compile(&options)?;
+        // NVRTC's CUBIN when asked for (crate::nvrtc), its PTX when the CUBIN is absent or the
+        // driver refuses it.
+        let from_cubin = compiled.cubin.map(|c| load(Ptx::from_binary(c)));
+        let module = match (from_cubin, compiled.ptx) {
+            (Some(Ok(m)), _) => m,
+            (_, Some(ptx)) => load(ptx)?,
+            (Some(Err(e)), None) => return Err(e),
             // Some NVRTC versions give no PTX for a real architecture: fall back to the
             // virtual one (the driver then compiles the PTX for this device).
-            Err(CompileError::GetPtxError(_)) => {
+            (None, None) => {
                 let mut virt = options.clone();
                 virt[0] = virt[0].replace("=sm_", "=compute_");
-                compile(virt)?.map_err(|e| compile_error(kernel, e))?
+                let ptx = compile(&virt)?.ptx.ok_or_else(|| err(kernel, "NVRTC gave no PTX"))?;
+                load(ptx)?
             }
-            Err(e) => return Err(compile_error(kernel, e)),
         };
-        let module =
-            self.ctx.load_module(ptx).map_err(|e| err(kernel, format!("loading the module: {e}")))?;
         cache.insert(key, module.clone());
         Ok(module)
     }
@@ -335,16 +318,38 @@ pub fn compile_only(kernel: &str, src: &str, arch: &str) -> Result<usize> {
 
 /// [`compile_only`] with extra NVRTC options (e.g. `-DATT_WGMMA=1`).
 pub fn compile_only_with(kernel: &str, src: &str, arch: &str, extra: &[String]) -> Result<usize> {
-    if !nvrtc_present() {
-        return Err(err(kernel, "the NVRTC library (libnvrtc.so) was not found"));
-    }
     let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
     options.extend(extra.iter().cloned());
-    let o = CompileOptions { options, name: Some(format!("{kernel}.cu")), ..Default::default() };
-    let ptx = std::panic::catch_unwind(|| compile_ptx_with_opts(src, o))
-        .map_err(|_| err(kernel, "NVRTC panicked"))?
-        .map_err(|e| compile_error(kernel, e))?;
+    let ptx = compile_checked(kernel, src, &options, false)?
+        .ptx
+        .ok_or_else(|| err(kernel, format!("NVRTC gave no PTX for {arch}")))?;
     Ok(ptx.to_src().len())
+}
+
+/// The CUBIN NVRTC produces for the real architecture `arch` (e.g. `sm_90`): what the runtime
+/// loads with `MIXERS_NVRTC_CUBIN=1`. No device needed.
+pub fn compile_cubin_only(kernel: &str, src: &str, arch: &str, extra: &[String]) -> Result<Vec<u8>> {
+    let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
+    options.extend(extra.iter().cloned());
+    compile_checked(kernel, src, &options, true)?
+        .cubin
+        .ok_or_else(|| err(kernel, format!("NVRTC gave no CUBIN for {arch}")))
+}
+
+/// [`crate::nvrtc::compile`] after checking that NVRTC exists, its panics and messages as errors
+/// of `kernel`.
+fn compile_checked(
+    kernel: &str,
+    src: &str,
+    options: &[String],
+    cubin: bool,
+) -> Result<crate::nvrtc::Compiled> {
+    if !nvrtc_present() {
+        return Err(err(kernel, "the NVRTC library (libnvrtc.so) was not found; kernels cannot be compiled"));
+    }
+    std::panic::catch_unwind(|| crate::nvrtc::compile(src, &format!("{kernel}.cu"), options, cubin))
+        .map_err(|_| err(kernel, "NVRTC panicked (missing symbol or invalid source)"))?
+        .map_err(|m| err(kernel, m))
 }
 
 /// Whether NVRTC can be loaded here (no device needed).

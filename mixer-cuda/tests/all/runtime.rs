@@ -5,7 +5,7 @@
 use mixer_core::Error;
 use mixer_cuda::DeviceTensor;
 use mixer_cuda::kernels::with_prelude;
-use mixer_cuda::runtime::{compile_only, compile_only_with, gpu, nvrtc_available};
+use mixer_cuda::runtime::{compile_cubin_only, compile_only, compile_only_with, gpu, nvrtc_available};
 use ndarray::{ArrayD, IxDyn};
 
 #[test]
@@ -60,6 +60,90 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         }
         let n = compile_only_with("loglinear_delta", &src, "sm_90", &extra).unwrap_or_else(|e| panic!("{e}"));
         assert!(n > 100, "loglinear_delta {extra:?}: PTX of {n} bytes");
+    }
+}
+
+/// `true` when NVRTC is here; otherwise prints why the test skips (and fails it under
+/// `MIXERS_REQUIRE_CUDA=1`).
+fn nvrtc_here() -> bool {
+    if nvrtc_available() {
+        return true;
+    }
+    assert!(
+        !std::env::var("MIXERS_REQUIRE_CUDA").is_ok_and(|v| v == "1"),
+        "MIXERS_REQUIRE_CUDA=1 but NVRTC is not available"
+    );
+    eprintln!("skipped: NVRTC (libnvrtc.so) not found");
+    false
+}
+
+const ELF_MAGIC: &[u8] = b"\x7fELF";
+
+#[test]
+#[ignore = "needs NVRTC (the CUDA toolkit)"]
+fn nvrtc_gives_a_cubin_for_every_kernel() {
+    // What MIXERS_NVRTC_CUBIN=1 loads: an ELF image per source for sm_90, and for the sm_90a
+    // wgmma attention kernel; a virtual architecture has none (the runtime then loads PTX).
+    if !nvrtc_here() {
+        return;
+    }
+    for k in mixer_cuda::kernels::ALL {
+        let c = compile_cubin_only(k.name, &k.full(), "sm_90", &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            c.starts_with(ELF_MAGIC) && c.len() > 1000,
+            "{}: {} bytes, not an ELF image",
+            k.name,
+            c.len()
+        );
+    }
+    let wgmma = ["-DATT_WGMMA=1", "-DATT_WM=1", "-DATT_WARPS=8"].map(String::from);
+    let c = compile_cubin_only("attention_mma", &mixer_cuda::kernels::ATTENTION_MMA.full(), "sm_90a", &wgmma)
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.starts_with(ELF_MAGIC), "attention_mma sm_90a: not an ELF image");
+    assert!(compile_cubin_only("glr", &mixer_cuda::kernels::GLR.full(), "compute_90", &[]).is_err());
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn cubin_and_ptx_modules_compute_the_same_bits() {
+    let Some(_turn) = crate::common::gpu() else {
+        return;
+    };
+    let g = gpu().unwrap();
+    let src = "extern \"C\" __global__ void mix(const float* x, float* y, int n) {\n\
+               int i = blockIdx.x * blockDim.x + threadIdx.x;\n\
+               if (i < n) y[i] = __expf(x[i]) * 0.75f + sinf(3.0f * x[i]) / (1.0f + x[i] * x[i]);\n}";
+    let n = 1000usize;
+    let x: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 / 25.0 - 2.0).collect();
+    let dx = g.stream.clone_htod(&x).unwrap();
+    let run = |m: std::sync::Arc<cudarc::driver::CudaModule>| {
+        use cudarc::driver::PushKernelArg;
+        let f = m.load_function("mix").unwrap();
+        let mut dy = g.stream.alloc_zeros::<f32>(n).unwrap();
+        let ni = n as i32;
+        let mut b = g.stream.launch_builder(&f);
+        b.arg(&dx).arg(&mut dy).arg(&ni);
+        // SAFETY: the arguments match `mix`'s signature; both buffers hold n floats.
+        unsafe { b.launch(mixer_cuda::runtime::grid1(n, 128)) }.unwrap();
+        let mut y = vec![0f32; n];
+        g.stream.memcpy_dtoh(&dy, &mut y[..]).unwrap();
+        g.sync("cubin").unwrap();
+        y
+    };
+    let cubin = compile_cubin_only("cubin", src, &g.arch(), &[]).unwrap();
+    let from_cubin = run(g.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)).unwrap());
+    let from_ptx = run(g.module("cubin", src, &[]).unwrap());
+    assert!(from_cubin.iter().zip(&from_ptx).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert!(from_cubin.iter().all(|v| v.is_finite()) && from_cubin.iter().any(|&v| v != 0.0));
+    // The largest sources load from their CUBIN too (head dims fixed as the host compiles them).
+    let dims = ["-DLLC_DK=64", "-DLLC_DV=64", "-DDH_BF16=1", "-DDHR_WARPS=2", "-DDHR_ST=3"].map(String::from);
+    let src = mixer_cuda::kernels::LOGLINEAR_DELTA.full();
+    let m = g.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(
+        compile_cubin_only("delta", &src, &g.arch(), &dims).unwrap(),
+    ));
+    let m = m.unwrap();
+    for f in ["llc_wy_tc_f32", "llc_wy_tc_bf16", "llc_delta_h_rb_bf16", "llc_delta_h_tc_f32"] {
+        assert!(m.load_function(f).is_ok(), "{f} not in the CUBIN module");
     }
 }
 
