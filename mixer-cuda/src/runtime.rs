@@ -336,8 +336,8 @@ pub fn compile_cubin_only(kernel: &str, src: &str, arch: &str, extra: &[String])
         .ok_or_else(|| err(kernel, format!("NVRTC gave no CUBIN for {arch}")))
 }
 
-/// [`crate::nvrtc::compile`] after checking that NVRTC exists, its panics and messages as errors
-/// of `kernel`.
+/// [`crate::nvrtc::compile_cached`] (through the folder of [`crate::nvrtc::cache_dir`]) after
+/// checking that NVRTC exists, its panics and messages as errors of `kernel`.
 fn compile_checked(
     kernel: &str,
     src: &str,
@@ -347,9 +347,12 @@ fn compile_checked(
     if !nvrtc_present() {
         return Err(err(kernel, "the NVRTC library (libnvrtc.so) was not found; kernels cannot be compiled"));
     }
-    std::panic::catch_unwind(|| crate::nvrtc::compile(src, &format!("{kernel}.cu"), options, cubin))
-        .map_err(|_| err(kernel, "NVRTC panicked (missing symbol or invalid source)"))?
-        .map_err(|m| err(kernel, m))
+    let dir = crate::nvrtc::cache_dir();
+    std::panic::catch_unwind(|| {
+        crate::nvrtc::compile_cached(src, &format!("{kernel}.cu"), options, cubin, dir.as_deref())
+    })
+    .map_err(|_| err(kernel, "NVRTC panicked (missing symbol or invalid source)"))?
+    .map_err(|m| err(kernel, m))
 }
 
 /// Whether NVRTC can be loaded here (no device needed).
