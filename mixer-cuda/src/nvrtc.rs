@@ -110,7 +110,7 @@ pub fn cache_dir() -> Option<PathBuf> {
 }
 
 /// [`compile`] through the cache folder `dir` (none: no cache). An entry holds the whole key —
-/// NVRTC's version, the options, the source — and is used only when that key matches exactly
+/// NVRTC's version, the name, the options, the source — and is used only when that key matches exactly
 /// (and holds a CUBIN when one is wanted); anything unreadable counts as absent. A successful
 /// compilation is written (to a temporary file, then renamed); a cache that cannot be written
 /// is skipped. Errors are never cached.
@@ -124,7 +124,7 @@ pub fn compile_cached(
     let Some(dir) = dir else {
         return compile(src, name, options, want_cubin);
     };
-    let key = cache_key(src, options);
+    let key = cache_key(src, name, options);
     let path = dir.join(format!("{:016x}.nvrtc", {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         key.hash(&mut h);
@@ -138,12 +138,13 @@ pub fn compile_cached(
     Ok(c)
 }
 
-/// NVRTC's version, the options (one per line) and the source, as one byte string.
-fn cache_key(src: &str, options: &[String]) -> Vec<u8> {
+/// NVRTC's version, the program's name (it can appear in the PTX's debug lines), the options (one
+/// per line) and the source, as one byte string.
+fn cache_key(src: &str, name: &str, options: &[String]) -> Vec<u8> {
     let (mut major, mut minor) = (0, 0);
     // SAFETY: two out-parameters; callers checked that NVRTC is loaded.
     let _ = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
-    let mut key = format!("nvrtc {major}.{minor}\n").into_bytes();
+    let mut key = format!("nvrtc {major}.{minor}\n{name}\n").into_bytes();
     for o in options {
         key.extend_from_slice(o.as_bytes());
         key.push(b'\n');
@@ -235,7 +236,7 @@ mod tests {
         assert_eq!(entries.len(), 1, "one entry, no temporary file left: {entries:?}");
         let path = entries[0].clone();
         // A hit is served from the file: plant a marker under the same key.
-        let key = cache_key(SRC, &o);
+        let key = cache_key(SRC, "t.cu", &o);
         let marked = Compiled { ptx: Some(Ptx::from_src("// marker")), cubin: None };
         write_entry(&dir, &path, &key, &marked).unwrap();
         assert_eq!(ptx_text(&compile_cached(SRC, "t.cu", &o, false, Some(&dir)).unwrap()), "// marker");
