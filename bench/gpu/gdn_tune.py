@@ -6,10 +6,15 @@ device-resident inputs, compares what it writes against the FMA kernel of the sh
 (delta_h: the entering states Hs and, without a lift, the new values Vn; wy: W, U and, with
 --lifted, T⁻¹), and times each kernel alone with CUDA events (median of --reps after a warm-up).
 
-    python3 bench/gpu/gdn_tune.py [--kernel delta_h|wy] [--T 16384] [--H 16] [--D 64] [--lifted] [--lineinfo] [VARIANT ...]
+    python3 bench/gpu/gdn_tune.py [--kernel delta_h|wy] [--T 16384] [--H 16] [--D 64] [--lifted] [--lineinfo] [--cupy-compile] [VARIANT ...]
 
 With --lineinfo, under `ncu --section SourceCounters --section WarpStateStats -k regex:NAME`, Nsight
 Compute names the kernel's source lines with the most stall samples.
+
+Kernels are compiled as the host compiles them: NVRTC with the given defines only, the PTX
+assembled by the driver (`nvrtc_cubin.load_ptx`). `--cupy-compile` uses CuPy's RawModule instead,
+which appends `-ftz=true` (denormals flushed) and so builds other code than the host runs; timings
+before session 13 were taken that way.
 
 VARIANT is `file.cu:function:threads[:NAME=V,NAME=V]` (compiled after common.cuh and the helpers
 loglinear_chunk.cuh, as the host does): compile-time defines, except `SMEM=n` (the dynamic shared
@@ -26,7 +31,13 @@ warps and the decay warp; or
 β in (0, 1), log-decays in (−0.05, 0); for delta_h W = 0.5·K (so that the state update
 S ← e^a S + K̂ᵀ(U − W S) stays bounded), rounded to tf32 as the WY kernel stores it.
 """
-import argparse, cupy as cp, numpy as np
+import argparse, os, sys
+
+import cupy as cp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from nvrtc_cubin import load_ptx  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--kernel", choices=("delta_h", "wy"), default="delta_h")
@@ -36,6 +47,8 @@ ap.add_argument("--D", type=int, default=64)
 ap.add_argument("--lifted", action="store_true")
 ap.add_argument("--reps", type=int, default=10)
 ap.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo (Nsight Compute source counters)")
+ap.add_argument("--cupy-compile", action="store_true",
+                help="compile with CuPy's RawModule (adds -ftz=true; the default compiles as the host does)")
 ap.add_argument("variants", nargs="*")
 a = ap.parse_args()
 common = open("mixer-cuda/kernels/common.cuh").read() + "\n" + open("mixer-cuda/kernels/loglinear_chunk.cuh").read()
@@ -46,12 +59,16 @@ nc = (T + CH - 1) // CH
 E = (nc - 1).bit_length() + 1 if a.lifted else 1
 mods = {}
 OPTIN = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
+ARCH = "sm_" + cp.cuda.Device().compute_capability
 
 def function(path, name, defs=""):
     if (path, defs) not in mods:
-        opts = ("--std=c++17",) + (("-lineinfo",) if a.lineinfo else ()) + tuple(
+        opts = (("-lineinfo",) if a.lineinfo else ()) + tuple(
             f"-D{d}" for d in defs.split(",") if d and not d.startswith("ARG_"))
-        mods[(path, defs)] = cp.RawModule(code=common + open(path).read(), options=opts)
+        if a.cupy_compile:  # CuPy's compile: it appends -ftz=true, which the host does not pass
+            mods[(path, defs)] = cp.RawModule(code=common + open(path).read(), options=("--std=c++17",) + opts)
+        else:  # as the host: NVRTC with these options only, the driver assembling the PTX
+            mods[(path, defs)] = load_ptx(common + open(path).read(), ARCH, opts)
     f = mods[(path, defs)].get_function(name)
     # As the host's opt_in: the whole opt-in shared memory allowed, the launch asking for what the
     # kernel needs. (Allowing only what the launch asks for can make the driver pick a smaller
