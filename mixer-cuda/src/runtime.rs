@@ -175,13 +175,10 @@ impl Gpu {
     /// replaces the device's own (e.g. `sm_90a` for `wgmma`).
     pub fn module(&self, kernel: &str, src: &str, extra: &[String]) -> Result<Arc<CudaModule>> {
         const ARCH: &str = "--gpu-architecture=";
-        let arch = extra
-            .iter()
-            .find(|o| o.starts_with(ARCH))
-            .cloned()
-            .unwrap_or_else(|| format!("{ARCH}{}", self.arch()));
-        let mut options = vec![arch, "--std=c++17".to_string()];
-        options.extend(extra.iter().filter(|o| !o.starts_with(ARCH)).cloned());
+        let arch =
+            extra.iter().find_map(|o| o.strip_prefix(ARCH)).map_or_else(|| self.arch(), str::to_string);
+        let rest: Vec<String> = extra.iter().filter(|o| !o.starts_with(ARCH)).cloned().collect();
+        let options = nvrtc_options(&arch, &rest);
         let key = (src.to_string(), options.clone());
         let mut cache = self.modules.lock().map_err(|_| err(kernel, "module cache poisoned"))?;
         if let Some(m) = cache.get(&key) {
@@ -318,9 +315,7 @@ pub fn compile_only(kernel: &str, src: &str, arch: &str) -> Result<usize> {
 
 /// [`compile_only`] with extra NVRTC options (e.g. `-DATT_WGMMA=1`).
 pub fn compile_only_with(kernel: &str, src: &str, arch: &str, extra: &[String]) -> Result<usize> {
-    let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
-    options.extend(extra.iter().cloned());
-    let ptx = compile_checked(kernel, src, &options, false)?
+    let ptx = compile_checked(kernel, src, &nvrtc_options(arch, extra), false)?
         .ptx
         .ok_or_else(|| err(kernel, format!("NVRTC gave no PTX for {arch}")))?;
     Ok(ptx.to_src().len())
@@ -329,11 +324,16 @@ pub fn compile_only_with(kernel: &str, src: &str, arch: &str, extra: &[String]) 
 /// The CUBIN NVRTC produces for the real architecture `arch` (e.g. `sm_90`): what the runtime
 /// loads with `MIXERS_NVRTC_CUBIN=1`. No device needed.
 pub fn compile_cubin_only(kernel: &str, src: &str, arch: &str, extra: &[String]) -> Result<Vec<u8>> {
-    let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
-    options.extend(extra.iter().cloned());
-    compile_checked(kernel, src, &options, true)?
+    compile_checked(kernel, src, &nvrtc_options(arch, extra), true)?
         .cubin
         .ok_or_else(|| err(kernel, format!("NVRTC gave no CUBIN for {arch}")))
+}
+
+/// The NVRTC options of every compilation: the architecture (e.g. `sm_90`), C++17, then `extra`.
+fn nvrtc_options(arch: &str, extra: &[String]) -> Vec<String> {
+    let mut options = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()];
+    options.extend(extra.iter().cloned());
+    options
 }
 
 /// [`crate::nvrtc::compile_cached`] (through the folder of [`crate::nvrtc::cache_dir`]) after
