@@ -82,11 +82,12 @@ __device__ inline void llc_tri_inverse_blocked(const float* Lm, float* Tt, float
     for (int d = 1; d < CH / NB; ++d) {
         __syncthreads();  // the blocks of diagonals < d are in place
         if (warp >= 2 * (CH / NB - d)) continue;
-        const int j = warp >> 1, i = j + d, r0 = i * NB, col = j * NB + (warp & 1) * 8 + g;
+        // rows r0 .. r0 + 15 of T⁻¹, its columns cb .. cb + 7
+        const int j = warp >> 1, i = j + d, r0 = i * NB, cb = j * NB + (warp & 1) * 8;
         float y[4] = {0.f, 0.f, 0.f, 0.f};
         for (int k8 = j * NB; k8 < i * NB; k8 += 8) {
             const float* ap = Lm + (r0 + g) * LDL + k8 + t;
-            const float* bp = Tt + col * LDX + k8 + t;
+            const float* bp = Tt + (cb + g) * LDX + k8 + t;
             llc_mma3_tf32(y, ap[0], ap[8 * LDL], ap[4], ap[8 * LDL + 4], bp[0], bp[4]);
         }
         // Y[g][2t], Y[g][2t + 1], Y[g + 8][2t], Y[g + 8][2t + 1] → ys[row][col] (rows of 8)
@@ -100,8 +101,8 @@ __device__ inline void llc_tri_inverse_blocked(const float* Lm, float* Tt, float
             const float* ap = Tt + (r0 + k8 + t) * LDX + r0 + g;
             llc_mma3_tf32(x, ap[0], ap[8], ap[4 * LDX], ap[4 * LDX + 8], ys[(k8 + t) * 8 + g], ys[(k8 + t + 4) * 8 + g]);
         }
-        // X_ij[g (+8)][2t (+1)] = −x → Tt[16j + 8(w mod 2) + 2t (+1)][r0 + g (+8)]
-        float* dst = Tt + (j * NB + (warp & 1) * 8 + 2 * t) * LDX + r0 + g;
+        // X_ij[g (+8)][2t (+1)] = −x → Tt[cb + 2t (+1)][r0 + g (+8)]
+        float* dst = Tt + (cb + 2 * t) * LDX + r0 + g;
         dst[0] = -x[0], dst[LDX] = -x[1], dst[8] = -x[2], dst[LDX + 8] = -x[3];
         __syncwarp();  // ys is read before the next diagonal's stores (also ordered by the barrier)
     }
