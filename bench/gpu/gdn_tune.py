@@ -61,20 +61,25 @@ mods = {}
 OPTIN = cp.cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"]
 ARCH = "sm_" + cp.cuda.Device().compute_capability
 
+def settings(defs):
+    """A variant's NAME=V settings as a dict."""
+    return dict(x.split("=") for x in defs.split(",") if "=" in x)
+
 def function(path, name, defs=""):
     if (path, defs) not in mods:
         opts = (("-lineinfo",) if a.lineinfo else ()) + tuple(
             f"-D{d}" for d in defs.split(",") if d and not d.startswith("ARG_"))
+        src = common + open(path).read()
         if a.cupy_compile:  # CuPy's compile: it appends -ftz=true, which the host does not pass
-            mods[(path, defs)] = cp.RawModule(code=common + open(path).read(), options=("--std=c++17",) + opts)
+            mods[(path, defs)] = cp.RawModule(code=src, options=("--std=c++17",) + opts)
         else:  # as the host: NVRTC with these options only, the driver assembling the PTX
-            mods[(path, defs)] = load_ptx(common + open(path).read(), ARCH, opts)
+            mods[(path, defs)] = load_ptx(src, ARCH, opts)
     f = mods[(path, defs)].get_function(name)
     # As the host's opt_in: the whole opt-in shared memory allowed, the launch asking for what the
     # kernel needs. (Allowing only what the launch asks for can make the driver pick a smaller
     # shared-memory configuration, and fewer blocks per SM, than the host's launches get.)
     f.max_dynamic_shared_size_bytes = OPTIN - f.shared_size_bytes
-    d = dict(x.split("=") for x in defs.split(",") if "=" in x)
+    d = settings(defs)
     if "CARVEOUT" in d:  # the shared-memory share of the SM's L1 the driver is asked for (percent)
         f.preferred_shared_memory_carveout = int(d["CARVEOUT"])
     return f
@@ -83,7 +88,7 @@ def launch_smem(name, defs):
     """The dynamic shared memory the host launches `name` with (mixer-cuda/src/loglinear/chunk_tree.rs),
     or `SMEM=n` from the variant's settings: the number of blocks per SM, and so the timing, depends
     on it."""
-    d = dict(x.split("=") for x in defs.split(",") if "=" in x)
+    d = settings(defs)
     if "SMEM" in d:
         return int(d["SMEM"])
     dkp = (D + 15) // 16 * 16
@@ -132,7 +137,7 @@ def args_and_outputs(name, defs):
     to bf16 and write bf16 W, U, Vn."""
     extra = tuple(np.int32(int(d.split("=")[1])) for d in defs.split(",") if d.startswith("ARG_ST="))
     if name.endswith("_bf16"):
-        warps = int(dict(x.split("=") for x in defs.split(",") if "=" in x).get("DHR_WARPS", 1))
+        warps = int(settings(defs).get("DHR_WARPS", 1))
         kb, Ub, Wb = to_bf16(k), to_bf16(U), to_bf16(W)
         if a.kernel == "delta_h":
             Vn = cp.zeros((B, T, H, D), cp.uint16)
@@ -149,7 +154,7 @@ def args_and_outputs(name, defs):
         Hs = cp.zeros((B * H, slots, D, D), cp.float32)
         args = (k, g, np.int32(1), W, U, Vn, Hs, np.int32(T), np.int32(H), np.int32(D), np.int32(D), np.int32(nc))
         if name.startswith("llc_delta_h_rg"):  # no lift; warps of 16 value columns
-            warps = int(dict(x.split("=") for x in defs.split(",") if "=" in x).get("DHR_WARPS", 1))
+            warps = int(settings(defs).get("DHR_WARPS", 1))
             return args, (B * H, (D + 16 * warps - 1) // (16 * warps)), {"Hs": Hs, "Vn": Vn}
         args += (np.int32(int(a.lifted)), np.int32(E), np.int64(slots)) + extra
         return args, (B * H, (D + 15) // 16), {"Hs": Hs} if a.lifted else {"Hs": Hs, "Vn": Vn}
