@@ -511,9 +511,15 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 // decays: while the eight others compute chunk j it takes the prefix sums of chunk j + 1's
 // log-decays (f32, two tokens per lane, loaded a chunk earlier) into the other of two decay
 // buffers, so that the decays are off the chunk's critical path and one barrier per chunk
-// publishes the loaded tiles and the decays.
+// publishes the loaded tiles and the decays. With the lift, the chunk's levels go through the
+// products in groups of up to DH_LG (compile time): one barrier after product 1 and one after
+// product 2 per group rather than per level, each warp's W or K fragments loaded once per k-step
+// for the group, and the group's levels as independent mma chains (Un has DH_LG buffers).
 // Grid (BH, ⌈Dv/16⌉), 288 threads (LDT_THREADS); dynamic shared memory: see delta_h_tc_smem on the host.
 #define LDT_LDS 24
+#ifndef DH_LG
+#define DH_LG 1  // levels per group (the host passes -DDH_LG for the lift; 1 without it)
+#endif
 #ifndef DH_NB2
 #define DH_NB2 1  // 0: the prefetch before the first barrier and a barrier after each level, lift or not
 #endif
@@ -611,14 +617,15 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
 #endif
     const int SD = DKP * LDT_LDS;  // one state tile
     extern __shared__ unsigned char llc_dyn[];
-    // Layout (floats): S [E][SD] | Wb [ST][CH·LDK] | Kb [ST][CH·LDK] | Ub [ST][CH·16] | Un [CH·24] |
-    // dec2 [2][CH + 1] (chunk j's decays in dec2[j mod 2]; the last entry: e^{a_j}).
+    // Layout (floats): S [E][SD] | Wb [ST][CH·LDK] | Kb [ST][CH·LDK] | Ub [ST][CH·16] |
+    // Un [DH_LG][CH·24] (one per level of a group) | dec2 [2][CH + 1] (chunk j's decays in
+    // dec2[j mod 2]; the last entry: e^{a_j}).
     float* S = reinterpret_cast<float*>(llc_dyn);
     float* Wb = S + E * SD;
     float* Kb = Wb + ST * CH * LDK;
     float* Ub = Kb + ST * CH * LDK;
     float* Un = Ub + ST * CH * LLC_DVT;
-    float* dec2 = Un + CH * LDT_LDS;
+    float* dec2 = Un + DH_LG * CH * LDT_LDS;
     const int bh = blockIdx.x, b = bh / H, h = bh % H;
     const int d0 = blockIdx.y * LLC_DVT;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
@@ -743,18 +750,32 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
         } else {
             write_state(S, Hs + ((long long)bh * nc + j) * DD);
         }
-        for (int e = lifted ? E - 1 : 0; e >= 0; --e) {
-            const int from_w = !lifted || e >= 1;
-            if (lifted && e >= 1 && !((j >> (e - 1)) & 1)) continue;
-            float* Se = S + e * SD;
-            const float sign = (lifted && e >= 1) ? -1.f : 1.f;
-            // Product 1: (m-tile, n-tile) pairs of the 64 × 16 Un over the computing warps.
+        // The chunk's levels (the lift: every non-empty level e ≥ 1, highest first, then level 0;
+        // without it level 0 alone), in groups of up to DH_LG: product 1 of each level of the
+        // group, a barrier, product 2 of each level, and with levels a barrier. A warp loads its W
+        // or K fragments once per k-step for all the group's levels, whose products are
+        // independent chains.
+        unsigned live = lifted ? (((unsigned)j << 1) | 1u) : 1u;  // bit e: level e takes part
+        while (live) {
+            int lv[DH_LG], gl = 0;  // the group's levels, its size
+#pragma unroll
+            for (int q = 0; q < DH_LG; ++q) {
+                lv[q] = 0;
+                if (live) {
+                    lv[q] = 31 - __clz(live);
+                    live &= ~(1u << lv[q]);
+                    gl = q + 1;
+                }
+            }
+            // Whether level e takes W (all but the lift's level 0, whose Un is U), and its sign.
+            auto from_w = [&](int e) { return !lifted || e >= 1; };
+            // Product 1: the warp's (m-tile, n-tile) of the 64 × 16 Un, for each level of the group.
             for (int pr = dwarp ? 8 : warp; pr < 8; pr += NW) {
                 const int mw = pr & 3, nt = pr >> 2;
-                float acc[4] = {}, acc2[4] = {};
-                if (from_w) {
+                float acc[DH_LG][4] = {}, acc2[DH_LG][4] = {};
+                if (from_w(lv[0])) {  // levels come highest first: the group's first takes W if any does
                     const float* wr = Wc + (mw * 16 + gi) * LDK + tg;
-                    const float* sr = Se + tg * LDT_LDS + nt * 8 + gi;
+                    const int so = tg * LDT_LDS + nt * 8 + gi;
                     int c8 = 0;
 #ifdef DH_DKP
 #pragma unroll
@@ -764,53 +785,80 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
                     // W arrives rounded to tf32 (llc_wy_tc stores it so): its bits go to the
                     // tensor cores as they are; S is kept in f32 and rounded here.
                     for (; c8 + 16 <= DKP; c8 += 16) {
-                        mx_mma_tf32(acc, __float_as_uint(wr[c8]), __float_as_uint(wr[8 * LDK + c8]),
-                                    __float_as_uint(wr[c8 + 4]), __float_as_uint(wr[8 * LDK + c8 + 4]),
-                                    mx_tf32(sr[c8 * LDT_LDS]), mx_tf32(sr[(c8 + 4) * LDT_LDS]));
-                        mx_mma_tf32(acc2, __float_as_uint(wr[c8 + 8]), __float_as_uint(wr[8 * LDK + c8 + 8]),
-                                    __float_as_uint(wr[c8 + 12]), __float_as_uint(wr[8 * LDK + c8 + 12]),
-                                    mx_tf32(sr[(c8 + 8) * LDT_LDS]), mx_tf32(sr[(c8 + 12) * LDT_LDS]));
+                        const unsigned a0 = __float_as_uint(wr[c8]), a1 = __float_as_uint(wr[8 * LDK + c8]),
+                                       a2 = __float_as_uint(wr[c8 + 4]), a3 = __float_as_uint(wr[8 * LDK + c8 + 4]);
+                        const unsigned b0 = __float_as_uint(wr[c8 + 8]), b1 = __float_as_uint(wr[8 * LDK + c8 + 8]),
+                                       b2 = __float_as_uint(wr[c8 + 12]), b3 = __float_as_uint(wr[8 * LDK + c8 + 12]);
+#pragma unroll
+                        for (int q = 0; q < DH_LG; ++q)
+                            if (q < gl && from_w(lv[q])) {
+                                const float* sr = S + lv[q] * SD + so;
+                                mx_mma_tf32(acc[q], a0, a1, a2, a3, mx_tf32(sr[c8 * LDT_LDS]),
+                                            mx_tf32(sr[(c8 + 4) * LDT_LDS]));
+                                mx_mma_tf32(acc2[q], b0, b1, b2, b3, mx_tf32(sr[(c8 + 8) * LDT_LDS]),
+                                            mx_tf32(sr[(c8 + 12) * LDT_LDS]));
+                            }
                     }
                 }
 #pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const int s = mw * 16 + gi + (u < 2 ? 0 : 8), dd = nt * 8 + 2 * tg + (u & 1), d = d0 + dd;
-                    const float ws = acc[u] + acc2[u];
-                    float un = 0.f;
-                    if (s < n && d < Dv) {
-                        un = (lifted && e >= 1) ? ws : Uc[s * LLC_DVT + dd] - ws;
-                        if (!lifted) Vn[(row0 + (long long)s * H) * Dv + d] = un;
+                for (int q = 0; q < DH_LG; ++q) {
+                    if (q >= gl) break;
+                    const bool up = lifted && lv[q] >= 1;  // a level's own update (no U), sign −1
+                    float* Unq = Un + q * CH * LDT_LDS;
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        const int s = mw * 16 + gi + (u < 2 ? 0 : 8), dd = nt * 8 + 2 * tg + (u & 1), d = d0 + dd;
+                        const float ws = acc[q][u] + acc2[q][u];
+                        float un = 0.f;
+                        if (s < n && d < Dv) {
+                            un = up ? ws : Uc[s * LLC_DVT + dd] - ws;
+                            if (!lifted) Vn[(row0 + (long long)s * H) * Dv + d] = un;
+                        }
+                        // Rounded once here rather than at each of its DKP / 16 reads in product 2.
+                        Unq[s * LDT_LDS + dd] = __uint_as_float(mx_tf32((up ? -1.f : 1.f) * dec[s] * un));
                     }
-                    // Rounded once here rather than at each of its DKP / 16 reads in product 2.
-                    Un[s * LDT_LDS + dd] = __uint_as_float(mx_tf32(sign * dec[s] * un));
                 }
             }
             __syncthreads();
-            // Product 2: S ← e^{a_j} S + K̂ᵀ (sign·dec·Un), (m-tile, n-tile) pairs over the warps.
+            // Product 2: S ← e^{a_j} S + K̂ᵀ (sign·dec·Un), the warp's (m-tile, n-tile) for each level.
             for (int pr = dwarp ? (DKP / 16) * 2 : warp; pr < (DKP / 16) * 2; pr += NW) {
                 const int mt = pr >> 1, nt = pr & 1;
-                float st[4], st2[4] = {};
+                const int so = (mt * 16 + gi) * LDT_LDS + nt * 8 + 2 * tg;  // this lane's first state entry
+                float st[DH_LG][4], st2[DH_LG][4];
 #pragma unroll
-                for (int u = 0; u < 4; ++u)
-                    st[u] = tot * Se[(mt * 16 + gi + (u < 2 ? 0 : 8)) * LDT_LDS + nt * 8 + 2 * tg + (u & 1)];
+                for (int q = 0; q < DH_LG; ++q)
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) {
+                        st[q][u] = q < gl ? tot * S[lv[q] * SD + so + (u < 2 ? 0 : 8 * LDT_LDS) + (u & 1)] : 0.f;
+                        st2[q][u] = 0.f;
+                    }
                 const float* kr = Kc + tg * LDK + mt * 16 + gi;
-                const float* ur = Un + tg * LDT_LDS + nt * 8 + gi;
-                int s8 = 0;
+                const int uo = tg * LDT_LDS + nt * 8 + gi;
                 // Rows n..63 of K̂ and Un are zero (zero-filled copies, un = 0), so the whole chunk
                 // is taken: a compile-time trip count, fully unrolled (a fifth faster than stopping
                 // at n, measured on the H200).
 #pragma unroll
-                for (; s8 + 16 <= CH; s8 += 16) {
-                    mx_mma_tf32(st, DH_KOP(kr[s8 * LDK]), DH_KOP(kr[s8 * LDK + 8]), DH_KOP(kr[(s8 + 4) * LDK]),
-                                DH_KOP(kr[(s8 + 4) * LDK + 8]), __float_as_uint(ur[s8 * LDT_LDS]),
-                                __float_as_uint(ur[(s8 + 4) * LDT_LDS]));
-                    mx_mma_tf32(st2, DH_KOP(kr[(s8 + 8) * LDK]), DH_KOP(kr[(s8 + 8) * LDK + 8]),
-                                DH_KOP(kr[(s8 + 12) * LDK]), DH_KOP(kr[(s8 + 12) * LDK + 8]),
-                                __float_as_uint(ur[(s8 + 8) * LDT_LDS]), __float_as_uint(ur[(s8 + 12) * LDT_LDS]));
+                for (int s8 = 0; s8 + 16 <= CH; s8 += 16) {
+                    const unsigned a0 = DH_KOP(kr[s8 * LDK]), a1 = DH_KOP(kr[s8 * LDK + 8]),
+                                   a2 = DH_KOP(kr[(s8 + 4) * LDK]), a3 = DH_KOP(kr[(s8 + 4) * LDK + 8]);
+                    const unsigned b0 = DH_KOP(kr[(s8 + 8) * LDK]), b1 = DH_KOP(kr[(s8 + 8) * LDK + 8]),
+                                   b2 = DH_KOP(kr[(s8 + 12) * LDK]), b3 = DH_KOP(kr[(s8 + 12) * LDK + 8]);
+#pragma unroll
+                    for (int q = 0; q < DH_LG; ++q)
+                        if (q < gl) {
+                            const float* ur = Un + q * CH * LDT_LDS + uo;
+                            mx_mma_tf32(st[q], a0, a1, a2, a3, __float_as_uint(ur[s8 * LDT_LDS]),
+                                        __float_as_uint(ur[(s8 + 4) * LDT_LDS]));
+                            mx_mma_tf32(st2[q], b0, b1, b2, b3, __float_as_uint(ur[(s8 + 8) * LDT_LDS]),
+                                        __float_as_uint(ur[(s8 + 12) * LDT_LDS]));
+                        }
                 }
 #pragma unroll
-                for (int u = 0; u < 4; ++u)
-                    Se[(mt * 16 + gi + (u < 2 ? 0 : 8)) * LDT_LDS + nt * 8 + 2 * tg + (u & 1)] = st[u] + st2[u];
+                for (int q = 0; q < DH_LG; ++q)
+                    if (q < gl)
+#pragma unroll
+                        for (int u = 0; u < 4; ++u)
+                            S[lv[q] * SD + so + (u < 2 ? 0 : 8 * LDT_LDS) + (u & 1)] = st[q][u] + st2[q][u];
             }
             if (!late) __syncthreads();
         }

@@ -14,7 +14,7 @@
 //!   [`run_device`] and [`decoder_device`] for inputs that live on the GPU, and [`stream`].
 //! - [`timing`]: CUDA-event timing of forms and decode loops on device-resident inputs.
 //! - [`kernels`]: the table of every kernel source (`mixer-cuda/kernels/*.cu`).
-//! - [`nvrtc`]: one NVRTC compilation (PTX, and NVRTC's CUBIN for `MIXERS_NVRTC_CUBIN=1`).
+//! - [`nvrtc`]: one NVRTC compilation (NVRTC's CUBIN, which the runtime loads, and its PTX).
 //! - [`fft`]: batched real FFTs through cuFFT with cached plans.
 //! - one module per family, implementing `mixer_registry::Family` and registering a
 //!   `FamilyEntry { backend: "cuda", .. }`:

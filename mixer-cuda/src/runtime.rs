@@ -315,14 +315,19 @@ pub fn compile_only(kernel: &str, src: &str, arch: &str) -> Result<usize> {
 
 /// [`compile_only`] with extra NVRTC options (e.g. `-DATT_WGMMA=1`).
 pub fn compile_only_with(kernel: &str, src: &str, arch: &str, extra: &[String]) -> Result<usize> {
-    let ptx = compile_checked(kernel, src, &nvrtc_options(arch, extra), false)?
+    Ok(compile_ptx_only(kernel, src, arch, extra)?.to_src().len())
+}
+
+/// The PTX NVRTC produces for `arch`: what the runtime loads with `MIXERS_NVRTC_CUBIN=0` (the
+/// driver assembles it). No device needed.
+pub fn compile_ptx_only(kernel: &str, src: &str, arch: &str, extra: &[String]) -> Result<Ptx> {
+    compile_checked(kernel, src, &nvrtc_options(arch, extra), false)?
         .ptx
-        .ok_or_else(|| err(kernel, format!("NVRTC gave no PTX for {arch}")))?;
-    Ok(ptx.to_src().len())
+        .ok_or_else(|| err(kernel, format!("NVRTC gave no PTX for {arch}")))
 }
 
 /// The CUBIN NVRTC produces for the real architecture `arch` (e.g. `sm_90`): what the runtime
-/// loads with `MIXERS_NVRTC_CUBIN=1`. No device needed.
+/// loads by default. No device needed.
 pub fn compile_cubin_only(kernel: &str, src: &str, arch: &str, extra: &[String]) -> Result<Vec<u8>> {
     compile_checked(kernel, src, &nvrtc_options(arch, extra), true)?
         .cubin

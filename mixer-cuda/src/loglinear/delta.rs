@@ -37,14 +37,23 @@ pub(crate) fn delta_h_smem<F: GpuReal>(dk: usize, levels: usize) -> usize {
 }
 
 /// Dynamic shared memory of `llc_delta_h_tc` (f32; the layout in the kernel) with `stages`
-/// buffers: `levels` state tiles of `DKP × 24` (`DKP` = `Dk` rounded up to 16), per buffer the
-/// chunk's `W` and `K` (rows padded to `LDK ≡ 4 (mod 32)`) and `U`; the new values `[64][24]`
-/// and two buffers of decays (`[2][65]`: the decay warp fills chunk j + 1's during chunk j).
-pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize) -> usize {
+/// buffers and levels taken `group` at a time: `levels` state tiles of `DKP × 24` (`DKP` = `Dk`
+/// rounded up to 16), per buffer the chunk's `W` and `K` (rows padded to `LDK ≡ 4 (mod 32)`) and
+/// `U`; the new values `[64][24]` of each level of a group and two buffers of decays (`[2][65]`:
+/// the decay warp fills chunk j + 1's during chunk j).
+pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize, group: usize) -> usize {
     let (ch, dkp) = (64, dk.div_ceil(16) * 16);
     let ldk = dkp.div_ceil(32) * 32 + 4;
-    (levels * dkp * 24 + stages * (2 * ch * ldk + ch * 16) + ch * 24 + 2 * (ch + 1)) * 4
+    (levels * dkp * 24 + stages * (2 * ch * ldk + ch * 16) + group * ch * 24 + 2 * (ch + 1)) * 4
 }
+
+/// Levels per group in the lift's pass (`llc_delta_h_tc`'s `DH_LG`), the first that fits shared
+/// memory: a chunk's levels go through the two products a group at a time, with two barriers per
+/// group and the W and K fragments loaded once per group. At T = 16k a chunk has five levels on
+/// average (nine at most), at 1M eight (fifteen). Four measured best (H200, T = 16k, B·H = 16,
+/// Dk = Dv = 64, loglinear-gated-deltanet tf32 through `mixers bench`: 2.81–2.82 / 2.64 /
+/// 2.77–2.82 ms with groups of 1 / 4 / 8; 2.87–2.90 before groups).
+const LEVEL_GROUPS: [usize; 2] = [4, 1];
 
 /// Largest `Dk` of `llc_delta_h_rg` (its state tile is `Dk/8 · 4` registers per lane).
 const RG_MAX_DK: usize = 128;
@@ -65,8 +74,9 @@ pub(crate) enum Pass {
     /// warps of 16 value columns per block, chunks loaded `stages − 1` ahead.
     Registers { warps: usize, stages: usize },
     /// `llc_delta_h_tc` (tensor cores): the states in shared memory, eight computing warps and a
-    /// decay warp, chunks loaded `stages − 1` ahead.
-    Shared { stages: usize },
+    /// decay warp, chunks loaded `stages − 1` ahead, the lift's levels `group` at a time (1
+    /// without a lift).
+    Shared { stages: usize, group: usize },
     /// `llc_delta_h` (FMA; the exact mode, or where neither of the others fits).
     Fma,
 }
@@ -79,7 +89,8 @@ impl Pass {
     /// every chunk alone, so with few warps it is slower (H200, T = 16k, Dk = Dv = 64, kernel
     /// alone: 0.80 ms against 0.68 at B·H = 16, 0.77 against 1.27 at B·H = 64). It takes four
     /// warps per block (fewer when Dv is narrower), whose warps share each chunk's loads, and
-    /// three buffers where they fit, else two.
+    /// three buffers where they fit, else two. With the lift the largest group of levels of
+    /// [`LEVEL_GROUPS`] (or `group`, when given) that fits with three buffers or two.
     pub(crate) fn pick(
         tc: bool,
         lifted: bool,
@@ -87,6 +98,7 @@ impl Pass {
         levels: usize,
         sms: usize,
         limit: usize,
+        group: Option<usize>,
     ) -> Pass {
         if !tc {
             return Pass::Fma;
@@ -97,10 +109,18 @@ impl Pass {
                 return Pass::Registers { warps, stages };
             }
         }
-        match (2..=3).rev().find(|&s| delta_h_tc_smem(dk, levels, s) <= limit) {
-            Some(stages) => Pass::Shared { stages },
-            None => Pass::Fma,
-        }
+        let groups = match (lifted, group) {
+            (false, _) => &[1][..],
+            (true, Some(g)) => &[g][..],
+            (true, None) => &LEVEL_GROUPS[..],
+        };
+        groups
+            .iter()
+            .find_map(|&group| {
+                let stages = (2..=3).rev().find(|&s| delta_h_tc_smem(dk, levels, s, group) <= limit)?;
+                Some(Pass::Shared { stages, group })
+            })
+            .unwrap_or(Pass::Fma)
     }
 }
 
@@ -115,6 +135,16 @@ pub(crate) fn delta_h_rb_smem(dk: usize, warps: usize, stages: usize) -> usize {
 
 /// Warps per block of `llc_delta_h_rb` (16 value columns each): two, or one where `Dv ≤ 16`
 /// (H200, T = 16k, B·H = 16, Dk = Dv = 64, kernel alone: 0.350 / 0.347 / 0.435 ms with 1 / 2 / 4
+/// The lift pass's levels per group asked for by `MIXERS_DELTA_LEVEL_GROUP` (1 to 16), for
+/// tuning; anything else leaves the choice to [`Pass::pick`].
+fn level_group_over() -> Option<usize> {
+    parse_level_group(std::env::var("MIXERS_DELTA_LEVEL_GROUP").ok())
+}
+
+fn parse_level_group(over: Option<String>) -> Option<usize> {
+    over.and_then(|g| g.parse::<usize>().ok()).filter(|g| (1..=16).contains(g))
+}
+
 /// warps). `MIXERS_DELTA_WARPS` (1, 2 or 4; the kernel's copies need a power of two) overrides it,
 /// for tuning.
 fn rb_warps(dv: usize, over: Option<String>) -> usize {
@@ -195,20 +225,24 @@ pub(crate) fn run_delta<F: GpuReal>(
         &kv, &vv, &gv, &has_g, &bv, &mut *w, &mut *u, &mut *tinv, &want_ti, &ti, &hi, &dki, &dvi)?;
     let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
     let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
-    let pass = Pass::pick(tc, lifted, [bh, dk, dv], levels, g.sms, max_dynamic_smem());
+    let pass = Pass::pick(tc, lifted, [bh, dk, dv], levels, g.sms, max_dynamic_smem(), level_group_over());
     let (name, smem, threads, grid_y) = match pass {
         Pass::Registers { warps, stages } => {
             ("llc_delta_h_rg", delta_h_rg_smem(dk, warps, stages), 32 * warps, dv.div_ceil(16 * warps))
         }
         // Eight computing warps and the decay warp (LDT_THREADS).
-        Pass::Shared { stages } => {
-            ("llc_delta_h_tc", delta_h_tc_smem(dk, levels, stages), 288, dv.div_ceil(16))
+        Pass::Shared { stages, group } => {
+            ("llc_delta_h_tc", delta_h_tc_smem(dk, levels, stages, group), 288, dv.div_ceil(16))
         }
         Pass::Fma => ("llc_delta_h", delta_h_smem::<F>(dk, levels), 256, dv.div_ceil(16)),
     };
     let mut opts = dims.to_vec();
-    if let Pass::Registers { warps, stages } = pass {
-        opts.extend([format!("-DDHR_WARPS={warps}"), format!("-DDHR_ST={stages}")]);
+    match pass {
+        Pass::Registers { warps, stages } => {
+            opts.extend([format!("-DDHR_WARPS={warps}"), format!("-DDHR_ST={stages}")]);
+        }
+        Pass::Shared { group, .. } if group > 1 => opts.push(format!("-DDH_LG={group}")),
+        _ => {}
     }
     // In the bf16 mode k holds bf16 values, exact in tf32: the tensor cores take their bits as they are.
     if pass != Pass::Fma && p == Precision::Bf16 {
@@ -226,7 +260,7 @@ pub(crate) fn run_delta<F: GpuReal>(
         Pass::Registers { .. } => {
             launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci)?
         }
-        Pass::Shared { stages } => {
+        Pass::Shared { stages, .. } => {
             let st = stages as i32;
             launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci,
                 &lifted_i, &levels_i, &slots_i, &st)?
@@ -335,7 +369,7 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
 
 #[cfg(test)]
 mod tests {
-    use super::{Pass, delta_h_rb_smem, delta_h_rg_smem, rb_warps};
+    use super::{Pass, delta_h_rb_smem, delta_h_rg_smem, parse_level_group, rb_warps};
 
     const H200: (usize, usize) = (132, 219 << 10);
 
@@ -343,34 +377,72 @@ mod tests {
     fn the_pass_follows_mode_lift_and_size() {
         let (sms, limit) = H200;
         // The exact mode runs FMA whatever fits.
-        assert_eq!(Pass::pick(false, false, [16, 64, 64], 1, sms, limit), Pass::Fma);
+        assert_eq!(Pass::pick(false, false, [16, 64, 64], 1, sms, limit, None), Pass::Fma);
         // B·H = 16 or 32, Dv = 64: the shared-memory kernel's 64 or 128 blocks fit in one wave.
-        assert_eq!(Pass::pick(true, false, [16, 64, 64], 1, sms, limit), Pass::Shared { stages: 3 });
-        assert_eq!(Pass::pick(true, false, [32, 64, 64], 1, sms, limit), Pass::Shared { stages: 3 });
+        assert_eq!(
+            Pass::pick(true, false, [16, 64, 64], 1, sms, limit, None),
+            Pass::Shared { stages: 3, group: 1 }
+        );
+        assert_eq!(
+            Pass::pick(true, false, [32, 64, 64], 1, sms, limit, None),
+            Pass::Shared { stages: 3, group: 1 }
+        );
         // B·H = 64: 256 blocks would take two waves; four warps of 16 value columns per block.
         assert_eq!(
-            Pass::pick(true, false, [64, 64, 64], 1, sms, limit),
+            Pass::pick(true, false, [64, 64, 64], 1, sms, limit, None),
             Pass::Registers { warps: 4, stages: 3 }
         );
         // Dv = 20: two warps cover it.
         assert_eq!(
-            Pass::pick(true, false, [512, 64, 20], 1, sms, limit),
+            Pass::pick(true, false, [512, 64, 20], 1, sms, limit, None),
             Pass::Registers { warps: 2, stages: 3 }
         );
         // Dk = 70 (padded to 80) still takes three buffers; Dk = 128 only two.
         assert_eq!(
-            Pass::pick(true, false, [512, 70, 70], 1, sms, limit),
+            Pass::pick(true, false, [512, 70, 70], 1, sms, limit, None),
             Pass::Registers { warps: 4, stages: 3 }
         );
         assert_eq!(
-            Pass::pick(true, false, [512, 128, 128], 1, sms, limit),
+            Pass::pick(true, false, [512, 128, 128], 1, sms, limit, None),
             Pass::Registers { warps: 4, stages: 2 }
         );
         // The lift, and Dk above 128, keep the states in shared memory.
-        assert_eq!(Pass::pick(true, true, [16, 64, 64], 9, sms, limit), Pass::Shared { stages: 3 });
-        assert!(matches!(Pass::pick(true, false, [512, 129, 64], 1, sms, limit), Pass::Shared { .. }));
+        // The lift at T = 16k (nine levels): groups of four levels fit with three buffers; at
+        // T = 1M (fifteen levels) with two; a group asked for is taken where it fits.
+        assert_eq!(
+            Pass::pick(true, true, [16, 64, 64], 9, sms, limit, None),
+            Pass::Shared { stages: 3, group: 4 }
+        );
+        assert_eq!(
+            Pass::pick(true, true, [16, 64, 64], 15, sms, limit, None),
+            Pass::Shared { stages: 2, group: 4 }
+        );
+        assert_eq!(
+            Pass::pick(true, true, [16, 64, 64], 9, sms, limit, Some(8)),
+            Pass::Shared { stages: 3, group: 8 }
+        );
+        assert_eq!(
+            Pass::pick(true, true, [16, 64, 64], 15, sms, limit, Some(1)),
+            Pass::Shared { stages: 3, group: 1 }
+        );
+        // Less shared memory: one level at a time where a group of four does not fit.
+        assert_eq!(
+            Pass::pick(true, true, [16, 64, 64], 15, sms, 190 << 10, None),
+            Pass::Shared { stages: 2, group: 1 }
+        );
+        assert!(matches!(Pass::pick(true, false, [512, 129, 64], 1, sms, limit, None), Pass::Shared { .. }));
         // Nothing fits in 48 KiB.
-        assert_eq!(Pass::pick(true, false, [512, 64, 64], 1, sms, 48 << 10), Pass::Fma);
+        assert_eq!(Pass::pick(true, false, [512, 64, 64], 1, sms, 48 << 10, None), Pass::Fma);
+    }
+
+    #[test]
+    fn level_group_asked_for_is_taken_from_1_to_16_only() {
+        assert_eq!(parse_level_group(None), None);
+        assert_eq!(parse_level_group(Some("4".into())), Some(4));
+        assert_eq!(parse_level_group(Some("16".into())), Some(16));
+        assert_eq!(parse_level_group(Some("0".into())), None);
+        assert_eq!(parse_level_group(Some("17".into())), None);
+        assert_eq!(parse_level_group(Some("all".into())), None);
     }
 
     #[test]

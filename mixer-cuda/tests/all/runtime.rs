@@ -5,7 +5,9 @@
 use mixer_core::Error;
 use mixer_cuda::DeviceTensor;
 use mixer_cuda::kernels::with_prelude;
-use mixer_cuda::runtime::{compile_cubin_only, compile_only, compile_only_with, gpu, nvrtc_available};
+use mixer_cuda::runtime::{
+    compile_cubin_only, compile_only, compile_only_with, compile_ptx_only, gpu, nvrtc_available,
+};
 use ndarray::{ArrayD, IxDyn};
 
 #[test]
@@ -29,22 +31,24 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         assert!(n > 100, "attention_mma {defs:?}: PTX of {n} bytes");
     }
     // Gated DeltaNet's register-state passes (tf32 and bf16) as the host compiles them: head
-    // dims fixed, warps per block and buffers, k's bits taken as they are in the bf16 mode.
+    // dims fixed, warps per block and buffers, k's bits taken as they are in the bf16 mode; and
+    // the shared-memory pass with the lift's levels `lg` at a time.
     let src = mixer_cuda::kernels::LOGLINEAR_DELTA.full();
-    for (dk, warps, stages, bf16) in [
-        (5, 1, 3, false),
-        (70, 2, 2, true),
-        (64, 4, 3, false),
-        (128, 1, 2, true),
-        (40, 2, 3, false),
-        (8, 4, 2, false),
-        (64, 3, 3, false),
+    for (dk, warps, stages, bf16, lg) in [
+        (5, 1, 3, false, 1),
+        (70, 2, 2, true, 8),
+        (64, 4, 3, false, 8),
+        (128, 1, 2, true, 4),
+        (40, 2, 3, false, 4),
+        (8, 4, 2, false, 16),
+        (64, 3, 3, false, 1),
     ] {
         let mut extra = vec![
             format!("-DLLC_DK={dk}"),
             format!("-DLLC_DV={dk}"),
             format!("-DDHR_WARPS={warps}"),
             format!("-DDHR_ST={stages}"),
+            format!("-DDH_LG={lg}"),
         ];
         if bf16 {
             extra.push("-DDH_K_TF32=1".into());
@@ -78,7 +82,7 @@ const ELF_MAGIC: &[u8] = b"\x7fELF";
 #[test]
 #[ignore = "needs NVRTC (the CUDA toolkit)"]
 fn nvrtc_gives_a_cubin_for_every_kernel() {
-    // What MIXERS_NVRTC_CUBIN=1 loads: an ELF image per source for sm_90, and for the sm_90a
+    // What the runtime loads by default: an ELF image per source for sm_90, and for the sm_90a
     // wgmma attention kernel; a virtual architecture has none (the runtime then loads PTX).
     if !nvrtc_here() {
         return;
@@ -128,7 +132,12 @@ fn cubin_and_ptx_modules_compute_the_same_bits() {
     };
     let cubin = compile_cubin_only("cubin", src, &g.arch(), &[]).unwrap();
     let from_cubin = run(g.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)).unwrap());
-    let from_ptx = run(g.module("cubin", src, &[]).unwrap());
+    // The PTX path explicitly (the runtime's default is the CUBIN).
+    let ptx = compile_ptx_only("cubin", src, &g.arch(), &[]).unwrap();
+    let from_ptx = run(g.ctx.load_module(ptx).unwrap());
+    // And the runtime's own module: whichever it loads, the same bits.
+    let from_runtime = run(g.module("cubin", src, &[]).unwrap());
+    assert!(from_runtime.iter().zip(&from_ptx).all(|(a, b)| a.to_bits() == b.to_bits()));
     assert!(from_cubin.iter().zip(&from_ptx).all(|(a, b)| a.to_bits() == b.to_bits()));
     assert!(from_cubin.iter().all(|v| v.is_finite()) && from_cubin.iter().any(|&v| v != 0.0));
     // The largest sources load from their CUBIN too (head dims fixed as the host compiles them).
