@@ -332,6 +332,29 @@ extern "C" __global__ void __launch_bounds__(256, LWT_MIN_BLOCKS)
 }
 #endif
 
+// cp.async copies of rows 0..CH−1 of one chunk of a matrix with D columns (row s at
+// src + (row0 + s·H)·D), columns c0 .. c0 + width − 1, into dst (rows of ld entries); entries in
+// rows at or past n or in columns at or past D are zero-filled. NT threads from thread 0; 16-byte
+// copies when vec (D, c0 and width multiples of 16 bytes' entries, src 16-byte aligned), else
+// 4-byte copies (f32 only: bf16 always takes vec).
+template <int CH, int NT, typename T>
+__device__ __forceinline__ void ldt_copy_rows(T* dst, int ld, const T* src, long long row0, int H, int D, int c0,
+                                              int width, int n, bool vec) {
+    constexpr int E = 16 / sizeof(T);  // entries per 16-byte copy
+    const int tid = threadIdx.x;
+    if (vec || sizeof(T) != 4) {
+        const int q = width / E;
+        for (int idx = tid; idx < CH * q; idx += NT) {
+            const int s = idx / q, c = idx % q * E, ok = s < n && c0 + c < D;
+            llc_cp_async16(dst + s * ld + c, ok ? src + (row0 + (long long)s * H) * D + c0 + c : src, ok);
+        }
+    } else {
+        for (int idx = tid; idx < CH * width; idx += NT) {
+            const int s = idx / width, c = idx % width, ok = s < n && c0 + c < D;
+            llc_cp_async(dst + s * ld + c, src + (ok ? (row0 + (long long)s * H) * D + c0 + c : 0), 4, ok);
+        }
+    }
+}
 // 5. Gated DeltaNet, the one sequential pass over chunks. One block per (b·h, tile of 16 value
 // columns) keeps the state in shared memory. The next chunk's W, K, U and g are copied into a
 // second buffer (cp.async) while the current one is computed. Per chunk j, K̂_s = e^{a_j − γ_s} k_s:
@@ -342,6 +365,9 @@ extern "C" __global__ void __launch_bounds__(256, LWT_MIN_BLOCKS)
 //   popsum(j) + rank [BH][slots][Dk][Dv] (popsum(j) = Σ_{j'<j} popcount(j'), so chunk j's levels
 //   follow each other); take every such level through the chunk, S ← e^{a_j} S − K̂ᵀ (W S); and
 //   insert the chunk's own state at level 0, S^(0) = K̂ᵀ U.
+// The chunk copies are 16-byte cp.async where f32 sizes and pointers allow (rows of W and K then
+// padded to Dk + 4; H200, T = 16k, gated-deltanet exact: 3.22–3.24 → 2.42–2.43 ms against
+// 4-byte copies), else 4-byte (f64, or odd sizes; rows of Dk + 1).
 // Grid (BH, ⌈Dv/16⌉), 256 threads; dynamic shared memory: see delta_h_smem on the host.
 #define LLC_DVT 16
 // Σ_{j' < j} popcount(j'): for each bit b, the numbers below j with bit b set.
@@ -359,7 +385,9 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
                             int Dk, int Dv, int nc, int lifted, int E, long long slots) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH, RI = CH / 16, LDU = LLC_DVT + 1;
-    const int LDW = Dk + 1;
+    // f32 rows of W and K whole 16-byte pieces long where Dk allows (16-byte copies), else Dk + 1.
+    const bool vk = sizeof(T) == 4 && Dk % 4 == 0;
+    const int LDW = vk ? Dk + 4 : Dk + 1;
     const int SD = Dk * LLC_DVT;  // one state tile
     extern __shared__ unsigned char llc_dyn[];
     // Layout (elements of T): S [E][Dk·16] | Wb [2][CH·LDW] | Kb [2][CH·LDW] | Ub [2][CH·16] | gb [2][CH] |
@@ -376,19 +404,26 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
     const int d0 = blockIdx.y * LLC_DVT;
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
     const long long DD = (long long)Dk * Dv;
+    const bool vw = vk && llc_al16(W) && llc_al16(k), vu = sizeof(T) == 4 && Dv % 4 == 0 && llc_al16(U);
     auto prefetch = [&](int j, int buf) {
         const int i0 = j * CH, n = min(CH, Tn - i0);
         const long long row0 = ((long long)b * Tn + i0) * H + h;
-        for (int idx = tid; idx < CH * Dk; idx += 256) {
-            const int s = idx / Dk, c = idx % Dk, ok = s < n;
-            const long long at = (row0 + (long long)(ok ? s : 0) * H) * Dk + c;
-            llc_cp_async(Wb + buf * CH * LDW + s * LDW + c, W + at, sizeof(T), ok);
-            llc_cp_async(Kb + buf * CH * LDW + s * LDW + c, k + at, sizeof(T), ok);
-        }
-        for (int idx = tid; idx < CH * LLC_DVT; idx += 256) {
-            const int s = idx / LLC_DVT, dd = idx % LLC_DVT, ok = s < n && d0 + dd < Dv;
-            const long long at = (row0 + (long long)(ok ? s : 0) * H) * Dv + (ok ? d0 + dd : 0);
-            llc_cp_async(Ub + buf * CH * LLC_DVT + idx, U + at, sizeof(T), ok);
+        if constexpr (sizeof(T) == 4) {  // 16-byte copies where the sizes and pointers allow
+            ldt_copy_rows<CH, 256>(Wb + buf * CH * LDW, LDW, W, row0, H, Dk, 0, Dk, n, vw);
+            ldt_copy_rows<CH, 256>(Kb + buf * CH * LDW, LDW, k, row0, H, Dk, 0, Dk, n, vw);
+            ldt_copy_rows<CH, 256>(Ub + buf * CH * LLC_DVT, LLC_DVT, U, row0, H, Dv, d0, LLC_DVT, n, vu);
+        } else {
+            for (int idx = tid; idx < CH * Dk; idx += 256) {
+                const int s = idx / Dk, c = idx % Dk, ok = s < n;
+                const long long at = (row0 + (long long)(ok ? s : 0) * H) * Dk + c;
+                llc_cp_async(Wb + buf * CH * LDW + s * LDW + c, W + at, sizeof(T), ok);
+                llc_cp_async(Kb + buf * CH * LDW + s * LDW + c, k + at, sizeof(T), ok);
+            }
+            for (int idx = tid; idx < CH * LLC_DVT; idx += 256) {
+                const int s = idx / LLC_DVT, dd = idx % LLC_DVT, ok = s < n && d0 + dd < Dv;
+                const long long at = (row0 + (long long)(ok ? s : 0) * H) * Dv + (ok ? d0 + dd : 0);
+                llc_cp_async(Ub + buf * CH * LLC_DVT + idx, U + at, sizeof(T), ok);
+            }
         }
         if (tid < CH) {
             const int ok = has_g && tid < n;
@@ -530,29 +565,6 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 #else
 #define DH_KOP(x) mx_tf32(x)
 #endif
-// cp.async copies of rows 0..CH−1 of one chunk of a matrix with D columns (row s at
-// src + (row0 + s·H)·D), columns c0 .. c0 + width − 1, into dst (rows of ld entries); entries in
-// rows at or past n or in columns at or past D are zero-filled. NT threads from thread 0; 16-byte
-// copies when vec (D, c0 and width multiples of 16 bytes' entries, src 16-byte aligned), else
-// 4-byte copies (f32 only: bf16 always takes vec).
-template <int CH, int NT, typename T>
-__device__ __forceinline__ void ldt_copy_rows(T* dst, int ld, const T* src, long long row0, int H, int D, int c0,
-                                              int width, int n, bool vec) {
-    constexpr int E = 16 / sizeof(T);  // entries per 16-byte copy
-    const int tid = threadIdx.x;
-    if (vec || sizeof(T) != 4) {
-        const int q = width / E;
-        for (int idx = tid; idx < CH * q; idx += NT) {
-            const int s = idx / q, c = idx % q * E, ok = s < n && c0 + c < D;
-            llc_cp_async16(dst + s * ld + c, ok ? src + (row0 + (long long)s * H) * D + c0 + c : src, ok);
-        }
-    } else {
-        for (int idx = tid; idx < CH * width; idx += NT) {
-            const int s = idx / width, c = idx % width, ok = s < n && c0 + c < D;
-            llc_cp_async(dst + s * ld + c, src + (ok ? (row0 + (long long)s * H) * D + c0 + c : 0), 4, ok);
-        }
-    }
-}
 // Whether ldt_copy_tile takes rows of Q pieces with NT threads (every thread the same rows' count).
 template <int CH, int NT, int Q>
 __device__ constexpr bool ldt_tiles() {

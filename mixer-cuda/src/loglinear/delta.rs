@@ -29,11 +29,13 @@ use crate::runtime::{GpuReal, err, gpu, int, launch, max_dynamic_smem, opt_in};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
 /// Dynamic shared memory of `llc_delta_h` (the layout in the kernel): `levels` state tiles, two
-/// buffers of the chunk's `W`, `K` (rows padded to `Dk + 1`), `U` and `g`, the new values and the
-/// decays.
+/// buffers of the chunk's `W`, `K` (rows padded to `Dk + 4` in f32 when `Dk` is a multiple of 4,
+/// for 16-byte copies, else to `Dk + 1`), `U` and `g`, the new values and the decays.
 pub(crate) fn delta_h_smem<F: GpuReal>(dk: usize, levels: usize) -> usize {
     let ch = chunk_len::<F>();
-    (levels * dk * 16 + 4 * ch * (dk + 1) + 2 * ch * 16 + 2 * ch + ch * 17 + ch) * std::mem::size_of::<F>()
+    let size = std::mem::size_of::<F>();
+    let ldw = if size == 4 && dk.is_multiple_of(4) { dk + 4 } else { dk + 1 };
+    (levels * dk * 16 + 4 * ch * ldw + 2 * ch * 16 + 2 * ch + ch * 17 + ch) * size
 }
 
 /// Dynamic shared memory of `llc_delta_h_tc` (f32; the layout in the kernel) with `stages`
@@ -50,9 +52,10 @@ pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize, group: us
 /// Levels per group in the lift's pass (`llc_delta_h_tc`'s `DH_LG`), the first that fits shared
 /// memory: a chunk's levels go through the two products a group at a time, with two barriers per
 /// group and the W and K fragments loaded once per group. At T = 16k a chunk has five levels on
-/// average (nine at most), at 1M eight (fifteen). Four measured best (H200, T = 16k, B·H = 16,
-/// Dk = Dv = 64, loglinear-gated-deltanet tf32 through `mixers bench`: 2.81–2.82 / 2.64 /
-/// 2.77–2.82 ms with groups of 1 / 4 / 8; 2.87–2.90 before groups).
+/// average (nine at most), at 1M eight (fifteen). Measured on the H200 (T = 16k, B·H = 16,
+/// Dk = Dv = 64, loglinear-gated-deltanet tf32 through `mixers bench`): 2.81–2.82 / 2.77 /
+/// 2.64–2.67 / 2.62 / 2.77–2.82 ms with groups of 1 / 3 / 4 / 5 / 8, 2.87–2.90 before groups; four
+/// fits the H200's shared memory with three buffers up to T = 2¹⁹, with two beyond.
 const LEVEL_GROUPS: [usize; 2] = [4, 1];
 
 /// Largest `Dk` of `llc_delta_h_rg` (its state tile is `Dk/8 · 4` registers per lane).
@@ -369,7 +372,7 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
 
 #[cfg(test)]
 mod tests {
-    use super::{Pass, delta_h_rb_smem, delta_h_rg_smem, parse_level_group, rb_warps};
+    use super::{Pass, delta_h_rb_smem, delta_h_rg_smem, delta_h_smem, parse_level_group, rb_warps};
 
     const H200: (usize, usize) = (132, 219 << 10);
 
@@ -466,5 +469,17 @@ mod tests {
         assert_eq!(delta_h_rg_smem(64, 1, 3), 3 * 64 * (72 + 68 + 20 + 1) * 4);
         // Dk = 70 is padded to 80 columns, rows to 96 + 8 and 96 + 4.
         assert_eq!(delta_h_rg_smem(70, 2, 2), 2 * 64 * (104 + 100 + 36 + 1) * 4);
+    }
+
+    #[test]
+    fn fma_pass_smem_pads_f32_rows_for_16_byte_copies_only() {
+        // States, two buffers of W and K rows, two of U (16 columns) and of g, Un [64][17], decays.
+        let rest = |ch: usize| 2 * ch * 16 + 2 * ch + ch * 17 + ch;
+        // f32, Dk = 64: rows of 68 floats (whole 16-byte pieces).
+        assert_eq!(delta_h_smem::<f32>(64, 1), (64 * 16 + 4 * 64 * 68 + rest(64)) * 4);
+        // f32, Dk = 70 (not a multiple of four) and f64: rows of Dk + 1, as 4- and 8-byte copies need.
+        assert_eq!(delta_h_smem::<f32>(70, 3), (3 * 70 * 16 + 4 * 64 * 71 + rest(64)) * 4);
+        let ch = super::chunk_len::<f64>();
+        assert_eq!(delta_h_smem::<f64>(64, 1), (64 * 16 + 4 * ch * 65 + rest(ch)) * 8);
     }
 }
