@@ -108,9 +108,12 @@ def launch_smem(name, defs):
     if name.startswith("llc_delta_h_tc"):
         st = int(d.get("ARG_ST", 3))
         # enough for both layouts: per buffer W, K, U (and g before the decay warp), then the new
-        # values and one or two decay buffers
-        return (E * dkp * 24 + st * (2 * CH * ldk + CH * 16 + CH) + CH * 24 + 2 * (CH + 1)) * 4
-    return (E * D * 16 + 4 * CH * (D + 1) + 2 * CH * 16 + 2 * CH + CH * 17 + CH) * 4
+        # values of each level of a group (DH_LG, 1 unless given) and one or two decay buffers
+        lg = int(d.get("DH_LG", 1))
+        return (E * dkp * 24 + st * (2 * CH * ldk + CH * 16 + CH) + lg * CH * 24 + 2 * (CH + 1)) * 4
+    # llc_delta_h (FMA): W and K rows of D + 4 floats where D is a multiple of 4, else D + 1
+    ldw = D + 4 if D % 4 == 0 else D + 1
+    return (E * D * 16 + 4 * CH * ldw + 2 * CH * 16 + 2 * CH + CH * 17 + CH) * 4
 
 slots = sum(bin(j).count("1") for j in range(nc)) if a.lifted else nc
 rng = cp.random.default_rng(0)
@@ -192,7 +195,8 @@ ref, rt = run(SHIPPED, ref_name, 256)
 first = next(iter(ref.values()))
 print(f"reference {ref_name} (FMA): {rt:.3f} ms, rms {float(cp.sqrt(cp.mean(first**2))):.3g}, "
       f"finite {all(bool(cp.isfinite(x).all()) for x in ref.values())}")
-default = "llc_delta_h_tc_f32:288:ARG_ST=3" if a.kernel == "delta_h" else "llc_wy_tc_f32:256"
+# the shipped pass: with the lift, levels four at a time (LEVEL_GROUPS in mixer-cuda/src/loglinear/delta.rs)
+default = ("llc_delta_h_tc_f32:288:ARG_ST=3" + (",DH_LG=4" if a.lifted else "")) if a.kernel == "delta_h" else "llc_wy_tc_f32:256"
 for v in a.variants or [f"{SHIPPED}:{default}"]:
     path, name, threads, *defs = v.split(":")
     try:
