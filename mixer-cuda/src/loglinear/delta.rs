@@ -92,8 +92,9 @@ impl Pass {
     /// every chunk alone, so with few warps it is slower (H200, T = 16k, Dk = Dv = 64, kernel
     /// alone: 0.80 ms against 0.68 at B·H = 16, 0.77 against 1.27 at B·H = 64). It takes four
     /// warps per block (fewer when Dv is narrower), whose warps share each chunk's loads, and
-    /// three buffers where they fit, else two. With the lift the largest group of levels of
-    /// [`LEVEL_GROUPS`] (or `group`, when given) that fits with three buffers or two.
+    /// three buffers where they fit, else two. With the lift the first group of levels that fits
+    /// with three buffers or two: `group` when given, else (or when it does not fit) those of
+    /// [`LEVEL_GROUPS`].
     pub(crate) fn pick(
         tc: bool,
         lifted: bool,
@@ -112,14 +113,13 @@ impl Pass {
                 return Pass::Registers { warps, stages };
             }
         }
-        let groups = match (lifted, group) {
-            (false, _) => &[1][..],
-            (true, Some(g)) => &[g][..],
-            (true, None) => &LEVEL_GROUPS[..],
-        };
-        groups
-            .iter()
-            .find_map(|&group| {
+        // Without a lift one level; with it the group asked for, then the defaults.
+        let groups: &[usize] = if lifted { &LEVEL_GROUPS } else { &[1] };
+        group
+            .filter(|_| lifted)
+            .into_iter()
+            .chain(groups.iter().copied())
+            .find_map(|group| {
                 let stages = (2..=3).rev().find(|&s| delta_h_tc_smem(dk, levels, s, group) <= limit)?;
                 Some(Pass::Shared { stages, group })
             })
@@ -427,6 +427,11 @@ mod tests {
         assert_eq!(
             Pass::pick(true, true, [16, 64, 64], 15, sms, limit, Some(1)),
             Pass::Shared { stages: 3, group: 1 }
+        );
+        // A group asked for that does not fit gives way to the defaults.
+        assert_eq!(
+            Pass::pick(true, true, [16, 64, 64], 15, sms, limit, Some(16)),
+            Pass::Shared { stages: 2, group: 4 }
         );
         // Less shared memory: one level at a time where a group of four does not fit.
         assert_eq!(
