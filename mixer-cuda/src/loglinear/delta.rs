@@ -136,18 +136,19 @@ pub(crate) fn delta_h_rb_smem(dk: usize, warps: usize, stages: usize) -> usize {
     stages * (64 * (2 * ldw + 16 * warps + 8) * 2 + 64 * 4)
 }
 
-/// Warps per block of `llc_delta_h_rb` (16 value columns each): two, or one where `Dv ≤ 16`
-/// (H200, T = 16k, B·H = 16, Dk = Dv = 64, kernel alone: 0.350 / 0.347 / 0.435 ms with 1 / 2 / 4
 /// The lift pass's levels per group asked for by `MIXERS_DELTA_LEVEL_GROUP` (1 to 16), for
 /// tuning; anything else leaves the choice to [`Pass::pick`].
 fn level_group_over() -> Option<usize> {
     parse_level_group(std::env::var("MIXERS_DELTA_LEVEL_GROUP").ok())
 }
 
+/// A level group from the variable's text: a number from 1 to 16, else none.
 fn parse_level_group(over: Option<String>) -> Option<usize> {
     over.and_then(|g| g.parse::<usize>().ok()).filter(|g| (1..=16).contains(g))
 }
 
+/// Warps per block of `llc_delta_h_rb` (16 value columns each): two, or one where `Dv ≤ 16`
+/// (H200, T = 16k, B·H = 16, Dk = Dv = 64, kernel alone: 0.350 / 0.347 / 0.435 ms with 1 / 2 / 4
 /// warps). `MIXERS_DELTA_WARPS` (1, 2 or 4; the kernel's copies need a power of two) overrides it,
 /// for tuning.
 fn rb_warps(dv: usize, over: Option<String>) -> usize {
@@ -409,9 +410,9 @@ mod tests {
             Pass::pick(true, false, [512, 128, 128], 1, sms, limit, None),
             Pass::Registers { warps: 4, stages: 2 }
         );
-        // The lift, and Dk above 128, keep the states in shared memory.
-        // The lift at T = 16k (nine levels): groups of four levels fit with three buffers; at
-        // T = 1M (fifteen levels) with two; a group asked for is taken where it fits.
+        // The lift keeps the states in shared memory. At T = 16k (nine levels) groups of four
+        // levels fit with three buffers, at T = 1M (fifteen levels) with two; a group asked for
+        // is taken where it fits.
         assert_eq!(
             Pass::pick(true, true, [16, 64, 64], 9, sms, limit, None),
             Pass::Shared { stages: 3, group: 4 }
@@ -438,6 +439,7 @@ mod tests {
             Pass::pick(true, true, [16, 64, 64], 15, sms, 190 << 10, None),
             Pass::Shared { stages: 2, group: 1 }
         );
+        // So does Dk above 128.
         assert!(matches!(Pass::pick(true, false, [512, 129, 64], 1, sms, limit, None), Pass::Shared { .. }));
         // Nothing fits in 48 KiB.
         assert_eq!(Pass::pick(true, false, [512, 64, 64], 1, sms, 48 << 10, None), Pass::Fma);
