@@ -17,7 +17,8 @@ ignored folder, never committed) or from the environment; its rows say so when i
 Ours: `mixers bench --backend cuda --form fast` (CUDA events around the form's launches on
 device-resident inputs; upload and download reported apart), exact f32, and for attention also
 the tf32 and bf16 modes. Writes side_by_side.md and side_by_side.json to --out, rewritten after
-every row (a run cut short by a time limit keeps the rows it finished).
+every row (a run cut short by a time limit keeps the rows it finished). `bench/gpu/goals.py
+side_by_side.json` turns the rows at T = 16k, B = 1 into the log-linear family's goal table.
 """
 import argparse
 import json
