@@ -136,6 +136,11 @@ pub(crate) fn delta_h_rb_smem(dk: usize, warps: usize, stages: usize) -> usize {
     stages * (64 * (2 * ldw + 16 * warps + 8) * 2 + 64 * 4)
 }
 
+/// A tuning variable's value: its text as a number that `ok` accepts, else none.
+fn tuning_choice(over: Option<String>, ok: impl Fn(usize) -> bool) -> Option<usize> {
+    over.and_then(|v| v.parse::<usize>().ok()).filter(|&v| ok(v))
+}
+
 /// The lift pass's levels per group asked for by `MIXERS_DELTA_LEVEL_GROUP` (1 to 16), for
 /// tuning; anything else leaves the choice to [`Pass::pick`].
 fn level_group_over() -> Option<usize> {
@@ -144,7 +149,7 @@ fn level_group_over() -> Option<usize> {
 
 /// A level group from the variable's text: a number from 1 to 16, else none.
 fn parse_level_group(over: Option<String>) -> Option<usize> {
-    over.and_then(|g| g.parse::<usize>().ok()).filter(|g| (1..=16).contains(g))
+    tuning_choice(over, |g| (1..=16).contains(&g))
 }
 
 /// Warps per block of `llc_delta_h_rb` (16 value columns each): two, or one where `Dv ≤ 16`
@@ -152,11 +157,7 @@ fn parse_level_group(over: Option<String>) -> Option<usize> {
 /// warps). `MIXERS_DELTA_WARPS` (1, 2 or 4; the kernel's copies need a power of two) overrides it,
 /// for tuning.
 fn rb_warps(dv: usize, over: Option<String>) -> usize {
-    over.and_then(|w| w.parse::<usize>().ok()).filter(|w| [1, 2, 4].contains(w)).unwrap_or(if dv <= 16 {
-        1
-    } else {
-        2
-    })
+    tuning_choice(over, |w| [1, 2, 4].contains(&w)).unwrap_or(if dv <= 16 { 1 } else { 2 })
 }
 
 /// Dynamic shared memory of `llc_wy_tc` (`X`, `Lm`, `Tt`) and of `llc_out_dl_tc`: three
