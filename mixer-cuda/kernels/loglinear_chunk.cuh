@@ -193,6 +193,17 @@ __device__ __forceinline__ void llc_mma_rows(float (&acc)[4][4], const float* a,
     }
 }
 
+// Σ_{j' < j} popcount(j'): for each bit b, the numbers below j with bit b set.
+__device__ inline long long llc_popsum(long long j) {
+    long long s = 0;
+    for (int b2 = 0; b2 < 40; ++b2) {
+        const long long p = 1LL << b2;
+        if (p > j) break;
+        s += (j >> (b2 + 1)) * p + max(0LL, (j & (2 * p - 1)) - p);
+    }
+    return s;
+}
+
 // Head dims fixed at compile time: the host compiles the chunk kernels for the call's Dk and Dv
 // (-DLLC_DK=…, -DLLC_DV=…) and passes the same values as arguments; each kernel starts with
 // LLC_FIX_DIMS(Dk, Dv), so that loop trip counts, vector-load tests and index arithmetic fold

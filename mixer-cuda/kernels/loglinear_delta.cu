@@ -370,16 +370,6 @@ __device__ __forceinline__ void ldt_copy_rows(T* dst, int ld, const T* src, long
 // 4-byte copies), else 4-byte (f64, or odd sizes; rows of Dk + 1).
 // Grid (BH, ⌈Dv/16⌉), 256 threads; dynamic shared memory: see delta_h_smem on the host.
 #define LLC_DVT 16
-// Σ_{j' < j} popcount(j'): for each bit b, the numbers below j with bit b set.
-__device__ inline long long llc_popsum(long long j) {
-    long long s = 0;
-    for (int b2 = 0; b2 < 40; ++b2) {
-        const long long p = 1LL << b2;
-        if (p > j) break;
-        s += (j >> (b2 + 1)) * p + max(0LL, (j & (2 * p - 1)) - p);
-    }
-    return s;
-}
 template <typename T>
 __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const T* U, T* Vn, T* Hs, int Tn, int H,
                             int Dk, int Dv, int nc, int lifted, int E, long long slots) {

@@ -92,6 +92,14 @@ pub const LOGLINEAR_DELTA: KernelSource = KernelSource {
     body: include_str!("../kernels/loglinear_delta.cu"),
 };
 
+/// Gated DeltaNet's lift, its sequential pass in the transition form (`kernels/loglinear_lift.cu`):
+/// the per-chunk maps `M_j = −K̂ᵀ W`, `B_j = K̂ᵀ U`, and one product per non-empty level and chunk.
+pub const LOGLINEAR_LIFT: KernelSource = KernelSource {
+    name: "loglinear_lift",
+    prelude: LOGLINEAR_CHUNK_HELPERS,
+    body: include_str!("../kernels/loglinear_lift.cu"),
+};
+
 /// The log-linear family's decoder step, one launch per token (`kernels/loglinear_step.cu`).
 pub const LOGLINEAR_STEP: KernelSource =
     KernelSource { name: "loglinear_step", prelude: "", body: include_str!("../kernels/loglinear_step.cu") };
@@ -110,6 +118,7 @@ pub const ALL: &[KernelSource] = &[
     LOGLINEAR_FENWICK,
     LOGLINEAR_CHUNKED,
     LOGLINEAR_DELTA,
+    LOGLINEAR_LIFT,
     LOGLINEAR_STEP,
     TENSOR,
 ];

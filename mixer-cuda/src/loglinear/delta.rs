@@ -49,6 +49,19 @@ pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize, group: us
     (levels * dkp * 24 + stages * (2 * ch * ldk + ch * 16) + group * ch * 24 + 2 * (ch + 1)) * 4
 }
 
+/// Dynamic shared memory of `llc_lift_h` (f32; the layout in the kernel) with `stages` buffers:
+/// two copies of the states of levels `1 .. levels − 1` (`DKP × 24` each, `DKP` = `Dk` rounded up
+/// to 16), per buffer the chunk's `M_j` (rows padded to `LDK ≡ 4 (mod 32)`), 16 columns of `B_j`
+/// and `e^{a_j}`.
+pub(crate) fn lift_h_smem(dk: usize, levels: usize, stages: usize) -> usize {
+    let dkp = dk.div_ceil(16) * 16;
+    let ldk = dkp.div_ceil(32) * 32 + 4;
+    (2 * levels.saturating_sub(1) * dkp * 24 + stages * (dkp * ldk + dkp * 16 + 1)) * 4
+}
+
+/// Dynamic shared memory of `llc_lift_ab`: two `[64][68]` f32 tiles.
+const LIFT_AB_SMEM: usize = 2 * 64 * 68 * 4;
+
 /// Levels per group in the lift's pass (`llc_delta_h_tc`'s `DH_LG`), the first that fits shared
 /// memory: a chunk's levels go through the two products a group at a time, with two barriers per
 /// group and the W and K fragments loaded once per group. At T = 16k a chunk has five levels on
@@ -80,6 +93,10 @@ pub(crate) enum Pass {
     /// decay warp, chunks loaded `stages − 1` ahead, the lift's levels `group` at a time (1
     /// without a lift).
     Shared { stages: usize, group: usize },
+    /// `llc_lift_h` (the lift with f32 data, tensor cores in the tf32 mode, FMA in the exact
+    /// mode): one product `M_j S` per non-empty level and chunk, with the per-chunk maps formed
+    /// beforehand by `llc_lift_ab`; chunks loaded `stages − 1` ahead.
+    Transition { stages: usize },
     /// `llc_delta_h` (FMA; the exact mode, or where neither of the others fits).
     Fma,
 }
@@ -94,16 +111,25 @@ impl Pass {
     /// warps per block (fewer when Dv is narrower), whose warps share each chunk's loads, and
     /// three buffers where they fit, else two. With the lift the first group of levels that fits
     /// with three buffers or two: `group` when given, else (or when it does not fit) those of
-    /// [`LEVEL_GROUPS`].
+    /// [`LEVEL_GROUPS`]. Before all of these, the lift with f32 data takes the transition form
+    /// where `transition` allows it and its two copies of the states fit (with three buffers or
+    /// two; up to T = 2²¹ at `Dk` ≤ 64 on the H200), in either mode.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn pick(
         tc: bool,
         lifted: bool,
+        transition: bool,
         [bh, dk, dv]: [usize; 3],
         levels: usize,
         sms: usize,
         limit: usize,
         group: Option<usize>,
     ) -> Pass {
+        if lifted && transition {
+            if let Some(stages) = (2..=3).rev().find(|&s| lift_h_smem(dk, levels, s) <= limit) {
+                return Pass::Transition { stages };
+            }
+        }
         if !tc {
             return Pass::Fma;
         }
@@ -139,6 +165,12 @@ pub(crate) fn delta_h_rb_smem(dk: usize, warps: usize, stages: usize) -> usize {
 /// A tuning variable's value: its text as a number that `ok` accepts, else none.
 fn tuning_choice(over: Option<String>, ok: impl Fn(usize) -> bool) -> Option<usize> {
     over.and_then(|v| v.parse::<usize>().ok()).filter(|&v| ok(v))
+}
+
+/// Whether the lift may take the transition form (`llc_lift_h`): unless `MIXERS_DELTA_LIFT` is
+/// `products`, which keeps the two-product passes, for comparisons.
+fn transition_allowed(over: Option<String>) -> bool {
+    over.as_deref() != Some("products")
 }
 
 /// The lift pass's levels per group asked for by `MIXERS_DELTA_LEVEL_GROUP` (1 to 16), for
@@ -230,8 +262,13 @@ pub(crate) fn run_delta<F: GpuReal>(
         &kv, &vv, &gv, &has_g, &bv, &mut *w, &mut *u, &mut *tinv, &want_ti, &ti, &hi, &dki, &dvi)?;
     let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
     let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
-    let pass = Pass::pick(tc, lifted, [bh, dk, dv], levels, g.sms, max_dynamic_smem(), level_group_over());
+    let transition = F::SUFFIX == "f32" && transition_allowed(std::env::var("MIXERS_DELTA_LIFT").ok());
+    let pass =
+        Pass::pick(tc, lifted, transition, [bh, dk, dv], levels, g.sms, max_dynamic_smem(), level_group_over());
     let (name, smem, threads, grid_y) = match pass {
+        Pass::Transition { stages } => {
+            (if tc { "llc_lift_h_tc" } else { "llc_lift_h" }, lift_h_smem(dk, levels, stages), 256, dv.div_ceil(16))
+        }
         Pass::Registers { warps, stages } => {
             ("llc_delta_h_rg", delta_h_rg_smem(dk, warps, stages), 32 * warps, dv.div_ceil(16 * warps))
         }
@@ -250,10 +287,11 @@ pub(crate) fn run_delta<F: GpuReal>(
         _ => {}
     }
     // In the bf16 mode k holds bf16 values, exact in tf32: the tensor cores take their bits as they are.
-    if pass != Pass::Fma && p == Precision::Bf16 {
+    if matches!(pass, Pass::Registers { .. } | Pass::Shared { .. }) && p == Precision::Bf16 {
         opts.push("-DDH_K_TF32=1".to_string());
     }
-    let f = g.kernel(FAMILY, &kernels::LOGLINEAR_DELTA, &opts, &format!("{name}_{}", F::SUFFIX))?;
+    let source = if matches!(pass, Pass::Transition { .. }) { &kernels::LOGLINEAR_LIFT } else { &kernels::LOGLINEAR_DELTA };
+    let f = g.kernel(FAMILY, source, &opts, &format!("{name}_{}", F::SUFFIX))?;
     opt_in(FAMILY, &f)?;
     let cfg = LaunchConfig {
         grid_dim: (bh as u32, grid_y as u32, 1),
@@ -269,6 +307,24 @@ pub(crate) fn run_delta<F: GpuReal>(
             let st = stages as i32;
             launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi, &nci,
                 &lifted_i, &levels_i, &slots_i, &st)?
+        }
+        Pass::Transition { stages } => {
+            // The per-chunk maps M_j, B_j (padded to whole 16-column pieces) and e^{a_j} first.
+            let (dkp, dvp) = (dk.div_ceil(16) * 16, dv.div_ceil(16) * 16);
+            let mut mg = pool::take::<F>(FAMILY, bh * nc * dkp * dkp)?;
+            let mut bg = pool::take::<F>(FAMILY, bh * nc * dkp * dvp)?;
+            let mut eg = pool::take::<F>(FAMILY, bh * nc)?;
+            let ab_name = format!("{}_{}", if tc { "llc_lift_ab_tc" } else { "llc_lift_ab" }, F::SUFFIX);
+            let ab = g.kernel(FAMILY, &kernels::LOGLINEAR_LIFT, &dims, &ab_name)?;
+            let ab_cfg = LaunchConfig {
+                grid_dim: (nc as u32, bh as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: LIFT_AB_SMEM as u32,
+            };
+            launch!(g, FAMILY, ab, ab_cfg; &kv, &gv, &has_g, &*w, &*u, &mut *mg, &mut *bg, &mut *eg,
+                &ti, &hi, &dki, &dvi, &nci)?;
+            let st = stages as i32;
+            launch!(g, FAMILY, f, cfg; &*mg, &*bg, &*eg, &mut *hs, &dki, &dvi, &nci, &levels_i, &slots_i, &st)?
         }
         Pass::Fma => {
             launch!(g, FAMILY, f, cfg; &kv, &gv, &has_g, &*w, &*u, &mut *vn, &mut *hs, &ti, &hi, &dki, &dvi,
@@ -374,7 +430,10 @@ pub(crate) fn run_bf16(ll: &LogLinear, x: &DeviceTensors) -> Result<Option<AnyDe
 
 #[cfg(test)]
 mod tests {
-    use super::{Pass, delta_h_rb_smem, delta_h_rg_smem, delta_h_smem, parse_level_group, rb_warps};
+    use super::{
+        Pass, delta_h_rb_smem, delta_h_rg_smem, delta_h_smem, lift_h_smem, parse_level_group, rb_warps,
+        transition_allowed,
+    };
 
     const H200: (usize, usize) = (132, 219 << 10);
 
@@ -382,68 +441,115 @@ mod tests {
     fn the_pass_follows_mode_lift_and_size() {
         let (sms, limit) = H200;
         // The exact mode runs FMA whatever fits.
-        assert_eq!(Pass::pick(false, false, [16, 64, 64], 1, sms, limit, None), Pass::Fma);
+        assert_eq!(Pass::pick(false, false, false, [16, 64, 64], 1, sms, limit, None), Pass::Fma);
         // B·H = 16 or 32, Dv = 64: the shared-memory kernel's 64 or 128 blocks fit in one wave.
         assert_eq!(
-            Pass::pick(true, false, [16, 64, 64], 1, sms, limit, None),
+            Pass::pick(true, false, false, [16, 64, 64], 1, sms, limit, None),
             Pass::Shared { stages: 3, group: 1 }
         );
         assert_eq!(
-            Pass::pick(true, false, [32, 64, 64], 1, sms, limit, None),
+            Pass::pick(true, false, false, [32, 64, 64], 1, sms, limit, None),
             Pass::Shared { stages: 3, group: 1 }
         );
         // B·H = 64: 256 blocks would take two waves; four warps of 16 value columns per block.
         assert_eq!(
-            Pass::pick(true, false, [64, 64, 64], 1, sms, limit, None),
+            Pass::pick(true, false, false, [64, 64, 64], 1, sms, limit, None),
             Pass::Registers { warps: 4, stages: 3 }
         );
         // Dv = 20: two warps cover it.
         assert_eq!(
-            Pass::pick(true, false, [512, 64, 20], 1, sms, limit, None),
+            Pass::pick(true, false, false, [512, 64, 20], 1, sms, limit, None),
             Pass::Registers { warps: 2, stages: 3 }
         );
         // Dk = 70 (padded to 80) still takes three buffers; Dk = 128 only two.
         assert_eq!(
-            Pass::pick(true, false, [512, 70, 70], 1, sms, limit, None),
+            Pass::pick(true, false, false, [512, 70, 70], 1, sms, limit, None),
             Pass::Registers { warps: 4, stages: 3 }
         );
         assert_eq!(
-            Pass::pick(true, false, [512, 128, 128], 1, sms, limit, None),
+            Pass::pick(true, false, false, [512, 128, 128], 1, sms, limit, None),
             Pass::Registers { warps: 4, stages: 2 }
         );
         // The lift keeps the states in shared memory. At T = 16k (nine levels) groups of four
         // levels fit with three buffers, at T = 1M (fifteen levels) with two; a group asked for
         // is taken where it fits.
         assert_eq!(
-            Pass::pick(true, true, [16, 64, 64], 9, sms, limit, None),
+            Pass::pick(true, true, false, [16, 64, 64], 9, sms, limit, None),
             Pass::Shared { stages: 3, group: 4 }
         );
         assert_eq!(
-            Pass::pick(true, true, [16, 64, 64], 15, sms, limit, None),
+            Pass::pick(true, true, false, [16, 64, 64], 15, sms, limit, None),
             Pass::Shared { stages: 2, group: 4 }
         );
         assert_eq!(
-            Pass::pick(true, true, [16, 64, 64], 9, sms, limit, Some(8)),
+            Pass::pick(true, true, false, [16, 64, 64], 9, sms, limit, Some(8)),
             Pass::Shared { stages: 3, group: 8 }
         );
         assert_eq!(
-            Pass::pick(true, true, [16, 64, 64], 15, sms, limit, Some(1)),
+            Pass::pick(true, true, false, [16, 64, 64], 15, sms, limit, Some(1)),
             Pass::Shared { stages: 3, group: 1 }
         );
         // A group asked for that does not fit gives way to the defaults.
         assert_eq!(
-            Pass::pick(true, true, [16, 64, 64], 15, sms, limit, Some(16)),
+            Pass::pick(true, true, false, [16, 64, 64], 15, sms, limit, Some(16)),
             Pass::Shared { stages: 2, group: 4 }
         );
         // Less shared memory: one level at a time where a group of four does not fit.
         assert_eq!(
-            Pass::pick(true, true, [16, 64, 64], 15, sms, 190 << 10, None),
+            Pass::pick(true, true, false, [16, 64, 64], 15, sms, 190 << 10, None),
             Pass::Shared { stages: 2, group: 1 }
         );
         // So does Dk above 128.
-        assert!(matches!(Pass::pick(true, false, [512, 129, 64], 1, sms, limit, None), Pass::Shared { .. }));
+        assert!(matches!(Pass::pick(true, false, false, [512, 129, 64], 1, sms, limit, None), Pass::Shared { .. }));
         // Nothing fits in 48 KiB.
-        assert_eq!(Pass::pick(true, false, [512, 64, 64], 1, sms, 48 << 10, None), Pass::Fma);
+        assert_eq!(Pass::pick(true, false, false, [512, 64, 64], 1, sms, 48 << 10, None), Pass::Fma);
+    }
+
+    #[test]
+    fn lift_with_f32_data_takes_the_transition_form_where_it_fits() {
+        let (sms, limit) = H200;
+        // T = 16k (nine levels): three buffers; T = 1M (fifteen): two; in both modes.
+        for tc in [true, false] {
+            assert_eq!(
+                Pass::pick(tc, true, true, [16, 64, 64], 9, sms, limit, None),
+                Pass::Transition { stages: 3 }
+            );
+            assert_eq!(
+                Pass::pick(tc, true, true, [16, 64, 64], 15, sms, limit, None),
+                Pass::Transition { stages: 2 }
+            );
+        }
+        // T = 2M (sixteen levels) does not fit: the two-product passes take it.
+        assert_eq!(
+            Pass::pick(true, true, true, [16, 64, 64], 16, sms, limit, None),
+            Pass::Shared { stages: 2, group: 4 }
+        );
+        assert_eq!(Pass::pick(false, true, true, [16, 64, 64], 16, sms, limit, None), Pass::Fma);
+        // Not asked for (f64 data, or MIXERS_DELTA_LIFT=products), or without a lift: as before.
+        assert_eq!(
+            Pass::pick(true, true, false, [16, 64, 64], 9, sms, limit, None),
+            Pass::Shared { stages: 3, group: 4 }
+        );
+        assert_eq!(
+            Pass::pick(true, false, true, [16, 64, 64], 1, sms, limit, None),
+            Pass::Shared { stages: 3, group: 1 }
+        );
+        // Dk = 128: M_j alone is 66 KiB a buffer; two levels' states still fit.
+        assert_eq!(
+            Pass::pick(true, true, true, [16, 128, 128], 3, sms, limit, None),
+            Pass::Transition { stages: 2 }
+        );
+        assert!(transition_allowed(None));
+        assert!(transition_allowed(Some("transition".into())));
+        assert!(!transition_allowed(Some("products".into())));
+    }
+
+    #[test]
+    fn transition_pass_smem_is_two_copies_of_the_states_and_its_buffers() {
+        // Dk = 64, nine levels: 2 · 8 state tiles of 64 × 24, per buffer M_j [64][68], B_j [64][16], e^{a_j}.
+        assert_eq!(lift_h_smem(64, 9, 3), (2 * 8 * 64 * 24 + 3 * (64 * 68 + 64 * 16 + 1)) * 4);
+        // Dk = 40 (padded to 48, rows of M_j to 68); one level (one chunk): no states.
+        assert_eq!(lift_h_smem(40, 1, 2), 2 * (48 * 68 + 48 * 16 + 1) * 4);
     }
 
     #[test]

@@ -61,6 +61,13 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         let n = compile_only_with("loglinear_delta", &src, "sm_90", &extra).unwrap_or_else(|e| panic!("{e}"));
         assert!(n > 100, "loglinear_delta {extra:?}: PTX of {n} bytes");
     }
+    // The lift's transition pass exists only with the head dims fixed (as the host compiles it).
+    let src = mixer_cuda::kernels::LOGLINEAR_LIFT.full();
+    for (dk, dv) in [(5, 7), (40, 40), (64, 64), (70, 33), (128, 128)] {
+        let extra = [format!("-DLLC_DK={dk}"), format!("-DLLC_DV={dv}")];
+        let ptx = compile_only_with("loglinear_lift", &src, "sm_90", &extra).unwrap_or_else(|e| panic!("{e}"));
+        assert!(ptx > 100, "loglinear_lift {extra:?}: PTX of {ptx} bytes");
+    }
 }
 
 /// `true` when NVRTC is here; otherwise prints why the test skips (and fails it under
