@@ -263,12 +263,23 @@ pub(crate) fn run_delta<F: GpuReal>(
     let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
     let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
     let transition = F::SUFFIX == "f32" && transition_allowed(std::env::var("MIXERS_DELTA_LIFT").ok());
-    let pass =
-        Pass::pick(tc, lifted, transition, [bh, dk, dv], levels, g.sms, max_dynamic_smem(), level_group_over());
+    let pass = Pass::pick(
+        tc,
+        lifted,
+        transition,
+        [bh, dk, dv],
+        levels,
+        g.sms,
+        max_dynamic_smem(),
+        level_group_over(),
+    );
     let (name, smem, threads, grid_y) = match pass {
-        Pass::Transition { stages } => {
-            (if tc { "llc_lift_h_tc" } else { "llc_lift_h" }, lift_h_smem(dk, levels, stages), 256, dv.div_ceil(16))
-        }
+        Pass::Transition { stages } => (
+            if tc { "llc_lift_h_tc" } else { "llc_lift_h" },
+            lift_h_smem(dk, levels, stages),
+            256,
+            dv.div_ceil(16),
+        ),
         Pass::Registers { warps, stages } => {
             ("llc_delta_h_rg", delta_h_rg_smem(dk, warps, stages), 32 * warps, dv.div_ceil(16 * warps))
         }
@@ -290,7 +301,11 @@ pub(crate) fn run_delta<F: GpuReal>(
     if matches!(pass, Pass::Registers { .. } | Pass::Shared { .. }) && p == Precision::Bf16 {
         opts.push("-DDH_K_TF32=1".to_string());
     }
-    let source = if matches!(pass, Pass::Transition { .. }) { &kernels::LOGLINEAR_LIFT } else { &kernels::LOGLINEAR_DELTA };
+    let source = if matches!(pass, Pass::Transition { .. }) {
+        &kernels::LOGLINEAR_LIFT
+    } else {
+        &kernels::LOGLINEAR_DELTA
+    };
     let f = g.kernel(FAMILY, source, &opts, &format!("{name}_{}", F::SUFFIX))?;
     opt_in(FAMILY, &f)?;
     let cfg = LaunchConfig {
@@ -500,7 +515,10 @@ mod tests {
             Pass::Shared { stages: 2, group: 1 }
         );
         // So does Dk above 128.
-        assert!(matches!(Pass::pick(true, false, false, [512, 129, 64], 1, sms, limit, None), Pass::Shared { .. }));
+        assert!(matches!(
+            Pass::pick(true, false, false, [512, 129, 64], 1, sms, limit, None),
+            Pass::Shared { .. }
+        ));
         // Nothing fits in 48 KiB.
         assert_eq!(Pass::pick(true, false, false, [512, 64, 64], 1, sms, 48 << 10, None), Pass::Fma);
     }

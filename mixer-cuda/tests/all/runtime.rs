@@ -65,7 +65,8 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
     let src = mixer_cuda::kernels::LOGLINEAR_LIFT.full();
     for (dk, dv) in [(5, 7), (40, 40), (64, 64), (70, 33), (128, 128)] {
         let extra = [format!("-DLLC_DK={dk}"), format!("-DLLC_DV={dv}")];
-        let ptx = compile_only_with("loglinear_lift", &src, "sm_90", &extra).unwrap_or_else(|e| panic!("{e}"));
+        let ptx =
+            compile_only_with("loglinear_lift", &src, "sm_90", &extra).unwrap_or_else(|e| panic!("{e}"));
         assert!(ptx > 100, "loglinear_lift {extra:?}: PTX of {ptx} bytes");
     }
 }
