@@ -125,10 +125,11 @@ impl Pass {
         limit: usize,
         group: Option<usize>,
     ) -> Pass {
-        if lifted && transition {
-            if let Some(stages) = (2..=3).rev().find(|&s| lift_h_smem(dk, levels, s) <= limit) {
-                return Pass::Transition { stages };
-            }
+        if lifted
+            && transition
+            && let Some(stages) = (2..=3).rev().find(|&s| lift_h_smem(dk, levels, s) <= limit)
+        {
+            return Pass::Transition { stages };
         }
         if !tc {
             return Pass::Fma;
