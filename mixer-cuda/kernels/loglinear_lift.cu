@@ -136,21 +136,25 @@ extern "C" __global__ void __launch_bounds__(256)
 // 2. The sequential pass (grid (BH, ⌈Dv/16⌉), 256 threads; head dims fixed at compile time). The
 // block keeps the states of levels 1 .. E − 1 for its 16 value columns in shared memory, twice:
 // chunk j reads them from one copy and writes the next chunk's into the other, so that one barrier
-// per chunk orders everything. Per chunk j:
-// - write every non-empty level e ≥ 1 (bit e − 1 of j) to Hs at slot popsum(j) + rank
-//   [BH][slots][Dk][Dv], as llc_delta_h does;
-// - each warp owns 16 × 8 tiles of the states (the same tile of every level) and for each non-empty
-//   level forms e^{a_j} S + M_j S for its tile, the levels LIFT_LG at a time as independent mma
-//   chains sharing the M_j fragments;
-// - the next chunk's merge happens in the registers: levels 1 .. m (m = ctz(j + 1), all non-empty
-//   at j) and the inserted B_j sum into level m + 1 (empty at j), the other levels keep their slot.
-// M_j, B_j's 16 columns and e^{a_j} are copied ST − 1 chunks ahead (16-byte cp.async) into ST
-// buffers. Rows of M_j are padded to LDK ≡ 4 (mod 32) floats and rows of the states to 24, so
-// that fragment loads hit 32 distinct banks. Dynamic shared memory: see lift_h_smem on the host.
-#ifndef LIFT_LG
-#define LIFT_LG 4  // levels per group
-#endif
+// per chunk orders everything. Each warp owns 16 × 8 tiles of the states (the same tiles of every
+// level), and per chunk j, for each non-empty level e ≥ 1 (bit e − 1 of j) forms its tile of
+// e^{a_j} S + M_j S (M_j's fragments loaded once per chunk, the level's mma in two independent
+// chains); then, in its registers, the next chunk's merge: levels 1 .. m (m = ctz(j + 1), all
+// non-empty at j) and the inserted B_j sum into level m + 1 (empty at j), the other levels keep
+// their slot. Every state entering chunk j + 1 goes from the registers to shared memory and to Hs,
+// slot popsum(j + 1) + rank [BH][slots][Dk][Dv] (the rank among chunk j + 1's non-empty levels,
+// lowest first, as llc_delta_h writes them). The levels are a compile-time loop up to LIFT_EMAX,
+// each one warp-uniform branch, so that no branch sits inside a product. The states enter the
+// tensor cores rounded to nearest by lift_tf32 (one integer add). M_j, B_j's 16 columns and e^{a_j}
+// are copied ST − 1 chunks ahead (16-byte cp.async) into ST buffers. Rows of M_j are padded to
+// LDK ≡ 4 (mod 32) floats and rows of the states to 24, so that fragment loads hit 32 distinct
+// banks. Dynamic shared memory: see lift_h_smem on the host.
 #define LIFT_LDS 24
+#define LIFT_EMAX 17  // levels the pass handles (E ≤ 17: T ≤ 2²² tokens; the host checks)
+// x as a tf32 operand rounded to nearest (ties away): the tensor cores read the top 19 bits of
+// the register, so adding half a tf32 unit (2¹² in the bits) rounds as cvt.rna.tf32.f32 does,
+// for finite x, in one instruction instead of three (H200, T = 16k: the pass 0.3 ms faster).
+__device__ __forceinline__ unsigned lift_tf32(float x) { return __float_as_uint(x) + 0x1000u; }
 #ifdef DH_DKP
 template <bool MMA>
 __device__ void llc_lift_h(const float* Mg, const float* Bg, const float* Eg, float* Hs, int Dk, int Dv, int nc, int E,
@@ -183,121 +187,113 @@ __device__ void llc_lift_h(const float* Mg, const float* Bg, const float* Eg, fl
         if (tid == 0) llc_cp_async(tb + buf, Eg + c, 4, 1);
         asm volatile("cp.async.commit_group;\n" ::);
     };
-    for (int jj = 0; jj < ST - 1 && jj < nc; ++jj) prefetch(jj, jj);
-    for (int j = 0; j < nc; ++j) {
+    // Chunks 0 .. nc − 2 go through the pass: the states after the last chunk are read by no one.
+    const int np = nc - 1;
+    for (int jj = 0; jj < ST - 1 && jj < np; ++jj) prefetch(jj, jj);
+    long long first = 0;  // popsum(j + 1): chunk j + 1's first slot in Hs
+    for (int j = 0; j < np; ++j) {
         const int buf = j % ST;
+        first += __popc(j);
         // Chunk j's group is complete once at most (chunks issued after it) groups are pending.
-        const int after = min(ST - 2, nc - 1 - j);
+        const int after = min(ST - 2, np - 1 - j);
         if (after >= 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
         else if (after == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
         else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
         __syncthreads();  // chunk j's copies and the states chunk j − 1 wrote are in place
         // The buffer of chunk j + ST − 1 was read last by chunk j − 1, before the barrier.
-        if (j + ST - 1 < nc) prefetch(j + ST - 1, (j + ST - 1) % ST);
+        if (j + ST - 1 < np) prefetch(j + ST - 1, (j + ST - 1) % ST);
         const float* Sp = S + (j & 1) * (E - 1) * SD;
         float* Sq = S + ((j + 1) & 1) * (E - 1) * SD;
-        // The entering states of the non-empty levels.
-        {
-            long long slot = llc_popsum(j);
-            for (int e = 1; e < E; ++e) {
-                if (!((j >> (e - 1)) & 1)) continue;
-                const float* Se = Sp + (e - 1) * SD;
-                float* Hj = Hs + ((long long)bh * slots + slot) * DD;
-                if (Dv % 4 == 0) {  // float4 stores: rows c ≡ tid / 4 (mod NT / 4), columns dd..dd+3
-                    const int dd = (tid & 3) * 4;
-                    if (d0 + dd < Dv)
-                        for (int c = tid >> 2; c < Dk; c += NT / 4)
-                            *reinterpret_cast<float4*>(Hj + (long long)c * Dv + d0 + dd) =
-                                *reinterpret_cast<const float4*>(Se + c * LIFT_LDS + dd);
-                } else {
-                    for (int idx = tid; idx < Dk * 16; idx += NT) {
-                        const int c = idx / 16, dd = idx % 16;
-                        if (d0 + dd < Dv) Hj[(long long)c * Dv + d0 + dd] = Se[c * LIFT_LDS + dd];
-                    }
-                }
-                ++slot;
-            }
-        }
         const float* Mc = Mb + buf * DKP * LDK;
         const float* Bc = Bb + buf * DKP * 16;
         const float tot = tb[buf];
-        const bool merge = j + 1 < nc;
-        const int mnext = __ffs(j + 1) - 1;  // the next chunk merges levels 0 .. mnext into mnext + 1
+        const int mnext = __ffs(j + 1) - 1;  // chunk j + 1 merges levels 0 .. mnext into mnext + 1
         for (int tw = warp; tw < NTILE; tw += NW) {
             const int mt = tw >> 1, nt = tw & 1;
             const int r0 = mt * 16 + gi, c0 = nt * 8 + 2 * tg;  // this lane's accumulator entries
             // Accumulator entry u's offset within a state tile.
             auto at = [&](int u) { return (r0 + (u < 2 ? 0 : 8)) * LIFT_LDS + c0 + (u & 1); };
-            float mg[4];
+            // A state entering chunk j + 1 (this lane's entries): into slot `level − 1` of Sq and
+            // into Hs at chunk j + 1's slot of that level.
+            auto put = [&](int level, const float (&x)[4]) {
 #pragma unroll
-            for (int u = 0; u < 4; ++u) mg[u] = Bc[(r0 + (u < 2 ? 0 : 8)) * 16 + c0 + (u & 1)];
-            unsigned live = (unsigned)j;  // bit e − 1: level e is non-empty
-            while (live) {
-                int lv[LIFT_LG], gl = 0;  // the group's levels, its size
+                for (int u = 0; u < 4; ++u) Sq[(level - 1) * SD + at(u)] = x[u];
+                const long long slot = first + __popc((unsigned)(j + 1) & ((1u << (level - 1)) - 1u));
+                float* hp = Hs + ((long long)bh * slots + slot) * DD + d0 + c0;
 #pragma unroll
-                for (int q = 0; q < LIFT_LG; ++q) {
-                    lv[q] = 1;
-                    if (live) {
-                        lv[q] = __ffs(live);
-                        live &= live - 1;
-                        gl = q + 1;
+                for (int h2 = 0; h2 < 2; ++h2) {
+                    const int r = r0 + 8 * h2;
+                    if (r >= Dk) continue;
+                    float* p = hp + (long long)r * Dv;
+                    if (Dv % 2 == 0 && d0 + c0 + 1 < Dv) {
+                        *reinterpret_cast<float2*>(p) = make_float2(x[2 * h2], x[2 * h2 + 1]);
+                    } else {
+                        if (d0 + c0 < Dv) p[0] = x[2 * h2];
+                        if (d0 + c0 + 1 < Dv) p[1] = x[2 * h2 + 1];
                     }
                 }
-                float acc[LIFT_LG][4];
+            };
+            float mg[4];  // the merged level: B_j, then the levels 1 .. mnext
 #pragma unroll
-                for (int q = 0; q < LIFT_LG; ++q)
+            for (int u = 0; u < 4; ++u) mg[u] = Bc[(r0 + (u < 2 ? 0 : 8)) * 16 + c0 + (u & 1)];
+            // M_j's fragments for this tile's rows, all k (MMA).
+            unsigned af[MMA ? DKP / 8 : 1][4];
+            if (MMA) {
+                const float* ar = Mc + r0 * LDK + tg;
 #pragma unroll
-                    for (int u = 0; u < 4; ++u) acc[q][u] = q < gl ? tot * Sp[(lv[q] - 1) * SD + at(u)] : 0.f;
+                for (int k8 = 0; k8 < DKP; k8 += 8) {
+                    af[k8 / 8][0] = __float_as_uint(ar[k8]);
+                    af[k8 / 8][1] = __float_as_uint(ar[8 * LDK + k8]);
+                    af[k8 / 8][2] = __float_as_uint(ar[k8 + 4]);
+                    af[k8 / 8][3] = __float_as_uint(ar[8 * LDK + k8 + 4]);
+                }
+            }
+#pragma unroll
+            for (int e = 1; e < LIFT_EMAX; ++e) {
+                if (e >= E || !((j >> (e - 1)) & 1)) continue;  // warp-uniform
+                const float* sl = Sp + (e - 1) * SD;
+                float acc[4], acc2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int u = 0; u < 4; ++u) acc[u] = tot * sl[at(u)];
                 if (MMA) {
-                    const float* ar = Mc + r0 * LDK + tg;
-                    const int bo = tg * LIFT_LDS + nt * 8 + gi;
+                    const float* br = sl + tg * LIFT_LDS + nt * 8 + gi;
 #pragma unroll
-                    for (int k8 = 0; k8 < DKP; k8 += 8) {
-                        const unsigned a0 = __float_as_uint(ar[k8]), a1 = __float_as_uint(ar[8 * LDK + k8]),
-                                       a2 = __float_as_uint(ar[k8 + 4]), a3 = __float_as_uint(ar[8 * LDK + k8 + 4]);
-#pragma unroll
-                        for (int q = 0; q < LIFT_LG; ++q)
-                            if (q < gl) {
-                                const float* br = Sp + (lv[q] - 1) * SD + bo + k8 * LIFT_LDS;
-                                mx_mma_tf32(acc[q], a0, a1, a2, a3, mx_tf32(br[0]), mx_tf32(br[4 * LIFT_LDS]));
-                            }
+                    for (int k8 = 0; k8 < DKP; k8 += 16) {
+                        const unsigned* a = af[k8 / 8];
+                        const unsigned* a2 = af[k8 / 8 + 1];
+                        mx_mma_tf32(acc, a[0], a[1], a[2], a[3], lift_tf32(br[k8 * LIFT_LDS]),
+                                    lift_tf32(br[(k8 + 4) * LIFT_LDS]));
+                        mx_mma_tf32(acc2, a2[0], a2[1], a2[2], a2[3], lift_tf32(br[(k8 + 8) * LIFT_LDS]),
+                                    lift_tf32(br[(k8 + 12) * LIFT_LDS]));
                     }
                 } else {
-#pragma unroll 2
+#pragma unroll 4
                     for (int k4 = 0; k4 < DKP; k4 += 4) {
                         const float4 m0 = *reinterpret_cast<const float4*>(Mc + r0 * LDK + k4);
                         const float4 m1 = *reinterpret_cast<const float4*>(Mc + (r0 + 8) * LDK + k4);
                         const float x0[4] = {m0.x, m0.y, m0.z, m0.w}, x1[4] = {m1.x, m1.y, m1.z, m1.w};
+                        const float* br = sl + k4 * LIFT_LDS + c0;
 #pragma unroll
-                        for (int q = 0; q < LIFT_LG; ++q)
-                            if (q < gl) {
-                                const float* br = Sp + (lv[q] - 1) * SD + k4 * LIFT_LDS + c0;
-#pragma unroll
-                                for (int kk = 0; kk < 4; ++kk) {
-                                    const float2 y = *reinterpret_cast<const float2*>(br + kk * LIFT_LDS);
-                                    acc[q][0] = fmaf(x0[kk], y.x, acc[q][0]);
-                                    acc[q][1] = fmaf(x0[kk], y.y, acc[q][1]);
-                                    acc[q][2] = fmaf(x1[kk], y.x, acc[q][2]);
-                                    acc[q][3] = fmaf(x1[kk], y.y, acc[q][3]);
-                                }
-                            }
+                        for (int kk = 0; kk < 4; ++kk) {
+                            const float2 y = *reinterpret_cast<const float2*>(br + kk * LIFT_LDS);
+                            float* ac = kk & 1 ? acc2 : acc;
+                            ac[0] = fmaf(x0[kk], y.x, ac[0]);
+                            ac[1] = fmaf(x0[kk], y.y, ac[1]);
+                            ac[2] = fmaf(x1[kk], y.x, ac[2]);
+                            ac[3] = fmaf(x1[kk], y.y, ac[3]);
+                        }
                     }
                 }
 #pragma unroll
-                for (int q = 0; q < LIFT_LG; ++q) {
-                    if (q >= gl) break;
-                    if (merge && lv[q] <= mnext) {
+                for (int u = 0; u < 4; ++u) acc[u] += acc2[u];
+                if (e <= mnext) {
 #pragma unroll
-                        for (int u = 0; u < 4; ++u) mg[u] += acc[q][u];
-                    } else {
-#pragma unroll
-                        for (int u = 0; u < 4; ++u) Sq[(lv[q] - 1) * SD + at(u)] = acc[q][u];
-                    }
+                    for (int u = 0; u < 4; ++u) mg[u] += acc[u];
+                } else {
+                    put(e, acc);
                 }
             }
-            if (merge)
-#pragma unroll
-                for (int u = 0; u < 4; ++u) Sq[mnext * SD + at(u)] = mg[u];
+            put(mnext + 1, mg);
         }
     }
 }

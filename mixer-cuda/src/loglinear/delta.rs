@@ -59,6 +59,9 @@ pub(crate) fn lift_h_smem(dk: usize, levels: usize, stages: usize) -> usize {
     (2 * levels.saturating_sub(1) * dkp * 24 + stages * (dkp * ldk + dkp * 16 + 1)) * 4
 }
 
+/// Most chunk levels `llc_lift_h` takes (`LIFT_EMAX` in the kernel: T ≤ 2²² tokens).
+const LIFT_MAX_LEVELS: usize = 17;
+
 /// Dynamic shared memory of `llc_lift_ab`: two `[64][68]` f32 tiles.
 const LIFT_AB_SMEM: usize = 2 * 64 * 68 * 4;
 
@@ -113,7 +116,7 @@ impl Pass {
     /// with three buffers or two: `group` when given, else (or when it does not fit) those of
     /// [`LEVEL_GROUPS`]. Before all of these, the lift with f32 data takes the transition form
     /// where `transition` allows it and its two copies of the states fit (with three buffers or
-    /// two; up to T = 2²¹ at `Dk` ≤ 64 on the H200), in either mode.
+    /// two; up to T = 2²¹ at `Dk` ≤ 64 on the H200, and T ≤ 2²² in any case), in either mode.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn pick(
         tc: bool,
@@ -127,6 +130,7 @@ impl Pass {
     ) -> Pass {
         if lifted
             && transition
+            && levels <= LIFT_MAX_LEVELS
             && let Some(stages) = (2..=3).rev().find(|&s| lift_h_smem(dk, levels, s) <= limit)
         {
             return Pass::Transition { stages };
@@ -558,6 +562,15 @@ mod tests {
             Pass::pick(true, true, true, [16, 128, 128], 3, sms, limit, None),
             Pass::Transition { stages: 2 }
         );
+        // Dk = 16 fits eighteen levels (T = 2²³) but the pass takes seventeen at most.
+        assert_eq!(
+            Pass::pick(true, true, true, [16, 16, 16], 17, sms, limit, None),
+            Pass::Transition { stages: 3 }
+        );
+        assert!(matches!(
+            Pass::pick(true, true, true, [16, 16, 16], 18, sms, limit, None),
+            Pass::Shared { .. }
+        ));
         assert!(transition_allowed(None));
         assert!(transition_allowed(Some("transition".into())));
         assert!(!transition_allowed(Some("products".into())));
