@@ -2,7 +2,9 @@
 // chunk the WY/UT pieces (llc_wy, llc_wy on tensor cores), one sequential pass over chunks that
 // carries the state or the chunk-level Fenwick states (llc_delta_h, llc_delta_h_tc), and the lift's
 // own output kernel (llc_out_dl; without a lift the outputs are loglinear_chunked.cu's llc_out with
-// the entering states). Chunks as in loglinear_chunked.cu; helpers in loglinear_chunk.cuh.
+// the entering states). Chunks as in loglinear_chunked.cu; helpers in loglinear_chunk.cuh. The
+// lift with f32 data runs its pass in the transition form instead (loglinear_lift.cu); the lifted
+// passes here serve f64, heads too wide for that form and T above 2²² (or 2²⁰ at Dk = 64).
 
 // T⁻¹ = (I + Lm)⁻¹ for a strictly lower triangular CH × CH Lm (rows of LDL), column by column:
 // X[r][c] = 0 for r < c, X[c][c] = 1 and X[r][c] = −Σ_{c≤s<r} Lm[r][s] X[s][c] for r > c (the terms

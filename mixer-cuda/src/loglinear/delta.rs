@@ -3,7 +3,10 @@
 //! 1. `llc_wy` (per chunk): the WY/UT pieces `W = T⁻¹ diag(β e^γ) K`, `U = T⁻¹ diag(β) V` and, for
 //!    the lift, `T⁻¹`;
 //! 2. the sequential pass over chunks: without a lift the state entering each chunk and the new
-//!    values `U' = U − W S`; with it, every chunk-level state entering each chunk ([`Pass`]);
+//!    values `U' = U − W S`; with it, every chunk-level state entering each chunk ([`Pass`]). The
+//!    lift with f32 data takes the transition form (`kernels/loglinear_lift.cu`): `llc_lift_ab`
+//!    forms each chunk's map `M_j = −K̂ᵀ W`, `B_j = K̂ᵀ U` in parallel, and `llc_lift_h` does one
+//!    product `M_j S` per non-empty level and chunk;
 //! 3. the outputs: the chunk-tree outputs with `v = U'` and the entering states, or the lift's
 //!    `llc_out_dl`.
 //!
@@ -65,8 +68,9 @@ const LIFT_MAX_LEVELS: usize = 17;
 /// Dynamic shared memory of `llc_lift_ab`: two `[64][68]` f32 tiles.
 const LIFT_AB_SMEM: usize = 2 * 64 * 68 * 4;
 
-/// Levels per group in the lift's pass (`llc_delta_h_tc`'s `DH_LG`), the first that fits shared
-/// memory: a chunk's levels go through the two products a group at a time, with two barriers per
+/// Levels per group in the lift's two-product pass (`llc_delta_h_tc`'s `DH_LG`; the lift takes
+/// that pass only where the transition form does not fit, or is not asked for), the first that
+/// fits shared memory: a chunk's levels go through the two products a group at a time, with two barriers per
 /// group and the W and K fragments loaded once per group. At T = 16k a chunk has five levels on
 /// average (nine at most), at 1M eight (fifteen). Measured on the H200 (T = 16k, B·H = 16,
 /// Dk = Dv = 64, loglinear-gated-deltanet tf32 through `mixers bench`): 2.81–2.82 / 2.77 /
@@ -116,7 +120,7 @@ impl Pass {
     /// with three buffers or two: `group` when given, else (or when it does not fit) those of
     /// [`LEVEL_GROUPS`]. Before all of these, the lift with f32 data takes the transition form
     /// where `transition` allows it and its two copies of the states fit (with three buffers or
-    /// two; up to T = 2²¹ at `Dk` ≤ 64 on the H200, and T ≤ 2²² in any case), in either mode.
+    /// two; up to T = 2²⁰ at `Dk` ≤ 64 on the H200, and T ≤ 2²² in any case), in either mode.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn pick(
         tc: bool,
