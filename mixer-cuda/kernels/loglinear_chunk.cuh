@@ -158,6 +158,31 @@ __device__ __forceinline__ void llc_put4_tf32(float* dst, float4 x, float s) {
     dst[3] = __uint_as_float(mx_tf32(s * x.w));
 }
 __device__ __forceinline__ bool llc_al16(const void* p) { return mx_aligned(p, 16); }
+// Columns c0 .. c0 + 63 of a chunk's rows r < n of src (row r at (row0 + r·H)·D, D columns), row
+// r times w(r), into dst (64 rows of LD floats), rounded to tf32 when round; rows from n on and
+// columns from D on zero. 256 threads, every load issued before the first store (llc_stage); vec:
+// 16-byte loads (llc_ld4).
+template <int LD, typename TI, typename Wt>
+__device__ __forceinline__ void llc_stage_tile(float* dst, const TI* src, long long row0, int H, int D, int c0, int n,
+                                               bool vec, bool round, Wt w) {
+    llc_stage<float4, 4, 256>(
+        64 * 16,
+        [&](int idx) {
+            const int r = idx >> 4;
+            return r < n ? llc_ld4(src, (row0 + (long long)r * H) * D + c0, (idx & 15) * 4, D - c0, vec)
+                         : float4{0.f, 0.f, 0.f, 0.f};
+        },
+        [&](int idx, float4 x) {
+            const int r = idx >> 4;
+            float* d = dst + r * LD + (idx & 15) * 4;
+            const float s = w(r);
+            if (round) {
+                llc_put4_tf32(d, x, s);
+            } else {
+                d[0] = s * x.x, d[1] = s * x.y, d[2] = s * x.z, d[3] = s * x.w;
+            }
+        });
+}
 // Asynchronous copies global → shared (cp.async) of 4 or 8 bytes, or of 16; with valid = 0 the
 // destination is zero-filled and nothing is read.
 __device__ __forceinline__ void llc_cp_async(void* dst, const void* src, int bytes, int valid) {

@@ -234,17 +234,7 @@ __device__ void llc_wy_tc(const TI* k, const TI* v, const float* g, int has_g, c
         return wmode == 0 ? 1.f : wmode == 1 ? (r < n ? bet[r] * __expf((float)gam[r]) : 0.f) : bet[r];
     };
     auto stage = [&](const TI* src, int D, bool vec, int c0, int wmode) {
-        llc_stage<float4, 4, 256>(
-            CH * 16,
-            [&](int idx) {
-                const int r = idx >> 4;
-                return r < n ? llc_ld4(src, (row0 + (long long)r * H) * D + c0, (idx & 15) * 4, D - c0, vec)
-                             : float4{0.f, 0.f, 0.f, 0.f};
-            },
-            [&](int idx, float4 x) {
-                const int r = idx >> 4;
-                llc_put4_tf32(X + r * LWT_LD + (idx & 15) * 4, x, wrow(wmode, r));
-            });
+        llc_stage_tile<LWT_LD>(X, src, row0, H, D, c0, n, vec, true, [&](int r) { return wrow(wmode, r); });
     };
     // KKᵀ, then Lm = strict(diag(β)(KKᵀ ⊙ Γ)).
     {

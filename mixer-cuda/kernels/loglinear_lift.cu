@@ -77,23 +77,7 @@ __device__ void llc_lift_ab(const float* k, const float* g, int has_g, const flo
     // scaled, into dst (rounded to tf32 with MMA); rows from n on zero.
     auto stage = [&](float* dst, const float* src, int D, int c0, bool scaled) {
         const bool vec = D % 4 == 0 && llc_al16(src);
-        llc_stage<float4, 4, 256>(
-            CH * 16,
-            [&](int idx) {
-                const int s = idx >> 4;
-                return s < n ? llc_ld4(src, (row0 + (long long)s * H) * D + c0, (idx & 15) * 4, D - c0, vec)
-                             : float4{0.f, 0.f, 0.f, 0.f};
-            },
-            [&](int idx, float4 x) {
-                const int s = idx >> 4;
-                float* d = dst + s * LD + (idx & 15) * 4;
-                const float w = scaled ? dec[s] : 1.f;
-                if (MMA) {
-                    llc_put4_tf32(d, x, w);
-                } else {
-                    d[0] = w * x.x, d[1] = w * x.y, d[2] = w * x.z, d[3] = w * x.w;
-                }
-            });
+        llc_stage_tile<LD>(dst, src, row0, H, D, c0, n, vec, MMA, [&](int s) { return scaled ? dec[s] : 1.f; });
     };
     const int kend = MMA ? (n + 7) & ~7 : n;
     const long long first = (long long)bh * nc + j;
