@@ -152,7 +152,9 @@ fn loglinear_cuda_wide_heads() {
     }
 }
 
-/// T = 65536: the CUDA chunked form (f32) against the CPU chunked form (f64 and f32).
+/// T = 65536: the CUDA chunked form (f32) against the CPU chunked form (f64 and f32), for the
+/// scalar-decay members and gated DeltaNet, each with and without the lift (the lift's pass in
+/// its transition form: 1024 chunks, eleven levels).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_cuda_fast_long_sequence() {
@@ -160,7 +162,7 @@ fn loglinear_cuda_fast_long_sequence() {
         return;
     };
     let s = Sizes { batch: 1, seq: 65536, channels: 1, heads: 2, dk: 8, dv: 6 };
-    for name in ["mamba2", "loglinear-mamba2"] {
+    for name in ["mamba2", "loglinear-mamba2", "gated-deltanet", "loglinear-gated-deltanet"] {
         let m = mixer(name, &serde_json::json!({})).unwrap();
         let dims = complete_dims(m.as_ref(), &s.dims());
         let x = m.random_inputs(&dims, 5).unwrap();
