@@ -158,6 +158,7 @@ def main():
          None if FLA else lambda B, T: ref_gdn(B, T, H, D, torch.bfloat16)),
         ("loglinear-mamba2", "exact", "fla chunk_log_linear_attn fp32", None if FLA else lambda B, T: ref_loglinear(B, T, H, D)),
         ("loglinear-mamba2", "tf32", "fla chunk_log_linear_attn fp32", None if FLA else lambda B, T: ref_loglinear(B, T, H, D)),
+        ("loglinear-gated-deltanet", "exact", "(no public fp32 kernel)", None),
         ("loglinear-gated-deltanet", "tf32", "(no public fp32 kernel)", None),
         ("toeplitz{\"heads\":%d}" % H, "exact", "torch.fft causal conv fp32", lambda B, T: ref_fft_conv(B, T, H, D)),
         ("toeplitz{\"heads\":%d}" % H, "exact", "torch.fft conv fp32, a kernel per head",
