@@ -41,14 +41,22 @@ pub(crate) fn delta_h_smem<F: GpuReal>(dk: usize, levels: usize) -> usize {
     (levels * dk * 16 + 4 * ch * ldw + 2 * ch * 16 + 2 * ch + ch * 17 + ch) * size
 }
 
+/// The tensor-core passes' key dims (`llc_delta_h_tc`, `llc_lift_h`): `DKP` = `Dk` rounded up to
+/// 16 (whole k-steps), and `LDK` = `DKP` rounded up to 32, plus 4, the row length in floats of
+/// their `W`, `K` and `M_j` tiles (≡ 4 mod 32, so that fragment loads hit 32 distinct banks).
+fn tc_key_dims(dk: usize) -> (usize, usize) {
+    let dkp = dk.div_ceil(16) * 16;
+    (dkp, dkp.div_ceil(32) * 32 + 4)
+}
+
 /// Dynamic shared memory of `llc_delta_h_tc` (f32; the layout in the kernel) with `stages`
 /// buffers and levels taken `group` at a time: `levels` state tiles of `DKP × 24` (`DKP` = `Dk`
 /// rounded up to 16), per buffer the chunk's `W` and `K` (rows padded to `LDK ≡ 4 (mod 32)`) and
 /// `U`; the new values `[64][24]` of each level of a group and two buffers of decays (`[2][65]`:
 /// the decay warp fills chunk j + 1's during chunk j).
 pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize, group: usize) -> usize {
-    let (ch, dkp) = (64, dk.div_ceil(16) * 16);
-    let ldk = dkp.div_ceil(32) * 32 + 4;
+    let ch = 64;
+    let (dkp, ldk) = tc_key_dims(dk);
     (levels * dkp * 24 + stages * (2 * ch * ldk + ch * 16) + group * ch * 24 + 2 * (ch + 1)) * 4
 }
 
@@ -57,8 +65,7 @@ pub(crate) fn delta_h_tc_smem(dk: usize, levels: usize, stages: usize, group: us
 /// to 16), per buffer the chunk's `M_j` (rows padded to `LDK ≡ 4 (mod 32)`), 16 columns of `B_j`
 /// and `e^{a_j}`.
 pub(crate) fn lift_h_smem(dk: usize, levels: usize, stages: usize) -> usize {
-    let dkp = dk.div_ceil(16) * 16;
-    let ldk = dkp.div_ceil(32) * 32 + 4;
+    let (dkp, ldk) = tc_key_dims(dk);
     (2 * levels.saturating_sub(1) * dkp * 24 + stages * (dkp * ldk + dkp * 16 + 1)) * 4
 }
 
@@ -334,7 +341,7 @@ pub(crate) fn run_delta<F: GpuReal>(
         }
         Pass::Transition { stages } => {
             // The per-chunk maps M_j, B_j (padded to whole 16-column pieces) and e^{a_j} first.
-            let (dkp, dvp) = (dk.div_ceil(16) * 16, dv.div_ceil(16) * 16);
+            let (dkp, dvp) = (tc_key_dims(dk).0, dv.div_ceil(16) * 16);
             let mut mg = pool::take::<F>(FAMILY, bh * nc * dkp * dkp)?;
             let mut bg = pool::take::<F>(FAMILY, bh * nc * dkp * dvp)?;
             let mut eg = pool::take::<F>(FAMILY, bh * nc)?;
