@@ -196,8 +196,8 @@ __device__ void llc_lift_h(const float* Mg, const float* Bg, const float* Eg, fl
         for (int tw = warp; tw < NTILE; tw += NW) {
             const int mt = tw >> 1, nt = tw & 1;
             const int r0 = mt * 16 + gi, c0 = nt * 8 + 2 * tg;  // this lane's accumulator entries
-            // Accumulator entry u's offset within a state tile.
-            auto at = [&](int u) { return (r0 + (u < 2 ? 0 : 8)) * LIFT_LDS + c0 + (u & 1); };
+            // Accumulator entry u's offset within a tile of rows of ld floats (a state: LIFT_LDS).
+            auto at = [&](int u, int ld = LIFT_LDS) { return (r0 + (u < 2 ? 0 : 8)) * ld + c0 + (u & 1); };
             // A state entering chunk j + 1 (this lane's entries): into slot `level − 1` of Sq and
             // into Hs at chunk j + 1's slot of that level.
             auto put = [&](int level, const float (&x)[4]) {
@@ -220,7 +220,7 @@ __device__ void llc_lift_h(const float* Mg, const float* Bg, const float* Eg, fl
             };
             float mg[4];  // the merged level: B_j, then the levels 1 .. mnext
 #pragma unroll
-            for (int u = 0; u < 4; ++u) mg[u] = Bc[(r0 + (u < 2 ? 0 : 8)) * 16 + c0 + (u & 1)];
+            for (int u = 0; u < 4; ++u) mg[u] = Bc[at(u, 16)];
             // M_j's fragments for this tile's rows, all k (MMA).
             unsigned af[MMA ? DKP / 8 : 1][4];
             if (MMA) {
