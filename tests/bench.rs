@@ -127,7 +127,7 @@ impl<F: Real> Family<F> for EmaCpu {
 
 #[register]
 static EMA_CPU: FamilyEntry =
-    FamilyEntry { family: "bench-test-ema", backend: "cpu", f64: &EmaCpu, f32: &EmaCpu };
+    FamilyEntry { family: "bench-test-ema", backend: "cpu", f64: &EmaCpu, f32: &EmaCpu, device: None };
 
 fn tmp(name: &str) -> std::path::PathBuf {
     let d = std::env::temp_dir().join(format!("mixers-bench-{}-{name}", std::process::id()));

@@ -26,4 +26,5 @@ static CPU: BackendEntry = BackendEntry {
     doc: "CPU: ndarray + faer + realfft, parallel with rayon",
     priority: 0,
     probe,
+    timer: None,
 };

@@ -8,17 +8,18 @@
 //! `β ∈ [0, 1]`, …) and the finiteness of `y` are checked by kernels on the stream and
 //! reported when the result is read ([`crate::tensor::Deferred`]).
 
+use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::spec::Constraint;
-use mixer_core::{Dims, Error, Form, Precision, Result, Tensors};
-use mixer_registry::Backend;
+use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Result, Tensors};
+use mixer_registry::{Backend, DeviceForms};
 
 use crate::forms::{DeviceDecoder, DeviceFamily};
 use crate::kernels;
-use crate::runtime::{GpuReal, gpu, grid1, launch};
+use crate::runtime::{GpuReal, err, gpu, grid1, launch};
 use crate::tensor::{AnyDeviceTensor, Deferred, DeviceScalar, DeviceTensor, DeviceTensors, bf16};
 
 /// The backend's stream: order a caller's own kernels and copies with ours by enqueuing them
@@ -27,17 +28,58 @@ pub fn stream() -> Result<Arc<CudaStream>> {
     Ok(gpu()?.stream.clone())
 }
 
-/// One family's device forms with the mixer type erased.
-pub struct DeviceEntry {
-    /// The family key.
-    pub family: &'static str,
-    run: fn(&dyn Mixer, Form, &DeviceTensors, Precision, bool) -> Result<AnyDeviceTensor>,
-    decoder: fn(&dyn Mixer, &mixer_core::AnyTensors, &Dims) -> Result<Box<dyn DeviceDecoder>>,
-}
+/// A family's device forms ([`DeviceFamily`] for `f32` and `f64`) as the registry's
+/// [`DeviceForms`]: what a family's `FamilyEntry` names in its `device` field, next to
+/// [`crate::forms::Hosted`] for host arrays. The registry decides availability and builds
+/// the errors; this checks the device tensors (shapes, dtypes, deferred value checks) and
+/// runs the form.
+pub struct Device<T>(pub T);
 
-impl std::fmt::Debug for DeviceEntry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "DeviceEntry({})", self.family)
+impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
+    fn implements(&self, form: Form) -> bool {
+        match form {
+            Form::Parallel => <T as DeviceFamily<f32>>::parallel().is_some(),
+            Form::Fast => <T as DeviceFamily<f32>>::fast().is_some(),
+            Form::Recurrent => <T as DeviceFamily<f32>>::decoder().is_some(),
+            Form::Materialized => false,
+        }
+    }
+
+    fn run(
+        &self,
+        m: &dyn Mixer,
+        form: Form,
+        inputs: &dyn Any,
+        precision: Precision,
+        checks: bool,
+    ) -> Result<Box<dyn Any>> {
+        let inputs = inputs.downcast_ref::<DeviceTensors>().ok_or_else(|| {
+            err("tensor", "internal: the inputs of a cuda device form are not mixer_cuda::DeviceTensors")
+        })?;
+        checked_run::<T>(m, form, inputs, precision, checks).map(|y| Box::new(y) as Box<dyn Any>)
+    }
+
+    fn decoder(&self, m: &dyn Mixer, statics: &AnyTensors, dims: &Dims) -> Result<Box<dyn Any>> {
+        let d = match statics {
+            AnyTensors::F64(s) => typed_decoder::<f64, T>(m, s, dims),
+            AnyTensors::F32(s) => typed_decoder::<f32, T>(m, s, dims),
+        }?;
+        Ok(Box::new(d))
+    }
+
+    fn plan(
+        &self,
+        m: &dyn Mixer,
+        form: Form,
+        dims: &Dims,
+        dtype: DType,
+        precision: Precision,
+    ) -> Result<Option<serde_json::Value>> {
+        let plan = match dtype {
+            DType::F64 => <T as DeviceFamily<f64>>::plan(downcast(m, "cuda")?, form, dims, precision),
+            DType::F32 => <T as DeviceFamily<f32>>::plan(downcast(m, "cuda")?, form, dims, precision),
+        };
+        plan.transpose()
     }
 }
 
@@ -53,7 +95,7 @@ fn typed_run<F: GpuReal, T: DeviceFamily<F>>(
         Form::Fast => T::fast(),
         _ => None,
     };
-    let f = f.ok_or_else(|| no_device_form(m, form))?;
+    let f = f.ok_or_else(|| err(m.family(), format!("internal: no {form} device form")))?;
     f(mm, x, p)
 }
 
@@ -63,17 +105,8 @@ fn typed_decoder<F: GpuReal, T: DeviceFamily<F>>(
     dims: &Dims,
 ) -> Result<Box<dyn DeviceDecoder>> {
     let mm = downcast::<T::Mixer>(m, "cuda")?;
-    let make = T::decoder().ok_or_else(|| no_device_form(m, Form::Recurrent))?;
+    let make = T::decoder().ok_or_else(|| err(m.family(), "internal: no device decoder"))?;
     make(mm, statics, dims)
-}
-
-fn no_device_form(m: &dyn Mixer, form: Form) -> Error {
-    Error::FormUnavailable {
-        mixer: m.name().to_string(),
-        form: form.name().into(),
-        backend: "cuda (device tensors)".into(),
-        available: "parallel and fast run on device tensors; recurrent through decoder_device".into(),
-    }
 }
 
 fn run_erased<T: DeviceFamily<f32> + DeviceFamily<f64>>(
@@ -84,35 +117,6 @@ fn run_erased<T: DeviceFamily<f32> + DeviceFamily<f64>>(
     double: bool,
 ) -> Result<AnyDeviceTensor> {
     if double { typed_run::<f64, T>(m, form, x, p) } else { typed_run::<f32, T>(m, form, x, p) }
-}
-
-fn decoder_erased<T: DeviceFamily<f32> + DeviceFamily<f64>>(
-    m: &dyn Mixer,
-    statics: &mixer_core::AnyTensors,
-    dims: &Dims,
-) -> Result<Box<dyn DeviceDecoder>> {
-    match statics {
-        mixer_core::AnyTensors::F64(s) => typed_decoder::<f64, T>(m, s, dims),
-        mixer_core::AnyTensors::F32(s) => typed_decoder::<f32, T>(m, s, dims),
-    }
-}
-
-/// The entry of a family whose device forms are `T` (for both `f32` and `f64`).
-pub const fn device_entry<T: DeviceFamily<f32> + DeviceFamily<f64>>(family: &'static str) -> DeviceEntry {
-    DeviceEntry { family, run: run_erased::<T>, decoder: decoder_erased::<T> }
-}
-
-/// The device forms of every builtin family on this backend.
-pub static DEVICE_FAMILIES: &[&DeviceEntry] =
-    &[&crate::attention::DEVICE, &crate::glr::DEVICE, &crate::loglinear::DEVICE, &crate::toeplitz::DEVICE];
-
-fn entry(m: &dyn Mixer) -> Result<&'static DeviceEntry> {
-    DEVICE_FAMILIES.iter().copied().find(|e| e.family == m.family()).ok_or_else(|| Error::Backend {
-        backend: "cuda".into(),
-        family: Some(m.family().into()),
-        message: "this family has no device-tensor forms on cuda (only host arrays, through the registry)"
-            .into(),
-    })
 }
 
 fn constraint_code(c: Constraint) -> i32 {
@@ -186,7 +190,8 @@ fn check_dtypes(x: &DeviceTensors, p: Precision) -> Result<bool> {
 
 /// Runs the `parallel` or `fast` form of `m` on device tensors, in a precision mode. Returns
 /// at once; the result's deferred checks report invalid input values or a non-finite output
-/// when it is read.
+/// when it is read. The registry decides availability and dispatches, as for host arrays
+/// (`mixer_registry::run_device`).
 pub fn run_device(
     m: &dyn Mixer,
     form: Form,
@@ -206,16 +211,24 @@ pub fn run_device_with(
     precision: Precision,
     checks: bool,
 ) -> Result<AnyDeviceTensor> {
-    let backend = Backend::by_name("cuda")?;
-    mixer_registry::run::available(m, &backend, form)?;
+    mixer_registry::run_device(m, &Backend::by_name("cuda")?, form, inputs, precision, checks)
+}
+
+/// The checks and the run behind [`Device::run`], once the registry found the form available.
+fn checked_run<T: DeviceFamily<f32> + DeviceFamily<f64>>(
+    m: &dyn Mixer,
+    form: Form,
+    inputs: &DeviceTensors,
+    precision: Precision,
+    checks: bool,
+) -> Result<AnyDeviceTensor> {
     let spec = m.spec();
     let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
     let dims = spec.bind(&shapes)?;
     spec.check_bounds(&dims, &m.bounds(&dims))?;
     let double = check_dtypes(inputs, precision)?;
-    let e = entry(m)?;
     if !checks {
-        return (e.run)(m, form, inputs, precision, double);
+        return run_erased::<T>(m, form, inputs, precision, double);
     }
     let mut checks = Vec::new();
     for d in &spec.inputs {
@@ -227,7 +240,7 @@ pub fn run_device_with(
             found: format!("a violation at flat index {i} (checked on the device)"),
         })?);
     }
-    let y = (e.run)(m, form, inputs, precision, double)?;
+    let y = run_erased::<T>(m, form, inputs, precision, double)?;
     let (name, form_name) = (m.name().to_string(), form.name());
     checks.push(check_any(&y, 0, move |i| {
         Error::Numerical(format!(
@@ -246,12 +259,30 @@ pub fn run_device_with(
 /// device tensors and returns `y_t` on the device, without waiting. `statics` are the inputs
 /// without a sequence axis (kernels, biases, λ parameters) as host arrays; `dims` the sizes
 /// (`B`, `T`, …), as for the registry's decoder.
-pub fn decoder_device(
-    m: &dyn Mixer,
-    statics: &mixer_core::AnyTensors,
-    dims: &Dims,
-) -> Result<Box<dyn DeviceDecoder>> {
-    let backend = Backend::by_name("cuda")?;
-    mixer_registry::run::available(m, &backend, Form::Recurrent)?;
-    (entry(m)?.decoder)(m, statics, dims)
+pub fn decoder_device(m: &dyn Mixer, statics: &AnyTensors, dims: &Dims) -> Result<Box<dyn DeviceDecoder>> {
+    mixer_registry::decoder_device(m, &Backend::by_name("cuda")?, statics, dims)
+}
+
+#[cfg(test)]
+mod tests {
+    use mixer_core::Form;
+
+    /// One registration per family: every CUDA family entry carries its device forms, and they
+    /// are exactly the forms its host-array implementation offers (which are built on them).
+    #[test]
+    fn every_cuda_family_entry_has_the_same_forms_on_device_tensors() {
+        let entries: Vec<_> = mixer_registry::FAMILIES.iter().filter(|e| e.backend == "cuda").collect();
+        let families: Vec<_> = entries.iter().map(|e| e.family).collect();
+        for f in ["attention", "glr", "loglinear", "toeplitz"] {
+            assert!(families.contains(&f), "no cuda entry for {f}: {families:?}");
+        }
+        for e in entries {
+            let d = e.device.unwrap_or_else(|| panic!("`{}` on cuda registers no device forms", e.family));
+            for form in [Form::Parallel, Form::Fast, Form::Recurrent] {
+                assert_eq!(d.implements(form), e.f64.implements(form), "`{}` {form}", e.family);
+                assert_eq!(d.implements(form), e.f32.implements(form), "`{}` {form}", e.family);
+            }
+            assert!(!d.implements(Form::Materialized));
+        }
+    }
 }

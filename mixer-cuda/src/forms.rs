@@ -64,6 +64,11 @@ pub trait DeviceFamily<F: GpuReal>: Send + Sync + 'static {
     fn unsupported(_m: &Self::Mixer, _form: Form) -> Option<String> {
         None
     }
+    /// The launch plan of `form` at the sizes `dims` in mode `p`, as JSON
+    /// (`mixer_registry::DeviceForms::plan`), for a family that reports one.
+    fn plan(_m: &Self::Mixer, _form: Form, _dims: &Dims, _p: Precision) -> Option<Result<serde_json::Value>> {
+        None
+    }
 }
 
 /// A [`DeviceFamily`] as the registry's [`Family`] (host arrays in and out).

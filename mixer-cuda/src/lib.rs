@@ -58,4 +58,5 @@ static CUDA: BackendEntry = BackendEntry {
     doc: "NVIDIA GPU through the CUDA driver, NVRTC and cuFFT (loaded at run time)",
     priority: 10,
     probe: device::probe,
+    timer: Some(&timing::CudaTimer),
 };

@@ -12,28 +12,45 @@ use std::time::Instant;
 
 use mixer_core::mixer::Mixer;
 use mixer_core::{AnyTensors, Dims, Form, Precision, Result, Tensors};
-use serde::Serialize;
+use mixer_registry::DeviceTimer;
 
 use crate::device_run::{decoder_device, run_device, run_device_with};
 use crate::forms::upload_inputs;
 use crate::runtime::{GpuReal, err, gpu};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
-/// Event-timed runs of one form, in seconds.
-#[derive(Clone, Debug, Serialize)]
-pub struct DeviceTiming {
-    /// Median kernel time of one run.
-    pub median: f64,
-    /// Fastest run.
-    pub min: f64,
-    /// Slowest run.
-    pub max: f64,
-    /// Timed runs.
-    pub reps: usize,
-    /// Host→device copy of all inputs (once).
-    pub upload_s: f64,
-    /// Device→host copy of `y` (once, wall clock, the stream idle before).
-    pub download_s: f64,
+pub use mixer_registry::DeviceTiming;
+
+/// This backend's [`DeviceTimer`], registered in its `BackendEntry`: `mixers bench` finds it
+/// through the registry.
+#[derive(Debug)]
+pub struct CudaTimer;
+
+impl DeviceTimer for CudaTimer {
+    fn time_form(
+        &self,
+        m: &dyn Mixer,
+        form: Form,
+        inputs: &AnyTensors,
+        precision: Precision,
+        reps: usize,
+        budget_s: f64,
+    ) -> Result<DeviceTiming> {
+        time_form(m, form, inputs, precision, reps, budget_s)
+    }
+    fn time_decode(
+        &self,
+        m: &dyn Mixer,
+        inputs: &AnyTensors,
+        dims: &Dims,
+        reps: usize,
+        budget_s: f64,
+    ) -> Result<(DeviceTiming, usize)> {
+        time_decode(m, inputs, dims, reps, budget_s)
+    }
+    fn device_info(&self) -> Result<(String, Option<String>)> {
+        device_info()
+    }
 }
 
 /// Records an event on the backend's stream.

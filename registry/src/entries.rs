@@ -86,6 +86,9 @@ pub struct BackendEntry {
     pub priority: i32,
     /// Whether it can run here (must never panic, e.g. when a driver is missing).
     pub probe: fn() -> Availability,
+    /// The timer of its device-tensor forms (device events, inputs resident on the device),
+    /// for a backend with device tensors; `None` times on the host clock.
+    pub timer: Option<&'static dyn crate::device::DeviceTimer>,
 }
 
 pub use crate::family::FamilyEntry;

@@ -24,6 +24,8 @@
 use std::fmt;
 
 use mixer_core::mixer::{Decoder, Mixer, downcast};
+
+use crate::device::DeviceForms;
 use mixer_core::{Dims, Form, Precision, Real, Requires, Result, Tensors};
 use ndarray::ArrayD;
 
@@ -197,7 +199,8 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
 ///     }
 /// }
 /// #[register]
-/// static GLR_CPU: FamilyEntry = FamilyEntry { family: "glr", backend: "cpu", f64: &GlrCpu, f32: &GlrCpu };
+/// static GLR_CPU: FamilyEntry =
+///     FamilyEntry { family: "glr", backend: "cpu", f64: &GlrCpu, f32: &GlrCpu, device: None };
 /// ```
 pub struct FamilyEntry {
     /// The family key ([`Mixer::family`]).
@@ -208,6 +211,9 @@ pub struct FamilyEntry {
     pub f64: &'static dyn DynFamily<f64>,
     /// The `f32` implementation.
     pub f32: &'static dyn DynFamily<f32>,
+    /// The forms on the backend's own device tensors, for a backend whose tensors can live on
+    /// an accelerator (`None` for host-only backends): see [`crate::device`].
+    pub device: Option<&'static dyn DeviceForms>,
 }
 
 impl fmt::Debug for FamilyEntry {
@@ -218,6 +224,7 @@ impl fmt::Debug for FamilyEntry {
             .field("family", &self.family)
             .field("backend", &self.backend)
             .field("forms", &forms)
+            .field("device", &self.device.is_some())
             .finish()
     }
 }

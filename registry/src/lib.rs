@@ -24,6 +24,7 @@
 pub mod backend;
 pub mod backward;
 mod builtins;
+pub mod device;
 pub mod entries;
 pub mod family;
 pub mod grad_check;
@@ -38,6 +39,10 @@ pub use mixer_core;
 pub use mixer_registry_macros::register;
 
 pub use backend::{Backend, backends_status};
+pub use device::{
+    DeviceForms, DeviceTimer, DeviceTiming, decoder_device, device_available, device_forms, device_plan,
+    run_device,
+};
 pub use entries::*;
 pub use family::{BackwardFn, DecoderFn, DynFamily, Family, FormFn, PreciseFn, Scalar};
 pub use grad_check::{GradRow, check_grad};

@@ -15,7 +15,7 @@ use crate::family::{DynFamily, Scalar};
 /// restriction ([`Mixer::form_unsupported`]), a missing family implementation, a form the
 /// implementation lacks, and the implementation's restriction for this configuration.
 /// `materialized` (the oracle) only depends on the mixer.
-fn why_not(m: &dyn Mixer, backend: &Backend, form: Form) -> Option<String> {
+pub(crate) fn why_not(m: &dyn Mixer, backend: &Backend, form: Form) -> Option<String> {
     if let Some(why) = m.form_unsupported(form) {
         return Some(why);
     }

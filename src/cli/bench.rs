@@ -227,14 +227,17 @@ fn report(
     notes: &[String],
 ) -> Report {
     let cpu = backends.iter().any(|b| b == "cpu");
-    let cuda_info =
-        if backends.iter().any(|b| b == "cuda") { mixer_cuda::timing::device_info().ok() } else { None };
+    // The first chosen backend with a device timer describes its device.
+    let device_info = backends
+        .iter()
+        .find_map(|b| mixer_registry::Backend::registered(b).ok()?.entry().timer)
+        .and_then(|t| t.device_info().ok());
     let meta = Meta {
         version: env!("CARGO_PKG_VERSION").into(),
         dtype: opts.dtype.name().into(),
         precision: opts.precision.name().into(),
-        device: cuda_info.as_ref().map(|i| i.0.clone()),
-        driver: cuda_info.as_ref().and_then(|i| i.1.clone()),
+        device: device_info.as_ref().map(|i| i.0.clone()),
+        driver: device_info.as_ref().and_then(|i| i.1.clone()),
         batch: opts.batch,
         heads: opts.heads,
         dim: opts.dim,

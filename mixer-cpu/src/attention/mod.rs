@@ -84,4 +84,4 @@ impl<F: crate::vmath::VecMath> Family<F> for AttentionCpu {
 
 #[register]
 static ATTENTION_CPU: FamilyEntry =
-    FamilyEntry { family: "attention", backend: "cpu", f64: &AttentionCpu, f32: &AttentionCpu };
+    FamilyEntry { family: "attention", backend: "cpu", f64: &AttentionCpu, f32: &AttentionCpu, device: None };

@@ -31,4 +31,5 @@ impl<F: Real> Family<F> for GlrCpu {
 }
 
 #[register]
-static GLR_CPU: FamilyEntry = FamilyEntry { family: "glr", backend: "cpu", f64: &GlrCpu, f32: &GlrCpu };
+static GLR_CPU: FamilyEntry =
+    FamilyEntry { family: "glr", backend: "cpu", f64: &GlrCpu, f32: &GlrCpu, device: None };

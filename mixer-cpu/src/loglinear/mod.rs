@@ -90,4 +90,4 @@ impl<F: VecMath> Family<F> for LogLinearCpu {
 
 #[register]
 static LOGLINEAR_CPU: FamilyEntry =
-    FamilyEntry { family: "loglinear", backend: "cpu", f64: &LogLinearCpu, f32: &LogLinearCpu };
+    FamilyEntry { family: "loglinear", backend: "cpu", f64: &LogLinearCpu, f32: &LogLinearCpu, device: None };

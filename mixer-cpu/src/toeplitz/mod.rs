@@ -81,4 +81,4 @@ impl<F: FftReal> Family<F> for ToeplitzCpu {
 
 #[register]
 static TOEPLITZ_CPU: FamilyEntry =
-    FamilyEntry { family: FAMILY, backend: "cpu", f64: &ToeplitzCpu, f32: &ToeplitzCpu };
+    FamilyEntry { family: FAMILY, backend: "cpu", f64: &ToeplitzCpu, f32: &ToeplitzCpu, device: None };

@@ -165,7 +165,7 @@ impl<F: Real> Family<F> for BrokenCpu {
 
 #[register]
 static BROKEN_CPU: FamilyEntry =
-    FamilyEntry { family: "suite-test-ema", backend: "cpu", f64: &BrokenCpu, f32: &BrokenCpu };
+    FamilyEntry { family: "suite-test-ema", backend: "cpu", f64: &BrokenCpu, f32: &BrokenCpu, device: None };
 
 /// The same mixer under another family key, with the correct decoder.
 #[derive(Debug)]
@@ -230,8 +230,13 @@ impl<F: Real> Family<F> for RightCpu {
 }
 
 #[register]
-static RIGHT_CPU: FamilyEntry =
-    FamilyEntry { family: "suite-test-ema-right", backend: "cpu", f64: &RightCpu, f32: &RightCpu };
+static RIGHT_CPU: FamilyEntry = FamilyEntry {
+    family: "suite-test-ema-right",
+    backend: "cpu",
+    f64: &RightCpu,
+    f32: &RightCpu,
+    device: None,
+};
 
 /// The suite fails exactly the checks a wrong decoder breaks, and passes the same mixer with
 /// a correct decoder: its checks can fail.

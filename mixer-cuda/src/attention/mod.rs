@@ -15,7 +15,7 @@ pub mod mma;
 use mixer_core::mixers::attention::Attention;
 use mixer_registry::{FamilyEntry, register};
 
-use crate::device_run::{DeviceEntry, device_entry};
+use crate::device_run::Device;
 use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
 use crate::runtime::GpuReal;
 
@@ -36,11 +36,13 @@ impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
 }
 
 #[register]
-static ATTENTION_CUDA: FamilyEntry =
-    FamilyEntry { family: FAMILY, backend: "cuda", f64: &Hosted(AttentionCuda), f32: &Hosted(AttentionCuda) };
-
-/// The device-tensor forms.
-pub static DEVICE: DeviceEntry = device_entry::<AttentionCuda>(FAMILY);
+static ATTENTION_CUDA: FamilyEntry = FamilyEntry {
+    family: FAMILY,
+    backend: "cuda",
+    f64: &Hosted(AttentionCuda),
+    f32: &Hosted(AttentionCuda),
+    device: Some(&Device(AttentionCuda)),
+};
 
 /// The window as the kernels take it: `0` for none (or one at least as long as `T`).
 pub(crate) fn window_arg(a: &Attention, t_len: usize) -> i32 {

@@ -18,7 +18,7 @@ pub mod fast;
 use mixer_core::mixers::glr::Glr;
 use mixer_registry::{FamilyEntry, register};
 
-use crate::device_run::{DeviceEntry, device_entry};
+use crate::device_run::Device;
 use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
 use crate::runtime::GpuReal;
 
@@ -39,8 +39,10 @@ impl<F: GpuReal> DeviceFamily<F> for GlrCuda {
 }
 
 #[register]
-static GLR_CUDA: FamilyEntry =
-    FamilyEntry { family: FAMILY, backend: "cuda", f64: &Hosted(GlrCuda), f32: &Hosted(GlrCuda) };
-
-/// The device-tensor forms.
-pub static DEVICE: DeviceEntry = device_entry::<GlrCuda>(FAMILY);
+static GLR_CUDA: FamilyEntry = FamilyEntry {
+    family: FAMILY,
+    backend: "cuda",
+    f64: &Hosted(GlrCuda),
+    f32: &Hosted(GlrCuda),
+    device: Some(&Device(GlrCuda)),
+};

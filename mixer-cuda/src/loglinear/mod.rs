@@ -29,7 +29,7 @@ pub mod parallel;
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_registry::{FamilyEntry, register};
 
-use crate::device_run::{DeviceEntry, device_entry};
+use crate::device_run::Device;
 use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
 use crate::runtime::GpuReal;
 
@@ -58,8 +58,10 @@ impl<F: GpuReal> DeviceFamily<F> for LogLinearCuda {
 }
 
 #[register]
-static LOGLINEAR_CUDA: FamilyEntry =
-    FamilyEntry { family: FAMILY, backend: "cuda", f64: &Hosted(LogLinearCuda), f32: &Hosted(LogLinearCuda) };
-
-/// The device-tensor forms.
-pub static DEVICE: DeviceEntry = device_entry::<LogLinearCuda>(FAMILY);
+static LOGLINEAR_CUDA: FamilyEntry = FamilyEntry {
+    family: FAMILY,
+    backend: "cuda",
+    f64: &Hosted(LogLinearCuda),
+    f32: &Hosted(LogLinearCuda),
+    device: Some(&Device(LogLinearCuda)),
+};

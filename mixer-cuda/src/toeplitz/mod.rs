@@ -26,7 +26,7 @@ use mixer_core::Result;
 use mixer_core::mixers::toeplitz::{DecoderKind, Toeplitz};
 use mixer_registry::{FamilyEntry, register};
 
-use crate::device_run::{DeviceEntry, device_entry};
+use crate::device_run::Device;
 use crate::fft::FftReal;
 use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted, input, input_opt};
 use crate::runtime::int;
@@ -57,11 +57,13 @@ impl<F: FftReal> DeviceFamily<F> for ToeplitzCuda {
 }
 
 #[register]
-static TOEPLITZ_CUDA: FamilyEntry =
-    FamilyEntry { family: FAMILY, backend: "cuda", f64: &Hosted(ToeplitzCuda), f32: &Hosted(ToeplitzCuda) };
-
-/// The device-tensor forms.
-pub static DEVICE: DeviceEntry = device_entry::<ToeplitzCuda>(FAMILY);
+static TOEPLITZ_CUDA: FamilyEntry = FamilyEntry {
+    family: FAMILY,
+    backend: "cuda",
+    f64: &Hosted(ToeplitzCuda),
+    f32: &Hosted(ToeplitzCuda),
+    device: Some(&Device(ToeplitzCuda)),
+};
 
 /// The inputs of a form on the device, with the sizes the kernels take.
 pub(crate) struct Prepared<'a, F: FftReal> {

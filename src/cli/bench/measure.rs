@@ -4,9 +4,9 @@ use std::time::Instant;
 
 use mixer_core::mixer::{Mixer, run_decoder};
 use mixer_core::{AnyTensors, Dims, Form, Precision, Result};
-use mixer_registry::Backend;
 use mixer_registry::harness::Sizes;
 use mixer_registry::run::{decoder, run_with};
+use mixer_registry::{Backend, DeviceTimer};
 
 use super::alloc;
 use super::options::Options;
@@ -51,10 +51,12 @@ pub(crate) struct Measured {
     pub(crate) transfers: Option<(f64, f64)>,
 }
 
-/// The CUDA backend's measurement: device-resident inputs, CUDA events (see
-/// `mixer_cuda::timing` for what a time includes). The materialized form is the host oracle
-/// and is timed on the host like any other backend's.
-fn measure_cuda(
+/// The measurement of a backend that registered a device timer: device-resident inputs,
+/// device events (see the backend's timer, e.g. `mixer_cuda::timing`, for what a time
+/// includes). The materialized form is the host oracle and is timed on the host like any
+/// other backend's.
+fn measure_device(
+    timer: &dyn DeviceTimer,
     m: &dyn Mixer,
     form: Form,
     inputs: &AnyTensors,
@@ -62,10 +64,10 @@ fn measure_cuda(
     opts: &Options,
 ) -> Result<Measured> {
     let (t, cache) = if form == Form::Recurrent {
-        let (t, c) = mixer_cuda::timing::time_decode(m, inputs, dims, opts.reps, opts.max_seconds)?;
+        let (t, c) = timer.time_decode(m, inputs, dims, opts.reps, opts.max_seconds)?;
         (t, Some(c))
     } else {
-        (mixer_cuda::timing::time_form(m, form, inputs, opts.precision, opts.reps, opts.max_seconds)?, None)
+        (timer.time_form(m, form, inputs, opts.precision, opts.reps, opts.max_seconds)?, None)
     };
     Ok(Measured {
         timing: Timing { median: t.median, min: t.min, max: t.max, reps: t.reps },
@@ -88,11 +90,13 @@ pub(crate) fn measure(
     opts: &Options,
     first: bool,
 ) -> Result<Measured> {
-    let name = backend;
-    if name == "cuda" && form != Form::Materialized {
-        return measure_cuda(m, form, inputs, dims, opts);
+    let backend = &Backend::by_name(backend)?;
+    let timer = backend.entry().timer;
+    if let Some(timer) = timer
+        && form != Form::Materialized
+    {
+        return measure_device(timer, m, form, inputs, dims, opts);
     }
-    let backend = &Backend::by_name(name)?;
     let p = opts.precision;
     if first {
         run_once(m, backend, form, inputs, dims, p)?;
@@ -101,7 +105,8 @@ pub(crate) fn measure(
     let (r, peak) = alloc::measure(|| run_once(m, backend, form, inputs, dims, p));
     let once = t0.elapsed().as_secs_f64();
     let cache = r?;
-    let peak = if name == "cpu" { peak } else { None };
+    // Peak heap memory describes a host backend's run; a device backend's lives elsewhere.
+    let peak = if timer.is_none() { peak } else { None };
     let timing = if once > opts.max_seconds {
         Timing { median: once, min: once, max: once, reps: 1 }
     } else {

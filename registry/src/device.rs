@@ -1,0 +1,384 @@
+//! Device tensors through the same contract as host arrays.
+//!
+//! A backend whose tensors can live on an accelerator registers its device-tensor forms in
+//! the same [`FamilyEntry`](crate::FamilyEntry) as its host forms (the `device` field), and
+//! its event timer in its [`BackendEntry`](crate::BackendEntry) (the `timer` field). The
+//! registry knows nothing of a backend's tensor types: inputs, outputs and decoders cross this
+//! contract as `dyn Any`, and each backend's typed entry points (e.g. `mixer_cuda::run_device`)
+//! downcast to their own types. What the registry does is what it does for host arrays: it
+//! decides whether a form is available ([`device_available`]: the mixer's restriction, the
+//! family's host implementation and restriction, then the device forms), builds every "not
+//! available" error, and dispatches ([`run_device`], [`decoder_device`]). Nothing above the
+//! backend crates names a backend.
+//!
+//! `materialized` never runs on device tensors (it is the host `f64` oracle), and the
+//! recurrent form runs through [`decoder_device`], one token at a time.
+
+use std::any::Any;
+
+use mixer_core::mixer::Mixer;
+use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Result};
+use serde::Serialize;
+
+use crate::backend::Backend;
+use crate::run::why_not as host_why_not;
+
+/// A backend's forms of one family on its own device tensors, with the tensor types erased.
+///
+/// `inputs` is the backend's map of named device tensors; `run` returns the backend's output
+/// tensor and `decoder` its device decoder (a `Box<dyn …>` of the backend's decoder trait),
+/// each boxed as `dyn Any`. Shapes, dtypes and value constraints are the backend's to check
+/// (it can read its tensors); availability is the registry's.
+pub trait DeviceForms: Send + Sync {
+    /// Whether `form` (`parallel` or `fast`; `recurrent` for the decoder) has a device form.
+    fn implements(&self, form: Form) -> bool;
+    /// Runs `form` on device tensors; returns without waiting for the device. With `checks`
+    /// false, the device-side value checks of the inputs and of `y` are left out (shapes and
+    /// dtypes are still checked): for timing loops over inputs a checked call has validated.
+    fn run(
+        &self,
+        m: &dyn Mixer,
+        form: Form,
+        inputs: &dyn Any,
+        precision: Precision,
+        checks: bool,
+    ) -> Result<Box<dyn Any>>;
+    /// A decoder whose state stays on the device, from the static inputs (host arrays) and the
+    /// bound sizes.
+    fn decoder(&self, m: &dyn Mixer, statics: &AnyTensors, dims: &Dims) -> Result<Box<dyn Any>>;
+    /// The launch plan `run` would use for `form` at these sizes, element type and mode
+    /// (which kernels, tiles, shared memory), as JSON: what `mixers plan` prints and tuning
+    /// harnesses read instead of re-deriving it. `None` where the family reports no plan.
+    fn plan(
+        &self,
+        _m: &dyn Mixer,
+        _form: Form,
+        _dims: &Dims,
+        _dtype: DType,
+        _precision: Precision,
+    ) -> Result<Option<serde_json::Value>> {
+        Ok(None)
+    }
+}
+
+/// Event-timed runs of one form on device-resident inputs, in seconds.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceTiming {
+    /// Median kernel time of one run.
+    pub median: f64,
+    /// Fastest run.
+    pub min: f64,
+    /// Slowest run.
+    pub max: f64,
+    /// Timed runs.
+    pub reps: usize,
+    /// Host→device copy of all inputs (once).
+    pub upload_s: f64,
+    /// Device→host copy of `y` (once, wall clock, the device idle before).
+    pub download_s: f64,
+}
+
+/// A backend's timer of its device forms (device events around the launches, inputs resident
+/// on the device), for `mixers bench`. Registered in the backend's
+/// [`BackendEntry`](crate::BackendEntry); a backend without one is timed on the host clock.
+pub trait DeviceTimer: Send + Sync {
+    /// Times `form` (`parallel` or `fast`) of `m` on device-resident copies of `inputs`: one
+    /// checked warm-up run, then up to `reps` timed runs within `budget_s` seconds.
+    fn time_form(
+        &self,
+        m: &dyn Mixer,
+        form: Form,
+        inputs: &AnyTensors,
+        precision: Precision,
+        reps: usize,
+        budget_s: f64,
+    ) -> Result<DeviceTiming>;
+    /// Times decoding every token of `inputs` with the device decoder; also returns the final
+    /// cache size in scalars.
+    fn time_decode(
+        &self,
+        m: &dyn Mixer,
+        inputs: &AnyTensors,
+        dims: &Dims,
+        reps: usize,
+        budget_s: f64,
+    ) -> Result<(DeviceTiming, usize)>;
+    /// The device's name and the driver's version, for reports.
+    fn device_info(&self) -> Result<(String, Option<String>)>;
+}
+
+/// The backend's name as errors about its device tensors give it.
+fn device_name(backend: &Backend) -> String {
+    format!("{} (device tensors)", backend.name())
+}
+
+/// Why `backend` cannot run `form` of `m` on device tensors, or `None` when it can.
+fn why_not(m: &dyn Mixer, backend: &Backend, form: Form) -> Option<String> {
+    if form == Form::Materialized {
+        return Some("the materialized form is the host f64 oracle: run it on host arrays".into());
+    }
+    if let Some(why) = host_why_not(m, backend, form) {
+        return Some(why);
+    }
+    let forms = backend.family(m.family()).and_then(|e| e.device);
+    match forms {
+        None => Some(format!(
+            "backend `{}` has no device-tensor forms for the `{}` family (only host arrays)",
+            backend.name(),
+            m.family()
+        )),
+        Some(d) if !d.implements(form) => Some(format!(
+            "backend `{}` has no {form} form on device tensors for the `{}` family",
+            backend.name(),
+            m.family()
+        )),
+        Some(_) => None,
+    }
+}
+
+/// The forms of `m` that `backend` runs on device tensors (`recurrent` through
+/// [`decoder_device`]), in report order.
+pub fn device_forms(m: &dyn Mixer, backend: &Backend) -> Vec<Form> {
+    Form::ALL.into_iter().filter(|&f| why_not(m, backend, f).is_none()).collect()
+}
+
+/// `Ok` when `backend` can run `form` of `m` on device tensors; otherwise the error that
+/// says why and lists the forms that are available there.
+pub fn device_available(m: &dyn Mixer, backend: &Backend, form: Form) -> Result<()> {
+    match why_not(m, backend, form) {
+        None => Ok(()),
+        Some(why) => Err(Error::FormUnavailable {
+            mixer: m.name().to_string(),
+            form: form.name().into(),
+            backend: device_name(backend),
+            available: format!(
+                "{} ({why})",
+                device_forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
+            ),
+        }),
+    }
+}
+
+/// The device forms of `m`'s family on `backend`, once [`device_available`] said yes.
+fn forms_of(m: &dyn Mixer, backend: &Backend, form: Form) -> Result<&'static dyn DeviceForms> {
+    device_available(m, backend, form)?;
+    backend
+        .family(m.family())
+        .and_then(|e| e.device)
+        .ok_or_else(|| internal(m, backend, "the family entry disappeared"))
+}
+
+fn internal(m: &dyn Mixer, backend: &Backend, what: &str) -> Error {
+    Error::Backend {
+        backend: backend.name().into(),
+        family: Some(m.family().into()),
+        message: format!("internal: {what}"),
+    }
+}
+
+/// The boxed result of a device form as the backend's type `T`.
+fn unbox<T: Any>(m: &dyn Mixer, backend: &Backend, b: Box<dyn Any>) -> Result<T> {
+    b.downcast::<T>().map(|t| *t).map_err(|_| {
+        internal(
+            m,
+            backend,
+            &format!("a device form returned another type than {}", std::any::type_name::<T>()),
+        )
+    })
+}
+
+/// Runs `form` (`parallel` or `fast`) of `m` on `backend`'s device tensors `inputs` (the
+/// backend's own input map), in a precision mode, without waiting for the device. `T` is the
+/// backend's output tensor type; `checks` as in [`DeviceForms::run`].
+pub fn run_device<T: Any>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+    inputs: &dyn Any,
+    precision: Precision,
+    checks: bool,
+) -> Result<T> {
+    if form == Form::Recurrent {
+        return Err(Error::FormUnavailable {
+            mixer: m.name().to_string(),
+            form: form.name().into(),
+            backend: device_name(backend),
+            available: format!(
+                "{} (the recurrent form runs token by token through a device decoder)",
+                device_forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
+            ),
+        });
+    }
+    let y = forms_of(m, backend, form)?.run(m, form, inputs, precision, checks)?;
+    unbox(m, backend, y)
+}
+
+/// The launch plan of `form` of `m` on `backend`'s device tensors at the sizes `dims`, for
+/// inputs of `dtype` in `precision` ([`DeviceForms::plan`]); `None` where the family reports
+/// none.
+pub fn device_plan(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+    dims: &Dims,
+    dtype: DType,
+    precision: Precision,
+) -> Result<Option<serde_json::Value>> {
+    forms_of(m, backend, form)?.plan(m, form, dims, dtype, precision)
+}
+
+/// A decoder of `m` on `backend` whose state stays on the device; `T` is the backend's
+/// decoder type (e.g. `Box<dyn mixer_cuda::DeviceDecoder>`). `statics` are the inputs without
+/// a sequence axis, as host arrays; `dims` the bound sizes.
+pub fn decoder_device<T: Any>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    statics: &AnyTensors,
+    dims: &Dims,
+) -> Result<T> {
+    let d = forms_of(m, backend, Form::Recurrent)?.decoder(m, statics, dims)?;
+    unbox(m, backend, d)
+}
+
+impl std::fmt::Debug for dyn DeviceTimer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DeviceTimer")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The contract with a fake device backend: the registry finds its device forms through
+    //! its `FamilyEntry`, decides availability and builds the errors, and hands the backend's
+    //! own types through unchanged.
+    use std::any::Any;
+
+    use mixer_core::mixers::loglinear::LogLinear;
+    use mixer_core::{AnyTensors, Dims, Form, Precision, Result, Tensors};
+    use ndarray::ArrayD;
+
+    use super::{DeviceForms, decoder_device, device_forms, run_device};
+    use crate::{Availability, Backend, BackendEntry, Family, FamilyEntry, FormFn, register};
+
+    /// A host form that is never run here (the device tests only ask whether it exists).
+    fn host_fast<F: mixer_core::Real>(_: &LogLinear, _: &Tensors<F>) -> Result<ArrayD<F>> {
+        unreachable!("the device tests never run a host form")
+    }
+
+    struct HostFast;
+    impl<F: mixer_core::Real> Family<F> for HostFast {
+        type Mixer = LogLinear;
+        fn fast(&self) -> Option<FormFn<LogLinear, F>> {
+            Some(host_fast::<F>)
+        }
+    }
+
+    /// The fake backend's tensors: a list of names; its output: their count and the mode.
+    struct FakeInputs(Vec<&'static str>);
+
+    struct FakeDevice;
+    impl DeviceForms for FakeDevice {
+        fn implements(&self, form: Form) -> bool {
+            form == Form::Fast
+        }
+        fn run(
+            &self,
+            _: &dyn Mixer,
+            _: Form,
+            x: &dyn Any,
+            p: Precision,
+            checks: bool,
+        ) -> Result<Box<dyn Any>> {
+            let x = x.downcast_ref::<FakeInputs>().expect("the fake backend's own inputs");
+            Ok(Box::new(format!("{} inputs, {p}, checks {checks}", x.0.len())))
+        }
+        fn decoder(&self, _: &dyn Mixer, _: &AnyTensors, _: &Dims) -> Result<Box<dyn Any>> {
+            unreachable!("not implemented, so never called")
+        }
+    }
+    use mixer_core::mixer::Mixer;
+
+    fn unavailable() -> Availability {
+        Availability::Unavailable("a test backend".into())
+    }
+
+    #[register]
+    static FAKE: BackendEntry = BackendEntry {
+        name: "test-device",
+        doc: "fake device",
+        priority: -100,
+        probe: unavailable,
+        timer: None,
+    };
+    #[register]
+    static FAKE_HOST_ONLY: BackendEntry = BackendEntry {
+        name: "test-host-only",
+        doc: "fake host",
+        priority: -100,
+        probe: unavailable,
+        timer: None,
+    };
+    #[register]
+    static FAKE_LOGLINEAR: FamilyEntry = FamilyEntry {
+        family: "loglinear",
+        backend: "test-device",
+        f64: &HostFast,
+        f32: &HostFast,
+        device: Some(&FakeDevice),
+    };
+    #[register]
+    static HOST_ONLY_LOGLINEAR: FamilyEntry = FamilyEntry {
+        family: "loglinear",
+        backend: "test-host-only",
+        f64: &HostFast,
+        f32: &HostFast,
+        device: None,
+    };
+
+    fn mamba2() -> Box<dyn Mixer> {
+        crate::mixer("mamba2", &serde_json::json!({})).unwrap()
+    }
+
+    #[test]
+    fn the_registry_dispatches_to_the_device_forms_of_the_family_entry() {
+        let (m, b) = (mamba2(), Backend::registered("test-device").unwrap());
+        let y: String =
+            run_device(m.as_ref(), &b, Form::Fast, &FakeInputs(vec!["q", "k"]), Precision::Tf32, false)
+                .unwrap();
+        assert_eq!(y, "2 inputs, tf32, checks false");
+        assert_eq!(device_forms(m.as_ref(), &b), vec![Form::Fast]);
+    }
+
+    #[test]
+    fn unavailable_device_forms_are_errors_built_by_the_registry() {
+        let (m, b) = (mamba2(), Backend::registered("test-device").unwrap());
+        let x = FakeInputs(vec![]);
+        let msg = |form| {
+            run_device::<String>(m.as_ref(), &b, form, &x, Precision::Exact, true).unwrap_err().to_string()
+        };
+        let parallel = msg(Form::Parallel);
+        assert!(parallel.contains("test-device (device tensors)"), "{parallel}");
+        assert!(parallel.contains("has no parallel form for the `loglinear` family"), "{parallel}");
+        assert!(parallel.contains("available: fast") || parallel.contains("fast ("), "{parallel}");
+        assert!(msg(Form::Materialized).contains("host f64 oracle"));
+        assert!(msg(Form::Recurrent).contains("through a device decoder"));
+        let dec =
+            decoder_device::<String>(m.as_ref(), &b, &AnyTensors::F32(Default::default()), &Dims::new())
+                .unwrap_err()
+                .to_string();
+        assert!(dec.contains("no recurrent form"), "{dec}");
+        // The backend's output is not the type the caller asked for: an internal error, no panic.
+        let wrong = run_device::<u8>(m.as_ref(), &b, Form::Fast, &x, Precision::Exact, true).unwrap_err();
+        assert!(wrong.to_string().contains("another type than u8"), "{wrong}");
+    }
+
+    #[test]
+    fn a_family_without_device_forms_says_so() {
+        let (m, b) = (mamba2(), Backend::registered("test-host-only").unwrap());
+        let e = run_device::<String>(m.as_ref(), &b, Form::Fast, &FakeInputs(vec![]), Precision::Exact, true)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has no device-tensor forms for the `loglinear` family"), "{e}");
+        assert!(device_forms(m.as_ref(), &b).is_empty());
+    }
+}
