@@ -110,7 +110,7 @@ impl AdamW {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::params::Init;
+    use crate::params::Init;
 
     #[test]
     fn adamw_minimises_a_quadratic_and_schedules() {

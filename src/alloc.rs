@@ -1,10 +1,11 @@
 //! A counting global allocator: current and peak heap bytes, for "peak working memory".
 //!
-//! Install it in a binary (the `mixers` binary does):
+//! Install it in a binary (the `mixers` binary of crate `mixers-cli` does, and so do the
+//! robustness tests):
 //!
 //! ```ignore
 //! #[global_allocator]
-//! static ALLOC: mixers::cli::bench::CountingAlloc = mixers::cli::bench::CountingAlloc;
+//! static ALLOC: mixers::alloc::CountingAlloc = mixers::alloc::CountingAlloc;
 //! ```
 //!
 //! The working memory of a run ([`measure`]) is the largest rise of the live bytes above the

@@ -8,7 +8,7 @@ use mixer_core::{Error, Result};
 use super::alloc::human;
 use super::format::{si, sig3};
 use super::model::{Report, Status};
-use crate::cli::table::markdown;
+use crate::table::markdown;
 
 /// The fits table.
 pub fn fits_table(r: &Report) -> String {

@@ -1,7 +1,7 @@
 //! The expressivity experiment: every structure of Table 1 of *Structured generalized linear
 //! token mixing*, plus Mamba-2, gated DeltaNet, their log-linear lifts and the Toeplitz mixer,
 //! trained on copy, MQAR and multi-hop recall at one small setting; the accuracy table next to
-//! the papers' numbers. `examples/expressivity.rs` runs it (`--quick` for the smoke setting);
+//! the papers' numbers. `train/examples/expressivity.rs` runs it (`--quick` for the smoke setting);
 //! the results are in `docs/training.md`.
 
 use std::fmt::Write as _;

@@ -80,9 +80,9 @@ impl Args {
                 self.mixer.len()
             )));
         }
-        let cfg = crate::cli::parse_config(self.config.as_deref())?;
+        let cfg = crate::parse_config(self.config.as_deref())?;
         let forms = self.form.iter().map(|f| f.parse::<Form>()).collect::<Result<Vec<_>>>()?;
-        let precision = crate::cli::check::precision_arg(&self.precision, Some(&self.dtype))?;
+        let precision = crate::check::precision_arg(&self.precision, Some(&self.dtype))?;
         let dtype = match self.dtype.as_str() {
             "f32" | "bf16" => DType::F32,
             "f64" => DType::F64,
@@ -91,7 +91,7 @@ impl Args {
         let mixers = self
             .mixer
             .iter()
-            .map(|m| match crate::cli::mixer_spec(m, self.config.as_deref())? {
+            .map(|m| match crate::mixer_spec(m, self.config.as_deref())? {
                 (name, Some(inline)) if self.config.is_none() => {
                     serde_json::from_str(inline).map(|c| (name.to_string(), c)).map_err(|e| {
                         Error::Io(format!("--mixer `{m}`: the config after the name is not valid JSON ({e})"))

@@ -7,8 +7,8 @@ use mixers_plugin_fibonacci as _;
 
 // Counts heap bytes so that `mixers bench` can report peak working memory.
 #[global_allocator]
-static ALLOC: mixers::cli::bench::CountingAlloc = mixers::cli::bench::CountingAlloc;
+static ALLOC: mixers::alloc::CountingAlloc = mixers::alloc::CountingAlloc;
 
 fn main() {
-    std::process::exit(mixers::cli::main());
+    std::process::exit(mixers_cli::main());
 }

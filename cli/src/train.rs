@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mixer_core::{Error, Result};
 
-use crate::train::{Event, TaskConfig, TaskKind, TrainConfig, checkpoint, plot, train};
+use mixers_train::{Event, TaskConfig, TaskKind, TrainConfig, checkpoint, train};
+
+mod plot;
 
 /// Arguments of `mixers train`.
 #[derive(clap::Args, Debug)]

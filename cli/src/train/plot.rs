@@ -4,11 +4,11 @@
 use std::path::Path;
 
 use mixer_core::{Error, Result};
+use mixers_train::TrainLog;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::fit::TrainLog;
-use crate::cli::bench::plot::{COLORS, register_font};
+use crate::bench::plot::{COLORS, register_font};
 
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, log: &TrainLog) -> std::result::Result<(), String> {
     let e = |x: DrawingAreaErrorKind<DB::ErrorType>| x.to_string();

@@ -3,7 +3,7 @@
 use mixer_core::Form;
 use serde::Serialize;
 
-use crate::timing::{Timing, fit_exponent};
+use mixers::timing::{Timing, fit_exponent};
 
 /// One measured (or skipped) point.
 #[derive(Clone, Debug, Serialize)]

@@ -11,7 +11,7 @@
 //! ```
 //! writes `OUT.md` and `OUT.json` (`--quick`: `OUT-quick.*`).
 
-use mixers::train::expressivity::{Setting, rows, run};
+use mixers_train::expressivity::{Setting, rows, run};
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())

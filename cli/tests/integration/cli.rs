@@ -506,3 +506,20 @@ fn run_grad_writes_input_gradients_and_check_grad_passes() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("finite-diff") && out.contains("| fast ") && out.contains("0 failed"), "{out}");
 }
+
+fn pow3(k: usize) -> u64 {
+    3u64.saturating_pow(k as u32)
+}
+
+#[mixers::registry::register]
+static POW3: mixers::registry::PatternEntry =
+    mixers::registry::PatternEntry { name: "cli-test-pow3", doc: "f(k) = 3^k", offset: pow3 };
+
+/// The library entry point a researcher's own binary calls (`mixers_cli::main_with`), with a
+/// pattern registered by the calling crate: the commands see it like a builtin.
+#[test]
+fn main_with_runs_the_commands_in_process() {
+    assert_eq!(mixers_cli::main_with(["mixers", "metrics", "--pattern", "cli-test-pow3", "--n", "256"]), 0);
+    assert_eq!(mixers_cli::main_with(["mixers", "metrics", "--pattern", "no-such-pattern", "--n", "256"]), 2);
+    assert_eq!(mixers_cli::main_with(["mixers", "no-such-command"]), 2);
+}

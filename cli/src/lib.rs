@@ -1,7 +1,8 @@
 //! The `mixers` command line: `list`, `run`, `check`, `metrics`, `bench`, `tour`, `train`.
 //!
-//! It lives in the library so that a researcher's own binary, linking extra plugins, can
-//! offer the same commands: `fn main() { std::process::exit(mixers::cli::main()) }`.
+//! The crate `mixers-cli` is a library too, so that a researcher's own binary, linking extra
+//! plugins, can offer the same commands: `fn main() { std::process::exit(mixers_cli::main()) }`.
+//! The computations are the `mixers` library's; `train` drives the crate `mixers-train`.
 
 pub mod bench;
 mod check;

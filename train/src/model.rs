@@ -296,7 +296,7 @@ impl Model {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::params::normal;
+    use crate::params::normal;
 
     fn cfg(mixer: &str, mixer_config: Value) -> ModelConfig {
         ModelConfig {

@@ -6,12 +6,12 @@ use std::any::Any;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use mixers::cli::bench::{self, Fit, Options, Status, alloc, parse_seq};
 use mixers::core::materialize::Materialization;
 use mixers::core::mixer::{Decoder, Mixer};
 use mixers::core::spec::{Dim, InputDecl, InputSpec};
 use mixers::core::{Form, Real, Result, Tensors};
 use mixers::registry::{DecoderFn, Family, FamilyEntry, FormFn, MixerEntry, register};
+use mixers_cli::bench::{self, Fit, Options, Status, alloc, parse_seq};
 use ndarray::{Array2, ArrayD, Axis};
 
 #[global_allocator]

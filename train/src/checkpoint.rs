@@ -75,8 +75,8 @@ pub fn load(path: &Path) -> Result<Model> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::fit::{TrainConfig, train};
-    use crate::train::tasks::{Split, TaskConfig, TaskKind};
+    use crate::fit::{TrainConfig, train};
+    use crate::tasks::{Split, TaskConfig, TaskKind};
 
     #[test]
     fn a_loaded_model_gives_identical_outputs() {

@@ -10,7 +10,7 @@ use mixer_registry::run::{decoder, run_with};
 
 use super::alloc;
 use super::options::Options;
-use crate::timing::{Timing, time};
+use mixers::timing::{Timing, time};
 
 /// One run of a form; returns the decoder's cache size for `recurrent`.
 fn run_once(

@@ -48,7 +48,7 @@ pub struct Args {
 
 /// Reads the cotangent from an `.npz`: the array `dy`, or the only array.
 fn read_dy(path: &std::path::Path) -> Result<Tensor> {
-    let all = crate::io::read_npz(path)?;
+    let all = mixers::io::read_npz(path)?;
     let names: Vec<String> = all.shapes().into_keys().collect();
     let pick = if names.iter().any(|n| n == "dy") {
         "dy".to_string()
@@ -101,7 +101,7 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     if a.grad.is_some() && precision != mixer_core::Precision::Exact {
         return Err(mixer_core::Error::Io("--grad runs the exact arithmetic only; drop --precision".into()));
     }
-    let inputs = crate::io::read_npz(&a.inputs)?;
+    let inputs = mixers::io::read_npz(&a.inputs)?;
     let y = mixer_registry::run::run_with(m.as_ref(), &backend, form, &inputs, precision)?;
     let mut grads = std::collections::BTreeMap::new();
     if let Some(p) = &a.grad {
@@ -116,7 +116,7 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     }
     let mut arrays: Vec<(&str, &Tensor)> = vec![("y", &y)];
     arrays.extend(grads.iter().map(|(k, v)| (k.as_str(), v)));
-    crate::io::write_npz(&a.out, &arrays)?;
+    mixers::io::write_npz(&a.out, &arrays)?;
     eprintln!(
         "{} ({} form on {}): y {:?} {} written to {}",
         a.mixer,

@@ -9,7 +9,7 @@ use mixer_core::{DType, Error, Result};
 
 use super::measure::sizes;
 use super::options::Options;
-use crate::timing::fit_exponent;
+use mixers::timing::fit_exponent;
 
 /// Exponent assumed for a series with a single measured point: quadratic, the cost of the
 /// parallel forms (the materialized form is cubic at worst, but is capped by `T` anyway).

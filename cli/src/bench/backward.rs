@@ -12,8 +12,8 @@ use mixer_registry::backward::{backward, backward_forms};
 use rand::SeedableRng;
 
 use super::{Options, default_mixers, label, sizes};
-use crate::cli::table::markdown;
-use crate::timing::{fit_exponent, time};
+use crate::table::markdown;
+use mixers::timing::{fit_exponent, time};
 
 /// Lengths measured when `--seq` is left at its default.
 pub const DEFAULT_SEQS: [usize; 3] = [4096, 8192, 16384];

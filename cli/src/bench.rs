@@ -6,7 +6,7 @@
 //! `B = batch`, `T`, `H = heads`, `Dk = Dv = dim`, `C = heads·dim`, cast to the bench dtype.
 //! Each point runs once untimed (that run also measures peak working memory through
 //! [`CountingAlloc`], see [`alloc`]; the first point of a series gets one more warm-up run
-//! before it), then is timed with [`crate::timing::time`] for up to `reps` runs or
+//! before it), then is timed with [`mixers::timing::time`] for up to `reps` runs or
 //! `max_seconds`. Forms other than `recurrent` are timed as wall time around
 //! [`mixer_registry::run::run`] (input validation included; the CUDA backend synchronises
 //! inside `run`, so its wall time includes host↔device copies). `recurrent` builds a decoder
@@ -22,7 +22,6 @@
 //! and the bench goes on; [`bench_to`] rewrites `bench.md` and `bench.json` after every
 //! point.
 
-pub mod alloc;
 mod analysis;
 mod args;
 mod backward;
@@ -45,10 +44,11 @@ use mixer_core::mixer::validate;
 use mixer_core::tensor::cast_tensors;
 use mixer_core::{AnyTensors, DType, Dims, Error, Form, Result};
 
-pub use alloc::CountingAlloc;
 pub use analysis::{fits, ratios};
 pub(crate) use args::run;
 pub use args::{Args, bench_to};
+// The counting allocator lives in the library (`mixers::alloc`): the robustness tests use it too.
+pub use mixers::alloc::{self, CountingAlloc};
 pub use model::{Fit, Meta, Point, Ratio, Report, Status, label};
 pub use options::{MATERIALIZED_MAX_SEQ, Options, default_mixers};
 pub use report::{render_markdown, write_outputs, write_tables};
