@@ -8,7 +8,7 @@ use mixer_core::{Error, Result};
 use mixer_registry::harness::{CheckRow, Sizes, check_with};
 use mixer_registry::{Backend, MIXERS, mixer_entry};
 
-use super::table::{markdown, sci};
+use super::table::{check_row, markdown, sci};
 
 /// Arguments of `mixers check`.
 #[derive(clap::Args, Debug)]
@@ -176,23 +176,10 @@ pub(crate) fn render(rows: &[CheckRow]) -> String {
     let body: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            vec![
-                r.mixer.clone(),
-                r.config.clone(),
-                r.backend.clone(),
-                r.form.name().into(),
-                r.dtype.name().into(),
-                r.precision.name().into(),
-                r.seq.to_string(),
-                sci(r.rel_rms),
-                sci(r.max_abs),
-                format!("{:.1}", r.millis),
-                match (&r.error, r.pass) {
-                    (Some(e), _) => format!("FAIL: {e}"),
-                    (None, true) => "ok".into(),
-                    (None, false) => "FAIL".into(),
-                },
-            ]
+            let case = [&*r.mixer, &r.config, &r.backend, r.form.name(), r.dtype.name()];
+            let (rel, abs) = (sci(r.rel_rms), sci(r.max_abs));
+            let cells = [r.precision.name().into(), r.seq.to_string(), rel, abs, format!("{:.1}", r.millis)];
+            check_row(case, cells, r.error.as_deref(), r.pass)
         })
         .collect();
     markdown(
@@ -255,8 +242,7 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     let rows = check_cases(&cases, &backends, &sizes, a.channels.is_some(), a.seed, precision);
     print!("{}", render(&rows));
     if let Some(p) = &a.json {
-        let s = serde_json::to_string_pretty(&rows).map_err(|e| Error::Io(e.to_string()))?;
-        std::fs::write(p, s).map_err(|e| Error::Io(format!("cannot write {}: {e}", p.display())))?;
+        super::write_json(&rows, p)?;
     }
     let failed = rows.iter().filter(|r| !r.pass).count();
     println!("\n{} checks, {} passed, {} failed", rows.len(), rows.len() - failed, failed);

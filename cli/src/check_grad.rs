@@ -1,11 +1,11 @@
 //! `mixers check --grad`: the gradient checks of every case (finite differences against the
 //! materialized backward; every other backward form against it in f64 and f32).
 
-use mixer_core::{Error, Result};
+use mixer_core::Result;
 use mixer_registry::grad_check::{GradRow, check_grad};
 use mixer_registry::{Backend, Sizes};
 
-use super::table::{markdown, sci};
+use super::table::{check_row, markdown, sci};
 
 /// Checks the cases; a build failure is a failed row.
 fn rows(
@@ -41,22 +41,9 @@ fn render(rows: &[GradRow]) -> String {
     let body: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            vec![
-                r.mixer.clone(),
-                r.config.clone(),
-                r.backend.clone(),
-                r.form.clone(),
-                r.dtype.name().into(),
-                r.seq.to_string(),
-                format!("d_{}", r.input),
-                sci(r.rel_err),
-                sci(r.max_abs),
-                match (&r.error, r.pass) {
-                    (Some(e), _) => format!("FAIL: {e}"),
-                    (None, true) => "ok".into(),
-                    (None, false) => "FAIL".into(),
-                },
-            ]
+            let case = [&*r.mixer, &r.config, &r.backend, &r.form, r.dtype.name()];
+            let cells = [r.seq.to_string(), format!("d_{}", r.input), sci(r.rel_err), sci(r.max_abs)];
+            check_row(case, cells, r.error.as_deref(), r.pass)
         })
         .collect();
     markdown(
@@ -76,8 +63,7 @@ pub(crate) fn run(
     let rows = rows(cases, backends, sizes, seed);
     print!("{}", render(&rows));
     if let Some(p) = json {
-        let s = serde_json::to_string_pretty(&rows).map_err(|e| Error::Io(e.to_string()))?;
-        std::fs::write(p, s).map_err(|e| Error::Io(format!("cannot write {}: {e}", p.display())))?;
+        super::write_json(&rows, p)?;
     }
     let failed = rows.iter().filter(|r| !r.pass).count();
     println!(

@@ -116,6 +116,13 @@ pub(crate) fn parse_config(s: Option<&str>) -> mixer_core::Result<serde_json::Va
     }
 }
 
+/// Writes `value` as pretty-printed JSON to `path`.
+pub(crate) fn write_json(value: &impl serde::Serialize, path: &std::path::Path) -> mixer_core::Result<()> {
+    let s = serde_json::to_string_pretty(value).map_err(|e| mixer_core::Error::Io(e.to_string()))?;
+    std::fs::write(path, s)
+        .map_err(|e| mixer_core::Error::Io(format!("cannot write {}: {e}", path.display())))
+}
+
 /// Prints one `warning:` line to stderr per name registered more than once (lookups of those
 /// names fail, naming both registering crates); returns how many there are.
 pub(crate) fn warn_duplicates() -> usize {

@@ -37,3 +37,36 @@ pub fn sci(x: f64) -> String {
         format!("{x:.1e}")
     }
 }
+
+/// One row of a check report (`mixers check`, `mixers check --grad`): the case (mixer, config,
+/// backend, form, dtype), the report's own cells, then the result: `FAIL: <error>` when the
+/// form failed to run, else `ok` or `FAIL` (outside its tolerance).
+pub fn check_row<const N: usize>(
+    case: [&str; 5],
+    cells: [String; N],
+    error: Option<&str>,
+    pass: bool,
+) -> Vec<String> {
+    let result = match (error, pass) {
+        (Some(e), _) => format!("FAIL: {e}"),
+        (None, true) => "ok".into(),
+        (None, false) => "FAIL".into(),
+    };
+    case.iter().map(|c| c.to_string()).chain(cells).chain([result]).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_row;
+
+    #[test]
+    fn check_rows_end_in_the_result() {
+        let case = ["glr", "{}", "cpu", "fast", "f64"];
+        assert_eq!(
+            check_row(case, ["37".to_string()], None, true),
+            ["glr", "{}", "cpu", "fast", "f64", "37", "ok"]
+        );
+        assert_eq!(check_row(case, [], None, false).last().unwrap(), "FAIL");
+        assert_eq!(check_row(case, [], Some("build: nope"), true).last().unwrap(), "FAIL: build: nope");
+    }
+}

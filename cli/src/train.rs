@@ -168,8 +168,7 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     })?;
     pb.finish_and_clear();
     let json = a.out.join(format!("{stem}.json"));
-    let s = serde_json::to_string_pretty(&log).map_err(|e| Error::Io(e.to_string()))?;
-    std::fs::write(&json, s).map_err(|e| Error::Io(format!("cannot write {}: {e}", json.display())))?;
+    crate::write_json(&log, &json)?;
     let fig = a.out.join(format!("{stem}.{}", a.plot));
     plot::plot(&log, &fig)?;
     let ckpt = a.out.join(format!("{stem}.safetensors"));
