@@ -12,6 +12,10 @@
 //! (`ops::mamba2(q, k, v, g, &opts)`, …) and a typed decoder for token-by-token use. The
 //! dynamic API below (a mixer by name with a JSON config) serves the command line and plugins.
 //!
+//! This crate is the library only. The `mixers` command line is the crate `mixers-cli`
+//! (folder `cli/`) and training small models the crate `mixers-train` (folder `train/`); both
+//! depend on this one, never the other way round.
+//!
 //! ```no_run
 //! use mixers::prelude::*;
 //! let m = mixers::registry::mixer("glr", &serde_json::json!({"pattern": "pow2"})).unwrap();
@@ -26,11 +30,10 @@
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
-pub mod cli;
+pub mod alloc;
 pub mod io;
 pub mod ops;
 pub mod timing;
-pub mod train;
 
 // The builtin backends register themselves at link time; referencing the crates keeps the
 // linker from dropping them.

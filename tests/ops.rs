@@ -155,7 +155,6 @@ fn loglinear_lifts_agree_with_the_dynamic_path() {
     assert_eq!(n, 4);
 }
 
-#[cfg(feature = "example-plugin")]
 #[test]
 fn plugin_mask_and_lambda_scheme_by_value() {
     use mixers_plugin_fibonacci::{FIBONACCI, LOG_DISTANCE, SIGMOID2};

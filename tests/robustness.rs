@@ -14,7 +14,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
 use std::sync::Mutex;
 
-use mixers::cli::bench::{CountingAlloc, alloc};
+use mixers::alloc::{self, CountingAlloc};
 use mixers::core::memory::Budget;
 use mixers::core::mixer::fit_dims;
 use mixers::prelude::*;
@@ -24,7 +24,6 @@ use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 use serde_json::{Value, json};
 
-#[cfg(feature = "example-plugin")]
 use mixers_plugin_fibonacci as _;
 
 /// The CPU backend (always available).
@@ -81,7 +80,6 @@ fn mixer_configs() -> Vec<(String, Value)> {
         ("toeplitz", json!({"kernel_width": 4})),
     ];
     v.extend(edge.into_iter().map(|(n, c)| (n.to_string(), c)));
-    #[cfg(feature = "example-plugin")]
     v.extend([
         ("glr".to_string(), json!({"pattern": "fibonacci", "cache_efficient": true})),
         ("loglinear-mamba2".to_string(), json!({"mask": "log-distance"})),

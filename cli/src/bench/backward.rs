@@ -1,0 +1,124 @@
+//! `mixers bench --backward`: backward/forward time ratio per mixer and length, and the
+//! scaling exponents of both passes (the fast forms, on each backend that has a fast
+//! backward). Inputs from `Mixer::random_inputs`, a standard-normal cotangent; median of
+//! `reps` timed runs after one untimed run.
+
+use mixer_core::mixer::validate;
+use mixer_core::spec::{Gen, draw};
+use mixer_core::tensor::cast_tensors;
+use mixer_core::{AnyTensors, DType, Error, Form, Requires, Result, Tensor};
+use mixer_registry::Backend;
+use mixer_registry::backward::{backward, backward_forms};
+use rand::SeedableRng;
+
+use super::{Options, default_mixers, label, sizes};
+use crate::table::markdown;
+use mixers::timing::{fit_exponent, time};
+
+/// Lengths measured when `--seq` is left at its default.
+pub const DEFAULT_SEQS: [usize; 3] = [4096, 8192, 16384];
+
+/// One measured point.
+struct Point {
+    seq: usize,
+    fwd: f64,
+    bwd: f64,
+}
+
+fn fmt_exp(pts: &[Point], f: impl Fn(&Point) -> f64) -> String {
+    let xs: Vec<f64> = pts.iter().map(|p| p.seq as f64).collect();
+    let ys: Vec<f64> = pts.iter().map(f).collect();
+    fit_exponent(&xs, &ys).map_or("-".into(), |(b, se)| format!("{b:.2} ± {se:.2}"))
+}
+
+/// Runs the measurement and prints two tables (points, then exponents); exit code 1 when a
+/// run failed.
+pub(crate) fn run(opts: &Options) -> Result<i32> {
+    let mixers = if opts.mixers.is_empty() { default_mixers(opts.heads) } else { opts.mixers.clone() };
+    let backends: Vec<Backend> = if opts.backends.is_empty() {
+        Backend::available()
+    } else {
+        opts.backends.iter().map(|b| Backend::by_name(b)).collect::<Result<_>>()?
+    };
+    let (mut rows, mut fits, mut failed) = (Vec::new(), Vec::new(), 0);
+    for (name, cfg) in &mixers {
+        let m = mixer_registry::mixer(name, cfg)?;
+        let lab = label(name, cfg);
+        for b in &backends {
+            if !backward_forms(m.as_ref(), b.name()).contains(&Form::Fast) {
+                rows.push(vec![
+                    lab.clone(),
+                    b.name().into(),
+                    "-".into(),
+                    "-".into(),
+                    "-".into(),
+                    "no fast backward".into(),
+                ]);
+                continue;
+            }
+            let mut pts = Vec::new();
+            for &seq in &opts.seqs {
+                let x = m.random_inputs(&sizes(opts, seq).dims(), opts.seed)?;
+                let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0xb4c);
+                let dy = draw(Gen::Normal(1.0), x[m.spec().mixed].shape(), &mut rng);
+                let (inputs, dy) = match opts.dtype {
+                    DType::F64 => (AnyTensors::F64(x), Tensor::F64(dy)),
+                    DType::F32 => {
+                        (AnyTensors::F32(cast_tensors::<f32>(&x)), Tensor::F32(dy.mapv(|v| v as f32)))
+                    }
+                };
+                validate(m.as_ref(), &inputs)?;
+                let mut err = None;
+                let fwd = time(1, opts.reps, opts.max_seconds, || {
+                    mixer_registry::run::run(m.as_ref(), b, Form::Fast, &inputs).map_err(|e| err = Some(e))
+                });
+                let bwd = time(1, opts.reps, opts.max_seconds, || {
+                    backward(m.as_ref(), b.name(), Form::Fast, &inputs, &dy, &Requires::All)
+                        .map_err(|e| err = Some(e))
+                });
+                if let Some(e) = err {
+                    failed += 1;
+                    rows.push(vec![
+                        lab.clone(),
+                        b.name().into(),
+                        seq.to_string(),
+                        "-".into(),
+                        "-".into(),
+                        format!("FAIL: {e}"),
+                    ]);
+                    break;
+                }
+                rows.push(vec![
+                    lab.clone(),
+                    b.name().into(),
+                    seq.to_string(),
+                    format!("{:.2}", fwd.median * 1e3),
+                    format!("{:.2}", bwd.median * 1e3),
+                    format!("{:.2}", bwd.median / fwd.median),
+                ]);
+                pts.push(Point { seq, fwd: fwd.median, bwd: bwd.median });
+                if bwd.median > opts.max_seconds {
+                    break;
+                }
+            }
+            fits.push(vec![lab.clone(), b.name().into(), fmt_exp(&pts, |p| p.fwd), fmt_exp(&pts, |p| p.bwd)]);
+        }
+    }
+    println!(
+        "backward (all input gradients) vs forward, fast forms, {} B={} H={} D={}\n",
+        opts.dtype.name(),
+        opts.batch,
+        opts.heads,
+        opts.dim
+    );
+    print!(
+        "{}",
+        markdown(&["mixer", "backend", "T", "forward ms", "backward ms", "backward/forward"], &rows)
+    );
+    println!();
+    print!("{}", markdown(&["mixer", "backend", "forward exponent", "backward exponent"], &fits));
+    if rows.is_empty() {
+        return Err(Error::Io("nothing to measure".into()));
+    }
+    Ok(if failed == 0 { 0 } else { 1 })
+}
