@@ -106,33 +106,27 @@ fn mixer(pattern: &GlrPattern, on: &str, opts: &Options) -> Result<Box<dyn Mixer
     build("glr", &cfg)
 }
 
-impl<'a, F> GlrCoeffs<'a, F> {
-    fn split(self) -> (&'static str, Vec<Named<'a, F>>) {
-        match self {
-            GlrCoeffs::B { alpha, beta } => {
-                ("b", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
-            }
-            GlrCoeffs::A { alpha } => ("a", vec![("alpha", alpha.into_dyn())]),
-            GlrCoeffs::Both { alpha, beta } => {
-                ("both", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
-            }
-        }
-    }
-}
-
-impl<'a, F> GlrTokenCoeffs<'a, F> {
-    fn split(self) -> (&'static str, Vec<Named<'a, F>>) {
-        match self {
-            GlrTokenCoeffs::B { alpha, beta } => {
-                ("b", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
-            }
-            GlrTokenCoeffs::A { alpha } => ("a", vec![("alpha", alpha.into_dyn())]),
-            GlrTokenCoeffs::Both { alpha, beta } => {
-                ("both", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
+/// `split(self) -> (on, named inputs)` of a coefficient enum: [`GlrCoeffs`] and
+/// [`GlrTokenCoeffs`] have the same variants, their views one rank apart.
+macro_rules! split_coeffs {
+    ($coeffs:ident) => {
+        impl<'a, F> $coeffs<'a, F> {
+            fn split(self) -> (&'static str, Vec<Named<'a, F>>) {
+                match self {
+                    $coeffs::B { alpha, beta } => {
+                        ("b", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
+                    }
+                    $coeffs::A { alpha } => ("a", vec![("alpha", alpha.into_dyn())]),
+                    $coeffs::Both { alpha, beta } => {
+                        ("both", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
+                    }
+                }
             }
         }
-    }
+    };
 }
+split_coeffs!(GlrCoeffs);
+split_coeffs!(GlrTokenCoeffs);
 
 /// Generalized linear recurrence: `y_t = Σ_{s ≤ t} α_{t,s} x_s + Σ_{s < t} β_{t,s} y_s`
 /// with the off-diagonal coefficients at the pattern's positions `d_k(t)` only.

@@ -3,9 +3,9 @@
 //! on the `ops` module ("The log-linear family").
 
 use mixer_core::{Mixer, Result};
-use ndarray::{Array3, Array4, ArrayView2, ArrayView3, ArrayView4};
+use ndarray::{ArrayView2, ArrayView3, ArrayView4};
 
-use super::dispatch::{Named, Stepper, build, forward};
+use super::dispatch::{Stepper, build};
 use super::options::Options;
 use super::scalar::Scalar;
 
@@ -29,200 +29,133 @@ fn mixer(name: &str, lifted: bool, opts: &Options) -> Result<Box<dyn Mixer>> {
     build(name, &cfg)
 }
 
-fn run<F: Scalar>(name: &str, lifted: bool, opts: &Options, inputs: Vec<Named<'_, F>>) -> Result<Array4<F>> {
-    let m = mixer(name, lifted, opts)?;
-    forward(m.as_ref(), opts, inputs)
+super::typed_op! {
+    /// Linear attention: `y_t = σ Σ_{s ≤ t} (q_t · k_s) v_s`.
+    ///
+    /// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]` → `y [B, T, H, Dv]`. Options and forms:
+    /// [the log-linear family](crate::ops#the-log-linear-family).
+    ///
+    /// ```
+    /// use mixers::ndarray::Array4;
+    /// use mixers::ops::{self, Options};
+    /// let q = Array4::<f64>::ones((1, 3, 1, 2));
+    /// let v = Array4::<f64>::ones((1, 3, 1, 1));
+    /// let y = ops::linear_attention(q.view(), q.view(), v.view(), &Options::default())?;
+    /// assert_eq!(y.as_slice().unwrap(), &[2.0, 4.0, 6.0]); // Σ_{s≤t} (q·k) = 2(t+1)
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub fn linear_attention(q: ArrayView4, k: ArrayView4, v: ArrayView4);
+    mixer_for(opts) = mixer("linear-attention", false, opts);
 }
 
-/// Linear attention: `y_t = σ Σ_{s ≤ t} (q_t · k_s) v_s`.
-///
-/// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]` → `y [B, T, H, Dv]`. Options and forms:
-/// [the log-linear family](crate::ops#the-log-linear-family).
-///
-/// ```
-/// use mixers::ndarray::Array4;
-/// use mixers::ops::{self, Options};
-/// let q = Array4::<f64>::ones((1, 3, 1, 2));
-/// let v = Array4::<f64>::ones((1, 3, 1, 1));
-/// let y = ops::linear_attention(q.view(), q.view(), v.view(), &Options::default())?;
-/// assert_eq!(y.as_slice().unwrap(), &[2.0, 4.0, 6.0]); // Σ_{s≤t} (q·k) = 2(t+1)
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub fn linear_attention<F: Scalar>(
-    q: ArrayView4<'_, F>,
-    k: ArrayView4<'_, F>,
-    v: ArrayView4<'_, F>,
-    opts: &Options,
-) -> Result<Array4<F>> {
-    run("linear-attention", false, opts, vec![("q", q.into_dyn()), ("k", k.into_dyn()), ("v", v.into_dyn())])
+super::typed_op! {
+    /// Mamba-2 (SSD form): `y_t = σ Σ_{s ≤ t} (q_t · k_s) e^(G_t − G_s) v_s` with
+    /// `G_t = Σ_{r ≤ t} g_r`.
+    ///
+    /// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]`, `g [B, T, H]` (`≤ 0`) → `y [B, T, H, Dv]`.
+    /// In Mamba-2's terms q = C, k = B, v = Δ·x, g = Δ·A; the D·x skip is outside the mixer.
+    /// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
+    ///
+    /// ```
+    /// use mixers::ndarray::{Array3, Array4};
+    /// use mixers::ops::{self, Options};
+    /// let q = Array4::<f64>::ones((1, 2, 1, 1));
+    /// let g = Array3::from_elem((1, 2, 1), -2f64.ln()); // each step halves the state
+    /// let y = ops::mamba2(q.view(), q.view(), q.view(), g.view(), &Options::default())?;
+    /// assert!((y[[0, 1, 0, 0]] - 1.5).abs() < 1e-12); // 1 + ½
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub fn mamba2(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3);
+    mixer_for(opts) = mixer("mamba2", false, opts);
 }
 
-/// Mamba-2 (SSD form): `y_t = σ Σ_{s ≤ t} (q_t · k_s) e^(G_t − G_s) v_s` with
-/// `G_t = Σ_{r ≤ t} g_r`.
-///
-/// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]`, `g [B, T, H]` (`≤ 0`) → `y [B, T, H, Dv]`.
-/// In Mamba-2's terms q = C, k = B, v = Δ·x, g = Δ·A; the D·x skip is outside the mixer.
-/// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
-///
-/// ```
-/// use mixers::ndarray::{Array3, Array4};
-/// use mixers::ops::{self, Options};
-/// let q = Array4::<f64>::ones((1, 2, 1, 1));
-/// let g = Array3::from_elem((1, 2, 1), -2f64.ln()); // each step halves the state
-/// let y = ops::mamba2(q.view(), q.view(), q.view(), g.view(), &Options::default())?;
-/// assert!((y[[0, 1, 0, 0]] - 1.5).abs() < 1e-12); // 1 + ½
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub fn mamba2<F: Scalar>(
-    q: ArrayView4<'_, F>,
-    k: ArrayView4<'_, F>,
-    v: ArrayView4<'_, F>,
-    g: ArrayView3<'_, F>,
-    opts: &Options,
-) -> Result<Array4<F>> {
-    run(
-        "mamba2",
-        false,
-        opts,
-        vec![("q", q.into_dyn()), ("k", k.into_dyn()), ("v", v.into_dyn()), ("g", g.into_dyn())],
-    )
+super::typed_op! {
+    /// Gated DeltaNet: `S_t = e^(g_t) S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ`,
+    /// `y_t = σ S_t q_t`.
+    ///
+    /// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]`, `g, beta [B, T, H]` (`g ≤ 0`,
+    /// `beta ∈ [0, 1]`) → `y [B, T, H, Dv]`. Keys are usually L2-normalised.
+    /// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
+    ///
+    /// ```
+    /// use mixers::ndarray::{Array3, Array4};
+    /// use mixers::ops::{self, Options};
+    /// let k = Array4::<f32>::ones((1, 4, 1, 1));
+    /// let v = Array4::from_shape_fn((1, 4, 1, 1), |(_, t, _, _)| t as f32);
+    /// let (g, beta) = (Array3::zeros((1, 4, 1)), Array3::ones((1, 4, 1)));
+    /// // β = 1 with a unit key overwrites the memory: y_t = v_t.
+    /// let y = ops::gated_deltanet(k.view(), k.view(), v.view(), g.view(), beta.view(), &Options::default())?;
+    /// assert!(y.iter().zip(v.iter()).all(|(a, b)| (a - b).abs() < 1e-6));
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub fn gated_deltanet(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, beta: ArrayView3);
+    mixer_for(opts) = mixer("gated-deltanet", false, opts);
 }
 
-/// Gated DeltaNet: `S_t = e^(g_t) S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ`,
-/// `y_t = σ S_t q_t`.
-///
-/// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]`, `g, beta [B, T, H]` (`g ≤ 0`,
-/// `beta ∈ [0, 1]`) → `y [B, T, H, Dv]`. Keys are usually L2-normalised.
-/// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
-///
-/// ```
-/// use mixers::ndarray::{Array3, Array4};
-/// use mixers::ops::{self, Options};
-/// let k = Array4::<f32>::ones((1, 4, 1, 1));
-/// let v = Array4::from_shape_fn((1, 4, 1, 1), |(_, t, _, _)| t as f32);
-/// let (g, beta) = (Array3::zeros((1, 4, 1)), Array3::ones((1, 4, 1)));
-/// // β = 1 with a unit key overwrites the memory: y_t = v_t.
-/// let y = ops::gated_deltanet(k.view(), k.view(), v.view(), g.view(), beta.view(), &Options::default())?;
-/// assert!(y.iter().zip(v.iter()).all(|(a, b)| (a - b).abs() < 1e-6));
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub fn gated_deltanet<F: Scalar>(
-    q: ArrayView4<'_, F>,
-    k: ArrayView4<'_, F>,
-    v: ArrayView4<'_, F>,
-    g: ArrayView3<'_, F>,
-    beta: ArrayView3<'_, F>,
-    opts: &Options,
-) -> Result<Array4<F>> {
-    let inputs = vec![
-        ("q", q.into_dyn()),
-        ("k", k.into_dyn()),
-        ("v", v.into_dyn()),
-        ("g", g.into_dyn()),
-        ("beta", beta.into_dyn()),
-    ];
-    run("gated-deltanet", false, opts, inputs)
+super::typed_op! {
+    /// Log-linear attention: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) (q_t · k_s) v_s`,
+    /// with `ℓ` the level mask (Fenwick: `ℓ(t,s) = bitlen(t ⊕ s)`).
+    ///
+    /// Shapes: as [`linear_attention`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`. With the
+    /// default `identity` λ scheme, `lambda ≥ 0` is used as given; `Options::lambda` picks
+    /// another scheme (`softplus`, `ones`, a plugin's).
+    /// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
+    ///
+    /// ```
+    /// use mixers::ndarray::Array4;
+    /// use mixers::ops::{self, Options};
+    /// let (q, v) = (Array4::<f64>::ones((1, 3, 1, 2)), Array4::<f64>::ones((1, 3, 1, 1)));
+    /// let lam = Array4::<f64>::ones((1, 3, 1, 3)); // λ ≡ 1 gives linear attention
+    /// let y = ops::loglinear_attention(q.view(), q.view(), v.view(), lam.view(), &Options::default())?;
+    /// assert_eq!(y, ops::linear_attention(q.view(), q.view(), v.view(), &Options::default())?);
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub fn loglinear_attention(q: ArrayView4, k: ArrayView4, v: ArrayView4, lambda: ArrayView4);
+    mixer_for(opts) = mixer("loglinear-attention", true, opts);
 }
 
-/// Log-linear attention: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) (q_t · k_s) v_s`,
-/// with `ℓ` the level mask (Fenwick: `ℓ(t,s) = bitlen(t ⊕ s)`).
-///
-/// Shapes: as [`linear_attention`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`. With the
-/// default `identity` λ scheme, `lambda ≥ 0` is used as given; `Options::lambda` picks
-/// another scheme (`softplus`, `ones`, a plugin's).
-/// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
-///
-/// ```
-/// use mixers::ndarray::Array4;
-/// use mixers::ops::{self, Options};
-/// let (q, v) = (Array4::<f64>::ones((1, 3, 1, 2)), Array4::<f64>::ones((1, 3, 1, 1)));
-/// let lam = Array4::<f64>::ones((1, 3, 1, 3)); // λ ≡ 1 gives linear attention
-/// let y = ops::loglinear_attention(q.view(), q.view(), v.view(), lam.view(), &Options::default())?;
-/// assert_eq!(y, ops::linear_attention(q.view(), q.view(), v.view(), &Options::default())?);
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub fn loglinear_attention<F: Scalar>(
-    q: ArrayView4<'_, F>,
-    k: ArrayView4<'_, F>,
-    v: ArrayView4<'_, F>,
-    lambda: ArrayView4<'_, F>,
-    opts: &Options,
-) -> Result<Array4<F>> {
-    let inputs =
-        vec![("q", q.into_dyn()), ("k", k.into_dyn()), ("v", v.into_dyn()), ("lambda", lambda.into_dyn())];
-    run("loglinear-attention", true, opts, inputs)
+super::typed_op! {
+    /// Log-linear Mamba-2: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) (q_t · k_s) e^(G_t − G_s) v_s`.
+    ///
+    /// Shapes: as [`mamba2`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`.
+    /// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
+    ///
+    /// ```
+    /// use mixers::ndarray::{Array3, Array4};
+    /// use mixers::ops::{self, Options};
+    /// let q = Array4::<f64>::ones((1, 2, 1, 1));
+    /// let g = Array3::<f64>::zeros((1, 2, 1));
+    /// let mut lam = Array4::<f64>::ones((1, 2, 1, 2));
+    /// lam[[0, 1, 0, 1]] = 0.0; // token 1 ignores level 1, which holds token 0
+    /// let y = ops::loglinear_mamba2(q.view(), q.view(), q.view(), g.view(), lam.view(), &Options::default())?;
+    /// assert_eq!(y.as_slice().unwrap(), &[1.0, 1.0]);
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub fn loglinear_mamba2(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, lambda: ArrayView4);
+    mixer_for(opts) = mixer("loglinear-mamba2", true, opts);
 }
 
-/// Log-linear Mamba-2: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) (q_t · k_s) e^(G_t − G_s) v_s`.
-///
-/// Shapes: as [`mamba2`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`.
-/// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
-///
-/// ```
-/// use mixers::ndarray::{Array3, Array4};
-/// use mixers::ops::{self, Options};
-/// let q = Array4::<f64>::ones((1, 2, 1, 1));
-/// let g = Array3::<f64>::zeros((1, 2, 1));
-/// let mut lam = Array4::<f64>::ones((1, 2, 1, 2));
-/// lam[[0, 1, 0, 1]] = 0.0; // token 1 ignores level 1, which holds token 0
-/// let y = ops::loglinear_mamba2(q.view(), q.view(), q.view(), g.view(), lam.view(), &Options::default())?;
-/// assert_eq!(y.as_slice().unwrap(), &[1.0, 1.0]);
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub fn loglinear_mamba2<F: Scalar>(
-    q: ArrayView4<'_, F>,
-    k: ArrayView4<'_, F>,
-    v: ArrayView4<'_, F>,
-    g: ArrayView3<'_, F>,
-    lambda: ArrayView4<'_, F>,
-    opts: &Options,
-) -> Result<Array4<F>> {
-    let inputs = vec![
-        ("q", q.into_dyn()),
-        ("k", k.into_dyn()),
-        ("v", v.into_dyn()),
-        ("g", g.into_dyn()),
-        ("lambda", lambda.into_dyn()),
-    ];
-    run("loglinear-mamba2", true, opts, inputs)
-}
-
-/// Log-linear gated DeltaNet: the gated delta rule acting on every level's state, inputs
-/// bucketed by level: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) β_s (k_sᵀ Φ_{s+1..t} q_t) v_s`.
-///
-/// Shapes: as [`gated_deltanet`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`.
-/// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
-///
-/// ```
-/// use mixers::ndarray::{Array3, Array4};
-/// use mixers::ops::{self, Options};
-/// let k = Array4::<f64>::ones((1, 5, 1, 1));
-/// let (g, beta) = (Array3::zeros((1, 5, 1)), Array3::from_elem((1, 5, 1), 0.5));
-/// let lam = Array4::<f64>::ones((1, 5, 1, 4));
-/// let opts = Options::default();
-/// let y = ops::loglinear_gated_deltanet(k.view(), k.view(), k.view(), g.view(), beta.view(), lam.view(), &opts)?;
-/// let base = ops::gated_deltanet(k.view(), k.view(), k.view(), g.view(), beta.view(), &opts)?;
-/// assert!(y.iter().zip(base.iter()).all(|(a, b)| (a - b).abs() < 1e-12)); // λ ≡ 1
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub fn loglinear_gated_deltanet<F: Scalar>(
-    q: ArrayView4<'_, F>,
-    k: ArrayView4<'_, F>,
-    v: ArrayView4<'_, F>,
-    g: ArrayView3<'_, F>,
-    beta: ArrayView3<'_, F>,
-    lambda: ArrayView4<'_, F>,
-    opts: &Options,
-) -> Result<Array4<F>> {
-    let inputs = vec![
-        ("q", q.into_dyn()),
-        ("k", k.into_dyn()),
-        ("v", v.into_dyn()),
-        ("g", g.into_dyn()),
-        ("beta", beta.into_dyn()),
-        ("lambda", lambda.into_dyn()),
-    ];
-    run("loglinear-gated-deltanet", true, opts, inputs)
+super::typed_op! {
+    /// Log-linear gated DeltaNet: the gated delta rule acting on every level's state, inputs
+    /// bucketed by level: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) β_s (k_sᵀ Φ_{s+1..t} q_t) v_s`.
+    ///
+    /// Shapes: as [`gated_deltanet`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`.
+    /// Options and forms: [the log-linear family](crate::ops#the-log-linear-family).
+    ///
+    /// ```
+    /// use mixers::ndarray::{Array3, Array4};
+    /// use mixers::ops::{self, Options};
+    /// let k = Array4::<f64>::ones((1, 5, 1, 1));
+    /// let (g, beta) = (Array3::zeros((1, 5, 1)), Array3::from_elem((1, 5, 1), 0.5));
+    /// let lam = Array4::<f64>::ones((1, 5, 1, 4));
+    /// let opts = Options::default();
+    /// let y = ops::loglinear_gated_deltanet(k.view(), k.view(), k.view(), g.view(), beta.view(), lam.view(), &opts)?;
+    /// let base = ops::gated_deltanet(k.view(), k.view(), k.view(), g.view(), beta.view(), &opts)?;
+    /// assert!(y.iter().zip(base.iter()).all(|(a, b)| (a - b).abs() < 1e-12)); // λ ≡ 1
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub fn loglinear_gated_deltanet(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, beta: ArrayView3, lambda: ArrayView4);
+    mixer_for(opts) = mixer("loglinear-gated-deltanet", true, opts);
 }
 
 /// A decoder of a member of the family, for at most `max_len` tokens.
@@ -230,239 +163,137 @@ fn stepper<F: Scalar>(name: &str, lifted: bool, max_len: usize, opts: &Options) 
     Stepper::new(mixer(name, lifted, opts)?, opts, Vec::new(), max_len)
 }
 
-/// Token-by-token [`linear_attention`]: one `Dk × Dv` state per head.
-///
-/// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]` and returns
-/// `y_t [B, H, Dv]`.
-///
-/// ```
-/// use mixers::ndarray::Array3;
-/// use mixers::ops::{LinearAttentionDecoder, Options};
-/// let mut dec = LinearAttentionDecoder::<f64>::new(2, &Options::default())?;
-/// let x = Array3::<f64>::ones((1, 1, 1));
-/// dec.step(x.view(), x.view(), x.view())?;
-/// assert_eq!(dec.step(x.view(), x.view(), x.view())?[[0, 0, 0]], 2.0);
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub struct LinearAttentionDecoder<F: Scalar>(Stepper<F>);
-
-impl<F: Scalar> LinearAttentionDecoder<F> {
+super::typed_decoder! {
+    /// Token-by-token [`linear_attention`]: one `Dk × Dv` state per head.
+    ///
+    /// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]` and returns
+    /// `y_t [B, H, Dv]`.
+    ///
+    /// ```
+    /// use mixers::ndarray::Array3;
+    /// use mixers::ops::{LinearAttentionDecoder, Options};
+    /// let mut dec = LinearAttentionDecoder::<f64>::new(2, &Options::default())?;
+    /// let x = Array3::<f64>::ones((1, 1, 1));
+    /// dec.step(x.view(), x.view(), x.view())?;
+    /// assert_eq!(dec.step(x.view(), x.view(), x.view())?[[0, 0, 0]], 2.0);
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub struct LinearAttentionDecoder;
     /// A decoder for at most `max_len` tokens (options as for [`linear_attention`]).
-    pub fn new(max_len: usize, opts: &Options) -> Result<Self> {
-        Ok(Self(stepper("linear-attention", false, max_len, opts)?))
-    }
+    new(max_len, opts) = stepper("linear-attention", false, max_len, opts);
     /// Consumes one token; returns `y_t [B, H, Dv]`.
-    pub fn step(
-        &mut self,
-        q: ArrayView3<'_, F>,
-        k: ArrayView3<'_, F>,
-        v: ArrayView3<'_, F>,
-    ) -> Result<Array3<F>> {
-        self.0.step(vec![("q", q.into_dyn()), ("k", k.into_dyn()), ("v", v.into_dyn())])
-    }
-    super::decoder_accessors!();
+    step(q: ArrayView3, k: ArrayView3, v: ArrayView3);
 }
 
-/// Token-by-token [`mamba2`]: one decayed `Dk × Dv` state per head.
-///
-/// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `g_t [B, H]` and
-/// returns `y_t [B, H, Dv]`.
-///
-/// ```
-/// use mixers::ndarray::{Array2, Array3};
-/// use mixers::ops::{Mamba2Decoder, Options};
-/// let mut dec = Mamba2Decoder::<f64>::new(2, &Options::default())?;
-/// let (x, g) = (Array3::<f64>::ones((1, 1, 1)), Array2::from_elem((1, 1), -2f64.ln()));
-/// dec.step(x.view(), x.view(), x.view(), g.view())?;
-/// assert!((dec.step(x.view(), x.view(), x.view(), g.view())?[[0, 0, 0]] - 1.5).abs() < 1e-12);
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub struct Mamba2Decoder<F: Scalar>(Stepper<F>);
-
-impl<F: Scalar> Mamba2Decoder<F> {
+super::typed_decoder! {
+    /// Token-by-token [`mamba2`]: one decayed `Dk × Dv` state per head.
+    ///
+    /// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `g_t [B, H]` and
+    /// returns `y_t [B, H, Dv]`.
+    ///
+    /// ```
+    /// use mixers::ndarray::{Array2, Array3};
+    /// use mixers::ops::{Mamba2Decoder, Options};
+    /// let mut dec = Mamba2Decoder::<f64>::new(2, &Options::default())?;
+    /// let (x, g) = (Array3::<f64>::ones((1, 1, 1)), Array2::from_elem((1, 1), -2f64.ln()));
+    /// dec.step(x.view(), x.view(), x.view(), g.view())?;
+    /// assert!((dec.step(x.view(), x.view(), x.view(), g.view())?[[0, 0, 0]] - 1.5).abs() < 1e-12);
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub struct Mamba2Decoder;
     /// A decoder for at most `max_len` tokens (options as for [`mamba2`]).
-    pub fn new(max_len: usize, opts: &Options) -> Result<Self> {
-        Ok(Self(stepper("mamba2", false, max_len, opts)?))
-    }
+    new(max_len, opts) = stepper("mamba2", false, max_len, opts);
     /// Consumes one token; returns `y_t [B, H, Dv]`.
-    pub fn step(
-        &mut self,
-        q: ArrayView3<'_, F>,
-        k: ArrayView3<'_, F>,
-        v: ArrayView3<'_, F>,
-        g: ArrayView2<'_, F>,
-    ) -> Result<Array3<F>> {
-        self.0.step(vec![("q", q.into_dyn()), ("k", k.into_dyn()), ("v", v.into_dyn()), ("g", g.into_dyn())])
-    }
-    super::decoder_accessors!();
+    step(q: ArrayView3, k: ArrayView3, v: ArrayView3, g: ArrayView2);
 }
 
-/// Token-by-token [`gated_deltanet`]: one `Dk × Dv` state per head.
-///
-/// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `g_t, beta_t [B, H]`
-/// and returns `y_t [B, H, Dv]`.
-///
-/// ```
-/// use mixers::ndarray::{Array2, Array3};
-/// use mixers::ops::{GatedDeltaNetDecoder, Options};
-/// let mut dec = GatedDeltaNetDecoder::<f32>::new(8, &Options::default())?;
-/// let (k, g, beta) = (Array3::<f32>::ones((1, 1, 1)), Array2::zeros((1, 1)), Array2::ones((1, 1)));
-/// let v = Array3::from_elem((1, 1, 3), 7.0);
-/// assert_eq!(dec.step(k.view(), k.view(), v.view(), g.view(), beta.view())?, v); // β = 1: y = v
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub struct GatedDeltaNetDecoder<F: Scalar>(Stepper<F>);
-
-impl<F: Scalar> GatedDeltaNetDecoder<F> {
+super::typed_decoder! {
+    /// Token-by-token [`gated_deltanet`]: one `Dk × Dv` state per head.
+    ///
+    /// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `g_t, beta_t [B, H]`
+    /// and returns `y_t [B, H, Dv]`.
+    ///
+    /// ```
+    /// use mixers::ndarray::{Array2, Array3};
+    /// use mixers::ops::{GatedDeltaNetDecoder, Options};
+    /// let mut dec = GatedDeltaNetDecoder::<f32>::new(8, &Options::default())?;
+    /// let (k, g, beta) = (Array3::<f32>::ones((1, 1, 1)), Array2::zeros((1, 1)), Array2::ones((1, 1)));
+    /// let v = Array3::from_elem((1, 1, 3), 7.0);
+    /// assert_eq!(dec.step(k.view(), k.view(), v.view(), g.view(), beta.view())?, v); // β = 1: y = v
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub struct GatedDeltaNetDecoder;
     /// A decoder for at most `max_len` tokens (options as for [`gated_deltanet`]).
-    pub fn new(max_len: usize, opts: &Options) -> Result<Self> {
-        Ok(Self(stepper("gated-deltanet", false, max_len, opts)?))
-    }
+    new(max_len, opts) = stepper("gated-deltanet", false, max_len, opts);
     /// Consumes one token; returns `y_t [B, H, Dv]`.
-    pub fn step(
-        &mut self,
-        q: ArrayView3<'_, F>,
-        k: ArrayView3<'_, F>,
-        v: ArrayView3<'_, F>,
-        g: ArrayView2<'_, F>,
-        beta: ArrayView2<'_, F>,
-    ) -> Result<Array3<F>> {
-        let token = vec![
-            ("q", q.into_dyn()),
-            ("k", k.into_dyn()),
-            ("v", v.into_dyn()),
-            ("g", g.into_dyn()),
-            ("beta", beta.into_dyn()),
-        ];
-        self.0.step(token)
-    }
-    super::decoder_accessors!();
+    step(q: ArrayView3, k: ArrayView3, v: ArrayView3, g: ArrayView2, beta: ArrayView2);
 }
 
-/// Token-by-token [`loglinear_attention`]: O(log T) level states per head.
-///
-/// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `lambda_t [B, H, L]`
-/// (`L ≥ L(max_len)`) and returns `y_t [B, H, Dv]`.
-///
-/// ```
-/// use mixers::ndarray::Array3;
-/// use mixers::ops::{LogLinearAttentionDecoder, Options};
-/// let mut dec = LogLinearAttentionDecoder::<f64>::new(100, &Options::default())?;
-/// let (x, lam) = (Array3::<f64>::ones((1, 1, 1)), Array3::<f64>::ones((1, 1, 8)));
-/// for _ in 0..100 {
-///     dec.step(x.view(), x.view(), x.view(), lam.view())?;
-/// }
-/// assert!(dec.cache_elems() <= 8); // one 1×1 state per non-empty level
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub struct LogLinearAttentionDecoder<F: Scalar>(Stepper<F>);
-
-impl<F: Scalar> LogLinearAttentionDecoder<F> {
+super::typed_decoder! {
+    /// Token-by-token [`loglinear_attention`]: O(log T) level states per head.
+    ///
+    /// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `lambda_t [B, H, L]`
+    /// (`L ≥ L(max_len)`) and returns `y_t [B, H, Dv]`.
+    ///
+    /// ```
+    /// use mixers::ndarray::Array3;
+    /// use mixers::ops::{LogLinearAttentionDecoder, Options};
+    /// let mut dec = LogLinearAttentionDecoder::<f64>::new(100, &Options::default())?;
+    /// let (x, lam) = (Array3::<f64>::ones((1, 1, 1)), Array3::<f64>::ones((1, 1, 8)));
+    /// for _ in 0..100 {
+    ///     dec.step(x.view(), x.view(), x.view(), lam.view())?;
+    /// }
+    /// assert!(dec.cache_elems() <= 8); // one 1×1 state per non-empty level
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub struct LogLinearAttentionDecoder;
     /// A decoder for at most `max_len` tokens (options as for [`loglinear_attention`]).
-    pub fn new(max_len: usize, opts: &Options) -> Result<Self> {
-        Ok(Self(stepper("loglinear-attention", true, max_len, opts)?))
-    }
+    new(max_len, opts) = stepper("loglinear-attention", true, max_len, opts);
     /// Consumes one token; returns `y_t [B, H, Dv]`.
-    pub fn step(
-        &mut self,
-        q: ArrayView3<'_, F>,
-        k: ArrayView3<'_, F>,
-        v: ArrayView3<'_, F>,
-        lambda: ArrayView3<'_, F>,
-    ) -> Result<Array3<F>> {
-        self.0.step(vec![
-            ("q", q.into_dyn()),
-            ("k", k.into_dyn()),
-            ("v", v.into_dyn()),
-            ("lambda", lambda.into_dyn()),
-        ])
-    }
-    super::decoder_accessors!();
+    step(q: ArrayView3, k: ArrayView3, v: ArrayView3, lambda: ArrayView3);
 }
 
-/// Token-by-token [`loglinear_mamba2`]: O(log T) level states per head.
-///
-/// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `g_t [B, H]`,
-/// `lambda_t [B, H, L]` and returns `y_t [B, H, Dv]`.
-///
-/// ```
-/// use mixers::ndarray::{Array2, Array3};
-/// use mixers::ops::{LogLinearMamba2Decoder, Options};
-/// let mut dec = LogLinearMamba2Decoder::<f64>::new(2, &Options::default())?;
-/// let (x, g, lam) = (Array3::<f64>::ones((1, 1, 1)), Array2::zeros((1, 1)), Array3::ones((1, 1, 2)));
-/// dec.step(x.view(), x.view(), x.view(), g.view(), lam.view())?;
-/// assert_eq!(dec.step(x.view(), x.view(), x.view(), g.view(), lam.view())?[[0, 0, 0]], 2.0);
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub struct LogLinearMamba2Decoder<F: Scalar>(Stepper<F>);
-
-impl<F: Scalar> LogLinearMamba2Decoder<F> {
+super::typed_decoder! {
+    /// Token-by-token [`loglinear_mamba2`]: O(log T) level states per head.
+    ///
+    /// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `g_t [B, H]`,
+    /// `lambda_t [B, H, L]` and returns `y_t [B, H, Dv]`.
+    ///
+    /// ```
+    /// use mixers::ndarray::{Array2, Array3};
+    /// use mixers::ops::{LogLinearMamba2Decoder, Options};
+    /// let mut dec = LogLinearMamba2Decoder::<f64>::new(2, &Options::default())?;
+    /// let (x, g, lam) = (Array3::<f64>::ones((1, 1, 1)), Array2::zeros((1, 1)), Array3::ones((1, 1, 2)));
+    /// dec.step(x.view(), x.view(), x.view(), g.view(), lam.view())?;
+    /// assert_eq!(dec.step(x.view(), x.view(), x.view(), g.view(), lam.view())?[[0, 0, 0]], 2.0);
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub struct LogLinearMamba2Decoder;
     /// A decoder for at most `max_len` tokens (options as for [`loglinear_mamba2`]).
-    pub fn new(max_len: usize, opts: &Options) -> Result<Self> {
-        Ok(Self(stepper("loglinear-mamba2", true, max_len, opts)?))
-    }
+    new(max_len, opts) = stepper("loglinear-mamba2", true, max_len, opts);
     /// Consumes one token; returns `y_t [B, H, Dv]`.
-    pub fn step(
-        &mut self,
-        q: ArrayView3<'_, F>,
-        k: ArrayView3<'_, F>,
-        v: ArrayView3<'_, F>,
-        g: ArrayView2<'_, F>,
-        lambda: ArrayView3<'_, F>,
-    ) -> Result<Array3<F>> {
-        let token = vec![
-            ("q", q.into_dyn()),
-            ("k", k.into_dyn()),
-            ("v", v.into_dyn()),
-            ("g", g.into_dyn()),
-            ("lambda", lambda.into_dyn()),
-        ];
-        self.0.step(token)
-    }
-    super::decoder_accessors!();
+    step(q: ArrayView3, k: ArrayView3, v: ArrayView3, g: ArrayView2, lambda: ArrayView3);
 }
 
-/// Token-by-token [`loglinear_gated_deltanet`]: O(log T) level states per head.
-///
-/// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `g_t, beta_t [B, H]`,
-/// `lambda_t [B, H, L]` and returns `y_t [B, H, Dv]`.
-///
-/// ```
-/// use mixers::ndarray::{Array2, Array3};
-/// use mixers::ops::{LogLinearGatedDeltaNetDecoder, Options};
-/// let mut dec = LogLinearGatedDeltaNetDecoder::<f64>::new(3, &Options::default())?;
-/// let (k, g, beta) = (Array3::<f64>::ones((1, 1, 1)), Array2::zeros((1, 1)), Array2::ones((1, 1)));
-/// let lam = Array3::<f64>::ones((1, 1, 3));
-/// let y = dec.step(k.view(), k.view(), k.view(), g.view(), beta.view(), lam.view())?;
-/// assert_eq!(y[[0, 0, 0]], 1.0);
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub struct LogLinearGatedDeltaNetDecoder<F: Scalar>(Stepper<F>);
-
-impl<F: Scalar> LogLinearGatedDeltaNetDecoder<F> {
+super::typed_decoder! {
+    /// Token-by-token [`loglinear_gated_deltanet`]: O(log T) level states per head.
+    ///
+    /// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `g_t, beta_t [B, H]`,
+    /// `lambda_t [B, H, L]` and returns `y_t [B, H, Dv]`.
+    ///
+    /// ```
+    /// use mixers::ndarray::{Array2, Array3};
+    /// use mixers::ops::{LogLinearGatedDeltaNetDecoder, Options};
+    /// let mut dec = LogLinearGatedDeltaNetDecoder::<f64>::new(3, &Options::default())?;
+    /// let (k, g, beta) = (Array3::<f64>::ones((1, 1, 1)), Array2::zeros((1, 1)), Array2::ones((1, 1)));
+    /// let lam = Array3::<f64>::ones((1, 1, 3));
+    /// let y = dec.step(k.view(), k.view(), k.view(), g.view(), beta.view(), lam.view())?;
+    /// assert_eq!(y[[0, 0, 0]], 1.0);
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub struct LogLinearGatedDeltaNetDecoder;
     /// A decoder for at most `max_len` tokens (options as for [`loglinear_gated_deltanet`]).
-    pub fn new(max_len: usize, opts: &Options) -> Result<Self> {
-        Ok(Self(stepper("loglinear-gated-deltanet", true, max_len, opts)?))
-    }
+    new(max_len, opts) = stepper("loglinear-gated-deltanet", true, max_len, opts);
     /// Consumes one token; returns `y_t [B, H, Dv]`.
-    pub fn step(
-        &mut self,
-        q: ArrayView3<'_, F>,
-        k: ArrayView3<'_, F>,
-        v: ArrayView3<'_, F>,
-        g: ArrayView2<'_, F>,
-        beta: ArrayView2<'_, F>,
-        lambda: ArrayView3<'_, F>,
-    ) -> Result<Array3<F>> {
-        let token = vec![
-            ("q", q.into_dyn()),
-            ("k", k.into_dyn()),
-            ("v", v.into_dyn()),
-            ("g", g.into_dyn()),
-            ("beta", beta.into_dyn()),
-            ("lambda", lambda.into_dyn()),
-        ];
-        self.0.step(token)
-    }
-    super::decoder_accessors!();
+    step(q: ArrayView3, k: ArrayView3, v: ArrayView3, g: ArrayView2, beta: ArrayView2, lambda: ArrayView3);
 }

@@ -111,6 +111,61 @@ macro_rules! decoder_accessors {
 }
 use decoder_accessors;
 
+/// A typed operation over whole sequences: `pub fn $name` taking one view per input (each
+/// passed on under its parameter's name, in order) and `opts`, and running `opts.form` of the
+/// mixer `$mixer` (built from `opts`) on them; returns `y [B, T, H, Dv]`. Written once for the
+/// attention and log-linear functions, which differ only in their inputs and mixer.
+macro_rules! typed_op {
+    (
+        $(#[$doc:meta])*
+        pub fn $name:ident($($input:ident: $view:ident),+ $(,)?);
+        mixer_for($opts:ident) = $mixer:expr;
+    ) => {
+        $(#[$doc])*
+        pub fn $name<F: $crate::ops::Scalar>(
+            $($input: $view<'_, F>,)+
+            $opts: &$crate::ops::Options,
+        ) -> ::mixer_core::Result<::ndarray::Array4<F>> {
+            let m = $mixer?;
+            let inputs = vec![$((stringify!($input), $input.into_dyn())),+];
+            $crate::ops::dispatch::forward(m.as_ref(), $opts, inputs)
+        }
+    };
+}
+use typed_op;
+
+/// A typed decoder of whole-token views, wrapping a `Stepper`: the struct (with `$doc`),
+/// `new(max_len, opts)` returning `Self($new?)`, `step` taking one view per token input (each
+/// passed on under its parameter's name, in order) and returning `y_t [B, H, Dv]`, and the
+/// [`decoder_accessors`]. Written once for the attention and log-linear decoders, whose
+/// `step`s differ only in their inputs.
+macro_rules! typed_decoder {
+    (
+        $(#[$doc:meta])*
+        pub struct $name:ident;
+        $(#[$new_doc:meta])*
+        new($max_len:ident, $opts:ident) = $new:expr;
+        $(#[$step_doc:meta])*
+        step($($input:ident: $view:ident),+ $(,)?);
+    ) => {
+        $(#[$doc])*
+        pub struct $name<F: $crate::ops::Scalar>($crate::ops::dispatch::Stepper<F>);
+
+        impl<F: $crate::ops::Scalar> $name<F> {
+            $(#[$new_doc])*
+            pub fn new($max_len: usize, $opts: &$crate::ops::Options) -> ::mixer_core::Result<Self> {
+                Ok(Self($new?))
+            }
+            $(#[$step_doc])*
+            pub fn step(&mut self, $($input: $view<'_, F>),+) -> ::mixer_core::Result<::ndarray::Array3<F>> {
+                self.0.step(vec![$((stringify!($input), $input.into_dyn())),+])
+            }
+            $crate::ops::decoder_accessors!();
+        }
+    };
+}
+use typed_decoder;
+
 /// The README's "Using it as a dependency" block, which is `examples/prenorm_block.rs`
 /// verbatim (a test in `tests/ops.rs` keeps them equal), run as a doc-test of this crate.
 #[cfg(doctest)]

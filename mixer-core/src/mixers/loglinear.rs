@@ -42,7 +42,7 @@ use crate::error::{Error, Result};
 use crate::materialize::Materialization;
 use crate::mixer::Mixer;
 use crate::real::Real;
-use crate::spec::{Bound, Constraint, Dim, Dims, Gen, InputDecl, InputSpec};
+use crate::spec::{Bound, Constraint, Dim, Dims, DimsExt, Gen, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
 /// The base mixer of a member of the family (docs/math.md §2.1).
@@ -341,6 +341,33 @@ impl LogLinear {
             ),
             found: format!("L = {given}"),
         }
+    }
+}
+
+/// The sizes a decoder of the family works with (every backend's), from the bound dims.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecoderSizes {
+    /// `B`.
+    pub nb: usize,
+    /// `H`.
+    pub nh: usize,
+    /// `Dk`.
+    pub dk: usize,
+    /// `Dv`.
+    pub dv: usize,
+    /// λ levels per token: `L` for the lifts, 1 for the base mixers.
+    pub n_levels: usize,
+    /// Tokens the decoder is built for (`T`).
+    pub t_len: usize,
+}
+
+impl LogLinear {
+    /// The sizes of a decoder of this member at `dims` (`B`, `H`, `Dk`, `Dv`, `T`, and `L`
+    /// for the lifts).
+    pub fn decoder_sizes(&self, dims: &Dims) -> Result<DecoderSizes> {
+        let (nb, nh, dk, dv) = (dims.size("B")?, dims.size("H")?, dims.size("Dk")?, dims.size("Dv")?);
+        let n_levels = if self.lift.is_some() { dims.size("L")? } else { 1 };
+        Ok(DecoderSizes { nb, nh, dk, dv, n_levels, t_len: dims.size("T")? })
     }
 }
 

@@ -313,30 +313,13 @@ pub(super) mod avx512 {
     macro_rules! each_row {
         ($r:ident => $body:block) => {{
             const _: () = assert!(MR == 6);
-            {
-                let $r = 0usize;
+            each_row!(@ $r => $body; 0usize 1usize 2usize 3usize 4usize 5usize)
+        }};
+        (@ $r:ident => $body:block; $($i:literal)*) => {{
+            $({
+                let $r = $i;
                 $body
-            }
-            {
-                let $r = 1usize;
-                $body
-            }
-            {
-                let $r = 2usize;
-                $body
-            }
-            {
-                let $r = 3usize;
-                $body
-            }
-            {
-                let $r = 4usize;
-                $body
-            }
-            {
-                let $r = 5usize;
-                $body
-            }
+            })*
         }};
     }
 

@@ -605,14 +605,21 @@ mod tests {
         assert!(gone.col_iter().all(|c| c.iter().all(|&v| v == 0.0)));
     }
 
-    #[test]
-    fn decay_matrix_matches_direct_exponentials() {
+    /// `n` cumulative log-decays `Γ_i = Σ_{j ≤ i} g_j` with `g_j = −(5j mod 7)/div`, except
+    /// `g_j = spike` where `j mod every = at`.
+    fn cumulative_gates(n: usize, (every, at, spike): (usize, usize, f64), div: f64) -> Vec<f64> {
         let mut gam = Vec::new();
         let mut acc = 0.0;
-        for i in 0..53usize {
-            acc += if i % 9 == 4 { -1e4 } else { -((i * 5 % 7) as f64) / 10.0 };
+        for i in 0..n {
+            acc += if i % every == at { spike } else { -((i * 5 % 7) as f64) / div };
             gam.push(acc);
         }
+        gam
+    }
+
+    #[test]
+    fn decay_matrix_matches_direct_exponentials() {
+        let gam = cumulative_gates(53, (9, 4, -1e4), 10.0);
         let m = decay_matrix::<f64>(&gam);
         for r in 0..53 {
             for s in 0..53 {
@@ -630,12 +637,7 @@ mod tests {
     /// within a few ulp, plus the rounding of the exponent to `f32`.
     #[test]
     fn f32_decay_factors_match_f64() {
-        let mut gam = Vec::new();
-        let mut acc = 0.0;
-        for i in 0..77usize {
-            acc += if i % 13 == 6 { -90.0 } else { -((i * 5 % 7) as f64) / 9.0 };
-            gam.push(acc);
-        }
+        let gam = cumulative_gates(77, (13, 6, -90.0), 9.0);
         let m = decay_matrix::<f32>(&gam);
         for r in 0..77 {
             for s in 0..77 {

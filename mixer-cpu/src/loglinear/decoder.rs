@@ -16,26 +16,20 @@
 
 use mixer_core::fenwick::merge_states;
 use mixer_core::mixer::{Decoder, check_decoder_capacity};
-use mixer_core::mixers::loglinear::{Base, LogLinear};
+use mixer_core::mixers::loglinear::{Base, DecoderSizes, LogLinear};
 use mixer_core::tensor::{contiguous, get};
-use mixer_core::{Dims, DimsExt, Error, Real, Result, Tensors};
+use mixer_core::{Dims, Error, Real, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
 
 /// The decoder of one configured member of the family.
 pub struct LogLinearDecoder<F: Real> {
     m: LogLinear,
-    nb: usize,
-    nh: usize,
-    dk: usize,
-    dv: usize,
-    /// λ levels available per token (1 for the base mixers).
-    n_levels: usize,
+    /// `B`, `H`, `Dk`, `Dv`, λ levels per token, `T`.
+    sizes: DecoderSizes,
     /// The λ scheme's parameter `lambda_param [H, L]`, when given (a static input).
     lambda_param: Option<ArrayD<F>>,
     /// Per (batch, head): the level states, `Dk×Dv` row-major.
     states: Vec<Vec<Option<Vec<F>>>>,
-    /// Tokens the decoder was built for (`T`).
-    t_len: usize,
     pos: usize,
 }
 
@@ -48,29 +42,22 @@ pub(crate) fn negligible<F: Real>(xs: &[F]) -> bool {
 /// Builds the decoder (Fenwick structure: the registry refuses other masks through
 /// `Mixer::form_unsupported`).
 pub fn build<F: Real>(m: &LogLinear, statics: &Tensors<F>, dims: &Dims) -> Result<Box<dyn Decoder<F>>> {
-    let (nb, nh) = (dims.size("B")?, dims.size("H")?);
-    let n_levels = if m.lift.is_some() { dims.size("L")? } else { 1 };
+    let sizes = m.decoder_sizes(dims)?;
     Ok(Box::new(LogLinearDecoder::<F> {
         m: m.clone(),
-        nb,
-        nh,
-        dk: dims.size("Dk")?,
-        dv: dims.size("Dv")?,
-        n_levels,
+        sizes,
         lambda_param: statics.get("lambda_param").cloned(),
-        states: vec![Vec::new(); nb * nh],
-        t_len: dims.size("T")?,
+        states: vec![Vec::new(); sizes.nb * sizes.nh],
         pos: 0,
     }))
 }
 
 impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
     fn step(&mut self, tok: &Tensors<F>) -> Result<ArrayD<F>> {
-        let (nb, nh, dk, dv) = (self.nb, self.nh, self.dk, self.dv);
+        let DecoderSizes { nb, nh, dk, dv, n_levels: nl, t_len } = self.sizes;
         let base = self.m.base;
-        let nl = self.n_levels;
         let t = self.pos;
-        check_decoder_capacity(t, self.t_len)?;
+        check_decoder_capacity(t, t_len)?;
         // Contiguous row-major views: q, k [B·H·Dk], v [B·H·Dv], g, beta [B·H], λ [B·H·L].
         let q = contiguous(tok, "q", &[nb, nh, dk])?;
         let k = contiguous(tok, "k", &[nb, nh, dk])?;

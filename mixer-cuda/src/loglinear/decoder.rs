@@ -19,8 +19,8 @@
 use cudarc::driver::LaunchConfig;
 use mixer_core::fenwick::{bitlen, merge_level, occupied_levels};
 use mixer_core::mixer::check_decoder_capacity;
-use mixer_core::mixers::loglinear::LogLinear;
-use mixer_core::{Dims, DimsExt, Error, Result};
+use mixer_core::mixers::loglinear::{DecoderSizes, LogLinear};
+use mixer_core::{Dims, Error, Result};
 use ndarray::ArrayD;
 
 use super::chunked::base_code;
@@ -58,9 +58,7 @@ pub struct LogLinearDecoder<F: GpuReal> {
 impl<F: GpuReal> LogLinearDecoder<F> {
     /// Allocates zero states for the sizes in `dims` (`B`, `H`, `Dk`, `Dv`, and `L` for lifts).
     pub fn new(m: &LogLinear, dims: &Dims) -> Result<Self> {
-        let (nb, nh, dk, dv) = (dims.size("B")?, dims.size("H")?, dims.size("Dk")?, dims.size("Dv")?);
-        let n_levels = if m.lift.is_some() { dims.size("L")? } else { 1 };
-        let t_len = dims.size("T")?;
+        let DecoderSizes { nb, nh, dk, dv, n_levels, t_len } = m.decoder_sizes(dims)?;
         let slots = n_levels.min(32);
         int(FAMILY, "B·H·L·Dk·Dv", nb * nh * slots * dk * dv)?;
         let states = pool::zeros::<F>(FAMILY, nb * nh * slots * dk * dv)?;

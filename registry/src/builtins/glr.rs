@@ -7,9 +7,6 @@ use mixer_core::mixer::Mixer;
 use mixer_core::mixers::glr::Glr;
 use mixer_core::pattern::OffsetFn;
 
-use crate::entries::MixerEntry;
-use crate::register;
-
 fn resolve(name: &str) -> Result<OffsetFn> {
     crate::lookup::pattern(name).map(|e| e.offset)
 }
@@ -18,45 +15,25 @@ fn build(name: &str, cfg: &serde_json::Value) -> Result<Box<dyn Mixer>> {
     Ok(Box::new(Glr::from_json(name, cfg, resolve)?))
 }
 
-#[register]
-static GLR: MixerEntry = MixerEntry {
-    name: "glr",
-    family: "glr",
-    doc: "generalized linear recurrence on an offset pattern: y_t = α_t x_t + Σ_k β_{t,k} y_{d_k(t)}",
-    build,
-    examples: &[
-        r#"{"pattern": "pow2"}"#,
-        r#"{"pattern": "pow2", "cache_efficient": true}"#,
-        r#"{"pattern": "sq1"}"#,
-        r#"{"pattern": "sq1", "cache_efficient": true, "on": "both"}"#,
-        r#"{"pattern": "pow2", "on": "a"}"#,
-        r#"{"pattern": "sq1", "order": 3, "on": "both"}"#,
-    ],
-};
-
-#[register]
-static DIAGONAL_SSM: MixerEntry = MixerEntry {
-    name: "diagonal-ssm",
-    family: "glr",
-    doc: "first-order recurrence y_t = α_t x_t + β_t y_{t−1} (glr, pattern linear, order 1)",
-    build,
-    examples: &["{}", r#"{"on": "both"}"#],
-};
-
-#[register]
-static KTH_ORDER: MixerEntry = MixerEntry {
-    name: "kth-order",
-    family: "glr",
-    doc: "k-th order recurrence over y_{t−1..t−k} (glr, pattern linear, config order, default 2)",
-    build,
-    examples: &["{}", r#"{"order": 8}"#, r#"{"order": 3, "on": "a"}"#],
-};
-
-#[register]
-static DENSE_RECURRENCE: MixerEntry = MixerEntry {
-    name: "dense-recurrence",
-    family: "glr",
-    doc: "dense recurrence over every past output (glr, pattern linear, untruncated)",
-    build,
-    examples: &["{}"],
-};
+super::mixer_entries! {
+    family: "glr", build: build;
+    GLR = "glr",
+        "generalized linear recurrence on an offset pattern: y_t = α_t x_t + Σ_k β_{t,k} y_{d_k(t)}",
+        [
+            r#"{"pattern": "pow2"}"#,
+            r#"{"pattern": "pow2", "cache_efficient": true}"#,
+            r#"{"pattern": "sq1"}"#,
+            r#"{"pattern": "sq1", "cache_efficient": true, "on": "both"}"#,
+            r#"{"pattern": "pow2", "on": "a"}"#,
+            r#"{"pattern": "sq1", "order": 3, "on": "both"}"#,
+        ];
+    DIAGONAL_SSM = "diagonal-ssm",
+        "first-order recurrence y_t = α_t x_t + β_t y_{t−1} (glr, pattern linear, order 1)",
+        ["{}", r#"{"on": "both"}"#];
+    KTH_ORDER = "kth-order",
+        "k-th order recurrence over y_{t−1..t−k} (glr, pattern linear, config order, default 2)",
+        ["{}", r#"{"order": 8}"#, r#"{"order": 3, "on": "a"}"#];
+    DENSE_RECURRENCE = "dense-recurrence",
+        "dense recurrence over every past output (glr, pattern linear, untruncated)",
+        ["{}"];
+}

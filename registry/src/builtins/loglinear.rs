@@ -7,9 +7,7 @@ use mixer_core::mixer::Mixer;
 use mixer_core::mixers::loglinear::{Base, LambdaScheme, LevelMask, Lift, LogLinear, LogLinearConfig};
 use mixer_core::{Error, Result};
 
-use crate::entries::MixerEntry;
 use crate::lookup::{lambda_grad, lambda_scheme, mask};
-use crate::register;
 
 /// The base mixer and whether it is lifted, from a registered name.
 fn parse_name(name: &str) -> Result<(Base, bool)> {
@@ -59,59 +57,27 @@ fn build(name: &str, cfg: &serde_json::Value) -> Result<Box<dyn Mixer>> {
     Ok(Box::new(LogLinear::new(name, base, lift, c.scale, c.chunk)?))
 }
 
-#[register]
-static LINEAR_ATTENTION: MixerEntry = MixerEntry {
-    name: "linear-attention",
-    family: "loglinear",
-    doc: "linear attention y_t = Σ_{s≤t} (q_t·k_s) v_s (docs/math.md §2.1)",
-    build,
-    examples: &[r#"{}"#, r#"{"chunk": 16}"#],
-};
-
-#[register]
-static MAMBA2: MixerEntry = MixerEntry {
-    name: "mamba2",
-    family: "loglinear",
-    doc: "Mamba-2 (SSD): y_t = Σ_{s≤t} (q_t·k_s) e^{G_t−G_s} v_s (docs/math.md §2.1)",
-    build,
-    examples: &[r#"{}"#, r#"{"chunk": 16}"#],
-};
-
-#[register]
-static GATED_DELTANET: MixerEntry = MixerEntry {
-    name: "gated-deltanet",
-    family: "loglinear",
-    doc: "gated DeltaNet: S_t = e^{g_t} S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ, y_t = S_t q_t (docs/math.md §2.1)",
-    build,
-    examples: &[r#"{}"#, r#"{"chunk": 16}"#],
-};
-
-#[register]
-static LOGLINEAR_ATTENTION: MixerEntry = MixerEntry {
-    name: "loglinear-attention",
-    family: "loglinear",
-    doc: "log-linear attention: linear attention weighted by λ_t^{(ℓ(t,s))} per Fenwick level (docs/math.md §2.3)",
-    build,
-    examples: &[r#"{}"#, r#"{"chunk": 16}"#, r#"{"chunk": 8, "lambda_scheme": "softplus"}"#],
-};
-
-#[register]
-static LOGLINEAR_MAMBA2: MixerEntry = MixerEntry {
-    name: "loglinear-mamba2",
-    family: "loglinear",
-    doc: "log-linear Mamba-2: (QKᵀ ⊙ Mˢ ⊙ Mᴴ)V with the Fenwick level mask Mᴴ (docs/math.md §2.3)",
-    build,
-    examples: &[r#"{}"#, r#"{"chunk": 16}"#, r#"{"chunk": 8, "scale": 0.5}"#],
-};
-
-#[register]
-static LOGLINEAR_GATED_DELTANET: MixerEntry = MixerEntry {
-    name: "loglinear-gated-deltanet",
-    family: "loglinear",
-    doc: "log-linear gated DeltaNet: the delta-rule transition on every Fenwick level's state (docs/math.md §2.3)",
-    build,
-    examples: &[r#"{}"#, r#"{"chunk": 16}"#, r#"{"chunk": 8}"#],
-};
+super::mixer_entries! {
+    family: "loglinear", build: build;
+    LINEAR_ATTENTION = "linear-attention",
+        "linear attention y_t = Σ_{s≤t} (q_t·k_s) v_s (docs/math.md §2.1)",
+        [r#"{}"#, r#"{"chunk": 16}"#];
+    MAMBA2 = "mamba2",
+        "Mamba-2 (SSD): y_t = Σ_{s≤t} (q_t·k_s) e^{G_t−G_s} v_s (docs/math.md §2.1)",
+        [r#"{}"#, r#"{"chunk": 16}"#];
+    GATED_DELTANET = "gated-deltanet",
+        "gated DeltaNet: S_t = e^{g_t} S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ, y_t = S_t q_t (docs/math.md §2.1)",
+        [r#"{}"#, r#"{"chunk": 16}"#];
+    LOGLINEAR_ATTENTION = "loglinear-attention",
+        "log-linear attention: linear attention weighted by λ_t^{(ℓ(t,s))} per Fenwick level (docs/math.md §2.3)",
+        [r#"{}"#, r#"{"chunk": 16}"#, r#"{"chunk": 8, "lambda_scheme": "softplus"}"#];
+    LOGLINEAR_MAMBA2 = "loglinear-mamba2",
+        "log-linear Mamba-2: (QKᵀ ⊙ Mˢ ⊙ Mᴴ)V with the Fenwick level mask Mᴴ (docs/math.md §2.3)",
+        [r#"{}"#, r#"{"chunk": 16}"#, r#"{"chunk": 8, "scale": 0.5}"#];
+    LOGLINEAR_GATED_DELTANET = "loglinear-gated-deltanet",
+        "log-linear gated DeltaNet: the delta-rule transition on every Fenwick level's state (docs/math.md §2.3)",
+        [r#"{}"#, r#"{"chunk": 16}"#, r#"{"chunk": 8}"#];
+}
 
 #[cfg(test)]
 mod tests {
