@@ -1,12 +1,22 @@
-"""Tuning harness for gated DeltaNet's chunked kernels (mixer-cuda/kernels/loglinear_delta.cu)
-on a GPU machine with CuPy, without a Rust build: the sequential pass (`--kernel delta_h`:
-`llc_delta_h` and its tensor-core form `llc_delta_h_tc`) and the WY/UT pieces (`--kernel wy`:
-`llc_wy` and `llc_wy_tc`). It compiles kernel files with NVRTC, runs each variant on the same
-device-resident inputs, compares what it writes against the FMA kernel of the shipped file
-(delta_h: the entering states Hs and, without a lift, the new values Vn; wy: W, U and, with
---lifted, T⁻¹), and times each kernel alone with CUDA events (median of --reps after a warm-up).
+"""Tuning harness for gated DeltaNet's chunked kernels on a GPU machine with CuPy, without a Rust
+build: the sequential state pass (`--kernel delta_h`: mixer-cuda/kernels/loglinear_state_pass.cu,
+`llc_delta_h` and its tensor-core forms) and the WY/UT pieces (`--kernel wy`:
+mixer-cuda/kernels/loglinear_wy.cu, `llc_wy` and `llc_wy_tc`). It compiles kernel files with NVRTC,
+runs each variant on the same device-resident inputs, compares what it writes against the FMA
+kernel of the shipped file (delta_h: the entering states Hs and, without a lift, the new values Vn;
+wy: W, U and, with a lift, T⁻¹), and times each kernel alone with CUDA events (median of --reps
+after a warm-up).
 
-    python3 bench/gpu/gdn_tune.py [--kernel delta_h|wy] [--T 16384] [--H 16] [--D 64] [--lifted] [--lineinfo] [--cupy-compile] [VARIANT ...]
+    python3 bench/gpu/gdn_tune.py --plan PLAN.json [--kernel delta_h|wy] [--lineinfo]
+        [--cupy-compile] [VARIANT ...]
+
+The launches come from the host, never derived here: each --plan FILE is the JSON of
+`mixer_cuda::loglinear::plan` (`serde_json::to_string(&plan(..))`; one plan or a list of plans per
+file) for the shape and mode tuned. The sizes (B, T, H, D = Dk = Dv, the lift) are the first plan's;
+a kernel's defines, threads, dynamic shared memory and buffers (ARG_ST) are those of a plan's
+launch of that function: its `launches` (what the host runs) or its `alternatives` (the other
+state-pass variants that fit, and the FMA WY kernel, which hold the FMA reference kernels
+`llc_delta_h_f32` and `llc_wy_f32`). --T, --H, --D and --lifted, where given, must match the plans.
 
 With --lineinfo, under `ncu --section SourceCounters --section WarpStateStats -k regex:NAME`, Nsight
 Compute names the kernel's source lines with the most stall samples.
@@ -16,22 +26,24 @@ assembled by the driver (`nvrtc_cubin.load_ptx`). `--cupy-compile` uses CuPy's R
 which appends `-ftz=true` (denormals flushed) and so builds other code than the host runs; timings
 before session 13 were taken that way.
 
-VARIANT is `file.cu:function:threads[:NAME=V,NAME=V]` (compiled after common.cuh and the helpers
-loglinear_chunk.cuh, as the host does): compile-time defines, except `SMEM=n` (the dynamic shared
-memory of the launch; default: what the host gives that kernel), `CARVEOUT=p` (the preferred
-shared-memory carveout, percent of the L1/shared capacity: the driver otherwise may pick a smaller
-configuration than the blocks per SM that registers and shared memory allow) and `ARG_ST=n`,
-which passes n as one more kernel argument (the shipped `llc_delta_h_tc` takes its number of
-buffers so). `llc_delta_h_rg_f32:32·DHR_WARPS:DHR_WARPS=w,DHR_ST=s` is the pass without a lift with
-the state in registers (grid over value columns in blocks of 16·w); `llc_delta_h_rb_bf16` the same on
-bf16 operands (k, W, U rounded to bf16 here; bf16 Vn), and `llc_wy_tc_bf16` the WY kernel of the bf16
-mode (bf16 k, v in, bf16 W, U out): their outputs differ from the f32 reference by bf16 roundings. Default: the shipped tensor-core kernel (`llc_delta_h_tc_f32:288:ARG_ST=3`: 288 threads, eight computing
-warps and the decay warp; or
-`llc_wy_tc_f32:256`). Inputs are synthetic but shaped like the real ones: unit-norm key rows,
-β in (0, 1), log-decays in (−0.05, 0); for delta_h W = 0.5·K (so that the state update
-S ← e^a S + K̂ᵀ(U − W S) stays bounded), rounded to tf32 as the WY kernel stores it.
+VARIANT is `file.cu:function:threads[:NAME=V,NAME=V]` (compiled after common.cuh and
+loglinear_common.cuh, as the host does): compile-time defines, except `SMEM=n` (the dynamic shared
+memory of the launch; default: that of the plans' launch of the function, which must name every
+kernel define the variant gives with the same value), `CARVEOUT=p` (the preferred shared-memory
+carveout, percent of the L1/shared capacity: the driver otherwise may pick a smaller configuration
+than the blocks per SM that registers and shared memory allow) and `ARG_ST=n`, which passes n as one
+more kernel argument (the shipped `llc_delta_h_tc` and `llc_lift_h` take their number of buffers
+so). `llc_delta_h_rg_f32:32·DHR_WARPS:DHR_WARPS=w,DHR_ST=s` is the pass without a lift with the state
+in registers (grid over value columns in blocks of 16·w); `llc_delta_h_rb_bf16` the same on bf16
+operands (k, W, U rounded to bf16 here; bf16 Vn), and `llc_wy_tc_bf16` the WY kernel of the bf16
+mode (bf16 k, v in, bf16 W, U out): their outputs differ from the f32 reference by bf16 roundings.
+Default: the first plan's launch of the kernel (its state pass, or its WY launch), where this
+harness runs that kernel (not the transition form `llc_lift_h`). Inputs are synthetic but shaped
+like the real ones: unit-norm key rows, β in (0, 1), log-decays in (−0.05, 0); for delta_h W = 0.5·K
+(so that the state update S ← e^a S + K̂ᵀ(U − W S) stays bounded), rounded to tf32 as the WY kernel
+stores it.
 """
-import argparse, os, sys
+import argparse, json, os, sys
 
 import cupy as cp
 import numpy as np
@@ -41,20 +53,35 @@ from nvrtc_cubin import load_ptx  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--kernel", choices=("delta_h", "wy"), default="delta_h")
-ap.add_argument("--T", type=int, default=16384)
-ap.add_argument("--H", type=int, default=16)
-ap.add_argument("--D", type=int, default=64)
-ap.add_argument("--lifted", action="store_true")
+ap.add_argument("--plan", action="append", required=True, metavar="FILE",
+                help="a launch plan of mixer_cuda::loglinear::plan as JSON (repeatable)")
+ap.add_argument("--T", type=int)
+ap.add_argument("--H", type=int)
+ap.add_argument("--D", type=int)
+ap.add_argument("--lifted", action="store_true", default=None)
 ap.add_argument("--reps", type=int, default=10)
 ap.add_argument("--lineinfo", action="store_true", help="compile with -lineinfo (Nsight Compute source counters)")
 ap.add_argument("--cupy-compile", action="store_true",
                 help="compile with CuPy's RawModule (adds -ftz=true; the default compiles as the host does)")
 ap.add_argument("variants", nargs="*")
 a = ap.parse_args()
-common = open("mixer-cuda/kernels/common.cuh").read() + "\n" + open("mixer-cuda/kernels/loglinear_chunk.cuh").read()
-SHIPPED = "mixer-cuda/kernels/loglinear_delta.cu"
-B, T, H, D = 1, a.T, a.H, a.D
-CH = 64
+common = open("mixer-cuda/kernels/common.cuh").read() + "\n" + open("mixer-cuda/kernels/loglinear_common.cuh").read()
+PLANS = []
+for path in a.plan:
+    got = json.load(open(path))
+    PLANS += got if isinstance(got, list) else [got]
+if not PLANS:
+    sys.exit("the plan files hold no plan")
+shape = PLANS[0]["shape"]
+if shape["dk"] != shape["dv"]:
+    sys.exit(f"the harness takes Dk = Dv; the plan is for Dk = {shape['dk']}, Dv = {shape['dv']}")
+for name, given, want in (("T", a.T, shape["t"]), ("H", a.H, shape["h"]), ("D", a.D, shape["dk"]),
+                          ("lifted", a.lifted, PLANS[0]["lifted"])):
+    if given is not None and given != want:
+        sys.exit(f"--{name} {given} does not match the plan's {want}: make a plan for this shape")
+B, T, H, D = shape["b"], shape["t"], shape["h"], shape["dk"]
+a.lifted = PLANS[0]["lifted"]
+CH = PLANS[0]["chunk"]
 nc = (T + CH - 1) // CH
 E = (nc - 1).bit_length() + 1 if a.lifted else 1
 mods = {}
@@ -84,36 +111,44 @@ def function(path, name, defs=""):
         f.preferred_shared_memory_carveout = int(d["CARVEOUT"])
     return f
 
+HARNESS_KEYS = ("SMEM", "CARVEOUT")
+
+def kernel_defines(defs):
+    """A variant's kernel defines (not the harness's own settings) as a dict."""
+    return {k: v for k, v in settings(defs).items() if k not in HARNESS_KEYS and not k.startswith("ARG_")}
+
+def planned(name, defs=""):
+    """A plan's launch of `name` (among its launches, then its alternatives) that fits the variant's
+    settings: every kernel define the variant gives named by the launch with the same value, and its
+    ARG_ST the launch's buffers. None where no plan has one."""
+    want, st = kernel_defines(defs), settings(defs).get("ARG_ST")
+    for plan in PLANS:
+        for l in plan["launches"] + plan["alternatives"]:
+            have = dict(d.split("=") for d in l["defines"])
+            if l["function"] != name or any(have.get(k) != v for k, v in want.items()):
+                continue
+            if st is not None and str(l.get("stages")) != st:
+                continue
+            return l
+    return None
+
 def launch_smem(name, defs):
-    """The dynamic shared memory the host launches `name` with (mixer-cuda/src/loglinear/chunk_tree.rs),
-    or `SMEM=n` from the variant's settings: the number of blocks per SM, and so the timing, depends
-    on it."""
+    """The dynamic shared memory the host launches `name` with (the plans' launch), or `SMEM=n` from
+    the variant's settings: the number of blocks per SM, and so the timing, depends on it."""
     d = settings(defs)
     if "SMEM" in d:
         return int(d["SMEM"])
-    dkp = (D + 15) // 16 * 16
-    ldk = (dkp + 31) // 32 * 32 + 4
-    if name.startswith("llc_wy_tc"):
-        return 3 * 64 * 68 * 4
-    if name.startswith("llc_wy"):
-        return 0
-    if name.startswith("llc_delta_h_rb"):
-        # bf16; per buffer W, K (DKP rounded to 32, + 8), U (16·warps + 8 columns), f32 log-decays
-        ldw = (dkp + 31) // 32 * 32 + 8
-        return int(d.get("DHR_ST", 3)) * (CH * (2 * ldw + 16 * int(d.get("DHR_WARPS", 1)) + 8) * 2 + CH * 4)
-    if name.startswith("llc_delta_h_rg"):
-        # per buffer W, K (rows ≡ 8 and ≡ 4 mod 32), U (16·warps columns + 4) and the log-decays
-        r = (dkp + 31) // 32 * 32
-        return int(d.get("DHR_ST", 3)) * CH * ((r + 8) + (r + 4) + 16 * int(d.get("DHR_WARPS", 1)) + 4 + 1) * 4
-    if name.startswith("llc_delta_h_tc"):
-        st = int(d.get("ARG_ST", 3))
-        # enough for both layouts: per buffer W, K, U (and g before the decay warp), then the new
-        # values of each level of a group (DH_LG, 1 unless given) and one or two decay buffers
-        lg = int(d.get("DH_LG", 1))
-        return (E * dkp * 24 + st * (2 * CH * ldk + CH * 16 + CH) + lg * CH * 24 + 2 * (CH + 1)) * 4
-    # llc_delta_h (FMA): W and K rows of D + 4 floats where D is a multiple of 4, else D + 1
-    ldw = D + 4 if D % 4 == 0 else D + 1
-    return (E * D * 16 + 4 * CH * ldw + 2 * CH * 16 + 2 * CH + CH * 17 + CH) * 4
+    found = planned(name, defs)
+    if found is None:
+        sys.exit(f"no plan launches {name} with {defs or 'these settings'}: give --plan of a shape and mode "
+                 "that runs it, or SMEM=n")
+    return found["shared_mem"]
+
+def variant_of(l):
+    """The variant string of a plan's launch: its file, function, threads, defines and, for the
+    kernels that take it as an argument, the number of buffers."""
+    defs = list(l["defines"]) + ([f"ARG_ST={l['stages']}"] if l.get("stages") is not None else [])
+    return f"mixer-cuda/kernels/{l['source']}.cu:{l['function']}:{l['block']}:{','.join(defs)}"
 
 slots = sum(bin(j).count("1") for j in range(nc)) if a.lifted else nc
 rng = cp.random.default_rng(0)
@@ -189,15 +224,25 @@ def rel(x, y):
     x = from_bf16(x) if x.dtype == cp.uint16 else x
     return float(cp.sqrt(cp.mean((x - y) ** 2)) / (cp.sqrt(cp.mean(y ** 2)) + 1e-30))
 
-print(f"kernel={a.kernel} T={T} H={H} D={D} lifted={a.lifted} chunks={nc} levels={E} slots={slots}")
+print(f"kernel={a.kernel} B={B} T={T} H={H} D={D} lifted={a.lifted} chunks={nc} levels={E} slots={slots}")
 ref_name = "llc_delta_h_f32" if a.kernel == "delta_h" else "llc_wy_f32"
-ref, rt = run(SHIPPED, ref_name, 256)
+ref_launch = planned(ref_name)
+if ref_launch is None:
+    sys.exit(f"no plan launches the reference {ref_name} (its FMA state pass does not fit?)")
+ref_v = variant_of(ref_launch)
+ref_path, _, _, ref_defs = ref_v.split(":")
+ref, rt = run(ref_path, ref_name, 256, ref_defs)
 first = next(iter(ref.values()))
-print(f"reference {ref_name} (FMA): {rt:.3f} ms, rms {float(cp.sqrt(cp.mean(first**2))):.3g}, "
+print(f"reference {ref_v} (FMA): {rt:.3f} ms, rms {float(cp.sqrt(cp.mean(first**2))):.3g}, "
       f"finite {all(bool(cp.isfinite(x).all()) for x in ref.values())}")
-# the shipped pass: with the lift, levels four at a time (LEVEL_GROUPS in mixer-cuda/src/loglinear/delta.rs)
-default = ("llc_delta_h_tc_f32:288:ARG_ST=3" + (",DH_LG=4" if a.lifted else "")) if a.kernel == "delta_h" else "llc_wy_tc_f32:256"
-for v in a.variants or [f"{SHIPPED}:{default}"]:
+# the host's launch of the kernel tuned: the first plan's state pass (or WY launch)
+step = "state_pass" if a.kernel == "delta_h" else "wy"
+runs = ("llc_delta_h_f32", "llc_delta_h_tc_f32", "llc_delta_h_rg_f32", "llc_delta_h_rb_bf16") if a.kernel == "delta_h" \
+    else ("llc_wy_f32", "llc_wy_tc_f32", "llc_wy_tc_bf16")
+default = [variant_of(l) for l in PLANS[0]["launches"] if l["step"] == step and l["function"] in runs]
+if not a.variants and not default:
+    sys.exit(f"the first plan has no {step} launch this harness runs ({PLANS[0].get('state_pass')}); name variants")
+for v in a.variants or default:
     path, name, threads, *defs = v.split(":")
     try:
         outs, t = run(path, name, int(threads), defs[0] if defs else "")

@@ -27,7 +27,7 @@ pub struct KernelSource {
 }
 
 /// Environment variable naming a folder of kernel sources that replace the built-in bodies
-/// (`<folder>/<name>.cu`, e.g. `loglinear_chunked.cu`) — for tuning a kernel without rebuilding;
+/// (`<folder>/<name>.cu`, e.g. `loglinear_output.cu`) — for tuning a kernel without rebuilding;
 /// read when a source is first compiled.
 pub const KERNEL_DIR_ENV: &str = "MIXERS_KERNEL_DIR";
 
@@ -60,49 +60,61 @@ pub const GLR: KernelSource =
 /// The Toeplitz mixer: direct form, FFT packing and decoder step (`kernels/toeplitz.cu`).
 pub const TOEPLITZ: KernelSource =
     KernelSource { name: "toeplitz", prelude: "", body: include_str!("../kernels/toeplitz.cu") };
-/// The log-linear family's generic quadratic form (`kernels/loglinear.cu`); a lift replaces
-/// the prelude with its mask's and λ scheme's registered device functions.
-pub const LOGLINEAR: KernelSource =
-    KernelSource { name: "loglinear", prelude: NO_LIFT, body: include_str!("../kernels/loglinear.cu") };
-/// The log-linear family's Fenwick-structured forms: chunked form and decoder step
-/// (`kernels/loglinear_fenwick.cu`).
-pub const LOGLINEAR_FENWICK: KernelSource = KernelSource {
-    name: "loglinear_fenwick",
+/// The log-linear family's generic quadratic form and its λ mapping
+/// (`kernels/loglinear_parallel.cu`); a lift replaces the prelude with its mask's and λ scheme's
+/// registered device functions.
+pub const LOGLINEAR_PARALLEL: KernelSource = KernelSource {
+    name: "loglinear_parallel",
+    prelude: NO_LIFT,
+    body: include_str!("../kernels/loglinear_parallel.cu"),
+};
+/// The log-linear family's decoder step, one launch per token (`kernels/loglinear_decoder.cu`).
+pub const LOGLINEAR_DECODER: KernelSource = KernelSource {
+    name: "loglinear_decoder",
     prelude: "",
-    body: include_str!("../kernels/loglinear_fenwick.cu"),
+    body: include_str!("../kernels/loglinear_decoder.cu"),
+};
+/// Gated DeltaNet's chunked form in one block per (batch, head), for states too large for shared
+/// memory (`kernels/loglinear_sequential.cu`).
+pub const LOGLINEAR_SEQUENTIAL: KernelSource = KernelSource {
+    name: "loglinear_sequential",
+    prelude: "",
+    body: include_str!("../kernels/loglinear_sequential.cu"),
 };
 
-/// The helpers of the log-linear chunk kernels (`kernels/loglinear_chunk.cuh`), the prelude of
-/// [`LOGLINEAR_CHUNKED`] and [`LOGLINEAR_DELTA`].
-pub const LOGLINEAR_CHUNK_HELPERS: &str = include_str!("../kernels/loglinear_chunk.cuh");
+/// The shared bottom of the log-linear chunk kernels (`kernels/loglinear_common.cuh`): the
+/// prelude of [`LOGLINEAR_SSD`], [`LOGLINEAR_WY`], [`LOGLINEAR_STATE_PASS`] and
+/// [`LOGLINEAR_OUTPUT`].
+pub const LOGLINEAR_COMMON: &str = include_str!("../kernels/loglinear_common.cuh");
 
-/// The chunk-parallel forms of the scalar-decay log-linear mixers (`kernels/loglinear_chunked.cu`):
-/// chunk states, the chunk tree and the outputs (also gated DeltaNet's, with its entering states).
-pub const LOGLINEAR_CHUNKED: KernelSource = KernelSource {
-    name: "loglinear_chunked",
-    prelude: LOGLINEAR_CHUNK_HELPERS,
-    body: include_str!("../kernels/loglinear_chunked.cu"),
+/// The chunk states of the scalar-decay members and what joins them: the tree of chunk states
+/// (lifts) or the scan over chunks (`kernels/loglinear_ssd.cu`).
+pub const LOGLINEAR_SSD: KernelSource = KernelSource {
+    name: "loglinear_ssd",
+    prelude: LOGLINEAR_COMMON,
+    body: include_str!("../kernels/loglinear_ssd.cu"),
 };
 
-/// Gated DeltaNet and its lift, chunked (`kernels/loglinear_delta.cu`): the WY/UT pieces, the
-/// sequential pass over chunks and the lift's outputs.
-pub const LOGLINEAR_DELTA: KernelSource = KernelSource {
-    name: "loglinear_delta",
-    prelude: LOGLINEAR_CHUNK_HELPERS,
-    body: include_str!("../kernels/loglinear_delta.cu"),
+/// Gated DeltaNet's WY/UT step, per chunk (`kernels/loglinear_wy.cu`).
+pub const LOGLINEAR_WY: KernelSource = KernelSource {
+    name: "loglinear_wy",
+    prelude: LOGLINEAR_COMMON,
+    body: include_str!("../kernels/loglinear_wy.cu"),
 };
 
-/// Gated DeltaNet's lift, its sequential pass in the transition form (`kernels/loglinear_lift.cu`):
-/// the per-chunk maps `M_j = −K̂ᵀ W`, `B_j = K̂ᵀ U`, and one product per non-empty level and chunk.
-pub const LOGLINEAR_LIFT: KernelSource = KernelSource {
-    name: "loglinear_lift",
-    prelude: LOGLINEAR_CHUNK_HELPERS,
-    body: include_str!("../kernels/loglinear_lift.cu"),
+/// Gated DeltaNet's sequential state pass over chunks, every variant (`kernels/loglinear_state_pass.cu`).
+pub const LOGLINEAR_STATE_PASS: KernelSource = KernelSource {
+    name: "loglinear_state_pass",
+    prelude: LOGLINEAR_COMMON,
+    body: include_str!("../kernels/loglinear_state_pass.cu"),
 };
 
-/// The log-linear family's decoder step, one launch per token (`kernels/loglinear_step.cu`).
-pub const LOGLINEAR_STEP: KernelSource =
-    KernelSource { name: "loglinear_step", prelude: "", body: include_str!("../kernels/loglinear_step.cu") };
+/// The output step of the chunked form, every member (`kernels/loglinear_output.cu`).
+pub const LOGLINEAR_OUTPUT: KernelSource = KernelSource {
+    name: "loglinear_output",
+    prelude: LOGLINEAR_COMMON,
+    body: include_str!("../kernels/loglinear_output.cu"),
+};
 
 /// Device-tensor helpers: bf16 conversions and input value checks (`kernels/tensor.cu`).
 pub const TENSOR: KernelSource =
@@ -114,12 +126,13 @@ pub const ALL: &[KernelSource] = &[
     ATTENTION_MMA,
     GLR,
     TOEPLITZ,
-    LOGLINEAR,
-    LOGLINEAR_FENWICK,
-    LOGLINEAR_CHUNKED,
-    LOGLINEAR_DELTA,
-    LOGLINEAR_LIFT,
-    LOGLINEAR_STEP,
+    LOGLINEAR_PARALLEL,
+    LOGLINEAR_DECODER,
+    LOGLINEAR_SEQUENTIAL,
+    LOGLINEAR_SSD,
+    LOGLINEAR_WY,
+    LOGLINEAR_STATE_PASS,
+    LOGLINEAR_OUTPUT,
     TENSOR,
 ];
 
@@ -131,7 +144,7 @@ mod tests {
     fn no_lift_prelude_is_the_ones_scheme() {
         let ones = mixer_registry::lambda_scheme("ones").unwrap().cuda.unwrap();
         assert!(super::NO_LIFT.lines().any(|l| l.trim() == ones), "{}", super::NO_LIFT);
-        assert_eq!(super::LOGLINEAR.prelude, super::NO_LIFT);
+        assert_eq!(super::LOGLINEAR_PARALLEL.prelude, super::NO_LIFT);
     }
 
     /// Every `.cu` file under `kernels/` is in [`super::ALL`] once, under its file name (so the

@@ -1,6 +1,6 @@
 //! The recurrent form with the Fenwick mask (docs/math.md §2.5) on the GPU: per (batch, head) the
 //! device holds level states `S^(ℓ) ∈ ℝ^(D_v × D_k)`. At token `t` one kernel
-//! launch (`llc_step_*` of `kernels/loglinear_step.cu`, a warp per (b·h, state row), every
+//! launch (`llc_step_*` of `kernels/loglinear_decoder.cu`, a warp per (b·h, state row), every
 //! row independent) does:
 //! 1. (lifts) if `t ≥ 1`, `m = ctz(t)`: `S^(m+1) ← Σ_{ℓ ≤ m} S^(ℓ)`,
 //!    levels `0..m` emptied;
@@ -23,8 +23,8 @@ use mixer_core::mixers::loglinear::{DecoderSizes, LogLinear};
 use mixer_core::{Dims, Error, Result};
 use ndarray::ArrayD;
 
-use super::chunked::base_code;
-use super::{FAMILY, lambda};
+use super::common::{FAMILY, base_code};
+use super::lambda;
 use crate::attention::decoder::token_shape;
 use crate::forms::{DeviceDecoder, input};
 use crate::kernels;
@@ -131,7 +131,7 @@ impl<F: GpuReal> DeviceDecoder for LogLinearDecoder<F> {
         }
         let g = gpu()?;
         let mut y = pool::take::<F>(FAMILY, bh * dv)?;
-        let f = g.kernel(FAMILY, &kernels::LOGLINEAR_STEP, &[], &format!("llc_step_{}", F::SUFFIX))?;
+        let f = g.kernel(FAMILY, &kernels::LOGLINEAR_DECODER, &[], &format!("llc_step_{}", F::SUFFIX))?;
         if bh > 65535 {
             return Err(err(FAMILY, format!("the decoder takes B·H ≤ 65535, got {bh}")));
         }

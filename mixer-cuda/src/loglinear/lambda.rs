@@ -1,5 +1,5 @@
 //! λ on the device: the raw `lambda` mapped to weights by the scheme's registered CUDA device
-//! function (`ll_map_lambda` of `kernels/loglinear.cu`, with the mask's and the scheme's
+//! function (`ll_map_lambda` of `kernels/loglinear_parallel.cu`, with the mask's and the scheme's
 //! device functions spliced in) and the parameter `lambda_param [H, L]` (1 when absent).
 //! A weight that is not finite and `≥ 0` is reported through a deferred check. A plugin
 //! scheme without a device function is mapped on the host instead (its weights are read back,
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use mixer_core::mixers::loglinear::{LogLinear, lambda_shape};
 use mixer_core::{Error, Result};
 
-use super::FAMILY;
+use super::common::FAMILY;
 use super::parallel::{kernel_key, kernel_source};
 use crate::pool;
 use crate::runtime::{GpuReal, gpu, grid1, int, launch};

@@ -1,13 +1,25 @@
 //! The log-linear family on CUDA (docs/math.md §2): `linear-attention`, `mamba2`,
-//! `gated-deltanet` and their lifts `loglinear-*`.
+//! `gated-deltanet` and their lifts `loglinear-*`. Laid out by form and, for the chunked form, by
+//! step, as flash-linear-attention names them and as the CPU twin is; each kernel file shares its
+//! stem with the file that launches it (`kernels/loglinear_<stem>.cu`):
 //!
-//! - `parallel` ([`parallel`]): the generic quadratic form, any level mask;
-//! - `fast` ([`chunked`]): the chunked form of docs/math.md §2.6 (Fenwick mask): for linear
-//!   attention and Mamba-2 (and their lifts) parallel over chunks with a tree of chunk states
-//!   ([`chunk_tree`]); for gated DeltaNet the WY/UT form, one block per (batch, head) walking its
-//!   chunks;
+//! - [`common`]: the shared bottom — the family's name, base codes, chunk length, the shapes,
+//!   storage and device a launch plan is made for, one launch of a plan, the chunked form's
+//!   inputs and views, the size limits (`loglinear_common.cuh` on the kernel side);
+//! - `parallel` ([`parallel`]): the generic quadratic form, any level mask (its source also maps
+//!   λ: [`lambda`]);
+//! - `fast` ([`fast`]): the chunked form of docs/math.md §2.6 (Fenwick mask), the dispatcher and
+//!   its launch plan ([`plan`]): for linear attention and Mamba-2 (and their lifts) the chunk
+//!   states with their tree or scan ([`ssd`]); for gated DeltaNet the WY/UT step ([`wy`]) and the
+//!   sequential state pass ([`state_pass`], one rule for its variant); then the outputs
+//!   ([`output`]); where the pass's states do not fit in shared memory, one block per head
+//!   ([`sequential`]);
 //! - `recurrent` ([`decoder`]): O(log T) device-resident level states per head (§2.5), one
 //!   kernel launch per token, a warp per (batch·head, state row).
+//!
+//! Every file imports from [`common`] and from the steps below it only: `fast` → `ssd`, `wy`,
+//! `state_pass`, `output`, `sequential`, `lambda` → `common`; `ssd` → `output`; `decoder` →
+//! `lambda` → `parallel`; nothing imports `fast` or this module.
 //!
 //! The `fast` and `recurrent` forms exist only with Fenwick structure (base mixers, or the
 //! Fenwick mask); the registry refuses the rest through `Mixer::form_unsupported`, on every
@@ -16,15 +28,23 @@
 //! The level mask's registered CUDA device function (`MaskEntry::cuda`,
 //! `__device__ int mixers_level(long long t, long long s)`) and the λ scheme's
 //! (`LambdaEntry::cuda`, `__device__ double mixers_lambda(double raw, double param)`) are
-//! spliced into the generic kernel `kernels/loglinear.cu` and compiled by NVRTC (one module
-//! per (mask, scheme) pair, cached), so a plugin mask or scheme needs no kernel of its own.
+//! spliced into the generic kernel `kernels/loglinear_parallel.cu` and compiled by NVRTC (one
+//! module per (mask, scheme) pair, cached), so a plugin mask or scheme needs no kernel of its own.
 
-pub mod chunk_tree;
-pub mod chunked;
+pub mod common;
 pub mod decoder;
-pub mod delta;
+pub mod fast;
 pub mod lambda;
+pub mod output;
 pub mod parallel;
+pub mod sequential;
+pub mod ssd;
+pub mod state_pass;
+pub mod wy;
+
+pub use common::{Device, Elem, Launch, Shape, Step, Storage};
+pub use fast::{Path, Plan, plan};
+pub use state_pass::StatePass;
 
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_registry::{FamilyEntry, register};
@@ -33,8 +53,7 @@ use crate::device_run::Device;
 use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
 use crate::runtime::GpuReal;
 
-/// Family name in errors.
-pub(crate) const FAMILY: &str = "loglinear";
+use common::FAMILY;
 
 /// The log-linear family on CUDA.
 pub struct LogLinearCuda;
@@ -45,7 +64,7 @@ impl<F: GpuReal> DeviceFamily<F> for LogLinearCuda {
         Some(parallel::run::<F>)
     }
     fn fast() -> Option<DeviceFormFn<LogLinear>> {
-        Some(chunked::run::<F>)
+        Some(fast::run::<F>)
     }
     fn decoder() -> Option<DeviceDecoderFn<LogLinear, F>> {
         Some(|m, statics, dims| {

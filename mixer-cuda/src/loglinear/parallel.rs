@@ -9,8 +9,7 @@ use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Error, Precision, Result};
 
-use super::FAMILY;
-use super::chunked::base_code;
+use super::common::{FAMILY, base_code};
 use crate::forms::{finish, input, input_opt};
 use crate::kernels;
 use crate::pool;
@@ -25,7 +24,7 @@ const SMEM: usize = 48 * 1024;
 /// generic kernel.
 pub fn kernel_source(ll: &LogLinear) -> Result<String> {
     let Some(lift) = ll.lift else {
-        return Ok(kernels::LOGLINEAR.full());
+        return Ok(kernels::LOGLINEAR_PARALLEL.full());
     };
     let mask = mixer_registry::mask(lift.mask.name)?;
     let mask_src = mask.cuda.ok_or_else(|| {
@@ -35,7 +34,7 @@ pub fn kernel_source(ll: &LogLinear) -> Result<String> {
     let lam_src = lam.cuda.ok_or_else(|| {
         err(FAMILY, format!("λ scheme `{}` has no CUDA device function (LambdaEntry::cuda)", lam.name))
     })?;
-    Ok(kernels::with_prelude(&format!("{mask_src}\n{lam_src}"), kernels::LOGLINEAR.body))
+    Ok(kernels::with_prelude(&format!("{mask_src}\n{lam_src}"), kernels::LOGLINEAR_PARALLEL.body))
 }
 
 /// The key of [`kernel_source`] for [`crate::runtime::Gpu::kernel_keyed`]: the mask and the λ
@@ -43,7 +42,7 @@ pub fn kernel_source(ll: &LogLinear) -> Result<String> {
 pub fn kernel_key(ll: &LogLinear) -> String {
     match ll.lift {
         Some(l) => format!("loglinear/{}/{}", l.mask.name, l.lambda.name),
-        None => "loglinear".to_string(),
+        None => kernels::LOGLINEAR_PARALLEL.name.to_string(),
     }
 }
 

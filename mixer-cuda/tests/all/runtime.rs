@@ -30,10 +30,12 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         let n = compile_only_with("attention_mma", &src, "sm_90a", &extra).unwrap_or_else(|e| panic!("{e}"));
         assert!(n > 100, "attention_mma {defs:?}: PTX of {n} bytes");
     }
-    // Gated DeltaNet's register-state passes (tf32 and bf16) as the host compiles them: head
-    // dims fixed, warps per block and buffers, k's bits taken as they are in the bf16 mode; and
-    // the shared-memory pass with the lift's levels `lg` at a time.
-    let src = mixer_cuda::kernels::LOGLINEAR_DELTA.full();
+    // Gated DeltaNet's state passes as the host compiles them: head dims fixed, warps per block
+    // and buffers of the register-state passes (tf32 and bf16), k's bits taken as they are in the
+    // bf16 mode, the shared-memory pass with the lift's levels `lg` at a time; and the WY/UT step
+    // with and without the bf16 mode's kernels.
+    let pass = mixer_cuda::kernels::LOGLINEAR_STATE_PASS.full();
+    let wy = mixer_cuda::kernels::LOGLINEAR_WY.full();
     for (dk, warps, stages, bf16, lg) in [
         (5, 1, 3, false, 1),
         (70, 2, 2, true, 8),
@@ -43,31 +45,24 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         (8, 4, 2, false, 16),
         (64, 3, 3, false, 1),
     ] {
-        let mut extra = vec![
-            format!("-DLLC_DK={dk}"),
-            format!("-DLLC_DV={dk}"),
-            format!("-DDHR_WARPS={warps}"),
-            format!("-DDHR_ST={stages}"),
-            format!("-DDH_LG={lg}"),
-        ];
+        let dims = [format!("-DLLC_DK={dk}"), format!("-DLLC_DV={dk}")];
+        let mut extra = dims.to_vec();
+        extra.extend([format!("-DDHR_WARPS={warps}"), format!("-DDHR_ST={stages}"), format!("-DDH_LG={lg}")]);
         if bf16 {
             extra.push("-DDH_K_TF32=1".into());
         }
         // The bf16 mode's kernels (llc_wy_tc_bf16, llc_delta_h_rb_bf16) at Dk ≤ 64, with the warps
         // the host gives the bf16 pass (1, 2 or 4).
+        let mut wy_opts = dims.to_vec();
         if dk <= 64 && warps != 3 {
             extra.push("-DDH_BF16=1".into());
+            wy_opts.push("-DDH_BF16=1".into());
         }
-        let n = compile_only_with("loglinear_delta", &src, "sm_90", &extra).unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 100, "loglinear_delta {extra:?}: PTX of {n} bytes");
-    }
-    // The lift's transition pass exists only with the head dims fixed (as the host compiles it).
-    let src = mixer_cuda::kernels::LOGLINEAR_LIFT.full();
-    for (dk, dv) in [(5, 7), (40, 40), (64, 64), (70, 33), (128, 128)] {
-        let extra = [format!("-DLLC_DK={dk}"), format!("-DLLC_DV={dv}")];
-        let ptx =
-            compile_only_with("loglinear_lift", &src, "sm_90", &extra).unwrap_or_else(|e| panic!("{e}"));
-        assert!(ptx > 100, "loglinear_lift {extra:?}: PTX of {ptx} bytes");
+        let n = compile_only_with("loglinear_state_pass", &pass, "sm_90", &extra)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 100, "loglinear_state_pass {extra:?}: PTX of {n} bytes");
+        let n = compile_only_with("loglinear_wy", &wy, "sm_90", &wy_opts).unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 100, "loglinear_wy {wy_opts:?}: PTX of {n} bytes");
     }
 }
 
@@ -150,13 +145,18 @@ fn cubin_and_ptx_modules_compute_the_same_bits() {
     assert!(from_cubin.iter().all(|v| v.is_finite()) && from_cubin.iter().any(|&v| v != 0.0));
     // The largest sources load from their CUBIN too (head dims fixed as the host compiles them).
     let dims = ["-DLLC_DK=64", "-DLLC_DV=64", "-DDH_BF16=1", "-DDHR_WARPS=2", "-DDHR_ST=3"].map(String::from);
-    let src = mixer_cuda::kernels::LOGLINEAR_DELTA.full();
-    let m = g.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(
-        compile_cubin_only("delta", &src, &g.arch(), &dims).unwrap(),
-    ));
-    let m = m.unwrap();
-    for f in ["llc_wy_tc_f32", "llc_wy_tc_bf16", "llc_delta_h_rb_bf16", "llc_delta_h_tc_f32"] {
-        assert!(m.load_function(f).is_ok(), "{f} not in the CUBIN module");
+    for (src, functions) in [
+        (&mixer_cuda::kernels::LOGLINEAR_WY, &["llc_wy_tc_f32", "llc_wy_tc_bf16"][..]),
+        (
+            &mixer_cuda::kernels::LOGLINEAR_STATE_PASS,
+            &["llc_delta_h_rb_bf16", "llc_delta_h_tc_f32", "llc_lift_h_tc_f32"],
+        ),
+    ] {
+        let cubin = compile_cubin_only(src.name, &src.full(), &g.arch(), &dims).unwrap();
+        let m = g.ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin)).unwrap();
+        for f in functions {
+            assert!(m.load_function(f).is_ok(), "{f} not in the CUBIN module");
+        }
     }
 }
 
@@ -237,13 +237,13 @@ fn loglinear_kernel_compiles_with_every_registered_mask_and_lambda_scheme() {
     if !nvrtc_here() {
         return;
     }
-    let body = mixer_cuda::kernels::LOGLINEAR.body;
+    let body = mixer_cuda::kernels::LOGLINEAR_PARALLEL.body;
     let mut n = 0;
     for mask in mixer_registry::MASKS.iter() {
         for lam in mixer_registry::LAMBDAS.iter() {
             let (Some(ms), Some(ls)) = (mask.cuda, lam.cuda) else { continue };
             let src = with_prelude(&format!("{ms}\n{ls}"), body);
-            compile_only("loglinear", &src, "sm_90")
+            compile_only("loglinear_parallel", &src, "sm_90")
                 .unwrap_or_else(|e| panic!("mask `{}` × λ `{}`: {e}", mask.name, lam.name));
             n += 1;
         }

@@ -1,6 +1,8 @@
 // Gated DeltaNet and its Fenwick lift (docs/math.md §2.2, §2.6): the chunked form, one block per
-// (batch, head), for states too large for the chunk-parallel kernels of loglinear_delta.cu. (The
-// scalar-decay mixers: loglinear_chunked.cu; every decoder step: loglinear_step.cu.)
+// (batch, head), for states too large for the shared memory of the chunk-parallel state pass
+// (loglinear_state_pass.cu; the host's rule: loglinear/state_pass.rs). Launched by
+// loglinear/sequential.rs. (The scalar-decay mixers: loglinear_ssd.cu; every decoder step:
+// loglinear_decoder.cu.)
 // λ arrives mapped (weights ≥ 0).
 // Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]; g, beta [B,T,H]; lambda [B,T,H,L].
 // base: 0 linear attention, 1 Mamba-2, 2 gated DeltaNet.

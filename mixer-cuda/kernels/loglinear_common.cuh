@@ -1,7 +1,8 @@
-// Helpers of the log-linear chunk kernels (loglinear_chunked.cu, loglinear_delta.cu), prepended
-// to each as its prelude: the chunk length per scalar type, tile sizes, the shared-memory GEMM and
-// store of the FMA kernels, load staging, the chunk-local prefix sums γ, the chunk's raw scores,
-// and the four-float loads of the tensor-core kernels.
+// The shared bottom of the log-linear family's chunked kernels (loglinear_ssd.cu, loglinear_wy.cu,
+// loglinear_state_pass.cu, loglinear_output.cu), prepended to each by the host (loglinear/common.rs
+// on the host side): the chunk length per scalar type, tile sizes, the shared-memory GEMM and store
+// of the FMA kernels, load staging, the chunk-local prefix sums γ, the chunk's raw scores, the
+// four-float loads of the tensor-core kernels, and the compile-time head dims.
 // Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]; g [B,T,H]; lam [B,T,H,L] (weights, mapped).
 
 template <typename T> struct Llc;
@@ -14,6 +15,8 @@ template <> struct Llc<double> {
 #define LLC_KT 16  // reduction tile
 #define LLC_NT 64  // output column tile (value columns or key rows)
 #define LLC_LD (LLC_NT + 1)
+// Row length (floats) of the tensor-core kernels' staged K and V tiles of 64 columns (≡ 8 mod 32).
+#define LLT_LDV 72
 
 __device__ inline int llc_bitlen(unsigned x) { return x == 0u ? 0 : 32 - __clz((int)x); }
 

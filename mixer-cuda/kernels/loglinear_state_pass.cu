@@ -1,328 +1,16 @@
-// Gated DeltaNet and its Fenwick lift, chunk-parallel except one pass (docs/math.md §2.6): per
-// chunk the WY/UT pieces (llc_wy, llc_wy on tensor cores), one sequential pass over chunks that
-// carries the state or the chunk-level Fenwick states (llc_delta_h, llc_delta_h_tc), and the lift's
-// own output kernel (llc_out_dl; without a lift the outputs are loglinear_chunked.cu's llc_out with
-// the entering states). Chunks as in loglinear_chunked.cu; helpers in loglinear_chunk.cuh. The
-// lift with f32 data runs its pass in the transition form instead (loglinear_lift.cu); the lifted
-// passes here serve f64, heads too wide for that form and T above 2²² (or 2²⁰ at Dk = 64).
-
-// T⁻¹ = (I + Lm)⁻¹ for a strictly lower triangular CH × CH Lm (rows of LDL), column by column:
-// X[r][c] = 0 for r < c, X[c][c] = 1 and X[r][c] = −Σ_{c≤s<r} Lm[r][s] X[s][c] for r > c (the terms
-// s < c vanish, so they are not computed: a third of the work of the full sums). Four lanes per
-// column c split the sum and join it by shuffles; the rows r run from the warp's first column on,
-// the same for its eight columns (the shuffles need the whole warp). Column c lives in row c of
-// Tt (rows of LDX), read and written by its own warp only. Threads 0 .. 4·CH − 1 of the block
-// take part (CH a multiple of 8).
-template <typename T, int CH, int LDL, int LDX>
-__device__ inline void llc_tri_inverse(const T* Lm, T* Tt) {
-    const int tid = threadIdx.x, c = tid >> 2, part = tid & 3;
-    if (c >= CH) return;
-    T* x = Tt + c * LDX;
-    for (int r = part; r < c; r += 4) x[r] = (T)0;
-    if (part == 0) x[c] = (T)1;
-    __syncwarp();
-    for (int r = (c & ~7) + 1; r < CH; ++r) {
-        T a0 = (T)0, a1 = (T)0;
-        int s2 = c + part;
-        for (; s2 + 4 < r; s2 += 8) {
-            a0 = fma(Lm[r * LDL + s2], x[s2], a0);
-            a1 = fma(Lm[r * LDL + s2 + 4], x[s2 + 4], a1);
-        }
-        if (s2 < r) a0 = fma(Lm[r * LDL + s2], x[s2], a0);
-        T acc = a0 + a1;
-        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-        if (part == 0 && r > c) x[r] = -acc;
-        __syncwarp();
-    }
-}
-
-// acc += A B for one m16n8k8 step from f32 fragments (a0..a3, b0, b1 as mx_mma_tf32's), in three
-// tf32 products: a_lo b_hi + a_hi b_lo + a_hi b_hi, hi = tf32(x), lo = tf32(x − hi).
-__device__ __forceinline__ void llc_mma3_tf32(float (&acc)[4], float a0, float a1, float a2, float a3, float b0,
-                                              float b1) {
-    const unsigned ah0 = mx_tf32(a0), ah1 = mx_tf32(a1), ah2 = mx_tf32(a2), ah3 = mx_tf32(a3), bh0 = mx_tf32(b0),
-                   bh1 = mx_tf32(b1);
-    const unsigned al0 = mx_tf32(a0 - __uint_as_float(ah0)), al1 = mx_tf32(a1 - __uint_as_float(ah1)),
-                   al2 = mx_tf32(a2 - __uint_as_float(ah2)), al3 = mx_tf32(a3 - __uint_as_float(ah3)),
-                   bl0 = mx_tf32(b0 - __uint_as_float(bh0)), bl1 = mx_tf32(b1 - __uint_as_float(bh1));
-    mx_mma_tf32(acc, al0, al1, al2, al3, bh0, bh1);
-    mx_mma_tf32(acc, ah0, ah1, ah2, ah3, bl0, bl1);
-    mx_mma_tf32(acc, ah0, ah1, ah2, ah3, bh0, bh1);
-}
-
-// The same T⁻¹ = (I + Lm)⁻¹ by 16 × 16 blocks (CH = 64; 256 threads), balanced over the warps:
-// 1. each diagonal block X_ii = (I + L_ii)⁻¹ by the forward substitution above, restricted to
-//    the block (at most 15 steps per column instead of 63);
-// 2. the blocks below the diagonal, one block diagonal d = i − j at a time (d = 1, 2, 3), from
-//    (I + L) X = I: X_ij = −X_ii Y_ij with Y_ij = Σ_{j ≤ k < i} L_ik X_kj, as tensor-core products
-//    (llc_mma3_tf32), Y staged in Ys (6 · 16 × 8 floats, one slice per working warp). These
-//    products took most of the inverse's instructions as FMA loops (WY kernel 0.295 → 0.21 ms,
-//    docs/gpu-report.md).
-// Same layout: column c of X in row c of Tt (rows of LDX), zero above the diagonal.
-template <int LDL, int LDX>
-__device__ inline void llc_tri_inverse_blocked(const float* Lm, float* Tt, float* Ys) {
-    constexpr int CH = 64, NB = 16;
-    const int tid = threadIdx.x, c = tid >> 2, part = tid & 3, c0 = c & ~(NB - 1);
-    float* x = Tt + c * LDX;
-    for (int r = part; r < CH; r += 4) x[r] = r == c ? 1.f : 0.f;
-    __syncwarp();
-    for (int r = (c & ~7) + 1; r < c0 + NB; ++r) {
-        float acc = 0.f;
-        for (int s = c + part; s < r; s += 4) acc = fmaf(Lm[r * LDL + s], x[s], acc);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-        if (part == 0 && r > c) x[r] = -acc;
-        __syncwarp();
-    }
-    // Step 2 on tensor cores: warp w < 2 (4 − d) takes block (i, j) = (⌊w/2⌋ + d, ⌊w/2⌋) and its
-    // 8 columns 16j + 8 (w mod 2) ..: Y (16 × 8) = L_i,[16j,16i) X_[16j,16i),cols, staged in the
-    // warp's 16 × 8 floats of Ys, then X_ij = −X_ii Y; m16n8k8 products in three tf32 terms
-    // (a_hi b_hi + a_hi b_lo + a_lo b_hi, hi = tf32(x), lo = tf32(x − hi)): f32-like accuracy.
-    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-    float* ys = Ys + warp * 128;
-    for (int d = 1; d < CH / NB; ++d) {
-        __syncthreads();  // the blocks of diagonals < d are in place
-        if (warp >= 2 * (CH / NB - d)) continue;
-        // rows r0 .. r0 + 15 of T⁻¹, its columns cb .. cb + 7
-        const int j = warp >> 1, i = j + d, r0 = i * NB, cb = j * NB + (warp & 1) * 8;
-        float y[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int k8 = j * NB; k8 < i * NB; k8 += 8) {
-            const float* ap = Lm + (r0 + g) * LDL + k8 + t;
-            const float* bp = Tt + (cb + g) * LDX + k8 + t;
-            llc_mma3_tf32(y, ap[0], ap[8 * LDL], ap[4], ap[8 * LDL + 4], bp[0], bp[4]);
-        }
-        // Y[g][2t], Y[g][2t + 1], Y[g + 8][2t], Y[g + 8][2t + 1] → ys[row][col] (rows of 8)
-        ys[g * 8 + 2 * t] = y[0], ys[g * 8 + 2 * t + 1] = y[1];
-        ys[(g + 8) * 8 + 2 * t] = y[2], ys[(g + 8) * 8 + 2 * t + 1] = y[3];
-        __syncwarp();
-        float x[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int k8 = 0; k8 < NB; k8 += 8) {
-            // A = X_ii[g][k8 + t] = Tt[r0 + k8 + t][r0 + g]; B = Y[k8 + t][g]
-            const float* ap = Tt + (r0 + k8 + t) * LDX + r0 + g;
-            llc_mma3_tf32(x, ap[0], ap[8], ap[4 * LDX], ap[4 * LDX + 8], ys[(k8 + t) * 8 + g], ys[(k8 + t + 4) * 8 + g]);
-        }
-        // X_ij[g (+8)][2t (+1)] = −x → Tt[cb + 2t (+1)][r0 + g (+8)]
-        float* dst = Tt + (cb + 2 * t) * LDX + r0 + g;
-        dst[0] = -x[0], dst[LDX] = -x[1], dst[8] = -x[2], dst[LDX + 8] = -x[3];
-        __syncwarp();  // ys is read before the next diagonal's stores (also ordered by the barrier)
-    }
-}
-
-// The chunk's T⁻¹ (column c in row c of Tt, rows of LDX) written row-major [CH][CH] at chunk j
-// of batch·head bh, for the lift's intra-chunk coefficients. 256 threads.
-template <typename T, int CH, int LDX>
-__device__ inline void llc_store_ti(T* Ti, const T* Tt, int bh, int j) {
-    T* dst = Ti + ((long long)bh * gridDim.x + j) * CH * CH;
-    for (int idx = threadIdx.x; idx < CH * CH; idx += 256) dst[idx] = Tt[(idx % CH) * LDX + idx / CH];
-}
-
-// 4. Gated DeltaNet (no lift), chunk-parallel WY/UT pieces (docs/math.md §2.6). Per chunk, with
-// γ and β: Lm = strict(diag(β)(KKᵀ ⊙ Γ)), T⁻¹ = (I + Lm)⁻¹ by forward substitution (four lanes per
-// column), W = T⁻¹ diag(β e^γ) K, U = T⁻¹ diag(β) V, written as W [B,T,H,Dk], U [B,T,H,Dv].
-// Grid (NC, BH), 256 threads.
-template <typename T>
-__device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* beta, T* W, T* U, T* Ti, int want_ti,
-                       int Tn, int H, int Dk, int Dv) {
-    LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = Llc<T>::CH, RI = CH / 16, LDT = CH + 1;
-    __shared__ double gam[CH], gtmp[CH];
-    __shared__ T Lm[CH * LDT];  // Lm[r][s]
-    __shared__ T Tt[CH * LDT];  // Tt[s][r] = T⁻¹[r][s]
-    __shared__ T Xs[LLC_KT * LLC_LD], Ys[LLC_KT * LLC_LD];
-    __shared__ T bet[CH];
-    const int j = blockIdx.x, bh = blockIdx.y;
-    const int b = bh / H, h = bh % H;
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int i0 = j * CH, n = min(CH, Tn - i0);
-    const long long row0 = ((long long)b * Tn + i0) * H + h;
-    if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : (T)0;
-    llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
-    {
-        T acc[RI][RI] = {};
-        for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
-            llc_stage<T, LLC_KT * CH / 256, 256>(
-                LLC_KT * CH,
-                [&](int idx) {
-                    const int r = idx / LLC_KT, c = c0 + idx % LLC_KT;
-                    return (r < n && c < Dk) ? k[(row0 + (long long)r * H) * Dk + c] : (T)0;
-                },
-                [&](int idx, T x) { Xs[(idx % LLC_KT) * LLC_LD + idx / LLC_KT] = x; });
-            __syncthreads();
-            llc_gemm<T, RI, RI, LLC_LD, LLC_LD>(acc, Xs, Xs, LLC_KT, ty, tx);
-            __syncthreads();
-        }
-#pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int bb = 0; bb < RI; ++bb) {
-                const int r = ty + 16 * a, s = tx + 16 * bb;
-                Lm[r * LDT + s] = (s < r && r < n) ? bet[r] * acc[a][bb] * mx_exp((T)(gam[r] - gam[s])) : (T)0;
-            }
-    }
-    __syncthreads();
-    llc_tri_inverse<T, CH, LDT, LDT>(Lm, Tt);
-    __syncthreads();
-    if (want_ti) llc_store_ti<T, CH, LDT>(Ti, Tt, bh, j);
-    // W (over key tiles), then U (over value tiles): out[r][col] = Σ_s T⁻¹[r][s] Y[s][col].
-    for (int pass = 0; pass < 2; ++pass) {
-        const int D = pass == 0 ? Dk : Dv;
-        const T* src = pass == 0 ? k : v;
-        T* dst = pass == 0 ? W : U;
-        for (int c0 = 0; c0 < D; c0 += LLC_NT) {
-            T acc[RI][4] = {};
-            for (int s0 = 0; s0 < CH; s0 += LLC_KT) {
-                llc_stage<T, LLC_KT * LLC_NT / 256, 256>(
-                    LLC_KT * LLC_NT,
-                    [&](int idx) {
-                        const int s2 = s0 + idx / LLC_NT, cc = c0 + idx % LLC_NT;
-                        return (s2 < n && cc < D) ? src[(row0 + (long long)s2 * H) * D + cc] : (T)0;
-                    },
-                    [&](int idx, T x) {
-                        const int s2 = s0 + idx / LLC_NT;
-                        const T w = s2 < n ? (pass == 0 ? bet[s2] * mx_exp((T)gam[s2]) : bet[s2]) : (T)0;
-                        Ys[(idx / LLC_NT) * LLC_LD + idx % LLC_NT] = w * x;
-                    });
-                __syncthreads();
-                llc_gemm<T, RI, 4, LDT, LLC_LD>(acc, Tt + s0 * LDT, Ys, LLC_KT, ty, tx);
-                __syncthreads();
-            }
-            llc_store<T, RI>(acc, dst, row0, H, D, n, c0, ty, tx);
-        }
-    }
-}
-
-// 4'. llc_wy on tensor cores (tf32 / bf16 modes, f32 data): the products KKᵀ,
-// W = T⁻¹ diag(β e^γ) K and U = T⁻¹ diag(β) V as m16n8k8 tf32 mma with f32 accumulation, over
-// 64-column tiles of K and V staged (rounded to tf32) in X [64][68]; T⁻¹ = (I + Lm)⁻¹ by 16 × 16
-// blocks (llc_tri_inverse_blocked: f32 substitution in the diagonal blocks, three-term tf32
-// products below them), X serving as its scratch. Eight warps: warp w takes rows
-// 16 (w mod 4) .. + 15 and columns 32 ⌊w / 4⌋ .. + 31 of each 64 × 64 product (tiles of KKᵀ above
-// the diagonal are skipped). Row strides ≡ 4 (mod 32) so that fragment loads hit 32 banks.
-// Grid (NC, BH), 256 threads; dynamic shared memory: X [64][68] | Lm [64][68] | Tt [64][68]
-// floats (TC_TILES_SMEM on the host).
-// llc_wy_tc's outputs: f32 (W rounded to tf32 when w), or bf16 (rounded to nearest even).
-__device__ __forceinline__ void lwt_store(float* p, float x, bool w) { *p = w ? __uint_as_float(mx_tf32(x)) : x; }
-__device__ __forceinline__ void lwt_store(mx_bf16* p, float x, bool) { *p = mx_f32_bf16(x); }
-#define LWT_LD 68
-#ifndef LWT_BLOCKED_INV
-#define LWT_BLOCKED_INV 1  // 0: T⁻¹ by the column-by-column substitution (llc_tri_inverse)
-#endif
-template <typename TI, typename TO>
-__device__ void llc_wy_tc(const TI* k, const TI* v, const float* g, int has_g, const float* beta, TO* W, TO* U,
-                          float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
-    LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = 64, LDL = LWT_LD;
-    __shared__ double gam[CH], gtmp[CH];
-    __shared__ float bet[CH];
-    extern __shared__ unsigned char llc_dyn[];
-    float* X = reinterpret_cast<float*>(llc_dyn);  // a 64-column tile of K or V, [64][LWT_LD]
-    float* Lm = X + CH * LWT_LD;                    // [64][LDL]
-    float* Tt = Lm + CH * LDL;                      // Tt[s][r] = T⁻¹[r][s], [64][LWT_LD]
-    const int j = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
-    const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32;  // this warp's first row and column
-    const int i0 = j * CH, n = min(CH, Tn - i0);
-    const long long row0 = ((long long)b * Tn + i0) * H + h;
-    if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : 0.f;
-    llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
-    // Columns c0 .. c0 + 63 of rows r < n of src (D columns), times the row weight w(r), rounded,
-    // into X; w = 1 (wmode 0), βᵣ·exp(γᵣ) (wmode 1) or βᵣ (wmode 2). (No generic lambdas: some
-    // NVRTC versions take a lambda with an `auto` parameter for a host function.)
-    auto wrow = [&](int wmode, int r) {
-        return wmode == 0 ? 1.f : wmode == 1 ? (r < n ? bet[r] * __expf((float)gam[r]) : 0.f) : bet[r];
-    };
-    auto stage = [&](const TI* src, int D, bool vec, int c0, int wmode) {
-        llc_stage_tile<LWT_LD>(X, src, row0, H, D, c0, n, vec, true, [&](int r) { return wrow(wmode, r); });
-    };
-    // KKᵀ, then Lm = strict(diag(β)(KKᵀ ⊙ Γ)).
-    {
-        float acc[4][4] = {};
-        const bool live = nb <= mr + 15;  // some column of this warp's tiles is left of the diagonal
-        for (int c0 = 0; c0 < Dk; c0 += 64) {
-            stage(k, Dk, Dk % 4 == 0 && llc_al16(k), c0, 0);
-            __syncthreads();
-            const int kend = min(64, (Dk - c0 + 7) & ~7);
-            if (live) llc_mma_rows<LWT_LD>(acc, X, X, kend, true, mr, nb, gi, tg);
-            __syncthreads();
-        }
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int r = mr + gi + (u < 2 ? 0 : 8), s = nb + nt * 8 + 2 * tg + (u & 1);
-                Lm[r * LDL + s] = (s < r && r < n) ? bet[r] * acc[nt][u] * __expf((float)(gam[r] - gam[s])) : 0.f;
-            }
-    }
-    __syncthreads();
-#if LWT_BLOCKED_INV
-    llc_tri_inverse_blocked<LDL, LWT_LD>(Lm, Tt, X);  // X is free until the W tiles are staged
-#else
-    llc_tri_inverse<float, CH, LDL, LWT_LD>(Lm, Tt);
-#endif
-    __syncthreads();
-    if (want_ti) llc_store_ti<float, CH, LWT_LD>(Ti, Tt, bh, j);
-    // W (over key tiles), then U (over value tiles): out[r][col] = Σ_s T⁻¹[r][s] Y[s][col].
-    // T⁻¹ is lower triangular: rows mr .. mr + 15 take s ≤ mr + 15 only.
-    const int send = min((n + 7) & ~7, mr + 16);
-    for (int pass = 0; pass < 2; ++pass) {
-        const int D = pass == 0 ? Dk : Dv;
-        const TI* src = pass == 0 ? k : v;
-        TO* dst = pass == 0 ? W : U;
-        const bool vec = D % 4 == 0 && llc_al16(src);
-        for (int c0 = 0; c0 < D; c0 += 64) {
-            if (pass == 0)
-                stage(src, D, vec, c0, 1);  // K times βᵣe^γᵣ
-            else
-                stage(src, D, vec, c0, 2);  // V times βᵣ
-            __syncthreads();
-            float o[4][4] = {};
-            for (int k8 = 0; k8 < send; k8 += 8) {
-                const float* a = Tt + (k8 + tg) * LWT_LD + mr + gi;
-                const unsigned a0 = mx_tf32(a[0]), a1 = mx_tf32(a[8]), a2 = mx_tf32(a[4 * LWT_LD]),
-                               a3 = mx_tf32(a[4 * LWT_LD + 8]);
-#pragma unroll
-                for (int nt = 0; nt < 4; ++nt) {
-                    const float* bq = X + (k8 + tg) * LWT_LD + nb + nt * 8 + gi;
-                    mx_mma_tf32(o[nt], a0, a1, a2, a3, __float_as_uint(bq[0]), __float_as_uint(bq[4 * LWT_LD]));
-                }
-            }
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const int r = mr + gi + (u < 2 ? 0 : 8), col = c0 + nb + nt * 8 + 2 * tg + (u & 1);
-                    // f32 W is stored rounded to tf32: its readers (the sequential pass, the lift's
-                    // outputs) take it as a tensor-core operand only, and skip the rounding.
-                    if (r < n && col < D) lwt_store(dst + (row0 + (long long)r * H) * D + col, o[nt][u], pass == 0);
-                }
-            __syncthreads();
-        }
-    }
-}
-
-// With head dims ≤ 64 at most 64 registers, so that four blocks fit an SM as their shared memory
-// does (the tensor-core inverse would take 73); larger head dims need more (no minimum then).
-#if defined(LLC_DK) && defined(LLC_DV) && LLC_DK <= 64 && LLC_DV <= 64
-#define LWT_MIN_BLOCKS 4
-#else
-#define LWT_MIN_BLOCKS 1
-#endif
-extern "C" __global__ void __launch_bounds__(256, LWT_MIN_BLOCKS)
-    llc_wy_tc_f32(const float* k, const float* v, const float* g, int has_g, const float* beta, float* W, float* U,
-                  float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
-    llc_wy_tc<float, float>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);
-}
-#if DH_BF16
-// The bf16 mode without a lift: k and v read as stored, W and U written rounded to bf16 (the
-// operands of llc_delta_h_rb); g and β f32.
-extern "C" __global__ void __launch_bounds__(256, LWT_MIN_BLOCKS)
-    llc_wy_tc_bf16(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, const float* beta, mx_bf16* W,
-                   mx_bf16* U, float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
-    llc_wy_tc<mx_bf16, mx_bf16>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);
-}
-#endif
+// Gated DeltaNet's sequential state pass over chunks (docs/math.md §2.6), every variant: the
+// one step of the chunked form that is not parallel over chunks. Without a lift it writes the
+// state entering each chunk and the new values U' = U − W S; with the lift, every chunk-level
+// Fenwick state entering each chunk. The host picks one variant by one rule (loglinear/state_pass.rs,
+// StatePass::select) and launches it:
+// - llc_delta_h: FMA (the exact mode, and f64);
+// - llc_delta_h_tc: tensor cores, the states in shared memory, the lift's levels DH_LG at a time;
+// - llc_delta_h_rg: tensor cores, no lift, the state in registers (many batch·heads);
+// - llc_delta_h_rb: the bf16 mode's llc_delta_h_rg on bf16 operands (-DDH_BF16=1);
+// - llc_lift_ab + llc_lift_h: the lift with f32 data in the transition form (one product per
+//   level and chunk), tensor cores or FMA.
+// Its inputs W, U come from the WY/UT step (loglinear_wy.cu); its outputs go to the output step
+// (loglinear_output.cu). Chunks and helpers as in loglinear_common.cuh.
 
 // cp.async copies of rows 0..CH−1 of one chunk of a matrix with D columns (row s at
 // src + (row0 + s·H)·D), columns c0 .. c0 + width − 1, into dst (rows of ld entries); entries in
@@ -360,7 +48,7 @@ __device__ __forceinline__ void ldt_copy_rows(T* dst, int ld, const T* src, long
 // The chunk copies are 16-byte cp.async where f32 sizes and pointers allow (rows of W and K then
 // padded to Dk + 4; H200, T = 16k, gated-deltanet exact: 3.22–3.24 → 2.42–2.43 ms against
 // 4-byte copies), else 4-byte (f64, or odd sizes; rows of Dk + 1).
-// Grid (BH, ⌈Dv/16⌉), 256 threads; dynamic shared memory: see delta_h_smem on the host.
+// Grid (BH, ⌈Dv/16⌉), 256 threads; dynamic shared memory: see delta_h_smem in loglinear/state_pass.rs.
 #define LLC_DVT 16
 template <typename T>
 __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const T* U, T* Vn, T* Hs, int Tn, int H,
@@ -532,7 +220,7 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 // products in groups of up to DH_LG (compile time): one barrier after product 1 and one after
 // product 2 per group rather than per level, each warp's W or K fragments loaded once per k-step
 // for the group, and the group's levels as independent mma chains (Un has DH_LG buffers).
-// Grid (BH, ⌈Dv/16⌉), 288 threads (LDT_THREADS); dynamic shared memory: see delta_h_tc_smem on the host.
+// Grid (BH, ⌈Dv/16⌉), 288 threads (LDT_THREADS); dynamic shared memory: see delta_h_tc_smem in loglinear/state_pass.rs.
 #define LDT_LDS 24
 #ifndef DH_LG
 #define DH_LG 1  // levels per group (the host passes -DDH_LG for the lift; 1 without it)
@@ -885,7 +573,7 @@ extern "C" __global__ void __launch_bounds__(LDT_THREADS, 1)
 // wave (H200, T = 16k, Dk = Dv = 64, four warps: 0.80 ms against 0.68 at B·H = 16, 0.77 against
 // 1.27 at B·H = 64).
 // Grid (BH, ⌈Dv / (16·NWV)⌉), 32·NWV threads; dynamic shared memory ST · delta_h_rg_stage floats
-// (delta_h_rg_smem on the host).
+// (delta_h_rg_smem in loglinear/state_pass.rs).
 template <int DKP, int NWV, int ST>
 __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
                                float* Hs, int Tn, int H, int Dk, int Dv, int nc) {
@@ -1187,301 +875,308 @@ extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
 }
 #endif
 
+// Gated DeltaNet's Fenwick lift, its sequential pass in the transition form (f32 data; docs/math.md
+// §2.6). Level 0 is empty whenever a chunk starts (it is merged upward at every chunk boundary),
+// so chunk j takes every non-empty level e ≥ 1 through one and the same linear map and inserts
+// its own state at level 0:
+//     S^(e) ← e^{a_j} S^(e) + M_j S^(e),   M_j = −K̂ᵀ W   (Dk × Dk),
+//     S^(0) = B_j = K̂ᵀ U                                (Dk × Dv),
+// with K̂_s = e^{a_j − γ_s} k_s (γ the chunk-local prefix sums of the log-decays, a_j its last)
+// and W, U the chunk's WY/UT pieces (llc_wy). M_j and B_j depend on the chunk alone:
+// llc_lift_ab forms them for every chunk in parallel, and the pass llc_lift_h then does one
+// product per non-empty level and chunk, where the two-product pass (llc_delta_h_tc) does two
+// (W S, then K̂ᵀ times it) and one more for level 0. Both kernels come as MMA = true (the tf32 mode:
+// m16n8k8 tf32 mma, f32 accumulation; M_j stored rounded to tf32) and MMA = false (the exact mode:
+// f32 FMA, the same loops and accumulator layout).
 
-// 6. Outputs of gated DeltaNet's lift, chunk i, a tile of 64 value columns (docs/math.md §2.6):
-// P = σ QKᵀ ⊙ Γ (s ≤ r); the intra-chunk coefficients A = P T⁻¹ diag(β), weighted λ_r^(ℓ(r,s)), give
-// y = A V; the carried queries Q̃ = σ diag(e^γ) Q − P W read every level state llc_delta_h wrote for
-// the chunk: y_r += Σ_e λ_r^(c+e) Q̃_r S^(e). Grid (NC, BH, ⌈Dv/64⌉), 256 threads; dynamic shared
-// memory (Pt, At [CH][CH+1], Qt [64][CH+1], Xs, Ys [16][65]).
-template <typename T>
-__device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int has_g, const T* beta, const T* lam,
-                           const T* W, const T* Ti, const T* Hs, T* y, int Tn, int H, int Dk, int Dv, int L, int nc,
-                           long long slots, double scale) {
-    LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = Llc<T>::CH, CB = Llc<T>::CBITS, RI = CH / 16, LDC = CH + 1;
-    extern __shared__ unsigned char llc_dyn[];
-    T* Pt = reinterpret_cast<T*>(llc_dyn);  // Pt[s][r] = P[r][s]
-    T* At = Pt + CH * LDC;                  // At[s][r] = λ-weighted A[r][s]
-    T* Qt = At + CH * LDC;                  // Qt[c][r] = Q̃[r][c0 + c]
-    T* Xs = Qt + 64 * LDC;
-    T* Ys = Xs + LLC_KT * LLC_LD;
-    __shared__ double gam[CH], gtmp[CH];
-    __shared__ T bet[CH];
-    const int i = blockIdx.x, bh = blockIdx.y;
-    const int b = bh / H, h = bh % H;
-    const int d0 = blockIdx.z * LLC_NT;
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int i0 = i * CH, n = min(CH, Tn - i0);
-    const long long row0 = ((long long)b * Tn + i0) * H + h;
-    const long long DD = (long long)Dk * Dv;
-    const T sc = (T)scale;
-    if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : (T)0;
-    llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
-    {
-        T acc[RI][RI] = {};
-        llc_qk<T, CH>(acc, q, k, Xs, Ys, row0, H, Dk, n);
+// acc += A·B for a warp's 16 rows from mr and 32 columns from nb (gi = lane / 4, tg = lane % 4),
+// over k < kend: A given transposed (at[k][row]), B row-major (b[k][col]), rows of LD floats.
+// MMA: tf32 m16n8k8 mma on operands already rounded to tf32 (kend a multiple of 8); else each lane
+// accumulates its own entries of the mma's accumulator layout (rows mr + gi, mr + gi + 8; columns
+// nb + 8·nt + 2·tg, + 1) in f32 FMA.
+template <int LD, bool MMA>
+__device__ __forceinline__ void lift_gemm_at(float (&acc)[4][4], const float* at, const float* b, int kend, int mr,
+                                             int nb, int gi, int tg) {
+    if (MMA) {
+        for (int k8 = 0; k8 < kend; k8 += 8) {
+            const float* ap = at + (k8 + tg) * LD + mr + gi;
+            const unsigned a0 = __float_as_uint(ap[0]), a1 = __float_as_uint(ap[8]),
+                           a2 = __float_as_uint(ap[4 * LD]), a3 = __float_as_uint(ap[4 * LD + 8]);
 #pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int bb = 0; bb < RI; ++bb) {
-                const int r = ty + 16 * a, s = tx + 16 * bb;
-                Pt[s * LDC + r] = (s <= r && r < n) ? sc * acc[a][bb] * mx_exp((T)(gam[r] - gam[s])) : (T)0;
+            for (int nt = 0; nt < 4; ++nt) {
+                const float* bp = b + (k8 + tg) * LD + nb + nt * 8 + gi;
+                mx_mma_tf32(acc[nt], a0, a1, a2, a3, __float_as_uint(bp[0]), __float_as_uint(bp[4 * LD]));
             }
-    }
-    __syncthreads();
-    {
-        // A = P T⁻¹ diag(β), reduced over j in tiles of 16.
-        const T* Tc = Ti + ((long long)bh * nc + i) * CH * CH;
-        T acc[RI][RI] = {};
-        for (int j0 = 0; j0 < CH; j0 += LLC_KT) {
-            for (int idx = tid; idx < LLC_KT * CH; idx += 256) {
-                const int kk = idx / CH, s = idx % CH;
-                Ys[kk * LLC_LD + s] = Tc[(j0 + kk) * CH + s] * bet[s];
-            }
-            __syncthreads();
-            llc_gemm<T, RI, RI, LDC, LLC_LD>(acc, Pt + j0 * LDC, Ys, LLC_KT, ty, tx);
-            __syncthreads();
         }
+    } else {
+        for (int s = 0; s < kend; ++s) {
+            const float x0 = at[s * LD + mr + gi], x1 = at[s * LD + mr + gi + 8];
 #pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int bb = 0; bb < RI; ++bb) {
-                const int r = ty + 16 * a, s = tx + 16 * bb;
-                At[s * LDC + r] = (s <= r && r < n)
-                                      ? acc[a][bb] * lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))]
-                                      : (T)0;
-            }
-    }
-    __syncthreads();
-    // acc += M · X, M = Mt transposed (Mt[s][r], rows r of the chunk), X the chunk's tokens s < n of
-    // a [B,T,H,D] array, columns col0 .. col0 + LLC_NT − 1; tokens staged LLC_KT at a time.
-    auto times_tokens = [&](T (&acc)[RI][4], const T* Mt, const T* src, int D, int col0) {
-        for (int s0 = 0; s0 < n; s0 += LLC_KT) {
-            for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
-                const int kk = idx / LLC_NT, cc = idx % LLC_NT, s = s0 + kk;
-                Ys[kk * LLC_LD + cc] =
-                    (s < n && col0 + cc < D) ? src[(row0 + (long long)s * H) * D + col0 + cc] : (T)0;
-            }
-            __syncthreads();
-            llc_gemm<T, RI, 4, LDC, LLC_LD>(acc, Mt + s0 * LDC, Ys, min(LLC_KT, n - s0), ty, tx);
-            __syncthreads();
-        }
-    };
-    T yacc[RI][4] = {};
-    times_tokens(yacc, At, v, Dv, d0);  // A V
-    const long long first = llc_popsum(i);
-    const int ne = __popc((unsigned)i);
-    for (int c0 = 0; ne > 0 && c0 < Dk; c0 += 64) {
-        // Q̃ for key columns c0..c0+64: σ e^γ Q − P W.
-        T qa[RI][4] = {};
-        times_tokens(qa, Pt, W, Dk, c0);  // P W
-#pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-                const int r = ty + 16 * a, cc = tx + 16 * jj, c = c0 + cc;
-                Qt[cc * LDC + r] = (r < n && c < Dk)
-                                       ? sc * mx_exp((T)gam[r]) * q[(row0 + (long long)r * H) * Dk + c] - qa[a][jj]
-                                       : (T)0;
-            }
-        __syncthreads();
-        int rank = 0;
-        for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
-            if (!((i >> (e - 1)) & 1)) continue;
-            const T* Se = Hs + ((long long)bh * slots + first + rank) * DD;
-            ++rank;
-            T la[RI][4] = {};
-            for (int k0 = 0; k0 < 64 && c0 + k0 < Dk; k0 += LLC_KT) {
-                for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
-                    const int kk = idx / LLC_NT, dd = idx % LLC_NT, c = c0 + k0 + kk;
-                    Ys[kk * LLC_LD + dd] = (c < Dk && d0 + dd < Dv) ? Se[(long long)c * Dv + d0 + dd] : (T)0;
-                }
-                __syncthreads();
-                llc_gemm<T, RI, 4, LDC, LLC_LD>(la, Qt + k0 * LDC, Ys, LLC_KT, ty, tx);
-                __syncthreads();
-            }
-#pragma unroll
-            for (int a = 0; a < RI; ++a) {
-                const int r = ty + 16 * a;
-                const T w = r < n ? lam[(row0 + (long long)r * H) * L + CB + e] : (T)0;
-#pragma unroll
-                for (int jj = 0; jj < 4; ++jj) yacc[a][jj] += w * la[a][jj];
+            for (int nt = 0; nt < 4; ++nt) {
+                const float2 y = *reinterpret_cast<const float2*>(b + s * LD + nb + nt * 8 + 2 * tg);
+                acc[nt][0] = fmaf(x0, y.x, acc[nt][0]);
+                acc[nt][1] = fmaf(x0, y.y, acc[nt][1]);
+                acc[nt][2] = fmaf(x1, y.x, acc[nt][2]);
+                acc[nt][3] = fmaf(x1, y.y, acc[nt][3]);
             }
         }
     }
-    llc_store<T, RI>(yacc, y, row0, H, Dv, n, d0, ty, tx);
 }
 
-// 6'. llc_out_dl on tensor cores (tf32 / bf16 modes, f32 data): the same outputs, every product
-// (QKᵀ, P·T⁻¹diag(β), A·V, P·W, Q̃·S^(e)) as m16n8k8 tf32 mma with f32 accumulation. Eight warps:
-// warp w owns rows 16 (w mod 4) .. + 15 and columns 32 ⌊w / 4⌋ .. + 31 of every 64 × 64 product.
-// Shared (floats, rows of 68 ≡ 4 mod 32 so that fragment loads hit 32 banks): Pm [64][68] (P),
-// Am [64][68] (a Q tile, then the λ-weighted A, then a Q̃ tile), X [64][68] (the B operand
-// being staged: K, T⁻¹diag(β), V, W or a level state). Grid (NC, BH, ⌈Dv/64⌉), 256 threads,
-// 3 · 64 · 68 · 4 bytes of dynamic shared memory.
-#define LDL_LD 68
-__device__ void llc_out_dl_tc(const float* q, const float* k, const float* v, const float* g, int has_g,
-                              const float* beta, const float* lam, const float* W, const float* Ti, const float* Hs,
-                              float* y, int Tn, int H, int Dk, int Dv, int L, int nc, long long slots, double scale) {
+// 1. Per chunk j (grid (NC, BH), 256 threads): M_j, B_j and e^{a_j}. M_j is written as
+// Mg[bh][j][DKP][DKP] and B_j as Bg[bh][j][DKP][DVP] (DKP, DVP = Dk, Dv rounded up to 16; the
+// padding zero), so that the pass copies whole 16-byte pieces whatever the head dims; e^{a_j}
+// into Eg[bh][j]. K̂ᵀ goes through 64-row tiles (Kt[s][r] = K̂_s[r0 + r], rounded to tf32 with
+// MMA), W and U through 64-column tiles X; eight warps take 16 rows and 32 columns of each
+// 64 × 64 product. Dynamic shared memory: Kt [64][68] | X [64][68] floats (LIFT_AB_SMEM in loglinear/state_pass.rs).
+#define LIFT_LD 68
+template <bool MMA>
+__device__ void llc_lift_ab(const float* k, const float* g, int has_g, const float* W, const float* U, float* Mg,
+                            float* Bg, float* Eg, int Tn, int H, int Dk, int Dv, int nc) {
     LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = 64, CB = 6;
-    extern __shared__ unsigned char llc_dyn[];
-    float* Pm = reinterpret_cast<float*>(llc_dyn);
-    float* Am = Pm + CH * LDL_LD;
-    float* X = Am + CH * LDL_LD;
+    constexpr int CH = 64, LD = LIFT_LD;
     __shared__ double gam[CH], gtmp[CH];
-    __shared__ float bet[CH];
-    const int i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int d0 = blockIdx.z * 64;
+    __shared__ float dec[CH];
+    extern __shared__ unsigned char llc_dyn[];
+    float* Kt = reinterpret_cast<float*>(llc_dyn);
+    float* X = Kt + CH * LD;
+    const int j = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
     const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32;
-    const int i0 = i * CH, n = min(CH, Tn - i0);
+    const int DKP = (Dk + 15) / 16 * 16, DVP = (Dv + 15) / 16 * 16;
+    const int i0 = j * CH, n = min(CH, Tn - i0);
     const long long row0 = ((long long)b * Tn + i0) * H + h;
-    const long long DD = (long long)Dk * Dv;
-    const float sc = (float)scale;
-    const bool vq = Dk % 4 == 0 && llc_al16(q) && llc_al16(k) && llc_al16(W), vv = Dv % 4 == 0 && llc_al16(v),
-               vh = Dv % 4 == 0 && llc_al16(Hs);
-    if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : 0.f;
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
-    // 64 × 64 tile of a [rows][D] array into dst (rows r < nrows of src at src + base + r·stride,
-    // columns c0 .. c0 + 63 below D), rounded to tf32; 4 loads of four floats per thread.
-    auto stage = [&](float* dst, const float* src, int nrows, int D, int c0, bool vec, long long base,
-                     long long stride) {
-        llc_stage<float4, 4, 256>(
-            CH * 16,
-            [&](int idx) {
-                const int r = idx >> 4;
-                return r < nrows ? llc_ld4(src, base + r * stride + c0, (idx & 15) * 4, D - c0, vec)
-                                 : float4{0.f, 0.f, 0.f, 0.f};
-            },
-            [&](int idx, float4 x) {
-                const int r = idx >> 4;
-                llc_put4_tf32(dst + r * LDL_LD + (idx & 15) * 4, x, 1.f);
-            });
-    };
-    auto mma_rows = [&](float (&acc)[4][4], const float* a, const float* bt, int kend, bool b_t) {
-        llc_mma_rows<LDL_LD>(acc, a, bt, kend, b_t, mr, nb, gi, tg);
-    };
-    // Fragment element u of n-tile nt: row, column.
-    auto frow = [&](int u) { return mr + gi + (u < 2 ? 0 : 8); };
-    auto fcol = [&](int nt, int u) { return nb + nt * 8 + 2 * tg + (u & 1); };
-    // 1. P = σ QKᵀ ⊙ Γ (s ≤ r).
-    {
-        float acc[4][4] = {};
-        for (int c0 = 0; c0 < Dk; c0 += 64) {
-            stage(Am, q, n, Dk, c0, vq, row0 * Dk, (long long)H * Dk);
-            stage(X, k, n, Dk, c0, vq, row0 * Dk, (long long)H * Dk);
-            __syncthreads();
-            mma_rows(acc, Am, X, min(64, (Dk - c0 + 7) & ~7), true);
-            __syncthreads();
-        }
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int r = frow(u), s = fcol(nt, u);
-                const float p = (s <= r && r < n) ? sc * acc[nt][u] * __expf((float)(gam[r] - gam[s])) : 0.f;
-                Pm[r * LDL_LD + s] = __uint_as_float(mx_tf32(p));
-            }
-    }
-    // 2. A = P T⁻¹ diag(β), λ-weighted by the Fenwick level of (r, s).
-    {
-        const float* Tc = Ti + ((long long)bh * nc + i) * CH * CH;
-        stage(X, Tc, CH, CH, 0, llc_al16(Ti), 0, CH);
-        __syncthreads();
-        float acc[4][4] = {};
-        mma_rows(acc, Pm, X, (n + 7) & ~7, false);
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int r = frow(u), s = fcol(nt, u);
-                // (P T⁻¹)[r][s] β_s λ_r^(ℓ(r,s))
-                const float a = (s <= r && r < n) ? acc[nt][u] * bet[s] *
-                                                        lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))]
-                                                  : 0.f;
-                Am[r * LDL_LD + s] = __uint_as_float(mx_tf32(a));
-            }
-        __syncthreads();
-    }
-    // 3. y = A V (value columns d0 ..).
-    float yacc[4][4] = {};
-    stage(X, v, n, Dv, d0, vv, row0 * Dv, (long long)H * Dv);
+    if (tid < CH) dec[tid] = tid < n ? __expf((float)(gam[CH - 1] - gam[tid])) : 0.f;
+    if (tid == 0) Eg[(long long)bh * nc + j] = __expf((float)gam[CH - 1]);
     __syncthreads();
-    mma_rows(yacc, Am, X, (n + 7) & ~7, false);
-    __syncthreads();
-    // 4. The levels entering the chunk: y_r += Σ_e λ_r^(c+e) Q̃_r S^(e), Q̃ = σ e^γ Q − P W, over key
-    // tiles of 64.
-    const long long first = llc_popsum(i);
-    const int ne = __popc((unsigned)i);
-    for (int c0 = 0; ne > 0 && c0 < Dk; c0 += 64) {
-        stage(X, W, n, Dk, c0, vq, row0 * Dk, (long long)H * Dk);
-        __syncthreads();
-        float qa[4][4] = {};
-        mma_rows(qa, Pm, X, (n + 7) & ~7, false);
+    // Columns c0 .. c0 + 63 of the chunk's rows s < n of src (D columns), times dec_s when
+    // scaled, into dst (rounded to tf32 with MMA); rows from n on zero.
+    auto stage = [&](float* dst, const float* src, int D, int c0, bool scaled) {
+        const bool vec = D % 4 == 0 && llc_al16(src);
+        llc_stage_tile<LD>(dst, src, row0, H, D, c0, n, vec, MMA, [&](int s) { return scaled ? dec[s] : 1.f; });
+    };
+    const int kend = MMA ? (n + 7) & ~7 : n;
+    const long long first = (long long)bh * nc + j;
+    for (int r0 = 0; r0 < DKP; r0 += 64) {
+        stage(Kt, k, Dk, r0, true);
+        for (int pass = 0; pass < 2; ++pass) {
+            const int D = pass == 0 ? Dk : Dv, DP = pass == 0 ? DKP : DVP;
+            for (int c0 = 0; c0 < DP; c0 += 64) {
+                stage(X, pass == 0 ? W : U, D, c0, false);
+                __syncthreads();
+                float o[4][4] = {};
+                lift_gemm_at<LD, MMA>(o, Kt, X, kend, mr, nb, gi, tg);
+                float* dst = pass == 0 ? Mg + first * DKP * DKP : Bg + first * DKP * DVP;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+                for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int r = frow(u), cc = fcol(nt, u), c = c0 + cc;
-                const float qt = (r < n && c < Dk)
-                                     ? sc * __expf((float)gam[r]) * q[(row0 + (long long)r * H) * Dk + c] - qa[nt][u]
-                                     : 0.f;
-                Am[r * LDL_LD + cc] = __uint_as_float(mx_tf32(qt));
+                    for (int u = 0; u < 4; ++u) {
+                        const int r = r0 + mr + gi + (u < 2 ? 0 : 8), col = c0 + nb + nt * 8 + 2 * tg + (u & 1);
+                        if (r >= DKP || col >= DP) continue;
+                        // M_j = −K̂ᵀ W, a tensor-core operand of the pass only: stored rounded.
+                        const float x = pass == 0 ? -o[nt][u] : o[nt][u];
+                        dst[(long long)r * DP + col] = MMA && pass == 0 ? __uint_as_float(mx_tf32(x)) : x;
+                    }
+                __syncthreads();
             }
-        __syncthreads();
-        int rank = 0;
-        for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
-            if (!((i >> (e - 1)) & 1)) continue;
-            const float* Se = Hs + ((long long)bh * slots + first + rank) * DD;
-            ++rank;
-            stage(X, Se, min(64, Dk - c0), Dv, d0, vh, (long long)c0 * Dv, Dv);
-            __syncthreads();
-            float la[4][4] = {};
-            mma_rows(la, Am, X, min(64, (Dk - c0 + 7) & ~7), false);
-#pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int r = frow(u);
-                const float w = r < n ? lam[(row0 + (long long)r * H) * L + CB + e] : 0.f;
-#pragma unroll
-                for (int nt = 0; nt < 4; ++nt) yacc[nt][u] += w * la[nt][u];
-            }
-            __syncthreads();
         }
     }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int r = frow(u), d = d0 + fcol(nt, u);
-            if (r < n && d < Dv) y[(row0 + (long long)r * H) * Dv + d] = yacc[nt][u];
-        }
 }
-
 extern "C" __global__ void __launch_bounds__(256)
-    llc_out_dl_tc_f32(const float* q, const float* k, const float* v, const float* g, int has_g, const float* beta,
-                      const float* lam, const float* W, const float* Ti, const float* Hs, float* y, int Tn, int H,
-                      int Dk, int Dv, int L, int nc, long long slots, double scale) {
-    llc_out_dl_tc(q, k, v, g, has_g, beta, lam, W, Ti, Hs, y, Tn, H, Dk, Dv, L, nc, slots, scale);
+    llc_lift_ab_tc_f32(const float* k, const float* g, int has_g, const float* W, const float* U, float* Mg,
+                       float* Bg, float* Eg, int Tn, int H, int Dk, int Dv, int nc) {
+    llc_lift_ab<true>(k, g, has_g, W, U, Mg, Bg, Eg, Tn, H, Dk, Dv, nc);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    llc_lift_ab_f32(const float* k, const float* g, int has_g, const float* W, const float* U, float* Mg, float* Bg,
+                    float* Eg, int Tn, int H, int Dk, int Dv, int nc) {
+    llc_lift_ab<false>(k, g, has_g, W, U, Mg, Bg, Eg, Tn, H, Dk, Dv, nc);
 }
 
-#define LLD_EXPORT(T, S)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(256)                                                             \
-        llc_wy_##S(const T* k, const T* v, const T* g, int has_g, const T* beta, T* W, T* U, T* Ti, int want_ti,   \
-                   int Tn, int H, int Dk, int Dv) {                                                               \
-        llc_wy<T>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);                                        \
-    }                                                                                                             \
+// 2. The sequential pass (grid (BH, ⌈Dv/16⌉), 256 threads; head dims fixed at compile time). The
+// block keeps the states of levels 1 .. E − 1 for its 16 value columns in shared memory, twice:
+// chunk j reads them from one copy and writes the next chunk's into the other, so that one barrier
+// per chunk orders everything. Each warp owns 16 × 8 tiles of the states (the same tiles of every
+// level), and per chunk j, for each non-empty level e ≥ 1 (bit e − 1 of j) forms its tile of
+// e^{a_j} S + M_j S (M_j's fragments loaded once per chunk, the level's mma in two independent
+// chains); then, in its registers, the next chunk's merge: levels 1 .. m (m = ctz(j + 1), all
+// non-empty at j) and the inserted B_j sum into level m + 1 (empty at j), the other levels keep
+// their slot. Every state entering chunk j + 1 goes from the registers to shared memory and to Hs,
+// slot popsum(j + 1) + rank [BH][slots][Dk][Dv] (the rank among chunk j + 1's non-empty levels,
+// lowest first, as llc_delta_h writes them). The levels are a compile-time loop up to LIFT_EMAX,
+// each one warp-uniform branch, so that no branch sits inside a product. The states enter the
+// tensor cores rounded to nearest by lift_tf32 (one integer add). M_j, B_j's 16 columns and e^{a_j}
+// are copied ST − 1 chunks ahead (16-byte cp.async) into ST buffers. Rows of M_j are padded to
+// LDK ≡ 4 (mod 32) floats and rows of the states to 24, so that fragment loads hit 32 distinct
+// banks. Dynamic shared memory: see lift_h_smem in loglinear/state_pass.rs.
+#define LIFT_LDS 24
+#define LIFT_EMAX 17  // levels the pass handles (E ≤ 17: T ≤ 2²² tokens; the host checks)
+// x as a tf32 operand rounded to nearest (ties away): the tensor cores read the top 19 bits of
+// the register, so adding half a tf32 unit (2¹² in the bits) rounds as cvt.rna.tf32.f32 does,
+// for finite x, in one instruction instead of three (both measured on the H200; the first form of
+// this pass, rounding with cvt.rna: loglinear-gated-deltanet 1.86 ms at T = 16k, 1.56 unrounded).
+__device__ __forceinline__ unsigned lift_tf32(float x) { return __float_as_uint(x) + 0x1000u; }
+#ifdef DH_DKP
+template <bool MMA>
+__device__ void llc_lift_h(const float* Mg, const float* Bg, const float* Eg, float* Hs, int Dk, int Dv, int nc, int E,
+                           long long slots, int ST) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int NW = 8, NT = NW * 32, DKP = DH_DKP, LDK = (DKP + 31) / 32 * 32 + 4, SD = DKP * LIFT_LDS;
+    constexpr int NTILE = DKP / 16 * 2;  // 16 × 8 tiles of one level's DKP × 16 state
+    const int DVP = (Dv + 15) / 16 * 16;
+    extern __shared__ unsigned char llc_dyn[];
+    // Layout (floats): S [2][E − 1][SD] | Mb [ST][DKP·LDK] | Bb [ST][DKP·16] | tb [ST] (e^{a_j}).
+    float* S = reinterpret_cast<float*>(llc_dyn);
+    float* Mb = S + 2 * (E - 1) * SD;
+    float* Bb = Mb + ST * DKP * LDK;
+    float* tb = Bb + ST * DKP * 16;
+    const int bh = blockIdx.x, d0 = blockIdx.y * 16;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const long long DD = (long long)Dk * Dv;
+    auto prefetch = [&](int j, int buf) {
+        const long long c = (long long)bh * nc + j;
+        const float* m = Mg + c * DKP * DKP;
+        for (int idx = tid; idx < DKP * DKP / 4; idx += NT) {
+            const int r = idx / (DKP / 4), q = idx % (DKP / 4) * 4;
+            llc_cp_async16(Mb + buf * DKP * LDK + r * LDK + q, m + r * DKP + q, 1);
+        }
+        const float* bsrc = Bg + c * DKP * DVP + d0;
+        for (int idx = tid; idx < DKP * 4; idx += NT) {
+            const int r = idx >> 2, q = (idx & 3) * 4;
+            llc_cp_async16(Bb + buf * DKP * 16 + r * 16 + q, bsrc + (long long)r * DVP + q, 1);
+        }
+        if (tid == 0) llc_cp_async(tb + buf, Eg + c, 4, 1);
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    // Chunks 0 .. nc − 2 go through the pass: the states after the last chunk are read by no one.
+    const int np = nc - 1;
+    for (int jj = 0; jj < ST - 1 && jj < np; ++jj) prefetch(jj, jj);
+    long long first = 0;  // popsum(j + 1): chunk j + 1's first slot in Hs
+    for (int j = 0; j < np; ++j) {
+        const int buf = j % ST;
+        first += __popc(j);
+        // Chunk j's group is complete once at most (chunks issued after it) groups are pending.
+        const int after = min(ST - 2, np - 1 - j);
+        if (after >= 2) asm volatile("cp.async.wait_group 2;\n" ::: "memory");
+        else if (after == 1) asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+        else asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+        __syncthreads();  // chunk j's copies and the states chunk j − 1 wrote are in place
+        // The buffer of chunk j + ST − 1 was read last by chunk j − 1, before the barrier.
+        if (j + ST - 1 < np) prefetch(j + ST - 1, (j + ST - 1) % ST);
+        const float* Sp = S + (j & 1) * (E - 1) * SD;
+        float* Sq = S + ((j + 1) & 1) * (E - 1) * SD;
+        const float* Mc = Mb + buf * DKP * LDK;
+        const float* Bc = Bb + buf * DKP * 16;
+        const float tot = tb[buf];
+        const int mnext = __ffs(j + 1) - 1;  // chunk j + 1 merges levels 0 .. mnext into mnext + 1
+        for (int tw = warp; tw < NTILE; tw += NW) {
+            const int mt = tw >> 1, nt = tw & 1;
+            const int r0 = mt * 16 + gi, c0 = nt * 8 + 2 * tg;  // this lane's accumulator entries
+            // Accumulator entry u's offset within a tile of rows of ld floats (a state: LIFT_LDS).
+            auto at = [&](int u, int ld = LIFT_LDS) { return (r0 + (u < 2 ? 0 : 8)) * ld + c0 + (u & 1); };
+            // A state entering chunk j + 1 (this lane's entries): into slot `level − 1` of Sq and
+            // into Hs at chunk j + 1's slot of that level.
+            auto put = [&](int level, const float (&x)[4]) {
+#pragma unroll
+                for (int u = 0; u < 4; ++u) Sq[(level - 1) * SD + at(u)] = x[u];
+                const long long slot = first + __popc((unsigned)(j + 1) & ((1u << (level - 1)) - 1u));
+                float* hp = Hs + ((long long)bh * slots + slot) * DD + d0 + c0;
+#pragma unroll
+                for (int h2 = 0; h2 < 2; ++h2) {
+                    const int r = r0 + 8 * h2;
+                    if (r >= Dk) continue;
+                    float* p = hp + (long long)r * Dv;
+                    if (Dv % 2 == 0 && d0 + c0 + 1 < Dv) {
+                        *reinterpret_cast<float2*>(p) = make_float2(x[2 * h2], x[2 * h2 + 1]);
+                    } else {
+                        if (d0 + c0 < Dv) p[0] = x[2 * h2];
+                        if (d0 + c0 + 1 < Dv) p[1] = x[2 * h2 + 1];
+                    }
+                }
+            };
+            float mg[4];  // the merged level: B_j, then the levels 1 .. mnext
+#pragma unroll
+            for (int u = 0; u < 4; ++u) mg[u] = Bc[at(u, 16)];
+            // M_j's fragments for this tile's rows, all k (MMA).
+            unsigned af[MMA ? DKP / 8 : 1][4];
+            if (MMA) {
+                const float* ar = Mc + r0 * LDK + tg;
+#pragma unroll
+                for (int k8 = 0; k8 < DKP; k8 += 8) {
+                    af[k8 / 8][0] = __float_as_uint(ar[k8]);
+                    af[k8 / 8][1] = __float_as_uint(ar[8 * LDK + k8]);
+                    af[k8 / 8][2] = __float_as_uint(ar[k8 + 4]);
+                    af[k8 / 8][3] = __float_as_uint(ar[8 * LDK + k8 + 4]);
+                }
+            }
+#pragma unroll
+            for (int e = 1; e < LIFT_EMAX; ++e) {
+                if (e >= E || !((j >> (e - 1)) & 1)) continue;  // warp-uniform
+                const float* sl = Sp + (e - 1) * SD;
+                float acc[4], acc2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                for (int u = 0; u < 4; ++u) acc[u] = tot * sl[at(u)];
+                if (MMA) {
+                    const float* br = sl + tg * LIFT_LDS + nt * 8 + gi;
+#pragma unroll
+                    for (int k8 = 0; k8 < DKP; k8 += 16) {
+                        const unsigned* a = af[k8 / 8];
+                        const unsigned* a2 = af[k8 / 8 + 1];
+                        mx_mma_tf32(acc, a[0], a[1], a[2], a[3], lift_tf32(br[k8 * LIFT_LDS]),
+                                    lift_tf32(br[(k8 + 4) * LIFT_LDS]));
+                        mx_mma_tf32(acc2, a2[0], a2[1], a2[2], a2[3], lift_tf32(br[(k8 + 8) * LIFT_LDS]),
+                                    lift_tf32(br[(k8 + 12) * LIFT_LDS]));
+                    }
+                } else {
+#pragma unroll 4
+                    for (int k4 = 0; k4 < DKP; k4 += 4) {
+                        const float4 m0 = *reinterpret_cast<const float4*>(Mc + r0 * LDK + k4);
+                        const float4 m1 = *reinterpret_cast<const float4*>(Mc + (r0 + 8) * LDK + k4);
+                        const float x0[4] = {m0.x, m0.y, m0.z, m0.w}, x1[4] = {m1.x, m1.y, m1.z, m1.w};
+                        const float* br = sl + k4 * LIFT_LDS + c0;
+#pragma unroll
+                        for (int kk = 0; kk < 4; ++kk) {
+                            const float2 y = *reinterpret_cast<const float2*>(br + kk * LIFT_LDS);
+                            float* ac = kk & 1 ? acc2 : acc;
+                            ac[0] = fmaf(x0[kk], y.x, ac[0]);
+                            ac[1] = fmaf(x0[kk], y.y, ac[1]);
+                            ac[2] = fmaf(x1[kk], y.x, ac[2]);
+                            ac[3] = fmaf(x1[kk], y.y, ac[3]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 4; ++u) acc[u] += acc2[u];
+                if (e <= mnext) {
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) mg[u] += acc[u];
+                } else {
+                    put(e, acc);
+                }
+            }
+            put(mnext + 1, mg);
+        }
+    }
+}
+extern "C" __global__ void __launch_bounds__(256, 1)
+    llc_lift_h_tc_f32(const float* Mg, const float* Bg, const float* Eg, float* Hs, int Dk, int Dv, int nc, int E,
+                      long long slots, int stages) {
+    llc_lift_h<true>(Mg, Bg, Eg, Hs, Dk, Dv, nc, E, slots, stages);
+}
+extern "C" __global__ void __launch_bounds__(256, 1)
+    llc_lift_h_f32(const float* Mg, const float* Bg, const float* Eg, float* Hs, int Dk, int Dv, int nc, int E,
+                   long long slots, int stages) {
+    llc_lift_h<false>(Mg, Bg, Eg, Hs, Dk, Dv, nc, E, slots, stages);
+}
+#endif
+
+#define LLP_EXPORT(T, S)                                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llc_delta_h_##S(const T* k, const T* g, int has_g, const T* W, const T* U, T* Vn, T* Hs, int Tn, int H,   \
                         int Dk, int Dv, int nc, int lifted, int E, long long slots) {                             \
         llc_delta_h<T>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, lifted, E, slots);                           \
-    }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256)                                                             \
-        llc_out_dl_##S(const T* q, const T* k, const T* v, const T* g, int has_g, const T* beta, const T* lam,      \
-                       const T* W, const T* Ti, const T* Hs, T* y, int Tn, int H, int Dk, int Dv, int L, int nc,  \
-                       long long slots, double scale) {                                                           \
-        llc_out_dl<T>(q, k, v, g, has_g, beta, lam, W, Ti, Hs, y, Tn, H, Dk, Dv, L, nc, slots, scale);           \
     }
 
-LLD_EXPORT(float, f32)
-LLD_EXPORT(double, f64)
+LLP_EXPORT(float, f32)
+LLP_EXPORT(double, f64)

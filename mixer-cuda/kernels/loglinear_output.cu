@@ -1,106 +1,14 @@
-// Chunk-parallel forms of the scalar-decay log-linear mixers (docs/math.md §2.1–§2.6): linear
-// attention and Mamba-2, and their Fenwick lifts. Every pass is parallel over (chunk, batch·head,
-// value tile); only a tree of log₂(#chunks) short elementwise launches joins the chunks.
-// The helpers and layouts are in loglinear_chunk.cuh (prepended by the host).
-//
-// Chunks have CH = 64 tokens (f32) or 32 (f64); the last one may be partial. With chunk-local
-// cumulative log-decays γ_r (r < n) and chunk totals a_j = γ_{n−1}:
-// 1. llc_states: per chunk j the state Z_j = Σ_s e^{a_j − γ_s} k_s v_sᵀ (Dk×Dv) and a_j — the
-//    level-0 entries of the tree.
-// 2. llc_tree, per tree level e ≥ 1: the aligned block of 2^e chunks m has
-//    F_e(m) = e^{A_{e−1}(2m+1)} F_{e−1}(2m) + F_{e−1}(2m+1) and A_e(m) = A_{e−1}(2m) + A_{e−1}(2m+1):
-//    its state decayed to its end, and its total log-decay.
-// 3. llc_out, per chunk i: the intra-chunk quadratic part with the Fenwick levels inside the chunk,
-//    plus, for every chunk level e with bit e−1 of i set, the bucket of chunks j with
-//    bitlen(i ⊕ j) = e. That bucket is the lower half of i's aligned 2^e block: level-(e−1) entry
-//    m_e = 2·(i ≫ e). The chunks between its end and i's start are exactly the buckets of the lower
-//    set bits of i, so its decay to i's start is d_e = Σ_{e' < e, bit e'−1 set} A_{e'−1}(m_{e'}).
-//    y_r += σ λ_r^{(c+e)} e^{γ_r + d_e} q_r · F_{e−1}(m_e), c = log₂ CH. Without a lift the levels
-//    are summed first (λ ≡ 1): one product with H_i = Σ_e e^{d_e} F_{e−1}(m_e); the host runs
-//    llc_scan (2') instead of the tree then, which leaves exactly H_i in place of Z_i.
-// Tree entries: level e has ⌊NC / 2^e⌋ complete blocks; entries of level e start at
-// BH·DD·Σ_{e'<e} ⌊NC/2^{e'}⌋ (DD = Dk·Dv) and are laid out [bh][m][Dk][Dv]; the log-decays A
-// likewise without DD. A block that is not complete is never read.
-
-// 1. Chunk states Z_j [Dk×Dv] (tile of 64 key rows × 64 value columns) and chunk log-decays.
-// Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 256 threads.
-template <typename T>
-__device__ void llc_states(const T* k, const T* v, const T* g, int has_g, T* F, double* A, int Tn, int H, int Dk, int Dv,
-                           int nc) {
-    LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = Llc<T>::CH;
-    __shared__ double gam[CH], gtmp[CH];
-    __shared__ T Xs[CH * LLC_LD], Ys[CH * LLC_LD];  // K̂ [s][64 key columns], V [s][64 value columns]
-    const int j = blockIdx.x, bh = blockIdx.y;
-    const int b = bh / H, h = bh % H;
-    const int ntd = (Dv + LLC_NT - 1) / LLC_NT;
-    const int c0 = (blockIdx.z / ntd) * LLC_NT, d0 = (blockIdx.z % ntd) * LLC_NT;
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int i0 = j * CH, n = min(CH, Tn - i0);
-    const long long row0 = ((long long)b * Tn + i0) * H + h;  // row of token i0 (times H per token)
-    llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
-    const double alast = gam[CH - 1];
-    constexpr int PER = CH * LLC_NT / 256;
-    llc_stage<T, PER, 256>(
-        CH * LLC_NT,
-        [&](int idx) {
-            const int s = idx / LLC_NT, cc = idx % LLC_NT;
-            return (s < n && c0 + cc < Dk) ? k[(row0 + (long long)s * H) * Dk + c0 + cc] : (T)0;
-        },
-        [&](int idx, T x) {
-            const int s = idx / LLC_NT;
-            Xs[s * LLC_LD + idx % LLC_NT] = mx_exp((T)(alast - gam[s])) * x;
-        });
-    llc_stage<T, PER, 256>(
-        CH * LLC_NT,
-        [&](int idx) {
-            const int s = idx / LLC_NT, cc = idx % LLC_NT;
-            return (s < n && d0 + cc < Dv) ? v[(row0 + (long long)s * H) * Dv + d0 + cc] : (T)0;
-        },
-        [&](int idx, T x) { Ys[(idx / LLC_NT) * LLC_LD + idx % LLC_NT] = x; });
-    __syncthreads();
-    T acc[4][4] = {};
-    llc_gemm<T, 4, 4, LLC_LD, LLC_LD>(acc, Xs, Ys, n, ty, tx);
-    const long long DD = (long long)Dk * Dv;
-    T* Z = F + ((long long)bh * nc + j) * DD;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-            const int c = c0 + ty + 16 * i, d = d0 + tx + 16 * jj;
-            if (c < Dk && d < Dv) Z[(long long)c * Dv + d] = acc[i][jj];
-        }
-    if (blockIdx.z == 0 && tid == 0) A[(long long)bh * nc + j] = alast;
-}
-
-// 2. One tree level e ≥ 1. Grid (⌊NC/2^e⌋, BH), 256 threads.
-template <typename T>
-__device__ void llc_tree(T* __restrict__ F, double* A, int e, int BH, int Dk, int Dv, int nc) {
-    LLC_FIX_DIMS(Dk, Dv);
-    const long long DD = (long long)Dk * Dv;
-    const int m = blockIdx.x, bh = blockIdx.y;
-    const long long lo = llc_entry(e - 1, bh, 2 * m, nc, BH), dst = llc_entry(e, bh, m, nc, BH);
-    const double au = A[lo + 1];
-    const T w = mx_exp((T)au);
-    const T* F0 = F + lo * DD;
-    const T* F1 = F0 + DD;
-    T* out = F + dst * DD;
-    for (long long base = 0; base < DD; base += 4 * 256) {
-        T a[4], c[4];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const long long idx = base + threadIdx.x + u * 256;
-            a[u] = idx < DD ? F0[idx] : (T)0;
-            c[u] = idx < DD ? F1[idx] : (T)0;
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const long long idx = base + threadIdx.x + u * 256;
-            if (idx < DD) out[idx] = fma(w, a[u], c[u]);
-        }
-    }
-    if (threadIdx.x == 0) A[dst] = A[lo] + au;
-}
+// The output step of the log-linear family's chunked form (docs/math.md §2.6), parallel over
+// (chunk, batch·head, value tile), for every member: per chunk the intra-chunk quadratic part with
+// the Fenwick levels inside the chunk, plus the read of the states the chunk sees.
+// - llc_out (FMA) and llc_out_tc (tensor cores): the scalar-decay members, reading the tree of chunk
+//   states (lifts) or the one state entering the chunk (direct = 1: without a lift, and gated
+//   DeltaNet without a lift with v = U', the new values of the state pass);
+// - llc_out_direct_tc: one state per chunk, Dk ≤ 64, tensor cores (f32, or bf16 as stored);
+// - llc_out_dl (FMA) and llc_out_dl_tc: gated DeltaNet's lift, with the intra-chunk coefficients
+//   P T⁻¹ diag(β) and the carried queries Q̃ = σ e^γ Q − P W.
+// The states come from loglinear_ssd.cu (scalar decay) or loglinear_state_pass.cu (gated
+// DeltaNet). Launched by loglinear/output.rs; chunks and helpers as in loglinear_common.cuh.
 
 // The states chunk i reads between chunks (thread 0 of llc_out / llc_out_tc; returns how many):
 // for every set bit e − 1 of i, its tree entry (the level-(e−1) block 2·(i ≫ e)), the decay from
@@ -126,49 +34,6 @@ __device__ inline int llc_levels(int i, int bh, int nc, int direct, const double
     return np;
 }
 
-// 2'. Without a lift, instead of the tree: the state entering every chunk, in place over the
-// level-0 entries. For each (batch·head) and each of the Dk·Dv entries independently,
-//   H_0 = 0,  H_{j+1} = e^{a_j} H_j + Z_j,
-// and entry j is overwritten by H_j (Z_j is read first), so that pass 3 runs with direct = 1 and
-// reads one state per chunk. Each thread walks one entry over the chunks, loading LLC_SCAN_P
-// chunks' values before storing any (the loads do not wait on the recurrence; 32 in flight
-// rather than 16 took mamba2's whole call from 0.34 to 0.30 ms at T = 16k on the H200).
-// Grid (⌈Dk·Dv/256⌉, BH), 256 threads.
-#define LLC_SCAN_P 32
-template <typename T>
-__device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk, int Dv, int nc) {
-    LLC_FIX_DIMS(Dk, Dv);
-    const long long DD = (long long)Dk * Dv;
-    const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
-    const int bh = blockIdx.y;
-    if (idx >= DD) return;
-    T* f = F + (long long)bh * nc * DD + idx;
-    const double* a = A + (long long)bh * nc;
-    T hcur = (T)0;
-    int j0 = 0;
-    for (; j0 + LLC_SCAN_P <= nc; j0 += LLC_SCAN_P) {
-        T z[LLC_SCAN_P], w[LLC_SCAN_P];
-#pragma unroll
-        for (int p = 0; p < LLC_SCAN_P; ++p) {
-            z[p] = f[(long long)(j0 + p) * DD];
-            w[p] = mx_exp((T)a[j0 + p]);
-        }
-        // Every load of the group (states and decays) is issued before the first store: a load
-        // after a store that the compiler cannot tell apart waits for it, and each step would
-        // then wait a full memory latency.
-        asm volatile("" ::: "memory");
-#pragma unroll
-        for (int p = 0; p < LLC_SCAN_P; ++p) {
-            f[(long long)(j0 + p) * DD] = hcur;
-            hcur = fma(w[p], hcur, z[p]);
-        }
-    }
-    for (; j0 < nc; ++j0) {
-        const T z = f[(long long)j0 * DD];
-        f[(long long)j0 * DD] = hcur;
-        hcur = fma(mx_exp((T)a[j0]), hcur, z);
-    }
-}
 
 // 3. Outputs of chunk i, a tile of 64 value columns. Grid (NC, BH, ⌈Dv/64⌉), 256 threads.
 // direct = 1 (gated DeltaNet, no lift): F holds the state entering each chunk, [BH][NC][Dk][Dv],
@@ -276,7 +141,6 @@ __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_
 // Grid (NC, BH, ⌈Dv/64⌉), 128 threads.
 #define LLT_LDQ 36
 #define LLT_LDP 68
-#define LLT_LDV 72
 __device__ void llc_out_tc(const float* q, const float* k, const float* v, const float* g, int has_g,
                            const float* lam, const float* F, const double* A, float* y, int Tn, int H, int Dk,
                            int Dv, int L, int lifted, int direct, int nc, double scale) {
@@ -612,99 +476,296 @@ extern "C" __global__ void __launch_bounds__(128)
     llc_out_direct_tc<mx_bf16>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale);
 }
 
-// 1'. llc_states on tensor cores (tf32 / bf16 modes; k and v f32, or bf16 bits as stored in the bf16
-// mode — TI): Z_j = K̂ᵀ V as m16n8k8 tf32 mma,
-// a 64 × 64 tile of (key rows, value columns) per block, 4 warps of 16 key rows. Ks, Vs [64][72]
-// (padded: fragment loads hit 32 banks). Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 128 threads.
-template <typename TI>
-__device__ void llc_states_tc(const TI* k, const TI* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
-                              int Dk, int Dv, int nc) {
+// 6. Outputs of gated DeltaNet's lift, chunk i, a tile of 64 value columns (docs/math.md §2.6):
+// P = σ QKᵀ ⊙ Γ (s ≤ r); the intra-chunk coefficients A = P T⁻¹ diag(β), weighted λ_r^(ℓ(r,s)), give
+// y = A V; the carried queries Q̃ = σ diag(e^γ) Q − P W read every level state llc_delta_h wrote for
+// the chunk: y_r += Σ_e λ_r^(c+e) Q̃_r S^(e). Grid (NC, BH, ⌈Dv/64⌉), 256 threads; dynamic shared
+// memory (Pt, At [CH][CH+1], Qt [64][CH+1], Xs, Ys [16][65]).
+template <typename T>
+__device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int has_g, const T* beta, const T* lam,
+                           const T* W, const T* Ti, const T* Hs, T* y, int Tn, int H, int Dk, int Dv, int L, int nc,
+                           long long slots, double scale) {
     LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = 64;
+    constexpr int CH = Llc<T>::CH, CB = Llc<T>::CBITS, RI = CH / 16, LDC = CH + 1;
+    extern __shared__ unsigned char llc_dyn[];
+    T* Pt = reinterpret_cast<T*>(llc_dyn);  // Pt[s][r] = P[r][s]
+    T* At = Pt + CH * LDC;                  // At[s][r] = λ-weighted A[r][s]
+    T* Qt = At + CH * LDC;                  // Qt[c][r] = Q̃[r][c0 + c]
+    T* Xs = Qt + 64 * LDC;
+    T* Ys = Xs + LLC_KT * LLC_LD;
     __shared__ double gam[CH], gtmp[CH];
-    __shared__ float Ks[CH * LLT_LDV], Vs[CH * LLT_LDV];
-    const int j = blockIdx.x, bh = blockIdx.y;
+    __shared__ T bet[CH];
+    const int i = blockIdx.x, bh = blockIdx.y;
     const int b = bh / H, h = bh % H;
-    const int ntd = (Dv + 63) / 64;
-    const int c0 = (blockIdx.z / ntd) * 64, d0 = (blockIdx.z % ntd) * 64;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
-    const int i0 = j * CH, n = min(CH, Tn - i0);
+    const int d0 = blockIdx.z * LLC_NT;
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int i0 = i * CH, n = min(CH, Tn - i0);
     const long long row0 = ((long long)b * Tn + i0) * H + h;
-    llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
-    const double alast = gam[CH - 1];
-    // Four entries per load (one 16-byte f32 or 8-byte bf16 load when the rows allow it); K and V
-    // loads are all issued before the first store.
-    const bool vk = Dk % 4 == 0 && mx_aligned(k, 4 * sizeof(TI)), vv = Dv % 4 == 0 && mx_aligned(v, 4 * sizeof(TI));
-    llc_stage<float4, 2 * CH * 16 / 128, 128>(
-        2 * CH * 16,
-        [&](int idx) {
-            const int s = (idx >> 4) & (CH - 1), c = (idx & 15) * 4;
-            if (s >= n) return float4{0.f, 0.f, 0.f, 0.f};
-            return idx < CH * 16 ? llc_ld4(k, (row0 + (long long)s * H) * Dk + c0, c, Dk - c0, vk)
-                                 : llc_ld4(v, (row0 + (long long)s * H) * Dv + d0, c, Dv - d0, vv);
-        },
-        [&](int idx, float4 x) {
-            const int s = (idx >> 4) & (CH - 1), c = (idx & 15) * 4;
-            if (idx < CH * 16)
-                llc_put4_tf32(Ks + s * LLT_LDV + c, x, __expf((float)(alast - gam[s])));
-            else
-                llc_put4_tf32(Vs + s * LLT_LDV + c, x, 1.f);
-        });
-    __syncthreads();
-    float acc[8][4] = {};
-    const int cr = warp * 16 + gi;
-    for (int k8 = 0; k8 < (n + 7) / 8; ++k8) {
-        const int s = k8 * 8 + tg;
-        const unsigned a0 = __float_as_uint(Ks[s * LLT_LDV + cr]), a1 = __float_as_uint(Ks[s * LLT_LDV + cr + 8]);
-        const unsigned a2 = __float_as_uint(Ks[(s + 4) * LLT_LDV + cr]),
-                       a3 = __float_as_uint(Ks[(s + 4) * LLT_LDV + cr + 8]);
-#pragma unroll
-        for (int nt = 0; nt < 8; ++nt)
-            mx_mma_tf32(acc[nt], a0, a1, a2, a3, __float_as_uint(Vs[s * LLT_LDV + nt * 8 + gi]),
-                        __float_as_uint(Vs[(s + 4) * LLT_LDV + nt * 8 + gi]));
-    }
     const long long DD = (long long)Dk * Dv;
-    float* Z = F + ((long long)bh * nc + j) * DD;
+    const T sc = (T)scale;
+    if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : (T)0;
+    llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
+    {
+        T acc[RI][RI] = {};
+        llc_qk<T, CH>(acc, q, k, Xs, Ys, row0, H, Dk, n);
 #pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
+        for (int a = 0; a < RI; ++a)
+#pragma unroll
+            for (int bb = 0; bb < RI; ++bb) {
+                const int r = ty + 16 * a, s = tx + 16 * bb;
+                Pt[s * LDC + r] = (s <= r && r < n) ? sc * acc[a][bb] * mx_exp((T)(gam[r] - gam[s])) : (T)0;
+            }
+    }
+    __syncthreads();
+    {
+        // A = P T⁻¹ diag(β), reduced over j in tiles of 16.
+        const T* Tc = Ti + ((long long)bh * nc + i) * CH * CH;
+        T acc[RI][RI] = {};
+        for (int j0 = 0; j0 < CH; j0 += LLC_KT) {
+            for (int idx = tid; idx < LLC_KT * CH; idx += 256) {
+                const int kk = idx / CH, s = idx % CH;
+                Ys[kk * LLC_LD + s] = Tc[(j0 + kk) * CH + s] * bet[s];
+            }
+            __syncthreads();
+            llc_gemm<T, RI, RI, LDC, LLC_LD>(acc, Pt + j0 * LDC, Ys, LLC_KT, ty, tx);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int a = 0; a < RI; ++a)
+#pragma unroll
+            for (int bb = 0; bb < RI; ++bb) {
+                const int r = ty + 16 * a, s = tx + 16 * bb;
+                At[s * LDC + r] = (s <= r && r < n)
+                                      ? acc[a][bb] * lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))]
+                                      : (T)0;
+            }
+    }
+    __syncthreads();
+    // acc += M · X, M = Mt transposed (Mt[s][r], rows r of the chunk), X the chunk's tokens s < n of
+    // a [B,T,H,D] array, columns col0 .. col0 + LLC_NT − 1; tokens staged LLC_KT at a time.
+    auto times_tokens = [&](T (&acc)[RI][4], const T* Mt, const T* src, int D, int col0) {
+        for (int s0 = 0; s0 < n; s0 += LLC_KT) {
+            for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
+                const int kk = idx / LLC_NT, cc = idx % LLC_NT, s = s0 + kk;
+                Ys[kk * LLC_LD + cc] =
+                    (s < n && col0 + cc < D) ? src[(row0 + (long long)s * H) * D + col0 + cc] : (T)0;
+            }
+            __syncthreads();
+            llc_gemm<T, RI, 4, LDC, LLC_LD>(acc, Mt + s0 * LDC, Ys, min(LLC_KT, n - s0), ty, tx);
+            __syncthreads();
+        }
+    };
+    T yacc[RI][4] = {};
+    times_tokens(yacc, At, v, Dv, d0);  // A V
+    const long long first = llc_popsum(i);
+    const int ne = __popc((unsigned)i);
+    for (int c0 = 0; ne > 0 && c0 < Dk; c0 += 64) {
+        // Q̃ for key columns c0..c0+64: σ e^γ Q − P W.
+        T qa[RI][4] = {};
+        times_tokens(qa, Pt, W, Dk, c0);  // P W
+#pragma unroll
+        for (int a = 0; a < RI; ++a)
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                const int r = ty + 16 * a, cc = tx + 16 * jj, c = c0 + cc;
+                Qt[cc * LDC + r] = (r < n && c < Dk)
+                                       ? sc * mx_exp((T)gam[r]) * q[(row0 + (long long)r * H) * Dk + c] - qa[a][jj]
+                                       : (T)0;
+            }
+        __syncthreads();
+        int rank = 0;
+        for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
+            if (!((i >> (e - 1)) & 1)) continue;
+            const T* Se = Hs + ((long long)bh * slots + first + rank) * DD;
+            ++rank;
+            T la[RI][4] = {};
+            for (int k0 = 0; k0 < 64 && c0 + k0 < Dk; k0 += LLC_KT) {
+                for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
+                    const int kk = idx / LLC_NT, dd = idx % LLC_NT, c = c0 + k0 + kk;
+                    Ys[kk * LLC_LD + dd] = (c < Dk && d0 + dd < Dv) ? Se[(long long)c * Dv + d0 + dd] : (T)0;
+                }
+                __syncthreads();
+                llc_gemm<T, RI, 4, LDC, LLC_LD>(la, Qt + k0 * LDC, Ys, LLC_KT, ty, tx);
+                __syncthreads();
+            }
+#pragma unroll
+            for (int a = 0; a < RI; ++a) {
+                const int r = ty + 16 * a;
+                const T w = r < n ? lam[(row0 + (long long)r * H) * L + CB + e] : (T)0;
+#pragma unroll
+                for (int jj = 0; jj < 4; ++jj) yacc[a][jj] += w * la[a][jj];
+            }
+        }
+    }
+    llc_store<T, RI>(yacc, y, row0, H, Dv, n, d0, ty, tx);
+}
+
+// 6'. llc_out_dl on tensor cores (tf32 / bf16 modes, f32 data): the same outputs, every product
+// (QKᵀ, P·T⁻¹diag(β), A·V, P·W, Q̃·S^(e)) as m16n8k8 tf32 mma with f32 accumulation. Eight warps:
+// warp w owns rows 16 (w mod 4) .. + 15 and columns 32 ⌊w / 4⌋ .. + 31 of every 64 × 64 product.
+// Shared (floats, rows of 68 ≡ 4 mod 32 so that fragment loads hit 32 banks): Pm [64][68] (P),
+// Am [64][68] (a Q tile, then the λ-weighted A, then a Q̃ tile), X [64][68] (the B operand
+// being staged: K, T⁻¹diag(β), V, W or a level state). Grid (NC, BH, ⌈Dv/64⌉), 256 threads,
+// 3 · 64 · 68 · 4 bytes of dynamic shared memory.
+#define LDL_LD 68
+__device__ void llc_out_dl_tc(const float* q, const float* k, const float* v, const float* g, int has_g,
+                              const float* beta, const float* lam, const float* W, const float* Ti, const float* Hs,
+                              float* y, int Tn, int H, int Dk, int Dv, int L, int nc, long long slots, double scale) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = 64, CB = 6;
+    extern __shared__ unsigned char llc_dyn[];
+    float* Pm = reinterpret_cast<float*>(llc_dyn);
+    float* Am = Pm + CH * LDL_LD;
+    float* X = Am + CH * LDL_LD;
+    __shared__ double gam[CH], gtmp[CH];
+    __shared__ float bet[CH];
+    const int i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int d0 = blockIdx.z * 64;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32;
+    const int i0 = i * CH, n = min(CH, Tn - i0);
+    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    const long long DD = (long long)Dk * Dv;
+    const float sc = (float)scale;
+    const bool vq = Dk % 4 == 0 && llc_al16(q) && llc_al16(k) && llc_al16(W), vv = Dv % 4 == 0 && llc_al16(v),
+               vh = Dv % 4 == 0 && llc_al16(Hs);
+    if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : 0.f;
+    llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
+    // 64 × 64 tile of a [rows][D] array into dst (rows r < nrows of src at src + base + r·stride,
+    // columns c0 .. c0 + 63 below D), rounded to tf32; 4 loads of four floats per thread.
+    auto stage = [&](float* dst, const float* src, int nrows, int D, int c0, bool vec, long long base,
+                     long long stride) {
+        llc_stage<float4, 4, 256>(
+            CH * 16,
+            [&](int idx) {
+                const int r = idx >> 4;
+                return r < nrows ? llc_ld4(src, base + r * stride + c0, (idx & 15) * 4, D - c0, vec)
+                                 : float4{0.f, 0.f, 0.f, 0.f};
+            },
+            [&](int idx, float4 x) {
+                const int r = idx >> 4;
+                llc_put4_tf32(dst + r * LDL_LD + (idx & 15) * 4, x, 1.f);
+            });
+    };
+    auto mma_rows = [&](float (&acc)[4][4], const float* a, const float* bt, int kend, bool b_t) {
+        llc_mma_rows<LDL_LD>(acc, a, bt, kend, b_t, mr, nb, gi, tg);
+    };
+    // Fragment element u of n-tile nt: row, column.
+    auto frow = [&](int u) { return mr + gi + (u < 2 ? 0 : 8); };
+    auto fcol = [&](int nt, int u) { return nb + nt * 8 + 2 * tg + (u & 1); };
+    // 1. P = σ QKᵀ ⊙ Γ (s ≤ r).
+    {
+        float acc[4][4] = {};
+        for (int c0 = 0; c0 < Dk; c0 += 64) {
+            stage(Am, q, n, Dk, c0, vq, row0 * Dk, (long long)H * Dk);
+            stage(X, k, n, Dk, c0, vq, row0 * Dk, (long long)H * Dk);
+            __syncthreads();
+            mma_rows(acc, Am, X, min(64, (Dk - c0 + 7) & ~7), true);
+            __syncthreads();
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = frow(u), s = fcol(nt, u);
+                const float p = (s <= r && r < n) ? sc * acc[nt][u] * __expf((float)(gam[r] - gam[s])) : 0.f;
+                Pm[r * LDL_LD + s] = __uint_as_float(mx_tf32(p));
+            }
+    }
+    // 2. A = P T⁻¹ diag(β), λ-weighted by the Fenwick level of (r, s).
+    {
+        const float* Tc = Ti + ((long long)bh * nc + i) * CH * CH;
+        stage(X, Tc, CH, CH, 0, llc_al16(Ti), 0, CH);
+        __syncthreads();
+        float acc[4][4] = {};
+        mma_rows(acc, Pm, X, (n + 7) & ~7, false);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = frow(u), s = fcol(nt, u);
+                // (P T⁻¹)[r][s] β_s λ_r^(ℓ(r,s))
+                const float a = (s <= r && r < n) ? acc[nt][u] * bet[s] *
+                                                        lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))]
+                                                  : 0.f;
+                Am[r * LDL_LD + s] = __uint_as_float(mx_tf32(a));
+            }
+        __syncthreads();
+    }
+    // 3. y = A V (value columns d0 ..).
+    float yacc[4][4] = {};
+    stage(X, v, n, Dv, d0, vv, row0 * Dv, (long long)H * Dv);
+    __syncthreads();
+    mma_rows(yacc, Am, X, (n + 7) & ~7, false);
+    __syncthreads();
+    // 4. The levels entering the chunk: y_r += Σ_e λ_r^(c+e) Q̃_r S^(e), Q̃ = σ e^γ Q − P W, over key
+    // tiles of 64.
+    const long long first = llc_popsum(i);
+    const int ne = __popc((unsigned)i);
+    for (int c0 = 0; ne > 0 && c0 < Dk; c0 += 64) {
+        stage(X, W, n, Dk, c0, vq, row0 * Dk, (long long)H * Dk);
+        __syncthreads();
+        float qa[4][4] = {};
+        mma_rows(qa, Pm, X, (n + 7) & ~7, false);
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = frow(u), cc = fcol(nt, u), c = c0 + cc;
+                const float qt = (r < n && c < Dk)
+                                     ? sc * __expf((float)gam[r]) * q[(row0 + (long long)r * H) * Dk + c] - qa[nt][u]
+                                     : 0.f;
+                Am[r * LDL_LD + cc] = __uint_as_float(mx_tf32(qt));
+            }
+        __syncthreads();
+        int rank = 0;
+        for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
+            if (!((i >> (e - 1)) & 1)) continue;
+            const float* Se = Hs + ((long long)bh * slots + first + rank) * DD;
+            ++rank;
+            stage(X, Se, min(64, Dk - c0), Dv, d0, vh, (long long)c0 * Dv, Dv);
+            __syncthreads();
+            float la[4][4] = {};
+            mma_rows(la, Am, X, min(64, (Dk - c0 + 7) & ~7), false);
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = frow(u);
+                const float w = r < n ? lam[(row0 + (long long)r * H) * L + CB + e] : 0.f;
+#pragma unroll
+                for (int nt = 0; nt < 4; ++nt) yacc[nt][u] += w * la[nt][u];
+            }
+            __syncthreads();
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
-            const int c = c0 + cr + (u < 2 ? 0 : 8), d = d0 + nt * 8 + 2 * tg + (u & 1);
-            if (c < Dk && d < Dv) Z[(long long)c * Dv + d] = acc[nt][u];
+            const int r = frow(u), d = d0 + fcol(nt, u);
+            if (r < n && d < Dv) y[(row0 + (long long)r * H) * Dv + d] = yacc[nt][u];
         }
-    if (blockIdx.z == 0 && tid == 0) A[(long long)bh * nc + j] = alast;
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-    llc_states_tc_f32(const float* k, const float* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
-                      int Dk, int Dv, int nc) {
-    llc_states_tc<float>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
-}
-// The bf16 mode's activations read as they are stored (bf16 bits; g stays f32).
-extern "C" __global__ void __launch_bounds__(128)
-    llc_states_tc_bf16(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, float* F, double* A, int Tn,
-                       int H, int Dk, int Dv, int nc) {
-    llc_states_tc<mx_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
+extern "C" __global__ void __launch_bounds__(256)
+    llc_out_dl_tc_f32(const float* q, const float* k, const float* v, const float* g, int has_g, const float* beta,
+                      const float* lam, const float* W, const float* Ti, const float* Hs, float* y, int Tn, int H,
+                      int Dk, int Dv, int L, int nc, long long slots, double scale) {
+    llc_out_dl_tc(q, k, v, g, has_g, beta, lam, W, Ti, Hs, y, Tn, H, Dk, Dv, L, nc, slots, scale);
 }
 
-#define LLC_EXPORT(T, S)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(256)                                                             \
-        llc_states_##S(const T* k, const T* v, const T* g, int has_g, T* F, double* A, int Tn, int H, int Dk,      \
-                       int Dv, int nc) {                                                                          \
-        llc_states<T>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);                                                   \
-    }                                                                                                             \
-    extern "C" __global__ void llc_tree_##S(T* F, double* A, int e, int BH, int Dk, int Dv, int nc) {             \
-        llc_tree<T>(F, A, e, BH, Dk, Dv, nc);                                                                     \
-    }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256) llc_scan_##S(T* F, const double* A, int Dk, int Dv, int nc) { \
-        llc_scan<T>(F, A, Dk, Dv, nc);                                                                            \
-    }                                                                                                             \
+#define LLO_EXPORT(T, S)                                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llc_out_##S(const T* q, const T* k, const T* v, const T* g, int has_g, const T* lam, const T* F,          \
                     const double* A, T* y, int Tn, int H, int Dk, int Dv, int L, int lifted, int direct, int nc,  \
                     double scale) {                                                                               \
         llc_out<T>(q, k, v, g, has_g, lam, F, A, y, Tn, H, Dk, Dv, L, lifted, direct, nc, scale);                 \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        llc_out_dl_##S(const T* q, const T* k, const T* v, const T* g, int has_g, const T* beta, const T* lam,      \
+                       const T* W, const T* Ti, const T* Hs, T* y, int Tn, int H, int Dk, int Dv, int L, int nc,  \
+                       long long slots, double scale) {                                                           \
+        llc_out_dl<T>(q, k, v, g, has_g, beta, lam, W, Ti, Hs, y, Tn, H, Dk, Dv, L, nc, slots, scale);           \
     }
 
-LLC_EXPORT(float, f32)
-LLC_EXPORT(double, f64)
+LLO_EXPORT(float, f32)
+LLO_EXPORT(double, f64)

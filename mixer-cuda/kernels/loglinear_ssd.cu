@@ -1,0 +1,238 @@
+// The scalar-decay members of the log-linear family (linear attention and Mamba-2, and their
+// Fenwick lifts), their chunk states (docs/math.md §2.1–§2.6): every pass parallel over (chunk,
+// batch·head, tile); only a tree of log₂(#chunks) short elementwise launches joins the chunks.
+// Launched by loglinear/ssd.rs; the outputs that read these states are loglinear_output.cu's.
+//
+// Chunks have CH = 64 tokens (f32) or 32 (f64); the last one may be partial. With chunk-local
+// cumulative log-decays γ_r (r < n) and chunk totals a_j = γ_{n−1}:
+// 1. llc_states: per chunk j the state Z_j = Σ_s e^{a_j − γ_s} k_s v_sᵀ (Dk×Dv) and a_j — the
+//    level-0 entries of the tree.
+// 2. llc_tree, per tree level e ≥ 1: the aligned block of 2^e chunks m has
+//    F_e(m) = e^{A_{e−1}(2m+1)} F_{e−1}(2m) + F_{e−1}(2m+1) and A_e(m) = A_{e−1}(2m) + A_{e−1}(2m+1):
+//    its state decayed to its end, and its total log-decay.
+// 3. llc_out, per chunk i: the intra-chunk quadratic part with the Fenwick levels inside the chunk,
+//    plus, for every chunk level e with bit e−1 of i set, the bucket of chunks j with
+//    bitlen(i ⊕ j) = e. That bucket is the lower half of i's aligned 2^e block: level-(e−1) entry
+//    m_e = 2·(i ≫ e). The chunks between its end and i's start are exactly the buckets of the lower
+//    set bits of i, so its decay to i's start is d_e = Σ_{e' < e, bit e'−1 set} A_{e'−1}(m_{e'}).
+//    y_r += σ λ_r^{(c+e)} e^{γ_r + d_e} q_r · F_{e−1}(m_e), c = log₂ CH. Without a lift the levels
+//    are summed first (λ ≡ 1): one product with H_i = Σ_e e^{d_e} F_{e−1}(m_e); the host runs
+//    llc_scan (2') instead of the tree then, which leaves exactly H_i in place of Z_i.
+// Tree entries: level e has ⌊NC / 2^e⌋ complete blocks; entries of level e start at
+// BH·DD·Σ_{e'<e} ⌊NC/2^{e'}⌋ (DD = Dk·Dv) and are laid out [bh][m][Dk][Dv]; the log-decays A
+// likewise without DD. A block that is not complete is never read.
+
+// 1. Chunk states Z_j [Dk×Dv] (tile of 64 key rows × 64 value columns) and chunk log-decays.
+// Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 256 threads.
+template <typename T>
+__device__ void llc_states(const T* k, const T* v, const T* g, int has_g, T* F, double* A, int Tn, int H, int Dk, int Dv,
+                           int nc) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = Llc<T>::CH;
+    __shared__ double gam[CH], gtmp[CH];
+    __shared__ T Xs[CH * LLC_LD], Ys[CH * LLC_LD];  // K̂ [s][64 key columns], V [s][64 value columns]
+    const int j = blockIdx.x, bh = blockIdx.y;
+    const int b = bh / H, h = bh % H;
+    const int ntd = (Dv + LLC_NT - 1) / LLC_NT;
+    const int c0 = (blockIdx.z / ntd) * LLC_NT, d0 = (blockIdx.z % ntd) * LLC_NT;
+    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+    const int i0 = j * CH, n = min(CH, Tn - i0);
+    const long long row0 = ((long long)b * Tn + i0) * H + h;  // row of token i0 (times H per token)
+    llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
+    const double alast = gam[CH - 1];
+    constexpr int PER = CH * LLC_NT / 256;
+    llc_stage<T, PER, 256>(
+        CH * LLC_NT,
+        [&](int idx) {
+            const int s = idx / LLC_NT, cc = idx % LLC_NT;
+            return (s < n && c0 + cc < Dk) ? k[(row0 + (long long)s * H) * Dk + c0 + cc] : (T)0;
+        },
+        [&](int idx, T x) {
+            const int s = idx / LLC_NT;
+            Xs[s * LLC_LD + idx % LLC_NT] = mx_exp((T)(alast - gam[s])) * x;
+        });
+    llc_stage<T, PER, 256>(
+        CH * LLC_NT,
+        [&](int idx) {
+            const int s = idx / LLC_NT, cc = idx % LLC_NT;
+            return (s < n && d0 + cc < Dv) ? v[(row0 + (long long)s * H) * Dv + d0 + cc] : (T)0;
+        },
+        [&](int idx, T x) { Ys[(idx / LLC_NT) * LLC_LD + idx % LLC_NT] = x; });
+    __syncthreads();
+    T acc[4][4] = {};
+    llc_gemm<T, 4, 4, LLC_LD, LLC_LD>(acc, Xs, Ys, n, ty, tx);
+    const long long DD = (long long)Dk * Dv;
+    T* Z = F + ((long long)bh * nc + j) * DD;
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj) {
+            const int c = c0 + ty + 16 * i, d = d0 + tx + 16 * jj;
+            if (c < Dk && d < Dv) Z[(long long)c * Dv + d] = acc[i][jj];
+        }
+    if (blockIdx.z == 0 && tid == 0) A[(long long)bh * nc + j] = alast;
+}
+
+// 2. One tree level e ≥ 1. Grid (⌊NC/2^e⌋, BH), 256 threads.
+template <typename T>
+__device__ void llc_tree(T* __restrict__ F, double* A, int e, int BH, int Dk, int Dv, int nc) {
+    LLC_FIX_DIMS(Dk, Dv);
+    const long long DD = (long long)Dk * Dv;
+    const int m = blockIdx.x, bh = blockIdx.y;
+    const long long lo = llc_entry(e - 1, bh, 2 * m, nc, BH), dst = llc_entry(e, bh, m, nc, BH);
+    const double au = A[lo + 1];
+    const T w = mx_exp((T)au);
+    const T* F0 = F + lo * DD;
+    const T* F1 = F0 + DD;
+    T* out = F + dst * DD;
+    for (long long base = 0; base < DD; base += 4 * 256) {
+        T a[4], c[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const long long idx = base + threadIdx.x + u * 256;
+            a[u] = idx < DD ? F0[idx] : (T)0;
+            c[u] = idx < DD ? F1[idx] : (T)0;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const long long idx = base + threadIdx.x + u * 256;
+            if (idx < DD) out[idx] = fma(w, a[u], c[u]);
+        }
+    }
+    if (threadIdx.x == 0) A[dst] = A[lo] + au;
+}
+
+// 2'. Without a lift, instead of the tree: the state entering every chunk, in place over the
+// level-0 entries. For each (batch·head) and each of the Dk·Dv entries independently,
+//   H_0 = 0,  H_{j+1} = e^{a_j} H_j + Z_j,
+// and entry j is overwritten by H_j (Z_j is read first), so that pass 3 runs with direct = 1 and
+// reads one state per chunk. Each thread walks one entry over the chunks, loading LLC_SCAN_P
+// chunks' values before storing any (the loads do not wait on the recurrence; 32 in flight
+// rather than 16 took mamba2's whole call from 0.34 to 0.30 ms at T = 16k on the H200).
+// Grid (⌈Dk·Dv/256⌉, BH), 256 threads.
+#define LLC_SCAN_P 32
+template <typename T>
+__device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk, int Dv, int nc) {
+    LLC_FIX_DIMS(Dk, Dv);
+    const long long DD = (long long)Dk * Dv;
+    const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
+    const int bh = blockIdx.y;
+    if (idx >= DD) return;
+    T* f = F + (long long)bh * nc * DD + idx;
+    const double* a = A + (long long)bh * nc;
+    T hcur = (T)0;
+    int j0 = 0;
+    for (; j0 + LLC_SCAN_P <= nc; j0 += LLC_SCAN_P) {
+        T z[LLC_SCAN_P], w[LLC_SCAN_P];
+#pragma unroll
+        for (int p = 0; p < LLC_SCAN_P; ++p) {
+            z[p] = f[(long long)(j0 + p) * DD];
+            w[p] = mx_exp((T)a[j0 + p]);
+        }
+        // Every load of the group (states and decays) is issued before the first store: a load
+        // after a store that the compiler cannot tell apart waits for it, and each step would
+        // then wait a full memory latency.
+        asm volatile("" ::: "memory");
+#pragma unroll
+        for (int p = 0; p < LLC_SCAN_P; ++p) {
+            f[(long long)(j0 + p) * DD] = hcur;
+            hcur = fma(w[p], hcur, z[p]);
+        }
+    }
+    for (; j0 < nc; ++j0) {
+        const T z = f[(long long)j0 * DD];
+        f[(long long)j0 * DD] = hcur;
+        hcur = fma(mx_exp((T)a[j0]), hcur, z);
+    }
+}
+
+// 1'. llc_states on tensor cores (tf32 / bf16 modes; k and v f32, or bf16 bits as stored in the bf16
+// mode — TI): Z_j = K̂ᵀ V as m16n8k8 tf32 mma,
+// a 64 × 64 tile of (key rows, value columns) per block, 4 warps of 16 key rows. Ks, Vs [64][72]
+// (padded: fragment loads hit 32 banks). Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 128 threads.
+template <typename TI>
+__device__ void llc_states_tc(const TI* k, const TI* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
+                              int Dk, int Dv, int nc) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = 64;
+    __shared__ double gam[CH], gtmp[CH];
+    __shared__ float Ks[CH * LLT_LDV], Vs[CH * LLT_LDV];
+    const int j = blockIdx.x, bh = blockIdx.y;
+    const int b = bh / H, h = bh % H;
+    const int ntd = (Dv + 63) / 64;
+    const int c0 = (blockIdx.z / ntd) * 64, d0 = (blockIdx.z % ntd) * 64;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const int i0 = j * CH, n = min(CH, Tn - i0);
+    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
+    const double alast = gam[CH - 1];
+    // Four entries per load (one 16-byte f32 or 8-byte bf16 load when the rows allow it); K and V
+    // loads are all issued before the first store.
+    const bool vk = Dk % 4 == 0 && mx_aligned(k, 4 * sizeof(TI)), vv = Dv % 4 == 0 && mx_aligned(v, 4 * sizeof(TI));
+    llc_stage<float4, 2 * CH * 16 / 128, 128>(
+        2 * CH * 16,
+        [&](int idx) {
+            const int s = (idx >> 4) & (CH - 1), c = (idx & 15) * 4;
+            if (s >= n) return float4{0.f, 0.f, 0.f, 0.f};
+            return idx < CH * 16 ? llc_ld4(k, (row0 + (long long)s * H) * Dk + c0, c, Dk - c0, vk)
+                                 : llc_ld4(v, (row0 + (long long)s * H) * Dv + d0, c, Dv - d0, vv);
+        },
+        [&](int idx, float4 x) {
+            const int s = (idx >> 4) & (CH - 1), c = (idx & 15) * 4;
+            if (idx < CH * 16)
+                llc_put4_tf32(Ks + s * LLT_LDV + c, x, __expf((float)(alast - gam[s])));
+            else
+                llc_put4_tf32(Vs + s * LLT_LDV + c, x, 1.f);
+        });
+    __syncthreads();
+    float acc[8][4] = {};
+    const int cr = warp * 16 + gi;
+    for (int k8 = 0; k8 < (n + 7) / 8; ++k8) {
+        const int s = k8 * 8 + tg;
+        const unsigned a0 = __float_as_uint(Ks[s * LLT_LDV + cr]), a1 = __float_as_uint(Ks[s * LLT_LDV + cr + 8]);
+        const unsigned a2 = __float_as_uint(Ks[(s + 4) * LLT_LDV + cr]),
+                       a3 = __float_as_uint(Ks[(s + 4) * LLT_LDV + cr + 8]);
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt)
+            mx_mma_tf32(acc[nt], a0, a1, a2, a3, __float_as_uint(Vs[s * LLT_LDV + nt * 8 + gi]),
+                        __float_as_uint(Vs[(s + 4) * LLT_LDV + nt * 8 + gi]));
+    }
+    const long long DD = (long long)Dk * Dv;
+    float* Z = F + ((long long)bh * nc + j) * DD;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int c = c0 + cr + (u < 2 ? 0 : 8), d = d0 + nt * 8 + 2 * tg + (u & 1);
+            if (c < Dk && d < Dv) Z[(long long)c * Dv + d] = acc[nt][u];
+        }
+    if (blockIdx.z == 0 && tid == 0) A[(long long)bh * nc + j] = alast;
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    llc_states_tc_f32(const float* k, const float* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
+                      int Dk, int Dv, int nc) {
+    llc_states_tc<float>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
+}
+// The bf16 mode's activations read as they are stored (bf16 bits; g stays f32).
+extern "C" __global__ void __launch_bounds__(128)
+    llc_states_tc_bf16(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, float* F, double* A, int Tn,
+                       int H, int Dk, int Dv, int nc) {
+    llc_states_tc<mx_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
+}
+
+#define LLS_EXPORT(T, S)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        llc_states_##S(const T* k, const T* v, const T* g, int has_g, T* F, double* A, int Tn, int H, int Dk,      \
+                       int Dv, int nc) {                                                                          \
+        llc_states<T>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);                                                   \
+    }                                                                                                             \
+    extern "C" __global__ void llc_tree_##S(T* F, double* A, int e, int BH, int Dk, int Dv, int nc) {             \
+        llc_tree<T>(F, A, e, BH, Dk, Dv, nc);                                                                     \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256) llc_scan_##S(T* F, const double* A, int Dk, int Dv, int nc) { \
+        llc_scan<T>(F, A, Dk, Dv, nc);                                                                            \
+    }
+
+LLS_EXPORT(float, f32)
+LLS_EXPORT(double, f64)

@@ -1,0 +1,519 @@
+//! The `fast` form (docs/math.md §2.6, Fenwick mask): the dispatcher. It checks the inputs, maps
+//! λ on the device ([`super::lambda`]), asks [`plan`] for the launches and runs them, step by step:
+//! - linear attention and Mamba-2 (and their lifts): the chunk states and their tree or scan
+//!   ([`super::ssd`]), then the outputs ([`super::output`]);
+//! - gated DeltaNet (and its lift): the WY/UT pieces per chunk ([`super::wy`]), the sequential
+//!   state pass ([`super::state_pass`], whose [`select`](super::state_pass::select) is the one
+//!   rule for its variant), then the outputs — or, where the pass's states do not fit in shared
+//!   memory, the whole form in one block per head ([`super::sequential`]).
+//!
+//! [`plan`] needs no GPU: it is what the form will launch for a shape, a precision mode, the
+//! storage of the activations and a device, as data (serializable to JSON), so that tuning
+//! harnesses read the host's launches instead of deriving them again.
+
+use mixer_core::fenwick::bitlen;
+use mixer_core::mixers::loglinear::{Base, LogLinear};
+use mixer_core::{Error, Precision, Result};
+use serde::Serialize;
+
+use super::common::{
+    ChunkedInputs, Device, Elem, FAMILY, Launch, Shape, Storage, bf16_qkv, check_sizes, view_or_zero,
+};
+use super::state_pass::{self, PassData, StatePass};
+use super::{lambda, output, sequential, ssd, wy};
+use crate::forms::{finish, input, input_opt};
+use crate::pool;
+use crate::runtime::{GpuReal, err};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
+
+/// Which algorithm the plan runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Path {
+    /// Nothing to compute (an empty output).
+    Empty,
+    /// The scalar-decay members: chunk states, tree or scan, outputs.
+    Ssd,
+    /// The same in the bf16 mode on bf16 activations as stored (no lift, `Dk ≤ 64`).
+    SsdBf16,
+    /// Gated DeltaNet: WY/UT, the state pass, outputs.
+    Delta,
+    /// The same on bf16 operands end to end ([`StatePass::Bf16Registers`]).
+    DeltaBf16,
+    /// Gated DeltaNet in one block per (batch, head) ([`StatePass::Sequential`]).
+    Sequential,
+}
+
+/// The launch plan of the `fast` form for one call: what [`run`] launches, in order.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    /// The mixer's name.
+    pub mixer: String,
+    /// Whether it is a lift (Fenwick levels).
+    pub lifted: bool,
+    /// The sizes.
+    pub shape: Shape,
+    /// The precision mode.
+    pub precision: Precision,
+    /// The activations' storage.
+    pub storage: Storage,
+    /// The device the plan is made for.
+    pub device: Device,
+    /// The algorithm.
+    pub path: Path,
+    /// Tokens per chunk of the chunk kernels (64 in f32, 32 in f64; the sequential form takes
+    /// the configured `chunk`).
+    pub chunk: usize,
+    /// Gated DeltaNet's state pass (none for the other members).
+    pub state_pass: Option<StatePass>,
+    /// The kernel launches, in order.
+    pub launches: Vec<Launch>,
+    /// What the rule did not take, for tuning (never launched): the launches of the other
+    /// state-pass variants that fit ([`state_pass::candidates`]) and, where the WY/UT step runs on
+    /// tensor cores, its FMA kernel.
+    pub alternatives: Vec<Launch>,
+}
+
+/// The launches of the `fast` form of `ll` for `shape` (`[B, T, H, Dk, Dv]`), precision mode `p`,
+/// the activations' `storage` and `device`: the rule for the path and the state pass, and every
+/// kernel's function, defines, grid, block and dynamic shared memory. Errors where a size exceeds
+/// the kernels' limits (the errors [`run`] gives). No GPU is needed.
+pub fn plan(
+    ll: &LogLinear,
+    shape: [usize; 5],
+    p: Precision,
+    storage: Storage,
+    device: Device,
+) -> Result<Plan> {
+    let s = Shape::new(shape);
+    let [b, t, h, dk, dv] = shape;
+    let lifted = ll.lift.is_some();
+    let elem = storage.elem();
+    let mut plan = Plan {
+        mixer: ll.name.clone(),
+        lifted,
+        shape: s,
+        precision: p,
+        storage,
+        device,
+        path: Path::Empty,
+        chunk: elem.chunk(),
+        state_pass: None,
+        launches: Vec::new(),
+        alternatives: Vec::new(),
+    };
+    let bf16_mode = p == Precision::Bf16 && matches!(storage, Storage::Bf16 { .. });
+    match ll.base {
+        Base::LinearAttention | Base::Mamba2 => {
+            if bf16_mode && !lifted && dk <= 64 && b * t * h * dk * dv != 0 {
+                plan.path = Path::SsdBf16;
+                plan.launches = ssd::launches(s, Elem::F32, p, false, true)?;
+                plan.launches.push(output::launch_bf16(s));
+            } else if b * t * h * dv != 0 {
+                plan.path = Path::Ssd;
+                plan.launches = ssd::launches(s, elem, p, lifted, false)?;
+                plan.launches.push(output::launch(s, elem, p, lifted));
+            }
+        }
+        Base::GatedDeltaNet => {
+            let pass = state_pass::select(s, p, storage, lifted, device);
+            match pass {
+                StatePass::Bf16Registers { .. } => {
+                    check_sizes(s, Elem::F32, s.chunks(64))?;
+                    plan.path = Path::DeltaBf16;
+                    plan.launches.push(wy::launch_bf16(s));
+                    plan.launches.extend(state_pass::launches(pass, s, Elem::F32, p, false));
+                    plan.launches.push(output::launch_bf16(s));
+                }
+                _ if b * t * h * dv == 0 => {}
+                StatePass::Sequential => {
+                    plan.path = Path::Sequential;
+                    plan.chunk = ll.chunk;
+                    plan.launches.push(sequential::launch(ll, s, elem)?);
+                }
+                _ => {
+                    check_sizes(s, elem, state_pass::slots(lifted, s.chunks(elem.chunk())).max(1))?;
+                    plan.path = Path::Delta;
+                    plan.launches.push(wy::launch(s, elem, p));
+                    plan.launches.extend(state_pass::launches(pass, s, elem, p, lifted));
+                    plan.launches.push(if lifted {
+                        output::launch_lift(s, elem, p)
+                    } else {
+                        output::launch(s, elem, p, false)
+                    });
+                }
+            }
+            if plan.path != Path::Empty {
+                plan.state_pass = Some(pass);
+                let wy_fma = wy::launch(s, elem, Precision::Exact);
+                if !plan.launches.contains(&wy_fma) && plan.path == Path::Delta {
+                    plan.alternatives.push(wy_fma);
+                }
+                for other in state_pass::candidates(s, p, storage, lifted, device) {
+                    if other != pass {
+                        let e =
+                            if matches!(other, StatePass::Bf16Registers { .. }) { Elem::F32 } else { elem };
+                        plan.alternatives.extend(state_pass::launches(other, s, e, p, lifted));
+                    }
+                }
+            }
+        }
+    }
+    Ok(plan)
+}
+
+/// How `q`, `k`, `v` are stored in `x` for the form of `F`: bf16 (with whether their rows start
+/// 16-byte aligned) where all three are bf16 and `F` is `f32`, else `F`.
+fn storage<F: GpuReal>(x: &DeviceTensors) -> Storage {
+    match bf16_qkv(x) {
+        Some((qkv, _)) if Elem::of::<F>() == Elem::F32 => {
+            Storage::Bf16 { aligned: qkv.iter().all(|a| a.identity().1 % 8 == 0) }
+        }
+        _ => Storage::Real(Elem::of::<F>()),
+    }
+}
+
+/// Runs the `fast` form on device tensors.
+pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
+    if p == Precision::Bf16
+        && let st @ Storage::Bf16 { .. } = storage::<F>(x)
+        && let Some((_, dims)) = bf16_qkv(x)
+    {
+        let device = Device::current();
+        match ll.base {
+            Base::LinearAttention | Base::Mamba2 => {
+                let s = Shape::new(dims);
+                if ll.lift.is_none() && s.dk <= 64 && s.b * s.t * s.h * s.dk * s.dv != 0 {
+                    return run_ssd_bf16(ll, x, st, device);
+                }
+            }
+            Base::GatedDeltaNet => {
+                let lifted = ll.lift.is_some();
+                if let StatePass::Bf16Registers { .. } =
+                    state_pass::select(Shape::new(dims), p, st, lifted, device)
+                {
+                    return run_delta_bf16(ll, x, st, device);
+                }
+            }
+        }
+    }
+    let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
+    let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let dv = v.shape()[3];
+    if b * t * h * dv == 0 {
+        return finish(DeviceTensor::<F>::zeros(&[b, t, h, dv])?, p);
+    }
+    let lam = match ll.lift {
+        Some(_) => {
+            let raw = input::<F>(x, "lambda")?;
+            let levels = raw.shape()[3];
+            // The highest Fenwick level T tokens read (MATH §2.2), whatever the chunking.
+            let need = bitlen(t - 1);
+            if need >= levels {
+                return Err(Error::Value {
+                    name: "lambda".into(),
+                    constraint: format!(
+                        "T = {t} reads Fenwick level {need}, so λ needs more than {need} levels"
+                    ),
+                    found: format!("L = {levels}"),
+                });
+            }
+            let param = input_opt::<F>(x, "lambda_param")?;
+            Some((lambda::weights(ll, &raw, param.as_deref())?, levels))
+        }
+        None => None,
+    };
+    let inp = ChunkedInputs {
+        g: if ll.base.has_decay() { input_opt::<F>(x, "g")? } else { None },
+        beta: if ll.base.has_beta() { input_opt::<F>(x, "beta")? } else { None },
+        q,
+        k,
+        v,
+        lam,
+        dims: [b, t, h, dk, dv],
+        zero: pool::zeros::<F>(FAMILY, 1)?,
+    };
+    // The activations are F now (converted where they were stored otherwise).
+    let plan = plan(ll, inp.dims, p, Storage::Real(Elem::of::<F>()), Device::current())?;
+    let y = match (plan.path, plan.state_pass) {
+        (Path::Ssd, _) => ssd::run(ll, &inp, &plan.launches)?,
+        (Path::Sequential, _) => {
+            let l = plan.launches.first().ok_or_else(|| err(FAMILY, "internal: an empty plan"))?;
+            sequential::run(ll, &inp, l)?
+        }
+        (Path::Delta, Some(pass)) => run_delta(ll, &inp, pass, &plan.launches)?,
+        _ => return Err(err(FAMILY, format!("internal: no path for the plan {:?}", plan.path))),
+    };
+    let checks = inp.lam.as_ref().map(|(l, _)| l.checks().to_vec()).unwrap_or_default();
+    finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)
+}
+
+/// Linear attention and Mamba-2 without a lift in the bf16 mode, on the bf16 activations as
+/// stored ([`Path::SsdBf16`]).
+fn run_ssd_bf16(ll: &LogLinear, x: &DeviceTensors, st: Storage, device: Device) -> Result<AnyDeviceTensor> {
+    let Some((_, dims)) = bf16_qkv(x) else {
+        return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
+    };
+    let g = if ll.base.has_decay() { input_opt::<f32>(x, "g")? } else { None };
+    let plan = plan(ll, dims, Precision::Bf16, st, device)?;
+    ssd::run_bf16(ll, x, g.as_deref(), &plan.launches)
+}
+
+/// Gated DeltaNet, parallel over chunks except the state pass `pass`: the launches of the
+/// [`Path::Delta`] plan.
+fn run_delta<F: GpuReal>(
+    ll: &LogLinear,
+    x: &ChunkedInputs<'_, F>,
+    pass: StatePass,
+    launches: &[Launch],
+) -> Result<pool::Pooled<F>> {
+    let s = x.shape();
+    let [b, t, h, dk, dv] = s.dims();
+    let elem = Elem::of::<F>();
+    let (ch, nc, bh) = (elem.chunk(), s.chunks(elem.chunk()), s.bh());
+    let lifted = ll.lift.is_some();
+    let slots = state_pass::slots(lifted, nc);
+    let (g, has_g) = x.g_view();
+    let beta = x.beta.as_ref().ok_or_else(|| err(FAMILY, "gated DeltaNet needs `beta`"))?;
+    let (first, rest) = launches.split_first().ok_or_else(|| err(FAMILY, "internal: an empty plan"))?;
+    let (last, pass_launches) =
+        rest.split_last().ok_or_else(|| err(FAMILY, "internal: a plan without outputs"))?;
+    let mut w = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut u = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut tinv = pool::take::<F>(FAMILY, if lifted { bh * nc * ch * ch } else { 1 })?;
+    let (kv, vv, bv) = (x.k.view(), x.v.view(), beta.view());
+    wy::run(first, [&kv, &vv], (&g, has_g), &bv, [&mut w, &mut u], (&mut tinv, lifted), s)?;
+    let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
+    let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
+    let data = PassData { k: &kv, g: (&g, has_g), w: &w, u: &u, vn: &mut vn, hs: &mut hs };
+    state_pass::run(pass, pass_launches, data, s, elem, lifted)?;
+    drop(u);
+    let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let qv = x.q.view();
+    let fc = last.function()?;
+    if !lifted {
+        drop((w, tinv));
+        let decays = pool::zeros::<f64>(FAMILY, 1)?;
+        let vnv = vn.slice(0..vn.len());
+        output::run(
+            last,
+            fc,
+            [&qv, &kv, &vnv],
+            (&g, has_g),
+            &x.lam_view(),
+            &hs,
+            &decays,
+            1,
+            false,
+            s,
+            ll.scale,
+            &mut y,
+        )?;
+        return Ok(y);
+    }
+    let (lam, n_levels) = x.lam.as_ref().ok_or_else(|| err(FAMILY, "the lift needs `lambda`"))?;
+    let lv = lam.view();
+    output::run_lift(
+        fc,
+        [&qv, &kv, &vv],
+        (&g, has_g),
+        &bv,
+        (&lv, *n_levels),
+        [&w, &tinv, &hs],
+        slots,
+        s,
+        ll.scale,
+        &mut y,
+    )?;
+    Ok(y)
+}
+
+/// Gated DeltaNet without a lift in the bf16 mode on bf16 operands end to end
+/// ([`Path::DeltaBf16`]), as flash-linear-attention's bf16 kernels do: `llc_wy_tc_bf16` reads `k`,
+/// `v` as stored and writes `W`, `U` rounded to bf16; `llc_delta_h_rb_bf16` (the state in
+/// registers, f32 accumulation, bf16 `m16n8k16` mma) writes the entering states (f32) and the new
+/// values (bf16); `llc_out_direct_tc_bf16` writes a bf16 `y`. The state and the new values are
+/// rounded to bf16 where they enter a product, so this mode is less exact than tf32 (about 10⁻³
+/// relative against the f64 oracle).
+fn run_delta_bf16(ll: &LogLinear, x: &DeviceTensors, st: Storage, device: Device) -> Result<AnyDeviceTensor> {
+    let Some(([q, k, v], dims)) = bf16_qkv(x) else {
+        return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
+    };
+    let s = Shape::new(dims);
+    let [b, t, h, dk, dv] = dims;
+    let gt = input_opt::<f32>(x, "g")?;
+    let beta = input::<f32>(x, "beta")?;
+    let zero = pool::zeros::<f32>(FAMILY, 1)?;
+    let (gv, has_g) = view_or_zero(gt.as_deref(), &zero);
+    let plan = plan(ll, dims, Precision::Bf16, st, device)?;
+    let (Some(pass), [wyl, pass_launch, out]) = (plan.state_pass, &plan.launches[..]) else {
+        return Err(err(FAMILY, "internal: the bf16 plan of gated DeltaNet has three launches"));
+    };
+    let (nc, bh) = (s.chunks(64), s.bh());
+    let (qv, kv, vv, bv) = (q.view(), k.view(), v.view(), beta.view());
+    let mut w = pool::take::<bf16>(FAMILY, b * t * h * dk)?;
+    let mut u = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
+    let mut tinv = pool::take::<f32>(FAMILY, 1)?;
+    wy::run(wyl, [&kv, &vv], (&gv, has_g), &bv, [&mut w, &mut u], (&mut tinv, false), s)?;
+    let mut vn = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
+    let mut hs = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
+    let data = PassData { k: &kv, g: (&gv, has_g), w: &w, u: &u, vn: &mut vn, hs: &mut hs };
+    state_pass::run(pass, std::slice::from_ref(pass_launch), data, s, Elem::F32, false)?;
+    drop((w, u, tinv));
+    let mut y = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
+    let (f, cfg) = out.function()?;
+    let vnv = vn.slice(0..vn.len());
+    output::run_direct(f, cfg, [&qv, &kv, &vnv], (&gv, has_g), &hs, s, ll.scale, &mut y)?;
+    Ok(AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::loglinear::common::Step;
+    use Precision::{Bf16, Exact, Tf32};
+    use mixer_core::mixers::loglinear::{LambdaScheme, LevelMask, Lift};
+
+    const H200: Device = Device::H200;
+    const F32: Storage = Storage::Real(Elem::F32);
+    const BF16: Storage = Storage::Bf16 { aligned: true };
+
+    fn mixer(base: Base, lifted: bool) -> LogLinear {
+        let lift = lifted.then(|| Lift { mask: LevelMask::fenwick(), lambda: LambdaScheme::identity() });
+        LogLinear::new("m", base, lift, 0.125, 64).unwrap()
+    }
+
+    fn plan_of(base: Base, lifted: bool, shape: [usize; 5], p: Precision, st: Storage) -> Plan {
+        plan(&mixer(base, lifted), shape, p, st, H200).unwrap()
+    }
+
+    fn functions(p: &Plan) -> Vec<&str> {
+        p.launches.iter().map(|l| l.function.as_str()).collect()
+    }
+
+    const T16K: [usize; 5] = [1, 16384, 16, 64, 64];
+
+    #[test]
+    fn an_empty_output_launches_nothing() {
+        for base in [Base::Mamba2, Base::GatedDeltaNet] {
+            let p = plan_of(base, false, [2, 0, 3, 64, 64], Tf32, F32);
+            assert_eq!((p.path, p.launches.len()), (Path::Empty, 0));
+        }
+    }
+
+    #[test]
+    fn scalar_decay_takes_states_then_the_scan_or_the_tree_then_the_outputs() {
+        let p = plan_of(Base::Mamba2, false, T16K, Tf32, F32);
+        assert_eq!(p.path, Path::Ssd);
+        assert_eq!(functions(&p), ["llc_states_tc_f32", "llc_scan_f32", "llc_out_direct_tc_f32"]);
+        assert_eq!(p.launches[0].grid, [256, 16, 1]);
+        assert_eq!(p.launches[2].shared_mem, 3 * 64 * 64 * 4 + 64 * 64 * 4);
+        assert_eq!(
+            functions(&plan_of(Base::LinearAttention, false, T16K, Exact, F32)),
+            ["llc_states_f32", "llc_scan_f32", "llc_out_f32"]
+        );
+        // Dk above 64: the general tensor-core output kernel.
+        let p = plan_of(Base::Mamba2, false, [1, 16384, 16, 128, 64], Tf32, F32);
+        assert_eq!(functions(&p)[2], "llc_out_tc_f32");
+        // The lift: a tree launch per level of 256 chunks (levels 1 to 8), then the outputs.
+        let p = plan_of(Base::Mamba2, true, T16K, Tf32, F32);
+        let f = functions(&p);
+        assert_eq!((f[0], f.len(), f[9]), ("llc_states_tc_f32", 10, "llc_out_tc_f32"));
+        assert!(f[1..9].iter().all(|&n| n == "llc_tree_f32"));
+        assert_eq!(p.launches[8].step, Step::Tree { level: 8 });
+        assert_eq!(p.launches[8].grid, [1, 16, 1]);
+        // f64: chunks of 32.
+        let p = plan_of(Base::Mamba2, false, T16K, Exact, Storage::Real(Elem::F64));
+        assert_eq!((p.chunk, p.launches[0].grid[0]), (32, 512));
+        assert_eq!(functions(&p), ["llc_states_f64", "llc_scan_f64", "llc_out_f64"]);
+    }
+
+    #[test]
+    fn scalar_decay_in_the_bf16_mode_reads_bf16_activations_without_a_lift_up_to_dk_64() {
+        let p = plan_of(Base::LinearAttention, false, T16K, Bf16, Storage::Bf16 { aligned: false });
+        assert_eq!(p.path, Path::SsdBf16);
+        assert_eq!(functions(&p), ["llc_states_tc_bf16", "llc_scan_f32", "llc_out_direct_tc_bf16"]);
+        assert_eq!(p.launches[2].shared_mem, 3 * 64 * 64 * 2 + 64 * 64 * 4);
+        // With the lift, Dk above 64, f32 activations or another mode: the f32 path.
+        assert_eq!(plan_of(Base::Mamba2, true, T16K, Bf16, BF16).path, Path::Ssd);
+        assert_eq!(plan_of(Base::Mamba2, false, [1, 64, 2, 80, 64], Bf16, BF16).path, Path::Ssd);
+        assert_eq!(plan_of(Base::Mamba2, false, T16K, Bf16, F32).path, Path::Ssd);
+        assert_eq!(plan_of(Base::Mamba2, false, T16K, Tf32, BF16).path, Path::Ssd);
+    }
+
+    #[test]
+    fn gated_deltanet_takes_wy_then_the_selected_pass_then_the_outputs() {
+        let p = plan_of(Base::GatedDeltaNet, false, T16K, Tf32, F32);
+        assert_eq!((p.path, p.state_pass), (Path::Delta, Some(StatePass::Shared { stages: 3, group: 1 })));
+        assert_eq!(functions(&p), ["llc_wy_tc_f32", "llc_delta_h_tc_f32", "llc_out_direct_tc_f32"]);
+        assert_eq!(p.launches[1].stages, Some(3));
+        // The FMA pass and WY kernel, and the register pass, are the alternatives.
+        let alt: Vec<&str> = p.alternatives.iter().map(|l| l.function.as_str()).collect();
+        assert_eq!(alt, ["llc_wy_f32", "llc_delta_h_f32", "llc_delta_h_rg_f32"]);
+        let p = plan_of(Base::GatedDeltaNet, true, T16K, Tf32, F32);
+        assert_eq!(p.state_pass, Some(StatePass::Transition { stages: 3 }));
+        assert_eq!(
+            functions(&p),
+            ["llc_wy_tc_f32", "llc_lift_ab_tc_f32", "llc_lift_h_tc_f32", "llc_out_dl_tc_f32"]
+        );
+        let p = plan_of(Base::GatedDeltaNet, false, T16K, Exact, F32);
+        assert_eq!(functions(&p), ["llc_wy_f32", "llc_delta_h_f32", "llc_out_f32"]);
+        assert!(p.alternatives.is_empty());
+        let p = plan_of(Base::GatedDeltaNet, true, T16K, Exact, Storage::Real(Elem::F64));
+        assert_eq!(functions(&p), ["llc_wy_f64", "llc_delta_h_f64", "llc_out_dl_f64"]);
+    }
+
+    #[test]
+    fn gated_deltanet_in_the_bf16_mode_runs_on_bf16_operands_where_the_rule_allows() {
+        let p = plan_of(Base::GatedDeltaNet, false, T16K, Bf16, BF16);
+        assert_eq!(
+            (p.path, p.state_pass),
+            (Path::DeltaBf16, Some(StatePass::Bf16Registers { warps: 2, stages: 3 }))
+        );
+        assert_eq!(functions(&p), ["llc_wy_tc_bf16", "llc_delta_h_rb_bf16", "llc_out_direct_tc_bf16"]);
+        assert_eq!(p.launches[0].defines, ["LLC_DK=64", "LLC_DV=64", "DH_BF16=1"]);
+        // Unaligned rows: the f32 path, k's bf16 bits taken as they are.
+        let p = plan_of(Base::GatedDeltaNet, false, T16K, Bf16, Storage::Bf16 { aligned: false });
+        assert_eq!(p.path, Path::Delta);
+        assert_eq!(p.launches[1].defines, ["LLC_DK=64", "LLC_DV=64", "DH_K_TF32=1"]);
+    }
+
+    #[test]
+    fn wide_heads_take_the_sequential_form_with_the_configured_chunk() {
+        let p = plan_of(Base::GatedDeltaNet, false, [2, 1000, 3, 256, 64], Tf32, F32);
+        assert_eq!((p.path, p.chunk, p.state_pass), (Path::Sequential, 64, Some(StatePass::Sequential)));
+        assert_eq!(functions(&p), ["ll_chunked_f32"]);
+        assert_eq!((p.launches[0].grid, p.launches[0].block), ([6, 1, 1], 256));
+    }
+
+    #[test]
+    fn sizes_beyond_the_kernels_limits_are_errors() {
+        let m = mixer(Base::Mamba2, false);
+        let e = plan(&m, [65536, 64, 1, 16, 16], Tf32, F32, H200).unwrap_err();
+        assert!(e.to_string().contains("B·H ≤ 65535"), "{e}");
+        let g = mixer(Base::GatedDeltaNet, false);
+        let e = plan(&g, [16384, 64, 1, 256, 256], Tf32, F32, H200).unwrap_err();
+        assert!(e.to_string().contains("bytes of scratch"), "{e}");
+    }
+
+    #[test]
+    fn the_plan_serializes_to_json() {
+        let p = plan_of(Base::GatedDeltaNet, true, T16K, Tf32, F32);
+        let j = serde_json::to_value(&p).unwrap();
+        assert_eq!(j["path"], "delta");
+        assert_eq!(j["lifted"], true);
+        assert_eq!(j["storage"], serde_json::json!({"real": "f32"}));
+        assert_eq!(j["state_pass"], serde_json::json!({"transition": {"stages": 3}}));
+        assert_eq!(j["launches"][2]["function"], "llc_lift_h_tc_f32");
+        assert_eq!(j["launches"][2]["source"], "loglinear_state_pass");
+        assert_eq!(j["launches"][2]["defines"], serde_json::json!(["LLC_DK=64", "LLC_DV=64"]));
+        assert_eq!(j["launches"][2]["stages"], 3);
+        assert_eq!(j["launches"][1]["step"], "lift_maps");
+        assert_eq!(j["shape"]["t"], 16384);
+        let m = plan_of(Base::Mamba2, true, T16K, Tf32, F32);
+        assert_eq!(
+            serde_json::to_value(&m).unwrap()["launches"][1]["step"],
+            serde_json::json!({"tree": {"level": 1}})
+        );
+    }
+}

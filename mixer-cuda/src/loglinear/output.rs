@@ -1,0 +1,155 @@
+//! The output step of the chunked form (`kernels/loglinear_output.cu`), parallel over
+//! (chunk, batch·head, value tile), for every member: per chunk the intra-chunk quadratic part
+//! (the Fenwick levels inside the chunk, `ℓ = bitlen(r ⊕ s)`) plus the read of the states the
+//! chunk sees between chunks.
+//!
+//! - The scalar-decay members and gated DeltaNet without a lift (`v = U'`, the new values of the
+//!   state pass): `llc_out`, or `llc_out_tc` on tensor cores (the tf32 and bf16 modes with f32
+//!   data), reading the tree of chunk states (lifts: for every set bit `e − 1` of the chunk index
+//!   its bucket, read with `σ λ_r^(c+e) e^(γ_r) q_r`) or the one state entering the chunk
+//!   (`direct`, without a lift). Reading one state per chunk with tensor cores and `Dk ≤ 64`, it
+//!   is `llc_out_direct_tc`: a block copies its four tiles (Q, K, V, the state) into shared memory
+//!   at once and keeps the scores in registers as the A operand of `P·V`; its bf16 form reads
+//!   `q`, `k`, `v` as stored and writes a bf16 `y`.
+//! - Gated DeltaNet's lift: `llc_out_dl` (or `llc_out_dl_tc`), the λ-weighted intra coefficients
+//!   `P T⁻¹ diag(β)` with `P = σ QKᵀ ⊙ Γ`, and every level state entering the chunk read with the
+//!   carried queries `Q̃ = σ diag(e^γ) Q − P W`.
+
+use cudarc::driver::{CudaFunction, CudaView, DeviceRepr, LaunchConfig};
+use mixer_core::{Precision, Result};
+
+use super::common::{Elem, FAMILY, Launch, Shape, Step, fixed_dims, kernel_ints, tensor_cores};
+use crate::kernels;
+use crate::pool::Pooled;
+use crate::runtime::{GpuReal, gpu, int, launch};
+
+/// Dynamic shared memory of `llc_out_dl_tc`: three `[64][68]` f32 tiles.
+const OUT_DL_TC_SMEM: usize = 3 * 64 * 68 * 4;
+
+/// Dynamic shared memory of `llc_out_dl`: `Pt`, `At` `[CH][CH+1]`, `Qt` `[64][CH+1]`, two
+/// `[16][65]` staging tiles.
+fn out_dl_smem(elem: Elem) -> usize {
+    let ch = elem.chunk();
+    (2 * ch * (ch + 1) + 64 * (ch + 1) + 2 * 16 * 65) * elem.bytes()
+}
+
+/// Dynamic shared memory of `llc_out_direct_tc` for activations of `bytes` bytes: the Q, K, V
+/// tiles `[64][64]` and the f32 state tile (`lld_smem` in the kernel).
+fn direct_smem(bytes: usize) -> usize {
+    3 * 64 * 64 * bytes + 64 * 64 * 4
+}
+
+/// Whether `l` is a launch of `llc_out_direct_tc` (its arguments differ from `llc_out`'s).
+fn is_direct(l: &Launch) -> bool {
+    l.function.starts_with("llc_out_direct_tc")
+}
+
+/// The outputs of the scalar-decay members and of gated DeltaNet without a lift: the tree
+/// (`lifted`) or the state entering each chunk (otherwise): `llc_out_direct_tc_f32` with tensor
+/// cores and `Dk ≤ 64` without a lift, else `llc_out` or `llc_out_tc`.
+pub(crate) fn launch(s: Shape, elem: Elem, p: Precision, lifted: bool) -> Launch {
+    let nc = s.chunks(elem.chunk());
+    let grid = [nc, s.bh(), s.dv.div_ceil(64)];
+    let tc = tensor_cores(p, elem);
+    if !lifted && tc && s.dk <= 64 {
+        return launch_direct(s, "llc_out_direct_tc_f32", 4);
+    }
+    let (name, threads) = if tc { ("llc_out_tc", 128) } else { ("llc_out", 256) };
+    Launch::new(Step::Output, &kernels::LOGLINEAR_OUTPUT, format!("{name}_{}", elem.suffix()), fixed_dims(s))
+        .on(grid, threads, 0)
+}
+
+/// `llc_out_direct_tc_bf16`: the bf16 mode's one state per chunk, bf16 activations and `y`.
+pub(crate) fn launch_bf16(s: Shape) -> Launch {
+    launch_direct(s, "llc_out_direct_tc_bf16", 2)
+}
+
+/// `llc_out_direct_tc` (`name`) for activations of `bytes` bytes.
+fn launch_direct(s: Shape, name: &str, bytes: usize) -> Launch {
+    let grid = [s.chunks(64), s.bh(), s.dv.div_ceil(64)];
+    Launch::new(Step::Output, &kernels::LOGLINEAR_OUTPUT, name.to_string(), fixed_dims(s))
+        .on(grid, 128, direct_smem(bytes))
+        .opted_in(true)
+}
+
+/// Gated DeltaNet's lift: `llc_out_dl`, or `llc_out_dl_tc` on tensor cores.
+pub(crate) fn launch_lift(s: Shape, elem: Elem, p: Precision) -> Launch {
+    let tc = tensor_cores(p, elem);
+    let name = if tc { "llc_out_dl_tc" } else { "llc_out_dl" };
+    let smem = if tc { OUT_DL_TC_SMEM } else { out_dl_smem(elem) };
+    let grid = [s.chunks(elem.chunk()), s.bh(), s.dv.div_ceil(64)];
+    Launch::new(Step::Output, &kernels::LOGLINEAR_OUTPUT, format!("{name}_{}", elem.suffix()), fixed_dims(s))
+        .on(grid, 256, smem)
+        .opted_in(true)
+}
+
+/// Runs `l` (from [`launch`]; `f`, `cfg` its function and configuration): `y` from the chunks and
+/// the states they read — the tree (`lifted`), or the state entering each chunk (gated DeltaNet
+/// without a lift passes its new values as `v`, and no decays).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run<F: GpuReal>(
+    l: &Launch,
+    (f, cfg): (CudaFunction, LaunchConfig),
+    [q, k, v]: [&CudaView<'_, F>; 3],
+    (g, has_g): (&CudaView<'_, F>, i32),
+    lam: &CudaView<'_, F>,
+    states: &Pooled<F>,
+    decays: &Pooled<f64>,
+    levels: usize,
+    lifted: bool,
+    s: Shape,
+    scale: f64,
+    y: &mut Pooled<F>,
+) -> Result<()> {
+    if is_direct(l) {
+        return run_direct(f, cfg, [q, k, v], (g, has_g), states, s, scale, y);
+    }
+    let Shape { t, h, dk, dv, .. } = s;
+    let nc = s.chunks(Elem::of::<F>().chunk());
+    let (ti, hi, dki, dvi, nci) = (t as i32, h as i32, dk as i32, dv as i32, nc as i32);
+    let (li, lifted, direct) = (int(FAMILY, "L", levels)?, lifted as i32, !lifted as i32);
+    launch!(gpu()?, FAMILY, f, cfg;
+        q, k, v, g, &has_g, lam, &**states, &**decays, &mut **y,
+        &ti, &hi, &dki, &dvi, &li, &lifted, &direct, &nci, &scale)
+}
+
+/// Runs `llc_out_direct_tc_f32` or `_bf16` (function `f`, configuration `cfg`): one state per
+/// chunk, `q`, `k`, `v` and `y` of type `T` (f32, or bf16 as stored), `g` and the states entering
+/// the chunks of type `S` (f32).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_direct<T: DeviceRepr, S: DeviceRepr>(
+    f: CudaFunction,
+    cfg: LaunchConfig,
+    [q, k, v]: [&CudaView<'_, T>; 3],
+    (g, has_g): (&CudaView<'_, S>, i32),
+    states: &Pooled<S>,
+    s: Shape,
+    scale: f64,
+    y: &mut Pooled<T>,
+) -> Result<()> {
+    let [ti, hi, dki, dvi, nci, _] = kernel_ints([s.t, s.h, s.dk, s.dv, s.chunks(64), s.bh()])?;
+    launch!(gpu()?, FAMILY, f, cfg;
+        q, k, v, g, &has_g, &**states, &mut **y, &ti, &hi, &dki, &dvi, &nci, &scale)
+}
+
+/// Runs `llc_out_dl` or `llc_out_dl_tc` (function `f`, configuration `cfg`): the lift's outputs
+/// from `W`, `T⁻¹` and the level states `hs` entering each chunk (`slots` per batch·head).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_lift<F: GpuReal>(
+    (f, cfg): (CudaFunction, LaunchConfig),
+    [q, k, v]: [&CudaView<'_, F>; 3],
+    (g, has_g): (&CudaView<'_, F>, i32),
+    beta: &CudaView<'_, F>,
+    (lam, levels): (&CudaView<'_, F>, usize),
+    [w, tinv, hs]: [&Pooled<F>; 3],
+    slots: usize,
+    s: Shape,
+    scale: f64,
+    y: &mut Pooled<F>,
+) -> Result<()> {
+    let nc = s.chunks(Elem::of::<F>().chunk());
+    let [ti, hi, dki, dvi, nci, _] = kernel_ints([s.t, s.h, s.dk, s.dv, nc, s.bh()])?;
+    let (li, slots_i) = (int(FAMILY, "L", levels)?, slots as i64);
+    launch!(gpu()?, FAMILY, f, cfg; q, k, v, g, &has_g, beta, lam, &**w, &**tinv, &**hs, &mut **y,
+        &ti, &hi, &dki, &dvi, &li, &nci, &slots_i, &scale)
+}

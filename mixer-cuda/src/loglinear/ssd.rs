@@ -1,0 +1,185 @@
+//! The chunked form of the scalar-decay members (`linear-attention`, `mamba2` and their
+//! Fenwick lifts), parallel over chunks — the state-space-duality ("SSD") algorithm, as the CPU's
+//! `ssd.rs`: `kernels/loglinear_ssd.cu` for the chunk states and what joins them, then the
+//! output step ([`super::output`]).
+//!
+//! The tokens are cut into chunks of `CH = 64` (f32) or `32` (f64) whatever the configured
+//! `chunk` (the result does not depend on the chunking). Three passes:
+//! 1. `llc_states`, per (chunk, batch·head, tile): the chunk state
+//!    `Z_j = Σ_s e^(a_j − γ_s) k_s v_sᵀ` and the chunk's log-decay `a_j`;
+//! 2. `llc_tree`, one launch per tree level `e ≥ 1`: every aligned block of `2^e` chunks gets its
+//!    state decayed to its end, `F_e(m) = e^(A_{e−1}(2m+1)) F_{e−1}(2m) + F_{e−1}(2m+1)`, and its
+//!    log-decay `A_e(m)`;
+//! 3. the outputs ([`super::output`]), per (chunk, batch·head, value tile): the intra-chunk
+//!    quadratic part (Fenwick levels inside the chunk) plus, for every set bit `e − 1` of the
+//!    chunk index `i`, the bucket of chunks `j` with `bitlen(i ⊕ j) = e` — the tree entry
+//!    `F_{e−1}(2⌊i/2^e⌋)`, decayed over the buckets of the lower set bits and read with
+//!    `σ λ_r^(c+e) e^(γ_r) q_r` (`c = log₂ CH`).
+//!
+//! Without a lift, pass 2 is `llc_scan` instead of the tree: one launch in which every entry of
+//! every chunk state is an independent recurrence over the chunks, `H_0 = 0`,
+//! `H_{j+1} = e^(a_j) H_j + Z_j`; `Z_j` is overwritten in place by `H_j`, the state entering chunk
+//! `j`, and pass 3 reads that one state per chunk (`direct`) instead of summing `popcount(i)`
+//! tree entries (which made pass 3 read about four states per chunk at 16k tokens).
+//!
+//! In the tf32 and bf16 modes `llc_states_tc` does the products of pass 1 on tensor cores (tf32
+//! `mma.sync`, f32 accumulation); in the bf16 mode without a lift, `Dk ≤ 64` and bf16 `q`, `k`,
+//! `v`, [`run_bf16`] reads the activations as stored and writes a bf16 `y`.
+//!
+//! So the base mixers and the lifts share every pass; the lift costs one `CH × D_k × D_v` product
+//! per set bit of the chunk index (`O(T log T)` work) and the tree holds `< 2 T/CH` states per
+//! (batch, head) (`O(T)` memory). Work is parallel over `T/CH × B·H × ⌈D_v/64⌉` blocks; only
+//! the `⌊log₂(T/CH)⌋` tree launches are ordered.
+
+use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::{Precision, Result};
+
+use super::common::{
+    ChunkedInputs, Elem, FAMILY, Launch, Shape, Step, bf16_qkv, check_sizes, fixed_dims, kernel_ints,
+    tensor_cores, unexpected, view_or_zero,
+};
+use super::output;
+use crate::kernels;
+use crate::pool::{self, Pooled};
+use crate::runtime::{GpuReal, err, gpu, launch};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
+
+/// Tree entries per (batch, head): `Σ_e ⌊nc / 2^e⌋` over the levels that are read.
+fn tree_entries(nc: usize) -> usize {
+    (0..usize::BITS).map(|e| nc >> e).take_while(|&c| c > 0).sum()
+}
+
+/// Chunk states per (batch, head): the tree (lifts) or one per chunk.
+fn states(s: Shape, elem: Elem, lifted: bool) -> usize {
+    let nc = s.chunks(elem.chunk());
+    if lifted { tree_entries(nc) } else { nc }
+}
+
+/// The launches before the outputs, in order: the chunk states (`llc_states`, on tensor cores
+/// `llc_states_tc`; `bf16`: `llc_states_tc_bf16`, reading bf16 `k`, `v`), then the tree's
+/// levels (lifts) or the scan. Checks the sizes ([`check_sizes`]).
+pub(crate) fn launches(s: Shape, elem: Elem, p: Precision, lifted: bool, bf16: bool) -> Result<Vec<Launch>> {
+    check_sizes(s, elem, states(s, elem, lifted))?;
+    let nc = s.chunks(elem.chunk());
+    let (bh, sfx) = (s.bh(), elem.suffix());
+    let tiles = |n: usize| n.div_ceil(64);
+    let k = |step, name: String| Launch::new(step, &kernels::LOGLINEAR_SSD, name, fixed_dims(s));
+    let (name, threads) = match (bf16, tensor_cores(p, elem)) {
+        (true, _) => ("llc_states_tc_bf16".to_string(), 128),
+        (false, true) => (format!("llc_states_tc_{sfx}"), 128),
+        (false, false) => (format!("llc_states_{sfx}"), 256),
+    };
+    let mut out = vec![k(Step::States, name).on([nc, bh, tiles(s.dk) * tiles(s.dv)], threads, 0)];
+    if !lifted {
+        out.push(k(Step::Scan, format!("llc_scan_{sfx}")).on([(s.dk * s.dv).div_ceil(256), bh, 1], 256, 0));
+        return Ok(out);
+    }
+    for e in 1..usize::BITS as usize {
+        let cnt = nc >> e;
+        // Level e is read as the lower half of a level-(e + 1) block only, which needs
+        // ⌊nc / 2^(e+1)⌋ ≥ 1 — but computing one more level is harmless and keeps this simple.
+        if cnt == 0 {
+            break;
+        }
+        out.push(k(Step::Tree { level: e }, format!("llc_tree_{sfx}")).on([cnt, bh, 1], 256, 0));
+    }
+    Ok(out)
+}
+
+/// Runs the passes of `plan` (from [`launches`], then [`output::launch`]); returns `y`
+/// `[B, T, H, Dv]`.
+pub(crate) fn run<F: GpuReal>(
+    ll: &LogLinear,
+    x: &ChunkedInputs<'_, F>,
+    plan: &[Launch],
+) -> Result<Pooled<F>> {
+    let s = x.shape();
+    let [b, t, h, dk, dv] = s.dims();
+    let lifted = ll.lift.is_some();
+    let entries = states(s, Elem::of::<F>(), lifted);
+    let nc = s.chunks(Elem::of::<F>().chunk());
+    let bh = s.bh();
+    let g = gpu()?;
+    let (gv, has_g) = x.g_view();
+    let levels = x.lam.as_ref().map_or(1, |(_, n)| *n);
+    let mut tree = pool::take::<F>(FAMILY, bh * entries * dk * dv)?;
+    let mut decays = pool::take::<f64>(FAMILY, bh * entries)?;
+    let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let [ti, hi, dki, dvi, nci, bhi] = kernel_ints([t, h, dk, dv, nc, bh])?;
+    let (kv, vv) = (x.k.view(), x.v.view());
+    for l in plan {
+        let (f, cfg) = l.function()?;
+        match l.step {
+            Step::States => launch!(g, FAMILY, f, cfg;
+                &kv, &vv, &gv, &has_g, &mut *tree, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?,
+            Step::Scan => launch!(g, FAMILY, f, cfg; &mut *tree, &*decays, &dki, &dvi, &nci)?,
+            Step::Tree { level } => {
+                let ei = level as i32;
+                launch!(g, FAMILY, f, cfg; &mut *tree, &mut *decays, &ei, &bhi, &dki, &dvi, &nci)?
+            }
+            Step::Output => {
+                let (lv, scale) = (x.lam_view(), ll.scale);
+                let (qv, kv) = (x.q.view(), x.k.view());
+                output::run(
+                    l,
+                    (f, cfg),
+                    [&qv, &kv, &vv],
+                    (&gv, has_g),
+                    &lv,
+                    &tree,
+                    &decays,
+                    levels,
+                    lifted,
+                    s,
+                    scale,
+                    &mut y,
+                )?
+            }
+            _ => return Err(unexpected(l)),
+        }
+    }
+    Ok(y)
+}
+
+/// The bf16 mode of linear attention and Mamba-2 without a lift, `Dk ≤ 64` (`g` as given), with
+/// the launches of `plan`: `llc_states_tc_bf16` and `llc_out_direct_tc_bf16` read `q`, `k`, `v` as they are stored
+/// and the latter writes a bf16 `y` (no f32 copies of the activations or of `y`; a bf16 value is
+/// exact in tf32, so the products are those of the f32 path on the same values); the states and
+/// the scan stay f32.
+pub(crate) fn run_bf16(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    g: Option<&DeviceTensor<f32>>,
+    plan: &[Launch],
+) -> Result<AnyDeviceTensor> {
+    let Some(([q, k, v], dims)) = bf16_qkv(x) else {
+        return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
+    };
+    let s = Shape::new(dims);
+    let [b, t, h, dk, dv] = dims;
+    let zero = pool::zeros::<f32>(FAMILY, 1)?;
+    let (gv, has_g) = view_or_zero(g, &zero);
+    let nc = s.chunks(64);
+    let bh = s.bh();
+    let gpu = gpu()?;
+    let [ti, hi, dki, dvi, nci, _] = kernel_ints([t, h, dk, dv, nc, bh])?;
+    let mut states = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
+    let mut decays = pool::take::<f64>(FAMILY, bh * nc)?;
+    let (qv, kv, vv) = (q.view(), k.view(), v.view());
+    let mut y = None;
+    for l in plan {
+        let (f, cfg) = l.function()?;
+        match l.step {
+            Step::States => launch!(gpu, FAMILY, f, cfg;
+                &kv, &vv, &gv, &has_g, &mut *states, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?,
+            Step::Scan => launch!(gpu, FAMILY, f, cfg; &mut *states, &*decays, &dki, &dvi, &nci)?,
+            Step::Output => {
+                let y = y.insert(pool::take::<bf16>(FAMILY, b * t * h * dv)?);
+                output::run_direct(f, cfg, [&qv, &kv, &vv], (&gv, has_g), &states, s, ll.scale, y)?
+            }
+            _ => return Err(unexpected(l)),
+        }
+    }
+    let y = y.ok_or_else(|| err(FAMILY, "internal: a plan without outputs"))?;
+    Ok(AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?))
+}
