@@ -9,6 +9,7 @@ mod check;
 mod check_grad;
 mod list;
 mod metrics;
+mod plan;
 mod run;
 pub mod table;
 mod tour;
@@ -47,6 +48,8 @@ enum Command {
     Tour(tour::Args),
     /// Train a small model with one mixer on a synthetic task (copy, mqar, multihop).
     Train(train::Args),
+    /// The launch plan of a device form at given sizes and mode, as JSON (for tuning harnesses).
+    Plan(plan::Args),
 }
 
 /// Runs the CLI on the process arguments; returns the exit code (0 ok, 1 check failures,
@@ -81,6 +84,7 @@ fn run(cli: Cli) -> i32 {
         Command::Bench(a) => bench::run(a),
         Command::Tour(a) => tour::run(a),
         Command::Train(a) => train::run(a),
+        Command::Plan(a) => plan::run(a),
     };
     match r {
         Ok(code) => code,

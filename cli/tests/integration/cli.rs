@@ -523,3 +523,43 @@ fn main_with_runs_the_commands_in_process() {
     assert_eq!(mixers_cli::main_with(["mixers", "metrics", "--pattern", "no-such-pattern", "--n", "256"]), 2);
     assert_eq!(mixers_cli::main_with(["mixers", "no-such-command"]), 2);
 }
+
+/// `mixers plan` prints the launch plan the CUDA log-linear family computes for those sizes
+/// (no GPU needed: without one, the plan is for the backend's default limits), and refuses a
+/// family that reports none.
+#[test]
+fn plan_prints_the_fast_forms_launch_plan_as_json() {
+    use mixers::cuda::loglinear::{Device, Elem, Storage, plan};
+    let args =
+        ["plan", "--mixer", "loglinear-gated-deltanet", "--seq", "4099", "--heads", "3", "--dim", "70"];
+    let (code, out, err) = mixers(&[&args[..], &["--precision", "tf32"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let m = mixers::registry::mixer("loglinear-gated-deltanet", &serde_json::json!({})).unwrap();
+    let ll =
+        mixer_core::mixer::downcast::<mixer_core::mixers::loglinear::LogLinear>(m.as_ref(), "test").unwrap();
+    let want = plan(
+        ll,
+        [1, 4099, 3, 70, 70],
+        mixer_core::Precision::Tf32,
+        Storage::Real(Elem::F32),
+        Device::current(),
+    )
+    .unwrap();
+    assert_eq!(v, serde_json::to_value(&want).unwrap());
+    assert!(!v["launches"].as_array().unwrap().is_empty(), "{out}");
+    assert!(v["state_pass"].is_object() || v["state_pass"].is_string(), "{out}");
+
+    let path = tmp("plan.json");
+    let (code, _, err) = mixers(&[&args[..], &["--out", path.to_str().unwrap()]].concat());
+    assert_eq!(code, 0, "{err}");
+    let f: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(f["precision"], serde_json::to_value(mixer_core::Precision::Exact).unwrap(), "{f}");
+
+    let (code, _, err) = mixers(&["plan", "--mixer", "attention"]);
+    assert_eq!(code, 2);
+    assert_one_line_error(&err, &["`attention` family reports no launch plan for its fast form"]);
+    let (code, _, err) = mixers(&["plan", "--mixer", "mamba2", "--dtype", "f64", "--precision", "tf32"]);
+    assert_eq!(code, 2);
+    assert_one_line_error(&err, &["--dtype", "f64 (the exact mode)"]);
+}

@@ -47,9 +47,10 @@ pub use fast::{Path, Plan, plan};
 pub use state_pass::StatePass;
 
 use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::{Dims, Form, Precision, Result};
 use mixer_registry::{FamilyEntry, register};
 
-use crate::device_run::Device;
+use crate::device_run::Device as DeviceForms;
 use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
 use crate::runtime::GpuReal;
 
@@ -60,6 +61,23 @@ pub struct LogLinearCuda;
 
 impl<F: GpuReal> DeviceFamily<F> for LogLinearCuda {
     type Mixer = LogLinear;
+    /// The fast form's launch plan ([`fast::plan`]) on this process's device, with the
+    /// activations stored as the mode stores them (bf16 rows taken as 16-byte aligned, as
+    /// contiguous inputs are).
+    fn plan(m: &LogLinear, form: Form, dims: &Dims, p: Precision) -> Option<Result<serde_json::Value>> {
+        if form != Form::Fast {
+            return None;
+        }
+        let storage = if p == Precision::Bf16 {
+            Storage::Bf16 { aligned: true }
+        } else {
+            Storage::Real(Elem::of::<F>())
+        };
+        let shape = ["B", "T", "H", "Dk", "Dv"].map(|k| dims.get(k).copied().unwrap_or(0));
+        Some(fast::plan(m, shape, p, storage, common::Device::current()).and_then(|plan| {
+            serde_json::to_value(plan).map_err(|e| crate::runtime::err(FAMILY, format!("plan as JSON: {e}")))
+        }))
+    }
     fn parallel() -> Option<DeviceFormFn<LogLinear>> {
         Some(parallel::run::<F>)
     }
@@ -82,5 +100,5 @@ static LOGLINEAR_CUDA: FamilyEntry = FamilyEntry {
     backend: "cuda",
     f64: &Hosted(LogLinearCuda),
     f32: &Hosted(LogLinearCuda),
-    device: Some(&Device(LogLinearCuda)),
+    device: Some(&DeviceForms(LogLinearCuda)),
 };
