@@ -27,17 +27,35 @@ pub use mixer_registry::DeviceTiming;
 pub struct CudaTimer;
 
 impl DeviceTimer for CudaTimer {
+    /// Times `form` of `m` (`parallel` or `fast`) on device-resident copies of `inputs`: one
+    /// checked warm-up run (compiles, fills the caches, validates the values), then up to `reps`
+    /// event-timed runs within `budget_s` seconds.
     fn time_form(
         &self,
         m: &dyn Mixer,
         form: Form,
         inputs: &AnyTensors,
-        precision: Precision,
+        p: Precision,
         reps: usize,
         budget_s: f64,
     ) -> Result<DeviceTiming> {
-        time_form(m, form, inputs, precision, reps, budget_s)
+        let (dev, upload_s) = upload_timed(inputs, p)?;
+        let y = run_device(m, form, &dev, p)?;
+        let download_s = download(&y)?;
+        drop(y);
+        let start = Instant::now();
+        let mut v = Vec::new();
+        while v.is_empty() || (v.len() < reps.max(1) && start.elapsed().as_secs_f64() < budget_s) {
+            let e0 = event()?;
+            let y = run_device_with(m, form, &dev, p, false)?;
+            let e1 = event()?;
+            v.push(seconds(&e0, &e1)?);
+            drop(y);
+        }
+        Ok(summary(v, upload_s, download_s))
     }
+    /// Times decoding every token of `inputs` with the device decoder (all tokens uploaded
+    /// first, one event pair around the whole loop); also returns the final cache size.
     fn time_decode(
         &self,
         m: &dyn Mixer,
@@ -46,10 +64,14 @@ impl DeviceTimer for CudaTimer {
         reps: usize,
         budget_s: f64,
     ) -> Result<(DeviceTiming, usize)> {
-        time_decode(m, inputs, dims, reps, budget_s)
+        match inputs {
+            AnyTensors::F32(x) => decode_typed(m, x, AnyTensors::F32, dims, reps, budget_s),
+            AnyTensors::F64(x) => decode_typed(m, x, AnyTensors::F64, dims, reps, budget_s),
+        }
     }
+    /// The device's name and the driver's version, for reports.
     fn device_info(&self) -> Result<(String, Option<String>)> {
-        device_info()
+        Ok((gpu()?.name.clone(), crate::runtime::driver_version()))
     }
 }
 
@@ -97,33 +119,6 @@ fn upload_timed(inputs: &AnyTensors, p: Precision) -> Result<(DeviceTensors, f64
     };
     let e1 = event()?;
     Ok((dev, seconds(&e0, &e1)?))
-}
-
-/// Times `form` of `m` (`parallel` or `fast`) on device-resident copies of `inputs`: one
-/// checked warm-up run (compiles, fills the caches, validates the values), then up to `reps`
-/// event-timed runs within `budget_s` seconds.
-pub fn time_form(
-    m: &dyn Mixer,
-    form: Form,
-    inputs: &AnyTensors,
-    p: Precision,
-    reps: usize,
-    budget_s: f64,
-) -> Result<DeviceTiming> {
-    let (dev, upload_s) = upload_timed(inputs, p)?;
-    let y = run_device(m, form, &dev, p)?;
-    let download_s = download(&y)?;
-    drop(y);
-    let start = Instant::now();
-    let mut v = Vec::new();
-    while v.is_empty() || (v.len() < reps.max(1) && start.elapsed().as_secs_f64() < budget_s) {
-        let e0 = event()?;
-        let y = run_device_with(m, form, &dev, p, false)?;
-        let e1 = event()?;
-        v.push(seconds(&e0, &e1)?);
-        drop(y);
-    }
-    Ok(summary(v, upload_s, download_s))
 }
 
 /// The per-token device inputs of every position, and the static inputs on the host.
@@ -185,24 +180,4 @@ fn decode_typed<F: GpuReal>(
         v.push(run(true)?.0);
     }
     Ok((summary(v, upload_s, download_s), cache))
-}
-
-/// Times decoding every token of `inputs` with the device decoder (all tokens uploaded
-/// first, one event pair around the whole loop); also returns the final cache size.
-pub fn time_decode(
-    m: &dyn Mixer,
-    inputs: &AnyTensors,
-    dims: &Dims,
-    reps: usize,
-    budget_s: f64,
-) -> Result<(DeviceTiming, usize)> {
-    match inputs {
-        AnyTensors::F32(x) => decode_typed(m, x, AnyTensors::F32, dims, reps, budget_s),
-        AnyTensors::F64(x) => decode_typed(m, x, AnyTensors::F64, dims, reps, budget_s),
-    }
-}
-
-/// The device's name and the driver's version, for reports.
-pub fn device_info() -> Result<(String, Option<String>)> {
-    Ok((gpu()?.name.clone(), crate::runtime::driver_version()))
 }
