@@ -307,7 +307,8 @@ fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) 
     }
     let sigma = a.scale(dk);
     let abs = F::of(sigma.abs());
-    let fast = dk > 0 && dv > 0 && sigma != 0.0 && abs.is_finite() && abs > F::zero();
+    // A scale below the smallest normal `F` keeps too few bits for the tiled path: exact path.
+    let fast = dk > 0 && dv > 0 && sigma != 0.0 && abs.is_finite() && abs >= F::min_positive_value();
     let bound = if fast { qk_bound(x.q, x.k, dk) } else { f64::NAN };
     let risky = fast && overflows::<F>(bound);
     // The fused kernel (f32, AVX-512, Dv ≤ 64) where `|σ|·log₂e·q·k` stays far inside f32.
