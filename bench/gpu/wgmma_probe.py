@@ -1,5 +1,5 @@
 """Probes Hopper's warpgroup MMA (wgmma) descriptors on the GPU before the attention kernel uses
-them: compiles mixer-cuda/kernels/attention_mma.cu with -DATT_WGMMA_PROBE for sm_90a and, for
+them: compiles mixer-cuda/kernels/attention_fused.cu with -DATT_WGMMA_PROBE for sm_90a and, for
 C[64][64] = A · B (bf16, one warpgroup), compares each kernel and descriptor setting below with an
 f32 product: A from shared memory (ss) or registers (rs); B K-major (k: given [n][k]) or MN-major
 (mn: given [k][n]); B's leading / stride byte offsets in 16-byte units and its start step per 16 k
@@ -52,7 +52,7 @@ def child(name, lbo, sbo, step):
 def main():
     sys.path.insert(0, HERE)
     from nvrtc_cubin import compile_cubin
-    src = open("mixer-cuda/kernels/common.cuh").read() + "\n" + open("mixer-cuda/kernels/attention_mma.cu").read()
+    src = open("mixer-cuda/kernels/common.cuh").read() + "\n" + open("mixer-cuda/kernels/attention_fused.cu").read()
     open(CUBIN, "wb").write(compile_cubin(src, "sm_90a", ["-DATT_WGMMA_PROBE=1", "-DATT_D=64", "-DATT_WM=1"]))
     rng = np.random.default_rng(0)
     np.savez(DATA, a=bf16_bits(rng.standard_normal((64, 64))), bk=bf16_bits(rng.standard_normal((64, 64))),
