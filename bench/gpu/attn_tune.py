@@ -10,8 +10,8 @@ uses, SDPA on [B, H, T, D] views of the same tensors).
 
 Each variant names a kernel file and the -D settings (ATT_BK, ATT_WM, ATT_WARPS); with none,
 the shipped file at the shipped settings is timed. ATT_WGMMA=1 (bf16, with ATT_WM=1 and ATT_WARPS
-4 or 8) times the warpgroup-MMA kernel attn_wgmma_bf16, compiled for sm_90a (see wgmma_probe.py
-for its descriptor settings WG_V_LBO, WG_V_SBO, WG_V_STEP).
+4 or 8) times the warpgroup-MMA kernel attn_wgmma_bf16, compiled for sm_90a (its V descriptor settings WG_V_LBO, WG_V_SBO,
+WG_V_STEP are fixed in the kernel file: wgmma_probe.py found them).
 """
 import argparse
 import math
