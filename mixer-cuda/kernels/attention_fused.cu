@@ -64,6 +64,37 @@ struct RowState {
     float l[ATT_WM][2];
 };
 
+// The online softmax's start, in every kernel: running maxima −∞, sums and accumulators 0.
+__device__ __forceinline__ void att_begin(float (&o)[ATT_WM][ATT_D / 8][4], RowState& st) {
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt) {
+        st.m[mt][0] = st.m[mt][1] = NEG_INF;
+        st.l[mt][0] = st.l[mt][1] = 0.f;
+#pragma unroll
+        for (int dt = 0; dt < ATT_D / 8; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+    }
+}
+
+// One step of the mma.sync kernels' two-stage K/V pipeline: wait until at most one copy group is in
+// flight (the tile about to be read has landed), a barrier (every warp is done with the buffer that
+// load refills), then issue load's copies when there is a next tile, as one group (an empty group
+// otherwise, so that the count stays the same).
+template <typename Load>
+__device__ __forceinline__ void att_next(bool more, Load load) {
+    cp_wait<1>();
+    __syncthreads();
+    if (more) load();
+    cp_commit();
+}
+
+// A score tile's mma.sync accumulators, zeroed.
+__device__ __forceinline__ void att_zero(float (&s)[ATT_WM][ATT_BK / 8][4]) {
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < ATT_BK / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+}
+
 // Masks s for keys outside [lo_q, q] (per row) or beyond T, where lo_q = q − window + 1.
 __device__ __forceinline__ void mask_tile(float (&s)[ATT_WM][ATT_BK / 8][4], int q_row0, int k0, int T,
                                           int window) {
@@ -275,12 +306,9 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     const int warp = threadIdx.x >> 5, wg = warp >> 2;
     const int wrow0 = q0 + warp * 16;
 
-    float o[1][ATT_D / 8][4];
+    float o[1][ATT_D / 8][4];  // ATT_WM = 1
     RowState st;
-    st.m[0][0] = st.m[0][1] = NEG_INF;
-    st.l[0][0] = st.l[0][1] = 0.f;
-#pragma unroll
-    for (int dt = 0; dt < ATT_D / 8; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
+    att_begin(o, st);
     const u32 qaddr = smem_u32(qs) + wg * 64 * ATT_D * 2;
 
     for (int j = first; j <= last; ++j) {
@@ -343,22 +371,13 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     u32 qf[ATT_WM][ATT_D / 16][4];
     float o[ATT_WM][ATT_D / 8][4];
     RowState st;
-#pragma unroll
-    for (int mt = 0; mt < ATT_WM; ++mt) {
-        st.m[mt][0] = st.m[mt][1] = NEG_INF;
-        st.l[mt][0] = st.l[mt][1] = 0.f;
-#pragma unroll
-        for (int dt = 0; dt < ATT_D / 8; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
-    }
+    att_begin(o, st);
 
     for (int j = first; j <= last; ++j) {
         // Groups in flight: K_j, V_j. K_{j+1} is issued once every warp is done with K_{j−1}
         // (the barrier below), V_{j+1} once every warp is done with V_{j−1} (the middle barrier).
         const int stage = (j - first) & 1;
-        cp_wait<1>();
-        __syncthreads();
-        if (j < last) load_tile_bf16(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
-        cp_commit();
+        att_next(j < last, [&] { load_tile_bf16(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
         if (j == first) {
 #pragma unroll
             for (int mt = 0; mt < ATT_WM; ++mt)
@@ -372,10 +391,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
         }
         // S = Q Kᵀ
         float s[ATT_WM][ATT_BK / 8][4];
-#pragma unroll
-        for (int mt = 0; mt < ATT_WM; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < ATT_BK / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+        att_zero(s);
         const u32 kb = smem_u32(ks[stage]);
 #pragma unroll
         for (int kt = 0; kt < ATT_D / 16; ++kt) {
@@ -407,10 +423,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
         }
         if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
         softmax_update(s, st, o, scale_log2);
-        cp_wait<1>();
-        __syncthreads();
-        if (j < last) load_tile_bf16(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
-        cp_commit();
+        att_next(j < last, [&] { load_tile_bf16(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
         // O += P V
         const u32 vb = smem_u32(vs[stage]);
 #pragma unroll
@@ -513,27 +526,15 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     }
     float o[ATT_WM][ATT_D / 8][4];
     RowState st;
-#pragma unroll
-    for (int mt = 0; mt < ATT_WM; ++mt) {
-        st.m[mt][0] = st.m[mt][1] = NEG_INF;
-        st.l[mt][0] = st.l[mt][1] = 0.f;
-#pragma unroll
-        for (int dt = 0; dt < ATT_D / 8; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
-    }
+    att_begin(o, st);
 
     for (int j = first; j <= last; ++j) {
         const int stage = (j - first) & 1;  // same K/V pipeline as the bf16 kernel
-        cp_wait<1>();
-        __syncthreads();
-        if (j < last) load_tile_f32(stage ? ks0 : ks1, KS_STRIDE, k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
-        cp_commit();
+        att_next(j < last, [&] { load_tile_f32(stage ? ks0 : ks1, KS_STRIDE, k + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
         const float* kss = stage ? ks1 : ks0;
         const float* vss = stage ? vs1 : vs0;
         float s[ATT_WM][ATT_BK / 8][4];
-#pragma unroll
-        for (int mt = 0; mt < ATT_WM; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < ATT_BK / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+        att_zero(s);
 #pragma unroll
         for (int kt = 0; kt < ATT_D / 8; ++kt)
 #pragma unroll
@@ -553,10 +554,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
             }
         if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
         softmax_update(s, st, o, scale_log2);
-        cp_wait<1>();
-        __syncthreads();
-        if (j < last) load_tile_f32(stage ? vs0 : vs1, VS_STRIDE, v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
-        cp_commit();
+        att_next(j < last, [&] { load_tile_f32(stage ? vs0 : vs1, VS_STRIDE, v + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
         // O += P V, one 8-key step at a time; A column t ↔ key 2t, t+4 ↔ key 2t+1.
 #pragma unroll
         for (int kt = 0; kt < ATT_BK / 8; ++kt) {
