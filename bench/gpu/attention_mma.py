@@ -1,4 +1,4 @@
-"""Checks and times mixer-cuda/kernels/attention_mma.cu (tensor-core attention) against torch.
+"""Checks and times mixer-cuda/kernels/attention_fused.cu (tensor-core attention) against torch.
 
     python3 bench/gpu/attention_mma.py [--check] [--time] [--sanitize] [--variants W:M:BKb:BKt,...] [--seq ...] [--out DIR]
 
@@ -26,7 +26,7 @@ import torch
 from reference import timed as reference_timed
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SRC = open(os.path.join(HERE, "..", "..", "mixer-cuda", "kernels", "attention_mma.cu")).read()
+SRC = open(os.path.join(HERE, "..", "..", "mixer-cuda", "kernels", "attention_fused.cu")).read()
 LOG2E = 1.4426950408889634
 
 

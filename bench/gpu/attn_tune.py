@@ -1,4 +1,4 @@
-"""Tuning harness for the tensor-core attention kernels (mixer-cuda/kernels/attention_mma.cu) on
+"""Tuning harness for the tensor-core attention kernels (mixer-cuda/kernels/attention_fused.cu) on
 a GPU machine with CuPy and PyTorch, without a Rust build: compiles a kernel file with NVRTC
 under given compile-time settings, checks the output against torch SDPA (causal, or a sliding
 window through an explicit mask), and times the kernel alone and SDPA with CUDA events on the
@@ -10,8 +10,8 @@ uses, SDPA on [B, H, T, D] views of the same tensors).
 
 Each variant names a kernel file and the -D settings (ATT_BK, ATT_WM, ATT_WARPS); with none,
 the shipped file at the shipped settings is timed. ATT_WGMMA=1 (bf16, with ATT_WM=1 and ATT_WARPS
-4 or 8) times the warpgroup-MMA kernel attn_wgmma_bf16, compiled for sm_90a (see wgmma_probe.py
-for its descriptor settings WG_V_LBO, WG_V_SBO, WG_V_STEP).
+4 or 8) times the warpgroup-MMA kernel attn_wgmma_bf16, compiled for sm_90a (its V descriptor settings WG_V_LBO, WG_V_SBO,
+WG_V_STEP are fixed in the kernel file: wgmma_probe.py found them).
 """
 import argparse
 import math
@@ -67,7 +67,7 @@ def sdpa():
 ref = sdpa().transpose(1, 2).float()
 t_ref = timed(sdpa, a.reps)
 print(f"SDPA {a.mode} B={B} T={T} H={H} D={D} window={a.window}: {t_ref:.3f} ms")
-variants = a.variants or ["mixer-cuda/kernels/attention_mma.cu:ATT_BK=64,ATT_WM=2,ATT_WARPS=4"]
+variants = a.variants or ["mixer-cuda/kernels/attention_fused.cu:ATT_BK=64,ATT_WM=2,ATT_WARPS=4"]
 for var in variants:
     path, _, defs = var.partition(":")
     d = dict(kv.split("=") for kv in defs.split(",") if kv)

@@ -238,9 +238,7 @@ __device__ inline long long llc_popsum(long long j) {
 // into constants. Without the defines the kernels take the arguments as they are.
 #if defined(LLC_DK) && defined(LLC_DV)
 #define LLC_FIX_DIMS(Dk, Dv) (Dk = LLC_DK, Dv = LLC_DV)
-#if !defined(DH_DKP)
-#define DH_DKP ((LLC_DK + 15) / 16 * 16)
-#endif
+#define DH_DKP ((LLC_DK + 15) / 16 * 16)  // Dk rounded up to whole k-steps of 16
 #else
 #define LLC_FIX_DIMS(Dk, Dv) ((void)0)
 #endif

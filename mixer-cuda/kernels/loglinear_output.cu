@@ -333,19 +333,13 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 // Q, K, V: the 8-element (16-byte) group ⌊c/8⌋ ⊕ (r mod 8); the f32 state (c, d) at
 // c·64 + (d ⊕ 8(c mod 4)).
 // Grid (NC, BH, ⌈Dv/64⌉), 128 threads, dynamic shared memory lld_smem<TI>() bytes.
-// K, V and the state as mma operands: rounded to tf32 (default), or with LLD_RAW = 1 the f32 bits
-// as they are (the tensor core then drops the low 13 bits: truncation, about 2^-11 relative on
-// average, saving a conversion per operand read).
-#ifndef LLD_RAW
-#define LLD_RAW 0
-#endif
 template <typename TI>
 __device__ constexpr int lld_smem() { return 3 * 64 * 64 * (int)sizeof(TI) + 64 * 64 * 4; }
 // The A operand from an activation: f32 rounded to tf32; bf16 exact.
 __device__ __forceinline__ unsigned lld_a(float x) { return mx_tf32(x); }
 __device__ __forceinline__ unsigned lld_a(mx_bf16 b) { return (unsigned)b << 16; }
-// The B operand: K, V (activations) and the f32 state.
-__device__ __forceinline__ unsigned lld_b(float x) { return LLD_RAW ? __float_as_uint(x) : mx_tf32(x); }
+// The B operand: K, V (activations) and the f32 state, rounded to tf32.
+__device__ __forceinline__ unsigned lld_b(float x) { return mx_tf32(x); }
 __device__ __forceinline__ unsigned lld_b(mx_bf16 b) { return (unsigned)b << 16; }
 __device__ __forceinline__ void lld_store(float* y, float x) { *y = x; }
 __device__ __forceinline__ void lld_store(mx_bf16* y, float x) { *y = mx_f32_bf16(x); }

@@ -225,9 +225,6 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 #ifndef DH_LG
 #define DH_LG 1  // levels per group (the host passes -DDH_LG for the lift; 1 without it)
 #endif
-#ifndef DH_NB2
-#define DH_NB2 1  // 0: the prefetch before the first barrier and a barrier after each level, lift or not
-#endif
 // k as the tensor cores' operand: rounded to tf32, or (-DDH_K_TF32=1, the bf16 mode, where k holds
 // bf16 values, which tf32 represents exactly) its bits as they are.
 #ifdef DH_K_TF32
@@ -291,8 +288,8 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, NW = 8, NT = NW * 32;  // NW warps compute; warp NW takes the decays
 #ifdef DH_DKP
-    // The host compiles the pass for each Dk rounded up to 16 (-DDH_DKP=…): compile-time trip
-    // counts let the W·S loop unroll fully.
+    // The host compiles the pass for the call's Dk (-DLLC_DK, and DH_DKP = Dk rounded up to 16):
+    // compile-time trip counts let the W·S loop unroll fully.
     constexpr int DKP = DH_DKP, LDK = (DKP + 31) / 32 * 32 + 4;
 #else
     const int DKP = (Dk + 15) / 16 * 16, LDK = (DKP + 31) / 32 * 32 + 4;
@@ -362,7 +359,7 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
     // barrier (their buffer was read last by chunk j − 1, before that barrier), so no barrier is
     // needed after the state update: the next chunk's first barrier orders it. With levels, the
     // merge before that barrier touches the states, so each level ends with a barrier.
-    const bool late = DH_NB2 && !lifted;
+    const bool late = !lifted;
     float gx0 = 0.f, gx1 = 0.f;  // the decay warp: chunk j + 1's log-decays during chunk j
     if (dwarp) {
         load_g(0, gx0, gx1);

@@ -205,9 +205,6 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
 __device__ __forceinline__ void lwt_store(float* p, float x, bool w) { *p = w ? __uint_as_float(mx_tf32(x)) : x; }
 __device__ __forceinline__ void lwt_store(mx_bf16* p, float x, bool) { *p = mx_f32_bf16(x); }
 #define LWT_LD 68
-#ifndef LWT_BLOCKED_INV
-#define LWT_BLOCKED_INV 1  // 0: T⁻¹ by the column-by-column substitution (llc_tri_inverse)
-#endif
 template <typename TI, typename TO>
 __device__ void llc_wy_tc(const TI* k, const TI* v, const float* g, int has_g, const float* beta, TO* W, TO* U,
                           float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
@@ -255,11 +252,7 @@ __device__ void llc_wy_tc(const TI* k, const TI* v, const float* g, int has_g, c
             }
     }
     __syncthreads();
-#if LWT_BLOCKED_INV
     llc_tri_inverse_blocked<LDL, LWT_LD>(Lm, Tt, X);  // X is free until the W tiles are staged
-#else
-    llc_tri_inverse<float, CH, LDL, LWT_LD>(Lm, Tt);
-#endif
     __syncthreads();
     if (want_ti) llc_store_ti<float, CH, LWT_LD>(Ti, Tt, bh, j);
     // W (over key tiles), then U (over value tiles): out[r][col] = Σ_s T⁻¹[r][s] Y[s][col].

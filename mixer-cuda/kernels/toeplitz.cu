@@ -170,6 +170,23 @@ __device__ void tz_unpack_pairs(const Cplx<T>* Zr, const T* bias, int has_bias, 
     }
 }
 
+// y_{t,e} = Σ_i Σ_{s ≤ t} w[i, h(e), t − s] · x_s[src(e, i)] (+ bias[h(e), t]), x_s[c] = x_at(s, c):
+// the direct form's and the naive decoder's sum.
+template <typename T, typename At>
+__device__ __forceinline__ T tz_conv(At x_at, const T* w, const T* bias, int has_bias, int e, int t, int C, int H,
+                                     int Kw, int Lw, int Lb) {
+    int CH = C / H, h = e / CH;
+    T acc = 0;
+    for (int k = 0; k < Kw; ++k) {
+        int c = tz_src(e, k, Kw, CH);
+        if (c < 0) continue;
+        const T* wr = w + ((long long)k * H + h) * Lw;
+        for (int s = 0; s <= t; ++s) acc += wr[t - s] * x_at(s, c);
+    }
+    if (has_bias) acc += bias[(long long)h * Lb + t];
+    return acc;
+}
+
 // Direct O(T²) form: one thread per (b, t, e).
 template <typename T>
 __device__ void tz_direct(const T* x, const T* w, const T* bias, int has_bias, T* y, int B, int Tn, int C, int H,
@@ -179,17 +196,8 @@ __device__ void tz_direct(const T* x, const T* w, const T* bias, int has_bias, T
     int e = (int)(i % C);
     long long bt = i / C;
     int t = (int)(bt % Tn), b = (int)(bt / Tn);
-    int CH = C / H, h = e / CH;
-    T acc = 0;
-    for (int k = 0; k < Kw; ++k) {
-        int c = tz_src(e, k, Kw, CH);
-        if (c < 0) continue;
-        const T* wr = w + ((long long)k * H + h) * Lw;
-        const T* xc = x + (long long)b * Tn * C + c;
-        for (int s = 0; s <= t; ++s) acc += wr[t - s] * xc[(long long)s * C];
-    }
-    if (has_bias) acc += bias[(long long)h * Lb + t];
-    y[i] = acc;
+    y[i] = tz_conv([&](int s, int c) { return (x + (long long)b * Tn * C + c)[(long long)s * C]; }, w, bias, has_bias,
+                   e, t, C, H, Kw, Lw, Lb);
 }
 
 // Decoder step at position t: hist [Tmax, B, C] holds x_0..x_t; one thread per (b, e).
@@ -199,16 +207,8 @@ __device__ void tz_step(const T* hist, const T* w, const T* bias, int has_bias, 
     long long i = gtid();
     if (i >= (long long)B * C) return;
     int e = (int)(i % C), b = (int)(i / C);
-    int CH = C / H, h = e / CH;
-    T acc = 0;
-    for (int k = 0; k < Kw; ++k) {
-        int c = tz_src(e, k, Kw, CH);
-        if (c < 0) continue;
-        const T* wr = w + ((long long)k * H + h) * Lw;
-        for (int s = 0; s <= t; ++s) acc += wr[t - s] * hist[((long long)s * B + b) * C + c];
-    }
-    if (has_bias) acc += bias[(long long)h * Lb + t];
-    y[i] = acc;
+    y[i] = tz_conv([&](int s, int c) { return hist[((long long)s * B + b) * C + c]; }, w, bias, has_bias, e, t, C, H,
+                   Kw, Lw, Lb);
 }
 
 // Online (relaxed) decoder, docs/math.md §3. After token n − 1 the tile of the k = lowbit(n)

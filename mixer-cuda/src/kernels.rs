@@ -50,10 +50,13 @@ pub fn with_prelude(prelude: &str, body: &str) -> String {
 /// Softmax attention: tiled forward and decoder step (`kernels/attention.cu`).
 pub const ATTENTION: KernelSource =
     KernelSource { name: "attention", prelude: "", body: include_str!("../kernels/attention.cu") };
-/// Softmax attention on tensor cores (tf32 and bf16 modes): `kernels/attention_mma.cu`,
-/// compiled per head dim with `-DATT_D=…`.
-pub const ATTENTION_MMA: KernelSource =
-    KernelSource { name: "attention_mma", prelude: "", body: include_str!("../kernels/attention_mma.cu") };
+/// Softmax attention on tensor cores (tf32 and bf16 modes), fused flash-style:
+/// `kernels/attention_fused.cu`, compiled per head dim with `-DATT_D=…`.
+pub const ATTENTION_FUSED: KernelSource = KernelSource {
+    name: "attention_fused",
+    prelude: "",
+    body: include_str!("../kernels/attention_fused.cu"),
+};
 /// The GLR: sparse recurrence and decoder step (`kernels/glr.cu`).
 pub const GLR: KernelSource =
     KernelSource { name: "glr", prelude: "", body: include_str!("../kernels/glr.cu") };
@@ -123,7 +126,7 @@ pub const TENSOR: KernelSource =
 /// Every kernel source of the backend.
 pub const ALL: &[KernelSource] = &[
     ATTENTION,
-    ATTENTION_MMA,
+    ATTENTION_FUSED,
     GLR,
     TOEPLITZ,
     LOGLINEAR_PARALLEL,

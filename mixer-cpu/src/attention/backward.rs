@@ -17,7 +17,7 @@ use mixer_core::{Requires, Result, Tensors, grad_name};
 use ndarray::{Array2, Array3, Array4, ArrayD, ArrayView2, s};
 use rayon::prelude::*;
 
-use super::flash::{BLOCK_K, BLOCK_Q, forward};
+use super::fast::{BLOCK_K, BLOCK_Q, forward};
 use super::heads_major;
 use crate::vmath::VecMath;
 

@@ -1,5 +1,5 @@
 //! The fused tile kernel of the attention fast form: `f32`, `1 ≤ Dv ≤ 64`, on CPUs with
-//! AVX-512 (checked at run time; elsewhere the faer-tiled path of [`super::flash`] runs).
+//! AVX-512 (checked at run time; elsewhere the faer-tiled path of [`super::fast`] runs).
 //!
 //! Keys are the lanes. Per head the keys are packed once (from `[B,T,H,D]` or `[B,H,T,D]`),
 //! transposed in blocks of [`KB`] = 64 keys (`Kᵀ_j [Dk, 64]`, four registers per row), and

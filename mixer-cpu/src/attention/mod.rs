@@ -2,7 +2,7 @@
 //!
 //! - `parallel`: the masked-softmax matrix per head, `Y = softmax(σ QKᵀ + M)V`
 //!   ([`parallel`], `O(T²)` memory per head);
-//! - `fast`: streaming over key blocks with an online softmax, flash-style ([`flash`]):
+//! - `fast`: streaming over key blocks with an online softmax, flash-style ([`fast`]):
 //!   `O(T)` memory, never a `T × T` matrix; with a window `w` only the key blocks that
 //!   intersect `(t − w, t]` are visited, so local attention costs `O(T · w)`;
 //! - `recurrent`: a KV-cache decoder ([`decoder`]) holding `min(t, w)` keys and values.
@@ -10,7 +10,7 @@
 pub mod backward;
 mod decode_fused;
 pub mod decoder;
-pub mod flash;
+pub mod fast;
 mod fused;
 pub mod parallel;
 
@@ -72,7 +72,7 @@ impl<F: crate::vmath::VecMath> Family<F> for AttentionCpu {
         Some(parallel::parallel)
     }
     fn fast(&self) -> Option<FormFn<Attention, F>> {
-        Some(flash::flash)
+        Some(fast::fast)
     }
     fn decoder(&self) -> Option<DecoderFn<Attention, F>> {
         Some(|a, _statics, dims| Ok(Box::new(decoder::AttentionDecoder::<F>::new(a, dims)?)))

@@ -1,4 +1,5 @@
-//! Per-(batch, head) views of the log-linear family's inputs, and the masked decay factors.
+//! Per-(batch, head) views of the log-linear family's inputs, the per-head forms run over them
+//! ([`run_heads`]), and the masked decay factors.
 
 use faer::{Mat, MatRef};
 use mixer_core::mixers::loglinear::LogLinear;
@@ -6,6 +7,8 @@ use mixer_core::tensor::get;
 use mixer_core::{Error, Real, Result, Tensors};
 use ndarray::{ArrayD, ArrayView3, Ix3};
 use rayon::prelude::*;
+
+use crate::vmath::VecMath;
 
 /// One (batch, head) slice of the inputs: strided views `x[b, :, h, :]` into the
 /// (row-major) input tensors, no copies.
@@ -221,6 +224,29 @@ pub fn decay_matrix_tiled<F: Real>(g: &[f64], tile: usize) -> Mat<F> {
         r0 = r1;
     }
     m
+}
+
+/// A form on one head: `y` of the head as a `T×Dv` matrix, or as its transpose
+/// `Dv×T` (row-major `y`) for the forms that write rows.
+pub(crate) type HeadFn<F> = fn(&LogLinear, &Head<'_, F>) -> Result<Mat<F>>;
+
+/// Runs a per-head form over every (batch, head) in parallel; `transposed`: the form returns
+/// `yᵀ` (`Dv×T`).
+pub(crate) fn run_heads<F: VecMath>(
+    m: &LogLinear,
+    x: &Tensors<F>,
+    f: HeadFn<F>,
+    transposed: bool,
+) -> Result<ArrayD<F>> {
+    let x = standard(x);
+    let lam = match m.lift {
+        Some(_) => Some(m.lambda_weights_ref(get(&x, "lambda")?, x.get("lambda_param"))?),
+        None => None,
+    };
+    let (sizes, heads) = heads(m, &x, lam.as_deref())?;
+    let ys: Vec<Mat<F>> = heads.par_iter().map(|hd| f(m, hd)).collect::<Result<_>>()?;
+    let views: Vec<_> = ys.iter().map(|y| if transposed { y.transpose() } else { y.as_ref() }).collect();
+    Ok(assemble(sizes, &heads, &views))
 }
 
 #[cfg(test)]

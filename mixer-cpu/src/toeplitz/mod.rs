@@ -6,10 +6,10 @@
 pub mod backward;
 pub mod columns;
 pub mod decoder;
-pub mod direct;
 pub mod fast;
 pub mod naive;
 pub mod online;
+pub mod parallel;
 
 use mixer_core::Form;
 use mixer_core::mixer::Decoder;
@@ -37,7 +37,7 @@ fn by_columns<F: Real>(
 
 /// The `parallel` form: the direct `O(T²)` convolution.
 pub fn parallel<F: Real>(tm: &Toeplitz, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
-    by_columns(tm, inputs, |tm, p, x| Ok(direct::direct(tm, p, x)))
+    by_columns(tm, inputs, |tm, p, x| Ok(parallel::direct(tm, p, x)))
 }
 
 /// The `fast` form: real FFTs of a 7-smooth size `≥ 2T − 1` ([`fast::fft_size`]).

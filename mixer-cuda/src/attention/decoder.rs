@@ -10,7 +10,7 @@ use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::attention::Attention;
 use mixer_core::{Dims, DimsExt, Error, Result};
 
-use super::{FAMILY, window_arg};
+use super::common::{FAMILY, window_arg};
 use crate::forms::{DeviceDecoder, input};
 use crate::kernels;
 use crate::pool::{self, Pooled};

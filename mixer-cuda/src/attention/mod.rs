@@ -1,16 +1,17 @@
 //! Softmax attention and local attention on CUDA (docs/math.md §1.3):
 //! `y_t = Σ_{s ≤ t, t−s < w} softmax_s(scale· q_t · k_s) v_s`.
 //!
-//! - `fast`: a tiled online-softmax forward ([`flash`]): one block per (query tile, batch·head),
+//! - `fast`: a tiled online-softmax forward ([`fast`]): one block per (query tile, batch·head),
 //!   key/value tiles staged in shared memory, a running maximum and normalizer per query,
 //!   causal and window masks applied before exponentiating. `O(T²)` work (or `O(T w)` with a
-//!   window), `O(T)` memory. In the `tf32` and `bf16` modes, the tensor-core kernel ([`mma`]).
+//!   window), `O(T)` memory. In the `tf32` and `bf16` modes, the fused tensor-core kernel ([`fused`]).
 //! - `recurrent`: a decoder with the KV cache **on the device** ([`decoder`]), a ring buffer of
 //!   `min(T, w)` positions; each step appends `k_t, v_t` and runs one block per (batch, head).
 
+pub mod common;
 pub mod decoder;
-pub mod flash;
-pub mod mma;
+pub mod fast;
+pub mod fused;
 
 use mixer_core::mixers::attention::Attention;
 use mixer_registry::{FamilyEntry, register};
@@ -19,8 +20,7 @@ use crate::device_run::Device;
 use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
 use crate::runtime::GpuReal;
 
-/// Family name in errors.
-pub(crate) const FAMILY: &str = "attention";
+use common::FAMILY;
 
 /// Softmax attention on CUDA.
 pub struct AttentionCuda;
@@ -28,7 +28,7 @@ pub struct AttentionCuda;
 impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     type Mixer = Attention;
     fn fast() -> Option<DeviceFormFn<Attention>> {
-        Some(flash::run::<F>)
+        Some(fast::run::<F>)
     }
     fn decoder() -> Option<DeviceDecoderFn<Attention, F>> {
         Some(|a, _statics, dims| Ok(Box::new(decoder::AttentionDecoder::<F>::new(a, dims)?)))
@@ -43,11 +43,3 @@ static ATTENTION_CUDA: FamilyEntry = FamilyEntry {
     f32: &Hosted(AttentionCuda),
     device: Some(&Device(AttentionCuda)),
 };
-
-/// The window as the kernels take it: `0` for none (or one at least as long as `T`).
-pub(crate) fn window_arg(a: &Attention, t_len: usize) -> i32 {
-    match a.window() {
-        Some(w) if w < t_len => w as i32,
-        _ => 0,
-    }
-}

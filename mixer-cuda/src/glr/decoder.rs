@@ -11,7 +11,7 @@ use mixer_core::mixer::check_decoder_capacity;
 use mixer_core::mixers::glr::{Glr, Slots};
 use mixer_core::{Dims, DimsExt, Result};
 
-use super::FAMILY;
+use super::common::FAMILY;
 use crate::attention::decoder::token_shape;
 use crate::forms::{DeviceDecoder, input};
 use crate::kernels;

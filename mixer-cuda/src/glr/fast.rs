@@ -17,7 +17,7 @@ use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::glr::Glr;
 use mixer_core::{Mixer, Precision, Result};
 
-use super::FAMILY;
+use super::common::FAMILY;
 use crate::forms::{finish, input, input_opt};
 use crate::kernels;
 use crate::pool::{self, Pooled};

@@ -12,6 +12,7 @@
 //!   (the lattice's `P_{t+1}`, or the last `f(K−1)` outputs for translation-invariant
 //!   patterns), on the device; slots are assigned on the host ([`decoder`]).
 
+pub mod common;
 pub mod decoder;
 pub mod fast;
 
@@ -22,8 +23,7 @@ use crate::device_run::Device;
 use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
 use crate::runtime::GpuReal;
 
-/// Family name in errors.
-pub(crate) const FAMILY: &str = "glr";
+use common::FAMILY;
 
 /// The GLR on CUDA.
 pub struct GlrCuda;

@@ -11,7 +11,7 @@ use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::toeplitz::{Toeplitz, fast_size};
 use mixer_core::{Precision, Result};
 
-use super::{FAMILY, prepare};
+use super::common::{FAMILY, prepare};
 use crate::fft::{FftReal, cfft, irfft, rfft};
 use crate::forms::finish;
 use crate::kernels;

@@ -18,7 +18,7 @@
 use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::{Dims, Result, Tensors};
 
-use super::FAMILY;
+use super::common::FAMILY;
 use super::decoder::Statics;
 use super::fast::tiles;
 use super::spectra;

@@ -14,7 +14,7 @@ use std::sync::{Arc, LazyLock, Mutex, Weak};
 use cudarc::driver::CudaView;
 use mixer_core::Result;
 
-use super::FAMILY;
+use super::common::FAMILY;
 use crate::fft::{FftReal, rfft};
 use crate::kernels;
 use crate::pool::{self, Pooled};

@@ -335,7 +335,7 @@ fn precision_modes_meet_their_tolerances_on_tensor_cores() {
                 "PRECISION attention {cfg} D={d} T={t} {p}: rel RMS {err:.2e} (exact f32: {err_exact:.2e})"
             );
             assert!(err <= p.tolerance("f32").rel_rms, "{cfg} D={d} {p}: {err:.3e}");
-            if mixer_cuda::attention::mma::applies(d, d, p) {
+            if mixer_cuda::attention::fused::applies(d, d, p) {
                 // The tensor-core path ran: its error is visibly above the exact kernel's.
                 assert!(err > 2.0 * err_exact, "{cfg} D={d} {p}: {err:.3e} vs exact {err_exact:.3e}");
             } else if p == Precision::Tf32 {
@@ -356,7 +356,7 @@ fn precision_modes_meet_their_tolerances_on_tensor_cores() {
 #[test]
 #[ignore = "needs a CUDA device"]
 fn both_bf16_attention_kernels_agree_with_the_oracle() {
-    use mixer_cuda::attention::mma::{Bf16Kernel, run_with as run_kernel};
+    use mixer_cuda::attention::fused::{Bf16Kernel, run_with as run_kernel};
     let Some(_turn) = gpu() else {
         return;
     };

@@ -20,16 +20,11 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         let n = compile_only(k.name, &k.full(), "sm_90").unwrap_or_else(|e| panic!("{e}"));
         assert!(n > 100, "{}: PTX of {n} bytes", k.name);
     }
-    // The Hopper-only parts of the attention source: the wgmma kernel and its descriptor probes.
-    let src = mixer_cuda::kernels::ATTENTION_MMA.full();
-    for defs in [
-        ["-DATT_WGMMA=1", "-DATT_WM=1", "-DATT_WARPS=8"],
-        ["-DATT_WGMMA_PROBE=1", "-DATT_WM=1", "-DATT_WARPS=4"],
-    ] {
-        let extra: Vec<String> = defs.iter().map(|d| d.to_string()).collect();
-        let n = compile_only_with("attention_mma", &src, "sm_90a", &extra).unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 100, "attention_mma {defs:?}: PTX of {n} bytes");
-    }
+    // The Hopper-only part of the attention source: the wgmma kernel, as the host compiles it.
+    let src = mixer_cuda::kernels::ATTENTION_FUSED.full();
+    let extra: Vec<String> = ["-DATT_WGMMA=1", "-DATT_WM=1", "-DATT_WARPS=8"].map(String::from).to_vec();
+    let n = compile_only_with("attention_fused", &src, "sm_90a", &extra).unwrap_or_else(|e| panic!("{e}"));
+    assert!(n > 100, "attention_fused {extra:?}: PTX of {n} bytes");
     // Gated DeltaNet's state passes as the host compiles them: head dims fixed, warps per block
     // and buffers of the register-state passes (tf32 and bf16), k's bits taken as they are in the
     // bf16 mode, the shared-memory pass with the lift's levels `lg` at a time; and the WY/UT step
@@ -100,9 +95,10 @@ fn nvrtc_gives_a_cubin_for_every_kernel() {
         );
     }
     let wgmma = ["-DATT_WGMMA=1", "-DATT_WM=1", "-DATT_WARPS=8"].map(String::from);
-    let c = compile_cubin_only("attention_mma", &mixer_cuda::kernels::ATTENTION_MMA.full(), "sm_90a", &wgmma)
-        .unwrap_or_else(|e| panic!("{e}"));
-    assert!(c.starts_with(ELF_MAGIC), "attention_mma sm_90a: not an ELF image");
+    let c =
+        compile_cubin_only("attention_fused", &mixer_cuda::kernels::ATTENTION_FUSED.full(), "sm_90a", &wgmma)
+            .unwrap_or_else(|e| panic!("{e}"));
+    assert!(c.starts_with(ELF_MAGIC), "attention_fused sm_90a: not an ELF image");
     assert!(compile_cubin_only("glr", &mixer_cuda::kernels::GLR.full(), "compute_90", &[]).is_err());
 }
 

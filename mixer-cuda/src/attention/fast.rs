@@ -2,13 +2,15 @@
 //! `m' = max(m, max_{s ∈ S} z_{ts})`, `l ← l e^(m−m') + Σ_{s∈ S} e^(z_{ts}−m')`,
 //! `a ← a e^(m−m') + Σ_{s ∈ S} e^(z_{ts}−m') v_s`; finally `y_t = a / l`, with
 //! `z_{ts} = scale· q_t· k_s` over unmasked `s` only. The `exact` arithmetic; in the `tf32`
-//! and `bf16` modes the tensor-core kernel ([`super::mma`]) runs instead where it applies.
+//! and `bf16` modes the fused tensor-core kernel ([`super::fused`]) runs instead where it
+//! applies.
 
 use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::attention::Attention;
 use mixer_core::{Precision, Result};
 
-use super::{FAMILY, mma, window_arg};
+use super::common::{FAMILY, window_arg};
+use super::fused;
 use crate::forms::{finish, input};
 use crate::kernels;
 use crate::pool;
@@ -30,7 +32,7 @@ pub(crate) fn tile(dk: usize, dv: usize, elem: usize) -> Result<usize> {
 
 /// Runs the fast form on device tensors.
 pub fn run<F: GpuReal>(a: &Attention, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
-    if let Some(y) = mma::run::<F>(a, x, p)? {
+    if let Some(y) = fused::run::<F>(a, x, p)? {
         return Ok(y);
     }
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);

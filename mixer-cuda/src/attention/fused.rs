@@ -1,4 +1,4 @@
-//! The tensor-core forward (`kernels/attention_mma.cu`), FlashAttention-2 style, for the
+//! The tensor-core forward (`kernels/attention_fused.cu`), FlashAttention-2 style, for the
 //! `tf32` and `bf16` modes: a block of 4 warps owns 128 query rows of one (batch, head); K and
 //! V tiles of 64 keys stream through shared memory with `cp.async` (two stages); `mma.sync`
 //! computes `QKᵀ` and `PV` (bf16 `m16n8k16` or tf32 `m16n8k8`, `f32` accumulation); the
@@ -20,7 +20,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use mixer_core::mixers::attention::Attention;
 use mixer_core::{Precision, Result};
 
-use super::{FAMILY, window_arg};
+use super::common::{FAMILY, window_arg};
 use crate::kernels;
 use crate::pool;
 use crate::runtime::{GpuReal, err, gpu, int, launch};
@@ -107,7 +107,7 @@ pub fn run_with(
     if wgmma {
         opts.extend(["-DATT_WGMMA=1".to_string(), "--gpu-architecture=sm_90a".to_string()]);
     }
-    let f = g.kernel(FAMILY, &kernels::ATTENTION_MMA, &opts, name)?;
+    let f = g.kernel(FAMILY, &kernels::ATTENTION_FUSED, &opts, name)?;
     f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
         .map_err(|e| err(FAMILY, format!("opting in to {smem} bytes of shared memory: {e}")))?;
     let cfg = LaunchConfig {

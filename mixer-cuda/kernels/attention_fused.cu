@@ -32,9 +32,6 @@
 #ifndef ATT_WARPS
 #define ATT_WARPS 4
 #endif
-#ifndef ATT_MINB
-#define ATT_MINB 1  // blocks per SM the register allocation must allow
-#endif
 #define ATT_BQ (16 * ATT_WM * ATT_WARPS)
 #define NEG_INF __int_as_float(0xff800000)
 
@@ -66,6 +63,37 @@ struct RowState {
     float m[ATT_WM][2];
     float l[ATT_WM][2];
 };
+
+// The online softmax's start, in every kernel: running maxima −∞, sums and accumulators 0.
+__device__ __forceinline__ void att_begin(float (&o)[ATT_WM][ATT_D / 8][4], RowState& st) {
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt) {
+        st.m[mt][0] = st.m[mt][1] = NEG_INF;
+        st.l[mt][0] = st.l[mt][1] = 0.f;
+#pragma unroll
+        for (int dt = 0; dt < ATT_D / 8; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+    }
+}
+
+// One step of the mma.sync kernels' two-stage K/V pipeline: wait until at most one copy group is in
+// flight (the tile about to be read has landed), a barrier (every warp is done with the buffer that
+// load refills), then issue load's copies when there is a next tile, as one group (an empty group
+// otherwise, so that the count stays the same).
+template <typename Load>
+__device__ __forceinline__ void att_next(bool more, Load load) {
+    cp_wait<1>();
+    __syncthreads();
+    if (more) load();
+    cp_commit();
+}
+
+// A score tile's mma.sync accumulators, zeroed.
+__device__ __forceinline__ void att_zero(float (&s)[ATT_WM][ATT_BK / 8][4]) {
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < ATT_BK / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+}
 
 // Masks s for keys outside [lo_q, q] (per row) or beyond T, where lo_q = q − window + 1.
 __device__ __forceinline__ void mask_tile(float (&s)[ATT_WM][ATT_BK / 8][4], int q_row0, int k0, int T,
@@ -222,7 +250,7 @@ __device__ __forceinline__ void att_store(TO* y, const float (&o)[ATT_WM][ATT_D 
 // Shared operands are described by 64-bit descriptors: start address, leading and stride byte
 // offsets (16-byte units), swizzle mode (1 = 128 B: the 16-byte group index XOR row mod 8 inside
 // 8-row × 128-byte atoms, the layout of swz() above with 64 bf16 per row).
-#if defined(ATT_WGMMA) || defined(ATT_WGMMA_PROBE)
+#ifdef ATT_WGMMA
 typedef unsigned long long u64;
 __device__ __forceinline__ u64 wg_desc(u32 addr, u32 lbo, u32 sbo) {
     return (u64)((addr & 0x3FFFF) >> 4) | ((u64)(lbo & 0x3FFF) << 16) | ((u64)(sbo & 0x3FFF) << 32) | (1ull << 62);
@@ -252,61 +280,6 @@ __device__ __forceinline__ void wg_rs(float (&d)[8][4], const u32 (&a)[4], u64 d
 }
 #endif
 
-#ifdef ATT_WGMMA_PROBE
-// Probes of the descriptor encoding (bench/gpu/wgmma_probe.py): C[64][64] = A · B for one warpgroup,
-// A [64 m][64 k] K-major in shared memory (SS) or in registers (RS), B either K-major (given as
-// [n][k], TB = 0) or MN-major ([k][n], TB = 1); both tiles stored as the attention kernels store
-// Q, K and V (swz: 128-byte rows, 16-byte groups XOR row mod 8). B's leading and stride byte
-// offsets (16-byte units) and its start-address step per 16 k (bytes) are arguments.
-__device__ void probe_load(bf16_t* s, const bf16_t* g) {
-    for (int idx = threadIdx.x; idx < 64 * 8; idx += 128) {
-        const int row = idx / 8, ch = idx % 8;
-        *reinterpret_cast<uint4*>(s + swz(row, ch) * 8) = *reinterpret_cast<const uint4*>(g + row * 64 + ch * 8);
-    }
-}
-template <int TB, int RS>
-__device__ void probe(const bf16_t* A, const bf16_t* Bm, float* C, u32 lbo, u32 sbo, u32 kstep) {
-    extern __shared__ __align__(1024) bf16_t psm[];
-    const u32 pad = (1024 - (smem_u32(psm) & 1023)) & 1023;
-    bf16_t* as = psm + pad / 2;
-    bf16_t* bs = as + 64 * 64;
-    probe_load(as, A);
-    probe_load(bs, Bm);
-    wg_proxy_fence();
-    __syncthreads();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    u32 a[4][4];
-    for (int ks = 0; ks < 4; ++ks) {  // the A fragment of rows 16w + g (+8), k = 16ks + 2t (+1), +8
-        const bf16_t* r0 = A + (16 * warp + g) * 64 + 16 * ks + 2 * t;
-        const bf16_t* r1 = r0 + 8 * 64;
-        a[ks][0] = *reinterpret_cast<const u32*>(r0);
-        a[ks][1] = *reinterpret_cast<const u32*>(r1);
-        a[ks][2] = *reinterpret_cast<const u32*>(r0 + 8);
-        a[ks][3] = *reinterpret_cast<const u32*>(r1 + 8);
-    }
-    float d[8][4];
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-        const u64 db = wg_desc(smem_u32(bs) + ks * kstep, lbo, sbo);
-        if (RS)
-            wg_rs<TB>(d, a[ks], db, ks > 0);
-        else
-            wg_ss<TB>(d, wg_desc(smem_u32(as) + ks * 32, 1, 64), db, ks > 0);
-    }
-    wg_commit();
-    wg_wait0();
-#pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) C[(16 * warp + g + (e >> 1) * 8) * 64 + 8 * j + 2 * t + (e & 1)] = d[j][e];
-}
-extern "C" __global__ void __launch_bounds__(128) probe_ss_k(const bf16_t* A, const bf16_t* B, float* C, u32 l, u32 s, u32 k) { probe<0, 0>(A, B, C, l, s, k); }
-extern "C" __global__ void __launch_bounds__(128) probe_ss_mn(const bf16_t* A, const bf16_t* B, float* C, u32 l, u32 s, u32 k) { probe<1, 0>(A, B, C, l, s, k); }
-extern "C" __global__ void __launch_bounds__(128) probe_rs_k(const bf16_t* A, const bf16_t* B, float* C, u32 l, u32 s, u32 k) { probe<0, 1>(A, B, C, l, s, k); }
-extern "C" __global__ void __launch_bounds__(128) probe_rs_mn(const bf16_t* A, const bf16_t* B, float* C, u32 l, u32 s, u32 k) { probe<1, 1>(A, B, C, l, s, k); }
-#endif
-
 #ifdef ATT_WGMMA
 // =======================================================================================
 // bf16 on Hopper's warpgroup MMA (the bf16 mode on compute capability 9.0, ATT_WM = 1, ATT_WARPS = 8):
@@ -316,16 +289,10 @@ extern "C" __global__ void __launch_bounds__(128) probe_rs_mn(const bf16_t* A, c
 // from registers and V from shared memory (MN-major descriptor, WG_V_LBO / WG_V_SBO, start
 // stepping WG_V_STEP bytes per 16 keys: the settings bench/gpu/wgmma_probe.py found against an f64
 // product on the H200). Tiles are 1024-byte aligned (128-byte swizzle atoms).
-#ifndef WG_V_LBO
 #define WG_V_LBO 1
-#endif
-#ifndef WG_V_SBO
 #define WG_V_SBO 64
-#endif
-#ifndef WG_V_STEP
 #define WG_V_STEP 2048
-#endif
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_wgmma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                     bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
     // Dynamic shared memory (plus up to 1 KB to align): q [BQ·D] | k stage 0, 1 [BK·D] | v stage 0, 1 [BK·D].
@@ -339,12 +306,9 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
     const int warp = threadIdx.x >> 5, wg = warp >> 2;
     const int wrow0 = q0 + warp * 16;
 
-    float o[1][ATT_D / 8][4];
+    float o[1][ATT_D / 8][4];  // ATT_WM = 1
     RowState st;
-    st.m[0][0] = st.m[0][1] = NEG_INF;
-    st.l[0][0] = st.l[0][1] = 0.f;
-#pragma unroll
-    for (int dt = 0; dt < ATT_D / 8; ++dt) o[0][dt][0] = o[0][dt][1] = o[0][dt][2] = o[0][dt][3] = 0.f;
+    att_begin(o, st);
     const u32 qaddr = smem_u32(qs) + wg * 64 * ATT_D * 2;
 
     for (int j = first; j <= last; ++j) {
@@ -390,7 +354,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_mma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                   bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
     // Dynamic shared memory: q [BQ·D] | k stage 0, 1 [BK·D] | v stage 0, 1 [BK·D].
@@ -407,22 +371,13 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
     u32 qf[ATT_WM][ATT_D / 16][4];
     float o[ATT_WM][ATT_D / 8][4];
     RowState st;
-#pragma unroll
-    for (int mt = 0; mt < ATT_WM; ++mt) {
-        st.m[mt][0] = st.m[mt][1] = NEG_INF;
-        st.l[mt][0] = st.l[mt][1] = 0.f;
-#pragma unroll
-        for (int dt = 0; dt < ATT_D / 8; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
-    }
+    att_begin(o, st);
 
     for (int j = first; j <= last; ++j) {
         // Groups in flight: K_j, V_j. K_{j+1} is issued once every warp is done with K_{j−1}
         // (the barrier below), V_{j+1} once every warp is done with V_{j−1} (the middle barrier).
         const int stage = (j - first) & 1;
-        cp_wait<1>();
-        __syncthreads();
-        if (j < last) load_tile_bf16(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
-        cp_commit();
+        att_next(j < last, [&] { load_tile_bf16(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
         if (j == first) {
 #pragma unroll
             for (int mt = 0; mt < ATT_WM; ++mt)
@@ -436,10 +391,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
         }
         // S = Q Kᵀ
         float s[ATT_WM][ATT_BK / 8][4];
-#pragma unroll
-        for (int mt = 0; mt < ATT_WM; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < ATT_BK / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+        att_zero(s);
         const u32 kb = smem_u32(ks[stage]);
 #pragma unroll
         for (int kt = 0; kt < ATT_D / 16; ++kt) {
@@ -471,10 +423,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
         }
         if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
         softmax_update(s, st, o, scale_log2);
-        cp_wait<1>();
-        __syncthreads();
-        if (j < last) load_tile_bf16(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
-        cp_commit();
+        att_next(j < last, [&] { load_tile_bf16(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
         // O += P V
         const u32 vb = smem_u32(vs[stage]);
 #pragma unroll
@@ -534,7 +483,7 @@ __device__ __forceinline__ void load_tile_f32(float* sm, int stride, const float
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_mma_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                   float* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
     extern __shared__ __align__(16) float smf[];
@@ -577,27 +526,15 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
     }
     float o[ATT_WM][ATT_D / 8][4];
     RowState st;
-#pragma unroll
-    for (int mt = 0; mt < ATT_WM; ++mt) {
-        st.m[mt][0] = st.m[mt][1] = NEG_INF;
-        st.l[mt][0] = st.l[mt][1] = 0.f;
-#pragma unroll
-        for (int dt = 0; dt < ATT_D / 8; ++dt) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
-    }
+    att_begin(o, st);
 
     for (int j = first; j <= last; ++j) {
         const int stage = (j - first) & 1;  // same K/V pipeline as the bf16 kernel
-        cp_wait<1>();
-        __syncthreads();
-        if (j < last) load_tile_f32(stage ? ks0 : ks1, KS_STRIDE, k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
-        cp_commit();
+        att_next(j < last, [&] { load_tile_f32(stage ? ks0 : ks1, KS_STRIDE, k + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
         const float* kss = stage ? ks1 : ks0;
         const float* vss = stage ? vs1 : vs0;
         float s[ATT_WM][ATT_BK / 8][4];
-#pragma unroll
-        for (int mt = 0; mt < ATT_WM; ++mt)
-#pragma unroll
-            for (int nt = 0; nt < ATT_BK / 8; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+        att_zero(s);
 #pragma unroll
         for (int kt = 0; kt < ATT_D / 8; ++kt)
 #pragma unroll
@@ -617,10 +554,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, ATT_MINB)
             }
         if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
         softmax_update(s, st, o, scale_log2);
-        cp_wait<1>();
-        __syncthreads();
-        if (j < last) load_tile_f32(stage ? vs0 : vs1, VS_STRIDE, v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
-        cp_commit();
+        att_next(j < last, [&] { load_tile_f32(stage ? vs0 : vs1, VS_STRIDE, v + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
         // O += P V, one 8-key step at a time; A column t ↔ key 2t, t+4 ↔ key 2t+1.
 #pragma unroll
         for (int kt = 0; kt < ATT_BK / 8; ++kt) {

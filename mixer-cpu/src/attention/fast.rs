@@ -76,7 +76,7 @@ const LANES: usize = NR;
 
 /// `y [B,T,H,Dv]` by streaming over key blocks, read from and written to the token-major
 /// layout of the inputs directly (no per-head copies).
-pub fn flash<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+pub fn fast<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let q = get(inputs, "q")?;
     let v = get(inputs, "v")?;
     let (&[bn, tn, hn, dk], &[.., dv]) = (q.shape(), v.shape()) else {

@@ -1,10 +1,10 @@
-//! The direct form: `y_{t,e} = Σ_i Σ_{s ≤ t} w[i,h(e),t−s] x[s, e+i−(K_w−1)] + bias[h(e),t]`,
+//! The `parallel` form, direct: `y_{t,e} = Σ_i Σ_{s ≤ t} w[i,h(e),t−s] x[s, e+i−(K_w−1)] + bias[h(e),t]`,
 //! one thread per output element, `O(T)` work each.
 
 use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::{Precision, Result};
 
-use super::{FAMILY, prepare};
+use super::common::{FAMILY, prepare};
 use crate::fft::FftReal;
 use crate::forms::finish;
 use crate::kernels;
