@@ -147,15 +147,21 @@ pub fn device_forms(m: &dyn Mixer, backend: &Backend) -> Vec<Form> {
 pub fn device_available(m: &dyn Mixer, backend: &Backend, form: Form) -> Result<()> {
     match why_not(m, backend, form) {
         None => Ok(()),
-        Some(why) => Err(Error::FormUnavailable {
-            mixer: m.name().to_string(),
-            form: form.name().into(),
-            backend: device_name(backend),
-            available: format!(
-                "{} ({why})",
-                device_forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
-            ),
-        }),
+        Some(why) => Err(unavailable(m, backend, form, &why)),
+    }
+}
+
+/// The error for `form` of `m` not running on `backend`'s device tensors, with the reason and
+/// the device forms that are available there.
+fn unavailable(m: &dyn Mixer, backend: &Backend, form: Form, why: &str) -> Error {
+    Error::FormUnavailable {
+        mixer: m.name().to_string(),
+        form: form.name().into(),
+        backend: device_name(backend),
+        available: format!(
+            "{} ({why})",
+            device_forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
+        ),
     }
 }
 
@@ -199,15 +205,12 @@ pub fn run_device<T: Any>(
     checks: bool,
 ) -> Result<T> {
     if form == Form::Recurrent {
-        return Err(Error::FormUnavailable {
-            mixer: m.name().to_string(),
-            form: form.name().into(),
-            backend: device_name(backend),
-            available: format!(
-                "{} (the recurrent form runs token by token through a device decoder)",
-                device_forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ")
-            ),
-        });
+        return Err(unavailable(
+            m,
+            backend,
+            form,
+            "the recurrent form runs token by token through a device decoder",
+        ));
     }
     let y = forms_of(m, backend, form)?.run(m, form, inputs, precision, checks)?;
     unbox(m, backend, y)
