@@ -19,6 +19,7 @@ pub mod pattern;
 pub mod precision;
 pub mod real;
 pub mod spec;
+pub mod state;
 pub mod tensor;
 pub mod tolerance;
 

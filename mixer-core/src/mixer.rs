@@ -55,7 +55,41 @@ pub trait Mixer: Send + Sync + Debug + Any {
     /// valid input of length `len`: the decoder's first `len` outputs must equal any form run
     /// on it.
     fn prefix(&self, inputs: &Tensors<f64>, len: usize) -> Result<Tensors<f64>> {
-        Ok(crate::tensor::prefix(inputs, &self.spec().per_token(), len))
+        Ok(crate::state::cut(inputs, &self.spec().per_token(), &self.length_axes(len), 0..len))
+    }
+    /// The axes besides the sequence axis whose size is a function of `T` exactly, as
+    /// `(input, axis, size at length len)` (e.g. the GLR's `K(T)` slots): [`Mixer::prefix`]
+    /// and the segments of a packed batch ([`crate::state::segment`]) cut them. Default: none.
+    fn length_axes(&self, _len: usize) -> Vec<(&'static str, usize, usize)> {
+        Vec::new()
+    }
+    /// The names and shapes of this mixer's recurrent state for the bound sizes `dims`
+    /// ([`crate::state`]), or why it has none.
+    fn state_shapes(&self, _dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
+        Err("this mixer has no recurrent-state API yet".into())
+    }
+    /// The `f64` reference of a run from a state: the output `y` and the final state, from
+    /// the inputs and the initial state (`None`: zeros), both validated. Mixers with a state
+    /// give it through their materialization (one oracle for every form and backend).
+    fn state_oracle(
+        &self,
+        _inputs: &Tensors<f64>,
+        _initial: Option<&Tensors<f64>>,
+    ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
+        Err(crate::state::no_state(self.name(), "no reference for runs from a state"))
+    }
+    /// The `f64` reference backward of [`Mixer::state_oracle`]: from the cotangents of `y`
+    /// and of the final state (`None`: zero), the gradients `d_<input>` (those in `requires`)
+    /// and the gradient of the initial state (named as the state's tensors).
+    fn state_oracle_vjp(
+        &self,
+        _inputs: &Tensors<f64>,
+        _initial: Option<&Tensors<f64>>,
+        _dy: &ArrayD<f64>,
+        _d_final: Option<&Tensors<f64>>,
+        _requires: &Requires,
+    ) -> Result<(Tensors<f64>, Tensors<f64>)> {
+        Err(crate::state::no_state(self.name(), "no reference backward for runs from a state"))
     }
     /// Estimated peak working memory, in bytes, of running `form` at these sizes with
     /// scalars of `elem` bytes (what the call allocates: output, copies, dense matrices; not

@@ -200,25 +200,15 @@ impl Mixer for Glr {
         let streams = if self.config.on == On::Both { 2 } else { 1 };
         Some(positions * streams * b * c)
     }
-    /// Cuts the sequence axis and the slot axes: `K(len)` slots of `beta`, `K(len) + 1` of
-    /// `alpha` when `on` includes `a`.
-    fn prefix(&self, inputs: &Tensors<f64>, len: usize) -> Result<Tensors<f64>> {
-        let mut p = crate::tensor::prefix(inputs, &self.spec().per_token(), len);
+    /// The slot axes: `K(len)` slots of `beta`, `K(len) + 1` of `alpha` when `on` includes
+    /// `a` (axis 2 of both).
+    fn length_axes(&self, len: usize) -> Vec<(&'static str, usize, usize)> {
         let k = self.pattern.slots(len);
-        let cut = |a: &mut ArrayD<f64>, n: usize| {
-            if a.ndim() == 4 && a.shape()[2] >= n {
-                *a = a.slice_axis(ndarray::Axis(2), ndarray::Slice::from(0..n)).to_owned();
-            }
-        };
-        if let Some(b) = p.get_mut("beta") {
-            cut(b, k);
+        let mut v = vec![("beta", 2, k)];
+        if self.config.on.has_a() {
+            v.push(("alpha", 2, k + 1));
         }
-        if self.config.on.has_a()
-            && let Some(a) = p.get_mut("alpha")
-        {
-            cut(a, k + 1);
-        }
-        Ok(p)
+        v
     }
     fn family(&self) -> &'static str {
         "glr"

@@ -564,6 +564,26 @@ impl Mixer for LogLinear {
     ) -> Result<Tensors<f64>> {
         super::loglinear_vjp::materialized_vjp(self, inputs, grad)
     }
+    fn state_shapes(&self, dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
+        super::loglinear_state::shapes(self, dims)
+    }
+    fn state_oracle(
+        &self,
+        inputs: &Tensors<f64>,
+        initial: Option<&Tensors<f64>>,
+    ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
+        super::loglinear_state::oracle(self, inputs, initial)
+    }
+    fn state_oracle_vjp(
+        &self,
+        inputs: &Tensors<f64>,
+        initial: Option<&Tensors<f64>>,
+        dy: &ArrayD<f64>,
+        d_final: Option<&Tensors<f64>>,
+        requires: &crate::grad::Requires,
+    ) -> Result<(Tensors<f64>, Tensors<f64>)> {
+        super::loglinear_state::oracle_vjp(self, inputs, initial, dy, d_final, requires)
+    }
     fn form_unsupported(&self, form: crate::Form) -> Option<String> {
         let needs_fenwick = matches!(form, crate::Form::Fast | crate::Form::Recurrent);
         (needs_fenwick && !self.has_fenwick_structure())

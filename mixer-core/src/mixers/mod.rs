@@ -4,5 +4,6 @@
 pub mod attention;
 pub mod glr;
 pub mod loglinear;
+pub mod loglinear_state;
 mod loglinear_vjp;
 pub mod toeplitz;

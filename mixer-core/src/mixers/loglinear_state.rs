@@ -1,0 +1,324 @@
+//! The `f64` reference of the log-linear base mixers run from a state (docs/math.md §7.1):
+//! the plain materialized oracle on an extended sequence, so that states need no second
+//! reference implementation.
+//!
+//! Per (batch row, head), with `S_0 ∈ ℝ^(D_v × D_k)` the initial state and `e_j` the unit
+//! vectors of `ℝ^(D_k)`:
+//! - **load** `S_0` by `D_k` tokens before the sequence, token `j` with `k = e_j`,
+//!   `v = S_0 e_j`, `q = 0`, `g = 0`, `β = 1`. From a zero state they build
+//!   `Σ_j S_0 e_j e_jᵀ = S_0` (for gated DeltaNet the erase `(I − e_j e_jᵀ)` of token `j`
+//!   meets only columns `< j` of the state, which it leaves alone);
+//! - the sequence's own tokens, with `σ q_t` in place of `q_t` and the scale set to 1 (the
+//!   same matrix `A`);
+//! - **probe** the final state by `D_k` tokens after it, token `j` with `q = e_j`, `k = 0`,
+//!   `v = 0`, `g = 0`, `β = 0`: their transitions are the identity and they add nothing, so
+//!   output `j` is `S_T e_j`, column `j` of the final state.
+//!
+//! The backward is the materialized backward of the extension with cotangent zero on the
+//! load tokens, `ȳ` on the sequence and the final state's cotangent `S̄_T e_j` on probe `j`;
+//! the initial state's gradient is `v̄` of the load tokens (`S̄_0 e_j = v̄_j`), and
+//! `q̄_t = σ (q̄_t of the extension)`.
+
+use ndarray::{ArrayD, Axis, IxDyn, Slice, s};
+
+use super::loglinear::LogLinear;
+use crate::error::{Error, Result};
+use crate::grad::{Requires, grad_name};
+use crate::state::StateShapes;
+use crate::tensor::{Tensors, get};
+
+/// The state tensor's name.
+pub const STATE: &str = "S";
+
+/// The state's shapes: `S [B, H, Dv, Dk]`, or why there is none (the lifts).
+pub(crate) fn shapes(m: &LogLinear, dims: &crate::Dims) -> std::result::Result<StateShapes, String> {
+    if m.lift.is_some() {
+        return Err("the state of the log-linear lifts (their Fenwick level states) is not \
+                    implemented yet; the base mixers have one"
+            .into());
+    }
+    let size = |s: &str| dims.get(s).copied().ok_or_else(|| format!("size `{s}` is unbound"));
+    Ok(vec![(STATE.into(), vec![size("B")?, size("H")?, size("Dv")?, size("Dk")?])])
+}
+
+/// The extension: a scale-1 copy of the mixer, its inputs, and the number of load tokens.
+fn extend(m: &LogLinear, x: &Tensors<f64>, initial: Option<&ArrayD<f64>>) -> Result<(LogLinear, Tensors<f64>, usize)> {
+    let q = get(x, "q")?;
+    let v = get(x, "v")?;
+    let (nb, t_len, nh, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let dv = v.shape()[3];
+    let pre = if initial.is_some() { dk } else { 0 };
+    let total = pre + t_len + dk;
+    let mut out = Tensors::new();
+    let mut qe = ArrayD::<f64>::zeros(IxDyn(&[nb, total, nh, dk]));
+    let mut ke = qe.clone();
+    let mut ve = ArrayD::<f64>::zeros(IxDyn(&[nb, total, nh, dv]));
+    let mut ge = ArrayD::<f64>::zeros(IxDyn(&[nb, total, nh]));
+    let mut be = ge.clone();
+    let body = Slice::from(pre..pre + t_len);
+    qe.slice_axis_mut(Axis(1), body).assign(&q.mapv(|a| m.scale * a));
+    ke.slice_axis_mut(Axis(1), body).assign(get(x, "k")?);
+    ve.slice_axis_mut(Axis(1), body).assign(v);
+    if m.base.has_decay() {
+        ge.slice_axis_mut(Axis(1), body).assign(get(x, "g")?);
+    }
+    if m.base.has_beta() {
+        be.slice_axis_mut(Axis(1), body).assign(get(x, "beta")?);
+    }
+    for b in 0..nb {
+        for h in 0..nh {
+            for j in 0..dk {
+                if let Some(s0) = initial {
+                    ke[[b, j, h, j]] = 1.0;
+                    be[[b, j, h]] = 1.0;
+                    for r in 0..dv {
+                        ve[[b, j, h, r]] = s0[[b, h, r, j]];
+                    }
+                }
+                qe[[b, pre + t_len + j, h, j]] = 1.0;
+            }
+        }
+    }
+    out.insert("q".into(), qe);
+    out.insert("k".into(), ke);
+    out.insert("v".into(), ve);
+    if m.base.has_decay() {
+        out.insert("g".into(), ge);
+    }
+    if m.base.has_beta() {
+        out.insert("beta".into(), be);
+    }
+    let mut one = m.clone();
+    one.scale = 1.0;
+    Ok((one, out, pre))
+}
+
+fn base_only(m: &LogLinear) -> Result<()> {
+    match m.lift {
+        Some(_) => Err(crate::state::no_state(&m.name, "the lifts' state is not implemented yet")),
+        None => Ok(()),
+    }
+}
+
+fn initial_s<'a>(initial: Option<&'a Tensors<f64>>) -> Result<Option<&'a ArrayD<f64>>> {
+    initial.map(|s| get(s, STATE)).transpose()
+}
+
+/// `y` and the final state `S_T` from the extension's oracle (module documentation).
+pub(crate) fn oracle(
+    m: &LogLinear,
+    x: &Tensors<f64>,
+    initial: Option<&Tensors<f64>>,
+) -> Result<(ArrayD<f64>, Tensors<f64>)> {
+    base_only(m)?;
+    let (one, xe, pre) = extend(m, x, initial_s(initial)?)?;
+    let t_len = get(x, "q")?.shape()[1];
+    let mat = crate::mixer::Mixer::materialize(&one, &xe)?;
+    let ye = crate::oracle::solve(&mat, &xe["v"])?;
+    let y = ye.slice_axis(Axis(1), Slice::from(pre..pre + t_len)).to_owned();
+    // Probe j's output [B, H, Dv] is column j of S_T: S[b, h, r, j] = y_e[b, pre + T + j, h, r].
+    let probes = ye.slice_axis(Axis(1), Slice::from(pre + t_len..)).to_owned();
+    let s_t = probes.permuted_axes(IxDyn(&[0, 2, 3, 1])).as_standard_layout().to_owned();
+    Ok((y, [(STATE.to_string(), s_t)].into_iter().collect()))
+}
+
+/// The backward of [`oracle`] (module documentation).
+pub(crate) fn oracle_vjp(
+    m: &LogLinear,
+    x: &Tensors<f64>,
+    initial: Option<&Tensors<f64>>,
+    dy: &ArrayD<f64>,
+    d_final: Option<&Tensors<f64>>,
+    requires: &Requires,
+) -> Result<(Tensors<f64>, Tensors<f64>)> {
+    base_only(m)?;
+    let s0 = initial_s(initial)?;
+    let (one, xe, pre) = extend(m, x, s0)?;
+    let q = get(x, "q")?;
+    let (nb, t_len, nh, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+    let dv = get(x, "v")?.shape()[3];
+    if dy.shape() != [nb, t_len, nh, dv] {
+        return Err(Error::shape("dy", format!("[{nb}, {t_len}, {nh}, {dv}]"), crate::error::fmt_shape(dy.shape())));
+    }
+    let mut dye = ArrayD::<f64>::zeros(IxDyn(&[nb, pre + t_len + dk, nh, dv]));
+    dye.slice_axis_mut(Axis(1), Slice::from(pre..pre + t_len)).assign(dy);
+    if let Some(df) = d_final.map(|d| get(d, STATE)).transpose()? {
+        if df.shape() != [nb, nh, dv, dk] {
+            return Err(Error::shape(
+                "d_final_state.S",
+                format!("[{nb}, {nh}, {dv}, {dk}]"),
+                crate::error::fmt_shape(df.shape()),
+            ));
+        }
+        let mut probes = dye.slice_mut(s![.., pre + t_len.., .., ..]);
+        probes.assign(&df.view().permuted_axes(IxDyn(&[0, 3, 1, 2])));
+    }
+    let ge = crate::grad::materialized_backward(&one, &xe, &dye, &Requires::All)?;
+    let body = Slice::from(pre..pre + t_len);
+    let mut grads = Tensors::new();
+    for name in ["q", "k", "v", "g", "beta"] {
+        let key = grad_name(name);
+        if !requires.wants(name) || !x.contains_key(name) {
+            continue;
+        }
+        if let Some(d) = ge.get(&key) {
+            let mut d = d.slice_axis(Axis(1), body).to_owned();
+            if name == "q" {
+                d.mapv_inplace(|a| m.scale * a);
+            }
+            grads.insert(key, d);
+        }
+    }
+    let mut d_state = Tensors::new();
+    if s0.is_some() {
+        // S̄_0[b, h, r, j] = v̄_e[b, j, h, r].
+        let dv_load = ge[&grad_name("v")].slice_axis(Axis(1), Slice::from(0..pre)).to_owned();
+        d_state.insert(
+            STATE.to_string(),
+            dv_load.permuted_axes(IxDyn(&[0, 2, 3, 1])).as_standard_layout().to_owned(),
+        );
+    }
+    Ok((grads, d_state))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mixer::{Mixer, complete_dims};
+    use crate::mixers::loglinear::Base;
+    use crate::state::segment;
+
+    fn dims(t: usize) -> crate::Dims {
+        [("B", 2), ("T", t), ("H", 2), ("Dk", 3), ("Dv", 2)].into_iter().collect()
+    }
+
+    fn random_state(seed: u64) -> Tensors<f64> {
+        let mut st = crate::state::zeros::<f64>(&vec![(STATE.into(), vec![2, 2, 2, 3])]);
+        for (i, x) in st.get_mut(STATE).unwrap().iter_mut().enumerate() {
+            *x = ((i as u64 * 7 + seed * 13) % 11) as f64 / 5.0 - 1.0;
+        }
+        st
+    }
+
+    /// The literal recurrence `S_t = e^(g_t) S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ`,
+    /// `y_t = σ S_t q_t` from `S_0` (β = 1 without the delta rule, g = 0 without decay, and
+    /// no erase for linear attention and Mamba-2).
+    fn recurrence(m: &LogLinear, x: &Tensors<f64>, s0: &ArrayD<f64>) -> (ArrayD<f64>, ArrayD<f64>) {
+        let (q, k, v) = (&x["q"], &x["k"], &x["v"]);
+        let (nb, t_len, nh, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
+        let dv = v.shape()[3];
+        let mut y = ArrayD::zeros(v.raw_dim());
+        let mut fin = s0.clone();
+        for b in 0..nb {
+            for h in 0..nh {
+                let mut st = s0.slice(s![b, h, .., ..]).to_owned();
+                for t in 0..t_len {
+                    let e = x.get("g").map_or(1.0, |g| g[[b, t, h]].exp());
+                    let bt = x.get("beta").map_or(1.0, |g| g[[b, t, h]]);
+                    let kt: Vec<f64> = (0..dk).map(|c| k[[b, t, h, c]]).collect();
+                    if m.base == Base::GatedDeltaNet {
+                        for r in 0..dv {
+                            let sk: f64 = (0..dk).map(|c| st[[r, c]] * kt[c]).sum();
+                            for c in 0..dk {
+                                st[[r, c]] -= bt * sk * kt[c];
+                            }
+                        }
+                    }
+                    st.mapv_inplace(|a| a * e);
+                    for r in 0..dv {
+                        for c in 0..dk {
+                            st[[r, c]] += bt * v[[b, t, h, r]] * kt[c];
+                        }
+                        y[[b, t, h, r]] = m.scale * (0..dk).map(|c| st[[r, c]] * q[[b, t, h, c]]).sum::<f64>();
+                    }
+                }
+                fin.slice_mut(s![b, h, .., ..]).assign(&st);
+            }
+        }
+        (y, fin)
+    }
+
+    fn members() -> Vec<LogLinear> {
+        [Base::LinearAttention, Base::Mamba2, Base::GatedDeltaNet]
+            .into_iter()
+            .map(|b| LogLinear::new(b.name(), b, None, 0.7, 4).unwrap())
+            .collect()
+    }
+
+    fn close(a: &ArrayD<f64>, b: &ArrayD<f64>, what: &str) {
+        assert_eq!(a.shape(), b.shape(), "{what}");
+        for (x, y) in a.iter().zip(b) {
+            assert!((x - y).abs() < 1e-11 * (1.0 + y.abs()), "{what}: {x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn the_extension_equals_the_literal_recurrence_from_a_state() {
+        for m in members() {
+            let x = m.random_inputs(&complete_dims(&m, &dims(9)), 5).unwrap();
+            let s0 = random_state(1);
+            let (y, fin) = oracle(&m, &x, Some(&s0)).unwrap();
+            let (ry, rfin) = recurrence(&m, &x, &s0[STATE]);
+            close(&y, &ry, &format!("{} y", m.name));
+            close(&fin[STATE], &rfin, &format!("{} final state", m.name));
+            // Without an initial state: zeros, and y is the plain oracle's.
+            let (y0, _) = oracle(&m, &x, None).unwrap();
+            let plain = crate::oracle::solve(&m.materialize(&x).unwrap(), &x["v"]).unwrap();
+            close(&y0, &plain, &format!("{} y from zeros", m.name));
+        }
+    }
+
+    #[test]
+    fn splitting_a_sequence_is_invisible() {
+        for m in members() {
+            let t_len = 11;
+            let x = m.random_inputs(&complete_dims(&m, &dims(t_len)), 9).unwrap();
+            let (y, fin) = oracle(&m, &x, None).unwrap();
+            for a in [0, 1, 4, 7, 11] {
+                let (ya, sa) = oracle(&m, &segment(&m, &x, 0..a), None).unwrap();
+                let (yb, sb) = oracle(&m, &segment(&m, &x, a..t_len), Some(&sa)).unwrap();
+                let joined = ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).unwrap();
+                close(&joined, &y, &format!("{} split at {a}", m.name));
+                close(&sb[STATE], &fin[STATE], &format!("{} final state split at {a}", m.name));
+            }
+        }
+    }
+
+    /// Central differences of `⟨ȳ, y⟩ + ⟨S̄, S_T⟩` against the reference backward, for the
+    /// initial state and every input.
+    #[test]
+    fn the_state_backward_matches_finite_differences() {
+        for m in members() {
+            let x = m.random_inputs(&complete_dims(&m, &dims(6)), 3).unwrap();
+            let s0 = random_state(2);
+            let (y, fin) = oracle(&m, &x, Some(&s0)).unwrap();
+            let dy = y.mapv(|a| (a * 3.1).sin());
+            let df = fin[STATE].mapv(|a| (a * 1.7).cos());
+            let dfin: Tensors<f64> = [(STATE.to_string(), df.clone())].into_iter().collect();
+            let (g, gs) = oracle_vjp(&m, &x, Some(&s0), &dy, Some(&dfin), &Requires::All).unwrap();
+            let loss = |x: &Tensors<f64>, s: &Tensors<f64>| {
+                let (y, f) = oracle(&m, x, Some(s)).unwrap();
+                (&y * &dy).sum() + (&f[STATE] * &df).sum()
+            };
+            let h = 1e-6;
+            let check = |name: &str, got: f64, plus: f64, minus: f64| {
+                let fd = (plus - minus) / (2.0 * h);
+                assert!((fd - got).abs() < 1e-6 * (1.0 + fd.abs()), "{} {name}: {got} vs fd {fd}", m.name);
+            };
+            for ix in [[0, 1, 0, 2], [1, 1, 1, 0]] {
+                let (mut p, mut n) = (s0.clone(), s0.clone());
+                p.get_mut(STATE).unwrap()[ix] += h;
+                n.get_mut(STATE).unwrap()[ix] -= h;
+                check("d_S0", gs[STATE][ix], loss(&x, &p), loss(&x, &n));
+            }
+            for name in ["q", "k", "v", "g", "beta"] {
+                let Some(a) = x.get(name) else { continue };
+                let ix: Vec<usize> = a.shape().iter().map(|&n| n / 2).collect();
+                let (mut p, mut n) = (x.clone(), x.clone());
+                p.get_mut(name).unwrap()[ix.as_slice()] += h;
+                n.get_mut(name).unwrap()[ix.as_slice()] -= h;
+                check(name, g[&grad_name(name)][ix.as_slice()], loss(&p, &s0), loss(&n, &s0));
+            }
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! Recurrent states in and out of a mixer, and packed variable-length batches (docs/math.md §7).
+//!
+//! **State.** A mixer's state after a prefix `x[0:a]` is exactly what its decoder holds after
+//! consuming that prefix: a set of named tensors whose shapes [`Mixer::state_shapes`] gives for
+//! the bound sizes. A run of `x[a:b]` started from that state equals rows `a..b` of the run of
+//! `x[0:b]` (to rounding), for outputs and for gradients flowing through the state. The
+//! log-linear base mixers hold one tensor `S [B, H, Dv, Dk]`, the `S_t` of their recurrence
+//! (docs/math.md §2.1); a run without an initial state starts from zeros.
+//!
+//! **Packed batches.** A batch row of `B = 1` holds `N` sequences back to back, sequence `i`
+//! at rows `cu_seqlens[i] .. cu_seqlens[i + 1]` (FlashAttention's and fla's convention). Every
+//! sequence restarts: no token sees a token of another sequence, each sequence may start from
+//! its own initial state (row `i` of a state with `N` batch rows), and the final states come
+//! back one row per sequence. Rows past the last offset belong to no sequence: their outputs
+//! and gradients are zero.
+
+use std::ops::Range;
+
+use ndarray::{ArrayD, Axis, IxDyn, Slice};
+
+use crate::error::{Error, Result, fmt_shape};
+use crate::mixer::Mixer;
+use crate::real::Real;
+use crate::spec::Constraint;
+use crate::tensor::Tensors;
+
+/// The names and shapes of a state's tensors, in a fixed order.
+pub type StateShapes = Vec<(String, Vec<usize>)>;
+
+/// The error for a mixer without the state API.
+pub fn no_state(mixer: &str, why: &str) -> Error {
+    Error::FormUnavailable {
+        mixer: mixer.to_string(),
+        form: "any form with a recurrent state".into(),
+        backend: "any".into(),
+        available: format!("none: {why}"),
+    }
+}
+
+/// Checks a given state against the expected shapes: the same names, the same shapes, finite
+/// values. Errors name the tensor, the expected and the given.
+pub fn check_state<F: Real>(what: &str, want: &StateShapes, given: &Tensors<F>) -> Result<()> {
+    for name in given.keys() {
+        if !want.iter().any(|(n, _)| n == name) {
+            return Err(Error::UnexpectedInput {
+                name: format!("{what}.{name}"),
+                expected: want.iter().map(|(n, s)| format!("{n} {}", fmt_shape(s))).collect::<Vec<_>>().join(", "),
+            });
+        }
+    }
+    for (name, shape) in want {
+        let Some(a) = given.get(name) else {
+            return Err(Error::MissingInput {
+                name: format!("{what}.{name}"),
+                expected: fmt_shape(shape),
+                given: given.keys().cloned().collect::<Vec<_>>().join(", "),
+            });
+        };
+        if a.shape() != shape.as_slice() {
+            return Err(Error::shape(format!("{what}.{name}"), fmt_shape(shape), fmt_shape(a.shape())));
+        }
+        if !Constraint::Finite.all(a) {
+            return Err(Error::Value {
+                name: format!("{what}.{name}"),
+                constraint: "must be finite".into(),
+                found: "a NaN or an infinity".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A state of zeros with these shapes (the start of a run without an initial state).
+pub fn zeros<F: Real>(shapes: &StateShapes) -> Tensors<F> {
+    shapes.iter().map(|(n, s)| (n.clone(), ArrayD::zeros(IxDyn(s)))).collect()
+}
+
+/// Checks packed-batch offsets for a buffer of `t_len` rows and `batch` batch rows: `B = 1`,
+/// at least one offset, the first `0`, non-decreasing, the last `≤ T` (rows past it belong to
+/// no sequence). Returns the sequences' row ranges.
+pub fn check_cu_seqlens(cu: &[usize], batch: usize, t_len: usize) -> Result<Vec<Range<usize>>> {
+    let bad = |constraint: String| Error::Value {
+        name: "cu_seqlens".into(),
+        constraint,
+        found: format!("{cu:?}"),
+    };
+    if batch != 1 {
+        return Err(Error::Value {
+            name: "cu_seqlens".into(),
+            constraint: "packed sequences take a batch of one row (B = 1): put the sequences \
+                         back to back along T"
+                .into(),
+            found: format!("B = {batch}"),
+        });
+    }
+    match cu.first() {
+        None => return Err(bad("needs at least one offset (N + 1 offsets for N sequences)".into())),
+        Some(&f) if f != 0 => return Err(bad("must start at 0".into())),
+        _ => {}
+    }
+    if let Some(w) = cu.windows(2).find(|w| w[1] < w[0]) {
+        return Err(bad(format!("must be non-decreasing ({} then {})", w[0], w[1])));
+    }
+    if let Some(&last) = cu.last()
+        && last > t_len
+    {
+        return Err(bad(format!("must end at most at T = {t_len}")));
+    }
+    Ok(cu.windows(2).map(|w| w[0]..w[1]).collect())
+}
+
+/// The inputs of the tokens `range` of `inputs`, as a sequence of their own: every per-token
+/// input cut along the sequence axis, static inputs kept, and the axes whose size depends on
+/// `T` exactly cut to the segment's length ([`Mixer::length_axes`], e.g. the GLR's slots).
+pub fn segment<F: Clone>(m: &dyn Mixer, inputs: &Tensors<F>, range: Range<usize>) -> Tensors<F> {
+    cut(inputs, &m.spec().per_token(), &m.length_axes(range.len()), range)
+}
+
+/// [`segment`] from the per-token input names and the length axes.
+pub fn cut<F: Clone>(
+    inputs: &Tensors<F>,
+    per_token: &[String],
+    cuts: &[(&'static str, usize, usize)],
+    range: Range<usize>,
+) -> Tensors<F> {
+    inputs
+        .iter()
+        .map(|(k, v)| {
+            let mut v = if per_token.contains(k) {
+                v.slice_axis(Axis(1), Slice::from(range.clone())).to_owned()
+            } else {
+                v.clone()
+            };
+            for &(name, axis, n) in cuts {
+                if name == k && axis < v.ndim() && v.shape()[axis] >= n {
+                    v = v.slice_axis(Axis(axis), Slice::from(0..n)).to_owned();
+                }
+            }
+            (k.clone(), v)
+        })
+        .collect()
+}
+
+/// Writes a segment's array `part` back into the full array `full` at the tokens `range`
+/// (per-token arrays: axis 1) and at the leading entries of every other axis (the axes
+/// [`segment`] cut; the rest of `full` is left as it is). Static arrays (`per_token` false)
+/// are added instead: a parameter's gradient is the sum over the sequences.
+pub fn scatter<F: Real>(full: &mut ArrayD<F>, part: &ArrayD<F>, range: Range<usize>, per_token: bool) -> Result<()> {
+    if full.ndim() != part.ndim() {
+        return Err(Error::shape("packed segment", fmt_shape(full.shape()), fmt_shape(part.shape())));
+    }
+    let mut view = full.view_mut();
+    for (axis, &n) in part.shape().iter().enumerate() {
+        let r = if per_token && axis == 1 { range.clone() } else { 0..n };
+        if r.len() != n || r.end > view.shape()[axis] {
+            return Err(Error::shape("packed segment", fmt_shape(full.shape()), fmt_shape(part.shape())));
+        }
+        view.slice_axis_inplace(Axis(axis), Slice::from(r));
+    }
+    if per_token {
+        view.assign(part);
+    } else {
+        view.zip_mut_with(part, |a, &b| *a = *a + b);
+    }
+    Ok(())
+}
+
+/// Row `i` of every tensor of a state (batch axis 0 kept, of length 1).
+pub fn state_row<F: Clone>(state: &Tensors<F>, i: usize) -> Tensors<F> {
+    state.iter().map(|(k, v)| (k.clone(), v.slice_axis(Axis(0), Slice::from(i..i + 1)).to_owned())).collect()
+}
+
+/// Stacks one-row states along the batch axis (`rows` in sequence order, each from
+/// [`state_row`] or a run with `B = 1`).
+pub fn stack_rows<F: Clone>(rows: &[Tensors<F>]) -> Result<Tensors<F>> {
+    let Some(first) = rows.first() else {
+        return Ok(Tensors::new());
+    };
+    first
+        .keys()
+        .map(|k| {
+            let views: Vec<_> = rows.iter().map(|r| r[k].view()).collect();
+            ndarray::concatenate(Axis(0), &views)
+                .map(|a| (k.clone(), a))
+                .map_err(|e| Error::Numerical(format!("stacking state `{k}`: {e}")))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_are_checked_with_what_was_given() {
+        assert_eq!(check_cu_seqlens(&[0, 3, 3, 7], 1, 9).unwrap(), vec![0..3, 3..3, 3..7]);
+        for (cu, b, t, needle) in [
+            (&[0, 3][..], 2, 9, "B = 1"),
+            (&[][..], 1, 9, "at least one offset"),
+            (&[1, 3][..], 1, 9, "start at 0"),
+            (&[0, 5, 4][..], 1, 9, "5 then 4"),
+            (&[0, 10][..], 1, 9, "T = 9"),
+        ] {
+            let e = check_cu_seqlens(cu, b, t).unwrap_err().to_string();
+            assert!(e.contains(needle) && e.contains("cu_seqlens"), "{e}");
+        }
+    }
+
+    #[test]
+    fn states_are_checked_by_name_shape_and_value() {
+        let want: StateShapes = vec![("S".into(), vec![1, 2, 3, 4])];
+        let mut s = zeros::<f64>(&want);
+        check_state("initial_state", &want, &s).unwrap();
+        s.insert("S".into(), ArrayD::zeros(IxDyn(&[1, 2, 4, 3])));
+        let e = check_state("initial_state", &want, &s).unwrap_err().to_string();
+        assert!(e.contains("initial_state.S") && e.contains("[1, 2, 3, 4]") && e.contains("[1, 2, 4, 3]"), "{e}");
+        let mut s = zeros::<f64>(&want);
+        s.get_mut("S").unwrap()[[0, 1, 2, 3]] = f64::NAN;
+        assert!(check_state("initial_state", &want, &s).unwrap_err().to_string().contains("finite"));
+        let e = check_state("initial_state", &want, &Tensors::<f64>::new()).unwrap_err().to_string();
+        assert!(e.contains("missing") && e.contains("initial_state.S"), "{e}");
+    }
+
+    #[test]
+    fn scatter_writes_tokens_and_sums_parameters() {
+        let mut full = ArrayD::<f64>::zeros(IxDyn(&[1, 5, 3]));
+        let part = ArrayD::from_elem(IxDyn(&[1, 2, 2]), 1.0);
+        scatter(&mut full, &part, 2..4, true).unwrap();
+        assert_eq!(full.sum(), 4.0);
+        assert_eq!(full[[0, 2, 1]], 1.0);
+        assert_eq!(full[[0, 2, 2]], 0.0);
+        let mut w = ArrayD::<f64>::ones(IxDyn(&[2]));
+        scatter(&mut w, &ArrayD::from_elem(IxDyn(&[2]), 2.0), 0..0, false).unwrap();
+        assert_eq!(w.sum(), 6.0);
+    }
+}
