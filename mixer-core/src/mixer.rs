@@ -193,6 +193,12 @@ pub trait Decoder<F: Real>: Send {
     fn cache_elems(&self) -> usize;
     /// Number of tokens consumed so far.
     fn position(&self) -> usize;
+    /// The recurrent state after the tokens consumed so far ([`crate::state`]): what a run
+    /// of those tokens returns as its final state. The default says the decoder cannot
+    /// export its state.
+    fn state(&self) -> Result<Tensors<F>> {
+        Err(Error::Decoder("this decoder cannot export its state".into()))
+    }
 }
 
 /// The error a decoder built for `t_len` tokens returns when asked for step `pos + 1`

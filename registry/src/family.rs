@@ -26,7 +26,7 @@ use std::fmt;
 use mixer_core::mixer::{Decoder, Mixer, downcast};
 
 use crate::device::DeviceForms;
-use mixer_core::{Dims, Form, Precision, Real, Requires, Result, Tensors};
+use mixer_core::{AnyTensors, Dims, Form, Precision, Real, Requires, Result, Tensor, Tensors};
 use ndarray::ArrayD;
 
 /// A form of the family: output from the validated inputs.
@@ -43,6 +43,24 @@ pub type DecoderFn<M, F> = fn(&M, &Tensors<F>, &Dims) -> Result<Box<dyn Decoder<
 /// input's) from the validated inputs, the output cotangent `dy` (shape of `y`, checked) and
 /// the wanted set.
 pub type BackwardFn<M, F> = fn(&M, &Tensors<F>, &ArrayD<F>, &Requires) -> Result<Tensors<F>>;
+
+/// A form run from a recurrent state ([`mixer_core::state`]): `y` and the final state, from
+/// the validated inputs and the validated initial state (`None`: zeros).
+pub type StateFn<M, F> = fn(&M, &Tensors<F>, Option<&Tensors<F>>) -> Result<(ArrayD<F>, Tensors<F>)>;
+/// The backward of a [`StateFn`]: from the inputs, the initial state, the cotangent `dy` of
+/// `y` and that of the final state (`None`: zero), the gradients `d_<input>` and the
+/// gradient of the initial state (keyed as the state's tensors; empty without one).
+pub type StateBackwardFn<M, F> = fn(
+    &M,
+    &Tensors<F>,
+    Option<&Tensors<F>>,
+    &ArrayD<F>,
+    Option<&Tensors<F>>,
+    &Requires,
+) -> Result<(Tensors<F>, Tensors<F>)>;
+/// A decoder that starts from a state (`None`: zeros), from the static inputs and the bound
+/// sizes; its [`Decoder::state`] is the state after the tokens it consumed.
+pub type StateDecoderFn<M, F> = fn(&M, &Tensors<F>, &Dims, Option<&Tensors<F>>) -> Result<Box<dyn Decoder<F>>>;
 
 /// One backend's implementation of one mixer family for scalar type `F`.
 pub trait Family<F: Real>: Send + Sync + 'static {
@@ -79,6 +97,19 @@ pub trait Family<F: Real>: Send + Sync + 'static {
     /// Why this backend cannot differentiate `form` for this configuration although it has
     /// that backward form for others, or `None`.
     fn backward_unsupported(&self, _m: &Self::Mixer, _form: Form) -> Option<String> {
+        None
+    }
+    /// `parallel` or `fast` run from a recurrent state, if this backend has it.
+    fn from_state(&self, _form: Form) -> Option<StateFn<Self::Mixer, F>> {
+        None
+    }
+    /// The backward of [`Family::from_state`]'s form, if this backend has it.
+    fn from_state_backward(&self, _form: Form) -> Option<StateBackwardFn<Self::Mixer, F>> {
+        None
+    }
+    /// The decoder started from a state (the `recurrent` form from a state), if this backend
+    /// has it.
+    fn decoder_from_state(&self) -> Option<StateDecoderFn<Self::Mixer, F>> {
         None
     }
 }
@@ -123,6 +154,41 @@ pub trait DynFamily<F: Real>: Send + Sync {
         dy: &ArrayD<F>,
         requires: &Requires,
     ) -> Option<Result<Tensors<F>>>;
+    /// Whether `form` runs from a state here (`recurrent`: a decoder from a state).
+    fn implements_state(&self, form: Form) -> bool;
+    /// Whether `form`'s run from a state has a backward pass here.
+    fn implements_state_backward(&self, form: Form) -> bool;
+    /// Runs [`Family::from_state`]'s form; `None` when there is none.
+    fn run_state(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        initial: Option<&Tensors<F>>,
+    ) -> Option<Result<(ArrayD<F>, Tensors<F>)>>;
+    /// Runs [`Family::from_state_backward`]'s pass; `None` when there is none.
+    #[allow(clippy::too_many_arguments)]
+    fn run_state_backward(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        initial: Option<&Tensors<F>>,
+        dy: &ArrayD<F>,
+        d_final: Option<&Tensors<F>>,
+        requires: &Requires,
+    ) -> Option<Result<(Tensors<F>, Tensors<F>)>>;
+    /// Builds [`Family::decoder_from_state`]'s decoder; `None` when there is none.
+    fn decoder_from_state(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        statics: &Tensors<F>,
+        dims: &Dims,
+        initial: Option<&Tensors<F>>,
+    ) -> Option<Result<Box<dyn Decoder<F>>>>;
 }
 
 impl<F: Real, T: Family<F>> DynFamily<F> for T {
@@ -184,6 +250,52 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         let f = self.backward(form)?;
         Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, dy, requires)))
     }
+    fn implements_state(&self, form: Form) -> bool {
+        match form {
+            Form::Materialized => false,
+            Form::Recurrent => Family::decoder_from_state(self).is_some(),
+            f => self.from_state(f).is_some(),
+        }
+    }
+    fn implements_state_backward(&self, form: Form) -> bool {
+        self.from_state_backward(form).is_some()
+    }
+    fn run_state(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        initial: Option<&Tensors<F>>,
+    ) -> Option<Result<(ArrayD<F>, Tensors<F>)>> {
+        let f = self.from_state(form)?;
+        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, initial)))
+    }
+    fn run_state_backward(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        initial: Option<&Tensors<F>>,
+        dy: &ArrayD<F>,
+        d_final: Option<&Tensors<F>>,
+        requires: &Requires,
+    ) -> Option<Result<(Tensors<F>, Tensors<F>)>> {
+        let f = self.from_state_backward(form)?;
+        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, initial, dy, d_final, requires)))
+    }
+    fn decoder_from_state(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        statics: &Tensors<F>,
+        dims: &Dims,
+        initial: Option<&Tensors<F>>,
+    ) -> Option<Result<Box<dyn Decoder<F>>>> {
+        let make = Family::decoder_from_state(self)?;
+        Some(downcast::<T::Mixer>(m, backend).and_then(|m| make(m, statics, dims, initial)))
+    }
 }
 
 /// A backend's implementation of one mixer family (e.g. `glr` on `cpu`), registered with
@@ -229,20 +341,51 @@ impl fmt::Debug for FamilyEntry {
     }
 }
 
-/// Picks the implementation of a [`FamilyEntry`] for a scalar type.
+/// Picks the implementation of a [`FamilyEntry`] for a scalar type, and tags typed tensors
+/// for the registry's dtype-tagged entry points.
 pub trait Scalar: Real {
     /// The entry's implementation for `Self`.
     fn implementation(e: &FamilyEntry) -> &'static dyn DynFamily<Self>;
+    /// Named tensors of this type, tagged.
+    fn tag(t: Tensors<Self>) -> AnyTensors;
+    /// One array of this type, tagged.
+    fn tag_one(a: ArrayD<Self>) -> Tensor;
+    /// A tagged tensor back as this type (`None` when it has another dtype).
+    fn untag(t: Tensor) -> Option<ArrayD<Self>>;
 }
 
 impl Scalar for f64 {
     fn implementation(e: &FamilyEntry) -> &'static dyn DynFamily<f64> {
         e.f64
     }
+    fn tag(t: Tensors<f64>) -> AnyTensors {
+        AnyTensors::F64(t)
+    }
+    fn tag_one(a: ArrayD<f64>) -> Tensor {
+        Tensor::F64(a)
+    }
+    fn untag(t: Tensor) -> Option<ArrayD<f64>> {
+        match t {
+            Tensor::F64(a) => Some(a),
+            Tensor::F32(_) => None,
+        }
+    }
 }
 
 impl Scalar for f32 {
     fn implementation(e: &FamilyEntry) -> &'static dyn DynFamily<f32> {
         e.f32
+    }
+    fn tag(t: Tensors<f32>) -> AnyTensors {
+        AnyTensors::F32(t)
+    }
+    fn tag_one(a: ArrayD<f32>) -> Tensor {
+        Tensor::F32(a)
+    }
+    fn untag(t: Tensor) -> Option<ArrayD<f32>> {
+        match t {
+            Tensor::F32(a) => Some(a),
+            Tensor::F64(_) => None,
+        }
     }
 }

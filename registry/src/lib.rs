@@ -30,7 +30,9 @@ pub mod family;
 pub mod grad_check;
 pub mod harness;
 pub mod lookup;
+pub mod packed;
 pub mod run;
+pub mod state;
 pub mod suite;
 
 #[doc(hidden)]
@@ -44,7 +46,9 @@ pub use device::{
     run_device,
 };
 pub use entries::*;
-pub use family::{BackwardFn, DecoderFn, DynFamily, Family, FormFn, PreciseFn, Scalar};
+pub use family::{
+    BackwardFn, DecoderFn, DynFamily, Family, FormFn, PreciseFn, Scalar, StateBackwardFn, StateDecoderFn, StateFn,
+};
 pub use grad_check::{GradRow, check_grad};
 pub use harness::{CheckRow, Sizes, check, check_with};
 pub use lookup::{

@@ -11,16 +11,29 @@ use mixer_core::{Error, Requires, Result, Tensors, grad_name};
 use ndarray::{Array4, ArrayD, IxDyn};
 use rayon::prelude::*;
 
-use super::backward_chunked::{HeadGrads, head_vjp};
+use mixer_core::mixers::loglinear_state::STATE;
+
+use super::backward_chunked::{HeadGrads, head_vjp_from};
 use super::common;
 
 /// The `fast` backward (see the module documentation).
-pub fn vjp<F: VecMath>(
+pub fn vjp<F: VecMath>(ll: &LogLinear, inputs: &Tensors<F>, dy: &ArrayD<F>, req: &Requires) -> Result<Tensors<F>> {
+    vjp_from(ll, inputs, None, dy, None, req).map(|(g, _)| g)
+}
+
+/// The `fast` backward of a base mixer run from the initial state `initial` (`S [B, H, Dv, Dk]`;
+/// `None`: zero) with `d_final` the final state's cotangent (`None`: zero): the gradients of
+/// the inputs and of the initial state (`S`; empty without one).
+pub fn vjp_from<F: VecMath>(
     ll: &LogLinear,
     inputs: &Tensors<F>,
+    initial: Option<&Tensors<F>>,
     dy: &ArrayD<F>,
+    d_final: Option<&Tensors<F>>,
     _req: &Requires,
-) -> Result<Tensors<F>> {
+) -> Result<(Tensors<F>, Tensors<F>)> {
+    let s0 = common::state_tensor(ll, initial)?;
+    let d_last = common::state_tensor(ll, d_final)?;
     if !ll.has_fenwick_structure() {
         return Err(Error::config(&ll.name, "the fast backward needs the Fenwick level mask"));
     }
@@ -36,13 +49,24 @@ pub fn vjp<F: VecMath>(
             mixer_core::error::fmt_shape(dy.shape()),
         ));
     }
-    let grads: Vec<HeadGrads<F>> = heads
+    let per_head: Vec<(HeadGrads<F>, Mat<F>)> = heads
         .par_iter()
         .map(|hd| {
             let gy = Mat::<F>::from_fn(sz.t, sz.dv, |t, d| dy[[hd.b, t, hd.h, d]]);
-            head_vjp(ll, hd, gy.as_ref())
+            let h0 = s0.map(|s| common::state_head(s, hd.b, hd.h));
+            let dl = d_last.map(|s| common::state_head(s, hd.b, hd.h));
+            head_vjp_from(ll, hd, gy.as_ref(), h0, dl)
         })
         .collect::<Result<_>>()?;
+    let mut d_state = Tensors::new();
+    if s0.is_some() {
+        let mut ds = ArrayD::<F>::zeros(IxDyn(&[sz.b, sz.h, sz.dv, sz.dk]));
+        for (hd, (_, d0)) in heads.iter().zip(&per_head) {
+            common::put_state(&mut ds, hd.b, hd.h, d0.as_ref());
+        }
+        d_state.insert(STATE.to_string(), ds);
+    }
+    let grads: Vec<&HeadGrads<F>> = per_head.iter().map(|(g, _)| g).collect();
     let mut dq = Array4::<F>::zeros((sz.b, sz.t, sz.h, sz.dk));
     let mut dk = Array4::<F>::zeros((sz.b, sz.t, sz.h, sz.dk));
     let mut dv = Array4::<F>::zeros((sz.b, sz.t, sz.h, sz.dv));
@@ -50,7 +74,7 @@ pub fn vjp<F: VecMath>(
     let mut dbeta = ArrayD::<F>::zeros(IxDyn(&[sz.b, sz.t, sz.h]));
     let nl = lam.as_ref().map_or(0, |l| l.shape()[3]);
     let mut dlam = ArrayD::<F>::zeros(IxDyn(&[sz.b, sz.t, sz.h, nl]));
-    for (hd, g) in heads.iter().zip(&grads) {
+    for (hd, g) in heads.iter().zip(grads) {
         for t in 0..sz.t {
             dg[[hd.b, t, hd.h]] = F::of(g.dg[t]);
             if let Some(&x) = g.dbeta.get(t) {
@@ -85,5 +109,5 @@ pub fn vjp<F: VecMath>(
             out.insert(grad_name("lambda_param"), dp);
         }
     }
-    Ok(out)
+    Ok((out, d_state))
 }

@@ -59,16 +59,22 @@ pub(crate) struct HeadGrads<F> {
     pub(crate) dlam: Mat<F>,
 }
 
-/// The backward of one (batch, head) of (loglinear-)gated-deltanet; `dy` is `T×Dv`.
-pub(crate) fn head_vjp<F: VecMath>(
+/// The backward of one (batch, head); `dy` is `T×Dv`. A base mixer may run from the initial
+/// state `h0` (`H_0 = S_0ᵀ`; `None`: zero), with `d_last` the cotangent of the final state `H_T`
+/// (`None`: zero): the reverse sweep starts from `H̄_T = d_last` instead of zero, and the
+/// adjoint of chunk 0's start state is `H̄_0`, returned as the second value (`D_k × D_v`; zero
+/// without `h0`).
+pub(crate) fn head_vjp_from<F: VecMath>(
     m: &LogLinear,
     hd: &Head<'_, F>,
     dy: MatRef<'_, F>,
-) -> Result<HeadGrads<F>> {
+    h0: Option<Mat<F>>,
+    d_last: Option<Mat<F>>,
+) -> Result<(HeadGrads<F>, Mat<F>)> {
     let t_len = hd.q.nrows();
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
     let mut saved = Vec::with_capacity(t_len.div_ceil(m.chunk));
-    sweep(m, hd, false, |_, ck, st| {
+    let finals = sweep(m, hd, h0, false, |_, ck, st| {
         saved.push((ck, st));
         Ok(())
     })?;
@@ -80,8 +86,10 @@ pub(crate) fn head_vjp<F: VecMath>(
         dbeta: vec![F::zero(); t_len],
         dlam: Mat::zeros(t_len, hd.lam.as_ref().map_or(0, |l| l.ncols())),
     };
-    // Adjoints of the level states after the chunk being processed.
-    let mut after: Vec<Option<Mat<F>>> = Vec::new();
+    // Adjoints of the level states after the chunk being processed. A final state the
+    // forward dropped (decayed below the smallest normal number) passes no adjoint.
+    let live = finals.first().is_some_and(Option::is_some);
+    let mut after: Vec<Option<Mat<F>>> = vec![d_last.filter(|_| live)];
     for (ci, (ck, st)) in saved.into_iter().enumerate().rev() {
         let dz = chunk_vjp(m, hd, dy, &ck, &st, &after, &mut out)?;
         // Adjoints of the states before this chunk's merge (= after the previous chunk).
@@ -101,7 +109,8 @@ pub(crate) fn head_vjp<F: VecMath>(
         }
         after = before;
     }
-    Ok(out)
+    let d0 = after.into_iter().next().flatten().unwrap_or_else(|| Mat::zeros(dk, dv));
+    Ok((out, d0))
 }
 
 fn dot<F: VecMath>(a: impl Iterator<Item = F>, b: impl Iterator<Item = F>) -> F {

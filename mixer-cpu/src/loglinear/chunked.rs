@@ -346,12 +346,16 @@ pub(crate) fn scale_and_flush<F: VecMath>(mut h: MatMut<'_, F>, s: F) -> bool {
 /// pieces and its stacked start states to `visit`, in order. The states are advanced
 /// before `visit` is called. With `read`, [`Stacked::read`] is filled where the transition
 /// forms it at no extra cost (the forward asks for it, the backward does not).
+/// `h0` is the initial state `H_0 = S_0ᵀ` (`D_k × D_v`) of a base mixer (`None`: zero); the
+/// states after the last chunk are returned (index 0: the base mixers' final state; `None`
+/// where a level is empty or decayed away).
 pub(crate) fn sweep<F: VecMath>(
     m: &LogLinear,
     hd: &Head<'_, F>,
+    h0: Option<Mat<F>>,
     read: bool,
     mut visit: impl FnMut(usize, Chunk<F>, Stacked<F>) -> Result<()>,
-) -> Result<()> {
+) -> Result<Vec<Option<Mat<F>>>> {
     let t_len = hd.q.nrows();
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
     let chunk = m.chunk;
@@ -359,7 +363,7 @@ pub(crate) fn sweep<F: VecMath>(
     let lifted = hd.lam.is_some();
     let n_levels = hd.lam.as_ref().map_or(1, |l| l.ncols());
     // states[e]: chunk-level e (lifted), or the single state at index 0 (base mixers).
-    let mut states: Vec<Option<Mat<F>>> = Vec::new();
+    let mut states: Vec<Option<Mat<F>>> = h0.into_iter().map(Some).collect();
     for ci in 0..t_len.div_ceil(chunk) {
         let i0 = ci * chunk;
         let n = chunk.min(t_len - i0);
@@ -412,15 +416,22 @@ pub(crate) fn sweep<F: VecMath>(
         mm(own.as_mut(), acc, ck.khat.transpose(), vals, F::one());
         visit(ci, ck, Stacked { present, cols, zcat, kept, read: stacked_read })?;
     }
-    Ok(())
+    Ok(states)
 }
 
 /// The chunked form for one (batch, head): `T×Dv`.
 pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
+    run_head_from(m, hd, None).map(|(y, _)| y)
+}
+
+/// The chunked form for one (batch, head) of a base mixer from the initial state `h0`
+/// (`H_0 = S_0ᵀ`, `D_k × D_v`; `None`: zero): `y` (`T×Dv`) and the final state `H_T`
+/// (`D_k × D_v`; zero when it decayed away).
+pub fn run_head_from<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>, h0: Option<Mat<F>>) -> Result<(Mat<F>, Mat<F>)> {
     let t_len = hd.q.nrows();
-    let dv = hd.v.ncols();
+    let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
     let mut y = Mat::<F>::zeros(t_len, dv);
-    sweep(m, hd, true, |_, ck, st| {
+    let states = sweep(m, hd, h0, true, |_, ck, st| {
         let (i0, n) = (ck.i0, ck.n);
         let vc = hd.v.subrows(i0, n);
         // Intra-chunk part.
@@ -465,7 +476,8 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
         }
         Ok(())
     })?;
-    Ok(y)
+    let last = states.into_iter().next().flatten().unwrap_or_else(|| Mat::zeros(dk, dv));
+    Ok((y, last))
 }
 
 /// The masked chunk decay `Γ_{r,s} = e^(γ_r − γ_s)` for `s ≤ r`, zero above the

@@ -226,6 +226,31 @@ pub fn decay_matrix_tiled<F: Real>(g: &[f64], tile: usize) -> Mat<F> {
     m
 }
 
+/// The state tensor `S [B, H, Dv, Dk]` of a base mixer's run from a state (`None` without one;
+/// an error for the lifts, whose level states are not implemented yet).
+pub(crate) fn state_tensor<'a, F: Real>(m: &LogLinear, s: Option<&'a Tensors<F>>) -> Result<Option<&'a ArrayD<F>>> {
+    let Some(s) = s else { return Ok(None) };
+    if m.lift.is_some() {
+        return Err(mixer_core::state::no_state(&m.name, "the lifts' state is not implemented yet"));
+    }
+    get(s, mixer_core::mixers::loglinear_state::STATE).map(Some)
+}
+
+/// `H = S_{b,h}ᵀ` (`D_k × D_v`) of a state `S [B, H, Dv, Dk]`.
+pub(crate) fn state_head<F: Real>(s: &ArrayD<F>, b: usize, h: usize) -> Mat<F> {
+    let (dv, dk) = (s.shape()[2], s.shape()[3]);
+    Mat::from_fn(dk, dv, |c, r| s[[b, h, r, c]])
+}
+
+/// Writes `H` (`D_k × D_v`) as `S_{b,h} = Hᵀ` into a state `S [B, H, Dv, Dk]`.
+pub(crate) fn put_state<F: Real>(s: &mut ArrayD<F>, b: usize, h: usize, hm: MatRef<'_, F>) {
+    for c in 0..hm.nrows() {
+        for r in 0..hm.ncols() {
+            s[[b, h, r, c]] = hm[(c, r)];
+        }
+    }
+}
+
 /// A form on one head: `y` of the head as a `T×Dv` matrix, or as its transpose
 /// `Dv×T` (row-major `y`) for the forms that write rows.
 pub(crate) type HeadFn<F> = fn(&LogLinear, &Head<'_, F>) -> Result<Mat<F>>;

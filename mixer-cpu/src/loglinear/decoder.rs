@@ -17,6 +17,7 @@
 use mixer_core::fenwick::merge_states;
 use mixer_core::mixer::{Decoder, check_decoder_capacity};
 use mixer_core::mixers::loglinear::{Base, DecoderSizes, LogLinear};
+use mixer_core::mixers::loglinear_state::STATE;
 use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Dims, Error, Real, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
@@ -52,7 +53,56 @@ pub fn build<F: Real>(m: &LogLinear, statics: &Tensors<F>, dims: &Dims) -> Resul
     }))
 }
 
+/// Builds the decoder of a base mixer started from the state `initial` (`S [B, H, Dv, Dk]`,
+/// docs/math.md §7; `None`: zero).
+pub fn build_from<F: Real>(
+    m: &LogLinear,
+    statics: &Tensors<F>,
+    dims: &Dims,
+    initial: Option<&Tensors<F>>,
+) -> Result<Box<dyn Decoder<F>>> {
+    if m.lift.is_some() {
+        return Err(mixer_core::state::no_state(&m.name, "the lifts' state is not implemented yet"));
+    }
+    let sizes = m.decoder_sizes(dims)?;
+    let (dk, dv) = (sizes.dk, sizes.dv);
+    let mut states = vec![Vec::new(); sizes.nb * sizes.nh];
+    if let Some(s0) = initial.map(|s| get(s, STATE)).transpose()? {
+        for (bh, st) in states.iter_mut().enumerate() {
+            let (b, h) = (bh / sizes.nh, bh % sizes.nh);
+            // H = Sᵀ, row-major D_k × D_v.
+            let hm: Vec<F> = (0..dk * dv).map(|i| s0[[b, h, i % dv, i / dv]]).collect();
+            *st = vec![Some(hm)];
+        }
+    }
+    Ok(Box::new(LogLinearDecoder::<F> {
+        m: m.clone(),
+        sizes,
+        lambda_param: statics.get("lambda_param").cloned(),
+        states,
+        pos: 0,
+    }))
+}
+
 impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
+    /// The base mixers' state `S [B, H, Dv, Dk]` (`S = Hᵀ`; zero where nothing was inserted
+    /// or the state decayed away).
+    fn state(&self) -> Result<Tensors<F>> {
+        if self.m.lift.is_some() {
+            return Err(mixer_core::state::no_state(&self.m.name, "the lifts' state is not implemented yet"));
+        }
+        let DecoderSizes { nb, nh, dk, dv, .. } = self.sizes;
+        let mut s = ArrayD::<F>::zeros(IxDyn(&[nb, nh, dv, dk]));
+        for (bh, st) in self.states.iter().enumerate() {
+            if let Some(Some(hm)) = st.first() {
+                for (i, &x) in hm.iter().enumerate() {
+                    s[[bh / nh, bh % nh, i % dv, i / dv]] = x;
+                }
+            }
+        }
+        Ok([(STATE.to_string(), s)].into_iter().collect())
+    }
+
     fn step(&mut self, tok: &Tensors<F>) -> Result<ArrayD<F>> {
         let DecoderSizes { nb, nh, dk, dv, n_levels: nl, t_len } = self.sizes;
         let base = self.m.base;

@@ -4,11 +4,14 @@
 //! take the specialisation [`super::ssd`], gated DeltaNet and its lift the general
 //! [`super::chunked`] form.
 
+use faer::Mat;
 use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::mixers::loglinear_state::STATE;
 use mixer_core::{Result, Tensors};
-use ndarray::ArrayD;
+use ndarray::{ArrayD, IxDyn};
+use rayon::prelude::*;
 
-use super::common::run_heads;
+use super::common::{self, run_heads};
 use super::{chunked, ssd};
 use crate::vmath::VecMath;
 
@@ -26,4 +29,32 @@ pub fn fast<F: VecMath>(m: &LogLinear, x: &Tensors<F>) -> Result<ArrayD<F>> {
 fn flushed<T>(f: impl FnOnce() -> T) -> T {
     let _ftz = crate::flush::FlushToZero::new();
     f()
+}
+
+/// The `fast` form of a base mixer run from the initial state `initial` (`S [B, H, Dv, Dk]`,
+/// docs/math.md §7; `None`: zero): `y` and the final state `S`. Every base mixer takes the
+/// general chunked sweep of [`super::chunked`] here, started from `H_0 = S_0ᵀ` and read at
+/// its end (the scalar-decay specialisation [`super::ssd`] has no state entry yet).
+pub fn fast_from<F: VecMath>(
+    m: &LogLinear,
+    x: &Tensors<F>,
+    initial: Option<&Tensors<F>>,
+) -> Result<(ArrayD<F>, Tensors<F>)> {
+    if m.lift.is_some() {
+        return Err(mixer_core::state::no_state(&m.name, "the lifts' state is not implemented yet"));
+    }
+    let s0 = common::state_tensor(m, initial)?;
+    let x = common::standard(x);
+    let (sz, heads) = common::heads(m, &x, None)?;
+    let outs: Vec<(Mat<F>, Mat<F>)> = heads
+        .par_iter()
+        .map(|hd| flushed(|| chunked::run_head_from(m, hd, s0.map(|s| common::state_head(s, hd.b, hd.h)))))
+        .collect::<Result<_>>()?;
+    let views: Vec<_> = outs.iter().map(|(y, _)| y.as_ref()).collect();
+    let y = common::assemble(sz, &heads, &views);
+    let mut fin = ArrayD::<F>::zeros(IxDyn(&[sz.b, sz.h, sz.dv, sz.dk]));
+    for (hd, (_, last)) in heads.iter().zip(&outs) {
+        common::put_state(&mut fin, hd.b, hd.h, last.as_ref());
+    }
+    Ok((y, [(STATE.to_string(), fin)].into_iter().collect()))
 }

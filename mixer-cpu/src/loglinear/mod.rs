@@ -8,6 +8,10 @@
 //!   DeltaNet and its lift the general [`chunked`] form;
 //! - `recurrent` ([`decoder`]): O(log T) states per head (§2.5; Fenwick mask only).
 //!
+//! The base mixers also run `fast` and `recurrent` from a state and return their final
+//! state, forward and backward (docs/math.md §7: [`fast::fast_from`], [`backward::vjp_from`],
+//! [`decoder::build_from`]).
+//!
 //! Work is spread over (batch, head) with rayon; each head's matmuls and triangular solves
 //! use faer sequentially.
 
@@ -25,7 +29,9 @@ use crate::vmath::VecMath;
 use mixer_core::Form;
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Result, Tensors};
-use mixer_registry::{BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, register};
+use mixer_registry::{
+    BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, StateBackwardFn, StateDecoderFn, StateFn, register,
+};
 use ndarray::ArrayD;
 
 /// The `parallel` form: the quadratic masked form, any level mask.
@@ -49,6 +55,15 @@ impl<F: VecMath> Family<F> for LogLinearCpu {
     }
     fn backward(&self, form: Form) -> Option<BackwardFn<LogLinear, F>> {
         (form == Form::Fast).then_some(backward::vjp)
+    }
+    fn from_state(&self, form: Form) -> Option<StateFn<LogLinear, F>> {
+        (form == Form::Fast).then_some(fast::fast_from)
+    }
+    fn from_state_backward(&self, form: Form) -> Option<StateBackwardFn<LogLinear, F>> {
+        (form == Form::Fast).then_some(backward::vjp_from)
+    }
+    fn decoder_from_state(&self) -> Option<StateDecoderFn<LogLinear, F>> {
+        Some(decoder::build_from)
     }
 }
 

@@ -1,0 +1,189 @@
+//! Packed variable-length batches (`cu_seqlens`, [`mixer_core::state`]; docs/math.md §7.2), for
+//! every mixer, form and backend, forward and backward.
+//!
+//! A packed batch is run sequence by sequence: sequence `i` is cut out of the buffer
+//! ([`mixer_core::state::segment`]: its tokens, and the axes whose size is a function of its
+//! length), run by the form as a sequence of its own (from row `i` of the initial state when
+//! one is given), and its output written back at its rows. So a packed batch equals the
+//! sequences run one by one, bit for bit, on every backend; rows past the last offset get
+//! zeros. Gradients: per-token inputs' gradients are written back at each sequence's rows (zero
+//! past the last offset and in slots a shorter sequence does not have), and the gradients of
+//! static inputs (Toeplitz taps, `lambda_param`) are summed over the sequences. An empty
+//! sequence passes its initial state through unchanged (and its cotangent back).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use mixer_core::mixer::Mixer;
+use mixer_core::state::{StateShapes, check_cu_seqlens, check_state, scatter, segment, stack_rows, state_row, zeros};
+use mixer_core::tensor::get;
+use mixer_core::{Dims, Error, Form, Precision, Requires, Result, Tensors, grad_name};
+use ndarray::ArrayD;
+
+use crate::backend::Backend;
+use crate::family::Scalar;
+use crate::state::{backward_state, run_state, validate};
+
+/// The state shapes of `m` for `n` sequences (axis 0 of every state tensor is the batch).
+fn shapes_for(m: &dyn Mixer, dims: &Dims, n: usize) -> Result<StateShapes> {
+    let mut one = dims.clone();
+    one.insert("B", 1);
+    Ok(crate::state::shapes(m, &one)?
+        .into_iter()
+        .map(|(k, mut s)| {
+            if let Some(b) = s.first_mut() {
+                *b = n;
+            }
+            (k, s)
+        })
+        .collect())
+}
+
+/// The validated sizes and the sequences' row ranges.
+fn layout<F: Scalar>(m: &dyn Mixer, inputs: &Tensors<F>, cu_seqlens: &[usize]) -> Result<(Dims, Vec<Range<usize>>)> {
+    let dims = validate(m, inputs)?;
+    let x = get(inputs, m.spec().mixed)?;
+    let ranges = check_cu_seqlens(cu_seqlens, x.shape()[0], x.shape()[1])?;
+    Ok((dims, ranges))
+}
+
+/// Runs `form` of `m` over a packed batch (`B = 1`, sequence `i` at rows
+/// `cu_seqlens[i] .. cu_seqlens[i + 1]`). With `initial` (one row per sequence) or
+/// `want_final`, every sequence runs from its state and the final states come back one row per
+/// sequence; otherwise the plain form runs and no state is returned.
+#[allow(clippy::too_many_arguments)]
+pub fn run_packed<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+    inputs: &Tensors<F>,
+    cu_seqlens: &[usize],
+    initial: Option<&Tensors<F>>,
+    want_final: bool,
+    precision: Precision,
+) -> Result<(ArrayD<F>, Option<Tensors<F>>)> {
+    let (dims, ranges) = layout(m, inputs, cu_seqlens)?;
+    let stateful = initial.is_some() || want_final;
+    let want = if stateful { Some(shapes_for(m, &dims, ranges.len())?) } else { None };
+    if let (Some(s), Some(w)) = (initial, &want) {
+        check_state("initial_state", w, s)?;
+    }
+    let mut y = ArrayD::<F>::zeros(get(inputs, m.spec().mixed)?.raw_dim());
+    let mut finals = Vec::with_capacity(ranges.len());
+    for (i, r) in ranges.iter().enumerate() {
+        let row = initial.map(|s| state_row(s, i));
+        if r.is_empty() {
+            if let Some(w) = &want {
+                finals.push(row.unwrap_or_else(|| zeros(&shapes_for_one(w))));
+            }
+            continue;
+        }
+        let seg = segment(m, inputs, r.clone());
+        let yi = if stateful {
+            let (yi, fi) = run_state(m, backend, form, &seg, row.as_ref(), precision)?;
+            finals.push(fi);
+            yi
+        } else {
+            let t = crate::run::run_with(m, backend, form, &F::tag(seg), precision)?;
+            F::untag(t).ok_or_else(|| internal(backend, "the output came back in another dtype"))?
+        };
+        scatter(&mut y, &yi, r.clone(), true)?;
+    }
+    let fin = if stateful { Some(stack_rows(&finals)?) } else { None };
+    Ok((y, fin))
+}
+
+/// One row's shapes from `N` rows' shapes.
+fn shapes_for_one(w: &StateShapes) -> StateShapes {
+    w.iter()
+        .map(|(k, s)| {
+            let mut s = s.clone();
+            if let Some(b) = s.first_mut() {
+                *b = 1;
+            }
+            (k.clone(), s)
+        })
+        .collect()
+}
+
+fn internal(backend: &Backend, message: &str) -> Error {
+    Error::Backend { backend: backend.name().into(), family: None, message: format!("internal: {message}") }
+}
+
+/// The backward of [`run_packed`]: gradients `d_<input>` (shape of the inputs) and, with an
+/// initial state, its gradient (one row per sequence). `d_final` (one row per sequence) is the
+/// final states' cotangent; with neither `initial` nor `d_final`, every sequence runs the
+/// plain backward.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_packed<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+    inputs: &Tensors<F>,
+    cu_seqlens: &[usize],
+    initial: Option<&Tensors<F>>,
+    dy: &ArrayD<F>,
+    d_final: Option<&Tensors<F>>,
+    requires: &Requires,
+) -> Result<(Tensors<F>, Tensors<F>)> {
+    let (dims, ranges) = layout(m, inputs, cu_seqlens)?;
+    let stateful = initial.is_some() || d_final.is_some();
+    let want = if stateful { Some(shapes_for(m, &dims, ranges.len())?) } else { None };
+    if let Some(w) = &want {
+        if let Some(s) = initial {
+            check_state("initial_state", w, s)?;
+        }
+        if let Some(s) = d_final {
+            check_state("d_final_state", w, s)?;
+        }
+    }
+    let x = get(inputs, m.spec().mixed)?;
+    if dy.shape() != x.shape() {
+        return Err(Error::shape(
+            "dy",
+            mixer_core::error::fmt_shape(x.shape()),
+            mixer_core::error::fmt_shape(dy.shape()),
+        ));
+    }
+    let per_token = m.spec().per_token();
+    let mut grads: Tensors<F> = inputs
+        .iter()
+        .filter(|(k, _)| requires.wants(k))
+        .map(|(k, v)| (grad_name(k), ArrayD::zeros(v.raw_dim())))
+        .collect();
+    let mut d_states = Vec::with_capacity(ranges.len());
+    for (i, r) in ranges.iter().enumerate() {
+        let row = initial.map(|s| state_row(s, i));
+        let d_row = d_final.map(|s| state_row(s, i));
+        if r.is_empty() {
+            if let Some(w) = &want {
+                d_states.push(d_row.unwrap_or_else(|| zeros(&shapes_for_one(w))));
+            }
+            continue;
+        }
+        let seg = segment(m, inputs, r.clone());
+        let dyi = dy.slice_axis(ndarray::Axis(1), ndarray::Slice::from(r.clone())).to_owned();
+        let gi = if stateful {
+            let (g, ds) = backward_state(m, backend, form, &seg, row.as_ref(), &dyi, d_row.as_ref(), requires)?;
+            if initial.is_some() {
+                d_states.push(ds);
+            }
+            g
+        } else {
+            untag_all(backend, crate::backward::backward(m, backend.name(), form, &F::tag(seg), &F::tag_one(dyi), requires)?)?
+        };
+        for (name, full) in grads.iter_mut() {
+            let input = name.strip_prefix("d_").unwrap_or(name);
+            let part = gi.get(name).ok_or_else(|| internal(backend, &format!("no gradient `{name}` for a sequence")))?;
+            scatter(full, part, r.clone(), per_token.iter().any(|p| p == input))?;
+        }
+    }
+    let d_initial = if initial.is_some() { stack_rows(&d_states)? } else { Tensors::new() };
+    Ok((grads, d_initial))
+}
+
+fn untag_all<F: Scalar>(backend: &Backend, g: BTreeMap<String, mixer_core::Tensor>) -> Result<Tensors<F>> {
+    g.into_iter()
+        .map(|(k, v)| F::untag(v).map(|a| (k, a)).ok_or_else(|| internal(backend, "a gradient came back in another dtype")))
+        .collect()
+}
