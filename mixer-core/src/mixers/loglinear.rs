@@ -552,18 +552,7 @@ impl Mixer for LogLinear {
         }
         Ok(mat)
     }
-    fn has_materialized_vjp(&self) -> bool {
-        true
-    }
-    fn materialized_vjp(
-        &self,
-        inputs: &Tensors<f64>,
-        _mat: &Materialization,
-        grad: &crate::grad::MatGrad,
-        _requires: &crate::grad::Requires,
-    ) -> Result<Tensors<f64>> {
-        super::loglinear_vjp::materialized_vjp(self, inputs, grad)
-    }
+    materialized_vjp!(super::loglinear_vjp::materialized_vjp);
     fn form_unsupported(&self, form: crate::Form) -> Option<String> {
         let needs_fenwick = matches!(form, crate::Form::Fast | crate::Form::Recurrent);
         (needs_fenwick && !self.has_fenwick_structure())
