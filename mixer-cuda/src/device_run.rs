@@ -56,7 +56,39 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         let inputs = inputs.downcast_ref::<DeviceTensors>().ok_or_else(|| {
             err("tensor", "internal: the inputs of a cuda device form are not mixer_cuda::DeviceTensors")
         })?;
-        checked_run::<T>(m, form, inputs, precision, checks).map(|y| Box::new(y) as Box<dyn Any>)
+        // The shapes, bounds and dtypes on the host; then, unless `checks` is false, the
+        // device-side value checks of the inputs, the run, and the finiteness check of `y`.
+        let spec = m.spec();
+        let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
+        let dims = spec.bind(&shapes)?;
+        spec.check_bounds(&dims, &m.bounds(&dims))?;
+        let double = check_dtypes(inputs, precision)?;
+        if !checks {
+            return run_erased::<T>(m, form, inputs, precision, double).map(|y| Box::new(y) as Box<dyn Any>);
+        }
+        let mut checks = Vec::new();
+        for d in &spec.inputs {
+            let Some(t) = inputs.get(d.name) else { continue };
+            let (name, c) = (d.name.to_string(), d.constraint);
+            checks.push(check_any(t, constraint_code(c), move |i| Error::Value {
+                name: name.clone(),
+                constraint: c.describe().to_string(),
+                found: format!("a violation at flat index {i} (checked on the device)"),
+            })?);
+        }
+        let y = run_erased::<T>(m, form, inputs, precision, double)?;
+        let (name, form_name) = (m.name().to_string(), form.name());
+        checks.push(check_any(&y, 0, move |i| {
+            Error::Numerical(format!(
+                "`{name}` {form_name} form on cuda: y has a non-finite value at flat index {i} although every \
+                 input is finite; the result overflows its dtype"
+            ))
+        })?);
+        Ok(Box::new(match y {
+            AnyDeviceTensor::F32(t) => AnyDeviceTensor::F32(t.with_checks(checks)),
+            AnyDeviceTensor::F64(t) => AnyDeviceTensor::F64(t.with_checks(checks)),
+            AnyDeviceTensor::Bf16(t) => AnyDeviceTensor::Bf16(t.with_checks(checks)),
+        }))
     }
 
     fn decoder(&self, m: &dyn Mixer, statics: &AnyTensors, dims: &Dims) -> Result<Box<dyn Any>> {
@@ -212,47 +244,6 @@ pub fn run_device_with(
     checks: bool,
 ) -> Result<AnyDeviceTensor> {
     mixer_registry::run_device(m, &Backend::by_name("cuda")?, form, inputs, precision, checks)
-}
-
-/// The checks and the run behind [`Device::run`], once the registry found the form available.
-fn checked_run<T: DeviceFamily<f32> + DeviceFamily<f64>>(
-    m: &dyn Mixer,
-    form: Form,
-    inputs: &DeviceTensors,
-    precision: Precision,
-    checks: bool,
-) -> Result<AnyDeviceTensor> {
-    let spec = m.spec();
-    let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
-    let dims = spec.bind(&shapes)?;
-    spec.check_bounds(&dims, &m.bounds(&dims))?;
-    let double = check_dtypes(inputs, precision)?;
-    if !checks {
-        return run_erased::<T>(m, form, inputs, precision, double);
-    }
-    let mut checks = Vec::new();
-    for d in &spec.inputs {
-        let Some(t) = inputs.get(d.name) else { continue };
-        let (name, c) = (d.name.to_string(), d.constraint);
-        checks.push(check_any(t, constraint_code(c), move |i| Error::Value {
-            name: name.clone(),
-            constraint: c.describe().to_string(),
-            found: format!("a violation at flat index {i} (checked on the device)"),
-        })?);
-    }
-    let y = run_erased::<T>(m, form, inputs, precision, double)?;
-    let (name, form_name) = (m.name().to_string(), form.name());
-    checks.push(check_any(&y, 0, move |i| {
-        Error::Numerical(format!(
-            "`{name}` {form_name} form on cuda: y has a non-finite value at flat index {i} although every \
-             input is finite; the result overflows its dtype"
-        ))
-    })?);
-    Ok(match y {
-        AnyDeviceTensor::F32(t) => AnyDeviceTensor::F32(t.with_checks(checks)),
-        AnyDeviceTensor::F64(t) => AnyDeviceTensor::F64(t.with_checks(checks)),
-        AnyDeviceTensor::Bf16(t) => AnyDeviceTensor::Bf16(t.with_checks(checks)),
-    })
 }
 
 /// A decoder of `m` whose state stays on the device: its `step` takes one token's inputs as

@@ -47,43 +47,39 @@ pub fn with_prelude(prelude: &str, body: &str) -> String {
     format!("{COMMON}\n{prelude}\n{body}")
 }
 
+/// A [`KernelSource`] named `$name` whose body is the file `kernels/$name.cu` (so the name is
+/// always the file's), with `$prelude` before it (empty when not given).
+macro_rules! kernel {
+    ($name:literal) => {
+        kernel!($name, "")
+    };
+    ($name:literal, $prelude:expr) => {
+        KernelSource {
+            name: $name,
+            prelude: $prelude,
+            body: include_str!(concat!("../kernels/", $name, ".cu")),
+        }
+    };
+}
+
 /// Softmax attention: tiled forward and decoder step (`kernels/attention.cu`).
-pub const ATTENTION: KernelSource =
-    KernelSource { name: "attention", prelude: "", body: include_str!("../kernels/attention.cu") };
+pub const ATTENTION: KernelSource = kernel!("attention");
 /// Softmax attention on tensor cores (tf32 and bf16 modes), fused flash-style:
 /// `kernels/attention_fused.cu`, compiled per head dim with `-DATT_D=…`.
-pub const ATTENTION_FUSED: KernelSource = KernelSource {
-    name: "attention_fused",
-    prelude: "",
-    body: include_str!("../kernels/attention_fused.cu"),
-};
+pub const ATTENTION_FUSED: KernelSource = kernel!("attention_fused");
 /// The GLR: sparse recurrence and decoder step (`kernels/glr.cu`).
-pub const GLR: KernelSource =
-    KernelSource { name: "glr", prelude: "", body: include_str!("../kernels/glr.cu") };
+pub const GLR: KernelSource = kernel!("glr");
 /// The Toeplitz mixer: direct form, FFT packing and decoder step (`kernels/toeplitz.cu`).
-pub const TOEPLITZ: KernelSource =
-    KernelSource { name: "toeplitz", prelude: "", body: include_str!("../kernels/toeplitz.cu") };
+pub const TOEPLITZ: KernelSource = kernel!("toeplitz");
 /// The log-linear family's generic quadratic form and its λ mapping
 /// (`kernels/loglinear_parallel.cu`); a lift replaces the prelude with its mask's and λ scheme's
 /// registered device functions.
-pub const LOGLINEAR_PARALLEL: KernelSource = KernelSource {
-    name: "loglinear_parallel",
-    prelude: NO_LIFT,
-    body: include_str!("../kernels/loglinear_parallel.cu"),
-};
+pub const LOGLINEAR_PARALLEL: KernelSource = kernel!("loglinear_parallel", NO_LIFT);
 /// The log-linear family's decoder step, one launch per token (`kernels/loglinear_decoder.cu`).
-pub const LOGLINEAR_DECODER: KernelSource = KernelSource {
-    name: "loglinear_decoder",
-    prelude: "",
-    body: include_str!("../kernels/loglinear_decoder.cu"),
-};
+pub const LOGLINEAR_DECODER: KernelSource = kernel!("loglinear_decoder");
 /// Gated DeltaNet's chunked form in one block per (batch, head), for states too large for shared
 /// memory (`kernels/loglinear_sequential.cu`).
-pub const LOGLINEAR_SEQUENTIAL: KernelSource = KernelSource {
-    name: "loglinear_sequential",
-    prelude: "",
-    body: include_str!("../kernels/loglinear_sequential.cu"),
-};
+pub const LOGLINEAR_SEQUENTIAL: KernelSource = kernel!("loglinear_sequential");
 
 /// The shared bottom of the log-linear chunk kernels (`kernels/loglinear_common.cuh`): the
 /// prelude of [`LOGLINEAR_SSD`], [`LOGLINEAR_WY`], [`LOGLINEAR_STATE_PASS`] and
@@ -92,36 +88,19 @@ pub const LOGLINEAR_COMMON: &str = include_str!("../kernels/loglinear_common.cuh
 
 /// The chunk states of the scalar-decay members and what joins them: the tree of chunk states
 /// (lifts) or the scan over chunks (`kernels/loglinear_ssd.cu`).
-pub const LOGLINEAR_SSD: KernelSource = KernelSource {
-    name: "loglinear_ssd",
-    prelude: LOGLINEAR_COMMON,
-    body: include_str!("../kernels/loglinear_ssd.cu"),
-};
+pub const LOGLINEAR_SSD: KernelSource = kernel!("loglinear_ssd", LOGLINEAR_COMMON);
 
 /// Gated DeltaNet's WY/UT step, per chunk (`kernels/loglinear_wy.cu`).
-pub const LOGLINEAR_WY: KernelSource = KernelSource {
-    name: "loglinear_wy",
-    prelude: LOGLINEAR_COMMON,
-    body: include_str!("../kernels/loglinear_wy.cu"),
-};
+pub const LOGLINEAR_WY: KernelSource = kernel!("loglinear_wy", LOGLINEAR_COMMON);
 
 /// Gated DeltaNet's sequential state pass over chunks, every variant (`kernels/loglinear_state_pass.cu`).
-pub const LOGLINEAR_STATE_PASS: KernelSource = KernelSource {
-    name: "loglinear_state_pass",
-    prelude: LOGLINEAR_COMMON,
-    body: include_str!("../kernels/loglinear_state_pass.cu"),
-};
+pub const LOGLINEAR_STATE_PASS: KernelSource = kernel!("loglinear_state_pass", LOGLINEAR_COMMON);
 
 /// The output step of the chunked form, every member (`kernels/loglinear_output.cu`).
-pub const LOGLINEAR_OUTPUT: KernelSource = KernelSource {
-    name: "loglinear_output",
-    prelude: LOGLINEAR_COMMON,
-    body: include_str!("../kernels/loglinear_output.cu"),
-};
+pub const LOGLINEAR_OUTPUT: KernelSource = kernel!("loglinear_output", LOGLINEAR_COMMON);
 
 /// Device-tensor helpers: bf16 conversions and input value checks (`kernels/tensor.cu`).
-pub const TENSOR: KernelSource =
-    KernelSource { name: "tensor", prelude: "", body: include_str!("../kernels/tensor.cu") };
+pub const TENSOR: KernelSource = kernel!("tensor");
 
 /// Every kernel source of the backend.
 pub const ALL: &[KernelSource] = &[

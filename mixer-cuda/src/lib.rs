@@ -31,6 +31,23 @@
 //! on a machine with a GPU, where `MIXERS_REQUIRE_CUDA=1` turns a missing device into a
 //! failure.
 
+/// Registers one family of this backend: `cuda_family!(NAME, family, Ty)` writes the
+/// `#[register]`ed `static NAME: FamilyEntry` of `family` on the `cuda` backend, whose `f64`
+/// and `f32` host-array forms are [`forms::Hosted`]`(Ty)` and whose device forms are
+/// [`device_run::Device`]`(Ty)`.
+macro_rules! cuda_family {
+    ($name:ident, $family:expr, $ty:expr) => {
+        #[::mixer_registry::register]
+        static $name: ::mixer_registry::FamilyEntry = ::mixer_registry::FamilyEntry {
+            family: $family,
+            backend: "cuda",
+            f64: &$crate::forms::Hosted($ty),
+            f32: &$crate::forms::Hosted($ty),
+            device: Some(&$crate::device_run::Device($ty)),
+        };
+    };
+}
+
 pub mod attention;
 pub mod device;
 pub mod device_run;

@@ -4,7 +4,7 @@
 //! coefficients given: [`GlrCoeffs::B`], [`GlrCoeffs::A`] or [`GlrCoeffs::Both`].
 
 use mixer_core::{Error, Mixer, Result};
-use ndarray::{Array2, Array3, ArrayView2, ArrayView3, ArrayView4};
+use ndarray::{Array2, Array3, ArrayView, ArrayView2, ArrayView3, Dimension, Ix2, Ix3};
 
 use super::dispatch::{Named, Stepper, build, forward};
 use super::options::{Options, PatternRef};
@@ -43,56 +43,41 @@ impl GlrPattern {
     }
 }
 
-/// The coefficients of a GLR over a whole sequence; the variant chooses `on`.
+/// The coefficients of a GLR; the variant chooses `on`. `D` is the rank of `alpha` with
+/// `on = b`: [`Ix3`] over a whole sequence ([`GlrCoeffs`], shapes with the sequence axis `T`
+/// as written below), [`Ix2`] for one token ([`GlrTokenCoeffs`], the same shapes without `T`).
 #[derive(Clone, Debug)]
-pub enum GlrCoeffs<'a, F> {
+pub enum GlrCoeffsOf<'a, F, D: Dimension> {
     /// `on = b`, recurrence on past outputs: `alpha [B, T, C]`, `beta [B, T, K, C]`;
     /// `y_t = α_t x_t + Σ_{k: f(k) ≤ t} β_{t,k} y_{d_k(t)}`.
     B {
         /// `[B, T, C]`.
-        alpha: ArrayView3<'a, F>,
+        alpha: ArrayView<'a, F, D>,
         /// `[B, T, K, C]`.
-        beta: ArrayView4<'a, F>,
+        beta: ArrayView<'a, F, D::Larger>,
     },
     /// `on = a`, sparse attention-like: `alpha [B, T, K+1, C]`;
     /// `y_t = α_{t,0} x_t + Σ_k α_{t,k+1} x_{d_k(t)}`.
     A {
         /// `[B, T, K+1, C]`.
-        alpha: ArrayView4<'a, F>,
+        alpha: ArrayView<'a, F, D::Larger>,
     },
     /// `on = both`: `alpha [B, T, K+1, C]`, `beta [B, T, K, C]`, both sums.
     Both {
         /// `[B, T, K+1, C]`.
-        alpha: ArrayView4<'a, F>,
+        alpha: ArrayView<'a, F, D::Larger>,
         /// `[B, T, K, C]`.
-        beta: ArrayView4<'a, F>,
+        beta: ArrayView<'a, F, D::Larger>,
     },
 }
 
-/// The coefficients of one token (sequence axis removed); the variant must match the one
-/// the decoder started with.
-#[derive(Clone, Debug)]
-pub enum GlrTokenCoeffs<'a, F> {
-    /// `on = b`: `alpha [B, C]`, `beta [B, K, C]`.
-    B {
-        /// `[B, C]`.
-        alpha: ArrayView2<'a, F>,
-        /// `[B, K, C]`.
-        beta: ArrayView3<'a, F>,
-    },
-    /// `on = a`: `alpha [B, K+1, C]`.
-    A {
-        /// `[B, K+1, C]`.
-        alpha: ArrayView3<'a, F>,
-    },
-    /// `on = both`: `alpha [B, K+1, C]`, `beta [B, K, C]`.
-    Both {
-        /// `[B, K+1, C]`.
-        alpha: ArrayView3<'a, F>,
-        /// `[B, K, C]`.
-        beta: ArrayView3<'a, F>,
-    },
-}
+/// The coefficients of a GLR over a whole sequence: `alpha [B, T, C]` or `[B, T, K+1, C]`,
+/// `beta [B, T, K, C]`.
+pub type GlrCoeffs<'a, F> = GlrCoeffsOf<'a, F, Ix3>;
+
+/// The coefficients of one token (sequence axis removed): `alpha [B, C]` or `[B, K+1, C]`,
+/// `beta [B, K, C]`; the variant must match the one the decoder started with.
+pub type GlrTokenCoeffs<'a, F> = GlrCoeffsOf<'a, F, Ix2>;
 
 /// The `glr` mixer for `pattern` with `on` = `"b"`, `"a"` or `"both"`.
 fn mixer(pattern: &GlrPattern, on: &str, opts: &Options) -> Result<Box<dyn Mixer>> {
@@ -106,27 +91,18 @@ fn mixer(pattern: &GlrPattern, on: &str, opts: &Options) -> Result<Box<dyn Mixer
     build("glr", &cfg)
 }
 
-/// `split(self) -> (on, named inputs)` of a coefficient enum: [`GlrCoeffs`] and
-/// [`GlrTokenCoeffs`] have the same variants, their views one rank apart.
-macro_rules! split_coeffs {
-    ($coeffs:ident) => {
-        impl<'a, F> $coeffs<'a, F> {
-            fn split(self) -> (&'static str, Vec<Named<'a, F>>) {
-                match self {
-                    $coeffs::B { alpha, beta } => {
-                        ("b", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
-                    }
-                    $coeffs::A { alpha } => ("a", vec![("alpha", alpha.into_dyn())]),
-                    $coeffs::Both { alpha, beta } => {
-                        ("both", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
-                    }
-                }
+impl<'a, F, D: Dimension> GlrCoeffsOf<'a, F, D> {
+    /// `on` and the named inputs (`alpha`, and `beta` where given).
+    fn split(self) -> (&'static str, Vec<Named<'a, F>>) {
+        match self {
+            Self::B { alpha, beta } => ("b", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())]),
+            Self::A { alpha } => ("a", vec![("alpha", alpha.into_dyn())]),
+            Self::Both { alpha, beta } => {
+                ("both", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())])
             }
         }
-    };
+    }
 }
-split_coeffs!(GlrCoeffs);
-split_coeffs!(GlrTokenCoeffs);
 
 /// Generalized linear recurrence: `y_t = Σ_{s ≤ t} α_{t,s} x_s + Σ_{s < t} β_{t,s} y_s`
 /// with the off-diagonal coefficients at the pattern's positions `d_k(t)` only.

@@ -82,7 +82,7 @@ mod scalar;
 mod toeplitz;
 
 pub use attention::{AttentionDecoder, attention};
-pub use glr::{GlrCoeffs, GlrDecoder, GlrPattern, GlrTokenCoeffs, glr};
+pub use glr::{GlrCoeffs, GlrCoeffsOf, GlrDecoder, GlrPattern, GlrTokenCoeffs, glr};
 pub use loglinear::{
     GatedDeltaNetDecoder, LinearAttentionDecoder, LogLinearAttentionDecoder, LogLinearGatedDeltaNetDecoder,
     LogLinearMamba2Decoder, Mamba2Decoder, gated_deltanet, linear_attention, loglinear_attention,

@@ -12,7 +12,7 @@ use ndarray::{Array2, ArrayD};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::grad::{MatGrad, Requires, grad_name};
+use crate::grad::{MatGrad, grad_name};
 use crate::materialize::Materialization;
 use crate::mixer::Mixer;
 use crate::spec::{Dim, Dims, InputDecl, InputSpec};
@@ -228,18 +228,21 @@ impl Mixer for Attention {
     fn working_memory(&self, form: crate::Form, dims: &crate::Dims, elem: f64) -> f64 {
         crate::memory::attention(form, dims, elem, self.window())
     }
-    fn has_materialized_vjp(&self) -> bool {
-        true
+    materialized_vjp!(Self::entry_vjp, with_materialization);
+    fn as_any(&self) -> &dyn Any {
+        self
     }
+}
+
+impl Attention {
     /// Softmax backward per row: `S̄_{t,s} = A_{t,s}(Ā_{t,s} − Σ_{s'} A_{t,s'} Ā_{t,s'})`
     /// on the visible keys, then `q̄_t = σ Σ_s S̄_{t,s} k_s` and
     /// `k̄_s = σ Σ_t S̄_{t,s} q_t`.
-    fn materialized_vjp(
+    fn entry_vjp(
         &self,
         inputs: &Tensors<f64>,
         mat: &Materialization,
         grad: &MatGrad,
-        _requires: &Requires,
     ) -> Result<Tensors<f64>> {
         let q = get(inputs, "q")?;
         let k = get(inputs, "k")?;
@@ -275,9 +278,6 @@ impl Mixer for Attention {
         out.insert(grad_name("q"), dq);
         out.insert(grad_name("k"), dkk);
         Ok(out)
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -20,7 +20,7 @@ use ndarray::{Array2, ArrayD};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::grad::{MatGrad, Requires, grad_name};
+use crate::grad::{MatGrad, grad_name};
 use crate::materialize::Materialization;
 use crate::mixer::{Mixer, complete_dims};
 pub use crate::pattern::Slots;
@@ -281,65 +281,7 @@ impl Mixer for Glr {
         }
         Ok(m)
     }
-    fn has_materialized_vjp(&self) -> bool {
-        true
-    }
-    /// Entry gradients to coefficients, per batch row and channel, for active slots `k`:
-    /// `ᾱ_t = Ā_{t,t}` (or `ᾱ_{t,0}`), `ᾱ_{t,k+1} = Ā_{t,d_k(t)}`,
-    /// `β̄_{t,k} = B̄_{t,d_k(t)}`; inactive slots get 0 (their values never matter).
-    fn materialized_vjp(
-        &self,
-        inputs: &Tensors<f64>,
-        _mat: &Materialization,
-        grad: &MatGrad,
-        _requires: &Requires,
-    ) -> Result<Tensors<f64>> {
-        let x = get(inputs, "x")?;
-        let (bn, t_len, cn) = (x.shape()[0], x.shape()[1], x.shape()[2]);
-        let alpha = get(inputs, "alpha")?;
-        let mut da = ArrayD::<f64>::zeros(alpha.raw_dim());
-        let mut db = if self.config.on.has_b() {
-            Some(ArrayD::<f64>::zeros(get(inputs, "beta")?.raw_dim()))
-        } else {
-            None
-        };
-        if grad.blocks.len() != bn * cn {
-            return Err(Error::Numerical(format!(
-                "glr backward: {} entry-gradient blocks for B·C = {}",
-                grad.blocks.len(),
-                bn * cn
-            )));
-        }
-        let slots = self.slots(t_len);
-        let deps: Vec<Vec<(usize, usize)>> = (0..t_len).map(|t| slots.deps(t).collect()).collect();
-        for b in 0..bn {
-            for c in 0..cn {
-                let bg = &grad.blocks[b * cn + c];
-                let ga = &bg.terms[0];
-                for (t, dt) in deps.iter().enumerate() {
-                    if self.config.on.has_a() {
-                        da[[b, t, 0, c]] = ga[[t, t]];
-                        for &(k, d) in dt {
-                            da[[b, t, k + 1, c]] = ga[[t, d]];
-                        }
-                    } else {
-                        da[[b, t, c]] = ga[[t, t]];
-                    }
-                    if let (Some(db), Some(gb)) = (db.as_mut(), bg.b.as_ref()) {
-                        for &(k, d) in dt {
-                            db[[b, t, k, c]] = gb[[t, d]];
-                        }
-                    }
-                }
-            }
-        }
-        let mut out = Tensors::new();
-        out.insert(grad_name("alpha"), da);
-        if let Some(db) = db {
-            out.insert(grad_name("beta"), db);
-        }
-        Ok(out)
-    }
+    materialized_vjp!(Self::entry_vjp);
     /// Draws from the spec (β stable: `Σ_k |β_{t,k}| ≤ 0.95`), then overwrites every slot
     /// with `f(k) > t` (in `beta`, and slots `k + 1` of `alpha` when `on` includes `a`) with
     /// `± 10⁶`, so that any form that reads an inactive slot fails the comparison.
@@ -386,6 +328,59 @@ impl Mixer for Glr {
     }
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+impl Glr {
+    /// Entry gradients to coefficients, per batch row and channel, for active slots `k`:
+    /// `ᾱ_t = Ā_{t,t}` (or `ᾱ_{t,0}`), `ᾱ_{t,k+1} = Ā_{t,d_k(t)}`,
+    /// `β̄_{t,k} = B̄_{t,d_k(t)}`; inactive slots get 0 (their values never matter).
+    fn entry_vjp(&self, inputs: &Tensors<f64>, grad: &MatGrad) -> Result<Tensors<f64>> {
+        let x = get(inputs, "x")?;
+        let (bn, t_len, cn) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+        let alpha = get(inputs, "alpha")?;
+        let mut da = ArrayD::<f64>::zeros(alpha.raw_dim());
+        let mut db = if self.config.on.has_b() {
+            Some(ArrayD::<f64>::zeros(get(inputs, "beta")?.raw_dim()))
+        } else {
+            None
+        };
+        if grad.blocks.len() != bn * cn {
+            return Err(Error::Numerical(format!(
+                "glr backward: {} entry-gradient blocks for B·C = {}",
+                grad.blocks.len(),
+                bn * cn
+            )));
+        }
+        let slots = self.slots(t_len);
+        let deps: Vec<Vec<(usize, usize)>> = (0..t_len).map(|t| slots.deps(t).collect()).collect();
+        for b in 0..bn {
+            for c in 0..cn {
+                let bg = &grad.blocks[b * cn + c];
+                let ga = &bg.terms[0];
+                for (t, dt) in deps.iter().enumerate() {
+                    if self.config.on.has_a() {
+                        da[[b, t, 0, c]] = ga[[t, t]];
+                        for &(k, d) in dt {
+                            da[[b, t, k + 1, c]] = ga[[t, d]];
+                        }
+                    } else {
+                        da[[b, t, c]] = ga[[t, t]];
+                    }
+                    if let (Some(db), Some(gb)) = (db.as_mut(), bg.b.as_ref()) {
+                        for &(k, d) in dt {
+                            db[[b, t, k, c]] = gb[[t, d]];
+                        }
+                    }
+                }
+            }
+        }
+        let mut out = Tensors::new();
+        out.insert(grad_name("alpha"), da);
+        if let Some(db) = db {
+            out.insert(grad_name("beta"), db);
+        }
+        Ok(out)
     }
 }
 

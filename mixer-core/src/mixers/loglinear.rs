@@ -552,18 +552,7 @@ impl Mixer for LogLinear {
         }
         Ok(mat)
     }
-    fn has_materialized_vjp(&self) -> bool {
-        true
-    }
-    fn materialized_vjp(
-        &self,
-        inputs: &Tensors<f64>,
-        _mat: &Materialization,
-        grad: &crate::grad::MatGrad,
-        _requires: &crate::grad::Requires,
-    ) -> Result<Tensors<f64>> {
-        super::loglinear_vjp::materialized_vjp(self, inputs, grad)
-    }
+    materialized_vjp!(super::loglinear_vjp::materialized_vjp);
     fn state_shapes(&self, dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
         super::loglinear_state::shapes(self, dims)
     }

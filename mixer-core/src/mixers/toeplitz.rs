@@ -29,7 +29,7 @@ use rand_distr::{Distribution, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result, fmt_shape};
-use crate::grad::{MatGrad, Requires, grad_name};
+use crate::grad::{MatGrad, grad_name};
 use crate::materialize::{Block, Materialization, Offset, Term};
 use crate::mixer::{Mixer, complete_dims};
 use crate::real::Real;
@@ -397,19 +397,45 @@ impl Mixer for Toeplitz {
         }
         Ok(mat)
     }
-    fn has_materialized_vjp(&self) -> bool {
-        true
+    materialized_vjp!(Self::entry_vjp);
+    /// `x ~ N(0,1)`; `w[i,h,j] = n·exp(−j/τ)·√(2/(τ·Kw))` with `n ~ N(0,1)` and
+    /// `τ = max(Tw/4, 2)` (decaying, `Σⱼ w² ≈ 1/Kw`, yet long-range lags still matter);
+    /// `bias ~ N(0, 1/4)` (drawn, so the oracle checks cover it).
+    fn random_inputs(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
+        let dims = complete_dims(self, dims);
+        let mut out = self.spec().random(&dims, seed, false)?;
+        let tw = *dims.get("Tw").ok_or_else(|| Error::config(&self.name, "size `Tw` (or `T`) not given"))?;
+        let (kw, h) = (self.cfg.kernel_width, self.cfg.heads);
+        let tau = (tw as f64 / 4.0).max(2.0);
+        let scale = (2.0 / (tau * kw as f64)).sqrt();
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x7031_7a11_u64);
+        let shape: Vec<usize> = if kw == 1 { vec![h, tw] } else { vec![kw, h, tw] };
+        let w = ArrayD::from_shape_fn(IxDyn(&shape), |ix| {
+            let j = ix[shape.len() - 1];
+            let n: f64 = StandardNormal.sample(&mut rng);
+            n * (-(j as f64) / tau).exp() * scale
+        });
+        let bias = ArrayD::from_shape_fn(IxDyn(&[h, tw]), |_| {
+            let n: f64 = StandardNormal.sample(&mut rng);
+            0.5 * n
+        });
+        out.insert("w".into(), w);
+        out.insert("bias".into(), bias);
+        Ok(out)
     }
+    fn working_memory(&self, form: crate::Form, dims: &crate::Dims, elem: f64) -> f64 {
+        crate::memory::toeplitz(form, dims, elem, self.cfg.heads, self.cfg.kernel_width)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Toeplitz {
     /// `w̄[i,h,j] = Σ_t Ā_{i,h}[t, t−j]` summed over every block (batch row,
     /// channel group) that uses the term of shift `i` and head `h`; taps `j ≥ T` get 0;
     /// `bar(bias)[h,t] = Σ_{b, c ∈ h} D̄[b,t,c]`.
-    fn materialized_vjp(
-        &self,
-        inputs: &Tensors<f64>,
-        _mat: &Materialization,
-        grad: &MatGrad,
-        _requires: &Requires,
-    ) -> Result<Tensors<f64>> {
+    fn entry_vjp(&self, inputs: &Tensors<f64>, grad: &MatGrad) -> Result<Tensors<f64>> {
         let p = self.prepare(inputs)?;
         let (t, d) = (p.seq, p.head_dim);
         let w = get(inputs, "w")?;
@@ -455,37 +481,6 @@ impl Mixer for Toeplitz {
             out.insert(grad_name("bias"), db);
         }
         Ok(out)
-    }
-    /// `x ~ N(0,1)`; `w[i,h,j] = n·exp(−j/τ)·√(2/(τ·Kw))` with `n ~ N(0,1)` and
-    /// `τ = max(Tw/4, 2)` (decaying, `Σⱼ w² ≈ 1/Kw`, yet long-range lags still matter);
-    /// `bias ~ N(0, 1/4)` (drawn, so the oracle checks cover it).
-    fn random_inputs(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
-        let dims = complete_dims(self, dims);
-        let mut out = self.spec().random(&dims, seed, false)?;
-        let tw = *dims.get("Tw").ok_or_else(|| Error::config(&self.name, "size `Tw` (or `T`) not given"))?;
-        let (kw, h) = (self.cfg.kernel_width, self.cfg.heads);
-        let tau = (tw as f64 / 4.0).max(2.0);
-        let scale = (2.0 / (tau * kw as f64)).sqrt();
-        let mut rng = StdRng::seed_from_u64(seed ^ 0x7031_7a11_u64);
-        let shape: Vec<usize> = if kw == 1 { vec![h, tw] } else { vec![kw, h, tw] };
-        let w = ArrayD::from_shape_fn(IxDyn(&shape), |ix| {
-            let j = ix[shape.len() - 1];
-            let n: f64 = StandardNormal.sample(&mut rng);
-            n * (-(j as f64) / tau).exp() * scale
-        });
-        let bias = ArrayD::from_shape_fn(IxDyn(&[h, tw]), |_| {
-            let n: f64 = StandardNormal.sample(&mut rng);
-            0.5 * n
-        });
-        out.insert("w".into(), w);
-        out.insert("bias".into(), bias);
-        Ok(out)
-    }
-    fn working_memory(&self, form: crate::Form, dims: &crate::Dims, elem: f64) -> f64 {
-        crate::memory::toeplitz(form, dims, elem, self.cfg.heads, self.cfg.kernel_width)
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -14,10 +14,8 @@ pub mod fast;
 pub mod fused;
 
 use mixer_core::mixers::attention::Attention;
-use mixer_registry::{FamilyEntry, register};
 
-use crate::device_run::Device;
-use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
+use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn};
 use crate::runtime::GpuReal;
 
 use common::FAMILY;
@@ -35,11 +33,4 @@ impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     }
 }
 
-#[register]
-static ATTENTION_CUDA: FamilyEntry = FamilyEntry {
-    family: FAMILY,
-    backend: "cuda",
-    f64: &Hosted(AttentionCuda),
-    f32: &Hosted(AttentionCuda),
-    device: Some(&Device(AttentionCuda)),
-};
+cuda_family!(ATTENTION_CUDA, FAMILY, AttentionCuda);

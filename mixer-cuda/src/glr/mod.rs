@@ -17,10 +17,8 @@ pub mod decoder;
 pub mod fast;
 
 use mixer_core::mixers::glr::Glr;
-use mixer_registry::{FamilyEntry, register};
 
-use crate::device_run::Device;
-use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
+use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn};
 use crate::runtime::GpuReal;
 
 use common::FAMILY;
@@ -38,11 +36,4 @@ impl<F: GpuReal> DeviceFamily<F> for GlrCuda {
     }
 }
 
-#[register]
-static GLR_CUDA: FamilyEntry = FamilyEntry {
-    family: FAMILY,
-    backend: "cuda",
-    f64: &Hosted(GlrCuda),
-    f32: &Hosted(GlrCuda),
-    device: Some(&Device(GlrCuda)),
-};
+cuda_family!(GLR_CUDA, FAMILY, GlrCuda);

@@ -48,10 +48,8 @@ pub use state_pass::StatePass;
 
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Dims, Form, Precision, Result};
-use mixer_registry::{FamilyEntry, register};
 
-use crate::device_run::Device as DeviceForms;
-use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
+use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn};
 use crate::runtime::GpuReal;
 
 use common::FAMILY;
@@ -94,11 +92,4 @@ impl<F: GpuReal> DeviceFamily<F> for LogLinearCuda {
     }
 }
 
-#[register]
-static LOGLINEAR_CUDA: FamilyEntry = FamilyEntry {
-    family: FAMILY,
-    backend: "cuda",
-    f64: &Hosted(LogLinearCuda),
-    f32: &Hosted(LogLinearCuda),
-    device: Some(&DeviceForms(LogLinearCuda)),
-};
+cuda_family!(LOGLINEAR_CUDA, FAMILY, LogLinearCuda);

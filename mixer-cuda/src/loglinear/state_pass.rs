@@ -543,42 +543,23 @@ mod tests {
     #[test]
     fn rule_1_the_bf16_mode_with_bf16_activations_runs_on_bf16_operands() {
         let bf = Storage::Bf16 { aligned: true };
-        assert_eq!(
-            pick_in(Bf16, bf, false, [16, 64, 64], 1, H200),
-            StatePass::Bf16Registers { warps: 2, stages: 3 }
-        );
-        assert_eq!(
-            pick_in(Bf16, bf, false, [512, 64, 64], 1, H200),
-            StatePass::Bf16Registers { warps: 2, stages: 3 }
-        );
-        assert_eq!(
-            pick_in(Bf16, bf, false, [16, 32, 16], 1, H200),
-            StatePass::Bf16Registers { warps: 1, stages: 3 }
-        );
-        assert_eq!(
-            pick_in(Bf16, bf, false, [16, 64, 24], 1, H200),
-            StatePass::Bf16Registers { warps: 2, stages: 3 }
-        );
+        for (dims, warps) in [([16, 64, 64], 2), ([512, 64, 64], 2), ([16, 32, 16], 1), ([16, 64, 24], 2)] {
+            let want = StatePass::Bf16Registers { warps, stages: 3 };
+            assert_eq!(pick_in(Bf16, bf, false, dims, 1, H200), want, "{dims:?}");
+        }
         // Not where the rows are unaligned, the dims are not multiples of 8, Dk > 64, with the
         // lift, or in another mode: the f32 rule then.
         let unaligned = Storage::Bf16 { aligned: false };
-        assert_eq!(
-            pick_in(Bf16, unaligned, false, [16, 64, 64], 1, H200),
-            StatePass::Shared { stages: 3, group: 1 }
-        );
-        assert_eq!(
-            pick_in(Bf16, bf, false, [16, 60, 64], 1, H200),
-            StatePass::Shared { stages: 3, group: 1 }
-        );
-        assert_eq!(
-            pick_in(Bf16, bf, false, [16, 72, 64], 1, H200),
-            StatePass::Shared { stages: 3, group: 1 }
-        );
+        for (p, storage, dims) in [
+            (Bf16, unaligned, [16, 64, 64]),
+            (Bf16, bf, [16, 60, 64]),
+            (Bf16, bf, [16, 72, 64]),
+            (Tf32, bf, [16, 64, 64]),
+        ] {
+            let got = pick_in(p, storage, false, dims, 1, H200);
+            assert_eq!(got, StatePass::Shared { stages: 3, group: 1 }, "{p:?} {storage:?} {dims:?}");
+        }
         assert_eq!(pick_in(Bf16, bf, true, [16, 64, 64], 9, H200), StatePass::Transition { stages: 3 });
-        assert_eq!(
-            pick_in(Tf32, bf, false, [16, 64, 64], 1, H200),
-            StatePass::Shared { stages: 3, group: 1 }
-        );
     }
 
     #[test]

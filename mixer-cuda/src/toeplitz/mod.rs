@@ -24,11 +24,9 @@ pub mod spectra;
 
 use mixer_core::Result;
 use mixer_core::mixers::toeplitz::{DecoderKind, Toeplitz};
-use mixer_registry::{FamilyEntry, register};
 
-use crate::device_run::Device;
 use crate::fft::FftReal;
-use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, Hosted};
+use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn};
 
 use common::FAMILY;
 
@@ -53,11 +51,4 @@ impl<F: FftReal> DeviceFamily<F> for ToeplitzCuda {
     }
 }
 
-#[register]
-static TOEPLITZ_CUDA: FamilyEntry = FamilyEntry {
-    family: FAMILY,
-    backend: "cuda",
-    f64: &Hosted(ToeplitzCuda),
-    f32: &Hosted(ToeplitzCuda),
-    device: Some(&Device(ToeplitzCuda)),
-};
+cuda_family!(TOEPLITZ_CUDA, FAMILY, ToeplitzCuda);
