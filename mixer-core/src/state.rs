@@ -44,7 +44,11 @@ pub fn check_state<F: Real>(what: &str, want: &StateShapes, given: &Tensors<F>) 
         if !want.iter().any(|(n, _)| n == name) {
             return Err(Error::UnexpectedInput {
                 name: format!("{what}.{name}"),
-                expected: want.iter().map(|(n, s)| format!("{n} {}", fmt_shape(s))).collect::<Vec<_>>().join(", "),
+                expected: want
+                    .iter()
+                    .map(|(n, s)| format!("{n} {}", fmt_shape(s)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
             });
         }
     }
@@ -79,11 +83,8 @@ pub fn zeros<F: Real>(shapes: &StateShapes) -> Tensors<F> {
 /// at least one offset, the first `0`, non-decreasing, the last `≤ T` (rows past it belong to
 /// no sequence). Returns the sequences' row ranges.
 pub fn check_cu_seqlens(cu: &[usize], batch: usize, t_len: usize) -> Result<Vec<Range<usize>>> {
-    let bad = |constraint: String| Error::Value {
-        name: "cu_seqlens".into(),
-        constraint,
-        found: format!("{cu:?}"),
-    };
+    let bad =
+        |constraint: String| Error::Value { name: "cu_seqlens".into(), constraint, found: format!("{cu:?}") };
     if batch != 1 {
         return Err(Error::Value {
             name: "cu_seqlens".into(),
@@ -145,7 +146,12 @@ pub fn cut<F: Clone>(
 /// (per-token arrays: axis 1) and at the leading entries of every other axis (the axes
 /// [`segment`] cut; the rest of `full` is left as it is). Static arrays (`per_token` false)
 /// are added instead: a parameter's gradient is the sum over the sequences.
-pub fn scatter<F: Real>(full: &mut ArrayD<F>, part: &ArrayD<F>, range: Range<usize>, per_token: bool) -> Result<()> {
+pub fn scatter<F: Real>(
+    full: &mut ArrayD<F>,
+    part: &ArrayD<F>,
+    range: Range<usize>,
+    per_token: bool,
+) -> Result<()> {
     if full.ndim() != part.ndim() {
         return Err(Error::shape("packed segment", fmt_shape(full.shape()), fmt_shape(part.shape())));
     }
@@ -213,7 +219,10 @@ mod tests {
         check_state("initial_state", &want, &s).unwrap();
         s.insert("S".into(), ArrayD::zeros(IxDyn(&[1, 2, 4, 3])));
         let e = check_state("initial_state", &want, &s).unwrap_err().to_string();
-        assert!(e.contains("initial_state.S") && e.contains("[1, 2, 3, 4]") && e.contains("[1, 2, 4, 3]"), "{e}");
+        assert!(
+            e.contains("initial_state.S") && e.contains("[1, 2, 3, 4]") && e.contains("[1, 2, 4, 3]"),
+            "{e}"
+        );
         let mut s = zeros::<f64>(&want);
         s.get_mut("S").unwrap()[[0, 1, 2, 3]] = f64::NAN;
         assert!(check_state("initial_state", &want, &s).unwrap_err().to_string().contains("finite"));

@@ -60,7 +60,8 @@ pub type StateBackwardFn<M, F> = fn(
 ) -> Result<(Tensors<F>, Tensors<F>)>;
 /// A decoder that starts from a state (`None`: zeros), from the static inputs and the bound
 /// sizes; its [`Decoder::state`] is the state after the tokens it consumed.
-pub type StateDecoderFn<M, F> = fn(&M, &Tensors<F>, &Dims, Option<&Tensors<F>>) -> Result<Box<dyn Decoder<F>>>;
+pub type StateDecoderFn<M, F> =
+    fn(&M, &Tensors<F>, &Dims, Option<&Tensors<F>>) -> Result<Box<dyn Decoder<F>>>;
 
 /// One backend's implementation of one mixer family for scalar type `F`.
 pub trait Family<F: Real>: Send + Sync + 'static {

@@ -34,6 +34,7 @@ pub mod packed;
 pub mod run;
 pub mod state;
 pub mod suite;
+mod suite_state;
 
 #[doc(hidden)]
 pub use linkme as __linkme;
@@ -47,7 +48,8 @@ pub use device::{
 };
 pub use entries::*;
 pub use family::{
-    BackwardFn, DecoderFn, DynFamily, Family, FormFn, PreciseFn, Scalar, StateBackwardFn, StateDecoderFn, StateFn,
+    BackwardFn, DecoderFn, DynFamily, Family, FormFn, PreciseFn, Scalar, StateBackwardFn, StateDecoderFn,
+    StateFn,
 };
 pub use grad_check::{GradRow, check_grad};
 pub use harness::{CheckRow, Sizes, check, check_with};

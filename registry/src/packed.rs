@@ -15,7 +15,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use mixer_core::mixer::Mixer;
-use mixer_core::state::{StateShapes, check_cu_seqlens, check_state, scatter, segment, stack_rows, state_row, zeros};
+use mixer_core::state::{
+    StateShapes, check_cu_seqlens, check_state, scatter, segment, stack_rows, state_row, zeros,
+};
 use mixer_core::tensor::get;
 use mixer_core::{Dims, Error, Form, Precision, Requires, Result, Tensors, grad_name};
 use ndarray::ArrayD;
@@ -40,7 +42,11 @@ fn shapes_for(m: &dyn Mixer, dims: &Dims, n: usize) -> Result<StateShapes> {
 }
 
 /// The validated sizes and the sequences' row ranges.
-fn layout<F: Scalar>(m: &dyn Mixer, inputs: &Tensors<F>, cu_seqlens: &[usize]) -> Result<(Dims, Vec<Range<usize>>)> {
+fn layout<F: Scalar>(
+    m: &dyn Mixer,
+    inputs: &Tensors<F>,
+    cu_seqlens: &[usize],
+) -> Result<(Dims, Vec<Range<usize>>)> {
     let dims = validate(m, inputs)?;
     let x = get(inputs, m.spec().mixed)?;
     let ranges = check_cu_seqlens(cu_seqlens, x.shape()[0], x.shape()[1])?;
@@ -164,17 +170,23 @@ pub fn backward_packed<F: Scalar>(
         let seg = segment(m, inputs, r.clone());
         let dyi = dy.slice_axis(ndarray::Axis(1), ndarray::Slice::from(r.clone())).to_owned();
         let gi = if stateful {
-            let (g, ds) = backward_state(m, backend, form, &seg, row.as_ref(), &dyi, d_row.as_ref(), requires)?;
+            let (g, ds) =
+                backward_state(m, backend, form, &seg, row.as_ref(), &dyi, d_row.as_ref(), requires)?;
             if initial.is_some() {
                 d_states.push(ds);
             }
             g
         } else {
-            untag_all(backend, crate::backward::backward(m, backend.name(), form, &F::tag(seg), &F::tag_one(dyi), requires)?)?
+            untag_all(
+                backend,
+                crate::backward::backward(m, backend.name(), form, &F::tag(seg), &F::tag_one(dyi), requires)?,
+            )?
         };
         for (name, full) in grads.iter_mut() {
             let input = name.strip_prefix("d_").unwrap_or(name);
-            let part = gi.get(name).ok_or_else(|| internal(backend, &format!("no gradient `{name}` for a sequence")))?;
+            let part = gi
+                .get(name)
+                .ok_or_else(|| internal(backend, &format!("no gradient `{name}` for a sequence")))?;
             scatter(full, part, r.clone(), per_token.iter().any(|p| p == input))?;
         }
     }
@@ -184,6 +196,10 @@ pub fn backward_packed<F: Scalar>(
 
 fn untag_all<F: Scalar>(backend: &Backend, g: BTreeMap<String, mixer_core::Tensor>) -> Result<Tensors<F>> {
     g.into_iter()
-        .map(|(k, v)| F::untag(v).map(|a| (k, a)).ok_or_else(|| internal(backend, "a gradient came back in another dtype")))
+        .map(|(k, v)| {
+            F::untag(v)
+                .map(|a| (k, a))
+                .ok_or_else(|| internal(backend, "a gradient came back in another dtype"))
+        })
         .collect()
 }

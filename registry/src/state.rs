@@ -107,7 +107,12 @@ fn check_precision<F: Scalar>(precision: Precision) -> Result<()> {
     Ok(())
 }
 
-fn finite_output<F: mixer_core::Real>(m: &dyn Mixer, form: Form, backend: &Backend, y: &ArrayD<F>) -> Result<()> {
+fn finite_output<F: mixer_core::Real>(
+    m: &dyn Mixer,
+    form: Form,
+    backend: &Backend,
+    y: &ArrayD<F>,
+) -> Result<()> {
     if Constraint::Finite.all(y) {
         return Ok(());
     }
@@ -155,8 +160,11 @@ pub fn run_state<F: Scalar>(
         Form::Recurrent => {
             let imp = implementation::<F>(m, backend, form)?;
             let per_token = m.spec().per_token();
-            let statics: Tensors<F> =
-                x.iter().filter(|(k, _)| !per_token.contains(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+            let statics: Tensors<F> = x
+                .iter()
+                .filter(|(k, _)| !per_token.contains(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
             let mut dec = imp
                 .decoder_from_state(m, backend.name(), &statics, &dims, initial)
                 .unwrap_or_else(|| Err(not_run(m, backend, form)))?;

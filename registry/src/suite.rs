@@ -14,7 +14,8 @@
 //!   every token against the mixer's formula ([`Mixer::decoder_cache`]), when it has one;
 //! - `errors`: a mixed input of the wrong shape is an error for every form, a per-token input
 //!   of the wrong shape and a step past `T` are decoder errors, and every form the backend
-//!   cannot run is [`Error::FormUnavailable`] — never a panic, never an output.
+//!   cannot run is [`Error::FormUnavailable`] — never a panic, never an output;
+//! - `state` and `packed`: runs from a state and packed batches ([`crate::suite_state`]).
 
 use std::fmt;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -28,6 +29,7 @@ use serde::Serialize;
 use crate::backend::Backend;
 use crate::harness::{Sizes, check};
 use crate::run::{decoder, forms, run_as};
+use crate::suite_state::{packed_check, state_check};
 use crate::{MIXERS, mixer};
 
 /// What a [`Case`] checks.
@@ -44,11 +46,23 @@ pub enum Check {
     Cache,
     /// Error paths: wrong shapes, steps past `T`, unavailable forms.
     Errors,
+    /// Runs from a state against the reference, split sequences, gradients through the state.
+    State,
+    /// Packed batches against the sequences run one by one.
+    Packed,
 }
 
 impl Check {
     /// Every check, in report order.
-    pub const ALL: [Check; 5] = [Check::Oracle, Check::F32VsF64, Check::Prefix, Check::Cache, Check::Errors];
+    pub const ALL: [Check; 7] = [
+        Check::Oracle,
+        Check::F32VsF64,
+        Check::Prefix,
+        Check::Cache,
+        Check::Errors,
+        Check::State,
+        Check::Packed,
+    ];
     /// The name used in reports.
     pub fn name(self) -> &'static str {
         match self {
@@ -57,6 +71,8 @@ impl Check {
             Check::Prefix => "prefix",
             Check::Cache => "cache",
             Check::Errors => "errors",
+            Check::State => "state",
+            Check::Packed => "packed",
         }
     }
 }
@@ -194,6 +210,20 @@ pub fn check_mixer(m: &dyn Mixer, backend: &Backend, sizes: &Sizes, seed: u64) -
     for form in Form::ALL {
         let r = guarded(|| error_check(m, backend, form, have.contains(&form), &inputs, &dims));
         out.push(case(form, DType::F64, Check::Errors, r.err()));
+    }
+
+    if crate::state::shapes(m, &dims).is_ok() {
+        for form in crate::state::forms(m, backend) {
+            for dtype in [DType::F64, DType::F32] {
+                let r = guarded(|| state_check(m, backend, form, &inputs, &dims, dtype, seed));
+                out.push(case(form, dtype, Check::State, r.err()));
+            }
+        }
+    }
+    let differentiable = crate::backward::backward_forms(m, backend.name());
+    for &form in &have {
+        let r = guarded(|| packed_check(m, backend, form, &dims, seed, differentiable.contains(&form)));
+        out.push(case(form, DType::F64, Check::Packed, r.err()));
     }
     out
 }

@@ -42,7 +42,11 @@ pub(crate) fn shapes(m: &LogLinear, dims: &crate::Dims) -> std::result::Result<S
 }
 
 /// The extension: a scale-1 copy of the mixer, its inputs, and the number of load tokens.
-fn extend(m: &LogLinear, x: &Tensors<f64>, initial: Option<&ArrayD<f64>>) -> Result<(LogLinear, Tensors<f64>, usize)> {
+fn extend(
+    m: &LogLinear,
+    x: &Tensors<f64>,
+    initial: Option<&ArrayD<f64>>,
+) -> Result<(LogLinear, Tensors<f64>, usize)> {
     let q = get(x, "q")?;
     let v = get(x, "v")?;
     let (nb, t_len, nh, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
@@ -138,7 +142,11 @@ pub(crate) fn oracle_vjp(
     let (nb, t_len, nh, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let dv = get(x, "v")?.shape()[3];
     if dy.shape() != [nb, t_len, nh, dv] {
-        return Err(Error::shape("dy", format!("[{nb}, {t_len}, {nh}, {dv}]"), crate::error::fmt_shape(dy.shape())));
+        return Err(Error::shape(
+            "dy",
+            format!("[{nb}, {t_len}, {nh}, {dv}]"),
+            crate::error::fmt_shape(dy.shape()),
+        ));
     }
     let mut dye = ArrayD::<f64>::zeros(IxDyn(&[nb, pre + t_len + dk, nh, dv]));
     dye.slice_axis_mut(Axis(1), Slice::from(pre..pre + t_len)).assign(dy);
@@ -229,7 +237,8 @@ mod tests {
                         for c in 0..dk {
                             st[[r, c]] += bt * v[[b, t, h, r]] * kt[c];
                         }
-                        y[[b, t, h, r]] = m.scale * (0..dk).map(|c| st[[r, c]] * q[[b, t, h, c]]).sum::<f64>();
+                        y[[b, t, h, r]] =
+                            m.scale * (0..dk).map(|c| st[[r, c]] * q[[b, t, h, c]]).sum::<f64>();
                     }
                 }
                 fin.slice_mut(s![b, h, .., ..]).assign(&st);

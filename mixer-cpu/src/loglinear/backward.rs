@@ -17,7 +17,12 @@ use super::backward_chunked::{HeadGrads, head_vjp_from};
 use super::common;
 
 /// The `fast` backward (see the module documentation).
-pub fn vjp<F: VecMath>(ll: &LogLinear, inputs: &Tensors<F>, dy: &ArrayD<F>, req: &Requires) -> Result<Tensors<F>> {
+pub fn vjp<F: VecMath>(
+    ll: &LogLinear,
+    inputs: &Tensors<F>,
+    dy: &ArrayD<F>,
+    req: &Requires,
+) -> Result<Tensors<F>> {
     vjp_from(ll, inputs, None, dy, None, req).map(|(g, _)| g)
 }
 

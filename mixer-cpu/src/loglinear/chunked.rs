@@ -427,7 +427,11 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
 /// The chunked form for one (batch, head) of a base mixer from the initial state `h0`
 /// (`H_0 = S_0ᵀ`, `D_k × D_v`; `None`: zero): `y` (`T×Dv`) and the final state `H_T`
 /// (`D_k × D_v`; zero when it decayed away).
-pub fn run_head_from<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>, h0: Option<Mat<F>>) -> Result<(Mat<F>, Mat<F>)> {
+pub fn run_head_from<F: VecMath>(
+    m: &LogLinear,
+    hd: &Head<'_, F>,
+    h0: Option<Mat<F>>,
+) -> Result<(Mat<F>, Mat<F>)> {
     let t_len = hd.q.nrows();
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
     let mut y = Mat::<F>::zeros(t_len, dv);

@@ -228,7 +228,10 @@ pub fn decay_matrix_tiled<F: Real>(g: &[f64], tile: usize) -> Mat<F> {
 
 /// The state tensor `S [B, H, Dv, Dk]` of a base mixer's run from a state (`None` without one;
 /// an error for the lifts, whose level states are not implemented yet).
-pub(crate) fn state_tensor<'a, F: Real>(m: &LogLinear, s: Option<&'a Tensors<F>>) -> Result<Option<&'a ArrayD<F>>> {
+pub(crate) fn state_tensor<'a, F: Real>(
+    m: &LogLinear,
+    s: Option<&'a Tensors<F>>,
+) -> Result<Option<&'a ArrayD<F>>> {
     let Some(s) = s else { return Ok(None) };
     if m.lift.is_some() {
         return Err(mixer_core::state::no_state(&m.name, "the lifts' state is not implemented yet"));

@@ -261,6 +261,7 @@ fn the_suite_fails_a_wrong_decoder_and_passes_a_right_one() {
             (Check::Prefix, Form::Recurrent),
             (Check::Cache, Form::Recurrent),
             (Check::Errors, Form::Recurrent),
+            (Check::Packed, Form::Recurrent),
         ],
         "drift (oracle, prefix), the cache count, and no capacity check"
     );

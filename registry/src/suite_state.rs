@@ -1,0 +1,248 @@
+//! The backend suite's checks of runs from a state and of packed batches ([`crate::state`],
+//! [`crate::packed`]); see [`crate::suite`].
+//!
+//! - `state` (per form that runs from a state, `f64` and `f32`): from a random initial state,
+//!   `y` and the final state against the mixer's `f64` reference ([`Mixer::state_oracle`]);
+//!   splitting the sequence at several points (inside a chunk, on chunk boundaries) and
+//!   running the second part from the first part's final state gives the whole run's `y` and
+//!   final state; and, where the form has a backward from a state, its input and initial-state
+//!   gradients against the reference backward.
+//! - `packed` (per form, `f64`): a packed batch with empty sequences, a single token, and the
+//!   last offset short of the buffer equals the sequences run one by one bit for bit, with
+//!   zeros past the last offset, and each sequence agrees with the oracle; the same for the
+//!   backward where the form has one, and for the final states where the mixer has a state.
+
+use mixer_core::mixer::Mixer;
+use mixer_core::state::{segment, state_row};
+use mixer_core::tensor::cast_tensors;
+use mixer_core::{DType, Dims, Form, Precision, Requires, Tensors, Tolerance};
+use ndarray::{ArrayD, Axis, Slice};
+
+use crate::backend::Backend;
+use crate::family::Scalar;
+use crate::packed::{backward_packed, run_packed};
+use crate::state::{backward_forms, backward_state, forms, run_state, shapes};
+
+fn to64<F: mixer_core::Real>(t: &Tensors<F>) -> Tensors<f64> {
+    t.iter().map(|(k, v)| (k.clone(), v.mapv(|x| x.f64()))).collect()
+}
+
+fn compare(tol: Tolerance, what: &str, got: &ArrayD<f64>, want: &ArrayD<f64>) -> Result<(), String> {
+    if got.shape() != want.shape() {
+        return Err(format!("{what}: shape {:?}, expected {:?}", got.shape(), want.shape()));
+    }
+    let c = tol.compare(got.view(), want.view());
+    if c.pass { Ok(()) } else { Err(format!("{what}: {c:?}")) }
+}
+
+fn compare_all(tol: Tolerance, what: &str, got: &Tensors<f64>, want: &Tensors<f64>) -> Result<(), String> {
+    if got.keys().ne(want.keys()) {
+        return Err(format!("{what}: tensors {:?}, expected {:?}", got.keys(), want.keys()));
+    }
+    got.iter().try_for_each(|(k, g)| compare(tol, &format!("{what} `{k}`"), g, &want[k]))
+}
+
+/// A random initial state of `m` at `dims` (entries in `[−1, 1)`).
+fn random_state(m: &dyn Mixer, dims: &Dims, seed: u64) -> Result<Tensors<f64>, String> {
+    let mut s = mixer_core::state::zeros::<f64>(&shapes(m, dims).map_err(|e| e.to_string())?);
+    for (j, a) in s.values_mut().enumerate() {
+        for (i, x) in a.iter_mut().enumerate() {
+            let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ (seed + j as u64).wrapping_mul(0xBF58_476D);
+            *x = (h >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+        }
+    }
+    Ok(s)
+}
+
+fn run_in<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+    x: &Tensors<f64>,
+    s: Option<&Tensors<f64>>,
+) -> Result<(ArrayD<f64>, Tensors<f64>), String> {
+    let xs = cast_tensors::<F>(x);
+    let ss = s.map(cast_tensors::<F>);
+    let (y, f) =
+        run_state(m, backend, form, &xs, ss.as_ref(), Precision::Exact).map_err(|e| e.to_string())?;
+    Ok((y.mapv(|v| v.f64()), to64(&f)))
+}
+
+/// The split points of a sequence of `t_len` tokens checked by the `state` check.
+fn splits(t_len: usize) -> Vec<usize> {
+    let mut v: Vec<usize> = [1, 8, 16, 17, t_len / 2, t_len.saturating_sub(1)]
+        .into_iter()
+        .filter(|&a| a >= 1 && a < t_len)
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// The `state` check of one form in one dtype.
+pub(crate) fn state_check(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+    inputs: &Tensors<f64>,
+    dims: &Dims,
+    dtype: DType,
+    seed: u64,
+) -> Result<(), String> {
+    let s0 = random_state(m, dims, seed)?;
+    let tol = Tolerance::for_dtype(dtype.name());
+    let run = |x: &Tensors<f64>, s: Option<&Tensors<f64>>| match dtype {
+        DType::F64 => run_in::<f64>(m, backend, form, x, s),
+        DType::F32 => run_in::<f32>(m, backend, form, x, s),
+    };
+    let (want_y, want_f) = m.state_oracle(inputs, Some(&s0)).map_err(|e| format!("reference: {e}"))?;
+    let (y, fin) = run(inputs, Some(&s0))?;
+    compare(tol, "y from a state", &y, &want_y)?;
+    compare_all(tol, "final state", &fin, &want_f)?;
+    let t_len = inputs[m.spec().mixed].shape()[1];
+    for a in splits(t_len) {
+        let (ya, sa) = run(&segment(m, inputs, 0..a), Some(&s0))?;
+        let (yb, sb) = run(&segment(m, inputs, a..t_len), Some(&sa))?;
+        let joined = ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).map_err(|e| e.to_string())?;
+        compare(tol, &format!("y split at {a}"), &joined, &y)?;
+        compare_all(tol, &format!("final state split at {a}"), &sb, &fin)?;
+    }
+    if form == Form::Materialized || !backward_forms(m, backend).contains(&form) {
+        return Ok(());
+    }
+    let dy = want_y.mapv(|v| (3.1 * v + 0.3).sin());
+    let df: Tensors<f64> = want_f.iter().map(|(k, v)| (k.clone(), v.mapv(|x| (1.7 * x).cos()))).collect();
+    let (want_g, want_ds) = m
+        .state_oracle_vjp(inputs, Some(&s0), &dy, Some(&df), &Requires::All)
+        .map_err(|e| format!("reference backward: {e}"))?;
+    let (g, ds) = match dtype {
+        DType::F64 => backward_state(m, backend, form, inputs, Some(&s0), &dy, Some(&df), &Requires::All)
+            .map(|(g, s)| (g, s)),
+        DType::F32 => backward_state(
+            m,
+            backend,
+            form,
+            &cast_tensors::<f32>(inputs),
+            Some(&cast_tensors::<f32>(&s0)),
+            &dy.mapv(|x| x as f32),
+            Some(&cast_tensors::<f32>(&df)),
+            &Requires::All,
+        )
+        .map(|(g, s)| (to64(&g), to64(&s))),
+    }
+    .map_err(|e| format!("backward: {e}"))?;
+    compare_all(tol, "gradients from a state", &g, &want_g)?;
+    compare_all(tol, "initial state's gradient", &ds, &want_ds)
+}
+
+/// The lengths of the packed check's sequences for a buffer of `t_len` rows: an empty one
+/// first, a single token, an empty one inside, the rest but two rows (the last offset short
+/// of the buffer).
+fn packed_offsets(t_len: usize) -> Vec<usize> {
+    let body = t_len.saturating_sub(2);
+    let one = body.min(1);
+    let third = (body - one) / 3;
+    vec![0, 0, one, one + third, one + third, body]
+}
+
+/// The `packed` check of one form (`f64`).
+pub(crate) fn packed_check(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+    dims: &Dims,
+    seed: u64,
+    with_backward: bool,
+) -> Result<(), String> {
+    let mut d1 = dims.clone();
+    d1.insert("B", 1);
+    let x = m.random_inputs(&d1, seed).map_err(|e| format!("random inputs: {e}"))?;
+    let t_len = x[m.spec().mixed].shape()[1];
+    let cu = packed_offsets(t_len);
+    let n = cu.len() - 1;
+    let stateful = shapes(m, &d1).is_ok() && forms(m, backend).contains(&form);
+    let s0 = if stateful {
+        let rows: Vec<Tensors<f64>> =
+            (0..n).map(|i| random_state(m, &d1, seed + i as u64)).collect::<Result<_, _>>()?;
+        Some(mixer_core::state::stack_rows(&rows).map_err(|e| e.to_string())?)
+    } else {
+        None
+    };
+    let (y, fin) = run_packed(m, backend, form, &x, &cu, s0.as_ref(), stateful, Precision::Exact)
+        .map_err(|e| format!("packed: {e}"))?;
+    let tol = Tolerance::for_dtype("f64");
+    for (i, w) in cu.windows(2).enumerate() {
+        let r = w[0]..w[1];
+        let got = y.slice_axis(Axis(1), Slice::from(r.clone())).to_owned();
+        let seg = segment(m, &x, r.clone());
+        let row = s0.as_ref().map(|s| state_row(s, i));
+        if !r.is_empty() {
+            let alone = match &row {
+                Some(s) => run_state(m, backend, form, &seg, Some(s), Precision::Exact).map(|(y, _)| y),
+                None => crate::run::run_as(m, backend, form, &seg, DType::F64),
+            }
+            .map_err(|e| format!("sequence {i} alone: {e}"))?;
+            if got != alone {
+                return Err(format!("sequence {i} (rows {r:?}) differs from its run alone"));
+            }
+            let want = match &row {
+                Some(s) => m.state_oracle(&seg, Some(s)).map(|(y, _)| y),
+                None => crate::run::oracle(m, &seg),
+            }
+            .map_err(|e| format!("oracle of sequence {i}: {e}"))?;
+            compare(tol, &format!("sequence {i} against the oracle"), &got, &want)?;
+        }
+        if let (Some(fin), Some(s)) = (&fin, &row) {
+            let want = if r.is_empty() {
+                s.clone()
+            } else {
+                run_state(m, backend, form, &seg, Some(s), Precision::Exact).map_err(|e| e.to_string())?.1
+            };
+            if state_row(fin, i) != want {
+                return Err(format!("final state of sequence {i} differs from its run alone"));
+            }
+        }
+    }
+    let last = *cu.last().unwrap_or(&0);
+    if y.slice_axis(Axis(1), Slice::from(last..)).iter().any(|&v| v != 0.0) {
+        return Err("rows past the last offset are not zero".into());
+    }
+    if !with_backward {
+        return Ok(());
+    }
+    let dy = y.mapv(|v| (2.3 * v + 0.1).cos());
+    let (g, _) = backward_packed(m, backend, form, &x, &cu, None, &dy, None, &Requires::All)
+        .map_err(|e| format!("packed backward: {e}"))?;
+    let per_token = m.spec().per_token();
+    for (i, w) in cu.windows(2).enumerate().filter(|(_, w)| w[0] < w[1]) {
+        let r = w[0]..w[1];
+        let seg = segment(m, &x, r.clone());
+        let dyi = dy.slice_axis(Axis(1), Slice::from(r.clone())).to_owned();
+        let alone =
+            crate::backward::backward_as(m, backend.name(), form, &seg, &dyi, DType::F64, &Requires::All)
+                .map_err(|e| format!("backward of sequence {i} alone: {e}"))?;
+        for (k, a) in &alone {
+            let input = k.strip_prefix("d_").unwrap_or(k);
+            if !per_token.iter().any(|p| p == input) {
+                continue;
+            }
+            let mut part = g[k].slice_axis(Axis(1), Slice::from(r.clone())).to_owned();
+            for (axis, &len) in a.shape().iter().enumerate().skip(2) {
+                part = part.slice_axis(Axis(axis), Slice::from(0..len)).to_owned();
+            }
+            if &part != a {
+                return Err(format!("`{k}` of sequence {i} differs from its backward alone"));
+            }
+        }
+    }
+    for (k, a) in &g {
+        let input = k.strip_prefix("d_").unwrap_or(k);
+        if per_token.iter().any(|p| p == input)
+            && a.slice_axis(Axis(1), Slice::from(last..)).iter().any(|&v| v != 0.0)
+        {
+            return Err(format!("`{k}` past the last offset is not zero"));
+        }
+    }
+    Ok(())
+}
