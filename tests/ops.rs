@@ -601,3 +601,168 @@ fn readme_dependency_example_is_the_tested_example() {
     );
     prenorm_block::run(cpu()).unwrap();
 }
+
+/// Gated DeltaNet inputs `[1, T, 2, 3]`/`[1, T, 2, 4]` with unit keys, from the mixer's own draw.
+fn gdn_inputs(t: usize, seed: u64) -> Tensors<f64> {
+    let m = mixers::registry::mixer("gated-deltanet", &serde_json::json!({})).unwrap();
+    let dims: mixers::core::Dims = [("B", 1), ("T", t), ("H", 2), ("Dk", 3), ("Dv", 4)].into_iter().collect();
+    m.random_inputs(&dims, seed).unwrap()
+}
+
+fn cut<F: Clone>(x: &Tensors<F>, n: &str, r: std::ops::Range<usize>) -> ArrayD<F> {
+    x[n].slice_axis(Axis(1), Slice::from(r)).to_owned()
+}
+
+fn close(a: impl IntoIterator<Item = f64>, b: impl IntoIterator<Item = f64>, tol: f64) -> bool {
+    a.into_iter().zip(b).all(|(x, y)| (x - y).abs() <= tol * (1.0 + y.abs()))
+}
+
+/// Prefill in two parts (the second from the first's final state) equals one prefill, at
+/// splits inside a chunk and on chunk boundaries; a decoder started from a prefill's final
+/// state continues it token by token and ends in the same state.
+#[test]
+fn prefill_from_a_state_and_decoding_continue_the_sequence() {
+    let t = 23;
+    let x = gdn_inputs(t, 4);
+    let opts = Options::default().chunk(8);
+    let run = |r: std::ops::Range<usize>, s: Option<ArrayView4<f64>>| {
+        let (q, k, v, g, b) = (
+            cut(&x, "q", r.clone()),
+            cut(&x, "k", r.clone()),
+            cut(&x, "v", r.clone()),
+            cut(&x, "g", r.clone()),
+            cut(&x, "beta", r),
+        );
+        let f4 = |a: &ArrayD<f64>| a.view().into_dimensionality::<Ix4>().unwrap().to_owned();
+        let f3 = |a: &ArrayD<f64>| a.view().into_dimensionality::<Ix3>().unwrap().to_owned();
+        ops::gated_deltanet_state(
+            f4(&q).view(),
+            f4(&k).view(),
+            f4(&v).view(),
+            f3(&g).view(),
+            f3(&b).view(),
+            s,
+            &opts,
+        )
+        .unwrap()
+    };
+    let (y, s_t) = run(0..t, None);
+    let plain =
+        ops::gated_deltanet(v4(&x, "q"), v4(&x, "k"), v4(&x, "v"), v3(&x, "g"), v3(&x, "beta"), &opts)
+            .unwrap();
+    assert_eq!(y, plain, "from no state, the plain form's bits");
+    for a in [1, 7, 8, 9, 16, 22] {
+        let (ya, sa) = run(0..a, None);
+        let (yb, sb) = run(a..t, Some(sa.view()));
+        let joined = mixers::ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).unwrap();
+        assert!(close(joined.iter().copied(), y.iter().copied(), 1e-12), "y split at {a}");
+        assert!(close(sb.iter().copied(), s_t.iter().copied(), 1e-12), "final state split at {a}");
+        // Decode the rest from the prefill's state.
+        let mut dec = ops::GatedDeltaNetDecoder::<f64>::from_state(t - a, sa.view(), &opts).unwrap();
+        for s in a..t {
+            let tok = |n: &str| x[n].index_axis(Axis(1), s).to_owned();
+            let (q, k, v, g, b) = (tok("q"), tok("k"), tok("v"), tok("g"), tok("beta"));
+            let ys = dec
+                .step(
+                    q.view().into_dimensionality().unwrap(),
+                    k.view().into_dimensionality().unwrap(),
+                    v.view().into_dimensionality().unwrap(),
+                    g.view().into_dimensionality().unwrap(),
+                    b.view().into_dimensionality().unwrap(),
+                )
+                .unwrap();
+            assert!(
+                close(ys.iter().copied(), y.index_axis(Axis(1), s).iter().copied(), 1e-12),
+                "decode {s} after {a}"
+            );
+        }
+        assert!(
+            close(dec.state().unwrap().iter().copied(), s_t.iter().copied(), 1e-12),
+            "decoder state after {a}"
+        );
+    }
+    // A state of the wrong shape is refused with what was expected and given.
+    let bad = mixers::ndarray::Array4::<f64>::zeros((1, 2, 3, 4));
+    let e = ops::gated_deltanet_state(
+        v4(&x, "q"),
+        v4(&x, "k"),
+        v4(&x, "v"),
+        v3(&x, "g"),
+        v3(&x, "beta"),
+        Some(bad.view()),
+        &opts,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("initial_state.S") && e.contains("[1, 2, 4, 3]") && e.contains("[1, 2, 3, 4]"), "{e}");
+}
+
+/// `Options::cu_seqlens`: a packed batch equals the sequences run one by one, bit for bit,
+/// with zeros past the last offset; states come back one row per sequence; `B > 1` is refused.
+#[test]
+fn packed_batches_equal_the_sequences_one_by_one() {
+    let t = 40;
+    let x = gdn_inputs(t, 6);
+    let cu = [0, 1, 1, 14, 37];
+    let opts = Options::default().chunk(8).cu_seqlens(&cu);
+    let (y, s) = ops::gated_deltanet_state(
+        v4(&x, "q"),
+        v4(&x, "k"),
+        v4(&x, "v"),
+        v3(&x, "g"),
+        v3(&x, "beta"),
+        None,
+        &opts,
+    )
+    .unwrap();
+    let y_plain =
+        ops::gated_deltanet(v4(&x, "q"), v4(&x, "k"), v4(&x, "v"), v3(&x, "g"), v3(&x, "beta"), &opts)
+            .unwrap();
+    assert_eq!(y, y_plain);
+    assert_eq!(s.shape(), [4, 2, 4, 3]);
+    let one = Options::default().chunk(8);
+    for (i, w) in cu.windows(2).enumerate() {
+        let r = w[0]..w[1];
+        let c4 = |n: &str| cut(&x, n, r.clone()).into_dimensionality::<Ix4>().unwrap();
+        let c3 = |n: &str| cut(&x, n, r.clone()).into_dimensionality::<Ix3>().unwrap();
+        let part = y.slice_axis(Axis(1), Slice::from(r.clone()));
+        if r.is_empty() {
+            assert!(
+                s.index_axis(Axis(0), i).iter().all(|&v| v == 0.0),
+                "an empty sequence keeps the zero state"
+            );
+            continue;
+        }
+        let (yi, si) = ops::gated_deltanet_state(
+            c4("q").view(),
+            c4("k").view(),
+            c4("v").view(),
+            c3("g").view(),
+            c3("beta").view(),
+            None,
+            &one,
+        )
+        .unwrap();
+        assert_eq!(part, yi.view(), "sequence {i}");
+        assert_eq!(s.slice_axis(Axis(0), Slice::from(i..i + 1)), si.view(), "final state of sequence {i}");
+    }
+    assert!(y.slice_axis(Axis(1), Slice::from(37..)).iter().all(|&v| v == 0.0), "rows past the last offset");
+    // Attention restarts at every sequence start too.
+    let a =
+        ops::attention(v4(&x, "q"), v4(&x, "k"), v4(&x, "v"), &Options::default().cu_seqlens(&[0, 14, 40]))
+            .unwrap();
+    let a2 = ops::attention(
+        cut(&x, "q", 14..40).into_dimensionality::<Ix4>().unwrap().view(),
+        cut(&x, "k", 14..40).into_dimensionality::<Ix4>().unwrap().view(),
+        cut(&x, "v", 14..40).into_dimensionality::<Ix4>().unwrap().view(),
+        &Options::default(),
+    )
+    .unwrap();
+    assert_eq!(a.slice_axis(Axis(1), Slice::from(14..40)), a2.view());
+    // B > 1 with offsets is refused, as fla does.
+    let q2 = mixers::ndarray::concatenate(Axis(0), &[v4(&x, "q"), v4(&x, "q")]).unwrap();
+    let e = ops::linear_attention(q2.view(), q2.view(), q2.view(), &Options::default().cu_seqlens(&[0, 5]))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("cu_seqlens") && e.contains("B = 2"), "{e}");
+}

@@ -125,6 +125,30 @@ fn finite_output<F: mixer_core::Real>(
     )))
 }
 
+/// Builds a decoder of `m` on `backend` started from the state `initial` (`None`: zeros), from
+/// the inputs' static part (per-token inputs are ignored) and the bound sizes `dims`; its
+/// [`mixer_core::Decoder::state`] is the state after the tokens it consumed. So prefill
+/// ([`run_state`]) followed by decoding works at any split.
+pub fn decoder_from_state<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    inputs: &Tensors<F>,
+    dims: &Dims,
+    initial: Option<&Tensors<F>>,
+) -> Result<Box<dyn mixer_core::Decoder<F>>> {
+    let want = shapes(m, dims)?;
+    if let Some(s) = initial {
+        check_state("initial_state", &want, s)?;
+    }
+    let imp = implementation::<F>(m, backend, Form::Recurrent)?;
+    mixer_core::memory::guard(m, Form::Recurrent, dims, F::DTYPE)?;
+    let per_token = m.spec().per_token();
+    let statics: Tensors<F> =
+        inputs.iter().filter(|(k, _)| !per_token.contains(k)).map(|(k, v)| (k.clone(), v.clone())).collect();
+    imp.decoder_from_state(m, backend.name(), &statics, dims, initial)
+        .unwrap_or_else(|| Err(not_run(m, backend, Form::Recurrent)))
+}
+
 /// Runs `form` of `m` on `backend` from the initial state `initial` (`None`: zeros), after
 /// checking the inputs and the state's names, shapes and values; returns `y` and the final
 /// state. Precision modes as in [`crate::run::run_with`]: `bf16` rounds the activations and `y`
@@ -158,16 +182,7 @@ pub fn run_state<F: Scalar>(
             (y.mapv(F::of), cast_tensors::<F>(&fin))
         }
         Form::Recurrent => {
-            let imp = implementation::<F>(m, backend, form)?;
-            let per_token = m.spec().per_token();
-            let statics: Tensors<F> = x
-                .iter()
-                .filter(|(k, _)| !per_token.contains(k))
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            let mut dec = imp
-                .decoder_from_state(m, backend.name(), &statics, &dims, initial)
-                .unwrap_or_else(|| Err(not_run(m, backend, form)))?;
+            let mut dec = decoder_from_state(m, backend, x, &dims, initial)?;
             let y = run_decoder(dec.as_mut(), &m.spec(), x, |_, _| {})?;
             (y, dec.state()?)
         }

@@ -64,6 +64,19 @@ pub(crate) fn forward<F: Scalar, D: Dimension>(
     inputs: Vec<Named<'_, F>>,
 ) -> Result<Array<F, D>> {
     let backend = backend_for(opts)?;
+    if let Some(cu) = &opts.cu_seqlens {
+        let (y, _) = mixer_registry::packed::run_packed(
+            m,
+            &backend_arg(backend),
+            opts.form,
+            &owned(inputs),
+            cu,
+            None,
+            false,
+            opts.precision,
+        )?;
+        return into_rank(y);
+    }
     let y = mixer_registry::run::run_with(
         m,
         &backend_arg(backend),
@@ -71,7 +84,49 @@ pub(crate) fn forward<F: Scalar, D: Dimension>(
         &F::tag(owned(inputs)),
         opts.precision,
     )?;
-    into_rank(F::untag(y)?)
+    let dtype = y.dtype();
+    into_rank(F::untag(y).ok_or_else(|| Error::Backend {
+        backend: "ops".into(),
+        family: None,
+        message: format!("expected a {} output, the dynamic path returned {}", F::DTYPE.name(), dtype.name()),
+    })?)
+}
+
+/// Runs `opts.form` of `m` from the state `initial` (the mixer's single state tensor `state`;
+/// `None`: zeros) and returns `y` and the final state; with `opts.cu_seqlens`, one state row
+/// per sequence in and out.
+pub(crate) fn forward_state<F: Scalar, D: Dimension, S: Dimension>(
+    m: &dyn Mixer,
+    opts: &Options,
+    inputs: Vec<Named<'_, F>>,
+    state: &'static str,
+    initial: Option<ArrayViewD<'_, F>>,
+) -> Result<(Array<F, D>, Array<F, S>)> {
+    let backend = backend_arg(backend_for(opts)?);
+    let x = owned(inputs);
+    let init = initial.map(|s| owned(vec![(state, s)]));
+    let (y, fin) = match &opts.cu_seqlens {
+        Some(cu) => {
+            let (y, f) = mixer_registry::packed::run_packed(
+                m,
+                &backend,
+                opts.form,
+                &x,
+                cu,
+                init.as_ref(),
+                true,
+                opts.precision,
+            )?;
+            (y, f.unwrap_or_default())
+        }
+        None => mixer_registry::state::run_state(m, &backend, opts.form, &x, init.as_ref(), opts.precision)?,
+    };
+    let fin = fin.into_iter().find(|(k, _)| k == state).map(|(_, v)| v).ok_or_else(|| Error::Backend {
+        backend: backend.name().into(),
+        family: Some(m.family().into()),
+        message: format!("internal: the run returned no state `{state}`"),
+    })?;
+    Ok((into_rank(y)?, into_rank(fin)?))
 }
 
 /// A token-by-token decoder of a configured mixer, for at most `max_len` tokens. The backend's
@@ -82,6 +137,8 @@ pub(crate) struct Stepper<F: Scalar> {
     statics: Tensors<F>,
     max_len: usize,
     dec: Option<Box<dyn Decoder<F>>>,
+    /// The state to start from (`None`: the plain decoder).
+    initial: Option<Tensors<F>>,
 }
 
 impl<F: Scalar> Stepper<F> {
@@ -105,7 +162,7 @@ impl<F: Scalar> Stepper<F> {
         }
         let statics = owned(statics);
         mixer.spec().check_values(&statics)?;
-        Ok(Stepper { mixer, backend, statics, max_len, dec: None })
+        Ok(Stepper { mixer, backend, statics, max_len, dec: None, initial: None })
     }
 
     /// The sizes, from the static inputs and the first token with the sequence axis
@@ -138,12 +195,49 @@ impl<F: Scalar> Stepper<F> {
             Some(d) => d,
             None => {
                 let dims = self.bind(&token)?;
-                let d =
-                    F::open_decoder(self.mixer.as_ref(), backend_arg(self.backend), &self.statics, &dims)?;
+                let d = match &self.initial {
+                    Some(s) => mixer_registry::state::decoder_from_state(
+                        self.mixer.as_ref(),
+                        &backend_arg(self.backend),
+                        &self.statics,
+                        &dims,
+                        Some(s),
+                    )?,
+                    None => {
+                        F::open_decoder(self.mixer.as_ref(), backend_arg(self.backend), &self.statics, &dims)?
+                    }
+                };
                 self.dec.insert(d)
             }
         };
         into_rank(dec.step(&token)?)
+    }
+
+    /// Starts the decoder from the state `name` = `initial` (checked at the first step, when
+    /// the sizes are known).
+    pub(crate) fn start_from(&mut self, name: &str, initial: ArrayViewD<'_, F>) {
+        self.initial =
+            Some([(name.to_string(), initial.as_standard_layout().into_owned())].into_iter().collect());
+    }
+
+    /// The state `name` after the tokens consumed so far (the initial state before the first
+    /// step; an error before the first step of a decoder without one).
+    pub(crate) fn state<S: Dimension>(&self, name: &str) -> Result<Array<F, S>> {
+        let s = match (&self.dec, &self.initial) {
+            (Some(d), _) => d.state()?,
+            (None, Some(s)) => s.clone(),
+            (None, None) => {
+                return Err(Error::Decoder(
+                    "the decoder has consumed no token yet, so its state's sizes are unknown".into(),
+                ));
+            }
+        };
+        let a = s
+            .into_iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v)
+            .ok_or_else(|| Error::Decoder(format!("the decoder's state has no tensor `{name}`")))?;
+        into_rank(a)
     }
 
     /// Tokens consumed so far.

@@ -2,10 +2,11 @@
 //! DeltaNet and their `loglinear_*` lifts. Shared shapes, options and forms are documented
 //! on the `ops` module ("The log-linear family").
 
+use mixer_core::mixers::loglinear_state::STATE;
 use mixer_core::{Mixer, Result};
-use ndarray::{ArrayView2, ArrayView3, ArrayView4};
+use ndarray::{Array4, ArrayView2, ArrayView3, ArrayView4};
 
-use super::dispatch::{Stepper, build};
+use super::dispatch::{Stepper, build, forward_state};
 use super::options::Options;
 use super::scalar::Scalar;
 
@@ -297,3 +298,85 @@ super::typed_decoder! {
     /// Consumes one token; returns `y_t [B, H, Dv]`.
     step(q: ArrayView3, k: ArrayView3, v: ArrayView3, g: ArrayView2, beta: ArrayView2, lambda: ArrayView3);
 }
+
+/// The run of a base member from a state: `(y, final state)` (see [`linear_attention_state`]).
+macro_rules! state_op {
+    (
+        $(#[$doc:meta])*
+        pub fn $name:ident($($input:ident: $view:ident),+ $(,)?) = $member:literal;
+    ) => {
+        $(#[$doc])*
+        pub fn $name<F: Scalar>(
+            $($input: $view<'_, F>,)+
+            initial_state: Option<ArrayView4<'_, F>>,
+            opts: &Options,
+        ) -> Result<(Array4<F>, Array4<F>)> {
+            let m = mixer($member, false, opts)?;
+            let inputs = vec![$((stringify!($input), $input.into_dyn())),+];
+            forward_state(m.as_ref(), opts, inputs, STATE, initial_state.map(|s| s.into_dyn()))
+        }
+    };
+}
+
+state_op! {
+    /// [`linear_attention`] from the state `initial_state` (`S [B, H, Dv, Dk]`, the
+    /// recurrence's `S_t`; `None`: zeros), returning `(y, S_T)` (docs/math.md §7): prefill
+    /// followed by more prefill or by decoding ([`LinearAttentionDecoder`] is the
+    /// token-by-token interface), truncated backpropagation through time. With
+    /// [`Options::cu_seqlens`], one state row per sequence in and out. Forms: `fast`,
+    /// `recurrent` and `materialized`.
+    ///
+    /// ```
+    /// use mixers::ndarray::{Array4, Axis, Slice};
+    /// use mixers::ops::{self, Options};
+    /// let q = Array4::<f64>::from_shape_fn((1, 10, 2, 3), |(_, t, h, d)| ((t + h + d) as f64).sin());
+    /// let v = Array4::<f64>::from_shape_fn((1, 10, 2, 4), |(_, t, h, d)| ((t * h + d) as f64).cos());
+    /// let opts = Options::default().chunk(4);
+    /// let (y, s) = ops::linear_attention_state(q.view(), q.view(), v.view(), None, &opts)?;
+    /// // The same sequence in two parts, the second started from the first's final state.
+    /// let cut = |a: &Array4<f64>, r| a.slice_axis(Axis(1), Slice::from(r)).to_owned();
+    /// let (y0, s0) = ops::linear_attention_state(cut(&q, 0..7).view(), cut(&q, 0..7).view(), cut(&v, 0..7).view(), None, &opts)?;
+    /// let (y1, s1) = ops::linear_attention_state(cut(&q, 7..10).view(), cut(&q, 7..10).view(), cut(&v, 7..10).view(), Some(s0.view()), &opts)?;
+    /// assert!(y1.iter().zip(cut(&y, 7..10).iter()).all(|(a, b)| (a - b).abs() < 1e-12));
+    /// assert!(s1.iter().zip(s.iter()).all(|(a, b)| (a - b).abs() < 1e-12));
+    /// # let _ = y0;
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub fn linear_attention_state(q: ArrayView4, k: ArrayView4, v: ArrayView4) = "linear-attention";
+}
+
+state_op! {
+    /// [`mamba2`] from a state: as [`linear_attention_state`].
+    pub fn mamba2_state(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3) = "mamba2";
+}
+
+state_op! {
+    /// [`gated_deltanet`] from a state: as [`linear_attention_state`].
+    pub fn gated_deltanet_state(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, beta: ArrayView3) = "gated-deltanet";
+}
+
+/// `from_state` and `state` of the base members' typed decoders: prefill with a `*_state`
+/// function, then decode from its final state (docs/math.md §7).
+macro_rules! decoder_state {
+    ($($dec:ident = $member:literal),+ $(,)?) => {$(
+        impl<F: Scalar> $dec<F> {
+            /// A decoder for at most `max_len` more tokens, started from the state
+            /// `S [B, H, Dv, Dk]` (e.g. the final state of a `*_state` prefill).
+            pub fn from_state(max_len: usize, initial_state: ArrayView4<'_, F>, opts: &Options) -> Result<Self> {
+                let mut s = stepper($member, false, max_len, opts)?;
+                s.start_from(STATE, initial_state.into_dyn());
+                Ok(Self(s))
+            }
+            /// The state `S [B, H, Dv, Dk]` after the tokens consumed so far.
+            pub fn state(&self) -> Result<Array4<F>> {
+                self.0.state(STATE)
+            }
+        }
+    )+};
+}
+
+decoder_state!(
+    LinearAttentionDecoder = "linear-attention",
+    Mamba2Decoder = "mamba2",
+    GatedDeltaNetDecoder = "gated-deltanet",
+);

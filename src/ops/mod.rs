@@ -7,6 +7,7 @@
 //! | [`linear_attention`] | `q, k, v` | `[B,T,H,Dv]` | [`LinearAttentionDecoder`] |
 //! | [`mamba2`] | `q, k, v`, `g [B,T,H]` | `[B,T,H,Dv]` | [`Mamba2Decoder`] |
 //! | [`gated_deltanet`] | `q, k, v, g`, `beta [B,T,H]` | `[B,T,H,Dv]` | [`GatedDeltaNetDecoder`] |
+//! | [`linear_attention_state`], [`mamba2_state`], [`gated_deltanet_state`] | as above, `initial_state [B,H,Dv,Dk]`? | `(y, S_T)` | |
 //! | [`loglinear_attention`] | `q, k, v`, `lambda [B,T,H,L]` | `[B,T,H,Dv]` | [`LogLinearAttentionDecoder`] |
 //! | [`loglinear_mamba2`] | `q, k, v, g, lambda` | `[B,T,H,Dv]` | [`LogLinearMamba2Decoder`] |
 //! | [`loglinear_gated_deltanet`] | `q, k, v, g, beta, lambda` | `[B,T,H,Dv]` | [`LogLinearGatedDeltaNetDecoder`] |
@@ -70,6 +71,11 @@
 //! run the same kernels without host copies or waits; the host path here is a thin wrapper on
 //! them and gives the same bits.
 //!
+//! **States and packed batches.** The `*_state` functions of the base log-linear mixers start
+//! from a state and return the final one (docs/math.md §7). [`Options::cu_seqlens`] packs
+//! several sequences into one batch row, for every typed function: each sequence restarts,
+//! rows past the last offset get zeros.
+//!
 //! **Precision.** [`Options::precision`] selects `exact` (default), `tf32` or `bf16` per call
 //! (f32 inputs for the latter two); see [`Precision`].
 
@@ -85,8 +91,9 @@ pub use attention::{AttentionDecoder, attention};
 pub use glr::{GlrCoeffs, GlrCoeffsOf, GlrDecoder, GlrPattern, GlrTokenCoeffs, glr};
 pub use loglinear::{
     GatedDeltaNetDecoder, LinearAttentionDecoder, LogLinearAttentionDecoder, LogLinearGatedDeltaNetDecoder,
-    LogLinearMamba2Decoder, Mamba2Decoder, gated_deltanet, linear_attention, loglinear_attention,
-    loglinear_gated_deltanet, loglinear_mamba2, mamba2,
+    LogLinearMamba2Decoder, Mamba2Decoder, gated_deltanet, gated_deltanet_state, linear_attention,
+    linear_attention_state, loglinear_attention, loglinear_gated_deltanet, loglinear_mamba2, mamba2,
+    mamba2_state,
 };
 pub use options::{LambdaRef, MaskRef, Options, PatternRef, Precision, Registered, RegistryEntry};
 pub use scalar::Scalar;

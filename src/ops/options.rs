@@ -180,6 +180,10 @@ pub struct Options {
     pub mask: Option<MaskRef>,
     /// λ scheme of a log-linear lift (default `"identity"`: λ used as given).
     pub lambda: Option<LambdaRef>,
+    /// Packed variable-length batch: sequence `i` at rows `cu_seqlens[i] .. cu_seqlens[i+1]`
+    /// of a batch of one row (docs/math.md §7.2); `None` (default): every batch row is one
+    /// sequence.
+    pub cu_seqlens: Option<Vec<usize>>,
 }
 
 impl Default for Options {
@@ -193,6 +197,7 @@ impl Default for Options {
             window: None,
             mask: None,
             lambda: None,
+            cu_seqlens: None,
         }
     }
 }
@@ -240,6 +245,15 @@ impl Options {
     /// Sets the λ scheme of a log-linear lift, by name or by value.
     pub fn lambda(mut self, lambda: impl Into<LambdaRef>) -> Self {
         self.lambda = Some(lambda.into());
+        self
+    }
+
+    /// Packs several sequences into one batch row: sequence `i` at rows
+    /// `cu_seqlens[i] .. cu_seqlens[i + 1]` (`B = 1`; rows past the last offset get zeros).
+    /// Every sequence restarts; with a state (the `*_state` functions), one state row per
+    /// sequence.
+    pub fn cu_seqlens(mut self, cu_seqlens: &[usize]) -> Self {
+        self.cu_seqlens = Some(cu_seqlens.to_vec());
         self
     }
 

@@ -2,8 +2,7 @@
 //! dynamic path's dtype-tagged tensors.
 
 use mixer_core::mixer::{Decoder, Mixer};
-use mixer_core::{AnyTensors, Dims, Error, Real, Result, Tensor, Tensors};
-use ndarray::ArrayD;
+use mixer_core::{Dims, Real, Result, Tensors};
 
 use super::dispatch::BackendArg;
 
@@ -15,13 +14,7 @@ mod sealed {
 
 /// An element type of the typed operations: `f32` or `f64` (bf16 storage is the `bf16`
 /// precision mode on `f32` arrays). Sealed: the backends compute in exactly these types.
-pub trait Scalar: Real + sealed::Sealed {
-    /// Tags named tensors of this type for the dynamic path.
-    #[doc(hidden)]
-    fn tag(t: Tensors<Self>) -> AnyTensors;
-    /// Takes the output of the dynamic path back, failing if its dtype is not this type.
-    #[doc(hidden)]
-    fn untag(t: Tensor) -> Result<ArrayD<Self>>;
+pub trait Scalar: Real + mixer_registry::Scalar + sealed::Sealed {
     /// Opens the backend's decoder of `m` in this type (the registry's typed entry point).
     #[doc(hidden)]
     fn open_decoder(
@@ -32,24 +25,7 @@ pub trait Scalar: Real + sealed::Sealed {
     ) -> Result<Box<dyn Decoder<Self>>>;
 }
 
-fn dtype_error(want: &str, got: &Tensor) -> Error {
-    Error::Backend {
-        backend: "ops".into(),
-        family: None,
-        message: format!("expected a {want} output, the dynamic path returned {}", got.dtype().name()),
-    }
-}
-
 impl Scalar for f32 {
-    fn tag(t: Tensors<f32>) -> AnyTensors {
-        AnyTensors::F32(t)
-    }
-    fn untag(t: Tensor) -> Result<ArrayD<f32>> {
-        match t {
-            Tensor::F32(a) => Ok(a),
-            other => Err(dtype_error("f32", &other)),
-        }
-    }
     fn open_decoder(
         m: &dyn Mixer,
         backend: BackendArg,
@@ -61,15 +37,6 @@ impl Scalar for f32 {
 }
 
 impl Scalar for f64 {
-    fn tag(t: Tensors<f64>) -> AnyTensors {
-        AnyTensors::F64(t)
-    }
-    fn untag(t: Tensor) -> Result<ArrayD<f64>> {
-        match t {
-            Tensor::F64(a) => Ok(a),
-            other => Err(dtype_error("f64", &other)),
-        }
-    }
     fn open_decoder(
         m: &dyn Mixer,
         backend: BackendArg,
