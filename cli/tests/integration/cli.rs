@@ -563,3 +563,54 @@ fn plan_prints_the_fast_forms_launch_plan_as_json() {
     assert_eq!(code, 2);
     assert_one_line_error(&err, &["--dtype", "f64 (the exact mode)"]);
 }
+
+/// `mixers run` with `initial_state`, `--final-state`, `cu_seqlens` and `d_final_state`: the
+/// fast form's `y`, final state and gradients (the initial state's included) against the
+/// materialized reference of the same call.
+#[test]
+fn run_carries_states_and_packed_batches() {
+    use mixers::core::{AnyTensors, Tensor};
+    let m = mixers::registry::mixer("mamba2", &serde_json::json!({"chunk": 4})).unwrap();
+    let dims: mixers::core::Dims =
+        [("B", 1), ("T", 11), ("H", 2), ("Dk", 3), ("Dv", 2)].into_iter().collect();
+    let x = m.random_inputs(&dims, 7).unwrap();
+    let s0 = ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[1, 2, 2, 3]), |i| {
+        (i[1] + 2 * i[2] + i[3]) as f64 / 4.0 - 0.6
+    });
+    let mut arrays: Vec<(String, Tensor)> =
+        x.iter().map(|(k, v)| (k.clone(), Tensor::F64(v.clone()))).collect();
+    arrays.push(("initial_state".into(), Tensor::F64(s0)));
+    let inp = tmp("state_in.npz");
+    let refs: Vec<(&str, &Tensor)> = arrays.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    mixers::io::write_npz(&inp, &refs).unwrap();
+    let dyp = tmp("state_dy.npz");
+    let dy = Tensor::F64(x["v"].mapv(|a| a.sin()));
+    let dfin = Tensor::F64(ndarray::ArrayD::from_elem(ndarray::IxDyn(&[1, 2, 2, 3]), 0.3));
+    mixers::io::write_npz(&dyp, &[("dy", &dy), ("d_final_state", &dfin)]).unwrap();
+    let run = |form: &str, extra: &[&str]| {
+        let out = tmp(&format!("state_out_{form}_{}.npz", extra.len()));
+        let mut args = run_args("mamba2{\"chunk\":4}", inp.to_str().unwrap(), form, out.to_str().unwrap());
+        args.extend_from_slice(&["--grad", dyp.to_str().unwrap()]);
+        args.extend_from_slice(extra);
+        let (code, _, err) = mixers(&args);
+        assert_eq!(code, 0, "{err}");
+        let AnyTensors::F64(got) = mixers::io::read_npz(&out).unwrap() else { panic!("f64 in, f64 out") };
+        got
+    };
+    let fast = run("fast", &[]);
+    let reference = run("materialized", &[]);
+    let names: Vec<&str> = fast.keys().map(|k| k.as_str()).collect();
+    assert_eq!(names, ["d_g", "d_initial_state", "d_k", "d_q", "d_v", "final_state", "y"]);
+    for (k, w) in &reference {
+        let c = mixers::core::Tolerance::F64.compare(fast[k].view(), w.view());
+        assert!(c.pass, "{k}: {c:?}");
+    }
+    // Packed: two sequences, each from its own row of the initial state (here one row for
+    // each of two sequences is needed, so one row is refused with the expected shape).
+    let out = tmp("state_packed.npz");
+    let mut args = run_args("mamba2{\"chunk\":4}", inp.to_str().unwrap(), "fast", out.to_str().unwrap());
+    args.extend_from_slice(&["--cu-seqlens", "0,5,11"]);
+    let (code, _, err) = mixers(&args);
+    assert_ne!(code, 0);
+    assert_one_line_error(&err, &["initial_state.S", "[2, 2, 2, 3]", "[1, 2, 2, 3]"]);
+}
