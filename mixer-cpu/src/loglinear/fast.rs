@@ -32,9 +32,9 @@ fn flushed<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// The `fast` form of a base mixer run from the initial state `initial` (`S [B, H, Dv, Dk]`,
-/// docs/math.md §7; `None`: zero): `y` and the final state `S`. Every base mixer takes the
-/// general chunked sweep of [`super::chunked`] here, started from `H_0 = S_0ᵀ` and read at
-/// its end (the scalar-decay specialisation [`super::ssd`] has no state entry yet).
+/// docs/math.md §7; `None`: zero): `y` and the final state `S`, by the same paths as
+/// [`fast`] ([`super::ssd`] for the scalar decays, [`super::chunked`] for gated DeltaNet),
+/// started from `H_0 = S_0ᵀ` and read at the end.
 pub fn fast_from<F: VecMath>(
     m: &LogLinear,
     x: &Tensors<F>,
@@ -46,11 +46,15 @@ pub fn fast_from<F: VecMath>(
     let s0 = common::state_tensor(m, initial)?;
     let x = common::standard(x);
     let (sz, heads) = common::heads(m, &x, None)?;
+    let scalar = ssd::applies(m);
     let outs: Vec<(Mat<F>, Mat<F>)> = heads
         .par_iter()
-        .map(|hd| flushed(|| chunked::run_head_from(m, hd, s0.map(|s| common::state_head(s, hd.b, hd.h)))))
+        .map(|hd| {
+            let h0 = s0.map(|s| common::state_head(s, hd.b, hd.h));
+            flushed(|| if scalar { ssd::run_head_from(m, hd, h0) } else { chunked::run_head_from(m, hd, h0) })
+        })
         .collect::<Result<_>>()?;
-    let views: Vec<_> = outs.iter().map(|(y, _)| y.as_ref()).collect();
+    let views: Vec<_> = outs.iter().map(|(y, _)| if scalar { y.transpose() } else { y.as_ref() }).collect();
     let y = common::assemble(sz, &heads, &views);
     let mut fin = ArrayD::<F>::zeros(IxDyn(&[sz.b, sz.h, sz.dv, sz.dk]));
     for (hd, (_, last)) in heads.iter().zip(&outs) {

@@ -47,6 +47,20 @@ impl<F: VecMath> LevelStates<F> {
         }
     }
 
+    /// Loads `h` (`D_k × D_v`) as the state of level 0 (live, no pending scale): the initial
+    /// state of a run from a state (docs/math.md §7).
+    pub fn load0(&mut self, h: MatRef<'_, F>) {
+        self.zt.as_mut().subcols_mut(0, self.dk).transpose_mut().copy_from(h);
+        self.live[0] = true;
+        self.log_scale[0] = 0.0;
+    }
+
+    /// The state `H^(0) = e^(ℓ_0) Z_0` of level 0 (`D_k × D_v`; zero when it is empty).
+    pub fn value0(&self) -> Mat<F> {
+        let z = self.zt.as_ref().subcols(0, self.dk).transpose();
+        if self.live[0] { z * faer::Scale(self.scale(0)) } else { Mat::zeros(z.nrows(), z.ncols()) }
+    }
+
     /// The number of levels.
     pub fn levels(&self) -> usize {
         self.live.len()

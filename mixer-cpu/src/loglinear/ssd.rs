@@ -42,6 +42,16 @@ pub fn applies(m: &LogLinear) -> bool {
 
 /// The chunked form for one (batch, head) of a scalar-decay member: `yᵀ` (`Dv×T`).
 pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
+    run_head_from(m, hd, None).map(|(y, _)| y)
+}
+
+/// [`run_head`] of a base member from the initial state `h0` (`H_0 = S_0ᵀ`, `D_k × D_v`;
+/// `None`: zero): `yᵀ` and the final state `H_T` (docs/math.md §7).
+pub fn run_head_from<F: VecMath>(
+    m: &LogLinear,
+    hd: &Head<'_, F>,
+    h0: Option<Mat<F>>,
+) -> Result<(Mat<F>, Mat<F>)> {
     let t_len = hd.q.nrows();
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
     let c = m.chunk.min(t_len.max(1));
@@ -53,6 +63,9 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
     // Level states side by side (block e = level e); the base mixers keep one.
     let levels = if hd.lam.is_some() { mixer_core::fenwick::bitlen(n_chunks) + 1 } else { 1 };
     let mut states = LevelStates::<F>::new(levels, dk, dv);
+    if let Some(h0) = &h0 {
+        states.load0(h0.as_ref());
+    }
     let mut yt = Mat::<F>::zeros(dv, t_len);
     // Work buffers: P = σ QKᵀ ⊙ Γ and Γ (C×C), the weighted queries of the read
     // (C × levels·Dk, row-major: block e of row r is w_{r,e} q_r), the scaled rows of K
@@ -161,7 +174,7 @@ pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
             mm(own, acc, kc.transpose(), vc, F::one());
         }
     }
-    Ok(yt)
+    Ok((yt, states.value0()))
 }
 
 /// `diag(α f) src` into the row-major buffer `buf` (`f` one factor per row of `src`); returns
