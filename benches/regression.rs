@@ -87,3 +87,43 @@ fn decode_step(bencher: Bencher, label: &str) {
         .with_inputs(|| primed().expect("priming succeeded once with the same inputs"))
         .bench_local_values(|mut d| d.step(&last));
 }
+
+/// The packed-batch offsets of the `packed` benches: 12 sequences of pseudo-random lengths
+/// (between 1 and 2T/12) filling the first `T` rows.
+fn offsets(t: usize) -> Vec<usize> {
+    let n = 12;
+    let w: Vec<usize> = (0..n).map(|i| 1 + (i * 7919 + 13) % (2 * t / n)).collect();
+    let total: usize = w.iter().sum();
+    let mut cu = vec![0];
+    for (i, x) in w.iter().enumerate() {
+        let next = if i + 1 == n { t } else { (cu[i] + x * t / total).min(t) };
+        cu.push(next);
+    }
+    cu
+}
+
+/// A packed batch of 12 sequences of random lengths with `T` rows in all, by the fast form:
+/// compare with `fast` (one sequence of length `T`) for the cost of packing (docs/math.md §7.2).
+#[divan::bench(args = ["attention", "mamba2", "gated-deltanet"], sample_count = 20)]
+fn packed(bencher: Bencher, label: &str) {
+    let Some((m, x)) = setup(label, T) else { return };
+    let cpu = Backend::by_name("cpu").expect("the cpu backend is linked");
+    let cu = offsets(T);
+    let go = || {
+        mixers::registry::packed::run_packed(
+            m.as_ref(),
+            &cpu,
+            Form::Fast,
+            &x,
+            &cu,
+            None,
+            false,
+            mixers::core::Precision::Exact,
+        )
+    };
+    if let Err(e) = go() {
+        eprintln!("regression: {label} packed left out: {e}");
+        return;
+    }
+    bencher.bench_local(go);
+}

@@ -27,4 +27,5 @@ static CPU: BackendEntry = BackendEntry {
     priority: 0,
     probe,
     timer: None,
+    concurrent: true,
 };

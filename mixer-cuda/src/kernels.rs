@@ -35,9 +35,12 @@ impl KernelSource {
     /// The complete source: common helpers, prelude, body (the body from
     /// `$MIXERS_KERNEL_DIR/<name>.cu` when that file exists).
     pub fn full(&self) -> String {
-        let over = std::env::var_os(KERNEL_DIR_ENV).and_then(|d| {
-            std::fs::read_to_string(std::path::Path::new(&d).join(format!("{}.cu", self.name))).ok()
-        });
+        self.full_in(std::env::var_os(KERNEL_DIR_ENV).as_deref().map(std::path::Path::new))
+    }
+
+    /// [`KernelSource::full`] for a value of [`KERNEL_DIR_ENV`] (`None`: unset).
+    pub fn full_in(&self, dir: Option<&std::path::Path>) -> String {
+        let over = dir.and_then(|d| std::fs::read_to_string(d.join(format!("{}.cu", self.name))).ok());
         with_prelude(self.prelude, over.as_deref().unwrap_or(self.body))
     }
 }
@@ -127,6 +130,22 @@ mod tests {
         let ones = mixer_registry::lambda_scheme("ones").unwrap().cuda.unwrap();
         assert!(super::NO_LIFT.lines().any(|l| l.trim() == ones), "{}", super::NO_LIFT);
         assert_eq!(super::LOGLINEAR_PARALLEL.prelude, super::NO_LIFT);
+    }
+
+    /// `MIXERS_KERNEL_DIR`: a file `<name>.cu` in the folder replaces that kernel's body (after
+    /// the common header and its prelude); other kernels, and an unset folder, keep theirs.
+    #[test]
+    fn the_kernel_dir_replaces_only_the_bodies_it_holds() {
+        let dir = std::env::temp_dir().join(format!("mixers-kernel-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("loglinear_parallel.cu"), "// replaced body\n").unwrap();
+        let k = super::LOGLINEAR_PARALLEL;
+        let replaced = k.full_in(Some(&dir));
+        assert!(replaced.ends_with("// replaced body\n") && replaced.contains(super::NO_LIFT));
+        assert!(!replaced.contains(k.body));
+        assert_eq!(k.full_in(None), super::with_prelude(k.prelude, k.body));
+        assert_eq!(super::ATTENTION.full_in(Some(&dir)), super::ATTENTION.full_in(None));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// Every `.cu` file under `kernels/` is in [`super::ALL`] once, under its file name (so the

@@ -76,4 +76,5 @@ static CUDA: BackendEntry = BackendEntry {
     priority: 10,
     probe: device::probe,
     timer: Some(&timing::CudaTimer),
+    concurrent: false,
 };

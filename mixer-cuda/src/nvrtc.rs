@@ -25,7 +25,12 @@ pub const CUBIN_ENV: &str = "MIXERS_NVRTC_CUBIN";
 
 /// Whether the runtime loads CUBINs: unless [`CUBIN_ENV`] is `0`.
 pub fn cubin_wanted() -> bool {
-    std::env::var(CUBIN_ENV).map_or(true, |v| v != "0")
+    cubin_wanted_from(std::env::var(CUBIN_ENV).ok().as_deref())
+}
+
+/// [`cubin_wanted`] for a value of [`CUBIN_ENV`] (`None`: unset).
+pub fn cubin_wanted_from(value: Option<&str>) -> bool {
+    value != Some("0")
 }
 
 /// Environment variable naming the folder of compiled kernels kept between processes (`off`:
@@ -96,15 +101,23 @@ fn c_text(bytes: &[c_char]) -> String {
 /// The folder of [`CACHE_ENV`], or its default; `None` when it is `off` (or `0`, or empty) or
 /// no home folder is known.
 pub fn cache_dir() -> Option<PathBuf> {
-    match std::env::var_os(CACHE_ENV) {
+    let var = |k: &str| std::env::var_os(k);
+    cache_dir_from(var(CACHE_ENV).as_deref(), var("XDG_CACHE_HOME").as_deref(), var("HOME").as_deref())
+}
+
+/// [`cache_dir`] for the values of [`CACHE_ENV`], `XDG_CACHE_HOME` and `HOME` (`None`: unset).
+pub fn cache_dir_from(
+    cache: Option<&std::ffi::OsStr>,
+    xdg: Option<&std::ffi::OsStr>,
+    home: Option<&std::ffi::OsStr>,
+) -> Option<PathBuf> {
+    match cache {
         Some(v) if v.is_empty() || v == "off" || v == "0" => None,
         Some(v) => Some(PathBuf::from(v)),
-        None => std::env::var_os("XDG_CACHE_HOME")
+        None => xdg
             .filter(|d| !d.is_empty())
             .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("HOME").filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".cache"))
-            })
+            .or_else(|| home.filter(|h| !h.is_empty()).map(|h| PathBuf::from(h).join(".cache")))
             .map(|d| d.join("mixers").join("nvrtc")),
     }
 }
@@ -218,6 +231,32 @@ mod tests {
 
     fn ptx_text(c: &Compiled) -> String {
         c.ptx.as_ref().expect("PTX").to_src()
+    }
+
+    /// `MIXERS_NVRTC_CUBIN`: only `0` turns the CUBIN off.
+    #[test]
+    fn only_zero_turns_the_cubin_off() {
+        assert!(cubin_wanted_from(None));
+        assert!(!cubin_wanted_from(Some("0")));
+        assert!(cubin_wanted_from(Some("1")));
+    }
+
+    /// `MIXERS_KERNEL_CACHE`: a folder is used as given; `off`, `0` and empty disable the
+    /// cache; unset, the XDG cache folder, else `~/.cache`, each with `mixers/nvrtc`.
+    #[test]
+    fn the_cache_folder_follows_the_variable_then_xdg_then_home() {
+        use std::ffi::OsStr;
+        let (xdg, home) = (Some(OsStr::new("/x")), Some(OsStr::new("/h")));
+        assert_eq!(cache_dir_from(Some(OsStr::new("/c")), xdg, home), Some(PathBuf::from("/c")));
+        for off in ["off", "0", ""] {
+            assert_eq!(cache_dir_from(Some(OsStr::new(off)), xdg, home), None, "{off:?}");
+        }
+        assert_eq!(cache_dir_from(None, xdg, home), Some(PathBuf::from("/x/mixers/nvrtc")));
+        assert_eq!(
+            cache_dir_from(None, Some(OsStr::new("")), home),
+            Some(PathBuf::from("/h/.cache/mixers/nvrtc"))
+        );
+        assert_eq!(cache_dir_from(None, None, None), None);
     }
 
     #[test]

@@ -312,6 +312,7 @@ mod tests {
         priority: -100,
         probe: unavailable,
         timer: None,
+        concurrent: false,
     };
     #[register]
     static FAKE_HOST_ONLY: BackendEntry = BackendEntry {
@@ -320,6 +321,7 @@ mod tests {
         priority: -100,
         probe: unavailable,
         timer: None,
+        concurrent: false,
     };
     #[register]
     static FAKE_LOGLINEAR: FamilyEntry = FamilyEntry {

@@ -1,7 +1,8 @@
 //! Packed variable-length batches (`cu_seqlens`, [`mixer_core::state`]; docs/math.md §7.2), for
 //! every mixer, form and backend, forward and backward.
 //!
-//! A packed batch is run sequence by sequence: sequence `i` is cut out of the buffer
+//! A packed batch is run sequence by sequence (in parallel on a backend whose calls may run
+//! on several threads at once, [`crate::BackendEntry::concurrent`]): sequence `i` is cut out of the buffer
 //! ([`mixer_core::state::segment`]: its tokens, and the axes whose size is a function of its
 //! length), run by the form as a sequence of its own (from row `i` of the initial state when
 //! one is given), and its output written back at its rows. So a packed batch equals the
@@ -74,29 +75,46 @@ pub fn run_packed<F: Scalar>(
     if let (Some(s), Some(w)) = (initial, &want) {
         check_state("initial_state", w, s)?;
     }
-    let mut y = ArrayD::<F>::zeros(get(inputs, m.spec().mixed)?.raw_dim());
-    let mut finals = Vec::with_capacity(ranges.len());
-    for (i, r) in ranges.iter().enumerate() {
+    let one = want.as_ref().map(shapes_for_one);
+    let results = each_sequence(backend, &ranges, |i, r| {
         let row = initial.map(|s| state_row(s, i));
         if r.is_empty() {
-            if let Some(w) = &want {
-                finals.push(row.unwrap_or_else(|| zeros(&shapes_for_one(w))));
-            }
-            continue;
+            return Ok((None, one.as_ref().map(|w| row.unwrap_or_else(|| zeros(w)))));
         }
         let seg = segment(m, inputs, r.clone());
-        let yi = if stateful {
+        if stateful {
             let (yi, fi) = run_state(m, backend, form, &seg, row.as_ref(), precision)?;
-            finals.push(fi);
-            yi
-        } else {
-            let t = crate::run::run_with(m, backend, form, &F::tag(seg), precision)?;
-            F::untag(t).ok_or_else(|| internal(backend, "the output came back in another dtype"))?
-        };
-        scatter(&mut y, &yi, r.clone(), true)?;
+            return Ok((Some(yi), Some(fi)));
+        }
+        let t = crate::run::run_with(m, backend, form, &F::tag(seg), precision)?;
+        let yi = F::untag(t).ok_or_else(|| internal(backend, "the output came back in another dtype"))?;
+        Ok((Some(yi), None))
+    })?;
+    let mut y = ArrayD::<F>::zeros(get(inputs, m.spec().mixed)?.raw_dim());
+    let mut finals = Vec::with_capacity(ranges.len());
+    for (r, (yi, fi)) in ranges.iter().zip(results) {
+        if let Some(yi) = yi {
+            scatter(&mut y, &yi, r.clone(), true)?;
+        }
+        finals.extend(fi);
     }
     let fin = if stateful { Some(stack_rows(&finals)?) } else { None };
     Ok((y, fin))
+}
+
+/// `f(i, range)` for every sequence, in order: on several host threads where the backend
+/// allows it ([`crate::BackendEntry::concurrent`]), else one after another.
+fn each_sequence<T: Send>(
+    backend: &Backend,
+    ranges: &[Range<usize>],
+    f: impl Fn(usize, &Range<usize>) -> Result<T> + Sync,
+) -> Result<Vec<T>> {
+    use rayon::prelude::*;
+    if backend.entry().concurrent {
+        ranges.par_iter().enumerate().map(|(i, r)| f(i, r)).collect()
+    } else {
+        ranges.iter().enumerate().map(|(i, r)| f(i, r)).collect()
+    }
 }
 
 /// One row's shapes from `N` rows' shapes.
@@ -157,31 +175,27 @@ pub fn backward_packed<F: Scalar>(
         .filter(|(k, _)| requires.wants(k))
         .map(|(k, v)| (grad_name(k), ArrayD::zeros(v.raw_dim())))
         .collect();
-    let mut d_states = Vec::with_capacity(ranges.len());
-    for (i, r) in ranges.iter().enumerate() {
+    let one = want.as_ref().map(shapes_for_one);
+    let results = each_sequence(backend, &ranges, |i, r| {
         let row = initial.map(|s| state_row(s, i));
         let d_row = d_final.map(|s| state_row(s, i));
         if r.is_empty() {
-            if let Some(w) = &want {
-                d_states.push(d_row.unwrap_or_else(|| zeros(&shapes_for_one(w))));
-            }
-            continue;
+            return Ok((None, one.as_ref().map(|w| d_row.unwrap_or_else(|| zeros(w)))));
         }
         let seg = segment(m, inputs, r.clone());
         let dyi = dy.slice_axis(ndarray::Axis(1), ndarray::Slice::from(r.clone())).to_owned();
-        let gi = if stateful {
+        if stateful {
             let (g, ds) =
                 backward_state(m, backend, form, &seg, row.as_ref(), &dyi, d_row.as_ref(), requires)?;
-            if initial.is_some() {
-                d_states.push(ds);
-            }
-            g
-        } else {
-            untag_all(
-                backend,
-                crate::backward::backward(m, backend.name(), form, &F::tag(seg), &F::tag_one(dyi), requires)?,
-            )?
-        };
+            return Ok((Some(g), Some(ds)));
+        }
+        let g = crate::backward::backward(m, backend.name(), form, &F::tag(seg), &F::tag_one(dyi), requires)?;
+        Ok((Some(untag_all(backend, g)?), None))
+    })?;
+    let mut d_states = Vec::with_capacity(ranges.len());
+    for (r, (gi, ds)) in ranges.iter().zip(results) {
+        d_states.extend(ds);
+        let Some(gi) = gi else { continue };
         for (name, full) in grads.iter_mut() {
             let input = name.strip_prefix("d_").unwrap_or(name);
             let part = gi
