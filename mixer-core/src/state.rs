@@ -166,7 +166,7 @@ pub fn scatter<F: Real>(
     if per_token {
         view.assign(part);
     } else {
-        view.zip_mut_with(part, |a, &b| *a = *a + b);
+        view.zip_mut_with(part, |a, &b| *a += b);
     }
     Ok(())
 }

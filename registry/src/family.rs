@@ -101,11 +101,11 @@ pub trait Family<F: Real>: Send + Sync + 'static {
         None
     }
     /// `parallel` or `fast` run from a recurrent state, if this backend has it.
-    fn from_state(&self, _form: Form) -> Option<StateFn<Self::Mixer, F>> {
+    fn stateful(&self, _form: Form) -> Option<StateFn<Self::Mixer, F>> {
         None
     }
-    /// The backward of [`Family::from_state`]'s form, if this backend has it.
-    fn from_state_backward(&self, _form: Form) -> Option<StateBackwardFn<Self::Mixer, F>> {
+    /// The backward of [`Family::stateful`]'s form, if this backend has it.
+    fn stateful_backward(&self, _form: Form) -> Option<StateBackwardFn<Self::Mixer, F>> {
         None
     }
     /// The decoder started from a state (the `recurrent` form from a state), if this backend
@@ -159,7 +159,7 @@ pub trait DynFamily<F: Real>: Send + Sync {
     fn implements_state(&self, form: Form) -> bool;
     /// Whether `form`'s run from a state has a backward pass here.
     fn implements_state_backward(&self, form: Form) -> bool;
-    /// Runs [`Family::from_state`]'s form; `None` when there is none.
+    /// Runs [`Family::stateful`]'s form; `None` when there is none.
     fn run_state(
         &self,
         m: &dyn Mixer,
@@ -168,7 +168,7 @@ pub trait DynFamily<F: Real>: Send + Sync {
         x: &Tensors<F>,
         initial: Option<&Tensors<F>>,
     ) -> Option<Result<(ArrayD<F>, Tensors<F>)>>;
-    /// Runs [`Family::from_state_backward`]'s pass; `None` when there is none.
+    /// Runs [`Family::stateful_backward`]'s pass; `None` when there is none.
     #[allow(clippy::too_many_arguments)]
     fn run_state_backward(
         &self,
@@ -255,11 +255,11 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         match form {
             Form::Materialized => false,
             Form::Recurrent => Family::decoder_from_state(self).is_some(),
-            f => self.from_state(f).is_some(),
+            f => self.stateful(f).is_some(),
         }
     }
     fn implements_state_backward(&self, form: Form) -> bool {
-        self.from_state_backward(form).is_some()
+        self.stateful_backward(form).is_some()
     }
     fn run_state(
         &self,
@@ -269,7 +269,7 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         x: &Tensors<F>,
         initial: Option<&Tensors<F>>,
     ) -> Option<Result<(ArrayD<F>, Tensors<F>)>> {
-        let f = self.from_state(form)?;
+        let f = self.stateful(form)?;
         Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, initial)))
     }
     fn run_state_backward(
@@ -283,7 +283,7 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         d_final: Option<&Tensors<F>>,
         requires: &Requires,
     ) -> Option<Result<(Tensors<F>, Tensors<F>)>> {
-        let f = self.from_state_backward(form)?;
+        let f = self.stateful_backward(form)?;
         Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, initial, dy, d_final, requires)))
     }
     fn decoder_from_state(

@@ -6,7 +6,7 @@
 //! oracle of an extended sequence); `recurrent` is the backend's decoder started from the
 //! state ([`Family::decoder_from_state`](crate::Family::decoder_from_state)) run over the
 //! sequence, its state read at the end; `parallel` and `fast` are the backend's own
-//! ([`Family::from_state`](crate::Family::from_state)). A backend that has none of these for
+//! ([`Family::stateful`](crate::Family::stateful)). A backend that has none of these for
 //! a family is refused with an error listing the forms that do run from a state; the plain
 //! forms never receive a state, so none can ignore one silently.
 

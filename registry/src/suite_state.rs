@@ -117,8 +117,7 @@ pub(crate) fn state_check(
         .state_oracle_vjp(inputs, Some(&s0), &dy, Some(&df), &Requires::All)
         .map_err(|e| format!("reference backward: {e}"))?;
     let (g, ds) = match dtype {
-        DType::F64 => backward_state(m, backend, form, inputs, Some(&s0), &dy, Some(&df), &Requires::All)
-            .map(|(g, s)| (g, s)),
+        DType::F64 => backward_state(m, backend, form, inputs, Some(&s0), &dy, Some(&df), &Requires::All),
         DType::F32 => backward_state(
             m,
             backend,
@@ -231,7 +230,7 @@ pub(crate) fn packed_check(
             for (axis, &len) in a.shape().iter().enumerate().skip(2) {
                 part = part.slice_axis(Axis(axis), Slice::from(0..len)).to_owned();
             }
-            if &part != a {
+            if part != *a {
                 return Err(format!("`{k}` of sequence {i} differs from its backward alone"));
             }
         }

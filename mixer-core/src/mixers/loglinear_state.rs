@@ -104,7 +104,7 @@ fn base_only(m: &LogLinear) -> Result<()> {
     }
 }
 
-fn initial_s<'a>(initial: Option<&'a Tensors<f64>>) -> Result<Option<&'a ArrayD<f64>>> {
+fn initial_s(initial: Option<&Tensors<f64>>) -> Result<Option<&ArrayD<f64>>> {
     initial.map(|s| get(s, STATE)).transpose()
 }
 

@@ -56,10 +56,10 @@ impl<F: VecMath> Family<F> for LogLinearCpu {
     fn backward(&self, form: Form) -> Option<BackwardFn<LogLinear, F>> {
         (form == Form::Fast).then_some(backward::vjp)
     }
-    fn from_state(&self, form: Form) -> Option<StateFn<LogLinear, F>> {
+    fn stateful(&self, form: Form) -> Option<StateFn<LogLinear, F>> {
         (form == Form::Fast).then_some(fast::fast_from)
     }
-    fn from_state_backward(&self, form: Form) -> Option<StateBackwardFn<LogLinear, F>> {
+    fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<LogLinear, F>> {
         (form == Form::Fast).then_some(backward::vjp_from)
     }
     fn decoder_from_state(&self) -> Option<StateDecoderFn<LogLinear, F>> {
