@@ -27,6 +27,24 @@ __device__ inline long long llc_entry(int e, int bh, int m, int nc, int BH) {
     return s * BH + (long long)bh * (nc >> e) + m;
 }
 
+// Where a block of the FMA chunk kernels works (grid (chunks, B·H, …), 256 threads as a 16 × 16 grid
+// tx, ty): chunk i = blockIdx.x of batch·head bh = blockIdx.y (b = bh / H, h = bh mod H), its first
+// token i0 and its n ≤ CH tokens, and row0, the [B,T,H] row of its token 0 (token r at row0 + r·H).
+struct LlcChunk {
+    int i, bh, b, h, tid, tx, ty, i0, n;
+    long long row0;
+};
+template <int CH>
+__device__ __forceinline__ LlcChunk llc_chunk(int Tn, int H) {
+    LlcChunk c;
+    c.i = blockIdx.x, c.bh = blockIdx.y;
+    c.b = c.bh / H, c.h = c.bh % H;
+    c.tid = threadIdx.x, c.tx = c.tid % 16, c.ty = c.tid / 16;
+    c.i0 = c.i * CH, c.n = min(CH, Tn - c.i0);
+    c.row0 = ((long long)c.b * Tn + c.i0) * H + c.h;
+    return c;
+}
+
 // acc[i][j] += Σ_κ X[κ][ty + 16 i] · Y[κ][tx + 16 j] (X, Y in shared memory, rows of LDX / LDY).
 template <typename T, int RI, int RJ, int LDX, int LDY>
 __device__ inline void llc_gemm(T (&acc)[RI][RJ], const T* X, const T* Y, int K, int ty, int tx) {

@@ -50,12 +50,9 @@ __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_
     __shared__ double lev_d[32];       // its decay to the chunk start,
     __shared__ int lev_e[32];          // and e
     __shared__ int nlev_s;
-    const int i = blockIdx.x, bh = blockIdx.y;
-    const int b = bh / H, h = bh % H;
-    const int d0 = blockIdx.z * LLC_NT;
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int i0 = i * CH, n = min(CH, Tn - i0);
-    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    const LlcChunk c = llc_chunk<CH>(Tn, H);
+    const int i = c.i, bh = c.bh, d0 = blockIdx.z * LLC_NT, tid = c.tid, tx = c.tx, ty = c.ty, n = c.n;
+    const long long row0 = c.row0;
     const long long DD = (long long)Dk * Dv;
     const T sc = (T)scale;
     if (tid == 0) nlev_s = llc_levels(i, bh, nc, direct, A, lev_ent, lev_d, lev_e);
@@ -489,12 +486,9 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
     T* Ys = Xs + LLC_KT * LLC_LD;
     __shared__ double gam[CH], gtmp[CH];
     __shared__ T bet[CH];
-    const int i = blockIdx.x, bh = blockIdx.y;
-    const int b = bh / H, h = bh % H;
-    const int d0 = blockIdx.z * LLC_NT;
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int i0 = i * CH, n = min(CH, Tn - i0);
-    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    const LlcChunk c = llc_chunk<CH>(Tn, H);
+    const int i = c.i, bh = c.bh, d0 = blockIdx.z * LLC_NT, tid = c.tid, tx = c.tx, ty = c.ty, n = c.n;
+    const long long row0 = c.row0;
     const long long DD = (long long)Dk * Dv;
     const T sc = (T)scale;
     if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : (T)0;
