@@ -62,19 +62,25 @@ __device__ inline void llc_gemm(T (&acc)[RI][RJ], const T* X, const T* Y, int K,
     }
 }
 
+// The entries of a thread's RI × RJ tile of a chunk block as llc_gemm leaves it: the statement after
+// LLC_TILE_EACH(RI, RJ, a, b, r, c, r0, c0) runs for entry acc[a][b] at row r = r0 + ty + 16a,
+// column c = c0 + tx + 16b of the block placed at (r0, c0) (ty, tx: the thread's place in the
+// 16 × 16 grid, in scope; r0 and c0 go in unparenthesised, so that the sums associate left to right
+// as written). A macro rather than a helper taking a lambda: NVRTC compiles the lambda form of
+// llc_out_dl to other machine code (llc_out_dl_f32 at Dk = Dv = 64: 98 → 128 registers).
+#define LLC_TILE_EACH(RI, RJ, a, b, r, c, r0, c0)                                                          \
+    _Pragma("unroll") for (int a = 0; a < (RI); ++a) _Pragma("unroll") for (int b = 0; b < (RJ); ++b)      \
+        if (const int r = r0 + ty + 16 * a, c = c0 + tx + 16 * b; true)
+
 // Stores a thread's RI × 4 tile of a chunk's block (rows ty + 16a, columns c0 + tx + 16jj, as
 // llc_gemm leaves it) into x laid out as rows (row0 + r·H) of D columns: rows below n, columns
 // below D only.
 template <typename T, int RI>
 __device__ inline void llc_store(const T (&acc)[RI][4], T* x, long long row0, int H, int D, int n, int c0, int ty,
                                  int tx) {
-#pragma unroll
-    for (int a = 0; a < RI; ++a)
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-            const int r = ty + 16 * a, c = c0 + tx + 16 * jj;
-            if (r < n && c < D) x[(row0 + (long long)r * H) * D + c] = acc[a][jj];
-        }
+    LLC_TILE_EACH(RI, 4, a, jj, r, c, 0, c0) {
+        if (r < n && c < D) x[(row0 + (long long)r * H) * D + c] = acc[a][jj];
+    }
 }
 
 // Moves `total` elements from `fetch(idx)` to `put(idx, value)`, idx = threadIdx.x + u·NT for u <

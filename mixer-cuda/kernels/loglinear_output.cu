@@ -62,18 +62,14 @@ __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_
     {
         T acc[RI][RI] = {};
         llc_qk<T, CH>(acc, q, k, Xs, Ys, row0, H, Dk, n);
-#pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int bb = 0; bb < RI; ++bb) {
-                const int r = ty + 16 * a, s = tx + 16 * bb;
-                T p = (T)0;
-                if (s <= r && r < n) {
-                    p = sc * acc[a][bb] * mx_exp((T)(gam[r] - gam[s]));
-                    if (lifted) p *= lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))];
-                }
-                Pt[s * (CH + 1) + r] = p;
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+            T p = (T)0;
+            if (s <= r && r < n) {
+                p = sc * acc[a][bb] * mx_exp((T)(gam[r] - gam[s]));
+                if (lifted) p *= lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))];
             }
+            Pt[s * (CH + 1) + r] = p;
+        }
     }
     __syncthreads();
     T acc[RI][4] = {};
@@ -496,13 +492,9 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
     {
         T acc[RI][RI] = {};
         llc_qk<T, CH>(acc, q, k, Xs, Ys, row0, H, Dk, n);
-#pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int bb = 0; bb < RI; ++bb) {
-                const int r = ty + 16 * a, s = tx + 16 * bb;
-                Pt[s * LDC + r] = (s <= r && r < n) ? sc * acc[a][bb] * mx_exp((T)(gam[r] - gam[s])) : (T)0;
-            }
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+            Pt[s * LDC + r] = (s <= r && r < n) ? sc * acc[a][bb] * mx_exp((T)(gam[r] - gam[s])) : (T)0;
+        }
     }
     __syncthreads();
     {
@@ -518,15 +510,11 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
             llc_gemm<T, RI, RI, LDC, LLC_LD>(acc, Pt + j0 * LDC, Ys, LLC_KT, ty, tx);
             __syncthreads();
         }
-#pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int bb = 0; bb < RI; ++bb) {
-                const int r = ty + 16 * a, s = tx + 16 * bb;
-                At[s * LDC + r] = (s <= r && r < n)
-                                      ? acc[a][bb] * lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))]
-                                      : (T)0;
-            }
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+            At[s * LDC + r] = (s <= r && r < n)
+                                  ? acc[a][bb] * lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))]
+                                  : (T)0;
+        }
     }
     __syncthreads();
     // acc += M · X, M = Mt transposed (Mt[s][r], rows r of the chunk), X the chunk's tokens s < n of
@@ -551,15 +539,11 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
         // Q̃ for key columns c0..c0+64: σ e^γ Q − P W.
         T qa[RI][4] = {};
         times_tokens(qa, Pt, W, Dk, c0);  // P W
-#pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-                const int r = ty + 16 * a, cc = tx + 16 * jj, c = c0 + cc;
-                Qt[cc * LDC + r] = (r < n && c < Dk)
-                                       ? sc * mx_exp((T)gam[r]) * q[(row0 + (long long)r * H) * Dk + c] - qa[a][jj]
-                                       : (T)0;
-            }
+        LLC_TILE_EACH(RI, 4, a, jj, r, cc, 0, 0) {
+            const int c = c0 + cc;
+            Qt[cc * LDC + r] =
+                (r < n && c < Dk) ? sc * mx_exp((T)gam[r]) * q[(row0 + (long long)r * H) * Dk + c] - qa[a][jj] : (T)0;
+        }
         __syncthreads();
         int rank = 0;
         for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
