@@ -64,6 +64,22 @@ struct RowState {
     float l[ATT_WM][2];
 };
 
+// The mma.sync tiles of the two kernels: mx_mma_bf16 and mx_mma_tf32 (common.cuh) as non-volatile
+// asm, which the compiler may schedule as data flow allows.
+__device__ __forceinline__ void att_mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    MX_MMA_SYNC(asm, "m16n8k16.row.col.f32.bf16.bf16.f32", c, a0, a1, a2, a3, b0, b1);
+}
+__device__ __forceinline__ void att_mma_tf32(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    MX_MMA_SYNC(asm, "m16n8k8.row.col.f32.tf32.tf32.f32", c, a0, a1, a2, a3, b0, b1);
+}
+// The bf16 kernel's product of one A fragment a (m16 × k16) with an x4 B fragment b as ldmatrix
+// leaves it (k16 × n16: registers 0, 1 the first n8 tile, 2, 3 the second): c0 += A·B[:, 0..7],
+// c1 += A·B[:, 8..15].
+__device__ __forceinline__ void att_mma_bf16_n16(float* c0, float* c1, const u32 (&a)[4], const u32 (&b)[4]) {
+    att_mma_bf16(c0, a[0], a[1], a[2], a[3], b[0], b[1]);
+    att_mma_bf16(c1, a[0], a[1], a[2], a[3], b[2], b[3]);
+}
+
 // The online softmax's start, in every kernel: running maxima −∞, sums and accumulators 0.
 __device__ __forceinline__ void att_begin(float (&o)[ATT_WM][ATT_D / 8][4], RowState& st) {
 #pragma unroll
@@ -406,20 +422,8 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
 #pragma unroll
             for (int np = 0; np < ATT_BK / 16; ++np)
 #pragma unroll
-                for (int mt = 0; mt < ATT_WM; ++mt) {
-                    float* c0 = s[mt][2 * np];
-                    float* c1 = s[mt][2 * np + 1];
-                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                        "{%0,%1,%2,%3};\n"
-                        : "+f"(c0[0]), "+f"(c0[1]), "+f"(c0[2]), "+f"(c0[3])
-                        : "r"(qf[mt][kt][0]), "r"(qf[mt][kt][1]), "r"(qf[mt][kt][2]), "r"(qf[mt][kt][3]),
-                          "r"(bf[np][0]), "r"(bf[np][1]));
-                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                        "{%0,%1,%2,%3};\n"
-                        : "+f"(c1[0]), "+f"(c1[1]), "+f"(c1[2]), "+f"(c1[3])
-                        : "r"(qf[mt][kt][0]), "r"(qf[mt][kt][1]), "r"(qf[mt][kt][2]), "r"(qf[mt][kt][3]),
-                          "r"(bf[np][2]), "r"(bf[np][3]));
-                }
+                for (int mt = 0; mt < ATT_WM; ++mt)
+                    att_mma_bf16_n16(s[mt][2 * np], s[mt][2 * np + 1], qf[mt][kt], bf[np]);
         }
         if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
         softmax_update(s, st, o, scale_log2);
@@ -446,20 +450,8 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
 #pragma unroll
             for (int dp = 0; dp < ATT_D / 16; ++dp)
 #pragma unroll
-                for (int mt = 0; mt < ATT_WM; ++mt) {
-                    float* c0 = o[mt][2 * dp];
-                    float* c1 = o[mt][2 * dp + 1];
-                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                        "{%0,%1,%2,%3};\n"
-                        : "+f"(c0[0]), "+f"(c0[1]), "+f"(c0[2]), "+f"(c0[3])
-                        : "r"(pa[mt][0]), "r"(pa[mt][1]), "r"(pa[mt][2]), "r"(pa[mt][3]), "r"(vf[dp][0]),
-                          "r"(vf[dp][1]));
-                    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                        "{%0,%1,%2,%3};\n"
-                        : "+f"(c1[0]), "+f"(c1[1]), "+f"(c1[2]), "+f"(c1[3])
-                        : "r"(pa[mt][0]), "r"(pa[mt][1]), "r"(pa[mt][2]), "r"(pa[mt][3]), "r"(vf[dp][2]),
-                          "r"(vf[dp][3]));
-                }
+                for (int mt = 0; mt < ATT_WM; ++mt)
+                    att_mma_bf16_n16(o[mt][2 * dp], o[mt][2 * dp + 1], pa[mt], vf[dp]);
         }
     }
     att_store(y + off, o, st, wrow0, T, tok);
@@ -544,12 +536,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
 #pragma unroll
                 for (int mt = 0; mt < ATT_WM; ++mt) {
                     float* c = s[mt][nt];
-                    asm(
-                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                        "{%0,%1,%2,%3};\n"
-                        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                        : "r"(qf[mt][kt][0]), "r"(qf[mt][kt][1]), "r"(qf[mt][kt][2]), "r"(qf[mt][kt][3]), "r"(b0),
-                          "r"(b1));
+                    att_mma_tf32(c, qf[mt][kt][0], qf[mt][kt][1], qf[mt][kt][2], qf[mt][kt][3], b0, b1);
                 }
             }
         if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
@@ -574,11 +561,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
 #pragma unroll
                 for (int mt = 0; mt < ATT_WM; ++mt) {
                     float* c = o[mt][dt];
-                    asm(
-                        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                        "{%0,%1,%2,%3};\n"
-                        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                        : "r"(pa[mt][0]), "r"(pa[mt][1]), "r"(pa[mt][2]), "r"(pa[mt][3]), "r"(b0), "r"(b1));
+                    att_mma_tf32(c, pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3], b0, b1);
                 }
             }
         }

@@ -49,16 +49,18 @@ __device__ __forceinline__ unsigned mx_tf32(float x) {
     return r;
 }
 
+// One mma.sync tile, c += a·b with f32 accumulators (asm ASM: `asm` or `asm volatile`; SHAPE: the
+// instruction's shape and types after "mma.sync.aligned.", e.g. "m16n8k8.row.col.f32.tf32.tf32.f32").
+#define MX_MMA_SYNC(ASM, SHAPE, c, a0, a1, a2, a3, b0, b1)                                                    \
+    ASM("mma.sync.aligned." SHAPE " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                 \
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                     \
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
 // c += a·b on tensor cores, tf32 inputs, f32 accumulation: one m16n8k8 tile per warp. Fragments
 // (g = lane / 4, i = lane % 4): a = A[g][i], A[g+8][i], A[g][i+4], A[g+8][i+4];
 // b = B[i][g], B[i+4][g]; c = C[g][2i], C[g][2i+1], C[g+8][2i], C[g+8][2i+1].
 __device__ __forceinline__ void mx_mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                             unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    MX_MMA_SYNC(asm volatile, "m16n8k8.row.col.f32.tf32.tf32.f32", c, a0, a1, a2, a3, b0, b1);
 }
 
 // Two floats rounded to bf16 (nearest even) and packed as an mma operand register: lo in the
@@ -75,11 +77,7 @@ __device__ __forceinline__ unsigned mx_pack_bf16(float lo, float hi) {
 // c as mx_mma_tf32's.
 __device__ __forceinline__ void mx_mma_bf16(float (&c)[4], unsigned a0, unsigned a1, unsigned a2, unsigned a3,
                                             unsigned b0, unsigned b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    MX_MMA_SYNC(asm volatile, "m16n8k16.row.col.f32.bf16.bf16.f32", c, a0, a1, a2, a3, b0, b1);
 }
 
 // Four 8 × 8 b16 matrices from shared memory (ldmatrix): lanes 8i .. 8i + 7 give the addresses

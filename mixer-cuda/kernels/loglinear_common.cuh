@@ -27,6 +27,24 @@ __device__ inline long long llc_entry(int e, int bh, int m, int nc, int BH) {
     return s * BH + (long long)bh * (nc >> e) + m;
 }
 
+// Where a block of the FMA chunk kernels works (grid (chunks, B·H, …), 256 threads as a 16 × 16 grid
+// tx, ty): chunk i = blockIdx.x of batch·head bh = blockIdx.y (b = bh / H, h = bh mod H), its first
+// token i0 and its n ≤ CH tokens, and row0, the [B,T,H] row of its token 0 (token r at row0 + r·H).
+struct LlcChunk {
+    int i, bh, b, h, tid, tx, ty, i0, n;
+    long long row0;
+};
+template <int CH>
+__device__ __forceinline__ LlcChunk llc_chunk(int Tn, int H) {
+    LlcChunk c;
+    c.i = blockIdx.x, c.bh = blockIdx.y;
+    c.b = c.bh / H, c.h = c.bh % H;
+    c.tid = threadIdx.x, c.tx = c.tid % 16, c.ty = c.tid / 16;
+    c.i0 = c.i * CH, c.n = min(CH, Tn - c.i0);
+    c.row0 = ((long long)c.b * Tn + c.i0) * H + c.h;
+    return c;
+}
+
 // acc[i][j] += Σ_κ X[κ][ty + 16 i] · Y[κ][tx + 16 j] (X, Y in shared memory, rows of LDX / LDY).
 template <typename T, int RI, int RJ, int LDX, int LDY>
 __device__ inline void llc_gemm(T (&acc)[RI][RJ], const T* X, const T* Y, int K, int ty, int tx) {
@@ -44,19 +62,25 @@ __device__ inline void llc_gemm(T (&acc)[RI][RJ], const T* X, const T* Y, int K,
     }
 }
 
+// The entries of a thread's RI × RJ tile of a chunk block as llc_gemm leaves it: the statement after
+// LLC_TILE_EACH(RI, RJ, a, b, r, c, r0, c0) runs for entry acc[a][b] at row r = r0 + ty + 16a,
+// column c = c0 + tx + 16b of the block placed at (r0, c0) (ty, tx: the thread's place in the
+// 16 × 16 grid, in scope; r0 and c0 go in unparenthesised, so that the sums associate left to right
+// as written). A macro rather than a helper taking a lambda: NVRTC compiles the lambda form of
+// llc_out_dl to other machine code (llc_out_dl_f32 at Dk = Dv = 64: 98 → 128 registers).
+#define LLC_TILE_EACH(RI, RJ, a, b, r, c, r0, c0)                                                          \
+    _Pragma("unroll") for (int a = 0; a < (RI); ++a) _Pragma("unroll") for (int b = 0; b < (RJ); ++b)      \
+        if (const int r = r0 + ty + 16 * a, c = c0 + tx + 16 * b; true)
+
 // Stores a thread's RI × 4 tile of a chunk's block (rows ty + 16a, columns c0 + tx + 16jj, as
 // llc_gemm leaves it) into x laid out as rows (row0 + r·H) of D columns: rows below n, columns
 // below D only.
 template <typename T, int RI>
 __device__ inline void llc_store(const T (&acc)[RI][4], T* x, long long row0, int H, int D, int n, int c0, int ty,
                                  int tx) {
-#pragma unroll
-    for (int a = 0; a < RI; ++a)
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-            const int r = ty + 16 * a, c = c0 + tx + 16 * jj;
-            if (r < n && c < D) x[(row0 + (long long)r * H) * D + c] = acc[a][jj];
-        }
+    LLC_TILE_EACH(RI, 4, a, jj, r, c, 0, c0) {
+        if (r < n && c < D) x[(row0 + (long long)r * H) * D + c] = acc[a][jj];
+    }
 }
 
 // Moves `total` elements from `fetch(idx)` to `put(idx, value)`, idx = threadIdx.x + u·NT for u <

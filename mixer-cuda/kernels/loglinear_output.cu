@@ -50,12 +50,9 @@ __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_
     __shared__ double lev_d[32];       // its decay to the chunk start,
     __shared__ int lev_e[32];          // and e
     __shared__ int nlev_s;
-    const int i = blockIdx.x, bh = blockIdx.y;
-    const int b = bh / H, h = bh % H;
-    const int d0 = blockIdx.z * LLC_NT;
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int i0 = i * CH, n = min(CH, Tn - i0);
-    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    const LlcChunk c = llc_chunk<CH>(Tn, H);
+    const int i = c.i, bh = c.bh, d0 = blockIdx.z * LLC_NT, tid = c.tid, tx = c.tx, ty = c.ty, n = c.n;
+    const long long row0 = c.row0;
     const long long DD = (long long)Dk * Dv;
     const T sc = (T)scale;
     if (tid == 0) nlev_s = llc_levels(i, bh, nc, direct, A, lev_ent, lev_d, lev_e);
@@ -65,18 +62,14 @@ __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_
     {
         T acc[RI][RI] = {};
         llc_qk<T, CH>(acc, q, k, Xs, Ys, row0, H, Dk, n);
-#pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int bb = 0; bb < RI; ++bb) {
-                const int r = ty + 16 * a, s = tx + 16 * bb;
-                T p = (T)0;
-                if (s <= r && r < n) {
-                    p = sc * acc[a][bb] * mx_exp((T)(gam[r] - gam[s]));
-                    if (lifted) p *= lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))];
-                }
-                Pt[s * (CH + 1) + r] = p;
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+            T p = (T)0;
+            if (s <= r && r < n) {
+                p = sc * acc[a][bb] * mx_exp((T)(gam[r] - gam[s]));
+                if (lifted) p *= lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))];
             }
+            Pt[s * (CH + 1) + r] = p;
+        }
     }
     __syncthreads();
     T acc[RI][4] = {};
@@ -489,12 +482,9 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
     T* Ys = Xs + LLC_KT * LLC_LD;
     __shared__ double gam[CH], gtmp[CH];
     __shared__ T bet[CH];
-    const int i = blockIdx.x, bh = blockIdx.y;
-    const int b = bh / H, h = bh % H;
-    const int d0 = blockIdx.z * LLC_NT;
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int i0 = i * CH, n = min(CH, Tn - i0);
-    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    const LlcChunk c = llc_chunk<CH>(Tn, H);
+    const int i = c.i, bh = c.bh, d0 = blockIdx.z * LLC_NT, tid = c.tid, tx = c.tx, ty = c.ty, n = c.n;
+    const long long row0 = c.row0;
     const long long DD = (long long)Dk * Dv;
     const T sc = (T)scale;
     if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : (T)0;
@@ -502,13 +492,9 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
     {
         T acc[RI][RI] = {};
         llc_qk<T, CH>(acc, q, k, Xs, Ys, row0, H, Dk, n);
-#pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int bb = 0; bb < RI; ++bb) {
-                const int r = ty + 16 * a, s = tx + 16 * bb;
-                Pt[s * LDC + r] = (s <= r && r < n) ? sc * acc[a][bb] * mx_exp((T)(gam[r] - gam[s])) : (T)0;
-            }
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+            Pt[s * LDC + r] = (s <= r && r < n) ? sc * acc[a][bb] * mx_exp((T)(gam[r] - gam[s])) : (T)0;
+        }
     }
     __syncthreads();
     {
@@ -524,15 +510,11 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
             llc_gemm<T, RI, RI, LDC, LLC_LD>(acc, Pt + j0 * LDC, Ys, LLC_KT, ty, tx);
             __syncthreads();
         }
-#pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int bb = 0; bb < RI; ++bb) {
-                const int r = ty + 16 * a, s = tx + 16 * bb;
-                At[s * LDC + r] = (s <= r && r < n)
-                                      ? acc[a][bb] * lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))]
-                                      : (T)0;
-            }
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+            At[s * LDC + r] = (s <= r && r < n)
+                                  ? acc[a][bb] * lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))]
+                                  : (T)0;
+        }
     }
     __syncthreads();
     // acc += M · X, M = Mt transposed (Mt[s][r], rows r of the chunk), X the chunk's tokens s < n of
@@ -557,15 +539,11 @@ __device__ void llc_out_dl(const T* q, const T* k, const T* v, const T* g, int h
         // Q̃ for key columns c0..c0+64: σ e^γ Q − P W.
         T qa[RI][4] = {};
         times_tokens(qa, Pt, W, Dk, c0);  // P W
-#pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-                const int r = ty + 16 * a, cc = tx + 16 * jj, c = c0 + cc;
-                Qt[cc * LDC + r] = (r < n && c < Dk)
-                                       ? sc * mx_exp((T)gam[r]) * q[(row0 + (long long)r * H) * Dk + c] - qa[a][jj]
-                                       : (T)0;
-            }
+        LLC_TILE_EACH(RI, 4, a, jj, r, cc, 0, 0) {
+            const int c = c0 + cc;
+            Qt[cc * LDC + r] =
+                (r < n && c < Dk) ? sc * mx_exp((T)gam[r]) * q[(row0 + (long long)r * H) * Dk + c] - qa[a][jj] : (T)0;
+        }
         __syncthreads();
         int rank = 0;
         for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {

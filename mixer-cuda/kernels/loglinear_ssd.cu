@@ -63,13 +63,9 @@ __device__ void llc_states(const T* k, const T* v, const T* g, int has_g, T* F, 
     llc_gemm<T, 4, 4, LLC_LD, LLC_LD>(acc, Xs, Ys, n, ty, tx);
     const long long DD = (long long)Dk * Dv;
     T* Z = F + ((long long)bh * nc + j) * DD;
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int jj = 0; jj < 4; ++jj) {
-            const int c = c0 + ty + 16 * i, d = d0 + tx + 16 * jj;
-            if (c < Dk && d < Dv) Z[(long long)c * Dv + d] = acc[i][jj];
-        }
+    LLC_TILE_EACH(4, 4, i, jj, c, d, c0, d0) {
+        if (c < Dk && d < Dv) Z[(long long)c * Dv + d] = acc[i][jj];
+    }
     if (blockIdx.z == 0 && tid == 0) A[(long long)bh * nc + j] = alast;
 }
 

@@ -152,13 +152,9 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
             llc_gemm<T, RI, RI, LLC_LD, LLC_LD>(acc, Xs, Xs, LLC_KT, ty, tx);
             __syncthreads();
         }
-#pragma unroll
-        for (int a = 0; a < RI; ++a)
-#pragma unroll
-            for (int bb = 0; bb < RI; ++bb) {
-                const int r = ty + 16 * a, s = tx + 16 * bb;
-                Lm[r * LDT + s] = (s < r && r < n) ? bet[r] * acc[a][bb] * mx_exp((T)(gam[r] - gam[s])) : (T)0;
-            }
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+            Lm[r * LDT + s] = (s < r && r < n) ? bet[r] * acc[a][bb] * mx_exp((T)(gam[r] - gam[s])) : (T)0;
+        }
     }
     __syncthreads();
     llc_tri_inverse<T, CH, LDT, LDT>(Lm, Tt);

@@ -18,8 +18,8 @@
 //!    `Dv` multiples of 8: `llc_delta_h_rb` ([`StatePass::Bf16Registers`]: bf16 operands, the
 //!    state in registers, two warps of 16 value columns, one where `Dv ≤ 16`), with three buffers
 //!    or two where they fit;
-//! 2. where the FMA pass's states and buffers do not fit in shared memory (on the H200 in f32 `Dk`
-//!    above 188 without the lift): the whole form in one block per head ([`StatePass::Sequential`],
+//! 2. where the FMA pass's states and buffers do not fit in shared memory (on the H200 in f32 without
+//!    the lift `Dk` above about 190: 188 fits, 192 does not): the whole form in one block per head ([`StatePass::Sequential`],
 //!    `loglinear_sequential.cu`);
 //! 3. the lift with f32 data, at most [`LIFT_MAX_LEVELS`] chunk levels, its two copies of the
 //!    states fitting with three buffers or two: the transition form ([`StatePass::Transition`];
