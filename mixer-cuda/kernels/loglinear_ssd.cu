@@ -100,15 +100,17 @@ __device__ void llc_tree(T* __restrict__ F, double* A, int e, int BH, int Dk, in
 
 // 2'. Without a lift, instead of the tree: the state entering every chunk, in place over the
 // level-0 entries. For each (batch·head) and each of the Dk·Dv entries independently,
-//   H_0 = 0,  H_{j+1} = e^{a_j} H_j + Z_j,
+//   H_0 = 0 (or the initial state S_0ᵀ: has_s0, S0 [BH][Dv][Dk]),  H_{j+1} = e^{a_j} H_j + Z_j,
 // and entry j is overwritten by H_j (Z_j is read first), so that pass 3 runs with direct = 1 and
 // reads one state per chunk. Each thread walks one entry over the chunks, loading LLC_SCAN_P
 // chunks' values before storing any (the loads do not wait on the recurrence; 32 in flight
 // rather than 16 took mamba2's whole call from 0.34 to 0.30 ms at T = 16k on the H200).
+// With has_st, the final state H_nc is written transposed as ST [BH][Dv][Dk] (docs/math.md §7).
 // Grid (⌈Dk·Dv/256⌉, BH), 256 threads.
 #define LLC_SCAN_P 32
 template <typename T>
-__device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk, int Dv, int nc) {
+__device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk, int Dv, int nc, const T* S0,
+                         int has_s0, T* ST, int has_st) {
     LLC_FIX_DIMS(Dk, Dv);
     const long long DD = (long long)Dk * Dv;
     const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
@@ -116,7 +118,9 @@ __device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk
     if (idx >= DD) return;
     T* f = F + (long long)bh * nc * DD + idx;
     const double* a = A + (long long)bh * nc;
-    T hcur = (T)0;
+    // Entry idx = (key c, value d) of H is entry (d, c) of the state S = Hᵀ.
+    const long long sidx = (long long)bh * DD + (idx % Dv) * Dk + idx / Dv;
+    T hcur = has_s0 ? S0[sidx] : (T)0;
     int j0 = 0;
     for (; j0 + LLC_SCAN_P <= nc; j0 += LLC_SCAN_P) {
         T z[LLC_SCAN_P], w[LLC_SCAN_P];
@@ -140,6 +144,7 @@ __device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk
         f[(long long)j0 * DD] = hcur;
         hcur = fma(mx_exp((T)a[j0]), hcur, z);
     }
+    if (has_st) ST[sidx] = hcur;
 }
 
 // 1'. llc_states on tensor cores (tf32 / bf16 modes; k and v f32, or bf16 bits as stored in the bf16
@@ -226,8 +231,9 @@ extern "C" __global__ void __launch_bounds__(128)
     extern "C" __global__ void llc_tree_##S(T* F, double* A, int e, int BH, int Dk, int Dv, int nc) {             \
         llc_tree<T>(F, A, e, BH, Dk, Dv, nc);                                                                     \
     }                                                                                                             \
-    extern "C" __global__ void __launch_bounds__(256) llc_scan_##S(T* F, const double* A, int Dk, int Dv, int nc) { \
-        llc_scan<T>(F, A, Dk, Dv, nc);                                                                            \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        llc_scan_##S(T* F, const double* A, int Dk, int Dv, int nc, const T* S0, int has_s0, T* ST, int has_st) {  \
+        llc_scan<T>(F, A, Dk, Dv, nc, S0, has_s0, ST, has_st);                                                    \
     }
 
 LLS_EXPORT(float, f32)

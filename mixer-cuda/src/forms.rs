@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use mixer_core::mixer::{Decoder, Mixer};
 use mixer_core::precision::{ACTIVATIONS, round_bf16};
 use mixer_core::{Dims, Error, Form, Precision, Result, Tensors};
-use mixer_registry::{DecoderFn, Family, FormFn, PreciseFn};
+use mixer_registry::{DecoderFn, Family, FormFn, PreciseFn, StateFn};
 use ndarray::ArrayD;
 
 use crate::kernels;
@@ -28,6 +28,12 @@ use crate::tensor::{AnyDeviceTensor, DeviceScalar, DeviceTensor, DeviceTensors, 
 
 /// A device form: inputs on the device, output on the device, nothing waited for.
 pub type DeviceFormFn<M> = fn(&M, &DeviceTensors, Precision) -> Result<AnyDeviceTensor>;
+
+/// A device form run from a recurrent state (docs/math.md §7): the inputs, the initial state
+/// (`None`: zeros) as device tensors named as the mixer's state; returns `y` and the final
+/// state, nothing waited for.
+pub type DeviceStateFn<M> =
+    fn(&M, &DeviceTensors, Option<&DeviceTensors>, Precision) -> Result<(AnyDeviceTensor, DeviceTensors)>;
 
 /// A decoder whose state lives on the device.
 pub trait DeviceDecoder: Send {
@@ -64,6 +70,14 @@ pub trait DeviceFamily<F: GpuReal>: Send + Sync + 'static {
     fn unsupported(_m: &Self::Mixer, _form: Form) -> Option<String> {
         None
     }
+    /// The `fast` form run from a state, if any.
+    fn fast_from_state() -> Option<DeviceStateFn<Self::Mixer>> {
+        None
+    }
+    /// A configuration whose `form` cannot run from a state here although the family has that.
+    fn state_unsupported(_m: &Self::Mixer, _form: Form) -> Option<String> {
+        None
+    }
     /// The launch plan of `form` at the sizes `dims` in mode `p`, as JSON
     /// (`mixer_registry::DeviceForms::plan`), for a family that reports one.
     fn plan(_m: &Self::Mixer, _form: Form, _dims: &Dims, _p: Precision) -> Option<Result<serde_json::Value>> {
@@ -95,6 +109,27 @@ impl<F: GpuReal, T: DeviceFamily<F>> Family<F> for Hosted<T> {
     fn unsupported(&self, m: &T::Mixer, form: Form) -> Option<String> {
         T::unsupported(m, form)
     }
+    fn stateful(&self, form: Form) -> Option<StateFn<T::Mixer, F>> {
+        (form == Form::Fast).then(T::fast_from_state).flatten().map(|_| host_fast_from_state::<F, T> as StateFn<T::Mixer, F>)
+    }
+    fn state_unsupported(&self, m: &T::Mixer, form: Form) -> Option<String> {
+        T::state_unsupported(m, form)
+    }
+}
+
+/// The `fast` form from a state on host arrays: uploads the inputs and the state, runs the
+/// device form, reads `y` and the final state back.
+fn host_fast_from_state<F: GpuReal, T: DeviceFamily<F>>(
+    m: &T::Mixer,
+    x: &Tensors<F>,
+    initial: Option<&Tensors<F>>,
+) -> Result<(ArrayD<F>, Tensors<F>)> {
+    let f = T::fast_from_state().ok_or_else(|| err(m.family(), "internal: no fast form from a state"))?;
+    let dev = upload_inputs(x, Precision::Exact)?;
+    let s0 = initial.map(|s| upload_inputs(s, Precision::Exact)).transpose()?;
+    let (y, fin) = f(m, &dev, s0.as_ref(), Precision::Exact)?;
+    let fin = fin.iter().map(|(k, v)| Ok((k.clone(), download_as::<F>(v)?))).collect::<Result<_>>()?;
+    Ok((download_as::<F>(&y)?, fin))
 }
 
 fn host_parallel<F: GpuReal, T: DeviceFamily<F>>(m: &T::Mixer, x: &Tensors<F>) -> Result<ArrayD<F>> {

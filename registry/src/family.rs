@@ -104,6 +104,11 @@ pub trait Family<F: Real>: Send + Sync + 'static {
     fn stateful(&self, _form: Form) -> Option<StateFn<Self::Mixer, F>> {
         None
     }
+    /// Why this backend cannot run `form` of this configuration from a state although it runs
+    /// that form from a state for others, or `None`.
+    fn state_unsupported(&self, _m: &Self::Mixer, _form: Form) -> Option<String> {
+        None
+    }
     /// The backward of [`Family::stateful`]'s form, if this backend has it.
     fn stateful_backward(&self, _form: Form) -> Option<StateBackwardFn<Self::Mixer, F>> {
         None
@@ -157,6 +162,8 @@ pub trait DynFamily<F: Real>: Send + Sync {
     ) -> Option<Result<Tensors<F>>>;
     /// Whether `form` runs from a state here (`recurrent`: a decoder from a state).
     fn implements_state(&self, form: Form) -> bool;
+    /// [`Family::state_unsupported`] for a mixer of this family (an error if it is not one).
+    fn state_unsupported(&self, m: &dyn Mixer, backend: &str, form: Form) -> Result<Option<String>>;
     /// Whether `form`'s run from a state has a backward pass here.
     fn implements_state_backward(&self, form: Form) -> bool;
     /// Runs [`Family::stateful`]'s form; `None` when there is none.
@@ -260,6 +267,9 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
     }
     fn implements_state_backward(&self, form: Form) -> bool {
         self.stateful_backward(form).is_some()
+    }
+    fn state_unsupported(&self, m: &dyn Mixer, backend: &str, form: Form) -> Result<Option<String>> {
+        Ok(Family::state_unsupported(self, downcast::<T::Mixer>(m, backend)?, form))
     }
     fn run_state(
         &self,

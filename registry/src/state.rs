@@ -46,7 +46,10 @@ fn why_not(m: &dyn Mixer, backend: &Backend, form: Form) -> Option<String> {
         return None;
     }
     match backend.family(m.family()) {
-        Some(e) if e.f64.implements_state(form) => None,
+        Some(e) if e.f64.implements_state(form) => match e.f64.state_unsupported(m, backend.name(), form) {
+            Ok(why) => why,
+            Err(e) => Some(e.to_string()),
+        },
         _ => Some(format!(
             "backend `{}` has no {form} form from a state for the `{}` family",
             backend.name(),

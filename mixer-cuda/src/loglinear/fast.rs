@@ -175,7 +175,37 @@ fn storage<F: GpuReal>(x: &DeviceTensors) -> Storage {
 
 /// Runs the `fast` form on device tensors.
 pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
-    if p == Precision::Bf16
+    run_from::<F>(ll, x, p, None, false).map(|(y, _)| y)
+}
+
+/// Why the `fast` form of `ll` cannot run from a state here, or `None`: linear attention and
+/// Mamba-2 (whose scan takes the state) can; gated DeltaNet's state pass and the lifts cannot yet.
+pub fn state_unsupported(ll: &LogLinear) -> Option<String> {
+    match (ll.base, ll.lift) {
+        (_, Some(_)) => Some("the lifts' state is not implemented yet".into()),
+        (Base::GatedDeltaNet, None) => {
+            Some("gated DeltaNet's CUDA state pass takes no initial state yet (the CPU backend has it)".into())
+        }
+        _ => None,
+    }
+}
+
+/// [`run`] of a base mixer from the state `s0` (`S [B, H, Dv, Dk]` as `F`; `None`: zero); with
+/// `want_final`, also the final state (docs/math.md §7). Only where [`state_unsupported`] says
+/// nothing: the scalar-decay path's scan takes the state.
+pub fn run_from<F: GpuReal>(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    p: Precision,
+    s0: Option<&DeviceTensor<F>>,
+    want_final: bool,
+) -> Result<(AnyDeviceTensor, Option<DeviceTensor<F>>)> {
+    let stateful = s0.is_some() || want_final;
+    if stateful && let Some(why) = state_unsupported(ll) {
+        return Err(err(FAMILY, why));
+    }
+    if !stateful
+        && p == Precision::Bf16
         && let st @ Storage::Bf16 { .. } = storage::<F>(x)
         && let Some((_, dims)) = bf16_qkv(x)
     {
@@ -184,7 +214,7 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
             Base::LinearAttention | Base::Mamba2 => {
                 let s = Shape::new(dims);
                 if ll.lift.is_none() && s.dk <= 64 && s.b * s.t * s.h * s.dk * s.dv != 0 {
-                    return run_ssd_bf16(ll, x, st, device);
+                    return run_ssd_bf16(ll, x, st, device).map(|y| (y, None));
                 }
             }
             Base::GatedDeltaNet => {
@@ -192,7 +222,7 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
                 if let StatePass::Bf16Registers { .. } =
                     state_pass::select(Shape::new(dims), p, st, lifted, device)
                 {
-                    return run_delta_bf16(ll, x, st, device);
+                    return run_delta_bf16(ll, x, st, device).map(|y| (y, None));
                 }
             }
         }
@@ -201,7 +231,13 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
     let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let dv = v.shape()[3];
     if b * t * h * dv == 0 {
-        return finish(DeviceTensor::<F>::zeros(&[b, t, h, dv])?, p);
+        // Nothing to mix: the state passes through unchanged.
+        let fin = match (want_final, s0) {
+            (false, _) => None,
+            (true, Some(s)) => Some(s.clone()),
+            (true, None) => Some(DeviceTensor::<F>::zeros(&[b, h, dv, dk])?),
+        };
+        return Ok((finish(DeviceTensor::<F>::zeros(&[b, t, h, dv])?, p)?, fin));
     }
     let lam = match ll.lift {
         Some(_) => {
@@ -235,8 +271,16 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
     };
     // The activations are F now (converted where they were stored otherwise).
     let plan = plan(ll, inp.dims, p, Storage::Real(Elem::of::<F>()), Device::current())?;
+    if stateful && plan.path != Path::Ssd {
+        return Err(err(FAMILY, format!("internal: a run from a state on the {:?} path", plan.path)));
+    }
+    let mut fin = None;
     let y = match (plan.path, plan.state_pass) {
-        (Path::Ssd, _) => ssd::run(ll, &inp, &plan.launches)?,
+        (Path::Ssd, _) => {
+            let (y, f) = ssd::run(ll, &inp, &plan.launches, s0, want_final)?;
+            fin = f.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
+            y
+        }
         (Path::Sequential, _) => {
             let l = plan.launches.first().ok_or_else(|| err(FAMILY, "internal: an empty plan"))?;
             sequential::run(ll, &inp, l)?
@@ -245,7 +289,7 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
         _ => return Err(err(FAMILY, format!("internal: no path for the plan {:?}", plan.path))),
     };
     let checks = inp.lam.as_ref().map(|(l, _)| l.checks().to_vec()).unwrap_or_default();
-    finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)
+    Ok((finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)?, fin))
 }
 
 /// Linear attention and Mamba-2 without a lift in the bf16 mode, on the bf16 activations as

@@ -49,7 +49,8 @@ pub use state_pass::StatePass;
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Dims, Form, Precision, Result};
 
-use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn};
+use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateFn};
+use mixer_core::mixers::loglinear_state::STATE;
 use crate::runtime::GpuReal;
 
 use common::FAMILY;
@@ -81,6 +82,17 @@ impl<F: GpuReal> DeviceFamily<F> for LogLinearCuda {
     }
     fn fast() -> Option<DeviceFormFn<LogLinear>> {
         Some(fast::run::<F>)
+    }
+    fn fast_from_state() -> Option<DeviceStateFn<LogLinear>> {
+        Some(|m, x, s0, p| {
+            let s0 = s0.map(|s| crate::forms::input::<F>(s, STATE)).transpose()?;
+            let (y, fin) = fast::run_from::<F>(m, x, p, s0.as_deref(), true)?;
+            let fin = fin.ok_or_else(|| crate::runtime::err(FAMILY, "internal: no final state"))?;
+            Ok((y, [(STATE.to_string(), F::wrap(fin))].into_iter().collect()))
+        })
+    }
+    fn state_unsupported(m: &LogLinear, _form: Form) -> Option<String> {
+        fast::state_unsupported(m)
     }
     fn decoder() -> Option<DeviceDecoderFn<LogLinear, F>> {
         Some(|m, statics, dims| {

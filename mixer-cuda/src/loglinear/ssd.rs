@@ -87,12 +87,16 @@ pub(crate) fn launches(s: Shape, elem: Elem, p: Precision, lifted: bool, bf16: b
 }
 
 /// Runs the passes of `plan` (from [`launches`], then [`output::launch`]); returns `y`
-/// `[B, T, H, Dv]`.
+/// `[B, T, H, Dv]`. A base mixer may start from the state `s0` (`S [B, H, Dv, Dk]`, docs/math.md
+/// §7; `None`: zero) and, with `want_final`, also returns its final state `S [B, H, Dv, Dk]`
+/// (both taken by the scan).
 pub(crate) fn run<F: GpuReal>(
     ll: &LogLinear,
     x: &ChunkedInputs<'_, F>,
     plan: &[Launch],
-) -> Result<Pooled<F>> {
+    s0: Option<&DeviceTensor<F>>,
+    want_final: bool,
+) -> Result<(Pooled<F>, Option<Pooled<F>>)> {
     let s = x.shape();
     let [b, t, h, dk, dv] = s.dims();
     let lifted = ll.lift.is_some();
@@ -107,12 +111,25 @@ pub(crate) fn run<F: GpuReal>(
     let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let [ti, hi, dki, dvi, nci, bhi] = kernel_ints([t, h, dk, dv, nc, bh])?;
     let (kv, vv) = (x.k.view(), x.v.view());
+    if (s0.is_some() || want_final) && (lifted || !plan.iter().any(|l| l.step == Step::Scan)) {
+        return Err(err(FAMILY, "internal: a state needs the scan of a base mixer"));
+    }
+    let (s0v, has_s0) = view_or_zero(s0, &x.zero);
+    let mut fin = if want_final { Some(pool::take::<F>(FAMILY, bh * dk * dv)?) } else { None };
     for l in plan {
         let (f, cfg) = l.function()?;
         match l.step {
             Step::States => launch!(g, FAMILY, f, cfg;
                 &kv, &vv, &gv, &has_g, &mut *tree, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?,
-            Step::Scan => launch!(g, FAMILY, f, cfg; &mut *tree, &*decays, &dki, &dvi, &nci)?,
+            Step::Scan => {
+                let has_st = fin.is_some() as i32;
+                match fin.as_mut() {
+                    Some(st) => launch!(g, FAMILY, f, cfg;
+                        &mut *tree, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, &mut **st, &has_st)?,
+                    None => launch!(g, FAMILY, f, cfg;
+                        &mut *tree, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, &mut *y, &has_st)?,
+                }
+            }
             Step::Tree { level } => {
                 let ei = level as i32;
                 launch!(g, FAMILY, f, cfg; &mut *tree, &mut *decays, &ei, &bhi, &dki, &dvi, &nci)?
@@ -138,7 +155,7 @@ pub(crate) fn run<F: GpuReal>(
             _ => return Err(unexpected(l)),
         }
     }
-    Ok(y)
+    Ok((y, fin))
 }
 
 /// The bf16 mode of linear attention and Mamba-2 without a lift, `Dk ≤ 64` (`g` as given), with
@@ -165,6 +182,7 @@ pub(crate) fn run_bf16(
     let [ti, hi, dki, dvi, nci, _] = kernel_ints([t, h, dk, dv, nc, bh])?;
     let mut states = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
     let mut decays = pool::take::<f64>(FAMILY, bh * nc)?;
+    let mut unused = pool::zeros::<f32>(FAMILY, 1)?;
     let (qv, kv, vv) = (q.view(), k.view(), v.view());
     let mut y = None;
     for l in plan {
@@ -172,7 +190,11 @@ pub(crate) fn run_bf16(
         match l.step {
             Step::States => launch!(gpu, FAMILY, f, cfg;
                 &kv, &vv, &gv, &has_g, &mut *states, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?,
-            Step::Scan => launch!(gpu, FAMILY, f, cfg; &mut *states, &*decays, &dki, &dvi, &nci)?,
+            Step::Scan => {
+                // No state in or out on this path (zero flags; the pointers are never read).
+                let off = 0i32;
+                launch!(gpu, FAMILY, f, cfg; &mut *states, &*decays, &dki, &dvi, &nci, &gv, &off, &mut *unused, &off)?
+            }
             Step::Output => {
                 let y = y.insert(pool::take::<bf16>(FAMILY, b * t * h * dv)?);
                 output::run_direct(f, cfg, [&qv, &kv, &vv], (&gv, has_g), &states, s, ll.scale, y)?
