@@ -110,7 +110,10 @@ impl<F: GpuReal, T: DeviceFamily<F>> Family<F> for Hosted<T> {
         T::unsupported(m, form)
     }
     fn stateful(&self, form: Form) -> Option<StateFn<T::Mixer, F>> {
-        (form == Form::Fast).then(T::fast_from_state).flatten().map(|_| host_fast_from_state::<F, T> as StateFn<T::Mixer, F>)
+        (form == Form::Fast)
+            .then(T::fast_from_state)
+            .flatten()
+            .map(|_| host_fast_from_state::<F, T> as StateFn<T::Mixer, F>)
     }
     fn state_unsupported(&self, m: &T::Mixer, form: Form) -> Option<String> {
         T::state_unsupported(m, form)

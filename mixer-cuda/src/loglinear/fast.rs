@@ -183,9 +183,9 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
 pub fn state_unsupported(ll: &LogLinear) -> Option<String> {
     match (ll.base, ll.lift) {
         (_, Some(_)) => Some("the lifts' state is not implemented yet".into()),
-        (Base::GatedDeltaNet, None) => {
-            Some("gated DeltaNet's CUDA state pass takes no initial state yet (the CPU backend has it)".into())
-        }
+        (Base::GatedDeltaNet, None) => Some(
+            "gated DeltaNet's CUDA state pass takes no initial state yet (the CPU backend has it)".into(),
+        ),
         _ => None,
     }
 }

@@ -50,8 +50,8 @@ use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Dims, Form, Precision, Result};
 
 use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateFn};
-use mixer_core::mixers::loglinear_state::STATE;
 use crate::runtime::GpuReal;
+use mixer_core::mixers::loglinear_state::STATE;
 
 use common::FAMILY;
 
