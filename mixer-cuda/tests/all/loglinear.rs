@@ -184,3 +184,80 @@ fn loglinear_cuda_fast_long_sequence() {
         assert!(c.pass && c32.pass, "{name}: {c:?} {c32:?}");
     }
 }
+
+/// Linear attention and Mamba-2 from a state on CUDA (the scan started from `S_0ᵀ`, `S_T`
+/// written after the last chunk) against the CPU's run from the same state, at lengths across
+/// many chunks, and split at chunk boundaries and inside chunks: the second part from the
+/// first's CUDA final state gives the whole run. Gated DeltaNet is refused with its reason.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn loglinear_cuda_runs_from_a_state() {
+    use mixer_core::tensor::cast_tensors;
+    use mixer_core::{Precision, Tolerance};
+    use mixer_registry::state::run_state;
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    let (cpu, gpu) = (mixer_registry::Backend::by_name("cpu").unwrap(), common::cuda());
+    for name in ["linear-attention", "mamba2"] {
+        let m = mixer_registry::mixer(name, &serde_json::json!({})).unwrap();
+        for t_len in [65, 1000, 4099] {
+            let dims: mixer_core::Dims =
+                [("B", 2), ("T", t_len), ("H", 3), ("Dk", 16), ("Dv", 70)].into_iter().collect();
+            let x = m.random_inputs(&dims, 11).unwrap();
+            let s0: mixer_core::Tensors<f64> = [(
+                "S".to_string(),
+                ndarray::ArrayD::from_shape_fn(ndarray::IxDyn(&[2, 3, 70, 16]), |i| {
+                    ((i[1] * 7 + i[2] * 3 + i[3]) % 13) as f64 / 6.5 - 1.0
+                }),
+            )]
+            .into_iter()
+            .collect();
+            let (yc, sc) = run_state(m.as_ref(), &cpu, Form::Fast, &x, Some(&s0), Precision::Exact).unwrap();
+            let (yg, sg) = run_state(m.as_ref(), &gpu, Form::Fast, &x, Some(&s0), Precision::Exact).unwrap();
+            for (what, a, b) in [("y", &yg, &yc), ("S_T", &sg["S"], &sc["S"])] {
+                let c = Tolerance::F64.compare(a.view(), b.view());
+                assert!(c.pass, "{name} T={t_len} f64 {what}: {c:?}");
+            }
+            let (x32, s32) = (cast_tensors::<f32>(&x), cast_tensors::<f32>(&s0));
+            let (y32, f32s) =
+                run_state(m.as_ref(), &gpu, Form::Fast, &x32, Some(&s32), Precision::Exact).unwrap();
+            for (what, a, b) in
+                [("y", &y32.mapv(f64::from), &yc), ("S_T", &f32s["S"].mapv(f64::from), &sc["S"])]
+            {
+                let c = Tolerance::F32.compare(a.view(), b.view());
+                assert!(c.pass, "{name} T={t_len} f32 {what}: {c:?}");
+            }
+            for a in [64, 100, t_len - 1] {
+                let (ya, sa) = run_state(
+                    m.as_ref(),
+                    &gpu,
+                    Form::Fast,
+                    &mixer_core::state::segment(m.as_ref(), &x, 0..a),
+                    Some(&s0),
+                    Precision::Exact,
+                )
+                .unwrap();
+                let (yb, sb) = run_state(
+                    m.as_ref(),
+                    &gpu,
+                    Form::Fast,
+                    &mixer_core::state::segment(m.as_ref(), &x, a..t_len),
+                    Some(&sa),
+                    Precision::Exact,
+                )
+                .unwrap();
+                let joined = ndarray::concatenate(ndarray::Axis(1), &[ya.view(), yb.view()]).unwrap();
+                let c = Tolerance::F64.compare(joined.view(), yg.view());
+                assert!(c.pass, "{name} T={t_len} split at {a}: {c:?}");
+                let c = Tolerance::F64.compare(sb["S"].view(), sg["S"].view());
+                assert!(c.pass, "{name} T={t_len} final state split at {a}: {c:?}");
+            }
+        }
+    }
+    let gdn = mixer_registry::mixer("gated-deltanet", &serde_json::json!({})).unwrap();
+    let dims: mixer_core::Dims = [("B", 1), ("T", 9), ("H", 1), ("Dk", 4), ("Dv", 4)].into_iter().collect();
+    let x = gdn.random_inputs(&dims, 1).unwrap();
+    let e = run_state(gdn.as_ref(), &gpu, Form::Fast, &x, None, Precision::Exact).unwrap_err().to_string();
+    assert!(e.contains("gated DeltaNet's CUDA state pass"), "{e}");
+}
