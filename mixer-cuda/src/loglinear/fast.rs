@@ -270,7 +270,10 @@ pub fn run_from<F: GpuReal>(
         zero: pool::zeros::<F>(FAMILY, 1)?,
     };
     // The activations are F now (converted where they were stored otherwise).
-    let plan = plan(ll, inp.dims, p, Storage::Real(Elem::of::<F>()), Device::current())?;
+    // From a state, the exact kernels (the tensor-core output kernel reads no state for chunk 0;
+    // the tf32 mode permits tensor cores, it does not require them).
+    let pp = if stateful { Precision::Exact } else { p };
+    let plan = plan(ll, inp.dims, pp, Storage::Real(Elem::of::<F>()), Device::current())?;
     if stateful && plan.path != Path::Ssd {
         return Err(err(FAMILY, format!("internal: a run from a state on the {:?} path", plan.path)));
     }
@@ -348,7 +351,7 @@ fn run_delta<F: GpuReal>(
             &hs,
             &decays,
             1,
-            false,
+            (false, false),
             s,
             ll.scale,
             &mut y,

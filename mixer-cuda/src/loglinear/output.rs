@@ -85,7 +85,8 @@ pub(crate) fn launch_lift(s: Shape, elem: Elem, p: Precision) -> Launch {
 
 /// Runs `l` (from [`launch`]; `f`, `cfg` its function and configuration): `y` from the chunks and
 /// the states they read — the tree (`lifted`), or the state entering each chunk (gated DeltaNet
-/// without a lift passes its new values as `v`, and no decays).
+/// without a lift passes its new values as `v`, and no decays); `first_state`: chunk 0 reads a
+/// state too (a run from an initial state, kernel `direct = 2`; `llc_out` only).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run<F: GpuReal>(
     l: &Launch,
@@ -96,18 +97,22 @@ pub(crate) fn run<F: GpuReal>(
     states: &Pooled<F>,
     decays: &Pooled<f64>,
     levels: usize,
-    lifted: bool,
+    (lifted, first_state): (bool, bool),
     s: Shape,
     scale: f64,
     y: &mut Pooled<F>,
 ) -> Result<()> {
+    if first_state && (lifted || is_direct(l)) {
+        return Err(crate::runtime::err(FAMILY, "internal: a state entering chunk 0 needs llc_out without a lift"));
+    }
     if is_direct(l) {
         return run_direct(f, cfg, [q, k, v], (g, has_g), states, s, scale, y);
     }
     let Shape { t, h, dk, dv, .. } = s;
     let nc = s.chunks(Elem::of::<F>().chunk());
     let (ti, hi, dki, dvi, nci) = (t as i32, h as i32, dk as i32, dv as i32, nc as i32);
-    let (li, lifted, direct) = (int(FAMILY, "L", levels)?, lifted as i32, !lifted as i32);
+    let direct = if lifted { 0 } else if first_state { 2 } else { 1 };
+    let (li, lifted) = (int(FAMILY, "L", levels)?, lifted as i32);
     launch!(gpu()?, FAMILY, f, cfg;
         q, k, v, g, &has_g, lam, &**states, &**decays, &mut **y,
         &ti, &hi, &dki, &dvi, &li, &lifted, &direct, &nci, &scale)

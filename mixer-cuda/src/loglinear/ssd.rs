@@ -146,7 +146,7 @@ pub(crate) fn run<F: GpuReal>(
                     &tree,
                     &decays,
                     levels,
-                    lifted,
+                    (lifted, s0.is_some()),
                     s,
                     scale,
                     &mut y,
