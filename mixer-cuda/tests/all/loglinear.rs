@@ -228,7 +228,7 @@ fn loglinear_cuda_runs_from_a_state() {
                 let c = Tolerance::F32.compare(a.view(), b.view());
                 assert!(c.pass, "{name} T={t_len} f32 {what}: {c:?}");
             }
-            for a in [64, 100, t_len - 1] {
+            for a in [64, 100, t_len - 1].into_iter().filter(|&a| a < t_len) {
                 let (ya, sa) = run_state(
                     m.as_ref(),
                     &gpu,
