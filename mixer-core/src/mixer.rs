@@ -55,7 +55,7 @@ pub trait Mixer: Send + Sync + Debug + Any {
     /// valid input of length `len`: the decoder's first `len` outputs must equal any form run
     /// on it.
     fn prefix(&self, inputs: &Tensors<f64>, len: usize) -> Result<Tensors<f64>> {
-        Ok(crate::state::cut(inputs, &self.spec().per_token(), &self.length_axes(len), 0..len))
+        crate::state::cut(inputs, &self.spec().per_token(), &self.length_axes(len), 0..len)
     }
     /// The axes besides the sequence axis whose size is a function of `T` exactly, as
     /// `(input, axis, size at length len)` (e.g. the GLR's `K(T)` slots): [`Mixer::prefix`]

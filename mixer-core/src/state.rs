@@ -113,7 +113,8 @@ pub fn check_cu_seqlens(cu: &[usize], batch: usize, t_len: usize) -> Result<Vec<
 /// The inputs of the tokens `range` of `inputs`, as a sequence of their own: every per-token
 /// input cut along the sequence axis, static inputs kept, and the axes whose size depends on
 /// `T` exactly cut to the segment's length ([`Mixer::length_axes`], e.g. the GLR's slots).
-pub fn segment<F: Clone>(m: &dyn Mixer, inputs: &Tensors<F>, range: Range<usize>) -> Tensors<F> {
+/// An error when `range` is not inside every per-token input's sequence axis.
+pub fn segment<F: Clone>(m: &dyn Mixer, inputs: &Tensors<F>, range: Range<usize>) -> Result<Tensors<F>> {
     cut(inputs, &m.spec().per_token(), &m.length_axes(range.len()), range)
 }
 
@@ -123,11 +124,19 @@ pub fn cut<F: Clone>(
     per_token: &[String],
     cuts: &[(&'static str, usize, usize)],
     range: Range<usize>,
-) -> Tensors<F> {
+) -> Result<Tensors<F>> {
     inputs
         .iter()
         .map(|(k, v)| {
             let mut v = if per_token.contains(k) {
+                let t = v.shape().get(1).copied().unwrap_or(0);
+                if range.start > range.end || range.end > t {
+                    return Err(Error::shape(
+                        k.clone(),
+                        format!("a sequence axis of at least {} tokens for rows {range:?}", range.end),
+                        fmt_shape(v.shape()),
+                    ));
+                }
                 v.slice_axis(Axis(1), Slice::from(range.clone())).to_owned()
             } else {
                 v.clone()
@@ -137,7 +146,7 @@ pub fn cut<F: Clone>(
                     v = v.slice_axis(Axis(axis), Slice::from(0..n)).to_owned();
                 }
             }
-            (k.clone(), v)
+            Ok((k.clone(), v))
         })
         .collect()
 }
@@ -228,6 +237,15 @@ mod tests {
         assert!(check_state("initial_state", &want, &s).unwrap_err().to_string().contains("finite"));
         let e = check_state("initial_state", &want, &Tensors::<f64>::new()).unwrap_err().to_string();
         assert!(e.contains("missing") && e.contains("initial_state.S"), "{e}");
+    }
+
+    #[test]
+    fn a_segment_outside_the_sequence_is_an_error() {
+        let x: Tensors<f64> = [("x".to_string(), ArrayD::zeros(IxDyn(&[1, 5, 2])))].into_iter().collect();
+        let per_token = vec!["x".to_string()];
+        assert_eq!(cut(&x, &per_token, &[], 1..4).unwrap()["x"].shape(), [1, 3, 2]);
+        let e = cut(&x, &per_token, &[], 3..7).unwrap_err().to_string();
+        assert!(e.contains("`x`") && e.contains("7 tokens") && e.contains("[1, 5, 2]"), "{e}");
     }
 
     #[test]

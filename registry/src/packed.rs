@@ -81,7 +81,7 @@ pub fn run_packed<F: Scalar>(
         if r.is_empty() {
             return Ok((None, one.as_ref().map(|w| row.unwrap_or_else(|| zeros(w)))));
         }
-        let seg = segment(m, inputs, r.clone());
+        let seg = segment(m, inputs, r.clone())?;
         if stateful {
             let (yi, fi) = run_state(m, backend, form, &seg, row.as_ref(), precision)?;
             return Ok((Some(yi), Some(fi)));
@@ -182,7 +182,7 @@ pub fn backward_packed<F: Scalar>(
         if r.is_empty() {
             return Ok((None, one.as_ref().map(|w| d_row.unwrap_or_else(|| zeros(w)))));
         }
-        let seg = segment(m, inputs, r.clone());
+        let seg = segment(m, inputs, r.clone())?;
         let dyi = dy.slice_axis(ndarray::Axis(1), ndarray::Slice::from(r.clone())).to_owned();
         if stateful {
             let (g, ds) =

@@ -102,8 +102,8 @@ pub(crate) fn state_check(
     compare_all(tol, "final state", &fin, &want_f)?;
     let t_len = inputs[m.spec().mixed].shape()[1];
     for a in splits(t_len) {
-        let (ya, sa) = run(&segment(m, inputs, 0..a), Some(&s0))?;
-        let (yb, sb) = run(&segment(m, inputs, a..t_len), Some(&sa))?;
+        let (ya, sa) = run(&segment(m, inputs, 0..a).map_err(|e| e.to_string())?, Some(&s0))?;
+        let (yb, sb) = run(&segment(m, inputs, a..t_len).map_err(|e| e.to_string())?, Some(&sa))?;
         let joined = ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).map_err(|e| e.to_string())?;
         compare(tol, &format!("y split at {a}"), &joined, &y)?;
         compare_all(tol, &format!("final state split at {a}"), &sb, &fin)?;
@@ -174,7 +174,7 @@ pub(crate) fn packed_check(
     for (i, w) in cu.windows(2).enumerate() {
         let r = w[0]..w[1];
         let got = y.slice_axis(Axis(1), Slice::from(r.clone())).to_owned();
-        let seg = segment(m, &x, r.clone());
+        let seg = segment(m, &x, r.clone()).map_err(|e| e.to_string())?;
         let row = s0.as_ref().map(|s| state_row(s, i));
         if !r.is_empty() {
             let alone = match &row {
@@ -216,7 +216,7 @@ pub(crate) fn packed_check(
     let per_token = m.spec().per_token();
     for (i, w) in cu.windows(2).enumerate().filter(|(_, w)| w[0] < w[1]) {
         let r = w[0]..w[1];
-        let seg = segment(m, &x, r.clone());
+        let seg = segment(m, &x, r.clone()).map_err(|e| e.to_string())?;
         let dyi = dy.slice_axis(Axis(1), Slice::from(r.clone())).to_owned();
         let alone =
             crate::backward::backward_as(m, backend.name(), form, &seg, &dyi, DType::F64, &Requires::All)

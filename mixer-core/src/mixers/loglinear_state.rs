@@ -284,8 +284,8 @@ mod tests {
             let x = m.random_inputs(&complete_dims(&m, &dims(t_len)), 9).unwrap();
             let (y, fin) = oracle(&m, &x, None).unwrap();
             for a in [0, 1, 4, 7, 11] {
-                let (ya, sa) = oracle(&m, &segment(&m, &x, 0..a), None).unwrap();
-                let (yb, sb) = oracle(&m, &segment(&m, &x, a..t_len), Some(&sa)).unwrap();
+                let (ya, sa) = oracle(&m, &segment(&m, &x, 0..a).unwrap(), None).unwrap();
+                let (yb, sb) = oracle(&m, &segment(&m, &x, a..t_len).unwrap(), Some(&sa)).unwrap();
                 let joined = ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).unwrap();
                 close(&joined, &y, &format!("{} split at {a}", m.name));
                 close(&sb[STATE], &fin[STATE], &format!("{} final state split at {a}", m.name));

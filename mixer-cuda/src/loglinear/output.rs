@@ -103,7 +103,10 @@ pub(crate) fn run<F: GpuReal>(
     y: &mut Pooled<F>,
 ) -> Result<()> {
     if first_state && (lifted || is_direct(l)) {
-        return Err(crate::runtime::err(FAMILY, "internal: a state entering chunk 0 needs llc_out without a lift"));
+        return Err(crate::runtime::err(
+            FAMILY,
+            "internal: a state entering chunk 0 needs llc_out without a lift",
+        ));
     }
     if is_direct(l) {
         return run_direct(f, cfg, [q, k, v], (g, has_g), states, s, scale, y);
@@ -111,7 +114,13 @@ pub(crate) fn run<F: GpuReal>(
     let Shape { t, h, dk, dv, .. } = s;
     let nc = s.chunks(Elem::of::<F>().chunk());
     let (ti, hi, dki, dvi, nci) = (t as i32, h as i32, dk as i32, dv as i32, nc as i32);
-    let direct = if lifted { 0 } else if first_state { 2 } else { 1 };
+    let direct = if lifted {
+        0
+    } else if first_state {
+        2
+    } else {
+        1
+    };
     let (li, lifted) = (int(FAMILY, "L", levels)?, lifted as i32);
     launch!(gpu()?, FAMILY, f, cfg;
         q, k, v, g, &has_g, lam, &**states, &**decays, &mut **y,

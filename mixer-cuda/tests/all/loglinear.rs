@@ -233,7 +233,7 @@ fn loglinear_cuda_runs_from_a_state() {
                     m.as_ref(),
                     &gpu,
                     Form::Fast,
-                    &mixer_core::state::segment(m.as_ref(), &x, 0..a),
+                    &mixer_core::state::segment(m.as_ref(), &x, 0..a).unwrap(),
                     Some(&s0),
                     Precision::Exact,
                 )
@@ -242,7 +242,7 @@ fn loglinear_cuda_runs_from_a_state() {
                     m.as_ref(),
                     &gpu,
                     Form::Fast,
-                    &mixer_core::state::segment(m.as_ref(), &x, a..t_len),
+                    &mixer_core::state::segment(m.as_ref(), &x, a..t_len).unwrap(),
                     Some(&sa),
                     Precision::Exact,
                 )
