@@ -365,38 +365,29 @@ pub trait Scalar: Real {
     fn untag(t: Tensor) -> Option<ArrayD<Self>>;
 }
 
-impl Scalar for f64 {
-    fn implementation(e: &FamilyEntry) -> &'static dyn DynFamily<f64> {
-        e.f64
-    }
-    fn tag(t: Tensors<f64>) -> AnyTensors {
-        AnyTensors::F64(t)
-    }
-    fn tag_one(a: ArrayD<f64>) -> Tensor {
-        Tensor::F64(a)
-    }
-    fn untag(t: Tensor) -> Option<ArrayD<f64>> {
-        match t {
-            Tensor::F64(a) => Some(a),
-            Tensor::F32(_) => None,
+/// [`Scalar`] for `$t`, whose entry field and tag variant are `$field` and `$tag` (the other
+/// tag being `$other`).
+macro_rules! scalar {
+    ($t:ty, $field:ident, $tag:ident, $other:ident) => {
+        impl Scalar for $t {
+            fn implementation(e: &FamilyEntry) -> &'static dyn DynFamily<$t> {
+                e.$field
+            }
+            fn tag(t: Tensors<$t>) -> AnyTensors {
+                AnyTensors::$tag(t)
+            }
+            fn tag_one(a: ArrayD<$t>) -> Tensor {
+                Tensor::$tag(a)
+            }
+            fn untag(t: Tensor) -> Option<ArrayD<$t>> {
+                match t {
+                    Tensor::$tag(a) => Some(a),
+                    Tensor::$other(_) => None,
+                }
+            }
         }
-    }
+    };
 }
 
-impl Scalar for f32 {
-    fn implementation(e: &FamilyEntry) -> &'static dyn DynFamily<f32> {
-        e.f32
-    }
-    fn tag(t: Tensors<f32>) -> AnyTensors {
-        AnyTensors::F32(t)
-    }
-    fn tag_one(a: ArrayD<f32>) -> Tensor {
-        Tensor::F32(a)
-    }
-    fn untag(t: Tensor) -> Option<ArrayD<f32>> {
-        match t {
-            Tensor::F32(a) => Some(a),
-            Tensor::F64(_) => None,
-        }
-    }
-}
+scalar!(f64, f64, F64, F32);
+scalar!(f32, f32, F32, F64);
