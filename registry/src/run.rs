@@ -71,6 +71,12 @@ fn implementation<F: Scalar>(
     form: Form,
 ) -> Result<&'static dyn DynFamily<F>> {
     available(m, backend, form)?;
+    family_of(m, backend)
+}
+
+/// The implementation of `m`'s family on `backend` for `F`, once an availability check said
+/// yes (an internal error when the entry is gone).
+pub(crate) fn family_of<F: Scalar>(m: &dyn Mixer, backend: &Backend) -> Result<&'static dyn DynFamily<F>> {
     backend.family(m.family()).map(F::implementation).ok_or_else(|| Error::Backend {
         backend: backend.name().into(),
         family: Some(m.family().into()),

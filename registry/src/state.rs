@@ -80,11 +80,7 @@ fn implementation<F: Scalar>(
     form: Form,
 ) -> Result<&'static dyn crate::DynFamily<F>> {
     available(m, backend, form)?;
-    backend.family(m.family()).map(F::implementation).ok_or_else(|| Error::Backend {
-        backend: backend.name().into(),
-        family: Some(m.family().into()),
-        message: "internal: the family entry disappeared".into(),
-    })
+    crate::run::family_of(m, backend)
 }
 
 fn not_run(m: &dyn Mixer, backend: &Backend, form: Form) -> Error {
