@@ -136,6 +136,11 @@ pub fn to_f64<F: Real>(a: &ArrayD<F>) -> ArrayD<f64> {
     a.mapv(|x| x.f64())
 }
 
+/// Converts named tensors to `f64`.
+pub fn tensors_to_f64<F: Real>(m: &Tensors<F>) -> Tensors<f64> {
+    m.iter().map(|(k, v)| (k.clone(), to_f64(v))).collect()
+}
+
 /// Looks up a named input, with an error listing what was given.
 pub fn get<'a, F>(m: &'a Tensors<F>, name: &str) -> Result<&'a ArrayD<F>> {
     m.get(name).ok_or_else(|| Error::MissingInput {

@@ -103,7 +103,7 @@ fn backward_typed<F: Scalar>(
             if !m.has_materialized_vjp() {
                 return Err(unavailable(m, form, backend));
             }
-            let x64: Tensors<f64> = inputs.iter().map(|(k, v)| (k.clone(), v.mapv(|x| x.f64()))).collect();
+            let x64 = mixer_core::tensor::tensors_to_f64(inputs);
             let g = materialized_backward(m, &x64, &dy.mapv(|x| x.f64()), requires)?;
             cast_tensors::<F>(&g)
         }

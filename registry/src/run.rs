@@ -128,7 +128,7 @@ fn run_typed<F: Scalar>(
     match form {
         Form::Materialized => {
             available(m, backend, form)?;
-            let x64: Tensors<f64> = inputs.iter().map(|(k, v)| (k.clone(), v.mapv(|x| x.f64()))).collect();
+            let x64 = mixer_core::tensor::tensors_to_f64(inputs);
             Ok(oracle(m, &x64)?.mapv(F::of))
         }
         Form::Recurrent => {

@@ -13,7 +13,7 @@
 use mixer_core::mixer::{Mixer, run_decoder};
 use mixer_core::spec::Constraint;
 use mixer_core::state::{StateShapes, check_state, no_state};
-use mixer_core::tensor::cast_tensors;
+use mixer_core::tensor::{cast_tensors, tensors_to_f64};
 use mixer_core::{DType, Dims, Error, Form, Precision, Requires, Result, Tensors, grad_name};
 use ndarray::ArrayD;
 
@@ -89,10 +89,6 @@ fn not_run(m: &dyn Mixer, backend: &Backend, form: Form) -> Error {
         family: Some(m.family().into()),
         message: format!("the {form} form from a state is declared for f64 but not for this scalar type"),
     }
-}
-
-fn to64<F: mixer_core::Real>(t: &Tensors<F>) -> Tensors<f64> {
-    t.iter().map(|(k, v)| (k.clone(), v.mapv(|x| x.f64()))).collect()
 }
 
 fn check_precision<F: Scalar>(precision: Precision) -> Result<()> {
@@ -177,7 +173,7 @@ pub fn run_state<F: Scalar>(
     };
     let (mut y, fin) = match form {
         Form::Materialized => {
-            let (y, fin) = m.state_oracle(&to64(x), initial.map(to64).as_ref())?;
+            let (y, fin) = m.state_oracle(&tensors_to_f64(x), initial.map(tensors_to_f64).as_ref())?;
             (y.mapv(F::of), cast_tensors::<F>(&fin))
         }
         Form::Recurrent => {
@@ -253,10 +249,10 @@ pub fn backward_state<F: Scalar>(
     let (mut grads, d_state) = match form {
         Form::Materialized => {
             let (g, s) = m.state_oracle_vjp(
-                &to64(inputs),
-                initial.map(to64).as_ref(),
+                &tensors_to_f64(inputs),
+                initial.map(tensors_to_f64).as_ref(),
                 &dy.mapv(|x| x.f64()),
-                d_final.map(to64).as_ref(),
+                d_final.map(tensors_to_f64).as_ref(),
                 requires,
             )?;
             (cast_tensors::<F>(&g), cast_tensors::<F>(&s))

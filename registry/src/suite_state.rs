@@ -14,7 +14,7 @@
 
 use mixer_core::mixer::Mixer;
 use mixer_core::state::{segment, state_row};
-use mixer_core::tensor::cast_tensors;
+use mixer_core::tensor::{cast_tensors, tensors_to_f64};
 use mixer_core::{DType, Dims, Form, Precision, Requires, Tensors, Tolerance};
 use ndarray::{ArrayD, Axis, Slice};
 
@@ -22,10 +22,6 @@ use crate::backend::Backend;
 use crate::family::Scalar;
 use crate::packed::{backward_packed, run_packed};
 use crate::state::{backward_forms, backward_state, forms, run_state, shapes};
-
-fn to64<F: mixer_core::Real>(t: &Tensors<F>) -> Tensors<f64> {
-    t.iter().map(|(k, v)| (k.clone(), v.mapv(|x| x.f64()))).collect()
-}
 
 fn compare(tol: Tolerance, what: &str, got: &ArrayD<f64>, want: &ArrayD<f64>) -> Result<(), String> {
     if got.shape() != want.shape() {
@@ -66,7 +62,7 @@ fn run_in<F: Scalar>(
     let ss = s.map(cast_tensors::<F>);
     let (y, f) =
         run_state(m, backend, form, &xs, ss.as_ref(), Precision::Exact).map_err(|e| e.to_string())?;
-    Ok((y.mapv(|v| v.f64()), to64(&f)))
+    Ok((y.mapv(|v| v.f64()), tensors_to_f64(&f)))
 }
 
 /// The split points of a sequence of `t_len` tokens checked by the `state` check.
@@ -128,7 +124,7 @@ pub(crate) fn state_check(
             Some(&cast_tensors::<f32>(&df)),
             &Requires::All,
         )
-        .map(|(g, s)| (to64(&g), to64(&s))),
+        .map(|(g, s)| (tensors_to_f64(&g), tensors_to_f64(&s))),
     }
     .map_err(|e| format!("backward: {e}"))?;
     compare_all(tol, "gradients from a state", &g, &want_g)?;
