@@ -20,38 +20,41 @@ use mixer_core::state::{
     StateShapes, check_cu_seqlens, check_state, scatter, segment, stack_rows, state_row, zeros,
 };
 use mixer_core::tensor::get;
-use mixer_core::{Dims, Error, Form, Precision, Requires, Result, Tensors, grad_name};
+use mixer_core::{Error, Form, Precision, Requires, Result, Tensors, grad_name};
 use ndarray::ArrayD;
 
 use crate::backend::Backend;
 use crate::family::Scalar;
 use crate::state::{backward_state, run_state, validate};
 
-/// The state shapes of `m` for `n` sequences (axis 0 of every state tensor is the batch).
-fn shapes_for(m: &dyn Mixer, dims: &Dims, n: usize) -> Result<StateShapes> {
-    let mut one = dims.clone();
-    one.insert("B", 1);
-    Ok(crate::state::shapes(m, &one)?
-        .into_iter()
-        .map(|(k, mut s)| {
-            if let Some(b) = s.first_mut() {
-                *b = n;
-            }
-            (k, s)
-        })
-        .collect())
-}
-
-/// The validated sizes and the sequences' row ranges.
+/// The sequences' row ranges, after validating the inputs and the offsets; with `stateful`, also
+/// one sequence's state shapes (axis 0 of every state tensor is the batch), after checking each
+/// given state (`(name, state)`, one row per sequence) against them.
 fn layout<F: Scalar>(
     m: &dyn Mixer,
     inputs: &Tensors<F>,
     cu_seqlens: &[usize],
-) -> Result<(Dims, Vec<Range<usize>>)> {
-    let dims = validate(m, inputs)?;
+    stateful: bool,
+    given: &[(&str, Option<&Tensors<F>>)],
+) -> Result<(Vec<Range<usize>>, Option<StateShapes>)> {
+    let mut dims = validate(m, inputs)?;
     let x = get(inputs, m.spec().mixed)?;
     let ranges = check_cu_seqlens(cu_seqlens, x.shape()[0], x.shape()[1])?;
-    Ok((dims, ranges))
+    if !stateful {
+        return Ok((ranges, None));
+    }
+    dims.insert("B", 1);
+    let one = crate::state::shapes(m, &dims)?;
+    let rows: StateShapes = one
+        .iter()
+        .map(|(k, s)| (k.clone(), std::iter::once(ranges.len()).chain(s.iter().skip(1).copied()).collect()))
+        .collect();
+    for (name, s) in given {
+        if let Some(s) = s {
+            check_state(name, &rows, s)?;
+        }
+    }
+    Ok((ranges, Some(one)))
 }
 
 /// Runs `form` of `m` over a packed batch (`B = 1`, sequence `i` at rows
@@ -69,13 +72,8 @@ pub fn run_packed<F: Scalar>(
     want_final: bool,
     precision: Precision,
 ) -> Result<(ArrayD<F>, Option<Tensors<F>>)> {
-    let (dims, ranges) = layout(m, inputs, cu_seqlens)?;
     let stateful = initial.is_some() || want_final;
-    let want = if stateful { Some(shapes_for(m, &dims, ranges.len())?) } else { None };
-    if let (Some(s), Some(w)) = (initial, &want) {
-        check_state("initial_state", w, s)?;
-    }
-    let one = want.as_ref().map(shapes_for_one);
+    let (ranges, one) = layout(m, inputs, cu_seqlens, stateful, &[("initial_state", initial)])?;
     let results = each_sequence(backend, &ranges, |i, r| {
         let row = initial.map(|s| state_row(s, i));
         if r.is_empty() {
@@ -117,19 +115,6 @@ fn each_sequence<T: Send>(
     }
 }
 
-/// One row's shapes from `N` rows' shapes.
-fn shapes_for_one(w: &StateShapes) -> StateShapes {
-    w.iter()
-        .map(|(k, s)| {
-            let mut s = s.clone();
-            if let Some(b) = s.first_mut() {
-                *b = 1;
-            }
-            (k.clone(), s)
-        })
-        .collect()
-}
-
 fn internal(backend: &Backend, message: &str) -> Error {
     Error::Backend { backend: backend.name().into(), family: None, message: format!("internal: {message}") }
 }
@@ -150,17 +135,9 @@ pub fn backward_packed<F: Scalar>(
     d_final: Option<&Tensors<F>>,
     requires: &Requires,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
-    let (dims, ranges) = layout(m, inputs, cu_seqlens)?;
     let stateful = initial.is_some() || d_final.is_some();
-    let want = if stateful { Some(shapes_for(m, &dims, ranges.len())?) } else { None };
-    if let Some(w) = &want {
-        if let Some(s) = initial {
-            check_state("initial_state", w, s)?;
-        }
-        if let Some(s) = d_final {
-            check_state("d_final_state", w, s)?;
-        }
-    }
+    let given = [("initial_state", initial), ("d_final_state", d_final)];
+    let (ranges, one) = layout(m, inputs, cu_seqlens, stateful, &given)?;
     let x = get(inputs, m.spec().mixed)?;
     if dy.shape() != x.shape() {
         return Err(Error::shape(
@@ -175,7 +152,6 @@ pub fn backward_packed<F: Scalar>(
         .filter(|(k, _)| requires.wants(k))
         .map(|(k, v)| (grad_name(k), ArrayD::zeros(v.raw_dim())))
         .collect();
-    let one = want.as_ref().map(shapes_for_one);
     let results = each_sequence(backend, &ranges, |i, r| {
         let row = initial.map(|s| state_row(s, i));
         let d_row = d_final.map(|s| state_row(s, i));
