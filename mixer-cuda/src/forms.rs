@@ -17,8 +17,8 @@ use std::borrow::Cow;
 
 use mixer_core::mixer::{Decoder, Mixer};
 use mixer_core::precision::{ACTIVATIONS, round_bf16};
-use mixer_core::{Dims, Error, Form, Precision, Result, Tensors};
-use mixer_registry::{DecoderFn, Family, FormFn, PreciseFn, StateFn};
+use mixer_core::{Dims, Error, Form, Precision, Requires, Result, Tensors};
+use mixer_registry::{BackwardFn, DecoderFn, Family, FormFn, PreciseFn, StateFn};
 use ndarray::ArrayD;
 
 use crate::kernels;
@@ -34,6 +34,13 @@ pub type DeviceFormFn<M> = fn(&M, &DeviceTensors, Precision) -> Result<AnyDevice
 /// state, nothing waited for.
 pub type DeviceStateFn<M> =
     fn(&M, &DeviceTensors, Option<&DeviceTensors>, Precision) -> Result<(AnyDeviceTensor, DeviceTensors)>;
+
+/// A device backward (vector–Jacobian products, docs/gradients.md): the forward's inputs and
+/// the output's cotangent `dy` (the shape of `y`; bf16 in the `bf16` mode) as device tensors;
+/// returns `d_<input>` for every given input that `req` asks for (the shape of that input, `F`
+/// storage), nothing waited for. The same inputs give the same bits, run after run.
+pub type DeviceBackwardFn<M> =
+    fn(&M, &DeviceTensors, &AnyDeviceTensor, &Requires, Precision) -> Result<DeviceTensors>;
 
 /// A decoder whose state lives on the device.
 pub trait DeviceDecoder: Send {
@@ -68,6 +75,15 @@ pub trait DeviceFamily<F: GpuReal>: Send + Sync + 'static {
     }
     /// A configuration this backend cannot run in `form` although the family has the form.
     fn unsupported(_m: &Self::Mixer, _form: Form) -> Option<String> {
+        None
+    }
+    /// The backward of the `fast` form, if any.
+    fn backward() -> Option<DeviceBackwardFn<Self::Mixer>> {
+        None
+    }
+    /// A configuration whose `fast` backward this backend cannot run although the family has
+    /// one (the reason), or `None`.
+    fn backward_unsupported(_m: &Self::Mixer) -> Option<String> {
         None
     }
     /// The `fast` form run from a state, if any.
@@ -118,6 +134,30 @@ impl<F: GpuReal, T: DeviceFamily<F>> Family<F> for Hosted<T> {
     fn state_unsupported(&self, m: &T::Mixer, form: Form) -> Option<String> {
         T::state_unsupported(m, form)
     }
+    fn backward(&self, form: Form) -> Option<BackwardFn<T::Mixer, F>> {
+        (form == Form::Fast)
+            .then(T::backward)
+            .flatten()
+            .map(|_| host_backward::<F, T> as BackwardFn<T::Mixer, F>)
+    }
+    fn backward_unsupported(&self, m: &T::Mixer, form: Form) -> Option<String> {
+        if form == Form::Fast { T::backward_unsupported(m) } else { None }
+    }
+}
+
+/// The `fast` backward on host arrays (exact mode): uploads the inputs and `dy`, runs the
+/// device backward, reads the gradients back.
+fn host_backward<F: GpuReal, T: DeviceFamily<F>>(
+    m: &T::Mixer,
+    x: &Tensors<F>,
+    dy: &ArrayD<F>,
+    req: &Requires,
+) -> Result<Tensors<F>> {
+    let f = T::backward().ok_or_else(|| err(m.family(), "internal: no fast backward"))?;
+    let dev = upload_inputs(x, Precision::Exact)?;
+    let d = F::wrap(DeviceTensor::upload(dy)?);
+    let g = f(m, &dev, &d, req, Precision::Exact)?;
+    g.iter().map(|(k, v)| Ok((k.clone(), download_as::<F>(v)?))).collect()
 }
 
 /// The `fast` form from a state on host arrays: uploads the inputs and the state, runs the
