@@ -3,12 +3,7 @@
 // Layouts: x, y [B,T,C]; w [Kw,H,Lw]; bias [H,Lb], with rows of Lw, Lb ≥ T entries of which the
 // first T are read (longer kernels are truncated to T).
 
-// Source channel of tap i for output channel e, or −1 outside e's head.
-__device__ inline int tz_src(int e, int i, int Kw, int CH) {
-    int c = e + i - (Kw - 1);
-    int h0 = (e / CH) * CH;
-    return (c >= h0 && c < h0 + CH) ? c : -1;
-}
+// tz_src (the source channel of a tap) comes from toeplitz_common.cuh, prepended by the host.
 
 // x → X [B·C, p], zero-padded rows (one row per (b, c)) of the Tn tokens at x[b·sb + t·st + c]
 // (sb = Tn·C, st = C for x [B,T,C]; sb = C, st = B·C for a block of the decoder's history
@@ -40,13 +35,15 @@ __device__ void tz_pack_w(const T* w, T* W, int R, int Tn, int Lw, int p) {
     W[i] = t < Tn ? w[r * Lw + t] : (T)0;
 }
 
-// Spectra: Yh[b,e,f] = Σ_i Wh[i,h(e),f] · Xh[b, src(e,i), f]. Grid (⌈F/1024⌉, ≤ 65535) of 256
+// Spectra: Yh[b,e,f] = Σ_i Wh[i,h(e),f] · Xh[b, src(e,i), f]; with adj ≠ 0 the adjoint (the
+// backward's d_x, a correlation): Yh[b,c,f] = Σ_i conj(Wh[i,h(c),f]) · Xh[b, src_adj(c,i), f]. Grid (⌈F/1024⌉, ≤ 65535) of 256
 // threads, each taking the bins f0 + 256·j, j < 4 (four loads of each operand in flight per
 // thread, coalesced over the block); block row y takes the rows be = b·C + e ≡ y (mod gridDim.y),
 // so a thread's row indices are uniform over its block and no thread divides per element (B·C
 // fits in an int: the caller checks B·C·p).
 template <typename T>
-__device__ void tz_mul(const Cplx<T>* Xh, const Cplx<T>* Wh, Cplx<T>* Yh, int B, int C, int H, int Kw, int F) {
+__device__ void tz_mul(const Cplx<T>* Xh, const Cplx<T>* Wh, Cplx<T>* Yh, int B, int C, int H, int Kw, int F,
+                       int adj) {
     constexpr int PER = 4, BLK = 256;
     const int f0 = blockIdx.x * (BLK * PER) + threadIdx.x;
     const int CH = C / H, rows = B * C;
@@ -54,7 +51,7 @@ __device__ void tz_mul(const Cplx<T>* Xh, const Cplx<T>* Wh, Cplx<T>* Yh, int B,
         const int e = be % C, b = be / C, h = e / CH;
         T re[PER] = {}, im[PER] = {};
         for (int k = 0; k < Kw; ++k) {
-            const int c = tz_src(e, k, Kw, CH);
+            const int c = adj ? tz_src_adj(e, k, Kw, CH) : tz_src(e, k, Kw, CH);
             if (c < 0) continue;
             const Cplx<T>* wr = Wh + ((long long)k * H + h) * F;
             const Cplx<T>* xr = Xh + ((long long)b * C + c) * F;
@@ -63,6 +60,7 @@ __device__ void tz_mul(const Cplx<T>* Xh, const Cplx<T>* Wh, Cplx<T>* Yh, int B,
             for (int j = 0; j < PER; ++j) {
                 const int f = f0 + j * BLK;
                 a[j] = f < F ? wr[f] : Cplx<T>{0, 0};
+                if (adj) a[j].im = -a[j].im;
                 x[j] = f < F ? xr[f] : Cplx<T>{0, 0};
             }
 #pragma unroll
@@ -293,8 +291,8 @@ __device__ void tz_online_acc(const T* Yr, T* pending, int B, int C, int n, int 
         tz_pack_w<T>(w, W, R, Tn, Lw, p);                                                                        \
     }                                                                                                            \
     extern "C" __global__ void toeplitz_mul_##S(const Cplx<T>* Xh, const Cplx<T>* Wh, Cplx<T>* Yh, int B, int C, \
-                                                int H, int Kw, int F) {                                          \
-        tz_mul<T>(Xh, Wh, Yh, B, C, H, Kw, F);                                                                   \
+                                                int H, int Kw, int F, int adj) {                                 \
+        tz_mul<T>(Xh, Wh, Yh, B, C, H, Kw, F, adj);                                                              \
     }                                                                                                            \
     extern "C" __global__ void toeplitz_unpack_##S(const T* Yr, const T* bias, int has_bias, T* y, int B, int Tn, \
                                                    int C, int H, int p, int Lb) {                                \

@@ -324,3 +324,17 @@ pub fn finish<F: GpuReal>(y: DeviceTensor<F>, p: Precision) -> Result<AnyDeviceT
         (_, y) => Ok(y),
     }
 }
+
+/// The cotangent `dy` of a backward as `F`, checked against the shape of `y` (a bf16 `dy` is
+/// converted on the device, as [`input`] converts activations).
+pub fn cotangent<F: GpuReal>(dy: &AnyDeviceTensor, y_shape: &[usize]) -> Result<DeviceTensor<F>> {
+    if dy.shape() != y_shape {
+        return Err(Error::shape(
+            "dy",
+            mixer_core::error::fmt_shape(y_shape),
+            mixer_core::error::fmt_shape(dy.shape()),
+        ));
+    }
+    let one: DeviceTensors = std::iter::once(("dy".to_string(), dy.clone())).collect();
+    Ok(input::<F>(&one, "dy")?.into_owned())
+}

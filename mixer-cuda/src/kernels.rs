@@ -70,10 +70,19 @@ pub const ATTENTION: KernelSource = kernel!("attention");
 /// Softmax attention on tensor cores (tf32 and bf16 modes), fused flash-style:
 /// `kernels/attention_fused.cu`, compiled per head dim with `-DATT_D=…`.
 pub const ATTENTION_FUSED: KernelSource = kernel!("attention_fused");
+/// Softmax attention's backward (`kernels/attention_backward.cu`), compiled per head dims and
+/// tile with `-DATB_DK=… -DATB_DV=… -DATB_B=…`.
+pub const ATTENTION_BACKWARD: KernelSource = kernel!("attention_backward");
 /// The GLR: sparse recurrence and decoder step (`kernels/glr.cu`).
 pub const GLR: KernelSource = kernel!("glr");
+/// The channel maps the Toeplitz kernel sources share (`kernels/toeplitz_common.cuh`): the
+/// prelude of [`TOEPLITZ`] and [`TOEPLITZ_BACKWARD`].
+pub const TOEPLITZ_COMMON: &str = include_str!("../kernels/toeplitz_common.cuh");
 /// The Toeplitz mixer: direct form, FFT packing and decoder step (`kernels/toeplitz.cu`).
-pub const TOEPLITZ: KernelSource = kernel!("toeplitz");
+pub const TOEPLITZ: KernelSource = kernel!("toeplitz", TOEPLITZ_COMMON);
+/// The Toeplitz mixer's backward: the reductions of `d_w` and `d_bias`
+/// (`kernels/toeplitz_backward.cu`).
+pub const TOEPLITZ_BACKWARD: KernelSource = kernel!("toeplitz_backward", TOEPLITZ_COMMON);
 /// The log-linear family's generic quadratic form and its λ mapping
 /// (`kernels/loglinear_parallel.cu`); a lift replaces the prelude with its mask's and λ scheme's
 /// registered device functions.
@@ -109,8 +118,10 @@ pub const TENSOR: KernelSource = kernel!("tensor");
 pub const ALL: &[KernelSource] = &[
     ATTENTION,
     ATTENTION_FUSED,
+    ATTENTION_BACKWARD,
     GLR,
     TOEPLITZ,
+    TOEPLITZ_BACKWARD,
     LOGLINEAR_PARALLEL,
     LOGLINEAR_DECODER,
     LOGLINEAR_SEQUENTIAL,

@@ -7,7 +7,10 @@
 //!   window), `O(T)` memory. In the `tf32` and `bf16` modes, the fused tensor-core kernel ([`fused`]).
 //! - `recurrent`: a decoder with the KV cache **on the device** ([`decoder`]), a ring buffer of
 //!   `min(T, w)` positions; each step appends `k_t, v_t` and runs one block per (batch, head).
+//! - backward of `fast`: FlashAttention-2 style ([`backward`]): per-row softmax statistics, then
+//!   one pass per key tile for `d_k, d_v` and one per query tile for `d_q`, no atomics.
 
+pub mod backward;
 pub mod common;
 pub mod decoder;
 pub mod fast;
@@ -15,7 +18,7 @@ pub mod fused;
 
 use mixer_core::mixers::attention::Attention;
 
-use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn};
+use crate::forms::{DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn};
 use crate::runtime::GpuReal;
 
 use common::FAMILY;
@@ -30,6 +33,9 @@ impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     }
     fn decoder() -> Option<DeviceDecoderFn<Attention, F>> {
         Some(|a, _statics, dims| Ok(Box::new(decoder::AttentionDecoder::<F>::new(a, dims)?)))
+    }
+    fn backward() -> Option<DeviceBackwardFn<Attention>> {
+        Some(backward::run::<F>)
     }
 }
 

@@ -95,7 +95,7 @@ pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result
     let xh = rfft::<F>(FAMILY, &xp, n, b * c)?;
     drop(xp);
     let mut yh = pool::take::<F::C>(FAMILY, b * c * nf)?;
-    launch!(g, FAMILY, f("toeplitz_mul")?, mul_grid(b * c, nf); &*xh, &**wh, &mut *yh, &bi, &ci, &hi, &kwi, &nfi)?;
+    launch!(g, FAMILY, f("toeplitz_mul")?, mul_grid(b * c, nf); &*xh, &**wh, &mut *yh, &bi, &ci, &hi, &kwi, &nfi, &0i32)?;
     drop((xh, wh));
     let yr = irfft::<F>(FAMILY, yh, n, b * c)?;
     launch!(g, FAMILY, f("toeplitz_unpack")?, tiles(t, c, b)?;

@@ -10,10 +10,14 @@
 //! - `recurrent`: for `decoder: "online"` (the default), the online (relaxed) FFT decoder,
 //!   `O(log² t)` amortised work per token ([`online`]); for `decoder: "naive"`, `O(t)` work per
 //!   token over the full input history ([`decoder`]). Both keep their state on the device.
+//! - backward of `fast` ([`backward`]): `d_x` by the forward's spectral product in its adjoint
+//!   form (conjugated kernel spectra), `d_w` by a cross-correlation of `x` and `dy` summed per
+//!   head in the frequency domain, `d_bias` by a sum over the batch and the head's channels.
 //!
 //! Kernels and biases may be longer than `T` (`Tw, Tb ≥ T`); the kernels read the first `T`
 //! entries of each row, so device tensors are used as given, without a truncating copy.
 
+pub mod backward;
 pub mod common;
 pub mod decoder;
 pub mod fast;
@@ -26,7 +30,7 @@ use mixer_core::Result;
 use mixer_core::mixers::toeplitz::{DecoderKind, Toeplitz};
 
 use crate::fft::FftReal;
-use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn};
+use crate::forms::{DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn};
 
 use common::FAMILY;
 
@@ -40,6 +44,9 @@ impl<F: FftReal> DeviceFamily<F> for ToeplitzCuda {
     }
     fn fast() -> Option<DeviceFormFn<Toeplitz>> {
         Some(fast::run::<F>)
+    }
+    fn backward() -> Option<DeviceBackwardFn<Toeplitz>> {
+        Some(backward::run::<F>)
     }
     fn decoder() -> Option<DeviceDecoderFn<Toeplitz, F>> {
         Some(|tz, statics, dims| -> Result<Box<dyn crate::forms::DeviceDecoder>> {

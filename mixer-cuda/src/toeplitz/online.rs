@@ -102,7 +102,7 @@ impl<F: FftReal> OnlineDecoder<F> {
         let mut yh = pool::take::<F::C>(FAMILY, bc * nf)?;
         let nfi = int(FAMILY, "k+1", nf)?;
         let wh = self.level(j)?;
-        launch!(g, FAMILY, f("toeplitz_mul")?, super::fast::mul_grid(bc, nf); &*xh, &**wh, &mut *yh, &b, &c, &h, &kw, &nfi)?;
+        launch!(g, FAMILY, f("toeplitz_mul")?, super::fast::mul_grid(bc, nf); &*xh, &**wh, &mut *yh, &b, &c, &h, &kw, &nfi, &0i32)?;
         drop(xh);
         let yr = irfft::<F>(FAMILY, yh, m, bc)?;
         launch!(g, FAMILY, f("toeplitz_online_acc")?, grid1(rows * bc, 256);

@@ -1,0 +1,196 @@
+//! The backward pass of attention's `fast` form on CUDA (`kernels/attention_backward.cu`),
+//! FlashAttention-2 style: the softmax is recomputed tile by tile from per-row statistics,
+//! never stored as a `T × T` matrix.
+//!
+//! With the keys `u_{t,s} = sign(σ)·(q_t · k_s)`, the row maximum `M_t = max_s u_{t,s}` and
+//! `ℓ_t = Σ_s e^{|σ|(u_{t,s} − M_t)}` over the visible keys (`s ≤ t`, `t − s < w`):
+//! `P_{t,s} = e^{|σ|(u_{t,s} − M_t) − ln ℓ_t}` (the CPU's `e^{σ q_t·k_s − LSE_t}` with
+//! `LSE_t = |σ| M_t + ln ℓ_t`, kept in two parts so that it cannot overflow),
+//! `D_t = dy_t · y_t`, `dS_{t,s} = P_{t,s}(dy_t · v_s − D_t)`, and
+//! `dv_s = Σ_t P_{t,s} dy_t`, `dk_s = σ Σ_t dS_{t,s} q_t`, `dq_t = σ Σ_s dS_{t,s} k_s`.
+//!
+//! Three launches, each deterministic (every output element is summed by one thread in a fixed
+//! order, no atomics): `atb_stats` (one block per (batch·head, query tile): the forward with an
+//! online softmax, keeping `M`, `ln ℓ` and `D`, `y` never written), `atb_dkdv` (one block per
+//! (batch·head, key tile), looping over the query tiles that see it) and `atb_dq` (one block per
+//! (batch·head, query tile), looping over the key tiles it sees). Tiles of `B_t` queries and
+//! `B_t` keys in shared memory, 256 threads, each computing an `B_t/16 × B_t/16` register tile
+//! of the scores and `B_t/16` rows of its accumulators in `f32` (`f64` for `f64` inputs) FMA.
+//! `B_t` is 64 where `Dk, Dv ≤ 128` and the tiles fit in shared memory, else 32 or 16
+//! ([`tile`]); any `Dk, Dv ≤ 256`. Extra memory: `M` (`f64`), `ln ℓ` and `D`, `B·H·T` each.
+//!
+//! Precision: the `tf32` and `bf16` modes run the same `f32` kernels on `f32` inputs (bf16
+//! activations and `dy` are converted on the device); the gradients are `f32`.
+
+use cudarc::driver::LaunchConfig;
+use mixer_core::mixers::attention::Attention;
+use mixer_core::{Error, Precision, Requires, Result, grad_name};
+
+use super::common::{FAMILY, window_arg};
+use crate::forms::{cotangent, input};
+use crate::kernels;
+use crate::pool;
+use crate::runtime::{GpuReal, check_elems, err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
+
+/// Threads per block (`ATB_THREADS`).
+const THREADS: u32 = 256;
+/// The largest head dim the kernels take.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Shared memory of `atb_dkdv` / `atb_dq` (the larger kernels) at tile `bt`: `M` in `f64`, the
+/// `q, k` tiles with odd row strides, the `dy, v` tiles, `P` and `dS`, `ln ℓ` and `D`.
+pub fn smem(bt: usize, dk: usize, dv: usize, elem: usize) -> usize {
+    let (sk, sv, sp) = (dk | 1, dv | 1, bt + 1);
+    8 * bt + elem * (2 * bt * sk + 2 * bt * sv + 2 * bt * sp + 2 * bt)
+}
+
+/// The tile (`B_t` queries and keys) for these head dims and scalar size on this device: 64
+/// where `Dk, Dv ≤ 128` (registers: at most 64 accumulators a thread), else 32; halved while
+/// the tiles do not fit in the device's shared memory (down to 16).
+pub fn tile(dk: usize, dv: usize, elem: usize) -> Result<usize> {
+    if dk.max(dv) > MAX_HEAD_DIM {
+        return Err(err(
+            FAMILY,
+            format!("the CUDA backward takes head dims up to {MAX_HEAD_DIM}, got Dk = {dk}, Dv = {dv}"),
+        ));
+    }
+    let mut bt = if dk.max(dv) <= 128 { 64 } else { 32 };
+    while smem(bt, dk, dv, elem) > max_dynamic_smem() {
+        if bt == 16 {
+            return Err(err(
+                FAMILY,
+                format!(
+                    "the backward's tiles for Dk = {dk}, Dv = {dv} need {} bytes of shared memory; \
+                     this device allows {}",
+                    smem(bt, dk, dv, elem),
+                    max_dynamic_smem()
+                ),
+            ));
+        }
+        bt /= 2;
+    }
+    Ok(bt)
+}
+
+/// The `fast` backward on device tensors: `d_q`, `d_k`, `d_v` (those `req` asks for), `F`
+/// storage, nothing waited for.
+pub fn run<F: GpuReal>(
+    a: &Attention,
+    x: &DeviceTensors,
+    dy: &AnyDeviceTensor,
+    req: &Requires,
+    _p: Precision,
+) -> Result<DeviceTensors> {
+    let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
+    let &[b, t, h, dk] = q.shape() else {
+        return Err(Error::shape("q", "[B, T, H, Dk]", mixer_core::error::fmt_shape(q.shape())));
+    };
+    if k.shape() != q.shape() {
+        return Err(Error::shape("k", mixer_core::error::fmt_shape(q.shape()), mixer_core::error::fmt_shape(k.shape())));
+    }
+    let dv = match v.shape() {
+        &[vb, vt, vh, dv] if (vb, vt, vh) == (b, t, h) => dv,
+        s => {
+            return Err(Error::shape("v", format!("[{b}, {t}, {h}, Dv]"), mixer_core::error::fmt_shape(s)));
+        }
+    };
+    let g = cotangent::<F>(dy, &[b, t, h, dv])?;
+    let (want_q, want_k, want_v) = (req.wants("q"), req.wants("k"), req.wants("v"));
+    let mut out = DeviceTensors::new();
+    let zeros = |d: usize| DeviceTensor::<F>::zeros(&[b, t, h, d]).map(F::wrap);
+    if b * t * h == 0 || dv == 0 || !(want_q || want_k || want_v) {
+        // No cotangent (Dv = 0) or nothing asked: every gradient is zero.
+        for (name, d, w) in [("q", dk, want_q), ("k", dk, want_k), ("v", dv, want_v)] {
+            if w {
+                out.insert(grad_name(name), zeros(d)?);
+            }
+        }
+        return Ok(out);
+    }
+    check_elems(FAMILY, b * t * h * dk.max(dv))?;
+    let elem = std::mem::size_of::<F>();
+    let bt = tile(dk, dv, elem)?;
+    let gpu = gpu()?;
+    let opts = [format!("-DATB_DK={dk}"), format!("-DATB_DV={dv}"), format!("-DATB_B={bt}")];
+    let f = |name: &str| gpu.kernel(FAMILY, &kernels::ATTENTION_BACKWARD, &opts, &format!("{name}_{}", F::SUFFIX));
+    let tiles = t.div_ceil(bt);
+    let grid = (
+        int(FAMILY, "B·H", b * h)? as u32,
+        u32::try_from(tiles).ok().filter(|&n| n <= 65535).ok_or_else(|| {
+            err(FAMILY, format!("T = {t} needs {tiles} tiles of {bt}; the backward takes at most 65535"))
+        })?,
+        1,
+    );
+    let cfg = |bytes: usize| LaunchConfig { grid_dim: grid, block_dim: (THREADS, 1, 1), shared_mem_bytes: bytes as u32 };
+    let (ti, hi) = (int(FAMILY, "T", t)?, int(FAMILY, "H", h)?);
+    let w = window_arg(a, t);
+    // Passed as a double: the kernels apply it in double where an f32 σ would overflow.
+    let scale: f64 = a.scale(dk);
+    let (qv, kv, vv, gv) = (q.view(), k.view(), v.view(), g.view());
+    let rows = b * h * t;
+    let mut m = pool::take::<f64>(FAMILY, rows)?;
+    let mut lnl = pool::take::<F>(FAMILY, rows)?;
+    let mut dd = pool::take::<F>(FAMILY, rows)?;
+    let stats = f("atb_stats")?;
+    let sm_stats = elem * bt * (2 * (dk | 1) + (dv | 1) + bt + 1);
+    if sm_stats > 48 << 10 {
+        opt_in(FAMILY, &stats)?;
+    }
+    launch!(gpu, FAMILY, stats, cfg(sm_stats);
+        &qv, &kv, &vv, &gv, &mut *m, &mut *lnl, &mut *dd, &ti, &hi, &w, &scale)?;
+    let sm = smem(bt, dk, dv, elem);
+    if want_k || want_v {
+        let dkdv = f("atb_dkdv")?;
+        if sm > 48 << 10 {
+            opt_in(FAMILY, &dkdv)?;
+        }
+        let mut gk = pool::take::<F>(FAMILY, b * t * h * dk)?;
+        let mut gvv = pool::take::<F>(FAMILY, b * t * h * dv)?;
+        launch!(gpu, FAMILY, dkdv, cfg(sm);
+            &qv, &kv, &vv, &gv, &*m, &*lnl, &*dd, &mut *gk, &mut *gvv, &ti, &hi, &w, &scale)?;
+        if want_k {
+            out.insert(grad_name("k"), F::wrap(DeviceTensor::from_pooled(gk, &[b, t, h, dk])?));
+        }
+        if want_v {
+            out.insert(grad_name("v"), F::wrap(DeviceTensor::from_pooled(gvv, &[b, t, h, dv])?));
+        }
+    }
+    if want_q {
+        let dqf = f("atb_dq")?;
+        if sm > 48 << 10 {
+            opt_in(FAMILY, &dqf)?;
+        }
+        let mut gq = pool::take::<F>(FAMILY, b * t * h * dk)?;
+        launch!(gpu, FAMILY, dqf, cfg(sm);
+            &qv, &kv, &vv, &gv, &*m, &*lnl, &*dd, &mut *gq, &ti, &hi, &w, &scale)?;
+        out.insert(grad_name("q"), F::wrap(DeviceTensor::from_pooled(gq, &[b, t, h, dk])?));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The tile rule: the largest of 64 (32 above head dims of 128) and its halves whose tiles
+    /// fit in the device's shared memory (48 KiB without a device); head dims above 256 are refused.
+    #[test]
+    fn tiles_follow_the_head_dims_and_the_shared_memory() {
+        // f32, Dk = Dv = 64 at tile 64: M, then q, k, dy, v rows of 65, P and dS rows of 65, ln ℓ, D.
+        assert_eq!(smem(64, 64, 64, 4), 8 * 64 + 4 * (6 * 64 * 65 + 128));
+        assert_eq!(smem(16, 5, 70, 8), 8 * 16 + 8 * (2 * 16 * 5 + 2 * 16 * 71 + 2 * 16 * 17 + 32));
+        assert!(tile(257, 4, 4).is_err());
+        let max = max_dynamic_smem();
+        for (dk, dv, elem) in [(5, 70, 4), (16, 16, 4), (64, 64, 4), (128, 128, 4), (70, 256, 4), (64, 64, 8), (128, 5, 8)] {
+            let cap = if dk.max(dv) <= 128 { 64 } else { 32 };
+            match tile(dk, dv, elem) {
+                Ok(bt) => {
+                    assert!(smem(bt, dk, dv, elem) <= max && bt >= 16, "{dk} {dv} {elem}: {bt}");
+                    assert!(bt == cap || smem(2 * bt, dk, dv, elem) > max, "{dk} {dv} {elem}: {bt}");
+                }
+                Err(_) => assert!(smem(16, dk, dv, elem) > max, "{dk} {dv} {elem}"),
+            }
+        }
+    }
+}
