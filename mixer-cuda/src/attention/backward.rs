@@ -87,7 +87,11 @@ pub fn run<F: GpuReal>(
         return Err(Error::shape("q", "[B, T, H, Dk]", mixer_core::error::fmt_shape(q.shape())));
     };
     if k.shape() != q.shape() {
-        return Err(Error::shape("k", mixer_core::error::fmt_shape(q.shape()), mixer_core::error::fmt_shape(k.shape())));
+        return Err(Error::shape(
+            "k",
+            mixer_core::error::fmt_shape(q.shape()),
+            mixer_core::error::fmt_shape(k.shape()),
+        ));
     }
     let dv = match v.shape() {
         &[vb, vt, vh, dv] if (vb, vt, vh) == (b, t, h) => dv,
@@ -113,7 +117,9 @@ pub fn run<F: GpuReal>(
     let bt = tile(dk, dv, elem)?;
     let gpu = gpu()?;
     let opts = [format!("-DATB_DK={dk}"), format!("-DATB_DV={dv}"), format!("-DATB_B={bt}")];
-    let f = |name: &str| gpu.kernel(FAMILY, &kernels::ATTENTION_BACKWARD, &opts, &format!("{name}_{}", F::SUFFIX));
+    let f = |name: &str| {
+        gpu.kernel(FAMILY, &kernels::ATTENTION_BACKWARD, &opts, &format!("{name}_{}", F::SUFFIX))
+    };
     let tiles = t.div_ceil(bt);
     let grid = (
         int(FAMILY, "B·H", b * h)? as u32,
@@ -122,7 +128,11 @@ pub fn run<F: GpuReal>(
         })?,
         1,
     );
-    let cfg = |bytes: usize| LaunchConfig { grid_dim: grid, block_dim: (THREADS, 1, 1), shared_mem_bytes: bytes as u32 };
+    let cfg = |bytes: usize| LaunchConfig {
+        grid_dim: grid,
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: bytes as u32,
+    };
     let (ti, hi) = (int(FAMILY, "T", t)?, int(FAMILY, "H", h)?);
     let w = window_arg(a, t);
     // Passed as a double: the kernels apply it in double where an f32 σ would overflow.
@@ -182,7 +192,9 @@ mod tests {
         assert_eq!(smem(16, 5, 70, 8), 8 * 16 + 8 * (2 * 16 * 5 + 2 * 16 * 71 + 2 * 16 * 17 + 32));
         assert!(tile(257, 4, 4).is_err());
         let max = max_dynamic_smem();
-        for (dk, dv, elem) in [(5, 70, 4), (16, 16, 4), (64, 64, 4), (128, 128, 4), (70, 256, 4), (64, 64, 8), (128, 5, 8)] {
+        for (dk, dv, elem) in
+            [(5, 70, 4), (16, 16, 4), (64, 64, 4), (128, 128, 4), (70, 256, 4), (64, 64, 8), (128, 5, 8)]
+        {
             let cap = if dk.max(dv) <= 128 { 64 } else { 32 };
             match tile(dk, dv, elem) {
                 Ok(bt) => {

@@ -69,7 +69,8 @@ pub fn run<F: FftReal>(
     check_elems(FAMILY, kw * h * n)?;
     let g = gpu()?;
     let f = |name: &str| g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("{name}_{}", F::SUFFIX));
-    let fb = |name: &str| g.kernel(FAMILY, &kernels::TOEPLITZ_BACKWARD, &[], &format!("{name}_{}", F::SUFFIX));
+    let fb =
+        |name: &str| g.kernel(FAMILY, &kernels::TOEPLITZ_BACKWARD, &[], &format!("{name}_{}", F::SUFFIX));
     let [bi, ti, ci, hi, kwi, lw, lb] = d.dims;
     let (ni, nfi) = (int(FAMILY, "p", n)?, int(FAMILY, "p/2+1", nf)?);
     let (sb, st) = ((t * c) as i64, c as i64);
@@ -96,9 +97,10 @@ pub fn run<F: FftReal>(
         drop(wh);
         let dxr = irfft::<F>(FAMILY, dxh, n, b * c)?;
         let zero = pool::zeros::<F>(FAMILY, 1)?;
+        let no_bias = zero.slice(0..1);
         let mut dx = pool::take::<F>(FAMILY, b * t * c)?;
         launch!(g, FAMILY, f("toeplitz_unpack")?, tiles(t, c, b)?;
-            &*dxr, &zero.slice(0..1), &0i32, &mut *dx, &bi, &ti, &ci, &hi, &ni, &lb)?;
+            &*dxr, &no_bias, &0i32, &mut *dx, &bi, &ti, &ci, &hi, &ni, &lb)?;
         put("x", DeviceTensor::from_pooled(dx, &[b, t, c])?);
     }
     if want_w {

@@ -1,0 +1,305 @@
+//! The CUDA `fast` backward of attention and the Toeplitz mixer against the CPU's `fast`
+//! backward on the same inputs and cotangent (every input gradient, `f64` within 1e-10 and
+//! `f32` within 1e-4 relative RMS), bit-for-bit repeatability, logits near and beyond the `f32`
+//! range, and a timing of forward against backward on device-resident tensors.
+
+use super::common;
+
+use mixer_core::mixer::{Mixer, complete_dims};
+use mixer_core::{DType, Form, Precision, Requires, Tensors};
+use mixer_registry::backward::backward_as;
+use mixer_registry::{Sizes, mixer};
+use ndarray::ArrayD;
+
+/// A cotangent of `shape` with entries in [−1, 1] that depend on the seed and the position.
+fn cotangent(shape: &[usize], seed: u64) -> ArrayD<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    ArrayD::from_shape_simple_fn(shape.to_vec(), || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+    })
+}
+
+fn rms(a: &ArrayD<f64>) -> f64 {
+    (a.iter().map(|x| x * x).sum::<f64>() / a.len().max(1) as f64).sqrt()
+}
+
+/// `rms(got − want) / max(rms(want), floor)` (`floor`: the size of the gradient's summands, for
+/// gradients that cancel to about zero, e.g. `d_q` of a window of one).
+fn rel(got: &ArrayD<f64>, want: &ArrayD<f64>, floor: f64) -> f64 {
+    assert_eq!(got.shape(), want.shape());
+    rms(&(got - want)) / rms(want).max(floor).max(f64::MIN_POSITIVE)
+}
+
+/// The `fast` backward of `m` on `backend` in `dtype`, every gradient, as `f64`.
+fn grads(m: &dyn Mixer, backend: &str, x: &Tensors<f64>, dy: &ArrayD<f64>, dtype: DType) -> Tensors<f64> {
+    backward_as(m, backend, Form::Fast, x, dy, dtype, &Requires::All)
+        .unwrap_or_else(|e| panic!("{} on {backend} ({}): {e}", m.name(), dtype.name()))
+}
+
+/// Checks every gradient of the CUDA backward against the CPU's in both dtypes; `floors` gives
+/// each gradient's floor of the relative error.
+fn against_cpu(m: &dyn Mixer, what: &str, x: &Tensors<f64>, dy: &ArrayD<f64>, floors: &[(&str, f64)]) {
+    for (dtype, tol) in [(DType::F64, 1e-10), (DType::F32, 1e-4)] {
+        let want = grads(m, "cpu", x, dy, dtype);
+        let got = grads(m, "cuda", x, dy, dtype);
+        assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{what}");
+        for (name, w) in &want {
+            let floor = floors.iter().find(|(n, _)| n == name).map_or(0.0, |f| f.1);
+            let g = &got[name];
+            let e = rel(g, w, floor);
+            println!("GRAD {what} {} {name} rel_rms={e:.3e}", dtype.name());
+            assert!(g.iter().all(|v| v.is_finite()), "{what} {}: {name} not finite", dtype.name());
+            assert!(e <= tol, "{what} {}: {name} rel_rms {e:.3e} > {tol:e}", dtype.name());
+        }
+    }
+}
+
+/// Attention: T ∈ {1, 63, 64, 65, 1000, 4099}, head dims from 5 to 256 (Dk ≠ Dv too), windows
+/// of 1 and 100 and none, a negative scale.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_backward_matches_the_cpu() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    let cases: &[(usize, usize, usize, usize, usize, serde_json::Value)] = &[
+        (1, 1, 2, 16, 16, serde_json::json!({})),
+        (2, 63, 2, 5, 70, serde_json::json!({"window": 100})),
+        (1, 64, 2, 64, 64, serde_json::json!({"window": 1})),
+        (2, 65, 1, 70, 16, serde_json::json!({})),
+        (1, 200, 2, 33, 20, serde_json::json!({"scale": -0.7})),
+        (1, 1000, 2, 128, 128, serde_json::json!({"window": 100})),
+        (1, 1000, 1, 256, 70, serde_json::json!({})),
+        (1, 300, 1, 256, 256, serde_json::json!({"window": 100})),
+        (1, 4099, 1, 16, 64, serde_json::json!({})),
+        (1, 4099, 1, 64, 64, serde_json::json!({"window": 100})),
+    ];
+    for (i, (b, t, h, dk, dv, cfg)) in cases.iter().enumerate() {
+        let m = mixer("attention", cfg).unwrap();
+        let s = Sizes { batch: *b, seq: *t, channels: 1, heads: *h, dk: *dk, dv: *dv };
+        let x = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 40 + i as u64).unwrap();
+        let dy = cotangent(&[*b, *t, *h, *dv], 7 + i as u64);
+        let sigma = cfg.get("scale").and_then(|v| v.as_f64()).unwrap_or(1.0 / (*dk as f64).sqrt()).abs();
+        // d_q and d_k: σ · (dy·v) · k (or q), the size of the summands before they cancel.
+        let summand = |other: &str| sigma * rms(&dy) * rms(&x["v"]) * rms(&x[other]);
+        let floors = [("d_q", summand("k")), ("d_k", summand("q"))];
+        let what = format!("attention {cfg} B={b} T={t} H={h} Dk={dk} Dv={dv}");
+        against_cpu(m.as_ref(), &what, &x, &dy, &floors);
+    }
+}
+
+/// Toeplitz: T ∈ {1, 63, 64, 65, 1000, 4099}, heads, kernel widths above 1, a bias, kernels
+/// longer than T (their gradient is zero past T).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn toeplitz_backward_matches_the_cpu() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    // (B, T, C, heads, Kw, bias, extra taps)
+    let cases = [
+        (1, 1, 4, 1, 1, false, 0),
+        (2, 63, 6, 2, 1, true, 0),
+        (1, 64, 8, 2, 3, true, 5),
+        (2, 65, 10, 5, 2, false, 0),
+        (1, 1000, 12, 3, 2, true, 7),
+        (1, 4099, 6, 2, 1, true, 0),
+        (2, 4099, 9, 3, 4, true, 3),
+    ];
+    for (i, &(b, t, c, h, kw, bias, extra)) in cases.iter().enumerate() {
+        let m = mixer("toeplitz", &serde_json::json!({"heads": h, "kernel_width": kw})).unwrap();
+        let s = Sizes { batch: b, seq: t, channels: c, heads: h, dk: 1, dv: 1 };
+        let mut dims = complete_dims(m.as_ref(), &s.dims());
+        dims.insert("Tw", t + extra);
+        let mut x = m.random_inputs(&dims, 60 + i as u64).unwrap();
+        if bias {
+            x.insert("bias".into(), cotangent(&[h, t + extra], 90 + i as u64));
+        }
+        let dy = cotangent(&[b, t, c], 30 + i as u64);
+        let what = format!("toeplitz B={b} T={t} C={c} H={h} Kw={kw} bias={bias} Tw={}", t + extra);
+        against_cpu(m.as_ref(), &what, &x, &dy, &[]);
+        let g = grads(m.as_ref(), "cuda", &x, &dy, DType::F64);
+        let dw = &g["d_w"];
+        let last = dw.ndim() - 1;
+        let past = dw.indexed_iter().filter(|(i, _)| i[last] >= t).all(|(_, &v)| v == 0.0);
+        assert!(past, "{what}: d_w past T is not zero");
+    }
+}
+
+/// The same inputs give the same bits, run after run (no order-dependent reductions).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn backward_is_repeatable_bit_for_bit() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    let att = mixer("attention", &serde_json::json!({"window": 300})).unwrap();
+    let tz = mixer("toeplitz", &serde_json::json!({"heads": 2, "kernel_width": 2})).unwrap();
+    for (m, s) in [
+        (att, Sizes { batch: 2, seq: 1000, channels: 1, heads: 2, dk: 64, dv: 70 }),
+        (tz, Sizes { batch: 2, seq: 1000, channels: 8, heads: 2, dk: 1, dv: 1 }),
+    ] {
+        let x = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 5).unwrap();
+        let y_shape: Vec<usize> = if m.family() == "attention" {
+            vec![s.batch, s.seq, s.heads, s.dv]
+        } else {
+            vec![s.batch, s.seq, s.channels]
+        };
+        let dy = cotangent(&y_shape, 3);
+        for dtype in [DType::F32, DType::F64] {
+            let a = grads(m.as_ref(), "cuda", &x, &dy, dtype);
+            let b = grads(m.as_ref(), "cuda", &x, &dy, dtype);
+            for (name, g) in &a {
+                let same = g.iter().zip(b[name].iter()).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "{} {}: {name} differs between two runs", m.name(), dtype.name());
+            }
+        }
+    }
+}
+
+/// Logits near and beyond the f32 range: f32 `q, k` of 2⁶³ (dot products beyond 3.4e38) and a
+/// scale of 1e308. The gradients are finite, and `d_v` keeps the identity
+/// `Σ_s d_v[s] = Σ_t dy[t]` (every softmax row sums to 1).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_backward_huge_logits_give_no_nan() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    let (b, t, h, dk, dv) = (2, 150, 2, 3, 4);
+    for (cfg, mag) in [(serde_json::json!({}), 2f64.powi(63)), (serde_json::json!({"scale": 1e308}), 1.0)] {
+        let m = mixer("attention", &cfg).unwrap();
+        let s = Sizes { batch: b, seq: t, channels: 1, heads: h, dk, dv };
+        let mut x = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 17).unwrap();
+        for name in ["q", "k"] {
+            x.get_mut(name).unwrap().mapv_inplace(|v| v * mag);
+        }
+        let dy = cotangent(&[b, t, h, dv], 4);
+        for dtype in [DType::F32, DType::F64] {
+            let g = grads(m.as_ref(), "cuda", &x, &dy, dtype);
+            for (name, v) in &g {
+                assert!(v.iter().all(|e| e.is_finite()), "{cfg} {}: {name} has {v:?}", dtype.name());
+            }
+            let sum_dv = g["d_v"].sum_axis(ndarray::Axis(1));
+            let sum_dy = dy.sum_axis(ndarray::Axis(1));
+            let e = rel(&sum_dv, &sum_dy, 0.0);
+            println!("GRAD attention huge logits {cfg} {}: Σ d_v vs Σ dy rel_rms={e:.3e}", dtype.name());
+            assert!(e < 1e-4, "{cfg} {}: Σ d_v vs Σ dy {e:.3e}", dtype.name());
+        }
+    }
+}
+
+/// Times the forward and the backward on device-resident f32 tensors (CUDA events, the median
+/// of 5 runs after a warm-up), printing one `TIMING` line per shape: attention at (B, T, H, D) =
+/// (1, 16384, 16, 64), (8, 4096, 16, 64), (8, 4096, 16, 128) and the Toeplitz mixer at the same
+/// (B, T) with C = H·D channels, H heads.
+#[test]
+#[ignore = "needs a CUDA device; a measurement"]
+fn backward_timing() {
+    let Some(_turn) = common::gpu_alone() else {
+        return;
+    };
+    use mixer_cuda::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
+    let stream = mixer_cuda::stream().unwrap();
+    // Events with timing (cudarc's default flags leave it out).
+    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let median_ms = |f: &mut dyn FnMut()| -> f64 {
+        f();
+        stream.synchronize().unwrap();
+        let mut v: Vec<f64> = (0..5)
+            .map(|_| {
+                let e0 = stream.record_event(timed).unwrap();
+                f();
+                let e1 = stream.record_event(timed).unwrap();
+                stream.synchronize().unwrap();
+                f64::from(e0.elapsed_ms(&e1).unwrap())
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[2]
+    };
+    let dev = |shape: &[usize], seed: u64| -> AnyDeviceTensor {
+        AnyDeviceTensor::F32(DeviceTensor::upload(&cotangent(shape, seed).mapv(|v| v as f32)).unwrap())
+    };
+    for (b, t, h, d) in [(1, 16384, 16, 64), (8, 4096, 16, 64), (8, 4096, 16, 128)] {
+        let m = mixer("attention", &serde_json::json!({})).unwrap();
+        let a =
+            mixer_core::mixers::attention::Attention::from_json("attention", &serde_json::json!({})).unwrap();
+        let x: DeviceTensors = [("q", 1), ("k", 2), ("v", 3)]
+            .into_iter()
+            .map(|(n, s)| (n.to_string(), dev(&[b, t, h, d], s)))
+            .collect();
+        let dy = dev(&[b, t, h, d], 4);
+        let mut out = Vec::new();
+        for p in [Precision::Exact, Precision::Tf32] {
+            let fwd = median_ms(&mut || {
+                drop(mixer_cuda::device_run::run_device_with(m.as_ref(), Form::Fast, &x, p, false).unwrap())
+            });
+            out.push(format!("fwd_{}={fwd:.3}", p.name()));
+        }
+        let bwd = median_ms(&mut || {
+            drop(
+                mixer_cuda::attention::backward::run::<f32>(&a, &x, &dy, &Requires::All, Precision::Exact)
+                    .unwrap(),
+            )
+        });
+        println!("TIMING attention B={b} T={t} H={h} D={d} ms: {} bwd={bwd:.3}", out.join(" "));
+
+        let c = h * d;
+        let tzm = mixer("toeplitz", &serde_json::json!({"heads": h})).unwrap();
+        let tz =
+            mixer_core::mixers::toeplitz::Toeplitz::from_json("toeplitz", &serde_json::json!({"heads": h}))
+                .unwrap();
+        let mut xt: DeviceTensors = DeviceTensors::new();
+        xt.insert("x".into(), dev(&[b, t, c], 5));
+        xt.insert("w".into(), dev(&[h, t], 6));
+        xt.insert("bias".into(), dev(&[h, t], 7));
+        let dyt = dev(&[b, t, c], 8);
+        let fwd = median_ms(&mut || {
+            drop(
+                mixer_cuda::device_run::run_device_with(
+                    tzm.as_ref(),
+                    Form::Fast,
+                    &xt,
+                    Precision::Exact,
+                    false,
+                )
+                .unwrap(),
+            )
+        });
+        let bwd = median_ms(&mut || {
+            drop(
+                mixer_cuda::toeplitz::backward::run::<f32>(&tz, &xt, &dyt, &Requires::All, Precision::Exact)
+                    .unwrap(),
+            )
+        });
+        println!("TIMING toeplitz B={b} T={t} C={c} H={h} ms: fwd={fwd:.3} bwd={bwd:.3}");
+    }
+}
+
+/// One small backward of each family on the CUDA backend alone (for compute-sanitizer's memcheck
+/// and racecheck: a window, head dims that are not multiples of 16, a partial last tile; two
+/// taps, a bias and kernels longer than T), checked against the CPU.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn backward_small_cases() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    let m = mixer("attention", &serde_json::json!({"window": 20})).unwrap();
+    let s = Sizes { batch: 1, seq: 70, channels: 1, heads: 2, dk: 5, dv: 7 };
+    let x = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 1).unwrap();
+    let dy = cotangent(&[1, 70, 2, 7], 2);
+    against_cpu(m.as_ref(), "attention small", &x, &dy, &[("d_q", 1e-3), ("d_k", 1e-3)]);
+    let m = mixer("toeplitz", &serde_json::json!({"heads": 2, "kernel_width": 2})).unwrap();
+    let s = Sizes { batch: 2, seq: 33, channels: 6, heads: 2, dk: 1, dv: 1 };
+    let mut dims = complete_dims(m.as_ref(), &s.dims());
+    dims.insert("Tw", 40);
+    let mut x = m.random_inputs(&dims, 3).unwrap();
+    x.insert("bias".into(), cotangent(&[2, 40], 4));
+    let dy = cotangent(&[2, 33, 6], 5);
+    against_cpu(m.as_ref(), "toeplitz small", &x, &dy, &[]);
+}
