@@ -11,7 +11,8 @@
 //!   deferred device-side checks); [`pool`]: the caching allocator every buffer comes from.
 //! - [`forms`]: the device-tensor contract of the families ([`forms::DeviceFamily`],
 //!   [`DeviceDecoder`]) and the host-array forms built on it; [`device_run`]: the entry points
-//!   [`run_device`] and [`decoder_device`] for inputs that live on the GPU, and [`stream`].
+//!   [`run_device`], [`backward_device`] and [`decoder_device`] for inputs that live on the GPU,
+//!   and [`stream`].
 //! - [`timing`]: CUDA-event timing of forms and decode loops on device-resident inputs.
 //! - [`kernels`]: the table of every kernel source (`mixer-cuda/kernels/*.cu`).
 //! - [`nvrtc`]: one NVRTC compilation (NVRTC's CUBIN, which the runtime loads, and its PTX).
@@ -63,7 +64,7 @@ pub mod tensor;
 pub mod timing;
 pub mod toeplitz;
 
-pub use device_run::{decoder_device, run_device, stream};
+pub use device_run::{backward_device, decoder_device, run_device, stream};
 pub use forms::DeviceDecoder;
 pub use tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
