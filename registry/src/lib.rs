@@ -43,8 +43,8 @@ pub use mixer_registry_macros::register;
 
 pub use backend::{Backend, backends_status};
 pub use device::{
-    DeviceForms, DeviceTimer, DeviceTiming, decoder_device, device_available, device_forms, device_plan,
-    run_device,
+    DeviceForms, DeviceTimer, DeviceTiming, backward_device, decoder_device, device_available, device_forms,
+    device_plan, run_device,
 };
 pub use entries::*;
 pub use family::{
