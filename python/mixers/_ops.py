@@ -58,9 +58,11 @@ def _work_dtype(t: torch.Tensor) -> torch.dtype:
     return torch.float32 if t.dtype in _HALF else t.dtype
 
 
-def _host(t: torch.Tensor, dtype: torch.dtype):
-    """``t`` as a numpy array of ``dtype`` on the host (a view when it already is one)."""
-    return t.detach().to(device="cpu", dtype=dtype).numpy()
+def _host(t: torch.Tensor, dtype: Optional[torch.dtype] = None):
+    """``t`` as a numpy array on the host (a view when it already is one), of ``dtype``, else
+    of its own dtype with half types as float32 (so the library sees, and refuses, inputs of
+    mixed or non-float dtypes)."""
+    return t.detach().to(device="cpu", dtype=dtype or _work_dtype(t)).numpy()
 
 
 def _offsets(cu_seqlens: Optional[torch.Tensor]) -> Optional[List[int]]:
@@ -108,15 +110,20 @@ def op_name(mixer: str) -> str:
     return "mixers::" + mixer.replace("-", "_").replace(".", "_")
 
 
-@functools.lru_cache(maxsize=None)
+_OPS: Dict[str, object] = {}
+
+
 def mixer_op(mixer: str):
-    """The ``torch.library`` op of registered mixer ``mixer`` (defined on first use)."""
+    """The ``torch.library`` op of registered mixer ``mixer`` (defined on first use; the package
+    defines every registered mixer's op when it is imported)."""
+    if mixer in _OPS:
+        return _OPS[mixer]
     base = op_name(mixer)
 
     def forward_impl(inputs, names, initial_state, cu_seqlens, output_final_state, config, form, backend, precision):
         mixed = _mixed(mixer, config, inputs, names)
         work = _work_dtype(mixed)
-        x = {n: _host(t, work) for n, t in zip(names, inputs)}
+        x = {n: _host(t) for n, t in zip(names, inputs)}
         stateful = initial_state is not None or output_final_state
         state = _state_layout(mixer, config, inputs, names, cu_seqlens)[0] if stateful else None
         initial = None if initial_state is None else {state: _host(initial_state, work)}
@@ -155,7 +162,7 @@ def mixer_op(mixer: str):
     def backward_impl(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend):
         mixed = _mixed(mixer, config, inputs, names)
         work = _work_dtype(mixed)
-        x = {n: _host(t, work) for n, t in zip(names, inputs)}
+        x = {n: _host(t) for n, t in zip(names, inputs)}
         stateful = initial_state is not None or d_final_state is not None
         state = _state_layout(mixer, config, inputs, names, cu_seqlens)[0] if stateful else None
         initial = None if initial_state is None else {state: _host(initial_state, work)}
@@ -208,7 +215,15 @@ def mixer_op(mixer: str):
         return list(grads[: ctx.count]), None, d_initial, None, None, None, None, None, None
 
     fwd.register_autograd(backward, setup_context=setup_context)
+    _OPS[mixer] = fwd
     return fwd
+
+
+@torch.compiler.assume_constant_result
+def config_json(config: Optional[dict]) -> str:
+    """A config dict as the JSON string the op takes (keys sorted; constant under
+    ``torch.compile``)."""
+    return json.dumps(config or {}, sort_keys=True)
 
 
 def default_backend(t: torch.Tensor) -> str:
@@ -238,7 +253,7 @@ def call(
             raise TypeError(f"input `{k}`: expected a torch.Tensor, got {type(v).__name__}")
     if not given:
         raise ValueError(f"`{mixer}`: no inputs given")
-    cfg = json.dumps(config or {}, sort_keys=True)
+    cfg = config_json(config)
     names = list(given)
     tensors = [given[n] for n in names]
     if backend is None:

@@ -21,6 +21,9 @@ use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+// Registration is link-time: the builtin backends (through `mixers`) and the example plugin
+// are linked only because this crate names them.
+use mixers as _;
 #[cfg(feature = "example-plugin")]
 use mixers_plugin_fibonacci as _;
 

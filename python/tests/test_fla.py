@@ -46,7 +46,7 @@ def naive_gated_delta(q, k, v, g, beta, scale, h0=None, delta=True):
 def test_gated_delta_rule_matches_fla_convention(fn):
     q, k, v, g, beta = rand_inputs()
     h0 = torch.randn(B, H, K, V, dtype=torch.float64)
-    o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o, ht = fn(q, k, v, g=g, beta=beta, initial_state=h0, output_final_state=True)  # fla: gk, gv come before beta in the recurrent one
     want_o, want_s = naive_gated_delta(q, k, v, g, beta, K ** -0.5, h0)
     assert ht.shape == (B, H, K, V)
     torch.testing.assert_close(o, want_o, rtol=1e-10, atol=1e-10)
