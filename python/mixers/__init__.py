@@ -22,7 +22,7 @@ import json as _json
 
 from . import _mixers
 
-__all__ = ["list", "spec", "backward", "run_numpy"]
+__all__ = ["list", "spec", "random_inputs", "backward", "run_numpy"]
 
 
 def list() -> dict:  # noqa: A001 - the package's listing, `mixers.list()`
@@ -35,6 +35,15 @@ def list() -> dict:  # noqa: A001 - the package's listing, `mixers.list()`
 def spec(name: str, config: dict = None) -> dict:
     """The inputs of mixer ``name`` with ``config``: names, symbolic shapes, which is mixed."""
     return _json.loads(_mixers.spec(name, _json.dumps(config or {})))
+
+
+def random_inputs(name: str, config: dict = None, *, batch: int = 2, seq: int = 8, channels: int = 4,
+                  heads: int = 2, dk: int = 4, dv: int = 3, seed: int = 0) -> dict:
+    """Valid random float64 inputs of mixer ``name`` (numpy arrays, optional inputs included),
+    drawn as the library's own checks draw them (docs/math.md §4: ``g`` in [−0.1, 0], unit
+    keys for gated DeltaNet, …); a mixer uses the sizes it needs."""
+    return _mixers.random_inputs(name, _json.dumps(config or {}), batch=batch, seq=seq, channels=channels,
+                                 heads=heads, dk=dk, dv=dv, seed=seed)
 
 
 def _arrays(d):

@@ -7,12 +7,11 @@ import pytest
 import torch
 
 import mixers
-from mixers import _mixers
 
 
 def inputs(name, config=None, dtype=torch.float64, grad=False, **sizes):
     """Valid random inputs of mixer ``name`` as tensors (``requires_grad`` with ``grad``)."""
-    arrays = _mixers.random_inputs(name, json.dumps(config or {}), **sizes)
+    arrays = mixers.random_inputs(name, config, **sizes)
     return {k: torch.from_numpy(v).to(dtype).requires_grad_(grad) for k, v in arrays.items()}
 
 
