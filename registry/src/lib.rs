@@ -17,13 +17,14 @@
 //!
 //! Also here: lookup by name with "did you mean" errors ([`lookup`]), run-time backend
 //! selection ([`Backend::auto`]), running a form with validation ([`run::run`]), its gradient
-//! ([`backward::backward`]), the
+//! ([`backward::backward`]), one call with a state or a packed batch ([`call`]), the
 //! cross-check harness ([`harness::check`]) and the backend test suite every registered
 //! backend and mixer gets ([`suite`]).
 
 pub mod backend;
 pub mod backward;
 mod builtins;
+pub mod call;
 pub mod device;
 pub mod entries;
 pub mod family;
