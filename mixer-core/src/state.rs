@@ -79,6 +79,19 @@ pub fn zeros<F: Real>(shapes: &StateShapes) -> Tensors<F> {
     shapes.iter().map(|(n, s)| (n.clone(), ArrayD::zeros(IxDyn(s)))).collect()
 }
 
+/// A state with these shapes whose entries are a fixed hash of `seed` and their index, in
+/// `[−1, 1)` (the default of [`Mixer::random_state`]).
+pub fn random(shapes: &StateShapes, seed: u64) -> Tensors<f64> {
+    let mut s = zeros::<f64>(shapes);
+    for (j, a) in s.values_mut().enumerate() {
+        for (i, x) in a.iter_mut().enumerate() {
+            let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (seed + j as u64).wrapping_mul(0xBF58_476D);
+            *x = (h >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+        }
+    }
+    s
+}
+
 /// Checks packed-batch offsets for a buffer of `t_len` rows and `batch` batch rows: `B = 1`,
 /// at least one offset, the first `0`, non-decreasing, the last `≤ T` (rows past it belong to
 /// no sequence). Returns the sequences' row ranges.

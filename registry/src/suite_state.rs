@@ -38,17 +38,9 @@ fn compare_all(tol: Tolerance, what: &str, got: &Tensors<f64>, want: &Tensors<f6
     got.iter().try_for_each(|(k, g)| compare(tol, &format!("{what} `{k}`"), g, &want[k]))
 }
 
-/// A random initial state of `m` at `dims` (entries in `[−1, 1)`).
+/// A random valid initial state of `m` at `dims` ([`Mixer::random_state`]).
 fn random_state(m: &dyn Mixer, dims: &Dims, seed: u64) -> Result<Tensors<f64>, String> {
-    let mut s = mixer_core::state::zeros::<f64>(&shapes(m, dims).map_err(|e| e.to_string())?);
-    for (j, a) in s.values_mut().enumerate() {
-        for (i, x) in a.iter_mut().enumerate() {
-            let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                ^ (seed + j as u64).wrapping_mul(0xBF58_476D);
-            *x = (h >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
-        }
-    }
-    Ok(s)
+    m.random_state(dims, seed).map_err(|e| e.to_string())
 }
 
 fn run_in<F: Scalar>(
