@@ -105,6 +105,17 @@ pub fn positions<F: Real>(state: &Tensors<F>, t_len: usize) -> Result<Vec<usize>
     Ok(out)
 }
 
+/// Zeroes the slots of a state-shaped `S [B, H, L, Dv, Dk]` that are empty at the positions
+/// `pos` (bit `i` of the row's position clear). The initial state's gradient lives in the same
+/// subspace as the state: those slots are not free (a state with entries there is refused).
+pub fn project<F: Real>(s: &mut ArrayD<F>, pos: &[usize]) {
+    for (ix, x) in s.indexed_iter_mut() {
+        if (pos[ix[0]] >> ix[2]) & 1 == 0 {
+            *x = F::zero();
+        }
+    }
+}
+
 /// One head's tokens, row-major: `q, k` (`T·Dk`), `v` (`T·Dv`), `g` (`T`, log-decays; zeros
 /// without a decay), `beta` (`T`; ones without the delta rule), `lam` (`T·nl`, the λ weights
 /// after the scheme).
@@ -498,7 +509,8 @@ pub fn run<F: Real>(
 }
 
 /// The reverse mode of [`run`]: the gradients `d_<input>` (those in `requires`) and of the
-/// initial state (`S`, and a zero `position`: it is an index, not a value), from the
+/// initial state (`S`, zero in the slots that must be empty ([`project`]), and a zero
+/// `position`: it is an index, not a value), from the
 /// cotangents `dy` and `d_final` (`None`: zero; its `position` is not read).
 pub fn vjp<F: Real>(
     m: &LogLinear,
@@ -587,6 +599,7 @@ pub fn vjp<F: Real>(
     }
     let mut d_state = Tensors::new();
     if initial.is_some() {
+        project(&mut ds, &pos);
         d_state.insert(STATE.to_string(), ds);
         d_state.insert(POSITION.to_string(), ArrayD::zeros(IxDyn(&[nb])));
     }

@@ -11,7 +11,7 @@ use mixer_core::{Error, Requires, Result, Tensors, grad_name};
 use ndarray::{Array4, ArrayD, IxDyn};
 use rayon::prelude::*;
 
-use mixer_core::mixers::loglinear_lift_state::{Levels, POSITION, store};
+use mixer_core::mixers::loglinear_lift_state::{Levels, POSITION, project, store};
 use mixer_core::mixers::loglinear_state::STATE;
 
 use super::backward_chunked::{HeadGrads, head_vjp_from};
@@ -90,6 +90,7 @@ pub fn vjp_from<F: VecMath>(
                 d0.truncate(nl + 1);
                 store(&mut ds, hd.b, hd.h, &d0)?;
             }
+            project(&mut ds, &pos);
             d_state.insert(STATE.to_string(), ds);
             d_state.insert(POSITION.to_string(), ArrayD::zeros(IxDyn(&[sz.b])));
         }

@@ -9,7 +9,7 @@ use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::mixers::loglinear_lift_state::{Levels, POSITION, store};
 use mixer_core::mixers::loglinear_state::STATE;
 use mixer_core::tensor::get;
-use mixer_core::{Error, Real, Result, Tensors};
+use mixer_core::{Error, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 
