@@ -85,7 +85,8 @@ pub fn random(shapes: &StateShapes, seed: u64) -> Tensors<f64> {
     let mut s = zeros::<f64>(shapes);
     for (j, a) in s.values_mut().enumerate() {
         for (i, x) in a.iter_mut().enumerate() {
-            let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (seed + j as u64).wrapping_mul(0xBF58_476D);
+            let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ (seed + j as u64).wrapping_mul(0xBF58_476D);
             *x = (h >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
         }
     }

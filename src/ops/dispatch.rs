@@ -135,7 +135,9 @@ pub(crate) fn forward_states<F: Scalar, D: Dimension>(
             )?;
             (y, f.unwrap_or_default())
         }
-        None => mixer_registry::state::run_state(m, &backend, opts.form, &x, initial.as_ref(), opts.precision)?,
+        None => {
+            mixer_registry::state::run_state(m, &backend, opts.form, &x, initial.as_ref(), opts.precision)?
+        }
     };
     Ok((into_rank(y)?, fin))
 }
@@ -227,7 +229,9 @@ impl<F: Scalar> Stepper<F> {
     /// Starts the decoder from the state `name` = `initial` (checked at the first step, when
     /// the sizes are known).
     pub(crate) fn start_from(&mut self, name: &str, initial: ArrayViewD<'_, F>) {
-        self.start_from_states([(name.to_string(), initial.as_standard_layout().into_owned())].into_iter().collect());
+        self.start_from_states(
+            [(name.to_string(), initial.as_standard_layout().into_owned())].into_iter().collect(),
+        );
     }
 
     /// Starts the decoder from a state of several tensors.

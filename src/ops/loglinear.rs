@@ -398,15 +398,21 @@ impl<F: Scalar> LevelState<F> {
     fn to_tensors(&self) -> Result<Tensors<F>> {
         let n = self.position.len();
         let pos = self.position.iter().map(|&a| F::of(a as f64)).collect();
-        let pos = ArrayD::from_shape_vec(IxDyn(&[n]), pos).map_err(|e| Error::shape(POSITION, "[B]", e.to_string()))?;
-        Ok([(STATE.to_string(), self.s.clone().into_dyn()), (POSITION.to_string(), pos)].into_iter().collect())
+        let pos = ArrayD::from_shape_vec(IxDyn(&[n]), pos)
+            .map_err(|e| Error::shape(POSITION, "[B]", e.to_string()))?;
+        Ok([(STATE.to_string(), self.s.clone().into_dyn()), (POSITION.to_string(), pos)]
+            .into_iter()
+            .collect())
     }
 
     fn from_tensors(mut t: Tensors<F>) -> Result<Self> {
         let mut take = |name: &str| {
-            t.remove(name).ok_or_else(|| Error::Decoder(format!("internal: the state has no tensor `{name}`")))
+            t.remove(name)
+                .ok_or_else(|| Error::Decoder(format!("internal: the state has no tensor `{name}`")))
         };
-        let s = take(STATE)?.into_dimensionality().map_err(|e| Error::shape(STATE, "[B, H, L, Dv, Dk]", e.to_string()))?;
+        let s = take(STATE)?
+            .into_dimensionality()
+            .map_err(|e| Error::shape(STATE, "[B, H, L, Dv, Dk]", e.to_string()))?;
         let position = take(POSITION)?.iter().map(|&p| p.f64() as usize).collect();
         Ok(LevelState { s, position })
     }

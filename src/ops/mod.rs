@@ -94,10 +94,10 @@ pub use attention::{AttentionDecoder, attention};
 pub use glr::{GlrCoeffs, GlrCoeffsOf, GlrDecoder, GlrPattern, GlrTokenCoeffs, glr};
 pub use loglinear::{
     GatedDeltaNetDecoder, LevelState, LinearAttentionDecoder, LogLinearAttentionDecoder,
-    LogLinearGatedDeltaNetDecoder, LogLinearMamba2Decoder, Mamba2Decoder, gated_deltanet, gated_deltanet_state,
-    linear_attention, linear_attention_state, loglinear_attention, loglinear_attention_state,
-    loglinear_gated_deltanet, loglinear_gated_deltanet_state, loglinear_mamba2, loglinear_mamba2_state, mamba2,
-    mamba2_state,
+    LogLinearGatedDeltaNetDecoder, LogLinearMamba2Decoder, Mamba2Decoder, gated_deltanet,
+    gated_deltanet_state, linear_attention, linear_attention_state, loglinear_attention,
+    loglinear_attention_state, loglinear_gated_deltanet, loglinear_gated_deltanet_state, loglinear_mamba2,
+    loglinear_mamba2_state, mamba2, mamba2_state,
 };
 pub use options::{LambdaRef, MaskRef, Options, PatternRef, Precision, Registered, RegistryEntry};
 pub use scalar::Scalar;

@@ -448,7 +448,11 @@ fn owned<F: Real>(m: &LogLinear, x: &Tensors<F>, lam: &ArrayD<F>, b: usize, h: u
         q: row(get(x, "q")?),
         k: row(get(x, "k")?),
         v: row(get(x, "v")?),
-        g: if m.base.has_decay() { scalar("g", 0.0)?.iter().map(|a| a.f64()).collect() } else { vec![0.0; t_len] },
+        g: if m.base.has_decay() {
+            scalar("g", 0.0)?.iter().map(|a| a.f64()).collect()
+        } else {
+            vec![0.0; t_len]
+        },
         beta: scalar("beta", 1.0)?,
         lam: row(lam),
     })
@@ -456,7 +460,17 @@ fn owned<F: Real>(m: &LogLinear, x: &Tensors<F>, lam: &ArrayD<F>, b: usize, h: u
 
 impl<F> Owned<F> {
     fn tokens(&self, dk: usize, dv: usize, nl: usize) -> Tokens<'_, F> {
-        Tokens { q: &self.q, k: &self.k, v: &self.v, g: &self.g, beta: &self.beta, lam: &self.lam, dk, dv, nl }
+        Tokens {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            g: &self.g,
+            beta: &self.beta,
+            lam: &self.lam,
+            dk,
+            dv,
+            nl,
+        }
     }
 }
 
@@ -503,8 +517,9 @@ pub fn run<F: Real>(
             store(&mut fin, b, h, &levels)?;
         }
     }
-    let fin_pos = ArrayD::from_shape_vec(IxDyn(&[nb]), pos.iter().map(|&a| F::of((a + t_len) as f64)).collect())
-        .map_err(|e| Error::Numerical(e.to_string()))?;
+    let fin_pos =
+        ArrayD::from_shape_vec(IxDyn(&[nb]), pos.iter().map(|&a| F::of((a + t_len) as f64)).collect())
+            .map_err(|e| Error::Numerical(e.to_string()))?;
     Ok((y, [(STATE.to_string(), fin), (POSITION.to_string(), fin_pos)].into_iter().collect()))
 }
 
@@ -616,12 +631,21 @@ pub(crate) fn random_state(dims: &crate::Dims, mut s: Tensors<f64>) -> Result<Te
     let nb = get(&s, POSITION)?.len();
     let pos: Vec<usize> = (0..nb).map(|b| if span == 0 { 0 } else { 1 + (b * 7 + 5) % span }).collect();
     let st = s.get_mut(STATE).ok_or_else(|| Error::Numerical("no state tensor".into()))?;
-    for ((b, _, i, _, _), x) in st.view_mut().into_dimensionality::<ndarray::Ix5>().map_err(|e| Error::Numerical(e.to_string()))?.indexed_iter_mut() {
+    for ((b, _, i, _, _), x) in st
+        .view_mut()
+        .into_dimensionality::<ndarray::Ix5>()
+        .map_err(|e| Error::Numerical(e.to_string()))?
+        .indexed_iter_mut()
+    {
         if (pos[b] >> i) & 1 == 0 {
             *x = 0.0;
         }
     }
-    s.insert(POSITION.into(), ArrayD::from_shape_vec(IxDyn(&[nb]), pos.iter().map(|&a| a as f64).collect()).map_err(|e| Error::Numerical(e.to_string()))?);
+    s.insert(
+        POSITION.into(),
+        ArrayD::from_shape_vec(IxDyn(&[nb]), pos.iter().map(|&a| a as f64).collect())
+            .map_err(|e| Error::Numerical(e.to_string()))?,
+    );
     Ok(s)
 }
 
@@ -726,7 +750,9 @@ mod tests {
             let dy = y.mapv(|a| (a * 3.1).sin());
             let df = fin[STATE].mapv(|a| (a * 1.7).cos());
             let dfin: Tensors<f64> =
-                [(STATE.to_string(), df.clone()), (POSITION.to_string(), fin[POSITION].clone())].into_iter().collect();
+                [(STATE.to_string(), df.clone()), (POSITION.to_string(), fin[POSITION].clone())]
+                    .into_iter()
+                    .collect();
             let (g, gs) = vjp(&m, &x, Some(&s0), &dy, Some(&dfin), &Requires::All).unwrap();
             let loss = |x: &Tensors<f64>, s: &Tensors<f64>| {
                 let (y, f) = run(&m, x, Some(s)).unwrap();

@@ -72,8 +72,14 @@ pub(crate) fn head_vjp_from<F: VecMath>(
     d_last: Option<Mat<F>>,
 ) -> Result<(HeadGrads<F>, Mat<F>)> {
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
-    let (out, d0) =
-        head_vjp_levels(m, hd, dy, h0.into_iter().map(Some).collect(), 0, d_last.into_iter().map(Some).collect())?;
+    let (out, d0) = head_vjp_levels(
+        m,
+        hd,
+        dy,
+        h0.into_iter().map(Some).collect(),
+        0,
+        d_last.into_iter().map(Some).collect(),
+    )?;
     let d0 = d0.into_iter().next().flatten().unwrap_or_else(|| Mat::zeros(dk, dv));
     Ok((out, d0))
 }
@@ -121,7 +127,8 @@ pub(crate) fn head_vjp_levels<F: VecMath>(
         for (j, &e) in st.present.iter().enumerate() {
             before[e] = Some(dz.submatrix(0, j * dv, dk, dv).to_owned());
         }
-        let merged = if ci > 0 { hd.lam.as_ref().and(mixer_core::fenwick::merge_level(c0 + ci)) } else { None };
+        let merged =
+            if ci > 0 { hd.lam.as_ref().and(mixer_core::fenwick::merge_level(c0 + ci)) } else { None };
         if let Some(mg) = merged
             && let Some(Some(d)) = before.get(mg + 1)
         {

@@ -91,6 +91,7 @@ fn lift_from<F: VecMath>(
         store(&mut fin, hd.b, hd.h, levels)?;
     }
     let fin_pos = pos.iter().map(|&a| F::of((a + sz.t) as f64)).collect::<Vec<F>>();
-    let fin_pos = ArrayD::from_shape_vec(IxDyn(&[sz.b]), fin_pos).map_err(|e| Error::Numerical(e.to_string()))?;
+    let fin_pos =
+        ArrayD::from_shape_vec(IxDyn(&[sz.b]), fin_pos).map_err(|e| Error::Numerical(e.to_string()))?;
     Ok((y, [(STATE.to_string(), fin), (POSITION.to_string(), fin_pos)].into_iter().collect()))
 }

@@ -21,6 +21,7 @@
 
 use faer::{Mat, MatRef};
 use mixer_core::Result;
+use mixer_core::Tensors;
 use mixer_core::fenwick::{merge_level, merge_states};
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::mixers::loglinear_lift_state::{
@@ -28,7 +29,6 @@ use mixer_core::mixers::loglinear_lift_state::{
 };
 use mixer_core::mixers::loglinear_state::STATE;
 use mixer_core::tensor::get;
-use mixer_core::Tensors;
 use ndarray::ArrayD;
 
 use super::backward_chunked::{HeadGrads, head_vjp_levels};
@@ -109,7 +109,17 @@ impl<F: VecMath> Owned<F> {
     }
     fn tokens(&self) -> Tokens<'_, F> {
         let (dk, dv, nl) = self.dims;
-        Tokens { q: &self.q, k: &self.k, v: &self.v, g: &self.g, beta: &self.beta, lam: &self.lam, dk, dv, nl }
+        Tokens {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            g: &self.g,
+            beta: &self.beta,
+            lam: &self.lam,
+            dk,
+            dv,
+            nl,
+        }
     }
 }
 
@@ -122,7 +132,12 @@ fn split(m: &LogLinear, pos: usize, t_len: usize) -> (usize, usize) {
 }
 
 /// Token level `c + e` (`S`, `Dv × Dk` row-major) as chunk level `e ≥ 1` (`H = Sᵀ`).
-fn to_chunk_levels<F: VecMath>(levels: &Levels<F>, cbits: usize, dk: usize, dv: usize) -> Vec<Option<Mat<F>>> {
+fn to_chunk_levels<F: VecMath>(
+    levels: &Levels<F>,
+    cbits: usize,
+    dk: usize,
+    dv: usize,
+) -> Vec<Option<Mat<F>>> {
     let mut out: Vec<Option<Mat<F>>> = vec![None];
     for st in levels.iter().skip(cbits + 1) {
         let nonzero = st.iter().any(|&x| x != F::zero());

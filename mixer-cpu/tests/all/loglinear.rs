@@ -482,7 +482,8 @@ fn the_lifts_run_from_a_state_in_every_form() {
         let forms: std::collections::BTreeSet<_> = state.iter().map(|c| c.form).collect();
         assert_eq!(forms, [Form::Materialized, Form::Fast, Form::Recurrent].into_iter().collect(), "{name}");
         assert_eq!(state.len(), 6, "{name} {cfg}");
-        let failed: Vec<String> = cases.iter().filter(|c| c.failure.is_some()).map(|c| c.to_string()).collect();
+        let failed: Vec<String> =
+            cases.iter().filter(|c| c.failure.is_some()).map(|c| c.to_string()).collect();
         assert!(failed.is_empty(), "{name} {cfg}:\n{}", failed.join("\n"));
     }
 }
