@@ -766,3 +766,94 @@ fn packed_batches_equal_the_sequences_one_by_one() {
         .to_string();
     assert!(e.contains("cu_seqlens") && e.contains("B = 2"), "{e}");
 }
+
+/// The lifts' `*_state` functions and decoders (docs/math.md §7.1): prefill in two parts equals
+/// one prefill at splits inside chunks, on chunk boundaries and on Fenwick level boundaries; a
+/// decoder started from a prefill's `LevelState` continues it and ends in the same state; a
+/// state at a position that needs more levels than `lambda` has is refused.
+#[test]
+fn lifts_prefill_from_a_level_state_and_decode_on() {
+    let t = 23;
+    let x = gdn_inputs(t, 5);
+    let (nb, nh) = (x["q"].shape()[0], x["q"].shape()[2]);
+    let lam = mixers::ndarray::Array4::<f64>::from_shape_fn((nb, t, nh, 6), |(b, s, h, l)| {
+        0.2 + ((b * 5 + s * 3 + h * 7 + l * 11) % 13) as f64 / 10.0
+    });
+    let opts = Options::default().chunk(4);
+    let f4 = |a: &ArrayD<f64>| a.view().into_dimensionality::<Ix4>().unwrap().to_owned();
+    let f3 = |a: &ArrayD<f64>| a.view().into_dimensionality::<Ix3>().unwrap().to_owned();
+    let run = |r: std::ops::Range<usize>, s: Option<&ops::LevelState<f64>>| {
+        let l = lam.slice_axis(Axis(1), Slice::from(r.clone())).to_owned();
+        ops::loglinear_gated_deltanet_state(
+            f4(&cut(&x, "q", r.clone())).view(),
+            f4(&cut(&x, "k", r.clone())).view(),
+            f4(&cut(&x, "v", r.clone())).view(),
+            f3(&cut(&x, "g", r.clone())).view(),
+            f3(&cut(&x, "beta", r)).view(),
+            l.view(),
+            s,
+            &opts,
+        )
+        .unwrap()
+    };
+    let (y, s_t) = run(0..t, None);
+    assert_eq!(s_t.position, vec![t; nb]);
+    let plain = ops::loglinear_gated_deltanet(
+        v4(&x, "q"),
+        v4(&x, "k"),
+        v4(&x, "v"),
+        v3(&x, "g"),
+        v3(&x, "beta"),
+        lam.view(),
+        &opts,
+    )
+    .unwrap();
+    assert!(close(y.iter().copied(), plain.iter().copied(), 1e-12), "from no state, the plain form");
+    for a in [1, 3, 4, 8, 9, 16, 17, 22] {
+        let (ya, sa) = run(0..a, None);
+        let (yb, sb) = run(a..t, Some(&sa));
+        let joined = mixers::ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).unwrap();
+        assert!(close(joined.iter().copied(), y.iter().copied(), 1e-12), "y split at {a}");
+        assert!(close(sb.s.iter().copied(), s_t.s.iter().copied(), 1e-12), "final state split at {a}");
+        let mut dec = ops::LogLinearGatedDeltaNetDecoder::<f64>::from_state(t - a, &sa, &opts).unwrap();
+        for s in a..t {
+            let tok = |n: &str| x[n].index_axis(Axis(1), s).to_owned();
+            let (q, k, v, g, b) = (tok("q"), tok("k"), tok("v"), tok("g"), tok("beta"));
+            let l = lam.index_axis(Axis(1), s).to_owned();
+            let ys = dec
+                .step(
+                    q.view().into_dimensionality().unwrap(),
+                    k.view().into_dimensionality().unwrap(),
+                    v.view().into_dimensionality().unwrap(),
+                    g.view().into_dimensionality().unwrap(),
+                    b.view().into_dimensionality().unwrap(),
+                    l.view(),
+                )
+                .unwrap();
+            assert!(
+                close(ys.iter().copied(), y.index_axis(Axis(1), s).iter().copied(), 1e-12),
+                "decode {s} after {a}"
+            );
+        }
+        let ds = dec.state().unwrap();
+        assert_eq!(ds.position, s_t.position);
+        assert!(close(ds.s.iter().copied(), s_t.s.iter().copied(), 1e-12), "decoder state after {a}");
+    }
+    // From position 30, 23 more tokens need L(53) = 7 levels; lambda has 6.
+    let mut far = s_t.clone();
+    far.position = vec![30; nb];
+    far.s.fill(0.0);
+    let e = ops::loglinear_gated_deltanet_state(
+        v4(&x, "q"),
+        v4(&x, "k"),
+        v4(&x, "v"),
+        v3(&x, "g"),
+        v3(&x, "beta"),
+        lam.view(),
+        Some(&far),
+        &opts,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("L(53) = 7") && e.contains("L = 6"), "{e}");
+}

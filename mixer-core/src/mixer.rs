@@ -68,6 +68,14 @@ pub trait Mixer: Send + Sync + Debug + Any {
     fn state_shapes(&self, _dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
         Err("this mixer has no recurrent-state API yet".into())
     }
+    /// A random valid initial state for the sizes `dims`, drawn from `seed` (entries in
+    /// `[−1, 1)`), for the checks of runs from a state. Default: every entry random
+    /// ([`crate::state::random`]); mixers whose states have structure (the lifts' position
+    /// and empty levels) override it.
+    fn random_state(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
+        let shapes = self.state_shapes(dims).map_err(|why| crate::state::no_state(self.name(), &why))?;
+        Ok(crate::state::random(&shapes, seed))
+    }
     /// The `f64` reference of a run from a state: the output `y` and the final state, from
     /// the inputs and the initial state (`None`: zeros), both validated. Mixers with a state
     /// give it through their materialization (one oracle for every form and backend).

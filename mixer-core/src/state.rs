@@ -5,7 +5,9 @@
 //! the bound sizes. A run of `x[a:b]` started from that state equals rows `a..b` of the run of
 //! `x[0:b]` (to rounding), for outputs and for gradients flowing through the state. The
 //! log-linear base mixers hold one tensor `S [B, H, Dv, Dk]`, the `S_t` of their recurrence
-//! (docs/math.md §2.1); a run without an initial state starts from zeros.
+//! (docs/math.md §2.1); their Fenwick lifts hold their level states `S [B, H, L, Dv, Dk]` and
+//! the position `position [B]` ([`crate::mixers::loglinear_lift_state`]). A run without an
+//! initial state starts from zeros (at position 0).
 //!
 //! **Packed batches.** A batch row of `B = 1` holds `N` sequences back to back, sequence `i`
 //! at rows `cu_seqlens[i] .. cu_seqlens[i + 1]` (FlashAttention's and fla's convention). Every
@@ -77,6 +79,20 @@ pub fn check_state<F: Real>(what: &str, want: &StateShapes, given: &Tensors<F>) 
 /// A state of zeros with these shapes (the start of a run without an initial state).
 pub fn zeros<F: Real>(shapes: &StateShapes) -> Tensors<F> {
     shapes.iter().map(|(n, s)| (n.clone(), ArrayD::zeros(IxDyn(s)))).collect()
+}
+
+/// A state with these shapes whose entries are a fixed hash of `seed` and their index, in
+/// `[−1, 1)` (the default of [`Mixer::random_state`]).
+pub fn random(shapes: &StateShapes, seed: u64) -> Tensors<f64> {
+    let mut s = zeros::<f64>(shapes);
+    for (j, a) in s.values_mut().enumerate() {
+        for (i, x) in a.iter_mut().enumerate() {
+            let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                ^ (seed + j as u64).wrapping_mul(0xBF58_476D);
+            *x = (h >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+        }
+    }
+    s
 }
 
 /// Checks packed-batch offsets for a buffer of `t_len` rows and `batch` batch rows: `B = 1`,

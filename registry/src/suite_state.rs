@@ -1,9 +1,10 @@
 //! The backend suite's checks of runs from a state and of packed batches ([`crate::state`],
 //! [`crate::packed`]); see [`crate::suite`].
 //!
-//! - `state` (per form that runs from a state, `f64` and `f32`): from a random initial state,
-//!   `y` and the final state against the mixer's `f64` reference ([`Mixer::state_oracle`]);
-//!   splitting the sequence at several points (inside a chunk, on chunk boundaries) and
+//! - `state` (per form that runs from a state, `f64` and `f32`): from a random valid initial
+//!   state ([`Mixer::random_state`]), `y` and the final state against the mixer's `f64`
+//!   reference ([`Mixer::state_oracle`]); splitting the sequence at several points (inside a
+//!   chunk, on chunk boundaries, on Fenwick level boundaries for a state with a position) and
 //!   running the second part from the first part's final state gives the whole run's `y` and
 //!   final state; and, where the form has a backward from a state, its input and initial-state
 //!   gradients against the reference backward.
@@ -38,17 +39,9 @@ fn compare_all(tol: Tolerance, what: &str, got: &Tensors<f64>, want: &Tensors<f6
     got.iter().try_for_each(|(k, g)| compare(tol, &format!("{what} `{k}`"), g, &want[k]))
 }
 
-/// A random initial state of `m` at `dims` (entries in `[−1, 1)`).
+/// A random valid initial state of `m` at `dims` ([`Mixer::random_state`]).
 fn random_state(m: &dyn Mixer, dims: &Dims, seed: u64) -> Result<Tensors<f64>, String> {
-    let mut s = mixer_core::state::zeros::<f64>(&shapes(m, dims).map_err(|e| e.to_string())?);
-    for (j, a) in s.values_mut().enumerate() {
-        for (i, x) in a.iter_mut().enumerate() {
-            let h = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
-                ^ (seed + j as u64).wrapping_mul(0xBF58_476D);
-            *x = (h >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
-        }
-    }
-    Ok(s)
+    m.random_state(dims, seed).map_err(|e| e.to_string())
 }
 
 fn run_in<F: Scalar>(
@@ -65,12 +58,24 @@ fn run_in<F: Scalar>(
     Ok((y.mapv(|v| v.f64()), tensors_to_f64(&f)))
 }
 
-/// The split points of a sequence of `t_len` tokens checked by the `state` check.
-fn splits(t_len: usize) -> Vec<usize> {
-    let mut v: Vec<usize> = [1, 8, 16, 17, t_len / 2, t_len.saturating_sub(1)]
-        .into_iter()
-        .filter(|&a| a >= 1 && a < t_len)
-        .collect();
+/// The split points of a sequence of `t_len` tokens checked by the `state` check: 1, 8, 16, 17,
+/// `T/2`, `T − 1`, and, for a state that carries a position `a` (the lifts), the Fenwick level
+/// boundaries `2^j − a` and `2^j − a + 1` (where the run's absolute position crosses a power of
+/// two, so that a part starts on and just after the top level's merge).
+fn splits(t_len: usize, position: Option<usize>) -> Vec<usize> {
+    let mut v: Vec<usize> = vec![1, 8, 16, 17, t_len / 2, t_len.saturating_sub(1)];
+    if let Some(a) = position {
+        for j in 0..usize::BITS - 1 {
+            let p = 1usize << j;
+            if p > a + t_len {
+                break;
+            }
+            if let Some(s) = p.checked_sub(a) {
+                v.extend([s, s + 1]);
+            }
+        }
+    }
+    v.retain(|&a| a >= 1 && a < t_len);
     v.sort();
     v.dedup();
     v
@@ -97,7 +102,8 @@ pub(crate) fn state_check(
     compare(tol, "y from a state", &y, &want_y)?;
     compare_all(tol, "final state", &fin, &want_f)?;
     let t_len = inputs[m.spec().mixed].shape()[1];
-    for a in splits(t_len) {
+    let position = s0.get("position").and_then(|p| p.first()).map(|&p| p as usize);
+    for a in splits(t_len, position) {
         let (ya, sa) = run(&segment(m, inputs, 0..a).map_err(|e| e.to_string())?, Some(&s0))?;
         let (yb, sb) = run(&segment(m, inputs, a..t_len).map_err(|e| e.to_string())?, Some(&sa))?;
         let joined = ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).map_err(|e| e.to_string())?;

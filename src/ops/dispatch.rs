@@ -102,9 +102,25 @@ pub(crate) fn forward_state<F: Scalar, D: Dimension, S: Dimension>(
     state: &'static str,
     initial: Option<ArrayViewD<'_, F>>,
 ) -> Result<(Array<F, D>, Array<F, S>)> {
+    let init = initial.map(|s| owned(vec![(state, s)]));
+    let (y, fin) = forward_states(m, opts, inputs, init)?;
+    let fin = fin.into_iter().find(|(k, _)| k == state).map(|(_, v)| v).ok_or_else(|| Error::Backend {
+        backend: "any".into(),
+        family: Some(m.family().into()),
+        message: format!("internal: the run returned no state `{state}`"),
+    })?;
+    Ok((y, into_rank(fin)?))
+}
+
+/// [`forward_state`] for a state of several tensors (all of them in and out).
+pub(crate) fn forward_states<F: Scalar, D: Dimension>(
+    m: &dyn Mixer,
+    opts: &Options,
+    inputs: Vec<Named<'_, F>>,
+    initial: Option<Tensors<F>>,
+) -> Result<(Array<F, D>, Tensors<F>)> {
     let backend = backend_arg(backend_for(opts)?);
     let x = owned(inputs);
-    let init = initial.map(|s| owned(vec![(state, s)]));
     let (y, fin) = match &opts.cu_seqlens {
         Some(cu) => {
             let (y, f) = mixer_registry::packed::run_packed(
@@ -113,20 +129,17 @@ pub(crate) fn forward_state<F: Scalar, D: Dimension, S: Dimension>(
                 opts.form,
                 &x,
                 cu,
-                init.as_ref(),
+                initial.as_ref(),
                 true,
                 opts.precision,
             )?;
             (y, f.unwrap_or_default())
         }
-        None => mixer_registry::state::run_state(m, &backend, opts.form, &x, init.as_ref(), opts.precision)?,
+        None => {
+            mixer_registry::state::run_state(m, &backend, opts.form, &x, initial.as_ref(), opts.precision)?
+        }
     };
-    let fin = fin.into_iter().find(|(k, _)| k == state).map(|(_, v)| v).ok_or_else(|| Error::Backend {
-        backend: backend.name().into(),
-        family: Some(m.family().into()),
-        message: format!("internal: the run returned no state `{state}`"),
-    })?;
-    Ok((into_rank(y)?, into_rank(fin)?))
+    Ok((into_rank(y)?, fin))
 }
 
 /// A token-by-token decoder of a configured mixer, for at most `max_len` tokens. The backend's
@@ -216,28 +229,37 @@ impl<F: Scalar> Stepper<F> {
     /// Starts the decoder from the state `name` = `initial` (checked at the first step, when
     /// the sizes are known).
     pub(crate) fn start_from(&mut self, name: &str, initial: ArrayViewD<'_, F>) {
-        self.initial =
-            Some([(name.to_string(), initial.as_standard_layout().into_owned())].into_iter().collect());
+        self.start_from_states(
+            [(name.to_string(), initial.as_standard_layout().into_owned())].into_iter().collect(),
+        );
+    }
+
+    /// Starts the decoder from a state of several tensors.
+    pub(crate) fn start_from_states(&mut self, initial: Tensors<F>) {
+        self.initial = Some(initial);
     }
 
     /// The state `name` after the tokens consumed so far (the initial state before the first
     /// step; an error before the first step of a decoder without one).
     pub(crate) fn state<S: Dimension>(&self, name: &str) -> Result<Array<F, S>> {
-        let s = match (&self.dec, &self.initial) {
-            (Some(d), _) => d.state()?,
-            (None, Some(s)) => s.clone(),
-            (None, None) => {
-                return Err(Error::Decoder(
-                    "the decoder has consumed no token yet, so its state's sizes are unknown".into(),
-                ));
-            }
-        };
-        let a = s
+        let a = self
+            .states()?
             .into_iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v)
             .ok_or_else(|| Error::Decoder(format!("the decoder's state has no tensor `{name}`")))?;
         into_rank(a)
+    }
+
+    /// Every tensor of the state after the tokens consumed so far (as [`Stepper::state`]).
+    pub(crate) fn states(&self) -> Result<Tensors<F>> {
+        match (&self.dec, &self.initial) {
+            (Some(d), _) => d.state(),
+            (None, Some(s)) => Ok(s.clone()),
+            (None, None) => Err(Error::Decoder(
+                "the decoder has consumed no token yet, so its state's sizes are unknown".into(),
+            )),
+        }
     }
 
     /// Tokens consumed so far.

@@ -2,11 +2,12 @@
 //! DeltaNet and their `loglinear_*` lifts. Shared shapes, options and forms are documented
 //! on the `ops` module ("The log-linear family").
 
+use mixer_core::mixers::loglinear_lift_state::POSITION;
 use mixer_core::mixers::loglinear_state::STATE;
-use mixer_core::{Mixer, Result};
-use ndarray::{Array4, ArrayView2, ArrayView3, ArrayView4};
+use mixer_core::{Error, Mixer, Result, Tensors};
+use ndarray::{Array4, Array5, ArrayD, ArrayView2, ArrayView3, ArrayView4, IxDyn};
 
-use super::dispatch::{Stepper, build, forward_state};
+use super::dispatch::{Stepper, build, forward_state, forward_states};
 use super::options::Options;
 use super::scalar::Scalar;
 
@@ -379,4 +380,124 @@ decoder_state!(
     LinearAttentionDecoder = "linear-attention",
     Mamba2Decoder = "mamba2",
     GatedDeltaNetDecoder = "gated-deltanet",
+);
+
+/// The recurrent state of a log-linear lift (docs/math.md §7.1): the decoder's Fenwick level
+/// states after the merge for the next token, and that token's position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LevelState<F> {
+    /// `S [B, H, L, Dv, Dk]`: slot `i` holds level `i + 1` of the next token, the decayed sum
+    /// of the `β v kᵀ` of the bucket `{ s : bitlen(position ⊕ s) = i + 1 }` (zero when bit `i`
+    /// of the position is clear). The slots sum to the base mixer's state.
+    pub s: Array5<F>,
+    /// Per batch row, the tokens consumed before the state (the next token's position).
+    pub position: Vec<usize>,
+}
+
+impl<F: Scalar> LevelState<F> {
+    fn to_tensors(&self) -> Result<Tensors<F>> {
+        let n = self.position.len();
+        let pos = self.position.iter().map(|&a| F::of(a as f64)).collect();
+        let pos = ArrayD::from_shape_vec(IxDyn(&[n]), pos)
+            .map_err(|e| Error::shape(POSITION, "[B]", e.to_string()))?;
+        Ok([(STATE.to_string(), self.s.clone().into_dyn()), (POSITION.to_string(), pos)]
+            .into_iter()
+            .collect())
+    }
+
+    fn from_tensors(mut t: Tensors<F>) -> Result<Self> {
+        let mut take = |name: &str| {
+            t.remove(name)
+                .ok_or_else(|| Error::Decoder(format!("internal: the state has no tensor `{name}`")))
+        };
+        let s = take(STATE)?
+            .into_dimensionality()
+            .map_err(|e| Error::shape(STATE, "[B, H, L, Dv, Dk]", e.to_string()))?;
+        let position = take(POSITION)?.iter().map(|&p| p.f64() as usize).collect();
+        Ok(LevelState { s, position })
+    }
+}
+
+/// The run of a lift from a state: `(y, final state)` (see [`loglinear_attention_state`]).
+macro_rules! lift_state_op {
+    (
+        $(#[$doc:meta])*
+        pub fn $name:ident($($input:ident: $view:ident),+ $(,)?) = $member:literal;
+    ) => {
+        $(#[$doc])*
+        pub fn $name<F: Scalar>(
+            $($input: $view<'_, F>,)+
+            initial_state: Option<&LevelState<F>>,
+            opts: &Options,
+        ) -> Result<(Array4<F>, LevelState<F>)> {
+            let m = mixer($member, true, opts)?;
+            let inputs = vec![$((stringify!($input), $input.into_dyn())),+];
+            let init = initial_state.map(LevelState::to_tensors).transpose()?;
+            let (y, fin) = forward_states(m.as_ref(), opts, inputs, init)?;
+            Ok((y, LevelState::from_tensors(fin)?))
+        }
+    };
+}
+
+lift_state_op! {
+    /// [`loglinear_attention`] from the state `initial_state` (its Fenwick level states and
+    /// position, [`LevelState`]; `None`: zeros at position 0), returning `(y, final state)`
+    /// (docs/math.md §7.1). A run of `x[a:b]` from the state after `x[0:a]` gives rows `a..b`
+    /// of the run of `x[0:b]`; `lambda`'s level axis must hold `L ≥ L(b)` levels (it sizes the
+    /// state). With [`Options::cu_seqlens`], one state row per sequence in and out. Forms:
+    /// `fast`, `recurrent` and `materialized` (the CPU backend).
+    ///
+    /// ```
+    /// use mixers::ndarray::{Array4, Axis, Slice};
+    /// use mixers::ops::{self, Options};
+    /// let q = Array4::<f64>::from_shape_fn((1, 10, 2, 3), |(_, t, h, d)| ((t + h + d) as f64).sin());
+    /// let v = Array4::<f64>::from_shape_fn((1, 10, 2, 4), |(_, t, h, d)| ((t * h + d) as f64).cos());
+    /// let lam = Array4::<f64>::from_shape_fn((1, 10, 2, 5), |(_, t, _, l)| 1.0 / (1 + t + l) as f64);
+    /// let opts = Options::default().chunk(4);
+    /// let cut = |a: &Array4<f64>, r| a.slice_axis(Axis(1), Slice::from(r)).to_owned();
+    /// let (y, s) = ops::loglinear_attention_state(q.view(), q.view(), v.view(), lam.view(), None, &opts)?;
+    /// let (_, s0) = ops::loglinear_attention_state(cut(&q, 0..7).view(), cut(&q, 0..7).view(), cut(&v, 0..7).view(), cut(&lam, 0..7).view(), None, &opts)?;
+    /// assert_eq!(s0.position, vec![7]);
+    /// let (y1, s1) = ops::loglinear_attention_state(cut(&q, 7..10).view(), cut(&q, 7..10).view(), cut(&v, 7..10).view(), cut(&lam, 7..10).view(), Some(&s0), &opts)?;
+    /// assert!(y1.iter().zip(cut(&y, 7..10).iter()).all(|(a, b)| (a - b).abs() < 1e-12));
+    /// assert!(s1.s.iter().zip(s.s.iter()).all(|(a, b)| (a - b).abs() < 1e-12));
+    /// # Ok::<(), mixers::prelude::Error>(())
+    /// ```
+    pub fn loglinear_attention_state(q: ArrayView4, k: ArrayView4, v: ArrayView4, lambda: ArrayView4) = "loglinear-attention";
+}
+
+lift_state_op! {
+    /// [`loglinear_mamba2`] from a state: as [`loglinear_attention_state`].
+    pub fn loglinear_mamba2_state(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, lambda: ArrayView4) = "loglinear-mamba2";
+}
+
+lift_state_op! {
+    /// [`loglinear_gated_deltanet`] from a state: as [`loglinear_attention_state`].
+    pub fn loglinear_gated_deltanet_state(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, beta: ArrayView3, lambda: ArrayView4) = "loglinear-gated-deltanet";
+}
+
+/// `from_state` and `state` of the lifts' typed decoders (docs/math.md §7.1).
+macro_rules! lift_decoder_state {
+    ($($dec:ident = $member:literal),+ $(,)?) => {$(
+        impl<F: Scalar> $dec<F> {
+            /// A decoder for at most `max_len` more tokens, started from `initial_state` (e.g.
+            /// the final state of a `*_state` prefill); `lambda_t` needs
+            /// `L ≥ L(position + max_len)` levels.
+            pub fn from_state(max_len: usize, initial_state: &LevelState<F>, opts: &Options) -> Result<Self> {
+                let mut s = stepper($member, true, max_len, opts)?;
+                s.start_from_states(initial_state.to_tensors()?);
+                Ok(Self(s))
+            }
+            /// The state after the tokens consumed so far.
+            pub fn state(&self) -> Result<LevelState<F>> {
+                LevelState::from_tensors(self.0.states()?)
+            }
+        }
+    )+};
+}
+
+lift_decoder_state!(
+    LogLinearAttentionDecoder = "loglinear-attention",
+    LogLinearMamba2Decoder = "loglinear-mamba2",
+    LogLinearGatedDeltaNetDecoder = "loglinear-gated-deltanet",
 );

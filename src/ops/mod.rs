@@ -11,6 +11,7 @@
 //! | [`loglinear_attention`] | `q, k, v`, `lambda [B,T,H,L]` | `[B,T,H,Dv]` | [`LogLinearAttentionDecoder`] |
 //! | [`loglinear_mamba2`] | `q, k, v, g, lambda` | `[B,T,H,Dv]` | [`LogLinearMamba2Decoder`] |
 //! | [`loglinear_gated_deltanet`] | `q, k, v, g, beta, lambda` | `[B,T,H,Dv]` | [`LogLinearGatedDeltaNetDecoder`] |
+//! | [`loglinear_attention_state`], [`loglinear_mamba2_state`], [`loglinear_gated_deltanet_state`] | as above, `initial_state: Option<&LevelState>` | `(y, LevelState)` | |
 //! | [`glr`] | `x [B,T,C]`, [`GlrCoeffs`] | `[B,T,C]` | [`GlrDecoder`] |
 //! | [`toeplitz`] | `x [B,T,C]`, `w [Kw,H,Tw]`, `bias [H,Tw]`? | `[B,T,C]` | [`ToeplitzDecoder`] |
 //!
@@ -71,8 +72,10 @@
 //! run the same kernels without host copies or waits; the host path here is a thin wrapper on
 //! them and gives the same bits.
 //!
-//! **States and packed batches.** The `*_state` functions of the base log-linear mixers start
-//! from a state and return the final one (docs/math.md §7). [`Options::cu_seqlens`] packs
+//! **States and packed batches.** The `*_state` functions of the log-linear mixers start from a
+//! state and return the final one (docs/math.md §7.1): `S [B, H, Dv, Dk]` for the base mixers, a
+//! [`LevelState`] (Fenwick level states and the position) for the lifts; their decoders start
+//! from one (`from_state`) and export theirs (`state`). [`Options::cu_seqlens`] packs
 //! several sequences into one batch row, for every typed function: each sequence restarts,
 //! rows past the last offset get zeros.
 //!
@@ -90,10 +93,11 @@ mod toeplitz;
 pub use attention::{AttentionDecoder, attention};
 pub use glr::{GlrCoeffs, GlrCoeffsOf, GlrDecoder, GlrPattern, GlrTokenCoeffs, glr};
 pub use loglinear::{
-    GatedDeltaNetDecoder, LinearAttentionDecoder, LogLinearAttentionDecoder, LogLinearGatedDeltaNetDecoder,
-    LogLinearMamba2Decoder, Mamba2Decoder, gated_deltanet, gated_deltanet_state, linear_attention,
-    linear_attention_state, loglinear_attention, loglinear_gated_deltanet, loglinear_mamba2, mamba2,
-    mamba2_state,
+    GatedDeltaNetDecoder, LevelState, LinearAttentionDecoder, LogLinearAttentionDecoder,
+    LogLinearGatedDeltaNetDecoder, LogLinearMamba2Decoder, Mamba2Decoder, gated_deltanet,
+    gated_deltanet_state, linear_attention, linear_attention_state, loglinear_attention,
+    loglinear_attention_state, loglinear_gated_deltanet, loglinear_gated_deltanet_state, loglinear_mamba2,
+    loglinear_mamba2_state, mamba2, mamba2_state,
 };
 pub use options::{LambdaRef, MaskRef, Options, PatternRef, Precision, Registered, RegistryEntry};
 pub use scalar::Scalar;

@@ -556,6 +556,14 @@ impl Mixer for LogLinear {
     fn state_shapes(&self, dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
         super::loglinear_state::shapes(self, dims)
     }
+    fn random_state(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
+        let shapes = self.state_shapes(dims).map_err(|why| crate::state::no_state(&self.name, &why))?;
+        let s = crate::state::random(&shapes, seed);
+        match self.lift {
+            Some(_) => super::loglinear_lift_state::random_state(dims, s),
+            None => Ok(s),
+        }
+    }
     fn state_oracle(
         &self,
         inputs: &Tensors<f64>,

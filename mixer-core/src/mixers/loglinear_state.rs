@@ -1,6 +1,9 @@
-//! The `f64` reference of the log-linear base mixers run from a state (docs/math.md §7.1):
-//! the plain materialized oracle on an extended sequence, so that states need no second
-//! reference implementation.
+//! The `f64` reference of the log-linear mixers run from a state (docs/math.md §7.1). For the
+//! base mixers it is the plain materialized oracle on an extended sequence, so that their
+//! states need no second reference implementation (below); the lifts' state (Fenwick level
+//! states and a position) is referenced by their literal recurrence
+//! ([`super::loglinear_lift_state`]), which the tests check against the plain oracle at every
+//! split.
 //!
 //! Per (batch row, head), with `S_0 ∈ ℝ^(D_v × D_k)` the initial state and `e_j` the unit
 //! vectors of `ℝ^(D_k)`:
@@ -30,12 +33,14 @@ use crate::tensor::{Tensors, get};
 /// The state tensor's name.
 pub const STATE: &str = "S";
 
-/// The state's shapes: `S [B, H, Dv, Dk]`, or why there is none (the lifts).
+/// The state's shapes: `S [B, H, Dv, Dk]` for the base mixers, `S [B, H, L, Dv, Dk]` and
+/// `position [B]` for the Fenwick lifts, or why there is none (other masks).
 pub(crate) fn shapes(m: &LogLinear, dims: &crate::Dims) -> std::result::Result<StateShapes, String> {
     if m.lift.is_some() {
-        return Err("the state of the log-linear lifts (their Fenwick level states) is not \
-                    implemented yet; the base mixers have one"
-            .into());
+        if !m.has_fenwick_structure() {
+            return Err("the lifts' state holds Fenwick level states; this mask is not Fenwick".into());
+        }
+        return super::loglinear_lift_state::shapes(dims);
     }
     let size = |s: &str| dims.get(s).copied().ok_or_else(|| format!("size `{s}` is unbound"));
     Ok(vec![(STATE.into(), vec![size("B")?, size("H")?, size("Dv")?, size("Dk")?])])
@@ -97,13 +102,6 @@ fn extend(
     Ok((one, out, pre))
 }
 
-fn base_only(m: &LogLinear) -> Result<()> {
-    match m.lift {
-        Some(_) => Err(crate::state::no_state(&m.name, "the lifts' state is not implemented yet")),
-        None => Ok(()),
-    }
-}
-
 fn initial_s(initial: Option<&Tensors<f64>>) -> Result<Option<&ArrayD<f64>>> {
     initial.map(|s| get(s, STATE)).transpose()
 }
@@ -114,7 +112,9 @@ pub(crate) fn oracle(
     x: &Tensors<f64>,
     initial: Option<&Tensors<f64>>,
 ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
-    base_only(m)?;
+    if m.lift.is_some() {
+        return super::loglinear_lift_state::run(m, x, initial);
+    }
     let (one, xe, pre) = extend(m, x, initial_s(initial)?)?;
     let t_len = get(x, "q")?.shape()[1];
     let mat = crate::mixer::Mixer::materialize(&one, &xe)?;
@@ -135,7 +135,9 @@ pub(crate) fn oracle_vjp(
     d_final: Option<&Tensors<f64>>,
     requires: &Requires,
 ) -> Result<(Tensors<f64>, Tensors<f64>)> {
-    base_only(m)?;
+    if m.lift.is_some() {
+        return super::loglinear_lift_state::vjp(m, x, initial, dy, d_final, requires);
+    }
     let s0 = initial_s(initial)?;
     let (one, xe, pre) = extend(m, x, s0)?;
     let q = get(x, "q")?;

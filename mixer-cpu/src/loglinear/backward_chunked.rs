@@ -71,10 +71,36 @@ pub(crate) fn head_vjp_from<F: VecMath>(
     h0: Option<Mat<F>>,
     d_last: Option<Mat<F>>,
 ) -> Result<(HeadGrads<F>, Mat<F>)> {
+    let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
+    let (out, d0) = head_vjp_levels(
+        m,
+        hd,
+        dy,
+        h0.into_iter().map(Some).collect(),
+        0,
+        d_last.into_iter().map(Some).collect(),
+    )?;
+    let d0 = d0.into_iter().next().flatten().unwrap_or_else(|| Mat::zeros(dk, dv));
+    Ok((out, d0))
+}
+
+/// The backward of one (batch, head) run from the initial states `h0` at the absolute chunk
+/// index `c0` ([`sweep`]), with `d_last[e]` the cotangent of the state `e` after the last chunk
+/// (absent: zero): the gradients and the adjoints of the initial states (index `e`; `None`:
+/// zero). The reverse sweep starts from `H̄^(e) = d_last[e]`; the adjoint of the merge before
+/// chunk `i ≥ 1` copies the adjoint of level `m + 1` to the merged levels `0..=m`.
+pub(crate) fn head_vjp_levels<F: VecMath>(
+    m: &LogLinear,
+    hd: &Head<'_, F>,
+    dy: MatRef<'_, F>,
+    h0: Vec<Option<Mat<F>>>,
+    c0: usize,
+    d_last: Vec<Option<Mat<F>>>,
+) -> Result<(HeadGrads<F>, Vec<Option<Mat<F>>>)> {
     let t_len = hd.q.nrows();
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
     let mut saved = Vec::with_capacity(t_len.div_ceil(m.chunk));
-    let finals = sweep(m, hd, h0, false, |_, ck, st| {
+    let finals = sweep(m, hd, h0, c0, false, |_, ck, st| {
         saved.push((ck, st));
         Ok(())
     })?;
@@ -88,8 +114,11 @@ pub(crate) fn head_vjp_from<F: VecMath>(
     };
     // Adjoints of the level states after the chunk being processed. A final state the
     // forward dropped (decayed below the smallest normal number) passes no adjoint.
-    let live = finals.first().is_some_and(Option::is_some);
-    let mut after: Vec<Option<Mat<F>>> = vec![d_last.filter(|_| live)];
+    let mut after: Vec<Option<Mat<F>>> = d_last
+        .into_iter()
+        .enumerate()
+        .map(|(e, d)| d.filter(|_| finals.get(e).is_some_and(Option::is_some)))
+        .collect();
     for (ci, (ck, st)) in saved.into_iter().enumerate().rev() {
         let dz = chunk_vjp(m, hd, dy, &ck, &st, &after, &mut out)?;
         // Adjoints of the states before this chunk's merge (= after the previous chunk).
@@ -98,7 +127,8 @@ pub(crate) fn head_vjp_from<F: VecMath>(
         for (j, &e) in st.present.iter().enumerate() {
             before[e] = Some(dz.submatrix(0, j * dv, dk, dv).to_owned());
         }
-        let merged = hd.lam.as_ref().and(mixer_core::fenwick::merge_level(ci));
+        let merged =
+            if ci > 0 { hd.lam.as_ref().and(mixer_core::fenwick::merge_level(c0 + ci)) } else { None };
         if let Some(mg) = merged
             && let Some(Some(d)) = before.get(mg + 1)
         {
@@ -109,8 +139,7 @@ pub(crate) fn head_vjp_from<F: VecMath>(
         }
         after = before;
     }
-    let d0 = after.into_iter().next().flatten().unwrap_or_else(|| Mat::zeros(dk, dv));
-    Ok((out, d0))
+    Ok((out, after))
 }
 
 fn dot<F: VecMath>(a: impl Iterator<Item = F>, b: impl Iterator<Item = F>) -> F {

@@ -346,13 +346,17 @@ pub(crate) fn scale_and_flush<F: VecMath>(mut h: MatMut<'_, F>, s: F) -> bool {
 /// pieces and its stacked start states to `visit`, in order. The states are advanced
 /// before `visit` is called. With `read`, [`Stacked::read`] is filled where the transition
 /// forms it at no extra cost (the forward asks for it, the backward does not).
-/// `h0` is the initial state `H_0 = S_0ᵀ` (`D_k × D_v`) of a base mixer (`None`: zero); the
-/// states after the last chunk are returned (index 0: the base mixers' final state; `None`
+/// `h0` holds the initial states (`H = Sᵀ`, `D_k × D_v`; empty: zero): the base mixers' one
+/// state at index 0, or the lifts' chunk-level states `e` after the merge for the first chunk
+/// (docs/math.md §7.1), whose absolute chunk index is `c0` (`hd`'s first row is token `c0·C`;
+/// the merges before the later chunks use their absolute indices). The states after the last
+/// chunk, before the next merge, are returned (index 0: the base mixers' final state; `None`
 /// where a level is empty or decayed away).
 pub(crate) fn sweep<F: VecMath>(
     m: &LogLinear,
     hd: &Head<'_, F>,
-    h0: Option<Mat<F>>,
+    h0: Vec<Option<Mat<F>>>,
+    c0: usize,
     read: bool,
     mut visit: impl FnMut(usize, Chunk<F>, Stacked<F>) -> Result<()>,
 ) -> Result<Vec<Option<Mat<F>>>> {
@@ -363,14 +367,15 @@ pub(crate) fn sweep<F: VecMath>(
     let lifted = hd.lam.is_some();
     let n_levels = hd.lam.as_ref().map_or(1, |l| l.ncols());
     // states[e]: chunk-level e (lifted), or the single state at index 0 (base mixers).
-    let mut states: Vec<Option<Mat<F>>> = h0.into_iter().map(Some).collect();
+    let mut states = h0;
     for ci in 0..t_len.div_ceil(chunk) {
         let i0 = ci * chunk;
         let n = chunk.min(t_len - i0);
         let ck = chunk_pieces(m, hd, i0, n);
-        // Chunk-granular Fenwick merge (lifted only): levels 0..=ctz(i) go to ctz(i)+1.
-        if lifted {
-            mixer_core::fenwick::merge_states(&mut states, ci, |acc, s| acc + s);
+        // Chunk-granular Fenwick merge (lifted only): levels 0..=ctz(i) go to ctz(i)+1, for
+        // the absolute chunk index i (the initial states are merged for chunk c0 already).
+        if lifted && ci > 0 {
+            mixer_core::fenwick::merge_states(&mut states, c0 + ci, |acc, s| acc + s);
         }
         let present: Vec<usize> = (0..states.len()).filter(|&e| states[e].is_some()).collect();
         let cols = present
@@ -432,10 +437,24 @@ pub fn run_head_from<F: VecMath>(
     hd: &Head<'_, F>,
     h0: Option<Mat<F>>,
 ) -> Result<(Mat<F>, Mat<F>)> {
-    let t_len = hd.q.nrows();
     let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
+    let (y, states) = run_head_levels(m, hd, h0.into_iter().map(Some).collect(), 0)?;
+    let last = states.into_iter().next().flatten().unwrap_or_else(|| Mat::zeros(dk, dv));
+    Ok((y, last))
+}
+
+/// The chunked form for one (batch, head) from the initial states `h0` at the absolute chunk
+/// index `c0` (see [`sweep`]): `y` (`T×Dv`) and the states after the last chunk.
+pub(crate) fn run_head_levels<F: VecMath>(
+    m: &LogLinear,
+    hd: &Head<'_, F>,
+    h0: Vec<Option<Mat<F>>>,
+    c0: usize,
+) -> Result<(Mat<F>, Vec<Option<Mat<F>>>)> {
+    let t_len = hd.q.nrows();
+    let dv = hd.v.ncols();
     let mut y = Mat::<F>::zeros(t_len, dv);
-    let states = sweep(m, hd, h0, true, |_, ck, st| {
+    let states = sweep(m, hd, h0, c0, true, |_, ck, st| {
         let (i0, n) = (ck.i0, ck.n);
         let vc = hd.v.subrows(i0, n);
         // Intra-chunk part.
@@ -480,8 +499,7 @@ pub fn run_head_from<F: VecMath>(
         }
         Ok(())
     })?;
-    let last = states.into_iter().next().flatten().unwrap_or_else(|| Mat::zeros(dk, dv));
-    Ok((y, last))
+    Ok((y, states))
 }
 
 /// The masked chunk decay `Γ_{r,s} = e^(γ_r − γ_s)` for `s ≤ r`, zero above the

@@ -227,14 +227,17 @@ pub fn decay_matrix_tiled<F: Real>(g: &[f64], tile: usize) -> Mat<F> {
 }
 
 /// The state tensor `S [B, H, Dv, Dk]` of a base mixer's run from a state (`None` without one;
-/// an error for the lifts, whose level states are not implemented yet).
+/// an error for the lifts, whose state is a level tensor and a position: `lift_state` reads it).
 pub(crate) fn state_tensor<'a, F: Real>(
     m: &LogLinear,
     s: Option<&'a Tensors<F>>,
 ) -> Result<Option<&'a ArrayD<F>>> {
     let Some(s) = s else { return Ok(None) };
     if m.lift.is_some() {
-        return Err(mixer_core::state::no_state(&m.name, "the lifts' state is not implemented yet"));
+        return Err(mixer_core::Error::config(
+            &m.name,
+            "internal: the lifts' state (levels and a position) is read by `lift_state`, not as one `S`",
+        ));
     }
     get(s, mixer_core::mixers::loglinear_state::STATE).map(Some)
 }

@@ -17,6 +17,7 @@
 use mixer_core::fenwick::merge_states;
 use mixer_core::mixer::{Decoder, check_decoder_capacity};
 use mixer_core::mixers::loglinear::{Base, DecoderSizes, LogLinear};
+use mixer_core::mixers::loglinear_lift_state::{POSITION, positions};
 use mixer_core::mixers::loglinear_state::STATE;
 use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Dims, Error, Real, Result, Tensors};
@@ -31,6 +32,9 @@ pub struct LogLinearDecoder<F: Real> {
     lambda_param: Option<ArrayD<F>>,
     /// Per (batch, head): the level states, `Dk×Dv` row-major.
     states: Vec<Vec<Option<Vec<F>>>>,
+    /// Per batch row: the position of the first token (a lift's state's `position`; else 0).
+    start: Vec<usize>,
+    /// Tokens consumed.
     pos: usize,
 }
 
@@ -49,30 +53,49 @@ pub fn build<F: Real>(m: &LogLinear, statics: &Tensors<F>, dims: &Dims) -> Resul
         sizes,
         lambda_param: statics.get("lambda_param").cloned(),
         states: vec![Vec::new(); sizes.nb * sizes.nh],
+        start: vec![0; sizes.nb],
         pos: 0,
     }))
 }
 
-/// Builds the decoder of a base mixer started from the state `initial` (`S [B, H, Dv, Dk]`,
-/// docs/math.md §7; `None`: zero).
+/// Builds the decoder started from the state `initial` (docs/math.md §7.1; `None`: zero): a
+/// base mixer's `S [B, H, Dv, Dk]` as its one state `H = Sᵀ`; a lift's `S [B, H, L, Dv, Dk]`
+/// (slot `i`: level `i + 1`) as its level states and `position [B]` as the position of each
+/// row's first token (checked: [`positions`]). The state is merged ahead, so the first step's
+/// merge finds its levels empty.
 pub fn build_from<F: Real>(
     m: &LogLinear,
     statics: &Tensors<F>,
     dims: &Dims,
     initial: Option<&Tensors<F>>,
 ) -> Result<Box<dyn Decoder<F>>> {
-    if m.lift.is_some() {
-        return Err(mixer_core::state::no_state(&m.name, "the lifts' state is not implemented yet"));
-    }
     let sizes = m.decoder_sizes(dims)?;
     let (dk, dv) = (sizes.dk, sizes.dv);
     let mut states = vec![Vec::new(); sizes.nb * sizes.nh];
-    if let Some(s0) = initial.map(|s| get(s, STATE)).transpose()? {
-        for (bh, st) in states.iter_mut().enumerate() {
-            let (b, h) = (bh / sizes.nh, bh % sizes.nh);
-            // H = Sᵀ, row-major D_k × D_v.
-            let hm: Vec<F> = (0..dk * dv).map(|i| s0[[b, h, i % dv, i / dv]]).collect();
-            *st = vec![Some(hm)];
+    let mut start = vec![0; sizes.nb];
+    // H = Sᵀ, row-major D_k × D_v, from S[.., r, c] = at(r, c).
+    let transposed = |at: &dyn Fn(usize, usize) -> F| -> Option<Vec<F>> {
+        let hm: Vec<F> = (0..dk * dv).map(|i| at(i % dv, i / dv)).collect();
+        hm.iter().any(|&x| x != F::zero()).then_some(hm)
+    };
+    match (initial, m.lift) {
+        (None, _) => {}
+        (Some(s), None) => {
+            let s0 = get(s, STATE)?;
+            for (bh, st) in states.iter_mut().enumerate() {
+                let (b, h) = (bh / sizes.nh, bh % sizes.nh);
+                *st = vec![Some((0..dk * dv).map(|i| s0[[b, h, i % dv, i / dv]]).collect())];
+            }
+        }
+        (Some(s), Some(_)) => {
+            start = positions(s, sizes.t_len)?;
+            let s0 = get(s, STATE)?;
+            for (bh, st) in states.iter_mut().enumerate() {
+                let (b, h) = (bh / sizes.nh, bh % sizes.nh);
+                *st = std::iter::once(None)
+                    .chain((0..s0.shape()[2]).map(|i| transposed(&|r, c| s0[[b, h, i, r, c]])))
+                    .collect();
+            }
         }
     }
     Ok(Box::new(LogLinearDecoder::<F> {
@@ -80,34 +103,65 @@ pub fn build_from<F: Real>(
         sizes,
         lambda_param: statics.get("lambda_param").cloned(),
         states,
+        start,
         pos: 0,
     }))
 }
 
 impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
-    /// The base mixers' state `S [B, H, Dv, Dk]` (`S = Hᵀ`; zero where nothing was inserted
-    /// or the state decayed away).
+    /// The state after the tokens consumed (docs/math.md §7.1): a base mixer's `S [B, H, Dv, Dk]`
+    /// (`S = Hᵀ`); a lift's level states after the merge for the next token, slot `i` holding
+    /// level `i + 1`, and `position` (zero where nothing was inserted or a state decayed
+    /// away).
     fn state(&self) -> Result<Tensors<F>> {
-        if self.m.lift.is_some() {
-            return Err(mixer_core::state::no_state(&self.m.name, "the lifts' state is not implemented yet"));
+        let DecoderSizes { nb, nh, dk, dv, n_levels, .. } = self.sizes;
+        let put = |s: &mut ArrayD<F>, prefix: &[usize], hm: &[F]| {
+            for (i, &x) in hm.iter().enumerate() {
+                let mut ix = prefix.to_vec();
+                ix.extend([i % dv, i / dv]);
+                s[ix.as_slice()] = x;
+            }
+        };
+        if self.m.lift.is_none() {
+            let mut s = ArrayD::<F>::zeros(IxDyn(&[nb, nh, dv, dk]));
+            for (bh, st) in self.states.iter().enumerate() {
+                if let Some(Some(hm)) = st.first() {
+                    put(&mut s, &[bh / nh, bh % nh], hm);
+                }
+            }
+            return Ok([(STATE.to_string(), s)].into_iter().collect());
         }
-        let DecoderSizes { nb, nh, dk, dv, .. } = self.sizes;
-        let mut s = ArrayD::<F>::zeros(IxDyn(&[nb, nh, dv, dk]));
+        let mut s = ArrayD::<F>::zeros(IxDyn(&[nb, nh, n_levels, dv, dk]));
         for (bh, st) in self.states.iter().enumerate() {
-            if let Some(Some(hm)) = st.first() {
-                for (i, &x) in hm.iter().enumerate() {
-                    s[[bh / nh, bh % nh, i % dv, i / dv]] = x;
+            let (b, h) = (bh / nh, bh % nh);
+            let next = self.start[b] + self.pos;
+            let mut levels = st.clone();
+            merge_states(&mut levels, next, |mut acc, s| {
+                acc.iter_mut().zip(&s).for_each(|(a, x)| *a += *x);
+                acc
+            });
+            for (l, hm) in levels.iter().enumerate() {
+                let Some(hm) = hm else { continue };
+                match l.checked_sub(1).filter(|&i| i < n_levels) {
+                    Some(i) => put(&mut s, &[b, h, i], hm),
+                    None => {
+                        return Err(Error::Decoder(format!(
+                            "at position {next} level {l} holds a state, but the state has slots for \
+                             levels 1 … {n_levels} (L = {n_levels})"
+                        )));
+                    }
                 }
             }
         }
-        Ok([(STATE.to_string(), s)].into_iter().collect())
+        let pos: Vec<F> = self.start.iter().map(|&a| F::of((a + self.pos) as f64)).collect();
+        let pos = ArrayD::from_shape_vec(IxDyn(&[nb]), pos).map_err(|e| Error::Decoder(e.to_string()))?;
+        Ok([(STATE.to_string(), s), (POSITION.to_string(), pos)].into_iter().collect())
     }
 
     fn step(&mut self, tok: &Tensors<F>) -> Result<ArrayD<F>> {
         let DecoderSizes { nb, nh, dk, dv, n_levels: nl, t_len } = self.sizes;
         let base = self.m.base;
-        let t = self.pos;
-        check_decoder_capacity(t, t_len)?;
+        check_decoder_capacity(self.pos, t_len)?;
         // Contiguous row-major views: q, k [B·H·Dk], v [B·H·Dv], g, beta [B·H], λ [B·H·L].
         let q = contiguous(tok, "q", &[nb, nh, dk])?;
         let k = contiguous(tok, "k", &[nb, nh, dk])?;
@@ -133,6 +187,7 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
         let mut y = vec![F::zero(); nb * nh * dv];
         let mut ku = vec![F::zero(); dv];
         for bh in 0..nb * nh {
+            let t = self.start[bh / nh] + self.pos;
             let st = &mut self.states[bh];
             // 1. merge (lifts only).
             if lifted {

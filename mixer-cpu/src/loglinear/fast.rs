@@ -6,13 +6,15 @@
 
 use faer::Mat;
 use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::mixers::loglinear_lift_state::{Levels, POSITION, store};
 use mixer_core::mixers::loglinear_state::STATE;
-use mixer_core::{Result, Tensors};
+use mixer_core::tensor::get;
+use mixer_core::{Error, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 
 use super::common::{self, run_heads};
-use super::{chunked, ssd};
+use super::{chunked, lift_state, ssd};
 use crate::vmath::VecMath;
 
 /// The `fast` form.
@@ -31,17 +33,18 @@ fn flushed<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// The `fast` form of a base mixer run from the initial state `initial` (`S [B, H, Dv, Dk]`,
-/// docs/math.md §7; `None`: zero): `y` and the final state `S`, by the same paths as
-/// [`fast`] ([`super::ssd`] for the scalar decays, [`super::chunked`] for gated DeltaNet),
-/// started from `H_0 = S_0ᵀ` and read at the end.
+/// The `fast` form run from the initial state `initial` (`None`: zero; docs/math.md §7.1): `y`
+/// and the final state. Base mixers (`S [B, H, Dv, Dk]`) take the same paths as [`fast`]
+/// ([`super::ssd`] for the scalar decays, [`super::chunked`] for gated DeltaNet), started from
+/// `H_0 = S_0ᵀ` and read at the end; the lifts (`S [B, H, L, Dv, Dk]`, `position [B]`) run
+/// [`super::lift_state::run_head`] from their level states.
 pub fn fast_from<F: VecMath>(
     m: &LogLinear,
     x: &Tensors<F>,
     initial: Option<&Tensors<F>>,
 ) -> Result<(ArrayD<F>, Tensors<F>)> {
     if m.lift.is_some() {
-        return Err(mixer_core::state::no_state(&m.name, "the lifts' state is not implemented yet"));
+        return lift_from(m, x, initial);
     }
     let s0 = common::state_tensor(m, initial)?;
     let x = common::standard(x);
@@ -61,4 +64,34 @@ pub fn fast_from<F: VecMath>(
         common::put_state(&mut fin, hd.b, hd.h, last.as_ref());
     }
     Ok((y, [(STATE.to_string(), fin)].into_iter().collect()))
+}
+
+/// [`fast_from`] for the lifts.
+fn lift_from<F: VecMath>(
+    m: &LogLinear,
+    x: &Tensors<F>,
+    initial: Option<&Tensors<F>>,
+) -> Result<(ArrayD<F>, Tensors<F>)> {
+    let x = common::standard(x);
+    let lam = m.lambda_weights_ref(get(&x, "lambda")?, x.get("lambda_param"))?;
+    let (sz, heads) = common::heads(m, &x, Some(&lam))?;
+    let nl = lam.shape()[3];
+    let (pos, s0) = lift_state::initial(initial, sz.b, sz.t)?;
+    let outs: Vec<(Mat<F>, Levels<F>)> = heads
+        .par_iter()
+        .map(|hd| {
+            let levels = lift_state::levels_of(s0, hd.b, hd.h, nl, sz.dk, sz.dv);
+            flushed(|| lift_state::run_head(m, hd, pos[hd.b], levels))
+        })
+        .collect::<Result<_>>()?;
+    let views: Vec<_> = outs.iter().map(|(y, _)| y.as_ref()).collect();
+    let y = common::assemble(sz, &heads, &views);
+    let mut fin = ArrayD::<F>::zeros(IxDyn(&[sz.b, sz.h, nl, sz.dv, sz.dk]));
+    for (hd, (_, levels)) in heads.iter().zip(&outs) {
+        store(&mut fin, hd.b, hd.h, levels)?;
+    }
+    let fin_pos = pos.iter().map(|&a| F::of((a + sz.t) as f64)).collect::<Vec<F>>();
+    let fin_pos =
+        ArrayD::from_shape_vec(IxDyn(&[sz.b]), fin_pos).map_err(|e| Error::Numerical(e.to_string()))?;
+    Ok((y, [(STATE.to_string(), fin), (POSITION.to_string(), fin_pos)].into_iter().collect()))
 }

@@ -8,9 +8,9 @@
 //!   DeltaNet and its lift the general [`chunked`] form;
 //! - `recurrent` ([`decoder`]): O(log T) states per head (§2.5; Fenwick mask only).
 //!
-//! The base mixers also run `fast` and `recurrent` from a state and return their final
-//! state, forward and backward (docs/math.md §7: [`fast::fast_from`], [`backward::vjp_from`],
-//! [`decoder::build_from`]).
+//! Every member (the lifts with the Fenwick mask) also runs `fast` and `recurrent` from a state
+//! and returns its final state, forward and backward (docs/math.md §7.1: [`fast::fast_from`],
+//! [`backward::vjp_from`], [`decoder::build_from`]; the lifts' parts in `lift_state`).
 //!
 //! Work is spread over (batch, head) with rayon; each head's matmuls and triangular solves
 //! use faer sequentially.
@@ -22,6 +22,7 @@ pub mod common;
 pub mod decoder;
 pub mod fast;
 mod levels;
+mod lift_state;
 pub mod parallel;
 pub mod ssd;
 

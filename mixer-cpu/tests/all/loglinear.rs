@@ -459,3 +459,31 @@ fn empty_sequences_and_empty_values() {
         }
     }
 }
+
+/// The shared suite's `state` check on the lifts: every form that runs from a state (the
+/// reference, `fast`, `recurrent`), `f64` and `f32`, with chunks that put the splits and the
+/// Fenwick level boundaries inside chunks, on them, and a whole run inside one chunk.
+#[test]
+fn the_lifts_run_from_a_state_in_every_form() {
+    let cpu = cpu();
+    for (i, (name, cfg)) in [
+        ("loglinear-attention", json!({"chunk": 8})),
+        ("loglinear-mamba2", json!({"chunk": 4})),
+        ("loglinear-gated-deltanet", json!({"chunk": 8})),
+        ("loglinear-gated-deltanet", json!({"chunk": 2, "lambda_scheme": "softplus"})),
+        ("loglinear-mamba2", json!({})),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = mixer(name, &cfg).unwrap();
+        let cases = mixer_registry::suite::check_mixer(m.as_ref(), &cpu, &sizes(29), 7 + i as u64);
+        let state: Vec<_> = cases.iter().filter(|c| c.check == mixer_registry::suite::Check::State).collect();
+        let forms: std::collections::BTreeSet<_> = state.iter().map(|c| c.form).collect();
+        assert_eq!(forms, [Form::Materialized, Form::Fast, Form::Recurrent].into_iter().collect(), "{name}");
+        assert_eq!(state.len(), 6, "{name} {cfg}");
+        let failed: Vec<String> =
+            cases.iter().filter(|c| c.failure.is_some()).map(|c| c.to_string()).collect();
+        assert!(failed.is_empty(), "{name} {cfg}:\n{}", failed.join("\n"));
+    }
+}

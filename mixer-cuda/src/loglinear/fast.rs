@@ -182,7 +182,11 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
 /// Mamba-2 (whose scan takes the state) can; gated DeltaNet's state pass and the lifts cannot yet.
 pub fn state_unsupported(ll: &LogLinear) -> Option<String> {
     match (ll.base, ll.lift) {
-        (_, Some(_)) => Some("the lifts' state is not implemented yet".into()),
+        (_, Some(_)) => Some(
+            "the lifts' state (Fenwick level states and a position, docs/math.md §7.1) runs on the CPU \
+             backend only: the CUDA chunk-state tree takes no level states yet"
+                .into(),
+        ),
         (Base::GatedDeltaNet, None) => Some(
             "gated DeltaNet's CUDA state pass takes no initial state yet (the CPU backend has it)".into(),
         ),
