@@ -9,8 +9,8 @@
 //!   `p = ⌊a / 2^(i+1)⌋ · 2^(i+1)`, non-empty exactly when bit `i` of `a` is set. Level 0 of the
 //!   next token is always empty (it is the token itself), so it has no slot. `L` is the level
 //!   axis of `lambda`; the sum of the slots is the base mixer's state `S_a`.
-//! - `position [B]`: `a` per batch row (an integer stored in the state's scalar type; exact up
-//!   to `2^24` in `f32`).
+//! - `position [B]`: `a` per batch row (an integer stored in the state's scalar type; a run
+//!   whose final position passes `2^24` in `f32` (`2^53` in `f64`) is refused).
 //!
 //! This is the decoder's level array after the Fenwick merge for token `a` (step 1 of §2.5
 //! done ahead): the decoder started from it takes no merge at `a` (levels `0 … ctz(a)` are
@@ -74,6 +74,18 @@ pub fn positions<F: Real>(state: &Tensors<F>, t_len: usize) -> Result<Vec<usize>
             });
         }
         let a = v as usize;
+        // The final state's position `a + T` must be exact in the scalar type too.
+        let digits =
+            if F::DTYPE == crate::tensor::DType::F32 { f32::MANTISSA_DIGITS } else { f64::MANTISSA_DIGITS };
+        if (a + t_len) as f64 > 2f64.powi(digits as i32) {
+            return Err(Error::Value {
+                name: format!("state.{POSITION}[{b}]"),
+                constraint: format!(
+                    "position + T ≤ 2^{digits} (the positions are stored in the state's scalar type; use f64 beyond)"
+                ),
+                found: format!("position {a}, T = {t_len}"),
+            });
+        }
         let need = num_levels(a + t_len);
         if need > slots {
             return Err(Error::Value {
@@ -697,6 +709,24 @@ mod tests {
             let sum = fin[STATE].sum_axis(Axis(2));
             close(&sum, &sb[STATE], &format!("{} Σ slots = base state", m.name));
         }
+    }
+
+    /// A position the scalar type cannot hold exactly (after the run) is refused, not rounded.
+    #[test]
+    fn positions_past_the_exact_integers_are_refused() {
+        let state = |p: f32| -> Tensors<f32> {
+            [
+                (STATE.to_string(), ndarray::ArrayD::zeros(vec![1, 1, 30, 1, 1])),
+                (POSITION.to_string(), ndarray::arr1(&[p]).into_dyn()),
+            ]
+            .into_iter()
+            .collect()
+        };
+        // 2^24 − 4 is a valid position: slots of bits 2..23 set are zero here, so only the bound matters.
+        let ok = positions(&state((1 << 24) as f32 - 4.0), 4);
+        assert!(ok.is_ok(), "{ok:?}");
+        let e = positions(&state((1 << 24) as f32 - 4.0), 5).unwrap_err().to_string();
+        assert!(e.contains("2^24"), "{e}");
     }
 
     /// Splitting at every point, and twice, gives rows of the whole run and its final state.
