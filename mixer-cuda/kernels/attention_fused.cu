@@ -3,7 +3,7 @@
 //   y_t = Σ_{s ≤ t, t − s < window} softmax_s(scale · q_t·k_s) v_s
 //
 // Layouts: q, k [B,T,H,D]; v, y [B,T,H,D] (token stride H·D). window ≤ 0: full causal.
-// Compile-time: ATT_D (head dim, multiple of 16), ATT_BK (keys per tile), ATT_WM (16-row
+// Compile-time: ATT_D (head dim: 32, 64, 96 or 128; wgmma 64 only), ATT_BK (keys per tile), ATT_WM (16-row
 // m-tiles per warp). A block of 4 warps owns BQ = 64·ATT_WM query rows of one (batch, head).
 //
 // Three kernels:
@@ -195,8 +195,13 @@ __device__ __forceinline__ bool tile_needs_mask(int q0, int k0, int T, int windo
 // bf16
 // =======================================================================================
 #define CH (ATT_D / 8)  // 16-byte chunks per row (8 bf16 each)
+// The XOR swizzle's mask: the row's low three bits where a row holds whole groups of 8 chunks
+// (D = 64, 128: the eight rows an ldmatrix reads fall in eight distinct bank groups), its low two
+// where it holds groups of 4 (D = 32, 96: at most two rows per bank group). chunk ^ (row & mask)
+// stays inside the chunk's aligned group, hence inside the row.
+#define SWZ_MASK (CH % 8 == 0 ? 7 : 3)
 
-__device__ __forceinline__ int swz(int row, int chunk) { return row * CH + (chunk ^ (row & 7)); }
+__device__ __forceinline__ int swz(int row, int chunk) { return row * CH + (chunk ^ (row & SWZ_MASK)); }
 
 // Loads rows [r0, r0+nrows) of a [B,T,H,D] bf16 tensor (this batch/head) into swizzled smem.
 __device__ __forceinline__ void load_tile_bf16(bf16_t* sm, const bf16_t* base, int r0, int nrows, int T,

@@ -16,7 +16,8 @@ pub mod fused;
 use mixer_core::mixers::attention::Attention;
 
 use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn};
-use crate::runtime::GpuReal;
+use crate::runtime::{GpuReal, gpu, max_dynamic_smem};
+use mixer_core::{Dims, Form, Precision, Result};
 
 use common::FAMILY;
 
@@ -25,6 +26,23 @@ pub struct AttentionCuda;
 
 impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     type Mixer = Attention;
+    /// The fast form's launch ([`fast::plan`]) on this process's device, with the activations
+    /// stored as the mode stores them (bf16 in the bf16 mode); `null` where nothing is launched.
+    fn plan(a: &Attention, form: Form, dims: &Dims, p: Precision) -> Option<Result<serde_json::Value>> {
+        if form != Form::Fast {
+            return None;
+        }
+        let storage = match p {
+            Precision::Bf16 => fast::Storage::Bf16,
+            _ if F::SUFFIX == "f64" => fast::Storage::F64,
+            _ => fast::Storage::F32,
+        };
+        let shape = ["B", "T", "H", "Dk", "Dv"].map(|k| dims.get(k).copied().unwrap_or(0));
+        let wgmma = gpu().is_ok_and(|g| g.has_wgmma());
+        Some(fast::plan(a, shape, p, storage, max_dynamic_smem(), wgmma).and_then(|plan| {
+            serde_json::to_value(plan).map_err(|e| crate::runtime::err(FAMILY, format!("plan as JSON: {e}")))
+        }))
+    }
     fn fast() -> Option<DeviceFormFn<Attention>> {
         Some(fast::run::<F>)
     }
