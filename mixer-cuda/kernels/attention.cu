@@ -224,7 +224,7 @@ __device__ void attn_exact(const T* __restrict__ q, const T* __restrict__ k, con
                     if (c > r || c >= Tn || (window > 0 && r - c >= window)) s[i][n] = ninf;
                 }
             }
-        if (bad) overflow = 1;
+        if (bad) atomicExch(&overflow, 1);  // atomic: many threads may set it at once
         // Online softmax per row (the 16 lanes of a row group hold the same m and correction).
         bool moved = false;
         T cf[AX_TM];

@@ -146,7 +146,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[ATT_WM][ATT_BK / 8][4]
             for (int nt = 0; nt < ATT_BK / 8; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mx = fmaxf(st.m[mt][r], mx * scale_log2);
+            mx = fmaxf(st.m[mt][r], __fmul_rn(mx, scale_log2));
             const float mref = mx == NEG_INF ? 0.f : mx;
             const float corr = fast_exp2(st.m[mt][r] - mref);
             st.m[mt][r] = mx;
@@ -155,7 +155,11 @@ __device__ __forceinline__ void softmax_update(float (&s)[ATT_WM][ATT_BK / 8][4]
             for (int nt = 0; nt < ATT_BK / 8; ++nt)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                    const float p = fast_exp2(fmaf(s[mt][nt][2 * r + c], scale_log2, -mref));
+                    // The product rounded as mx's was (__fmul_rn is never fused with the
+                    // subtraction): the maximum's own exponent is exactly 0, the others ≤ 0. A fused
+                    // fmaf would leave the rounding error of the product, about 2^-24·|logit|, as a
+                    // positive exponent: e^{+1e29} = ∞ for logits near 1e37, and NaN in y.
+                    const float p = fast_exp2(__fmul_rn(s[mt][nt][2 * r + c], scale_log2) - mref);
                     s[mt][nt][2 * r + c] = p;
                     sum += p;
                 }

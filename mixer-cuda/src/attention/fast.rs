@@ -63,8 +63,8 @@ fn exact_smem(tm: usize, bk: usize, dk: usize, dv: usize, elem: usize) -> usize 
 /// The rule for the exact kernel's tile at head dims `dk`, `dv`, scalar size `elem` (4 or 8 bytes)
 /// and `limit` bytes of dynamic shared memory per block:
 /// 1. rows per thread `tm`: the largest of 8, 4, 2 whose output accumulators
-///    (`tm · ⌈dv/16⌉` scalars) fit [`ACC_WORDS`] registers and that is a whole number of 16-byte
-///    vectors (P is stored and read as such);
+///    (`tm · ⌈dv/16⌉` scalars) fit [`ACC_WORDS`] registers, that is a whole number of 16-byte
+///    vectors (P is stored and read as such) and with which some key tile fits `limit`;
 /// 2. keys per tile `bk`: the largest of 64, 32, 16 whose shared memory fits `limit`;
 /// 3. two blocks per multiprocessor where two tiles fit `limit` together, else one.
 ///
@@ -81,14 +81,11 @@ pub fn exact_tile(dk: usize, dv: usize, elem: usize, limit: usize) -> Result<Exa
             ),
         )
     };
-    let tm = [8, 4, 2]
+    let (tm, bk, smem) = [8, 4, 2]
         .into_iter()
-        .find(|&tm| tm * nv * elem <= ACC_WORDS * 4 && tm * elem >= 16)
-        .ok_or_else(too_large)?;
-    let (bk, smem) = [64, 32, 16]
-        .into_iter()
-        .map(|bk| (bk, exact_smem(tm, bk, dk, dv, elem)))
-        .find(|&(_, s)| s <= limit)
+        .filter(|&tm| tm * nv * elem <= ACC_WORDS * 4 && tm * elem >= 16)
+        .flat_map(|tm| [64, 32, 16].map(|bk| (tm, bk, exact_smem(tm, bk, dk, dv, elem))))
+        .find(|&(_, _, s)| s <= limit)
         .ok_or_else(too_large)?;
     Ok(ExactTile { tm, bq: LANES * tm, bk, smem, min_blocks: if 2 * smem <= limit { 2 } else { 1 } })
 }
@@ -278,6 +275,9 @@ mod tests {
         // Without opting in (48 KiB): D = 16 takes 32-key tiles (64 would need 52 KiB).
         assert_eq!(exact_tile(16, 16, 4, 48 << 10).unwrap().bk, 32);
         assert!(exact_tile(64, 64, 4, 16 << 10).is_err());
+        // Dk = 512, Dv = 16 in f32: eight rows' Q alone is 258 KiB; four rows fit.
+        let t = exact_tile(512, 16, 4, H200).unwrap();
+        assert_eq!((t.tm, t.bk), (4, 32));
         // Odd head dims are padded: Dk = 70 → 72 (a multiple of 4, 18 vectors: widened to 76).
         assert_eq!(exact_smem(8, 64, 70, 70, 4), (128 * 76 + 64 * 76 + 64 * 80 + 64 * 132) * 4);
     }

@@ -1,10 +1,12 @@
 //! Softmax attention and local attention on CUDA (docs/math.md §1.3):
 //! `y_t = Σ_{s ≤ t, t−s < w} softmax_s(scale· q_t · k_s) v_s`.
 //!
-//! - `fast`: a tiled online-softmax forward ([`fast`]): one block per (query tile, batch·head),
-//!   key/value tiles staged in shared memory, a running maximum and normalizer per query,
-//!   causal and window masks applied before exponentiating. `O(T²)` work (or `O(T w)` with a
-//!   window), `O(T)` memory. In the `tf32` and `bf16` modes, the fused tensor-core kernel ([`fused`]).
+//! - `fast`: the forward of [`fast`]: one launch ([`fast::plan`]) of either the exact kernel
+//!   (FlashAttention-2 on the FMA units, f32 or f64, head dims up to 256 and more: register tiles of scores and
+//!   outputs, key/value tiles in shared memory, a running maximum and normalizer per query, masks
+//!   on boundary tiles only) or, in the `tf32` and `bf16` modes at `Dk = Dv ∈ {32, 64, 96, 128}`,
+//!   the fused tensor-core kernel ([`fused`]). `O(T²)` work (or `O(T w)` with a window), `O(T)`
+//!   memory.
 //! - `recurrent`: a decoder with the KV cache **on the device** ([`decoder`]), a ring buffer of
 //!   `min(T, w)` positions; each step appends `k_t, v_t` and runs one block per (batch, head).
 
