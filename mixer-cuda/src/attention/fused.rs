@@ -1,11 +1,13 @@
 //! The tensor-core forward (`kernels/attention_fused.cu`), FlashAttention-2 style, for the
-//! `tf32` and `bf16` modes: a block of 4 warps owns 128 query rows of one (batch, head); K and
+//! `tf32` and `bf16` modes: a block of 4 warps owns 128 query rows of one (batch, head) (64 at
+//! head dims above 64, see [`shape`]); K and
 //! V tiles of 64 keys stream through shared memory with `cp.async` (two stages); `mma.sync`
 //! computes `QKᵀ` and `PV` (bf16 `m16n8k16` or tf32 `m16n8k8`, `f32` accumulation); the
-//! online softmax runs in `f32` with `exp2` (scale·log₂e folded in); tiles wholly outside the
+//! online softmax runs in `f32` with `exp2` (scale·log₂e folded in, the exponent formed from the
+//! product rounded as the row maximum's, so that it is never positive); tiles wholly outside the
 //! causal window are skipped, masks are applied only on tiles that cross a boundary.
 //!
-//! On compute capability 9.0 (H100/H200) the bf16 mode runs `attn_wgmma_bf16` instead: Hopper's
+//! On compute capability 9.0 (H100/H200) the bf16 mode at `D = 64` runs `attn_wgmma_bf16` instead: Hopper's
 //! warpgroup MMA (`wgmma.mma_async`, compiled for `sm_90a`), two warpgroups of 64 query rows per
 //! block, `Q Kᵀ` with both operands read from 128-byte-swizzled shared memory through matrix
 //! descriptors, `P V` with `P` from registers and `V` from shared memory, one barrier per K/V
