@@ -1,15 +1,26 @@
 // Softmax attention (docs/math.md §1.3): y_t = Σ_{s ≤ t, t−s < window} softmax_s(scale · q_t·k_s) v_s.
 // Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]. window ≤ 0 means full causal attention.
 
-// Tiled online-softmax forward. Grid (⌈T/BQ⌉, B·H); block BQ threads, one query row each.
-// Dynamic shared memory: q tile [BQ,Dk], accumulators [BQ,Dv], key tile [BK,Dk], value tile
-// [BK,Dv]. For every key tile: the tile's running maximum m', rescale (l, acc) by e^{m−m'},
-// add e^{score−m'}·v. Scores are masked before exponentiating.
+// Exact forward (FlashAttention-2 structure on FMA units, f32 for f32 inputs, f64 for f64).
+// Grid (⌈T/BQ⌉, B·H), blocks longest query tile first; AX_THREADS = 256 threads seen as a
+// 16 × 16 grid: ty = tid / 16 owns the AX_TM query rows q0 + ty·TM + i of the block's BQ = 16·TM,
+// tx = tid % 16 owns the keys k0 + tx + 16·n (n < TN = BK/16) of every score tile and the output
+// columns tx + 16·c (c < NV = ⌈Dv/16⌉). Per key tile (K, V staged in shared memory, Q staged once):
+//   S = Q Kᵀ          each thread a TM × TN register tile, four dims per step from 16-byte loads;
+//   u = sign(σ)·S      the CPU's overflow-free keys (`Logits`): |σ| stays out of the difference;
+//   m' = max(m, max_s u), ℓ ← ℓ·w(m, m') + Σ_s w(u_s, m'), O ← O·w(m, m') + Σ_s w(u_s, m') V_s,
+//   w(a, b) = 1 if |σ| = 0 or a = b, else 2^{|σ|·log2(e)·(a − b)}  (a ≤ b: never above 1),
+// the row maxima by shuffles over the 16 lanes of a row group, P through shared memory, O as a
+// TM × NV register tile. Masked keys (causal, window, past T) get u = −∞ and weight 0, on tiles
+// that straddle a boundary only; tiles wholly outside the window are skipped. y = O / ℓ.
+// Compile-time sizes (NVRTC defines): AX_DK, AX_DV (head dims), AX_TM (rows per thread), AX_BK
+// (keys per tile), AX_MINB (blocks per multiprocessor for __launch_bounds__); the host's
+// `attention::fast::exact_tile` chooses them and sizes the dynamic shared memory as AxLayout.
 //
-// Overflow-free logits (the CPU's `Logits`): the dot product q·k is accumulated in double and
-// kept as the key u = sign(scale)·(q·k); maxima are over keys, and weights are
-// e^{|scale|·(u − max u)} ≤ 1, so neither a huge scale (1e308, passed as a double) nor f32 inputs
-// with q·k beyond 3.4e38 produce ∞ − ∞.
+// Overflow: where some q·k of a visited tile is not finite in T (f32 products beyond 3.4e38), or
+// the host says |σ|·log2 e is not a normal number in T (`force_exact`), the block computes its rows
+// again with keys and maxima in double (`ax_exact_rows`: as the CPU's exact fallback), so neither
+// a huge σ (1e308, passed as a double) nor f32 dot products beyond 3.4e38 produce ∞ − ∞.
 __device__ inline double attn_weight(double abs_scale, double key, double max_key) {
     return (abs_scale == 0.0 || key == max_key) ? 1.0 : exp(abs_scale * (key - max_key));
 }
@@ -21,58 +32,270 @@ __device__ inline double attn_dot(const T* a, const T* b, int n) {
     return s;
 }
 
-template <typename T>
-__device__ void attn_fwd(const T* q, const T* k, const T* v, T* y, int B, int Tn, int H, int Dk, int Dv, int window,
-                         double scale, int BK) {
-    const double asc = fabs(scale), sg = scale < 0.0 ? -1.0 : 1.0;
-    extern __shared__ unsigned char smem_raw[];
-    T* sm = reinterpret_cast<T*>(smem_raw);
-    const int BQ = blockDim.x;
-    T* qs = sm;
-    T* acc = qs + BQ * Dk;
-    T* ks = acc + BQ * Dv;
-    T* vs = ks + BK * Dk;
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int t0 = blockIdx.x * BQ, i = threadIdx.x, t = t0 + i;
-    const bool active = t < Tn;
-    if (active) {
-        for (int d = 0; d < Dk; ++d) qs[i * Dk + d] = q[(((long long)b * Tn + t) * H + h) * Dk + d];
-        for (int d = 0; d < Dv; ++d) acc[i * Dv + d] = (T)0;
+#ifndef AX_DK
+#define AX_DK 64
+#endif
+#ifndef AX_DV
+#define AX_DV 64
+#endif
+#ifndef AX_TM
+#define AX_TM 8
+#endif
+#ifndef AX_BK
+#define AX_BK 64
+#endif
+#ifndef AX_MINB
+#define AX_MINB 1
+#endif
+#define AX_THREADS 256
+#define AX_LANES 16
+#define AX_BQ (AX_LANES * AX_TM)
+#define AX_TN (AX_BK / AX_LANES)
+#define AX_DKP ((AX_DK + 3) / 4 * 4)
+#define AX_DVP ((AX_DV + AX_LANES - 1) / AX_LANES * AX_LANES)
+#define AX_NV (AX_DVP / AX_LANES)
+
+// 16-byte vectors of T.
+template <typename T> struct AxVec;
+template <> struct AxVec<float> {
+    typedef float4 V;
+    __device__ static void get(const float* p, float* o) {
+        const float4 x = *reinterpret_cast<const float4*>(p);
+        o[0] = x.x, o[1] = x.y, o[2] = x.z, o[3] = x.w;
     }
+    __device__ static void put(float* p, const float* o) { *reinterpret_cast<float4*>(p) = make_float4(o[0], o[1], o[2], o[3]); }
+};
+template <> struct AxVec<double> {
+    __device__ static void get(const double* p, double* o) {
+        const double2 x = *reinterpret_cast<const double2*>(p);
+        o[0] = x.x, o[1] = x.y;
+    }
+    __device__ static void put(double* p, const double* o) { *reinterpret_cast<double2*>(p) = make_double2(o[0], o[1]); }
+};
+
+// Shared-memory layout (elements of T): Q [BQ][KS] | K [BK][KS] | V [BK][DVP] | P [BK][PS]
+// (P transposed: key-major). KS = DKP and PS = BQ, each widened by one vector where its count of
+// 16-byte vectors is even, so that the rows read by eight lanes at once fall in distinct banks.
+template <typename T> struct AxLayout {
+    static constexpr int VW = 16 / sizeof(T);
+    static constexpr int KS = (AX_DKP / VW) % 2 ? AX_DKP : AX_DKP + VW;
+    static constexpr int PS = (AX_BQ / VW) % 2 ? AX_BQ : AX_BQ + VW;
+    static constexpr int Q = 0, K = AX_BQ * KS, V = K + AX_BK * KS, P = V + AX_BK * AX_DVP;
+};
+
+// Rows [r0, r0 + n) of one (batch, head) of a [B,T,H,width] tensor (base at row 0, row stride tok)
+// into dst[n][stride], columns past width and rows past Tn as 0.
+template <typename T, int WP>
+__device__ __forceinline__ void ax_load_rows(T* dst, int stride, const T* base, long long tok, int r0, int n, int Tn,
+                                             int width) {
+    for (int idx = threadIdx.x; idx < n * WP; idx += AX_THREADS) {
+        const int r = idx / WP, d = idx % WP, row = r0 + r;
+        dst[r * stride + d] = (row < Tn && d < width) ? base[(long long)row * tok + d] : (T)0;
+    }
+}
+
+// The block's rows again, one thread per row, keys and running maximum in double (the exact
+// fallback above): o accumulates in y itself, y = o / ℓ at the end. Q is staged already.
+template <typename T>
+__device__ void ax_exact_rows(const T* qs, T* ks, T* vs, const T* kb, const T* vb, T* yb, long long tk, long long tv,
+                              int q0, int first, int last, int Tn, int window, double scale) {
+    typedef AxLayout<T> L;
+    const double asc = fabs(scale), sg = scale < 0.0 ? -1.0 : 1.0;
+    const int i = threadIdx.x, t = q0 + i;
+    const bool active = i < AX_BQ && t < Tn;
+    T* yr = yb + (long long)t * tv;
+    if (active)
+        for (int d = 0; d < AX_DV; ++d) yr[d] = (T)0;
     double m = Lim<double>::neg_inf();
     T l = (T)0;
-    const int t_last = min(t0 + BQ, Tn) - 1;
-    const int s_begin = window > 0 ? max(0, t0 - window + 1) : 0;
-    for (int s0 = s_begin; s0 <= t_last; s0 += BK) {
+    for (int j = first; j <= last; ++j) {
+        const int s0 = j * AX_BK;
         __syncthreads();
-        for (int idx = i; idx < BK * Dk; idx += BQ) {
-            int j = idx / Dk, d = idx % Dk, s = s0 + j;
-            ks[idx] = s <= t_last ? k[(((long long)b * Tn + s) * H + h) * Dk + d] : (T)0;
-        }
-        for (int idx = i; idx < BK * Dv; idx += BQ) {
-            int j = idx / Dv, d = idx % Dv, s = s0 + j;
-            vs[idx] = s <= t_last ? v[(((long long)b * Tn + s) * H + h) * Dv + d] : (T)0;
-        }
+        ax_load_rows<T, AX_DKP>(ks, L::KS, kb, tk, s0, AX_BK, Tn, AX_DK);
+        ax_load_rows<T, AX_DVP>(vs, AX_DVP, vb, tv, s0, AX_BK, Tn, AX_DV);
         __syncthreads();
         if (!active) continue;
         const int lo = window > 0 ? max(s0, t - window + 1) : s0;
-        const int hi = min(s0 + BK - 1, t);
+        const int hi = min(s0 + AX_BK - 1, t);
         if (lo > hi) continue;
+        const T* qr = qs + i * L::KS;
         double mt = m;
-        for (int s = lo; s <= hi; ++s) mt = fmax(mt, sg * attn_dot(qs + i * Dk, ks + (s - s0) * Dk, Dk));
+        for (int s = lo; s <= hi; ++s) mt = fmax(mt, sg * attn_dot(qr, ks + (s - s0) * L::KS, AX_DK));
         const T corr = (T)attn_weight(asc, m, mt);
         l *= corr;
-        for (int d = 0; d < Dv; ++d) acc[i * Dv + d] *= corr;
+        for (int d = 0; d < AX_DV; ++d) yr[d] *= corr;
         for (int s = lo; s <= hi; ++s) {
-            const T p = (T)attn_weight(asc, sg * attn_dot(qs + i * Dk, ks + (s - s0) * Dk, Dk), mt);
+            const T p = (T)attn_weight(asc, sg * attn_dot(qr, ks + (s - s0) * L::KS, AX_DK), mt);
             l += p;
-            const T* vr = vs + (s - s0) * Dv;
-            for (int d = 0; d < Dv; ++d) acc[i * Dv + d] += p * vr[d];
+            const T* vr = vs + (s - s0) * AX_DVP;
+            for (int d = 0; d < AX_DV; ++d) yr[d] += p * vr[d];
         }
         m = mt;
     }
-    if (active) {
-        for (int d = 0; d < Dv; ++d) y[(((long long)b * Tn + t) * H + h) * Dv + d] = acc[i * Dv + d] / l;
+    if (active)
+        for (int d = 0; d < AX_DV; ++d) yr[d] /= l;
+}
+
+__device__ __forceinline__ float ax_exp2(float x) { return exp2f(x); }
+__device__ __forceinline__ double ax_exp2(double x) { return exp2(x); }
+// w(a, b) above, with al2 = |σ|·log2 e.
+template <typename T>
+__device__ __forceinline__ T ax_weight(T al2, T a, T b) {
+    return (al2 == (T)0 || a == b) ? (T)1 : ax_exp2(al2 * (a - b));
+}
+
+template <typename T>
+__device__ void attn_exact(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ y,
+                           int Tn, int H, int window, double scale, int force_exact) {
+    typedef AxLayout<T> L;
+    typedef AxVec<T> Vec;
+    constexpr int VW = L::VW;
+    extern __shared__ __align__(16) unsigned char ax_raw[];
+    T* sm = reinterpret_cast<T*>(ax_raw);
+    T *qs = sm + L::Q, *ks = sm + L::K, *vs = sm + L::V, *ps = sm + L::P;
+    __shared__ int overflow;
+    const int tid = threadIdx.x, tx = tid % AX_LANES, ty = tid / AX_LANES;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * AX_BQ;
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const long long tk = (long long)H * AX_DK, tv = (long long)H * AX_DV;
+    const T* qb = q + (long long)b * Tn * tk + (long long)h * AX_DK;
+    const T* kb = k + (long long)b * Tn * tk + (long long)h * AX_DK;
+    const T* vb = v + (long long)b * Tn * tv + (long long)h * AX_DV;
+    T* yb = y + (long long)b * Tn * tv + (long long)h * AX_DV;
+    const int q_last = min(q0 + AX_BQ, Tn) - 1;
+    const int first = window > 0 ? max(0, q0 - window + 1) / AX_BK : 0, last = q_last / AX_BK;
+    const T sg = scale < 0.0 ? (T)-1 : (T)1;
+    const T al2 = (T)(fabs(scale) * 1.4426950408889634);
+    const T ninf = Lim<T>::neg_inf();
+    if (tid == 0) overflow = force_exact;
+    ax_load_rows<T, AX_DKP>(qs, L::KS, qb, tk, q0, AX_BQ, Tn, AX_DK);
+
+    T o[AX_TM][AX_NV], m[AX_TM], l[AX_TM];
+#pragma unroll
+    for (int i = 0; i < AX_TM; ++i) {
+        m[i] = ninf;
+        l[i] = (T)0;
+#pragma unroll
+        for (int c = 0; c < AX_NV; ++c) o[i][c] = (T)0;
+    }
+    const int row0 = q0 + ty * AX_TM;
+    for (int j = first; j <= last; ++j) {
+        const int k0 = j * AX_BK;
+        __syncthreads();  // every thread is done with the last tile's K, V, P (and Q is staged)
+        if (overflow) break;
+        ax_load_rows<T, AX_DKP>(ks, L::KS, kb, tk, k0, AX_BK, Tn, AX_DK);
+        ax_load_rows<T, AX_DVP>(vs, AX_DVP, vb, tv, k0, AX_BK, Tn, AX_DV);
+        __syncthreads();
+        // S = Q Kᵀ, four dims per step.
+        T s[AX_TM][AX_TN];
+#pragma unroll
+        for (int i = 0; i < AX_TM; ++i)
+#pragma unroll
+            for (int n = 0; n < AX_TN; ++n) s[i][n] = (T)0;
+#pragma unroll 1
+        for (int d = 0; d < AX_DKP; d += 4) {
+            T kr[AX_TN][4];
+#pragma unroll
+            for (int n = 0; n < AX_TN; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; e += VW) Vec::get(ks + (tx + AX_LANES * n) * L::KS + d + e, kr[n] + e);
+#pragma unroll
+            for (int i = 0; i < AX_TM; ++i) {
+                T qr[4];
+#pragma unroll
+                for (int e = 0; e < 4; e += VW) Vec::get(qs + (ty * AX_TM + i) * L::KS + d + e, qr + e);
+#pragma unroll
+                for (int n = 0; n < AX_TN; ++n)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) s[i][n] = fma(qr[e], kr[n][e], s[i][n]);
+            }
+        }
+        // Keys, the overflow check, masks.
+        bool bad = false;
+        const bool edge = k0 + AX_BK - 1 > q0 || k0 + AX_BK > Tn || (window > 0 && q0 + AX_BQ - 1 - k0 >= window);
+#pragma unroll
+        for (int i = 0; i < AX_TM; ++i)
+#pragma unroll
+            for (int n = 0; n < AX_TN; ++n) {
+                bad = bad || !isfinite(s[i][n]);
+                s[i][n] *= sg;
+                if (edge) {
+                    const int r = row0 + i, c = k0 + tx + AX_LANES * n;
+                    if (c > r || c >= Tn || (window > 0 && r - c >= window)) s[i][n] = ninf;
+                }
+            }
+        if (bad) atomicExch(&overflow, 1);  // atomic: many threads may set it at once
+        // Online softmax per row (the 16 lanes of a row group hold the same m and correction).
+        bool moved = false;
+        T cf[AX_TM];
+#pragma unroll
+        for (int i = 0; i < AX_TM; ++i) {
+            T mx = s[i][0];
+#pragma unroll
+            for (int n = 1; n < AX_TN; ++n) mx = fmax(mx, s[i][n]);
+#pragma unroll
+            for (int o2 = AX_LANES / 2; o2 > 0; o2 >>= 1) mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, o2));
+            mx = fmax(m[i], mx);
+            cf[i] = ax_weight(al2, m[i], mx);
+            moved = moved || cf[i] != (T)1;
+            m[i] = mx;
+            T sum = (T)0;
+#pragma unroll
+            for (int n = 0; n < AX_TN; ++n) {
+                const T p = s[i][n] == ninf ? (T)0 : ax_weight(al2, s[i][n], mx);
+                s[i][n] = p;
+                sum += p;
+            }
+            l[i] = l[i] * cf[i] + sum;
+        }
+        if (moved)
+#pragma unroll
+            for (int i = 0; i < AX_TM; ++i)
+#pragma unroll
+                for (int c = 0; c < AX_NV; ++c) o[i][c] *= cf[i];
+        // P to shared memory, key-major: the TM rows of a key as TM / VW vectors.
+#pragma unroll
+        for (int n = 0; n < AX_TN; ++n) {
+            T pr[AX_TM];
+#pragma unroll
+            for (int i = 0; i < AX_TM; ++i) pr[i] = s[i][n];
+#pragma unroll
+            for (int i = 0; i < AX_TM; i += VW) Vec::put(ps + (tx + AX_LANES * n) * L::PS + ty * AX_TM + i, pr + i);
+        }
+        __syncthreads();
+        // O += P V.
+#pragma unroll 4
+        for (int kk = 0; kk < AX_BK; ++kk) {
+            T pr[AX_TM], vr[AX_NV];
+#pragma unroll
+            for (int i = 0; i < AX_TM; i += VW) Vec::get(ps + kk * L::PS + ty * AX_TM + i, pr + i);
+#pragma unroll
+            for (int c = 0; c < AX_NV; ++c) vr[c] = vs[kk * AX_DVP + tx + AX_LANES * c];
+#pragma unroll
+            for (int i = 0; i < AX_TM; ++i)
+#pragma unroll
+                for (int c = 0; c < AX_NV; ++c) o[i][c] = fma(pr[i], vr[c], o[i][c]);
+        }
+    }
+    __syncthreads();  // the last tile's overflow flag is visible; K, V are free for the fallback
+    if (overflow) {
+        ax_exact_rows<T>(qs, ks, vs, kb, vb, yb, tk, tv, q0, first, last, Tn, window, scale);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < AX_TM; ++i) {
+        T lt = l[i];
+#pragma unroll
+        for (int o2 = AX_LANES / 2; o2 > 0; o2 >>= 1) lt += __shfl_xor_sync(0xffffffffu, lt, o2);
+        const int r = row0 + i;
+        if (r < Tn) {
+            const T inv = (T)1 / lt;
+#pragma unroll
+            for (int c = 0; c < AX_NV; ++c) {
+                const int col = tx + AX_LANES * c;
+                if (col < AX_DV) yb[(long long)r * tv + col] = o[i][c] * inv;
+            }
+        }
     }
 }
 
@@ -218,10 +441,6 @@ __device__ void attn_combine(const double* part, T* y, int H, int Dv, int S, dou
 }
 
 #define ATTN_EXPORT(T, S)                                                                                        \
-    extern "C" __global__ void attn_fwd_##S(const T* q, const T* k, const T* v, T* y, int B, int Tn, int H,      \
-                                            int Dk, int Dv, int window, double scale, int BK) {                  \
-        attn_fwd<T>(q, k, v, y, B, Tn, H, Dk, Dv, window, scale, BK);                                            \
-    }                                                                                                            \
     extern "C" __global__ void attn_split_##S(const T* q, const T* kc, const T* vc, double* part, int B, int H,  \
                                               int Dk, int Dv, int n, double scale) {                             \
         attn_split<T>(q, kc, vc, part, B, H, Dk, Dv, n, scale);                                                  \
@@ -232,3 +451,19 @@ __device__ void attn_combine(const double* part, T* y, int H, int Dv, int S, dou
 
 ATTN_EXPORT(float, f32)
 ATTN_EXPORT(double, f64)
+
+// The exact forward of one scalar type per module (its tile sizes are chosen per type):
+// attn_exact_f64 with -DAX_ELEM_F64=1, attn_exact_f32 otherwise.
+#ifdef AX_ELEM_F64
+#define AX_T double
+#define AX_NAME attn_exact_f64
+#else
+#define AX_T float
+#define AX_NAME attn_exact_f32
+#endif
+static_assert(AX_TM % AxLayout<AX_T>::VW == 0 && AX_BK % AX_LANES == 0, "AX_TM: whole vectors; AX_BK: 16 lanes");
+extern "C" __global__ void __launch_bounds__(AX_THREADS, AX_MINB)
+    AX_NAME(const AX_T* q, const AX_T* k, const AX_T* v, AX_T* y, int Tn, int H, int window, double scale,
+            int force_exact) {
+    attn_exact<AX_T>(q, k, v, y, Tn, H, window, scale, force_exact);
+}

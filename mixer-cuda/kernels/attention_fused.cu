@@ -3,7 +3,7 @@
 //   y_t = Σ_{s ≤ t, t − s < window} softmax_s(scale · q_t·k_s) v_s
 //
 // Layouts: q, k [B,T,H,D]; v, y [B,T,H,D] (token stride H·D). window ≤ 0: full causal.
-// Compile-time: ATT_D (head dim, multiple of 16), ATT_BK (keys per tile), ATT_WM (16-row
+// Compile-time: ATT_D (head dim: 32, 64, 96 or 128; wgmma 64 only), ATT_BK (keys per tile), ATT_WM (16-row
 // m-tiles per warp). A block of 4 warps owns BQ = 64·ATT_WM query rows of one (batch, head).
 //
 // Three kernels:
@@ -146,7 +146,7 @@ __device__ __forceinline__ void softmax_update(float (&s)[ATT_WM][ATT_BK / 8][4]
             for (int nt = 0; nt < ATT_BK / 8; ++nt) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-            mx = fmaxf(st.m[mt][r], mx * scale_log2);
+            mx = fmaxf(st.m[mt][r], __fmul_rn(mx, scale_log2));
             const float mref = mx == NEG_INF ? 0.f : mx;
             const float corr = fast_exp2(st.m[mt][r] - mref);
             st.m[mt][r] = mx;
@@ -155,7 +155,11 @@ __device__ __forceinline__ void softmax_update(float (&s)[ATT_WM][ATT_BK / 8][4]
             for (int nt = 0; nt < ATT_BK / 8; ++nt)
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
-                    const float p = fast_exp2(fmaf(s[mt][nt][2 * r + c], scale_log2, -mref));
+                    // The product rounded as mx's was (__fmul_rn is never fused with the
+                    // subtraction): the maximum's own exponent is exactly 0, the others ≤ 0. A fused
+                    // fmaf would leave the rounding error of the product, about 2^-24·|logit|, as a
+                    // positive exponent: e^{+1e29} = ∞ for logits near 1e37, and NaN in y.
+                    const float p = fast_exp2(__fmul_rn(s[mt][nt][2 * r + c], scale_log2) - mref);
                     s[mt][nt][2 * r + c] = p;
                     sum += p;
                 }
@@ -195,8 +199,13 @@ __device__ __forceinline__ bool tile_needs_mask(int q0, int k0, int T, int windo
 // bf16
 // =======================================================================================
 #define CH (ATT_D / 8)  // 16-byte chunks per row (8 bf16 each)
+// The XOR swizzle's mask: the row's low three bits where a row holds whole groups of 8 chunks
+// (D = 64, 128: the eight rows an ldmatrix reads fall in eight distinct bank groups), its low two
+// where it holds groups of 4 (D = 32, 96: at most two rows per bank group). chunk ^ (row & mask)
+// stays inside the chunk's aligned group, hence inside the row.
+#define SWZ_MASK (CH % 8 == 0 ? 7 : 3)
 
-__device__ __forceinline__ int swz(int row, int chunk) { return row * CH + (chunk ^ (row & 7)); }
+__device__ __forceinline__ int swz(int row, int chunk) { return row * CH + (chunk ^ (row & SWZ_MASK)); }
 
 // Loads rows [r0, r0+nrows) of a [B,T,H,D] bf16 tensor (this batch/head) into swizzled smem.
 __device__ __forceinline__ void load_tile_bf16(bf16_t* sm, const bf16_t* base, int r0, int nrows, int T,

@@ -556,9 +556,16 @@ fn plan_prints_the_fast_forms_launch_plan_as_json() {
     let f: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     assert_eq!(f["precision"], serde_json::to_value(mixer_core::Precision::Exact).unwrap(), "{f}");
 
-    let (code, _, err) = mixers(&["plan", "--mixer", "attention"]);
+    let (code, _, err) = mixers(&["plan", "--mixer", "toeplitz"]);
     assert_eq!(code, 2);
-    assert_one_line_error(&err, &["`attention` family reports no launch plan for its fast form"]);
+    assert_one_line_error(&err, &["`toeplitz` family reports no launch plan for its fast form"]);
+    // Attention: the kernel, its options and shared memory (the tf32 tensor-core kernel at D = 64).
+    let (code, out, err) = mixers(&["plan", "--mixer", "attention", "--seq", "1000", "--precision", "tf32"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["kernel"], "mma_tf32", "{out}");
+    assert_eq!(v["function"], "attn_mma_tf32", "{out}");
+    assert_eq!(v["grid"], serde_json::json!([8, 16]), "{out}");
     let (code, _, err) = mixers(&["plan", "--mixer", "mamba2", "--dtype", "f64", "--precision", "tf32"]);
     assert_eq!(code, 2);
     assert_one_line_error(&err, &["--dtype", "f64 (the exact mode)"]);

@@ -1,19 +1,23 @@
 //! The tensor-core forward (`kernels/attention_fused.cu`), FlashAttention-2 style, for the
-//! `tf32` and `bf16` modes: a block of 4 warps owns 128 query rows of one (batch, head); K and
+//! `tf32` and `bf16` modes: a block of 4 warps owns 128 query rows of one (batch, head) (64 at
+//! head dims above 64, see [`shape`]); K and
 //! V tiles of 64 keys stream through shared memory with `cp.async` (two stages); `mma.sync`
 //! computes `QKᵀ` and `PV` (bf16 `m16n8k16` or tf32 `m16n8k8`, `f32` accumulation); the
-//! online softmax runs in `f32` with `exp2` (scale·log₂e folded in); tiles wholly outside the
+//! online softmax runs in `f32` with `exp2` (scale·log₂e folded in, the exponent formed from the
+//! product rounded as the row maximum's, so that it is never positive); tiles wholly outside the
 //! causal window are skipped, masks are applied only on tiles that cross a boundary.
 //!
-//! On compute capability 9.0 (H100/H200) the bf16 mode runs `attn_wgmma_bf16` instead: Hopper's
+//! On compute capability 9.0 (H100/H200) the bf16 mode at `D = 64` runs `attn_wgmma_bf16` instead: Hopper's
 //! warpgroup MMA (`wgmma.mma_async`, compiled for `sm_90a`), two warpgroups of 64 query rows per
 //! block, `Q Kᵀ` with both operands read from 128-byte-swizzled shared memory through matrix
 //! descriptors, `P V` with `P` from registers and `V` from shared memory, one barrier per K/V
 //! tile, the same online softmax ([`Bf16Kernel`]; 1.21–1.26× faster than the `mma.sync` kernel
 //! on the H200 at T = 4k–64k, kernel alone).
 //!
-//! It applies when `Dk = Dv = 64` (tf32 also 32, see [`applies`]); otherwise the exact kernel
-//! runs (the modes permit tensor cores, they do not require them).
+//! It applies when `Dk = Dv ∈ {32, 64, 96, 128}` ([`applies`]; `wgmma` at 64 only, `mma.sync` at
+//! the others, see [`shape`]); otherwise the exact kernel runs (the modes permit tensor cores,
+//! they do not require them). [`plan`] gives the launch, [`super::fast::plan`] picks between it
+//! and the exact kernel.
 
 use cudarc::driver::LaunchConfig;
 use cudarc::driver::sys::CUfunction_attribute_enum;
@@ -21,9 +25,10 @@ use mixer_core::mixers::attention::Attention;
 use mixer_core::{Precision, Result};
 
 use super::common::{FAMILY, window_arg};
+use super::fast::{Kernel, Plan};
 use crate::kernels;
 use crate::pool;
-use crate::runtime::{GpuReal, err, gpu, int, launch};
+use crate::runtime::{err, gpu, int, launch};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
 /// Warps per block and 16-row m-tiles per warp (128 query rows per block).
@@ -50,38 +55,87 @@ impl Bf16Kernel {
     }
 }
 
-/// Whether the tensor-core kernel handles head dims `dk`, `dv` in mode `p`: `Dk = Dv = 64`,
-/// and also 32 for tf32 (the sizes checked on the H200; the bf16 kernel's fragment layout is
-/// written for 64).
+/// Whether the tensor-core kernels handle head dims `dk`, `dv` in mode `p`: a tensor-core mode
+/// and `Dk = Dv ∈ {32, 64, 96, 128}` (the fragment loops run over `D/8` or `D/16` steps; at 256
+/// the output and Q fragments alone would take 192 registers a thread, so the exact kernel runs).
 pub fn applies(dk: usize, dv: usize, p: Precision) -> bool {
-    dk == dv && (dk == 64 || (dk == 32 && p == Precision::Tf32))
+    p != Precision::Exact && dk == dv && matches!(dk, 32 | 64 | 96 | 128)
 }
 
-/// Runs the tensor-core kernel when the mode and the sizes allow it; `None` otherwise.
-pub fn run<F: GpuReal>(a: &Attention, x: &DeviceTensors, p: Precision) -> Result<Option<AnyDeviceTensor>> {
-    if p == Precision::Exact || F::ELEM != "f32" {
+/// The rule for the tensor-core kernel's shape at head dim `d`: `(m-tiles per warp, warps)`.
+/// `wgmma` (bf16 on compute capability 9.0, `D = 64` only: its 128-byte swizzle holds one 64-wide
+/// bf16 row): two warpgroups of one m-tile per warp (128 rows). `mma.sync`: four warps of two
+/// m-tiles (128 rows) up to `D = 64`, of one (64 rows) above, where two m-tiles' output and Q
+/// fragments (`2·D/2 + 2·D/4` registers at `D = 128`) would spill.
+pub fn shape(d: usize, wgmma: bool) -> (usize, usize) {
+    match (wgmma, d <= 64) {
+        (true, _) => (1, WG_WARPS),
+        (false, true) => (WM, WARPS),
+        (false, false) => (1, WARPS),
+    }
+}
+
+/// The tensor-core launch for `shape = [B, T, H, Dk, Dv]` in mode `p` (`wgmma`: the device has
+/// Hopper's warpgroup MMA), or `None` where the exact kernel runs instead: the exact mode, head
+/// dims outside [`applies`], or a scale whose `scale·log₂e` is beyond `1e30` (logits this large
+/// need the exact kernel's overflow-free form). Shared memory: Q `[BQ, D]` and two stages of K
+/// and V `[BK, D]`, bf16; in tf32 two stages of K `[BK, D + 8]` and V `[BK, D + 4]` floats.
+pub fn plan(a: &Attention, shape_: [usize; 5], p: Precision, wgmma: bool) -> Result<Option<Plan>> {
+    let [b, t, h, d, dv] = shape_;
+    if !applies(d, dv, p) || b * t * h == 0 {
         return Ok(None);
     }
-    run_with(a, x, p, Bf16Kernel::for_device()?)
+    let scale_log2 = a.scale(d) * std::f64::consts::LOG2_E;
+    if !(scale_log2.is_finite() && scale_log2.abs() < 1e30) {
+        return Ok(None);
+    }
+    let wgmma = p == Precision::Bf16 && wgmma && d == 64;
+    let (wm, warps) = shape(d, wgmma);
+    let bq = 16 * wm * warps;
+    let (kernel, smem) = match p {
+        // The wgmma kernel aligns its tiles to 1024 bytes (128-byte swizzle atoms) itself.
+        Precision::Bf16 if wgmma => (Kernel::WgmmaBf16, (bq * d + 4 * BK * d) * 2 + 1024),
+        Precision::Bf16 => (Kernel::MmaBf16, (bq * d + 4 * BK * d) * 2),
+        _ => (Kernel::MmaTf32, (2 * BK * (d + 8) + 2 * BK * (d + 4)) * 4),
+    };
+    let function = match kernel {
+        Kernel::WgmmaBf16 => "attn_wgmma_bf16",
+        Kernel::MmaBf16 => "attn_mma_bf16",
+        _ => "attn_mma_tf32",
+    };
+    let mut options = vec![
+        format!("-DATT_D={d}"),
+        format!("-DATT_BK={BK}"),
+        format!("-DATT_WM={wm}"),
+        format!("-DATT_WARPS={warps}"),
+    ];
+    if wgmma {
+        options.extend(["-DATT_WGMMA=1".to_string(), "--gpu-architecture=sm_90a".to_string()]);
+    }
+    Ok(Some(Plan {
+        kernel,
+        function: function.into(),
+        options,
+        grid: [int(FAMILY, "query tiles", t.div_ceil(bq))? as u32, int(FAMILY, "B·H", b * h)? as u32],
+        block: (32 * warps) as u32,
+        shared_mem: smem,
+        tile: None,
+        force_exact: false,
+    }))
 }
 
-/// [`run`] with the bf16 mode's kernel chosen by the caller (`Wgmma` needs compute capability 9.0:
-/// an error elsewhere); the tf32 mode ignores `kernel`.
+/// [`super::fast::run`]'s tensor-core path with the bf16 mode's kernel chosen by the caller
+/// (`Wgmma` needs compute capability 9.0: an error elsewhere; it runs at `D = 64`, other head
+/// dims take `mma.sync`); the tf32 mode ignores `kernel`. `None` where [`plan`] gives none.
 pub fn run_with(
     a: &Attention,
     x: &DeviceTensors,
     p: Precision,
     kernel: Bf16Kernel,
 ) -> Result<Option<AnyDeviceTensor>> {
-    if p == Precision::Exact {
-        return Ok(None);
-    }
-    let (Some(q), Some(k), Some(v)) = (x.get("q"), x.get("k"), x.get("v")) else { return Ok(None) };
+    let (Some(q), Some(v)) = (x.get("q"), x.get("v")) else { return Ok(None) };
     let s = q.shape();
-    let (b, t, h, d) = (s[0], s[1], s[2], s[3]);
-    if !applies(d, v.shape()[3], p) || b * t * h == 0 {
-        return Ok(None);
-    }
+    let shape_ = [s[0], s[1], s[2], s[3], v.shape()[3]];
     let g = gpu()?;
     let wgmma = p == Precision::Bf16 && kernel == Bf16Kernel::Wgmma;
     if wgmma && !g.has_wgmma() {
@@ -90,42 +144,40 @@ pub fn run_with(
             format!("the wgmma attention kernel needs compute capability 9.0; this device has {}", g.arch()),
         ));
     }
-    let (wm, warps) = if wgmma { (1, WG_WARPS) } else { (WM, WARPS) };
-    let bq = 16 * wm * warps;
-    let (name, smem) = match p {
-        // The wgmma kernel aligns its tiles to 1024 bytes (128-byte swizzle atoms) itself.
-        Precision::Bf16 if wgmma => ("attn_wgmma_bf16", (bq * d + 4 * BK * d) * 2 + 1024),
-        Precision::Bf16 => ("attn_mma_bf16", (bq * d + 4 * BK * d) * 2),
-        _ => ("attn_mma_tf32", (2 * BK * (d + 8) + 2 * BK * (d + 4)) * 4),
-    };
-    let mut opts = vec![
-        format!("-DATT_D={d}"),
-        format!("-DATT_BK={BK}"),
-        format!("-DATT_WM={wm}"),
-        format!("-DATT_WARPS={warps}"),
-    ];
-    if wgmma {
-        opts.extend(["-DATT_WGMMA=1".to_string(), "--gpu-architecture=sm_90a".to_string()]);
+    match plan(a, shape_, p, wgmma)? {
+        Some(pl) => launch(a, x, &pl, shape_).map(Some),
+        None => Ok(None),
     }
-    let f = g.kernel(FAMILY, &kernels::ATTENTION_FUSED, &opts, name)?;
+}
+
+/// Launches the tensor-core plan `pl` (from [`plan`]) on `x` (bf16 tensors for the bf16 kernels,
+/// f32 for tf32); `y` in the inputs' storage.
+pub(crate) fn launch(
+    a: &Attention,
+    x: &DeviceTensors,
+    pl: &Plan,
+    shape_: [usize; 5],
+) -> Result<AnyDeviceTensor> {
+    let [b, t, h, d, _] = shape_;
+    let g = gpu()?;
+    let f = g.kernel(FAMILY, &kernels::ATTENTION_FUSED, &pl.options, &pl.function)?;
+    let smem = pl.shared_mem;
     f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
         .map_err(|e| err(FAMILY, format!("opting in to {smem} bytes of shared memory: {e}")))?;
     let cfg = LaunchConfig {
-        grid_dim: (int(FAMILY, "query tiles", t.div_ceil(bq))? as u32, int(FAMILY, "B·H", b * h)? as u32, 1),
-        block_dim: ((32 * warps) as u32, 1, 1),
+        grid_dim: (pl.grid[0], pl.grid[1], 1),
+        block_dim: (pl.block, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     int(FAMILY, "B·T·H·D", b * t * h * d)?;
     let (bi, ti, hi) = (int(FAMILY, "B", b)?, int(FAMILY, "T", t)?, int(FAMILY, "H", h)?);
     let w = window_arg(a, t);
     let scale_log2 = (a.scale(d) * std::f64::consts::LOG2_E) as f32;
-    if !(scale_log2.is_finite() && scale_log2.abs() < 1e30) {
-        // Logits this large need the exact kernel's overflow-free form.
-        return Ok(None);
-    }
+    let (q, k, v) = (input_any(x, "q")?, input_any(x, "k")?, input_any(x, "v")?);
     let n = b * t * h * d;
-    let y = match p {
-        Precision::Bf16 => {
+    let s = q.shape();
+    Ok(match pl.kernel {
+        Kernel::MmaBf16 | Kernel::WgmmaBf16 => {
             let (q, k, v) = (q.typed::<bf16>("q")?, k.typed::<bf16>("k")?, v.typed::<bf16>("v")?);
             let mut y = pool::take::<bf16>(FAMILY, n)?;
             let (qv, kv, vv) = (q.view(), k.view(), v.view());
@@ -139,6 +191,65 @@ pub fn run_with(
             launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2)?;
             AnyDeviceTensor::F32(DeviceTensor::from_pooled(y, s)?)
         }
-    };
-    Ok(Some(y))
+    })
+}
+
+/// The device tensor `name` of `x`, or the error naming what is there.
+fn input_any<'a>(x: &'a DeviceTensors, name: &str) -> Result<&'a AnyDeviceTensor> {
+    x.get(name).ok_or_else(|| mixer_core::Error::MissingInput {
+        name: name.to_string(),
+        expected: "a device tensor of that name".into(),
+        given: x.keys().cloned().collect::<Vec<_>>().join(", "),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mixer_core::mixers::attention::AttentionConfig;
+
+    fn attention(scale: Option<f64>) -> Attention {
+        Attention::new("attention", AttentionConfig { window: None, scale }).unwrap()
+    }
+
+    /// The head dims the tensor-core kernels take: 32, 64, 96, 128 with Dk = Dv, not the exact mode.
+    #[test]
+    fn tensor_cores_take_head_dims_32_to_128() {
+        for d in [32, 64, 96, 128] {
+            assert!(applies(d, d, Precision::Tf32) && applies(d, d, Precision::Bf16), "{d}");
+            assert!(!applies(d, d, Precision::Exact));
+        }
+        for (dk, dv) in [(16, 16), (48, 48), (70, 70), (256, 256), (64, 32)] {
+            assert!(!applies(dk, dv, Precision::Tf32), "{dk} {dv}");
+        }
+    }
+
+    /// Shapes: wgmma only at D = 64 in bf16; mma.sync two m-tiles per warp up to 64, one above.
+    #[test]
+    fn kernel_shapes_follow_the_head_dim() {
+        let a = attention(None);
+        let pl = |d, p, wg| plan(&a, [2, 1000, 3, d, d], p, wg).unwrap().unwrap();
+        assert_eq!(pl(64, Precision::Bf16, true).kernel, Kernel::WgmmaBf16);
+        assert_eq!(pl(64, Precision::Bf16, true).block, 256);
+        assert_eq!(pl(128, Precision::Bf16, true).kernel, Kernel::MmaBf16);
+        assert_eq!(pl(64, Precision::Bf16, false).kernel, Kernel::MmaBf16);
+        assert_eq!(pl(64, Precision::Tf32, true).kernel, Kernel::MmaTf32);
+        assert_eq!(shape(64, false), (2, 4));
+        assert_eq!(shape(96, false), (1, 4));
+        let p = pl(128, Precision::Tf32, false);
+        assert_eq!(p.grid, [16, 6]);
+        assert_eq!(p.shared_mem, (2 * 64 * 136 + 2 * 64 * 132) * 4);
+        assert!(p.options.contains(&"-DATT_WM=1".to_string()));
+        assert_eq!(pl(96, Precision::Bf16, false).shared_mem, (64 * 96 + 4 * 64 * 96) * 2);
+    }
+
+    /// No tensor-core plan for the exact mode, other head dims, or logits beyond 1e30 per unit.
+    #[test]
+    fn no_tensor_cores_where_they_do_not_apply() {
+        let a = attention(None);
+        assert!(plan(&a, [1, 10, 1, 64, 64], Precision::Exact, true).unwrap().is_none());
+        assert!(plan(&a, [1, 10, 1, 70, 70], Precision::Tf32, true).unwrap().is_none());
+        assert!(plan(&attention(Some(1e35)), [1, 10, 1, 64, 64], Precision::Tf32, true).unwrap().is_none());
+        assert!(plan(&a, [0, 10, 1, 64, 64], Precision::Bf16, true).unwrap().is_none());
+    }
 }

@@ -1,10 +1,12 @@
 //! Softmax attention and local attention on CUDA (docs/math.md §1.3):
 //! `y_t = Σ_{s ≤ t, t−s < w} softmax_s(scale· q_t · k_s) v_s`.
 //!
-//! - `fast`: a tiled online-softmax forward ([`fast`]): one block per (query tile, batch·head),
-//!   key/value tiles staged in shared memory, a running maximum and normalizer per query,
-//!   causal and window masks applied before exponentiating. `O(T²)` work (or `O(T w)` with a
-//!   window), `O(T)` memory. In the `tf32` and `bf16` modes, the fused tensor-core kernel ([`fused`]).
+//! - `fast`: the forward of [`fast`]: one launch ([`fast::plan`]) of either the exact kernel
+//!   (FlashAttention-2 on the FMA units, f32 or f64, head dims up to 256 and more: register tiles of scores and
+//!   outputs, key/value tiles in shared memory, a running maximum and normalizer per query, masks
+//!   on boundary tiles only) or, in the `tf32` and `bf16` modes at `Dk = Dv ∈ {32, 64, 96, 128}`,
+//!   the fused tensor-core kernel ([`fused`]). `O(T²)` work (or `O(T w)` with a window), `O(T)`
+//!   memory.
 //! - `recurrent`: a decoder with the KV cache **on the device** ([`decoder`]), a ring buffer of
 //!   `min(T, w)` positions; each step appends `k_t, v_t` and runs one block per (batch, head).
 //! - backward of `fast`: FlashAttention-2 style ([`backward`]): per-row softmax statistics, then
@@ -19,7 +21,8 @@ pub mod fused;
 use mixer_core::mixers::attention::Attention;
 
 use crate::forms::{DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn};
-use crate::runtime::GpuReal;
+use crate::runtime::{GpuReal, gpu, max_dynamic_smem};
+use mixer_core::{Dims, Form, Precision, Result};
 
 use common::FAMILY;
 
@@ -28,6 +31,23 @@ pub struct AttentionCuda;
 
 impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     type Mixer = Attention;
+    /// The fast form's launch ([`fast::plan`]) on this process's device, with the activations
+    /// stored as the mode stores them (bf16 in the bf16 mode); `null` where nothing is launched.
+    fn plan(a: &Attention, form: Form, dims: &Dims, p: Precision) -> Option<Result<serde_json::Value>> {
+        if form != Form::Fast {
+            return None;
+        }
+        let storage = match p {
+            Precision::Bf16 => fast::Storage::Bf16,
+            _ if F::SUFFIX == "f64" => fast::Storage::F64,
+            _ => fast::Storage::F32,
+        };
+        let shape = ["B", "T", "H", "Dk", "Dv"].map(|k| dims.get(k).copied().unwrap_or(0));
+        let wgmma = gpu().is_ok_and(|g| g.has_wgmma());
+        Some(fast::plan(a, shape, p, storage, max_dynamic_smem(), wgmma).and_then(|plan| {
+            serde_json::to_value(plan).map_err(|e| crate::runtime::err(FAMILY, format!("plan as JSON: {e}")))
+        }))
+    }
     fn fast() -> Option<DeviceFormFn<Attention>> {
         Some(fast::run::<F>)
     }

@@ -3,7 +3,9 @@
 //! device is present, and fail instead under `MIXERS_REQUIRE_CUDA=1`.
 
 use mixer_core::Error;
+use mixer_core::Precision;
 use mixer_cuda::DeviceTensor;
+use mixer_cuda::attention::fast::{Kernel, Storage, plan};
 use mixer_cuda::kernels::with_prelude;
 use mixer_cuda::runtime::{
     compile_cubin_only, compile_only, compile_only_with, compile_ptx_only, gpu, nvrtc_available,
@@ -32,6 +34,26 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         let n =
             compile_only_with("loglinear_backward", &bwd, "sm_90", &extra).unwrap_or_else(|e| panic!("{e}"));
         assert!(n > 100, "loglinear_backward {extra:?}: PTX of {n} bytes");
+    }
+    // The exact attention kernel and the mma.sync kernels at the launch plans of other head dims
+    // (attention::fast::plan: Dk ≠ Dv, odd, 256 in f64; tensor cores at 32, 96, 128).
+    let a = mixer_core::mixers::attention::Attention::new("attention", Default::default()).unwrap();
+    for (shape, p, storage) in [
+        ([1, 100, 1, 70, 70], Precision::Exact, Storage::F32),
+        ([1, 100, 1, 40, 200], Precision::Exact, Storage::F32),
+        ([1, 100, 1, 256, 256], Precision::Exact, Storage::F64),
+        ([1, 100, 1, 32, 32], Precision::Bf16, Storage::Bf16),
+        ([1, 100, 1, 96, 96], Precision::Bf16, Storage::Bf16),
+        ([1, 100, 1, 128, 128], Precision::Tf32, Storage::F32),
+    ] {
+        let pl = plan(&a, shape, p, storage, 219 << 10, true).unwrap().unwrap();
+        let k = if pl.kernel == Kernel::Exact {
+            mixer_cuda::kernels::ATTENTION
+        } else {
+            mixer_cuda::kernels::ATTENTION_FUSED
+        };
+        let n = compile_only_with(k.name, &k.full(), "sm_90", &pl.options).unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 100, "{} {:?}: PTX of {n} bytes", pl.function, pl.options);
     }
     // Gated DeltaNet's state passes as the host compiles them: head dims fixed, warps per block
     // and buffers of the register-state passes (tf32 and bf16), k's bits taken as they are in the
