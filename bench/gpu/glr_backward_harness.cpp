@@ -1,5 +1,6 @@
 // CPU harness for mixer-cuda/kernels/glr_backward.cu: each CUDA thread is one loop iteration
-// (each kernel has no __syncthreads; threads of glrb_reverse own disjoint columns), checked
+// (neither kernel has a __syncthreads; a thread of glrb_reverse touches only its own column of g,
+// x̄ and of the shared-memory rings, which are one static array here), checked
 // against a dense reference: g = (I − B)^{-T} ȳ by back substitution over the dense T×T B,
 // x̄ = Aᵀ g, ᾱ/β̄ from g, x, y; and central finite differences of the forward for a few entries.
 // Run from the repository root: g++ -std=c++17 -O1 bench/gpu/glr_backward_harness.cpp -o /tmp/glr_harness && /tmp/glr_harness
@@ -13,8 +14,11 @@
 #define __global__
 #define __forceinline__ inline
 #define __restrict__
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static
 static long long g_tid;
 inline long long gtid() { return g_tid; }
+static struct { int x; } threadIdx;
 #include "../../mixer-cuda/kernels/glr_common.cuh"
 #include "../../mixer-cuda/kernels/glr_backward.cu"
 using namespace std;
@@ -80,7 +84,7 @@ int main() {
         vector<double> g(B * T * C), dx(B * T * C), da(B * T * NA * C), db(max(1, B * T * K * C));
         const vector<long long> off(p.f.begin(), p.f.end()), str(p.a.begin(), p.a.end());
         for (g_tid = 0; g_tid < (ll)B * C + 5; ++g_tid)
-            glrb_reverse<double>(dy.data(), al.data(), be.data(), off.data(), str.data(), g.data(), dx.data(), B, T, C,
+            threadIdx.x = (int)(g_tid % GLRB_NT), glrb_reverse<double>(dy.data(), al.data(), be.data(), off.data(), str.data(), g.data(), dx.data(), B, T, C,
                                  K, NA, has_b, has_a, ce);
         const double* gp = has_b ? g.data() : dy.data();
         for (g_tid = 0; g_tid < (ll)B * T * C + 5; ++g_tid)

@@ -13,18 +13,30 @@
 //    scatters β[t,k]·g[t] into g[d_k(t)] (and, for on = a | both, α[t,k+1]·g[t] into the
 //    accumulator of x̄[d_k(t)]). The scatter targets lie before t in the thread's own column: a
 //    plain read-modify-write by one thread, in the CPU's order (t descending, k ascending), so
-//    there is no race and the result is the same bits every run. Taps are handled GLRB_BATCH at
-//    a time with all their loads in flight before the first store; two taps of one token may
-//    share a position (cache-efficient lattices), so a tap takes the value just written by an
-//    earlier tap of its batch at the same position instead of its own load.
-//    g lives in global scratch [B,T,C] (initialised to ȳ by the thread, column by column); the
-//    x̄ accumulator is the d_x output itself, zeroed first.
+//    there is no race and the result is the same bits every run. Scatters to the last GLRB_W
+//    positions add into a ring in shared memory; farther ones are read-modify-writes of global
+//    memory, GLRB_BATCH taps at a time with all their loads in flight before the near work and
+//    the first store; two taps of one token may share a position (cache-efficient lattices), so
+//    a tap takes the value just written by an earlier tap of its batch at the same position
+//    instead of its own load. g lives in global scratch [B,T,C] (initialised to ȳ by the thread,
+//    column by column); the x̄ accumulator is the d_x output itself, zeroed first.
 //  * glrb_grads, one thread per (b, t, c): ᾱ, β̄ and x̄[t] (accumulator + α[t,0]·g[t]) from g, x
 //    and the recomputed y, every element written once.
 // Layouts: x, y, ȳ, g, x̄ [B,T,C]; α, ᾱ [B,T,NA,C] (NA = 1 or K+1); β, β̄ [B,T,K,C].
 
 #ifndef GLRB_BATCH
 #define GLRB_BATCH 8
+#endif
+// Threads per block of glrb_reverse (the host's launch) and rows of its shared-memory rings (a power
+// of two, at least 2).
+#ifndef GLRB_NT
+#define GLRB_NT 64
+#endif
+#ifndef GLRB_W
+#define GLRB_W 32
+#endif
+#if GLRB_W < 2 || (GLRB_W & (GLRB_W - 1)) != 0
+#error "GLRB_W must be a power of two, at least 2"
 #endif
 
 // Scatters w[u]·gt into a[row + d[u]] (channel c) for the active taps u of one batch (d[u] ≥ 0),
@@ -46,48 +58,80 @@ __device__ __forceinline__ void glrb_scatter(T* a, const int (&d)[GLRB_BATCH], c
 
 // The reverse sweep: g (has_b: the total cotangents, from ȳ) and, when scatter_x, the scattered part
 // of x̄ (Σ α[t',k+1]·g[t'] over the readers t' of each position). Without has_b, g is ȳ (read only).
+// A scatter from token t to a position d ≥ t − GLRB_W ("near") goes to a ring of GLRB_W rows in
+// shared memory (row d mod GLRB_W, the thread's own column); one to d < t − GLRB_W ("far") is a
+// read-modify-write of global memory, whose loads are issued before the near work. Position p then
+// holds its far part in global memory, final once token p + GLRB_W is done, and its near part in the
+// ring, final once token p + 1 is done: at token t, g[t] = global + ring (the row is then zeroed for
+// position t − GLRB_W) and is written back as the final g[t]; the global part of token t − 1 is loaded
+// one token ahead. Block: GLRB_NT threads (the launch's block size).
 template <typename T>
 __device__ void glrb_reverse(const T* __restrict__ dy, const T* __restrict__ alpha, const T* __restrict__ beta,
                              const long long* __restrict__ off, const long long* __restrict__ stride, T* g, T* dx,
                              int B, int Tn, int C, int K, int NA, int has_b, int scatter_x, int ce) {
+    __shared__ __align__(16) unsigned char glrb_smem[2 * GLRB_W * GLRB_NT * sizeof(T)];
     const long long i = gtid();
     if (i >= (long long)B * C) return;
     const int b = (int)(i / C), c = (int)(i % C);
     const long long row = (long long)b * Tn;
+    // The thread's two ring columns (g's, x̄'s): row p at rg[(p & (W − 1)) · NT].
+    T* rg = (T*)glrb_smem + threadIdx.x;
+    T* rx = rg + GLRB_W * GLRB_NT;
+    for (int p = 0; p < GLRB_W; ++p) rg[p * GLRB_NT] = rx[p * GLRB_NT] = (T)0;
     for (int t = 0; t < Tn; ++t) {
         const long long r = (row + t) * C + c;
         if (has_b) g[r] = dy[r];
         if (scatter_x) dx[r] = (T)0;
     }
+    // The global parts of token t (gf, xf), loaded one token ahead. g is written by this kernel:
+    // never read through the read-only path that dy may take.
+    const long long last = (row + Tn - 1) * C + c;
+    T gf = has_b ? g[last] : dy[last], xf = scatter_x ? dx[last] : (T)0;
     for (int t = Tn - 1; t >= 0; --t) {
         const long long bt = row + t;
-        // g is written by this kernel: never read through the read-only path that dy may take.
-        const T gt = has_b ? g[bt * C + c] : dy[bt * C + c];
+        const int rt = (t & (GLRB_W - 1)) * GLRB_NT;
+        T gt = gf;
+        if (has_b) {
+            gt += rg[rt];
+            rg[rt] = (T)0;
+            g[bt * C + c] = gt;
+        }
+        if (scatter_x) {
+            dx[bt * C + c] = xf + rx[rt];
+            rx[rt] = (T)0;
+        }
+        if (t > 0) {
+            // Final: far scatters into t − 1 come from tokens ≥ t − 1 + GLRB_W, all done.
+            gf = has_b ? g[(bt - 1) * C + c] : dy[(bt - 1) * C + c];
+            if (scatter_x) xf = dx[(bt - 1) * C + c];
+        }
         // Active taps are a prefix (f is increasing).
         for (int k0 = 0; k0 < K && off[k0] <= t; k0 += GLRB_BATCH) {
-            int d[GLRB_BATCH];
+            int d[GLRB_BATCH], df[GLRB_BATCH];
 #pragma unroll
             for (int u = 0; u < GLRB_BATCH; ++u) {
                 const int k = k0 + u;
                 d[u] = k < K && off[k] <= t ? glr_dep(t, (int)off[k], (int)stride[k], ce) : -1;
+                df[u] = d[u] >= 0 && d[u] < t - GLRB_W ? d[u] : -1;
             }
-            T w[GLRB_BATCH], v[GLRB_BATCH];
-            if (has_b) {
+            T wg[GLRB_BATCH], vg[GLRB_BATCH], wx[GLRB_BATCH], vx[GLRB_BATCH];
 #pragma unroll
-                for (int u = 0; u < GLRB_BATCH; ++u) {
-                    w[u] = d[u] >= 0 ? beta[(bt * K + k0 + u) * C + c] : (T)0;
-                    v[u] = d[u] >= 0 ? g[(row + d[u]) * C + c] : (T)0;
-                }
-                glrb_scatter(g, d, w, v, gt, row, C, c);
+            for (int u = 0; u < GLRB_BATCH; ++u) {
+                wg[u] = has_b && d[u] >= 0 ? beta[(bt * K + k0 + u) * C + c] : (T)0;
+                vg[u] = has_b && df[u] >= 0 ? g[(row + df[u]) * C + c] : (T)0;
+                wx[u] = scatter_x && d[u] >= 0 ? alpha[(bt * NA + k0 + u + 1) * C + c] : (T)0;
+                vx[u] = scatter_x && df[u] >= 0 ? dx[(row + df[u]) * C + c] : (T)0;
             }
-            if (scatter_x) {
+            // Near taps in the ring, in tap order (taps sharing a position add up in order).
 #pragma unroll
-                for (int u = 0; u < GLRB_BATCH; ++u) {
-                    w[u] = d[u] >= 0 ? alpha[(bt * NA + k0 + u + 1) * C + c] : (T)0;
-                    v[u] = d[u] >= 0 ? dx[(row + d[u]) * C + c] : (T)0;
-                }
-                glrb_scatter(dx, d, w, v, gt, row, C, c);
+            for (int u = 0; u < GLRB_BATCH; ++u) {
+                if (d[u] < 0 || df[u] >= 0) continue;
+                const int rd = (d[u] & (GLRB_W - 1)) * GLRB_NT;
+                if (has_b) rg[rd] += wg[u] * gt;
+                if (scatter_x) rx[rd] += wx[u] * gt;
             }
+            if (has_b) glrb_scatter(g, df, wg, vg, gt, row, C, c);
+            if (scatter_x) glrb_scatter(dx, df, wx, vx, gt, row, C, c);
         }
     }
 }

@@ -12,10 +12,12 @@
 //! - `glrb_reverse`, one thread per (batch, channel), runs tokens from `T − 1` down to 0: when
 //!   token `t` is reached its `g_t` is final, and the thread scatters `β_{t,k} g_t` into
 //!   `g_{d_k(t)}` and `α_{t,k+1} g_t` into the accumulator of `x̄_{d_k(t)}` — positions before `t`
-//!   of its own column, so a plain read-modify-write with no race, in the CPU's order (`t`
-//!   descending, `k` ascending). `g` is kept in global scratch `[B, T, C]`; the transposed
-//!   pattern is never built, so cache-efficient lattices and plugin patterns (the forward's
-//!   host-computed (offset, stride) table, [`super::fast::device_table`]) need nothing special.
+//!   of its own column, so a plain read-modify-write with no race, in a fixed order (`t`
+//!   descending, `k` ascending). Scatters to the last 32 positions go to a ring in shared memory
+//!   (the thread's own column), farther ones to global memory, their loads issued before the
+//!   near work; `g` is kept in global scratch `[B, T, C]`. The transposed pattern is never
+//!   built, so cache-efficient lattices and plugin patterns (the forward's host-computed
+//!   (offset, stride) table, [`super::fast::device_table`]) need nothing special.
 //!   Skipped when there is nothing to scatter (`on = a` without `d_x`).
 //! - `glrb_grads`, one thread per (batch, token, channel): `ᾱ`, `β̄`, `x̄` from `g`, `x` and `y`.
 //!
@@ -37,8 +39,9 @@ use crate::pool;
 use crate::runtime::{GpuReal, err, gpu, grid1, int, launch};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
-/// Threads per block of both launches. The reverse sweep has only `B·C` threads, each with a
-/// long sequential loop: small blocks spread them over every multiprocessor.
+/// Threads per block of both launches (`GLRB_NT`, the width of the reverse sweep's shared-memory
+/// rings). The reverse sweep has only `B·C` threads, each with a long sequential loop: small
+/// blocks spread them over every multiprocessor.
 const THREADS: u32 = 64;
 
 /// Checks that input `name` has shape `want`.
@@ -87,7 +90,9 @@ pub fn run<F: GpuReal>(
     let mut out = DeviceTensors::new();
     if n == 0 || !(want_x || want_a || want_b) {
         // No output (or nothing asked): every asked gradient is zero.
-        for (name, shape, w) in [("x", vec![b, t, c], want_x), ("alpha", a_shape, want_a), ("beta", b_shape.to_vec(), want_b)] {
+        for (name, shape, w) in
+            [("x", vec![b, t, c], want_x), ("alpha", a_shape, want_a), ("beta", b_shape.to_vec(), want_b)]
+        {
             if w {
                 out.insert(grad_name(name), F::wrap(DeviceTensor::<F>::zeros(&shape)?));
             }
@@ -103,14 +108,24 @@ pub fn run<F: GpuReal>(
     // y, read at the taps' positions by d_beta (the forward's own kernel, exact arithmetic).
     let y = if want_b {
         let y = super::fast::run::<F>(glr, x, Precision::Exact)?;
-        Some(F::unwrap(&y).cloned().ok_or_else(|| err(FAMILY, "internal: the forward returned another dtype"))?)
+        Some(
+            F::unwrap(&y)
+                .cloned()
+                .ok_or_else(|| err(FAMILY, "internal: the forward returned another dtype"))?,
+        )
     } else {
         None
     };
     let g = gpu()?;
-    let f = |name: &str| g.kernel(FAMILY, &kernels::GLR_BACKWARD, &[], &format!("{name}_{}", F::SUFFIX));
-    let (bi, ti, ci, ki, nai) =
-        (int(FAMILY, "B", b)?, int(FAMILY, "T", t)?, int(FAMILY, "C", c)?, int(FAMILY, "K", k)?, int(FAMILY, "K+1", na)?);
+    let opts = [format!("-DGLRB_NT={THREADS}")];
+    let f = |name: &str| g.kernel(FAMILY, &kernels::GLR_BACKWARD, &opts, &format!("{name}_{}", F::SUFFIX));
+    let (bi, ti, ci, ki, nai) = (
+        int(FAMILY, "B", b)?,
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "C", c)?,
+        int(FAMILY, "K", k)?,
+        int(FAMILY, "K+1", na)?,
+    );
     let cei = i32::from(glr.pattern().cache_efficient());
     let scatter_x = has_a && want_x;
     let (hai, hbi, sxi) = (i32::from(has_a), i32::from(has_b), i32::from(scatter_x));

@@ -421,10 +421,14 @@ fn glr_backward_bf16_activations() {
     let mut dev = mixer_cuda::DeviceTensors::new();
     dev.insert("x".into(), up_bf16(&x["x"]));
     for name in ["alpha", "beta"] {
-        dev.insert(name.into(), AnyDeviceTensor::F32(DeviceTensor::upload(&x[name].mapv(|v| v as f32)).unwrap()));
+        dev.insert(
+            name.into(),
+            AnyDeviceTensor::F32(DeviceTensor::upload(&x[name].mapv(|v| v as f32)).unwrap()),
+        );
     }
-    let got = mixer_cuda::glr::backward::run::<f32>(glr, &dev, &up_bf16(&dy), &Requires::All, Precision::Bf16)
-        .unwrap();
+    let got =
+        mixer_cuda::glr::backward::run::<f32>(glr, &dev, &up_bf16(&dy), &Requires::All, Precision::Bf16)
+            .unwrap();
     for (name, w) in &want {
         let AnyDeviceTensor::F32(g) = &got[name] else { panic!("{name}: not f32") };
         let e = rel(&g.to_host().unwrap().mapv(f64::from), w, 0.0);
@@ -473,16 +477,35 @@ fn glr_backward_timing() {
             let host = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 3).unwrap();
             let x: DeviceTensors = host
                 .iter()
-                .map(|(k, v)| (k.clone(), AnyDeviceTensor::F32(DeviceTensor::upload(&v.mapv(|e| e as f32)).unwrap())))
+                .map(|(k, v)| {
+                    (k.clone(), AnyDeviceTensor::F32(DeviceTensor::upload(&v.mapv(|e| e as f32)).unwrap()))
+                })
                 .collect();
-            let dy = AnyDeviceTensor::F32(DeviceTensor::upload(&cotangent(&[b, t, c], 4).mapv(|v| v as f32)).unwrap());
+            let dy = AnyDeviceTensor::F32(
+                DeviceTensor::upload(&cotangent(&[b, t, c], 4).mapv(|v| v as f32)).unwrap(),
+            );
             let fwd = median_ms(&mut || {
-                drop(mixer_cuda::device_run::run_device_with(m.as_ref(), Form::Fast, &x, Precision::Exact, false).unwrap())
+                drop(
+                    mixer_cuda::device_run::run_device_with(
+                        m.as_ref(),
+                        Form::Fast,
+                        &x,
+                        Precision::Exact,
+                        false,
+                    )
+                    .unwrap(),
+                )
             });
             let bwd = median_ms(&mut || {
-                drop(mixer_cuda::glr::backward::run::<f32>(glr, &x, &dy, &Requires::All, Precision::Exact).unwrap())
+                drop(
+                    mixer_cuda::glr::backward::run::<f32>(glr, &x, &dy, &Requires::All, Precision::Exact)
+                        .unwrap(),
+                )
             });
-            println!("TIMING glr {cfg} B={b} T={t} C={c} ms: fwd={fwd:.3} bwd={bwd:.3} ratio={:.2}", bwd / fwd);
+            println!(
+                "TIMING glr {cfg} B={b} T={t} C={c} ms: fwd={fwd:.3} bwd={bwd:.3} ratio={:.2}",
+                bwd / fwd
+            );
         }
     }
 }
