@@ -12,7 +12,7 @@
 //    every token that reads it (t' > t) has been processed, so g[t] is final, and the thread
 //    scatters β[t,k]·g[t] into g[d_k(t)] (and, for on = a | both, α[t,k+1]·g[t] into the
 //    accumulator of x̄[d_k(t)]). The scatter targets lie before t in the thread's own column: a
-//    plain read-modify-write by one thread, in the CPU's order (t descending, k ascending), so
+//    plain read-modify-write by one thread, in a fixed order (t descending, k ascending), so
 //    there is no race and the result is the same bits every run. Scatters to the last GLRB_W
 //    positions add into a ring in shared memory; farther ones are read-modify-writes of global
 //    memory, GLRB_BATCH taps at a time with all their loads in flight before the near work and

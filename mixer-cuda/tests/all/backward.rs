@@ -415,9 +415,8 @@ fn glr_backward_bf16_activations() {
         x.get_mut(name).unwrap().mapv_inplace(|v| f64::from(v as f32));
     }
     let want = grads(m.as_ref(), "cpu", &x, &dy, DType::F64);
-    let up_bf16 = |a: &ArrayD<f64>| {
-        AnyDeviceTensor::Bf16(DeviceTensor::upload(&a.mapv(|v| bf16::from_f64(v))).unwrap())
-    };
+    let up_bf16 =
+        |a: &ArrayD<f64>| AnyDeviceTensor::Bf16(DeviceTensor::upload(&a.mapv(bf16::from_f64)).unwrap());
     let mut dev = mixer_cuda::DeviceTensors::new();
     dev.insert("x".into(), up_bf16(&x["x"]));
     for name in ["alpha", "beta"] {
