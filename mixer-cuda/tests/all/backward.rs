@@ -282,7 +282,8 @@ fn backward_timing() {
 
 /// One small backward of each family on the CUDA backend alone (for compute-sanitizer's memcheck
 /// and racecheck: a window, head dims that are not multiples of 16, a partial last tile; two
-/// taps, a bias and kernels longer than T), checked against the CPU.
+/// taps, a bias and kernels longer than T; a GLR lattice with far taps and a partial block),
+/// checked against the CPU.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn backward_small_cases() {
@@ -302,6 +303,12 @@ fn backward_small_cases() {
     x.insert("bias".into(), cotangent(&[2, 40], 4));
     let dy = cotangent(&[2, 33, 6], 5);
     against_cpu(m.as_ref(), "toeplitz small", &x, &dy, &[]);
+    // The GLR: far taps beyond the reverse sweep's 32-row ring, positions shared by two taps
+    // (sq1's lattice), a channel count that is no multiple of a block.
+    let m =
+        mixer("glr", &serde_json::json!({"pattern": "sq1", "cache_efficient": true, "on": "both"})).unwrap();
+    let (x, dy) = glr_case(m.as_ref(), 2, 100, 70, 6);
+    against_cpu(m.as_ref(), "glr small", &x, &dy, &[]);
 }
 
 /// The GLR's inputs for `m` at (B, T, C), drawn by the mixer (β keeps the recurrence stable), and
