@@ -60,26 +60,6 @@ pub struct Args {
     final_state: bool,
 }
 
-/// The backward form: the requested one, else the forward form when it has a backward, else
-/// the best available (`fast`, then `materialized`).
-fn grad_form(m: &dyn mixer_core::Mixer, backend: &str, asked: Option<&str>, forward: Form) -> Result<Form> {
-    let avail = mixer_registry::backward::backward_forms(m, backend);
-    if let Some(f) = asked {
-        return f.parse();
-    }
-    if avail.contains(&forward) {
-        return Ok(forward);
-    }
-    [Form::Fast, Form::Materialized].into_iter().find(|f| avail.contains(f)).ok_or_else(|| {
-        Error::FormUnavailable {
-            mixer: m.name().into(),
-            form: "any (backward)".into(),
-            backend: backend.into(),
-            available: "no backward form".into(),
-        }
-    })
-}
-
 pub(crate) fn run(a: Args) -> Result<i32> {
     let (name, config) = super::mixer_spec(&a.mixer, a.config.as_deref())?;
     let cfg = super::parse_config(config)?;
@@ -96,7 +76,10 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     let inputs = mixers::io::read_npz(&a.inputs)?;
     let dy = a.grad.as_deref().map(mixers::io::read_npz).transpose()?;
     let gf = match &a.grad {
-        Some(_) => Some(grad_form(m.as_ref(), backend.name(), a.grad_form.as_deref(), form)?),
+        Some(_) => {
+            let asked = a.grad_form.as_deref().map(str::parse).transpose()?;
+            Some(mixer_registry::call::grad_form(m.as_ref(), backend.name(), asked, form)?)
+        }
         None => None,
     };
     let req = match &a.requires {
@@ -192,34 +175,16 @@ impl Job<'_> {
             return Err(mixer_core::state::no_state(m.name(), why));
         }
         let stateful = initial.is_some() || self.args.final_state || cu.is_some() && !names.is_empty();
-        let (y, fin) = match (&cu, stateful) {
-            (Some(cu), _) => mixer_registry::packed::run_packed(
-                m,
-                backend,
-                self.form,
-                &x,
-                cu,
-                initial.as_ref(),
-                stateful,
-                self.precision,
-            )?,
-            (None, true) => {
-                let (y, f) = mixer_registry::state::run_state(
-                    m,
-                    backend,
-                    self.form,
-                    &x,
-                    initial.as_ref(),
-                    self.precision,
-                )?;
-                (y, Some(f))
-            }
-            (None, false) => {
-                let y =
-                    mixer_registry::run::run_with(m, backend, self.form, &F::tag(x.clone()), self.precision)?;
-                (F::untag(y).ok_or_else(|| Error::Io("internal: the output changed dtype".into()))?, None)
-            }
-        };
+        let (y, fin) = mixer_registry::call::forward(
+            m,
+            backend,
+            self.form,
+            &x,
+            cu.as_deref(),
+            initial.as_ref(),
+            stateful,
+            self.precision,
+        )?;
         let single = names.len() == 1;
         let mut out = vec![("y".to_string(), F::tag_one(y))];
         if let Some(f) = fin {
@@ -234,41 +199,17 @@ impl Job<'_> {
                 return Err(Error::Io("the cotangent file needs an array `dy` (or a single array)".into()));
             }
         };
-        let (grads, d_init) = match (&cu, initial.is_some() || d_final.is_some()) {
-            (Some(cu), _) => mixer_registry::packed::backward_packed(
-                m,
-                backend,
-                gf,
-                &x,
-                cu,
-                initial.as_ref(),
-                &dy,
-                d_final.as_ref(),
-                self.requires,
-            )?,
-            (None, true) => mixer_registry::state::backward_state(
-                m,
-                backend,
-                gf,
-                &x,
-                initial.as_ref(),
-                &dy,
-                d_final.as_ref(),
-                self.requires,
-            )?,
-            (None, false) => {
-                let g = mixer_registry::backward::backward(
-                    m,
-                    backend.name(),
-                    gf,
-                    &F::tag(x),
-                    &F::tag_one(dy),
-                    self.requires,
-                )?;
-                out.extend(g);
-                return Ok(out);
-            }
-        };
+        let (grads, d_init) = mixer_registry::call::backward(
+            m,
+            backend,
+            gf,
+            &x,
+            cu.as_deref(),
+            initial.as_ref(),
+            &dy,
+            d_final.as_ref(),
+            self.requires,
+        )?;
         out.extend(grads.into_iter().map(|(k, v)| (k, F::tag_one(v))));
         out.extend(
             d_init.into_iter().map(|(n, a)| (state_key("d_initial_state", &n, single), F::tag_one(a))),

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::spec::Constraint;
-use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Result, Tensors};
+use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Requires, Result, Tensors};
 use mixer_registry::{Backend, DeviceForms};
 
 use crate::forms::{DeviceDecoder, DeviceFamily};
@@ -91,6 +91,105 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         }))
     }
 
+    fn backward(
+        &self,
+        m: &dyn Mixer,
+        inputs: &dyn Any,
+        dy: &dyn Any,
+        requires: &Requires,
+        precision: Precision,
+    ) -> Result<Box<dyn Any>> {
+        let inputs = inputs.downcast_ref::<DeviceTensors>().ok_or_else(|| {
+            err("tensor", "internal: the inputs of a cuda device backward are not mixer_cuda::DeviceTensors")
+        })?;
+        let dy = dy.downcast_ref::<AnyDeviceTensor>().ok_or_else(|| {
+            err("tensor", "internal: the dy of a cuda device backward is not a mixer_cuda::AnyDeviceTensor")
+        })?;
+        // The shapes, bounds and dtypes on the host, as for `run`; `dy` has the shape of y (of
+        // the mixed input) and the activations' dtype.
+        let spec = m.spec();
+        let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
+        let dims = spec.bind(&shapes)?;
+        spec.check_bounds(&dims, &m.bounds(&dims))?;
+        let double = check_dtypes(inputs, precision)?;
+        let given: Vec<String> = inputs.keys().cloned().collect();
+        mixer_registry::backward::check_requires(m, &given, requires)?;
+        let mixed = inputs.get(spec.mixed).map(|t| t.shape().to_vec()).unwrap_or_default();
+        if dy.shape() != mixed.as_slice() {
+            return Err(Error::shape(
+                "dy",
+                format!("{mixed:?} (the shape of y, i.e. of `{}`)", spec.mixed),
+                format!("{:?}", dy.shape()),
+            ));
+        }
+        let want = match precision {
+            Precision::Bf16 => "bf16",
+            _ if double => "f64",
+            _ => "f32",
+        };
+        if dy.dtype() != want {
+            return Err(Error::Value {
+                name: "dy".into(),
+                constraint: format!("a {want} device tensor (the dtype of y in the {precision} mode)"),
+                found: format!("a {} device tensor", dy.dtype()),
+            });
+        }
+        // The value checks of the inputs and of dy, on the device, reported with every gradient.
+        let mut checks = Vec::new();
+        for d in &spec.inputs {
+            let Some(t) = inputs.get(d.name) else { continue };
+            let (name, c) = (d.name.to_string(), d.constraint);
+            checks.push(check_any(t, constraint_code(c), move |i| Error::Value {
+                name: name.clone(),
+                constraint: c.describe().to_string(),
+                found: format!("a violation at flat index {i} (checked on the device)"),
+            })?);
+        }
+        checks.push(check_any(dy, 0, |i| Error::Value {
+            name: "dy".into(),
+            constraint: "values must be finite".into(),
+            found: format!("a violation at flat index {i} (checked on the device)"),
+        })?);
+        let grads = if double {
+            typed_backward::<f64, T>(m, inputs, dy, requires, precision)
+        } else {
+            typed_backward::<f32, T>(m, inputs, dy, requires, precision)
+        }?;
+        let out: DeviceTensors = grads
+            .into_iter()
+            .filter(|(k, _)| {
+                k.strip_prefix("d_").is_some_and(|n| requires.wants(n) && inputs.contains_key(n))
+            })
+            .map(|(k, v)| {
+                let v = match v {
+                    AnyDeviceTensor::F32(t) => AnyDeviceTensor::F32(t.with_checks(checks.iter().cloned())),
+                    AnyDeviceTensor::F64(t) => AnyDeviceTensor::F64(t.with_checks(checks.iter().cloned())),
+                    AnyDeviceTensor::Bf16(t) => AnyDeviceTensor::Bf16(t.with_checks(checks.iter().cloned())),
+                };
+                (k, v)
+            })
+            .collect();
+        for name in inputs.keys().filter(|n| requires.wants(n)) {
+            let g = out.get(&format!("d_{name}")).ok_or_else(|| {
+                err(
+                    m.family(),
+                    format!("the fast backward of `{}` returned no gradient for `{name}`", m.name()),
+                )
+            })?;
+            if g.shape() != inputs[name].shape() {
+                return Err(err(
+                    m.family(),
+                    format!(
+                        "internal: the fast backward returned d_{name} of shape {:?}, expected {:?}",
+                        g.shape(),
+                        inputs[name].shape()
+                    ),
+                ));
+            }
+        }
+        Ok(Box::new(out))
+    }
+
     fn decoder(&self, m: &dyn Mixer, statics: &AnyTensors, dims: &Dims) -> Result<Box<dyn Any>> {
         let d = match statics {
             AnyTensors::F64(s) => typed_decoder::<f64, T>(m, s, dims),
@@ -129,6 +228,18 @@ fn typed_run<F: GpuReal, T: DeviceFamily<F>>(
     };
     let f = f.ok_or_else(|| err(m.family(), format!("internal: no {form} device form")))?;
     f(mm, x, p)
+}
+
+fn typed_backward<F: GpuReal, T: DeviceFamily<F>>(
+    m: &dyn Mixer,
+    x: &DeviceTensors,
+    dy: &AnyDeviceTensor,
+    req: &Requires,
+    p: Precision,
+) -> Result<DeviceTensors> {
+    let mm = downcast::<T::Mixer>(m, "cuda")?;
+    let f = T::backward().ok_or_else(|| err(m.family(), "internal: no fast backward on device tensors"))?;
+    f(mm, x, dy, req, p)
 }
 
 fn typed_decoder<F: GpuReal, T: DeviceFamily<F>>(
@@ -244,6 +355,23 @@ pub fn run_device_with(
     checks: bool,
 ) -> Result<AnyDeviceTensor> {
     mixer_registry::run_device(m, &Backend::by_name("cuda")?, form, inputs, precision, checks)
+}
+
+/// The gradients of the `fast` form of `m` on device tensors: for the output cotangent `dy`
+/// (the shape of `y`; bf16 in the `bf16` mode, else the inputs' dtype), the vector–Jacobian
+/// products `d_<input>` of every given input `requires` asks for (the input's shape; `f32` in
+/// the `bf16` and `tf32` modes, `f64` for `f64` inputs). Returns at once; the gradients carry
+/// the deferred value checks of the inputs and of `dy`. The registry decides availability
+/// (`mixer_registry::backward_device`), as for [`run_device`]; the same inputs give the same
+/// bits.
+pub fn backward_device(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    dy: &AnyDeviceTensor,
+    requires: &Requires,
+    precision: Precision,
+) -> Result<DeviceTensors> {
+    mixer_registry::backward_device(m, &Backend::by_name("cuda")?, inputs, dy, requires, precision)
 }
 
 /// A decoder of `m` whose state stays on the device: its `step` takes one token's inputs as

@@ -117,6 +117,10 @@ pub const LOGLINEAR_STATE_PASS: KernelSource = kernel!("loglinear_state_pass", L
 /// The output step of the chunked form, every member (`kernels/loglinear_output.cu`).
 pub const LOGLINEAR_OUTPUT: KernelSource = kernel!("loglinear_output", LOGLINEAR_COMMON);
 
+/// The `fast` backward of the base mixers: the reversals and the decay gradient of linear attention
+/// and Mamba-2, gated DeltaNet's recurrent backward (`kernels/loglinear_backward.cu`).
+pub const LOGLINEAR_BACKWARD: KernelSource = kernel!("loglinear_backward");
+
 /// Device-tensor helpers: bf16 conversions and input value checks (`kernels/tensor.cu`).
 pub const TENSOR: KernelSource = kernel!("tensor");
 
@@ -136,6 +140,7 @@ pub const ALL: &[KernelSource] = &[
     LOGLINEAR_WY,
     LOGLINEAR_STATE_PASS,
     LOGLINEAR_OUTPUT,
+    LOGLINEAR_BACKWARD,
     TENSOR,
 ];
 

@@ -11,7 +11,8 @@
 //!   deferred device-side checks); [`pool`]: the caching allocator every buffer comes from.
 //! - [`forms`]: the device-tensor contract of the families ([`forms::DeviceFamily`],
 //!   [`DeviceDecoder`]) and the host-array forms built on it; [`device_run`]: the entry points
-//!   [`run_device`] and [`decoder_device`] for inputs that live on the GPU, and [`stream`].
+//!   [`run_device`], [`backward_device`] and [`decoder_device`] for inputs that live on the GPU,
+//!   and [`stream`].
 //! - [`timing`]: CUDA-event timing of forms and decode loops on device-resident inputs.
 //! - [`kernels`]: the table of every kernel source (`mixer-cuda/kernels/*.cu`).
 //! - [`nvrtc`]: one NVRTC compilation (NVRTC's CUBIN, which the runtime loads, and its PTX).
@@ -24,7 +25,7 @@
 //! | [`toeplitz`] | `fast` (cuFFT R2C/C2R, plans cached), `parallel` (direct), `recurrent` (online relaxed-FFT decoder, or naive; device state) | `toeplitz.cu` |
 //! | [`glr`] | `fast` (sparse recurrence, any pattern via a host table), `recurrent` (lattice cache on device) | `glr.cu` |
 //! | [`attention`] | `fast` (tiled online softmax, window; tensor cores in the `tf32`/`bf16` modes), `recurrent` (KV cache on device) | `attention.cu`, `attention_fused.cu` |
-//! | [`loglinear`] | `parallel` (generic quadratic, mask and λ device functions spliced in), `fast` (chunked, Fenwick structure), `recurrent` (device level states, Fenwick structure) | `loglinear_*.cu` |
+//! | [`loglinear`] | `parallel` (generic quadratic, mask and λ device functions spliced in), `fast` (chunked, Fenwick structure), `recurrent` (device level states, Fenwick structure); the `fast` backward of the base mixers | `loglinear_*.cu` |
 //!
 //! GPU tests live in `mixer-cuda/tests/all/`; they are `#[ignore]`d (so `cargo test` reports
 //! them as ignored, not passed) and run with `cargo test -p mixer-cuda -- --include-ignored`
@@ -63,7 +64,7 @@ pub mod tensor;
 pub mod timing;
 pub mod toeplitz;
 
-pub use device_run::{decoder_device, run_device, stream};
+pub use device_run::{backward_device, decoder_device, run_device, stream};
 pub use forms::DeviceDecoder;
 pub use tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 

@@ -52,8 +52,9 @@ fn unavailable(m: &dyn Mixer, form: Form, backend: &str) -> Error {
     }
 }
 
-/// Checks `requires` against the spec and the given inputs.
-fn check_requires(m: &dyn Mixer, given: &[String], requires: &Requires) -> Result<()> {
+/// Checks `requires` against the spec and the given inputs (by name): every required input is
+/// one of the mixer's and is given. Backends call it for their device tensors.
+pub fn check_requires(m: &dyn Mixer, given: &[String], requires: &Requires) -> Result<()> {
     let Requires::Only(set) = requires else { return Ok(()) };
     let spec = m.spec();
     for name in set {

@@ -12,12 +12,14 @@
 //! backend crates names a backend.
 //!
 //! `materialized` never runs on device tensors (it is the host `f64` oracle), and the
-//! recurrent form runs through [`decoder_device`], one token at a time.
+//! recurrent form runs through [`decoder_device`], one token at a time. Gradients on device
+//! tensors ([`backward_device`]) are the `fast` form's backward, available where the family's
+//! host implementation has it for the configuration ([`crate::backward::backward_forms`]).
 
 use std::any::Any;
 
 use mixer_core::mixer::Mixer;
-use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Result};
+use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Requires, Result};
 use serde::Serialize;
 
 use crate::backend::Backend;
@@ -43,6 +45,25 @@ pub trait DeviceForms: Send + Sync {
         precision: Precision,
         checks: bool,
     ) -> Result<Box<dyn Any>>;
+    /// The `fast` form's backward on device tensors: `inputs` as for `run`, `dy` the backend's
+    /// tensor of the output's cotangent; returns the backend's map of the gradients `d_<input>`
+    /// (every given input `requires` asks for), without waiting for the device. Called only where
+    /// the registry found the backward available; a backend without one keeps this default,
+    /// which says so.
+    fn backward(
+        &self,
+        m: &dyn Mixer,
+        _inputs: &dyn Any,
+        _dy: &dyn Any,
+        _requires: &Requires,
+        _precision: Precision,
+    ) -> Result<Box<dyn Any>> {
+        Err(Error::Backend {
+            backend: "device".into(),
+            family: Some(m.family().into()),
+            message: "internal: these device forms have no backward".into(),
+        })
+    }
     /// A decoder whose state stays on the device, from the static inputs (host arrays) and the
     /// bound sizes.
     fn decoder(&self, m: &dyn Mixer, statics: &AnyTensors, dims: &Dims) -> Result<Box<dyn Any>>;
@@ -216,6 +237,75 @@ pub fn run_device<T: Any>(
     unbox(m, backend, y)
 }
 
+/// Why `backend` has no `fast` backward on device tensors for `m`, or `None`: the mixer's
+/// restriction of the form, then the family's host backward and its restriction (the device
+/// backward is built on the same contract), then the device forms.
+fn backward_why_not(m: &dyn Mixer, backend: &Backend) -> Result<Option<String>> {
+    let form = Form::Fast;
+    if let Some(why) = host_why_not(m, backend, form) {
+        return Ok(Some(why));
+    }
+    let Some(entry) = backend.family(m.family()) else {
+        return Ok(Some(format!("backend `{}` has no `{}` family", backend.name(), m.family())));
+    };
+    if !entry.f64.implements_backward(form) {
+        return Ok(Some(format!(
+            "backend `{}` has no fast backward for the `{}` family",
+            backend.name(),
+            m.family()
+        )));
+    }
+    if let Some(why) = entry.f64.backward_unsupported(m, backend.name(), form)? {
+        return Ok(Some(why));
+    }
+    Ok(match entry.device {
+        None => Some(format!(
+            "backend `{}` has no device-tensor forms for the `{}` family (only host arrays)",
+            backend.name(),
+            m.family()
+        )),
+        Some(_) => None,
+    })
+}
+
+/// The gradients of `m`'s `fast` form on `backend`'s device tensors: `inputs` the backend's
+/// input map, `dy` its tensor of the output's cotangent (the shape of `y`), `requires` the
+/// inputs whose gradients are wanted, in a precision mode; `T` is the backend's map of gradient
+/// tensors (`d_<input>`). Returns without waiting for the device. The registry decides
+/// availability and builds the error, as for [`crate::backward::backward`]; the backend checks
+/// the tensors.
+pub fn backward_device<T: Any>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    inputs: &dyn Any,
+    dy: &dyn Any,
+    requires: &Requires,
+    precision: Precision,
+) -> Result<T> {
+    if let Some(why) = backward_why_not(m, backend)? {
+        let list = crate::backward::backward_forms(m, backend.name())
+            .into_iter()
+            .filter(|&f| f == Form::Fast)
+            .map(|f| f.name())
+            .collect::<Vec<_>>();
+        return Err(Error::FormUnavailable {
+            mixer: m.name().to_string(),
+            form: "fast (backward)".into(),
+            backend: device_name(backend),
+            available: format!(
+                "{} ({why})",
+                if list.is_empty() { "no backward form".to_string() } else { list.join(", ") }
+            ),
+        });
+    }
+    let d = backend
+        .family(m.family())
+        .and_then(|e| e.device)
+        .ok_or_else(|| internal(m, backend, "the family entry disappeared"))?;
+    let g = d.backward(m, inputs, dy, requires, precision)?;
+    unbox(m, backend, g)
+}
+
 /// The launch plan of `form` of `m` on `backend`'s device tensors at the sizes `dims`, for
 /// inputs of `dtype` in `precision` ([`DeviceForms::plan`]); `None` where the family reports
 /// none.
@@ -257,19 +347,44 @@ mod tests {
     use std::any::Any;
 
     use mixer_core::mixers::loglinear::LogLinear;
-    use mixer_core::{AnyTensors, Dims, Form, Precision, Result, Tensors};
+    use mixer_core::{AnyTensors, Dims, Form, Precision, Requires, Result, Tensors};
     use ndarray::ArrayD;
 
-    use super::{DeviceForms, decoder_device, device_forms, run_device};
-    use crate::{Availability, Backend, BackendEntry, Family, FamilyEntry, FormFn, register};
+    use super::{DeviceForms, backward_device, decoder_device, device_forms, run_device};
+    use crate::{Availability, Backend, BackendEntry, BackwardFn, Family, FamilyEntry, FormFn, register};
 
     /// A host form that is never run here (the device tests only ask whether it exists).
     fn host_fast<F: mixer_core::Real>(_: &LogLinear, _: &Tensors<F>) -> Result<ArrayD<F>> {
         unreachable!("the device tests never run a host form")
     }
 
+    /// A host backward that is never run here (the device tests only ask whether it exists).
+    fn host_backward<F: mixer_core::Real>(
+        _: &LogLinear,
+        _: &Tensors<F>,
+        _: &ArrayD<F>,
+        _: &Requires,
+    ) -> Result<Tensors<F>> {
+        unreachable!("the device tests never run a host backward")
+    }
+
     struct HostFast;
     impl<F: mixer_core::Real> Family<F> for HostFast {
+        type Mixer = LogLinear;
+        fn fast(&self) -> Option<FormFn<LogLinear, F>> {
+            Some(host_fast::<F>)
+        }
+        fn backward(&self, form: Form) -> Option<BackwardFn<LogLinear, F>> {
+            (form == Form::Fast).then_some(host_backward::<F>)
+        }
+        fn backward_unsupported(&self, m: &LogLinear, _: Form) -> Option<String> {
+            m.lift.is_some().then(|| "no lifted backward here".to_string())
+        }
+    }
+
+    /// A host family with a forward and no backward.
+    struct HostForwardOnly;
+    impl<F: mixer_core::Real> Family<F> for HostForwardOnly {
         type Mixer = LogLinear;
         fn fast(&self) -> Option<FormFn<LogLinear, F>> {
             Some(host_fast::<F>)
@@ -294,6 +409,18 @@ mod tests {
         ) -> Result<Box<dyn Any>> {
             let x = x.downcast_ref::<FakeInputs>().expect("the fake backend's own inputs");
             Ok(Box::new(format!("{} inputs, {p}, checks {checks}", x.0.len())))
+        }
+        fn backward(
+            &self,
+            _: &dyn Mixer,
+            x: &dyn Any,
+            dy: &dyn Any,
+            req: &Requires,
+            p: Precision,
+        ) -> Result<Box<dyn Any>> {
+            let x = x.downcast_ref::<FakeInputs>().expect("the fake backend's own inputs");
+            let dy = dy.downcast_ref::<&str>().expect("the fake backend's own dy");
+            Ok(Box::new(format!("backward of {} inputs, dy {dy}, {req:?}, {p}", x.0.len())))
         }
         fn decoder(&self, _: &dyn Mixer, _: &AnyTensors, _: &Dims) -> Result<Box<dyn Any>> {
             unreachable!("not implemented, so never called")
@@ -329,6 +456,23 @@ mod tests {
         backend: "test-device",
         f64: &HostFast,
         f32: &HostFast,
+        device: Some(&FakeDevice),
+    };
+    #[register]
+    static FAKE_NO_BACKWARD: BackendEntry = BackendEntry {
+        name: "test-device-no-backward",
+        doc: "fake device without a backward",
+        priority: -100,
+        probe: unavailable,
+        timer: None,
+        concurrent: false,
+    };
+    #[register]
+    static FAKE_NO_BACKWARD_LOGLINEAR: FamilyEntry = FamilyEntry {
+        family: "loglinear",
+        backend: "test-device-no-backward",
+        f64: &HostForwardOnly,
+        f32: &HostForwardOnly,
         device: Some(&FakeDevice),
     };
     #[register]
@@ -375,6 +519,41 @@ mod tests {
         // The backend's output is not the type the caller asked for: an internal error, no panic.
         let wrong = run_device::<u8>(m.as_ref(), &b, Form::Fast, &x, Precision::Exact, true).unwrap_err();
         assert!(wrong.to_string().contains("another type than u8"), "{wrong}");
+    }
+
+    #[test]
+    fn the_device_backward_is_dispatched_where_the_family_has_a_fast_backward() {
+        let (m, b) = (mamba2(), Backend::registered("test-device").unwrap());
+        let g: String = backward_device(
+            m.as_ref(),
+            &b,
+            &FakeInputs(vec!["q", "k", "v"]),
+            &"dy",
+            &Requires::All,
+            Precision::Bf16,
+        )
+        .unwrap();
+        assert_eq!(g, "backward of 3 inputs, dy dy, All, bf16");
+        // The family's restriction of the configuration: refused with its reason.
+        let lifted = crate::mixer("loglinear-mamba2", &serde_json::json!({})).unwrap();
+        let x = FakeInputs(vec![]);
+        let e = backward_device::<String>(lifted.as_ref(), &b, &x, &"dy", &Requires::All, Precision::Exact)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("fast (backward)") && e.contains("no lifted backward here"), "{e}");
+        assert!(e.contains("test-device (device tensors)"), "{e}");
+        // No host backward: no device backward.
+        let nb = Backend::registered("test-device-no-backward").unwrap();
+        let e = backward_device::<String>(m.as_ref(), &nb, &x, &"dy", &Requires::All, Precision::Exact)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("has no fast backward for the `loglinear` family"), "{e}");
+        // No device forms at all.
+        let host = Backend::registered("test-host-only").unwrap();
+        let e = backward_device::<String>(m.as_ref(), &host, &x, &"dy", &Requires::All, Precision::Exact)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no device-tensor forms"), "{e}");
     }
 
     #[test]

@@ -17,13 +17,14 @@
 //!
 //! Also here: lookup by name with "did you mean" errors ([`lookup`]), run-time backend
 //! selection ([`Backend::auto`]), running a form with validation ([`run::run`]), its gradient
-//! ([`backward::backward`]), the
+//! ([`backward::backward`]), one call with a state or a packed batch ([`call`]), the
 //! cross-check harness ([`harness::check`]) and the backend test suite every registered
 //! backend and mixer gets ([`suite`]).
 
 pub mod backend;
 pub mod backward;
 mod builtins;
+pub mod call;
 pub mod device;
 pub mod entries;
 pub mod family;
@@ -43,8 +44,8 @@ pub use mixer_registry_macros::register;
 
 pub use backend::{Backend, backends_status};
 pub use device::{
-    DeviceForms, DeviceTimer, DeviceTiming, decoder_device, device_available, device_forms, device_plan,
-    run_device,
+    DeviceForms, DeviceTimer, DeviceTiming, backward_device, decoder_device, device_available, device_forms,
+    device_plan, run_device,
 };
 pub use entries::*;
 pub use family::{

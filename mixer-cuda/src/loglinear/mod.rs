@@ -14,6 +14,9 @@
 //!   sequential state pass ([`state_pass`], one rule for its variant); then the outputs
 //!   ([`output`]); where the pass's states do not fit in shared memory, one block per head
 //!   ([`sequential`]);
+//! - the `fast` backward ([`backward`]): linear attention and Mamba-2 by transposed runs of the
+//!   `fast` form on reversed sequences, gated DeltaNet by a recurrent backward kernel with
+//!   checkpoints (`loglinear_backward.cu`); the lifts' is not on CUDA yet;
 //! - `recurrent` ([`decoder`]): O(log T) device-resident level states per head (§2.5), one
 //!   kernel launch per token, a warp per (batch·head, state row).
 //!
@@ -31,6 +34,7 @@
 //! spliced into the generic kernel `kernels/loglinear_parallel.cu` and compiled by NVRTC (one
 //! module per (mask, scheme) pair, cached), so a plugin mask or scheme needs no kernel of its own.
 
+pub mod backward;
 pub mod common;
 pub mod decoder;
 pub mod fast;
@@ -49,7 +53,7 @@ pub use state_pass::StatePass;
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Dims, Form, Precision, Result};
 
-use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateFn};
+use crate::forms::{DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateFn};
 use crate::runtime::GpuReal;
 use mixer_core::mixers::loglinear_state::STATE;
 
@@ -82,6 +86,12 @@ impl<F: GpuReal> DeviceFamily<F> for LogLinearCuda {
     }
     fn fast() -> Option<DeviceFormFn<LogLinear>> {
         Some(fast::run::<F>)
+    }
+    fn backward() -> Option<DeviceBackwardFn<LogLinear>> {
+        Some(backward::run::<F>)
+    }
+    fn backward_unsupported(m: &LogLinear) -> Option<String> {
+        backward::unsupported(m)
     }
     fn fast_from_state() -> Option<DeviceStateFn<LogLinear>> {
         Some(|m, x, s0, p| {

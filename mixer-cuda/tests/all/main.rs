@@ -11,6 +11,7 @@ mod device;
 mod errors_and_scale;
 mod glr;
 mod loglinear;
+mod loglinear_backward;
 mod runtime;
 mod suite;
 mod toeplitz;

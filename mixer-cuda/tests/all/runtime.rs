@@ -25,6 +25,14 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
     let extra: Vec<String> = ["-DATT_WGMMA=1", "-DATT_WM=1", "-DATT_WARPS=8"].map(String::from).to_vec();
     let n = compile_only_with("attention_fused", &src, "sm_90a", &extra).unwrap_or_else(|e| panic!("{e}"));
     assert!(n > 100, "attention_fused {extra:?}: PTX of {n} bytes");
+    // The base mixers' backward with a row's Dk entries 1 to 5 to a lane (Dk up to 160).
+    let bwd = mixer_cuda::kernels::LOGLINEAR_BACKWARD.full();
+    for kpl in 1..=5 {
+        let extra = [format!("-DLLB_KPL={kpl}")];
+        let n =
+            compile_only_with("loglinear_backward", &bwd, "sm_90", &extra).unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 100, "loglinear_backward {extra:?}: PTX of {n} bytes");
+    }
     // Gated DeltaNet's state passes as the host compiles them: head dims fixed, warps per block
     // and buffers of the register-state passes (tf32 and bf16), k's bits taken as they are in the
     // bf16 mode, the shared-memory pass with the lift's levels `lg` at a time; and the WY/UT step

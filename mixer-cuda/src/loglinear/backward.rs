@@ -1,0 +1,526 @@
+//! The `fast` backward of the base mixers on CUDA (docs/math.md §2.7, docs/gradients.md "GPU"):
+//! the vector–Jacobian products `d_q`, `d_k`, `d_v`, `d_g`, `d_beta` for a cotangent `dy`,
+//! kernels in `kernels/loglinear_backward.cu`. The lifts are refused ([`unsupported`]).
+//!
+//! **Linear attention and Mamba-2, by transposed operators.** Per (batch, head), with
+//! `G_t = Σ_{r≤t} g_r` and `y_t = σ Σ_{s≤t} e^{G_t−G_s} (q_t·k_s) v_s`:
+//! - `dq_t = σ Σ_{s≤t} e^{G_t−G_s} (dy_t·v_s) k_s` — the forward with `(q, k, v) ← (dy, v, k)`;
+//! - `dv_s = σ Σ_{t≥s} e^{G_t−G_s} (k_s·q_t) dy_t` and `dk_s = σ Σ_{t≥s} e^{G_t−G_s} (v_s·dy_t) q_t`
+//!   — anti-causal, so the forward on time-reversed sequences (`t' = T−1−t`) with the reversed
+//!   log-decays `g'_0 = 0`, `g'_j = g_{T−j}`: `dv = rev(fwd(rev k, rev q, rev dy, g'))`,
+//!   `dk = rev(fwd(rev v, rev dy, rev q, g'))`;
+//! - `dG_t = q_t·dq_t − k_t·dk_t`, `dg_i = Σ_{t≥i} dG_t` (f64 dots and sums).
+//!
+//! The forward is this backend's `fast` form ([`super::fast::run`]), in the call's mode (exact or
+//! tf32; the bf16 mode converts the activations and `dy` to f32 and runs the tf32 kernels). The
+//! recipe ([`transposed`]) is written once over [`Transposes`]; the tests run it on the CPU too.
+//!
+//! **Gated DeltaNet, the recurrent backward.** Each state row `i` follows
+//! `s_t = e^{g_t} s_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t[i] k_tᵀ`, `y_t[i] = σ s_t·q_t`; the reverse
+//! recurrence of its cotangent is in the kernel file and docs/math.md §2.7. `llb_delta_ckpt` stores
+//! every row's state at chunk boundaries (every `C` tokens), `llb_delta_bwd` recomputes each
+//! chunk's states into shared memory and runs the reverse recurrence (one warp per row, `W` rows
+//! per block), writing per-row-block partial sums of `dq`, `dk`, `dβ`, `dg`, which
+//! `llb_delta_reduce` adds in order. Exact in f32 and f64; the tf32 and bf16 modes compute it in
+//! f32. Scratch: `B·H·⌈T/C⌉·Dv·Dk` checkpoint values and `2·⌈Dv/W⌉·B·H·T·(Dk+1)` partials.
+
+use std::marker::PhantomData;
+
+use mixer_core::mixers::loglinear::{Base, LogLinear};
+use mixer_core::{Error, Precision, Requires, Result, grad_name};
+
+use super::common::FAMILY;
+use super::fast;
+use crate::forms::input;
+use crate::kernels;
+use crate::pool;
+use crate::runtime::{GpuReal, err, gpu, grid1, int, launch, max_dynamic_smem, opt_in};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
+
+/// Rows (warps) per block of the delta-rule backward.
+const ROWS: usize = 8;
+/// Checkpoint interval at most.
+const MAX_CHUNK: usize = 64;
+/// Shared memory the delta-rule backward aims for per block (two blocks per SM on sm_90).
+const SMEM_TARGET: usize = 96 << 10;
+/// Most scratch bytes the delta-rule backward allocates.
+const MAX_SCRATCH: usize = 24 << 30;
+
+/// Why the `fast` backward of `ll` does not run on CUDA, or `None`.
+pub fn unsupported(ll: &LogLinear) -> Option<String> {
+    ll.lift.is_some().then(|| "the lifted backward is not on CUDA yet (the CPU backend has it)".to_string())
+}
+
+/// The `fast` backward on device tensors: `d_<input>` for every given input `req` asks for
+/// (shapes of the inputs, `F`; f32 in the bf16 mode). See the module documentation.
+pub fn run<F: GpuReal>(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    dy: &AnyDeviceTensor,
+    req: &Requires,
+    p: Precision,
+) -> Result<DeviceTensors> {
+    if let Some(why) = unsupported(ll) {
+        return Err(err(FAMILY, why));
+    }
+    let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
+    let dy_map: DeviceTensors = [("dy".to_string(), dy.clone())].into_iter().collect();
+    let dy = input::<F>(&dy_map, "dy")?;
+    let &[b, t, h, dk] = q.shape() else {
+        return Err(Error::shape("q", "[B, T, H, Dk]", format!("{:?}", q.shape())));
+    };
+    let dv = v.shape().get(3).copied().unwrap_or(0);
+    for (name, got, want) in
+        [("k", k.shape(), [b, t, h, dk]), ("v", v.shape(), [b, t, h, dv]), ("dy", dy.shape(), [b, t, h, dv])]
+    {
+        if got != want {
+            return Err(Error::shape(name, format!("{want:?}"), format!("{got:?}")));
+        }
+    }
+    let g = if ll.base.has_decay() { Some(input::<F>(x, "g")?) } else { None };
+    let beta = if ll.base.has_beta() { Some(input::<F>(x, "beta")?) } else { None };
+    for (name, a) in [("g", &g), ("beta", &beta)] {
+        if let Some(a) = a
+            && a.shape() != [b, t, h]
+        {
+            return Err(Error::shape(name, format!("{:?}", [b, t, h]), format!("{:?}", a.shape())));
+        }
+    }
+    let wants = |n: &str| req.wants(n) && x.contains_key(n);
+    let mut out = DeviceTensors::new();
+    let mut put = |name: &str, a: DeviceTensor<F>| {
+        if wants(name) {
+            out.insert(grad_name(name), F::wrap(a));
+        }
+    };
+    if b * t * h * dk * dv == 0 {
+        // y is identically zero (or empty): every gradient is zero.
+        put("q", DeviceTensor::zeros(q.shape())?);
+        put("k", DeviceTensor::zeros(k.shape())?);
+        put("v", DeviceTensor::zeros(v.shape())?);
+        if ll.base.has_decay() {
+            put("g", DeviceTensor::zeros(&[b, t, h])?);
+        }
+        if ll.base.has_beta() {
+            put("beta", DeviceTensor::zeros(&[b, t, h])?);
+        }
+        return Ok(out);
+    }
+    match ll.base {
+        Base::LinearAttention | Base::Mamba2 => {
+            // The forward runs on f32 activations in the bf16 mode: its tf32 kernels.
+            let fp = if p == Precision::Bf16 { Precision::Tf32 } else { p };
+            let ops = OnDevice::<F> { ll, p: fp, _f: PhantomData };
+            let want = Wants { q: wants("q"), k: wants("k"), v: wants("v"), g: g.is_some() && wants("g") };
+            let r = transposed(&ops, &q, &k, &v, g.as_deref(), &dy, want)?;
+            for (name, a) in [("q", r.dq), ("k", r.dk), ("v", r.dv), ("g", r.dg)] {
+                if let Some(a) = a {
+                    put(name, a);
+                }
+            }
+        }
+        Base::GatedDeltaNet => {
+            let (Some(g), Some(beta)) = (g.as_deref(), beta.as_deref()) else {
+                return Err(err(FAMILY, "gated DeltaNet needs `g` and `beta`"));
+            };
+            let [dq, dkk, dvv, db, dg] = delta(ll, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv])?;
+            put("q", dq);
+            put("k", dkk);
+            put("v", dvv);
+            put("beta", db);
+            put("g", dg);
+        }
+    }
+    Ok(out)
+}
+
+/// Which gradients the transposed-operator backward must produce.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Wants {
+    pub q: bool,
+    pub k: bool,
+    pub v: bool,
+    /// `d_g` (only with a decay).
+    pub g: bool,
+}
+
+/// The gradients the transposed-operator backward produced (`None`: not wanted).
+pub(crate) struct Transposed<T> {
+    pub dq: Option<T>,
+    pub dk: Option<T>,
+    pub dv: Option<T>,
+    pub dg: Option<T>,
+}
+
+/// The operations [`transposed`] is written in: sequences `[B, T, H, D]`, decays `[B, T, H]`.
+pub(crate) trait Transposes {
+    /// A tensor.
+    type T;
+    /// `out[b, t] = x[b, T−1−t]`.
+    fn reverse(&self, x: &Self::T) -> Result<Self::T>;
+    /// The reversed log-decays: `g'[b, 0] = 0`, `g'[b, j] = g[b, T−j]` (j ≥ 1).
+    fn reverse_decay(&self, g: &Self::T) -> Result<Self::T>;
+    /// The base mixer's forward `y_t = σ Σ_{s≤t} e^{G_t−G_s} (q_t·k_s) v_s` (no decay: `G = 0`).
+    fn forward(&self, q: &Self::T, k: &Self::T, v: &Self::T, g: Option<&Self::T>) -> Result<Self::T>;
+    /// `dg_i = Σ_{t≥i} (q_t·dq_t − k_t·dk_t)`.
+    fn decay_grad(&self, q: &Self::T, dq: &Self::T, k: &Self::T, dk: &Self::T) -> Result<Self::T>;
+}
+
+/// The VJP of linear attention (`g = None`) or Mamba-2 by transposed operators (module
+/// documentation): one forward for `dq`, one reversed forward each for `dv` and `dk`, then `dg`.
+pub(crate) fn transposed<O: Transposes>(
+    o: &O,
+    q: &O::T,
+    k: &O::T,
+    v: &O::T,
+    g: Option<&O::T>,
+    dy: &O::T,
+    want: Wants,
+) -> Result<Transposed<O::T>> {
+    let need_q = want.q || want.g;
+    let need_k = want.k || want.g;
+    let dq = if need_q { Some(o.forward(dy, v, k, g)?) } else { None };
+    let (mut dk, mut dv) = (None, None);
+    if need_k || want.v {
+        let gr = g.map(|g| o.reverse_decay(g)).transpose()?;
+        let (rq, rdy) = (o.reverse(q)?, o.reverse(dy)?);
+        if want.v {
+            let rk = o.reverse(k)?;
+            dv = Some(o.reverse(&o.forward(&rk, &rq, &rdy, gr.as_ref())?)?);
+        }
+        if need_k {
+            let rv = o.reverse(v)?;
+            dk = Some(o.reverse(&o.forward(&rv, &rdy, &rq, gr.as_ref())?)?);
+        }
+    }
+    let dg = match (want.g, &dq, &dk) {
+        (true, Some(dq), Some(dk)) => Some(o.decay_grad(q, dq, k, dk)?),
+        _ => None,
+    };
+    Ok(Transposed { dq: if want.q { dq } else { None }, dk: if want.k { dk } else { None }, dv, dg })
+}
+
+/// [`Transposes`] on device tensors: the `kernels/loglinear_backward.cu` reversals and `llb_dg`,
+/// and this backend's `fast` forward in mode `p`.
+struct OnDevice<'a, F> {
+    ll: &'a LogLinear,
+    p: Precision,
+    _f: PhantomData<F>,
+}
+
+/// `[B, T, H, D]` of a sequence tensor (`D = 1` for `[B, T, H]`).
+fn bthd(s: &[usize]) -> Result<[i32; 4]> {
+    let d = s.get(3).copied().unwrap_or(1);
+    match s {
+        [b, t, h, ..] => {
+            Ok([int(FAMILY, "B", *b)?, int(FAMILY, "T", *t)?, int(FAMILY, "H", *h)?, int(FAMILY, "D", d)?])
+        }
+        _ => Err(err(FAMILY, format!("internal: a sequence tensor of shape {s:?}"))),
+    }
+}
+
+impl<F: GpuReal> Transposes for OnDevice<'_, F> {
+    type T = DeviceTensor<F>;
+
+    fn reverse(&self, x: &DeviceTensor<F>) -> Result<DeviceTensor<F>> {
+        let [b, t, h, d] = bthd(x.shape())?;
+        let mut out = pool::take::<F>(FAMILY, x.len())?;
+        let g = gpu()?;
+        let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_reverse_{}", F::SUFFIX))?;
+        let xv = x.view();
+        launch!(g, FAMILY, f, grid1(x.len().min(1 << 20), 256); &xv, &mut *out, &b, &t, &h, &d)?;
+        DeviceTensor::from_pooled(out, x.shape())
+    }
+
+    fn reverse_decay(&self, gt: &DeviceTensor<F>) -> Result<DeviceTensor<F>> {
+        let [b, t, h, _] = bthd(gt.shape())?;
+        let mut out = pool::take::<F>(FAMILY, gt.len())?;
+        let g = gpu()?;
+        let f =
+            g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_reverse_g_{}", F::SUFFIX))?;
+        let gv = gt.view();
+        launch!(g, FAMILY, f, grid1(gt.len().min(1 << 20), 256); &gv, &mut *out, &b, &t, &h)?;
+        DeviceTensor::from_pooled(out, gt.shape())
+    }
+
+    fn forward(
+        &self,
+        q: &DeviceTensor<F>,
+        k: &DeviceTensor<F>,
+        v: &DeviceTensor<F>,
+        g: Option<&DeviceTensor<F>>,
+    ) -> Result<DeviceTensor<F>> {
+        let mut x: DeviceTensors = [("q", q), ("k", k), ("v", v)]
+            .into_iter()
+            .map(|(n, a)| (n.to_string(), F::wrap(a.clone())))
+            .collect();
+        if let Some(g) = g {
+            x.insert("g".into(), F::wrap(g.clone()));
+        }
+        let y = fast::run::<F>(self.ll, &x, self.p)?;
+        F::unwrap(&y).cloned().ok_or_else(|| {
+            err(
+                FAMILY,
+                format!("internal: the forward returned {} where {} was expected", y.dtype(), F::ELEM),
+            )
+        })
+    }
+
+    fn decay_grad(
+        &self,
+        q: &DeviceTensor<F>,
+        dq: &DeviceTensor<F>,
+        k: &DeviceTensor<F>,
+        dk: &DeviceTensor<F>,
+    ) -> Result<DeviceTensor<F>> {
+        let [b, t, h, d] = bthd(q.shape())?;
+        let n = q.shape()[..3].iter().product::<usize>();
+        let mut out = pool::take::<F>(FAMILY, n)?;
+        let g = gpu()?;
+        let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_dg_{}", F::SUFFIX))?;
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: ((b * h) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let (qv, dqv, kv, dkv) = (q.view(), dq.view(), k.view(), dk.view());
+        launch!(g, FAMILY, f, cfg; &qv, &dqv, &kv, &dkv, &mut *out, &t, &h, &d)?;
+        DeviceTensor::from_pooled(out, &q.shape()[..3])
+    }
+}
+
+/// The delta-rule backward's launch geometry for `[B, T, H, Dk, Dv]` in `F` of `bytes` bytes:
+/// `(rows per block, checkpoint interval C, shared bytes)`, or an error where one token's buffers
+/// do not fit in shared memory.
+pub(crate) fn delta_geometry(
+    dk: usize,
+    dv: usize,
+    t: usize,
+    bytes: usize,
+    smem_max: usize,
+) -> Result<(usize, usize, usize)> {
+    let w = ROWS.min(dv).max(1);
+    let per_token = w * (2 * dk + 2) * bytes;
+    let fit = |budget: usize| (budget / per_token).min(MAX_CHUNK).min(t.max(1));
+    let c = match fit(SMEM_TARGET.min(smem_max)) {
+        0 => fit(smem_max),
+        c => c,
+    };
+    if c == 0 {
+        return Err(err(
+            FAMILY,
+            format!(
+                "gated DeltaNet's CUDA backward needs {per_token} bytes of shared memory per token (Dk = {dk}); \
+                 the device allows {smem_max}"
+            ),
+        ));
+    }
+    Ok((w, c, c * per_token))
+}
+
+/// Gated DeltaNet's recurrent backward: `[dq, dk, dv, dβ, dg]` from `[q, k, v, g, β, dy]`.
+fn delta<F: GpuReal>(
+    ll: &LogLinear,
+    [q, k, v, gt, beta, dy]: [&DeviceTensor<F>; 6],
+    [b, t, h, dk, dv]: [usize; 5],
+) -> Result<[DeviceTensor<F>; 5]> {
+    let sz = std::mem::size_of::<F>();
+    let (w, c, smem) = delta_geometry(dk, dv, t, sz, max_dynamic_smem())?;
+    let (bh, nc, nrb) = (b * h, t.div_ceil(c), dv.div_ceil(w));
+    let ckpt_n = bh * nc * dv * dk;
+    let part_n = nrb * bh * t;
+    let scratch = (ckpt_n + 2 * part_n * (dk + 1)) * sz;
+    if scratch > MAX_SCRATCH {
+        return Err(err(
+            FAMILY,
+            format!(
+                "gated DeltaNet's CUDA backward needs {scratch} bytes of scratch (B·H = {bh}, T = {t}, Dk = {dk}, \
+                 Dv = {dv}); at most {MAX_SCRATCH} are allocated: split the batch"
+            ),
+        ));
+    }
+    if nrb > 65535 {
+        return Err(err(FAMILY, format!("Dv = {dv} gives {nrb} row blocks; at most 65535")));
+    }
+    let kpl = dk.div_ceil(32).max(1);
+    let defs = [format!("-DLLB_KPL={kpl}")];
+    let g = gpu()?;
+    let (ti, hi, dki, dvi, ci, nci, bi, nrbi) = (
+        int(FAMILY, "T", t)?,
+        int(FAMILY, "H", h)?,
+        int(FAMILY, "Dk", dk)?,
+        int(FAMILY, "Dv", dv)?,
+        int(FAMILY, "C", c)?,
+        int(FAMILY, "chunks", nc)?,
+        int(FAMILY, "B", b)?,
+        int(FAMILY, "row blocks", nrb)?,
+    );
+    let grid = (int(FAMILY, "B·H", bh)? as u32, nrb as u32, 1);
+    let block = ((32 * w) as u32, 1, 1);
+    let (qv, kv, vv, gv, bv, dyv) = (q.view(), k.view(), v.view(), gt.view(), beta.view(), dy.view());
+    let mut ckpt = pool::take::<F>(FAMILY, ckpt_n)?;
+    let f =
+        g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &defs, &format!("llb_delta_ckpt_{}", F::SUFFIX))?;
+    let cfg = cudarc::driver::LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: 0 };
+    launch!(g, FAMILY, f, cfg; &kv, &vv, &gv, &bv, &mut *ckpt, &ti, &hi, &dki, &dvi, &ci, &nci)?;
+    let mut d_v = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut pdq = pool::take::<F>(FAMILY, part_n * dk)?;
+    let mut pdk = pool::take::<F>(FAMILY, part_n * dk)?;
+    let mut pb = pool::take::<F>(FAMILY, part_n)?;
+    let mut pg = pool::take::<F>(FAMILY, part_n)?;
+    let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &defs, &format!("llb_delta_bwd_{}", F::SUFFIX))?;
+    opt_in(FAMILY, &f)?;
+    let cfg =
+        cudarc::driver::LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: smem as u32 };
+    let scale = F::of(ll.scale);
+    launch!(g, FAMILY, f, cfg;
+        &qv, &kv, &vv, &gv, &bv, &dyv, &*ckpt, &mut *d_v, &mut *pdq, &mut *pdk, &mut *pb, &mut *pg,
+        &ti, &hi, &dki, &dvi, &ci, &nci, &scale)?;
+    drop(ckpt);
+    let mut d_q = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut d_k = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut d_b = pool::take::<F>(FAMILY, b * t * h)?;
+    let mut d_g = pool::take::<F>(FAMILY, b * t * h)?;
+    let f =
+        g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &defs, &format!("llb_delta_reduce_{}", F::SUFFIX))?;
+    launch!(g, FAMILY, f, grid1((b * t * h * dk).min(1 << 20), 256);
+        &*pdq, &*pdk, &*pb, &*pg, &mut *d_q, &mut *d_k, &mut *d_b, &mut *d_g, &bi, &ti, &hi, &dki, &nrbi)?;
+    Ok([
+        DeviceTensor::from_pooled(d_q, &[b, t, h, dk])?,
+        DeviceTensor::from_pooled(d_k, &[b, t, h, dk])?,
+        DeviceTensor::from_pooled(d_v, &[b, t, h, dv])?,
+        DeviceTensor::from_pooled(d_b, &[b, t, h])?,
+        DeviceTensor::from_pooled(d_g, &[b, t, h])?,
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    //! The transposed-operator recipe ([`transposed`]) run on the CPU — reversals on host arrays,
+    //! the CPU's `fast` forward — against the CPU backward: fails if the reversal identities or
+    //! the decay gradient are wrong. And the delta-rule backward's launch geometry.
+    use super::*;
+    use mixer_core::mixer::downcast;
+    use mixer_core::{AnyTensors, Form, Tensor, Tensors};
+    use mixer_cpu as _;
+    use mixer_registry::Backend;
+    use ndarray::{ArrayD, Axis};
+
+    struct OnHost<'a> {
+        m: &'a LogLinear,
+    }
+
+    impl Transposes for OnHost<'_> {
+        type T = ArrayD<f64>;
+        fn reverse(&self, x: &ArrayD<f64>) -> Result<ArrayD<f64>> {
+            let mut y = x.clone();
+            y.invert_axis(Axis(1));
+            Ok(y.as_standard_layout().into_owned())
+        }
+        fn reverse_decay(&self, g: &ArrayD<f64>) -> Result<ArrayD<f64>> {
+            let t = g.shape()[1];
+            let mut out = ArrayD::zeros(g.raw_dim());
+            for j in 1..t {
+                out.index_axis_mut(Axis(1), j).assign(&g.index_axis(Axis(1), t - j));
+            }
+            Ok(out)
+        }
+        fn forward(
+            &self,
+            q: &ArrayD<f64>,
+            k: &ArrayD<f64>,
+            v: &ArrayD<f64>,
+            g: Option<&ArrayD<f64>>,
+        ) -> Result<ArrayD<f64>> {
+            let mut x: Tensors<f64> =
+                [("q", q), ("k", k), ("v", v)].into_iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
+            if let Some(g) = g {
+                x.insert("g".into(), g.clone());
+            }
+            let cpu = Backend::by_name("cpu")?;
+            Ok(mixer_registry::run::run(self.m, &cpu, Form::Fast, &AnyTensors::F64(x))?.to_f64())
+        }
+        fn decay_grad(
+            &self,
+            q: &ArrayD<f64>,
+            dq: &ArrayD<f64>,
+            k: &ArrayD<f64>,
+            dk: &ArrayD<f64>,
+        ) -> Result<ArrayD<f64>> {
+            let mut d = (q * dq - k * dk).sum_axis(Axis(3));
+            let t = d.shape()[1];
+            for i in (0..t.saturating_sub(1)).rev() {
+                let next = d.index_axis(Axis(1), i + 1).to_owned();
+                let mut here = d.index_axis_mut(Axis(1), i);
+                here += &next;
+            }
+            Ok(d)
+        }
+    }
+
+    #[test]
+    fn the_transposed_recipe_on_the_cpu_is_the_cpu_backward() {
+        for name in ["linear-attention", "mamba2"] {
+            let boxed = mixer_registry::mixer(name, &serde_json::json!({"scale": 0.8})).unwrap();
+            let ll: &LogLinear = downcast(boxed.as_ref(), "test").unwrap();
+            for (b, t, h, dk, dv) in [(2, 37, 2, 5, 3), (1, 1, 1, 4, 6), (1, 70, 1, 3, 8)] {
+                let dims = [("B", b), ("T", t), ("H", h), ("Dk", dk), ("Dv", dv)].into_iter().collect();
+                let x = boxed.random_inputs(&dims, 7).unwrap();
+                let dy = x["v"].mapv(|e| (3.0 * e + 0.2).sin());
+                let want = mixer_registry::backward::backward(
+                    boxed.as_ref(),
+                    "cpu",
+                    Form::Fast,
+                    &AnyTensors::F64(x.clone()),
+                    &Tensor::F64(dy.clone()),
+                    &Requires::All,
+                )
+                .unwrap();
+                let g = x.get("g");
+                let want_g = Wants { q: true, k: true, v: true, g: g.is_some() };
+                let got = transposed(&OnHost { m: ll }, &x["q"], &x["k"], &x["v"], g, &dy, want_g).unwrap();
+                let got = [("d_q", got.dq), ("d_k", got.dk), ("d_v", got.dv), ("d_g", got.dg)];
+                for (k, a) in got {
+                    let Some(w) = want.get(k) else {
+                        assert!(a.is_none(), "{name}: {k} without a decay");
+                        continue;
+                    };
+                    let (a, w) = (a.unwrap(), w.to_f64());
+                    // Relative, or absolute where the gradient is 0 (d_g at T = 1: q·dq = k·dk).
+                    let err =
+                        (&a - &w).mapv(|e| e * e).sum().sqrt() / w.mapv(|e| e * e).sum().sqrt().max(1.0);
+                    assert!(err < 1e-12, "{name} {:?} {k}: error {err:.3e}", (b, t, h, dk, dv));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_wanted_gradients_are_computed() {
+        let boxed = mixer_registry::mixer("mamba2", &serde_json::json!({})).unwrap();
+        let ll: &LogLinear = downcast(boxed.as_ref(), "test").unwrap();
+        let dims = [("B", 1), ("T", 9), ("H", 1), ("Dk", 2), ("Dv", 3)].into_iter().collect();
+        let x = boxed.random_inputs(&dims, 3).unwrap();
+        let dy = x["v"].clone();
+        let want = Wants { q: false, k: false, v: true, g: false };
+        let r = transposed(&OnHost { m: ll }, &x["q"], &x["k"], &x["v"], x.get("g"), &dy, want).unwrap();
+        assert!(r.dv.is_some() && r.dq.is_none() && r.dk.is_none() && r.dg.is_none());
+        let want = Wants { q: false, k: false, v: false, g: true };
+        let r = transposed(&OnHost { m: ll }, &x["q"], &x["k"], &x["v"], x.get("g"), &dy, want).unwrap();
+        assert!(r.dg.is_some() && r.dq.is_none() && r.dk.is_none() && r.dv.is_none());
+    }
+
+    #[test]
+    fn the_delta_geometry_fits_shared_memory_and_refuses_what_does_not() {
+        let smem = 219 << 10;
+        // Dk = Dv = 64 in f32: 8 rows of 2·64 + 2 values a token, 23 tokens in 96 KiB.
+        assert_eq!(delta_geometry(64, 64, 16384, 4, smem).unwrap(), (8, 23, 23 * 8 * 130 * 4));
+        // Few rows, short sequences: the rows and T bound it.
+        assert_eq!(delta_geometry(5, 3, 1, 8, smem).unwrap(), (3, 1, 3 * 12 * 8));
+        assert_eq!(delta_geometry(16, 16, 1000, 4, smem).unwrap().1, 64);
+        // Wide heads fall back to the whole opt-in budget, then refuse.
+        assert_eq!(delta_geometry(3000, 64, 100, 4, smem).unwrap().1, 1);
+        let e = delta_geometry(8000, 64, 100, 8, smem).unwrap_err().to_string();
+        assert!(e.contains("bytes of shared memory per token"), "{e}");
+    }
+}

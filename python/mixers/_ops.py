@@ -1,0 +1,264 @@
+"""The PyTorch ops: every registered mixer as a ``torch.library.custom_op``.
+
+Each mixer ``NAME`` of the registry (builtins and the plugins linked into the extension) gets
+two ops, ``mixers::NAME`` (``-`` becomes ``_``) and its backward ``mixers::NAME_backward``,
+with one schema for all mixers::
+
+    mixers::NAME(Tensor[] inputs, str[] names, Tensor? initial_state, Tensor? cu_seqlens,
+                 bool output_final_state, str config, str form, str backend, str precision)
+        -> (Tensor y, Tensor final_state)
+
+``inputs[i]`` is the input called ``names[i]`` (docs/math.md: ``q``, ``k``, ``v``, ``g``,
+``x``, ``lambda``, …). ``final_state`` is an empty tensor unless ``output_final_state``. Both
+ops have a fake (meta) implementation, so ``torch.compile`` traces them without graph
+breaks; the forward's autograd formula calls the backward op, which runs the library's own
+backward (``fast`` on the CPU, or the forward's form where the backend has a backward of it).
+
+What is copied: every input is read through numpy (a CPU ``float32``/``float64`` tensor is
+viewed, not copied) and copied once into the library's row-major arrays; outputs come back as
+new arrays, wrapped without a copy. ``bfloat16``/``float16`` inputs are computed in
+``float32`` (converted on the way in, ``y`` and the gradients converted back; states stay
+``float32``). CUDA tensors are copied to the host and back: the backend named by
+``backend`` (default ``cuda`` for CUDA tensors) runs on host arrays, so this is not
+zero-copy.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from . import _mixers
+
+_HALF = (torch.bfloat16, torch.float16)
+
+_SCHEMA = (
+    "(Tensor[] inputs, str[] names, Tensor? initial_state, Tensor? cu_seqlens, "
+    "bool output_final_state, str config, str form, str backend, str precision) -> (Tensor, Tensor)"
+)
+_BACKWARD_SCHEMA = (
+    "(Tensor[] inputs, str[] names, Tensor dy, Tensor? initial_state, Tensor? d_final_state, "
+    "Tensor? cu_seqlens, str config, str form, str backend) -> Tensor[]"
+)
+
+
+@functools.lru_cache(maxsize=None)
+def spec(name: str, config: str = "{}") -> dict:
+    """The inputs of mixer ``name`` with a JSON ``config``: ``{"mixed", "inputs": [{"name",
+    "shape", "optional", "per_token"}], "family", "doc"}`` (cached)."""
+    return json.loads(_mixers.spec(name, config))
+
+
+def _work_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype the library computes in for a tensor of ``t``'s dtype (half types: float32;
+    anything else is passed on, and the library refuses what is not float32/float64)."""
+    return torch.float32 if t.dtype in _HALF else t.dtype
+
+
+def _host(t: torch.Tensor, dtype: Optional[torch.dtype] = None):
+    """``t`` as a numpy array on the host (a view when it already is one), of ``dtype``, else
+    of its own dtype with half types as float32 (so the library sees, and refuses, inputs of
+    mixed or non-float dtypes)."""
+    return t.detach().to(device="cpu", dtype=dtype or _work_dtype(t)).numpy()
+
+
+def _offsets(cu_seqlens: Optional[torch.Tensor]) -> Optional[List[int]]:
+    """Packed-batch offsets as a list of ints, or ``None``."""
+    if cu_seqlens is None:
+        return None
+    if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex or cu_seqlens.dtype == torch.bool:
+        raise ValueError(f"cu_seqlens: expected an integer tensor of offsets, got dtype {cu_seqlens.dtype}")
+    if cu_seqlens.dim() != 1:
+        raise ValueError(f"cu_seqlens: expected a 1-D tensor of offsets [N + 1], got shape {list(cu_seqlens.shape)}")
+    values = [int(v) for v in cu_seqlens.tolist()]
+    bad = [v for v in values if v < 0]
+    if bad:
+        raise ValueError(f"cu_seqlens: offsets must be non-negative integers, but found {bad[0]}")
+    return values
+
+
+def _mixed(name: str, config: str, inputs: Sequence[torch.Tensor], names: Sequence[str]) -> torch.Tensor:
+    """The mixed input (``y`` has its shape, dtype and device)."""
+    mixed = spec(name, config)["mixed"]
+    if mixed not in names:
+        raise ValueError(f"missing input `{mixed}` of `{name}` (the mixed input); given: {', '.join(names)}")
+    return inputs[list(names).index(mixed)]
+
+
+def _state_layout(
+    name: str, config: str, inputs: Sequence[torch.Tensor], names: Sequence[str], cu_seqlens
+) -> Tuple[str, List[int]]:
+    """The name and shape of the mixer's state for these inputs (one row per sequence of a
+    packed batch); ``NotImplementedError`` (the library's message) for a mixer without a state."""
+    shapes = {n: [int(s) for s in t.shape] for n, t in zip(names, inputs)}
+    layout = _mixers.state_shapes(name, shapes, config)
+    if len(layout) != 1:
+        raise NotImplementedError(
+            f"`{name}` has a state of {len(layout)} tensors ({', '.join(layout)}); the PyTorch op takes one"
+        )
+    (state, shape), = layout.items()
+    if cu_seqlens is not None:
+        shape = [int(cu_seqlens.shape[0]) - 1] + list(shape[1:])
+    return state, list(shape)
+
+
+def op_name(mixer: str) -> str:
+    """The op name of a registered mixer: ``mixers::`` and the name with ``-`` as ``_``."""
+    return "mixers::" + mixer.replace("-", "_").replace(".", "_")
+
+
+_OPS: Dict[str, object] = {}
+
+
+def mixer_op(mixer: str):
+    """The ``torch.library`` op of registered mixer ``mixer`` (defined on first use; the package
+    defines every registered mixer's op when it is imported)."""
+    if mixer in _OPS:
+        return _OPS[mixer]
+    base = op_name(mixer)
+
+    def forward_impl(inputs, names, initial_state, cu_seqlens, output_final_state, config, form, backend, precision):
+        mixed = _mixed(mixer, config, inputs, names)
+        work = _work_dtype(mixed)
+        x = {n: _host(t) for n, t in zip(names, inputs)}
+        stateful = initial_state is not None or output_final_state
+        state = _state_layout(mixer, config, inputs, names, cu_seqlens)[0] if stateful else None
+        initial = None if initial_state is None else {state: _host(initial_state, work)}
+        y, fin = _mixers.forward(
+            mixer,
+            x,
+            config=config,
+            form=form,
+            backend=backend,
+            precision=precision,
+            cu_seqlens=_offsets(cu_seqlens),
+            initial=initial,
+            want_final=bool(output_final_state),
+        )
+        y = torch.from_numpy(y).to(device=mixed.device, dtype=mixed.dtype)
+        if output_final_state:
+            s = torch.from_numpy(fin[state]).to(device=mixed.device)
+        else:
+            s = mixed.new_empty(0, dtype=work)
+        return y, s
+
+    def forward_fake(inputs, names, initial_state, cu_seqlens, output_final_state, config, form, backend, precision):
+        mixed = _mixed(mixer, config, inputs, names)
+        work = _work_dtype(mixed)
+        y = mixed.new_empty(mixed.shape)
+        if not output_final_state:
+            return y, mixed.new_empty(0, dtype=work)
+        if initial_state is not None:
+            return y, initial_state.new_empty(initial_state.shape, dtype=work)
+        _, shape = _state_layout(mixer, config, inputs, names, cu_seqlens)
+        return y, mixed.new_empty(shape, dtype=work)
+
+    fwd = torch.library.custom_op(base, forward_impl, mutates_args=(), schema=_SCHEMA)
+    fwd.register_fake(forward_fake)
+
+    def backward_impl(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend):
+        mixed = _mixed(mixer, config, inputs, names)
+        work = _work_dtype(mixed)
+        x = {n: _host(t) for n, t in zip(names, inputs)}
+        stateful = initial_state is not None or d_final_state is not None
+        state = _state_layout(mixer, config, inputs, names, cu_seqlens)[0] if stateful else None
+        initial = None if initial_state is None else {state: _host(initial_state, work)}
+        d_final = None if d_final_state is None else {state: _host(d_final_state, work)}
+        grads, d_init = _mixers.backward(
+            mixer,
+            x,
+            _host(dy, work),
+            config=config,
+            forward_form=form,
+            backend=backend,
+            cu_seqlens=_offsets(cu_seqlens),
+            initial=initial,
+            d_final=d_final,
+        )
+        out = [torch.from_numpy(grads["d_" + n]).to(device=t.device, dtype=t.dtype) for n, t in zip(names, inputs)]
+        if initial_state is None:
+            out.append(mixed.new_empty(0, dtype=work))
+        else:
+            out.append(torch.from_numpy(d_init[state]).to(device=initial_state.device, dtype=initial_state.dtype))
+        return out
+
+    def backward_fake(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend):
+        mixed = _mixed(mixer, config, inputs, names)
+        out = [t.new_empty(t.shape) for t in inputs]
+        if initial_state is None:
+            out.append(mixed.new_empty(0, dtype=_work_dtype(mixed)))
+        else:
+            out.append(initial_state.new_empty(initial_state.shape))
+        return out
+
+    bwd = torch.library.custom_op(base + "_backward", backward_impl, mutates_args=(), schema=_BACKWARD_SCHEMA)
+    bwd.register_fake(backward_fake)
+
+    def setup_context(ctx, inputs, output):
+        tensors, names, initial_state, cu_seqlens, output_final_state, config, form, backend, _precision = inputs
+        ctx.save_for_backward(*tensors, initial_state, cu_seqlens)
+        ctx.count = len(tensors)
+        ctx.names = list(names)
+        ctx.want_final = bool(output_final_state)
+        ctx.options = (config, form, backend)
+
+    def backward(ctx, d_y, d_state):
+        saved = ctx.saved_tensors
+        tensors, initial_state, cu_seqlens = list(saved[: ctx.count]), saved[ctx.count], saved[ctx.count + 1]
+        d_final = d_state if ctx.want_final and d_state is not None else None
+        config, form, backend = ctx.options
+        grads = bwd(tensors, ctx.names, d_y, initial_state, d_final, cu_seqlens, config, form, backend)
+        d_initial = grads[ctx.count] if initial_state is not None else None
+        return list(grads[: ctx.count]), None, d_initial, None, None, None, None, None, None
+
+    fwd.register_autograd(backward, setup_context=setup_context)
+    _OPS[mixer] = fwd
+    return fwd
+
+
+@torch.compiler.assume_constant_result
+def config_json(config: Optional[dict]) -> str:
+    """A config dict as the JSON string the op takes (keys sorted; constant under
+    ``torch.compile``)."""
+    return json.dumps(config or {}, sort_keys=True)
+
+
+def default_backend(t: torch.Tensor) -> str:
+    """``cuda`` for a CUDA tensor, else ``cpu``."""
+    return "cuda" if t.device.type == "cuda" else "cpu"
+
+
+def call(
+    mixer: str,
+    config: Optional[dict],
+    inputs: Dict[str, Optional[torch.Tensor]],
+    *,
+    form: str = "fast",
+    backend: Optional[str] = None,
+    precision: str = "exact",
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+):
+    """Runs mixer ``mixer`` through its op: ``y``, or ``(y, final_state)`` with
+    ``output_final_state``. ``inputs`` maps docs/math.md names to tensors (``None``: omitted);
+    ``config`` is the mixer's config (a dict, ``None``: defaults); the state is the library's
+    ``S [B, H, Dv, Dk]``."""
+    given = {k: v for k, v in inputs.items() if v is not None}
+    for k, v in given.items():
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"input `{k}`: expected a torch.Tensor, got {type(v).__name__}")
+    if not given:
+        raise ValueError(f"`{mixer}`: no inputs given")
+    cfg = config_json(config)
+    names = list(given)
+    tensors = [given[n] for n in names]
+    if backend is None:
+        backend = default_backend(tensors[0])
+    y, s = mixer_op(mixer)(
+        tensors, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend, precision
+    )
+    return (y, s) if output_final_state else y

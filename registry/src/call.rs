@@ -1,0 +1,121 @@
+//! One call of a mixer with every option that changes which registry entry point runs it:
+//! a packed batch (`cu_seqlens`, [`crate::packed`]), a run from a state or with its final state
+//! ([`crate::state`]), or the plain form ([`crate::run`], [`crate::backward`]). The command
+//! line (`mixers run`) and the Python package both go through here, so the choice is made in
+//! one place.
+
+use mixer_core::mixer::Mixer;
+use mixer_core::{Error, Form, Precision, Requires, Result, Tensors};
+use ndarray::ArrayD;
+
+use crate::backend::Backend;
+use crate::family::Scalar;
+
+/// Runs `form` of `m` on `backend`: over the packed batch `cu_seqlens` when given, from the
+/// state `initial` (`None`: zeros) and returning the final state when `initial` is given or
+/// `want_final` is set, else the plain form. Returns `y` and the final state (`None` unless a
+/// state was asked for).
+#[allow(clippy::too_many_arguments)]
+pub fn forward<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+    inputs: &Tensors<F>,
+    cu_seqlens: Option<&[usize]>,
+    initial: Option<&Tensors<F>>,
+    want_final: bool,
+    precision: Precision,
+) -> Result<(ArrayD<F>, Option<Tensors<F>>)> {
+    let stateful = initial.is_some() || want_final;
+    match (cu_seqlens, stateful) {
+        (Some(cu), _) => {
+            crate::packed::run_packed(m, backend, form, inputs, cu, initial, want_final, precision)
+        }
+        (None, true) => {
+            let (y, f) = crate::state::run_state(m, backend, form, inputs, initial, precision)?;
+            Ok((y, Some(f)))
+        }
+        (None, false) => {
+            let y = crate::run::run_with(m, backend, form, &F::tag(inputs.clone()), precision)?;
+            let dtype = y.dtype();
+            let y = F::untag(y).ok_or_else(|| Error::Backend {
+                backend: backend.name().into(),
+                family: Some(m.family().into()),
+                message: format!("internal: expected a {} output, got {}", F::DTYPE.name(), dtype.name()),
+            })?;
+            Ok((y, None))
+        }
+    }
+}
+
+/// The backward of [`forward`] (same `cu_seqlens` and `initial`): from the cotangent `dy` of
+/// `y` and `d_final` of the final state (`None`: zero), the gradients `d_<input>` of the inputs
+/// in `requires` and the gradient of the initial state (empty without an initial state).
+#[allow(clippy::too_many_arguments)]
+pub fn backward<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+    inputs: &Tensors<F>,
+    cu_seqlens: Option<&[usize]>,
+    initial: Option<&Tensors<F>>,
+    dy: &ArrayD<F>,
+    d_final: Option<&Tensors<F>>,
+    requires: &Requires,
+) -> Result<(Tensors<F>, Tensors<F>)> {
+    match (cu_seqlens, initial.is_some() || d_final.is_some()) {
+        (Some(cu), _) => {
+            crate::packed::backward_packed(m, backend, form, inputs, cu, initial, dy, d_final, requires)
+        }
+        (None, true) => {
+            crate::state::backward_state(m, backend, form, inputs, initial, dy, d_final, requires)
+        }
+        (None, false) => {
+            let g = crate::backward::backward(
+                m,
+                backend.name(),
+                form,
+                &F::tag(inputs.clone()),
+                &F::tag_one(dy.clone()),
+                requires,
+            )?;
+            let grads = g
+                .into_iter()
+                .map(|(k, v)| {
+                    let dtype = v.dtype();
+                    F::untag(v).map(|a| (k, a)).ok_or_else(|| Error::Backend {
+                        backend: backend.name().into(),
+                        family: Some(m.family().into()),
+                        message: format!(
+                            "internal: a {} gradient for {} inputs",
+                            dtype.name(),
+                            F::DTYPE.name()
+                        ),
+                    })
+                })
+                .collect::<Result<Tensors<F>>>()?;
+            Ok((grads, Tensors::new()))
+        }
+    }
+}
+
+/// The backward form for a forward run in `forward`: `asked` when given, else `forward` when
+/// `backend` has a backward of that form, else the best available (`fast`, then
+/// `materialized`); an error when `m` has no backward there.
+pub fn grad_form(m: &dyn Mixer, backend: &str, asked: Option<Form>, forward: Form) -> Result<Form> {
+    if let Some(f) = asked {
+        return Ok(f);
+    }
+    let avail = crate::backward::backward_forms(m, backend);
+    if avail.contains(&forward) {
+        return Ok(forward);
+    }
+    [Form::Fast, Form::Materialized].into_iter().find(|f| avail.contains(f)).ok_or_else(|| {
+        Error::FormUnavailable {
+            mixer: m.name().into(),
+            form: "any (backward)".into(),
+            backend: backend.into(),
+            available: "no backward form".into(),
+        }
+    })
+}
