@@ -10,7 +10,8 @@ kernel alone with CUDA events (inputs on the device, C = 1024, B = 1, has_a = 0)
 """
 import sys, cupy as cp, numpy as np
 import os
-COMMON = open("mixer-cuda/kernels/common.cuh").read()
+# The host prepends common.cuh and glr_common.cuh (glr_dep) to glr.cu.
+COMMON = open("mixer-cuda/kernels/common.cuh").read() + open("mixer-cuda/kernels/glr_common.cuh").read()
 FILES = os.environ.get("FILES", "mixer-cuda/kernels/glr.cu").split(",")
 src = COMMON + open(FILES[0]).read()
 T = int(sys.argv[1]) if len(sys.argv) > 1 else 65536

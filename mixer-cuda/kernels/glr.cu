@@ -6,11 +6,7 @@
 // d = a_k·⌈(t + 1 − f(k)) / a_k⌉ − 1. Layouts: x, y [B,T,C]; α [B,T,NA,C] (NA = 1 or K+1);
 // β [B,T,K,C].
 
-// Position d_k(t) of an active tap (f(k) ≤ t < 2³¹, hence a_k ≤ f(k) ≤ t: 32-bit arithmetic).
-__device__ __forceinline__ int glr_dep(int t, int fk, int ak, int ce) {
-    if (!ce || ak == 1) return t - fk;
-    return ((t - fk + ak) / ak) * ak - 1;
-}
+// glr_dep (the position d_k(t) of an active tap) is in glr_common.cuh, prepended by the host.
 
 // The recurrence, pipelined over tiles of GLR_L tokens: a block owns GLR_CH channels of one batch
 // row and walks the tiles in order. While warp 0 runs the recurrence of tile i, the other warps

@@ -73,8 +73,14 @@ pub const ATTENTION_FUSED: KernelSource = kernel!("attention_fused");
 /// Softmax attention's backward (`kernels/attention_backward.cu`), compiled per head dims and
 /// tile with `-DATB_DK=… -DATB_DV=… -DATB_B=…`.
 pub const ATTENTION_BACKWARD: KernelSource = kernel!("attention_backward");
+/// What the GLR kernel sources share (`kernels/glr_common.cuh`: a tap's position `d_k(t)`): the
+/// prelude of [`GLR`] and [`GLR_BACKWARD`].
+pub const GLR_COMMON: &str = include_str!("../kernels/glr_common.cuh");
 /// The GLR: sparse recurrence and decoder step (`kernels/glr.cu`).
-pub const GLR: KernelSource = kernel!("glr");
+pub const GLR: KernelSource = kernel!("glr", GLR_COMMON);
+/// The GLR's backward: the reverse sparse recurrence and the gradients
+/// (`kernels/glr_backward.cu`).
+pub const GLR_BACKWARD: KernelSource = kernel!("glr_backward", GLR_COMMON);
 /// The channel maps the Toeplitz kernel sources share (`kernels/toeplitz_common.cuh`): the
 /// prelude of [`TOEPLITZ`] and [`TOEPLITZ_BACKWARD`].
 pub const TOEPLITZ_COMMON: &str = include_str!("../kernels/toeplitz_common.cuh");
@@ -124,6 +130,7 @@ pub const ALL: &[KernelSource] = &[
     ATTENTION_FUSED,
     ATTENTION_BACKWARD,
     GLR,
+    GLR_BACKWARD,
     TOEPLITZ,
     TOEPLITZ_BACKWARD,
     LOGLINEAR_PARALLEL,

@@ -35,12 +35,15 @@ pub(crate) fn table(glr: &Glr, t_len: usize) -> Result<(Vec<i64>, Vec<i64>)> {
     ))
 }
 
-/// A pattern table on the device, with the counts the kernel's [`Layout`] is chosen from.
-struct DeviceTable {
-    off: Pooled<i64>,
-    strides: Pooled<i64>,
+/// A pattern table on the device, with the counts the kernel's [`Layout`] is chosen from (the
+/// backward reads the table and `k` too).
+pub(crate) struct DeviceTable {
+    /// The offsets `f(k)`, `k < K`.
+    pub(crate) off: Pooled<i64>,
+    /// The lattice strides `a_k`, `k < K`.
+    pub(crate) strides: Pooled<i64>,
     /// `K`, the number of taps.
-    k: usize,
+    pub(crate) k: usize,
     /// The near-tap count of [`near_taps`].
     near: usize,
     /// The taps of [`short_taps`].
@@ -54,7 +57,7 @@ static TABLES: LazyLock<Mutex<HashMap<(String, String, usize), Arc<DeviceTable>>
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The device table of `glr` for length `t`, uploaded on first use.
-fn device_table(glr: &Glr, t: usize) -> Result<Arc<DeviceTable>> {
+pub(crate) fn device_table(glr: &Glr, t: usize) -> Result<Arc<DeviceTable>> {
     let key = (glr.name().to_string(), glr.config().to_string(), t);
     let mut cache = TABLES.lock().map_err(|_| err(FAMILY, "pattern table cache poisoned"))?;
     if let Some(d) = cache.get(&key) {

@@ -11,14 +11,18 @@
 //! - `recurrent`: a decoder whose cache holds exactly the positions later tokens read
 //!   (the lattice's `P_{t+1}`, or the last `f(K−1)` outputs for translation-invariant
 //!   patterns), on the device; slots are assigned on the host ([`decoder`]).
+//! - backward of `fast` ([`backward`]): the reverse sparse recurrence, one thread per (batch,
+//!   channel) running tokens from `T − 1` down and scattering each token's cotangent to the
+//!   positions it read, then every gradient in parallel; `O(T · K)` work per channel.
 
+pub mod backward;
 pub mod common;
 pub mod decoder;
 pub mod fast;
 
 use mixer_core::mixers::glr::Glr;
 
-use crate::forms::{DeviceDecoderFn, DeviceFamily, DeviceFormFn};
+use crate::forms::{DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn};
 use crate::runtime::GpuReal;
 
 use common::FAMILY;
@@ -30,6 +34,9 @@ impl<F: GpuReal> DeviceFamily<F> for GlrCuda {
     type Mixer = Glr;
     fn fast() -> Option<DeviceFormFn<Glr>> {
         Some(fast::run::<F>)
+    }
+    fn backward() -> Option<DeviceBackwardFn<Glr>> {
+        Some(backward::run::<F>)
     }
     fn decoder() -> Option<DeviceDecoderFn<Glr, F>> {
         Some(|g, _statics, dims| Ok(Box::new(decoder::GlrDecoder::<F>::new(g, dims)?)))

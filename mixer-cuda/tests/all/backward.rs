@@ -282,7 +282,8 @@ fn backward_timing() {
 
 /// One small backward of each family on the CUDA backend alone (for compute-sanitizer's memcheck
 /// and racecheck: a window, head dims that are not multiples of 16, a partial last tile; two
-/// taps, a bias and kernels longer than T), checked against the CPU.
+/// taps, a bias and kernels longer than T; a GLR lattice with far taps and a partial block),
+/// checked against the CPU.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn backward_small_cases() {
@@ -302,4 +303,215 @@ fn backward_small_cases() {
     x.insert("bias".into(), cotangent(&[2, 40], 4));
     let dy = cotangent(&[2, 33, 6], 5);
     against_cpu(m.as_ref(), "toeplitz small", &x, &dy, &[]);
+    // The GLR: far taps beyond the reverse sweep's 32-row ring, positions shared by two taps
+    // (sq1's lattice), a channel count that is no multiple of a block.
+    let m =
+        mixer("glr", &serde_json::json!({"pattern": "sq1", "cache_efficient": true, "on": "both"})).unwrap();
+    let (x, dy) = glr_case(m.as_ref(), 2, 100, 70, 6);
+    against_cpu(m.as_ref(), "glr small", &x, &dy, &[]);
+}
+
+/// The GLR's inputs for `m` at (B, T, C), drawn by the mixer (β keeps the recurrence stable), and
+/// a cotangent.
+fn glr_case(m: &dyn Mixer, b: usize, t: usize, c: usize, seed: u64) -> (Tensors<f64>, ArrayD<f64>) {
+    let s = Sizes { batch: b, seq: t, channels: c, heads: 1, dk: 1, dv: 1 };
+    let x = m.random_inputs(&complete_dims(m, &s.dims()), seed).unwrap();
+    (x, cotangent(&[b, t, c], seed + 1))
+}
+
+/// GLR: every registered pattern (the fibonacci plugin included; `linear` truncated to order 3),
+/// translation-invariant and cache-efficient, `on = b / a / both`, at T ∈ {1, 63, 64, 65, 1000,
+/// 4099} (B = 2, C = 13 below 4099, B = 1, C = 5 at 4099); the aliases, dense-recurrence with
+/// K = T − 1 included.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn glr_backward_matches_the_cpu() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    let mut n = 0;
+    for p in mixer_registry::PATTERNS.iter() {
+        for ce in [false, true] {
+            for on in ["b", "a", "both"] {
+                let mut cfg = serde_json::json!({"pattern": p.name, "cache_efficient": ce, "on": on});
+                if p.name == "linear" {
+                    cfg["order"] = 3.into();
+                }
+                // A pattern whose f(0) ≠ 1 has no cache-efficient lattice: the mixer refuses it.
+                let Ok(m) = mixer("glr", &cfg) else {
+                    assert!(ce, "glr {cfg} refused");
+                    continue;
+                };
+                for (i, t) in [1, 63, 64, 65, 1000, 4099].into_iter().enumerate() {
+                    let (b, c) = if t > 1000 { (1, 5) } else { (2, 13) };
+                    let (x, dy) = glr_case(m.as_ref(), b, t, c, 100 * n + i as u64);
+                    against_cpu(m.as_ref(), &format!("glr {cfg} B={b} T={t} C={c}"), &x, &dy, &[]);
+                }
+                n += 1;
+            }
+        }
+    }
+    assert!(n >= 18, "only {n} GLR configurations ran");
+    for (name, cfg, t) in [
+        ("diagonal-ssm", serde_json::json!({}), 1000),
+        ("diagonal-ssm", serde_json::json!({"on": "both"}), 65),
+        ("kth-order", serde_json::json!({"order": 20}), 1000),
+        ("kth-order", serde_json::json!({"order": 3, "on": "a"}), 63),
+        ("dense-recurrence", serde_json::json!({}), 200),
+        ("dense-recurrence", serde_json::json!({"on": "both"}), 65),
+        ("fibonacci-glr", serde_json::json!({"cache_efficient": true}), 1000),
+    ] {
+        let m = mixer(name, &cfg).unwrap();
+        let (x, dy) = glr_case(m.as_ref(), 2, t, 13, 7);
+        against_cpu(m.as_ref(), &format!("{name} {cfg} B=2 T={t} C=13"), &x, &dy, &[]);
+    }
+}
+
+/// GLR: the same inputs give the same bits twice, and a subset of the gradients equals the same
+/// gradients of the full set.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn glr_backward_is_repeatable_and_requires_subsets() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    for cfg in [
+        serde_json::json!({"pattern": "sq1", "cache_efficient": true, "on": "both"}),
+        serde_json::json!({"pattern": "pow2", "on": "a"}),
+    ] {
+        let m = mixer("glr", &cfg).unwrap();
+        let (x, dy) = glr_case(m.as_ref(), 2, 1000, 13, 11);
+        for dtype in [DType::F32, DType::F64] {
+            let a = grads(m.as_ref(), "cuda", &x, &dy, dtype);
+            let b = grads(m.as_ref(), "cuda", &x, &dy, dtype);
+            for (name, g) in &a {
+                let same = g.iter().zip(b[name].iter()).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "glr {cfg} {}: {name} differs between two runs", dtype.name());
+            }
+            for only in x.keys() {
+                let req = Requires::only([only.as_str()]);
+                let s = backward_as(m.as_ref(), "cuda", Form::Fast, &x, &dy, dtype, &req).unwrap();
+                let name = format!("d_{only}");
+                assert_eq!(s.keys().collect::<Vec<_>>(), vec![&name], "glr {cfg}: {only}");
+                let same = s[&name].iter().zip(a[&name].iter()).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "glr {cfg} {}: {name} alone differs from {name} of all", dtype.name());
+            }
+        }
+    }
+}
+
+/// GLR in the bf16 mode on device tensors: bf16 `x` and `dy` are converted on the device and the
+/// gradients are computed in f32, so they match the CPU's f64 backward on the bf16-rounded
+/// values within f32 accuracy.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn glr_backward_bf16_activations() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    use mixer_core::precision::round_bf16;
+    use mixer_cuda::tensor::{AnyDeviceTensor, DeviceTensor, bf16};
+    let cfg = serde_json::json!({"pattern": "pow2", "cache_efficient": true, "on": "both"});
+    let m = mixer("glr", &cfg).unwrap();
+    let glr = m.as_any().downcast_ref::<mixer_core::mixers::glr::Glr>().unwrap();
+    let (mut x, mut dy) = glr_case(m.as_ref(), 2, 300, 13, 21);
+    let round = |a: &mut ArrayD<f64>| a.mapv_inplace(|v| f64::from(round_bf16(v as f32)));
+    round(x.get_mut("x").unwrap());
+    round(&mut dy);
+    for name in ["alpha", "beta"] {
+        x.get_mut(name).unwrap().mapv_inplace(|v| f64::from(v as f32));
+    }
+    let want = grads(m.as_ref(), "cpu", &x, &dy, DType::F64);
+    let up_bf16 =
+        |a: &ArrayD<f64>| AnyDeviceTensor::Bf16(DeviceTensor::upload(&a.mapv(bf16::from_f64)).unwrap());
+    let mut dev = mixer_cuda::DeviceTensors::new();
+    dev.insert("x".into(), up_bf16(&x["x"]));
+    for name in ["alpha", "beta"] {
+        dev.insert(
+            name.into(),
+            AnyDeviceTensor::F32(DeviceTensor::upload(&x[name].mapv(|v| v as f32)).unwrap()),
+        );
+    }
+    let got =
+        mixer_cuda::glr::backward::run::<f32>(glr, &dev, &up_bf16(&dy), &Requires::All, Precision::Bf16)
+            .unwrap();
+    for (name, w) in &want {
+        let AnyDeviceTensor::F32(g) = &got[name] else { panic!("{name}: not f32") };
+        let e = rel(&g.to_host().unwrap().mapv(f64::from), w, 0.0);
+        println!("GRAD glr bf16 {cfg} {name} rel_rms={e:.3e}");
+        assert!(e <= 1e-4, "glr bf16 {cfg}: {name} rel_rms {e:.3e}");
+    }
+}
+
+/// Times the GLR's forward and backward on device-resident f32 tensors (CUDA events, the median
+/// of 5 runs after a warm-up), one `TIMING` line per case: pow2 and sq1, translation-invariant and
+/// cache-efficient, `on = b` (the backward recomputes y), at (B, T, C) = (1, 16384, 1024) and
+/// (8, 4096, 1024).
+#[test]
+#[ignore = "needs a CUDA device; a measurement"]
+fn glr_backward_timing() {
+    let Some(_turn) = common::gpu_alone() else {
+        return;
+    };
+    use mixer_cuda::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
+    let stream = mixer_cuda::stream().unwrap();
+    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let median_ms = |f: &mut dyn FnMut()| -> f64 {
+        f();
+        stream.synchronize().unwrap();
+        let mut v: Vec<f64> = (0..5)
+            .map(|_| {
+                let e0 = stream.record_event(timed).unwrap();
+                f();
+                let e1 = stream.record_event(timed).unwrap();
+                stream.synchronize().unwrap();
+                f64::from(e0.elapsed_ms(&e1).unwrap())
+            })
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[2]
+    };
+    for (b, t, c) in [(1, 16384, 1024), (8, 4096, 1024)] {
+        for cfg in [
+            serde_json::json!({"pattern": "pow2"}),
+            serde_json::json!({"pattern": "pow2", "cache_efficient": true}),
+            serde_json::json!({"pattern": "sq1"}),
+        ] {
+            let m = mixer("glr", &cfg).unwrap();
+            let glr = m.as_any().downcast_ref::<mixer_core::mixers::glr::Glr>().unwrap();
+            let s = Sizes { batch: b, seq: t, channels: c, heads: 1, dk: 1, dv: 1 };
+            let host = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 3).unwrap();
+            let x: DeviceTensors = host
+                .iter()
+                .map(|(k, v)| {
+                    (k.clone(), AnyDeviceTensor::F32(DeviceTensor::upload(&v.mapv(|e| e as f32)).unwrap()))
+                })
+                .collect();
+            let dy = AnyDeviceTensor::F32(
+                DeviceTensor::upload(&cotangent(&[b, t, c], 4).mapv(|v| v as f32)).unwrap(),
+            );
+            let fwd = median_ms(&mut || {
+                drop(
+                    mixer_cuda::device_run::run_device_with(
+                        m.as_ref(),
+                        Form::Fast,
+                        &x,
+                        Precision::Exact,
+                        false,
+                    )
+                    .unwrap(),
+                )
+            });
+            let bwd = median_ms(&mut || {
+                drop(
+                    mixer_cuda::glr::backward::run::<f32>(glr, &x, &dy, &Requires::All, Precision::Exact)
+                        .unwrap(),
+                )
+            });
+            println!(
+                "TIMING glr {cfg} B={b} T={t} C={c} ms: fwd={fwd:.3} bwd={bwd:.3} ratio={:.2}",
+                bwd / fwd
+            );
+        }
+    }
 }
