@@ -90,9 +90,6 @@ pub(crate) fn run(a: Args) -> Result<i32> {
         None => Backend::auto()?,
     };
     let precision = mixer_core::Precision::parse(&a.precision)?;
-    if a.grad.is_some() && precision != mixer_core::Precision::Exact {
-        return Err(mixer_core::Error::Io("--grad runs the exact arithmetic only; drop --precision".into()));
-    }
     let inputs = mixers::io::read_npz(&a.inputs)?;
     let dy = a.grad.as_deref().map(mixers::io::read_npz).transpose()?;
     let gf = match &a.grad {
@@ -234,7 +231,15 @@ impl Job<'_> {
                 return Err(Error::Io("the cotangent file needs an array `dy` (or a single array)".into()));
             }
         };
-        let (grads, d_init) = match (&cu, initial.is_some() || d_final.is_some()) {
+        let from_state = initial.is_some() || d_final.is_some();
+        if self.precision != mixer_core::Precision::Exact && (cu.is_some() || from_state) {
+            return Err(Error::Io(format!(
+                "--grad in the {} mode takes neither cu_seqlens nor states (their backward runs the exact \
+                 arithmetic only); drop --precision",
+                self.precision
+            )));
+        }
+        let (grads, d_init) = match (&cu, from_state) {
             (Some(cu), _) => mixer_registry::packed::backward_packed(
                 m,
                 backend,
@@ -257,13 +262,14 @@ impl Job<'_> {
                 self.requires,
             )?,
             (None, false) => {
-                let g = mixer_registry::backward::backward(
+                let g = mixer_registry::backward::backward_with(
                     m,
                     backend.name(),
                     gf,
                     &F::tag(x),
                     &F::tag_one(dy),
                     self.requires,
+                    self.precision,
                 )?;
                 out.extend(g);
                 return Ok(out);
