@@ -236,7 +236,7 @@ pub fn upload_inputs<F: GpuReal>(x: &Tensors<F>, p: Precision) -> Result<DeviceT
 
 /// One host array as a device tensor: as `F`, or rounded to bf16 on the host and uploaded as
 /// bf16 when `as_bf16`.
-fn upload_one<F: GpuReal>(v: &ArrayD<F>, as_bf16: bool) -> Result<AnyDeviceTensor> {
+pub fn upload_one<F: GpuReal>(v: &ArrayD<F>, as_bf16: bool) -> Result<AnyDeviceTensor> {
     if as_bf16 {
         let b = v.mapv(|e| bf16::from_bits((round_bf16(e.f64() as f32).to_bits() >> 16) as u16));
         Ok(AnyDeviceTensor::Bf16(DeviceTensor::upload(&b)?))
