@@ -2,8 +2,8 @@
 //! materialized backward; every other backward form against it in f64 and f32, or in f32 in a
 //! `--precision` mode against that mode's tolerance).
 
-use mixer_core::Result;
 use mixer_core::Precision;
+use mixer_core::Result;
 use mixer_registry::grad_check::{GradRow, check_grad_with};
 use mixer_registry::{Backend, Sizes};
 
@@ -46,12 +46,30 @@ fn render(rows: &[GradRow]) -> String {
         .iter()
         .map(|r| {
             let case = [&*r.mixer, &r.config, &r.backend, &r.form, r.dtype.name()];
-            let cells = [r.precision.name().to_string(), r.seq.to_string(), format!("d_{}", r.input), sci(r.rel_err), sci(r.max_abs)];
+            let cells = [
+                r.precision.name().to_string(),
+                r.seq.to_string(),
+                format!("d_{}", r.input),
+                sci(r.rel_err),
+                sci(r.max_abs),
+            ];
             check_row(case, cells, r.error.as_deref(), r.pass)
         })
         .collect();
     markdown(
-        &["mixer", "config", "backend", "form", "dtype", "precision", "T", "gradient", "rel err", "max abs", "result"],
+        &[
+            "mixer",
+            "config",
+            "backend",
+            "form",
+            "dtype",
+            "precision",
+            "T",
+            "gradient",
+            "rel err",
+            "max abs",
+            "result",
+        ],
         &body,
     )
 }

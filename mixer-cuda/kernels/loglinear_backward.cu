@@ -119,7 +119,8 @@ __device__ void llb_dg_scan_tiles(double* s, int BH, int NT) {
     }
 }
 
-template <typename T> __device__ void llb_dg_out(const double* a, const double* s, T* dg, int BH, int Tn, int H, int L, int NT) {
+template <typename T>
+__device__ void llb_dg_out(const double* a, const double* s, T* dg, int BH, int Tn, int H, int L, int NT) {
     const long long n = (long long)BH * NT;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long e = gtid(); e < n; e += stride) {

@@ -230,7 +230,9 @@ fn on_device<F: GpuReal, M>(m: &M, f: DeviceFormFn<M>, x: &Tensors<F>, p: Precis
 /// mode, which are rounded to bf16 on the host and uploaded as bf16.
 pub fn upload_inputs<F: GpuReal>(x: &Tensors<F>, p: Precision) -> Result<DeviceTensors> {
     x.iter()
-        .map(|(k, v)| Ok((k.clone(), upload_one(v, p == Precision::Bf16 && ACTIVATIONS.contains(&k.as_str()))?)))
+        .map(|(k, v)| {
+            Ok((k.clone(), upload_one(v, p == Precision::Bf16 && ACTIVATIONS.contains(&k.as_str()))?))
+        })
         .collect()
 }
 
@@ -372,13 +374,25 @@ mod tests {
         for name in ["attention", "loglinear", "toeplitz", "glr"] {
             let e = family(name, "cuda").unwrap_or_else(|| panic!("{name} is registered on cuda"));
             let has = e.f32.implements_backward(Form::Fast);
-            let m = mixer_registry::mixer(if name == "loglinear" { "mamba2" } else { name }, &serde_json::json!({}))
-                .unwrap();
+            let m = mixer_registry::mixer(
+                if name == "loglinear" { "mamba2" } else { name },
+                &serde_json::json!({}),
+            )
+            .unwrap();
             let (x, dy) = (Default::default(), ndarray::ArrayD::<f32>::zeros(ndarray::IxDyn(&[0])));
             for p in [Precision::Tf32, Precision::Bf16] {
-                let fast = e.f32.run_precise_backward(m.as_ref(), "cuda", Form::Fast, &x, &dy, &Requires::All, p);
+                let fast =
+                    e.f32.run_precise_backward(m.as_ref(), "cuda", Form::Fast, &x, &dy, &Requires::All, p);
                 assert_eq!(fast.is_some(), has, "{name} {p}");
-                let par = e.f32.run_precise_backward(m.as_ref(), "cuda", Form::Parallel, &x, &dy, &Requires::All, p);
+                let par = e.f32.run_precise_backward(
+                    m.as_ref(),
+                    "cuda",
+                    Form::Parallel,
+                    &x,
+                    &dy,
+                    &Requires::All,
+                    p,
+                );
                 assert!(par.is_none(), "{name} {p}: no parallel backward on cuda");
             }
         }

@@ -147,7 +147,8 @@ fn backward_typed<F: Scalar>(
                 Some(g) => g?,
                 None => {
                     let (x, d) = at_boundary(inputs, dy, precision);
-                    imp.run_backward(m, backend, f, &x, &d, requires).ok_or_else(|| unavailable(m, f, backend))??
+                    imp.run_backward(m, backend, f, &x, &d, requires)
+                        .ok_or_else(|| unavailable(m, f, backend))??
                 }
             }
         }
@@ -207,14 +208,18 @@ pub fn backward_with(
     let given: Vec<String> = inputs.shapes().into_keys().collect();
     check_requires(m, &given, requires)?;
     match (inputs, dy) {
-        (AnyTensors::F64(t), Tensor::F64(d)) => Ok(backward_typed::<f64>(m, backend, form, t, d, requires, precision)?
-            .into_iter()
-            .map(|(k, v)| (k, Tensor::F64(v)))
-            .collect()),
-        (AnyTensors::F32(t), Tensor::F32(d)) => Ok(backward_typed::<f32>(m, backend, form, t, d, requires, precision)?
-            .into_iter()
-            .map(|(k, v)| (k, Tensor::F32(v)))
-            .collect()),
+        (AnyTensors::F64(t), Tensor::F64(d)) => {
+            Ok(backward_typed::<f64>(m, backend, form, t, d, requires, precision)?
+                .into_iter()
+                .map(|(k, v)| (k, Tensor::F64(v)))
+                .collect())
+        }
+        (AnyTensors::F32(t), Tensor::F32(d)) => {
+            Ok(backward_typed::<f32>(m, backend, form, t, d, requires, precision)?
+                .into_iter()
+                .map(|(k, v)| (k, Tensor::F32(v)))
+                .collect())
+        }
         _ => Err(Error::Io(format!(
             "dy is {} but the inputs are {}; expected one dtype",
             dy.dtype().name(),

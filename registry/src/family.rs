@@ -47,7 +47,8 @@ pub type BackwardFn<M, F> = fn(&M, &Tensors<F>, &ArrayD<F>, &Requires) -> Result
 /// A backward form with its own handling of the `tf32` and `bf16` modes, from the validated
 /// `f32` inputs and cotangent (as given: the `bf16` mode's rounding of the activations and `dy`
 /// is the implementation's): the gradients `d_<input>` as for [`BackwardFn`].
-pub type PreciseBackwardFn<M, F> = fn(&M, &Tensors<F>, &ArrayD<F>, &Requires, Precision) -> Result<Tensors<F>>;
+pub type PreciseBackwardFn<M, F> =
+    fn(&M, &Tensors<F>, &ArrayD<F>, &Requires, Precision) -> Result<Tensors<F>>;
 
 /// A form run from a recurrent state ([`mixer_core::state`]): `y` and the final state, from
 /// the validated inputs and the validated initial state (`None`: zeros).

@@ -30,9 +30,9 @@ use serde::Serialize;
 
 use crate::backend::Backend;
 use crate::backward::{backward_as, backward_forms, backward_with};
-use crate::run::{bf16_activations, bf16_value};
 use crate::harness::Sizes;
 use crate::run::oracle;
+use crate::run::{bf16_activations, bf16_value};
 
 /// Bound on the finite-difference error relative to `‖ū‖_2‖δ_u‖_2`.
 pub const FD_TOLERANCE: f64 = 1e-6;

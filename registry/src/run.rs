@@ -232,11 +232,7 @@ fn run_reduced(
 pub fn bf16_activations<F: mixer_core::Real>(x: &Tensors<F>) -> Tensors<F> {
     x.iter()
         .map(|(k, v)| {
-            let v = if ACTIVATIONS.contains(&k.as_str()) {
-                v.mapv(bf16_value)
-            } else {
-                v.clone()
-            };
+            let v = if ACTIVATIONS.contains(&k.as_str()) { v.mapv(bf16_value) } else { v.clone() };
             (k.clone(), v)
         })
         .collect()

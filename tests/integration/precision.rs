@@ -4,11 +4,11 @@
 //! against the f64 oracle. The backward follows the same rules (`backward_with`): `tf32` is the
 //! exact backward, `bf16` rounds the activations and `dy` at the boundary (f32 gradients).
 
+use mixer_core::Requires;
 use mixer_core::mixer::complete_dims;
 use mixer_core::precision::round_bf16;
 use mixer_core::tensor::cast_tensors;
 use mixer_core::{AnyTensors, Error, Form, Precision, Tensor};
-use mixer_core::Requires;
 use mixer_registry::backward::{backward, backward_with};
 use mixer_registry::run::{bf16_activations, run, run_with};
 use mixer_registry::{Backend, Sizes, check_grad_with, check_with, mixer};
@@ -85,11 +85,13 @@ fn the_cpu_backward_in_tf32_is_exact_and_in_bf16_rounds_activations_and_dy() {
     let (ax, ady) = (AnyTensors::F32(x.clone()), Tensor::F32(dy.clone()));
     for form in [Form::Fast, Form::Materialized] {
         let exact = backward(m.as_ref(), "cpu", form, &ax, &ady, &Requires::All).unwrap();
-        let tf32 = backward_with(m.as_ref(), "cpu", form, &ax, &ady, &Requires::All, Precision::Tf32).unwrap();
+        let tf32 =
+            backward_with(m.as_ref(), "cpu", form, &ax, &ady, &Requires::All, Precision::Tf32).unwrap();
         assert_eq!(tf32, exact, "{form}");
         let rounded = AnyTensors::F32(bf16_activations(&x));
         let want =
-            backward(m.as_ref(), "cpu", form, &rounded, &Tensor::F32(dy.mapv(round_bf16)), &Requires::All).unwrap();
+            backward(m.as_ref(), "cpu", form, &rounded, &Tensor::F32(dy.mapv(round_bf16)), &Requires::All)
+                .unwrap();
         let got = backward_with(m.as_ref(), "cpu", form, &ax, &ady, &Requires::All, Precision::Bf16).unwrap();
         assert_eq!(got, want, "{form}");
         assert_ne!(got, exact, "{form}: the bf16 rounding changed nothing");
