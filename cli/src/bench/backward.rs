@@ -91,12 +91,12 @@ pub(crate) fn run(opts: &Options) -> Result<i32> {
                     lab.clone(),
                     b.name().into(),
                     seq.to_string(),
-                    format!("{:.2}", fwd.median * 1e3),
-                    format!("{:.2}", bwd.median * 1e3),
-                    format!("{:.2}", bwd.median / fwd.median),
+                    format!("{:.2}", fwd * 1e3),
+                    format!("{:.2}", bwd * 1e3),
+                    format!("{:.2}", bwd / fwd),
                 ]);
-                pts.push(Point { seq, fwd: fwd.median, bwd: bwd.median });
-                if bwd.median > opts.max_seconds {
+                pts.push(Point { seq, fwd, bwd });
+                if bwd > opts.max_seconds {
                     break;
                 }
             }
