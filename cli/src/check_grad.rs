@@ -1,8 +1,10 @@
 //! `mixers check --grad`: the gradient checks of every case (finite differences against the
-//! materialized backward; every other backward form against it in f64 and f32).
+//! materialized backward; every other backward form against it in f64 and f32, or in f32 in a
+//! `--precision` mode against that mode's tolerance).
 
+use mixer_core::Precision;
 use mixer_core::Result;
-use mixer_registry::grad_check::{GradRow, check_grad};
+use mixer_registry::grad_check::{GradRow, check_grad_with};
 use mixer_registry::{Backend, Sizes};
 
 use super::table::{check_row, markdown, sci};
@@ -13,17 +15,19 @@ fn rows(
     backends: &[Backend],
     sizes: &Sizes,
     seed: u64,
+    precision: Precision,
 ) -> Vec<GradRow> {
     let mut out = Vec::new();
     for (name, cfg) in cases {
         match mixer_registry::mixer(name, cfg) {
-            Ok(m) => out.extend(check_grad(m.as_ref(), backends, sizes, seed)),
+            Ok(m) => out.extend(check_grad_with(m.as_ref(), backends, sizes, seed, precision)),
             Err(e) => out.push(GradRow {
                 mixer: name.clone(),
                 config: cfg.to_string(),
                 backend: "-".into(),
                 form: "-".into(),
                 dtype: mixer_core::DType::F64,
+                precision,
                 seq: sizes.seq,
                 input: "-".into(),
                 rel_err: f64::INFINITY,
@@ -42,12 +46,30 @@ fn render(rows: &[GradRow]) -> String {
         .iter()
         .map(|r| {
             let case = [&*r.mixer, &r.config, &r.backend, &r.form, r.dtype.name()];
-            let cells = [r.seq.to_string(), format!("d_{}", r.input), sci(r.rel_err), sci(r.max_abs)];
+            let cells = [
+                r.precision.name().to_string(),
+                r.seq.to_string(),
+                format!("d_{}", r.input),
+                sci(r.rel_err),
+                sci(r.max_abs),
+            ];
             check_row(case, cells, r.error.as_deref(), r.pass)
         })
         .collect();
     markdown(
-        &["mixer", "config", "backend", "form", "dtype", "T", "gradient", "rel err", "max abs", "result"],
+        &[
+            "mixer",
+            "config",
+            "backend",
+            "form",
+            "dtype",
+            "precision",
+            "T",
+            "gradient",
+            "rel err",
+            "max abs",
+            "result",
+        ],
         &body,
     )
 }
@@ -58,9 +80,10 @@ pub(crate) fn run(
     backends: &[Backend],
     sizes: &Sizes,
     seed: u64,
+    precision: Precision,
     json: Option<&std::path::Path>,
 ) -> Result<i32> {
-    let rows = rows(cases, backends, sizes, seed);
+    let rows = rows(cases, backends, sizes, seed, precision);
     print!("{}", render(&rows));
     if let Some(p) = json {
         super::write_json(&rows, p)?;

@@ -70,9 +70,6 @@ pub(crate) fn run(a: Args) -> Result<i32> {
         None => Backend::auto()?,
     };
     let precision = mixer_core::Precision::parse(&a.precision)?;
-    if a.grad.is_some() && precision != mixer_core::Precision::Exact {
-        return Err(mixer_core::Error::Io("--grad runs the exact arithmetic only; drop --precision".into()));
-    }
     let inputs = mixers::io::read_npz(&a.inputs)?;
     let dy = a.grad.as_deref().map(mixers::io::read_npz).transpose()?;
     let gf = match &a.grad {
@@ -209,6 +206,7 @@ impl Job<'_> {
             &dy,
             d_final.as_ref(),
             self.requires,
+            self.precision,
         )?;
         out.extend(grads.into_iter().map(|(k, v)| (k, F::tag_one(v))));
         out.extend(

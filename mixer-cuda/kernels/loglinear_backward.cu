@@ -8,8 +8,8 @@
 // - llb_reverse:   out[b, t, h, :] = x[b, T−1−t, h, :];
 // - llb_reverse_g: the reversed log-decays g'_0 = 0, g'_j = g_{T−j} (j ≥ 1), so that
 //                  G'_{T−1−s} − G'_{T−1−t} = G_t − G_s;
-// - llb_dg:        dG_t = q_t·dq_t − k_t·dk_t and dg_i = Σ_{t ≥ i} dG_t, one block per (b, h),
-//                  dots and sums in f64.
+// - llb_dg_*:      dG_t = q_t·dq_t − k_t·dk_t (a warp per token) and dg_i = Σ_{t ≥ i} dG_t
+//                  by a tiled suffix scan, dots and sums in f64 (below).
 //
 // Gated DeltaNet (the recurrent form, rows of the state independent): per row i of S,
 //   ŝ_t = e^{g_t} s_{t−1},  u_t = v_t[i] − ŝ_t·k_t,  s_t = ŝ_t + β_t u_t k_t,  y_t[i] = σ s_t·q_t.
@@ -63,45 +63,77 @@ template <typename T> __device__ void llb_reverse_g(const T* g, T* out, int B, i
     }
 }
 
-// One block of LLB_DG_THREADS per (b, h): thread r takes tokens [r·n, (r+1)·n) (n = ⌈T/threads⌉),
-// writes dG_t there, sums its span; thread 0 turns the span sums into suffix sums in order; then
-// each thread walks its span backwards from the sum of the spans after it.
-#define LLB_DG_THREADS 256
+// The decay gradient dg_i = Σ_{t ≥ i} dG_t, dG_t = q_t·dq_t − k_t·dk_t, in four token-parallel
+// launches, all in f64 and in a fixed order (the same bits every run). The scratch a [B·H, T]
+// (f64) holds dG, and s [B·H, NT] the sums of tiles of L tokens (NT = ⌈T/L⌉, L from the host):
+// - llb_dg_dot:  a warp per (b, t, h) row, grid-stride: lanes read the row's Dk entries
+//                coalesced (d = lane + 32 j), the warp sums them; a[bh, t] = dG_t;
+// - llb_dg_tile: a thread per (bh, tile): s[bh, c] = Σ over the tile's tokens, last to first;
+// - llb_dg_scan: a thread per bh: s[bh, c] ← Σ_{c' > c} s[bh, c'] (exclusive suffix sums, last
+//                tile to first);
+// - llb_dg_out:  a thread per (bh, tile): walks its tokens last to first from s[bh, c],
+//                dg[b, t, h] = s[bh, c] + Σ_{t ≤ t' < tile end} a[bh, t'] (one rounding to T).
 template <typename T>
-__device__ void llb_dg(const T* q, const T* dq, const T* k, const T* dk, T* dg, int Tn, int H, int Dk) {
-    __shared__ double span[LLB_DG_THREADS];
-    const int bh = blockIdx.x, b = bh / H, h = bh % H, r = threadIdx.x;
-    const int n = (Tn + LLB_DG_THREADS - 1) / LLB_DG_THREADS;
-    const int t0 = min(Tn, r * n), t1 = min(Tn, t0 + n);
-    double sum = 0.0;
-    for (int t = t0; t < t1; ++t) {
-        const long long base = ((long long)(b * (long long)Tn + t) * H + h) * Dk;
-        double a = 0.0;
-        for (int d = 0; d < Dk; ++d)
-            a += (double)q[base + d] * (double)dq[base + d] - (double)k[base + d] * (double)dk[base + d];
-        dg[((long long)b * Tn + t) * H + h] = (T)a;
-        sum += a;
-    }
-    span[r] = sum;
-    __syncthreads();
-    if (r == 0) {
-        double acc = 0.0;
-        for (int i = LLB_DG_THREADS - 1; i >= 0; --i) {
-            const double s = span[i];
-            span[i] = acc;  // the sum of the spans after span i
-            acc += s;
+__device__ void llb_dg_dot(const T* q, const T* dq, const T* k, const T* dk, double* a, int B, int Tn, int H,
+                           int Dk) {
+    const long long rows = (long long)B * Tn * H;
+    const long long warps = (long long)gridDim.x * (blockDim.x / 32);
+    const int lane = threadIdx.x % 32;
+    for (long long row = gtid() / 32; row < rows; row += warps) {  // row = (b·T + t)·H + h
+        const long long base = row * Dk;
+        double x = 0.0;
+        for (int d = lane; d < Dk; d += 32)
+            x += (double)q[base + d] * (double)dq[base + d] - (double)k[base + d] * (double)dk[base + d];
+        x = llb_warp_sum(x);
+        if (lane == 0) {
+            const int h = (int)(row % H);
+            const long long bt = row / H;
+            const long long t = bt % Tn, b = bt / Tn;
+            a[(b * H + h) * Tn + t] = x;
         }
     }
-    __syncthreads();
-    double acc = span[r];
-    for (int t = t1 - 1; t >= t0; --t) {
-        // Recomputed rather than read back from dg, so that the f32 rounding of dG_t is not summed.
-        const long long base = ((long long)(b * (long long)Tn + t) * H + h) * Dk;
-        double a = 0.0;
-        for (int d = 0; d < Dk; ++d)
-            a += (double)q[base + d] * (double)dq[base + d] - (double)k[base + d] * (double)dk[base + d];
-        acc += a;
-        dg[((long long)b * Tn + t) * H + h] = (T)acc;
+}
+
+__device__ void llb_dg_tile_sums(const double* a, double* s, int BH, int Tn, int L, int NT) {
+    const long long n = (long long)BH * NT;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = gtid(); e < n; e += stride) {  // e = bh·NT + c
+        const long long bh = e / NT;
+        const int c = (int)(e - bh * NT);
+        const int t0 = c * L, t1 = min(Tn, t0 + L);
+        double x = 0.0;
+        for (int t = t1 - 1; t >= t0; --t) x += a[bh * Tn + t];
+        s[e] = x;
+    }
+}
+
+__device__ void llb_dg_scan_tiles(double* s, int BH, int NT) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long bh = gtid(); bh < BH; bh += stride) {
+        double acc = 0.0;
+        for (int c = NT - 1; c >= 0; --c) {
+            const double x = s[bh * NT + c];
+            s[bh * NT + c] = acc;
+            acc += x;
+        }
+    }
+}
+
+template <typename T>
+__device__ void llb_dg_out(const double* a, const double* s, T* dg, int BH, int Tn, int H, int L, int NT) {
+    const long long n = (long long)BH * NT;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = gtid(); e < n; e += stride) {
+        const long long bh = e / NT;
+        const int c = (int)(e - bh * NT);
+        const long long b = bh / H;
+        const int h = (int)(bh % H);
+        const int t0 = c * L, t1 = min(Tn, t0 + L);
+        double acc = s[e];
+        for (int t = t1 - 1; t >= t0; --t) {
+            acc += a[bh * Tn + t];
+            dg[(b * Tn + t) * H + h] = (T)acc;
+        }
     }
 }
 
@@ -302,9 +334,13 @@ __device__ void llb_delta_reduce(const T* pdq, const T* pdk, const T* pb, const 
     extern "C" __global__ void llb_reverse_g_##S(const T* g, T* out, int B, int Tn, int H) {                  \
         llb_reverse_g<T>(g, out, B, Tn, H);                                                                  \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(LLB_DG_THREADS)                                             \
-        llb_dg_##S(const T* q, const T* dq, const T* k, const T* dk, T* dg, int Tn, int H, int Dk) {         \
-        llb_dg<T>(q, dq, k, dk, dg, Tn, H, Dk);                                                              \
+    extern "C" __global__ void llb_dg_dot_##S(const T* q, const T* dq, const T* k, const T* dk, double* a,     \
+                                              int B, int Tn, int H, int Dk) {                              \
+        llb_dg_dot<T>(q, dq, k, dk, a, B, Tn, H, Dk);                                                        \
+    }                                                                                                        \
+    extern "C" __global__ void llb_dg_out_##S(const double* a, const double* s, T* dg, int BH, int Tn, int H,  \
+                                              int L, int NT) {                                             \
+        llb_dg_out<T>(a, s, dg, BH, Tn, H, L, NT);                                                              \
     }                                                                                                        \
     extern "C" __global__ void llb_delta_ckpt_##S(const T* k, const T* v, const T* g, const T* beta, T* ckpt, \
                                                   int Tn, int H, int Dk, int Dv, int C, int NC) {            \
@@ -324,3 +360,8 @@ __device__ void llb_delta_reduce(const T* pdq, const T* pdk, const T* pb, const 
 
 LLB_EXPORT(float, f32)
 LLB_EXPORT(double, f64)
+
+extern "C" __global__ void llb_dg_tile(const double* a, double* s, int BH, int Tn, int L, int NT) {
+    llb_dg_tile_sums(a, s, BH, Tn, L, NT);
+}
+extern "C" __global__ void llb_dg_scan(double* s, int BH, int NT) { llb_dg_scan_tiles(s, BH, NT); }

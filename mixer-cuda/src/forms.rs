@@ -18,7 +18,7 @@ use std::borrow::Cow;
 use mixer_core::mixer::{Decoder, Mixer};
 use mixer_core::precision::{ACTIVATIONS, round_bf16};
 use mixer_core::{Dims, Error, Form, Precision, Requires, Result, Tensors};
-use mixer_registry::{BackwardFn, DecoderFn, Family, FormFn, PreciseFn, StateFn};
+use mixer_registry::{BackwardFn, DecoderFn, Family, FormFn, PreciseBackwardFn, PreciseFn, StateFn};
 use ndarray::ArrayD;
 
 use crate::kernels;
@@ -143,20 +143,38 @@ impl<F: GpuReal, T: DeviceFamily<F>> Family<F> for Hosted<T> {
     fn backward_unsupported(&self, m: &T::Mixer, form: Form) -> Option<String> {
         if form == Form::Fast { T::backward_unsupported(m) } else { None }
     }
+    fn precise_backward(&self, form: Form) -> Option<PreciseBackwardFn<T::Mixer, F>> {
+        (form == Form::Fast)
+            .then(T::backward)
+            .flatten()
+            .map(|_| host_backward_with::<F, T> as PreciseBackwardFn<T::Mixer, F>)
+    }
 }
 
-/// The `fast` backward on host arrays (exact mode): uploads the inputs and `dy`, runs the
-/// device backward, reads the gradients back.
+/// The `fast` backward on host arrays (exact mode): [`host_backward_with`].
 fn host_backward<F: GpuReal, T: DeviceFamily<F>>(
     m: &T::Mixer,
     x: &Tensors<F>,
     dy: &ArrayD<F>,
     req: &Requires,
 ) -> Result<Tensors<F>> {
+    host_backward_with::<F, T>(m, x, dy, req, Precision::Exact)
+}
+
+/// The `fast` backward on host arrays in mode `p`: uploads the inputs and `dy` (the activations
+/// and `dy` rounded to bf16 and uploaded as bf16 in the `bf16` mode, as the device backward takes
+/// them), runs the device backward in `p`, reads the gradients back as `F`.
+fn host_backward_with<F: GpuReal, T: DeviceFamily<F>>(
+    m: &T::Mixer,
+    x: &Tensors<F>,
+    dy: &ArrayD<F>,
+    req: &Requires,
+    p: Precision,
+) -> Result<Tensors<F>> {
     let f = T::backward().ok_or_else(|| err(m.family(), "internal: no fast backward"))?;
-    let dev = upload_inputs(x, Precision::Exact)?;
-    let d = F::wrap(DeviceTensor::upload(dy)?);
-    let g = f(m, &dev, &d, req, Precision::Exact)?;
+    let dev = upload_inputs(x, p)?;
+    let d = upload_one(dy, p == Precision::Bf16)?;
+    let g = f(m, &dev, &d, req, p)?;
     g.iter().map(|(k, v)| Ok((k.clone(), download_as::<F>(v)?))).collect()
 }
 
@@ -213,15 +231,20 @@ fn on_device<F: GpuReal, M>(m: &M, f: DeviceFormFn<M>, x: &Tensors<F>, p: Precis
 pub fn upload_inputs<F: GpuReal>(x: &Tensors<F>, p: Precision) -> Result<DeviceTensors> {
     x.iter()
         .map(|(k, v)| {
-            let t = if p == Precision::Bf16 && ACTIVATIONS.contains(&k.as_str()) {
-                let b = v.mapv(|e| bf16::from_bits((round_bf16(e.f64() as f32).to_bits() >> 16) as u16));
-                AnyDeviceTensor::Bf16(DeviceTensor::upload(&b)?)
-            } else {
-                F::wrap(DeviceTensor::upload(v)?)
-            };
-            Ok((k.clone(), t))
+            Ok((k.clone(), upload_one(v, p == Precision::Bf16 && ACTIVATIONS.contains(&k.as_str()))?))
         })
         .collect()
+}
+
+/// One host array as a device tensor: as `F`, or rounded to bf16 on the host and uploaded as
+/// bf16 when `as_bf16`.
+pub fn upload_one<F: GpuReal>(v: &ArrayD<F>, as_bf16: bool) -> Result<AnyDeviceTensor> {
+    if as_bf16 {
+        let b = v.mapv(|e| bf16::from_bits((round_bf16(e.f64() as f32).to_bits() >> 16) as u16));
+        Ok(AnyDeviceTensor::Bf16(DeviceTensor::upload(&b)?))
+    } else {
+        Ok(F::wrap(DeviceTensor::upload(v)?))
+    }
 }
 
 /// Reads a device tensor back as `F` (bf16 values are exact in `f32` and `f64`).
@@ -337,4 +360,42 @@ pub fn cotangent<F: GpuReal>(dy: &AnyDeviceTensor, y_shape: &[usize]) -> Result<
     }
     let one: DeviceTensors = std::iter::once(("dy".to_string(), dy.clone())).collect();
     Ok(input::<F>(&one, "dy")?.into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    //! Host-side: the precision mode of a host-array backward reaches this backend's entry point
+    //! (`Family::precise_backward`), for the `fast` backward of every family that has one.
+    use mixer_core::{Form, Precision, Requires};
+    use mixer_registry::family;
+
+    #[test]
+    fn the_host_backward_takes_the_precision_mode_where_the_device_backward_exists() {
+        for name in ["attention", "loglinear", "toeplitz", "glr"] {
+            let e = family(name, "cuda").unwrap_or_else(|| panic!("{name} is registered on cuda"));
+            let has = e.f32.implements_backward(Form::Fast);
+            let m = mixer_registry::mixer(
+                if name == "loglinear" { "mamba2" } else { name },
+                &serde_json::json!({}),
+            )
+            .unwrap();
+            let (x, dy) = (Default::default(), ndarray::ArrayD::<f32>::zeros(ndarray::IxDyn(&[0])));
+            for p in [Precision::Tf32, Precision::Bf16] {
+                let fast =
+                    e.f32.run_precise_backward(m.as_ref(), "cuda", Form::Fast, &x, &dy, &Requires::All, p);
+                assert_eq!(fast.is_some(), has, "{name} {p}");
+                let par = e.f32.run_precise_backward(
+                    m.as_ref(),
+                    "cuda",
+                    Form::Parallel,
+                    &x,
+                    &dy,
+                    &Requires::All,
+                    p,
+                );
+                assert!(par.is_none(), "{name} {p}: no parallel backward on cuda");
+            }
+        }
+        assert!(family("loglinear", "cuda").unwrap().f32.implements_backward(Form::Fast));
+    }
 }

@@ -1,4 +1,5 @@
-//! Timing on the device with CUDA events, for `mixers bench --backend cuda`: inputs are
+//! Timing on the device with CUDA events, for `mixers bench --backend cuda` (forward, decoding,
+//! and with `--backward` the `fast` backward): inputs are
 //! uploaded once (timed separately), every timed run reads and writes device tensors only,
 //! and the result's download is timed separately too.
 //!
@@ -11,11 +12,11 @@
 use std::time::Instant;
 
 use mixer_core::mixer::Mixer;
-use mixer_core::{AnyTensors, Dims, Form, Precision, Result, Tensors};
+use mixer_core::{AnyTensors, Dims, Form, Precision, Requires, Result, Tensor, Tensors};
 use mixer_registry::DeviceTimer;
 
-use crate::device_run::{decoder_device, run_device, run_device_with};
-use crate::forms::upload_inputs;
+use crate::device_run::{backward_device, decoder_device, run_device, run_device_with};
+use crate::forms::{upload_inputs, upload_one};
 use crate::runtime::{GpuReal, err, gpu};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
@@ -51,6 +52,48 @@ impl DeviceTimer for CudaTimer {
             let e1 = event()?;
             v.push(seconds(&e0, &e1)?);
             drop(y);
+        }
+        Ok(summary(v, upload_s, download_s))
+    }
+    /// Times the `fast` backward of `m` (every input's gradient) on device-resident copies of
+    /// `inputs` and `dy` (uploaded once; `dy` as bf16 in the `bf16` mode): one warm-up run, then
+    /// up to `reps` event-timed runs of [`backward_device`] within `budget_s` seconds. A time
+    /// includes every launch of the backward and its device-side value checks of the inputs
+    /// and `dy` (the device backward always checks them); `download_s` is that of all the
+    /// gradients.
+    fn time_backward(
+        &self,
+        m: &dyn Mixer,
+        inputs: &AnyTensors,
+        dy: &Tensor,
+        p: Precision,
+        reps: usize,
+        budget_s: f64,
+    ) -> Result<DeviceTiming> {
+        let (dev, upload_s) = upload_timed(inputs, p)?;
+        let e0 = event()?;
+        let d = match dy {
+            Tensor::F32(d) => upload_one(d, p == Precision::Bf16)?,
+            Tensor::F64(d) => upload_one(d, p == Precision::Bf16)?,
+        };
+        let e1 = event()?;
+        let upload_s = upload_s + seconds(&e0, &e1)?;
+        let g = backward_device(m, &dev, &d, &Requires::All, p)?;
+        gpu()?.sync("timing")?;
+        let t0 = Instant::now();
+        for v in g.values() {
+            download(v)?;
+        }
+        let download_s = t0.elapsed().as_secs_f64();
+        drop(g);
+        let start = Instant::now();
+        let mut v = Vec::new();
+        while v.is_empty() || (v.len() < reps.max(1) && start.elapsed().as_secs_f64() < budget_s) {
+            let e0 = event()?;
+            let g = backward_device(m, &dev, &d, &Requires::All, p)?;
+            let e1 = event()?;
+            v.push(seconds(&e0, &e1)?);
+            drop(g);
         }
         Ok(summary(v, upload_s, download_s))
     }

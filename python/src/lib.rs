@@ -271,6 +271,7 @@ fn backward_typed<'py, F: Scalar + numpy::Element>(
                 &dy,
                 d_final.as_ref(),
                 requires,
+                Precision::Exact,
             )
         })
         .or_py()?;

@@ -11,16 +11,18 @@
 //! backend adds its own forms through its [`Family`](crate::Family) implementation
 //! ([`Family::backward`](crate::Family::backward)), exactly as it adds forward forms.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use mixer_core::grad::{grad_name, materialized_backward};
 use mixer_core::mixer::{Mixer, validate};
 use mixer_core::tensor::{cast_tensors, fmt_shape_of};
-use mixer_core::{AnyTensors, DType, Error, Form, Requires, Result, Tensor, Tensors};
+use mixer_core::{AnyTensors, DType, Error, Form, Precision, Requires, Result, Tensor, Tensors};
 use ndarray::ArrayD;
 
 use crate::family::Scalar;
 use crate::lookup::family;
+use crate::run::{bf16_activations, bf16_value, check_precision};
 
 /// The backward forms of `m` on `backend`: `materialized` when the mixer maps entry
 /// gradients to its inputs, and the backend's backward forms that this configuration
@@ -72,6 +74,20 @@ pub fn check_requires(m: &dyn Mixer, given: &[String], requires: &Requires) -> R
     Ok(())
 }
 
+/// The inputs and `dy` a backward without its own handling of `precision` runs on: as given,
+/// or in the `bf16` mode with the activations and `dy` rounded to bf16 (what the call stores).
+fn at_boundary<'a, F: Scalar>(
+    inputs: &'a Tensors<F>,
+    dy: &'a ArrayD<F>,
+    precision: Precision,
+) -> (Cow<'a, Tensors<F>>, Cow<'a, ArrayD<F>>) {
+    if precision == Precision::Bf16 {
+        (Cow::Owned(bf16_activations(inputs)), Cow::Owned(dy.mapv(bf16_value)))
+    } else {
+        (Cow::Borrowed(inputs), Cow::Borrowed(dy))
+    }
+}
+
 fn backward_typed<F: Scalar>(
     m: &dyn Mixer,
     backend: &str,
@@ -79,6 +95,7 @@ fn backward_typed<F: Scalar>(
     inputs: &Tensors<F>,
     dy: &ArrayD<F>,
     requires: &Requires,
+    precision: Precision,
 ) -> Result<Tensors<F>> {
     let mixed = mixer_core::tensor::get(inputs, m.spec().mixed)?;
     if dy.shape() != mixed.shape() {
@@ -104,8 +121,9 @@ fn backward_typed<F: Scalar>(
             if !m.has_materialized_vjp() {
                 return Err(unavailable(m, form, backend));
             }
-            let x64 = mixer_core::tensor::tensors_to_f64(inputs);
-            let g = materialized_backward(m, &x64, &dy.mapv(|x| x.f64()), requires)?;
+            let (x, d) = at_boundary(inputs, dy, precision);
+            let x64 = mixer_core::tensor::tensors_to_f64(&x);
+            let g = materialized_backward(m, &x64, &d.mapv(|x| x.f64()), requires)?;
             cast_tensors::<F>(&g)
         }
         f => {
@@ -121,8 +139,18 @@ fn backward_typed<F: Scalar>(
                 }
                 return Err(err);
             }
-            imp.run_backward(m, backend, f, inputs, dy, requires)
-                .ok_or_else(|| unavailable(m, f, backend))??
+            let precise = match precision {
+                Precision::Exact => None,
+                p => imp.run_precise_backward(m, backend, f, inputs, dy, requires, p),
+            };
+            match precise {
+                Some(g) => g?,
+                None => {
+                    let (x, d) = at_boundary(inputs, dy, precision);
+                    imp.run_backward(m, backend, f, &x, &d, requires)
+                        .ok_or_else(|| unavailable(m, f, backend))??
+                }
+            }
         }
     };
     out.retain(|k, _| k.strip_prefix("d_").is_some_and(|n| requires.wants(n) && inputs.contains_key(n)));
@@ -149,7 +177,7 @@ fn backward_typed<F: Scalar>(
 
 /// The gradients `d_<input>` of `m`'s output against `dy` (shape and dtype of `y`), by one
 /// backward form on `backend`, for every given input in `requires`. Inputs are validated as
-/// for the forward pass.
+/// for the forward pass. The exact arithmetic: [`backward_with`] in [`Precision::Exact`].
 pub fn backward(
     m: &dyn Mixer,
     backend: &str,
@@ -158,18 +186,40 @@ pub fn backward(
     dy: &Tensor,
     requires: &Requires,
 ) -> Result<BTreeMap<String, Tensor>> {
+    backward_with(m, backend, form, inputs, dy, requires, Precision::Exact)
+}
+
+/// [`backward`] in a [`Precision`] mode, as [`crate::run::run_with`] is the forward in one:
+/// `exact` is [`backward`]; `tf32` and `bf16` take `f32` inputs and `dy`. A backend backward
+/// with its own handling of the mode ([`crate::Family::precise_backward`]) gets it; otherwise
+/// `tf32` runs the exact backward and `bf16` converts at the boundary: the activations and `dy`
+/// are rounded to bf16 and the backward runs in `f32` (the gradients are `f32`, not rounded).
+pub fn backward_with(
+    m: &dyn Mixer,
+    backend: &str,
+    form: Form,
+    inputs: &AnyTensors,
+    dy: &Tensor,
+    requires: &Requires,
+    precision: Precision,
+) -> Result<BTreeMap<String, Tensor>> {
+    check_precision(precision, inputs.dtype())?;
     validate(m, inputs)?;
     let given: Vec<String> = inputs.shapes().into_keys().collect();
     check_requires(m, &given, requires)?;
     match (inputs, dy) {
-        (AnyTensors::F64(t), Tensor::F64(d)) => Ok(backward_typed::<f64>(m, backend, form, t, d, requires)?
-            .into_iter()
-            .map(|(k, v)| (k, Tensor::F64(v)))
-            .collect()),
-        (AnyTensors::F32(t), Tensor::F32(d)) => Ok(backward_typed::<f32>(m, backend, form, t, d, requires)?
-            .into_iter()
-            .map(|(k, v)| (k, Tensor::F32(v)))
-            .collect()),
+        (AnyTensors::F64(t), Tensor::F64(d)) => {
+            Ok(backward_typed::<f64>(m, backend, form, t, d, requires, precision)?
+                .into_iter()
+                .map(|(k, v)| (k, Tensor::F64(v)))
+                .collect())
+        }
+        (AnyTensors::F32(t), Tensor::F32(d)) => {
+            Ok(backward_typed::<f32>(m, backend, form, t, d, requires, precision)?
+                .into_iter()
+                .map(|(k, v)| (k, Tensor::F32(v)))
+                .collect())
+        }
         _ => Err(Error::Io(format!(
             "dy is {} but the inputs are {}; expected one dtype",
             dy.dtype().name(),

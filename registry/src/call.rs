@@ -62,8 +62,16 @@ pub fn backward<F: Scalar>(
     dy: &ArrayD<F>,
     d_final: Option<&Tensors<F>>,
     requires: &Requires,
+    precision: Precision,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
-    match (cu_seqlens, initial.is_some() || d_final.is_some()) {
+    let from_state = initial.is_some() || d_final.is_some();
+    if precision != Precision::Exact && (cu_seqlens.is_some() || from_state) {
+        return Err(Error::Io(format!(
+            "a backward in the {precision} mode takes neither cu_seqlens nor states (their backward runs \
+             the exact arithmetic only); use the exact mode"
+        )));
+    }
+    match (cu_seqlens, from_state) {
         (Some(cu), _) => {
             crate::packed::backward_packed(m, backend, form, inputs, cu, initial, dy, d_final, requires)
         }
@@ -71,13 +79,14 @@ pub fn backward<F: Scalar>(
             crate::state::backward_state(m, backend, form, inputs, initial, dy, d_final, requires)
         }
         (None, false) => {
-            let g = crate::backward::backward(
+            let g = crate::backward::backward_with(
                 m,
                 backend.name(),
                 form,
                 &F::tag(inputs.clone()),
                 &F::tag_one(dy.clone()),
                 requires,
+                precision,
             )?;
             let grads = g
                 .into_iter()

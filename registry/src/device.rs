@@ -19,7 +19,7 @@
 use std::any::Any;
 
 use mixer_core::mixer::Mixer;
-use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Requires, Result};
+use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Requires, Result, Tensor};
 use serde::Serialize;
 
 use crate::backend::Backend;
@@ -110,6 +110,19 @@ pub trait DeviceTimer: Send + Sync {
         m: &dyn Mixer,
         form: Form,
         inputs: &AnyTensors,
+        precision: Precision,
+        reps: usize,
+        budget_s: f64,
+    ) -> Result<DeviceTiming>;
+    /// Times the `fast` backward of `m` (every input's gradient, [`backward_device`]) on
+    /// device-resident copies of `inputs` and `dy`, uploaded once: one warm-up run, then up to
+    /// `reps` timed runs within `budget_s` seconds; the timing's `download_s` is that of all
+    /// the gradients.
+    fn time_backward(
+        &self,
+        m: &dyn Mixer,
+        inputs: &AnyTensors,
+        dy: &Tensor,
         precision: Precision,
         reps: usize,
         budget_s: f64,

@@ -44,6 +44,12 @@ pub type DecoderFn<M, F> = fn(&M, &Tensors<F>, &Dims) -> Result<Box<dyn Decoder<
 /// the wanted set.
 pub type BackwardFn<M, F> = fn(&M, &Tensors<F>, &ArrayD<F>, &Requires) -> Result<Tensors<F>>;
 
+/// A backward form with its own handling of the `tf32` and `bf16` modes, from the validated
+/// `f32` inputs and cotangent (as given: the `bf16` mode's rounding of the activations and `dy`
+/// is the implementation's): the gradients `d_<input>` as for [`BackwardFn`].
+pub type PreciseBackwardFn<M, F> =
+    fn(&M, &Tensors<F>, &ArrayD<F>, &Requires, Precision) -> Result<Tensors<F>>;
+
 /// A form run from a recurrent state ([`mixer_core::state`]): `y` and the final state, from
 /// the validated inputs and the validated initial state (`None`: zeros).
 pub type StateFn<M, F> = fn(&M, &Tensors<F>, Option<&Tensors<F>>) -> Result<(ArrayD<F>, Tensors<F>)>;
@@ -98,6 +104,13 @@ pub trait Family<F: Real>: Send + Sync + 'static {
     /// Why this backend cannot differentiate `form` for this configuration although it has
     /// that backward form for others, or `None`.
     fn backward_unsupported(&self, _m: &Self::Mixer, _form: Form) -> Option<String> {
+        None
+    }
+    /// The backward of `form` with its own handling of the `tf32` and `bf16` modes, if this
+    /// backend has one ([`Family::precise`]'s counterpart). Without it the registry runs the
+    /// exact backward (`tf32`) or converts at the boundary (`bf16`: activations and `dy` rounded
+    /// to bf16, `f32` gradients).
+    fn precise_backward(&self, _form: Form) -> Option<PreciseBackwardFn<Self::Mixer, F>> {
         None
     }
     /// `parallel` or `fast` run from a recurrent state, if this backend has it.
@@ -164,6 +177,18 @@ pub trait DynFamily<F: Real>: Send + Sync {
     fn implements_state(&self, form: Form) -> bool;
     /// [`Family::state_unsupported`] for a mixer of this family (an error if it is not one).
     fn state_unsupported(&self, m: &dyn Mixer, backend: &str, form: Form) -> Result<Option<String>>;
+    /// Runs [`Family::precise_backward`]'s pass of `form`; `None` when there is none.
+    #[allow(clippy::too_many_arguments)]
+    fn run_precise_backward(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        dy: &ArrayD<F>,
+        requires: &Requires,
+        precision: Precision,
+    ) -> Option<Result<Tensors<F>>>;
     /// Whether `form`'s run from a state has a backward pass here.
     fn implements_state_backward(&self, form: Form) -> bool;
     /// Runs [`Family::stateful`]'s form; `None` when there is none.
@@ -257,6 +282,19 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
     ) -> Option<Result<Tensors<F>>> {
         let f = self.backward(form)?;
         Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, dy, requires)))
+    }
+    fn run_precise_backward(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        dy: &ArrayD<F>,
+        requires: &Requires,
+        precision: Precision,
+    ) -> Option<Result<Tensors<F>>> {
+        let f = self.precise_backward(form)?;
+        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, dy, requires, precision)))
     }
     fn implements_state(&self, form: Form) -> bool {
         match form {

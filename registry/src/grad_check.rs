@@ -13,19 +13,26 @@
 //!
 //! Inputs are drawn by the mixer ([`Mixer::random_inputs`]) plus its optional inputs (e.g.
 //! `lambda_param`, so that every gradient is covered); the cotangent is standard normal.
+//!
+//! In the `tf32` and `bf16` modes ([`check_grad_with`]) check 3 runs the forms in `f32` in that
+//! mode ([`crate::backward::backward_with`]) against the mode's tolerance
+//! ([`Precision::tolerance`]) and check 2 is skipped; for `bf16` the activations and the
+//! cotangent are rounded to bf16 first, so the reference sees the values the call stores.
 
 use mixer_core::grad::{Requires, grad_name, materialized_backward};
 use mixer_core::mixer::{Mixer, complete_dims};
 use mixer_core::spec::{Gen, draw};
-use mixer_core::{DType, Form, Tensors, Tolerance};
+use mixer_core::tensor::{cast_tensors, tensors_to_f64};
+use mixer_core::{AnyTensors, DType, Form, Precision, Tensor, Tensors, Tolerance};
 use ndarray::ArrayD;
 use rand::{SeedableRng, rngs::StdRng};
 use serde::Serialize;
 
 use crate::backend::Backend;
-use crate::backward::{backward_as, backward_forms};
+use crate::backward::{backward_as, backward_forms, backward_with};
 use crate::harness::Sizes;
 use crate::run::oracle;
+use crate::run::{bf16_activations, bf16_value};
 
 /// Bound on the finite-difference error relative to `‖ū‖_2‖δ_u‖_2`.
 pub const FD_TOLERANCE: f64 = 1e-6;
@@ -49,6 +56,8 @@ pub struct GradRow {
     pub form: String,
     /// Scalar type.
     pub dtype: DType,
+    /// Precision mode of the checked backward (`exact` for the reference rows).
+    pub precision: Precision,
     /// Sequence length.
     pub seq: usize,
     /// The input whose gradient is compared (`-` when the whole pass failed).
@@ -90,6 +99,17 @@ fn norm(a: &ArrayD<f64>) -> f64 {
 /// Checks the backward passes of one configured mixer (see the module documentation).
 /// A failure to run is a failed row, not an error.
 pub fn check_grad(m: &dyn Mixer, backends: &[Backend], sizes: &Sizes, seed: u64) -> Vec<GradRow> {
+    check_grad_with(m, backends, sizes, seed, Precision::Exact)
+}
+
+/// [`check_grad`] with the backends' backward forms run in `precision` (module documentation).
+pub fn check_grad_with(
+    m: &dyn Mixer,
+    backends: &[Backend],
+    sizes: &Sizes,
+    seed: u64,
+    precision: Precision,
+) -> Vec<GradRow> {
     let cfg = m.config().to_string();
     let row = |backend: &str, form: &str, dtype: DType, input: &str| GradRow {
         mixer: m.name().to_string(),
@@ -97,6 +117,7 @@ pub fn check_grad(m: &dyn Mixer, backends: &[Backend], sizes: &Sizes, seed: u64)
         backend: backend.into(),
         form: form.into(),
         dtype,
+        precision: Precision::Exact,
         seq: sizes.seq,
         input: input.into(),
         rel_err: f64::INFINITY,
@@ -106,6 +127,8 @@ pub fn check_grad(m: &dyn Mixer, backends: &[Backend], sizes: &Sizes, seed: u64)
     };
     let fail = |form: &str, e: String| vec![GradRow { error: Some(e), ..row("-", form, DType::F64, "-") }];
     let inputs = match grad_inputs(m, sizes, seed) {
+        // Rounded through f32 first, so that the reference sees exactly the stored bf16 values.
+        Ok(i) if precision == Precision::Bf16 => tensors_to_f64(&bf16_activations(&cast_tensors::<f32>(&i))),
         Ok(i) => i,
         Err(e) => return fail(FINITE_DIFFERENCES, format!("random inputs: {e}")),
     };
@@ -115,6 +138,7 @@ pub fn check_grad(m: &dyn Mixer, backends: &[Backend], sizes: &Sizes, seed: u64)
         Err(e) => return fail(FINITE_DIFFERENCES, format!("oracle: {e}")),
     };
     let dy = normal_like(&y, &mut rng);
+    let dy = if precision == Precision::Bf16 { dy.mapv(|e| f64::from(bf16_value(e as f32))) } else { dy };
     let reference = match materialized_backward(m, &inputs, &dy, &Requires::All) {
         Ok(g) => g,
         Err(e) => return fail("materialized", format!("materialized backward: {e}")),
@@ -155,13 +179,24 @@ pub fn check_grad(m: &dyn Mixer, backends: &[Backend], sizes: &Sizes, seed: u64)
             if form == Form::Materialized {
                 continue;
             }
-            for dtype in [DType::F64, DType::F32] {
-                let tol = Tolerance::for_dtype(dtype.name());
-                match backward_as(m, b.name(), form, &inputs, &dy, dtype, &Requires::All) {
+            let dtypes: &[DType] =
+                if precision == Precision::Exact { &[DType::F64, DType::F32] } else { &[DType::F32] };
+            for &dtype in dtypes {
+                let tol: Tolerance = precision.tolerance(dtype.name());
+                let got = if precision == Precision::Exact {
+                    backward_as(m, b.name(), form, &inputs, &dy, dtype, &Requires::All)
+                } else {
+                    let x = AnyTensors::F32(cast_tensors::<f32>(&inputs));
+                    let d = Tensor::F32(dy.mapv(|e| e as f32));
+                    backward_with(m, b.name(), form, &x, &d, &Requires::All, precision)
+                        .map(|g| g.into_iter().map(|(k, v)| (k, v.to_f64())).collect::<Tensors<f64>>())
+                };
+                let at = |input: &str| GradRow { precision, ..row(b.name(), form.name(), dtype, input) };
+                match got {
                     Ok(got) => {
                         for (name, want) in &reference {
                             let input = name.strip_prefix("d_").unwrap_or(name);
-                            let mut r = row(b.name(), form.name(), dtype, input);
+                            let mut r = at(input);
                             match got.get(name) {
                                 Some(gv) => {
                                     let c = tol.compare(gv.view(), want.view());
@@ -177,10 +212,7 @@ pub fn check_grad(m: &dyn Mixer, backends: &[Backend], sizes: &Sizes, seed: u64)
                             rows.push(r);
                         }
                     }
-                    Err(e) => rows.push(GradRow {
-                        error: Some(e.to_string()),
-                        ..row(b.name(), form.name(), dtype, "-")
-                    }),
+                    Err(e) => rows.push(GradRow { error: Some(e.to_string()), ..at("-") }),
                 }
             }
         }

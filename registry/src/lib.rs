@@ -49,10 +49,10 @@ pub use device::{
 };
 pub use entries::*;
 pub use family::{
-    BackwardFn, DecoderFn, DynFamily, Family, FormFn, PreciseFn, Scalar, StateBackwardFn, StateDecoderFn,
-    StateFn,
+    BackwardFn, DecoderFn, DynFamily, Family, FormFn, PreciseBackwardFn, PreciseFn, Scalar, StateBackwardFn,
+    StateDecoderFn, StateFn,
 };
-pub use grad_check::{GradRow, check_grad};
+pub use grad_check::{GradRow, check_grad, check_grad_with};
 pub use harness::{CheckRow, Sizes, check, check_with};
 pub use lookup::{
     Duplicate, backend_entry, duplicates, family, lambda_grad, lambda_scheme, mask, mixer, mixer_entry,

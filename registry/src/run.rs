@@ -175,13 +175,7 @@ pub fn run_with(
     inputs: &AnyTensors,
     precision: Precision,
 ) -> Result<Tensor> {
-    if precision != Precision::Exact && inputs.dtype() != DType::F32 {
-        return Err(Error::Value {
-            name: "precision".into(),
-            constraint: format!("the {precision} mode takes f32 inputs"),
-            found: format!("{} inputs", inputs.dtype().name()),
-        });
-    }
+    check_precision(precision, inputs.dtype())?;
     let dims = validate(m, inputs)?;
     mixer_core::memory::guard(m, form, &dims, inputs.dtype())?;
     let y = match inputs {
@@ -193,6 +187,19 @@ pub fn run_with(
     }?;
     mixer_core::mixer::check_output(m, form, backend.name(), &y)?;
     Ok(y)
+}
+
+/// An error unless `precision` is `exact` or the inputs are `f32` (the `tf32` and `bf16` modes
+/// take `f32` inputs).
+pub(crate) fn check_precision(precision: Precision, dtype: DType) -> Result<()> {
+    if precision != Precision::Exact && dtype != DType::F32 {
+        return Err(Error::Value {
+            name: "precision".into(),
+            constraint: format!("the {precision} mode takes f32 inputs"),
+            found: format!("{} inputs", dtype.name()),
+        });
+    }
+    Ok(())
 }
 
 /// `f32` inputs in the `tf32` or `bf16` mode: the backend's own handling of the mode when it
@@ -225,12 +232,13 @@ fn run_reduced(
 pub fn bf16_activations<F: mixer_core::Real>(x: &Tensors<F>) -> Tensors<F> {
     x.iter()
         .map(|(k, v)| {
-            let v = if ACTIVATIONS.contains(&k.as_str()) {
-                v.mapv(|e| F::of(f64::from(round_bf16(e.f64() as f32))))
-            } else {
-                v.clone()
-            };
+            let v = if ACTIVATIONS.contains(&k.as_str()) { v.mapv(bf16_value) } else { v.clone() };
             (k.clone(), v)
         })
         .collect()
+}
+
+/// `x` rounded to the nearest bf16 number (through `f32`, ties to even).
+pub fn bf16_value<F: mixer_core::Real>(x: F) -> F {
+    F::of(f64::from(round_bf16(x.f64() as f32)))
 }

@@ -1,14 +1,17 @@
 //! `mixers bench --backward`: backward/forward time ratio per mixer and length, and the
 //! scaling exponents of both passes (the fast forms, on each backend that has a fast
 //! backward). Inputs from `Mixer::random_inputs`, a standard-normal cotangent; median of
-//! `reps` timed runs after one untimed run.
+//! `reps` timed runs after one untimed run, in `--precision`'s mode. A backend with a device
+//! timer (CUDA) is timed by device events on device-resident inputs and `dy`
+//! ([`DeviceTimer::time_form`], [`DeviceTimer::time_backward`]); others on the host clock
+//! around the host-array calls.
 
-use mixer_core::mixer::validate;
+use mixer_core::mixer::{Mixer, validate};
 use mixer_core::spec::{Gen, draw};
 use mixer_core::tensor::cast_tensors;
 use mixer_core::{AnyTensors, DType, Error, Form, Requires, Result, Tensor};
-use mixer_registry::Backend;
-use mixer_registry::backward::{backward, backward_forms};
+use mixer_registry::backward::{backward_forms, backward_with};
+use mixer_registry::{Backend, DeviceTimer};
 use rand::SeedableRng;
 
 use super::{Options, default_mixers, label, sizes};
@@ -68,14 +71,10 @@ pub(crate) fn run(opts: &Options) -> Result<i32> {
                     }
                 };
                 validate(m.as_ref(), &inputs)?;
-                let mut err = None;
-                let fwd = time(1, opts.reps, opts.max_seconds, || {
-                    mixer_registry::run::run(m.as_ref(), b, Form::Fast, &inputs).map_err(|e| err = Some(e))
-                });
-                let bwd = time(1, opts.reps, opts.max_seconds, || {
-                    backward(m.as_ref(), b.name(), Form::Fast, &inputs, &dy, &Requires::All)
-                        .map_err(|e| err = Some(e))
-                });
+                let (fwd, bwd, err) = match b.entry().timer {
+                    Some(timer) => device_times(timer, m.as_ref(), &inputs, &dy, opts),
+                    None => host_times(m.as_ref(), b, &inputs, &dy, opts),
+                };
                 if let Some(e) = err {
                     failed += 1;
                     rows.push(vec![
@@ -92,12 +91,12 @@ pub(crate) fn run(opts: &Options) -> Result<i32> {
                     lab.clone(),
                     b.name().into(),
                     seq.to_string(),
-                    format!("{:.2}", fwd.median * 1e3),
-                    format!("{:.2}", bwd.median * 1e3),
-                    format!("{:.2}", bwd.median / fwd.median),
+                    format!("{:.2}", fwd * 1e3),
+                    format!("{:.2}", bwd * 1e3),
+                    format!("{:.2}", bwd / fwd),
                 ]);
-                pts.push(Point { seq, fwd: fwd.median, bwd: bwd.median });
-                if bwd.median > opts.max_seconds {
+                pts.push(Point { seq, fwd, bwd });
+                if bwd > opts.max_seconds {
                     break;
                 }
             }
@@ -105,12 +104,23 @@ pub(crate) fn run(opts: &Options) -> Result<i32> {
         }
     }
     println!(
-        "backward (all input gradients) vs forward, fast forms, {} B={} H={} D={}\n",
+        "backward (all input gradients) vs forward, fast forms, {} {} B={} H={} D={}\n",
         opts.dtype.name(),
+        opts.precision,
         opts.batch,
         opts.heads,
         opts.dim
     );
+    for b in &backends {
+        let how = if b.entry().timer.is_some() {
+            "device events around runs on device-resident inputs and dy (uploaded once; transfers \
+             excluded; the backward includes its device-side value checks of the inputs and dy)"
+        } else {
+            "wall time of the host-array calls (validation included)"
+        };
+        println!("{}: {how}", b.name());
+    }
+    println!();
     print!(
         "{}",
         markdown(&["mixer", "backend", "T", "forward ms", "backward ms", "backward/forward"], &rows)
@@ -121,4 +131,44 @@ pub(crate) fn run(opts: &Options) -> Result<i32> {
         return Err(Error::Io("nothing to measure".into()));
     }
     Ok(if failed == 0 { 0 } else { 1 })
+}
+
+/// Forward and backward medians (seconds) timed on the host clock around the host-array calls,
+/// and the first error.
+fn host_times(
+    m: &dyn Mixer,
+    b: &Backend,
+    inputs: &AnyTensors,
+    dy: &Tensor,
+    opts: &Options,
+) -> (f64, f64, Option<Error>) {
+    let mut err = None;
+    let p = opts.precision;
+    let fwd = time(1, opts.reps, opts.max_seconds, || {
+        mixer_registry::run::run_with(m, b, Form::Fast, inputs, p).map_err(|e| err = Some(e))
+    });
+    let bwd = time(1, opts.reps, opts.max_seconds, || {
+        backward_with(m, b.name(), Form::Fast, inputs, dy, &Requires::All, p).map_err(|e| err = Some(e))
+    });
+    (fwd.median, bwd.median, err)
+}
+
+/// Forward and backward medians (seconds) from the backend's device timer (events around
+/// device-resident runs), and the first error.
+fn device_times(
+    timer: &dyn DeviceTimer,
+    m: &dyn Mixer,
+    inputs: &AnyTensors,
+    dy: &Tensor,
+    opts: &Options,
+) -> (f64, f64, Option<Error>) {
+    let (p, reps, budget) = (opts.precision, opts.reps, opts.max_seconds);
+    let r = timer.time_form(m, Form::Fast, inputs, p, reps, budget).and_then(|f| {
+        let g = timer.time_backward(m, inputs, dy, p, reps, budget)?;
+        Ok((f.median, g.median))
+    });
+    match r {
+        Ok((f, g)) => (f, g, None),
+        Err(e) => (0.0, 0.0, Some(e)),
+    }
 }

@@ -9,7 +9,10 @@
 //!   — anti-causal, so the forward on time-reversed sequences (`t' = T−1−t`) with the reversed
 //!   log-decays `g'_0 = 0`, `g'_j = g_{T−j}`: `dv = rev(fwd(rev k, rev q, rev dy, g'))`,
 //!   `dk = rev(fwd(rev v, rev dy, rev q, g'))`;
-//! - `dG_t = q_t·dq_t − k_t·dk_t`, `dg_i = Σ_{t≥i} dG_t` (f64 dots and sums).
+//! - `dG_t = q_t·dq_t − k_t·dk_t`, `dg_i = Σ_{t≥i} dG_t` (f64 dots and sums): `dG` token-parallel
+//!   (a warp per token), then the suffix sums by tiles of `L` tokens ([`dg_tile`]): each tile's
+//!   sum, the exclusive suffix sums of the tile sums, and each tile walked from its suffix, every
+//!   sum in a fixed order (last token first).
 //!
 //! The forward is this backend's `fast` form ([`super::fast::run`]), in the call's mode (exact or
 //! tf32; the bf16 mode converts the activations and `dy` to f32 and runs the tf32 kernels). The
@@ -200,8 +203,8 @@ pub(crate) fn transposed<O: Transposes>(
     Ok(Transposed { dq: if want.q { dq } else { None }, dk: if want.k { dk } else { None }, dv, dg })
 }
 
-/// [`Transposes`] on device tensors: the `kernels/loglinear_backward.cu` reversals and `llb_dg`,
-/// and this backend's `fast` forward in mode `p`.
+/// [`Transposes`] on device tensors: the `kernels/loglinear_backward.cu` reversals and the decay
+/// gradient's `llb_dg_*` passes, and this backend's `fast` forward in mode `p`.
 struct OnDevice<'a, F> {
     ll: &'a LogLinear,
     p: Precision,
@@ -274,19 +277,38 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         dk: &DeviceTensor<F>,
     ) -> Result<DeviceTensor<F>> {
         let [b, t, h, d] = bthd(q.shape())?;
-        let n = q.shape()[..3].iter().product::<usize>();
-        let mut out = pool::take::<F>(FAMILY, n)?;
+        let (bh, tn) = (q.shape()[0] * q.shape()[2], q.shape()[1]);
+        let l = dg_tile(tn);
+        let nt = tn.div_ceil(l);
+        let (bhi, li, nti) = (int(FAMILY, "B·H", bh)?, int(FAMILY, "tile", l)?, int(FAMILY, "tiles", nt)?);
+        let mut a = pool::take::<f64>(FAMILY, bh * tn)?;
+        let mut s = pool::take::<f64>(FAMILY, bh * nt)?;
+        let mut out = pool::take::<F>(FAMILY, bh * tn)?;
         let g = gpu()?;
-        let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_dg_{}", F::SUFFIX))?;
-        let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: ((b * h) as u32, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let kernel = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], name);
         let (qv, dqv, kv, dkv) = (q.view(), dq.view(), k.view(), dk.view());
-        launch!(g, FAMILY, f, cfg; &qv, &dqv, &kv, &dkv, &mut *out, &t, &h, &d)?;
+        let f = kernel(&format!("llb_dg_dot_{}", F::SUFFIX))?;
+        launch!(g, FAMILY, f, grid1((bh * tn * 32).min(1 << 22), 256);
+            &qv, &dqv, &kv, &dkv, &mut *a, &b, &t, &h, &d)?;
+        let f = kernel("llb_dg_tile")?;
+        launch!(g, FAMILY, f, grid1((bh * nt).min(1 << 20), 128); &*a, &mut *s, &bhi, &t, &li, &nti)?;
+        let f = kernel("llb_dg_scan")?;
+        launch!(g, FAMILY, f, grid1(bh.min(1 << 20), 128); &mut *s, &bhi, &nti)?;
+        let f = kernel(&format!("llb_dg_out_{}", F::SUFFIX))?;
+        launch!(g, FAMILY, f, grid1((bh * nt).min(1 << 20), 128);
+            &*a, &*s, &mut *out, &bhi, &t, &h, &li, &nti)?;
         DeviceTensor::from_pooled(out, &q.shape()[..3])
     }
+}
+
+/// The tile length `L` of the decay gradient's suffix scan over `T` tokens: `max(64, ⌈√T⌉)`, so
+/// that a tile's walk and the scan over the `⌈T/L⌉` tile sums are both `O(√T)` long.
+pub(crate) fn dg_tile(t: usize) -> usize {
+    let mut r = t.isqrt();
+    if r * r < t {
+        r += 1;
+    }
+    r.max(64)
 }
 
 /// The delta-rule backward's launch geometry for `[B, T, H, Dk, Dv]` in `F` of `bytes` bytes:
@@ -448,13 +470,59 @@ mod tests {
             dk: &ArrayD<f64>,
         ) -> Result<ArrayD<f64>> {
             let mut d = (q * dq - k * dk).sum_axis(Axis(3));
-            let t = d.shape()[1];
-            for i in (0..t.saturating_sub(1)).rev() {
-                let next = d.index_axis(Axis(1), i + 1).to_owned();
-                let mut here = d.index_axis_mut(Axis(1), i);
-                here += &next;
+            for mut lane in d.lanes_mut(Axis(1)) {
+                let dg = suffix_by_tiles(&lane.to_vec());
+                lane.assign(&ndarray::ArrayView1::from(&dg));
             }
             Ok(d)
+        }
+    }
+
+    /// The loops of `llb_dg_tile`, `llb_dg_scan` and `llb_dg_out` on one (batch, head)'s `dG`, in
+    /// the kernels' order: `dg_i = Σ_{t≥i} dG_t`.
+    fn suffix_by_tiles(a: &[f64]) -> Vec<f64> {
+        let (tn, l) = (a.len(), dg_tile(a.len()));
+        let nt = tn.div_ceil(l);
+        let tile = |c: usize| c * l..tn.min(c * l + l);
+        let mut s: Vec<f64> = (0..nt).map(|c| tile(c).rev().fold(0.0, |x, t| x + a[t])).collect();
+        let mut acc = 0.0;
+        for c in (0..nt).rev() {
+            let x = s[c];
+            s[c] = acc;
+            acc += x;
+        }
+        let mut out = vec![f64::NAN; tn];
+        for (c, &sc) in s.iter().enumerate() {
+            let mut acc = sc;
+            for t in tile(c).rev() {
+                acc += a[t];
+                out[t] = acc;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_tiled_suffix_scan_is_the_suffix_sum() {
+        assert_eq!([0, 1, 64, 4096, 4097, 16384].map(dg_tile), [64, 64, 64, 64, 65, 128]);
+        for tn in [1, 2, 63, 64, 65, 128, 129, 4095, 4097, 10000] {
+            // Integers: every order of summation is exact, so the scan must match bit for bit.
+            let a: Vec<f64> = (0..tn).map(|t| ((t * 7919 + 13) % 201) as f64 - 100.0).collect();
+            let mut want = vec![0.0; tn];
+            let mut acc = 0.0;
+            for t in (0..tn).rev() {
+                acc += a[t];
+                want[t] = acc;
+            }
+            assert_eq!(suffix_by_tiles(&a), want, "T = {tn}");
+            // Reals: within rounding of the sequential sum.
+            let a: Vec<f64> = (0..tn).map(|t| (t as f64 * 0.37).sin()).collect();
+            let got = suffix_by_tiles(&a);
+            let mut acc = 0.0;
+            for t in (0..tn).rev() {
+                acc += a[t];
+                assert!((got[t] - acc).abs() <= 1e-12 * (1.0 + acc.abs()), "T = {tn}, t = {t}");
+            }
         }
     }
 
