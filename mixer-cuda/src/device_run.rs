@@ -19,7 +19,8 @@ use mixer_registry::{Backend, DeviceForms};
 
 use crate::forms::{DeviceDecoder, DeviceFamily};
 use crate::kernels;
-use crate::runtime::{GpuReal, err, gpu, grid1, launch};
+use crate::runtime::{err, gpu, grid1, launch};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, Deferred, DeviceScalar, DeviceTensor, DeviceTensors, bf16};
 
 /// The backend's stream: order a caller's own kernels and copies with ours by enqueuing them

@@ -14,7 +14,8 @@ use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use mixer_core::Result;
 
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, err, gpu};
+use crate::runtime::{err, gpu};
+use crate::tensor::GpuReal;
 
 /// The transform a plan computes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]

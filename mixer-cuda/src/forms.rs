@@ -23,7 +23,8 @@ use ndarray::ArrayD;
 
 use crate::kernels;
 use crate::pool;
-use crate::runtime::{GpuReal, err, gpu, grid1, launch};
+use crate::runtime::{err, gpu, grid1, launch};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceScalar, DeviceTensor, DeviceTensors, bf16};
 
 /// A device form: inputs on the device, output on the device, nothing waited for.

@@ -161,6 +161,19 @@ pub fn zeros<T: DeviceRepr + ValidAsZeroBits + 'static>(kernel: &str, n: usize) 
     Ok(p)
 }
 
+/// Copies a host slice to a new pooled device buffer (at least one element, so that
+/// kernels always get a valid pointer). The copy is enqueued on the stream.
+pub fn upload<T: DeviceRepr + ValidAsZeroBits + 'static>(kernel: &str, s: &[T]) -> Result<Pooled<T>> {
+    let mut p = take::<T>(kernel, s.len())?;
+    if !s.is_empty() {
+        gpu()?
+            .stream
+            .memcpy_htod(s, &mut p.slice_mut(0..s.len()))
+            .map_err(|e| err(kernel, format!("host→device copy of {} elements: {e}", s.len())))?;
+    }
+    Ok(p)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -12,27 +12,10 @@ use std::collections::HashMap;
 use std::fmt::Display;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, ValidAsZeroBits,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig};
 
-use crate::pool::Pooled;
 use cudarc::nvrtc::Ptx;
-use mixer_core::{Error, Real, Result};
-
-/// A scalar type with device kernels: `f32` or `f64`.
-pub trait GpuReal: Real + crate::tensor::DeviceScalar {
-    /// Suffix of the `extern "C"` kernel instantiation (`"f32"` / `"f64"`).
-    const SUFFIX: &'static str;
-}
-
-impl GpuReal for f32 {
-    const SUFFIX: &'static str = "f32";
-}
-
-impl GpuReal for f64 {
-    const SUFFIX: &'static str = "f64";
-}
+use mixer_core::{Error, Result};
 
 /// A backend error of a family (or of a kernel source, by its name):
 /// `Error::Backend { backend: "cuda", family, message }`.
@@ -250,22 +233,6 @@ impl Gpu {
         let f = self.function(kernel, &src()?, extra, name)?;
         self.functions.lock().map_err(|_| err(kernel, "function cache poisoned"))?.insert(key, f.clone());
         Ok(f)
-    }
-
-    /// Copies a host slice to a new pooled device buffer (at least one element, so that
-    /// kernels always get a valid pointer). The copy is enqueued on the stream.
-    pub fn upload_slice<T: DeviceRepr + ValidAsZeroBits + 'static>(
-        &self,
-        kernel: &str,
-        s: &[T],
-    ) -> Result<Pooled<T>> {
-        let mut p = crate::pool::take::<T>(kernel, s.len())?;
-        if !s.is_empty() {
-            self.stream
-                .memcpy_htod(s, &mut p.slice_mut(0..s.len()))
-                .map_err(|e| err(kernel, format!("host→device copy of {} elements: {e}", s.len())))?;
-        }
-        Ok(p)
     }
 
     /// Waits for the stream and reports an asynchronous kernel failure as an error.

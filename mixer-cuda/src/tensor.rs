@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaView, DeviceRepr, ValidAsZeroBits};
 use mixer_core::error::fmt_shape;
-use mixer_core::{Error, Result};
+use mixer_core::{Error, Real, Result};
 use ndarray::{ArrayD, IxDyn};
 
 use crate::pool::{self, Pooled};
@@ -35,6 +35,20 @@ pub trait DeviceScalar:
     fn wrap(t: DeviceTensor<Self>) -> AnyDeviceTensor;
     /// From [`AnyDeviceTensor`], if it holds this type.
     fn unwrap(t: &AnyDeviceTensor) -> Option<&DeviceTensor<Self>>;
+}
+
+/// A scalar type with device kernels: `f32` or `f64`.
+pub trait GpuReal: Real + DeviceScalar {
+    /// Suffix of the `extern "C"` kernel instantiation (`"f32"` / `"f64"`).
+    const SUFFIX: &'static str;
+}
+
+impl GpuReal for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+
+impl GpuReal for f64 {
+    const SUFFIX: &'static str = "f64";
 }
 
 impl DeviceScalar for f32 {

@@ -17,7 +17,8 @@ use mixer_registry::DeviceTimer;
 
 use crate::device_run::{backward_device, decoder_device, run_device, run_device_with};
 use crate::forms::{upload_inputs, upload_one};
-use crate::runtime::{GpuReal, err, gpu};
+use crate::runtime::{err, gpu};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 pub use mixer_registry::DeviceTiming;

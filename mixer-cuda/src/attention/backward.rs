@@ -30,7 +30,8 @@ use super::common::{FAMILY, window_arg};
 use crate::forms::{cotangent, input};
 use crate::kernels;
 use crate::pool;
-use crate::runtime::{GpuReal, check_elems, err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::runtime::{check_elems, err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// Threads per block (`ATB_THREADS`).

@@ -14,7 +14,8 @@ use super::common::{FAMILY, window_arg};
 use crate::forms::{DeviceDecoder, input};
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::runtime::{err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// Keys per split block (`ATTN_SPLIT_KEYS` in `attention.cu`).

@@ -20,7 +20,8 @@ use super::fused;
 use crate::forms::{finish, input};
 use crate::kernels;
 use crate::pool;
-use crate::runtime::{GpuReal, check_elems, err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::runtime::{check_elems, err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// Threads per block of the exact kernel (`AX_THREADS`): a 16 × 16 grid of row groups × key lanes.

@@ -21,7 +21,8 @@ pub mod fused;
 use mixer_core::mixers::attention::Attention;
 
 use crate::forms::{DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn};
-use crate::runtime::{GpuReal, gpu, max_dynamic_smem};
+use crate::runtime::{gpu, max_dynamic_smem};
+use crate::tensor::GpuReal;
 use mixer_core::{Dims, Form, Precision, Result};
 
 use common::FAMILY;

@@ -36,7 +36,8 @@ use super::fast::device_table;
 use crate::forms::{cotangent, input, input_opt};
 use crate::kernels;
 use crate::pool;
-use crate::runtime::{GpuReal, err, gpu, grid1, int, launch};
+use crate::runtime::{err, gpu, grid1, int, launch};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// Threads per block of both launches (`GLRB_NT`, the width of the reverse sweep's shared-memory

@@ -16,7 +16,8 @@ use crate::attention::decoder::token_shape;
 use crate::forms::{DeviceDecoder, input};
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, err, gpu, grid1, int, launch};
+use crate::runtime::{err, gpu, grid1, int, launch};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// The GLR decoder (device-resident lattice cache).

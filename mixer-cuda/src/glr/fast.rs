@@ -21,7 +21,8 @@ use super::common::FAMILY;
 use crate::forms::{finish, input, input_opt};
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::runtime::{err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// The pattern table the kernel takes for length `t_len`: [`Glr::slots`]'s offsets `f(k)`
@@ -64,13 +65,12 @@ pub(crate) fn device_table(glr: &Glr, t: usize) -> Result<Arc<DeviceTable>> {
         return Ok(d.clone());
     }
     let (off, strides) = table(glr, t)?;
-    let g = gpu()?;
     let d = Arc::new(DeviceTable {
         near: near_taps(&off, &strides, glr.pattern().cache_efficient()),
         short: short_taps(&off),
         k: off.len(),
-        off: g.upload_slice(FAMILY, &off)?,
-        strides: g.upload_slice(FAMILY, &strides)?,
+        off: pool::upload(FAMILY, &off)?,
+        strides: pool::upload(FAMILY, &strides)?,
     });
     if cache.len() >= 1024 {
         cache.clear();

@@ -23,7 +23,7 @@ pub mod fast;
 use mixer_core::mixers::glr::Glr;
 
 use crate::forms::{DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn};
-use crate::runtime::GpuReal;
+use crate::tensor::GpuReal;
 
 use common::FAMILY;
 

@@ -37,7 +37,8 @@ use super::fast;
 use crate::forms::input;
 use crate::kernels;
 use crate::pool;
-use crate::runtime::{GpuReal, err, gpu, grid1, int, launch, max_dynamic_smem, opt_in};
+use crate::runtime::{err, gpu, grid1, int, launch, max_dynamic_smem, opt_in};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// Rows (warps) per block of the delta-rule backward.

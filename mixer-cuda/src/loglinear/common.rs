@@ -17,7 +17,8 @@ use serde::Serialize;
 
 use crate::kernels::{self, KernelSource};
 use crate::pool::Pooled;
-use crate::runtime::{GpuReal, err, gpu, int, opt_in};
+use crate::runtime::{err, gpu, int, opt_in};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceScalar, DeviceTensor, DeviceTensors, bf16};
 
 /// Family name in errors.

@@ -29,7 +29,8 @@ use crate::attention::decoder::token_shape;
 use crate::forms::{DeviceDecoder, input};
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, err, gpu, int, launch};
+use crate::runtime::{err, gpu, int, launch};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// The decoder of one configured member of the family (device-resident level states).

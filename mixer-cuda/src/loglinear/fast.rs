@@ -23,7 +23,8 @@ use super::state_pass::{self, PassData, StatePass};
 use super::{lambda, output, sequential, ssd, wy};
 use crate::forms::{finish, input, input_opt};
 use crate::pool;
-use crate::runtime::{GpuReal, err};
+use crate::runtime::err;
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
 /// Which algorithm the plan runs.

@@ -13,7 +13,8 @@ use mixer_core::{Error, Result};
 use super::common::FAMILY;
 use super::parallel::{kernel_key, kernel_source};
 use crate::pool;
-use crate::runtime::{GpuReal, gpu, grid1, int, launch};
+use crate::runtime::{gpu, grid1, int, launch};
+use crate::tensor::GpuReal;
 use crate::tensor::{Deferred, DeviceTensor};
 
 /// The λ weights of `raw` (`[…, H, L]`), on the device, with the check of their values.

@@ -54,7 +54,7 @@ use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Dims, Form, Precision, Result};
 
 use crate::forms::{DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateFn};
-use crate::runtime::GpuReal;
+use crate::tensor::GpuReal;
 use mixer_core::mixers::loglinear_state::STATE;
 
 use common::FAMILY;

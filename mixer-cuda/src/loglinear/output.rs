@@ -21,7 +21,8 @@ use mixer_core::{Precision, Result};
 use super::common::{Elem, FAMILY, Launch, Shape, Step, fixed_dims, kernel_ints, tensor_cores};
 use crate::kernels;
 use crate::pool::Pooled;
-use crate::runtime::{GpuReal, gpu, int, launch};
+use crate::runtime::{gpu, int, launch};
+use crate::tensor::GpuReal;
 
 /// Dynamic shared memory of `llc_out_dl_tc`: three `[64][68]` f32 tiles.
 const OUT_DL_TC_SMEM: usize = 3 * 64 * 68 * 4;

@@ -13,7 +13,8 @@ use super::common::{FAMILY, base_code};
 use crate::forms::{finish, input, input_opt};
 use crate::kernels;
 use crate::pool;
-use crate::runtime::{GpuReal, check_elems, err, gpu, int, launch};
+use crate::runtime::{check_elems, err, gpu, int, launch};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, Deferred, DeviceTensor, DeviceTensors};
 
 /// Shared memory one block may use without opting in (bytes).

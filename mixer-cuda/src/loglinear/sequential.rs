@@ -20,7 +20,8 @@ use mixer_core::mixers::loglinear::LogLinear;
 use super::common::{ChunkedInputs, Elem, FAMILY, Launch, Shape, Step, base_code};
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, err, gpu, int, launch};
+use crate::runtime::{err, gpu, int, launch};
+use crate::tensor::GpuReal;
 
 /// Most scratch bytes the form allocates.
 const MAX_SCRATCH: usize = 8 << 30;

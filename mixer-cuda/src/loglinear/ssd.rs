@@ -41,7 +41,8 @@ use super::common::{
 use super::output;
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{GpuReal, err, gpu, launch};
+use crate::runtime::{err, gpu, launch};
+use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
 /// Tree entries per (batch, head): `Σ_e ⌊nc / 2^e⌋` over the levels that are read.

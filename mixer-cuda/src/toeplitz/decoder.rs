@@ -34,10 +34,9 @@ impl<F: FftReal> Statics<F> {
         let (b, t, c) = (dims.size("B")?, dims.size("T")?, dims.size("C")?);
         tz.head_dim(c)?;
         let (taps, bias) = tz.prepare_statics(get(statics, "w")?, statics.get("bias"), t)?;
-        let g = gpu()?;
-        let w = g.upload_slice(FAMILY, &taps)?;
+        let w = pool::upload(FAMILY, &taps)?;
         let (bias, has_bias) = match bias {
-            Some(v) => (g.upload_slice(FAMILY, &v)?, 1),
+            Some(v) => (pool::upload(FAMILY, &v)?, 1),
             None => (pool::zeros::<F>(FAMILY, 1)?, 0),
         };
         Ok(Statics { w, bias, has_bias, dims: kernel_dims(tz, b, t, c)?, bc: b * c, tmax: t })

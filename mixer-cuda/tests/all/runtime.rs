@@ -226,7 +226,7 @@ fn fft_round_trip<F: mixer_cuda::fft::FftReal>(tol: f64) {
     let g = gpu().unwrap();
     let (n, batch) = (45usize, 3usize);
     let x: Vec<F> = (0..n * batch).map(|i| F::of(((i * 7919) % 101) as f64 / 50.0 - 1.0)).collect();
-    let dx = g.upload_slice("fft", &x).unwrap();
+    let dx = mixer_cuda::pool::upload("fft", &x).unwrap();
     let spec = mixer_cuda::fft::rfft::<F>("fft", &dx, n, batch).unwrap();
     let back = mixer_cuda::fft::irfft::<F>("fft", spec, n, batch).unwrap();
     let mut host = vec![F::zero(); n * batch];
