@@ -59,11 +59,8 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         })?;
         // The shapes, bounds and dtypes on the host; then, unless `checks` is false, the
         // device-side value checks of the inputs, the run, and the finiteness check of `y`.
+        let double = check_on_host(m, inputs, precision)?;
         let spec = m.spec();
-        let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
-        let dims = spec.bind(&shapes)?;
-        spec.check_bounds(&dims, &m.bounds(&dims))?;
-        let double = check_dtypes(inputs, precision)?;
         if !checks {
             return run_erased::<T>(m, form, inputs, precision, double).map(|y| Box::new(y) as Box<dyn Any>);
         }
@@ -109,10 +106,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         // The shapes, bounds and dtypes on the host, as for `run`; `dy` has the shape of y (of
         // the mixed input) and the activations' dtype.
         let spec = m.spec();
-        let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
-        let dims = spec.bind(&shapes)?;
-        spec.check_bounds(&dims, &m.bounds(&dims))?;
-        let double = check_dtypes(inputs, precision)?;
+        let double = check_on_host(m, inputs, precision)?;
         let given: Vec<String> = inputs.keys().cloned().collect();
         mixer_registry::backward::check_requires(m, &given, requires)?;
         let mixed = inputs.get(spec.mixed).map(|t| t.shape().to_vec()).unwrap_or_default();
@@ -304,6 +298,17 @@ fn check_any(
 
 /// The element types a call accepts: all `f64` (exact), all `f32` (exact or tf32), or bf16
 /// activations with `f32` for the rest (bf16). Returns whether the call computes in `f64`.
+/// The host-side checks of device inputs, shared by the forward and the backward: the shapes
+/// bind the spec's sizes, the sizes meet the mixer's bounds, the dtypes suit the mode. Returns
+/// whether the call computes in `f64`.
+fn check_on_host(m: &dyn Mixer, inputs: &DeviceTensors, precision: Precision) -> Result<bool> {
+    let spec = m.spec();
+    let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
+    let dims = spec.bind(&shapes)?;
+    spec.check_bounds(&dims, &m.bounds(&dims))?;
+    check_dtypes(inputs, precision)
+}
+
 fn check_dtypes(x: &DeviceTensors, p: Precision) -> Result<bool> {
     let activation = |k: &str| mixer_core::precision::ACTIVATIONS.contains(&k);
     let want = |k: &str, double: bool| match p {
