@@ -10,6 +10,7 @@ use ndarray::ArrayD;
 
 use crate::backend::Backend;
 use crate::family::Scalar;
+use crate::packed::{internal, untag_all};
 
 /// Runs `form` of `m` on `backend`: over the packed batch `cu_seqlens` when given, from the
 /// state `initial` (`None`: zeros) and returning the final state when `initial` is given or
@@ -37,12 +38,7 @@ pub fn forward<F: Scalar>(
         }
         (None, false) => {
             let y = crate::run::run_with(m, backend, form, &F::tag(inputs.clone()), precision)?;
-            let dtype = y.dtype();
-            let y = F::untag(y).ok_or_else(|| Error::Backend {
-                backend: backend.name().into(),
-                family: Some(m.family().into()),
-                message: format!("internal: expected a {} output, got {}", F::DTYPE.name(), dtype.name()),
-            })?;
+            let y = F::untag(y).ok_or_else(|| internal(backend, "the output came back in another dtype"))?;
             Ok((y, None))
         }
     }
@@ -88,21 +84,7 @@ pub fn backward<F: Scalar>(
                 requires,
                 precision,
             )?;
-            let grads = g
-                .into_iter()
-                .map(|(k, v)| {
-                    let dtype = v.dtype();
-                    F::untag(v).map(|a| (k, a)).ok_or_else(|| Error::Backend {
-                        backend: backend.name().into(),
-                        family: Some(m.family().into()),
-                        message: format!(
-                            "internal: a {} gradient for {} inputs",
-                            dtype.name(),
-                            F::DTYPE.name()
-                        ),
-                    })
-                })
-                .collect::<Result<Tensors<F>>>()?;
+            let grads = untag_all::<F>(backend, g)?;
             Ok((grads, Tensors::new()))
         }
     }

@@ -115,7 +115,7 @@ fn each_sequence<T: Send>(
     }
 }
 
-fn internal(backend: &Backend, message: &str) -> Error {
+pub(crate) fn internal(backend: &Backend, message: &str) -> Error {
     Error::Backend { backend: backend.name().into(), family: None, message: format!("internal: {message}") }
 }
 
@@ -184,7 +184,11 @@ pub fn backward_packed<F: Scalar>(
     Ok((grads, d_initial))
 }
 
-fn untag_all<F: Scalar>(backend: &Backend, g: BTreeMap<String, mixer_core::Tensor>) -> Result<Tensors<F>> {
+/// Gradients tagged by dtype back as `F` (an internal error if one came back in another dtype).
+pub(crate) fn untag_all<F: Scalar>(
+    backend: &Backend,
+    g: BTreeMap<String, mixer_core::Tensor>,
+) -> Result<Tensors<F>> {
     g.into_iter()
         .map(|(k, v)| {
             F::untag(v)
