@@ -12,16 +12,16 @@
 //!   fixed order;
 //! - `d_bias[h, t] = Σ_b Σ_{e ∈ h} dy[b, t, e]` for `t < T`, zero beyond.
 //!
-//! Transforms of size `p = fast_size(2T − 1) ≥ 2T − 1` (no wrap-around: every lag and shift
-//! below `T` is linear). Extra memory: the spectra of `dy` (and of `x` for `d_w`), `B·C·(p/2+1)`
+//! Transforms of the forward's size `p ≥ 2T − 1` (`fast::transform_size`; no wrap-around:
+//! every lag and shift below `T` is linear). Extra memory: the spectra of `dy` (and of `x` for `d_w`), `B·C·(p/2+1)`
 //! complex values each. Deterministic: no atomics. The `tf32` and `bf16` modes run the same
 //! `f32` transforms (bf16 activations and `dy` converted on the device).
 
-use mixer_core::mixers::toeplitz::{Toeplitz, fast_size};
+use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::{Precision, Requires, Result, grad_name};
 
 use super::common::{FAMILY, prepare};
-use super::fast::{mul_grid, tiles};
+use super::fast::{mul_grid, tiles, transform_size};
 use crate::fft::{FftReal, irfft, rfft};
 use crate::forms::cotangent;
 use crate::kernels;
@@ -63,7 +63,7 @@ pub fn run<F: FftReal>(
         }
         return Ok(out);
     }
-    let n = fast_size((2 * t - 1).max(8));
+    let n = transform_size(t);
     let nf = n / 2 + 1;
     check_elems(FAMILY, b * c * n)?;
     check_elems(FAMILY, kw * h * n)?;

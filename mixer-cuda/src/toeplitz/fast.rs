@@ -19,6 +19,13 @@ use crate::pool;
 use crate::runtime::{check_elems, err, gpu, int, launch};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
+/// The transform size `p` of a length-`T` call, forward and backward alike (the cached kernel
+/// spectra are of this size): `p ≥ 2T − 1` (no wrap-around), at least 8 to keep cuFFT away
+/// from degenerate sizes.
+pub(crate) fn transform_size(t: usize) -> usize {
+    fast_size((2 * t - 1).max(8))
+}
+
 /// The launch of the tiled transposes: 32 × 32 tiles over (`rows`, `c`), one grid layer per
 /// batch entry, blocks of 32 × 8 threads.
 pub(crate) fn tiles(rows: usize, c: usize, b: usize) -> Result<LaunchConfig> {
@@ -55,8 +62,7 @@ pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result
         return finish(DeviceTensor::<F>::zeros(&[b, t, c])?, p);
     }
     let (h, kw) = (tz.cfg.heads, tz.cfg.kernel_width);
-    // p ≥ 2T − 1 (no wrap-around); at least 8 to keep cuFFT away from degenerate sizes.
-    let n = fast_size((2 * t - 1).max(8));
+    let n = transform_size(t);
     let nf = n / 2 + 1;
     check_elems(FAMILY, b * c * n)?;
     check_elems(FAMILY, kw * h * n)?;
