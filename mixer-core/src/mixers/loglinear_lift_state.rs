@@ -436,42 +436,29 @@ pub fn vjp_tokens<F: Real>(
     Ok(gr)
 }
 
-/// The inputs of one head of `x` as owned row-major vectors (`lam`: the λ weights
-/// `[B, T, H, L]`), for [`Tokens`].
-struct Owned<F> {
-    q: Vec<F>,
-    k: Vec<F>,
-    v: Vec<F>,
-    g: Vec<f64>,
-    beta: Vec<F>,
-    lam: Vec<F>,
+/// One head's inputs as owned row-major vectors (`dims`: `(Dk, Dv, L)`), the storage that
+/// [`TokenRows::tokens`] lends as [`Tokens`]; the CPU fast form builds it from its own rows.
+pub struct TokenRows<F> {
+    /// Queries, `T × Dk`.
+    pub q: Vec<F>,
+    /// Keys, `T × Dk`.
+    pub k: Vec<F>,
+    /// Values, `T × Dv`.
+    pub v: Vec<F>,
+    /// Log-decays, `T`.
+    pub g: Vec<f64>,
+    /// Delta-rule strengths, `T`.
+    pub beta: Vec<F>,
+    /// λ weights, `T × L`.
+    pub lam: Vec<F>,
+    /// `(Dk, Dv, L)`.
+    pub dims: (usize, usize, usize),
 }
 
-fn owned<F: Real>(m: &LogLinear, x: &Tensors<F>, lam: &ArrayD<F>, b: usize, h: usize) -> Result<Owned<F>> {
-    let row = |a: &ArrayD<F>| -> Vec<F> { a.slice(ndarray::s![b, .., h, ..]).iter().copied().collect() };
-    let t_len = get(x, "q")?.shape()[1];
-    let scalar = |name: &str, default: f64| -> Result<Vec<F>> {
-        Ok(match x.get(name) {
-            Some(a) => a.slice(ndarray::s![b, .., h]).iter().copied().collect(),
-            None => vec![F::of(default); t_len],
-        })
-    };
-    Ok(Owned {
-        q: row(get(x, "q")?),
-        k: row(get(x, "k")?),
-        v: row(get(x, "v")?),
-        g: if m.base.has_decay() {
-            scalar("g", 0.0)?.iter().map(|a| a.f64()).collect()
-        } else {
-            vec![0.0; t_len]
-        },
-        beta: scalar("beta", 1.0)?,
-        lam: row(lam),
-    })
-}
-
-impl<F> Owned<F> {
-    fn tokens(&self, dk: usize, dv: usize, nl: usize) -> Tokens<'_, F> {
+impl<F> TokenRows<F> {
+    /// The rows as the [`Tokens`] that [`run_tokens`] and [`vjp_tokens`] read.
+    pub fn tokens(&self) -> Tokens<'_, F> {
+        let (dk, dv, nl) = self.dims;
         Tokens {
             q: &self.q,
             k: &self.k,
@@ -484,6 +471,38 @@ impl<F> Owned<F> {
             nl,
         }
     }
+}
+
+/// The inputs of head `h` of batch row `b` of `x` (`lam`: the λ weights `[B, T, H, L]`).
+fn owned<F: Real>(
+    m: &LogLinear,
+    x: &Tensors<F>,
+    lam: &ArrayD<F>,
+    b: usize,
+    h: usize,
+) -> Result<TokenRows<F>> {
+    let row = |a: &ArrayD<F>| -> Vec<F> { a.slice(ndarray::s![b, .., h, ..]).iter().copied().collect() };
+    let t_len = get(x, "q")?.shape()[1];
+    let scalar = |name: &str, default: f64| -> Result<Vec<F>> {
+        Ok(match x.get(name) {
+            Some(a) => a.slice(ndarray::s![b, .., h]).iter().copied().collect(),
+            None => vec![F::of(default); t_len],
+        })
+    };
+    let (dk, dv, nl) = (get(x, "q")?.shape()[3], get(x, "v")?.shape()[3], lam.shape()[3]);
+    Ok(TokenRows {
+        q: row(get(x, "q")?),
+        k: row(get(x, "k")?),
+        v: row(get(x, "v")?),
+        g: if m.base.has_decay() {
+            scalar("g", 0.0)?.iter().map(|a| a.f64()).collect()
+        } else {
+            vec![0.0; t_len]
+        },
+        beta: scalar("beta", 1.0)?,
+        lam: row(lam),
+        dims: (dk, dv, nl),
+    })
 }
 
 /// The sizes `(B, T, H, Dk, Dv, L)` of a lift's inputs.
@@ -520,7 +539,7 @@ pub fn run<F: Real>(
                 None => vec![vec![F::zero(); dv * dk]; nl + 1],
             };
             let mut yh = vec![F::zero(); t_len * dv];
-            run_tokens(m, &o.tokens(dk, dv, nl), pos[b], &mut levels, &mut yh, None)?;
+            run_tokens(m, &o.tokens(), pos[b], &mut levels, &mut yh, None)?;
             for t in 0..t_len {
                 for r in 0..dv {
                     y[[b, t, h, r]] = yh[t * dv + r];
@@ -587,7 +606,7 @@ pub fn vjp<F: Real>(
                 None => vec![vec![F::zero(); dv * dk]; nl + 1],
             };
             let dyh: Vec<F> = dy.slice(ndarray::s![b, .., h, ..]).iter().copied().collect();
-            let g = vjp_tokens(m, &o.tokens(dk, dv, nl), pos[b], &levels, &dyh, &mut d_levels)?;
+            let g = vjp_tokens(m, &o.tokens(), pos[b], &levels, &dyh, &mut d_levels)?;
             for t in 0..t_len {
                 for c in 0..dk {
                     dq[[b, t, h, c]] = g.dq[t * dk + c];

@@ -25,7 +25,7 @@ use mixer_core::Tensors;
 use mixer_core::fenwick::{merge_level, merge_states};
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::mixers::loglinear_lift_state::{
-    Levels, TokenGrads, Tokens, load, positions, run_tokens, vjp_tokens,
+    Levels, TokenGrads, TokenRows, load, positions, run_tokens, vjp_tokens,
 };
 use mixer_core::mixers::loglinear_state::STATE;
 use mixer_core::tensor::get;
@@ -79,47 +79,21 @@ fn rows<'a, F: VecMath>(hd: &Head<'a, F>, r: std::ops::Range<usize>) -> Head<'a,
     }
 }
 
-/// A head's rows as the row-major vectors of [`Tokens`].
-struct Owned<F> {
-    q: Vec<F>,
-    k: Vec<F>,
-    v: Vec<F>,
-    g: Vec<f64>,
-    beta: Vec<F>,
-    lam: Vec<F>,
-    dims: (usize, usize, usize),
-}
-
 fn flat<F: VecMath>(a: MatRef<'_, F>) -> Vec<F> {
     (0..a.nrows()).flat_map(|r| (0..a.ncols()).map(move |c| a[(r, c)])).collect()
 }
 
-impl<F: VecMath> Owned<F> {
-    fn new(hd: &Head<'_, F>) -> Self {
-        let lam = hd.lam.expect("a lift's head has λ");
-        Owned {
-            q: flat(hd.q),
-            k: flat(hd.k),
-            v: flat(hd.v),
-            g: hd.g.clone(),
-            beta: hd.beta.clone(),
-            lam: flat(lam),
-            dims: (hd.q.ncols(), hd.v.ncols(), lam.ncols()),
-        }
-    }
-    fn tokens(&self) -> Tokens<'_, F> {
-        let (dk, dv, nl) = self.dims;
-        Tokens {
-            q: &self.q,
-            k: &self.k,
-            v: &self.v,
-            g: &self.g,
-            beta: &self.beta,
-            lam: &self.lam,
-            dk,
-            dv,
-            nl,
-        }
+/// A head's rows as the row-major vectors of [`TokenRows`].
+fn owned<F: VecMath>(hd: &Head<'_, F>) -> TokenRows<F> {
+    let lam = hd.lam.expect("a lift's head has λ");
+    TokenRows {
+        q: flat(hd.q),
+        k: flat(hd.k),
+        v: flat(hd.v),
+        g: hd.g.clone(),
+        beta: hd.beta.clone(),
+        lam: flat(lam),
+        dims: (hd.q.ncols(), hd.v.ncols(), lam.ncols()),
     }
 }
 
@@ -182,7 +156,7 @@ pub(crate) fn run_head<F: VecMath>(
     let (p, q) = split(m, pos, t_len);
     let mut y = Mat::<F>::zeros(t_len, dv);
     let tokens = |range: std::ops::Range<usize>, levels: &mut Levels<F>, y: &mut Mat<F>| -> Result<()> {
-        let o = Owned::new(&rows(hd, range.clone()));
+        let o = owned(&rows(hd, range.clone()));
         let mut yt = vec![F::zero(); range.len() * dv];
         run_tokens(m, &o.tokens(), pos + range.start, levels, &mut yt, None)?;
         for (i, t) in range.enumerate() {
@@ -249,7 +223,7 @@ pub(crate) fn head_vjp<F: VecMath>(
     };
     let dy_rows = |r: std::ops::Range<usize>| flat(dy.subrows(r.start, r.len()));
     // Forward to the boundaries: the levels at p (head) and at q (middle).
-    let head = Owned::new(&rows(hd, 0..p));
+    let head = owned(&rows(hd, 0..p));
     let mut at_p = initial.clone();
     let mut scratch = vec![F::zero(); p * dv];
     run_tokens(m, &head.tokens(), pos, &mut at_p, &mut scratch, None)?;
@@ -264,7 +238,7 @@ pub(crate) fn head_vjp<F: VecMath>(
         at_p.clone()
     };
     // Tail.
-    let tail = Owned::new(&rows(hd, q..t_len));
+    let tail = owned(&rows(hd, q..t_len));
     let gt = vjp_tokens(m, &tail.tokens(), pos + q, &at_q, &dy_rows(q..t_len), &mut d_levels)?;
     put_tokens(&mut out, &gt, q);
     // Middle: the adjoint of the merge at q, then the chunked backward.
