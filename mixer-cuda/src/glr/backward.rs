@@ -31,7 +31,7 @@ use mixer_core::error::fmt_shape;
 use mixer_core::mixers::glr::Glr;
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
-use super::common::FAMILY;
+use super::common::{FAMILY, dims};
 use super::fast::device_table;
 use crate::forms::{cotangent, input, input_opt};
 use crate::kernels;
@@ -120,13 +120,7 @@ pub fn run<F: GpuReal>(
     let g = gpu()?;
     let opts = [format!("-DGLRB_NT={THREADS}")];
     let f = |name: &str| g.kernel(FAMILY, &kernels::GLR_BACKWARD, &opts, &format!("{name}_{}", F::SUFFIX));
-    let (bi, ti, ci, ki, nai) = (
-        int(FAMILY, "B", b)?,
-        int(FAMILY, "T", t)?,
-        int(FAMILY, "C", c)?,
-        int(FAMILY, "K", k)?,
-        int(FAMILY, "K+1", na)?,
-    );
+    let [bi, ti, ci, ki, nai] = dims(b, t, c, k, na)?;
     let cei = i32::from(glr.pattern().cache_efficient());
     let scatter_x = has_a && want_x;
     let (hai, hbi, sxi) = (i32::from(has_a), i32::from(has_b), i32::from(scatter_x));

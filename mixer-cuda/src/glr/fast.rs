@@ -17,7 +17,7 @@ use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::glr::Glr;
 use mixer_core::{Mixer, Precision, Result};
 
-use super::common::FAMILY;
+use super::common::{FAMILY, dims};
 use crate::forms::{finish, input, input_opt};
 use crate::kernels;
 use crate::pool::{self, Pooled};
@@ -185,13 +185,7 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     let zero = pool::zeros::<F>(FAMILY, 1)?;
     let bv = beta.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
     let mut y = pool::take::<F>(FAMILY, b * t * c)?;
-    let (bi, ti, ci, ki, nai) = (
-        int(FAMILY, "B", b)?,
-        int(FAMILY, "T", t)?,
-        int(FAMILY, "C", c)?,
-        int(FAMILY, "K", k)?,
-        int(FAMILY, "K+1", na)?,
-    );
+    let [bi, ti, ci, ki, nai] = dims(b, t, c, k, na)?;
     let (ha, hb, cei) = (on.has_a() as i32, on.has_b() as i32, ce as i32);
     let kni = int(FAMILY, "near taps", tab.near)?;
     let blocks = b * c.div_ceil(CHANNELS);

@@ -21,12 +21,12 @@ use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::{Precision, Requires, Result, grad_name};
 
 use super::common::{FAMILY, prepare};
-use super::fast::{mul_grid, tiles, transform_size};
+use super::fast::{mul_grid, tiles, transform_sizes};
 use crate::fft::{FftReal, irfft, rfft};
 use crate::forms::cotangent;
 use crate::kernels;
 use crate::pool;
-use crate::runtime::{check_elems, gpu, grid1, int, launch};
+use crate::runtime::{gpu, grid1, int, launch};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
 /// The `fast` backward on device tensors: `d_x`, `d_w` and `d_bias` (where `bias` is given),
@@ -63,10 +63,7 @@ pub fn run<F: FftReal>(
         }
         return Ok(out);
     }
-    let n = transform_size(t);
-    let nf = n / 2 + 1;
-    check_elems(FAMILY, b * c * n)?;
-    check_elems(FAMILY, kw * h * n)?;
+    let (n, nf) = transform_sizes(t, b, c, kw, h)?;
     let g = gpu()?;
     let f = |name: &str| g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("{name}_{}", F::SUFFIX));
     let fb =

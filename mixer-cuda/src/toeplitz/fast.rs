@@ -26,6 +26,15 @@ pub(crate) fn transform_size(t: usize) -> usize {
     fast_size((2 * t - 1).max(8))
 }
 
+/// The transform sizes `(p, p/2 + 1)` of a length-`T` call on `B × C` signals and `KW × H`
+/// kernels, after checking that the padded signals and spectra fit the kernels' indexing.
+pub(crate) fn transform_sizes(t: usize, b: usize, c: usize, kw: usize, h: usize) -> Result<(usize, usize)> {
+    let n = transform_size(t);
+    check_elems(FAMILY, b * c * n)?;
+    check_elems(FAMILY, kw * h * n)?;
+    Ok((n, n / 2 + 1))
+}
+
 /// The launch of the tiled transposes: 32 × 32 tiles over (`rows`, `c`), one grid layer per
 /// batch entry, blocks of 32 × 8 threads.
 pub(crate) fn tiles(rows: usize, c: usize, b: usize) -> Result<LaunchConfig> {
@@ -62,10 +71,7 @@ pub fn run<F: FftReal>(tz: &Toeplitz, x: &DeviceTensors, p: Precision) -> Result
         return finish(DeviceTensor::<F>::zeros(&[b, t, c])?, p);
     }
     let (h, kw) = (tz.cfg.heads, tz.cfg.kernel_width);
-    let n = transform_size(t);
-    let nf = n / 2 + 1;
-    check_elems(FAMILY, b * c * n)?;
-    check_elems(FAMILY, kw * h * n)?;
+    let (n, nf) = transform_sizes(t, b, c, kw, h)?;
     let g = gpu()?;
     let f = |name: &str| g.kernel(FAMILY, &kernels::TOEPLITZ, &[], &format!("{name}_{}", F::SUFFIX));
     let [bi, ti, ci, hi, kwi, _, lb] = d.dims;
