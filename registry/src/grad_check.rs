@@ -23,7 +23,7 @@ use mixer_core::grad::{Requires, grad_name, materialized_backward};
 use mixer_core::mixer::{Mixer, complete_dims};
 use mixer_core::spec::{Gen, draw};
 use mixer_core::tensor::{cast_tensors, tensors_to_f64};
-use mixer_core::{AnyTensors, DType, Form, Precision, Tensor, Tensors, Tolerance};
+use mixer_core::{AnyTensors, DType, Precision, Tensor, Tensors};
 use ndarray::ArrayD;
 use rand::{SeedableRng, rngs::StdRng};
 use serde::Serialize;
@@ -175,45 +175,37 @@ pub fn check_grad_with(
     }
     // 2–3. Every other backward form against the reference, in f64 and f32.
     for b in backends {
-        for form in backward_forms(m, b.name()) {
-            if form == Form::Materialized {
-                continue;
-            }
-            let dtypes: &[DType] =
-                if precision == Precision::Exact { &[DType::F64, DType::F32] } else { &[DType::F32] };
-            for &dtype in dtypes {
-                let tol: Tolerance = precision.tolerance(dtype.name());
-                let got = if precision == Precision::Exact {
-                    backward_as(m, b.name(), form, &inputs, &dy, dtype, &Requires::All)
-                } else {
-                    let x = AnyTensors::F32(cast_tensors::<f32>(&inputs));
-                    let d = Tensor::F32(dy.mapv(|e| e as f32));
-                    backward_with(m, b.name(), form, &x, &d, &Requires::All, precision)
-                        .map(|g| g.into_iter().map(|(k, v)| (k, v.to_f64())).collect::<Tensors<f64>>())
-                };
-                let at = |input: &str| GradRow { precision, ..row(b.name(), form.name(), dtype, input) };
-                match got {
-                    Ok(got) => {
-                        for (name, want) in &reference {
-                            let input = name.strip_prefix("d_").unwrap_or(name);
-                            let mut r = at(input);
-                            match got.get(name) {
-                                Some(gv) => {
-                                    let c = tol.compare(gv.view(), want.view());
-                                    r.max_abs = c.max_abs;
-                                    // A gradient that is exactly zero (e.g. d_k at T = 1) has no
-                                    // relative error: compare absolutely then.
-                                    let zero = want.iter().all(|&v| v == 0.0);
-                                    r.rel_err = if zero { c.max_abs } else { c.rel_rms };
-                                    r.pass = c.pass || (zero && c.max_abs <= tol.max_abs);
-                                }
-                                None => r.error = Some(format!("no {name}")),
+        for (form, dtype, tol) in crate::harness::cases(backward_forms(m, b.name()), precision) {
+            let got = if precision == Precision::Exact {
+                backward_as(m, b.name(), form, &inputs, &dy, dtype, &Requires::All)
+            } else {
+                let x = AnyTensors::F32(cast_tensors::<f32>(&inputs));
+                let d = Tensor::F32(dy.mapv(|e| e as f32));
+                backward_with(m, b.name(), form, &x, &d, &Requires::All, precision)
+                    .map(|g| g.into_iter().map(|(k, v)| (k, v.to_f64())).collect::<Tensors<f64>>())
+            };
+            let at = |input: &str| GradRow { precision, ..row(b.name(), form.name(), dtype, input) };
+            match got {
+                Ok(got) => {
+                    for (name, want) in &reference {
+                        let input = name.strip_prefix("d_").unwrap_or(name);
+                        let mut r = at(input);
+                        match got.get(name) {
+                            Some(gv) => {
+                                let c = tol.compare(gv.view(), want.view());
+                                r.max_abs = c.max_abs;
+                                // A gradient that is exactly zero (e.g. d_k at T = 1) has no
+                                // relative error: compare absolutely then.
+                                let zero = want.iter().all(|&v| v == 0.0);
+                                r.rel_err = if zero { c.max_abs } else { c.rel_rms };
+                                r.pass = c.pass || (zero && c.max_abs <= tol.max_abs);
                             }
-                            rows.push(r);
+                            None => r.error = Some(format!("no {name}")),
                         }
+                        rows.push(r);
                     }
-                    Err(e) => rows.push(GradRow { error: Some(e.to_string()), ..at("-") }),
                 }
+                Err(e) => rows.push(GradRow { error: Some(e.to_string()), ..at("-") }),
             }
         }
     }

@@ -137,36 +137,42 @@ pub fn check_with(
     };
     let mut rows = Vec::new();
     for b in backends {
-        for form in forms(m, b) {
-            if form == Form::Materialized {
-                continue;
-            }
-            let dtypes: &[DType] =
-                if precision == Precision::Exact { &[DType::F64, DType::F32] } else { &[DType::F32] };
-            for &dtype in dtypes {
-                let tol: Tolerance = precision.tolerance(dtype.name());
-                let t0 = Instant::now();
-                let got = if precision == Precision::Exact {
-                    run_as(m, b, form, &inputs, dtype)
-                } else {
-                    run_with(m, b, form, &AnyTensors::F32(cast_tensors::<f32>(&inputs)), precision)
-                        .map(|t| t.to_f64())
-                };
-                let millis = t0.elapsed().as_secs_f64() * 1e3;
-                let mut row = base(b.name(), form, dtype);
-                row.millis = millis;
-                match got {
-                    Ok(y) => {
-                        let c = tol.compare(y.view(), want.view());
-                        row.rel_rms = c.rel_rms;
-                        row.max_abs = c.max_abs;
-                        row.pass = c.pass;
-                    }
-                    Err(e) => row.error = Some(e.to_string()),
+        for (form, dtype, tol) in cases(forms(m, b), precision) {
+            let t0 = Instant::now();
+            let got = if precision == Precision::Exact {
+                run_as(m, b, form, &inputs, dtype)
+            } else {
+                run_with(m, b, form, &AnyTensors::F32(cast_tensors::<f32>(&inputs)), precision)
+                    .map(|t| t.to_f64())
+            };
+            let millis = t0.elapsed().as_secs_f64() * 1e3;
+            let mut row = base(b.name(), form, dtype);
+            row.millis = millis;
+            match got {
+                Ok(y) => {
+                    let c = tol.compare(y.view(), want.view());
+                    row.rel_rms = c.rel_rms;
+                    row.max_abs = c.max_abs;
+                    row.pass = c.pass;
                 }
-                rows.push(row);
+                Err(e) => row.error = Some(e.to_string()),
             }
+            rows.push(row);
         }
     }
     rows
+}
+
+/// The cases a check compares against the `f64` reference in a precision mode: every form but
+/// the materialized one (the reference itself), in `f64` and `f32` for the exact mode and in
+/// `f32` for `tf32`/`bf16`, each with the mode's tolerance for that dtype.
+pub(crate) fn cases(
+    forms: Vec<Form>,
+    precision: Precision,
+) -> impl Iterator<Item = (Form, DType, Tolerance)> {
+    let dtypes: &'static [DType] =
+        if precision == Precision::Exact { &[DType::F64, DType::F32] } else { &[DType::F32] };
+    forms.into_iter().filter(|&f| f != Form::Materialized).flat_map(move |form| {
+        dtypes.iter().map(move |&dtype| (form, dtype, precision.tolerance(dtype.name())))
+    })
 }
