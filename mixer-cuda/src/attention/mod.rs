@@ -10,9 +10,11 @@
 //! - `recurrent`: a decoder with the KV cache **on the device** ([`decoder`]), a ring buffer of
 //!   `min(T, w)` positions; each step appends `k_t, v_t` and runs one block per (batch, head).
 //! - backward of `fast`: FlashAttention-2 style ([`backward`]): per-row softmax statistics, then
-//!   one pass per key tile for `d_k, d_v` and one per query tile for `d_q`, no atomics.
+//!   one pass per key tile for `d_k, d_v` and one per query tile for `d_q`, no atomics; on
+//!   tensor cores in the `tf32` and `bf16` modes where [`backward_fused::plan`] applies.
 
 pub mod backward;
+pub mod backward_fused;
 pub mod common;
 pub mod decoder;
 pub mod fast;
