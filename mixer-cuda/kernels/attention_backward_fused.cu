@@ -194,6 +194,22 @@ __device__ __forceinline__ void atc_accumulate(float (&acc)[ATC_DT][4], const fl
     }
 }
 
+// One step of a loop over streamed column tiles: waits for the current tile's copies (the only group
+// in flight), a barrier (every warp is done with the other stage), issues the next tile's copies into
+// the other stage (load, where more) as one group, then the warp's score tile s = X1 Y1ᵀ and
+// dP tile dp = X2 Y2ᵀ (rows r0 .. r0 + 16 of X1, X2; Y1, Y2 the current stage).
+template <class P, typename Load>
+__device__ __forceinline__ void atc_step(float (&s)[ATC_NT][4], float (&dp)[ATC_NT][4], const typename P::E* X1,
+                                         const typename P::E* Y1, const typename P::E* X2, const typename P::E* Y2,
+                                         int r0, bool more, Load load) {
+    cp_wait<0>();
+    __syncthreads();
+    if (more) load();
+    cp_commit();
+    atc_scores<P>(s, X1, r0, Y1);
+    atc_scores<P>(dp, X2, r0, Y2);
+}
+
 // Whether query t sees key s.
 __device__ __forceinline__ bool atc_visible(int t, int s, int T, int window) {
     return t < T && s <= t && (window <= 0 || t - s < window);
@@ -248,24 +264,41 @@ __device__ void atc_delta(const E* y, const E* dy, float* stats, int T, int H, l
     if (lane == 0) stats[4 * ((b * H + h) * T + t) + 2] = s;
 }
 
+// The dynamic shared memory of atc_dkdv and atc_dq: two tiles of ATC_BM rows that stay (R1, R2), two
+// stages of two streamed tiles of ATC_BN rows (C1, C2; stage s at + s·ATC_STAGE), then (atc_dkdv)
+// two stages of ATC_BN rows' statistics (S).
+template <class P>
+struct AtcTiles {
+    typename P::E *R1, *R2, *C1, *C2;
+    float4* S;
+    __device__ explicit AtcTiles(unsigned char* raw) {
+        R1 = reinterpret_cast<typename P::E*>(raw);
+        R2 = R1 + ATC_BM * P::ELEMS;
+        C1 = R2 + ATC_BM * P::ELEMS;
+        C2 = C1 + 2 * ATC_STAGE;
+        S = reinterpret_cast<float4*>(C2 + 2 * ATC_STAGE);
+    }
+};
+
+// The offset of head bh = b·H + h's first element in a [B,T,H,ATC_D] tensor.
+__device__ __forceinline__ long long atc_head(int bh, int T, int H) {
+    return ((long long)(bh / H) * T * H + bh % H) * ATC_D;
+}
+
 // --- atc_dkdv --------------------------------------------------------------------------------
 
-// Grid (⌈T/ATC_BM⌉, B·H), key tile blockIdx.x. Dynamic shared memory: K, V [ATC_BM][ELEMS], then two
-// stages of Q, dY [ATC_BN][ELEMS] and the query rows' statistics [ATC_BN] float4.
+// Grid (⌈T/ATC_BM⌉, B·H), key tile blockIdx.x. Shared tiles (AtcTiles): R1, R2 = K, V; C1, C2 = Q, dY;
+// S the query rows' statistics.
 template <class P>
 __device__ void atc_dkdv(const typename P::E* q, const typename P::E* k, const typename P::E* v,
                          const typename P::E* dy, const float4* stats, float* dk, float* dv, int T, int H,
                          int window, float sl2, float scale) {
-    typedef typename P::E E;
     extern __shared__ __align__(128) unsigned char atc_smem[];
-    E* Ks = reinterpret_cast<E*>(atc_smem);
-    E* Vs = Ks + ATC_BM * P::ELEMS;
-    // Stage s of Q and dY: Qs + s·ATC_STAGE, Gs + s·ATC_STAGE.
-    E* Qs = Vs + ATC_BM * P::ELEMS;
-    E* Gs = Qs + 2 * ATC_BN * P::ELEMS;
-    float4* Ss = reinterpret_cast<float4*>(Gs + 2 * ATC_BN * P::ELEMS);
-    const int k0 = blockIdx.x * ATC_BM, bh = blockIdx.y, b = bh / H, h = bh % H;
-    const long long tok = (long long)H * ATC_D, off = ((long long)b * T * H + h) * ATC_D;
+    const AtcTiles<P> sm(atc_smem);
+    typename P::E *Ks = sm.R1, *Vs = sm.R2, *Qs = sm.C1, *Gs = sm.C2;
+    float4* Ss = sm.S;
+    const int k0 = blockIdx.x * ATC_BM, bh = blockIdx.y;
+    const long long tok = (long long)H * ATC_D, off = atc_head(bh, T, H);
     const float4* st = stats + (long long)bh * T;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, i4 = lane & 3;
     const int r0 = 16 * warp;
@@ -292,13 +325,10 @@ __device__ void atc_dkdv(const typename P::E* q, const typename P::E* k, const t
     atc_zero(adv);
     for (int j = jfirst; j <= jlast; ++j) {
         const int stage = (j - jfirst) & 1, q0 = j * ATC_BN;
-        cp_wait<0>();
-        __syncthreads();
-        if (j < jlast) load_q(j + 1, stage ^ 1);
-        cp_commit();
         float s[ATC_NT][4], dp[ATC_NT][4];
-        atc_scores<P>(s, Ks, r0, Qs + stage * ATC_STAGE);
-        atc_scores<P>(dp, Vs, r0, Gs + stage * ATC_STAGE);
+        atc_step<P>(s, dp, Ks, Qs + stage * ATC_STAGE, Vs, Gs + stage * ATC_STAGE, r0, j < jlast, [&] {
+            load_q(j + 1, stage ^ 1);
+        });
         // Every pair visible: every query after every key, inside T and the window.
         const bool all = q0 >= k0 + ATC_BM - 1 && q0 + ATC_BN <= T && (window <= 0 || q0 + ATC_BN - 1 - k0 < window);
         const float4* sq = Ss + stage * ATC_BN;
@@ -323,21 +353,17 @@ __device__ void atc_dkdv(const typename P::E* q, const typename P::E* k, const t
 
 // --- atc_dq ----------------------------------------------------------------------------------
 
-// Grid (⌈T/ATC_BM⌉, B·H), the longest query tiles first. Dynamic shared memory: Q, dY [ATC_BM][ELEMS],
-// then two stages of K, V [ATC_BN][ELEMS].
+// Grid (⌈T/ATC_BM⌉, B·H), the longest query tiles first. Shared tiles (AtcTiles): R1, R2 = Q, dY;
+// C1, C2 = K, V.
 template <class P>
 __device__ void atc_dq(const typename P::E* q, const typename P::E* k, const typename P::E* v,
                        const typename P::E* dy, const float4* stats, float* dq, int T, int H, int window, float sl2,
                        float scale) {
-    typedef typename P::E E;
     extern __shared__ __align__(128) unsigned char atc_smem[];
-    E* Qs = reinterpret_cast<E*>(atc_smem);
-    E* Gs = Qs + ATC_BM * P::ELEMS;
-    // Stage s of K and V: Ks + s·ATC_STAGE, Vs + s·ATC_STAGE.
-    E* Ks = Gs + ATC_BM * P::ELEMS;
-    E* Vs = Ks + 2 * ATC_BN * P::ELEMS;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATC_BM, bh = blockIdx.y, b = bh / H, h = bh % H;
-    const long long tok = (long long)H * ATC_D, off = ((long long)b * T * H + h) * ATC_D;
+    const AtcTiles<P> sm(atc_smem);
+    typename P::E *Qs = sm.R1, *Gs = sm.R2, *Ks = sm.C1, *Vs = sm.C2;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATC_BM, bh = blockIdx.y;
+    const long long tok = (long long)H * ATC_D, off = atc_head(bh, T, H);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, i4 = lane & 3;
     const int r0 = 16 * warp;
     const int jfirst = window > 0 ? max(0, q0 - window + 1) / ATC_BN : 0;
@@ -361,13 +387,10 @@ __device__ void atc_dq(const typename P::E* q, const typename P::E* k, const typ
     atc_zero(adq);
     for (int j = jfirst; j <= jlast; ++j) {
         const int stage = (j - jfirst) & 1, k0 = j * ATC_BN;
-        cp_wait<0>();
-        __syncthreads();
-        if (j < jlast) load_kv(j + 1, stage ^ 1);
-        cp_commit();
         float s[ATC_NT][4], dp[ATC_NT][4];
-        atc_scores<P>(s, Qs, r0, Ks + stage * ATC_STAGE);
-        atc_scores<P>(dp, Gs, r0, Vs + stage * ATC_STAGE);
+        atc_step<P>(s, dp, Qs, Ks + stage * ATC_STAGE, Gs, Vs + stage * ATC_STAGE, r0, j < jlast, [&] {
+            load_kv(j + 1, stage ^ 1);
+        });
         const bool all = k0 + ATC_BN - 1 <= q0 && q0 + ATC_BM <= T && (window <= 0 || q0 + ATC_BM - 1 - k0 < window);
 #pragma unroll
         for (int n = 0; n < ATC_NT; ++n)

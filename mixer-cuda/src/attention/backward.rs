@@ -201,7 +201,11 @@ fn tensor_cores(
     let (Some(q), Some(k), Some(v)) = (x.get("q"), x.get("k"), x.get("v")) else { return Ok(None) };
     let (&[b, t, h, dk], &[.., dv]) = (q.shape(), v.shape()) else { return Ok(None) };
     let shape = [b, t, h, dk, dv];
-    if p == Precision::Exact || k.shape() != q.shape() || v.shape() != [b, t, h, dv] || dy.shape() != v.shape() {
+    if p == Precision::Exact
+        || k.shape() != q.shape()
+        || v.shape() != [b, t, h, dv]
+        || dy.shape() != v.shape()
+    {
         return Ok(None);
     }
     let storage = match [q, k, v, dy].map(AnyDeviceTensor::dtype) {

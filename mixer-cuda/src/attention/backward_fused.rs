@@ -92,14 +92,9 @@ pub fn smem(d: usize, bn: usize, p: Precision) -> (usize, usize) {
 /// exact mode, a storage other than the mode's (f32 for tf32, bf16 for bf16), sizes the forward's
 /// tensor-core kernels do not take ([`fused::plan`]), a negative scale (the statistics are a
 /// maximum of `λ u` for `λ ≥ 0`), tiles beyond `limit`, or nothing to compute.
-pub fn plan(
-    a: &Attention,
-    shape: [usize; 5],
-    p: Precision,
-    storage: Storage,
-    limit: usize,
-    wgmma: bool,
-) -> Result<Option<BackwardPlan>> {
+#[rustfmt::skip]
+pub fn plan(a: &Attention, shape: [usize; 5], p: Precision, storage: Storage, limit: usize, wgmma: bool)
+    -> Result<Option<BackwardPlan>> {
     let [b, t, h, d, _] = shape;
     let mode_storage = matches!((p, storage), (Precision::Tf32, Storage::F32) | (Precision::Bf16, Storage::Bf16));
     if !mode_storage || a.scale(d) < 0.0 {
@@ -227,7 +222,9 @@ mod tests {
     fn the_plan_takes_the_forward_tensor_core_sizes() {
         let a = attention(None, Some(100));
         for d in [32, 64, 96, 128] {
-            for (p, s, suffix) in [(Precision::Tf32, Storage::F32, "tf32"), (Precision::Bf16, Storage::Bf16, "bf16")] {
+            for (p, s, suffix) in
+                [(Precision::Tf32, Storage::F32, "tf32"), (Precision::Bf16, Storage::Bf16, "bf16")]
+            {
                 let pl = plan(&a, [2, 1000, 3, d, d], p, s, H200, true).unwrap().unwrap();
                 assert_eq!(pl.dkdv.function, format!("atc_dkdv_{suffix}"), "{d} {p}");
                 assert_eq!(pl.dq.grid, [16, 6], "{d} {p}");
@@ -246,12 +243,15 @@ mod tests {
         ] {
             assert!(plan(&a, shape, p, s, H200, true).unwrap().is_none(), "{shape:?} {p} {s:?}");
         }
-        let f32_64 = |sc| plan(&attention(sc, None), [1, 10, 1, 64, 64], Precision::Tf32, Storage::F32, H200, true);
+        let f32_64 =
+            |sc| plan(&attention(sc, None), [1, 10, 1, 64, 64], Precision::Tf32, Storage::F32, H200, true);
         assert!(f32_64(Some(-0.5)).unwrap().is_none());
         assert!(f32_64(Some(1e35)).unwrap().is_none());
         assert!(f32_64(Some(0.0)).unwrap().is_some());
         // tf32 at D = 128 needs 70 KiB: not without opting in.
-        assert!(plan(&a, [1, 10, 1, 128, 128], Precision::Tf32, Storage::F32, 48 << 10, true).unwrap().is_none());
+        assert!(
+            plan(&a, [1, 10, 1, 128, 128], Precision::Tf32, Storage::F32, 48 << 10, true).unwrap().is_none()
+        );
     }
 
     /// The tiles: 64 columns up to D = 64, 32 above; the shared memory counted from the layout.
@@ -259,14 +259,19 @@ mod tests {
     fn tiles_and_shared_memory_follow_the_head_dim() {
         assert_eq!((columns(32), columns(64), columns(96), columns(128)), (64, 64, 32, 32));
         // bf16 D = 64: K, V 64 × 64, two stages of Q, dY 64 × 64, and 2 × 64 statistics.
-        assert_eq!(smem(64, 64, Precision::Bf16), ((2 * 64 + 4 * 64) * 128 + 2 * 64 * 16, (2 * 64 + 4 * 64) * 128));
+        assert_eq!(
+            smem(64, 64, Precision::Bf16),
+            ((2 * 64 + 4 * 64) * 128 + 2 * 64 * 16, (2 * 64 + 4 * 64) * 128)
+        );
         // tf32 D = 128: rows of 136 floats.
         assert_eq!(smem(128, 32, Precision::Tf32).1, (2 * 64 + 4 * 32) * 136 * 4);
         let a = attention(None, None);
-        let pl = plan(&a, [8, 4096, 16, 128, 128], Precision::Tf32, Storage::F32, H200, true).unwrap().unwrap();
+        let pl =
+            plan(&a, [8, 4096, 16, 128, 128], Precision::Tf32, Storage::F32, H200, true).unwrap().unwrap();
         assert_eq!((pl.bn, pl.dkdv.shared_mem, pl.dkdv.block), (32, smem(128, 32, Precision::Tf32).0, 128));
         assert_eq!(pl.forward.kernel, Kernel::MmaTf32);
-        let pl = plan(&a, [1, 16384, 16, 64, 64], Precision::Bf16, Storage::Bf16, H200, true).unwrap().unwrap();
+        let pl =
+            plan(&a, [1, 16384, 16, 64, 64], Precision::Bf16, Storage::Bf16, H200, true).unwrap().unwrap();
         assert_eq!((pl.bn, pl.forward.kernel), (64, Kernel::WgmmaBf16));
     }
 }
