@@ -264,6 +264,8 @@ __device__ void atc_delta(const E* y, const E* dy, float* stats, int T, int H, l
     if (lane == 0) stats[4 * ((b * H + h) * T + t) + 2] = s;
 }
 
+extern __shared__ __align__(128) unsigned char atc_smem[];
+
 // The dynamic shared memory of atc_dkdv and atc_dq: two tiles of ATC_BM rows that stay (R1, R2), two
 // stages of two streamed tiles of ATC_BN rows (C1, C2; stage s at + s·ATC_STAGE), then (atc_dkdv)
 // two stages of ATC_BN rows' statistics (S).
@@ -293,7 +295,6 @@ template <class P>
 __device__ void atc_dkdv(const typename P::E* q, const typename P::E* k, const typename P::E* v,
                          const typename P::E* dy, const float4* stats, float* dk, float* dv, int T, int H,
                          int window, float sl2, float scale) {
-    extern __shared__ __align__(128) unsigned char atc_smem[];
     const AtcTiles<P> sm(atc_smem);
     typename P::E *Ks = sm.R1, *Vs = sm.R2, *Qs = sm.C1, *Gs = sm.C2;
     float4* Ss = sm.S;
@@ -359,7 +360,6 @@ template <class P>
 __device__ void atc_dq(const typename P::E* q, const typename P::E* k, const typename P::E* v,
                        const typename P::E* dy, const float4* stats, float* dq, int T, int H, int window, float sl2,
                        float scale) {
-    extern __shared__ __align__(128) unsigned char atc_smem[];
     const AtcTiles<P> sm(atc_smem);
     typename P::E *Qs = sm.R1, *Gs = sm.R2, *Ks = sm.C1, *Vs = sm.C2;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATC_BM, bh = blockIdx.y;
