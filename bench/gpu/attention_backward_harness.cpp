@@ -9,7 +9,7 @@
 // non-zero on a failure. Run from the repository root, once per head dim and tile:
 //
 //   for c in "32 64" "64 64" "96 32" "128 32"; do set -- $c; g++ -std=c++20 -O2 -pthread \
-//     -DATC_D=$1 -DATC_BN=$2 bench/gpu/attention_backward_harness.cpp -o /tmp/atc_h && /tmp/atc_h || break; done
+//     -DATC_D=$1 -DATC_BN=$2 -DATC_WARPS=8 bench/gpu/attention_backward_harness.cpp -o /tmp/atc_h && /tmp/atc_h || break; done
 #include <algorithm>
 #include <barrier>
 #include <cmath>

@@ -43,7 +43,7 @@
 #define ATC_D 64
 #endif
 #ifndef ATC_WARPS
-#define ATC_WARPS 4
+#define ATC_WARPS 8
 #endif
 #ifndef ATC_BN
 #define ATC_BN 64

@@ -566,6 +566,9 @@ fn plan_prints_the_fast_forms_launch_plan_as_json() {
     assert_eq!(v["kernel"], "mma_tf32", "{out}");
     assert_eq!(v["function"], "attn_mma_tf32", "{out}");
     assert_eq!(v["grid"], serde_json::json!([8, 16]), "{out}");
+    // Its tensor-core backward's launches.
+    assert_eq!(v["backward"]["dkdv"]["function"], "atc_dkdv_tf32", "{out}");
+    assert_eq!(v["backward"]["dq"]["grid"], serde_json::json!([8, 16]), "{out}");
     let (code, _, err) = mixers(&["plan", "--mixer", "mamba2", "--dtype", "f64", "--precision", "tf32"]);
     assert_eq!(code, 2);
     assert_one_line_error(&err, &["--dtype", "f64 (the exact mode)"]);
