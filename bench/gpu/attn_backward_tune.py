@@ -1,13 +1,13 @@
 """Tuning harness for the tensor-core attention backward (mixer-cuda/kernels/attention_backward_fused.cu)
 on a GPU machine with CuPy and PyTorch, without a Rust build: compiles the kernel file with NVRTC
 under given compile-time settings (ATC_WARPS, ATC_BN) and times atc_dkdv and atc_dq alone (CUDA
-events, median, causal, device-resident inputs in the [B, T, H, D] layout) beside torch SDPA's
+events, median of 5, causal, device-resident inputs in the [B, T, H, D] layout) beside torch SDPA's
 backward alone (forward + backward less forward, the same dtype: bf16, or fp32 with TF32 off for
 the tf32 mode). The row statistics are zeros: the kernels' work does not depend on values (no
 data-dependent branches); correctness is checked by bench/gpu/attention_backward_harness.cpp and
 the GPU tests (mixer-cuda/tests/all/backward.rs), not here.
 
-    python3 bench/gpu/attn_backward_tune.py [--T 16384] [--B 1] [--H 16] [--D 64] [--mode bf16|tf32] \
+    python3 bench/gpu/attn_backward_tune.py [--shape B,T,H,D (1,16384,16,64)] [--mode bf16|tf32] \
         [ATC_WARPS=4,ATC_BN=64 ...]
 
 With no variant, the settings of attention::backward_fused::plan (8 warps; 64 columns up to D = 64,
@@ -19,18 +19,16 @@ import math
 import cupy as cp
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+# SDPA's timing and the median of CUDA-event runs, as the side-by-side script measures them.
+from attention_backward_torch import median_ms, sdpa
 
 ap = argparse.ArgumentParser()
-ap.add_argument("--T", type=int, default=16384)
-ap.add_argument("--B", type=int, default=1)
-ap.add_argument("--H", type=int, default=16)
-ap.add_argument("--D", type=int, default=64)
-ap.add_argument("--mode", default="bf16")
-ap.add_argument("--reps", type=int, default=10)
+ap.add_argument("--shape", default="1,16384,16,64", help="B,T,H,D")
+ap.add_argument("--mode", default="bf16", choices=["bf16", "tf32"])
 ap.add_argument("variants", nargs="*")
 a = ap.parse_args()
-B, T, H, D = a.B, a.T, a.H, a.D
+B, T, H, D = map(int, a.shape.split(","))
 torch.backends.cuda.matmul.allow_tf32 = False
 dt = torch.bfloat16 if a.mode == "bf16" else torch.float32
 g = torch.Generator(device="cuda").manual_seed(0)
@@ -39,36 +37,8 @@ stats = torch.zeros(B * H * T * 4, device="cuda")
 scale = 1.0 / math.sqrt(D)
 
 
-def timed(f):
-    for _ in range(2):
-        f()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(a.reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        f()
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1))
-    return float(np.median(ts))
-
-
-qt, kt, vt = (x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v))
-dyt = dy.transpose(1, 2)
-
-
-def sdpa_fwd():
-    with torch.no_grad():
-        F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
-
-
-def sdpa_fwd_bwd():
-    y = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
-    torch.autograd.grad(y, (qt, kt, vt), dyt)
-
-
-t_bwd = timed(sdpa_fwd_bwd) - timed(sdpa_fwd)
+f_ref, fb_ref = sdpa(B, T, H, D, dt)
+t_bwd = fb_ref - f_ref
 print(f"SDPA {a.mode} backward alone B={B} T={T} H={H} D={D}: {t_bwd:.3f} ms", flush=True)
 src = open("mixer-cuda/kernels/common.cuh").read() + "\n" + open("mixer-cuda/kernels/attention_backward_fused.cu").read()
 default = f"ATC_WARPS=8,ATC_BN={64 if D <= 64 else 32}"
@@ -99,7 +69,7 @@ for var in a.variants or [default]:
     common = (ptr(q), ptr(k), ptr(v), ptr(dy), ptr(stats))
     dkdv = lambda: fk(grid, (32 * warps,), common + (ptr(gk), ptr(gv)) + tail, shared_mem=smem_k)  # noqa: E731
     dq = lambda: fq(grid, (32 * warps,), common + (ptr(gq),) + tail, shared_mem=smem_q)  # noqa: E731
-    t_k, t_q = timed(dkdv), timed(dq)
+    t_k, t_q = median_ms(dkdv), median_ms(dq)
     flops = B * H * T * (T + 1) / 2 * D * 2 * (4 + 3)  # dkdv: four products, dq: three
     print(
         f"{var}: dkdv {t_k:.3f} ms, dq {t_q:.3f} ms, together {t_k + t_q:.3f} ms "

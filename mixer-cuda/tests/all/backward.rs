@@ -26,6 +26,27 @@ fn rms(a: &ArrayD<f64>) -> f64 {
     (a.iter().map(|x| x * x).sum::<f64>() / a.len().max(1) as f64).sqrt()
 }
 
+/// The median of 5 timed runs of `f` after a warm-up run, in milliseconds (CUDA events around each
+/// run on the backend's stream).
+fn median_ms(f: &mut dyn FnMut()) -> f64 {
+    let stream = mixer_cuda::stream().unwrap();
+    // Events with timing (cudarc's default flags leave it out).
+    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    f();
+    stream.synchronize().unwrap();
+    let mut v: Vec<f64> = (0..5)
+        .map(|_| {
+            let e0 = stream.record_event(timed).unwrap();
+            f();
+            let e1 = stream.record_event(timed).unwrap();
+            stream.synchronize().unwrap();
+            f64::from(e0.elapsed_ms(&e1).unwrap())
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[2]
+}
+
 /// `rms(got − want) / max(rms(want), floor)` (`floor`: the size of the gradient's summands, for
 /// gradients that cancel to about zero, e.g. `d_q` of a window of one).
 fn rel(got: &ArrayD<f64>, want: &ArrayD<f64>, floor: f64) -> f64 {
@@ -203,24 +224,6 @@ fn backward_timing() {
         return;
     };
     use mixer_cuda::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
-    let stream = mixer_cuda::stream().unwrap();
-    // Events with timing (cudarc's default flags leave it out).
-    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let median_ms = |f: &mut dyn FnMut()| -> f64 {
-        f();
-        stream.synchronize().unwrap();
-        let mut v: Vec<f64> = (0..5)
-            .map(|_| {
-                let e0 = stream.record_event(timed).unwrap();
-                f();
-                let e1 = stream.record_event(timed).unwrap();
-                stream.synchronize().unwrap();
-                f64::from(e0.elapsed_ms(&e1).unwrap())
-            })
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v[2]
-    };
     let dev = |shape: &[usize], seed: u64| -> AnyDeviceTensor {
         AnyDeviceTensor::F32(DeviceTensor::upload(&cotangent(shape, seed).mapv(|v| v as f32)).unwrap())
     };
@@ -454,23 +457,6 @@ fn glr_backward_timing() {
         return;
     };
     use mixer_cuda::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
-    let stream = mixer_cuda::stream().unwrap();
-    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let median_ms = |f: &mut dyn FnMut()| -> f64 {
-        f();
-        stream.synchronize().unwrap();
-        let mut v: Vec<f64> = (0..5)
-            .map(|_| {
-                let e0 = stream.record_event(timed).unwrap();
-                f();
-                let e1 = stream.record_event(timed).unwrap();
-                stream.synchronize().unwrap();
-                f64::from(e0.elapsed_ms(&e1).unwrap())
-            })
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v[2]
-    };
     for (b, t, c) in [(1, 16384, 1024), (8, 4096, 1024)] {
         for cfg in [
             serde_json::json!({"pattern": "pow2"}),
@@ -672,23 +658,6 @@ fn attention_backward_timing_modes() {
         return;
     };
     use mixer_cuda::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
-    let stream = mixer_cuda::stream().unwrap();
-    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let median_ms = |f: &mut dyn FnMut()| -> f64 {
-        f();
-        stream.synchronize().unwrap();
-        let mut v: Vec<f64> = (0..5)
-            .map(|_| {
-                let e0 = stream.record_event(timed).unwrap();
-                f();
-                let e1 = stream.record_event(timed).unwrap();
-                stream.synchronize().unwrap();
-                f64::from(e0.elapsed_ms(&e1).unwrap())
-            })
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v[2]
-    };
     let m = mixer("attention", &serde_json::json!({})).unwrap();
     let a = mixer_core::mixers::attention::Attention::from_json("attention", &serde_json::json!({})).unwrap();
     for (b, t, h, d) in [(1, 16384, 16, 64), (8, 4096, 16, 64), (8, 4096, 16, 128)] {
