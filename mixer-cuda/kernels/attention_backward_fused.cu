@@ -2,7 +2,7 @@
 // style, for NVRTC, no headers. The forward (attention_fused.cu, launched with a stats buffer) has
 // left per row t
 //
-//   m_t = max_s λ u_{t,s},  g_t = log₂ Σ_s 2^{λ u_{t,s} − m_t}   (u = q·k, λ = scale·log₂e > 0),
+//   m_t = max_s λ u_{t,s},  g_t = log₂ Σ_s 2^{λ u_{t,s} − m_t}   (u = q·k, λ = scale·log₂e ≥ 0),
 //
 // so that P_{t,s} = 2^{λ u_{t,s} − m_t − g_t} on the visible keys (s ≤ t, t − s < window; window ≤ 0:
 // full causal), 0 elsewhere. Then, with D_t = dy_t · y_t (atc_delta),
