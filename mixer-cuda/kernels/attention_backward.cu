@@ -320,6 +320,20 @@ struct AtbTiles {
     }
 };
 
+// acc[i][j] += w[i] · X[t][tx + 16j] for the thread's rows i and columns j (row t of a shared
+// tile of row stride S and width D; columns past D add 0).
+template <typename T, int N, int D, int S>
+__device__ __forceinline__ void atb_axpy(T (&acc)[ATB_R][N], const T (&w)[ATB_R], const T* X, int t) {
+    const int tx = threadIdx.x & 15;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        const int c = tx + 16 * j;
+        const T x = c < D ? X[t * S + c] : (T)0;
+#pragma unroll
+        for (int i = 0; i < ATB_R; ++i) acc[i][j] = atb_fma(w[i], x, acc[i][j]);
+    }
+}
+
 // --- atb_dkdv --------------------------------------------------------------------------------
 
 // Grid (B·H, ⌈T/ATB_B⌉), key tile blockIdx.y (the first keys, seen by the most queries, first).
@@ -365,20 +379,8 @@ __device__ void atb_dkdv(const T* q, const T* k, const T* v, const T* dy, const 
                 p[i] = s.Ps[t * ATB_SP + ty + 16 * i];
                 ds[i] = s.Ss[t * ATB_SP + ty + 16 * i];
             }
-#pragma unroll
-            for (int j = 0; j < ATB_NV; ++j) {
-                const int c = tx + 16 * j;
-                const T g = c < ATB_DV ? s.Gs[t * ATB_SV + c] : (T)0;
-#pragma unroll
-                for (int i = 0; i < ATB_R; ++i) adv[i][j] = atb_fma(p[i], g, adv[i][j]);
-            }
-#pragma unroll
-            for (int j = 0; j < ATB_NK; ++j) {
-                const int c = tx + 16 * j;
-                const T x = c < ATB_DK ? s.Qs[t * ATB_SK + c] : (T)0;
-#pragma unroll
-                for (int i = 0; i < ATB_R; ++i) adk[i][j] = atb_fma(ds[i], x, adk[i][j]);
-            }
+            atb_axpy<T, ATB_NV, ATB_DV, ATB_SV>(adv, p, s.Gs, t);
+            atb_axpy<T, ATB_NK, ATB_DK, ATB_SK>(adk, ds, s.Qs, t);
         }
     }
 #pragma unroll
@@ -435,18 +437,10 @@ __device__ void atb_dq(const T* q, const T* k, const T* v, const T* dy, const do
         __syncthreads();
 #pragma unroll 4
         for (int c = 0; c < ATB_B; ++c) {
-            T kk[ATB_NK];
+            T ds[ATB_R];
 #pragma unroll
-            for (int j = 0; j < ATB_NK; ++j) {
-                const int d = tx + 16 * j;
-                kk[j] = d < ATB_DK ? s.Ks[c * ATB_SK + d] : (T)0;
-            }
-#pragma unroll
-            for (int i = 0; i < ATB_R; ++i) {
-                const T ds = s.Ss[(ty + 16 * i) * ATB_SP + c];
-#pragma unroll
-                for (int j = 0; j < ATB_NK; ++j) adq[i][j] = atb_fma(ds, kk[j], adq[i][j]);
-            }
+            for (int i = 0; i < ATB_R; ++i) ds[i] = s.Ss[(ty + 16 * i) * ATB_SP + c];
+            atb_axpy<T, ATB_NK, ATB_DK, ATB_SK>(adq, ds, s.Ks, c);
         }
     }
 #pragma unroll

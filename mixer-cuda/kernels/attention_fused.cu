@@ -2,7 +2,8 @@
 //
 //   y_t = Σ_{s ≤ t, t − s < window} softmax_s(scale · q_t·k_s) v_s
 //
-// Layouts: q, k [B,T,H,D]; v, y [B,T,H,D] (token stride H·D). window ≤ 0: full causal.
+// Layouts: q, k [B,T,H,D]; v, y [B,T,H,D] (token stride H·D). window ≤ 0: full causal. stats:
+// null, or [B·H·T][4] floats for the backward's row statistics (att_store).
 // Compile-time: ATT_D (head dim: 32, 64, 96 or 128; wgmma 64 only), ATT_BK (keys per tile), ATT_WM (16-row
 // m-tiles per warp). A block of 4 warps owns BQ = 64·ATT_WM query rows of one (batch, head).
 //
@@ -37,24 +38,6 @@
 
 typedef unsigned short bf16_t;
 typedef unsigned int u32;
-
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-    u32 r;
-    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-    return r;
-}
-__device__ __forceinline__ void cp_async16(u32 dst, const void* src, int src_bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 // ---------------------------------------------------------------------------------------
 // Online-softmax bookkeeping shared by both kernels. A thread holds, for each of its m-tiles,
@@ -242,12 +225,14 @@ __device__ __forceinline__ AttBlock att_start_bf16(bf16_t* qs, bf16_t* k0s, bf16
     return a;
 }
 // y = O / ℓ for the warp's rows from wrow0 (ℓ summed over the four threads of a row), as bf16
-// or f32 (att_put2: two adjacent columns).
+// or f32 (att_put2: two adjacent columns). Where stats is not null, also each row's statistics for
+// the backward (kernels/attention_backward_fused.cu): stats[4 (bh·T + row) + 0, 1] = m, log₂ ℓ,
+// so that softmax = exp2(scale·log₂e · q·k − m − log₂ ℓ), bh = blockIdx.y.
 __device__ __forceinline__ void att_put2(bf16_t* d, float a, float b) { *reinterpret_cast<u32*>(d) = mx_pack_bf16(a, b); }
 __device__ __forceinline__ void att_put2(float* d, float a, float b) { *reinterpret_cast<float2*>(d) = make_float2(a, b); }
 template <typename TO>
 __device__ __forceinline__ void att_store(TO* y, const float (&o)[ATT_WM][ATT_D / 8][4], const RowState& st, int wrow0,
-                                          int T, long long tok) {
+                                          int T, long long tok, float* stats) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int mt = 0; mt < ATT_WM; ++mt)
@@ -258,6 +243,11 @@ __device__ __forceinline__ void att_store(TO* y, const float (&o)[ATT_WM][ATT_D 
             l += __shfl_xor_sync(0xffffffffu, l, 2);
             const float inv = l > 0.f ? 1.f / l : 0.f;
             const int row = wrow0 + mt * 16 + g + r * 8;
+            if (row < T && stats && t == 0) {
+                float* at = stats + 4 * ((long long)blockIdx.y * T + row);
+                at[0] = st.m[mt][r];
+                at[1] = log2f(l);
+            }
             if (row < T) {
                 TO* dst = y + (long long)row * tok;
 #pragma unroll
@@ -319,7 +309,8 @@ __device__ __forceinline__ void wg_rs(float (&d)[8][4], const u32 (&a)[4], u64 d
 #define WG_V_STEP 2048
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_wgmma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-                    bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
+                    bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2,
+                  float* __restrict__ stats) {
     // Dynamic shared memory (plus up to 1 KB to align): q [BQ·D] | k stage 0, 1 [BK·D] | v stage 0, 1 [BK·D].
     extern __shared__ __align__(1024) bf16_t smw[];
     bf16_t* qs = smw + ((1024 - (smem_u32(smw) & 1023)) & 1023) / 2;
@@ -375,13 +366,14 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
         wg_commit();
         wg_wait0();
     }
-    att_store(y + off, o, st, wrow0, T, tok);
+    att_store(y + off, o, st, wrow0, T, tok, stats);
 }
 #endif
 
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_mma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
-                  bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
+                  bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2,
+                  float* __restrict__ stats) {
     // Dynamic shared memory: q [BQ·D] | k stage 0, 1 [BK·D] | v stage 0, 1 [BK·D].
     extern __shared__ __align__(128) bf16_t smb[];
     bf16_t* qs = smb;
@@ -463,7 +455,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
                     att_mma_bf16_n16(o[mt][2 * dp], o[mt][2 * dp + 1], pa[mt], vf[dp]);
         }
     }
-    att_store(y + off, o, st, wrow0, T, tok);
+    att_store(y + off, o, st, wrow0, T, tok, stats);
 }
 
 // =======================================================================================
@@ -486,7 +478,8 @@ __device__ __forceinline__ void load_tile_f32(float* sm, int stride, const float
 
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_mma_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                  float* __restrict__ y, int B, int T, int H, int window, float scale_log2) {
+                  float* __restrict__ y, int B, int T, int H, int window, float scale_log2,
+                  float* __restrict__ stats) {
     extern __shared__ __align__(16) float smf[];
     float* ks0 = smf;
     float* ks1 = ks0 + ATT_BK * KS_STRIDE;
@@ -575,5 +568,5 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
             }
         }
     }
-    att_store(y + off, o, st, wrow0, T, tok);
+    att_store(y + off, o, st, wrow0, T, tok, stats);
 }

@@ -101,3 +101,25 @@ __device__ __forceinline__ unsigned mx_movm_t(unsigned x) {
     asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
     return r;
 }
+
+// The shared-window address of a pointer into shared memory (for ldmatrix and cp.async).
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+// 16 bytes from global memory to shared memory (cp.async, L2 only); bytes past src_bytes are zeros.
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+// Ends a group of cp.async copies; cp_wait<N> waits until at most N groups are in flight.
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+// 2^x by the special-function unit (ex2.approx.ftz: relative error about 2^-22, subnormals flushed).
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}

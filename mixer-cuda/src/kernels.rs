@@ -73,6 +73,10 @@ pub const ATTENTION_FUSED: KernelSource = kernel!("attention_fused");
 /// Softmax attention's backward (`kernels/attention_backward.cu`), compiled per head dims and
 /// tile with `-DATB_DK=… -DATB_DV=… -DATB_B=…`.
 pub const ATTENTION_BACKWARD: KernelSource = kernel!("attention_backward");
+/// Softmax attention's backward on tensor cores (tf32 and bf16 modes,
+/// `kernels/attention_backward_fused.cu`), compiled per head dim and tile with `-DATC_D=…
+/// -DATC_WARPS=… -DATC_BN=…`.
+pub const ATTENTION_BACKWARD_FUSED: KernelSource = kernel!("attention_backward_fused");
 /// What the GLR kernel sources share (`kernels/glr_common.cuh`: a tap's position `d_k(t)`): the
 /// prelude of [`GLR`] and [`GLR_BACKWARD`].
 pub const GLR_COMMON: &str = include_str!("../kernels/glr_common.cuh");
@@ -129,6 +133,7 @@ pub const ALL: &[KernelSource] = &[
     ATTENTION,
     ATTENTION_FUSED,
     ATTENTION_BACKWARD,
+    ATTENTION_BACKWARD_FUSED,
     GLR,
     GLR_BACKWARD,
     TOEPLITZ,

@@ -566,6 +566,15 @@ fn plan_prints_the_fast_forms_launch_plan_as_json() {
     assert_eq!(v["kernel"], "mma_tf32", "{out}");
     assert_eq!(v["function"], "attn_mma_tf32", "{out}");
     assert_eq!(v["grid"], serde_json::json!([8, 16]), "{out}");
+    // The tensor-core backward's launches under `backward` (bf16 at D = 32: its tiles fit the 48 KiB
+    // of a machine without a device).
+    let (code, out, err) =
+        mixers(&["plan", "--mixer", "attention", "--seq", "1000", "--precision", "bf16", "--dim", "32"]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["backward"]["dkdv"]["function"], "atc_dkdv_bf16", "{out}");
+    assert_eq!(v["backward"]["dq"]["grid"], serde_json::json!([8, 16]), "{out}");
+    assert_eq!(v["backward"]["forward"]["function"], v["function"], "{out}");
     let (code, _, err) = mixers(&["plan", "--mixer", "mamba2", "--dtype", "f64", "--precision", "tf32"]);
     assert_eq!(code, 2);
     assert_one_line_error(&err, &["--dtype", "f64 (the exact mode)"]);

@@ -19,14 +19,18 @@
 //! `B_t` is 64 where `Dk, Dv ≤ 128` and the tiles fit in shared memory, else 32 or 16
 //! ([`tile`]); any `Dk, Dv ≤ 256`. Extra memory: `M` (`f64`), `ln ℓ` and `D`, `B·H·T` each.
 //!
-//! Precision: the `tf32` and `bf16` modes run the same `f32` kernels on `f32` inputs (bf16
-//! activations and `dy` are converted on the device); the gradients are `f32`.
+//! Precision: these are the exact mode's kernels. The `tf32` and `bf16` modes run the tensor-core
+//! kernels of [`super::backward_fused`] where its plan applies (`Dk = Dv ∈ {32, 64, 96, 128}`,
+//! `f32` inputs in tf32, bf16 in bf16, a positive scale), and these `f32` kernels elsewhere (bf16
+//! activations and `dy` converted on the device); the gradients are `f32`.
 
 use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::attention::Attention;
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
+use super::backward_fused;
 use super::common::{FAMILY, window_arg};
+use super::fast::Storage;
 use crate::forms::{cotangent, input};
 use crate::kernels;
 use crate::pool;
@@ -81,8 +85,11 @@ pub fn run<F: GpuReal>(
     x: &DeviceTensors,
     dy: &AnyDeviceTensor,
     req: &Requires,
-    _p: Precision,
+    p: Precision,
 ) -> Result<DeviceTensors> {
+    if let Some(out) = tensor_cores(a, x, dy, req, p)? {
+        return Ok(out);
+    }
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let &[b, t, h, dk] = q.shape() else {
         return Err(Error::shape("q", "[B, T, H, Dk]", mixer_core::error::fmt_shape(q.shape())));
@@ -178,6 +185,39 @@ pub fn run<F: GpuReal>(
         out.insert(grad_name("q"), F::wrap(DeviceTensor::from_pooled(gq, &[b, t, h, dk])?));
     }
     Ok(out)
+}
+
+/// The tensor-core backward ([`backward_fused`]) where its plan takes the shapes, the mode and the
+/// storage of `q, k, v` and `dy` (all `f32` in the tf32 mode, all bf16 in the bf16 mode); `None`
+/// elsewhere (the exact kernels run, on inputs converted to `F`). Shapes that do not match are left
+/// to the exact path, which names them.
+fn tensor_cores(
+    a: &Attention,
+    x: &DeviceTensors,
+    dy: &AnyDeviceTensor,
+    req: &Requires,
+    p: Precision,
+) -> Result<Option<DeviceTensors>> {
+    let (Some(q), Some(k), Some(v)) = (x.get("q"), x.get("k"), x.get("v")) else { return Ok(None) };
+    let (&[b, t, h, dk], &[.., dv]) = (q.shape(), v.shape()) else { return Ok(None) };
+    let shape = [b, t, h, dk, dv];
+    if p == Precision::Exact
+        || k.shape() != q.shape()
+        || v.shape() != [b, t, h, dv]
+        || dy.shape() != v.shape()
+    {
+        return Ok(None);
+    }
+    let storage = match [q, k, v, dy].map(AnyDeviceTensor::dtype) {
+        ["f32", "f32", "f32", "f32"] => Storage::F32,
+        ["bf16", "bf16", "bf16", "bf16"] => Storage::Bf16,
+        _ => return Ok(None),
+    };
+    let wgmma = gpu()?.has_wgmma();
+    match backward_fused::plan(a, shape, p, storage, max_dynamic_smem(), wgmma)? {
+        Some(pl) => backward_fused::run(a, &pl, x, dy, req, shape).map(Some),
+        None => Ok(None),
+    }
 }
 
 #[cfg(test)]

@@ -158,6 +158,20 @@ pub(crate) fn launch(
     pl: &Plan,
     shape_: [usize; 5],
 ) -> Result<AnyDeviceTensor> {
+    launch_with_stats(a, x, pl, shape_, None)
+}
+
+/// [`launch`], also writing each row's softmax statistics `(m, log₂ ℓ)` into `stats`
+/// (`[B·H·T][4]` floats, entries 0 and 1; see `att_store` in `kernels/attention_fused.cu`) where
+/// given: the first step of the tensor-core backward ([`super::backward_fused`]).
+pub(crate) fn launch_with_stats(
+    a: &Attention,
+    x: &DeviceTensors,
+    pl: &Plan,
+    shape_: [usize; 5],
+    stats: Option<&mut cudarc::driver::CudaSlice<f32>>,
+) -> Result<AnyDeviceTensor> {
+    use cudarc::driver::DevicePtrMut;
     let [b, t, h, d, _] = shape_;
     let g = gpu()?;
     let f = g.kernel(FAMILY, &kernels::ATTENTION_FUSED, &pl.options, &pl.function)?;
@@ -176,19 +190,34 @@ pub(crate) fn launch(
     let (q, k, v) = (input_any(x, "q")?, input_any(x, "k")?, input_any(x, "v")?);
     let n = b * t * h * d;
     let s = q.shape();
+    if let Some(st) = &stats {
+        int(FAMILY, "B·H·T statistics", st.len() / 4)?;
+        if st.len() < 4 * b * h * t {
+            return Err(err(FAMILY, format!("internal: {} statistics for {} rows", st.len() / 4, b * h * t)));
+        }
+    }
+    // The statistics' device address, or null (the forward alone); the guard orders the launch
+    // after earlier uses of the buffer.
+    let (st_ptr, _guard) = match stats {
+        Some(st) => {
+            let (p, guard) = st.device_ptr_mut(&g.stream);
+            (p, Some(guard))
+        }
+        None => (0, None),
+    };
     Ok(match pl.kernel {
         Kernel::MmaBf16 | Kernel::WgmmaBf16 => {
             let (q, k, v) = (q.typed::<bf16>("q")?, k.typed::<bf16>("k")?, v.typed::<bf16>("v")?);
             let mut y = pool::take::<bf16>(FAMILY, n)?;
             let (qv, kv, vv) = (q.view(), k.view(), v.view());
-            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2)?;
+            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr)?;
             AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, s)?)
         }
         _ => {
             let (q, k, v) = (q.typed::<f32>("q")?, k.typed::<f32>("k")?, v.typed::<f32>("v")?);
             let mut y = pool::take::<f32>(FAMILY, n)?;
             let (qv, kv, vv) = (q.view(), k.view(), v.view());
-            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2)?;
+            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr)?;
             AnyDeviceTensor::F32(DeviceTensor::from_pooled(y, s)?)
         }
     })

@@ -10,9 +10,11 @@
 //! - `recurrent`: a decoder with the KV cache **on the device** ([`decoder`]), a ring buffer of
 //!   `min(T, w)` positions; each step appends `k_t, v_t` and runs one block per (batch, head).
 //! - backward of `fast`: FlashAttention-2 style ([`backward`]): per-row softmax statistics, then
-//!   one pass per key tile for `d_k, d_v` and one per query tile for `d_q`, no atomics.
+//!   one pass per key tile for `d_k, d_v` and one per query tile for `d_q`, no atomics; on
+//!   tensor cores in the `tf32` and `bf16` modes where [`backward_fused::plan`] applies.
 
 pub mod backward;
+pub mod backward_fused;
 pub mod common;
 pub mod decoder;
 pub mod fast;
@@ -33,7 +35,9 @@ pub struct AttentionCuda;
 impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     type Mixer = Attention;
     /// The fast form's launch ([`fast::plan`]) on this process's device, with the activations
-    /// stored as the mode stores them (bf16 in the bf16 mode); `null` where nothing is launched.
+    /// stored as the mode stores them (bf16 in the bf16 mode); `null` where nothing is launched. Its
+    /// key `backward` holds the tensor-core backward's launches ([`backward_fused::plan`]), `null`
+    /// where the exact backward kernels run.
     fn plan(a: &Attention, form: Form, dims: &Dims, p: Precision) -> Option<Result<serde_json::Value>> {
         if form != Form::Fast {
             return None;
@@ -45,9 +49,15 @@ impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
         };
         let shape = ["B", "T", "H", "Dk", "Dv"].map(|k| dims.get(k).copied().unwrap_or(0));
         let wgmma = gpu().is_ok_and(|g| g.has_wgmma());
-        Some(fast::plan(a, shape, p, storage, max_dynamic_smem(), wgmma).and_then(|plan| {
-            serde_json::to_value(plan).map_err(|e| crate::runtime::err(FAMILY, format!("plan as JSON: {e}")))
-        }))
+        Some((|| {
+            let mut plan = to_json(&fast::plan(a, shape, p, storage, max_dynamic_smem(), wgmma)?)?;
+            // The tensor-core backward's launches where its plan applies (null: the exact kernels).
+            let backward = backward_fused::plan(a, shape, p, storage, max_dynamic_smem(), wgmma)?;
+            if let Some(obj) = plan.as_object_mut() {
+                obj.insert("backward".into(), to_json(&backward)?);
+            }
+            Ok(plan)
+        })())
     }
     fn fast() -> Option<DeviceFormFn<Attention>> {
         Some(fast::run::<F>)
@@ -61,3 +71,8 @@ impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
 }
 
 cuda_family!(ATTENTION_CUDA, FAMILY, AttentionCuda);
+
+/// A plan as JSON.
+fn to_json<T: serde::Serialize>(v: &T) -> Result<serde_json::Value> {
+    serde_json::to_value(v).map_err(|e| crate::runtime::err(FAMILY, format!("plan as JSON: {e}")))
+}

@@ -26,6 +26,27 @@ fn rms(a: &ArrayD<f64>) -> f64 {
     (a.iter().map(|x| x * x).sum::<f64>() / a.len().max(1) as f64).sqrt()
 }
 
+/// The median of 5 timed runs of `f` after a warm-up run, in milliseconds (CUDA events around each
+/// run on the backend's stream).
+fn median_ms(f: &mut dyn FnMut()) -> f64 {
+    let stream = mixer_cuda::stream().unwrap();
+    // Events with timing (cudarc's default flags leave it out).
+    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    f();
+    stream.synchronize().unwrap();
+    let mut v: Vec<f64> = (0..5)
+        .map(|_| {
+            let e0 = stream.record_event(timed).unwrap();
+            f();
+            let e1 = stream.record_event(timed).unwrap();
+            stream.synchronize().unwrap();
+            f64::from(e0.elapsed_ms(&e1).unwrap())
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[2]
+}
+
 /// `rms(got − want) / max(rms(want), floor)` (`floor`: the size of the gradient's summands, for
 /// gradients that cancel to about zero, e.g. `d_q` of a window of one).
 fn rel(got: &ArrayD<f64>, want: &ArrayD<f64>, floor: f64) -> f64 {
@@ -203,24 +224,6 @@ fn backward_timing() {
         return;
     };
     use mixer_cuda::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
-    let stream = mixer_cuda::stream().unwrap();
-    // Events with timing (cudarc's default flags leave it out).
-    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let median_ms = |f: &mut dyn FnMut()| -> f64 {
-        f();
-        stream.synchronize().unwrap();
-        let mut v: Vec<f64> = (0..5)
-            .map(|_| {
-                let e0 = stream.record_event(timed).unwrap();
-                f();
-                let e1 = stream.record_event(timed).unwrap();
-                stream.synchronize().unwrap();
-                f64::from(e0.elapsed_ms(&e1).unwrap())
-            })
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v[2]
-    };
     let dev = |shape: &[usize], seed: u64| -> AnyDeviceTensor {
         AnyDeviceTensor::F32(DeviceTensor::upload(&cotangent(shape, seed).mapv(|v| v as f32)).unwrap())
     };
@@ -454,23 +457,6 @@ fn glr_backward_timing() {
         return;
     };
     use mixer_cuda::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
-    let stream = mixer_cuda::stream().unwrap();
-    let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-    let median_ms = |f: &mut dyn FnMut()| -> f64 {
-        f();
-        stream.synchronize().unwrap();
-        let mut v: Vec<f64> = (0..5)
-            .map(|_| {
-                let e0 = stream.record_event(timed).unwrap();
-                f();
-                let e1 = stream.record_event(timed).unwrap();
-                stream.synchronize().unwrap();
-                f64::from(e0.elapsed_ms(&e1).unwrap())
-            })
-            .collect();
-        v.sort_by(f64::total_cmp);
-        v[2]
-    };
     for (b, t, c) in [(1, 16384, 1024), (8, 4096, 1024)] {
         for cfg in [
             serde_json::json!({"pattern": "pow2"}),
@@ -510,6 +496,193 @@ fn glr_backward_timing() {
             });
             println!(
                 "TIMING glr {cfg} B={b} T={t} C={c} ms: fwd={fwd:.3} bwd={bwd:.3} ratio={:.2}",
+                bwd / fwd
+            );
+        }
+    }
+}
+
+/// The attention mixer for a window (none: full causal).
+fn attention_with(window: Option<usize>) -> Box<dyn Mixer> {
+    let cfg = match window {
+        Some(w) => serde_json::json!({ "window": w }),
+        None => serde_json::json!({}),
+    };
+    mixer("attention", &cfg).unwrap()
+}
+
+/// The tf32 and bf16 modes on device tensors (f32 inputs in tf32, bf16 in bf16) against the CPU's
+/// f64 backward on the same values (rounded to f32, or to bf16 for `q, k, v, dy`), relative RMS
+/// within 5e-3 (tf32) and 2e-2 (bf16), every gradient; `d_q`, `d_k` against the size of their
+/// summands where they cancel (a window of 1). Returns the failures.
+fn modes_against_cpu(m: &dyn Mixer, what: &str, x: &Tensors<f64>, dy: &ArrayD<f64>) -> Vec<String> {
+    use crate::loglinear_backward::{bf16_rounded, cpu_grads, cuda_mode};
+    let x32: Tensors<f64> = x.iter().map(|(k, v)| (k.clone(), v.mapv(|e| f64::from(e as f32)))).collect();
+    let dy32 = dy.mapv(|e| f64::from(e as f32));
+    let sigma = 1.0 / (x["q"].shape()[3] as f64).sqrt();
+    let mut bad = Vec::new();
+    for (p, tol) in [(Precision::Tf32, 5e-3), (Precision::Bf16, 2e-2)] {
+        let (xr, dyr) =
+            if p == Precision::Bf16 { bf16_rounded(&x32, &dy32) } else { (x32.clone(), dy32.clone()) };
+        let want = cpu_grads(m, &xr, &dyr);
+        let got = cuda_mode(m, &x32, &dy32, p);
+        assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{what} {p}");
+        for (name, w) in &want {
+            // d_q and d_k: σ · (dy·v) · k (or q), the size of the summands before they cancel.
+            let floor = match name.as_str() {
+                "d_q" => sigma * rms(&dyr) * rms(&xr["v"]) * rms(&xr["k"]),
+                "d_k" => sigma * rms(&dyr) * rms(&xr["v"]) * rms(&xr["q"]),
+                _ => 0.0,
+            };
+            let g = &got[name];
+            let e = rel(g, w, floor);
+            let finite = g.iter().all(|v| v.is_finite());
+            println!("GRAD {what} {p} {name} rel_rms={e:.3e} tol={tol:.0e}");
+            if !finite || e > tol {
+                bad.push(format!("{what} {p}: {name} rel_rms {e:.3e} > {tol:.0e} (finite: {finite})"));
+            }
+        }
+    }
+    bad
+}
+
+/// The tensor-core backward (tf32 and bf16 modes) against the CPU: T ∈ {1, 63, 64, 65, 1000, 4099},
+/// head dims 32, 64, 96, 128 (the plan takes each: checked), windows 1, 100, 4099 and none; then the
+/// head dims the tensor cores do not take (16, 70, 256: the exact kernels in these modes).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_backward_tensor_cores_match_the_cpu() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    use mixer_cuda::attention::{backward_fused, fast::Storage};
+    // (B, T, H, D, window)
+    let cases: &[(usize, usize, usize, usize, Option<usize>)] = &[
+        (1, 1, 2, 64, None),
+        (2, 63, 2, 32, Some(100)),
+        (1, 64, 2, 96, Some(1)),
+        (2, 65, 1, 128, None),
+        (1, 1000, 2, 64, Some(100)),
+        (1, 1000, 1, 128, None),
+        (1, 1000, 2, 96, Some(4099)),
+        (1, 4099, 1, 64, Some(4099)),
+        (1, 4099, 1, 32, None),
+        (1, 4099, 1, 128, Some(100)),
+        (1, 300, 2, 128, Some(1)),
+        (2, 333, 3, 16, Some(100)),
+        (1, 200, 2, 70, None),
+        (1, 100, 1, 256, Some(40)),
+    ];
+    let mut bad = Vec::new();
+    for (i, &(b, t, h, d, window)) in cases.iter().enumerate() {
+        let m = attention_with(window);
+        let a = m.as_any().downcast_ref::<mixer_core::mixers::attention::Attention>().unwrap();
+        for (p, s) in [(Precision::Tf32, Storage::F32), (Precision::Bf16, Storage::Bf16)] {
+            let tc = backward_fused::plan(a, [b, t, h, d, d], p, s, 219 << 10, true).unwrap().is_some();
+            assert_eq!(tc, [32, 64, 96, 128].contains(&d), "D = {d} {p}: tensor cores {tc}");
+        }
+        let s = Sizes { batch: b, seq: t, channels: 1, heads: h, dk: d, dv: d };
+        let x = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 300 + i as u64).unwrap();
+        let dy = cotangent(&[b, t, h, d], 400 + i as u64);
+        bad.extend(modes_against_cpu(
+            m.as_ref(),
+            &format!("attention w={window:?} B={b} T={t} H={h} D={d}"),
+            &x,
+            &dy,
+        ));
+    }
+    assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
+}
+
+/// One small case per tensor-core kernel and mode (for compute-sanitizer): T = 70 (a partial tile),
+/// D = 32, a window of 20, against the CPU.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_backward_tensor_cores_small_case() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    let m = attention_with(Some(20));
+    let s = Sizes { batch: 1, seq: 70, channels: 1, heads: 2, dk: 32, dv: 32 };
+    let x = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 8).unwrap();
+    let bad = modes_against_cpu(m.as_ref(), "attention small", &x, &cotangent(&[1, 70, 2, 32], 9));
+    assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
+}
+
+/// The tensor-core backward gives the same bits twice, and logits near the f32 range (q, k of a
+/// block of tokens times 1e18: logits about 1e36) give finite gradients.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_backward_tensor_cores_repeat_and_stay_finite() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    use crate::loglinear_backward::cuda_mode;
+    let m = attention_with(Some(300));
+    let s = Sizes { batch: 2, seq: 1000, channels: 1, heads: 2, dk: 64, dv: 64 };
+    let x = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 5).unwrap();
+    let dy = cotangent(&[2, 1000, 2, 64], 3);
+    for p in [Precision::Tf32, Precision::Bf16] {
+        let (a, b) = (cuda_mode(m.as_ref(), &x, &dy, p), cuda_mode(m.as_ref(), &x, &dy, p));
+        for (name, g) in &a {
+            let same = g.iter().zip(b[name].iter()).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "{p}: {name} differs between two runs");
+        }
+    }
+    let m = attention_with(None);
+    let s = Sizes { batch: 1, seq: 300, channels: 1, heads: 2, dk: 64, dv: 64 };
+    let mut x = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 3).unwrap();
+    for name in ["q", "k"] {
+        for (i, v) in x.get_mut(name).unwrap().indexed_iter_mut() {
+            if (130..200).contains(&i[1]) {
+                *v *= 1e18;
+            }
+        }
+    }
+    let dy = cotangent(&[1, 300, 2, 64], 4);
+    for p in [Precision::Tf32, Precision::Bf16] {
+        for (name, g) in cuda_mode(m.as_ref(), &x, &dy, p) {
+            assert!(g.iter().all(|v| v.is_finite()), "{p}: {name} not finite with logits near 1e36");
+        }
+    }
+}
+
+/// Times the attention forward and the backward in the tf32 mode (f32 tensors) and the bf16 mode
+/// (bf16 tensors) on the device (CUDA events, the median of 5 runs after a warm-up), causal, one
+/// `TIMING` line per shape and mode: (B, T, H, D) = (1, 16384, 16, 64), (8, 4096, 16, 64),
+/// (8, 4096, 16, 128). `bench/gpu/attn_backward_vs_sdpa.py` runs it beside torch SDPA.
+#[test]
+#[ignore = "needs a CUDA device; a measurement"]
+fn attention_backward_timing_modes() {
+    let Some(_turn) = common::gpu_alone() else {
+        return;
+    };
+    use mixer_cuda::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
+    let m = mixer("attention", &serde_json::json!({})).unwrap();
+    let a = mixer_core::mixers::attention::Attention::from_json("attention", &serde_json::json!({})).unwrap();
+    for (b, t, h, d) in [(1, 16384, 16, 64), (8, 4096, 16, 64), (8, 4096, 16, 128)] {
+        for p in [Precision::Tf32, Precision::Bf16] {
+            let dev = |seed: u64| -> AnyDeviceTensor {
+                let host = cotangent(&[b, t, h, d], seed).mapv(|v| v as f32);
+                if p == Precision::Bf16 {
+                    AnyDeviceTensor::Bf16(DeviceTensor::upload(&host.mapv(bf16::from_f32)).unwrap())
+                } else {
+                    AnyDeviceTensor::F32(DeviceTensor::upload(&host).unwrap())
+                }
+            };
+            let x: DeviceTensors =
+                [("q", 1), ("k", 2), ("v", 3)].into_iter().map(|(n, s)| (n.to_string(), dev(s))).collect();
+            let dy = dev(4);
+            let fwd = median_ms(&mut || {
+                drop(mixer_cuda::device_run::run_device_with(m.as_ref(), Form::Fast, &x, p, false).unwrap())
+            });
+            let bwd = median_ms(&mut || {
+                drop(mixer_cuda::attention::backward::run::<f32>(&a, &x, &dy, &Requires::All, p).unwrap())
+            });
+            println!(
+                "TIMING attention {} B={b} T={t} H={h} D={d} ms: fwd={fwd:.3} bwd={bwd:.3} fwd+bwd={:.3} bwd/fwd={:.2}",
+                p.name(),
+                fwd + bwd,
                 bwd / fwd
             );
         }

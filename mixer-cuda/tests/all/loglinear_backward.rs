@@ -41,7 +41,7 @@ fn case(m: &dyn Mixer, shape: [usize; 5], seed: u64) -> (Tensors<f64>, ArrayD<f6
 }
 
 /// The CPU `fast` backward in f64 (every gradient).
-fn cpu_grads(m: &dyn Mixer, x: &Tensors<f64>, dy: &ArrayD<f64>) -> Tensors<f64> {
+pub(crate) fn cpu_grads(m: &dyn Mixer, x: &Tensors<f64>, dy: &ArrayD<f64>) -> Tensors<f64> {
     backward(m, "cpu", Form::Fast, &AnyTensors::F64(x.clone()), &Tensor::F64(dy.clone()), &Requires::All)
         .unwrap_or_else(|e| panic!("{}: cpu backward: {e}", m.name()))
         .into_iter()
@@ -58,7 +58,7 @@ fn rel_rms(a: &ArrayD<f64>, b: &ArrayD<f64>) -> f64 {
 }
 
 /// Compares every gradient of `want` with `got`, printing one line each; returns the failures.
-fn compare(label: &str, got: &Tensors<f64>, want: &Tensors<f64>, tol: f64) -> Vec<String> {
+pub(crate) fn compare(label: &str, got: &Tensors<f64>, want: &Tensors<f64>, tol: f64) -> Vec<String> {
     let mut bad = Vec::new();
     assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{label}: gradient names");
     for (k, w) in want {
@@ -81,7 +81,7 @@ fn cuda_exact(m: &dyn Mixer, x: &Tensors<f64>, dy: &ArrayD<f64>, dtype: DType) -
 
 /// The CUDA backward on device tensors in mode `p` (f32 inputs; bf16 activations and `dy` in the
 /// bf16 mode), as f64.
-fn cuda_mode(m: &dyn Mixer, x: &Tensors<f64>, dy: &ArrayD<f64>, p: Precision) -> Tensors<f64> {
+pub(crate) fn cuda_mode(m: &dyn Mixer, x: &Tensors<f64>, dy: &ArrayD<f64>, p: Precision) -> Tensors<f64> {
     let x32: Tensors<f32> = x.iter().map(|(k, v)| (k.clone(), v.mapv(|e| e as f32))).collect();
     let dev = upload_inputs(&x32, p).expect("upload");
     let d = device_dy(dy, p);
@@ -102,7 +102,7 @@ fn device_dy(dy: &ArrayD<f64>, p: Precision) -> AnyDeviceTensor {
 }
 
 /// `x` with its activations and `dy` rounded to bf16 (what the bf16 mode computes from).
-fn bf16_rounded(x: &Tensors<f64>, dy: &ArrayD<f64>) -> (Tensors<f64>, ArrayD<f64>) {
+pub(crate) fn bf16_rounded(x: &Tensors<f64>, dy: &ArrayD<f64>) -> (Tensors<f64>, ArrayD<f64>) {
     let r = |a: &ArrayD<f64>| a.mapv(|e| f64::from(round_bf16(e as f32)));
     let x = x
         .iter()

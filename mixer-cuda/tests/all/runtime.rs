@@ -55,6 +55,25 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         let n = compile_only_with(k.name, &k.full(), "sm_90", &pl.options).unwrap_or_else(|e| panic!("{e}"));
         assert!(n > 100, "{} {:?}: PTX of {n} bytes", pl.function, pl.options);
     }
+    // The tensor-core backward at every head dim its plan takes (both modes share one source).
+    let bwd = mixer_cuda::kernels::ATTENTION_BACKWARD_FUSED.full();
+    for d in [32, 96, 128] {
+        let shape = [1, 100, 1, d, d];
+        let pl = mixer_cuda::attention::backward_fused::plan(
+            &a,
+            shape,
+            Precision::Bf16,
+            Storage::Bf16,
+            219 << 10,
+            true,
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(pl.dkdv.options, pl.dq.options);
+        let n = compile_only_with("attention_backward_fused", &bwd, "sm_90", &pl.dkdv.options)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 100, "attention_backward_fused {:?}: PTX of {n} bytes", pl.dkdv.options);
+    }
     // Gated DeltaNet's state passes as the host compiles them: head dims fixed, warps per block
     // and buffers of the register-state passes (tf32 and bf16), k's bits taken as they are in the
     // bf16 mode, the shared-memory pass with the lift's levels `lg` at a time; and the WY/UT step

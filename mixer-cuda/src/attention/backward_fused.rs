@@ -1,0 +1,279 @@
+//! The backward pass of attention's `fast` form on tensor cores (`kernels/attention_backward_fused.cu`),
+//! for the `tf32` and `bf16` modes, FlashAttention-2 style, deterministic (no atomics).
+//!
+//! With `λ = σ·log₂e` and the keys `u_{t,s} = q_t · k_s`, the forward's tensor-core kernel
+//! ([`super::fused`]) is run once more with a statistics buffer and leaves per row
+//! `m_t = max_s λ u_{t,s}` and `g_t = log₂ Σ_s 2^{λ u_{t,s} − m_t}` over the visible keys
+//! (`s ≤ t`, `t − s < w`), so that `P_{t,s} = 2^{min(λ u_{t,s} − m_t, 0) − g_t}` (the CPU's
+//! `e^{σ q_t·k_s − LSE_t}` with `LSE_t = (m_t + g_t)·ln 2`, kept in two parts so that it cannot
+//! overflow; the clamp only acts where a product rounds differently from the forward's). Then
+//! `D_t = dy_t · y_t` (`atc_delta`, from the forward's `y` in the mode's storage),
+//! `dS_{t,s} = P_{t,s}(dy_t · v_s − D_t)`, `dv_s = Σ_t P_{t,s} dy_t`, `dk_s = σ Σ_t dS_{t,s} q_t`
+//! (`atc_dkdv`, one block per key tile, over the query tiles that see it) and
+//! `dq_t = σ Σ_s dS_{t,s} k_s` (`atc_dq`, one block per query tile, over its key tiles). Every
+//! product runs on `mma.sync` (bf16 `m16n8k16` or tf32 `m16n8k8`, `f32` accumulation); the gradients
+//! are `f32`.
+//!
+//! [`plan`] says where these kernels run (the same sizes as the forward's tensor-core kernels:
+//! `Dk = Dv ∈ {32, 64, 96, 128}`, a positive scale, activations stored as the mode computes), with
+//! which tiles and shared memory; elsewhere [`super::backward`]'s exact kernels run. Extra memory:
+//! `y` (the mode's storage) and four `f32` per row (`m`, `g`, `D`, one unused: a 16-byte copy).
+
+use cudarc::driver::LaunchConfig;
+use mixer_core::mixers::attention::Attention;
+use mixer_core::{Precision, Requires, Result, grad_name};
+use serde::Serialize;
+
+use super::common::{FAMILY, window_arg};
+use super::fast::{Kernel, Storage};
+use super::fused;
+use crate::kernels;
+use crate::pool;
+use crate::runtime::{err, gpu, int, launch};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
+
+/// Warps per block of `atc_dkdv` and `atc_dq` (`ATC_WARPS`), 16 rows each: 128 rows per block, so
+/// that each streamed column tile is read from L2 once per 128 rows (the bytes the two kernels read
+/// grow as `T² D / rows per block`).
+const WARPS: usize = 8;
+/// Rows (keys in `atc_dkdv`, queries in `atc_dq`) per block.
+const BM: usize = 16 * WARPS;
+/// Warps per block of `atc_delta` (one row each).
+const DELTA_WARPS: usize = 8;
+
+/// One launch of a plan: the `extern "C"` function, its NVRTC options, grid, threads per block
+/// and dynamic shared memory.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Launch {
+    /// The function.
+    pub function: String,
+    /// NVRTC options (`-D…`).
+    pub options: Vec<String>,
+    /// Grid (x, y).
+    pub grid: [u32; 2],
+    /// Threads per block.
+    pub block: u32,
+    /// Dynamic shared memory (bytes).
+    pub shared_mem: usize,
+}
+
+/// The tensor-core backward for one shape and mode: the forward with statistics, then
+/// `atc_delta`, `atc_dkdv`, `atc_dq`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BackwardPlan {
+    /// The forward's launch ([`fused::plan`]), run with the statistics buffer.
+    pub forward: super::fast::Plan,
+    /// Columns per streamed tile (`ATC_BN`): queries in `atc_dkdv`, keys in `atc_dq`.
+    pub bn: usize,
+    /// `D_t = dy_t · y_t`.
+    pub delta: Launch,
+    /// `d_k`, `d_v` per key tile.
+    pub dkdv: Launch,
+    /// `d_q` per query tile.
+    pub dq: Launch,
+}
+
+/// The tile rule: `ATC_BN = 64` columns at head dims up to 64, 32 above (the score, `dP` and both
+/// gradient accumulators stay within the registers of a thread: `2·D/2 + 2·BN/4` floats).
+pub fn columns(d: usize) -> usize {
+    if d <= 64 { 64 } else { 32 }
+}
+
+/// Shared memory (bytes) of `atc_dkdv` and `atc_dq` at head dim `d`, `bn` columns, for the mode's
+/// storage (`bf16`: rows of `d` bf16; tf32: rows of `d + 8` floats): `BM` rows of two inputs, two
+/// stages of `bn` rows of two inputs, and in `atc_dkdv` two stages of `bn` statistics (16 bytes).
+pub fn smem(d: usize, bn: usize, p: Precision) -> (usize, usize) {
+    let row = if p == Precision::Bf16 { 2 * d } else { 4 * (d + 8) };
+    let tiles = (2 * BM + 4 * bn) * row;
+    (tiles + 2 * bn * 16, tiles)
+}
+
+/// The tensor-core backward for `shape = [B, T, H, Dk, Dv]` in mode `p` on activations stored as
+/// `storage`, with `limit` bytes of dynamic shared memory per block and `wgmma` where the device has
+/// Hopper's warpgroup MMA (for the forward's launch), or `None` where the exact kernels run: the
+/// exact mode, a storage other than the mode's (f32 for tf32, bf16 for bf16), sizes the forward's
+/// tensor-core kernels do not take ([`fused::plan`]), a negative scale (the statistics are a
+/// maximum of `λ u` for `λ ≥ 0`), tiles beyond `limit`, or nothing to compute.
+#[rustfmt::skip]
+pub fn plan(a: &Attention, shape: [usize; 5], p: Precision, storage: Storage, limit: usize, wgmma: bool)
+    -> Result<Option<BackwardPlan>> {
+    let [b, t, h, d, _] = shape;
+    let mode_storage = matches!((p, storage), (Precision::Tf32, Storage::F32) | (Precision::Bf16, Storage::Bf16));
+    if !mode_storage || a.scale(d) < 0.0 {
+        return Ok(None);
+    }
+    let Some(forward) = fused::plan(a, shape, p, wgmma)? else { return Ok(None) };
+    let bn = columns(d);
+    let (sm_dkdv, sm_dq) = smem(d, bn, p);
+    if sm_dkdv.max(sm_dq) > limit {
+        return Ok(None);
+    }
+    let suffix = if p == Precision::Bf16 { "bf16" } else { "tf32" };
+    let options = vec![format!("-DATC_D={d}"), format!("-DATC_WARPS={WARPS}"), format!("-DATC_BN={bn}")];
+    let tiles = int(FAMILY, "row tiles", t.div_ceil(BM))? as u32;
+    let bh = int(FAMILY, "B·H", b * h)? as u32;
+    let rows = b * t * h;
+    let kernel = |name: &str, grid: [u32; 2], block: usize, shared_mem: usize| Launch {
+        function: format!("{name}_{suffix}"),
+        options: options.clone(),
+        grid,
+        block: block as u32,
+        shared_mem,
+    };
+    let delta_blocks = int(FAMILY, "rows", rows.div_ceil(DELTA_WARPS))? as u32;
+    Ok(Some(BackwardPlan {
+        delta: kernel("atc_delta", [delta_blocks, 1], 32 * DELTA_WARPS, 0),
+        dkdv: kernel("atc_dkdv", [tiles, bh], 32 * WARPS, sm_dkdv),
+        dq: kernel("atc_dq", [tiles, bh], 32 * WARPS, sm_dq),
+        forward,
+        bn,
+    }))
+}
+
+/// Runs the plan `pl` (from [`plan`]) on `x` and `dy` (all bf16 for the bf16 kernels, f32 for tf32):
+/// `d_q`, `d_k`, `d_v` (those `req` asks for) as `f32`, nothing waited for.
+pub fn run(
+    a: &Attention,
+    pl: &BackwardPlan,
+    x: &DeviceTensors,
+    dy: &AnyDeviceTensor,
+    req: &Requires,
+    shape: [usize; 5],
+) -> Result<DeviceTensors> {
+    let [b, t, h, d, _] = shape;
+    let g = gpu()?;
+    let rows = b * h * t;
+    let mut stats = pool::take::<f32>(FAMILY, 4 * rows)?;
+    let y = fused::launch_with_stats(a, x, &pl.forward, shape, Some(&mut *stats))?;
+    let f = |l: &Launch| {
+        let func = g.kernel(FAMILY, &kernels::ATTENTION_BACKWARD_FUSED, &l.options, &l.function)?;
+        if l.shared_mem > 48 << 10 {
+            crate::runtime::opt_in(FAMILY, &func)?;
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (l.grid[0], l.grid[1], 1),
+            block_dim: (l.block, 1, 1),
+            shared_mem_bytes: l.shared_mem as u32,
+        };
+        Ok::<_, mixer_core::Error>((func, cfg))
+    };
+    let (ti, hi, w) = (int(FAMILY, "T", t)?, int(FAMILY, "H", h)?, window_arg(a, t));
+    let scale = a.scale(d);
+    let (sl2, sc) = ((scale * std::f64::consts::LOG2_E) as f32, scale as f32);
+    let n = b * t * h * d;
+    let rows_i = rows as i64;
+    let (want_q, want_kv) = (req.wants("q"), req.wants("k") || req.wants("v"));
+    let mut gq = pool::take::<f32>(FAMILY, if want_q { n } else { 0 })?;
+    let mut gk = pool::take::<f32>(FAMILY, if want_kv { n } else { 0 })?;
+    let mut gv = pool::take::<f32>(FAMILY, if want_kv { n } else { 0 })?;
+    // One argument list for both storages.
+    macro_rules! steps {
+        ($ty:ty) => {{
+            let typed = |name: &str| x.get(name).ok_or_else(|| err(FAMILY, format!("internal: {name}")));
+            let (q, k, v) = (typed("q")?.typed::<$ty>("q")?, typed("k")?.typed::<$ty>("k")?, typed("v")?.typed::<$ty>("v")?);
+            let (dyt, yt) = (dy.typed::<$ty>("dy")?, y.typed::<$ty>("y")?);
+            let (qv, kv, vv, dyv, yv) = (q.view(), k.view(), v.view(), dyt.view(), yt.view());
+            let (func, cfg) = f(&pl.delta)?;
+            launch!(g, FAMILY, func, cfg; &yv, &dyv, &mut *stats, &ti, &hi, &rows_i)?;
+            if want_kv {
+                let (func, cfg) = f(&pl.dkdv)?;
+                launch!(g, FAMILY, func, cfg;
+                    &qv, &kv, &vv, &dyv, &*stats, &mut *gk, &mut *gv, &ti, &hi, &w, &sl2, &sc)?;
+            }
+            if want_q {
+                let (func, cfg) = f(&pl.dq)?;
+                launch!(g, FAMILY, func, cfg; &qv, &kv, &vv, &dyv, &*stats, &mut *gq, &ti, &hi, &w, &sl2, &sc)?;
+            }
+        }};
+    }
+    if pl.forward.kernel == Kernel::MmaTf32 {
+        steps!(f32);
+    } else {
+        steps!(bf16);
+    }
+    let mut out = DeviceTensors::new();
+    let dims = [b, t, h, d];
+    if want_q {
+        out.insert(grad_name("q"), AnyDeviceTensor::F32(DeviceTensor::from_pooled(gq, &dims)?));
+    }
+    if req.wants("k") {
+        out.insert(grad_name("k"), AnyDeviceTensor::F32(DeviceTensor::from_pooled(gk, &dims)?));
+    }
+    if req.wants("v") {
+        out.insert(grad_name("v"), AnyDeviceTensor::F32(DeviceTensor::from_pooled(gv, &dims)?));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mixer_core::mixers::attention::AttentionConfig;
+
+    /// The opt-in dynamic shared memory of the H200 less the static reserve (219 KiB).
+    const H200: usize = 219 << 10;
+
+    fn attention(scale: Option<f64>, window: Option<usize>) -> Attention {
+        Attention::new("attention", AttentionConfig { window, scale }).unwrap()
+    }
+
+    /// Tensor cores at Dk = Dv ∈ {32, 64, 96, 128} in the tf32 mode on f32 and the bf16 mode on bf16;
+    /// the exact kernels for the exact mode, another storage, other head dims, negative or huge
+    /// scales, and tiles that do not fit.
+    #[test]
+    fn the_plan_takes_the_forward_tensor_core_sizes() {
+        let a = attention(None, Some(100));
+        for d in [32, 64, 96, 128] {
+            for (p, s, suffix) in
+                [(Precision::Tf32, Storage::F32, "tf32"), (Precision::Bf16, Storage::Bf16, "bf16")]
+            {
+                let pl = plan(&a, [2, 1000, 3, d, d], p, s, H200, true).unwrap().unwrap();
+                assert_eq!(pl.dkdv.function, format!("atc_dkdv_{suffix}"), "{d} {p}");
+                assert_eq!(pl.dq.grid, [8, 6], "{d} {p}");
+                assert_eq!(pl.delta.grid, [750, 1], "{d} {p}");
+                assert!(pl.dq.options.contains(&format!("-DATC_D={d}")));
+            }
+        }
+        for (shape, p, s) in [
+            ([1, 10, 1, 64, 64], Precision::Exact, Storage::F32),
+            ([1, 10, 1, 64, 64], Precision::Tf32, Storage::F64),
+            ([1, 10, 1, 64, 64], Precision::Bf16, Storage::F32),
+            ([1, 10, 1, 70, 70], Precision::Tf32, Storage::F32),
+            ([1, 10, 1, 256, 256], Precision::Bf16, Storage::Bf16),
+            ([1, 10, 1, 64, 32], Precision::Tf32, Storage::F32),
+            ([1, 0, 1, 64, 64], Precision::Tf32, Storage::F32),
+        ] {
+            assert!(plan(&a, shape, p, s, H200, true).unwrap().is_none(), "{shape:?} {p} {s:?}");
+        }
+        let f32_64 =
+            |sc| plan(&attention(sc, None), [1, 10, 1, 64, 64], Precision::Tf32, Storage::F32, H200, true);
+        assert!(f32_64(Some(-0.5)).unwrap().is_none());
+        assert!(f32_64(Some(1e35)).unwrap().is_none());
+        assert!(f32_64(Some(0.0)).unwrap().is_some());
+        // tf32 at D = 128 needs 211 KiB: not without opting in.
+        assert!(
+            plan(&a, [1, 10, 1, 128, 128], Precision::Tf32, Storage::F32, 48 << 10, true).unwrap().is_none()
+        );
+    }
+
+    /// The tiles: 64 columns up to D = 64, 32 above; the shared memory counted from the layout.
+    #[test]
+    fn tiles_and_shared_memory_follow_the_head_dim() {
+        assert_eq!((columns(32), columns(64), columns(96), columns(128)), (64, 64, 32, 32));
+        // bf16 D = 64: K, V 128 × 64, two stages of Q, dY 64 × 64, and 2 × 64 statistics.
+        assert_eq!(
+            smem(64, 64, Precision::Bf16),
+            ((2 * 128 + 4 * 64) * 128 + 2 * 64 * 16, (2 * 128 + 4 * 64) * 128)
+        );
+        // tf32 D = 128: rows of 136 floats.
+        assert_eq!(smem(128, 32, Precision::Tf32).1, (2 * 128 + 4 * 32) * 136 * 4);
+        let a = attention(None, None);
+        let pl =
+            plan(&a, [8, 4096, 16, 128, 128], Precision::Tf32, Storage::F32, H200, true).unwrap().unwrap();
+        assert_eq!((pl.bn, pl.dkdv.shared_mem, pl.dkdv.block), (32, smem(128, 32, Precision::Tf32).0, 256));
+        assert_eq!(pl.forward.kernel, Kernel::MmaTf32);
+        let pl =
+            plan(&a, [1, 16384, 16, 64, 64], Precision::Bf16, Storage::Bf16, H200, true).unwrap().unwrap();
+        assert_eq!((pl.bn, pl.forward.kernel), (64, Kernel::WgmmaBf16));
+    }
+}
