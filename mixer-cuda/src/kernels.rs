@@ -121,6 +121,11 @@ pub const LOGLINEAR_OUTPUT: KernelSource = kernel!("loglinear_output", LOGLINEAR
 /// and Mamba-2, gated DeltaNet's recurrent backward (`kernels/loglinear_backward.cu`).
 pub const LOGLINEAR_BACKWARD: KernelSource = kernel!("loglinear_backward");
 
+/// Gated DeltaNet's chunked backward through the WY/UT form: the state passes, forward and
+/// reverse, and the chunk-parallel gradients (`kernels/loglinear_backward_chunked.cu`).
+pub const LOGLINEAR_BACKWARD_CHUNKED: KernelSource =
+    kernel!("loglinear_backward_chunked", LOGLINEAR_COMMON);
+
 /// Device-tensor helpers: bf16 conversions and input value checks (`kernels/tensor.cu`).
 pub const TENSOR: KernelSource = kernel!("tensor");
 
@@ -141,6 +146,7 @@ pub const ALL: &[KernelSource] = &[
     LOGLINEAR_STATE_PASS,
     LOGLINEAR_OUTPUT,
     LOGLINEAR_BACKWARD,
+    LOGLINEAR_BACKWARD_CHUNKED,
     TENSOR,
 ];
 

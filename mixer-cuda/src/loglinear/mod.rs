@@ -35,6 +35,7 @@
 //! module per (mask, scheme) pair, cached), so a plugin mask or scheme needs no kernel of its own.
 
 pub mod backward;
+pub mod backward_chunked;
 pub mod common;
 pub mod decoder;
 pub mod fast;
