@@ -62,92 +62,148 @@ __device__ inline void lgb_tile(T* dst, const T* x, long long row0, int H, int D
     }
 }
 
+// cp.async groups: commit, and wait until at most one (or none) is pending.
+__device__ __forceinline__ void lgb_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void lgb_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void lgb_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// A pass's stage buffers for one chunk: Wb, Kb [CH][ld] (the chunk's W and k rows), Ub [CH][NCOL]
+// (columns c0 .. c0 + NCOL − 1 of U), gb [CH] (log-decays).
+template <typename T> struct LgbStage {
+    T *W, *K, *U, *g;
+};
+template <typename T, int CH>
+__device__ inline LgbStage<T> lgb_stage(T* base, int ld) {
+    return {base, base + CH * ld, base + 2 * CH * ld, base + 2 * CH * ld + CH * LGB_NCOL};
+}
+// Stage size in T: 2·CH·ld + CH·NCOL + CH (lgb_pass_smem on the host agrees).
+template <int CH> __device__ inline int lgb_stage_size(int ld) { return 2 * CH * ld + CH * LGB_NCOL + CH; }
+
+// Issues the asynchronous copies of a chunk (first row row0, n rows) into b; rows from n on and
+// columns from Dv on are zero-filled. 256 threads.
+template <typename T, int CH>
+__device__ inline void lgb_pass_load(LgbStage<T> b, const T* W, const T* k, const T* U, const T* g, long long row0,
+                                     int H, int Dk, int Dv, int c0, int n, int ld) {
+    for (int idx = threadIdx.x; idx < CH * Dk; idx += 256) {
+        const int r = idx / Dk, d = idx % Dk;
+        const bool in = r < n;
+        const long long off = in ? (row0 + (long long)r * H) * Dk + d : 0;
+        llc_cp_async(b.W + r * ld + d, W + off, sizeof(T), in);
+        llc_cp_async(b.K + r * ld + d, k + off, sizeof(T), in);
+    }
+    for (int idx = threadIdx.x; idx < CH * LGB_NCOL; idx += 256) {
+        const int r = idx / LGB_NCOL, c = c0 + idx % LGB_NCOL;
+        const bool in = r < n && c < Dv;
+        llc_cp_async(b.U + idx, U + (in ? (row0 + (long long)r * H) * Dv + c : 0), sizeof(T), in);
+    }
+    if (threadIdx.x < CH) {
+        const bool in = (int)threadIdx.x < n;
+        llc_cp_async(b.g + threadIdx.x, g + (in ? row0 + (long long)threadIdx.x * H : 0), sizeof(T), in);
+    }
+}
+
 // The passes over chunks (forward: REV = false, chunks 0 → NC − 1; reverse: from NC − 1), for
 // batch·head blockIdx.x and state columns c0 = LGB_NCOL·blockIdx.y onwards, 256 threads. With
-// L = W, R = K̂ forward and L = K̂, R = W reverse, per chunk: st[j] ← S (the reverse pass reads
-// B_j there first), N = U ± L S over U, S ← e^(γ_{n−1}) S ± Rᵀ N (+ B_j reverse).
-// Dynamic shared memory (lgb_pass_smem on the host): Ls, Rs [CH][Dk + 1], S [Dk][NCOL],
-// N [CH][NCOL].
+// K̂ = diag(τ) K, τ_r = e^(γ_{n−1} − γ_r), per chunk: st[j] ← S (the reverse pass reads B_j
+// there first), then
+//   forward: N = U − W S (stored over U), S ← e^(γ_{n−1}) S + Kᵀ (diag(τ) N);
+//   reverse: N = U + diag(τ) K S (stored over U), S ← e^(γ_{n−1}) S + B_j − Wᵀ N;
+// (τ applied to the rows of N, so that K is copied as it is). With stages = 2 the next chunk's W,
+// k, U and g are copied (cp.async) while this one computes. Dynamic shared memory (lgb_pass_smem
+// on the host): `stages` stage buffers (LgbStage), S [Dk][NCOL], N [CH][NCOL].
 template <typename T, bool REV>
-__device__ void lgb_pass(const T* k, const T* g, const T* W, T* U, T* st, int Tn, int H, int Dk, int Dv, int NC) {
+__device__ void lgb_pass(const T* k, const T* g, const T* W, T* U, T* st, int Tn, int H, int Dk, int Dv, int NC,
+                         int stages) {
     LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = Llc<T>::CH, NCOL = LGB_NCOL, MAXE = 256 * NCOL / 256;  // ≤ 16 state entries a thread
+    constexpr int CH = Llc<T>::CH, NCOL = LGB_NCOL, MAXE = 16;  // Dk·NCOL/256 ≤ 16 state entries a thread
+    constexpr int NU = CH * NCOL / 256;                            // rows of N a thread
     extern __shared__ __align__(16) unsigned char lgb_smem[];
     __shared__ double gam[CH], gtmp[1];
-    const int ld = Dk + 1;
-    T* Ls = reinterpret_cast<T*>(lgb_smem);
-    T* Rs = Ls + CH * ld;
-    T* S = Rs + CH * ld;
+    __shared__ T tau[CH];
+    const int ld = Dk + 1, ss = lgb_stage_size<CH>(ld);
+    T* base = reinterpret_cast<T*>(lgb_smem);
+    T* S = base + stages * ss;
     T* N = S + Dk * NCOL;
     const int bh = blockIdx.x, b = bh / H, h = bh % H, c0 = blockIdx.y * NCOL, tid = threadIdx.x;
-    const int ents = Dk * NCOL;
+    // A thread's entries: rows r0 + 16 u of N and rows d = r0 + 16 u of S, all in column c, so that
+    // each shared load feeds every one of its products; S entry e = tid + 256 u.
+    const int c = tid % NCOL, r0 = tid / NCOL, ents = Dk * NCOL;
     for (int e = tid; e < ents; e += 256) S[e] = (T)0;
-    const T sgn = REV ? (T)1 : (T)-1;
+    auto chunk = [&](int step) { return REV ? NC - 1 - step : step; };
+    auto row_of = [&](int j) { return ((long long)b * Tn + (long long)j * CH) * H + h; };
+    auto rows = [&](int j) { return min(CH, Tn - j * CH); };
+    lgb_pass_load<T, CH>(lgb_stage<T, CH>(base, ld), W, k, U, g, row_of(chunk(0)), H, Dk, Dv, c0, rows(chunk(0)), ld);
+    lgb_commit();
     for (int step = 0; step < NC; ++step) {
-        const int j = REV ? NC - 1 - step : step;
-        const int i0 = j * CH, n = min(CH, Tn - i0);
-        const long long row0 = ((long long)b * Tn + i0) * H + h;
-        llc_gamma<T, CH>(gam, gtmp, g, 1, row0, H, n);
-        const double a = gam[n - 1];
-        for (int idx = tid; idx < n * Dk; idx += 256) {
-            const int r = idx / Dk, d = idx % Dk;
-            const long long off = (row0 + (long long)r * H) * Dk + d;
-            const T w = W[off], kh = (T)mx_exp(a - gam[r]) * k[off];
-            Ls[r * ld + d] = REV ? kh : w;
-            Rs[r * ld + d] = REV ? w : kh;
-        }
-        for (int idx = tid; idx < n * NCOL; idx += 256) {
-            const int r = idx / NCOL, c = c0 + idx % NCOL;
-            N[idx] = c < Dv ? U[(row0 + (long long)r * H) * Dv + c] : (T)0;
-        }
+        const int j = chunk(step), n = rows(j);
+        const long long row0 = row_of(j);
+        const LgbStage<T> bf = lgb_stage<T, CH>(base + (stages == 2 ? (step & 1) * ss : 0), ld);
         T* sj = st + ((long long)bh * NC + j) * Dk * Dv;
         T bj[MAXE];
 #pragma unroll
         for (int u = 0; u < MAXE; ++u) {
-            const int e = tid + 256 * u, d = e / NCOL, c = c0 + e % NCOL;
-            bj[u] = (REV && e < ents && c < Dv) ? sj[(long long)d * Dv + c] : (T)0;
+            const int e = tid + 256 * u;
+            bj[u] = (REV && e < ents && c0 + c < Dv) ? sj[(long long)(e / NCOL) * Dv + c0 + c] : (T)0;
+        }
+        if (stages == 1 && step > 0) {
+            lgb_pass_load<T, CH>(bf, W, k, U, g, row0, H, Dk, Dv, c0, n, ld);
+            lgb_commit();
+        }
+        if (stages == 2 && step + 1 < NC) {
+            const int jn = chunk(step + 1);
+            lgb_pass_load<T, CH>(lgb_stage<T, CH>(base + ((step + 1) & 1) * ss, ld), W, k, U, g, row_of(jn), H, Dk,
+                                 Dv, c0, rows(jn), ld);
+            lgb_commit();
+            lgb_wait1();
+        } else {
+            lgb_wait0();
         }
         __syncthreads();
+        const double x = llc_prefix<CH>(tid < CH ? (double)bf.g[tid] : 0.0, gtmp);
+        if (tid < CH) gam[tid] = x;
+        __syncthreads();
+        const double a = gam[n - 1];
+        if (tid < CH) tau[tid] = tid < n ? (T)mx_exp(a - gam[tid]) : (T)0;
 #pragma unroll
         for (int u = 0; u < MAXE; ++u) {
-            const int e = tid + 256 * u, d = e / NCOL, c = c0 + e % NCOL;
-            if (e < ents && c < Dv) sj[(long long)d * Dv + c] = S[e];
+            const int e = tid + 256 * u;
+            if (e < ents && c0 + c < Dv) sj[(long long)(e / NCOL) * Dv + c0 + c] = S[e];
         }
-        // A thread's entries: rows r = tid / NCOL + 16 u of N, rows d = tid / NCOL + 16 u of S, all in
-        // column c = tid mod NCOL, so that each shared load feeds every one of its products.
-        constexpr int NU = CH * NCOL / 256;
-        const int c = tid % NCOL, r0 = tid / NCOL;
+        __syncthreads();
         {
+            const T* L = REV ? bf.K : bf.W;
             T acc[NU] = {};
             for (int d = 0; d < Dk; ++d) {
                 const T sv = S[d * NCOL + c];
 #pragma unroll
-                for (int u = 0; u < NU; ++u) acc[u] = fma(Ls[(r0 + 16 * u) * ld + d], sv, acc[u]);
+                for (int u = 0; u < NU; ++u) acc[u] = fma(L[(r0 + 16 * u) * ld + d], sv, acc[u]);
             }
 #pragma unroll
             for (int u = 0; u < NU; ++u) {
                 const int r = r0 + 16 * u;
                 if (r < n) {
-                    const T x = fma(sgn, acc[u], N[r * NCOL + c]);
-                    N[r * NCOL + c] = x;
+                    const T uv = bf.U[r * NCOL + c];
+                    const T x = REV ? fma(tau[r], acc[u], uv) : uv - acc[u];
+                    N[r * NCOL + c] = REV ? x : tau[r] * x;
                     if (c0 + c < Dv) U[(row0 + (long long)r * H) * Dv + c0 + c] = x;
                 }
             }
         }
         __syncthreads();
-        const T ea = (T)mx_exp(a);
         {
+            const T* R = REV ? bf.W : bf.K;
+            const T ea = (T)mx_exp(a);
             T acc[MAXE] = {};
             for (int r = 0; r < n; ++r) {
                 const T nv = N[r * NCOL + c];
 #pragma unroll
                 for (int u = 0; u < MAXE; ++u)
-                    if (r0 + 16 * u < Dk) acc[u] = fma(Rs[r * ld + r0 + 16 * u], nv, acc[u]);
+                    if (r0 + 16 * u < Dk) acc[u] = fma(R[r * ld + r0 + 16 * u], nv, acc[u]);
             }
 #pragma unroll
             for (int u = 0; u < MAXE; ++u) {
                 const int e = tid + 256 * u;
-                if (e < ents) S[e] = fma(-sgn, acc[u], ea * S[e]) + bj[u];
+                if (e < ents) S[e] = (REV ? fma((T)-1, acc[u], ea * S[e]) + bj[u] : fma(ea, S[e], acc[u]));
             }
         }
         __syncthreads();
@@ -388,12 +444,12 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
 
 #define LGB_EXPORT(T, S)                                                                                        \
     extern "C" __global__ void lgb_pass_fwd_##S(const T* k, const T* g, const T* W, T* U, T* st, int Tn, int H,    \
-                                                int Dk, int Dv, int NC) {                                      \
-        lgb_pass<T, false>(k, g, W, U, st, Tn, H, Dk, Dv, NC);                                                  \
+                                                int Dk, int Dv, int NC, int stages) {                          \
+        lgb_pass<T, false>(k, g, W, U, st, Tn, H, Dk, Dv, NC, stages);                                          \
     }                                                                                                         \
     extern "C" __global__ void lgb_pass_rev_##S(const T* k, const T* g, const T* W, T* U, T* st, int Tn, int H,    \
-                                                int Dk, int Dv, int NC) {                                      \
-        lgb_pass<T, true>(k, g, W, U, st, Tn, H, Dk, Dv, NC);                                                   \
+                                                int Dk, int Dv, int NC, int stages) {                          \
+        lgb_pass<T, true>(k, g, W, U, st, Tn, H, Dk, Dv, NC, stages);                                           \
     }                                                                                                         \
     extern "C" __global__ void lgb_pre_##S(const T* q, const T* k, const T* g, const T* dy, T* A, T* bs, int Tn,   \
                                            int H, int Dk, int Dv, int NC, T scale) {                           \

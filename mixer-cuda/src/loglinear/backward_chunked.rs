@@ -35,7 +35,7 @@ use super::common::{Elem, FAMILY, Launch, Shape, Step, check_sizes, fixed_dims, 
 use super::wy;
 use crate::kernels;
 use crate::pool;
-use crate::runtime::{err, gpu, launch};
+use crate::runtime::{err, gpu, int, launch, max_dynamic_smem};
 use crate::tensor::{DeviceTensor, GpuReal};
 
 /// State columns per block of the passes (`LGB_NCOL` in the kernel file).
@@ -48,11 +48,19 @@ const LD: usize = 65;
 const KT: usize = 16;
 const NT: usize = 64;
 
-/// Dynamic shared memory of `lgb_pass_*` (bytes): `K̂` and `W` `[C][Dk + 1]`, the state slice
-/// `[Dk][NCOL]`, the new values `[C][NCOL]`.
-pub(crate) fn pass_smem(elem: Elem, dk: usize) -> usize {
+/// Dynamic shared memory of `lgb_pass_*` (bytes) with `stages` stage buffers (each the chunk's
+/// `W` and `k` rows `[C][Dk + 1]`, `NCOL` columns of `U` and the log-decays), the state slice
+/// `[Dk][NCOL]` and the new values `[C][NCOL]`.
+pub(crate) fn pass_smem(elem: Elem, dk: usize, stages: usize) -> usize {
     let ch = elem.chunk();
-    (2 * ch * (dk + 1) + dk * NCOL + ch * NCOL) * elem.bytes()
+    let stage = 2 * ch * (dk + 1) + ch * NCOL + ch;
+    (stages * stage + dk * NCOL + ch * NCOL) * elem.bytes()
+}
+
+/// The passes' stage buffers: two (the next chunk copied while one computes) where they fit in
+/// `smem` bytes, else one.
+pub(crate) fn pass_stages(elem: Elem, dk: usize, smem: usize) -> usize {
+    if pass_smem(elem, dk, 2) <= smem { 2 } else { 1 }
 }
 
 /// Dynamic shared memory of `lgb_pre` (bytes): `P [C][C + 1]`, the `dY` and `Q` tiles `[C][65]`.
@@ -71,19 +79,26 @@ pub(crate) fn grad_smem(elem: Elem) -> usize {
     (if 2 * nn >= wt { end } else { end + wt }) * elem.bytes()
 }
 
-/// The launches, in order: the WY step, the forward pass, `lgb_pre`, the reverse pass, `lgb_grad`.
-pub(crate) fn launches(s: Shape, elem: Elem) -> Vec<Launch> {
+/// The launches, in order: the WY step, the forward pass, `lgb_pre`, the reverse pass, `lgb_grad`,
+/// for a device with `smem` bytes of dynamic shared memory per block (the passes' `stages` in
+/// [`Launch::stages`]).
+pub(crate) fn launches(s: Shape, elem: Elem, smem: usize) -> Vec<Launch> {
     let (nc, bh, sfx) = (s.chunks(elem.chunk()), s.bh(), elem.suffix());
     let src = &kernels::LOGLINEAR_BACKWARD_CHUNKED;
     let on = |name: &str, grid: [usize; 3], smem: usize| {
         Launch::new(Step::Backward, src, format!("{name}_{sfx}"), fixed_dims(s)).on(grid, 256, smem).opted_in(true)
     };
     let pass_grid = [bh, s.dv.div_ceil(NCOL), 1];
+    let stages = pass_stages(elem, s.dk, smem);
+    let pass = |name: &str| {
+        let l = on(name, pass_grid, pass_smem(elem, s.dk, stages));
+        Launch { stages: Some(stages), ..l }
+    };
     vec![
         wy::launch(s, elem, Precision::Exact),
-        on("lgb_pass_fwd", pass_grid, pass_smem(elem, s.dk)),
+        pass("lgb_pass_fwd"),
         on("lgb_pre", [nc, bh, 1], pre_smem(elem)),
-        on("lgb_pass_rev", pass_grid, pass_smem(elem, s.dk)),
+        pass("lgb_pass_rev"),
         on("lgb_grad", [nc, bh, 1], grad_smem(elem)),
     ]
 }
@@ -104,10 +119,25 @@ pub(crate) fn delta<F: GpuReal>(
     let (ch, nc, bh) = (elem.chunk(), s.chunks(elem.chunk()), s.bh());
     check_sizes(s, elem, 2 * nc)?;
     let [ti, hi, dki, dvi, nci, _] = kernel_ints([t, h, dk, dv, nc, bh])?;
-    let plan = launches(s, elem);
+    let plan = launches(s, elem, max_dynamic_smem());
     let [l_wy, l_fwd, l_pre, l_rev, l_grad] = &plan[..] else {
         return Err(err(FAMILY, "internal: the backward plan has five launches"));
     };
+    let stages = int(FAMILY, "stages", l_fwd.stages.unwrap_or(1))?;
+    for l in [l_fwd, l_grad] {
+        if l.shared_mem > max_dynamic_smem() {
+            return Err(err(
+                FAMILY,
+                format!(
+                    "gated DeltaNet's CUDA backward needs {} bytes of shared memory for `{}` (Dk = {dk}); the device \
+                     allows {}",
+                    l.shared_mem,
+                    l.function,
+                    max_dynamic_smem()
+                ),
+            ));
+        }
+    }
     let (qv, kv, vv, gv, bv, dyv) = (q.view(), k.view(), v.view(), gt.view(), beta.view(), dy.view());
     let mut w = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let mut u = pool::take::<F>(FAMILY, b * t * h * dv)?;
@@ -116,14 +146,14 @@ pub(crate) fn delta<F: GpuReal>(
     let g = gpu()?;
     let mut zs = pool::take::<F>(FAMILY, bh * nc * dk * dv)?;
     let (f, cfg) = l_fwd.function()?;
-    launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *u, &mut *zs, &ti, &hi, &dki, &dvi, &nci)?;
+    launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *u, &mut *zs, &ti, &hi, &dki, &dvi, &nci, &stages)?;
     let scale = F::of(ll.scale);
     let mut du = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let mut xs = pool::take::<F>(FAMILY, bh * nc * dk * dv)?;
     let (f, cfg) = l_pre.function()?;
     launch!(g, FAMILY, f, cfg; &qv, &kv, &gv, &dyv, &mut *du, &mut *xs, &ti, &hi, &dki, &dvi, &nci, &scale)?;
     let (f, cfg) = l_rev.function()?;
-    launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *du, &mut *xs, &ti, &hi, &dki, &dvi, &nci)?;
+    launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *du, &mut *xs, &ti, &hi, &dki, &dvi, &nci, &stages)?;
     drop(w);
     let mut d_q = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let mut d_k = pool::take::<F>(FAMILY, b * t * h * dk)?;
@@ -140,6 +170,37 @@ pub(crate) fn delta<F: GpuReal>(
         DeviceTensor::from_pooled(d_b, &[b, t, h])?,
         DeviceTensor::from_pooled(d_g, &[b, t, h])?,
     ])
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+
+    const H200_SMEM: usize = 227 << 10;
+
+    #[test]
+    fn the_plan_is_five_launches_with_two_stages_where_they_fit() {
+        let s = Shape { b: 1, t: 16384, h: 16, dk: 64, dv: 64 };
+        let l = launches(s, Elem::F32, H200_SMEM);
+        let names: Vec<&str> = l.iter().map(|l| l.function.as_str()).collect();
+        assert_eq!(names, ["llc_wy_f32", "lgb_pass_fwd_f32", "lgb_pre_f32", "lgb_pass_rev_f32", "lgb_grad_f32"]);
+        assert_eq!((l[1].grid, l[2].grid, l[4].grid), ([16, 4, 1], [256, 16, 1], [256, 16, 1]));
+        assert_eq!(l[1].stages, Some(2));
+        // Two stages of W, k [64][65], U [64][16], g [64]; the state slice [64][16]; N [64][16].
+        assert_eq!(l[1].shared_mem, (2 * (2 * 64 * 65 + 64 * 16 + 64) + 64 * 16 + 64 * 16) * 4);
+        assert_eq!(l[4].shared_mem, (4 * 64 * 65 + 64 * 65 + 5 * 16 * 65) * 4);
+        // f64: chunks of 32; the second wide tile after the slices.
+        assert_eq!(grad_smem(Elem::F64), (4 * 32 * 33 + 2 * 64 * 65 + 5 * 16 * 65) * 8);
+        assert_eq!(pre_smem(Elem::F64), (32 * 33 + 2 * 32 * 65) * 8);
+        // Dk = 256: one stage; everything within the H200's shared memory in f32 and f64.
+        for elem in [Elem::F32, Elem::F64] {
+            let s = Shape { b: 1, t: 100, h: 1, dk: 256, dv: 256 };
+            let l = launches(s, elem, H200_SMEM);
+            assert_eq!(l[1].stages, Some(1), "{elem:?}");
+            assert!(l.iter().all(|l| l.shared_mem <= H200_SMEM), "{elem:?}");
+        }
+        assert_eq!(pass_stages(Elem::F32, 128, H200_SMEM), 2);
+    }
 }
 
 #[cfg(test)]
