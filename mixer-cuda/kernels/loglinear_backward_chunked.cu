@@ -127,7 +127,7 @@ __device__ void lgb_pass(const T* k, const T* g, const T* W, T* U, T* st, int Tn
     const int bh = blockIdx.x, b = bh / H, h = bh % H, c0 = blockIdx.y * NCOL, tid = threadIdx.x;
     // A thread's entries: rows r0 + 16 u of N and rows d = r0 + 16 u of S, all in column c, so that
     // each shared load feeds every one of its products; S entry e = tid + 256 u.
-    const int c = tid % NCOL, r0 = tid / NCOL, ents = Dk * NCOL;
+    const int c = tid % NCOL, r0 = (tid / NCOL) & 15, ents = Dk * NCOL;  // r0 < 16 (256 threads), known
     for (int e = tid; e < ents; e += 256) S[e] = (T)0;
     auto chunk = [&](int step) { return REV ? NC - 1 - step : step; };
     auto row_of = [&](int j) { return ((long long)b * Tn + (long long)j * CH) * H + h; };
@@ -256,8 +256,8 @@ __device__ void lgb_pre(const T* q, const T* k, const T* g, const T* dy, T* A, T
     }
 }
 
-// Dynamic shared memory of lgb_grad, in T entries (the host's lgb_grad_smem agrees): Ti, Mp, F,
-// PG [CH][CH + 1]; W1 [64][LLC_LD]; five slices [LLC_KT][LLC_LD]; W2 [64][LLC_LD] over Ti and PG
+// Dynamic shared memory of lgb_grad, in T entries (the host's lgb_grad_smem agrees): Ti, Mp,
+// F + Fᵀ, PG [CH][CH + 1]; W1 [64][LLC_LD]; five slices [LLC_KT][LLC_LD]; W2 [64][LLC_LD] over Ti and PG
 // where they are large enough (f32), else after the slices.
 template <typename T> struct LgbGrad {
     static constexpr int CH = Llc<T>::CH, LDN = CH + 1, NN = CH * LDN, WT = LLC_NT * LLC_LD,
@@ -275,11 +275,12 @@ template <typename T> struct LgbGrad {
 // 1. values: per 64 value columns, E = T⁻ᵀ dU', dv = diag(β) E, Σ v·E per row; the n × n products
 //    dY U'ᵀ and E U'ᵀ (dT = −E U'ᵀ below the diagonal) accumulate in registers;
 // 2. QKᵀ and KKᵀ in registers;
-// 3. Mp = σ (dY U'ᵀ) ⊙ Γ (lower with the diagonal), F = dT ⊙ diag(β) Γ (strict), the β-gradient of
+// 3. Mp = σ (dY U'ᵀ) ⊙ Γ (lower with the diagonal), F = dT ⊙ diag(β) Γ (strict; F + Fᵀ kept), the β-gradient of
 //    T (Σ_s dT_rs Γ_rs (KKᵀ)_rs) and the decay terms pg_rs = Mp_rs (QKᵀ)_rs + F_rs (KKᵀ)_rs, which
 //    add to γ̄_r and subtract from γ̄_s;
 // 4. per 64 key columns: dq = σ diag(e^γ) dY Zᵀ + Mp K, dk = Mpᵀ Q + (F + Fᵀ) K +
-//    diag(e^(γ_{n−1} − γ)) U' Xᵀ − diag(β e^γ) E Zᵀ, with their row dots for γ̄ and β̄;
+//    diag(e^(γ_{n−1} − γ)) U' Xᵀ − diag(β e^γ) E Zᵀ (three products over the values, three over
+//    the chunk), with their row dots for γ̄ and β̄;
 // 5. γ̄_{n−1} += e^(γ_{n−1}) ⟨X, Z⟩ + Σ_r k_r·(K̂-term)_r, dg = the reverse cumulative sum of γ̄
 //    inside the chunk, dβ.
 template <typename T>
@@ -359,7 +360,8 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         const T dt = strict ? -et[a][bb] : (T)0;
         const T f = dt * bet[r] * gm;
         Mp[r * LDN + s] = mp;
-        F[r * LDN + s] = f;
+        if (s < r) F[r * LDN + s] = F[s * LDN + r] = f;  // F + Fᵀ (F strictly lower)
+        if (s == r) F[r * LDN + r] = (T)0;
         dbr[a] = fma(dt * gm, kk[a][bb], dbr[a]);
         PG[r * LDN + s] = strict ? fma(mp, qk[a][bb], f * kk[a][bb]) : (T)0;
     }
@@ -398,7 +400,6 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         lgb_gemm<T, RI, 4>(aq, Mp, 1, LDN, W2, LLC_LD, n, ty, tx);
         lgb_gemm<T, RI, 4>(ak, Mp, LDN, 1, W1, LLC_LD, n, ty, tx);
         lgb_gemm<T, RI, 4>(ak, F, 1, LDN, W2, LLC_LD, n, ty, tx);
-        lgb_gemm<T, RI, 4>(ak, F, LDN, 1, W2, LLC_LD, n, ty, tx);
         LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, 0) {
             if (r < n) {
                 const T eg = (T)mx_exp(gam[r]), tl = (T)mx_exp(gam[n - 1] - gam[r]);
