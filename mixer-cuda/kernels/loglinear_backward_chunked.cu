@@ -42,6 +42,61 @@ template <typename T> __device__ inline T lgb_row_sum(T x) {
     return x;
 }
 
+// A chunk product out[i][j] = Σ_κ X(κ, ty + 16 i) · Y[κ·yk + tx + 16 j] (lgb_gemm's), accumulated
+// by add() over reduction pieces and read in lgb_gemm's layout by get(): FMA (TC = false), or
+// on tensor cores (TC = true, f32, a 64 × 64 block: m16n8k8 in three tf32 terms, llc_mma3_tf32,
+// so about as exact as f32), its fragments passed through `scratch` ([64][LLC_LD]) by get().
+// 256 threads; get() synchronises the block (TC) and must be reached by every thread.
+template <typename T, bool TC, int RI, int RJ> struct LgbAcc {
+    T a[RI][RJ] = {};
+    __device__ void add(const T* X, int xk, int xr, const T* Y, int yk, int K) {
+        lgb_gemm<T, RI, RJ>(a, X, xk, xr, Y, yk, K, threadIdx.x / 16, threadIdx.x % 16);
+    }
+    __device__ void get(T (&out)[RI][RJ], T*) const {
+#pragma unroll
+        for (int i = 0; i < RI; ++i)
+#pragma unroll
+            for (int j = 0; j < RJ; ++j) out[i][j] = a[i][j];
+    }
+};
+// Warp w holds rows 16 (w mod 4) .. + 15 and columns 32 ⌊w/4⌋ .. + 31 as four m16n8 fragments;
+// K is rounded up to 8 (the operands are zero there).
+template <> struct LgbAcc<float, true, 4, 4> {
+    float c[4][4] = {};
+    __device__ void add(const float* X, int xk, int xr, const float* Y, int yk, int K) {
+        const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+        const int mr = 16 * (w & 3) + g, nb = 32 * (w >> 2) + g;
+        for (int k8 = 0; k8 < K; k8 += 8) {
+            const float* x0 = X + (k8 + t) * xk;
+            const float* x4 = x0 + 4 * xk;
+            const float a0 = x0[mr * xr], a1 = x0[(mr + 8) * xr], a2 = x4[mr * xr], a3 = x4[(mr + 8) * xr];
+#pragma unroll
+            for (int nt = 0; nt < 4; ++nt) {
+                const float* y = Y + (k8 + t) * yk + nb + 8 * nt;
+                llc_mma3_tf32(c[nt], a0, a1, a2, a3, y[0], y[4 * yk]);
+            }
+        }
+    }
+    __device__ void get(float (&out)[4][4], float* scratch) const {
+        const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+        const int r = 16 * (w & 3) + g;
+        __syncthreads();
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+            const int col = 32 * (w >> 2) + 8 * nt + 2 * t;
+            scratch[r * LLC_LD + col] = c[nt][0], scratch[r * LLC_LD + col + 1] = c[nt][1];
+            scratch[(r + 8) * LLC_LD + col] = c[nt][2], scratch[(r + 8) * LLC_LD + col + 1] = c[nt][3];
+        }
+        __syncthreads();
+        const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) out[i][j] = scratch[(ty + 16 * i) * LLC_LD + tx + 16 * j];
+        __syncthreads();
+    }
+};
+
 // Rows r < n, columns c0 + kk (kk < LLC_KT, below D) of x (row r at (row0 + r·H)·D) into
 // dst[kk·LLC_LD + r]; zero elsewhere (rows up to CH). 256 threads.
 template <typename T, int CH>
@@ -283,7 +338,7 @@ template <typename T> struct LgbGrad {
 //    the chunk), with their row dots for γ̄ and β̄;
 // 5. γ̄_{n−1} += e^(γ_{n−1}) ⟨X, Z⟩ + Σ_r k_r·(K̂-term)_r, dg = the reverse cumulative sum of γ̄
 //    inside the chunk, dβ.
-template <typename T>
+template <typename T, bool TC>
 __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T* beta, const T* dy, const T* ti,
                          const T* zs, const T* xs, const T* un, T* e, T* dq, T* dk, T* dv, T* db, T* dg, int Tn, int H,
                          int Dk, int Dv, int NC, T scale) {
@@ -315,13 +370,18 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         if ((tid & 31) == 0) red[tid >> 5] = x;
     }
     // 1. The values side.
-    T dyu[RI][RI] = {}, et[RI][RI] = {}, ve[RI] = {};
+    LgbAcc<T, TC, RI, RI> dyua, eta;
+    T ve[RI] = {};
     for (int c0 = 0; c0 < Dv; c0 += LLC_NT) {
         __syncthreads();
         lgb_tile<T, CH>(W1, e, row0, H, Dv, c0, n, [](int) { return (T)1; });
         __syncthreads();
-        T acc[RI][4] = {};
-        lgb_gemm<T, RI, 4>(acc, Ti, LDN, 1, W1, LLC_LD, n, ty, tx);
+        T acc[RI][4];
+        {
+            LgbAcc<T, TC, RI, 4> ea;
+            ea.add(Ti, LDN, 1, W1, LLC_LD, n);
+            ea.get(acc, PG);
+        }
         LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, c0) {
             if (r < n && c < Dv) {
                 const long long off = (row0 + (long long)r * H) * Dv + c;
@@ -336,21 +396,26 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
             lgb_slice<T, CH>(sl[0], un, row0, H, Dv, c0 + c1, n);
             lgb_slice<T, CH>(sl[1], dy, row0, H, Dv, c0 + c1, n);
             __syncthreads();
-            lgb_gemm<T, RI, RI>(dyu, sl[1], LLC_LD, 1, sl[0], LLC_LD, LLC_KT, ty, tx);
-            lgb_gemm<T, RI, RI>(et, W1 + c1 * LLC_LD, LLC_LD, 1, sl[0], LLC_LD, LLC_KT, ty, tx);
+            dyua.add(sl[1], LLC_LD, 1, sl[0], LLC_LD, LLC_KT);
+            eta.add(W1 + c1 * LLC_LD, LLC_LD, 1, sl[0], LLC_LD, LLC_KT);
             __syncthreads();
         }
     }
     // 2. QKᵀ and KKᵀ.
-    T qk[RI][RI] = {}, kk[RI][RI] = {};
+    LgbAcc<T, TC, RI, RI> qka, kka;
     for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
         lgb_slice<T, CH>(sl[0], q, row0, H, Dk, c0, n);
         lgb_slice<T, CH>(sl[1], k, row0, H, Dk, c0, n);
         __syncthreads();
-        lgb_gemm<T, RI, RI>(qk, sl[0], LLC_LD, 1, sl[1], LLC_LD, LLC_KT, ty, tx);
-        lgb_gemm<T, RI, RI>(kk, sl[1], LLC_LD, 1, sl[1], LLC_LD, LLC_KT, ty, tx);
+        qka.add(sl[0], LLC_LD, 1, sl[1], LLC_LD, LLC_KT);
+        kka.add(sl[1], LLC_LD, 1, sl[1], LLC_LD, LLC_KT);
         __syncthreads();
     }
+    T dyu[RI][RI], et[RI][RI], qk[RI][RI], kk[RI][RI];
+    dyua.get(dyu, PG);
+    eta.get(et, PG);
+    qka.get(qk, PG);
+    kka.get(kk, PG);
     // 3. Mp, F, the β-gradient of T and the decay terms.
     T dbr[RI] = {};
     LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
@@ -378,7 +443,7 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         __syncthreads();
         lgb_tile<T, CH>(W1, q, row0, H, Dk, d0, n, [](int) { return (T)1; });
         lgb_tile<T, CH>(W2, k, row0, H, Dk, d0, n, [](int) { return (T)1; });
-        T a1[RI][4] = {}, a2[RI][4] = {}, a3[RI][4] = {};
+        LgbAcc<T, TC, RI, 4> a1a, a2a, a3a, aqa, aka;
         for (int c0 = 0; c0 < Dv; c0 += LLC_KT) {
             lgb_slice<T, CH>(sl[0], dy, row0, H, Dv, c0, n);
             lgb_slice<T, CH>(sl[1], un, row0, H, Dv, c0, n);
@@ -391,15 +456,20 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
                 sl[4][c * LLC_LD + d] = in ? xj[off] : (T)0;
             }
             __syncthreads();
-            lgb_gemm<T, RI, 4>(a1, sl[0], LLC_LD, 1, sl[3], LLC_LD, LLC_KT, ty, tx);
-            lgb_gemm<T, RI, 4>(a2, sl[1], LLC_LD, 1, sl[4], LLC_LD, LLC_KT, ty, tx);
-            lgb_gemm<T, RI, 4>(a3, sl[2], LLC_LD, 1, sl[3], LLC_LD, LLC_KT, ty, tx);
+            a1a.add(sl[0], LLC_LD, 1, sl[3], LLC_LD, LLC_KT);
+            a2a.add(sl[1], LLC_LD, 1, sl[4], LLC_LD, LLC_KT);
+            a3a.add(sl[2], LLC_LD, 1, sl[3], LLC_LD, LLC_KT);
             __syncthreads();
         }
-        T aq[RI][4] = {}, ak[RI][4] = {};
-        lgb_gemm<T, RI, 4>(aq, Mp, 1, LDN, W2, LLC_LD, n, ty, tx);
-        lgb_gemm<T, RI, 4>(ak, Mp, LDN, 1, W1, LLC_LD, n, ty, tx);
-        lgb_gemm<T, RI, 4>(ak, F, 1, LDN, W2, LLC_LD, n, ty, tx);
+        aqa.add(Mp, 1, LDN, W2, LLC_LD, n);
+        aka.add(Mp, LDN, 1, W1, LLC_LD, n);
+        aka.add(F, 1, LDN, W2, LLC_LD, n);
+        T a1[RI][4], a2[RI][4], a3[RI][4], aq[RI][4], ak[RI][4];
+        a1a.get(a1, PG);
+        a2a.get(a2, PG);
+        a3a.get(a3, PG);
+        aqa.get(aq, PG);
+        aka.get(ak, PG);
         LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, 0) {
             if (r < n) {
                 const T eg = (T)mx_exp(gam[r]), tl = (T)mx_exp(gam[n - 1] - gam[r]);
@@ -460,8 +530,16 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
                                             const T* dy, const T* ti, const T* zs, const T* xs, const T* un, T* e, \
                                             T* dq, T* dk, T* dv, T* db, T* dg, int Tn, int H, int Dk, int Dv,       \
                                             int NC, T scale) {                                                  \
-        lgb_grad<T>(q, k, v, g, beta, dy, ti, zs, xs, un, e, dq, dk, dv, db, dg, Tn, H, Dk, Dv, NC, scale);        \
+        lgb_grad<T, false>(q, k, v, g, beta, dy, ti, zs, xs, un, e, dq, dk, dv, db, dg, Tn, H, Dk, Dv, NC, scale); \
     }
 
 LGB_EXPORT(float, f32)
 LGB_EXPORT(double, f64)
+
+// lgb_grad with its chunk products on tensor cores (the tf32 and bf16 modes, f32 data).
+extern "C" __global__ void lgb_grad_tc_f32(const float* q, const float* k, const float* v, const float* g,
+                                           const float* beta, const float* dy, const float* ti, const float* zs,
+                                           const float* xs, const float* un, float* e, float* dq, float* dk, float* dv,
+                                           float* db, float* dg, int Tn, int H, int Dk, int Dv, int NC, float scale) {
+    lgb_grad<float, true>(q, k, v, g, beta, dy, ti, zs, xs, un, e, dq, dk, dv, db, dg, Tn, H, Dk, Dv, NC, scale);
+}

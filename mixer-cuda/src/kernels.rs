@@ -123,8 +123,7 @@ pub const LOGLINEAR_BACKWARD: KernelSource = kernel!("loglinear_backward");
 
 /// Gated DeltaNet's chunked backward through the WY/UT form: the state passes, forward and
 /// reverse, and the chunk-parallel gradients (`kernels/loglinear_backward_chunked.cu`).
-pub const LOGLINEAR_BACKWARD_CHUNKED: KernelSource =
-    kernel!("loglinear_backward_chunked", LOGLINEAR_COMMON);
+pub const LOGLINEAR_BACKWARD_CHUNKED: KernelSource = kernel!("loglinear_backward_chunked", LOGLINEAR_COMMON);
 
 /// Device-tensor helpers: bf16 conversions and input value checks (`kernels/tensor.cu`).
 pub const TENSOR: KernelSource = kernel!("tensor");

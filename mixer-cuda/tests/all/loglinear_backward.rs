@@ -174,7 +174,9 @@ fn loglinear_backward_gated_deltanet_at_head_dim_256() {
     let Some(_turn) = gpu() else { return };
     let m = base("gated-deltanet");
     let mut bad = Vec::new();
-    for (s, dtype, tol) in [([1, 100, 1, 256, 256], DType::F64, 1e-10), ([1, 130, 2, 256, 40], DType::F32, 1e-4)] {
+    for (s, dtype, tol) in
+        [([1, 100, 1, 256, 256], DType::F64, 1e-10), ([1, 130, 2, 256, 40], DType::F32, 1e-4)]
+    {
         let (x, dy) = case(m.as_ref(), s, 60);
         let x: Tensors<f64> = x.iter().map(|(k, v)| (k.clone(), v.mapv(|e| f64::from(e as f32)))).collect();
         let dy = dy.mapv(|e| f64::from(e as f32));
