@@ -256,7 +256,15 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c,
     const T scale = (T)c.sigma;
     const int ncol_blocks = (Dv + LGB_NCOL - 1) / LGB_NCOL;
     launch(BH, ncol_blocks, [&] { lgb_pass<T, false>(c.k.data(), c.g.data(), W.data(), U.data(), zs.data(), Tn, H, Dk, Dv, NC, stages); });
-    launch(NC, BH, [&] { lgb_pre<T>(c.q.data(), c.k.data(), c.g.data(), c.dy.data(), du.data(), xs.data(), Tn, H, Dk, Dv, NC, scale); });
+    launch(NC, BH, [&] {
+        if constexpr (std::is_same_v<T, float>)
+            if (tc) {
+                lgb_pre<float, true>(c.q.data(), c.k.data(), c.g.data(), c.dy.data(), du.data(), xs.data(), Tn, H, Dk,
+                                     Dv, NC, scale);
+                return;
+            }
+        lgb_pre<T, false>(c.q.data(), c.k.data(), c.g.data(), c.dy.data(), du.data(), xs.data(), Tn, H, Dk, Dv, NC, scale);
+    });
     launch(BH, ncol_blocks, [&] { lgb_pass<T, true>(c.k.data(), c.g.data(), W.data(), du.data(), xs.data(), Tn, H, Dk, Dv, NC, stages); });
     launch(NC, BH, [&] {
         if constexpr (std::is_same_v<T, float>)

@@ -266,10 +266,11 @@ __device__ void lgb_pass(const T* k, const T* g, const T* W, T* U, T* st, int Tn
 }
 
 // A = Pᵀ dY and B = σ Qᵀ diag(e^γ) dY of chunk blockIdx.x, batch·head blockIdx.y: A over rows
-// of a [B,T,H,Dv] tensor, B into bs [B·H, NC, Dk, Dv]. 256 threads. Dynamic shared memory
-// (lgb_pre_smem on the host): P [CH][CH + 1], the dY and Q tiles [CH][LLC_LD], the scores'
-// staging Xs, Ys [LLC_KT][LLC_LD] over the Q tile.
-template <typename T>
+// of a [B,T,H,Dv] tensor, B into bs [B·H, NC, Dk, Dv]. 256 threads; the products FMA or (TC) on
+// tensor cores (LgbAcc). Dynamic shared memory (lgb_pre_smem on the host): P [CH][CH + 1], the dY
+// and Q tiles and a scratch tile [64][LLC_LD], the scores' staging Xs, Ys [LLC_KT][LLC_LD] over
+// the Q tile.
+template <typename T, bool TC>
 __device__ void lgb_pre(const T* q, const T* k, const T* g, const T* dy, T* A, T* bs, int Tn, int H, int Dk, int Dv,
                         int NC, T scale) {
     LLC_FIX_DIMS(Dk, Dv);
@@ -278,14 +279,23 @@ __device__ void lgb_pre(const T* q, const T* k, const T* g, const T* dy, T* A, T
     __shared__ double gam[CH], gtmp[1];
     T* P = reinterpret_cast<T*>(lgb_smem);
     T* Dt = P + CH * LDN;
-    T* Qt = Dt + CH * LLC_LD;
+    T* Qt = Dt + LLC_NT * LLC_LD;
+    T* Sc = Qt + LLC_NT * LLC_LD;
     T *Xs = Qt, *Ys = Qt + LLC_KT * LLC_LD;
     const LlcChunk ck = llc_chunk<CH>(Tn, H);
     const int ty = ck.ty, tx = ck.tx, n = ck.n;
     llc_gamma<T, CH>(gam, gtmp, g, 1, ck.row0, H, n);
     {
-        T acc[RI][RI] = {};
-        llc_qk<T, CH>(acc, q, k, Xs, Ys, ck.row0, H, Dk, n);
+        LgbAcc<T, TC, RI, RI> qk;
+        for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
+            lgb_slice<T, CH>(Xs, q, ck.row0, H, Dk, c0, n);
+            lgb_slice<T, CH>(Ys, k, ck.row0, H, Dk, c0, n);
+            __syncthreads();
+            qk.add(Xs, LLC_LD, 1, Ys, LLC_LD, LLC_KT);
+            __syncthreads();
+        }
+        T acc[RI][RI];
+        qk.get(acc, Sc);
         LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
             P[r * LDN + s] = (s <= r && r < n) ? scale * acc[a][bb] * (T)mx_exp(gam[r] - gam[s]) : (T)0;
         }
@@ -295,15 +305,21 @@ __device__ void lgb_pre(const T* q, const T* k, const T* g, const T* dy, T* A, T
         __syncthreads();
         lgb_tile<T, CH>(Dt, dy, ck.row0, H, Dv, c0, n, [](int) { return (T)1; });
         __syncthreads();
-        T acc[RI][4] = {};
-        lgb_gemm<T, RI, 4>(acc, P, LDN, 1, Dt, LLC_LD, n, ty, tx);
-        llc_store<T, RI>(acc, A, ck.row0, H, Dv, n, c0, ty, tx);
+        {
+            LgbAcc<T, TC, RI, 4> aa;
+            aa.add(P, LDN, 1, Dt, LLC_LD, n);
+            T acc[RI][4];
+            aa.get(acc, Sc);
+            llc_store<T, RI>(acc, A, ck.row0, H, Dv, n, c0, ty, tx);
+        }
         for (int d0 = 0; d0 < Dk; d0 += LLC_NT) {
             __syncthreads();
             lgb_tile<T, CH>(Qt, q, ck.row0, H, Dk, d0, n, [&](int r) { return scale * (T)mx_exp(gam[r]); });
             __syncthreads();
-            T bq[4][4] = {};
-            lgb_gemm<T, 4, 4>(bq, Qt, LLC_LD, 1, Dt, LLC_LD, n, ty, tx);
+            LgbAcc<T, TC, 4, 4> ba;
+            ba.add(Qt, LLC_LD, 1, Dt, LLC_LD, n);
+            T bq[4][4];
+            ba.get(bq, Sc);
             LLC_TILE_EACH(4, 4, a, bb, d, c, d0, c0) {
                 if (d < Dk && c < Dv) bj[(long long)d * Dv + c] = bq[a][bb];
             }
@@ -524,7 +540,7 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     }                                                                                                         \
     extern "C" __global__ void lgb_pre_##S(const T* q, const T* k, const T* g, const T* dy, T* A, T* bs, int Tn,   \
                                            int H, int Dk, int Dv, int NC, T scale) {                           \
-        lgb_pre<T>(q, k, g, dy, A, bs, Tn, H, Dk, Dv, NC, scale);                                               \
+        lgb_pre<T, false>(q, k, g, dy, A, bs, Tn, H, Dk, Dv, NC, scale);                                        \
     }                                                                                                         \
     extern "C" __global__ void lgb_grad_##S(const T* q, const T* k, const T* v, const T* g, const T* beta,         \
                                             const T* dy, const T* ti, const T* zs, const T* xs, const T* un, T* e, \
@@ -536,7 +552,11 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
 LGB_EXPORT(float, f32)
 LGB_EXPORT(double, f64)
 
-// lgb_grad with its chunk products on tensor cores (the tf32 and bf16 modes, f32 data).
+// lgb_pre and lgb_grad with their chunk products on tensor cores (the tf32 and bf16 modes, f32 data).
+extern "C" __global__ void lgb_pre_tc_f32(const float* q, const float* k, const float* g, const float* dy, float* A,
+                                          float* bs, int Tn, int H, int Dk, int Dv, int NC, float scale) {
+    lgb_pre<float, true>(q, k, g, dy, A, bs, Tn, H, Dk, Dv, NC, scale);
+}
 extern "C" __global__ void lgb_grad_tc_f32(const float* q, const float* k, const float* v, const float* g,
                                            const float* beta, const float* dy, const float* ti, const float* zs,
                                            const float* xs, const float* un, float* e, float* dq, float* dk, float* dv,

@@ -26,9 +26,9 @@
 //! backward keeps two `Dk × Dv` states per chunk (`Z` and `X`), `W`, `U'`, `dU'` (then `E`) and
 //! `T⁻¹`: `B·H·⌈T/C⌉·(2 Dk Dv + C²) + B·T·H·(Dk + 2 Dv)` values besides the gradients. Every mode
 //! computes in the element type of the call (f32 in the tf32 and bf16 modes, on activations
-//! converted to f32); in the tf32 and bf16 modes `lgb_grad_tc` runs the gradient kernel's chunk
+//! converted to f32); in the tf32 and bf16 modes `lgb_pre_tc` and `lgb_grad_tc` run their chunk
 //! products on tensor cores, each in three tf32 terms (`llc_mma3_tf32`: about f32's accuracy),
-//! everything else as in the exact mode. Every sum runs in a fixed order, so the same inputs give
+//! the rest (the WY step, the passes) as in the exact mode. Every sum runs in a fixed order, so the same inputs give
 //! the same bits.
 
 use mixer_core::mixers::loglinear::LogLinear;
@@ -66,10 +66,11 @@ pub(crate) fn pass_stages(elem: Elem, dk: usize, smem: usize) -> usize {
     if pass_smem(elem, dk, 2) <= smem { 2 } else { 1 }
 }
 
-/// Dynamic shared memory of `lgb_pre` (bytes): `P [C][C + 1]`, the `dY` and `Q` tiles `[C][65]`.
+/// Dynamic shared memory of `lgb_pre` (bytes): `P [C][C + 1]`, the `dY` and `Q` tiles and a
+/// scratch tile `[64][65]`.
 pub(crate) fn pre_smem(elem: Elem) -> usize {
     let ch = elem.chunk();
-    (ch * (ch + 1) + 2 * ch * LD) * elem.bytes()
+    (ch * (ch + 1) + 3 * NT * LD) * elem.bytes()
 }
 
 /// Dynamic shared memory of `lgb_grad` (bytes; `LgbGrad<T>` in the kernel): four `[C][C + 1]`
@@ -83,7 +84,7 @@ pub(crate) fn grad_smem(elem: Elem) -> usize {
 }
 
 /// The launches, in order: the WY step, the forward pass, `lgb_pre`, the reverse pass, `lgb_grad`
-/// (`lgb_grad_tc` in mode `p` where it permits tensor cores, [`tensor_cores`]), for a device with
+/// (`lgb_pre_tc`, `lgb_grad_tc` in mode `p` where it permits tensor cores, [`tensor_cores`]), for a device with
 /// `smem` bytes of dynamic shared memory per block (the passes' `stages` in [`Launch::stages`]).
 pub(crate) fn launches(s: Shape, elem: Elem, p: Precision, smem: usize) -> Vec<Launch> {
     let (nc, bh, sfx) = (s.chunks(elem.chunk()), s.bh(), elem.suffix());
@@ -95,6 +96,7 @@ pub(crate) fn launches(s: Shape, elem: Elem, p: Precision, smem: usize) -> Vec<L
     };
     let pass_grid = [bh, s.dv.div_ceil(NCOL), 1];
     let stages = pass_stages(elem, s.dk, smem);
+    let tc = tensor_cores(p, elem);
     let pass = |name: &str| {
         let l = on(name, pass_grid, pass_smem(elem, s.dk, stages));
         Launch { stages: Some(stages), ..l }
@@ -102,9 +104,9 @@ pub(crate) fn launches(s: Shape, elem: Elem, p: Precision, smem: usize) -> Vec<L
     vec![
         wy::launch(s, elem, Precision::Exact),
         pass("lgb_pass_fwd"),
-        on("lgb_pre", [nc, bh, 1], pre_smem(elem)),
+        on(if tc { "lgb_pre_tc" } else { "lgb_pre" }, [nc, bh, 1], pre_smem(elem)),
         pass("lgb_pass_rev"),
-        on(if tensor_cores(p, elem) { "lgb_grad_tc" } else { "lgb_grad" }, [nc, bh, 1], grad_smem(elem)),
+        on(if tc { "lgb_grad_tc" } else { "lgb_grad" }, [nc, bh, 1], grad_smem(elem)),
     ]
 }
 
@@ -198,7 +200,11 @@ mod plan_tests {
         );
         // The tf32 and bf16 modes run the gradient kernel's products on tensor cores (f32 data only).
         for p in [Precision::Tf32, Precision::Bf16] {
-            assert_eq!(launches(s, Elem::F32, p, H200_SMEM)[4].function, "lgb_grad_tc_f32");
+            let l = launches(s, Elem::F32, p, H200_SMEM);
+            assert_eq!(
+                (l[2].function.as_str(), l[4].function.as_str()),
+                ("lgb_pre_tc_f32", "lgb_grad_tc_f32")
+            );
             assert_eq!(launches(s, Elem::F64, p, H200_SMEM)[4].function, "lgb_grad_f64");
         }
         assert_eq!((l[1].grid, l[2].grid, l[4].grid), ([16, 4, 1], [256, 16, 1], [256, 16, 1]));
@@ -208,7 +214,7 @@ mod plan_tests {
         assert_eq!(l[4].shared_mem, (4 * 64 * 65 + 64 * 65 + 5 * 16 * 65) * 4);
         // f64: chunks of 32; the second wide tile after the slices.
         assert_eq!(grad_smem(Elem::F64), (4 * 32 * 33 + 2 * 64 * 65 + 5 * 16 * 65) * 8);
-        assert_eq!(pre_smem(Elem::F64), (32 * 33 + 2 * 32 * 65) * 8);
+        assert_eq!(pre_smem(Elem::F64), (32 * 33 + 3 * 64 * 65) * 8);
         // Dk = 256: one stage; everything within the H200's shared memory in f32 and f64.
         for elem in [Elem::F32, Elem::F64] {
             let s = Shape { b: 1, t: 100, h: 1, dk: 256, dv: 256 };
