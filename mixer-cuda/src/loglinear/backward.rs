@@ -304,6 +304,29 @@ pub(crate) fn dg_tile(t: usize) -> usize {
     r.max(64)
 }
 
+/// The CPU `fast` backward of `m` in f64, every gradient: the reference of this module's and
+/// [`super::backward_chunked`]'s host tests.
+#[cfg(test)]
+pub(crate) fn cpu_backward(
+    m: &dyn mixer_core::mixer::Mixer,
+    x: &mixer_core::Tensors<f64>,
+    dy: &ndarray::ArrayD<f64>,
+) -> mixer_core::Tensors<f64> {
+    use mixer_core::{AnyTensors, Form, Tensor};
+    mixer_registry::backward::backward(
+        m,
+        "cpu",
+        Form::Fast,
+        &AnyTensors::F64(x.clone()),
+        &Tensor::F64(dy.clone()),
+        &Requires::All,
+    )
+    .unwrap()
+    .into_iter()
+    .map(|(k, v)| (k, v.to_f64()))
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     //! The transposed-operator recipe ([`transposed`]) run on the CPU — reversals on host arrays,
@@ -311,7 +334,7 @@ mod tests {
     //! the decay gradient are wrong.
     use super::*;
     use mixer_core::mixer::downcast;
-    use mixer_core::{AnyTensors, Form, Tensor, Tensors};
+    use mixer_core::{AnyTensors, Form, Tensors};
     use mixer_cpu as _;
     use mixer_registry::Backend;
     use ndarray::{ArrayD, Axis};
@@ -423,15 +446,7 @@ mod tests {
                 let dims = [("B", b), ("T", t), ("H", h), ("Dk", dk), ("Dv", dv)].into_iter().collect();
                 let x = boxed.random_inputs(&dims, 7).unwrap();
                 let dy = x["v"].mapv(|e| (3.0 * e + 0.2).sin());
-                let want = mixer_registry::backward::backward(
-                    boxed.as_ref(),
-                    "cpu",
-                    Form::Fast,
-                    &AnyTensors::F64(x.clone()),
-                    &Tensor::F64(dy.clone()),
-                    &Requires::All,
-                )
-                .unwrap();
+                let want = cpu_backward(boxed.as_ref(), &x, &dy);
                 let g = x.get("g");
                 let want_g = Wants { q: true, k: true, v: true, g: g.is_some() };
                 let got = transposed(&OnHost { m: ll }, &x["q"], &x["k"], &x["v"], g, &dy, want_g).unwrap();
@@ -441,7 +456,7 @@ mod tests {
                         assert!(a.is_none(), "{name}: {k} without a decay");
                         continue;
                     };
-                    let (a, w) = (a.unwrap(), w.to_f64());
+                    let (a, w) = (a.unwrap(), w.clone());
                     // Relative, or absolute where the gradient is 0 (d_g at T = 1: q·dq = k·dk).
                     let err =
                         (&a - &w).mapv(|e| e * e).sum().sqrt() / w.mapv(|e| e * e).sum().sqrt().max(1.0);
