@@ -42,58 +42,18 @@ template <typename T> __device__ inline T lgb_row_sum(T x) {
     return x;
 }
 
-// A chunk product out[i][j] = Σ_κ X(κ, ty + 16 i) · Y[κ·yk + tx + 16 j] (lgb_gemm's), accumulated
-// by add() over reduction pieces and read in lgb_gemm's layout by get(): FMA (TC = false), or
-// on tensor cores (TC = true, f32, a 64 × 64 block: m16n8k8 in three tf32 terms, llc_mma3_tf32,
-// so about as exact as f32), its fragments passed through `scratch` ([64][LLC_LD]) by get().
-// 256 threads; get() synchronises the block (TC) and must be reached by every thread.
-template <typename T, bool TC, int RI, int RJ> struct LgbAcc {
+// A chunk product out[i][j] = Σ_κ X(κ, ty + 16 i) · Y[κ·yk + tx + 16 j] accumulated by add() over
+// reduction pieces (lgb_gemm) and read by get(). 256 threads.
+template <typename T, int RI, int RJ> struct LgbAcc {
     T a[RI][RJ] = {};
     __device__ void add(const T* X, int xk, int xr, const T* Y, int yk, int K) {
         lgb_gemm<T, RI, RJ>(a, X, xk, xr, Y, yk, K, threadIdx.x / 16, threadIdx.x % 16);
     }
-    __device__ void get(T (&out)[RI][RJ], T*) const {
+    __device__ void get(T (&out)[RI][RJ]) const {
 #pragma unroll
         for (int i = 0; i < RI; ++i)
 #pragma unroll
             for (int j = 0; j < RJ; ++j) out[i][j] = a[i][j];
-    }
-};
-// Warp w holds rows 16 (w mod 4) .. + 15 and columns 32 ⌊w/4⌋ .. + 31 as four m16n8 fragments;
-// K is rounded up to 8 (the operands are zero there).
-template <> struct LgbAcc<float, true, 4, 4> {
-    float c[4][4] = {};
-    __device__ void add(const float* X, int xk, int xr, const float* Y, int yk, int K) {
-        const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-        const int mr = 16 * (w & 3) + g, nb = 32 * (w >> 2) + g;
-        for (int k8 = 0; k8 < K; k8 += 8) {
-            const float* x0 = X + (k8 + t) * xk;
-            const float* x4 = x0 + 4 * xk;
-            const float a0 = x0[mr * xr], a1 = x0[(mr + 8) * xr], a2 = x4[mr * xr], a3 = x4[(mr + 8) * xr];
-#pragma unroll
-            for (int nt = 0; nt < 4; ++nt) {
-                const float* y = Y + (k8 + t) * yk + nb + 8 * nt;
-                llc_mma3_tf32(c[nt], a0, a1, a2, a3, y[0], y[4 * yk]);
-            }
-        }
-    }
-    __device__ void get(float (&out)[4][4], float* scratch) const {
-        const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-        const int r = 16 * (w & 3) + g;
-        __syncthreads();
-#pragma unroll
-        for (int nt = 0; nt < 4; ++nt) {
-            const int col = 32 * (w >> 2) + 8 * nt + 2 * t;
-            scratch[r * LLC_LD + col] = c[nt][0], scratch[r * LLC_LD + col + 1] = c[nt][1];
-            scratch[(r + 8) * LLC_LD + col] = c[nt][2], scratch[(r + 8) * LLC_LD + col + 1] = c[nt][3];
-        }
-        __syncthreads();
-        const int ty = threadIdx.x / 16, tx = threadIdx.x % 16;
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) out[i][j] = scratch[(ty + 16 * i) * LLC_LD + tx + 16 * j];
-        __syncthreads();
     }
 };
 
@@ -266,11 +226,10 @@ __device__ void lgb_pass(const T* k, const T* g, const T* W, T* U, T* st, int Tn
 }
 
 // A = Pᵀ dY and B = σ Qᵀ diag(e^γ) dY of chunk blockIdx.x, batch·head blockIdx.y: A over rows
-// of a [B,T,H,Dv] tensor, B into bs [B·H, NC, Dk, Dv]. 256 threads; the products FMA or (TC) on
-// tensor cores (LgbAcc). Dynamic shared memory (lgb_pre_smem on the host): P [CH][CH + 1], the dY
-// and Q tiles and a scratch tile [64][LLC_LD], the scores' staging Xs, Ys [LLC_KT][LLC_LD] over
-// the Q tile.
-template <typename T, bool TC>
+// of a [B,T,H,Dv] tensor, B into bs [B·H, NC, Dk, Dv]. 256 threads. Dynamic shared memory
+// (lgb_pre_smem on the host): P [CH][CH + 1], the dY and Q tiles [64][LLC_LD], the scores'
+// staging Xs, Ys [LLC_KT][LLC_LD] over the Q tile.
+template <typename T>
 __device__ void lgb_pre(const T* q, const T* k, const T* g, const T* dy, T* A, T* bs, int Tn, int H, int Dk, int Dv,
                         int NC, T scale) {
     LLC_FIX_DIMS(Dk, Dv);
@@ -280,13 +239,12 @@ __device__ void lgb_pre(const T* q, const T* k, const T* g, const T* dy, T* A, T
     T* P = reinterpret_cast<T*>(lgb_smem);
     T* Dt = P + CH * LDN;
     T* Qt = Dt + LLC_NT * LLC_LD;
-    T* Sc = Qt + LLC_NT * LLC_LD;
     T *Xs = Qt, *Ys = Qt + LLC_KT * LLC_LD;
     const LlcChunk ck = llc_chunk<CH>(Tn, H);
     const int ty = ck.ty, tx = ck.tx, n = ck.n;
     llc_gamma<T, CH>(gam, gtmp, g, 1, ck.row0, H, n);
     {
-        LgbAcc<T, TC, RI, RI> qk;
+        LgbAcc<T, RI, RI> qk;
         for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
             lgb_slice<T, CH>(Xs, q, ck.row0, H, Dk, c0, n);
             lgb_slice<T, CH>(Ys, k, ck.row0, H, Dk, c0, n);
@@ -295,7 +253,7 @@ __device__ void lgb_pre(const T* q, const T* k, const T* g, const T* dy, T* A, T
             __syncthreads();
         }
         T acc[RI][RI];
-        qk.get(acc, Sc);
+        qk.get(acc);
         LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
             P[r * LDN + s] = (s <= r && r < n) ? scale * acc[a][bb] * (T)mx_exp(gam[r] - gam[s]) : (T)0;
         }
@@ -306,20 +264,20 @@ __device__ void lgb_pre(const T* q, const T* k, const T* g, const T* dy, T* A, T
         lgb_tile<T, CH>(Dt, dy, ck.row0, H, Dv, c0, n, [](int) { return (T)1; });
         __syncthreads();
         {
-            LgbAcc<T, TC, RI, 4> aa;
+            LgbAcc<T, RI, 4> aa;
             aa.add(P, LDN, 1, Dt, LLC_LD, n);
             T acc[RI][4];
-            aa.get(acc, Sc);
+            aa.get(acc);
             llc_store<T, RI>(acc, A, ck.row0, H, Dv, n, c0, ty, tx);
         }
         for (int d0 = 0; d0 < Dk; d0 += LLC_NT) {
             __syncthreads();
             lgb_tile<T, CH>(Qt, q, ck.row0, H, Dk, d0, n, [&](int r) { return scale * (T)mx_exp(gam[r]); });
             __syncthreads();
-            LgbAcc<T, TC, 4, 4> ba;
+            LgbAcc<T, 4, 4> ba;
             ba.add(Qt, LLC_LD, 1, Dt, LLC_LD, n);
             T bq[4][4];
-            ba.get(bq, Sc);
+            ba.get(bq);
             LLC_TILE_EACH(4, 4, a, bb, d, c, d0, c0) {
                 if (d < Dk && c < Dv) bj[(long long)d * Dv + c] = bq[a][bb];
             }
@@ -354,7 +312,7 @@ template <typename T> struct LgbGrad {
 //    the chunk), with their row dots for γ̄ and β̄;
 // 5. γ̄_{n−1} += e^(γ_{n−1}) ⟨X, Z⟩ + Σ_r k_r·(K̂-term)_r, dg = the reverse cumulative sum of γ̄
 //    inside the chunk, dβ.
-template <typename T, bool TC>
+template <typename T>
 __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T* beta, const T* dy, const T* ti,
                          const T* zs, const T* xs, const T* un, T* e, T* dq, T* dk, T* dv, T* db, T* dg, int Tn, int H,
                          int Dk, int Dv, int NC, T scale) {
@@ -386,7 +344,7 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         if ((tid & 31) == 0) red[tid >> 5] = x;
     }
     // 1. The values side.
-    LgbAcc<T, TC, RI, RI> dyua, eta;
+    LgbAcc<T, RI, RI> dyua, eta;
     T ve[RI] = {};
     for (int c0 = 0; c0 < Dv; c0 += LLC_NT) {
         __syncthreads();
@@ -394,9 +352,9 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         __syncthreads();
         T acc[RI][4];
         {
-            LgbAcc<T, TC, RI, 4> ea;
+            LgbAcc<T, RI, 4> ea;
             ea.add(Ti, LDN, 1, W1, LLC_LD, n);
-            ea.get(acc, PG);
+            ea.get(acc);
         }
         LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, c0) {
             if (r < n && c < Dv) {
@@ -418,7 +376,7 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         }
     }
     // 2. QKᵀ and KKᵀ.
-    LgbAcc<T, TC, RI, RI> qka, kka;
+    LgbAcc<T, RI, RI> qka, kka;
     for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
         lgb_slice<T, CH>(sl[0], q, row0, H, Dk, c0, n);
         lgb_slice<T, CH>(sl[1], k, row0, H, Dk, c0, n);
@@ -428,10 +386,10 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         __syncthreads();
     }
     T dyu[RI][RI], et[RI][RI], qk[RI][RI], kk[RI][RI];
-    dyua.get(dyu, PG);
-    eta.get(et, PG);
-    qka.get(qk, PG);
-    kka.get(kk, PG);
+    dyua.get(dyu);
+    eta.get(et);
+    qka.get(qk);
+    kka.get(kk);
     // 3. Mp, F, the β-gradient of T and the decay terms.
     T dbr[RI] = {};
     LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
@@ -459,7 +417,7 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         __syncthreads();
         lgb_tile<T, CH>(W1, q, row0, H, Dk, d0, n, [](int) { return (T)1; });
         lgb_tile<T, CH>(W2, k, row0, H, Dk, d0, n, [](int) { return (T)1; });
-        LgbAcc<T, TC, RI, 4> a1a, a2a, a3a, aqa, aka;
+        LgbAcc<T, RI, 4> a1a, a2a, a3a, aqa, aka;
         for (int c0 = 0; c0 < Dv; c0 += LLC_KT) {
             lgb_slice<T, CH>(sl[0], dy, row0, H, Dv, c0, n);
             lgb_slice<T, CH>(sl[1], un, row0, H, Dv, c0, n);
@@ -481,11 +439,11 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         aka.add(Mp, LDN, 1, W1, LLC_LD, n);
         aka.add(F, 1, LDN, W2, LLC_LD, n);
         T a1[RI][4], a2[RI][4], a3[RI][4], aq[RI][4], ak[RI][4];
-        a1a.get(a1, PG);
-        a2a.get(a2, PG);
-        a3a.get(a3, PG);
-        aqa.get(aq, PG);
-        aka.get(ak, PG);
+        a1a.get(a1);
+        a2a.get(a2);
+        a3a.get(a3);
+        aqa.get(aq);
+        aka.get(ak);
         LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, 0) {
             if (r < n) {
                 const T eg = (T)mx_exp(gam[r]), tl = (T)mx_exp(gam[n - 1] - gam[r]);
@@ -540,26 +498,14 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     }                                                                                                         \
     extern "C" __global__ void lgb_pre_##S(const T* q, const T* k, const T* g, const T* dy, T* A, T* bs, int Tn,   \
                                            int H, int Dk, int Dv, int NC, T scale) {                           \
-        lgb_pre<T, false>(q, k, g, dy, A, bs, Tn, H, Dk, Dv, NC, scale);                                        \
+        lgb_pre<T>(q, k, g, dy, A, bs, Tn, H, Dk, Dv, NC, scale);                                        \
     }                                                                                                         \
     extern "C" __global__ void lgb_grad_##S(const T* q, const T* k, const T* v, const T* g, const T* beta,         \
                                             const T* dy, const T* ti, const T* zs, const T* xs, const T* un, T* e, \
                                             T* dq, T* dk, T* dv, T* db, T* dg, int Tn, int H, int Dk, int Dv,       \
                                             int NC, T scale) {                                                  \
-        lgb_grad<T, false>(q, k, v, g, beta, dy, ti, zs, xs, un, e, dq, dk, dv, db, dg, Tn, H, Dk, Dv, NC, scale); \
+        lgb_grad<T>(q, k, v, g, beta, dy, ti, zs, xs, un, e, dq, dk, dv, db, dg, Tn, H, Dk, Dv, NC, scale); \
     }
 
 LGB_EXPORT(float, f32)
 LGB_EXPORT(double, f64)
-
-// lgb_pre and lgb_grad with their chunk products on tensor cores (the tf32 and bf16 modes, f32 data).
-extern "C" __global__ void lgb_pre_tc_f32(const float* q, const float* k, const float* g, const float* dy, float* A,
-                                          float* bs, int Tn, int H, int Dk, int Dv, int NC, float scale) {
-    lgb_pre<float, true>(q, k, g, dy, A, bs, Tn, H, Dk, Dv, NC, scale);
-}
-extern "C" __global__ void lgb_grad_tc_f32(const float* q, const float* k, const float* v, const float* g,
-                                           const float* beta, const float* dy, const float* ti, const float* zs,
-                                           const float* xs, const float* un, float* e, float* dq, float* dk, float* dv,
-                                           float* db, float* dg, int Tn, int H, int Dk, int Dv, int NC, float scale) {
-    lgb_grad<float, true>(q, k, v, g, beta, dy, ti, zs, xs, un, e, dq, dk, dv, db, dg, Tn, H, Dk, Dv, NC, scale);
-}

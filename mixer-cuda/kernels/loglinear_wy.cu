@@ -36,6 +36,20 @@ __device__ inline void llc_tri_inverse(const T* Lm, T* Tt) {
     }
 }
 
+// acc += A B for one m16n8k8 step from f32 fragments (a0..a3, b0, b1 as mx_mma_tf32's), in three
+// tf32 products: a_lo b_hi + a_hi b_lo + a_hi b_hi, hi = tf32(x), lo = tf32(x − hi).
+__device__ __forceinline__ void llc_mma3_tf32(float (&acc)[4], float a0, float a1, float a2, float a3, float b0,
+                                              float b1) {
+    const unsigned ah0 = mx_tf32(a0), ah1 = mx_tf32(a1), ah2 = mx_tf32(a2), ah3 = mx_tf32(a3), bh0 = mx_tf32(b0),
+                   bh1 = mx_tf32(b1);
+    const unsigned al0 = mx_tf32(a0 - __uint_as_float(ah0)), al1 = mx_tf32(a1 - __uint_as_float(ah1)),
+                   al2 = mx_tf32(a2 - __uint_as_float(ah2)), al3 = mx_tf32(a3 - __uint_as_float(ah3)),
+                   bl0 = mx_tf32(b0 - __uint_as_float(bh0)), bl1 = mx_tf32(b1 - __uint_as_float(bh1));
+    mx_mma_tf32(acc, al0, al1, al2, al3, bh0, bh1);
+    mx_mma_tf32(acc, ah0, ah1, ah2, ah3, bl0, bl1);
+    mx_mma_tf32(acc, ah0, ah1, ah2, ah3, bh0, bh1);
+}
+
 // The same T⁻¹ = (I + Lm)⁻¹ by 16 × 16 blocks (CH = 64; 256 threads), balanced over the warps:
 // 1. each diagonal block X_ii = (I + L_ii)⁻¹ by the forward substitution above, restricted to
 //    the block (at most 15 steps per column instead of 63);

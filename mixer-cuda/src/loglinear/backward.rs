@@ -119,7 +119,7 @@ pub fn run<F: GpuReal>(
                 return Err(err(FAMILY, "gated DeltaNet needs `g` and `beta`"));
             };
             let [dq, dkk, dvv, db, dg] =
-                backward_chunked::delta(ll, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv], p)?;
+                backward_chunked::delta(ll, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv])?;
             put("q", dq);
             put("k", dkk);
             put("v", dvv);

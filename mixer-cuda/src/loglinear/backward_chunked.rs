@@ -26,15 +26,15 @@
 //! backward keeps two `Dk × Dv` states per chunk (`Z` and `X`), `W`, `U'`, `dU'` (then `E`) and
 //! `T⁻¹`: `B·H·⌈T/C⌉·(2 Dk Dv + C²) + B·T·H·(Dk + 2 Dv)` values besides the gradients. Every mode
 //! computes in the element type of the call (f32 in the tf32 and bf16 modes, on activations
-//! converted to f32); in the tf32 and bf16 modes `lgb_pre_tc` and `lgb_grad_tc` run their chunk
-//! products on tensor cores, each in three tf32 terms (`llc_mma3_tf32`: about f32's accuracy),
-//! the rest (the WY step, the passes) as in the exact mode. Every sum runs in a fixed order, so the same inputs give
-//! the same bits.
+//! converted to f32), FMA throughout. (A version running the chunk products of `lgb_pre` and
+//! `lgb_grad` on tensor cores, three tf32 `mma.sync` terms per product, was slower on the H200 —
+//! 1.0 ms more at (1, 16384, 16, 64) — and was deleted.) Every sum runs in a fixed order, so the
+//! same inputs give the same bits.
 
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Precision, Result};
 
-use super::common::{Elem, FAMILY, Launch, Shape, Step, check_sizes, fixed_dims, kernel_ints, tensor_cores};
+use super::common::{Elem, FAMILY, Launch, Shape, Step, check_sizes, fixed_dims, kernel_ints};
 use super::wy;
 use crate::kernels;
 use crate::pool;
@@ -66,11 +66,10 @@ pub(crate) fn pass_stages(elem: Elem, dk: usize, smem: usize) -> usize {
     if pass_smem(elem, dk, 2) <= smem { 2 } else { 1 }
 }
 
-/// Dynamic shared memory of `lgb_pre` (bytes): `P [C][C + 1]`, the `dY` and `Q` tiles and a
-/// scratch tile `[64][65]`.
+/// Dynamic shared memory of `lgb_pre` (bytes): `P [C][C + 1]`, the `dY` and `Q` tiles `[64][65]`.
 pub(crate) fn pre_smem(elem: Elem) -> usize {
     let ch = elem.chunk();
-    (ch * (ch + 1) + 3 * NT * LD) * elem.bytes()
+    (ch * (ch + 1) + 2 * NT * LD) * elem.bytes()
 }
 
 /// Dynamic shared memory of `lgb_grad` (bytes; `LgbGrad<T>` in the kernel): four `[C][C + 1]`
@@ -83,10 +82,10 @@ pub(crate) fn grad_smem(elem: Elem) -> usize {
     (if 2 * nn >= wt { end } else { end + wt }) * elem.bytes()
 }
 
-/// The launches, in order: the WY step, the forward pass, `lgb_pre`, the reverse pass, `lgb_grad`
-/// (`lgb_pre_tc`, `lgb_grad_tc` in mode `p` where it permits tensor cores, [`tensor_cores`]), for a device with
-/// `smem` bytes of dynamic shared memory per block (the passes' `stages` in [`Launch::stages`]).
-pub(crate) fn launches(s: Shape, elem: Elem, p: Precision, smem: usize) -> Vec<Launch> {
+/// The launches, in order: the WY step, the forward pass, `lgb_pre`, the reverse pass, `lgb_grad`,
+/// for a device with `smem` bytes of dynamic shared memory per block (the passes' `stages` in
+/// [`Launch::stages`]).
+pub(crate) fn launches(s: Shape, elem: Elem, smem: usize) -> Vec<Launch> {
     let (nc, bh, sfx) = (s.chunks(elem.chunk()), s.bh(), elem.suffix());
     let src = &kernels::LOGLINEAR_BACKWARD_CHUNKED;
     let on = |name: &str, grid: [usize; 3], smem: usize| {
@@ -96,7 +95,6 @@ pub(crate) fn launches(s: Shape, elem: Elem, p: Precision, smem: usize) -> Vec<L
     };
     let pass_grid = [bh, s.dv.div_ceil(NCOL), 1];
     let stages = pass_stages(elem, s.dk, smem);
-    let tc = tensor_cores(p, elem);
     let pass = |name: &str| {
         let l = on(name, pass_grid, pass_smem(elem, s.dk, stages));
         Launch { stages: Some(stages), ..l }
@@ -104,19 +102,19 @@ pub(crate) fn launches(s: Shape, elem: Elem, p: Precision, smem: usize) -> Vec<L
     vec![
         wy::launch(s, elem, Precision::Exact),
         pass("lgb_pass_fwd"),
-        on(if tc { "lgb_pre_tc" } else { "lgb_pre" }, [nc, bh, 1], pre_smem(elem)),
+        on("lgb_pre", [nc, bh, 1], pre_smem(elem)),
         pass("lgb_pass_rev"),
-        on(if tc { "lgb_grad_tc" } else { "lgb_grad" }, [nc, bh, 1], grad_smem(elem)),
+        on("lgb_grad", [nc, bh, 1], grad_smem(elem)),
     ]
 }
 
-/// Gated DeltaNet's chunked backward in mode `p`: `[dq, dk, dv, dβ, dg]` from
-/// `[q, k, v, g, β, dy]` of `[B, T, H, Dk, Dv]` (nothing empty). See the module documentation.
+/// Gated DeltaNet's chunked backward: `[dq, dk, dv, dβ, dg]` from `[q, k, v, g, β, dy]` of
+/// `[B, T, H, Dk, Dv]` (nothing empty), the same kernels in every mode. See the module
+/// documentation.
 pub(crate) fn delta<F: GpuReal>(
     ll: &LogLinear,
     [q, k, v, gt, beta, dy]: [&DeviceTensor<F>; 6],
     dims: [usize; 5],
-    p: Precision,
 ) -> Result<[DeviceTensor<F>; 5]> {
     let s = Shape::new(dims);
     let [b, t, h, dk, dv] = dims;
@@ -130,7 +128,7 @@ pub(crate) fn delta<F: GpuReal>(
     let (ch, nc, bh) = (elem.chunk(), s.chunks(elem.chunk()), s.bh());
     check_sizes(s, elem, 2 * nc)?;
     let [ti, hi, dki, dvi, nci, _] = kernel_ints([t, h, dk, dv, nc, bh])?;
-    let plan = launches(s, elem, p, max_dynamic_smem());
+    let plan = launches(s, elem, max_dynamic_smem());
     let [l_wy, l_fwd, l_pre, l_rev, l_grad] = &plan[..] else {
         return Err(err(FAMILY, "internal: the backward plan has five launches"));
     };
@@ -192,21 +190,12 @@ mod plan_tests {
     #[test]
     fn the_plan_is_five_launches_with_two_stages_where_they_fit() {
         let s = Shape { b: 1, t: 16384, h: 16, dk: 64, dv: 64 };
-        let l = launches(s, Elem::F32, Precision::Exact, H200_SMEM);
+        let l = launches(s, Elem::F32, H200_SMEM);
         let names: Vec<&str> = l.iter().map(|l| l.function.as_str()).collect();
         assert_eq!(
             names,
             ["llc_wy_f32", "lgb_pass_fwd_f32", "lgb_pre_f32", "lgb_pass_rev_f32", "lgb_grad_f32"]
         );
-        // The tf32 and bf16 modes run the gradient kernel's products on tensor cores (f32 data only).
-        for p in [Precision::Tf32, Precision::Bf16] {
-            let l = launches(s, Elem::F32, p, H200_SMEM);
-            assert_eq!(
-                (l[2].function.as_str(), l[4].function.as_str()),
-                ("lgb_pre_tc_f32", "lgb_grad_tc_f32")
-            );
-            assert_eq!(launches(s, Elem::F64, p, H200_SMEM)[4].function, "lgb_grad_f64");
-        }
         assert_eq!((l[1].grid, l[2].grid, l[4].grid), ([16, 4, 1], [256, 16, 1], [256, 16, 1]));
         assert_eq!(l[1].stages, Some(2));
         // Two stages of W, k [64][65], U [64][16], g [64]; the state slice [64][16]; N [64][16].
@@ -214,11 +203,11 @@ mod plan_tests {
         assert_eq!(l[4].shared_mem, (4 * 64 * 65 + 64 * 65 + 5 * 16 * 65) * 4);
         // f64: chunks of 32; the second wide tile after the slices.
         assert_eq!(grad_smem(Elem::F64), (4 * 32 * 33 + 2 * 64 * 65 + 5 * 16 * 65) * 8);
-        assert_eq!(pre_smem(Elem::F64), (32 * 33 + 3 * 64 * 65) * 8);
+        assert_eq!(pre_smem(Elem::F64), (32 * 33 + 2 * 64 * 65) * 8);
         // Dk = 256: one stage; everything within the H200's shared memory in f32 and f64.
         for elem in [Elem::F32, Elem::F64] {
             let s = Shape { b: 1, t: 100, h: 1, dk: 256, dv: 256 };
-            let l = launches(s, elem, Precision::Exact, H200_SMEM);
+            let l = launches(s, elem, H200_SMEM);
             assert_eq!(l[1].stages, Some(1), "{elem:?}");
             assert!(l.iter().all(|l| l.shared_mem <= H200_SMEM), "{elem:?}");
         }
