@@ -187,7 +187,7 @@ fn loglinear_backward_gated_deltanet_at_head_dim_256() {
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
 
-/// One small case of each member in f32 (two chunks of checkpoints, a partial row block): what
+/// One small case of each member in f32 (two chunks, a partial block of state columns): what
 /// compute-sanitizer's memcheck and racecheck run.
 #[test]
 #[ignore = "needs a CUDA device"]
