@@ -121,9 +121,13 @@ pub const LOGLINEAR_STATE_PASS: KernelSource = kernel!("loglinear_state_pass", L
 /// The output step of the chunked form, every member (`kernels/loglinear_output.cu`).
 pub const LOGLINEAR_OUTPUT: KernelSource = kernel!("loglinear_output", LOGLINEAR_COMMON);
 
-/// The `fast` backward of the base mixers: the reversals and the decay gradient of linear attention
-/// and Mamba-2, gated DeltaNet's recurrent backward (`kernels/loglinear_backward.cu`).
+/// The `fast` backward of linear attention and Mamba-2: the reversals and the decay gradient
+/// (`kernels/loglinear_backward.cu`).
 pub const LOGLINEAR_BACKWARD: KernelSource = kernel!("loglinear_backward");
+
+/// Gated DeltaNet's chunked backward through the WY/UT form: the state passes, forward and
+/// reverse, and the chunk-parallel gradients (`kernels/loglinear_backward_chunked.cu`).
+pub const LOGLINEAR_BACKWARD_CHUNKED: KernelSource = kernel!("loglinear_backward_chunked", LOGLINEAR_COMMON);
 
 /// Device-tensor helpers: bf16 conversions and input value checks (`kernels/tensor.cu`).
 pub const TENSOR: KernelSource = kernel!("tensor");
@@ -146,6 +150,7 @@ pub const ALL: &[KernelSource] = &[
     LOGLINEAR_STATE_PASS,
     LOGLINEAR_OUTPUT,
     LOGLINEAR_BACKWARD,
+    LOGLINEAR_BACKWARD_CHUNKED,
     TENSOR,
 ];
 

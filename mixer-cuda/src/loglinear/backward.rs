@@ -18,14 +18,8 @@
 //! tf32; the bf16 mode converts the activations and `dy` to f32 and runs the tf32 kernels). The
 //! recipe ([`transposed`]) is written once over [`Transposes`]; the tests run it on the CPU too.
 //!
-//! **Gated DeltaNet, the recurrent backward.** Each state row `i` follows
-//! `s_t = e^{g_t} s_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t[i] k_tᵀ`, `y_t[i] = σ s_t·q_t`; the reverse
-//! recurrence of its cotangent is in the kernel file and docs/math.md §2.7. `llb_delta_ckpt` stores
-//! every row's state at chunk boundaries (every `C` tokens), `llb_delta_bwd` recomputes each
-//! chunk's states into shared memory and runs the reverse recurrence (one warp per row, `W` rows
-//! per block), writing per-row-block partial sums of `dq`, `dk`, `dβ`, `dg`, which
-//! `llb_delta_reduce` adds in order. Exact in f32 and f64; the tf32 and bf16 modes compute it in
-//! f32. Scratch: `B·H·⌈T/C⌉·Dv·Dk` checkpoint values and `2·⌈Dv/W⌉·B·H·T·(Dk+1)` partials.
+//! **Gated DeltaNet** runs the chunked backward through the WY/UT form
+//! ([`super::backward_chunked`]).
 
 use std::marker::PhantomData;
 
@@ -33,22 +27,13 @@ use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
 use super::common::FAMILY;
-use super::fast;
+use super::{backward_chunked, fast};
 use crate::forms::input;
 use crate::kernels;
 use crate::pool;
-use crate::runtime::{err, gpu, grid1, int, launch, max_dynamic_smem, opt_in};
+use crate::runtime::{err, gpu, grid1, int, launch};
 use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
-
-/// Rows (warps) per block of the delta-rule backward.
-const ROWS: usize = 8;
-/// Checkpoint interval at most.
-const MAX_CHUNK: usize = 64;
-/// Shared memory the delta-rule backward aims for per block (two blocks per SM on sm_90).
-const SMEM_TARGET: usize = 96 << 10;
-/// Most scratch bytes the delta-rule backward allocates.
-const MAX_SCRATCH: usize = 24 << 30;
 
 /// Why the `fast` backward of `ll` does not run on CUDA, or `None`.
 pub fn unsupported(ll: &LogLinear) -> Option<String> {
@@ -133,7 +118,8 @@ pub fn run<F: GpuReal>(
             let (Some(g), Some(beta)) = (g.as_deref(), beta.as_deref()) else {
                 return Err(err(FAMILY, "gated DeltaNet needs `g` and `beta`"));
             };
-            let [dq, dkk, dvv, db, dg] = delta(ll, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv])?;
+            let [dq, dkk, dvv, db, dg] =
+                backward_chunked::delta(ll, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv])?;
             put("q", dq);
             put("k", dkk);
             put("v", dvv);
@@ -318,119 +304,37 @@ pub(crate) fn dg_tile(t: usize) -> usize {
     r.max(64)
 }
 
-/// The delta-rule backward's launch geometry for `[B, T, H, Dk, Dv]` in `F` of `bytes` bytes:
-/// `(rows per block, checkpoint interval C, shared bytes)`, or an error where one token's buffers
-/// do not fit in shared memory.
-pub(crate) fn delta_geometry(
-    dk: usize,
-    dv: usize,
-    t: usize,
-    bytes: usize,
-    smem_max: usize,
-) -> Result<(usize, usize, usize)> {
-    let w = ROWS.min(dv).max(1);
-    let per_token = w * (2 * dk + 2) * bytes;
-    let fit = |budget: usize| (budget / per_token).min(MAX_CHUNK).min(t.max(1));
-    let c = match fit(SMEM_TARGET.min(smem_max)) {
-        0 => fit(smem_max),
-        c => c,
-    };
-    if c == 0 {
-        return Err(err(
-            FAMILY,
-            format!(
-                "gated DeltaNet's CUDA backward needs {per_token} bytes of shared memory per token (Dk = {dk}); \
-                 the device allows {smem_max}"
-            ),
-        ));
-    }
-    Ok((w, c, c * per_token))
-}
-
-/// Gated DeltaNet's recurrent backward: `[dq, dk, dv, dβ, dg]` from `[q, k, v, g, β, dy]`.
-fn delta<F: GpuReal>(
-    ll: &LogLinear,
-    [q, k, v, gt, beta, dy]: [&DeviceTensor<F>; 6],
-    [b, t, h, dk, dv]: [usize; 5],
-) -> Result<[DeviceTensor<F>; 5]> {
-    let sz = std::mem::size_of::<F>();
-    let (w, c, smem) = delta_geometry(dk, dv, t, sz, max_dynamic_smem())?;
-    let (bh, nc, nrb) = (b * h, t.div_ceil(c), dv.div_ceil(w));
-    let ckpt_n = bh * nc * dv * dk;
-    let part_n = nrb * bh * t;
-    let scratch = (ckpt_n + 2 * part_n * (dk + 1)) * sz;
-    if scratch > MAX_SCRATCH {
-        return Err(err(
-            FAMILY,
-            format!(
-                "gated DeltaNet's CUDA backward needs {scratch} bytes of scratch (B·H = {bh}, T = {t}, Dk = {dk}, \
-                 Dv = {dv}); at most {MAX_SCRATCH} are allocated: split the batch"
-            ),
-        ));
-    }
-    if nrb > 65535 {
-        return Err(err(FAMILY, format!("Dv = {dv} gives {nrb} row blocks; at most 65535")));
-    }
-    let kpl = dk.div_ceil(32).max(1);
-    let defs = [format!("-DLLB_KPL={kpl}")];
-    let g = gpu()?;
-    let (ti, hi, dki, dvi, ci, nci, bi, nrbi) = (
-        int(FAMILY, "T", t)?,
-        int(FAMILY, "H", h)?,
-        int(FAMILY, "Dk", dk)?,
-        int(FAMILY, "Dv", dv)?,
-        int(FAMILY, "C", c)?,
-        int(FAMILY, "chunks", nc)?,
-        int(FAMILY, "B", b)?,
-        int(FAMILY, "row blocks", nrb)?,
-    );
-    let grid = (int(FAMILY, "B·H", bh)? as u32, nrb as u32, 1);
-    let block = ((32 * w) as u32, 1, 1);
-    let (qv, kv, vv, gv, bv, dyv) = (q.view(), k.view(), v.view(), gt.view(), beta.view(), dy.view());
-    let mut ckpt = pool::take::<F>(FAMILY, ckpt_n)?;
-    let f =
-        g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &defs, &format!("llb_delta_ckpt_{}", F::SUFFIX))?;
-    let cfg = cudarc::driver::LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: 0 };
-    launch!(g, FAMILY, f, cfg; &kv, &vv, &gv, &bv, &mut *ckpt, &ti, &hi, &dki, &dvi, &ci, &nci)?;
-    let mut d_v = pool::take::<F>(FAMILY, b * t * h * dv)?;
-    let mut pdq = pool::take::<F>(FAMILY, part_n * dk)?;
-    let mut pdk = pool::take::<F>(FAMILY, part_n * dk)?;
-    let mut pb = pool::take::<F>(FAMILY, part_n)?;
-    let mut pg = pool::take::<F>(FAMILY, part_n)?;
-    let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &defs, &format!("llb_delta_bwd_{}", F::SUFFIX))?;
-    opt_in(FAMILY, &f)?;
-    let cfg =
-        cudarc::driver::LaunchConfig { grid_dim: grid, block_dim: block, shared_mem_bytes: smem as u32 };
-    let scale = F::of(ll.scale);
-    launch!(g, FAMILY, f, cfg;
-        &qv, &kv, &vv, &gv, &bv, &dyv, &*ckpt, &mut *d_v, &mut *pdq, &mut *pdk, &mut *pb, &mut *pg,
-        &ti, &hi, &dki, &dvi, &ci, &nci, &scale)?;
-    drop(ckpt);
-    let mut d_q = pool::take::<F>(FAMILY, b * t * h * dk)?;
-    let mut d_k = pool::take::<F>(FAMILY, b * t * h * dk)?;
-    let mut d_b = pool::take::<F>(FAMILY, b * t * h)?;
-    let mut d_g = pool::take::<F>(FAMILY, b * t * h)?;
-    let f =
-        g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &defs, &format!("llb_delta_reduce_{}", F::SUFFIX))?;
-    launch!(g, FAMILY, f, grid1((b * t * h * dk).min(1 << 20), 256);
-        &*pdq, &*pdk, &*pb, &*pg, &mut *d_q, &mut *d_k, &mut *d_b, &mut *d_g, &bi, &ti, &hi, &dki, &nrbi)?;
-    Ok([
-        DeviceTensor::from_pooled(d_q, &[b, t, h, dk])?,
-        DeviceTensor::from_pooled(d_k, &[b, t, h, dk])?,
-        DeviceTensor::from_pooled(d_v, &[b, t, h, dv])?,
-        DeviceTensor::from_pooled(d_b, &[b, t, h])?,
-        DeviceTensor::from_pooled(d_g, &[b, t, h])?,
-    ])
+/// The CPU `fast` backward of `m` in f64, every gradient: the reference of this module's and
+/// [`super::backward_chunked`]'s host tests.
+#[cfg(test)]
+pub(crate) fn cpu_backward(
+    m: &dyn mixer_core::mixer::Mixer,
+    x: &mixer_core::Tensors<f64>,
+    dy: &ndarray::ArrayD<f64>,
+) -> mixer_core::Tensors<f64> {
+    use mixer_core::{AnyTensors, Form, Tensor};
+    mixer_registry::backward::backward(
+        m,
+        "cpu",
+        Form::Fast,
+        &AnyTensors::F64(x.clone()),
+        &Tensor::F64(dy.clone()),
+        &Requires::All,
+    )
+    .unwrap()
+    .into_iter()
+    .map(|(k, v)| (k, v.to_f64()))
+    .collect()
 }
 
 #[cfg(test)]
 mod tests {
     //! The transposed-operator recipe ([`transposed`]) run on the CPU — reversals on host arrays,
     //! the CPU's `fast` forward — against the CPU backward: fails if the reversal identities or
-    //! the decay gradient are wrong. And the delta-rule backward's launch geometry.
+    //! the decay gradient are wrong.
     use super::*;
     use mixer_core::mixer::downcast;
-    use mixer_core::{AnyTensors, Form, Tensor, Tensors};
+    use mixer_core::{AnyTensors, Form, Tensors};
     use mixer_cpu as _;
     use mixer_registry::Backend;
     use ndarray::{ArrayD, Axis};
@@ -542,15 +446,7 @@ mod tests {
                 let dims = [("B", b), ("T", t), ("H", h), ("Dk", dk), ("Dv", dv)].into_iter().collect();
                 let x = boxed.random_inputs(&dims, 7).unwrap();
                 let dy = x["v"].mapv(|e| (3.0 * e + 0.2).sin());
-                let want = mixer_registry::backward::backward(
-                    boxed.as_ref(),
-                    "cpu",
-                    Form::Fast,
-                    &AnyTensors::F64(x.clone()),
-                    &Tensor::F64(dy.clone()),
-                    &Requires::All,
-                )
-                .unwrap();
+                let want = cpu_backward(boxed.as_ref(), &x, &dy);
                 let g = x.get("g");
                 let want_g = Wants { q: true, k: true, v: true, g: g.is_some() };
                 let got = transposed(&OnHost { m: ll }, &x["q"], &x["k"], &x["v"], g, &dy, want_g).unwrap();
@@ -560,7 +456,7 @@ mod tests {
                         assert!(a.is_none(), "{name}: {k} without a decay");
                         continue;
                     };
-                    let (a, w) = (a.unwrap(), w.to_f64());
+                    let (a, w) = (a.unwrap(), w.clone());
                     // Relative, or absolute where the gradient is 0 (d_g at T = 1: q·dq = k·dk).
                     let err =
                         (&a - &w).mapv(|e| e * e).sum().sqrt() / w.mapv(|e| e * e).sum().sqrt().max(1.0);
@@ -583,19 +479,5 @@ mod tests {
         let want = Wants { q: false, k: false, v: false, g: true };
         let r = transposed(&OnHost { m: ll }, &x["q"], &x["k"], &x["v"], x.get("g"), &dy, want).unwrap();
         assert!(r.dg.is_some() && r.dq.is_none() && r.dk.is_none() && r.dv.is_none());
-    }
-
-    #[test]
-    fn the_delta_geometry_fits_shared_memory_and_refuses_what_does_not() {
-        let smem = 219 << 10;
-        // Dk = Dv = 64 in f32: 8 rows of 2·64 + 2 values a token, 23 tokens in 96 KiB.
-        assert_eq!(delta_geometry(64, 64, 16384, 4, smem).unwrap(), (8, 23, 23 * 8 * 130 * 4));
-        // Few rows, short sequences: the rows and T bound it.
-        assert_eq!(delta_geometry(5, 3, 1, 8, smem).unwrap(), (3, 1, 3 * 12 * 8));
-        assert_eq!(delta_geometry(16, 16, 1000, 4, smem).unwrap().1, 64);
-        // Wide heads fall back to the whole opt-in budget, then refuse.
-        assert_eq!(delta_geometry(3000, 64, 100, 4, smem).unwrap().1, 1);
-        let e = delta_geometry(8000, 64, 100, 8, smem).unwrap_err().to_string();
-        assert!(e.contains("bytes of shared memory per token"), "{e}");
     }
 }

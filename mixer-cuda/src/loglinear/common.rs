@@ -184,6 +184,8 @@ pub enum Step {
     Output,
     /// The whole form in one block per (batch, head) (`loglinear_sequential.cu`).
     Sequential,
+    /// Gated DeltaNet's chunked backward (`loglinear_backward_chunked.cu`).
+    Backward,
 }
 
 /// One kernel launch: which function of which source, compiled with which defines, on which grid.

@@ -15,14 +15,16 @@
 //!   ([`output`]); where the pass's states do not fit in shared memory, one block per head
 //!   ([`sequential`]);
 //! - the `fast` backward ([`backward`]): linear attention and Mamba-2 by transposed runs of the
-//!   `fast` form on reversed sequences, gated DeltaNet by a recurrent backward kernel with
-//!   checkpoints (`loglinear_backward.cu`); the lifts' is not on CUDA yet;
+//!   `fast` form on reversed sequences (`loglinear_backward.cu`), gated DeltaNet by reverse mode
+//!   through the WY/UT chunk form ([`backward_chunked`], `loglinear_backward_chunked.cu`); the
+//!   lifts' is not on CUDA yet;
 //! - `recurrent` ([`decoder`]): O(log T) device-resident level states per head (§2.5), one
 //!   kernel launch per token, a warp per (batch·head, state row).
 //!
 //! Every file imports from [`common`] and from the steps below it only: `fast` → `ssd`, `wy`,
 //! `state_pass`, `output`, `sequential`, `lambda` → `common`; `ssd` → `output`; `decoder` →
-//! `lambda` → `parallel`; nothing imports `fast` or this module.
+//! `lambda` → `parallel`; `backward` → `fast`, `backward_chunked` → `wy`; nothing else imports
+//! `fast`, and nothing this module.
 //!
 //! The `fast` and `recurrent` forms exist only with Fenwick structure (base mixers, or the
 //! Fenwick mask); the registry refuses the rest through `Mixer::form_unsupported`, on every
@@ -35,6 +37,7 @@
 //! module per (mask, scheme) pair, cached), so a plugin mask or scheme needs no kernel of its own.
 
 pub mod backward;
+pub mod backward_chunked;
 pub mod common;
 pub mod decoder;
 pub mod fast;

@@ -166,7 +166,28 @@ fn loglinear_backward_matches_the_cpu_gated_deltanet() {
     matches_the_cpu_in_f64_and_f32("gated-deltanet");
 }
 
-/// One small case of each member in f32 (two chunks of checkpoints, a partial row block): what
+/// Gated DeltaNet at the widest head the forward takes (`Dk = 256`: the passes' widest state
+/// slice, four key tiles of the gradient kernel), f64 and f32.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn loglinear_backward_gated_deltanet_at_head_dim_256() {
+    let Some(_turn) = gpu() else { return };
+    let m = base("gated-deltanet");
+    let mut bad = Vec::new();
+    for (s, dtype, tol) in
+        [([1, 100, 1, 256, 256], DType::F64, 1e-10), ([1, 130, 2, 256, 40], DType::F32, 1e-4)]
+    {
+        let (x, dy) = case(m.as_ref(), s, 60);
+        let x: Tensors<f64> = x.iter().map(|(k, v)| (k.clone(), v.mapv(|e| f64::from(e as f32)))).collect();
+        let dy = dy.mapv(|e| f64::from(e as f32));
+        let want = cpu_grads(m.as_ref(), &x, &dy);
+        let got = cuda_exact(m.as_ref(), &x, &dy, dtype);
+        bad.extend(compare(&format!("gated-deltanet {} {s:?}", dtype.name()), &got, &want, tol));
+    }
+    assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
+}
+
+/// One small case of each member in f32 (two chunks, a partial block of state columns): what
 /// compute-sanitizer's memcheck and racecheck run.
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -319,22 +340,21 @@ fn lifted_backward_is_refused_on_cuda_with_a_reason() {
     }
 }
 
-/// Forward alone against forward + backward, CUDA events around device-resident runs (tf32 mode,
-/// f32 inputs), printed as `TIME` lines.
-#[test]
-#[ignore = "needs a CUDA device; a timing, not a check"]
-fn loglinear_backward_timing() {
+/// Forward alone against forward + backward of `names` at `shapes` in `modes`, CUDA events around
+/// device-resident runs (f32 inputs; bf16 activations and `dy` in the bf16 mode), printed as
+/// `TIME` lines: medians of 5.
+fn time_forward_and_backward(names: &[&str], shapes: &[[usize; 5]], modes: &[Precision]) {
     let Some(_turn) = gpu() else { return };
     let g = mixer_cuda::runtime::gpu().unwrap();
     let event = || g.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
     let forward =
         |m: &dyn Mixer, dev: &DeviceTensors, p| run_device_with(m, Form::Fast, dev, p, false).unwrap();
-    for shape in [[1, 16384, 16, 64, 64], [8, 4096, 16, 128, 128]] {
-        for name in BASES {
+    for shape in shapes {
+        for name in names {
             let m = base(name);
-            let (x, dy) = case(m.as_ref(), shape, 3);
+            let (x, dy) = case(m.as_ref(), *shape, 3);
             let x32: Tensors<f32> = x.iter().map(|(k, v)| (k.clone(), v.mapv(|e| e as f32))).collect();
-            for p in [Precision::Tf32, Precision::Exact] {
+            for &p in modes {
                 let dev: DeviceTensors = upload_inputs(&x32, p).unwrap();
                 let d = device_dy(&dy, p);
                 // Warm-up: compiles and fills the pool.
@@ -370,4 +390,26 @@ fn loglinear_backward_timing() {
             }
         }
     }
+}
+
+/// The base mixers at two shapes in the tf32 and exact modes.
+#[test]
+#[ignore = "needs a CUDA device; a timing, not a check"]
+fn loglinear_backward_timing() {
+    time_forward_and_backward(
+        &BASES,
+        &[[1, 16384, 16, 64, 64], [8, 4096, 16, 128, 128]],
+        &[Precision::Tf32, Precision::Exact],
+    );
+}
+
+/// Gated DeltaNet at the goal's three shapes in every mode.
+#[test]
+#[ignore = "needs a CUDA device; a timing, not a check"]
+fn loglinear_backward_timing_gated_deltanet() {
+    time_forward_and_backward(
+        &["gated-deltanet"],
+        &[[1, 16384, 16, 64, 64], [8, 4096, 16, 64, 64], [8, 4096, 16, 128, 128]],
+        &[Precision::Tf32, Precision::Exact, Precision::Bf16],
+    );
 }

@@ -27,13 +27,13 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
     let extra: Vec<String> = ["-DATT_WGMMA=1", "-DATT_WM=1", "-DATT_WARPS=8"].map(String::from).to_vec();
     let n = compile_only_with("attention_fused", &src, "sm_90a", &extra).unwrap_or_else(|e| panic!("{e}"));
     assert!(n > 100, "attention_fused {extra:?}: PTX of {n} bytes");
-    // The base mixers' backward with a row's Dk entries 1 to 5 to a lane (Dk up to 160).
-    let bwd = mixer_cuda::kernels::LOGLINEAR_BACKWARD.full();
-    for kpl in 1..=5 {
-        let extra = [format!("-DLLB_KPL={kpl}")];
-        let n =
-            compile_only_with("loglinear_backward", &bwd, "sm_90", &extra).unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 100, "loglinear_backward {extra:?}: PTX of {n} bytes");
+    // Gated DeltaNet's chunked backward with the head dims fixed as the host compiles it.
+    let bwd = mixer_cuda::kernels::LOGLINEAR_BACKWARD_CHUNKED.full();
+    for (dk, dv) in [(5, 16), (70, 70), (64, 64), (128, 128), (256, 256), (16, 5)] {
+        let extra = [format!("-DLLC_DK={dk}"), format!("-DLLC_DV={dv}")];
+        let n = compile_only_with("loglinear_backward_chunked", &bwd, "sm_90", &extra)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 100, "loglinear_backward_chunked {extra:?}: PTX of {n} bytes");
     }
     // The exact attention kernel and the mma.sync kernels at the launch plans of other head dims
     // (attention::fast::plan: Dk ≠ Dv, odd, 256 in f64; tensor cores at 32, 96, 128).

@@ -1,0 +1,337 @@
+// CPU harness for mixer-cuda/kernels/loglinear_backward_chunked.cu (gated DeltaNet's chunked
+// backward): the kernel file compiled as plain C++, each block run as 256 std::threads with
+// barriers for __syncthreads and per-warp exchanges for the shuffles, against an independent
+// reference, the token-by-token reverse recurrence of the delta rule (docs/math.md §2.7's
+// recurrent form: per state row, ŝ = a s, u = v_i − ŝ·k, s = ŝ + β u k, y_i = σ s·q, reversed),
+// and central finite differences of the token-by-token forward for a few entries. W, U and T⁻¹
+// (llc_wy's outputs) come from plain loops here. No GPU and no CUDA headers. Run from the
+// repository root:
+//   sed -e 's/extern __shared__ __align__(16) unsigned char lgb_smem\[\];/unsigned char* lgb_smem = g_dyn;/' \
+//     -e 's/asm volatile(.*);/;/' mixer-cuda/kernels/loglinear_backward_chunked.cu > /tmp/lgb.cu &&
+//   g++ -std=c++20 -O1 -pthread -I/tmp bench/gpu/gdn_backward_harness.cpp -o /tmp/gdn_harness && /tmp/gdn_harness
+// It exits non-zero on a failure.
+#include <barrier>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+using std::exp;
+using std::fma;
+using std::min;
+using std::max;
+
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static
+struct Dim3 {
+    int x = 0, y = 0, z = 0;
+};
+static Dim3 blockIdx, gridDim, blockDim;
+thread_local Dim3 threadIdx;
+static unsigned char g_dyn[256 << 10] __attribute__((aligned(16)));
+static std::barrier<>* g_bar;
+static std::barrier<>* g_warp[8];
+static double g_x[8][32];
+inline void __syncthreads() { g_bar->arrive_and_wait(); }
+template <typename T> T lgb_exchange(T x, int src_of_lane_xor, bool up) {
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    g_x[w][l] = (double)x;
+    g_warp[w]->arrive_and_wait();
+    const int src = up ? l - src_of_lane_xor : (l ^ src_of_lane_xor);
+    const T y = (up && src < 0) ? x : (T)g_x[w][src];
+    g_warp[w]->arrive_and_wait();
+    return y;
+}
+template <typename T> T __shfl_xor_sync(unsigned, T x, int o) { return lgb_exchange(x, o, false); }
+template <typename T> T __shfl_up_sync(unsigned, T x, int o) { return lgb_exchange(x, o, true); }
+inline long long gtid() { return (long long)blockIdx.x * blockDim.x + threadIdx.x; }
+inline float mx_exp(float x) { return expf(x); }
+inline double mx_exp(double x) { return exp(x); }
+// What loglinear_common.cuh's tensor-core and bf16 helpers name (not called here).
+typedef unsigned short mx_bf16;
+struct float4 {
+    float x, y, z, w;
+};
+struct uint2 {
+    unsigned x, y;
+};
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline unsigned mx_tf32(float x) { return __float_as_uint(x); }
+inline float mx_bf16_f32(mx_bf16 b) { return __uint_as_float((unsigned)b << 16); }
+inline float4 mx_bf16x4_f32(uint2) { return {0, 0, 0, 0}; }
+inline bool mx_aligned(const void*, unsigned) { return false; }
+inline void mx_mma_tf32(float (&)[4], unsigned, unsigned, unsigned, unsigned, unsigned, unsigned) {}
+inline unsigned __cvta_generic_to_shared(const void*) { return 0; }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
+// cp.async as a plain copy (the kernel file's commit and wait statements are removed by sed).
+#define llc_cp_async llc_cp_async_device
+#include "../../mixer-cuda/kernels/loglinear_common.cuh"
+#undef llc_cp_async
+inline void llc_cp_async(void* dst, const void* src, int bytes, int valid) {
+    if (valid) std::memcpy(dst, src, bytes);
+    else std::memset(dst, 0, bytes);
+}
+#include "lgb.cu"
+
+// Runs kernel(…) on a grid of (gx, gy) blocks of 256 threads, one block at a time.
+static void launch(int gx, int gy, const std::function<void()>& kernel) {
+    gridDim = {gx, gy, 1};
+    blockDim = {256, 1, 1};
+    std::barrier<> bar(256);
+    std::vector<std::barrier<>*> warps;
+    for (int w = 0; w < 8; ++w) warps.push_back(new std::barrier<>(32));
+    g_bar = &bar;
+    for (int w = 0; w < 8; ++w) g_warp[w] = warps[w];
+    for (int by = 0; by < gy; ++by)
+        for (int bx = 0; bx < gx; ++bx) {
+            blockIdx = {bx, by, 0};
+            std::vector<std::thread> ts;
+            for (int t = 0; t < 256; ++t)
+                ts.emplace_back([&, t] {
+                    threadIdx = {t, 0, 0};
+                    kernel();
+                });
+            for (auto& t : ts) t.join();
+        }
+    for (auto* w : warps) delete w;
+}
+
+typedef long long ll;
+
+template <typename T> struct Case {
+    int B, Tn, H, Dk, Dv;
+    double sigma;
+    std::vector<T> q, k, v, g, beta, dy;
+    ll row(int b, int t, int h) const { return ((ll)b * Tn + t) * H + h; }
+};
+
+// The token-by-token forward in f64: y [B,T,H,Dv].
+template <typename T> std::vector<double> forward(const Case<T>& c) {
+    std::vector<double> y((size_t)c.B * c.Tn * c.H * c.Dv);
+    for (int b = 0; b < c.B; ++b)
+        for (int h = 0; h < c.H; ++h)
+            for (int i = 0; i < c.Dv; ++i) {
+                std::vector<double> s(c.Dk, 0.0);
+                for (int t = 0; t < c.Tn; ++t) {
+                    const ll r = c.row(b, t, h);
+                    const double a = exp((double)c.g[r]), bt = c.beta[r];
+                    double p = 0;
+                    for (int d = 0; d < c.Dk; ++d) p += a * s[d] * c.k[r * c.Dk + d];
+                    const double u = c.v[r * c.Dv + i] - p;
+                    double o = 0;
+                    for (int d = 0; d < c.Dk; ++d) {
+                        s[d] = a * s[d] + bt * u * c.k[r * c.Dk + d];
+                        o += s[d] * c.q[r * c.Dk + d];
+                    }
+                    y[r * c.Dv + i] = c.sigma * o;
+                }
+            }
+    return y;
+}
+
+// The reverse recurrence in f64: dq, dk, dv, dβ, dg.
+template <typename T> std::vector<std::vector<double>> reference(const Case<T>& c) {
+    const size_t nk = (size_t)c.B * c.Tn * c.H * c.Dk, nv = (size_t)c.B * c.Tn * c.H * c.Dv, nt = nv / c.Dv;
+    std::vector<std::vector<double>> out{std::vector<double>(nk), std::vector<double>(nk), std::vector<double>(nv),
+                                         std::vector<double>(nt), std::vector<double>(nt)};
+    for (int b = 0; b < c.B; ++b)
+        for (int h = 0; h < c.H; ++h)
+            for (int i = 0; i < c.Dv; ++i) {
+                std::vector<std::vector<double>> prev(c.Tn, std::vector<double>(c.Dk));
+                std::vector<double> s(c.Dk, 0.0);
+                for (int t = 0; t < c.Tn; ++t) {
+                    const ll r = c.row(b, t, h);
+                    prev[t] = s;
+                    const double a = exp((double)c.g[r]), bt = c.beta[r];
+                    double p = 0;
+                    for (int d = 0; d < c.Dk; ++d) p += a * s[d] * c.k[r * c.Dk + d];
+                    const double u = c.v[r * c.Dv + i] - p;
+                    for (int d = 0; d < c.Dk; ++d) s[d] = a * s[d] + bt * u * c.k[r * c.Dk + d];
+                }
+                std::vector<double> ds(c.Dk, 0.0), sh(c.Dk), st(c.Dk);
+                for (int t = c.Tn - 1; t >= 0; --t) {
+                    const ll r = c.row(b, t, h);
+                    const double a = exp((double)c.g[r]), bt = c.beta[r], dyi = c.sigma * c.dy[r * c.Dv + i];
+                    double p = 0;
+                    for (int d = 0; d < c.Dk; ++d) {
+                        sh[d] = a * prev[t][d];
+                        p += sh[d] * c.k[r * c.Dk + d];
+                    }
+                    const double u = c.v[r * c.Dv + i] - p;
+                    double cc = 0;
+                    for (int d = 0; d < c.Dk; ++d) {
+                        st[d] = sh[d] + bt * u * c.k[r * c.Dk + d];
+                        out[0][r * c.Dk + d] += dyi * st[d];
+                        ds[d] += dyi * c.q[r * c.Dk + d];
+                        cc += ds[d] * c.k[r * c.Dk + d];
+                    }
+                    const double du = bt * cc;
+                    out[3][r] += cc * u;
+                    out[2][r * c.Dv + i] = du;
+                    double gg = 0;
+                    for (int d = 0; d < c.Dk; ++d) {
+                        out[1][r * c.Dk + d] += bt * u * ds[d] - du * sh[d];
+                        const double dsh = ds[d] - du * c.k[r * c.Dk + d];
+                        gg += dsh * sh[d];
+                        ds[d] = a * dsh;
+                    }
+                    out[4][r] += gg;
+                }
+            }
+    return out;
+}
+
+// The kernels' launches as src/loglinear/backward_chunked.rs makes them (W, U, T⁻¹ by loops).
+template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c, int stages) {
+    constexpr int CH = Llc<T>::CH;
+    const int B = c.B, Tn = c.Tn, H = c.H, Dk = c.Dk, Dv = c.Dv, BH = B * H, NC = (Tn + CH - 1) / CH;
+    std::vector<T> W((size_t)B * Tn * H * Dk), U((size_t)B * Tn * H * Dv), Ti((size_t)BH * NC * CH * CH);
+    for (int bh = 0; bh < BH; ++bh)
+        for (int j = 0; j < NC; ++j) {
+            const int b = bh / H, h = bh % H, i0 = j * CH, n = min(CH, Tn - i0);
+            std::vector<double> gam(n), ti(CH * CH, 0.0);
+            double acc = 0;
+            for (int r = 0; r < n; ++r) gam[r] = acc += (double)c.g[c.row(b, i0 + r, h)];
+            for (int r = 0; r < CH; ++r) ti[r * CH + r] = 1;
+            auto kk = [&](int r, int s) {
+                double x = 0;
+                for (int d = 0; d < Dk; ++d) x += (double)c.k[c.row(b, i0 + r, h) * Dk + d] * c.k[c.row(b, i0 + s, h) * Dk + d];
+                return x;
+            };
+            for (int col = 0; col < n; ++col)
+                for (int r = col + 1; r < n; ++r) {
+                    double x = 0;
+                    for (int s = col; s < r; ++s)
+                        x += c.beta[c.row(b, i0 + r, h)] * kk(r, s) * exp(gam[r] - gam[s]) * ti[s * CH + col];
+                    ti[r * CH + col] = -x;
+                }
+            for (int e = 0; e < CH * CH; ++e) Ti[((ll)bh * NC + j) * CH * CH + e] = (T)ti[e];
+            for (int r = 0; r < n; ++r) {
+                const ll rr = c.row(b, i0 + r, h);
+                for (int d = 0; d < Dk; ++d) {
+                    double x = 0;
+                    for (int s = 0; s <= r; ++s) {
+                        const ll rs = c.row(b, i0 + s, h);
+                        x += ti[r * CH + s] * c.beta[rs] * exp(gam[s]) * c.k[rs * Dk + d];
+                    }
+                    W[rr * Dk + d] = (T)x;
+                }
+                for (int d = 0; d < Dv; ++d) {
+                    double x = 0;
+                    for (int s = 0; s <= r; ++s) {
+                        const ll rs = c.row(b, i0 + s, h);
+                        x += ti[r * CH + s] * c.beta[rs] * c.v[rs * Dv + d];
+                    }
+                    U[rr * Dv + d] = (T)x;
+                }
+            }
+        }
+    std::vector<T> zs((size_t)BH * NC * Dk * Dv), xs(zs.size()), du(U.size());
+    std::vector<T> dq(W.size()), dk(W.size()), dv(U.size()), db((size_t)B * Tn * H), dg(db.size());
+    const T scale = (T)c.sigma;
+    const int ncol_blocks = (Dv + LGB_NCOL - 1) / LGB_NCOL;
+    launch(BH, ncol_blocks, [&] { lgb_pass<T, false>(c.k.data(), c.g.data(), W.data(), U.data(), zs.data(), Tn, H, Dk, Dv, NC, stages); });
+    launch(NC, BH, [&] { lgb_pre<T>(c.q.data(), c.k.data(), c.g.data(), c.dy.data(), du.data(), xs.data(), Tn, H, Dk, Dv, NC, scale); });
+    launch(BH, ncol_blocks, [&] { lgb_pass<T, true>(c.k.data(), c.g.data(), W.data(), du.data(), xs.data(), Tn, H, Dk, Dv, NC, stages); });
+    launch(NC, BH, [&] {
+        lgb_grad<T>(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.dy.data(), Ti.data(), zs.data(),
+                    xs.data(), U.data(), du.data(), dq.data(), dk.data(), dv.data(), db.data(), dg.data(), Tn, H, Dk,
+                    Dv, NC, scale);
+    });
+    auto d = [](const std::vector<T>& x) { return std::vector<double>(x.begin(), x.end()); };
+    return {d(dq), d(dk), d(dv), d(db), d(dg)};
+}
+
+template <typename T> Case<T> make(int B, int Tn, int H, int Dk, int Dv, unsigned seed, bool strong) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> U(-1, 1);
+    Case<T> c{B, Tn, H, Dk, Dv, 0.7, {}, {}, {}, {}, {}, {}};
+    const size_t nk = (size_t)B * Tn * H * Dk, nv = (size_t)B * Tn * H * Dv, nt = nv / Dv;
+    auto fill = [&](std::vector<T>& x, size_t n, double s) {
+        for (size_t i = 0; i < n; ++i) x.push_back((T)(s * U(rng)));
+    };
+    fill(c.q, nk, 1), fill(c.v, nv, 1), fill(c.dy, nv, 1);
+    // Keys of norm ≤ 1 (as an L2-normalised gated DeltaNet), decays in (−0.5, 0], gates in (0, 1).
+    for (size_t r = 0; r < nt; ++r) {
+        double n2 = 0;
+        std::vector<double> kv(Dk);
+        for (auto& x : kv) n2 += (x = U(rng)) * x;
+        for (auto x : kv) c.k.push_back((T)(x / std::sqrt(n2 + 1e-9)));
+        c.g.push_back((T)(strong && r % 3 == 1 ? -1e4 : -0.25 * (U(rng) + 1)));
+        c.beta.push_back((T)(strong ? (double)(r % 2) : 0.5 * (U(rng) + 1)));
+    }
+    return c;
+}
+
+static double rel(const std::vector<double>& a, const std::vector<double>& b) {
+    double d = 0, n = 0;
+    for (size_t i = 0; i < a.size(); ++i) d += (a[i] - b[i]) * (a[i] - b[i]), n += b[i] * b[i];
+    return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+}
+
+template <typename T> int run(int B, int Tn, int H, int Dk, int Dv, bool strong, double tol, int stages = 2) {
+    Case<T> c = make<T>(B, Tn, H, Dk, Dv, 1000u + Tn * 7 + Dk, strong);
+    const auto want = reference(c);
+    const auto got = kernels(c, stages);
+    const char* names[] = {"dq", "dk", "dv", "dbeta", "dg"};
+    int fails = 0;
+    for (int i = 0; i < 5; ++i) {
+        const double e = rel(got[i], want[i]);
+        bool finite = true;
+        for (double x : got[i]) finite = finite && std::isfinite(x);
+        const bool ok = finite && e <= tol;
+        fails += !ok;
+        std::printf("%s %s (B,T,H,Dk,Dv)=(%d,%d,%d,%d,%d)%s %s rel=%.2e\n", ok ? "ok  " : "FAIL",
+                    sizeof(T) == 8 ? "f64" : "f32", B, Tn, H, Dk, Dv, strong ? " strong" : "", names[i], e);
+    }
+    // Central differences of L = Σ dy·y for a few entries of q, k, v, g, β (f64 only).
+    if (sizeof(T) == 8 && !strong) {
+        std::vector<T>* xs[] = {&c.q, &c.k, &c.v, &c.beta, &c.g};
+        const int gi[] = {0, 1, 2, 3, 4};
+        for (int w = 0; w < 5; ++w)
+            for (size_t idx : {(size_t)0, xs[w]->size() / 2, xs[w]->size() - 1}) {
+                const T keep = (*xs[w])[idx];
+                const double hstep = 1e-5;
+                auto loss = [&] {
+                    const auto y = forward(c);
+                    double l = 0;
+                    for (size_t i = 0; i < y.size(); ++i) l += y[i] * c.dy[i];
+                    return l;
+                };
+                (*xs[w])[idx] = keep + hstep;
+                const double lp = loss();
+                (*xs[w])[idx] = keep - hstep;
+                const double lm = loss();
+                (*xs[w])[idx] = keep;
+                const double fd = (lp - lm) / (2 * hstep), an = got[gi[w]][idx];
+                const bool ok = std::fabs(fd - an) <= 1e-6 * (1 + std::fabs(fd));
+                fails += !ok;
+                if (!ok) std::printf("FAIL finite difference %s[%zu]: %.9e vs %.9e\n", names[gi[w]], idx, fd, an);
+            }
+    }
+    return fails;
+}
+
+int main() {
+    int fails = 0;
+    fails += run<double>(1, 1, 1, 5, 16, false, 1e-10);
+    fails += run<double>(2, 70, 1, 5, 12, false, 1e-10);
+    fails += run<double>(1, 65, 2, 16, 5, false, 1e-10);
+    fails += run<double>(1, 97, 1, 70, 20, false, 1e-10);
+    fails += run<double>(1, 40, 1, 6, 7, true, 1e-10);
+    fails += run<double>(1, 33, 1, 8, 70, false, 1e-10);
+    fails += run<float>(1, 70, 1, 130, 66, false, 1e-4);
+    fails += run<float>(1, 20, 1, 256, 16, false, 1e-4, 1);
+    fails += run<double>(2, 70, 1, 5, 12, false, 1e-10, 1);
+    fails += run<float>(1, 130, 1, 16, 24, false, 1e-4);
+    fails += run<float>(2, 63, 1, 5, 17, false, 1e-4);
+    fails += run<float>(1, 200, 1, 24, 20, true, 1e-4);
+    std::printf(fails ? "%d FAILED\n" : "all passed\n", fails);
+    return fails != 0;
+}

@@ -1,0 +1,511 @@
+// Gated DeltaNet's chunked backward through the WY/UT form (docs/math.md §2.7 "Gated DeltaNet, the
+// chunked backward"), launched from src/loglinear/backward_chunked.rs after the forward's WY step
+// (llc_wy: W, U and T⁻¹ per chunk). Per chunk of n ≤ CH tokens, with γ the chunk-local prefix sums
+// of g, Γ_rs = e^(γ_r − γ_s), K̂ = diag(e^(γ_{n−1} − γ)) K, P = σ (QKᵀ ⊙ Γ) (lower, diagonal
+// included), Z the state entering the chunk (Dk × Dv) and X the adjoint of the state after it:
+// - lgb_pass_fwd: the forward state pass, chunk by chunk: U' = U − W Z (written over U) and Z
+//   stored per chunk (zs [B·H, NC, Dk, Dv]); Z ← e^(γ_{n−1}) Z + K̂ᵀ U';
+// - lgb_pre:      chunk-parallel, A = Pᵀ dY ([B,T,H,Dv]) and B = σ Qᵀ diag(e^γ) dY (into xs);
+// - lgb_pass_rev: the reverse pass from the last chunk: dU' = A + K̂ X (written over A), X stored
+//   over B once B is read; X ← e^(γ_{n−1}) X + B − Wᵀ dU' (X = 0 after the last chunk);
+// - lgb_grad:     chunk-parallel, every input gradient of the chunk's tokens (below).
+// The passes share one body (lgb_pass, REV = the reverse pass): the state's columns are
+// independent, so a block takes LGB_NCOL of them for one batch·head. Every sum runs in a fixed
+// order (no atomics): the same inputs give the same bits. FMA in T (f32 in every mode but f64).
+
+#define LGB_NCOL 16  // state columns per block of the passes
+
+// acc[i][j] += Σ_κ X(κ, ty + 16 i) · Y[κ·yk + tx + 16 j] for κ < K, X(κ, r) = X[κ·xk + r·xr]
+// (a tile read as it is or transposed), X and Y in shared memory.
+template <typename T, int RI, int RJ>
+__device__ inline void lgb_gemm(T (&acc)[RI][RJ], const T* X, int xk, int xr, const T* Y, int yk, int K, int ty,
+                                int tx) {
+#pragma unroll 4
+    for (int kk = 0; kk < K; ++kk) {
+        T xv[RI], yv[RJ];
+#pragma unroll
+        for (int i = 0; i < RI; ++i) xv[i] = X[kk * xk + (ty + 16 * i) * xr];
+#pragma unroll
+        for (int j = 0; j < RJ; ++j) yv[j] = Y[kk * yk + tx + 16 * j];
+#pragma unroll
+        for (int i = 0; i < RI; ++i)
+#pragma unroll
+            for (int j = 0; j < RJ; ++j) acc[i][j] = fma(xv[i], yv[j], acc[i][j]);
+    }
+}
+
+// The sum of x over the 16 threads of a row of the 16 × 16 thread grid (a half warp), in a fixed
+// order; every thread of the half warp gets it.
+template <typename T> __device__ inline T lgb_row_sum(T x) {
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+// A chunk product out[i][j] = Σ_κ X(κ, ty + 16 i) · Y[κ·yk + tx + 16 j] accumulated by add() over
+// reduction pieces (lgb_gemm) and read by get(). 256 threads.
+template <typename T, int RI, int RJ> struct LgbAcc {
+    T a[RI][RJ] = {};
+    __device__ void add(const T* X, int xk, int xr, const T* Y, int yk, int K) {
+        lgb_gemm<T, RI, RJ>(a, X, xk, xr, Y, yk, K, threadIdx.x / 16, threadIdx.x % 16);
+    }
+    __device__ void get(T (&out)[RI][RJ]) const {
+#pragma unroll
+        for (int i = 0; i < RI; ++i)
+#pragma unroll
+            for (int j = 0; j < RJ; ++j) out[i][j] = a[i][j];
+    }
+};
+
+// Rows r < n, columns c0 + kk (kk < LLC_KT, below D) of x (row r at (row0 + r·H)·D) into
+// dst[kk·LLC_LD + r]; zero elsewhere (rows up to CH). 256 threads.
+template <typename T, int CH>
+__device__ inline void lgb_slice(T* dst, const T* x, long long row0, int H, int D, int c0, int n) {
+    for (int idx = threadIdx.x; idx < LLC_KT * CH; idx += 256) {
+        const int r = idx / LLC_KT, kk = idx % LLC_KT, c = c0 + kk;
+        dst[kk * LLC_LD + r] = (r < n && c < D) ? x[(row0 + (long long)r * H) * D + c] : (T)0;
+    }
+}
+
+// Rows r < n, columns c0 .. c0 + 63 (below D) of x into dst[r·LLC_LD + c − c0], times w(r); zero
+// elsewhere (rows up to CH). 256 threads.
+template <typename T, int CH, typename Wt>
+__device__ inline void lgb_tile(T* dst, const T* x, long long row0, int H, int D, int c0, int n, Wt w) {
+    for (int idx = threadIdx.x; idx < CH * LLC_NT; idx += 256) {
+        const int r = idx / LLC_NT, c = c0 + idx % LLC_NT;
+        dst[r * LLC_LD + idx % LLC_NT] = (r < n && c < D) ? w(r) * x[(row0 + (long long)r * H) * D + c] : (T)0;
+    }
+}
+
+// cp.async groups: commit, and wait until at most one (or none) is pending.
+__device__ __forceinline__ void lgb_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void lgb_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
+__device__ __forceinline__ void lgb_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// A pass's stage buffers for one chunk: Wb, Kb [CH][ld] (the chunk's W and k rows), Ub [CH][NCOL]
+// (columns c0 .. c0 + NCOL − 1 of U), gb [CH] (log-decays).
+template <typename T> struct LgbStage {
+    T *W, *K, *U, *g;
+};
+template <typename T, int CH>
+__device__ inline LgbStage<T> lgb_stage(T* base, int ld) {
+    return {base, base + CH * ld, base + 2 * CH * ld, base + 2 * CH * ld + CH * LGB_NCOL};
+}
+// Stage size in T: 2·CH·ld + CH·NCOL + CH (lgb_pass_smem on the host agrees).
+template <int CH> __device__ inline int lgb_stage_size(int ld) { return 2 * CH * ld + CH * LGB_NCOL + CH; }
+
+// Issues the asynchronous copies of a chunk (first row row0, n rows) into b; rows from n on and
+// columns from Dv on are zero-filled. 256 threads.
+template <typename T, int CH>
+__device__ inline void lgb_pass_load(LgbStage<T> b, const T* W, const T* k, const T* U, const T* g, long long row0,
+                                     int H, int Dk, int Dv, int c0, int n, int ld) {
+    for (int idx = threadIdx.x; idx < CH * Dk; idx += 256) {
+        const int r = idx / Dk, d = idx % Dk;
+        const bool in = r < n;
+        const long long off = in ? (row0 + (long long)r * H) * Dk + d : 0;
+        llc_cp_async(b.W + r * ld + d, W + off, sizeof(T), in);
+        llc_cp_async(b.K + r * ld + d, k + off, sizeof(T), in);
+    }
+    for (int idx = threadIdx.x; idx < CH * LGB_NCOL; idx += 256) {
+        const int r = idx / LGB_NCOL, c = c0 + idx % LGB_NCOL;
+        const bool in = r < n && c < Dv;
+        llc_cp_async(b.U + idx, U + (in ? (row0 + (long long)r * H) * Dv + c : 0), sizeof(T), in);
+    }
+    if (threadIdx.x < CH) {
+        const bool in = (int)threadIdx.x < n;
+        llc_cp_async(b.g + threadIdx.x, g + (in ? row0 + (long long)threadIdx.x * H : 0), sizeof(T), in);
+    }
+}
+
+// The passes over chunks (forward: REV = false, chunks 0 → NC − 1; reverse: from NC − 1), for
+// batch·head blockIdx.x and state columns c0 = LGB_NCOL·blockIdx.y onwards, 256 threads. With
+// K̂ = diag(τ) K, τ_r = e^(γ_{n−1} − γ_r), per chunk: st[j] ← S (the reverse pass reads B_j
+// there first), then
+//   forward: N = U − W S (stored over U), S ← e^(γ_{n−1}) S + Kᵀ (diag(τ) N);
+//   reverse: N = U + diag(τ) K S (stored over U), S ← e^(γ_{n−1}) S + B_j − Wᵀ N;
+// (τ applied to the rows of N, so that K is copied as it is). With stages = 2 the next chunk's W,
+// k, U and g are copied (cp.async) while this one computes. Dynamic shared memory (lgb_pass_smem
+// on the host): `stages` stage buffers (LgbStage), S [Dk][NCOL], N [CH][NCOL].
+template <typename T, bool REV>
+__device__ void lgb_pass(const T* k, const T* g, const T* W, T* U, T* st, int Tn, int H, int Dk, int Dv, int NC,
+                         int stages) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = Llc<T>::CH, NCOL = LGB_NCOL, MAXE = 16;  // Dk·NCOL/256 ≤ 16 state entries a thread
+    constexpr int NU = CH * NCOL / 256;                            // rows of N a thread
+    extern __shared__ __align__(16) unsigned char lgb_smem[];
+    __shared__ double gam[CH], gtmp[1];
+    __shared__ T tau[CH];
+    const int ld = Dk + 1, ss = lgb_stage_size<CH>(ld);
+    T* base = reinterpret_cast<T*>(lgb_smem);
+    T* S = base + stages * ss;
+    T* N = S + Dk * NCOL;
+    const int bh = blockIdx.x, b = bh / H, h = bh % H, c0 = blockIdx.y * NCOL, tid = threadIdx.x;
+    // A thread's entries: rows r0 + 16 u of N and rows d = r0 + 16 u of S, all in column c, so that
+    // each shared load feeds every one of its products; S entry e = tid + 256 u.
+    const int c = tid % NCOL, r0 = (tid / NCOL) & 15, ents = Dk * NCOL;  // r0 < 16 (256 threads), known
+    for (int e = tid; e < ents; e += 256) S[e] = (T)0;
+    auto chunk = [&](int step) { return REV ? NC - 1 - step : step; };
+    auto row_of = [&](int j) { return ((long long)b * Tn + (long long)j * CH) * H + h; };
+    auto rows = [&](int j) { return min(CH, Tn - j * CH); };
+    lgb_pass_load<T, CH>(lgb_stage<T, CH>(base, ld), W, k, U, g, row_of(chunk(0)), H, Dk, Dv, c0, rows(chunk(0)), ld);
+    lgb_commit();
+    for (int step = 0; step < NC; ++step) {
+        const int j = chunk(step), n = rows(j);
+        const long long row0 = row_of(j);
+        const LgbStage<T> bf = lgb_stage<T, CH>(base + (stages == 2 ? (step & 1) * ss : 0), ld);
+        T* sj = st + ((long long)bh * NC + j) * Dk * Dv;
+        T bj[MAXE];
+#pragma unroll
+        for (int u = 0; u < MAXE; ++u) {
+            const int e = tid + 256 * u;
+            bj[u] = (REV && e < ents && c0 + c < Dv) ? sj[(long long)(e / NCOL) * Dv + c0 + c] : (T)0;
+        }
+        if (stages == 1 && step > 0) {
+            lgb_pass_load<T, CH>(bf, W, k, U, g, row0, H, Dk, Dv, c0, n, ld);
+            lgb_commit();
+        }
+        if (stages == 2 && step + 1 < NC) {
+            const int jn = chunk(step + 1);
+            lgb_pass_load<T, CH>(lgb_stage<T, CH>(base + ((step + 1) & 1) * ss, ld), W, k, U, g, row_of(jn), H, Dk,
+                                 Dv, c0, rows(jn), ld);
+            lgb_commit();
+            lgb_wait1();
+        } else {
+            lgb_wait0();
+        }
+        __syncthreads();
+        const double x = llc_prefix<CH>(tid < CH ? (double)bf.g[tid] : 0.0, gtmp);
+        if (tid < CH) gam[tid] = x;
+        __syncthreads();
+        const double a = gam[n - 1];
+        if (tid < CH) tau[tid] = tid < n ? (T)mx_exp(a - gam[tid]) : (T)0;
+#pragma unroll
+        for (int u = 0; u < MAXE; ++u) {
+            const int e = tid + 256 * u;
+            if (e < ents && c0 + c < Dv) sj[(long long)(e / NCOL) * Dv + c0 + c] = S[e];
+        }
+        __syncthreads();
+        {
+            const T* L = REV ? bf.K : bf.W;
+            T acc[NU] = {};
+            for (int d = 0; d < Dk; ++d) {
+                const T sv = S[d * NCOL + c];
+#pragma unroll
+                for (int u = 0; u < NU; ++u) acc[u] = fma(L[(r0 + 16 * u) * ld + d], sv, acc[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < NU; ++u) {
+                const int r = r0 + 16 * u;
+                if (r < n) {
+                    const T uv = bf.U[r * NCOL + c];
+                    const T x = REV ? fma(tau[r], acc[u], uv) : uv - acc[u];
+                    N[r * NCOL + c] = REV ? x : tau[r] * x;
+                    if (c0 + c < Dv) U[(row0 + (long long)r * H) * Dv + c0 + c] = x;
+                }
+            }
+        }
+        __syncthreads();
+        {
+            const T* R = REV ? bf.W : bf.K;
+            const T ea = (T)mx_exp(a);
+            T acc[MAXE] = {};
+            for (int r = 0; r < n; ++r) {
+                const T nv = N[r * NCOL + c];
+#pragma unroll
+                for (int u = 0; u < MAXE; ++u)
+                    if (r0 + 16 * u < Dk) acc[u] = fma(R[r * ld + r0 + 16 * u], nv, acc[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < MAXE; ++u) {
+                const int e = tid + 256 * u;
+                if (e < ents) S[e] = (REV ? fma((T)-1, acc[u], ea * S[e]) + bj[u] : fma(ea, S[e], acc[u]));
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// A = Pᵀ dY and B = σ Qᵀ diag(e^γ) dY of chunk blockIdx.x, batch·head blockIdx.y: A over rows
+// of a [B,T,H,Dv] tensor, B into bs [B·H, NC, Dk, Dv]. 256 threads. Dynamic shared memory
+// (lgb_pre_smem on the host): P [CH][CH + 1], the dY and Q tiles [64][LLC_LD], the scores'
+// staging Xs, Ys [LLC_KT][LLC_LD] over the Q tile.
+template <typename T>
+__device__ void lgb_pre(const T* q, const T* k, const T* g, const T* dy, T* A, T* bs, int Tn, int H, int Dk, int Dv,
+                        int NC, T scale) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = Llc<T>::CH, RI = CH / 16, LDN = CH + 1;
+    extern __shared__ __align__(16) unsigned char lgb_smem[];
+    __shared__ double gam[CH], gtmp[1];
+    T* P = reinterpret_cast<T*>(lgb_smem);
+    T* Dt = P + CH * LDN;
+    T* Qt = Dt + LLC_NT * LLC_LD;
+    T *Xs = Qt, *Ys = Qt + LLC_KT * LLC_LD;
+    const LlcChunk ck = llc_chunk<CH>(Tn, H);
+    const int ty = ck.ty, tx = ck.tx, n = ck.n;
+    llc_gamma<T, CH>(gam, gtmp, g, 1, ck.row0, H, n);
+    {
+        LgbAcc<T, RI, RI> qk;
+        for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
+            lgb_slice<T, CH>(Xs, q, ck.row0, H, Dk, c0, n);
+            lgb_slice<T, CH>(Ys, k, ck.row0, H, Dk, c0, n);
+            __syncthreads();
+            qk.add(Xs, LLC_LD, 1, Ys, LLC_LD, LLC_KT);
+            __syncthreads();
+        }
+        T acc[RI][RI];
+        qk.get(acc);
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+            P[r * LDN + s] = (s <= r && r < n) ? scale * acc[a][bb] * (T)mx_exp(gam[r] - gam[s]) : (T)0;
+        }
+    }
+    T* bj = bs + ((long long)ck.bh * NC + ck.i) * Dk * Dv;
+    for (int c0 = 0; c0 < Dv; c0 += LLC_NT) {
+        __syncthreads();
+        lgb_tile<T, CH>(Dt, dy, ck.row0, H, Dv, c0, n, [](int) { return (T)1; });
+        __syncthreads();
+        {
+            LgbAcc<T, RI, 4> aa;
+            aa.add(P, LDN, 1, Dt, LLC_LD, n);
+            T acc[RI][4];
+            aa.get(acc);
+            llc_store<T, RI>(acc, A, ck.row0, H, Dv, n, c0, ty, tx);
+        }
+        for (int d0 = 0; d0 < Dk; d0 += LLC_NT) {
+            __syncthreads();
+            lgb_tile<T, CH>(Qt, q, ck.row0, H, Dk, d0, n, [&](int r) { return scale * (T)mx_exp(gam[r]); });
+            __syncthreads();
+            LgbAcc<T, 4, 4> ba;
+            ba.add(Qt, LLC_LD, 1, Dt, LLC_LD, n);
+            T bq[4][4];
+            ba.get(bq);
+            LLC_TILE_EACH(4, 4, a, bb, d, c, d0, c0) {
+                if (d < Dk && c < Dv) bj[(long long)d * Dv + c] = bq[a][bb];
+            }
+        }
+    }
+}
+
+// Dynamic shared memory of lgb_grad, in T entries (the host's lgb_grad_smem agrees): Ti, Mp,
+// F + Fᵀ, PG [CH][CH + 1]; W1 [64][LLC_LD]; five slices [LLC_KT][LLC_LD]; W2 [64][LLC_LD] over Ti and PG
+// where they are large enough (f32), else after the slices.
+template <typename T> struct LgbGrad {
+    static constexpr int CH = Llc<T>::CH, LDN = CH + 1, NN = CH * LDN, WT = LLC_NT * LLC_LD,
+                         SL = LLC_KT * LLC_LD;
+    static constexpr int TI = 0, PG = NN, MP = 2 * NN, F = 3 * NN, W1 = 4 * NN, SLICES = W1 + WT,
+                         END = SLICES + 5 * SL;
+    static constexpr bool W2_OVER = 2 * NN >= WT;
+    static constexpr int W2 = W2_OVER ? 0 : END, TOTAL = W2_OVER ? END : END + WT;
+};
+
+// Every input gradient of chunk blockIdx.x, batch·head blockIdx.y (docs/math.md §2.7), from the
+// chunk's T⁻¹ (ti [B·H, NC, CH, CH], row-major), its entering state Z (zs), the adjoint X of the
+// state after it (xs), its new values U' (un) and their adjoint dU' (e, overwritten with
+// E = T⁻ᵀ dU'). 256 threads as a 16 × 16 grid; rows of the chunk r = ty + 16 a, columns tx + 16 b.
+// 1. values: per 64 value columns, E = T⁻ᵀ dU', dv = diag(β) E, Σ v·E per row; the n × n products
+//    dY U'ᵀ and E U'ᵀ (dT = −E U'ᵀ below the diagonal) accumulate in registers;
+// 2. QKᵀ and KKᵀ in registers;
+// 3. Mp = σ (dY U'ᵀ) ⊙ Γ (lower with the diagonal), F = dT ⊙ diag(β) Γ (strict; F + Fᵀ kept), the β-gradient of
+//    T (Σ_s dT_rs Γ_rs (KKᵀ)_rs) and the decay terms pg_rs = Mp_rs (QKᵀ)_rs + F_rs (KKᵀ)_rs, which
+//    add to γ̄_r and subtract from γ̄_s;
+// 4. per 64 key columns: dq = σ diag(e^γ) dY Zᵀ + Mp K, dk = Mpᵀ Q + (F + Fᵀ) K +
+//    diag(e^(γ_{n−1} − γ)) U' Xᵀ − diag(β e^γ) E Zᵀ (three products over the values, three over
+//    the chunk), with their row dots for γ̄ and β̄;
+// 5. γ̄_{n−1} += e^(γ_{n−1}) ⟨X, Z⟩ + Σ_r k_r·(K̂-term)_r, dg = the reverse cumulative sum of γ̄
+//    inside the chunk, dβ.
+template <typename T>
+__device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T* beta, const T* dy, const T* ti,
+                         const T* zs, const T* xs, const T* un, T* e, T* dq, T* dk, T* dv, T* db, T* dg, int Tn, int H,
+                         int Dk, int Dv, int NC, T scale) {
+    LLC_FIX_DIMS(Dk, Dv);
+    using L = LgbGrad<T>;
+    constexpr int CH = L::CH, RI = CH / 16, LDN = L::LDN;
+    extern __shared__ __align__(16) unsigned char lgb_smem[];
+    T* sm = reinterpret_cast<T*>(lgb_smem);
+    T *Ti = sm + L::TI, *PG = sm + L::PG, *Mp = sm + L::MP, *F = sm + L::F, *W1 = sm + L::W1, *W2 = sm + L::W2;
+    T* sl[5];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) sl[i] = sm + L::SLICES + i * L::SL;
+    __shared__ double gam[CH], gtmp[1], dgs[CH], red[8];
+    __shared__ T bet[CH], rq[CH], rk2[CH], rkez[CH], rve[CH], rdb[CH];
+    const LlcChunk ck = llc_chunk<CH>(Tn, H);
+    const int ty = ck.ty, tx = ck.tx, tid = ck.tid, n = ck.n;
+    const long long row0 = ck.row0;
+    if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : (T)0;
+    llc_gamma<T, CH>(gam, gtmp, g, 1, row0, H, n);
+    const T* tij = ti + ((long long)ck.bh * NC + ck.i) * CH * CH;
+    for (int idx = tid; idx < CH * CH; idx += 256) Ti[(idx / CH) * LDN + idx % CH] = tij[idx];
+    const long long sidx = ((long long)ck.bh * NC + ck.i) * Dk * Dv;
+    const T *zj = zs + sidx, *xj = xs + sidx;
+    // e^(γ_{n−1}) ⟨X, Z⟩, reduced in a fixed order.
+    {
+        double x = 0.0;
+        for (long long i = tid; i < (long long)Dk * Dv; i += 256) x += (double)xj[i] * (double)zj[i];
+        for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+        if ((tid & 31) == 0) red[tid >> 5] = x;
+    }
+    // 1. The values side.
+    LgbAcc<T, RI, RI> dyua, eta;
+    T ve[RI] = {};
+    for (int c0 = 0; c0 < Dv; c0 += LLC_NT) {
+        __syncthreads();
+        lgb_tile<T, CH>(W1, e, row0, H, Dv, c0, n, [](int) { return (T)1; });
+        __syncthreads();
+        T acc[RI][4];
+        {
+            LgbAcc<T, RI, 4> ea;
+            ea.add(Ti, LDN, 1, W1, LLC_LD, n);
+            ea.get(acc);
+        }
+        LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, c0) {
+            if (r < n && c < Dv) {
+                const long long off = (row0 + (long long)r * H) * Dv + c;
+                e[off] = acc[a][bb];
+                dv[off] = bet[r] * acc[a][bb];
+                ve[a] = fma(v[off], acc[a][bb], ve[a]);
+            }
+        }
+        __syncthreads();
+        LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, 0) { W1[c * LLC_LD + r] = acc[a][bb]; }  // Eᵀ
+        for (int c1 = 0; c1 < LLC_NT; c1 += LLC_KT) {
+            lgb_slice<T, CH>(sl[0], un, row0, H, Dv, c0 + c1, n);
+            lgb_slice<T, CH>(sl[1], dy, row0, H, Dv, c0 + c1, n);
+            __syncthreads();
+            dyua.add(sl[1], LLC_LD, 1, sl[0], LLC_LD, LLC_KT);
+            eta.add(W1 + c1 * LLC_LD, LLC_LD, 1, sl[0], LLC_LD, LLC_KT);
+            __syncthreads();
+        }
+    }
+    // 2. QKᵀ and KKᵀ.
+    LgbAcc<T, RI, RI> qka, kka;
+    for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
+        lgb_slice<T, CH>(sl[0], q, row0, H, Dk, c0, n);
+        lgb_slice<T, CH>(sl[1], k, row0, H, Dk, c0, n);
+        __syncthreads();
+        qka.add(sl[0], LLC_LD, 1, sl[1], LLC_LD, LLC_KT);
+        kka.add(sl[1], LLC_LD, 1, sl[1], LLC_LD, LLC_KT);
+        __syncthreads();
+    }
+    T dyu[RI][RI], et[RI][RI], qk[RI][RI], kk[RI][RI];
+    dyua.get(dyu);
+    eta.get(et);
+    qka.get(qk);
+    kka.get(kk);
+    // 3. Mp, F, the β-gradient of T and the decay terms.
+    T dbr[RI] = {};
+    LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+        const bool low = r < n && s <= r, strict = low && s < r;
+        const T gm = low ? (T)mx_exp(gam[r] - gam[s]) : (T)0;
+        const T mp = scale * dyu[a][bb] * gm;
+        const T dt = strict ? -et[a][bb] : (T)0;
+        const T f = dt * bet[r] * gm;
+        Mp[r * LDN + s] = mp;
+        if (s < r) F[r * LDN + s] = F[s * LDN + r] = f;  // F + Fᵀ (F strictly lower)
+        if (s == r) F[r * LDN + r] = (T)0;
+        dbr[a] = fma(dt * gm, kk[a][bb], dbr[a]);
+        PG[r * LDN + s] = strict ? fma(mp, qk[a][bb], f * kk[a][bb]) : (T)0;
+    }
+    __syncthreads();
+    if (tid < CH) {
+        double x = 0.0;
+        for (int s = 0; s < CH; ++s) x += (double)PG[tid * LDN + s];
+        for (int r = 0; r < CH; ++r) x -= (double)PG[r * LDN + tid];
+        dgs[tid] = x;
+    }
+    // 4. The keys side.
+    T r1[RI] = {}, r2[RI] = {}, r3[RI] = {};
+    for (int d0 = 0; d0 < Dk; d0 += LLC_NT) {
+        __syncthreads();
+        lgb_tile<T, CH>(W1, q, row0, H, Dk, d0, n, [](int) { return (T)1; });
+        lgb_tile<T, CH>(W2, k, row0, H, Dk, d0, n, [](int) { return (T)1; });
+        LgbAcc<T, RI, 4> a1a, a2a, a3a, aqa, aka;
+        for (int c0 = 0; c0 < Dv; c0 += LLC_KT) {
+            lgb_slice<T, CH>(sl[0], dy, row0, H, Dv, c0, n);
+            lgb_slice<T, CH>(sl[1], un, row0, H, Dv, c0, n);
+            lgb_slice<T, CH>(sl[2], e, row0, H, Dv, c0, n);
+            for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
+                const int d = idx / LLC_KT, c = idx % LLC_KT;
+                const bool in = d0 + d < Dk && c0 + c < Dv;
+                const long long off = (long long)(d0 + d) * Dv + c0 + c;
+                sl[3][c * LLC_LD + d] = in ? zj[off] : (T)0;
+                sl[4][c * LLC_LD + d] = in ? xj[off] : (T)0;
+            }
+            __syncthreads();
+            a1a.add(sl[0], LLC_LD, 1, sl[3], LLC_LD, LLC_KT);
+            a2a.add(sl[1], LLC_LD, 1, sl[4], LLC_LD, LLC_KT);
+            a3a.add(sl[2], LLC_LD, 1, sl[3], LLC_LD, LLC_KT);
+            __syncthreads();
+        }
+        aqa.add(Mp, 1, LDN, W2, LLC_LD, n);
+        aka.add(Mp, LDN, 1, W1, LLC_LD, n);
+        aka.add(F, 1, LDN, W2, LLC_LD, n);
+        T a1[RI][4], a2[RI][4], a3[RI][4], aq[RI][4], ak[RI][4];
+        a1a.get(a1);
+        a2a.get(a2);
+        a3a.get(a3);
+        aqa.get(aq);
+        aka.get(ak);
+        LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, 0) {
+            if (r < n) {
+                const T eg = (T)mx_exp(gam[r]), tl = (T)mx_exp(gam[n - 1] - gam[r]);
+                const T q1 = scale * eg * a1[a][bb], k2 = tl * a2[a][bb];
+                const T qv = W1[r * LLC_LD + c], kv = W2[r * LLC_LD + c];
+                r1[a] = fma(qv, q1, r1[a]);
+                r2[a] = fma(kv, k2, r2[a]);
+                r3[a] = fma(kv, a3[a][bb], r3[a]);
+                if (d0 + c < Dk) {
+                    const long long off = (row0 + (long long)r * H) * Dk + d0 + c;
+                    dq[off] = q1 + aq[a][bb];
+                    dk[off] = ak[a][bb] + k2 - bet[r] * eg * a3[a][bb];
+                }
+            }
+        }
+    }
+    // 5. Per row, then the decay gradient's reverse sum inside the chunk.
+#pragma unroll
+    for (int a = 0; a < RI; ++a) {
+        const T x1 = lgb_row_sum(r1[a]), x2 = lgb_row_sum(r2[a]), x3 = lgb_row_sum(r3[a]);
+        const T x4 = lgb_row_sum(ve[a]), x5 = lgb_row_sum(dbr[a]);
+        if (tx == 0) {
+            const int r = ty + 16 * a;
+            rq[r] = x1, rk2[r] = x2, rkez[r] = x3, rve[r] = x4, rdb[r] = x5;
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        double xz = 0.0;
+        for (int w = 0; w < 8; ++w) xz += red[w];
+        double last = mx_exp(gam[n - 1]) * xz;
+        for (int r = 0; r < n; ++r) last += (double)rk2[r];
+        double acc = 0.0;
+        for (int r = n - 1; r >= 0; --r) {
+            const T eg = (T)mx_exp(gam[r]);
+            acc += dgs[r] + (double)rq[r] - (double)rk2[r] - (double)(bet[r] * eg * rkez[r]) + (r == n - 1 ? last : 0.0);
+            const long long row = row0 + (long long)r * H;
+            dg[row] = (T)acc;
+            db[row] = rdb[r] + rve[r] - eg * rkez[r];
+        }
+    }
+}
+
+#define LGB_EXPORT(T, S)                                                                                        \
+    extern "C" __global__ void lgb_pass_fwd_##S(const T* k, const T* g, const T* W, T* U, T* st, int Tn, int H,    \
+                                                int Dk, int Dv, int NC, int stages) {                          \
+        lgb_pass<T, false>(k, g, W, U, st, Tn, H, Dk, Dv, NC, stages);                                          \
+    }                                                                                                         \
+    extern "C" __global__ void lgb_pass_rev_##S(const T* k, const T* g, const T* W, T* U, T* st, int Tn, int H,    \
+                                                int Dk, int Dv, int NC, int stages) {                          \
+        lgb_pass<T, true>(k, g, W, U, st, Tn, H, Dk, Dv, NC, stages);                                           \
+    }                                                                                                         \
+    extern "C" __global__ void lgb_pre_##S(const T* q, const T* k, const T* g, const T* dy, T* A, T* bs, int Tn,   \
+                                           int H, int Dk, int Dv, int NC, T scale) {                           \
+        lgb_pre<T>(q, k, g, dy, A, bs, Tn, H, Dk, Dv, NC, scale);                                        \
+    }                                                                                                         \
+    extern "C" __global__ void lgb_grad_##S(const T* q, const T* k, const T* v, const T* g, const T* beta,         \
+                                            const T* dy, const T* ti, const T* zs, const T* xs, const T* un, T* e, \
+                                            T* dq, T* dk, T* dv, T* db, T* dg, int Tn, int H, int Dk, int Dv,       \
+                                            int NC, T scale) {                                                  \
+        lgb_grad<T>(q, k, v, g, beta, dy, ti, zs, xs, un, e, dq, dk, dv, db, dg, Tn, H, Dk, Dv, NC, scale); \
+    }
+
+LGB_EXPORT(float, f32)
+LGB_EXPORT(double, f64)

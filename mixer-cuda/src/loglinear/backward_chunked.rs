@@ -1,0 +1,465 @@
+//! Gated DeltaNet's chunked backward on CUDA through the WY/UT form (docs/math.md §2.7, the
+//! kernels' plan in docs/design.md), kernels in `kernels/loglinear_backward_chunked.cu`; the CPU
+//! twin is `mixer-cpu/src/loglinear/backward_chunked.rs`.
+//!
+//! Per chunk of `n ≤ C` tokens (`C` = 64 in f32, 32 in f64), with `γ` the chunk-local prefix
+//! sums of the log-decays, `Γ_{rs} = e^(γ_r − γ_s)`, `T = I + strict(diag(β)(KKᵀ ⊙ Γ))`,
+//! `W = T⁻¹ diag(β e^γ) K`, `U = T⁻¹ diag(β) V`, `K̂ = diag(e^(γ_{n−1} − γ)) K`,
+//! `P = σ (QKᵀ ⊙ Γ)` (lower, diagonal included) and `Z` the state entering the chunk, the forward
+//! is `U' = U − W Z`, `Y = σ diag(e^γ) Q Z + P U'`, `Z_next = e^(γ_{n−1}) Z + K̂ᵀ U'`. With `X` the
+//! adjoint of `Z_next` the backward is
+//! - `dU' = Pᵀ dY + K̂ X` and `X_prev = e^(γ_{n−1}) X + σ Qᵀ diag(e^γ) dY − Wᵀ dU'` — the reverse
+//!   pass over chunks, the forward pass's recurrence with `W` and `K̂` exchanged;
+//! - with `E = T⁻ᵀ dU'`: `dV = diag(β) E`, and `dT = −E U'ᵀ` below the diagonal (from
+//!   `dW = −dU' Zᵀ`, `dU = dU'` and `d T⁻¹ = −T⁻¹ dT T⁻¹`: `−T⁻ᵀ(dW Wᵀ + dU Uᵀ)`… `= −E (U − W Z)ᵀ`);
+//! - `dQ = σ diag(e^γ) dY Zᵀ + Mp K`, `dK = Mpᵀ Q + (F + Fᵀ) K + diag(e^(γ_{n−1} − γ)) U' Xᵀ
+//!   − diag(β e^γ) E Zᵀ` with `Mp = σ (dY U'ᵀ) ⊙ Γ` (lower) and `F = dT ⊙ diag(β) Γ` (strict);
+//! - `β̄_r = Σ_s dT_{rs} Γ_{rs} (KKᵀ)_{rs} + v_r·E_r − e^(γ_r) k_r·(E Zᵀ)_r`;
+//! - `γ̄` collects `Mp_{rs}(QKᵀ)_{rs} + F_{rs}(KKᵀ)_{rs}` (`+` at `r`, `−` at `s`), `q_r·dQ¹_r`,
+//!   `−k_r·dK²_r − β_r e^(γ_r) k_r·(E Zᵀ)_r` and at `n − 1` `e^(γ_{n−1})⟨X, Z⟩ + Σ_r k_r·dK²_r`
+//!   (`dQ¹`, `dK²` the `Z`- and `X`-terms above); `dg` is its reverse cumulative sum inside the
+//!   chunk.
+//!
+//! Five launches: the forward's WY step `llc_wy` (FMA, with `T⁻¹`), `lgb_pass_fwd` (the states
+//! entering the chunks and `U'`), `lgb_pre` (`Pᵀ dY` and `σ Qᵀ diag(e^γ) dY`, chunk-parallel),
+//! `lgb_pass_rev` (`X` per chunk and `dU'`), `lgb_grad` (chunk-parallel, every gradient). The
+//! backward keeps two `Dk × Dv` states per chunk (`Z` and `X`), `W`, `U'`, `dU'` (then `E`) and
+//! `T⁻¹`: `B·H·⌈T/C⌉·(2 Dk Dv + C²) + B·T·H·(Dk + 2 Dv)` values besides the gradients. Every mode
+//! computes in the element type of the call (f32 in the tf32 and bf16 modes, on activations
+//! converted to f32), FMA throughout. (A version running the chunk products of `lgb_pre` and
+//! `lgb_grad` on tensor cores, three tf32 `mma.sync` terms per product, was slower on the H200 —
+//! 1.0 ms more at (1, 16384, 16, 64) — and was deleted.) Every sum runs in a fixed order, so the
+//! same inputs give the same bits.
+
+use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::{Precision, Result};
+
+use super::common::{Elem, FAMILY, Launch, Shape, Step, check_sizes, fixed_dims, kernel_ints};
+use super::wy;
+use crate::kernels;
+use crate::pool;
+use crate::runtime::{err, gpu, int, launch, max_dynamic_smem};
+use crate::tensor::{DeviceTensor, GpuReal};
+
+/// State columns per block of the passes (`LGB_NCOL` in the kernel file).
+const NCOL: usize = 16;
+/// The widest key head the passes take (each thread keeps `Dk·NCOL/256 ≤ 16` state entries).
+pub const MAX_DK: usize = 256;
+/// `LLC_LD`, `LLC_KT` and `LLC_NT` of `loglinear_common.cuh`: tile rows, reduction slices and
+/// output tiles of the chunk kernels.
+const LD: usize = 65;
+const KT: usize = 16;
+const NT: usize = 64;
+
+/// Dynamic shared memory of `lgb_pass_*` (bytes) with `stages` stage buffers (each the chunk's
+/// `W` and `k` rows `[C][Dk + 1]`, `NCOL` columns of `U` and the log-decays), the state slice
+/// `[Dk][NCOL]` and the new values `[C][NCOL]`.
+pub(crate) fn pass_smem(elem: Elem, dk: usize, stages: usize) -> usize {
+    let ch = elem.chunk();
+    let stage = 2 * ch * (dk + 1) + ch * NCOL + ch;
+    (stages * stage + dk * NCOL + ch * NCOL) * elem.bytes()
+}
+
+/// The passes' stage buffers: two (the next chunk copied while one computes) where they fit in
+/// `smem` bytes, else one.
+pub(crate) fn pass_stages(elem: Elem, dk: usize, smem: usize) -> usize {
+    if pass_smem(elem, dk, 2) <= smem { 2 } else { 1 }
+}
+
+/// Dynamic shared memory of `lgb_pre` (bytes): `P [C][C + 1]`, the `dY` and `Q` tiles `[64][65]`.
+pub(crate) fn pre_smem(elem: Elem) -> usize {
+    let ch = elem.chunk();
+    (ch * (ch + 1) + 2 * NT * LD) * elem.bytes()
+}
+
+/// Dynamic shared memory of `lgb_grad` (bytes; `LgbGrad<T>` in the kernel): four `[C][C + 1]`
+/// tiles, one `[64][65]`, five slices `[16][65]`, and the second `[64][65]` tile over the first
+/// two `[C][C + 1]` where they are large enough.
+pub(crate) fn grad_smem(elem: Elem) -> usize {
+    let ch = elem.chunk();
+    let (nn, wt) = (ch * (ch + 1), NT * LD);
+    let end = 4 * nn + wt + 5 * KT * LD;
+    (if 2 * nn >= wt { end } else { end + wt }) * elem.bytes()
+}
+
+/// The launches, in order: the WY step, the forward pass, `lgb_pre`, the reverse pass, `lgb_grad`,
+/// for a device with `smem` bytes of dynamic shared memory per block (the passes' `stages` in
+/// [`Launch::stages`]).
+pub(crate) fn launches(s: Shape, elem: Elem, smem: usize) -> Vec<Launch> {
+    let (nc, bh, sfx) = (s.chunks(elem.chunk()), s.bh(), elem.suffix());
+    let src = &kernels::LOGLINEAR_BACKWARD_CHUNKED;
+    let on = |name: &str, grid: [usize; 3], smem: usize| {
+        Launch::new(Step::Backward, src, format!("{name}_{sfx}"), fixed_dims(s))
+            .on(grid, 256, smem)
+            .opted_in(true)
+    };
+    let pass_grid = [bh, s.dv.div_ceil(NCOL), 1];
+    let stages = pass_stages(elem, s.dk, smem);
+    let pass = |name: &str| {
+        let l = on(name, pass_grid, pass_smem(elem, s.dk, stages));
+        Launch { stages: Some(stages), ..l }
+    };
+    vec![
+        wy::launch(s, elem, Precision::Exact),
+        pass("lgb_pass_fwd"),
+        on("lgb_pre", [nc, bh, 1], pre_smem(elem)),
+        pass("lgb_pass_rev"),
+        on("lgb_grad", [nc, bh, 1], grad_smem(elem)),
+    ]
+}
+
+/// Gated DeltaNet's chunked backward: `[dq, dk, dv, dβ, dg]` from `[q, k, v, g, β, dy]` of
+/// `[B, T, H, Dk, Dv]` (nothing empty), the same kernels in every mode. See the module
+/// documentation.
+pub(crate) fn delta<F: GpuReal>(
+    ll: &LogLinear,
+    [q, k, v, gt, beta, dy]: [&DeviceTensor<F>; 6],
+    dims: [usize; 5],
+) -> Result<[DeviceTensor<F>; 5]> {
+    let s = Shape::new(dims);
+    let [b, t, h, dk, dv] = dims;
+    if dk > MAX_DK {
+        return Err(err(
+            FAMILY,
+            format!("gated DeltaNet's CUDA backward takes Dk ≤ {MAX_DK}, got Dk = {dk}"),
+        ));
+    }
+    let elem = Elem::of::<F>();
+    let (ch, nc, bh) = (elem.chunk(), s.chunks(elem.chunk()), s.bh());
+    check_sizes(s, elem, 2 * nc)?;
+    let [ti, hi, dki, dvi, nci, _] = kernel_ints([t, h, dk, dv, nc, bh])?;
+    let plan = launches(s, elem, max_dynamic_smem());
+    let [l_wy, l_fwd, l_pre, l_rev, l_grad] = &plan[..] else {
+        return Err(err(FAMILY, "internal: the backward plan has five launches"));
+    };
+    let stages = int(FAMILY, "stages", l_fwd.stages.unwrap_or(1))?;
+    for l in [l_fwd, l_grad] {
+        if l.shared_mem > max_dynamic_smem() {
+            return Err(err(
+                FAMILY,
+                format!(
+                    "gated DeltaNet's CUDA backward needs {} bytes of shared memory for `{}` (Dk = {dk}); the device \
+                     allows {}",
+                    l.shared_mem,
+                    l.function,
+                    max_dynamic_smem()
+                ),
+            ));
+        }
+    }
+    let (qv, kv, vv, gv, bv, dyv) = (q.view(), k.view(), v.view(), gt.view(), beta.view(), dy.view());
+    let mut w = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut u = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut tinv = pool::take::<F>(FAMILY, bh * nc * ch * ch)?;
+    wy::run(l_wy, [&kv, &vv], (&gv, 1), &bv, [&mut w, &mut u], (&mut tinv, true), s)?;
+    let g = gpu()?;
+    let mut zs = pool::take::<F>(FAMILY, bh * nc * dk * dv)?;
+    let (f, cfg) = l_fwd.function()?;
+    launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *u, &mut *zs, &ti, &hi, &dki, &dvi, &nci, &stages)?;
+    let scale = F::of(ll.scale);
+    let mut du = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut xs = pool::take::<F>(FAMILY, bh * nc * dk * dv)?;
+    let (f, cfg) = l_pre.function()?;
+    launch!(g, FAMILY, f, cfg; &qv, &kv, &gv, &dyv, &mut *du, &mut *xs, &ti, &hi, &dki, &dvi, &nci, &scale)?;
+    let (f, cfg) = l_rev.function()?;
+    launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *du, &mut *xs, &ti, &hi, &dki, &dvi, &nci, &stages)?;
+    drop(w);
+    let mut d_q = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut d_k = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut d_v = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut d_b = pool::take::<F>(FAMILY, b * t * h)?;
+    let mut d_g = pool::take::<F>(FAMILY, b * t * h)?;
+    let (f, cfg) = l_grad.function()?;
+    launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*tinv, &*zs, &*xs, &*u, &mut *du,
+        &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale)?;
+    Ok([
+        DeviceTensor::from_pooled(d_q, &[b, t, h, dk])?,
+        DeviceTensor::from_pooled(d_k, &[b, t, h, dk])?,
+        DeviceTensor::from_pooled(d_v, &[b, t, h, dv])?,
+        DeviceTensor::from_pooled(d_b, &[b, t, h])?,
+        DeviceTensor::from_pooled(d_g, &[b, t, h])?,
+    ])
+}
+
+#[cfg(test)]
+mod plan_tests {
+    use super::*;
+
+    const H200_SMEM: usize = 227 << 10;
+
+    #[test]
+    fn the_plan_is_five_launches_with_two_stages_where_they_fit() {
+        let s = Shape { b: 1, t: 16384, h: 16, dk: 64, dv: 64 };
+        let l = launches(s, Elem::F32, H200_SMEM);
+        let names: Vec<&str> = l.iter().map(|l| l.function.as_str()).collect();
+        assert_eq!(
+            names,
+            ["llc_wy_f32", "lgb_pass_fwd_f32", "lgb_pre_f32", "lgb_pass_rev_f32", "lgb_grad_f32"]
+        );
+        assert_eq!((l[1].grid, l[2].grid, l[4].grid), ([16, 4, 1], [256, 16, 1], [256, 16, 1]));
+        assert_eq!(l[1].stages, Some(2));
+        // Two stages of W, k [64][65], U [64][16], g [64]; the state slice [64][16]; N [64][16].
+        assert_eq!(l[1].shared_mem, (2 * (2 * 64 * 65 + 64 * 16 + 64) + 64 * 16 + 64 * 16) * 4);
+        assert_eq!(l[4].shared_mem, (4 * 64 * 65 + 64 * 65 + 5 * 16 * 65) * 4);
+        // f64: chunks of 32; the second wide tile after the slices.
+        assert_eq!(grad_smem(Elem::F64), (4 * 32 * 33 + 2 * 64 * 65 + 5 * 16 * 65) * 8);
+        assert_eq!(pre_smem(Elem::F64), (32 * 33 + 2 * 64 * 65) * 8);
+        // Dk = 256: one stage; everything within the H200's shared memory in f32 and f64.
+        for elem in [Elem::F32, Elem::F64] {
+            let s = Shape { b: 1, t: 100, h: 1, dk: 256, dv: 256 };
+            let l = launches(s, elem, H200_SMEM);
+            assert_eq!(l[1].stages, Some(1), "{elem:?}");
+            assert!(l.iter().all(|l| l.shared_mem <= H200_SMEM), "{elem:?}");
+        }
+        assert_eq!(pass_stages(Elem::F32, 128, H200_SMEM), 2);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The chunk recipe of the kernels, emulated on the host in f64 (one loop nest per kernel,
+    //! in the kernels' grouping of the products), against the CPU backward: fails if the
+    //! algebra of the backward (docs/math.md §2.7) is wrong.
+    use mixer_core::mixer::downcast;
+    use mixer_core::mixers::loglinear::LogLinear;
+    use mixer_cpu as _;
+    use ndarray::{Array2, ArrayD, Axis, s};
+
+    /// One (batch, head)'s inputs: `q, k [T×Dk]`, `v, dy [T×Dv]`, `g, β [T]`.
+    struct HeadIn {
+        q: Array2<f64>,
+        k: Array2<f64>,
+        v: Array2<f64>,
+        dy: Array2<f64>,
+        g: Vec<f64>,
+        beta: Vec<f64>,
+    }
+
+    /// One chunk's WY pieces (`llc_wy`): `γ`, `T⁻¹`, `W`, `U`.
+    struct Wy {
+        gam: Vec<f64>,
+        ti: Array2<f64>,
+        w: Array2<f64>,
+        u: Array2<f64>,
+    }
+
+    fn wy(x: &HeadIn, i0: usize, n: usize) -> Wy {
+        let mut gam = vec![0.0; n];
+        let mut acc = 0.0;
+        for r in 0..n {
+            acc += x.g[i0 + r];
+            gam[r] = acc;
+        }
+        let kc = x.k.slice(s![i0..i0 + n, ..]);
+        let kk = kc.dot(&kc.t());
+        let mut ti = Array2::<f64>::eye(n);
+        for c in 0..n {
+            for r in c + 1..n {
+                let mut a = 0.0;
+                for s2 in c..r {
+                    a += x.beta[i0 + r] * kk[(r, s2)] * (gam[r] - gam[s2]).exp() * ti[(s2, c)];
+                }
+                ti[(r, c)] = -a;
+            }
+        }
+        let mut bk = kc.to_owned();
+        let mut bv = x.v.slice(s![i0..i0 + n, ..]).to_owned();
+        for r in 0..n {
+            let b = x.beta[i0 + r];
+            bk.row_mut(r).mapv_inplace(|e| e * b * gam[r].exp());
+            bv.row_mut(r).mapv_inplace(|e| e * b);
+        }
+        Wy { w: ti.dot(&bk), u: ti.dot(&bv), ti, gam }
+    }
+
+    /// `K̂ = diag(e^(γ_{n−1} − γ)) K` of a chunk.
+    fn khat(x: &HeadIn, i0: usize, c: &Wy) -> Array2<f64> {
+        let n = c.gam.len();
+        let mut kh = x.k.slice(s![i0..i0 + n, ..]).to_owned();
+        for r in 0..n {
+            let t = (c.gam[n - 1] - c.gam[r]).exp();
+            kh.row_mut(r).mapv_inplace(|e| e * t);
+        }
+        kh
+    }
+
+    /// Gradients `dq, dk, dv, dg, dβ` of one head by the kernels' recipe with chunks of `ch`.
+    fn recipe(x: &HeadIn, sigma: f64, ch: usize) -> [Array2<f64>; 5] {
+        let (t, dk, dv) = (x.q.nrows(), x.q.ncols(), x.v.ncols());
+        let nc = t.div_ceil(ch);
+        let span = |j: usize| (j * ch, ch.min(t - j * ch));
+        let wys: Vec<Wy> = (0..nc).map(|j| wy(x, span(j).0, span(j).1)).collect();
+        // lgb_pass forward: entering states Z_j and new values U' = U − W Z_j.
+        let mut z = Array2::<f64>::zeros((dk, dv));
+        let (mut zs, mut un) = (Vec::new(), Vec::new());
+        for (j, c) in wys.iter().enumerate() {
+            let (i0, n) = span(j);
+            let u2 = &c.u - &c.w.dot(&z);
+            zs.push(z.clone());
+            z = z * c.gam[n - 1].exp() + khat(x, i0, c).t().dot(&u2);
+            un.push(u2);
+        }
+        // lgb_pre: A = Pᵀ dY, B = σ Qᵀ diag(e^γ) dY.
+        let mut pre = Vec::new();
+        for (j, c) in wys.iter().enumerate() {
+            let (i0, n) = span(j);
+            let qc = x.q.slice(s![i0..i0 + n, ..]);
+            let kc = x.k.slice(s![i0..i0 + n, ..]);
+            let dyc = x.dy.slice(s![i0..i0 + n, ..]);
+            let mut p = qc.dot(&kc.t());
+            let mut qe = qc.to_owned();
+            for r in 0..n {
+                for s2 in 0..n {
+                    p[(r, s2)] =
+                        if s2 <= r { sigma * p[(r, s2)] * (c.gam[r] - c.gam[s2]).exp() } else { 0.0 };
+                }
+                qe.row_mut(r).mapv_inplace(|e| e * sigma * c.gam[r].exp());
+            }
+            pre.push((p.t().dot(&dyc), qe.t().dot(&dyc)));
+        }
+        // lgb_pass reverse: X_j (the adjoint of the state after chunk j) and dU' = A + K̂ X_j.
+        let mut xa = Array2::<f64>::zeros((dk, dv));
+        let mut xs = vec![Array2::<f64>::zeros((0, 0)); nc];
+        let mut dun = vec![Array2::<f64>::zeros((0, 0)); nc];
+        for j in (0..nc).rev() {
+            let (i0, n) = span(j);
+            let c = &wys[j];
+            let d = &pre[j].0 + &khat(x, i0, c).dot(&xa);
+            xs[j] = xa.clone();
+            xa = &xa * c.gam[n - 1].exp() + &pre[j].1 - c.w.t().dot(&d);
+            dun[j] = d;
+        }
+        // lgb_grad: every chunk's input gradients.
+        let mut out = [
+            Array2::zeros((t, dk)),
+            Array2::zeros((t, dk)),
+            Array2::zeros((t, dv)),
+            Array2::zeros((t, 1)),
+            Array2::zeros((t, 1)),
+        ];
+        for (j, c) in wys.iter().enumerate() {
+            let (i0, n) = span(j);
+            let qc = x.q.slice(s![i0..i0 + n, ..]);
+            let kc = x.k.slice(s![i0..i0 + n, ..]);
+            let vc = x.v.slice(s![i0..i0 + n, ..]);
+            let dyc = x.dy.slice(s![i0..i0 + n, ..]);
+            let (zj, xj, u2, du) = (&zs[j], &xs[j], &un[j], &dun[j]);
+            let beta = &x.beta[i0..i0 + n];
+            let eg: Vec<f64> = c.gam.iter().map(|g| g.exp()).collect();
+            let tail: Vec<f64> = c.gam.iter().map(|g| (c.gam[n - 1] - g).exp()).collect();
+            let gm = |r: usize, s2: usize| (c.gam[r] - c.gam[s2]).exp();
+            // Values side: E = T⁻ᵀ dU', dV = diag(β) E, dT = −E U'ᵀ; dY U'ᵀ.
+            let e = c.ti.t().dot(du);
+            let et = e.dot(&u2.t());
+            let dyu = dyc.dot(&u2.t());
+            let (qk, kk) = (qc.dot(&kc.t()), kc.dot(&kc.t()));
+            let mut dgam = vec![0.0; n];
+            let mut dbeta = vec![0.0; n];
+            let (mut mp, mut f) = (Array2::<f64>::zeros((n, n)), Array2::<f64>::zeros((n, n)));
+            for r in 0..n {
+                for s2 in 0..=r {
+                    mp[(r, s2)] = sigma * dyu[(r, s2)] * gm(r, s2);
+                    if s2 < r {
+                        let dt = -et[(r, s2)];
+                        f[(r, s2)] = dt * beta[r] * gm(r, s2);
+                        dbeta[r] += dt * gm(r, s2) * kk[(r, s2)];
+                        let pg = mp[(r, s2)] * qk[(r, s2)] + f[(r, s2)] * kk[(r, s2)];
+                        dgam[r] += pg;
+                        dgam[s2] -= pg;
+                    }
+                }
+                dbeta[r] += vc.row(r).dot(&e.row(r));
+                out[2].row_mut(i0 + r).assign(&(&e.row(r) * beta[r]));
+            }
+            // Keys side.
+            let dq1 = dyc.dot(&zj.t());
+            let dk2 = u2.dot(&xj.t());
+            let ez = e.dot(&zj.t());
+            let dq = mp.dot(&kc);
+            let dkk = mp.t().dot(&qc) + (&f + &f.t()).dot(&kc);
+            let mut dlast = eg[n - 1] * (xj * zj).sum();
+            for r in 0..n {
+                let a = sigma * eg[r];
+                let q1 = &dq1.row(r) * a;
+                dgam[r] += qc.row(r).dot(&q1);
+                out[0].row_mut(i0 + r).assign(&(&dq.row(r) + &q1));
+                let k2 = &dk2.row(r) * tail[r];
+                let kd2 = kc.row(r).dot(&k2);
+                let kez = kc.row(r).dot(&ez.row(r));
+                dgam[r] += -kd2 - beta[r] * eg[r] * kez;
+                dlast += kd2;
+                dbeta[r] -= eg[r] * kez;
+                out[1].row_mut(i0 + r).assign(&(&dkk.row(r) + &k2 - &ez.row(r) * (beta[r] * eg[r])));
+            }
+            dgam[n - 1] += dlast;
+            let mut acc = 0.0;
+            for r in (0..n).rev() {
+                acc += dgam[r];
+                out[3][(i0 + r, 0)] = acc;
+                out[4][(i0 + r, 0)] = dbeta[r];
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_chunk_recipe_on_the_cpu_is_the_cpu_backward() {
+        let boxed = mixer_registry::mixer("gated-deltanet", &serde_json::json!({"scale": 0.8})).unwrap();
+        let ll: &LogLinear = downcast(boxed.as_ref(), "test").unwrap();
+        for ((b, t, h, dk, dv), ch, strong) in [
+            ((2, 37, 2, 5, 3), 8, false),
+            ((1, 1, 1, 4, 6), 8, false),
+            ((1, 70, 1, 3, 8), 16, false),
+            ((1, 65, 2, 7, 4), 64, false),
+            ((1, 63, 1, 6, 5), 8, true),
+        ] {
+            let dims = [("B", b), ("T", t), ("H", h), ("Dk", dk), ("Dv", dv)].into_iter().collect();
+            let mut x = boxed.random_inputs(&dims, 7).unwrap();
+            if strong {
+                // Decays that wipe the state and gates at 0 and 1.
+                for (i, g) in x.get_mut("g").unwrap().iter_mut().enumerate() {
+                    if i % 3 == 1 {
+                        *g = -1e4;
+                    }
+                }
+                for (i, e) in x.get_mut("beta").unwrap().iter_mut().enumerate() {
+                    *e = (i % 2) as f64;
+                }
+            }
+            let dy = x["v"].mapv(|e| (3.0 * e + 0.2).sin());
+            let want = super::super::backward::cpu_backward(boxed.as_ref(), &x, &dy);
+            let mut got: Vec<ArrayD<f64>> = ["d_q", "d_k", "d_v", "d_g", "d_beta"]
+                .iter()
+                .map(|k| ArrayD::zeros(want[*k].raw_dim()))
+                .collect();
+            for bi in 0..b {
+                for hi in 0..h {
+                    let seq = |a: &ArrayD<f64>| a.index_axis(Axis(0), bi).index_axis(Axis(1), hi).to_owned();
+                    let m2 = |a: &ArrayD<f64>| seq(a).into_dimensionality::<ndarray::Ix2>().unwrap();
+                    let v1 = |a: &ArrayD<f64>| seq(a).iter().copied().collect::<Vec<_>>();
+                    let hd = HeadIn {
+                        q: m2(&x["q"]),
+                        k: m2(&x["k"]),
+                        v: m2(&x["v"]),
+                        dy: m2(&dy),
+                        g: v1(&x["g"]),
+                        beta: v1(&x["beta"]),
+                    };
+                    let r = recipe(&hd, ll.scale, ch);
+                    for (o, a) in got.iter_mut().zip(&r) {
+                        let mut dst = o.index_axis_mut(Axis(0), bi);
+                        let mut dst = dst.index_axis_mut(Axis(1), hi);
+                        for (d, e) in dst.iter_mut().zip(a.iter()) {
+                            *d = *e;
+                        }
+                    }
+                }
+            }
+            for (k, a) in ["d_q", "d_k", "d_v", "d_g", "d_beta"].iter().zip(&got) {
+                let w = &want[*k];
+                let err = (a - w).mapv(|e| e * e).sum().sqrt() / w.mapv(|e| e * e).sum().sqrt().max(1.0);
+                assert!(err < 1e-10, "{:?} chunk {ch} {k}: error {err:.3e}", (b, t, h, dk, dv));
+            }
+        }
+    }
+}
