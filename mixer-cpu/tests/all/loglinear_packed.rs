@@ -23,7 +23,12 @@ use super::cpu;
 
 /// The offsets of sequences of lengths `lens` back to back.
 fn offsets(lens: &[usize]) -> Vec<usize> {
-    std::iter::once(0).chain(lens.iter().scan(0, |end, &n| Some(*end += n).map(|_| *end))).collect()
+    std::iter::once(0)
+        .chain(lens.iter().scan(0, |end, &n| {
+            *end += n;
+            Some(*end)
+        }))
+        .collect()
 }
 
 fn rows<F: Clone>(a: &ArrayD<F>, r: std::ops::Range<usize>) -> ArrayD<F> {
