@@ -1,4 +1,4 @@
-//! The lifts' fast form run from a state and its backward, per (batch, head) (docs/math.md
+//! The lifts' fast form run from a state and its backward, per (sequence, head) (docs/math.md
 //! §7.1): the state is the decoder's merged-ahead Fenwick level states at a position `a`
 //! ([`mixer_core::mixers::loglinear_lift_state`]).
 //!
