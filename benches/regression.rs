@@ -1,5 +1,6 @@
 //! Regression benches (divan) of each family's hot path on the CPU: one fast form per family
-//! at a moderate, non-power-of-two `T`, and one decode step after a prefix.
+//! at a moderate, non-power-of-two `T`, one decode step after a prefix, a packed batch of
+//! sequences of random lengths, and the `fast` backward of one sequence and of the packed batch.
 //!
 //! `cargo bench --bench regression` (a few minutes on 2 cores); filter with a substring,
 //! e.g. `cargo bench --bench regression -- decode`. A mixer that is not registered in this
@@ -121,9 +122,58 @@ fn packed(bencher: Bencher, label: &str) {
             mixers::core::Precision::Exact,
         )
     };
+    timed(bencher, label, "packed", go);
+}
+
+/// Times `go` when a first call succeeds; otherwise notes on stderr that `label`'s `what` is
+/// left out.
+fn timed<T, E: std::fmt::Display>(
+    bencher: Bencher,
+    label: &str,
+    what: &str,
+    go: impl Fn() -> std::result::Result<T, E>,
+) {
     if let Err(e) = go() {
-        eprintln!("regression: {label} packed left out: {e}");
+        eprintln!("regression: {label} {what} left out: {e}");
         return;
     }
     bencher.bench_local(go);
+}
+
+/// The mixers whose `fast` backward the `backward` and `packed_backward` benches time.
+const BACKWARD: &[&str] = &["mamba2", "gated-deltanet"];
+
+/// The `fast` backward of one sequence of length `T` (`dy` all ones).
+#[divan::bench(args = BACKWARD, sample_count = 20)]
+fn backward(bencher: Bencher, label: &str) {
+    let Some((m, x)) = setup(label, T) else { return };
+    let dy = ndarray::ArrayD::<f32>::ones(x[m.spec().mixed].raw_dim());
+    let (x, dy) = (AnyTensors::F32(x), Tensor::F32(dy));
+    timed(bencher, label, "backward", || {
+        mixers::registry::backward::backward(m.as_ref(), "cpu", Form::Fast, &x, &dy, &Requires::All)
+    });
+}
+
+/// The `fast` backward of the `packed` benches' batch: compare with `backward` (docs/math.md
+/// §7.2).
+#[divan::bench(args = BACKWARD, sample_count = 20)]
+fn packed_backward(bencher: Bencher, label: &str) {
+    let Some((m, x)) = setup(label, T) else { return };
+    let cpu = Backend::by_name("cpu").expect("the cpu backend is linked");
+    let cu = offsets(T);
+    let dy = ndarray::ArrayD::<f32>::ones(x[m.spec().mixed].raw_dim());
+    let go = || {
+        mixers::registry::packed::backward_packed(
+            m.as_ref(),
+            &cpu,
+            Form::Fast,
+            &x,
+            &cu,
+            None,
+            &dy,
+            None,
+            &Requires::All,
+        )
+    };
+    timed(bencher, label, "packed backward", go);
 }

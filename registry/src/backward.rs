@@ -88,15 +88,8 @@ fn at_boundary<'a, F: Scalar>(
     }
 }
 
-fn backward_typed<F: Scalar>(
-    m: &dyn Mixer,
-    backend: &str,
-    form: Form,
-    inputs: &Tensors<F>,
-    dy: &ArrayD<F>,
-    requires: &Requires,
-    precision: Precision,
-) -> Result<Tensors<F>> {
+/// An error unless `dy` has the shape of `y` (that of the mixed input) and finite values.
+pub(crate) fn check_dy<F: Scalar>(m: &dyn Mixer, inputs: &Tensors<F>, dy: &ArrayD<F>) -> Result<()> {
     let mixed = mixer_core::tensor::get(inputs, m.spec().mixed)?;
     if dy.shape() != mixed.shape() {
         return Err(Error::shape(
@@ -116,43 +109,41 @@ fn backward_typed<F: Scalar>(
             found: format!("{x} at {:?}", ndarray::Dimension::slice(&i)),
         });
     }
-    let mut out = match form {
-        Form::Materialized => {
-            if !m.has_materialized_vjp() {
-                return Err(unavailable(m, form, backend));
-            }
-            let (x, d) = at_boundary(inputs, dy, precision);
-            let x64 = mixer_core::tensor::tensors_to_f64(&x);
-            let g = materialized_backward(m, &x64, &d.mapv(|x| x.f64()), requires)?;
-            cast_tensors::<F>(&g)
+    Ok(())
+}
+
+/// The implementation of `m`'s family on `backend` for `F` when it has the backward of `form`
+/// (not `materialized`) for this configuration; otherwise the error that says why.
+pub(crate) fn implementation<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &str,
+    form: Form,
+) -> Result<&'static dyn crate::DynFamily<F>> {
+    let imp = family(m.family(), backend).map(F::implementation);
+    let imp = imp.filter(|i| i.implements_backward(form)).ok_or_else(|| unavailable(m, form, backend))?;
+    if m.form_unsupported(form).is_some() {
+        return Err(unavailable(m, form, backend));
+    }
+    if let Some(why) = imp.backward_unsupported(m, backend, form)? {
+        let mut err = unavailable(m, form, backend);
+        if let Error::FormUnavailable { available, .. } = &mut err {
+            *available = format!("{available} ({why})");
         }
-        f => {
-            let imp = family(m.family(), backend).map(F::implementation);
-            let imp = imp.filter(|i| i.implements_backward(f)).ok_or_else(|| unavailable(m, f, backend))?;
-            if m.form_unsupported(f).is_some() {
-                return Err(unavailable(m, f, backend));
-            }
-            if let Some(why) = imp.backward_unsupported(m, backend, f)? {
-                let mut err = unavailable(m, f, backend);
-                if let Error::FormUnavailable { available, .. } = &mut err {
-                    *available = format!("{available} ({why})");
-                }
-                return Err(err);
-            }
-            let precise = match precision {
-                Precision::Exact => None,
-                p => imp.run_precise_backward(m, backend, f, inputs, dy, requires, p),
-            };
-            match precise {
-                Some(g) => g?,
-                None => {
-                    let (x, d) = at_boundary(inputs, dy, precision);
-                    imp.run_backward(m, backend, f, &x, &d, requires)
-                        .ok_or_else(|| unavailable(m, f, backend))??
-                }
-            }
-        }
-    };
+        return Err(err);
+    }
+    Ok(imp)
+}
+
+/// A backward's gradients `out` kept for the given inputs in `requires`, after checking that
+/// each of those has its gradient, of its input's shape.
+pub(crate) fn wanted<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &str,
+    form: Form,
+    inputs: &Tensors<F>,
+    requires: &Requires,
+    mut out: Tensors<F>,
+) -> Result<Tensors<F>> {
     out.retain(|k, _| k.strip_prefix("d_").is_some_and(|n| requires.wants(n) && inputs.contains_key(n)));
     for name in inputs.keys().filter(|n| requires.wants(n)) {
         let g = out.get(&grad_name(name)).ok_or_else(|| Error::Backend {
@@ -173,6 +164,45 @@ fn backward_typed<F: Scalar>(
         }
     }
     Ok(out)
+}
+
+fn backward_typed<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &str,
+    form: Form,
+    inputs: &Tensors<F>,
+    dy: &ArrayD<F>,
+    requires: &Requires,
+    precision: Precision,
+) -> Result<Tensors<F>> {
+    check_dy(m, inputs, dy)?;
+    let out = match form {
+        Form::Materialized => {
+            if !m.has_materialized_vjp() {
+                return Err(unavailable(m, form, backend));
+            }
+            let (x, d) = at_boundary(inputs, dy, precision);
+            let x64 = mixer_core::tensor::tensors_to_f64(&x);
+            let g = materialized_backward(m, &x64, &d.mapv(|x| x.f64()), requires)?;
+            cast_tensors::<F>(&g)
+        }
+        f => {
+            let imp = implementation::<F>(m, backend, f)?;
+            let precise = match precision {
+                Precision::Exact => None,
+                p => imp.run_precise_backward(m, backend, f, inputs, dy, requires, p),
+            };
+            match precise {
+                Some(g) => g?,
+                None => {
+                    let (x, d) = at_boundary(inputs, dy, precision);
+                    imp.run_backward(m, backend, f, &x, &d, requires)
+                        .ok_or_else(|| unavailable(m, f, backend))??
+                }
+            }
+        }
+    };
+    wanted(m, backend, form, inputs, requires, out)
 }
 
 /// The gradients `d_<input>` of `m`'s output against `dy` (shape and dtype of `y`), by one

@@ -22,6 +22,7 @@
 //! `None` default here and a branch in the registry's dispatch: no backend has to change.
 
 use std::fmt;
+use std::ops::Range;
 
 use mixer_core::mixer::{Decoder, Mixer, downcast};
 
@@ -68,6 +69,34 @@ pub type StateBackwardFn<M, F> = fn(
 /// sizes; its [`Decoder::state`] is the state after the tokens it consumed.
 pub type StateDecoderFn<M, F> =
     fn(&M, &Tensors<F>, &Dims, Option<&Tensors<F>>) -> Result<Box<dyn Decoder<F>>>;
+
+/// A packed batch run natively (docs/math.md §7.2): from the validated inputs (`B = 1`), the
+/// checked row ranges of the sequences (`cu_seqlens`), the checked initial states (one row per
+/// sequence; `None`: zeros) and whether the final states are wanted, `y` (zero past the last
+/// range) and, with an initial state or `want_final`, the final states (one row per sequence).
+/// Sequence `i` must get exactly what the form ([`Family::stateful`]'s with a state) computes
+/// on it alone, bit for bit.
+pub type PackedFn<M, F> = fn(
+    &M,
+    &Tensors<F>,
+    &[Range<usize>],
+    Option<&Tensors<F>>,
+    bool,
+) -> Result<(ArrayD<F>, Option<Tensors<F>>)>;
+/// The backward of a [`PackedFn`]: from the inputs, the ranges, the initial states, `dy` and
+/// the final states' cotangent (`None`: zero), the gradients `d_<input>` (per-token inputs' zero
+/// past the last range, static inputs' summed over the sequences in order) and the initial
+/// states' gradient (empty without initial states). Each sequence's gradients must be exactly
+/// those of its backward alone.
+pub type PackedBackwardFn<M, F> = fn(
+    &M,
+    &Tensors<F>,
+    &[Range<usize>],
+    Option<&Tensors<F>>,
+    &ArrayD<F>,
+    Option<&Tensors<F>>,
+    &Requires,
+) -> Result<(Tensors<F>, Tensors<F>)>;
 
 /// One backend's implementation of one mixer family for scalar type `F`.
 pub trait Family<F: Real>: Send + Sync + 'static {
@@ -129,6 +158,19 @@ pub trait Family<F: Real>: Send + Sync + 'static {
     /// The decoder started from a state (the `recurrent` form from a state), if this backend
     /// has it.
     fn decoder_from_state(&self) -> Option<StateDecoderFn<Self::Mixer, F>> {
+        None
+    }
+    /// `form` over a packed batch in one call (one job list over the sequences), if this
+    /// backend has it; without it `crate::packed` runs the sequences one by one through the
+    /// plain and stateful forms. Used in the `exact` mode, where [`Family::run`]'s and
+    /// [`Family::stateful`]'s forms (and their restrictions) say the form runs.
+    fn packed(&self, _form: Form) -> Option<PackedFn<Self::Mixer, F>> {
+        None
+    }
+    /// The backward of [`Family::packed`]'s form, if this backend has it; used where
+    /// [`Family::backward`] (or [`Family::stateful_backward`] with a state) says the backward
+    /// runs.
+    fn packed_backward(&self, _form: Form) -> Option<PackedBackwardFn<Self::Mixer, F>> {
         None
     }
 }
@@ -222,6 +264,36 @@ pub trait DynFamily<F: Real>: Send + Sync {
         dims: &Dims,
         initial: Option<&Tensors<F>>,
     ) -> Option<Result<Box<dyn Decoder<F>>>>;
+    /// Whether `form` runs over a packed batch natively here ([`Family::packed`]).
+    fn implements_packed(&self, form: Form) -> bool;
+    /// Whether `form`'s native packed run has a backward here ([`Family::packed_backward`]).
+    fn implements_packed_backward(&self, form: Form) -> bool;
+    /// Runs [`Family::packed`]'s form; `None` when there is none.
+    #[allow(clippy::too_many_arguments)]
+    fn run_packed(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        ranges: &[Range<usize>],
+        initial: Option<&Tensors<F>>,
+        want_final: bool,
+    ) -> Option<Result<(ArrayD<F>, Option<Tensors<F>>)>>;
+    /// Runs [`Family::packed_backward`]'s pass; `None` when there is none.
+    #[allow(clippy::too_many_arguments)]
+    fn run_packed_backward(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        ranges: &[Range<usize>],
+        initial: Option<&Tensors<F>>,
+        dy: &ArrayD<F>,
+        d_final: Option<&Tensors<F>>,
+        requires: &Requires,
+    ) -> Option<Result<(Tensors<F>, Tensors<F>)>>;
 }
 
 impl<F: Real, T: Family<F>> DynFamily<F> for T {
@@ -344,6 +416,40 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
     ) -> Option<Result<Box<dyn Decoder<F>>>> {
         let make = Family::decoder_from_state(self)?;
         Some(downcast::<T::Mixer>(m, backend).and_then(|m| make(m, statics, dims, initial)))
+    }
+    fn implements_packed(&self, form: Form) -> bool {
+        self.packed(form).is_some()
+    }
+    fn implements_packed_backward(&self, form: Form) -> bool {
+        self.packed_backward(form).is_some()
+    }
+    fn run_packed(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        ranges: &[Range<usize>],
+        initial: Option<&Tensors<F>>,
+        want_final: bool,
+    ) -> Option<Result<(ArrayD<F>, Option<Tensors<F>>)>> {
+        let f = self.packed(form)?;
+        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, ranges, initial, want_final)))
+    }
+    fn run_packed_backward(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        ranges: &[Range<usize>],
+        initial: Option<&Tensors<F>>,
+        dy: &ArrayD<F>,
+        d_final: Option<&Tensors<F>>,
+        requires: &Requires,
+    ) -> Option<Result<(Tensors<F>, Tensors<F>)>> {
+        let f = self.packed_backward(form)?;
+        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, ranges, initial, dy, d_final, requires)))
     }
 }
 

@@ -49,8 +49,8 @@ pub use device::{
 };
 pub use entries::*;
 pub use family::{
-    BackwardFn, DecoderFn, DynFamily, Family, FormFn, PreciseBackwardFn, PreciseFn, Scalar, StateBackwardFn,
-    StateDecoderFn, StateFn,
+    BackwardFn, DecoderFn, DynFamily, Family, FormFn, PackedBackwardFn, PackedFn, PreciseBackwardFn,
+    PreciseFn, Scalar, StateBackwardFn, StateDecoderFn, StateFn,
 };
 pub use grad_check::{GradRow, check_grad, check_grad_with};
 pub use harness::{CheckRow, Sizes, check, check_with};

@@ -1,8 +1,13 @@
 //! Packed variable-length batches (`cu_seqlens`, [`mixer_core::state`]; docs/math.md §7.2), for
 //! every mixer, form and backend, forward and backward.
 //!
-//! A packed batch is run sequence by sequence (in parallel on a backend whose calls may run
-//! on several threads at once, [`crate::BackendEntry::concurrent`]): sequence `i` is cut out of the buffer
+//! A family that runs a form over a packed batch natively ([`crate::Family::packed`] and
+//! [`crate::Family::packed_backward`], e.g. the CPU log-linear family's `fast` form: one job
+//! list over (sequence, head)) gets the whole batch in one call, in the `exact` mode, after the
+//! same checks as the sequences would get one by one; it must give each sequence exactly what
+//! the form gives it alone. Every other family, form and mode runs sequence by sequence (in
+//! parallel on a backend whose calls may run on several threads at once,
+//! [`crate::BackendEntry::concurrent`]): sequence `i` is cut out of the buffer
 //! ([`mixer_core::state::segment`]: its tokens, and the axes whose size is a function of its
 //! length), run by the form as a sequence of its own (from row `i` of the initial state when
 //! one is given), and its output written back at its rows. So a packed batch equals the
@@ -20,31 +25,43 @@ use mixer_core::state::{
     StateShapes, check_cu_seqlens, check_state, scatter, segment, stack_rows, state_row, zeros,
 };
 use mixer_core::tensor::get;
-use mixer_core::{Error, Form, Precision, Requires, Result, Tensors, grad_name};
-use ndarray::ArrayD;
+use mixer_core::{Dims, Error, Form, Precision, Requires, Result, Tensors, grad_name};
+use ndarray::{ArrayD, Axis};
 
 use crate::backend::Backend;
-use crate::family::Scalar;
+use crate::family::{DynFamily, Scalar};
 use crate::state::{backward_state, run_state, validate};
 
-/// The sequences' row ranges, after validating the inputs and the offsets; with `stateful`, also
-/// one sequence's state shapes (axis 0 of every state tensor is the batch), after checking each
-/// given state (`(name, state)`, one row per sequence) against them.
+/// A packed call's validated layout.
+struct Layout {
+    /// The sequences' row ranges.
+    ranges: Vec<Range<usize>>,
+    /// The sizes of the whole buffer.
+    dims: Dims,
+    /// With states: one sequence's state shapes (axis 0, the batch, of size 1) and the stacked
+    /// shapes (one row per sequence).
+    states: Option<(StateShapes, StateShapes)>,
+}
+
+/// The layout, after validating the inputs and the offsets; with `stateful`, also the state
+/// shapes, after checking each given state (`(name, state)`, one row per sequence) against
+/// them.
 fn layout<F: Scalar>(
     m: &dyn Mixer,
     inputs: &Tensors<F>,
     cu_seqlens: &[usize],
     stateful: bool,
     given: &[(&str, Option<&Tensors<F>>)],
-) -> Result<(Vec<Range<usize>>, Option<StateShapes>)> {
-    let mut dims = validate(m, inputs)?;
+) -> Result<Layout> {
+    let dims = validate(m, inputs)?;
     let x = get(inputs, m.spec().mixed)?;
     let ranges = check_cu_seqlens(cu_seqlens, x.shape()[0], x.shape()[1])?;
     if !stateful {
-        return Ok((ranges, None));
+        return Ok(Layout { ranges, dims, states: None });
     }
-    dims.insert("B", 1);
-    let one = crate::state::shapes(m, &dims)?;
+    let mut one_dims = dims.clone();
+    one_dims.insert("B", 1);
+    let one = crate::state::shapes(m, &one_dims)?;
     let rows: StateShapes = one
         .iter()
         .map(|(k, s)| (k.clone(), std::iter::once(ranges.len()).chain(s.iter().skip(1).copied()).collect()))
@@ -54,7 +71,48 @@ fn layout<F: Scalar>(
             check_state(name, &rows, s)?;
         }
     }
-    Ok((ranges, Some(one)))
+    Ok(Layout { ranges, dims, states: Some((one, rows)) })
+}
+
+/// What an empty sequence `i` returns for states given one row per sequence (the initial
+/// states forward, the final states' cotangent backward): its row unchanged, or zeros.
+fn passed<F: Scalar>(given: Option<&Tensors<F>>, i: usize, one: &StateShapes) -> Tensors<F> {
+    given.map(|s| state_row(s, i)).unwrap_or_else(|| zeros(one))
+}
+
+/// The implementation of `m`'s family on `backend` for `F` when it runs the packed batch
+/// natively (`has`: [`DynFamily::implements_packed`] or its backward) in this mode; `None`: the
+/// sequences run one by one.
+fn native<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    precision: Precision,
+    has: impl Fn(&dyn DynFamily<F>) -> bool,
+) -> Option<&'static dyn DynFamily<F>> {
+    let imp = F::implementation(backend.family(m.family())?);
+    (precision == Precision::Exact && has(imp)).then_some(imp)
+}
+
+/// Sets the rows of the empty sequences of stacked states `out` (one row per sequence) to what
+/// they pass through ([`passed`]), then checks `out` against the stacked shapes (`what` names
+/// it in the error).
+fn pass_empty<F: Scalar>(
+    backend: &Backend,
+    ranges: &[Range<usize>],
+    given: Option<&Tensors<F>>,
+    (one, rows): &(StateShapes, StateShapes),
+    what: &str,
+    out: &mut Tensors<F>,
+) -> Result<()> {
+    check_state(what, rows, out)?;
+    for (i, _) in ranges.iter().enumerate().filter(|(_, r)| r.is_empty()) {
+        let row = passed(given, i, one);
+        for (k, v) in out.iter_mut() {
+            let r = row.get(k).ok_or_else(|| internal(backend, &format!("no state tensor `{k}`")))?;
+            v.index_axis_mut(Axis(0), i).assign(&r.index_axis(Axis(0), 0));
+        }
+    }
+    Ok(())
 }
 
 /// Runs `form` of `m` over a packed batch (`B = 1`, sequence `i` at rows
@@ -73,12 +131,44 @@ pub fn run_packed<F: Scalar>(
     precision: Precision,
 ) -> Result<(ArrayD<F>, Option<Tensors<F>>)> {
     let stateful = initial.is_some() || want_final;
-    let (ranges, one) = layout(m, inputs, cu_seqlens, stateful, &[("initial_state", initial)])?;
-    let results = each_sequence(backend, &ranges, |i, r| {
-        let row = initial.map(|s| state_row(s, i));
-        if r.is_empty() {
-            return Ok((None, one.as_ref().map(|w| row.unwrap_or_else(|| zeros(w)))));
+    let lay = layout(m, inputs, cu_seqlens, stateful, &[("initial_state", initial)])?;
+    let ranges = &lay.ranges;
+    if let Some(imp) = native::<F>(m, backend, precision, |i| i.implements_packed(form)) {
+        if stateful {
+            crate::state::available(m, backend, form)?;
+        } else {
+            crate::run::available(m, backend, form)?;
         }
+        mixer_core::memory::guard(m, form, &lay.dims, F::DTYPE)?;
+        let (y, fin) = imp
+            .run_packed(m, backend.name(), form, inputs, ranges, initial, want_final)
+            .unwrap_or_else(|| Err(internal(backend, "the native packed form is gone")))?;
+        let y = if stateful {
+            crate::state::finite_output(m, form, backend, &y)?;
+            y
+        } else {
+            let y = F::tag_one(y);
+            mixer_core::mixer::check_output(m, form, backend.name(), &y)?;
+            F::untag(y).ok_or_else(|| internal(backend, "the output came back in another dtype"))?
+        };
+        let fin = match (&lay.states, fin) {
+            (Some(shapes), Some(mut fin)) => {
+                pass_empty(backend, ranges, initial, shapes, "final_state", &mut fin)?;
+                Some(fin)
+            }
+            (Some(_), None) => {
+                return Err(internal(backend, "the native packed form returned no final states"));
+            }
+            (None, _) => None,
+        };
+        return Ok((y, fin));
+    }
+    let one = lay.states.as_ref().map(|(one, _)| one);
+    let results = each_sequence(backend, ranges, |i, r| {
+        if r.is_empty() {
+            return Ok((None, one.map(|w| passed(initial, i, w))));
+        }
+        let row = initial.map(|s| state_row(s, i));
         let seg = segment(m, inputs, r.clone())?;
         if stateful {
             let (yi, fi) = run_state(m, backend, form, &seg, row.as_ref(), precision)?;
@@ -137,7 +227,8 @@ pub fn backward_packed<F: Scalar>(
 ) -> Result<(Tensors<F>, Tensors<F>)> {
     let stateful = initial.is_some() || d_final.is_some();
     let given = [("initial_state", initial), ("d_final_state", d_final)];
-    let (ranges, one) = layout(m, inputs, cu_seqlens, stateful, &given)?;
+    let lay = layout(m, inputs, cu_seqlens, stateful, &given)?;
+    let ranges = &lay.ranges;
     let x = get(inputs, m.spec().mixed)?;
     if dy.shape() != x.shape() {
         return Err(Error::shape(
@@ -146,18 +237,39 @@ pub fn backward_packed<F: Scalar>(
             mixer_core::error::fmt_shape(dy.shape()),
         ));
     }
+    if let Some(imp) = native::<F>(m, backend, Precision::Exact, |i| i.implements_packed_backward(form)) {
+        crate::backward::check_dy(m, inputs, dy)?;
+        crate::backward::check_requires(m, &inputs.keys().cloned().collect::<Vec<_>>(), requires)?;
+        if stateful {
+            crate::state::backward_available(m, backend, form)?;
+        } else {
+            crate::backward::implementation::<F>(m, backend.name(), form)?;
+        }
+        let (g, mut d_initial) = imp
+            .run_packed_backward(m, backend.name(), form, inputs, ranges, initial, dy, d_final, requires)
+            .unwrap_or_else(|| Err(internal(backend, "the native packed backward is gone")))?;
+        let g = crate::backward::wanted(m, backend.name(), form, inputs, requires, g)?;
+        match (&lay.states, initial) {
+            (Some(shapes), Some(_)) => {
+                pass_empty(backend, ranges, d_final, shapes, "d_initial_state", &mut d_initial)?
+            }
+            _ => d_initial = Tensors::new(),
+        }
+        return Ok((g, d_initial));
+    }
+    let one = lay.states.as_ref().map(|(one, _)| one);
     let per_token = m.spec().per_token();
     let mut grads: Tensors<F> = inputs
         .iter()
         .filter(|(k, _)| requires.wants(k))
         .map(|(k, v)| (grad_name(k), ArrayD::zeros(v.raw_dim())))
         .collect();
-    let results = each_sequence(backend, &ranges, |i, r| {
+    let results = each_sequence(backend, ranges, |i, r| {
+        if r.is_empty() {
+            return Ok((None, one.map(|w| passed(d_final, i, w))));
+        }
         let row = initial.map(|s| state_row(s, i));
         let d_row = d_final.map(|s| state_row(s, i));
-        if r.is_empty() {
-            return Ok((None, one.as_ref().map(|w| d_row.unwrap_or_else(|| zeros(w)))));
-        }
         let seg = segment(m, inputs, r.clone())?;
         let dyi = dy.slice_axis(ndarray::Axis(1), ndarray::Slice::from(r.clone())).to_owned();
         if stateful {

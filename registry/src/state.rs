@@ -63,7 +63,8 @@ pub fn forms(m: &dyn Mixer, backend: &Backend) -> Vec<Form> {
     Form::ALL.into_iter().filter(|&f| why_not(m, backend, f).is_none()).collect()
 }
 
-fn available(m: &dyn Mixer, backend: &Backend, form: Form) -> Result<()> {
+/// `Ok` when `backend` runs `form` of `m` from a state; otherwise the error that says why.
+pub(crate) fn available(m: &dyn Mixer, backend: &Backend, form: Form) -> Result<()> {
     let Some(why) = why_not(m, backend, form) else { return Ok(()) };
     let list = forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ");
     Err(Error::FormUnavailable {
@@ -102,7 +103,8 @@ fn check_precision<F: Scalar>(precision: Precision) -> Result<()> {
     Ok(())
 }
 
-fn finite_output<F: mixer_core::Real>(
+/// An error unless `y` of a run from a state is finite.
+pub(crate) fn finite_output<F: mixer_core::Real>(
     m: &dyn Mixer,
     form: Form,
     backend: &Backend,
@@ -206,6 +208,21 @@ pub fn backward_forms(m: &dyn Mixer, backend: &Backend) -> Vec<Form> {
         .collect()
 }
 
+/// `Ok` when `backend` has the backward of `form` of `m` from a state; otherwise the error that
+/// lists the forms that have one.
+pub(crate) fn backward_available(m: &dyn Mixer, backend: &Backend, form: Form) -> Result<()> {
+    if backward_forms(m, backend).contains(&form) {
+        return Ok(());
+    }
+    let list = backward_forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ");
+    Err(Error::FormUnavailable {
+        mixer: m.name().to_string(),
+        form: format!("{} (backward from a state)", form.name()),
+        backend: backend.name().into(),
+        available: if list.is_empty() { "none".into() } else { list },
+    })
+}
+
 /// The backward of [`run_state`]: from the cotangents `dy` (shape of `y`) and `d_final`
 /// (`None`: zero; else the final state's names and shapes), the gradients `d_<input>` of the
 /// inputs in `requires` and the gradient of the initial state (keyed as the state's tensors;
@@ -237,15 +254,7 @@ pub fn backward_state<F: Scalar>(
             mixer_core::error::fmt_shape(dy.shape()),
         ));
     }
-    if !backward_forms(m, backend).contains(&form) {
-        let list = backward_forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ");
-        return Err(Error::FormUnavailable {
-            mixer: m.name().to_string(),
-            form: format!("{} (backward from a state)", form.name()),
-            backend: backend.name().into(),
-            available: if list.is_empty() { "none".into() } else { list },
-        });
-    }
+    backward_available(m, backend, form)?;
     let (mut grads, d_state) = match form {
         Form::Materialized => {
             let (g, s) = m.state_oracle_vjp(

@@ -11,7 +11,10 @@
 //! - `packed` (per form, `f64`): a packed batch with empty sequences, a single token, and the
 //!   last offset short of the buffer equals the sequences run one by one bit for bit, with
 //!   zeros past the last offset, and each sequence agrees with the oracle; the same for the
-//!   backward where the form has one, and for the final states where the mixer has a state.
+//!   backward where the form has one (static inputs' gradients the sums of the sequences', in
+//!   order), for the final states where the mixer has a state, and for the backward from states
+//!   (each sequence's row of the initial states' gradient; an empty sequence passes its row of
+//!   the final states' cotangent through).
 
 use mixer_core::mixer::Mixer;
 use mixer_core::state::{segment, state_row};
@@ -215,17 +218,79 @@ pub(crate) fn packed_check(
     let dy = y.mapv(|v| (2.3 * v + 0.1).cos());
     let (g, _) = backward_packed(m, backend, form, &x, &cu, None, &dy, None, &Requires::All)
         .map_err(|e| format!("packed backward: {e}"))?;
+    packed_grads(m, &x, &cu, &dy, &g, |seg, dyi, _| {
+        crate::backward::backward_as(m, backend.name(), form, seg, dyi, DType::F64, &Requires::All)
+            .map(|g| (g, Tensors::new()))
+    })?;
+    let Some(s0) = s0.filter(|_| crate::state::backward_forms(m, backend).contains(&form)) else {
+        return Ok(());
+    };
+    // From states, with a cotangent of the final states: each sequence's gradients and its row
+    // of the initial states' gradient are those of its backward alone; an empty sequence passes
+    // its row of the cotangent through.
+    let df: Tensors<f64> = fin
+        .as_ref()
+        .ok_or("no final states")?
+        .iter()
+        .map(|(k, v)| (k.clone(), v.mapv(|x| (1.3 * x + 0.2).sin())))
+        .collect();
+    let (g, ds) = backward_packed(m, backend, form, &x, &cu, Some(&s0), &dy, Some(&df), &Requires::All)
+        .map_err(|e| format!("packed backward from states: {e}"))?;
+    let d_rows = packed_grads(m, &x, &cu, &dy, &g, |seg, dyi, i| {
+        backward_state(
+            m,
+            backend,
+            form,
+            seg,
+            Some(&state_row(&s0, i)),
+            dyi,
+            Some(&state_row(&df, i)),
+            &Requires::All,
+        )
+    })?;
+    for (i, w) in cu.windows(2).enumerate() {
+        let want = if w[0] == w[1] { state_row(&df, i) } else { d_rows[i].clone() };
+        if state_row(&ds, i) != want {
+            return Err(format!("initial state's gradient of sequence {i} differs from its backward alone"));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the gradients `g` of a packed backward (cotangent `dy`) against
+/// `alone(segment, dy of the segment, i)`
+/// (the gradients and the initial state's gradient of sequence `i` run alone), bit for bit:
+/// per-token inputs' at each sequence's rows and zero past the last offset, static inputs' the
+/// sum over the non-empty sequences in order. Returns the initial state's gradient of every
+/// sequence alone (empty for an empty sequence).
+fn packed_grads(
+    m: &dyn Mixer,
+    x: &Tensors<f64>,
+    cu: &[usize],
+    dy: &ArrayD<f64>,
+    g: &Tensors<f64>,
+    alone: impl Fn(&Tensors<f64>, &ArrayD<f64>, usize) -> mixer_core::Result<(Tensors<f64>, Tensors<f64>)>,
+) -> Result<Vec<Tensors<f64>>, String> {
     let per_token = m.spec().per_token();
-    for (i, w) in cu.windows(2).enumerate().filter(|(_, w)| w[0] < w[1]) {
+    let is_token = |k: &str| per_token.iter().any(|p| p == k.strip_prefix("d_").unwrap_or(k));
+    let mut statics: Tensors<f64> = g
+        .iter()
+        .filter(|(k, _)| !is_token(k))
+        .map(|(k, v)| (k.clone(), ArrayD::zeros(v.raw_dim())))
+        .collect();
+    let mut d_rows = Vec::with_capacity(cu.len().saturating_sub(1));
+    for (i, w) in cu.windows(2).enumerate() {
         let r = w[0]..w[1];
-        let seg = segment(m, &x, r.clone()).map_err(|e| e.to_string())?;
+        if r.is_empty() {
+            d_rows.push(Tensors::new());
+            continue;
+        }
+        let seg = segment(m, x, r.clone()).map_err(|e| e.to_string())?;
         let dyi = dy.slice_axis(Axis(1), Slice::from(r.clone())).to_owned();
-        let alone =
-            crate::backward::backward_as(m, backend.name(), form, &seg, &dyi, DType::F64, &Requires::All)
-                .map_err(|e| format!("backward of sequence {i} alone: {e}"))?;
+        let (alone, ds) = alone(&seg, &dyi, i).map_err(|e| format!("backward of sequence {i} alone: {e}"))?;
         for (k, a) in &alone {
-            let input = k.strip_prefix("d_").unwrap_or(k);
-            if !per_token.iter().any(|p| p == input) {
+            if let Some(acc) = statics.get_mut(k) {
+                *acc += a;
                 continue;
             }
             let mut part = g[k].slice_axis(Axis(1), Slice::from(r.clone())).to_owned();
@@ -236,14 +301,18 @@ pub(crate) fn packed_check(
                 return Err(format!("`{k}` of sequence {i} differs from its backward alone"));
             }
         }
+        d_rows.push(ds);
     }
-    for (k, a) in &g {
-        let input = k.strip_prefix("d_").unwrap_or(k);
-        if per_token.iter().any(|p| p == input)
-            && a.slice_axis(Axis(1), Slice::from(last..)).iter().any(|&v| v != 0.0)
-        {
+    for (k, sum) in &statics {
+        if g[k] != *sum {
+            return Err(format!("`{k}` is not the sum of the sequences' gradients alone"));
+        }
+    }
+    let last = *cu.last().unwrap_or(&0);
+    for (k, a) in g.iter().filter(|(k, _)| is_token(k)) {
+        if a.slice_axis(Axis(1), Slice::from(last..)).iter().any(|&v| v != 0.0) {
             return Err(format!("`{k}` past the last offset is not zero"));
         }
     }
-    Ok(())
+    Ok(d_rows)
 }

@@ -1,5 +1,12 @@
-//! Per-(batch, head) views of the log-linear family's inputs, the per-head forms run over them
-//! ([`run_heads`]), and the masked decay factors.
+//! Per-(sequence, head) views of the log-linear family's inputs, the per-head forms run over
+//! them ([`run_heads`]), and the masked decay factors.
+//!
+//! A *sequence* is one batch row of a plain call, or one `cu_seqlens` range of a packed call
+//! (`B = 1`, docs/math.md §7.2): [`Layout`] says where each lies in the buffer. A head of a
+//! packed sequence is a view of its rows only, so every per-head form restarts at each sequence
+//! start and computes exactly what it computes on the sequence run alone.
+
+use std::ops::Range;
 
 use faer::{Mat, MatRef};
 use mixer_core::mixers::loglinear::LogLinear;
@@ -10,10 +17,11 @@ use rayon::prelude::*;
 
 use crate::vmath::VecMath;
 
-/// One (batch, head) slice of the inputs: strided views `x[b, :, h, :]` into the
-/// (row-major) input tensors, no copies.
+/// One (sequence, head) slice of the inputs: strided views `x[b, r, h, :]` (the sequence's
+/// batch row `b` and tokens `r`) into the (row-major) input tensors, no copies.
 pub struct Head<'a, F: Real> {
-    /// Batch row.
+    /// The sequence ([`Layout`]): the batch row of a plain call, the index of a packed sequence;
+    /// so also the row of a state tensor.
     pub b: usize,
     /// Head.
     pub h: usize,
@@ -38,12 +46,12 @@ fn view3<'a, F: Real>(x: &'a Tensors<F>, name: &str) -> Result<ArrayView3<'a, F>
         .map_err(|e| Error::shape(name, "rank 3 [B, T, H]", e.to_string()))
 }
 
-/// Sizes of a call.
+/// Sizes of a call's buffer.
 #[derive(Clone, Copy, Debug)]
 pub struct Sizes {
-    /// Batch.
+    /// Batch rows.
     pub b: usize,
-    /// Sequence length.
+    /// Tokens per batch row.
     pub t: usize,
     /// Heads.
     pub h: usize,
@@ -72,17 +80,18 @@ impl<'a, F: Real> Flat4<'a, F> {
         })?;
         Ok(Flat4 { data, shape })
     }
-    /// `x[b, :, h, :]` as a `T×D` view with row stride `H·D`.
-    /// With `T = 0` or `D = 0` the view is empty and no offset into the data is formed
+    /// `x[b, r, h, :]` as an `|r|×D` view with row stride `H·D`.
+    /// With no rows or `D = 0` the view is empty and no offset into the data is formed
     /// (the start of head `h` would lie beyond an empty buffer).
-    fn head(&self, b: usize, h: usize) -> MatRef<'a, F> {
+    fn head(&self, b: usize, r: Range<usize>, h: usize) -> MatRef<'a, F> {
         let [_, t, nh, d] = self.shape;
-        if t == 0 || d == 0 {
-            return MatRef::from_row_major_slice(&self.data[..0], t, d);
+        let n = r.len();
+        if n == 0 || d == 0 {
+            return MatRef::from_row_major_slice(&self.data[..0], n, d);
         }
-        let start = (b * t * nh + h) * d;
-        let len = (t - 1) * nh * d + d;
-        MatRef::from_row_major_slice_with_stride(&self.data[start..start + len], t, d, nh * d)
+        let start = ((b * t + r.start) * nh + h) * d;
+        let len = (n - 1) * nh * d + d;
+        MatRef::from_row_major_slice_with_stride(&self.data[start..start + len], n, d, nh * d)
     }
 }
 
@@ -97,13 +106,61 @@ pub fn standard<F: Real>(x: &Tensors<F>) -> std::borrow::Cow<'_, Tensors<F>> {
     }
 }
 
-/// Splits the (validated, standard-layout) inputs into per-(batch, head) views; `lam` holds
+/// Where the sequences of a call lie in its `[B, T, …]` buffer: sequence `i` is the tokens
+/// `range` of batch row `row`. A plain call has one sequence per batch row (all its `T`
+/// tokens); a packed call (`B = 1`) one per `cu_seqlens` range, in order. Tokens outside every
+/// sequence (past the last offset) get zero outputs and gradients.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    seqs: Vec<(usize, Range<usize>)>,
+}
+
+impl Layout {
+    /// The sequences of a plain call: every batch row, whole.
+    pub fn rows(nb: usize, t_len: usize) -> Self {
+        Layout { seqs: (0..nb).map(|b| (b, 0..t_len)).collect() }
+    }
+
+    /// The sequences of a packed call (`B = 1`): the row ranges of the checked `cu_seqlens`
+    /// (`mixer_core::state::check_cu_seqlens`).
+    pub fn packed(ranges: &[Range<usize>]) -> Self {
+        Layout { seqs: ranges.iter().map(|r| (0, r.clone())).collect() }
+    }
+
+    /// The number of sequences.
+    pub fn len(&self) -> usize {
+        self.seqs.len()
+    }
+
+    /// Whether there is no sequence.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// Sequence `i`: its batch row and its tokens.
+    pub fn seq(&self, i: usize) -> (usize, Range<usize>) {
+        self.seqs[i].clone()
+    }
+
+    /// The sequence that holds token `t` of batch row `b`, and the token's index in it (`None`
+    /// past the last offset). The sequences are ordered by `(row, end)`, so the first whose
+    /// end lies beyond `(b, t)` is the only one that can hold it.
+    pub fn locate(&self, b: usize, t: usize) -> Option<(usize, usize)> {
+        let i = self.seqs.partition_point(|(row, r)| (*row, r.end) <= (b, t));
+        let (row, r) = self.seqs.get(i)?;
+        (*row == b && r.contains(&t)).then(|| (i, t - r.start))
+    }
+}
+
+/// Splits the (validated, standard-layout) inputs into per-(sequence, head) views, sequence
+/// by sequence: the batch rows, or the `packed` ranges of a packed call (`B = 1`). `lam` holds
 /// the λ weights (after the λ scheme) for the lifted mixers.
 pub fn heads<'a, F: Real>(
     m: &LogLinear,
     x: &'a Tensors<F>,
     lam: Option<&'a ArrayD<F>>,
-) -> Result<(Sizes, Vec<Head<'a, F>>)> {
+    packed: Option<&[Range<usize>]>,
+) -> Result<(Sizes, Layout, Vec<Head<'a, F>>)> {
     let q = Flat4::new(get(x, "q")?, "q")?;
     let k = Flat4::new(get(x, "k")?, "k")?;
     let v = Flat4::new(get(x, "v")?, "v")?;
@@ -133,41 +190,61 @@ pub fn heads<'a, F: Real>(
     };
     let g = if m.base.has_decay() { Some(view3(x, "g")?) } else { None };
     let beta = if m.base.has_beta() { Some(view3(x, "beta")?) } else { None };
-    let mut out = Vec::with_capacity(nb * nh);
-    for b in 0..nb {
+    let layout = match packed {
+        Some(ranges) => {
+            if let Some(r) = ranges.iter().find(|r| r.end > t_len) {
+                return Err(Error::shape(
+                    "cu_seqlens",
+                    format!("ranges within T = {t_len}"),
+                    format!("{r:?}"),
+                ));
+            }
+            Layout::packed(ranges)
+        }
+        None => Layout::rows(nb, t_len),
+    };
+    let mut out = Vec::with_capacity(layout.len() * nh);
+    for (i, (b, r)) in layout.seqs.iter().enumerate() {
+        let b = *b;
         for h in 0..nh {
-            let g = (0..t_len).map(|t| g.as_ref().map_or(0.0, |g| g[[b, t, h]].f64())).collect();
-            let beta = (0..t_len).map(|t| beta.as_ref().map_or(F::one(), |x| x[[b, t, h]])).collect();
+            let g = r.clone().map(|t| g.as_ref().map_or(0.0, |g| g[[b, t, h]].f64())).collect();
+            let beta = r.clone().map(|t| beta.as_ref().map_or(F::one(), |x| x[[b, t, h]])).collect();
             out.push(Head {
-                b,
+                b: i,
                 h,
-                q: q.head(b, h),
-                k: k.head(b, h),
-                v: v.head(b, h),
+                q: q.head(b, r.clone(), h),
+                k: k.head(b, r.clone(), h),
+                v: v.head(b, r.clone(), h),
                 g,
                 beta,
-                lam: lam.as_ref().map(|l| l.head(b, h)),
+                lam: lam.as_ref().map(|l| l.head(b, r.clone(), h)),
             });
         }
     }
-    Ok((Sizes { b: nb, t: t_len, h: nh, dk, dv }, out))
+    Ok((Sizes { b: nb, t: t_len, h: nh, dk, dv }, layout, out))
 }
 
-/// Assembles per-head outputs `T×Dv` (views of any layout; a row-major one is copied row
-/// by row) into `y [B, T, H, Dv]`, in parallel over the rows `(b, t)`.
-pub fn assemble<F: Real>(s: Sizes, heads: &[Head<'_, F>], ys: &[MatRef<'_, F>]) -> ArrayD<F> {
+/// Assembles per-(sequence, head) outputs `|r|×Dv` (views of any layout; a row-major one is
+/// copied row by row) into `y [B, T, H, Dv]`, in parallel over the rows `(b, t)`; rows outside
+/// every sequence of `layout` stay zero.
+pub fn assemble<F: Real>(
+    s: Sizes,
+    layout: &Layout,
+    heads: &[Head<'_, F>],
+    ys: &[MatRef<'_, F>],
+) -> ArrayD<F> {
     let mut y = ndarray::Array4::<F>::zeros((s.b, s.t, s.h, s.dv));
-    let mut by_bh: Vec<Option<MatRef<'_, F>>> = vec![None; s.b * s.h];
+    let mut by_bh: Vec<Option<MatRef<'_, F>>> = vec![None; layout.len() * s.h];
     for (hd, yh) in heads.iter().zip(ys) {
         by_bh[hd.b * s.h + hd.h] = Some(*yh);
     }
     let row = s.h * s.dv;
-    if row > 0 {
+    if row > 0 && s.t > 0 {
         let flat = y.as_slice_mut().expect("a new array is in standard layout");
         flat.par_chunks_mut(row).enumerate().for_each(|(bt, dst)| {
-            let (b, t) = (bt / s.t, bt % s.t);
+            let Some((i, t)) = layout.locate(bt / s.t, bt % s.t) else { return };
             for (h, part) in dst.chunks_mut(s.dv).enumerate() {
-                let Some(yh) = by_bh[b * s.h + h] else { continue };
+                let Some(yh) = by_bh[i * s.h + h] else { continue };
                 match yh.row(t).try_as_row_major() {
                     Some(src) => part.copy_from_slice(src.as_slice()),
                     None => part.iter_mut().zip(yh.row(t).iter()).for_each(|(d, &v)| *d = v),
@@ -261,23 +338,25 @@ pub(crate) fn put_state<F: Real>(s: &mut ArrayD<F>, b: usize, h: usize, hm: MatR
 /// `Dv×T` (row-major `y`) for the forms that write rows.
 pub(crate) type HeadFn<F> = fn(&LogLinear, &Head<'_, F>) -> Result<Mat<F>>;
 
-/// Runs a per-head form over every (batch, head) in parallel; `transposed`: the form returns
-/// `yᵀ` (`Dv×T`).
+/// Runs a per-head form over every (sequence, head) in parallel, as one job list: the batch
+/// rows, or the `packed` ranges of a packed call; `transposed`: the form returns `yᵀ`
+/// (`Dv×T`).
 pub(crate) fn run_heads<F: VecMath>(
     m: &LogLinear,
     x: &Tensors<F>,
     f: HeadFn<F>,
     transposed: bool,
+    packed: Option<&[Range<usize>]>,
 ) -> Result<ArrayD<F>> {
     let x = standard(x);
     let lam = match m.lift {
         Some(_) => Some(m.lambda_weights_ref(get(&x, "lambda")?, x.get("lambda_param"))?),
         None => None,
     };
-    let (sizes, heads) = heads(m, &x, lam.as_deref())?;
+    let (sizes, layout, heads) = heads(m, &x, lam.as_deref(), packed)?;
     let ys: Vec<Mat<F>> = heads.par_iter().map(|hd| f(m, hd)).collect::<Result<_>>()?;
     let views: Vec<_> = ys.iter().map(|y| if transposed { y.transpose() } else { y.as_ref() }).collect();
-    Ok(assemble(sizes, &heads, &views))
+    Ok(assemble(sizes, &layout, &heads, &views))
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The lifts' fast form run from a state and its backward, per (batch, head) (docs/math.md
+//! The lifts' fast form run from a state and its backward, per (sequence, head) (docs/math.md
 //! §7.1): the state is the decoder's merged-ahead Fenwick level states at a position `a`
 //! ([`mixer_core::mixers::loglinear_lift_state`]).
 //!
@@ -20,33 +20,47 @@
 //! state's gradient.
 
 use faer::{Mat, MatRef};
-use mixer_core::Result;
-use mixer_core::Tensors;
 use mixer_core::fenwick::{merge_level, merge_states};
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::mixers::loglinear_lift_state::{
     Levels, TokenGrads, TokenRows, load, positions, run_tokens, vjp_tokens,
 };
 use mixer_core::mixers::loglinear_state::STATE;
+use mixer_core::state::state_row;
 use mixer_core::tensor::get;
+use mixer_core::{Error, Result, Tensors};
 use ndarray::ArrayD;
 
 use super::backward_chunked::{HeadGrads, head_vjp_levels};
 use super::chunked::{run_head_levels, sweep};
-use super::common::Head;
+use super::common::{Head, Layout};
 use crate::vmath::VecMath;
 
-/// The positions and the level tensor of a lift's initial state (checked:
-/// [`positions`]), or position 0 and no tensor without one.
-pub(crate) fn initial<F: VecMath>(
-    initial: Option<&Tensors<F>>,
-    nb: usize,
-    t_len: usize,
-) -> Result<(Vec<usize>, Option<&ArrayD<F>>)> {
-    match initial {
-        Some(s) => Ok((positions(s, t_len)?, Some(get(s, STATE)?))),
-        None => Ok((vec![0; nb], None)),
-    }
+/// The positions (one per sequence of `layout`) and the level tensor of a lift's initial state
+/// (checked by [`positions`] for each sequence's length), or position 0 and no tensor without
+/// one.
+pub(crate) fn initial<'a, F: VecMath>(
+    initial: Option<&'a Tensors<F>>,
+    layout: &Layout,
+) -> Result<(Vec<usize>, Option<&'a ArrayD<F>>)> {
+    let Some(s) = initial else { return Ok((vec![0; layout.len()], None)) };
+    let lens: Vec<usize> = (0..layout.len()).map(|i| layout.seq(i).1.len()).collect();
+    let pos = match lens.first() {
+        Some(&t_len) if lens.iter().all(|&n| n == t_len) => positions(s, t_len)?,
+        _ => lens
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| {
+                positions(&state_row(s, i), n).map(|p| p[0]).map_err(|e| match e {
+                    Error::Value { name, constraint, found } => {
+                        Error::Value { name: name.replace("[0]", &format!("[{i}]")), constraint, found }
+                    }
+                    e => e,
+                })
+            })
+            .collect::<Result<_>>()?,
+    };
+    Ok((pos, Some(get(s, STATE)?)))
 }
 
 /// The levels `0 … L` of one head of a state tensor (zero without one).

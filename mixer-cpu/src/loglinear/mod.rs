@@ -10,9 +10,11 @@
 //!
 //! Every member (the lifts with the Fenwick mask) also runs `fast` and `recurrent` from a state
 //! and returns its final state, forward and backward (docs/math.md §7.1: [`fast::fast_from`],
-//! [`backward::vjp_from`], [`decoder::build_from`]; the lifts' parts in `lift_state`).
+//! [`backward::vjp_from`], [`decoder::build_from`]; the lifts' parts in `lift_state`), and runs
+//! `fast` over a packed batch natively, forward and backward (§7.2: [`fast::fast_packed`],
+//! [`backward::vjp_packed`]; the sequences' rows as heads of their own, [`common::Layout`]).
 //!
-//! Work is spread over (batch, head) with rayon; each head's matmuls and triangular solves
+//! Work is spread over (sequence, head) with rayon; each head's matmuls and triangular solves
 //! use faer sequentially.
 
 pub mod backward;
@@ -31,13 +33,14 @@ use mixer_core::Form;
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Result, Tensors};
 use mixer_registry::{
-    BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, StateBackwardFn, StateDecoderFn, StateFn, register,
+    BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, PackedBackwardFn, PackedFn, StateBackwardFn,
+    StateDecoderFn, StateFn, register,
 };
 use ndarray::ArrayD;
 
 /// The `parallel` form: the quadratic masked form, any level mask.
 pub fn parallel<F: VecMath>(m: &LogLinear, x: &Tensors<F>) -> Result<ArrayD<F>> {
-    common::run_heads(m, x, parallel::run_head::<F>, false)
+    common::run_heads(m, x, parallel::run_head::<F>, false, None)
 }
 
 /// The log-linear family on CPU.
@@ -65,6 +68,12 @@ impl<F: VecMath> Family<F> for LogLinearCpu {
     }
     fn decoder_from_state(&self) -> Option<StateDecoderFn<LogLinear, F>> {
         Some(decoder::build_from)
+    }
+    fn packed(&self, form: Form) -> Option<PackedFn<LogLinear, F>> {
+        (form == Form::Fast).then_some(fast::fast_packed)
+    }
+    fn packed_backward(&self, form: Form) -> Option<PackedBackwardFn<LogLinear, F>> {
+        (form == Form::Fast).then_some(backward::vjp_packed)
     }
 }
 

@@ -5,6 +5,7 @@
 mod attention;
 mod glr;
 mod loglinear;
+mod loglinear_packed;
 mod suite;
 mod toeplitz;
 
