@@ -64,8 +64,11 @@ pub mod tensor;
 pub mod timing;
 pub mod toeplitz;
 
-pub use device_run::{backward_device, decoder_device, run_device, stream};
+pub use device_run::{
+    backward_device, backward_device_with, decoder_device, run_device, run_device_with, stream,
+};
 pub use forms::DeviceDecoder;
+pub use runtime::{borrowed_stream, on_stream};
 pub use tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
 use mixer_registry::{BackendEntry, register};
