@@ -240,7 +240,7 @@ fn external<T: DeviceRepr + 'static>(kernel: &str, alloc: &ExternalAlloc, n: usi
     let elems = n.max(1);
     let bytes = elems * std::mem::size_of::<T>();
     let (ptr, owner) = alloc(bytes)?;
-    if ptr == 0 || ptr % 256 != 0 {
+    if ptr == 0 || !ptr.is_multiple_of(256) {
         return Err(err(
             kernel,
             format!(

@@ -176,7 +176,7 @@ impl<T: DeviceScalar> DeviceTensor<T> {
         owner: Box<dyn std::any::Any + Send + Sync>,
     ) -> Result<Self> {
         let n: usize = shape.iter().product();
-        if ptr % 16 != 0 || (ptr == 0 && n > 0) {
+        if !ptr.is_multiple_of(16) || (ptr == 0 && n > 0) {
             return Err(Error::Value {
                 name: "device address".into(),
                 constraint: "a nonzero multiple of 16 bytes".into(),
