@@ -703,3 +703,41 @@ fn a_lent_stream_memory_and_allocator_give_the_same_bits() {
         }
     }
 }
+
+/// Enqueueing a small forward (gated DeltaNet, the size of the Python package's overhead test)
+/// neither waits for the stream nor allocates device memory in steady state; prints the host
+/// time per call, the Rust side of the Python package's per-call overhead.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn enqueueing_a_small_forward_neither_waits_nor_allocates() {
+    use mixer_cuda::run_device_with;
+    use mixer_cuda::runtime::host_syncs;
+
+    let Some(_turn) = gpu_alone() else {
+        return;
+    };
+    let m = mixer("gated-deltanet", &serde_json::json!({})).unwrap();
+    let sizes = Sizes { batch: 2, seq: 64, channels: 6, heads: 2, dk: 16, dv: 16 };
+    let dims = complete_dims(m.as_ref(), &sizes.dims());
+    let x =
+        upload_inputs(&cast_tensors::<f32>(&m.random_inputs(&dims, 1).unwrap()), Precision::Exact).unwrap();
+    let run = || run_device_with(m.as_ref(), Form::Fast, &x, Precision::Exact, false).unwrap();
+    for _ in 0..50 {
+        drop(run());
+    }
+    mixer_cuda::runtime::gpu().unwrap().sync("test").unwrap();
+    let (syncs, allocs) = (host_syncs(), pool::thread_driver_allocs());
+    let n = 2000;
+    let t0 = std::time::Instant::now();
+    for _ in 0..n {
+        drop(run());
+    }
+    let per = t0.elapsed().as_secs_f64() / n as f64;
+    assert_eq!(host_syncs(), syncs, "a forward waited for the stream");
+    assert_eq!(pool::thread_driver_allocs(), allocs, "a steady-state forward allocated");
+    println!(
+        "run_device (gated-deltanet, B=2 T=64 H=2 D=16, f32, no value checks): {:.1} µs per call",
+        per * 1e6
+    );
+    mixer_cuda::runtime::gpu().unwrap().sync("test").unwrap();
+}
