@@ -48,20 +48,7 @@ thread_local! {
 /// by `alloc` instead of the pool; such a buffer is never cached: when it is dropped, its owner
 /// is (nested calls restore the outer allocator on return, also when `f` panics).
 pub fn with_allocator<R>(alloc: Arc<ExternalAlloc>, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<Arc<ExternalAlloc>>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let prev = self.0.take();
-            EXTERNAL.with(|e| *e.borrow_mut() = prev);
-        }
-    }
-    let _restore = Restore(EXTERNAL.with(|e| e.borrow_mut().replace(alloc)));
-    f()
-}
-
-/// Driver allocations made by the calling thread (for tests that run beside others).
-pub fn thread_driver_allocs() -> u64 {
-    THREAD_ALLOCS.with(|c| c.get())
+    crate::runtime::scoped(&EXTERNAL, alloc, f)
 }
 
 /// What the allocator has done so far in this process.
@@ -287,5 +274,36 @@ mod tests {
             assert!(n <= 256 || (b - n) * 8 <= n, "{n} → {b}: more than 12.5 % slack");
         }
         assert_eq!(super::bucket(1025), 1152);
+    }
+
+    /// An allocator that records which of two was asked and answers with an address that is not
+    /// a multiple of 256, which `take` refuses before touching a device.
+    fn recording(
+        tag: usize,
+        log: &std::sync::Arc<std::sync::Mutex<Vec<(usize, usize)>>>,
+    ) -> std::sync::Arc<super::ExternalAlloc> {
+        let log = log.clone();
+        std::sync::Arc::new(move |bytes: usize| {
+            log.lock().unwrap().push((tag, bytes));
+            Ok((0x1001, Box::new(()) as Box<dyn std::any::Any + Send + Sync>))
+        })
+    }
+
+    #[test]
+    fn a_callers_allocator_is_asked_inside_its_scope_only_and_its_addresses_checked() {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let e = super::with_allocator(recording(1, &log), || {
+            let inner =
+                super::with_allocator(recording(2, &log), || super::take::<f32>("test", 10).unwrap_err());
+            assert!(inner.to_string().contains("0x1001"), "{inner}");
+            // A panic inside a nested scope still restores the outer allocator.
+            let caught =
+                std::panic::catch_unwind(|| super::with_allocator(recording(3, &log), || panic!("inside")));
+            assert!(caught.is_err());
+            super::take::<f64>("test", 0).unwrap_err()
+        });
+        assert!(e.to_string().contains("expected a nonzero multiple of 256"), "{e}");
+        // Requests are in bytes, at least one element.
+        assert_eq!(*log.lock().unwrap(), vec![(2, 40), (1, 8)]);
     }
 }

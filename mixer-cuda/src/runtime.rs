@@ -131,14 +131,24 @@ thread_local! {
 /// it; the caller orders it with its own work on that stream. Buffers taken from the pool
 /// inside are handed out again only to work on the same stream ([`crate::pool`]).
 pub fn on_stream<R>(stream: Arc<CudaStream>, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<Arc<CudaStream>>);
-    impl Drop for Restore {
+    scoped(&LENT, stream, f)
+}
+
+/// Runs `f` with `value` in the thread-local `slot`, and puts the slot's previous value back on
+/// return (also when `f` panics).
+pub(crate) fn scoped<T: 'static, R>(
+    slot: &'static std::thread::LocalKey<RefCell<Option<T>>>,
+    value: T,
+    f: impl FnOnce() -> R,
+) -> R {
+    struct Restore<T: 'static>(&'static std::thread::LocalKey<RefCell<Option<T>>>, Option<T>);
+    impl<T: 'static> Drop for Restore<T> {
         fn drop(&mut self) {
-            let prev = self.0.take();
-            LENT.with(|l| *l.borrow_mut() = prev);
+            let prev = self.1.take();
+            self.0.with(|s| *s.borrow_mut() = prev);
         }
     }
-    let _restore = Restore(LENT.with(|l| l.borrow_mut().replace(stream)));
+    let _restore = Restore(slot, slot.with(|s| s.borrow_mut().replace(value)));
     f()
 }
 
