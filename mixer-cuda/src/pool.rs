@@ -51,6 +51,11 @@ pub fn with_allocator<R>(alloc: Arc<ExternalAlloc>, f: impl FnOnce() -> R) -> R 
     crate::runtime::scoped(&EXTERNAL, alloc, f)
 }
 
+/// Driver allocations made by the calling thread (for tests that run beside others).
+pub fn thread_driver_allocs() -> u64 {
+    THREAD_ALLOCS.with(|c| c.get())
+}
+
 /// What the allocator has done so far in this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct PoolStats {
