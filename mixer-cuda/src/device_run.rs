@@ -23,10 +23,11 @@ use crate::runtime::{err, gpu, grid1, launch};
 use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, Deferred, DeviceScalar, DeviceTensor, DeviceTensors, bf16};
 
-/// The backend's stream: order a caller's own kernels and copies with ours by enqueuing them
-/// on it (or by waiting on events recorded on it).
+/// The calling thread's stream (the backend's own outside [`crate::runtime::on_stream`]): order
+/// a caller's own kernels and copies with ours by enqueuing them on it (or by waiting on events
+/// recorded on it).
 pub fn stream() -> Result<Arc<CudaStream>> {
-    Ok(gpu()?.stream.clone())
+    Ok(gpu()?.stream())
 }
 
 /// A family's device forms ([`DeviceFamily`] for `f32` and `f64`) as the registry's
@@ -96,6 +97,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         dy: &dyn Any,
         requires: &Requires,
         precision: Precision,
+        checks: bool,
     ) -> Result<Box<dyn Any>> {
         let inputs = inputs.downcast_ref::<DeviceTensors>().ok_or_else(|| {
             err("tensor", "internal: the inputs of a cuda device backward are not mixer_cuda::DeviceTensors")
@@ -129,9 +131,11 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
                 found: format!("a {} device tensor", dy.dtype()),
             });
         }
-        // The value checks of the inputs and of dy, on the device, reported with every gradient.
+        // The value checks of the inputs and of dy, on the device, reported with every gradient
+        // (none when `checks` is false).
+        let wanted = checks;
         let mut checks = Vec::new();
-        for d in &spec.inputs {
+        for d in spec.inputs.iter().filter(|_| wanted) {
             let Some(t) = inputs.get(d.name) else { continue };
             let (name, c) = (d.name.to_string(), d.constraint);
             checks.push(check_any(t, constraint_code(c), move |i| Error::Value {
@@ -140,11 +144,13 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
                 found: format!("a violation at flat index {i} (checked on the device)"),
             })?);
         }
-        checks.push(check_any(dy, 0, |i| Error::Value {
-            name: "dy".into(),
-            constraint: "values must be finite".into(),
-            found: format!("a violation at flat index {i} (checked on the device)"),
-        })?);
+        if wanted {
+            checks.push(check_any(dy, 0, |i| Error::Value {
+                name: "dy".into(),
+                constraint: "values must be finite".into(),
+                found: format!("a violation at flat index {i} (checked on the device)"),
+            })?);
+        }
         let grads = if double {
             typed_backward::<f64, T>(m, inputs, dy, requires, precision)
         } else {
@@ -377,7 +383,20 @@ pub fn backward_device(
     requires: &Requires,
     precision: Precision,
 ) -> Result<DeviceTensors> {
-    mixer_registry::backward_device(m, &Backend::by_name("cuda")?, inputs, dy, requires, precision)
+    backward_device_with(m, inputs, dy, requires, precision, true)
+}
+
+/// [`backward_device`] with the device-side value checks of the inputs and of `dy` left out
+/// when `checks` is false (shapes and dtypes are still checked), as [`run_device_with`].
+pub fn backward_device_with(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    dy: &AnyDeviceTensor,
+    requires: &Requires,
+    precision: Precision,
+    checks: bool,
+) -> Result<DeviceTensors> {
+    mixer_registry::backward_device(m, &Backend::by_name("cuda")?, inputs, dy, requires, precision, checks)
 }
 
 /// A decoder of `m` whose state stays on the device: its `step` takes one token's inputs as

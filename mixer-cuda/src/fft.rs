@@ -28,8 +28,9 @@ enum Kind {
     Complex,
 }
 
-/// Cached cuFFT plans, keyed by (n, batch, kind, f64), for the backend's one stream.
-static PLANS: LazyLock<Mutex<HashMap<(usize, usize, Kind, bool), CudaFft>>> =
+/// Cached cuFFT plans, keyed by (n, batch, kind, f64), with the handle of the stream each is
+/// set to (a plan runs on the calling thread's stream: it is moved there when that differs).
+static PLANS: LazyLock<Mutex<HashMap<(usize, usize, Kind, bool), (CudaFft, usize)>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// A scalar with cuFFT real transforms.
@@ -127,7 +128,9 @@ fn with_plan<F: FftReal, R>(
     let bi = i32::try_from(batch).map_err(|_| err(kernel, format!("FFT batch {batch} exceeds i32")))?;
     let mut cache = PLANS.lock().map_err(|_| err(kernel, "FFT plan cache poisoned"))?;
     let key = (n, batch, kind, F::DOUBLE);
-    let plan = match cache.entry(key) {
+    let stream = g.stream();
+    let here = stream.cu_stream() as usize;
+    let entry = match cache.entry(key) {
         std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
         std::collections::hash_map::Entry::Vacant(v) => {
             let ty = match kind {
@@ -135,11 +138,19 @@ fn with_plan<F: FftReal, R>(
                 Kind::Inverse => F::INV,
                 Kind::Complex => F::CPLX,
             };
-            let plan = CudaFft::plan_1d(ni, ty, bi, g.stream.clone())
+            let plan = CudaFft::plan_1d(ni, ty, bi, stream.clone())
                 .map_err(|e| err(kernel, format!("cuFFT plan (n = {n}, batch = {batch}, {ty:?}): {e}")))?;
-            v.insert(plan)
+            v.insert((plan, here))
         }
     };
+    let (plan, on) = (&mut entry.0, &mut entry.1);
+    if *on != here {
+        // SAFETY: the plan is used under the cache's lock only, and the stream outlives the call
+        // that lent it (`runtime::on_stream`); the next call on another stream moves it again.
+        unsafe { plan.set_stream(stream) }
+            .map_err(|e| err(kernel, format!("cuFFT: moving a plan to the calling stream: {e}")))?;
+        *on = here;
+    }
     f(plan).map_err(|e| err(kernel, format!("cuFFT execution (n = {n}, batch = {batch}): {e}")))
 }
 

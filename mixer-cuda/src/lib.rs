@@ -4,11 +4,12 @@
 //! loading) and checks that the driver library is present before touching it, because cudarc
 //! panics when it is missing.
 //!
-//! - [`runtime`]: the lazily created context and stream on device 0, the NVRTC module cache
-//!   (compiled for the device's compute capability), the count of host waits, errors as
-//!   `Error::Backend { backend: "cuda", .. }`.
+//! - [`runtime`]: the lazily created context and stream on device 0, a caller's stream lent
+//!   for one call ([`on_stream`]), the NVRTC module cache (compiled for the device's compute
+//!   capability), the count of host waits, errors as `Error::Backend { backend: "cuda", .. }`.
 //! - [`tensor`]: device tensors ([`DeviceTensor`], `f32`/`f64`/`bf16`, zero-copy batch views,
-//!   deferred device-side checks); [`pool`]: the caching allocator every buffer comes from.
+//!   views of a caller's memory, deferred device-side checks); [`pool`]: the caching allocator
+//!   every buffer comes from, or a caller's allocator ([`pool::with_allocator`]).
 //! - [`forms`]: the device-tensor contract of the families ([`forms::DeviceFamily`],
 //!   [`DeviceDecoder`]) and the host-array forms built on it; [`device_run`]: the entry points
 //!   [`run_device`], [`backward_device`] and [`decoder_device`] for inputs that live on the GPU,
@@ -64,8 +65,11 @@ pub mod tensor;
 pub mod timing;
 pub mod toeplitz;
 
-pub use device_run::{backward_device, decoder_device, run_device, stream};
+pub use device_run::{
+    backward_device, backward_device_with, decoder_device, run_device, run_device_with, stream,
+};
 pub use forms::DeviceDecoder;
+pub use runtime::{borrowed_stream, on_stream};
 pub use tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
 use mixer_registry::{BackendEntry, register};

@@ -2,24 +2,37 @@
 //! a dropped buffer goes back to a free list instead of to the driver, so that a call that
 //! repeats the sizes of an earlier one allocates nothing (PyTorch's habit).
 //!
-//! Buffers are bucketed by element type and rounded-up length (8 sizes per power of two, at
-//! most 12.5 % slack). All work of the backend is ordered on its one stream, so a buffer
-//! freed after its last launch was enqueued can be handed to the next launch on the same
-//! stream without waiting. [`stats`] counts the driver allocations, for tests and reports;
-//! [`release_cached`] gives the cached buffers back to the driver.
+//! Buffers are bucketed by stream, element type and rounded-up length (8 sizes per power of
+//! two, at most 12.5 % slack). Work is ordered by the stream it runs on (the backend's own, or
+//! one lent by [`crate::runtime::on_stream`]), so a buffer freed after its last launch was
+//! enqueued can be handed to the next launch on the same stream without waiting, and only
+//! there. [`stats`] counts the driver allocations, for tests and reports; [`release_cached`]
+//! gives the cached buffers back to the driver.
+//!
+//! A caller can provide the memory instead ([`with_allocator`]): inside, every buffer comes
+//! from the caller's allocator (PyTorch's caching allocator, for the Python package), and a
+//! dropped one goes back to its owner, not to the free lists, so the caller's memory
+//! accounting and CUDA-graph capture see every byte.
 
 use std::any::{Any, TypeId};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use mixer_core::Result;
 
 use crate::runtime::{err, gpu};
 
-type Key = (TypeId, usize);
+/// A free list: (stream handle, element type, bucket length).
+type Key = (usize, TypeId, usize);
+
+/// A caller's device allocator: `bytes` → the device address of at least that many bytes
+/// (aligned to 256 bytes), and its owner, which keeps the memory allocated until it is dropped.
+/// Called on the thread that runs the work, with the memory used on that thread's stream.
+pub type ExternalAlloc = dyn Fn(usize) -> Result<(u64, Box<dyn Any + Send + Sync>)> + Send + Sync;
 
 static FREE: LazyLock<Mutex<HashMap<Key, Vec<Box<dyn Any + Send>>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
@@ -28,6 +41,14 @@ static DRIVER_BYTES: AtomicUsize = AtomicUsize::new(0);
 static CACHED_BYTES: AtomicUsize = AtomicUsize::new(0);
 thread_local! {
     static THREAD_ALLOCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    static EXTERNAL: RefCell<Option<Arc<ExternalAlloc>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with every buffer the calling thread takes ([`take`], [`zeros`], [`upload`]) allocated
+/// by `alloc` instead of the pool; such a buffer is never cached: when it is dropped, its owner
+/// is (nested calls restore the outer allocator on return, also when `f` panics).
+pub fn with_allocator<R>(alloc: Arc<ExternalAlloc>, f: impl FnOnce() -> R) -> R {
+    crate::runtime::scoped(&EXTERNAL, alloc, f)
 }
 
 /// Driver allocations made by the calling thread (for tests that run beside others).
@@ -76,10 +97,24 @@ pub fn bucket(n: usize) -> usize {
 }
 
 /// A device buffer of at least `len` elements, owned by the caller until dropped, then
-/// returned to the pool.
+/// returned to the pool (or to its external owner).
 pub struct Pooled<T: DeviceRepr + 'static> {
     slice: Option<CudaSlice<T>>,
     len: usize,
+    home: Home,
+}
+
+/// Where a buffer goes when it is dropped.
+enum Home {
+    /// The free list of this stream (handle).
+    Pool(usize),
+    /// Memory someone else owns: cudarc's handle is forgotten, the owner dropped.
+    External(Box<dyn Any + Send + Sync>),
+}
+
+/// The handle of a stream, as a key.
+fn stream_key(s: &cudarc::driver::CudaStream) -> usize {
+    s.cu_stream() as usize
 }
 
 impl<T: DeviceRepr + 'static> std::fmt::Debug for Pooled<T> {
@@ -97,6 +132,32 @@ impl<T: DeviceRepr + 'static> Pooled<T> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// The owner of this buffer's memory when it came from a caller's allocator
+    /// ([`with_allocator`]) or is a view of a caller's memory ([`borrowed`]).
+    pub fn external_owner(&self) -> Option<&(dyn Any + Send + Sync)> {
+        match &self.home {
+            Home::External(o) => Some(o.as_ref()),
+            Home::Pool(_) => None,
+        }
+    }
+}
+
+/// A view of `n` elements of device memory that someone else owns, starting at `ptr`, as a
+/// buffer: nothing is copied, and dropping it drops `owner` and never frees the memory.
+///
+/// # Safety
+/// `ptr` must address at least `n` elements of `T` (any bytes, read as `T`) in device 0's
+/// primary context, valid while `owner` lives and while work enqueued on it runs.
+pub unsafe fn borrowed<T: DeviceRepr + 'static>(
+    ptr: u64,
+    n: usize,
+    owner: Box<dyn Any + Send + Sync>,
+) -> Result<Pooled<T>> {
+    let stream = gpu()?.stream();
+    // SAFETY: as the caller promises; the slice is leaked on drop, never freed by cudarc.
+    let slice = unsafe { stream.upgrade_device_ptr::<T>(ptr, n) };
+    Ok(Pooled { slice: Some(slice), len: n, home: Home::External(owner) })
 }
 
 impl<T: DeviceRepr + 'static> Deref for Pooled<T> {
@@ -114,23 +175,35 @@ impl<T: DeviceRepr + 'static> DerefMut for Pooled<T> {
 
 impl<T: DeviceRepr + 'static> Drop for Pooled<T> {
     fn drop(&mut self) {
-        if let Some(s) = self.slice.take() {
-            let bytes = s.len() * std::mem::size_of::<T>();
-            if let Ok(mut free) = FREE.lock() {
-                CACHED_BYTES.fetch_add(bytes, Ordering::Relaxed);
-                free.entry((TypeId::of::<T>(), s.len())).or_default().push(Box::new(s));
-            } else {
-                DRIVER_BYTES.fetch_sub(bytes, Ordering::Relaxed);
+        let Some(s) = self.slice.take() else { return };
+        let stream = match &self.home {
+            Home::Pool(stream) => *stream,
+            Home::External(_) => {
+                // The memory is the owner's (dropped with `self.home`).
+                s.leak();
+                return;
             }
+        };
+        let bytes = s.len() * std::mem::size_of::<T>();
+        if let Ok(mut free) = FREE.lock() {
+            CACHED_BYTES.fetch_add(bytes, Ordering::Relaxed);
+            free.entry((stream, TypeId::of::<T>(), s.len())).or_default().push(Box::new(s));
+        } else {
+            DRIVER_BYTES.fetch_sub(bytes, Ordering::Relaxed);
         }
     }
 }
 
 /// A buffer of at least `n` elements (at least one) whose contents are whatever its last user
-/// left; for buffers that the next launch overwrites entirely.
+/// left; for buffers that the next launch overwrites entirely. From the caller's allocator
+/// inside [`with_allocator`], else from the calling thread's stream's free list or the driver.
 pub fn take<T: DeviceRepr + 'static>(kernel: &str, n: usize) -> Result<Pooled<T>> {
+    if let Some(alloc) = EXTERNAL.with(|e| e.borrow().clone()) {
+        return external::<T>(kernel, &*alloc, n);
+    }
     let len = bucket(n);
-    let key = (TypeId::of::<T>(), len);
+    let stream = stream_key(&gpu()?.stream());
+    let key = (stream, TypeId::of::<T>(), len);
     let cached =
         FREE.lock().map_err(|_| err(kernel, "device memory pool poisoned"))?.get_mut(&key).and_then(Vec::pop);
     let bytes = len * std::mem::size_of::<T>();
@@ -143,7 +216,7 @@ pub fn take<T: DeviceRepr + 'static>(kernel: &str, n: usize) -> Result<Pooled<T>
             let g = gpu()?;
             // SAFETY: device memory; every user either overwrites it or zeroes it first
             // ([`zeros`]).
-            let s = unsafe { g.stream.alloc::<T>(len) }
+            let s = unsafe { g.stream().alloc::<T>(len) }
                 .map_err(|e| err(kernel, format!("allocating {bytes} bytes of device memory: {e}")))?;
             DRIVER_ALLOCS.fetch_add(1, Ordering::Relaxed);
             THREAD_ALLOCS.with(|c| c.set(c.get() + 1));
@@ -151,13 +224,35 @@ pub fn take<T: DeviceRepr + 'static>(kernel: &str, n: usize) -> Result<Pooled<T>
             s
         }
     };
-    Ok(Pooled { slice: Some(slice), len: n })
+    Ok(Pooled { slice: Some(slice), len: n, home: Home::Pool(stream) })
+}
+
+/// A buffer of `n` elements (at least one) from the caller's allocator.
+fn external<T: DeviceRepr + 'static>(kernel: &str, alloc: &ExternalAlloc, n: usize) -> Result<Pooled<T>> {
+    let elems = n.max(1);
+    let bytes = elems * std::mem::size_of::<T>();
+    let (ptr, owner) = alloc(bytes)?;
+    if ptr == 0 || !ptr.is_multiple_of(256) {
+        return Err(err(
+            kernel,
+            format!(
+                "the caller's allocator returned address {ptr:#x} for {bytes} bytes; expected a nonzero multiple of 256"
+            ),
+        ));
+    }
+    // SAFETY: the allocator promises `bytes` bytes at `ptr`, valid while `owner` lives.
+    let mut p = unsafe { borrowed::<T>(ptr, elems, owner)? };
+    p.len = n;
+    Ok(p)
 }
 
 /// A zero-filled buffer of at least `n` elements (the zeroing is a stream-ordered memset).
 pub fn zeros<T: DeviceRepr + ValidAsZeroBits + 'static>(kernel: &str, n: usize) -> Result<Pooled<T>> {
     let mut p = take::<T>(kernel, n)?;
-    gpu()?.stream.memset_zeros(&mut *p).map_err(|e| err(kernel, format!("zeroing a device buffer: {e}")))?;
+    gpu()?
+        .stream()
+        .memset_zeros(&mut *p)
+        .map_err(|e| err(kernel, format!("zeroing a device buffer: {e}")))?;
     Ok(p)
 }
 
@@ -167,7 +262,7 @@ pub fn upload<T: DeviceRepr + ValidAsZeroBits + 'static>(kernel: &str, s: &[T]) 
     let mut p = take::<T>(kernel, s.len())?;
     if !s.is_empty() {
         gpu()?
-            .stream
+            .stream()
             .memcpy_htod(s, &mut p.slice_mut(0..s.len()))
             .map_err(|e| err(kernel, format!("host→device copy of {} elements: {e}", s.len())))?;
     }
@@ -184,5 +279,36 @@ mod tests {
             assert!(n <= 256 || (b - n) * 8 <= n, "{n} → {b}: more than 12.5 % slack");
         }
         assert_eq!(super::bucket(1025), 1152);
+    }
+
+    /// An allocator that records which of two was asked and answers with an address that is not
+    /// a multiple of 256, which `take` refuses before touching a device.
+    fn recording(
+        tag: usize,
+        log: &std::sync::Arc<std::sync::Mutex<Vec<(usize, usize)>>>,
+    ) -> std::sync::Arc<super::ExternalAlloc> {
+        let log = log.clone();
+        std::sync::Arc::new(move |bytes: usize| {
+            log.lock().unwrap().push((tag, bytes));
+            Ok((0x1001, Box::new(()) as Box<dyn std::any::Any + Send + Sync>))
+        })
+    }
+
+    #[test]
+    fn a_callers_allocator_is_asked_inside_its_scope_only_and_its_addresses_checked() {
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let e = super::with_allocator(recording(1, &log), || {
+            let inner =
+                super::with_allocator(recording(2, &log), || super::take::<f32>("test", 10).unwrap_err());
+            assert!(inner.to_string().contains("0x1001"), "{inner}");
+            // A panic inside a nested scope still restores the outer allocator.
+            let caught =
+                std::panic::catch_unwind(|| super::with_allocator(recording(3, &log), || panic!("inside")));
+            assert!(caught.is_err());
+            super::take::<f64>("test", 0).unwrap_err()
+        });
+        assert!(e.to_string().contains("expected a nonzero multiple of 256"), "{e}");
+        // Requests are in bytes, at least one element.
+        assert_eq!(*log.lock().unwrap(), vec![(2, 40), (1, 8)]);
     }
 }

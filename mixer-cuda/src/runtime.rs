@@ -1,13 +1,20 @@
-//! The process-wide CUDA runtime of this backend: one context on device 0 with one stream,
-//! created lazily (after checking that the driver library exists, since cudarc panics when
+//! The process-wide CUDA runtime of this backend: one context on device 0 (the device's primary
+//! context, the one PyTorch uses) with its own stream, created lazily (after checking that the driver library exists, since cudarc panics when
 //! it does not), an NVRTC module cache keyed by (source, options), host↔device copies of
 //! `ndarray` tensors, and the error conversions to [`mixer_core::Error::Backend`].
+//!
+//! Streams: every launch, copy, memset and FFT of a thread goes to [`Gpu::stream`], the
+//! backend's own stream unless the thread runs inside [`on_stream`], which lends it a caller's
+//! stream (e.g. PyTorch's current stream, wrapped by [`borrowed_stream`]) for the duration of
+//! one call. Work is ordered by the stream alone: cudarc's per-buffer event tracking is turned
+//! off for this context, since the backend never makes a stream of its own to order against.
 //!
 //! Kernels are the sources of [`crate::kernels`], compiled on first use for the device's
 //! compute capability (`--gpu-architecture=sm_XY`).
 //! Each kernel is written once as a template and exported as `extern "C"` wrappers
 //! `name_f32` / `name_f64`; [`GpuReal::SUFFIX`] picks the instantiation.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Display;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -32,8 +39,8 @@ type FunctionKey = (String, Vec<String>, String);
 pub struct Gpu {
     /// Context on device 0 (the primary context).
     pub ctx: Arc<CudaContext>,
-    /// The stream every kernel, copy and FFT of this backend runs on.
-    pub stream: Arc<CudaStream>,
+    /// The backend's own stream: where work goes outside [`on_stream`] ([`Gpu::stream`]).
+    own_stream: Arc<CudaStream>,
     /// Compute capability `(major, minor)`.
     pub cc: (i32, i32),
     /// Device name.
@@ -77,7 +84,11 @@ fn create() -> std::result::Result<Gpu, String> {
     let ctx = CudaContext::new(0).map_err(|e| format!("cannot create a context on device 0: {e}"))?;
     let cc = ctx.compute_capability().map_err(|e| format!("cannot read the compute capability: {e}"))?;
     let name = ctx.name().unwrap_or_else(|_| "unknown device".into());
-    let stream = ctx.default_stream();
+    // SAFETY: the backend creates no stream of its own (`new_stream`), so cudarc never orders
+    // buffers across streams by events; all ordering is by the stream a call runs on. Off, no
+    // buffer (and no view of a caller's memory) creates events that would never be used.
+    unsafe { ctx.disable_event_tracking() };
+    let own_stream = ctx.default_stream();
     let optin = ctx
         .attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -90,7 +101,7 @@ fn create() -> std::result::Result<Gpu, String> {
         .max(1) as usize;
     Ok(Gpu {
         ctx,
-        stream,
+        own_stream,
         cc,
         name,
         count,
@@ -110,6 +121,48 @@ pub fn gpu() -> Result<&'static Gpu> {
 
 thread_local! {
     static SYNCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// The stream lent to this thread by [`on_stream`], if any.
+    static LENT: RefCell<Option<Arc<CudaStream>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with every launch, copy, memset, FFT and pooled buffer of the calling thread on
+/// `stream` instead of the backend's own (nested calls restore the outer stream on return,
+/// also when `f` panics). The work is enqueued on `stream` and `f` returns without waiting for
+/// it; the caller orders it with its own work on that stream. Buffers taken from the pool
+/// inside are handed out again only to work on the same stream ([`crate::pool`]).
+pub fn on_stream<R>(stream: Arc<CudaStream>, f: impl FnOnce() -> R) -> R {
+    scoped(&LENT, stream, f)
+}
+
+/// Runs `f` with `value` in the thread-local `slot`, and puts the slot's previous value back on
+/// return (also when `f` panics).
+pub(crate) fn scoped<T: 'static, R>(
+    slot: &'static std::thread::LocalKey<RefCell<Option<T>>>,
+    value: T,
+    f: impl FnOnce() -> R,
+) -> R {
+    struct Restore<T: 'static>(&'static std::thread::LocalKey<RefCell<Option<T>>>, Option<T>);
+    impl<T: 'static> Drop for Restore<T> {
+        fn drop(&mut self) {
+            let prev = self.1.take();
+            self.0.with(|s| *s.borrow_mut() = prev);
+        }
+    }
+    let _restore = Restore(slot, slot.with(|s| s.borrow_mut().replace(value)));
+    f()
+}
+
+/// A stream owned by someone else (a `CUstream` handle, e.g. PyTorch's
+/// `torch.cuda.current_stream().cuda_stream`) as a cudarc stream of this backend's context;
+/// dropping it leaves the stream alone.
+///
+/// # Safety
+/// `handle` must be a live stream of device 0's primary context (or 0, the legacy default
+/// stream), and stay alive while the returned stream or work enqueued through it is in use.
+pub unsafe fn borrowed_stream(handle: u64) -> Result<Arc<CudaStream>> {
+    let g = gpu()?;
+    // SAFETY: as the caller promises.
+    Ok(unsafe { g.ctx.wrap_borrowed_stream(handle as cudarc::driver::sys::CUstream) })
 }
 
 /// Counts one host synchronisation (a wait for the stream, or a device→host copy, which
@@ -141,6 +194,12 @@ fn nvrtc_present() -> bool {
 }
 
 impl Gpu {
+    /// The stream the calling thread's work goes to: the one lent by [`on_stream`], else the
+    /// backend's own.
+    pub fn stream(&self) -> Arc<CudaStream> {
+        LENT.with(|l| l.borrow().clone()).unwrap_or_else(|| self.own_stream.clone())
+    }
+
     /// The architecture option for this device, e.g. `sm_90`.
     pub fn arch(&self) -> String {
         format!("sm_{}{}", self.cc.0, self.cc.1)
@@ -235,10 +294,11 @@ impl Gpu {
         Ok(f)
     }
 
-    /// Waits for the stream and reports an asynchronous kernel failure as an error.
+    /// Waits for the calling thread's stream ([`Gpu::stream`]) and reports an asynchronous
+    /// kernel failure as an error.
     pub fn sync(&self, kernel: &str) -> Result<()> {
         count_sync();
-        self.stream.synchronize().map_err(|e| err(kernel, format!("kernel execution failed: {e}")))
+        self.stream().synchronize().map_err(|e| err(kernel, format!("kernel execution failed: {e}")))
     }
 }
 
@@ -342,14 +402,15 @@ pub fn check_elems(kernel: &str, n: usize) -> Result<()> {
     int(kernel, "element count", n).map(|_| ())
 }
 
-/// Launches `$f` on the backend's stream with the given arguments (references), mapping a
-/// launch failure to a backend error of `$kernel`.
+/// Launches `$f` on the calling thread's stream ([`Gpu::stream`]) with the given arguments
+/// (references), mapping a launch failure to a backend error of `$kernel`.
 #[allow(unused_macros)]
 macro_rules! launch {
     ($g:expr, $kernel:expr, $f:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
         use cudarc::driver::PushKernelArg;
         let func = $f;
-        let mut b = $g.stream.launch_builder(&func);
+        let stream = $g.stream();
+        let mut b = stream.launch_builder(&func);
         $( b.arg($arg); )*
         // SAFETY: the argument list matches the kernel's signature in `kernels/*.cu` (types
         // and order); buffers are sized by the caller for the launch's index range.

@@ -5,6 +5,9 @@
 //!   `to_host` is the one place that waits for the stream.
 //! - [`DeviceTensor::batch`] is a zero-copy view of a range of the batch axis (the buffer is
 //!   shared, reference-counted).
+//! - [`DeviceTensor::borrowed`] views a caller's device memory (a PyTorch tensor's) in place;
+//!   [`DeviceTensor::external_owner`] gives back the owner of a result's memory when it came
+//!   from a caller's allocator ([`crate::pool::with_allocator`]).
 //! - Work that produces a tensor is enqueued on the backend's stream and returns at once.
 //!   Checks whose outcome is only known on the device (input value constraints, a finite
 //!   output) travel with the tensor as deferred checks ([`Deferred`]) and are reported as
@@ -107,7 +110,7 @@ impl Deferred {
     fn outcome(&self) -> Result<()> {
         let g = gpu()?;
         let mut v = [0i64];
-        g.stream
+        g.stream()
             .memcpy_dtoh(&self.flag.slice(0..1), &mut v[..])
             .map_err(|e| err("tensor", format!("device→host copy of a check flag: {e}")))?;
         crate::runtime::count_sync();
@@ -159,6 +162,39 @@ impl<T: DeviceScalar> DeviceTensor<T> {
         Ok(DeviceTensor { buf: Arc::new(buf), offset: 0, shape: shape.to_vec(), checks: Vec::new() })
     }
 
+    /// The row-major tensor of `shape` whose elements start at device address `ptr`, memory
+    /// that someone else owns (e.g. a contiguous PyTorch tensor's `data_ptr()`): read and
+    /// written in place, never freed; `owner` is dropped with the last view of it.
+    ///
+    /// # Safety
+    /// `ptr` must address `prod(shape)` elements of `T` in device 0's primary context, valid
+    /// while `owner` lives and while work enqueued on them runs, and aligned to 16 bytes (the
+    /// kernels' vector loads).
+    pub unsafe fn borrowed(
+        ptr: u64,
+        shape: &[usize],
+        owner: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Result<Self> {
+        let n: usize = shape.iter().product();
+        if !ptr.is_multiple_of(16) || (ptr == 0 && n > 0) {
+            return Err(Error::Value {
+                name: "device address".into(),
+                constraint: "a nonzero multiple of 16 bytes".into(),
+                found: format!("{ptr:#x}"),
+            });
+        }
+        // SAFETY: as the caller promises.
+        let buf = unsafe { pool::borrowed::<T>(ptr, n, owner)? };
+        Self::from_pooled(buf, shape)
+    }
+
+    /// The owner of this tensor's memory and the tensor's offset into it in bytes, when the
+    /// memory came from a caller's allocator ([`crate::pool::with_allocator`]) or is a
+    /// caller's ([`DeviceTensor::borrowed`]); `None` for the pool's memory.
+    pub fn external_owner(&self) -> Option<(&(dyn std::any::Any + Send + Sync), usize)> {
+        self.buf.external_owner().map(|o| (o, self.offset * std::mem::size_of::<T>()))
+    }
+
     /// A zero-filled tensor.
     pub fn zeros(shape: &[usize]) -> Result<Self> {
         Self::from_pooled(pool::zeros::<T>("tensor", shape.iter().product())?, shape)
@@ -174,7 +210,7 @@ impl<T: DeviceScalar> DeviceTensor<T> {
         let mut buf = pool::take::<T>("tensor", s.len())?;
         if !s.is_empty() {
             gpu()?
-                .stream
+                .stream()
                 .memcpy_htod(s, &mut buf.slice_mut(0..s.len()))
                 .map_err(|e| err("tensor", format!("host→device copy of {} elements: {e}", s.len())))?;
         }
@@ -261,7 +297,7 @@ impl<T: DeviceScalar> DeviceTensor<T> {
         let n = self.len();
         let mut v = vec![T::default(); n];
         if n > 0 {
-            g.stream
+            g.stream()
                 .memcpy_dtoh(&self.view(), &mut v[..])
                 .map_err(|e| err("tensor", format!("device→host copy: {e}")))?;
         }

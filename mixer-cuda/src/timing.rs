@@ -122,7 +122,7 @@ impl DeviceTimer for CudaTimer {
 /// Records an event on the backend's stream.
 fn event() -> Result<cudarc::driver::CudaEvent> {
     let g = gpu()?;
-    g.stream
+    g.stream()
         .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
         .map_err(|e| err("timing", format!("recording an event: {e}")))
 }

@@ -11,7 +11,10 @@ as PyTorch ops with autograd.
   ``fused_recurrent_gated_delta_rule``, ``chunk_log_linear_attn``: flash-linear-attention's
   signatures (``mixers.fla``);
 - ``mixers.backward(...)``: the library's backward on tensors or numpy arrays, without autograd;
-  ``mixers.list()``: everything registered.
+  ``mixers.list()``: everything registered;
+- ``mixers.cuda_warmup(fn, *args, **kwargs)``: one call (and its backward) on a side stream, so
+  that its kernels are compiled before a CUDA graph captures it. CUDA tensors run zero-copy on
+  PyTorch's current stream (``mixers._cuda``).
 
 docs/python.md in the repository documents the package.
 """
@@ -110,6 +113,7 @@ except ModuleNotFoundError as _e:  # the numpy layer works without PyTorch
         raise
 else:
     from . import fla
+    from ._cuda import warmup as cuda_warmup
     from ._ops import mixer_op as _mixer_op
     from ._torch_api import (
         attention,
@@ -153,4 +157,5 @@ else:
         "fused_recurrent_gated_delta_rule",
         "chunk_log_linear_attn",
         "fla",
+        "cuda_warmup",
     ]

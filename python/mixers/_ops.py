@@ -18,9 +18,10 @@ What is copied: every input is read through numpy (a CPU ``float32``/``float64``
 viewed, not copied) and copied once into the library's row-major arrays; outputs come back as
 new arrays, wrapped without a copy. ``bfloat16``/``float16`` inputs are computed in
 ``float32`` (converted on the way in, ``y`` and the gradients converted back; states stay
-``float32``). CUDA tensors are copied to the host and back: the backend named by
-``backend`` (default ``cuda`` for CUDA tensors) runs on host arrays, so this is not
-zero-copy.
+``float32``). CUDA tensors run zero-copy on the CUDA backend (``mixers._cuda``: in place, on
+the current stream, every buffer from PyTorch's allocator) for the ``parallel`` and ``fast``
+forms and the ``fast`` backward without a state or ``cu_seqlens``; other CUDA calls are copied
+to the host and back, run by the backend named by ``backend`` on host arrays.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import _mixers
+from . import _cuda, _mixers
 
 _HALF = (torch.bfloat16, torch.float16)
 
@@ -41,7 +42,7 @@ _SCHEMA = (
 )
 _BACKWARD_SCHEMA = (
     "(Tensor[] inputs, str[] names, Tensor dy, Tensor? initial_state, Tensor? d_final_state, "
-    "Tensor? cu_seqlens, str config, str form, str backend) -> Tensor[]"
+    "Tensor? cu_seqlens, str config, str form, str backend, str precision) -> Tensor[]"
 )
 
 
@@ -123,8 +124,11 @@ def mixer_op(mixer: str):
     def forward_impl(inputs, names, initial_state, cu_seqlens, output_final_state, config, form, backend, precision):
         mixed = _mixed(mixer, config, inputs, names)
         work = _work_dtype(mixed)
-        x = {n: _host(t) for n, t in zip(names, inputs)}
         stateful = initial_state is not None or output_final_state
+        if _cuda.applies(inputs, backend, form, stateful, cu_seqlens):
+            y = _cuda.forward(mixer, names, inputs, config, form, precision)
+            return y.to(mixed.dtype), mixed.new_empty(0, dtype=work)
+        x = {n: _host(t) for n, t in zip(names, inputs)}
         state = _state_layout(mixer, config, inputs, names, cu_seqlens)[0] if stateful else None
         initial = None if initial_state is None else {state: _host(initial_state, work)}
         y, fin = _mixers.forward(
@@ -159,11 +163,19 @@ def mixer_op(mixer: str):
     fwd = torch.library.custom_op(base, forward_impl, mutates_args=(), schema=_SCHEMA)
     fwd.register_fake(forward_fake)
 
-    def backward_impl(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend):
+    def backward_impl(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend, precision):
         mixed = _mixed(mixer, config, inputs, names)
         work = _work_dtype(mixed)
-        x = {n: _host(t) for n, t in zip(names, inputs)}
         stateful = initial_state is not None or d_final_state is not None
+        if _cuda.applies(list(inputs) + [dy], backend, form, stateful, cu_seqlens):
+            try:
+                grads = _cuda.backward(mixer, names, inputs, dy, config, precision)
+            except NotImplementedError:
+                pass  # no CUDA backward of this mixer: the host path below picks the library's
+            else:
+                out = [grads["d_" + n].to(t.dtype) for n, t in zip(names, inputs)]
+                return out + [mixed.new_empty(0, dtype=work)]
+        x = {n: _host(t) for n, t in zip(names, inputs)}
         state = _state_layout(mixer, config, inputs, names, cu_seqlens)[0] if stateful else None
         initial = None if initial_state is None else {state: _host(initial_state, work)}
         d_final = None if d_final_state is None else {state: _host(d_final_state, work)}
@@ -185,7 +197,7 @@ def mixer_op(mixer: str):
             out.append(torch.from_numpy(d_init[state]).to(device=initial_state.device, dtype=initial_state.dtype))
         return out
 
-    def backward_fake(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend):
+    def backward_fake(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend, precision):
         mixed = _mixed(mixer, config, inputs, names)
         out = [t.new_empty(t.shape) for t in inputs]
         if initial_state is None:
@@ -198,19 +210,19 @@ def mixer_op(mixer: str):
     bwd.register_fake(backward_fake)
 
     def setup_context(ctx, inputs, output):
-        tensors, names, initial_state, cu_seqlens, output_final_state, config, form, backend, _precision = inputs
+        tensors, names, initial_state, cu_seqlens, output_final_state, config, form, backend, precision = inputs
         ctx.save_for_backward(*tensors, initial_state, cu_seqlens)
         ctx.count = len(tensors)
         ctx.names = list(names)
         ctx.want_final = bool(output_final_state)
-        ctx.options = (config, form, backend)
+        ctx.options = (config, form, backend, precision)
 
     def backward(ctx, d_y, d_state):
         saved = ctx.saved_tensors
         tensors, initial_state, cu_seqlens = list(saved[: ctx.count]), saved[ctx.count], saved[ctx.count + 1]
         d_final = d_state if ctx.want_final and d_state is not None else None
-        config, form, backend = ctx.options
-        grads = bwd(tensors, ctx.names, d_y, initial_state, d_final, cu_seqlens, config, form, backend)
+        config, form, backend, precision = ctx.options
+        grads = bwd(tensors, ctx.names, d_y, initial_state, d_final, cu_seqlens, config, form, backend, precision)
         d_initial = grads[ctx.count] if initial_state is not None else None
         return list(grads[: ctx.count]), None, d_initial, None, None, None, None, None, None
 

@@ -10,6 +10,9 @@
 //! names, values, configs, dtypes), `NotImplementedError` for a form, state or backward that a
 //! mixer or backend does not have, `RuntimeError` otherwise (backend failures, a backend not
 //! available on this machine, memory limits, numerical failures).
+//!
+//! [`cuda`] is the zero-copy path of PyTorch's CUDA tensors (device pointers, the caller's stream
+//! and allocator).
 
 use std::collections::BTreeMap;
 
@@ -20,6 +23,8 @@ use numpy::{IntoPyArray, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+
+mod cuda;
 
 // Registration is link-time: the builtin backends (through `mixers`) and the example plugin
 // are linked only because this crate names them.
@@ -50,7 +55,7 @@ fn py_err(e: Error) -> PyErr {
 }
 
 /// Result of library code, as a Python result.
-trait OrPy<T> {
+pub(crate) trait OrPy<T> {
     fn or_py(self) -> PyResult<T>;
 }
 
@@ -121,7 +126,7 @@ fn dict_of<'py, F: Scalar + numpy::Element>(py: Python<'py>, t: Tensors<F>) -> P
 }
 
 /// A mixer from its name and JSON config (`None` or empty: `{}`).
-fn build(name: &str, config: Option<&str>) -> PyResult<Box<dyn mixer_core::Mixer>> {
+pub(crate) fn build(name: &str, config: Option<&str>) -> PyResult<Box<dyn mixer_core::Mixer>> {
     let cfg = match config.map(str::trim).filter(|c| !c.is_empty()) {
         Some(c) => serde_json::from_str(c)
             .map_err(|e| PyValueError::new_err(format!("config of `{name}`: invalid JSON ({e}): {c}")))?,
@@ -423,5 +428,7 @@ fn _mixers(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(state_shapes, m)?)?;
     m.add_function(wrap_pyfunction!(registered, m)?)?;
     m.add_function(wrap_pyfunction!(random_inputs, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda::cuda_backward, m)?)?;
     Ok(())
 }

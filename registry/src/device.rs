@@ -49,7 +49,7 @@ pub trait DeviceForms: Send + Sync {
     /// tensor of the output's cotangent; returns the backend's map of the gradients `d_<input>`
     /// (every given input `requires` asks for), without waiting for the device. Called only where
     /// the registry found the backward available; a backend without one keeps this default,
-    /// which says so.
+    /// which says so. `checks` as in [`DeviceForms::run`] (for the inputs and `dy`).
     fn backward(
         &self,
         m: &dyn Mixer,
@@ -57,6 +57,7 @@ pub trait DeviceForms: Send + Sync {
         _dy: &dyn Any,
         _requires: &Requires,
         _precision: Precision,
+        _checks: bool,
     ) -> Result<Box<dyn Any>> {
         Err(Error::Backend {
             backend: "device".into(),
@@ -286,7 +287,7 @@ fn backward_why_not(m: &dyn Mixer, backend: &Backend) -> Result<Option<String>> 
 /// inputs whose gradients are wanted, in a precision mode; `T` is the backend's map of gradient
 /// tensors (`d_<input>`). Returns without waiting for the device. The registry decides
 /// availability and builds the error, as for [`crate::backward::backward`]; the backend checks
-/// the tensors.
+/// the tensors (their values unless `checks` is false, as in [`DeviceForms::run`]).
 pub fn backward_device<T: Any>(
     m: &dyn Mixer,
     backend: &Backend,
@@ -294,6 +295,7 @@ pub fn backward_device<T: Any>(
     dy: &dyn Any,
     requires: &Requires,
     precision: Precision,
+    checks: bool,
 ) -> Result<T> {
     if let Some(why) = backward_why_not(m, backend)? {
         let list = crate::backward::backward_forms(m, backend.name())
@@ -315,7 +317,7 @@ pub fn backward_device<T: Any>(
         .family(m.family())
         .and_then(|e| e.device)
         .ok_or_else(|| internal(m, backend, "the family entry disappeared"))?;
-    let g = d.backward(m, inputs, dy, requires, precision)?;
+    let g = d.backward(m, inputs, dy, requires, precision, checks)?;
     unbox(m, backend, g)
 }
 
@@ -430,10 +432,11 @@ mod tests {
             dy: &dyn Any,
             req: &Requires,
             p: Precision,
+            checks: bool,
         ) -> Result<Box<dyn Any>> {
             let x = x.downcast_ref::<FakeInputs>().expect("the fake backend's own inputs");
             let dy = dy.downcast_ref::<&str>().expect("the fake backend's own dy");
-            Ok(Box::new(format!("backward of {} inputs, dy {dy}, {req:?}, {p}", x.0.len())))
+            Ok(Box::new(format!("backward of {} inputs, dy {dy}, {req:?}, {p}, checks {checks}", x.0.len())))
         }
         fn decoder(&self, _: &dyn Mixer, _: &AnyTensors, _: &Dims) -> Result<Box<dyn Any>> {
             unreachable!("not implemented, so never called")
@@ -544,28 +547,31 @@ mod tests {
             &"dy",
             &Requires::All,
             Precision::Bf16,
+            false,
         )
         .unwrap();
-        assert_eq!(g, "backward of 3 inputs, dy dy, All, bf16");
+        assert_eq!(g, "backward of 3 inputs, dy dy, All, bf16, checks false");
         // The family's restriction of the configuration: refused with its reason.
         let lifted = crate::mixer("loglinear-mamba2", &serde_json::json!({})).unwrap();
         let x = FakeInputs(vec![]);
-        let e = backward_device::<String>(lifted.as_ref(), &b, &x, &"dy", &Requires::All, Precision::Exact)
-            .unwrap_err()
-            .to_string();
+        let e =
+            backward_device::<String>(lifted.as_ref(), &b, &x, &"dy", &Requires::All, Precision::Exact, true)
+                .unwrap_err()
+                .to_string();
         assert!(e.contains("fast (backward)") && e.contains("no lifted backward here"), "{e}");
         assert!(e.contains("test-device (device tensors)"), "{e}");
         // No host backward: no device backward.
         let nb = Backend::registered("test-device-no-backward").unwrap();
-        let e = backward_device::<String>(m.as_ref(), &nb, &x, &"dy", &Requires::All, Precision::Exact)
+        let e = backward_device::<String>(m.as_ref(), &nb, &x, &"dy", &Requires::All, Precision::Exact, true)
             .unwrap_err()
             .to_string();
         assert!(e.contains("has no fast backward for the `loglinear` family"), "{e}");
         // No device forms at all.
         let host = Backend::registered("test-host-only").unwrap();
-        let e = backward_device::<String>(m.as_ref(), &host, &x, &"dy", &Requires::All, Precision::Exact)
-            .unwrap_err()
-            .to_string();
+        let e =
+            backward_device::<String>(m.as_ref(), &host, &x, &"dy", &Requires::All, Precision::Exact, true)
+                .unwrap_err()
+                .to_string();
         assert!(e.contains("no device-tensor forms"), "{e}");
     }
 

@@ -106,12 +106,12 @@ impl<F: GpuReal> DeviceDecoder for AttentionDecoder<F> {
         let (nk, nv) = (b * h * dk, b * h * dv);
         let copy = |e| err(FAMILY, format!("copy into the KV cache: {e}"));
         if nk > 0 {
-            g.stream
+            g.stream()
                 .memcpy_dtod(&k.view(), &mut self.kc.slice_mut(slot * nk..(slot + 1) * nk))
                 .map_err(copy)?;
         }
         if nv > 0 {
-            g.stream
+            g.stream()
                 .memcpy_dtod(&v.view(), &mut self.vc.slice_mut(slot * nv..(slot + 1) * nv))
                 .map_err(copy)?;
         }

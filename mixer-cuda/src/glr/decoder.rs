@@ -126,7 +126,7 @@ impl<F: GpuReal> DeviceDecoder for GlrDecoder<F> {
             -1
         };
         if !slots.is_empty() {
-            g.stream
+            g.stream()
                 .memcpy_htod(&slots[..], &mut self.dslots.slice_mut(0..slots.len()))
                 .map_err(|e| err(FAMILY, format!("copy of the slot table: {e}")))?;
         }

@@ -51,7 +51,10 @@ impl<F: FftReal> Statics<F> {
         token_shape("x", xs.shape(), &[b as usize, c as usize])?;
         if self.bc > 0 {
             let mut dst = hist.slice_mut(t * self.bc..(t + 1) * self.bc);
-            gpu()?.stream.memcpy_dtod(&xs.view(), &mut dst).map_err(|e| err(FAMILY, format!("copy: {e}")))?;
+            gpu()?
+                .stream()
+                .memcpy_dtod(&xs.view(), &mut dst)
+                .map_err(|e| err(FAMILY, format!("copy: {e}")))?;
         }
         Ok(())
     }

@@ -598,3 +598,146 @@ fn toeplitz_kernel_spectra_are_cached_per_device_tensor_and_never_stale() {
         );
     }
 }
+
+/// A view of `t`'s memory as a caller's memory (what the Python package makes of a PyTorch
+/// tensor): [`DeviceTensor::borrowed`] over its address, owning a handle on `t`.
+fn lent(t: &AnyDeviceTensor, stream: &cudarc::driver::CudaStream) -> AnyDeviceTensor {
+    use cudarc::driver::DevicePtr;
+    fn one<T: mixer_cuda::tensor::DeviceScalar>(
+        t: &DeviceTensor<T>,
+        s: &cudarc::driver::CudaStream,
+    ) -> DeviceTensor<T> {
+        let ptr = {
+            let v = t.view();
+            let (p, _sync) = v.device_ptr(s);
+            p
+        };
+        // SAFETY: `t`'s elements, row-major, kept alive by the owner (a handle on `t`).
+        unsafe { DeviceTensor::<T>::borrowed(ptr, t.shape(), Box::new(t.clone())) }.unwrap()
+    }
+    match t {
+        AnyDeviceTensor::F32(x) => AnyDeviceTensor::F32(one(x, stream)),
+        AnyDeviceTensor::F64(x) => AnyDeviceTensor::F64(one(x, stream)),
+        AnyDeviceTensor::Bf16(x) => AnyDeviceTensor::Bf16(one(x, stream)),
+    }
+}
+
+/// What the Python package lends a call: its own stream (`on_stream`), its memory in place
+/// (`DeviceTensor::borrowed`) and its allocator (`pool::with_allocator`). The forward and the
+/// backward then take every buffer from that allocator and none from the pool, their results'
+/// memory belongs to it, and they give the same bits as the backend's own stream and memory.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_lent_stream_memory_and_allocator_give_the_same_bits() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use cudarc::driver::DevicePtr;
+    use mixer_core::Requires;
+    use mixer_cuda::{backward_device, backward_device_with, on_stream, run_device_with};
+
+    let Some(_turn) = gpu_alone() else {
+        return;
+    };
+    let g = mixer_cuda::runtime::gpu().unwrap();
+    let sizes = Sizes { batch: 2, seq: 65, channels: 6, heads: 2, dk: 16, dv: 16 };
+    for name in ["gated-deltanet", "mamba2", "attention", "toeplitz", "glr"] {
+        let m = mixer(name, &serde_json::json!({})).unwrap();
+        let dims = complete_dims(m.as_ref(), &sizes.dims());
+        let x = cast_tensors::<f32>(&m.random_inputs(&dims, 3).unwrap());
+        let dev = upload_inputs(&x, Precision::Exact).unwrap();
+        let y0 = run_device(m.as_ref(), Form::Fast, &dev, Precision::Exact).unwrap();
+        let shape = y0.shape().to_vec();
+        let n: usize = shape.iter().product();
+        let dy =
+            ArrayD::from_shape_vec(shape, (0..n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 50.0).collect())
+                .unwrap();
+        let dy = AnyDeviceTensor::F32(DeviceTensor::upload(&dy).unwrap());
+        let want = host(&y0);
+        let want_g: Vec<(String, Tensor)> =
+            backward_device(m.as_ref(), &dev, &dy, &Requires::All, Precision::Exact)
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), host(v)))
+                .collect();
+
+        let stream = g.ctx.new_stream().unwrap();
+        let inputs: DeviceTensors = dev.iter().map(|(k, v)| (k.clone(), lent(v, &stream))).collect();
+        let dy_lent = lent(&dy, &stream);
+        let taken = Arc::new(AtomicUsize::new(0));
+        let (count, s) = (taken.clone(), stream.clone());
+        let alloc: Arc<pool::ExternalAlloc> = Arc::new(move |bytes: usize| {
+            count.fetch_add(1, Ordering::Relaxed);
+            let buf = s.alloc_zeros::<u8>(bytes).map_err(|e| Error::Numerical(e.to_string()))?;
+            let ptr = {
+                let (p, _sync) = buf.device_ptr(&s);
+                p
+            };
+            Ok((ptr, Box::new(buf) as Box<dyn std::any::Any + Send + Sync>))
+        });
+        let before = pool::thread_driver_allocs();
+        let (y, grads) = on_stream(stream.clone(), || {
+            pool::with_allocator(alloc, || {
+                let y = run_device_with(m.as_ref(), Form::Fast, &inputs, Precision::Exact, false).unwrap();
+                let d = backward_device_with(
+                    m.as_ref(),
+                    &inputs,
+                    &dy_lent,
+                    &Requires::All,
+                    Precision::Exact,
+                    false,
+                )
+                .unwrap();
+                (y, d)
+            })
+        });
+        assert_eq!(pool::thread_driver_allocs(), before, "{name}: the pool allocated inside with_allocator");
+        assert!(taken.load(Ordering::Relaxed) > 0, "{name}: the caller's allocator was never asked");
+        let AnyDeviceTensor::F32(yt) = &y else { panic!("{name}: y is {}", y.dtype()) };
+        assert!(yt.external_owner().is_some(), "{name}: y's memory is not the caller's");
+        let got = on_stream(stream.clone(), || host(&y));
+        assert_eq!(got, want, "{name}: y on a lent stream");
+        for (k, w) in &want_g {
+            let got = on_stream(stream.clone(), || host(&grads[k]));
+            assert_eq!(&got, w, "{name}: {k} on a lent stream");
+        }
+    }
+}
+
+/// Enqueueing a small forward (gated DeltaNet, the size of the Python package's overhead test)
+/// neither waits for the stream nor allocates device memory in steady state; prints the host
+/// time per call, the Rust side of the Python package's per-call overhead.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn enqueueing_a_small_forward_neither_waits_nor_allocates() {
+    use mixer_cuda::run_device_with;
+    use mixer_cuda::runtime::host_syncs;
+
+    let Some(_turn) = gpu_alone() else {
+        return;
+    };
+    let m = mixer("gated-deltanet", &serde_json::json!({})).unwrap();
+    let sizes = Sizes { batch: 2, seq: 64, channels: 6, heads: 2, dk: 16, dv: 16 };
+    let dims = complete_dims(m.as_ref(), &sizes.dims());
+    let x =
+        upload_inputs(&cast_tensors::<f32>(&m.random_inputs(&dims, 1).unwrap()), Precision::Exact).unwrap();
+    let run = || run_device_with(m.as_ref(), Form::Fast, &x, Precision::Exact, false).unwrap();
+    for _ in 0..50 {
+        drop(run());
+    }
+    mixer_cuda::runtime::gpu().unwrap().sync("test").unwrap();
+    let (syncs, allocs) = (host_syncs(), pool::thread_driver_allocs());
+    let n = 2000;
+    let t0 = std::time::Instant::now();
+    for _ in 0..n {
+        drop(run());
+    }
+    let per = t0.elapsed().as_secs_f64() / n as f64;
+    assert_eq!(host_syncs(), syncs, "a forward waited for the stream");
+    assert_eq!(pool::thread_driver_allocs(), allocs, "a steady-state forward allocated");
+    println!(
+        "run_device (gated-deltanet, B=2 T=64 H=2 D=16, f32, no value checks): {:.1} µs per call",
+        per * 1e6
+    );
+    mixer_cuda::runtime::gpu().unwrap().sync("test").unwrap();
+}

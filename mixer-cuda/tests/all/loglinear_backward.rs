@@ -346,7 +346,8 @@ fn lifted_backward_is_refused_on_cuda_with_a_reason() {
 fn time_forward_and_backward(names: &[&str], shapes: &[[usize; 5]], modes: &[Precision]) {
     let Some(_turn) = gpu() else { return };
     let g = mixer_cuda::runtime::gpu().unwrap();
-    let event = || g.stream.record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
+    let event =
+        || g.stream().record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT)).unwrap();
     let forward =
         |m: &dyn Mixer, dev: &DeviceTensors, p| run_device_with(m, Form::Fast, dev, p, false).unwrap();
     for shape in shapes {

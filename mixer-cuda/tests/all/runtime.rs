@@ -163,18 +163,19 @@ fn cubin_and_ptx_modules_compute_the_same_bits() {
                if (i < n) y[i] = __expf(x[i]) * 0.75f + sinf(3.0f * x[i]) / (1.0f + x[i] * x[i]);\n}";
     let n = 1000usize;
     let x: Vec<f32> = (0..n).map(|i| ((i * 37) % 101) as f32 / 25.0 - 2.0).collect();
-    let dx = g.stream.clone_htod(&x).unwrap();
+    let dx = g.stream().clone_htod(&x).unwrap();
     let run = |m: std::sync::Arc<cudarc::driver::CudaModule>| {
         use cudarc::driver::PushKernelArg;
         let f = m.load_function("mix").unwrap();
-        let mut dy = g.stream.alloc_zeros::<f32>(n).unwrap();
+        let mut dy = g.stream().alloc_zeros::<f32>(n).unwrap();
         let ni = n as i32;
-        let mut b = g.stream.launch_builder(&f);
+        let stream = g.stream();
+        let mut b = stream.launch_builder(&f);
         b.arg(&dx).arg(&mut dy).arg(&ni);
         // SAFETY: the arguments match `mix`'s signature; both buffers hold n floats.
         unsafe { b.launch(mixer_cuda::runtime::grid1(n, 128)) }.unwrap();
         let mut y = vec![0f32; n];
-        g.stream.memcpy_dtoh(&dy, &mut y[..]).unwrap();
+        g.stream().memcpy_dtoh(&dy, &mut y[..]).unwrap();
         g.sync("cubin").unwrap();
         y
     };
@@ -249,7 +250,7 @@ fn fft_round_trip<F: mixer_cuda::fft::FftReal>(tol: f64) {
     let spec = mixer_cuda::fft::rfft::<F>("fft", &dx, n, batch).unwrap();
     let back = mixer_cuda::fft::irfft::<F>("fft", spec, n, batch).unwrap();
     let mut host = vec![F::zero(); n * batch];
-    g.stream.memcpy_dtoh(&back.slice(0..n * batch), &mut host[..]).unwrap();
+    g.stream().memcpy_dtoh(&back.slice(0..n * batch), &mut host[..]).unwrap();
     g.sync("fft").unwrap();
     for (a, b) in x.iter().zip(host.iter()) {
         assert!((a.f64() - b.f64() / n as f64).abs() < tol, "{a} vs {}", b.f64() / n as f64);

@@ -1,0 +1,153 @@
+"""The zero-copy CUDA path of the PyTorch ops.
+
+A call whose tensors are all CUDA tensors of device 0, run by the ``cuda`` backend in the
+``parallel`` or ``fast`` form without a state or ``cu_seqlens``, goes here instead of through
+host copies:
+
+- the library reads each input in place (a tensor that is not contiguous, or whose address is
+  not a multiple of 16 bytes, is made contiguous first; dtypes are converted only where the
+  precision mode needs another: half types to float32, the activations to bfloat16 in the
+  ``bf16`` mode);
+- the work is enqueued on ``torch.cuda.current_stream()`` and nothing waits for the device;
+- every buffer the library needs, scratch and outputs alike, is allocated by PyTorch's caching
+  allocator (``torch.empty`` of bytes on the current stream, called from the library), and the
+  outputs are views of those tensors, so memory statistics, stream semantics and CUDA-graph
+  capture are PyTorch's own;
+- kernels are compiled by NVRTC on a shape's first call: run each op once before capturing a
+  graph (:func:`warmup`).
+
+Value constraints (``g ≤ 0``, ``beta ∈ [0, 1]``, finite inputs) are not checked on this path:
+their outcome lives on the device and reading it would wait for the stream.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from . import _mixers
+
+_NAMES = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}
+_DTYPES = {v: k for k, v in _NAMES.items()}
+_HALF = (torch.bfloat16, torch.float16)
+# mixer_core::precision::ACTIVATIONS: the inputs stored as bfloat16 in the `bf16` mode.
+_ACTIVATIONS = ("x", "q", "k", "v")
+
+
+def applies(tensors: Sequence[torch.Tensor], backend: str, form: str, stateful: bool, cu_seqlens) -> bool:
+    """Whether a call runs on the zero-copy path (else through host copies)."""
+    return (
+        backend == "cuda"
+        and form in ("fast", "parallel")
+        and not stateful
+        and cu_seqlens is None
+        and all(t.device.type == "cuda" and t.device.index in (0, None) for t in tensors)
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def _allocator(device: torch.device):
+    """``nbytes → (tensor, data_ptr)``: PyTorch's caching allocator, on the current stream."""
+
+    def alloc(nbytes: int):
+        t = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        return t, t.data_ptr()
+
+    return alloc
+
+
+def _dtype(name: str, t: torch.Tensor, precision: str) -> torch.dtype:
+    """The dtype the library takes input ``name`` in: bfloat16 for the activations in the
+    ``bf16`` mode (from float32 or a half type), float32 for half types otherwise; anything else
+    as given (the library refuses what does not suit the mode, with its message)."""
+    if precision == "bf16" and name in _ACTIVATIONS and t.dtype in (torch.float32,) + _HALF:
+        return torch.bfloat16
+    return torch.float32 if t.dtype in _HALF else t.dtype
+
+
+def _raw(name: str, t: torch.Tensor, dtype: torch.dtype):
+    """``(name, data_ptr, shape, dtype)`` of ``t`` as ``dtype``, contiguous and 16-byte aligned
+    (converted or copied only where it is not already)."""
+    t = t.detach()
+    if t.dtype != dtype:
+        t = t.to(dtype)
+    if not t.is_contiguous():
+        t = t.contiguous()
+    if t.data_ptr() % 16:
+        t = t.clone()
+    if t.dtype not in _NAMES:
+        raise ValueError(f"input `{name}`: expected a float32, float64 or bfloat16 CUDA tensor, got {t.dtype}")
+    return t, (name, t.data_ptr(), list(t.shape), _NAMES[t.dtype])
+
+
+def _prepare(names: Sequence[str], tensors: Sequence[torch.Tensor], precision: str):
+    """The inputs as the library takes them; the converted tensors are kept alive by the caller
+    for the call."""
+    keep, raw = [], []
+    for n, t in zip(names, tensors):
+        t, r = _raw(n, t, _dtype(n, t, precision))
+        keep.append(t)
+        raw.append(r)
+    return keep, raw
+
+
+def _view(out) -> torch.Tensor:
+    """An output of the library as a tensor on the storage of the PyTorch tensor that owns its
+    memory (no copy; not an autograd view of it, so it may be modified in place)."""
+    owner, offset, shape, dtype = out
+    dt = _DTYPES[dtype]
+    t = torch.empty((0,), dtype=dt, device=owner.device)
+    stride, acc = [], 1
+    for s in reversed(shape):
+        stride.append(acc)
+        acc *= s
+    return t.set_(owner.untyped_storage(), offset // dt.itemsize, list(shape), stride[::-1])
+
+
+def forward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], config: str, form: str,
+            precision: str) -> torch.Tensor:
+    """``y`` of the ``parallel`` or ``fast`` form, enqueued on the current stream (the library's
+    dtype: the mixed input's work dtype, bfloat16 in the ``bf16`` mode)."""
+    keep, raw = _prepare(names, tensors, precision)
+    device = tensors[0].device
+    stream = torch.cuda.current_stream(device).cuda_stream
+    y = _mixers.cuda_forward(mixer, raw, stream, _allocator(device), config=config, form=form,
+                             precision=precision)
+    del keep
+    return _view(y)
+
+
+def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], dy: torch.Tensor, config: str,
+             precision: str, requires: Optional[List[str]] = None) -> Dict[str, torch.Tensor]:
+    """The ``fast`` backward for the cotangent ``dy``, enqueued on the current stream:
+    ``{"d_<input>": tensor}`` (float32 in the ``tf32`` and ``bf16`` modes, else the inputs'
+    dtype). ``NotImplementedError`` where the CUDA backend has no backward for the mixer."""
+    keep, raw = _prepare(names, tensors, precision)
+    dy_dtype = torch.bfloat16 if precision == "bf16" else (torch.float32 if dy.dtype in _HALF else dy.dtype)
+    dy_t, dy_raw = _raw("dy", dy, dy_dtype)
+    device = tensors[0].device
+    stream = torch.cuda.current_stream(device).cuda_stream
+    grads = _mixers.cuda_backward(mixer, raw, dy_raw, stream, _allocator(device), config=config,
+                                  precision=precision, requires=requires)
+    del keep, dy_t
+    return {k: _view(v) for k, v in grads.items()}
+
+
+def warmup(fn, *args, **kwargs):
+    """Runs ``fn(*args, **kwargs)`` once on a side stream, with its backward (through
+    ``torch.autograd.grad``, so no ``.grad`` is touched) when the result requires a gradient,
+    and waits for it: every kernel the call needs is then compiled (NVRTC) and every FFT plan
+    made, so that the same call can be captured in a CUDA graph. Returns ``fn``'s result."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        out = fn(*args, **kwargs)
+        first = out[0] if isinstance(out, (tuple, list)) else out
+        leaves = [t for t in list(args) + list(kwargs.values()) if isinstance(t, torch.Tensor) and t.requires_grad]
+        if isinstance(first, torch.Tensor) and first.requires_grad and leaves:
+            torch.autograd.grad(first.float().sum(), leaves, allow_unused=True)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    return out
