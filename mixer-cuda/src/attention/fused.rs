@@ -198,9 +198,10 @@ pub(crate) fn launch_with_stats(
     }
     // The statistics' device address, or null (the forward alone); the guard orders the launch
     // after earlier uses of the buffer.
+    let stream = g.stream();
     let (st_ptr, _guard) = match stats {
         Some(st) => {
-            let (p, guard) = st.device_ptr_mut(&g.stream);
+            let (p, guard) = st.device_ptr_mut(&stream);
             (p, Some(guard))
         }
         None => (0, None),
