@@ -528,10 +528,12 @@ fn modes_against_cpu(m: &dyn Mixer, what: &str, x: &Tensors<f64>, dy: &ArrayD<f6
         let got = cuda_mode(m, &x32, &dy32, p);
         assert_eq!(got.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "{what} {p}");
         for (name, w) in &want {
-            // d_q and d_k: σ · (dy·v) · k (or q), the size of the summands before they cancel.
+            // d_q and d_k: σ · (dy·v) · k (or q), the size of the summands before they cancel;
+            // dy·v is a dot product of Dv terms, of size √Dv · rms(dy) · rms(v).
+            let dot = (dyr.shape()[3] as f64).sqrt() * rms(&dyr) * rms(&xr["v"]);
             let floor = match name.as_str() {
-                "d_q" => sigma * rms(&dyr) * rms(&xr["v"]) * rms(&xr["k"]),
-                "d_k" => sigma * rms(&dyr) * rms(&xr["v"]) * rms(&xr["q"]),
+                "d_q" => sigma * dot * rms(&xr["k"]),
+                "d_k" => sigma * dot * rms(&xr["q"]),
                 _ => 0.0,
             };
             let g = &got[name];
