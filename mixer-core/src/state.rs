@@ -29,6 +29,52 @@ use crate::tensor::Tensors;
 /// The names and shapes of a state's tensors, in a fixed order.
 pub type StateShapes = Vec<(String, Vec<usize>)>;
 
+/// The name of the position tensor (`[B]`, the tokens consumed before the state) of the states
+/// that carry one: the log-linear lifts, the GLR and the Toeplitz mixer.
+pub const POSITION: &str = "position";
+
+/// The names and shapes of given state tensors.
+pub fn shapes_of<F>(state: &Tensors<F>) -> StateShapes {
+    state.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect()
+}
+
+/// The positions `a` of a state's `position [B]` tensor for a run of `t_len` tokens, per batch
+/// row, after checking that each is a whole number `≥ 0` and that the final position `a + T`
+/// is exact in the scalar type (`2^24` in `f32`, `2^53` in `f64`). Errors name the row.
+pub fn positions<F: Real>(p: &ArrayD<F>, t_len: usize) -> Result<Vec<usize>> {
+    let digits = if F::DTYPE == crate::tensor::DType::F32 { f32::MANTISSA_DIGITS } else { f64::MANTISSA_DIGITS };
+    p.iter()
+        .enumerate()
+        .map(|(b, &x)| {
+            let v = x.f64();
+            if !(v >= 0.0 && v.fract() == 0.0 && v < 2f64.powi(53)) {
+                return Err(Error::Value {
+                    name: format!("state.{POSITION}[{b}]"),
+                    constraint: "must be a whole number ≥ 0 (the tokens consumed before the state)".into(),
+                    found: format!("{v}"),
+                });
+            }
+            let a = v as usize;
+            if (a + t_len) as f64 > 2f64.powi(digits as i32) {
+                return Err(Error::Value {
+                    name: format!("state.{POSITION}[{b}]"),
+                    constraint: format!(
+                        "position + T ≤ 2^{digits} (the positions are stored in the state's scalar type; use f64 beyond)"
+                    ),
+                    found: format!("position {a}, T = {t_len}"),
+                });
+            }
+            Ok(a)
+        })
+        .collect()
+}
+
+/// `position [B]` holding `pos`, in the state's scalar type.
+pub fn position_tensor<F: Real>(pos: &[usize]) -> ArrayD<F> {
+    ArrayD::from_shape_vec(IxDyn(&[pos.len()]), pos.iter().map(|&a| F::of(a as f64)).collect())
+        .expect("a vector of B entries has shape [B]")
+}
+
 /// The error for a mixer without the state API.
 pub fn no_state(mixer: &str, why: &str) -> Error {
     Error::FormUnavailable {

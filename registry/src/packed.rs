@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use mixer_core::mixer::Mixer;
 use mixer_core::state::{
-    StateShapes, check_cu_seqlens, check_state, scatter, segment, stack_rows, state_row, zeros,
+    StateShapes, check_cu_seqlens, check_state, scatter, segment, shapes_of, stack_rows, state_row, zeros,
 };
 use mixer_core::tensor::get;
 use mixer_core::{Error, Form, Precision, Requires, Result, Tensors, grad_name};
@@ -44,7 +44,8 @@ fn layout<F: Scalar>(
         return Ok((ranges, None));
     }
     dims.insert("B", 1);
-    let one = crate::state::shapes(m, &dims)?;
+    let first = given.iter().find_map(|(_, s)| s.map(|s| state_row(s, 0)));
+    let one = crate::state::shapes(m, &dims, first.as_ref().map(shapes_of).as_ref())?;
     let rows: StateShapes = one
         .iter()
         .map(|(k, s)| (k.clone(), std::iter::once(ranges.len()).chain(s.iter().skip(1).copied()).collect()))
@@ -75,9 +76,11 @@ pub fn run_packed<F: Scalar>(
     let stateful = initial.is_some() || want_final;
     let (ranges, one) = layout(m, inputs, cu_seqlens, stateful, &[("initial_state", initial)])?;
     let results = each_sequence(backend, &ranges, |i, r| {
-        let row = initial.map(|s| state_row(s, i));
+        // Without an initial state every sequence starts from the zero state of the buffer's
+        // sizes, so that the final states share their shapes (a KV cache's capacity).
+        let row = initial.map(|s| state_row(s, i)).or_else(|| one.as_ref().map(|w| zeros(w)));
         if r.is_empty() {
-            return Ok((None, one.as_ref().map(|w| row.unwrap_or_else(|| zeros(w)))));
+            return Ok((None, row));
         }
         let seg = segment(m, inputs, r.clone())?;
         if stateful {
@@ -153,7 +156,7 @@ pub fn backward_packed<F: Scalar>(
         .map(|(k, v)| (grad_name(k), ArrayD::zeros(v.raw_dim())))
         .collect();
     let results = each_sequence(backend, &ranges, |i, r| {
-        let row = initial.map(|s| state_row(s, i));
+        let row = initial.map(|s| state_row(s, i)).or_else(|| one.as_ref().map(|w| zeros(w)));
         let d_row = d_final.map(|s| state_row(s, i));
         if r.is_empty() {
             return Ok((None, one.as_ref().map(|w| d_row.unwrap_or_else(|| zeros(w)))));

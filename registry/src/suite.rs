@@ -212,7 +212,7 @@ pub fn check_mixer(m: &dyn Mixer, backend: &Backend, sizes: &Sizes, seed: u64) -
         out.push(case(form, DType::F64, Check::Errors, r.err()));
     }
 
-    if crate::state::shapes(m, &dims).is_ok() {
+    if crate::state::shapes(m, &dims, None).is_ok() {
         for form in crate::state::forms(m, backend) {
             for dtype in [DType::F64, DType::F32] {
                 let r = guarded(|| state_check(m, backend, form, &inputs, &dims, dtype, seed));

@@ -162,7 +162,7 @@ pub(crate) fn packed_check(
     let t_len = x[m.spec().mixed].shape()[1];
     let cu = packed_offsets(t_len);
     let n = cu.len() - 1;
-    let stateful = shapes(m, &d1).is_ok() && forms(m, backend).contains(&form);
+    let stateful = shapes(m, &d1, None).is_ok() && forms(m, backend).contains(&form);
     let s0 = if stateful {
         let rows: Vec<Tensors<f64>> =
             (0..n).map(|i| random_state(m, &d1, seed + i as u64)).collect::<Result<_, _>>()?;

@@ -37,3 +37,4 @@ pub mod loglinear_lift_state;
 pub mod loglinear_state;
 mod loglinear_vjp;
 pub mod toeplitz;
+pub mod toeplitz_state;
