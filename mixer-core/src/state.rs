@@ -141,6 +141,87 @@ pub fn random(shapes: &StateShapes, seed: u64) -> Tensors<f64> {
     s
 }
 
+/// The batch rows of each prefix length (or position), in increasing order of the length: the
+/// groups whose *extended* sequences (a state's rows, then the run's tokens) have one length.
+pub fn by_length(lens: &[usize]) -> std::collections::BTreeMap<usize, Vec<usize>> {
+    let mut g: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for (b, &a) in lens.iter().enumerate() {
+        g.entry(a).or_default().push(b);
+    }
+    g
+}
+
+/// The extension of the per-token array `x [B, T, …]` for the batch `rows` by `len` rows before
+/// its tokens: `[rows, len + T, …]`, rows `0 … len − 1` from `prefix [B, ≥ len, …]` (zeros
+/// without one), then `x`.
+pub fn prefixed<F: Real>(x: &ArrayD<F>, prefix: Option<&ArrayD<F>>, rows: &[usize], len: usize) -> ArrayD<F> {
+    let mut shape = x.shape().to_vec();
+    shape[0] = rows.len();
+    shape[1] += len;
+    let mut ext = ArrayD::<F>::zeros(IxDyn(&shape));
+    for (i, &b) in rows.iter().enumerate() {
+        let mut row = ext.index_axis_mut(Axis(0), i);
+        if let Some(p) = prefix {
+            row.slice_axis_mut(Axis(0), Slice::from(..len))
+                .assign(&p.index_axis(Axis(0), b).slice_axis(Axis(0), Slice::from(..len)));
+        }
+        row.slice_axis_mut(Axis(0), Slice::from(len..)).assign(&x.index_axis(Axis(0), b));
+    }
+    ext
+}
+
+/// The inverse of [`prefixed`] for gradients: row `i` of `ext [rows, len + T, …]` goes to batch
+/// row `rows[i]`, its first `len` rows into `prefix [B, ≥ len, …]` (added), the rest into
+/// `x [B, T, …]` (assigned).
+pub fn unprefix<F: Real>(ext: &ArrayD<F>, rows: &[usize], len: usize, prefix: &mut ArrayD<F>, x: &mut ArrayD<F>) {
+    for (i, &b) in rows.iter().enumerate() {
+        let row = ext.index_axis(Axis(0), i);
+        let mut p = prefix.index_axis_mut(Axis(0), b);
+        let mut p = p.slice_axis_mut(Axis(0), Slice::from(..len));
+        p += &row.slice_axis(Axis(0), Slice::from(..len));
+        x.index_axis_mut(Axis(0), b).assign(&row.slice_axis(Axis(0), Slice::from(len..)));
+    }
+}
+
+/// A decoder of `B` batch rows made of one decoder per row: for a state whose rows are at
+/// different positions (a decoder steps its rows together). `make` builds the decoder of one
+/// row (sizes with `B = 1`) from that row's state; each step runs every row's decoder on its
+/// row of the token, and [`Decoder::state`] stacks the rows' states.
+pub fn decoder_by_rows<F: Real>(
+    initial: &Tensors<F>,
+    rows: usize,
+    make: impl Fn(&Tensors<F>) -> Result<Box<dyn crate::Decoder<F>>>,
+) -> Result<Box<dyn crate::Decoder<F>>> {
+    let rows = (0..rows).map(|i| make(&state_row(initial, i))).collect::<Result<Vec<_>>>()?;
+    Ok(Box::new(ByRows { rows }))
+}
+
+/// The decoder of [`decoder_by_rows`].
+struct ByRows<F> {
+    rows: Vec<Box<dyn crate::Decoder<F>>>,
+}
+
+impl<F: Real> crate::Decoder<F> for ByRows<F> {
+    fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
+        let n = self.rows.len();
+        if let Some((k, v)) = token.iter().find(|(_, v)| v.shape().first() != Some(&n)) {
+            return Err(Error::shape(k.clone(), format!("a token of B = {n} rows"), fmt_shape(v.shape())));
+        }
+        let ys = self.rows.iter_mut().enumerate().map(|(i, d)| d.step(&state_row(token, i))).collect::<Result<Vec<_>>>()?;
+        let views: Vec<_> = ys.iter().map(|y| y.view()).collect();
+        ndarray::concatenate(Axis(0), &views).map_err(|e| Error::Decoder(format!("stacking the rows' outputs: {e}")))
+    }
+    fn cache_elems(&self) -> usize {
+        self.rows.iter().map(|d| d.cache_elems()).sum()
+    }
+    fn position(&self) -> usize {
+        self.rows.first().map_or(0, |d| d.position())
+    }
+    fn state(&self) -> Result<Tensors<F>> {
+        stack_rows(&self.rows.iter().map(|d| d.state()).collect::<Result<Vec<_>>>()?)
+    }
+}
+
 /// Checks packed-batch offsets for a buffer of `t_len` rows and `batch` batch rows: `B = 1`,
 /// at least one offset, the first `0`, non-decreasing, the last `≤ T` (rows past it belong to
 /// no sequence). Returns the sequences' row ranges.

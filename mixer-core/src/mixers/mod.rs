@@ -31,6 +31,7 @@ macro_rules! materialized_vjp {
 }
 
 pub mod attention;
+pub mod attention_state;
 pub mod glr;
 pub mod loglinear;
 pub mod loglinear_lift_state;

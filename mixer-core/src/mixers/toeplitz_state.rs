@@ -26,14 +26,14 @@
 //! the rows that must be zero, and for `position`), `x̄` is rows `a …` of it, and the taps' and
 //! bias' gradients are summed over the groups.
 
-use std::collections::BTreeMap;
+use std::ops::AddAssign;
 
-use ndarray::{ArrayD, Axis, IxDyn, Slice, s};
+use ndarray::{ArrayD, Axis, IxDyn, s};
 
 use crate::error::{Error, Result, fmt_shape};
 use crate::grad::{Requires, grad_name};
 use crate::real::Real;
-use crate::state::{POSITION, StateShapes, position_tensor};
+use crate::state::{POSITION, StateShapes, by_length, position_tensor, prefixed, unprefix};
 use crate::tensor::{Tensors, get};
 
 /// The name of the state's input history.
@@ -83,27 +83,11 @@ pub fn positions<F: Real>(state: &Tensors<F>, t_len: usize) -> Result<Vec<usize>
     Ok(pos)
 }
 
-/// The batch rows of each position, in increasing order of position.
-fn groups(pos: &[usize]) -> BTreeMap<usize, Vec<usize>> {
-    let mut g: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for (b, &a) in pos.iter().enumerate() {
-        g.entry(a).or_default().push(b);
-    }
-    g
-}
-
 /// The inputs of the extension of the batch `rows` at position `a`: `x_ext [rows, a + T, C]`
 /// (the state's rows `0 … a − 1`, then `x`), the static inputs as given.
 fn extension<F: Real>(x: &Tensors<F>, hist: &ArrayD<F>, rows: &[usize], a: usize) -> Result<Tensors<F>> {
-    let xs = get(x, "x")?;
-    let (t_len, c) = (xs.shape()[1], xs.shape()[2]);
-    let mut ext = ArrayD::<F>::zeros(IxDyn(&[rows.len(), a + t_len, c]));
-    for (i, &b) in rows.iter().enumerate() {
-        ext.slice_mut(s![i, ..a, ..]).assign(&hist.slice(s![b, ..a, ..]));
-        ext.slice_mut(s![i, a.., ..]).assign(&xs.index_axis(Axis(0), b));
-    }
     let mut out = x.clone();
-    out.insert("x".into(), ext);
+    out.insert("x".into(), prefixed(get(x, "x")?, Some(hist), rows, a));
     Ok(out)
 }
 
@@ -124,7 +108,7 @@ pub fn run<F: Real>(
     };
     let mut y = ArrayD::<F>::zeros(xs.raw_dim());
     let mut fin = ArrayD::<F>::zeros(IxDyn(&[nb, tw, c]));
-    for (a, rows) in groups(&pos) {
+    for (a, rows) in by_length(&pos) {
         if a + t_len > tw {
             return Err(Error::shape("w", format!("Tw ≥ position + T = {}", a + t_len), format!("Tw = {tw}")));
         }
@@ -165,7 +149,7 @@ pub fn vjp<F: Real>(
     let mut grads: Tensors<F> = Tensors::new();
     let mut d_state = ArrayD::<F>::zeros(IxDyn(&[nb, tw, c]));
     let mut dx = ArrayD::<F>::zeros(xs.raw_dim());
-    for (a, rows) in groups(&pos) {
+    for (a, rows) in by_length(&pos) {
         let ext = extension(x, hist, &rows, a)?;
         let mut dye = ArrayD::<F>::zeros(ext["x"].raw_dim());
         for (i, &b) in rows.iter().enumerate() {
@@ -175,14 +159,12 @@ pub fn vjp<F: Real>(
         let mut dxe = g.remove(&grad_name("x")).ok_or_else(|| {
             Error::Numerical("toeplitz backward from a state: the backward returned no `d_x`".into())
         })?;
-        for (i, &b) in rows.iter().enumerate() {
-            let mut row = dxe.index_axis_mut(Axis(0), i);
-            if let Some(dh) = d_hist {
-                row += &dh.slice(s![b, ..a + t_len, ..]);
+        if let Some(dh) = d_hist {
+            for (i, &b) in rows.iter().enumerate() {
+                dxe.index_axis_mut(Axis(0), i).add_assign(&dh.slice(s![b, ..a + t_len, ..]));
             }
-            d_state.slice_mut(s![b, ..a, ..]).assign(&row.slice(s![..a, ..]));
-            dx.index_axis_mut(Axis(0), b).assign(&row.slice(s![a.., ..]));
         }
+        unprefix(&dxe, &rows, a, &mut d_state, &mut dx);
         for (k, v) in g {
             match grads.get_mut(&k) {
                 Some(acc) => *acc += &v,
@@ -242,7 +224,7 @@ pub(crate) fn oracle_vjp(
 /// Rows `r` of the sequence axis of `a`.
 #[cfg(test)]
 fn rows_of(a: &ArrayD<f64>, r: std::ops::Range<usize>) -> ArrayD<f64> {
-    a.slice_axis(Axis(1), Slice::from(r)).to_owned()
+    a.slice_axis(Axis(1), ndarray::Slice::from(r)).to_owned()
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 mod attention;
 mod glr;
 mod loglinear;
+mod states;
 mod suite;
 mod toeplitz;
 
