@@ -20,7 +20,7 @@ use mixer_core::mixer::Decoder;
 use mixer_core::mixers::toeplitz::{DecoderKind, FAMILY, Prepared, Toeplitz};
 use mixer_core::tensor::get;
 use mixer_core::mixers::toeplitz_state;
-use mixer_core::{Dims, Real, Requires, Result, Tensors};
+use mixer_core::{Dims, DimsExt, Real, Requires, Result, Tensors};
 use mixer_registry::{
     BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, StateBackwardFn, StateDecoderFn, StateFn, register,
 };
@@ -79,7 +79,7 @@ pub fn decoder_from_state<F: FftReal>(
     initial: Option<&Tensors<F>>,
 ) -> Result<Box<dyn Decoder<F>>> {
     let Some(s) = initial else { return decoder(tm, statics, dims) };
-    let pos = toeplitz_state::positions(s, 0)?;
+    let pos = toeplitz_state::positions(s, dims.size("T")?)?;
     let a = pos.first().copied().unwrap_or(0);
     if pos.iter().any(|&p| p != a) {
         let mut one = dims.clone();

@@ -18,6 +18,9 @@ use crate::cpu;
 /// The configurations with a state, one per family and layout.
 fn configs() -> Vec<(&'static str, serde_json::Value)> {
     vec![
+        ("attention", json!({})),
+        ("attention", json!({"window": 5})),
+        ("local-attention", json!({"window": 2})),
         ("toeplitz", json!({"heads": 2})),
         ("toeplitz", json!({"heads": 1, "kernel_width": 3, "decoder": "naive"})),
     ]
@@ -71,6 +74,9 @@ fn a_perturbed_state_is_caught() {
         for form in mixer_registry::state::forms(m.as_ref(), &cpu) {
             let mut bad = s0.clone();
             let (k, a) = bad.iter_mut().find(|(k, _)| k.as_str() != POSITION).unwrap();
+            if a.is_empty() {
+                continue; // a window of 1 caches nothing
+            }
             let ix = live_entry(m.as_ref(), k, a, &s0);
             a[ix.as_slice()] += 1e-3;
             let (y, f) = run_state(m.as_ref(), &cpu, form, &x, Some(&bad), Precision::Exact).unwrap();
@@ -119,6 +125,27 @@ fn prefill_then_decode_at_any_split() {
             }
         }
     }
+}
+
+/// A KV cache that cannot take the run, or of the wrong capacity, is refused with what was
+/// given, in every form.
+#[test]
+fn bad_caches_are_refused() {
+    let cpu = cpu();
+    let m = mixer("attention", &json!({})).unwrap();
+    let (x, s0) = setup(m.as_ref(), 6, 1);
+    let mut full = s0.clone();
+    full.get_mut("length").unwrap()[0] = 6.0;
+    for form in [Form::Fast, Form::Parallel, Form::Recurrent, Form::Materialized] {
+        let e = run_state(m.as_ref(), &cpu, form, &x, Some(&full), Precision::Exact).unwrap_err().to_string();
+        assert!(e.contains("capacity N ≥ length + T") && e.contains("N = 11, length 6, T = 6"), "{form}: {e}");
+    }
+    let w = mixer("attention", &json!({"window": 4})).unwrap();
+    let (x, s0) = setup(w.as_ref(), 6, 1);
+    let mut wide = s0.clone();
+    wide.insert("k".into(), ArrayD::zeros(ndarray::IxDyn(&[2, 5, 2, 3])));
+    let e = run_state(w.as_ref(), &cpu, Form::Fast, &x, Some(&wide), Precision::Exact).unwrap_err().to_string();
+    assert!(e.contains("initial_state.k") && e.contains("[2, 3, 2, 3]") && e.contains("[2, 5, 2, 3]"), "{e}");
 }
 
 /// Bad states are refused with what was expected and what was given: a wrong shape, and a
