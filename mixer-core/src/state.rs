@@ -261,6 +261,14 @@ pub fn segment<F: Clone>(m: &dyn Mixer, inputs: &Tensors<F>, range: Range<usize>
     cut(inputs, &m.spec().per_token(), &m.length_axes(range.len()), range)
 }
 
+/// The inputs of the tokens `range` for a run *from a state*: every per-token input cut along the
+/// sequence axis, every other axis kept whole. The axes [`segment`] cuts to the segment's length
+/// (the GLR's slots) are sized by absolute positions here: a run from position `a` reads
+/// `K(a + T)` slots, so one slot axis sized for the whole sequence serves every part.
+pub fn segment_from_state<F: Clone>(m: &dyn Mixer, inputs: &Tensors<F>, range: Range<usize>) -> Result<Tensors<F>> {
+    cut(inputs, &m.spec().per_token(), &[], range)
+}
+
 /// [`segment`] from the per-token input names and the length axes.
 pub fn cut<F: Clone>(
     inputs: &Tensors<F>,

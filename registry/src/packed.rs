@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use mixer_core::mixer::Mixer;
 use mixer_core::state::{
-    StateShapes, check_cu_seqlens, check_state, scatter, segment, shapes_of, stack_rows, state_row, zeros,
+    StateShapes, check_cu_seqlens, check_state, scatter, segment, segment_from_state, shapes_of, stack_rows, state_row, zeros,
 };
 use mixer_core::tensor::get;
 use mixer_core::{Error, Form, Precision, Requires, Result, Tensors, grad_name};
@@ -82,11 +82,12 @@ pub fn run_packed<F: Scalar>(
         if r.is_empty() {
             return Ok((None, row));
         }
-        let seg = segment(m, inputs, r.clone())?;
         if stateful {
+            let seg = segment_from_state(m, inputs, r.clone())?;
             let (yi, fi) = run_state(m, backend, form, &seg, row.as_ref(), precision)?;
             return Ok((Some(yi), Some(fi)));
         }
+        let seg = segment(m, inputs, r.clone())?;
         let t = crate::run::run_with(m, backend, form, &F::tag(seg), precision)?;
         let yi = F::untag(t).ok_or_else(|| internal(backend, "the output came back in another dtype"))?;
         Ok((Some(yi), None))
@@ -161,7 +162,7 @@ pub fn backward_packed<F: Scalar>(
         if r.is_empty() {
             return Ok((None, one.as_ref().map(|w| d_row.unwrap_or_else(|| zeros(w)))));
         }
-        let seg = segment(m, inputs, r.clone())?;
+        let seg = if stateful { segment_from_state(m, inputs, r.clone())? } else { segment(m, inputs, r.clone())? };
         let dyi = dy.slice_axis(ndarray::Axis(1), ndarray::Slice::from(r.clone())).to_owned();
         if stateful {
             let (g, ds) =

@@ -14,7 +14,7 @@
 //!   backward where the form has one, and for the final states where the mixer has a state.
 
 use mixer_core::mixer::Mixer;
-use mixer_core::state::{segment, state_row};
+use mixer_core::state::{segment, segment_from_state, state_row};
 use mixer_core::tensor::{cast_tensors, tensors_to_f64};
 use mixer_core::{DType, Dims, Form, Precision, Requires, Tensors, Tolerance};
 use ndarray::{ArrayD, Axis, Slice};
@@ -104,8 +104,8 @@ pub(crate) fn state_check(
     let t_len = inputs[m.spec().mixed].shape()[1];
     let position = s0.get("position").and_then(|p| p.first()).map(|&p| p as usize);
     for a in splits(t_len, position) {
-        let (ya, sa) = run(&segment(m, inputs, 0..a).map_err(|e| e.to_string())?, Some(&s0))?;
-        let (yb, sb) = run(&segment(m, inputs, a..t_len).map_err(|e| e.to_string())?, Some(&sa))?;
+        let (ya, sa) = run(&segment_from_state(m, inputs, 0..a).map_err(|e| e.to_string())?, Some(&s0))?;
+        let (yb, sb) = run(&segment_from_state(m, inputs, a..t_len).map_err(|e| e.to_string())?, Some(&sa))?;
         let joined = ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).map_err(|e| e.to_string())?;
         compare(tol, &format!("y split at {a}"), &joined, &y)?;
         compare_all(tol, &format!("final state split at {a}"), &sb, &fin)?;
@@ -176,7 +176,8 @@ pub(crate) fn packed_check(
     for (i, w) in cu.windows(2).enumerate() {
         let r = w[0]..w[1];
         let got = y.slice_axis(Axis(1), Slice::from(r.clone())).to_owned();
-        let seg = segment(m, &x, r.clone()).map_err(|e| e.to_string())?;
+        let seg = if stateful { segment_from_state(m, &x, r.clone()) } else { segment(m, &x, r.clone()) }
+            .map_err(|e| e.to_string())?;
         let row = s0.as_ref().map(|s| state_row(s, i));
         if !r.is_empty() {
             let alone = match &row {

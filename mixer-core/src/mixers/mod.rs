@@ -33,6 +33,7 @@ macro_rules! materialized_vjp {
 pub mod attention;
 pub mod attention_state;
 pub mod glr;
+pub mod glr_state;
 pub mod loglinear;
 pub mod loglinear_lift_state;
 pub mod loglinear_state;

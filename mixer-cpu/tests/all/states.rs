@@ -23,6 +23,13 @@ fn configs() -> Vec<(&'static str, serde_json::Value)> {
         ("local-attention", json!({"window": 2})),
         ("toeplitz", json!({"heads": 2})),
         ("toeplitz", json!({"heads": 1, "kernel_width": 3, "decoder": "naive"})),
+        ("glr", json!({"pattern": "pow2"})),
+        ("glr", json!({"pattern": "sq1", "cache_efficient": true})),
+        ("glr", json!({"pattern": "pow2", "cache_efficient": true, "on": "a"})),
+        ("glr", json!({"pattern": "fibonacci", "cache_efficient": true})),
+        ("kth-order", json!({"order": 3})),
+        ("diagonal-ssm", json!({})),
+        ("dense-recurrence", json!({"on": "a"})),
     ]
 }
 
@@ -88,14 +95,15 @@ fn a_perturbed_state_is_caught() {
     }
 }
 
-/// The index of an entry of state tensor `k` that a run reads: row 0 of the batch, the last row
-/// before the position for states with a position, the first slot otherwise.
-fn live_entry(_m: &dyn Mixer, _k: &str, a: &ArrayD<f64>, s0: &Tensors<f64>) -> Vec<usize> {
-    let mut ix = vec![0; a.ndim()];
-    if let Some(p) = s0.get(POSITION) {
-        ix[1] = (p[0] as usize).saturating_sub(1);
-    }
-    ix
+/// The index of an entry of a state tensor that a run reads: the largest in batch row 0 (the
+/// random states fill the live rows and zero the others).
+fn live_entry(_m: &dyn Mixer, _k: &str, a: &ArrayD<f64>, _s0: &Tensors<f64>) -> Vec<usize> {
+    let row0 = a.index_axis(Axis(0), 0);
+    let (ix, _) = row0
+        .indexed_iter()
+        .fold((None, 0.0), |(bi, bv), (i, &v)| if v.abs() > bv { (Some(i), v.abs()) } else { (bi, bv) });
+    let ix = ix.expect("a live entry in row 0");
+    std::iter::once(0).chain(ix.as_array_view().iter().copied()).collect()
 }
 
 /// Prefill of `x[0:a]` then a decoder built from its final state: the decoder's outputs are rows
@@ -109,9 +117,9 @@ fn prefill_then_decode_at_any_split() {
         let (x, s0) = setup(m.as_ref(), t, 5);
         let (y, fin) = run_state(m.as_ref(), &cpu, Form::Fast, &x, Some(&s0), Precision::Exact).unwrap();
         for a in 0..=t {
-            let head = mixer_core::state::segment(m.as_ref(), &x, 0..a).unwrap();
+            let head = mixer_core::state::segment_from_state(m.as_ref(), &x, 0..a).unwrap();
             let (_, sa) = run_state(m.as_ref(), &cpu, Form::Fast, &head, Some(&s0), Precision::Exact).unwrap();
-            let tail = mixer_core::state::segment(m.as_ref(), &x, a..t).unwrap();
+            let tail = mixer_core::state::segment_from_state(m.as_ref(), &x, a..t).unwrap();
             let d = mixer_registry::state::validate(m.as_ref(), &tail).unwrap();
             let mut dec = decoder_from_state(m.as_ref(), &cpu, &tail, &d, Some(&sa)).unwrap();
             let yd = mixer_core::mixer::run_decoder(dec.as_mut(), &m.spec(), &tail, |_, _| {}).unwrap();
