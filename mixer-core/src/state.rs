@@ -42,7 +42,8 @@ pub fn shapes_of<F>(state: &Tensors<F>) -> StateShapes {
 /// row, after checking that each is a whole number `≥ 0` and that the final position `a + T`
 /// is exact in the scalar type (`2^24` in `f32`, `2^53` in `f64`). Errors name the row.
 pub fn positions<F: Real>(p: &ArrayD<F>, t_len: usize) -> Result<Vec<usize>> {
-    let digits = if F::DTYPE == crate::tensor::DType::F32 { f32::MANTISSA_DIGITS } else { f64::MANTISSA_DIGITS };
+    let digits =
+        if F::DTYPE == crate::tensor::DType::F32 { f32::MANTISSA_DIGITS } else { f64::MANTISSA_DIGITS };
     p.iter()
         .enumerate()
         .map(|(b, &x)| {
@@ -173,7 +174,13 @@ pub fn prefixed<F: Real>(x: &ArrayD<F>, prefix: Option<&ArrayD<F>>, rows: &[usiz
 /// The inverse of [`prefixed`] for gradients: row `i` of `ext [rows, len + T, …]` goes to batch
 /// row `rows[i]`, its first `len` rows into `prefix [B, ≥ len, …]` (added), the rest into
 /// `x [B, T, …]` (assigned).
-pub fn unprefix<F: Real>(ext: &ArrayD<F>, rows: &[usize], len: usize, prefix: &mut ArrayD<F>, x: &mut ArrayD<F>) {
+pub fn unprefix<F: Real>(
+    ext: &ArrayD<F>,
+    rows: &[usize],
+    len: usize,
+    prefix: &mut ArrayD<F>,
+    x: &mut ArrayD<F>,
+) {
     for (i, &b) in rows.iter().enumerate() {
         let row = ext.index_axis(Axis(0), i);
         let mut p = prefix.index_axis_mut(Axis(0), b);
@@ -207,9 +214,15 @@ impl<F: Real> crate::Decoder<F> for ByRows<F> {
         if let Some((k, v)) = token.iter().find(|(_, v)| v.shape().first() != Some(&n)) {
             return Err(Error::shape(k.clone(), format!("a token of B = {n} rows"), fmt_shape(v.shape())));
         }
-        let ys = self.rows.iter_mut().enumerate().map(|(i, d)| d.step(&state_row(token, i))).collect::<Result<Vec<_>>>()?;
+        let ys = self
+            .rows
+            .iter_mut()
+            .enumerate()
+            .map(|(i, d)| d.step(&state_row(token, i)))
+            .collect::<Result<Vec<_>>>()?;
         let views: Vec<_> = ys.iter().map(|y| y.view()).collect();
-        ndarray::concatenate(Axis(0), &views).map_err(|e| Error::Decoder(format!("stacking the rows' outputs: {e}")))
+        ndarray::concatenate(Axis(0), &views)
+            .map_err(|e| Error::Decoder(format!("stacking the rows' outputs: {e}")))
     }
     fn cache_elems(&self) -> usize {
         self.rows.iter().map(|d| d.cache_elems()).sum()
@@ -265,7 +278,11 @@ pub fn segment<F: Clone>(m: &dyn Mixer, inputs: &Tensors<F>, range: Range<usize>
 /// sequence axis, every other axis kept whole. The axes [`segment`] cuts to the segment's length
 /// (the GLR's slots) are sized by absolute positions here: a run from position `a` reads
 /// `K(a + T)` slots, so one slot axis sized for the whole sequence serves every part.
-pub fn segment_from_state<F: Clone>(m: &dyn Mixer, inputs: &Tensors<F>, range: Range<usize>) -> Result<Tensors<F>> {
+pub fn segment_from_state<F: Clone>(
+    m: &dyn Mixer,
+    inputs: &Tensors<F>,
+    range: Range<usize>,
+) -> Result<Tensors<F>> {
     cut(inputs, &m.spec().per_token(), &[], range)
 }
 

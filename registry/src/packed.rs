@@ -17,7 +17,8 @@ use std::ops::Range;
 
 use mixer_core::mixer::Mixer;
 use mixer_core::state::{
-    StateShapes, check_cu_seqlens, check_state, scatter, segment, segment_from_state, shapes_of, stack_rows, state_row, zeros,
+    StateShapes, check_cu_seqlens, check_state, scatter, segment, segment_from_state, shapes_of, stack_rows,
+    state_row, zeros,
 };
 use mixer_core::tensor::get;
 use mixer_core::{Error, Form, Precision, Requires, Result, Tensors, grad_name};
@@ -162,7 +163,8 @@ pub fn backward_packed<F: Scalar>(
         if r.is_empty() {
             return Ok((None, one.as_ref().map(|w| d_row.unwrap_or_else(|| zeros(w)))));
         }
-        let seg = if stateful { segment_from_state(m, inputs, r.clone())? } else { segment(m, inputs, r.clone())? };
+        let seg =
+            if stateful { segment_from_state(m, inputs, r.clone())? } else { segment(m, inputs, r.clone())? };
         let dyi = dy.slice_axis(ndarray::Axis(1), ndarray::Slice::from(r.clone())).to_owned();
         if stateful {
             let (g, ds) =

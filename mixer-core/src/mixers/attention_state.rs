@@ -85,7 +85,12 @@ pub fn lengths<F: Real>(m: &Attention, state: &Tensors<F>, t_len: usize) -> Resu
         return Err(Error::shape(
             "state",
             "k [B, N, H, Dk], v [B, N, H, Dv] and length [B]",
-            format!("k {}, v {}, length {}", fmt_shape(k.shape()), fmt_shape(v.shape()), fmt_shape(l.shape())),
+            format!(
+                "k {}, v {}, length {}",
+                fmt_shape(k.shape()),
+                fmt_shape(v.shape()),
+                fmt_shape(l.shape())
+            ),
         ));
     }
     let n = k.shape()[1];
@@ -135,7 +140,11 @@ fn final_len(m: &Attention, len: usize, t_len: usize) -> usize {
 /// capacity `cap` (the final state's) without one.
 type Cache<'a, F> = (Vec<usize>, Option<(&'a ArrayD<F>, &'a ArrayD<F>)>, usize);
 
-fn cache<'a, F: Real>(m: &Attention, x: &Tensors<F>, initial: Option<&'a Tensors<F>>) -> Result<Cache<'a, F>> {
+fn cache<'a, F: Real>(
+    m: &Attention,
+    x: &Tensors<F>,
+    initial: Option<&'a Tensors<F>>,
+) -> Result<Cache<'a, F>> {
     let q = get(x, "q")?;
     let (nb, t_len) = (q.shape()[0], q.shape()[1]);
     match initial {
@@ -186,7 +195,8 @@ pub fn run<F: Real>(
         for (i, &b) in rows.iter().enumerate() {
             y.index_axis_mut(Axis(0), b).assign(&ye.slice(s![i, len.., .., ..]));
             for (dst, src) in [(&mut fk, &ext["k"]), (&mut fv, &ext["v"])] {
-                dst.slice_mut(s![b, ..keep, .., ..]).assign(&src.index_axis(Axis(0), i).slice_axis(Axis(0), from));
+                dst.slice_mut(s![b, ..keep, .., ..])
+                    .assign(&src.index_axis(Axis(0), i).slice_axis(Axis(0), from));
             }
             fl[b] = keep;
         }
@@ -231,8 +241,12 @@ pub fn vjp<F: Real>(
             let mut ge = g.remove(&grad_name(name)).ok_or_else(|| missing(name))?;
             if let Some(df) = d_final.map(|s| get(s, name)).transpose()? {
                 for (i, &b) in rows.iter().enumerate() {
-                    ge.slice_mut(s![i, len + t_len - keep..len + t_len, .., ..])
-                        .add_assign(&df.slice(s![b, ..keep, .., ..]));
+                    ge.slice_mut(s![i, len + t_len - keep..len + t_len, .., ..]).add_assign(&df.slice(s![
+                        b,
+                        ..keep,
+                        ..,
+                        ..
+                    ]));
                 }
             }
             unprefix(&ge, &rows, len, &mut dc[j], &mut d[j + 1]);
@@ -304,7 +318,9 @@ pub(crate) fn oracle_vjp(
     d_final: Option<&Tensors<f64>>,
     requires: &Requires,
 ) -> Result<(Tensors<f64>, Tensors<f64>)> {
-    vjp(m, x, initial, dy, d_final, requires, |e, d| crate::grad::materialized_backward(m, e, d, &Requires::All))
+    vjp(m, x, initial, dy, d_final, requires, |e, d| {
+        crate::grad::materialized_backward(m, e, d, &Requires::All)
+    })
 }
 
 #[cfg(test)]
@@ -341,7 +357,8 @@ mod tests {
             let whole = crate::oracle::solve(&m.materialize(&x).unwrap(), &x["v"]).unwrap();
             let (y0, f0) = oracle(&m, &x, None).unwrap();
             close(&y0, &whole, "from an empty cache");
-            let d = [("B", 2), ("N", t_len), ("H", 2), ("Dk", 3), ("Dv", 2), ("T", t_len)].into_iter().collect();
+            let d =
+                [("B", 2), ("N", t_len), ("H", 2), ("Dk", 3), ("Dv", 2), ("T", t_len)].into_iter().collect();
             let empty = crate::state::zeros::<f64>(&shapes(&m, &d).unwrap());
             for a in [0, 1, 4, 10, 11] {
                 let (ya, sa) = oracle(&m, &segment(&m, &x, 0..a).unwrap(), Some(&empty)).unwrap();
@@ -362,7 +379,8 @@ mod tests {
             let s0 = random_state(&m, &dims(5), 9).unwrap();
             let (y, fin) = oracle(&m, &x, Some(&s0)).unwrap();
             let dy = y.mapv(|a| (3.1 * a).sin());
-            let df: Tensors<f64> = fin.iter().map(|(k, v)| (k.clone(), v.mapv(|a| (1.7 * a + 0.2).cos()))).collect();
+            let df: Tensors<f64> =
+                fin.iter().map(|(k, v)| (k.clone(), v.mapv(|a| (1.7 * a + 0.2).cos()))).collect();
             let (g, gs) = oracle_vjp(&m, &x, Some(&s0), &dy, Some(&df), &Requires::All).unwrap();
             let loss = |x: &Tensors<f64>, s: &Tensors<f64>| {
                 let (y, f) = oracle(&m, x, Some(s)).unwrap();

@@ -127,7 +127,9 @@ pub fn positions<F: Real>(m: &Glr, state: &Tensors<F>, t_len: usize, k: usize) -
             if at.is_none() && v.slice(s![b, j, ..]).iter().any(|&x| x != F::zero()) {
                 return Err(Error::Value {
                     name: format!("state.{name}[{b}, {j}]"),
-                    constraint: format!("row {j} holds no value at position {a} (module docs: docs/math.md §7.1), so it must be zero"),
+                    constraint: format!(
+                        "row {j} holds no value at position {a} (module docs: docs/math.md §7.1), so it must be zero"
+                    ),
                     found: "non-zero entries".into(),
                 });
             }
@@ -166,7 +168,8 @@ fn extension<F: Real>(
         let mut e = crate::state::prefixed(v, None, rows, a);
         if name == "alpha" {
             // α_p = 1 on x_p (slot 0 of the K + 1 axis with the pattern on A).
-            if m.on().has_a() { e.slice_mut(s![.., ..a, 0, ..]) } else { e.slice_mut(s![.., ..a, ..]) }.fill(F::one());
+            if m.on().has_a() { e.slice_mut(s![.., ..a, 0, ..]) } else { e.slice_mut(s![.., ..a, ..]) }
+                .fill(F::one());
         }
         if let (Some(st), true) = (prefix, a > 0) {
             for (j, at) in kept(m, k, a).into_iter().enumerate() {
@@ -212,7 +215,10 @@ pub fn run<F: Real>(
         }
     }
     let fin_pos: Vec<usize> = pos.iter().map(|&a| a + t_len).collect();
-    Ok((y, [(name.to_string(), fin), (POSITION.to_string(), position_tensor(&fin_pos))].into_iter().collect()))
+    Ok((
+        y,
+        [(name.to_string(), fin), (POSITION.to_string(), position_tensor(&fin_pos))].into_iter().collect(),
+    ))
 }
 
 /// The backward of [`run`] by `backward` (the form's backward on the extension) (module
@@ -237,8 +243,7 @@ pub fn vjp<F: Real>(
         None => (None, vec![0; nb]),
     };
     let df = d_final.map(|d| get(d, name)).transpose()?;
-    let mut grads: Tensors<F> =
-        x.iter().map(|(n, v)| (grad_name(n), ArrayD::zeros(v.raw_dim()))).collect();
+    let mut grads: Tensors<F> = x.iter().map(|(n, v)| (grad_name(n), ArrayD::zeros(v.raw_dim()))).collect();
     let mut ds = ArrayD::<F>::zeros(IxDyn(&[nb, rows(m, k), c]));
     for (a, group) in by_length(&pos) {
         let ext = extension(m, x, st, &group, a, k)?;
@@ -263,9 +268,11 @@ pub fn vjp<F: Real>(
             }
         }
         for (n, full) in grads.iter_mut() {
-            let ge = g.get(n).ok_or_else(|| Error::Numerical(format!("glr backward from a state: no `{n}`")))?;
+            let ge =
+                g.get(n).ok_or_else(|| Error::Numerical(format!("glr backward from a state: no `{n}`")))?;
             for (i, &b) in group.iter().enumerate() {
-                full.index_axis_mut(Axis(0), b).assign(&ge.index_axis(Axis(0), i).slice_axis(Axis(0), (a..).into()));
+                full.index_axis_mut(Axis(0), b)
+                    .assign(&ge.index_axis(Axis(0), i).slice_axis(Axis(0), (a..).into()));
             }
         }
     }
@@ -328,7 +335,11 @@ pub(crate) fn random_state(m: &Glr, dims: &crate::Dims, mut s: Tensors<f64>) -> 
 }
 
 /// The `f64` reference: [`run`] with the materialized oracle as the form.
-pub(crate) fn oracle(m: &Glr, x: &Tensors<f64>, initial: Option<&Tensors<f64>>) -> Result<(ArrayD<f64>, Tensors<f64>)> {
+pub(crate) fn oracle(
+    m: &Glr,
+    x: &Tensors<f64>,
+    initial: Option<&Tensors<f64>>,
+) -> Result<(ArrayD<f64>, Tensors<f64>)> {
     run(m, x, initial, |e| crate::oracle::solve(&crate::Mixer::materialize(m, e)?, &e["x"]))
 }
 
@@ -341,7 +352,9 @@ pub(crate) fn oracle_vjp(
     d_final: Option<&Tensors<f64>>,
     requires: &Requires,
 ) -> Result<(Tensors<f64>, Tensors<f64>)> {
-    vjp(m, x, initial, dy, d_final, requires, |e, d| crate::grad::materialized_backward(m, e, d, &Requires::All))
+    vjp(m, x, initial, dy, d_final, requires, |e, d| {
+        crate::grad::materialized_backward(m, e, d, &Requires::All)
+    })
 }
 
 #[cfg(test)]
@@ -418,7 +431,8 @@ mod tests {
             let x = inputs(&m, 5, 6, 4);
             let k = sizes(&x).unwrap().3;
             let key = if m.on().has_a() { "K1" } else { "K" };
-            let d: crate::Dims = [("B", 2), ("T", 5), ("C", 3), (key, k + usize::from(m.on().has_a()))].into_iter().collect();
+            let d: crate::Dims =
+                [("B", 2), ("T", 5), ("C", 3), (key, k + usize::from(m.on().has_a()))].into_iter().collect();
             let shapes = shapes(&m, &d).unwrap();
             let s0 = random_state(&m, &d, crate::state::random(&shapes, 8)).unwrap();
             let name = stream(&m).unwrap();
@@ -450,7 +464,12 @@ mod tests {
             }
             for input in ["x", "alpha", "beta"] {
                 let Some(a) = x.get(input) else { continue };
-                let ix: Vec<usize> = a.shape().iter().enumerate().map(|(i, &n)| if i == 2 && a.ndim() == 4 { 0 } else { n / 2 }).collect();
+                let ix: Vec<usize> = a
+                    .shape()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &n)| if i == 2 && a.ndim() == 4 { 0 } else { n / 2 })
+                    .collect();
                 let (mut p, mut n) = (x.clone(), x.clone());
                 p.get_mut(input).unwrap()[ix.as_slice()] += h;
                 n.get_mut(input).unwrap()[ix.as_slice()] -= h;

@@ -110,7 +110,11 @@ pub fn run<F: Real>(
     let mut fin = ArrayD::<F>::zeros(IxDyn(&[nb, tw, c]));
     for (a, rows) in by_length(&pos) {
         if a + t_len > tw {
-            return Err(Error::shape("w", format!("Tw ≥ position + T = {}", a + t_len), format!("Tw = {tw}")));
+            return Err(Error::shape(
+                "w",
+                format!("Tw ≥ position + T = {}", a + t_len),
+                format!("Tw = {tw}"),
+            ));
         }
         let ext = extension(x, hist, &rows, a)?;
         let ye = form(&ext)?;
@@ -120,7 +124,10 @@ pub fn run<F: Real>(
         }
     }
     let fin_pos: Vec<usize> = pos.iter().map(|&a| a + t_len).collect();
-    Ok((y, [(HISTORY.to_string(), fin), (POSITION.to_string(), position_tensor(&fin_pos))].into_iter().collect()))
+    Ok((
+        y,
+        [(HISTORY.to_string(), fin), (POSITION.to_string(), position_tensor(&fin_pos))].into_iter().collect(),
+    ))
 }
 
 /// The backward of [`run`] by `backward` (the form's backward on the extension: gradients

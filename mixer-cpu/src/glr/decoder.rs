@@ -11,8 +11,8 @@
 //!
 //! [`Decoder::cache_elems`] counts the scalars held: positions × streams (x and/or y) × B × C.
 
-use mixer_core::mixer::Decoder;
 use mixer_core::Mixer;
+use mixer_core::mixer::Decoder;
 use mixer_core::mixers::glr::{Glr, On, Slots};
 use mixer_core::mixers::glr_state;
 use mixer_core::tensor::contiguous;
@@ -55,7 +55,18 @@ impl<F: Real> GlrDecoder<F> {
             let cap = slots.offsets().last().copied().unwrap_or(0);
             Store::Window { ring: vec![F::zero(); cap * streams * b_len * c_len], cap }
         };
-        Ok(GlrDecoder { on: g.on(), slots, t_len, b_len, c_len, k_in, pos: 0, store, keep_last: false, glr: g.clone() })
+        Ok(GlrDecoder {
+            on: g.on(),
+            slots,
+            t_len,
+            b_len,
+            c_len,
+            k_in,
+            pos: 0,
+            store,
+            keep_last: false,
+            glr: g.clone(),
+        })
     }
 
     /// A decoder for `T` more tokens after the state `s` (docs/math.md §7.1; every batch row at
@@ -82,7 +93,8 @@ impl<F: Real> GlrDecoder<F> {
         let mut entries: Vec<(usize, Vec<F>)> = Vec::new();
         for (j, at) in glr_state::kept(g, d.k_in, a).into_iter().enumerate() {
             let Some(p) = at else { continue };
-            let entry: Vec<F> = (0..d.b_len).flat_map(|b| v[(b * rows + j) * d.c_len..][..d.c_len].to_vec()).collect();
+            let entry: Vec<F> =
+                (0..d.b_len).flat_map(|b| v[(b * rows + j) * d.c_len..][..d.c_len].to_vec()).collect();
             entries.push((p, entry));
         }
         match &mut d.store {
@@ -246,6 +258,8 @@ impl<F: Real> Decoder<F> for GlrDecoder<F> {
             }
         }
         let pos = mixer_core::state::position_tensor(&vec![self.pos; bn]);
-        Ok([(name.to_string(), v.into_dyn()), (mixer_core::state::POSITION.to_string(), pos)].into_iter().collect())
+        Ok([(name.to_string(), v.into_dyn()), (mixer_core::state::POSITION.to_string(), pos)]
+            .into_iter()
+            .collect())
     }
 }

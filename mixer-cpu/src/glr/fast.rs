@@ -92,7 +92,8 @@ pub(crate) type Gathered<'a, F> = (Cow<'a, [F]>, Cow<'a, [F]>, Cow<'a, [F]>);
 /// The slot axis `K` of the inputs (`beta`'s, or `alpha`'s less one with the pattern on `A`),
 /// checked to hold at least the `K(T)` slots read.
 pub(crate) fn slot_axis<F>(g: &Glr, inputs: &Tensors<F>, slots: &Slots) -> Result<usize> {
-    let (name, a) = if g.on().has_b() { ("beta", get(inputs, "beta")?) } else { ("alpha", get(inputs, "alpha")?) };
+    let (name, a) =
+        if g.on().has_b() { ("beta", get(inputs, "beta")?) } else { ("alpha", get(inputs, "alpha")?) };
     let k = match a.shape() {
         [_, _, k, _] if g.on().has_b() => *k,
         [_, _, k1, _] if g.on().has_a() => k1.saturating_sub(1),
@@ -100,7 +101,11 @@ pub(crate) fn slot_axis<F>(g: &Glr, inputs: &Tensors<F>, slots: &Slots) -> Resul
         s => return Err(Error::shape(name, "[B, T, K, C]", mixer_core::error::fmt_shape(s))),
     };
     if k < slots.len() {
-        return Err(Error::shape(name, format!("a slot axis of at least K(T) = {}", slots.len()), format!("K = {k}")));
+        return Err(Error::shape(
+            name,
+            format!("a slot axis of at least K(T) = {}", slots.len()),
+            format!("K = {k}"),
+        ));
     }
     Ok(k)
 }

@@ -36,7 +36,9 @@ pub fn decoder_from_state<F: Real>(
     if pos.iter().any(|&p| p != a) {
         let mut one = dims.clone();
         one.insert("B", 1);
-        return mixer_core::state::decoder_by_rows(s, pos.len(), |row| decoder_from_state(g, statics, &one, Some(row)));
+        return mixer_core::state::decoder_by_rows(s, pos.len(), |row| {
+            decoder_from_state(g, statics, &one, Some(row))
+        });
     }
     Ok(Box::new(decoder::GlrDecoder::<F>::from_state(g, dims, Some((s, a)))?))
 }

@@ -18,8 +18,8 @@ pub mod parallel;
 use mixer_core::Form;
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::toeplitz::{DecoderKind, FAMILY, Prepared, Toeplitz};
-use mixer_core::tensor::get;
 use mixer_core::mixers::toeplitz_state;
+use mixer_core::tensor::get;
 use mixer_core::{Dims, DimsExt, Real, Requires, Result, Tensors};
 use mixer_registry::{
     BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, StateBackwardFn, StateDecoderFn, StateFn, register,

@@ -3,13 +3,13 @@
 //! sizes, that the check catches a wrong state, prefill followed by decoding at any split, and
 //! the errors for bad states.
 
+use mixer_core::Mixer;
 use mixer_core::state::POSITION;
 use mixer_core::{Form, Precision, Tensors};
 use mixer_registry::harness::Sizes;
+use mixer_registry::mixer;
 use mixer_registry::state::{decoder_from_state, run_state};
 use mixer_registry::suite::{Check, check_mixer};
-use mixer_core::Mixer;
-use mixer_registry::mixer;
 use ndarray::{ArrayD, Axis, Slice};
 use serde_json::json;
 
@@ -51,7 +51,8 @@ fn every_form_runs_from_a_state() {
             let cases = check_mixer(m.as_ref(), &cpu, &sizes(t), 11 + i as u64);
             let state: Vec<_> = cases.iter().filter(|c| c.check == Check::State).collect();
             assert_eq!(state.len(), 2 * want.len(), "{name} {cfg} T={t}");
-            let failed: Vec<String> = cases.iter().filter(|c| c.failure.is_some()).map(|c| c.to_string()).collect();
+            let failed: Vec<String> =
+                cases.iter().filter(|c| c.failure.is_some()).map(|c| c.to_string()).collect();
             assert!(failed.is_empty(), "{name} {cfg} T={t}:\n{}", failed.join("\n"));
         }
     }
@@ -118,7 +119,8 @@ fn prefill_then_decode_at_any_split() {
         let (y, fin) = run_state(m.as_ref(), &cpu, Form::Fast, &x, Some(&s0), Precision::Exact).unwrap();
         for a in 0..=t {
             let head = mixer_core::state::segment_from_state(m.as_ref(), &x, 0..a).unwrap();
-            let (_, sa) = run_state(m.as_ref(), &cpu, Form::Fast, &head, Some(&s0), Precision::Exact).unwrap();
+            let (_, sa) =
+                run_state(m.as_ref(), &cpu, Form::Fast, &head, Some(&s0), Precision::Exact).unwrap();
             let tail = mixer_core::state::segment_from_state(m.as_ref(), &x, a..t).unwrap();
             let d = mixer_registry::state::validate(m.as_ref(), &tail).unwrap();
             let mut dec = decoder_from_state(m.as_ref(), &cpu, &tail, &d, Some(&sa)).unwrap();
@@ -146,13 +148,17 @@ fn bad_caches_are_refused() {
     full.get_mut("length").unwrap()[0] = 6.0;
     for form in [Form::Fast, Form::Parallel, Form::Recurrent, Form::Materialized] {
         let e = run_state(m.as_ref(), &cpu, form, &x, Some(&full), Precision::Exact).unwrap_err().to_string();
-        assert!(e.contains("capacity N ≥ length + T") && e.contains("N = 11, length 6, T = 6"), "{form}: {e}");
+        assert!(
+            e.contains("capacity N ≥ length + T") && e.contains("N = 11, length 6, T = 6"),
+            "{form}: {e}"
+        );
     }
     let w = mixer("attention", &json!({"window": 4})).unwrap();
     let (x, s0) = setup(w.as_ref(), 6, 1);
     let mut wide = s0.clone();
     wide.insert("k".into(), ArrayD::zeros(ndarray::IxDyn(&[2, 5, 2, 3])));
-    let e = run_state(w.as_ref(), &cpu, Form::Fast, &x, Some(&wide), Precision::Exact).unwrap_err().to_string();
+    let e =
+        run_state(w.as_ref(), &cpu, Form::Fast, &x, Some(&wide), Precision::Exact).unwrap_err().to_string();
     assert!(e.contains("initial_state.k") && e.contains("[2, 3, 2, 3]") && e.contains("[2, 5, 2, 3]"), "{e}");
 }
 
@@ -165,7 +171,8 @@ fn bad_states_are_refused() {
     let (x, s0) = setup(m.as_ref(), 6, 1);
     let mut wrong = s0.clone();
     wrong.insert("x".into(), ArrayD::zeros(ndarray::IxDyn(&[2, 11, 4])));
-    let e = run_state(m.as_ref(), &cpu, Form::Fast, &x, Some(&wrong), Precision::Exact).unwrap_err().to_string();
+    let e =
+        run_state(m.as_ref(), &cpu, Form::Fast, &x, Some(&wrong), Precision::Exact).unwrap_err().to_string();
     assert!(e.contains("initial_state.x") && e.contains("[2, 12, 4]") && e.contains("[2, 11, 4]"), "{e}");
     let mut far = s0.clone();
     far.get_mut("x").unwrap().fill(0.0);

@@ -185,9 +185,10 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     // The kernels index the slot axis by the pattern table's K(T): a longer axis (which the
     // CPU takes for runs from a state) is refused, not misread.
     let want_a = if on.has_a() { vec![b, t, na, c] } else { vec![b, t, c] };
-    for (name, got, want) in
-        [("alpha", Some(alpha.shape().to_vec()), want_a), ("beta", beta.as_ref().map(|v| v.shape().to_vec()), vec![b, t, k, c])]
-    {
+    for (name, got, want) in [
+        ("alpha", Some(alpha.shape().to_vec()), want_a),
+        ("beta", beta.as_ref().map(|v| v.shape().to_vec()), vec![b, t, k, c]),
+    ] {
         if let Some(got) = got
             && got != want
         {
