@@ -5,6 +5,8 @@ use ndarray::{ArrayView3, ArrayView4};
 
 use super::dispatch::{Stepper, build};
 use super::options::Options;
+use super::scalar::Scalar;
+use super::states::KvCache;
 
 /// The registered mixer and JSON config for `opts` (options: `scale`, `window`).
 pub(crate) fn mixer(opts: &Options) -> Result<Box<dyn mixer_core::Mixer>> {
@@ -60,17 +62,13 @@ impl<F: Scalar> AttentionDecoder<F> {
     /// A decoder for at most `max_len` more tokens after the cache `initial_state` (e.g. the
     /// final cache of an [`attention_state`](super::attention_state) prefill); `max_len` plus the cached length must fit
     /// the cache's capacity without a window.
-    pub fn from_state(
-        max_len: usize,
-        initial_state: &super::states::KvCache<F>,
-        opts: &Options,
-    ) -> Result<Self> {
+    pub fn from_state(max_len: usize, initial_state: &KvCache<F>, opts: &Options) -> Result<Self> {
         let mut d = Self::new(max_len, opts)?;
         d.0.start_from_states(initial_state.to_tensors());
         Ok(d)
     }
     /// The KV cache after the tokens consumed so far.
-    pub fn state(&self) -> Result<super::states::KvCache<F>> {
+    pub fn state(&self) -> Result<KvCache<F>> {
         KvCache::from_tensors(self.0.states()?)
     }
 }

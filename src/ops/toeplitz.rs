@@ -110,6 +110,6 @@ impl<F: Scalar> ToeplitzDecoder<F> {
     }
     /// The state after the tokens consumed so far.
     pub fn state(&self) -> Result<super::states::RowState<F>> {
-        RowState::from_tensors(self.0.states()?, "x")
+        super::states::RowState::from_tensors(self.0.states()?, "x")
     }
 }

@@ -76,7 +76,7 @@ pub(crate) fn key<F: Real>(
 /// ([`mixer_core::state::decoder_by_rows`]).
 pub fn decoder_from_state<F: crate::vmath::VecMath>(
     a: &Attention,
-    statics: &Tensors<F>,
+    _statics: &Tensors<F>,
     dims: &Dims,
     initial: Option<&Tensors<F>>,
 ) -> Result<Box<dyn Decoder<F>>> {
@@ -87,7 +87,7 @@ pub fn decoder_from_state<F: crate::vmath::VecMath>(
         let mut one = dims.clone();
         one.insert("B", 1);
         return mixer_core::state::decoder_by_rows(s, lens.len(), |row| {
-            decoder_from_state(a, statics, &one, Some(row))
+            decoder_from_state(a, _statics, &one, Some(row))
         });
     }
     Ok(Box::new(decoder::AttentionDecoder::<F>::from_state(a, dims, Some((s, len)))?))

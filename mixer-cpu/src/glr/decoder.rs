@@ -244,7 +244,7 @@ impl<F: Real> Decoder<F> for GlrDecoder<F> {
     /// The cached values at the positions the next token and its successors read
     /// ([`glr_state::kept`]), and the position.
     fn state(&self) -> Result<Tensors<F>> {
-        let name = glr_state::stream(&self.glr).map_err(|why| Error::Decoder(why))?;
+        let name = glr_state::stream(&self.glr).map_err(Error::Decoder)?;
         let (bn, cn) = (self.b_len, self.c_len);
         let rows = glr_state::rows(&self.glr, self.k_in);
         let mut v = ndarray::Array3::<F>::zeros((bn, rows, cn));

@@ -25,7 +25,7 @@ use mixer_registry::{
 /// positions get one decoder each ([`mixer_core::state::decoder_by_rows`]).
 pub fn decoder_from_state<F: Real>(
     g: &Glr,
-    statics: &Tensors<F>,
+    _statics: &Tensors<F>,
     dims: &Dims,
     initial: Option<&Tensors<F>>,
 ) -> Result<Box<dyn Decoder<F>>> {
@@ -37,7 +37,7 @@ pub fn decoder_from_state<F: Real>(
         let mut one = dims.clone();
         one.insert("B", 1);
         return mixer_core::state::decoder_by_rows(s, pos.len(), |row| {
-            decoder_from_state(g, statics, &one, Some(row))
+            decoder_from_state(g, _statics, &one, Some(row))
         });
     }
     Ok(Box::new(decoder::GlrDecoder::<F>::from_state(g, dims, Some((s, a)))?))
