@@ -203,6 +203,24 @@ pub fn decoder_by_rows<F: Real>(
     Ok(Box::new(ByRows { rows }))
 }
 
+/// [`decoder_by_rows`] for a state whose rows' positions (or cached lengths) `counts` differ,
+/// each row's decoder built by `make` from the sizes with `B = 1` and the row's state; `None`
+/// when every row is at the same count (one decoder steps them together).
+pub fn by_rows_if_uneven<F: Real>(
+    counts: &[usize],
+    initial: &Tensors<F>,
+    dims: &crate::Dims,
+    make: impl Fn(&crate::Dims, &Tensors<F>) -> Result<Box<dyn crate::Decoder<F>>>,
+) -> Option<Result<Box<dyn crate::Decoder<F>>>> {
+    let first = counts.first()?;
+    if counts.iter().all(|c| c == first) {
+        return None;
+    }
+    let mut one = dims.clone();
+    one.insert("B", 1);
+    Some(decoder_by_rows(initial, counts.len(), |row| make(&one, row)))
+}
+
 /// The decoder of [`decoder_by_rows`].
 struct ByRows<F> {
     rows: Vec<Box<dyn crate::Decoder<F>>>,

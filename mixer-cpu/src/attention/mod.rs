@@ -83,12 +83,10 @@ pub fn decoder_from_state<F: crate::vmath::VecMath>(
     let Some(s) = initial else { return Ok(Box::new(decoder::AttentionDecoder::<F>::new(a, dims)?)) };
     let lens = attention_state::lengths(a, s, dims.size("T")?)?;
     let len = lens.first().copied().unwrap_or(0);
-    if lens.iter().any(|&l| l != len) {
-        let mut one = dims.clone();
-        one.insert("B", 1);
-        return mixer_core::state::decoder_by_rows(s, lens.len(), |row| {
-            decoder_from_state(a, _statics, &one, Some(row))
-        });
+    if let Some(d) = mixer_core::state::by_rows_if_uneven(&lens, s, dims, |one, row| {
+        decoder_from_state(a, _statics, one, Some(row))
+    }) {
+        return d;
     }
     Ok(Box::new(decoder::AttentionDecoder::<F>::from_state(a, dims, Some((s, len)))?))
 }

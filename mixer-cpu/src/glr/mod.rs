@@ -33,12 +33,10 @@ pub fn decoder_from_state<F: Real>(
     let k = glr_state::slot_count(dims).unwrap_or(0);
     let pos = glr_state::positions(g, s, dims.size("T")?, k)?;
     let a = pos.first().copied().unwrap_or(0);
-    if pos.iter().any(|&p| p != a) {
-        let mut one = dims.clone();
-        one.insert("B", 1);
-        return mixer_core::state::decoder_by_rows(s, pos.len(), |row| {
-            decoder_from_state(g, _statics, &one, Some(row))
-        });
+    if let Some(d) = mixer_core::state::by_rows_if_uneven(&pos, s, dims, |one, row| {
+        decoder_from_state(g, _statics, one, Some(row))
+    }) {
+        return d;
     }
     Ok(Box::new(decoder::GlrDecoder::<F>::from_state(g, dims, Some((s, a)))?))
 }

@@ -81,12 +81,10 @@ pub fn decoder_from_state<F: FftReal>(
     let Some(s) = initial else { return decoder(tm, statics, dims) };
     let pos = toeplitz_state::positions(s, dims.size("T")?)?;
     let a = pos.first().copied().unwrap_or(0);
-    if pos.iter().any(|&p| p != a) {
-        let mut one = dims.clone();
-        one.insert("B", 1);
-        return mixer_core::state::decoder_by_rows(s, pos.len(), |row| {
-            decoder_from_state(tm, statics, &one, Some(row))
-        });
+    if let Some(d) = mixer_core::state::by_rows_if_uneven(&pos, s, dims, |one, row| {
+        decoder_from_state(tm, statics, one, Some(row))
+    }) {
+        return d;
     }
     let mut dec = decoder(tm, statics, dims)?;
     let hist = get(s, toeplitz_state::HISTORY)?;
