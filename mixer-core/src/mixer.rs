@@ -68,6 +68,19 @@ pub trait Mixer: Send + Sync + Debug + Any {
     fn state_shapes(&self, _dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
         Err("this mixer has no recurrent-state API yet".into())
     }
+    /// Sizes of the state that the inputs do not bind, from the given state's shapes (`None`:
+    /// no state given): e.g. the capacity `N` of full attention's KV cache, read from the given
+    /// cache or `T` without one. The registry adds them to the bound sizes before
+    /// [`Mixer::state_shapes`], so a state's shapes may depend on them. Default: none.
+    fn state_sizes(&self, _dims: &Dims, _given: Option<&crate::state::StateShapes>) -> Dims {
+        Dims::new()
+    }
+    /// The sizes at which the checks of runs from a state draw their inputs, from the sizes of
+    /// the plain checks: room for a state's prefix before the run where the inputs bound it
+    /// (the Toeplitz mixer's `Tw`, the GLR's slots). Default: unchanged.
+    fn state_check_dims(&self, dims: &Dims) -> Dims {
+        dims.clone()
+    }
     /// A random valid initial state for the sizes `dims`, drawn from `seed` (entries in
     /// `[−1, 1)`), for the checks of runs from a state. Default: every entry random
     /// ([`crate::state::random`]); mixers whose states have structure (the lifts' position

@@ -29,6 +29,53 @@ use crate::tensor::Tensors;
 /// The names and shapes of a state's tensors, in a fixed order.
 pub type StateShapes = Vec<(String, Vec<usize>)>;
 
+/// The name of the position tensor (`[B]`, the tokens consumed before the state) of the states
+/// that carry one: the log-linear lifts, the GLR and the Toeplitz mixer.
+pub const POSITION: &str = "position";
+
+/// The names and shapes of given state tensors.
+pub fn shapes_of<F>(state: &Tensors<F>) -> StateShapes {
+    state.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect()
+}
+
+/// The positions `a` of a state's `position [B]` tensor for a run of `t_len` tokens, per batch
+/// row, after checking that each is a whole number `≥ 0` and that the final position `a + T`
+/// is exact in the scalar type (`2^24` in `f32`, `2^53` in `f64`). Errors name the row.
+pub fn positions<F: Real>(p: &ArrayD<F>, t_len: usize) -> Result<Vec<usize>> {
+    let digits =
+        if F::DTYPE == crate::tensor::DType::F32 { f32::MANTISSA_DIGITS } else { f64::MANTISSA_DIGITS };
+    p.iter()
+        .enumerate()
+        .map(|(b, &x)| {
+            let v = x.f64();
+            if !(v >= 0.0 && v.fract() == 0.0 && v < 2f64.powi(53)) {
+                return Err(Error::Value {
+                    name: format!("state.{POSITION}[{b}]"),
+                    constraint: "must be a whole number ≥ 0 (the tokens consumed before the state)".into(),
+                    found: format!("{v}"),
+                });
+            }
+            let a = v as usize;
+            if (a + t_len) as f64 > 2f64.powi(digits as i32) {
+                return Err(Error::Value {
+                    name: format!("state.{POSITION}[{b}]"),
+                    constraint: format!(
+                        "position + T ≤ 2^{digits} (the positions are stored in the state's scalar type; use f64 beyond)"
+                    ),
+                    found: format!("position {a}, T = {t_len}"),
+                });
+            }
+            Ok(a)
+        })
+        .collect()
+}
+
+/// `position [B]` holding `pos`, in the state's scalar type.
+pub fn position_tensor<F: Real>(pos: &[usize]) -> ArrayD<F> {
+    ArrayD::from_shape_vec(IxDyn(&[pos.len()]), pos.iter().map(|&a| F::of(a as f64)).collect())
+        .expect("a vector of B entries has shape [B]")
+}
+
 /// The error for a mixer without the state API.
 pub fn no_state(mixer: &str, why: &str) -> Error {
     Error::FormUnavailable {
@@ -95,6 +142,117 @@ pub fn random(shapes: &StateShapes, seed: u64) -> Tensors<f64> {
     s
 }
 
+/// The batch rows of each prefix length (or position), in increasing order of the length: the
+/// groups whose *extended* sequences (a state's rows, then the run's tokens) have one length.
+pub fn by_length(lens: &[usize]) -> std::collections::BTreeMap<usize, Vec<usize>> {
+    let mut g: std::collections::BTreeMap<usize, Vec<usize>> = Default::default();
+    for (b, &a) in lens.iter().enumerate() {
+        g.entry(a).or_default().push(b);
+    }
+    g
+}
+
+/// The extension of the per-token array `x [B, T, …]` for the batch `rows` by `len` rows before
+/// its tokens: `[rows, len + T, …]`, rows `0 … len − 1` from `prefix [B, ≥ len, …]` (zeros
+/// without one), then `x`.
+pub fn prefixed<F: Real>(x: &ArrayD<F>, prefix: Option<&ArrayD<F>>, rows: &[usize], len: usize) -> ArrayD<F> {
+    let mut shape = x.shape().to_vec();
+    shape[0] = rows.len();
+    shape[1] += len;
+    let mut ext = ArrayD::<F>::zeros(IxDyn(&shape));
+    for (i, &b) in rows.iter().enumerate() {
+        let mut row = ext.index_axis_mut(Axis(0), i);
+        if let Some(p) = prefix {
+            row.slice_axis_mut(Axis(0), Slice::from(..len))
+                .assign(&p.index_axis(Axis(0), b).slice_axis(Axis(0), Slice::from(..len)));
+        }
+        row.slice_axis_mut(Axis(0), Slice::from(len..)).assign(&x.index_axis(Axis(0), b));
+    }
+    ext
+}
+
+/// The inverse of [`prefixed`] for gradients: row `i` of `ext [rows, len + T, …]` goes to batch
+/// row `rows[i]`, its first `len` rows into `prefix [B, ≥ len, …]` (added), the rest into
+/// `x [B, T, …]` (assigned).
+pub fn unprefix<F: Real>(
+    ext: &ArrayD<F>,
+    rows: &[usize],
+    len: usize,
+    prefix: &mut ArrayD<F>,
+    x: &mut ArrayD<F>,
+) {
+    for (i, &b) in rows.iter().enumerate() {
+        let row = ext.index_axis(Axis(0), i);
+        let mut p = prefix.index_axis_mut(Axis(0), b);
+        let mut p = p.slice_axis_mut(Axis(0), Slice::from(..len));
+        p += &row.slice_axis(Axis(0), Slice::from(..len));
+        x.index_axis_mut(Axis(0), b).assign(&row.slice_axis(Axis(0), Slice::from(len..)));
+    }
+}
+
+/// A decoder of `B` batch rows made of one decoder per row: for a state whose rows are at
+/// different positions (a decoder steps its rows together). `make` builds the decoder of one
+/// row (sizes with `B = 1`) from that row's state; each step runs every row's decoder on its
+/// row of the token, and [`Decoder::state`] stacks the rows' states.
+pub fn decoder_by_rows<F: Real>(
+    initial: &Tensors<F>,
+    rows: usize,
+    make: impl Fn(&Tensors<F>) -> Result<Box<dyn crate::Decoder<F>>>,
+) -> Result<Box<dyn crate::Decoder<F>>> {
+    let rows = (0..rows).map(|i| make(&state_row(initial, i))).collect::<Result<Vec<_>>>()?;
+    Ok(Box::new(ByRows { rows }))
+}
+
+/// [`decoder_by_rows`] for a state whose rows' positions (or cached lengths) `counts` differ,
+/// each row's decoder built by `make` from the sizes with `B = 1` and the row's state; `None`
+/// when every row is at the same count (one decoder steps them together).
+pub fn by_rows_if_uneven<F: Real>(
+    counts: &[usize],
+    initial: &Tensors<F>,
+    dims: &crate::Dims,
+    make: impl Fn(&crate::Dims, &Tensors<F>) -> Result<Box<dyn crate::Decoder<F>>>,
+) -> Option<Result<Box<dyn crate::Decoder<F>>>> {
+    let first = counts.first()?;
+    if counts.iter().all(|c| c == first) {
+        return None;
+    }
+    let mut one = dims.clone();
+    one.insert("B", 1);
+    Some(decoder_by_rows(initial, counts.len(), |row| make(&one, row)))
+}
+
+/// The decoder of [`decoder_by_rows`].
+struct ByRows<F> {
+    rows: Vec<Box<dyn crate::Decoder<F>>>,
+}
+
+impl<F: Real> crate::Decoder<F> for ByRows<F> {
+    fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
+        let n = self.rows.len();
+        if let Some((k, v)) = token.iter().find(|(_, v)| v.shape().first() != Some(&n)) {
+            return Err(Error::shape(k.clone(), format!("a token of B = {n} rows"), fmt_shape(v.shape())));
+        }
+        let ys = self
+            .rows
+            .iter_mut()
+            .enumerate()
+            .map(|(i, d)| d.step(&state_row(token, i)))
+            .collect::<Result<Vec<_>>>()?;
+        let views: Vec<_> = ys.iter().map(|y| y.view()).collect();
+        ndarray::concatenate(Axis(0), &views)
+            .map_err(|e| Error::Decoder(format!("stacking the rows' outputs: {e}")))
+    }
+    fn cache_elems(&self) -> usize {
+        self.rows.iter().map(|d| d.cache_elems()).sum()
+    }
+    fn position(&self) -> usize {
+        self.rows.first().map_or(0, |d| d.position())
+    }
+    fn state(&self) -> Result<Tensors<F>> {
+        stack_rows(&self.rows.iter().map(|d| d.state()).collect::<Result<Vec<_>>>()?)
+    }
+}
+
 /// Checks packed-batch offsets for a buffer of `t_len` rows and `batch` batch rows: `B = 1`,
 /// at least one offset, the first `0`, non-decreasing, the last `≤ T` (rows past it belong to
 /// no sequence). Returns the sequences' row ranges.
@@ -132,6 +290,18 @@ pub fn check_cu_seqlens(cu: &[usize], batch: usize, t_len: usize) -> Result<Vec<
 /// An error when `range` is not inside every per-token input's sequence axis.
 pub fn segment<F: Clone>(m: &dyn Mixer, inputs: &Tensors<F>, range: Range<usize>) -> Result<Tensors<F>> {
     cut(inputs, &m.spec().per_token(), &m.length_axes(range.len()), range)
+}
+
+/// The inputs of the tokens `range` for a run *from a state*: every per-token input cut along the
+/// sequence axis, every other axis kept whole. The axes [`segment`] cuts to the segment's length
+/// (the GLR's slots) are sized by absolute positions here: a run from position `a` reads
+/// `K(a + T)` slots, so one slot axis sized for the whole sequence serves every part.
+pub fn segment_from_state<F: Clone>(
+    m: &dyn Mixer,
+    inputs: &Tensors<F>,
+    range: Range<usize>,
+) -> Result<Tensors<F>> {
+    cut(inputs, &m.spec().per_token(), &[], range)
 }
 
 /// [`segment`] from the per-token input names and the length axes.

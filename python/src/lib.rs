@@ -331,7 +331,7 @@ fn state_shapes(
 ) -> PyResult<BTreeMap<String, Vec<usize>>> {
     let m = build(name, config)?;
     let dims = m.spec().bind(&shapes).or_py()?;
-    let s = mixer_registry::state::shapes(m.as_ref(), &dims).or_py()?;
+    let s = mixer_registry::state::shapes(m.as_ref(), &dims, None).or_py()?;
     Ok(s.into_iter().collect())
 }
 

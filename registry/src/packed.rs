@@ -22,7 +22,8 @@ use std::ops::Range;
 
 use mixer_core::mixer::Mixer;
 use mixer_core::state::{
-    StateShapes, check_cu_seqlens, check_state, scatter, segment, stack_rows, state_row, zeros,
+    StateShapes, check_cu_seqlens, check_state, scatter, segment, segment_from_state, shapes_of, stack_rows,
+    state_row, zeros,
 };
 use mixer_core::tensor::get;
 use mixer_core::{Dims, Error, Form, Precision, Requires, Result, Tensors, grad_name};
@@ -61,7 +62,8 @@ fn layout<F: Scalar>(
     }
     let mut one_dims = dims.clone();
     one_dims.insert("B", 1);
-    let one = crate::state::shapes(m, &one_dims)?;
+    let first = given.iter().find_map(|(_, s)| s.map(|s| state_row(s, 0)));
+    let one = crate::state::shapes(m, &one_dims, first.as_ref().map(shapes_of).as_ref())?;
     let rows: StateShapes = one
         .iter()
         .map(|(k, s)| (k.clone(), std::iter::once(ranges.len()).chain(s.iter().skip(1).copied()).collect()))
@@ -168,12 +170,15 @@ pub fn run_packed<F: Scalar>(
         if r.is_empty() {
             return Ok((None, one.map(|w| passed(initial, i, w))));
         }
-        let row = initial.map(|s| state_row(s, i));
-        let seg = segment(m, inputs, r.clone())?;
+        // Without an initial state every sequence starts from the zero state of the buffer's
+        // sizes, so that the final states share their shapes (a KV cache's capacity).
+        let row = initial.map(|s| state_row(s, i)).or_else(|| one.map(|w| zeros(w)));
         if stateful {
+            let seg = segment_from_state(m, inputs, r.clone())?;
             let (yi, fi) = run_state(m, backend, form, &seg, row.as_ref(), precision)?;
             return Ok((Some(yi), Some(fi)));
         }
+        let seg = segment(m, inputs, r.clone())?;
         let t = crate::run::run_with(m, backend, form, &F::tag(seg), precision)?;
         let yi = F::untag(t).ok_or_else(|| internal(backend, "the output came back in another dtype"))?;
         Ok((Some(yi), None))
@@ -268,9 +273,10 @@ pub fn backward_packed<F: Scalar>(
         if r.is_empty() {
             return Ok((None, one.map(|w| passed(d_final, i, w))));
         }
-        let row = initial.map(|s| state_row(s, i));
+        let row = initial.map(|s| state_row(s, i)).or_else(|| one.map(|w| zeros(w)));
         let d_row = d_final.map(|s| state_row(s, i));
-        let seg = segment(m, inputs, r.clone())?;
+        let seg =
+            if stateful { segment_from_state(m, inputs, r.clone())? } else { segment(m, inputs, r.clone())? };
         let dyi = dy.slice_axis(ndarray::Axis(1), ndarray::Slice::from(r.clone())).to_owned();
         if stateful {
             let (g, ds) =

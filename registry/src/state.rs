@@ -12,7 +12,7 @@
 
 use mixer_core::mixer::{Mixer, run_decoder};
 use mixer_core::spec::Constraint;
-use mixer_core::state::{StateShapes, check_state, no_state};
+use mixer_core::state::{StateShapes, check_state, no_state, shapes_of};
 use mixer_core::tensor::{cast_tensors, tensors_to_f64};
 use mixer_core::{DType, Dims, Error, Form, Precision, Requires, Result, Tensors, grad_name};
 use ndarray::ArrayD;
@@ -32,9 +32,13 @@ pub fn validate<F: mixer_core::Real>(m: &dyn Mixer, inputs: &Tensors<F>) -> Resu
     Ok(dims)
 }
 
-/// The state's shapes of `m` at `dims`, or the error that `m` has no state.
-pub fn shapes(m: &dyn Mixer, dims: &Dims) -> Result<StateShapes> {
-    m.state_shapes(dims).map_err(|why| no_state(m.name(), &why))
+/// The state's shapes of `m` at `dims` when a run starts from a state of the shapes `given`
+/// (`None`: no state given; [`Mixer::state_sizes`] reads the sizes the inputs do not bind from
+/// it), or the error that `m` has no state.
+pub fn shapes(m: &dyn Mixer, dims: &Dims, given: Option<&StateShapes>) -> Result<StateShapes> {
+    let mut d = dims.clone();
+    d.extend(m.state_sizes(dims, given));
+    m.state_shapes(&d).map_err(|why| no_state(m.name(), &why))
 }
 
 /// Why `backend` cannot run `form` of `m` from a state, or `None` when it can.
@@ -133,7 +137,7 @@ pub fn decoder_from_state<F: Scalar>(
     dims: &Dims,
     initial: Option<&Tensors<F>>,
 ) -> Result<Box<dyn mixer_core::Decoder<F>>> {
-    let want = shapes(m, dims)?;
+    let want = shapes(m, dims, initial.map(shapes_of).as_ref())?;
     if let Some(s) = initial {
         check_state("initial_state", &want, s)?;
     }
@@ -160,7 +164,7 @@ pub fn run_state<F: Scalar>(
 ) -> Result<(ArrayD<F>, Tensors<F>)> {
     check_precision::<F>(precision)?;
     let dims = validate(m, inputs)?;
-    let want = shapes(m, &dims)?;
+    let want = shapes(m, &dims, initial.map(shapes_of).as_ref())?;
     if let Some(s) = initial {
         check_state("initial_state", &want, s)?;
     }
@@ -239,7 +243,7 @@ pub fn backward_state<F: Scalar>(
     requires: &Requires,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
     let dims = validate(m, inputs)?;
-    let want = shapes(m, &dims)?;
+    let want = shapes(m, &dims, initial.map(shapes_of).as_ref())?;
     if let Some(s) = initial {
         check_state("initial_state", &want, s)?;
     }

@@ -212,10 +212,23 @@ pub fn check_mixer(m: &dyn Mixer, backend: &Backend, sizes: &Sizes, seed: u64) -
         out.push(case(form, DType::F64, Check::Errors, r.err()));
     }
 
-    if crate::state::shapes(m, &dims).is_ok() {
+    if crate::state::shapes(m, &dims, None).is_ok() {
+        // Inputs with room for a state's prefix where the inputs bound it (Mixer::state_check_dims).
+        let sd = m.state_check_dims(&dims);
+        let drawn = if sd == dims {
+            Ok((inputs.clone(), dims.clone()))
+        } else {
+            m.random_inputs(&sd, seed).and_then(|x| {
+                let d = mixer_core::mixer::validate(m, &AnyTensors::F64(x.clone()))?;
+                Ok((x, d))
+            })
+        };
         for form in crate::state::forms(m, backend) {
             for dtype in [DType::F64, DType::F32] {
-                let r = guarded(|| state_check(m, backend, form, &inputs, &dims, dtype, seed));
+                let r = guarded(|| match &drawn {
+                    Ok((x, d)) => state_check(m, backend, form, x, d, dtype, seed),
+                    Err(e) => Err(format!("random inputs for the state check: {e}")),
+                });
                 out.push(case(form, dtype, Check::State, r.err()));
             }
         }

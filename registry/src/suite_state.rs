@@ -17,7 +17,7 @@
 //!   the final states' cotangent through).
 
 use mixer_core::mixer::Mixer;
-use mixer_core::state::{segment, state_row};
+use mixer_core::state::{segment, segment_from_state, state_row};
 use mixer_core::tensor::{cast_tensors, tensors_to_f64};
 use mixer_core::{DType, Dims, Form, Precision, Requires, Tensors, Tolerance};
 use ndarray::{ArrayD, Axis, Slice};
@@ -40,6 +40,18 @@ fn compare_all(tol: Tolerance, what: &str, got: &Tensors<f64>, want: &Tensors<f6
         return Err(format!("{what}: tensors {:?}, expected {:?}", got.keys(), want.keys()));
     }
     got.iter().try_for_each(|(k, g)| compare(tol, &format!("{what} `{k}`"), g, &want[k]))
+}
+
+/// [`compare_all`] for gradients ([`Tolerance::compare_grad`]: an exactly-zero reference is
+/// compared absolutely).
+fn compare_grads(tol: Tolerance, what: &str, got: &Tensors<f64>, want: &Tensors<f64>) -> Result<(), String> {
+    if got.keys().ne(want.keys()) {
+        return Err(format!("{what}: tensors {:?}, expected {:?}", got.keys(), want.keys()));
+    }
+    got.iter().try_for_each(|(k, g)| {
+        let c = tol.compare_grad(g.view(), want[k].view());
+        if c.pass { Ok(()) } else { Err(format!("{what} `{k}`: {c:?}")) }
+    })
 }
 
 /// A random valid initial state of `m` at `dims` ([`Mixer::random_state`]).
@@ -107,8 +119,8 @@ pub(crate) fn state_check(
     let t_len = inputs[m.spec().mixed].shape()[1];
     let position = s0.get("position").and_then(|p| p.first()).map(|&p| p as usize);
     for a in splits(t_len, position) {
-        let (ya, sa) = run(&segment(m, inputs, 0..a).map_err(|e| e.to_string())?, Some(&s0))?;
-        let (yb, sb) = run(&segment(m, inputs, a..t_len).map_err(|e| e.to_string())?, Some(&sa))?;
+        let (ya, sa) = run(&segment_from_state(m, inputs, 0..a).map_err(|e| e.to_string())?, Some(&s0))?;
+        let (yb, sb) = run(&segment_from_state(m, inputs, a..t_len).map_err(|e| e.to_string())?, Some(&sa))?;
         let joined = ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).map_err(|e| e.to_string())?;
         compare(tol, &format!("y split at {a}"), &joined, &y)?;
         compare_all(tol, &format!("final state split at {a}"), &sb, &fin)?;
@@ -136,8 +148,8 @@ pub(crate) fn state_check(
         .map(|(g, s)| (tensors_to_f64(&g), tensors_to_f64(&s))),
     }
     .map_err(|e| format!("backward: {e}"))?;
-    compare_all(tol, "gradients from a state", &g, &want_g)?;
-    compare_all(tol, "initial state's gradient", &ds, &want_ds)
+    compare_grads(tol, "gradients from a state", &g, &want_g)?;
+    compare_grads(tol, "initial state's gradient", &ds, &want_ds)
 }
 
 /// The lengths of the packed check's sequences for a buffer of `t_len` rows: an empty one
@@ -165,7 +177,7 @@ pub(crate) fn packed_check(
     let t_len = x[m.spec().mixed].shape()[1];
     let cu = packed_offsets(t_len);
     let n = cu.len() - 1;
-    let stateful = shapes(m, &d1).is_ok() && forms(m, backend).contains(&form);
+    let stateful = shapes(m, &d1, None).is_ok() && forms(m, backend).contains(&form);
     let s0 = if stateful {
         let rows: Vec<Tensors<f64>> =
             (0..n).map(|i| random_state(m, &d1, seed + i as u64)).collect::<Result<_, _>>()?;
@@ -179,7 +191,8 @@ pub(crate) fn packed_check(
     for (i, w) in cu.windows(2).enumerate() {
         let r = w[0]..w[1];
         let got = y.slice_axis(Axis(1), Slice::from(r.clone())).to_owned();
-        let seg = segment(m, &x, r.clone()).map_err(|e| e.to_string())?;
+        let seg = if stateful { segment_from_state(m, &x, r.clone()) } else { segment(m, &x, r.clone()) }
+            .map_err(|e| e.to_string())?;
         let row = s0.as_ref().map(|s| state_row(s, i));
         if !r.is_empty() {
             let alone = match &row {

@@ -5,9 +5,11 @@ use ndarray::{ArrayView3, ArrayView4};
 
 use super::dispatch::{Stepper, build};
 use super::options::Options;
+use super::scalar::Scalar;
+use super::states::KvCache;
 
 /// The registered mixer and JSON config for `opts` (options: `scale`, `window`).
-fn mixer(opts: &Options) -> Result<Box<dyn mixer_core::Mixer>> {
+pub(crate) fn mixer(opts: &Options) -> Result<Box<dyn mixer_core::Mixer>> {
     opts.only("attention", &["scale", "window"])?;
     build("attention", &serde_json::json!({ "window": opts.window, "scale": opts.scale }))
 }
@@ -54,4 +56,19 @@ super::typed_decoder! {
     new(max_len, opts) = Stepper::new(mixer(opts)?, opts, Vec::new(), max_len);
     /// Consumes token `t`: `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`; returns `y_t [B, H, Dv]`.
     step(q: ArrayView3, k: ArrayView3, v: ArrayView3);
+}
+
+impl<F: Scalar> AttentionDecoder<F> {
+    /// A decoder for at most `max_len` more tokens after the cache `initial_state` (e.g. the
+    /// final cache of an [`attention_state`](super::attention_state) prefill); `max_len` plus the cached length must fit
+    /// the cache's capacity without a window.
+    pub fn from_state(max_len: usize, initial_state: &KvCache<F>, opts: &Options) -> Result<Self> {
+        let mut d = Self::new(max_len, opts)?;
+        d.0.start_from_states(initial_state.to_tensors());
+        Ok(d)
+    }
+    /// The KV cache after the tokens consumed so far.
+    pub fn state(&self) -> Result<KvCache<F>> {
+        KvCache::from_tensors(self.0.states()?)
+    }
 }

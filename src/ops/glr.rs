@@ -80,7 +80,7 @@ pub type GlrCoeffs<'a, F> = GlrCoeffsOf<'a, F, Ix3>;
 pub type GlrTokenCoeffs<'a, F> = GlrCoeffsOf<'a, F, Ix2>;
 
 /// The `glr` mixer for `pattern` with `on` = `"b"`, `"a"` or `"both"`.
-fn mixer(pattern: &GlrPattern, on: &str, opts: &Options) -> Result<Box<dyn Mixer>> {
+pub(crate) fn mixer(pattern: &GlrPattern, on: &str, opts: &Options) -> Result<Box<dyn Mixer>> {
     opts.only("glr", &[])?;
     let cfg = serde_json::json!({
         "pattern": pattern.pattern.resolve("glr")?,
@@ -93,7 +93,7 @@ fn mixer(pattern: &GlrPattern, on: &str, opts: &Options) -> Result<Box<dyn Mixer
 
 impl<'a, F, D: Dimension> GlrCoeffsOf<'a, F, D> {
     /// `on` and the named inputs (`alpha`, and `beta` where given).
-    fn split(self) -> (&'static str, Vec<Named<'a, F>>) {
+    pub(crate) fn split(self) -> (&'static str, Vec<Named<'a, F>>) {
         match self {
             Self::B { alpha, beta } => ("b", vec![("alpha", alpha.into_dyn()), ("beta", beta.into_dyn())]),
             Self::A { alpha } => ("a", vec![("alpha", alpha.into_dyn())]),
@@ -107,7 +107,8 @@ impl<'a, F, D: Dimension> GlrCoeffsOf<'a, F, D> {
 /// Generalized linear recurrence: `y_t = Σ_{s ≤ t} α_{t,s} x_s + Σ_{s < t} β_{t,s} y_s`
 /// with the off-diagonal coefficients at the pattern's positions `d_k(t)` only.
 ///
-/// Shapes: `x [B, T, C]` and the coefficients of [`GlrCoeffs`] (`K = K(T)` slots) →
+/// Shapes: `x [B, T, C]` and the coefficients of [`GlrCoeffs`] (`K ≥ K(T)` slots; slots past
+/// `K(T)` are never read) →
 /// `y [B, T, C]`. Slots with `f(k) > t` are ignored. No per-family options (`chunk`,
 /// `scale`, … are errors). Forms: materialized, fast (sparse recurrence), recurrent.
 ///
@@ -159,6 +160,8 @@ pub struct GlrDecoder<F: Scalar> {
     max_len: usize,
     /// `on` and the decoder, from the first step.
     started: Option<(&'static str, Stepper<F>)>,
+    /// The state to start from ([`GlrDecoder::from_state`]).
+    initial: Option<super::states::RowState<F>>,
 }
 
 impl<F: Scalar> GlrDecoder<F> {
@@ -166,7 +169,30 @@ impl<F: Scalar> GlrDecoder<F> {
     /// comes with the first token's coefficients).
     pub fn new(pattern: GlrPattern, max_len: usize, opts: &Options) -> Result<Self> {
         mixer(&pattern, "b", opts)?;
-        Ok(GlrDecoder { pattern, opts: opts.clone(), max_len, started: None })
+        Ok(GlrDecoder { pattern, opts: opts.clone(), max_len, started: None, initial: None })
+    }
+
+    /// A decoder started from `initial_state` (see [`glr_state`](super::glr_state)) for at most
+    /// `max_len` more tokens.
+    pub fn from_state(
+        pattern: GlrPattern,
+        max_len: usize,
+        initial_state: &super::states::RowState<F>,
+        opts: &Options,
+    ) -> Result<Self> {
+        let mut d = Self::new(pattern, max_len, opts)?;
+        d.initial = Some(initial_state.clone());
+        Ok(d)
+    }
+
+    /// The state after the tokens consumed so far (an error before the first step: the side
+    /// the pattern sits on comes with the coefficients).
+    pub fn state(&self) -> Result<super::states::RowState<F>> {
+        let (on, stepper) = self
+            .started
+            .as_ref()
+            .ok_or_else(|| Error::Decoder("the decoder has consumed no token yet".into()))?;
+        super::states::RowState::from_tensors(stepper.states()?, super::states::glr_stream(on)?)
     }
 
     /// Consumes one token: `x_t [B, C]` and its coefficients; returns `y_t [B, C]`.
@@ -177,7 +203,11 @@ impl<F: Scalar> GlrDecoder<F> {
             Some(s) => s,
             None => {
                 let m = mixer(&self.pattern, on, &self.opts)?;
-                self.started.insert((on, Stepper::new(m, &self.opts, Vec::new(), self.max_len)?))
+                let mut st = Stepper::new(m, &self.opts, Vec::new(), self.max_len)?;
+                if let Some(s) = &self.initial {
+                    st.start_from_states(s.to_tensors(super::states::glr_stream(on)?));
+                }
+                self.started.insert((on, st))
             }
         };
         if *started_on != on {

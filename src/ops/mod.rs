@@ -14,6 +14,8 @@
 //! | [`loglinear_attention_state`], [`loglinear_mamba2_state`], [`loglinear_gated_deltanet_state`] | as above, `initial_state: Option<&LevelState>` | `(y, LevelState)` | |
 //! | [`glr`] | `x [B,T,C]`, [`GlrCoeffs`] | `[B,T,C]` | [`GlrDecoder`] |
 //! | [`toeplitz`] | `x [B,T,C]`, `w [Kw,H,Tw]`, `bias [H,Tw]`? | `[B,T,C]` | [`ToeplitzDecoder`] |
+//! | [`attention_state`] | as [`attention`], `initial_state: Option<&KvCache>` | `(y, KvCache)` | |
+//! | [`toeplitz_state`], [`glr_state`] | as above, `initial_state: Option<&RowState>` | `(y, RowState)` | |
 //!
 //! Every function is generic over the element type ([`Scalar`]: `f32`, `f64`) and takes an
 //! [`Options`]: the form (default fast), the backend (default [`Backend::auto()`](crate::registry::Backend::auto)),
@@ -88,6 +90,7 @@ mod glr;
 mod loglinear;
 mod options;
 mod scalar;
+mod states;
 mod toeplitz;
 
 pub use attention::{AttentionDecoder, attention};
@@ -101,6 +104,7 @@ pub use loglinear::{
 };
 pub use options::{LambdaRef, MaskRef, Options, PatternRef, Precision, Registered, RegistryEntry};
 pub use scalar::Scalar;
+pub use states::{KvCache, RowState, attention_state, glr_state, toeplitz_state};
 pub use toeplitz::{ToeplitzDecoder, toeplitz};
 
 /// `position`, `cache_elems` and `max_len` of a typed decoder wrapping a `Stepper`.

@@ -10,7 +10,7 @@ use super::scalar::Scalar;
 
 /// The mixer for the kernel `w [Kw, H, Tw]` and its static inputs as the dynamic path names
 /// them (`w` is `[H, Tw]` when `Kw = 1`).
-fn mixer_and_statics<'a, F>(
+pub(crate) fn mixer_and_statics<'a, F>(
     w: ArrayView3<'a, F>,
     bias: Option<ArrayView2<'a, F>>,
     opts: &Options,
@@ -92,4 +92,24 @@ impl<F: Scalar> ToeplitzDecoder<F> {
         self.0.step(vec![("x", x.into_dyn())])
     }
     super::decoder_accessors!();
+}
+
+impl<F: Scalar> ToeplitzDecoder<F> {
+    /// A decoder started from `initial_state` (see [`toeplitz_state`](super::toeplitz_state)) for at most `max_len`
+    /// more tokens.
+    pub fn from_state(
+        w: ArrayView3<'_, F>,
+        bias: Option<ArrayView2<'_, F>>,
+        max_len: usize,
+        initial_state: &super::states::RowState<F>,
+        opts: &Options,
+    ) -> Result<Self> {
+        let mut d = Self::new(w, bias, max_len, opts)?;
+        d.0.start_from_states(initial_state.to_tensors("x"));
+        Ok(d)
+    }
+    /// The state after the tokens consumed so far.
+    pub fn state(&self) -> Result<super::states::RowState<F>> {
+        super::states::RowState::from_tensors(self.0.states()?, "x")
+    }
 }

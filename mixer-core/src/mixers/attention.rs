@@ -229,6 +229,35 @@ impl Mixer for Attention {
         crate::memory::attention(form, dims, elem, self.window())
     }
     materialized_vjp!(Self::entry_vjp, with_materialization);
+    /// The KV cache `k [B, N, H, Dk]`, `v [B, N, H, Dv]`, `length [B]`
+    /// ([`super::attention_state`]; `N = w − 1` with a window).
+    fn state_shapes(&self, dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
+        super::attention_state::shapes(self, dims)
+    }
+    /// Without a window, the cache's capacity `N`: the given cache's, else `T`.
+    fn state_sizes(&self, dims: &Dims, given: Option<&crate::state::StateShapes>) -> Dims {
+        super::attention_state::sizes(self, dims, given)
+    }
+    fn random_state(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
+        super::attention_state::random_state(self, dims, seed)
+    }
+    fn state_oracle(
+        &self,
+        inputs: &Tensors<f64>,
+        initial: Option<&Tensors<f64>>,
+    ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
+        super::attention_state::oracle(self, inputs, initial)
+    }
+    fn state_oracle_vjp(
+        &self,
+        inputs: &Tensors<f64>,
+        initial: Option<&Tensors<f64>>,
+        dy: &ArrayD<f64>,
+        d_final: Option<&Tensors<f64>>,
+        requires: &crate::grad::Requires,
+    ) -> Result<(Tensors<f64>, Tensors<f64>)> {
+        super::attention_state::oracle_vjp(self, inputs, initial, dy, d_final, requires)
+    }
     fn as_any(&self) -> &dyn Any {
         self
     }

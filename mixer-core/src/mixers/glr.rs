@@ -242,10 +242,15 @@ impl Mixer for Glr {
         let k = self.pattern.slots(t);
         let mut v = Vec::new();
         if self.config.on.has_b() {
-            v.push(("K", Bound::Exact(k), "K(T) = #{k : f(k) ≤ T−1} slots of the pattern"));
+            v.push((
+                "K",
+                Bound::AtLeast(k),
+                "K(T) = #{k : f(k) ≤ T−1} slots of the pattern (more are never read by a run from \
+                 position 0; a run from a state at position a needs K(a + T))",
+            ));
         }
         if self.config.on.has_a() {
-            v.push(("K1", Bound::Exact(k + 1), "K(T) + 1: the diagonal then one slot per offset"));
+            v.push(("K1", Bound::AtLeast(k + 1), "K(T) + 1: the diagonal then one slot per offset"));
         }
         v
     }
@@ -284,12 +289,16 @@ impl Mixer for Glr {
     materialized_vjp!(Self::entry_vjp);
     /// Draws from the spec (β stable: `Σ_k |β_{t,k}| ≤ 0.95`), then overwrites every slot
     /// with `f(k) > t` (in `beta`, and slots `k + 1` of `alpha` when `on` includes `a`) with
-    /// `± 10⁶`, so that any form that reads an inactive slot fails the comparison.
+    /// `± 10⁶`, so that any form that reads an inactive slot fails the comparison. Where the slot
+    /// axis leaves room for a state's prefix ([`super::glr_state::room`]), only the slots
+    /// inactive from every start in that room (`f(k) > t + room`).
     fn random_inputs(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
         let dims = complete_dims(self, dims);
         let mut inp = self.spec().random(&dims, seed, false)?;
         let t_len = dims.get("T").copied().unwrap_or(0);
-        let slots = self.slots(t_len);
+        // Valid for runs from a state at every position up to the room the slot axis leaves.
+        let room = super::glr_state::slot_count(&dims).map_or(0, |k| super::glr_state::room(self, t_len, k));
+        let slots = Slots::new(&self.pattern, t_len + room);
         let garbage = |arr: &mut ArrayD<f64>, shift: usize| {
             let sh = arr.shape().to_vec();
             if sh.len() != 4 {
@@ -297,7 +306,7 @@ impl Mixer for Glr {
             }
             for b in 0..sh[0] {
                 for t in 0..sh[1] {
-                    let first = slots.active(t) + shift;
+                    let first = slots.active(t + room) + shift;
                     for k in first..sh[2] {
                         for c in 0..sh[3] {
                             arr[[b, t, k, c]] = if (t + k + c) % 2 == 0 { 1e6 } else { -1e6 };
@@ -317,6 +326,46 @@ impl Mixer for Glr {
             garbage(a, 1);
         }
         Ok(inp)
+    }
+    /// The past outputs (`on = "b"`) or inputs (`on = "a"`) later tokens read, and the
+    /// position ([`super::glr_state`]).
+    fn state_shapes(&self, dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
+        super::glr_state::shapes(self, dims)
+    }
+    /// `K = K(2T)` slots: room for a state at a position up to about `T`.
+    fn state_check_dims(&self, dims: &Dims) -> Dims {
+        let mut d = dims.clone();
+        if let Some(&t) = dims.get("T") {
+            let k = self.pattern.slots(2 * t);
+            if self.config.on.has_b() {
+                d.insert("K", k);
+            }
+            if self.config.on.has_a() {
+                d.insert("K1", k + 1);
+            }
+        }
+        d
+    }
+    fn random_state(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
+        let shapes = self.state_shapes(dims).map_err(|why| crate::state::no_state(&self.name, &why))?;
+        super::glr_state::random_state(self, dims, crate::state::random(&shapes, seed))
+    }
+    fn state_oracle(
+        &self,
+        inputs: &Tensors<f64>,
+        initial: Option<&Tensors<f64>>,
+    ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
+        super::glr_state::oracle(self, inputs, initial)
+    }
+    fn state_oracle_vjp(
+        &self,
+        inputs: &Tensors<f64>,
+        initial: Option<&Tensors<f64>>,
+        dy: &ArrayD<f64>,
+        d_final: Option<&Tensors<f64>>,
+        requires: &crate::grad::Requires,
+    ) -> Result<(Tensors<f64>, Tensors<f64>)> {
+        super::glr_state::oracle_vjp(self, inputs, initial, dy, d_final, requires)
     }
     fn working_memory(&self, form: crate::Form, dims: &crate::Dims, elem: f64) -> f64 {
         crate::memory::glr(form, dims, elem, self.on().has_b())

@@ -36,7 +36,7 @@ use crate::state::StateShapes;
 use crate::tensor::{Tensors, get};
 
 /// The name of the position tensor of a lift's state.
-pub const POSITION: &str = "position";
+pub use crate::state::POSITION;
 
 /// The state's shapes: `S [B, H, L, Dv, Dk]` and `position [B]`.
 pub(crate) fn shapes(dims: &crate::Dims) -> std::result::Result<StateShapes, String> {
@@ -63,29 +63,8 @@ pub fn positions<F: Real>(state: &Tensors<F>, t_len: usize) -> Result<Vec<usize>
         ));
     }
     let slots = s.shape()[2];
-    let mut out = Vec::with_capacity(p.len());
-    for (b, &x) in p.iter().enumerate() {
-        let v = x.f64();
-        if !(v >= 0.0 && v.fract() == 0.0 && v < 2f64.powi(53)) {
-            return Err(Error::Value {
-                name: format!("state.{POSITION}[{b}]"),
-                constraint: "must be a whole number ≥ 0 (the tokens consumed before the state)".into(),
-                found: format!("{v}"),
-            });
-        }
-        let a = v as usize;
-        // The final state's position `a + T` must be exact in the scalar type too.
-        let digits =
-            if F::DTYPE == crate::tensor::DType::F32 { f32::MANTISSA_DIGITS } else { f64::MANTISSA_DIGITS };
-        if (a + t_len) as f64 > 2f64.powi(digits as i32) {
-            return Err(Error::Value {
-                name: format!("state.{POSITION}[{b}]"),
-                constraint: format!(
-                    "position + T ≤ 2^{digits} (the positions are stored in the state's scalar type; use f64 beyond)"
-                ),
-                found: format!("position {a}, T = {t_len}"),
-            });
-        }
+    let pos = crate::state::positions(p, t_len)?;
+    for (b, &a) in pos.iter().enumerate() {
         let need = num_levels(a + t_len);
         if need > slots {
             return Err(Error::Value {
@@ -112,9 +91,8 @@ pub fn positions<F: Real>(state: &Tensors<F>, t_len: usize) -> Result<Vec<usize>
                 });
             }
         }
-        out.push(a);
     }
-    Ok(out)
+    Ok(pos)
 }
 
 /// Zeroes the slots of a state-shaped `S [B, H, L, Dv, Dk]` that are empty at the positions

@@ -31,9 +31,12 @@ macro_rules! materialized_vjp {
 }
 
 pub mod attention;
+pub mod attention_state;
 pub mod glr;
+pub mod glr_state;
 pub mod loglinear;
 pub mod loglinear_lift_state;
 pub mod loglinear_state;
 mod loglinear_vjp;
 pub mod toeplitz;
+pub mod toeplitz_state;

@@ -398,6 +398,40 @@ impl Mixer for Toeplitz {
         Ok(mat)
     }
     materialized_vjp!(Self::entry_vjp);
+    /// `x [B, Tw, C]` (the inputs consumed, rows from the position on zero) and
+    /// `position [B]` ([`super::toeplitz_state`]).
+    fn state_shapes(&self, dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
+        super::toeplitz_state::shapes(dims)
+    }
+    /// `Tw = 2T`: room for a state at a position up to `T`.
+    fn state_check_dims(&self, dims: &Dims) -> Dims {
+        let mut d = dims.clone();
+        if let Some(&t) = dims.get("T") {
+            d.insert("Tw", 2 * t);
+        }
+        d
+    }
+    fn random_state(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
+        let shapes = self.state_shapes(dims).map_err(|why| crate::state::no_state(&self.name, &why))?;
+        super::toeplitz_state::random_state(dims, crate::state::random(&shapes, seed))
+    }
+    fn state_oracle(
+        &self,
+        inputs: &Tensors<f64>,
+        initial: Option<&Tensors<f64>>,
+    ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
+        super::toeplitz_state::oracle(self, inputs, initial)
+    }
+    fn state_oracle_vjp(
+        &self,
+        inputs: &Tensors<f64>,
+        initial: Option<&Tensors<f64>>,
+        dy: &ArrayD<f64>,
+        d_final: Option<&Tensors<f64>>,
+        requires: &crate::grad::Requires,
+    ) -> Result<(Tensors<f64>, Tensors<f64>)> {
+        super::toeplitz_state::oracle_vjp(self, inputs, initial, dy, d_final, requires)
+    }
     /// `x ~ N(0,1)`; `w[i,h,j] = n·exp(−j/τ)·√(2/(τ·Kw))` with `n ~ N(0,1)` and
     /// `τ = max(Tw/4, 2)` (decaying, `Σⱼ w² ≈ 1/Kw`, yet long-range lags still matter);
     /// `bias ~ N(0, 1/4)` (drawn, so the oracle checks cover it).

@@ -16,6 +16,7 @@
 
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::attention::{Attention, Logits};
+use mixer_core::mixers::attention_state::LENGTH;
 use mixer_core::tensor::contiguous;
 use mixer_core::{Dims, DimsExt, Error, Real, Result, Tensors};
 use ndarray::{ArrayD, ArrayView1, IxDyn};
@@ -37,9 +38,13 @@ pub struct AttentionDecoder<F> {
     logits: Logits,
     /// Whether `σ < 0`.
     neg: bool,
+    /// The window `w`.
+    window: Option<usize>,
     keys: Vec<F>,   // [B·H, cap, Dk]
     values: Vec<F>, // [B·H, cap, Dv]
     pos: usize,
+    /// The capacity `N` of the exported state's cache (docs/math.md §7.1).
+    state_cap: usize,
 }
 
 impl<F: VecMath> AttentionDecoder<F> {
@@ -54,10 +59,35 @@ impl<F: VecMath> AttentionDecoder<F> {
             cap,
             logits: a.logits(dk),
             neg: a.scale(dk) < 0.0,
+            window: a.window(),
             keys: vec![F::zero(); cap * bn * hn * dk],
             values: vec![F::zero(); cap * bn * hn * dv],
             pos: 0,
+            state_cap: a.window().map_or(t_len, |w| w - 1),
         })
+    }
+
+    /// A decoder for `T` more tokens after the `len` tokens cached in the state `cache`
+    /// (`k [B, N, H, Dk]`, `v [B, N, H, Dv]`, every row holding `len`; docs/math.md §7.1): the
+    /// cached tokens become tokens `0 … len − 1` of the ring, and [`Decoder::state`] exports a
+    /// cache of the same capacity `N`.
+    pub fn from_state(a: &Attention, dims: &Dims, cache: Option<(&Tensors<F>, usize)>) -> Result<Self> {
+        let Some((s, len)) = cache else { return Self::new(a, dims) };
+        let mut more = dims.clone();
+        more.insert("T", dims.size("T")? + len);
+        let mut d = Self::new(a, &more)?;
+        let [bn, hn, dk, dv] = d.dims;
+        let (ka, va) = (mixer_core::tensor::get(s, "k")?, mixer_core::tensor::get(s, "v")?);
+        let (k, v) = (contiguous(s, "k", ka.shape())?, contiguous(s, "v", va.shape())?);
+        let n = ka.shape()[1];
+        for (b, h, j) in (0..bn).flat_map(|b| (0..hn).flat_map(move |h| (0..len).map(move |j| (b, h, j)))) {
+            let (bh, slot, row) = (b * hn + h, j % d.cap, (b * n + j) * hn + h);
+            d.keys[(bh * d.cap + slot) * dk..][..dk].copy_from_slice(&k[row * dk..][..dk]);
+            d.values[(bh * d.cap + slot) * dv..][..dv].copy_from_slice(&v[row * dv..][..dv]);
+        }
+        d.pos = len;
+        d.state_cap = n;
+        Ok(d)
     }
 }
 
@@ -172,5 +202,33 @@ impl<F: VecMath> Decoder<F> for AttentionDecoder<F> {
 
     fn position(&self) -> usize {
         self.pos
+    }
+
+    /// The cache of the last `min(pos, w − 1)` tokens (all `pos` without a window) at rows
+    /// `0 …`, oldest first, in a cache of the capacity this decoder was built with.
+    fn state(&self) -> Result<Tensors<F>> {
+        let [bn, hn, dk, dv] = self.dims;
+        let (n, cap) = (self.state_cap, self.cap);
+        let len = self.window.map_or(self.pos, |w| self.pos.min(w - 1));
+        if len > n {
+            return Err(Error::Decoder(format!(
+                "the decoder holds {len} tokens, more than the state's capacity N = {n}"
+            )));
+        }
+        let mut k = ndarray::Array4::<F>::zeros((bn, n, hn, dk));
+        let mut v = ndarray::Array4::<F>::zeros((bn, n, hn, dv));
+        for (b, h, j) in (0..bn).flat_map(|b| (0..hn).flat_map(move |h| (0..len).map(move |j| (b, h, j)))) {
+            let (bh, slot) = (b * hn + h, (self.pos - len + j) % cap);
+            for c in 0..dk {
+                k[[b, j, h, c]] = self.keys[(bh * cap + slot) * dk + c];
+            }
+            for c in 0..dv {
+                v[[b, j, h, c]] = self.values[(bh * cap + slot) * dv + c];
+            }
+        }
+        let l = ArrayD::from_elem(IxDyn(&[bn]), F::of(len as f64));
+        Ok([("k".to_string(), k.into_dyn()), (LENGTH.to_string(), l), ("v".to_string(), v.into_dyn())]
+            .into_iter()
+            .collect())
     }
 }

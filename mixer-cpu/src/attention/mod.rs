@@ -6,6 +6,10 @@
 //!   `O(T)` memory, never a `T × T` matrix; with a window `w` only the key blocks that
 //!   intersect `(t − w, t]` are visited, so local attention costs `O(T · w)`;
 //! - `recurrent`: a KV-cache decoder ([`decoder`]) holding `min(t, w)` keys and values.
+//!
+//! Every form runs from a KV cache and returns the final one (docs/math.md §7.1): `parallel` and
+//! `fast` (and the `fast` backward) on the extension of [`attention_state`], the decoder with
+//! the cache loaded ([`decoder_from_state`]).
 
 pub mod backward;
 mod decode_fused;
@@ -15,10 +19,14 @@ mod fused;
 pub mod parallel;
 
 use mixer_core::Form;
+use mixer_core::mixer::Decoder;
 use mixer_core::mixers::attention::{Attention, Logits, dot_f64};
+use mixer_core::mixers::attention_state;
 use mixer_core::tensor::get;
-use mixer_core::{Error, Real, Result, Tensors};
-use mixer_registry::{BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, register};
+use mixer_core::{Dims, DimsExt, Error, Real, Requires, Result, Tensors};
+use mixer_registry::{
+    BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, StateBackwardFn, StateDecoderFn, StateFn, register,
+};
 use ndarray::{Array4, ArrayView1};
 use rayon::prelude::*;
 
@@ -63,6 +71,26 @@ pub(crate) fn key<F: Real>(
     lg.key(dot_f64(q.iter().copied(), k.iter().copied()), t, s)
 }
 
+/// The decoder started from a KV cache (docs/math.md §7.1; `None`: an empty one): the cached
+/// tokens are loaded into its ring. Rows with different cached lengths get one decoder each
+/// ([`mixer_core::state::decoder_by_rows`]).
+pub fn decoder_from_state<F: crate::vmath::VecMath>(
+    a: &Attention,
+    _statics: &Tensors<F>,
+    dims: &Dims,
+    initial: Option<&Tensors<F>>,
+) -> Result<Box<dyn Decoder<F>>> {
+    let Some(s) = initial else { return Ok(Box::new(decoder::AttentionDecoder::<F>::new(a, dims)?)) };
+    let lens = attention_state::lengths(a, s, dims.size("T")?)?;
+    let len = lens.first().copied().unwrap_or(0);
+    if let Some(d) = mixer_core::state::by_rows_if_uneven(&lens, s, dims, |one, row| {
+        decoder_from_state(a, _statics, one, Some(row))
+    }) {
+        return d;
+    }
+    Ok(Box::new(decoder::AttentionDecoder::<F>::from_state(a, dims, Some((s, len)))?))
+}
+
 /// Softmax attention on CPU.
 struct AttentionCpu;
 
@@ -79,6 +107,23 @@ impl<F: crate::vmath::VecMath> Family<F> for AttentionCpu {
     }
     fn backward(&self, form: Form) -> Option<BackwardFn<Attention, F>> {
         (form == Form::Fast).then_some(backward::vjp)
+    }
+    /// `parallel` and `fast` from a KV cache: the form on the extension by the cache
+    /// ([`attention_state::run`]).
+    fn stateful(&self, form: Form) -> Option<StateFn<Attention, F>> {
+        match form {
+            Form::Parallel => Some(|a, x, s| attention_state::run(a, x, s, |e| parallel::parallel(a, e))),
+            Form::Fast => Some(|a, x, s| attention_state::run(a, x, s, |e| fast::fast(a, e))),
+            _ => None,
+        }
+    }
+    fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<Attention, F>> {
+        (form == Form::Fast).then_some(|a, x, s, dy, df, req| {
+            attention_state::vjp(a, x, s, dy, df, req, |e, d| backward::vjp(a, e, d, &Requires::All))
+        })
+    }
+    fn decoder_from_state(&self) -> Option<StateDecoderFn<Attention, F>> {
+        Some(decoder_from_state)
     }
 }
 

@@ -17,7 +17,7 @@ use mixer_core::{Error, Real, Requires, Result, Tensors, grad_name};
 use ndarray::{Array3, Array4, ArrayD, ArrayViewMut, ArrayViewMut1, ArrayViewMut2, ArrayViewMut3, Axis};
 use rayon::prelude::*;
 
-use super::fast::{Views, block, block_width, gather, views};
+use super::fast::{Views, block, block_width, gather, slot_axis, views};
 
 /// One channel block's gradients, written in place: views of `dx [T, w]`,
 /// `dalpha [T, A, w]` and `dbeta [T, K, w]` (the block's channels of batch row `b`; the last
@@ -114,7 +114,7 @@ pub fn vjp<F: Real>(g: &Glr, inputs: &Tensors<F>, dy: &ArrayD<F>, _req: &Require
     let xs = get(inputs, "x")?.shape().to_vec();
     let slots = g.slots(xs.get(1).copied().unwrap_or(0));
     let (x, alpha, beta) = gather(g, inputs, &slots)?;
-    let v = views(g, &x, &alpha, &beta, &xs, &slots);
+    let v = views(g, &x, &alpha, &beta, &xs, slot_axis(g, inputs, &slots)?);
     if dy.shape() != xs.as_slice() {
         return Err(Error::shape(
             "dy",
@@ -124,7 +124,7 @@ pub fn vjp<F: Real>(g: &Glr, inputs: &Tensors<F>, dy: &ArrayD<F>, _req: &Require
     }
     let gy = dy.as_standard_layout();
     let gy = gy.as_slice().expect("a standard-layout array is one slice");
-    let (bn, tn, cn, kn) = (xs[0], xs[1], xs[2], slots.len());
+    let (bn, tn, cn, kn) = (xs[0], xs[1], xs[2], v.k_len);
     let ka = if v.has_a { kn + 1 } else { 1 };
     let w = block_width(bn, cn).max(1);
     let mut dx = Array3::<F>::zeros((bn, tn, cn));

@@ -11,8 +11,10 @@
 //!
 //! [`Decoder::cache_elems`] counts the scalars held: positions × streams (x and/or y) × B × C.
 
+use mixer_core::Mixer;
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::glr::{Glr, On, Slots};
+use mixer_core::mixers::glr_state;
 use mixer_core::tensor::contiguous;
 use mixer_core::{Dims, DimsExt, Error, Real, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
@@ -31,8 +33,13 @@ pub struct GlrDecoder<F> {
     t_len: usize,
     b_len: usize,
     c_len: usize,
+    /// The slot axis of the tokens' `beta` (`alpha` has one more): at least `K(T)`.
+    k_in: usize,
     pos: usize,
     store: Store<F>,
+    /// Whether the cache is kept after the last token (a decoder whose state is exported).
+    keep_last: bool,
+    glr: Glr,
 }
 
 impl<F: Real> GlrDecoder<F> {
@@ -40,6 +47,7 @@ impl<F: Real> GlrDecoder<F> {
     pub fn new(g: &Glr, dims: &Dims) -> Result<Self> {
         let (t_len, b_len, c_len) = (dims.size("T")?, dims.size("B")?, dims.size("C")?);
         let slots = g.slots(t_len);
+        let k_in = glr_state::slot_count(dims).unwrap_or(0).max(slots.len());
         let streams = Self::streams_of(g.on());
         let store = if g.pattern().cache_efficient() {
             Store::Lattice(Vec::new())
@@ -47,7 +55,60 @@ impl<F: Real> GlrDecoder<F> {
             let cap = slots.offsets().last().copied().unwrap_or(0);
             Store::Window { ring: vec![F::zero(); cap * streams * b_len * c_len], cap }
         };
-        Ok(GlrDecoder { on: g.on(), slots, t_len, b_len, c_len, pos: 0, store })
+        Ok(GlrDecoder {
+            on: g.on(),
+            slots,
+            t_len,
+            b_len,
+            c_len,
+            k_in,
+            pos: 0,
+            store,
+            keep_last: false,
+            glr: g.clone(),
+        })
+    }
+
+    /// A decoder for `T` more tokens after the state `s` (docs/math.md §7.1; every batch row at
+    /// the position `a`, checked): the state's values are its cache at their positions, it
+    /// steps absolute positions `a … a + T − 1`, and it keeps its cache after the last token
+    /// for [`Decoder::state`]. `None`: position 0, an empty cache.
+    pub fn from_state(g: &Glr, dims: &Dims, s: Option<(&Tensors<F>, usize)>) -> Result<Self> {
+        let mut d = Self::new(g, dims)?;
+        d.keep_last = true;
+        let a = s.map_or(0, |(_, a)| a);
+        // Slots through position a + T: the cache after the last token is P_(a+T).
+        d.slots = Slots::new(g.pattern(), a + d.t_len + 1);
+        d.t_len += a;
+        d.pos = a;
+        let bc = d.b_len * d.c_len;
+        let rows = glr_state::rows(g, d.k_in);
+        if let Store::Window { ring, cap } = &mut d.store {
+            *cap = rows;
+            *ring = vec![F::zero(); rows * bc];
+        }
+        let Some((s, _)) = s else { return Ok(d) };
+        let name = glr_state::stream(g).map_err(|why| mixer_core::state::no_state(g.name(), &why))?;
+        let v = contiguous(s, name, &[d.b_len, rows, d.c_len])?;
+        let mut entries: Vec<(usize, Vec<F>)> = Vec::new();
+        for (j, at) in glr_state::kept(g, d.k_in, a).into_iter().enumerate() {
+            let Some(p) = at else { continue };
+            let entry: Vec<F> =
+                (0..d.b_len).flat_map(|b| v[(b * rows + j) * d.c_len..][..d.c_len].to_vec()).collect();
+            entries.push((p, entry));
+        }
+        match &mut d.store {
+            Store::Lattice(l) => {
+                entries.sort_by_key(|e| e.0);
+                *l = entries;
+            }
+            Store::Window { ring, cap } => {
+                for (p, e) in entries {
+                    ring[(p % *cap) * bc..(p % *cap + 1) * bc].copy_from_slice(&e);
+                }
+            }
+        }
+        Ok(d)
     }
 
     fn streams_of(on: On) -> usize {
@@ -93,7 +154,7 @@ impl<F: Real> Decoder<F> for GlrDecoder<F> {
     fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
         let t = self.pos;
         mixer_core::mixer::check_decoder_capacity(t, self.t_len)?;
-        let (bn, cn, kn) = (self.b_len, self.c_len, self.slots.len());
+        let (bn, cn, kn) = (self.b_len, self.c_len, self.k_in);
         let bc = bn * cn;
         let x = contiguous(token, "x", &[bn, cn])?;
         let alpha = if self.on.has_a() {
@@ -142,7 +203,7 @@ impl<F: Real> Decoder<F> for GlrDecoder<F> {
             entry.extend_from_slice(&x);
         }
         let slots = &self.slots;
-        let last = t + 1 == self.t_len;
+        let last = t + 1 == self.t_len && !self.keep_last;
         match &mut self.store {
             // No later token reads anything: the cache empties (`Glr::decoder_cache`).
             Store::Lattice(v) if last => v.clear(),
@@ -178,5 +239,27 @@ impl<F: Real> Decoder<F> for GlrDecoder<F> {
 
     fn position(&self) -> usize {
         self.pos
+    }
+
+    /// The cached values at the positions the next token and its successors read
+    /// ([`glr_state::kept`]), and the position.
+    fn state(&self) -> Result<Tensors<F>> {
+        let name = glr_state::stream(&self.glr).map_err(Error::Decoder)?;
+        let (bn, cn) = (self.b_len, self.c_len);
+        let rows = glr_state::rows(&self.glr, self.k_in);
+        let mut v = ndarray::Array3::<F>::zeros((bn, rows, cn));
+        for (j, at) in glr_state::kept(&self.glr, self.k_in, self.pos).into_iter().enumerate() {
+            let Some(p) = at else { continue };
+            let e = self.lookup(p)?;
+            for b in 0..bn {
+                for c in 0..cn {
+                    v[[b, j, c]] = e[b * cn + c];
+                }
+            }
+        }
+        let pos = mixer_core::state::position_tensor(&vec![self.pos; bn]);
+        Ok([(name.to_string(), v.into_dyn()), (mixer_core::state::POSITION.to_string(), pos)]
+            .into_iter()
+            .collect())
     }
 }

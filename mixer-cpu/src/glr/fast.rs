@@ -30,6 +30,7 @@ pub(crate) struct Views<'a, F> {
     pub(crate) beta: &'a [F],
     pub(crate) t_len: usize,
     pub(crate) c_len: usize,
+    /// The slot axis of `beta` (`alpha` has `K + 1`): at least `K(T)`, the slots read.
     pub(crate) k_len: usize,
     pub(crate) has_a: bool,
     pub(crate) has_b: bool,
@@ -43,7 +44,7 @@ pub(crate) fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, b: usize, c0: usiz
     let mut n = 0usize;
     let offsets = slots.offsets();
     for t in 0..tn {
-        while n < kn && offsets[n] <= t {
+        while n < offsets.len() && offsets[n] <= t {
             n += 1;
         }
         let (done, rest) = buf.split_at_mut(t * w);
@@ -88,14 +89,35 @@ pub(crate) fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, b: usize, c0: usiz
 /// The contiguous `x`, `alpha` and `beta` (empty without `b`), shapes checked.
 pub(crate) type Gathered<'a, F> = (Cow<'a, [F]>, Cow<'a, [F]>, Cow<'a, [F]>);
 
-/// Gathers the inputs of `g` contiguously, with their shapes checked against `K = K(T)`.
+/// The slot axis `K` of the inputs (`beta`'s, or `alpha`'s less one with the pattern on `A`),
+/// checked to hold at least the `K(T)` slots read.
+pub(crate) fn slot_axis<F>(g: &Glr, inputs: &Tensors<F>, slots: &Slots) -> Result<usize> {
+    let (name, a) =
+        if g.on().has_b() { ("beta", get(inputs, "beta")?) } else { ("alpha", get(inputs, "alpha")?) };
+    let k = match a.shape() {
+        [_, _, k, _] if g.on().has_b() => *k,
+        [_, _, k1, _] if g.on().has_a() => k1.saturating_sub(1),
+        _ if !g.on().has_a() && !g.on().has_b() => 0,
+        s => return Err(Error::shape(name, "[B, T, K, C]", mixer_core::error::fmt_shape(s))),
+    };
+    if k < slots.len() {
+        return Err(Error::shape(
+            name,
+            format!("a slot axis of at least K(T) = {}", slots.len()),
+            format!("K = {k}"),
+        ));
+    }
+    Ok(k)
+}
+
+/// Gathers the inputs of `g` contiguously, with their shapes checked against `K ≥ K(T)`.
 pub(crate) fn gather<'a, F: Real>(g: &Glr, inputs: &'a Tensors<F>, slots: &Slots) -> Result<Gathered<'a, F>> {
     let xs = get(inputs, "x")?.shape().to_vec();
     if xs.len() != 3 {
         return Err(Error::shape("x", "[B, T, C]", mixer_core::error::fmt_shape(&xs)));
     }
     let (bn, tn, cn) = (xs[0], xs[1], xs[2]);
-    let kn = slots.len();
+    let kn = slot_axis(g, inputs, slots)?;
     let on = g.on();
     let x = contiguous(inputs, "x", &xs)?;
     let alpha = if on.has_a() {
@@ -108,14 +130,14 @@ pub(crate) fn gather<'a, F: Real>(g: &Glr, inputs: &'a Tensors<F>, slots: &Slots
     Ok((x, alpha, beta))
 }
 
-/// The [`Views`] of gathered inputs of shape `xs = [B, T, C]`.
+/// The [`Views`] of gathered inputs of shape `xs = [B, T, C]` with `k` slots.
 pub(crate) fn views<'a, F>(
     g: &Glr,
     x: &'a [F],
     alpha: &'a [F],
     beta: &'a [F],
     xs: &[usize],
-    slots: &Slots,
+    k: usize,
 ) -> Views<'a, F> {
     Views {
         x,
@@ -123,14 +145,14 @@ pub(crate) fn views<'a, F>(
         beta,
         t_len: xs[1],
         c_len: xs[2],
-        k_len: slots.len(),
+        k_len: k,
         has_a: g.on().has_a(),
         has_b: g.on().has_b(),
     }
 }
 
 /// The fast form: `y [B,T,C]` from `x [B,T,C]`, `alpha`, `beta` (shapes per docs/math.md §1.2, with
-/// `K = K(T)`); inactive slots (`f(k) > t`) are never read.
+/// `K ≥ K(T)`); inactive slots (`f(k) > t`) are never read.
 pub fn fast<F: Real>(g: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let xs = get(inputs, "x")?.shape().to_vec();
     if xs.len() != 3 {
@@ -139,7 +161,7 @@ pub fn fast<F: Real>(g: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let (bn, tn, cn) = (xs[0], xs[1], xs[2]);
     let slots = g.slots(tn);
     let (x, alpha, beta) = gather(g, inputs, &slots)?;
-    let views = views(g, &x, &alpha, &beta, &xs, &slots);
+    let views = views(g, &x, &alpha, &beta, &xs, slot_axis(g, inputs, &slots)?);
     let w = block_width(bn, cn);
     let tasks: Vec<(usize, usize)> =
         (0..bn).flat_map(|b| (0..cn).step_by(w.max(1)).map(move |c0| (b, c0))).collect();

@@ -4,15 +4,42 @@
 //! - `recurrent`: a token-by-token decoder that keeps the lattice positions `P_t`
 //!   (cache-efficient) or the last `f(K−1)` tokens (translation-invariant) ([`decoder`]);
 //! - `materialized`: the generic oracle on [`Glr`]'s `(A, B)`.
+//!
+//! `fast` (and its backward) and `recurrent` run from a state and return the final state
+//! (docs/math.md §7.1): the fast form on the extension of [`glr_state`], the decoder with the
+//! state's values as its cache ([`decoder_from_state`]).
 
 pub mod backward;
 pub mod decoder;
 pub mod fast;
 
-use mixer_core::Form;
-use mixer_core::Real;
+use mixer_core::mixer::Decoder;
 use mixer_core::mixers::glr::Glr;
-use mixer_registry::{BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, register};
+use mixer_core::mixers::glr_state;
+use mixer_core::{Dims, DimsExt, Form, Real, Requires, Result, Tensors};
+use mixer_registry::{
+    BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, StateBackwardFn, StateDecoderFn, StateFn, register,
+};
+
+/// The decoder started from a state (docs/math.md §7.1; `None`: position 0). Rows at different
+/// positions get one decoder each ([`mixer_core::state::decoder_by_rows`]).
+pub fn decoder_from_state<F: Real>(
+    g: &Glr,
+    _statics: &Tensors<F>,
+    dims: &Dims,
+    initial: Option<&Tensors<F>>,
+) -> Result<Box<dyn Decoder<F>>> {
+    let Some(s) = initial else { return Ok(Box::new(decoder::GlrDecoder::<F>::from_state(g, dims, None)?)) };
+    let k = glr_state::slot_count(dims).unwrap_or(0);
+    let pos = glr_state::positions(g, s, dims.size("T")?, k)?;
+    let a = pos.first().copied().unwrap_or(0);
+    if let Some(d) = mixer_core::state::by_rows_if_uneven(&pos, s, dims, |one, row| {
+        decoder_from_state(g, _statics, one, Some(row))
+    }) {
+        return d;
+    }
+    Ok(Box::new(decoder::GlrDecoder::<F>::from_state(g, dims, Some((s, a)))?))
+}
 
 /// The GLR on CPU.
 struct GlrCpu;
@@ -27,6 +54,19 @@ impl<F: Real> Family<F> for GlrCpu {
     }
     fn backward(&self, form: Form) -> Option<BackwardFn<Glr, F>> {
         (form == Form::Fast).then_some(backward::vjp)
+    }
+    /// `fast` from a state: the sparse recurrence on the extension by the state's values
+    /// ([`glr_state::run`]).
+    fn stateful(&self, form: Form) -> Option<StateFn<Glr, F>> {
+        (form == Form::Fast).then_some(|g, x, s| glr_state::run(g, x, s, |e| fast::fast(g, e)))
+    }
+    fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<Glr, F>> {
+        (form == Form::Fast).then_some(|g, x, s, dy, df, req| {
+            glr_state::vjp(g, x, s, dy, df, req, |e, d| backward::vjp(g, e, d, &Requires::All))
+        })
+    }
+    fn decoder_from_state(&self) -> Option<StateDecoderFn<Glr, F>> {
+        Some(decoder_from_state)
     }
 }
 

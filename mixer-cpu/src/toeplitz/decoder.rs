@@ -3,6 +3,8 @@
 
 use mixer_core::mixer::check_decoder_capacity;
 use mixer_core::mixers::toeplitz::Toeplitz;
+use mixer_core::mixers::toeplitz_state::HISTORY;
+use mixer_core::state::POSITION;
 use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Dims, DimsExt, Real, Result, Tensors};
 use ndarray::ArrayD;
@@ -90,6 +92,20 @@ impl<F: Real> History<F> {
             }
         }
         y
+    }
+
+    /// The state after the tokens consumed (docs/math.md §7.1): `x [B, Tw, C]`, the history at
+    /// rows `0 … pos − 1` and zeros after, and `position [B]`.
+    pub fn state(&self) -> Tensors<F> {
+        let mut x = ArrayD::zeros(ndarray::IxDyn(&[self.batch, self.limit, self.channels]));
+        for (bc, col) in self.hist.iter().enumerate() {
+            let (b, c) = (bc / self.channels, bc % self.channels);
+            for (s, &v) in col.iter().enumerate() {
+                x[[b, s, c]] = v;
+            }
+        }
+        let pos = mixer_core::state::position_tensor(&vec![self.pos; self.batch]);
+        [(HISTORY.to_string(), x), (POSITION.to_string(), pos)].into_iter().collect()
     }
 
     /// Number of scalars of input history held.

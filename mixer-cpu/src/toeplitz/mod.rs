@@ -2,6 +2,10 @@
 //! (real FFT of a 7-smooth size `p ≥ 2T−1` chosen by a cost model, cached plans and kernel
 //! spectra) and two decoders for `recurrent` — naive `O(t)` per token, or online FFT with
 //! `O(log² t)` amortised work per token (config `decoder`).
+//!
+//! Every form runs from a state and returns its final state (docs/math.md §7.1): `parallel` and
+//! `fast` (and the `fast` backward) on the extension of [`toeplitz_state`], the decoders by
+//! consuming the state's inputs ([`decoder_from_state`]).
 
 pub mod backward;
 pub mod columns;
@@ -14,9 +18,12 @@ pub mod parallel;
 use mixer_core::Form;
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::toeplitz::{DecoderKind, FAMILY, Prepared, Toeplitz};
+use mixer_core::mixers::toeplitz_state;
 use mixer_core::tensor::get;
-use mixer_core::{Dims, Real, Result, Tensors};
-use mixer_registry::{BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, register};
+use mixer_core::{Dims, DimsExt, Real, Requires, Result, Tensors};
+use mixer_registry::{
+    BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, StateBackwardFn, StateDecoderFn, StateFn, register,
+};
 use ndarray::ArrayD;
 
 use columns::Columns;
@@ -60,6 +67,35 @@ pub fn decoder<F: FftReal>(tm: &Toeplitz, statics: &Tensors<F>, dims: &Dims) -> 
     })
 }
 
+/// The decoder of [`decoder`] started from a state (docs/math.md §7.1): it consumes the state's
+/// inputs `x_0 … x_{a−1}` (outputs dropped), which leaves it exactly as after that prefix
+/// (`O(a log² a)` for the online decoder, `O(a)` for the naive one). Rows at different positions
+/// get one decoder each ([`mixer_core::state::decoder_by_rows`]): a decoder steps its rows
+/// together.
+pub fn decoder_from_state<F: FftReal>(
+    tm: &Toeplitz,
+    statics: &Tensors<F>,
+    dims: &Dims,
+    initial: Option<&Tensors<F>>,
+) -> Result<Box<dyn Decoder<F>>> {
+    let Some(s) = initial else { return decoder(tm, statics, dims) };
+    let pos = toeplitz_state::positions(s, dims.size("T")?)?;
+    let a = pos.first().copied().unwrap_or(0);
+    if let Some(d) = mixer_core::state::by_rows_if_uneven(&pos, s, dims, |one, row| {
+        decoder_from_state(tm, statics, one, Some(row))
+    }) {
+        return d;
+    }
+    let mut dec = decoder(tm, statics, dims)?;
+    let hist = get(s, toeplitz_state::HISTORY)?;
+    for t in 0..a {
+        let token: Tensors<F> =
+            std::iter::once(("x".to_string(), hist.index_axis(ndarray::Axis(1), t).to_owned())).collect();
+        dec.step(&token)?;
+    }
+    Ok(dec)
+}
+
 /// The Toeplitz mixer on CPU.
 struct ToeplitzCpu;
 
@@ -76,6 +112,23 @@ impl<F: FftReal> Family<F> for ToeplitzCpu {
     }
     fn backward(&self, form: Form) -> Option<BackwardFn<Toeplitz, F>> {
         (form == Form::Fast).then_some(backward::vjp)
+    }
+    /// `parallel` and `fast` from a state: the form on the extension by the state's inputs
+    /// ([`toeplitz_state::run`]).
+    fn stateful(&self, form: Form) -> Option<StateFn<Toeplitz, F>> {
+        match form {
+            Form::Parallel => Some(|m, x, s| toeplitz_state::run(x, s, |e| parallel(m, e))),
+            Form::Fast => Some(|m, x, s| toeplitz_state::run(x, s, |e| fast(m, e))),
+            _ => None,
+        }
+    }
+    fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<Toeplitz, F>> {
+        (form == Form::Fast).then_some(|m, x, s, dy, df, req| {
+            toeplitz_state::vjp(x, s, dy, df, req, |e, d| backward::vjp(m, e, d, &Requires::All))
+        })
+    }
+    fn decoder_from_state(&self) -> Option<StateDecoderFn<Toeplitz, F>> {
+        Some(decoder_from_state)
     }
 }
 

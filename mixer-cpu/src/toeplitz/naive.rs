@@ -61,6 +61,9 @@ impl<F: Real> Decoder<F> for NaiveDecoder<F> {
     fn position(&self) -> usize {
         self.base.pos
     }
+    fn state(&self) -> Result<Tensors<F>> {
+        Ok(self.base.state())
+    }
 }
 
 #[cfg(test)]

@@ -191,4 +191,7 @@ impl<F: FftReal> Decoder<F> for OnlineDecoder<F> {
     fn position(&self) -> usize {
         self.base.pos
     }
+    fn state(&self) -> Result<Tensors<F>> {
+        Ok(self.base.state())
+    }
 }

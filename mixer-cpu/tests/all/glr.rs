@@ -268,12 +268,12 @@ fn bad_configs_and_inputs_give_clear_errors() {
     let e = run_with(&|i| {
         i.insert("beta".into(), ArrayD::zeros(ndarray::IxDyn(&[2, 9, 3, 3])));
     });
-    assert!(e.contains("`beta`") && e.contains("K = 4") && e.contains("K = 3"), "{e}");
+    assert!(e.contains("`beta`") && e.contains("K ≥ 4") && e.contains("K = 3"), "{e}");
     // alpha of the wrong slot count (K1 = 5).
     let e = run_with(&|i| {
         i.insert("alpha".into(), ArrayD::zeros(ndarray::IxDyn(&[2, 9, 4, 3])));
     });
-    assert!(e.contains("K1 = 5") && e.contains("K1 = 4"), "{e}");
+    assert!(e.contains("K1 ≥ 5") && e.contains("K1 = 4"), "{e}");
     // x of another length.
     let e = run_with(&|i| {
         i.insert("x".into(), ArrayD::zeros(ndarray::IxDyn(&[2, 8, 3])));

@@ -6,6 +6,7 @@ mod attention;
 mod glr;
 mod loglinear;
 mod loglinear_packed;
+mod states;
 mod suite;
 mod toeplitz;
 

@@ -182,6 +182,23 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     }
     let alpha = input::<F>(x, "alpha")?;
     let beta = if on.has_b() { input_opt::<F>(x, "beta")? } else { None };
+    // The kernels index the slot axis by the pattern table's K(T): a longer axis (which the
+    // CPU takes for runs from a state) is refused, not misread.
+    let want_a = if on.has_a() { vec![b, t, na, c] } else { vec![b, t, c] };
+    for (name, got, want) in [
+        ("alpha", Some(alpha.shape().to_vec()), want_a),
+        ("beta", beta.as_ref().map(|v| v.shape().to_vec()), vec![b, t, k, c]),
+    ] {
+        if let Some(got) = got
+            && got != want
+        {
+            return Err(mixer_core::Error::shape(
+                name,
+                format!("{} (on CUDA the slot axis is exactly K(T))", mixer_core::error::fmt_shape(&want)),
+                mixer_core::error::fmt_shape(&got),
+            ));
+        }
+    }
     let zero = pool::zeros::<F>(FAMILY, 1)?;
     let bv = beta.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
     let mut y = pool::take::<F>(FAMILY, b * t * c)?;
