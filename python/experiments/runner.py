@@ -35,6 +35,7 @@ def parser(experiment: str) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--out", default="out/papers", help="output folder (default out/papers)")
     p.add_argument("--resume", action="store_true", help="keep the runs whose log already exists")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a shared machine)")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -57,6 +58,10 @@ def notes(experiment: str, cells: Dict, rows) -> List[str]:
 def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> Dict:
     """Runs ``experiment`` with the command line ``argv``; returns the aggregated results."""
     a = parser(experiment).parse_args(argv)
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
     b = settings.budget(experiment, a.budget, a.steps)
     rows = settings.ROWS[experiment]
     if a.only:

@@ -76,7 +76,7 @@ _TINY_RUN = dict(width=16, layers=1, heads=2, mlp=2, steps=40, batch=16, val_siz
 BUDGETS: Dict[str, Dict[str, Budget]] = {
     "table1": {
         "tiny": Budget(
-            (TaskConfig("copy", alphabet=4, min_len=1, max_len=3),
+            (TaskConfig("copy", alphabet=4, min_len=1, max_len=4),
              TaskConfig("mqar", vocab=16, pairs=2, seq_len=12),
              TaskConfig("multihop", vocab=12, pairs=4, max_hops=2, queries=2)),
             dict(_TINY_RUN), (1e-2,)),
@@ -110,7 +110,7 @@ BUDGETS: Dict[str, Dict[str, Budget]] = {
             (1e-4, 4.642e-4, 2.154e-3, 1e-2)),
     },
     "toeplitz_copy": {
-        "tiny": Budget((TaskConfig("copy", alphabet=4, min_len=3, max_len=3),), dict(_TINY_RUN), (1e-2,)),
+        "tiny": Budget((TaskConfig("copy", alphabet=6, min_len=3, max_len=3),), dict(_TINY_RUN), (1e-2,)),
         # The Toeplitz paper's copy: 512 tokens copied from the input to the output (alphabet 26 as
         # Jelassi et al.).
         "short": Budget(

@@ -17,6 +17,9 @@ the hop count − 1 of a labelled position; else 0).
 - ``multihop``: node-disjoint chains ``x₀ → … → x_h`` over symbols ``0..V−2`` written as shuffled
   pairs ``a b``, then ``SEP = V − 1`` and the first symbols of ``queries`` chains (hops uniform in
   ``1..max_hops``), each labelled with its chain's end; distractor chains fill ``pairs``.
+
+Splits are fixed by a hash of the tokens (:func:`bucket`): test, validation and training examples
+never coincide, whatever the seeds.
 """
 
 from __future__ import annotations
@@ -180,57 +183,79 @@ def generate(c: TaskConfig, n: int, rng: np.random.Generator) -> Tuple[np.ndarra
     return _GENERATORS[c.task](c, rng, n)
 
 
+#: Held-out buckets: an example is in the test split when ``hash(tokens) mod 8 = 0``, in the
+#: validation split when it is 1, in the training split otherwise (the Rust trainer's rule, with a
+#: validation bucket added).
+BUCKETS = 8
+SPLITS = {"test": 0, "val": 1}
+
+
+def token_hash(tokens: np.ndarray) -> np.ndarray:
+    """FNV-1a over each row's tokens, then a final mix (the Rust trainer's ``hash``): ``[n]``
+    uint64."""
+    h = np.full(tokens.shape[0], 0xCBF29CE484222325, dtype=np.uint64)
+    prime = np.uint64(0x100000001B3)
+    with np.errstate(over="ignore"):
+        for col in tokens.astype(np.uint64).T:
+            h = (h ^ col) * prime
+        h ^= h >> np.uint64(33)
+        h = h * np.uint64(0xFF51AFD7ED558CCD)
+    return h ^ (h >> np.uint64(33))
+
+
+def bucket(tokens: np.ndarray) -> np.ndarray:
+    """The split bucket of each row: ``token_hash mod 8``."""
+    return (token_hash(tokens) % np.uint64(BUCKETS)).astype(np.int64)
+
+
+def sample(c: TaskConfig, n: int, rng: np.random.Generator, split: str):
+    """``n`` examples of ``split`` (``train``, ``val`` or ``test``): drawn from ``rng`` and redrawn
+    until their bucket is the split's; ``ValueError`` when the task has too few distinct examples
+    to fill it."""
+    if split not in ("train", "val", "test"):
+        raise ValueError(f"unknown split `{split}`; expected train, val or test")
+    parts, have, draws = [], 0, 0
+    while have < n:
+        t, y, g = generate(c, max(n - have, 16), rng)
+        b = bucket(t)
+        keep = (b >= len(SPLITS)) if split == "train" else (b == SPLITS[split])
+        parts.append((t[keep], y[keep], g[keep]))
+        have += int(keep.sum())
+        draws += len(t)
+        if draws > 1000 * max(n, 16) and have < n:
+            raise ValueError(f"task {c.task}: only {have} of {n} {split} examples found in {draws} draws; "
+                             "the task has too few distinct examples for its splits")
+    return tuple(np.concatenate([p[i] for p in parts])[:n] for i in range(3))
+
+
 class Split:
-    """A fixed held-out set (validation or test), and the rule that keeps it out of training:
-    :meth:`exclude` drops every example whose tokens equal one of the set's."""
+    """A fixed held-out set (``val`` or ``test``) of ``n`` examples drawn with ``seed``."""
 
-    def __init__(self, c: TaskConfig, n: int, seed: int, exclude: Optional["Split"] = None):
-        rng = np.random.default_rng(seed)
-        tokens, targets, groups = generate(c, n, rng)
-        if exclude is not None:
-            keep = exclude.exclude(tokens)
-            tokens, targets, groups = tokens[keep], targets[keep], groups[keep]
-        self.tokens, self.targets, self.groups = tokens, targets, groups
-        self._seen = {row.tobytes() for row in tokens}
-
-    def exclude(self, tokens: np.ndarray) -> np.ndarray:
-        """A boolean mask of the rows of ``tokens`` that are not in this set."""
-        return np.array([row.tobytes() not in self._seen for row in tokens], dtype=bool)
+    def __init__(self, c: TaskConfig, n: int, seed: int, which: str):
+        self.tokens, self.targets, self.groups = sample(c, n, np.random.default_rng(seed), which)
 
 
 class TrainStream:
-    """Training batches for a seed: from a fixed pool of ``pool`` examples shuffled every epoch
-    (Zoology's finite training set), or fresh examples every step with ``pool = 0``; examples of
-    the held-out ``splits`` never appear."""
+    """Training batches for a seed: from a fixed pool of ``pool`` training-split examples shuffled
+    every epoch (Zoology's finite training set), or fresh ones every step with ``pool = 0``."""
 
-    def __init__(self, c: TaskConfig, batch: int, seed: int, pool: int, splits=()):
-        self.c, self.batch, self.splits = c, batch, list(splits)
+    def __init__(self, c: TaskConfig, batch: int, seed: int, pool: int):
+        self.c, self.batch = c, batch
         self.rng = np.random.default_rng([seed, 1])
         self.pool = None
         if pool > 0:
-            self.pool = self._clean(*generate(c, pool, self.rng))
-            if len(self.pool[0]) < batch:
-                raise ValueError(f"the training pool keeps {len(self.pool[0])} examples, fewer than a batch of {batch}")
-            self.order, self.at = self.rng.permutation(len(self.pool[0])), 0
-
-    def _clean(self, tokens, targets, groups):
-        keep = np.ones(len(tokens), dtype=bool)
-        for s in self.splits:
-            keep &= s.exclude(tokens)
-        return tokens[keep], targets[keep], groups[keep]
+            if pool < batch:
+                raise ValueError(f"the training pool ({pool} examples) is smaller than a batch ({batch})")
+            self.pool = sample(c, pool, self.rng, "train")
+            self.order, self.at = self.rng.permutation(pool), 0
 
     def next(self) -> Tuple[np.ndarray, np.ndarray]:
         """``(tokens, targets)`` of the next batch."""
         if self.pool is None:
-            out_t, out_y, have = [], [], 0
-            while have < self.batch:
-                t, y, _ = self._clean(*generate(self.c, self.batch - have, self.rng))
-                out_t.append(t)
-                out_y.append(y)
-                have += len(t)
-            return np.concatenate(out_t), np.concatenate(out_y)
+            t, y, _ = sample(self.c, self.batch, self.rng, "train")
+            return t, y
         if self.at + self.batch > len(self.order):
-            self.order, self.at = self.rng.permutation(len(self.pool[0])), 0
+            self.order, self.at = self.rng.permutation(len(self.order)), 0
         idx = self.order[self.at : self.at + self.batch]
         self.at += self.batch
         return self.pool[0][idx], self.pool[1][idx]

@@ -117,9 +117,9 @@ def train(cfg: RunConfig, device: str = "cpu", progress=None) -> Dict:
     torch.manual_seed(cfg.seed)
     c = cfg.task
     c.validate()
-    val = Split(c, cfg.val_size, seed=(cfg.seed << 8) + 1)
-    test = Split(c, cfg.test_size, seed=(cfg.seed << 8) + 2, exclude=val)
-    stream = TrainStream(c, cfg.batch, cfg.seed, cfg.train_examples, splits=(val, test))
+    val = Split(c, cfg.val_size, seed=(cfg.seed << 8) + 1, which="val")
+    test = Split(c, cfg.test_size, seed=(cfg.seed << 8) + 2, which="test")
+    stream = TrainStream(c, cfg.batch, cfg.seed, cfg.train_examples)
     dtype = getattr(torch, cfg.dtype)
     model = Model(cfg.mixer, cfg.mixer_config, c.vocab_size, c.length, cfg.width, cfg.layers, cfg.heads, cfg.mlp,
                   cfg.backend).to(device=device, dtype=dtype)
