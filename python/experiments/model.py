@@ -85,6 +85,16 @@ def glr_sources(name: str, config_json: str, t: int) -> np.ndarray:
     return out
 
 
+def linear(fan_in: int, fan_out: int, bias: bool = False) -> nn.Linear:
+    """A linear map with weights drawn from ``N(0, 1/fan_in)`` and zero bias (the Rust trainer's
+    initialisation of projections)."""
+    m = nn.Linear(fan_in, fan_out, bias=bias)
+    nn.init.normal_(m.weight, std=1.0 / math.sqrt(fan_in))
+    if bias:
+        nn.init.zeros_(m.bias)
+    return m
+
+
 def _softplus_inv(y: float) -> float:
     return y + math.log(-math.expm1(-y))
 
@@ -101,7 +111,7 @@ class MixerLayer(nn.Module):
         self.d, self.h, self.dh, self.t = width, heads, width // heads, seq
         cfg = dict(config)
         d, h = width, heads
-        lin = lambda cols, bias=False: nn.Linear(d, cols, bias=bias)  # noqa: E731
+        lin = lambda cols, bias=False: linear(d, cols, bias)  # noqa: E731
         if self.fam == "attention":
             self.wq, self.wk, self.wv = lin(d), lin(d), lin(d)
         elif self.fam == "glr":
@@ -114,7 +124,6 @@ class MixerLayer(nn.Module):
             self.register_buffer("active", torch.from_numpy(src >= 0), persistent=False)
             k = src.shape[1]
             self.wx, self.walpha, self.wq, self.wk = lin(d), lin(d, True), lin(d), lin(d)
-            nn.init.zeros_(self.walpha.bias)
             self.slot_bias = nn.Parameter(torch.zeros(k, h))
             self.wgamma = lin(h, True)
             nn.init.ones_(self.wgamma.bias)
@@ -132,7 +141,6 @@ class MixerLayer(nn.Module):
             cfg.setdefault("scale", 1.0 / math.sqrt(self.dh))
             if self.gdn:
                 self.wb = lin(h, True)
-                nn.init.zeros_(self.wb.bias)
             if self.lift:
                 cfg.setdefault("lambda_scheme", "softplus")
                 levels = mixers.random_inputs(name, cfg, batch=1, seq=seq, heads=1)["lambda"].shape[-1]
@@ -152,7 +160,7 @@ class MixerLayer(nn.Module):
             taps[-1] = base
             self.taps = nn.Parameter(taps[0] if kw == 1 else taps)
         self.config = cfg
-        self.wo = nn.Linear(d, d, bias=False)
+        self.wo = linear(d, d)
         nn.init.normal_(self.wo.weight, std=1.0 / math.sqrt(d) / math.sqrt(2.0 * layers))
 
     def _run(self, **inputs):
@@ -200,7 +208,7 @@ class Block(nn.Module):
         super().__init__()
         self.norm1, self.norm2 = nn.RMSNorm(width), nn.RMSNorm(width)
         self.mix = MixerLayer(mixer, config, width, heads, seq, layers, backend)
-        self.mlp = nn.Sequential(nn.Linear(width, mlp * width), nn.GELU(), nn.Linear(mlp * width, width))
+        self.mlp = nn.Sequential(linear(width, mlp * width, True), nn.GELU(), linear(mlp * width, width, True))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         h = h + self.mix(self.norm1(h))
@@ -221,7 +229,7 @@ class Model(nn.Module):
             Block(mixer, config, width, heads, seq, layers, mlp, backend) for _ in range(layers)
         )
         self.norm = nn.RMSNorm(width)
-        self.head = nn.Linear(width, vocab)
+        self.head = linear(width, vocab, True)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """``tokens [B, T]`` → logits ``[B, T, vocab]``."""

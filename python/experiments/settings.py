@@ -70,8 +70,8 @@ TOEPLITZ_ROWS = [
     Row("Mamba-2", "mamba2", {}),
 ]
 
-_TINY_RUN = dict(width=16, layers=1, heads=2, mlp=2, steps=40, batch=16, val_size=32, test_size=32,
-                 eval_every=10)
+_TINY_RUN = dict(width=16, layers=1, heads=2, mlp=2, steps=120, batch=16, val_size=64, test_size=64,
+                 eval_every=20)
 
 BUDGETS: Dict[str, Dict[str, Budget]] = {
     "table1": {
