@@ -13,7 +13,7 @@ the hop count − 1 of a labelled position; else 0).
 - ``mqar``: ``D`` pairs ``k v`` (distinct keys in ``[1, V/2)``, distinct values in ``[V/2, V)``), then
   every key once more in a query slot ``2D + 2j`` chosen without replacement with probability
   ``∝ (j+1)^(a−1)``, followed by its value; 0 elsewhere; the target at a queried key is its value.
-  Values are distinct as in Zoology (the Rust trainer draws them with replacement).
+  Values are distinct, as in Zoology.
 - ``multihop``: node-disjoint chains ``x₀ → … → x_h`` over symbols ``0..V−2`` written as shuffled
   pairs ``a b``, then ``SEP = V − 1`` and the first symbols of ``queries`` chains (hops uniform in
   ``1..max_hops``), each labelled with its chain's end; distractor chains fill ``pairs``.
