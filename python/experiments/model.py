@@ -103,11 +103,11 @@ class MixerLayer(nn.Module):
     """One token-mixing layer: the mixer's inputs from ``u``, the op, the output projection."""
 
     def __init__(self, name: str, config: Dict, width: int, heads: int, seq: int, layers: int,
-                 backend: Optional[str] = None):
+                 backend: Optional[str] = None, form: str = "fast"):
         super().__init__()
         if heads < 1 or width % heads:
             raise ValueError(f"width {width} must be a positive multiple of heads {heads}")
-        self.name, self.fam, self.backend = name, family(name), backend
+        self.name, self.fam, self.backend, self.form = name, family(name), backend, form
         self.d, self.h, self.dh, self.t = width, heads, width // heads, seq
         cfg = dict(config)
         d, h = width, heads
@@ -164,7 +164,7 @@ class MixerLayer(nn.Module):
         nn.init.normal_(self.wo.weight, std=1.0 / math.sqrt(d) / math.sqrt(2.0 * layers))
 
     def _run(self, **inputs):
-        return mixers.run(self.name, self.config, backend=self.backend, **inputs)
+        return mixers.run(self.name, self.config, backend=self.backend, form=self.form, **inputs)
 
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         b, t, _ = u.shape
@@ -204,10 +204,10 @@ class Block(nn.Module):
     """``h ← h + mix(RMSNorm(h))``, ``h ← h + W₂·GELU(W₁·RMSNorm(h))``."""
 
     def __init__(self, mixer: str, config: Dict, width: int, heads: int, seq: int, layers: int, mlp: int,
-                 backend: Optional[str]):
+                 backend: Optional[str], form: str):
         super().__init__()
         self.norm1, self.norm2 = nn.RMSNorm(width), nn.RMSNorm(width)
-        self.mix = MixerLayer(mixer, config, width, heads, seq, layers, backend)
+        self.mix = MixerLayer(mixer, config, width, heads, seq, layers, backend, form)
         self.mlp = nn.Sequential(linear(width, mlp * width, True), nn.GELU(), linear(mlp * width, width, True))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -216,17 +216,18 @@ class Block(nn.Module):
 
 
 class Model(nn.Module):
-    """Embeddings, ``layers`` blocks with mixer ``mixer`` (``config``), final norm and head."""
+    """Embeddings, ``layers`` blocks with mixer ``mixer`` (``config``), final norm and head; the
+    mixer runs its form ``form`` on ``backend`` (the package's default for ``None``)."""
 
     def __init__(self, mixer: str, config: Dict, vocab: int, seq: int, width: int = 32, layers: int = 2,
-                 heads: int = 2, mlp: int = 2, backend: Optional[str] = None):
+                 heads: int = 2, mlp: int = 2, backend: Optional[str] = None, form: str = "fast"):
         super().__init__()
         self.tok = nn.Embedding(vocab, width)
         self.pos = nn.Embedding(seq, width)
         nn.init.normal_(self.tok.weight, std=1.0)
         nn.init.normal_(self.pos.weight, std=0.1)
         self.blocks = nn.ModuleList(
-            Block(mixer, config, width, heads, seq, layers, mlp, backend) for _ in range(layers)
+            Block(mixer, config, width, heads, seq, layers, mlp, backend, form) for _ in range(layers)
         )
         self.norm = nn.RMSNorm(width)
         self.head = linear(width, vocab, True)

@@ -1,6 +1,6 @@
-"""`python -m experiments.mqar`: MQAR of the log-linear paper: 64 key–value pairs, model width 32 (docs/papers.md; `--help` for the options)."""
+"""`python -m experiments.mqar`: MQAR of the log-linear paper: Mamba-2, gated DeltaNet and their lifts (docs/papers.md; `--help` for the options)."""
 
 from .runner import main
 
 if __name__ == "__main__":
-    main("mqar", "MQAR of the log-linear paper: 64 key–value pairs, model width 32")
+    main("mqar", "MQAR of the log-linear paper: Mamba-2, gated DeltaNet and their lifts")

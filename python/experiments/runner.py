@@ -16,6 +16,11 @@ from . import report, settings
 from .train import RunConfig, train
 
 
+#: The settings of each task that the table reports.
+_FIELDS = {"copy": ("alphabet", "min_len", "max_len"), "mqar": ("vocab", "pairs", "seq_len", "power_a"),
+           "multihop": ("vocab", "pairs", "max_hops", "queries")}
+
+
 def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower()
 
@@ -32,6 +37,7 @@ def parser(experiment: str) -> argparse.ArgumentParser:
     p.add_argument("--only", help="comma-separated row labels or mixer names to run")
     p.add_argument("--tasks", help="comma-separated tasks to run")
     p.add_argument("--backend", help="the library backend (default: cuda for CUDA tensors, else cpu)")
+    p.add_argument("--form", default="fast", help="the mixers' form: fast (default), parallel, materialized, …")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--out", default="out/papers", help="output folder (default out/papers)")
     p.add_argument("--resume", action="store_true", help="keep the runs whose log already exists")
@@ -91,7 +97,7 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
                             runs.append(json.load(f))
                         continue
                     cfg = RunConfig(task=t, mixer=r.mixer, mixer_config=dict(r.config), lr=lr, seed=seed,
-                                    dtype=a.dtype, backend=a.backend, **b.run)
+                                    dtype=a.dtype, backend=a.backend, form=a.form, **b.run)
                     log = train(cfg, a.device)
                     log["experiment"], log["structure"], log["budget"] = experiment, r.label, a.budget
                     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -106,8 +112,13 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
     names = [t.task for t in tasks]
     extra = notes(experiment, cells, rows)
     wall = time.time() - start
-    extra.append(f"Budget `{a.budget}`, seeds {a.seeds}, learning rates {lrs}, device `{a.device}`: "
-                 f"{wall:.0f} s of wall time.")
+    for t in tasks:
+        fields = {k: v for k, v in t.to_dict().items() if k in _FIELDS[t.task]}
+        extra.append(f"Task `{t.task}`: {json.dumps(fields)} (T = {t.length}).")
+    extra.append("Model and training: " + json.dumps({k: v for k, v in b.run.items()}) + ".")
+    runs_wall = sum(c["wall_s"] for c in cells.values())
+    extra.append(f"Budget `{a.budget}`, seeds {a.seeds}, learning rates {lrs}, device `{a.device}`, form "
+                 f"`{a.form}`: {runs_wall:.0f} s of training wall time (the runs' sum).")
     md = report.markdown(title, rows, names, cells, extra)
     plots = [report.plot(os.path.join(root, t), t, rows, cells) for t in names]
     if any(p is None for p in plots):

@@ -45,6 +45,7 @@ class RunConfig:
     seed: int = 0
     dtype: str = "float32"
     backend: Optional[str] = None  # None: the package's default for the tensors' device
+    form: str = "fast"  # the mixer's form (its backward: the same form where the backend has it)
 
     def to_dict(self) -> Dict:
         d = asdict(self)
@@ -122,7 +123,7 @@ def train(cfg: RunConfig, device: str = "cpu", progress=None) -> Dict:
     stream = TrainStream(c, cfg.batch, cfg.seed, cfg.train_examples)
     dtype = getattr(torch, cfg.dtype)
     model = Model(cfg.mixer, cfg.mixer_config, c.vocab_size, c.length, cfg.width, cfg.layers, cfg.heads, cfg.mlp,
-                  cfg.backend).to(device=device, dtype=dtype)
+                  cfg.backend, cfg.form).to(device=device, dtype=dtype)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "slot_bias" not in n and "taps" not in n
              and "lambda_param" not in n and "tok" not in n and "pos" not in n]
     rest = [p for p in model.parameters() if all(p is not q for q in decay)]
