@@ -291,7 +291,7 @@ impl TaskConfig {
         Example { tokens, targets, groups: vec![0; t] }
     }
 
-    /// MQAR (Zoology): `D` pairs `k v` (distinct keys in `[1, V/2)`, values in `[V/2, V)`),
+    /// MQAR (Zoology): `D` pairs `k v` (distinct keys in `[1, V/2)`, distinct values in `[V/2, V)`),
     /// then every key once more at a gap drawn with probability ∝ `i^(a−1)` among the query
     /// slots; the target at a queried key is its value, which the next input repeats. Token 0
     /// fills the rest.
@@ -300,7 +300,10 @@ impl TaskConfig {
         let mut keys: Vec<usize> = (1..v / 2).collect();
         keys.shuffle(rng);
         keys.truncate(d);
-        let vals: Vec<usize> = (0..d).map(|_| rng.random_range(v / 2..v)).collect();
+        // Distinct values, as Zoology draws them.
+        let mut vals: Vec<usize> = (v / 2..v).collect();
+        vals.shuffle(rng);
+        vals.truncate(d);
         let mut tokens = vec![0usize; t];
         let mut targets = vec![None; t];
         for i in 0..d {
@@ -433,6 +436,9 @@ mod tests {
         let kv: std::collections::HashMap<usize, usize> =
             (0..c.pairs).map(|i| (e.tokens[2 * i], e.tokens[2 * i + 1])).collect();
         assert_eq!(kv.len(), c.pairs);
+        let values: std::collections::HashSet<usize> = kv.values().copied().collect();
+        assert_eq!(values.len(), c.pairs, "values are distinct");
+        assert!(values.iter().all(|&x| (c.vocab / 2..c.vocab).contains(&x)));
         let mut n = 0;
         for (p, t) in e.targets.iter().enumerate() {
             if let Some(v) = t {

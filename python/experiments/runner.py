@@ -1,0 +1,146 @@
+"""The command line shared by the experiments: every (structure, task, learning rate, seed) run,
+its JSON log under ``<out>/<experiment>/runs/``, then ``results.json``, ``table.md`` and the plots
+(``<task>.png``) under ``<out>/<experiment>/``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+from . import report, settings
+from .train import RunConfig, train
+
+
+#: The settings of each task that the table reports.
+_FIELDS = {"copy": ("alphabet", "min_len", "max_len"), "mqar": ("vocab", "pairs", "seq_len", "power_a"),
+           "multihop": ("vocab", "pairs", "max_hops", "queries")}
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", s).strip("-").lower()
+
+
+def parser(experiment: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"python -m experiments.{experiment}",
+                                description=f"The `{experiment}` experiment (docs/papers.md).")
+    p.add_argument("--device", default="cpu", help="torch device: cpu or cuda (default cpu)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds (default 0)")
+    p.add_argument("--budget", default="paper", choices=("tiny", "short", "paper"),
+                   help="tiny: CPU smoke; short: a first GPU pass; paper: the full setting (default)")
+    p.add_argument("--lrs", type=float, nargs="+", help="learning rates (default: the budget's sweep)")
+    p.add_argument("--steps", type=int, help="override the budget's number of steps")
+    p.add_argument("--only", help="comma-separated row labels or mixer names to run")
+    p.add_argument("--tasks", help="comma-separated tasks to run")
+    p.add_argument("--backend", help="the library backend (default: cuda for CUDA tensors, else cpu)")
+    p.add_argument("--form", default="fast", help="the mixers' form: fast (default), parallel, materialized, …")
+    p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    p.add_argument("--out", default="out/papers", help="output folder (default out/papers)")
+    p.add_argument("--resume", action="store_true", help="keep the runs whose log already exists")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a shared machine)")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def notes(experiment: str, cells: Dict, rows) -> List[str]:
+    """The experiment's own comparisons: the lifts' MQAR gains; the Toeplitz copy ordering."""
+    out = []
+    means = {r.mixer: cells[(r.label, t)]["mean"] for r in rows for t in ("mqar", "copy") if (r.label, t) in cells}
+    if experiment == "mqar":
+        for base, lift, gain in settings.LIFTS:
+            if base in means and lift in means:
+                out.append(f"mqar: {lift} − {base} = {means[lift] - means[base]:+.1f} points (paper: {gain:+.1f})")
+    if experiment == "toeplitz_copy" and all(m in means for m in ("attention", "toeplitz", "mamba2")):
+        out.append(f"copy: toeplitz − attention = {means['toeplitz'] - means['attention']:+.1f} points, "
+                   f"toeplitz − mamba2 = {means['toeplitz'] - means['mamba2']:+.1f} points (the paper's claim: "
+                   "Toeplitz about as attention, Mamba-2 behind)")
+    return out
+
+
+def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> Dict:
+    """Runs ``experiment`` with the command line ``argv``; returns the aggregated results."""
+    a = parser(experiment).parse_args(argv)
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
+    b = settings.budget(experiment, a.budget, a.steps)
+    rows = settings.ROWS[experiment]
+    if a.only:
+        want = set(a.only.split(","))
+        rows = [r for r in rows if r.label in want or r.mixer in want]
+        if not rows:
+            raise SystemExit(f"--only {a.only}: no row matches (labels or mixers of `{experiment}`)")
+    tasks = list(b.tasks)
+    if a.tasks:
+        want = set(a.tasks.split(","))
+        tasks = [t for t in tasks if t.task in want]
+        if not tasks:
+            raise SystemExit(f"--tasks {a.tasks}: no task of `{experiment}` matches")
+    lrs = a.lrs or list(b.lrs)
+    root = os.path.join(a.out, experiment)
+    os.makedirs(os.path.join(root, "runs"), exist_ok=True)
+    start = time.time()
+    cells = {}
+    for r in rows:
+        for t in tasks:
+            runs = []
+            for lr in lrs:
+                for seed in a.seeds:
+                    path = os.path.join(root, "runs", _slug(r.label), t.task, f"lr{lr:g}-seed{seed}.json")
+                    if a.resume and os.path.exists(path):
+                        with open(path) as f:
+                            runs.append(json.load(f))
+                        continue
+                    cfg = RunConfig(task=t, mixer=r.mixer, mixer_config=dict(r.config), lr=lr, seed=seed,
+                                    dtype=a.dtype, backend=a.backend, form=a.form, **b.run)
+                    log = train(cfg, a.device)
+                    log["experiment"], log["structure"], log["budget"] = experiment, r.label, a.budget
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    with open(path, "w") as f:
+                        json.dump(log, f)
+                    runs.append(log)
+                    if not a.quiet:
+                        print(f"{r.label:32s} {t.task:9s} lr {lr:<8g} seed {seed}: test "
+                              f"{100 * log['test']['accuracy']:5.1f} %  loss {log['curve']['loss'][0]:.3f} → "
+                              f"{log['curve']['loss'][-1]:.3f}  {log['wall_s']:.1f} s", file=sys.stderr)
+            cells[(r.label, t.task)] = report.cell(runs)
+    names = [t.task for t in tasks]
+    extra = notes(experiment, cells, rows)
+    wall = time.time() - start
+    for t in tasks:
+        fields = {k: v for k, v in t.to_dict().items() if k in _FIELDS[t.task]}
+        extra.append(f"Task `{t.task}`: {json.dumps(fields)} (T = {t.length}).")
+    extra.append("Model and training: " + json.dumps({k: v for k, v in b.run.items()}) + ".")
+    runs_wall = sum(c["wall_s"] for c in cells.values())
+    extra.append(f"Budget `{a.budget}`, seeds {a.seeds}, learning rates {lrs}, device `{a.device}`, form "
+                 f"`{a.form}`: {runs_wall:.0f} s of training wall time (the runs' sum).")
+    md = report.markdown(title, rows, names, cells, extra)
+    plots = [report.plot(os.path.join(root, t), t, rows, cells) for t in names]
+    if any(p is None for p in plots):
+        md += "\nNo plots: matplotlib is not installed in this environment.\n"
+    with open(os.path.join(root, "table.md"), "w") as f:
+        f.write(md)
+    results = {
+        "experiment": experiment,
+        "budget": a.budget,
+        "seeds": a.seeds,
+        "lrs": lrs,
+        "tasks": [t.to_dict() for t in tasks],
+        "run": {k: list(v) if isinstance(v, tuple) else v for k, v in b.run.items()},
+        "rows": [{"label": r.label, "mixer": r.mixer, "config": r.config, "paper": r.paper} for r in rows],
+        "cells": [{"structure": k[0], "task": k[1], **{f: v for f, v in c.items() if f != "curves"}}
+                  for k, c in cells.items()],
+        "kendall_tau": report.taus(rows, names, cells),
+        "notes": extra,
+        "wall_s": wall,
+    }
+    with open(os.path.join(root, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    if not a.quiet:
+        print(md)
+    return results

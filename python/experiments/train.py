@@ -1,0 +1,165 @@
+"""One training run: a :class:`~experiments.model.Model` on a task, AdamW with linear warm-up and
+cosine decay, gradient clipping, cross-entropy on the labelled positions; its log (configuration,
+seed, loss and accuracy curves, final validation and test accuracy, wall time) as a dict ready for
+JSON. The same configuration and seed give the same data and the same initialisation."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .model import Model
+from .tasks import IGNORE, Split, TaskConfig, TrainStream
+
+
+@dataclass
+class RunConfig:
+    """Everything a run depends on (logged with its results)."""
+
+    task: TaskConfig
+    mixer: str
+    mixer_config: Dict = field(default_factory=dict)
+    width: int = 32
+    layers: int = 2
+    heads: int = 2
+    mlp: int = 2
+    steps: int = 1000
+    batch: int = 32
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    betas: tuple = (0.9, 0.98)
+    warmup: float = 0.05  # fraction of the steps
+    min_lr: float = 0.1  # the cosine ends at this fraction of lr
+    clip: float = 1.0
+    #: Training examples: a fixed pool shuffled every epoch; 0: fresh examples every step.
+    train_examples: int = 0
+    val_size: int = 256
+    test_size: int = 256
+    eval_every: int = 0  # 0: a curve of 10 evaluations
+    seed: int = 0
+    dtype: str = "float32"
+    backend: Optional[str] = None  # None: the package's default for the tensors' device
+    form: str = "fast"  # the mixer's form (its backward: the same form where the backend has it)
+
+    def to_dict(self) -> Dict:
+        d = asdict(self)
+        d["task"] = self.task.to_dict()
+        d["betas"] = list(self.betas)
+        return d
+
+    @staticmethod
+    def from_dict(d: Dict) -> "RunConfig":
+        d = dict(d)
+        d["task"] = TaskConfig(**d["task"])
+        d["betas"] = tuple(d.get("betas", (0.9, 0.98)))
+        return RunConfig(**d)
+
+
+def lr_at(cfg: RunConfig, step: int) -> float:
+    """The learning rate of step ``step`` (0-based): linear warm-up over ``warmup·steps`` steps,
+    then cosine decay from ``lr`` to ``min_lr·lr`` at the last step."""
+    warm = max(1, int(round(cfg.warmup * cfg.steps)))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    span = max(1, cfg.steps - warm - 1)
+    frac = min(1.0, (step - warm) / span)
+    return cfg.lr * (cfg.min_lr + (1.0 - cfg.min_lr) * 0.5 * (1.0 + math.cos(math.pi * frac)))
+
+
+def _tensor(a: np.ndarray, device) -> torch.Tensor:
+    return torch.from_numpy(a).to(device)
+
+
+@torch.no_grad()
+def evaluate(model: Model, split: Split, device, batch: int = 256) -> Dict:
+    """Accuracy on labelled positions, whole-example accuracy (every labelled position right), and
+    per group (multi-hop: per hop count), over ``split``; the mean cross-entropy."""
+    model.eval()
+    right = total = seq_right = 0
+    loss_sum = 0.0
+    per_group: Dict[int, list] = {}
+    for lo in range(0, len(split.tokens), batch):
+        tok = _tensor(split.tokens[lo : lo + batch], device)
+        tgt = _tensor(split.targets[lo : lo + batch], device)
+        logits = model(tok).float()
+        loss_sum += F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=IGNORE, reduction="sum").item()
+        lab = tgt != IGNORE
+        ok = (logits.argmax(-1) == tgt) & lab
+        right += ok.sum().item()
+        total += lab.sum().item()
+        seq_right += (ok.sum(1) == lab.sum(1)).sum().item()
+        groups = split.groups[lo : lo + batch]
+        okn, labn = ok.cpu().numpy(), lab.cpu().numpy()
+        for g in np.unique(groups[labn]):
+            sel = labn & (groups == g)
+            acc = per_group.setdefault(int(g), [0, 0])
+            acc[0] += int(okn[sel].sum())
+            acc[1] += int(sel.sum())
+    model.train()
+    return {
+        "accuracy": right / max(total, 1),
+        "sequence_accuracy": seq_right / max(len(split.tokens), 1),
+        "loss": loss_sum / max(total, 1),
+        "per_group": {g: r / n for g, (r, n) in sorted(per_group.items())},
+    }
+
+
+def train(cfg: RunConfig, device: str = "cpu", progress=None) -> Dict:
+    """Trains one model; returns its log: ``config``, ``seed``, ``curve`` (every step's loss and
+    learning rate; validation accuracy every ``eval_every`` steps), ``val`` and ``test`` (the
+    final evaluations), ``parameters``, ``wall_s``."""
+    start = time.time()
+    torch.manual_seed(cfg.seed)
+    c = cfg.task
+    c.validate()
+    val = Split(c, cfg.val_size, seed=(cfg.seed << 8) + 1, which="val")
+    test = Split(c, cfg.test_size, seed=(cfg.seed << 8) + 2, which="test")
+    stream = TrainStream(c, cfg.batch, cfg.seed, cfg.train_examples)
+    dtype = getattr(torch, cfg.dtype)
+    model = Model(cfg.mixer, cfg.mixer_config, c.vocab_size, c.length, cfg.width, cfg.layers, cfg.heads, cfg.mlp,
+                  cfg.backend, cfg.form).to(device=device, dtype=dtype)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "slot_bias" not in n and "taps" not in n
+             and "lambda_param" not in n and "tok" not in n and "pos" not in n]
+    rest = [p for p in model.parameters() if all(p is not q for q in decay)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                            lr=cfg.lr, betas=cfg.betas)
+    every = cfg.eval_every or max(1, cfg.steps // 10)
+    curve = {"step": [], "loss": [], "lr": [], "eval_step": [], "val_accuracy": []}
+    for step in range(cfg.steps):
+        lr = lr_at(cfg, step)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        tok, tgt = stream.next()
+        logits = model(_tensor(tok, device)).float()
+        loss = F.cross_entropy(logits.flatten(0, 1), _tensor(tgt, device).flatten(), ignore_index=IGNORE)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        opt.step()
+        curve["step"].append(step)
+        curve["loss"].append(loss.item())
+        curve["lr"].append(lr)
+        if (step + 1) % every == 0 and step + 1 < cfg.steps:
+            curve["eval_step"].append(step + 1)
+            curve["val_accuracy"].append(evaluate(model, val, device)["accuracy"])
+        if progress is not None:
+            progress(step, loss.item())
+    final_val = evaluate(model, val, device)
+    curve["eval_step"].append(cfg.steps)
+    curve["val_accuracy"].append(final_val["accuracy"])
+    return {
+        "config": cfg.to_dict(),
+        "seed": cfg.seed,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "device": str(device),
+        "curve": curve,
+        "val": final_val,
+        "test": evaluate(model, test, device),
+        "wall_s": time.time() - start,
+    }

@@ -1,0 +1,184 @@
+"""The papers' experiment harness (python/experiments, docs/papers.md) at the tiny budget: the
+task generators follow their definitions, the GLR slots read from the library are the paper's
+offsets, every family's layer runs forward and backward, a trivial task trains, Kendall τ and the
+table are right on hand-computed inputs, and one command writes its logs and table."""
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+# `experiments` lives next to the package sources in python/; appended, so the installed `mixers`
+# (with its compiled extension) stays first on the path.
+sys.path.append(os.path.join(os.path.dirname(__file__), ".."))
+
+from experiments import report, runner, settings  # noqa: E402
+from experiments.model import Model, glr_sources  # noqa: E402
+from experiments.tasks import IGNORE, Split, TaskConfig, TrainStream, generate, token_hash  # noqa: E402
+from experiments.train import RunConfig, lr_at, train  # noqa: E402
+
+
+def test_copy_layout():
+    c = TaskConfig("copy", alphabet=5, min_len=3, max_len=6)
+    tok, tgt, _ = generate(c, 50, np.random.default_rng(0))
+    assert tok.shape == (50, 14)
+    for row, y in zip(tok, tgt):
+        n = int(np.where(row == 6)[0][0]) - 1  # `|` is id A + 1
+        assert row[0] == 5 and 3 <= n <= 6
+        assert (row[1 : n + 1] == row[n + 2 : 2 * n + 2]).all()
+        labelled = np.where(y != IGNORE)[0].tolist()
+        assert labelled == list(range(n + 1, 2 * n + 2))
+        assert (y[n + 1 : 2 * n + 1] == row[1 : n + 1]).all() and y[2 * n + 1] == 7  # then `.`
+
+
+def test_mqar_queries_recall_distinct_values():
+    c = TaskConfig("mqar", vocab=64, pairs=8, seq_len=48)
+    tok, tgt, _ = generate(c, 20, np.random.default_rng(1))
+    for row, y in zip(tok, tgt):
+        keys, vals = row[0:16:2], row[1:16:2]
+        assert len(set(keys)) == 8 and len(set(vals)) == 8
+        assert ((1 <= keys) & (keys < 32)).all() and ((32 <= vals) & (vals < 64)).all()
+        kv = dict(zip(keys.tolist(), vals.tolist()))
+        q = np.where(y != IGNORE)[0]
+        assert len(q) == 8 and (q >= 16).all() and ((q - 16) % 2 == 0).all()
+        for p in q:
+            assert kv[row[p]] == y[p] == row[p + 1]
+
+
+def test_multihop_follows_chains():
+    c = TaskConfig("multihop", vocab=30, pairs=10, max_hops=3, queries=3)
+    tok, tgt, grp = generate(c, 30, np.random.default_rng(2))
+    for row, y, g in zip(tok, tgt, grp):
+        assert row[20] == 29
+        nxt = dict(zip(row[0:20:2].tolist(), row[1:20:2].tolist()))
+        assert len(nxt) == 10
+        for p in range(21, 24):
+            x, hops = row[p], 0
+            while x in nxt:
+                x, hops = nxt[x], hops + 1
+            assert x == y[p] and hops == g[p] + 1
+
+
+def _fnv_mix(row):
+    """The split hash of one row with Python integers mod 2⁶⁴ (FNV-1a, then the final mix)."""
+    m = (1 << 64) - 1
+    h = 0xCBF29CE484222325
+    for t in row:
+        h = ((h ^ int(t)) * 0x100000001B3) & m
+    h ^= h >> 33
+    h = (h * 0xFF51AFD7ED558CCD) & m
+    return h ^ (h >> 33)
+
+
+def test_seeds_and_disjoint_splits():
+    c = TaskConfig("copy", alphabet=4, min_len=1, max_len=4)
+    a, b = generate(c, 40, np.random.default_rng(5)), generate(c, 40, np.random.default_rng(5))
+    assert all((x == y).all() for x, y in zip(a, b))
+    assert token_hash(a[0]).tolist() == [_fnv_mix(r) for r in a[0]]
+    val, test = Split(c, 20, seed=1, which="val"), Split(c, 20, seed=2, which="test")
+    train_rows = {r.tobytes() for _ in range(5) for r in TrainStream(c, 64, seed=0, pool=0).next()[0]}
+    val_rows, test_rows = {r.tobytes() for r in val.tokens}, {r.tobytes() for r in test.tokens}
+    assert len(train_rows) > 4 and val_rows and test_rows
+    assert not (train_rows & val_rows) and not (train_rows & test_rows) and not (val_rows & test_rows)
+    with pytest.raises(ValueError, match="too few distinct examples"):
+        Split(TaskConfig("copy", alphabet=1, min_len=1, max_len=1), 4, seed=0, which="test")
+
+
+def test_bad_settings_are_errors():
+    with pytest.raises(ValueError, match="seq_len must be ≥ 4·pairs = 32, got 20"):
+        TaskConfig("mqar", vocab=64, pairs=8, seq_len=20).validate()
+    with pytest.raises(ValueError, match="unknown task"):
+        TaskConfig("sort").validate()
+    with pytest.raises(ValueError, match="no training layer"):
+        Model("log-distance-mamba2", {}, vocab=8, seq=8)
+
+
+@pytest.mark.parametrize("name,config,t,expected", [
+    # f(k) = 2^k: token 13 reads 13 − 1, 13 − 2, 13 − 4, 13 − 8.
+    ("glr", {"pattern": "pow2"}, 13, [12, 11, 9, 5]),
+    # f(k) = k² + 1: 13 − 1, 13 − 2, 13 − 5, 13 − 10.
+    ("glr", {"pattern": "sq1"}, 13, [12, 11, 8, 3]),
+    ("kth-order", {"order": 3}, 13, [12, 11, 10]),
+    ("diagonal-ssm", {}, 13, [12]),
+])
+def test_glr_sources_are_the_patterns_offsets(name, config, t, expected):
+    src = glr_sources(name, json.dumps(config, sort_keys=True), 20)
+    assert [s for s in src[t].tolist() if s >= 0] == expected
+    assert (src[0] == -1).all()
+
+
+ALL_ROWS = settings.TABLE1_ROWS + settings.MQAR_ROWS + [settings.TOEPLITZ_ROWS[1]]
+
+
+@pytest.mark.parametrize("row", ALL_ROWS, ids=lambda r: r.label)
+def test_every_layer_runs_forward_and_backward(row):
+    model = Model(row.mixer, row.config, vocab=9, seq=11, width=8, layers=1, heads=2)
+    logits = model(torch.randint(0, 9, (2, 11)))
+    assert logits.shape == (2, 11, 9) and torch.isfinite(logits).all()
+    logits.square().mean().backward()
+    for n, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), n
+
+
+def test_lr_schedule():
+    cfg = RunConfig(task=TaskConfig(), mixer="attention", steps=100, lr=1.0, warmup=0.05, min_lr=0.1)
+    assert lr_at(cfg, 0) == pytest.approx(0.2) and lr_at(cfg, 4) == pytest.approx(1.0)
+    assert lr_at(cfg, 99) == pytest.approx(0.1)
+
+
+def test_a_trivial_copy_trains():
+    torch.set_num_threads(1)  # a shared machine: more threads only wait for each other
+    cfg = RunConfig(task=TaskConfig("copy", alphabet=8, min_len=2, max_len=2), mixer="attention", width=16,
+                    layers=1, steps=60, batch=16, val_size=32, test_size=32, eval_every=20, lr=1e-2)
+    log = train(cfg)
+    loss = log["curve"]["loss"]
+    assert np.mean(loss[-10:]) < 0.5 * np.mean(loss[:10]), loss
+    assert log["test"]["accuracy"] > 0.6  # chance: 1/8 over the vocabulary
+    assert json.loads(json.dumps(log))["config"]["task"]["max_len"] == 2
+
+
+def test_kendall_tau_on_hand_computed_rankings():
+    # Pairs of [1,2,3,4] vs [1,3,2,4]: 5 concordant, 1 discordant → (5 − 1)/6.
+    assert report.kendall_tau([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(4 / 6)
+    # Ties: a = [1,1,2,3], b = [1,2,2,3]: C = 4, D = 0, one pair tied in a only, one in b only
+    # → 4/√(5·5).
+    assert report.kendall_tau([1, 1, 2, 3], [1, 2, 2, 3]) == pytest.approx(0.8)
+    assert report.kendall_tau([3, 2, 1], [10, 20, 30]) == pytest.approx(-1.0)
+    assert report.kendall_tau([1], [1]) is None
+    assert report.kendall_tau([2, 2], [1, 3]) is None
+
+
+def _log(lr, seed, val, test):
+    return {"config": {"lr": lr}, "seed": seed, "wall_s": 1.0, "curve": {"eval_step": [1], "val_accuracy": [val]},
+            "val": {"accuracy": val}, "test": {"accuracy": test, "sequence_accuracy": test}}
+
+
+def test_cell_picks_the_lr_by_validation_and_the_table_reports_tau():
+    runs = [_log(1e-3, 0, 0.5, 0.9), _log(1e-3, 1, 0.5, 0.9), _log(1e-2, 0, 0.8, 0.6), _log(1e-2, 1, 0.8, 0.8)]
+    c = report.cell(runs)
+    assert c["lr"] == 1e-2 and c["mean"] == pytest.approx(70.0)
+    assert c["std"] == pytest.approx(100 * math.sqrt(0.02))
+    rows = [settings.Row(f"r{i}", "attention", {}, {"copy": p}) for i, p in enumerate([10.0, 30.0, 20.0, 40.0])]
+    cells = {(f"r{i}", "copy"): report.cell([_log(1e-3, 0, 0.5, a)]) for i, a in enumerate([0.1, 0.2, 0.3, 0.4])}
+    md = report.markdown("t", rows, ["copy"], cells)
+    assert "- copy: Kendall τ against the paper: 0.67" in md  # ours 1,2,3,4 vs the paper's 1,3,2,4
+    assert "| r2 | `attention` | 30.0 ± 0.0 (lr 0.001) | 20.00 | 1 |" in md
+
+
+def test_one_command_writes_logs_and_table(tmp_path):
+    argv = ["--budget", "tiny", "--steps", "4", "--out", str(tmp_path), "--quiet", "--only", "attention,toeplitz",
+            "--threads", "1"]
+    res = runner.main("toeplitz_copy", "t", argv)
+    root = tmp_path / "toeplitz_copy"
+    logs = sorted(p.relative_to(root).as_posix() for p in root.glob("runs/*/*/*.json"))
+    assert logs == ["runs/attention/copy/lr0.01-seed0.json", "runs/toeplitz/copy/lr0.01-seed0.json"]
+    log = json.loads((root / logs[0]).read_text())
+    assert log["seed"] == 0 and len(log["curve"]["loss"]) == 4 and "wall_s" in log
+    assert (root / "table.md").read_text().count("\n| ") == 3
+    assert len(res["cells"]) == 2
+    again = runner.main("toeplitz_copy", "t", argv + ["--resume"])
+    assert again["cells"] == res["cells"]
