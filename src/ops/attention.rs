@@ -7,7 +7,7 @@ use super::dispatch::{Stepper, build};
 use super::options::Options;
 
 /// The registered mixer and JSON config for `opts` (options: `scale`, `window`).
-fn mixer(opts: &Options) -> Result<Box<dyn mixer_core::Mixer>> {
+pub(super) fn mixer(opts: &Options) -> Result<Box<dyn mixer_core::Mixer>> {
     opts.only("attention", &["scale", "window"])?;
     build("attention", &serde_json::json!({ "window": opts.window, "scale": opts.scale }))
 }

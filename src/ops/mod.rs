@@ -103,6 +103,37 @@ pub use options::{LambdaRef, MaskRef, Options, PatternRef, Precision, Registered
 pub use scalar::Scalar;
 pub use toeplitz::{ToeplitzDecoder, toeplitz};
 
+/// The builtin mixers [`configured`] builds: attention and the log-linear family.
+pub const CONFIGURED: [&str; 7] = [
+    "attention",
+    "linear-attention",
+    "mamba2",
+    "gated-deltanet",
+    "loglinear-attention",
+    "loglinear-mamba2",
+    "loglinear-gated-deltanet",
+];
+
+/// The configured mixer that the typed function of the builtin mixer `name` (one of
+/// [`CONFIGURED`]) runs with `opts`, with the same option checks. For crates that front the
+/// library with other tensor types (`mixers-candle`): they run exactly the mixer of the typed
+/// call, through the registry.
+pub fn configured(name: &str, opts: &Options) -> mixer_core::Result<Box<dyn mixer_core::Mixer>> {
+    match name {
+        "attention" => attention::mixer(opts),
+        "linear-attention" | "mamba2" | "gated-deltanet" => loglinear::mixer(name, false, opts),
+        "loglinear-attention" | "loglinear-mamba2" | "loglinear-gated-deltanet" => {
+            loglinear::mixer(name, true, opts)
+        }
+        _ => Err(mixer_core::Error::Unknown {
+            kind: "typed mixer",
+            name: name.to_string(),
+            suggestions: Vec::new(),
+            known: CONFIGURED.join(", "),
+        }),
+    }
+}
+
 /// `position`, `cache_elems` and `max_len` of a typed decoder wrapping a `Stepper`.
 macro_rules! decoder_accessors {
     () => {
