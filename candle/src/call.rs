@@ -128,13 +128,15 @@ pub(crate) fn apply(
 /// settings are in `config`).
 ///
 /// ```
-/// use candle_core::{Device, Tensor};
+/// use candle_core::{DType, Device, Tensor};
 /// use mixers_candle::{Options, run};
-/// let x = Tensor::ones((1, 5, 2), candle_core::DType::F64, &Device::Cpu)?;
-/// let alpha = Tensor::full(0.5f64, (1, 5, 2), &Device::Cpu)?;
-/// // GLR with the first-order pattern: y_t = α_t y_{t−1} + x_t.
-/// let y = run("glr", &serde_json::json!({"pattern": "first-order", "on": "a"}), &[("x", &x), ("alpha", &alpha.unsqueeze(3)?)], &Options::default())?;
-/// assert_eq!(y.dims(), &[1, 5, 2]);
+/// // One head, one tap per lag, all ones: a running sum along T.
+/// let x = Tensor::arange(0f64, 4., &Device::Cpu)?.reshape((1, 4, 1))?.repeat((1, 1, 2))?;
+/// let w = Tensor::ones((1, 4), DType::F64, &Device::Cpu)?;
+/// let cfg = serde_json::json!({"heads": 1, "kernel_width": 1});
+/// let y = run("toeplitz", &cfg, &[("x", &x), ("w", &w)], &Options::default())?;
+/// let sums: Vec<f64> = y.narrow(2, 0, 1)?.flatten_all()?.to_vec1()?;
+/// assert!(sums.iter().zip([0.0, 1.0, 3.0, 6.0]).all(|(a, b)| (a - b).abs() < 1e-12));
 /// # Ok::<(), candle_core::Error>(())
 /// ```
 pub fn run(

@@ -22,24 +22,9 @@
 //! - [`run`] and [`run_state`]: any registered mixer by name and JSON config (the GLR, the
 //!   Toeplitz mixer, plugins).
 //!
-//! ```
-//! use candle_core::{DType, Device, Tensor, Var};
-//! use mixers_candle::{Options, ops};
-//!
-//! let dev = Device::Cpu;
-//! let (b, t, h, dk, dv) = (1, 10, 2, 4, 3);
-//! let q = Var::from_tensor(&Tensor::randn(0f32, 1., (b, t, h, dk), &dev)?)?;
-//! let k = Tensor::randn(0f32, 1., (b, t, h, dk), &dev)?;
-//! let k = k.broadcast_div(&k.sqr()?.sum_keepdim(3)?.sqrt()?)?; // unit keys
-//! let v = Tensor::randn(0f32, 1., (b, t, h, dv), &dev)?;
-//! let g = (Tensor::rand(0f32, 1., (b, t, h), &dev)? * -0.1)?;   // log decay ≤ 0
-//! let beta = Tensor::rand(0f32, 1., (b, t, h), &dev)?;          // in [0, 1]
-//!
-//! let y = ops::gated_deltanet(&q, &k, &v, &g, &beta, &Options::default())?;
-//! let grads = y.sqr()?.sum_all()?.backward()?;
-//! assert_eq!(grads.get(&q).unwrap().dims(), &[b, t, h, dk]);
-//! # Ok::<(), candle_core::Error>(())
-//! ```
+//! The README's example is `examples/quickstart.rs`, run as a doc-test of this crate (a test
+//! keeps the README's block equal to it); `examples/gated_deltanet_layer.rs` is an fla-style
+//! gated DeltaNet layer that trains.
 
 mod call;
 mod error;
@@ -52,3 +37,8 @@ pub use error::Error;
 pub use mixer_core::Form;
 pub use mixers::ops::{Options, Precision};
 pub use packing::Packing;
+
+/// The README's candle block, which is `examples/quickstart.rs` verbatim, run as a doc-test.
+#[cfg(doctest)]
+#[doc = concat!("```rust\n", include_str!("../examples/quickstart.rs"), "```")]
+pub struct ReadmeExample;

@@ -1,4 +1,4 @@
-//! Typed ops: one function per builtin mixer of [`mixers::ops::CONFIGURED`], with the shapes,
+//! Typed ops: one function per builtin mixer that [`mixers::ops::configured`] builds, with the shapes,
 //! options and defaults of the typed API of the same name in [`mixers::ops`] (docs/math.md),
 //! on candle tensors, with autograd. Each runs [`mixers::ops::configured`]'s mixer through the
 //! registry, as the typed API does, so its `y` equals the typed API's bit for bit.

@@ -103,21 +103,20 @@ pub use options::{LambdaRef, MaskRef, Options, PatternRef, Precision, Registered
 pub use scalar::Scalar;
 pub use toeplitz::{ToeplitzDecoder, toeplitz};
 
-/// The builtin mixers [`configured`] builds: attention and the log-linear family.
-pub const CONFIGURED: [&str; 7] = [
-    "attention",
-    "linear-attention",
-    "mamba2",
-    "gated-deltanet",
-    "loglinear-attention",
-    "loglinear-mamba2",
-    "loglinear-gated-deltanet",
-];
-
-/// The configured mixer that the typed function of the builtin mixer `name` (one of
-/// [`CONFIGURED`]) runs with `opts`, with the same option checks. For crates that front the
+/// The configured mixer that the typed function of the builtin mixer `name` runs with `opts`,
+/// with the same option checks: `attention` and the log-linear family (`linear-attention`,
+/// `mamba2`, `gated-deltanet` and their `loglinear-*` lifts). For crates that front the
 /// library with other tensor types (`mixers-candle`): they run exactly the mixer of the typed
 /// call, through the registry.
+///
+/// ```
+/// use mixers::ops::{Options, configured};
+/// let m = configured("mamba2", &Options::default().chunk(16))?;
+/// assert_eq!(m.config()["chunk"], 16);
+/// let e = configured("mamba3", &Options::default()).unwrap_err().to_string();
+/// assert!(e.starts_with("unknown typed mixer `mamba3`"), "{e}");
+/// # Ok::<(), mixers::prelude::Error>(())
+/// ```
 pub fn configured(name: &str, opts: &Options) -> mixer_core::Result<Box<dyn mixer_core::Mixer>> {
     match name {
         "attention" => attention::mixer(opts),
@@ -129,7 +128,7 @@ pub fn configured(name: &str, opts: &Options) -> mixer_core::Result<Box<dyn mixe
             kind: "typed mixer",
             name: name.to_string(),
             suggestions: Vec::new(),
-            known: CONFIGURED.join(", "),
+            known: "attention, linear-attention, mamba2, gated-deltanet and their loglinear-* lifts".into(),
         }),
     }
 }

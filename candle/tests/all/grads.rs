@@ -207,3 +207,28 @@ fn packed_batch_gradients_match_central_differences() {
         loss(&candle_op("mamba2", &vars(p, DType::F64), &opts).unwrap(), &w).to_scalar::<f64>().unwrap()
     });
 }
+
+#[test]
+fn run_gradients_of_the_glr_and_the_toeplitz_mixer_match_central_differences() {
+    let sz = mixers::registry::Sizes { batch: 1, seq: 6, channels: 4, heads: 2, dk: 3, dv: 2 };
+    for (name, cfg) in [
+        ("toeplitz", serde_json::json!({"heads": 2, "kernel_width": 2})),
+        ("glr", serde_json::json!({"pattern": "sq1"})),
+        ("glr", serde_json::json!({"pattern": "sq1", "on": "both"})),
+    ] {
+        let m = mixers::registry::mixer(name, &cfg).unwrap();
+        let x = mixers::registry::grad_check::grad_inputs(m.as_ref(), &sz, 8).unwrap();
+        let f = |p: &Tensors<f64>| {
+            let v = vars(p, DType::F64);
+            let named: Vec<(&str, &Tensor)> = v.iter().map(|(k, t)| (k.as_str(), t.as_tensor())).collect();
+            let y = mixers_candle::run(name, &cfg, &named, &Options::default()).unwrap();
+            let w = cotangent(y.dims(), 9);
+            (v, loss(&y, &w))
+        };
+        let (v, l) = f(&x);
+        let grads = candle_grads(&v, &l);
+        check_central_differences(&format!("{name} {cfg}"), &x, &grads, |p| {
+            f(p).1.to_scalar::<f64>().unwrap()
+        });
+    }
+}

@@ -5,3 +5,4 @@ mod errors;
 mod example;
 mod forward;
 mod grads;
+mod readme;
