@@ -99,8 +99,19 @@ fn state_ops_equal_the_typed_state_api() {
 fn packed_batches_equal_the_typed_api() {
     let (_, x) = inputs("gated-deltanet", &sizes(1, 40), 21);
     let opts = Options::default().cu_seqlens(&[0, 1, 17, 17, 33]);
-    let y = candle_op("gated-deltanet", &vars(&x, DType::F64), &opts).unwrap();
+    let v = vars(&x, DType::F64);
+    let y = candle_op("gated-deltanet", &v, &opts).unwrap();
     assert_eq!(array::<f64>(&y), typed_api::<f64>("gated-deltanet", &x, &opts));
+    // With states: one row per sequence (4 sequences).
+    let t = |n: &str| v[n].as_tensor();
+    let (y, s) =
+        mixers_candle::ops::gated_deltanet_state(t("q"), t("k"), t("v"), t("g"), t("beta"), None, &opts).unwrap();
+    let a4 = |n: &str| x[n].view().into_dimensionality::<mixers::ndarray::Ix4>().unwrap();
+    let a3 = |n: &str| x[n].view().into_dimensionality::<mixers::ndarray::Ix3>().unwrap();
+    let (yr, sr) = ops::gated_deltanet_state(a4("q"), a4("k"), a4("v"), a3("g"), a3("beta"), None, &opts).unwrap();
+    assert_eq!(s.dims(), &[4, 2, 3, 5]);
+    assert_eq!(array::<f64>(&y), yr.into_dyn());
+    assert_eq!(array::<f64>(&s), sr.into_dyn());
 }
 
 #[test]
