@@ -1,7 +1,7 @@
 //! What the candle op costs over the library: gated DeltaNet's forward through
 //! `mixers_candle::ops::gated_deltanet` against `mixers::ops::gated_deltanet` on the same
 //! values, and candle's `backward()` through the op against the library's backward
-//! (`mixers::registry::call::backward`) for the same cotangent. Median of `REPS` runs each.
+//! (`mixers::registry::call::backward`) for the same cotangent (`ȳ = 1`). Median of `REPS` runs each.
 //!
 //! ```sh
 //! cargo run --release -p mixers-candle --example overhead
@@ -32,7 +32,9 @@ fn median(mut f: impl FnMut()) -> Duration {
 
 fn main() -> candle_core::Result<()> {
     let cpu = Backend::by_name("cpu").map_err(candle_core::Error::wrap)?;
-    println!("| B | T | H | D | typed API fwd | candle fwd | library bwd | candle fwd+bwd |");
+    println!(
+        "| B | T | H | D | typed API forward | candle op forward | library backward | candle `backward()` |"
+    );
     println!("|---|---|---|---|---|---|---|---|");
     for (b, t, h, d) in [(1, 1000, 4, 64), (4, 2048, 8, 64), (2, 4096, 4, 128)] {
         let sizes = Sizes { batch: b, seq: t, channels: 1, heads: h, dk: d, dv: d };

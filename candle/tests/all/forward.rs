@@ -105,10 +105,12 @@ fn packed_batches_equal_the_typed_api() {
     // With states: one row per sequence (4 sequences).
     let t = |n: &str| v[n].as_tensor();
     let (y, s) =
-        mixers_candle::ops::gated_deltanet_state(t("q"), t("k"), t("v"), t("g"), t("beta"), None, &opts).unwrap();
+        mixers_candle::ops::gated_deltanet_state(t("q"), t("k"), t("v"), t("g"), t("beta"), None, &opts)
+            .unwrap();
     let a4 = |n: &str| x[n].view().into_dimensionality::<mixers::ndarray::Ix4>().unwrap();
     let a3 = |n: &str| x[n].view().into_dimensionality::<mixers::ndarray::Ix3>().unwrap();
-    let (yr, sr) = ops::gated_deltanet_state(a4("q"), a4("k"), a4("v"), a3("g"), a3("beta"), None, &opts).unwrap();
+    let (yr, sr) =
+        ops::gated_deltanet_state(a4("q"), a4("k"), a4("v"), a3("g"), a3("beta"), None, &opts).unwrap();
     assert_eq!(s.dims(), &[4, 2, 3, 5]);
     assert_eq!(array::<f64>(&y), yr.into_dyn());
     assert_eq!(array::<f64>(&s), sr.into_dyn());
