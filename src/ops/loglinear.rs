@@ -12,7 +12,7 @@ use super::options::Options;
 use super::scalar::Scalar;
 
 /// The registered member `name` configured from `opts`.
-fn mixer(name: &str, lifted: bool, opts: &Options) -> Result<Box<dyn Mixer>> {
+pub(super) fn mixer(name: &str, lifted: bool, opts: &Options) -> Result<Box<dyn Mixer>> {
     let allowed: &[&str] = if lifted { &["chunk", "scale", "mask", "lambda"] } else { &["chunk", "scale"] };
     opts.only(name, allowed)?;
     let mut cfg = serde_json::json!({});

@@ -107,6 +107,36 @@ pub use scalar::Scalar;
 pub use states::{KvCache, RowState, attention_state, glr_state, toeplitz_state};
 pub use toeplitz::{ToeplitzDecoder, toeplitz};
 
+/// The configured mixer that the typed function of the builtin mixer `name` runs with `opts`,
+/// with the same option checks: `attention` and the log-linear family (`linear-attention`,
+/// `mamba2`, `gated-deltanet` and their `loglinear-*` lifts). For crates that front the
+/// library with other tensor types (`mixers-candle`): they run exactly the mixer of the typed
+/// call, through the registry.
+///
+/// ```
+/// use mixers::ops::{Options, configured};
+/// let m = configured("mamba2", &Options::default().chunk(16))?;
+/// assert_eq!(m.config()["chunk"], 16);
+/// let e = configured("mamba3", &Options::default()).unwrap_err().to_string();
+/// assert!(e.starts_with("unknown typed mixer `mamba3`"), "{e}");
+/// # Ok::<(), mixers::prelude::Error>(())
+/// ```
+pub fn configured(name: &str, opts: &Options) -> mixer_core::Result<Box<dyn mixer_core::Mixer>> {
+    match name {
+        "attention" => attention::mixer(opts),
+        "linear-attention" | "mamba2" | "gated-deltanet" => loglinear::mixer(name, false, opts),
+        "loglinear-attention" | "loglinear-mamba2" | "loglinear-gated-deltanet" => {
+            loglinear::mixer(name, true, opts)
+        }
+        _ => Err(mixer_core::Error::Unknown {
+            kind: "typed mixer",
+            name: name.to_string(),
+            suggestions: Vec::new(),
+            known: "attention, linear-attention, mamba2, gated-deltanet and their loglinear-* lifts".into(),
+        }),
+    }
+}
+
 /// `position`, `cache_elems` and `max_len` of a typed decoder wrapping a `Stepper`.
 macro_rules! decoder_accessors {
     () => {

@@ -1,0 +1,192 @@
+//! [`MixerOp`]: one configured mixer as a candle [`CustomOp1`] over a packed buffer.
+//!
+//! The op's argument is the flat buffer of the mixer's inputs `x_1 … x_n` (and, for a run from
+//! a state, the initial state `S_0` after them) packed by [`Packing`]; its result is the flat
+//! buffer of `y` (and, for a run that returns its state, the final state `S_T` after it).
+//!
+//! - `cpu_fwd` unpacks the inputs (one copy into the library's owned arrays) and runs
+//!   [`mixer_registry::call::forward`], the entry point of the typed API, the command line and
+//!   the Python package: the plain form, a run from a state, or a packed batch (`cu_seqlens`).
+//! - `bwd` is the vector–Jacobian product: from the result's cotangent `[ȳ | S̄_T]` it runs
+//!   [`mixer_registry::call::backward`] (the library's backward of the forward's form where the
+//!   backend has it, else `fast`, else `materialized`; exact arithmetic) and returns the
+//!   argument's cotangent `[x̄_1 … x̄_n | S̄_0]`, packed as the argument was. A part of the result
+//!   that the loss does not use arrives as zeros (candle's `narrow` backward), which is its
+//!   cotangent.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor, WithDType};
+use mixer_core::mixer::Mixer;
+use mixer_core::{Form, Precision, Requires, Tensors};
+use mixer_registry::{Backend, Scalar, call};
+
+use crate::error::{Error, lib};
+use crate::packing::Packing;
+
+/// Where and how a call runs: the options of [`mixers::ops::Options`] that the op keeps.
+#[derive(Clone, Debug)]
+pub(crate) struct Run {
+    pub backend: Backend,
+    pub form: Form,
+    pub precision: Precision,
+    pub cu_seqlens: Option<Vec<usize>>,
+}
+
+/// One configured mixer over packed buffers (see the module documentation).
+pub(crate) struct MixerOp {
+    /// `mixers::<mixer>` (with `+state` for a run with a state), for candle's messages.
+    pub name: &'static str,
+    pub mixer: Arc<dyn Mixer>,
+    pub run: Run,
+    /// The inputs, by their docs/math.md names.
+    pub inputs: Packing,
+    /// The initial state's tensors after the inputs, for a run from a state.
+    pub initial: Option<Packing>,
+    /// `y`, then the final state's tensors for a run that returns its state.
+    pub output: Packing,
+    /// Whether the result holds the final state.
+    pub with_state: bool,
+}
+
+/// `name` as a `&'static str`: each distinct op name is leaked once (candle's op names are
+/// static; a program uses a handful).
+pub(crate) fn op_name(name: String) -> &'static str {
+    static NAMES: Mutex<BTreeSet<&'static str>> = Mutex::new(BTreeSet::new());
+    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(n) = names.get(name.as_str()) {
+        return n;
+    }
+    let n: &'static str = Box::leak(name.into_boxed_str());
+    names.insert(n);
+    n
+}
+
+impl MixerOp {
+    /// The inputs and the initial state in the flat argument `flat`.
+    fn unpack_args<F: Clone>(&self, flat: &[F]) -> Result<(Tensors<F>, Option<Tensors<F>>), Error> {
+        let n = self.inputs.len().min(flat.len());
+        let inputs = self.inputs.unpack(self.name, &flat[..n])?;
+        let initial = match &self.initial {
+            Some(p) => Some(p.unpack(self.name, &flat[n..])?),
+            None if flat.len() > n => {
+                return Err(Error::Packing {
+                    op: self.name.into(),
+                    expected: format!("{} elements", self.inputs.len()),
+                    got: format!("{}", flat.len()),
+                });
+            }
+            None => None,
+        };
+        Ok((inputs, initial))
+    }
+
+    /// The forward on a flat argument: the flat result.
+    fn forward<F: Scalar + WithDType>(&self, flat: &[F]) -> candle_core::Result<Vec<F>> {
+        let (inputs, initial) = self.unpack_args(flat)?;
+        let r = &self.run;
+        let (y, fin) = lib(call::forward(
+            self.mixer.as_ref(),
+            &r.backend,
+            r.form,
+            &inputs,
+            r.cu_seqlens.as_deref(),
+            initial.as_ref(),
+            self.with_state,
+            r.precision,
+        ))?;
+        let mut out_parts = fin.unwrap_or_default();
+        out_parts.insert("y".into(), y);
+        let mut out = Vec::with_capacity(self.output.len());
+        self.output.pack_into(self.name, &out_parts, &mut out)?;
+        Ok(out)
+    }
+
+    /// The backward on a flat argument and the flat cotangent of the result: the flat
+    /// cotangent of the argument.
+    fn backward<F: Scalar + WithDType>(&self, flat: &[F], d_out: &[F]) -> candle_core::Result<Vec<F>> {
+        let (inputs, initial) = self.unpack_args(flat)?;
+        let mut d_out = self.output.unpack(self.name, d_out)?;
+        let dy = d_out.remove("y").ok_or_else(|| Error::Packing {
+            op: self.name.into(),
+            expected: "a part `y`".into(),
+            got: "none".into(),
+        })?;
+        let d_final = self.with_state.then_some(d_out);
+        let r = &self.run;
+        let m = self.mixer.as_ref();
+        let form = lib(call::grad_form(m, r.backend.name(), None, r.form))?;
+        let (grads, d_initial) = lib(call::backward(
+            m,
+            &r.backend,
+            form,
+            &inputs,
+            r.cu_seqlens.as_deref(),
+            initial.as_ref(),
+            &dy,
+            d_final.as_ref(),
+            &Requires::All,
+            Precision::Exact,
+        ))?;
+        let grads: Tensors<F> = grads
+            .into_iter()
+            .map(|(k, v)| (k.strip_prefix("d_").map(str::to_string).unwrap_or(k), v))
+            .collect();
+        let mut out = Vec::with_capacity(flat.len());
+        self.inputs.pack_into(self.name, &grads, &mut out)?;
+        if let Some(p) = &self.initial {
+            p.pack_into(self.name, &d_initial, &mut out)?;
+        }
+        Ok(out)
+    }
+}
+
+impl CustomOp1 for MixerOp {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (start, end) = layout.contiguous_offsets().ok_or_else(|| Error::Packing {
+            op: self.name.into(),
+            expected: "a contiguous buffer".into(),
+            got: format!("strides {:?}", layout.stride()),
+        })?;
+        let out = match storage {
+            CpuStorage::F32(v) => f32::to_cpu_storage_owned(self.forward(&v[start..end])?),
+            CpuStorage::F64(v) => f64::to_cpu_storage_owned(self.forward(&v[start..end])?),
+            other => {
+                return Err(Error::Dtype {
+                    name: self.name.into(),
+                    expected: "F32 or F64".into(),
+                    got: other.dtype(),
+                }
+                .into());
+            }
+        };
+        Ok((out, Shape::from(self.output.len())))
+    }
+
+    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let grad = match arg.dtype() {
+            candle_core::DType::F32 => Tensor::from_vec(
+                self.backward(&arg.to_vec1::<f32>()?, &grad_res.to_vec1::<f32>()?)?,
+                arg.shape(),
+                arg.device(),
+            ),
+            candle_core::DType::F64 => Tensor::from_vec(
+                self.backward(&arg.to_vec1::<f64>()?, &grad_res.to_vec1::<f64>()?)?,
+                arg.shape(),
+                arg.device(),
+            ),
+            got => {
+                return Err(
+                    Error::Dtype { name: self.name.into(), expected: "F32 or F64".into(), got }.into()
+                );
+            }
+        };
+        grad.map(Some)
+    }
+}

@@ -1,0 +1,8 @@
+//! The tests of `mixers-candle`: one binary (docs/design.md, conventions).
+
+mod common;
+mod errors;
+mod example;
+mod forward;
+mod grads;
+mod readme;
