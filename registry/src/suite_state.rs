@@ -231,7 +231,7 @@ pub(crate) fn packed_check(
     let dy = y.mapv(|v| (2.3 * v + 0.1).cos());
     let (g, _) = backward_packed(m, backend, form, &x, &cu, None, &dy, None, &Requires::All)
         .map_err(|e| format!("packed backward: {e}"))?;
-    packed_grads(m, &x, &cu, &dy, &g, |seg, dyi, _| {
+    packed_grads(m, &x, &cu, &dy, &g, false, |seg, dyi, _| {
         crate::backward::backward_as(m, backend.name(), form, seg, dyi, DType::F64, &Requires::All)
             .map(|g| (g, Tensors::new()))
     })?;
@@ -249,7 +249,7 @@ pub(crate) fn packed_check(
         .collect();
     let (g, ds) = backward_packed(m, backend, form, &x, &cu, Some(&s0), &dy, Some(&df), &Requires::All)
         .map_err(|e| format!("packed backward from states: {e}"))?;
-    let d_rows = packed_grads(m, &x, &cu, &dy, &g, |seg, dyi, i| {
+    let d_rows = packed_grads(m, &x, &cu, &dy, &g, true, |seg, dyi, i| {
         backward_state(
             m,
             backend,
@@ -275,13 +275,16 @@ pub(crate) fn packed_check(
 /// (the gradients and the initial state's gradient of sequence `i` run alone), bit for bit:
 /// per-token inputs' at each sequence's rows and zero past the last offset, static inputs' the
 /// sum over the non-empty sequences in order. Returns the initial state's gradient of every
-/// sequence alone (empty for an empty sequence).
+/// sequence alone (empty for an empty sequence). `stateful`: the sequences run from states, so
+/// their segments keep the slot axes whole (`segment_from_state`), as the packed run's do.
+#[allow(clippy::too_many_arguments)]
 fn packed_grads(
     m: &dyn Mixer,
     x: &Tensors<f64>,
     cu: &[usize],
     dy: &ArrayD<f64>,
     g: &Tensors<f64>,
+    stateful: bool,
     alone: impl Fn(&Tensors<f64>, &ArrayD<f64>, usize) -> mixer_core::Result<(Tensors<f64>, Tensors<f64>)>,
 ) -> Result<Vec<Tensors<f64>>, String> {
     let per_token = m.spec().per_token();
@@ -298,7 +301,8 @@ fn packed_grads(
             d_rows.push(Tensors::new());
             continue;
         }
-        let seg = segment(m, x, r.clone()).map_err(|e| e.to_string())?;
+        let seg = if stateful { segment_from_state(m, x, r.clone()) } else { segment(m, x, r.clone()) }
+            .map_err(|e| e.to_string())?;
         let dyi = dy.slice_axis(Axis(1), Slice::from(r.clone())).to_owned();
         let (alone, ds) = alone(&seg, &dyi, i).map_err(|e| format!("backward of sequence {i} alone: {e}"))?;
         for (k, a) in &alone {
