@@ -192,7 +192,7 @@ pub fn check_grad_with(
                         let mut r = at(input);
                         match got.get(name) {
                             Some(gv) => {
-                                let c = tol.compare(gv.view(), want.view());
+                                let c = tol.compare_grad(gv.view(), want.view());
                                 r.max_abs = c.max_abs;
                                 // A gradient that is exactly zero (e.g. d_k at T = 1) has no
                                 // relative error: compare absolutely then.

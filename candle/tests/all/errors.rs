@@ -69,14 +69,13 @@ fn dtypes_devices_and_names_fail_with_this_crates_message() {
     assert!(e.contains("unknown mixer `mamba3`") && e.contains("mamba2"), "{e}");
     let e = msg(mixers_candle::run("mamba2", &serde_json::json!({}), &[("q", &t("q")), ("x", &t("v"))], &o));
     assert!(e.contains("`x`"), "{e}");
-    // A mixer without a state asked for one.
+    // Attention's state is its KV cache (k, v, length): run_state returns it, with no error.
     let (_, xa) = inputs("attention", &sizes(1, 4), 2);
     let va = vars(&xa, DType::F64);
     let named: Vec<(&str, &Tensor)> = va.iter().map(|(k, t)| (k.as_str(), t.as_tensor())).collect();
-    let e = mixers_candle::run_state("attention", &serde_json::json!({}), &named, None, &o)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("attention") && e.contains("state"), "{e}");
+    let (_, fin) = mixers_candle::run_state("attention", &serde_json::json!({}), &named, None, &o).unwrap();
+    let names: Vec<&str> = fin.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["k", "length", "v"]);
 }
 
 #[test]
