@@ -19,19 +19,9 @@
 //
 // Overflow: where some q·k of a visited tile is not finite in T (f32 products beyond 3.4e38), or
 // the host says |σ|·log2 e is not a normal number in T (`force_exact`), the block computes its rows
-// again with keys and maxima in double (`ax_exact_rows`: as the CPU's exact fallback), so neither
-// a huge σ (1e308, passed as a double) nor f32 dot products beyond 3.4e38 produce ∞ − ∞.
-__device__ inline double attn_weight(double abs_scale, double key, double max_key) {
-    return (abs_scale == 0.0 || key == max_key) ? 1.0 : exp(abs_scale * (key - max_key));
-}
-
-template <typename T>
-__device__ inline double attn_dot(const T* a, const T* b, int n) {
-    double s = 0.0;
-    for (int d = 0; d < n; ++d) s += (double)a[d] * (double)b[d];
-    return s;
-}
-
+// again with keys and maxima in double (`attn_row_f64` of attention_common.cuh, as the CPU's exact
+// fallback), so neither a huge σ (1e308, passed as a double) nor f32 dot products beyond 3.4e38
+// produce ∞ − ∞.
 #ifndef AX_DK
 #define AX_DK 64
 #endif
@@ -92,48 +82,6 @@ __device__ __forceinline__ void ax_load_rows(T* dst, int stride, const T* base, 
         const int r = idx / WP, d = idx % WP, row = r0 + r;
         dst[r * stride + d] = (row < Tn && d < width) ? base[(long long)row * tok + d] : (T)0;
     }
-}
-
-// The block's rows again, one thread per row, keys and running maximum in double (the exact
-// fallback above): o accumulates in y itself, y = o / ℓ at the end. Q is staged already.
-template <typename T>
-__device__ void ax_exact_rows(const T* qs, T* ks, T* vs, const T* kb, const T* vb, T* yb, long long tk, long long tv,
-                              int q0, int first, int last, int Tn, int window, double scale) {
-    typedef AxLayout<T> L;
-    const double asc = fabs(scale), sg = scale < 0.0 ? -1.0 : 1.0;
-    const int i = threadIdx.x, t = q0 + i;
-    const bool active = i < AX_BQ && t < Tn;
-    T* yr = yb + (long long)t * tv;
-    if (active)
-        for (int d = 0; d < AX_DV; ++d) yr[d] = (T)0;
-    double m = Lim<double>::neg_inf();
-    T l = (T)0;
-    for (int j = first; j <= last; ++j) {
-        const int s0 = j * AX_BK;
-        __syncthreads();
-        ax_load_rows<T, AX_DKP>(ks, L::KS, kb, tk, s0, AX_BK, Tn, AX_DK);
-        ax_load_rows<T, AX_DVP>(vs, AX_DVP, vb, tv, s0, AX_BK, Tn, AX_DV);
-        __syncthreads();
-        if (!active) continue;
-        const int lo = window > 0 ? max(s0, t - window + 1) : s0;
-        const int hi = min(s0 + AX_BK - 1, t);
-        if (lo > hi) continue;
-        const T* qr = qs + i * L::KS;
-        double mt = m;
-        for (int s = lo; s <= hi; ++s) mt = fmax(mt, sg * attn_dot(qr, ks + (s - s0) * L::KS, AX_DK));
-        const T corr = (T)attn_weight(asc, m, mt);
-        l *= corr;
-        for (int d = 0; d < AX_DV; ++d) yr[d] *= corr;
-        for (int s = lo; s <= hi; ++s) {
-            const T p = (T)attn_weight(asc, sg * attn_dot(qr, ks + (s - s0) * L::KS, AX_DK), mt);
-            l += p;
-            const T* vr = vs + (s - s0) * AX_DVP;
-            for (int d = 0; d < AX_DV; ++d) yr[d] += p * vr[d];
-        }
-        m = mt;
-    }
-    if (active)
-        for (int d = 0; d < AX_DV; ++d) yr[d] /= l;
 }
 
 __device__ __forceinline__ float ax_exp2(float x) { return exp2f(x); }
@@ -279,7 +227,7 @@ __device__ void attn_exact(const T* __restrict__ q, const T* __restrict__ k, con
     }
     __syncthreads();  // the last tile's overflow flag is visible; K, V are free for the fallback
     if (overflow) {
-        ax_exact_rows<T>(qs, ks, vs, kb, vb, yb, tk, tv, q0, first, last, Tn, window, scale);
+        if (tid < AX_BQ && q0 + tid < Tn) attn_row_f64<T>(qb, kb, vb, yb, tk, tv, AX_DK, AX_DV, q0 + tid, window, scale);
         return;
     }
 #pragma unroll

@@ -13,9 +13,12 @@
 //  * attn_mma_bf16: bf16 q, k, v, y; mma.m16n8k16 bf16 → f32; ldmatrix from XOR-swizzled
 //    shared memory; P is re-packed from the score accumulators as the A operand of P·V.
 //  * attn_mma_tf32: f32 q, k, v, y; mma.m16n8k8 tf32 → f32 (q and P rounded to tf32, k and
-//    v truncated by the tensor core); padded shared memory. The key index inside an 8-key
-//    step is permuted (A column t ↔ key 2t, t+4 ↔ 2t+1) so that P goes from the score
-//    accumulators to the A operand without shuffles; V is read with the same permutation.
+//    v truncated by the tensor core); padded shared memory. attn_mma_tf32x3 (the exact mode on f32)
+//    is the same kernel with every product split into three tf32 products (tf32_split), which
+//    keeps f32 accuracy, and rows computed again in double where a score overflows. The key
+//    index inside an 8-key step is permuted (A column t ↔ key 2t, t+4 ↔ 2t+1) so that P goes
+//    from the score accumulators to the A operand without shuffles; V is read with the same
+//    permutation.
 // Both: K/V tiles streamed with cp.async, double-buffered; online softmax in f32 with exp2
 // (scale·log2 e folded into the exponent's FMA); causal/window masks applied before exp2 and only
 // on tiles that straddle a boundary; tiles wholly outside the window are skipped; blocks run
@@ -476,11 +479,59 @@ __device__ __forceinline__ void load_tile_f32(float* sm, int stride, const float
     }
 }
 
-extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
-    attn_mma_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                  float* __restrict__ y, int B, int T, int H, int window, float scale_log2,
-                  float* __restrict__ stats) {
+// hi + lo = x to about 2⁻²² relative: hi = x rounded to tf32, lo = the rest (exact in f32) rounded to
+// tf32. The split-tf32 product a·b ≈ a_lo·b_hi + a_hi·b_lo + a_hi·b_hi (the a_lo·b_lo term, about
+// 2⁻²² of the product, is dropped) keeps f32 accuracy on the tensor cores.
+__device__ __forceinline__ void tf32_split(float x, u32& hi, u32& lo) {
+    hi = mx_tf32(x);
+    lo = mx_tf32(x - __uint_as_float(hi));
+}
+// c += A·B from the split fragments of A (ah, al) and B (bh, bl), small terms first.
+__device__ __forceinline__ void att_mma_x3(float* c, const u32 (&ah)[4], const u32 (&al)[4], const u32 (&bh)[2],
+                                           const u32 (&bl)[2]) {
+    att_mma_tf32(c, al[0], al[1], al[2], al[3], bh[0], bh[1]);
+    att_mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bl[0], bl[1]);
+    att_mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
+}
+// The A fragments of the warp's m-tiles from f32 values x as the products take them: rounded to
+// tf32 (hi), or with SPLIT split as tf32_split says (hi, lo).
+template <bool SPLIT>
+__device__ __forceinline__ void att_a_frag(const float (&x)[ATT_WM][4], u32 (&hi)[ATT_WM][4], u32 (&lo)[ATT_WM][4]) {
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            if (SPLIT) tf32_split(x[mt][i], hi[mt][i], lo[mt][i]);
+            else hi[mt][i] = mx_tf32(x[mt][i]);
+        }
+}
+// c[mt] += A[mt]·B for the warp's m-tiles, A from att_a_frag, B the fragment (b0, b1) of f32 values
+// (truncated to tf32 by the tensor core, or with SPLIT split).
+template <bool SPLIT>
+__device__ __forceinline__ void att_mma_f32(float* const (&c)[ATT_WM], const u32 (&ah)[ATT_WM][4],
+                                            const u32 (&al)[ATT_WM][4], float b0, float b1) {
+    if (SPLIT) {
+        u32 bh[2], bl[2];
+        tf32_split(b0, bh[0], bl[0]);
+        tf32_split(b1, bh[1], bl[1]);
+#pragma unroll
+        for (int mt = 0; mt < ATT_WM; ++mt) att_mma_x3(c[mt], ah[mt], al[mt], bh, bl);
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < ATT_WM; ++mt)
+            att_mma_tf32(c[mt], ah[mt][0], ah[mt][1], ah[mt][2], ah[mt][3], __float_as_uint(b0), __float_as_uint(b1));
+    }
+}
+
+// The f32 kernels' body: attn_mma_tf32 (SPLIT = false) and attn_mma_tf32x3 (SPLIT = true, the exact
+// mode: every product split as tf32_split says; a block where some score is not finite, f32 dot
+// products beyond 3.4e38, computes its rows again in double with attn_row_f64).
+template <bool SPLIT>
+__device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const float* __restrict__ k,
+                                              const float* __restrict__ v, float* __restrict__ y, int T, int H,
+                                              int window, float scale_log2, float* __restrict__ stats, double scale) {
     extern __shared__ __align__(16) float smf[];
+    __shared__ int overflow;
     float* ks0 = smf;
     float* ks1 = ks0 + ATT_BK * KS_STRIDE;
     float* vs0 = ks1 + ATT_BK * KS_STRIDE;
@@ -492,6 +543,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     const long long off = (long long)b * T * tok + (long long)h * ATT_D;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wrow0 = q0 + warp * 16 * ATT_WM;
+    if (SPLIT && threadIdx.x == 0) overflow = 0;  // seen by every thread after att_next's barrier
 
     int first, last;
     tile_range(q0, T, window, first, last);
@@ -500,9 +552,9 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     load_tile_f32(vs0, VS_STRIDE, v + off, first * ATT_BK, ATT_BK, T, tok);
     cp_commit();
 
-    // Q fragments straight from global memory (read once). Dim permutation inside each
-    // 8-dim step: A column t ↔ dim 2t, t+4 ↔ dim 2t+1 (K uses the same).
-    u32 qf[ATT_WM][ATT_D / 8][4];
+    // Q fragments (f32) straight from global memory (read once), rounded or split per use. Dim
+    // permutation inside each 8-dim step: A column t ↔ dim 2t, t+4 ↔ dim 2t+1 (K uses the same).
+    float qf[ATT_D / 8][ATT_WM][4];
 #pragma unroll
     for (int mt = 0; mt < ATT_WM; ++mt) {
         const int r0 = wrow0 + mt * 16 + g, r1 = r0 + 8;
@@ -512,15 +564,16 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
                               : make_float2(0.f, 0.f);
             float2 c = r1 < T ? *reinterpret_cast<const float2*>(q + off + (long long)r1 * tok + kt * 8 + 2 * t)
                               : make_float2(0.f, 0.f);
-            qf[mt][kt][0] = mx_tf32(a.x);
-            qf[mt][kt][1] = mx_tf32(c.x);
-            qf[mt][kt][2] = mx_tf32(a.y);
-            qf[mt][kt][3] = mx_tf32(c.y);
+            qf[kt][mt][0] = a.x;
+            qf[kt][mt][1] = c.x;
+            qf[kt][mt][2] = a.y;
+            qf[kt][mt][3] = c.y;
         }
     }
     float o[ATT_WM][ATT_D / 8][4];
     RowState st;
     att_begin(o, st);
+    float seen = 0.f;  // SPLIT: the sum of the scores, not finite where one is not
 
     for (int j = first; j <= last; ++j) {
         const int stage = (j - first) & 1;  // same K/V pipeline as the bf16 kernel
@@ -530,43 +583,74 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
         float s[ATT_WM][ATT_BK / 8][4];
         att_zero(s);
 #pragma unroll
-        for (int kt = 0; kt < ATT_D / 8; ++kt)
+        for (int kt = 0; kt < ATT_D / 8; ++kt) {
+            u32 ah[ATT_WM][4], al[ATT_WM][4];
+            att_a_frag<SPLIT>(qf[kt], ah, al);
 #pragma unroll
             for (int nt = 0; nt < ATT_BK / 8; ++nt) {
                 const float2 kv = *reinterpret_cast<const float2*>(kss + (nt * 8 + g) * KS_STRIDE + kt * 8 + 2 * t);
-                const u32 b0 = __float_as_uint(kv.x), b1 = __float_as_uint(kv.y);
+                float* c[ATT_WM];
 #pragma unroll
-                for (int mt = 0; mt < ATT_WM; ++mt) {
-                    float* c = s[mt][nt];
-                    att_mma_tf32(c, qf[mt][kt][0], qf[mt][kt][1], qf[mt][kt][2], qf[mt][kt][3], b0, b1);
-                }
+                for (int mt = 0; mt < ATT_WM; ++mt) c[mt] = s[mt][nt];
+                att_mma_f32<SPLIT>(c, ah, al, kv.x, kv.y);
             }
+        }
+        if (SPLIT)
+#pragma unroll
+            for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+                for (int nt = 0; nt < ATT_BK / 8; ++nt)
+                    seen += (s[mt][nt][0] + s[mt][nt][1]) + (s[mt][nt][2] + s[mt][nt][3]);
         if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
         softmax_update(s, st, o, scale_log2);
         att_next(j < last, [&] { load_tile_f32(stage ? vs0 : vs1, VS_STRIDE, v + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
         // O += P V, one 8-key step at a time; A column t ↔ key 2t, t+4 ↔ key 2t+1.
 #pragma unroll
         for (int kt = 0; kt < ATT_BK / 8; ++kt) {
-            u32 pa[ATT_WM][4];
+            float p[ATT_WM][4];
 #pragma unroll
             for (int mt = 0; mt < ATT_WM; ++mt) {
-                pa[mt][0] = mx_tf32(s[mt][kt][0]);
-                pa[mt][1] = mx_tf32(s[mt][kt][2]);
-                pa[mt][2] = mx_tf32(s[mt][kt][1]);
-                pa[mt][3] = mx_tf32(s[mt][kt][3]);
+                p[mt][0] = s[mt][kt][0];
+                p[mt][1] = s[mt][kt][2];
+                p[mt][2] = s[mt][kt][1];
+                p[mt][3] = s[mt][kt][3];
             }
+            u32 ph[ATT_WM][4], pl[ATT_WM][4];
+            att_a_frag<SPLIT>(p, ph, pl);
             const float* v0 = vss + (kt * 8 + 2 * t) * VS_STRIDE + g;
 #pragma unroll
             for (int dt = 0; dt < ATT_D / 8; ++dt) {
-                const u32 b0 = __float_as_uint(v0[dt * 8]);
-                const u32 b1 = __float_as_uint(v0[VS_STRIDE + dt * 8]);
+                float* c[ATT_WM];
 #pragma unroll
-                for (int mt = 0; mt < ATT_WM; ++mt) {
-                    float* c = o[mt][dt];
-                    att_mma_tf32(c, pa[mt][0], pa[mt][1], pa[mt][2], pa[mt][3], b0, b1);
-                }
+                for (int mt = 0; mt < ATT_WM; ++mt) c[mt] = o[mt][dt];
+                att_mma_f32<SPLIT>(c, ph, pl, v0[dt * 8], v0[VS_STRIDE + dt * 8]);
             }
         }
     }
+    if (SPLIT) {
+        if (__any_sync(0xffffffffu, !isfinite(seen)) && lane == 0) atomicExch(&overflow, 1);
+        __syncthreads();
+        if (overflow) {
+            const int r = q0 + threadIdx.x;
+            if (threadIdx.x < ATT_BQ && r < T)
+                attn_row_f64<float>(q + off, k + off, v + off, y + off, tok, tok, ATT_D, ATT_D, r, window, scale);
+            return;
+        }
+    }
     att_store(y + off, o, st, wrow0, T, tok, stats);
+}
+
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
+    attn_mma_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                  float* __restrict__ y, int B, int T, int H, int window, float scale_log2,
+                  float* __restrict__ stats) {
+    attn_f32_body<false>(q, k, v, y, T, H, window, scale_log2, stats, 0.0);
+}
+
+// The exact mode's kernel on f32 inputs (scale: σ in double, for rows computed again in double).
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
+    attn_mma_tf32x3(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                    float* __restrict__ y, int B, int T, int H, int window, float scale_log2,
+                    float* __restrict__ stats, double scale) {
+    attn_f32_body<true>(q, k, v, y, T, H, window, scale_log2, stats, scale);
 }

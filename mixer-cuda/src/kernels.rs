@@ -65,11 +65,14 @@ macro_rules! kernel {
     };
 }
 
+/// What the attention forward sources share (`kernels/attention_common.cuh`): the overflow-free
+/// weights and the rows computed again in double where f32 dot products overflow.
+pub const ATTENTION_COMMON: &str = include_str!("../kernels/attention_common.cuh");
 /// Softmax attention: tiled forward and decoder step (`kernels/attention.cu`).
-pub const ATTENTION: KernelSource = kernel!("attention");
-/// Softmax attention on tensor cores (tf32 and bf16 modes), fused flash-style:
-/// `kernels/attention_fused.cu`, compiled per head dim with `-DATT_D=…`.
-pub const ATTENTION_FUSED: KernelSource = kernel!("attention_fused");
+pub const ATTENTION: KernelSource = kernel!("attention", ATTENTION_COMMON);
+/// Softmax attention on tensor cores (the split-tf32 products of the exact mode, tf32 and bf16),
+/// fused flash-style: `kernels/attention_fused.cu`, compiled per head dim with `-DATT_D=…`.
+pub const ATTENTION_FUSED: KernelSource = kernel!("attention_fused", ATTENTION_COMMON);
 /// Softmax attention's backward (`kernels/attention_backward.cu`), compiled per head dims and
 /// tile with `-DATB_DK=… -DATB_DV=… -DATB_B=…`.
 pub const ATTENTION_BACKWARD: KernelSource = kernel!("attention_backward");

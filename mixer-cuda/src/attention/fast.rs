@@ -2,10 +2,11 @@
 //! `m' = max(m, max_{s ∈ S} u_{ts})`, `ℓ ← ℓ w(m, m') + Σ_{s∈ S} w(u_{ts}, m')`,
 //! `a ← a w(m, m') + Σ_{s ∈ S} w(u_{ts}, m') v_s`; finally `y_t = a / ℓ`, with the keys
 //! `u_{ts} = sign(σ)· q_t· k_s` over unmasked `s` only and `w(x, m) = e^{|σ|(x − m)}` (the CPU's
-//! overflow-free `Logits`). In the `exact` mode `kernels/attention.cu`'s `attn_exact_{f32,f64}`
-//! runs (FlashAttention-2 structure on the FMA units: register tiles of scores and outputs, see
-//! [`exact_tile`]); in the `tf32` and `bf16` modes the fused tensor-core kernel ([`super::fused`])
-//! runs instead where it applies ([`super::fused::applies`]).
+//! overflow-free `Logits`). Where the tensor-core kernel ([`super::fused`]) applies
+//! ([`super::fused::applies`]: f32 inputs in the `exact` mode, with split-tf32 products that keep
+//! f32 accuracy; the `tf32` and `bf16` modes) it runs; elsewhere, f64 inputs included,
+//! `kernels/attention.cu`'s FMA kernel `attn_exact_{f32,f64}` runs (FlashAttention-2 structure
+//! on the FMA units: register tiles of scores and outputs, see [`exact_tile`]).
 //!
 //! [`plan`] decides which kernel runs, with which compile-time sizes, grid and shared memory;
 //! [`run`] launches exactly that plan, and `mixers plan` prints it (no GPU needed).
@@ -99,6 +100,8 @@ pub enum Kernel {
     Exact,
     /// `attn_mma_tf32` (`kernels/attention_fused.cu`).
     MmaTf32,
+    /// `attn_mma_tf32x3`: the exact mode's split-tf32 products (`kernels/attention_fused.cu`).
+    MmaTf32x3,
     /// `attn_mma_bf16`.
     MmaBf16,
     /// `attn_wgmma_bf16` (compute capability 9.0).
@@ -171,8 +174,8 @@ fn exact_plan(shape: [usize; 5], scale: f64, elem: usize, limit: usize) -> Resul
 /// The forward's launch for `shape = [B, T, H, Dk, Dv]` (none when the output is empty), in mode
 /// `p`, on activations stored as `storage`, with `limit` bytes of dynamic shared memory per block
 /// and `wgmma` where the device has Hopper's warpgroup MMA: the tensor-core kernel where
-/// [`fused::plan`] takes the sizes and the storage is the mode's (f32 for tf32, bf16 for bf16), the
-/// exact kernel otherwise (inputs stored as bf16 are read as f32 there).
+/// [`fused::plan`] takes the sizes and the storage is the mode's (f32 for exact and tf32, bf16 for
+/// bf16), the FMA kernel otherwise (inputs stored as bf16 are read as f32 there).
 pub fn plan(
     a: &Attention,
     shape: [usize; 5],
@@ -185,8 +188,10 @@ pub fn plan(
     if b * t * h * dv == 0 {
         return Ok(None);
     }
-    let tensor_cores =
-        matches!((p, storage), (Precision::Tf32, Storage::F32) | (Precision::Bf16, Storage::Bf16));
+    let tensor_cores = matches!(
+        (p, storage),
+        (Precision::Exact | Precision::Tf32, Storage::F32) | (Precision::Bf16, Storage::Bf16)
+    );
     if tensor_cores && let Some(f) = fused::plan(a, shape, p, wgmma)? {
         return Ok(Some(f));
     }
@@ -299,6 +304,8 @@ mod tests {
         let at = |scale| Attention::new("attention", AttentionConfig { window: None, scale }).unwrap();
         let a = at(None);
         let p = plan(&a, [2, 1000, 3, 64, 64], Precision::Exact, Storage::F32, H200, true).unwrap().unwrap();
+        assert_eq!(p.kernel, Kernel::MmaTf32x3);
+        let p = plan(&a, [2, 1000, 3, 64, 70], Precision::Exact, Storage::F32, H200, true).unwrap().unwrap();
         assert_eq!(p.kernel, Kernel::Exact);
         assert_eq!(p.grid, [8, 6]);
         assert!(p.options.contains(&"-DAX_TM=8".to_string()) && !p.force_exact);

@@ -1,5 +1,5 @@
 //! The tensor-core forward (`kernels/attention_fused.cu`), FlashAttention-2 style, for the
-//! `tf32` and `bf16` modes: a block of 4 warps owns 128 query rows of one (batch, head) (64 at
+//! `tf32` and `bf16` modes and the `exact` mode on f32 inputs: a block of 4 warps owns 128 query rows of one (batch, head) (64 at
 //! head dims above 64, see [`shape`]); K and
 //! V tiles of 64 keys stream through shared memory with `cp.async` (two stages); `mma.sync`
 //! computes `QKᵀ` and `PV` (bf16 `m16n8k16` or tf32 `m16n8k8`, `f32` accumulation); the
@@ -14,9 +14,15 @@
 //! tile, the same online softmax ([`Bf16Kernel`]; 1.21–1.26× faster than the `mma.sync` kernel
 //! on the H200 at T = 4k–64k, kernel alone).
 //!
+//! The exact mode runs `attn_mma_tf32x3`, the tf32 kernel with every product `a·b` split into
+//! three tf32 products `a_lo·b_hi + a_hi·b_lo + a_hi·b_hi` (`hi` = `x` rounded to tf32, `lo` = the
+//! rest rounded to tf32; the dropped `a_lo·b_lo` is about 2⁻²² of the product), which keeps f32
+//! accuracy; a block where some `q·k` is not finite in f32 computes its rows again in double
+//! (`attn_row_f64`), as the FMA kernel does.
+//!
 //! It applies when `Dk = Dv ∈ {32, 64, 96, 128}` ([`applies`]; `wgmma` at 64 only, `mma.sync` at
-//! the others, see [`shape`]); otherwise the exact kernel runs (the modes permit tensor cores,
-//! they do not require them). [`plan`] gives the launch, [`super::fast::plan`] picks between it
+//! the others, see [`shape`]); otherwise the FMA kernel (`attn_exact_*`) runs (the modes permit
+//! tensor cores, they do not require them). [`plan`] gives the launch, [`super::fast::plan`] picks between it
 //! and the exact kernel.
 
 use cudarc::driver::LaunchConfig;
@@ -55,20 +61,22 @@ impl Bf16Kernel {
     }
 }
 
-/// Whether the tensor-core kernels handle head dims `dk`, `dv` in mode `p`: a tensor-core mode
-/// and `Dk = Dv ∈ {32, 64, 96, 128}` (the fragment loops run over `D/8` or `D/16` steps; at 256
-/// the output and Q fragments alone would take 192 registers a thread, so the exact kernel runs).
-pub fn applies(dk: usize, dv: usize, p: Precision) -> bool {
-    p != Precision::Exact && dk == dv && matches!(dk, 32 | 64 | 96 | 128)
+/// Whether the tensor-core kernels handle head dims `dk`, `dv`: `Dk = Dv ∈ {32, 64, 96, 128}`
+/// (the fragment loops run over `D/8` or `D/16` steps; at 256 the output and Q fragments alone
+/// would take 192 registers a thread, so the FMA kernel runs).
+pub fn applies(dk: usize, dv: usize) -> bool {
+    dk == dv && matches!(dk, 32 | 64 | 96 | 128)
 }
 
 /// The rule for the tensor-core kernel's shape at head dim `d`: `(m-tiles per warp, warps)`.
 /// `wgmma` (bf16 on compute capability 9.0, `D = 64` only: its 128-byte swizzle holds one 64-wide
 /// bf16 row): two warpgroups of one m-tile per warp (128 rows). `mma.sync`: four warps of two
 /// m-tiles (128 rows) up to `D = 64`, of one (64 rows) above, where two m-tiles' output and Q
-/// fragments (`2·D/2 + 2·D/4` registers at `D = 128`) would spill.
-pub fn shape(d: usize, wgmma: bool) -> (usize, usize) {
-    match (wgmma, d <= 64) {
+/// fragments (`2·D/2 + 2·D/4` registers at `D = 128`) would spill; the split-tf32 kernel of the
+/// exact mode (`split`) one m-tile at every head dim (its split fragments take the registers a
+/// second m-tile would: 239 a thread at `D = 64`, ptxas).
+pub fn shape(d: usize, wgmma: bool, split: bool) -> (usize, usize) {
+    match (wgmma, d <= 64 && !split) {
         (true, _) => (1, WG_WARPS),
         (false, true) => (WM, WARPS),
         (false, false) => (1, WARPS),
@@ -76,31 +84,35 @@ pub fn shape(d: usize, wgmma: bool) -> (usize, usize) {
 }
 
 /// The tensor-core launch for `shape = [B, T, H, Dk, Dv]` in mode `p` (`wgmma`: the device has
-/// Hopper's warpgroup MMA), or `None` where the exact kernel runs instead: the exact mode, head
-/// dims outside [`applies`], or a scale whose `scale·log₂e` is beyond `1e30` (logits this large
-/// need the exact kernel's overflow-free form). Shared memory: Q `[BQ, D]` and two stages of K
+/// Hopper's warpgroup MMA; the exact mode takes the split-tf32 kernel, for f32 inputs), or `None`
+/// where the FMA kernel runs instead: head dims outside [`applies`], or a scale whose `scale·log₂e`
+/// is beyond `1e30` or, as an f32, neither zero nor a normal number (logits this large or
+/// scales this small need the FMA kernel's overflow-free form in double). Shared memory: Q `[BQ, D]` and two stages of K
 /// and V `[BK, D]`, bf16; in tf32 two stages of K `[BK, D + 8]` and V `[BK, D + 4]` floats.
 pub fn plan(a: &Attention, shape_: [usize; 5], p: Precision, wgmma: bool) -> Result<Option<Plan>> {
     let [b, t, h, d, dv] = shape_;
-    if !applies(d, dv, p) || b * t * h == 0 {
+    if !applies(d, dv) || b * t * h == 0 {
         return Ok(None);
     }
     let scale_log2 = a.scale(d) * std::f64::consts::LOG2_E;
-    if !(scale_log2.is_finite() && scale_log2.abs() < 1e30) {
+    let f32_ok = scale_log2 == 0.0 || (scale_log2 as f32).is_normal();
+    if !(scale_log2.is_finite() && scale_log2.abs() < 1e30 && f32_ok) {
         return Ok(None);
     }
     let wgmma = p == Precision::Bf16 && wgmma && d == 64;
-    let (wm, warps) = shape(d, wgmma);
+    let (wm, warps) = shape(d, wgmma, p == Precision::Exact);
     let bq = 16 * wm * warps;
     let (kernel, smem) = match p {
         // The wgmma kernel aligns its tiles to 1024 bytes (128-byte swizzle atoms) itself.
         Precision::Bf16 if wgmma => (Kernel::WgmmaBf16, (bq * d + 4 * BK * d) * 2 + 1024),
         Precision::Bf16 => (Kernel::MmaBf16, (bq * d + 4 * BK * d) * 2),
-        _ => (Kernel::MmaTf32, (2 * BK * (d + 8) + 2 * BK * (d + 4)) * 4),
+        Precision::Tf32 => (Kernel::MmaTf32, (2 * BK * (d + 8) + 2 * BK * (d + 4)) * 4),
+        Precision::Exact => (Kernel::MmaTf32x3, (2 * BK * (d + 8) + 2 * BK * (d + 4)) * 4),
     };
     let function = match kernel {
         Kernel::WgmmaBf16 => "attn_wgmma_bf16",
         Kernel::MmaBf16 => "attn_mma_bf16",
+        Kernel::MmaTf32x3 => "attn_mma_tf32x3",
         _ => "attn_mma_tf32",
     };
     let mut options = vec![
@@ -218,7 +230,13 @@ pub(crate) fn launch_with_stats(
             let (q, k, v) = (q.typed::<f32>("q")?, k.typed::<f32>("k")?, v.typed::<f32>("v")?);
             let mut y = pool::take::<f32>(FAMILY, n)?;
             let (qv, kv, vv) = (q.view(), k.view(), v.view());
-            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr)?;
+            if pl.kernel == Kernel::MmaTf32x3 {
+                // σ in double, for the rows computed again in double where a score overflows.
+                let scale = a.scale(d);
+                launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &scale)?;
+            } else {
+                launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr)?;
+            }
             AnyDeviceTensor::F32(DeviceTensor::from_pooled(y, s)?)
         }
     })
@@ -242,15 +260,14 @@ mod tests {
         Attention::new("attention", AttentionConfig { window: None, scale }).unwrap()
     }
 
-    /// The head dims the tensor-core kernels take: 32, 64, 96, 128 with Dk = Dv, not the exact mode.
+    /// The head dims the tensor-core kernels take: 32, 64, 96, 128 with Dk = Dv.
     #[test]
     fn tensor_cores_take_head_dims_32_to_128() {
         for d in [32, 64, 96, 128] {
-            assert!(applies(d, d, Precision::Tf32) && applies(d, d, Precision::Bf16), "{d}");
-            assert!(!applies(d, d, Precision::Exact));
+            assert!(applies(d, d), "{d}");
         }
         for (dk, dv) in [(16, 16), (48, 48), (70, 70), (256, 256), (64, 32)] {
-            assert!(!applies(dk, dv, Precision::Tf32), "{dk} {dv}");
+            assert!(!applies(dk, dv), "{dk} {dv}");
         }
     }
 
@@ -264,8 +281,9 @@ mod tests {
         assert_eq!(pl(128, Precision::Bf16, true).kernel, Kernel::MmaBf16);
         assert_eq!(pl(64, Precision::Bf16, false).kernel, Kernel::MmaBf16);
         assert_eq!(pl(64, Precision::Tf32, true).kernel, Kernel::MmaTf32);
-        assert_eq!(shape(64, false), (2, 4));
-        assert_eq!(shape(96, false), (1, 4));
+        assert_eq!(shape(64, false, false), (2, 4));
+        assert_eq!(shape(64, false, true), (1, 4));
+        assert_eq!(shape(96, false, false), (1, 4));
         let p = pl(128, Precision::Tf32, false);
         assert_eq!(p.grid, [16, 6]);
         assert_eq!(p.shared_mem, (2 * 64 * 136 + 2 * 64 * 132) * 4);
@@ -273,11 +291,26 @@ mod tests {
         assert_eq!(pl(96, Precision::Bf16, false).shared_mem, (64 * 96 + 4 * 64 * 96) * 2);
     }
 
-    /// No tensor-core plan for the exact mode, other head dims, or logits beyond 1e30 per unit.
+    /// The exact mode takes the split-tf32 kernel: the tf32 kernel's K/V tiles, one m-tile a warp.
+    #[test]
+    fn the_exact_mode_splits_the_tf32_products() {
+        let a = attention(None);
+        for d in [32, 64, 128] {
+            let x = plan(&a, [2, 1000, 3, d, d], Precision::Exact, true).unwrap().unwrap();
+            let t = plan(&a, [2, 1000, 3, d, d], Precision::Tf32, true).unwrap().unwrap();
+            assert_eq!((x.kernel, x.function.as_str()), (Kernel::MmaTf32x3, "attn_mma_tf32x3"));
+            assert_eq!((x.grid, x.block, x.shared_mem), ([16, 6], 128, t.shared_mem));
+            assert!(x.options.contains(&"-DATT_WM=1".to_string()));
+        }
+    }
+
+    /// No tensor-core plan for other head dims, logits beyond 1e30 per unit, or a scale whose
+    /// `scale·log₂e` is not zero or a normal f32.
     #[test]
     fn no_tensor_cores_where_they_do_not_apply() {
         let a = attention(None);
-        assert!(plan(&a, [1, 10, 1, 64, 64], Precision::Exact, true).unwrap().is_none());
+        assert!(plan(&attention(Some(1e-40)), [1, 10, 1, 64, 64], Precision::Exact, true).unwrap().is_none());
+        assert!(plan(&attention(Some(0.0)), [1, 10, 1, 64, 64], Precision::Exact, true).unwrap().is_some());
         assert!(plan(&a, [1, 10, 1, 70, 70], Precision::Tf32, true).unwrap().is_none());
         assert!(plan(&attention(Some(1e35)), [1, 10, 1, 64, 64], Precision::Tf32, true).unwrap().is_none());
         assert!(plan(&a, [0, 10, 1, 64, 64], Precision::Bf16, true).unwrap().is_none());

@@ -175,10 +175,11 @@ fn attention_cuda_head_dims_differ() {
     every_mode_against_the_oracle(&[(40, 200), (128, 16)], &[65, 1000]);
 }
 
-/// Logits near and beyond f32's range at D = 64 (the exact kernel's tiles): tokens 130..200 of
-/// q and k scaled by `mag`. At 1e19 their f32 dot products overflow, so the query blocks that
-/// see them (rows 128..299) take the double-precision rows and the first block (rows 0..127)
-/// stays on the f32 tiles: exact f32 and f64 within tolerance of the oracle. At 1e18 the logits
+/// Logits near and beyond f32's range at D = 64 (128-row blocks in the exact mode's kernels, the
+/// split-tf32 kernel for f32 and the FMA kernel for f64): tokens 130..200 of q and k scaled by
+/// `mag`. At 1e19 their f32 dot products overflow, so the query blocks that see them (rows
+/// 128..299) take the double-precision rows and the first block (rows 0..127) stays on the f32
+/// tiles: exact f32 and f64 within tolerance of the oracle. At 1e18 the logits
 /// (about 1e37) are finite in f32: every mode's output is finite, the exact mode's within
 /// tolerance.
 #[test]
