@@ -195,6 +195,8 @@ def args_and_outputs(name, defs):
             warps = int(settings(defs).get("DHR_WARPS", 1))
             return args, (B * H, (D + 16 * warps - 1) // (16 * warps)), {"Hs": Hs, "Vn": Vn}
         args += (np.int32(int(a.lifted)), np.int32(E), np.int64(slots)) + extra
+        if name == "llc_delta_h_f32":  # no initial or final state: S0, has_s0 = 0, ST, has_st = 0
+            args += (Hs, np.int32(0), Hs, np.int32(0))
         return args, (B * H, (D + 15) // 16), {"Hs": Hs} if a.lifted else {"Hs": Hs, "Vn": Vn}
     Wo = cp.zeros((B, T, H, D), cp.float32)
     Uo = cp.zeros((B, T, H, D), cp.float32)

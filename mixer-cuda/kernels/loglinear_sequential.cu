@@ -20,13 +20,18 @@ __device__ inline int ll_bitlen(unsigned x) { return x == 0u ? 0 : 32 - __clz((i
 //   0..m → m+1), are read as y_r += λ_r^{(c+e)} Q̃_r H^{(e)}, then take the chunk transition
 //   H ← e^{γ_{n−1}} H − K̂ᵀ (W H) (gated DeltaNet), H ← e^{γ_{n−1}} H (Mamba-2), and the chunk's
 //   own state K̂ᵀ U (or K̂ᵀ V), K̂ = diag(e^{γ_{n−1} − γ}) K, is added at level 0.
-// Base mixers (lifted = 0) keep one state (E = 1) read with weight 1.
+// Base mixers (lifted = 0) keep one state (E = 1) read with weight 1. A base mixer may run from a
+// state (docs/math.md §7): with has_s0 its state starts as H_0 = S_0ᵀ, read from S0 [BH][Dv][Dk],
+// instead of zero; with has_st the state after the last chunk (taken through its n tokens, so
+// after token T − 1), H_T = S_Tᵀ, is written to ST [BH][Dv][Dk]. The host passes
+// has_s0 = has_st = 0 with the lift.
 // Workspace per block: P, A [nmax²], X [nmax·(nmax+Dk+Dv)], Q̃ [nmax·Dk], WH [nmax·Dv] (T);
 // γ [nmax] (double). States st [B·H·E·Dk·Dv], zero on entry.
 template <typename T>
 __device__ void ll_chunked(const T* q, const T* k, const T* v, const T* g, const T* beta, const T* lam, T* y,
                            T* ws, double* gws, T* st, int Tn, int H, int Dk, int Dv, int L, int C, int cbits,
-                           int base, int lifted, int E, int nmax, double scale) {
+                           int base, int lifted, int E, int nmax, double scale, const T* S0, int has_s0, T* ST,
+                           int has_st) {
     const int bh = blockIdx.x;
     const int b = bh / H, h = bh % H;
     const int tid = threadIdx.x, nth = blockDim.x;
@@ -44,6 +49,14 @@ __device__ void ll_chunked(const T* q, const T* k, const T* v, const T* g, const
     const int gdn = base == 2;
     unsigned present = 0u;
     const int nch = (Tn + C - 1) / C;
+    if (has_s0 && !lifted) {  // H_0 = S_0ᵀ: entry (c, d) of H is entry (d, c) of S_0
+        for (long long idx = tid; idx < DD; idx += nth) {
+            const int c = (int)(idx / Dv), d = (int)(idx % Dv);
+            S[idx] = S0[(long long)bh * DD + (long long)d * Dk + c];
+        }
+        present = 1u;
+        __syncthreads();
+    }
 #define ROW(t) (((long long)b * Tn + (t)) * H + h)
     for (int ci = 0; ci < nch; ++ci) {
         const int i0 = ci * C;
@@ -196,15 +209,21 @@ __device__ void ll_chunked(const T* q, const T* k, const T* v, const T* g, const
         __syncthreads();
     }
 #undef ROW
+    if (has_st && !lifted)  // S_T = H_Tᵀ (the last chunk ended with a barrier)
+        for (long long idx = tid; idx < DD; idx += nth) {
+            const int c = (int)(idx / Dv), d = (int)(idx % Dv);
+            ST[(long long)bh * DD + (long long)d * Dk + c] = S[idx];
+        }
 }
 
 #define LLF_EXPORT(T, S)                                                                                         \
     extern "C" __global__ void ll_chunked_##S(const T* q, const T* k, const T* v, const T* g, const T* beta,     \
                                               const T* lam, T* y, T* ws, double* gws, T* st, int Tn, int H,      \
                                               int Dk, int Dv, int L, int C, int cbits, int base, int lifted,     \
-                                              int E, int nmax, double scale) {                                   \
+                                              int E, int nmax, double scale, const T* S0, int has_s0, T* ST,     \
+                                              int has_st) {                                                      \
         ll_chunked<T>(q, k, v, g, beta, lam, y, ws, gws, st, Tn, H, Dk, Dv, L, C, cbits, base, lifted, E, nmax, \
-                      scale);                                                                                    \
+                      scale, S0, has_s0, ST, has_st);                                                            \
     }
 
 LLF_EXPORT(float, f32)

@@ -40,6 +40,12 @@ __device__ __forceinline__ void ldt_copy_rows(T* dst, int ld, const T* src, long
 // second buffer (cp.async) while the current one is computed. Per chunk j, K̂_s = e^{a_j − γ_s} k_s:
 // - lifted = 0 (one state S [Dk × 16]): write the entering state to Hs [BH][NC][Dk][Dv], form the
 //   new values U' = U − W S (written to Vn, laid out as v), and move on: S ← e^{a_j} S + K̂ᵀ U'.
+//   A run from a state (docs/math.md §7; the only pass besides ll_chunked that takes one, the
+//   host's rule in loglinear/state_pass.rs): with has_s0 the state entering chunk 0 is
+//   H_0 = S_0ᵀ, read from S0 [BH][Dv][Dk], instead of zero; with has_st the state after the
+//   last chunk (e^{a_j} over its n tokens only, so after token T − 1), H_T = S_Tᵀ, is written to
+//   ST [BH][Dv][Dk]. The host passes has_s0 = has_st = 0 with the lift (its level states are not
+//   one S).
 // - lifted = 1 (chunk-level Fenwick states S^(e), e < E, docs/math.md §2.6): merge levels 0..m
 //   into m + 1 (m = ctz j, j ≥ 1); write every non-empty level e ≥ 1 (bit e − 1 of j) to Hs at slot
 //   popsum(j) + rank [BH][slots][Dk][Dv] (popsum(j) = Σ_{j'<j} popcount(j'), so chunk j's levels
@@ -52,7 +58,8 @@ __device__ __forceinline__ void ldt_copy_rows(T* dst, int ld, const T* src, long
 #define LLC_DVT 16
 template <typename T>
 __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const T* U, T* Vn, T* Hs, int Tn, int H,
-                            int Dk, int Dv, int nc, int lifted, int E, long long slots) {
+                            int Dk, int Dv, int nc, int lifted, int E, long long slots, const T* S0, int has_s0,
+                            T* ST, int has_st) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH, RI = CH / 16, LDU = LLC_DVT + 1;
     // f32 rows of W and K whole 16-byte pieces long where Dk allows (16-byte copies), else Dk + 1.
@@ -101,7 +108,17 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
-    for (int idx = tid; idx < E * SD; idx += 256) S[idx] = (T)0;
+    // The states entering chunk 0: zero, or H_0 = S_0ᵀ (has_s0, no lift; entry (c, d) of H is
+    // entry (d, c) of S_0).
+    const bool from_s0 = has_s0 && !lifted, to_st = has_st && !lifted;
+    for (int idx = tid; idx < E * SD; idx += 256) {
+        T h0 = (T)0;
+        if (from_s0 && idx < SD) {
+            const int c = idx / LLC_DVT, d = d0 + idx % LLC_DVT;
+            if (d < Dv) h0 = S0[(long long)bh * DD + (long long)d * Dk + c];
+        }
+        S[idx] = h0;
+    }
     prefetch(0, 0);
     for (int j = 0; j < nc; ++j) {
         const int buf = j & 1;
@@ -199,6 +216,12 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
             __syncthreads();
         }
     }
+    // The state after the last token (the last chunk's update ended with a barrier): S_T = Hᵀ.
+    if (to_st)
+        for (int idx = tid; idx < SD; idx += 256) {
+            const int c = idx / LLC_DVT, d = d0 + idx % LLC_DVT;
+            if (d < Dv) ST[(long long)bh * DD + (long long)d * Dk + c] = S[idx];
+        }
 }
 
 // 5'. llc_delta_h on tensor cores (tf32 / bf16 modes, f32 data): the same pass, levels and chunk
@@ -1171,8 +1194,9 @@ extern "C" __global__ void __launch_bounds__(256, 1)
 #define LLP_EXPORT(T, S)                                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llc_delta_h_##S(const T* k, const T* g, int has_g, const T* W, const T* U, T* Vn, T* Hs, int Tn, int H,   \
-                        int Dk, int Dv, int nc, int lifted, int E, long long slots) {                             \
-        llc_delta_h<T>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, lifted, E, slots);                           \
+                        int Dk, int Dv, int nc, int lifted, int E, long long slots, const T* S0, int has_s0,      \
+                        T* ST, int has_st) {                                                                      \
+        llc_delta_h<T>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, lifted, E, slots, S0, has_s0, ST, has_st);   \
     }
 
 LLP_EXPORT(float, f32)

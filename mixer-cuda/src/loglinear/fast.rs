@@ -163,6 +163,36 @@ pub fn plan(
     Ok(plan)
 }
 
+/// The launches of a run of the `fast` form of `ll` from a state (docs/math.md §7;
+/// [`run_from`]) for `shape`, activations of element type `elem` and `device`: the [`plan`] of
+/// the exact mode with `q`, `k`, `v` stored as `elem`, whatever mode the call asks — the
+/// tensor-core output kernels read no state for chunk 0, and of gated DeltaNet's state passes
+/// only `llc_delta_h` and the sequential form take one ([`state_pass::takes_state`]), which the
+/// pass's rule gives there (rules 2 and 4; the tf32 mode permits tensor cores, it does not
+/// require them). So linear attention and Mamba-2 run their scan (which takes the state) and
+/// `llc_out`, gated DeltaNet `llc_wy`, `llc_delta_h` and `llc_out`, or `ll_chunked`. An error
+/// where the plan takes another path (an internal error: the rule and this plan disagree), or
+/// where [`plan`] gives one.
+pub fn plan_from_state(ll: &LogLinear, shape: [usize; 5], elem: Elem, device: Device) -> Result<Plan> {
+    let plan = plan(ll, shape, Precision::Exact, Storage::Real(elem), device)?;
+    let takes = match plan.path {
+        Path::Empty => true,
+        Path::Ssd => !plan.lifted,
+        Path::Delta | Path::Sequential => {
+            !plan.lifted && plan.state_pass.is_some_and(state_pass::takes_state)
+        }
+        Path::SsdBf16 | Path::DeltaBf16 => false,
+    };
+    if !takes {
+        let (path, pass) = (plan.path, plan.state_pass);
+        return Err(err(
+            FAMILY,
+            format!("internal: a run from a state on the {path:?} path ({pass:?}, lifted: {})", plan.lifted),
+        ));
+    }
+    Ok(plan)
+}
+
 /// How `q`, `k`, `v` are stored in `x` for the form of `F`: bf16 (with whether their rows start
 /// 16-byte aligned) where all three are bf16 and `F` is `f32`, else `F`.
 fn storage<F: GpuReal>(x: &DeviceTensors) -> Storage {
@@ -179,25 +209,24 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
     run_from::<F>(ll, x, p, None, false).map(|(y, _)| y)
 }
 
-/// Why the `fast` form of `ll` cannot run from a state here, or `None`: linear attention and
-/// Mamba-2 (whose scan takes the state) can; gated DeltaNet's state pass and the lifts cannot yet.
+/// Why the `fast` form of `ll` cannot run from a state here, or `None`: the base mixers can
+/// (linear attention and Mamba-2 through their scan, gated DeltaNet through its FMA state pass or
+/// the sequential form, [`state_pass::takes_state`]); the lifts cannot yet.
 pub fn state_unsupported(ll: &LogLinear) -> Option<String> {
-    match (ll.base, ll.lift) {
-        (_, Some(_)) => Some(
-            "the lifts' state (Fenwick level states and a position, docs/math.md §7.1) runs on the CPU \
-             backend only: the CUDA chunk-state tree takes no level states yet"
-                .into(),
-        ),
-        (Base::GatedDeltaNet, None) => Some(
-            "gated DeltaNet's CUDA state pass takes no initial state yet (the CPU backend has it)".into(),
-        ),
-        _ => None,
-    }
+    ll.lift.map(|_| {
+        "the lifts' state (Fenwick level states and a position, docs/math.md §7.1) runs on the CPU \
+         backend only: the CUDA chunk-state tree takes no level states yet"
+            .into()
+    })
 }
 
 /// [`run`] of a base mixer from the state `s0` (`S [B, H, Dv, Dk]` as `F`; `None`: zero); with
-/// `want_final`, also the final state (docs/math.md §7). Only where [`state_unsupported`] says
-/// nothing: the scalar-decay path's scan takes the state.
+/// `want_final`, also the final state after the last token (docs/math.md §7). Only where
+/// [`state_unsupported`] says nothing. A run from a state is planned in the exact mode with the
+/// activations as `F` (whatever `p`; `y` is still returned as `p` gives it): linear attention and
+/// Mamba-2 take the state in their scan and read it in chunk 0 with `llc_out`; gated DeltaNet
+/// takes it in `llc_delta_h` (or the sequential form, where that does not fit: the state pass's
+/// rule gives no other variant then, [`state_pass::takes_state`]) and reads it with `llc_out`.
 pub fn run_from<F: GpuReal>(
     ll: &LogLinear,
     x: &DeviceTensors,
@@ -235,6 +264,15 @@ pub fn run_from<F: GpuReal>(
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let dv = v.shape()[3];
+    if let Some(s) = s0
+        && s.shape() != [b, h, dv, dk]
+    {
+        return Err(Error::Value {
+            name: "S".into(),
+            constraint: format!("the initial state is [B, H, Dv, Dk] = [{b}, {h}, {dv}, {dk}]"),
+            found: format!("{:?}", s.shape()),
+        });
+    }
     if b * t * h * dv == 0 {
         // Nothing to mix: the state passes through unchanged.
         let fin = match (want_final, s0) {
@@ -275,27 +313,21 @@ pub fn run_from<F: GpuReal>(
         zero: pool::zeros::<F>(FAMILY, 1)?,
     };
     // The activations are F now (converted where they were stored otherwise).
-    // From a state, the exact kernels (the tensor-core output kernel reads no state for chunk 0;
-    // the tf32 mode permits tensor cores, it does not require them).
-    let pp = if stateful { Precision::Exact } else { p };
-    let plan = plan(ll, inp.dims, pp, Storage::Real(Elem::of::<F>()), Device::current())?;
-    if stateful && plan.path != Path::Ssd {
-        return Err(err(FAMILY, format!("internal: a run from a state on the {:?} path", plan.path)));
-    }
-    let mut fin = None;
-    let y = match (plan.path, plan.state_pass) {
-        (Path::Ssd, _) => {
-            let (y, f) = ssd::run(ll, &inp, &plan.launches, s0, want_final)?;
-            fin = f.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
-            y
-        }
+    let plan = if stateful {
+        plan_from_state(ll, inp.dims, Elem::of::<F>(), Device::current())?
+    } else {
+        plan(ll, inp.dims, p, Storage::Real(Elem::of::<F>()), Device::current())?
+    };
+    let (y, fin) = match (plan.path, plan.state_pass) {
+        (Path::Ssd, _) => ssd::run(ll, &inp, &plan.launches, s0, want_final)?,
         (Path::Sequential, _) => {
             let l = plan.launches.first().ok_or_else(|| err(FAMILY, "internal: an empty plan"))?;
-            sequential::run(ll, &inp, l)?
+            sequential::run(ll, &inp, l, s0, want_final)?
         }
-        (Path::Delta, Some(pass)) => run_delta(ll, &inp, pass, &plan.launches)?,
+        (Path::Delta, Some(pass)) => run_delta(ll, &inp, pass, &plan.launches, s0, want_final)?,
         _ => return Err(err(FAMILY, format!("internal: no path for the plan {:?}", plan.path))),
     };
+    let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
     let checks = inp.lam.as_ref().map(|(l, _)| l.checks().to_vec()).unwrap_or_default();
     Ok((finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)?, fin))
 }
@@ -312,13 +344,18 @@ fn run_ssd_bf16(ll: &LogLinear, x: &DeviceTensors, st: Storage, device: Device) 
 }
 
 /// Gated DeltaNet, parallel over chunks except the state pass `pass`: the launches of the
-/// [`Path::Delta`] plan.
+/// [`Path::Delta`] plan; without a lift from the initial state `s0` (`S_0 [B, H, Dv, Dk]`;
+/// `None`: zero: the pass starts from `H_0 = S_0ᵀ` and the outputs read it in chunk 0) and with
+/// `want_final` also returning the final state `S_T [B·H, Dv, Dk]` (from a pass that
+/// [`state_pass::takes_state`]).
 fn run_delta<F: GpuReal>(
     ll: &LogLinear,
     x: &ChunkedInputs<'_, F>,
     pass: StatePass,
     launches: &[Launch],
-) -> Result<pool::Pooled<F>> {
+    s0: Option<&DeviceTensor<F>>,
+    want_final: bool,
+) -> Result<(pool::Pooled<F>, Option<pool::Pooled<F>>)> {
     let s = x.shape();
     let [b, t, h, dk, dv] = s.dims();
     let elem = Elem::of::<F>();
@@ -337,7 +374,18 @@ fn run_delta<F: GpuReal>(
     wy::run(first, [&kv, &vv], (&g, has_g), &bv, [&mut w, &mut u], (&mut tinv, lifted), s)?;
     let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
     let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
-    let data = PassData { k: &kv, g: (&g, has_g), w: &w, u: &u, vn: &mut vn, hs: &mut hs };
+    let (s0v, has_s0) = view_or_zero(s0, &x.zero);
+    let mut fin = if want_final { Some(pool::take::<F>(FAMILY, bh * dk * dv)?) } else { None };
+    let data = PassData {
+        k: &kv,
+        g: (&g, has_g),
+        w: &w,
+        u: &u,
+        vn: &mut vn,
+        hs: &mut hs,
+        s0: (&s0v, has_s0),
+        fin: fin.as_mut(),
+    };
     state_pass::run(pass, pass_launches, data, s, elem, lifted)?;
     drop(u);
     let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
@@ -356,12 +404,12 @@ fn run_delta<F: GpuReal>(
             &hs,
             &decays,
             1,
-            (false, false),
+            (false, s0.is_some()),
             s,
             ll.scale,
             &mut y,
         )?;
-        return Ok(y);
+        return Ok((y, fin));
     }
     let (lam, n_levels) = x.lam.as_ref().ok_or_else(|| err(FAMILY, "the lift needs `lambda`"))?;
     let lv = lam.view();
@@ -377,7 +425,7 @@ fn run_delta<F: GpuReal>(
         ll.scale,
         &mut y,
     )?;
-    Ok(y)
+    Ok((y, fin))
 }
 
 /// Gated DeltaNet without a lift in the bf16 mode on bf16 operands end to end
@@ -409,7 +457,9 @@ fn run_delta_bf16(ll: &LogLinear, x: &DeviceTensors, st: Storage, device: Device
     wy::run(wyl, [&kv, &vv], (&gv, has_g), &bv, [&mut w, &mut u], (&mut tinv, false), s)?;
     let mut vn = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
     let mut hs = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
-    let data = PassData { k: &kv, g: (&gv, has_g), w: &w, u: &u, vn: &mut vn, hs: &mut hs };
+    // No state in or out on this path (the flag 0; the buffer is never read).
+    let data =
+        PassData { k: &kv, g: (&gv, has_g), w: &w, u: &u, vn: &mut vn, hs: &mut hs, s0: (&gv, 0), fin: None };
     state_pass::run(pass, std::slice::from_ref(pass_launch), data, s, Elem::F32, false)?;
     drop((w, u, tinv));
     let mut y = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
@@ -528,6 +578,48 @@ mod tests {
         let p = plan_of(Base::GatedDeltaNet, false, T16K, Bf16, Storage::Bf16 { aligned: false });
         assert_eq!(p.path, Path::Delta);
         assert_eq!(p.launches[1].defines, ["LLC_DK=64", "LLC_DV=64", "DH_K_TF32=1"]);
+    }
+
+    #[test]
+    fn a_run_from_a_state_plans_the_exact_kernels_whose_pass_takes_the_state() {
+        let g = mixer(Base::GatedDeltaNet, false);
+        // Every head dim, f32 and f64, one or many batch·heads, on the H200 and on a device of 48
+        // KiB (where even Dk = 64 takes the sequential form): llc_delta_h or ll_chunked.
+        for dev in [H200, Device { sms: 1, smem: 48 << 10 }] {
+            for elem in [Elem::F32, Elem::F64] {
+                for d in [1, 5, 16, 40, 64, 70, 128, 188, 192, 256] {
+                    for (b, t, h) in [(1, 1, 1), (1, 65, 3), (2, 4096, 16)] {
+                        let p = plan_from_state(&g, [b, t, h, d, 2 * d], elem, dev).unwrap();
+                        let want = match p.path {
+                            Path::Delta => vec![
+                                format!("llc_wy_{}", elem.suffix()),
+                                format!("llc_delta_h_{}", elem.suffix()),
+                                format!("llc_out_{}", elem.suffix()),
+                            ],
+                            Path::Sequential => vec![format!("ll_chunked_{}", elem.suffix())],
+                            other => panic!("{other:?} at {dev:?} {elem:?} Dk = {d}"),
+                        };
+                        assert_eq!(functions(&p), want, "{dev:?} {elem:?} Dk = {d}");
+                        assert!(p.state_pass.is_some_and(state_pass::takes_state));
+                        assert_eq!(p.precision, Exact);
+                    }
+                }
+            }
+        }
+        let p = plan_from_state(&g, T16K, Elem::F32, H200).unwrap();
+        assert_eq!((p.path, p.state_pass), (Path::Delta, Some(StatePass::Fma)));
+        let p = plan_from_state(&g, [2, 1000, 3, 256, 256], Elem::F32, H200).unwrap();
+        assert_eq!((p.path, p.state_pass), (Path::Sequential, Some(StatePass::Sequential)));
+        // The scalar-decay members: their scan takes the state, llc_out reads it in chunk 0.
+        let p = plan_from_state(&mixer(Base::Mamba2, false), T16K, Elem::F32, H200).unwrap();
+        assert_eq!(functions(&p), ["llc_states_f32", "llc_scan_f32", "llc_out_f32"]);
+        // The lifts take no state on CUDA.
+        for base in [Base::GatedDeltaNet, Base::Mamba2] {
+            let e = plan_from_state(&mixer(base, true), T16K, Elem::F32, H200).unwrap_err();
+            assert!(e.to_string().contains("internal: a run from a state"), "{e}");
+            assert!(state_unsupported(&mixer(base, true)).is_some());
+            assert!(state_unsupported(&mixer(base, false)).is_none());
+        }
     }
 
     #[test]

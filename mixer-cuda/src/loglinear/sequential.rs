@@ -12,16 +12,20 @@
 //! `m = ctz(i)`, read `y_r += λ_r^(c+e) Q̃_r H^(e)`, transition `H ← e^(γ_{n−1})H − K̂ᵀ(WH)`, insert
 //! `K̂ᵀ U` at level 0). Scratch per block in global memory: `2n² + n(n + D_k + D_v) + n(D_k+D_v)`
 //! values with `n = min(C, T)`, plus the `⌊log_2 ⌈T/C⌉⌋ + 2` chunk-level states.
+//!
+//! Without a lift the form runs from a state (docs/math.md §7): its one state starts as
+//! `H_0 = S_0ᵀ` instead of zero, and the state after the last chunk is `S_T = H_Tᵀ`
+//! (`S [B, H, Dv, Dk]`).
 
 use mixer_core::Result;
 use mixer_core::fenwick::bitlen;
 use mixer_core::mixers::loglinear::LogLinear;
 
-use super::common::{ChunkedInputs, Elem, FAMILY, Launch, Shape, Step, base_code};
+use super::common::{ChunkedInputs, Elem, FAMILY, Launch, Shape, Step, base_code, view_or_zero};
 use crate::kernels;
 use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu, int, launch};
-use crate::tensor::GpuReal;
+use crate::tensor::{DeviceTensor, GpuReal};
 
 /// Most scratch bytes the form allocates.
 const MAX_SCRATCH: usize = 8 << 30;
@@ -55,11 +59,21 @@ pub(crate) fn launch(ll: &LogLinear, s: Shape, elem: Elem) -> Result<Launch> {
     Ok(Launch::new(Step::Sequential, &kernels::LOGLINEAR_SEQUENTIAL, name, Vec::new()).on([bh, 1, 1], 256, 0))
 }
 
-/// Runs `l` (from [`launch`]).
-pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, l: &Launch) -> Result<Pooled<F>> {
+/// Runs `l` (from [`launch`]): `y`, from the initial state `s0` (`S_0 [B, H, Dv, Dk]`; `None`:
+/// zero) and with `want_final` also the final state `S_T [B·H, Dv, Dk]` — a base mixer's only.
+pub(crate) fn run<F: GpuReal>(
+    ll: &LogLinear,
+    x: &ChunkedInputs<'_, F>,
+    l: &Launch,
+    s0: Option<&DeviceTensor<F>>,
+    want_final: bool,
+) -> Result<(Pooled<F>, Option<Pooled<F>>)> {
     let s = x.shape();
     let [b, t, h, dk, dv] = s.dims();
     let lifted = ll.lift.is_some();
+    if lifted && (s0.is_some() || want_final) {
+        return Err(err(FAMILY, "internal: the lifts' state does not go through the sequential form"));
+    }
     let chunk = ll.chunk;
     let cbits = ll.chunk_log2() as usize;
     let (nmax, e_levels, ws_per) = sizes(s, chunk, lifted);
@@ -88,8 +102,19 @@ pub(crate) fn run<F: GpuReal>(ll: &LogLinear, x: &ChunkedInputs<'_, F>, l: &Laun
         (base_code(ll.base), lifted as i32, e_levels as i32, int(FAMILY, "n", nmax)?);
     let scale = ll.scale;
     let (qv, kv, vv) = (x.q.view(), x.k.view(), x.v.view());
-    launch!(g, FAMILY, f, cfg;
-        &qv, &kv, &vv, &gv, &bv, &lv, &mut *y, &mut *ws, &mut *gws, &mut *st,
-        &ti, &hi, &dki, &dvi, &li, &ci, &cbi, &base, &lifted_i, &ei, &ni, &scale)?;
-    Ok(y)
+    let (s0v, has_s0) = view_or_zero(s0, &x.zero);
+    let mut fin = if want_final { Some(pool::take::<F>(FAMILY, bh * dk * dv)?) } else { None };
+    let has_st = fin.is_some() as i32;
+    // Without a final state the kernel is given s0's buffer for it (never written: has_st = 0).
+    match fin.as_mut() {
+        Some(fs) => launch!(g, FAMILY, f, cfg;
+            &qv, &kv, &vv, &gv, &bv, &lv, &mut *y, &mut *ws, &mut *gws, &mut *st,
+            &ti, &hi, &dki, &dvi, &li, &ci, &cbi, &base, &lifted_i, &ei, &ni, &scale,
+            &s0v, &has_s0, &mut **fs, &has_st)?,
+        None => launch!(g, FAMILY, f, cfg;
+            &qv, &kv, &vv, &gv, &bv, &lv, &mut *y, &mut *ws, &mut *gws, &mut *st,
+            &ti, &hi, &dki, &dvi, &li, &ci, &cbi, &base, &lifted_i, &ei, &ni, &scale,
+            &s0v, &has_s0, &s0v, &has_st)?,
+    }
+    Ok((y, fin))
 }

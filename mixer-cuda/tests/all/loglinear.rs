@@ -60,6 +60,7 @@ fn loglinear_cuda_plugin_mask_and_scheme() {
 
 use mixer_core::mixer::complete_dims;
 use mixer_core::{DType, Tolerance};
+use mixer_cuda::loglinear::{Device, Elem, Path, plan_from_state};
 use mixer_registry::run::run_as;
 use mixer_registry::{Sizes, mixer};
 
@@ -188,7 +189,8 @@ fn loglinear_cuda_fast_long_sequence() {
 /// Linear attention and Mamba-2 from a state on CUDA (the scan started from `S_0ᵀ`, `S_T`
 /// written after the last chunk) against the CPU's run from the same state, at lengths across
 /// many chunks, and split at chunk boundaries and inside chunks: the second part from the
-/// first's CUDA final state gives the whole run. Gated DeltaNet is refused with its reason.
+/// first's CUDA final state gives the whole run. The lifts are refused with their reason (gated
+/// DeltaNet: the tests below).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_cuda_runs_from_a_state() {
@@ -255,9 +257,246 @@ fn loglinear_cuda_runs_from_a_state() {
             }
         }
     }
-    let gdn = mixer_registry::mixer("gated-deltanet", &serde_json::json!({})).unwrap();
-    let dims: mixer_core::Dims = [("B", 1), ("T", 9), ("H", 1), ("Dk", 4), ("Dv", 4)].into_iter().collect();
-    let x = gdn.random_inputs(&dims, 1).unwrap();
-    let e = run_state(gdn.as_ref(), &gpu, Form::Fast, &x, None, Precision::Exact).unwrap_err().to_string();
-    assert!(e.contains("gated DeltaNet's CUDA state pass"), "{e}");
+    for name in ["loglinear-mamba2", "loglinear-gated-deltanet"] {
+        let lift = mixer_registry::mixer(name, &serde_json::json!({})).unwrap();
+        let dims = complete_dims(
+            lift.as_ref(),
+            &Sizes { batch: 1, seq: 9, channels: 1, heads: 1, dk: 4, dv: 4 }.dims(),
+        );
+        let x = lift.random_inputs(&dims, 1).unwrap();
+        let e =
+            run_state(lift.as_ref(), &gpu, Form::Fast, &x, None, Precision::Exact).unwrap_err().to_string();
+        assert!(e.contains("the lifts' state"), "{name}: {e}");
+    }
+}
+
+// ---- Gated DeltaNet from a state (llc_delta_h from S_0, or ll_chunked where it does not fit) ----
+
+/// Gated DeltaNet's inputs at `[B, T, H, Dk, Dv]` = `[2, t, 2, dk, dv]` and a random state, f64.
+fn gdn_case(
+    m: &dyn mixer_core::Mixer,
+    t: usize,
+    dk: usize,
+    dv: usize,
+    seed: u64,
+) -> (mixer_core::Tensors<f64>, mixer_core::Tensors<f64>) {
+    let dims: mixer_core::Dims = [("B", 2), ("T", t), ("H", 2), ("Dk", dk), ("Dv", dv)].into_iter().collect();
+    (m.random_inputs(&dims, seed).unwrap(), m.random_state(&dims, seed + 1).unwrap())
+}
+
+/// The path and state pass CUDA takes for gated DeltaNet from a state at `[2, t, 2, dk, dv]` in
+/// `elem` on this device (`fast::plan_from_state`), printed and returned.
+fn gdn_state_path(m: &dyn mixer_core::Mixer, t: usize, dk: usize, dv: usize, elem: Elem) -> Path {
+    let ll = m.as_any().downcast_ref::<mixer_core::mixers::loglinear::LogLinear>().unwrap();
+    let p = plan_from_state(ll, [2, t, 2, dk, dv], elem, Device::current()).unwrap();
+    let f: Vec<&str> = p.launches.iter().map(|l| l.function.as_str()).collect();
+    println!(
+        "STATE PLAN gated-deltanet T={t} Dk={dk} Dv={dv} {elem:?}: {:?} {:?} {f:?}",
+        p.path, p.state_pass
+    );
+    p.path
+}
+
+/// The head dims of the gated DeltaNet state tests: 64, 70 (not a multiple of 16 or 4), 128,
+/// 256 (the sequential form, `ll_chunked`: llc_delta_h's states and buffers do not fit in shared
+/// memory), and Dk ≠ Dv (48 × 70) so that a mixed-up stride of `S [B, H, Dv, Dk]` shows.
+const GDN_STATE_DIMS: [(usize, usize); 5] = [(64, 64), (70, 70), (128, 128), (256, 256), (48, 70)];
+
+/// Gated DeltaNet from a random state on CUDA (`f64` and `f32`, through the registry's
+/// `run_state`) against the CPU's fast form from the same state: `y` and the final state `S_T`
+/// at T = 1, 63, 64, 65, 1000 (one token, around one chunk of 64 in f32 and two of 32 in f64, many
+/// chunks with a partial last one) and every head dim of [`GDN_STATE_DIMS`]; Dk = 256 must run
+/// the sequential form. Tolerances: `Tolerance::F64` and `Tolerance::F32`.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gated_deltanet_cuda_from_a_state_equals_the_cpu() {
+    use mixer_core::tensor::cast_tensors;
+    use mixer_core::{Precision, Tolerance};
+    use mixer_registry::state::run_state;
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    let (cpu, gpu) = (common::cpu(), common::cuda());
+    let m = mixer("gated-deltanet", &serde_json::json!({})).unwrap();
+    for (dk, dv) in GDN_STATE_DIMS {
+        for t in [1, 63, 64, 65, 1000] {
+            for elem in [Elem::F64, Elem::F32] {
+                let path = gdn_state_path(m.as_ref(), t, dk, dv, elem);
+                assert_eq!(path == Path::Sequential, dk == 256, "Dk = {dk}, T = {t}, {elem:?}: {path:?}");
+            }
+            let (x, s0) = gdn_case(m.as_ref(), t, dk, dv, 31);
+            let (yc, sc) = run_state(m.as_ref(), &cpu, Form::Fast, &x, Some(&s0), Precision::Exact).unwrap();
+            let (yg, sg) = run_state(m.as_ref(), &gpu, Form::Fast, &x, Some(&s0), Precision::Exact).unwrap();
+            let (x32, s32) = (cast_tensors::<f32>(&x), cast_tensors::<f32>(&s0));
+            let (y32, f32s) =
+                run_state(m.as_ref(), &gpu, Form::Fast, &x32, Some(&s32), Precision::Exact).unwrap();
+            for (dtype, tol, y, st) in [
+                ("f64", Tolerance::F64, yg, sg["S"].clone()),
+                ("f32", Tolerance::F32, y32.mapv(f64::from), f32s["S"].mapv(f64::from)),
+            ] {
+                let cy = tol.compare(y.view(), yc.view());
+                let cs = tol.compare(st.view(), sc["S"].view());
+                println!(
+                    "STATE gated-deltanet Dk={dk} Dv={dv} T={t} {dtype}: y rel_rms={:.2e} S_T rel_rms={:.2e}",
+                    cy.rel_rms, cs.rel_rms
+                );
+                assert!(cy.pass, "Dk = {dk}, Dv = {dv}, T = {t}, {dtype} y: {cy:?}");
+                assert!(cs.pass, "Dk = {dk}, Dv = {dv}, T = {t}, {dtype} S_T: {cs:?}");
+            }
+        }
+    }
+}
+
+/// Gated DeltaNet from a random state in the three precision modes on f32 data: through the
+/// device entry point `fast::run_from` on device tensors as the mode stores them (bf16 `q`, `k`,
+/// `v` in the bf16 mode: the run converts them and plans the exact kernels, and `y` comes back
+/// bf16), and through the registry's `run_state` in that mode. Against the CPU's fast form (f64)
+/// from the same state on the same values (rounded to bf16 in the bf16 mode), within the mode's
+/// tolerance (`Precision::tolerance("f32")`), for `y` and `S_T`, at T = 1, 65, 1000 and every head
+/// dim of [`GDN_STATE_DIMS`].
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gated_deltanet_cuda_from_a_state_in_every_precision_mode() {
+    use mixer_core::Precision;
+    use mixer_core::tensor::cast_tensors;
+    use mixer_cuda::{AnyDeviceTensor, DeviceTensor};
+    use mixer_registry::run::bf16_activations;
+    use mixer_registry::state::run_state;
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    let (cpu, gpu) = (common::cpu(), common::cuda());
+    let m = mixer("gated-deltanet", &serde_json::json!({})).unwrap();
+    let ll = m.as_any().downcast_ref::<mixer_core::mixers::loglinear::LogLinear>().unwrap();
+    for (dk, dv) in GDN_STATE_DIMS {
+        for t in [1, 65, 1000] {
+            let (x, s0) = gdn_case(m.as_ref(), t, dk, dv, 47);
+            let s32 = cast_tensors::<f32>(&s0);
+            // The f32 values and the CPU's run from s0 on them: as drawn, and rounded to bf16.
+            let cases = [cast_tensors::<f32>(&x), bf16_activations(&cast_tensors::<f32>(&x))].map(|x32| {
+                let x64 = mixer_core::tensor::tensors_to_f64(&x32);
+                let want =
+                    run_state(m.as_ref(), &cpu, Form::Fast, &x64, Some(&s0), Precision::Exact).unwrap();
+                (x32, want)
+            });
+            for p in [Precision::Exact, Precision::Tf32, Precision::Bf16] {
+                let (x32, (yc, sc)) = &cases[(p == Precision::Bf16) as usize];
+                let tol = p.tolerance("f32");
+                // The device entry point, in the mode.
+                let dev = mixer_cuda::forms::upload_inputs(x32, p).unwrap();
+                let s0d = DeviceTensor::<f32>::upload(&s32["S"]).unwrap();
+                let (y, fin) =
+                    mixer_cuda::loglinear::fast::run_from::<f32>(ll, &dev, p, Some(&s0d), true).unwrap();
+                let y = match (p, y) {
+                    (Precision::Bf16, AnyDeviceTensor::Bf16(y)) => {
+                        y.to_host().unwrap().mapv(|v| f64::from(v.to_f32()))
+                    }
+                    (Precision::Exact | Precision::Tf32, AnyDeviceTensor::F32(y)) => {
+                        y.to_host().unwrap().mapv(f64::from)
+                    }
+                    (p, y) => panic!("{p}: y of the wrong type {:?}", y.shape()),
+                };
+                let st = fin.expect("a final state").to_host().unwrap().mapv(f64::from);
+                // The registry in the mode (the bf16 mode rounds the activations and y itself).
+                let (yr, sr) =
+                    run_state(m.as_ref(), &gpu, Form::Fast, &cast_tensors::<f32>(&x), Some(&s32), p).unwrap();
+                for (via, y, st) in
+                    [("run_from", y, st), ("run_state", yr.mapv(f64::from), sr["S"].mapv(f64::from))]
+                {
+                    let cy = tol.compare(y.view(), yc.view());
+                    let cs = tol.compare(st.view(), sc["S"].view());
+                    println!(
+                        "STATE gated-deltanet {via} {p} Dk={dk} Dv={dv} T={t}: y rel_rms={:.2e} S_T rel_rms={:.2e}",
+                        cy.rel_rms, cs.rel_rms
+                    );
+                    assert!(cy.pass, "{via} {p} Dk = {dk}, Dv = {dv}, T = {t} y: {cy:?}");
+                    assert!(cs.pass, "{via} {p} Dk = {dk}, Dv = {dv}, T = {t} S_T: {cs:?}");
+                }
+            }
+            // A state of the wrong shape is refused, not misread.
+            let dev = mixer_cuda::forms::upload_inputs(&cast_tensors::<f32>(&x), Precision::Exact).unwrap();
+            let wrong = DeviceTensor::<f32>::zeros(&[2, 2, dk, dv + 1]).unwrap();
+            let e =
+                mixer_cuda::loglinear::fast::run_from::<f32>(ll, &dev, Precision::Exact, Some(&wrong), true)
+                    .unwrap_err()
+                    .to_string();
+            assert!(e.contains("the initial state is [B, H, Dv, Dk]"), "{e}");
+        }
+    }
+}
+
+/// Split invisibility of gated DeltaNet's CUDA fast form (`f64` and `f32`): the run of `x[0:a]`
+/// from a state (random, or none: zeros) and then of `x[a:T]` from its final state give the rows
+/// and the final state of the whole run from that state, at splits inside a chunk (1, 37, 100,
+/// T − 1) and on chunk boundaries (64, 128: of both the f32 chunks of 64 and the f64 chunks of
+/// 32), T = 130 and 1000, every head dim of [`GDN_STATE_DIMS`]; and a run cut in three parts
+/// (at 64 and 101) likewise. Tolerances: `Tolerance::F64` and `Tolerance::F32`.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gated_deltanet_cuda_split_runs_from_states_equal_the_whole_run() {
+    use mixer_core::state::segment;
+    use mixer_core::tensor::{cast_tensors, tensors_to_f64};
+    use mixer_core::{Precision, Tensors, Tolerance};
+    use mixer_registry::state::run_state;
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    let gpu = common::cuda();
+    let m = mixer("gated-deltanet", &serde_json::json!({})).unwrap();
+    // The run of `x` from `s` on CUDA as f64 or f32, as f64.
+    let run = |x: &Tensors<f64>, s: Option<&Tensors<f64>>, f32: bool| {
+        if f32 {
+            let (y, f) = run_state(
+                m.as_ref(),
+                &gpu,
+                Form::Fast,
+                &cast_tensors::<f32>(x),
+                s.map(cast_tensors::<f32>).as_ref(),
+                Precision::Exact,
+            )
+            .unwrap();
+            (y.mapv(f64::from), tensors_to_f64(&f))
+        } else {
+            run_state(m.as_ref(), &gpu, Form::Fast, x, s, Precision::Exact).unwrap()
+        }
+    };
+    for (dk, dv) in GDN_STATE_DIMS {
+        for t in [130, 1000] {
+            let (x, s0) = gdn_case(m.as_ref(), t, dk, dv, 53);
+            for f32 in [false, true] {
+                let tol = if f32 { Tolerance::F32 } else { Tolerance::F64 };
+                for start in [Some(&s0), None] {
+                    let (y, fin) = run(&x, start, f32);
+                    let from = if start.is_some() { "a state" } else { "zeros" };
+                    let mut parts: Vec<Vec<usize>> = [1, 37, 64, 100, 128, t - 1]
+                        .into_iter()
+                        .filter(|&a| a < t)
+                        .map(|a| vec![a])
+                        .collect();
+                    parts.push(vec![64, 101]);
+                    for cuts in parts {
+                        let bounds: Vec<usize> =
+                            std::iter::once(0).chain(cuts.iter().copied()).chain([t]).collect();
+                        let mut state = start.cloned();
+                        let mut ys = Vec::new();
+                        for w in bounds.windows(2) {
+                            let (yp, sp) =
+                                run(&segment(m.as_ref(), &x, w[0]..w[1]).unwrap(), state.as_ref(), f32);
+                            ys.push(yp);
+                            state = Some(sp);
+                        }
+                        let views: Vec<_> = ys.iter().map(|y| y.view()).collect();
+                        let joined = ndarray::concatenate(ndarray::Axis(1), &views).unwrap();
+                        let what = format!(
+                            "Dk = {dk}, Dv = {dv}, T = {t}, f32: {f32}, from {from}, cut at {cuts:?}"
+                        );
+                        let c = tol.compare(joined.view(), y.view());
+                        assert!(c.pass, "{what}: y {c:?}");
+                        let c = tol.compare(state.unwrap()["S"].view(), fin["S"].view());
+                        assert!(c.pass, "{what}: S_T {c:?}");
+                    }
+                }
+            }
+        }
+    }
 }
