@@ -21,7 +21,7 @@
 //! (`attn_row_f64`), as the FMA kernel does.
 //!
 //! It applies when `Dk = Dv ∈ {32, 64, 96, 128}` ([`applies`]; `wgmma` at 64 only, `mma.sync` at
-//! the others, see [`shape`]); otherwise the FMA kernel (`attn_exact_*`) runs (the modes permit
+//! the others, see [`shape`]; the split-tf32 kernel up to 96, [`split_applies`]); otherwise the FMA kernel (`attn_exact_*`) runs (the modes permit
 //! tensor cores, they do not require them). [`plan`] gives the launch, [`super::fast::plan`] picks between it
 //! and the exact kernel.
 
@@ -68,6 +68,14 @@ pub fn applies(dk: usize, dv: usize) -> bool {
     dk == dv && matches!(dk, 32 | 64 | 96 | 128)
 }
 
+/// Whether the exact mode's split-tf32 kernel takes head dims `dk`, `dv`: those of [`applies`] up
+/// to 96. At 128 its fragments need more than 255 registers a thread (ptxas spills 412 bytes),
+/// and it measured slower than the FMA kernel (26.3 against 24.4 ms at B = 8, T = 4096, H = 16 on
+/// the H200), which runs there instead.
+pub fn split_applies(dk: usize, dv: usize) -> bool {
+    applies(dk, dv) && dk <= 96
+}
+
 /// The rule for the tensor-core kernel's shape at head dim `d`: `(m-tiles per warp, warps)`.
 /// `wgmma` (bf16 on compute capability 9.0, `D = 64` only: its 128-byte swizzle holds one 64-wide
 /// bf16 row): two warpgroups of one m-tile per warp (128 rows). `mma.sync`: four warps of two
@@ -85,13 +93,15 @@ pub fn shape(d: usize, wgmma: bool, split: bool) -> (usize, usize) {
 
 /// The tensor-core launch for `shape = [B, T, H, Dk, Dv]` in mode `p` (`wgmma`: the device has
 /// Hopper's warpgroup MMA; the exact mode takes the split-tf32 kernel, for f32 inputs), or `None`
-/// where the FMA kernel runs instead: head dims outside [`applies`], or a scale whose `scale·log₂e`
+/// where the FMA kernel runs instead: head dims outside [`applies`] (in the exact mode
+/// [`split_applies`]), or a scale whose `scale·log₂e`
 /// is beyond `1e30` or, as an f32, neither zero nor a normal number (logits this large or
 /// scales this small need the FMA kernel's overflow-free form in double). Shared memory: Q `[BQ, D]` and two stages of K
 /// and V `[BK, D]`, bf16; in tf32 two stages of K `[BK, D + 8]` and V `[BK, D + 4]` floats.
 pub fn plan(a: &Attention, shape_: [usize; 5], p: Precision, wgmma: bool) -> Result<Option<Plan>> {
     let [b, t, h, d, dv] = shape_;
-    if !applies(d, dv) || b * t * h == 0 {
+    let takes = if p == Precision::Exact { split_applies(d, dv) } else { applies(d, dv) };
+    if !takes || b * t * h == 0 {
         return Ok(None);
     }
     let scale_log2 = a.scale(d) * std::f64::consts::LOG2_E;
@@ -295,11 +305,13 @@ mod tests {
     #[test]
     fn the_exact_mode_splits_the_tf32_products() {
         let a = attention(None);
-        for d in [32, 64, 128] {
+        assert!(plan(&a, [2, 1000, 3, 128, 128], Precision::Exact, true).unwrap().is_none());
+        for d in [32, 64, 96] {
             let x = plan(&a, [2, 1000, 3, d, d], Precision::Exact, true).unwrap().unwrap();
             let t = plan(&a, [2, 1000, 3, d, d], Precision::Tf32, true).unwrap().unwrap();
             assert_eq!((x.kernel, x.function.as_str()), (Kernel::MmaTf32x3, "attn_mma_tf32x3"));
             assert_eq!((x.grid, x.block, x.shared_mem), ([16, 6], 128, t.shared_mem));
+            assert!(split_applies(d, d));
             assert!(x.options.contains(&"-DATT_WM=1".to_string()));
         }
     }
