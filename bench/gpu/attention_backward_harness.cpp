@@ -267,18 +267,18 @@ static double run_case(const Case& cs, bool bf16, std::mt19937_64& rng) {
     launch(tiles, B * H, ATC_THREADS, [&] {
         if constexpr (sizeof(E) == 2)
             atc_dkdv_bf16(q.data(), k.data(), v.data(), dy.data(), stats.data(), dk.data(), dv.data(), T, H, window,
-                          sl2, (float)scale);
+                          sl2, (float)scale, nullptr);
         else
             atc_dkdv_tf32(q.data(), k.data(), v.data(), dy.data(), stats.data(), dk.data(), dv.data(), T, H, window,
-                          sl2, (float)scale);
+                          sl2, (float)scale, nullptr);
     });
     launch(tiles, B * H, ATC_THREADS, [&] {
         if constexpr (sizeof(E) == 2)
             atc_dq_bf16(q.data(), k.data(), v.data(), dy.data(), stats.data(), dq.data(), T, H, window, sl2,
-                        (float)scale);
+                        (float)scale, nullptr);
         else
             atc_dq_tf32(q.data(), k.data(), v.data(), dy.data(), stats.data(), dq.data(), T, H, window, sl2,
-                        (float)scale);
+                        (float)scale, nullptr);
     });
     double worst = 0;
     const char* names[3] = {"d_q", "d_k", "d_v"};

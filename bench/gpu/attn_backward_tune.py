@@ -64,7 +64,9 @@ for var in a.variants or [default]:
     fq.max_dynamic_shared_size_bytes = smem_q
     gk, gv, gq = (torch.empty(B, T, H, D, device="cuda") for _ in range(3))
     ptr = lambda x: np.uint64(x.data_ptr())  # noqa: E731
-    tail = (np.int32(T), np.int32(H), np.int32(0), np.float32(scale * math.log2(math.e)), np.float32(scale))
+    # T, H, window, σ·log₂e, σ, skip (null: no overflow flag)
+    tail = (np.int32(T), np.int32(H), np.int32(0), np.float32(scale * math.log2(math.e)), np.float32(scale),
+            np.uint64(0))
     grid = ((T + bm - 1) // bm, B * H)
     common = (ptr(q), ptr(k), ptr(v), ptr(dy), ptr(stats))
     dkdv = lambda: fk(grid, (32 * warps,), common + (ptr(gk), ptr(gv)) + tail, shared_mem=smem_k)  # noqa: E731

@@ -458,17 +458,20 @@ __device__ void atb_dq(const T* q, const T* k, const T* v, const T* dy, const do
 #define ATB_EXPORT(T, S)                                                                                        \
     extern "C" __global__ void __launch_bounds__(ATB_THREADS)                                                    \
         atb_stats_##S(const T* q, const T* k, const T* v, const T* dy, double* M, T* L, T* D, int Tn, int H,    \
-                      int window, double scale) {                                                                \
+                      int window, double scale, const float* only_if) {                                           \
+        if (only_if && *only_if == 0.f) return;                                                                  \
         atb_stats<T>(q, k, v, dy, M, L, D, Tn, H, window, scale);                                                \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(ATB_THREADS)                                                    \
         atb_dkdv_##S(const T* q, const T* k, const T* v, const T* dy, const double* M, const T* L, const T* D,  \
-                     T* dk, T* dv, int Tn, int H, int window, double scale) {                                    \
+                     T* dk, T* dv, int Tn, int H, int window, double scale, const float* only_if) {              \
+        if (only_if && *only_if == 0.f) return;                                                                  \
         atb_dkdv<T>(q, k, v, dy, M, L, D, dk, dv, Tn, H, window, scale);                                         \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(ATB_THREADS)                                                    \
         atb_dq_##S(const T* q, const T* k, const T* v, const T* dy, const double* M, const T* L, const T* D,    \
-                   T* dq, int Tn, int H, int window, double scale) {                                             \
+                   T* dq, int Tn, int H, int window, double scale, const float* only_if) {                       \
+        if (only_if && *only_if == 0.f) return;                                                                  \
         atb_dq<T>(q, k, v, dy, M, L, D, dq, Tn, H, window, scale);                                               \
     }
 

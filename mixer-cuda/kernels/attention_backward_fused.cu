@@ -26,14 +26,20 @@
 // clamped at 0 before subtracting g_t (λu − m may round above 0 where the forward's product of the
 // same pair rounded differently), so that P ≤ 1 even for logits near the f32 range.
 //
-// Two precisions (one template, AtcBf16 / AtcTf32):
+// Three precisions (one template, AtcBf16 / AtcTf32 / AtcTf32x3):
 //  * bf16: q, k, v, dy bf16; mma m16n8k16; ldmatrix (.trans for operands read along their rows'
 //    token axis) from XOR-swizzled 16-byte chunks; P and dS rounded to bf16 as A operands.
 //  * tf32: q, k, v, dy f32; mma m16n8k8, every operand rounded to tf32 (cvt.rna); padded rows of
 //    ATC_D + 8 floats. The reduction index inside an 8-step is permuted (A column i ↔ 2i, i + 4 ↔
 //    2i + 1) in every operand alike, so the accumulators of one product are the A operand of the
 //    next without shuffles.
-// Gradients are f32 in both.
+//  * tf32x3 (the exact mode on f32): tf32's layout and loads, every operand split as hi + lo
+//    (tf32_split: hi = x rounded to tf32, lo = the rest rounded to tf32) and every product run as
+//    three tf32 products a_lo·b_hi + a_hi·b_lo + a_hi·b_hi, which keeps f32 accuracy. The forward
+//    (attn_mma_tf32x3) sets the flag stats[4·B·H·T] where some block's q·k is not finite in f32;
+//    atc_dkdv and atc_dq then write nothing (skip), and the FMA backward (attention_backward.cu),
+//    launched after them with the same flag, computes the gradients with keys in double.
+// Gradients are f32 in all.
 //
 // Layouts: q, k, v, dy [B,T,H,D] (token stride H·D); stats [B·H·T][4] (m, g, D, unused); dq, dk, dv
 // f32 [B,T,H,D]. Compile-time: ATC_D (32, 64, 96 or 128), ATC_WARPS (warps per block; ATC_BM = 16
@@ -60,14 +66,17 @@
 // --- operands --------------------------------------------------------------------------------
 // Each precision gives, for tiles X of rows × ATC_D in shared memory (rows: tokens):
 //   load(sm, src, r0, n, T, tok): rows r0 .. r0 + n of a [T, ·] head (token stride tok), zeros past T;
+//   FA, FB: an A fragment and a pair of n8 B fragments as the products take them;
 //   a_rows(a, X, r0, k0): the A fragment A[i][k] = X[r0 + i][k0 + k] (16 × KS);
 //   b_rows(b, X, n0, k0): two n8 B fragments B[k][n] = X[n0 + n][k0 + k] (KS × 16);
 //   b_cols(b, X, k0, n0): two n8 B fragments B[k][n] = X[k0 + k][n0 + n] (KS × 16);
 //   a_acc(a, c, kk): the A fragment of columns [KS·kk, KS·kk + KS) of accumulators c (16 × ATC_BN);
-//   mma(c, a, b0, b1).
+//   mma(c, a, b, j): c += A · (n8 fragment j of b).
 
 struct AtcBf16 {
     typedef mx_bf16 E;
+    typedef unsigned FA[4];
+    typedef unsigned FB[4];
     static constexpr int KS = 16;
     static constexpr int CH = ATC_D / 8;  // 16-byte chunks per row
     // chunk ^ (row & mask) stays inside the chunk's aligned group of 8 (D = 64, 128) or 4 (32, 96).
@@ -101,13 +110,15 @@ struct AtcBf16 {
         a[2] = mx_pack_bf16(c[2 * kk + 1][0], c[2 * kk + 1][1]);
         a[3] = mx_pack_bf16(c[2 * kk + 1][2], c[2 * kk + 1][3]);
     }
-    __device__ static void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-        ATC_MMA("m16n8k16.row.col.f32.bf16.bf16.f32", c, a, b0, b1);
+    __device__ static void mma(float (&c)[4], const FA& a, const FB& b, int j) {
+        ATC_MMA("m16n8k16.row.col.f32.bf16.bf16.f32", c, a, b[2 * j], b[2 * j + 1]);
     }
 };
 
 struct AtcTf32 {
     typedef float E;
+    typedef unsigned FA[4];
+    typedef unsigned FB[4];
     static constexpr int KS = 8;
     // Row stride: float2 reads of 8 rows × 4 lanes fall in 32 distinct banks.
     static constexpr int ELEMS = ATC_D + 8;
@@ -149,8 +160,58 @@ struct AtcTf32 {
         a[2] = mx_tf32(c[kk][1]);
         a[3] = mx_tf32(c[kk][3]);
     }
-    __device__ static void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-        ATC_MMA("m16n8k8.row.col.f32.tf32.tf32.f32", c, a, b0, b1);
+    __device__ static void mma(float (&c)[4], const FA& a, const FB& b, int j) {
+        ATC_MMA("m16n8k8.row.col.f32.tf32.tf32.f32", c, a, b[2 * j], b[2 * j + 1]);
+    }
+};
+
+// hi + lo = x to about 2⁻²² relative: hi = x rounded to tf32, lo = the rest (exact in f32) rounded
+// to tf32.
+__device__ __forceinline__ void tf32_split(float x, unsigned& hi, unsigned& lo) {
+    hi = mx_tf32(x);
+    lo = mx_tf32(x - __uint_as_float(hi));
+}
+
+// tf32's layout and loads; fragments of hi and lo parts, each product three tf32 products.
+struct AtcTf32x3 : AtcTf32 {
+    struct FA {
+        unsigned h[4], l[4];
+    };
+    typedef FA FB;
+    __device__ static void pair(FA& f, int i0, int i1, const E* X, int r, int c) {
+        const float2 v = *reinterpret_cast<const float2*>(X + r * ELEMS + c);
+        tf32_split(v.x, f.h[i0], f.l[i0]);
+        tf32_split(v.y, f.h[i1], f.l[i1]);
+    }
+    __device__ static void a_rows(FA& a, const E* X, int r0, int k0) {
+        const int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
+        pair(a, 0, 2, X, r0 + g, k0 + 2 * i);
+        pair(a, 1, 3, X, r0 + g + 8, k0 + 2 * i);
+    }
+    __device__ static void b_rows(FB& b, const E* X, int n0, int k0) {
+        const int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
+        pair(b, 0, 1, X, n0 + g, k0 + 2 * i);
+        pair(b, 2, 3, X, n0 + 8 + g, k0 + 2 * i);
+    }
+    __device__ static void b_cols(FB& b, const E* X, int k0, int n0) {
+        const int lane = threadIdx.x & 31, g = lane >> 2, i = lane & 3;
+        const E* x = X + (k0 + 2 * i) * ELEMS + n0 + g;
+        tf32_split(x[0], b.h[0], b.l[0]);
+        tf32_split(x[ELEMS], b.h[1], b.l[1]);
+        tf32_split(x[8], b.h[2], b.l[2]);
+        tf32_split(x[ELEMS + 8], b.h[3], b.l[3]);
+    }
+    __device__ static void a_acc(FA& a, const float (&c)[ATC_NT][4], int kk) {
+        tf32_split(c[kk][0], a.h[0], a.l[0]);
+        tf32_split(c[kk][2], a.h[1], a.l[1]);
+        tf32_split(c[kk][1], a.h[2], a.l[2]);
+        tf32_split(c[kk][3], a.h[3], a.l[3]);
+    }
+    // Small terms first.
+    __device__ static void mma(float (&c)[4], const FA& a, const FB& b, int j) {
+        ATC_MMA("m16n8k8.row.col.f32.tf32.tf32.f32", c, a.l, b.h[2 * j], b.h[2 * j + 1]);
+        ATC_MMA("m16n8k8.row.col.f32.tf32.tf32.f32", c, a.h, b.l[2 * j], b.l[2 * j + 1]);
+        ATC_MMA("m16n8k8.row.col.f32.tf32.tf32.f32", c, a.h, b.h[2 * j], b.h[2 * j + 1]);
     }
 };
 
@@ -164,14 +225,14 @@ __device__ __forceinline__ void atc_scores(float (&c)[ATC_NT][4], const typename
     for (int n = 0; n < ATC_NT; ++n) c[n][0] = c[n][1] = c[n][2] = c[n][3] = 0.f;
 #pragma unroll
     for (int k0 = 0; k0 < ATC_D; k0 += P::KS) {
-        unsigned a[4];
+        typename P::FA a;
         P::a_rows(a, X, r0, k0);
 #pragma unroll
         for (int n = 0; n < ATC_NT / 2; ++n) {
-            unsigned b[4];
+            typename P::FB b;
             P::b_rows(b, Y, 16 * n, k0);
-            P::mma(c[2 * n], a, b[0], b[1]);
-            P::mma(c[2 * n + 1], a, b[2], b[3]);
+            P::mma(c[2 * n], a, b, 0);
+            P::mma(c[2 * n + 1], a, b, 1);
         }
     }
 }
@@ -182,14 +243,14 @@ __device__ __forceinline__ void atc_accumulate(float (&acc)[ATC_DT][4], const fl
                                                const typename P::E* Y) {
 #pragma unroll
     for (int kk = 0; kk < ATC_BN / P::KS; ++kk) {
-        unsigned a[4];
+        typename P::FA a;
         P::a_acc(a, c, kk);
 #pragma unroll
         for (int n = 0; n < ATC_DT / 2; ++n) {
-            unsigned b[4];
+            typename P::FB b;
             P::b_cols(b, Y, kk * P::KS, 16 * n);
-            P::mma(acc[2 * n], a, b[0], b[1]);
-            P::mma(acc[2 * n + 1], a, b[2], b[3]);
+            P::mma(acc[2 * n], a, b, 0);
+            P::mma(acc[2 * n + 1], a, b, 1);
         }
     }
 }
@@ -294,7 +355,8 @@ __device__ __forceinline__ long long atc_head(int bh, int T, int H) {
 template <class P>
 __device__ void atc_dkdv(const typename P::E* q, const typename P::E* k, const typename P::E* v,
                          const typename P::E* dy, const float4* stats, float* dk, float* dv, int T, int H,
-                         int window, float sl2, float scale) {
+                         int window, float sl2, float scale, const float* skip) {
+    if (skip && *skip != 0.f) return;
     const AtcTiles<P> sm(atc_smem);
     typename P::E *Ks = sm.R1, *Vs = sm.R2, *Qs = sm.C1, *Gs = sm.C2;
     float4* Ss = sm.S;
@@ -359,7 +421,8 @@ __device__ void atc_dkdv(const typename P::E* q, const typename P::E* k, const t
 template <class P>
 __device__ void atc_dq(const typename P::E* q, const typename P::E* k, const typename P::E* v,
                        const typename P::E* dy, const float4* stats, float* dq, int T, int H, int window, float sl2,
-                       float scale) {
+                       float scale, const float* skip) {
+    if (skip && *skip != 0.f) return;
     const AtcTiles<P> sm(atc_smem);
     typename P::E *Qs = sm.R1, *Gs = sm.R2, *Ks = sm.C1, *Vs = sm.C2;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATC_BM, bh = blockIdx.y;
@@ -410,14 +473,15 @@ __device__ void atc_dq(const typename P::E* q, const typename P::E* k, const typ
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(ATC_THREADS)                                                    \
         atc_dkdv_##S(const E* q, const E* k, const E* v, const E* dy, const float4* stats, float* dk, float* dv, \
-                     int T, int H, int window, float sl2, float scale) {                                         \
-        atc_dkdv<P>(q, k, v, dy, stats, dk, dv, T, H, window, sl2, scale);                                       \
+                     int T, int H, int window, float sl2, float scale, const float* skip) {                      \
+        atc_dkdv<P>(q, k, v, dy, stats, dk, dv, T, H, window, sl2, scale, skip);                                 \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(ATC_THREADS)                                                    \
         atc_dq_##S(const E* q, const E* k, const E* v, const E* dy, const float4* stats, float* dq, int T, int H, \
-                   int window, float sl2, float scale) {                                                         \
-        atc_dq<P>(q, k, v, dy, stats, dq, T, H, window, sl2, scale);                                             \
+                   int window, float sl2, float scale, const float* skip) {                                      \
+        atc_dq<P>(q, k, v, dy, stats, dq, T, H, window, sl2, scale, skip);                                       \
     }
 
 ATC_EXPORT(AtcBf16, mx_bf16, bf16)
 ATC_EXPORT(AtcTf32, float, tf32)
+ATC_EXPORT(AtcTf32x3, float, tf32x3)

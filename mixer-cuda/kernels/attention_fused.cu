@@ -529,7 +529,8 @@ __device__ __forceinline__ void att_mma_f32(float* const (&c)[ATT_WM], const u32
 template <bool SPLIT>
 __device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const float* __restrict__ k,
                                               const float* __restrict__ v, float* __restrict__ y, int T, int H,
-                                              int window, float scale_log2, float* __restrict__ stats, double scale) {
+                                              int window, float scale_log2, float* __restrict__ stats, double scale,
+                                              float* __restrict__ flag) {
     extern __shared__ __align__(16) float smf[];
     __shared__ int overflow;
     float* ks0 = smf;
@@ -631,6 +632,8 @@ __device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const
         if (__any_sync(0xffffffffu, !isfinite(seen)) && lane == 0) atomicExch(&overflow, 1);
         __syncthreads();
         if (overflow) {
+            // The rows' statistics are not written: flag says so to the backward (where given).
+            if (flag && threadIdx.x == 0) *flag = 1.f;
             const int r = q0 + threadIdx.x;
             if (threadIdx.x < ATT_BQ && r < T)
                 attn_row_f64<float>(q + off, k + off, v + off, y + off, tok, tok, ATT_D, ATT_D, r, window, scale);
@@ -644,13 +647,14 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_mma_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                   float* __restrict__ y, int B, int T, int H, int window, float scale_log2,
                   float* __restrict__ stats) {
-    attn_f32_body<false>(q, k, v, y, T, H, window, scale_log2, stats, 0.0);
+    attn_f32_body<false>(q, k, v, y, T, H, window, scale_log2, stats, 0.0, nullptr);
 }
 
-// The exact mode's kernel on f32 inputs (scale: σ in double, for rows computed again in double).
+// The exact mode's kernel on f32 inputs (scale: σ in double, for rows computed again in double;
+// flag: null, or set to 1 where a block computed its rows again and wrote no statistics).
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_mma_tf32x3(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                     float* __restrict__ y, int B, int T, int H, int window, float scale_log2,
-                    float* __restrict__ stats, double scale) {
-    attn_f32_body<true>(q, k, v, y, T, H, window, scale_log2, stats, scale);
+                    float* __restrict__ stats, double scale, float* __restrict__ flag) {
+    attn_f32_body<true>(q, k, v, y, T, H, window, scale_log2, stats, scale, flag);
 }

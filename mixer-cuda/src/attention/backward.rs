@@ -19,10 +19,13 @@
 //! `B_t` is 64 where `Dk, Dv ≤ 128` and the tiles fit in shared memory, else 32 or 16
 //! ([`tile`]); any `Dk, Dv ≤ 256`. Extra memory: `M` (`f64`), `ln ℓ` and `D`, `B·H·T` each.
 //!
-//! Precision: these are the exact mode's kernels. The `tf32` and `bf16` modes run the tensor-core
-//! kernels of [`super::backward_fused`] where its plan applies (`Dk = Dv ∈ {32, 64, 96, 128}`,
-//! `f32` inputs in tf32, bf16 in bf16, a positive scale), and these `f32` kernels elsewhere (bf16
-//! activations and `dy` converted on the device); the gradients are `f32`.
+//! Precision: every mode runs the tensor-core kernels of [`super::backward_fused`] where its plan
+//! applies (`Dk = Dv ∈ {32, 64, 96, 128}`, `f32` inputs in the exact and tf32 modes, bf16 in bf16,
+//! a positive scale; the exact mode's products split into three tf32 products), and these FMA
+//! kernels elsewhere (bf16 activations and `dy` converted on the device; `f64` inputs). In the
+//! exact mode they are also launched after the tensor-core kernels, into the same gradients, to
+//! run only where the forward found a `q·k` beyond f32's range ([`Fallback`]); the gradients are
+//! `f32` for `f32` and bf16 inputs.
 
 use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::attention::Attention;
@@ -90,6 +93,47 @@ pub fn run<F: GpuReal>(
     if let Some(out) = tensor_cores(a, x, dy, req, p)? {
         return Ok(out);
     }
+    run_fma::<F>(a, x, dy, req)
+}
+
+/// The FMA kernels' backward in any case (the tensor-core paths' reference in the GPU tests).
+pub fn run_fma<F: GpuReal>(
+    a: &Attention,
+    x: &DeviceTensors,
+    dy: &AnyDeviceTensor,
+    req: &Requires,
+) -> Result<DeviceTensors> {
+    fma::<F>(a, x, dy, req, Fallback::default())
+}
+
+/// The FMA kernels as the exact tensor-core backward's fallback: the gradient buffers that path
+/// wrote (or skipped), which these kernels write instead, and the device address of the flag
+/// they run on (`stats[4·B·H·T]` of [`super::backward_fused::run`], nonzero where the forward
+/// found a `q·k` beyond f32's range). The default: a plain run (own buffers, no flag).
+pub(crate) struct Fallback<F: cudarc::driver::DeviceRepr + 'static> {
+    /// Address of the flag (0: run unconditionally).
+    pub only_if: u64,
+    /// The buffers of `d_q`, `d_k`, `d_v` to write (where the caller has them).
+    pub q: Option<pool::Pooled<F>>,
+    pub k: Option<pool::Pooled<F>>,
+    pub v: Option<pool::Pooled<F>>,
+}
+
+impl<F: cudarc::driver::DeviceRepr + 'static> Default for Fallback<F> {
+    fn default() -> Self {
+        Fallback { only_if: 0, q: None, k: None, v: None }
+    }
+}
+
+/// The FMA kernels' backward (the module's doc), writing into `into`'s buffers where it has them
+/// and running only where its flag is set.
+pub(crate) fn fma<F: GpuReal>(
+    a: &Attention,
+    x: &DeviceTensors,
+    dy: &AnyDeviceTensor,
+    req: &Requires,
+    mut into: Fallback<F>,
+) -> Result<DeviceTensors> {
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let &[b, t, h, dk] = q.shape() else {
         return Err(Error::shape("q", "[B, T, H, Dk]", mixer_core::error::fmt_shape(q.shape())));
@@ -155,18 +199,19 @@ pub fn run<F: GpuReal>(
     if sm_stats > 48 << 10 {
         opt_in(FAMILY, &stats)?;
     }
+    let only_if = into.only_if;
     launch!(gpu, FAMILY, stats, cfg(sm_stats);
-        &qv, &kv, &vv, &gv, &mut *m, &mut *lnl, &mut *dd, &ti, &hi, &w, &scale)?;
+        &qv, &kv, &vv, &gv, &mut *m, &mut *lnl, &mut *dd, &ti, &hi, &w, &scale, &only_if)?;
     let sm = smem(bt, dk, dv, elem);
     if want_k || want_v {
         let dkdv = f("atb_dkdv")?;
         if sm > 48 << 10 {
             opt_in(FAMILY, &dkdv)?;
         }
-        let mut gk = pool::take::<F>(FAMILY, b * t * h * dk)?;
-        let mut gvv = pool::take::<F>(FAMILY, b * t * h * dv)?;
+        let mut gk = into.k.take().map_or_else(|| pool::take::<F>(FAMILY, b * t * h * dk), Ok)?;
+        let mut gvv = into.v.take().map_or_else(|| pool::take::<F>(FAMILY, b * t * h * dv), Ok)?;
         launch!(gpu, FAMILY, dkdv, cfg(sm);
-            &qv, &kv, &vv, &gv, &*m, &*lnl, &*dd, &mut *gk, &mut *gvv, &ti, &hi, &w, &scale)?;
+            &qv, &kv, &vv, &gv, &*m, &*lnl, &*dd, &mut *gk, &mut *gvv, &ti, &hi, &w, &scale, &only_if)?;
         if want_k {
             out.insert(grad_name("k"), F::wrap(DeviceTensor::from_pooled(gk, &[b, t, h, dk])?));
         }
@@ -179,9 +224,9 @@ pub fn run<F: GpuReal>(
         if sm > 48 << 10 {
             opt_in(FAMILY, &dqf)?;
         }
-        let mut gq = pool::take::<F>(FAMILY, b * t * h * dk)?;
+        let mut gq = into.q.take().map_or_else(|| pool::take::<F>(FAMILY, b * t * h * dk), Ok)?;
         launch!(gpu, FAMILY, dqf, cfg(sm);
-            &qv, &kv, &vv, &gv, &*m, &*lnl, &*dd, &mut *gq, &ti, &hi, &w, &scale)?;
+            &qv, &kv, &vv, &gv, &*m, &*lnl, &*dd, &mut *gq, &ti, &hi, &w, &scale, &only_if)?;
         out.insert(grad_name("q"), F::wrap(DeviceTensor::from_pooled(gq, &[b, t, h, dk])?));
     }
     Ok(out)
@@ -201,11 +246,7 @@ fn tensor_cores(
     let (Some(q), Some(k), Some(v)) = (x.get("q"), x.get("k"), x.get("v")) else { return Ok(None) };
     let (&[b, t, h, dk], &[.., dv]) = (q.shape(), v.shape()) else { return Ok(None) };
     let shape = [b, t, h, dk, dv];
-    if p == Precision::Exact
-        || k.shape() != q.shape()
-        || v.shape() != [b, t, h, dv]
-        || dy.shape() != v.shape()
-    {
+    if k.shape() != q.shape() || v.shape() != [b, t, h, dv] || dy.shape() != v.shape() {
         return Ok(None);
     }
     let storage = match [q, k, v, dy].map(AnyDeviceTensor::dtype) {

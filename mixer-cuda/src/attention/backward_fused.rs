@@ -90,25 +90,34 @@ pub fn smem(d: usize, bn: usize, p: Precision) -> (usize, usize) {
 
 /// The tensor-core backward for `shape = [B, T, H, Dk, Dv]` in mode `p` on activations stored as
 /// `storage`, with `limit` bytes of dynamic shared memory per block and `wgmma` where the device has
-/// Hopper's warpgroup MMA (for the forward's launch), or `None` where the exact kernels run: the
-/// exact mode, a storage other than the mode's (f32 for tf32, bf16 for bf16), sizes the forward's
-/// tensor-core kernels do not take ([`fused::plan`]), a negative scale (the statistics are a
-/// maximum of `λ u` for `λ ≥ 0`), tiles beyond `limit`, or nothing to compute.
+/// Hopper's warpgroup MMA (for the forward's launch), or `None` where the FMA kernels run: a
+/// storage other than the mode's (f32 for exact and tf32, bf16 for bf16), sizes the forward's
+/// tensor-core kernels do not take ([`fused::launch_plan`]; the exact mode at every head dim
+/// there, `D = 128` included), a negative scale (the statistics are a maximum of `λ u` for
+/// `λ ≥ 0`), tiles beyond `limit`, or nothing to compute. The exact mode's kernels are the
+/// `tf32x3` ones: tf32's, every product split into three tf32 products.
 #[rustfmt::skip]
 pub fn plan(a: &Attention, shape: [usize; 5], p: Precision, storage: Storage, limit: usize, wgmma: bool)
     -> Result<Option<BackwardPlan>> {
     let [b, t, h, d, _] = shape;
-    let mode_storage = matches!((p, storage), (Precision::Tf32, Storage::F32) | (Precision::Bf16, Storage::Bf16));
+    let mode_storage = matches!(
+        (p, storage),
+        (Precision::Exact | Precision::Tf32, Storage::F32) | (Precision::Bf16, Storage::Bf16)
+    );
     if !mode_storage || a.scale(d) < 0.0 {
         return Ok(None);
     }
-    let Some(forward) = fused::plan(a, shape, p, wgmma)? else { return Ok(None) };
+    let Some(forward) = fused::launch_plan(a, shape, p, wgmma)? else { return Ok(None) };
     let bn = columns(d);
     let (sm_dkdv, sm_dq) = smem(d, bn, p);
     if sm_dkdv.max(sm_dq) > limit {
         return Ok(None);
     }
-    let suffix = if p == Precision::Bf16 { "bf16" } else { "tf32" };
+    let suffix = match p {
+        Precision::Bf16 => "bf16",
+        Precision::Tf32 => "tf32",
+        Precision::Exact => "tf32x3",
+    };
     let options = vec![format!("-DATC_D={d}"), format!("-DATC_WARPS={WARPS}"), format!("-DATC_BN={bn}")];
     let tiles = int(FAMILY, "row tiles", t.div_ceil(BM))? as u32;
     let bh = int(FAMILY, "B·H", b * h)? as u32;
@@ -130,8 +139,11 @@ pub fn plan(a: &Attention, shape: [usize; 5], p: Precision, storage: Storage, li
     }))
 }
 
-/// Runs the plan `pl` (from [`plan`]) on `x` and `dy` (all bf16 for the bf16 kernels, f32 for tf32):
-/// `d_q`, `d_k`, `d_v` (those `req` asks for) as `f32`, nothing waited for.
+/// Runs the plan `pl` (from [`plan`]) on `x` and `dy` (all bf16 for the bf16 kernels, f32 for
+/// exact and tf32): `d_q`, `d_k`, `d_v` (those `req` asks for) as `f32`, nothing waited for. The
+/// exact mode's forward sets a flag after the statistics where some `q·k` is beyond f32's range;
+/// the tensor-core kernels then skip, and the FMA kernels, launched after them on the same
+/// buffers ([`super::backward::Fallback`]), run instead.
 pub fn run(
     a: &Attention,
     pl: &BackwardPlan,
@@ -143,7 +155,14 @@ pub fn run(
     let [b, t, h, d, _] = shape;
     let g = gpu()?;
     let rows = b * h * t;
-    let mut stats = pool::take::<f32>(FAMILY, 4 * rows)?;
+    let split = pl.forward.kernel == Kernel::MmaTf32x3;
+    // The statistics, and for the exact mode the overflow flag after them (zeroed here).
+    let mut stats = pool::take::<f32>(FAMILY, 4 * rows + usize::from(split))?;
+    if split {
+        g.stream()
+            .memset_zeros(&mut stats.slice_mut(4 * rows..4 * rows + 1))
+            .map_err(|e| err(FAMILY, format!("zeroing the overflow flag: {e}")))?;
+    }
     let y = fused::launch_with_stats(a, x, &pl.forward, shape, Some(&mut *stats))?;
     let f = |l: &Launch| {
         let func = g.kernel(FAMILY, &kernels::ATTENTION_BACKWARD_FUSED, &l.options, &l.function)?;
@@ -166,6 +185,15 @@ pub fn run(
     let mut gq = pool::take::<f32>(FAMILY, if want_q { n } else { 0 })?;
     let mut gk = pool::take::<f32>(FAMILY, if want_kv { n } else { 0 })?;
     let mut gv = pool::take::<f32>(FAMILY, if want_kv { n } else { 0 })?;
+    // The flag's address for the exact mode's kernels (0: none).
+    let flag = if split {
+        use cudarc::driver::DevicePtr;
+        let stream = g.stream();
+        let (p, _guard) = stats.device_ptr(&stream);
+        p + 16 * rows as u64
+    } else {
+        0
+    };
     // One argument list for both storages.
     macro_rules! steps {
         ($ty:ty) => {{
@@ -178,18 +206,32 @@ pub fn run(
             if want_kv {
                 let (func, cfg) = f(&pl.dkdv)?;
                 launch!(g, FAMILY, func, cfg;
-                    &qv, &kv, &vv, &dyv, &*stats, &mut *gk, &mut *gv, &ti, &hi, &w, &sl2, &sc)?;
+                    &qv, &kv, &vv, &dyv, &*stats, &mut *gk, &mut *gv, &ti, &hi, &w, &sl2, &sc, &flag)?;
             }
             if want_q {
                 let (func, cfg) = f(&pl.dq)?;
-                launch!(g, FAMILY, func, cfg; &qv, &kv, &vv, &dyv, &*stats, &mut *gq, &ti, &hi, &w, &sl2, &sc)?;
+                launch!(g, FAMILY, func, cfg;
+                    &qv, &kv, &vv, &dyv, &*stats, &mut *gq, &ti, &hi, &w, &sl2, &sc, &flag)?;
             }
         }};
     }
-    if pl.forward.kernel == Kernel::MmaTf32 {
+    if pl.forward.kernel == Kernel::MmaTf32 || split {
         steps!(f32);
     } else {
         steps!(bf16);
+    }
+    if split {
+        // The FMA kernels on the same buffers, running only where the flag is set; `stats` lives
+        // until they are enqueued (the pool orders its reuse after them).
+        let into = super::backward::Fallback {
+            only_if: flag,
+            q: want_q.then_some(gq),
+            k: want_kv.then_some(gk),
+            v: want_kv.then_some(gv),
+        };
+        let out = super::backward::fma::<f32>(a, x, dy, req, into);
+        drop(stats);
+        return out;
     }
     let mut out = DeviceTensors::new();
     let dims = [b, t, h, d];
@@ -217,25 +259,31 @@ mod tests {
         Attention::new("attention", AttentionConfig { window, scale }).unwrap()
     }
 
-    /// Tensor cores at Dk = Dv ∈ {32, 64, 96, 128} in the tf32 mode on f32 and the bf16 mode on bf16;
-    /// the exact kernels for the exact mode, another storage, other head dims, negative or huge
-    /// scales, and tiles that do not fit.
+    /// Tensor cores at Dk = Dv ∈ {32, 64, 96, 128} in the exact and tf32 modes on f32 and the bf16
+    /// mode on bf16 (the exact mode's forward step the split-tf32 kernel at 128 too); the FMA
+    /// kernels for another storage, other head dims, negative or huge scales, and tiles that do
+    /// not fit.
     #[test]
     fn the_plan_takes_the_forward_tensor_core_sizes() {
         let a = attention(None, Some(100));
         for d in [32, 64, 96, 128] {
-            for (p, s, suffix) in
-                [(Precision::Tf32, Storage::F32, "tf32"), (Precision::Bf16, Storage::Bf16, "bf16")]
-            {
+            for (p, s, suffix) in [
+                (Precision::Exact, Storage::F32, "tf32x3"),
+                (Precision::Tf32, Storage::F32, "tf32"),
+                (Precision::Bf16, Storage::Bf16, "bf16"),
+            ] {
                 let pl = plan(&a, [2, 1000, 3, d, d], p, s, H200, true).unwrap().unwrap();
                 assert_eq!(pl.dkdv.function, format!("atc_dkdv_{suffix}"), "{d} {p}");
                 assert_eq!(pl.dq.grid, [8, 6], "{d} {p}");
                 assert_eq!(pl.delta.grid, [750, 1], "{d} {p}");
                 assert!(pl.dq.options.contains(&format!("-DATC_D={d}")));
+                if p == Precision::Exact {
+                    assert_eq!(pl.forward.kernel, Kernel::MmaTf32x3, "{d}");
+                }
             }
         }
         for (shape, p, s) in [
-            ([1, 10, 1, 64, 64], Precision::Exact, Storage::F32),
+            ([1, 10, 1, 64, 64], Precision::Exact, Storage::F64),
             ([1, 10, 1, 64, 64], Precision::Tf32, Storage::F64),
             ([1, 10, 1, 64, 64], Precision::Bf16, Storage::F32),
             ([1, 10, 1, 70, 70], Precision::Tf32, Storage::F32),

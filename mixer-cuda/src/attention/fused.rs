@@ -99,9 +99,25 @@ pub fn shape(d: usize, wgmma: bool, split: bool) -> (usize, usize) {
 /// scales this small need the FMA kernel's overflow-free form in double). Shared memory: Q `[BQ, D]` and two stages of K
 /// and V `[BK, D]`, bf16; in tf32 two stages of K `[BK, D + 8]` and V `[BK, D + 4]` floats.
 pub fn plan(a: &Attention, shape_: [usize; 5], p: Precision, wgmma: bool) -> Result<Option<Plan>> {
+    let [.., d, dv] = shape_;
+    if p == Precision::Exact && !split_applies(d, dv) {
+        return Ok(None);
+    }
+    launch_plan(a, shape_, p, wgmma)
+}
+
+/// [`plan`] without the exact mode's head-dim rule ([`split_applies`]): the split-tf32 kernel
+/// wherever [`applies`] says, as the first step of the exact mode's tensor-core backward (at
+/// `D = 128` the forward alone runs the FMA kernel, faster there, but the backward needs this
+/// kernel's row statistics).
+pub(crate) fn launch_plan(
+    a: &Attention,
+    shape_: [usize; 5],
+    p: Precision,
+    wgmma: bool,
+) -> Result<Option<Plan>> {
     let [b, t, h, d, dv] = shape_;
-    let takes = if p == Precision::Exact { split_applies(d, dv) } else { applies(d, dv) };
-    if !takes || b * t * h == 0 {
+    if !applies(d, dv) || b * t * h == 0 {
         return Ok(None);
     }
     let scale_log2 = a.scale(d) * std::f64::consts::LOG2_E;
@@ -185,7 +201,9 @@ pub(crate) fn launch(
 
 /// [`launch`], also writing each row's softmax statistics `(m, log₂ ℓ)` into `stats`
 /// (`[B·H·T][4]` floats, entries 0 and 1; see `att_store` in `kernels/attention_fused.cu`) where
-/// given: the first step of the tensor-core backward ([`super::backward_fused`]).
+/// given: the first step of the tensor-core backward ([`super::backward_fused`]). The exact mode's
+/// kernel also sets the float after them, `stats[4·B·H·T]`, to 1 where a block's scores overflow
+/// (those rows are computed again in double and get no statistics); the caller zeroes it first.
 pub(crate) fn launch_with_stats(
     a: &Attention,
     x: &DeviceTensors,
@@ -212,9 +230,10 @@ pub(crate) fn launch_with_stats(
     let (q, k, v) = (input_any(x, "q")?, input_any(x, "k")?, input_any(x, "v")?);
     let n = b * t * h * d;
     let s = q.shape();
+    let split = pl.kernel == Kernel::MmaTf32x3;
     if let Some(st) = &stats {
         int(FAMILY, "B·H·T statistics", st.len() / 4)?;
-        if st.len() < 4 * b * h * t {
+        if st.len() < 4 * b * h * t + usize::from(split) {
             return Err(err(FAMILY, format!("internal: {} statistics for {} rows", st.len() / 4, b * h * t)));
         }
     }
@@ -240,10 +259,13 @@ pub(crate) fn launch_with_stats(
             let (q, k, v) = (q.typed::<f32>("q")?, k.typed::<f32>("k")?, v.typed::<f32>("v")?);
             let mut y = pool::take::<f32>(FAMILY, n)?;
             let (qv, kv, vv) = (q.view(), k.view(), v.view());
-            if pl.kernel == Kernel::MmaTf32x3 {
-                // σ in double, for the rows computed again in double where a score overflows.
+            if split {
+                // σ in double, for the rows computed again in double where a score overflows; the
+                // overflow flag after the statistics.
                 let scale = a.scale(d);
-                launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &scale)?;
+                let flag = if st_ptr == 0 { 0 } else { st_ptr + 16 * (b * h * t) as u64 };
+                launch!(g, FAMILY, f, cfg;
+                    &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &scale, &flag)?;
             } else {
                 launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr)?;
             }

@@ -182,16 +182,19 @@ fn backward_is_repeatable_bit_for_bit() {
 }
 
 /// Logits near and beyond the f32 range: f32 `q, k` of 2⁶³ (dot products beyond 3.4e38) and a
-/// scale of 1e308. The gradients are finite, and `d_v` keeps the identity
-/// `Σ_s d_v[s] = Σ_t dy[t]` (every softmax row sums to 1).
+/// scale of 1e308, at head dims 3, 4 (the FMA kernels) and 64 (in f32 the exact mode's tensor-core
+/// backward, whose forward finds the overflow and hands every gradient to the FMA kernels). The
+/// gradients are finite, and `d_v` keeps the identity `Σ_s d_v[s] = Σ_t dy[t]` (every softmax
+/// row sums to 1).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_backward_huge_logits_give_no_nan() {
     let Some(_turn) = common::gpu() else {
         return;
     };
-    let (b, t, h, dk, dv) = (2, 150, 2, 3, 4);
-    for (cfg, mag) in [(serde_json::json!({}), 2f64.powi(63)), (serde_json::json!({"scale": 1e308}), 1.0)] {
+    let cases = [(serde_json::json!({}), 2f64.powi(63)), (serde_json::json!({"scale": 1e308}), 1.0)];
+    for ((cfg, mag), (dk, dv)) in cases.iter().flat_map(|c| [(3, 4), (64, 64)].map(|d| (c, d))) {
+        let (b, t, h, mag) = (2, 150, 2, *mag);
         let m = mixer("attention", &cfg).unwrap();
         let s = Sizes { batch: b, seq: t, channels: 1, heads: h, dk, dv };
         let mut x = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 17).unwrap();
@@ -210,6 +213,45 @@ fn attention_backward_huge_logits_give_no_nan() {
             println!("GRAD attention huge logits {cfg} {}: Σ d_v vs Σ dy rel_rms={e:.3e}", dtype.name());
             assert!(e < 1e-4, "{cfg} {}: Σ d_v vs Σ dy {e:.3e}", dtype.name());
         }
+    }
+}
+
+/// The exact mode's tensor-core backward (split-tf32 products) against the FMA kernels on the same
+/// f32 inputs: at D = 64 and 128 (causal, T = 300; a window of 40, T = 129) every gradient agrees
+/// to the f32 tolerance, and the tensor-core path ran (its bits differ from the FMA kernels').
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_backward_exact_tensor_cores_match_the_fma_kernels() {
+    use mixer_cuda::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    for (t, d, cfg) in [(300, 64, serde_json::json!({})), (129, 128, serde_json::json!({"window": 40}))] {
+        let m = mixer("attention", &cfg).unwrap();
+        let a = mixer_core::mixers::attention::Attention::from_json("attention", &cfg).unwrap();
+        let s = Sizes { batch: 2, seq: t, channels: 1, heads: 3, dk: d, dv: d };
+        let x = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 5).unwrap();
+        let dy = cotangent(&[2, t, 3, d], 6);
+        let up = |a: &ArrayD<f64>| AnyDeviceTensor::F32(DeviceTensor::upload(&a.mapv(|v| v as f32)).unwrap());
+        let host = |g: &AnyDeviceTensor| g.typed::<f32>("g").unwrap().to_host().unwrap().mapv(f64::from);
+        let dev: DeviceTensors = x.iter().map(|(k, v)| (k.clone(), up(v))).collect();
+        let tc =
+            mixer_cuda::attention::backward::run::<f32>(&a, &dev, &up(&dy), &Requires::All, Precision::Exact)
+                .unwrap();
+        let fma =
+            mixer_cuda::attention::backward::run_fma::<f32>(&a, &dev, &up(&dy), &Requires::All).unwrap();
+        let mut differ = false;
+        for name in ["d_q", "d_k", "d_v"] {
+            let (p, q) = (host(&tc[name]), host(&fma[name]));
+            differ |= p.iter().zip(q.iter()).any(|(u, v)| u != v);
+            let e = rel(&p, &q, 0.0);
+            println!("GRAD attention exact tensor cores vs FMA {cfg} T={t} D={d} {name} rel_rms={e:.3e}");
+            assert!(e < 1e-5, "{cfg} T={t} D={d} {name}: {e:.3e}");
+        }
+        assert!(
+            differ,
+            "{cfg} T={t} D={d}: the tensor-core path did not run (bits equal to the FMA kernels')"
+        );
     }
 }
 
