@@ -195,7 +195,7 @@ fn attention_backward_huge_logits_give_no_nan() {
     let cases = [(serde_json::json!({}), 2f64.powi(63)), (serde_json::json!({"scale": 1e308}), 1.0)];
     for ((cfg, mag), (dk, dv)) in cases.iter().flat_map(|c| [(3, 4), (64, 64)].map(|d| (c, d))) {
         let (b, t, h, mag) = (2, 150, 2, *mag);
-        let m = mixer("attention", &cfg).unwrap();
+        let m = mixer("attention", cfg).unwrap();
         let s = Sizes { batch: b, seq: t, channels: 1, heads: h, dk, dv };
         let mut x = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 17).unwrap();
         for name in ["q", "k"] {
