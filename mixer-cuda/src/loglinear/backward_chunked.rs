@@ -241,8 +241,9 @@ mod plan_tests {
 #[cfg(test)]
 mod tests {
     //! The chunk recipe of the kernels, emulated on the host in f64 (one loop nest per kernel,
-    //! in the kernels' grouping of the products), against the CPU backward: fails if the
-    //! algebra of the backward (docs/math.md §2.7) is wrong.
+    //! in the kernels' grouping of the products), against the CPU backward, from zero and from a
+    //! state: fails if the algebra of the backward (docs/math.md §2.7, and §7.1 "The CUDA backward
+    //! from a state") is wrong.
     use mixer_core::mixer::downcast;
     use mixer_core::mixers::loglinear::LogLinear;
     use mixer_core::mixers::loglinear_state::STATE;

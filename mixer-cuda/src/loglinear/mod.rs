@@ -16,8 +16,8 @@
 //!   ([`sequential`]);
 //! - the `fast` backward ([`backward`]): linear attention and Mamba-2 by transposed runs of the
 //!   `fast` form on reversed sequences (`loglinear_backward.cu`), gated DeltaNet by reverse mode
-//!   through the WY/UT chunk form ([`backward_chunked`], `loglinear_backward_chunked.cu`); the
-//!   lifts' is not on CUDA yet;
+//!   through the WY/UT chunk form ([`backward_chunked`], `loglinear_backward_chunked.cu`); from a
+//!   state too ([`backward::run_from`], exact mode); the lifts' is not on CUDA yet;
 //! - `recurrent` ([`decoder`]): O(log T) device-resident level states per head (§2.5), one
 //!   kernel launch per token, a warp per (batch·head, state row).
 //!
