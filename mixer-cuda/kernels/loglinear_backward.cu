@@ -7,11 +7,17 @@
 //
 // Linear attention and Mamba-2 (transposed operators): the gradients are forward runs on
 // reversed sequences, joined by
-// - llb_reverse:   out[b, t, h, :] = x[b, T−1−t, h, :];
+// - llb_reverse:   out[b, t, h, :] = c · x[b, T−1−t, h, :] (c = σ for dy, else 1);
 // - llb_reverse_g: the reversed log-decays g'_0 = 0, g'_j = g_{T−j} (j ≥ 1), so that
 //                  G'_{T−1−s} − G'_{T−1−t} = G_t − G_s;
-// - llb_dg_*:      dG_t = q_t·dq_t − k_t·dk_t (a warp per token) and dg_i = Σ_{t ≥ i} dG_t
-//                  by a tiled suffix scan, dots and sums in f64 (below).
+// - llb_dg_*:      dG_t = q_t·dq_t − k_t·dk_t (+ ⟨S̄_T, S_T⟩ at t = T − 1 from a state) (a warp
+//                  per token) and dg_i = Σ_{t ≥ i} dG_t by a tiled suffix scan, dots and sums in
+//                  f64 (below).
+// From a state (docs/math.md §7.1, "The CUDA backward from a state"), two per-(b, h) state maps
+// [B·H, R, C]:
+// - llb_state_t:     out[bh, c, r] = x[bh, r, c] (S_0ᵀ and S̄_Tᵀ for the runs that read them);
+// - llb_state_decay: out[bh, :] = e^(g[b, 0, h]) · x[bh, :] (S̄_0 from the reversed run's final
+//                    state, which lacks the first token's decay).
 
 template <typename T> __device__ inline T llb_warp_sum(T x) {
 #pragma unroll
@@ -19,7 +25,7 @@ template <typename T> __device__ inline T llb_warp_sum(T x) {
     return x;
 }
 
-template <typename T> __device__ void llb_reverse(const T* x, T* out, int B, int Tn, int H, int D) {
+template <typename T> __device__ void llb_reverse(const T* x, T* out, int B, int Tn, int H, int D, T c) {
     const long long n = (long long)B * Tn * H * D;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long e = gtid(); e < n; e += stride) {
@@ -29,7 +35,7 @@ template <typename T> __device__ void llb_reverse(const T* x, T* out, int B, int
         const long long bt = row / H;
         const int t = (int)(bt % Tn);
         const long long b = bt / Tn;
-        out[e] = x[((b * Tn + (Tn - 1 - t)) * H + h) * D + d];
+        out[e] = c * x[((b * Tn + (Tn - 1 - t)) * H + h) * D + d];
     }
 }
 
@@ -49,30 +55,61 @@ template <typename T> __device__ void llb_reverse_g(const T* g, T* out, int B, i
 // launches, all in f64 and in a fixed order (the same bits every run). The scratch a [B·H, T]
 // (f64) holds dG, and s [B·H, NT] the sums of tiles of L tokens (NT = ⌈T/L⌉, L from the host):
 // - llb_dg_dot:  a warp per (b, t, h) row, grid-stride: lanes read the row's Dk entries
-//                coalesced (d = lane + 32 j), the warp sums them; a[bh, t] = dG_t;
+//                coalesced (d = lane + 32 j), the warp sums them; a[bh, t] = dG_t; with has_tail
+//                the row t = T − 1 adds ⟨S̄_T, S_T⟩ = Σ_{i < Dv, j < Dk} df[bh, i, j] · ft[bh, j, i]
+//                (df the final state's cotangent [B·H, Dv, Dk], ft the final state transposed
+//                [B·H, Dk, Dv]), lanes over the entries e = lane + 32 j, before the warp's sum;
 // - llb_dg_tile: a thread per (bh, tile): s[bh, c] = Σ over the tile's tokens, last to first;
 // - llb_dg_scan: a thread per bh: s[bh, c] ← Σ_{c' > c} s[bh, c'] (exclusive suffix sums, last
 //                tile to first);
 // - llb_dg_out:  a thread per (bh, tile): walks its tokens last to first from s[bh, c],
 //                dg[b, t, h] = s[bh, c] + Σ_{t ≤ t' < tile end} a[bh, t'] (one rounding to T).
 template <typename T>
-__device__ void llb_dg_dot(const T* q, const T* dq, const T* k, const T* dk, double* a, int B, int Tn, int H,
-                           int Dk) {
+__device__ void llb_dg_dot(const T* q, const T* dq, const T* k, const T* dk, const T* df, const T* ft, int has_tail,
+                           double* a, int B, int Tn, int H, int Dk, int Dv) {
     const long long rows = (long long)B * Tn * H;
     const long long warps = (long long)gridDim.x * (blockDim.x / 32);
     const int lane = threadIdx.x % 32;
     for (long long row = gtid() / 32; row < rows; row += warps) {  // row = (b·T + t)·H + h
         const long long base = row * Dk;
+        const int h = (int)(row % H);
+        const long long bt = row / H;
+        const long long t = bt % Tn, b = bt / Tn;
         double x = 0.0;
         for (int d = lane; d < Dk; d += 32)
             x += (double)q[base + d] * (double)dq[base + d] - (double)k[base + d] * (double)dk[base + d];
-        x = llb_warp_sum(x);
-        if (lane == 0) {
-            const int h = (int)(row % H);
-            const long long bt = row / H;
-            const long long t = bt % Tn, b = bt / Tn;
-            a[(b * H + h) * Tn + t] = x;
+        if (has_tail && t == Tn - 1) {
+            const long long n = (long long)Dk * Dv, s0 = (b * H + h) * n;
+            for (long long e = lane; e < n; e += 32) {
+                const long long i = e / Dk, j = e - i * Dk;
+                x += (double)df[s0 + e] * (double)ft[s0 + j * Dv + i];
+            }
         }
+        x = llb_warp_sum(x);
+        if (lane == 0) a[(b * H + h) * Tn + t] = x;
+    }
+}
+
+template <typename T> __device__ void llb_state_t(const T* x, T* out, int BH, int R, int C) {
+    const long long n = (long long)BH * R * C;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = gtid(); e < n; e += stride) {  // e = (bh·C + c)·R + r, the output's order
+        const long long m = e / R;
+        const int r = (int)(e - m * R);
+        const long long bh = m / C;
+        const int c = (int)(m - bh * C);
+        out[e] = x[(bh * R + r) * C + c];
+    }
+}
+
+template <typename T> __device__ void llb_state_decay(const T* x, const T* g, T* out, int B, int Tn, int H, int N) {
+    const long long n = (long long)B * H * N;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long e = gtid(); e < n; e += stride) {  // e = bh·N + i
+        const long long bh = e / N;
+        const long long b = bh / H;
+        const int h = (int)(bh - b * H);
+        out[e] = (T)mx_exp(g[b * Tn * H + h]) * x[e];
     }
 }
 
@@ -120,15 +157,23 @@ __device__ void llb_dg_out(const double* a, const double* s, T* dg, int BH, int 
 }
 
 #define LLB_EXPORT(T, S)                                                                                       \
-    extern "C" __global__ void llb_reverse_##S(const T* x, T* out, int B, int Tn, int H, int D) {             \
-        llb_reverse<T>(x, out, B, Tn, H, D);                                                                 \
+    extern "C" __global__ void llb_reverse_##S(const T* x, T* out, int B, int Tn, int H, int D, T c) {        \
+        llb_reverse<T>(x, out, B, Tn, H, D, c);                                                              \
     }                                                                                                        \
     extern "C" __global__ void llb_reverse_g_##S(const T* g, T* out, int B, int Tn, int H) {                  \
         llb_reverse_g<T>(g, out, B, Tn, H);                                                                  \
     }                                                                                                        \
-    extern "C" __global__ void llb_dg_dot_##S(const T* q, const T* dq, const T* k, const T* dk, double* a,     \
-                                              int B, int Tn, int H, int Dk) {                              \
-        llb_dg_dot<T>(q, dq, k, dk, a, B, Tn, H, Dk);                                                        \
+    extern "C" __global__ void llb_dg_dot_##S(const T* q, const T* dq, const T* k, const T* dk, const T* df,   \
+                                              const T* ft, int has_tail, double* a, int B, int Tn, int H,  \
+                                              int Dk, int Dv) {                                            \
+        llb_dg_dot<T>(q, dq, k, dk, df, ft, has_tail, a, B, Tn, H, Dk, Dv);                                  \
+    }                                                                                                        \
+    extern "C" __global__ void llb_state_t_##S(const T* x, T* out, int BH, int R, int C) {                     \
+        llb_state_t<T>(x, out, BH, R, C);                                                                    \
+    }                                                                                                        \
+    extern "C" __global__ void llb_state_decay_##S(const T* x, const T* g, T* out, int B, int Tn, int H,       \
+                                                   int N) {                                                \
+        llb_state_decay<T>(x, g, out, B, Tn, H, N);                                                          \
     }                                                                                                        \
     extern "C" __global__ void llb_dg_out_##S(const double* a, const double* s, T* dg, int BH, int Tn, int H,  \
                                               int L, int NT) {                                             \

@@ -4,10 +4,12 @@
 // of g, Γ_rs = e^(γ_r − γ_s), K̂ = diag(e^(γ_{n−1} − γ)) K, P = σ (QKᵀ ⊙ Γ) (lower, diagonal
 // included), Z the state entering the chunk (Dk × Dv) and X the adjoint of the state after it:
 // - lgb_pass_fwd: the forward state pass, chunk by chunk: U' = U − W Z (written over U) and Z
-//   stored per chunk (zs [B·H, NC, Dk, Dv]); Z ← e^(γ_{n−1}) Z + K̂ᵀ U';
+//   stored per chunk (zs [B·H, NC, Dk, Dv]); Z ← e^(γ_{n−1}) Z + K̂ᵀ U' (Z = S_0ᵀ before chunk 0
+//   from an initial state S_0, else 0);
 // - lgb_pre:      chunk-parallel, A = Pᵀ dY ([B,T,H,Dv]) and B = σ Qᵀ diag(e^γ) dY (into xs);
 // - lgb_pass_rev: the reverse pass from the last chunk: dU' = A + K̂ X (written over A), X stored
-//   over B once B is read; X ← e^(γ_{n−1}) X + B − Wᵀ dU' (X = 0 after the last chunk);
+//   over B once B is read; X ← e^(γ_{n−1}) X + B − Wᵀ dU' (X = S̄_Tᵀ after the last chunk with
+//   the final state's cotangent S̄_T, else 0; the X left after chunk 0 is S̄_0ᵀ);
 // - lgb_grad:     chunk-parallel, every input gradient of the chunk's tokens (below).
 // The passes share one body (lgb_pass, REV = the reverse pass): the state's columns are
 // independent, so a block takes LGB_NCOL of them for one batch·head. Every sum runs in a fixed
@@ -123,12 +125,14 @@ __device__ inline void lgb_pass_load(LgbStage<T> b, const T* W, const T* k, cons
 // there first), then
 //   forward: N = U − W S (stored over U), S ← e^(γ_{n−1}) S + Kᵀ (diag(τ) N);
 //   reverse: N = U + diag(τ) K S (stored over U), S ← e^(γ_{n−1}) S + B_j − Wᵀ N;
-// (τ applied to the rows of N, so that K is copied as it is). With stages = 2 the next chunk's W,
-// k, U and g are copied (cp.async) while this one computes. Dynamic shared memory (lgb_pass_smem
-// on the host): `stages` stage buffers (LgbStage), S [Dk][NCOL], N [CH][NCOL].
+// (τ applied to the rows of N, so that K is copied as it is). S starts as init[bh]ᵀ where has_init
+// (init [B·H, Dv, Dk], a state's layout: S_0 forward, S̄_T reverse), else 0; where has_out the S
+// left after the last step is written to out[bh]ᵀ (out [B·H, Dv, Dk]). With stages = 2 the next
+// chunk's W, k, U and g are copied (cp.async) while this one computes. Dynamic shared memory
+// (lgb_pass_smem on the host): `stages` stage buffers (LgbStage), S [Dk][NCOL], N [CH][NCOL].
 template <typename T, bool REV>
-__device__ void lgb_pass(const T* k, const T* g, const T* W, T* U, T* st, int Tn, int H, int Dk, int Dv, int NC,
-                         int stages) {
+__device__ void lgb_pass(const T* k, const T* g, const T* W, T* U, T* st, const T* init, int has_init, T* out,
+                         int has_out, int Tn, int H, int Dk, int Dv, int NC, int stages) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH, NCOL = LGB_NCOL, MAXE = 16;  // Dk·NCOL/256 ≤ 16 state entries a thread
     constexpr int NU = CH * NCOL / 256;                            // rows of N a thread
@@ -143,7 +147,10 @@ __device__ void lgb_pass(const T* k, const T* g, const T* W, T* U, T* st, int Tn
     // A thread's entries: rows r0 + 16 u of N and rows d = r0 + 16 u of S, all in column c, so that
     // each shared load feeds every one of its products; S entry e = tid + 256 u.
     const int c = tid % NCOL, r0 = (tid / NCOL) & 15, ents = Dk * NCOL;  // r0 < 16 (256 threads), known
-    for (int e = tid; e < ents; e += 256) S[e] = (T)0;
+    // S entry e is state row d = e / NCOL, column c0 + e % NCOL (e % NCOL = c for this thread's e).
+    const long long sbase = (long long)bh * Dv * Dk;
+    for (int e = tid; e < ents; e += 256)
+        S[e] = (has_init && c0 + c < Dv) ? init[sbase + (long long)(c0 + c) * Dk + e / NCOL] : (T)0;
     auto chunk = [&](int step) { return REV ? NC - 1 - step : step; };
     auto row_of = [&](int j) { return ((long long)b * Tn + (long long)j * CH) * H + h; };
     auto rows = [&](int j) { return min(CH, Tn - j * CH); };
@@ -223,6 +230,9 @@ __device__ void lgb_pass(const T* k, const T* g, const T* W, T* U, T* st, int Tn
         }
         __syncthreads();
     }
+    if (has_out)
+        for (int e = tid; e < ents; e += 256)
+            if (c0 + c < Dv) out[sbase + (long long)(c0 + c) * Dk + e / NCOL] = S[e];
 }
 
 // A = Pᵀ dY and B = σ Qᵀ diag(e^γ) dY of chunk blockIdx.x, batch·head blockIdx.y: A over rows
@@ -488,13 +498,15 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
 }
 
 #define LGB_EXPORT(T, S)                                                                                        \
-    extern "C" __global__ void lgb_pass_fwd_##S(const T* k, const T* g, const T* W, T* U, T* st, int Tn, int H,    \
-                                                int Dk, int Dv, int NC, int stages) {                          \
-        lgb_pass<T, false>(k, g, W, U, st, Tn, H, Dk, Dv, NC, stages);                                          \
+    extern "C" __global__ void lgb_pass_fwd_##S(const T* k, const T* g, const T* W, T* U, T* st, const T* init,    \
+                                                int has_init, T* out, int has_out, int Tn, int H, int Dk,     \
+                                                int Dv, int NC, int stages) {                                  \
+        lgb_pass<T, false>(k, g, W, U, st, init, has_init, out, has_out, Tn, H, Dk, Dv, NC, stages);            \
     }                                                                                                         \
-    extern "C" __global__ void lgb_pass_rev_##S(const T* k, const T* g, const T* W, T* U, T* st, int Tn, int H,    \
-                                                int Dk, int Dv, int NC, int stages) {                          \
-        lgb_pass<T, true>(k, g, W, U, st, Tn, H, Dk, Dv, NC, stages);                                           \
+    extern "C" __global__ void lgb_pass_rev_##S(const T* k, const T* g, const T* W, T* U, T* st, const T* init,    \
+                                                int has_init, T* out, int has_out, int Tn, int H, int Dk,     \
+                                                int Dv, int NC, int stages) {                                  \
+        lgb_pass<T, true>(k, g, W, U, st, init, has_init, out, has_out, Tn, H, Dk, Dv, NC, stages);             \
     }                                                                                                         \
     extern "C" __global__ void lgb_pre_##S(const T* q, const T* k, const T* g, const T* dy, T* A, T* bs, int Tn,   \
                                            int H, int Dk, int Dv, int NC, T scale) {                           \

@@ -18,7 +18,9 @@ use std::borrow::Cow;
 use mixer_core::mixer::{Decoder, Mixer};
 use mixer_core::precision::{ACTIVATIONS, round_bf16};
 use mixer_core::{Dims, Error, Form, Precision, Requires, Result, Tensors};
-use mixer_registry::{BackwardFn, DecoderFn, Family, FormFn, PreciseBackwardFn, PreciseFn, StateFn};
+use mixer_registry::{
+    BackwardFn, DecoderFn, Family, FormFn, PreciseBackwardFn, PreciseFn, StateBackwardFn, StateFn,
+};
 use ndarray::ArrayD;
 
 use crate::kernels;
@@ -42,6 +44,21 @@ pub type DeviceStateFn<M> =
 /// storage), nothing waited for. The same inputs give the same bits, run after run.
 pub type DeviceBackwardFn<M> =
     fn(&M, &DeviceTensors, &AnyDeviceTensor, &Requires, Precision) -> Result<DeviceTensors>;
+
+/// A device backward from a recurrent state ([`DeviceStateFn`]'s; docs/math.md §7): the
+/// inputs, the initial state (`None`: zeros), the output's cotangent `dy` and the final state's
+/// cotangent (`None`: zero), the states named as the mixer's state; returns `d_<input>` for every
+/// given input that `req` asks for and, with an initial state, its gradient (keyed as the state's
+/// tensors; empty without one), nothing waited for.
+pub type DeviceStateBackwardFn<M> = fn(
+    &M,
+    &DeviceTensors,
+    Option<&DeviceTensors>,
+    &AnyDeviceTensor,
+    Option<&DeviceTensors>,
+    &Requires,
+    Precision,
+) -> Result<(DeviceTensors, DeviceTensors)>;
 
 /// A decoder whose state lives on the device.
 pub trait DeviceDecoder: Send {
@@ -91,8 +108,13 @@ pub trait DeviceFamily<F: GpuReal>: Send + Sync + 'static {
     fn fast_from_state() -> Option<DeviceStateFn<Self::Mixer>> {
         None
     }
-    /// A configuration whose `form` cannot run from a state here although the family has that.
+    /// A configuration whose `form` cannot run from a state here although the family has that
+    /// (the forward from a state and its backward alike).
     fn state_unsupported(_m: &Self::Mixer, _form: Form) -> Option<String> {
+        None
+    }
+    /// The backward of the `fast` form from a state ([`DeviceFamily::fast_from_state`]'s), if any.
+    fn fast_backward_from_state() -> Option<DeviceStateBackwardFn<Self::Mixer>> {
         None
     }
     /// The launch plan of `form` at the sizes `dims` in mode `p`, as JSON
@@ -134,6 +156,12 @@ impl<F: GpuReal, T: DeviceFamily<F>> Family<F> for Hosted<T> {
     }
     fn state_unsupported(&self, m: &T::Mixer, form: Form) -> Option<String> {
         T::state_unsupported(m, form)
+    }
+    fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<T::Mixer, F>> {
+        (form == Form::Fast)
+            .then(T::fast_backward_from_state)
+            .flatten()
+            .map(|_| host_backward_from_state::<F, T> as StateBackwardFn<T::Mixer, F>)
     }
     fn backward(&self, form: Form) -> Option<BackwardFn<T::Mixer, F>> {
         (form == Form::Fast)
@@ -192,6 +220,30 @@ fn host_fast_from_state<F: GpuReal, T: DeviceFamily<F>>(
     let (y, fin) = f(m, &dev, s0.as_ref(), Precision::Exact)?;
     let fin = fin.iter().map(|(k, v)| Ok((k.clone(), download_as::<F>(v)?))).collect::<Result<_>>()?;
     Ok((download_as::<F>(&y)?, fin))
+}
+
+/// The `fast` backward from a state on host arrays: uploads the inputs, the initial state, `dy`
+/// and the final state's cotangent, runs the device backward (exact mode), reads the gradients
+/// and the initial state's gradient back.
+fn host_backward_from_state<F: GpuReal, T: DeviceFamily<F>>(
+    m: &T::Mixer,
+    x: &Tensors<F>,
+    initial: Option<&Tensors<F>>,
+    dy: &ArrayD<F>,
+    d_final: Option<&Tensors<F>>,
+    req: &Requires,
+) -> Result<(Tensors<F>, Tensors<F>)> {
+    let f = T::fast_backward_from_state()
+        .ok_or_else(|| err(m.family(), "internal: no fast backward from a state"))?;
+    let dev = upload_inputs(x, Precision::Exact)?;
+    let s0 = initial.map(|s| upload_inputs(s, Precision::Exact)).transpose()?;
+    let df = d_final.map(|s| upload_inputs(s, Precision::Exact)).transpose()?;
+    let d = upload_one(dy, false)?;
+    let (g, ds) = f(m, &dev, s0.as_ref(), &d, df.as_ref(), req, Precision::Exact)?;
+    let down = |t: &DeviceTensors| -> Result<Tensors<F>> {
+        t.iter().map(|(k, v)| Ok((k.clone(), download_as::<F>(v)?))).collect()
+    };
+    Ok((down(&g)?, down(&ds)?))
 }
 
 fn host_parallel<F: GpuReal, T: DeviceFamily<F>>(m: &T::Mixer, x: &Tensors<F>) -> Result<ArrayD<F>> {

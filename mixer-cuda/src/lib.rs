@@ -26,7 +26,7 @@
 //! | [`toeplitz`] | `fast` (cuFFT R2C/C2R, plans cached), `parallel` (direct), `recurrent` (online relaxed-FFT decoder, or naive; device state) | `toeplitz.cu` |
 //! | [`glr`] | `fast` (sparse recurrence, any pattern via a host table), `recurrent` (lattice cache on device) | `glr.cu` |
 //! | [`attention`] | `fast` (tiled online softmax, window; tensor cores in the `tf32`/`bf16` modes), `recurrent` (KV cache on device) | `attention.cu`, `attention_fused.cu` |
-//! | [`loglinear`] | `parallel` (generic quadratic, mask and λ device functions spliced in), `fast` (chunked, Fenwick structure), `recurrent` (device level states, Fenwick structure); the `fast` backward of the base mixers | `loglinear_*.cu` |
+//! | [`loglinear`] | `parallel` (generic quadratic, mask and λ device functions spliced in), `fast` (chunked, Fenwick structure), `recurrent` (device level states, Fenwick structure); the `fast` backward of the base mixers, from a state too | `loglinear_*.cu` |
 //!
 //! GPU tests live in `mixer-cuda/tests/all/`; they are `#[ignore]`d (so `cargo test` reports
 //! them as ignored, not passed) and run with `cargo test -p mixer-cuda -- --include-ignored`

@@ -213,17 +213,25 @@ pub fn backward_forms(m: &dyn Mixer, backend: &Backend) -> Vec<Form> {
 }
 
 /// `Ok` when `backend` has the backward of `form` of `m` from a state; otherwise the error that
-/// lists the forms that have one.
+/// lists the forms that have one and says why this one does not run (as [`available`] does).
 pub(crate) fn backward_available(m: &dyn Mixer, backend: &Backend, form: Form) -> Result<()> {
-    if backward_forms(m, backend).contains(&form) {
+    let have = backward_forms(m, backend);
+    if have.contains(&form) {
         return Ok(());
     }
-    let list = backward_forms(m, backend).iter().map(|f| f.name()).collect::<Vec<_>>().join(", ");
+    let why = why_not(m, backend, form).unwrap_or_else(|| {
+        format!(
+            "backend `{}` has no {form} backward from a state for the `{}` family",
+            backend.name(),
+            m.family()
+        )
+    });
+    let list = have.iter().map(|f| f.name()).collect::<Vec<_>>().join(", ");
     Err(Error::FormUnavailable {
         mixer: m.name().to_string(),
         form: format!("{} (backward from a state)", form.name()),
         backend: backend.name().into(),
-        available: if list.is_empty() { "none".into() } else { list },
+        available: format!("{} ({why})", if list.is_empty() { "none" } else { &list }),
     })
 }
 

@@ -14,19 +14,36 @@
 //!   sum, the exclusive suffix sums of the tile sums, and each tile walked from its suffix, every
 //!   sum in a fixed order (last token first).
 //!
-//! The forward is this backend's `fast` form ([`super::fast::run`]), in the call's mode (exact or
-//! tf32; the bf16 mode converts the activations and `dy` to f32 and runs the tf32 kernels). The
+//! The reversed runs take the scale `1` and `σ dy` (reversed and scaled in one kernel), so that a
+//! state enters them unscaled (below); the products are the same.
+//!
+//! **From a state** (docs/math.md §7.1, "The CUDA backward from a state"): with the initial state
+//! `S_0` and the final state's cotangent `S̄_T` (`None`: zero), `y_t` gains `σ e^{G_t} S_0 q_t` and
+//! `S_T = e^{G_{T−1}} S_0 + Σ_s e^{G_{T−1}−G_s} v_s k_sᵀ` is differentiated too, which makes each
+//! run above a run of the forward from a state ([`super::fast::run_from`]):
+//! - `dq` is the forward from `S_0ᵀ` (adds `σ e^{G_t} S_0ᵀ dy_t`); its final state is `S_Tᵀ`;
+//! - `dv` is the reversed forward from `S̄_T` (adds `e^{G_{T−1}−G_s} S̄_T k_s`), `dk` from `S̄_Tᵀ`
+//!   (adds `e^{G_{T−1}−G_s} S̄_Tᵀ v_s`);
+//! - `S̄_0 = σ Σ_t e^{G_t} dy_t q_tᵀ + e^{G_{T−1}} S̄_T` is `e^{g_0}` times the final state of the
+//!   reversed run for `dv` (the reversed decays lack `g_0`);
+//! - `dG_{T−1}` gains `⟨S̄_T, S_T⟩` (the `G_{T−1}` in `S_T`), so every `dg_i` does.
+//!
+//! A backward from a state runs in the exact mode whatever the mode asked (the forward from a
+//! state plans the exact kernels; [`run_from`]).
+//!
+//! The forward is this backend's `fast` form ([`super::fast::run_from`]), in the call's mode (exact
+//! or tf32; the bf16 mode converts the activations and `dy` to f32 and runs the tf32 kernels). The
 //! recipe ([`transposed`]) is written once over [`Transposes`]; the tests run it on the CPU too.
 //!
 //! **Gated DeltaNet** runs the chunked backward through the WY/UT form
-//! ([`super::backward_chunked`]).
+//! ([`super::backward_chunked`]), from a state by starting its two passes from `S_0ᵀ` and `S̄_Tᵀ`.
 
 use std::marker::PhantomData;
 
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
-use super::common::FAMILY;
+use super::common::{FAMILY, view_or_zero};
 use super::{backward_chunked, fast};
 use crate::forms::input;
 use crate::kernels;
@@ -49,9 +66,28 @@ pub fn run<F: GpuReal>(
     req: &Requires,
     p: Precision,
 ) -> Result<DeviceTensors> {
-    if let Some(why) = unsupported(ll) {
+    run_from::<F>(ll, x, None, dy, None, req, p).map(|(g, _)| g)
+}
+
+/// The backward of the `fast` form from the initial state `s0` with the final state's cotangent
+/// `d_final` (both `S [B, H, Dv, Dk]` as `F`; `None`: zero): `d_<input>` as [`run`] gives them and,
+/// with `s0`, the initial state's gradient `S̄_0 [B, H, Dv, Dk]` (module documentation). With
+/// either state it runs in the exact mode whatever `p` asks; the lifts are refused
+/// ([`unsupported`], [`fast::state_unsupported`]).
+pub fn run_from<F: GpuReal>(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    s0: Option<&DeviceTensor<F>>,
+    dy: &AnyDeviceTensor,
+    d_final: Option<&DeviceTensor<F>>,
+    req: &Requires,
+    p: Precision,
+) -> Result<(DeviceTensors, Option<DeviceTensor<F>>)> {
+    let stateful = s0.is_some() || d_final.is_some();
+    if let Some(why) = unsupported(ll).or_else(|| stateful.then(|| fast::state_unsupported(ll)).flatten()) {
         return Err(err(FAMILY, why));
     }
+    let p = if stateful { Precision::Exact } else { p };
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let dy_map: DeviceTensors = [("dy".to_string(), dy.clone())].into_iter().collect();
     let dy = input::<F>(&dy_map, "dy")?;
@@ -64,6 +100,13 @@ pub fn run<F: GpuReal>(
     {
         if got != want {
             return Err(Error::shape(name, format!("{want:?}"), format!("{got:?}")));
+        }
+    }
+    for (name, a) in [("S", s0), ("d_final_state.S", d_final)] {
+        if let Some(a) = a
+            && a.shape() != [b, h, dv, dk]
+        {
+            return Err(Error::shape(name, format!("{:?}", [b, h, dv, dk]), format!("{:?}", a.shape())));
         }
     }
     let g = if ll.base.has_decay() { Some(input::<F>(x, "g")?) } else { None };
@@ -83,7 +126,8 @@ pub fn run<F: GpuReal>(
         }
     };
     if b * t * h * dk * dv == 0 {
-        // y is identically zero (or empty): every gradient is zero.
+        // y is identically zero (or empty) and S_T = S_0 (T = 0, or a state without entries):
+        // every input gradient is zero, and S̄_0 = S̄_T.
         put("q", DeviceTensor::zeros(q.shape())?);
         put("k", DeviceTensor::zeros(k.shape())?);
         put("v", DeviceTensor::zeros(v.shape())?);
@@ -93,9 +137,14 @@ pub fn run<F: GpuReal>(
         if ll.base.has_beta() {
             put("beta", DeviceTensor::zeros(&[b, t, h])?);
         }
-        return Ok(out);
+        let ds0 = match (s0, d_final) {
+            (None, _) => None,
+            (Some(_), Some(d)) => Some(d.clone()),
+            (Some(_), None) => Some(DeviceTensor::zeros(&[b, h, dv, dk])?),
+        };
+        return Ok((out, ds0));
     }
-    match ll.base {
+    let ds0 = match ll.base {
         Base::LinearAttention | Base::Mamba2 => {
             // `d_g` is the reverse cumulative sum of `q·dq − k·dk`, a difference of nearly equal
             // sums (its total over the sequence is exactly 0), so the tf32 kernels' rounding of
@@ -107,27 +156,30 @@ pub fn run<F: GpuReal>(
                 if p == Precision::Exact || ll.base.has_decay() { Precision::Exact } else { Precision::Tf32 };
             let ops = OnDevice::<F> { ll, p: fp, _f: PhantomData };
             let want = Wants { q: wants("q"), k: wants("k"), v: wants("v"), g: g.is_some() && wants("g") };
-            let r = transposed(&ops, &q, &k, &v, g.as_deref(), &dy, want)?;
+            let r =
+                transposed(&ops, [&q, &k, &v, &dy], g.as_deref(), ll.scale, States { s0, d_final }, want)?;
             for (name, a) in [("q", r.dq), ("k", r.dk), ("v", r.dv), ("g", r.dg)] {
                 if let Some(a) = a {
                     put(name, a);
                 }
             }
+            r.ds0
         }
         Base::GatedDeltaNet => {
             let (Some(g), Some(beta)) = (g.as_deref(), beta.as_deref()) else {
                 return Err(err(FAMILY, "gated DeltaNet needs `g` and `beta`"));
             };
-            let [dq, dkk, dvv, db, dg] =
-                backward_chunked::delta(ll, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv])?;
+            let ([dq, dkk, dvv, db, dg], ds0) =
+                backward_chunked::delta(ll, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv], s0, d_final)?;
             put("q", dq);
             put("k", dkk);
             put("v", dvv);
             put("beta", db);
             put("g", dg);
+            ds0
         }
-    }
-    Ok(out)
+    };
+    Ok((out, ds0))
 }
 
 /// Which gradients the transposed-operator backward must produce.
@@ -140,60 +192,112 @@ pub(crate) struct Wants {
     pub g: bool,
 }
 
-/// The gradients the transposed-operator backward produced (`None`: not wanted).
+/// The states of a backward from a state: the initial state `S_0` and the final state's
+/// cotangent `S̄_T` (`[B, H, Dv, Dk]`; `None`: zero).
+pub(crate) struct States<'a, T> {
+    pub s0: Option<&'a T>,
+    pub d_final: Option<&'a T>,
+}
+
+impl<T> Clone for States<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for States<'_, T> {}
+
+/// The gradients the transposed-operator backward produced (`None`: not wanted), and the initial
+/// state's gradient (with an initial state).
 pub(crate) struct Transposed<T> {
     pub dq: Option<T>,
     pub dk: Option<T>,
     pub dv: Option<T>,
     pub dg: Option<T>,
+    pub ds0: Option<T>,
 }
 
-/// The operations [`transposed`] is written in: sequences `[B, T, H, D]`, decays `[B, T, H]`.
+/// The operations [`transposed`] is written in: sequences `[B, T, H, D]`, decays `[B, T, H]`,
+/// states `[B, H, R, C]`.
 pub(crate) trait Transposes {
     /// A tensor.
     type T;
-    /// `out[b, t] = x[b, T−1−t]`.
-    fn reverse(&self, x: &Self::T) -> Result<Self::T>;
+    /// `out[b, t] = c · x[b, T−1−t]`.
+    fn reverse(&self, x: &Self::T, c: f64) -> Result<Self::T>;
     /// The reversed log-decays: `g'[b, 0] = 0`, `g'[b, j] = g[b, T−j]` (j ≥ 1).
     fn reverse_decay(&self, g: &Self::T) -> Result<Self::T>;
-    /// The base mixer's forward `y_t = σ Σ_{s≤t} e^{G_t−G_s} (q_t·k_s) v_s` (no decay: `G = 0`).
-    fn forward(&self, q: &Self::T, k: &Self::T, v: &Self::T, g: Option<&Self::T>) -> Result<Self::T>;
-    /// `dg_i = Σ_{t≥i} (q_t·dq_t − k_t·dk_t)`.
-    fn decay_grad(&self, q: &Self::T, dq: &Self::T, k: &Self::T, dk: &Self::T) -> Result<Self::T>;
+    /// The base mixer's forward of `[q, k, v]` with scale `σ` from the state `s0` (`None`: zero),
+    /// `y_t = σ S_t q_t`, `S_t = e^{g_t} S_{t−1} + v_t k_tᵀ` (no decay: `g = 0`), and with
+    /// `want_final` its final state `S_T`.
+    fn forward(
+        &self,
+        qkv: [&Self::T; 3],
+        g: Option<&Self::T>,
+        sigma: f64,
+        s0: Option<&Self::T>,
+        want_final: bool,
+    ) -> Result<(Self::T, Option<Self::T>)>;
+    /// Each state transposed: `out[b, h] = s[b, h]ᵀ`.
+    fn transpose_state(&self, s: &Self::T) -> Result<Self::T>;
+    /// Each state times its first token's decay: `out[b, h] = e^{g[b, 0, h]} s[b, h]`.
+    fn decay_state(&self, s: &Self::T, g: &Self::T) -> Result<Self::T>;
+    /// `dg_i = Σ_{t≥i} dG_t`, `dG_t = q_t·dq_t − k_t·dk_t` from `[q, dq, k, dk]`, and with
+    /// `tail = (S̄_T, S_Tᵀ)` `dG_{T−1} += ⟨S̄_T, S_T⟩`.
+    fn decay_grad(&self, q_dq_k_dk: [&Self::T; 4], tail: Option<(&Self::T, &Self::T)>) -> Result<Self::T>;
 }
 
-/// The VJP of linear attention (`g = None`) or Mamba-2 by transposed operators (module
-/// documentation): one forward for `dq`, one reversed forward each for `dv` and `dk`, then `dg`.
+/// The VJP of linear attention (`g = None`) or Mamba-2 of scale `sigma` by transposed operators
+/// (module documentation), from `states`: one forward for `dq` (from `S_0ᵀ`), one reversed
+/// forward each for `dv` (from `S̄_T`; also run for `S̄_0` with an initial state) and `dk` (from
+/// `S̄_Tᵀ`), then `dg`.
 pub(crate) fn transposed<O: Transposes>(
     o: &O,
-    q: &O::T,
-    k: &O::T,
-    v: &O::T,
+    [q, k, v, dy]: [&O::T; 4],
     g: Option<&O::T>,
-    dy: &O::T,
+    sigma: f64,
+    states: States<'_, O::T>,
     want: Wants,
 ) -> Result<Transposed<O::T>> {
+    let States { s0, d_final } = states;
     let need_q = want.q || want.g;
     let need_k = want.k || want.g;
-    let dq = if need_q { Some(o.forward(dy, v, k, g)?) } else { None };
-    let (mut dk, mut dv) = (None, None);
-    if need_k || want.v {
+    // S_T (as S_Tᵀ, the dq run's final state) for dG_{T−1}'s ⟨S̄_T, S_T⟩.
+    let need_st = want.g && g.is_some() && d_final.is_some();
+    let (dq, st) = if need_q {
+        let s0t = s0.map(|s| o.transpose_state(s)).transpose()?;
+        let (dq, st) = o.forward([dy, v, k], g, sigma, s0t.as_ref(), need_st)?;
+        (Some(dq), st)
+    } else {
+        (None, None)
+    };
+    let (mut dk, mut dv, mut ds0) = (None, None, None);
+    if need_k || want.v || s0.is_some() {
         let gr = g.map(|g| o.reverse_decay(g)).transpose()?;
-        let (rq, rdy) = (o.reverse(q)?, o.reverse(dy)?);
-        if want.v {
-            let rk = o.reverse(k)?;
-            dv = Some(o.reverse(&o.forward(&rk, &rq, &rdy, gr.as_ref())?)?);
+        let (rq, rdy) = (o.reverse(q, 1.0)?, o.reverse(dy, sigma)?);
+        if want.v || s0.is_some() {
+            let rk = o.reverse(k, 1.0)?;
+            let (r, fin) = o.forward([&rk, &rq, &rdy], gr.as_ref(), 1.0, d_final, s0.is_some())?;
+            if want.v {
+                dv = Some(o.reverse(&r, 1.0)?);
+            }
+            ds0 = match (fin, g) {
+                (Some(f), Some(g)) => Some(o.decay_state(&f, g)?),
+                (f, None) => f,
+                (None, _) => None,
+            };
         }
         if need_k {
-            let rv = o.reverse(v)?;
-            dk = Some(o.reverse(&o.forward(&rv, &rdy, &rq, gr.as_ref())?)?);
+            let rv = o.reverse(v, 1.0)?;
+            let dft = d_final.map(|d| o.transpose_state(d)).transpose()?;
+            dk =
+                Some(o.reverse(&o.forward([&rv, &rdy, &rq], gr.as_ref(), 1.0, dft.as_ref(), false)?.0, 1.0)?);
         }
     }
     let dg = match (want.g, &dq, &dk) {
-        (true, Some(dq), Some(dk)) => Some(o.decay_grad(q, dq, k, dk)?),
+        (true, Some(dq), Some(dk)) => Some(o.decay_grad([q, dq, k, dk], d_final.zip(st.as_ref()))?),
         _ => None,
     };
-    Ok(Transposed { dq: if want.q { dq } else { None }, dk: if want.k { dk } else { None }, dv, dg })
+    Ok(Transposed { dq: if want.q { dq } else { None }, dk: if want.k { dk } else { None }, dv, dg, ds0 })
 }
 
 /// [`Transposes`] on device tensors: the `kernels/loglinear_backward.cu` reversals and the decay
@@ -218,13 +322,13 @@ fn bthd(s: &[usize]) -> Result<[i32; 4]> {
 impl<F: GpuReal> Transposes for OnDevice<'_, F> {
     type T = DeviceTensor<F>;
 
-    fn reverse(&self, x: &DeviceTensor<F>) -> Result<DeviceTensor<F>> {
+    fn reverse(&self, x: &DeviceTensor<F>, c: f64) -> Result<DeviceTensor<F>> {
         let [b, t, h, d] = bthd(x.shape())?;
         let mut out = pool::take::<F>(FAMILY, x.len())?;
         let g = gpu()?;
         let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_reverse_{}", F::SUFFIX))?;
-        let xv = x.view();
-        launch!(g, FAMILY, f, grid1(x.len().min(1 << 20), 256); &xv, &mut *out, &b, &t, &h, &d)?;
+        let (xv, c) = (x.view(), F::of(c));
+        launch!(g, FAMILY, f, grid1(x.len().min(1 << 20), 256); &xv, &mut *out, &b, &t, &h, &d, &c)?;
         DeviceTensor::from_pooled(out, x.shape())
     }
 
@@ -241,11 +345,12 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
 
     fn forward(
         &self,
-        q: &DeviceTensor<F>,
-        k: &DeviceTensor<F>,
-        v: &DeviceTensor<F>,
+        [q, k, v]: [&DeviceTensor<F>; 3],
         g: Option<&DeviceTensor<F>>,
-    ) -> Result<DeviceTensor<F>> {
+        sigma: f64,
+        s0: Option<&DeviceTensor<F>>,
+        want_final: bool,
+    ) -> Result<(DeviceTensor<F>, Option<DeviceTensor<F>>)> {
         let mut x: DeviceTensors = [("q", q), ("k", k), ("v", v)]
             .into_iter()
             .map(|(n, a)| (n.to_string(), F::wrap(a.clone())))
@@ -253,27 +358,75 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         if let Some(g) = g {
             x.insert("g".into(), F::wrap(g.clone()));
         }
-        let y = fast::run::<F>(self.ll, &x, self.p)?;
-        F::unwrap(&y).cloned().ok_or_else(|| {
+        let ll = if sigma == self.ll.scale {
+            std::borrow::Cow::Borrowed(self.ll)
+        } else {
+            std::borrow::Cow::Owned(LogLinear { scale: sigma, ..self.ll.clone() })
+        };
+        let (y, fin) = fast::run_from::<F>(&ll, &x, self.p, s0, want_final)?;
+        let y = F::unwrap(&y).cloned().ok_or_else(|| {
             err(
                 FAMILY,
                 format!("internal: the forward returned {} where {} was expected", y.dtype(), F::ELEM),
             )
-        })
+        })?;
+        Ok((y, fin))
+    }
+
+    fn transpose_state(&self, s: &DeviceTensor<F>) -> Result<DeviceTensor<F>> {
+        let &[b, h, r, c] = s.shape() else {
+            return Err(err(FAMILY, format!("internal: a state of shape {:?}", s.shape())));
+        };
+        let (bhi, ri, ci) = (int(FAMILY, "B·H", b * h)?, int(FAMILY, "rows", r)?, int(FAMILY, "columns", c)?);
+        let mut out = pool::take::<F>(FAMILY, s.len())?;
+        let g = gpu()?;
+        let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_state_t_{}", F::SUFFIX))?;
+        let sv = s.view();
+        launch!(g, FAMILY, f, grid1(s.len().min(1 << 20), 256); &sv, &mut *out, &bhi, &ri, &ci)?;
+        DeviceTensor::from_pooled(out, &[b, h, c, r])
+    }
+
+    fn decay_state(&self, s: &DeviceTensor<F>, gt: &DeviceTensor<F>) -> Result<DeviceTensor<F>> {
+        let [b, t, h, _] = bthd(gt.shape())?;
+        let (bh, n) = (gt.shape()[0] * gt.shape()[2], s.shape()[2..].iter().product::<usize>());
+        if s.shape()[..2] != [gt.shape()[0], gt.shape()[2]] {
+            return Err(err(
+                FAMILY,
+                format!("internal: a state {:?} for decays {:?}", s.shape(), gt.shape()),
+            ));
+        }
+        let ni = int(FAMILY, "state size", n)?;
+        let mut out = pool::take::<F>(FAMILY, s.len())?;
+        let g = gpu()?;
+        let f =
+            g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_state_decay_{}", F::SUFFIX))?;
+        let (sv, gv) = (s.view(), gt.view());
+        launch!(g, FAMILY, f, grid1((bh * n).min(1 << 20), 256); &sv, &gv, &mut *out, &b, &t, &h, &ni)?;
+        DeviceTensor::from_pooled(out, s.shape())
     }
 
     fn decay_grad(
         &self,
-        q: &DeviceTensor<F>,
-        dq: &DeviceTensor<F>,
-        k: &DeviceTensor<F>,
-        dk: &DeviceTensor<F>,
+        [q, dq, k, dk]: [&DeviceTensor<F>; 4],
+        tail: Option<(&DeviceTensor<F>, &DeviceTensor<F>)>,
     ) -> Result<DeviceTensor<F>> {
         let [b, t, h, d] = bthd(q.shape())?;
         let (bh, tn) = (q.shape()[0] * q.shape()[2], q.shape()[1]);
         let l = dg_tile(tn);
         let nt = tn.div_ceil(l);
         let (bhi, li, nti) = (int(FAMILY, "B·H", bh)?, int(FAMILY, "tile", l)?, int(FAMILY, "tiles", nt)?);
+        // The tail's states: S̄_T [B, H, Dv, Dk] and S_Tᵀ [B, H, Dk, Dv].
+        let dv = tail.map_or(0, |(df, _)| df.shape().get(2).copied().unwrap_or(0));
+        let (sb, sh, sk) = (q.shape()[0], q.shape()[2], q.shape()[3]);
+        if let Some((df, ft)) = tail
+            && (df.shape() != [sb, sh, dv, sk] || ft.shape() != [sb, sh, sk, dv])
+        {
+            return Err(err(FAMILY, format!("internal: tail states {:?} and {:?}", df.shape(), ft.shape())));
+        }
+        let zero = pool::zeros::<F>(FAMILY, 1)?;
+        let (dfv, has_tail) = view_or_zero(tail.map(|(d, _)| d), &zero);
+        let (ftv, _) = view_or_zero(tail.map(|(_, f)| f), &zero);
+        let dvi = int(FAMILY, "Dv", dv)?;
         let mut a = pool::take::<f64>(FAMILY, bh * tn)?;
         let mut s = pool::take::<f64>(FAMILY, bh * nt)?;
         let mut out = pool::take::<F>(FAMILY, bh * tn)?;
@@ -282,7 +435,7 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         let (qv, dqv, kv, dkv) = (q.view(), dq.view(), k.view(), dk.view());
         let f = kernel(&format!("llb_dg_dot_{}", F::SUFFIX))?;
         launch!(g, FAMILY, f, grid1((bh * tn * 32).min(1 << 22), 256);
-            &qv, &dqv, &kv, &dkv, &mut *a, &b, &t, &h, &d)?;
+            &qv, &dqv, &kv, &dkv, &dfv, &ftv, &has_tail, &mut *a, &b, &t, &h, &d, &dvi)?;
         let f = kernel("llb_dg_tile")?;
         launch!(g, FAMILY, f, grid1((bh * nt).min(1 << 20), 128); &*a, &mut *s, &bhi, &t, &li, &nti)?;
         let f = kernel("llb_dg_scan")?;
@@ -333,11 +486,14 @@ mod tests {
     //! the CPU's `fast` forward — against the CPU backward: fails if the reversal identities or
     //! the decay gradient are wrong.
     use super::*;
+    use mixer_core::Precision;
     use mixer_core::mixer::downcast;
-    use mixer_core::{AnyTensors, Form, Tensors};
+    use mixer_core::mixers::loglinear_state::STATE;
+    use mixer_core::{Form, Tensors};
     use mixer_cpu as _;
     use mixer_registry::Backend;
-    use ndarray::{ArrayD, Axis};
+    use mixer_registry::state::{backward_state, run_state};
+    use ndarray::{ArrayD, Axis, IxDyn, s};
 
     struct OnHost<'a> {
         m: &'a LogLinear,
@@ -345,8 +501,8 @@ mod tests {
 
     impl Transposes for OnHost<'_> {
         type T = ArrayD<f64>;
-        fn reverse(&self, x: &ArrayD<f64>) -> Result<ArrayD<f64>> {
-            let mut y = x.clone();
+        fn reverse(&self, x: &ArrayD<f64>, c: f64) -> Result<ArrayD<f64>> {
+            let mut y = x.mapv(|e| c * e);
             y.invert_axis(Axis(1));
             Ok(y.as_standard_layout().into_owned())
         }
@@ -360,27 +516,52 @@ mod tests {
         }
         fn forward(
             &self,
-            q: &ArrayD<f64>,
-            k: &ArrayD<f64>,
-            v: &ArrayD<f64>,
+            [q, k, v]: [&ArrayD<f64>; 3],
             g: Option<&ArrayD<f64>>,
-        ) -> Result<ArrayD<f64>> {
+            sigma: f64,
+            s0: Option<&ArrayD<f64>>,
+            want_final: bool,
+        ) -> Result<(ArrayD<f64>, Option<ArrayD<f64>>)> {
             let mut x: Tensors<f64> =
                 [("q", q), ("k", k), ("v", v)].into_iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
             if let Some(g) = g {
                 x.insert("g".into(), g.clone());
             }
             let cpu = Backend::by_name("cpu")?;
-            Ok(mixer_registry::run::run(self.m, &cpu, Form::Fast, &AnyTensors::F64(x))?.to_f64())
+            let m = LogLinear { scale: sigma, ..self.m.clone() };
+            let s0: Option<Tensors<f64>> = s0.map(|s| [(STATE.to_string(), s.clone())].into_iter().collect());
+            let (y, fin) = run_state(&m, &cpu, Form::Fast, &x, s0.as_ref(), Precision::Exact)?;
+            Ok((y, want_final.then(|| fin[STATE].clone())))
+        }
+        fn transpose_state(&self, s: &ArrayD<f64>) -> Result<ArrayD<f64>> {
+            Ok(s.view().permuted_axes(IxDyn(&[0, 1, 3, 2])).as_standard_layout().into_owned())
+        }
+        fn decay_state(&self, st: &ArrayD<f64>, g: &ArrayD<f64>) -> Result<ArrayD<f64>> {
+            let mut out = st.clone();
+            for b in 0..st.shape()[0] {
+                for h in 0..st.shape()[1] {
+                    let f = g[[b, 0, h]].exp();
+                    out.slice_mut(s![b, h, .., ..]).mapv_inplace(|x| f * x);
+                }
+            }
+            Ok(out)
         }
         fn decay_grad(
             &self,
-            q: &ArrayD<f64>,
-            dq: &ArrayD<f64>,
-            k: &ArrayD<f64>,
-            dk: &ArrayD<f64>,
+            [q, dq, k, dk]: [&ArrayD<f64>; 4],
+            tail: Option<(&ArrayD<f64>, &ArrayD<f64>)>,
         ) -> Result<ArrayD<f64>> {
             let mut d = (q * dq - k * dk).sum_axis(Axis(3));
+            if let Some((df, ft)) = tail {
+                let t = d.shape()[1];
+                let st = self.transpose_state(ft)?;
+                for b in 0..d.shape()[0] {
+                    for h in 0..d.shape()[2] {
+                        let dot = (&df.slice(s![b, h, .., ..]) * &st.slice(s![b, h, .., ..])).sum();
+                        d[[b, t - 1, h]] += dot;
+                    }
+                }
+            }
             for mut lane in d.lanes_mut(Axis(1)) {
                 let dg = suffix_by_tiles(&lane.to_vec());
                 lane.assign(&ndarray::ArrayView1::from(&dg));
@@ -449,7 +630,10 @@ mod tests {
                 let want = cpu_backward(boxed.as_ref(), &x, &dy);
                 let g = x.get("g");
                 let want_g = Wants { q: true, k: true, v: true, g: g.is_some() };
-                let got = transposed(&OnHost { m: ll }, &x["q"], &x["k"], &x["v"], g, &dy, want_g).unwrap();
+                let none = States { s0: None, d_final: None };
+                let xs = [&x["q"], &x["k"], &x["v"], &dy];
+                let got = transposed(&OnHost { m: ll }, xs, g, ll.scale, none, want_g).unwrap();
+                assert!(got.ds0.is_none(), "{name}: no initial state, no gradient of one");
                 let got = [("d_q", got.dq), ("d_k", got.dk), ("d_v", got.dv), ("d_g", got.dg)];
                 for (k, a) in got {
                     let Some(w) = want.get(k) else {
@@ -473,11 +657,66 @@ mod tests {
         let dims = [("B", 1), ("T", 9), ("H", 1), ("Dk", 2), ("Dv", 3)].into_iter().collect();
         let x = boxed.random_inputs(&dims, 3).unwrap();
         let dy = x["v"].clone();
+        let (xs, g, none) =
+            ([&x["q"], &x["k"], &x["v"], &dy], x.get("g"), States { s0: None, d_final: None });
         let want = Wants { q: false, k: false, v: true, g: false };
-        let r = transposed(&OnHost { m: ll }, &x["q"], &x["k"], &x["v"], x.get("g"), &dy, want).unwrap();
+        let r = transposed(&OnHost { m: ll }, xs, g, 1.0, none, want).unwrap();
         assert!(r.dv.is_some() && r.dq.is_none() && r.dk.is_none() && r.dg.is_none());
         let want = Wants { q: false, k: false, v: false, g: true };
-        let r = transposed(&OnHost { m: ll }, &x["q"], &x["k"], &x["v"], x.get("g"), &dy, want).unwrap();
+        let r = transposed(&OnHost { m: ll }, xs, g, 1.0, none, want).unwrap();
         assert!(r.dg.is_some() && r.dq.is_none() && r.dk.is_none() && r.dv.is_none());
+        // With an initial state its gradient comes back whatever else is wanted.
+        let s0 = boxed.random_state(&dims, 4).unwrap();
+        let want = Wants { q: false, k: true, v: false, g: false };
+        let r =
+            transposed(&OnHost { m: ll }, xs, g, 1.0, States { s0: Some(&s0[STATE]), d_final: None }, want)
+                .unwrap();
+        assert!(r.ds0.is_some() && r.dk.is_some() && r.dq.is_none() && r.dv.is_none() && r.dg.is_none());
+    }
+
+    /// The recipe from a state on the CPU against the CPU's backward from a state (every input
+    /// gradient and `S̄_0`), with and without an initial state and a final state's cotangent:
+    /// fails if a state term of docs/math.md §7.1 ("The CUDA backward from a state") is wrong.
+    #[test]
+    fn the_transposed_recipe_from_a_state_on_the_cpu_is_the_cpu_backward_from_a_state() {
+        let cpu = Backend::by_name("cpu").unwrap();
+        for name in ["linear-attention", "mamba2"] {
+            let boxed = mixer_registry::mixer(name, &serde_json::json!({"scale": 0.8})).unwrap();
+            let ll: &LogLinear = downcast(boxed.as_ref(), "test").unwrap();
+            for (b, t, h, dk, dv) in [(2, 37, 2, 5, 3), (1, 1, 1, 4, 6), (1, 70, 1, 3, 8)] {
+                let dims = [("B", b), ("T", t), ("H", h), ("Dk", dk), ("Dv", dv)].into_iter().collect();
+                let x = boxed.random_inputs(&dims, 7).unwrap();
+                let dy = x["v"].mapv(|e| (3.0 * e + 0.2).sin());
+                let s0 = boxed.random_state(&dims, 8).unwrap();
+                let df: Tensors<f64> =
+                    s0.iter().map(|(k, v)| (k.clone(), v.mapv(|e| (1.7 * e).cos()))).collect();
+                for (with_s0, with_df) in [(true, true), (true, false), (false, true)] {
+                    let (s0, df) = (with_s0.then_some(&s0), with_df.then_some(&df));
+                    let (want, want_ds) =
+                        backward_state(boxed.as_ref(), &cpu, Form::Fast, &x, s0, &dy, df, &Requires::All)
+                            .unwrap();
+                    let g = x.get("g");
+                    let wants = Wants { q: true, k: true, v: true, g: g.is_some() };
+                    let states = States { s0: s0.map(|s| &s[STATE]), d_final: df.map(|s| &s[STATE]) };
+                    let xs = [&x["q"], &x["k"], &x["v"], &dy];
+                    let got = transposed(&OnHost { m: ll }, xs, g, ll.scale, states, wants).unwrap();
+                    let label = format!("{name} {:?} S_0: {with_s0}, S̄_T: {with_df}", (b, t, h, dk, dv));
+                    assert_eq!(got.ds0.is_some(), with_s0, "{label}: S̄_0 iff an initial state");
+                    let got =
+                        [("d_q", got.dq), ("d_k", got.dk), ("d_v", got.dv), ("d_g", got.dg), ("S", got.ds0)];
+                    for (k, a) in got {
+                        let w = if k == "S" { want_ds.get(k) } else { want.get(k) };
+                        let Some(w) = w else {
+                            assert!(a.is_none(), "{label}: {k} should not be there");
+                            continue;
+                        };
+                        let (a, w) = (a.unwrap(), w.clone());
+                        let err =
+                            (&a - &w).mapv(|e| e * e).sum().sqrt() / w.mapv(|e| e * e).sum().sqrt().max(1.0);
+                        assert!(err < 1e-12, "{label} {k}: error {err:.3e}");
+                    }
+                }
+            }
+        }
     }
 }

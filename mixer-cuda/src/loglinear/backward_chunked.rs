@@ -20,6 +20,12 @@
 //!   (`dQ¹`, `dK²` the `Z`- and `X`-terms above); `dg` is its reverse cumulative sum inside the
 //!   chunk.
 //!
+//! From a state (docs/math.md §7.1, "The CUDA backward from a state"): the initial state `S_0`
+//! enters only as the state entering chunk 0 (`Z = S_0ᵀ`) and the final state's cotangent `S̄_T`
+//! only as the adjoint after the last chunk (`X = S̄_Tᵀ`), so the forward pass starts from `S_0ᵀ`,
+//! the reverse pass from `S̄_Tᵀ`, and the adjoint the reverse pass leaves after chunk 0 is `S̄_0ᵀ`;
+//! every chunk-local formula above holds as written.
+//!
 //! Five launches: the forward's WY step `llc_wy` (FMA, with `T⁻¹`), `lgb_pass_fwd` (the states
 //! entering the chunks and `U'`), `lgb_pre` (`Pᵀ dY` and `σ Qᵀ diag(e^γ) dY`, chunk-parallel),
 //! `lgb_pass_rev` (`X` per chunk and `dU'`), `lgb_grad` (chunk-parallel, every gradient). The
@@ -34,7 +40,7 @@
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Precision, Result};
 
-use super::common::{Elem, FAMILY, Launch, Shape, Step, check_sizes, fixed_dims, kernel_ints};
+use super::common::{Elem, FAMILY, Launch, Shape, Step, check_sizes, fixed_dims, kernel_ints, view_or_zero};
 use super::wy;
 use crate::kernels;
 use crate::pool;
@@ -109,13 +115,17 @@ pub(crate) fn launches(s: Shape, elem: Elem, smem: usize) -> Vec<Launch> {
 }
 
 /// Gated DeltaNet's chunked backward: `[dq, dk, dv, dβ, dg]` from `[q, k, v, g, β, dy]` of
-/// `[B, T, H, Dk, Dv]` (nothing empty), the same kernels in every mode. See the module
+/// `[B, T, H, Dk, Dv]` (nothing empty), the same kernels in every mode; from the initial state
+/// `s0` and with the final state's cotangent `d_final` (both `[B, H, Dv, Dk]`, checked by the
+/// caller; `None`: zero), and with `s0` also the initial state's gradient `S̄_0`. See the module
 /// documentation.
 pub(crate) fn delta<F: GpuReal>(
     ll: &LogLinear,
     [q, k, v, gt, beta, dy]: [&DeviceTensor<F>; 6],
     dims: [usize; 5],
-) -> Result<[DeviceTensor<F>; 5]> {
+    s0: Option<&DeviceTensor<F>>,
+    d_final: Option<&DeviceTensor<F>>,
+) -> Result<([DeviceTensor<F>; 5], Option<DeviceTensor<F>>)> {
     let s = Shape::new(dims);
     let [b, t, h, dk, dv] = dims;
     if dk > MAX_DK {
@@ -153,16 +163,28 @@ pub(crate) fn delta<F: GpuReal>(
     let mut tinv = pool::take::<F>(FAMILY, bh * nc * ch * ch)?;
     wy::run(l_wy, [&kv, &vv], (&gv, 1), &bv, [&mut w, &mut u], (&mut tinv, true), s)?;
     let g = gpu()?;
+    let zero = pool::zeros::<F>(FAMILY, 1)?;
+    let mut no_out = pool::take::<F>(FAMILY, 1)?;
+    let (s0v, has_s0) = view_or_zero(s0, &zero);
+    let (dfv, has_df) = view_or_zero(d_final, &zero);
     let mut zs = pool::take::<F>(FAMILY, bh * nc * dk * dv)?;
     let (f, cfg) = l_fwd.function()?;
-    launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *u, &mut *zs, &ti, &hi, &dki, &dvi, &nci, &stages)?;
+    launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *u, &mut *zs, &s0v, &has_s0, &mut *no_out, &0i32,
+        &ti, &hi, &dki, &dvi, &nci, &stages)?;
     let scale = F::of(ll.scale);
     let mut du = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let mut xs = pool::take::<F>(FAMILY, bh * nc * dk * dv)?;
     let (f, cfg) = l_pre.function()?;
     launch!(g, FAMILY, f, cfg; &qv, &kv, &gv, &dyv, &mut *du, &mut *xs, &ti, &hi, &dki, &dvi, &nci, &scale)?;
+    let mut ds0 = if s0.is_some() { Some(pool::take::<F>(FAMILY, bh * dv * dk)?) } else { None };
+    let has_ds0 = ds0.is_some() as i32;
+    let ds0_out = match ds0.as_mut() {
+        Some(d) => &mut **d,
+        None => &mut *no_out,
+    };
     let (f, cfg) = l_rev.function()?;
-    launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *du, &mut *xs, &ti, &hi, &dki, &dvi, &nci, &stages)?;
+    launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *du, &mut *xs, &dfv, &has_df, ds0_out, &has_ds0,
+        &ti, &hi, &dki, &dvi, &nci, &stages)?;
     drop(w);
     let mut d_q = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let mut d_k = pool::take::<F>(FAMILY, b * t * h * dk)?;
@@ -172,13 +194,14 @@ pub(crate) fn delta<F: GpuReal>(
     let (f, cfg) = l_grad.function()?;
     launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*tinv, &*zs, &*xs, &*u, &mut *du,
         &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale)?;
-    Ok([
+    let grads = [
         DeviceTensor::from_pooled(d_q, &[b, t, h, dk])?,
         DeviceTensor::from_pooled(d_k, &[b, t, h, dk])?,
         DeviceTensor::from_pooled(d_v, &[b, t, h, dv])?,
         DeviceTensor::from_pooled(d_b, &[b, t, h])?,
         DeviceTensor::from_pooled(d_g, &[b, t, h])?,
-    ])
+    ];
+    Ok((grads, ds0.map(|d| DeviceTensor::from_pooled(d, &[b, h, dv, dk])).transpose()?))
 }
 
 #[cfg(test)]
@@ -218,12 +241,15 @@ mod plan_tests {
 #[cfg(test)]
 mod tests {
     //! The chunk recipe of the kernels, emulated on the host in f64 (one loop nest per kernel,
-    //! in the kernels' grouping of the products), against the CPU backward: fails if the
-    //! algebra of the backward (docs/math.md §2.7) is wrong.
+    //! in the kernels' grouping of the products), against the CPU backward, from zero and from a
+    //! state: fails if the algebra of the backward (docs/math.md §2.7, and §7.1 "The CUDA backward
+    //! from a state") is wrong.
     use mixer_core::mixer::downcast;
     use mixer_core::mixers::loglinear::LogLinear;
+    use mixer_core::mixers::loglinear_state::STATE;
+    use mixer_core::{Form, Requires, Tensors};
     use mixer_cpu as _;
-    use ndarray::{Array2, ArrayD, Axis, s};
+    use ndarray::{Array2, ArrayD, Axis, IxDyn, s};
 
     /// One (batch, head)'s inputs: `q, k [T×Dk]`, `v, dy [T×Dv]`, `g, β [T]`.
     struct HeadIn {
@@ -283,14 +309,23 @@ mod tests {
         kh
     }
 
-    /// Gradients `dq, dk, dv, dg, dβ` of one head by the kernels' recipe with chunks of `ch`.
-    fn recipe(x: &HeadIn, sigma: f64, ch: usize) -> [Array2<f64>; 5] {
+    /// Gradients `dq, dk, dv, dg, dβ` of one head by the kernels' recipe with chunks of `ch`, from
+    /// the state `z0 = S_0ᵀ` and with the final state's adjoint `xt = S̄_Tᵀ` (`Dk × Dv`), and the
+    /// adjoint the reverse pass leaves after chunk 0 (`S̄_0ᵀ`).
+    fn recipe(
+        x: &HeadIn,
+        sigma: f64,
+        ch: usize,
+        z0: Array2<f64>,
+        xt: Array2<f64>,
+    ) -> ([Array2<f64>; 5], Array2<f64>) {
         let (t, dk, dv) = (x.q.nrows(), x.q.ncols(), x.v.ncols());
         let nc = t.div_ceil(ch);
         let span = |j: usize| (j * ch, ch.min(t - j * ch));
         let wys: Vec<Wy> = (0..nc).map(|j| wy(x, span(j).0, span(j).1)).collect();
         // lgb_pass forward: entering states Z_j and new values U' = U − W Z_j.
-        let mut z = Array2::<f64>::zeros((dk, dv));
+        assert_eq!((z0.dim(), xt.dim()), ((dk, dv), (dk, dv)));
+        let mut z = z0;
         let (mut zs, mut un) = (Vec::new(), Vec::new());
         for (j, c) in wys.iter().enumerate() {
             let (i0, n) = span(j);
@@ -318,7 +353,7 @@ mod tests {
             pre.push((p.t().dot(&dyc), qe.t().dot(&dyc)));
         }
         // lgb_pass reverse: X_j (the adjoint of the state after chunk j) and dU' = A + K̂ X_j.
-        let mut xa = Array2::<f64>::zeros((dk, dv));
+        let mut xa = xt;
         let mut xs = vec![Array2::<f64>::zeros((0, 0)); nc];
         let mut dun = vec![Array2::<f64>::zeros((0, 0)); nc];
         for j in (0..nc).rev() {
@@ -399,7 +434,24 @@ mod tests {
                 out[4][(i0 + r, 0)] = dbeta[r];
             }
         }
-        out
+        (out, xa)
+    }
+
+    /// The CPU's backward of gated DeltaNet from `s0` with `d_final` (`None`: the plain backward),
+    /// every input gradient and `S̄_0` (empty without `s0`).
+    fn cpu_grads(
+        m: &dyn mixer_core::mixer::Mixer,
+        x: &Tensors<f64>,
+        dy: &ArrayD<f64>,
+        s0: Option<&Tensors<f64>>,
+        d_final: Option<&Tensors<f64>>,
+    ) -> (Tensors<f64>, Tensors<f64>) {
+        if s0.is_none() && d_final.is_none() {
+            return (super::super::backward::cpu_backward(m, x, dy), Tensors::new());
+        }
+        let cpu = mixer_registry::Backend::by_name("cpu").unwrap();
+        mixer_registry::state::backward_state(m, &cpu, Form::Fast, x, s0, dy, d_final, &Requires::All)
+            .unwrap()
     }
 
     #[test]
@@ -427,38 +479,61 @@ mod tests {
                 }
             }
             let dy = x["v"].mapv(|e| (3.0 * e + 0.2).sin());
-            let want = super::super::backward::cpu_backward(boxed.as_ref(), &x, &dy);
-            let mut got: Vec<ArrayD<f64>> = ["d_q", "d_k", "d_v", "d_g", "d_beta"]
-                .iter()
-                .map(|k| ArrayD::zeros(want[*k].raw_dim()))
-                .collect();
-            for bi in 0..b {
-                for hi in 0..h {
-                    let seq = |a: &ArrayD<f64>| a.index_axis(Axis(0), bi).index_axis(Axis(1), hi).to_owned();
-                    let m2 = |a: &ArrayD<f64>| seq(a).into_dimensionality::<ndarray::Ix2>().unwrap();
-                    let v1 = |a: &ArrayD<f64>| seq(a).iter().copied().collect::<Vec<_>>();
-                    let hd = HeadIn {
-                        q: m2(&x["q"]),
-                        k: m2(&x["k"]),
-                        v: m2(&x["v"]),
-                        dy: m2(&dy),
-                        g: v1(&x["g"]),
-                        beta: v1(&x["beta"]),
-                    };
-                    let r = recipe(&hd, ll.scale, ch);
-                    for (o, a) in got.iter_mut().zip(&r) {
-                        let mut dst = o.index_axis_mut(Axis(0), bi);
-                        let mut dst = dst.index_axis_mut(Axis(1), hi);
-                        for (d, e) in dst.iter_mut().zip(a.iter()) {
-                            *d = *e;
+            let s0 = boxed.random_state(&dims, 8).unwrap();
+            let df: Tensors<f64> = s0.iter().map(|(k, v)| (k.clone(), v.mapv(|e| (1.7 * e).cos()))).collect();
+            // From zero (the plain backward), and from a state with and without a cotangent of the
+            // final state, and a cotangent of the final state alone.
+            for (with_s0, with_df) in [(false, false), (true, true), (true, false), (false, true)] {
+                let (s0, df) = (with_s0.then_some(&s0), with_df.then_some(&df));
+                let label = format!("{:?} chunk {ch} S_0: {with_s0}, S̄_T: {with_df}", (b, t, h, dk, dv));
+                let (want, want_ds) = cpu_grads(boxed.as_ref(), &x, &dy, s0, df);
+                let names = ["d_q", "d_k", "d_v", "d_g", "d_beta"];
+                let mut got: Vec<ArrayD<f64>> =
+                    names.iter().map(|k| ArrayD::zeros(want[*k].raw_dim())).collect();
+                let mut ds = ArrayD::<f64>::zeros(IxDyn(&[b, h, dv, dk]));
+                for bi in 0..b {
+                    for hi in 0..h {
+                        let seq =
+                            |a: &ArrayD<f64>| a.index_axis(Axis(0), bi).index_axis(Axis(1), hi).to_owned();
+                        let m2 = |a: &ArrayD<f64>| seq(a).into_dimensionality::<ndarray::Ix2>().unwrap();
+                        let v1 = |a: &ArrayD<f64>| seq(a).iter().copied().collect::<Vec<_>>();
+                        // A state's head `[Dv, Dk]`, transposed (`Dk × Dv`), or zeros.
+                        let head_t = |st: Option<&Tensors<f64>>| {
+                            st.map_or_else(
+                                || Array2::zeros((dk, dv)),
+                                |st| st[STATE].slice(s![bi, hi, .., ..]).t().to_owned(),
+                            )
+                        };
+                        let hd = HeadIn {
+                            q: m2(&x["q"]),
+                            k: m2(&x["k"]),
+                            v: m2(&x["v"]),
+                            dy: m2(&dy),
+                            g: v1(&x["g"]),
+                            beta: v1(&x["beta"]),
+                        };
+                        let (r, x0) = recipe(&hd, ll.scale, ch, head_t(s0), head_t(df));
+                        for (o, a) in got.iter_mut().zip(&r) {
+                            let mut dst = o.index_axis_mut(Axis(0), bi);
+                            let mut dst = dst.index_axis_mut(Axis(1), hi);
+                            for (d, e) in dst.iter_mut().zip(a.iter()) {
+                                *d = *e;
+                            }
                         }
+                        ds.slice_mut(s![bi, hi, .., ..]).assign(&x0.t());
                     }
                 }
-            }
-            for (k, a) in ["d_q", "d_k", "d_v", "d_g", "d_beta"].iter().zip(&got) {
-                let w = &want[*k];
-                let err = (a - w).mapv(|e| e * e).sum().sqrt() / w.mapv(|e| e * e).sum().sqrt().max(1.0);
-                assert!(err < 1e-10, "{:?} chunk {ch} {k}: error {err:.3e}", (b, t, h, dk, dv));
+                let err = |a: &ArrayD<f64>, w: &ArrayD<f64>| {
+                    (a - w).mapv(|e| e * e).sum().sqrt() / w.mapv(|e| e * e).sum().sqrt().max(1.0)
+                };
+                for (k, a) in names.iter().zip(&got) {
+                    let e = err(a, &want[*k]);
+                    assert!(e < 1e-10, "{label} {k}: error {e:.3e}");
+                }
+                if with_s0 {
+                    let e = err(&ds, &want_ds[STATE]);
+                    assert!(e < 1e-10, "{label} S̄_0: error {e:.3e}");
+                }
             }
         }
     }

@@ -16,8 +16,8 @@
 //!   ([`sequential`]);
 //! - the `fast` backward ([`backward`]): linear attention and Mamba-2 by transposed runs of the
 //!   `fast` form on reversed sequences (`loglinear_backward.cu`), gated DeltaNet by reverse mode
-//!   through the WY/UT chunk form ([`backward_chunked`], `loglinear_backward_chunked.cu`); the
-//!   lifts' is not on CUDA yet;
+//!   through the WY/UT chunk form ([`backward_chunked`], `loglinear_backward_chunked.cu`); from a
+//!   state too ([`backward::run_from`], exact mode); the lifts' is not on CUDA yet;
 //! - `recurrent` ([`decoder`]): O(log T) device-resident level states per head (§2.5), one
 //!   kernel launch per token, a warp per (batch·head, state row).
 //!
@@ -56,7 +56,9 @@ pub use state_pass::StatePass;
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Dims, Form, Precision, Result};
 
-use crate::forms::{DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateFn};
+use crate::forms::{
+    DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateBackwardFn, DeviceStateFn,
+};
 use crate::tensor::GpuReal;
 use mixer_core::mixers::loglinear_state::STATE;
 
@@ -106,6 +108,15 @@ impl<F: GpuReal> DeviceFamily<F> for LogLinearCuda {
     }
     fn state_unsupported(m: &LogLinear, _form: Form) -> Option<String> {
         fast::state_unsupported(m)
+    }
+    /// [`backward::run_from`] (exact mode whatever the mode asked).
+    fn fast_backward_from_state() -> Option<DeviceStateBackwardFn<LogLinear>> {
+        Some(|m, x, s0, dy, d_final, req, p| {
+            let s0 = s0.map(|s| crate::forms::input::<F>(s, STATE)).transpose()?;
+            let df = d_final.map(|s| crate::forms::input::<F>(s, STATE)).transpose()?;
+            let (g, ds) = backward::run_from::<F>(m, x, s0.as_deref(), dy, df.as_deref(), req, p)?;
+            Ok((g, ds.map(|d| (STATE.to_string(), F::wrap(d))).into_iter().collect()))
+        })
     }
     fn decoder() -> Option<DeviceDecoderFn<LogLinear, F>> {
         Some(|m, statics, dims| {
