@@ -564,23 +564,7 @@ impl Mixer for LogLinear {
             None => Ok(s),
         }
     }
-    fn state_oracle(
-        &self,
-        inputs: &Tensors<f64>,
-        initial: Option<&Tensors<f64>>,
-    ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
-        super::loglinear_state::oracle(self, inputs, initial)
-    }
-    fn state_oracle_vjp(
-        &self,
-        inputs: &Tensors<f64>,
-        initial: Option<&Tensors<f64>>,
-        dy: &ArrayD<f64>,
-        d_final: Option<&Tensors<f64>>,
-        requires: &crate::grad::Requires,
-    ) -> Result<(Tensors<f64>, Tensors<f64>)> {
-        super::loglinear_state::oracle_vjp(self, inputs, initial, dy, d_final, requires)
-    }
+    state_oracle!(loglinear_state);
     fn form_unsupported(&self, form: crate::Form) -> Option<String> {
         let needs_fenwick = matches!(form, crate::Form::Fast | crate::Form::Recurrent);
         (needs_fenwick && !self.has_fenwick_structure())
