@@ -120,15 +120,7 @@ fn gradients_reduce_to_the_base_mixer_when_lambda_is_one() {
 fn loglinear_backward_three_ways_over_many_chunks() {
     let cpu = vec![Backend::by_name("cpu").unwrap()];
     let (mut fast, mut failed) = (0, Vec::new());
-    let names = [
-        "linear-attention",
-        "mamba2",
-        "gated-deltanet",
-        "loglinear-attention",
-        "loglinear-mamba2",
-        "loglinear-gated-deltanet",
-    ];
-    for name in names {
+    for name in mixers::core::mixers::loglinear::MEMBERS {
         for chunk in [1, 4, 8] {
             let m =
                 mixers::registry::mixer(name, &serde_json::json!({"chunk": chunk, "scale": 0.7})).unwrap();

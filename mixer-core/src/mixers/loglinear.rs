@@ -45,6 +45,17 @@ use crate::real::Real;
 use crate::spec::{Bound, Constraint, Dim, Dims, DimsExt, Gen, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
+/// The registered names of the family's six members: the three base mixers (docs/math.md
+/// §2.1), then their Fenwick lifts `loglinear-*` (§2.3).
+pub const MEMBERS: [&str; 6] = [
+    "linear-attention",
+    "mamba2",
+    "gated-deltanet",
+    "loglinear-attention",
+    "loglinear-mamba2",
+    "loglinear-gated-deltanet",
+];
+
 /// The base mixer of a member of the family (docs/math.md §2.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
