@@ -13,6 +13,7 @@ use candle_core::{Device, Tensor, Var};
 use mixers::ndarray::{ArrayD, Ix3, Ix4};
 use mixers::ops::{self, Options};
 use mixers::prelude::{Form, Requires, Tensors};
+use mixers::registry::call::Target;
 use mixers::registry::{Backend, Sizes, call, grad_check::grad_inputs};
 
 const REPS: usize = 15;
@@ -65,19 +66,8 @@ fn main() -> candle_core::Result<()> {
                 .unwrap();
         });
         let lib_bwd = median(|| {
-            call::backward(
-                m.as_ref(),
-                &cpu,
-                Form::Fast,
-                &x,
-                None,
-                None,
-                &dy,
-                None,
-                &Requires::All,
-                Default::default(),
-            )
-            .unwrap();
+            let at = Target::new(m.as_ref(), &cpu, Form::Fast);
+            call::backward(at, &x, None, &dy, None, &Requires::All, Default::default()).unwrap();
         });
         let candle_bwd = median(|| {
             let y = mixers_candle::ops::gated_deltanet(

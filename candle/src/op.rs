@@ -21,6 +21,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor, WithDType};
 use mixer_core::mixer::Mixer;
 use mixer_core::{Form, Precision, Requires, Tensors};
+use mixer_registry::call::Target;
 use mixer_registry::{Backend, Scalar, call};
 
 use crate::error::{Error, lib};
@@ -87,16 +88,8 @@ impl MixerOp {
     fn forward<F: Scalar + WithDType>(&self, flat: &[F]) -> candle_core::Result<Vec<F>> {
         let (inputs, initial) = self.unpack_args(flat)?;
         let r = &self.run;
-        let (y, fin) = lib(call::forward(
-            self.mixer.as_ref(),
-            &r.backend,
-            r.form,
-            &inputs,
-            r.cu_seqlens.as_deref(),
-            initial.as_ref(),
-            self.with_state,
-            r.precision,
-        ))?;
+        let at = Target::new(self.mixer.as_ref(), &r.backend, r.form).packed(r.cu_seqlens.as_deref());
+        let (y, fin) = lib(call::forward(at, &inputs, initial.as_ref(), self.with_state, r.precision))?;
         let mut out_parts = fin.unwrap_or_default();
         out_parts.insert("y".into(), y);
         let mut out = Vec::with_capacity(self.output.len());
@@ -118,12 +111,10 @@ impl MixerOp {
         let r = &self.run;
         let m = self.mixer.as_ref();
         let form = lib(call::grad_form(m, r.backend.name(), None, r.form))?;
+        let at = Target::new(m, &r.backend, form).packed(r.cu_seqlens.as_deref());
         let (grads, d_initial) = lib(call::backward(
-            m,
-            &r.backend,
-            form,
+            at,
             &inputs,
-            r.cu_seqlens.as_deref(),
             initial.as_ref(),
             &dy,
             d_final.as_ref(),

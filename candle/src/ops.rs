@@ -15,20 +15,22 @@ use mixers::ops::Options;
 use crate::call::apply;
 use crate::error::lib;
 
-/// `pub fn $name(inputs…, opts) -> y`: the typed op of the builtin mixer `$mixer`.
+/// For each entry `$name = $mixer (inputs…);`, `pub fn $name(inputs…, opts) -> y`: the typed op
+/// of the builtin mixer `$mixer`.
 macro_rules! typed {
-    ($(#[$doc:meta])* $name:ident = $mixer:literal ($($input:ident),+)) => {
+    ($($(#[$doc:meta])* $name:ident = $mixer:literal ($($input:ident),+);)+) => {$(
         $(#[$doc])*
         pub fn $name($($input: &Tensor,)+ opts: &Options) -> candle_core::Result<Tensor> {
             let m = lib(mixers::ops::configured($mixer, opts))?;
             apply(m, &[$((stringify!($input), $input)),+], None, false, opts).map(|(y, _)| y)
         }
-    };
+    )+};
 }
 
-/// `pub fn $name(inputs…, initial_state, opts) -> (y, S_T)`: the run of `$mixer` from a state.
+/// For each entry `$name = $mixer (inputs…);`, `pub fn $name(inputs…, initial_state, opts) ->
+/// (y, S_T)`: the run of `$mixer` from a state.
 macro_rules! typed_state {
-    ($(#[$doc:meta])* $name:ident = $mixer:literal ($($input:ident),+)) => {
+    ($($(#[$doc:meta])* $name:ident = $mixer:literal ($($input:ident),+);)+) => {$(
         $(#[$doc])*
         pub fn $name(
             $($input: &Tensor,)+
@@ -45,51 +47,35 @@ macro_rules! typed_state {
             })?;
             Ok((y, s))
         }
-    };
+    )+};
 }
 
 typed! {
     /// Causal softmax attention: `y_t = Σ_{s ≤ t, t−s < w} softmax_s(σ q_t · k_s) v_s`
     /// (options `scale`, default `1/√Dk`, and `window`).
-    attention = "attention" (q, k, v)
-}
-typed! {
+    attention = "attention" (q, k, v);
     /// Linear attention: `y_t = σ Σ_{s ≤ t} (q_t · k_s) v_s` (options `scale`, default 1, and
     /// `chunk`).
-    linear_attention = "linear-attention" (q, k, v)
-}
-typed! {
+    linear_attention = "linear-attention" (q, k, v);
     /// Mamba-2 (SSD): `y_t = σ Σ_{s ≤ t} (q_t · k_s) e^(G_t − G_s) v_s`, `G_t = Σ_{r ≤ t} g_r`.
-    mamba2 = "mamba2" (q, k, v, g)
-}
-typed! {
+    mamba2 = "mamba2" (q, k, v, g);
     /// Gated DeltaNet: `S_t = e^(g_t) S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ`, `y_t = σ S_t q_t`.
-    gated_deltanet = "gated-deltanet" (q, k, v, g, beta)
-}
-typed! {
+    gated_deltanet = "gated-deltanet" (q, k, v, g, beta);
     /// Log-linear attention: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) (q_t · k_s) v_s` (options `mask`,
     /// default Fenwick, and `lambda`, the λ scheme, default identity).
-    loglinear_attention = "loglinear-attention" (q, k, v, lambda)
-}
-typed! {
+    loglinear_attention = "loglinear-attention" (q, k, v, lambda);
     /// Log-linear Mamba-2: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) (q_t · k_s) e^(G_t − G_s) v_s`.
-    loglinear_mamba2 = "loglinear-mamba2" (q, k, v, g, lambda)
-}
-typed! {
+    loglinear_mamba2 = "loglinear-mamba2" (q, k, v, g, lambda);
     /// Log-linear gated DeltaNet: gated DeltaNet's transitions, each Fenwick level's state
     /// read with the weight `λ_t^(ℓ)`.
-    loglinear_gated_deltanet = "loglinear-gated-deltanet" (q, k, v, g, beta, lambda)
+    loglinear_gated_deltanet = "loglinear-gated-deltanet" (q, k, v, g, beta, lambda);
 }
 typed_state! {
     /// [`linear_attention`] from the state `S_0 [B, H, Dv, Dk]` (`None`: zeros), returning
     /// `(y, S_T)`: `S_t = S_{t−1} + v_t k_tᵀ`, `y_t = σ S_t q_t`.
-    linear_attention_state = "linear-attention" (q, k, v)
-}
-typed_state! {
+    linear_attention_state = "linear-attention" (q, k, v);
     /// [`mamba2`] from a state, returning `(y, S_T)`: `S_t = e^(g_t) S_{t−1} + v_t k_tᵀ`.
-    mamba2_state = "mamba2" (q, k, v, g)
-}
-typed_state! {
+    mamba2_state = "mamba2" (q, k, v, g);
     /// [`gated_deltanet`] from a state, returning `(y, S_T)`.
-    gated_deltanet_state = "gated-deltanet" (q, k, v, g, beta)
+    gated_deltanet_state = "gated-deltanet" (q, k, v, g, beta);
 }

@@ -8,7 +8,7 @@ use mixer_core::{Error, Result};
 use mixer_registry::harness::{CheckRow, Sizes, check_with};
 use mixer_registry::{Backend, MIXERS, mixer_entry};
 
-use super::table::{check_row, markdown, sci};
+use super::table::{check_row, check_table, sci};
 
 /// Arguments of `mixers check`.
 #[derive(clap::Args, Debug)]
@@ -183,22 +183,7 @@ pub(crate) fn render(rows: &[CheckRow]) -> String {
             check_row(case, cells, r.error.as_deref(), r.pass)
         })
         .collect();
-    markdown(
-        &[
-            "mixer",
-            "config",
-            "backend",
-            "form",
-            "dtype",
-            "precision",
-            "T",
-            "rel RMS",
-            "max abs",
-            "ms",
-            "result",
-        ],
-        &body,
-    )
+    check_table(&["rel RMS", "max abs", "ms"], &body)
 }
 
 pub(crate) fn backends(name: Option<&str>) -> Result<Vec<Backend>> {

@@ -7,7 +7,7 @@ use mixer_core::Result;
 use mixer_registry::grad_check::{GradRow, check_grad_with};
 use mixer_registry::{Backend, Sizes};
 
-use super::table::{check_row, markdown, sci};
+use super::table::{check_row, check_table, sci};
 
 /// Checks the cases; a build failure is a failed row.
 fn rows(
@@ -56,22 +56,7 @@ fn render(rows: &[GradRow]) -> String {
             check_row(case, cells, r.error.as_deref(), r.pass)
         })
         .collect();
-    markdown(
-        &[
-            "mixer",
-            "config",
-            "backend",
-            "form",
-            "dtype",
-            "precision",
-            "T",
-            "gradient",
-            "rel err",
-            "max abs",
-            "result",
-        ],
-        &body,
-    )
+    check_table(&["gradient", "rel err", "max abs"], &body)
 }
 
 /// Runs the gradient checks, prints the table, writes JSON if asked; exit code 1 on failure.

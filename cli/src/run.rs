@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use mixer_core::{AnyTensors, Error, Form, Requires, Result, Tensor, Tensors};
 use mixer_registry::Backend;
+use mixer_registry::call::Target;
 
 /// Arguments of `mixers run`.
 #[derive(clap::Args, Debug)]
@@ -172,16 +173,8 @@ impl Job<'_> {
             return Err(mixer_core::state::no_state(m.name(), why));
         }
         let stateful = initial.is_some() || self.args.final_state || cu.is_some() && !names.is_empty();
-        let (y, fin) = mixer_registry::call::forward(
-            m,
-            backend,
-            self.form,
-            &x,
-            cu.as_deref(),
-            initial.as_ref(),
-            stateful,
-            self.precision,
-        )?;
+        let at = Target::new(m, backend, self.form).packed(cu.as_deref());
+        let (y, fin) = mixer_registry::call::forward(at, &x, initial.as_ref(), stateful, self.precision)?;
         let single = names.len() == 1;
         let mut out = vec![("y".to_string(), F::tag_one(y))];
         if let Some(f) = fin {
@@ -197,11 +190,8 @@ impl Job<'_> {
             }
         };
         let (grads, d_init) = mixer_registry::call::backward(
-            m,
-            backend,
-            gf,
+            Target { form: gf, ..at },
             &x,
-            cu.as_deref(),
             initial.as_ref(),
             &dy,
             d_final.as_ref(),

@@ -55,9 +55,18 @@ pub fn check_row<const N: usize>(
     case.iter().map(|c| c.to_string()).chain(cells).chain([result]).collect()
 }
 
+/// A check report as a Markdown table: the case's columns (mixer, config, backend, form, dtype),
+/// precision and `T`, the report's own columns `own`, then the result; `rows` from
+/// [`check_row`] with the precision and `T` as its first two cells.
+pub fn check_table(own: &[&str], rows: &[Vec<String>]) -> String {
+    let case = ["mixer", "config", "backend", "form", "dtype", "precision", "T"];
+    let headers: Vec<&str> = case.into_iter().chain(own.iter().copied()).chain(["result"]).collect();
+    markdown(&headers, rows)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::check_row;
+    use super::{check_row, check_table};
 
     #[test]
     fn check_rows_end_in_the_result() {
@@ -68,5 +77,19 @@ mod tests {
         );
         assert_eq!(check_row(case, [], None, false).last().unwrap(), "FAIL");
         assert_eq!(check_row(case, [], Some("build: nope"), true).last().unwrap(), "FAIL: build: nope");
+    }
+
+    #[test]
+    fn check_tables_put_their_own_columns_between_the_case_and_the_result() {
+        let row = check_row(
+            ["glr", "{}", "cpu", "fast", "f64"],
+            ["exact".into(), "8".into(), "1e-9".into()],
+            None,
+            true,
+        );
+        let table = check_table(&["rel RMS"], &[row]);
+        let head = table.lines().next().unwrap();
+        assert!(head.contains("| dtype | precision | T | rel RMS | result |"), "{head}");
+        assert!(table.lines().nth(2).unwrap().ends_with("| ok     |"), "{table}");
     }
 }

@@ -7,6 +7,8 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result, fmt_shape};
 use crate::materialize::{Block, Materialization};
+use crate::mixer::Mixer;
+use crate::tensor::{Tensors, get};
 
 /// Views `x` as `[B, T, M]` (trailing axes flattened).
 fn as3(x: &ArrayD<f64>) -> Result<ndarray::Array3<f64>> {
@@ -46,6 +48,12 @@ fn solve_block(blk: &Block, x: &ndarray::Array3<f64>, t_len: usize) -> Result<Ma
         );
     }
     Ok(r)
+}
+
+/// The dense `f64` output of `m` on `inputs`: its materialization solved against its mixed
+/// input ([`crate::spec::InputSpec::mixed`]), `Y = (I−B)⁻¹ A X`.
+pub fn dense(m: &dyn Mixer, inputs: &Tensors<f64>) -> Result<ArrayD<f64>> {
+    solve(&m.materialize(inputs)?, get(inputs, m.spec().mixed)?)
 }
 
 /// Solves the materialization against the mixed input `x` (shape `[B, T, …]`); the output has

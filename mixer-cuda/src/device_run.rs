@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
 use mixer_core::mixer::{Mixer, downcast};
-use mixer_core::spec::Constraint;
+use mixer_core::spec::{Constraint, InputSpec};
 use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Requires, Result, Tensors};
 use mixer_registry::{Backend, DeviceForms};
 
@@ -65,16 +65,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         if !checks {
             return run_erased::<T>(m, form, inputs, precision, double).map(|y| Box::new(y) as Box<dyn Any>);
         }
-        let mut checks = Vec::new();
-        for d in &spec.inputs {
-            let Some(t) = inputs.get(d.name) else { continue };
-            let (name, c) = (d.name.to_string(), d.constraint);
-            checks.push(check_any(t, constraint_code(c), move |i| Error::Value {
-                name: name.clone(),
-                constraint: c.describe().to_string(),
-                found: format!("a violation at flat index {i} (checked on the device)"),
-            })?);
-        }
+        let mut checks = input_checks(&spec, inputs)?;
         let y = run_erased::<T>(m, form, inputs, precision, double)?;
         let (name, form_name) = (m.name().to_string(), form.name());
         checks.push(check_any(&y, 0, move |i| {
@@ -134,16 +125,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         // The value checks of the inputs and of dy, on the device, reported with every gradient
         // (none when `checks` is false).
         let wanted = checks;
-        let mut checks = Vec::new();
-        for d in spec.inputs.iter().filter(|_| wanted) {
-            let Some(t) = inputs.get(d.name) else { continue };
-            let (name, c) = (d.name.to_string(), d.constraint);
-            checks.push(check_any(t, constraint_code(c), move |i| Error::Value {
-                name: name.clone(),
-                constraint: c.describe().to_string(),
-                found: format!("a violation at flat index {i} (checked on the device)"),
-            })?);
-        }
+        let mut checks = if wanted { input_checks(&spec, inputs)? } else { Vec::new() };
         if wanted {
             checks.push(check_any(dy, 0, |i| Error::Value {
                 name: "dy".into(),
@@ -288,6 +270,23 @@ fn check_values<T: DeviceScalar>(
         launch!(g, "tensor", f, grid1(n.min(1 << 20), 256); &tv, &ni, &code, d.flag())?;
     }
     Ok(Arc::new(d))
+}
+
+/// The device-side checks of the given inputs' value constraints (one kernel each, enqueued
+/// now and read with the result): an input breaking its constraint is reported with the flat
+/// index of a violation.
+fn input_checks(spec: &InputSpec, inputs: &DeviceTensors) -> Result<Vec<Arc<Deferred>>> {
+    let mut checks = Vec::new();
+    for d in &spec.inputs {
+        let Some(t) = inputs.get(d.name) else { continue };
+        let (name, c) = (d.name.to_string(), d.constraint);
+        checks.push(check_any(t, constraint_code(c), move |i| Error::Value {
+            name: name.clone(),
+            constraint: c.describe().to_string(),
+            found: format!("a violation at flat index {i} (checked on the device)"),
+        })?);
+    }
+    Ok(checks)
 }
 
 fn check_any(

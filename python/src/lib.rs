@@ -17,6 +17,7 @@
 use std::collections::BTreeMap;
 
 use mixer_core::{AnyTensors, Error, Form, Precision, Requires, Tensor, Tensors};
+use mixer_registry::call::Target;
 use mixer_registry::{Backend, Scalar};
 use ndarray::ArrayD;
 use numpy::{IntoPyArray, PyArrayDyn, PyArrayMethods, PyUntypedArrayMethods};
@@ -158,6 +159,11 @@ impl Call {
             cu_seqlens,
         })
     }
+
+    /// The registry's view of the call.
+    fn target(&self) -> Target<'_> {
+        Target::new(self.mixer.as_ref(), &self.backend, self.form).packed(self.cu_seqlens.as_deref())
+    }
 }
 
 /// Runs `form` of mixer `name` (JSON `config`) on `backend` over the named arrays `inputs`
@@ -198,18 +204,7 @@ fn forward_typed<'py, F: Scalar + numpy::Element>(
 ) -> PyResult<(Bound<'py, PyAny>, Option<Bound<'py, PyDict>>)> {
     let initial = typed::<F>("initial state", initial)?;
     let (y, fin) = py
-        .detach(|| {
-            mixer_registry::call::forward(
-                call.mixer.as_ref(),
-                &call.backend,
-                call.form,
-                &x,
-                call.cu_seqlens.as_deref(),
-                initial.as_ref(),
-                want_final,
-                precision,
-            )
-        })
+        .detach(|| mixer_registry::call::forward(call.target(), &x, initial.as_ref(), want_final, precision))
         .or_py()?;
     let fin = fin.map(|f| dict_of(py, f)).transpose()?;
     Ok((y.into_pyarray(py).into_any(), fin))
@@ -266,12 +261,10 @@ fn backward_typed<'py, F: Scalar + numpy::Element>(
     let d_final = typed::<F>("final state's cotangent", d_final)?;
     let (grads, d_init) = py
         .detach(|| {
+            let at = call.target();
             mixer_registry::call::backward(
-                call.mixer.as_ref(),
-                &call.backend,
-                call.form,
+                at,
                 &x,
-                call.cu_seqlens.as_deref(),
                 initial.as_ref(),
                 &dy,
                 d_final.as_ref(),

@@ -12,21 +12,43 @@ use crate::backend::Backend;
 use crate::family::Scalar;
 use crate::packed::{internal, untag_all};
 
-/// Runs `form` of `m` on `backend`: over the packed batch `cu_seqlens` when given, from the
-/// state `initial` (`None`: zeros) and returning the final state when `initial` is given or
-/// `want_final` is set, else the plain form. Returns `y` and the final state (`None` unless a
-/// state was asked for).
-#[allow(clippy::too_many_arguments)]
+/// What a call runs: the form `form` of the mixer `mixer` on `backend`, over the packed batch
+/// `cu_seqlens` when given (else one sequence per batch row).
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    /// The mixer.
+    pub mixer: &'a dyn Mixer,
+    /// The backend it runs on.
+    pub backend: &'a Backend,
+    /// The form (for [`backward`], the backward's form).
+    pub form: Form,
+    /// The packed batch's offsets ([`crate::packed`]), or `None`.
+    pub cu_seqlens: Option<&'a [usize]>,
+}
+
+impl<'a> Target<'a> {
+    /// `form` of `mixer` on `backend`, one sequence per batch row.
+    pub fn new(mixer: &'a dyn Mixer, backend: &'a Backend, form: Form) -> Self {
+        Target { mixer, backend, form, cu_seqlens: None }
+    }
+
+    /// The same call over the packed batch `cu_seqlens` (`None`: unpacked).
+    pub fn packed(self, cu_seqlens: Option<&'a [usize]>) -> Self {
+        Target { cu_seqlens, ..self }
+    }
+}
+
+/// Runs `at`: over its packed batch when it has one, from the state `initial` (`None`: zeros)
+/// and returning the final state when `initial` is given or `want_final` is set, else the plain
+/// form. Returns `y` and the final state (`None` unless a state was asked for).
 pub fn forward<F: Scalar>(
-    m: &dyn Mixer,
-    backend: &Backend,
-    form: Form,
+    at: Target<'_>,
     inputs: &Tensors<F>,
-    cu_seqlens: Option<&[usize]>,
     initial: Option<&Tensors<F>>,
     want_final: bool,
     precision: Precision,
 ) -> Result<(ArrayD<F>, Option<Tensors<F>>)> {
+    let Target { mixer: m, backend, form, cu_seqlens } = at;
     let stateful = initial.is_some() || want_final;
     match (cu_seqlens, stateful) {
         (Some(cu), _) => {
@@ -44,22 +66,20 @@ pub fn forward<F: Scalar>(
     }
 }
 
-/// The backward of [`forward`] (same `cu_seqlens` and `initial`): from the cotangent `dy` of
-/// `y` and `d_final` of the final state (`None`: zero), the gradients `d_<input>` of the inputs
-/// in `requires` and the gradient of the initial state (empty without an initial state).
-#[allow(clippy::too_many_arguments)]
+/// The backward of [`forward`] (the same target but for the backward's form, and the same
+/// `initial`): from the cotangent `dy` of `y` and `d_final` of the final state (`None`: zero),
+/// the gradients `d_<input>` of the inputs in `requires` and the gradient of the initial state
+/// (empty without an initial state).
 pub fn backward<F: Scalar>(
-    m: &dyn Mixer,
-    backend: &Backend,
-    form: Form,
+    at: Target<'_>,
     inputs: &Tensors<F>,
-    cu_seqlens: Option<&[usize]>,
     initial: Option<&Tensors<F>>,
     dy: &ArrayD<F>,
     d_final: Option<&Tensors<F>>,
     requires: &Requires,
     precision: Precision,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
+    let Target { mixer: m, backend, form, cu_seqlens } = at;
     let from_state = initial.is_some() || d_final.is_some();
     if precision != Precision::Exact && (cu_seqlens.is_some() || from_state) {
         return Err(Error::Io(format!(

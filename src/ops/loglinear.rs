@@ -7,7 +7,7 @@ use mixer_core::mixers::loglinear_state::STATE;
 use mixer_core::{Error, Mixer, Result, Tensors};
 use ndarray::{Array4, Array5, ArrayD, ArrayView2, ArrayView3, ArrayView4, IxDyn};
 
-use super::dispatch::{Stepper, build, forward_state, forward_states};
+use super::dispatch::{Named, Stepper, build, forward_state, forward_states};
 use super::options::Options;
 use super::scalar::Scalar;
 
@@ -31,7 +31,23 @@ pub(super) fn mixer(name: &str, lifted: bool, opts: &Options) -> Result<Box<dyn 
     build(name, &cfg)
 }
 
-super::typed_op! {
+/// The whole-sequence functions of the family's members, written by [`super::typed_op`]: each
+/// entry `pub fn $name(…) = ($member, $lifted);` runs the member `$member` (a Fenwick lift when
+/// `$lifted`) configured by [`mixer`] on the inputs listed.
+macro_rules! family_ops {
+    ($(
+        $(#[$doc:meta])*
+        pub fn $name:ident($($input:ident: $view:ident),+ $(,)?) = ($member:literal, $lifted:literal);
+    )+) => {$(
+        super::typed_op! {
+            $(#[$doc])*
+            pub fn $name($($input: $view),+);
+            mixer_for(opts) = mixer($member, $lifted, opts);
+        }
+    )+};
+}
+
+family_ops! {
     /// Linear attention: `y_t = σ Σ_{s ≤ t} (q_t · k_s) v_s`.
     ///
     /// Shapes: `q, k [B, T, H, Dk]`, `v [B, T, H, Dv]` → `y [B, T, H, Dv]`. Options and forms:
@@ -46,11 +62,8 @@ super::typed_op! {
     /// assert_eq!(y.as_slice().unwrap(), &[2.0, 4.0, 6.0]); // Σ_{s≤t} (q·k) = 2(t+1)
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub fn linear_attention(q: ArrayView4, k: ArrayView4, v: ArrayView4);
-    mixer_for(opts) = mixer("linear-attention", false, opts);
-}
+    pub fn linear_attention(q: ArrayView4, k: ArrayView4, v: ArrayView4) = ("linear-attention", false);
 
-super::typed_op! {
     /// Mamba-2 (SSD form): `y_t = σ Σ_{s ≤ t} (q_t · k_s) e^(G_t − G_s) v_s` with
     /// `G_t = Σ_{r ≤ t} g_r`.
     ///
@@ -67,11 +80,8 @@ super::typed_op! {
     /// assert!((y[[0, 1, 0, 0]] - 1.5).abs() < 1e-12); // 1 + ½
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub fn mamba2(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3);
-    mixer_for(opts) = mixer("mamba2", false, opts);
-}
+    pub fn mamba2(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3) = ("mamba2", false);
 
-super::typed_op! {
     /// Gated DeltaNet: `S_t = e^(g_t) S_{t−1}(I − β_t k_t k_tᵀ) + β_t v_t k_tᵀ`,
     /// `y_t = σ S_t q_t`.
     ///
@@ -90,11 +100,8 @@ super::typed_op! {
     /// assert!(y.iter().zip(v.iter()).all(|(a, b)| (a - b).abs() < 1e-6));
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub fn gated_deltanet(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, beta: ArrayView3);
-    mixer_for(opts) = mixer("gated-deltanet", false, opts);
-}
+    pub fn gated_deltanet(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, beta: ArrayView3) = ("gated-deltanet", false);
 
-super::typed_op! {
     /// Log-linear attention: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) (q_t · k_s) v_s`,
     /// with `ℓ` the level mask (Fenwick: `ℓ(t,s) = bitlen(t ⊕ s)`).
     ///
@@ -112,11 +119,8 @@ super::typed_op! {
     /// assert_eq!(y, ops::linear_attention(q.view(), q.view(), v.view(), &Options::default())?);
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub fn loglinear_attention(q: ArrayView4, k: ArrayView4, v: ArrayView4, lambda: ArrayView4);
-    mixer_for(opts) = mixer("loglinear-attention", true, opts);
-}
+    pub fn loglinear_attention(q: ArrayView4, k: ArrayView4, v: ArrayView4, lambda: ArrayView4) = ("loglinear-attention", true);
 
-super::typed_op! {
     /// Log-linear Mamba-2: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) (q_t · k_s) e^(G_t − G_s) v_s`.
     ///
     /// Shapes: as [`mamba2`] plus `lambda [B, T, H, L]`, `L ≥ L(T)`.
@@ -133,11 +137,8 @@ super::typed_op! {
     /// assert_eq!(y.as_slice().unwrap(), &[1.0, 1.0]);
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub fn loglinear_mamba2(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, lambda: ArrayView4);
-    mixer_for(opts) = mixer("loglinear-mamba2", true, opts);
-}
+    pub fn loglinear_mamba2(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, lambda: ArrayView4) = ("loglinear-mamba2", true);
 
-super::typed_op! {
     /// Log-linear gated DeltaNet: the gated delta rule acting on every level's state, inputs
     /// bucketed by level: `y_t = σ Σ_{s ≤ t} λ_t^(ℓ(t,s)) β_s (k_sᵀ Φ_{s+1..t} q_t) v_s`.
     ///
@@ -156,8 +157,7 @@ super::typed_op! {
     /// assert!(y.iter().zip(base.iter()).all(|(a, b)| (a - b).abs() < 1e-12)); // λ ≡ 1
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub fn loglinear_gated_deltanet(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, beta: ArrayView3, lambda: ArrayView4);
-    mixer_for(opts) = mixer("loglinear-gated-deltanet", true, opts);
+    pub fn loglinear_gated_deltanet(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, beta: ArrayView3, lambda: ArrayView4) = ("loglinear-gated-deltanet", true);
 }
 
 /// A decoder of a member of the family, for at most `max_len` tokens.
@@ -165,7 +165,28 @@ fn stepper<F: Scalar>(name: &str, lifted: bool, max_len: usize, opts: &Options) 
     Stepper::new(mixer(name, lifted, opts)?, opts, Vec::new(), max_len)
 }
 
-super::typed_decoder! {
+/// The decoders of the family's members, written by [`super::typed_decoder`]: each entry
+/// `pub struct $name for $op = ($member, $lifted); step(…);` is the decoder of the member
+/// `$member` (a Fenwick lift when `$lifted`) built by [`stepper`], with the options of `$op`,
+/// and whose `step` takes the token inputs listed.
+macro_rules! family_decoders {
+    ($(
+        $(#[$doc:meta])*
+        pub struct $name:ident for $op:ident = ($member:literal, $lifted:literal);
+        step($($input:ident: $view:ident),+ $(,)?);
+    )+) => {$(
+        super::typed_decoder! {
+            $(#[$doc])*
+            pub struct $name;
+            #[doc = concat!("A decoder for at most `max_len` tokens (options as for [`", stringify!($op), "`]).")]
+            new(max_len, opts) = stepper($member, $lifted, max_len, opts);
+            /// Consumes one token; returns `y_t [B, H, Dv]`.
+            step($($input: $view),+);
+        }
+    )+};
+}
+
+family_decoders! {
     /// Token-by-token [`linear_attention`]: one `Dk × Dv` state per head.
     ///
     /// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]` and returns
@@ -180,14 +201,9 @@ super::typed_decoder! {
     /// assert_eq!(dec.step(x.view(), x.view(), x.view())?[[0, 0, 0]], 2.0);
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub struct LinearAttentionDecoder;
-    /// A decoder for at most `max_len` tokens (options as for [`linear_attention`]).
-    new(max_len, opts) = stepper("linear-attention", false, max_len, opts);
-    /// Consumes one token; returns `y_t [B, H, Dv]`.
+    pub struct LinearAttentionDecoder for linear_attention = ("linear-attention", false);
     step(q: ArrayView3, k: ArrayView3, v: ArrayView3);
-}
 
-super::typed_decoder! {
     /// Token-by-token [`mamba2`]: one decayed `Dk × Dv` state per head.
     ///
     /// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `g_t [B, H]` and
@@ -202,14 +218,9 @@ super::typed_decoder! {
     /// assert!((dec.step(x.view(), x.view(), x.view(), g.view())?[[0, 0, 0]] - 1.5).abs() < 1e-12);
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub struct Mamba2Decoder;
-    /// A decoder for at most `max_len` tokens (options as for [`mamba2`]).
-    new(max_len, opts) = stepper("mamba2", false, max_len, opts);
-    /// Consumes one token; returns `y_t [B, H, Dv]`.
+    pub struct Mamba2Decoder for mamba2 = ("mamba2", false);
     step(q: ArrayView3, k: ArrayView3, v: ArrayView3, g: ArrayView2);
-}
 
-super::typed_decoder! {
     /// Token-by-token [`gated_deltanet`]: one `Dk × Dv` state per head.
     ///
     /// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `g_t, beta_t [B, H]`
@@ -224,14 +235,9 @@ super::typed_decoder! {
     /// assert_eq!(dec.step(k.view(), k.view(), v.view(), g.view(), beta.view())?, v); // β = 1: y = v
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub struct GatedDeltaNetDecoder;
-    /// A decoder for at most `max_len` tokens (options as for [`gated_deltanet`]).
-    new(max_len, opts) = stepper("gated-deltanet", false, max_len, opts);
-    /// Consumes one token; returns `y_t [B, H, Dv]`.
+    pub struct GatedDeltaNetDecoder for gated_deltanet = ("gated-deltanet", false);
     step(q: ArrayView3, k: ArrayView3, v: ArrayView3, g: ArrayView2, beta: ArrayView2);
-}
 
-super::typed_decoder! {
     /// Token-by-token [`loglinear_attention`]: O(log T) level states per head.
     ///
     /// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `lambda_t [B, H, L]`
@@ -248,14 +254,9 @@ super::typed_decoder! {
     /// assert!(dec.cache_elems() <= 8); // one 1×1 state per non-empty level
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub struct LogLinearAttentionDecoder;
-    /// A decoder for at most `max_len` tokens (options as for [`loglinear_attention`]).
-    new(max_len, opts) = stepper("loglinear-attention", true, max_len, opts);
-    /// Consumes one token; returns `y_t [B, H, Dv]`.
+    pub struct LogLinearAttentionDecoder for loglinear_attention = ("loglinear-attention", true);
     step(q: ArrayView3, k: ArrayView3, v: ArrayView3, lambda: ArrayView3);
-}
 
-super::typed_decoder! {
     /// Token-by-token [`loglinear_mamba2`]: O(log T) level states per head.
     ///
     /// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `g_t [B, H]`,
@@ -270,14 +271,9 @@ super::typed_decoder! {
     /// assert_eq!(dec.step(x.view(), x.view(), x.view(), g.view(), lam.view())?[[0, 0, 0]], 2.0);
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub struct LogLinearMamba2Decoder;
-    /// A decoder for at most `max_len` tokens (options as for [`loglinear_mamba2`]).
-    new(max_len, opts) = stepper("loglinear-mamba2", true, max_len, opts);
-    /// Consumes one token; returns `y_t [B, H, Dv]`.
+    pub struct LogLinearMamba2Decoder for loglinear_mamba2 = ("loglinear-mamba2", true);
     step(q: ArrayView3, k: ArrayView3, v: ArrayView3, g: ArrayView2, lambda: ArrayView3);
-}
 
-super::typed_decoder! {
     /// Token-by-token [`loglinear_gated_deltanet`]: O(log T) level states per head.
     ///
     /// [`step`](Self::step) takes `q_t, k_t [B, H, Dk]`, `v_t [B, H, Dv]`, `g_t, beta_t [B, H]`,
@@ -293,30 +289,57 @@ super::typed_decoder! {
     /// assert_eq!(y[[0, 0, 0]], 1.0);
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub struct LogLinearGatedDeltaNetDecoder;
-    /// A decoder for at most `max_len` tokens (options as for [`loglinear_gated_deltanet`]).
-    new(max_len, opts) = stepper("loglinear-gated-deltanet", true, max_len, opts);
-    /// Consumes one token; returns `y_t [B, H, Dv]`.
+    pub struct LogLinearGatedDeltaNetDecoder for loglinear_gated_deltanet = ("loglinear-gated-deltanet", true);
     step(q: ArrayView3, k: ArrayView3, v: ArrayView3, g: ArrayView2, beta: ArrayView2, lambda: ArrayView3);
 }
 
-/// The run of a base member from a state: `(y, final state)` (see [`linear_attention_state`]).
+/// The run of a member from a state: `(y, final state)`. `= $member;` is a base member, whose
+/// state is `S [B, H, Dv, Dk]` ([`base_run`], see [`linear_attention_state`]); `= $member,
+/// lifted;` a Fenwick lift, whose state is a [`LevelState`] ([`lift_run`], see
+/// [`loglinear_attention_state`]).
 macro_rules! state_op {
-    (
-        $(#[$doc:meta])*
-        pub fn $name:ident($($input:ident: $view:ident),+ $(,)?) = $member:literal;
-    ) => {
+    ($(#[$doc:meta])* pub fn $name:ident($($input:ident: $view:ident),+ $(,)?) = $member:literal;) => {
+        state_op!(@fn $(#[$doc])* $name($($input: $view),+) = $member, false:
+            ArrayView4<'_, F> => Array4<F>; base_run);
+    };
+    ($(#[$doc:meta])* pub fn $name:ident($($input:ident: $view:ident),+ $(,)?) = $member:literal, lifted;) => {
+        state_op!(@fn $(#[$doc])* $name($($input: $view),+) = $member, true:
+            &LevelState<F> => LevelState<F>; lift_run);
+    };
+    (@fn $(#[$doc:meta])* $name:ident($($input:ident: $view:ident),+) = $member:literal, $lifted:literal:
+        $init:ty => $fin:ty; $run:ident) => {
         $(#[$doc])*
         pub fn $name<F: Scalar>(
             $($input: $view<'_, F>,)+
-            initial_state: Option<ArrayView4<'_, F>>,
+            initial_state: Option<$init>,
             opts: &Options,
-        ) -> Result<(Array4<F>, Array4<F>)> {
-            let m = mixer($member, false, opts)?;
-            let inputs = vec![$((stringify!($input), $input.into_dyn())),+];
-            forward_state(m.as_ref(), opts, inputs, STATE, initial_state.map(|s| s.into_dyn()))
+        ) -> Result<(Array4<F>, $fin)> {
+            let m = mixer($member, $lifted, opts)?;
+            $run(m.as_ref(), opts, vec![$((stringify!($input), $input.into_dyn())),+], initial_state)
         }
     };
+}
+
+/// A base member's run from the state `S [B, H, Dv, Dk]` (`None`: zeros): `(y, S_T)`.
+fn base_run<F: Scalar>(
+    m: &dyn Mixer,
+    opts: &Options,
+    inputs: Vec<Named<'_, F>>,
+    initial: Option<ArrayView4<'_, F>>,
+) -> Result<(Array4<F>, Array4<F>)> {
+    forward_state(m, opts, inputs, STATE, initial.map(|s| s.into_dyn()))
+}
+
+/// A lift's run from its level state (`None`: zeros at position 0): `(y, final level state)`.
+fn lift_run<F: Scalar>(
+    m: &dyn Mixer,
+    opts: &Options,
+    inputs: Vec<Named<'_, F>>,
+    initial: Option<&LevelState<F>>,
+) -> Result<(Array4<F>, LevelState<F>)> {
+    let init = initial.map(LevelState::to_tensors).transpose()?;
+    let (y, fin) = forward_states(m, opts, inputs, init)?;
+    Ok((y, LevelState::from_tensors(fin)?))
 }
 
 state_op! {
@@ -418,28 +441,7 @@ impl<F: Scalar> LevelState<F> {
     }
 }
 
-/// The run of a lift from a state: `(y, final state)` (see [`loglinear_attention_state`]).
-macro_rules! lift_state_op {
-    (
-        $(#[$doc:meta])*
-        pub fn $name:ident($($input:ident: $view:ident),+ $(,)?) = $member:literal;
-    ) => {
-        $(#[$doc])*
-        pub fn $name<F: Scalar>(
-            $($input: $view<'_, F>,)+
-            initial_state: Option<&LevelState<F>>,
-            opts: &Options,
-        ) -> Result<(Array4<F>, LevelState<F>)> {
-            let m = mixer($member, true, opts)?;
-            let inputs = vec![$((stringify!($input), $input.into_dyn())),+];
-            let init = initial_state.map(LevelState::to_tensors).transpose()?;
-            let (y, fin) = forward_states(m.as_ref(), opts, inputs, init)?;
-            Ok((y, LevelState::from_tensors(fin)?))
-        }
-    };
-}
-
-lift_state_op! {
+state_op! {
     /// [`loglinear_attention`] from the state `initial_state` (its Fenwick level states and
     /// position, [`LevelState`]; `None`: zeros at position 0), returning `(y, final state)`
     /// (docs/math.md §7.1). A run of `x[a:b]` from the state after `x[0:a]` gives rows `a..b`
@@ -463,17 +465,17 @@ lift_state_op! {
     /// assert!(s1.s.iter().zip(s.s.iter()).all(|(a, b)| (a - b).abs() < 1e-12));
     /// # Ok::<(), mixers::prelude::Error>(())
     /// ```
-    pub fn loglinear_attention_state(q: ArrayView4, k: ArrayView4, v: ArrayView4, lambda: ArrayView4) = "loglinear-attention";
+    pub fn loglinear_attention_state(q: ArrayView4, k: ArrayView4, v: ArrayView4, lambda: ArrayView4) = "loglinear-attention", lifted;
 }
 
-lift_state_op! {
+state_op! {
     /// [`loglinear_mamba2`] from a state: as [`loglinear_attention_state`].
-    pub fn loglinear_mamba2_state(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, lambda: ArrayView4) = "loglinear-mamba2";
+    pub fn loglinear_mamba2_state(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, lambda: ArrayView4) = "loglinear-mamba2", lifted;
 }
 
-lift_state_op! {
+state_op! {
     /// [`loglinear_gated_deltanet`] from a state: as [`loglinear_attention_state`].
-    pub fn loglinear_gated_deltanet_state(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, beta: ArrayView3, lambda: ArrayView4) = "loglinear-gated-deltanet";
+    pub fn loglinear_gated_deltanet_state(q: ArrayView4, k: ArrayView4, v: ArrayView4, g: ArrayView3, beta: ArrayView3, lambda: ArrayView4) = "loglinear-gated-deltanet", lifted;
 }
 
 /// `from_state` and `state` of the lifts' typed decoders (docs/math.md §7.1).

@@ -120,15 +120,7 @@ fn gradients_reduce_to_the_base_mixer_when_lambda_is_one() {
 fn loglinear_backward_three_ways_over_many_chunks() {
     let cpu = vec![Backend::by_name("cpu").unwrap()];
     let (mut fast, mut failed) = (0, Vec::new());
-    let names = [
-        "linear-attention",
-        "mamba2",
-        "gated-deltanet",
-        "loglinear-attention",
-        "loglinear-mamba2",
-        "loglinear-gated-deltanet",
-    ];
-    for name in names {
+    for name in mixers::core::mixers::loglinear::MEMBERS {
         for chunk in [1, 4, 8] {
             let m =
                 mixers::registry::mixer(name, &serde_json::json!({"chunk": chunk, "scale": 0.7})).unwrap();
@@ -148,26 +140,31 @@ fn loglinear_backward_three_ways_over_many_chunks() {
     assert!(fast >= 6 * 3 * 4 * 2 * 3, "{fast} fast rows");
 }
 
+/// Asserts that `m`'s fast backward on the CPU has the gradients of its materialized one, within
+/// the `f64` tolerance, for the cotangent `dy` at `x`; `what` names the case.
+fn fast_backward_is_the_reference(m: &dyn Mixer, x: &Tensors<f64>, dy: &ndarray::ArrayD<f64>, what: &str) {
+    use mixers::registry::backward::backward_as;
+    let want = backward_as(m, "cpu", Form::Materialized, x, dy, DType::F64, &Requires::All).unwrap();
+    let got = backward_as(m, "cpu", Form::Fast, x, dy, DType::F64, &Requires::All).unwrap();
+    assert_eq!(got.len(), want.len(), "{what}");
+    for (k, w) in &want {
+        let c = Tolerance::F64.compare(got[k].view(), w.view());
+        assert!(c.pass, "{what} {k}: {c:?}");
+    }
+}
+
 /// A state that decays below the smallest normal number inside a chunk is dropped by the
 /// chunked forward; the backward passes it no adjoint, and the gradients still match the
 /// materialized reference (log-decays of −200 per token over a stretch of two chunks).
 #[test]
 fn loglinear_backward_with_states_dropped_by_decay() {
-    use mixers::registry::backward::backward_as;
     for name in ["mamba2", "gated-deltanet", "loglinear-mamba2", "loglinear-gated-deltanet"] {
         let m = mixers::registry::mixer(name, &serde_json::json!({"chunk": 4})).unwrap();
         let sizes = Sizes { seq: 27, batch: 1, ..Sizes::default() };
         let mut x = mixers::registry::grad_check::grad_inputs(m.as_ref(), &sizes, 3).unwrap();
         x.get_mut("g").unwrap().slice_mut(ndarray::s![.., 8..16, ..]).fill(-200.0);
         let dy = x["v"].mapv(|v| (2.0 * v).cos());
-        let want =
-            backward_as(m.as_ref(), "cpu", Form::Materialized, &x, &dy, DType::F64, &Requires::All).unwrap();
-        let got = backward_as(m.as_ref(), "cpu", Form::Fast, &x, &dy, DType::F64, &Requires::All).unwrap();
-        assert_eq!(got.len(), want.len());
-        for (k, w) in &want {
-            let c = Tolerance::F64.compare(got[k].view(), w.view());
-            assert!(c.pass, "{name} {k}: {c:?}");
-        }
+        fast_backward_is_the_reference(m.as_ref(), &x, &dy, name);
     }
 }
 
@@ -223,7 +220,6 @@ fn toeplitz_backward_subsets_match_the_full_pass() {
 /// 41 channels there are several blocks of at least 16 (the last one shorter), for every `on`.
 #[test]
 fn glr_backward_over_several_channel_blocks() {
-    use mixers::registry::backward::backward_as;
     for cfg in [
         serde_json::json!({"pattern": "pow2"}),
         serde_json::json!({"pattern": "sq1", "on": "a", "cache_efficient": true}),
@@ -233,14 +229,7 @@ fn glr_backward_over_several_channel_blocks() {
         let sizes = Sizes { seq: 23, batch: 2, channels: 41, ..Sizes::default() };
         let x = mixers::registry::grad_check::grad_inputs(m.as_ref(), &sizes, 8).unwrap();
         let dy = x["x"].mapv(|v| (0.9 * v).sin());
-        let want =
-            backward_as(m.as_ref(), "cpu", Form::Materialized, &x, &dy, DType::F64, &Requires::All).unwrap();
-        let got = backward_as(m.as_ref(), "cpu", Form::Fast, &x, &dy, DType::F64, &Requires::All).unwrap();
-        assert_eq!(got.len(), want.len());
-        for (k, w) in &want {
-            let c = Tolerance::F64.compare(got[k].view(), w.view());
-            assert!(c.pass, "{cfg} {k}: {c:?}");
-        }
+        fast_backward_is_the_reference(m.as_ref(), &x, &dy, &cfg.to_string());
     }
 }
 

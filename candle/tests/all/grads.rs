@@ -7,6 +7,7 @@ use candle_core::{DType, Tensor, Var};
 use mixers::ndarray::ArrayD;
 use mixers::ops::Options;
 use mixers::prelude::{Form, Requires, Tensors};
+use mixers::registry::call::Target;
 use mixers::registry::{Backend, call};
 
 use crate::common::*;
@@ -42,11 +43,8 @@ fn candle_gradients_equal_the_library_backward_bit_for_bit() {
             let w = cotangent(y.dims(), 1);
             let got = candle_grads(&v, &loss(&y, &w));
             let (want, _) = call::backward(
-                m.as_ref(),
-                &cpu,
-                Form::Fast,
+                Target::new(m.as_ref(), &cpu, Form::Fast),
                 &x,
-                None,
                 None,
                 &w,
                 None,
@@ -64,11 +62,8 @@ fn candle_gradients_equal_the_library_backward_bit_for_bit() {
             let x32 = to_f32(&x);
             let w32 = w.mapv(|a| a as f32);
             let (want, _) = call::backward(
-                m.as_ref(),
-                &cpu,
-                Form::Fast,
+                Target::new(m.as_ref(), &cpu, Form::Fast),
                 &x32,
-                None,
                 None,
                 &w32,
                 None,
@@ -159,11 +154,8 @@ fn state_gradients_match_central_differences_and_the_library() {
         x.iter().filter(|(k, _)| *k != "S").map(|(k, a)| (k.clone(), a.clone())).collect();
     let d_final: Tensors<f64> = [("S".to_string(), ws.clone())].into();
     let (want, d_s0) = call::backward(
-        m.as_ref(),
-        &cpu,
-        Form::Fast,
+        Target::new(m.as_ref(), &cpu, Form::Fast),
         &inputs,
-        None,
         Some(&s0),
         &w,
         Some(&d_final),

@@ -241,23 +241,7 @@ impl Mixer for Attention {
     fn random_state(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
         super::attention_state::random_state(self, dims, seed)
     }
-    fn state_oracle(
-        &self,
-        inputs: &Tensors<f64>,
-        initial: Option<&Tensors<f64>>,
-    ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
-        super::attention_state::oracle(self, inputs, initial)
-    }
-    fn state_oracle_vjp(
-        &self,
-        inputs: &Tensors<f64>,
-        initial: Option<&Tensors<f64>>,
-        dy: &ArrayD<f64>,
-        d_final: Option<&Tensors<f64>>,
-        requires: &crate::grad::Requires,
-    ) -> Result<(Tensors<f64>, Tensors<f64>)> {
-        super::attention_state::oracle_vjp(self, inputs, initial, dy, d_final, requires)
-    }
+    state_oracle!(extension attention_state);
     fn as_any(&self) -> &dyn Any {
         self
     }

@@ -300,33 +300,11 @@ pub(crate) fn random_state(m: &Attention, dims: &crate::Dims, seed: u64) -> Resu
     Ok(st)
 }
 
-/// The `f64` reference: [`run`] with the materialized oracle as the form.
-pub(crate) fn oracle(
-    m: &Attention,
-    x: &Tensors<f64>,
-    initial: Option<&Tensors<f64>>,
-) -> Result<(ArrayD<f64>, Tensors<f64>)> {
-    run(m, x, initial, |e| crate::oracle::solve(&crate::Mixer::materialize(m, e)?, &e["v"]))
-}
-
-/// The `f64` reference backward: [`vjp`] with the materialized backward.
-pub(crate) fn oracle_vjp(
-    m: &Attention,
-    x: &Tensors<f64>,
-    initial: Option<&Tensors<f64>>,
-    dy: &ArrayD<f64>,
-    d_final: Option<&Tensors<f64>>,
-    requires: &Requires,
-) -> Result<(Tensors<f64>, Tensors<f64>)> {
-    vjp(m, x, initial, dy, d_final, requires, |e, d| {
-        crate::grad::materialized_backward(m, e, d, &Requires::All)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::mixer::{Mixer, complete_dims};
+    use crate::mixers::state_check::{Cotangents, check_inputs, check_partial, close, split_run};
     use crate::state::segment;
 
     fn mixers() -> Vec<Attention> {
@@ -340,13 +318,6 @@ mod tests {
         [("B", 2), ("T", t), ("H", 2), ("Dk", 3), ("Dv", 2)].into_iter().collect()
     }
 
-    fn close(a: &ArrayD<f64>, b: &ArrayD<f64>, what: &str) {
-        assert_eq!(a.shape(), b.shape(), "{what}");
-        for (x, y) in a.iter().zip(b) {
-            assert!((x - y).abs() < 1e-11 * (1.0 + y.abs()), "{what}: {x} vs {y}");
-        }
-    }
-
     /// A split anywhere gives the rows of the plain oracle of the whole sequence, and the same
     /// final cache, when the first part starts from an empty cache of the whole run's capacity.
     #[test]
@@ -354,16 +325,15 @@ mod tests {
         for m in mixers() {
             let t_len = 11;
             let x = m.random_inputs(&complete_dims(&m, &dims(t_len)), 3).unwrap();
-            let whole = crate::oracle::solve(&m.materialize(&x).unwrap(), &x["v"]).unwrap();
-            let (y0, f0) = oracle(&m, &x, None).unwrap();
+            let whole = crate::oracle::dense(&m, &x).unwrap();
+            let (y0, f0) = m.state_oracle(&x, None).unwrap();
             close(&y0, &whole, "from an empty cache");
             let d =
                 [("B", 2), ("N", t_len), ("H", 2), ("Dk", 3), ("Dv", 2), ("T", t_len)].into_iter().collect();
             let empty = crate::state::zeros::<f64>(&shapes(&m, &d).unwrap());
             for a in [0, 1, 4, 10, 11] {
-                let (ya, sa) = oracle(&m, &segment(&m, &x, 0..a).unwrap(), Some(&empty)).unwrap();
-                let (yb, sb) = oracle(&m, &segment(&m, &x, a..t_len).unwrap(), Some(&sa)).unwrap();
-                let joined = ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).unwrap();
+                let (head, tail) = (segment(&m, &x, 0..a).unwrap(), segment(&m, &x, a..t_len).unwrap());
+                let (joined, sb) = split_run(|x, s| m.state_oracle(x, s), &head, &tail, Some(&empty));
                 close(&joined, &whole, &format!("split at {a}"));
                 for k in ["k", "v", LENGTH] {
                     close(&sb[k], &f0[k], &format!("final `{k}` at {a}"));
@@ -377,38 +347,19 @@ mod tests {
         for m in mixers() {
             let x = m.random_inputs(&complete_dims(&m, &dims(5)), 4).unwrap();
             let s0 = random_state(&m, &dims(5), 9).unwrap();
-            let (y, fin) = oracle(&m, &x, Some(&s0)).unwrap();
-            let dy = y.mapv(|a| (3.1 * a).sin());
-            let df: Tensors<f64> =
-                fin.iter().map(|(k, v)| (k.clone(), v.mapv(|a| (1.7 * a + 0.2).cos()))).collect();
-            let (g, gs) = oracle_vjp(&m, &x, Some(&s0), &dy, Some(&df), &Requires::All).unwrap();
-            let loss = |x: &Tensors<f64>, s: &Tensors<f64>| {
-                let (y, f) = oracle(&m, x, Some(s)).unwrap();
-                (&y * &dy).sum() + ["k", "v"].iter().map(|k| (&f[*k] * &df[*k]).sum()).sum::<f64>()
-            };
-            let h = 1e-6;
-            let check = |what: &str, got: f64, p: f64, n: f64| {
-                let fd = (p - n) / (2.0 * h);
-                assert!((fd - got).abs() < 1e-6 * (1.0 + fd.abs()), "{what}: {got} vs {fd}");
-            };
+            let (y, fin) = m.state_oracle(&x, Some(&s0)).unwrap();
+            let c = Cotangents::new(&y, &fin, &["k", "v"]);
+            let (g, gs) = m.state_oracle_vjp(&x, Some(&s0), &c.dy, Some(&c.d_final), &Requires::All).unwrap();
+            let loss = |x: &Tensors<f64>, s: &Tensors<f64>| c.loss(m.state_oracle(x, Some(s)).unwrap());
             let l0 = s0[LENGTH][0] as usize;
             for name in ["k", "v"] {
                 if l0 == 0 {
                     continue;
                 }
                 let ix = [0, l0 - 1, 1, 1];
-                let (mut p, mut n) = (s0.clone(), s0.clone());
-                p.get_mut(name).unwrap()[ix] += h;
-                n.get_mut(name).unwrap()[ix] -= h;
-                check(&format!("d_state.{name}"), gs[name][ix], loss(&x, &p), loss(&x, &n));
+                check_partial(&format!("d_state.{name}"), gs[name][ix], &s0, name, &ix, |s| loss(&x, s));
             }
-            for name in ["q", "k", "v"] {
-                let ix: Vec<usize> = x[name].shape().iter().map(|&n| n / 2).collect();
-                let (mut p, mut n) = (x.clone(), x.clone());
-                p.get_mut(name).unwrap()[ix.as_slice()] += h;
-                n.get_mut(name).unwrap()[ix.as_slice()] -= h;
-                check(name, g[&grad_name(name)][ix.as_slice()], loss(&p, &s0), loss(&n, &s0));
-            }
+            check_inputs(m.name(), &g, &x, &["q", "k", "v"], |x| loss(x, &s0));
         }
     }
 
@@ -419,12 +370,12 @@ mod tests {
         let s0 = random_state(m, &dims(5), 9).unwrap();
         let mut full = s0.clone();
         full.get_mut(LENGTH).unwrap()[0] = 6.0;
-        let e = oracle(m, &x, Some(&full)).unwrap_err().to_string();
+        let e = m.state_oracle(&x, Some(&full)).unwrap_err().to_string();
         assert!(e.contains("capacity N ≥ length + T") && e.contains("N = 10, length 6, T = 5"), "{e}");
         let mut dirty = s0.clone();
         let l = s0[LENGTH][1] as usize;
         dirty.get_mut("v").unwrap()[[1, l, 0, 0]] = 1.0;
-        let e = oracle(m, &x, Some(&dirty)).unwrap_err().to_string();
+        let e = m.state_oracle(&x, Some(&dirty)).unwrap_err().to_string();
         assert!(e.contains(&format!("state.v[1, {l}..]")) && e.contains("must be zero"), "{e}");
     }
 }

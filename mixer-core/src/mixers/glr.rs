@@ -350,23 +350,7 @@ impl Mixer for Glr {
         let shapes = self.state_shapes(dims).map_err(|why| crate::state::no_state(&self.name, &why))?;
         super::glr_state::random_state(self, dims, crate::state::random(&shapes, seed))
     }
-    fn state_oracle(
-        &self,
-        inputs: &Tensors<f64>,
-        initial: Option<&Tensors<f64>>,
-    ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
-        super::glr_state::oracle(self, inputs, initial)
-    }
-    fn state_oracle_vjp(
-        &self,
-        inputs: &Tensors<f64>,
-        initial: Option<&Tensors<f64>>,
-        dy: &ArrayD<f64>,
-        d_final: Option<&Tensors<f64>>,
-        requires: &crate::grad::Requires,
-    ) -> Result<(Tensors<f64>, Tensors<f64>)> {
-        super::glr_state::oracle_vjp(self, inputs, initial, dy, d_final, requires)
-    }
+    state_oracle!(extension glr_state);
     fn working_memory(&self, form: crate::Form, dims: &crate::Dims, elem: f64) -> f64 {
         crate::memory::glr(form, dims, elem, self.on().has_b())
     }

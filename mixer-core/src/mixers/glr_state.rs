@@ -334,33 +334,11 @@ pub(crate) fn random_state(m: &Glr, dims: &crate::Dims, mut s: Tensors<f64>) -> 
     Ok(s)
 }
 
-/// The `f64` reference: [`run`] with the materialized oracle as the form.
-pub(crate) fn oracle(
-    m: &Glr,
-    x: &Tensors<f64>,
-    initial: Option<&Tensors<f64>>,
-) -> Result<(ArrayD<f64>, Tensors<f64>)> {
-    run(m, x, initial, |e| crate::oracle::solve(&crate::Mixer::materialize(m, e)?, &e["x"]))
-}
-
-/// The `f64` reference backward: [`vjp`] with the materialized backward.
-pub(crate) fn oracle_vjp(
-    m: &Glr,
-    x: &Tensors<f64>,
-    initial: Option<&Tensors<f64>>,
-    dy: &ArrayD<f64>,
-    d_final: Option<&Tensors<f64>>,
-    requires: &Requires,
-) -> Result<(Tensors<f64>, Tensors<f64>)> {
-    vjp(m, x, initial, dy, d_final, requires, |e, d| {
-        crate::grad::materialized_backward(m, e, d, &Requires::All)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::mixer::{Mixer, complete_dims};
+    use crate::mixers::state_check::{Cotangents, check_partial, close_within, split_run};
     use crate::state::cut;
 
     fn resolve(n: &str) -> Result<crate::pattern::OffsetFn> {
@@ -393,10 +371,7 @@ mod tests {
     }
 
     fn close(a: &ArrayD<f64>, b: &ArrayD<f64>, what: &str) {
-        assert_eq!(a.shape(), b.shape(), "{what}");
-        for (x, y) in a.iter().zip(b) {
-            assert!((x - y).abs() < 1e-10 * (1.0 + y.abs()), "{what}: {x} vs {y}");
-        }
+        close_within(a, b, 1e-10, what);
     }
 
     /// A split anywhere gives the rows of the plain oracle of the whole sequence, and the same
@@ -406,14 +381,14 @@ mod tests {
         for m in mixers() {
             let t_len = 23;
             let x = inputs(&m, t_len, 0, 3);
-            let whole = crate::oracle::solve(&m.materialize(&x).unwrap(), &x["x"]).unwrap();
-            let (y0, f0) = oracle(&m, &x, None).unwrap();
+            let whole = crate::oracle::dense(&m, &x).unwrap();
+            let (y0, f0) = m.state_oracle(&x, None).unwrap();
             close(&y0, &whole, &format!("{} from zeros", m.name()));
             let per_token = m.spec().per_token();
             for a in [1, 2, 5, 8, 16, 17, 22, 23] {
-                let (ya, sa) = oracle(&m, &cut(&x, &per_token, &[], 0..a).unwrap(), None).unwrap();
-                let (yb, sb) = oracle(&m, &cut(&x, &per_token, &[], a..t_len).unwrap(), Some(&sa)).unwrap();
-                let joined = ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).unwrap();
+                let head = cut(&x, &per_token, &[], 0..a).unwrap();
+                let tail = cut(&x, &per_token, &[], a..t_len).unwrap();
+                let (joined, sb) = split_run(|x, s| m.state_oracle(x, s), &head, &tail, None);
                 close(&joined, &whole, &format!("{} split at {a}", m.name()));
                 let name = stream(&m).unwrap();
                 close(&sb[name], &f0[name], &format!("{} final state at {a}", m.name()));
@@ -437,30 +412,17 @@ mod tests {
             let s0 = random_state(&m, &d, crate::state::random(&shapes, 8)).unwrap();
             let name = stream(&m).unwrap();
             assert!(s0[POSITION][0] > 0.0, "{}", m.name());
-            let (y, fin) = oracle(&m, &x, Some(&s0)).unwrap();
-            let dy = y.mapv(|a| (3.1 * a).sin());
-            let df = fin[name].mapv(|a| (1.7 * a + 0.2).cos());
-            let dfin: Tensors<f64> = [(name.to_string(), df.clone())].into_iter().collect();
-            let (g, gs) = oracle_vjp(&m, &x, Some(&s0), &dy, Some(&dfin), &Requires::All).unwrap();
-            let loss = |x: &Tensors<f64>, s: &Tensors<f64>| {
-                let (y, f) = oracle(&m, x, Some(s)).unwrap();
-                (&y * &dy).sum() + (&f[name] * &df).sum()
-            };
-            let h = 1e-6;
-            let check = |what: &str, got: f64, p: f64, n: f64| {
-                let fd = (p - n) / (2.0 * h);
-                assert!((fd - got).abs() < 1e-6 * (1.0 + fd.abs()), "{} {what}: {got} vs {fd}", m.name());
-            };
+            let (y, fin) = m.state_oracle(&x, Some(&s0)).unwrap();
+            let c = Cotangents::new(&y, &fin, &[name]);
+            let (g, gs) = m.state_oracle_vjp(&x, Some(&s0), &c.dy, Some(&c.d_final), &Requires::All).unwrap();
+            let loss = |x: &Tensors<f64>, s: &Tensors<f64>| c.loss(m.state_oracle(x, Some(s)).unwrap());
             let a0 = s0[POSITION][0] as usize;
             for (j, at) in kept(&m, k, a0).into_iter().enumerate() {
                 if at.is_none() {
                     continue;
                 }
-                let ix = [0, j, 1];
-                let (mut p, mut n) = (s0.clone(), s0.clone());
-                p.get_mut(name).unwrap()[ix] += h;
-                n.get_mut(name).unwrap()[ix] -= h;
-                check(&format!("d_state row {j}"), gs[name][ix], loss(&x, &p), loss(&x, &n));
+                let (what, ix) = (format!("{} d_state row {j}", m.name()), [0, j, 1]);
+                check_partial(&what, gs[name][ix], &s0, name, &ix, |s| loss(&x, s));
             }
             for input in ["x", "alpha", "beta"] {
                 let Some(a) = x.get(input) else { continue };
@@ -470,10 +432,8 @@ mod tests {
                     .enumerate()
                     .map(|(i, &n)| if i == 2 && a.ndim() == 4 { 0 } else { n / 2 })
                     .collect();
-                let (mut p, mut n) = (x.clone(), x.clone());
-                p.get_mut(input).unwrap()[ix.as_slice()] += h;
-                n.get_mut(input).unwrap()[ix.as_slice()] -= h;
-                check(input, g[&grad_name(input)][ix.as_slice()], loss(&p, &s0), loss(&n, &s0));
+                let (what, got) = (format!("{} {input}", m.name()), g[&grad_name(input)][ix.as_slice()]);
+                check_partial(&what, got, &x, input, &ix, |x| loss(x, &s0));
             }
         }
     }

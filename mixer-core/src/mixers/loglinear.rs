@@ -45,6 +45,17 @@ use crate::real::Real;
 use crate::spec::{Bound, Constraint, Dim, Dims, DimsExt, Gen, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
+/// The registered names of the family's six members: the three base mixers (docs/math.md
+/// §2.1), then their Fenwick lifts `loglinear-*` (§2.3).
+pub const MEMBERS: [&str; 6] = [
+    "linear-attention",
+    "mamba2",
+    "gated-deltanet",
+    "loglinear-attention",
+    "loglinear-mamba2",
+    "loglinear-gated-deltanet",
+];
+
 /// The base mixer of a member of the family (docs/math.md §2.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -564,23 +575,7 @@ impl Mixer for LogLinear {
             None => Ok(s),
         }
     }
-    fn state_oracle(
-        &self,
-        inputs: &Tensors<f64>,
-        initial: Option<&Tensors<f64>>,
-    ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
-        super::loglinear_state::oracle(self, inputs, initial)
-    }
-    fn state_oracle_vjp(
-        &self,
-        inputs: &Tensors<f64>,
-        initial: Option<&Tensors<f64>>,
-        dy: &ArrayD<f64>,
-        d_final: Option<&Tensors<f64>>,
-        requires: &crate::grad::Requires,
-    ) -> Result<(Tensors<f64>, Tensors<f64>)> {
-        super::loglinear_state::oracle_vjp(self, inputs, initial, dy, d_final, requires)
-    }
+    state_oracle!(loglinear_state);
     fn form_unsupported(&self, form: crate::Form) -> Option<String> {
         let needs_fenwick = matches!(form, crate::Form::Fast | crate::Form::Recurrent);
         (needs_fenwick && !self.has_fenwick_structure())

@@ -663,6 +663,7 @@ mod tests {
     use super::*;
     use crate::mixer::{Mixer, complete_dims};
     use crate::mixers::loglinear::{LambdaScheme, LevelMask, Lift};
+    use crate::mixers::state_check::{Cotangents, check_partial, close, middle};
     use crate::state::segment;
     use ndarray::Axis;
 
@@ -678,13 +679,6 @@ mod tests {
             .collect()
     }
 
-    fn close(a: &ArrayD<f64>, b: &ArrayD<f64>, what: &str) {
-        assert_eq!(a.shape(), b.shape(), "{what}");
-        for (x, y) in a.iter().zip(b) {
-            assert!((x - y).abs() < 1e-11 * (1.0 + y.abs()), "{what}: {x} vs {y}");
-        }
-    }
-
     fn inputs(m: &LogLinear, t: usize, seed: u64) -> Tensors<f64> {
         m.random_inputs(&complete_dims(m, &dims(t)), seed).unwrap()
     }
@@ -696,7 +690,7 @@ mod tests {
         for m in members() {
             let x = inputs(&m, 13, 4);
             let (y, fin) = run(&m, &x, None).unwrap();
-            let plain = crate::oracle::solve(&m.materialize(&x).unwrap(), &x["v"]).unwrap();
+            let plain = crate::oracle::dense(&m, &x).unwrap();
             close(&y, &plain, &format!("{} y", m.name));
             assert!(fin[POSITION].iter().all(|&p| p == 13.0));
             let base = LogLinear::new(m.base.name(), m.base, None, 0.7, 4).unwrap();
@@ -732,7 +726,7 @@ mod tests {
         for m in members() {
             let t_len = 19;
             let x = inputs(&m, t_len, 9);
-            let plain = crate::oracle::solve(&m.materialize(&x).unwrap(), &x["v"]).unwrap();
+            let plain = crate::oracle::dense(&m, &x).unwrap();
             let (_, fin) = run(&m, &x, None).unwrap();
             for a in 0..=t_len {
                 let (ya, sa) = run(&m, &segment(&m, &x, 0..a).unwrap(), None).unwrap();
@@ -774,22 +768,12 @@ mod tests {
             let s0 = m.random_state(&d, 5).unwrap();
             assert!(s0[POSITION].iter().all(|&p| p >= 1.0));
             let (y, fin) = run(&m, &x, Some(&s0)).unwrap();
-            let dy = y.mapv(|a| (a * 3.1).sin());
-            let df = fin[STATE].mapv(|a| (a * 1.7).cos());
-            let dfin: Tensors<f64> =
-                [(STATE.to_string(), df.clone()), (POSITION.to_string(), fin[POSITION].clone())]
-                    .into_iter()
-                    .collect();
-            let (g, gs) = vjp(&m, &x, Some(&s0), &dy, Some(&dfin), &Requires::All).unwrap();
-            let loss = |x: &Tensors<f64>, s: &Tensors<f64>| {
-                let (y, f) = run(&m, x, Some(s)).unwrap();
-                (&y * &dy).sum() + (&f[STATE] * &df).sum()
-            };
-            let h = 1e-6;
-            let check = |name: &str, got: f64, plus: f64, minus: f64| {
-                let fd = (plus - minus) / (2.0 * h);
-                assert!((fd - got).abs() < 1e-6 * (1.0 + fd.abs()), "{} {name}: {got} vs fd {fd}", m.name);
-            };
+            let c = Cotangents::new(&y, &fin, &[STATE]);
+            // The final position's cotangent is passed and not read.
+            let mut dfin = c.d_final.clone();
+            dfin.insert(POSITION.to_string(), fin[POSITION].clone());
+            let (g, gs) = vjp(&m, &x, Some(&s0), &c.dy, Some(&dfin), &Requires::All).unwrap();
+            let loss = |x: &Tensors<f64>, s: &Tensors<f64>| c.loss(run(&m, x, Some(s)).unwrap());
             let pos = positions(&s0, t_len).unwrap();
             let mut checked = 0;
             for b in 0..2 {
@@ -798,21 +782,18 @@ mod tests {
                         continue;
                     }
                     let ix = [b, 1, i, 1, 2];
-                    let (mut p, mut n) = (s0.clone(), s0.clone());
-                    p.get_mut(STATE).unwrap()[ix] += h;
-                    n.get_mut(STATE).unwrap()[ix] -= h;
-                    check("d_S0", gs[STATE][ix], loss(&x, &p), loss(&x, &n));
+                    check_partial(&format!("{} d_S0", m.name), gs[STATE][ix], &s0, STATE, &ix, |s| {
+                        loss(&x, s)
+                    });
                     checked += 1;
                 }
             }
             assert!(checked >= 2, "positions {pos:?} leave too few levels to check");
             for name in ["q", "k", "v", "g", "beta", "lambda"] {
                 let Some(a) = x.get(name) else { continue };
-                for ix in [a.shape().iter().map(|&n| n / 2).collect::<Vec<_>>(), vec![0; a.ndim()]] {
-                    let (mut p, mut n) = (x.clone(), x.clone());
-                    p.get_mut(name).unwrap()[ix.as_slice()] += h;
-                    n.get_mut(name).unwrap()[ix.as_slice()] -= h;
-                    check(name, g[&grad_name(name)][ix.as_slice()], loss(&p, &s0), loss(&n, &s0));
+                for ix in [middle(a), vec![0; a.ndim()]] {
+                    let (what, got) = (format!("{} {name}", m.name), g[&grad_name(name)][ix.as_slice()]);
+                    check_partial(&what, got, &x, name, &ix, |x| loss(x, &s0));
                 }
             }
         }

@@ -196,6 +196,7 @@ mod tests {
     use super::*;
     use crate::mixer::{Mixer, complete_dims};
     use crate::mixers::loglinear::Base;
+    use crate::mixers::state_check::{Cotangents, check_inputs, check_partial, close, split_run};
     use crate::state::segment;
 
     fn dims(t: usize) -> crate::Dims {
@@ -256,13 +257,6 @@ mod tests {
             .collect()
     }
 
-    fn close(a: &ArrayD<f64>, b: &ArrayD<f64>, what: &str) {
-        assert_eq!(a.shape(), b.shape(), "{what}");
-        for (x, y) in a.iter().zip(b) {
-            assert!((x - y).abs() < 1e-11 * (1.0 + y.abs()), "{what}: {x} vs {y}");
-        }
-    }
-
     #[test]
     fn the_extension_equals_the_literal_recurrence_from_a_state() {
         for m in members() {
@@ -274,7 +268,7 @@ mod tests {
             close(&fin[STATE], &rfin, &format!("{} final state", m.name));
             // Without an initial state: zeros, and y is the plain oracle's.
             let (y0, _) = oracle(&m, &x, None).unwrap();
-            let plain = crate::oracle::solve(&m.materialize(&x).unwrap(), &x["v"]).unwrap();
+            let plain = crate::oracle::dense(&m, &x).unwrap();
             close(&y0, &plain, &format!("{} y from zeros", m.name));
         }
     }
@@ -286,9 +280,8 @@ mod tests {
             let x = m.random_inputs(&complete_dims(&m, &dims(t_len)), 9).unwrap();
             let (y, fin) = oracle(&m, &x, None).unwrap();
             for a in [0, 1, 4, 7, 11] {
-                let (ya, sa) = oracle(&m, &segment(&m, &x, 0..a).unwrap(), None).unwrap();
-                let (yb, sb) = oracle(&m, &segment(&m, &x, a..t_len).unwrap(), Some(&sa)).unwrap();
-                let joined = ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).unwrap();
+                let (head, tail) = (segment(&m, &x, 0..a).unwrap(), segment(&m, &x, a..t_len).unwrap());
+                let (joined, sb) = split_run(|x, s| oracle(&m, x, s), &head, &tail, None);
                 close(&joined, &y, &format!("{} split at {a}", m.name));
                 close(&sb[STATE], &fin[STATE], &format!("{} final state split at {a}", m.name));
             }
@@ -303,33 +296,13 @@ mod tests {
             let x = m.random_inputs(&complete_dims(&m, &dims(6)), 3).unwrap();
             let s0 = random_state(2);
             let (y, fin) = oracle(&m, &x, Some(&s0)).unwrap();
-            let dy = y.mapv(|a| (a * 3.1).sin());
-            let df = fin[STATE].mapv(|a| (a * 1.7).cos());
-            let dfin: Tensors<f64> = [(STATE.to_string(), df.clone())].into_iter().collect();
-            let (g, gs) = oracle_vjp(&m, &x, Some(&s0), &dy, Some(&dfin), &Requires::All).unwrap();
-            let loss = |x: &Tensors<f64>, s: &Tensors<f64>| {
-                let (y, f) = oracle(&m, x, Some(s)).unwrap();
-                (&y * &dy).sum() + (&f[STATE] * &df).sum()
-            };
-            let h = 1e-6;
-            let check = |name: &str, got: f64, plus: f64, minus: f64| {
-                let fd = (plus - minus) / (2.0 * h);
-                assert!((fd - got).abs() < 1e-6 * (1.0 + fd.abs()), "{} {name}: {got} vs fd {fd}", m.name);
-            };
+            let c = Cotangents::new(&y, &fin, &[STATE]);
+            let (g, gs) = oracle_vjp(&m, &x, Some(&s0), &c.dy, Some(&c.d_final), &Requires::All).unwrap();
+            let loss = |x: &Tensors<f64>, s: &Tensors<f64>| c.loss(oracle(&m, x, Some(s)).unwrap());
             for ix in [[0, 1, 0, 2], [1, 1, 1, 0]] {
-                let (mut p, mut n) = (s0.clone(), s0.clone());
-                p.get_mut(STATE).unwrap()[ix] += h;
-                n.get_mut(STATE).unwrap()[ix] -= h;
-                check("d_S0", gs[STATE][ix], loss(&x, &p), loss(&x, &n));
+                check_partial(&format!("{} d_S0", m.name), gs[STATE][ix], &s0, STATE, &ix, |s| loss(&x, s));
             }
-            for name in ["q", "k", "v", "g", "beta"] {
-                let Some(a) = x.get(name) else { continue };
-                let ix: Vec<usize> = a.shape().iter().map(|&n| n / 2).collect();
-                let (mut p, mut n) = (x.clone(), x.clone());
-                p.get_mut(name).unwrap()[ix.as_slice()] += h;
-                n.get_mut(name).unwrap()[ix.as_slice()] -= h;
-                check(name, g[&grad_name(name)][ix.as_slice()], loss(&p, &s0), loss(&n, &s0));
-            }
+            check_inputs(&m.name, &g, &x, &["q", "k", "v", "g", "beta"], |x| loss(x, &s0));
         }
     }
 }

@@ -30,6 +30,52 @@ macro_rules! materialized_vjp {
     };
 }
 
+/// Inside an `impl Mixer for …` block, writes [`crate::Mixer::state_oracle`] and
+/// [`crate::Mixer::state_oracle_vjp`], the `f64` references of runs from a state:
+/// - `state_oracle!(extension $module)`: the module's `run` and `vjp` (a form on the extension
+///   by the cached prefix) with the dense oracle as the form ([`crate::oracle::dense`]) and
+///   the materialized backward ([`crate::grad::materialized_backward`]) as its backward;
+/// - `state_oracle!($module)`: the module's own `oracle` and `oracle_vjp`;
+/// - `state_oracle!(|m, x, s| run, |m, x, s, dy, df, req| vjp)`: the two expressions, with `m`
+///   the mixer and the other names the methods' arguments.
+macro_rules! state_oracle {
+    (extension $module:ident) => {
+        state_oracle!(
+            |m, x, s| super::$module::run(m, x, s, |e| $crate::oracle::dense(m, e)),
+            |m, x, s, dy, df, req| super::$module::vjp(m, x, s, dy, df, req, |e, d| {
+                $crate::grad::materialized_backward(m, e, d, &$crate::grad::Requires::All)
+            })
+        );
+    };
+    ($module:ident) => {
+        state_oracle!(|m, x, s| super::$module::oracle(m, x, s), |m, x, s, dy, df, req| {
+            super::$module::oracle_vjp(m, x, s, dy, df, req)
+        });
+    };
+    (|$m:ident, $x:ident, $s:ident| $run:expr,
+        |$m2:ident, $x2:ident, $s2:ident, $dy:ident, $df:ident, $req:ident| $vjp:expr) => {
+        fn state_oracle(
+            &self,
+            $x: &$crate::tensor::Tensors<f64>,
+            $s: Option<&$crate::tensor::Tensors<f64>>,
+        ) -> $crate::error::Result<(::ndarray::ArrayD<f64>, $crate::tensor::Tensors<f64>)> {
+            let $m = self;
+            $run
+        }
+        fn state_oracle_vjp(
+            &self,
+            $x2: &$crate::tensor::Tensors<f64>,
+            $s2: Option<&$crate::tensor::Tensors<f64>>,
+            $dy: &::ndarray::ArrayD<f64>,
+            $df: Option<&$crate::tensor::Tensors<f64>>,
+            $req: &$crate::grad::Requires,
+        ) -> $crate::error::Result<($crate::tensor::Tensors<f64>, $crate::tensor::Tensors<f64>)> {
+            let $m2 = self;
+            $vjp
+        }
+    };
+}
+
 pub mod attention;
 pub mod attention_state;
 pub mod glr;
@@ -38,5 +84,7 @@ pub mod loglinear;
 pub mod loglinear_lift_state;
 pub mod loglinear_state;
 mod loglinear_vjp;
+#[cfg(test)]
+mod state_check;
 pub mod toeplitz;
 pub mod toeplitz_state;

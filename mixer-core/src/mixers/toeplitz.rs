@@ -415,23 +415,12 @@ impl Mixer for Toeplitz {
         let shapes = self.state_shapes(dims).map_err(|why| crate::state::no_state(&self.name, &why))?;
         super::toeplitz_state::random_state(dims, crate::state::random(&shapes, seed))
     }
-    fn state_oracle(
-        &self,
-        inputs: &Tensors<f64>,
-        initial: Option<&Tensors<f64>>,
-    ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
-        super::toeplitz_state::oracle(self, inputs, initial)
-    }
-    fn state_oracle_vjp(
-        &self,
-        inputs: &Tensors<f64>,
-        initial: Option<&Tensors<f64>>,
-        dy: &ArrayD<f64>,
-        d_final: Option<&Tensors<f64>>,
-        requires: &crate::grad::Requires,
-    ) -> Result<(Tensors<f64>, Tensors<f64>)> {
-        super::toeplitz_state::oracle_vjp(self, inputs, initial, dy, d_final, requires)
-    }
+    state_oracle!(
+        |m, x, s| super::toeplitz_state::run(x, s, |e| crate::oracle::dense(m, e)),
+        |m, x, s, dy, df, req| super::toeplitz_state::vjp(x, s, dy, df, req, |e, d| {
+            crate::grad::materialized_backward(m, e, d, &crate::grad::Requires::All)
+        })
+    );
     /// `x ~ N(0,1)`; `w[i,h,j] = n·exp(−j/τ)·√(2/(τ·Kw))` with `n ~ N(0,1)` and
     /// `τ = max(Tw/4, 2)` (decaying, `Σⱼ w² ≈ 1/Kw`, yet long-range lags still matter);
     /// `bias ~ N(0, 1/4)` (drawn, so the oracle checks cover it).

@@ -207,27 +207,6 @@ pub(crate) fn random_state(dims: &crate::Dims, mut s: Tensors<f64>) -> Result<Te
     Ok(s)
 }
 
-/// The `f64` reference: [`run`] with the materialized oracle as the form.
-pub(crate) fn oracle(
-    m: &super::toeplitz::Toeplitz,
-    x: &Tensors<f64>,
-    initial: Option<&Tensors<f64>>,
-) -> Result<(ArrayD<f64>, Tensors<f64>)> {
-    run(x, initial, |e| crate::oracle::solve(&crate::Mixer::materialize(m, e)?, &e["x"]))
-}
-
-/// The `f64` reference backward: [`vjp`] with the materialized backward.
-pub(crate) fn oracle_vjp(
-    m: &super::toeplitz::Toeplitz,
-    x: &Tensors<f64>,
-    initial: Option<&Tensors<f64>>,
-    dy: &ArrayD<f64>,
-    d_final: Option<&Tensors<f64>>,
-    requires: &Requires,
-) -> Result<(Tensors<f64>, Tensors<f64>)> {
-    vjp(x, initial, dy, d_final, requires, |e, d| crate::grad::materialized_backward(m, e, d, &Requires::All))
-}
-
 /// Rows `r` of the sequence axis of `a`.
 #[cfg(test)]
 fn rows_of(a: &ArrayD<f64>, r: std::ops::Range<usize>) -> ArrayD<f64> {
@@ -238,6 +217,7 @@ fn rows_of(a: &ArrayD<f64>, r: std::ops::Range<usize>) -> ArrayD<f64> {
 mod tests {
     use super::*;
     use crate::mixer::{Mixer, complete_dims};
+    use crate::mixers::state_check::{Cotangents, check_inputs, check_partial, close};
     use crate::mixers::toeplitz::Toeplitz;
     use crate::state::segment;
 
@@ -256,13 +236,6 @@ mod tests {
         m.random_inputs(&complete_dims(m, &d), seed).unwrap()
     }
 
-    fn close(a: &ArrayD<f64>, b: &ArrayD<f64>, what: &str) {
-        assert_eq!(a.shape(), b.shape(), "{what}");
-        for (x, y) in a.iter().zip(b) {
-            assert!((x - y).abs() < 1e-11 * (1.0 + y.abs()), "{what}: {x} vs {y}");
-        }
-    }
-
     /// The reference from a state at position `a` is the plain oracle's rows `a..` of the whole
     /// sequence, written out by hand: `y_t = Σ_{s ≤ t} w[t − s] x_s + bias[t]` per channel.
     #[test]
@@ -270,12 +243,12 @@ mod tests {
         for m in mixers() {
             let t_len = 13;
             let x = inputs(&m, t_len, 20, 3);
-            let whole = crate::oracle::solve(&m.materialize(&x).unwrap(), &x["x"]).unwrap();
-            let (y0, f0) = oracle(&m, &x, None).unwrap();
+            let whole = crate::oracle::dense(&m, &x).unwrap();
+            let (y0, f0) = m.state_oracle(&x, None).unwrap();
             close(&y0, &whole, "from zeros");
             for a in [0, 1, 6, 12, 13] {
-                let (ya, sa) = oracle(&m, &segment(&m, &x, 0..a).unwrap(), None).unwrap();
-                let (yb, sb) = oracle(&m, &segment(&m, &x, a..t_len).unwrap(), Some(&sa)).unwrap();
+                let (ya, sa) = m.state_oracle(&segment(&m, &x, 0..a).unwrap(), None).unwrap();
+                let (yb, sb) = m.state_oracle(&segment(&m, &x, a..t_len).unwrap(), Some(&sa)).unwrap();
                 close(&ya, &rows_of(&whole, 0..a), &format!("head at {a}"));
                 close(&yb, &rows_of(&whole, a..t_len), &format!("tail at {a}"));
                 close(&sb[HISTORY], &f0[HISTORY], &format!("final state at {a}"));
@@ -291,34 +264,15 @@ mod tests {
             let d: crate::Dims = [("B", 2), ("T", 5), ("C", 4), ("Tw", 9)].into_iter().collect();
             let s0 = m.random_state(&d, 7).unwrap();
             assert!(s0[POSITION].iter().any(|&p| p > 0.0));
-            let (y, fin) = oracle(&m, &x, Some(&s0)).unwrap();
-            let dy = y.mapv(|a| (3.1 * a).sin());
-            let df = fin[HISTORY].mapv(|a| (1.7 * a + 0.2).cos());
-            let dfin: Tensors<f64> = [(HISTORY.to_string(), df.clone())].into_iter().collect();
-            let (g, gs) = oracle_vjp(&m, &x, Some(&s0), &dy, Some(&dfin), &Requires::All).unwrap();
-            let loss = |x: &Tensors<f64>, s: &Tensors<f64>| {
-                let (y, f) = oracle(&m, x, Some(s)).unwrap();
-                (&y * &dy).sum() + (&f[HISTORY] * &df).sum()
-            };
-            let h = 1e-6;
-            let check = |what: &str, got: f64, p: f64, n: f64| {
-                let fd = (p - n) / (2.0 * h);
-                assert!((fd - got).abs() < 1e-6 * (1.0 + fd.abs()), "{what}: {got} vs {fd}");
-            };
+            let (y, fin) = m.state_oracle(&x, Some(&s0)).unwrap();
+            let c = Cotangents::new(&y, &fin, &[HISTORY]);
+            let (g, gs) = m.state_oracle_vjp(&x, Some(&s0), &c.dy, Some(&c.d_final), &Requires::All).unwrap();
+            let loss = |x: &Tensors<f64>, s: &Tensors<f64>| c.loss(m.state_oracle(x, Some(s)).unwrap());
             let a0 = s0[POSITION][0] as usize;
             for ix in [[0, 0, 1], [0, a0 - 1, 3], [1, 0, 2]] {
-                let (mut p, mut n) = (s0.clone(), s0.clone());
-                p.get_mut(HISTORY).unwrap()[ix] += h;
-                n.get_mut(HISTORY).unwrap()[ix] -= h;
-                check("d_state", gs[HISTORY][ix], loss(&x, &p), loss(&x, &n));
+                check_partial("d_state", gs[HISTORY][ix], &s0, HISTORY, &ix, |s| loss(&x, s));
             }
-            for name in ["x", "w", "bias"] {
-                let ix: Vec<usize> = x[name].shape().iter().map(|&n| n / 2).collect();
-                let (mut p, mut n) = (x.clone(), x.clone());
-                p.get_mut(name).unwrap()[ix.as_slice()] += h;
-                n.get_mut(name).unwrap()[ix.as_slice()] -= h;
-                check(name, g[&grad_name(name)][ix.as_slice()], loss(&p, &s0), loss(&n, &s0));
-            }
+            check_inputs(m.name(), &g, &x, &["x", "w", "bias"], |x| loss(x, &s0));
         }
     }
 
@@ -330,16 +284,16 @@ mod tests {
         let s0 = m.random_state(&d, 7).unwrap();
         let mut far = s0.clone();
         far.get_mut(POSITION).unwrap()[0] = 5.0;
-        let e = oracle(m, &x, Some(&far)).unwrap_err().to_string();
+        let e = m.state_oracle(&x, Some(&far)).unwrap_err().to_string();
         assert!(e.contains("position + T ≤ Tw = 9") && e.contains("position 5, T = 5"), "{e}");
         let mut dirty = s0.clone();
         let a = s0[POSITION][1] as usize;
         dirty.get_mut(HISTORY).unwrap()[[1, a, 0]] = 1.0;
-        let e = oracle(m, &x, Some(&dirty)).unwrap_err().to_string();
+        let e = m.state_oracle(&x, Some(&dirty)).unwrap_err().to_string();
         assert!(e.contains(&format!("state.x[1, {a}..]")) && e.contains("must be zero"), "{e}");
         let mut half = s0.clone();
         half.get_mut(POSITION).unwrap()[0] = 1.5;
-        let e = oracle(m, &x, Some(&half)).unwrap_err().to_string();
+        let e = m.state_oracle(&x, Some(&half)).unwrap_err().to_string();
         assert!(e.contains("whole number") && e.contains("1.5"), "{e}");
     }
 }

@@ -59,6 +59,21 @@ pub(crate) struct HeadGrads<F> {
     pub(crate) dlam: Mat<F>,
 }
 
+impl<F: VecMath> HeadGrads<F> {
+    /// Zero gradients of a head of `T` tokens with key width `Dk`, value width `Dv` and `L`
+    /// levels of λ (0 for a base mixer).
+    pub(crate) fn zeros(t_len: usize, dk: usize, dv: usize, nl: usize) -> Self {
+        HeadGrads {
+            dq: Mat::zeros(t_len, dk),
+            dk: Mat::zeros(t_len, dk),
+            dv: Mat::zeros(t_len, dv),
+            dg: vec![0.0; t_len],
+            dbeta: vec![F::zero(); t_len],
+            dlam: Mat::zeros(t_len, nl),
+        }
+    }
+}
+
 /// The backward of one (batch, head); `dy` is `T×Dv`. A base mixer may run from the initial
 /// state `h0` (`H_0 = S_0ᵀ`; `None`: zero), with `d_last` the cotangent of the final state `H_T`
 /// (`None`: zero): the reverse sweep starts from `H̄_T = d_last` instead of zero, and the
@@ -104,14 +119,7 @@ pub(crate) fn head_vjp_levels<F: VecMath>(
         saved.push((ck, st));
         Ok(())
     })?;
-    let mut out = HeadGrads {
-        dq: Mat::zeros(t_len, dk),
-        dk: Mat::zeros(t_len, dk),
-        dv: Mat::zeros(t_len, dv),
-        dg: vec![0.0; t_len],
-        dbeta: vec![F::zero(); t_len],
-        dlam: Mat::zeros(t_len, hd.lam.as_ref().map_or(0, |l| l.ncols())),
-    };
+    let mut out = HeadGrads::zeros(t_len, dk, dv, hd.lam.as_ref().map_or(0, |l| l.ncols()));
     // Adjoints of the level states after the chunk being processed. A final state the
     // forward dropped (decayed below the smallest normal number) passes no adjoint.
     let mut after: Vec<Option<Mat<F>>> = d_last

@@ -424,11 +424,6 @@ pub(crate) fn sweep<F: VecMath>(
     Ok(states)
 }
 
-/// The chunked form for one (batch, head): `T×Dv`.
-pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
-    run_head_from(m, hd, None).map(|(y, _)| y)
-}
-
 /// The chunked form for one (batch, head) of a base mixer from the initial state `h0`
 /// (`H_0 = S_0ᵀ`, `D_k × D_v`; `None`: zero): `y` (`T×Dv`) and the final state `H_T`
 /// (`D_k × D_v`; zero when it decayed away).

@@ -60,9 +60,15 @@ fn run<F: VecMath>(
         return Ok((y, Some(fin)));
     }
     let y = if ssd::applies(m) {
-        run_heads(m, x, |m, hd| flushed(|| ssd::run_head(m, hd)), true, packed)
+        run_heads(m, x, |m, hd| flushed(|| ssd::run_head_from(m, hd, None).map(|(y, _)| y)), true, packed)
     } else {
-        run_heads(m, x, |m, hd| flushed(|| chunked::run_head(m, hd)), false, packed)
+        run_heads(
+            m,
+            x,
+            |m, hd| flushed(|| chunked::run_head_from(m, hd, None).map(|(y, _)| y)),
+            false,
+            packed,
+        )
     }?;
     Ok((y, None))
 }

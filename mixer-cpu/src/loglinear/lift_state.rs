@@ -227,14 +227,7 @@ pub(crate) fn head_vjp<F: VecMath>(
     let nl = hd.lam.map_or(0, |l| l.ncols());
     let cbits = m.chunk_log2() as usize;
     let (p, q) = split(m, pos, t_len);
-    let mut out = HeadGrads {
-        dq: Mat::zeros(t_len, dk),
-        dk: Mat::zeros(t_len, dk),
-        dv: Mat::zeros(t_len, dv),
-        dg: vec![0.0; t_len],
-        dbeta: vec![F::zero(); t_len],
-        dlam: Mat::zeros(t_len, nl),
-    };
+    let mut out = HeadGrads::zeros(t_len, dk, dv, nl);
     let dy_rows = |r: std::ops::Range<usize>| flat(dy.subrows(r.start, r.len()));
     // Forward to the boundaries: the levels at p (head) and at q (middle).
     let head = owned(&rows(hd, 0..p));

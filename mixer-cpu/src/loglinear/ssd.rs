@@ -40,13 +40,9 @@ pub fn applies(m: &LogLinear) -> bool {
     !m.base.has_beta()
 }
 
-/// The chunked form for one (batch, head) of a scalar-decay member: `yᵀ` (`Dv×T`).
-pub fn run_head<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>) -> Result<Mat<F>> {
-    run_head_from(m, hd, None).map(|(y, _)| y)
-}
-
-/// [`run_head`] of a base member from the initial state `h0` (`H_0 = S_0ᵀ`, `D_k × D_v`;
-/// `None`: zero): `yᵀ` and the final state `H_T` (docs/math.md §7).
+/// The chunked form for one (batch, head) of a scalar-decay base member from the initial state
+/// `h0` (`H_0 = S_0ᵀ`, `D_k × D_v`; `None`: zero): `yᵀ` (`Dv×T`) and the final state `H_T`
+/// (docs/math.md §7).
 pub fn run_head_from<F: VecMath>(
     m: &LogLinear,
     hd: &Head<'_, F>,

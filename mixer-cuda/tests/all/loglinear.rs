@@ -65,14 +65,7 @@ use mixer_registry::run::run_as;
 use mixer_registry::{Sizes, mixer};
 
 const FENWICK_FORMS: [Form; 3] = [Form::Parallel, Form::Fast, Form::Recurrent];
-const FAMILY: [&str; 6] = [
-    "linear-attention",
-    "mamba2",
-    "gated-deltanet",
-    "loglinear-attention",
-    "loglinear-mamba2",
-    "loglinear-gated-deltanet",
-];
+const FAMILY: [&str; 6] = mixer_core::mixers::loglinear::MEMBERS;
 
 /// T around chunk boundaries and powers of two; head dims 5 and 7, three heads.
 fn fenwick_sizes() -> Vec<Sizes> {

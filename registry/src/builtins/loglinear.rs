@@ -85,14 +85,7 @@ mod tests {
 
     #[test]
     fn builds_all_six_and_rejects_bad_configs() {
-        for n in [
-            "linear-attention",
-            "mamba2",
-            "gated-deltanet",
-            "loglinear-attention",
-            "loglinear-mamba2",
-            "loglinear-gated-deltanet",
-        ] {
+        for n in mixer_core::mixers::loglinear::MEMBERS {
             let m = crate::mixer(n, &json!({})).unwrap();
             assert_eq!(m.family(), "loglinear");
             assert_eq!(m.name(), n);
