@@ -5,11 +5,12 @@ window through an explicit mask), and times the kernel alone and SDPA with CUDA 
 same device-resident inputs (B, H, D = 64; q, k, v, y in the [B, T, H, D] layout the library
 uses, SDPA on [B, H, T, D] views of the same tensors).
 
-    python3 bench/gpu/attn_tune.py [--T 16384] [--B 1] [--H 16] [--mode bf16|tf32] [--window W]
+    python3 bench/gpu/attn_tune.py [--T 16384] [--B 1] [--H 16] [--mode bf16|tf32|exact] [--window W]
         FILE.cu[:DEF=V,DEF=V...] ...
 
 Each variant names a kernel file and the -D settings (ATT_BK, ATT_WM, ATT_WARPS); with none,
-the shipped file at the shipped settings is timed. ATT_WGMMA=1 (bf16, with ATT_WM=1 and ATT_WARPS
+the shipped file at the shipped settings is timed. --mode exact times attn_mma_tf32x3 (the exact
+mode's split-tf32 kernel) on f32 inputs, against SDPA fp32. ATT_WGMMA=1 (bf16, with ATT_WM=1 and ATT_WARPS
 4 or 8) times the warpgroup-MMA kernel attn_wgmma_bf16, compiled for sm_90a (its V descriptor settings WG_V_LBO, WG_V_SBO,
 WG_V_STEP are fixed in the kernel file: wgmma_probe.py found them).
 """
@@ -76,14 +77,16 @@ for var in variants:
     opts = ("--std=c++17", f"-DATT_D={D}") + tuple(f"-D{kk}={vv}" for kk, vv in d.items())
     wgmma = "ATT_WGMMA" in d  # Hopper's warpgroup MMA: sm_90a, compiled through NVRTC directly
     try:
-        src = open("mixer-cuda/kernels/common.cuh").read() + "\n" + open(path).read()
+        src = "\n".join(open(f).read() for f in
+                        ("mixer-cuda/kernels/common.cuh", "mixer-cuda/kernels/attention_common.cuh", path))
         if wgmma:
             sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
             from nvrtc_cubin import load
             mod = load(src, "sm_90a", opts[1:])
         else:
             mod = cp.RawModule(code=src, options=opts)
-        fn = mod.get_function("attn_wgmma_bf16" if wgmma else "attn_mma_bf16" if a.mode == "bf16" else "attn_mma_tf32")
+        name = {"bf16": "attn_mma_bf16", "tf32": "attn_mma_tf32", "exact": "attn_mma_tf32x3"}[a.mode]
+        fn = mod.get_function("attn_wgmma_bf16" if wgmma else name)
     except Exception as e:  # a variant that does not compile is reported, not fatal
         print(f"{var}: compile error {str(e)[-400:]}")
         continue
@@ -94,6 +97,8 @@ for var in variants:
     args = tuple(np.uint64(x.data_ptr()) for x in (q, k, v, y)) + (
         np.int32(B), np.int32(T), np.int32(H), np.int32(a.window), np.float32(scale * math.log2(math.e)),
         np.uint64(0))  # no row statistics (the backward's)
+    if a.mode == "exact":
+        args += (np.float64(scale), np.uint64(0))  # σ for rows computed again in double; no flag
     grid, block = ((T + bq - 1) // bq, B * H), (32 * warps,)
 
     def ours():

@@ -92,8 +92,7 @@ pub fn smem(d: usize, bn: usize, p: Precision) -> (usize, usize) {
 /// `storage`, with `limit` bytes of dynamic shared memory per block and `wgmma` where the device has
 /// Hopper's warpgroup MMA (for the forward's launch), or `None` where the FMA kernels run: a
 /// storage other than the mode's (f32 for exact and tf32, bf16 for bf16), sizes the forward's
-/// tensor-core kernels do not take ([`fused::launch_plan`]; the exact mode at every head dim
-/// there, `D = 128` included), a negative scale (the statistics are a maximum of `λ u` for
+/// tensor-core kernels do not take ([`fused::plan`]), a negative scale (the statistics are a maximum of `λ u` for
 /// `λ ≥ 0`), tiles beyond `limit`, or nothing to compute. The exact mode's kernels are the
 /// `tf32x3` ones: tf32's, every product split into three tf32 products.
 #[rustfmt::skip]
@@ -107,7 +106,7 @@ pub fn plan(a: &Attention, shape: [usize; 5], p: Precision, storage: Storage, li
     if !mode_storage || a.scale(d) < 0.0 {
         return Ok(None);
     }
-    let Some(forward) = fused::launch_plan(a, shape, p, wgmma)? else { return Ok(None) };
+    let Some(forward) = fused::plan(a, shape, p, wgmma)? else { return Ok(None) };
     let bn = columns(d);
     let (sm_dkdv, sm_dq) = smem(d, bn, p);
     if sm_dkdv.max(sm_dq) > limit {

@@ -21,7 +21,7 @@
 //! (`attn_row_f64`), as the FMA kernel does.
 //!
 //! It applies when `Dk = Dv ∈ {32, 64, 96, 128}` ([`applies`]; `wgmma` at 64 only, `mma.sync` at
-//! the others, see [`shape`]; the split-tf32 kernel up to 96, [`split_applies`]); otherwise the FMA kernel (`attn_exact_*`) runs (the modes permit
+//! the others, see [`shape`] and [`keys_per_tile`]); otherwise the FMA kernel (`attn_exact_*`) runs (the modes permit
 //! tensor cores, they do not require them). [`plan`] gives the launch, [`super::fast::plan`] picks between it
 //! and the exact kernel.
 
@@ -68,54 +68,39 @@ pub fn applies(dk: usize, dv: usize) -> bool {
     dk == dv && matches!(dk, 32 | 64 | 96 | 128)
 }
 
-/// Whether the exact mode's split-tf32 kernel takes head dims `dk`, `dv`: those of [`applies`] up
-/// to 96. At 128 its fragments need more than 255 registers a thread (ptxas spills 412 bytes),
-/// and it measured slower than the FMA kernel (26.3 against 24.4 ms at B = 8, T = 4096, H = 16 on
-/// the H200), which runs there instead.
-pub fn split_applies(dk: usize, dv: usize) -> bool {
-    applies(dk, dv) && dk <= 96
-}
-
 /// The rule for the tensor-core kernel's shape at head dim `d`: `(m-tiles per warp, warps)`.
 /// `wgmma` (bf16 on compute capability 9.0, `D = 64` only: its 128-byte swizzle holds one 64-wide
 /// bf16 row): two warpgroups of one m-tile per warp (128 rows). `mma.sync`: four warps of two
 /// m-tiles (128 rows) up to `D = 64`, of one (64 rows) above, where two m-tiles' output and Q
-/// fragments (`2·D/2 + 2·D/4` registers at `D = 128`) would spill; the split-tf32 kernel of the
-/// exact mode (`split`) one m-tile at every head dim (its split fragments take the registers a
-/// second m-tile would: 239 a thread at `D = 64`, ptxas).
+/// fragments (`2·D/2 + 2·D/4` registers at `D = 128`) would spill. The split-tf32 kernel of the
+/// exact mode (`split`): eight warps of one m-tile (128 rows; its split fragments take the
+/// registers a second m-tile would, 239–255 a thread, so a block of 256 threads fills the
+/// register file): on the H200 12.5 ms against 13.5 with four warps at (1, 16384, 16, 64),
+/// 18.2 against 18.7 at (8, 4096, 16, 128) (`bench/gpu/attn_tune.py --mode exact`).
 pub fn shape(d: usize, wgmma: bool, split: bool) -> (usize, usize) {
-    match (wgmma, d <= 64 && !split) {
-        (true, _) => (1, WG_WARPS),
-        (false, true) => (WM, WARPS),
-        (false, false) => (1, WARPS),
+    match (wgmma, split, d <= 64) {
+        (true, ..) => (1, WG_WARPS),
+        (false, true, _) => (1, 2 * WARPS),
+        (false, false, true) => (WM, WARPS),
+        (false, false, false) => (1, WARPS),
     }
+}
+
+/// Keys per K/V tile: 64, or 32 for the split-tf32 kernel at `D = 128`, where 64-key tiles' score
+/// fragments spill (ptxas: 412 bytes at 64, 212 at 32) and measured 25.9 against 18.7 ms at
+/// (8, 4096, 16, 128) on the H200 (`bench/gpu/attn_tune.py --mode exact`, four warps).
+pub fn keys_per_tile(d: usize, split: bool) -> usize {
+    if split && d > 96 { BK / 2 } else { BK }
 }
 
 /// The tensor-core launch for `shape = [B, T, H, Dk, Dv]` in mode `p` (`wgmma`: the device has
 /// Hopper's warpgroup MMA; the exact mode takes the split-tf32 kernel, for f32 inputs), or `None`
-/// where the FMA kernel runs instead: head dims outside [`applies`] (in the exact mode
-/// [`split_applies`]), or a scale whose `scale·log₂e`
-/// is beyond `1e30` or, as an f32, neither zero nor a normal number (logits this large or
-/// scales this small need the FMA kernel's overflow-free form in double). Shared memory: Q `[BQ, D]` and two stages of K
-/// and V `[BK, D]`, bf16; in tf32 two stages of K `[BK, D + 8]` and V `[BK, D + 4]` floats.
+/// where the FMA kernel runs instead: head dims outside [`applies`], or a scale whose
+/// `scale·log₂e` is beyond `1e30` or, as an f32, neither zero nor a normal number (logits this
+/// large or scales this small need the FMA kernel's overflow-free form in double). Shared
+/// memory: Q `[BQ, D]` and two stages of K and V `[BK, D]`, bf16; in tf32 and the exact mode two
+/// stages of K `[BK, D + 8]` and V `[BK, D + 4]` floats ([`keys_per_tile`]).
 pub fn plan(a: &Attention, shape_: [usize; 5], p: Precision, wgmma: bool) -> Result<Option<Plan>> {
-    let [.., d, dv] = shape_;
-    if p == Precision::Exact && !split_applies(d, dv) {
-        return Ok(None);
-    }
-    launch_plan(a, shape_, p, wgmma)
-}
-
-/// [`plan`] without the exact mode's head-dim rule ([`split_applies`]): the split-tf32 kernel
-/// wherever [`applies`] says, as the first step of the exact mode's tensor-core backward (at
-/// `D = 128` the forward alone runs the FMA kernel, faster there, but the backward needs this
-/// kernel's row statistics).
-pub(crate) fn launch_plan(
-    a: &Attention,
-    shape_: [usize; 5],
-    p: Precision,
-    wgmma: bool,
-) -> Result<Option<Plan>> {
     let [b, t, h, d, dv] = shape_;
     if !applies(d, dv) || b * t * h == 0 {
         return Ok(None);
@@ -126,14 +111,15 @@ pub(crate) fn launch_plan(
         return Ok(None);
     }
     let wgmma = p == Precision::Bf16 && wgmma && d == 64;
-    let (wm, warps) = shape(d, wgmma, p == Precision::Exact);
-    let bq = 16 * wm * warps;
+    let split = p == Precision::Exact;
+    let (wm, warps) = shape(d, wgmma, split);
+    let (bq, bk) = (16 * wm * warps, keys_per_tile(d, split));
     let (kernel, smem) = match p {
         // The wgmma kernel aligns its tiles to 1024 bytes (128-byte swizzle atoms) itself.
-        Precision::Bf16 if wgmma => (Kernel::WgmmaBf16, (bq * d + 4 * BK * d) * 2 + 1024),
-        Precision::Bf16 => (Kernel::MmaBf16, (bq * d + 4 * BK * d) * 2),
-        Precision::Tf32 => (Kernel::MmaTf32, (2 * BK * (d + 8) + 2 * BK * (d + 4)) * 4),
-        Precision::Exact => (Kernel::MmaTf32x3, (2 * BK * (d + 8) + 2 * BK * (d + 4)) * 4),
+        Precision::Bf16 if wgmma => (Kernel::WgmmaBf16, (bq * d + 4 * bk * d) * 2 + 1024),
+        Precision::Bf16 => (Kernel::MmaBf16, (bq * d + 4 * bk * d) * 2),
+        Precision::Tf32 => (Kernel::MmaTf32, (2 * bk * (d + 8) + 2 * bk * (d + 4)) * 4),
+        Precision::Exact => (Kernel::MmaTf32x3, (2 * bk * (d + 8) + 2 * bk * (d + 4)) * 4),
     };
     let function = match kernel {
         Kernel::WgmmaBf16 => "attn_wgmma_bf16",
@@ -143,7 +129,7 @@ pub(crate) fn launch_plan(
     };
     let mut options = vec![
         format!("-DATT_D={d}"),
-        format!("-DATT_BK={BK}"),
+        format!("-DATT_BK={bk}"),
         format!("-DATT_WM={wm}"),
         format!("-DATT_WARPS={warps}"),
     ];
@@ -314,7 +300,8 @@ mod tests {
         assert_eq!(pl(64, Precision::Bf16, false).kernel, Kernel::MmaBf16);
         assert_eq!(pl(64, Precision::Tf32, true).kernel, Kernel::MmaTf32);
         assert_eq!(shape(64, false, false), (2, 4));
-        assert_eq!(shape(64, false, true), (1, 4));
+        assert_eq!(shape(64, false, true), (1, 8));
+        assert_eq!(shape(128, false, true), (1, 8));
         assert_eq!(shape(96, false, false), (1, 4));
         let p = pl(128, Precision::Tf32, false);
         assert_eq!(p.grid, [16, 6]);
@@ -323,18 +310,24 @@ mod tests {
         assert_eq!(pl(96, Precision::Bf16, false).shared_mem, (64 * 96 + 4 * 64 * 96) * 2);
     }
 
-    /// The exact mode takes the split-tf32 kernel: the tf32 kernel's K/V tiles, one m-tile a warp.
+    /// The exact mode takes the split-tf32 kernel: eight warps of one m-tile, the tf32 kernel's
+    /// K/V tiles up to D = 96, 32 keys at 128.
     #[test]
     fn the_exact_mode_splits_the_tf32_products() {
         let a = attention(None);
-        assert!(plan(&a, [2, 1000, 3, 128, 128], Precision::Exact, true).unwrap().is_none());
-        for d in [32, 64, 96] {
+        for d in [32, 64, 96, 128] {
             let x = plan(&a, [2, 1000, 3, d, d], Precision::Exact, true).unwrap().unwrap();
             let t = plan(&a, [2, 1000, 3, d, d], Precision::Tf32, true).unwrap().unwrap();
             assert_eq!((x.kernel, x.function.as_str()), (Kernel::MmaTf32x3, "attn_mma_tf32x3"));
-            assert_eq!((x.grid, x.block, x.shared_mem), ([16, 6], 128, t.shared_mem));
-            assert!(split_applies(d, d));
-            assert!(x.options.contains(&"-DATT_WM=1".to_string()));
+            assert_eq!((x.grid, x.block), ([8, 6], 256));
+            assert!(
+                x.options.contains(&"-DATT_WM=1".to_string())
+                    && x.options.contains(&"-DATT_WARPS=8".to_string())
+            );
+            let bk = if d == 128 { 32 } else { 64 };
+            assert!(x.options.contains(&format!("-DATT_BK={bk}")), "{d}");
+            assert_eq!(x.shared_mem, (2 * bk * (d + 8) + 2 * bk * (d + 4)) * 4);
+            assert!(d == 128 || x.shared_mem == t.shared_mem);
         }
     }
 

@@ -335,11 +335,9 @@ fn precision_modes_meet_their_tolerances_on_tensor_cores() {
                 "PRECISION attention {cfg} D={d} T={t} {p}: rel RMS {err:.2e} (exact f32: {err_exact:.2e})"
             );
             assert!(err <= p.tolerance("f32").rel_rms, "{cfg} D={d} {p}: {err:.3e}");
-            if mixer_cuda::attention::fused::split_applies(d, d) {
+            if mixer_cuda::attention::fused::applies(d, d) {
                 // The exact mode ran the split-tf32 kernel: f32 accuracy, far below tf32's error.
                 assert!(err_exact <= 1e-5, "{cfg} D={d} exact (split tf32): {err_exact:.3e}");
-            }
-            if mixer_cuda::attention::fused::applies(d, d) {
                 // The tensor-core path ran: its error is visibly above the exact kernel's.
                 assert!(err > 2.0 * err_exact, "{cfg} D={d} {p}: {err:.3e} vs exact {err_exact:.3e}");
             } else if p == Precision::Tf32 {
