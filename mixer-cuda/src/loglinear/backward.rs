@@ -487,9 +487,10 @@ mod tests {
     //! the decay gradient are wrong.
     use super::*;
     use mixer_core::Precision;
+    use mixer_core::mixer::Mixer;
     use mixer_core::mixer::downcast;
     use mixer_core::mixers::loglinear_state::STATE;
-    use mixer_core::{Form, Tensors};
+    use mixer_core::{Dims, Form, Tensors};
     use mixer_cpu as _;
     use mixer_registry::Backend;
     use mixer_registry::state::{backward_state, run_state};
@@ -618,8 +619,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_transposed_recipe_on_the_cpu_is_the_cpu_backward() {
+    /// The recipe tests' cases: linear attention and Mamba-2 (σ = 0.8) at three shapes `(B, T, H,
+    /// Dk, Dv)`, random inputs and a cotangent `dy`, handed to `f`.
+    fn for_each_recipe_case(
+        mut f: impl FnMut(&str, &dyn Mixer, &LogLinear, [usize; 5], &Dims, &Tensors<f64>, &ArrayD<f64>),
+    ) {
         for name in ["linear-attention", "mamba2"] {
             let boxed = mixer_registry::mixer(name, &serde_json::json!({"scale": 0.8})).unwrap();
             let ll: &LogLinear = downcast(boxed.as_ref(), "test").unwrap();
@@ -627,27 +631,36 @@ mod tests {
                 let dims = [("B", b), ("T", t), ("H", h), ("Dk", dk), ("Dv", dv)].into_iter().collect();
                 let x = boxed.random_inputs(&dims, 7).unwrap();
                 let dy = x["v"].mapv(|e| (3.0 * e + 0.2).sin());
-                let want = cpu_backward(boxed.as_ref(), &x, &dy);
-                let g = x.get("g");
-                let want_g = Wants { q: true, k: true, v: true, g: g.is_some() };
-                let none = States { s0: None, d_final: None };
-                let xs = [&x["q"], &x["k"], &x["v"], &dy];
-                let got = transposed(&OnHost { m: ll }, xs, g, ll.scale, none, want_g).unwrap();
-                assert!(got.ds0.is_none(), "{name}: no initial state, no gradient of one");
-                let got = [("d_q", got.dq), ("d_k", got.dk), ("d_v", got.dv), ("d_g", got.dg)];
-                for (k, a) in got {
-                    let Some(w) = want.get(k) else {
-                        assert!(a.is_none(), "{name}: {k} without a decay");
-                        continue;
-                    };
-                    let (a, w) = (a.unwrap(), w.clone());
-                    // Relative, or absolute where the gradient is 0 (d_g at T = 1: q·dq = k·dk).
-                    let err =
-                        (&a - &w).mapv(|e| e * e).sum().sqrt() / w.mapv(|e| e * e).sum().sqrt().max(1.0);
-                    assert!(err < 1e-12, "{name} {:?} {k}: error {err:.3e}", (b, t, h, dk, dv));
-                }
+                f(name, boxed.as_ref(), ll, [b, t, h, dk, dv], &dims, &x, &dy);
             }
         }
+    }
+
+    /// ‖a − w‖ relative to ‖w‖, absolute where ‖w‖ < 1 (a gradient that is 0, as d_g at T = 1).
+    fn error(a: &ArrayD<f64>, w: &ArrayD<f64>) -> f64 {
+        (a - w).mapv(|e| e * e).sum().sqrt() / w.mapv(|e| e * e).sum().sqrt().max(1.0)
+    }
+
+    #[test]
+    fn the_transposed_recipe_on_the_cpu_is_the_cpu_backward() {
+        for_each_recipe_case(|name, m, ll, shape, _, x, dy| {
+            let want = cpu_backward(m, x, dy);
+            let g = x.get("g");
+            let want_g = Wants { q: true, k: true, v: true, g: g.is_some() };
+            let none = States { s0: None, d_final: None };
+            let xs = [&x["q"], &x["k"], &x["v"], dy];
+            let got = transposed(&OnHost { m: ll }, xs, g, ll.scale, none, want_g).unwrap();
+            assert!(got.ds0.is_none(), "{name}: no initial state, no gradient of one");
+            let got = [("d_q", got.dq), ("d_k", got.dk), ("d_v", got.dv), ("d_g", got.dg)];
+            for (k, a) in got {
+                let Some(w) = want.get(k) else {
+                    assert!(a.is_none(), "{name}: {k} without a decay");
+                    continue;
+                };
+                let err = error(&a.unwrap(), w);
+                assert!(err < 1e-12, "{name} {shape:?} {k}: error {err:.3e}");
+            }
+        });
     }
 
     #[test]
@@ -680,43 +693,32 @@ mod tests {
     #[test]
     fn the_transposed_recipe_from_a_state_on_the_cpu_is_the_cpu_backward_from_a_state() {
         let cpu = Backend::by_name("cpu").unwrap();
-        for name in ["linear-attention", "mamba2"] {
-            let boxed = mixer_registry::mixer(name, &serde_json::json!({"scale": 0.8})).unwrap();
-            let ll: &LogLinear = downcast(boxed.as_ref(), "test").unwrap();
-            for (b, t, h, dk, dv) in [(2, 37, 2, 5, 3), (1, 1, 1, 4, 6), (1, 70, 1, 3, 8)] {
-                let dims = [("B", b), ("T", t), ("H", h), ("Dk", dk), ("Dv", dv)].into_iter().collect();
-                let x = boxed.random_inputs(&dims, 7).unwrap();
-                let dy = x["v"].mapv(|e| (3.0 * e + 0.2).sin());
-                let s0 = boxed.random_state(&dims, 8).unwrap();
-                let df: Tensors<f64> =
-                    s0.iter().map(|(k, v)| (k.clone(), v.mapv(|e| (1.7 * e).cos()))).collect();
-                for (with_s0, with_df) in [(true, true), (true, false), (false, true)] {
-                    let (s0, df) = (with_s0.then_some(&s0), with_df.then_some(&df));
-                    let (want, want_ds) =
-                        backward_state(boxed.as_ref(), &cpu, Form::Fast, &x, s0, &dy, df, &Requires::All)
-                            .unwrap();
-                    let g = x.get("g");
-                    let wants = Wants { q: true, k: true, v: true, g: g.is_some() };
-                    let states = States { s0: s0.map(|s| &s[STATE]), d_final: df.map(|s| &s[STATE]) };
-                    let xs = [&x["q"], &x["k"], &x["v"], &dy];
-                    let got = transposed(&OnHost { m: ll }, xs, g, ll.scale, states, wants).unwrap();
-                    let label = format!("{name} {:?} S_0: {with_s0}, S̄_T: {with_df}", (b, t, h, dk, dv));
-                    assert_eq!(got.ds0.is_some(), with_s0, "{label}: S̄_0 iff an initial state");
-                    let got =
-                        [("d_q", got.dq), ("d_k", got.dk), ("d_v", got.dv), ("d_g", got.dg), ("S", got.ds0)];
-                    for (k, a) in got {
-                        let w = if k == "S" { want_ds.get(k) } else { want.get(k) };
-                        let Some(w) = w else {
-                            assert!(a.is_none(), "{label}: {k} should not be there");
-                            continue;
-                        };
-                        let (a, w) = (a.unwrap(), w.clone());
-                        let err =
-                            (&a - &w).mapv(|e| e * e).sum().sqrt() / w.mapv(|e| e * e).sum().sqrt().max(1.0);
-                        assert!(err < 1e-12, "{label} {k}: error {err:.3e}");
-                    }
+        for_each_recipe_case(|name, m, ll, shape, dims, x, dy| {
+            let s0 = m.random_state(dims, 8).unwrap();
+            let df: Tensors<f64> = s0.iter().map(|(k, v)| (k.clone(), v.mapv(|e| (1.7 * e).cos()))).collect();
+            for (with_s0, with_df) in [(true, true), (true, false), (false, true)] {
+                let (s0, df) = (with_s0.then_some(&s0), with_df.then_some(&df));
+                let (want, want_ds) =
+                    backward_state(m, &cpu, Form::Fast, x, s0, dy, df, &Requires::All).unwrap();
+                let g = x.get("g");
+                let wants = Wants { q: true, k: true, v: true, g: g.is_some() };
+                let states = States { s0: s0.map(|s| &s[STATE]), d_final: df.map(|s| &s[STATE]) };
+                let xs = [&x["q"], &x["k"], &x["v"], dy];
+                let got = transposed(&OnHost { m: ll }, xs, g, ll.scale, states, wants).unwrap();
+                let label = format!("{name} {shape:?} S_0: {with_s0}, S̄_T: {with_df}");
+                assert_eq!(got.ds0.is_some(), with_s0, "{label}: S̄_0 iff an initial state");
+                let got =
+                    [("d_q", got.dq), ("d_k", got.dk), ("d_v", got.dv), ("d_g", got.dg), ("S", got.ds0)];
+                for (k, a) in got {
+                    let w = if k == "S" { want_ds.get(k) } else { want.get(k) };
+                    let Some(w) = w else {
+                        assert!(a.is_none(), "{label}: {k} should not be there");
+                        continue;
+                    };
+                    let err = error(&a.unwrap(), w);
+                    assert!(err < 1e-12, "{label} {k}: error {err:.3e}");
                 }
             }
-        }
+        });
     }
 }
