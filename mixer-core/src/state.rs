@@ -26,6 +26,23 @@ use crate::real::Real;
 use crate::spec::Constraint;
 use crate::tensor::Tensors;
 
+/// The arguments of a backward from a state (docs/math.md §7): the inputs `x`, the initial state
+/// (`None`: zeros), the cotangent `dy` of `y`, the final state's cotangent (`None`: zero) and the
+/// input gradients asked for.
+#[derive(Clone, Copy)]
+pub struct StateVjp<'a, F> {
+    /// The inputs.
+    pub x: &'a Tensors<F>,
+    /// The initial state, `None` for zeros.
+    pub initial: Option<&'a Tensors<F>>,
+    /// The cotangent of `y`.
+    pub dy: &'a ArrayD<F>,
+    /// The cotangent of the final state, `None` for zero.
+    pub d_final: Option<&'a Tensors<F>>,
+    /// The input gradients asked for.
+    pub requires: &'a crate::grad::Requires,
+}
+
 /// The names and shapes of a state's tensors, in a fixed order.
 pub type StateShapes = Vec<(String, Vec<usize>)>;
 

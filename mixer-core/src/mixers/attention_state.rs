@@ -35,7 +35,7 @@ use ndarray::{ArrayD, Axis, IxDyn, Slice, s};
 
 use super::attention::Attention;
 use crate::error::{Error, Result, fmt_shape};
-use crate::grad::{Requires, grad_name};
+use crate::grad::grad_name;
 use crate::real::Real;
 use crate::state::{StateShapes, by_length, prefixed, unprefix};
 use crate::tensor::{Tensors, get};
@@ -211,13 +211,10 @@ pub fn run<F: Real>(
 /// cache's gradient.
 pub fn vjp<F: Real>(
     m: &Attention,
-    x: &Tensors<F>,
-    initial: Option<&Tensors<F>>,
-    dy: &ArrayD<F>,
-    d_final: Option<&Tensors<F>>,
-    requires: &Requires,
+    args: crate::state::StateVjp<'_, F>,
     backward: impl Fn(&Tensors<F>, &ArrayD<F>) -> Result<Tensors<F>>,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
+    let crate::state::StateVjp { x, initial, dy, d_final, requires } = args;
     let (q, k, v) = (get(x, "q")?, get(x, "k")?, get(x, "v")?);
     if dy.shape() != v.shape() {
         return Err(Error::shape("dy", fmt_shape(v.shape()), fmt_shape(dy.shape())));
@@ -303,6 +300,7 @@ pub(crate) fn random_state(m: &Attention, dims: &crate::Dims, seed: u64) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::grad::Requires;
     use crate::mixer::{Mixer, complete_dims};
     use crate::mixers::state_check::{Cotangents, check_inputs, check_partial, close, split_run};
     use crate::state::segment;

@@ -39,7 +39,7 @@ use ndarray::{ArrayD, Axis, IxDyn, s};
 
 use super::glr::{Glr, On};
 use crate::error::{Error, Result, fmt_shape};
-use crate::grad::{Requires, grad_name};
+use crate::grad::grad_name;
 use crate::pattern::Slots;
 use crate::real::Real;
 use crate::state::{POSITION, StateShapes, by_length, position_tensor};
@@ -226,13 +226,10 @@ pub fn run<F: Real>(
 /// state's gradient.
 pub fn vjp<F: Real>(
     m: &Glr,
-    x: &Tensors<F>,
-    initial: Option<&Tensors<F>>,
-    dy: &ArrayD<F>,
-    d_final: Option<&Tensors<F>>,
-    requires: &Requires,
+    args: crate::state::StateVjp<'_, F>,
     backward: impl Fn(&Tensors<F>, &ArrayD<F>) -> Result<Tensors<F>>,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
+    let crate::state::StateVjp { x, initial, dy, d_final, requires } = args;
     let name = stream(m).map_err(|why| crate::state::no_state(crate::Mixer::name(m), &why))?;
     let (nb, t_len, c, k) = sizes(x)?;
     if dy.shape() != [nb, t_len, c] {
@@ -337,6 +334,7 @@ pub(crate) fn random_state(m: &Glr, dims: &crate::Dims, mut s: Tensors<f64>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::grad::Requires;
     use crate::mixer::{Mixer, complete_dims};
     use crate::mixers::state_check::{Cotangents, check_partial, close_within, split_run};
     use crate::state::cut;

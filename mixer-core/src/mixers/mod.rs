@@ -42,9 +42,11 @@ macro_rules! state_oracle {
     (extension $module:ident) => {
         state_oracle!(
             |m, x, s| super::$module::run(m, x, s, |e| $crate::oracle::dense(m, e)),
-            |m, x, s, dy, df, req| super::$module::vjp(m, x, s, dy, df, req, |e, d| {
-                $crate::grad::materialized_backward(m, e, d, &$crate::grad::Requires::All)
-            })
+            |m, x, s, dy, df, req| super::$module::vjp(
+                m,
+                $crate::state::StateVjp { x, initial: s, dy, d_final: df, requires: req },
+                |e, d| { $crate::grad::materialized_backward(m, e, d, &$crate::grad::Requires::All) }
+            )
         );
     };
     ($module:ident) => {

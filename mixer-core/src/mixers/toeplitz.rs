@@ -417,9 +417,10 @@ impl Mixer for Toeplitz {
     }
     state_oracle!(
         |m, x, s| super::toeplitz_state::run(x, s, |e| crate::oracle::dense(m, e)),
-        |m, x, s, dy, df, req| super::toeplitz_state::vjp(x, s, dy, df, req, |e, d| {
-            crate::grad::materialized_backward(m, e, d, &crate::grad::Requires::All)
-        })
+        |m, x, s, dy, df, req| super::toeplitz_state::vjp(
+            crate::state::StateVjp { x, initial: s, dy, d_final: df, requires: req },
+            |e, d| { crate::grad::materialized_backward(m, e, d, &crate::grad::Requires::All) }
+        )
     );
     /// `x ~ N(0,1)`; `w[i,h,j] = n·exp(−j/τ)·√(2/(τ·Kw))` with `n ~ N(0,1)` and
     /// `τ = max(Tw/4, 2)` (decaying, `Σⱼ w² ≈ 1/Kw`, yet long-range lags still matter);

@@ -31,7 +31,7 @@ use std::ops::AddAssign;
 use ndarray::{ArrayD, Axis, IxDyn, s};
 
 use crate::error::{Error, Result, fmt_shape};
-use crate::grad::{Requires, grad_name};
+use crate::grad::grad_name;
 use crate::real::Real;
 use crate::state::{POSITION, StateShapes, by_length, position_tensor, prefixed, unprefix};
 use crate::tensor::{Tensors, get};
@@ -134,13 +134,10 @@ pub fn run<F: Real>(
 /// `d_<input>` from the inputs and the cotangent) (module documentation): the gradients of
 /// the inputs in `requires` and, with an initial state, the state's gradient.
 pub fn vjp<F: Real>(
-    x: &Tensors<F>,
-    initial: Option<&Tensors<F>>,
-    dy: &ArrayD<F>,
-    d_final: Option<&Tensors<F>>,
-    requires: &Requires,
+    args: crate::state::StateVjp<'_, F>,
     backward: impl Fn(&Tensors<F>, &ArrayD<F>) -> Result<Tensors<F>>,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
+    let crate::state::StateVjp { x, initial, dy, d_final, requires } = args;
     let xs = get(x, "x")?;
     let (nb, t_len, c) = (xs.shape()[0], xs.shape()[1], xs.shape()[2]);
     if dy.shape() != xs.shape() {
@@ -216,6 +213,7 @@ fn rows_of(a: &ArrayD<f64>, r: std::ops::Range<usize>) -> ArrayD<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::grad::Requires;
     use crate::mixer::{Mixer, complete_dims};
     use crate::mixers::state_check::{Cotangents, check_inputs, check_partial, close};
     use crate::mixers::toeplitz::Toeplitz;

@@ -22,6 +22,7 @@ use mixer_core::Form;
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::attention::{Attention, Logits, dot_f64};
 use mixer_core::mixers::attention_state;
+use mixer_core::state::StateVjp;
 use mixer_core::tensor::get;
 use mixer_core::{Dims, DimsExt, Error, Real, Requires, Result, Tensors};
 use mixer_registry::{
@@ -119,7 +120,9 @@ impl<F: crate::vmath::VecMath> Family<F> for AttentionCpu {
     }
     fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<Attention, F>> {
         (form == Form::Fast).then_some(|a, x, s, dy, df, req| {
-            attention_state::vjp(a, x, s, dy, df, req, |e, d| backward::vjp(a, e, d, &Requires::All))
+            attention_state::vjp(a, StateVjp { x, initial: s, dy, d_final: df, requires: req }, |e, d| {
+                backward::vjp(a, e, d, &Requires::All)
+            })
         })
     }
     fn decoder_from_state(&self) -> Option<StateDecoderFn<Attention, F>> {

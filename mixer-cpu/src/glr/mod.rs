@@ -16,6 +16,7 @@ pub mod fast;
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::glr::Glr;
 use mixer_core::mixers::glr_state;
+use mixer_core::state::StateVjp;
 use mixer_core::{Dims, DimsExt, Form, Real, Requires, Result, Tensors};
 use mixer_registry::{
     BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, StateBackwardFn, StateDecoderFn, StateFn, register,
@@ -62,7 +63,9 @@ impl<F: Real> Family<F> for GlrCpu {
     }
     fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<Glr, F>> {
         (form == Form::Fast).then_some(|g, x, s, dy, df, req| {
-            glr_state::vjp(g, x, s, dy, df, req, |e, d| backward::vjp(g, e, d, &Requires::All))
+            glr_state::vjp(g, StateVjp { x, initial: s, dy, d_final: df, requires: req }, |e, d| {
+                backward::vjp(g, e, d, &Requires::All)
+            })
         })
     }
     fn decoder_from_state(&self) -> Option<StateDecoderFn<Glr, F>> {

@@ -19,6 +19,7 @@ use mixer_core::Form;
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::toeplitz::{DecoderKind, FAMILY, Prepared, Toeplitz};
 use mixer_core::mixers::toeplitz_state;
+use mixer_core::state::StateVjp;
 use mixer_core::tensor::get;
 use mixer_core::{Dims, DimsExt, Real, Requires, Result, Tensors};
 use mixer_registry::{
@@ -124,7 +125,9 @@ impl<F: FftReal> Family<F> for ToeplitzCpu {
     }
     fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<Toeplitz, F>> {
         (form == Form::Fast).then_some(|m, x, s, dy, df, req| {
-            toeplitz_state::vjp(x, s, dy, df, req, |e, d| backward::vjp(m, e, d, &Requires::All))
+            toeplitz_state::vjp(StateVjp { x, initial: s, dy, d_final: df, requires: req }, |e, d| {
+                backward::vjp(m, e, d, &Requires::All)
+            })
         })
     }
     fn decoder_from_state(&self) -> Option<StateDecoderFn<Toeplitz, F>> {
