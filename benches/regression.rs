@@ -8,6 +8,7 @@
 
 use divan::Bencher;
 use mixers::core::mixer::{Decoder, Mixer, validate};
+use mixers::core::state::StateVjp;
 use mixers::core::tensor::{cast_tensors, token_slice};
 use mixers::prelude::*;
 use mixers::registry::run::{decoder, run};
@@ -163,17 +164,8 @@ fn packed_backward(bencher: Bencher, label: &str) {
     let cu = offsets(T);
     let dy = ndarray::ArrayD::<f32>::ones(x[m.spec().mixed].raw_dim());
     let go = || {
-        mixers::registry::packed::backward_packed(
-            m.as_ref(),
-            &cpu,
-            Form::Fast,
-            &x,
-            &cu,
-            None,
-            &dy,
-            None,
-            &Requires::All,
-        )
+        let args = StateVjp { x: &x, initial: None, dy: &dy, d_final: None, requires: &Requires::All };
+        mixers::registry::packed::backward_packed(m.as_ref(), &cpu, Form::Fast, &cu, args)
     };
     timed(bencher, label, "packed backward", go);
 }

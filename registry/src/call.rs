@@ -89,7 +89,8 @@ pub fn backward<F: Scalar>(
     }
     match (cu_seqlens, from_state) {
         (Some(cu), _) => {
-            crate::packed::backward_packed(m, backend, form, inputs, cu, initial, dy, d_final, requires)
+            let args = mixer_core::state::StateVjp { x: inputs, initial, dy, d_final, requires };
+            crate::packed::backward_packed(m, backend, form, cu, args)
         }
         (None, true) => {
             crate::state::backward_state(m, backend, form, inputs, initial, dy, d_final, requires)

@@ -22,11 +22,11 @@ use std::ops::Range;
 
 use mixer_core::mixer::Mixer;
 use mixer_core::state::{
-    StateShapes, check_cu_seqlens, check_state, scatter, segment, segment_from_state, shapes_of, stack_rows,
-    state_row, zeros,
+    StateShapes, StateVjp, check_cu_seqlens, check_state, scatter, segment, segment_from_state, shapes_of,
+    stack_rows, state_row, zeros,
 };
 use mixer_core::tensor::get;
-use mixer_core::{Dims, Error, Form, Precision, Requires, Result, Tensors, grad_name};
+use mixer_core::{Dims, Error, Form, Precision, Result, Tensors, grad_name};
 use ndarray::{ArrayD, Axis};
 
 use crate::backend::Backend;
@@ -214,22 +214,18 @@ pub(crate) fn internal(backend: &Backend, message: &str) -> Error {
     Error::Backend { backend: backend.name().into(), family: None, message: format!("internal: {message}") }
 }
 
-/// The backward of [`run_packed`]: gradients `d_<input>` (shape of the inputs) and, with an
-/// initial state, its gradient (one row per sequence). `d_final` (one row per sequence) is the
-/// final states' cotangent; with neither `initial` nor `d_final`, every sequence runs the
-/// plain backward.
-#[allow(clippy::too_many_arguments)]
+/// The backward of [`run_packed`] over the packed batch `cu_seqlens`: gradients `d_<input>`
+/// (shape of the inputs `args.x`) and, with an initial state, its gradient (one row per
+/// sequence). `args.d_final` (one row per sequence) is the final states' cotangent; with neither
+/// an initial state nor `d_final`, every sequence runs the plain backward.
 pub fn backward_packed<F: Scalar>(
     m: &dyn Mixer,
     backend: &Backend,
     form: Form,
-    inputs: &Tensors<F>,
     cu_seqlens: &[usize],
-    initial: Option<&Tensors<F>>,
-    dy: &ArrayD<F>,
-    d_final: Option<&Tensors<F>>,
-    requires: &Requires,
+    args: StateVjp<'_, F>,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
+    let StateVjp { x: inputs, initial, dy, d_final, requires } = args;
     let stateful = initial.is_some() || d_final.is_some();
     let given = [("initial_state", initial), ("d_final_state", d_final)];
     let lay = layout(m, inputs, cu_seqlens, stateful, &given)?;

@@ -17,7 +17,7 @@
 //!   the final states' cotangent through).
 
 use mixer_core::mixer::Mixer;
-use mixer_core::state::{segment, segment_from_state, state_row};
+use mixer_core::state::{StateVjp, segment, segment_from_state, state_row};
 use mixer_core::tensor::{cast_tensors, tensors_to_f64};
 use mixer_core::{DType, Dims, Form, Precision, Requires, Tensors, Tolerance};
 use ndarray::{ArrayD, Axis, Slice};
@@ -229,8 +229,9 @@ pub(crate) fn packed_check(
         return Ok(());
     }
     let dy = y.mapv(|v| (2.3 * v + 0.1).cos());
-    let (g, _) = backward_packed(m, backend, form, &x, &cu, None, &dy, None, &Requires::All)
-        .map_err(|e| format!("packed backward: {e}"))?;
+    let plain = StateVjp { x: &x, initial: None, dy: &dy, d_final: None, requires: &Requires::All };
+    let (g, _) =
+        backward_packed(m, backend, form, &cu, plain).map_err(|e| format!("packed backward: {e}"))?;
     packed_grads(m, &x, &cu, &dy, &g, false, |seg, dyi, _| {
         crate::backward::backward_as(m, backend.name(), form, seg, dyi, DType::F64, &Requires::All)
             .map(|g| (g, Tensors::new()))
@@ -247,8 +248,9 @@ pub(crate) fn packed_check(
         .iter()
         .map(|(k, v)| (k.clone(), v.mapv(|x| (1.3 * x + 0.2).sin())))
         .collect();
-    let (g, ds) = backward_packed(m, backend, form, &x, &cu, Some(&s0), &dy, Some(&df), &Requires::All)
-        .map_err(|e| format!("packed backward from states: {e}"))?;
+    let (g, ds) =
+        backward_packed(m, backend, form, &cu, StateVjp { initial: Some(&s0), d_final: Some(&df), ..plain })
+            .map_err(|e| format!("packed backward from states: {e}"))?;
     let d_rows = packed_grads(m, &x, &cu, &dy, &g, true, |seg, dyi, i| {
         backward_state(
             m,

@@ -7,7 +7,7 @@
 //! empty sequence) and at seeded random lengths up to 5000, the last offset short of the buffer.
 
 use mixer_core::mixer::complete_dims;
-use mixer_core::state::{segment, state_row};
+use mixer_core::state::{StateVjp, segment, state_row};
 use mixer_core::tensor::cast_tensors;
 use mixer_core::{Form, Precision, Requires, Tensors};
 use mixer_registry::family::Scalar;
@@ -69,9 +69,16 @@ fn check<F: Scalar>(name: &str, cfg: serde_json::Value, lens: &[usize], tail: us
     let dy = y.mapv(|v| F::of((2.3 * v.f64() + 0.1).cos()));
     let df: Tensors<F> =
         fin.iter().map(|(k, v)| (k.clone(), v.mapv(|x| F::of((1.3 * x.f64()).sin())))).collect();
-    let (g, _) = backward_packed(m.as_ref(), &cpu, fast, &x, &cu, None, &dy, None, &Requires::All).unwrap();
-    let (gs, ds) =
-        backward_packed(m.as_ref(), &cpu, fast, &x, &cu, Some(&s0), &dy, Some(&df), &Requires::All).unwrap();
+    let plain = StateVjp { x: &x, initial: None, dy: &dy, d_final: None, requires: &Requires::All };
+    let (g, _) = backward_packed(m.as_ref(), &cpu, fast, &cu, plain).unwrap();
+    let (gs, ds) = backward_packed(
+        m.as_ref(),
+        &cpu,
+        fast,
+        &cu,
+        StateVjp { initial: Some(&s0), d_final: Some(&df), ..plain },
+    )
+    .unwrap();
 
     let per_token = m.spec().per_token();
     let is_token = |k: &str| per_token.iter().any(|p| p == k.strip_prefix("d_").unwrap_or(k));
