@@ -1,9 +1,9 @@
 //! Softmax attention (MATH §1.3), typed.
 
 use mixer_core::Result;
-use ndarray::{ArrayView3, ArrayView4};
+use ndarray::{Array4, ArrayView3, ArrayView4};
 
-use super::dispatch::{Stepper, build};
+use super::dispatch::{Stepper, build, forward_states};
 use super::options::Options;
 use super::scalar::Scalar;
 use super::states::KvCache;
@@ -71,4 +71,38 @@ impl<F: Scalar> AttentionDecoder<F> {
     pub fn state(&self) -> Result<KvCache<F>> {
         KvCache::from_tensors(self.0.states()?)
     }
+}
+
+/// [`attention`](super::attention) from the KV cache `initial_state` (`None`: an empty one),
+/// returning `(y, final cache)`: prefill that continues a cache, then more prefill or decoding
+/// ([`AttentionDecoder::from_state`]). With [`Options::cu_seqlens`], one cache row per
+/// sequence in and out. Forms: `parallel`, `fast`, `recurrent`, `materialized`.
+///
+/// ```
+/// use mixers::ndarray::{Array4, Axis, Slice};
+/// use mixers::ops::{self, KvCache, Options};
+/// let q = Array4::<f64>::from_shape_fn((1, 9, 2, 3), |(_, t, h, d)| ((t + h + d) as f64).sin());
+/// let v = Array4::<f64>::from_shape_fn((1, 9, 2, 4), |(_, t, h, d)| ((t * h + d) as f64).cos());
+/// let opts = Options::default();
+/// let y = ops::attention(q.view(), q.view(), v.view(), &opts)?;
+/// // Prefill 6 tokens into a cache of capacity 9, then the last 3 from it.
+/// let cut = |a: &Array4<f64>, r| a.slice_axis(Axis(1), Slice::from(r)).to_owned();
+/// let cache = KvCache::empty(1, 9, 2, 3, 4);
+/// let (_, c6) = ops::attention_state(cut(&q, 0..6).view(), cut(&q, 0..6).view(), cut(&v, 0..6).view(), Some(&cache), &opts)?;
+/// let (y3, c9) = ops::attention_state(cut(&q, 6..9).view(), cut(&q, 6..9).view(), cut(&v, 6..9).view(), Some(&c6), &opts)?;
+/// assert!(y3.iter().zip(cut(&y, 6..9).iter()).all(|(a, b)| (a - b).abs() < 1e-12));
+/// assert_eq!(c9.length, vec![9]);
+/// # Ok::<(), mixers::prelude::Error>(())
+/// ```
+pub fn attention_state<F: Scalar>(
+    q: ArrayView4<'_, F>,
+    k: ArrayView4<'_, F>,
+    v: ArrayView4<'_, F>,
+    initial_state: Option<&KvCache<F>>,
+    opts: &Options,
+) -> Result<(Array4<F>, KvCache<F>)> {
+    let m = mixer(opts)?;
+    let inputs = vec![("q", q.into_dyn()), ("k", k.into_dyn()), ("v", v.into_dyn())];
+    let (y, fin) = forward_states(m.as_ref(), opts, inputs, initial_state.map(KvCache::to_tensors))?;
+    Ok((y, KvCache::from_tensors(fin)?))
 }

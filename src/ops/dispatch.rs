@@ -1,6 +1,6 @@
 //! The only way from the typed operations into the dynamic path (registry lookup, validation,
 //! backend dispatch): [`forward`] for whole sequences and [`Stepper`] for token-by-token
-//! decoding. Every backend argument handed to the registry is made by [`backend_arg`].
+//! decoding.
 //!
 //! Copies: each input view is copied once, into row-major order, into the owned
 //! named-tensor map the registry's kernels take ([`Tensors`]); the output is moved out, not
@@ -15,14 +15,6 @@ use ndarray::{Array, ArrayD, ArrayViewD, Dimension};
 
 use super::options::Options;
 use super::scalar::Scalar;
-
-/// What the registry takes to name a backend: the chosen backend itself.
-pub type BackendArg = Backend;
-
-/// The registry's backend argument for `b`.
-fn backend_arg(b: Backend) -> BackendArg {
-    b
-}
 
 /// A named input, as a view of the caller's array.
 pub(crate) type Named<'a, F> = (&'static str, ArrayViewD<'a, F>);
@@ -67,7 +59,7 @@ pub(crate) fn forward<F: Scalar, D: Dimension>(
     if let Some(cu) = &opts.cu_seqlens {
         let (y, _) = mixer_registry::packed::run_packed(
             m,
-            &backend_arg(backend),
+            &backend,
             opts.form,
             &owned(inputs),
             cu,
@@ -77,13 +69,7 @@ pub(crate) fn forward<F: Scalar, D: Dimension>(
         )?;
         return into_rank(y);
     }
-    let y = mixer_registry::run::run_with(
-        m,
-        &backend_arg(backend),
-        opts.form,
-        &F::tag(owned(inputs)),
-        opts.precision,
-    )?;
+    let y = mixer_registry::run::run_with(m, &backend, opts.form, &F::tag(owned(inputs)), opts.precision)?;
     let dtype = y.dtype();
     into_rank(F::untag(y).ok_or_else(|| Error::Backend {
         backend: "ops".into(),
@@ -119,7 +105,7 @@ pub(crate) fn forward_states<F: Scalar, D: Dimension>(
     inputs: Vec<Named<'_, F>>,
     initial: Option<Tensors<F>>,
 ) -> Result<(Array<F, D>, Tensors<F>)> {
-    let backend = backend_arg(backend_for(opts)?);
+    let backend = backend_for(opts)?;
     let x = owned(inputs);
     let (y, fin) = match &opts.cu_seqlens {
         Some(cu) => {
@@ -163,7 +149,7 @@ impl<F: Scalar> Stepper<F> {
         max_len: usize,
     ) -> Result<Self> {
         let backend = backend_for(opts)?;
-        let forms = mixer_registry::run::forms(mixer.as_ref(), &backend_arg(backend));
+        let forms = mixer_registry::run::forms(mixer.as_ref(), &backend);
         if !forms.contains(&Form::Recurrent) {
             let why = mixer.form_unsupported(Form::Recurrent).map(|w| format!(" ({w})")).unwrap_or_default();
             return Err(Error::FormUnavailable {
@@ -211,14 +197,12 @@ impl<F: Scalar> Stepper<F> {
                 let d = match &self.initial {
                     Some(s) => mixer_registry::state::decoder_from_state(
                         self.mixer.as_ref(),
-                        &backend_arg(self.backend),
+                        &self.backend,
                         &self.statics,
                         &dims,
                         Some(s),
                     )?,
-                    None => {
-                        F::open_decoder(self.mixer.as_ref(), backend_arg(self.backend), &self.statics, &dims)?
-                    }
+                    None => F::open_decoder(self.mixer.as_ref(), self.backend, &self.statics, &dims)?,
                 };
                 self.dec.insert(d)
             }

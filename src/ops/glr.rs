@@ -6,9 +6,10 @@
 use mixer_core::{Error, Mixer, Result};
 use ndarray::{Array2, Array3, ArrayView, ArrayView2, ArrayView3, Dimension, Ix2, Ix3};
 
-use super::dispatch::{Named, Stepper, build, forward};
+use super::dispatch::{Named, Stepper, build, forward, forward_states};
 use super::options::{Options, PatternRef};
 use super::scalar::Scalar;
+use super::states::{RowState, glr_stream};
 
 /// The offset pattern of a GLR (MATH §1.1): a registered `f(k)`, translation-invariant
 /// positions `d_k(t) = t − f(k)` or the cache-efficient lattice, optionally truncated to the
@@ -233,4 +234,46 @@ impl<F: Scalar> GlrDecoder<F> {
     pub fn max_len(&self) -> usize {
         self.max_len
     }
+}
+
+/// [`glr`] from the state `initial_state` (`None`: position 0), returning
+/// `(y, final state)`. The state's rows are the past outputs (`on = b`, [`GlrCoeffs::B`]) or
+/// inputs (`on = a`, [`GlrCoeffs::A`]) later tokens read; `on = both` has no state yet. A run
+/// of `T` tokens from position `a` reads `K(a + T)` slots, so the coefficients' slot axis must
+/// hold at least that many (one sized for the whole sequence serves every part). Forms: `fast`,
+/// `recurrent`, `materialized`.
+///
+/// ```
+/// use mixers::ndarray::{Array3, Array4, Axis, Slice};
+/// use mixers::ops::{self, GlrCoeffs, GlrPattern, Options};
+/// // pow2 on the lattice, T = 12: K(12) = 4 slots serve both parts.
+/// let x = Array3::<f64>::from_shape_fn((1, 12, 2), |(_, t, c)| ((t + c) as f64).sin());
+/// let alpha = Array3::<f64>::ones((1, 12, 2));
+/// let beta = Array4::<f64>::from_elem((1, 12, 4, 2), 0.2);
+/// let p = GlrPattern::new("pow2").cache_efficient(true);
+/// let opts = Options::default();
+/// let y = ops::glr(x.view(), GlrCoeffs::B { alpha: alpha.view(), beta: beta.view() }, &p, &opts)?;
+/// let cut3 = |a: &Array3<f64>, r| a.slice_axis(Axis(1), Slice::from(r)).to_owned();
+/// let cut4 = |a: &Array4<f64>, r| a.slice_axis(Axis(1), Slice::from(r)).to_owned();
+/// let (a0, b0) = (cut3(&alpha, 0..5), cut4(&beta, 0..5));
+/// let (_, s) = ops::glr_state(cut3(&x, 0..5).view(), GlrCoeffs::B { alpha: a0.view(), beta: b0.view() }, &p, None, &opts)?;
+/// let (a1, b1) = (cut3(&alpha, 5..12), cut4(&beta, 5..12));
+/// let (y1, _) = ops::glr_state(cut3(&x, 5..12).view(), GlrCoeffs::B { alpha: a1.view(), beta: b1.view() }, &p, Some(&s), &opts)?;
+/// assert!(y1.iter().zip(cut3(&y, 5..12).iter()).all(|(a, b)| (a - b).abs() < 1e-12));
+/// assert_eq!(s.position, vec![5]);
+/// # Ok::<(), mixers::prelude::Error>(())
+/// ```
+pub fn glr_state<F: Scalar>(
+    x: ArrayView3<'_, F>,
+    coeffs: GlrCoeffs<'_, F>,
+    pattern: &GlrPattern,
+    initial_state: Option<&RowState<F>>,
+    opts: &Options,
+) -> Result<(Array3<F>, RowState<F>)> {
+    let (on, mut inputs) = coeffs.split();
+    let m = mixer(pattern, on, opts)?;
+    let name = glr_stream(on)?;
+    inputs.push(("x", x.into_dyn()));
+    let (y, fin) = forward_states(m.as_ref(), opts, inputs, initial_state.map(|s| s.to_tensors(name)))?;
+    Ok((y, RowState::from_tensors(fin, name)?))
 }

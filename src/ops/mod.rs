@@ -93,8 +93,8 @@ mod scalar;
 mod states;
 mod toeplitz;
 
-pub use attention::{AttentionDecoder, attention};
-pub use glr::{GlrCoeffs, GlrCoeffsOf, GlrDecoder, GlrPattern, GlrTokenCoeffs, glr};
+pub use attention::{AttentionDecoder, attention, attention_state};
+pub use glr::{GlrCoeffs, GlrCoeffsOf, GlrDecoder, GlrPattern, GlrTokenCoeffs, glr, glr_state};
 pub use loglinear::{
     GatedDeltaNetDecoder, LevelState, LinearAttentionDecoder, LogLinearAttentionDecoder,
     LogLinearGatedDeltaNetDecoder, LogLinearMamba2Decoder, Mamba2Decoder, gated_deltanet,
@@ -104,8 +104,8 @@ pub use loglinear::{
 };
 pub use options::{LambdaRef, MaskRef, Options, PatternRef, Precision, Registered, RegistryEntry};
 pub use scalar::Scalar;
-pub use states::{KvCache, RowState, attention_state, glr_state, toeplitz_state};
-pub use toeplitz::{ToeplitzDecoder, toeplitz};
+pub use states::{KvCache, RowState};
+pub use toeplitz::{ToeplitzDecoder, toeplitz, toeplitz_state};
 
 /// The configured mixer that the typed function of the builtin mixer `name` runs with `opts`,
 /// with the same option checks: `attention` and the log-linear family (`linear-attention`,

@@ -4,7 +4,7 @@
 use mixer_core::mixer::{Decoder, Mixer};
 use mixer_core::{Dims, Real, Result, Tensors};
 
-use super::dispatch::BackendArg;
+use mixer_registry::Backend;
 
 mod sealed {
     pub trait Sealed {}
@@ -19,7 +19,7 @@ pub trait Scalar: Real + mixer_registry::Scalar + sealed::Sealed {
     #[doc(hidden)]
     fn open_decoder(
         m: &dyn Mixer,
-        backend: BackendArg,
+        backend: Backend,
         statics: &Tensors<Self>,
         dims: &Dims,
     ) -> Result<Box<dyn Decoder<Self>>>;
@@ -28,7 +28,7 @@ pub trait Scalar: Real + mixer_registry::Scalar + sealed::Sealed {
 impl Scalar for f32 {
     fn open_decoder(
         m: &dyn Mixer,
-        backend: BackendArg,
+        backend: Backend,
         statics: &Tensors<f32>,
         dims: &Dims,
     ) -> Result<Box<dyn Decoder<f32>>> {
@@ -39,7 +39,7 @@ impl Scalar for f32 {
 impl Scalar for f64 {
     fn open_decoder(
         m: &dyn Mixer,
-        backend: BackendArg,
+        backend: Backend,
         statics: &Tensors<f64>,
         dims: &Dims,
     ) -> Result<Box<dyn Decoder<f64>>> {

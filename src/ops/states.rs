@@ -1,15 +1,13 @@
-//! Runs of attention, the Toeplitz mixer and the GLR from a recurrent state, typed
-//! (docs/math.md §7.1): [`attention_state`] with a [`KvCache`], [`toeplitz_state`] and
-//! [`glr_state`] with a [`RowState`], and `from_state` / `state` on their decoders.
+//! The typed recurrent states of attention, the Toeplitz mixer and the GLR (docs/math.md §7.1):
+//! a [`KvCache`] for [`attention_state`](super::attention_state), a [`RowState`] for
+//! [`toeplitz_state`](super::toeplitz_state) and [`glr_state`](super::glr_state); the runs
+//! from a state live with their families' functions.
 
 use mixer_core::state::POSITION;
 use mixer_core::{Error, Real, Result, Tensors};
-use ndarray::{Array, Array3, Array4, ArrayD, ArrayView2, ArrayView3, ArrayView4, Dimension};
+use ndarray::{Array, Array3, Array4, ArrayD, Dimension};
 
-use super::dispatch::forward_states;
-use super::options::Options;
 use super::scalar::Scalar;
-use super::{GlrCoeffs, GlrPattern};
 
 /// A per-row count (a position or a cached length) as a `[B]` tensor of the state's type.
 fn counts<F: Real>(n: &[usize]) -> ArrayD<F> {
@@ -87,100 +85,6 @@ impl<F: Scalar> RowState<F> {
     pub(crate) fn from_tensors(mut t: Tensors<F>, name: &str) -> Result<Self> {
         Ok(RowState { rows: take(&mut t, name)?, position: take_counts(&mut t, POSITION)? })
     }
-}
-
-/// [`attention`](super::attention) from the KV cache `initial_state` (`None`: an empty one),
-/// returning `(y, final cache)`: prefill that continues a cache, then more prefill or decoding
-/// ([`AttentionDecoder::from_state`]). With [`Options::cu_seqlens`], one cache row per
-/// sequence in and out. Forms: `parallel`, `fast`, `recurrent`, `materialized`.
-///
-/// ```
-/// use mixers::ndarray::{Array4, Axis, Slice};
-/// use mixers::ops::{self, KvCache, Options};
-/// let q = Array4::<f64>::from_shape_fn((1, 9, 2, 3), |(_, t, h, d)| ((t + h + d) as f64).sin());
-/// let v = Array4::<f64>::from_shape_fn((1, 9, 2, 4), |(_, t, h, d)| ((t * h + d) as f64).cos());
-/// let opts = Options::default();
-/// let y = ops::attention(q.view(), q.view(), v.view(), &opts)?;
-/// // Prefill 6 tokens into a cache of capacity 9, then the last 3 from it.
-/// let cut = |a: &Array4<f64>, r| a.slice_axis(Axis(1), Slice::from(r)).to_owned();
-/// let cache = KvCache::empty(1, 9, 2, 3, 4);
-/// let (_, c6) = ops::attention_state(cut(&q, 0..6).view(), cut(&q, 0..6).view(), cut(&v, 0..6).view(), Some(&cache), &opts)?;
-/// let (y3, c9) = ops::attention_state(cut(&q, 6..9).view(), cut(&q, 6..9).view(), cut(&v, 6..9).view(), Some(&c6), &opts)?;
-/// assert!(y3.iter().zip(cut(&y, 6..9).iter()).all(|(a, b)| (a - b).abs() < 1e-12));
-/// assert_eq!(c9.length, vec![9]);
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub fn attention_state<F: Scalar>(
-    q: ArrayView4<'_, F>,
-    k: ArrayView4<'_, F>,
-    v: ArrayView4<'_, F>,
-    initial_state: Option<&KvCache<F>>,
-    opts: &Options,
-) -> Result<(Array4<F>, KvCache<F>)> {
-    let m = super::attention::mixer(opts)?;
-    let inputs = vec![("q", q.into_dyn()), ("k", k.into_dyn()), ("v", v.into_dyn())];
-    let (y, fin) = forward_states(m.as_ref(), opts, inputs, initial_state.map(KvCache::to_tensors))?;
-    Ok((y, KvCache::from_tensors(fin)?))
-}
-
-/// [`toeplitz`](super::toeplitz) from the state `initial_state` (`rows = x [B, Tw, C]`, the
-/// inputs consumed, and their count; `None`: position 0), returning `(y, final state)`. A run
-/// of `T` tokens from position `a` reads the taps up to lag `a + T − 1`, so it needs
-/// `a + T ≤ Tw`. Forms: `parallel`, `fast`, `recurrent`, `materialized`.
-pub fn toeplitz_state<F: Scalar>(
-    x: ArrayView3<'_, F>,
-    w: ArrayView3<'_, F>,
-    bias: Option<ArrayView2<'_, F>>,
-    initial_state: Option<&RowState<F>>,
-    opts: &Options,
-) -> Result<(Array3<F>, RowState<F>)> {
-    let (m, mut inputs) = super::toeplitz::mixer_and_statics(w, bias, opts)?;
-    inputs.push(("x", x.into_dyn()));
-    let init = initial_state.map(|s| s.to_tensors("x"));
-    let (y, fin) = forward_states(m.as_ref(), opts, inputs, init)?;
-    Ok((y, RowState::from_tensors(fin, "x")?))
-}
-
-/// [`glr`](super::glr) from the state `initial_state` (`None`: position 0), returning
-/// `(y, final state)`. The state's rows are the past outputs (`on = b`, [`GlrCoeffs::B`]) or
-/// inputs (`on = a`, [`GlrCoeffs::A`]) later tokens read; `on = both` has no state yet. A run
-/// of `T` tokens from position `a` reads `K(a + T)` slots, so the coefficients' slot axis must
-/// hold at least that many (one sized for the whole sequence serves every part). Forms: `fast`,
-/// `recurrent`, `materialized`.
-///
-/// ```
-/// use mixers::ndarray::{Array3, Array4, Axis, Slice};
-/// use mixers::ops::{self, GlrCoeffs, GlrPattern, Options};
-/// // pow2 on the lattice, T = 12: K(12) = 4 slots serve both parts.
-/// let x = Array3::<f64>::from_shape_fn((1, 12, 2), |(_, t, c)| ((t + c) as f64).sin());
-/// let alpha = Array3::<f64>::ones((1, 12, 2));
-/// let beta = Array4::<f64>::from_elem((1, 12, 4, 2), 0.2);
-/// let p = GlrPattern::new("pow2").cache_efficient(true);
-/// let opts = Options::default();
-/// let y = ops::glr(x.view(), GlrCoeffs::B { alpha: alpha.view(), beta: beta.view() }, &p, &opts)?;
-/// let cut3 = |a: &Array3<f64>, r| a.slice_axis(Axis(1), Slice::from(r)).to_owned();
-/// let cut4 = |a: &Array4<f64>, r| a.slice_axis(Axis(1), Slice::from(r)).to_owned();
-/// let (a0, b0) = (cut3(&alpha, 0..5), cut4(&beta, 0..5));
-/// let (_, s) = ops::glr_state(cut3(&x, 0..5).view(), GlrCoeffs::B { alpha: a0.view(), beta: b0.view() }, &p, None, &opts)?;
-/// let (a1, b1) = (cut3(&alpha, 5..12), cut4(&beta, 5..12));
-/// let (y1, _) = ops::glr_state(cut3(&x, 5..12).view(), GlrCoeffs::B { alpha: a1.view(), beta: b1.view() }, &p, Some(&s), &opts)?;
-/// assert!(y1.iter().zip(cut3(&y, 5..12).iter()).all(|(a, b)| (a - b).abs() < 1e-12));
-/// assert_eq!(s.position, vec![5]);
-/// # Ok::<(), mixers::prelude::Error>(())
-/// ```
-pub fn glr_state<F: Scalar>(
-    x: ArrayView3<'_, F>,
-    coeffs: GlrCoeffs<'_, F>,
-    pattern: &GlrPattern,
-    initial_state: Option<&RowState<F>>,
-    opts: &Options,
-) -> Result<(Array3<F>, RowState<F>)> {
-    let (on, mut inputs) = coeffs.split();
-    let m = super::glr::mixer(pattern, on, opts)?;
-    let name = glr_stream(on)?;
-    inputs.push(("x", x.into_dyn()));
-    let (y, fin) = forward_states(m.as_ref(), opts, inputs, initial_state.map(|s| s.to_tensors(name)))?;
-    Ok((y, RowState::from_tensors(fin, name)?))
 }
 
 /// The GLR state's tensor name for `on`.

@@ -4,9 +4,10 @@
 use mixer_core::{Mixer, Result};
 use ndarray::{Array2, Array3, ArrayView2, ArrayView3, Axis};
 
-use super::dispatch::{Named, Stepper, build, forward};
+use super::dispatch::{Named, Stepper, build, forward, forward_states};
 use super::options::Options;
 use super::scalar::Scalar;
+use super::states::RowState;
 
 /// The mixer for the kernel `w [Kw, H, Tw]` and its static inputs as the dynamic path names
 /// them (`w` is `[H, Tw]` when `Kw = 1`).
@@ -112,4 +113,22 @@ impl<F: Scalar> ToeplitzDecoder<F> {
     pub fn state(&self) -> Result<super::states::RowState<F>> {
         super::states::RowState::from_tensors(self.0.states()?, "x")
     }
+}
+
+/// [`toeplitz`] from the state `initial_state` (`rows = x [B, Tw, C]`, the
+/// inputs consumed, and their count; `None`: position 0), returning `(y, final state)`. A run
+/// of `T` tokens from position `a` reads the taps up to lag `a + T − 1`, so it needs
+/// `a + T ≤ Tw`. Forms: `parallel`, `fast`, `recurrent`, `materialized`.
+pub fn toeplitz_state<F: Scalar>(
+    x: ArrayView3<'_, F>,
+    w: ArrayView3<'_, F>,
+    bias: Option<ArrayView2<'_, F>>,
+    initial_state: Option<&RowState<F>>,
+    opts: &Options,
+) -> Result<(Array3<F>, RowState<F>)> {
+    let (m, mut inputs) = mixer_and_statics(w, bias, opts)?;
+    inputs.push(("x", x.into_dyn()));
+    let init = initial_state.map(|s| s.to_tensors("x"));
+    let (y, fin) = forward_states(m.as_ref(), opts, inputs, init)?;
+    Ok((y, RowState::from_tensors(fin, "x")?))
 }

@@ -32,8 +32,7 @@ use mixer_core::mixers::attention::Attention;
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
 use super::backward_fused;
-use super::common::{FAMILY, window_arg};
-use super::fast::Storage;
+use super::common::{FAMILY, Storage, window_arg};
 use crate::forms::{cotangent, input};
 use crate::kernels;
 use crate::pool;
@@ -255,10 +254,20 @@ fn tensor_cores(
         _ => return Ok(None),
     };
     let wgmma = gpu()?.has_wgmma();
-    match backward_fused::plan(a, shape, p, storage, max_dynamic_smem(), wgmma)? {
-        Some(pl) => backward_fused::run(a, &pl, x, dy, req, shape).map(Some),
-        None => Ok(None),
+    let Some(pl) = backward_fused::plan(a, shape, p, storage, max_dynamic_smem(), wgmma)? else {
+        return Ok(None);
+    };
+    let grads = backward_fused::run(&pl, a, x, dy, req, shape)?;
+    if grads.flag == 0 {
+        return grads.into_tensors(req).map(Some);
     }
+    // The exact mode: the FMA kernels on the same buffers, running only where the flag is set;
+    // the statistics (which hold the flag) live until they are enqueued (the pool orders their
+    // reuse after them).
+    let into = Fallback { only_if: grads.flag, q: grads.q, k: grads.k, v: grads.v };
+    let out = fma::<f32>(a, x, dy, req, into);
+    drop(grads.stats);
+    out.map(Some)
 }
 
 #[cfg(test)]

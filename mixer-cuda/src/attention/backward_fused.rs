@@ -24,8 +24,7 @@ use mixer_core::mixers::attention::Attention;
 use mixer_core::{Precision, Requires, Result, grad_name};
 use serde::Serialize;
 
-use super::common::{FAMILY, window_arg};
-use super::fast::{Kernel, Storage};
+use super::common::{FAMILY, Kernel, Storage, window_arg};
 use super::fused;
 use crate::kernels;
 use crate::pool;
@@ -138,19 +137,47 @@ pub fn plan(a: &Attention, shape: [usize; 5], p: Precision, storage: Storage, li
     }))
 }
 
+/// What [`run`] leaves: the `f32` gradient buffers it wrote (`[B, T, H, D]`, those asked for),
+/// and in the exact mode the device address of the overflow flag with the statistics buffer that
+/// holds it: where the flag is set the tensor-core kernels wrote nothing, and the caller launches
+/// the FMA kernels on the same buffers to run instead (`super::backward`'s `Fallback`).
+pub struct Grads {
+    /// `d_q`, `d_k`, `d_v`.
+    pub q: Option<pool::Pooled<f32>>,
+    pub k: Option<pool::Pooled<f32>>,
+    pub v: Option<pool::Pooled<f32>>,
+    /// The flag's address (0: none, not the exact mode).
+    pub flag: u64,
+    /// The buffer that holds the flag, kept until the FMA kernels are enqueued.
+    pub stats: pool::Pooled<f32>,
+    dims: [usize; 4],
+}
+
+impl Grads {
+    /// The gradients as device tensors, those `req` asks for.
+    pub fn into_tensors(self, req: &Requires) -> Result<DeviceTensors> {
+        let mut out = DeviceTensors::new();
+        for (name, g) in [("q", self.q), ("k", self.k), ("v", self.v)] {
+            if let Some(g) = g.filter(|_| req.wants(name)) {
+                out.insert(grad_name(name), AnyDeviceTensor::F32(DeviceTensor::from_pooled(g, &self.dims)?));
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// Runs the plan `pl` (from [`plan`]) on `x` and `dy` (all bf16 for the bf16 kernels, f32 for
 /// exact and tf32): `d_q`, `d_k`, `d_v` (those `req` asks for) as `f32`, nothing waited for. The
 /// exact mode's forward sets a flag after the statistics where some `q·k` is beyond f32's range;
-/// the tensor-core kernels then skip, and the FMA kernels, launched after them on the same
-/// buffers ([`super::backward::Fallback`]), run instead.
+/// the tensor-core kernels then skip ([`Grads`]).
 pub fn run(
-    a: &Attention,
     pl: &BackwardPlan,
+    a: &Attention,
     x: &DeviceTensors,
     dy: &AnyDeviceTensor,
     req: &Requires,
     shape: [usize; 5],
-) -> Result<DeviceTensors> {
+) -> Result<Grads> {
     let [b, t, h, d, _] = shape;
     let g = gpu()?;
     let rows = b * h * t;
@@ -219,31 +246,14 @@ pub fn run(
     } else {
         steps!(bf16);
     }
-    if split {
-        // The FMA kernels on the same buffers, running only where the flag is set; `stats` lives
-        // until they are enqueued (the pool orders its reuse after them).
-        let into = super::backward::Fallback {
-            only_if: flag,
-            q: want_q.then_some(gq),
-            k: want_kv.then_some(gk),
-            v: want_kv.then_some(gv),
-        };
-        let out = super::backward::fma::<f32>(a, x, dy, req, into);
-        drop(stats);
-        return out;
-    }
-    let mut out = DeviceTensors::new();
-    let dims = [b, t, h, d];
-    if want_q {
-        out.insert(grad_name("q"), AnyDeviceTensor::F32(DeviceTensor::from_pooled(gq, &dims)?));
-    }
-    if req.wants("k") {
-        out.insert(grad_name("k"), AnyDeviceTensor::F32(DeviceTensor::from_pooled(gk, &dims)?));
-    }
-    if req.wants("v") {
-        out.insert(grad_name("v"), AnyDeviceTensor::F32(DeviceTensor::from_pooled(gv, &dims)?));
-    }
-    Ok(out)
+    Ok(Grads {
+        q: want_q.then_some(gq),
+        k: want_kv.then_some(gk),
+        v: want_kv.then_some(gv),
+        flag,
+        stats,
+        dims: [b, t, h, d],
+    })
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
-//! What the attention forms on CUDA share: the family's name in errors and the window as the
-//! kernels take it.
+//! What the attention forms on CUDA share: the family's name in errors, the window as the
+//! kernels take it, and the forward's launch plan types ([`Plan`], filled by
+//! [`super::fast::plan`] for the FMA kernel and [`super::fused::plan`] for the tensor cores).
 
 use mixer_core::mixers::attention::Attention;
+use serde::Serialize;
 
 /// Family name in errors.
 pub(crate) const FAMILY: &str = "attention";
@@ -12,4 +14,72 @@ pub(crate) fn window_arg(a: &Attention, t_len: usize) -> i32 {
         Some(w) if w < t_len => w as i32,
         _ => 0,
     }
+}
+
+/// The exact kernel's tile: each thread holds `tm` query rows (the block's `bq = 16·tm`), key tiles
+/// of `bk` keys, `smem` bytes of dynamic shared memory, `min_blocks` blocks per multiprocessor asked
+/// of the compiler (`__launch_bounds__`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ExactTile {
+    /// Query rows per thread (`AX_TM`).
+    pub tm: usize,
+    /// Query rows per block.
+    pub bq: usize,
+    /// Keys per tile (`AX_BK`).
+    pub bk: usize,
+    /// Dynamic shared memory (bytes).
+    pub smem: usize,
+    /// Blocks per multiprocessor the registers are budgeted for (`AX_MINB`).
+    pub min_blocks: usize,
+}
+
+/// Which kernel a plan launches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kernel {
+    /// `attn_exact_{f32,f64}` (`kernels/attention.cu`).
+    Exact,
+    /// `attn_mma_tf32` (`kernels/attention_fused.cu`).
+    MmaTf32,
+    /// `attn_mma_tf32x3`: the exact mode's split-tf32 products (`kernels/attention_fused.cu`).
+    MmaTf32x3,
+    /// `attn_mma_bf16`.
+    MmaBf16,
+    /// `attn_wgmma_bf16` (compute capability 9.0).
+    WgmmaBf16,
+}
+
+/// The storage of the activations a plan reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Storage {
+    /// `f32` tensors.
+    F32,
+    /// `f64` tensors.
+    F64,
+    /// bf16 tensors (the bf16 mode's device inputs).
+    Bf16,
+}
+
+/// One launch of the attention forward: the kernel, its NVRTC options, grid, block and dynamic
+/// shared memory, and the exact kernel's tile where that runs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Plan {
+    /// The kernel.
+    pub kernel: Kernel,
+    /// The `extern "C"` function.
+    pub function: String,
+    /// NVRTC options (`-D…`, and the architecture for `wgmma`).
+    pub options: Vec<String>,
+    /// Grid: query tiles × (B·H).
+    pub grid: [u32; 2],
+    /// Threads per block.
+    pub block: u32,
+    /// Dynamic shared memory (bytes).
+    pub shared_mem: usize,
+    /// The exact kernel's tile ([`exact_tile`]).
+    pub tile: Option<ExactTile>,
+    /// |σ|·log₂e is not a normal number of the kernel's scalar type: every block takes the exact
+    /// kernel's double-precision rows (`force_exact`).
+    pub force_exact: bool,
 }

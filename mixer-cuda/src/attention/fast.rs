@@ -14,8 +14,8 @@
 use cudarc::driver::LaunchConfig;
 use mixer_core::mixers::attention::Attention;
 use mixer_core::{Precision, Result};
-use serde::Serialize;
 
+pub use super::common::{ExactTile, Kernel, Plan, Storage};
 use super::common::{FAMILY, window_arg};
 use super::fused;
 use crate::forms::{finish, input};
@@ -32,23 +32,6 @@ const LANES: usize = 16;
 /// Words of output accumulators a thread may hold (`tm · ⌈Dv/16⌉ · elem/4`): at most 64 keeps the
 /// scores, the accumulators and one step's operands in registers without spills.
 const ACC_WORDS: usize = 64;
-
-/// The exact kernel's tile: each thread holds `tm` query rows (the block's `bq = 16·tm`), key tiles
-/// of `bk` keys, `smem` bytes of dynamic shared memory, `min_blocks` blocks per multiprocessor asked
-/// of the compiler (`__launch_bounds__`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct ExactTile {
-    /// Query rows per thread (`AX_TM`).
-    pub tm: usize,
-    /// Query rows per block.
-    pub bq: usize,
-    /// Keys per tile (`AX_BK`).
-    pub bk: usize,
-    /// Dynamic shared memory (bytes).
-    pub smem: usize,
-    /// Blocks per multiprocessor the registers are budgeted for (`AX_MINB`).
-    pub min_blocks: usize,
-}
 
 /// The exact kernel's shared memory (bytes) for rows per thread `tm`, keys per tile `bk`, head dims
 /// `dk`, `dv` and scalar size `elem`: `AxLayout` in `attention.cu`, `Q [bq][ks] | K [bk][ks] |
@@ -90,57 +73,6 @@ pub fn exact_tile(dk: usize, dv: usize, elem: usize, limit: usize) -> Result<Exa
         .find(|&(_, _, s)| s <= limit)
         .ok_or_else(too_large)?;
     Ok(ExactTile { tm, bq: LANES * tm, bk, smem, min_blocks: if 2 * smem <= limit { 2 } else { 1 } })
-}
-
-/// Which kernel a plan launches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kernel {
-    /// `attn_exact_{f32,f64}` (`kernels/attention.cu`).
-    Exact,
-    /// `attn_mma_tf32` (`kernels/attention_fused.cu`).
-    MmaTf32,
-    /// `attn_mma_tf32x3`: the exact mode's split-tf32 products (`kernels/attention_fused.cu`).
-    MmaTf32x3,
-    /// `attn_mma_bf16`.
-    MmaBf16,
-    /// `attn_wgmma_bf16` (compute capability 9.0).
-    WgmmaBf16,
-}
-
-/// The storage of the activations a plan reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Storage {
-    /// `f32` tensors.
-    F32,
-    /// `f64` tensors.
-    F64,
-    /// bf16 tensors (the bf16 mode's device inputs).
-    Bf16,
-}
-
-/// One launch of the attention forward: the kernel, its NVRTC options, grid, block and dynamic
-/// shared memory, and the exact kernel's tile where that runs.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Plan {
-    /// The kernel.
-    pub kernel: Kernel,
-    /// The `extern "C"` function.
-    pub function: String,
-    /// NVRTC options (`-D…`, and the architecture for `wgmma`).
-    pub options: Vec<String>,
-    /// Grid: query tiles × (B·H).
-    pub grid: [u32; 2],
-    /// Threads per block.
-    pub block: u32,
-    /// Dynamic shared memory (bytes).
-    pub shared_mem: usize,
-    /// The exact kernel's tile ([`exact_tile`]).
-    pub tile: Option<ExactTile>,
-    /// |σ|·log₂e is not a normal number of the kernel's scalar type: every block takes the exact
-    /// kernel's double-precision rows (`force_exact`).
-    pub force_exact: bool,
 }
 
 /// The exact kernel's plan for `[B, T, H, Dk, Dv]`, scale `scale` and scalar size `elem`.

@@ -30,8 +30,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use mixer_core::mixers::attention::Attention;
 use mixer_core::{Precision, Result};
 
-use super::common::{FAMILY, window_arg};
-use super::fast::{Kernel, Plan};
+use super::common::{FAMILY, Kernel, Plan, window_arg};
 use crate::kernels;
 use crate::pool;
 use crate::runtime::{err, gpu, int, launch};
