@@ -232,9 +232,10 @@ pub(crate) fn fma<F: GpuReal>(
 }
 
 /// The tensor-core backward ([`backward_fused`]) where its plan takes the shapes, the mode and the
-/// storage of `q, k, v` and `dy` (all `f32` in the tf32 mode, all bf16 in the bf16 mode); `None`
-/// elsewhere (the exact kernels run, on inputs converted to `F`). Shapes that do not match are left
-/// to the exact path, which names them.
+/// storage of `q, k, v` and `dy` (all `f32` in the exact and tf32 modes, all bf16 in the bf16
+/// mode), with the FMA kernels launched after it in the exact mode to run where its forward found
+/// an overflow ([`Fallback`]); `None` elsewhere (the FMA kernels run, on inputs converted to `F`).
+/// Shapes that do not match are left to the FMA path, which names them.
 fn tensor_cores(
     a: &Attention,
     x: &DeviceTensors,
