@@ -494,15 +494,15 @@ __device__ __forceinline__ void att_mma_x3(float* c, const u32 (&ah)[4], const u
     att_mma_tf32(c, ah[0], ah[1], ah[2], ah[3], bh[0], bh[1]);
 }
 // The A fragments of the warp's m-tiles from f32 values x as the products take them: rounded to
-// tf32 (hi), or with SPLIT split as tf32_split says (hi, lo).
-template <bool SPLIT>
+// tf32 (hi; ROUNDED: x holds tf32 values already), or with SPLIT split as tf32_split says (hi, lo).
+template <bool SPLIT, bool ROUNDED = false>
 __device__ __forceinline__ void att_a_frag(const float (&x)[ATT_WM][4], u32 (&hi)[ATT_WM][4], u32 (&lo)[ATT_WM][4]) {
 #pragma unroll
     for (int mt = 0; mt < ATT_WM; ++mt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             if (SPLIT) tf32_split(x[mt][i], hi[mt][i], lo[mt][i]);
-            else hi[mt][i] = mx_tf32(x[mt][i]);
+            else hi[mt][i] = ROUNDED ? __float_as_uint(x[mt][i]) : mx_tf32(x[mt][i]);
         }
 }
 // c[mt] += A[mt]·B for the warp's m-tiles, A from att_a_frag, B the fragment (b0, b1) of f32 values
@@ -553,8 +553,10 @@ __device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const
     load_tile_f32(vs0, VS_STRIDE, v + off, first * ATT_BK, ATT_BK, T, tok);
     cp_commit();
 
-    // Q fragments (f32) straight from global memory (read once), rounded or split per use. Dim
-    // permutation inside each 8-dim step: A column t ↔ dim 2t, t+4 ↔ dim 2t+1 (K uses the same).
+    // Q fragments straight from global memory (read once): rounded to tf32 here, or kept in f32
+    // and split per use (SPLIT). Dim permutation inside each 8-dim step: A column t ↔ dim 2t,
+    // t+4 ↔ dim 2t+1 (K uses the same).
+    auto q_in = [](float x) { return SPLIT ? x : __uint_as_float(mx_tf32(x)); };
     float qf[ATT_D / 8][ATT_WM][4];
 #pragma unroll
     for (int mt = 0; mt < ATT_WM; ++mt) {
@@ -565,10 +567,10 @@ __device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const
                               : make_float2(0.f, 0.f);
             float2 c = r1 < T ? *reinterpret_cast<const float2*>(q + off + (long long)r1 * tok + kt * 8 + 2 * t)
                               : make_float2(0.f, 0.f);
-            qf[kt][mt][0] = a.x;
-            qf[kt][mt][1] = c.x;
-            qf[kt][mt][2] = a.y;
-            qf[kt][mt][3] = c.y;
+            qf[kt][mt][0] = q_in(a.x);
+            qf[kt][mt][1] = q_in(c.x);
+            qf[kt][mt][2] = q_in(a.y);
+            qf[kt][mt][3] = q_in(c.y);
         }
     }
     float o[ATT_WM][ATT_D / 8][4];
@@ -586,7 +588,7 @@ __device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const
 #pragma unroll
         for (int kt = 0; kt < ATT_D / 8; ++kt) {
             u32 ah[ATT_WM][4], al[ATT_WM][4];
-            att_a_frag<SPLIT>(qf[kt], ah, al);
+            att_a_frag<SPLIT, !SPLIT>(qf[kt], ah, al);
 #pragma unroll
             for (int nt = 0; nt < ATT_BK / 8; ++nt) {
                 const float2 kv = *reinterpret_cast<const float2*>(kss + (nt * 8 + g) * KS_STRIDE + kt * 8 + 2 * t);

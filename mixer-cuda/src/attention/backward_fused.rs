@@ -183,10 +183,11 @@ pub fn run(
     let rows = b * h * t;
     let split = pl.forward.kernel == Kernel::MmaTf32x3;
     // The statistics, and for the exact mode the overflow flag after them (zeroed here).
-    let mut stats = pool::take::<f32>(FAMILY, 4 * rows + usize::from(split))?;
+    let at = fused::flag_index(rows);
+    let mut stats = pool::take::<f32>(FAMILY, at + usize::from(split))?;
     if split {
         g.stream()
-            .memset_zeros(&mut stats.slice_mut(4 * rows..4 * rows + 1))
+            .memset_zeros(&mut stats.slice_mut(at..at + 1))
             .map_err(|e| err(FAMILY, format!("zeroing the overflow flag: {e}")))?;
     }
     let y = fused::launch_with_stats(a, x, &pl.forward, shape, Some(&mut *stats))?;
@@ -216,7 +217,7 @@ pub fn run(
         use cudarc::driver::DevicePtr;
         let stream = g.stream();
         let (p, _guard) = stats.device_ptr(&stream);
-        p + 16 * rows as u64
+        p + 4 * at as u64
     } else {
         0
     };

@@ -1,7 +1,7 @@
 //! The tensor-core forward (`kernels/attention_fused.cu`), FlashAttention-2 style, for the
-//! `tf32` and `bf16` modes and the `exact` mode on f32 inputs: a block of 4 warps owns 128 query rows of one (batch, head) (64 at
-//! head dims above 64, see [`shape`]); K and
-//! V tiles of 64 keys stream through shared memory with `cp.async` (two stages); `mma.sync`
+//! `tf32` and `bf16` modes and the `exact` mode on f32 inputs: a block of warps owns up to 128
+//! query rows of one (batch, head) (see [`shape`]); K and V tiles of 64 keys (32 in one case,
+//! [`keys_per_tile`]) stream through shared memory with `cp.async` (two stages); `mma.sync`
 //! computes `QKᵀ` and `PV` (bf16 `m16n8k16` or tf32 `m16n8k8`, `f32` accumulation); the
 //! online softmax runs in `f32` with `exp2` (scale·log₂e folded in, the exponent formed from the
 //! product rounded as the row maximum's, so that it is never positive); tiles wholly outside the
@@ -21,9 +21,9 @@
 //! (`attn_row_f64`), as the FMA kernel does.
 //!
 //! It applies when `Dk = Dv ∈ {32, 64, 96, 128}` ([`applies`]; `wgmma` at 64 only, `mma.sync` at
-//! the others, see [`shape`] and [`keys_per_tile`]); otherwise the FMA kernel (`attn_exact_*`) runs (the modes permit
-//! tensor cores, they do not require them). [`plan`] gives the launch, [`super::fast::plan`] picks between it
-//! and the exact kernel.
+//! the others); otherwise the FMA kernel (`attn_exact_*`) runs (the modes permit tensor cores,
+//! they do not require them). [`plan`] gives the launch, [`super::fast::plan`] picks between it
+//! and the FMA kernel.
 
 use cudarc::driver::LaunchConfig;
 use cudarc::driver::sys::CUfunction_attribute_enum;
@@ -117,8 +117,10 @@ pub fn plan(a: &Attention, shape_: [usize; 5], p: Precision, wgmma: bool) -> Res
         // The wgmma kernel aligns its tiles to 1024 bytes (128-byte swizzle atoms) itself.
         Precision::Bf16 if wgmma => (Kernel::WgmmaBf16, (bq * d + 4 * bk * d) * 2 + 1024),
         Precision::Bf16 => (Kernel::MmaBf16, (bq * d + 4 * bk * d) * 2),
-        Precision::Tf32 => (Kernel::MmaTf32, (2 * bk * (d + 8) + 2 * bk * (d + 4)) * 4),
-        Precision::Exact => (Kernel::MmaTf32x3, (2 * bk * (d + 8) + 2 * bk * (d + 4)) * 4),
+        Precision::Tf32 | Precision::Exact => (
+            if split { Kernel::MmaTf32x3 } else { Kernel::MmaTf32 },
+            (2 * bk * (d + 8) + 2 * bk * (d + 4)) * 4,
+        ),
     };
     let function = match kernel {
         Kernel::WgmmaBf16 => "attn_wgmma_bf16",
@@ -184,6 +186,12 @@ pub(crate) fn launch(
     launch_with_stats(a, x, pl, shape_, None)
 }
 
+/// Where the exact mode's overflow flag sits in a statistics buffer of `rows` rows: the float
+/// after the rows' `[rows][4]` statistics (a buffer for the exact mode holds `flag_index + 1`).
+pub(crate) fn flag_index(rows: usize) -> usize {
+    4 * rows
+}
+
 /// [`launch`], also writing each row's softmax statistics `(m, log₂ ℓ)` into `stats`
 /// (`[B·H·T][4]` floats, entries 0 and 1; see `att_store` in `kernels/attention_fused.cu`) where
 /// given: the first step of the tensor-core backward ([`super::backward_fused`]). The exact mode's
@@ -218,7 +226,7 @@ pub(crate) fn launch_with_stats(
     let split = pl.kernel == Kernel::MmaTf32x3;
     if let Some(st) = &stats {
         int(FAMILY, "B·H·T statistics", st.len() / 4)?;
-        if st.len() < 4 * b * h * t + usize::from(split) {
+        if st.len() < flag_index(b * h * t) + usize::from(split) {
             return Err(err(FAMILY, format!("internal: {} statistics for {} rows", st.len() / 4, b * h * t)));
         }
     }
@@ -248,7 +256,7 @@ pub(crate) fn launch_with_stats(
                 // σ in double, for the rows computed again in double where a score overflows; the
                 // overflow flag after the statistics.
                 let scale = a.scale(d);
-                let flag = if st_ptr == 0 { 0 } else { st_ptr + 16 * (b * h * t) as u64 };
+                let flag = if st_ptr == 0 { 0 } else { st_ptr + 4 * flag_index(b * h * t) as u64 };
                 launch!(g, FAMILY, f, cfg;
                     &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &scale, &flag)?;
             } else {
