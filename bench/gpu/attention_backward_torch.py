@@ -18,21 +18,14 @@ import subprocess
 import torch
 import torch.nn.functional as F
 
+from reference import timed as reference_timed
+
 SHAPES = [(1, 16384, 16, 64), (8, 4096, 16, 64), (8, 4096, 16, 128)]
 
 
 def median_ms(f):
-    f()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        f()
-        e1.record()
-        torch.cuda.synchronize()
-        times.append(e0.elapsed_time(e1))
-    return sorted(times)[2]
+    """Median milliseconds of `f` over 5 runs after a warm-up (reference.py's CUDA-event timer)."""
+    return reference_timed(f, warmup=1, reps=5)[0]
 
 
 def sdpa(b, t, h, d, dtype):

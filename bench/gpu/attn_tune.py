@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from reference import timed as reference_timed
+
 ap = argparse.ArgumentParser()
 ap.add_argument("--T", type=int, default=16384)
 ap.add_argument("--B", type=int, default=1)
@@ -42,18 +44,8 @@ scale = 1.0 / math.sqrt(D)
 
 
 def timed(f, reps):
-    for _ in range(3):
-        f()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        f()
-        e1.record()
-        torch.cuda.synchronize()
-        ts.append(e0.elapsed_time(e1))
-    return float(np.median(ts))
+    """Median milliseconds of `f` (reference.py's CUDA-event timer)."""
+    return reference_timed(f, reps=reps)[0]
 
 
 def sdpa():

@@ -9,7 +9,7 @@
 //! [`Options::cu_seqlens`](mixers::ops::Options::cu_seqlens), one row per sequence).
 
 use candle_core::Tensor;
-use mixer_core::mixers::loglinear_state::STATE;
+use mixer_core::mixers::loglinear::state::STATE;
 use mixers::ops::Options;
 
 use crate::call::apply;

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result, fmt_shape};
 use crate::real::Real;
-use crate::tensor::Tensors;
+use crate::tensor::{PARALLEL, Tensors};
 
 /// One axis of a symbolic shape.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -357,19 +357,17 @@ impl InputSpec {
     }
 }
 
-/// Tensors with more elements than this are drawn in parallel (see [`draw`]).
-pub const PARALLEL_DRAW: usize = 1 << 22;
 /// Elements per independently seeded chunk of a parallel draw.
 const DRAW_CHUNK: usize = 1 << 16;
 
-/// Draws one tensor from a generator. Up to [`PARALLEL_DRAW`] elements the values come one
+/// Draws one tensor from a generator. Up to [`PARALLEL`] elements the values come one
 /// after the other from `rng`; a larger tensor takes one `u64` from `rng` and fills chunks of
 /// [`DRAW_CHUNK`] elements in parallel, chunk `i` from its own generator seeded with that value
 /// and `i` — the same values whatever the number of threads (benchmarks at T = 2²⁰ draw
 /// gigabytes of inputs).
 pub fn draw(g: Gen, shape: &[usize], rng: &mut StdRng) -> ArrayD<f64> {
     let len: usize = shape.iter().product();
-    let mut a = if len > PARALLEL_DRAW {
+    let mut a = if len > PARALLEL {
         use rayon::prelude::*;
         let base: u64 = rng.random();
         let mut a = ArrayD::<f64>::zeros(IxDyn(shape));
@@ -420,7 +418,7 @@ mod tests {
     /// distribution's first two moments, and f32 casts of it equal to elementwise casts.
     #[test]
     fn parallel_draw_is_deterministic_and_normal() {
-        let shape = [3, PARALLEL_DRAW / 3 + 4099];
+        let shape = [3, PARALLEL / 3 + 4099];
         let on = |threads: usize| {
             let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
             pool.install(|| draw(Gen::Normal(2.0), &shape, &mut StdRng::seed_from_u64(11)))

@@ -6,7 +6,7 @@
 //! `x[0:b]` (to rounding), for outputs and for gradients flowing through the state. The
 //! log-linear base mixers hold one tensor `S [B, H, Dv, Dk]`, the `S_t` of their recurrence
 //! (docs/math.md §2.1); their Fenwick lifts hold their level states `S [B, H, L, Dv, Dk]` and
-//! the position `position [B]` ([`crate::mixers::loglinear_lift_state`]). A run without an
+//! the position `position [B]` ([`crate::mixers::loglinear::lift_state`]). A run without an
 //! initial state starts from zeros (at position 0).
 //!
 //! **Packed batches.** A batch row of `B = 1` holds `N` sequences back to back, sequence `i`

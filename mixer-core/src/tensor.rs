@@ -6,29 +6,11 @@ use std::collections::BTreeMap;
 use ndarray::{ArrayD, Axis};
 
 use crate::error::{Error, Result, fmt_shape};
+pub use crate::real::DType;
 use crate::real::Real;
 
 /// Named tensors of one scalar type, e.g. `{"q": [B,T,H,Dk], "k": …, "v": …}`.
 pub type Tensors<F> = BTreeMap<String, ArrayD<F>>;
-
-/// The scalar type of a computation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-pub enum DType {
-    /// 32-bit float.
-    F32,
-    /// 64-bit float.
-    F64,
-}
-
-impl DType {
-    /// `"f32"` or `"f64"`.
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::F64 => "f64",
-        }
-    }
-}
 
 /// A tensor of either scalar type.
 #[derive(Clone, Debug, PartialEq)]
@@ -116,14 +98,17 @@ impl AnyTensors {
     }
 }
 
+/// Tensors with more elements than this are cast (and drawn, [`crate::spec::draw`]) in parallel.
+pub const PARALLEL: usize = 1 << 22;
+
 /// Converts named `f64` tensors to another scalar type (large tensors in parallel).
 pub fn cast_tensors<F: Real>(m: &Tensors<f64>) -> Tensors<F> {
     m.iter().map(|(k, v)| (k.clone(), cast(v))).collect()
 }
 
-/// One tensor as another scalar type; above [`crate::spec::PARALLEL_DRAW`] elements, in parallel.
+/// One tensor as another scalar type; above [`PARALLEL`] elements, in parallel.
 fn cast<F: Real>(v: &ArrayD<f64>) -> ArrayD<F> {
-    if v.len() <= crate::spec::PARALLEL_DRAW {
+    if v.len() <= PARALLEL {
         return v.mapv(F::of);
     }
     let mut out = ArrayD::<F>::zeros(v.raw_dim());

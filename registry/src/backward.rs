@@ -239,16 +239,10 @@ pub fn backward_with(
     check_requires(m, &given, requires)?;
     match (inputs, dy) {
         (AnyTensors::F64(t), Tensor::F64(d)) => {
-            Ok(backward_typed::<f64>(m, backend, form, t, d, requires, precision)?
-                .into_iter()
-                .map(|(k, v)| (k, Tensor::F64(v)))
-                .collect())
+            tagged(backward_typed(m, backend, form, t, d, requires, precision))
         }
         (AnyTensors::F32(t), Tensor::F32(d)) => {
-            Ok(backward_typed::<f32>(m, backend, form, t, d, requires, precision)?
-                .into_iter()
-                .map(|(k, v)| (k, Tensor::F32(v)))
-                .collect())
+            tagged(backward_typed(m, backend, form, t, d, requires, precision))
         }
         _ => Err(Error::Io(format!(
             "dy is {} but the inputs are {}; expected one dtype",
@@ -256,6 +250,11 @@ pub fn backward_with(
             inputs.dtype().name()
         ))),
     }
+}
+
+/// Typed gradients as dtype-tagged tensors.
+fn tagged<F: Scalar>(g: Result<Tensors<F>>) -> Result<BTreeMap<String, Tensor>> {
+    Ok(g?.into_iter().map(|(k, v)| (k, F::tag_one(v))).collect())
 }
 
 /// [`backward`] in a given scalar type from `f64` inputs and cotangent (cast first); the

@@ -88,7 +88,7 @@ pub struct BackendEntry {
     pub probe: fn() -> Availability,
     /// The timer of its device-tensor forms (device events, inputs resident on the device),
     /// for a backend with device tensors; `None` times on the host clock.
-    pub timer: Option<&'static dyn crate::device::DeviceTimer>,
+    pub timer: Option<&'static dyn crate::device::contract::DeviceTimer>,
     /// Whether independent calls may run on several host threads at once with nothing
     /// shared between them (the CPU). A packed batch's sequences then run in parallel
     /// ([`crate::packed`]); otherwise one after another.

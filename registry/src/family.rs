@@ -26,7 +26,7 @@ use std::ops::Range;
 
 use mixer_core::mixer::{Decoder, Mixer, downcast};
 
-use crate::device::DeviceForms;
+use crate::device::contract::DeviceForms;
 use mixer_core::{AnyTensors, Dims, Form, Precision, Real, Requires, Result, Tensor, Tensors};
 use ndarray::ArrayD;
 

@@ -2,8 +2,8 @@
 //! DeltaNet and their `loglinear_*` lifts. Shared shapes, options and forms are documented
 //! on the `ops` module ("The log-linear family").
 
-use mixer_core::mixers::loglinear_lift_state::POSITION;
-use mixer_core::mixers::loglinear_state::STATE;
+use mixer_core::mixers::loglinear::lift_state::POSITION;
+use mixer_core::mixers::loglinear::state::STATE;
 use mixer_core::{Error, Mixer, Result, Tensors};
 use ndarray::{Array4, Array5, ArrayD, ArrayView2, ArrayView3, ArrayView4, IxDyn};
 

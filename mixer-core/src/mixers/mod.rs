@@ -41,8 +41,8 @@ macro_rules! materialized_vjp {
 macro_rules! state_oracle {
     (extension $module:ident) => {
         state_oracle!(
-            |m, x, s| super::$module::run(m, x, s, |e| $crate::oracle::dense(m, e)),
-            |m, x, s, dy, df, req| super::$module::vjp(
+            |m, x, s| $module::run(m, x, s, |e| $crate::oracle::dense(m, e)),
+            |m, x, s, dy, df, req| $module::vjp(
                 m,
                 $crate::state::StateVjp { x, initial: s, dy, d_final: df, requires: req },
                 |e, d| { $crate::grad::materialized_backward(m, e, d, &$crate::grad::Requires::All) }
@@ -50,8 +50,8 @@ macro_rules! state_oracle {
         );
     };
     ($module:ident) => {
-        state_oracle!(|m, x, s| super::$module::oracle(m, x, s), |m, x, s, dy, df, req| {
-            super::$module::oracle_vjp(m, x, s, dy, df, req)
+        state_oracle!(|m, x, s| $module::oracle(m, x, s), |m, x, s, dy, df, req| {
+            $module::oracle_vjp(m, x, s, dy, df, req)
         });
     };
     (|$m:ident, $x:ident, $s:ident| $run:expr,
@@ -79,14 +79,8 @@ macro_rules! state_oracle {
 }
 
 pub mod attention;
-pub mod attention_state;
 pub mod glr;
-pub mod glr_state;
 pub mod loglinear;
-pub mod loglinear_lift_state;
-pub mod loglinear_state;
-mod loglinear_vjp;
 #[cfg(test)]
 mod state_check;
 pub mod toeplitz;
-pub mod toeplitz_state;

@@ -15,8 +15,8 @@
 //! `y = Σ_s w_s v_s / Σ_s w_s` with the value rows added in order.
 
 use mixer_core::mixer::Decoder;
+use mixer_core::mixers::attention::state::LENGTH;
 use mixer_core::mixers::attention::{Attention, Logits};
-use mixer_core::mixers::attention_state::LENGTH;
 use mixer_core::tensor::contiguous;
 use mixer_core::{Dims, DimsExt, Error, Real, Result, Tensors};
 use ndarray::{ArrayD, ArrayView1, IxDyn};

@@ -20,8 +20,8 @@ pub mod parallel;
 
 use mixer_core::Form;
 use mixer_core::mixer::Decoder;
+use mixer_core::mixers::attention::state as attention_state;
 use mixer_core::mixers::attention::{Attention, Logits, dot_f64};
-use mixer_core::mixers::attention_state;
 use mixer_core::state::StateVjp;
 use mixer_core::tensor::get;
 use mixer_core::{Dims, DimsExt, Error, Real, Requires, Result, Tensors};

@@ -13,8 +13,8 @@
 
 use mixer_core::Mixer;
 use mixer_core::mixer::Decoder;
+use mixer_core::mixers::glr::state as glr_state;
 use mixer_core::mixers::glr::{Glr, On, Slots};
-use mixer_core::mixers::glr_state;
 use mixer_core::tensor::contiguous;
 use mixer_core::{Dims, DimsExt, Error, Real, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};

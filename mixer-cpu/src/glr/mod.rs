@@ -15,7 +15,7 @@ pub mod fast;
 
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::glr::Glr;
-use mixer_core::mixers::glr_state;
+use mixer_core::mixers::glr::state as glr_state;
 use mixer_core::state::StateVjp;
 use mixer_core::{Dims, DimsExt, Form, Real, Requires, Result, Tensors};
 use mixer_registry::{

@@ -14,8 +14,8 @@ use mixer_core::{Error, Requires, Result, Tensors, grad_name};
 use ndarray::{Array4, ArrayD, Axis, IxDyn, Slice};
 use rayon::prelude::*;
 
-use mixer_core::mixers::loglinear_lift_state::{Levels, POSITION, project, store};
-use mixer_core::mixers::loglinear_state::STATE;
+use mixer_core::mixers::loglinear::lift_state::{Levels, POSITION, project, store};
+use mixer_core::mixers::loglinear::state::STATE;
 
 use super::backward_chunked::{HeadGrads, head_vjp_from};
 use super::common::{Head, Layout};

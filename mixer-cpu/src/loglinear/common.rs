@@ -316,7 +316,7 @@ pub(crate) fn state_tensor<'a, F: Real>(
             "internal: the lifts' state (levels and a position) is read by `lift_state`, not as one `S`",
         ));
     }
-    get(s, mixer_core::mixers::loglinear_state::STATE).map(Some)
+    get(s, mixer_core::mixers::loglinear::state::STATE).map(Some)
 }
 
 /// `H = S_{b,h}ᵀ` (`D_k × D_v`) of a state `S [B, H, Dv, Dk]`.

@@ -16,9 +16,9 @@
 
 use mixer_core::fenwick::merge_states;
 use mixer_core::mixer::{Decoder, check_decoder_capacity};
+use mixer_core::mixers::loglinear::lift_state::{POSITION, positions};
+use mixer_core::mixers::loglinear::state::STATE;
 use mixer_core::mixers::loglinear::{Base, DecoderSizes, LogLinear};
-use mixer_core::mixers::loglinear_lift_state::{POSITION, positions};
-use mixer_core::mixers::loglinear_state::STATE;
 use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Dims, Error, Real, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};

@@ -9,8 +9,8 @@ use std::ops::Range;
 
 use faer::Mat;
 use mixer_core::mixers::loglinear::LogLinear;
-use mixer_core::mixers::loglinear_lift_state::{Levels, POSITION, store};
-use mixer_core::mixers::loglinear_state::STATE;
+use mixer_core::mixers::loglinear::lift_state::{Levels, POSITION, store};
+use mixer_core::mixers::loglinear::state::STATE;
 use mixer_core::tensor::get;
 use mixer_core::{Error, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};

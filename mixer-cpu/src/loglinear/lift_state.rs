@@ -1,6 +1,6 @@
 //! The lifts' fast form run from a state and its backward, per (sequence, head) (docs/math.md
 //! §7.1): the state is the decoder's merged-ahead Fenwick level states at a position `a`
-//! ([`mixer_core::mixers::loglinear_lift_state`]).
+//! ([`mixer_core::mixers::loglinear::lift_state`]).
 //!
 //! A run of `T` tokens from position `a` splits at the chunk boundaries `p = min(a + T, ⌈a/C⌉C)`
 //! and `q = max(p, ⌊(a + T)/C⌋C)`:
@@ -22,10 +22,10 @@
 use faer::{Mat, MatRef};
 use mixer_core::fenwick::{merge_level, merge_states};
 use mixer_core::mixers::loglinear::LogLinear;
-use mixer_core::mixers::loglinear_lift_state::{
+use mixer_core::mixers::loglinear::lift_state::{
     Levels, TokenGrads, TokenRows, load, positions, run_tokens, vjp_tokens,
 };
-use mixer_core::mixers::loglinear_state::STATE;
+use mixer_core::mixers::loglinear::state::STATE;
 use mixer_core::state::state_row;
 use mixer_core::tensor::get;
 use mixer_core::{Error, Result, Tensors};

@@ -3,7 +3,7 @@
 
 use mixer_core::mixer::check_decoder_capacity;
 use mixer_core::mixers::toeplitz::Toeplitz;
-use mixer_core::mixers::toeplitz_state::HISTORY;
+use mixer_core::mixers::toeplitz::state::HISTORY;
 use mixer_core::state::POSITION;
 use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Dims, DimsExt, Real, Result, Tensors};

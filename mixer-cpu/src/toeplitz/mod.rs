@@ -17,8 +17,8 @@ pub mod parallel;
 
 use mixer_core::Form;
 use mixer_core::mixer::Decoder;
+use mixer_core::mixers::toeplitz::state as toeplitz_state;
 use mixer_core::mixers::toeplitz::{DecoderKind, FAMILY, Prepared, Toeplitz};
-use mixer_core::mixers::toeplitz_state;
 use mixer_core::state::StateVjp;
 use mixer_core::tensor::get;
 use mixer_core::{Dims, DimsExt, Real, Requires, Result, Tensors};

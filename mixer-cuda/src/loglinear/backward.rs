@@ -489,7 +489,7 @@ mod tests {
     use mixer_core::Precision;
     use mixer_core::mixer::Mixer;
     use mixer_core::mixer::downcast;
-    use mixer_core::mixers::loglinear_state::STATE;
+    use mixer_core::mixers::loglinear::state::STATE;
     use mixer_core::{Dims, Form, Tensors};
     use mixer_cpu as _;
     use mixer_registry::Backend;

@@ -246,7 +246,7 @@ mod tests {
     //! from a state") is wrong.
     use mixer_core::mixer::downcast;
     use mixer_core::mixers::loglinear::LogLinear;
-    use mixer_core::mixers::loglinear_state::STATE;
+    use mixer_core::mixers::loglinear::state::STATE;
     use mixer_core::{Form, Requires, Tensors};
     use mixer_cpu as _;
     use ndarray::{Array2, ArrayD, Axis, IxDyn, s};

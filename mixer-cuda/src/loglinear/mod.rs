@@ -60,7 +60,7 @@ use crate::forms::{
     DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateBackwardFn, DeviceStateFn,
 };
 use crate::tensor::GpuReal;
-use mixer_core::mixers::loglinear_state::STATE;
+use mixer_core::mixers::loglinear::state::STATE;
 
 use common::FAMILY;
 

@@ -36,6 +36,8 @@ use crate::real::Real;
 use crate::spec::{Bound, Dim, Dims, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
+pub mod state;
+
 /// The family key under which backends register the Toeplitz forms.
 pub const FAMILY: &str = "toeplitz";
 
@@ -401,7 +403,7 @@ impl Mixer for Toeplitz {
     /// `x [B, Tw, C]` (the inputs consumed, rows from the position on zero) and
     /// `position [B]` ([`super::toeplitz_state`]).
     fn state_shapes(&self, dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
-        super::toeplitz_state::shapes(dims)
+        state::shapes(dims)
     }
     /// `Tw = 2T`: room for a state at a position up to `T`.
     fn state_check_dims(&self, dims: &Dims) -> Dims {
@@ -413,15 +415,13 @@ impl Mixer for Toeplitz {
     }
     fn random_state(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
         let shapes = self.state_shapes(dims).map_err(|why| crate::state::no_state(&self.name, &why))?;
-        super::toeplitz_state::random_state(dims, crate::state::random(&shapes, seed))
+        state::random_state(dims, crate::state::random(&shapes, seed))
     }
-    state_oracle!(
-        |m, x, s| super::toeplitz_state::run(x, s, |e| crate::oracle::dense(m, e)),
-        |m, x, s, dy, df, req| super::toeplitz_state::vjp(
-            crate::state::StateVjp { x, initial: s, dy, d_final: df, requires: req },
-            |e, d| { crate::grad::materialized_backward(m, e, d, &crate::grad::Requires::All) }
-        )
-    );
+    state_oracle!(|m, x, s| state::run(x, s, |e| crate::oracle::dense(m, e)), |m, x, s, dy, df, req| {
+        state::vjp(crate::state::StateVjp { x, initial: s, dy, d_final: df, requires: req }, |e, d| {
+            crate::grad::materialized_backward(m, e, d, &crate::grad::Requires::All)
+        })
+    });
     /// `x ~ N(0,1)`; `w[i,h,j] = n·exp(−j/τ)·√(2/(τ·Kw))` with `n ~ N(0,1)` and
     /// `τ = max(Tw/4, 2)` (decaying, `Σⱼ w² ≈ 1/Kw`, yet long-range lags still matter);
     /// `bias ~ N(0, 1/4)` (drawn, so the oracle checks cover it).

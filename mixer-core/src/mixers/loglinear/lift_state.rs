@@ -26,8 +26,7 @@
 
 use ndarray::{ArrayD, IxDyn};
 
-use super::loglinear::{Base, LogLinear};
-use super::loglinear_state::STATE;
+use super::{Base, LogLinear, STATE};
 use crate::error::{Error, Result, fmt_shape};
 use crate::fenwick::{bitlen, merge_level, num_levels};
 use crate::grad::{Requires, grad_name};

@@ -18,7 +18,7 @@
 
 use ndarray::{Array2, ArrayD, IxDyn};
 
-use super::loglinear::{Base, LogLinear, Views, view3, view4};
+use super::{Base, LogLinear, Views, view3, view4};
 use crate::error::{Error, Result};
 use crate::grad::{MatGrad, grad_name};
 use crate::tensor::{Tensors, get};

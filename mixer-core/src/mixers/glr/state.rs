@@ -37,7 +37,7 @@
 
 use ndarray::{ArrayD, Axis, IxDyn, s};
 
-use super::glr::{Glr, On};
+use super::{Glr, On};
 use crate::error::{Error, Result, fmt_shape};
 use crate::grad::grad_name;
 use crate::pattern::Slots;

@@ -2,7 +2,7 @@
 //! base mixers it is the plain materialized oracle on an extended sequence, so that their
 //! states need no second reference implementation (below); the lifts' state (Fenwick level
 //! states and a position) is referenced by their literal recurrence
-//! ([`super::loglinear_lift_state`]), which the tests check against the plain oracle at every
+//! ([`super::lift_state`]), which the tests check against the plain oracle at every
 //! split.
 //!
 //! Per (batch row, head), with `S_0 ∈ ℝ^(D_v × D_k)` the initial state and `e_j` the unit
@@ -24,14 +24,13 @@
 
 use ndarray::{ArrayD, Axis, IxDyn, Slice, s};
 
-use super::loglinear::LogLinear;
+use super::LogLinear;
 use crate::error::{Error, Result};
 use crate::grad::{Requires, grad_name};
 use crate::state::StateShapes;
 use crate::tensor::{Tensors, get};
 
-/// The state tensor's name.
-pub const STATE: &str = "S";
+pub use super::STATE;
 
 /// The state's shapes: `S [B, H, Dv, Dk]` for the base mixers, `S [B, H, L, Dv, Dk]` and
 /// `position [B]` for the Fenwick lifts, or why there is none (other masks).
@@ -40,7 +39,7 @@ pub(crate) fn shapes(m: &LogLinear, dims: &crate::Dims) -> std::result::Result<S
         if !m.has_fenwick_structure() {
             return Err("the lifts' state holds Fenwick level states; this mask is not Fenwick".into());
         }
-        return super::loglinear_lift_state::shapes(dims);
+        return super::lift_state::shapes(dims);
     }
     let size = |s: &str| dims.get(s).copied().ok_or_else(|| format!("size `{s}` is unbound"));
     Ok(vec![(STATE.into(), vec![size("B")?, size("H")?, size("Dv")?, size("Dk")?])])
@@ -113,7 +112,7 @@ pub(crate) fn oracle(
     initial: Option<&Tensors<f64>>,
 ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
     if m.lift.is_some() {
-        return super::loglinear_lift_state::run(m, x, initial);
+        return super::lift_state::run(m, x, initial);
     }
     let (one, xe, pre) = extend(m, x, initial_s(initial)?)?;
     let t_len = get(x, "q")?.shape()[1];
@@ -136,7 +135,7 @@ pub(crate) fn oracle_vjp(
     requires: &Requires,
 ) -> Result<(Tensors<f64>, Tensors<f64>)> {
     if m.lift.is_some() {
-        return super::loglinear_lift_state::vjp(m, x, initial, dy, d_final, requires);
+        return super::lift_state::vjp(m, x, initial, dy, d_final, requires);
     }
     let s0 = initial_s(initial)?;
     let (one, xe, pre) = extend(m, x, s0)?;

@@ -28,6 +28,8 @@ use crate::pattern::{OffsetFn, Pattern};
 use crate::spec::{Bound, Dim, Dims, Gen, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
+pub mod state;
+
 /// Which side the pattern sits on (docs/math.md §1.2).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -290,14 +292,14 @@ impl Mixer for Glr {
     /// Draws from the spec (β stable: `Σ_k |β_{t,k}| ≤ 0.95`), then overwrites every slot
     /// with `f(k) > t` (in `beta`, and slots `k + 1` of `alpha` when `on` includes `a`) with
     /// `± 10⁶`, so that any form that reads an inactive slot fails the comparison. Where the slot
-    /// axis leaves room for a state's prefix ([`super::glr_state::room`]), only the slots
+    /// axis leaves room for a state's prefix ([`state::room`]), only the slots
     /// inactive from every start in that room (`f(k) > t + room`).
     fn random_inputs(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
         let dims = complete_dims(self, dims);
         let mut inp = self.spec().random(&dims, seed, false)?;
         let t_len = dims.get("T").copied().unwrap_or(0);
         // Valid for runs from a state at every position up to the room the slot axis leaves.
-        let room = super::glr_state::slot_count(&dims).map_or(0, |k| super::glr_state::room(self, t_len, k));
+        let room = state::slot_count(&dims).map_or(0, |k| state::room(self, t_len, k));
         let slots = Slots::new(&self.pattern, t_len + room);
         let garbage = |arr: &mut ArrayD<f64>, shift: usize| {
             let sh = arr.shape().to_vec();
@@ -330,7 +332,7 @@ impl Mixer for Glr {
     /// The past outputs (`on = "b"`) or inputs (`on = "a"`) later tokens read, and the
     /// position ([`super::glr_state`]).
     fn state_shapes(&self, dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
-        super::glr_state::shapes(self, dims)
+        state::shapes(self, dims)
     }
     /// `K = K(2T)` slots: room for a state at a position up to about `T`.
     fn state_check_dims(&self, dims: &Dims) -> Dims {
@@ -348,9 +350,9 @@ impl Mixer for Glr {
     }
     fn random_state(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
         let shapes = self.state_shapes(dims).map_err(|why| crate::state::no_state(&self.name, &why))?;
-        super::glr_state::random_state(self, dims, crate::state::random(&shapes, seed))
+        state::random_state(self, dims, crate::state::random(&shapes, seed))
     }
-    state_oracle!(extension glr_state);
+    state_oracle!(extension state);
     fn working_memory(&self, form: crate::Form, dims: &crate::Dims, elem: f64) -> f64 {
         crate::memory::glr(form, dims, elem, self.on().has_b())
     }

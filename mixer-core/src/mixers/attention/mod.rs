@@ -18,6 +18,8 @@ use crate::mixer::Mixer;
 use crate::spec::{Dim, Dims, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
+pub mod state;
+
 /// Default window of `local-attention`.
 pub const LOCAL_WINDOW_DEFAULT: usize = 64;
 
@@ -232,16 +234,16 @@ impl Mixer for Attention {
     /// The KV cache `k [B, N, H, Dk]`, `v [B, N, H, Dv]`, `length [B]`
     /// ([`super::attention_state`]; `N = w − 1` with a window).
     fn state_shapes(&self, dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
-        super::attention_state::shapes(self, dims)
+        state::shapes(self, dims)
     }
     /// Without a window, the cache's capacity `N`: the given cache's, else `T`.
     fn state_sizes(&self, dims: &Dims, given: Option<&crate::state::StateShapes>) -> Dims {
-        super::attention_state::sizes(self, dims, given)
+        state::sizes(self, dims, given)
     }
     fn random_state(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
-        super::attention_state::random_state(self, dims, seed)
+        state::random_state(self, dims, seed)
     }
-    state_oracle!(extension attention_state);
+    state_oracle!(extension state);
     fn as_any(&self) -> &dyn Any {
         self
     }

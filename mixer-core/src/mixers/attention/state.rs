@@ -33,7 +33,7 @@ use std::ops::AddAssign;
 
 use ndarray::{ArrayD, Axis, IxDyn, Slice, s};
 
-use super::attention::Attention;
+use super::Attention;
 use crate::error::{Error, Result, fmt_shape};
 use crate::grad::grad_name;
 use crate::real::Real;

@@ -45,6 +45,13 @@ use crate::real::Real;
 use crate::spec::{Bound, Constraint, Dim, Dims, DimsExt, Gen, InputDecl, InputSpec};
 use crate::tensor::{Tensors, get};
 
+pub mod lift_state;
+pub mod state;
+mod vjp;
+
+/// The name of the base mixers' state tensor `S` (and of the lifts' level states, [`lift_state`]).
+pub const STATE: &str = "S";
+
 /// The registered names of the family's six members: the three base mixers (docs/math.md
 /// §2.1), then their Fenwick lifts `loglinear-*` (§2.3).
 pub const MEMBERS: [&str; 6] = [
@@ -563,19 +570,19 @@ impl Mixer for LogLinear {
         }
         Ok(mat)
     }
-    materialized_vjp!(super::loglinear_vjp::materialized_vjp);
+    materialized_vjp!(vjp::materialized_vjp);
     fn state_shapes(&self, dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
-        super::loglinear_state::shapes(self, dims)
+        state::shapes(self, dims)
     }
     fn random_state(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
         let shapes = self.state_shapes(dims).map_err(|why| crate::state::no_state(&self.name, &why))?;
         let s = crate::state::random(&shapes, seed);
         match self.lift {
-            Some(_) => super::loglinear_lift_state::random_state(dims, s),
+            Some(_) => lift_state::random_state(dims, s),
             None => Ok(s),
         }
     }
-    state_oracle!(loglinear_state);
+    state_oracle!(state);
     fn form_unsupported(&self, form: crate::Form) -> Option<String> {
         let needs_fenwick = matches!(form, crate::Form::Fast | crate::Form::Recurrent);
         (needs_fenwick && !self.has_fenwick_structure())
