@@ -60,6 +60,18 @@ pub type DeviceStateBackwardFn<M> = fn(
     Precision,
 ) -> Result<(DeviceTensors, DeviceTensors)>;
 
+/// The `fast` form from a state and its backward on host arrays, by the family's state
+/// *extension* (docs/math.md §7): the state is a prefix of the inputs (attention's KV cache, the
+/// Toeplitz mixer's input history, the GLR's past outputs), so the run from a state is the
+/// device `fast` form (and its backward) on the inputs extended by that prefix, as on the CPU.
+/// For a family with no device form from a state ([`DeviceFamily::fast_from_state`]).
+pub struct Extension<M, F> {
+    /// `y` and the final state ([`StateFn`]).
+    pub run: StateFn<M, F>,
+    /// The gradients and the initial state's gradient ([`StateBackwardFn`]).
+    pub backward: StateBackwardFn<M, F>,
+}
+
 /// A decoder whose state lives on the device.
 pub trait DeviceDecoder: Send {
     /// Enqueues the next position: `token` holds the per-token inputs (sequence axis removed)
@@ -117,6 +129,11 @@ pub trait DeviceFamily<F: GpuReal>: Send + Sync + 'static {
     fn fast_backward_from_state() -> Option<DeviceStateBackwardFn<Self::Mixer>> {
         None
     }
+    /// The `fast` form from a state on host arrays by the state's extension ([`Extension`]), for
+    /// a family without [`DeviceFamily::fast_from_state`].
+    fn extension() -> Option<Extension<Self::Mixer, F>> {
+        None
+    }
     /// The launch plan of `form` at the sizes `dims` in mode `p`, as JSON
     /// (`mixer_registry::DeviceForms::plan`), for a family that reports one.
     fn plan(_m: &Self::Mixer, _form: Form, _dims: &Dims, _p: Precision) -> Option<Result<serde_json::Value>> {
@@ -149,19 +166,26 @@ impl<F: GpuReal, T: DeviceFamily<F>> Family<F> for Hosted<T> {
         T::unsupported(m, form)
     }
     fn stateful(&self, form: Form) -> Option<StateFn<T::Mixer, F>> {
-        (form == Form::Fast)
-            .then(T::fast_from_state)
-            .flatten()
-            .map(|_| host_fast_from_state::<F, T> as StateFn<T::Mixer, F>)
+        if form != Form::Fast {
+            return None;
+        }
+        match T::fast_from_state() {
+            Some(_) => Some(host_fast_from_state::<F, T> as StateFn<T::Mixer, F>),
+            None => T::extension().map(|e| e.run),
+        }
     }
     fn state_unsupported(&self, m: &T::Mixer, form: Form) -> Option<String> {
         T::state_unsupported(m, form)
     }
     fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<T::Mixer, F>> {
-        (form == Form::Fast)
-            .then(T::fast_backward_from_state)
-            .flatten()
-            .map(|_| host_backward_from_state::<F, T> as StateBackwardFn<T::Mixer, F>)
+        if form != Form::Fast {
+            return None;
+        }
+        match T::fast_backward_from_state() {
+            Some(_) => Some(host_backward_from_state::<F, T> as StateBackwardFn<T::Mixer, F>),
+            None if T::fast_from_state().is_none() => T::extension().map(|e| e.backward),
+            None => None,
+        }
     }
     fn backward(&self, form: Form) -> Option<BackwardFn<T::Mixer, F>> {
         (form == Form::Fast)
@@ -181,7 +205,7 @@ impl<F: GpuReal, T: DeviceFamily<F>> Family<F> for Hosted<T> {
 }
 
 /// The `fast` backward on host arrays (exact mode): [`host_backward_with`].
-fn host_backward<F: GpuReal, T: DeviceFamily<F>>(
+pub(crate) fn host_backward<F: GpuReal, T: DeviceFamily<F>>(
     m: &T::Mixer,
     x: &Tensors<F>,
     dy: &ArrayD<F>,
@@ -250,7 +274,8 @@ fn host_parallel<F: GpuReal, T: DeviceFamily<F>>(m: &T::Mixer, x: &Tensors<F>) -
     host_parallel_with::<F, T>(m, x, Precision::Exact)
 }
 
-fn host_fast<F: GpuReal, T: DeviceFamily<F>>(m: &T::Mixer, x: &Tensors<F>) -> Result<ArrayD<F>> {
+/// The `fast` form on host arrays (exact mode): uploads, runs the device form, reads `y` back.
+pub(crate) fn host_fast<F: GpuReal, T: DeviceFamily<F>>(m: &T::Mixer, x: &Tensors<F>) -> Result<ArrayD<F>> {
     host_fast_with::<F, T>(m, x, Precision::Exact)
 }
 

@@ -22,10 +22,14 @@ pub mod fused;
 
 use mixer_core::mixers::attention::Attention;
 
-use crate::forms::{DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn};
+use crate::forms::{
+    DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, Extension, host_backward, host_fast,
+};
 use crate::runtime::{gpu, max_dynamic_smem};
 use crate::tensor::GpuReal;
-use mixer_core::{Dims, Form, Precision, Result};
+use mixer_core::mixers::attention::state as attention_state;
+use mixer_core::state::StateVjp;
+use mixer_core::{Dims, Form, Precision, Requires, Result};
 
 use common::FAMILY;
 
@@ -67,6 +71,19 @@ impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     }
     fn backward() -> Option<DeviceBackwardFn<Attention>> {
         Some(backward::run::<F>)
+    }
+    /// From a KV cache: the fast form and its backward on the extension by the cache
+    /// ([`attention_state`]).
+    fn extension() -> Option<Extension<Attention, F>> {
+        Some(Extension {
+            run: |a, x, s| attention_state::run(a, x, s, |e| host_fast::<F, AttentionCuda>(a, e)),
+            backward: |a, x, s, dy, df, req| {
+                let args = StateVjp { x, initial: s, dy, d_final: df, requires: req };
+                attention_state::vjp(a, args, |e, d| {
+                    host_backward::<F, AttentionCuda>(a, e, d, &Requires::All)
+                })
+            },
+        })
     }
 }
 

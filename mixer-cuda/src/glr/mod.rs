@@ -20,9 +20,14 @@ pub mod common;
 pub mod decoder;
 pub mod fast;
 
+use mixer_core::Requires;
 use mixer_core::mixers::glr::Glr;
+use mixer_core::mixers::glr::state as glr_state;
+use mixer_core::state::StateVjp;
 
-use crate::forms::{DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn};
+use crate::forms::{
+    DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, Extension, host_backward, host_fast,
+};
 use crate::tensor::GpuReal;
 
 use common::FAMILY;
@@ -40,6 +45,17 @@ impl<F: GpuReal> DeviceFamily<F> for GlrCuda {
     }
     fn decoder() -> Option<DeviceDecoderFn<Glr, F>> {
         Some(|g, _statics, dims| Ok(Box::new(decoder::GlrDecoder::<F>::new(g, dims)?)))
+    }
+    /// From a state (the past outputs the pattern reads): the fast form and its backward on the
+    /// extension by them ([`glr_state`]).
+    fn extension() -> Option<Extension<Glr, F>> {
+        Some(Extension {
+            run: |g, x, s| glr_state::run(g, x, s, |e| host_fast::<F, GlrCuda>(g, e)),
+            backward: |g, x, s, dy, df, req| {
+                let args = StateVjp { x, initial: s, dy, d_final: df, requires: req };
+                glr_state::vjp(g, args, |e, d| host_backward::<F, GlrCuda>(g, e, d, &Requires::All))
+            },
+        })
     }
 }
 

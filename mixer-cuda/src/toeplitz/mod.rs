@@ -26,11 +26,15 @@ pub mod online;
 pub mod parallel;
 pub mod spectra;
 
-use mixer_core::Result;
+use mixer_core::mixers::toeplitz::state as toeplitz_state;
 use mixer_core::mixers::toeplitz::{DecoderKind, Toeplitz};
+use mixer_core::state::StateVjp;
+use mixer_core::{Requires, Result};
 
 use crate::fft::FftReal;
-use crate::forms::{DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn};
+use crate::forms::{
+    DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, Extension, host_backward, host_fast,
+};
 
 use common::FAMILY;
 
@@ -54,6 +58,17 @@ impl<F: FftReal> DeviceFamily<F> for ToeplitzCuda {
                 DecoderKind::Naive => Box::new(naive::NaiveDecoder::<F>::new(tz, statics, dims)?),
                 DecoderKind::Online => Box::new(online::OnlineDecoder::<F>::new(tz, statics, dims)?),
             })
+        })
+    }
+    /// From a state (the last inputs the taps read): the fast form and its backward on the
+    /// extension by them ([`toeplitz_state`]).
+    fn extension() -> Option<Extension<Toeplitz, F>> {
+        Some(Extension {
+            run: |tz, x, s| toeplitz_state::run(x, s, |e| host_fast::<F, ToeplitzCuda>(tz, e)),
+            backward: |tz, x, s, dy, df, req| {
+                let args = StateVjp { x, initial: s, dy, d_final: df, requires: req };
+                toeplitz_state::vjp(args, |e, d| host_backward::<F, ToeplitzCuda>(tz, e, d, &Requires::All))
+            },
         })
     }
 }

@@ -14,6 +14,7 @@ use mixer_registry::{Backend, mixer};
 use ndarray::{ArrayD, Axis, Slice};
 
 use crate::common::{cpu, cuda, gpu};
+use crate::state_grads::{compare, grads};
 
 fn base(name: &str) -> Box<dyn Mixer> {
     mixer(name, &serde_json::json!({"scale": 0.7})).unwrap_or_else(|e| panic!("{name}: {e}"))
@@ -50,76 +51,6 @@ fn case(m: &dyn Mixer, shape: [usize; 5], seed: u64) -> Case {
 fn rounded(c: &Case) -> Case {
     let r = |t: &Tensors<f64>| tensors_to_f64(&cast_tensors::<f32>(t));
     Case { x: r(&c.x), dy: c.dy.mapv(|e| f64::from(e as f32)), s0: r(&c.s0), df: r(&c.df) }
-}
-
-/// The gradients and the initial state's gradient of `backward_state` on `backend` in `dtype`,
-/// as f64.
-fn grads(
-    m: &dyn Mixer,
-    backend: &Backend,
-    dtype: DType,
-    [x, s0, df]: [Option<&Tensors<f64>>; 3],
-    dy: &ArrayD<f64>,
-) -> (Tensors<f64>, Tensors<f64>) {
-    let x = x.expect("inputs");
-    let run = || match dtype {
-        DType::F64 => backward_state(m, backend, Form::Fast, x, s0, dy, df, &Requires::All),
-        DType::F32 => {
-            let c = |t: Option<&Tensors<f64>>| t.map(cast_tensors::<f32>);
-            let (s0, df) = (c(s0), c(df));
-            backward_state(
-                m,
-                backend,
-                Form::Fast,
-                &cast_tensors::<f32>(x),
-                s0.as_ref(),
-                &dy.mapv(|e| e as f32),
-                df.as_ref(),
-                &Requires::All,
-            )
-            .map(|(g, s)| (tensors_to_f64(&g), tensors_to_f64(&s)))
-        }
-    };
-    run().unwrap_or_else(|e| {
-        panic!("{} {} backward from a state on {}: {e}", m.name(), dtype.name(), backend.name())
-    })
-}
-
-/// Compares every gradient and the initial state's gradient (`S̄_0`, keyed `S`) of `got` with
-/// `want` ([`Tolerance::compare_grad`]), printing one line each; returns the failures, each
-/// naming the case, the tensor and the errors.
-fn compare(
-    label: &str,
-    got: &(Tensors<f64>, Tensors<f64>),
-    want: &(Tensors<f64>, Tensors<f64>),
-    tol: Tolerance,
-) -> Vec<String> {
-    let mut bad = Vec::new();
-    for (what, g, w) in [("gradient", &got.0, &want.0), ("initial state's gradient", &got.1, &want.1)] {
-        if g.keys().ne(w.keys()) {
-            bad.push(format!("{label}: {what} tensors {:?}, the CPU gives {:?}", g.keys(), w.keys()));
-            continue;
-        }
-        for (k, wv) in w {
-            let c = tol.compare_grad(g[k].view(), wv.view());
-            let name = if what == "gradient" { k.clone() } else { format!("d_initial_state.{k}") };
-            println!(
-                "BWD-STATE {label} {name} rel_rms={:.3e} max_abs={:.3e} pass={}",
-                c.rel_rms, c.max_abs, c.pass
-            );
-            if !c.pass {
-                bad.push(format!(
-                    "{label} {name}: rel_rms {:.3e} (bound {:.0e}), max_abs {:.3e} (bound {:.0e} × {:.3e})",
-                    c.rel_rms,
-                    tol.rel_rms,
-                    c.max_abs,
-                    tol.max_abs,
-                    c.ref_max.max(1.0)
-                ));
-            }
-        }
-    }
-    bad
 }
 
 /// The head dims `(Dk, Dv)` of the tests: 64, 70 (not a multiple of 16 or 4), 128 (one stage of

@@ -14,6 +14,8 @@ mod loglinear;
 mod loglinear_backward;
 mod loglinear_backward_state;
 mod runtime;
+mod state_grads;
+mod states_extension;
 mod suite;
 mod toeplitz;
 
