@@ -20,10 +20,14 @@ pub mod common;
 pub mod decoder;
 pub mod fast;
 
-use mixer_core::Requires;
+use mixer_core::mixer::Mixer;
 use mixer_core::mixers::glr::Glr;
 use mixer_core::mixers::glr::state as glr_state;
 use mixer_core::state::StateVjp;
+use mixer_core::state::{cut, scatter};
+use mixer_core::tensor::get;
+use mixer_core::{Real, Requires, Result, Tensors};
+use ndarray::ArrayD;
 
 use crate::forms::{
     DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, Extension, host_backward, host_fast,
@@ -50,13 +54,42 @@ impl<F: GpuReal> DeviceFamily<F> for GlrCuda {
     /// extension by them ([`glr_state`]).
     fn extension() -> Option<Extension<Glr, F>> {
         Some(Extension {
-            run: |g, x, s| glr_state::run(g, x, s, |e| host_fast::<F, GlrCuda>(g, e)),
+            run: |g, x, s| glr_state::run(g, x, s, |e| host_fast::<F, GlrCuda>(g, &exact_slots(g, e)?)),
             backward: |g, x, s, dy, df, req| {
                 let args = StateVjp { x, initial: s, dy, d_final: df, requires: req };
-                glr_state::vjp(g, args, |e, d| host_backward::<F, GlrCuda>(g, e, d, &Requires::All))
+                glr_state::vjp(g, args, |e, d| {
+                    let grads = host_backward::<F, GlrCuda>(g, &exact_slots(g, e)?, d, &Requires::All)?;
+                    padded(grads, e)
+                })
             },
         })
     }
+}
+
+/// The extended inputs `e` with their slot axes cut to exactly the `K(T)` slots of their length
+/// (`Mixer::length_axes`), as the CUDA forms take them: an extension by a state carries the
+/// slots of the whole sequence, and the slots past `K(T)` are never read (docs/math.md §1.1).
+fn exact_slots<F: Real>(g: &Glr, e: &Tensors<F>) -> Result<Tensors<F>> {
+    let t = get(e, "x")?.shape().get(1).copied().unwrap_or(0);
+    cut(e, &[], &g.length_axes(t), 0..t)
+}
+
+/// The gradients of [`exact_slots`]'s inputs as gradients of `e`'s: zero in the slots that were
+/// cut (they are never read).
+fn padded<F: Real>(grads: Tensors<F>, e: &Tensors<F>) -> Result<Tensors<F>> {
+    grads
+        .into_iter()
+        .map(|(k, g)| {
+            let Some(full) = k.strip_prefix("d_").and_then(|n| e.get(n)) else { return Ok((k, g)) };
+            if full.shape() == g.shape() {
+                return Ok((k, g));
+            }
+            let mut out = ArrayD::<F>::zeros(full.raw_dim());
+            let t = g.shape().get(1).copied().unwrap_or(0);
+            scatter(&mut out, &g, 0..t, true)?;
+            Ok((k, out))
+        })
+        .collect()
 }
 
 cuda_family!(GLR_CUDA, FAMILY, GlrCuda);

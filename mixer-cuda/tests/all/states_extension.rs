@@ -20,7 +20,8 @@ use crate::state_grads::{compare, grads};
 
 /// The mixers (name, configuration) and their sizes but `T`: causal and windowed attention with
 /// `Dk ≠ Dv`, a two-head Toeplitz mixer with a kernel longer than some sequences, the GLR on a
-/// lattice pattern and a translation-invariant one.
+/// lattice pattern, on a pattern over both `a` and `b` (slot axes on `alpha` and `beta`, cut to
+/// `K(T)` for the CUDA forms) and a translation-invariant one.
 fn cases() -> Vec<(&'static str, serde_json::Value, Vec<(&'static str, usize)>)> {
     use serde_json::json;
     let att = vec![("B", 2), ("H", 2), ("Dk", 40), ("Dv", 24)];
@@ -30,6 +31,7 @@ fn cases() -> Vec<(&'static str, serde_json::Value, Vec<(&'static str, usize)>)>
         ("attention", json!({"scale": 0.3, "window": 20}), att),
         ("toeplitz", json!({"heads": 2, "kernel_width": 70}), chan.clone()),
         ("glr", json!({"pattern": "pow2", "cache_efficient": true}), chan.clone()),
+        ("glr", json!({"pattern": "sq1", "on": "both"}), chan.clone()),
         ("kth-order", json!({"order": 3}), chan),
     ]
 }
