@@ -106,7 +106,24 @@ pub fn no_state(mixer: &str, why: &str) -> Error {
 /// Checks a given state against the expected shapes: the same names, the same shapes, finite
 /// values. Errors name the tensor, the expected and the given.
 pub fn check_state<F: Real>(what: &str, want: &StateShapes, given: &Tensors<F>) -> Result<()> {
-    for name in given.keys() {
+    check_shapes(what, want, &shapes_of(given))?;
+    for (name, a) in given {
+        if !Constraint::Finite.all(a) {
+            return Err(Error::Value {
+                name: format!("{what}.{name}"),
+                constraint: "must be finite".into(),
+                found: "a NaN or an infinity".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The names and shapes of [`check_state`] (for a state whose values live elsewhere, e.g. on a
+/// device): the same names as `want`, each with its shape.
+pub fn check_shapes(what: &str, want: &StateShapes, given: &StateShapes) -> Result<()> {
+    let names = || given.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>().join(", ");
+    for (name, _) in given {
         if !want.iter().any(|(n, _)| n == name) {
             return Err(Error::UnexpectedInput {
                 name: format!("{what}.{name}"),
@@ -119,22 +136,15 @@ pub fn check_state<F: Real>(what: &str, want: &StateShapes, given: &Tensors<F>) 
         }
     }
     for (name, shape) in want {
-        let Some(a) = given.get(name) else {
+        let Some((_, a)) = given.iter().find(|(n, _)| n == name) else {
             return Err(Error::MissingInput {
                 name: format!("{what}.{name}"),
                 expected: fmt_shape(shape),
-                given: given.keys().cloned().collect::<Vec<_>>().join(", "),
+                given: names(),
             });
         };
-        if a.shape() != shape.as_slice() {
-            return Err(Error::shape(format!("{what}.{name}"), fmt_shape(shape), fmt_shape(a.shape())));
-        }
-        if !Constraint::Finite.all(a) {
-            return Err(Error::Value {
-                name: format!("{what}.{name}"),
-                constraint: "must be finite".into(),
-                found: "a NaN or an infinity".into(),
-            });
+        if a != shape {
+            return Err(Error::shape(format!("{what}.{name}"), fmt_shape(shape), fmt_shape(a)));
         }
     }
     Ok(())

@@ -55,9 +55,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         precision: Precision,
         checks: bool,
     ) -> Result<Box<dyn Any>> {
-        let inputs = inputs.downcast_ref::<DeviceTensors>().ok_or_else(|| {
-            err("tensor", "internal: the inputs of a cuda device form are not mixer_cuda::DeviceTensors")
-        })?;
+        let inputs = tensors(inputs, "inputs")?;
         // The shapes, bounds and dtypes on the host; then, unless `checks` is false, the
         // device-side value checks of the inputs, the run, and the finiteness check of `y`.
         let double = check_on_host(m, inputs, precision)?;
@@ -74,11 +72,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
                  input is finite; the result overflows its dtype"
             ))
         })?);
-        Ok(Box::new(match y {
-            AnyDeviceTensor::F32(t) => AnyDeviceTensor::F32(t.with_checks(checks)),
-            AnyDeviceTensor::F64(t) => AnyDeviceTensor::F64(t.with_checks(checks)),
-            AnyDeviceTensor::Bf16(t) => AnyDeviceTensor::Bf16(t.with_checks(checks)),
-        }))
+        Ok(Box::new(y.with_checks(checks)))
     }
 
     fn backward(
@@ -90,9 +84,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         precision: Precision,
         checks: bool,
     ) -> Result<Box<dyn Any>> {
-        let inputs = inputs.downcast_ref::<DeviceTensors>().ok_or_else(|| {
-            err("tensor", "internal: the inputs of a cuda device backward are not mixer_cuda::DeviceTensors")
-        })?;
+        let inputs = tensors(inputs, "inputs")?;
         let dy = dy.downcast_ref::<AnyDeviceTensor>().ok_or_else(|| {
             err("tensor", "internal: the dy of a cuda device backward is not a mixer_cuda::AnyDeviceTensor")
         })?;
@@ -143,14 +135,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
             .filter(|(k, _)| {
                 k.strip_prefix("d_").is_some_and(|n| requires.wants(n) && inputs.contains_key(n))
             })
-            .map(|(k, v)| {
-                let v = match v {
-                    AnyDeviceTensor::F32(t) => AnyDeviceTensor::F32(t.with_checks(checks.iter().cloned())),
-                    AnyDeviceTensor::F64(t) => AnyDeviceTensor::F64(t.with_checks(checks.iter().cloned())),
-                    AnyDeviceTensor::Bf16(t) => AnyDeviceTensor::Bf16(t.with_checks(checks.iter().cloned())),
-                };
-                (k, v)
-            })
+            .map(|(k, v)| (k, v.with_checks(checks.iter().cloned())))
             .collect();
         for name in inputs.keys().filter(|n| requires.wants(n)) {
             let g = out.get(&format!("d_{name}")).ok_or_else(|| {
@@ -171,6 +156,46 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
             }
         }
         Ok(Box::new(out))
+    }
+
+    fn implements_state(&self) -> bool {
+        <T as DeviceFamily<f32>>::fast_from_state().is_some()
+    }
+
+    fn run_state(
+        &self,
+        m: &dyn Mixer,
+        inputs: &dyn Any,
+        initial: Option<&dyn Any>,
+        precision: Precision,
+        checks: bool,
+    ) -> Result<Box<dyn Any>> {
+        let (inputs, initial) =
+            (tensors(inputs, "inputs")?, initial.map(|s| tensors(s, "initial state")).transpose()?);
+        crate::device_state::run::<T>(m, inputs, initial, precision, checks)
+            .map(|r| Box::new(r) as Box<dyn Any>)
+    }
+
+    fn backward_state(
+        &self,
+        m: &dyn Mixer,
+        inputs: &dyn Any,
+        initial: Option<&dyn Any>,
+        dy: &dyn Any,
+        d_final: Option<&dyn Any>,
+        requires: &Requires,
+        precision: Precision,
+        checks: bool,
+    ) -> Result<Box<dyn Any>> {
+        let (inputs, initial) =
+            (tensors(inputs, "inputs")?, initial.map(|s| tensors(s, "initial state")).transpose()?);
+        let d_final = d_final.map(|s| tensors(s, "final state's cotangent")).transpose()?;
+        let dy = dy.downcast_ref::<AnyDeviceTensor>().ok_or_else(|| {
+            err("tensor", "internal: the dy of a cuda device backward is not a mixer_cuda::AnyDeviceTensor")
+        })?;
+        let args = crate::device_state::Cotangents { dy, d_final, requires };
+        crate::device_state::backward::<T>(m, inputs, initial, args, precision, checks)
+            .map(|r| Box::new(r) as Box<dyn Any>)
     }
 
     fn decoder(&self, m: &dyn Mixer, statics: &AnyTensors, dims: &Dims) -> Result<Box<dyn Any>> {
@@ -195,6 +220,14 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         };
         plan.transpose()
     }
+}
+
+/// A map of device tensors handed through the registry as `dyn Any` (`what` names it in the
+/// error).
+fn tensors<'a>(x: &'a dyn Any, what: &str) -> Result<&'a DeviceTensors> {
+    x.downcast_ref::<DeviceTensors>().ok_or_else(|| {
+        err("tensor", format!("internal: the {what} of a cuda device call are not mixer_cuda::DeviceTensors"))
+    })
 }
 
 fn typed_run<F: GpuReal, T: DeviceFamily<F>>(
@@ -275,7 +308,7 @@ fn check_values<T: DeviceScalar>(
 /// The device-side checks of the given inputs' value constraints (one kernel each, enqueued
 /// now and read with the result): an input breaking its constraint is reported with the flat
 /// index of a violation.
-fn input_checks(spec: &InputSpec, inputs: &DeviceTensors) -> Result<Vec<Arc<Deferred>>> {
+pub(crate) fn input_checks(spec: &InputSpec, inputs: &DeviceTensors) -> Result<Vec<Arc<Deferred>>> {
     let mut checks = Vec::new();
     for d in &spec.inputs {
         let Some(t) = inputs.get(d.name) else { continue };
@@ -289,7 +322,7 @@ fn input_checks(spec: &InputSpec, inputs: &DeviceTensors) -> Result<Vec<Arc<Defe
     Ok(checks)
 }
 
-fn check_any(
+pub(crate) fn check_any(
     t: &AnyDeviceTensor,
     code: i32,
     explain: impl Fn(usize) -> Error + Send + Sync + 'static,
@@ -306,7 +339,7 @@ fn check_any(
 /// The host-side checks of device inputs, shared by the forward and the backward: the shapes
 /// bind the spec's sizes, the sizes meet the mixer's bounds, the dtypes suit the mode. Returns
 /// whether the call computes in `f64`.
-fn check_on_host(m: &dyn Mixer, inputs: &DeviceTensors, precision: Precision) -> Result<bool> {
+pub(crate) fn check_on_host(m: &dyn Mixer, inputs: &DeviceTensors, precision: Precision) -> Result<bool> {
     let spec = m.spec();
     let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
     let dims = spec.bind(&shapes)?;

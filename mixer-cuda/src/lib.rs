@@ -53,6 +53,7 @@ macro_rules! cuda_family {
 pub mod attention;
 pub mod device;
 pub mod device_run;
+pub mod device_state;
 pub mod fft;
 pub mod forms;
 pub mod glr;
@@ -68,6 +69,7 @@ pub mod toeplitz;
 pub use device_run::{
     backward_device, backward_device_with, decoder_device, run_device, run_device_with, stream,
 };
+pub use device_state::{backward_device_from_state, run_device_from_state};
 pub use forms::DeviceDecoder;
 pub use runtime::{borrowed_stream, on_stream};
 pub use tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};

@@ -345,6 +345,14 @@ impl AnyDeviceTensor {
             AnyDeviceTensor::Bf16(t) => t.checks(),
         }
     }
+    /// The same tensor carrying `checks` too (reported when it is read).
+    pub fn with_checks(self, checks: impl IntoIterator<Item = Arc<Deferred>>) -> Self {
+        match self {
+            AnyDeviceTensor::F32(t) => AnyDeviceTensor::F32(t.with_checks(checks)),
+            AnyDeviceTensor::F64(t) => AnyDeviceTensor::F64(t.with_checks(checks)),
+            AnyDeviceTensor::Bf16(t) => AnyDeviceTensor::Bf16(t.with_checks(checks)),
+        }
+    }
     /// A zero-copy view of batch entries `range`.
     pub fn batch(&self, range: std::ops::Range<usize>) -> Result<Self> {
         Ok(match self {

@@ -48,6 +48,43 @@ pub trait DeviceForms: Send + Sync {
             message: "internal: these device forms have no backward".into(),
         })
     }
+    /// Whether the `fast` form runs from a state on device tensors ([`DeviceForms::run_state`],
+    /// and [`DeviceForms::backward_state`] where the family has the backward from a state).
+    fn implements_state(&self) -> bool {
+        false
+    }
+    /// The `fast` form from the state `initial` (the backend's map of the state's tensors, named
+    /// and shaped as the mixer's state; `None`: zeros) on device tensors: the backend's pair
+    /// `(y, final state)`, without waiting for the device. Called only where the registry found
+    /// it available; `checks` as in [`DeviceForms::run`] (for the inputs and the state).
+    fn run_state(
+        &self,
+        m: &dyn Mixer,
+        _inputs: &dyn Any,
+        _initial: Option<&dyn Any>,
+        _precision: Precision,
+        _checks: bool,
+    ) -> Result<Box<dyn Any>> {
+        Err(no_device_state(m))
+    }
+    /// The backward of [`DeviceForms::run_state`]: from the cotangents `dy` (the backend's tensor,
+    /// the shape of `y`) and `d_final` (a map like the state; `None`: zero), the backend's pair
+    /// `(d_<input> for every given input requires asks for, the initial state's gradient)`, the
+    /// second empty without `initial`; without waiting for the device.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_state(
+        &self,
+        m: &dyn Mixer,
+        _inputs: &dyn Any,
+        _initial: Option<&dyn Any>,
+        _dy: &dyn Any,
+        _d_final: Option<&dyn Any>,
+        _requires: &Requires,
+        _precision: Precision,
+        _checks: bool,
+    ) -> Result<Box<dyn Any>> {
+        Err(no_device_state(m))
+    }
     /// A decoder whose state stays on the device, from the static inputs (host arrays) and the
     /// bound sizes.
     fn decoder(&self, m: &dyn Mixer, statics: &AnyTensors, dims: &Dims) -> Result<Box<dyn Any>>;
@@ -63,6 +100,15 @@ pub trait DeviceForms: Send + Sync {
         _precision: Precision,
     ) -> Result<Option<serde_json::Value>> {
         Ok(None)
+    }
+}
+
+/// The error of a state entry point that a backend's device forms do not implement.
+fn no_device_state(m: &dyn Mixer) -> Error {
+    Error::Backend {
+        backend: "device".into(),
+        family: Some(m.family().into()),
+        message: "internal: these device forms do not run from a state".into(),
     }
 }
 

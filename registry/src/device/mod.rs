@@ -11,6 +11,9 @@
 //! available" error, and dispatches ([`run_device`], [`decoder_device`]). Nothing above the
 //! backend crates names a backend.
 //!
+//! Runs from a state ([`run_device_from_state`], [`backward_device_from_state`]) are available
+//! where the host contract has them ([`crate::state`]) and the device forms implement them.
+//!
 //! `materialized` never runs on device tensors (it is the host `f64` oracle), and the
 //! recurrent form runs through [`decoder_device`], one token at a time. Gradients on device
 //! tensors ([`backward_device`]) are the `fast` form's backward, available where the family's
@@ -204,6 +207,89 @@ pub fn backward_device<T: Any>(
         .ok_or_else(|| internal(m, backend, "the family entry disappeared"))?;
     let g = d.backward(m, inputs, dy, requires, precision, checks)?;
     unbox(m, backend, g)
+}
+
+/// Why `backend` cannot run `m`'s `fast` form from a state on device tensors (`backward`: its
+/// backward from a state), or `None`: the host contract's reason first (the mixer has no state,
+/// the family no `fast` form from a state or no backward of it, a restriction of the
+/// configuration), then the device forms'.
+fn state_why_not(m: &dyn Mixer, backend: &Backend, backward: bool) -> Option<String> {
+    let host = if backward {
+        crate::state::backward_available(m, backend, Form::Fast)
+    } else {
+        crate::state::available(m, backend, Form::Fast)
+    };
+    if let Err(e) = host {
+        return Some(e.to_string());
+    }
+    match backend.family(m.family()).and_then(|e| e.device) {
+        Some(d) if d.implements_state() => None,
+        Some(_) => Some(format!(
+            "backend `{}` runs the `{}` family from a state on host arrays only",
+            backend.name(),
+            m.family()
+        )),
+        None => Some(format!(
+            "backend `{}` has no device-tensor forms for the `{}` family (only host arrays)",
+            backend.name(),
+            m.family()
+        )),
+    }
+}
+
+/// The device forms of `m`'s family on `backend` for a run from a state (`backward`: its
+/// backward), once [`state_why_not`] said yes; otherwise the error that says why.
+fn state_forms_of(m: &dyn Mixer, backend: &Backend, backward: bool) -> Result<&'static dyn DeviceForms> {
+    if let Some(why) = state_why_not(m, backend, backward) {
+        return Err(Error::FormUnavailable {
+            mixer: m.name().to_string(),
+            form: if backward { "fast (backward from a state)" } else { "fast (from a state)" }.into(),
+            backend: device_name(backend),
+            available: format!("none ({why})"),
+        });
+    }
+    backend
+        .family(m.family())
+        .and_then(|e| e.device)
+        .ok_or_else(|| internal(m, backend, "the family entry disappeared"))
+}
+
+/// Runs `m`'s `fast` form from the state `initial` (`None`: zeros) on `backend`'s device tensors
+/// (`inputs` and `initial` the backend's maps of named tensors), without waiting for the device:
+/// `T` is the backend's pair `(y, final state)`. The registry decides availability, as
+/// [`crate::state::run_state`] does for host arrays; the backend checks the tensors and the
+/// state's names and shapes (their values unless `checks` is false).
+pub fn run_device_from_state<T: Any>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    inputs: &dyn Any,
+    initial: Option<&dyn Any>,
+    precision: Precision,
+    checks: bool,
+) -> Result<T> {
+    let out = state_forms_of(m, backend, false)?.run_state(m, inputs, initial, precision, checks)?;
+    unbox(m, backend, out)
+}
+
+/// The backward of [`run_device_from_state`]: from `dy` (the backend's tensor, the shape of `y`)
+/// and `d_final` (`None`: zero), `T` is the backend's pair `(gradients d_<input> of the inputs
+/// requires asks for, the initial state's gradient)`, the second empty without `initial`.
+/// Returns without waiting for the device; availability as [`crate::state::backward_state`].
+#[allow(clippy::too_many_arguments)]
+pub fn backward_device_from_state<T: Any>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    inputs: &dyn Any,
+    initial: Option<&dyn Any>,
+    dy: &dyn Any,
+    d_final: Option<&dyn Any>,
+    requires: &Requires,
+    precision: Precision,
+    checks: bool,
+) -> Result<T> {
+    let d = state_forms_of(m, backend, true)?;
+    let out = d.backward_state(m, inputs, initial, dy, d_final, requires, precision, checks)?;
+    unbox(m, backend, out)
 }
 
 /// The launch plan of `form` of `m` on `backend`'s device tensors at the sizes `dims`, for

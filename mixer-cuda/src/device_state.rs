@@ -1,0 +1,241 @@
+//! Runs from a recurrent state on device tensors (docs/math.md §7): [`run_device_from_state`]
+//! and [`backward_device_from_state`], for the families with a device form from a state
+//! ([`DeviceFamily::fast_from_state`]: linear attention, Mamba-2 and gated DeltaNet). The state
+//! and its gradient stay on the device; nothing waits for the stream.
+//!
+//! The registry decides availability (`mixer_registry::run_device_from_state`), as for host
+//! arrays. This checks, on the host, what a plain device run checks (shapes, bounds, dtypes)
+//! plus the state's names and shapes against the mixer's state (`Mixer::state_shapes`), its
+//! dtype (the inputs'), and the mode: a run from a state computes in the exact mode. Values (the
+//! inputs' constraints, a finite state, `dy` and `d_final`, a finite `y`) are checked on the
+//! device and reported when a result is read, unless `checks` is false.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use mixer_core::mixer::{Mixer, downcast};
+use mixer_core::state::{StateShapes, check_shapes};
+use mixer_core::{Error, Precision, Requires, Result};
+use mixer_registry::Backend;
+
+use crate::device_run::{check_any, check_on_host, input_checks};
+use crate::forms::DeviceFamily;
+use crate::runtime::err;
+use crate::tensor::{AnyDeviceTensor, Deferred, DeviceTensors, GpuReal};
+
+/// The cotangents of a backward from a state: `dy` (the shape of `y`), `d_final` (the final
+/// state's, named and shaped as the state; `None`: zero), and the inputs whose gradients are
+/// wanted.
+pub struct Cotangents<'a> {
+    /// The output's cotangent.
+    pub dy: &'a AnyDeviceTensor,
+    /// The final state's cotangent, or `None` (zero).
+    pub d_final: Option<&'a DeviceTensors>,
+    /// The inputs whose gradients are wanted.
+    pub requires: &'a Requires,
+}
+
+/// `y` and the final state of `m`'s `fast` form from the state `initial` (`None`: zeros) on
+/// device tensors, in the exact mode (`f32` or `f64`, the inputs' dtype). Returns at once; the
+/// results carry the deferred value checks. The registry decides availability.
+pub fn run_device_from_state(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    initial: Option<&DeviceTensors>,
+    precision: Precision,
+) -> Result<(AnyDeviceTensor, DeviceTensors)> {
+    let cuda = Backend::by_name("cuda")?;
+    mixer_registry::run_device_from_state(m, &cuda, inputs, initial.map(|s| s as &dyn Any), precision, true)
+}
+
+/// The backward of [`run_device_from_state`]: the gradients `d_<input>` of every given input
+/// `requires` asks for and, with `initial`, the initial state's gradient (keyed as the state's
+/// tensors; empty without it), from `dy` and `d_final` (`None`: zero). Returns at once.
+pub fn backward_device_from_state(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    initial: Option<&DeviceTensors>,
+    dy: &AnyDeviceTensor,
+    d_final: Option<&DeviceTensors>,
+    requires: &Requires,
+    precision: Precision,
+) -> Result<(DeviceTensors, DeviceTensors)> {
+    let cuda = Backend::by_name("cuda")?;
+    mixer_registry::backward_device_from_state(
+        m,
+        &cuda,
+        inputs,
+        initial.map(|s| s as &dyn Any),
+        dy as &dyn Any,
+        d_final.map(|s| s as &dyn Any),
+        requires,
+        precision,
+        true,
+    )
+}
+
+/// [`crate::device_run::Device`]'s `run_state`: the checks, the run, the deferred checks.
+pub(crate) fn run<T: DeviceFamily<f32> + DeviceFamily<f64>>(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    initial: Option<&DeviceTensors>,
+    precision: Precision,
+    checks: bool,
+) -> Result<(AnyDeviceTensor, DeviceTensors)> {
+    let double = check(m, inputs, &[("initial_state", initial)], precision)?;
+    let mut deferred =
+        if checks { value_checks(m, inputs, &[("initial_state", initial)])? } else { Vec::new() };
+    let (y, fin) = if double {
+        typed_run::<f64, T>(m, inputs, initial, precision)
+    } else {
+        typed_run::<f32, T>(m, inputs, initial, precision)
+    }?;
+    if checks {
+        let name = m.name().to_string();
+        deferred.push(check_any(&y, 0, move |i| {
+            Error::Numerical(format!(
+                "`{name}` fast form from a state on cuda: y has a non-finite value at flat index {i} although \
+                 every input and the state are finite; the result overflows its dtype"
+            ))
+        })?);
+    }
+    let fin = fin.into_iter().map(|(k, v)| (k, v.with_checks(deferred.iter().cloned()))).collect();
+    Ok((y.with_checks(deferred), fin))
+}
+
+/// [`crate::device_run::Device`]'s `backward_state`: the checks, the backward, the deferred
+/// checks; the gradients of the inputs `requires` asks for.
+pub(crate) fn backward<T: DeviceFamily<f32> + DeviceFamily<f64>>(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    initial: Option<&DeviceTensors>,
+    c: Cotangents<'_>,
+    precision: Precision,
+    checks: bool,
+) -> Result<(DeviceTensors, DeviceTensors)> {
+    let states = [("initial_state", initial), ("d_final", c.d_final)];
+    let double = check(m, inputs, &states, precision)?;
+    let given: Vec<String> = inputs.keys().cloned().collect();
+    mixer_registry::backward::check_requires(m, &given, c.requires)?;
+    let spec = m.spec();
+    let mixed = inputs.get(spec.mixed).map(|t| t.shape().to_vec()).unwrap_or_default();
+    if c.dy.shape() != mixed.as_slice() {
+        return Err(Error::shape(
+            "dy",
+            format!("{mixed:?} (the shape of y, i.e. of `{}`)", spec.mixed),
+            format!("{:?}", c.dy.shape()),
+        ));
+    }
+    let elem = if double { "f64" } else { "f32" };
+    if c.dy.dtype() != elem {
+        return Err(Error::Value {
+            name: "dy".into(),
+            constraint: format!("a {elem} device tensor (the inputs' dtype)"),
+            found: format!("a {} device tensor", c.dy.dtype()),
+        });
+    }
+    let mut deferred = Vec::new();
+    if checks {
+        deferred = value_checks(m, inputs, &states)?;
+        deferred.push(finite("dy", c.dy)?);
+    }
+    let (grads, ds) = if double {
+        typed_backward::<f64, T>(m, inputs, initial, &c, precision)
+    } else {
+        typed_backward::<f32, T>(m, inputs, initial, &c, precision)
+    }?;
+    let wanted =
+        |k: &str| k.strip_prefix("d_").is_some_and(|n| c.requires.wants(n) && inputs.contains_key(n));
+    let grads = grads
+        .into_iter()
+        .filter(|(k, _)| wanted(k))
+        .map(|(k, v)| (k, v.with_checks(deferred.iter().cloned())))
+        .collect();
+    let ds = ds.into_iter().map(|(k, v)| (k, v.with_checks(deferred.iter().cloned()))).collect();
+    Ok((grads, ds))
+}
+
+/// The host-side checks of a call from a state: the exact mode, the inputs as for a plain run,
+/// and each given state (`(name in errors, tensors)`) against the mixer's state at these sizes:
+/// its names, shapes and the inputs' dtype. Returns whether the call computes in `f64`.
+fn check(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    states: &[(&str, Option<&DeviceTensors>)],
+    precision: Precision,
+) -> Result<bool> {
+    if precision != Precision::Exact {
+        return Err(Error::Value {
+            name: "precision".into(),
+            constraint:
+                "a run from a state on device tensors computes in the exact mode (f32 or f64 tensors)".into(),
+            found: format!("the {precision} mode"),
+        });
+    }
+    let double = check_on_host(m, inputs, precision)?;
+    let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
+    let dims = m.spec().bind(&shapes)?;
+    let elem = if double { "f64" } else { "f32" };
+    for &(what, state) in states {
+        let Some(s) = state else { continue };
+        let given: StateShapes = s.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
+        let want = mixer_registry::state::shapes(m, &dims, Some(&given))?;
+        check_shapes(what, &want, &given)?;
+        if let Some((k, t)) = s.iter().find(|(_, t)| t.dtype() != elem) {
+            return Err(Error::Value {
+                name: format!("{what}.{k}"),
+                constraint: format!("a {elem} device tensor (the inputs' dtype)"),
+                found: format!("a {} device tensor", t.dtype()),
+            });
+        }
+    }
+    Ok(double)
+}
+
+/// The device-side checks of the inputs' value constraints and of every given state's
+/// finiteness.
+fn value_checks(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    states: &[(&str, Option<&DeviceTensors>)],
+) -> Result<Vec<Arc<Deferred>>> {
+    let mut out = input_checks(&m.spec(), inputs)?;
+    for &(what, state) in states {
+        for (k, t) in state.into_iter().flatten() {
+            out.push(finite(&format!("{what}.{k}"), t)?);
+        }
+    }
+    Ok(out)
+}
+
+/// The device-side check that `t` (named `name` in the error) is finite.
+fn finite(name: &str, t: &AnyDeviceTensor) -> Result<Arc<Deferred>> {
+    let name = name.to_string();
+    check_any(t, 0, move |i| Error::Value {
+        name: name.clone(),
+        constraint: "values must be finite".into(),
+        found: format!("a violation at flat index {i} (checked on the device)"),
+    })
+}
+
+fn typed_run<F: GpuReal, T: DeviceFamily<F>>(
+    m: &dyn Mixer,
+    x: &DeviceTensors,
+    s0: Option<&DeviceTensors>,
+    p: Precision,
+) -> Result<(AnyDeviceTensor, DeviceTensors)> {
+    let f = T::fast_from_state().ok_or_else(|| err(m.family(), "internal: no device form from a state"))?;
+    f(downcast::<T::Mixer>(m, "cuda")?, x, s0, p)
+}
+
+fn typed_backward<F: GpuReal, T: DeviceFamily<F>>(
+    m: &dyn Mixer,
+    x: &DeviceTensors,
+    s0: Option<&DeviceTensors>,
+    c: &Cotangents<'_>,
+    p: Precision,
+) -> Result<(DeviceTensors, DeviceTensors)> {
+    let f = T::fast_backward_from_state()
+        .ok_or_else(|| err(m.family(), "internal: no device backward from a state"))?;
+    f(downcast::<T::Mixer>(m, "cuda")?, x, s0, c.dy, c.d_final, c.requires, p)
+}

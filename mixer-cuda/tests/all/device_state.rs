@@ -1,0 +1,121 @@
+//! Runs from a state on device tensors (`mixer_cuda::{run_device_from_state,
+//! backward_device_from_state}`): the same bits as the host-array runs from a state on CUDA
+//! (which upload and call the same device forms) for linear attention, Mamba-2 and gated
+//! DeltaNet, f32 and f64, with and without each state; and the errors: a family whose state runs
+//! on host arrays only, a lift, a mode other than exact, a state of the wrong shape or dtype.
+//! GPU tests are `#[ignore]`d and skip without a device (fail under `MIXERS_REQUIRE_CUDA=1`).
+
+use mixer_core::mixer::Mixer;
+use mixer_core::tensor::cast_tensors;
+use mixer_core::{Dims, Form, Precision, Requires, Tensors};
+use mixer_cuda::forms::{download_as, upload_inputs, upload_one};
+use mixer_cuda::{DeviceTensors, backward_device_from_state, run_device_from_state};
+use mixer_registry::mixer;
+use mixer_registry::state::{backward_state, run_state};
+use ndarray::ArrayD;
+
+use crate::common::{cuda, gpu};
+
+fn dims(t: usize) -> Dims {
+    [("B", 2), ("T", t), ("H", 2), ("Dk", 48), ("Dv", 70)].into_iter().collect()
+}
+
+fn up<F: mixer_cuda::tensor::GpuReal>(t: &Tensors<F>) -> DeviceTensors {
+    upload_inputs(t, Precision::Exact).expect("upload")
+}
+
+fn down<F: mixer_cuda::tensor::GpuReal>(t: &DeviceTensors) -> Tensors<F> {
+    t.iter().map(|(k, v)| (k.clone(), download_as::<F>(v).expect("download"))).collect()
+}
+
+/// Device entry points against the host-array path on CUDA, bit for bit, in `F`.
+fn same_bits<F: mixer_cuda::tensor::GpuReal + mixer_registry::family::Scalar>(m: &dyn Mixer, t: usize) {
+    let d = dims(t);
+    let x = cast_tensors::<F>(&m.random_inputs(&d, 3).unwrap());
+    let s0 = cast_tensors::<F>(&m.random_state(&d, 4).unwrap());
+    let gpu = cuda();
+    let (want_y, want_f) = run_state(m, &gpu, Form::Fast, &x, Some(&s0), Precision::Exact).unwrap();
+    let (y, fin) = run_device_from_state(m, &up(&x), Some(&up(&s0)), Precision::Exact).unwrap();
+    let label = format!("{} {} T={t}", m.name(), F::NAME);
+    assert_eq!(download_as::<F>(&y).unwrap(), want_y, "{label}: y");
+    assert_eq!(down::<F>(&fin), want_f, "{label}: final state");
+    // From zeros: the device run without a state equals the host run from an explicit zero state.
+    let zeros: Tensors<F> = s0.iter().map(|(k, v)| (k.clone(), ArrayD::zeros(v.raw_dim()))).collect();
+    let (y0, _) = run_device_from_state(m, &up(&x), None, Precision::Exact).unwrap();
+    let (want0, _) = run_state(m, &gpu, Form::Fast, &x, Some(&zeros), Precision::Exact).unwrap();
+    assert_eq!(download_as::<F>(&y0).unwrap(), want0, "{label}: y from no state");
+
+    let dy = want_y.mapv(|v| F::of((2.1 * v.f64() + 0.3).sin()));
+    let df: Tensors<F> =
+        want_f.iter().map(|(k, v)| (k.clone(), v.mapv(|e| F::of((1.1 * e.f64()).cos())))).collect();
+    let dy_dev = upload_one(&dy, false).unwrap();
+    for (with_s0, with_df) in [(true, true), (true, false), (false, true)] {
+        let (s, f) = (with_s0.then_some(&s0), with_df.then_some(&df));
+        let want = backward_state(m, &gpu, Form::Fast, &x, s, &dy, f, &Requires::All).unwrap();
+        let (sd, fd) = (s.map(up), f.map(up));
+        let (g, ds) = backward_device_from_state(
+            m,
+            &up(&x),
+            sd.as_ref(),
+            &dy_dev,
+            fd.as_ref(),
+            &Requires::All,
+            Precision::Exact,
+        )
+        .unwrap();
+        let what = format!("{label} S_0: {with_s0} S̄_T: {with_df}");
+        assert_eq!(down::<F>(&g), want.0, "{what}: gradients");
+        assert_eq!(down::<F>(&ds), want.1, "{what}: the initial state's gradient");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn device_runs_from_a_state_equal_the_host_runs_bit_for_bit() {
+    let Some(_turn) = gpu() else { return };
+    for name in ["linear-attention", "mamba2", "gated-deltanet"] {
+        let m = mixer(name, &serde_json::json!({"scale": 0.6})).unwrap();
+        for t in [1, 65, 300] {
+            same_bits::<f32>(m.as_ref(), t);
+            same_bits::<f64>(m.as_ref(), t);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn device_runs_from_a_state_refuse_what_they_cannot_run() {
+    let Some(_turn) = gpu() else { return };
+    let run = |name: &str, config: serde_json::Value, x: &Tensors<f32>, s0: Option<&Tensors<f32>>, p| {
+        let m = mixer(name, &config).unwrap();
+        run_device_from_state(m.as_ref(), &up(x), s0.map(up).as_ref(), p).map(|_| ()).unwrap_err().to_string()
+    };
+    let m = mixer("gated-deltanet", &serde_json::json!({})).unwrap();
+    let d = dims(33);
+    let x = cast_tensors::<f32>(&m.random_inputs(&d, 1).unwrap());
+    let s0 = cast_tensors::<f32>(&m.random_state(&d, 2).unwrap());
+
+    let e = run("gated-deltanet", serde_json::json!({}), &x, Some(&s0), Precision::Tf32);
+    assert!(e.contains("exact mode") && e.contains("tf32"), "{e}");
+    let mut wrong = s0.clone();
+    wrong.insert("S".into(), ArrayD::zeros(ndarray::IxDyn(&[2, 2, 48, 70])));
+    let e = run("gated-deltanet", serde_json::json!({}), &x, Some(&wrong), Precision::Exact);
+    assert!(e.contains("initial_state.S") && e.contains("[2, 2, 70, 48]"), "{e}");
+    let as64 =
+        upload_inputs(&cast_tensors::<f64>(&mixer_core::tensor::tensors_to_f64(&s0)), Precision::Exact)
+            .unwrap();
+    let e =
+        run_device_from_state(m.as_ref(), &up(&x), Some(&as64), Precision::Exact).map(|_| ()).unwrap_err();
+    assert!(e.to_string().contains("f32 device tensor"), "{e}");
+
+    let lifted = serde_json::json!({});
+    let lift = mixer("loglinear-gated-deltanet", &lifted).unwrap();
+    let lx = cast_tensors::<f32>(&lift.random_inputs(&d, 1).unwrap());
+    let e = run("loglinear-gated-deltanet", lifted, &lx, None, Precision::Exact);
+    assert!(e.contains("CPU backend only"), "{e}");
+
+    let att = mixer("attention", &serde_json::json!({})).unwrap();
+    let ax = cast_tensors::<f32>(&att.random_inputs(&d, 1).unwrap());
+    let e = run("attention", serde_json::json!({}), &ax, None, Precision::Exact);
+    assert!(e.contains("host arrays only"), "{e}");
+}
