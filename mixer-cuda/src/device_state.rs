@@ -44,8 +44,20 @@ pub fn run_device_from_state(
     initial: Option<&DeviceTensors>,
     precision: Precision,
 ) -> Result<(AnyDeviceTensor, DeviceTensors)> {
+    run_device_from_state_with(m, inputs, initial, precision, true)
+}
+
+/// [`run_device_from_state`] with the device-side value checks left out when `checks` is false
+/// (as `run_device_with`).
+pub fn run_device_from_state_with(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    initial: Option<&DeviceTensors>,
+    precision: Precision,
+    checks: bool,
+) -> Result<(AnyDeviceTensor, DeviceTensors)> {
     let cuda = Backend::by_name("cuda")?;
-    mixer_registry::run_device_from_state(m, &cuda, inputs, initial.map(|s| s as &dyn Any), precision, true)
+    mixer_registry::run_device_from_state(m, &cuda, inputs, initial.map(|s| s as &dyn Any), precision, checks)
 }
 
 /// The backward of [`run_device_from_state`]: the gradients `d_<input>` of every given input
@@ -60,17 +72,31 @@ pub fn backward_device_from_state(
     requires: &Requires,
     precision: Precision,
 ) -> Result<(DeviceTensors, DeviceTensors)> {
+    let c = Cotangents { dy, d_final, requires };
+    backward_device_from_state_with(m, inputs, initial, c, precision, true)
+}
+
+/// [`backward_device_from_state`] with the cotangents as one argument and the device-side value
+/// checks left out when `checks` is false.
+pub fn backward_device_from_state_with(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    initial: Option<&DeviceTensors>,
+    c: Cotangents<'_>,
+    precision: Precision,
+    checks: bool,
+) -> Result<(DeviceTensors, DeviceTensors)> {
     let cuda = Backend::by_name("cuda")?;
     mixer_registry::backward_device_from_state(
         m,
         &cuda,
         inputs,
         initial.map(|s| s as &dyn Any),
-        dy as &dyn Any,
-        d_final.map(|s| s as &dyn Any),
-        requires,
+        c.dy as &dyn Any,
+        c.d_final.map(|s| s as &dyn Any),
+        c.requires,
         precision,
-        true,
+        checks,
     )
 }
 

@@ -1,8 +1,9 @@
 """The zero-copy CUDA path of the PyTorch ops.
 
 A call whose tensors are all CUDA tensors of device 0, run by the ``cuda`` backend in the
-``parallel`` or ``fast`` form without a state or ``cu_seqlens``, goes here instead of through
-host copies:
+``parallel`` or ``fast`` form without ``cu_seqlens`` (and from a state only in the ``fast`` form
+and the ``exact`` mode, for the mixers whose state runs on device tensors: linear attention,
+Mamba-2, gated DeltaNet), goes here instead of through host copies:
 
 - the library reads each input in place (a tensor that is not contiguous, or whose address is
   not a multiple of 16 bytes, is made contiguous first; dtypes are converted only where the
@@ -36,12 +37,15 @@ _HALF = (torch.bfloat16, torch.float16)
 _ACTIVATIONS = ("x", "q", "k", "v")
 
 
-def applies(tensors: Sequence[torch.Tensor], backend: str, form: str, stateful: bool, cu_seqlens) -> bool:
-    """Whether a call runs on the zero-copy path (else through host copies)."""
+def applies(tensors: Sequence[torch.Tensor], backend: str, form: str, stateful: bool, cu_seqlens,
+            precision: str = "exact") -> bool:
+    """Whether a call runs on the zero-copy path (else through host copies). A call from a state
+    that the library cannot run on device tensors raises ``NotImplementedError`` there, and the
+    caller falls back to the host path."""
     return (
         backend == "cuda"
         and form in ("fast", "parallel")
-        and not stateful
+        and (not stateful or (form == "fast" and precision == "exact"))
         and cu_seqlens is None
         and all(t.device.type == "cuda" and t.device.index in (0, None) for t in tensors)
     )
@@ -106,32 +110,46 @@ def _view(out) -> torch.Tensor:
     return t.set_(owner.untyped_storage(), offset // dt.itemsize, list(shape), stride[::-1])
 
 
+def _state(name: str, s: Optional[torch.Tensor], work: torch.dtype):
+    """A state tensor as the library takes it (the inputs' work dtype), or ``(None, None)``."""
+    return (None, None) if s is None else _raw(name, s, work)
+
+
 def forward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], config: str, form: str,
-            precision: str) -> torch.Tensor:
-    """``y`` of the ``parallel`` or ``fast`` form, enqueued on the current stream (the library's
-    dtype: the mixed input's work dtype, bfloat16 in the ``bf16`` mode)."""
+            precision: str, initial_state: Optional[torch.Tensor] = None, want_final: bool = False):
+    """``(y, final_state)`` of the ``parallel`` or ``fast`` form, enqueued on the current stream
+    (``y`` in the library's dtype: the mixed input's work dtype, bfloat16 in the ``bf16`` mode;
+    ``final_state`` ``None`` unless ``want_final``). With ``initial_state`` or ``want_final`` the
+    ``fast`` form runs from the state (zeros without one), in the exact mode."""
     keep, raw = _prepare(names, tensors, precision)
+    work = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    s0, s0_raw = _state("initial_state", initial_state, work)
     device = tensors[0].device
     stream = torch.cuda.current_stream(device).cuda_stream
-    y = _mixers.cuda_forward(mixer, raw, stream, _allocator(device), config=config, form=form,
-                             precision=precision)
-    del keep
-    return _view(y)
+    y, fin = _mixers.cuda_forward(mixer, raw, stream, _allocator(device), config=config, form=form,
+                                  precision=precision, initial=s0_raw, want_final=want_final)
+    del keep, s0
+    return _view(y), None if fin is None else _view(fin)
 
 
 def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], dy: torch.Tensor, config: str,
-             precision: str, requires: Optional[List[str]] = None) -> Dict[str, torch.Tensor]:
+             precision: str, requires: Optional[List[str]] = None, initial_state: Optional[torch.Tensor] = None,
+             d_final: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
     """The ``fast`` backward for the cotangent ``dy``, enqueued on the current stream:
     ``{"d_<input>": tensor}`` (float32 in the ``tf32`` and ``bf16`` modes, else the inputs'
-    dtype). ``NotImplementedError`` where the CUDA backend has no backward for the mixer."""
+    dtype). From a state (``initial_state`` or the final state's cotangent ``d_final``) in the
+    exact mode, with ``"d_initial_state"`` when ``initial_state`` is given.
+    ``NotImplementedError`` where the CUDA backend has no such backward for the mixer."""
     keep, raw = _prepare(names, tensors, precision)
     dy_dtype = torch.bfloat16 if precision == "bf16" else (torch.float32 if dy.dtype in _HALF else dy.dtype)
     dy_t, dy_raw = _raw("dy", dy, dy_dtype)
+    work = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    (s0, s0_raw), (df, df_raw) = _state("initial_state", initial_state, work), _state("d_final", d_final, work)
     device = tensors[0].device
     stream = torch.cuda.current_stream(device).cuda_stream
     grads = _mixers.cuda_backward(mixer, raw, dy_raw, stream, _allocator(device), config=config,
-                                  precision=precision, requires=requires)
-    del keep, dy_t
+                                  precision=precision, requires=requires, initial=s0_raw, d_final=df_raw)
+    del keep, dy_t, s0, df
     return {k: _view(v) for k, v in grads.items()}
 
 

@@ -125,9 +125,18 @@ def mixer_op(mixer: str):
         mixed = _mixed(mixer, config, inputs, names)
         work = _work_dtype(mixed)
         stateful = initial_state is not None or output_final_state
-        if _cuda.applies(inputs, backend, form, stateful, cu_seqlens):
-            y = _cuda.forward(mixer, names, inputs, config, form, precision)
-            return y.to(mixed.dtype), mixed.new_empty(0, dtype=work)
+        given = list(inputs) + ([] if initial_state is None else [initial_state])
+        if _cuda.applies(given, backend, form, stateful, cu_seqlens, precision):
+            try:
+                y, fin = _cuda.forward(mixer, names, inputs, config, form, precision, initial_state,
+                                       bool(output_final_state))
+            except NotImplementedError:
+                if not stateful:
+                    raise
+                # no run from a state on device tensors for this mixer: the host path below
+            else:
+                s = fin.to(work) if output_final_state else mixed.new_empty(0, dtype=work)
+                return y.to(mixed.dtype), s
         x = {n: _host(t) for n, t in zip(names, inputs)}
         state = _state_layout(mixer, config, inputs, names, cu_seqlens)[0] if stateful else None
         initial = None if initial_state is None else {state: _host(initial_state, work)}
@@ -167,14 +176,18 @@ def mixer_op(mixer: str):
         mixed = _mixed(mixer, config, inputs, names)
         work = _work_dtype(mixed)
         stateful = initial_state is not None or d_final_state is not None
-        if _cuda.applies(list(inputs) + [dy], backend, form, stateful, cu_seqlens):
+        states = [s for s in (initial_state, d_final_state) if s is not None]
+        if _cuda.applies(list(inputs) + [dy] + states, backend, form, stateful, cu_seqlens, precision):
             try:
-                grads = _cuda.backward(mixer, names, inputs, dy, config, precision)
+                grads = _cuda.backward(mixer, names, inputs, dy, config, precision,
+                                       initial_state=initial_state, d_final=d_final_state)
             except NotImplementedError:
-                pass  # no CUDA backward of this mixer: the host path below picks the library's
+                pass  # no CUDA backward of this mixer (from a state): the host path below
             else:
                 out = [grads["d_" + n].to(t.dtype) for n, t in zip(names, inputs)]
-                return out + [mixed.new_empty(0, dtype=work)]
+                if initial_state is None:
+                    return out + [mixed.new_empty(0, dtype=work)]
+                return out + [grads["d_initial_state"].to(initial_state.dtype)]
         x = {n: _host(t) for n, t in zip(names, inputs)}
         state = _state_layout(mixer, config, inputs, names, cu_seqlens)[0] if stateful else None
         initial = None if initial_state is None else {state: _host(initial_state, work)}

@@ -19,13 +19,14 @@ use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use mixer_core::mixer::Mixer;
 use mixer_core::{Error, Form, Precision, Requires};
 use mixers::cuda::pool::ExternalAlloc;
 use mixers::cuda::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::{OrPy, build};
+use crate::{OrPy, build, py_err};
 
 /// One CUDA tensor as the Python layer passes it: name, `data_ptr()`, shape, dtype (`"f32"`,
 /// `"f64"` or `"bf16"`).
@@ -126,11 +127,48 @@ fn out(py: Python<'_>, what: &str, t: &AnyDeviceTensor) -> PyResult<Out> {
     Ok((owner, offset, t.shape().to_vec(), dtype))
 }
 
+/// The name of `m`'s state at the sizes of the device inputs `x`, for a mixer whose state is one
+/// tensor (the PyTorch op's contract: linear attention, Mamba-2, gated DeltaNet); the library's
+/// error otherwise (`NotImplementedError` in Python).
+fn state_name(m: &dyn Mixer, x: &DeviceTensors) -> mixer_core::Result<String> {
+    let shapes = x.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
+    let dims = m.spec().bind(&shapes)?;
+    let layout = mixer_registry::state::shapes(m, &dims, None)?;
+    match layout.as_slice() {
+        [(name, _)] => Ok(name.clone()),
+        _ => Err(Error::FormUnavailable {
+            mixer: m.name().into(),
+            form: "fast (from a state, zero-copy)".into(),
+            backend: "cuda".into(),
+            available: format!("none (a state of {} tensors; the PyTorch op takes one)", layout.len()),
+        }),
+    }
+}
+
+/// A state passed as one tensor, as the map named after `m`'s state.
+fn state_map(m: &dyn Mixer, x: &DeviceTensors, raw: &Raw) -> mixer_core::Result<DeviceTensors> {
+    let name = state_name(m, x)?;
+    Ok(std::iter::once((name, borrowed(&raw.0, raw.1, &raw.2, &raw.3)?)).collect())
+}
+
+/// The single tensor of a state map.
+fn single(what: &str, s: &DeviceTensors) -> PyResult<AnyDeviceTensor> {
+    match s.values().collect::<Vec<_>>().as_slice() {
+        [t] => Ok((*t).clone()),
+        other => {
+            Err(PyValueError::new_err(format!("internal: {what} has {} tensors, expected one", other.len())))
+        }
+    }
+}
+
 /// The `parallel` or `fast` form of mixer `name` (JSON `config`) on CUDA tensors, enqueued on
 /// the stream `stream` with every buffer from `alloc` (see the module's documentation); returns
-/// `y` as `(owner tensor, byte offset, shape, dtype)`.
+/// `y` and, with `want_final`, the final state, each as `(owner tensor, byte offset, shape,
+/// dtype)`. With `initial` (the state as one tensor, `Raw` like the inputs) or `want_final` the
+/// `fast` form runs from the state (zeros without one), in the exact mode
+/// (`mixers::cuda::run_device_from_state`).
 #[pyfunction]
-#[pyo3(signature = (name, inputs, stream, alloc, config=None, form="fast", precision="exact"))]
+#[pyo3(signature = (name, inputs, stream, alloc, config=None, form="fast", precision="exact", initial=None, want_final=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn cuda_forward(
     py: Python<'_>,
@@ -141,22 +179,44 @@ pub fn cuda_forward(
     config: Option<&str>,
     form: &str,
     precision: &str,
-) -> PyResult<Out> {
+    initial: Option<Raw>,
+    want_final: bool,
+) -> PyResult<(Out, Option<Out>)> {
     let m = build(name, config)?;
     let form: Form = form.parse().or_py()?;
     let precision = Precision::parse(precision).or_py()?;
-    let y = enqueue(py, stream, alloc, || {
+    if initial.is_none() && !want_final {
+        let y = enqueue(py, stream, alloc, || {
+            let x = device_inputs(&inputs)?;
+            mixers::cuda::run_device_with(m.as_ref(), form, &x, precision, false)
+        })?;
+        return Ok((out(py, "y", &y)?, None));
+    }
+    if form != Form::Fast {
+        return Err(py_err(Error::FormUnavailable {
+            mixer: m.name().into(),
+            form: format!("{} (from a state, zero-copy)", form.name()),
+            backend: "cuda".into(),
+            available: "fast".into(),
+        }));
+    }
+    let (y, fin) = enqueue(py, stream, alloc, || {
         let x = device_inputs(&inputs)?;
-        mixers::cuda::run_device_with(m.as_ref(), form, &x, precision, false)
+        let s0 = initial.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
+        mixers::cuda::device_state::run_device_from_state_with(m.as_ref(), &x, s0.as_ref(), precision, false)
     })?;
-    out(py, "y", &y)
+    let fin =
+        if want_final { Some(out(py, "final_state", &single("the final state", &fin)?)?) } else { None };
+    Ok((out(py, "y", &y)?, fin))
 }
 
 /// The `fast` backward of mixer `name` on CUDA tensors for the cotangent `dy` (shape of `y`;
 /// bf16 in the `bf16` mode), enqueued like [`cuda_forward`]; returns `{"d_<input>": output}`
-/// for every input in `requires` (default: all).
+/// for every input in `requires` (default: all). With `initial` or `d_final` (the final state's
+/// cotangent; each one tensor) it is the backward from the state (exact mode), and with `initial`
+/// the result also holds `"d_initial_state"`.
 #[pyfunction]
-#[pyo3(signature = (name, inputs, dy, stream, alloc, config=None, precision="exact", requires=None))]
+#[pyo3(signature = (name, inputs, dy, stream, alloc, config=None, precision="exact", requires=None, initial=None, d_final=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn cuda_backward(
     py: Python<'_>,
@@ -168,14 +228,39 @@ pub fn cuda_backward(
     config: Option<&str>,
     precision: &str,
     requires: Option<Vec<String>>,
+    initial: Option<Raw>,
+    d_final: Option<Raw>,
 ) -> PyResult<BTreeMap<String, Out>> {
     let m = build(name, config)?;
     let precision = Precision::parse(precision).or_py()?;
     let requires = requires.map_or(Requires::All, Requires::only);
-    let grads = enqueue(py, stream, alloc, || {
+    let stateful = initial.is_some() || d_final.is_some();
+    let (grads, d_init) = enqueue(py, stream, alloc, || {
         let x = device_inputs(&inputs)?;
         let d = borrowed(&dy.0, dy.1, &dy.2, &dy.3)?;
-        mixers::cuda::backward_device_with(m.as_ref(), &x, &d, &requires, precision, false)
+        if !stateful {
+            let g = mixers::cuda::backward_device_with(m.as_ref(), &x, &d, &requires, precision, false)?;
+            return Ok((g, DeviceTensors::new()));
+        }
+        let s0 = initial.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
+        let df = d_final.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
+        let c = mixers::cuda::device_state::Cotangents { dy: &d, d_final: df.as_ref(), requires: &requires };
+        mixers::cuda::device_state::backward_device_from_state_with(
+            m.as_ref(),
+            &x,
+            s0.as_ref(),
+            c,
+            precision,
+            false,
+        )
     })?;
-    grads.iter().map(|(k, v)| Ok((k.clone(), out(py, k, v)?))).collect()
+    let mut res: BTreeMap<String, Out> =
+        grads.iter().map(|(k, v)| Ok((k.clone(), out(py, k, v)?))).collect::<PyResult<_>>()?;
+    if initial.is_some() {
+        res.insert(
+            "d_initial_state".into(),
+            out(py, "d_initial_state", &single("the initial state's gradient", &d_init)?)?,
+        );
+    }
+    Ok(res)
 }

@@ -35,7 +35,7 @@ use mixers_plugin_fibonacci as _;
 
 /// The Python exception for a library error: its message, in the class that says what went
 /// wrong.
-fn py_err(e: Error) -> PyErr {
+pub(crate) fn py_err(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::Shape { .. }

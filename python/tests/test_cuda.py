@@ -89,6 +89,50 @@ def test_backward_equals_the_rust_cuda_path_and_the_cpu(name, precision):
             assert torch.equal(v.grad.cpu(), torch.from_numpy(rust["d_" + k])), f"{name}: d_{k} not the Rust bits"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["linear-attention", "mamba2", "gated-deltanet"])
+def test_runs_from_a_state_are_zero_copy_and_equal_the_rust_cuda_path(name, dtype, monkeypatch):
+    """From a state on CUDA tensors (the device-tensor entry points, exact mode): the zero-copy
+    path runs (forward and backward), and y, the final state, every gradient and the initial
+    state's gradient equal the Rust CUDA path's bits (the host-array path of the same kernels)."""
+    calls = []
+    for fn in ("forward", "backward"):
+        real = getattr(_cuda, fn)
+        monkeypatch.setattr(_cuda, fn, lambda *a, _f=real, _n=fn, **k: (calls.append(_n), _f(*a, **k))[1])
+    x = _inputs(name, 65, dtype)
+    b, _, h, dk = x["q"].shape
+    s0 = torch.randn(b, h, x["v"].shape[-1], dk, dtype=torch.float64, generator=torch.Generator().manual_seed(5)).to(dtype)
+    dev = {k: v.cuda().requires_grad_() for k, v in x.items()}
+    s0_dev = s0.cuda().requires_grad_()
+    y, fin = mixers.run(name, initial_state=s0_dev, output_final_state=True, **dev)
+    assert fin.is_cuda and fin.dtype == dtype and fin.shape == s0.shape
+    host = {k: v.numpy() for k, v in x.items()}
+    want_y, want_f = mixers.run_numpy(name, backend="cuda", initial_state={"S": s0.numpy()}, output_final_state=True,
+                                      **host)
+    assert torch.equal(y.detach().cpu(), torch.from_numpy(want_y)), f"{name}: y not the Rust bits"
+    assert torch.equal(fin.detach().cpu(), torch.from_numpy(want_f["S"])), f"{name}: final state not the Rust bits"
+    dy, df = torch.randn_like(y), torch.randn_like(fin)
+    torch.autograd.backward([y, fin], [dy, df])
+    want = mixers.backward(name, dy.cpu().numpy(), backend="cuda", initial_state={"S": s0.numpy()},
+                           d_final_state={"S": df.cpu().numpy()}, **host)
+    for k, v in dev.items():
+        assert torch.equal(v.grad.cpu(), torch.from_numpy(want["d_" + k])), f"{name}: d_{k} not the Rust bits"
+    assert torch.equal(s0_dev.grad.cpu(), torch.from_numpy(want["d_initial_state"]["S"])), f"{name}: d_initial_state"
+    assert calls == ["forward", "backward"], calls
+
+
+def test_a_state_in_another_mode_or_of_a_lift_takes_the_host_path():
+    """A run from a state in the tf32 mode is computed exactly (as on the host path): the same y
+    as the exact mode; a lift's state is refused with the library's reason."""
+    x = _dev(_inputs("mamba2", 65))
+    s0 = torch.zeros(2, 2, 16, 16, device="cuda")
+    y_tf32, _ = mixers.run("mamba2", precision="tf32", initial_state=s0, output_final_state=True, **x)
+    y_exact, _ = mixers.run("mamba2", initial_state=s0, output_final_state=True, **x)
+    _close(y_tf32, y_exact, TOL["exact"], "tf32 from a state")
+    with pytest.raises(NotImplementedError):
+        mixers.run("loglinear-mamba2", initial_state=s0, **_dev(_inputs("loglinear-mamba2", 65)))
+
+
 def test_bfloat16_tensors_run_in_place_in_the_bf16_mode():
     x = _inputs("gated-deltanet", 65)
     dev = _dev(x)
