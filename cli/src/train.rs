@@ -62,6 +62,10 @@ pub struct Args {
     /// No learned position embedding.
     #[arg(long)]
     no_pos_emb: bool,
+    /// Backend of the mixer layers' forward and backward (`cpu`, `cuda`); the rest of the model
+    /// runs on the host.
+    #[arg(long)]
+    backend: Option<String>,
     /// Output folder: `<task>-<mixer>.json` (log), `.svg` (curves), `.safetensors` (model).
     #[arg(long, default_value = "out/train")]
     out: PathBuf,
@@ -127,6 +131,9 @@ fn config(a: &Args) -> Result<TrainConfig> {
     if a.no_pos_emb {
         cfg.pos_emb = false;
     }
+    if let Some(b) = &a.backend {
+        cfg.backend = b.clone();
+    }
     Ok(cfg)
 }
 
@@ -175,8 +182,9 @@ pub(crate) fn run(a: Args) -> Result<i32> {
     checkpoint::save(&model, &ckpt)?;
     let m = log.final_test();
     println!(
-        "{} on {}: {} parameters, {} steps in {:.1} s; test loss {:.4}, accuracy {:.4}, sequence accuracy {:.4}",
+        "{} (on {}) on {}: {} parameters, {} steps in {:.1} s; test loss {:.4}, accuracy {:.4}, sequence accuracy {:.4}",
         cfg.mixer,
+        cfg.backend,
         cfg.task.task.name(),
         log.params,
         cfg.steps,

@@ -43,6 +43,9 @@ pub struct TrainConfig {
     pub test_size: usize,
     /// Seed of the initialisation and of the data.
     pub seed: u64,
+    /// The backend the mixer layers run on (`cpu`, or `cuda` for the mixers' forward and
+    /// backward on the GPU; the rest of the model runs on the host).
+    pub backend: String,
 }
 
 impl Default for TrainConfig {
@@ -62,6 +65,7 @@ impl Default for TrainConfig {
             eval_every: 100,
             test_size: 256,
             seed: 0,
+            backend: "cpu".into(),
         }
     }
 }
@@ -209,6 +213,7 @@ pub fn train(cfg: &TrainConfig, on: &mut dyn FnMut(Event<'_>)) -> Result<(Model,
     }
     let start = Instant::now();
     let mut model = Model::new(cfg.model(), cfg.seed)?;
+    model.on_backend(&cfg.backend)?;
     let mut opt = AdamW::new(cfg.optim.clone(), model.specs());
     let test = cfg.task.batch(step_seed(cfg.seed, usize::MAX - 1), cfg.test_size, Split::Test)?;
     let mut log = TrainLog {
@@ -284,5 +289,68 @@ mod tests {
         c.optim.lr = f64::NAN;
         assert!(train(&c, &mut |_| {}).is_err());
         assert!(train(&small("no-such-mixer"), &mut |_| {}).is_err());
+        let e = train(&TrainConfig { backend: "no-such-backend".into(), ..small("attention") }, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no-such-backend"), "{e}");
+    }
+
+    /// Whether the CUDA backend runs here: `false` (after saying why) without a device, a panic
+    /// instead under `MIXERS_REQUIRE_CUDA=1`.
+    fn cuda_here() -> bool {
+        match mixer_registry::Backend::by_name("cuda") {
+            Ok(_) => true,
+            Err(e) if std::env::var("MIXERS_REQUIRE_CUDA").is_ok_and(|v| v == "1") => panic!("{e}"),
+            Err(e) => {
+                eprintln!("skipped: {e}");
+                false
+            }
+        }
+    }
+
+    /// Without a device, the mixer layers on `cuda` are refused with the backend's reason.
+    #[test]
+    fn mixer_layers_on_an_unavailable_backend_are_refused() {
+        if mixer_registry::Backend::by_name("cuda").is_ok() {
+            return;
+        }
+        let e = train(&TrainConfig { backend: "cuda".into(), ..small("mamba2") }, &mut |_| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("backend `cuda` is not available"), "{e}");
+    }
+
+    /// The mixer layers on the GPU (forward and backward on `cuda`, f64 host arrays) train as on
+    /// the CPU: every step's loss and gradient norm agree to rounding, and so do the final
+    /// parameters.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn mixer_layers_on_cuda_train_as_on_the_cpu() {
+        if !cuda_here() {
+            return;
+        }
+        for mixer in ["attention", "mamba2", "gated-deltanet", "diagonal-ssm", "toeplitz"] {
+            let (m_cpu, cpu) = train(&small(mixer), &mut |_| {}).unwrap();
+            let (m_gpu, gpu) = train(&TrainConfig { backend: "cuda".into(), ..small(mixer) }, &mut |_| {})
+                .unwrap_or_else(|e| panic!("{mixer} on cuda: {e}"));
+            let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+            for (c, g) in cpu.steps.iter().zip(&gpu.steps) {
+                println!("TRAIN-CUDA {mixer} step {} loss {:.12} / {:.12}", c.step, c.loss, g.loss);
+                assert!(
+                    close(c.loss, g.loss),
+                    "{mixer} step {}: loss {} on cpu, {} on cuda",
+                    c.step,
+                    c.loss,
+                    g.loss
+                );
+                assert!(close(c.grad_norm, g.grad_norm), "{mixer} step {}: gradient norm", c.step);
+            }
+            assert_eq!(cpu.steps.len(), gpu.steps.len());
+            for (k, v) in &m_cpu.params {
+                let w = &m_gpu.params[k];
+                let err = (v - w).iter().fold(0.0f64, |a, &x| a.max(x.abs()));
+                assert!(err <= 1e-8, "{mixer}: parameter {k} differs by {err}");
+            }
+        }
     }
 }

@@ -26,7 +26,7 @@ use serde_json::Value;
 use super::nn;
 use super::params::{Init, ParamSpec, Params, acc1, acc2, mat, vec1};
 
-/// The backend every layer runs on (the backward forms are CPU forms).
+/// The backend a layer runs its mixer on unless told otherwise ([`MixerLayer::on_backend`]).
 pub const BACKEND: &str = "cpu";
 
 #[derive(Clone, Debug)]
@@ -145,6 +145,27 @@ impl MixerLayer {
         }
         let backend = Backend::by_name(BACKEND)?;
         Ok(MixerLayer { mixer, kind, prefix: prefix.to_string(), d, h, t, backend })
+    }
+
+    /// Runs the layer's mixer, forward and backward, on `backend` (a registered backend's name,
+    /// e.g. `cuda`: the mixer's inputs are the model's `f64` host arrays, which that backend takes
+    /// to its device and back); an error when the backend is not available here or has no `fast`
+    /// backward for this mixer.
+    pub fn on_backend(&mut self, backend: &str) -> Result<()> {
+        let b = Backend::by_name(backend)?;
+        if !mixer_registry::backward::backward_forms(self.mixer.as_ref(), b.name()).contains(&Form::Fast) {
+            return Err(Error::config(
+                self.mixer.name(),
+                format!("this configuration has no fast backward form on the {} backend", b.name()),
+            ));
+        }
+        self.backend = b;
+        Ok(())
+    }
+
+    /// The backend the layer runs its mixer on.
+    pub fn backend(&self) -> &Backend {
+        &self.backend
     }
 
     /// The mixer.
@@ -377,7 +398,7 @@ impl MixerLayer {
         let g_in = c.inputs.get("g").cloned();
         let g = mixer_registry::backward::backward(
             self.mixer.as_ref(),
-            BACKEND,
+            self.backend.name(),
             Form::Fast,
             &AnyTensors::F64(c.inputs),
             &Tensor::F64(dy),

@@ -126,6 +126,12 @@ impl Model {
         Ok(Model { cfg, params, layers, specs })
     }
 
+    /// Runs every mixer layer on `backend` ([`MixerLayer::on_backend`]); the rest of the model
+    /// stays on the host.
+    pub fn on_backend(&mut self, backend: &str) -> Result<()> {
+        self.layers.iter_mut().try_for_each(|l| l.on_backend(backend))
+    }
+
     /// A model with given parameters (checked against the configuration's shapes).
     pub fn from_params(cfg: ModelConfig, params: Params) -> Result<Self> {
         let (layers, specs) = Self::build(&cfg)?;
