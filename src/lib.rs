@@ -31,6 +31,7 @@
 pub struct ReadmeDoctests;
 
 pub mod alloc;
+pub mod context_parallel;
 pub mod io;
 pub mod ops;
 pub mod timing;

@@ -1,0 +1,188 @@
+//! Context parallelism on the CPU simulation (`mixers::context_parallel`, ranks as threads of
+//! one process): N ranks equal one device at every split tried, forward (`y`, the final state)
+//! and backward (every input's gradient, the initial state's), for linear attention, Mamba-2 and
+//! gated DeltaNet, f64 and f32, from an initial state and from zeros; the lifts refused.
+
+use std::ops::Range;
+
+use mixer_core::mixer::Mixer;
+use mixer_core::state::segment_from_state;
+use mixer_core::tensor::{cast_tensors, tensors_to_f64};
+use mixer_core::{Dims, Form, Precision, Requires, Tensors, Tolerance};
+use mixers::context_parallel::{InProcess, backward, forward};
+use mixers::registry::family::Scalar;
+use mixers::registry::state::{backward_state, run_state};
+use mixers::registry::{Backend, mixer};
+use ndarray::{ArrayD, Axis, Slice};
+
+/// The parts of `t` tokens at the cut points `cuts` (increasing, inside `0..=t`).
+fn parts(t: usize, cuts: &[usize]) -> Vec<Range<usize>> {
+    let mut edges = vec![0];
+    edges.extend_from_slice(cuts);
+    edges.push(t);
+    edges.windows(2).map(|w| w[0]..w[1]).collect()
+}
+
+/// The splits tried at `t` tokens for `n` ranks: as even as possible, and uneven ones (an empty
+/// part included where `n > 1`).
+fn splits(t: usize, n: usize) -> Vec<Vec<Range<usize>>> {
+    let even: Vec<usize> = (1..n).map(|i| i * t / n).collect();
+    let mut out = vec![parts(t, &even)];
+    if n > 1 {
+        let skew: Vec<usize> = (1..n).map(|i| (t * i * i) / (n * n)).collect();
+        out.push(parts(t, &skew));
+        let mut empty = even.clone();
+        empty[0] = 0;
+        out.push(parts(t, &empty));
+    }
+    out
+}
+
+struct Run<F> {
+    y: ArrayD<F>,
+    fin: Tensors<F>,
+    grads: Tensors<F>,
+    d_initial: Tensors<F>,
+}
+
+/// The whole sequence on one device.
+fn whole<F: Scalar>(
+    m: &dyn Mixer,
+    x: &Tensors<F>,
+    s0: Option<&Tensors<F>>,
+    dy: &ArrayD<F>,
+    df: &Tensors<F>,
+) -> Run<F> {
+    let cpu = Backend::by_name("cpu").unwrap();
+    let (y, fin) = run_state(m, &cpu, Form::Fast, x, s0, Precision::Exact).unwrap();
+    let (grads, d_initial) =
+        backward_state(m, &cpu, Form::Fast, x, s0, dy, Some(df), &Requires::All).unwrap();
+    Run { y, fin, grads, d_initial }
+}
+
+/// The sequence over one rank per part (threads), joined.
+fn split<F: Scalar>(
+    m: &dyn Mixer,
+    x: &Tensors<F>,
+    s0: Option<&Tensors<F>>,
+    dy: &ArrayD<F>,
+    df: &Tensors<F>,
+    ranges: &[Range<usize>],
+) -> Run<F> {
+    let cpu = Backend::by_name("cpu").unwrap();
+    let ranks = InProcess::group(ranges.len()).unwrap();
+    let outs: Vec<_> = std::thread::scope(|sc| {
+        let handles: Vec<_> = ranks
+            .iter()
+            .zip(ranges)
+            .map(|(comm, r)| {
+                let cpu = &cpu;
+                sc.spawn(move || {
+                    let xr = segment_from_state(m, x, r.clone()).unwrap();
+                    let dyr = dy.slice_axis(Axis(1), Slice::from(r.clone())).to_owned();
+                    let (y, fin) = forward(comm, m, cpu, &xr, s0).unwrap();
+                    let (g, ds) = backward(comm, m, cpu, &xr, s0, &dyr, Some(df)).unwrap();
+                    (y, fin, g, ds)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let join = |f: &dyn Fn(usize) -> ArrayD<F>| {
+        let views: Vec<_> = (0..outs.len()).map(f).collect();
+        ndarray::concatenate(Axis(1), &views.iter().map(|a| a.view()).collect::<Vec<_>>()).unwrap()
+    };
+    let y = join(&|i| outs[i].0.clone());
+    let grads = outs[0].2.keys().map(|k| (k.clone(), join(&|i| outs[i].2[k].clone()))).collect();
+    let last = outs.len() - 1;
+    Run { y, fin: outs[last].1.clone(), grads, d_initial: outs[0].3.clone() }
+}
+
+fn close(label: &str, got: &ArrayD<f64>, want: &ArrayD<f64>, tol: Tolerance, bad: &mut Vec<String>) {
+    let c = tol.compare_grad(got.view(), want.view());
+    if !c.pass {
+        bad.push(format!("{label}: rel_rms {:.3e}, max_abs {:.3e}", c.rel_rms, c.max_abs));
+    }
+}
+
+fn compare<F: Scalar>(label: &str, got: &Run<F>, want: &Run<F>, tol: Tolerance, bad: &mut Vec<String>) {
+    let f = |a: &ArrayD<F>| a.mapv(|v| v.f64());
+    close(&format!("{label} y"), &f(&got.y), &f(&want.y), tol, bad);
+    for (what, g, w) in [
+        ("final", &got.fin, &want.fin),
+        ("grad", &got.grads, &want.grads),
+        ("d_initial", &got.d_initial, &want.d_initial),
+    ] {
+        if g.keys().ne(w.keys()) {
+            bad.push(format!("{label} {what}: tensors {:?}, one device gives {:?}", g.keys(), w.keys()));
+            continue;
+        }
+        let (g, w) = (tensors_to_f64(g), tensors_to_f64(w));
+        for k in w.keys() {
+            close(&format!("{label} {what} {k}"), &g[k], &w[k], tol, bad);
+        }
+    }
+}
+
+#[test]
+fn ranks_equal_one_device_at_every_split() {
+    let mut bad = Vec::new();
+    let mut runs = 0;
+    for name in ["linear-attention", "mamba2", "gated-deltanet"] {
+        let m = mixer(name, &serde_json::json!({"scale": 0.5})).unwrap();
+        for t in [1, 63, 130] {
+            let dims: Dims = [("B", 2), ("T", t), ("H", 2), ("Dk", 5), ("Dv", 7)].into_iter().collect();
+            let x = m.random_inputs(&dims, 11).unwrap();
+            let s0 = m.random_state(&dims, 12).unwrap();
+            let dy = ArrayD::from_shape_fn(x["v"].raw_dim(), |i| {
+                ((i[1] * 7 + i[3] * 3 + i[2]) as f64 * 0.37).sin()
+            });
+            let df: Tensors<f64> = s0.iter().map(|(k, v)| (k.clone(), v.mapv(|e| (2.0 * e).cos()))).collect();
+            for n in [1, 2, 3, 4, 7] {
+                for ranges in splits(t, n) {
+                    for with_s0 in [true, false] {
+                        let s = with_s0.then_some(&s0);
+                        let label = format!("{name} T={t} parts {ranges:?} S_0: {with_s0}");
+                        compare(
+                            &format!("{label} f64"),
+                            &split(m.as_ref(), &x, s, &dy, &df, &ranges),
+                            &whole(m.as_ref(), &x, s, &dy, &df),
+                            Tolerance::F64,
+                            &mut bad,
+                        );
+                        let (x32, s32, dy32, df32) = (
+                            cast_tensors::<f32>(&x),
+                            cast_tensors::<f32>(&s0),
+                            dy.mapv(|v| v as f32),
+                            cast_tensors::<f32>(&df),
+                        );
+                        let s = with_s0.then_some(&s32);
+                        compare(
+                            &format!("{label} f32"),
+                            &split(m.as_ref(), &x32, s, &dy32, &df32, &ranges),
+                            &whole(m.as_ref(), &x32, s, &dy32, &df32),
+                            Tolerance::F32,
+                            &mut bad,
+                        );
+                        runs += 2;
+                    }
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{} of {runs} runs differ:\n{}", bad.len(), bad.join("\n"));
+}
+
+#[test]
+fn the_lifts_and_other_families_are_refused() {
+    let cpu = Backend::by_name("cpu").unwrap();
+    let ranks = InProcess::group(1).unwrap();
+    for name in ["loglinear-mamba2", "attention"] {
+        let m = mixer(name, &serde_json::json!({})).unwrap();
+        let dims: Dims = [("B", 1), ("T", 8), ("H", 1), ("Dk", 4), ("Dv", 4)].into_iter().collect();
+        let x = m.random_inputs(&dims, 1).unwrap();
+        let e = forward(&ranks[0], m.as_ref(), &cpu, &x, None).unwrap_err().to_string();
+        assert!(e.contains("context parallelism covers the log-linear base mixers"), "{name}: {e}");
+    }
+    assert!(InProcess::group(0).is_err());
+}
