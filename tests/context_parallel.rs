@@ -1,7 +1,8 @@
 //! Context parallelism on the CPU simulation (`mixers::context_parallel`, ranks as threads of
 //! one process): N ranks equal one device at every split tried, forward (`y`, the final state)
-//! and backward (every input's gradient, the initial state's), for linear attention, Mamba-2 and
-//! gated DeltaNet, f64 and f32, from an initial state and from zeros; the lifts refused.
+//! and backward (every input's gradient, the initial state's), for linear attention, Mamba-2,
+//! gated DeltaNet and their lifts, f64 and f32, from an initial state and from zeros; the other
+//! families refused.
 
 use std::ops::Range;
 
@@ -128,10 +129,22 @@ fn compare<F: Scalar>(label: &str, got: &Run<F>, want: &Run<F>, tol: Tolerance, 
 fn ranks_equal_one_device_at_every_split() {
     let mut bad = Vec::new();
     let mut runs = 0;
-    for name in ["linear-attention", "mamba2", "gated-deltanet"] {
+    let names = [
+        "linear-attention",
+        "mamba2",
+        "gated-deltanet",
+        "loglinear-attention",
+        "loglinear-mamba2",
+        "loglinear-gated-deltanet",
+    ];
+    for name in names {
         let m = mixer(name, &serde_json::json!({"scale": 0.5})).unwrap();
         for t in [1, 63, 130] {
-            let dims: Dims = [("B", 2), ("T", t), ("H", 2), ("Dk", 5), ("Dv", 7)].into_iter().collect();
+            // A lift's λ has two levels more than T needs, so its random state sits at a position
+            // past 0.
+            let levels = mixer_core::fenwick::num_levels(t) + 2;
+            let dims: Dims =
+                [("B", 2), ("T", t), ("H", 2), ("Dk", 5), ("Dv", 7), ("L", levels)].into_iter().collect();
             let x = m.random_inputs(&dims, 11).unwrap();
             let s0 = m.random_state(&dims, 12).unwrap();
             let dy = ArrayD::from_shape_fn(x["v"].raw_dim(), |i| {
@@ -170,19 +183,19 @@ fn ranks_equal_one_device_at_every_split() {
             }
         }
     }
-    assert!(bad.is_empty(), "{} of {runs} runs differ:\n{}", bad.len(), bad.join("\n"));
+    assert!(bad.is_empty(), "{} comparisons differ over {runs} runs:\n{}", bad.len(), bad.join("\n"));
 }
 
 #[test]
-fn the_lifts_and_other_families_are_refused() {
+fn other_families_are_refused() {
     let cpu = Backend::by_name("cpu").unwrap();
     let ranks = InProcess::group(1).unwrap();
-    for name in ["loglinear-mamba2", "attention"] {
+    for name in ["attention", "kth-order"] {
         let m = mixer(name, &serde_json::json!({})).unwrap();
-        let dims: Dims = [("B", 1), ("T", 8), ("H", 1), ("Dk", 4), ("Dv", 4)].into_iter().collect();
+        let dims: Dims = [("B", 1), ("T", 8), ("H", 1), ("Dk", 4), ("Dv", 4), ("C", 3)].into_iter().collect();
         let x = m.random_inputs(&dims, 1).unwrap();
         let e = forward(&ranks[0], m.as_ref(), &cpu, &x, None).unwrap_err().to_string();
-        assert!(e.contains("context parallelism covers the log-linear base mixers"), "{name}: {e}");
+        assert!(e.contains("context parallelism covers the log-linear family"), "{name}: {e}");
     }
     assert!(InProcess::group(0).is_err());
 }
