@@ -1,8 +1,8 @@
 //! Context parallelism on the CPU simulation (`mixers::context_parallel`, ranks as threads of
 //! one process): N ranks equal one device at every split tried, forward (`y`, the final state)
 //! and backward (every input's gradient, the initial state's), for linear attention, Mamba-2,
-//! gated DeltaNet and their lifts, f64 and f32, from an initial state and from zeros; the other
-//! families refused.
+//! gated DeltaNet, their lifts and the GLR, f64 and f32, from an initial state and from zeros;
+//! the other families refused.
 
 use std::ops::Range;
 
@@ -125,6 +125,87 @@ fn compare<F: Scalar>(label: &str, got: &Run<F>, want: &Run<F>, tol: Tolerance, 
     }
 }
 
+/// Every split of every rank count at `t` tokens: the parts on their ranks against one device,
+/// f64 and f32, from `s0` and from zeros; the failures go to `bad`. Returns the runs made.
+fn check_splits(
+    m: &dyn Mixer,
+    x: &Tensors<f64>,
+    s0: &Tensors<f64>,
+    dy: &ArrayD<f64>,
+    label: &str,
+    bad: &mut Vec<String>,
+) -> usize {
+    let t = x[m.spec().mixed].shape()[1];
+    let df: Tensors<f64> = s0
+        .iter()
+        .map(|(k, v)| {
+            (k.clone(), if k == "position" { v.mapv(|_| 0.0) } else { v.mapv(|e| (2.0 * e).cos()) })
+        })
+        .collect();
+    let mut runs = 0;
+    for n in [1, 2, 3, 4, 7] {
+        for ranges in splits(t, n) {
+            for with_s0 in [true, false] {
+                let s = with_s0.then_some(s0);
+                let label = format!("{label} T={t} parts {ranges:?} S_0: {with_s0}");
+                compare(
+                    &format!("{label} f64"),
+                    &split(m, x, s, dy, &df, &ranges),
+                    &whole(m, x, s, dy, &df),
+                    Tolerance::F64,
+                    bad,
+                );
+                let (x32, s32, dy32, df32) = (
+                    cast_tensors::<f32>(x),
+                    cast_tensors::<f32>(s0),
+                    dy.mapv(|v| v as f32),
+                    cast_tensors::<f32>(&df),
+                );
+                let s = with_s0.then_some(&s32);
+                compare(
+                    &format!("{label} f32"),
+                    &split(m, &x32, s, &dy32, &df32, &ranges),
+                    &whole(m, &x32, s, &dy32, &df32),
+                    Tolerance::F32,
+                    bad,
+                );
+                runs += 2;
+            }
+        }
+    }
+    runs
+}
+
+/// The GLR on a lattice and on translation-invariant patterns, on `b` and on `a`, from states at
+/// positions past 0 (inputs with room for them, `Mixer::state_check_dims`).
+#[test]
+fn glr_ranks_equal_one_device_at_every_split() {
+    let mut bad = Vec::new();
+    let mut runs = 0;
+    let configs = [
+        ("glr", serde_json::json!({"pattern": "pow2", "cache_efficient": true})),
+        ("glr", serde_json::json!({"pattern": "sq1"})),
+        ("glr", serde_json::json!({"pattern": "pow2", "on": "a"})),
+        ("kth-order", serde_json::json!({"order": 3})),
+        ("diagonal-ssm", serde_json::json!({})),
+    ];
+    for (name, config) in configs {
+        let m = mixer(name, &config).unwrap();
+        for t in [1, 40, 97] {
+            let dims: Dims = [("B", 2), ("T", t), ("C", 3)].into_iter().collect();
+            let sd = m.state_check_dims(&dims);
+            let x = m.random_inputs(&sd, 21).unwrap();
+            let d = mixer_core::mixer::validate(m.as_ref(), &mixer_core::AnyTensors::F64(x.clone())).unwrap();
+            let s0 = m.random_state(&d, 22).unwrap();
+            let dy = ArrayD::from_shape_fn(x["x"].raw_dim(), |i| {
+                ((i[1] * 5 + i[2] * 3 + i[0]) as f64 * 0.41).sin()
+            });
+            runs += check_splits(m.as_ref(), &x, &s0, &dy, &format!("{name} {config}"), &mut bad);
+        }
+    }
+    assert!(bad.is_empty(), "{} comparisons differ over {runs} runs:\n{}", bad.len(), bad.join("\n"));
+}
+
 #[test]
 fn ranks_equal_one_device_at_every_split() {
     let mut bad = Vec::new();
@@ -190,12 +271,15 @@ fn ranks_equal_one_device_at_every_split() {
 fn other_families_are_refused() {
     let cpu = Backend::by_name("cpu").unwrap();
     let ranks = InProcess::group(1).unwrap();
-    for name in ["attention", "kth-order"] {
+    for name in ["attention", "toeplitz"] {
         let m = mixer(name, &serde_json::json!({})).unwrap();
-        let dims: Dims = [("B", 1), ("T", 8), ("H", 1), ("Dk", 4), ("Dv", 4), ("C", 3)].into_iter().collect();
+        let dims: Dims = [("B", 1), ("T", 8), ("H", 1), ("Dk", 4), ("Dv", 4), ("C", 4)].into_iter().collect();
         let x = m.random_inputs(&dims, 1).unwrap();
         let e = forward(&ranks[0], m.as_ref(), &cpu, &x, None).unwrap_err().to_string();
-        assert!(e.contains("context parallelism covers the log-linear family"), "{name}: {e}");
+        assert!(
+            e.contains("context parallelism covers the log-linear family") && e.contains("GLR"),
+            "{name}: {e}"
+        );
     }
     assert!(InProcess::group(0).is_err());
 }

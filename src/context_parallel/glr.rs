@@ -1,0 +1,126 @@
+//! The GLR's state map for context parallelism (docs/math.md §7.3): the kept stream
+//! `[B, R, C]` (past outputs with the pattern on `B`, inputs on `A`) and positions. A part's map
+//! is linear per channel in the start rows (`x = 0` leaves only them), so its transition is
+//! `tr [B, R, C, R]`, `tr[b, j, c, i]` what start row `i` adds to end row `j` in channel `c`.
+
+use mixer_core::Result;
+use mixer_core::Tensors;
+use mixer_core::mixer::{Mixer, downcast};
+use mixer_core::mixers::glr::Glr;
+use mixer_core::mixers::glr::state::{kept, slot_count, stream};
+use mixer_core::state::POSITION;
+use mixer_core::tensor::{cast_tensors, get, tensors_to_f64};
+use mixer_registry::Backend;
+use mixer_registry::family::Scalar;
+use ndarray::{Array1, Array3, Array4, ArrayD, Dimension, Ix3, Ix4, IxDyn};
+
+use super::{internal, run_from};
+
+/// A part's sizes: batch rows, tokens, channels, state rows, slots, and the kept stream's name.
+#[derive(Clone, Copy)]
+pub(super) struct Part {
+    b: usize,
+    pub(super) t: usize,
+    c: usize,
+    r: usize,
+    k: usize,
+    name: &'static str,
+}
+
+impl Part {
+    /// The part `x` of a GLR, or `None` for another family.
+    pub(super) fn of<F: Scalar>(m: &dyn Mixer, x: &Tensors<F>) -> Result<Option<Part>> {
+        let Ok(g) = downcast::<Glr>(m, "context parallel") else { return Ok(None) };
+        let name = stream(g).map_err(|why| mixer_core::state::no_state(m.name(), &why))?;
+        let dims = mixer_registry::state::validate(m, x)?;
+        let k = slot_count(&dims).unwrap_or(0);
+        let size = |s: &str| dims.get(s).copied().unwrap_or(0);
+        let r = mixer_core::mixers::glr::state::rows(g, k);
+        Ok(Some(Part { b: size("B"), t: size("T"), c: size("C"), r, k, name }))
+    }
+
+    /// A stream of zeros.
+    pub(super) fn zeros(&self) -> ArrayD<f64> {
+        Array3::zeros((self.b, self.r, self.c)).into_dyn()
+    }
+
+    /// The transition of an empty part: every row to itself.
+    pub(super) fn identity(&self) -> ArrayD<f64> {
+        Array4::from_shape_fn((self.b, self.r, self.c, self.r), |(_, j, _, i)| if i == j { 1.0 } else { 0.0 })
+            .into_dyn()
+    }
+
+    /// A state in the library's layout from the stream `[B, R, C]` and positions.
+    pub(super) fn state<F: Scalar>(&self, values: &ArrayD<f64>, pos: &[usize]) -> Result<Tensors<F>> {
+        let t: Tensors<f64> = [
+            (self.name.to_string(), values.clone()),
+            (POSITION.to_string(), Array1::from_iter(pos.iter().map(|&a| a as f64)).into_dyn()),
+        ]
+        .into_iter()
+        .collect();
+        Ok(cast_tensors::<F>(&t))
+    }
+
+    /// A state's stream and positions.
+    pub(super) fn values<F: Scalar>(&self, t: &Tensors<F>) -> Result<(ArrayD<f64>, Vec<usize>)> {
+        let t = tensors_to_f64(t);
+        let pos =
+            get(&t, POSITION).map(|a| a.iter().map(|&v| v as usize).collect()).unwrap_or(vec![0; self.b]);
+        Ok((get(&t, self.name)?.clone(), pos))
+    }
+
+    /// The part's transition: the end state of the part run with `x = 0` and every channel
+    /// repeated `R` times (channel `c·R + i`) from the state whose row `i` of channel `c·R + i` is
+    /// 1, for every row that holds a value at the start position (the rows of a channel evolve
+    /// together, so each needs a channel of its own).
+    pub(super) fn transition<F: Scalar>(
+        &self,
+        m: &dyn Mixer,
+        backend: &Backend,
+        x: &Tensors<F>,
+        pos: &[usize],
+    ) -> Result<ArrayD<f64>> {
+        let g = downcast::<Glr>(m, "context parallel")?;
+        let (c, r) = (self.c, self.r);
+        let mut xr: Tensors<F> = x
+            .iter()
+            .map(|(k, v)| {
+                let mut shape = v.shape().to_vec();
+                let last = shape.len() - 1;
+                shape[last] = c * r;
+                let rep = ArrayD::from_shape_fn(IxDyn(&shape), |ix: IxDyn| {
+                    let mut src = ix.slice().to_vec();
+                    src[last] /= r;
+                    v[IxDyn(&src)]
+                });
+                (k.clone(), rep)
+            })
+            .collect();
+        xr.insert("x".into(), ArrayD::zeros(IxDyn(&[self.b, self.t, c * r])));
+        let live: Vec<Vec<bool>> =
+            pos.iter().map(|&a| kept(g, self.k, a).iter().map(Option::is_some).collect()).collect();
+        let basis = Array3::from_shape_fn((self.b, r, c * r), |(b, i, ch)| {
+            if ch % r == i && live[b].get(i).copied().unwrap_or(false) { 1.0 } else { 0.0 }
+        });
+        let (_, end) = run_from(m, backend, &xr, &self.state::<F>(&basis.into_dyn(), pos)?)?;
+        let end = self.values(&end)?.0.into_dimensionality::<Ix3>().map_err(internal)?;
+        Ok(Array4::from_shape_fn((self.b, r, c, r), |(b, j, ch, i)| end[[b, j, ch * r + i]]).into_dyn())
+    }
+
+    /// A part's transition applied to a stream: `out[b, j, c] = Σ_i tr[b, j, c, i] s[b, i, c]`, or
+    /// its adjoint (`transpose`: `out[b, i, c] = Σ_j tr[b, j, c, i] s[b, j, c]`).
+    pub(super) fn apply(&self, s: &ArrayD<f64>, tr: &ArrayD<f64>, transpose: bool) -> Result<ArrayD<f64>> {
+        let s = s.view().into_dimensionality::<Ix3>().map_err(internal)?;
+        let tr = tr.view().into_dimensionality::<Ix4>().map_err(internal)?;
+        let (b, r, c) = s.dim();
+        let mut out = Array3::<f64>::zeros((b, r, c));
+        for ((bi, j, ch, i), &w) in tr.indexed_iter() {
+            if transpose {
+                out[[bi, i, ch]] += w * s[[bi, j, ch]];
+            } else {
+                out[[bi, j, ch]] += w * s[[bi, i, ch]];
+            }
+        }
+        Ok(out.into_dyn())
+    }
+}

@@ -1,0 +1,139 @@
+//! The log-linear family's state map for context parallelism (docs/math.md §7.3): level states
+//! `[B, H, L, Dv, Dk]` (a base mixer's one level) and positions; a part's transition is
+//! `tr [B, H, L, L·Dk, Dk]`, block `(j, i)` of slot `j` being where start slot `i` goes, times `P`.
+
+use mixer_core::mixer::{Mixer, downcast};
+use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::state::POSITION;
+use mixer_core::tensor::{cast_tensors, get, tensors_to_f64};
+use mixer_core::{Error, Result, Tensors};
+use mixer_registry::Backend;
+use mixer_registry::family::Scalar;
+use ndarray::{Array1, Array5, ArrayD, Ix5, IxDyn, s};
+
+use super::{internal, run_from};
+
+/// The state tensor's name (`S [B, H, Dv, Dk]`, or `[B, H, L, Dv, Dk]` for a lift).
+const S: &str = mixer_core::mixers::loglinear::STATE;
+
+/// A part's sizes and whether the mixer is a lift (its state has a level axis and a position).
+#[derive(Clone, Copy)]
+pub(super) struct Part {
+    b: usize,
+    pub(super) t: usize,
+    h: usize,
+    dk: usize,
+    dv: usize,
+    /// Level slots of the state (1 for a base mixer).
+    l: usize,
+    lifted: bool,
+}
+
+impl Part {
+    /// The part `x` of a log-linear mixer, or `None` for another family.
+    pub(super) fn of<F: Scalar>(m: &dyn Mixer, x: &Tensors<F>) -> Result<Option<Part>> {
+        let Ok(ll) = downcast::<LogLinear>(m, "context parallel") else { return Ok(None) };
+        let (k, v) = (get(x, "k")?.shape(), get(x, "v")?.shape());
+        let (&[b, t, h, dk], &[_, _, _, dv]) = (k, v) else {
+            return Err(Error::shape("k, v", "[B, T, H, D]", format!("{k:?}, {v:?}")));
+        };
+        let lifted = ll.lift.is_some();
+        let l = if lifted { get(x, "lambda")?.shape().get(3).copied().unwrap_or(0) } else { 1 };
+        Ok(Some(Part { b, t, h, dk, dv, l, lifted }))
+    }
+
+    /// Level states of zeros.
+    pub(super) fn zeros(&self) -> ArrayD<f64> {
+        Array5::zeros((self.b, self.h, self.l, self.dv, self.dk)).into_dyn()
+    }
+
+    /// The transition of an empty part: every slot to itself, times `I`.
+    pub(super) fn identity(&self) -> ArrayD<f64> {
+        let (dk, rows) = (self.dk, self.l * self.dk);
+        Array5::from_shape_fn(
+            (self.b, self.h, self.l, rows, dk),
+            |(_, _, j, r, c)| {
+                if r == j * dk + c { 1.0 } else { 0.0 }
+            },
+        )
+        .into_dyn()
+    }
+
+    /// A state in the library's layout from level states `[B, H, L, rows, Dk]` and positions.
+    pub(super) fn state<F: Scalar>(&self, levels: &ArrayD<f64>, pos: &[usize]) -> Result<Tensors<F>> {
+        let st = if self.lifted {
+            levels.clone()
+        } else {
+            let d = levels.shape().to_vec();
+            levels.clone().into_shape_with_order(IxDyn(&[d[0], d[1], d[3], d[4]])).map_err(internal)?
+        };
+        let mut t: Tensors<f64> = [(S.to_string(), st)].into_iter().collect();
+        if self.lifted {
+            t.insert(POSITION.into(), Array1::from_iter(pos.iter().map(|&a| a as f64)).into_dyn());
+        }
+        Ok(cast_tensors::<F>(&t))
+    }
+
+    /// A state's level states `[B, H, L, Dv, Dk]` (a base mixer's one level) and positions.
+    pub(super) fn values<F: Scalar>(&self, t: &Tensors<F>) -> Result<(ArrayD<f64>, Vec<usize>)> {
+        let t = tensors_to_f64(t);
+        let st = get(&t, S)?;
+        let st = if self.lifted {
+            st.clone()
+        } else {
+            let d = st.shape().to_vec();
+            st.clone().into_shape_with_order(IxDyn(&[d[0], d[1], 1, d[2], d[3]])).map_err(internal)?
+        };
+        let pos = match t.get(POSITION) {
+            Some(a) => a.iter().map(|&v| v as usize).collect(),
+            None => vec![0; self.b],
+        };
+        Ok((st, pos))
+    }
+
+    /// The part's transition (module documentation): the end state of the part run with `v = 0`
+    /// (`Dv = L·Dk`) from the state whose slot `i` holds the identity in rows `i·Dk …` for every
+    /// slot that may be non-empty at the start position (bit `i` of it set, for a lift; the one
+    /// slot of a base mixer), since each row of a state evolves on its own.
+    pub(super) fn transition<F: Scalar>(
+        &self,
+        m: &dyn Mixer,
+        backend: &Backend,
+        x: &Tensors<F>,
+        pos: &[usize],
+    ) -> Result<ArrayD<f64>> {
+        let (dk, rows) = (self.dk, self.l * self.dk);
+        let basis = Array5::from_shape_fn((self.b, self.h, self.l, rows, dk), |(b, _, i, r, c)| {
+            let live = !self.lifted || (pos[b] >> i) & 1 == 1;
+            if live && r == i * dk + c { 1.0 } else { 0.0 }
+        });
+        let mut xz = x.clone();
+        xz.insert("v".into(), ArrayD::zeros(IxDyn(&[self.b, self.t, self.h, rows])));
+        let (_, end) = run_from(m, backend, &xz, &self.state::<F>(&basis.into_dyn(), pos)?)?;
+        Ok(self.values(&end)?.0)
+    }
+
+    /// A part's transition applied to level states: `out[j] = Σ_i s[i] · tr[j][i-th block of
+    /// Dk rows]`, or its adjoint (`transpose`: `out[i] = Σ_j s[j] · tr[j][i-th block]ᵀ`).
+    pub(super) fn apply(&self, s: &ArrayD<f64>, tr: &ArrayD<f64>, transpose: bool) -> Result<ArrayD<f64>> {
+        let s = s.view().into_dimensionality::<Ix5>().map_err(internal)?;
+        let tr = tr.view().into_dimensionality::<Ix5>().map_err(internal)?;
+        let (b, h, l, rows, dk) = s.dim();
+        let mut out = Array5::<f64>::zeros((b, h, l, rows, dk));
+        for bi in 0..b {
+            for hi in 0..h {
+                for j in 0..l {
+                    for i in 0..l {
+                        let block = tr.slice(s![bi, hi, j, i * dk..(i + 1) * dk, ..]);
+                        let (from, to) = if transpose { (j, i) } else { (i, j) };
+                        let sv = s.slice(s![bi, hi, from, .., ..]);
+                        let prod = if transpose { sv.dot(&block.t()) } else { sv.dot(&block) };
+                        let mut o = out.slice_mut(s![bi, hi, to, .., ..]);
+                        o += &prod;
+                    }
+                }
+            }
+        }
+        Ok(out.into_dyn())
+    }
+}
