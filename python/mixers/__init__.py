@@ -127,6 +127,7 @@ else:
         run,
         toeplitz,
     )
+    from .context_parallel import context_parallel
     from .fla import (
         chunk_gated_delta_rule,
         chunk_log_linear_attn,
@@ -158,4 +159,5 @@ else:
         "chunk_log_linear_attn",
         "fla",
         "cuda_warmup",
+        "context_parallel",
     ]
