@@ -5,7 +5,8 @@ log-linear base mixers (``linear-attention``, ``mamba2``, ``gated-deltanet``), w
 The algorithm is the library's (docs/math.md §7.3, ``mixers::context_parallel`` in Rust): a
 part maps its start state affinely, ``S_end = S_start @ P + L`` (``S [B, H, V, K]``); each rank
 computes ``L`` (its part run from zeros) and ``P`` (its part run with ``v = 0`` of width ``K``
-from the identity), the ranks all-gather them, and each chains the earlier ranks' maps from the
+from the identity) in one run (``v`` widened by ``K`` zero columns, from the state ``[0; I]``),
+the ranks all-gather them, and each chains the earlier ranks' maps from the
 initial state and runs its part from there. All three runs are the package's ops, and the
 all-gather is ``torch.distributed.nn.functional.all_gather``, which is differentiable, so
 ``loss.backward()`` on every rank gives every rank's input gradients (and the initial state's)
@@ -44,15 +45,17 @@ def context_parallel(name: str, config: Optional[dict] = None, *, group=None,
     if t == 0:
         raise ValueError("context parallelism: every rank's part needs at least one token")
     work = torch.float64 if v.dtype == torch.float64 else torch.float32
-    zero = torch.zeros(b, h, v.shape[-1], dk, dtype=work, device=v.device)
-    _, local = run(name, config, initial_state=zero, output_final_state=True, **inputs)
-    eye = torch.eye(dk, dtype=work, device=v.device).expand(b, h, dk, dk).contiguous()
-    no_values = dict(inputs, v=v.new_zeros(b, t, h, dk))
-    _, p = run(name, config, initial_state=eye, output_final_state=True, **no_values)
-    # One collective for both (so that every rank's backward runs the same collectives in the
-    # same order): [L; P] stacked on the state's row axis.
-    gathered = all_gather(torch.cat([local, p], dim=2), group=group)
     dv = v.shape[-1]
+    zero = torch.zeros(b, h, dv, dk, dtype=work, device=v.device)
+    # L and P from one run: v widened by K zero columns, from the state [0; I] (each row of a
+    # state evolves on its own, so the end state is [L; P]).
+    eye = torch.eye(dk, dtype=work, device=v.device).expand(b, h, dk, dk)
+    widened = dict(inputs, v=torch.cat([v, v.new_zeros(b, t, h, dk)], dim=-1))
+    _, local_p = run(name, config, initial_state=torch.cat([zero, eye], dim=2).contiguous(), output_final_state=True,
+                     **widened)
+    # One collective (so that every rank's backward runs the same collectives in the same
+    # order): [L; P] stacked on the state's row axis.
+    gathered = all_gather(local_p, group=group)
     s = zero if initial_state is None else initial_state.to(work)
     for r in range(dist.get_rank(group)):
         s = s @ gathered[r][:, :, dv:] + gathered[r][:, :, :dv]

@@ -69,42 +69,51 @@ impl Part {
         Ok((get(&t, self.name)?.clone(), pos))
     }
 
-    /// The part's transition: the end state of the part run with `x = 0` and every channel
-    /// repeated `R` times (channel `c·R + i`) from the state whose row `i` of channel `c·R + i` is
-    /// 1, for every row that holds a value at the start position (the rows of a channel evolve
-    /// together, so each needs a channel of its own).
-    pub(super) fn transition<F: Scalar>(
+    /// The part's end stream from a zero start, `L`, and its transition `tr`, from one run: the
+    /// part's `C` channels from zeros, then every channel again `R` times with `x = 0`, copy
+    /// `C + c·R + i` started from 1 in row `i` for every row that holds a value at the start
+    /// position (the rows of a channel evolve together, so each needs a channel of its own).
+    pub(super) fn local_and_transition<F: Scalar>(
         &self,
         m: &dyn Mixer,
         backend: &Backend,
         x: &Tensors<F>,
         pos: &[usize],
-    ) -> Result<ArrayD<f64>> {
+    ) -> Result<(ArrayD<f64>, ArrayD<f64>)> {
         let g = downcast::<Glr>(m, "context parallel")?;
         let (c, r) = (self.c, self.r);
-        let mut xr: Tensors<F> = x
+        let wide: Tensors<F> = x
             .iter()
             .map(|(k, v)| {
                 let mut shape = v.shape().to_vec();
                 let last = shape.len() - 1;
-                shape[last] = c * r;
+                shape[last] = c + c * r;
                 let rep = ArrayD::from_shape_fn(IxDyn(&shape), |ix: IxDyn| {
                     let mut src = ix.slice().to_vec();
-                    src[last] /= r;
+                    let ch = src[last];
+                    if ch < c {
+                        return v[IxDyn(&src)];
+                    }
+                    if k == "x" {
+                        return F::zero();
+                    }
+                    src[last] = (ch - c) / r;
                     v[IxDyn(&src)]
                 });
-                (k.clone(), rep)
+                Ok((k.clone(), rep))
             })
-            .collect();
-        xr.insert("x".into(), ArrayD::zeros(IxDyn(&[self.b, self.t, c * r])));
+            .collect::<Result<_>>()?;
         let live: Vec<Vec<bool>> =
             pos.iter().map(|&a| kept(g, self.k, a).iter().map(Option::is_some).collect()).collect();
-        let basis = Array3::from_shape_fn((self.b, r, c * r), |(b, i, ch)| {
-            if ch % r == i && live[b].get(i).copied().unwrap_or(false) { 1.0 } else { 0.0 }
+        let basis = Array3::from_shape_fn((self.b, r, c + c * r), |(b, i, ch)| {
+            let on = ch >= c && (ch - c) % r == i && live[b].get(i).copied().unwrap_or(false);
+            if on { 1.0 } else { 0.0 }
         });
-        let (_, end) = run_from(m, backend, &xr, &self.state::<F>(&basis.into_dyn(), pos)?)?;
+        let (_, end) = run_from(m, backend, &wide, &self.state::<F>(&basis.into_dyn(), pos)?)?;
         let end = self.values(&end)?.0.into_dimensionality::<Ix3>().map_err(internal)?;
-        Ok(Array4::from_shape_fn((self.b, r, c, r), |(b, j, ch, i)| end[[b, j, ch * r + i]]).into_dyn())
+        let local = end.slice(ndarray::s![.., .., ..c]).to_owned().into_dyn();
+        let tr = Array4::from_shape_fn((self.b, r, c, r), |(b, j, ch, i)| end[[b, j, c + ch * r + i]]);
+        Ok((local, tr.into_dyn()))
     }
 
     /// A part's transition applied to a stream: `out[b, j, c] = Σ_i tr[b, j, c, i] s[b, i, c]`, or

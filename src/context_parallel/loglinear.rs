@@ -9,7 +9,7 @@ use mixer_core::tensor::{cast_tensors, get, tensors_to_f64};
 use mixer_core::{Error, Result, Tensors};
 use mixer_registry::Backend;
 use mixer_registry::family::Scalar;
-use ndarray::{Array1, Array5, ArrayD, Ix5, IxDyn, s};
+use ndarray::{Array1, Array5, ArrayD, Axis, Ix5, IxDyn, Slice, s};
 
 use super::{internal, run_from};
 
@@ -91,26 +91,33 @@ impl Part {
         Ok((st, pos))
     }
 
-    /// The part's transition (module documentation): the end state of the part run with `v = 0`
-    /// (`Dv = L·Dk`) from the state whose slot `i` holds the identity in rows `i·Dk …` for every
-    /// slot that may be non-empty at the start position (bit `i` of it set, for a lift; the one
-    /// slot of a base mixer), since each row of a state evolves on its own.
-    pub(super) fn transition<F: Scalar>(
+    /// The part's end state from a zero start, `L`, and its transition `tr` (module
+    /// documentation), from one run: the part with `v` widened by `L·Dk` zero columns, from the
+    /// state whose rows `0 … Dv − 1` are zero and whose slot `i` holds the identity in rows
+    /// `Dv + i·Dk …` for every slot that may be non-empty at the start position (bit `i` of it
+    /// set, for a lift; the one slot of a base mixer). Each row of a state evolves on its own, so
+    /// the end state's first `Dv` rows are `L` and the rest `tr`.
+    pub(super) fn local_and_transition<F: Scalar>(
         &self,
         m: &dyn Mixer,
         backend: &Backend,
         x: &Tensors<F>,
         pos: &[usize],
-    ) -> Result<ArrayD<f64>> {
-        let (dk, rows) = (self.dk, self.l * self.dk);
-        let basis = Array5::from_shape_fn((self.b, self.h, self.l, rows, dk), |(b, _, i, r, c)| {
+    ) -> Result<(ArrayD<f64>, ArrayD<f64>)> {
+        let (dk, dv, wide) = (self.dk, self.dv, self.l * self.dk);
+        let basis = Array5::from_shape_fn((self.b, self.h, self.l, dv + wide, dk), |(b, _, i, r, c)| {
             let live = !self.lifted || (pos[b] >> i) & 1 == 1;
-            if live && r == i * dk + c { 1.0 } else { 0.0 }
+            if live && r == dv + i * dk + c { 1.0 } else { 0.0 }
         });
-        let mut xz = x.clone();
-        xz.insert("v".into(), ArrayD::zeros(IxDyn(&[self.b, self.t, self.h, rows])));
-        let (_, end) = run_from(m, backend, &xz, &self.state::<F>(&basis.into_dyn(), pos)?)?;
-        Ok(self.values(&end)?.0)
+        let v = get(x, "v")?;
+        let zeros = ArrayD::<F>::zeros(IxDyn(&[self.b, self.t, self.h, wide]));
+        let mut xw = x.clone();
+        xw.insert("v".into(), ndarray::concatenate(Axis(3), &[v.view(), zeros.view()]).map_err(internal)?);
+        let (_, end) = run_from(m, backend, &xw, &self.state::<F>(&basis.into_dyn(), pos)?)?;
+        let end = self.values(&end)?.0;
+        let local = end.slice_axis(Axis(3), Slice::from(..dv)).to_owned();
+        let tr = end.slice_axis(Axis(3), Slice::from(dv..)).to_owned();
+        Ok((local, tr))
     }
 
     /// A part's transition applied to level states: `out[j] = Σ_i s[i] · tr[j][i-th block of

@@ -24,9 +24,9 @@
 //! for a base mixer `S̄_end(r) · P_rᵀ`, the adjoint of `S ↦ S · P`), and the part's backward from
 //! `S_r` with that cotangent gives every gradient. Only lengths, states and transitions cross
 //! ranks, `O(N · B · H · L² · D²)` per call, never tokens. Each rank runs its part on its own
-//! backend, in the exact mode; the cost is three forward passes of the part (`S_loc`, the
-//! transition, `y`; the transition's with `L·Dk` value columns), and for the backward those and
-//! two backward passes.
+//! backend, in the exact mode; the cost is two forward passes of the part (`S_loc` and the
+//! transition together, the part's values widened by `L·Dk` zero columns; then `y`), and for the
+//! backward those and two backward passes.
 
 pub mod comm;
 mod glr;
@@ -81,14 +81,14 @@ impl Part {
     fn values<F: Scalar>(&self, t: &Tensors<F>) -> Result<(ArrayD<f64>, Vec<usize>)> {
         each!(self, p => p.values(t))
     }
-    fn transition<F: Scalar>(
+    fn local_and_transition<F: Scalar>(
         &self,
         m: &dyn Mixer,
         backend: &Backend,
         x: &Tensors<F>,
         pos: &[usize],
-    ) -> Result<ArrayD<f64>> {
-        each!(self, p => p.transition(m, backend, x, pos))
+    ) -> Result<(ArrayD<f64>, ArrayD<f64>)> {
+        each!(self, p => p.local_and_transition(m, backend, x, pos))
     }
     fn apply(&self, s: &ArrayD<f64>, tr: &ArrayD<f64>, transpose: bool) -> Result<ArrayD<f64>> {
         each!(self, p => p.apply(s, tr, transpose))
@@ -136,12 +136,8 @@ fn starts<F: Scalar>(
         None => (p.zeros(), vec![0; x.values().next().map_or(0, |v| v.shape()[0])]),
     };
     let pos: Vec<usize> = pos0.iter().map(|&a| a + offset).collect();
-    let (loc, tr) = if p.t() == 0 {
-        (p.zeros(), p.identity())
-    } else {
-        let (_, loc) = run_from(m, backend, x, &p.state::<F>(&p.zeros(), &pos)?)?;
-        (p.values(&loc)?.0, p.transition(m, backend, x, &pos)?)
-    };
+    let (loc, tr) =
+        if p.t() == 0 { (p.zeros(), p.identity()) } else { p.local_and_transition(m, backend, x, &pos)? };
     let all = comm.all_gather([("L".to_string(), loc), ("tr".to_string(), tr)].into_iter().collect())?;
     for g in &all[..rank] {
         s = p.apply(&s, get(g, "tr")?, false)? + get(g, "L")?;
