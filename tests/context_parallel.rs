@@ -283,3 +283,39 @@ fn other_families_are_refused() {
     }
     assert!(InProcess::group(0).is_err());
 }
+
+/// Two ranks at every split point of a short sequence (every Fenwick level boundary included):
+/// the same as one device, f64, for a base mixer, a lift and a GLR lattice, from a state.
+#[test]
+fn two_ranks_equal_one_device_at_every_split_point() {
+    let mut bad = Vec::new();
+    let t = 21;
+    let cases = [
+        ("gated-deltanet", serde_json::json!({"scale": 0.5})),
+        ("loglinear-gated-deltanet", serde_json::json!({"scale": 0.5})),
+        ("glr", serde_json::json!({"pattern": "pow2", "cache_efficient": true})),
+    ];
+    for (name, config) in cases {
+        let m = mixer(name, &config).unwrap();
+        let levels = mixer_core::fenwick::num_levels(t) + 2;
+        let dims: Dims = [("B", 2), ("T", t), ("H", 2), ("Dk", 3), ("Dv", 4), ("L", levels), ("C", 3)]
+            .into_iter()
+            .collect();
+        let sd = m.state_check_dims(&dims);
+        let x = m.random_inputs(&sd, 31).unwrap();
+        let d = mixer_core::mixer::validate(m.as_ref(), &mixer_core::AnyTensors::F64(x.clone())).unwrap();
+        let s0 = m.random_state(&d, 32).unwrap();
+        let mixed = &x[m.spec().mixed];
+        let dy = ArrayD::from_shape_fn(mixed.raw_dim(), |i| ((i[1] * 3 + i[0] + i[2]) as f64 * 0.53).cos());
+        let df: Tensors<f64> = s0
+            .iter()
+            .map(|(k, v)| (k.clone(), if k == "position" { v.mapv(|_| 0.0) } else { v.mapv(|e| e.sin()) }))
+            .collect();
+        let want = whole(m.as_ref(), &x, Some(&s0), &dy, &df);
+        for a in 0..=t {
+            let got = split(m.as_ref(), &x, Some(&s0), &dy, &df, &[0..a, a..t]);
+            compare(&format!("{name} split at {a}"), &got, &want, Tolerance::F64, &mut bad);
+        }
+    }
+    assert!(bad.is_empty(), "{} comparisons differ:\n{}", bad.len(), bad.join("\n"));
+}
