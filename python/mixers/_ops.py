@@ -13,6 +13,8 @@ with one schema for all mixers::
 ops have a fake (meta) implementation, so ``torch.compile`` traces them without graph
 breaks; the forward's autograd formula calls the backward op, which runs the library's own
 backward (``fast`` on the CPU, or the forward's form where the backend has a backward of it).
+:func:`call` (every function of the package) uses the ops while ``torch.compile`` traces, and
+in eager mode the same implementations through :class:`_Eager` (no ``torch.library`` dispatch).
 
 What is copied: every input is read through numpy (a CPU ``float32``/``float64`` tensor is
 viewed, not copied) and copied once into the library's row-major arrays; outputs come back as
@@ -112,6 +114,8 @@ def op_name(mixer: str) -> str:
 
 
 _OPS: Dict[str, object] = {}
+# The op's forward and backward implementations by mixer (for :class:`_Eager`).
+_IMPLS: Dict[str, tuple] = {}
 
 
 def mixer_op(mixer: str):
@@ -241,7 +245,37 @@ def mixer_op(mixer: str):
 
     fwd.register_autograd(backward, setup_context=setup_context)
     _OPS[mixer] = fwd
+    _IMPLS[mixer] = (forward_impl, backward_impl)
     return fwd
+
+
+class _Eager(torch.autograd.Function):
+    """The op's forward and backward implementations without ``torch.library``'s dispatch: what
+    :func:`call` runs outside ``torch.compile`` (the same functions, so the same results; the
+    custom op's Python dispatch layer costs tens of microseconds a call)."""
+
+    @staticmethod
+    def forward(ctx, mixer, names, initial_state, cu_seqlens, output_final_state, config, form, backend, precision,
+                *tensors):
+        forward_impl, backward_impl = _IMPLS[mixer]
+        y, s = forward_impl(list(tensors), names, initial_state, cu_seqlens, output_final_state, config, form,
+                            backend, precision)
+        ctx.save_for_backward(*tensors, initial_state, cu_seqlens)
+        ctx.backward_impl, ctx.names, ctx.count = backward_impl, list(names), len(tensors)
+        ctx.want_final, ctx.options = bool(output_final_state), (config, form, backend, precision)
+        if not output_final_state:
+            ctx.mark_non_differentiable(s)
+        return y, s
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_y, d_state):
+        saved = ctx.saved_tensors
+        tensors, initial_state, cu_seqlens = list(saved[: ctx.count]), saved[ctx.count], saved[ctx.count + 1]
+        d_final = d_state if ctx.want_final and d_state is not None else None
+        grads = ctx.backward_impl(tensors, ctx.names, d_y, initial_state, d_final, cu_seqlens, *ctx.options)
+        d_initial = grads[ctx.count] if initial_state is not None else None
+        return (None, None, d_initial, None, None, None, None, None, None, *grads[: ctx.count])
 
 
 @torch.compiler.assume_constant_result
@@ -283,7 +317,10 @@ def call(
     tensors = [given[n] for n in names]
     if backend is None:
         backend = default_backend(tensors[0])
-    y, s = mixer_op(mixer)(
-        tensors, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend, precision
-    )
+    op = mixer_op(mixer)
+    if torch.compiler.is_compiling():
+        y, s = op(tensors, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend, precision)
+    else:
+        y, s = _Eager.apply(mixer, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend,
+                            precision, *tensors)
     return (y, s) if output_final_state else y
