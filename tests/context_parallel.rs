@@ -319,3 +319,46 @@ fn two_ranks_equal_one_device_at_every_split_point() {
     }
     assert!(bad.is_empty(), "{} comparisons differ:\n{}", bad.len(), bad.join("\n"));
 }
+
+/// A rank whose part is invalid (`g > 0` for Mamba-2) makes every rank return an error that names
+/// it, in the forward and in the backward, instead of leaving the others waiting.
+#[test]
+fn a_failing_rank_fails_every_rank_without_a_hang() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let m = mixer("mamba2", &serde_json::json!({})).unwrap();
+        let dims: Dims = [("B", 1), ("T", 30), ("H", 1), ("Dk", 4), ("Dv", 4)].into_iter().collect();
+        let x = m.random_inputs(&dims, 5).unwrap();
+        let cpu = Backend::by_name("cpu").unwrap();
+        let parts = [0..10, 10..20, 20..30];
+        let ranks = InProcess::group(parts.len()).unwrap();
+        let errors: Vec<(String, String)> = std::thread::scope(|sc| {
+            let handles: Vec<_> = ranks
+                .iter()
+                .zip(&parts)
+                .map(|(comm, r)| {
+                    let (m, x, cpu) = (&m, &x, &cpu);
+                    sc.spawn(move || {
+                        let mut xr = segment_from_state(m.as_ref(), x, r.clone()).unwrap();
+                        if r.start == 10 {
+                            xr.get_mut("g").unwrap().fill(0.5); // a positive log decay: invalid
+                        }
+                        let f = forward(comm, m.as_ref(), cpu, &xr, None).unwrap_err().to_string();
+                        let dy = ArrayD::zeros(xr["v"].raw_dim());
+                        let b =
+                            backward(comm, m.as_ref(), cpu, &xr, None, &dy, None).unwrap_err().to_string();
+                        (f, b)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        tx.send(errors).unwrap();
+    });
+    let errors = rx.recv_timeout(std::time::Duration::from_secs(60)).expect("the ranks hung");
+    for (f, b) in errors {
+        for e in [f, b] {
+            assert!(e.contains("rank 1 failed") && e.contains("log-decay must be ≤ 0"), "{e}");
+        }
+    }
+}

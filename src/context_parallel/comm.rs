@@ -14,13 +14,21 @@ pub trait Communicator: Send + Sync {
     /// The number of ranks.
     fn size(&self) -> usize;
     /// Every rank's `mine`, in rank order. Every rank of the group calls it the same number of
-    /// times; a call returns once every rank has contributed.
-    fn all_gather(&self, mine: Tensors<f64>) -> Result<Vec<Tensors<f64>>>;
+    /// times, also when its own work failed (`mine` an error): a call returns once every rank
+    /// has contributed, and if any rank contributed an error, every rank gets an error that
+    /// names the first failing rank and its message (so a failure on one rank never leaves the
+    /// others waiting).
+    fn all_gather(&self, mine: Result<Tensors<f64>>) -> Result<Vec<Tensors<f64>>>;
+}
+
+/// The error every rank returns when rank `rank` failed with `e`.
+pub(super) fn failed_on(rank: usize, e: &str) -> Error {
+    Error::Io(format!("context parallel: rank {rank} failed: {e}"))
 }
 
 /// The state a group of threads shares.
 struct Shared {
-    slots: Mutex<Vec<Option<Tensors<f64>>>>,
+    slots: Mutex<Vec<Option<std::result::Result<Tensors<f64>, String>>>>,
     barrier: Barrier,
 }
 
@@ -44,7 +52,10 @@ impl InProcess {
         Ok((0..n).map(|rank| InProcess { rank, shared: shared.clone() }).collect())
     }
 
-    fn slots(&self) -> Result<std::sync::MutexGuard<'_, Vec<Option<Tensors<f64>>>>> {
+    #[allow(clippy::type_complexity)]
+    fn slots(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, Vec<Option<std::result::Result<Tensors<f64>, String>>>>> {
         self.shared.slots.lock().map_err(|_| Error::Io("context parallel: a rank's thread panicked".into()))
     }
 }
@@ -58,13 +69,23 @@ impl Communicator for InProcess {
         self.slots().map_or(0, |s| s.len())
     }
 
-    fn all_gather(&self, mine: Tensors<f64>) -> Result<Vec<Tensors<f64>>> {
-        self.slots()?[self.rank] = Some(mine);
+    fn all_gather(&self, mine: Result<Tensors<f64>>) -> Result<Vec<Tensors<f64>>> {
+        let written = self.slots().map(|mut s| s[self.rank] = Some(mine.map_err(|e| e.to_string())));
         // Every rank has written its slot ...
         self.shared.barrier.wait();
-        let all = self.slots()?.iter().cloned().collect::<Option<Vec<_>>>();
+        let all = self.slots().map(|s| s.clone());
         // ... and every rank has read them all before any rank writes its next contribution.
         self.shared.barrier.wait();
-        all.ok_or_else(|| Error::Io("context parallel: internal: a rank's slot was empty".into()))
+        written?;
+        let all = all?;
+        let mut out = Vec::with_capacity(all.len());
+        for (rank, slot) in all.into_iter().enumerate() {
+            match slot {
+                Some(Ok(t)) => out.push(t),
+                Some(Err(e)) => return Err(failed_on(rank, &e)),
+                None => return Err(Error::Io("context parallel: internal: a rank's slot was empty".into())),
+            }
+        }
+        Ok(out)
     }
 }

@@ -117,8 +117,18 @@ fn run_from<F: Scalar>(
     run_state(m, backend, Form::Fast, x, Some(s0), Precision::Exact)
 }
 
+/// This rank's contribution to a collective: its payload, or (its own work having failed) the
+/// error, which the collective reports to every rank ([`Communicator::all_gather`]).
+fn contribution<T>(local: &Result<T>, payload: impl FnOnce(&T) -> Tensors<f64>) -> Result<Tensors<f64>> {
+    match local {
+        Ok(t) => Ok(payload(t)),
+        Err(e) => Err(Error::Io(e.to_string())),
+    }
+}
+
 /// This rank's start state (values and positions) and every rank's transition, from two
-/// all-gathers: the parts' lengths, then every part's `(L, tr)` (module documentation).
+/// all-gathers: the parts' lengths, then every part's `(L, tr)` (module documentation). Every
+/// rank reaches every collective until one reports a failure (then all return it).
 fn starts<F: Scalar>(
     comm: &dyn Communicator,
     m: &dyn Mixer,
@@ -126,19 +136,26 @@ fn starts<F: Scalar>(
     x: &Tensors<F>,
     initial: Option<&Tensors<F>>,
 ) -> Result<(Part, ArrayD<f64>, Vec<usize>, Vec<ArrayD<f64>>)> {
-    let p = Part::of(m, x)?;
     let rank = comm.rank();
-    let len = ArrayD::from_elem(IxDyn(&[1]), p.t() as f64);
-    let lens = comm.all_gather([("len".to_string(), len)].into_iter().collect())?;
+    let p = Part::of(m, x);
+    let lens = comm.all_gather(contribution(&p, |p| {
+        [("len".to_string(), ArrayD::from_elem(IxDyn(&[1]), p.t() as f64))].into_iter().collect()
+    }))?;
     let offset: usize = lens[..rank].iter().map(|g| get(g, "len").map_or(0, |a| a[[0]] as usize)).sum();
-    let (mut s, pos0) = match initial {
-        Some(s0) => p.values(s0)?,
-        None => (p.zeros(), vec![0; x.values().next().map_or(0, |v| v.shape()[0])]),
-    };
-    let pos: Vec<usize> = pos0.iter().map(|&a| a + offset).collect();
-    let (loc, tr) =
-        if p.t() == 0 { (p.zeros(), p.identity()) } else { p.local_and_transition(m, backend, x, &pos)? };
-    let all = comm.all_gather([("L".to_string(), loc), ("tr".to_string(), tr)].into_iter().collect())?;
+    let local = p.and_then(|p| {
+        let (s, pos0) = match initial {
+            Some(s0) => p.values(s0)?,
+            None => (p.zeros(), vec![0; x.values().next().map_or(0, |v| v.shape()[0])]),
+        };
+        let pos: Vec<usize> = pos0.iter().map(|&a| a + offset).collect();
+        let (loc, tr) =
+            if p.t() == 0 { (p.zeros(), p.identity()) } else { p.local_and_transition(m, backend, x, &pos)? };
+        Ok((p, s, pos, loc, tr))
+    });
+    let all = comm.all_gather(contribution(&local, |(_, _, _, loc, tr)| {
+        [("L".to_string(), loc.clone()), ("tr".to_string(), tr.clone())].into_iter().collect()
+    }))?;
+    let (p, mut s, pos, _, _) = local?;
     for g in &all[..rank] {
         s = p.apply(&s, get(g, "tr")?, false)? + get(g, "L")?;
     }
@@ -180,14 +197,19 @@ pub fn backward<F: Scalar>(
     d_final: Option<&Tensors<F>>,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
     let (p, s, pos, trs) = starts(comm, m, backend, x, initial)?;
-    let s0 = p.state::<F>(&s, &pos)?;
-    let own = if p.t() == 0 {
-        p.zeros()
-    } else {
-        let (_, ds) = backward_state(m, backend, Form::Fast, x, Some(&s0), dy, None, &Requires::All)?;
-        p.values(&ds)?.0
-    };
-    let all = comm.all_gather([("dS".to_string(), own)].into_iter().collect())?;
+    let local = p.state::<F>(&s, &pos).and_then(|s0| {
+        let own = if p.t() == 0 {
+            p.zeros()
+        } else {
+            let (_, ds) = backward_state(m, backend, Form::Fast, x, Some(&s0), dy, None, &Requires::All)?;
+            p.values(&ds)?.0
+        };
+        Ok((s0, own))
+    });
+    let all = comm.all_gather(contribution(&local, |(_, own)| {
+        [("dS".to_string(), own.clone())].into_iter().collect()
+    }))?;
+    let (s0, _) = local?;
     let mut d = match d_final {
         Some(df) => p.values(df)?.0,
         None => p.zeros(),
