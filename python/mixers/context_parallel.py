@@ -51,8 +51,21 @@ def context_parallel(name: str, config: Optional[dict] = None, *, group=None,
     # state evolves on its own, so the end state is [L; P]).
     eye = torch.eye(dk, dtype=work, device=v.device).expand(b, h, dk, dk)
     widened = dict(inputs, v=torch.cat([v, v.new_zeros(b, t, h, dk)], dim=-1))
-    _, local_p = run(name, config, initial_state=torch.cat([zero, eye], dim=2).contiguous(), output_final_state=True,
-                     **widened)
+    try:
+        _, local_p = run(name, config, initial_state=torch.cat([zero, eye], dim=2).contiguous(),
+                         output_final_state=True, **widened)
+        error = None
+    except Exception as e:  # noqa: BLE001 - reported to every rank below, then raised here
+        error = e
+    # Every rank learns whether any rank failed before the data's collective, so that a failure
+    # on one rank never leaves the others waiting in it.
+    flags = [torch.zeros(1, dtype=torch.int32, device=v.device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(flags, torch.tensor([int(error is not None)], dtype=torch.int32, device=v.device), group=group)
+    failed = [r for r, f in enumerate(flags) if f.item()]
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(f"context parallel: rank {failed[0]} failed (its own error says why)")
     # One collective (so that every rank's backward runs the same collectives in the same
     # order): [L; P] stacked on the state's row axis.
     gathered = all_gather(local_p, group=group)

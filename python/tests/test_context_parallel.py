@@ -73,6 +73,32 @@ def test_ranks_equal_one_process(name, cuts):
     torch.testing.assert_close(sum(p["s0_grad"] for p in parts), s0.grad, **close)
 
 
+def _failing_rank(rank, world, port, out):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        x, _, _, _ = _case("mamba2", 20)
+        mine = {k: v[:, rank * 10:(rank + 1) * 10].clone() for k, v in x.items()}
+        if rank == 1:
+            mine["g"] = mine["g"].abs() + 0.5  # a positive log decay: invalid
+        try:
+            mixers.context_parallel("mamba2", **mine)
+            message = "no error"
+        except Exception as e:  # noqa: BLE001 - the test reads what each rank raised
+            message = f"{type(e).__name__}: {e}"
+        with open(os.path.join(out, f"{rank}.txt"), "w") as f:
+            f.write(message)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_failing_rank_fails_every_rank():
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_failing_rank, args=(2, _free_port(), out), nprocs=2, join=True)
+        messages = [open(os.path.join(out, f"{r}.txt")).read() for r in range(2)]
+    assert messages[1].startswith("ValueError") and "log-decay" in messages[1], messages
+    assert messages[0] == "RuntimeError: context parallel: rank 1 failed (its own error says why)", messages
+
+
 def test_other_mixers_are_refused():
     with pytest.raises(NotImplementedError, match="context parallelism"):
         mixers.context_parallel("attention", **inputs("attention", seq=4, **SIZES))
