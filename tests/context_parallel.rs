@@ -362,3 +362,51 @@ fn a_failing_rank_fails_every_rank_without_a_hang() {
         }
     }
 }
+
+/// States and parts of the wrong sizes are errors on every rank (never a panic): an initial
+/// state of another shape, a rank with another head dim, a final-state cotangent of another shape.
+#[test]
+fn wrong_sizes_are_errors() {
+    let cpu = Backend::by_name("cpu").unwrap();
+    let m = mixer("gated-deltanet", &serde_json::json!({})).unwrap();
+    let dims =
+        |dk: usize| -> Dims { [("B", 1), ("T", 12), ("H", 2), ("Dk", dk), ("Dv", 3)].into_iter().collect() };
+    let x = m.random_inputs(&dims(4), 1).unwrap();
+    let other = m.random_inputs(&dims(5), 2).unwrap();
+    let s0 = m.random_state(&dims(4), 3).unwrap();
+    let bad_state: Tensors<f64> =
+        [("S".to_string(), ArrayD::zeros(ndarray::IxDyn(&[1, 2, 4, 3])))].into_iter().collect();
+    let run = |parts: [&Tensors<f64>; 2], initial: Option<&Tensors<f64>>, d_final: Option<&Tensors<f64>>| {
+        let ranks = InProcess::group(2).unwrap();
+        std::thread::scope(|sc| {
+            let handles: Vec<_> = ranks
+                .iter()
+                .zip(parts)
+                .map(|(comm, xr)| {
+                    let (m, cpu) = (&m, &cpu);
+                    sc.spawn(move || {
+                        let dy = ArrayD::zeros(xr["v"].raw_dim());
+                        let f = forward(comm, m.as_ref(), cpu, xr, initial).err().map(|e| e.to_string());
+                        let b = backward(comm, m.as_ref(), cpu, xr, initial, &dy, d_final)
+                            .err()
+                            .map(|e| e.to_string());
+                        (f, b)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect::<Vec<_>>()
+        })
+    };
+    for (f, b) in run([&x, &x], Some(&bad_state), None) {
+        assert!(f.as_deref().is_some_and(|e| e.contains("initial state")), "{f:?}");
+        assert!(b.is_some(), "{b:?}");
+    }
+    for (f, b) in run([&x, &other], None, None) {
+        assert!(f.as_deref().is_some_and(|e| e.contains("every part shares every size")), "{f:?}");
+        assert!(b.is_some(), "{b:?}");
+    }
+    for (f, b) in run([&x, &x], Some(&s0), Some(&bad_state)) {
+        assert!(f.is_none(), "{f:?}");
+        assert!(b.as_deref().is_some_and(|e| e.contains("cotangent")), "{b:?}");
+    }
+}

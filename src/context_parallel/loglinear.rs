@@ -78,6 +78,15 @@ impl Part {
     pub(super) fn values<F: Scalar>(&self, t: &Tensors<F>) -> Result<(ArrayD<f64>, Vec<usize>)> {
         let t = tensors_to_f64(t);
         let st = get(&t, S)?;
+        let want = if self.lifted { 5 } else { 4 };
+        if st.ndim() != want {
+            let layout = if self.lifted { "[B, H, L, Dv, Dk]" } else { "[B, H, Dv, Dk]" };
+            return Err(Error::shape(
+                format!("context parallel: state {S}"),
+                layout,
+                format!("{:?}", st.shape()),
+            ));
+        }
         let st = if self.lifted {
             st.clone()
         } else {

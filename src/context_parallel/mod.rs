@@ -117,6 +117,37 @@ fn run_from<F: Scalar>(
     run_state(m, backend, Form::Fast, x, Some(s0), Precision::Exact)
 }
 
+/// An error unless `a` (a state's values) has the shape of the part's state.
+fn sized(what: &str, a: &ArrayD<f64>, p: &Part) -> Result<()> {
+    let want = p.zeros();
+    if a.shape() == want.shape() {
+        return Ok(());
+    }
+    Err(Error::shape(
+        format!("context parallel: the {what}"),
+        format!("{:?}", want.shape()),
+        format!("{:?}", a.shape()),
+    ))
+}
+
+/// An error unless every rank's gathered tensors have this rank's shapes (the ranks' parts must
+/// share every size but `T`, and their initial states).
+fn same_sizes(all: &[Tensors<f64>], want: &[(&str, &[usize])]) -> Result<()> {
+    for (rank, g) in all.iter().enumerate() {
+        for &(k, shape) in want {
+            let got = get(g, k)?.shape();
+            if got != shape {
+                return Err(Error::shape(
+                    format!("context parallel: rank {rank}'s {k}"),
+                    format!("{shape:?} (this rank's: every part shares every size but T)"),
+                    format!("{got:?}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// This rank's contribution to a collective: its payload, or (its own work having failed) the
 /// error, which the collective reports to every rank ([`Communicator::all_gather`]).
 fn contribution<T>(local: &Result<T>, payload: impl FnOnce(&T) -> Tensors<f64>) -> Result<Tensors<f64>> {
@@ -147,6 +178,7 @@ fn starts<F: Scalar>(
             Some(s0) => p.values(s0)?,
             None => (p.zeros(), vec![0; x.values().next().map_or(0, |v| v.shape()[0])]),
         };
+        sized("initial state", &s, &p)?;
         let pos: Vec<usize> = pos0.iter().map(|&a| a + offset).collect();
         let (loc, tr) =
             if p.t() == 0 { (p.zeros(), p.identity()) } else { p.local_and_transition(m, backend, x, &pos)? };
@@ -155,7 +187,8 @@ fn starts<F: Scalar>(
     let all = comm.all_gather(contribution(&local, |(_, _, _, loc, tr)| {
         [("L".to_string(), loc.clone()), ("tr".to_string(), tr.clone())].into_iter().collect()
     }))?;
-    let (p, mut s, pos, _, _) = local?;
+    let (p, mut s, pos, loc, tr) = local?;
+    same_sizes(&all, &[("L", loc.shape()), ("tr", tr.shape())])?;
     for g in &all[..rank] {
         s = p.apply(&s, get(g, "tr")?, false)? + get(g, "L")?;
     }
@@ -209,11 +242,13 @@ pub fn backward<F: Scalar>(
     let all = comm.all_gather(contribution(&local, |(_, own)| {
         [("dS".to_string(), own.clone())].into_iter().collect()
     }))?;
-    let (s0, _) = local?;
+    let (s0, own) = local?;
+    same_sizes(&all, &[("dS", own.shape())])?;
     let mut d = match d_final {
         Some(df) => p.values(df)?.0,
         None => p.zeros(),
     };
+    sized("final state's cotangent", &d, &p)?;
     for q in (comm.rank() + 1..comm.size()).rev() {
         d = p.apply(&d, &trs[q], true)? + get(&all[q], "dS")?;
     }
