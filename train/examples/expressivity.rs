@@ -7,7 +7,7 @@
 //! ```text
 //! cargo run --release --example expressivity [-- --quick] [--jobs 2] [--out out/expressivity]
 //!                                            [--only attention,mamba2] [--tasks copy,mqar]
-//!                                            [--seeds 0,1] [--steps N]
+//!                                            [--seeds 0,1] [--steps N] [--backend cuda]
 //! ```
 //! writes `OUT.md` and `OUT.json` (`--quick`: `OUT-quick.*`).
 
@@ -30,6 +30,9 @@ fn main() {
     if let Some(t) = arg(&args, "--tasks") {
         let keep: Vec<&str> = t.split(',').map(str::trim).collect();
         setting.tasks.retain(|c| keep.contains(&c.task.name()));
+    }
+    if let Some(b) = arg(&args, "--backend") {
+        setting.run.backend = b;
     }
     let jobs = arg(&args, "--jobs").and_then(|s| s.parse().ok()).unwrap_or(2);
     let mut all = rows(setting.window, setting.order);
