@@ -77,6 +77,14 @@ const LANES: usize = NR;
 /// `y [B,T,H,Dv]` by streaming over key blocks, read from and written to the token-major
 /// layout of the inputs directly (no per-head copies).
 pub fn fast<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+    fast_from(a, inputs, 0)
+}
+
+/// [`fast`] computing only the query blocks that hold a row `≥ from_row`: the rows from
+/// `from_row` on are [`fast`]'s, bit for bit; the earlier rows are zero or computed (those of
+/// the first block kept). A run from a KV cache of `ℓ` rows (the extension, docs/math.md §7.1)
+/// needs only the rows from `ℓ` on, so it costs `O(T (ℓ + T))` rather than `O((ℓ + T)²)`.
+pub fn fast_from<F: VecMath>(a: &Attention, inputs: &Tensors<F>, from_row: usize) -> Result<ArrayD<F>> {
     let q = get(inputs, "q")?;
     let v = get(inputs, "v")?;
     let (&[bn, tn, hn, dk], &[.., dv]) = (q.shape(), v.shape()) else {
@@ -102,7 +110,7 @@ pub fn fast<F: VecMath>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>>
     let mut y = Array4::<F>::zeros((bn, tn, hn, dv));
     let mut lse = vec![F::zero(); bn * tn * hn];
     let ys = y.as_slice_mut().expect("a new array is contiguous");
-    drive(a, &x, ys, &mut lse)?;
+    drive(a, &x, ys, &mut lse, from_row)?;
     Ok(y.into_dyn())
 }
 
@@ -131,6 +139,7 @@ pub(crate) fn forward<F: VecMath>(
         &x,
         y.as_slice_mut().expect("a new array is contiguous"),
         lse.as_slice_mut().expect("a new array is contiguous"),
+        0,
     )?;
     let y = y.permuted_axes([0, 2, 1, 3]).as_standard_layout().into_owned();
     let lse = lse.permuted_axes([0, 2, 1]).as_standard_layout().into_owned();
@@ -300,7 +309,14 @@ struct Out<'a, F> {
 /// block `i` together with block `n_b − 1 − i`: the causal work of the two blocks adds up to
 /// the same for every pair, so the tasks are of one size and the threads stay balanced over
 /// the triangle.
-fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) -> Result<()> {
+/// Query blocks whose rows all lie before `from_row` are left out (their rows stay zero).
+fn drive<F: VecMath>(
+    a: &Attention,
+    x: &Qkv<'_, F>,
+    y: &mut [F],
+    lse: &mut [F],
+    from_row: usize,
+) -> Result<()> {
     let Qkv { bn, tn, hn, dk, dv, .. } = *x;
     if bn * tn * hn == 0 {
         return Ok(());
@@ -337,6 +353,7 @@ fn drive<F: VecMath>(a: &Attention, x: &Qkv<'_, F>, y: &mut [F], lse: &mut [F]) 
                 .zip(pieces(lh, 0, block))
                 .enumerate()
                 .map(|(i, (y, lse))| Out { b, h, i0: i * block, y, lse })
+                .filter(|out| out.i0 + out.lse.len() > from_row)
                 .collect();
             while let Some(first) = outs.pop_front() {
                 tasks.push(std::iter::once(first).chain(outs.pop_back()).collect());

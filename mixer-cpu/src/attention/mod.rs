@@ -110,11 +110,19 @@ impl<F: crate::vmath::VecMath> Family<F> for AttentionCpu {
         (form == Form::Fast).then_some(backward::vjp)
     }
     /// `parallel` and `fast` from a KV cache: the form on the extension by the cache
-    /// ([`attention_state::run`]).
+    /// ([`attention_state::run`]); `fast` computes only the extension's rows past the cache
+    /// ([`fast::fast_from`]).
     fn stateful(&self, form: Form) -> Option<StateFn<Attention, F>> {
         match form {
             Form::Parallel => Some(|a, x, s| attention_state::run(a, x, s, |e| parallel::parallel(a, e))),
-            Form::Fast => Some(|a, x, s| attention_state::run(a, x, s, |e| fast::fast(a, e))),
+            // Only the extension's rows past the cache: the run's own.
+            Form::Fast => Some(|a, x, s| {
+                let t = mixer_core::tensor::get(x, "q")?.shape().get(1).copied().unwrap_or(0);
+                attention_state::run(a, x, s, |e| {
+                    let rows = mixer_core::tensor::get(e, "q")?.shape().get(1).copied().unwrap_or(0);
+                    fast::fast_from(a, e, rows.saturating_sub(t))
+                })
+            }),
             _ => None,
         }
     }

@@ -232,3 +232,27 @@ fn huge_logits_do_not_overflow() {
         assert!(e.contains("overflows f64") && e.contains("q_0·k_0"), "{form}: {e}");
     }
 }
+
+/// `fast_from` (the fast form from row `r` on, what a run from a KV cache of `r` rows uses) gives
+/// `fast`'s rows from `r` on bit for bit, at cuts inside, at and around query blocks, f32 (the
+/// fused kernel where the CPU has it) and f64, causal and windowed.
+#[test]
+fn the_fast_form_from_a_row_gives_the_fast_rows() {
+    use mixer_core::mixers::attention::Attention;
+    use mixer_cpu::attention::fast::{fast, fast_from};
+    for cfg in [json!({"scale": 0.4}), json!({"window": 37})] {
+        let m = mixer("attention", &cfg).unwrap();
+        let a = mixer_core::mixer::downcast::<Attention>(m.as_ref(), "test").unwrap();
+        let dims: Dims = [("B", 2), ("T", 300), ("H", 2), ("Dk", 16), ("Dv", 16)].into_iter().collect();
+        let x = m.random_inputs(&dims, 9).unwrap();
+        let x32 = mixer_core::tensor::cast_tensors::<f32>(&x);
+        let (want64, want32) = (fast(a, &x).unwrap(), fast(a, &x32).unwrap());
+        for r in [0, 1, 63, 64, 65, 96, 97, 150, 299, 300] {
+            let tail = |y: &ArrayD<f64>| y.slice_axis(ndarray::Axis(1), ndarray::Slice::from(r..)).to_owned();
+            let tail32 =
+                |y: &ArrayD<f32>| y.slice_axis(ndarray::Axis(1), ndarray::Slice::from(r..)).to_owned();
+            assert_eq!(tail(&fast_from(a, &x, r).unwrap()), tail(&want64), "{cfg} f64 from {r}");
+            assert_eq!(tail32(&fast_from(a, &x32, r).unwrap()), tail32(&want32), "{cfg} f32 from {r}");
+        }
+    }
+}
