@@ -87,15 +87,32 @@ pub fn vjp<F: VecMath>(
     a: &Attention,
     inputs: &Tensors<F>,
     dy: &ArrayD<F>,
-    _req: &Requires,
+    req: &Requires,
 ) -> Result<Tensors<F>> {
+    vjp_from(a, inputs, dy, req, 0)
+}
+
+/// [`vjp`] for a `dy` that is zero on the rows before `from_row` (a run from a KV cache of
+/// `from_row` rows, on its extension, docs/math.md §7.1): the query blocks wholly before it are
+/// left out, in the forward's recomputation too. Their rows add exact zeros to `k̄` and `v̄`, so
+/// `k̄`, `v̄` and the rows of `q̄` from `from_row` on are [`vjp`]'s bit for bit; the earlier rows
+/// of `q̄` are zero or computed.
+pub fn vjp_from<F: VecMath>(
+    a: &Attention,
+    inputs: &Tensors<F>,
+    dy: &ArrayD<F>,
+    _req: &Requires,
+    from_row: usize,
+) -> Result<Tensors<F>> {
+    // Whole backward query blocks from here on (the forward then computes every row of them).
+    let from_row = from_row / BLOCK_Q * BLOCK_Q;
     let (q, k, v) = (heads_major(inputs, "q")?, heads_major(inputs, "k")?, heads_major(inputs, "v")?);
     let g = heads_major(&std::iter::once(("dy".to_string(), dy.clone())).collect(), "dy")?;
     let (bn, hn, tn, dk) = q.dim();
     let dv = v.dim().3;
     let sigma = a.scale(dk);
     let cx = Ctx { a, scale: F::of(sigma), abs: F::of(sigma.abs()) };
-    let (y, lse) = forward(a, &q, &k, &v)?;
+    let (y, lse) = forward(a, &q, &k, &v, from_row)?;
     let dd: Array3<F> = Array3::from_shape_fn((bn, hn, tn), |(b, h, t)| {
         (0..dv).map(|c| g[[b, h, t, c]] * y[[b, h, t, c]]).fold(F::zero(), |x, z| x + z)
     });
@@ -116,6 +133,7 @@ pub fn vjp<F: VecMath>(
                     // Last query that sees key j1 − 1: t − s < w.
                     let t_end = a.window().map_or(tn, |w| (j1 - 1 + w).min(tn));
                     let mut i0 = (j0 / BLOCK_Q) * BLOCK_Q;
+                    i0 = i0.max(from_row);
                     while i0 < t_end {
                         let i1 = (i0 + BLOCK_Q).min(tn);
                         let (qb, gb) = (q.slice(s![b, h, i0..i1, ..]), g.slice(s![b, h, i0..i1, ..]));

@@ -117,11 +117,13 @@ pub fn fast_from<F: VecMath>(a: &Attention, inputs: &Tensors<F>, from_row: usize
 /// The streaming forward on heads-major `q, k [B,H,T,Dk]`, `v [B,H,T,Dv]`: the output
 /// `[B,H,T,Dv]` and the per-row log-sum-exp `LSE_t = log Σ_s e^{σ q_t·k_s}` of the scaled,
 /// masked scores (which the backward pass uses to recompute the softmax blockwise).
+/// Query blocks wholly before `from_row` are left out ([`fast_from`]).
 pub(crate) fn forward<F: VecMath>(
     a: &Attention,
     q: &Array4<F>,
     k: &Array4<F>,
     v: &Array4<F>,
+    from_row: usize,
 ) -> Result<(Array4<F>, Array3<F>)> {
     let (bn, hn, tn, dk) = q.dim();
     let dv = v.dim().3;
@@ -139,7 +141,7 @@ pub(crate) fn forward<F: VecMath>(
         &x,
         y.as_slice_mut().expect("a new array is contiguous"),
         lse.as_slice_mut().expect("a new array is contiguous"),
-        0,
+        from_row,
     )?;
     let y = y.permuted_axes([0, 2, 1, 3]).as_standard_layout().into_owned();
     let lse = lse.permuted_axes([0, 2, 1]).as_standard_layout().into_owned();

@@ -128,8 +128,11 @@ impl<F: crate::vmath::VecMath> Family<F> for AttentionCpu {
     }
     fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<Attention, F>> {
         (form == Form::Fast).then_some(|a, x, s, dy, df, req| {
+            // Only the extension's rows past the cache carry a cotangent.
+            let t = mixer_core::tensor::get(x, "q")?.shape().get(1).copied().unwrap_or(0);
             attention_state::vjp(a, StateVjp { x, initial: s, dy, d_final: df, requires: req }, |e, d| {
-                backward::vjp(a, e, d, &Requires::All)
+                let rows = mixer_core::tensor::get(e, "q")?.shape().get(1).copied().unwrap_or(0);
+                backward::vjp_from(a, e, d, &Requires::All, rows.saturating_sub(t))
             })
         })
     }

@@ -256,3 +256,29 @@ fn the_fast_form_from_a_row_gives_the_fast_rows() {
         }
     }
 }
+
+/// `vjp_from` (the backward of a run from a KV cache of `r` rows, on its extension, whose `dy` is
+/// zero before `r`) gives `vjp`'s `d_k`, `d_v` and the rows of `d_q` from `r` on bit for bit.
+#[test]
+fn the_backward_from_a_row_gives_the_backward() {
+    use mixer_core::Requires;
+    use mixer_core::mixers::attention::Attention;
+    use mixer_cpu::attention::backward::{vjp, vjp_from};
+    for cfg in [json!({"scale": 0.4}), json!({"window": 37})] {
+        let m = mixer("attention", &cfg).unwrap();
+        let a = mixer_core::mixer::downcast::<Attention>(m.as_ref(), "test").unwrap();
+        let dims: Dims = [("B", 2), ("T", 200), ("H", 2), ("Dk", 8), ("Dv", 8)].into_iter().collect();
+        let x = m.random_inputs(&dims, 9).unwrap();
+        for r in [0, 1, 63, 64, 65, 130, 199] {
+            let dy = ArrayD::from_shape_fn(x["v"].raw_dim(), |i| {
+                if i[1] < r { 0.0 } else { ((i[1] + 3 * i[3]) as f64).sin() }
+            });
+            let (want, got) =
+                (vjp(a, &x, &dy, &Requires::All).unwrap(), vjp_from(a, &x, &dy, &Requires::All, r).unwrap());
+            assert_eq!(got["d_k"], want["d_k"], "{cfg} d_k from {r}");
+            assert_eq!(got["d_v"], want["d_v"], "{cfg} d_v from {r}");
+            let tail = |g: &ArrayD<f64>| g.slice_axis(ndarray::Axis(1), ndarray::Slice::from(r..)).to_owned();
+            assert_eq!(tail(&got["d_q"]), tail(&want["d_q"]), "{cfg} d_q from {r}");
+        }
+    }
+}
