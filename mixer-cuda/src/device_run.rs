@@ -65,13 +65,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         }
         let mut checks = input_checks(&spec, inputs)?;
         let y = run_erased::<T>(m, form, inputs, precision, double)?;
-        let (name, form_name) = (m.name().to_string(), form.name());
-        checks.push(check_any(&y, 0, move |i| {
-            Error::Numerical(format!(
-                "`{name}` {form_name} form on cuda: y has a non-finite value at flat index {i} although every \
-                 input is finite; the result overflows its dtype"
-            ))
-        })?);
+        checks.push(output_check(&y, format!("`{}` {form} form on cuda", m.name()), "every input is")?);
         Ok(Box::new(y.with_checks(checks)))
     }
 
@@ -119,11 +113,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         let wanted = checks;
         let mut checks = if wanted { input_checks(&spec, inputs)? } else { Vec::new() };
         if wanted {
-            checks.push(check_any(dy, 0, |i| Error::Value {
-                name: "dy".into(),
-                constraint: "values must be finite".into(),
-                found: format!("a violation at flat index {i} (checked on the device)"),
-            })?);
+            checks.push(finite_check("dy", dy)?);
         }
         let grads = if double {
             typed_backward::<f64, T>(m, inputs, dy, requires, precision)
@@ -320,6 +310,27 @@ pub(crate) fn input_checks(spec: &InputSpec, inputs: &DeviceTensors) -> Result<V
         })?);
     }
     Ok(checks)
+}
+
+/// The device-side check that `t` (named `name` in the error) is finite.
+pub(crate) fn finite_check(name: &str, t: &AnyDeviceTensor) -> Result<Arc<Deferred>> {
+    let name = name.to_string();
+    check_any(t, 0, move |i| Error::Value {
+        name: name.clone(),
+        constraint: "values must be finite".into(),
+        found: format!("a violation at flat index {i} (checked on the device)"),
+    })
+}
+
+/// The device-side check that the output `y` of `what` (e.g. "`mamba2` fast form on cuda") is
+/// finite where its inputs are (`inputs`: "every input is", said in the error).
+pub(crate) fn output_check(y: &AnyDeviceTensor, what: String, inputs: &'static str) -> Result<Arc<Deferred>> {
+    check_any(y, 0, move |i| {
+        Error::Numerical(format!(
+            "{what}: y has a non-finite value at flat index {i} although {inputs} finite; the result \
+             overflows its dtype"
+        ))
+    })
 }
 
 pub(crate) fn check_any(

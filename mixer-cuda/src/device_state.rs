@@ -18,7 +18,7 @@ use mixer_core::state::{StateShapes, check_shapes};
 use mixer_core::{Error, Precision, Requires, Result};
 use mixer_registry::Backend;
 
-use crate::device_run::{check_any, check_on_host, input_checks};
+use crate::device_run::{check_on_host, finite_check, input_checks, output_check};
 use crate::forms::DeviceFamily;
 use crate::runtime::err;
 use crate::tensor::{AnyDeviceTensor, Deferred, DeviceTensors, GpuReal};
@@ -117,13 +117,8 @@ pub(crate) fn run<T: DeviceFamily<f32> + DeviceFamily<f64>>(
         typed_run::<f32, T>(m, inputs, initial, precision)
     }?;
     if checks {
-        let name = m.name().to_string();
-        deferred.push(check_any(&y, 0, move |i| {
-            Error::Numerical(format!(
-                "`{name}` fast form from a state on cuda: y has a non-finite value at flat index {i} although \
-                 every input and the state are finite; the result overflows its dtype"
-            ))
-        })?);
+        let what = format!("`{}` fast form from a state on cuda", m.name());
+        deferred.push(output_check(&y, what, "every input and the state are")?);
     }
     let fin = fin.into_iter().map(|(k, v)| (k, v.with_checks(deferred.iter().cloned()))).collect();
     Ok((y.with_checks(deferred), fin))
@@ -163,7 +158,7 @@ pub(crate) fn backward<T: DeviceFamily<f32> + DeviceFamily<f64>>(
     let mut deferred = Vec::new();
     if checks {
         deferred = value_checks(m, inputs, &states)?;
-        deferred.push(finite("dy", c.dy)?);
+        deferred.push(finite_check("dy", c.dy)?);
     }
     let (grads, ds) = if double {
         typed_backward::<f64, T>(m, inputs, initial, &c, precision)
@@ -228,20 +223,10 @@ fn value_checks(
     let mut out = input_checks(&m.spec(), inputs)?;
     for &(what, state) in states {
         for (k, t) in state.into_iter().flatten() {
-            out.push(finite(&format!("{what}.{k}"), t)?);
+            out.push(finite_check(&format!("{what}.{k}"), t)?);
         }
     }
     Ok(out)
-}
-
-/// The device-side check that `t` (named `name` in the error) is finite.
-fn finite(name: &str, t: &AnyDeviceTensor) -> Result<Arc<Deferred>> {
-    let name = name.to_string();
-    check_any(t, 0, move |i| Error::Value {
-        name: name.clone(),
-        constraint: "values must be finite".into(),
-        found: format!("a violation at flat index {i} (checked on the device)"),
-    })
 }
 
 fn typed_run<F: GpuReal, T: DeviceFamily<F>>(

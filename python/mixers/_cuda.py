@@ -110,9 +110,12 @@ def _view(out) -> torch.Tensor:
     return t.set_(owner.untyped_storage(), offset // dt.itemsize, list(shape), stride[::-1])
 
 
-def _state(name: str, s: Optional[torch.Tensor], work: torch.dtype):
-    """A state tensor as the library takes it (the inputs' work dtype), or ``(None, None)``."""
-    return (None, None) if s is None else _raw(name, s, work)
+def _state(name: str, s: Optional[torch.Tensor], tensors: Sequence[torch.Tensor]):
+    """A state tensor as the library takes it (float64 with float64 inputs, else float32), or
+    ``(None, None)``."""
+    if s is None:
+        return None, None
+    return _raw(name, s, torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32)
 
 
 def forward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], config: str, form: str,
@@ -122,8 +125,7 @@ def forward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], c
     ``final_state`` ``None`` unless ``want_final``). With ``initial_state`` or ``want_final`` the
     ``fast`` form runs from the state (zeros without one), in the exact mode."""
     keep, raw = _prepare(names, tensors, precision)
-    work = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-    s0, s0_raw = _state("initial_state", initial_state, work)
+    s0, s0_raw = _state("initial_state", initial_state, tensors)
     device = tensors[0].device
     stream = torch.cuda.current_stream(device).cuda_stream
     y, fin = _mixers.cuda_forward(mixer, raw, stream, _allocator(device), config=config, form=form,
@@ -143,8 +145,7 @@ def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], 
     keep, raw = _prepare(names, tensors, precision)
     dy_dtype = torch.bfloat16 if precision == "bf16" else (torch.float32 if dy.dtype in _HALF else dy.dtype)
     dy_t, dy_raw = _raw("dy", dy, dy_dtype)
-    work = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
-    (s0, s0_raw), (df, df_raw) = _state("initial_state", initial_state, work), _state("d_final", d_final, work)
+    (s0, s0_raw), (df, df_raw) = _state("initial_state", initial_state, tensors), _state("d_final", d_final, tensors)
     device = tensors[0].device
     stream = torch.cuda.current_stream(device).cuda_stream
     grads = _mixers.cuda_backward(mixer, raw, dy_raw, stream, _allocator(device), config=config,

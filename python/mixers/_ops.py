@@ -228,20 +228,11 @@ def mixer_op(mixer: str):
 
     def setup_context(ctx, inputs, output):
         tensors, names, initial_state, cu_seqlens, output_final_state, config, form, backend, precision = inputs
-        ctx.save_for_backward(*tensors, initial_state, cu_seqlens)
-        ctx.count = len(tensors)
-        ctx.names = list(names)
-        ctx.want_final = bool(output_final_state)
-        ctx.options = (config, form, backend, precision)
+        _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, (config, form, backend, precision))
 
     def backward(ctx, d_y, d_state):
-        saved = ctx.saved_tensors
-        tensors, initial_state, cu_seqlens = list(saved[: ctx.count]), saved[ctx.count], saved[ctx.count + 1]
-        d_final = d_state if ctx.want_final and d_state is not None else None
-        config, form, backend, precision = ctx.options
-        grads = bwd(tensors, ctx.names, d_y, initial_state, d_final, cu_seqlens, config, form, backend, precision)
-        d_initial = grads[ctx.count] if initial_state is not None else None
-        return list(grads[: ctx.count]), None, d_initial, None, None, None, None, None, None
+        grads, d_initial = _backward(ctx, d_y, d_state, bwd)
+        return grads, None, d_initial, None, None, None, None, None, None
 
     fwd.register_autograd(backward, setup_context=setup_context)
     _OPS[mixer] = fwd
@@ -260,9 +251,8 @@ class _Eager(torch.autograd.Function):
         forward_impl, backward_impl = _IMPLS[mixer]
         y, s = forward_impl(list(tensors), names, initial_state, cu_seqlens, output_final_state, config, form,
                             backend, precision)
-        ctx.save_for_backward(*tensors, initial_state, cu_seqlens)
-        ctx.backward_impl, ctx.names, ctx.count = backward_impl, list(names), len(tensors)
-        ctx.want_final, ctx.options = bool(output_final_state), (config, form, backend, precision)
+        _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, (config, form, backend, precision))
+        ctx.backward_impl = backward_impl
         if not output_final_state:
             ctx.mark_non_differentiable(s)
         return y, s
@@ -270,12 +260,25 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_y, d_state):
-        saved = ctx.saved_tensors
-        tensors, initial_state, cu_seqlens = list(saved[: ctx.count]), saved[ctx.count], saved[ctx.count + 1]
-        d_final = d_state if ctx.want_final and d_state is not None else None
-        grads = ctx.backward_impl(tensors, ctx.names, d_y, initial_state, d_final, cu_seqlens, *ctx.options)
-        d_initial = grads[ctx.count] if initial_state is not None else None
-        return (None, None, d_initial, None, None, None, None, None, None, *grads[: ctx.count])
+        grads, d_initial = _backward(ctx, d_y, d_state, ctx.backward_impl)
+        return (None, None, d_initial, None, None, None, None, None, None, *grads)
+
+
+def _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, options):
+    """What the backward of a forward needs, kept on its autograd context."""
+    ctx.save_for_backward(*tensors, initial_state, cu_seqlens)
+    ctx.count, ctx.names = len(tensors), list(names)
+    ctx.want_final, ctx.options = bool(output_final_state), options
+
+
+def _backward(ctx, d_y, d_state, backward_fn):
+    """The inputs' gradients and the initial state's (``None`` without one) from the cotangents of
+    ``y`` and of the final state, by ``backward_fn`` (the backward op or its implementation)."""
+    saved = ctx.saved_tensors
+    tensors, initial_state, cu_seqlens = list(saved[: ctx.count]), saved[ctx.count], saved[ctx.count + 1]
+    d_final = d_state if ctx.want_final and d_state is not None else None
+    grads = backward_fn(tensors, ctx.names, d_y, initial_state, d_final, cu_seqlens, *ctx.options)
+    return list(grads[: ctx.count]), (grads[ctx.count] if initial_state is not None else None)
 
 
 @torch.compiler.assume_constant_result

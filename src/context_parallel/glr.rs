@@ -19,7 +19,7 @@ use super::{internal, run_from};
 /// A part's sizes: batch rows, tokens, channels, state rows, slots, and the kept stream's name.
 #[derive(Clone, Copy)]
 pub(super) struct Part {
-    b: usize,
+    pub(super) b: usize,
     pub(super) t: usize,
     c: usize,
     r: usize,

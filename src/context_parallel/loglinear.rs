@@ -19,7 +19,7 @@ const S: &str = mixer_core::mixers::loglinear::STATE;
 /// A part's sizes and whether the mixer is a lift (its state has a level axis and a position).
 #[derive(Clone, Copy)]
 pub(super) struct Part {
-    b: usize,
+    pub(super) b: usize,
     pub(super) t: usize,
     h: usize,
     dk: usize,

@@ -36,7 +36,7 @@ pub use comm::{Communicator, InProcess};
 
 use mixer_core::mixer::Mixer;
 use mixer_core::tensor::get;
-use mixer_core::{Error, Form, Precision, Requires, Result, Tensors};
+use mixer_core::{Error, Form, Precision, Requires, Result, Tensors, grad_name};
 use mixer_registry::Backend;
 use mixer_registry::family::Scalar;
 use mixer_registry::state::{backward_state, run_state};
@@ -68,6 +68,9 @@ impl Part {
     }
     fn t(&self) -> usize {
         each!(self, p => p.t)
+    }
+    fn batch(&self) -> usize {
+        each!(self, p => p.b)
     }
     fn zeros(&self) -> ArrayD<f64> {
         each!(self, p => p.zeros())
@@ -176,7 +179,7 @@ fn starts<F: Scalar>(
     let local = p.and_then(|p| {
         let (s, pos0) = match initial {
             Some(s0) => p.values(s0)?,
-            None => (p.zeros(), vec![0; x.values().next().map_or(0, |v| v.shape()[0])]),
+            None => (p.zeros(), vec![0; p.batch()]),
         };
         sized("initial state", &s, &p)?;
         let pos: Vec<usize> = pos0.iter().map(|&a| a + offset).collect();
@@ -255,7 +258,7 @@ pub fn backward<F: Scalar>(
     // Cotangents carry a zero position (an integer has no gradient).
     let zero_pos = vec![0; pos.len()];
     let (grads, ds) = if p.t() == 0 {
-        let g: Tensors<F> = x.iter().map(|(k, v)| (format!("d_{k}"), ArrayD::zeros(v.raw_dim()))).collect();
+        let g: Tensors<F> = x.iter().map(|(k, v)| (grad_name(k), ArrayD::zeros(v.raw_dim()))).collect();
         (g, p.state::<F>(&p.apply(&d, &trs[comm.rank()], true)?, &zero_pos)?)
     } else {
         let df = p.state::<F>(&d, &zero_pos)?;

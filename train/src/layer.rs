@@ -100,6 +100,18 @@ pub fn effective_config(name: &str, cfg: &Value, heads: usize, width: usize) -> 
     c
 }
 
+/// The backend `backend` when it is available here and has a `fast` backward for `mixer`.
+fn trainable_on(mixer: &dyn Mixer, backend: &str) -> Result<Backend> {
+    let b = Backend::by_name(backend)?;
+    if !mixer_registry::backward::backward_forms(mixer, b.name()).contains(&Form::Fast) {
+        return Err(Error::config(
+            mixer.name(),
+            format!("this configuration has no fast backward form on the {} backend", b.name()),
+        ));
+    }
+    Ok(b)
+}
+
 impl MixerLayer {
     /// Builds the layer for mixer `name` with JSON `config` (defaults of
     /// [`effective_config`] filled in), width `d`, `h` heads and sequence length `t`.
@@ -137,13 +149,7 @@ impl MixerLayer {
                 ));
             }
         };
-        if !mixer_registry::backward::backward_forms(mixer.as_ref(), BACKEND).contains(&Form::Fast) {
-            return Err(Error::config(
-                name,
-                "this configuration has no fast backward form on the cpu backend",
-            ));
-        }
-        let backend = Backend::by_name(BACKEND)?;
+        let backend = trainable_on(mixer.as_ref(), BACKEND)?;
         Ok(MixerLayer { mixer, kind, prefix: prefix.to_string(), d, h, t, backend })
     }
 
@@ -152,14 +158,7 @@ impl MixerLayer {
     /// to its device and back); an error when the backend is not available here or has no `fast`
     /// backward for this mixer.
     pub fn on_backend(&mut self, backend: &str) -> Result<()> {
-        let b = Backend::by_name(backend)?;
-        if !mixer_registry::backward::backward_forms(self.mixer.as_ref(), b.name()).contains(&Form::Fast) {
-            return Err(Error::config(
-                self.mixer.name(),
-                format!("this configuration has no fast backward form on the {} backend", b.name()),
-            ));
-        }
-        self.backend = b;
+        self.backend = trainable_on(self.mixer.as_ref(), backend)?;
         Ok(())
     }
 

@@ -92,6 +92,14 @@ pub fn decoder_from_state<F: crate::vmath::VecMath>(
     Ok(Box::new(decoder::AttentionDecoder::<F>::from_state(a, dims, Some((s, len)))?))
 }
 
+/// The rows of the extension `e` of a run of the inputs `x` from a KV cache that are the cache's
+/// (its first rows, before the run's own).
+fn cached<F>(x: &Tensors<F>, e: &Tensors<F>) -> Result<usize> {
+    let rows =
+        |t: &Tensors<F>| mixer_core::tensor::get(t, "q").map(|q| q.shape().get(1).copied().unwrap_or(0));
+    Ok(rows(e)?.saturating_sub(rows(x)?))
+}
+
 /// Softmax attention on CPU.
 struct AttentionCpu;
 
@@ -116,23 +124,17 @@ impl<F: crate::vmath::VecMath> Family<F> for AttentionCpu {
         match form {
             Form::Parallel => Some(|a, x, s| attention_state::run(a, x, s, |e| parallel::parallel(a, e))),
             // Only the extension's rows past the cache: the run's own.
-            Form::Fast => Some(|a, x, s| {
-                let t = mixer_core::tensor::get(x, "q")?.shape().get(1).copied().unwrap_or(0);
-                attention_state::run(a, x, s, |e| {
-                    let rows = mixer_core::tensor::get(e, "q")?.shape().get(1).copied().unwrap_or(0);
-                    fast::fast_from(a, e, rows.saturating_sub(t))
-                })
-            }),
+            Form::Fast => {
+                Some(|a, x, s| attention_state::run(a, x, s, |e| fast::fast_from(a, e, cached(x, e)?)))
+            }
             _ => None,
         }
     }
     fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<Attention, F>> {
         (form == Form::Fast).then_some(|a, x, s, dy, df, req| {
             // Only the extension's rows past the cache carry a cotangent.
-            let t = mixer_core::tensor::get(x, "q")?.shape().get(1).copied().unwrap_or(0);
             attention_state::vjp(a, StateVjp { x, initial: s, dy, d_final: df, requires: req }, |e, d| {
-                let rows = mixer_core::tensor::get(e, "q")?.shape().get(1).copied().unwrap_or(0);
-                backward::vjp_from(a, e, d, &Requires::All, rows.saturating_sub(t))
+                backward::vjp_from(a, e, d, &Requires::All, cached(x, e)?)
             })
         })
     }
