@@ -10,32 +10,6 @@
 // The states come from loglinear_ssd.cu (scalar decay) or loglinear_state_pass.cu (gated
 // DeltaNet). Launched by loglinear/output.rs; chunks and helpers as in loglinear_common.cuh.
 
-// The states chunk i reads between chunks (thread 0 of llc_out / llc_out_tc; returns how many):
-// for every set bit e − 1 of i, its tree entry (the level-(e−1) block 2·(i ≫ e)), the decay from
-// that block's end to the chunk's start (the entries of the lower set bits summed) and e; with
-// direct = 1 the one state entering chunk i (entry bh·NC + i), none for i = 0; direct = 2 the
-// same with a state entering chunk 0 too (a run from an initial state, docs/math.md §7).
-__device__ inline int llc_levels(int i, int bh, int nc, int direct, const double* A, long long* ent, double* dec,
-                                 int* lev) {
-    if (direct) {
-        ent[0] = (long long)bh * nc + i;
-        dec[0] = 0.0;
-        return (i > 0 || direct == 2) ? 1 : 0;
-    }
-    int np = 0;
-    double d = 0.0;
-    for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
-        if (!((i >> (e - 1)) & 1)) continue;
-        ent[np] = llc_entry(e - 1, bh, (i >> e) << 1, nc, gridDim.y);
-        dec[np] = d;
-        lev[np] = e;
-        d += A[ent[np]];
-        ++np;
-    }
-    return np;
-}
-
-
 // 3. Outputs of chunk i, a tile of 64 value columns. Grid (NC, BH, ⌈Dv/64⌉), 256 threads.
 // direct = 1 (gated DeltaNet, no lift): F holds the state entering each chunk, [BH][NC][Dk][Dv],
 // read once with σ e^{γ_r} q_r; v is then the new values U' of the sequential pass.

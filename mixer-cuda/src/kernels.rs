@@ -132,6 +132,10 @@ pub const LOGLINEAR_BACKWARD: KernelSource = kernel!("loglinear_backward");
 /// reverse, and the chunk-parallel gradients (`kernels/loglinear_backward_chunked.cu`).
 pub const LOGLINEAR_BACKWARD_CHUNKED: KernelSource = kernel!("loglinear_backward_chunked", LOGLINEAR_COMMON);
 
+/// The scalar-decay lifts' backward: the reverse sweep over chunks, the chunk-parallel `dk`, `dv`
+/// and `dλ` (`kernels/loglinear_backward_lift.cu`).
+pub const LOGLINEAR_BACKWARD_LIFT: KernelSource = kernel!("loglinear_backward_lift", LOGLINEAR_COMMON);
+
 /// Device-tensor helpers: bf16 conversions and input value checks (`kernels/tensor.cu`).
 pub const TENSOR: KernelSource = kernel!("tensor");
 
@@ -154,6 +158,7 @@ pub const ALL: &[KernelSource] = &[
     LOGLINEAR_OUTPUT,
     LOGLINEAR_BACKWARD,
     LOGLINEAR_BACKWARD_CHUNKED,
+    LOGLINEAR_BACKWARD_LIFT,
     TENSOR,
 ];
 

@@ -44,7 +44,7 @@ use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
 use super::common::{FAMILY, view_or_zero};
-use super::{backward_chunked, fast};
+use super::{backward_chunked, backward_lift, fast};
 use crate::forms::input;
 use crate::kernels;
 use crate::pool;
@@ -52,9 +52,16 @@ use crate::runtime::{err, gpu, grid1, int, launch};
 use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
-/// Why the `fast` backward of `ll` does not run on CUDA, or `None`.
+/// Why the `fast` backward of `ll` does not run on CUDA, or `None`: the lift of gated DeltaNet is
+/// not on CUDA yet, and a lift needs the Fenwick mask (as its `fast` form does).
 pub fn unsupported(ll: &LogLinear) -> Option<String> {
-    ll.lift.is_some().then(|| "the lifted backward is not on CUDA yet (the CPU backend has it)".to_string())
+    let lift = ll.lift?;
+    if ll.base == Base::GatedDeltaNet {
+        return Some("the lifted gated DeltaNet's backward is not on CUDA yet (the CPU backend has it)".into());
+    }
+    (!lift.mask.is_fenwick()).then(|| {
+        format!("the fast backward of a lift needs the `fenwick` level mask, not `{}`", lift.mask.name)
+    })
 }
 
 /// The `fast` backward on device tensors: `d_<input>` for every given input `req` asks for
@@ -137,6 +144,11 @@ pub fn run_from<F: GpuReal>(
         if ll.base.has_beta() {
             put("beta", DeviceTensor::zeros(&[b, t, h])?);
         }
+        for name in ["lambda", "lambda_param"] {
+            if let Some(a) = x.get(name) {
+                put(name, DeviceTensor::zeros(a.shape())?);
+            }
+        }
         let ds0 = match (s0, d_final) {
             (None, _) => None,
             (Some(_), Some(d)) => Some(d.clone()),
@@ -145,6 +157,21 @@ pub fn run_from<F: GpuReal>(
         return Ok((out, ds0));
     }
     let ds0 = match ll.base {
+        Base::LinearAttention | Base::Mamba2 if ll.lift.is_some() => {
+            let r = backward_lift::scalar::<F>(ll, x, [&q, &k, &v, &dy], g.as_deref(), [b, t, h, dk, dv])?;
+            if g.is_some() && wants("g") {
+                let ops = OnDevice::<F> { ll, p: Precision::Exact, _f: PhantomData };
+                put("g", ops.decay_grad([&q, &r.dq, &k, &r.dk], None)?);
+            }
+            put("q", r.dq);
+            put("k", r.dk);
+            put("v", r.dv);
+            put("lambda", r.dlambda);
+            if let Some(dp) = r.dparam {
+                put("lambda_param", dp);
+            }
+            None
+        }
         Base::LinearAttention | Base::Mamba2 => {
             // `d_g` is the reverse cumulative sum of `q·dq − k·dk`, a difference of nearly equal
             // sums (its total over the sequence is exactly 0), so the tf32 kernels' rounding of

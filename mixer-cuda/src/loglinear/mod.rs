@@ -38,6 +38,7 @@
 
 pub mod backward;
 pub mod backward_chunked;
+pub mod backward_lift;
 pub mod common;
 pub mod decoder;
 pub mod fast;

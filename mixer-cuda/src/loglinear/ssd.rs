@@ -87,29 +87,38 @@ pub(crate) fn launches(s: Shape, elem: Elem, p: Precision, lifted: bool, bf16: b
     Ok(out)
 }
 
-/// Runs the passes of `plan` (from [`launches`], then [`output::launch`]); returns `y`
-/// `[B, T, H, Dv]`. A base mixer may start from the state `s0` (`S [B, H, Dv, Dk]`, docs/math.md
-/// §7; `None`: zero) and, with `want_final`, also returns its final state `S [B, H, Dv, Dk]`
-/// (both taken by the scan).
-pub(crate) fn run<F: GpuReal>(
+/// The chunk states of [`prefix`]: the tree's entries (lifts) or the state entering each chunk
+/// (after the scan), their log-decays, and the final state where it was asked for.
+pub(crate) struct Prefix<F: GpuReal> {
+    /// `[BH][entries][Dk][Dv]` (the layout of `kernels/loglinear_ssd.cu`).
+    pub tree: Pooled<F>,
+    /// The entries' log-decays `[BH][entries]` (f64).
+    pub decays: Pooled<f64>,
+    /// The final state `S [B, H, Dv, Dk]` (a base mixer with `want_final`).
+    pub fin: Option<Pooled<F>>,
+}
+
+/// Runs the launches of `plan` before the outputs ([`launches`]: the chunk states, then the tree
+/// or the scan); the backward of the lifts reads the tree ([`super::backward_lift`]). A base mixer
+/// may start from the state `s0` (`S [B, H, Dv, Dk]`, docs/math.md §7; `None`: zero) and, with
+/// `want_final`, also returns its final state (both taken by the scan).
+pub(crate) fn prefix<F: GpuReal>(
     ll: &LogLinear,
     x: &ChunkedInputs<'_, F>,
     plan: &[Launch],
     s0: Option<&DeviceTensor<F>>,
     want_final: bool,
-) -> Result<(Pooled<F>, Option<Pooled<F>>)> {
+) -> Result<Prefix<F>> {
     let s = x.shape();
-    let [b, t, h, dk, dv] = s.dims();
+    let [_, t, h, dk, dv] = s.dims();
     let lifted = ll.lift.is_some();
     let entries = states(s, Elem::of::<F>(), lifted);
     let nc = s.chunks(Elem::of::<F>().chunk());
     let bh = s.bh();
     let g = gpu()?;
     let (gv, has_g) = x.g_view();
-    let levels = x.lam.as_ref().map_or(1, |(_, n)| *n);
     let mut tree = pool::take::<F>(FAMILY, bh * entries * dk * dv)?;
     let mut decays = pool::take::<f64>(FAMILY, bh * entries)?;
-    let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let [ti, hi, dki, dvi, nci, bhi] = kernel_ints([t, h, dk, dv, nc, bh])?;
     let (kv, vv) = (x.k.view(), x.v.view());
     if (s0.is_some() || want_final) && (lifted || !plan.iter().any(|l| l.step == Step::Scan)) {
@@ -124,38 +133,57 @@ pub(crate) fn run<F: GpuReal>(
                 &kv, &vv, &gv, &has_g, &mut *tree, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?,
             Step::Scan => {
                 let has_st = fin.is_some() as i32;
-                match fin.as_mut() {
-                    Some(st) => launch!(g, FAMILY, f, cfg;
-                        &mut *tree, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, &mut **st, &has_st)?,
-                    None => launch!(g, FAMILY, f, cfg;
-                        &mut *tree, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, &mut *y, &has_st)?,
-                }
+                let mut unused = pool::take::<F>(FAMILY, 1)?;
+                let st = fin.as_deref_mut().unwrap_or(&mut *unused);
+                launch!(g, FAMILY, f, cfg;
+                    &mut *tree, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st)?
             }
             Step::Tree { level } => {
                 let ei = level as i32;
                 launch!(g, FAMILY, f, cfg; &mut *tree, &mut *decays, &ei, &bhi, &dki, &dvi, &nci)?
             }
-            Step::Output => {
-                let (lv, scale) = (x.lam_view(), ll.scale);
-                let (qv, kv) = (x.q.view(), x.k.view());
-                output::run(
-                    l,
-                    (f, cfg),
-                    [&qv, &kv, &vv],
-                    (&gv, has_g),
-                    &lv,
-                    &tree,
-                    &decays,
-                    levels,
-                    (lifted, s0.is_some()),
-                    s,
-                    scale,
-                    &mut y,
-                )?
-            }
             _ => return Err(unexpected(l)),
         }
     }
+    Ok(Prefix { tree, decays, fin })
+}
+
+/// Runs the passes of `plan` (from [`launches`], then [`output::launch`]); returns `y`
+/// `[B, T, H, Dv]` and, with `want_final`, the final state ([`prefix`]).
+pub(crate) fn run<F: GpuReal>(
+    ll: &LogLinear,
+    x: &ChunkedInputs<'_, F>,
+    plan: &[Launch],
+    s0: Option<&DeviceTensor<F>>,
+    want_final: bool,
+) -> Result<(Pooled<F>, Option<Pooled<F>>)> {
+    let s = x.shape();
+    let [b, t, h, _, dv] = s.dims();
+    let lifted = ll.lift.is_some();
+    let (out_launch, before) = plan.split_last().ok_or_else(|| err(FAMILY, "internal: an empty plan"))?;
+    if out_launch.step != Step::Output {
+        return Err(unexpected(out_launch));
+    }
+    let Prefix { tree, decays, fin } = prefix(ll, x, before, s0, want_final)?;
+    let (gv, has_g) = x.g_view();
+    let levels = x.lam.as_ref().map_or(1, |(_, n)| *n);
+    let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let (lv, scale) = (x.lam_view(), ll.scale);
+    let (qv, kv, vv) = (x.q.view(), x.k.view(), x.v.view());
+    output::run(
+        out_launch,
+        out_launch.function()?,
+        [&qv, &kv, &vv],
+        (&gv, has_g),
+        &lv,
+        &tree,
+        &decays,
+        levels,
+        (lifted, s0.is_some()),
+        s,
+        scale,
+        &mut y,
+    )?;
     Ok((y, fin))
 }
 

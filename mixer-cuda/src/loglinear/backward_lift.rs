@@ -1,0 +1,165 @@
+//! The `fast` backward of the scalar-decay lifts on CUDA, `loglinear-attention` and
+//! `loglinear-mamba2` (docs/math.md §2.8; kernels in `kernels/loglinear_backward_lift.cu`). Per
+//! (batch, head), with `w_{ts} = σ λ_t^(ℓ(t,s)) e^(G_t − G_s)` (`s ≤ t`):
+//! - `dq` is the lifted forward with `(q, k, v) ← (dy, v, k)` (λ weighs the query, which stays
+//!   `t`): this backend's `fast` form, exact kernels;
+//! - `dk`, `dv` and `dλ` come from the chunk form turned around: one reverse sweep over the chunks
+//!   (`llbl_pass`) leaves `X_j`, the sum over chunk `j`'s levels of the later query chunks'
+//!   λ-weighted `Σ q_t dy_tᵀ`, decayed to the chunk's end; then per chunk (`llbl_kv`) the
+//!   intra-chunk part (levels `0 … c`, `c = log₂ C`) and `dv_s += e^(a_j − γ_s) X_jᵀ k_s`,
+//!   `dk_s += e^(a_j − γ_s) X_j v_s`, with `dλ` of the levels inside the chunk; `dλ` of the chunk
+//!   levels (`llbl_dlam`) reads the forward's tree of chunk states (the `fast` form's own
+//!   [`ssd::prefix`]);
+//! - `dg` is the base mixers' reverse cumulative sum of `q·dq − k·dk` ([`super::backward`]: λ does
+//!   not depend on `g`, so the argument there holds unchanged).
+//!
+//! Memory besides the gradients: the tree (`< 2 T/C` states per (batch, head)), `X` (one state
+//! per chunk) and the mapped λ. Every mode runs the same FMA kernels in the element type of the
+//! call (f32 in the tf32 and bf16 modes): `dg` is a difference of nearly equal sums (its total is
+//! exactly 0), which the tf32 rounding of `dq` and `dk` would spoil, as for Mamba-2. Every sum runs
+//! in a fixed order, so the same inputs give the same bits. The λ scheme's backward runs on the
+//! device for the identity scheme (`d_lambda = dλ`); any other scheme maps `dλ` back on the host
+//! with its registered derivative (`LogLinear::lambda_vjp`), the one step that waits.
+
+use mixer_core::fenwick::bitlen;
+use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::{Error, Precision, Result};
+
+use super::common::{ChunkedInputs, Elem, FAMILY, Launch, Shape, Step, fixed_dims, kernel_ints};
+use super::{fast, lambda, ssd};
+use crate::forms::input_opt;
+use crate::kernels;
+use crate::pool;
+use crate::runtime::{err, gpu, int, launch};
+use crate::tensor::GpuReal;
+use crate::tensor::{DeviceTensor, DeviceTensors};
+
+/// The gradients of [`scalar`]: `dq`, `dk` `[B, T, H, Dk]`, `dv` `[B, T, H, Dv]`, and those of the
+/// raw `lambda` and of `lambda_param` (given, and a scheme with a parameter gradient).
+pub(crate) struct LiftGrads<F: GpuReal> {
+    pub dq: DeviceTensor<F>,
+    pub dk: DeviceTensor<F>,
+    pub dv: DeviceTensor<F>,
+    pub dlambda: DeviceTensor<F>,
+    pub dparam: Option<DeviceTensor<F>>,
+}
+
+/// The three launches of the kernels of this module for `s`, in order: `llbl_pass`, `llbl_kv`,
+/// `llbl_dlam`.
+pub(crate) fn launches(s: Shape, elem: Elem) -> [Launch; 3] {
+    let (nc, bh, sfx) = (s.chunks(elem.chunk()), s.bh(), elem.suffix());
+    let on = |name: &str, grid: [usize; 3]| {
+        Launch::new(Step::Backward, &kernels::LOGLINEAR_BACKWARD_LIFT, format!("{name}_{sfx}"), fixed_dims(s))
+            .on(grid, 256, 0)
+    };
+    [
+        on("llbl_pass", [s.dk.div_ceil(16) * s.dv.div_ceil(16), bh, 1]),
+        on("llbl_kv", [nc, bh, s.dv.div_ceil(64) + s.dk.div_ceil(64)]),
+        on("llbl_dlam", [nc, bh, 1]),
+    ]
+}
+
+/// The backward of a scalar-decay lift (module documentation) on the inputs `x` (as given, for the
+/// `dq` run and λ) with `[q, k, v, dy]` and `g` (Mamba-2) as `F`, of `[B, T, H, Dk, Dv]` (nothing
+/// empty). The caller derives `dg` from `dq` and `dk`.
+pub(crate) fn scalar<F: GpuReal>(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    [q, k, v, dy]: [&DeviceTensor<F>; 4],
+    g: Option<&DeviceTensor<F>>,
+    dims: [usize; 5],
+) -> Result<LiftGrads<F>> {
+    let [b, t, h, dk, dv] = dims;
+    let raw = crate::forms::input::<F>(x, "lambda")?;
+    let levels = raw.shape().get(3).copied().unwrap_or(0);
+    if raw.shape() != [b, t, h, levels] {
+        return Err(Error::shape("lambda", format!("[{b}, {t}, {h}, L]"), format!("{:?}", raw.shape())));
+    }
+    let need = bitlen(t - 1);
+    if need >= levels {
+        return Err(Error::Value {
+            name: "lambda".into(),
+            constraint: format!("T = {t} reads Fenwick level {need}, so λ needs more than {need} levels"),
+            found: format!("L = {levels}"),
+        });
+    }
+    let param = input_opt::<F>(x, "lambda_param")?;
+    let lam = lambda::weights(ll, &raw, param.as_deref())?;
+
+    // dq: the lifted forward of (dy, v, k), exact kernels.
+    let mut xq = x.clone();
+    for (name, a) in [("q", dy), ("k", v), ("v", k)] {
+        xq.insert(name.to_string(), F::wrap(a.clone()));
+    }
+    if let Some(g) = g {
+        xq.insert("g".into(), F::wrap(g.clone()));
+    }
+    let (dq, _) = fast::run_from::<F>(ll, &xq, Precision::Exact, None, false)?;
+    let dq = F::unwrap(&dq).cloned().ok_or_else(|| {
+        err(FAMILY, format!("internal: the forward returned {} where {} was expected", dq.dtype(), F::ELEM))
+    })?;
+
+    // The forward's tree of chunk states, for dλ of the chunk levels.
+    let elem = Elem::of::<F>();
+    let s = Shape::new(dims);
+    let inp = ChunkedInputs {
+        q: std::borrow::Cow::Borrowed(q),
+        k: std::borrow::Cow::Borrowed(k),
+        v: std::borrow::Cow::Borrowed(v),
+        g: g.map(std::borrow::Cow::Borrowed),
+        beta: None,
+        lam: Some((lam, levels)),
+        dims,
+        zero: pool::zeros::<F>(FAMILY, 1)?,
+    };
+    let tree_plan = ssd::launches(s, elem, Precision::Exact, true, false)?;
+    let ssd::Prefix { tree, decays, .. } = ssd::prefix(ll, &inp, &tree_plan, None, false)?;
+
+    let nc = s.chunks(elem.chunk());
+    let bh = s.bh();
+    let [ti, hi, dki, dvi, nci, _] = kernel_ints([t, h, dk, dv, nc, bh])?;
+    let li = int(FAMILY, "L", levels)?;
+    let (gv, has_g) = inp.g_view();
+    let (qv, kv, vv, dyv, lv) = (q.view(), k.view(), v.view(), dy.view(), inp.lam_view());
+    let scale = ll.scale;
+    let gp = gpu()?;
+    let [l_pass, l_kv, l_dlam] = launches(s, elem);
+    let mut xs = pool::take::<F>(FAMILY, bh * nc * dk * dv)?;
+    let (f, cfg) = l_pass.function()?;
+    launch!(gp, FAMILY, f, cfg; &qv, &dyv, &gv, &has_g, &lv, &mut *xs, &ti, &hi, &dki, &dvi, &li, &nci, &scale)?;
+    let mut d_k = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut d_v = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut d_lam = pool::zeros::<F>(FAMILY, b * t * h * levels)?;
+    let (f, cfg) = l_kv.function()?;
+    launch!(gp, FAMILY, f, cfg; &qv, &kv, &vv, &dyv, &gv, &has_g, &lv, &*xs, &mut *d_k, &mut *d_v, &mut *d_lam,
+        &ti, &hi, &dki, &dvi, &li, &nci, &scale)?;
+    drop(xs);
+    let (f, cfg) = l_dlam.function()?;
+    launch!(gp, FAMILY, f, cfg; &qv, &dyv, &gv, &has_g, &*tree, &*decays, &mut *d_lam,
+        &ti, &hi, &dki, &dvi, &li, &nci, &scale)?;
+    let dlam = DeviceTensor::from_pooled(d_lam, &[b, t, h, levels])?;
+    let (dlambda, dparam) = lambda_backward(ll, &raw, param.as_deref(), dlam)?;
+    Ok(LiftGrads {
+        dq,
+        dk: DeviceTensor::from_pooled(d_k, &[b, t, h, dk])?,
+        dv: DeviceTensor::from_pooled(d_v, &[b, t, h, dv])?,
+        dlambda,
+        dparam,
+    })
+}
+
+/// The λ scheme's backward: the identity's on the device (`d_lambda = dλ`, no parameter
+/// gradient), any other scheme's on the host with its registered derivative.
+fn lambda_backward<F: GpuReal>(
+    ll: &LogLinear,
+    raw: &DeviceTensor<F>,
+    param: Option<&DeviceTensor<F>>,
+    dlam: DeviceTensor<F>,
+) -> Result<(DeviceTensor<F>, Option<DeviceTensor<F>>)> {
+    if ll.lift.is_some_and(|l| l.lambda.is_identity()) {
+        return Ok((dlam, None));
+    }
+    let param = param.map(|p| p.to_host()).transpose()?;
+    let (dr, dp) = ll.lambda_vjp(&raw.to_host()?, param.as_ref(), &dlam.to_host()?)?;
+    Ok((DeviceTensor::upload(&dr)?, dp.map(|d| DeviceTensor::upload(&d)).transpose()?))
+}
