@@ -57,7 +57,9 @@ use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 pub fn unsupported(ll: &LogLinear) -> Option<String> {
     let lift = ll.lift?;
     if ll.base == Base::GatedDeltaNet {
-        return Some("the lifted gated DeltaNet's backward is not on CUDA yet (the CPU backend has it)".into());
+        return Some(
+            "the lifted gated DeltaNet's backward is not on CUDA yet (the CPU backend has it)".into(),
+        );
     }
     (!lift.mask.is_fenwick()).then(|| {
         format!("the fast backward of a lift needs the `fenwick` level mask, not `{}`", lift.mask.name)

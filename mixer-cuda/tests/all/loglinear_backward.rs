@@ -1,7 +1,7 @@
 //! The `fast` backward of the log-linear base mixers on CUDA (`linear-attention`, `mamba2`,
 //! `gated-deltanet`) against the CPU backward on the same inputs, every input gradient, in each
-//! precision mode; decays that reach zero and `β ∈ {0, 1}`; the same bits twice; the lifts
-//! refused; and a timing of forward alone against forward + backward (CUDA events, device-resident
+//! precision mode; decays that reach zero and `β ∈ {0, 1}`; the same bits twice; the lifted
+//! gated DeltaNet refused; and a timing (the scalar-decay lifts: `loglinear_backward_lift.rs`) of forward alone against forward + backward (CUDA events, device-resident
 //! inputs). GPU tests are `#[ignore]`d and skip without a device (fail under
 //! `MIXERS_REQUIRE_CUDA=1`).
 
@@ -19,7 +19,7 @@ use crate::common::gpu;
 
 const BASES: [&str; 3] = ["linear-attention", "mamba2", "gated-deltanet"];
 
-fn base(name: &str) -> Box<dyn Mixer> {
+pub(crate) fn base(name: &str) -> Box<dyn Mixer> {
     mixer(name, &serde_json::json!({"scale": 0.7})).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
@@ -28,7 +28,7 @@ fn dims([b, t, h, dk, dv]: [usize; 5]) -> Dims {
 }
 
 /// The mixer's random inputs at these sizes and a cotangent of the shape of `y`.
-fn case(m: &dyn Mixer, shape: [usize; 5], seed: u64) -> (Tensors<f64>, ArrayD<f64>) {
+pub(crate) fn case(m: &dyn Mixer, shape: [usize; 5], seed: u64) -> (Tensors<f64>, ArrayD<f64>) {
     let x = m.random_inputs(&dims(shape), seed).expect("random inputs");
     let v = &x["v"];
     let n = v.len();
@@ -74,7 +74,7 @@ pub(crate) fn compare(label: &str, got: &Tensors<f64>, want: &Tensors<f64>, tol:
 }
 
 /// The CUDA backward through the host-array path (exact mode) in `dtype`, as f64.
-fn cuda_exact(m: &dyn Mixer, x: &Tensors<f64>, dy: &ArrayD<f64>, dtype: DType) -> Tensors<f64> {
+pub(crate) fn cuda_exact(m: &dyn Mixer, x: &Tensors<f64>, dy: &ArrayD<f64>, dtype: DType) -> Tensors<f64> {
     mixer_registry::backward::backward_as(m, "cuda", Form::Fast, x, dy, dtype, &Requires::All)
         .unwrap_or_else(|e| panic!("{} {}: cuda backward: {e}", m.name(), dtype.name()))
 }
@@ -127,7 +127,7 @@ const MODE_SIZES: [[usize; 5]; 2] = [[1, 1000, 1, 70, 16], [2, 4099, 1, 128, 64]
 
 /// Every gradient of `name` against the CPU at [`F64_SIZES`] (f64) and [`F32_SIZES`] (f32, the
 /// reference on the f32-rounded inputs).
-fn matches_the_cpu_in_f64_and_f32(name: &str) {
+pub(crate) fn matches_the_cpu_in_f64_and_f32(name: &str) {
     let Some(_turn) = gpu() else { return };
     let mut bad = Vec::new();
     let m = base(name);
@@ -321,20 +321,18 @@ fn loglinear_backward_on_device_tensors_checks_its_arguments() {
     assert_eq!(g.keys().collect::<Vec<_>>(), ["d_g", "d_v"]);
 }
 
-/// The lifts have no CUDA backward: refused with the reason, listed nowhere, and no GPU needed.
+/// The lifted gated DeltaNet has no CUDA backward: refused with the reason, not listed, and no
+/// GPU needed; every other member lists it.
 #[test]
-fn lifted_backward_is_refused_on_cuda_with_a_reason() {
-    for name in ["loglinear-mamba2", "loglinear-gated-deltanet", "loglinear-attention"] {
-        let m = mixer(name, &serde_json::json!({})).unwrap();
-        assert!(!backward_forms(m.as_ref(), "cuda").contains(&Form::Fast), "{name}");
-        let (x, dy) = case(m.as_ref(), [1, 8, 1, 4, 4], 1);
-        let e =
-            backward(m.as_ref(), "cuda", Form::Fast, &AnyTensors::F64(x), &Tensor::F64(dy), &Requires::All)
-                .unwrap_err()
-                .to_string();
-        assert!(e.contains("the lifted backward is not on CUDA yet"), "{name}: {e}");
-    }
-    for name in BASES {
+fn lifted_gated_deltanet_backward_is_refused_on_cuda_with_a_reason() {
+    let m = mixer("loglinear-gated-deltanet", &serde_json::json!({})).unwrap();
+    assert!(!backward_forms(m.as_ref(), "cuda").contains(&Form::Fast));
+    let (x, dy) = case(m.as_ref(), [1, 8, 1, 4, 4], 1);
+    let e = backward(m.as_ref(), "cuda", Form::Fast, &AnyTensors::F64(x), &Tensor::F64(dy), &Requires::All)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("the lifted gated DeltaNet's backward is not on CUDA yet"), "{e}");
+    for name in BASES.into_iter().chain(["loglinear-attention", "loglinear-mamba2"]) {
         let m = base(name);
         assert!(backward_forms(m.as_ref(), "cuda").contains(&Form::Fast), "{name}");
     }
@@ -343,7 +341,7 @@ fn lifted_backward_is_refused_on_cuda_with_a_reason() {
 /// Forward alone against forward + backward of `names` at `shapes` in `modes`, CUDA events around
 /// device-resident runs (f32 inputs; bf16 activations and `dy` in the bf16 mode), printed as
 /// `TIME` lines: medians of 5.
-fn time_forward_and_backward(names: &[&str], shapes: &[[usize; 5]], modes: &[Precision]) {
+pub(crate) fn time_forward_and_backward(names: &[&str], shapes: &[[usize; 5]], modes: &[Precision]) {
     let Some(_turn) = gpu() else { return };
     let g = mixer_cuda::runtime::gpu().unwrap();
     let event =

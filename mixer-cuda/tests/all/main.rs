@@ -13,6 +13,7 @@ mod errors_and_scale;
 mod glr;
 mod loglinear;
 mod loglinear_backward;
+mod loglinear_backward_lift;
 mod loglinear_backward_state;
 mod runtime;
 mod state_grads;

@@ -1,0 +1,178 @@
+//! The `fast` backward of the scalar-decay lifts on CUDA (`loglinear-attention`,
+//! `loglinear-mamba2`) against the CPU backward on the same inputs: every input gradient (`d_q`,
+//! `d_k`, `d_v`, `d_g`, `d_lambda`) in f64 and f32 at sizes that are not chunk multiples, the
+//! softplus scheme with `lambda_param`, the tf32 and bf16 modes on device tensors, vanishing
+//! decays and zero weights, the same bits twice, and a timing. GPU tests are `#[ignore]`d and skip
+//! without a device (fail under `MIXERS_REQUIRE_CUDA=1`).
+
+use mixer_core::mixer::Mixer;
+use mixer_core::{DType, Precision, Tensors};
+use mixer_registry::mixer;
+
+use crate::common::gpu;
+use crate::loglinear_backward::{
+    base, bf16_rounded, case, compare, cpu_grads, cuda_exact, cuda_mode, matches_the_cpu_in_f64_and_f32,
+    time_forward_and_backward,
+};
+
+const LIFTS: [&str; 2] = ["loglinear-attention", "loglinear-mamba2"];
+
+fn f32_rounded(x: &Tensors<f64>) -> Tensors<f64> {
+    x.iter().map(|(k, v)| (k.clone(), v.mapv(|e| f64::from(e as f32)))).collect()
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn lifted_backward_matches_the_cpu_loglinear_attention() {
+    matches_the_cpu_in_f64_and_f32("loglinear-attention");
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn lifted_backward_matches_the_cpu_loglinear_mamba2() {
+    matches_the_cpu_in_f64_and_f32("loglinear-mamba2");
+}
+
+/// The softplus scheme with a `lambda_param` input (its gradient mapped back on the host), and
+/// more λ levels than the sequence reads.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn lifted_backward_through_the_softplus_scheme_with_a_parameter() {
+    let Some(_turn) = gpu() else { return };
+    let m =
+        mixer("loglinear-mamba2", &serde_json::json!({"scale": 0.7, "lambda_scheme": "softplus"})).unwrap();
+    let mut bad = Vec::new();
+    for (s, dtype, tol) in
+        [([2, 300, 2, 16, 24], DType::F64, 1e-10), ([1, 1000, 2, 64, 64], DType::F32, 1e-4)]
+    {
+        let (mut x, dy) = case(m.as_ref(), s, 12);
+        let [b, t, h, _, _] = s;
+        let l = x["lambda"].shape()[3] + 2;
+        let raw = ndarray::ArrayD::from_shape_fn(vec![b, t, h, l], |ix| {
+            ((ix[1] * 7 + ix[3] * 3 + ix[2]) as f64).sin()
+        });
+        x.insert("lambda".into(), raw);
+        let param = ndarray::ArrayD::from_shape_fn(vec![h, l], |ix| 0.5 + 0.1 * (ix[0] + ix[1]) as f64);
+        x.insert("lambda_param".into(), param);
+        let (x, dy) = (f32_rounded(&x), dy.mapv(|e| f64::from(e as f32)));
+        let want = cpu_grads(m.as_ref(), &x, &dy);
+        assert!(want.contains_key("d_lambda_param"), "the CPU gives the parameter's gradient");
+        let got = cuda_exact(m.as_ref(), &x, &dy, dtype);
+        bad.extend(compare(&format!("softplus {} {s:?}", dtype.name()), &got, &want, tol));
+    }
+    assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn lifted_backward_in_the_tf32_and_bf16_modes_on_device_tensors() {
+    let Some(_turn) = gpu() else { return };
+    let mut bad = Vec::new();
+    for name in LIFTS {
+        let m = base(name);
+        for (i, s) in [[1, 1000, 1, 70, 16], [2, 4099, 1, 128, 64]].iter().enumerate() {
+            let (x, dy) = case(m.as_ref(), *s, 50 + i as u64);
+            let (x32, dy32) = (f32_rounded(&x), dy.mapv(|e| f64::from(e as f32)));
+            let want = cpu_grads(m.as_ref(), &x32, &dy32);
+            bad.extend(compare(
+                &format!("{name} tf32 {s:?}"),
+                &cuda_mode(m.as_ref(), &x32, &dy32, Precision::Tf32),
+                &want,
+                5e-3,
+            ));
+            let (xb, dyb) = bf16_rounded(&x32, &dy32);
+            let want = cpu_grads(m.as_ref(), &xb, &dyb);
+            bad.extend(compare(
+                &format!("{name} bf16 {s:?}"),
+                &cuda_mode(m.as_ref(), &x32, &dy32, Precision::Bf16),
+                &want,
+                2e-2,
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
+}
+
+/// `g = −1e4` on every third token (the past is wiped there) and λ = 0 on a level: finite, and
+/// equal to the CPU's.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn lifted_backward_is_finite_where_decays_vanish_and_weights_are_zero() {
+    let Some(_turn) = gpu() else { return };
+    let m = base("loglinear-mamba2");
+    let (mut x, dy) = case(m.as_ref(), [1, 300, 2, 16, 24], 70);
+    for ((_, t, _), g) in
+        x.get_mut("g").unwrap().view_mut().into_dimensionality::<ndarray::Ix3>().unwrap().indexed_iter_mut()
+    {
+        if t % 3 == 1 {
+            *g = -1e4;
+        }
+    }
+    for ((_, _, _, l), w) in x
+        .get_mut("lambda")
+        .unwrap()
+        .view_mut()
+        .into_dimensionality::<ndarray::Ix4>()
+        .unwrap()
+        .indexed_iter_mut()
+    {
+        if l == 7 {
+            *w = 0.0;
+        }
+    }
+    let want = cpu_grads(m.as_ref(), &x, &dy);
+    let mut bad = compare("vanishing f64", &cuda_exact(m.as_ref(), &x, &dy, DType::F64), &want, 1e-10);
+    bad.extend(compare("vanishing f32", &cuda_exact(m.as_ref(), &x, &dy, DType::F32), &want, 1e-4));
+    assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn lifted_backward_gives_the_same_bits_twice() {
+    let Some(_turn) = gpu() else { return };
+    for name in LIFTS {
+        let m = base(name);
+        let (x, dy) = case(m.as_ref(), [2, 333, 3, 70, 40], 90);
+        let a = cuda_mode(m.as_ref(), &x, &dy, Precision::Exact);
+        let b = cuda_mode(m.as_ref(), &x, &dy, Precision::Exact);
+        for (k, v) in &a {
+            assert!(
+                v.iter().zip(&b[k]).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{name}: {k} differs between two runs"
+            );
+        }
+    }
+}
+
+/// The lifts at the goal's three shapes, exact and tf32 (the lifted forward's modes; the backward
+/// runs the same FMA kernels in both).
+#[test]
+#[ignore = "needs a CUDA device; a timing, not a check"]
+fn lifted_backward_timing() {
+    time_forward_and_backward(
+        &LIFTS,
+        &[[1, 16384, 16, 64, 64], [8, 4096, 16, 64, 64], [8, 4096, 16, 128, 128]],
+        &[Precision::Tf32, Precision::Exact, Precision::Bf16],
+    );
+}
+
+/// One small case per lift in f32 (two chunks, a partial tile): what compute-sanitizer runs.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn lifted_backward_small_case() {
+    let Some(_turn) = gpu() else { return };
+    let mut bad = Vec::new();
+    for name in LIFTS {
+        let m: Box<dyn Mixer> = base(name);
+        let (x, dy) = case(m.as_ref(), [1, 70, 2, 5, 12], 8);
+        let (x32, dy32) = (f32_rounded(&x), dy.mapv(|e| f64::from(e as f32)));
+        let want = cpu_grads(m.as_ref(), &x32, &dy32);
+        bad.extend(compare(
+            &format!("{name} f32 small"),
+            &cuda_exact(m.as_ref(), &x32, &dy32, DType::F32),
+            &want,
+            1e-4,
+        ));
+    }
+    assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
+}
