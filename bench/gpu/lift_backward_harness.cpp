@@ -8,6 +8,7 @@
 // It exits non-zero on a failure.
 #define __launch_bounds__(...)
 #include "cpu_cuda.h"
+#define LLBL_SMEM unsigned char* llbl_smem = g_dyn
 #include "../../mixer-cuda/kernels/loglinear_backward_lift.cu"
 
 typedef long long ll;

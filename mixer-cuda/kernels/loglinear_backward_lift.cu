@@ -18,8 +18,9 @@
 //    tile of X): every entry keeps one accumulator per chunk level e, A^e = the sources of the
 //    later query chunks of the current aligned 2^e block, decayed to the end of the chunk at hand.
 //    For chunk j, last to first: A^e ← 0 where j ends its 2^e block; X_j = Σ_{bit e−1 of j clear}
-//    A^e; then A^e ← e^{a_j} A^e for every e and A^e += R^e_j for the set bits. Grid
-//    (⌈Dk/16⌉·⌈Dv/16⌉, BH), 256 threads (a thread per entry).
+//    A^e; then A^e ← e^{a_j} A^e for every e and A^e += R^e_j for the set bits. The accumulators
+//    live in dynamic shared memory (emax·256 entries), the next chunk's inputs are loaded into
+//    registers while a chunk computes. Grid (⌈Dk/16⌉·⌈Dv/16⌉, BH), 256 threads (a thread per entry).
 // 2. llbl_kv: per (chunk, batch·head, tile of 64 columns of dv, then of dk): the intra-chunk part
 //    (levels ≤ c, a CH × CH product) and the inter-chunk part from X_j; the blocks of the first dv
 //    tile also write dλ of the levels 0 … c. Grid (NC, BH, ⌈Dv/64⌉ + ⌈Dk/64⌉), 256 threads.
@@ -29,14 +30,54 @@
 // Every sum runs in a fixed order (no atomics): the same inputs give the same bits.
 
 #define LLBL_LMAX 24  // chunk levels kept by the pass (NC < 2^24 chunks)
+#ifndef LLBL_SMEM  // (the CPU harness supplies its own buffer)
+#define LLBL_SMEM extern __shared__ __align__(16) unsigned char llbl_smem[]
+#endif
+
+// One chunk of the pass's inputs in registers (loaded one chunk ahead, so that the loads of chunk
+// j − 1 are in flight while chunk j computes): the block's 16 key columns of q and 16 value columns
+// of dy, λ of the chunk levels whose bit is set in j (Ls[e − 1][r]), and g of thread r.
+template <typename T, int CH> struct LlblRegs {
+    static constexpr int PQ = CH * 16 / 256, PL = LLBL_LMAX * CH / 256;
+    T q[PQ], d[PQ], l[PL];
+    double g;
+};
+
+template <typename T, int CH>
+__device__ inline void llbl_fetch(LlblRegs<T, CH>& x, int j, const T* q, const T* dy, const T* g, int has_g,
+                                  const T* lam, int Tn, int H, int Dk, int Dv, int L, int b, int h, int k0, int v0,
+                                  int emax) {
+    constexpr int CB = Llc<T>::CBITS;
+    const int tid = threadIdx.x, i0 = j * CH, n = min(CH, Tn - i0);
+    const long long row0 = ((long long)b * Tn + i0) * H + h;
+#pragma unroll
+    for (int u = 0; u < LlblRegs<T, CH>::PQ; ++u) {
+        const int idx = tid + 256 * u, r = idx / 16, cc = idx % 16;
+        const long long row = row0 + (long long)r * H;
+        x.q[u] = (r < n && k0 + cc < Dk) ? q[row * Dk + k0 + cc] : (T)0;
+        x.d[u] = (r < n && v0 + cc < Dv) ? dy[row * Dv + v0 + cc] : (T)0;
+    }
+#pragma unroll
+    for (int u = 0; u < LlblRegs<T, CH>::PL; ++u) {
+        const int idx = tid + 256 * u, e = idx / CH + 1, r = idx % CH;
+        x.l[u] = (e <= emax && r < n && ((j >> (e - 1)) & 1)) ? lam[(row0 + (long long)r * H) * L + CB + e] : (T)0;
+    }
+    x.g = (has_g && tid < n) ? (double)g[row0 + (long long)tid * H] : 0.0;
+}
 
 template <typename T>
 __device__ void llbl_pass(const T* q, const T* dy, const T* g, int has_g, const T* lam, T* X, int Tn, int H, int Dk,
                           int Dv, int L, int nc, double scale) {
     LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = Llc<T>::CH, CB = Llc<T>::CBITS;
-    __shared__ double gam[CH], gtmp[CH];
-    __shared__ T Qs[CH * 17], Ds[CH * 17], Ls[CH * LLBL_LMAX];
+    constexpr int CH = Llc<T>::CH;
+    using Regs = LlblRegs<T, CH>;
+    __shared__ double gtmp[CH];
+    __shared__ T ew[CH], Qs[CH * 17], Ds[CH * 17], Ls[LLBL_LMAX * CH];
+    // The accumulators A^e of every thread, As[(e − 1)·256 + tid]: dynamic shared memory of
+    // emax·256 entries (the host sizes it; f64 at 24 levels needs more than 48 KiB).
+    LLBL_SMEM;
+    T* As = reinterpret_cast<T*>(llbl_smem);
+    __shared__ T da_s;
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
     const int nvt = (Dv + 15) / 16;
     const int k0 = (blockIdx.x / nvt) * 16, v0 = (blockIdx.x % nvt) * 16;
@@ -45,49 +86,48 @@ __device__ void llbl_pass(const T* q, const T* dy, const T* g, int has_g, const 
     const bool mine = kr < Dk && vc < Dv;
     const int emax = llc_bitlen((unsigned)(nc - 1));
     const long long DD = (long long)Dk * Dv;
-    const T sc = (T)scale;
-    T acc[LLBL_LMAX];
-#pragma unroll
-    for (int e = 0; e < LLBL_LMAX; ++e) acc[e] = (T)0;
+    for (int e = 0; e < emax; ++e) As[e * 256 + tid] = (T)0;
+    Regs nx;
+    llbl_fetch<T, CH>(nx, nc - 1, q, dy, g, has_g, lam, Tn, H, Dk, Dv, L, b, h, k0, v0, emax);
     for (int j = nc - 1; j >= 0; --j) {
-        const int i0 = j * CH, n = min(CH, Tn - i0);
-        const long long row0 = ((long long)b * Tn + i0) * H + h;
-        T xs = (T)0;
+        // Chunk j's inputs into shared memory, σ e^{γ_r} and e^{a_j}.
 #pragma unroll
-        for (int e = 1; e <= LLBL_LMAX; ++e) {
-            if (e > emax) continue;
-            if (((j + 1) & ((1 << e) - 1)) == 0) acc[e - 1] = (T)0;
-            if (!((j >> (e - 1)) & 1)) xs += acc[e - 1];
+        for (int u = 0; u < Regs::PQ; ++u) {
+            const int idx = tid + 256 * u;
+            Qs[(idx / 16) * 17 + idx % 16] = nx.q[u];
+            Ds[(idx / 16) * 17 + idx % 16] = nx.d[u];
+        }
+#pragma unroll
+        for (int u = 0; u < Regs::PL; ++u) Ls[tid + 256 * u] = nx.l[u];
+        const double gp = llc_prefix<CH>(nx.g, gtmp);
+        if (tid < CH) ew[tid] = (T)(scale * mx_exp(gp));
+        if (tid == CH - 1) da_s = (T)mx_exp(gp);
+        __syncthreads();
+        if (j > 0) llbl_fetch<T, CH>(nx, j - 1, q, dy, g, has_g, lam, Tn, H, Dk, Dv, L, b, h, k0, v0, emax);
+        T t[CH];
+#pragma unroll
+        for (int r = 0; r < CH; ++r) t[r] = ew[r] * Qs[r * 17 + ty] * Ds[r * 17 + tx];
+        const T da = da_s;
+        T xs = (T)0;
+        for (int e = 1; e <= emax; ++e) {
+            T a = As[(e - 1) * 256 + tid];
+            if (((j + 1) & ((1 << e) - 1)) == 0) a = (T)0;  // j ends its 2^e block
+            const bool set = (j >> (e - 1)) & 1;
+            if (!set) xs += a;
+            a *= da;
+            if (set) {
+                const T* lw = Ls + (e - 1) * CH;
+                T r0 = (T)0, r1 = (T)0;
+#pragma unroll
+                for (int r = 0; r < CH; r += 2) {
+                    r0 = fma(lw[r], t[r], r0);
+                    r1 = fma(lw[r + 1], t[r + 1], r1);
+                }
+                a += r0 + r1;
+            }
+            As[(e - 1) * 256 + tid] = a;
         }
         if (mine) X[((long long)bh * nc + j) * DD + (long long)kr * Dv + vc] = xs;
-        for (int idx = tid; idx < CH * 16; idx += 256) {
-            const int r = idx / 16, cc = idx % 16;
-            T qv = (T)0, dv = (T)0;
-            if (r < n) {
-                const long long row = row0 + (long long)r * H;
-                if (k0 + cc < Dk) qv = q[row * Dk + k0 + cc];
-                if (v0 + cc < Dv) dv = dy[row * Dv + v0 + cc];
-            }
-            Qs[r * 17 + cc] = qv;
-            Ds[r * 17 + cc] = dv;
-        }
-        for (int idx = tid; idx < CH * emax; idx += 256) {
-            const int r = idx / emax, e = idx % emax + 1;
-            T w = (T)0;
-            if (r < n && ((j >> (e - 1)) & 1)) w = lam[(row0 + (long long)r * H) * L + CB + e];
-            Ls[r * LLBL_LMAX + e - 1] = w;
-        }
-        llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);  // synchronises
-        const T da = (T)mx_exp(gam[n - 1]);
-#pragma unroll
-        for (int e = 1; e <= LLBL_LMAX; ++e)
-            if (e <= emax) acc[e - 1] *= da;
-        for (int r = 0; r < n; ++r) {
-            const T t = sc * (T)mx_exp(gam[r]) * Qs[r * 17 + ty] * Ds[r * 17 + tx];
-#pragma unroll
-            for (int e = 1; e <= LLBL_LMAX; ++e)
-                if (e <= emax && ((j >> (e - 1)) & 1)) acc[e - 1] = fma(Ls[r * LLBL_LMAX + e - 1], t, acc[e - 1]);
-        }
         __syncthreads();
     }
 }

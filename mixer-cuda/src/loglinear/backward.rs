@@ -1,6 +1,8 @@
 //! The `fast` backward of the base mixers on CUDA (docs/math.md §2.7, docs/gradients.md "GPU"):
 //! the vector–Jacobian products `d_q`, `d_k`, `d_v`, `d_g`, `d_beta` for a cotangent `dy`,
-//! kernels in `kernels/loglinear_backward.cu`. The lifts are refused ([`unsupported`]).
+//! kernels in `kernels/loglinear_backward.cu`; the scalar-decay lifts through
+//! [`super::backward_lift`] (`dg` below, unchanged); the lifted gated DeltaNet is refused
+//! ([`unsupported`]).
 //!
 //! **Linear attention and Mamba-2, by transposed operators.** Per (batch, head), with
 //! `G_t = Σ_{r≤t} g_r` and `y_t = σ Σ_{s≤t} e^{G_t−G_s} (q_t·k_s) v_s`:

@@ -48,14 +48,17 @@ pub(crate) struct LiftGrads<F: GpuReal> {
 /// `llbl_dlam`.
 pub(crate) fn launches(s: Shape, elem: Elem) -> [Launch; 3] {
     let (nc, bh, sfx) = (s.chunks(elem.chunk()), s.bh(), elem.suffix());
-    let on = |name: &str, grid: [usize; 3]| {
+    let on = |name: &str, grid: [usize; 3], smem: usize| {
         Launch::new(Step::Backward, &kernels::LOGLINEAR_BACKWARD_LIFT, format!("{name}_{sfx}"), fixed_dims(s))
-            .on(grid, 256, 0)
+            .on(grid, 256, smem)
+            .opted_in(smem > 0)
     };
+    // The pass's accumulators in dynamic shared memory: one per chunk level and thread.
+    let pass_smem = bitlen(nc.saturating_sub(1)) * 256 * elem.bytes();
     [
-        on("llbl_pass", [s.dk.div_ceil(16) * s.dv.div_ceil(16), bh, 1]),
-        on("llbl_kv", [nc, bh, s.dv.div_ceil(64) + s.dk.div_ceil(64)]),
-        on("llbl_dlam", [nc, bh, 1]),
+        on("llbl_pass", [s.dk.div_ceil(16) * s.dv.div_ceil(16), bh, 1], pass_smem),
+        on("llbl_kv", [nc, bh, s.dv.div_ceil(64) + s.dk.div_ceil(64)], 0),
+        on("llbl_dlam", [nc, bh, 1], 0),
     ]
 }
 

@@ -17,14 +17,17 @@
 //! - the `fast` backward ([`backward`]): linear attention and Mamba-2 by transposed runs of the
 //!   `fast` form on reversed sequences (`loglinear_backward.cu`), gated DeltaNet by reverse mode
 //!   through the WY/UT chunk form ([`backward_chunked`], `loglinear_backward_chunked.cu`); from a
-//!   state too ([`backward::run_from`], exact mode); the lifts' is not on CUDA yet;
+//!   state too ([`backward::run_from`], exact mode); the scalar-decay lifts' by the lifted forward
+//!   of `(dy, v, k)` and a reverse sweep over chunks ([`backward_lift`],
+//!   `loglinear_backward_lift.cu`); the lifted gated DeltaNet's is not on CUDA yet;
 //! - `recurrent` ([`decoder`]): O(log T) device-resident level states per head (§2.5), one
 //!   kernel launch per token, a warp per (batch·head, state row).
 //!
 //! Every file imports from [`common`] and from the steps below it only: `fast` → `ssd`, `wy`,
 //! `state_pass`, `output`, `sequential`, `lambda` → `common`; `ssd` → `output`; `decoder` →
-//! `lambda` → `parallel`; `backward` → `fast`, `backward_chunked` → `wy`; nothing else imports
-//! `fast`, and nothing this module.
+//! `lambda` → `parallel`; `backward` → `fast`, `backward_lift`, `backward_chunked`;
+//! `backward_lift` → `fast`, `lambda`, `ssd`; `backward_chunked` → `wy`; only the backward files
+//! import `fast`, and nothing imports this module.
 //!
 //! The `fast` and `recurrent` forms exist only with Fenwick structure (base mixers, or the
 //! Fenwick mask); the registry refuses the rest through `Mixer::form_unsupported`, on every
