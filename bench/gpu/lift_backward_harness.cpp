@@ -8,7 +8,7 @@
 // It exits non-zero on a failure.
 #define __launch_bounds__(...)
 #include "cpu_cuda.h"
-#define LLBL_SMEM unsigned char* llbl_smem = g_dyn
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 #include "../../mixer-cuda/kernels/loglinear_backward_lift.cu"
 
 typedef long long ll;
@@ -68,7 +68,7 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c)
     const ll DD = (ll)Dk * Dv;
     ll entries = 0;
     for (int e = 0; (NC >> e) > 0; ++e) entries += NC >> e;
-    std::vector<T> F((size_t)(BH * entries * DD)), X((size_t)(BH * NC * DD));
+    std::vector<T> F((size_t)(BH * entries * DD));
     std::vector<double> A((size_t)(BH * entries));
     auto ent = [&](int e, int bh, int m) {
         ll s = 0;
@@ -103,12 +103,17 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c)
     }
     std::vector<T> dk(c.k.size()), dv(c.v.size()), dl(c.lam.size(), (T)0);
     const int has_g = c.decay ? 1 : 0;
-    launch(((Dk + 15) / 16) * ((Dv + 15) / 16), BH, [&] {
-        llbl_pass<T>(c.q.data(), c.dy.data(), c.g.data(), has_g, c.lam.data(), X.data(), Tn, H, Dk, Dv, L, NC, c.sigma);
+    ll slots = 0, nu = 0;
+    for (int j = 0; j < NC; ++j) slots += __builtin_popcount(j);
+    for (int e = 1; e < 32; ++e) nu += llbl_ucount(e, NC);
+    std::vector<T> R((size_t)std::max<ll>(1, BH * slots * DD)), U((size_t)std::max<ll>(1, BH * nu * DD));
+    launch(NC, BH, ((Dk + 63) / 64) * ((Dv + 63) / 64), [&] {
+        llbl_src<T>(c.q.data(), c.dy.data(), c.g.data(), has_g, c.lam.data(), R.data(), Tn, H, Dk, Dv, L, NC, c.sigma);
     });
+    if (nu > 0) launch((int)nu, BH, (int)((DD + 255) / 256), [&] { llbl_join<T>(R.data(), A.data(), U.data(), Dk, Dv, NC); });
     launch(NC, BH, (Dv + 63) / 64 + (Dk + 63) / 64, [&] {
-        llbl_kv<T>(c.q.data(), c.k.data(), c.v.data(), c.dy.data(), c.g.data(), has_g, c.lam.data(), X.data(), dk.data(),
-                   dv.data(), dl.data(), Tn, H, Dk, Dv, L, NC, c.sigma);
+        llbl_kv<T>(c.q.data(), c.k.data(), c.v.data(), c.dy.data(), c.g.data(), has_g, c.lam.data(), U.data(), A.data(),
+                   dk.data(), dv.data(), dl.data(), Tn, H, Dk, Dv, L, NC, c.sigma);
     });
     launch(NC, BH, [&] {
         llbl_dlam<T>(c.q.data(), c.dy.data(), c.g.data(), has_g, F.data(), A.data(), dl.data(), Tn, H, Dk, Dv, L, NC,
@@ -149,6 +154,8 @@ int main() {
     ok &= run<float>(1, 300, 1, 70, 66, 0, false, 1e-5);
     ok &= run<double>(1, 333, 2, 7, 9, 2, true, 1e-12);
     ok &= run<double>(1, 64, 1, 3, 5, 0, true, 1e-12);
+    ok &= run<float>(1, 64 * 37 + 5, 1, 4, 3, 0, true, 1e-5);  // 38 chunks: incomplete halves at several levels
+    ok &= run<double>(1, 32 * 64, 1, 2, 3, 0, true, 1e-12);   // a power of two of chunks
     std::printf(ok ? "all passed\n" : "FAILED\n");
     return ok ? 0 : 1;
 }

@@ -14,122 +14,133 @@
 // the adjoint that key chunk j receives is one matrix, the sum over its levels,
 //   X_j = Σ_{e: bit e−1 of j clear} Σ_{i in the upper half} e^{G_{end(i−1)} − G_{end(j)}} R^e_i,
 // and then dv_s += e^{a_j − γ_s} X_jᵀ k_s, dk_s += e^{a_j − γ_s} X_j v_s (a_j = γ_{n−1} of chunk j).
-// 1. llbl_pass: X_j for every chunk, one reverse sweep over the chunks per (batch·head, 16 × 16
-//    tile of X): every entry keeps one accumulator per chunk level e, A^e = the sources of the
-//    later query chunks of the current aligned 2^e block, decayed to the end of the chunk at hand.
-//    For chunk j, last to first: A^e ← 0 where j ends its 2^e block; X_j = Σ_{bit e−1 of j clear}
-//    A^e; then A^e ← e^{a_j} A^e for every e and A^e += R^e_j for the set bits. The accumulators
-//    live in dynamic shared memory (emax·256 entries), the next chunk's inputs are loaded into
-//    registers while a chunk computes. Grid (⌈Dk/16⌉·⌈Dv/16⌉, BH), 256 threads (a thread per entry).
-// 2. llbl_kv: per (chunk, batch·head, tile of 64 columns of dv, then of dk): the intra-chunk part
+// 1. llbl_src: R^e_i for every chunk i and set bit e − 1 of i (chunk-parallel products), one slot
+//    each. Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 256 threads.
+// 2. llbl_join: for every level e and aligned 2^e block with an upper half, the sources of that
+//    half referred to its start, U^e_m = Σ_{i in the half} e^{G_end(i−1) − G_end(mid−1)} R^e_i. Key
+//    chunk j then reads X_j = Σ_{bit e−1 of j clear} e^{d_e} U^e_{j ≫ e}, d_e the decay from the end
+//    of j to the half's start (the complete upper halves of the lower clear bits' blocks: the
+//    forward's tree decays) — the mirror of the forward's read of its tree. Grid (#U entries, BH,
+//    ⌈Dk·Dv/256⌉), 256 threads, a thread per entry.
+// 3. llbl_kv: per (chunk, batch·head, tile of 64 columns of dv, then of dk): the intra-chunk part
 //    (levels ≤ c, a CH × CH product) and the inter-chunk part from X_j; the blocks of the first dv
 //    tile also write dλ of the levels 0 … c. Grid (NC, BH, ⌈Dv/64⌉ + ⌈Dk/64⌉), 256 threads.
-// 3. llbl_dlam: dλ of the chunk levels, per (chunk i, batch·head), from the forward's tree of chunk
+// 4. llbl_dlam: dλ of the chunk levels, per (chunk i, batch·head), from the forward's tree of chunk
 //    states (loglinear_ssd.cu, llc_levels): for every set bit e−1 of i,
 //    dλ_r^{(c+e)} = σ e^{γ_r + d_e} q_rᵀ F_{e−1}(m_e) dy_r. Grid (NC, BH), 256 threads.
 // Every sum runs in a fixed order (no atomics): the same inputs give the same bits.
 
-#define LLBL_LMAX 24  // chunk levels kept by the pass (NC < 2^24 chunks)
-#ifndef LLBL_SMEM  // (the CPU harness supplies its own buffer)
-#define LLBL_SMEM extern __shared__ __align__(16) unsigned char llbl_smem[]
-#endif
-
-// One chunk of the pass's inputs in registers (loaded one chunk ahead, so that the loads of chunk
-// j − 1 are in flight while chunk j computes): the block's 16 key columns of q and 16 value columns
-// of dy, λ of the chunk levels whose bit is set in j (Ls[e − 1][r]), and g of thread r.
-template <typename T, int CH> struct LlblRegs {
-    static constexpr int PQ = CH * 16 / 256, PL = LLBL_LMAX * CH / 256;
-    T q[PQ], d[PQ], l[PL];
-    double g;
-};
-
-template <typename T, int CH>
-__device__ inline void llbl_fetch(LlblRegs<T, CH>& x, int j, const T* q, const T* dy, const T* g, int has_g,
-                                  const T* lam, int Tn, int H, int Dk, int Dv, int L, int b, int h, int k0, int v0,
-                                  int emax) {
-    constexpr int CB = Llc<T>::CBITS;
-    const int tid = threadIdx.x, i0 = j * CH, n = min(CH, Tn - i0);
-    const long long row0 = ((long long)b * Tn + i0) * H + h;
-#pragma unroll
-    for (int u = 0; u < LlblRegs<T, CH>::PQ; ++u) {
-        const int idx = tid + 256 * u, r = idx / 16, cc = idx % 16;
-        const long long row = row0 + (long long)r * H;
-        x.q[u] = (r < n && k0 + cc < Dk) ? q[row * Dk + k0 + cc] : (T)0;
-        x.d[u] = (r < n && v0 + cc < Dv) ? dy[row * Dv + v0 + cc] : (T)0;
-    }
-#pragma unroll
-    for (int u = 0; u < LlblRegs<T, CH>::PL; ++u) {
-        const int idx = tid + 256 * u, e = idx / CH + 1, r = idx % CH;
-        x.l[u] = (e <= emax && r < n && ((j >> (e - 1)) & 1)) ? lam[(row0 + (long long)r * H) * L + CB + e] : (T)0;
-    }
-    x.g = (has_g && tid < n) ? (double)g[row0 + (long long)tid * H] : 0.0;
+// Level e's blocks with an upper half (midpoint mid = m·2^e + 2^{e−1} < nc) come first for e = 1,
+// then e = 2, …: the index of U entry (e, m) among a batch·head's, and how many there are below e.
+__device__ inline long long llbl_ucount(int e, int nc) {
+    const long long half = 1LL << (e - 1);
+    return nc > half ? ((long long)nc - half + (2 * half - 1)) >> e : 0;
+}
+__device__ inline long long llbl_ubase(int e, int nc) {
+    long long s = 0;
+    for (int l = 1; l < e; ++l) s += llbl_ucount(l, nc);
+    return s;
 }
 
+// 1. llbl_src: R^e_i = Σ_r σ λ_r^{(c+e)} e^{γ_r} q_r dy_rᵀ for every set bit e − 1 of chunk i, into
+// slot popsum(i) + (rank of e among the set bits) of the batch·head's popsum(nc) slots, a 64 × 64
+// tile of (key rows, value columns) per block. Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 256 threads.
 template <typename T>
-__device__ void llbl_pass(const T* q, const T* dy, const T* g, int has_g, const T* lam, T* X, int Tn, int H, int Dk,
-                          int Dv, int L, int nc, double scale) {
+__device__ void llbl_src(const T* q, const T* dy, const T* g, int has_g, const T* lam, T* R, int Tn, int H, int Dk,
+                         int Dv, int L, int nc, double scale) {
     LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = Llc<T>::CH;
-    using Regs = LlblRegs<T, CH>;
-    __shared__ double gtmp[CH];
-    __shared__ T ew[CH], Qs[CH * 17], Ds[CH * 17], Ls[LLBL_LMAX * CH];
-    // The accumulators A^e of every thread, As[(e − 1)·256 + tid]: dynamic shared memory of
-    // emax·256 entries (the host sizes it; f64 at 24 levels needs more than 48 KiB).
-    LLBL_SMEM;
-    T* As = reinterpret_cast<T*>(llbl_smem);
-    __shared__ T da_s;
-    const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int nvt = (Dv + 15) / 16;
-    const int k0 = (blockIdx.x / nvt) * 16, v0 = (blockIdx.x % nvt) * 16;
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int kr = k0 + ty, vc = v0 + tx;
-    const bool mine = kr < Dk && vc < Dv;
-    const int emax = llc_bitlen((unsigned)(nc - 1));
+    constexpr int CH = Llc<T>::CH, CB = Llc<T>::CBITS;
+    __shared__ double gam[CH], gtmp[CH];
+    __shared__ T Qs[CH * LLC_LD], Ds[CH * LLC_LD], ew[CH], cs[CH];
+    const LlcChunk c = llc_chunk<CH>(Tn, H);
+    const int i = c.i, bh = c.bh, tid = c.tid, tx = c.tx, ty = c.ty, n = c.n;
+    if (i == 0) return;  // no set bits
+    const long long row0 = c.row0;
+    const int nvt = (Dv + LLC_NT - 1) / LLC_NT;
+    const int k0 = (blockIdx.z / nvt) * LLC_NT, v0 = (blockIdx.z % nvt) * LLC_NT;
     const long long DD = (long long)Dk * Dv;
-    for (int e = 0; e < emax; ++e) As[e * 256 + tid] = (T)0;
-    Regs nx;
-    llbl_fetch<T, CH>(nx, nc - 1, q, dy, g, has_g, lam, Tn, H, Dk, Dv, L, b, h, k0, v0, emax);
-    for (int j = nc - 1; j >= 0; --j) {
-        // Chunk j's inputs into shared memory, σ e^{γ_r} and e^{a_j}.
-#pragma unroll
-        for (int u = 0; u < Regs::PQ; ++u) {
-            const int idx = tid + 256 * u;
-            Qs[(idx / 16) * 17 + idx % 16] = nx.q[u];
-            Ds[(idx / 16) * 17 + idx % 16] = nx.d[u];
-        }
-#pragma unroll
-        for (int u = 0; u < Regs::PL; ++u) Ls[tid + 256 * u] = nx.l[u];
-        const double gp = llc_prefix<CH>(nx.g, gtmp);
-        if (tid < CH) ew[tid] = (T)(scale * mx_exp(gp));
-        if (tid == CH - 1) da_s = (T)mx_exp(gp);
+    llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
+    for (int idx = tid; idx < CH * LLC_NT; idx += 256) {
+        const int r = idx / LLC_NT, cc = idx % LLC_NT;
+        const long long row = row0 + (long long)r * H;
+        Qs[r * LLC_LD + cc] = (r < n && k0 + cc < Dk) ? q[row * Dk + k0 + cc] : (T)0;
+        Ds[r * LLC_LD + cc] = (r < n && v0 + cc < Dv) ? dy[row * Dv + v0 + cc] : (T)0;
+    }
+    if (tid < CH) ew[tid] = (T)(scale * mx_exp(gam[tid]));
+    __syncthreads();
+    const long long slot0 = (long long)bh * llc_popsum(nc) + llc_popsum(i);
+    int rank = 0;
+    for (int e = 1; e <= llc_bitlen((unsigned)i); ++e) {
+        if (!((i >> (e - 1)) & 1)) continue;
+        if (tid < CH) cs[tid] = tid < n ? ew[tid] * lam[(row0 + (long long)tid * H) * L + CB + e] : (T)0;
         __syncthreads();
-        if (j > 0) llbl_fetch<T, CH>(nx, j - 1, q, dy, g, has_g, lam, Tn, H, Dk, Dv, L, b, h, k0, v0, emax);
-        T t[CH];
+        T acc[4][4] = {};
+        for (int r = 0; r < n; ++r) {
+            const T w = cs[r];
+            T xr[4], yr[4];
 #pragma unroll
-        for (int r = 0; r < CH; ++r) t[r] = ew[r] * Qs[r * 17 + ty] * Ds[r * 17 + tx];
-        const T da = da_s;
-        T xs = (T)0;
-        for (int e = 1; e <= emax; ++e) {
-            T a = As[(e - 1) * 256 + tid];
-            if (((j + 1) & ((1 << e) - 1)) == 0) a = (T)0;  // j ends its 2^e block
-            const bool set = (j >> (e - 1)) & 1;
-            if (!set) xs += a;
-            a *= da;
-            if (set) {
-                const T* lw = Ls + (e - 1) * CH;
-                T r0 = (T)0, r1 = (T)0;
+            for (int a = 0; a < 4; ++a) xr[a] = w * Qs[r * LLC_LD + ty + 16 * a];
 #pragma unroll
-                for (int r = 0; r < CH; r += 2) {
-                    r0 = fma(lw[r], t[r], r0);
-                    r1 = fma(lw[r + 1], t[r + 1], r1);
-                }
-                a += r0 + r1;
-            }
-            As[(e - 1) * 256 + tid] = a;
+            for (int bb = 0; bb < 4; ++bb) yr[bb] = Ds[r * LLC_LD + tx + 16 * bb];
+#pragma unroll
+            for (int a = 0; a < 4; ++a)
+#pragma unroll
+                for (int bb = 0; bb < 4; ++bb) acc[a][bb] = fma(xr[a], yr[bb], acc[a][bb]);
         }
-        if (mine) X[((long long)bh * nc + j) * DD + (long long)kr * Dv + vc] = xs;
+        T* out = R + (slot0 + rank) * DD;
+        LLC_TILE_EACH(4, 4, a, bb, kr, vc, k0, v0) {
+            if (kr < Dk && vc < Dv) out[(long long)kr * Dv + vc] = acc[a][bb];
+        }
+        ++rank;
         __syncthreads();
     }
+}
+
+// 2. llbl_join: per level e and aligned 2^e block m of chunks with an upper half, the sources of
+// that upper half referred to its start, U^e_m = Σ_{i in the upper half} e^{G_end(i−1) − G_end(mid−1)}
+// R^e_i (summed in chunk order; a_i from the tree's level-0 decays). Grid (Σ_e ucount(e), BH,
+// ⌈Dk·Dv/256⌉), 256 threads, a thread per entry.
+template <typename T>
+__device__ void llbl_join(const T* R, const double* A, T* U, int Dk, int Dv, int nc) {
+    LLC_FIX_DIMS(Dk, Dv);
+    const long long DD = (long long)Dk * Dv, x = (long long)blockIdx.z * 256 + threadIdx.x;
+    const int bh = blockIdx.y;
+    long long p = blockIdx.x;
+    int e = 1;
+    while (p >= llbl_ucount(e, nc)) p -= llbl_ucount(e, nc), ++e;
+    if (x >= DD) return;
+    const int half = 1 << (e - 1), mid = (int)(p << e) + half, end = min(mid + half, nc);
+    const long long base = (long long)bh * llc_popsum(nc);
+    double d = 0.0;
+    T u = (T)0;
+    for (int i = mid; i < end; ++i) {
+        const long long slot = base + llc_popsum(i) + __popc((unsigned)i & (unsigned)(half - 1));
+        u = fma((T)mx_exp(d), R[slot * DD + x], u);
+        d += A[(long long)bh * nc + i];
+    }
+    U[((long long)bh * llbl_ubase(32, nc) + llbl_ubase(e, nc) + p) * DD + x] = u;
+}
+
+// The U entries key chunk j reads (thread 0 of llbl_kv; returns how many): for every clear bit
+// e − 1 of j whose block has an upper half, entry (e, j ≫ e) and the decay from the end of chunk j
+// to that half's start — the complete upper halves of the lower clear bits' blocks (level-(e'−1)
+// tree entries 2·(j ≫ e') + 1) summed.
+__device__ inline int llbl_levels(int j, int bh, int nc, const double* A, long long* ent, double* dec) {
+    int np = 0;
+    double d = 0.0;
+    const long long ub = (long long)bh * llbl_ubase(32, nc);
+    for (int e = 1; e <= 31; ++e) {
+        if ((j >> (e - 1)) & 1) continue;
+        const long long m = j >> e;
+        const long long mid = (m << e) + (1LL << (e - 1));
+        if (mid >= nc) break;
+        ent[np] = ub + llbl_ubase(e, nc) + m;
+        dec[np] = d;
+        ++np;
+        if (mid + (1LL << (e - 1)) > nc) break;  // an incomplete half: nothing above it
+        d += A[llc_entry(e - 1, bh, (int)(2 * m + 1), nc, gridDim.y)];
+    }
+    return np;
 }
 
 // Stores a thread's tile of raw chunk scores (acc[a][b'] = row r · row s) into P [CH][CH + 1],
@@ -141,13 +152,16 @@ __device__ inline void llbl_put(const T (&acc)[CH / 16][CH / 16], T* P, int ty, 
 
 template <typename T>
 __device__ void llbl_kv(const T* q, const T* k, const T* v, const T* dy, const T* g, int has_g, const T* lam,
-                        const T* X, T* dk, T* dv, T* dlam, int Tn, int H, int Dk, int Dv, int L, int nc,
-                        double scale) {
+                        const T* U, const double* A, T* dk, T* dv, T* dlam, int Tn, int H, int Dk, int Dv, int L,
+                        int nc, double scale) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH, CB = Llc<T>::CBITS, RI = CH / 16;
     __shared__ double gam[CH], gtmp[CH];
     __shared__ T Xs[LLC_KT * LLC_LD], Ys[LLC_KT * LLC_LD];
     __shared__ T Pa[CH * (CH + 1)], Pb[CH * (CH + 1)];
+    __shared__ long long lev_ent[32];  // the U entries chunk i reads and their decays
+    __shared__ double lev_d[32];
+    __shared__ int nlev_s;
     const LlcChunk c = llc_chunk<CH>(Tn, H);
     const int i = c.i, bh = c.bh, tid = c.tid, tx = c.tx, ty = c.ty, n = c.n;
     const long long row0 = c.row0;
@@ -158,7 +172,9 @@ __device__ void llbl_kv(const T* q, const T* k, const T* v, const T* dy, const T
     const int D = for_v ? Dv : Dk;  // columns of the output
     const long long DD = (long long)Dk * Dv;
     const T sc = (T)scale;
-    llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
+    if (tid == 0) nlev_s = llbl_levels(i, bh, nc, A, lev_ent, lev_d);
+    llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);  // synchronises
+    const int nlev = nlev_s;
     // S1 = Q Kᵀ (dv and dλ), S2 = dY Vᵀ (dk and dλ): raw scores, rows t, columns s.
     T s1[RI][RI] = {}, s2[RI][RI] = {};
     if (for_v) llc_qk<T, CH>(s1, q, k, Xs, Ys, row0, H, Dk, n);
@@ -208,9 +224,9 @@ __device__ void llbl_kv(const T* q, const T* k, const T* v, const T* dy, const T
         llc_gemm<T, RI, 4, CH + 1, LLC_LD>(acc, Pa + t0 * (CH + 1), Ys, min(LLC_KT, n - t0), ty, tx);
         __syncthreads();
     }
-    // Between chunks: dv_s += e^{a − γ_s} Σ_κ k_s[κ] X[κ][d], dk_s += e^{a − γ_s} Σ_κ v_s[κ] X[d][κ].
-    if (i < nc - 1) {
-        const T* Xj = X + ((long long)bh * nc + i) * DD;
+    // Between chunks: dv_s += e^{a − γ_s} Σ_κ k_s[κ] X[κ][d], dk_s += e^{a − γ_s} Σ_κ v_s[κ] X[d][κ], with
+    // X = Σ_e e^{d_e} U^e (the entries of llbl_levels).
+    if (nlev > 0) {
         const T* lhs = for_v ? k : v;
         const int Dc = for_v ? Dk : Dv;  // the contracted axis
         const double a = gam[n - 1];
@@ -225,7 +241,10 @@ __device__ void llbl_kv(const T* q, const T* k, const T* v, const T* dy, const T
             for (int idx = tid; idx < LLC_KT * LLC_NT; idx += 256) {
                 const int kk = idx / LLC_NT, dd = idx % LLC_NT, cc = c0 + kk, d = d0 + dd;
                 T x = (T)0;
-                if (cc < Dc && d < D) x = for_v ? Xj[(long long)cc * Dv + d] : Xj[(long long)d * Dv + cc];
+                if (cc < Dc && d < D) {
+                    const long long off = for_v ? (long long)cc * Dv + d : (long long)d * Dv + cc;
+                    for (int l = 0; l < nlev; ++l) x += (T)mx_exp(lev_d[l]) * U[lev_ent[l] * DD + off];
+                }
                 Ys[kk * LLC_LD + dd] = x;
             }
             __syncthreads();
@@ -295,14 +314,19 @@ __device__ void llbl_dlam(const T* q, const T* dy, const T* g, int has_g, const 
 
 #define LLBL_EXPORT(T, S)                                                                                         \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
-        llbl_pass_##S(const T* q, const T* dy, const T* g, int has_g, const T* lam, T* X, int Tn, int H, int Dk,   \
-                      int Dv, int L, int nc, double scale) {                                                      \
-        llbl_pass<T>(q, dy, g, has_g, lam, X, Tn, H, Dk, Dv, L, nc, scale);                                       \
+        llbl_src_##S(const T* q, const T* dy, const T* g, int has_g, const T* lam, T* R, int Tn, int H, int Dk,    \
+                     int Dv, int L, int nc, double scale) {                                                       \
+        llbl_src<T>(q, dy, g, has_g, lam, R, Tn, H, Dk, Dv, L, nc, scale);                                        \
+    }                                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256)                                                             \
+        llbl_join_##S(const T* R, const double* A, T* U, int Dk, int Dv, int nc) {                                \
+        llbl_join<T>(R, A, U, Dk, Dv, nc);                                                                        \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llbl_kv_##S(const T* q, const T* k, const T* v, const T* dy, const T* g, int has_g, const T* lam,          \
-                    const T* X, T* dk, T* dv, T* dlam, int Tn, int H, int Dk, int Dv, int L, int nc, double scale) { \
-        llbl_kv<T>(q, k, v, dy, g, has_g, lam, X, dk, dv, dlam, Tn, H, Dk, Dv, L, nc, scale);                     \
+                    const T* U, const double* A, T* dk, T* dv, T* dlam, int Tn, int H, int Dk, int Dv, int L,     \
+                    int nc, double scale) {                                                                       \
+        llbl_kv<T>(q, k, v, dy, g, has_g, lam, U, A, dk, dv, dlam, Tn, H, Dk, Dv, L, nc, scale);                  \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llbl_dlam_##S(const T* q, const T* dy, const T* g, int has_g, const T* F, const double* A, T* dlam,       \

@@ -3,18 +3,21 @@
 //! (batch, head), with `w_{ts} = σ λ_t^(ℓ(t,s)) e^(G_t − G_s)` (`s ≤ t`):
 //! - `dq` is the lifted forward with `(q, k, v) ← (dy, v, k)` (λ weighs the query, which stays
 //!   `t`): this backend's `fast` form, exact kernels;
-//! - `dk`, `dv` and `dλ` come from the chunk form turned around: one reverse sweep over the chunks
-//!   (`llbl_pass`) leaves `X_j`, the sum over chunk `j`'s levels of the later query chunks'
-//!   λ-weighted `Σ q_t dy_tᵀ`, decayed to the chunk's end; then per chunk (`llbl_kv`) the
-//!   intra-chunk part (levels `0 … c`, `c = log₂ C`) and `dv_s += e^(a_j − γ_s) X_jᵀ k_s`,
-//!   `dk_s += e^(a_j − γ_s) X_j v_s`, with `dλ` of the levels inside the chunk; `dλ` of the chunk
-//!   levels (`llbl_dlam`) reads the forward's tree of chunk states (the `fast` form's own
-//!   [`ssd::prefix`]);
+//! - `dk`, `dv` and `dλ` come from the chunk form turned around (docs/math.md §2.8): the query
+//!   side's λ-weighted sources `R^e_i = Σ_t σ λ_t^(c+e) e^(γ_t) q_t dy_tᵀ` for every chunk `i` and set
+//!   bit `e − 1` of `i` (`llbl_src`, chunk-parallel), joined per level and aligned block into the
+//!   upper half's sum `U^e_m` (`llbl_join`); key chunk `j` reads `X_j = Σ e^(d_e) U^e_(j ≫ e)` over
+//!   its clear bits with the forward tree's decays `d_e` — the mirror of the forward's read of its
+//!   tree — and per chunk (`llbl_kv`) adds the intra-chunk part (levels `0 … c`, `c = log₂ C`) to
+//!   `dv_s += e^(a_j − γ_s) X_jᵀ k_s`, `dk_s += e^(a_j − γ_s) X_j v_s`, with `dλ` of the levels
+//!   inside the chunk; `dλ` of the chunk levels (`llbl_dlam`) reads the forward's tree of chunk
+//!   states (the `fast` form's own [`ssd::prefix`]);
 //! - `dg` is the base mixers' reverse cumulative sum of `q·dq − k·dk` ([`super::backward`]: λ does
 //!   not depend on `g`, so the argument there holds unchanged).
 //!
-//! Memory besides the gradients: the tree (`< 2 T/C` states per (batch, head)), `X` (one state
-//! per chunk) and the mapped λ. Every mode runs the same FMA kernels in the element type of the
+//! Memory besides the gradients, in `D_k × D_v` states per (batch, head): the tree (`< 2 T/C`), the
+//! sources (`Σ_{j < T/C} popcount(j)`, about `(T/C) log₂(T/C) / 2`; freed before `llbl_kv`) and `U`
+//! (`< T/C`), plus the mapped λ. Every mode runs the same FMA kernels in the element type of the
 //! call (f32 in the tf32 and bf16 modes): `dg` is a difference of nearly equal sums (its total is
 //! exactly 0), which the tf32 rounding of `dq` and `dk` would spoil, as for Mamba-2. Every sum runs
 //! in a fixed order, so the same inputs give the same bits. The λ scheme's backward runs on the
@@ -26,7 +29,7 @@ use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Error, Precision, Result};
 
 use super::common::{ChunkedInputs, Elem, FAMILY, Launch, Shape, Step, fixed_dims, kernel_ints};
-use super::{fast, lambda, ssd};
+use super::{fast, lambda, ssd, state_pass};
 use crate::forms::input_opt;
 use crate::kernels;
 use crate::pool;
@@ -44,21 +47,30 @@ pub(crate) struct LiftGrads<F: GpuReal> {
     pub dparam: Option<DeviceTensor<F>>,
 }
 
-/// The three launches of the kernels of this module for `s`, in order: `llbl_pass`, `llbl_kv`,
-/// `llbl_dlam`.
-pub(crate) fn launches(s: Shape, elem: Elem) -> [Launch; 3] {
+/// The `U` entries per batch·head for `nc` chunks: per level `e ≥ 1`, the aligned blocks of `2^e`
+/// chunks whose upper half starts before `nc` (`kernels/loglinear_backward_lift.cu`, `llbl_ucount`).
+pub(crate) fn u_entries(nc: usize) -> usize {
+    (1..usize::BITS as usize)
+        .map(|e| {
+            let half = 1usize << (e - 1);
+            if nc > half { (nc - half).div_ceil(1 << e) } else { 0 }
+        })
+        .sum()
+}
+
+/// The four launches of this module's kernels for `s`, in order: `llbl_src`, `llbl_join`,
+/// `llbl_kv`, `llbl_dlam`.
+pub(crate) fn launches(s: Shape, elem: Elem) -> [Launch; 4] {
     let (nc, bh, sfx) = (s.chunks(elem.chunk()), s.bh(), elem.suffix());
-    let on = |name: &str, grid: [usize; 3], smem: usize| {
+    let on = |name: &str, grid: [usize; 3]| {
         Launch::new(Step::Backward, &kernels::LOGLINEAR_BACKWARD_LIFT, format!("{name}_{sfx}"), fixed_dims(s))
-            .on(grid, 256, smem)
-            .opted_in(smem > 0)
+            .on(grid, 256, 0)
     };
-    // The pass's accumulators in dynamic shared memory: one per chunk level and thread.
-    let pass_smem = bitlen(nc.saturating_sub(1)) * 256 * elem.bytes();
     [
-        on("llbl_pass", [s.dk.div_ceil(16) * s.dv.div_ceil(16), bh, 1], pass_smem),
-        on("llbl_kv", [nc, bh, s.dv.div_ceil(64) + s.dk.div_ceil(64)], 0),
-        on("llbl_dlam", [nc, bh, 1], 0),
+        on("llbl_src", [nc, bh, s.dk.div_ceil(64) * s.dv.div_ceil(64)]),
+        on("llbl_join", [u_entries(nc).max(1), bh, (s.dk * s.dv).div_ceil(256)]),
+        on("llbl_kv", [nc, bh, s.dv.div_ceil(64) + s.dk.div_ceil(64)]),
+        on("llbl_dlam", [nc, bh, 1]),
     ]
 }
 
@@ -126,17 +138,24 @@ pub(crate) fn scalar<F: GpuReal>(
     let (qv, kv, vv, dyv, lv) = (q.view(), k.view(), v.view(), dy.view(), inp.lam_view());
     let scale = ll.scale;
     let gp = gpu()?;
-    let [l_pass, l_kv, l_dlam] = launches(s, elem);
-    let mut xs = pool::take::<F>(FAMILY, bh * nc * dk * dv)?;
-    let (f, cfg) = l_pass.function()?;
-    launch!(gp, FAMILY, f, cfg; &qv, &dyv, &gv, &has_g, &lv, &mut *xs, &ti, &hi, &dki, &dvi, &li, &nci, &scale)?;
+    let [l_src, l_join, l_kv, l_dlam] = launches(s, elem);
+    let dd = dk * dv;
+    let mut rs = pool::take::<F>(FAMILY, (bh * state_pass::slots(true, nc) * dd).max(1))?;
+    let (f, cfg) = l_src.function()?;
+    launch!(gp, FAMILY, f, cfg; &qv, &dyv, &gv, &has_g, &lv, &mut *rs, &ti, &hi, &dki, &dvi, &li, &nci, &scale)?;
+    let mut us = pool::take::<F>(FAMILY, (bh * u_entries(nc) * dd).max(1))?;
+    if u_entries(nc) > 0 {
+        let (f, cfg) = l_join.function()?;
+        launch!(gp, FAMILY, f, cfg; &*rs, &*decays, &mut *us, &dki, &dvi, &nci)?;
+    }
+    drop(rs);
     let mut d_k = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let mut d_v = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let mut d_lam = pool::zeros::<F>(FAMILY, b * t * h * levels)?;
     let (f, cfg) = l_kv.function()?;
-    launch!(gp, FAMILY, f, cfg; &qv, &kv, &vv, &dyv, &gv, &has_g, &lv, &*xs, &mut *d_k, &mut *d_v, &mut *d_lam,
-        &ti, &hi, &dki, &dvi, &li, &nci, &scale)?;
-    drop(xs);
+    launch!(gp, FAMILY, f, cfg; &qv, &kv, &vv, &dyv, &gv, &has_g, &lv, &*us, &*decays, &mut *d_k, &mut *d_v,
+        &mut *d_lam, &ti, &hi, &dki, &dvi, &li, &nci, &scale)?;
+    drop(us);
     let (f, cfg) = l_dlam.function()?;
     launch!(gp, FAMILY, f, cfg; &qv, &dyv, &gv, &has_g, &*tree, &*decays, &mut *d_lam,
         &ti, &hi, &dki, &dvi, &li, &nci, &scale)?;
