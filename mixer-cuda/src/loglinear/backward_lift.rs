@@ -185,3 +185,35 @@ fn lambda_backward<F: GpuReal>(
     let (dr, dp) = ll.lambda_vjp(&raw.to_host()?, param.as_ref(), &dlam.to_host()?)?;
     Ok((DeviceTensor::upload(&dr)?, dp.map(|d| DeviceTensor::upload(&d)).transpose()?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `u_entries` counts the aligned blocks whose upper half starts before the last chunk, as the
+    /// kernels' `llbl_ucount` does: against a direct count.
+    #[test]
+    fn u_entries_counts_the_blocks_with_an_upper_half() {
+        for nc in [0usize, 1, 2, 3, 4, 5, 7, 8, 9, 38, 64, 255, 256, 1000] {
+            let mut direct = 0;
+            for e in 1..20 {
+                let (half, size) = (1usize << (e - 1), 1usize << e);
+                direct += (0..nc.div_ceil(size) + 1).filter(|m| m * size + half < nc).count();
+            }
+            assert_eq!(u_entries(nc), direct, "nc = {nc}");
+        }
+    }
+
+    /// The launches: sources per chunk and state tile, one join block per entry and 256 state
+    /// entries, dv tiles then dk tiles per chunk.
+    #[test]
+    fn the_launches_cover_the_chunks_and_tiles() {
+        let s = Shape { b: 2, t: 1000, h: 3, dk: 70, dv: 64 };
+        let [src, join, kv, dlam] = launches(s, Elem::F32);
+        assert_eq!(src.grid, [16, 6, 2]);
+        assert_eq!(join.grid, [u_entries(16) as u32, 6, (70 * 64u32).div_ceil(256)]);
+        assert_eq!(kv.grid, [16, 6, 1 + 2]);
+        assert_eq!(dlam.grid, [16, 6, 1]);
+        assert!([&src, &join, &kv, &dlam].iter().all(|l| l.block == 256 && l.function.ends_with("_f32")));
+    }
+}
