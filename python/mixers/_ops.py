@@ -9,7 +9,10 @@ with one schema for all mixers::
         -> (Tensor y, Tensor final_state)
 
 ``inputs[i]`` is the input called ``names[i]`` (docs/math.md: ``q``, ``k``, ``v``, ``g``,
-``x``, ``lambda``, …). ``final_state`` is an empty tensor unless ``output_final_state``. Both
+``x``, ``lambda``, …). ``final_state`` is an empty tensor unless ``output_final_state``. A state
+of several tensors (the lifts', the GLR's, attention's cache, the Toeplitz mixer's) is one
+tensor in the op, their concatenation in name order (:func:`pack_state`), and the op's config
+string carries a given initial state's shapes (:func:`_split_config`). Both
 ops have a fake (meta) implementation, so ``torch.compile`` traces them without graph
 breaks; the forward's autograd formula calls the backward op, which runs the library's own
 backward (``fast`` on the CPU, or the forward's form where the backend has a backward of it).
@@ -91,21 +94,120 @@ def _mixed(name: str, config: str, inputs: Sequence[torch.Tensor], names: Sequen
     return inputs[list(names).index(mixed)]
 
 
+_GIVEN = "__initial_state_shapes__"
+
+
+def _split_config(config: str) -> Tuple[str, Optional[Dict[str, List[int]]]]:
+    """The op's config string without the shapes of a several-tensor initial state that
+    :func:`call` adds to it (the op's one state tensor is their concatenation), and those shapes."""
+    if _GIVEN not in config:
+        return config, None
+    cfg = json.loads(config)
+    given = cfg.pop(_GIVEN)
+    return json.dumps(cfg, sort_keys=True), {k: list(v) for k, v in given}
+
+
+@torch.compiler.assume_constant_result
+def _with_given(config: str, given: tuple) -> str:
+    """``config`` with the initial state's shapes ``((name, shape), …)`` (constant under
+    ``torch.compile``)."""
+    cfg = json.loads(config)
+    cfg[_GIVEN] = [[k, list(v)] for k, v in given]
+    return json.dumps(cfg, sort_keys=True)
+
+
 def _state_layout(
-    name: str, config: str, inputs: Sequence[torch.Tensor], names: Sequence[str], cu_seqlens
-) -> Tuple[str, List[int]]:
-    """The name and shape of the mixer's state for these inputs (one row per sequence of a
-    packed batch); ``NotImplementedError`` (the library's message) for a mixer without a state."""
+    name: str, config: str, inputs: Sequence[torch.Tensor], names: Sequence[str], cu_seqlens, given=None
+) -> Dict[str, List[int]]:
+    """The names and shapes of the mixer's state tensors for these inputs, in the library's
+    order (one row per sequence of a packed batch), when the run starts from a state of the
+    shapes ``given`` (``None``: from zero); ``NotImplementedError`` (the library's message) for a
+    mixer without a state."""
     shapes = {n: [int(s) for s in t.shape] for n, t in zip(names, inputs)}
-    layout = _mixers.state_shapes(name, shapes, config)
-    if len(layout) != 1:
-        raise NotImplementedError(
-            f"`{name}` has a state of {len(layout)} tensors ({', '.join(layout)}); the PyTorch op takes one"
+    layout = {k: list(v) for k, v in _mixers.state_shapes(name, shapes, config, given).items()}
+    if cu_seqlens is not None and given is None:
+        layout = {k: [int(cu_seqlens.shape[0]) - 1] + v[1:] for k, v in layout.items()}
+    return layout
+
+
+@torch.compiler.assume_constant_result
+def _layout_const(mixer: str, config: str, names: tuple, shapes: tuple, nseq: int, given: tuple) -> tuple:
+    """:func:`_state_layout` from the inputs' names and shapes (``nseq``: the sequences of a packed
+    batch, ``-1`` without one) and the initial state's shapes ``given`` (``()``: none) as
+    ``((name, shape), …)``: a constant under ``torch.compile``."""
+    given = {k: list(v) for k, v in given} or None
+    layout = {k: list(v) for k, v in
+              _mixers.state_shapes(mixer, dict(zip(names, map(list, shapes))), config, given).items()}
+    if nseq >= 0 and given is None:
+        layout = {k: [nseq] + v[1:] for k, v in layout.items()}
+    return tuple((k, list(v)) for k, v in layout.items())
+
+
+def _op_state_shape(layout: Dict[str, List[int]]) -> List[int]:
+    """The shape of the op's one state tensor: the state itself where it is one tensor, else the
+    tensors flattened and concatenated in the layout's order (:func:`pack_state`)."""
+    if len(layout) == 1:
+        return next(iter(layout.values()))
+    return [sum(_numel(v) for v in layout.values())]
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def pack_state(state, layout: Dict[str, List[int]], dtype: torch.dtype) -> torch.Tensor:
+    """The op's one state tensor from a state given as a tensor (a one-tensor state) or as a dict
+    of its tensors by name (any state, the names of ``layout``): flattened and concatenated in
+    sorted name order where the state has several tensors (differentiable; their shapes are the
+    library's to check)."""
+    if isinstance(state, torch.Tensor):
+        if len(layout) != 1:
+            raise ValueError(
+                f"initial_state: this mixer's state has {len(layout)} tensors ({', '.join(layout)}); "
+                "pass a dict of them by name"
+            )
+        return state
+    if not isinstance(state, dict):
+        raise TypeError(f"initial_state: expected a torch.Tensor or a dict of them, got {type(state).__name__}")
+    if sorted(state) != sorted(layout):
+        raise ValueError(
+            f"initial_state: expected the tensors {', '.join(layout)}, got {', '.join(state) or 'none'}"
         )
-    (state, shape), = layout.items()
-    if cu_seqlens is not None:
-        shape = [int(cu_seqlens.shape[0]) - 1] + list(shape[1:])
-    return state, list(shape)
+    if len(layout) == 1:
+        return next(iter(state.values()))
+    return torch.cat([state[k].to(dtype).reshape(-1) for k in sorted(state)])
+
+
+def unpack_state(flat: torch.Tensor, layout: Dict[str, List[int]]):
+    """The op's state tensor as the user sees it: itself for a one-tensor state, else a dict of
+    the tensors (views of ``flat``)."""
+    if len(layout) == 1:
+        return flat
+    out, at = {}, 0
+    for k, shape in layout.items():
+        n = _numel(shape)
+        out[k] = flat[at: at + n].reshape(shape)
+        at += n
+    return out
+
+
+def _state_to_host(flat: torch.Tensor, layout: Dict[str, List[int]], dtype) -> Dict[str, object]:
+    """The op's state tensor as the library's named host arrays."""
+    return {k: _host(v, dtype) for k, v in _as_dict(unpack_state(flat, layout), layout).items()}
+
+
+def _as_dict(state, layout):
+    return state if isinstance(state, dict) else {next(iter(layout)): state}
+
+
+def _state_from_host(arrays: Dict[str, object], layout: Dict[str, List[int]], device, dtype) -> torch.Tensor:
+    """The library's named host arrays as the op's one state tensor."""
+    if len(layout) == 1:
+        return torch.from_numpy(arrays[next(iter(layout))]).to(device=device, dtype=dtype)
+    return torch.cat([torch.from_numpy(arrays[k]).reshape(-1) for k in layout]).to(device=device, dtype=dtype)
 
 
 def op_name(mixer: str) -> str:
@@ -126,11 +228,15 @@ def mixer_op(mixer: str):
     base = op_name(mixer)
 
     def forward_impl(inputs, names, initial_state, cu_seqlens, output_final_state, config, form, backend, precision):
+        config, given = _split_config(config)
         mixed = _mixed(mixer, config, inputs, names)
         work = _work_dtype(mixed)
         stateful = initial_state is not None or output_final_state
-        given = list(inputs) + ([] if initial_state is None else [initial_state])
-        if _cuda.applies(given, backend, form, stateful, cu_seqlens, precision):
+        layout = _state_layout(mixer, config, inputs, names, cu_seqlens, given) if stateful else None
+        tensors = list(inputs) + ([] if initial_state is None else [initial_state])
+        # (a state of several tensors travels packed: the zero-copy path takes one-tensor states)
+        if (layout is None or len(layout) == 1) and _cuda.applies(tensors, backend, form, stateful, cu_seqlens,
+                                                                   precision):
             try:
                 y, fin = _cuda.forward(mixer, names, inputs, config, form, precision, initial_state,
                                        bool(output_final_state))
@@ -142,8 +248,7 @@ def mixer_op(mixer: str):
                 s = fin.to(work) if output_final_state else mixed.new_empty(0, dtype=work)
                 return y.to(mixed.dtype), s
         x = {n: _host(t) for n, t in zip(names, inputs)}
-        state = _state_layout(mixer, config, inputs, names, cu_seqlens)[0] if stateful else None
-        initial = None if initial_state is None else {state: _host(initial_state, work)}
+        initial = None if initial_state is None else _state_to_host(initial_state, given or layout, work)
         y, fin = _mixers.forward(
             mixer,
             x,
@@ -157,31 +262,35 @@ def mixer_op(mixer: str):
         )
         y = torch.from_numpy(y).to(device=mixed.device, dtype=mixed.dtype)
         if output_final_state:
-            s = torch.from_numpy(fin[state]).to(device=mixed.device)
+            s = _state_from_host(fin, layout, mixed.device, work)
         else:
             s = mixed.new_empty(0, dtype=work)
         return y, s
 
     def forward_fake(inputs, names, initial_state, cu_seqlens, output_final_state, config, form, backend, precision):
+        config, given = _split_config(config)
         mixed = _mixed(mixer, config, inputs, names)
         work = _work_dtype(mixed)
         y = mixed.new_empty(mixed.shape)
         if not output_final_state:
             return y, mixed.new_empty(0, dtype=work)
-        if initial_state is not None:
+        if initial_state is not None and given is None:
             return y, initial_state.new_empty(initial_state.shape, dtype=work)
-        _, shape = _state_layout(mixer, config, inputs, names, cu_seqlens)
-        return y, mixed.new_empty(shape, dtype=work)
+        layout = _state_layout(mixer, config, inputs, names, cu_seqlens, given)
+        return y, mixed.new_empty(_op_state_shape(layout), dtype=work)
 
     fwd = torch.library.custom_op(base, forward_impl, mutates_args=(), schema=_SCHEMA)
     fwd.register_fake(forward_fake)
 
     def backward_impl(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend, precision):
+        config, given = _split_config(config)
         mixed = _mixed(mixer, config, inputs, names)
         work = _work_dtype(mixed)
         stateful = initial_state is not None or d_final_state is not None
         states = [s for s in (initial_state, d_final_state) if s is not None]
-        if _cuda.applies(list(inputs) + [dy] + states, backend, form, stateful, cu_seqlens, precision):
+        layout = _state_layout(mixer, config, inputs, names, cu_seqlens, given) if stateful else None
+        if (layout is None or len(layout) == 1) and _cuda.applies(list(inputs) + [dy] + states, backend, form,
+                                                                   stateful, cu_seqlens, precision):
             try:
                 grads = _cuda.backward(mixer, names, inputs, dy, config, precision,
                                        initial_state=initial_state, d_final=d_final_state)
@@ -193,9 +302,8 @@ def mixer_op(mixer: str):
                     return out + [mixed.new_empty(0, dtype=work)]
                 return out + [grads["d_initial_state"].to(initial_state.dtype)]
         x = {n: _host(t) for n, t in zip(names, inputs)}
-        state = _state_layout(mixer, config, inputs, names, cu_seqlens)[0] if stateful else None
-        initial = None if initial_state is None else {state: _host(initial_state, work)}
-        d_final = None if d_final_state is None else {state: _host(d_final_state, work)}
+        initial = None if initial_state is None else _state_to_host(initial_state, given or layout, work)
+        d_final = None if d_final_state is None else _state_to_host(d_final_state, layout, work)
         grads, d_init = _mixers.backward(
             mixer,
             x,
@@ -211,10 +319,11 @@ def mixer_op(mixer: str):
         if initial_state is None:
             out.append(mixed.new_empty(0, dtype=work))
         else:
-            out.append(torch.from_numpy(d_init[state]).to(device=initial_state.device, dtype=initial_state.dtype))
+            out.append(_state_from_host(d_init, given or layout, initial_state.device, initial_state.dtype))
         return out
 
     def backward_fake(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend, precision):
+        config, _ = _split_config(config)
         mixed = _mixed(mixer, config, inputs, names)
         out = [t.new_empty(t.shape) for t in inputs]
         if initial_state is None:
@@ -301,14 +410,17 @@ def call(
     form: str = "fast",
     backend: Optional[str] = None,
     precision: str = "exact",
-    initial_state: Optional[torch.Tensor] = None,
+    initial_state=None,
     output_final_state: bool = False,
     cu_seqlens: Optional[torch.Tensor] = None,
 ):
     """Runs mixer ``mixer`` through its op: ``y``, or ``(y, final_state)`` with
     ``output_final_state``. ``inputs`` maps docs/math.md names to tensors (``None``: omitted);
-    ``config`` is the mixer's config (a dict, ``None``: defaults); the state is the library's
-    ``S [B, H, Dv, Dk]``."""
+    ``config`` is the mixer's config (a dict, ``None``: defaults). The state is the library's
+    (docs/math.md §7.1): a tensor where it is one (``S [B, H, Dv, Dk]`` of the base mixers), a
+    dict of tensors by name where it has several (the lifts' ``S`` and ``position``, the GLR's
+    ``y`` and ``position``, attention's ``k``, ``v`` and ``length``, the Toeplitz mixer's ``x``
+    and ``position``); a one-tensor state may be given as a dict too."""
     given = {k: v for k, v in inputs.items() if v is not None}
     for k, v in given.items():
         if not isinstance(v, torch.Tensor):
@@ -321,9 +433,22 @@ def call(
     if backend is None:
         backend = default_backend(tensors[0])
     op = mixer_op(mixer)
+    layout = None
+    if initial_state is not None or output_final_state:
+        nseq = -1 if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
+        given = ()
+        if isinstance(initial_state, dict) and len(initial_state) > 1:
+            given = tuple((k, tuple(int(d) for d in t.shape)) for k, t in sorted(initial_state.items()))
+        layout = dict(_layout_const(mixer, cfg, tuple(names), tuple(tuple(int(d) for d in t.shape) for t in tensors),
+                                    nseq, given))
+        if initial_state is not None:
+            work = _work_dtype(_mixed(mixer, cfg, tensors, names))
+            initial_state = pack_state(initial_state, layout, work)
+            if given:
+                cfg = _with_given(cfg, given)
     if torch.compiler.is_compiling():
         y, s = op(tensors, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend, precision)
     else:
         y, s = _Eager.apply(mixer, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend,
                             precision, *tensors)
-    return (y, s) if output_final_state else y
+    return (y, unpack_state(s, layout)) if output_final_state else y

@@ -313,18 +313,21 @@ fn spec_value(m: &dyn mixer_core::Mixer, entry: &mixer_registry::MixerEntry) -> 
 }
 
 /// The shapes of mixer `name`'s state (one batch row per batch row of the inputs) for inputs
-/// of the given shapes (`{input name: shape}`): `{state tensor name: shape}`; a
-/// `NotImplementedError` for a mixer without a state.
+/// of the given shapes (`{input name: shape}`), when a run starts from a state of the shapes
+/// `given` (`None`: from zero; an attention cache's capacity is the given one's): `{state tensor
+/// name: shape}`; a `NotImplementedError` for a mixer without a state.
 #[pyfunction]
-#[pyo3(signature = (name, shapes, config=None))]
+#[pyo3(signature = (name, shapes, config=None, given=None))]
 fn state_shapes(
     name: &str,
     shapes: BTreeMap<String, Vec<usize>>,
     config: Option<&str>,
+    given: Option<BTreeMap<String, Vec<usize>>>,
 ) -> PyResult<BTreeMap<String, Vec<usize>>> {
     let m = build(name, config)?;
     let dims = m.spec().bind(&shapes).or_py()?;
-    let s = mixer_registry::state::shapes(m.as_ref(), &dims, None).or_py()?;
+    let given: Option<mixer_core::state::StateShapes> = given.map(|g| g.into_iter().collect());
+    let s = mixer_registry::state::shapes(m.as_ref(), &dims, given.as_ref()).or_py()?;
     Ok(s.into_iter().collect())
 }
 

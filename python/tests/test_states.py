@@ -1,0 +1,75 @@
+"""States of several tensors through the PyTorch functions (docs/python.md): the lifts' level
+states and position, the GLR's past outputs, attention's KV cache and the Toeplitz mixer's past
+inputs, as dicts of tensors. A sequence run in two parts, the second from the first's final
+state, equals the whole run, forward and backward (the gradients flow through the state)."""
+
+import pytest
+import torch
+
+import mixers
+from conftest import inputs
+
+SIZES = dict(batch=2, heads=2, dk=4, dv=3, channels=5)
+CASES = ["loglinear-mamba2", "loglinear-attention", "loglinear-gated-deltanet", "glr", "attention", "toeplitz"]
+
+
+def _per_token(name):
+    return {i["name"] for i in mixers.spec(name)["inputs"] if i["per_token"]}
+
+
+def _split(name, x, a):
+    tok = _per_token(name)
+    first = {k: (v[:, :a] if k in tok else v) for k, v in x.items()}
+    rest = {k: (v[:, a:] if k in tok else v) for k, v in x.items()}
+    return first, rest
+
+
+def _start(name, x, t):
+    """A fresh state where the mixer needs one to say its capacity (attention: a zero cache of
+    capacity ``t``), else ``None``."""
+    if name != "attention":
+        return None
+    b, _, h, dk = x["k"].shape
+    dv = x["v"].shape[-1]
+    z = x["k"].new_zeros
+    return {"k": z(b, t, h, dk), "v": z(b, t, h, dv), "length": z(b)}
+
+
+@pytest.mark.parametrize("a", [1, 9, 16])
+@pytest.mark.parametrize("name", CASES)
+def test_two_parts_from_a_state_dict_equal_the_whole_run(name, a):
+    t = 21
+    x = inputs(name, seq=t, grad=True, **SIZES)
+    r = torch.randn(x[mixers.spec(name)["mixed"]].shape, dtype=torch.float64)
+    whole = mixers.run(name, initial_state=_start(name, x, t), **x) if name == "attention" else mixers.run(name, **x)
+    (whole * r).sum().backward()
+    want = {k: v.grad.clone() for k, v in x.items()}
+    for v in x.values():
+        v.grad = None
+    first, rest = _split(name, x, a)
+    y1, s = mixers.run(name, initial_state=_start(name, x, t), output_final_state=True, **first)
+    assert isinstance(s, dict) and len(s) > 1, f"{name}: a state of several tensors comes back as a dict"
+    y2, s2 = mixers.run(name, initial_state=s, output_final_state=True, **rest)
+    assert sorted(s2) == sorted(s)
+    y = torch.cat([y1, y2], dim=1)
+    assert torch.allclose(y, whole, rtol=1e-10, atol=1e-12), f"{name}: {(y - whole).abs().max().item()}"
+    (y * r).sum().backward()
+    for k, v in x.items():
+        assert v.grad is not None, f"{name}: no gradient of {k} through the split run"
+        assert torch.allclose(v.grad, want[k], rtol=1e-9, atol=1e-11), f"{name} d_{k}"
+
+
+def test_a_state_dict_is_checked():
+    x = inputs("loglinear-mamba2", seq=10, **SIZES)
+    _, s = mixers.run("loglinear-mamba2", output_final_state=True, **x)
+    with pytest.raises(ValueError, match="position"):
+        mixers.run("loglinear-mamba2", initial_state={"S": s["S"]}, **x)
+    with pytest.raises(ValueError, match="dict"):
+        mixers.run("loglinear-mamba2", initial_state=s["S"], **x)
+    with pytest.raises(TypeError, match="dict"):
+        mixers.run("loglinear-mamba2", initial_state=[s["S"]], **x)
+    # A one-tensor state may be a dict too.
+    xm = inputs("mamba2", seq=10, **SIZES)
+    _, sm = mixers.run("mamba2", output_final_state=True, **xm)
+    y1 = mixers.run("mamba2", initial_state={"S": sm}, **xm)
+    assert torch.equal(y1, mixers.run("mamba2", initial_state=sm, **xm))
