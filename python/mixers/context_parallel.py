@@ -12,6 +12,14 @@ all-gather is ``torch.distributed.nn.functional.all_gather``, which is different
 ``loss.backward()`` on every rank gives every rank's input gradients (and the initial state's)
 through the other ranks' parts. Only states and transitions cross ranks (``O(N·B·H·K·(K + V))``
 per call), never tokens.
+
+The lifts (``loglinear-attention``, ``loglinear-mamba2``, ``loglinear-gated-deltanet``) carry
+Fenwick level states ``S [B, H, L, V, K]`` and a position (a state dict, docs/python.md): a
+part maps its start levels to its end levels, start slot ``i`` landing in one end slot times the
+base map (docs/math.md §7.3), so its transition is read off one run from a block-identity
+state in the slots that are live at its start position (bit ``i`` of the position set), with
+``v`` widened by ``L·K`` zero columns; the ranks first all-gather their parts' lengths, which
+give every rank its start position. The GLR is covered by the Rust module only.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import torch
 from ._torch_api import run
 
 _BASES = ("linear-attention", "mamba2", "gated-deltanet")
+_LIFTS = ("loglinear-attention", "loglinear-mamba2", "loglinear-gated-deltanet")
 
 
 def context_parallel(name: str, config: Optional[dict] = None, *, group=None,
@@ -36,10 +45,12 @@ def context_parallel(name: str, config: Optional[dict] = None, *, group=None,
     import torch.distributed as dist
     from torch.distributed.nn.functional import all_gather
 
-    if name not in _BASES:
+    if name not in _BASES + _LIFTS:
         raise NotImplementedError(
-            f"context parallelism in PyTorch covers {', '.join(_BASES)}; `{name}` is not one of them "
-            "(the Rust module mixers::context_parallel also covers the lifts and the GLR)")
+            f"context parallelism in PyTorch covers {', '.join(_BASES + _LIFTS)}; `{name}` is not one of them "
+            "(the Rust module mixers::context_parallel also covers the GLR)")
+    if name in _LIFTS:
+        return _lifted(name, config, group, initial_state, output_final_state, inputs)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     b, t, h, dk = k.shape
     if t == 0:
@@ -51,21 +62,8 @@ def context_parallel(name: str, config: Optional[dict] = None, *, group=None,
     # state evolves on its own, so the end state is [L; P]).
     eye = torch.eye(dk, dtype=work, device=v.device).expand(b, h, dk, dk)
     widened = dict(inputs, v=torch.cat([v, v.new_zeros(b, t, h, dk)], dim=-1))
-    try:
-        _, local_p = run(name, config, initial_state=torch.cat([zero, eye], dim=2).contiguous(),
-                         output_final_state=True, **widened)
-        error = None
-    except Exception as e:  # noqa: BLE001 - reported to every rank below, then raised here
-        error = e
-    # Every rank learns whether any rank failed before the data's collective, so that a failure
-    # on one rank never leaves the others waiting in it.
-    flags = [torch.zeros(1, dtype=torch.int32, device=v.device) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(flags, torch.tensor([int(error is not None)], dtype=torch.int32, device=v.device), group=group)
-    failed = [r for r, f in enumerate(flags) if f.item()]
-    if error is not None:
-        raise error
-    if failed:
-        raise RuntimeError(f"context parallel: rank {failed[0]} failed (its own error says why)")
+    local_p = _agreed(lambda: run(name, config, initial_state=torch.cat([zero, eye], dim=2).contiguous(),
+                                  output_final_state=True, **widened)[1], group, v.device)
     # One collective (so that every rank's backward runs the same collectives in the same
     # order): [L; P] stacked on the state's row axis.
     gathered = all_gather(local_p, group=group)
@@ -76,4 +74,64 @@ def context_parallel(name: str, config: Optional[dict] = None, *, group=None,
     # rank takes part in its backward.
     s = s + 0.0 * torch.stack(gathered).sum()
     y, fin = run(name, config, initial_state=s, output_final_state=True, **inputs)
+    return (y, fin) if output_final_state else y
+
+
+def _agreed(step, group, device):
+    """``step()``'s result, after every rank has learned whether any rank's step failed (before
+    the data's collective, so that a failure on one rank never leaves the others waiting in it)."""
+    import torch.distributed as dist
+
+    try:
+        out, error = step(), None
+    except Exception as e:  # noqa: BLE001 - reported to every rank below, then raised here
+        out, error = None, e
+    flags = [torch.zeros(1, dtype=torch.int32, device=device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(flags, torch.tensor([int(error is not None)], dtype=torch.int32, device=device), group=group)
+    failed = [r for r, f in enumerate(flags) if f.item()]
+    if error is not None:
+        raise error
+    if failed:
+        raise RuntimeError(f"context parallel: rank {failed[0]} failed (its own error says why)")
+    return out
+
+
+def _lifted(name, config, group, initial_state, output_final_state, inputs):
+    """:func:`context_parallel` of a lift (module documentation): level states ``S [B, H, L, V, K]``
+    and positions ``[B]``."""
+    import torch.distributed as dist
+    from torch.distributed.nn.functional import all_gather
+
+    k, v = inputs["k"], inputs["v"]
+    b, t, h, dk = k.shape
+    if t == 0:
+        raise ValueError("context parallelism: every rank's part needs at least one token")
+    dv, nl = v.shape[-1], inputs["lambda"].shape[-1]
+    work = torch.float64 if v.dtype == torch.float64 else torch.float32
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(lengths, torch.tensor([t], dtype=torch.int64), group=group)
+    if initial_state is None:
+        s = torch.zeros(b, h, nl, dv, dk, dtype=work, device=v.device)
+        p0 = [0] * b
+    else:
+        s = initial_state["S"].to(work)
+        p0 = [int(p) for p in initial_state["position"].tolist()]
+    start = [p + sum(int(n) for n in lengths[:rank]) for p in p0]
+    # The block-identity state: slot i holds I in rows V + i·K … where bit i of the start is set.
+    basis = torch.zeros(b, h, nl, dv + nl * dk, dk, dtype=work, device=v.device)
+    for bi, p in enumerate(start):
+        for i in range(nl):
+            if (p >> i) & 1:
+                basis[bi, :, i, dv + i * dk: dv + (i + 1) * dk] = torch.eye(dk, dtype=work)
+    position = torch.tensor(start, dtype=work, device=v.device)
+    widened = dict(inputs, v=torch.cat([v, v.new_zeros(b, t, h, nl * dk)], dim=-1))
+    end = _agreed(lambda: run(name, config, initial_state={"S": basis, "position": position},
+                              output_final_state=True, **widened)[1]["S"], group, v.device)
+    gathered = all_gather(end.contiguous(), group=group)
+    for r in range(rank):
+        local, tr = gathered[r][:, :, :, :dv], gathered[r][:, :, :, dv:].reshape(b, h, nl, nl, dk, dk)
+        s = torch.einsum("bhivk,bhjikc->bhjvc", s, tr) + local
+    s = s + 0.0 * torch.stack(gathered).sum()
+    y, fin = run(name, config, initial_state={"S": s, "position": position}, output_final_state=True, **inputs)
     return (y, fin) if output_final_state else y

@@ -1,7 +1,8 @@
 """Context parallelism in PyTorch (``mixers.context_parallel``): 2 and 3 ranks of a gloo process
 group (processes on this machine) give one process's ``y``, final state and gradients (every
-input's, and the initial state's summed over the ranks), float64, for the three base mixers; the
-other mixers refused."""
+input's, and the initial state's summed over the ranks), float64, for the three base mixers and
+their lifts (level states and a position, from a prefix's final state); the other mixers
+refused."""
 
 import os
 import socket
@@ -25,14 +26,41 @@ def _free_port():
 
 
 def _case(name, seq):
-    """The whole sequence's inputs, initial state and cotangents (float64, fixed seed)."""
+    """The whole sequence's inputs, initial state and cotangents (float64, fixed seed): a random
+    ``S`` for a base mixer, a lift's state after a prefix of 13 tokens (a dict)."""
     x = inputs(name, seq=seq, **SIZES)
     g = torch.Generator().manual_seed(3)
     b, _, h, dk = x["k"].shape
-    s0 = torch.randn(b, h, x["v"].shape[-1], dk, dtype=torch.float64, generator=g)
     dy = torch.randn(x["v"].shape, dtype=torch.float64, generator=g)
+    if name.startswith("loglinear-"):
+        pre = inputs(name, seq=13 + seq, seed=5, **SIZES)
+        x["lambda"] = pre["lambda"][:, 13:].clone()  # levels enough for the whole run
+        _, s0 = mixers.run(name, {"scale": 0.5}, output_final_state=True,
+                           **{k: v[:, :13] for k, v in pre.items()})
+        df = {"S": torch.randn(s0["S"].shape, dtype=torch.float64, generator=g)}
+        return x, s0, dy, df
+    s0 = torch.randn(b, h, x["v"].shape[-1], dk, dtype=torch.float64, generator=g)
     df = torch.randn(s0.shape, dtype=torch.float64, generator=g)
     return x, s0, dy, df
+
+
+def _leaf(s0):
+    """The initial state as autograd leaves (a lift's ``S``; its position takes no gradient)."""
+    if isinstance(s0, dict):
+        return {"S": s0["S"].clone().requires_grad_(), "position": s0["position"].clone()}
+    return s0.clone().requires_grad_()
+
+
+def _fin_loss(fin, df):
+    return (fin["S"] * df["S"]).sum() if isinstance(fin, dict) else (fin * df).sum()
+
+
+def _grad(s0):
+    return s0["S"].grad if isinstance(s0, dict) else s0.grad
+
+
+def _value(fin):
+    return fin["S"].detach() if isinstance(fin, dict) else fin.detach()
 
 
 def _rank(rank, world, port, name, seq, cuts, out):
@@ -42,18 +70,19 @@ def _rank(rank, world, port, name, seq, cuts, out):
         edges = [0, *cuts, seq]
         part = slice(edges[rank], edges[rank + 1])
         mine = {k: v[:, part].clone().requires_grad_() for k, v in x.items()}
-        s0 = s0.clone().requires_grad_()
+        s0 = _leaf(s0)
         y, fin = mixers.context_parallel(name, {"scale": 0.5}, initial_state=s0, output_final_state=True, **mine)
-        loss = (y * dy[:, part]).sum() + ((fin * df).sum() if rank == world - 1 else 0.0)
+        loss = (y * dy[:, part]).sum() + (_fin_loss(fin, df) if rank == world - 1 else 0.0)
         loss.backward()
-        torch.save({"y": y.detach(), "fin": fin.detach(), "s0_grad": s0.grad,
+        torch.save({"y": y.detach(), "fin": _value(fin), "s0_grad": _grad(s0),
                     "grads": {k: v.grad for k, v in mine.items()}}, os.path.join(out, f"{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("cuts", [[30], [1, 50]])
-@pytest.mark.parametrize("name", ["linear-attention", "mamba2", "gated-deltanet"])
+@pytest.mark.parametrize("name", ["linear-attention", "mamba2", "gated-deltanet", "loglinear-attention",
+                                  "loglinear-mamba2", "loglinear-gated-deltanet"])
 def test_ranks_equal_one_process(name, cuts):
     seq = 77
     world = len(cuts) + 1
@@ -62,15 +91,15 @@ def test_ranks_equal_one_process(name, cuts):
         parts = [torch.load(os.path.join(out, f"{r}.pt")) for r in range(world)]
     x, s0, dy, df = _case(name, seq)
     whole = {k: v.clone().requires_grad_() for k, v in x.items()}
-    s0 = s0.clone().requires_grad_()
+    s0 = _leaf(s0)
     y, fin = mixers.run(name, {"scale": 0.5}, initial_state=s0, output_final_state=True, **whole)
-    ((y * dy).sum() + (fin * df).sum()).backward()
+    ((y * dy).sum() + _fin_loss(fin, df)).backward()
     close = dict(rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(torch.cat([p["y"] for p in parts], dim=1), y.detach(), **close)
-    torch.testing.assert_close(parts[-1]["fin"], fin.detach(), **close)
+    torch.testing.assert_close(parts[-1]["fin"], _value(fin), **close)
     for k, v in whole.items():
         torch.testing.assert_close(torch.cat([p["grads"][k] for p in parts], dim=1), v.grad, **close)
-    torch.testing.assert_close(sum(p["s0_grad"] for p in parts), s0.grad, **close)
+    torch.testing.assert_close(sum(p["s0_grad"] for p in parts), _grad(s0), **close)
 
 
 def _failing_rank(rank, world, port, out):
