@@ -19,7 +19,13 @@ part maps its start levels to its end levels, start slot ``i`` landing in one en
 base map (docs/math.md §7.3), so its transition is read off one run from a block-identity
 state in the slots that are live at its start position (bit ``i`` of the position set), with
 ``v`` widened by ``L·K`` zero columns; the ranks first all-gather their parts' lengths, which
-give every rank its start position. The GLR is covered by the Rust module only.
+give every rank its start position.
+
+The GLR's state is its kept stream (``y``, or ``x`` with the pattern on ``A``) ``[B, R, C]`` and
+a position: a part's map is linear per channel in the start rows, ``tr [B, R, C, R]``, read off
+one run in which every channel is repeated ``R`` times with ``x = 0``, copy ``C + c·R + i``
+started from 1 in row ``i`` for every row that holds a value at the start position
+(``_mixers.glr_kept_rows``).
 """
 
 from __future__ import annotations
@@ -45,12 +51,14 @@ def context_parallel(name: str, config: Optional[dict] = None, *, group=None,
     import torch.distributed as dist
     from torch.distributed.nn.functional import all_gather
 
-    if name not in _BASES + _LIFTS:
+    if name not in _BASES + _LIFTS + ("glr",):
         raise NotImplementedError(
-            f"context parallelism in PyTorch covers {', '.join(_BASES + _LIFTS)}; `{name}` is not one of them "
-            "(the Rust module mixers::context_parallel also covers the GLR)")
+            f"context parallelism in PyTorch covers {', '.join(_BASES + _LIFTS)} and glr; `{name}` is not one "
+            "of them")
     if name in _LIFTS:
         return _lifted(name, config, group, initial_state, output_final_state, inputs)
+    if name == "glr":
+        return _glr(name, config, group, initial_state, output_final_state, inputs)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     b, t, h, dk = k.shape
     if t == 0:
@@ -96,6 +104,59 @@ def _agreed(step, group, device):
     return out
 
 
+def _start_positions(t, b, initial_state, group):
+    """Every batch row's start position of this rank's part: the initial state's position (0
+    without one) plus the earlier ranks' lengths (all-gathered)."""
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    dist.all_gather(lengths, torch.tensor([t], dtype=torch.int64), group=group)
+    p0 = [0] * b if initial_state is None else [int(p) for p in initial_state["position"].tolist()]
+    return [p + sum(int(n) for n in lengths[:rank]) for p in p0]
+
+
+def _glr(name, config, group, initial_state, output_final_state, inputs):
+    """:func:`context_parallel` of the GLR (module documentation)."""
+    import json
+
+    import torch.distributed as dist
+    from torch.distributed.nn.functional import all_gather
+
+    from . import _mixers
+
+    x = inputs["x"]
+    b, t, c = x.shape
+    if t == 0:
+        raise ValueError("context parallelism: every rank's part needs at least one token")
+    work = torch.float64 if x.dtype == torch.float64 else torch.float32
+    cfg = json.dumps(config or {}, sort_keys=True)
+    shapes = {k: list(v.shape) for k, v in inputs.items()}
+    layout = _mixers.state_shapes(name, shapes, cfg)
+    stream = next(k for k in layout if k != "position")
+    r = layout[stream][1]
+    start = _start_positions(t, b, initial_state, group)
+    s = torch.zeros(b, r, c, dtype=work, device=x.device) if initial_state is None else initial_state[stream].to(work)
+    basis = torch.zeros(b, r, c + c * r, dtype=work, device=x.device)
+    for bi, p in enumerate(start):
+        for i, live in enumerate(_mixers.glr_kept_rows(name, shapes, p, cfg)):
+            if live:
+                basis[bi, i, c + i::r] = 1.0
+    position = torch.tensor(start, dtype=work, device=x.device)
+    widened = {k: (torch.zeros(*v.shape[:-1], c + c * r, dtype=v.dtype, device=v.device) if k == "x" else
+                   torch.cat([v, v.repeat_interleave(r, dim=-1)], dim=-1)) for k, v in inputs.items()}
+    widened["x"] = torch.cat([x, widened["x"][..., c:]], dim=-1)
+    end = _agreed(lambda: run(name, config, initial_state={stream: basis, "position": position},
+                              output_final_state=True, **widened)[1][stream], group, x.device)
+    gathered = all_gather(end.contiguous(), group=group)
+    for q in range(dist.get_rank(group)):
+        local, tr = gathered[q][:, :, :c], gathered[q][:, :, c:].reshape(b, r, c, r)
+        s = torch.einsum("bjci,bic->bjc", tr, s) + local
+    s = s + 0.0 * torch.stack(gathered).sum()
+    y, fin = run(name, config, initial_state={stream: s, "position": position}, output_final_state=True, **inputs)
+    return (y, fin) if output_final_state else y
+
+
 def _lifted(name, config, group, initial_state, output_final_state, inputs):
     """:func:`context_parallel` of a lift (module documentation): level states ``S [B, H, L, V, K]``
     and positions ``[B]``."""
@@ -108,16 +169,10 @@ def _lifted(name, config, group, initial_state, output_final_state, inputs):
         raise ValueError("context parallelism: every rank's part needs at least one token")
     dv, nl = v.shape[-1], inputs["lambda"].shape[-1]
     work = torch.float64 if v.dtype == torch.float64 else torch.float32
-    world, rank = dist.get_world_size(group), dist.get_rank(group)
-    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(lengths, torch.tensor([t], dtype=torch.int64), group=group)
-    if initial_state is None:
-        s = torch.zeros(b, h, nl, dv, dk, dtype=work, device=v.device)
-        p0 = [0] * b
-    else:
-        s = initial_state["S"].to(work)
-        p0 = [int(p) for p in initial_state["position"].tolist()]
-    start = [p + sum(int(n) for n in lengths[:rank]) for p in p0]
+    rank = dist.get_rank(group)
+    start = _start_positions(t, b, initial_state, group)
+    s = torch.zeros(b, h, nl, dv, dk, dtype=work, device=v.device) if initial_state is None else \
+        initial_state["S"].to(work)
     # The block-identity state: slot i holds I in rows V + i·K … where bit i of the start is set.
     basis = torch.zeros(b, h, nl, dv + nl * dk, dk, dtype=work, device=v.device)
     for bi, p in enumerate(start):

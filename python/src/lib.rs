@@ -331,6 +331,25 @@ fn state_shapes(
     Ok(s.into_iter().collect())
 }
 
+/// Which rows of a GLR's kept stream (its state's `y` or `x`, docs/math.md §7.1) hold a value at
+/// `position`, for inputs of the given shapes: what a state at that position may have non-zero
+/// (context parallelism's block-identity state, `mixers.context_parallel`).
+#[pyfunction]
+#[pyo3(signature = (name, shapes, position, config=None))]
+fn glr_kept_rows(
+    name: &str,
+    shapes: BTreeMap<String, Vec<usize>>,
+    position: usize,
+    config: Option<&str>,
+) -> PyResult<Vec<bool>> {
+    use mixer_core::mixers::glr::{Glr, state};
+    let m = build(name, config)?;
+    let g = mixer_core::mixer::downcast::<Glr>(m.as_ref(), "glr_kept_rows").or_py()?;
+    let dims = m.spec().bind(&shapes).or_py()?;
+    let k = state::slot_count(&dims).unwrap_or(0);
+    Ok(state::kept(g, k, position).iter().map(Option::is_some).collect())
+}
+
 /// Everything registered, as JSON: plugin crates, backends (with availability), patterns,
 /// masks, λ schemes, and every mixer with its inputs (default config) and, per backend, the
 /// forms it runs, its backward forms and the forms it runs from a state.
@@ -422,6 +441,7 @@ fn _mixers(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     m.add_function(wrap_pyfunction!(spec, m)?)?;
     m.add_function(wrap_pyfunction!(state_shapes, m)?)?;
+    m.add_function(wrap_pyfunction!(glr_kept_rows, m)?)?;
     m.add_function(wrap_pyfunction!(registered, m)?)?;
     m.add_function(wrap_pyfunction!(random_inputs, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_forward, m)?)?;

@@ -1,8 +1,8 @@
 """Context parallelism in PyTorch (``mixers.context_parallel``): 2 and 3 ranks of a gloo process
 group (processes on this machine) give one process's ``y``, final state and gradients (every
 input's, and the initial state's summed over the ranks), float64, for the three base mixers and
-their lifts (level states and a position, from a prefix's final state); the other mixers
-refused."""
+their lifts (level states and a position, from a prefix's final state), and the GLR (its kept
+stream and a position, from a prefix's state); the other mixers refused."""
 
 import os
 import socket
@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 import mixers
 from conftest import inputs
 
-SIZES = dict(batch=2, heads=2, dk=5, dv=7)
+SIZES = dict(batch=2, heads=2, dk=5, dv=7, channels=3)
 
 
 def _free_port():
@@ -28,14 +28,20 @@ def _free_port():
 def _case(name, seq):
     """The whole sequence's inputs, initial state and cotangents (float64, fixed seed): a random
     ``S`` for a base mixer, a lift's state after a prefix of 13 tokens (a dict)."""
-    x = inputs(name, seq=seq, **SIZES)
     g = torch.Generator().manual_seed(3)
+    if name in _GLR:
+        pre = inputs("glr", _config(name), seq=13 + seq, seed=5, **SIZES)
+        x = {k: v[:, 13:].clone() for k, v in pre.items()}
+        _, s0 = mixers.run("glr", _config(name), output_final_state=True, **{k: v[:, :13] for k, v in pre.items()})
+        dy = torch.randn(x["x"].shape, dtype=torch.float64, generator=g)
+        return x, s0, dy, {_key(s0): torch.randn(s0[_key(s0)].shape, dtype=torch.float64, generator=g)}
+    x = inputs(name, seq=seq, **SIZES)
     b, _, h, dk = x["k"].shape
     dy = torch.randn(x["v"].shape, dtype=torch.float64, generator=g)
     if name.startswith("loglinear-"):
         pre = inputs(name, seq=13 + seq, seed=5, **SIZES)
         x["lambda"] = pre["lambda"][:, 13:].clone()  # levels enough for the whole run
-        _, s0 = mixers.run(name, {"scale": 0.5}, output_final_state=True,
+        _, s0 = mixers.run(name, _config(name), output_final_state=True,
                            **{k: v[:, :13] for k, v in pre.items()})
         df = {"S": torch.randn(s0["S"].shape, dtype=torch.float64, generator=g)}
         return x, s0, dy, df
@@ -44,23 +50,40 @@ def _case(name, seq):
     return x, s0, dy, df
 
 
+_GLR = {"glr": {"pattern": "pow2"}, "glr/cache-efficient": {"pattern": "sq1", "cache_efficient": True},
+        "glr/on-a": {"pattern": "pow2", "on": "a"}}
+
+
+def _config(case):
+    return _GLR.get(case, {"scale": 0.5})
+
+
+def _mixer(case):
+    return case.split("/")[0]
+
+
+def _key(state):
+    """A state dict's tensor that takes a gradient (a lift's ``S``, the GLR's stream)."""
+    return next(k for k in state if k != "position")
+
+
 def _leaf(s0):
-    """The initial state as autograd leaves (a lift's ``S``; its position takes no gradient)."""
+    """The initial state as autograd leaves (its position takes no gradient)."""
     if isinstance(s0, dict):
-        return {"S": s0["S"].clone().requires_grad_(), "position": s0["position"].clone()}
+        return {k: (v.clone() if k == "position" else v.clone().requires_grad_()) for k, v in s0.items()}
     return s0.clone().requires_grad_()
 
 
 def _fin_loss(fin, df):
-    return (fin["S"] * df["S"]).sum() if isinstance(fin, dict) else (fin * df).sum()
+    return (fin[_key(fin)] * df[_key(fin)]).sum() if isinstance(fin, dict) else (fin * df).sum()
 
 
 def _grad(s0):
-    return s0["S"].grad if isinstance(s0, dict) else s0.grad
+    return s0[_key(s0)].grad if isinstance(s0, dict) else s0.grad
 
 
 def _value(fin):
-    return fin["S"].detach() if isinstance(fin, dict) else fin.detach()
+    return fin[_key(fin)].detach() if isinstance(fin, dict) else fin.detach()
 
 
 def _rank(rank, world, port, name, seq, cuts, out):
@@ -71,7 +94,8 @@ def _rank(rank, world, port, name, seq, cuts, out):
         part = slice(edges[rank], edges[rank + 1])
         mine = {k: v[:, part].clone().requires_grad_() for k, v in x.items()}
         s0 = _leaf(s0)
-        y, fin = mixers.context_parallel(name, {"scale": 0.5}, initial_state=s0, output_final_state=True, **mine)
+        y, fin = mixers.context_parallel(_mixer(name), _config(name), initial_state=s0, output_final_state=True,
+                                         **mine)
         loss = (y * dy[:, part]).sum() + (_fin_loss(fin, df) if rank == world - 1 else 0.0)
         loss.backward()
         torch.save({"y": y.detach(), "fin": _value(fin), "s0_grad": _grad(s0),
@@ -82,7 +106,7 @@ def _rank(rank, world, port, name, seq, cuts, out):
 
 @pytest.mark.parametrize("cuts", [[30], [1, 50]])
 @pytest.mark.parametrize("name", ["linear-attention", "mamba2", "gated-deltanet", "loglinear-attention",
-                                  "loglinear-mamba2", "loglinear-gated-deltanet"])
+                                  "loglinear-mamba2", "loglinear-gated-deltanet", *_GLR])
 def test_ranks_equal_one_process(name, cuts):
     seq = 77
     world = len(cuts) + 1
@@ -92,7 +116,7 @@ def test_ranks_equal_one_process(name, cuts):
     x, s0, dy, df = _case(name, seq)
     whole = {k: v.clone().requires_grad_() for k, v in x.items()}
     s0 = _leaf(s0)
-    y, fin = mixers.run(name, {"scale": 0.5}, initial_state=s0, output_final_state=True, **whole)
+    y, fin = mixers.run(_mixer(name), _config(name), initial_state=s0, output_final_state=True, **whole)
     ((y * dy).sum() + _fin_loss(fin, df)).backward()
     close = dict(rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(torch.cat([p["y"] for p in parts], dim=1), y.detach(), **close)
