@@ -131,6 +131,12 @@ def _state_layout(
 
 
 @torch.compiler.assume_constant_result
+def _mixed_name(mixer: str, config: str) -> str:
+    """The name of the mixed input (constant under ``torch.compile``)."""
+    return spec(mixer, config)["mixed"]
+
+
+@torch.compiler.assume_constant_result
 def _layout_const(mixer: str, config: str, names: tuple, shapes: tuple, nseq: int, given: tuple) -> tuple:
     """:func:`_state_layout` from the inputs' names and shapes (``nseq``: the sequences of a packed
     batch, ``-1`` without one) and the initial state's shapes ``given`` (``()``: none) as
@@ -436,16 +442,16 @@ def call(
     layout = None
     if initial_state is not None or output_final_state:
         nseq = -1 if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
-        given = ()
+        state_shapes = ()
         if isinstance(initial_state, dict) and len(initial_state) > 1:
-            given = tuple((k, tuple(int(d) for d in t.shape)) for k, t in sorted(initial_state.items()))
+            state_shapes = tuple((k, tuple(int(d) for d in t.shape)) for k, t in sorted(initial_state.items()))
         layout = dict(_layout_const(mixer, cfg, tuple(names), tuple(tuple(int(d) for d in t.shape) for t in tensors),
-                                    nseq, given))
+                                    nseq, state_shapes))
         if initial_state is not None:
-            work = _work_dtype(_mixed(mixer, cfg, tensors, names))
+            work = _work_dtype(given.get(_mixed_name(mixer, cfg), tensors[0]))
             initial_state = pack_state(initial_state, layout, work)
-            if given:
-                cfg = _with_given(cfg, given)
+            if state_shapes:
+                cfg = _with_given(cfg, state_shapes)
     if torch.compiler.is_compiling():
         y, s = op(tensors, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend, precision)
     else:

@@ -73,3 +73,24 @@ def test_a_state_dict_is_checked():
     _, sm = mixers.run("mamba2", output_final_state=True, **xm)
     y1 = mixers.run("mamba2", initial_state={"S": sm}, **xm)
     assert torch.equal(y1, mixers.run("mamba2", initial_state=sm, **xm))
+
+
+def test_a_state_dict_compiles_without_graph_breaks():
+    x = inputs("loglinear-mamba2", seq=12, grad=True, **SIZES)
+
+    def f(first, rest):
+        y1, s = mixers.run("loglinear-mamba2", output_final_state=True, **first)
+        y2, s2 = mixers.run("loglinear-mamba2", initial_state=s, output_final_state=True, **rest)
+        return (torch.cat([y1, y2], dim=1) ** 2).sum() + s2["S"].sum()
+
+    first, rest = _split("loglinear-mamba2", x, 5)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    loss = compiled(first, rest)
+    loss.backward()
+    want = {n: t.grad.clone() for n, t in x.items()}
+    for t in x.values():
+        t.grad = None
+    assert torch.equal(f(first, rest), loss.detach())
+    f(first, rest).backward()
+    for n, t in x.items():
+        assert torch.equal(t.grad, want[n]), n
