@@ -116,37 +116,55 @@ def _with_given(config: str, given: tuple) -> str:
     return json.dumps(cfg, sort_keys=True)
 
 
-def _state_layout(
-    name: str, config: str, inputs: Sequence[torch.Tensor], names: Sequence[str], cu_seqlens, given=None
-) -> Dict[str, List[int]]:
-    """The names and shapes of the mixer's state tensors for these inputs, in the library's
-    order (one row per sequence of a packed batch), when the run starts from a state of the
-    shapes ``given`` (``None``: from zero); ``NotImplementedError`` (the library's message) for a
-    mixer without a state."""
-    shapes = {n: [int(s) for s in t.shape] for n, t in zip(names, inputs)}
-    layout = {k: list(v) for k, v in _mixers.state_shapes(name, shapes, config, given).items()}
-    if cu_seqlens is not None and given is None:
-        layout = {k: [int(cu_seqlens.shape[0]) - 1] + v[1:] for k, v in layout.items()}
-    return layout
-
-
-@torch.compiler.assume_constant_result
-def _mixed_name(mixer: str, config: str) -> str:
-    """The name of the mixed input (constant under ``torch.compile``)."""
-    return spec(mixer, config)["mixed"]
+def _shape_args(inputs: Sequence[torch.Tensor], names: Sequence[str], cu_seqlens) -> tuple:
+    """``(names, shapes, nseq)`` of the inputs as plain tuples and ints (``nseq``: the sequences of a
+    packed batch, ``-1`` without one): the arguments of :func:`_layout_const` and
+    :func:`_state_names`."""
+    nseq = -1 if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
+    return tuple(names), tuple(tuple(int(d) for d in t.shape) for t in inputs), nseq
 
 
 @torch.compiler.assume_constant_result
 def _layout_const(mixer: str, config: str, names: tuple, shapes: tuple, nseq: int, given: tuple) -> tuple:
-    """:func:`_state_layout` from the inputs' names and shapes (``nseq``: the sequences of a packed
-    batch, ``-1`` without one) and the initial state's shapes ``given`` (``()``: none) as
-    ``((name, shape), …)``: a constant under ``torch.compile``."""
+    """The names and shapes of the mixer's state tensors for inputs of ``names`` and ``shapes``, in
+    the library's order (one row per sequence of a packed batch), when the run starts from a state
+    of the shapes ``given`` (``((name, shape), …)``; ``()``: from zero), as ``((name, shape), …)``;
+    ``NotImplementedError`` (the library's message) for a mixer without a state. A constant under
+    ``torch.compile``."""
     given = {k: list(v) for k, v in given} or None
     layout = {k: list(v) for k, v in
               _mixers.state_shapes(mixer, dict(zip(names, map(list, shapes))), config, given).items()}
     if nseq >= 0 and given is None:
         layout = {k: [nseq] + v[1:] for k, v in layout.items()}
     return tuple((k, list(v)) for k, v in layout.items())
+
+
+def _state_layout(
+    name: str, config: str, inputs: Sequence[torch.Tensor], names: Sequence[str], cu_seqlens, given=None
+) -> Dict[str, List[int]]:
+    """:func:`_layout_const` of tensors, with ``given`` a dict (``None``: from zero)."""
+    return dict(_layout_const(name, config, *_shape_args(inputs, names, cu_seqlens),
+                              tuple((given or {}).items())))
+
+
+# The names of a mixer's state tensors by (mixer, config): they do not depend on the sizes.
+_STATE_NAMES: Dict[Tuple[str, str], Tuple[str, ...]] = {}
+
+
+@torch.compiler.assume_constant_result
+def _state_names(mixer: str, config: str, names: tuple, shapes: tuple, nseq: int) -> tuple:
+    """The names of the mixer's state tensors, asked of the library once per (mixer, config)
+    (:func:`_layout_const` the first time); a constant under ``torch.compile``."""
+    key = (mixer, config)
+    if key not in _STATE_NAMES:
+        _STATE_NAMES[key] = tuple(k for k, _ in _layout_const(mixer, config, names, shapes, nseq, ()))
+    return _STATE_NAMES[key]
+
+
+@torch.compiler.assume_constant_result
+def _mixed_name(mixer: str, config: str) -> str:
+    """The name of the mixed input (constant under ``torch.compile``)."""
+    return spec(mixer, config)["mixed"]
 
 
 def _op_state_shape(layout: Dict[str, List[int]]) -> List[int]:
@@ -164,33 +182,33 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
-def pack_state(state, layout: Dict[str, List[int]], dtype: torch.dtype) -> torch.Tensor:
+def pack_state(state, state_names: Sequence[str], dtype: torch.dtype) -> torch.Tensor:
     """The op's one state tensor from a state given as a tensor (a one-tensor state) or as a dict
-    of its tensors by name (any state, the names of ``layout``): flattened and concatenated in
+    of its tensors by name (any state, of the names ``state_names``): flattened and concatenated in
     sorted name order where the state has several tensors (differentiable; their shapes are the
     library's to check)."""
     if isinstance(state, torch.Tensor):
-        if len(layout) != 1:
+        if len(state_names) != 1:
             raise ValueError(
-                f"initial_state: this mixer's state has {len(layout)} tensors ({', '.join(layout)}); "
+                f"initial_state: this mixer's state has {len(state_names)} tensors ({', '.join(state_names)}); "
                 "pass a dict of them by name"
             )
         return state
     if not isinstance(state, dict):
         raise TypeError(f"initial_state: expected a torch.Tensor or a dict of them, got {type(state).__name__}")
-    if sorted(state) != sorted(layout):
+    if sorted(state) != sorted(state_names):
         raise ValueError(
-            f"initial_state: expected the tensors {', '.join(layout)}, got {', '.join(state) or 'none'}"
+            f"initial_state: expected the tensors {', '.join(state_names)}, got {', '.join(state) or 'none'}"
         )
-    if len(layout) == 1:
+    if len(state_names) == 1:
         return next(iter(state.values()))
     return torch.cat([state[k].to(dtype).reshape(-1) for k in sorted(state)])
 
 
-def unpack_state(flat: torch.Tensor, layout: Dict[str, List[int]]):
-    """The op's state tensor as the user sees it: itself for a one-tensor state, else a dict of
-    the tensors (views of ``flat``)."""
-    if len(layout) == 1:
+def unpack_state(flat: torch.Tensor, layout: Optional[Dict[str, List[int]]]):
+    """The op's state tensor as the user sees it: itself for a one-tensor state (``layout`` of one
+    tensor, or ``None``), else a dict of the tensors (views of ``flat``)."""
+    if layout is None or len(layout) == 1:
         return flat
     out, at = {}, 0
     for k, shape in layout.items():
@@ -216,6 +234,14 @@ def _state_from_host(arrays: Dict[str, object], layout: Dict[str, List[int]], de
     return torch.cat([torch.from_numpy(arrays[k]).reshape(-1) for k in layout]).to(device=device, dtype=dtype)
 
 
+def _several(mixer, config, inputs, names, cu_seqlens, stateful, given) -> bool:
+    """Whether a stateful call's state has several tensors (``given``: a several-tensor initial
+    state's shapes, from the op's config)."""
+    if given is not None:
+        return True
+    return stateful and len(_state_names(mixer, config, *_shape_args(inputs, names, cu_seqlens))) > 1
+
+
 def op_name(mixer: str) -> str:
     """The op name of a registered mixer: ``mixers::`` and the name with ``-`` as ``_``."""
     return "mixers::" + mixer.replace("-", "_").replace(".", "_")
@@ -238,11 +264,10 @@ def mixer_op(mixer: str):
         mixed = _mixed(mixer, config, inputs, names)
         work = _work_dtype(mixed)
         stateful = initial_state is not None or output_final_state
-        layout = _state_layout(mixer, config, inputs, names, cu_seqlens, given) if stateful else None
         tensors = list(inputs) + ([] if initial_state is None else [initial_state])
         # (a state of several tensors travels packed: the zero-copy path takes one-tensor states)
-        if (layout is None or len(layout) == 1) and _cuda.applies(tensors, backend, form, stateful, cu_seqlens,
-                                                                   precision):
+        if not _several(mixer, config, inputs, names, cu_seqlens, stateful, given) and _cuda.applies(
+                tensors, backend, form, stateful, cu_seqlens, precision):
             try:
                 y, fin = _cuda.forward(mixer, names, inputs, config, form, precision, initial_state,
                                        bool(output_final_state))
@@ -254,6 +279,7 @@ def mixer_op(mixer: str):
                 s = fin.to(work) if output_final_state else mixed.new_empty(0, dtype=work)
                 return y.to(mixed.dtype), s
         x = {n: _host(t) for n, t in zip(names, inputs)}
+        layout = _state_layout(mixer, config, inputs, names, cu_seqlens, given) if stateful else None
         initial = None if initial_state is None else _state_to_host(initial_state, given or layout, work)
         y, fin = _mixers.forward(
             mixer,
@@ -294,9 +320,8 @@ def mixer_op(mixer: str):
         work = _work_dtype(mixed)
         stateful = initial_state is not None or d_final_state is not None
         states = [s for s in (initial_state, d_final_state) if s is not None]
-        layout = _state_layout(mixer, config, inputs, names, cu_seqlens, given) if stateful else None
-        if (layout is None or len(layout) == 1) and _cuda.applies(list(inputs) + [dy] + states, backend, form,
-                                                                   stateful, cu_seqlens, precision):
+        if not _several(mixer, config, inputs, names, cu_seqlens, stateful, given) and _cuda.applies(
+                list(inputs) + [dy] + states, backend, form, stateful, cu_seqlens, precision):
             try:
                 grads = _cuda.backward(mixer, names, inputs, dy, config, precision,
                                        initial_state=initial_state, d_final=d_final_state)
@@ -308,6 +333,7 @@ def mixer_op(mixer: str):
                     return out + [mixed.new_empty(0, dtype=work)]
                 return out + [grads["d_initial_state"].to(initial_state.dtype)]
         x = {n: _host(t) for n, t in zip(names, inputs)}
+        layout = _state_layout(mixer, config, inputs, names, cu_seqlens, given) if stateful else None
         initial = None if initial_state is None else _state_to_host(initial_state, given or layout, work)
         d_final = None if d_final_state is None else _state_to_host(d_final_state, layout, work)
         grads, d_init = _mixers.backward(
@@ -441,17 +467,20 @@ def call(
     op = mixer_op(mixer)
     layout = None
     if initial_state is not None or output_final_state:
-        nseq = -1 if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
-        state_shapes = ()
-        if isinstance(initial_state, dict) and len(initial_state) > 1:
-            state_shapes = tuple((k, tuple(int(d) for d in t.shape)) for k, t in sorted(initial_state.items()))
-        layout = dict(_layout_const(mixer, cfg, tuple(names), tuple(tuple(int(d) for d in t.shape) for t in tensors),
-                                    nseq, state_shapes))
+        args = _shape_args(tensors, names, cu_seqlens)
+        state_names = _state_names(mixer, cfg, *args)
         if initial_state is not None:
             work = _work_dtype(given.get(_mixed_name(mixer, cfg), tensors[0]))
-            initial_state = pack_state(initial_state, layout, work)
+            packed = pack_state(initial_state, state_names, work)
+        if len(state_names) > 1:
+            # The final state's shapes (to unpack it) follow from the given state's.
+            state_shapes = () if initial_state is None else tuple(
+                (k, tuple(int(d) for d in t.shape)) for k, t in sorted(initial_state.items()))
+            layout = dict(_layout_const(mixer, cfg, *args, state_shapes))
             if state_shapes:
                 cfg = _with_given(cfg, state_shapes)
+        if initial_state is not None:
+            initial_state = packed
     if torch.compiler.is_compiling():
         y, s = op(tensors, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend, precision)
     else:
