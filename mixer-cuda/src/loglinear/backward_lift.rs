@@ -24,12 +24,11 @@
 //! device for the identity scheme (`d_lambda = dλ`); any other scheme maps `dλ` back on the host
 //! with its registered derivative (`LogLinear::lambda_vjp`), the one step that waits.
 
-use mixer_core::fenwick::bitlen;
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Error, Precision, Result};
 
 use super::common::{ChunkedInputs, Elem, FAMILY, Launch, Shape, Step, fixed_dims, kernel_ints};
-use super::{fast, lambda, ssd, state_pass};
+use super::{fast, ssd, state_pass};
 use crate::forms::input_opt;
 use crate::kernels;
 use crate::pool;
@@ -86,20 +85,11 @@ pub(crate) fn scalar<F: GpuReal>(
 ) -> Result<LiftGrads<F>> {
     let [b, t, h, dk, dv] = dims;
     let raw = crate::forms::input::<F>(x, "lambda")?;
-    let levels = raw.shape().get(3).copied().unwrap_or(0);
-    if raw.shape() != [b, t, h, levels] {
+    if raw.shape().len() != 4 || raw.shape()[..3] != [b, t, h] {
         return Err(Error::shape("lambda", format!("[{b}, {t}, {h}, L]"), format!("{:?}", raw.shape())));
     }
-    let need = bitlen(t - 1);
-    if need >= levels {
-        return Err(Error::Value {
-            name: "lambda".into(),
-            constraint: format!("T = {t} reads Fenwick level {need}, so λ needs more than {need} levels"),
-            found: format!("L = {levels}"),
-        });
-    }
     let param = input_opt::<F>(x, "lambda_param")?;
-    let lam = lambda::weights(ll, &raw, param.as_deref())?;
+    let (lam, levels) = fast::mapped_lambda::<F>(ll, x, t)?;
 
     // dq: the lifted forward of (dy, v, k), exact kernels.
     let mut xq = x.clone();

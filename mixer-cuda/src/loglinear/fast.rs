@@ -282,26 +282,7 @@ pub fn run_from<F: GpuReal>(
         };
         return Ok((finish(DeviceTensor::<F>::zeros(&[b, t, h, dv])?, p)?, fin));
     }
-    let lam = match ll.lift {
-        Some(_) => {
-            let raw = input::<F>(x, "lambda")?;
-            let levels = raw.shape()[3];
-            // The highest Fenwick level T tokens read (MATH §2.2), whatever the chunking.
-            let need = bitlen(t - 1);
-            if need >= levels {
-                return Err(Error::Value {
-                    name: "lambda".into(),
-                    constraint: format!(
-                        "T = {t} reads Fenwick level {need}, so λ needs more than {need} levels"
-                    ),
-                    found: format!("L = {levels}"),
-                });
-            }
-            let param = input_opt::<F>(x, "lambda_param")?;
-            Some((lambda::weights(ll, &raw, param.as_deref())?, levels))
-        }
-        None => None,
-    };
+    let lam = if ll.lift.is_some() { Some(mapped_lambda::<F>(ll, x, t)?) } else { None };
     let inp = ChunkedInputs {
         g: if ll.base.has_decay() { input_opt::<F>(x, "g")? } else { None },
         beta: if ll.base.has_beta() { input_opt::<F>(x, "beta")? } else { None },
@@ -330,6 +311,29 @@ pub fn run_from<F: GpuReal>(
     let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
     let checks = inp.lam.as_ref().map(|(l, _)| l.checks().to_vec()).unwrap_or_default();
     Ok((finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)?, fin))
+}
+
+/// A lift's λ weights on the device ([`lambda::weights`] of the inputs `lambda` and
+/// `lambda_param`) and their level count, after checking that `t` tokens' Fenwick levels are
+/// there.
+pub(crate) fn mapped_lambda<F: GpuReal>(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    t: usize,
+) -> Result<(DeviceTensor<F>, usize)> {
+    let raw = input::<F>(x, "lambda")?;
+    let levels = raw.shape().get(3).copied().unwrap_or(0);
+    // The highest Fenwick level T tokens read (MATH §2.2), whatever the chunking.
+    let need = bitlen(t.saturating_sub(1));
+    if need >= levels {
+        return Err(Error::Value {
+            name: "lambda".into(),
+            constraint: format!("T = {t} reads Fenwick level {need}, so λ needs more than {need} levels"),
+            found: format!("L = {levels}"),
+        });
+    }
+    let param = input_opt::<F>(x, "lambda_param")?;
+    Ok((lambda::weights(ll, &raw, param.as_deref())?, levels))
 }
 
 /// Linear attention and Mamba-2 without a lift in the bf16 mode, on the bf16 activations as

@@ -26,7 +26,7 @@
 //! Every file imports from [`common`] and from the steps below it only: `fast` → `ssd`, `wy`,
 //! `state_pass`, `output`, `sequential`, `lambda` → `common`; `ssd` → `output`; `decoder` →
 //! `lambda` → `parallel`; `backward` → `fast`, `backward_lift`, `backward_chunked`;
-//! `backward_lift` → `fast`, `lambda`, `ssd`; `backward_chunked` → `wy`; only the backward files
+//! `backward_lift` → `fast`, `ssd`, `state_pass`; `backward_chunked` → `wy`; only the backward files
 //! import `fast`, and nothing imports this module.
 //!
 //! The `fast` and `recurrent` forms exist only with Fenwick structure (base mixers, or the
