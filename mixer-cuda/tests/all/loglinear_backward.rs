@@ -139,8 +139,7 @@ pub(crate) fn matches_the_cpu_in_f64_and_f32(name: &str) {
     }
     for (i, s) in F32_SIZES.iter().enumerate() {
         let (x, dy) = case(m.as_ref(), *s, 30 + i as u64);
-        let x32: Tensors<f64> = x.iter().map(|(k, v)| (k.clone(), v.mapv(|e| f64::from(e as f32)))).collect();
-        let dy32 = dy.mapv(|e| f64::from(e as f32));
+        let (x32, dy32) = (f32_rounded(&x), dy.mapv(|e| f64::from(e as f32)));
         let want = cpu_grads(m.as_ref(), &x32, &dy32);
         let got = cuda_exact(m.as_ref(), &x32, &dy32, DType::F32);
         bad.extend(compare(&format!("{name} f32 {s:?}"), &got, &want, 1e-4));
@@ -178,8 +177,7 @@ fn loglinear_backward_gated_deltanet_at_head_dim_256() {
         [([1, 100, 1, 256, 256], DType::F64, 1e-10), ([1, 130, 2, 256, 40], DType::F32, 1e-4)]
     {
         let (x, dy) = case(m.as_ref(), s, 60);
-        let x: Tensors<f64> = x.iter().map(|(k, v)| (k.clone(), v.mapv(|e| f64::from(e as f32)))).collect();
-        let dy = dy.mapv(|e| f64::from(e as f32));
+        let (x, dy) = (f32_rounded(&x), dy.mapv(|e| f64::from(e as f32)));
         let want = cpu_grads(m.as_ref(), &x, &dy);
         let got = cuda_exact(m.as_ref(), &x, &dy, dtype);
         bad.extend(compare(&format!("gated-deltanet {} {s:?}", dtype.name()), &got, &want, tol));
@@ -187,18 +185,19 @@ fn loglinear_backward_gated_deltanet_at_head_dim_256() {
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
 
-/// One small case of each member in f32 (two chunks, a partial block of state columns): what
-/// compute-sanitizer's memcheck and racecheck run.
-#[test]
-#[ignore = "needs a CUDA device"]
-fn loglinear_backward_small_case() {
-    let Some(_turn) = gpu() else { return };
+/// `x` with every input rounded to f32 (what an f32 run computes from), as f64.
+pub(crate) fn f32_rounded(x: &Tensors<f64>) -> Tensors<f64> {
+    x.iter().map(|(k, v)| (k.clone(), v.mapv(|e| f64::from(e as f32)))).collect()
+}
+
+/// One small case of each of `names` in f32 (two chunks, a partial block of state columns)
+/// against the CPU: the failures.
+pub(crate) fn small_case(names: &[&str]) -> Vec<String> {
     let mut bad = Vec::new();
-    for name in BASES {
+    for name in names {
         let m = base(name);
         let (x, dy) = case(m.as_ref(), [1, 70, 2, 5, 12], 8);
-        let x32: Tensors<f64> = x.iter().map(|(k, v)| (k.clone(), v.mapv(|e| f64::from(e as f32)))).collect();
-        let dy32 = dy.mapv(|e| f64::from(e as f32));
+        let (x32, dy32) = (f32_rounded(&x), dy.mapv(|e| f64::from(e as f32)));
         let want = cpu_grads(m.as_ref(), &x32, &dy32);
         bad.extend(compare(
             &format!("{name} f32 small"),
@@ -207,21 +206,27 @@ fn loglinear_backward_small_case() {
             1e-4,
         ));
     }
+    bad
+}
+
+/// The small case of every member: what compute-sanitizer's memcheck and racecheck run.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn loglinear_backward_small_case() {
+    let Some(_turn) = gpu() else { return };
+    let bad = small_case(&BASES);
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
 
-#[test]
-#[ignore = "needs a CUDA device"]
-fn loglinear_backward_in_the_tf32_and_bf16_modes_on_device_tensors() {
-    let Some(_turn) = gpu() else { return };
+/// `names` in the tf32 and bf16 modes on device tensors at [`MODE_SIZES`], against the CPU on
+/// the f32 inputs (bf16-rounded activations and `dy` for the bf16 mode): the failures.
+pub(crate) fn modes_match_the_cpu(names: &[&str]) -> Vec<String> {
     let mut bad = Vec::new();
-    for name in BASES {
+    for name in names {
         let m = base(name);
         for (i, s) in MODE_SIZES.iter().enumerate() {
             let (x, dy) = case(m.as_ref(), *s, 50 + i as u64);
-            let x32: Tensors<f64> =
-                x.iter().map(|(k, v)| (k.clone(), v.mapv(|e| f64::from(e as f32)))).collect();
-            let dy32 = dy.mapv(|e| f64::from(e as f32));
+            let (x32, dy32) = (f32_rounded(&x), dy.mapv(|e| f64::from(e as f32)));
             let want = cpu_grads(m.as_ref(), &x32, &dy32);
             let got = cuda_mode(m.as_ref(), &x32, &dy32, Precision::Tf32);
             bad.extend(compare(&format!("{name} tf32 {s:?}"), &got, &want, 5e-3));
@@ -231,6 +236,14 @@ fn loglinear_backward_in_the_tf32_and_bf16_modes_on_device_tensors() {
             bad.extend(compare(&format!("{name} bf16 {s:?}"), &got, &want, 2e-2));
         }
     }
+    bad
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn loglinear_backward_in_the_tf32_and_bf16_modes_on_device_tensors() {
+    let Some(_turn) = gpu() else { return };
+    let bad = modes_match_the_cpu(&BASES);
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
 
@@ -276,13 +289,12 @@ fn loglinear_backward_is_finite_where_decays_vanish_and_beta_is_0_or_1() {
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
 
-#[test]
-#[ignore = "needs a CUDA device"]
-fn loglinear_backward_gives_the_same_bits_twice() {
-    let Some(_turn) = gpu() else { return };
-    for name in BASES {
+/// Asserts that two runs of the backward of each of `names` in each of `modes` give the same
+/// bits.
+pub(crate) fn same_bits_twice(names: &[&str], modes: &[Precision]) {
+    for name in names {
         let m = base(name);
-        for p in [Precision::Exact, Precision::Tf32] {
+        for &p in modes {
             let (x, dy) = case(m.as_ref(), [2, 333, 3, 70, 40], 90);
             let a = cuda_mode(m.as_ref(), &x, &dy, p);
             let b = cuda_mode(m.as_ref(), &x, &dy, p);
@@ -292,6 +304,13 @@ fn loglinear_backward_gives_the_same_bits_twice() {
             }
         }
     }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn loglinear_backward_gives_the_same_bits_twice() {
+    let Some(_turn) = gpu() else { return };
+    same_bits_twice(&BASES, &[Precision::Exact, Precision::Tf32]);
 }
 
 /// Device-side errors: `dy` of the wrong shape or dtype, and a required input that is not given.

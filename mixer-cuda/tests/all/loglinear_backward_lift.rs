@@ -5,21 +5,16 @@
 //! decays and zero weights, the same bits twice, and a timing. GPU tests are `#[ignore]`d and skip
 //! without a device (fail under `MIXERS_REQUIRE_CUDA=1`).
 
-use mixer_core::mixer::Mixer;
-use mixer_core::{DType, Precision, Tensors};
+use mixer_core::{DType, Precision};
 use mixer_registry::mixer;
 
 use crate::common::gpu;
 use crate::loglinear_backward::{
-    base, bf16_rounded, case, compare, cpu_grads, cuda_exact, cuda_mode, matches_the_cpu_in_f64_and_f32,
-    time_forward_and_backward,
+    base, case, compare, cpu_grads, cuda_exact, f32_rounded, matches_the_cpu_in_f64_and_f32,
+    modes_match_the_cpu, same_bits_twice, small_case, time_forward_and_backward,
 };
 
 const LIFTS: [&str; 2] = ["loglinear-attention", "loglinear-mamba2"];
-
-fn f32_rounded(x: &Tensors<f64>) -> Tensors<f64> {
-    x.iter().map(|(k, v)| (k.clone(), v.mapv(|e| f64::from(e as f32)))).collect()
-}
 
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -67,29 +62,7 @@ fn lifted_backward_through_the_softplus_scheme_with_a_parameter() {
 #[ignore = "needs a CUDA device"]
 fn lifted_backward_in_the_tf32_and_bf16_modes_on_device_tensors() {
     let Some(_turn) = gpu() else { return };
-    let mut bad = Vec::new();
-    for name in LIFTS {
-        let m = base(name);
-        for (i, s) in [[1, 1000, 1, 70, 16], [2, 4099, 1, 128, 64]].iter().enumerate() {
-            let (x, dy) = case(m.as_ref(), *s, 50 + i as u64);
-            let (x32, dy32) = (f32_rounded(&x), dy.mapv(|e| f64::from(e as f32)));
-            let want = cpu_grads(m.as_ref(), &x32, &dy32);
-            bad.extend(compare(
-                &format!("{name} tf32 {s:?}"),
-                &cuda_mode(m.as_ref(), &x32, &dy32, Precision::Tf32),
-                &want,
-                5e-3,
-            ));
-            let (xb, dyb) = bf16_rounded(&x32, &dy32);
-            let want = cpu_grads(m.as_ref(), &xb, &dyb);
-            bad.extend(compare(
-                &format!("{name} bf16 {s:?}"),
-                &cuda_mode(m.as_ref(), &x32, &dy32, Precision::Bf16),
-                &want,
-                2e-2,
-            ));
-        }
-    }
+    let bad = modes_match_the_cpu(&LIFTS);
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
 
@@ -130,18 +103,7 @@ fn lifted_backward_is_finite_where_decays_vanish_and_weights_are_zero() {
 #[ignore = "needs a CUDA device"]
 fn lifted_backward_gives_the_same_bits_twice() {
     let Some(_turn) = gpu() else { return };
-    for name in LIFTS {
-        let m = base(name);
-        let (x, dy) = case(m.as_ref(), [2, 333, 3, 70, 40], 90);
-        let a = cuda_mode(m.as_ref(), &x, &dy, Precision::Exact);
-        let b = cuda_mode(m.as_ref(), &x, &dy, Precision::Exact);
-        for (k, v) in &a {
-            assert!(
-                v.iter().zip(&b[k]).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "{name}: {k} differs between two runs"
-            );
-        }
-    }
+    same_bits_twice(&LIFTS, &[Precision::Exact]);
 }
 
 /// The lifts at the goal's three shapes, exact and tf32 (the lifted forward's modes; the backward
@@ -161,18 +123,6 @@ fn lifted_backward_timing() {
 #[ignore = "needs a CUDA device"]
 fn lifted_backward_small_case() {
     let Some(_turn) = gpu() else { return };
-    let mut bad = Vec::new();
-    for name in LIFTS {
-        let m: Box<dyn Mixer> = base(name);
-        let (x, dy) = case(m.as_ref(), [1, 70, 2, 5, 12], 8);
-        let (x32, dy32) = (f32_rounded(&x), dy.mapv(|e| f64::from(e as f32)));
-        let want = cpu_grads(m.as_ref(), &x32, &dy32);
-        bad.extend(compare(
-            &format!("{name} f32 small"),
-            &cuda_exact(m.as_ref(), &x32, &dy32, DType::F32),
-            &want,
-            1e-4,
-        ));
-    }
+    let bad = small_case(&LIFTS);
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
