@@ -48,21 +48,18 @@ def context_parallel(name: str, config: Optional[dict] = None, *, group=None,
     ``initial_state`` (``S [B, H, V, K]``, the same on every rank; ``None``: zeros). With
     ``output_final_state`` also the state at the end of this rank's part (the last rank's is the
     sequence's final state). Every rank of the group calls it together."""
-    import torch.distributed as dist
-    from torch.distributed.nn.functional import all_gather
-
     if name not in _BASES + _LIFTS + ("glr",):
         raise NotImplementedError(
             f"context parallelism in PyTorch covers {', '.join(_BASES + _LIFTS)} and glr; `{name}` is not one "
             "of them")
+    if inputs["x" if name == "glr" else "v"].shape[1] == 0:
+        raise ValueError("context parallelism: every rank's part needs at least one token")
     if name in _LIFTS:
         return _lifted(name, config, group, initial_state, output_final_state, inputs)
     if name == "glr":
         return _glr(name, config, group, initial_state, output_final_state, inputs)
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     b, t, h, dk = k.shape
-    if t == 0:
-        raise ValueError("context parallelism: every rank's part needs at least one token")
     work = torch.float64 if v.dtype == torch.float64 else torch.float32
     dv = v.shape[-1]
     zero = torch.zeros(b, h, dv, dk, dtype=work, device=v.device)
@@ -72,16 +69,30 @@ def context_parallel(name: str, config: Optional[dict] = None, *, group=None,
     widened = dict(inputs, v=torch.cat([v, v.new_zeros(b, t, h, dk)], dim=-1))
     local_p = _agreed(lambda: run(name, config, initial_state=torch.cat([zero, eye], dim=2).contiguous(),
                                   output_final_state=True, **widened)[1], group, v.device)
-    # One collective (so that every rank's backward runs the same collectives in the same
-    # order): [L; P] stacked on the state's row axis.
-    gathered = all_gather(local_p, group=group)
-    s = zero if initial_state is None else initial_state.to(work)
+    # [L; P] stacked on the state's row axis.
+    s = _chain(local_p, zero if initial_state is None else initial_state.to(work),
+               lambda s, lp: s @ lp[:, :, dv:] + lp[:, :, :dv], group)
+    return _finish(name, config, s, output_final_state, inputs)
+
+
+def _chain(end, s, step, group):
+    """This rank's start state: the ranks' widened end states ``end`` all-gathered in one
+    collective (so that every rank's backward runs the same collectives in the same order), and
+    the earlier ranks' maps applied to ``s`` in rank order, ``s = step(s, their end)``. Every
+    rank's result depends on the collective (rank 0's adds exact zeros), so that every rank takes
+    part in its backward."""
+    import torch.distributed as dist
+    from torch.distributed.nn.functional import all_gather
+
+    gathered = all_gather(end.contiguous(), group=group)
     for r in range(dist.get_rank(group)):
-        s = s @ gathered[r][:, :, dv:] + gathered[r][:, :, :dv]
-    # Every rank's result depends on the collective (rank 0's adds exact zeros), so that every
-    # rank takes part in its backward.
-    s = s + 0.0 * torch.stack(gathered).sum()
-    y, fin = run(name, config, initial_state=s, output_final_state=True, **inputs)
+        s = step(s, gathered[r])
+    return s + 0.0 * torch.stack(gathered).sum()
+
+
+def _finish(name, config, initial_state, output_final_state, inputs):
+    """This rank's part run from its start state: ``y``, and its end state where asked."""
+    y, fin = run(name, config, initial_state=initial_state, output_final_state=True, **inputs)
     return (y, fin) if output_final_state else y
 
 
@@ -120,15 +131,10 @@ def _glr(name, config, group, initial_state, output_final_state, inputs):
     """:func:`context_parallel` of the GLR (module documentation)."""
     import json
 
-    import torch.distributed as dist
-    from torch.distributed.nn.functional import all_gather
-
     from . import _mixers
 
     x = inputs["x"]
     b, t, c = x.shape
-    if t == 0:
-        raise ValueError("context parallelism: every rank's part needs at least one token")
     work = torch.float64 if x.dtype == torch.float64 else torch.float32
     cfg = json.dumps(config or {}, sort_keys=True)
     shapes = {k: list(v.shape) for k, v in inputs.items()}
@@ -143,33 +149,23 @@ def _glr(name, config, group, initial_state, output_final_state, inputs):
             if live:
                 basis[bi, i, c + i::r] = 1.0
     position = torch.tensor(start, dtype=work, device=x.device)
-    widened = {k: (torch.zeros(*v.shape[:-1], c + c * r, dtype=v.dtype, device=v.device) if k == "x" else
-                   torch.cat([v, v.repeat_interleave(r, dim=-1)], dim=-1)) for k, v in inputs.items()}
-    widened["x"] = torch.cat([x, widened["x"][..., c:]], dim=-1)
+    # Channel C + c·R + i repeats channel c (its input x zero).
+    widened = {k: torch.cat([v, (torch.zeros_like(v) if k == "x" else v).repeat_interleave(r, dim=-1)], dim=-1)
+               for k, v in inputs.items()}
     end = _agreed(lambda: run(name, config, initial_state={stream: basis, "position": position},
                               output_final_state=True, **widened)[1][stream], group, x.device)
-    gathered = all_gather(end.contiguous(), group=group)
-    for q in range(dist.get_rank(group)):
-        local, tr = gathered[q][:, :, :c], gathered[q][:, :, c:].reshape(b, r, c, r)
-        s = torch.einsum("bjci,bic->bjc", tr, s) + local
-    s = s + 0.0 * torch.stack(gathered).sum()
-    y, fin = run(name, config, initial_state={stream: s, "position": position}, output_final_state=True, **inputs)
-    return (y, fin) if output_final_state else y
+    s = _chain(end, s, lambda s, e: torch.einsum("bjci,bic->bjc", e[:, :, c:].reshape(b, r, c, r), s) + e[:, :, :c],
+               group)
+    return _finish(name, config, {stream: s, "position": position}, output_final_state, inputs)
 
 
 def _lifted(name, config, group, initial_state, output_final_state, inputs):
     """:func:`context_parallel` of a lift (module documentation): level states ``S [B, H, L, V, K]``
     and positions ``[B]``."""
-    import torch.distributed as dist
-    from torch.distributed.nn.functional import all_gather
-
     k, v = inputs["k"], inputs["v"]
     b, t, h, dk = k.shape
-    if t == 0:
-        raise ValueError("context parallelism: every rank's part needs at least one token")
     dv, nl = v.shape[-1], inputs["lambda"].shape[-1]
     work = torch.float64 if v.dtype == torch.float64 else torch.float32
-    rank = dist.get_rank(group)
     start = _start_positions(t, b, initial_state, group)
     s = torch.zeros(b, h, nl, dv, dk, dtype=work, device=v.device) if initial_state is None else \
         initial_state["S"].to(work)
@@ -183,10 +179,6 @@ def _lifted(name, config, group, initial_state, output_final_state, inputs):
     widened = dict(inputs, v=torch.cat([v, v.new_zeros(b, t, h, nl * dk)], dim=-1))
     end = _agreed(lambda: run(name, config, initial_state={"S": basis, "position": position},
                               output_final_state=True, **widened)[1]["S"], group, v.device)
-    gathered = all_gather(end.contiguous(), group=group)
-    for r in range(rank):
-        local, tr = gathered[r][:, :, :, :dv], gathered[r][:, :, :, dv:].reshape(b, h, nl, nl, dk, dk)
-        s = torch.einsum("bhivk,bhjikc->bhjvc", s, tr) + local
-    s = s + 0.0 * torch.stack(gathered).sum()
-    y, fin = run(name, config, initial_state={"S": s, "position": position}, output_final_state=True, **inputs)
-    return (y, fin) if output_final_state else y
+    s = _chain(end, s, lambda s, e: torch.einsum("bhivk,bhjikc->bhjvc", s, e[:, :, :, dv:].reshape(b, h, nl, nl, dk, dk))
+               + e[:, :, :, :dv], group)
+    return _finish(name, config, {"S": s, "position": position}, output_final_state, inputs)
