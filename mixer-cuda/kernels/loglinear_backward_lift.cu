@@ -113,10 +113,13 @@ __device__ void llbl_join(const T* R, const double* A, T* U, int Dk, int Dv, int
     const long long base = (long long)bh * llc_popsum(nc);
     double d = 0.0;
     T u = (T)0;
+    long long ps = llc_popsum(mid);  // popsum(i), advanced by popcount(i)
+#pragma unroll 4
     for (int i = mid; i < end; ++i) {
-        const long long slot = base + llc_popsum(i) + __popc((unsigned)i & (unsigned)(half - 1));
+        const long long slot = base + ps + __popc((unsigned)i & (unsigned)(half - 1));
         u = fma((T)mx_exp(d), R[slot * DD + x], u);
         d += A[(long long)bh * nc + i];
+        ps += __popc((unsigned)i);
     }
     U[((long long)bh * llbl_ubase(32, nc) + llbl_ubase(e, nc) + p) * DD + x] = u;
 }
@@ -161,6 +164,7 @@ __device__ void llbl_kv(const T* q, const T* k, const T* v, const T* dy, const T
     __shared__ T Pa[CH * (CH + 1)], Pb[CH * (CH + 1)];
     __shared__ long long lev_ent[32];  // the U entries chunk i reads and their decays
     __shared__ double lev_d[32];
+    __shared__ T lev_w[32];  // e^{d_e}
     __shared__ int nlev_s;
     const LlcChunk c = llc_chunk<CH>(Tn, H);
     const int i = c.i, bh = c.bh, tid = c.tid, tx = c.tx, ty = c.ty, n = c.n;
@@ -172,7 +176,10 @@ __device__ void llbl_kv(const T* q, const T* k, const T* v, const T* dy, const T
     const int D = for_v ? Dv : Dk;  // columns of the output
     const long long DD = (long long)Dk * Dv;
     const T sc = (T)scale;
-    if (tid == 0) nlev_s = llbl_levels(i, bh, nc, A, lev_ent, lev_d);
+    if (tid == 0) {
+        nlev_s = llbl_levels(i, bh, nc, A, lev_ent, lev_d);
+        for (int l = 0; l < nlev_s; ++l) lev_w[l] = (T)mx_exp(lev_d[l]);
+    }
     llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);  // synchronises
     const int nlev = nlev_s;
     // S1 = Q Kᵀ (dv and dλ), S2 = dY Vᵀ (dk and dλ): raw scores, rows t, columns s.
@@ -243,7 +250,7 @@ __device__ void llbl_kv(const T* q, const T* k, const T* v, const T* dy, const T
                 T x = (T)0;
                 if (cc < Dc && d < D) {
                     const long long off = for_v ? (long long)cc * Dv + d : (long long)d * Dv + cc;
-                    for (int l = 0; l < nlev; ++l) x += (T)mx_exp(lev_d[l]) * U[lev_ent[l] * DD + off];
+                    for (int l = 0; l < nlev; ++l) x += lev_w[l] * U[lev_ent[l] * DD + off];
                 }
                 Ys[kk * LLC_LD + dd] = x;
             }
