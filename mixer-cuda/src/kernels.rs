@@ -130,7 +130,22 @@ pub const LOGLINEAR_BACKWARD: KernelSource = kernel!("loglinear_backward");
 
 /// Gated DeltaNet's chunked backward through the WY/UT form: the state passes, forward and
 /// reverse, and the chunk-parallel gradients (`kernels/loglinear_backward_chunked.cu`).
-pub const LOGLINEAR_BACKWARD_CHUNKED: KernelSource = kernel!("loglinear_backward_chunked", LOGLINEAR_COMMON);
+pub const LOGLINEAR_BACKWARD_CHUNKED: KernelSource =
+    kernel!("loglinear_backward_chunked", LOGLINEAR_BACKWARD_COMMON);
+
+/// The lifted gated DeltaNet's chunked backward: `Q̃`, the reverse pass over the chunk-level
+/// Fenwick states, the level terms and the chunk-parallel gradients
+/// (`kernels/loglinear_backward_lift_delta.cu`).
+pub const LOGLINEAR_BACKWARD_LIFT_DELTA: KernelSource =
+    kernel!("loglinear_backward_lift_delta", LOGLINEAR_BACKWARD_COMMON);
+
+/// What the chunked backward kernels share: [`LOGLINEAR_COMMON`], then
+/// `kernels/loglinear_backward_common.cuh` (the FMA chunk products and tile staging).
+pub const LOGLINEAR_BACKWARD_COMMON: &str = concat!(
+    include_str!("../kernels/loglinear_common.cuh"),
+    "\n",
+    include_str!("../kernels/loglinear_backward_common.cuh")
+);
 
 /// The scalar-decay lifts' backward: the reverse sweep over chunks, the chunk-parallel `dk`, `dv`
 /// and `dλ` (`kernels/loglinear_backward_lift.cu`).
@@ -159,6 +174,7 @@ pub const ALL: &[KernelSource] = &[
     LOGLINEAR_BACKWARD,
     LOGLINEAR_BACKWARD_CHUNKED,
     LOGLINEAR_BACKWARD_LIFT,
+    LOGLINEAR_BACKWARD_LIFT_DELTA,
     TENSOR,
 ];
 

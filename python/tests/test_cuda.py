@@ -20,9 +20,9 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 # docs/design.md, precision modes: (relative RMS, max-abs scaled by max(1, max|reference|)).
 TOL = {"exact": (1e-4, 1e-3), "tf32": (5e-3, 5e-2), "bf16": (2e-2, 1e-1)}
-# Mixers with a CUDA `fast` form and backward (the lifted gated DeltaNet has no CUDA backward).
+# Mixers with a CUDA `fast` form and backward.
 MIXERS = ["gated-deltanet", "mamba2", "linear-attention", "attention", "glr", "toeplitz", "loglinear-attention",
-          "loglinear-mamba2"]
+          "loglinear-mamba2", "loglinear-gated-deltanet"]
 SIZES = dict(batch=2, heads=2, dk=16, dv=16, channels=6)
 
 

@@ -1,8 +1,8 @@
 //! The `fast` backward of the base mixers on CUDA (docs/math.md §2.7, docs/gradients.md "GPU"):
 //! the vector–Jacobian products `d_q`, `d_k`, `d_v`, `d_g`, `d_beta` for a cotangent `dy`,
 //! kernels in `kernels/loglinear_backward.cu`; the scalar-decay lifts through
-//! [`super::backward_lift`] (`dg` below, unchanged); the lifted gated DeltaNet is refused
-//! ([`unsupported`]).
+//! [`super::backward_lift`] (`dg` below, unchanged); the lifted gated DeltaNet through
+//! [`super::backward_lift_delta`].
 //!
 //! **Linear attention and Mamba-2, by transposed operators.** Per (batch, head), with
 //! `G_t = Σ_{r≤t} g_r` and `y_t = σ Σ_{s≤t} e^{G_t−G_s} (q_t·k_s) v_s`:
@@ -46,7 +46,7 @@ use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
 use super::common::{FAMILY, view_or_zero};
-use super::{backward_chunked, backward_lift, fast};
+use super::{backward_chunked, backward_lift, backward_lift_delta, fast};
 use crate::forms::input;
 use crate::kernels;
 use crate::pool;
@@ -54,15 +54,10 @@ use crate::runtime::{err, gpu, grid1, int, launch};
 use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
-/// Why the `fast` backward of `ll` does not run on CUDA, or `None`: the lift of gated DeltaNet is
-/// not on CUDA yet, and a lift needs the Fenwick mask (as its `fast` form does).
+/// Why the `fast` backward of `ll` does not run on CUDA, or `None`: a lift needs the Fenwick mask
+/// (as its `fast` form does).
 pub fn unsupported(ll: &LogLinear) -> Option<String> {
     let lift = ll.lift?;
-    if ll.base == Base::GatedDeltaNet {
-        return Some(
-            "the lifted gated DeltaNet's backward is not on CUDA yet (the CPU backend has it)".into(),
-        );
-    }
     (!lift.mask.is_fenwick()).then(|| {
         format!("the fast backward of a lift needs the `fenwick` level mask, not `{}`", lift.mask.name)
     })
@@ -200,6 +195,20 @@ pub fn run_from<F: GpuReal>(
             let (Some(g), Some(beta)) = (g.as_deref(), beta.as_deref()) else {
                 return Err(err(FAMILY, "gated DeltaNet needs `g` and `beta`"));
             };
+            if ll.lift.is_some() {
+                let r =
+                    backward_lift_delta::delta::<F>(ll, x, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv])?;
+                put("q", r.lift.dq);
+                put("k", r.lift.dk);
+                put("v", r.lift.dv);
+                put("lambda", r.lift.dlambda);
+                if let Some(dp) = r.lift.dparam {
+                    put("lambda_param", dp);
+                }
+                put("beta", r.dbeta);
+                put("g", r.dg);
+                return Ok((out, None));
+            }
             let ([dq, dkk, dvv, db, dg], ds0) =
                 backward_chunked::delta(ll, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv], s0, d_final)?;
             put("q", dq);

@@ -162,7 +162,7 @@ pub(crate) fn scalar<F: GpuReal>(
 
 /// The λ scheme's backward: the identity's on the device (`d_lambda = dλ`, no parameter
 /// gradient), any other scheme's on the host with its registered derivative.
-fn lambda_backward<F: GpuReal>(
+pub(crate) fn lambda_backward<F: GpuReal>(
     ll: &LogLinear,
     raw: &DeviceTensor<F>,
     param: Option<&DeviceTensor<F>>,

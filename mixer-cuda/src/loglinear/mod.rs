@@ -42,6 +42,7 @@
 pub mod backward;
 pub mod backward_chunked;
 pub mod backward_lift;
+pub mod backward_lift_delta;
 pub mod common;
 pub mod decoder;
 pub mod fast;

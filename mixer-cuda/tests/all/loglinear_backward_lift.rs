@@ -1,8 +1,8 @@
-//! The `fast` backward of the scalar-decay lifts on CUDA (`loglinear-attention`,
-//! `loglinear-mamba2`) against the CPU backward on the same inputs: every input gradient (`d_q`,
-//! `d_k`, `d_v`, `d_g`, `d_lambda`) in f64 and f32 at sizes that are not chunk multiples, the
-//! softplus scheme with `lambda_param`, the tf32 and bf16 modes on device tensors, vanishing
-//! decays and zero weights, the same bits twice, and a timing. GPU tests are `#[ignore]`d and skip
+//! The `fast` backward of the lifts on CUDA (`loglinear-attention`, `loglinear-mamba2`,
+//! `loglinear-gated-deltanet`) against the CPU backward on the same inputs: every input gradient
+//! (`d_q`, `d_k`, `d_v`, `d_g`, `d_beta`, `d_lambda`) in f64 and f32 at sizes that are not chunk
+//! multiples, the softplus scheme with `lambda_param`, the tf32 and bf16 modes on device tensors,
+//! vanishing decays, gates at 0 and 1 and zero weights, the same bits twice, and a timing. GPU tests are `#[ignore]`d and skip
 //! without a device (fail under `MIXERS_REQUIRE_CUDA=1`).
 
 use mixer_core::{DType, Precision};
@@ -14,7 +14,7 @@ use crate::loglinear_backward::{
     modes_match_the_cpu, same_bits_twice, small_case, time_forward_and_backward,
 };
 
-const LIFTS: [&str; 2] = ["loglinear-attention", "loglinear-mamba2"];
+const LIFTS: [&str; 3] = ["loglinear-attention", "loglinear-mamba2", "loglinear-gated-deltanet"];
 
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -28,18 +28,26 @@ fn lifted_backward_matches_the_cpu_loglinear_mamba2() {
     matches_the_cpu_in_f64_and_f32("loglinear-mamba2");
 }
 
+#[test]
+#[ignore = "needs a CUDA device"]
+fn lifted_backward_matches_the_cpu_loglinear_gated_deltanet() {
+    matches_the_cpu_in_f64_and_f32("loglinear-gated-deltanet");
+}
+
 /// The softplus scheme with a `lambda_param` input (its gradient mapped back on the host), and
 /// more λ levels than the sequence reads.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn lifted_backward_through_the_softplus_scheme_with_a_parameter() {
     let Some(_turn) = gpu() else { return };
-    let m =
-        mixer("loglinear-mamba2", &serde_json::json!({"scale": 0.7, "lambda_scheme": "softplus"})).unwrap();
     let mut bad = Vec::new();
-    for (s, dtype, tol) in
-        [([2, 300, 2, 16, 24], DType::F64, 1e-10), ([1, 1000, 2, 64, 64], DType::F32, 1e-4)]
-    {
+    for (name, s, dtype, tol) in [
+        ("loglinear-mamba2", [2, 300, 2, 16, 24], DType::F64, 1e-10),
+        ("loglinear-mamba2", [1, 1000, 2, 64, 64], DType::F32, 1e-4),
+        ("loglinear-gated-deltanet", [2, 300, 2, 16, 24], DType::F64, 1e-10),
+        ("loglinear-gated-deltanet", [1, 1000, 2, 64, 64], DType::F32, 1e-4),
+    ] {
+        let m = mixer(name, &serde_json::json!({"scale": 0.7, "lambda_scheme": "softplus"})).unwrap();
         let (mut x, dy) = case(m.as_ref(), s, 12);
         let [b, t, h, _, _] = s;
         let l = x["lambda"].shape()[3] + 2;
@@ -53,7 +61,7 @@ fn lifted_backward_through_the_softplus_scheme_with_a_parameter() {
         let want = cpu_grads(m.as_ref(), &x, &dy);
         assert!(want.contains_key("d_lambda_param"), "the CPU gives the parameter's gradient");
         let got = cuda_exact(m.as_ref(), &x, &dy, dtype);
-        bad.extend(compare(&format!("softplus {} {s:?}", dtype.name()), &got, &want, tol));
+        bad.extend(compare(&format!("{name} softplus {} {s:?}", dtype.name()), &got, &want, tol));
     }
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
@@ -66,14 +74,29 @@ fn lifted_backward_in_the_tf32_and_bf16_modes_on_device_tensors() {
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
 
-/// `g = −1e4` on every third token (the past is wiped there) and λ = 0 on a level: finite, and
-/// equal to the CPU's.
+/// `g = −1e4` on every third token (the past is wiped there), λ = 0 on a level and (gated
+/// DeltaNet) β alternating 0 and 1: finite, and equal to the CPU's.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn lifted_backward_is_finite_where_decays_vanish_and_weights_are_zero() {
     let Some(_turn) = gpu() else { return };
-    let m = base("loglinear-mamba2");
+    let mut bad = Vec::new();
+    for name in ["loglinear-mamba2", "loglinear-gated-deltanet"] {
+        bad.extend(vanishing(name));
+    }
+    assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
+}
+
+/// [`lifted_backward_is_finite_where_decays_vanish_and_weights_are_zero`] for one lift: the
+/// failures.
+fn vanishing(name: &str) -> Vec<String> {
+    let m = base(name);
     let (mut x, dy) = case(m.as_ref(), [1, 300, 2, 16, 24], 70);
+    if let Some(beta) = x.get_mut("beta") {
+        for (i, b) in beta.iter_mut().enumerate() {
+            *b = (i % 2) as f64;
+        }
+    }
     for ((_, t, _), g) in
         x.get_mut("g").unwrap().view_mut().into_dimensionality::<ndarray::Ix3>().unwrap().indexed_iter_mut()
     {
@@ -94,9 +117,15 @@ fn lifted_backward_is_finite_where_decays_vanish_and_weights_are_zero() {
         }
     }
     let want = cpu_grads(m.as_ref(), &x, &dy);
-    let mut bad = compare("vanishing f64", &cuda_exact(m.as_ref(), &x, &dy, DType::F64), &want, 1e-10);
-    bad.extend(compare("vanishing f32", &cuda_exact(m.as_ref(), &x, &dy, DType::F32), &want, 1e-4));
-    assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
+    let mut bad =
+        compare(&format!("{name} vanishing f64"), &cuda_exact(m.as_ref(), &x, &dy, DType::F64), &want, 1e-10);
+    bad.extend(compare(
+        &format!("{name} vanishing f32"),
+        &cuda_exact(m.as_ref(), &x, &dy, DType::F32),
+        &want,
+        1e-4,
+    ));
+    bad
 }
 
 #[test]

@@ -1,0 +1,533 @@
+// The lifted gated DeltaNet's chunked backward (docs/math.md §2.9), launched from
+// src/loglinear/backward_lift_delta.rs after the forward's WY step (llc_wy: W, U, T⁻¹ per chunk)
+// and its lifted state pass (llc_delta_h: the level states Z^e entering chunk j at slots
+// popsum(j) + rank, [B·H][slots][Dk][Dv]). Per chunk j of n ≤ CH tokens, with γ, Γ, K̂ = diag(τ) K
+// (τ_r = e^(a − γ_r), a = γ_{n−1}) and P = σ (QKᵀ ⊙ Γ) (lower, diagonal included) as in
+// loglinear_backward_chunked.cu, N = T⁻¹ diag(β), Q̃ = σ diag(e^γ) Q − P W, w_e the λ weights of
+// chunk level e (λ^(c + e), c = log₂ CH) and Λ_rs = λ_r^(bitlen(r ⊕ s)), the forward is
+//   Y = Σ_e diag(w_e) Q̃ Z^e + (Λ ⊙ P N) V   (e over the levels present: bit e − 1 of j),
+//   Z^e ← e^a Z^e − K̂ᵀ W Z^e (present e),   Z^0 = K̂ᵀ U (the chunk's own state).
+// With X^e the adjoints of the level states after chunk j (level 0 and the present ones):
+// - lgl_qt:     Q̃ (chunk-parallel), rows of a [B,T,H,Dk] tensor;
+// - lgl_rev:    the reverse pass over chunks from the last: X^e written per chunk (level 0 first,
+//               then the present levels in ascending order, at slots popsum(j) + j + rank), then
+//               X^e ← e^a X^e − Wᵀ (K̂ X^e) + Q̃ᵀ diag(w_e) dY for the present levels, and the
+//               merge's adjoint: levels 0 … m (m = ctz j) take level m + 1's adjoint;
+// - lgl_levels: chunk-parallel, dQ̃ = Σ_e diag(w_e) dY Z^eᵀ, dλ^(c+e)_r = q̃_r·(dY Z^eᵀ)_r and
+//               Hxz = Σ_e X^e Z^eᵀ ([B·H][NC][Dk][Dk]);
+// - lgl_grad:   chunk-parallel, every input gradient and dλ of the levels inside the chunk (below).
+// Every sum runs in a fixed order (no atomics): the same inputs give the same bits. FMA in T.
+
+#define LGL_NCOL 16  // state columns per block of lgl_rev
+
+// A matrix operand in global or shared memory: entry (i, κ) = p[i·si + κ·sk] for i < ni, 0 from
+// ni on (and for κ ≥ K in lgl_prod).
+template <typename T> struct LglM {
+    const T* p;
+    long long si, sk;
+    int ni;
+};
+
+// A chunk's rows r < n of a [B,T,H,D] tensor from column c0 on: entry (r, κ) = x[(row0 + r·H)·D + c0 + κ].
+template <typename T>
+__device__ inline LglM<T> lgl_rows(const T* x, long long row0, int H, int D, int c0, int n) {
+    return {x + row0 * D + c0, (long long)H * D, 1, n};
+}
+
+// acc[a][b] += Σ_{κ < K} A(ty + 16 a, κ) · B(tx + 16 b, κ), through slices of LLC_KT staged in
+// Xs, Ys [LLC_KT][LLC_LD] (the κ-contiguous operand read along κ). 256 threads; synchronises
+// before and after each slice.
+template <typename T, int RI, int RJ>
+__device__ inline void lgl_prod(T (&acc)[RI][RJ], LglM<T> A, LglM<T> B, int K, T* Xs, T* Ys, int ty, int tx) {
+    for (int k0 = 0; k0 < K; k0 += LLC_KT) {
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < LLC_KT * LLC_NT; idx += 256) {
+            const int ia = A.sk == 1 ? idx / LLC_KT : idx % LLC_NT, ka = A.sk == 1 ? idx % LLC_KT : idx / LLC_NT;
+            const int ib = B.sk == 1 ? idx / LLC_KT : idx % LLC_NT, kb = B.sk == 1 ? idx % LLC_KT : idx / LLC_NT;
+            Xs[ka * LLC_LD + ia] = (ia < A.ni && k0 + ka < K) ? A.p[ia * A.si + (k0 + ka) * A.sk] : (T)0;
+            Ys[kb * LLC_LD + ib] = (ib < B.ni && k0 + kb < K) ? B.p[ib * B.si + (k0 + kb) * B.sk] : (T)0;
+        }
+        __syncthreads();
+        lgb_gemm2<T, RI, RJ>(acc, Xs, LLC_LD, 1, Ys, LLC_LD, 1, min(LLC_KT, K - k0), ty, tx);
+    }
+    __syncthreads();
+}
+
+// The chunk's P = σ (QKᵀ ⊙ Γ) (lower, diagonal included; zero from row n on) into P [CH][CH + 1].
+template <typename T, int CH>
+__device__ inline void lgl_p(T* P, const T* q, const T* k, const double* gam, LlcChunk ck, int H, int Dk, T scale,
+                             T* Xs, T* Ys) {
+    constexpr int RI = CH / 16, LDN = CH + 1;
+    T acc[RI][RI] = {};
+    lgl_prod<T, RI, RI>(acc, lgl_rows(q, ck.row0, H, Dk, 0, ck.n), lgl_rows(k, ck.row0, H, Dk, 0, ck.n), Dk, Xs, Ys,
+                        ck.ty, ck.tx);
+    const int ty = ck.ty, tx = ck.tx;
+    LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+        P[r * LDN + s] = (s <= r && r < ck.n) ? scale * acc[a][bb] * (T)mx_exp(gam[r] - gam[s]) : (T)0;
+    }
+    __syncthreads();
+}
+
+// Q̃ = σ diag(e^γ) Q − P W of chunk blockIdx.x, batch·head blockIdx.y, into qt (rows as q).
+// Dynamic shared memory (lgl_qt_smem on the host): P [CH][CH + 1], the W tile [64][LLC_LD], Xs, Ys.
+template <typename T>
+__device__ void lgl_qt(const T* q, const T* k, const T* g, const T* W, T* qt, int Tn, int H, int Dk, int Dv, T scale) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = Llc<T>::CH, RI = CH / 16, LDN = CH + 1;
+    extern __shared__ __align__(16) unsigned char lgl_smem[];
+    __shared__ double gam[CH], gtmp[1];
+    T* P = reinterpret_cast<T*>(lgl_smem);
+    T* Wt = P + CH * LDN;
+    T *Xs = Wt + LLC_NT * LLC_LD, *Ys = Xs + LLC_KT * LLC_LD;
+    const LlcChunk ck = llc_chunk<CH>(Tn, H);
+    const int ty = ck.ty, tx = ck.tx, n = ck.n;
+    llc_gamma<T, CH>(gam, gtmp, g, 1, ck.row0, H, n);
+    lgl_p<T, CH>(P, q, k, gam, ck, H, Dk, scale, Xs, Ys);
+    for (int d0 = 0; d0 < Dk; d0 += LLC_NT) {
+        __syncthreads();
+        lgb_tile<T, CH>(Wt, W, ck.row0, H, Dk, d0, n, [](int) { return (T)1; });
+        __syncthreads();
+        T acc[RI][4] = {};
+        lgb_gemm2<T, RI, 4>(acc, P, 1, LDN, Wt, LLC_LD, 1, n, ty, tx);
+        LLC_TILE_EACH(RI, 4, a, bb, r, d, 0, d0) {
+            if (r < n && d < Dk) {
+                const long long off = (ck.row0 + (long long)r * H) * Dk + d;
+                qt[off] = fma(scale * (T)mx_exp(gam[r]), q[off], -acc[a][bb]);
+            }
+        }
+    }
+}
+
+// The reverse pass over chunks (module comment) for batch·head blockIdx.x and state columns
+// c0 = LGL_NCOL·blockIdx.y onwards, 256 threads: thread (c = tid mod 16, r0 = tid / 16) keeps
+// column c of rows r0 + 16 u. lam: the mapped weights [B,T,H,L]; E levels (E ≥ 1). Writes the
+// adjoints after every chunk to xs [B·H][popsum(NC) + NC][Dk][Dv]. Dynamic shared memory
+// (lgl_rev_smem on the host): the states [E][Dk][NCOL], the chunk's W, k, Q̃ rows [CH][Dk + 1],
+// dY columns [CH][NCOL], weights [CH][E], K̂ X [CH][NCOL].
+template <typename T>
+__device__ void lgl_rev(const T* k, const T* g, const T* W, const T* qt, const T* dy, const T* lam, T* xs, int Tn,
+                        int H, int Dk, int Dv, int L, int NC, int E) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = Llc<T>::CH, NCOL = LGL_NCOL, NU = CH * NCOL / 256, CB = Llc<T>::CBITS;
+    extern __shared__ __align__(16) unsigned char lgl_smem[];
+    __shared__ double gam[CH], gtmp[1];
+    __shared__ T tau[CH];
+    const int ld = Dk + 1, SD = Dk * NCOL;
+    T* S = reinterpret_cast<T*>(lgl_smem);
+    T* Wb = S + E * SD;
+    T* Kb = Wb + CH * ld;
+    T* Qb = Kb + CH * ld;
+    T* Db = Qb + CH * ld;
+    T* Lb = Db + CH * NCOL;
+    T* V = Lb + CH * E;
+    const int bh = blockIdx.x, b = bh / H, h = bh % H, c0 = blockIdx.y * NCOL, tid = threadIdx.x;
+    const int c = tid % NCOL, r0 = tid / NCOL;
+    for (int i = tid; i < E * SD; i += 256) S[i] = (T)0;
+    const long long xbase = (long long)bh * (llc_popsum(NC) + NC);
+    for (int j = NC - 1; j >= 0; --j) {
+        const int n = min(CH, Tn - j * CH);
+        const long long row0 = ((long long)b * Tn + (long long)j * CH) * H + h;
+        __syncthreads();
+        for (int idx = tid; idx < CH * Dk; idx += 256) {
+            const int r = idx / Dk, d = idx % Dk;
+            const long long off = (row0 + (long long)r * H) * Dk + d;
+            Wb[r * ld + d] = r < n ? W[off] : (T)0;
+            Kb[r * ld + d] = r < n ? k[off] : (T)0;
+            Qb[r * ld + d] = r < n ? qt[off] : (T)0;
+        }
+        for (int idx = tid; idx < CH * NCOL; idx += 256) {
+            const int r = idx / NCOL, cc = c0 + idx % NCOL;
+            Db[idx] = (r < n && cc < Dv) ? dy[(row0 + (long long)r * H) * Dv + cc] : (T)0;
+        }
+        for (int idx = tid; idx < CH * E; idx += 256) {
+            const int r = idx / E, e = idx % E;
+            Lb[idx] = (r < n && e >= 1 && CB + e < L) ? lam[(row0 + (long long)r * H) * L + CB + e] : (T)0;
+        }
+        const double x = llc_prefix<CH>(tid < n ? (double)g[row0 + (long long)tid * H] : 0.0, gtmp);
+        if (tid < CH) gam[tid] = x;
+        __syncthreads();
+        const double a = gam[n - 1];
+        if (tid < CH) tau[tid] = tid < n ? (T)mx_exp(a - gam[tid]) : (T)0;
+        // The adjoints after chunk j: level 0, then the present levels.
+        {
+            long long slot = xbase + llc_popsum(j) + j;
+            for (int e = 0; e < E; ++e) {
+                if (e >= 1 && !((j >> (e - 1)) & 1)) continue;
+                T* xj = xs + slot * Dk * Dv;
+                for (int i = tid; i < SD; i += 256)
+                    if (c0 + i % NCOL < Dv) xj[(long long)(i / NCOL) * Dv + c0 + i % NCOL] = S[e * SD + i];
+                ++slot;
+            }
+        }
+        __syncthreads();
+        const T ea = (T)mx_exp(a);
+        for (int e = 1; e < E; ++e) {
+            if (!((j >> (e - 1)) & 1)) continue;
+            T* Se = S + e * SD;
+            {
+                T acc[NU] = {};
+                for (int d = 0; d < Dk; ++d) {
+                    const T sv = Se[d * NCOL + c];
+#pragma unroll
+                    for (int u = 0; u < NU; ++u) acc[u] = fma(Kb[(r0 + 16 * u) * ld + d], sv, acc[u]);
+                }
+#pragma unroll
+                for (int u = 0; u < NU; ++u) V[(r0 + 16 * u) * NCOL + c] = tau[r0 + 16 * u] * acc[u];
+            }
+            __syncthreads();
+            for (int d = r0; d < Dk; d += 16) {
+                T acc = ea * Se[d * NCOL + c];
+                for (int r = 0; r < n; ++r) {
+                    acc = fma(-Wb[r * ld + d], V[r * NCOL + c], acc);
+                    acc = fma(Qb[r * ld + d], Lb[r * E + e] * Db[r * NCOL + c], acc);
+                }
+                Se[d * NCOL + c] = acc;
+            }
+            __syncthreads();
+        }
+        // The merge's adjoint: levels 0 … m take level m + 1's, which is empty before chunk j.
+        if (j >= 1) {
+            const int m = __ffs(j) - 1;
+            for (int i = tid; i < SD; i += 256) {
+                const T v = S[(m + 1) * SD + i];
+                for (int e = 0; e <= m; ++e) S[e * SD + i] = v;
+                S[(m + 1) * SD + i] = (T)0;
+            }
+        }
+    }
+}
+
+// The level terms of chunk blockIdx.x, batch·head blockIdx.y (module comment): dQ̃ into dqt (rows
+// as q), dλ of the chunk levels into dlam (columns c + e), Hxz into hxz [B·H][NC][Dk][Dk]. zs: the
+// forward's level states (slots popsum(j) + rank), xs: lgl_rev's adjoints. Dynamic shared memory
+// (lgl_levels_smem on the host): Xs, Ys, the row sums [CH][E].
+template <typename T>
+__device__ void lgl_levels(const T* dy, const T* qt, const T* lam, const T* zs, const T* xs, T* dqt, T* dlam, T* hxz,
+                           int Tn, int H, int Dk, int Dv, int L, int NC, int E) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = Llc<T>::CH, RI = CH / 16, CB = Llc<T>::CBITS;
+    extern __shared__ __align__(16) unsigned char lgl_smem[];
+    T* Xs = reinterpret_cast<T*>(lgl_smem);
+    T* Ys = Xs + LLC_KT * LLC_LD;
+    T* DL = Ys + LLC_KT * LLC_LD;
+    const LlcChunk ck = llc_chunk<CH>(Tn, H);
+    const int ty = ck.ty, tx = ck.tx, n = ck.n, j = ck.i;
+    const long long DD = (long long)Dk * Dv;
+    const long long zbase = ((long long)ck.bh * llc_popsum(NC) + llc_popsum(j)) * DD;
+    const long long xbase = ((long long)ck.bh * (llc_popsum(NC) + NC) + llc_popsum(j) + j) * DD;
+    for (int i = ck.tid; i < CH * E; i += 256) DL[i] = (T)0;
+    for (int d0 = 0; d0 < Dk; d0 += LLC_NT) {
+        T dq[RI][4] = {};
+        int rank = 0;
+        for (int e = 1; e < E; ++e) {
+            if (!((j >> (e - 1)) & 1)) continue;
+            T dz[RI][4] = {};
+            const LglM<T> Z = {zs + zbase + rank * DD + (long long)d0 * Dv, Dv, 1, Dk - d0};
+            lgl_prod<T, RI, 4>(dz, lgl_rows(dy, ck.row0, H, Dv, 0, n), Z, Dv, Xs, Ys, ty, tx);
+            T part[RI] = {};
+            LLC_TILE_EACH(RI, 4, a, bb, r, d, 0, d0) {
+                if (r < n && d < Dk) {
+                    const long long row = ck.row0 + (long long)r * H;
+                    dq[a][bb] = fma(lam[row * L + CB + e], dz[a][bb], dq[a][bb]);
+                    part[a] = fma(qt[row * Dk + d], dz[a][bb], part[a]);
+                }
+            }
+#pragma unroll
+            for (int a = 0; a < RI; ++a) {
+                const T x = lgb_row_sum(part[a]);
+                if (tx == 0) DL[(ty + 16 * a) * E + e] += x;
+            }
+            ++rank;
+        }
+        LLC_TILE_EACH(RI, 4, a, bb, r, d, 0, d0) {
+            if (r < n && d < Dk) dqt[(ck.row0 + (long long)r * H) * Dk + d] = dq[a][bb];
+        }
+    }
+    __syncthreads();
+    for (int i = ck.tid; i < CH * E; i += 256) {
+        const int r = i / E, e = i % E;
+        if (r < n && e >= 1 && ((j >> (e - 1)) & 1)) dlam[(ck.row0 + (long long)r * H) * L + CB + e] = DL[i];
+    }
+    T* hj = hxz + ((long long)ck.bh * NC + j) * Dk * Dk;
+    for (int r0 = 0; r0 < Dk; r0 += LLC_NT)
+        for (int d0 = 0; d0 < Dk; d0 += LLC_NT) {
+            T acc[4][4] = {};
+            int rank = 0;
+            for (int e = 1; e < E; ++e) {
+                if (!((j >> (e - 1)) & 1)) continue;
+                const LglM<T> X = {xs + xbase + (rank + 1) * DD + (long long)r0 * Dv, Dv, 1, Dk - r0};
+                const LglM<T> Z = {zs + zbase + rank * DD + (long long)d0 * Dv, Dv, 1, Dk - d0};
+                lgl_prod<T, 4, 4>(acc, X, Z, Dv, Xs, Ys, ty, tx);
+                ++rank;
+            }
+            LLC_TILE_EACH(4, 4, a, bb, r, d, r0, d0) {
+                if (r < Dk && d < Dk) hj[(long long)r * Dk + d] = acc[a][bb];
+            }
+        }
+}
+
+// Dynamic shared memory of lgl_grad, in T entries (the host's lgl_grad_smem agrees): six [CH][CH + 1]
+// matrices, four tiles [64][LLC_LD] and the slices Xs, Ys [LLC_KT][LLC_LD].
+template <typename T> struct LglGrad {
+    static constexpr int CH = Llc<T>::CH, LDN = CH + 1, NN = CH * LDN, WT = LLC_NT * LLC_LD, SL = LLC_KT * LLC_LD;
+    static constexpr int TOTAL = 6 * NN + 4 * WT + 2 * SL;
+};
+
+// Every input gradient of chunk blockIdx.x, batch·head blockIdx.y (docs/math.md §2.9), and dλ of
+// the levels inside the chunk (0 … c), from T⁻¹ (ti [B·H][NC][CH][CH]), W and U (the forward's WY
+// step), Q̃-side terms dQ̃ (dqt) and Hxz (hxz) of lgl_levels, and X^0 (level 0's adjoint after the
+// chunk, xs). dk is written twice (the second pass adds (F + Fᵀ) K). 256 threads as a 16 × 16 grid:
+// 1. P, N = T⁻¹ diag(β), A = P N, G = dY Vᵀ; dA = Λ ⊙ G (lower), dλ^(ℓ)_r += Σ_s A_rs G_rs over
+//    the s with bitlen(r ⊕ s) = ℓ;
+// 2. per 64 value columns: dU = K̂ X^0, dv = (Λ ⊙ A)ᵀ dY + Nᵀ dU, dN += dU Vᵀ; then dN += Pᵀ dA;
+//    β̄_s += Σ_r dN_rs T⁻¹_rs; dP = dA Nᵀ − dQ̃ Wᵀ, F_P = σ dP ⊙ Γ (lower);
+// 3. per 64 key columns: dW = −K̂ Hxz − Pᵀ dQ̃, ω = T⁻ᵀ dW, dK̂ = −W Hxzᵀ + U X^0ᵀ,
+//    dq = F_P K + σ diag(e^γ) dQ̃, dk = F_Pᵀ Q + diag(β e^γ) ω + diag(τ) dK̂, and
+//    dT⁻¹ += dW Kᵀ diag(β e^γ), with the row dots for γ̄ and β̄;
+// 4. dT⁻¹ += dN diag(β); dT = −T⁻ᵀ dT⁻¹ T⁻ᵀ (strict lower), F = dT ⊙ diag(β) Γ, β̄_r += Σ_s dT_rs
+//    Γ_rs (KKᵀ)_rs, the decay terms F_P ⊙ QKᵀ + F ⊙ KKᵀ (+ at r, − at s);
+// 5. per 64 key columns dk += (F + Fᵀ) K; γ̄_{n−1} += e^a tr Hxz + Σ_r τ_r k_r·dK̂_r, dg = the
+//    reverse cumulative sum of γ̄ inside the chunk, dβ.
+template <typename T>
+__device__ void lgl_grad(const T* q, const T* k, const T* v, const T* g, const T* beta, const T* dy, const T* lam,
+                         const T* ti, const T* W, const T* U, const T* dqt, const T* hxz, const T* xs, T* dq, T* dk,
+                         T* dv, T* db, T* dg, T* dlam, int Tn, int H, int Dk, int Dv, int L, int NC, T scale) {
+    LLC_FIX_DIMS(Dk, Dv);
+    using G = LglGrad<T>;
+    constexpr int CH = G::CH, RI = CH / 16, LDN = G::LDN, LD = LLC_LD;
+    extern __shared__ __align__(16) unsigned char lgl_smem[];
+    T* sm = reinterpret_cast<T*>(lgl_smem);
+    T *Ti = sm, *P = Ti + G::NN, *N = P + G::NN, *M1 = N + G::NN, *M2 = M1 + G::NN, *M3 = M2 + G::NN;
+    T *T1 = M3 + G::NN, *T2 = T1 + G::WT, *T3 = T2 + G::WT, *T4 = T3 + G::WT;
+    T *Xs = T4 + G::WT, *Ys = Xs + G::SL;
+    __shared__ double gam[CH], gtmp[1], dgs[CH];
+    __shared__ T bet[CH], eg[CH], tau[CH], rq[CH], rk[CH], rkh[CH], rdb[CH], rdt[CH];
+    const LlcChunk ck = llc_chunk<CH>(Tn, H);
+    const int ty = ck.ty, tx = ck.tx, tid = ck.tid, n = ck.n;
+    const long long row0 = ck.row0;
+    const long long nbase = (long long)ck.bh * NC + ck.i;
+    const T* x0 = xs + ((long long)ck.bh * (llc_popsum(NC) + NC) + llc_popsum(ck.i) + ck.i) * Dk * Dv;
+    const T* hj = hxz + nbase * Dk * Dk;
+    llc_gamma<T, CH>(gam, gtmp, g, 1, row0, H, n);
+    if (tid < CH) {
+        const bool in = tid < n;
+        bet[tid] = in ? beta[row0 + (long long)tid * H] : (T)0;
+        eg[tid] = in ? (T)mx_exp(gam[tid]) : (T)0;
+        tau[tid] = in ? (T)mx_exp(gam[n - 1] - gam[tid]) : (T)0;
+    }
+    const T* tij = ti + nbase * CH * CH;
+    __syncthreads();
+    for (int idx = tid; idx < CH * CH; idx += 256) {
+        const int r = idx / CH, s = idx % CH;
+        const T t = (r < n && s < n) ? tij[idx] : (T)0;
+        Ti[r * LDN + s] = t;
+        N[r * LDN + s] = t * bet[s];
+    }
+    // 1. P, A = P N, G = dY Vᵀ, dA = Λ ⊙ G into M2, Λ ⊙ A into M1, dλ of the levels inside the chunk.
+    lgl_p<T, CH>(P, q, k, gam, ck, H, Dk, scale, Xs, Ys);
+    {
+        T am[RI][RI] = {}, gm[RI][RI] = {};
+        lgb_gemm2<T, RI, RI>(am, P, 1, LDN, N, LDN, 1, n, ty, tx);
+        lgl_prod<T, RI, RI>(gm, lgl_rows(dy, row0, H, Dv, 0, n), lgl_rows(v, row0, H, Dv, 0, n), Dv, Xs, Ys, ty, tx);
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+            const bool low = r < n && s <= r;
+            const T lw = low ? lam[(row0 + (long long)r * H) * L + llc_bitlen((unsigned)(r ^ s))] : (T)0;
+            M1[r * LDN + s] = lw * am[a][bb];
+            M2[r * LDN + s] = lw * gm[a][bb];
+            M3[r * LDN + s] = low ? am[a][bb] * gm[a][bb] : (T)0;
+        }
+        __syncthreads();
+        if (tid < n) {
+            T lev[Llc<T>::CBITS + 1] = {};
+            for (int s = 0; s <= tid; ++s) lev[llc_bitlen((unsigned)(tid ^ s))] += M3[tid * LDN + s];
+            for (int l = 0; l <= Llc<T>::CBITS && l < L; ++l) dlam[(row0 + (long long)tid * H) * L + l] = lev[l];
+        }
+    }
+    // 2. The values side: dU = K̂ X^0 (T1), dv, dN in registers.
+    T dn[RI][RI] = {};
+    for (int c0 = 0; c0 < Dv; c0 += LLC_NT) {
+        T du[RI][4] = {};
+        const LglM<T> X0 = {x0 + c0, 1, Dv, Dv - c0};
+        lgl_prod<T, RI, 4>(du, lgl_rows(k, row0, H, Dk, 0, n), X0, Dk, Xs, Ys, ty, tx);
+        LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, 0) { T1[r * LD + c] = tau[r] * du[a][bb]; }
+        lgb_tile<T, CH>(T2, dy, row0, H, Dv, c0, n, [](int) { return (T)1; });
+        for (int idx = tid; idx < CH * LLC_NT; idx += 256) {
+            const int r = idx / LLC_NT, c = idx % LLC_NT;
+            T3[c * LD + r] = (r < n && c0 + c < Dv) ? v[(row0 + (long long)r * H) * Dv + c0 + c] : (T)0;
+        }
+        __syncthreads();
+        T dvv[RI][4] = {};
+        lgb_gemm2<T, RI, 4>(dvv, M1, LDN, 1, T2, LD, 1, n, ty, tx);
+        lgb_gemm2<T, RI, 4>(dvv, N, LDN, 1, T1, LD, 1, n, ty, tx);
+        LLC_TILE_EACH(RI, 4, a, bb, s, c, 0, c0) {
+            if (s < n && c < Dv) dv[(row0 + (long long)s * H) * Dv + c] = dvv[a][bb];
+        }
+        lgb_gemm2<T, RI, RI>(dn, T1, 1, LD, T3, LD, 1, min(LLC_NT, Dv - c0), ty, tx);
+        __syncthreads();
+    }
+    lgb_gemm2<T, RI, RI>(dn, P, LDN, 1, M2, LDN, 1, n, ty, tx);
+    {
+        // dP = dA Nᵀ − dQ̃ Wᵀ; F_P = σ dP ⊙ Γ (lower) into M1 (Λ ⊙ A is no longer read);
+        // dN ⊙ T⁻¹ into M3 for β̄, dN diag(β) kept in dn.
+        T dp[RI][RI] = {}, qw[RI][RI] = {};
+        lgb_gemm2<T, RI, RI>(dp, M2, 1, LDN, N, 1, LDN, n, ty, tx);
+        lgl_prod<T, RI, RI>(qw, lgl_rows(dqt, row0, H, Dk, 0, n), lgl_rows(W, row0, H, Dk, 0, n), Dk, Xs, Ys, ty, tx);
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+            const bool low = r < n && s <= r;
+            M1[r * LDN + s] = low ? scale * (dp[a][bb] - qw[a][bb]) * (T)mx_exp(gam[r] - gam[s]) : (T)0;
+            M3[r * LDN + s] = dn[a][bb] * Ti[r * LDN + s];
+            dn[a][bb] *= bet[s];
+        }
+        __syncthreads();
+        if (tid < CH) {
+            T x = (T)0;
+            for (int r = 0; r < n; ++r) x += M3[r * LDN + tid];
+            rdb[tid] = x;
+        }
+    }
+    // 3. The keys side: dW (T1), ω = T⁻ᵀ dW, dK̂, dq, the first dk; dT⁻¹ += dW Kᵀ diag(β e^γ).
+    T dti[RI][RI] = {};
+    T pq[RI] = {}, pk[RI] = {}, pkh[RI] = {};
+    for (int d0 = 0; d0 < Dk; d0 += LLC_NT) {
+        T kh[RI][4] = {}, wh[RI][4] = {};
+        const LglM<T> Hc = {hj + d0, 1, Dk, Dk - d0}, Hr = {hj + (long long)d0 * Dk, Dk, 1, Dk - d0};
+        lgl_prod<T, RI, 4>(kh, lgl_rows(k, row0, H, Dk, 0, n), Hc, Dk, Xs, Ys, ty, tx);
+        lgl_prod<T, RI, 4>(wh, lgl_rows(W, row0, H, Dk, 0, n), Hr, Dk, Xs, Ys, ty, tx);
+        const LglM<T> X0r = {x0 + (long long)d0 * Dv, Dv, 1, Dk - d0};
+        T ux[RI][4] = {};
+        lgl_prod<T, RI, 4>(ux, lgl_rows(U, row0, H, Dv, 0, n), X0r, Dv, Xs, Ys, ty, tx);
+        lgb_tile<T, CH>(T2, dqt, row0, H, Dk, d0, n, [](int) { return (T)1; });
+        lgb_tile<T, CH>(T3, k, row0, H, Dk, d0, n, [](int) { return (T)1; });
+        lgb_tile<T, CH>(T4, q, row0, H, Dk, d0, n, [](int) { return (T)1; });
+        __syncthreads();
+        T ptq[RI][4] = {};
+        lgb_gemm2<T, RI, 4>(ptq, P, LDN, 1, T2, LD, 1, n, ty, tx);
+        LLC_TILE_EACH(RI, 4, a, bb, r, d, 0, 0) { T1[r * LD + d] = -tau[r] * kh[a][bb] - ptq[a][bb]; }
+        __syncthreads();
+        T om[RI][4] = {}, fq[RI][4] = {}, fk[RI][4] = {};
+        lgb_gemm2<T, RI, 4>(om, Ti, LDN, 1, T1, LD, 1, n, ty, tx);
+        lgb_gemm2<T, RI, 4>(fq, M1, 1, LDN, T3, LD, 1, n, ty, tx);
+        lgb_gemm2<T, RI, 4>(fk, M1, LDN, 1, T4, LD, 1, n, ty, tx);
+        lgb_gemm2<T, RI, RI>(dti, T1, 1, LD, T3, 1, LD, min(LLC_NT, Dk - d0), ty, tx);
+        LLC_TILE_EACH(RI, 4, a, bb, r, d, 0, 0) {
+            if (r < n && d0 + d < Dk) {
+                const long long off = (row0 + (long long)r * H) * Dk + d0 + d;
+                const T dqv = T2[r * LD + d], kv = T3[r * LD + d], qv = T4[r * LD + d];
+                const T dkh = ux[a][bb] - wh[a][bb];
+                const T sq = scale * eg[r];
+                dq[off] = fma(sq, dqv, fq[a][bb]);
+                dk[off] = fk[a][bb] + bet[r] * eg[r] * om[a][bb] + tau[r] * dkh;
+                pq[a] = fma(qv, sq * dqv, pq[a]);
+                pk[a] = fma(kv, om[a][bb], pk[a]);
+                pkh[a] = fma(kv, tau[r] * dkh, pkh[a]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int a = 0; a < RI; ++a) {
+        const T x1 = lgb_row_sum(pq[a]), x2 = lgb_row_sum(pk[a]), x3 = lgb_row_sum(pkh[a]);
+        if (tx == 0) {
+            const int r = ty + 16 * a;
+            rq[r] = x1, rk[r] = x2, rkh[r] = x3;
+        }
+    }
+    // 4. dT⁻¹ (M2) = dN diag(β) + dW Kᵀ diag(β e^γ); M3 = dT⁻¹ T⁻ᵀ; dT = −T⁻ᵀ M3.
+    LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) { M2[r * LDN + s] = fma(dti[a][bb], bet[s] * eg[s], dn[a][bb]); }
+    __syncthreads();
+    {
+        T m3[RI][RI] = {};
+        lgb_gemm2<T, RI, RI>(m3, M2, 1, LDN, Ti, 1, LDN, n, ty, tx);
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) { M3[r * LDN + s] = m3[a][bb]; }
+    }
+    __syncthreads();
+    {
+        T dt[RI][RI] = {}, qk[RI][RI] = {}, kk[RI][RI] = {};
+        lgb_gemm2<T, RI, RI>(dt, Ti, LDN, 1, M3, LDN, 1, n, ty, tx);
+        lgl_prod<T, RI, RI>(qk, lgl_rows(q, row0, H, Dk, 0, n), lgl_rows(k, row0, H, Dk, 0, n), Dk, Xs, Ys, ty, tx);
+        lgl_prod<T, RI, RI>(kk, lgl_rows(k, row0, H, Dk, 0, n), lgl_rows(k, row0, H, Dk, 0, n), Dk, Xs, Ys, ty, tx);
+        // F + Fᵀ into M2, the decay terms into M3 (both read no more as dT⁻¹ and dT⁻¹ T⁻ᵀ).
+        T dbr[RI] = {};
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
+            const bool strict = r < n && s < r;
+            const T gm = strict ? (T)mx_exp(gam[r] - gam[s]) : (T)0;
+            const T d = strict ? -dt[a][bb] : (T)0;
+            const T f = d * bet[r] * gm;
+            dbr[a] = fma(d * gm, kk[a][bb], dbr[a]);
+            M2[r * LDN + s] = f;  // F (strict lower); Fᵀ added below
+            M3[r * LDN + s] = strict ? fma(M1[r * LDN + s], qk[a][bb], f * kk[a][bb]) : (T)0;
+        }
+#pragma unroll
+        for (int a = 0; a < RI; ++a) {
+            const T x = lgb_row_sum(dbr[a]);
+            if (tx == 0) rdt[ty + 16 * a] = x;
+        }
+    }
+    __syncthreads();
+    {
+        // F + Fᵀ: each thread reads its entries' mirror before any thread writes.
+        T fs[RI][RI];
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) { fs[a][bb] = M2[r * LDN + s] + M2[s * LDN + r]; }
+        __syncthreads();
+        LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) { M2[r * LDN + s] = fs[a][bb]; }
+    }
+    if (tid < CH) {
+        double x = 0.0;
+        for (int s = 0; s < CH; ++s) x += (double)M3[tid * LDN + s];
+        for (int r = 0; r < CH; ++r) x -= (double)M3[r * LDN + tid];
+        dgs[tid] = x;
+    }
+    __syncthreads();
+    // 5. dk += (F + Fᵀ) K.
+    for (int d0 = 0; d0 < Dk; d0 += LLC_NT) {
+        lgb_tile<T, CH>(T3, k, row0, H, Dk, d0, n, [](int) { return (T)1; });
+        __syncthreads();
+        T fk[RI][4] = {};
+        lgb_gemm2<T, RI, 4>(fk, M2, 1, LDN, T3, LD, 1, n, ty, tx);
+        LLC_TILE_EACH(RI, 4, a, bb, r, d, 0, d0) {
+            if (r < n && d < Dk) dk[(row0 + (long long)r * H) * Dk + d] += fk[a][bb];
+        }
+        __syncthreads();
+    }
+    if (tid == 0) {
+        double tr = 0.0;
+        for (int d = 0; d < Dk; ++d) tr += (double)hj[(long long)d * Dk + d];
+        double last = mx_exp(gam[n - 1]) * tr;
+        for (int r = 0; r < n; ++r) last += (double)rkh[r];
+        double acc = 0.0;
+        for (int r = n - 1; r >= 0; --r) {
+            acc += dgs[r] + (double)rq[r] + (double)(bet[r] * eg[r] * rk[r]) - (double)rkh[r] +
+                   (r == n - 1 ? last : 0.0);
+            const long long row = row0 + (long long)r * H;
+            dg[row] = (T)acc;
+            db[row] = rdb[r] + eg[r] * rk[r] + rdt[r];
+        }
+    }
+}
+
+#define LGL_EXPORT(T, S)                                                                                          \
+    extern "C" __global__ void lgl_qt_##S(const T* q, const T* k, const T* g, const T* W, T* qt, int Tn, int H,     \
+                                          int Dk, int Dv, T scale) {                                            \
+        lgl_qt<T>(q, k, g, W, qt, Tn, H, Dk, Dv, scale);                                                        \
+    }                                                                                                           \
+    extern "C" __global__ void lgl_rev_##S(const T* k, const T* g, const T* W, const T* qt, const T* dy,         \
+                                           const T* lam, T* xs, int Tn, int H, int Dk, int Dv, int L, int NC,      \
+                                           int E) {                                                             \
+        lgl_rev<T>(k, g, W, qt, dy, lam, xs, Tn, H, Dk, Dv, L, NC, E);                                          \
+    }                                                                                                           \
+    extern "C" __global__ void lgl_levels_##S(const T* dy, const T* qt, const T* lam, const T* zs, const T* xs,  \
+                                              T* dqt, T* dlam, T* hxz, int Tn, int H, int Dk, int Dv, int L,     \
+                                              int NC, int E) {                                                  \
+        lgl_levels<T>(dy, qt, lam, zs, xs, dqt, dlam, hxz, Tn, H, Dk, Dv, L, NC, E);                            \
+    }                                                                                                           \
+    extern "C" __global__ void lgl_grad_##S(const T* q, const T* k, const T* v, const T* g, const T* beta,       \
+                                            const T* dy, const T* lam, const T* ti, const T* W, const T* U,      \
+                                            const T* dqt, const T* hxz, const T* xs, T* dq, T* dk, T* dv, T* db, \
+                                            T* dg, T* dlam, int Tn, int H, int Dk, int Dv, int L, int NC,         \
+                                            T scale) {                                                          \
+        lgl_grad<T>(q, k, v, g, beta, dy, lam, ti, W, U, dqt, hxz, xs, dq, dk, dv, db, dg, dlam, Tn, H, Dk, Dv, L, \
+                    NC, scale);                                                                                  \
+    }
+
+LGL_EXPORT(float, f32)
+LGL_EXPORT(double, f64)

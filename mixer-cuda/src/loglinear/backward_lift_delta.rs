@@ -1,0 +1,245 @@
+//! The `fast` backward of the lifted gated DeltaNet (`loglinear-gated-deltanet`) on CUDA
+//! (docs/math.md §2.9; kernels in `kernels/loglinear_backward_lift_delta.cu`). Per chunk `j` of
+//! `n ≤ C` tokens, with the WY/UT pieces of gated DeltaNet's chunked backward
+//! ([`super::backward_chunked`]: `γ`, `Γ`, `T⁻¹`, `W`, `U`, `K̂ = diag(e^(a − γ)) K`,
+//! `P = σ (QKᵀ ⊙ Γ)`), `N = T⁻¹ diag(β)`, `Q̃ = σ diag(e^γ) Q − P W`, `w_e` the λ weights of chunk
+//! level `e` and `Λ_rs = λ_r^(bitlen(r ⊕ s))`, the forward is
+//! `Y = Σ_e diag(w_e) Q̃ Z^e + (Λ ⊙ P N) V` over the levels `e` present at chunk `j`, each taken
+//! through the chunk as `Z^e ← e^a Z^e − K̂ᵀ W Z^e`, and the chunk's own state `Z^0 = K̂ᵀ U`.
+//! The backward:
+//! - the forward's WY step and its lifted state pass (the level states `Z^e` entering every
+//!   chunk, the slots the forward's output step reads), exact kernels;
+//! - `Q̃` per chunk (`lgl_qt`), then one reverse pass over chunks (`lgl_rev`) for the adjoints
+//!   `X^e` of the level states after every chunk: the forward's transition transposed,
+//!   `X^e ← e^a X^e − Wᵀ (K̂ X^e) + Q̃ᵀ diag(w_e) dY`, and the merge's adjoint (levels `0 … m`,
+//!   `m = ctz j`, take level `m + 1`'s);
+//! - per chunk, the level terms summed over the levels (`lgl_levels`): `dQ̃ = Σ_e diag(w_e) dY Z^eᵀ`,
+//!   `Hxz = Σ_e X^e Z^eᵀ` and `dλ^(c+e)_r = q̃_r·(dY Z^eᵀ)_r`;
+//! - per chunk, every input gradient (`lgl_grad`) from those, `X^0`, `T⁻¹`, `W` and `U`: the
+//!   level-independent remainder of gated DeltaNet's chunk backward (docs/math.md §2.9).
+//!
+//! Memory besides the gradients, in `D_k × D_v` states per (batch, head): the forward's level
+//! states (`Σ_{j < T/C} popcount(j)`, about `(T/C) log₂(T/C) / 2`), the adjoints (that plus
+//! `T/C`), `Hxz` (`T/C` matrices of `D_k × D_k`), plus `T⁻¹`, `W`, `U`, `Q̃`, `dQ̃` and the mapped λ.
+//! Every mode runs the same FMA kernels in the element type of the call (f32 in the tf32 and bf16
+//! modes, on activations converted to f32), as gated DeltaNet's backward does. Every sum runs in a
+//! fixed order, so the same inputs give the same bits. The λ scheme's backward is the scalar
+//! lifts' ([`super::backward_lift::lambda_backward`]).
+
+use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::{Error, Precision, Result};
+
+use super::backward_lift::{LiftGrads, lambda_backward};
+use super::common::{
+    Device, Elem, FAMILY, Launch, Shape, Step, Storage, check_sizes, fixed_dims, kernel_ints,
+};
+use super::state_pass::{self, PassData, StatePass};
+use super::{fast, wy};
+use crate::forms::input_opt;
+use crate::kernels;
+use crate::pool;
+use crate::runtime::{err, gpu, int, launch, max_dynamic_smem};
+use crate::tensor::{DeviceTensor, DeviceTensors, GpuReal};
+
+/// State columns per block of `lgl_rev` (`LGL_NCOL` in the kernel file).
+const NCOL: usize = 16;
+/// `LLC_LD`, `LLC_KT`, `LLC_NT` of `loglinear_common.cuh`.
+const LD: usize = 65;
+const KT: usize = 16;
+const NT: usize = 64;
+
+/// Dynamic shared memory of `lgl_qt` (bytes): `P [C][C + 1]`, the `W` tile `[64][65]`, two slices
+/// `[16][65]`.
+pub(crate) fn qt_smem(elem: Elem) -> usize {
+    let ch = elem.chunk();
+    (ch * (ch + 1) + NT * LD + 2 * KT * LD) * elem.bytes()
+}
+
+/// Dynamic shared memory of `lgl_rev` (bytes) with `e` levels: the adjoints `[e][Dk][16]`, the
+/// chunk's `W`, `k`, `Q̃` rows `[C][Dk + 1]`, `dY` columns and `K̂ X` `[C][16]`, weights `[C][e]`.
+pub(crate) fn rev_smem(elem: Elem, dk: usize, e: usize) -> usize {
+    let ch = elem.chunk();
+    (e * dk * NCOL + 3 * ch * (dk + 1) + 2 * ch * NCOL + ch * e) * elem.bytes()
+}
+
+/// Dynamic shared memory of `lgl_levels` (bytes) with `e` levels: two slices `[16][65]` and the
+/// row sums `[C][e]`.
+pub(crate) fn levels_smem(elem: Elem, e: usize) -> usize {
+    (2 * KT * LD + elem.chunk() * e) * elem.bytes()
+}
+
+/// Dynamic shared memory of `lgl_grad` (bytes; `LglGrad<T>` in the kernel): six `[C][C + 1]`
+/// matrices, four tiles `[64][65]`, two slices `[16][65]`.
+pub(crate) fn grad_smem(elem: Elem) -> usize {
+    let ch = elem.chunk();
+    (6 * ch * (ch + 1) + 4 * NT * LD + 2 * KT * LD) * elem.bytes()
+}
+
+/// The launches of this module's kernels for `s` with `e` chunk levels, in order: `lgl_qt`,
+/// `lgl_rev`, `lgl_levels`, `lgl_grad`.
+pub(crate) fn launches(s: Shape, elem: Elem, e: usize) -> [Launch; 4] {
+    let (nc, bh, sfx) = (s.chunks(elem.chunk()), s.bh(), elem.suffix());
+    let on = |name: &str, grid: [usize; 3], smem: usize| {
+        Launch::new(
+            Step::Backward,
+            &kernels::LOGLINEAR_BACKWARD_LIFT_DELTA,
+            format!("{name}_{sfx}"),
+            fixed_dims(s),
+        )
+        .on(grid, 256, smem)
+        .opted_in(true)
+    };
+    [
+        on("lgl_qt", [nc, bh, 1], qt_smem(elem)),
+        on("lgl_rev", [bh, s.dv.div_ceil(NCOL), 1], rev_smem(elem, s.dk, e)),
+        on("lgl_levels", [nc, bh, 1], levels_smem(elem, e)),
+        on("lgl_grad", [nc, bh, 1], grad_smem(elem)),
+    ]
+}
+
+/// The gradients of [`delta`]: the lift's, plus `dg` and `dβ` `[B, T, H]`.
+pub(crate) struct LiftDeltaGrads<F: GpuReal> {
+    pub lift: LiftGrads<F>,
+    pub dg: DeviceTensor<F>,
+    pub dbeta: DeviceTensor<F>,
+}
+
+/// The backward of the lifted gated DeltaNet (module documentation) on the inputs `x` (for λ)
+/// with `[q, k, v, g, β, dy]` as `F`, of `[B, T, H, Dk, Dv]` (nothing empty).
+pub(crate) fn delta<F: GpuReal>(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    [q, k, v, g, beta, dy]: [&DeviceTensor<F>; 6],
+    dims: [usize; 5],
+) -> Result<LiftDeltaGrads<F>> {
+    let [b, t, h, dk, dv] = dims;
+    let raw = crate::forms::input::<F>(x, "lambda")?;
+    if raw.shape().len() != 4 || raw.shape()[..3] != [b, t, h] {
+        return Err(Error::shape("lambda", format!("[{b}, {t}, {h}, L]"), format!("{:?}", raw.shape())));
+    }
+    let param = input_opt::<F>(x, "lambda_param")?;
+    let (lam, n_lam) = fast::mapped_lambda::<F>(ll, x, t)?;
+    let s = Shape::new(dims);
+    let elem = Elem::of::<F>();
+    let (ch, nc, bh) = (elem.chunk(), s.chunks(elem.chunk()), s.bh());
+    let levels = state_pass::levels(elem, true, t);
+    let slots = state_pass::slots(true, nc);
+    // The forward's level states, the adjoints (one more per chunk) and Hxz (Dk × Dk per chunk).
+    check_sizes(s, elem, 2 * slots + nc + nc * dk.div_ceil(dv.max(1)))?;
+    let device = Device::current();
+    let pass = state_pass::select(s, Precision::Exact, Storage::Real(elem), true, device);
+    let plan = launches(s, elem, levels);
+    let smem = max_dynamic_smem();
+    let too_large = |what: &str, need: usize| {
+        err(
+            FAMILY,
+            format!(
+                "the lifted gated DeltaNet's CUDA backward needs {need} bytes of shared memory for {what} \
+                 (Dk = {dk}, {levels} chunk levels at T = {t}); the device allows {smem}"
+            ),
+        )
+    };
+    if pass == StatePass::Sequential {
+        return Err(too_large("the forward's level states", state_pass::delta_h_smem(elem, dk, levels)));
+    }
+    for l in &plan {
+        if l.shared_mem > smem {
+            return Err(too_large(&format!("`{}`", l.function), l.shared_mem));
+        }
+    }
+    let [ti, hi, dki, dvi, nci, _] = kernel_ints([t, h, dk, dv, nc, bh])?;
+    let (li, ei) = (int(FAMILY, "L", n_lam)?, int(FAMILY, "levels", levels)?);
+    let (qv, kv, vv, gv, bv, dyv) = (q.view(), k.view(), v.view(), g.view(), beta.view(), dy.view());
+    let lv = lam.view();
+
+    // The forward's WY step and level states.
+    let mut w = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut u = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut tinv = pool::take::<F>(FAMILY, bh * nc * ch * ch)?;
+    wy::run(
+        &wy::launch(s, elem, Precision::Exact),
+        [&kv, &vv],
+        (&gv, 1),
+        &bv,
+        [&mut w, &mut u],
+        (&mut tinv, true),
+        s,
+    )?;
+    let mut zs = pool::take::<F>(FAMILY, (bh * slots * dk * dv).max(1))?;
+    {
+        let zero = pool::zeros::<F>(FAMILY, 1)?;
+        let mut vn = pool::take::<F>(FAMILY, 1)?;
+        let s0 = zero.slice(0..1);
+        let data =
+            PassData { k: &kv, g: (&gv, 1), w: &w, u: &u, vn: &mut vn, hs: &mut zs, s0: (&s0, 0), fin: None };
+        state_pass::run(
+            pass,
+            &state_pass::launches(pass, s, elem, Precision::Exact, true),
+            data,
+            s,
+            elem,
+            true,
+        )?;
+    }
+
+    let gp = gpu()?;
+    let [l_qt, l_rev, l_levels, l_grad] = &plan;
+    let scale = F::of(ll.scale);
+    let mut qt = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let (f, cfg) = l_qt.function()?;
+    launch!(gp, FAMILY, f, cfg; &qv, &kv, &gv, &*w, &mut *qt, &ti, &hi, &dki, &dvi, &scale)?;
+    let mut xs = pool::take::<F>(FAMILY, bh * (slots + nc) * dk * dv)?;
+    let (f, cfg) = l_rev.function()?;
+    launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*qt, &dyv, &lv, &mut *xs, &ti, &hi, &dki, &dvi, &li, &nci, &ei)?;
+    let mut dqt = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut hxz = pool::take::<F>(FAMILY, bh * nc * dk * dk)?;
+    let mut d_lam = pool::zeros::<F>(FAMILY, b * t * h * n_lam)?;
+    let (f, cfg) = l_levels.function()?;
+    launch!(gp, FAMILY, f, cfg; &dyv, &*qt, &lv, &*zs, &*xs, &mut *dqt, &mut *d_lam, &mut *hxz,
+        &ti, &hi, &dki, &dvi, &li, &nci, &ei)?;
+    drop((zs, qt));
+    let mut d_q = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut d_k = pool::take::<F>(FAMILY, b * t * h * dk)?;
+    let mut d_v = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut d_b = pool::take::<F>(FAMILY, b * t * h)?;
+    let mut d_g = pool::take::<F>(FAMILY, b * t * h)?;
+    let (f, cfg) = l_grad.function()?;
+    launch!(gp, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &lv, &*tinv, &*w, &*u, &*dqt, &*hxz, &*xs,
+        &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &mut *d_lam, &ti, &hi, &dki, &dvi, &li, &nci, &scale)?;
+    let dlam = DeviceTensor::from_pooled(d_lam, &[b, t, h, n_lam])?;
+    let (dlambda, dparam) = lambda_backward(ll, &raw, param.as_deref(), dlam)?;
+    Ok(LiftDeltaGrads {
+        lift: LiftGrads {
+            dq: DeviceTensor::from_pooled(d_q, &[b, t, h, dk])?,
+            dk: DeviceTensor::from_pooled(d_k, &[b, t, h, dk])?,
+            dv: DeviceTensor::from_pooled(d_v, &[b, t, h, dv])?,
+            dlambda,
+            dparam,
+        },
+        dg: DeviceTensor::from_pooled(d_g, &[b, t, h])?,
+        dbeta: DeviceTensor::from_pooled(d_b, &[b, t, h])?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The launches cover the chunks and value columns, and the shared memory follows the kernels'
+    /// layouts (f32: `C = 64`; f64: `C = 32`).
+    #[test]
+    fn the_launches_cover_the_chunks_and_columns() {
+        let s = Shape::new([2, 1000, 3, 64, 40]);
+        let [qt, rev, lv, grad] = launches(s, Elem::F32, 5);
+        assert_eq!(qt.grid, [16, 6, 1]);
+        assert_eq!(rev.grid, [6, 3, 1]);
+        assert_eq!(lv.grid, [16, 6, 1]);
+        assert_eq!(grad.grid, [16, 6, 1]);
+        assert_eq!(qt.shared_mem, (64 * 65 + 64 * 65 + 2 * 16 * 65) * 4);
+        assert_eq!(rev.shared_mem, (5 * 64 * 16 + 3 * 64 * 65 + 2 * 64 * 16 + 64 * 5) * 4);
+        assert_eq!(lv.shared_mem, (2 * 16 * 65 + 64 * 5) * 4);
+        assert_eq!(grad.shared_mem, (6 * 64 * 65 + 4 * 64 * 65 + 2 * 16 * 65) * 4);
+        assert_eq!(grad_smem(Elem::F64), (6 * 32 * 33 + 4 * 64 * 65 + 2 * 16 * 65) * 8);
+        assert!(grad_smem(Elem::F64) <= 227 << 10, "lgl_grad in f64 fits an H100/H200 block");
+    }
+}
