@@ -437,6 +437,288 @@ mod tests {
         (out, xa)
     }
 
+    /// Gradients `dq, dk, dv, dg, dβ, dλ` of one head of the lifted gated DeltaNet (λ weights
+    /// `lam [T × L]`) by the aggregated chunk recipe planned for its CUDA backward, chunks of `ch`
+    /// (a power of two): the forward's level states `Z^e` entering each chunk, a reverse level
+    /// pass (the transition transposed, sources `Q̃ᵀ diag(w_e) dY`, the merge's adjoint copying
+    /// level `m + 1`'s adjoint to levels `0 … m`), then per chunk the level-dependent terms summed
+    /// into `dQ̃ = Σ_e diag(w_e) dY Z^eᵀ` and `Hxz = Σ_e X^e Z^eᵀ` and everything else as without
+    /// the lift, with the intra-chunk part `(Λ ⊙ P T⁻¹ diag(β)) V`.
+    fn lifted_recipe(x: &HeadIn, lam: &Array2<f64>, sigma: f64, ch: usize) -> [Array2<f64>; 6] {
+        use mixer_core::fenwick::bitlen;
+        let (t, dk, dv, nl) = (x.q.nrows(), x.q.ncols(), x.v.ncols(), lam.ncols());
+        let cb = ch.trailing_zeros() as usize;
+        let nc = t.div_ceil(ch);
+        let span = |j: usize| (j * ch, ch.min(t - j * ch));
+        let wys: Vec<Wy> = (0..nc).map(|j| wy(x, span(j).0, span(j).1)).collect();
+        let present = |j: usize| (1..=bitlen(j)).filter(move |e| (j >> (e - 1)) & 1 == 1);
+        let pmat = |j: usize| {
+            let (i0, n) = span(j);
+            let c = &wys[j];
+            let qk = x.q.slice(s![i0..i0 + n, ..]).dot(&x.k.slice(s![i0..i0 + n, ..]).t());
+            Array2::from_shape_fn((n, n), |(r, s2)| {
+                if s2 <= r { sigma * qk[(r, s2)] * (c.gam[r] - c.gam[s2]).exp() } else { 0.0 }
+            })
+        };
+        let qtil = |j: usize, p: &Array2<f64>| {
+            let (i0, n) = span(j);
+            let c = &wys[j];
+            let mut qe = x.q.slice(s![i0..i0 + n, ..]).to_owned();
+            for r in 0..n {
+                qe.row_mut(r).mapv_inplace(|e| e * sigma * c.gam[r].exp());
+            }
+            qe - p.dot(&c.w)
+        };
+        let weighted = |j: usize, e: usize, a: &Array2<f64>| {
+            let (i0, _) = span(j);
+            let mut a = a.clone();
+            for (r, mut row) in a.rows_mut().into_iter().enumerate() {
+                row.mapv_inplace(|v| v * lam[(i0 + r, cb + e)]);
+            }
+            a
+        };
+        // Forward: the level states entering every chunk (after the merge).
+        let zero = || Array2::<f64>::zeros((dk, dv));
+        let mut levels: Vec<Array2<f64>> = vec![zero(); 40];
+        let mut zs: Vec<Vec<(usize, Array2<f64>)>> = Vec::new();
+        for (j, c) in wys.iter().enumerate() {
+            let (i0, n) = span(j);
+            if j >= 1 {
+                let m = j.trailing_zeros() as usize;
+                let sum = (0..=m).fold(zero(), |a, e| a + &levels[e]);
+                for l in levels.iter_mut().take(m + 1) {
+                    *l = zero();
+                }
+                levels[m + 1] = sum;
+            }
+            zs.push(present(j).map(|e| (e, levels[e].clone())).collect());
+            let kh = khat(x, i0, c);
+            for e in present(j) {
+                let z = &levels[e];
+                levels[e] = z * c.gam[n - 1].exp() - kh.t().dot(&c.w.dot(z));
+            }
+            levels[0] = kh.t().dot(&c.u);
+        }
+        // Reverse level pass: the adjoints after each chunk (levels 0 and the present ones).
+        let mut after: Vec<Array2<f64>> = vec![zero(); 40];
+        let mut xs: Vec<Vec<Array2<f64>>> = vec![Vec::new(); nc];
+        for j in (0..nc).rev() {
+            let (i0, n) = span(j);
+            let c = &wys[j];
+            let kh = khat(x, i0, c);
+            let dyc = x.dy.slice(s![i0..i0 + n, ..]).to_owned();
+            let qt = qtil(j, &pmat(j));
+            xs[j] = after.clone();
+            let mut entering = vec![zero(); 40];
+            for e in present(j) {
+                let xa = &after[e];
+                entering[e] =
+                    qt.t().dot(&weighted(j, e, &dyc)) + xa * c.gam[n - 1].exp() - c.w.t().dot(&kh.dot(xa));
+            }
+            after = vec![zero(); 40];
+            if j >= 1 {
+                let m = j.trailing_zeros() as usize;
+                for l in after.iter_mut().take(m + 1) {
+                    *l = entering[m + 1].clone();
+                }
+                for e in present(j).filter(|&e| e > m + 1) {
+                    after[e] = entering[e].clone();
+                }
+            }
+        }
+        // Per chunk, every gradient.
+        let mut out = [
+            Array2::zeros((t, dk)),
+            Array2::zeros((t, dk)),
+            Array2::zeros((t, dv)),
+            Array2::zeros((t, 1)),
+            Array2::zeros((t, 1)),
+            Array2::zeros((t, nl)),
+        ];
+        for (j, c) in wys.iter().enumerate() {
+            let (i0, n) = span(j);
+            let qc = x.q.slice(s![i0..i0 + n, ..]);
+            let kc = x.k.slice(s![i0..i0 + n, ..]);
+            let vc = x.v.slice(s![i0..i0 + n, ..]);
+            let dyc = x.dy.slice(s![i0..i0 + n, ..]).to_owned();
+            let beta = &x.beta[i0..i0 + n];
+            let gm = |r: usize, s2: usize| (c.gam[r] - c.gam[s2]).exp();
+            let eg: Vec<f64> = c.gam.iter().map(|g| g.exp()).collect();
+            let ea = eg[n - 1];
+            let p = pmat(j);
+            let qt = qtil(j, &p);
+            let kh = khat(x, i0, c);
+            let (mut dqt, mut hxz) = (Array2::<f64>::zeros((n, dk)), Array2::<f64>::zeros((dk, dk)));
+            for (e, z) in &zs[j] {
+                let dz = dyc.dot(&z.t());
+                dqt = dqt + weighted(j, *e, &dz);
+                hxz = hxz + xs[j][*e].dot(&z.t());
+                for r in 0..n {
+                    out[5][(i0 + r, cb + e)] = qt.row(r).dot(&dz.row(r));
+                }
+            }
+            let x0 = &xs[j][0];
+            let dkh = -c.w.dot(&hxz.t()) + c.u.dot(&x0.t());
+            let dw = -kh.dot(&hxz) - p.t().dot(&dqt);
+            let du = kh.dot(x0);
+            let mut da = ea * (0..dk).map(|i| hxz[(i, i)]).sum::<f64>();
+            // Intra-chunk: A = P N, N = T⁻¹ diag(β); Y += (Λ ⊙ A) V.
+            let nmat = Array2::from_shape_fn((n, n), |(r, s2)| c.ti[(r, s2)] * beta[s2]);
+            let amat = p.dot(&nmat);
+            let gmat = dyc.dot(&vc.t());
+            let lv = |r: usize, s2: usize| lam[(i0 + r, bitlen((i0 + r) ^ (i0 + s2)))];
+            let la = Array2::from_shape_fn(
+                (n, n),
+                |(r, s2)| if s2 <= r { lv(r, s2) * amat[(r, s2)] } else { 0.0 },
+            );
+            let da_m = Array2::from_shape_fn(
+                (n, n),
+                |(r, s2)| if s2 <= r { lv(r, s2) * gmat[(r, s2)] } else { 0.0 },
+            );
+            for r in 0..n {
+                for s2 in 0..=r {
+                    out[5][(i0 + r, bitlen((i0 + r) ^ (i0 + s2)))] += amat[(r, s2)] * gmat[(r, s2)];
+                }
+            }
+            let dvv = la.t().dot(&dyc) + nmat.t().dot(&du);
+            let dp = da_m.dot(&nmat.t()) - dqt.dot(&c.w.t());
+            let dn = p.t().dot(&da_m) + du.dot(&vc.t());
+            let mut dbeta = vec![0.0; n];
+            let mut dgam = vec![0.0; n];
+            let mut dq = Array2::<f64>::zeros((n, dk));
+            let mut dkk = Array2::<f64>::zeros((n, dk));
+            // N = T⁻¹ diag(β), W = T⁻¹ diag(β e^γ) K.
+            let mut dti = Array2::from_shape_fn((n, n), |(r, s2)| dn[(r, s2)] * beta[s2]);
+            for r in 0..n {
+                for s2 in 0..n {
+                    dbeta[s2] += dn[(r, s2)] * c.ti[(r, s2)];
+                }
+            }
+            let tdw = c.ti.t().dot(&dw);
+            for r in 0..n {
+                let kd = kc.row(r).dot(&tdw.row(r));
+                dbeta[r] += eg[r] * kd;
+                dgam[r] += beta[r] * eg[r] * kd;
+                dkk.row_mut(r).scaled_add(beta[r] * eg[r], &tdw.row(r));
+                for s2 in 0..n {
+                    dti[(r, s2)] += dw.row(r).dot(&kc.row(s2)) * beta[s2] * eg[s2];
+                }
+            }
+            // T⁻¹ → T (strict lower), then T = I + strict(diag(β)(KKᵀ ⊙ Γ)).
+            let dt = -c.ti.t().dot(&dti).dot(&c.ti.t());
+            let kk = kc.dot(&kc.t());
+            for r in 0..n {
+                for s2 in 0..r {
+                    let g = dt[(r, s2)];
+                    dbeta[r] += g * kk[(r, s2)] * gm(r, s2);
+                    let f = g * beta[r] * gm(r, s2);
+                    let kr = kc.row(r).to_owned();
+                    dkk.row_mut(r).scaled_add(f, &kc.row(s2));
+                    dkk.row_mut(s2).scaled_add(f, &kr);
+                    dgam[r] += f * kk[(r, s2)];
+                    dgam[s2] -= f * kk[(r, s2)];
+                }
+            }
+            // P = σ QKᵀ ⊙ Γ (lower, diagonal included).
+            for r in 0..n {
+                for s2 in 0..=r {
+                    let f = sigma * dp[(r, s2)] * gm(r, s2);
+                    dq.row_mut(r).scaled_add(f, &kc.row(s2));
+                    dkk.row_mut(s2).scaled_add(f, &qc.row(r));
+                    let pq = f * qc.row(r).dot(&kc.row(s2));
+                    dgam[r] += pq;
+                    dgam[s2] -= pq;
+                }
+            }
+            // Q̃'s σ e^γ Q and K̂ = diag(e^(a − γ)) K.
+            for r in 0..n {
+                let a = sigma * eg[r];
+                dq.row_mut(r).scaled_add(a, &dqt.row(r));
+                dgam[r] += a * qc.row(r).dot(&dqt.row(r));
+                let tl = (c.gam[n - 1] - c.gam[r]).exp();
+                dkk.row_mut(r).scaled_add(tl, &dkh.row(r));
+                let kd = tl * kc.row(r).dot(&dkh.row(r));
+                dgam[r] -= kd;
+                da += kd;
+            }
+            dgam[n - 1] += da;
+            let mut acc = 0.0;
+            for r in (0..n).rev() {
+                acc += dgam[r];
+                out[0].row_mut(i0 + r).assign(&dq.row(r));
+                out[1].row_mut(i0 + r).assign(&dkk.row(r));
+                out[2].row_mut(i0 + r).assign(&dvv.row(r));
+                out[3][(i0 + r, 0)] = acc;
+                out[4][(i0 + r, 0)] = dbeta[r];
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_lifted_chunk_recipe_on_the_cpu_is_the_cpu_backward() {
+        let boxed =
+            mixer_registry::mixer("loglinear-gated-deltanet", &serde_json::json!({"scale": 0.8})).unwrap();
+        for ((b, t, h, dk, dv), ch, strong) in [
+            ((1, 37, 2, 5, 3), 4, false),
+            ((1, 45, 1, 3, 4), 8, false),
+            ((2, 1, 1, 2, 3), 4, false),
+            ((1, 64, 1, 4, 4), 8, false),
+            ((1, 41, 1, 3, 5), 4, true),
+        ] {
+            let dims = [("B", b), ("T", t), ("H", h), ("Dk", dk), ("Dv", dv)].into_iter().collect();
+            let mut x = boxed.random_inputs(&dims, 7).unwrap();
+            if strong {
+                // Decays that wipe the state, gates at 0 and 1, a zero level weight.
+                for (i, g) in x.get_mut("g").unwrap().iter_mut().enumerate() {
+                    if i % 3 == 1 {
+                        *g = -1e4;
+                    }
+                }
+                for (i, e) in x.get_mut("beta").unwrap().iter_mut().enumerate() {
+                    *e = (i % 2) as f64;
+                }
+                for (i, l) in x.get_mut("lambda").unwrap().iter_mut().enumerate() {
+                    if i % 5 == 3 {
+                        *l = 0.0;
+                    }
+                }
+            }
+            let dy = x["v"].mapv(|e| (3.0 * e + 0.2).sin());
+            let want = super::super::backward::cpu_backward(boxed.as_ref(), &x, &dy);
+            let names = ["d_q", "d_k", "d_v", "d_g", "d_beta", "d_lambda"];
+            let mut got: Vec<ArrayD<f64>> = names.iter().map(|k| ArrayD::zeros(want[*k].raw_dim())).collect();
+            for bi in 0..b {
+                for hi in 0..h {
+                    let seq = |a: &ArrayD<f64>| a.index_axis(Axis(0), bi).index_axis(Axis(1), hi).to_owned();
+                    let m2 = |a: &ArrayD<f64>| seq(a).into_dimensionality::<ndarray::Ix2>().unwrap();
+                    let v1 = |a: &ArrayD<f64>| seq(a).iter().copied().collect::<Vec<_>>();
+                    let hd = HeadIn {
+                        q: m2(&x["q"]),
+                        k: m2(&x["k"]),
+                        v: m2(&x["v"]),
+                        dy: m2(&dy),
+                        g: v1(&x["g"]),
+                        beta: v1(&x["beta"]),
+                    };
+                    let r = lifted_recipe(&hd, &m2(&x["lambda"]), 0.8, ch);
+                    for (o, a) in got.iter_mut().zip(&r) {
+                        let mut dst = o.index_axis_mut(Axis(0), bi);
+                        let mut dst = dst.index_axis_mut(Axis(1), hi);
+                        for (d, e) in dst.iter_mut().zip(a.iter()) {
+                            *d = *e;
+                        }
+                    }
+                }
+            }
+            for (k, a) in names.iter().zip(&got) {
+                let w = &want[*k];
+                let e = (a - w).mapv(|e| e * e).sum().sqrt() / w.mapv(|e| e * e).sum().sqrt().max(1.0);
+                assert!(e < 1e-10, "{:?} chunk {ch} strong {strong} {k}: error {e:.3e}", (b, t, h, dk, dv));
+            }
+        }
+    }
+
     /// The CPU's backward of gated DeltaNet from `s0` with `d_final` (`None`: the plain backward),
     /// every input gradient and `S̄_0` (empty without `s0`).
     fn cpu_grads(
