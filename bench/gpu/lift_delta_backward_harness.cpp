@@ -1,11 +1,12 @@
 // CPU harness for mixer-cuda/kernels/loglinear_backward_lift_delta.cu (the lifted gated DeltaNet's
-// chunked backward: lgl_qt, lgl_rev, lgl_levels, lgl_grad) through cpu_cuda.h, against central
+// chunked backward: lgl_fwd, lgl_qt, lgl_rev, lgl_levels, lgl_grad) through cpu_cuda.h, against central
 // finite differences of an independent forward in f64, the pairwise form of docs/math.md §2.6:
 //   y_t = σ Σ_{s ≤ t} λ_t^(bitlen(t ⊕ s)) β_s (k_sᵀ A_{s+1} ⋯ A_t q_t) v_s,
 //   A_r = e^{g_r} (I − β_r k_r k_rᵀ),
 // for every entry of q, k, v, g, β and λ (f64; every 11th entry in f32). W, U and T⁻¹ (llc_wy's
-// outputs, gdn_case.h) and the level states entering the chunks (llc_delta_h's with the lift) come
-// from plain loops here. Run from the repository root:
+// outputs, gdn_case.h) come from plain loops here, and lgl_fwd's level states are checked against
+// plain loops too; the passes run with their states in shared memory and in global memory
+// (alternating cases). Run from the repository root:
 //   sed -e 's/extern __shared__ __align__(16) unsigned char lgl_smem\[\];/unsigned char* lgl_smem = g_dyn;/' \
 //     -e 's/asm volatile(.*);/;/' mixer-cuda/kernels/loglinear_backward_common.cuh \
 //     mixer-cuda/kernels/loglinear_backward_lift_delta.cu > /tmp/lgl.cu &&
@@ -42,7 +43,7 @@ template <typename T> std::vector<double> forward(const Case<T>& c) {
 }
 
 // The kernels' launches as src/loglinear/backward_lift_delta.rs makes them.
-template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c) {
+template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c, bool global, int& fails) {
     constexpr int CH = Llc<T>::CH;
     const int B = c.B, Tn = c.Tn, H = c.H, Dk = c.Dk, Dv = c.Dv, BH = B * H, NC = (Tn + CH - 1) / CH, L = c.L;
     const int E = bitlen(NC - 1) + 1;
@@ -53,7 +54,7 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c)
     ll pop = 0;
     for (int j = 0; j < NC; ++j) pop += __builtin_popcount(j);
     const ll DD = (ll)Dk * Dv;
-    std::vector<T> zs(std::max<ll>(1, BH * pop * DD));
+    std::vector<double> zl(std::max<ll>(1, BH * pop * DD));
     for (int bh = 0; bh < BH; ++bh) {
         const int b = bh / H, h = bh % H;
         std::vector<std::vector<double>> S(E, std::vector<double>(DD, 0.0));
@@ -75,7 +76,7 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c)
             auto kh = [&](int r, int d) { return tau[r] * (double)c.k[c.row(b, i0 + r, h) * Dk + d]; };
             for (int e = 1; e < E; ++e) {
                 if (!((j >> (e - 1)) & 1)) continue;
-                for (ll i = 0; i < DD; ++i) zs[(bh * pop + slot) * DD + i] = (T)S[e][i];
+                for (ll i = 0; i < DD; ++i) zl[(bh * pop + slot) * DD + i] = S[e][i];
                 ++slot;
                 // S ← e^a S − K̂ᵀ (W S)
                 std::vector<double> ws((size_t)n * Dv, 0.0), ns(DD);
@@ -103,10 +104,20 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c)
     std::vector<T> qt(nk), dqt(nk), xs(std::max<ll>(1, BH * (pop + NC) * DD)), hxz((size_t)BH * NC * Dk * Dk);
     std::vector<T> dq(nk), dk(nk), dv(nv), db(nt), dg(nt), dlam(nt * L, (T)0);
     const T scale = (T)c.sigma;
+    const int ncb = (Dv + LGL_NCOL - 1) / LGL_NCOL;
+    std::vector<T> gst(global ? (size_t)BH * ncb * E * Dk * LGL_NCOL : 0), zs(zl.size());
+    T* gp = global ? gst.data() : nullptr;
+    launch(BH, ncb, [&] { lgl_pass<T, false>(c.k.data(), c.g.data(), W.data(), nullptr, U.data(), nullptr, zs.data(), gp, global, Tn, H, Dk, Dv, 0, NC, E); });
+    {
+        const double e = rel(std::vector<double>(zs.begin(), zs.end()), zl);
+        const bool ok = e <= (sizeof(T) == 8 ? 1e-10 : 1e-5);
+        fails += !ok;
+        std::printf("%s level states of lgl_fwd (%s memory) rel=%.2e\n", ok ? "ok  " : "FAIL", global ? "global" : "shared", e);
+    }
     launch(NC, BH, [&] { lgl_qt<T>(c.q.data(), c.k.data(), c.g.data(), W.data(), qt.data(), Tn, H, Dk, Dv, scale); });
-    launch(BH, (Dv + LGL_NCOL - 1) / LGL_NCOL, [&] {
-        lgl_rev<T>(c.k.data(), c.g.data(), W.data(), qt.data(), c.dy.data(), c.lam.data(), xs.data(), Tn, H, Dk, Dv,
-                   L, NC, E);
+    launch(BH, ncb, [&] {
+        lgl_pass<T, true>(c.k.data(), c.g.data(), W.data(), qt.data(), c.dy.data(), c.lam.data(), xs.data(), gp, global, Tn, H,
+                          Dk, Dv, L, NC, E);
     });
     launch(NC, BH, [&] {
         lgl_levels<T>(c.dy.data(), qt.data(), c.lam.data(), zs.data(), xs.data(), dqt.data(), dlam.data(), hxz.data(),
@@ -122,13 +133,14 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c)
 }
 
 template <typename T>
-int run(int B, int Tn, int H, int Dk, int Dv, bool strong, double tol, int every) {
+int run(int B, int Tn, int H, int Dk, int Dv, bool strong, double tol, int every, bool global) {
     Case<T> c = make<T>(B, Tn, H, Dk, Dv, 2000u + Tn * 7 + Dk, strong);
     c.L = bitlen(Tn - 1) + 2;  // one level more than T tokens read (never read: its gradient is 0)
     std::mt19937_64 rng(77 + Tn);
     std::uniform_real_distribution<double> u01(0, 1);
     for (size_t i = 0; i < (size_t)B * Tn * H * c.L; ++i) c.lam.push_back((T)(strong && i % 5 == 3 ? 0.0 : 0.2 + u01(rng)));
-    const auto got = kernels(c);
+    int fails = 0;
+    const auto got = kernels(c, global, fails);
     // The finite differences on the inputs as doubles (steps below f32's spacing in f32 runs).
     auto dbl = [](const std::vector<T>& x) { return std::vector<double>(x.begin(), x.end()); };
     Case<double> cd{B, Tn, H, Dk, Dv, c.sigma, dbl(c.q), dbl(c.k), dbl(c.v), dbl(c.g), dbl(c.beta), dbl(c.dy), c.L,
@@ -141,7 +153,6 @@ int run(int B, int Tn, int H, int Dk, int Dv, bool strong, double tol, int every
         for (size_t i = 0; i < y.size(); ++i) l += y[i] * cd.dy[i];
         return l;
     };
-    int fails = 0;
     for (int w = 0; w < 6; ++w) {
         std::vector<double> fd, an;
         bool finite = true;
@@ -171,14 +182,14 @@ int run(int B, int Tn, int H, int Dk, int Dv, bool strong, double tol, int every
 
 int main() {
     int fails = 0;
-    fails += run<double>(1, 1, 1, 3, 4, false, 1e-7, 1);
-    fails += run<double>(1, 150, 1, 5, 6, false, 1e-7, 1);
-    fails += run<double>(2, 97, 2, 4, 3, false, 1e-7, 1);
-    fails += run<double>(1, 161, 1, 6, 5, true, 1e-7, 1);
-    fails += run<double>(1, 75, 1, 70, 17, false, 1e-7, 3);
+    fails += run<double>(1, 1, 1, 3, 4, false, 1e-7, 1, false);
+    fails += run<double>(1, 150, 1, 5, 6, false, 1e-7, 1, true);
+    fails += run<double>(2, 97, 2, 4, 3, false, 1e-7, 1, false);
+    fails += run<double>(1, 161, 1, 6, 5, true, 1e-7, 1, true);
+    fails += run<double>(1, 75, 1, 70, 17, false, 1e-7, 3, false);
     // f32 kernels against finite differences of the f64 forward on the same (f32) inputs.
-    fails += run<float>(1, 300, 1, 8, 6, false, 1e-4, 11);
-    fails += run<float>(1, 200, 1, 66, 20, false, 1e-4, 11);
+    fails += run<float>(1, 300, 1, 8, 6, false, 1e-4, 11, true);
+    fails += run<float>(1, 200, 1, 66, 20, false, 1e-4, 11, false);
     std::printf(fails ? "%d FAILED\n" : "all passed\n", fails);
     return fails != 0;
 }

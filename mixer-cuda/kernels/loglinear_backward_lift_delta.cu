@@ -1,24 +1,27 @@
 // The lifted gated DeltaNet's chunked backward (docs/math.md §2.9), launched from
-// src/loglinear/backward_lift_delta.rs after the forward's WY step (llc_wy: W, U, T⁻¹ per chunk)
-// and its lifted state pass (llc_delta_h: the level states Z^e entering chunk j at slots
-// popsum(j) + rank, [B·H][slots][Dk][Dv]). Per chunk j of n ≤ CH tokens, with γ, Γ, K̂ = diag(τ) K
-// (τ_r = e^(a − γ_r), a = γ_{n−1}) and P = σ (QKᵀ ⊙ Γ) (lower, diagonal included) as in
-// loglinear_backward_chunked.cu, N = T⁻¹ diag(β), Q̃ = σ diag(e^γ) Q − P W, w_e the λ weights of
-// chunk level e (λ^(c + e), c = log₂ CH) and Λ_rs = λ_r^(bitlen(r ⊕ s)), the forward is
+// src/loglinear/backward_lift_delta.rs after the forward's WY step (llc_wy: W, U, T⁻¹ per chunk).
+// Per chunk j of n ≤ CH tokens, with γ, Γ, K̂ = diag(τ) K (τ_r = e^(a − γ_r), a = γ_{n−1}) and
+// P = σ (QKᵀ ⊙ Γ) (lower, diagonal included) as in loglinear_backward_chunked.cu,
+// N = T⁻¹ diag(β), Q̃ = σ diag(e^γ) Q − P W, w_e the λ weights of chunk level e (λ^(c + e),
+// c = log₂ CH) and Λ_rs = λ_r^(bitlen(r ⊕ s)), the forward is
 //   Y = Σ_e diag(w_e) Q̃ Z^e + (Λ ⊙ P N) V   (e over the levels present: bit e − 1 of j),
-//   Z^e ← e^a Z^e − K̂ᵀ W Z^e (present e),   Z^0 = K̂ᵀ U (the chunk's own state).
-// With X^e the adjoints of the level states after chunk j (level 0 and the present ones):
+//   Z^e ← e^a Z^e − K̂ᵀ W Z^e (present e),   Z^0 = K̂ᵀ U (the chunk's own state),
+// the levels 0 … m merged into m + 1 (m = ctz j) before chunk j ≥ 1. With X^e the adjoints of
+// the level states after chunk j (level 0 and the present ones):
+// - lgl_fwd:    the forward pass over chunks: the level states Z^e entering every chunk (the
+//               forward's, written at slots popsum(j) + rank);
 // - lgl_qt:     Q̃ (chunk-parallel), rows of a [B,T,H,Dk] tensor;
-// - lgl_rev:    the reverse pass over chunks from the last: X^e written per chunk (level 0 first,
-//               then the present levels in ascending order, at slots popsum(j) + j + rank), then
+// - lgl_rev:    the reverse pass from the last chunk: X^e written per chunk (level 0 first, then
+//               the present levels in ascending order, at slots popsum(j) + j + rank), then
 //               X^e ← e^a X^e − Wᵀ (K̂ X^e) + Q̃ᵀ diag(w_e) dY for the present levels, and the
-//               merge's adjoint: levels 0 … m (m = ctz j) take level m + 1's adjoint;
+//               merge's adjoint: levels 0 … m take level m + 1's adjoint;
 // - lgl_levels: chunk-parallel, dQ̃ = Σ_e diag(w_e) dY Z^eᵀ, dλ^(c+e)_r = q̃_r·(dY Z^eᵀ)_r and
 //               Hxz = Σ_e X^e Z^eᵀ ([B·H][NC][Dk][Dk]);
 // - lgl_grad:   chunk-parallel, every input gradient and dλ of the levels inside the chunk (below).
-// Every sum runs in a fixed order (no atomics): the same inputs give the same bits. FMA in T.
+// The passes share one body (lgl_pass). Every sum runs in a fixed order (no atomics): the same
+// inputs give the same bits. FMA in T.
 
-#define LGL_NCOL 16  // state columns per block of lgl_rev
+#define LGL_NCOL 16  // state columns per block of the passes
 
 // A matrix operand in global or shared memory: entry (i, κ) = p[i·si + κ·sk] for i < ni, 0 from
 // ni on (and for κ ≥ K in lgl_prod).
@@ -98,33 +101,44 @@ __device__ void lgl_qt(const T* q, const T* k, const T* g, const T* W, T* qt, in
     }
 }
 
-// The reverse pass over chunks (module comment) for batch·head blockIdx.x and state columns
+// The passes over chunks (module comment) for batch·head blockIdx.x and state columns
 // c0 = LGL_NCOL·blockIdx.y onwards, 256 threads: thread (c = tid mod 16, r0 = tid / 16) keeps
-// column c of rows r0 + 16 u. lam: the mapped weights [B,T,H,L]; E levels (E ≥ 1). Writes the
-// adjoints after every chunk to xs [B·H][popsum(NC) + NC][Dk][Dv]. Dynamic shared memory
-// (lgl_rev_smem on the host): the states [E][Dk][NCOL], the chunk's W, k, Q̃ rows [CH][Dk + 1],
-// dY columns [CH][NCOL], weights [CH][E], K̂ X [CH][NCOL].
-template <typename T>
-__device__ void lgl_rev(const T* k, const T* g, const T* W, const T* qt, const T* dy, const T* lam, T* xs, int Tn,
-                        int H, int Dk, int Dv, int L, int NC, int E) {
+// column c of rows r0 + 16 u. E levels (E ≥ 1); the level states [E][Dk][NCOL] in shared memory,
+// or with has_gst in gst (that block's [E][Dk][NCOL] at gst + (blockIdx.x·gridDim.y +
+// blockIdx.y)·E·Dk·NCOL). Per chunk (K̂ = diag(τ) K):
+//   forward (REV = false, chunks 0 → NC − 1; src = U): merge levels 0 … m into m + 1 (m = ctz j),
+//     write the present levels to out at slots popsum(j) + rank ([B·H][popsum(NC)][Dk][Dv]), take
+//     each through the chunk, S ← e^a S − K̂ᵀ (W S), and set level 0 to K̂ᵀ U;
+//   reverse (REV = true, from NC − 1; src = dY, lam the mapped weights [B,T,H,L], qt = Q̃): write
+//     level 0 and the present levels to out at slots popsum(j) + j + rank ([B·H][popsum(NC) + NC]
+//     [Dk][Dv]), take each present level back, S ← e^a S − Wᵀ (K̂ S) + Q̃ᵀ diag(w_e) dY, then give
+//     levels 0 … m level m + 1's adjoint (the merge's).
+// Dynamic shared memory (lgl_pass_smem on the host): the states unless in gst, the chunk's W, k
+// (and Q̃ in reverse) rows [CH][Dk + 1], the src columns and the new values [CH][NCOL], weights
+// [CH][E] (reverse).
+template <typename T, bool REV>
+__device__ void lgl_pass(const T* k, const T* g, const T* W, const T* qt, const T* src, const T* lam, T* out, T* gst,
+                         int has_gst, int Tn, int H, int Dk, int Dv, int L, int NC, int E) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH, NCOL = LGL_NCOL, NU = CH * NCOL / 256, CB = Llc<T>::CBITS;
     extern __shared__ __align__(16) unsigned char lgl_smem[];
     __shared__ double gam[CH], gtmp[1];
     __shared__ T tau[CH];
     const int ld = Dk + 1, SD = Dk * NCOL;
-    T* S = reinterpret_cast<T*>(lgl_smem);
-    T* Wb = S + E * SD;
+    T* base = reinterpret_cast<T*>(lgl_smem);
+    T* S = has_gst ? gst + ((long long)blockIdx.x * gridDim.y + blockIdx.y) * E * SD : base;
+    T* Wb = has_gst ? base : base + E * SD;
     T* Kb = Wb + CH * ld;
-    T* Qb = Kb + CH * ld;
-    T* Db = Qb + CH * ld;
-    T* Lb = Db + CH * NCOL;
-    T* V = Lb + CH * E;
+    T* Qb = Kb + CH * ld;  // reverse only
+    T* Db = Qb + (REV ? CH * ld : 0);
+    T* V = Db + CH * NCOL;
+    T* Lb = V + CH * NCOL;  // reverse only
     const int bh = blockIdx.x, b = bh / H, h = bh % H, c0 = blockIdx.y * NCOL, tid = threadIdx.x;
     const int c = tid % NCOL, r0 = tid / NCOL;
     for (int i = tid; i < E * SD; i += 256) S[i] = (T)0;
-    const long long xbase = (long long)bh * (llc_popsum(NC) + NC);
-    for (int j = NC - 1; j >= 0; --j) {
+    const long long obase = (long long)bh * (llc_popsum(NC) + (REV ? NC : 0));
+    for (int step = 0; step < NC; ++step) {
+        const int j = REV ? NC - 1 - step : step;
         const int n = min(CH, Tn - j * CH);
         const long long row0 = ((long long)b * Tn + (long long)j * CH) * H + h;
         __syncthreads();
@@ -133,34 +147,48 @@ __device__ void lgl_rev(const T* k, const T* g, const T* W, const T* qt, const T
             const long long off = (row0 + (long long)r * H) * Dk + d;
             Wb[r * ld + d] = r < n ? W[off] : (T)0;
             Kb[r * ld + d] = r < n ? k[off] : (T)0;
-            Qb[r * ld + d] = r < n ? qt[off] : (T)0;
+            if (REV) Qb[r * ld + d] = r < n ? qt[off] : (T)0;
         }
         for (int idx = tid; idx < CH * NCOL; idx += 256) {
             const int r = idx / NCOL, cc = c0 + idx % NCOL;
-            Db[idx] = (r < n && cc < Dv) ? dy[(row0 + (long long)r * H) * Dv + cc] : (T)0;
+            Db[idx] = (r < n && cc < Dv) ? src[(row0 + (long long)r * H) * Dv + cc] : (T)0;
         }
-        for (int idx = tid; idx < CH * E; idx += 256) {
-            const int r = idx / E, e = idx % E;
-            Lb[idx] = (r < n && e >= 1 && CB + e < L) ? lam[(row0 + (long long)r * H) * L + CB + e] : (T)0;
+        if (REV)
+            for (int idx = tid; idx < CH * E; idx += 256) {
+                const int r = idx / E, e = idx % E;
+                Lb[idx] = (r < n && e >= 1 && CB + e < L) ? lam[(row0 + (long long)r * H) * L + CB + e] : (T)0;
+            }
+        if (!REV && j >= 1) {
+            const int m = __ffs(j) - 1;
+            for (int i = tid; i < SD; i += 256) {
+                T sum = (T)0;
+                for (int e = 0; e <= m; ++e) {
+                    sum += S[e * SD + i];
+                    S[e * SD + i] = (T)0;
+                }
+                S[(m + 1) * SD + i] = sum;
+            }
         }
         const double x = llc_prefix<CH>(tid < n ? (double)g[row0 + (long long)tid * H] : 0.0, gtmp);
         if (tid < CH) gam[tid] = x;
         __syncthreads();
         const double a = gam[n - 1];
         if (tid < CH) tau[tid] = tid < n ? (T)mx_exp(a - gam[tid]) : (T)0;
-        // The adjoints after chunk j: level 0, then the present levels.
         {
-            long long slot = xbase + llc_popsum(j) + j;
-            for (int e = 0; e < E; ++e) {
+            long long slot = obase + llc_popsum(j) + (REV ? j : 0);
+            for (int e = REV ? 0 : 1; e < E; ++e) {
                 if (e >= 1 && !((j >> (e - 1)) & 1)) continue;
-                T* xj = xs + slot * Dk * Dv;
+                T* oj = out + slot * Dk * Dv;
                 for (int i = tid; i < SD; i += 256)
-                    if (c0 + i % NCOL < Dv) xj[(long long)(i / NCOL) * Dv + c0 + i % NCOL] = S[e * SD + i];
+                    if (c0 + i % NCOL < Dv) oj[(long long)(i / NCOL) * Dv + c0 + i % NCOL] = S[e * SD + i];
                 ++slot;
             }
         }
         __syncthreads();
         const T ea = (T)mx_exp(a);
+        // V = K̂ S (reverse) or W S (forward), then S ← e^a S − Wᵀ V (+ the source) or − K̂ᵀ V.
+        const T* L1 = REV ? Kb : Wb;
+        const T* L2 = REV ? Wb : Kb;
         for (int e = 1; e < E; ++e) {
             if (!((j >> (e - 1)) & 1)) continue;
             T* Se = S + e * SD;
@@ -169,24 +197,28 @@ __device__ void lgl_rev(const T* k, const T* g, const T* W, const T* qt, const T
                 for (int d = 0; d < Dk; ++d) {
                     const T sv = Se[d * NCOL + c];
 #pragma unroll
-                    for (int u = 0; u < NU; ++u) acc[u] = fma(Kb[(r0 + 16 * u) * ld + d], sv, acc[u]);
+                    for (int u = 0; u < NU; ++u) acc[u] = fma(L1[(r0 + 16 * u) * ld + d], sv, acc[u]);
                 }
 #pragma unroll
-                for (int u = 0; u < NU; ++u) V[(r0 + 16 * u) * NCOL + c] = tau[r0 + 16 * u] * acc[u];
+                for (int u = 0; u < NU; ++u) {
+                    const int r = r0 + 16 * u;
+                    V[r * NCOL + c] = REV ? tau[r] * acc[u] : acc[u];
+                }
             }
             __syncthreads();
             for (int d = r0; d < Dk; d += 16) {
                 T acc = ea * Se[d * NCOL + c];
                 for (int r = 0; r < n; ++r) {
-                    acc = fma(-Wb[r * ld + d], V[r * NCOL + c], acc);
-                    acc = fma(Qb[r * ld + d], Lb[r * E + e] * Db[r * NCOL + c], acc);
+                    const T l2 = REV ? L2[r * ld + d] : tau[r] * L2[r * ld + d];
+                    acc = fma(-l2, V[r * NCOL + c], acc);
+                    if (REV) acc = fma(Qb[r * ld + d], Lb[r * E + e] * Db[r * NCOL + c], acc);
                 }
                 Se[d * NCOL + c] = acc;
             }
             __syncthreads();
         }
-        // The merge's adjoint: levels 0 … m take level m + 1's, which is empty before chunk j.
-        if (j >= 1) {
+        if (REV && j >= 1) {
+            // The merge's adjoint: levels 0 … m take level m + 1's, which is empty before chunk j.
             const int m = __ffs(j) - 1;
             for (int i = tid; i < SD; i += 256) {
                 const T v = S[(m + 1) * SD + i];
@@ -194,6 +226,13 @@ __device__ void lgl_rev(const T* k, const T* g, const T* W, const T* qt, const T
                 S[(m + 1) * SD + i] = (T)0;
             }
         }
+        if (!REV)
+            // The chunk's own state at level 0: K̂ᵀ U (level 0 is empty: merged before this chunk).
+            for (int d = r0; d < Dk; d += 16) {
+                T acc = (T)0;
+                for (int r = 0; r < n; ++r) acc = fma(tau[r] * Kb[r * ld + d], Db[r * NCOL + c], acc);
+                S[d * NCOL + c] = acc;
+            }
     }
 }
 
@@ -510,10 +549,14 @@ __device__ void lgl_grad(const T* q, const T* k, const T* v, const T* g, const T
                                           int Dk, int Dv, T scale) {                                            \
         lgl_qt<T>(q, k, g, W, qt, Tn, H, Dk, Dv, scale);                                                        \
     }                                                                                                           \
+    extern "C" __global__ void lgl_fwd_##S(const T* k, const T* g, const T* W, const T* U, T* zs, T* gst,         \
+                                           int has_gst, int Tn, int H, int Dk, int Dv, int NC, int E) {          \
+        lgl_pass<T, false>(k, g, W, nullptr, U, nullptr, zs, gst, has_gst, Tn, H, Dk, Dv, 0, NC, E);            \
+    }                                                                                                           \
     extern "C" __global__ void lgl_rev_##S(const T* k, const T* g, const T* W, const T* qt, const T* dy,         \
-                                           const T* lam, T* xs, int Tn, int H, int Dk, int Dv, int L, int NC,      \
-                                           int E) {                                                             \
-        lgl_rev<T>(k, g, W, qt, dy, lam, xs, Tn, H, Dk, Dv, L, NC, E);                                          \
+                                           const T* lam, T* xs, T* gst, int has_gst, int Tn, int H, int Dk,       \
+                                           int Dv, int L, int NC, int E) {                                      \
+        lgl_pass<T, true>(k, g, W, qt, dy, lam, xs, gst, has_gst, Tn, H, Dk, Dv, L, NC, E);                     \
     }                                                                                                           \
     extern "C" __global__ void lgl_levels_##S(const T* dy, const T* qt, const T* lam, const T* zs, const T* xs,  \
                                               T* dqt, T* dlam, T* hxz, int Tn, int H, int Dk, int Dv, int L,     \

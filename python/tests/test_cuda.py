@@ -124,8 +124,9 @@ def test_runs_from_a_state_are_zero_copy_and_equal_the_rust_cuda_path(name, dtyp
 
 def test_a_state_in_another_mode_or_of_a_lift_takes_the_host_path():
     """A run from a state in the tf32 mode is computed exactly (as on the host path): the same y
-    as the exact mode; a lift's state (a dict of its level states and position) takes the host
-    path and equals the CPU's run, and a lone tensor for it is refused."""
+    as the exact mode. A lift's state (a dict of its level states and position) is refused by the
+    CUDA backend (it names the CPU backend); with ``backend="cpu"`` CUDA tensors take the host
+    path, give CUDA tensors back and equal the CPU's run; a lone tensor for it is refused."""
     x = _dev(_inputs("mamba2", 65))
     s0 = torch.zeros(2, 2, 16, 16, device="cuda")
     y_tf32, _ = mixers.run("mamba2", precision="tf32", initial_state=s0, output_final_state=True, **x)
@@ -134,9 +135,12 @@ def test_a_state_in_another_mode_or_of_a_lift_takes_the_host_path():
     lift = _dev(_inputs("loglinear-mamba2", 65))
     with pytest.raises(ValueError, match="dict"):
         mixers.run("loglinear-mamba2", initial_state=s0, **lift)
-    _, s = mixers.run("loglinear-mamba2", output_final_state=True, **lift)
+    with pytest.raises(NotImplementedError, match="CPU backend"):
+        mixers.run("loglinear-mamba2", output_final_state=True, **lift)
+    _, s = mixers.run("loglinear-mamba2", output_final_state=True, backend="cpu", **lift)
     assert isinstance(s, dict) and s["S"].is_cuda
-    y = mixers.run("loglinear-mamba2", initial_state=s, **lift)
+    y = mixers.run("loglinear-mamba2", initial_state=s, backend="cpu", **lift)
+    assert y.is_cuda
     want = mixers.run("loglinear-mamba2", initial_state={k: v.cpu() for k, v in s.items()},
                       **{k: v.cpu() for k, v in lift.items()})
     _close(y, want, TOL["exact"], "a lift from a state dict")

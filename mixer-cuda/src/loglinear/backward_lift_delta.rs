@@ -30,10 +30,8 @@ use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Error, Precision, Result};
 
 use super::backward_lift::{LiftGrads, lambda_backward};
-use super::common::{
-    Device, Elem, FAMILY, Launch, Shape, Step, Storage, check_sizes, fixed_dims, kernel_ints,
-};
-use super::state_pass::{self, PassData, StatePass};
+use super::common::{Elem, FAMILY, Launch, Shape, Step, check_sizes, fixed_dims, kernel_ints};
+use super::state_pass;
 use super::{fast, wy};
 use crate::forms::input_opt;
 use crate::kernels;
@@ -41,7 +39,7 @@ use crate::pool;
 use crate::runtime::{err, gpu, int, launch, max_dynamic_smem};
 use crate::tensor::{DeviceTensor, DeviceTensors, GpuReal};
 
-/// State columns per block of `lgl_rev` (`LGL_NCOL` in the kernel file).
+/// State columns per block of the passes (`LGL_NCOL` in the kernel file).
 const NCOL: usize = 16;
 /// `LLC_LD`, `LLC_KT`, `LLC_NT` of `loglinear_common.cuh`.
 const LD: usize = 65;
@@ -55,11 +53,21 @@ pub(crate) fn qt_smem(elem: Elem) -> usize {
     (ch * (ch + 1) + NT * LD + 2 * KT * LD) * elem.bytes()
 }
 
-/// Dynamic shared memory of `lgl_rev` (bytes) with `e` levels: the adjoints `[e][Dk][16]`, the
-/// chunk's `W`, `k`, `Q̃` rows `[C][Dk + 1]`, `dY` columns and `K̂ X` `[C][16]`, weights `[C][e]`.
-pub(crate) fn rev_smem(elem: Elem, dk: usize, e: usize) -> usize {
+/// Dynamic shared memory of the passes (bytes) with `e` levels: the states `[e][Dk][16]` where
+/// `states` (else they are in global memory), the chunk's `W` and `k` rows `[C][Dk + 1]`, the
+/// source columns and new values `[C][16]`, and in reverse (`rev`) the `Q̃` rows and weights
+/// `[C][e]`.
+pub(crate) fn pass_smem(elem: Elem, dk: usize, e: usize, rev: bool, states: bool) -> usize {
     let ch = elem.chunk();
-    (e * dk * NCOL + 3 * ch * (dk + 1) + 2 * ch * NCOL + ch * e) * elem.bytes()
+    let rows = if rev { 3 } else { 2 };
+    let st = if states { e * dk * NCOL } else { 0 };
+    (st + rows * ch * (dk + 1) + 2 * ch * NCOL + if rev { ch * e } else { 0 }) * elem.bytes()
+}
+
+/// Whether the passes keep their level states in shared memory (both fit within `smem` bytes),
+/// else in global memory.
+pub(crate) fn states_in_shared(elem: Elem, dk: usize, e: usize, smem: usize) -> bool {
+    pass_smem(elem, dk, e, true, true) <= smem
 }
 
 /// Dynamic shared memory of `lgl_levels` (bytes) with `e` levels: two slices `[16][65]` and the
@@ -75,9 +83,10 @@ pub(crate) fn grad_smem(elem: Elem) -> usize {
     (6 * ch * (ch + 1) + 4 * NT * LD + 2 * KT * LD) * elem.bytes()
 }
 
-/// The launches of this module's kernels for `s` with `e` chunk levels, in order: `lgl_qt`,
-/// `lgl_rev`, `lgl_levels`, `lgl_grad`.
-pub(crate) fn launches(s: Shape, elem: Elem, e: usize) -> [Launch; 4] {
+/// The launches of this module's kernels for `s` with `e` chunk levels on a device with `smem`
+/// bytes of dynamic shared memory per block, in order: `lgl_fwd`, `lgl_qt`, `lgl_rev`,
+/// `lgl_levels`, `lgl_grad`.
+pub(crate) fn launches(s: Shape, elem: Elem, e: usize, smem: usize) -> [Launch; 5] {
     let (nc, bh, sfx) = (s.chunks(elem.chunk()), s.bh(), elem.suffix());
     let on = |name: &str, grid: [usize; 3], smem: usize| {
         Launch::new(
@@ -89,9 +98,12 @@ pub(crate) fn launches(s: Shape, elem: Elem, e: usize) -> [Launch; 4] {
         .on(grid, 256, smem)
         .opted_in(true)
     };
+    let shared = states_in_shared(elem, s.dk, e, smem);
+    let pass_grid = [bh, s.dv.div_ceil(NCOL), 1];
     [
+        on("lgl_fwd", pass_grid, pass_smem(elem, s.dk, e, false, shared)),
         on("lgl_qt", [nc, bh, 1], qt_smem(elem)),
-        on("lgl_rev", [bh, s.dv.div_ceil(NCOL), 1], rev_smem(elem, s.dk, e)),
+        on("lgl_rev", pass_grid, pass_smem(elem, s.dk, e, true, shared)),
         on("lgl_levels", [nc, bh, 1], levels_smem(elem, e)),
         on("lgl_grad", [nc, bh, 1], grad_smem(elem)),
     ]
@@ -126,25 +138,18 @@ pub(crate) fn delta<F: GpuReal>(
     let slots = state_pass::slots(true, nc);
     // The forward's level states, the adjoints (one more per chunk) and Hxz (Dk × Dk per chunk).
     check_sizes(s, elem, 2 * slots + nc + nc * dk.div_ceil(dv.max(1)))?;
-    let device = Device::current();
-    let pass = state_pass::select(s, Precision::Exact, Storage::Real(elem), true, device);
-    let plan = launches(s, elem, levels);
     let smem = max_dynamic_smem();
-    let too_large = |what: &str, need: usize| {
-        err(
-            FAMILY,
-            format!(
-                "the lifted gated DeltaNet's CUDA backward needs {need} bytes of shared memory for {what} \
-                 (Dk = {dk}, {levels} chunk levels at T = {t}); the device allows {smem}"
-            ),
-        )
-    };
-    if pass == StatePass::Sequential {
-        return Err(too_large("the forward's level states", state_pass::delta_h_smem(elem, dk, levels)));
-    }
+    let plan = launches(s, elem, levels, smem);
     for l in &plan {
         if l.shared_mem > smem {
-            return Err(too_large(&format!("`{}`", l.function), l.shared_mem));
+            return Err(err(
+                FAMILY,
+                format!(
+                    "the lifted gated DeltaNet's CUDA backward needs {} bytes of shared memory for `{}` (Dk = {dk}); \
+                     the device allows {smem}",
+                    l.shared_mem, l.function
+                ),
+            ));
         }
     }
     let [ti, hi, dki, dvi, nci, _] = kernel_ints([t, h, dk, dv, nc, bh])?;
@@ -152,7 +157,7 @@ pub(crate) fn delta<F: GpuReal>(
     let (qv, kv, vv, gv, bv, dyv) = (q.view(), k.view(), v.view(), g.view(), beta.view(), dy.view());
     let lv = lam.view();
 
-    // The forward's WY step and level states.
+    // The forward's WY step, then its level states (lgl_fwd).
     let mut w = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let mut u = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let mut tinv = pool::take::<F>(FAMILY, bh * nc * ch * ch)?;
@@ -165,32 +170,26 @@ pub(crate) fn delta<F: GpuReal>(
         (&mut tinv, true),
         s,
     )?;
-    let mut zs = pool::take::<F>(FAMILY, (bh * slots * dk * dv).max(1))?;
-    {
-        let zero = pool::zeros::<F>(FAMILY, 1)?;
-        let mut vn = pool::take::<F>(FAMILY, 1)?;
-        let s0 = zero.slice(0..1);
-        let data =
-            PassData { k: &kv, g: (&gv, 1), w: &w, u: &u, vn: &mut vn, hs: &mut zs, s0: (&s0, 0), fin: None };
-        state_pass::run(
-            pass,
-            &state_pass::launches(pass, s, elem, Precision::Exact, true),
-            data,
-            s,
-            elem,
-            true,
-        )?;
-    }
-
     let gp = gpu()?;
-    let [l_qt, l_rev, l_levels, l_grad] = &plan;
+    let [l_fwd, l_qt, l_rev, l_levels, l_grad] = &plan;
+    // The passes' level states in global memory where they do not fit in shared memory (else one
+    // entry, never read: has_gst = 0).
+    let global = !states_in_shared(elem, dk, levels, smem);
+    let has_gst = global as i32;
+    let mut gst =
+        pool::take::<F>(FAMILY, if global { bh * dv.div_ceil(NCOL) * levels * dk * NCOL } else { 1 })?;
+    let mut zs = pool::take::<F>(FAMILY, (bh * slots * dk * dv).max(1))?;
+    let (f, cfg) = l_fwd.function()?;
+    launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*u, &mut *zs, &mut *gst, &has_gst, &ti, &hi, &dki, &dvi, &nci, &ei)?;
     let scale = F::of(ll.scale);
     let mut qt = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let (f, cfg) = l_qt.function()?;
     launch!(gp, FAMILY, f, cfg; &qv, &kv, &gv, &*w, &mut *qt, &ti, &hi, &dki, &dvi, &scale)?;
     let mut xs = pool::take::<F>(FAMILY, bh * (slots + nc) * dk * dv)?;
     let (f, cfg) = l_rev.function()?;
-    launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*qt, &dyv, &lv, &mut *xs, &ti, &hi, &dki, &dvi, &li, &nci, &ei)?;
+    launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*qt, &dyv, &lv, &mut *xs, &mut *gst, &has_gst,
+        &ti, &hi, &dki, &dvi, &li, &nci, &ei)?;
+    drop(gst);
     let mut dqt = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let mut hxz = pool::take::<F>(FAMILY, bh * nc * dk * dk)?;
     let mut d_lam = pool::zeros::<F>(FAMILY, b * t * h * n_lam)?;
@@ -226,20 +225,29 @@ mod tests {
     use super::*;
 
     /// The launches cover the chunks and value columns, and the shared memory follows the kernels'
-    /// layouts (f32: `C = 64`; f64: `C = 32`).
+    /// layouts (f32: `C = 64`; f64: `C = 32`); the passes' states leave shared memory for global
+    /// memory only where they do not fit.
     #[test]
     fn the_launches_cover_the_chunks_and_columns() {
         let s = Shape::new([2, 1000, 3, 64, 40]);
-        let [qt, rev, lv, grad] = launches(s, Elem::F32, 5);
-        assert_eq!(qt.grid, [16, 6, 1]);
+        let [fwd, qt, rev, lv, grad] = launches(s, Elem::F32, 5, 227 << 10);
+        for l in [&qt, &lv, &grad] {
+            assert_eq!(l.grid, [16, 6, 1]);
+        }
+        assert_eq!(fwd.grid, [6, 3, 1]);
         assert_eq!(rev.grid, [6, 3, 1]);
-        assert_eq!(lv.grid, [16, 6, 1]);
-        assert_eq!(grad.grid, [16, 6, 1]);
         assert_eq!(qt.shared_mem, (64 * 65 + 64 * 65 + 2 * 16 * 65) * 4);
+        assert_eq!(fwd.shared_mem, (5 * 64 * 16 + 2 * 64 * 65 + 2 * 64 * 16) * 4);
         assert_eq!(rev.shared_mem, (5 * 64 * 16 + 3 * 64 * 65 + 2 * 64 * 16 + 64 * 5) * 4);
         assert_eq!(lv.shared_mem, (2 * 16 * 65 + 64 * 5) * 4);
         assert_eq!(grad.shared_mem, (6 * 64 * 65 + 4 * 64 * 65 + 2 * 16 * 65) * 4);
         assert_eq!(grad_smem(Elem::F64), (6 * 32 * 33 + 4 * 64 * 65 + 2 * 16 * 65) * 8);
-        assert!(grad_smem(Elem::F64) <= 227 << 10, "lgl_grad in f64 fits an H100/H200 block");
+        // Dk = 256 with 15 levels (T = 1M in f32): the states go to global memory, the rest fits.
+        let wide = Shape::new([1, 1 << 20, 1, 256, 64]);
+        assert!(!states_in_shared(Elem::F32, 256, 15, 227 << 10));
+        for l in launches(wide, Elem::F32, 15, 227 << 10) {
+            assert!(l.shared_mem <= 227 << 10, "{} needs {} bytes", l.function, l.shared_mem);
+        }
+        assert!(grad_smem(Elem::F64) <= 227 << 10);
     }
 }

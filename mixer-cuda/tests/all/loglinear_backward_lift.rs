@@ -155,3 +155,23 @@ fn lifted_backward_small_case() {
     let bad = small_case(&LIFTS);
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
+
+/// The lifted gated DeltaNet at `Dk = 256`: the passes' level states do not fit in shared memory
+/// next to the chunk's rows and live in global memory; f64 and f32.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn lifted_gated_deltanet_backward_at_head_dim_256() {
+    let Some(_turn) = gpu() else { return };
+    let m = base("loglinear-gated-deltanet");
+    let mut bad = Vec::new();
+    for (s, dtype, tol) in
+        [([1, 100, 1, 256, 256], DType::F64, 1e-10), ([1, 330, 2, 256, 40], DType::F32, 1e-4)]
+    {
+        let (x, dy) = case(m.as_ref(), s, 61);
+        let (x, dy) = (f32_rounded(&x), dy.mapv(|e| f64::from(e as f32)));
+        let want = cpu_grads(m.as_ref(), &x, &dy);
+        let got = cuda_exact(m.as_ref(), &x, &dy, dtype);
+        bad.extend(compare(&format!("loglinear-gated-deltanet {} {s:?}", dtype.name()), &got, &want, tol));
+    }
+    assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
+}
