@@ -5,8 +5,8 @@
 //   A_r = e^{g_r} (I − β_r k_r k_rᵀ),
 // for every entry of q, k, v, g, β and λ (f64; every 11th entry in f32). W, U and T⁻¹ (llc_wy's
 // outputs, gdn_case.h) come from plain loops here, and lgl_fwd's level states are checked against
-// plain loops too; the passes run with their states in shared memory and in global memory
-// (alternating cases). Run from the repository root:
+// plain loops too; the passes run with their states in shared memory and in global memory, with
+// one and two stage buffers. Run from the repository root:
 //   sed -e 's/extern __shared__ __align__(16) unsigned char lgl_smem\[\];/unsigned char* lgl_smem = g_dyn;/' \
 //     -e 's/asm volatile(.*);/;/' mixer-cuda/kernels/loglinear_backward_common.cuh \
 //     mixer-cuda/kernels/loglinear_backward_lift_delta.cu > /tmp/lgl.cu &&
@@ -43,7 +43,8 @@ template <typename T> std::vector<double> forward(const Case<T>& c) {
 }
 
 // The kernels' launches as src/loglinear/backward_lift_delta.rs makes them.
-template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c, bool global, int& fails) {
+template <typename T>
+std::vector<std::vector<double>> kernels(const Case<T>& c, bool global, int stages, int& fails) {
     constexpr int CH = Llc<T>::CH;
     const int B = c.B, Tn = c.Tn, H = c.H, Dk = c.Dk, Dv = c.Dv, BH = B * H, NC = (Tn + CH - 1) / CH, L = c.L;
     const int E = bitlen(NC - 1) + 1;
@@ -107,17 +108,18 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c,
     const int ncb = (Dv + LGL_NCOL - 1) / LGL_NCOL;
     std::vector<T> gst(global ? (size_t)BH * ncb * E * Dk * LGL_NCOL : 0), zs(zl.size());
     T* gp = global ? gst.data() : nullptr;
-    launch(BH, ncb, [&] { lgl_pass<T, false>(c.k.data(), c.g.data(), W.data(), nullptr, U.data(), nullptr, zs.data(), gp, global, Tn, H, Dk, Dv, 0, NC, E); });
+    launch(BH, ncb, [&] { lgl_pass<T, false>(c.k.data(), c.g.data(), W.data(), nullptr, U.data(), nullptr, zs.data(), gp, global, Tn, H, Dk, Dv, 0, NC, E, stages); });
     {
         const double e = rel(std::vector<double>(zs.begin(), zs.end()), zl);
         const bool ok = e <= (sizeof(T) == 8 ? 1e-10 : 1e-5);
         fails += !ok;
-        std::printf("%s level states of lgl_fwd (%s memory) rel=%.2e\n", ok ? "ok  " : "FAIL", global ? "global" : "shared", e);
+        std::printf("%s level states of lgl_fwd (%s memory, %d stages) rel=%.2e\n", ok ? "ok  " : "FAIL",
+                    global ? "global" : "shared", stages, e);
     }
     launch(NC, BH, [&] { lgl_qt<T>(c.q.data(), c.k.data(), c.g.data(), W.data(), qt.data(), Tn, H, Dk, Dv, scale); });
     launch(BH, ncb, [&] {
         lgl_pass<T, true>(c.k.data(), c.g.data(), W.data(), qt.data(), c.dy.data(), c.lam.data(), xs.data(), gp, global, Tn, H,
-                          Dk, Dv, L, NC, E);
+                          Dk, Dv, L, NC, E, stages);
     });
     launch(NC, BH, [&] {
         lgl_levels<T>(c.dy.data(), qt.data(), c.lam.data(), zs.data(), xs.data(), dqt.data(), dlam.data(), hxz.data(),
@@ -133,14 +135,14 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c,
 }
 
 template <typename T>
-int run(int B, int Tn, int H, int Dk, int Dv, bool strong, double tol, int every, bool global) {
+int run(int B, int Tn, int H, int Dk, int Dv, bool strong, double tol, int every, bool global, int stages) {
     Case<T> c = make<T>(B, Tn, H, Dk, Dv, 2000u + Tn * 7 + Dk, strong);
     c.L = bitlen(Tn - 1) + 2;  // one level more than T tokens read (never read: its gradient is 0)
     std::mt19937_64 rng(77 + Tn);
     std::uniform_real_distribution<double> u01(0, 1);
     for (size_t i = 0; i < (size_t)B * Tn * H * c.L; ++i) c.lam.push_back((T)(strong && i % 5 == 3 ? 0.0 : 0.2 + u01(rng)));
     int fails = 0;
-    const auto got = kernels(c, global, fails);
+    const auto got = kernels(c, global, stages, fails);
     // The finite differences on the inputs as doubles (steps below f32's spacing in f32 runs).
     auto dbl = [](const std::vector<T>& x) { return std::vector<double>(x.begin(), x.end()); };
     Case<double> cd{B, Tn, H, Dk, Dv, c.sigma, dbl(c.q), dbl(c.k), dbl(c.v), dbl(c.g), dbl(c.beta), dbl(c.dy), c.L,
@@ -182,14 +184,14 @@ int run(int B, int Tn, int H, int Dk, int Dv, bool strong, double tol, int every
 
 int main() {
     int fails = 0;
-    fails += run<double>(1, 1, 1, 3, 4, false, 1e-7, 1, false);
-    fails += run<double>(1, 150, 1, 5, 6, false, 1e-7, 1, true);
-    fails += run<double>(2, 97, 2, 4, 3, false, 1e-7, 1, false);
-    fails += run<double>(1, 161, 1, 6, 5, true, 1e-7, 1, true);
-    fails += run<double>(1, 75, 1, 70, 17, false, 1e-7, 3, false);
+    fails += run<double>(1, 1, 1, 3, 4, false, 1e-7, 1, false, 2);
+    fails += run<double>(1, 150, 1, 5, 6, false, 1e-7, 1, true, 2);
+    fails += run<double>(2, 97, 2, 4, 3, false, 1e-7, 1, false, 1);
+    fails += run<double>(1, 161, 1, 6, 5, true, 1e-7, 1, true, 1);
+    fails += run<double>(1, 75, 1, 70, 17, false, 1e-7, 3, false, 2);
     // f32 kernels against finite differences of the f64 forward on the same (f32) inputs.
-    fails += run<float>(1, 300, 1, 8, 6, false, 1e-4, 11, true);
-    fails += run<float>(1, 200, 1, 66, 20, false, 1e-4, 11, false);
+    fails += run<float>(1, 300, 1, 8, 6, false, 1e-4, 11, true, 2);
+    fails += run<float>(1, 200, 1, 66, 20, false, 1e-4, 11, false, 1);
     std::printf(fails ? "%d FAILED\n" : "all passed\n", fails);
     return fails != 0;
 }

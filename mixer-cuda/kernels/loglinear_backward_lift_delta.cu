@@ -113,51 +113,87 @@ __device__ void lgl_qt(const T* q, const T* k, const T* g, const T* W, T* qt, in
 //     level 0 and the present levels to out at slots popsum(j) + j + rank ([B·H][popsum(NC) + NC]
 //     [Dk][Dv]), take each present level back, S ← e^a S − Wᵀ (K̂ S) + Q̃ᵀ diag(w_e) dY, then give
 //     levels 0 … m level m + 1's adjoint (the merge's).
-// Dynamic shared memory (lgl_pass_smem on the host): the states unless in gst, the chunk's W, k
-// (and Q̃ in reverse) rows [CH][Dk + 1], the src columns and the new values [CH][NCOL], weights
-// [CH][E] (reverse).
+// A chunk's rows come in by cp.async into one of `stages` stage buffers: with two, the next
+// chunk's while this one computes. Dynamic shared memory (lgl_pass_smem on the host): the states
+// unless in gst, `stages` stage buffers (the chunk's W, k and in reverse Q̃ rows [CH][Dk + 1], the
+// src columns [CH][NCOL], in reverse the weights [CH][E], the log-decays [CH]), the new values
+// [CH][NCOL].
 template <typename T, bool REV>
 __device__ void lgl_pass(const T* k, const T* g, const T* W, const T* qt, const T* src, const T* lam, T* out, T* gst,
-                         int has_gst, int Tn, int H, int Dk, int Dv, int L, int NC, int E) {
+                         int has_gst, int Tn, int H, int Dk, int Dv, int L, int NC, int E, int stages) {
     LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = Llc<T>::CH, NCOL = LGL_NCOL, NU = CH * NCOL / 256, CB = Llc<T>::CBITS;
+    constexpr int CH = Llc<T>::CH, NCOL = LGL_NCOL, NU = CH * NCOL / 256, CB = Llc<T>::CBITS, NR = REV ? 3 : 2;
     extern __shared__ __align__(16) unsigned char lgl_smem[];
     __shared__ double gam[CH], gtmp[1];
     __shared__ T tau[CH];
     const int ld = Dk + 1, SD = Dk * NCOL;
+    const int ss = NR * CH * ld + CH * NCOL + (REV ? CH * E : 0) + CH;  // one stage buffer
     T* base = reinterpret_cast<T*>(lgl_smem);
     T* S = has_gst ? gst + ((long long)blockIdx.x * gridDim.y + blockIdx.y) * E * SD : base;
-    T* Wb = has_gst ? base : base + E * SD;
-    T* Kb = Wb + CH * ld;
-    T* Qb = Kb + CH * ld;  // reverse only
-    T* Db = Qb + (REV ? CH * ld : 0);
-    T* V = Db + CH * NCOL;
-    T* Lb = V + CH * NCOL;  // reverse only
+    T* st0 = has_gst ? base : base + E * SD;
+    T* V = st0 + stages * ss;
     const int bh = blockIdx.x, b = bh / H, h = bh % H, c0 = blockIdx.y * NCOL, tid = threadIdx.x;
     const int c = tid % NCOL, r0 = tid / NCOL;
-    for (int i = tid; i < E * SD; i += 256) S[i] = (T)0;
-    const long long obase = (long long)bh * (llc_popsum(NC) + (REV ? NC : 0));
-    for (int step = 0; step < NC; ++step) {
-        const int j = REV ? NC - 1 - step : step;
-        const int n = min(CH, Tn - j * CH);
-        const long long row0 = ((long long)b * Tn + (long long)j * CH) * H + h;
-        __syncthreads();
+    auto chunk = [&](int step) { return REV ? NC - 1 - step : step; };
+    auto row_of = [&](int j) { return ((long long)b * Tn + (long long)j * CH) * H + h; };
+    // Stage buffer of a step: W, K, Q̃ rows, the src columns, the weights, the log-decays.
+    auto buf = [&](int step) { return st0 + (stages == 2 ? (step & 1) * ss : 0); };
+    auto load = [&](int step) {
+        const int j = chunk(step), n = min(CH, Tn - j * CH);
+        const long long row0 = row_of(j);
+        T* Wb = buf(step);
+        T* Kb = Wb + CH * ld;
+        T* Qb = Kb + CH * ld;
+        T* Db = Wb + NR * CH * ld;
+        T* Lb = Db + CH * NCOL;
+        T* gb = Lb + (REV ? CH * E : 0);
         for (int idx = tid; idx < CH * Dk; idx += 256) {
             const int r = idx / Dk, d = idx % Dk;
-            const long long off = (row0 + (long long)r * H) * Dk + d;
-            Wb[r * ld + d] = r < n ? W[off] : (T)0;
-            Kb[r * ld + d] = r < n ? k[off] : (T)0;
-            if (REV) Qb[r * ld + d] = r < n ? qt[off] : (T)0;
+            const bool in = r < n;
+            const long long off = in ? (row0 + (long long)r * H) * Dk + d : 0;
+            llc_cp_async(Wb + r * ld + d, W + off, sizeof(T), in);
+            llc_cp_async(Kb + r * ld + d, k + off, sizeof(T), in);
+            if (REV) llc_cp_async(Qb + r * ld + d, qt + off, sizeof(T), in);
         }
         for (int idx = tid; idx < CH * NCOL; idx += 256) {
             const int r = idx / NCOL, cc = c0 + idx % NCOL;
-            Db[idx] = (r < n && cc < Dv) ? src[(row0 + (long long)r * H) * Dv + cc] : (T)0;
+            const bool in = r < n && cc < Dv;
+            llc_cp_async(Db + idx, src + (in ? (row0 + (long long)r * H) * Dv + cc : 0), sizeof(T), in);
         }
         if (REV)
             for (int idx = tid; idx < CH * E; idx += 256) {
                 const int r = idx / E, e = idx % E;
-                Lb[idx] = (r < n && e >= 1 && CB + e < L) ? lam[(row0 + (long long)r * H) * L + CB + e] : (T)0;
+                const bool in = r < n && e >= 1 && CB + e < L;
+                llc_cp_async(Lb + idx, lam + (in ? (row0 + (long long)r * H) * L + CB + e : 0), sizeof(T), in);
             }
+        if (tid < CH) {
+            const bool in = tid < n;
+            llc_cp_async(gb + tid, g + (in ? row0 + (long long)tid * H : 0), sizeof(T), in);
+        }
+    };
+    for (int i = tid; i < E * SD; i += 256) S[i] = (T)0;
+    const long long obase = (long long)bh * (llc_popsum(NC) + (REV ? NC : 0));
+    load(0);
+    lgb_commit();
+    for (int step = 0; step < NC; ++step) {
+        const int j = chunk(step), n = min(CH, Tn - j * CH);
+        if (stages == 1 && step > 0) {
+            load(step);
+            lgb_commit();
+        }
+        if (stages == 2 && step + 1 < NC) {
+            load(step + 1);
+            lgb_commit();
+            lgb_wait1();
+        } else {
+            lgb_wait0();
+        }
+        const T* Wb = buf(step);
+        const T* Kb = Wb + CH * ld;
+        const T* Qb = Kb + CH * ld;
+        const T* Db = Wb + NR * CH * ld;
+        const T* Lb = Db + CH * NCOL;
+        const T* gb = Lb + (REV ? CH * E : 0);
         if (!REV && j >= 1) {
             const int m = __ffs(j) - 1;
             for (int i = tid; i < SD; i += 256) {
@@ -169,7 +205,8 @@ __device__ void lgl_pass(const T* k, const T* g, const T* W, const T* qt, const 
                 S[(m + 1) * SD + i] = sum;
             }
         }
-        const double x = llc_prefix<CH>(tid < n ? (double)g[row0 + (long long)tid * H] : 0.0, gtmp);
+        __syncthreads();
+        const double x = llc_prefix<CH>(tid < CH ? (double)gb[tid] : 0.0, gtmp);
         if (tid < CH) gam[tid] = x;
         __syncthreads();
         const double a = gam[n - 1];
@@ -207,13 +244,13 @@ __device__ void lgl_pass(const T* k, const T* g, const T* W, const T* qt, const 
             }
             __syncthreads();
             for (int d = r0; d < Dk; d += 16) {
-                T acc = ea * Se[d * NCOL + c];
+                T acc = ea * Se[d * NCOL + c], acc2 = (T)0;
                 for (int r = 0; r < n; ++r) {
                     const T l2 = REV ? L2[r * ld + d] : tau[r] * L2[r * ld + d];
                     acc = fma(-l2, V[r * NCOL + c], acc);
-                    if (REV) acc = fma(Qb[r * ld + d], Lb[r * E + e] * Db[r * NCOL + c], acc);
+                    if (REV) acc2 = fma(Qb[r * ld + d], Lb[r * E + e] * Db[r * NCOL + c], acc2);
                 }
-                Se[d * NCOL + c] = acc;
+                Se[d * NCOL + c] = acc + acc2;
             }
             __syncthreads();
         }
@@ -233,6 +270,7 @@ __device__ void lgl_pass(const T* k, const T* g, const T* W, const T* qt, const 
                 for (int r = 0; r < n; ++r) acc = fma(tau[r] * Kb[r * ld + d], Db[r * NCOL + c], acc);
                 S[d * NCOL + c] = acc;
             }
+        __syncthreads();
     }
 }
 
@@ -550,13 +588,14 @@ __device__ void lgl_grad(const T* q, const T* k, const T* v, const T* g, const T
         lgl_qt<T>(q, k, g, W, qt, Tn, H, Dk, Dv, scale);                                                        \
     }                                                                                                           \
     extern "C" __global__ void lgl_fwd_##S(const T* k, const T* g, const T* W, const T* U, T* zs, T* gst,         \
-                                           int has_gst, int Tn, int H, int Dk, int Dv, int NC, int E) {          \
-        lgl_pass<T, false>(k, g, W, nullptr, U, nullptr, zs, gst, has_gst, Tn, H, Dk, Dv, 0, NC, E);            \
+                                           int has_gst, int Tn, int H, int Dk, int Dv, int NC, int E,            \
+                                           int stages) {                                                        \
+        lgl_pass<T, false>(k, g, W, nullptr, U, nullptr, zs, gst, has_gst, Tn, H, Dk, Dv, 0, NC, E, stages);    \
     }                                                                                                           \
     extern "C" __global__ void lgl_rev_##S(const T* k, const T* g, const T* W, const T* qt, const T* dy,         \
                                            const T* lam, T* xs, T* gst, int has_gst, int Tn, int H, int Dk,       \
-                                           int Dv, int L, int NC, int E) {                                      \
-        lgl_pass<T, true>(k, g, W, qt, dy, lam, xs, gst, has_gst, Tn, H, Dk, Dv, L, NC, E);                     \
+                                           int Dv, int L, int NC, int E, int stages) {                          \
+        lgl_pass<T, true>(k, g, W, qt, dy, lam, xs, gst, has_gst, Tn, H, Dk, Dv, L, NC, E, stages);             \
     }                                                                                                           \
     extern "C" __global__ void lgl_levels_##S(const T* dy, const T* qt, const T* lam, const T* zs, const T* xs,  \
                                               T* dqt, T* dlam, T* hxz, int Tn, int H, int Dk, int Dv, int L,     \

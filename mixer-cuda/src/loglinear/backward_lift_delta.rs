@@ -54,20 +54,32 @@ pub(crate) fn qt_smem(elem: Elem) -> usize {
 }
 
 /// Dynamic shared memory of the passes (bytes) with `e` levels: the states `[e][Dk][16]` where
-/// `states` (else they are in global memory), the chunk's `W` and `k` rows `[C][Dk + 1]`, the
-/// source columns and new values `[C][16]`, and in reverse (`rev`) the `Q̃` rows and weights
-/// `[C][e]`.
-pub(crate) fn pass_smem(elem: Elem, dk: usize, e: usize, rev: bool, states: bool) -> usize {
+/// `states` (else they are in global memory), `stages` stage buffers (the chunk's `W`, `k` and in
+/// reverse (`rev`) `Q̃` rows `[C][Dk + 1]`, the source columns `[C][16]`, in reverse the weights
+/// `[C][e]`, the log-decays `[C]`) and the new values `[C][16]`.
+pub(crate) fn pass_smem(elem: Elem, dk: usize, e: usize, rev: bool, p: PassPlan) -> usize {
     let ch = elem.chunk();
     let rows = if rev { 3 } else { 2 };
-    let st = if states { e * dk * NCOL } else { 0 };
-    (st + rows * ch * (dk + 1) + 2 * ch * NCOL + if rev { ch * e } else { 0 }) * elem.bytes()
+    let stage = rows * ch * (dk + 1) + ch * NCOL + if rev { ch * e } else { 0 } + ch;
+    let st = if p.shared_states { e * dk * NCOL } else { 0 };
+    (st + p.stages * stage + ch * NCOL) * elem.bytes()
 }
 
-/// Whether the passes keep their level states in shared memory (both fit within `smem` bytes),
-/// else in global memory.
-pub(crate) fn states_in_shared(elem: Elem, dk: usize, e: usize, smem: usize) -> bool {
-    pass_smem(elem, dk, e, true, true) <= smem
+/// Where the passes keep their level states and how many stage buffers they take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PassPlan {
+    /// The level states in shared memory (else in global memory).
+    pub shared_states: bool,
+    /// Stage buffers: 2 (the next chunk copied while this one computes) or 1.
+    pub stages: usize,
+}
+
+/// The first of (states in shared memory, two stages), (global, two), (global, one) whose larger
+/// pass (the reverse) fits in `smem` bytes; the last where none does (the caller reports it).
+pub(crate) fn pass_plan(elem: Elem, dk: usize, e: usize, smem: usize) -> PassPlan {
+    let plans =
+        [(true, 2), (false, 2), (false, 1)].map(|(shared_states, stages)| PassPlan { shared_states, stages });
+    plans.into_iter().find(|&p| pass_smem(elem, dk, e, true, p) <= smem).unwrap_or(plans[2])
 }
 
 /// Dynamic shared memory of `lgl_levels` (bytes) with `e` levels: two slices `[16][65]` and the
@@ -98,12 +110,16 @@ pub(crate) fn launches(s: Shape, elem: Elem, e: usize, smem: usize) -> [Launch; 
         .on(grid, 256, smem)
         .opted_in(true)
     };
-    let shared = states_in_shared(elem, s.dk, e, smem);
+    let pp = pass_plan(elem, s.dk, e, smem);
     let pass_grid = [bh, s.dv.div_ceil(NCOL), 1];
+    let pass = |name: &str, rev: bool| {
+        let l = on(name, pass_grid, pass_smem(elem, s.dk, e, rev, pp));
+        Launch { stages: Some(pp.stages), ..l }
+    };
     [
-        on("lgl_fwd", pass_grid, pass_smem(elem, s.dk, e, false, shared)),
+        pass("lgl_fwd", false),
         on("lgl_qt", [nc, bh, 1], qt_smem(elem)),
-        on("lgl_rev", pass_grid, pass_smem(elem, s.dk, e, true, shared)),
+        pass("lgl_rev", true),
         on("lgl_levels", [nc, bh, 1], levels_smem(elem, e)),
         on("lgl_grad", [nc, bh, 1], grad_smem(elem)),
     ]
@@ -174,13 +190,15 @@ pub(crate) fn delta<F: GpuReal>(
     let [l_fwd, l_qt, l_rev, l_levels, l_grad] = &plan;
     // The passes' level states in global memory where they do not fit in shared memory (else one
     // entry, never read: has_gst = 0).
-    let global = !states_in_shared(elem, dk, levels, smem);
-    let has_gst = global as i32;
+    let pp = pass_plan(elem, dk, levels, smem);
+    let global = !pp.shared_states;
+    let (has_gst, stages) = (global as i32, int(FAMILY, "stages", pp.stages)?);
     let mut gst =
         pool::take::<F>(FAMILY, if global { bh * dv.div_ceil(NCOL) * levels * dk * NCOL } else { 1 })?;
     let mut zs = pool::take::<F>(FAMILY, (bh * slots * dk * dv).max(1))?;
     let (f, cfg) = l_fwd.function()?;
-    launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*u, &mut *zs, &mut *gst, &has_gst, &ti, &hi, &dki, &dvi, &nci, &ei)?;
+    launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*u, &mut *zs, &mut *gst, &has_gst, &ti, &hi, &dki, &dvi, &nci, &ei,
+        &stages)?;
     let scale = F::of(ll.scale);
     let mut qt = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let (f, cfg) = l_qt.function()?;
@@ -188,7 +206,7 @@ pub(crate) fn delta<F: GpuReal>(
     let mut xs = pool::take::<F>(FAMILY, bh * (slots + nc) * dk * dv)?;
     let (f, cfg) = l_rev.function()?;
     launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*qt, &dyv, &lv, &mut *xs, &mut *gst, &has_gst,
-        &ti, &hi, &dki, &dvi, &li, &nci, &ei)?;
+        &ti, &hi, &dki, &dvi, &li, &nci, &ei, &stages)?;
     drop(gst);
     let mut dqt = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let mut hxz = pool::take::<F>(FAMILY, bh * nc * dk * dk)?;
@@ -237,14 +255,18 @@ mod tests {
         assert_eq!(fwd.grid, [6, 3, 1]);
         assert_eq!(rev.grid, [6, 3, 1]);
         assert_eq!(qt.shared_mem, (64 * 65 + 64 * 65 + 2 * 16 * 65) * 4);
-        assert_eq!(fwd.shared_mem, (5 * 64 * 16 + 2 * 64 * 65 + 2 * 64 * 16) * 4);
-        assert_eq!(rev.shared_mem, (5 * 64 * 16 + 3 * 64 * 65 + 2 * 64 * 16 + 64 * 5) * 4);
+        // States in shared memory and two stage buffers at Dk = 64.
+        assert_eq!(fwd.stages, Some(2));
+        assert_eq!(fwd.shared_mem, (5 * 64 * 16 + 2 * (2 * 64 * 65 + 64 * 16 + 64) + 64 * 16) * 4);
+        assert_eq!(rev.shared_mem, (5 * 64 * 16 + 2 * (3 * 64 * 65 + 64 * 16 + 64 * 5 + 64) + 64 * 16) * 4);
         assert_eq!(lv.shared_mem, (2 * 16 * 65 + 64 * 5) * 4);
         assert_eq!(grad.shared_mem, (6 * 64 * 65 + 4 * 64 * 65 + 2 * 16 * 65) * 4);
         assert_eq!(grad_smem(Elem::F64), (6 * 32 * 33 + 4 * 64 * 65 + 2 * 16 * 65) * 8);
-        // Dk = 256 with 15 levels (T = 1M in f32): the states go to global memory, the rest fits.
+        // Dk = 256 with 15 levels (T = 1M in f32): the states go to global memory and one stage
+        // buffer fits.
         let wide = Shape::new([1, 1 << 20, 1, 256, 64]);
-        assert!(!states_in_shared(Elem::F32, 256, 15, 227 << 10));
+        let pp = pass_plan(Elem::F32, 256, 15, 227 << 10);
+        assert_eq!(pp, PassPlan { shared_states: false, stages: 1 });
         for l in launches(wide, Elem::F32, 15, 227 << 10) {
             assert!(l.shared_mem <= 227 << 10, "{} needs {} bytes", l.function, l.shared_mem);
         }

@@ -1,8 +1,8 @@
 //! The `fast` backward of the log-linear base mixers on CUDA (`linear-attention`, `mamba2`,
 //! `gated-deltanet`) against the CPU backward on the same inputs, every input gradient, in each
-//! precision mode; decays that reach zero and `β ∈ {0, 1}`; the same bits twice; the lifted
-//! gated DeltaNet refused; and a timing (the scalar-decay lifts: `loglinear_backward_lift.rs`) of forward alone against forward + backward (CUDA events, device-resident
-//! inputs). GPU tests are `#[ignore]`d and skip without a device (fail under
+//! precision mode; decays that reach zero and `β ∈ {0, 1}`; the same bits twice; every member
+//! listing the backward; and a timing (the lifts: `loglinear_backward_lift.rs`) of forward alone
+//! against forward + backward (CUDA events, device-resident inputs). GPU tests are `#[ignore]`d and skip without a device (fail under
 //! `MIXERS_REQUIRE_CUDA=1`).
 
 use mixer_core::mixer::Mixer;
@@ -340,18 +340,13 @@ fn loglinear_backward_on_device_tensors_checks_its_arguments() {
     assert_eq!(g.keys().collect::<Vec<_>>(), ["d_g", "d_v"]);
 }
 
-/// The lifted gated DeltaNet has no CUDA backward: refused with the reason, not listed, and no
-/// GPU needed; every other member lists it.
+/// Every member of the family, the three lifts included, lists the `fast` backward on CUDA (no
+/// GPU needed).
 #[test]
-fn lifted_gated_deltanet_backward_is_refused_on_cuda_with_a_reason() {
-    let m = mixer("loglinear-gated-deltanet", &serde_json::json!({})).unwrap();
-    assert!(!backward_forms(m.as_ref(), "cuda").contains(&Form::Fast));
-    let (x, dy) = case(m.as_ref(), [1, 8, 1, 4, 4], 1);
-    let e = backward(m.as_ref(), "cuda", Form::Fast, &AnyTensors::F64(x), &Tensor::F64(dy), &Requires::All)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("the lifted gated DeltaNet's backward is not on CUDA yet"), "{e}");
-    for name in BASES.into_iter().chain(["loglinear-attention", "loglinear-mamba2"]) {
+fn every_member_lists_the_fast_backward_on_cuda() {
+    for name in
+        BASES.into_iter().chain(["loglinear-attention", "loglinear-mamba2", "loglinear-gated-deltanet"])
+    {
         let m = base(name);
         assert!(backward_forms(m.as_ref(), "cuda").contains(&Form::Fast), "{name}");
     }
