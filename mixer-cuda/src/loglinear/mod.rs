@@ -19,14 +19,16 @@
 //!   through the WY/UT chunk form ([`backward_chunked`], `loglinear_backward_chunked.cu`); from a
 //!   state too ([`backward::run_from`], exact mode); the scalar-decay lifts' by the lifted forward
 //!   of `(dy, v, k)` and a reverse sweep over chunks ([`backward_lift`],
-//!   `loglinear_backward_lift.cu`); the lifted gated DeltaNet's is not on CUDA yet;
+//!   `loglinear_backward_lift.cu`); the lifted gated DeltaNet's by its own passes over the level
+//!   states and chunk-parallel gradients ([`backward_lift_delta`], `loglinear_backward_lift_delta.cu`);
 //! - `recurrent` ([`decoder`]): O(log T) device-resident level states per head (§2.5), one
 //!   kernel launch per token, a warp per (batch·head, state row).
 //!
 //! Every file imports from [`common`] and from the steps below it only: `fast` → `ssd`, `wy`,
 //! `state_pass`, `output`, `sequential`, `lambda` → `common`; `ssd` → `output`; `decoder` →
-//! `lambda` → `parallel`; `backward` → `fast`, `backward_lift`, `backward_chunked`;
-//! `backward_lift` → `fast`, `ssd`, `state_pass`; `backward_chunked` → `wy`; only the backward files
+//! `lambda` → `parallel`; `backward` → `fast`, `backward_lift`, `backward_lift_delta`,
+//! `backward_chunked`; `backward_lift` → `fast`, `ssd`, `state_pass`; `backward_lift_delta` →
+//! `backward_lift`, `fast`, `state_pass`, `wy`; `backward_chunked` → `wy`; only the backward files
 //! import `fast`, and nothing imports this module.
 //!
 //! The `fast` and `recurrent` forms exist only with Fenwick structure (base mixers, or the
