@@ -126,13 +126,8 @@ __device__ void lgb_pass(const T* k, const T* g, const T* W, T* U, T* st, const 
         }
         __syncthreads();
         {
-            const T* L = REV ? bf.K : bf.W;
-            T acc[NU] = {};
-            for (int d = 0; d < Dk; ++d) {
-                const T sv = S[d * NCOL + c];
-#pragma unroll
-                for (int u = 0; u < NU; ++u) acc[u] = fma(L[(r0 + 16 * u) * ld + d], sv, acc[u]);
-            }
+            T acc[NU];
+            lgb_rows_state<T, NU>(acc, REV ? bf.K : bf.W, ld, S, NCOL, Dk, r0, c);
 #pragma unroll
             for (int u = 0; u < NU; ++u) {
                 const int r = r0 + 16 * u;

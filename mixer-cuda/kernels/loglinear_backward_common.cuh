@@ -78,3 +78,17 @@ __device__ __forceinline__ void lgb_commit() { asm volatile("cp.async.commit_gro
 __device__ __forceinline__ void lgb_wait1() { asm volatile("cp.async.wait_group 1;\n" ::: "memory"); }
 __device__ __forceinline__ void lgb_wait0() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
+
+// acc[u] = Σ_{d < Dk} L[(r0 + 16 u)·ld + d] · S[d·ncol + c]: rows r0 + 16 u of a chunk's rows L
+// (rows of ld entries) times column c of a state slice S [Dk][ncol], as the passes' threads hold
+// them.
+template <typename T, int NU>
+__device__ inline void lgb_rows_state(T (&acc)[NU], const T* L, int ld, const T* S, int ncol, int Dk, int r0, int c) {
+#pragma unroll
+    for (int u = 0; u < NU; ++u) acc[u] = (T)0;
+    for (int d = 0; d < Dk; ++d) {
+        const T sv = S[d * ncol + c];
+#pragma unroll
+        for (int u = 0; u < NU; ++u) acc[u] = fma(L[(r0 + 16 * u) * ld + d], sv, acc[u]);
+    }
+}

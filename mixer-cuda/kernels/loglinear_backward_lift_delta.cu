@@ -230,12 +230,8 @@ __device__ void lgl_pass(const T* k, const T* g, const T* W, const T* qt, const 
             if (!((j >> (e - 1)) & 1)) continue;
             T* Se = S + e * SD;
             {
-                T acc[NU] = {};
-                for (int d = 0; d < Dk; ++d) {
-                    const T sv = Se[d * NCOL + c];
-#pragma unroll
-                    for (int u = 0; u < NU; ++u) acc[u] = fma(L1[(r0 + 16 * u) * ld + d], sv, acc[u]);
-                }
+                T acc[NU];
+                lgb_rows_state<T, NU>(acc, L1, ld, Se, NCOL, Dk, r0, c);
 #pragma unroll
                 for (int u = 0; u < NU; ++u) {
                     const int r = r0 + 16 * u;

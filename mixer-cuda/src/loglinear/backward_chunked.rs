@@ -655,6 +655,18 @@ mod tests {
         out
     }
 
+    /// Decays that wipe the state (`g = −10⁴` on every third token) and gates at 0 and 1.
+    fn wipe_and_gate(x: &mut Tensors<f64>) {
+        for (i, g) in x.get_mut("g").unwrap().iter_mut().enumerate() {
+            if i % 3 == 1 {
+                *g = -1e4;
+            }
+        }
+        for (i, e) in x.get_mut("beta").unwrap().iter_mut().enumerate() {
+            *e = (i % 2) as f64;
+        }
+    }
+
     #[test]
     fn the_lifted_chunk_recipe_on_the_cpu_is_the_cpu_backward() {
         let boxed =
@@ -669,15 +681,8 @@ mod tests {
             let dims = [("B", b), ("T", t), ("H", h), ("Dk", dk), ("Dv", dv)].into_iter().collect();
             let mut x = boxed.random_inputs(&dims, 7).unwrap();
             if strong {
-                // Decays that wipe the state, gates at 0 and 1, a zero level weight.
-                for (i, g) in x.get_mut("g").unwrap().iter_mut().enumerate() {
-                    if i % 3 == 1 {
-                        *g = -1e4;
-                    }
-                }
-                for (i, e) in x.get_mut("beta").unwrap().iter_mut().enumerate() {
-                    *e = (i % 2) as f64;
-                }
+                wipe_and_gate(&mut x);
+                // and a zero level weight.
                 for (i, l) in x.get_mut("lambda").unwrap().iter_mut().enumerate() {
                     if i % 5 == 3 {
                         *l = 0.0;
@@ -750,15 +755,7 @@ mod tests {
             let dims = [("B", b), ("T", t), ("H", h), ("Dk", dk), ("Dv", dv)].into_iter().collect();
             let mut x = boxed.random_inputs(&dims, 7).unwrap();
             if strong {
-                // Decays that wipe the state and gates at 0 and 1.
-                for (i, g) in x.get_mut("g").unwrap().iter_mut().enumerate() {
-                    if i % 3 == 1 {
-                        *g = -1e4;
-                    }
-                }
-                for (i, e) in x.get_mut("beta").unwrap().iter_mut().enumerate() {
-                    *e = (i % 2) as f64;
-                }
+                wipe_and_gate(&mut x);
             }
             let dy = x["v"].mapv(|e| (3.0 * e + 0.2).sin());
             let s0 = boxed.random_state(&dims, 8).unwrap();
