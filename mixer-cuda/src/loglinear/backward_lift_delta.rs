@@ -7,9 +7,11 @@
 //! `Y = Σ_e diag(w_e) Q̃ Z^e + (Λ ⊙ P N) V` over the levels `e` present at chunk `j`, each taken
 //! through the chunk as `Z^e ← e^a Z^e − K̂ᵀ W Z^e`, and the chunk's own state `Z^0 = K̂ᵀ U`.
 //! The backward:
-//! - the forward's WY step and its lifted state pass (the level states `Z^e` entering every
-//!   chunk, the slots the forward's output step reads), exact kernels;
-//! - `Q̃` per chunk (`lgl_qt`), then one reverse pass over chunks (`lgl_rev`) for the adjoints
+//! - the forward's WY step (exact kernel), then the level states `Z^e` entering every chunk
+//!   (`lgl_fwd`: merge, write, `Z^e ← e^a Z^e − K̂ᵀ (W Z^e)`, `Z^0 = K̂ᵀ U`, in the slots the
+//!   forward's output step reads);
+//! - `Q̃` per chunk (`lgl_qt`), then one reverse pass over chunks (`lgl_rev`, the same pass body
+//!   as `lgl_fwd`) for the adjoints
 //!   `X^e` of the level states after every chunk: the forward's transition transposed,
 //!   `X^e ← e^a X^e − Wᵀ (K̂ X^e) + Q̃ᵀ diag(w_e) dY`, and the merge's adjoint (levels `0 … m`,
 //!   `m = ctz j`, take level `m + 1`'s);
@@ -24,7 +26,9 @@
 //! Every mode runs the same FMA kernels in the element type of the call (f32 in the tf32 and bf16
 //! modes, on activations converted to f32), as gated DeltaNet's backward does. Every sum runs in a
 //! fixed order, so the same inputs give the same bits. The λ scheme's backward is the scalar
-//! lifts' ([`super::backward_lift::lambda_backward`]).
+//! lifts' ([`super::backward_lift::lambda_backward`]). The two passes keep their level states in
+//! shared memory where they fit next to two stage buffers of chunk rows, else in global memory
+//! ([`pass_plan`]).
 
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Error, Precision, Result};
