@@ -26,9 +26,9 @@
 //! Every mode runs the same FMA kernels in the element type of the call (f32 in the tf32 and bf16
 //! modes, on activations converted to f32), as gated DeltaNet's backward does. Every sum runs in a
 //! fixed order, so the same inputs give the same bits. The λ scheme's backward is the scalar
-//! lifts' ([`super::backward_lift::lambda_backward`]). The two passes keep their level states in
+//! lifts' (`backward_lift::lambda_backward`). The two passes keep their level states in
 //! shared memory where they fit next to two stage buffers of chunk rows, else in global memory
-//! ([`pass_plan`]).
+//! (`pass_plan`).
 
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Error, Precision, Result};
