@@ -11,6 +11,8 @@ reference.py; device-resident inputs; forward + backward = a forward with autogr
 `backward` of a random cotangent):
   * attention: torch SDPA causal, fp32 and bf16, forward + backward;
   * loglinear-mamba2: fla `chunk_log_linear_attn` fp32, forward + backward;
+  * loglinear-gated-deltanet: none (fla has no kernel for it); the goal compares it with our
+    gated-deltanet row;
   * mamba2, gated-deltanet: fla `chunk_simple_gla` / `chunk_gated_delta_rule` forward only (fla's
     backward of both refuses to run with the Triton of the H200 machine: the forward is the
     anchor the goals name).
@@ -114,6 +116,10 @@ def main():
         ("gated-deltanet", "tf32", "fla chunk_gated_delta_rule fp32 forward",
          None if FLA else ref_gdn, False),
         ("loglinear-attention", "exact", "(no reference)", None, False),
+        # The lifted gated DeltaNet: no fla kernel; its goal's anchor is the gated-deltanet row above
+        # (forward + backward ≤ 1.6× ours).
+        ("loglinear-gated-deltanet", "exact", "(no reference; see gated-deltanet)", None, False),
+        ("loglinear-gated-deltanet", "tf32", "(no reference; see gated-deltanet)", None, False),
     ]
     if a.only:
         cases = [c for c in cases if c[0].startswith(tuple(a.only.split(",")))]
