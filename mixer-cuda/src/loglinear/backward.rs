@@ -162,13 +162,7 @@ pub fn run_from<F: GpuReal>(
                 let ops = OnDevice::<F> { ll, p: Precision::Exact, _f: PhantomData };
                 put("g", ops.decay_grad([&q, &r.dq, &k, &r.dk], None)?);
             }
-            put("q", r.dq);
-            put("k", r.dk);
-            put("v", r.dv);
-            put("lambda", r.dlambda);
-            if let Some(dp) = r.dparam {
-                put("lambda_param", dp);
-            }
+            put_lift(&mut put, r);
             None
         }
         Base::LinearAttention | Base::Mamba2 => {
@@ -198,13 +192,7 @@ pub fn run_from<F: GpuReal>(
             if ll.lift.is_some() {
                 let r =
                     backward_lift_delta::delta::<F>(ll, x, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv])?;
-                put("q", r.lift.dq);
-                put("k", r.lift.dk);
-                put("v", r.lift.dv);
-                put("lambda", r.lift.dlambda);
-                if let Some(dp) = r.lift.dparam {
-                    put("lambda_param", dp);
-                }
+                put_lift(&mut put, r.lift);
                 put("beta", r.dbeta);
                 put("g", r.dg);
                 return Ok((out, None));
@@ -220,6 +208,18 @@ pub fn run_from<F: GpuReal>(
         }
     };
     Ok((out, ds0))
+}
+
+/// Hands a lift's gradients to `put`: `d_q`, `d_k`, `d_v`, `d_lambda` and, where the λ scheme has
+/// one, `d_lambda_param`.
+fn put_lift<F: GpuReal>(put: &mut impl FnMut(&str, DeviceTensor<F>), r: backward_lift::LiftGrads<F>) {
+    put("q", r.dq);
+    put("k", r.dk);
+    put("v", r.dv);
+    put("lambda", r.dlambda);
+    if let Some(dp) = r.dparam {
+        put("lambda_param", dp);
+    }
 }
 
 /// Which gradients the transposed-operator backward must produce.

@@ -24,6 +24,8 @@
 //! device for the identity scheme (`d_lambda = dλ`); any other scheme maps `dλ` back on the host
 //! with its registered derivative (`LogLinear::lambda_vjp`), the one step that waits.
 
+use std::borrow::Cow;
+
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Error, Precision, Result};
 
@@ -84,12 +86,8 @@ pub(crate) fn scalar<F: GpuReal>(
     dims: [usize; 5],
 ) -> Result<LiftGrads<F>> {
     let [b, t, h, dk, dv] = dims;
-    let raw = crate::forms::input::<F>(x, "lambda")?;
-    if raw.shape().len() != 4 || raw.shape()[..3] != [b, t, h] {
-        return Err(Error::shape("lambda", format!("[{b}, {t}, {h}, L]"), format!("{:?}", raw.shape())));
-    }
-    let param = input_opt::<F>(x, "lambda_param")?;
-    let (lam, levels) = fast::mapped_lambda::<F>(ll, x, t)?;
+    let lambda = lift_lambda::<F>(ll, x, [b, t, h])?;
+    let (lam, levels) = (lambda.weights.clone(), lambda.levels); // another handle, no copy
 
     // dq: the lifted forward of (dy, v, k), exact kernels.
     let mut xq = x.clone();
@@ -150,7 +148,7 @@ pub(crate) fn scalar<F: GpuReal>(
     launch!(gp, FAMILY, f, cfg; &qv, &dyv, &gv, &has_g, &*tree, &*decays, &mut *d_lam,
         &ti, &hi, &dki, &dvi, &li, &nci, &scale)?;
     let dlam = DeviceTensor::from_pooled(d_lam, &[b, t, h, levels])?;
-    let (dlambda, dparam) = lambda_backward(ll, &raw, param.as_deref(), dlam)?;
+    let (dlambda, dparam) = lambda_backward(ll, &lambda, dlam)?;
     Ok(LiftGrads {
         dq,
         dk: DeviceTensor::from_pooled(d_k, &[b, t, h, dk])?,
@@ -160,19 +158,44 @@ pub(crate) fn scalar<F: GpuReal>(
     })
 }
 
-/// The λ scheme's backward: the identity's on the device (`d_lambda = dλ`, no parameter
-/// gradient), any other scheme's on the host with its registered derivative.
+/// A lift's λ as its backward takes it: the raw `lambda` (read once), `lambda_param`, and the
+/// weights mapped on the device with their level count ([`fast::map_lambda`]).
+pub(crate) struct LiftLambda<'a, F: GpuReal> {
+    pub raw: Cow<'a, DeviceTensor<F>>,
+    pub param: Option<Cow<'a, DeviceTensor<F>>>,
+    pub weights: DeviceTensor<F>,
+    pub levels: usize,
+}
+
+/// [`LiftLambda`] of the inputs `x` of a `[B, T, H, ·]` call: `lambda` must be `[B, T, H, L]` with
+/// the levels `T` tokens read.
+pub(crate) fn lift_lambda<'a, F: GpuReal>(
+    ll: &LogLinear,
+    x: &'a DeviceTensors,
+    [b, t, h]: [usize; 3],
+) -> Result<LiftLambda<'a, F>> {
+    let raw = crate::forms::input::<F>(x, "lambda")?;
+    if raw.shape().len() != 4 || raw.shape()[..3] != [b, t, h] {
+        return Err(Error::shape("lambda", format!("[{b}, {t}, {h}, L]"), format!("{:?}", raw.shape())));
+    }
+    let param = input_opt::<F>(x, "lambda_param")?;
+    let (weights, levels) = fast::map_lambda(ll, &raw, param.as_deref(), t)?;
+    Ok(LiftLambda { raw, param, weights, levels })
+}
+
+/// The λ scheme's backward of `dlam` (the gradient of the mapped weights): the identity's on the
+/// device (`d_lambda = dλ`, no parameter gradient), any other scheme's on the host with its
+/// registered derivative.
 pub(crate) fn lambda_backward<F: GpuReal>(
     ll: &LogLinear,
-    raw: &DeviceTensor<F>,
-    param: Option<&DeviceTensor<F>>,
+    lambda: &LiftLambda<'_, F>,
     dlam: DeviceTensor<F>,
 ) -> Result<(DeviceTensor<F>, Option<DeviceTensor<F>>)> {
     if ll.lift.is_some_and(|l| l.lambda.is_identity()) {
         return Ok((dlam, None));
     }
-    let param = param.map(|p| p.to_host()).transpose()?;
-    let (dr, dp) = ll.lambda_vjp(&raw.to_host()?, param.as_ref(), &dlam.to_host()?)?;
+    let param = lambda.param.as_deref().map(|p| p.to_host()).transpose()?;
+    let (dr, dp) = ll.lambda_vjp(&lambda.raw.to_host()?, param.as_ref(), &dlam.to_host()?)?;
     Ok((DeviceTensor::upload(&dr)?, dp.map(|d| DeviceTensor::upload(&d)).transpose()?))
 }
 

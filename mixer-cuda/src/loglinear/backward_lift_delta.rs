@@ -31,13 +31,12 @@
 //! (`pass_plan`).
 
 use mixer_core::mixers::loglinear::LogLinear;
-use mixer_core::{Error, Precision, Result};
+use mixer_core::{Precision, Result};
 
-use super::backward_lift::{LiftGrads, lambda_backward};
+use super::backward_lift::{LiftGrads, lambda_backward, lift_lambda};
 use super::common::{Elem, FAMILY, Launch, Shape, Step, check_sizes, fixed_dims, kernel_ints};
 use super::state_pass;
-use super::{fast, wy};
-use crate::forms::input_opt;
+use super::wy;
 use crate::kernels;
 use crate::pool;
 use crate::runtime::{err, gpu, int, launch, max_dynamic_smem};
@@ -145,12 +144,8 @@ pub(crate) fn delta<F: GpuReal>(
     dims: [usize; 5],
 ) -> Result<LiftDeltaGrads<F>> {
     let [b, t, h, dk, dv] = dims;
-    let raw = crate::forms::input::<F>(x, "lambda")?;
-    if raw.shape().len() != 4 || raw.shape()[..3] != [b, t, h] {
-        return Err(Error::shape("lambda", format!("[{b}, {t}, {h}, L]"), format!("{:?}", raw.shape())));
-    }
-    let param = input_opt::<F>(x, "lambda_param")?;
-    let (lam, n_lam) = fast::mapped_lambda::<F>(ll, x, t)?;
+    let lambda = lift_lambda::<F>(ll, x, [b, t, h])?;
+    let n_lam = lambda.levels;
     let s = Shape::new(dims);
     let elem = Elem::of::<F>();
     let (ch, nc, bh) = (elem.chunk(), s.chunks(elem.chunk()), s.bh());
@@ -175,7 +170,7 @@ pub(crate) fn delta<F: GpuReal>(
     let [ti, hi, dki, dvi, nci, _] = kernel_ints([t, h, dk, dv, nc, bh])?;
     let (li, ei) = (int(FAMILY, "L", n_lam)?, int(FAMILY, "levels", levels)?);
     let (qv, kv, vv, gv, bv, dyv) = (q.view(), k.view(), v.view(), g.view(), beta.view(), dy.view());
-    let lv = lam.view();
+    let lv = lambda.weights.view();
 
     // The forward's WY step, then its level states (lgl_fwd).
     let mut w = pool::take::<F>(FAMILY, b * t * h * dk)?;
@@ -228,7 +223,7 @@ pub(crate) fn delta<F: GpuReal>(
     launch!(gp, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &lv, &*tinv, &*w, &*u, &*dqt, &*hxz, &*xs,
         &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &mut *d_lam, &ti, &hi, &dki, &dvi, &li, &nci, &scale)?;
     let dlam = DeviceTensor::from_pooled(d_lam, &[b, t, h, n_lam])?;
-    let (dlambda, dparam) = lambda_backward(ll, &raw, param.as_deref(), dlam)?;
+    let (dlambda, dparam) = lambda_backward(ll, &lambda, dlam)?;
     Ok(LiftDeltaGrads {
         lift: LiftGrads {
             dq: DeviceTensor::from_pooled(d_q, &[b, t, h, dk])?,

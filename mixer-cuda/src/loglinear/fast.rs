@@ -322,6 +322,17 @@ pub(crate) fn mapped_lambda<F: GpuReal>(
     t: usize,
 ) -> Result<(DeviceTensor<F>, usize)> {
     let raw = input::<F>(x, "lambda")?;
+    let param = input_opt::<F>(x, "lambda_param")?;
+    map_lambda(ll, &raw, param.as_deref(), t)
+}
+
+/// [`mapped_lambda`] of the raw `lambda` and `lambda_param` as given.
+pub(crate) fn map_lambda<F: GpuReal>(
+    ll: &LogLinear,
+    raw: &DeviceTensor<F>,
+    param: Option<&DeviceTensor<F>>,
+    t: usize,
+) -> Result<(DeviceTensor<F>, usize)> {
     let levels = raw.shape().get(3).copied().unwrap_or(0);
     // The highest Fenwick level T tokens read (MATH §2.2), whatever the chunking.
     let need = bitlen(t.saturating_sub(1));
@@ -332,8 +343,7 @@ pub(crate) fn mapped_lambda<F: GpuReal>(
             found: format!("L = {levels}"),
         });
     }
-    let param = input_opt::<F>(x, "lambda_param")?;
-    Ok((lambda::weights(ll, &raw, param.as_deref())?, levels))
+    Ok((lambda::weights(ll, raw, param)?, levels))
 }
 
 /// Linear attention and Mamba-2 without a lift in the bf16 mode, on the bf16 activations as
