@@ -121,6 +121,19 @@ std::vector<std::vector<double>> kernels(const Case<T>& c, bool global, int stag
         lgl_pass<T, true>(c.k.data(), c.g.data(), W.data(), qt.data(), c.dy.data(), c.lam.data(), xs.data(), gp, global, Tn, H,
                           Dk, Dv, L, NC, E, stages);
     });
+    {
+        // The transition form of the reverse pass (lgl_src + lgl_rev_t) gives the same adjoints.
+        std::vector<T> mt((size_t)BH * NC * Dk * Dk), rs(zs.size()), xs2(xs.size());
+        launch(NC, BH, [&] {
+            lgl_src<T>(c.k.data(), c.g.data(), W.data(), qt.data(), c.dy.data(), c.lam.data(), mt.data(), rs.data(), Tn,
+                       H, Dk, Dv, L, NC, E);
+        });
+        launch(BH, ncb, [&] { lgl_rev_t<T>(c.g.data(), mt.data(), rs.data(), xs2.data(), Tn, H, Dk, Dv, NC, E); });
+        const double e = rel(std::vector<double>(xs2.begin(), xs2.end()), std::vector<double>(xs.begin(), xs.end()));
+        const bool ok = e <= (sizeof(T) == 8 ? 1e-10 : 1e-5);
+        fails += !ok;
+        std::printf("%s adjoints of lgl_rev_t against lgl_rev rel=%.2e\n", ok ? "ok  " : "FAIL", e);
+    }
     launch(NC, BH, [&] {
         lgl_levels<T>(c.dy.data(), qt.data(), c.lam.data(), zs.data(), xs.data(), dqt.data(), dlam.data(), hxz.data(),
                       Tn, H, Dk, Dv, L, NC, E);

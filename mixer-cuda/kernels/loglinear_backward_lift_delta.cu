@@ -270,6 +270,136 @@ __device__ void lgl_pass(const T* k, const T* g, const T* W, const T* qt, const 
     }
 }
 
+// The reverse pass's transition form, chunk-parallel part, for chunk blockIdx.x, batch·head
+// blockIdx.y: the map Mᵀ_j = −Wᵀ K̂ ([B·H][NC][Dk][Dk], mt[d][d'] = −Σ_r W_rd τ_r k_rd') and the
+// sources R^e_j = Q̃ᵀ diag(w_e) dY of the present levels (slots popsum(j) + rank, [B·H][popsum(NC)]
+// [Dk][Dv]). Dynamic shared memory (lgl_src_smem on the host): two tiles [CH][LLC_LD].
+template <typename T>
+__device__ void lgl_src(const T* k, const T* g, const T* W, const T* qt, const T* dy, const T* lam, T* mt, T* rs,
+                        int Tn, int H, int Dk, int Dv, int L, int NC, int E) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = Llc<T>::CH, CB = Llc<T>::CBITS;
+    extern __shared__ __align__(16) unsigned char lgl_smem[];
+    __shared__ double gam[CH], gtmp[1];
+    T* A = reinterpret_cast<T*>(lgl_smem);
+    T* Bt = A + CH * LLC_LD;
+    const LlcChunk ck = llc_chunk<CH>(Tn, H);
+    const int ty = ck.ty, tx = ck.tx, n = ck.n, j = ck.i;
+    llc_gamma<T, CH>(gam, gtmp, g, 1, ck.row0, H, n);
+    // Mᵀ_j, 64 × 64 tiles: A = W tile (rows r, key columns d), Bt = τ-weighted k tile.
+    T* mj = mt + ((long long)ck.bh * NC + j) * Dk * Dk;
+    for (int d0 = 0; d0 < Dk; d0 += LLC_NT)
+        for (int e0 = 0; e0 < Dk; e0 += LLC_NT) {
+            __syncthreads();
+            lgb_tile<T, CH>(A, W, ck.row0, H, Dk, d0, n, [](int) { return (T)1; });
+            lgb_tile<T, CH>(Bt, k, ck.row0, H, Dk, e0, n,
+                            [&](int r) { return -(T)mx_exp(gam[n - 1] - gam[r]); });
+            __syncthreads();
+            T acc[4][4] = {};
+            lgb_gemm2<T, 4, 4>(acc, A, LLC_LD, 1, Bt, LLC_LD, 1, n, ty, tx);
+            LLC_TILE_EACH(4, 4, a, bb, d, d2, d0, e0) {
+                if (d < Dk && d2 < Dk) mj[(long long)d * Dk + d2] = acc[a][bb];
+            }
+        }
+    // R^e_j, 64 × 64 tiles: A = Q̃ tile, Bt = w_e-weighted dY tile.
+    long long slot = (long long)ck.bh * llc_popsum(NC) + llc_popsum(j);
+    for (int e = 1; e < E; ++e) {
+        if (!((j >> (e - 1)) & 1)) continue;
+        T* rj = rs + slot * Dk * Dv;
+        const bool has = CB + e < L;
+        for (int d0 = 0; d0 < Dk; d0 += LLC_NT)
+            for (int c0 = 0; c0 < Dv; c0 += LLC_NT) {
+                __syncthreads();
+                lgb_tile<T, CH>(A, qt, ck.row0, H, Dk, d0, n, [](int) { return (T)1; });
+                lgb_tile<T, CH>(Bt, dy, ck.row0, H, Dv, c0, n, [&](int r) {
+                    return has ? lam[(ck.row0 + (long long)r * H) * L + CB + e] : (T)0;
+                });
+                __syncthreads();
+                T acc[4][4] = {};
+                lgb_gemm2<T, 4, 4>(acc, A, LLC_LD, 1, Bt, LLC_LD, 1, n, ty, tx);
+                LLC_TILE_EACH(4, 4, a, bb, d, cc, d0, c0) {
+                    if (d < Dk && cc < Dv) rj[(long long)d * Dv + cc] = acc[a][bb];
+                }
+            }
+        ++slot;
+    }
+}
+
+// The reverse pass in the transition form, for batch·head blockIdx.x and state columns
+// c0 = LGL_NCOL·blockIdx.y onwards, 256 threads (thread: column c = tid mod 16, rows r0 + 16 u,
+// r0 = tid / 16), from the last chunk: write level 0 and the present levels to xs (as lgl_rev),
+// take each present level back, X ← e^a X + Mᵀ_j X + R^e_j, then the merge's adjoint. Dynamic
+// shared memory (lgl_rev_t_smem on the host): the states [E][Dk][NCOL], Mᵀ_j [Dk][Dk + 1].
+template <typename T>
+__device__ void lgl_rev_t(const T* g, const T* mt, const T* rs, T* xs, int Tn, int H, int Dk, int Dv, int NC, int E) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = Llc<T>::CH, NCOL = LGL_NCOL, MU = 16;  // Dk / 16 ≤ MU state rows a thread
+    extern __shared__ __align__(16) unsigned char lgl_smem[];
+    __shared__ double gtmp[1];
+    __shared__ double alast;
+    const int ld = Dk + 1, SD = Dk * NCOL;
+    T* S = reinterpret_cast<T*>(lgl_smem);
+    T* Mb = S + E * SD;
+    const int bh = blockIdx.x, b = bh / H, h = bh % H, c0 = blockIdx.y * NCOL, tid = threadIdx.x;
+    const int c = tid % NCOL, r0 = tid / NCOL;
+    const bool col = c0 + c < Dv;
+    for (int i = tid; i < E * SD; i += 256) S[i] = (T)0;
+    const long long xbase = (long long)bh * (llc_popsum(NC) + NC), rbase = (long long)bh * llc_popsum(NC);
+    for (int j = NC - 1; j >= 0; --j) {
+        const int n = min(CH, Tn - j * CH);
+        const long long row0 = ((long long)b * Tn + (long long)j * CH) * H + h;
+        __syncthreads();
+        const T* mj = mt + ((long long)bh * NC + j) * Dk * Dk;
+        for (int i = tid; i < Dk * Dk; i += 256) Mb[(i / Dk) * ld + i % Dk] = mj[i];
+        const double x = llc_prefix<CH>(tid < n ? (double)g[row0 + (long long)tid * H] : 0.0, gtmp);
+        if (tid == n - 1) alast = x;
+        {
+            long long slot = xbase + llc_popsum(j) + j;
+            for (int e = 0; e < E; ++e) {
+                if (e >= 1 && !((j >> (e - 1)) & 1)) continue;
+                T* oj = xs + slot * Dk * Dv;
+                for (int i = tid; i < SD; i += 256)
+                    if (c0 + i % NCOL < Dv) oj[(long long)(i / NCOL) * Dv + c0 + i % NCOL] = S[e * SD + i];
+                ++slot;
+            }
+        }
+        __syncthreads();
+        const T ea = (T)mx_exp(alast);
+        long long rslot = rbase + llc_popsum(j);
+        for (int e = 1; e < E; ++e) {
+            if (!((j >> (e - 1)) & 1)) continue;
+            T* Se = S + e * SD;
+            const T* rj = rs + rslot * Dk * Dv;
+            T acc[MU];
+#pragma unroll
+            for (int u = 0; u < MU; ++u) {
+                const int d = r0 + 16 * u;
+                acc[u] = (d < Dk && col) ? fma(ea, Se[d * NCOL + c], rj[(long long)d * Dv + c0 + c]) : (T)0;
+            }
+            for (int d2 = 0; d2 < Dk; ++d2) {
+                const T sv = Se[d2 * NCOL + c];
+#pragma unroll
+                for (int u = 0; u < MU; ++u)
+                    if (r0 + 16 * u < Dk) acc[u] = fma(Mb[(r0 + 16 * u) * ld + d2], sv, acc[u]);
+            }
+            __syncthreads();
+#pragma unroll
+            for (int u = 0; u < MU; ++u)
+                if (r0 + 16 * u < Dk) Se[(r0 + 16 * u) * NCOL + c] = acc[u];
+            __syncthreads();
+            ++rslot;
+        }
+        if (j >= 1) {
+            const int m = __ffs(j) - 1;
+            for (int i = tid; i < SD; i += 256) {
+                const T v = S[(m + 1) * SD + i];
+                for (int e = 0; e <= m; ++e) S[e * SD + i] = v;
+                S[(m + 1) * SD + i] = (T)0;
+            }
+        }
+    }
+}
+
 // The level terms of chunk blockIdx.x, batch·head blockIdx.y (module comment): dQ̃ into dqt (rows
 // as q), dλ of the chunk levels into dlam (columns c + e), Hxz into hxz [B·H][NC][Dk][Dk]. zs: the
 // forward's level states (slots popsum(j) + rank), xs: lgl_rev's adjoints. Dynamic shared memory
@@ -592,6 +722,15 @@ __device__ void lgl_grad(const T* q, const T* k, const T* v, const T* g, const T
                                            const T* lam, T* xs, T* gst, int has_gst, int Tn, int H, int Dk,       \
                                            int Dv, int L, int NC, int E, int stages) {                          \
         lgl_pass<T, true>(k, g, W, qt, dy, lam, xs, gst, has_gst, Tn, H, Dk, Dv, L, NC, E, stages);             \
+    }                                                                                                           \
+    extern "C" __global__ void lgl_src_##S(const T* k, const T* g, const T* W, const T* qt, const T* dy,         \
+                                           const T* lam, T* mt, T* rs, int Tn, int H, int Dk, int Dv, int L,      \
+                                           int NC, int E) {                                                     \
+        lgl_src<T>(k, g, W, qt, dy, lam, mt, rs, Tn, H, Dk, Dv, L, NC, E);                                      \
+    }                                                                                                           \
+    extern "C" __global__ void lgl_rev_t_##S(const T* g, const T* mt, const T* rs, T* xs, int Tn, int H, int Dk,  \
+                                             int Dv, int NC, int E) {                                           \
+        lgl_rev_t<T>(g, mt, rs, xs, Tn, H, Dk, Dv, NC, E);                                                      \
     }                                                                                                           \
     extern "C" __global__ void lgl_levels_##S(const T* dy, const T* qt, const T* lam, const T* zs, const T* xs,  \
                                               T* dqt, T* dlam, T* hxz, int Tn, int H, int Dk, int Dv, int L,     \

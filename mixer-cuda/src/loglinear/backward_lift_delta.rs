@@ -34,8 +34,10 @@ use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Precision, Result};
 
 use super::backward_lift::{LiftGrads, lambda_backward, lift_lambda};
-use super::common::{Elem, FAMILY, Launch, Shape, Step, check_sizes, fixed_dims, kernel_ints};
-use super::state_pass;
+use super::common::{
+    Device, Elem, FAMILY, Launch, Shape, Step, Storage, check_sizes, fixed_dims, kernel_ints,
+};
+use super::state_pass::{self, PassData, StatePass};
 use super::wy;
 use crate::kernels;
 use crate::pool;
@@ -85,6 +87,17 @@ pub(crate) fn pass_plan(elem: Elem, dk: usize, e: usize, smem: usize) -> PassPla
     plans.into_iter().find(|&p| pass_smem(elem, dk, e, true, p) <= smem).unwrap_or(plans[2])
 }
 
+/// Dynamic shared memory of `lgl_src` (bytes): two tiles `[C][65]`.
+pub(crate) fn src_smem(elem: Elem) -> usize {
+    2 * elem.chunk() * LD * elem.bytes()
+}
+
+/// Dynamic shared memory of `lgl_rev_t` (bytes) with `e` levels: the states `[e][Dk][16]` and
+/// `Mᵀ_j [Dk][Dk + 1]`.
+pub(crate) fn rev_t_smem(elem: Elem, dk: usize, e: usize) -> usize {
+    (e * dk * NCOL + dk * (dk + 1)) * elem.bytes()
+}
+
 /// Dynamic shared memory of `lgl_levels` (bytes) with `e` levels: two slices `[16][65]` and the
 /// row sums `[C][e]`.
 pub(crate) fn levels_smem(elem: Elem, e: usize) -> usize {
@@ -100,8 +113,9 @@ pub(crate) fn grad_smem(elem: Elem) -> usize {
 
 /// The launches of this module's kernels for `s` with `e` chunk levels on a device with `smem`
 /// bytes of dynamic shared memory per block, in order: `lgl_fwd`, `lgl_qt`, `lgl_rev`,
-/// `lgl_levels`, `lgl_grad`.
-pub(crate) fn launches(s: Shape, elem: Elem, e: usize, smem: usize) -> [Launch; 5] {
+/// `lgl_levels`, `lgl_grad`, `lgl_src`, `lgl_rev_t` (the reverse pass's transition form, taken
+/// where `lgl_rev_t` fits: [`reverse_by_maps`]).
+pub(crate) fn launches(s: Shape, elem: Elem, e: usize, smem: usize) -> [Launch; 7] {
     let (nc, bh, sfx) = (s.chunks(elem.chunk()), s.bh(), elem.suffix());
     let on = |name: &str, grid: [usize; 3], smem: usize| {
         Launch::new(
@@ -125,7 +139,16 @@ pub(crate) fn launches(s: Shape, elem: Elem, e: usize, smem: usize) -> [Launch; 
         pass("lgl_rev", true),
         on("lgl_levels", [nc, bh, 1], levels_smem(elem, e)),
         on("lgl_grad", [nc, bh, 1], grad_smem(elem)),
+        on("lgl_src", [nc, bh, 1], src_smem(elem)),
+        on("lgl_rev_t", pass_grid, rev_t_smem(elem, s.dk, e)),
     ]
+}
+
+/// Whether the reverse pass runs in the transition form (`lgl_src` chunk-parallel, then
+/// `lgl_rev_t`: one `Dk × Dk` product per level step) rather than `lgl_rev`: where `lgl_rev_t`'s
+/// states and map fit in `smem` bytes.
+pub(crate) fn reverse_by_maps(elem: Elem, dk: usize, e: usize, smem: usize) -> bool {
+    rev_t_smem(elem, dk, e) <= smem
 }
 
 /// The gradients of [`delta`]: the lift's, plus `dg` and `dβ` `[B, T, H]`.
@@ -151,12 +174,14 @@ pub(crate) fn delta<F: GpuReal>(
     let (ch, nc, bh) = (elem.chunk(), s.chunks(elem.chunk()), s.bh());
     let levels = state_pass::levels(elem, true, t);
     let slots = state_pass::slots(true, nc);
-    // The forward's level states, the adjoints (one more per chunk) and Hxz (Dk × Dk per chunk).
-    check_sizes(s, elem, 2 * slots + nc + nc * dk.div_ceil(dv.max(1)))?;
+    // The forward's level states, the reverse sources, the adjoints (one more per chunk) and Hxz
+    // (Dk × Dk per chunk).
+    check_sizes(s, elem, 3 * slots + nc + nc * dk.div_ceil(dv.max(1)))?;
     let smem = max_dynamic_smem();
     let plan = launches(s, elem, levels, smem);
-    for l in &plan {
-        if l.shared_mem > smem {
+    let by_maps = reverse_by_maps(elem, dk, levels, smem);
+    for l in &plan[..5] {
+        if l.shared_mem > smem && !(by_maps && l.function.starts_with("lgl_rev")) {
             return Err(err(
                 FAMILY,
                 format!(
@@ -186,26 +211,55 @@ pub(crate) fn delta<F: GpuReal>(
         s,
     )?;
     let gp = gpu()?;
-    let [l_fwd, l_qt, l_rev, l_levels, l_grad] = &plan;
-    // The passes' level states in global memory where they do not fit in shared memory (else one
-    // entry, never read: has_gst = 0).
+    let [l_fwd, l_qt, l_rev, l_levels, l_grad, l_src, l_rev_t] = &plan;
+    // The passes' level states in global memory where they do not fit in shared memory and a pass
+    // of this file runs (else one entry, never read: has_gst = 0).
+    let pass = state_pass::select(s, Precision::Exact, Storage::Real(elem), true, Device::current());
     let pp = pass_plan(elem, dk, levels, smem);
     let global = !pp.shared_states;
     let (has_gst, stages) = (global as i32, int(FAMILY, "stages", pp.stages)?);
-    let mut gst =
-        pool::take::<F>(FAMILY, if global { bh * dv.div_ceil(NCOL) * levels * dk * NCOL } else { 1 })?;
+    let lgl_pass_runs = pass == StatePass::Sequential || !by_maps;
+    let gst_len = if global && lgl_pass_runs { bh * dv.div_ceil(NCOL) * levels * dk * NCOL } else { 1 };
+    let mut gst = pool::take::<F>(FAMILY, gst_len)?;
     let mut zs = pool::take::<F>(FAMILY, (bh * slots * dk * dv).max(1))?;
-    let (f, cfg) = l_fwd.function()?;
-    launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*u, &mut *zs, &mut *gst, &has_gst, &ti, &hi, &dki, &dvi, &nci, &ei,
-        &stages)?;
+    // The level states: the forward's own pass (exact kernels) where it keeps them, else lgl_fwd.
+    if pass == StatePass::Sequential {
+        let (f, cfg) = l_fwd.function()?;
+        launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*u, &mut *zs, &mut *gst, &has_gst, &ti, &hi, &dki, &dvi,
+            &nci, &ei, &stages)?;
+    } else {
+        let zero = pool::zeros::<F>(FAMILY, 1)?;
+        let mut vn = pool::take::<F>(FAMILY, 1)?;
+        let s0 = zero.slice(0..1);
+        let data =
+            PassData { k: &kv, g: (&gv, 1), w: &w, u: &u, vn: &mut vn, hs: &mut zs, s0: (&s0, 0), fin: None };
+        state_pass::run(
+            pass,
+            &state_pass::launches(pass, s, elem, Precision::Exact, true),
+            data,
+            s,
+            elem,
+            true,
+        )?;
+    }
     let scale = F::of(ll.scale);
     let mut qt = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let (f, cfg) = l_qt.function()?;
     launch!(gp, FAMILY, f, cfg; &qv, &kv, &gv, &*w, &mut *qt, &ti, &hi, &dki, &dvi, &scale)?;
     let mut xs = pool::take::<F>(FAMILY, bh * (slots + nc) * dk * dv)?;
-    let (f, cfg) = l_rev.function()?;
-    launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*qt, &dyv, &lv, &mut *xs, &mut *gst, &has_gst,
-        &ti, &hi, &dki, &dvi, &li, &nci, &ei, &stages)?;
+    if by_maps {
+        let mut mt = pool::take::<F>(FAMILY, bh * nc * dk * dk)?;
+        let mut rs = pool::take::<F>(FAMILY, (bh * slots * dk * dv).max(1))?;
+        let (f, cfg) = l_src.function()?;
+        launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*qt, &dyv, &lv, &mut *mt, &mut *rs,
+            &ti, &hi, &dki, &dvi, &li, &nci, &ei)?;
+        let (f, cfg) = l_rev_t.function()?;
+        launch!(gp, FAMILY, f, cfg; &gv, &*mt, &*rs, &mut *xs, &ti, &hi, &dki, &dvi, &nci, &ei)?;
+    } else {
+        let (f, cfg) = l_rev.function()?;
+        launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*qt, &dyv, &lv, &mut *xs, &mut *gst, &has_gst,
+            &ti, &hi, &dki, &dvi, &li, &nci, &ei, &stages)?;
+    }
     drop(gst);
     let mut dqt = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let mut hxz = pool::take::<F>(FAMILY, bh * nc * dk * dk)?;
@@ -247,7 +301,12 @@ mod tests {
     #[test]
     fn the_launches_cover_the_chunks_and_columns() {
         let s = Shape::new([2, 1000, 3, 64, 40]);
-        let [fwd, qt, rev, lv, grad] = launches(s, Elem::F32, 5, 227 << 10);
+        let [fwd, qt, rev, lv, grad, src, rev_t] = launches(s, Elem::F32, 5, 227 << 10);
+        assert_eq!(src.grid, [16, 6, 1]);
+        assert_eq!(rev_t.grid, [6, 3, 1]);
+        assert_eq!(rev_t.shared_mem, (5 * 64 * 16 + 64 * 65) * 4);
+        assert!(reverse_by_maps(Elem::F32, 64, 5, 227 << 10));
+        assert!(!reverse_by_maps(Elem::F32, 256, 2, 227 << 10), "Mᵀ at Dk = 256 does not fit");
         for l in [&qt, &lv, &grad] {
             assert_eq!(l.grid, [16, 6, 1]);
         }
@@ -266,7 +325,7 @@ mod tests {
         let wide = Shape::new([1, 1 << 20, 1, 256, 64]);
         let pp = pass_plan(Elem::F32, 256, 15, 227 << 10);
         assert_eq!(pp, PassPlan { shared_states: false, stages: 1 });
-        for l in launches(wide, Elem::F32, 15, 227 << 10) {
+        for l in &launches(wide, Elem::F32, 15, 227 << 10)[..5] {
             assert!(l.shared_mem <= 227 << 10, "{} needs {} bytes", l.function, l.shared_mem);
         }
         assert!(grad_smem(Elem::F64) <= 227 << 10);
