@@ -7,11 +7,15 @@
 //! `Y = Σ_e diag(w_e) Q̃ Z^e + (Λ ⊙ P N) V` over the levels `e` present at chunk `j`, each taken
 //! through the chunk as `Z^e ← e^a Z^e − K̂ᵀ W Z^e`, and the chunk's own state `Z^0 = K̂ᵀ U`.
 //! The backward:
-//! - the forward's WY step (exact kernel), then the level states `Z^e` entering every chunk
-//!   (`lgl_fwd`: merge, write, `Z^e ← e^a Z^e − K̂ᵀ (W Z^e)`, `Z^0 = K̂ᵀ U`, in the slots the
-//!   forward's output step reads);
-//! - `Q̃` per chunk (`lgl_qt`), then one reverse pass over chunks (`lgl_rev`, the same pass body
-//!   as `lgl_fwd`) for the adjoints
+//! - the forward's WY step (exact kernel), then the level states `Z^e` entering every chunk, in
+//!   the slots the forward's output step reads: by the forward's own lifted state pass (exact
+//!   kernels) where [`state_pass::select`] gives one, else by `lgl_fwd` (merge, write,
+//!   `Z^e ← e^a Z^e − K̂ᵀ (W Z^e)`, `Z^0 = K̂ᵀ U`);
+//! - `Q̃` per chunk (`lgl_qt`), then one reverse pass over chunks for the adjoints — in the
+//!   transition form where `Mᵀ_j` fits in shared memory (`lgl_src`, chunk-parallel: the map
+//!   `Mᵀ_j = −Wᵀ K̂` and the sources `Q̃ᵀ diag(w_e) dY`; `lgl_rev_t`: `X^e ← e^a X^e + Mᵀ_j X^e +
+//!   R^e_j`, one `D_k × D_k` product per level step), else `lgl_rev` (the same pass body as
+//!   `lgl_fwd`) — for the adjoints
 //!   `X^e` of the level states after every chunk: the forward's transition transposed,
 //!   `X^e ← e^a X^e − Wᵀ (K̂ X^e) + Q̃ᵀ diag(w_e) dY`, and the merge's adjoint (levels `0 … m`,
 //!   `m = ctz j`, take level `m + 1`'s);
