@@ -20,6 +20,7 @@ using std::max;
 #define __device__
 #define __global__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static
 struct Dim3 {

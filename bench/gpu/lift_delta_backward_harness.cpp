@@ -14,6 +14,7 @@
 // It exits non-zero on a failure.
 #include "cpu_cuda.h"
 inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
 #include "lgl.cu"
 #include "gdn_case.h"
 
@@ -123,16 +124,20 @@ std::vector<std::vector<double>> kernels(const Case<T>& c, bool global, int stag
     });
     {
         // The transition form of the reverse pass (lgl_src + lgl_rev_t) gives the same adjoints.
-        std::vector<T> mt((size_t)BH * NC * Dk * Dk), rs(zs.size()), xs2(xs.size());
+        const int DKP = (Dk + 15) / 16 * 16;
+        std::vector<T> mt((size_t)BH * NC * DKP * DKP), ea((size_t)BH * NC), rs(zs.size());
         launch(NC, BH, [&] {
-            lgl_src<T>(c.k.data(), c.g.data(), W.data(), qt.data(), c.dy.data(), c.lam.data(), mt.data(), rs.data(), Tn,
-                       H, Dk, Dv, L, NC, E);
+            lgl_src<T>(c.k.data(), c.g.data(), W.data(), qt.data(), c.dy.data(), c.lam.data(), mt.data(), ea.data(),
+                       rs.data(), Tn, H, Dk, Dv, L, NC, E);
         });
-        launch(BH, ncb, [&] { lgl_rev_t<T>(c.g.data(), mt.data(), rs.data(), xs2.data(), Tn, H, Dk, Dv, NC, E); });
-        const double e = rel(std::vector<double>(xs2.begin(), xs2.end()), std::vector<double>(xs.begin(), xs.end()));
-        const bool ok = e <= (sizeof(T) == 8 ? 1e-10 : 1e-5);
-        fails += !ok;
-        std::printf("%s adjoints of lgl_rev_t against lgl_rev rel=%.2e\n", ok ? "ok  " : "FAIL", e);
+        for (int st = 1; st <= 2; ++st) {
+            std::vector<T> xs2(xs.size(), (T)7);  // every adjoint slot is written
+            launch(BH, ncb, [&] { lgl_rev_t<T>(mt.data(), ea.data(), rs.data(), xs2.data(), Dk, Dv, NC, E, st); });
+            const double e = rel(std::vector<double>(xs2.begin(), xs2.end()), std::vector<double>(xs.begin(), xs.end()));
+            const bool ok = e <= (sizeof(T) == 8 ? 1e-10 : 1e-5);
+            fails += !ok;
+            std::printf("%s adjoints of lgl_rev_t (%d stage buffers) against lgl_rev rel=%.2e\n", ok ? "ok  " : "FAIL", st, e);
+        }
     }
     launch(NC, BH, [&] {
         lgl_levels<T>(c.dy.data(), qt.data(), c.lam.data(), zs.data(), xs.data(), dqt.data(), dlam.data(), hxz.data(),
@@ -202,6 +207,8 @@ int main() {
     fails += run<double>(2, 97, 2, 4, 3, false, 1e-7, 1, false, 1);
     fails += run<double>(1, 161, 1, 6, 5, true, 1e-7, 1, true, 1);
     fails += run<double>(1, 75, 1, 70, 17, false, 1e-7, 3, false, 2);
+    // 22 chunks: chunk levels up to 5, merges of several levels at once.
+    fails += run<double>(1, 700, 1, 4, 3, false, 1e-7, 29, false, 2);
     // f32 kernels against finite differences of the f64 forward on the same (f32) inputs.
     fails += run<float>(1, 300, 1, 8, 6, false, 1e-4, 11, true, 2);
     fails += run<float>(1, 200, 1, 66, 20, false, 1e-4, 11, false, 1);

@@ -271,14 +271,16 @@ __device__ void lgl_pass(const T* k, const T* g, const T* W, const T* qt, const 
 }
 
 // The reverse pass's transition form, chunk-parallel part, for chunk blockIdx.x, batch·head
-// blockIdx.y: the map Mᵀ_j = −Wᵀ K̂ ([B·H][NC][Dk][Dk], mt[d][d'] = −Σ_r W_rd τ_r k_rd') and the
-// sources R^e_j = Q̃ᵀ diag(w_e) dY of the present levels (slots popsum(j) + rank, [B·H][popsum(NC)]
-// [Dk][Dv]). Dynamic shared memory (lgl_src_smem on the host): two tiles [CH][LLC_LD].
+// blockIdx.y: the map Mᵀ_j = −Wᵀ K̂ ([B·H][NC][DKP][DKP], DKP = Dk rounded up to 16, zero past Dk;
+// mt[d][d'] = −Σ_r W_rd τ_r k_rd'), e^{a_j} (ea [B·H][NC]) and the sources R^e_j = Q̃ᵀ diag(w_e) dY
+// of the present levels (slots popsum(j) + rank, [B·H][popsum(NC)][Dk][Dv]). Dynamic shared memory
+// (lgl_src_smem on the host): two tiles [CH][LLC_LD].
 template <typename T>
-__device__ void lgl_src(const T* k, const T* g, const T* W, const T* qt, const T* dy, const T* lam, T* mt, T* rs,
-                        int Tn, int H, int Dk, int Dv, int L, int NC, int E) {
+__device__ void lgl_src(const T* k, const T* g, const T* W, const T* qt, const T* dy, const T* lam, T* mt, T* ea,
+                        T* rs, int Tn, int H, int Dk, int Dv, int L, int NC, int E) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH, CB = Llc<T>::CBITS;
+    const int DKP = (Dk + 15) / 16 * 16;
     extern __shared__ __align__(16) unsigned char lgl_smem[];
     __shared__ double gam[CH], gtmp[1];
     T* A = reinterpret_cast<T*>(lgl_smem);
@@ -286,10 +288,11 @@ __device__ void lgl_src(const T* k, const T* g, const T* W, const T* qt, const T
     const LlcChunk ck = llc_chunk<CH>(Tn, H);
     const int ty = ck.ty, tx = ck.tx, n = ck.n, j = ck.i;
     llc_gamma<T, CH>(gam, gtmp, g, 1, ck.row0, H, n);
+    if (threadIdx.x == 0) ea[(long long)ck.bh * NC + j] = (T)mx_exp(gam[n - 1]);
     // Mᵀ_j, 64 × 64 tiles: A = W tile (rows r, key columns d), Bt = τ-weighted k tile.
-    T* mj = mt + ((long long)ck.bh * NC + j) * Dk * Dk;
-    for (int d0 = 0; d0 < Dk; d0 += LLC_NT)
-        for (int e0 = 0; e0 < Dk; e0 += LLC_NT) {
+    T* mj = mt + ((long long)ck.bh * NC + j) * DKP * DKP;
+    for (int d0 = 0; d0 < DKP; d0 += LLC_NT)
+        for (int e0 = 0; e0 < DKP; e0 += LLC_NT) {
             __syncthreads();
             lgb_tile<T, CH>(A, W, ck.row0, H, Dk, d0, n, [](int) { return (T)1; });
             lgb_tile<T, CH>(Bt, k, ck.row0, H, Dk, e0, n,
@@ -298,7 +301,7 @@ __device__ void lgl_src(const T* k, const T* g, const T* W, const T* qt, const T
             T acc[4][4] = {};
             lgb_gemm2<T, 4, 4>(acc, A, LLC_LD, 1, Bt, LLC_LD, 1, n, ty, tx);
             LLC_TILE_EACH(4, 4, a, bb, d, d2, d0, e0) {
-                if (d < Dk && d2 < Dk) mj[(long long)d * Dk + d2] = acc[a][bb];
+                if (d < DKP && d2 < DKP) mj[(long long)d * DKP + d2] = d < Dk && d2 < Dk ? acc[a][bb] : (T)0;
             }
         }
     // R^e_j, 64 × 64 tiles: A = Q̃ tile, Bt = w_e-weighted dY tile.
@@ -325,76 +328,140 @@ __device__ void lgl_src(const T* k, const T* g, const T* W, const T* qt, const T
     }
 }
 
+// Four consecutive entries of shared memory (16-byte aligned), two (8- or 16-byte aligned).
+__device__ __forceinline__ void lgl_ld4(const float* p, float (&x)[4]) {
+#ifdef __CUDACC__
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+#else
+    for (int i = 0; i < 4; ++i) x[i] = p[i];
+#endif
+}
+__device__ __forceinline__ void lgl_ld4(const double* p, double (&x)[4]) {
+#ifdef __CUDACC__
+    const double2 v = *reinterpret_cast<const double2*>(p), w = *reinterpret_cast<const double2*>(p + 2);
+    x[0] = v.x, x[1] = v.y, x[2] = w.x, x[3] = w.y;
+#else
+    for (int i = 0; i < 4; ++i) x[i] = p[i];
+#endif
+}
+template <typename T> __device__ __forceinline__ void lgl_ld2(const T* p, T& a, T& b) {
+#ifdef __CUDACC__
+    if constexpr (sizeof(T) == 4) {
+        const float2 v = *reinterpret_cast<const float2*>(p);
+        a = v.x, b = v.y;
+    } else {
+        const double2 v = *reinterpret_cast<const double2*>(p);
+        a = v.x, b = v.y;
+    }
+#else
+    a = p[0], b = p[1];
+#endif
+}
+
 // The reverse pass in the transition form, for batch·head blockIdx.x and state columns
-// c0 = LGL_NCOL·blockIdx.y onwards, 256 threads (thread: column c = tid mod 16, rows r0 + 16 u,
-// r0 = tid / 16), from the last chunk: write level 0 and the present levels to xs (as lgl_rev),
-// take each present level back, X ← e^a X + Mᵀ_j X + R^e_j, then the merge's adjoint. Dynamic
-// shared memory (lgl_rev_t_smem on the host): the states [E][Dk][NCOL], Mᵀ_j [Dk][Dk + 1].
+// c0 = LGL_NCOL·blockIdx.y onwards, 256 threads, from the last chunk j = NC − 1 down: write level 0
+// and the present levels to xs (slots as lgl_rev's), then take each present level e back,
+// X^e ← e^{a_j} X^e + Mᵀ_j X^e + R^e_j, and apply the merge's adjoint (levels 0 … m, m = ctz j,
+// take level m + 1's; level m + 1 is zero). The states are double-buffered (read one, write the
+// other: one barrier per chunk); with ST = 2 stage buffers Mᵀ_{j−1} and e^{a_{j−1}} are copied
+// (cp.async) while chunk j computes, with ST = 1 before it. Warp w owns the 16 × 8 tiles w, w + 8, … of a level's DKP × 16 state; lane (gi, tg)
+// the entries at rows 16·(tile / 2) + gi (+ 8), columns 8·(tile mod 2) + 2 tg (+ 1), the layout of
+// an mma accumulator (as llc_lift_h). Dynamic shared memory (lgl_rev_t_smem on the host): the
+// states [2][E][DKP][16], Mᵀ [ST][DKP][DKP + 4], e^{a} [ST].
 template <typename T>
-__device__ void lgl_rev_t(const T* g, const T* mt, const T* rs, T* xs, int Tn, int H, int Dk, int Dv, int NC, int E) {
+__device__ void lgl_rev_t(const T* mt, const T* eas, const T* rs, T* xs, int Dk, int Dv, int NC, int E, int ST) {
     LLC_FIX_DIMS(Dk, Dv);
-    constexpr int CH = Llc<T>::CH, NCOL = LGL_NCOL, MU = 16;  // Dk / 16 ≤ MU state rows a thread
+    constexpr int NCOL = LGL_NCOL, NW = 8;
     extern __shared__ __align__(16) unsigned char lgl_smem[];
-    __shared__ double gtmp[1];
-    __shared__ double alast;
-    const int ld = Dk + 1, SD = Dk * NCOL;
+    const int DKP = (Dk + 15) / 16 * 16, LDK = DKP + 4, SD = DKP * NCOL, NTILE = DKP / 16 * 2;
     T* S = reinterpret_cast<T*>(lgl_smem);
-    T* Mb = S + E * SD;
-    const int bh = blockIdx.x, b = bh / H, h = bh % H, c0 = blockIdx.y * NCOL, tid = threadIdx.x;
-    const int c = tid % NCOL, r0 = tid / NCOL;
-    const bool col = c0 + c < Dv;
-    for (int i = tid; i < E * SD; i += 256) S[i] = (T)0;
+    T* Mb = S + 2 * E * SD;
+    T* tb = Mb + ST * DKP * LDK;
+    const int bh = blockIdx.x, c0 = blockIdx.y * NCOL, tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    for (int i = tid; i < 2 * E * SD; i += NW * 32) S[i] = (T)0;
     const long long xbase = (long long)bh * (llc_popsum(NC) + NC), rbase = (long long)bh * llc_popsum(NC);
-    for (int j = NC - 1; j >= 0; --j) {
-        const int n = min(CH, Tn - j * CH);
-        const long long row0 = ((long long)b * Tn + (long long)j * CH) * H + h;
-        __syncthreads();
-        const T* mj = mt + ((long long)bh * NC + j) * Dk * Dk;
-        for (int i = tid; i < Dk * Dk; i += 256) Mb[(i / Dk) * ld + i % Dk] = mj[i];
-        const double x = llc_prefix<CH>(tid < n ? (double)g[row0 + (long long)tid * H] : 0.0, gtmp);
-        if (tid == n - 1) alast = x;
+    auto prefetch = [&](int j, int buf) {
+        const T* m = mt + ((long long)bh * NC + j) * DKP * DKP;
+        constexpr int V = 16 / sizeof(T);  // entries per 16-byte copy
+        for (int idx = tid; idx < DKP * DKP / V; idx += NW * 32) {
+            const int r = idx / (DKP / V), q = idx % (DKP / V) * V;
+            llc_cp_async(Mb + buf * DKP * LDK + r * LDK + q, m + (long long)r * DKP + q, 16, 1);
+        }
+        if (tid == 0) llc_cp_async(tb + buf, eas + (long long)bh * NC + j, sizeof(T), 1);
+        lgb_commit();
+    };
+    if (ST == 2) prefetch(NC - 1, 0);
+    for (int jj = 0; jj < NC; ++jj) {
+        const int j = NC - 1 - jj, buf = jj & 1, mbuf = ST == 2 ? buf : 0;
+        if (ST == 2) {
+            lgb_wait0();
+            __syncthreads();  // chunk j's copies and the states of chunk j + 1 are in place
+            if (j >= 1) prefetch(j - 1, buf ^ 1);  // that buffer was last read by chunk j + 1
+        } else {
+            __syncthreads();  // chunk j + 1 is done with the buffer
+            prefetch(j, 0);
+            lgb_wait0();
+            __syncthreads();
+        }
+        const T* Sp = S + buf * E * SD;
+        T* Sq = S + (buf ^ 1) * E * SD;
         {
             long long slot = xbase + llc_popsum(j) + j;
             for (int e = 0; e < E; ++e) {
                 if (e >= 1 && !((j >> (e - 1)) & 1)) continue;
                 T* oj = xs + slot * Dk * Dv;
-                for (int i = tid; i < SD; i += 256)
-                    if (c0 + i % NCOL < Dv) oj[(long long)(i / NCOL) * Dv + c0 + i % NCOL] = S[e * SD + i];
+                for (int i = tid; i < Dk * NCOL; i += NW * 32)
+                    if (c0 + i % NCOL < Dv) oj[(long long)(i / NCOL) * Dv + c0 + i % NCOL] = Sp[e * SD + i];
                 ++slot;
             }
         }
-        __syncthreads();
-        const T ea = (T)mx_exp(alast);
-        long long rslot = rbase + llc_popsum(j);
-        for (int e = 1; e < E; ++e) {
-            if (!((j >> (e - 1)) & 1)) continue;
-            T* Se = S + e * SD;
-            const T* rj = rs + rslot * Dk * Dv;
-            T acc[MU];
+        if (j == 0) break;
+        const T* Mc = Mb + mbuf * DKP * LDK;
+        const T ea = tb[mbuf];
+        const int m = __ffs(j) - 1;
+        for (int tw = warp; tw < NTILE; tw += NW) {
+            const int r0 = (tw >> 1) * 16 + gi, cl = (tw & 1) * 8 + 2 * tg;  // this lane's entries
+            auto at = [&](int u) { return (r0 + (u < 2 ? 0 : 8)) * NCOL + cl + (u & 1); };
+            for (int e = m + 1; e < E; ++e) {
+                T* sq = Sq + e * SD;
+                const T* sp = Sp + e * SD;
+                if (!((j >> (e - 1)) & 1)) {  // absent: carried over
+                    for (int u = 0; u < 4; ++u) sq[at(u)] = sp[at(u)];
+                    continue;
+                }
+                const T* rj = rs + (rbase + llc_popsum(j) + __popc((unsigned)j & ((1u << (e - 1)) - 1u))) * Dk * Dv;
+                T acc[4], acc2[4] = {(T)0, (T)0, (T)0, (T)0};
+                for (int u = 0; u < 4; ++u) {
+                    const int r = r0 + (u < 2 ? 0 : 8), c = c0 + cl + (u & 1);
+                    acc[u] = fma(ea, sp[at(u)], r < Dk && c < Dv ? rj[(long long)r * Dv + c] : (T)0);
+                }
+#pragma unroll 4
+                for (int k4 = 0; k4 < DKP; k4 += 4) {
+                    T x0[4], x1[4];
+                    lgl_ld4(Mc + r0 * LDK + k4, x0);
+                    lgl_ld4(Mc + (r0 + 8) * LDK + k4, x1);
 #pragma unroll
-            for (int u = 0; u < MU; ++u) {
-                const int d = r0 + 16 * u;
-                acc[u] = (d < Dk && col) ? fma(ea, Se[d * NCOL + c], rj[(long long)d * Dv + c0 + c]) : (T)0;
-            }
-            for (int d2 = 0; d2 < Dk; ++d2) {
-                const T sv = Se[d2 * NCOL + c];
-#pragma unroll
-                for (int u = 0; u < MU; ++u)
-                    if (r0 + 16 * u < Dk) acc[u] = fma(Mb[(r0 + 16 * u) * ld + d2], sv, acc[u]);
-            }
-            __syncthreads();
-#pragma unroll
-            for (int u = 0; u < MU; ++u)
-                if (r0 + 16 * u < Dk) Se[(r0 + 16 * u) * NCOL + c] = acc[u];
-            __syncthreads();
-            ++rslot;
-        }
-        if (j >= 1) {
-            const int m = __ffs(j) - 1;
-            for (int i = tid; i < SD; i += 256) {
-                const T v = S[(m + 1) * SD + i];
-                for (int e = 0; e <= m; ++e) S[e * SD + i] = v;
-                S[(m + 1) * SD + i] = (T)0;
+                    for (int kk = 0; kk < 4; ++kk) {
+                        T y0, y1;
+                        lgl_ld2(sp + (k4 + kk) * NCOL + cl, y0, y1);
+                        T* ac = kk & 1 ? acc2 : acc;
+                        ac[0] = fma(x0[kk], y0, ac[0]);
+                        ac[1] = fma(x0[kk], y1, ac[1]);
+                        ac[2] = fma(x1[kk], y0, ac[2]);
+                        ac[3] = fma(x1[kk], y1, ac[3]);
+                    }
+                }
+                for (int u = 0; u < 4; ++u) acc[u] += acc2[u];
+                if (e == m + 1) {  // the merge's adjoint: levels 0 … m take it, level m + 1 is zero
+                    for (int u = 0; u < 4; ++u) {
+                        for (int e2 = 0; e2 <= m; ++e2) Sq[e2 * SD + at(u)] = acc[u];
+                        sq[at(u)] = (T)0;
+                    }
+                } else {
+                    for (int u = 0; u < 4; ++u) sq[at(u)] = acc[u];
+                }
             }
         }
     }
@@ -724,13 +791,13 @@ __device__ void lgl_grad(const T* q, const T* k, const T* v, const T* g, const T
         lgl_pass<T, true>(k, g, W, qt, dy, lam, xs, gst, has_gst, Tn, H, Dk, Dv, L, NC, E, stages);             \
     }                                                                                                           \
     extern "C" __global__ void lgl_src_##S(const T* k, const T* g, const T* W, const T* qt, const T* dy,         \
-                                           const T* lam, T* mt, T* rs, int Tn, int H, int Dk, int Dv, int L,      \
-                                           int NC, int E) {                                                     \
-        lgl_src<T>(k, g, W, qt, dy, lam, mt, rs, Tn, H, Dk, Dv, L, NC, E);                                      \
+                                           const T* lam, T* mt, T* ea, T* rs, int Tn, int H, int Dk, int Dv,     \
+                                           int L, int NC, int E) {                                              \
+        lgl_src<T>(k, g, W, qt, dy, lam, mt, ea, rs, Tn, H, Dk, Dv, L, NC, E);                                  \
     }                                                                                                           \
-    extern "C" __global__ void lgl_rev_t_##S(const T* g, const T* mt, const T* rs, T* xs, int Tn, int H, int Dk,  \
-                                             int Dv, int NC, int E) {                                           \
-        lgl_rev_t<T>(g, mt, rs, xs, Tn, H, Dk, Dv, NC, E);                                                      \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                                         \
+        lgl_rev_t_##S(const T* mt, const T* ea, const T* rs, T* xs, int Dk, int Dv, int NC, int E, int ST) {      \
+        lgl_rev_t<T>(mt, ea, rs, xs, Dk, Dv, NC, E, ST);                                                        \
     }                                                                                                           \
     extern "C" __global__ void lgl_levels_##S(const T* dy, const T* qt, const T* lam, const T* zs, const T* xs,  \
                                               T* dqt, T* dlam, T* hxz, int Tn, int H, int Dk, int Dv, int L,     \

@@ -96,10 +96,22 @@ pub(crate) fn src_smem(elem: Elem) -> usize {
     2 * elem.chunk() * LD * elem.bytes()
 }
 
-/// Dynamic shared memory of `lgl_rev_t` (bytes) with `e` levels: the states `[e][Dk][16]` and
-/// `Mᵀ_j [Dk][Dk + 1]`.
-pub(crate) fn rev_t_smem(elem: Elem, dk: usize, e: usize) -> usize {
-    (e * dk * NCOL + dk * (dk + 1)) * elem.bytes()
+/// `Dk` rounded up to whole 16-row tiles (`DKP` of `lgl_src` and `lgl_rev_t`).
+fn dk_padded(dk: usize) -> usize {
+    dk.div_ceil(16) * 16
+}
+
+/// Dynamic shared memory of `lgl_rev_t` (bytes) with `e` levels and `stages` stage buffers: two
+/// buffers of the states `[e][DKP][16]`, `stages` of `Mᵀ_j [DKP][DKP + 4]` and of `e^{a_j}`.
+pub(crate) fn rev_t_smem(elem: Elem, dk: usize, e: usize, stages: usize) -> usize {
+    let dkp = dk_padded(dk);
+    (2 * e * dkp * NCOL + stages * (dkp * (dkp + 4) + 1)) * elem.bytes()
+}
+
+/// The stage buffers of `lgl_rev_t`: 2 (`Mᵀ_{j−1}` copied while chunk `j` computes) or 1, the
+/// first that fits in `smem` bytes; `None` where neither does (`lgl_rev` runs instead).
+pub(crate) fn rev_t_stages(elem: Elem, dk: usize, e: usize, smem: usize) -> Option<usize> {
+    [2, 1].into_iter().find(|&st| rev_t_smem(elem, dk, e, st) <= smem)
 }
 
 /// Dynamic shared memory of `lgl_levels` (bytes) with `e` levels: two slices `[16][65]` and the
@@ -144,7 +156,11 @@ pub(crate) fn launches(s: Shape, elem: Elem, e: usize, smem: usize) -> [Launch; 
         on("lgl_levels", [nc, bh, 1], levels_smem(elem, e)),
         on("lgl_grad", [nc, bh, 1], grad_smem(elem)),
         on("lgl_src", [nc, bh, 1], src_smem(elem)),
-        on("lgl_rev_t", pass_grid, rev_t_smem(elem, s.dk, e)),
+        {
+            let st = rev_t_stages(elem, s.dk, e, smem).unwrap_or(1);
+            let l = on("lgl_rev_t", pass_grid, rev_t_smem(elem, s.dk, e, st));
+            Launch { stages: Some(st), ..l }
+        },
     ]
 }
 
@@ -152,7 +168,7 @@ pub(crate) fn launches(s: Shape, elem: Elem, e: usize, smem: usize) -> [Launch; 
 /// `lgl_rev_t`: one `Dk × Dk` product per level step) rather than `lgl_rev`: where `lgl_rev_t`'s
 /// states and map fit in `smem` bytes.
 pub(crate) fn reverse_by_maps(elem: Elem, dk: usize, e: usize, smem: usize) -> bool {
-    rev_t_smem(elem, dk, e) <= smem
+    rev_t_stages(elem, dk, e, smem).is_some()
 }
 
 /// The gradients of [`delta`]: the lift's, plus `dg` and `dβ` `[B, T, H]`.
@@ -252,13 +268,16 @@ pub(crate) fn delta<F: GpuReal>(
     launch!(gp, FAMILY, f, cfg; &qv, &kv, &gv, &*w, &mut *qt, &ti, &hi, &dki, &dvi, &scale)?;
     let mut xs = pool::take::<F>(FAMILY, bh * (slots + nc) * dk * dv)?;
     if by_maps {
-        let mut mt = pool::take::<F>(FAMILY, bh * nc * dk * dk)?;
+        let dkp = dk_padded(dk);
+        let mut mt = pool::take::<F>(FAMILY, bh * nc * dkp * dkp)?;
+        let mut ea = pool::take::<F>(FAMILY, bh * nc)?;
         let mut rs = pool::take::<F>(FAMILY, (bh * slots * dk * dv).max(1))?;
         let (f, cfg) = l_src.function()?;
-        launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*qt, &dyv, &lv, &mut *mt, &mut *rs,
+        launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*qt, &dyv, &lv, &mut *mt, &mut *ea, &mut *rs,
             &ti, &hi, &dki, &dvi, &li, &nci, &ei)?;
         let (f, cfg) = l_rev_t.function()?;
-        launch!(gp, FAMILY, f, cfg; &gv, &*mt, &*rs, &mut *xs, &ti, &hi, &dki, &dvi, &nci, &ei)?;
+        let st = int(FAMILY, "stages", l_rev_t.stages.unwrap_or(1))?;
+        launch!(gp, FAMILY, f, cfg; &*mt, &*ea, &*rs, &mut *xs, &dki, &dvi, &nci, &ei, &st)?;
     } else {
         let (f, cfg) = l_rev.function()?;
         launch!(gp, FAMILY, f, cfg; &kv, &gv, &*w, &*qt, &dyv, &lv, &mut *xs, &mut *gst, &has_gst,
@@ -308,7 +327,10 @@ mod tests {
         let [fwd, qt, rev, lv, grad, src, rev_t] = launches(s, Elem::F32, 5, 227 << 10);
         assert_eq!(src.grid, [16, 6, 1]);
         assert_eq!(rev_t.grid, [6, 3, 1]);
-        assert_eq!(rev_t.shared_mem, (5 * 64 * 16 + 64 * 65) * 4);
+        assert_eq!(rev_t.shared_mem, (2 * 5 * 64 * 16 + 2 * (64 * 68 + 1)) * 4);
+        assert_eq!(rev_t.stages, Some(2));
+        // Dk = 128 with 7 levels: one stage buffer of Mᵀ.
+        assert_eq!(rev_t_stages(Elem::F32, 128, 7, 227 << 10), Some(1));
         assert!(reverse_by_maps(Elem::F32, 64, 5, 227 << 10));
         assert!(!reverse_by_maps(Elem::F32, 256, 2, 227 << 10), "Mᵀ at Dk = 256 does not fit");
         for l in [&qt, &lv, &grad] {
