@@ -239,7 +239,9 @@ __device__ __forceinline__ void llc_stage_tile(float* dst, const TI* src, long l
 // destination is zero-filled and nothing is read.
 __device__ __forceinline__ void llc_cp_async(void* dst, const void* src, int bytes, int valid) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    if (bytes == 8)
+    if (bytes == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+    else if (bytes == 8)
         asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 8 : 0));
     else
         asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 4 : 0));
