@@ -421,9 +421,23 @@ __device__ void lgl_rev_t(const T* mt, const T* eas, const T* rs, T* xs, int Dk,
         const T* Mc = Mb + mbuf * DKP * LDK;
         const T ea = tb[mbuf];
         const int m = __ffs(j) - 1;
+        const long long rj0 = rbase + llc_popsum(j);  // chunk j's first source slot
         for (int tw = warp; tw < NTILE; tw += NW) {
             const int r0 = (tw >> 1) * 16 + gi, cl = (tw & 1) * 8 + 2 * tg;  // this lane's entries
             auto at = [&](int u) { return (r0 + (u < 2 ? 0 : 8)) * NCOL + cl + (u & 1); };
+            // This lane's entries of the source of the present level of rank `rank` (ascending e) at
+            // chunk j, read one present level ahead so that the load overlaps the level before's
+            // product.
+            auto source = [&](int rank, T (&x)[4]) {
+                const T* rj = rs + (rj0 + rank) * Dk * Dv;
+                for (int u = 0; u < 4; ++u) {
+                    const int r = r0 + (u < 2 ? 0 : 8), c = c0 + cl + (u & 1);
+                    x[u] = r < Dk && c < Dv ? rj[(long long)r * Dv + c] : (T)0;
+                }
+            };
+            int rank = 0;  // level m + 1 is the lowest present level
+            T rcur[4];
+            source(rank, rcur);
             for (int e = m + 1; e < E; ++e) {
                 T* sq = Sq + e * SD;
                 const T* sp = Sp + e * SD;
@@ -431,12 +445,11 @@ __device__ void lgl_rev_t(const T* mt, const T* eas, const T* rs, T* xs, int Dk,
                     for (int u = 0; u < 4; ++u) sq[at(u)] = sp[at(u)];
                     continue;
                 }
-                const T* rj = rs + (rbase + llc_popsum(j) + __popc((unsigned)j & ((1u << (e - 1)) - 1u))) * Dk * Dv;
+                T rnext[4] = {(T)0, (T)0, (T)0, (T)0};
+                if (rank + 1 < __popc((unsigned)j)) source(rank + 1, rnext);
+                ++rank;
                 T acc[4], acc2[4] = {(T)0, (T)0, (T)0, (T)0};
-                for (int u = 0; u < 4; ++u) {
-                    const int r = r0 + (u < 2 ? 0 : 8), c = c0 + cl + (u & 1);
-                    acc[u] = fma(ea, sp[at(u)], r < Dk && c < Dv ? rj[(long long)r * Dv + c] : (T)0);
-                }
+                for (int u = 0; u < 4; ++u) acc[u] = fma(ea, sp[at(u)], rcur[u]);
 #pragma unroll 4
                 for (int k4 = 0; k4 < DKP; k4 += 4) {
                     T x0[4], x1[4];
@@ -462,6 +475,7 @@ __device__ void lgl_rev_t(const T* mt, const T* eas, const T* rs, T* xs, int Dk,
                 } else {
                     for (int u = 0; u < 4; ++u) sq[at(u)] = acc[u];
                 }
+                for (int u = 0; u < 4; ++u) rcur[u] = rnext[u];
             }
         }
     }
