@@ -38,22 +38,38 @@ __device__ inline LglM<T> lgl_rows(const T* x, long long row0, int H, int D, int
 }
 
 // acc[a][b] += Σ_{κ < K} A(ty + 16 a, κ) · B(tx + 16 b, κ), through slices of LLC_KT staged in
-// Xs, Ys [LLC_KT][LLC_LD] (the κ-contiguous operand read along κ). 256 threads; synchronises
-// before and after each slice.
+// Xs, Ys [LLC_KT][LLC_LD] (the κ-contiguous operand read along κ). The next slice is read from
+// memory into registers while this one is multiplied. 256 threads; synchronises before and after
+// staging each slice.
 template <typename T, int RI, int RJ>
 __device__ inline void lgl_prod(T (&acc)[RI][RJ], LglM<T> A, LglM<T> B, int K, T* Xs, T* Ys, int ty, int tx) {
-    for (int k0 = 0; k0 < K; k0 += LLC_KT) {
-        __syncthreads();
-        for (int idx = threadIdx.x; idx < LLC_KT * LLC_NT; idx += 256) {
+    constexpr int PER = LLC_KT * LLC_NT / 256;  // entries of each operand per thread and slice
+    T ra[PER], rb[PER];
+    auto fetch = [&](int k0) {
+#pragma unroll
+        for (int u = 0; u < PER; ++u) {
+            const int idx = threadIdx.x + 256 * u;
             const int ia = A.sk == 1 ? idx / LLC_KT : idx % LLC_NT, ka = A.sk == 1 ? idx % LLC_KT : idx / LLC_NT;
             const int ib = B.sk == 1 ? idx / LLC_KT : idx % LLC_NT, kb = B.sk == 1 ? idx % LLC_KT : idx / LLC_NT;
-            Xs[ka * LLC_LD + ia] = (ia < A.ni && k0 + ka < K) ? A.p[ia * A.si + (k0 + ka) * A.sk] : (T)0;
-            Ys[kb * LLC_LD + ib] = (ib < B.ni && k0 + kb < K) ? B.p[ib * B.si + (k0 + kb) * B.sk] : (T)0;
+            ra[u] = (ia < A.ni && k0 + ka < K) ? A.p[ia * A.si + (k0 + ka) * A.sk] : (T)0;
+            rb[u] = (ib < B.ni && k0 + kb < K) ? B.p[ib * B.si + (k0 + kb) * B.sk] : (T)0;
+        }
+    };
+    if (K > 0) fetch(0);
+    for (int k0 = 0; k0 < K; k0 += LLC_KT) {
+        __syncthreads();
+#pragma unroll
+        for (int u = 0; u < PER; ++u) {
+            const int idx = threadIdx.x + 256 * u;
+            const int ia = A.sk == 1 ? idx / LLC_KT : idx % LLC_NT, ka = A.sk == 1 ? idx % LLC_KT : idx / LLC_NT;
+            const int ib = B.sk == 1 ? idx / LLC_KT : idx % LLC_NT, kb = B.sk == 1 ? idx % LLC_KT : idx / LLC_NT;
+            Xs[ka * LLC_LD + ia] = ra[u];
+            Ys[kb * LLC_LD + ib] = rb[u];
         }
         __syncthreads();
+        if (k0 + LLC_KT < K) fetch(k0 + LLC_KT);
         lgb_gemm2<T, RI, RJ>(acc, Xs, LLC_LD, 1, Ys, LLC_LD, 1, min(LLC_KT, K - k0), ty, tx);
     }
-    __syncthreads();
 }
 
 // The chunk's P = σ (QKᵀ ⊙ Γ) (lower, diagonal included; zero from row n on) into P [CH][CH + 1].
