@@ -2,6 +2,8 @@
 // (neither kernel has a __syncthreads; a thread of glrb_reverse touches only its own column of g,
 // x̄ and of the shared-memory rings, which are one static array here), checked
 // against a dense reference: g = (I − B)^{-T} ȳ by back substitution over the dense T×T B,
+// (and, for translation-invariant patterns, the path through glrb_flip, the forward recurrence as a
+// plain loop and glrb_grads reading g reversed and gathering x̄),
 // x̄ = Aᵀ g, ᾱ/β̄ from g, x, y; and central finite differences of the forward for a few entries.
 // Run from the repository root: g++ -std=c++17 -O1 bench/gpu/glr_backward_harness.cpp -o /tmp/glr_harness && /tmp/glr_harness
 // (no GPU, no CUDA headers: the kernel file is compiled as plain C++; it exits non-zero on a failure).
@@ -89,7 +91,28 @@ int main() {
         const double* gp = has_b ? g.data() : dy.data();
         for (g_tid = 0; g_tid < (ll)B * T * C + 5; ++g_tid)
             glrb_grads<double>(x.data(), al.data(), y.data(), gp, off.data(), str.data(), dx.data(), da.data(), db.data(),
-                               B, T, C, K, NA, has_a, has_b, 1, 1, 1, ce);
+                               B, T, C, K, NA, has_a, has_b, 1, 1, 1, ce, 0, 0);
+        // The translation-invariant path: glrb_flip, the forward recurrence (on = b) on its outputs
+        // (here a plain loop, on the GPU the forward's kernel), then glrb_grads reading g reversed and
+        // gathering x̄'s taps on A.
+        vector<double> dx2(B * T * C), da2(B * T * NA * C), db2(max(1, B * T * K * C));
+        if (!ce) {
+            vector<double> xr(B * T * C), ar(B * T * C), br(max(1, B * T * K * C)), h(B * T * C);
+            if (has_b) {
+                for (g_tid = 0; g_tid < (ll)B * T * C + 5; ++g_tid)
+                    glrb_flip<double>(dy.data(), be.data(), off.data(), xr.data(), ar.data(), br.data(), B, T, C, K);
+                for (int b = 0; b < B; ++b) for (int c = 0; c < C; ++c) for (int s = 0; s < T; ++s) {
+                    ll bs = (ll)b * T + s;
+                    double acc = ar[bs * C + c] * xr[bs * C + c];
+                    for (int k = 0; k < K && p.f[k] <= s; ++k) acc += br[(bs * K + k) * C + c] * h[((ll)b * T + s - p.f[k]) * C + c];
+                    h[bs * C + c] = acc;
+                }
+            }
+            const double* gp2 = has_b ? h.data() : dy.data();
+            for (g_tid = 0; g_tid < (ll)B * T * C + 5; ++g_tid)
+                glrb_grads<double>(x.data(), al.data(), y.data(), gp2, off.data(), str.data(), dx2.data(), da2.data(),
+                                   db2.data(), B, T, C, K, NA, has_a, has_b, 1, 1, 1, ce, has_b, 1);
+        }
         // Dense reference per (b, c).
         vector<double> rdx(B * T * C), rda(B * T * NA * C, 0), rdb(max(1, B * T * K * C), 0);
         for (int b = 0; b < B; ++b) for (int c = 0; c < C; ++c) {
@@ -129,6 +152,10 @@ int main() {
             return sqrt(e / max(s, 1e-300));
         };
         double e1 = cmp(dx, rdx, dx.size()), e2 = cmp(da, rda, da.size()), e3 = has_b ? cmp(db, rdb, B * T * K * C) : 0;
+        if (!ce) {  // the translation-invariant path against the same references
+            e1 = max(e1, cmp(dx2, rdx, dx.size())), e2 = max(e2, cmp(da2, rda, da.size()));
+            if (has_b) e3 = max(e3, cmp(db2, rdb, B * T * K * C));
+        }
         // Finite differences of L = Σ ȳ·y for a few entries of each input.
         auto loss = [&](const vector<double>& x_, const vector<double>& al_, const vector<double>& be_) {
             auto yy = forward(x_, al_, be_); double L = 0;

@@ -8,22 +8,33 @@
 //! `ᾱ_{t,0} = g_t x_t`, `ᾱ_{t,k+1} = g_t x_{d_k(t)}`, `β̄_{t,k} = g_t y_{d_k(t)}` (0 for inactive
 //! taps, `f(k) > t`) and `x̄_t = α_{t,0} g_t + Σ_{t' > t, k: d_k(t') = t} α_{t',k+1} g_{t'}`.
 //!
-//! Two launches:
-//! - `glrb_reverse`, one thread per (batch, channel), runs tokens from `T − 1` down to 0: when
-//!   token `t` is reached its `g_t` is final, and the thread scatters `β_{t,k} g_t` into
-//!   `g_{d_k(t)}` and `α_{t,k+1} g_t` into the accumulator of `x̄_{d_k(t)}` — positions before `t`
-//!   of its own column, so a plain read-modify-write with no race, in a fixed order (`t`
-//!   descending, `k` ascending). Scatters to the last 32 positions go to a ring in shared memory
-//!   (the thread's own column), farther ones to global memory, their loads issued before the
-//!   near work; `g` is kept in global scratch `[B, T, C]`. The transposed pattern is never
-//!   built, so cache-efficient lattices and plugin patterns (the forward's host-computed
-//!   (offset, stride) table, [`super::fast::device_table`]) need nothing special.
-//!   Skipped when there is nothing to scatter (`on = a` without `d_x`).
-//! - `glrb_grads`, one thread per (batch, token, channel): `ᾱ`, `β̄`, `x̄` from `g`, `x` and `y`.
+//! `g` is computed one of two ways:
+//! - **translation-invariant patterns** (`d_k(t) = t − f(k)`; every pattern that is not a
+//!   cache-efficient lattice): in reversed time `s = T − 1 − t`, `h_s = g_t` obeys
+//!   `h_s = ȳ_{T−1−s} + Σ_{k: f(k) ≤ s} β_{T−1−s+f(k), k} h_{s−f(k)}`, the GLR's own forward
+//!   recurrence with the pattern on `B`, `x' = ȳ` reversed, `α' = 1` and each tap's `β` taken at
+//!   its reader. `glrb_flip` (one thread per (batch, token, channel)) writes `x'`, `α'` and `β'`,
+//!   and the forward's pipelined kernel ([`super::fast::tiled`]) runs it, so the reverse recurrence
+//!   costs one forward; `glrb_grads` reads `g` reversed and gathers `x̄`'s taps on `A`
+//!   (`Σ_k α_{t+f(k),k+1} g_{t+f(k)}`, `k` ascending). Extra memory: `β'` (the size of `β`), `x'`,
+//!   `α'` and `g`;
+//! - **cache-efficient lattices**: `glrb_reverse`, one thread per (batch, channel), runs tokens
+//!   from `T − 1` down to 0: when token `t` is reached its `g_t` is final, and the thread
+//!   scatters `β_{t,k} g_t` into `g_{d_k(t)}` and `α_{t,k+1} g_t` into the accumulator of
+//!   `x̄_{d_k(t)}` — positions before `t` of its own column, so a plain read-modify-write with no
+//!   race, in a fixed order (`t` descending, `k` ascending). Scatters to the last 32 positions go
+//!   to a ring in shared memory (the thread's own column), farther ones to global memory, their
+//!   loads issued before the near work; `g` is kept in global scratch `[B, T, C]`. The
+//!   transposed pattern is never built: positions come from the forward's host-computed (offset,
+//!   stride) table ([`super::fast::device_table`]). Skipped when there is nothing to scatter
+//!   (`on = a` without `d_x`). Sequential per channel, so at small `B·C` it is bound by latency.
+//!
+//! Then `glrb_grads`, one thread per (batch, token, channel): `ᾱ`, `β̄`, `x̄` from `g`, `x` and
+//! `y`.
 //!
 //! `y` is recomputed by the forward ([`super::fast::run`]) when `d_beta` is asked for. Work
-//! `O(T · K)` per channel, as the forward; extra memory: `g` (when there are β-terms) and `y`,
-//! `B·T·C` each. Deterministic: every sum is formed by one thread in a fixed order. The `tf32`
+//! `O(T · K)` per channel, as the forward; extra memory besides the above: `y`, `B·T·C`.
+//! Deterministic: every sum is formed by one thread in a fixed order. The `tf32`
 //! and `bf16` modes run the same `f32` kernels (bf16 activations and `dy` converted on the
 //! device) and return `f32` gradients.
 
@@ -121,8 +132,13 @@ pub fn run<F: GpuReal>(
     let opts = [format!("-DGLRB_NT={THREADS}")];
     let f = |name: &str| g.kernel(FAMILY, &kernels::GLR_BACKWARD, &opts, &format!("{name}_{}", F::SUFFIX));
     let [bi, ti, ci, ki, nai] = dims(b, t, c, k, na)?;
-    let cei = i32::from(glr.pattern().cache_efficient());
-    let scatter_x = has_a && want_x;
+    let ce = glr.pattern().cache_efficient();
+    let cei = i32::from(ce);
+    // Translation-invariant patterns (`d_k(t) = t − f(k)`) run the reverse recurrence as a forward
+    // recurrence in reversed time through the forward's own kernel, and gather x̄'s taps on A;
+    // cache-efficient lattices take the reverse sweep.
+    let by_forward = !ce;
+    let scatter_x = has_a && want_x && !by_forward;
     let (hai, hbi, sxi) = (i32::from(has_a), i32::from(has_b), i32::from(scatter_x));
     let (wxi, wai, wbi) = (i32::from(want_x), i32::from(want_a), i32::from(want_b));
     // Outputs not asked for are one-element buffers the kernels never touch.
@@ -130,20 +146,36 @@ pub fn run<F: GpuReal>(
     let mut dx = pool::take::<F>(FAMILY, len(want_x, n))?;
     let mut da = pool::take::<F>(FAMILY, len(want_a, b * t * na * c))?;
     let mut db = pool::take::<F>(FAMILY, len(want_b, b * t * k * c))?;
-    let mut gs = pool::take::<F>(FAMILY, len(has_b, n))?;
     let zero = pool::zeros::<F>(FAMILY, 1)?;
     let (xv, av, gyv) = (xs.view(), alpha.view(), gy.view());
     let bv = beta.as_ref().map_or_else(|| zero.slice(0..1), |v| v.view());
-    if has_b || scatter_x {
+    // g, the total cotangents of y (ȳ itself without taps on B): reversed in time when the forward
+    // computes them.
+    let gs = if has_b && by_forward {
+        // x' = ȳ reversed, α' = 1, β' = the reader's β (glrb_flip), then the forward's kernel.
+        let nb = b * t * k * c;
+        let mut xr = pool::take::<F>(FAMILY, n)?;
+        let mut ar = pool::take::<F>(FAMILY, n)?;
+        let mut br = pool::take::<F>(FAMILY, nb)?;
+        launch!(g, FAMILY, f("glrb_flip")?, grid1(n, THREADS);
+            &gyv, &bv, &*tab.off, &mut *xr, &mut *ar, &mut *br, &bi, &ti, &ci, &ki)?;
+        let views = [&xr.slice(0..n), &ar.slice(0..n), &br.slice(0..nb)];
+        Some(super::fast::tiled::<F>(&tab, false, views, [b, t, c], [false, true])?)
+    } else if !by_forward && (has_b || scatter_x) {
+        let mut gs = pool::take::<F>(FAMILY, len(has_b, n))?;
         launch!(g, FAMILY, f("glrb_reverse")?, grid1(b * c, THREADS);
             &gyv, &av, &bv, &*tab.off, &*tab.strides, &mut *gs, &mut *dx,
             &bi, &ti, &ci, &ki, &nai, &hbi, &sxi, &cei)?;
-    }
-    let gv = if has_b { gs.slice(0..n) } else { gy.view() };
+        has_b.then_some(gs)
+    } else {
+        None
+    };
+    let (revi, gatheri) = (i32::from(has_b && by_forward), i32::from(by_forward));
+    let gv = gs.as_ref().map_or_else(|| gy.view(), |v| v.slice(0..n));
     let yv = y.as_ref().map_or_else(|| zero.slice(0..1), |v| v.view());
     launch!(g, FAMILY, f("glrb_grads")?, grid1(n, THREADS);
         &xv, &av, &yv, &gv, &*tab.off, &*tab.strides, &mut *dx, &mut *da, &mut *db,
-        &bi, &ti, &ci, &ki, &nai, &hai, &hbi, &wxi, &wai, &wbi, &cei)?;
+        &bi, &ti, &ci, &ki, &nai, &hai, &hbi, &wxi, &wai, &wbi, &cei, &revi, &gatheri)?;
     if want_x {
         out.insert(grad_name("x"), F::wrap(DeviceTensor::from_pooled(dx, &[b, t, c])?));
     }

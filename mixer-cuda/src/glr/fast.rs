@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{CudaView, LaunchConfig};
 
 use mixer_core::mixers::glr::Glr;
 use mixer_core::{Mixer, Precision, Result};
@@ -173,13 +173,6 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     let on = glr.on();
     let na = if on.has_a() { k + 1 } else { 1 };
     let ce = glr.pattern().cache_efficient();
-    let lay = Layout::choose(tab.near, tab.short, std::mem::size_of::<F>(), max_dynamic_smem());
-    let g = gpu()?;
-    let opts = lay.defines();
-    let f = g.kernel(FAMILY, &kernels::GLR, &opts, &format!("glr_tiled_{}", F::SUFFIX))?;
-    if lay.smem > 48 << 10 {
-        opt_in(FAMILY, &f)?;
-    }
     let alpha = input::<F>(x, "alpha")?;
     let beta = if on.has_b() { input_opt::<F>(x, "beta")? } else { None };
     // The kernels index the slot axis by the pattern table's K(T): a longer axis (which the
@@ -201,9 +194,32 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     }
     let zero = pool::zeros::<F>(FAMILY, 1)?;
     let bv = beta.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
+    let y = tiled::<F>(&tab, ce, [&xs.view(), &alpha.view(), &bv], [b, t, c], [on.has_a(), on.has_b()])?;
+    finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p)
+}
+
+/// One launch of the forward's kernel (`glr_tiled`) for the pattern table `tab` (`ce`: a
+/// cache-efficient lattice) on `[x, α, β]` of `[B, T, C]` (α `[B, T, K + 1, C]` with taps on `A`,
+/// β `[B, T, K, C]` with taps on `B`, else a one-element buffer), shapes already checked: `y`.
+/// The backward runs its reverse recurrence through it too ([`super::backward`]).
+pub(crate) fn tiled<F: GpuReal>(
+    tab: &DeviceTable,
+    ce: bool,
+    [xv, av, bv]: [&CudaView<'_, F>; 3],
+    [b, t, c]: [usize; 3],
+    [has_a, has_b]: [bool; 2],
+) -> Result<Pooled<F>> {
+    let k = tab.k;
+    let na = if has_a { k + 1 } else { 1 };
+    let lay = Layout::choose(tab.near, tab.short, std::mem::size_of::<F>(), max_dynamic_smem());
+    let g = gpu()?;
+    let f = g.kernel(FAMILY, &kernels::GLR, &lay.defines(), &format!("glr_tiled_{}", F::SUFFIX))?;
+    if lay.smem > 48 << 10 {
+        opt_in(FAMILY, &f)?;
+    }
     let mut y = pool::take::<F>(FAMILY, b * t * c)?;
     let [bi, ti, ci, ki, nai] = dims(b, t, c, k, na)?;
-    let (ha, hb, cei) = (on.has_a() as i32, on.has_b() as i32, ce as i32);
+    let (ha, hb, cei) = (has_a as i32, has_b as i32, ce as i32);
     let kni = int(FAMILY, "near taps", tab.near)?;
     let blocks = b * c.div_ceil(CHANNELS);
     let cfg = LaunchConfig {
@@ -211,10 +227,9 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
         block_dim: (THREADS as u32, 1, 1),
         shared_mem_bytes: lay.smem as u32,
     };
-    let (xv, av) = (xs.view(), alpha.view());
     launch!(g, FAMILY, f, cfg;
-        &xv, &av, &bv, &*tab.off, &*tab.strides, &mut *y, &bi, &ti, &ci, &ki, &nai, &ha, &hb, &cei, &kni)?;
-    finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p)
+        xv, av, bv, &*tab.off, &*tab.strides, &mut *y, &bi, &ti, &ci, &ki, &nai, &ha, &hb, &cei, &kni)?;
+    Ok(y)
 }
 
 #[cfg(test)]
