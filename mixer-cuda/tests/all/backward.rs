@@ -354,6 +354,10 @@ fn backward_small_cases() {
         mixer("glr", &serde_json::json!({"pattern": "sq1", "cache_efficient": true, "on": "both"})).unwrap();
     let (x, dy) = glr_case(m.as_ref(), 2, 100, 70, 6);
     against_cpu(m.as_ref(), "glr small", &x, &dy, &[]);
+    // Translation-invariant: the reverse recurrence through the forward's kernel, x̄ gathered.
+    let m = mixer("glr", &serde_json::json!({"pattern": "pow2", "on": "both"})).unwrap();
+    let (x, dy) = glr_case(m.as_ref(), 2, 100, 70, 7);
+    against_cpu(m.as_ref(), "glr pow2 small", &x, &dy, &[]);
 }
 
 /// The GLR's inputs for `m` at (B, T, C), drawn by the mixer (β keeps the recurrence stable), and
