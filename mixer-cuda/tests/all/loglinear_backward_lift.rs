@@ -147,6 +147,17 @@ fn lifted_backward_timing() {
     );
 }
 
+/// The lifted gated DeltaNet alone, at the same shapes, exact and tf32.
+#[test]
+#[ignore = "needs a CUDA device; a timing, not a check"]
+fn lifted_gated_deltanet_backward_timing() {
+    time_forward_and_backward(
+        &["loglinear-gated-deltanet"],
+        &[[1, 16384, 16, 64, 64], [8, 4096, 16, 64, 64], [8, 4096, 16, 128, 128]],
+        &[Precision::Exact, Precision::Tf32],
+    );
+}
+
 /// One small case per lift in f32 (two chunks, a partial tile): what compute-sanitizer runs.
 #[test]
 #[ignore = "needs a CUDA device"]
