@@ -94,3 +94,28 @@ def test_a_state_dict_compiles_without_graph_breaks():
     f(first, rest).backward()
     for n, t in x.items():
         assert torch.equal(t.grad, want[n]), n
+
+
+@pytest.mark.parametrize("a", [1, 9, 16])
+@pytest.mark.parametrize("config", [{"pattern": "pow2", "on": "both"},
+                                    {"pattern": "sq1", "cache_efficient": True, "on": "both"}])
+def test_a_glr_on_both_keeps_both_streams(config, a):
+    """``on = "both"``: the state holds the past inputs ``x`` and outputs ``y``; two parts equal
+    the whole run, forward and backward."""
+    t = 21
+    x = inputs("glr", config, seq=t, grad=True, **SIZES)
+    r = torch.randn(x["x"].shape, dtype=torch.float64)
+    whole = mixers.run("glr", config, **x)
+    (whole * r).sum().backward()
+    want = {k: v.grad.clone() for k, v in x.items()}
+    for v in x.values():
+        v.grad = None
+    first, rest = _split("glr", x, a)
+    y1, s = mixers.run("glr", config, output_final_state=True, **first)
+    assert sorted(s) == ["position", "x", "y"]
+    y2, _ = mixers.run("glr", config, initial_state=s, output_final_state=True, **rest)
+    y = torch.cat([y1, y2], dim=1)
+    assert torch.allclose(y, whole, rtol=1e-10, atol=1e-12), (y - whole).abs().max().item()
+    (y * r).sum().backward()
+    for k, v in x.items():
+        assert torch.allclose(v.grad, want[k], rtol=1e-9, atol=1e-11), f"d_{k}"

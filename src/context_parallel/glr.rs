@@ -7,7 +7,7 @@ use mixer_core::Result;
 use mixer_core::Tensors;
 use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::mixers::glr::Glr;
-use mixer_core::mixers::glr::state::{kept, slot_count, stream};
+use mixer_core::mixers::glr::state::{kept, slot_count, streams};
 use mixer_core::state::POSITION;
 use mixer_core::tensor::{cast_tensors, get, tensors_to_f64};
 use mixer_registry::Backend;
@@ -31,7 +31,17 @@ impl Part {
     /// The part `x` of a GLR, or `None` for another family.
     pub(super) fn of<F: Scalar>(m: &dyn Mixer, x: &Tensors<F>) -> Result<Option<Part>> {
         let Ok(g) = downcast::<Glr>(m, "context parallel") else { return Ok(None) };
-        let name = stream(g).map_err(|why| mixer_core::state::no_state(m.name(), &why))?;
+        // One kept stream: `on = "both"` keeps two, whose transitions are not derived here.
+        let &[name] = streams(g) else {
+            return Err(mixer_core::state::no_state(
+                m.name(),
+                &format!(
+                    "context parallelism of `{}` with its pattern on both A and B (`on = \"both\"`): its state \
+                 keeps two streams, whose transition across a rank boundary is not implemented",
+                    m.name()
+                ),
+            ));
+        };
         let dims = mixer_registry::state::validate(m, x)?;
         let k = slot_count(&dims).unwrap_or(0);
         let size = |s: &str| dims.get(s).copied().unwrap_or(0);

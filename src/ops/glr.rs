@@ -238,7 +238,8 @@ impl<F: Scalar> GlrDecoder<F> {
 
 /// [`glr`] from the state `initial_state` (`None`: position 0), returning
 /// `(y, final state)`. The state's rows are the past outputs (`on = b`, [`GlrCoeffs::B`]) or
-/// inputs (`on = a`, [`GlrCoeffs::A`]) later tokens read; `on = both` has no state yet. A run
+/// inputs (`on = a`, [`GlrCoeffs::A`]) later tokens read; `on = both` keeps both (two streams,
+/// through the registry's state entry points: this function refuses it). A run
 /// of `T` tokens from position `a` reads `K(a + T)` slots, so the coefficients' slot axis must
 /// hold at least that many (one sized for the whole sequence serves every part). Forms: `fast`,
 /// `recurrent`, `materialized`.

@@ -94,7 +94,9 @@ pub(crate) fn glr_stream(on: &str) -> Result<&'static str> {
         "a" => Ok("x"),
         _ => Err(mixer_core::state::no_state(
             "glr",
-            "a GLR with its pattern on both A and B (`on = \"both\"`) has no state yet",
+            "the typed `glr_state` carries one stream of rows; a GLR with its pattern on both A and B \
+             (`on = \"both\"`) keeps two (`x` and `y`): run it from a state through \
+             `mixer_registry::state::run_state` with the tensors `x`, `y` and `position`",
         )),
     }
 }

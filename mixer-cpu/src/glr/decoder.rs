@@ -11,7 +11,6 @@
 //!
 //! [`Decoder::cache_elems`] counts the scalars held: positions × streams (x and/or y) × B × C.
 
-use mixer_core::Mixer;
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::glr::state as glr_state;
 use mixer_core::mixers::glr::{Glr, On, Slots};
@@ -83,18 +82,29 @@ impl<F: Real> GlrDecoder<F> {
         d.pos = a;
         let bc = d.b_len * d.c_len;
         let rows = glr_state::rows(g, d.k_in);
+        let n = d.streams() * bc;
         if let Store::Window { ring, cap } = &mut d.store {
             *cap = rows;
-            *ring = vec![F::zero(); rows * bc];
+            *ring = vec![F::zero(); rows * n];
         }
         let Some((s, _)) = s else { return Ok(d) };
-        let name = glr_state::stream(g).map_err(|why| mixer_core::state::no_state(g.name(), &why))?;
-        let v = contiguous(s, name, &[d.b_len, rows, d.c_len])?;
+        // A cached position holds y (pattern on B) first, then x (on A): the state's streams in
+        // that order.
+        let order: Vec<&str> = [(g.on().has_b(), "y"), (g.on().has_a(), "x")]
+            .into_iter()
+            .filter_map(|(has, n)| has.then_some(n))
+            .collect();
+        let vs =
+            order.iter().map(|&n| contiguous(s, n, &[d.b_len, rows, d.c_len])).collect::<Result<Vec<_>>>()?;
         let mut entries: Vec<(usize, Vec<F>)> = Vec::new();
         for (j, at) in glr_state::kept(g, d.k_in, a).into_iter().enumerate() {
             let Some(p) = at else { continue };
-            let entry: Vec<F> =
-                (0..d.b_len).flat_map(|b| v[(b * rows + j) * d.c_len..][..d.c_len].to_vec()).collect();
+            let entry: Vec<F> = vs
+                .iter()
+                .flat_map(|v| {
+                    (0..d.b_len).flat_map(move |b| v[(b * rows + j) * d.c_len..][..d.c_len].to_vec())
+                })
+                .collect();
             entries.push((p, entry));
         }
         match &mut d.store {
@@ -104,7 +114,7 @@ impl<F: Real> GlrDecoder<F> {
             }
             Store::Window { ring, cap } => {
                 for (p, e) in entries {
-                    ring[(p % *cap) * bc..(p % *cap + 1) * bc].copy_from_slice(&e);
+                    ring[(p % *cap) * n..(p % *cap + 1) * n].copy_from_slice(&e);
                 }
             }
         }
@@ -244,22 +254,30 @@ impl<F: Real> Decoder<F> for GlrDecoder<F> {
     /// The cached values at the positions the next token and its successors read
     /// ([`glr_state::kept`]), and the position.
     fn state(&self) -> Result<Tensors<F>> {
-        let name = glr_state::stream(&self.glr).map_err(Error::Decoder)?;
         let (bn, cn) = (self.b_len, self.c_len);
+        let bc = bn * cn;
         let rows = glr_state::rows(&self.glr, self.k_in);
-        let mut v = ndarray::Array3::<F>::zeros((bn, rows, cn));
-        for (j, at) in glr_state::kept(&self.glr, self.k_in, self.pos).into_iter().enumerate() {
-            let Some(p) = at else { continue };
-            let e = self.lookup(p)?;
-            for b in 0..bn {
-                for c in 0..cn {
-                    v[[b, j, c]] = e[b * cn + c];
+        let mut out = Tensors::new();
+        // A cached position holds y first (pattern on B), then x (on A).
+        let offsets =
+            [(self.on.has_b(), "y", 0), (self.on.has_a(), "x", if self.on.has_b() { bc } else { 0 })];
+        for (_, name, off) in offsets.into_iter().filter(|e| e.0) {
+            let mut v = ndarray::Array3::<F>::zeros((bn, rows, cn));
+            for (j, at) in glr_state::kept(&self.glr, self.k_in, self.pos).into_iter().enumerate() {
+                let Some(p) = at else { continue };
+                let e = self.lookup(p)?;
+                for b in 0..bn {
+                    for c in 0..cn {
+                        v[[b, j, c]] = e[off + b * cn + c];
+                    }
                 }
             }
+            out.insert(name.to_string(), v.into_dyn());
         }
-        let pos = mixer_core::state::position_tensor(&vec![self.pos; bn]);
-        Ok([(name.to_string(), v.into_dyn()), (mixer_core::state::POSITION.to_string(), pos)]
-            .into_iter()
-            .collect())
+        out.insert(
+            mixer_core::state::POSITION.to_string(),
+            mixer_core::state::position_tensor(&vec![self.pos; bn]),
+        );
+        Ok(out)
     }
 }

@@ -27,8 +27,11 @@ fn configs() -> Vec<(&'static str, serde_json::Value)> {
         ("glr", json!({"pattern": "sq1", "cache_efficient": true})),
         ("glr", json!({"pattern": "pow2", "cache_efficient": true, "on": "a"})),
         ("glr", json!({"pattern": "fibonacci", "cache_efficient": true})),
+        ("glr", json!({"pattern": "pow2", "on": "both"})),
+        ("glr", json!({"pattern": "sq1", "cache_efficient": true, "on": "both"})),
         ("kth-order", json!({"order": 3})),
         ("diagonal-ssm", json!({})),
+        ("diagonal-ssm", json!({"on": "both"})),
         ("dense-recurrence", json!({"on": "a"})),
     ]
 }

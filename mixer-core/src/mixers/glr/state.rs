@@ -5,7 +5,8 @@
 //! the outputs `y` when the pattern is on `B` (`on = "b"`), the inputs `x` when it is on `A`
 //! (`on = "a"`). Every token `t ≥ a` reads positions `d_k(t) ≥ t − f(k)`, so with the `K` slots
 //! of `beta` (or `K + 1` of `alpha`) the reads before `a` lie in `[a − f(K − 1), a)`. The state is
-//! - `y [B, R, C]` (`on = "b"`) or `x [B, R, C]` (`on = "a"`): the values at the kept positions;
+//! - `y [B, R, C]` (`on = "b"`), `x [B, R, C]` (`on = "a"`), or both (`on = "both"`): the values at
+//!   the kept positions;
 //! - `position [B]`: `a` per batch row.
 //!
 //! The rows `R` and their positions ([`kept`]):
@@ -20,8 +21,8 @@
 //! Rows that hold no value must be zero. `K` is the slot axis of the inputs: a run of `T` tokens
 //! from position `a` reads the slots active up to `a + T − 1`, so it needs `K ≥ K(a + T)` (the
 //! slot axis may exceed `K(T)`: slots past `K(T)` are never read by a run from position 0). One
-//! `beta` sized for the whole sequence therefore serves every part of it. `on = "both"` has no
-//! state yet.
+//! `beta` sized for the whole sequence therefore serves every part of it. `on = "both"` keeps both
+//! streams (`x` and `y`, the same rows).
 //!
 //! **Runs from a state** ([`run`]): per group of batch rows at one position `a`, the form runs on
 //! the extended sequence of `a + T` tokens at absolute positions `0 … a + T − 1`: prefix token
@@ -29,6 +30,9 @@
 //! slots, so `y_p = x_p` — the kept output (`on = "b"`) or the kept input (`on = "a"`) — then
 //! the run's tokens. Positions the state does not keep are never read (above), so `y` is the
 //! extension's rows `a …` and the final state is read off the extension at [`kept`]`(a + T)`.
+//! With `on = "both"` the run is the sum of two extensions (docs/math.md §7.1): one whose prefix
+//! holds the kept outputs (its taps on `A` that read the prefix zeroed), one whose prefix holds
+//! the kept inputs and whose own inputs are zero (its taps on `B` that read the prefix zeroed).
 //!
 //! **Backward** ([`vjp`]): the form's backward on the extension with the cotangent zero on the
 //! prefix (and, with `on = "b"`, the final state's cotangent added at the kept outputs). The
@@ -45,12 +49,12 @@ use crate::real::Real;
 use crate::state::{POSITION, StateShapes, by_length, position_tensor};
 use crate::tensor::{Tensors, get};
 
-/// The name of the kept stream: `y` (pattern on `B`) or `x` (on `A`).
-pub fn stream(m: &Glr) -> std::result::Result<&'static str, String> {
+/// The names of the kept streams: `y` (pattern on `B`), `x` (on `A`), both (`on = "both"`).
+pub fn streams(m: &Glr) -> &'static [&'static str] {
     match m.on() {
-        On::B => Ok("y"),
-        On::A => Ok("x"),
-        On::Both => Err("a GLR with its pattern on both A and B (`on = \"both\"`) has no state yet".into()),
+        On::B => &["y"],
+        On::A => &["x"],
+        On::Both => &["x", "y"],
     }
 }
 
@@ -87,55 +91,60 @@ pub fn kept(m: &Glr, k: usize, a: usize) -> Vec<Option<usize>> {
     out
 }
 
-/// The state's shapes: `y` or `x` `[B, R, C]` and `position [B]`.
+/// The state's shapes: each kept stream (`y`, `x`) `[B, R, C]` and `position [B]`.
 pub(crate) fn shapes(m: &Glr, dims: &crate::Dims) -> std::result::Result<StateShapes, String> {
-    let name = stream(m)?;
     let size = |s: &str| dims.get(s).copied().ok_or_else(|| format!("size `{s}` is unbound"));
     let k = slot_count(dims).ok_or("size `K` is unbound")?;
-    let b = size("B")?;
-    Ok(vec![(name.into(), vec![b, rows(m, k), size("C")?]), (POSITION.into(), vec![b])])
+    let (b, c) = (size("B")?, size("C")?);
+    let mut out: StateShapes = streams(m).iter().map(|&n| (n.into(), vec![b, rows(m, k), c])).collect();
+    out.push((POSITION.into(), vec![b]));
+    Ok(out)
 }
 
 /// The positions of a state for a run of `t_len` tokens with `k` slots, per batch row, after
 /// checking them ([`crate::state::positions`]), `K ≥ K(a + T)`, and that the rows that hold no
 /// value are zero.
 pub fn positions<F: Real>(m: &Glr, state: &Tensors<F>, t_len: usize, k: usize) -> Result<Vec<usize>> {
-    let name = stream(m).map_err(|why| crate::state::no_state(crate::Mixer::name(m), &why))?;
-    let (v, p) = (get(state, name)?, get(state, POSITION)?);
-    if v.ndim() != 3 || p.shape() != [v.shape()[0]] || v.shape()[1] != rows(m, k) {
-        return Err(Error::shape(
-            "state",
-            format!("{name} [B, {}, C] and position [B]", rows(m, k)),
-            format!("{name} {}, position {}", fmt_shape(v.shape()), fmt_shape(p.shape())),
-        ));
-    }
-    let pos = crate::state::positions(p, t_len)?;
-    for (b, &a) in pos.iter().enumerate() {
-        let need = m.pattern().slots(a + t_len);
-        if need > k {
-            return Err(Error::Value {
-                name: format!("state.{POSITION}[{b}]"),
-                constraint: format!(
-                    "a run of {t_len} tokens from position {a} reads K({}) = {need} slots, so alpha and \
-                     beta need a slot axis of K ≥ {need} (one sized for the whole sequence serves every part)",
-                    a + t_len
-                ),
-                found: format!("K = {k}, position {a}"),
-            });
+    let p = get(state, POSITION)?;
+    let mut pos = None;
+    for &name in streams(m) {
+        let v = get(state, name)?;
+        if v.ndim() != 3 || p.shape() != [v.shape()[0]] || v.shape()[1] != rows(m, k) {
+            return Err(Error::shape(
+                "state",
+                format!("{name} [B, {}, C] and position [B]", rows(m, k)),
+                format!("{name} {}, position {}", fmt_shape(v.shape()), fmt_shape(p.shape())),
+            ));
         }
-        for (j, at) in kept(m, k, a).into_iter().enumerate() {
-            if at.is_none() && v.slice(s![b, j, ..]).iter().any(|&x| x != F::zero()) {
+        let at = crate::state::positions(p, t_len)?;
+        for (b, &a) in at.iter().enumerate() {
+            let need = m.pattern().slots(a + t_len);
+            if need > k {
                 return Err(Error::Value {
-                    name: format!("state.{name}[{b}, {j}]"),
+                    name: format!("state.{POSITION}[{b}]"),
                     constraint: format!(
-                        "row {j} holds no value at position {a} (module docs: docs/math.md §7.1), so it must be zero"
+                        "a run of {t_len} tokens from position {a} reads K({}) = {need} slots, so alpha and \
+                         beta need a slot axis of K ≥ {need} (one sized for the whole sequence serves every part)",
+                        a + t_len
                     ),
-                    found: "non-zero entries".into(),
+                    found: format!("K = {k}, position {a}"),
                 });
             }
+            for (j, at) in kept(m, k, a).into_iter().enumerate() {
+                if at.is_none() && v.slice(s![b, j, ..]).iter().any(|&x| x != F::zero()) {
+                    return Err(Error::Value {
+                        name: format!("state.{name}[{b}, {j}]"),
+                        constraint: format!(
+                            "row {j} holds no value at position {a} (module docs: docs/math.md §7.1), so it must be zero"
+                        ),
+                        found: "non-zero entries".into(),
+                    });
+                }
+            }
         }
+        pos = Some(at);
     }
-    Ok(pos)
+    pos.ok_or_else(|| Error::Numerical("internal: a GLR state without a stream".into()))
 }
 
 /// The sizes `(B, T, C, K)` of GLR inputs.
@@ -153,36 +162,116 @@ fn sizes<F>(x: &Tensors<F>) -> Result<(usize, usize, usize, usize)> {
     }
 }
 
-/// The extension of the batch `rows` at position `a` (module documentation).
-fn extension<F: Real>(
+/// Which part of a run from a state an extension computes: the whole run (one kept stream), or
+/// with `on = "both"` the part through the kept outputs (`ReadsY`: the prefix holds `y`, the taps
+/// on `A` that read it are zeroed) or through the kept inputs (`ReadsX`: the prefix holds `x`, the
+/// run's own inputs are zero and the taps on `B` that read the prefix are zeroed).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Whole,
+    ReadsY,
+    ReadsX,
+}
+
+/// The `(t, k)` (absolute positions `t` of the run, slot `k`) whose tap reads a position before
+/// `a`, for a run of `t_len` tokens from `a`.
+fn prefix_reads(m: &Glr, a: usize, t_len: usize) -> Vec<(usize, usize)> {
+    let slots = Slots::new(m.pattern(), a + t_len);
+    (a..a + t_len)
+        .flat_map(|t| slots.deps(t).filter(|&(_, d)| d < a).map(move |(k, _)| (t, k)).collect::<Vec<_>>())
+        .collect()
+}
+
+/// Zeroes the entries `[.., t, k + shift, ..]` of `v` for the taps `reads`.
+fn zero_taps<F: Real>(v: &mut ArrayD<F>, reads: &[(usize, usize)], shift: usize) {
+    for &(t, k) in reads {
+        v.slice_mut(s![.., t, k + shift, ..]).fill(F::zero());
+    }
+}
+
+/// `v [B, T, C]` of the batch `rows` after a prefix of `a` rows holding the state stream `st`
+/// (`[B, R, C]`) at its kept positions (zero elsewhere).
+fn with_prefix<F: Real>(
     m: &Glr,
-    x: &Tensors<F>,
-    state: Option<&ArrayD<F>>,
+    v: &ArrayD<F>,
+    st: Option<&ArrayD<F>>,
     rows: &[usize],
     a: usize,
     k: usize,
-) -> Result<Tensors<F>> {
-    let mut out = Tensors::new();
-    for (name, v) in x {
-        let prefix = (name == "x").then_some(state).flatten();
-        let mut e = crate::state::prefixed(v, None, rows, a);
-        if name == "alpha" {
-            // α_p = 1 on x_p (slot 0 of the K + 1 axis with the pattern on A).
-            if m.on().has_a() { e.slice_mut(s![.., ..a, 0, ..]) } else { e.slice_mut(s![.., ..a, ..]) }
-                .fill(F::one());
-        }
-        if let (Some(st), true) = (prefix, a > 0) {
-            for (j, at) in kept(m, k, a).into_iter().enumerate() {
-                if let Some(p) = at {
-                    for (i, &b) in rows.iter().enumerate() {
-                        e.slice_mut(s![i, p, ..]).assign(&st.slice(s![b, j, ..]));
-                    }
+) -> ArrayD<F> {
+    let mut e = crate::state::prefixed(v, None, rows, a);
+    if let (Some(st), true) = (st, a > 0) {
+        for (j, at) in kept(m, k, a).into_iter().enumerate() {
+            if let Some(p) = at {
+                for (i, &b) in rows.iter().enumerate() {
+                    e.slice_mut(s![i, p, ..]).assign(&st.slice(s![b, j, ..]));
                 }
             }
+        }
+    }
+    e
+}
+
+/// The extension of the batch `rows` at position `a` for `part` (module documentation); `st`: the
+/// stream the prefix holds.
+fn extension<F: Real>(
+    m: &Glr,
+    x: &Tensors<F>,
+    st: Option<&ArrayD<F>>,
+    rows: &[usize],
+    (a, k): (usize, usize),
+    part: Part,
+) -> Result<Tensors<F>> {
+    let t_len = get(x, "x")?.shape()[1];
+    let reads = if part == Part::Whole { Vec::new() } else { prefix_reads(m, a, t_len) };
+    let mut out = Tensors::new();
+    for (name, v) in x {
+        let mut e = if name == "x" {
+            with_prefix(m, v, st, rows, a, k)
+        } else {
+            crate::state::prefixed(v, None, rows, a)
+        };
+        match name.as_str() {
+            // α_p = 1 on x_p (slot 0 of the K + 1 axis with the pattern on A).
+            "alpha" => {
+                if m.on().has_a() { e.slice_mut(s![.., ..a, 0, ..]) } else { e.slice_mut(s![.., ..a, ..]) }
+                    .fill(F::one());
+                if part == Part::ReadsY {
+                    zero_taps(&mut e, &reads, 1);
+                }
+            }
+            "beta" if part == Part::ReadsX => zero_taps(&mut e, &reads, 0),
+            "x" if part == Part::ReadsX => e.slice_mut(s![.., a.., ..]).fill(F::zero()),
+            _ => {}
         }
         out.insert(name.clone(), e);
     }
     Ok(out)
+}
+
+/// The state's streams by name, and the positions (`None`: zeros at position 0).
+fn state_of<'a, F: Real>(
+    m: &Glr,
+    x: &Tensors<F>,
+    initial: Option<&'a Tensors<F>>,
+) -> Result<(Vec<Option<&'a ArrayD<F>>>, Vec<usize>)> {
+    let (nb, t_len, _, k) = sizes(x)?;
+    match initial {
+        Some(s) => {
+            let pos = positions(m, s, t_len, k)?;
+            Ok((
+                streams(m)
+                    .iter()
+                    .map(|&n| get(s, n))
+                    .collect::<Result<Vec<_>>>()?
+                    .into_iter()
+                    .map(Some)
+                    .collect(),
+                pos,
+            ))
+        }
+        None => Ok((vec![None; streams(m).len()], vec![0; nb])),
+    }
 }
 
 /// `y` and the final state of a run from `initial` (`None`: zeros at position 0) by `form` on
@@ -193,32 +282,45 @@ pub fn run<F: Real>(
     initial: Option<&Tensors<F>>,
     form: impl Fn(&Tensors<F>) -> Result<ArrayD<F>>,
 ) -> Result<(ArrayD<F>, Tensors<F>)> {
-    let name = stream(m).map_err(|why| crate::state::no_state(crate::Mixer::name(m), &why))?;
+    let names = streams(m);
     let (nb, t_len, c, k) = sizes(x)?;
-    let (st, pos) = match initial {
-        Some(s) => (Some(get(s, name)?), positions(m, s, t_len, k)?),
-        None => (None, vec![0; nb]),
-    };
+    let (st, pos) = state_of(m, x, initial)?;
     let mut y = ArrayD::<F>::zeros(IxDyn(&[nb, t_len, c]));
-    let mut fin = ArrayD::<F>::zeros(IxDyn(&[nb, rows(m, k), c]));
+    let mut fin: Vec<ArrayD<F>> =
+        names.iter().map(|_| ArrayD::<F>::zeros(IxDyn(&[nb, rows(m, k), c]))).collect();
     for (a, group) in by_length(&pos) {
-        let ext = extension(m, x, st, &group, a, k)?;
-        let ye = form(&ext)?;
-        let src = if m.on().has_b() { &ye } else { &ext["x"] };
+        // The streams over the extension: y (the form's output; with `on = "both"` the sum of the
+        // parts through the kept outputs and the kept inputs), x (the inputs after the prefix).
+        let (ye, xe) = if m.on() == On::Both {
+            let (sx, sy) = (st[0], st[1]);
+            let mut ye = form(&extension(m, x, sy, &group, (a, k), Part::ReadsY)?)?;
+            let y2 = form(&extension(m, x, sx, &group, (a, k), Part::ReadsX)?)?;
+            let mut tail = ye.slice_mut(s![.., a.., ..]);
+            tail += &y2.slice(s![.., a.., ..]);
+            (ye, with_prefix(m, get(x, "x")?, sx, &group, a, k))
+        } else {
+            let ext = extension(m, x, st[0], &group, (a, k), Part::Whole)?;
+            let ye = form(&ext)?;
+            let xe = ext["x"].clone();
+            (ye, xe)
+        };
+        let ends = kept(m, k, a + t_len);
         for (i, &b) in group.iter().enumerate() {
             y.index_axis_mut(Axis(0), b).assign(&ye.slice(s![i, a.., ..]));
-            for (j, at) in kept(m, k, a + t_len).into_iter().enumerate() {
-                if let Some(p) = at {
-                    fin.slice_mut(s![b, j, ..]).assign(&src.slice(s![i, p, ..]));
+            for (f, &name) in fin.iter_mut().zip(names) {
+                let src = if name == "y" { &ye } else { &xe };
+                for (j, at) in ends.iter().enumerate() {
+                    if let Some(p) = *at {
+                        f.slice_mut(s![b, j, ..]).assign(&src.slice(s![i, p, ..]));
+                    }
                 }
             }
         }
     }
     let fin_pos: Vec<usize> = pos.iter().map(|&a| a + t_len).collect();
-    Ok((
-        y,
-        [(name.to_string(), fin), (POSITION.to_string(), position_tensor(&fin_pos))].into_iter().collect(),
-    ))
+    let mut out: Tensors<F> = names.iter().map(|n| n.to_string()).zip(fin).collect();
+    out.insert(POSITION.to_string(), position_tensor(&fin_pos));
+    Ok((y, out))
 }
 
 /// The backward of [`run`] by `backward` (the form's backward on the extension) (module
@@ -230,37 +332,87 @@ pub fn vjp<F: Real>(
     backward: impl Fn(&Tensors<F>, &ArrayD<F>) -> Result<Tensors<F>>,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
     let crate::state::StateVjp { x, initial, dy, d_final, requires } = args;
-    let name = stream(m).map_err(|why| crate::state::no_state(crate::Mixer::name(m), &why))?;
+    let names = streams(m);
     let (nb, t_len, c, k) = sizes(x)?;
     if dy.shape() != [nb, t_len, c] {
         return Err(Error::shape("dy", format!("[{nb}, {t_len}, {c}]"), fmt_shape(dy.shape())));
     }
-    let (st, pos) = match initial {
-        Some(s) => (Some(get(s, name)?), positions(m, s, t_len, k)?),
-        None => (None, vec![0; nb]),
-    };
-    let df = d_final.map(|d| get(d, name)).transpose()?;
+    let (st, pos) = state_of(m, x, initial)?;
+    // The final state's cotangents per stream (`None`: none given).
+    let df: Vec<Option<&ArrayD<F>>> =
+        names.iter().map(|&n| d_final.map(|d| get(d, n)).transpose()).collect::<Result<_>>()?;
+    let df_of = |n: &str| names.iter().position(|&m| m == n).and_then(|i| df[i]);
     let mut grads: Tensors<F> = x.iter().map(|(n, v)| (grad_name(n), ArrayD::zeros(v.raw_dim()))).collect();
-    let mut ds = ArrayD::<F>::zeros(IxDyn(&[nb, rows(m, k), c]));
+    let mut ds: Vec<ArrayD<F>> =
+        names.iter().map(|_| ArrayD::<F>::zeros(IxDyn(&[nb, rows(m, k), c]))).collect();
+    let dx_name = grad_name("x");
     for (a, group) in by_length(&pos) {
-        let ext = extension(m, x, st, &group, a, k)?;
         let mut dye = crate::state::prefixed(dy, None, &group, a);
         dye.slice_mut(s![.., ..a, ..]).fill(F::zero());
         let ends = kept(m, k, a + t_len);
-        if let (Some(df), true) = (df, m.on().has_b()) {
-            add_kept(&mut dye, df, &group, &ends);
-        }
-        let mut g = backward(&ext, &dye)?;
-        let dxe = g.get_mut(&grad_name("x")).ok_or_else(|| {
-            Error::Numerical("glr backward from a state: the backward returned no `d_x`".into())
-        })?;
-        if let (Some(df), true) = (df, m.on().has_a()) {
-            add_kept(dxe, df, &group, &ends);
-        }
-        for (j, at) in kept(m, k, a).into_iter().enumerate() {
-            if let Some(p) = at {
-                for (i, &b) in group.iter().enumerate() {
-                    ds.slice_mut(s![b, j, ..]).assign(&dxe.slice(s![i, p, ..]));
+        let starts = kept(m, k, a);
+        // The gradient of the extended inputs, and per stream the extended x whose prefix rows
+        // hold that stream's gradient.
+        let (g, dprefix): (Tensors<F>, Vec<ArrayD<F>>) = if m.on() == On::Both {
+            let (sx, sy) = (st[0], st[1]);
+            let mut dye1 = dye.clone();
+            if let Some(df) = df_of("y") {
+                // The final y at a kept position: the sum of both parts after the prefix, the
+                // state's own y (part 1's prefix) before it.
+                add_kept(&mut dye1, df, &group, &ends);
+                let main: Vec<Option<usize>> = ends.iter().map(|p| p.filter(|&p| p >= a)).collect();
+                add_kept(&mut dye, df, &group, &main);
+            }
+            let mut g1 = backward(&extension(m, x, sy, &group, (a, k), Part::ReadsY)?, &dye1)?;
+            let mut g2 = backward(&extension(m, x, sx, &group, (a, k), Part::ReadsX)?, &dye)?;
+            let reads = prefix_reads(m, a, t_len);
+            // Taps zeroed in a part: their gradient there is not a gradient of the true input.
+            if let Some(da) = g1.get_mut(&grad_name("alpha")) {
+                zero_taps(da, &reads, 1);
+            }
+            if let Some(db) = g2.get_mut(&grad_name("beta")) {
+                zero_taps(db, &reads, 0);
+            }
+            let mut dx1 = g1.remove(&dx_name).ok_or_else(no_dx)?;
+            let mut dx2 = g2.remove(&dx_name).ok_or_else(no_dx)?;
+            if let Some(df) = df_of("x") {
+                // The final x at a kept position: the run's input after the prefix (part 1's
+                // gradient), the state's x before it (part 2's prefix).
+                let (pre, main): (Vec<_>, Vec<_>) =
+                    ends.iter().map(|p| (p.filter(|&p| p < a), p.filter(|&p| p >= a))).unzip();
+                add_kept(&mut dx1, df, &group, &main);
+                add_kept(&mut dx2, df, &group, &pre);
+            }
+            let mut sum = Tensors::new();
+            for (n, v1) in g1 {
+                let v = match g2.get(&n) {
+                    Some(v2) => v1 + v2,
+                    None => v1,
+                };
+                sum.insert(n, v);
+            }
+            sum.insert(dx_name.clone(), dx1.clone());
+            (sum, vec![dx2, dx1])
+        } else {
+            let ext = extension(m, x, st[0], &group, (a, k), Part::Whole)?;
+            let name = names[0];
+            if let (Some(df), "y") = (df[0], name) {
+                add_kept(&mut dye, df, &group, &ends);
+            }
+            let mut g = backward(&ext, &dye)?;
+            let dxe = g.get_mut(&dx_name).ok_or_else(no_dx)?;
+            if let (Some(df), "x") = (df[0], name) {
+                add_kept(dxe, df, &group, &ends);
+            }
+            let dxe = dxe.clone();
+            (g, vec![dxe])
+        };
+        for (d, dp) in ds.iter_mut().zip(&dprefix) {
+            for (j, at) in starts.iter().enumerate() {
+                if let Some(p) = *at {
+                    for (i, &b) in group.iter().enumerate() {
+                        d.slice_mut(s![b, j, ..]).assign(&dp.slice(s![i, p, ..]));
+                    }
                 }
             }
         }
@@ -276,10 +428,16 @@ pub fn vjp<F: Real>(
     grads.retain(|n, _| n.strip_prefix("d_").is_some_and(|n| requires.wants(n)));
     let mut out = Tensors::new();
     if initial.is_some() {
-        out.insert(name.to_string(), ds);
+        for (n, d) in names.iter().zip(ds) {
+            out.insert(n.to_string(), d);
+        }
         out.insert(POSITION.to_string(), ArrayD::zeros(IxDyn(&[nb])));
     }
     Ok((grads, out))
+}
+
+fn no_dx() -> Error {
+    Error::Numerical("glr backward from a state: the backward returned no `d_x`".into())
 }
 
 /// Adds the final state's cotangent `df [B, R, C]` at the kept positions `ends` to `ext`.
@@ -313,17 +471,18 @@ pub fn room(m: &Glr, t_len: usize, k: usize) -> usize {
 /// A random valid state for `dims` (entries from `fill`): row `b` at a position in `1 … room`
 /// ([`room`]), its rows without a value zeroed.
 pub(crate) fn random_state(m: &Glr, dims: &crate::Dims, mut s: Tensors<f64>) -> Result<Tensors<f64>> {
-    let name = stream(m).map_err(|why| crate::state::no_state(crate::Mixer::name(m), &why))?;
     let t_len = dims.get("T").copied().unwrap_or(1);
     let k = slot_count(dims).unwrap_or(0);
     let a_max = room(m, t_len, k);
-    let v = s.get_mut(name).ok_or_else(|| Error::Numerical("no state tensor".into()))?;
-    let nb = v.shape()[0];
+    let nb = dims.get("B").copied().unwrap_or(1);
     let pos: Vec<usize> = (0..nb).map(|b| if a_max == 0 { 0 } else { a_max - (b * 3) % a_max }).collect();
-    for (b, &a) in pos.iter().enumerate() {
-        for (j, at) in kept(m, k, a).into_iter().enumerate() {
-            if at.is_none() {
-                v.slice_mut(s![b, j, ..]).fill(0.0);
+    for &name in streams(m) {
+        let v = s.get_mut(name).ok_or_else(|| Error::Numerical(format!("no state tensor `{name}`")))?;
+        for (b, &a) in pos.iter().enumerate() {
+            for (j, at) in kept(m, k, a).into_iter().enumerate() {
+                if at.is_none() {
+                    v.slice_mut(s![b, j, ..]).fill(0.0);
+                }
             }
         }
     }
@@ -352,6 +511,8 @@ mod tests {
             ("glr", serde_json::json!({"pattern": "pow2"})),
             ("glr", serde_json::json!({"pattern": "sq1", "cache_efficient": true})),
             ("glr", serde_json::json!({"pattern": "pow2", "cache_efficient": true, "on": "a"})),
+            ("glr", serde_json::json!({"pattern": "pow2", "on": "both"})),
+            ("glr", serde_json::json!({"pattern": "sq1", "cache_efficient": true, "on": "both"})),
             ("kth-order", serde_json::json!({"order": 3})),
             ("dense-recurrence", serde_json::json!({})),
         ]
@@ -362,10 +523,20 @@ mod tests {
 
     fn inputs(m: &Glr, t: usize, room: usize, seed: u64) -> Tensors<f64> {
         let k = m.pattern().slots(t + room);
-        let key = if m.on().has_a() { "K1" } else { "K" };
-        let d: crate::Dims =
-            [("B", 2), ("T", t), ("C", 3), (key, k + usize::from(m.on().has_a()))].into_iter().collect();
-        m.random_inputs(&complete_dims(m, &d), seed).unwrap()
+        m.random_inputs(&complete_dims(m, &dims(m, t, k)), seed).unwrap()
+    }
+
+    /// `B = 2, T, C = 3` and `k` slots on the axes the mixer has (`K` on `beta`, `K1 = k + 1` on
+    /// `alpha` with the pattern on A).
+    fn dims(m: &Glr, t: usize, k: usize) -> crate::Dims {
+        let mut d: crate::Dims = [("B", 2), ("T", t), ("C", 3)].into_iter().collect();
+        if m.on().has_b() {
+            d.insert("K", k);
+        }
+        if m.on().has_a() {
+            d.insert("K1", k + 1);
+        }
+        d
     }
 
     fn close(a: &ArrayD<f64>, b: &ArrayD<f64>, what: &str) {
@@ -388,8 +559,9 @@ mod tests {
                 let tail = cut(&x, &per_token, &[], a..t_len).unwrap();
                 let (joined, sb) = split_run(|x, s| m.state_oracle(x, s), &head, &tail, None);
                 close(&joined, &whole, &format!("{} split at {a}", m.name()));
-                let name = stream(&m).unwrap();
-                close(&sb[name], &f0[name], &format!("{} final state at {a}", m.name()));
+                for &name in streams(&m) {
+                    close(&sb[name], &f0[name], &format!("{} final state `{name}` at {a}", m.name()));
+                }
                 if m.pattern().cache_efficient() {
                     let live = kept(&m, sizes(&x).unwrap().3, a).iter().flatten().count();
                     assert_eq!(live, Slots::new(m.pattern(), a + 1).distinct_positions(a), "{}", m.name());
@@ -403,24 +575,24 @@ mod tests {
         for m in mixers() {
             let x = inputs(&m, 5, 6, 4);
             let k = sizes(&x).unwrap().3;
-            let key = if m.on().has_a() { "K1" } else { "K" };
-            let d: crate::Dims =
-                [("B", 2), ("T", 5), ("C", 3), (key, k + usize::from(m.on().has_a()))].into_iter().collect();
+            let d = dims(&m, 5, k);
             let shapes = shapes(&m, &d).unwrap();
             let s0 = random_state(&m, &d, crate::state::random(&shapes, 8)).unwrap();
-            let name = stream(&m).unwrap();
+            let names = streams(&m);
             assert!(s0[POSITION][0] > 0.0, "{}", m.name());
             let (y, fin) = m.state_oracle(&x, Some(&s0)).unwrap();
-            let c = Cotangents::new(&y, &fin, &[name]);
+            let c = Cotangents::new(&y, &fin, names);
             let (g, gs) = m.state_oracle_vjp(&x, Some(&s0), &c.dy, Some(&c.d_final), &Requires::All).unwrap();
             let loss = |x: &Tensors<f64>, s: &Tensors<f64>| c.loss(m.state_oracle(x, Some(s)).unwrap());
             let a0 = s0[POSITION][0] as usize;
-            for (j, at) in kept(&m, k, a0).into_iter().enumerate() {
-                if at.is_none() {
-                    continue;
+            for &name in names {
+                for (j, at) in kept(&m, k, a0).into_iter().enumerate() {
+                    if at.is_none() {
+                        continue;
+                    }
+                    let (what, ix) = (format!("{} d_state `{name}` row {j}", m.name()), [0, j, 1]);
+                    check_partial(&what, gs[name][ix], &s0, name, &ix, |s| loss(&x, s));
                 }
-                let (what, ix) = (format!("{} d_state row {j}", m.name()), [0, j, 1]);
-                check_partial(&what, gs[name][ix], &s0, name, &ix, |s| loss(&x, s));
             }
             for input in ["x", "alpha", "beta"] {
                 let Some(a) = x.get(input) else { continue };
@@ -432,6 +604,15 @@ mod tests {
                     .collect();
                 let (what, got) = (format!("{} {input}", m.name()), g[&grad_name(input)][ix.as_slice()]);
                 check_partial(&what, got, &x, input, &ix, |x| loss(x, &s0));
+                // The run's first token: its taps read the state (the prefix) — on A and on B.
+                if a.ndim() == 4 {
+                    let first = if input == "alpha" { 1 } else { 0 };
+                    for slot in first..a.shape()[2].min(first + 3) {
+                        let ix = [0, 0, slot, 1];
+                        let what = format!("{} {input} first token slot {slot}", m.name());
+                        check_partial(&what, g[&grad_name(input)][ix], &x, input, &ix, |x| loss(x, &s0));
+                    }
+                }
             }
         }
     }
