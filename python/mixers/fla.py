@@ -285,16 +285,22 @@ def chunk_log_linear_attn(
     identity λ, scale 1 as fla's kernel), fast form. ``q, k [B, T, G, K]`` with ``G`` dividing
     ``H`` (fla: ``G = 1``, shared across heads), ``v [B, T, H, V]``, ``g [B, T, H]`` (≤ 0),
     ``level_scales [B, T, H, L]`` (≥ 0 here, ``L`` at least the number of Fenwick levels of
-    ``T``). The library's log-linear lifts have no state yet: ``initial_state`` and
-    ``output_final_state`` raise ``NotImplementedError``."""
-    if initial_state is not None or output_final_state:
+    the sequence). ``initial_state`` and the final state are the library's, not fla's
+    ``LogLinearAttentionState``: a dict ``{"S": [N, H, L, V, K], "position": [N]}`` (the Fenwick
+    level states merged ahead for the next token and the tokens consumed, docs/math.md §7.1),
+    as this function returns it with ``output_final_state=True``; pass it back to continue the
+    sequence (``L`` must then cover the levels of the whole sequence). Unlike fla's op, the
+    backward runs through an initial state. A state runs on the CPU backend (on CUDA tensors:
+    ``backend="cpu"``)."""
+    if initial_state is not None and not isinstance(initial_state, dict):
         raise NotImplementedError(
-            "chunk_log_linear_attn: the log-linear lifts of mixers have no state API yet "
-            "(initial_state / output_final_state are not supported)"
+            "chunk_log_linear_attn: initial_state is the state this function returns (a dict of the "
+            "library's level states `S` and `position`), not fla's LogLinearAttentionState; got "
+            f"{type(initial_state).__name__}"
         )
     heads = v.shape[2]
     q, k = _group(q, heads, "q"), _group(k, heads, "k")
     inputs = {"q": q, "k": k, "v": v, "g": g, "lambda": level_scales}
-    y = call("loglinear-mamba2", {"scale": 1.0}, inputs, form="fast", backend=backend, precision=precision,
-             cu_seqlens=cu_seqlens)
-    return y, None
+    out = call("loglinear-mamba2", {"scale": 1.0}, inputs, form="fast", backend=backend, precision=precision,
+               initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+    return out if output_final_state else (out, None)

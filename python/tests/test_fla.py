@@ -149,7 +149,30 @@ def test_unsupported_fla_options_raise():
         fla.chunk_gated_delta_rule(q, k, v, g, beta, allow_neg_eigval=True)
     with pytest.raises(NotImplementedError, match="reverse"):
         fla.fused_recurrent_simple_gla(q, k, v, g, reverse=True)
-    with pytest.raises(NotImplementedError, match="no state"):
-        fla.chunk_log_linear_attn(q, k, v, g, torch.rand(B, T, H, 4, dtype=torch.float64), output_final_state=True)
+    with pytest.raises(NotImplementedError, match="LogLinearAttentionState"):
+        fla.chunk_log_linear_attn(q, k, v, g, torch.rand(B, T, H, 4, dtype=torch.float64), initial_state=object())
     with pytest.raises(TypeError, match="unexpected keyword"):
         fla.chunk_simple_gla(q, k, v, g, bogus=1)
+
+
+@pytest.mark.parametrize("a", [1, 5, T // 2])
+def test_log_linear_attention_continues_from_its_final_state(a):
+    """A sequence in two calls, the second from the first's final state, equals one call, and
+    the gradients flow through the state (fla's op has no backward through an initial state)."""
+    q, k, v, g, _ = rand_inputs(grouped_qk_heads=1)
+    lam = torch.rand(B, T, H, 1 + (T - 1).bit_length(), dtype=torch.float64)
+    xs = [t.clone().requires_grad_(True) for t in (q, k, v, g, lam)]
+    r = torch.randn(B, T, H, V, dtype=torch.float64)
+    whole, _ = fla.chunk_log_linear_attn(*xs)
+    want = torch.autograd.grad((whole * r).sum(), xs)
+    head = [t[:, :a] for t in xs]
+    tail = [t[:, a:] for t in xs]
+    o1, s = fla.chunk_log_linear_attn(*head, output_final_state=True)
+    assert sorted(s) == ["S", "position"] and s["position"].tolist() == [a] * B
+    o2, s2 = fla.chunk_log_linear_attn(*tail, initial_state=s, output_final_state=True)
+    assert s2["position"].tolist() == [T] * B
+    o = torch.cat([o1, o2], dim=1)
+    torch.testing.assert_close(o, whole, rtol=1e-10, atol=1e-10)
+    got = torch.autograd.grad((o * r).sum(), xs)
+    for name, gw, gg in zip("q k v g lambda".split(), want, got):
+        torch.testing.assert_close(gg, gw, rtol=1e-9, atol=1e-10, msg=lambda m: f"d_{name}: {m}")
