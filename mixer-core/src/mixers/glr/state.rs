@@ -165,21 +165,20 @@ fn sizes<F>(x: &Tensors<F>) -> Result<(usize, usize, usize, usize)> {
 /// Which part of a run from a state an extension computes: the whole run (one kept stream), or
 /// with `on = "both"` the part through the kept outputs (`ReadsY`: the prefix holds `y`, the taps
 /// on `A` that read it are zeroed) or through the kept inputs (`ReadsX`: the prefix holds `x`, the
-/// run's own inputs are zero and the taps on `B` that read the prefix are zeroed).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Part {
+/// run's own inputs are zero and the taps on `B` that read the prefix are zeroed); each with the
+/// taps that read the prefix ([`prefix_reads`]).
+#[derive(Clone, Copy)]
+enum Part<'r> {
     Whole,
-    ReadsY,
-    ReadsX,
+    ReadsY(&'r [(usize, usize)]),
+    ReadsX(&'r [(usize, usize)]),
 }
 
 /// The `(t, k)` (absolute positions `t` of the run, slot `k`) whose tap reads a position before
 /// `a`, for a run of `t_len` tokens from `a`.
 fn prefix_reads(m: &Glr, a: usize, t_len: usize) -> Vec<(usize, usize)> {
     let slots = Slots::new(m.pattern(), a + t_len);
-    (a..a + t_len)
-        .flat_map(|t| slots.deps(t).filter(|&(_, d)| d < a).map(move |(k, _)| (t, k)).collect::<Vec<_>>())
-        .collect()
+    (a..a + t_len).flat_map(|t| slots.deps(t).filter(|&(_, d)| d < a).map(move |(k, _)| (t, k))).collect()
 }
 
 /// Zeroes the entries `[.., t, k + shift, ..]` of `v` for the taps `reads`.
@@ -220,10 +219,8 @@ fn extension<F: Real>(
     st: Option<&ArrayD<F>>,
     rows: &[usize],
     (a, k): (usize, usize),
-    part: Part,
+    part: Part<'_>,
 ) -> Result<Tensors<F>> {
-    let t_len = get(x, "x")?.shape()[1];
-    let reads = if part == Part::Whole { Vec::new() } else { prefix_reads(m, a, t_len) };
     let mut out = Tensors::new();
     for (name, v) in x {
         let mut e = if name == "x" {
@@ -236,12 +233,16 @@ fn extension<F: Real>(
             "alpha" => {
                 if m.on().has_a() { e.slice_mut(s![.., ..a, 0, ..]) } else { e.slice_mut(s![.., ..a, ..]) }
                     .fill(F::one());
-                if part == Part::ReadsY {
-                    zero_taps(&mut e, &reads, 1);
+                if let Part::ReadsY(reads) = part {
+                    zero_taps(&mut e, reads, 1);
                 }
             }
-            "beta" if part == Part::ReadsX => zero_taps(&mut e, &reads, 0),
-            "x" if part == Part::ReadsX => e.slice_mut(s![.., a.., ..]).fill(F::zero()),
+            "beta" => {
+                if let Part::ReadsX(reads) = part {
+                    zero_taps(&mut e, reads, 0);
+                }
+            }
+            "x" if matches!(part, Part::ReadsX(_)) => e.slice_mut(s![.., a.., ..]).fill(F::zero()),
             _ => {}
         }
         out.insert(name.clone(), e);
@@ -293,8 +294,9 @@ pub fn run<F: Real>(
         // parts through the kept outputs and the kept inputs), x (the inputs after the prefix).
         let (ye, xe) = if m.on() == On::Both {
             let (sx, sy) = (st[0], st[1]);
-            let mut ye = form(&extension(m, x, sy, &group, (a, k), Part::ReadsY)?)?;
-            let y2 = form(&extension(m, x, sx, &group, (a, k), Part::ReadsX)?)?;
+            let reads = prefix_reads(m, a, t_len);
+            let mut ye = form(&extension(m, x, sy, &group, (a, k), Part::ReadsY(&reads))?)?;
+            let y2 = form(&extension(m, x, sx, &group, (a, k), Part::ReadsX(&reads))?)?;
             let mut tail = ye.slice_mut(s![.., a.., ..]);
             tail += &y2.slice(s![.., a.., ..]);
             (ye, with_prefix(m, get(x, "x")?, sx, &group, a, k))
@@ -351,9 +353,18 @@ pub fn vjp<F: Real>(
         dye.slice_mut(s![.., ..a, ..]).fill(F::zero());
         let ends = kept(m, k, a + t_len);
         let starts = kept(m, k, a);
-        // The gradient of the extended inputs, and per stream the extended x whose prefix rows
-        // hold that stream's gradient.
-        let (g, dprefix): (Tensors<F>, Vec<ArrayD<F>>) = if m.on() == On::Both {
+        // Stream `i`'s gradient: the prefix rows of `dp` (an extended `x̄`) at the kept positions.
+        let mut put_state = |i: usize, dp: &ArrayD<F>| {
+            for (j, at) in starts.iter().enumerate() {
+                if let Some(p) = *at {
+                    for (r, &b) in group.iter().enumerate() {
+                        ds[i].slice_mut(s![b, j, ..]).assign(&dp.slice(s![r, p, ..]));
+                    }
+                }
+            }
+        };
+        // The gradient of the extended inputs.
+        let g: Tensors<F> = if m.on() == On::Both {
             let (sx, sy) = (st[0], st[1]);
             let mut dye1 = dye.clone();
             if let Some(df) = df_of("y") {
@@ -363,9 +374,9 @@ pub fn vjp<F: Real>(
                 let main: Vec<Option<usize>> = ends.iter().map(|p| p.filter(|&p| p >= a)).collect();
                 add_kept(&mut dye, df, &group, &main);
             }
-            let mut g1 = backward(&extension(m, x, sy, &group, (a, k), Part::ReadsY)?, &dye1)?;
-            let mut g2 = backward(&extension(m, x, sx, &group, (a, k), Part::ReadsX)?, &dye)?;
             let reads = prefix_reads(m, a, t_len);
+            let mut g1 = backward(&extension(m, x, sy, &group, (a, k), Part::ReadsY(&reads))?, &dye1)?;
+            let mut g2 = backward(&extension(m, x, sx, &group, (a, k), Part::ReadsX(&reads))?, &dye)?;
             // Taps zeroed in a part: their gradient there is not a gradient of the true input.
             if let Some(da) = g1.get_mut(&grad_name("alpha")) {
                 zero_taps(da, &reads, 1);
@@ -391,8 +402,11 @@ pub fn vjp<F: Real>(
                 };
                 sum.insert(n, v);
             }
-            sum.insert(dx_name.clone(), dx1.clone());
-            (sum, vec![dx2, dx1])
+            // Streams `x` and `y`: the prefix rows of part 2's and part 1's x̄.
+            put_state(0, &dx2);
+            put_state(1, &dx1);
+            sum.insert(dx_name.clone(), dx1);
+            sum
         } else {
             let ext = extension(m, x, st[0], &group, (a, k), Part::Whole)?;
             let name = names[0];
@@ -404,18 +418,9 @@ pub fn vjp<F: Real>(
             if let (Some(df), "x") = (df[0], name) {
                 add_kept(dxe, df, &group, &ends);
             }
-            let dxe = dxe.clone();
-            (g, vec![dxe])
+            put_state(0, dxe);
+            g
         };
-        for (d, dp) in ds.iter_mut().zip(&dprefix) {
-            for (j, at) in starts.iter().enumerate() {
-                if let Some(p) = *at {
-                    for (i, &b) in group.iter().enumerate() {
-                        d.slice_mut(s![b, j, ..]).assign(&dp.slice(s![i, p, ..]));
-                    }
-                }
-            }
-        }
         for (n, full) in grads.iter_mut() {
             let ge =
                 g.get(n).ok_or_else(|| Error::Numerical(format!("glr backward from a state: no `{n}`")))?;
