@@ -43,7 +43,7 @@ use mixer_core::{Precision, Result};
 use super::common::{Elem, FAMILY, Launch, Shape, Step, check_sizes, fixed_dims, kernel_ints, view_or_zero};
 use super::wy;
 use crate::kernels;
-use crate::pool;
+use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu, int, launch, max_dynamic_smem};
 use crate::tensor::{DeviceTensor, GpuReal};
 
@@ -186,22 +186,39 @@ pub(crate) fn delta<F: GpuReal>(
     launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *du, &mut *xs, &dfv, &has_df, ds0_out, &has_ds0,
         &ti, &hi, &dki, &dvi, &nci, &stages)?;
     drop(w);
-    let mut d_q = pool::take::<F>(FAMILY, b * t * h * dk)?;
-    let mut d_k = pool::take::<F>(FAMILY, b * t * h * dk)?;
-    let mut d_v = pool::take::<F>(FAMILY, b * t * h * dv)?;
-    let mut d_b = pool::take::<F>(FAMILY, b * t * h)?;
-    let mut d_g = pool::take::<F>(FAMILY, b * t * h)?;
+    let [mut d_q, mut d_k, mut d_v, mut d_b, mut d_g] = grad_buffers::<F>(dims)?;
     let (f, cfg) = l_grad.function()?;
     launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*tinv, &*zs, &*xs, &*u, &mut *du,
         &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale)?;
-    let grads = [
+    let grads = grad_tensors([d_q, d_k, d_v, d_b, d_g], dims)?;
+    Ok((grads, ds0.map(|d| DeviceTensor::from_pooled(d, &[b, h, dv, dk])).transpose()?))
+}
+
+/// The buffers of gated DeltaNet's five input gradients `[dq, dk, dv, dβ, dg]` for `[B, T, H, Dk,
+/// Dv]`, which the gradient kernel (`lgb_grad`, the lifted `lgl_grad`) writes whole.
+pub(crate) fn grad_buffers<F: GpuReal>([b, t, h, dk, dv]: [usize; 5]) -> Result<[Pooled<F>; 5]> {
+    let n = b * t * h;
+    Ok([
+        pool::take::<F>(FAMILY, n * dk)?,
+        pool::take::<F>(FAMILY, n * dk)?,
+        pool::take::<F>(FAMILY, n * dv)?,
+        pool::take::<F>(FAMILY, n)?,
+        pool::take::<F>(FAMILY, n)?,
+    ])
+}
+
+/// [`grad_buffers`] as tensors `q`, `k` `[B, T, H, Dk]`, `v` `[B, T, H, Dv]`, `β`, `g` `[B, T, H]`.
+pub(crate) fn grad_tensors<F: GpuReal>(
+    [d_q, d_k, d_v, d_b, d_g]: [Pooled<F>; 5],
+    [b, t, h, dk, dv]: [usize; 5],
+) -> Result<[DeviceTensor<F>; 5]> {
+    Ok([
         DeviceTensor::from_pooled(d_q, &[b, t, h, dk])?,
         DeviceTensor::from_pooled(d_k, &[b, t, h, dk])?,
         DeviceTensor::from_pooled(d_v, &[b, t, h, dv])?,
         DeviceTensor::from_pooled(d_b, &[b, t, h])?,
         DeviceTensor::from_pooled(d_g, &[b, t, h])?,
-    ];
-    Ok((grads, ds0.map(|d| DeviceTensor::from_pooled(d, &[b, h, dv, dk])).transpose()?))
+    ])
 }
 
 #[cfg(test)]

@@ -37,6 +37,7 @@
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Precision, Result};
 
+use super::backward_chunked::{grad_buffers, grad_tensors};
 use super::backward_lift::{LiftGrads, lambda_backward, lift_lambda};
 use super::common::{
     Device, Elem, FAMILY, Launch, Shape, Step, Storage, check_sizes, fixed_dims, kernel_ints,
@@ -291,27 +292,14 @@ pub(crate) fn delta<F: GpuReal>(
     launch!(gp, FAMILY, f, cfg; &dyv, &*qt, &lv, &*zs, &*xs, &mut *dqt, &mut *d_lam, &mut *hxz,
         &ti, &hi, &dki, &dvi, &li, &nci, &ei)?;
     drop((zs, qt));
-    let mut d_q = pool::take::<F>(FAMILY, b * t * h * dk)?;
-    let mut d_k = pool::take::<F>(FAMILY, b * t * h * dk)?;
-    let mut d_v = pool::take::<F>(FAMILY, b * t * h * dv)?;
-    let mut d_b = pool::take::<F>(FAMILY, b * t * h)?;
-    let mut d_g = pool::take::<F>(FAMILY, b * t * h)?;
+    let [mut d_q, mut d_k, mut d_v, mut d_b, mut d_g] = grad_buffers::<F>(dims)?;
     let (f, cfg) = l_grad.function()?;
     launch!(gp, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &lv, &*tinv, &*w, &*u, &*dqt, &*hxz, &*xs,
         &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &mut *d_lam, &ti, &hi, &dki, &dvi, &li, &nci, &scale)?;
     let dlam = DeviceTensor::from_pooled(d_lam, &[b, t, h, n_lam])?;
     let (dlambda, dparam) = lambda_backward(ll, &lambda, dlam)?;
-    Ok(LiftDeltaGrads {
-        lift: LiftGrads {
-            dq: DeviceTensor::from_pooled(d_q, &[b, t, h, dk])?,
-            dk: DeviceTensor::from_pooled(d_k, &[b, t, h, dk])?,
-            dv: DeviceTensor::from_pooled(d_v, &[b, t, h, dv])?,
-            dlambda,
-            dparam,
-        },
-        dg: DeviceTensor::from_pooled(d_g, &[b, t, h])?,
-        dbeta: DeviceTensor::from_pooled(d_b, &[b, t, h])?,
-    })
+    let [dq, d_k, d_v, dbeta, dg] = grad_tensors([d_q, d_k, d_v, d_b, d_g], dims)?;
+    Ok(LiftDeltaGrads { lift: LiftGrads { dq, dk: d_k, dv: d_v, dlambda, dparam }, dg, dbeta })
 }
 
 #[cfg(test)]
