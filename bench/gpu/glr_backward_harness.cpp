@@ -2,8 +2,8 @@
 // (neither kernel has a __syncthreads; a thread of glrb_reverse touches only its own column of g,
 // x̄ and of the shared-memory rings, which are one static array here), checked
 // against a dense reference: g = (I − B)^{-T} ȳ by back substitution over the dense T×T B,
-// (and, for translation-invariant patterns, the path through glrb_flip, the forward recurrence as a
-// plain loop and glrb_grads reading g reversed and gathering x̄),
+// (and, for translation-invariant patterns, the path through the reversed forward recurrence, as a
+// plain loop, and glrb_grads reading g reversed and gathering x̄),
 // x̄ = Aᵀ g, ᾱ/β̄ from g, x, y; and central finite differences of the forward for a few entries.
 // Run from the repository root: g++ -std=c++17 -O1 bench/gpu/glr_backward_harness.cpp -o /tmp/glr_harness && /tmp/glr_harness
 // (no GPU, no CUDA headers: the kernel file is compiled as plain C++; it exits non-zero on a failure).
@@ -92,22 +92,20 @@ int main() {
         for (g_tid = 0; g_tid < (ll)B * T * C + 5; ++g_tid)
             glrb_grads<double>(x.data(), al.data(), y.data(), gp, off.data(), str.data(), dx.data(), da.data(), db.data(),
                                B, T, C, K, NA, has_a, has_b, 1, 1, 1, ce, 0, 0);
-        // The translation-invariant path: glrb_flip, the forward recurrence (on = b) on its outputs
-        // (here a plain loop, on the GPU the forward's kernel), then glrb_grads reading g reversed and
-        // gathering x̄'s taps on A.
+        // The translation-invariant path: the forward recurrence as glr.cu computes it with GLR_REV
+        // (here a plain loop: token s takes ȳ[T − 1 − s] and tap k's β of token T − 1 − s + f(k)),
+        // then glrb_grads reading g reversed and gathering x̄'s taps on A.
         vector<double> dx2(B * T * C), da2(B * T * NA * C), db2(max(1, B * T * K * C));
         if (!ce) {
-            vector<double> xr(B * T * C), ar(B * T * C), br(max(1, B * T * K * C)), h(B * T * C);
-            if (has_b) {
-                for (g_tid = 0; g_tid < (ll)B * T * C + 5; ++g_tid)
-                    glrb_flip<double>(dy.data(), be.data(), off.data(), xr.data(), ar.data(), br.data(), B, T, C, K);
+            vector<double> h(B * T * C);
+            if (has_b)
                 for (int b = 0; b < B; ++b) for (int c = 0; c < C; ++c) for (int s = 0; s < T; ++s) {
-                    ll bs = (ll)b * T + s;
-                    double acc = ar[bs * C + c] * xr[bs * C + c];
-                    for (int k = 0; k < K && p.f[k] <= s; ++k) acc += br[(bs * K + k) * C + c] * h[((ll)b * T + s - p.f[k]) * C + c];
-                    h[bs * C + c] = acc;
+                    const ll row = (ll)b * T, t = T - 1 - s;
+                    double acc = dy[(row + t) * C + c];
+                    for (int k = 0; k < K && p.f[k] <= s; ++k)
+                        acc += be[((row + t + p.f[k]) * K + k) * C + c] * h[(row + s - p.f[k]) * C + c];
+                    h[(row + s) * C + c] = acc;
                 }
-            }
             const double* gp2 = has_b ? h.data() : dy.data();
             for (g_tid = 0; g_tid < (ll)B * T * C + 5; ++g_tid)
                 glrb_grads<double>(x.data(), al.data(), y.data(), gp2, off.data(), str.data(), dx2.data(), da2.data(),

@@ -50,6 +50,20 @@
 #define GLR_FARNEAR 1
 #endif
 #define GLR_THREADS (32 + GLR_L * GLR_CH)
+// GLR_REV = 1 compiles the backward's reverse recurrence (glr_backward.cu; pattern on B,
+// translation-invariant): token t takes x[T − 1 − t] with α = 1 (x: the output's cotangent) and tap
+// k's β of token T − 1 − t + f(k), the token that reads through it; y is the total cotangent g in
+// reversed time. GLR_SELF(t) is token t's own term α[t,0]·x[t], GLR_BETA(t, k) its β[t,k].
+#ifndef GLR_REV
+#define GLR_REV 0
+#endif
+#if GLR_REV
+#define GLR_SELF(t) x[(row + Tn - 1 - (t)) * C + cc]
+#define GLR_BETA(t, k) beta[((row + Tn - 1 - (t) + off[k]) * K + (k)) * C + cc]
+#else
+#define GLR_SELF(t) (alpha[(row + (t)) * NA * C + cc] * x[(row + (t)) * C + cc])
+#define GLR_BETA(t, k) beta[((row + (t)) * K + (k)) * C + cc]
+#endif
 #define GLR_BATCH 8
 // Record lengths: [pre, b1, b2, β_0 … β_{NL−1}] rounded up to 16 bytes of f32 (4 elements; f64
 // records use the same element count, 32 bytes), slots rounded up to 8 (16 bytes).
@@ -106,8 +120,8 @@ template <typename T> struct GlrSeq {
     // loaded, and q, b1 of token tl + 1 formed from vn, rn (loaded one token earlier).
     __device__ __forceinline__ void step(int tl, const T (&vn)[GLR_NLA], const T (&rn)[GLR_REC], T (&vn2)[GLR_NLA],
                                          T (&rn2)[GLR_REC], const T* beta, const long long* off,
-                                         const long long* stride, long long row, int K, int C, int cc, int ce,
-                                         int knear, int t0) {
+                                         const long long* stride, long long row, int Tn, int K, int C, int cc,
+                                         int ce, int knear, int t0) {
         T acc = q + w1 * y1;
 #if GLR_FARNEAR
         const int t = t0 + tl;
@@ -115,7 +129,7 @@ template <typename T> struct GlrSeq {
             if (off[k] > t) break;
             const int d = glr_dep(t, (int)off[k], (int)stride[k], ce);
             if (d >= t0 - GLR_L)
-                acc += beta[((row + t) * K + k) * C + cc] * ((const T*)ring)[glr_ring(d, wpos & (GLR_CH - 1))];
+                acc += GLR_BETA(t, k) * ((const T*)ring)[glr_ring(d, wpos & (GLR_CH - 1))];
         }
 #endif
         ((T*)ring)[wpos] = acc;
@@ -185,10 +199,10 @@ __device__ void glr_tiled(const T* x, const T* alpha, const T* beta, const long 
                 // Two tokens per trip, the two register sets swapping roles (no copies).
                 int tl = 0;
                 for (; tl + 1 < lim; tl += 2) {
-                    s.step(tl, va, ra, vb, rb, beta, off, stride, row, K, C, cc, ce, knear, t0);
-                    s.step(tl + 1, vb, rb, va, ra, beta, off, stride, row, K, C, cc, ce, knear, t0);
+                    s.step(tl, va, ra, vb, rb, beta, off, stride, row, Tn, K, C, cc, ce, knear, t0);
+                    s.step(tl + 1, vb, rb, va, ra, beta, off, stride, row, Tn, K, C, cc, ce, knear, t0);
                 }
-                if (tl < lim) s.step(tl, va, ra, vb, rb, beta, off, stride, row, K, C, cc, ce, knear, t0);
+                if (tl < lim) s.step(tl, va, ra, vb, rb, beta, off, stride, row, Tn, K, C, cc, ce, knear, t0);
             }
             // The tile's y from the ring to global memory, coalesced, before the barrier (the
             // gathering threads read it from the next iteration on).
@@ -209,7 +223,7 @@ __device__ void glr_tiled(const T* x, const T* alpha, const T* beta, const long 
                 T* rr = rec + ((i + 1) & 1) * TILE * GLR_REC + (tl * GLR_CH + c) * GLR_REC;
                 unsigned short* ss = sl + ((i + 1) & 1) * TILE * GLR_SREC + (tl * GLR_CH + c) * GLR_SREC;
                 const long long bt = row + t;
-                T acc = live ? alpha[bt * NA * C + cc] * x[bt * C + cc] : (T)0, w1 = 0, w2 = 0;
+                T acc = live ? GLR_SELF(t) : (T)0, w1 = 0, w2 = 0;
                 {
                     // Taps k < GLR_NN: loads first, then sort each into pre, b1, b2 or the list.
                     T bk[GLR_NN], yk[GLR_NN], ak[GLR_NN], xk[GLR_NN];
@@ -218,7 +232,7 @@ __device__ void glr_tiled(const T* x, const T* alpha, const T* beta, const long 
                     for (int k = 0; k < GLR_NN; ++k) {
                         const bool act = live && k < K && off[k] <= t;
                         dk[k] = act ? glr_dep(t, (int)off[k], (int)stride[k], ce) : -1;
-                        bk[k] = act && has_b ? beta[(bt * K + k) * C + cc] : (T)0;
+                        bk[k] = act && has_b ? GLR_BETA(t, k) : (T)0;
                         yk[k] = act && has_b && dk[k] < far ? y[(row + dk[k]) * C + cc] : (T)0;
                         ak[k] = act && has_a ? alpha[(bt * NA + k + 1) * C + cc] : (T)0;
                         xk[k] = act && has_a ? x[(row + dk[k]) * C + cc] : (T)0;
@@ -248,7 +262,7 @@ __device__ void glr_tiled(const T* x, const T* alpha, const T* beta, const long 
                         const bool fy = act && has_b && d < far;
                         av[u] = act && has_a ? alpha[(bt * NA + k + 1) * C + cc] : (T)0;
                         xv[u] = act && has_a ? x[(row + d) * C + cc] : (T)0;
-                        bv[u] = fy ? beta[(bt * K + k) * C + cc] : (T)0;
+                        bv[u] = fy ? GLR_BETA(t, k) : (T)0;
                         yv[u] = fy ? y[(row + d) * C + cc] : (T)0;
                     }
 #pragma unroll

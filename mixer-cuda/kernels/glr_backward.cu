@@ -6,10 +6,10 @@
 // and then
 //   ᾱ[t,0] = g[t]·x[t],  ᾱ[t,k+1] = g[t]·x[d_k(t)],  β̄[t,k] = g[t]·y[d_k(t)]  (0 for inactive taps),
 //   x̄[t] = α[t,0]·g[t] + Σ_{t' > t, k: d_k(t') = t} α[t',k+1]·g[t'].
-// g comes from one of two paths (the host picks): for translation-invariant patterns glrb_flip writes
-// the reverse recurrence's inputs as a forward recurrence in reversed time, which the forward's kernel
-// (glr.cu) runs, and glrb_grads reads g reversed and gathers x̄'s taps on A; for cache-efficient
-// lattices:
+// g comes from one of two paths (the host picks): for translation-invariant patterns the reverse
+// recurrence is a forward recurrence in reversed time, which the forward's kernel compiled with
+// GLR_REV (glr.cu) runs, and glrb_grads reads g reversed and gathers x̄'s taps on A; for
+// cache-efficient lattices:
 //  * glrb_reverse, one thread per (b, c) (consecutive threads on consecutive channels, so every
 //    access of a warp is one coalesced row): tokens from T − 1 down to 0; when token t is reached
 //    every token that reads it (t' > t) has been processed, so g[t] is final, and the thread
@@ -140,7 +140,7 @@ __device__ void glrb_reverse(const T* __restrict__ dy, const T* __restrict__ alp
 }
 
 // The gradients of one (b, t, c) from its final g[t] (rev: g is stored reversed in time, g[t] at row
-// Tn − 1 − t, as the forward's kernel leaves it from glrb_flip's inputs): x̄[t] = α[t,0]·g[t] + the part
+// Tn − 1 − t, as the forward's kernel compiled with GLR_REV leaves it): x̄[t] = α[t,0]·g[t] + the part
 // of the taps on A when has_a — gathered here (gather: Σ_k α[t + f(k), k+1]·g[t + f(k)] over the
 // readers inside the sequence, translation-invariant patterns only) or the scattered part glrb_reverse
 // left in dx —, ᾱ[t,·] and β̄[t,·] (0 at inactive taps). want_*: which outputs to write (pointers of
@@ -188,25 +188,6 @@ __device__ void glrb_grads(const T* __restrict__ x, const T* __restrict__ alpha,
         }
 }
 
-// The reverse recurrence of a translation-invariant pattern as a forward recurrence (on = b): with
-// s = Tn − 1 − t and h[s] = g[t], g[t] = ȳ[t] + Σ_k β[t + f(k), k]·g[t + f(k)] (t + f(k) < Tn) reads
-//   h[s] = ȳ[Tn − 1 − s] + Σ_{k: f(k) ≤ s} β'[s, k]·h[s − f(k)],   β'[s, k] = β[Tn − 1 − s + f(k), k],
-// the forward with x' = ȳ reversed, α' = 1 and β'. One thread per (b, s, c) writes x', α', β'.
-template <typename T>
-__device__ void glrb_flip(const T* __restrict__ dy, const T* __restrict__ beta, const long long* __restrict__ off,
-                          T* xr, T* ar, T* br, int B, int Tn, int C, int K) {
-    const long long i = gtid();
-    if (i >= (long long)B * Tn * C) return;
-    const int c = (int)(i % C);
-    const long long bs = i / C;
-    const int s = (int)(bs % Tn);
-    const long long row = bs - s, t = Tn - 1 - s;
-    xr[i] = dy[(row + t) * C + c];
-    ar[i] = (T)1;
-    for (int k = 0; k < K; ++k)
-        br[(bs * K + k) * C + c] = off[k] <= s ? beta[((row + t + off[k]) * K + k) * C + c] : (T)0;
-}
-
 #define GLRB_EXPORT(T, S)                                                                                        \
     extern "C" __global__ void glrb_reverse_##S(const T* dy, const T* alpha, const T* beta, const long long* off,  \
                                                 const long long* stride, T* g, T* dx, int B, int Tn, int C, int K, \
@@ -219,10 +200,6 @@ __device__ void glrb_flip(const T* __restrict__ dy, const T* __restrict__ beta, 
                                               int want_x, int want_a, int want_b, int ce, int rev, int gather) {  \
         glrb_grads<T>(x, alpha, y, g, off, stride, dx, dalpha, dbeta, B, Tn, C, K, NA, has_a, has_b, want_x,    \
                       want_a, want_b, ce, rev, gather);                                                           \
-    }                                                                                                            \
-    extern "C" __global__ void glrb_flip_##S(const T* dy, const T* beta, const long long* off, T* xr, T* ar,      \
-                                             T* br, int B, int Tn, int C, int K) {                               \
-        glrb_flip<T>(dy, beta, off, xr, ar, br, B, Tn, C, K);                                                   \
     }
 
 GLRB_EXPORT(float, f32)

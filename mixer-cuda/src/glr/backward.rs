@@ -12,12 +12,11 @@
 //! - **translation-invariant patterns** (`d_k(t) = t − f(k)`; every pattern that is not a
 //!   cache-efficient lattice): in reversed time `s = T − 1 − t`, `h_s = g_t` obeys
 //!   `h_s = ȳ_{T−1−s} + Σ_{k: f(k) ≤ s} β_{T−1−s+f(k), k} h_{s−f(k)}`, the GLR's own forward
-//!   recurrence with the pattern on `B`, `x' = ȳ` reversed, `α' = 1` and each tap's `β` taken at
-//!   its reader. `glrb_flip` (one thread per (batch, token, channel)) writes `x'`, `α'` and `β'`,
-//!   and the forward's pipelined kernel ([`super::fast::tiled`]) runs it, so the reverse recurrence
-//!   costs one forward; `glrb_grads` reads `g` reversed and gathers `x̄`'s taps on `A`
-//!   (`Σ_k α_{t+f(k),k+1} g_{t+f(k)}`, `k` ascending). Extra memory: `β'` (the size of `β`), `x'`,
-//!   `α'` and `g`;
+//!   recurrence with the pattern on `B`, input `ȳ` reversed, `α = 1` and each tap's `β` taken at
+//!   its reader. The forward's pipelined kernel compiled with `GLR_REV` ([`super::fast::tiled`])
+//!   reads `ȳ` and `β` at those places, so the reverse recurrence costs one forward and no copy;
+//!   `glrb_grads` reads `g` reversed and gathers `x̄`'s taps on `A` (`Σ_k α_{t+f(k),k+1}
+//!   g_{t+f(k)}`, `k` ascending). Extra memory: `g`;
 //! - **cache-efficient lattices**: `glrb_reverse`, one thread per (batch, channel), runs tokens
 //!   from `T − 1` down to 0: when token `t` is reached its `g_t` is final, and the thread
 //!   scatters `β_{t,k} g_t` into `g_{d_k(t)}` and `α_{t,k+1} g_t` into the accumulator of
@@ -152,15 +151,10 @@ pub fn run<F: GpuReal>(
     // g, the total cotangents of y (ȳ itself without taps on B): reversed in time when the forward
     // computes them.
     let gs = if has_b && by_forward {
-        // x' = ȳ reversed, α' = 1, β' = the reader's β (glrb_flip), then the forward's kernel.
-        let nb = b * t * k * c;
-        let mut xr = pool::take::<F>(FAMILY, n)?;
-        let mut ar = pool::take::<F>(FAMILY, n)?;
-        let mut br = pool::take::<F>(FAMILY, nb)?;
-        launch!(g, FAMILY, f("glrb_flip")?, grid1(n, THREADS);
-            &gyv, &bv, &*tab.off, &mut *xr, &mut *ar, &mut *br, &bi, &ti, &ci, &ki)?;
-        let views = [&xr.slice(0..n), &ar.slice(0..n), &br.slice(0..nb)];
-        Some(super::fast::tiled::<F>(&tab, false, views, [b, t, c], [false, true])?)
+        // The forward's kernel compiled for the reverse recurrence: ȳ read reversed, each tap's β
+        // at its reader, α = 1 (not read).
+        let views = [&gyv, &zero.slice(0..1), &bv];
+        Some(super::fast::tiled::<F>(&tab, false, views, [b, t, c], [false, true], true)?)
     } else if !by_forward && (has_b || scatter_x) {
         let mut gs = pool::take::<F>(FAMILY, len(has_b, n))?;
         launch!(g, FAMILY, f("glrb_reverse")?, grid1(b * c, THREADS);

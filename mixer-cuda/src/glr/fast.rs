@@ -194,26 +194,33 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     }
     let zero = pool::zeros::<F>(FAMILY, 1)?;
     let bv = beta.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
-    let y = tiled::<F>(&tab, ce, [&xs.view(), &alpha.view(), &bv], [b, t, c], [on.has_a(), on.has_b()])?;
+    let y = tiled::<F>(&tab, ce, [&xs.view(), &alpha.view(), &bv], [b, t, c], [on.has_a(), on.has_b()], false)?;
     finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p)
 }
 
 /// One launch of the forward's kernel (`glr_tiled`) for the pattern table `tab` (`ce`: a
 /// cache-efficient lattice) on `[x, α, β]` of `[B, T, C]` (α `[B, T, K + 1, C]` with taps on `A`,
 /// β `[B, T, K, C]` with taps on `B`, else a one-element buffer), shapes already checked: `y`.
-/// The backward runs its reverse recurrence through it too ([`super::backward`]).
+/// With `rev` (taps on `B` only, translation-invariant) it is compiled with `GLR_REV`: the
+/// backward's reverse recurrence ([`super::backward`]), `x` the output's cotangent, α not read, and
+/// `y` the total cotangent in reversed time.
 pub(crate) fn tiled<F: GpuReal>(
     tab: &DeviceTable,
     ce: bool,
     [xv, av, bv]: [&CudaView<'_, F>; 3],
     [b, t, c]: [usize; 3],
     [has_a, has_b]: [bool; 2],
+    rev: bool,
 ) -> Result<Pooled<F>> {
     let k = tab.k;
     let na = if has_a { k + 1 } else { 1 };
     let lay = Layout::choose(tab.near, tab.short, std::mem::size_of::<F>(), max_dynamic_smem());
     let g = gpu()?;
-    let f = g.kernel(FAMILY, &kernels::GLR, &lay.defines(), &format!("glr_tiled_{}", F::SUFFIX))?;
+    let mut opts = lay.defines().to_vec();
+    if rev {
+        opts.push("-DGLR_REV=1".into());
+    }
+    let f = g.kernel(FAMILY, &kernels::GLR, &opts, &format!("glr_tiled_{}", F::SUFFIX))?;
     if lay.smem > 48 << 10 {
         opt_in(FAMILY, &f)?;
     }
