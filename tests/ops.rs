@@ -460,6 +460,57 @@ fn glr_decoder_equals_the_fast_form_at_every_prefix() {
     });
 }
 
+/// `glr_state` with the pattern on both sides (`on = "both"`): the state keeps the outputs in
+/// `rows` and the inputs in `inputs`; prefill in two parts equals one prefill at every split,
+/// a decoder started from the first part's state continues it and ends in the same state, and a
+/// state without `inputs` (or with them for one side) is refused.
+#[test]
+fn glr_on_both_sides_prefills_from_a_two_stream_state_and_decodes_on() {
+    let o = Options::default().backend(cpu());
+    let x = inputs("glr", serde_json::json!({"pattern": "pow2", "cache_efficient": true, "on": "both"}));
+    let pattern = GlrPattern::new("pow2").cache_efficient(true);
+    let t_len = sizes().seq;
+    let cut3 = |n: &str, r: std::ops::Range<usize>| cut(&x, n, r).into_dimensionality::<Ix3>().unwrap();
+    let cut4 = |n: &str, r: std::ops::Range<usize>| cut(&x, n, r).into_dimensionality::<Ix4>().unwrap();
+    let run = |r: std::ops::Range<usize>, s: Option<&ops::RowState<f64>>| {
+        let (xs, a, b) = (cut3("x", r.clone()), cut4("alpha", r.clone()), cut4("beta", r));
+        ops::glr_state(xs.view(), GlrCoeffs::Both { alpha: a.view(), beta: b.view() }, &pattern, s, &o)
+    };
+    let (y, s_t) = run(0..t_len, None).unwrap();
+    let plain = ops::glr(v3(&x, "x"), GlrCoeffs::Both { alpha: v4(&x, "alpha"), beta: v4(&x, "beta") }, &pattern, &o)
+        .unwrap();
+    assert_eq!(y, plain, "from no state, the plain run's bits");
+    assert!(s_t.inputs.is_some() && s_t.position == vec![t_len; sizes().batch]);
+    for a in [1, 2, 3, 8, t_len - 1] {
+        let (ya, sa) = run(0..a, None).unwrap();
+        let (yb, sb) = run(a..t_len, Some(&sa)).unwrap();
+        let joined = mixers::ndarray::concatenate(Axis(1), &[ya.view(), yb.view()]).unwrap();
+        assert!(rel_diff(&joined.into_dyn(), &y.clone().into_dyn()) < 1e-12, "y split at {a}");
+        assert!(rel_diff(&sb.rows.clone().into_dyn(), &s_t.rows.clone().into_dyn()) < 1e-12, "kept y at {a}");
+        let (xb, xt) = (sb.inputs.clone().unwrap().into_dyn(), s_t.inputs.clone().unwrap().into_dyn());
+        assert!(rel_diff(&xb, &xt) < 1e-12, "kept x at {a}");
+        let mut dec = ops::GlrDecoder::from_state(pattern.clone(), t_len - a, &sa, &o).unwrap();
+        for t in a..t_len {
+            let (xt, at, bt) = (token(&x["x"], t), token(&x["alpha"], t), token(&x["beta"], t));
+            let yt = dec.step(d2(&xt), GlrTokenCoeffs::Both { alpha: d3(&at), beta: d3(&bt) }).unwrap();
+            let want = y.index_axis(Axis(1), t).to_owned().into_dyn();
+            assert!(rel_diff(&yt.into_dyn(), &want) < 1e-12, "decode {t} after {a}");
+        }
+        let ds = dec.state().unwrap();
+        assert_eq!(ds.position, s_t.position, "decoder position after {a}");
+        assert!(rel_diff(&ds.rows.into_dyn(), &s_t.rows.clone().into_dyn()) < 1e-12, "decoder y after {a}");
+    }
+    let (_, s3) = run(0..3, None).unwrap();
+    let one = ops::RowState::new(s3.rows.clone(), s3.position.clone());
+    let e = run(3..t_len, Some(&one)).unwrap_err().to_string();
+    assert!(e.contains("two streams") && e.contains("`inputs` is None"), "{e}");
+    let (xs, a) = (cut3("x", 3..t_len), cut4("alpha", 3..t_len));
+    let e = ops::glr_state(xs.view(), GlrCoeffs::A { alpha: a.view() }, &pattern, Some(&s3), &o)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("one stream") && e.contains("`inputs` is given"), "{e}");
+}
+
 #[test]
 fn toeplitz_decoder_equals_the_fast_form_at_every_prefix() {
     let o = Options::default().backend(cpu());

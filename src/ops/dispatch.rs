@@ -138,6 +138,9 @@ pub(crate) struct Stepper<F: Scalar> {
     dec: Option<Box<dyn Decoder<F>>>,
     /// The state to start from (`None`: the plain decoder).
     initial: Option<Tensors<F>>,
+    /// Tokens stepped so far (a backend's decoder started from a state may count its position
+    /// from the state's).
+    taken: usize,
 }
 
 impl<F: Scalar> Stepper<F> {
@@ -161,7 +164,7 @@ impl<F: Scalar> Stepper<F> {
         }
         let statics = owned(statics);
         mixer.spec().check_values(&statics)?;
-        Ok(Stepper { mixer, backend, statics, max_len, dec: None, initial: None })
+        Ok(Stepper { mixer, backend, statics, max_len, dec: None, initial: None, taken: 0 })
     }
 
     /// The sizes, from the static inputs and the first token with the sequence axis
@@ -207,7 +210,9 @@ impl<F: Scalar> Stepper<F> {
                 self.dec.insert(d)
             }
         };
-        into_rank(dec.step(&token)?)
+        let y = into_rank(dec.step(&token)?)?;
+        self.taken += 1;
+        Ok(y)
     }
 
     /// Starts the decoder from the state `name` = `initial` (checked at the first step, when
@@ -248,7 +253,7 @@ impl<F: Scalar> Stepper<F> {
 
     /// Tokens consumed so far.
     pub(crate) fn position(&self) -> usize {
-        self.dec.as_ref().map_or(0, |d| d.position())
+        self.taken
     }
 
     /// Scalars held in the decoder's cache or state now.

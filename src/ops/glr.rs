@@ -206,7 +206,7 @@ impl<F: Scalar> GlrDecoder<F> {
                 let m = mixer(&self.pattern, on, &self.opts)?;
                 let mut st = Stepper::new(m, &self.opts, Vec::new(), self.max_len)?;
                 if let Some(s) = &self.initial {
-                    st.start_from_states(s.to_tensors(super::states::glr_stream(on)?));
+                    st.start_from_states(s.to_tensors(super::states::glr_stream(on)?)?);
                 }
                 self.started.insert((on, st))
             }
@@ -238,8 +238,8 @@ impl<F: Scalar> GlrDecoder<F> {
 
 /// [`glr`] from the state `initial_state` (`None`: position 0), returning
 /// `(y, final state)`. The state's rows are the past outputs (`on = b`, [`GlrCoeffs::B`]) or
-/// inputs (`on = a`, [`GlrCoeffs::A`]) later tokens read; `on = both` keeps both (two streams,
-/// through the registry's state entry points: this function refuses it). A run
+/// inputs (`on = a`, [`GlrCoeffs::A`]) later tokens read; `on = both` ([`GlrCoeffs::Both`])
+/// keeps both, the outputs in `rows` and the inputs in [`RowState::inputs`]. A run
 /// of `T` tokens from position `a` reads `K(a + T)` slots, so the coefficients' slot axis must
 /// hold at least that many (one sized for the whole sequence serves every part). Forms: `fast`,
 /// `recurrent`, `materialized`.
@@ -273,8 +273,9 @@ pub fn glr_state<F: Scalar>(
 ) -> Result<(Array3<F>, RowState<F>)> {
     let (on, mut inputs) = coeffs.split();
     let m = mixer(pattern, on, opts)?;
-    let name = glr_stream(on)?;
+    let stream = glr_stream(on)?;
+    let init = initial_state.map(|s| s.to_tensors(stream)).transpose()?;
     inputs.push(("x", x.into_dyn()));
-    let (y, fin) = forward_states(m.as_ref(), opts, inputs, initial_state.map(|s| s.to_tensors(name)))?;
-    Ok((y, RowState::from_tensors(fin, name)?))
+    let (y, fin) = forward_states(m.as_ref(), opts, inputs, init)?;
+    Ok((y, RowState::from_tensors(fin, stream)?))
 }

@@ -66,37 +66,81 @@ impl<F: Scalar> KvCache<F> {
 /// The state of a mixer whose state is rows of past values at a position (docs/math.md
 /// §7.1): the Toeplitz mixer's inputs `x [B, Tw, C]` (row `s` the input at position `s`), the
 /// GLR's kept outputs or inputs `[B, R, C]` (the window of the last `f(K − 1)` positions, or on
-/// the lattice one row per slot), and the position per batch row.
+/// the lattice one row per slot), and the position per batch row. A GLR with its pattern on both
+/// sides (`on = "both"`) keeps two streams: its outputs in `rows` and its inputs in `inputs`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowState<F> {
-    /// The rows `[B, R, C]`.
+    /// The rows `[B, R, C]`: the kept outputs `y` of a GLR on `b` or on both sides, the kept
+    /// inputs `x` of a GLR on `a` and of the Toeplitz mixer.
     pub rows: Array3<F>,
+    /// A GLR with `on = "both"` only: its kept inputs `x [B, R, C]` (`None` for every other
+    /// mixer and side).
+    pub inputs: Option<Array3<F>>,
     /// Per batch row, the tokens consumed before the state.
     pub position: Vec<usize>,
 }
 
 impl<F: Scalar> RowState<F> {
-    pub(crate) fn to_tensors(&self, name: &str) -> Tensors<F> {
-        [(name.to_string(), self.rows.clone().into_dyn()), (POSITION.to_string(), counts(&self.position))]
-            .into_iter()
-            .collect()
+    /// A state of one stream of rows.
+    pub fn new(rows: Array3<F>, position: Vec<usize>) -> Self {
+        RowState { rows, inputs: None, position }
     }
 
-    pub(crate) fn from_tensors(mut t: Tensors<F>, name: &str) -> Result<Self> {
-        Ok(RowState { rows: take(&mut t, name)?, position: take_counts(&mut t, POSITION)? })
+    /// The state's tensors: `rows` under `stream.rows`, and `inputs` as `x` where the stream
+    /// keeps them (an error where they are missing or not taken).
+    pub(crate) fn to_tensors(&self, stream: Stream) -> Result<Tensors<F>> {
+        let mut t: Tensors<F> =
+            [(stream.rows.to_string(), self.rows.clone().into_dyn()), (POSITION.to_string(), counts(&self.position))]
+                .into_iter()
+                .collect();
+        match (&self.inputs, stream.inputs) {
+            (Some(x), true) => {
+                t.insert("x".into(), x.clone().into_dyn());
+            }
+            (None, false) => {}
+            (None, true) => {
+                return Err(Error::Decoder(format!(
+                    "{}: a state with two streams is expected (`rows`: the kept outputs y, `inputs`: the kept \
+                     inputs x [B, R, C]), but `inputs` is None",
+                    stream.mixer
+                )));
+            }
+            (Some(_), false) => {
+                return Err(Error::Decoder(format!(
+                    "{}: a state with one stream (`rows`) is expected, but `inputs` is given (it is only \
+                     for a GLR with on = \"both\")",
+                    stream.mixer
+                )));
+            }
+        }
+        Ok(t)
+    }
+
+    pub(crate) fn from_tensors(mut t: Tensors<F>, stream: Stream) -> Result<Self> {
+        let inputs = if stream.inputs { Some(take(&mut t, "x")?) } else { None };
+        Ok(RowState { rows: take(&mut t, stream.rows)?, inputs, position: take_counts(&mut t, POSITION)? })
     }
 }
 
-/// The GLR state's tensor name for `on`.
-pub(crate) fn glr_stream(on: &str) -> Result<&'static str> {
-    match on {
-        "b" => Ok("y"),
-        "a" => Ok("x"),
-        _ => Err(mixer_core::state::no_state(
-            "glr",
-            "the typed `glr_state` carries one stream of rows; a GLR with its pattern on both A and B \
-             (`on = \"both\"`) keeps two (`x` and `y`): run it from a state through \
-             `mixer_registry::state::run_state` with the tensors `x`, `y` and `position`",
-        )),
-    }
+/// What a [`RowState`] holds for one mixer: the name of its `rows` and whether it keeps
+/// `inputs` too.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Stream {
+    pub mixer: &'static str,
+    pub rows: &'static str,
+    pub inputs: bool,
+}
+
+/// The Toeplitz mixer's stream: its past inputs.
+pub(crate) const TOEPLITZ: Stream = Stream { mixer: "toeplitz", rows: "x", inputs: false };
+
+/// The GLR state's streams for `on`: the outputs `y` (`b`), the inputs `x` (`a`), or both.
+pub(crate) fn glr_stream(on: &str) -> Result<Stream> {
+    let (rows, inputs) = match on {
+        "b" => ("y", false),
+        "a" => ("x", false),
+        "both" => ("y", true),
+        _ => return Err(Error::config("glr", format!("`on` must be \"a\", \"b\" or \"both\", got {on:?}"))),
+    };
+    Ok(Stream { mixer: "glr", rows, inputs })
 }

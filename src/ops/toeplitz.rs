@@ -106,12 +106,12 @@ impl<F: Scalar> ToeplitzDecoder<F> {
         opts: &Options,
     ) -> Result<Self> {
         let mut d = Self::new(w, bias, max_len, opts)?;
-        d.0.start_from_states(initial_state.to_tensors("x"));
+        d.0.start_from_states(initial_state.to_tensors(super::states::TOEPLITZ)?);
         Ok(d)
     }
     /// The state after the tokens consumed so far.
     pub fn state(&self) -> Result<super::states::RowState<F>> {
-        super::states::RowState::from_tensors(self.0.states()?, "x")
+        super::states::RowState::from_tensors(self.0.states()?, super::states::TOEPLITZ)
     }
 }
 
@@ -128,7 +128,7 @@ pub fn toeplitz_state<F: Scalar>(
 ) -> Result<(Array3<F>, RowState<F>)> {
     let (m, mut inputs) = mixer_and_statics(w, bias, opts)?;
     inputs.push(("x", x.into_dyn()));
-    let init = initial_state.map(|s| s.to_tensors("x"));
+    let init = initial_state.map(|s| s.to_tensors(super::states::TOEPLITZ)).transpose()?;
     let (y, fin) = forward_states(m.as_ref(), opts, inputs, init)?;
-    Ok((y, RowState::from_tensors(fin, "x")?))
+    Ok((y, RowState::from_tensors(fin, super::states::TOEPLITZ)?))
 }
