@@ -74,6 +74,10 @@ def _dtype(name: str, t: torch.Tensor, precision: str) -> torch.dtype:
 def _raw(name: str, t: torch.Tensor, dtype: torch.dtype):
     """``(name, data_ptr, shape, dtype)`` of ``t`` as ``dtype``, contiguous and 16-byte aligned
     (converted or copied only where it is not already)."""
+    if t.dtype == dtype and dtype in _NAMES and t.is_contiguous():
+        ptr = t.data_ptr()
+        if ptr % 16 == 0:  # the common case: read in place, nothing to make
+            return t, (name, ptr, list(t.shape), _NAMES[dtype])
     t = t.detach()
     if t.dtype != dtype:
         t = t.to(dtype)
@@ -84,6 +88,19 @@ def _raw(name: str, t: torch.Tensor, dtype: torch.dtype):
     if t.dtype not in _NAMES:
         raise ValueError(f"input `{name}`: expected a float32, float64 or bfloat16 CUDA tensor, got {t.dtype}")
     return t, (name, t.data_ptr(), list(t.shape), _NAMES[t.dtype])
+
+
+# The current stream's handle without building a `torch.cuda.Stream` object (a few microseconds a
+# call); the public call where this PyTorch lacks the private one.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream(device: torch.device) -> int:
+    """The handle of ``torch.cuda.current_stream(device)``."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _prepare(names: Sequence[str], tensors: Sequence[torch.Tensor], precision: str):
@@ -127,7 +144,7 @@ def forward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], c
     keep, raw = _prepare(names, tensors, precision)
     s0, s0_raw = _state("initial_state", initial_state, tensors)
     device = tensors[0].device
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = _stream(device)
     y, fin = _mixers.cuda_forward(mixer, raw, stream, _allocator(device), config=config, form=form,
                                   precision=precision, initial=s0_raw, want_final=want_final)
     del keep, s0
@@ -147,7 +164,7 @@ def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], 
     dy_t, dy_raw = _raw("dy", dy, dy_dtype)
     (s0, s0_raw), (df, df_raw) = _state("initial_state", initial_state, tensors), _state("d_final", d_final, tensors)
     device = tensors[0].device
-    stream = torch.cuda.current_stream(device).cuda_stream
+    stream = _stream(device)
     grads = _mixers.cuda_backward(mixer, raw, dy_raw, stream, _allocator(device), config=config,
                                   precision=precision, requires=requires, initial=s0_raw, d_final=df_raw)
     del keep, dy_t, s0, df
