@@ -47,7 +47,7 @@ def applies(tensors: Sequence[torch.Tensor], backend: str, form: str, stateful: 
         and form in ("fast", "parallel")
         and (not stateful or (form == "fast" and precision == "exact"))
         and cu_seqlens is None
-        and all(t.device.type == "cuda" and t.device.index in (0, None) for t in tensors)
+        and all(t.is_cuda and t.get_device() == 0 for t in tensors)
     )
 
 

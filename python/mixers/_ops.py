@@ -277,7 +277,7 @@ def mixer_op(mixer: str):
                 # no run from a state on device tensors for this mixer: the host path below
             else:
                 s = fin.to(work) if output_final_state else mixed.new_empty(0, dtype=work)
-                return y.to(mixed.dtype), s
+                return (y if y.dtype == mixed.dtype else y.to(mixed.dtype)), s
         x = {n: _host(t) for n, t in zip(names, inputs)}
         layout = _state_layout(mixer, config, inputs, names, cu_seqlens, given) if stateful else None
         initial = None if initial_state is None else _state_to_host(initial_state, given or layout, work)
@@ -426,7 +426,9 @@ def _backward(ctx, d_y, d_state, backward_fn):
 def config_json(config: Optional[dict]) -> str:
     """A config dict as the JSON string the op takes (keys sorted; constant under
     ``torch.compile``)."""
-    return json.dumps(config or {}, sort_keys=True)
+    if not config:
+        return "{}"  # the common call: no config (json.dumps costs microseconds)
+    return json.dumps(config, sort_keys=True)
 
 
 def default_backend(t: torch.Tensor) -> str:
