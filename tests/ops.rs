@@ -477,8 +477,9 @@ fn glr_on_both_sides_prefills_from_a_two_stream_state_and_decodes_on() {
         ops::glr_state(xs.view(), GlrCoeffs::Both { alpha: a.view(), beta: b.view() }, &pattern, s, &o)
     };
     let (y, s_t) = run(0..t_len, None).unwrap();
-    let plain = ops::glr(v3(&x, "x"), GlrCoeffs::Both { alpha: v4(&x, "alpha"), beta: v4(&x, "beta") }, &pattern, &o)
-        .unwrap();
+    let plain =
+        ops::glr(v3(&x, "x"), GlrCoeffs::Both { alpha: v4(&x, "alpha"), beta: v4(&x, "beta") }, &pattern, &o)
+            .unwrap();
     assert_eq!(y, plain, "from no state, the plain run's bits");
     assert!(s_t.inputs.is_some() && s_t.position == vec![t_len; sizes().batch]);
     for a in [1, 2, 3, 8, t_len - 1] {

@@ -89,10 +89,12 @@ impl<F: Scalar> RowState<F> {
     /// The state's tensors: `rows` under `stream.rows`, and `inputs` as `x` where the stream
     /// keeps them (an error where they are missing or not taken).
     pub(crate) fn to_tensors(&self, stream: Stream) -> Result<Tensors<F>> {
-        let mut t: Tensors<F> =
-            [(stream.rows.to_string(), self.rows.clone().into_dyn()), (POSITION.to_string(), counts(&self.position))]
-                .into_iter()
-                .collect();
+        let mut t: Tensors<F> = [
+            (stream.rows.to_string(), self.rows.clone().into_dyn()),
+            (POSITION.to_string(), counts(&self.position)),
+        ]
+        .into_iter()
+        .collect();
         match (&self.inputs, stream.inputs) {
             (Some(x), true) => {
                 t.insert("x".into(), x.clone().into_dyn());

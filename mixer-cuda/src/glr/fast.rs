@@ -194,7 +194,8 @@ pub fn run<F: GpuReal>(glr: &Glr, x: &DeviceTensors, p: Precision) -> Result<Any
     }
     let zero = pool::zeros::<F>(FAMILY, 1)?;
     let bv = beta.as_ref().map_or_else(|| zero.slice(0..1), |d| d.view());
-    let y = tiled::<F>(&tab, ce, [&xs.view(), &alpha.view(), &bv], [b, t, c], [on.has_a(), on.has_b()], false)?;
+    let y =
+        tiled::<F>(&tab, ce, [&xs.view(), &alpha.view(), &bv], [b, t, c], [on.has_a(), on.has_b()], false)?;
     finish(DeviceTensor::from_pooled(y, &[b, t, c])?, p)
 }
 
