@@ -96,18 +96,18 @@ impl<F: Scalar> RowState<F> {
         .into_iter()
         .collect();
         match (&self.inputs, stream.inputs) {
-            (Some(x), true) => {
-                t.insert("x".into(), x.clone().into_dyn());
+            (Some(x), Some(name)) => {
+                t.insert(name.into(), x.clone().into_dyn());
             }
-            (None, false) => {}
-            (None, true) => {
+            (None, None) => {}
+            (None, Some(_)) => {
                 return Err(Error::Decoder(format!(
                     "{}: a state with two streams is expected (`rows`: the kept outputs y, `inputs`: the kept \
                      inputs x [B, R, C]), but `inputs` is None",
                     stream.mixer
                 )));
             }
-            (Some(_), false) => {
+            (Some(_), None) => {
                 return Err(Error::Decoder(format!(
                     "{}: a state with one stream (`rows`) is expected, but `inputs` is given (it is only \
                      for a GLR with on = \"both\")",
@@ -119,29 +119,29 @@ impl<F: Scalar> RowState<F> {
     }
 
     pub(crate) fn from_tensors(mut t: Tensors<F>, stream: Stream) -> Result<Self> {
-        let inputs = if stream.inputs { Some(take(&mut t, "x")?) } else { None };
+        let inputs = stream.inputs.map(|name| take(&mut t, name)).transpose()?;
         Ok(RowState { rows: take(&mut t, stream.rows)?, inputs, position: take_counts(&mut t, POSITION)? })
     }
 }
 
-/// What a [`RowState`] holds for one mixer: the name of its `rows` and whether it keeps
-/// `inputs` too.
+/// What a [`RowState`] holds for one mixer: the name of its `rows` and, where it keeps
+/// `inputs` too, theirs.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Stream {
     pub mixer: &'static str,
     pub rows: &'static str,
-    pub inputs: bool,
+    pub inputs: Option<&'static str>,
 }
 
 /// The Toeplitz mixer's stream: its past inputs.
-pub(crate) const TOEPLITZ: Stream = Stream { mixer: "toeplitz", rows: "x", inputs: false };
+pub(crate) const TOEPLITZ: Stream = Stream { mixer: "toeplitz", rows: "x", inputs: None };
 
 /// The GLR state's streams for `on`: the outputs `y` (`b`), the inputs `x` (`a`), or both.
 pub(crate) fn glr_stream(on: &str) -> Result<Stream> {
     let (rows, inputs) = match on {
-        "b" => ("y", false),
-        "a" => ("x", false),
-        "both" => ("y", true),
+        "b" => ("y", None),
+        "a" => ("x", None),
+        "both" => ("y", Some("x")),
         _ => return Err(Error::config("glr", format!("`on` must be \"a\", \"b\" or \"both\", got {on:?}"))),
     };
     Ok(Stream { mixer: "glr", rows, inputs })
