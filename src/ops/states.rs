@@ -86,7 +86,7 @@ impl<F: Scalar> RowState<F> {
         RowState { rows, inputs: None, position }
     }
 
-    /// The state's tensors: `rows` under `stream.rows`, and `inputs` as `x` where the stream
+    /// The state's tensors: `rows` under `stream.rows`, and `inputs` under `stream.inputs` where the stream
     /// keeps them (an error where they are missing or not taken).
     pub(crate) fn to_tensors(&self, stream: Stream) -> Result<Tensors<F>> {
         let mut t: Tensors<F> = [
