@@ -4,7 +4,7 @@
 //
 // Layouts: q, k [B,T,H,D]; v, y [B,T,H,D] (token stride H·D). window ≤ 0: full causal. stats:
 // null, or [B·H·T][4] floats for the backward's row statistics (att_store).
-// Compile-time: ATT_D (head dim: 32, 64, 96 or 128; wgmma 64 only), ATT_BK (keys per tile), ATT_WM (16-row
+// Compile-time: ATT_D (head dim: 32, 64, 96 or 128; wgmma 64, 128 or 256), ATT_BK (keys per tile), ATT_WM (16-row
 // m-tiles per warp). A block of 4 warps owns BQ = 64·ATT_WM query rows of one (batch, head).
 //
 // Three kernels:
@@ -192,8 +192,16 @@ __device__ __forceinline__ bool tile_needs_mask(int q0, int k0, int T, int windo
 #define SWZ_MASK (CH % 8 == 0 ? 7 : 3)
 
 __device__ __forceinline__ int swz(int row, int chunk) { return row * CH + (chunk ^ (row & SWZ_MASK)); }
+// The wgmma kernel's layout of a tile of nrows rows (D a multiple of 64): D/64 panels of 64 columns one
+// after the other, each [nrows][64] in 128-byte swizzle atoms (chunk ^ (row mod 8) inside the row's 128
+// bytes), which wgmma's descriptors read; at D = 64 it is swz's layout.
+__device__ __forceinline__ int swz_panels(int row, int chunk, int nrows) {
+    return (chunk >> 3) * nrows * 8 + row * 8 + ((chunk & 7) ^ (row & 7));
+}
 
-// Loads rows [r0, r0+nrows) of a [B,T,H,D] bf16 tensor (this batch/head) into swizzled smem.
+// Loads rows [r0, r0+nrows) of a [B,T,H,D] bf16 tensor (this batch/head) into swizzled smem (PANELS:
+// the wgmma kernel's layout, swz_panels; else swz).
+template <bool PANELS>
 __device__ __forceinline__ void load_tile_bf16(bf16_t* sm, const bf16_t* base, int r0, int nrows, int T,
                                                long long tok_stride) {
     const u32 sbase = smem_u32(sm);
@@ -201,7 +209,8 @@ __device__ __forceinline__ void load_tile_bf16(bf16_t* sm, const bf16_t* base, i
         const int row = idx / CH, ch = idx % CH, r = r0 + row;
         const bool in = r < T;
         const bf16_t* src = base + (long long)(in ? r : 0) * tok_stride + ch * 8;
-        cp_async16(sbase + swz(row, ch) * 16, src, in ? 16 : 0);
+        const int at = PANELS ? swz_panels(row, ch, nrows) : swz(row, ch);
+        cp_async16(sbase + at * 16, src, in ? 16 : 0);
     }
 }
 
@@ -211,6 +220,7 @@ struct AttBlock {
     int q0, first, last;
     long long tok, off;
 };
+template <bool PANELS>
 __device__ __forceinline__ AttBlock att_start_bf16(bf16_t* qs, bf16_t* k0s, bf16_t* v0s, const bf16_t* q,
                                                    const bf16_t* k, const bf16_t* v, int T, int H, int window) {
     AttBlock a;
@@ -220,10 +230,10 @@ __device__ __forceinline__ AttBlock att_start_bf16(bf16_t* qs, bf16_t* k0s, bf16
     a.tok = (long long)H * ATT_D;
     a.off = (long long)b * T * a.tok + (long long)h * ATT_D;
     tile_range(a.q0, T, window, a.first, a.last);
-    load_tile_bf16(qs, q + a.off, a.q0, ATT_BQ, T, a.tok);
-    load_tile_bf16(k0s, k + a.off, a.first * ATT_BK, ATT_BK, T, a.tok);
+    load_tile_bf16<PANELS>(qs, q + a.off, a.q0, ATT_BQ, T, a.tok);
+    load_tile_bf16<PANELS>(k0s, k + a.off, a.first * ATT_BK, ATT_BK, T, a.tok);
     cp_commit();
-    load_tile_bf16(v0s, v + a.off, a.first * ATT_BK, ATT_BK, T, a.tok);
+    load_tile_bf16<PANELS>(v0s, v + a.off, a.first * ATT_BK, ATT_BK, T, a.tok);
     cp_commit();
     return a;
 }
@@ -300,16 +310,26 @@ __device__ __forceinline__ void wg_rs(float (&d)[8][4], const u32 (&a)[4], u64 d
 
 #ifdef ATT_WGMMA
 // =======================================================================================
-// bf16 on Hopper's warpgroup MMA (the bf16 mode on compute capability 9.0, ATT_WM = 1, ATT_WARPS = 8):
-// the structure of attn_mma_bf16 with ATT_WM = 1, each warpgroup owning 64 query rows: S = Q Kᵀ
-// as four m64n64k16 wgmma with Q and K from shared memory (K-major descriptors), the online
-// softmax on the accumulators (the same layout as mma.sync's), then O += P V as four wgmma with P
-// from registers and V from shared memory (MN-major descriptor, WG_V_LBO / WG_V_SBO, start
-// stepping WG_V_STEP bytes per 16 keys: the settings bench/gpu/wgmma_probe.py found against an f64
-// product on the H200). Tiles are 1024-byte aligned (128-byte swizzle atoms).
+// bf16 on Hopper's warpgroup MMA (the bf16 mode on compute capability 9.0, ATT_WM = 1, ATT_WARPS = 8,
+// ATT_D ∈ {64, 128, 256}, ATT_BK ∈ {64, 128}): the structure of attn_mma_bf16 with ATT_WM = 1, each
+// warpgroup owning 64 query rows. Tiles are stored as WG_NP panels of 64 columns (swz_panels),
+// 1024-byte aligned (128-byte swizzle atoms). S = Q Kᵀ as D/16 · BK/64 m64n64k16 wgmma with Q and K
+// from shared memory (K-major descriptors; k-step kt reads panel kt/4 at byte 32·(kt mod 4) of its
+// rows, each instruction 64 keys of it); the online softmax on
+// the accumulators (the same layout as mma.sync's); then O += P V: for each panel p of V (columns
+// 64p…64p+63) four wgmma with P from registers and V's panel from shared memory (MN-major descriptor,
+// WG_V_LBO / WG_V_SBO, start stepping WG_V_STEP bytes per 16 keys: the settings
+// bench/gpu/wgmma_probe.py found against an f64 product on the H200), accumulating into the output
+// fragments of columns 64p…64p+63.
+#define WG_NP (ATT_D / 64)
 #define WG_V_LBO 1
 #define WG_V_SBO 64
 #define WG_V_STEP 2048
+// The 8 accumulator tiles (64 columns) of an accumulator (o, or s) from column 64·p, as wgmma's operand.
+template <int N>
+__device__ __forceinline__ float (&wg_n64(float (&a)[N][4], int p))[8][4] {
+    return *reinterpret_cast<float(*)[8][4]>(&a[8 * p]);
+}
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_wgmma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                     bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2,
@@ -319,7 +339,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     bf16_t* qs = smw + ((1024 - (smem_u32(smw) & 1023)) & 1023) / 2;
     bf16_t* ks[2] = {qs + ATT_BQ * ATT_D, qs + ATT_BQ * ATT_D + ATT_BK * ATT_D};
     bf16_t* vs[2] = {ks[1] + ATT_BK * ATT_D, ks[1] + 2 * ATT_BK * ATT_D};
-    const AttBlock ab = att_start_bf16(qs, ks[0], vs[0], q, k, v, T, H, window);
+    const AttBlock ab = att_start_bf16<true>(qs, ks[0], vs[0], q, k, v, T, H, window);
     const int q0 = ab.q0, first = ab.first, last = ab.last;
     const long long tok = ab.tok, off = ab.off;
     const int warp = threadIdx.x >> 5, wg = warp >> 2;
@@ -328,7 +348,8 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     float o[1][ATT_D / 8][4];  // ATT_WM = 1
     RowState st;
     att_begin(o, st);
-    const u32 qaddr = smem_u32(qs) + wg * 64 * ATT_D * 2;
+    // The warpgroup's 64 rows in Q's first panel; panels are BQ rows (BQ·128 bytes) apart.
+    const u32 qaddr = smem_u32(qs) + wg * 64 * 128;
 
     for (int j = first; j <= last; ++j) {
         const int stage = (j - first) & 1;
@@ -338,22 +359,27 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
         wg_proxy_fence();
         __syncthreads();
         if (j < last) {
-            load_tile_bf16(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
-            load_tile_bf16(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
+            load_tile_bf16<true>(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
+            load_tile_bf16<true>(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
         }
         cp_commit();
-        // S = Q Kᵀ: 16 keys of reduction per instruction, the descriptors' start 32 bytes further.
+        // S = Q Kᵀ: 16 columns of reduction per instruction.
         float s[1][ATT_BK / 8][4];
         const u32 kaddr = smem_u32(ks[stage]);
         wg_fence();
 #pragma unroll
-        for (int kt = 0; kt < ATT_D / 16; ++kt)
-            wg_ss<0>(s[0], wg_desc(qaddr + kt * 32, 1, 64), wg_desc(kaddr + kt * 32, 1, 64), kt > 0);
+        for (int kt = 0; kt < ATT_D / 16; ++kt) {
+            const u32 qa = qaddr + (kt >> 2) * ATT_BQ * 128 + (kt & 3) * 32;
+            const u32 ka = kaddr + (kt >> 2) * ATT_BK * 128 + (kt & 3) * 32;
+#pragma unroll
+            for (int nb = 0; nb < ATT_BK / 64; ++nb)  // 64 keys (8192 bytes of the panel) per instruction
+                wg_ss<0>(wg_n64(s[0], nb), wg_desc(qa, 1, 64), wg_desc(ka + nb * 8192, 1, 64), kt > 0);
+        }
         wg_commit();
         wg_wait0();
         if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
         softmax_update(s, st, o, scale_log2);
-        // O += P V: P as the A fragment (the same packing as attn_mma_bf16), V MN-major.
+        // O += P V: P as the A fragment (the same packing as attn_mma_bf16), V MN-major, panel by panel.
         u32 pa[ATT_BK / 16][4];
 #pragma unroll
         for (int kt = 0; kt < ATT_BK / 16; ++kt) {
@@ -365,7 +391,11 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
         const u32 vaddr = smem_u32(vs[stage]);
         wg_fence();
 #pragma unroll
-        for (int kt = 0; kt < ATT_BK / 16; ++kt) wg_rs<1>(o[0], pa[kt], wg_desc(vaddr + kt * WG_V_STEP, WG_V_LBO, WG_V_SBO), 1);
+        for (int p = 0; p < WG_NP; ++p)
+#pragma unroll
+            for (int kt = 0; kt < ATT_BK / 16; ++kt)
+                wg_rs<1>(wg_n64(o[0], p), pa[kt],
+                         wg_desc(vaddr + p * ATT_BK * 128 + kt * WG_V_STEP, WG_V_LBO, WG_V_SBO), 1);
         wg_commit();
         wg_wait0();
     }
@@ -382,7 +412,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     bf16_t* qs = smb;
     bf16_t* ks[2] = {qs + ATT_BQ * ATT_D, qs + ATT_BQ * ATT_D + ATT_BK * ATT_D};
     bf16_t* vs[2] = {ks[1] + ATT_BK * ATT_D, ks[1] + 2 * ATT_BK * ATT_D};
-    const AttBlock ab = att_start_bf16(qs, ks[0], vs[0], q, k, v, T, H, window);
+    const AttBlock ab = att_start_bf16<false>(qs, ks[0], vs[0], q, k, v, T, H, window);
     const int q0 = ab.q0, first = ab.first, last = ab.last;
     const long long tok = ab.tok, off = ab.off;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -397,7 +427,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
         // Groups in flight: K_j, V_j. K_{j+1} is issued once every warp is done with K_{j−1}
         // (the barrier below), V_{j+1} once every warp is done with V_{j−1} (the middle barrier).
         const int stage = (j - first) & 1;
-        att_next(j < last, [&] { load_tile_bf16(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
+        att_next(j < last, [&] { load_tile_bf16<false>(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
         if (j == first) {
 #pragma unroll
             for (int mt = 0; mt < ATT_WM; ++mt)
@@ -431,7 +461,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
         }
         if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
         softmax_update(s, st, o, scale_log2);
-        att_next(j < last, [&] { load_tile_bf16(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
+        att_next(j < last, [&] { load_tile_bf16<false>(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
         // O += P V
         const u32 vb = smem_u32(vs[stage]);
 #pragma unroll

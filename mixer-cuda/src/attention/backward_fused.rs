@@ -91,18 +91,19 @@ pub fn smem(d: usize, bn: usize, p: Precision) -> (usize, usize) {
 /// `storage`, with `limit` bytes of dynamic shared memory per block and `wgmma` where the device has
 /// Hopper's warpgroup MMA (for the forward's launch), or `None` where the FMA kernels run: a
 /// storage other than the mode's (f32 for exact and tf32, bf16 for bf16), sizes the forward's
-/// tensor-core kernels do not take ([`fused::plan`]), a negative scale (the statistics are a maximum of `λ u` for
+/// `mma.sync` kernels do not take ([`fused::applies`], [`fused::plan`]), a negative scale (the statistics are a maximum of `λ u` for
 /// `λ ≥ 0`), tiles beyond `limit`, or nothing to compute. The exact mode's kernels are the
 /// `tf32x3` ones: tf32's, every product split into three tf32 products.
 #[rustfmt::skip]
 pub fn plan(a: &Attention, shape: [usize; 5], p: Precision, storage: Storage, limit: usize, wgmma: bool)
     -> Result<Option<BackwardPlan>> {
-    let [b, t, h, d, _] = shape;
+    let [b, t, h, d, dv] = shape;
     let mode_storage = matches!(
         (p, storage),
         (Precision::Exact | Precision::Tf32, Storage::F32) | (Precision::Bf16, Storage::Bf16)
     );
-    if !mode_storage || a.scale(d) < 0.0 {
+    // The backward's kernels are mma.sync's, at mma.sync's head dims (not the wgmma forward's 256).
+    if !mode_storage || a.scale(d) < 0.0 || !fused::applies(d, dv) {
         return Ok(None);
     }
     let Some(forward) = fused::plan(a, shape, p, wgmma)? else { return Ok(None) };

@@ -7,12 +7,13 @@
 //! product rounded as the row maximum's, so that it is never positive); tiles wholly outside the
 //! causal window are skipped, masks are applied only on tiles that cross a boundary.
 //!
-//! On compute capability 9.0 (H100/H200) the bf16 mode at `D = 64` runs `attn_wgmma_bf16` instead: Hopper's
-//! warpgroup MMA (`wgmma.mma_async`, compiled for `sm_90a`), two warpgroups of 64 query rows per
-//! block, `Q Kᵀ` with both operands read from 128-byte-swizzled shared memory through matrix
-//! descriptors, `P V` with `P` from registers and `V` from shared memory, one barrier per K/V
-//! tile, the same online softmax ([`Bf16Kernel`]; 1.21–1.26× faster than the `mma.sync` kernel
-//! on the H200 at T = 4k–64k, kernel alone).
+//! On compute capability 9.0 (H100/H200) the bf16 mode at `D ∈ {64, 128, 256}` runs
+//! `attn_wgmma_bf16` instead: Hopper's warpgroup MMA (`wgmma.mma_async`, compiled for `sm_90a`), two
+//! warpgroups of 64 query rows per block, tiles stored as panels of 64 columns in 128-byte swizzle
+//! atoms, `Q Kᵀ` with both operands read from shared memory through matrix descriptors, `P V` per
+//! 64-column panel of `V` with `P` from registers and `V` from shared memory, one barrier per K/V
+//! tile, the same online softmax ([`Bf16Kernel`]; at `D = 64` 1.21–1.26× faster than the `mma.sync`
+//! kernel on the H200 at T = 4k–64k, kernel alone). It is the only tensor-core kernel at `D = 256`.
 //!
 //! The exact mode runs `attn_mma_tf32x3`, the tf32 kernel with every product `a·b` split into
 //! three tf32 products `a_lo·b_hi + a_hi·b_lo + a_hi·b_hi` (`hi` = `x` rounded to tf32, `lo` = the
@@ -20,9 +21,9 @@
 //! accuracy; a block where some `q·k` is not finite in f32 computes its rows again in double
 //! (`attn_row_f64`), as the FMA kernel does.
 //!
-//! It applies when `Dk = Dv ∈ {32, 64, 96, 128}` ([`applies`]; `wgmma` at 64 only, `mma.sync` at
-//! the others); otherwise the FMA kernel (`attn_exact_*`) runs (the modes permit tensor cores,
-//! they do not require them). [`plan`] gives the launch, [`super::fast::plan`] picks between it
+//! It applies when `Dk = Dv ∈ {32, 64, 96, 128}` ([`applies`]), and in the bf16 mode on compute
+//! capability 9.0 also at 256 ([`applies_wgmma`]); otherwise the FMA kernel (`attn_exact_*`) runs
+//! (the modes permit tensor cores, they do not require them). [`plan`] gives the launch, [`super::fast::plan`] picks between it
 //! and the FMA kernel.
 
 use cudarc::driver::LaunchConfig;
@@ -60,16 +61,24 @@ impl Bf16Kernel {
     }
 }
 
-/// Whether the tensor-core kernels handle head dims `dk`, `dv`: `Dk = Dv ∈ {32, 64, 96, 128}`
-/// (the fragment loops run over `D/8` or `D/16` steps; at 256 the output and Q fragments alone
-/// would take 192 registers a thread, so the FMA kernel runs).
+/// Whether the `mma.sync` tensor-core kernels handle head dims `dk`, `dv`: `Dk = Dv ∈ {32, 64,
+/// 96, 128}` (the fragment loops run over `D/8` or `D/16` steps; at 256 the output and Q fragments
+/// alone would take 192 registers a thread, so the FMA kernel runs there).
 pub fn applies(dk: usize, dv: usize) -> bool {
     dk == dv && matches!(dk, 32 | 64 | 96 | 128)
 }
 
+/// Whether the `wgmma` kernel (bf16 mode, compute capability 9.0) handles head dims `dk`, `dv`:
+/// `Dk = Dv ∈ {64, 128, 256}`, whole 64-column panels of 128-byte swizzle atoms (Q and Q's output
+/// fragments are not held across tiles as `mma.sync`'s are: `Q` is read by the tensor core from
+/// shared memory, so 256 fits: 227 registers a thread, no spills, 193 KiB of shared memory).
+pub fn applies_wgmma(dk: usize, dv: usize) -> bool {
+    dk == dv && matches!(dk, 64 | 128 | 256)
+}
+
 /// The rule for the tensor-core kernel's shape at head dim `d`: `(m-tiles per warp, warps)`.
-/// `wgmma` (bf16 on compute capability 9.0, `D = 64` only: its 128-byte swizzle holds one 64-wide
-/// bf16 row): two warpgroups of one m-tile per warp (128 rows). `mma.sync`: four warps of two
+/// `wgmma` (bf16 on compute capability 9.0, [`applies_wgmma`]): two warpgroups of one m-tile per
+/// warp (128 rows). `mma.sync`: four warps of two
 /// m-tiles (128 rows) up to `D = 64`, of one (64 rows) above, where two m-tiles' output and Q
 /// fragments (`2·D/2 + 2·D/4` registers at `D = 128`) would spill. The split-tf32 kernel of the
 /// exact mode (`split`): eight warps of one m-tile (128 rows; its split fragments take the
@@ -94,14 +103,16 @@ pub fn keys_per_tile(d: usize, split: bool) -> usize {
 
 /// The tensor-core launch for `shape = [B, T, H, Dk, Dv]` in mode `p` (`wgmma`: the device has
 /// Hopper's warpgroup MMA; the exact mode takes the split-tf32 kernel, for f32 inputs), or `None`
-/// where the FMA kernel runs instead: head dims outside [`applies`], or a scale whose
+/// where the FMA kernel runs instead: head dims outside [`applies`] (and, for the bf16 mode with
+/// `wgmma`, outside [`applies_wgmma`]), or a scale whose
 /// `scale·log₂e` is beyond `1e30` or, as an f32, neither zero nor a normal number (logits this
 /// large or scales this small need the FMA kernel's overflow-free form in double). Shared
 /// memory: Q `[BQ, D]` and two stages of K and V `[BK, D]`, bf16; in tf32 and the exact mode two
 /// stages of K `[BK, D + 8]` and V `[BK, D + 4]` floats ([`keys_per_tile`]).
 pub fn plan(a: &Attention, shape_: [usize; 5], p: Precision, wgmma: bool) -> Result<Option<Plan>> {
     let [b, t, h, d, dv] = shape_;
-    if !applies(d, dv) || b * t * h == 0 {
+    let wgmma = p == Precision::Bf16 && wgmma && applies_wgmma(d, dv);
+    if !(applies(d, dv) || wgmma) || b * t * h == 0 {
         return Ok(None);
     }
     let scale_log2 = a.scale(d) * std::f64::consts::LOG2_E;
@@ -109,7 +120,6 @@ pub fn plan(a: &Attention, shape_: [usize; 5], p: Precision, wgmma: bool) -> Res
     if !(scale_log2.is_finite() && scale_log2.abs() < 1e30 && f32_ok) {
         return Ok(None);
     }
-    let wgmma = p == Precision::Bf16 && wgmma && d == 64;
     let split = p == Precision::Exact;
     let (wm, warps) = shape(d, wgmma, split);
     let (bq, bk) = (16 * wm * warps, keys_per_tile(d, split));
@@ -150,8 +160,8 @@ pub fn plan(a: &Attention, shape_: [usize; 5], p: Precision, wgmma: bool) -> Res
 }
 
 /// [`super::fast::run`]'s tensor-core path with the bf16 mode's kernel chosen by the caller
-/// (`Wgmma` needs compute capability 9.0: an error elsewhere; it runs at `D = 64`, other head
-/// dims take `mma.sync`); the tf32 mode ignores `kernel`. `None` where [`plan`] gives none.
+/// (`Wgmma` needs compute capability 9.0: an error elsewhere; it runs at `D ∈ {64, 128, 256}`,
+/// other head dims take `mma.sync`); the tf32 mode ignores `kernel`. `None` where [`plan`] gives none.
 pub fn run_with(
     a: &Attention,
     x: &DeviceTensors,
@@ -296,14 +306,29 @@ mod tests {
         }
     }
 
-    /// Shapes: wgmma only at D = 64 in bf16; mma.sync two m-tiles per warp up to 64, one above.
+    /// Shapes: wgmma at D ∈ {64, 128, 256} in bf16 (256 only there); mma.sync two m-tiles per warp
+    /// up to 64, one above.
     #[test]
     fn kernel_shapes_follow_the_head_dim() {
         let a = attention(None);
         let pl = |d, p, wg| plan(&a, [2, 1000, 3, d, d], p, wg).unwrap().unwrap();
-        assert_eq!(pl(64, Precision::Bf16, true).kernel, Kernel::WgmmaBf16);
-        assert_eq!(pl(64, Precision::Bf16, true).block, 256);
-        assert_eq!(pl(128, Precision::Bf16, true).kernel, Kernel::MmaBf16);
+        for d in [64, 128, 256] {
+            let w = pl(d, Precision::Bf16, true);
+            assert_eq!((w.kernel, w.block, w.grid), (Kernel::WgmmaBf16, 256, [8, 6]), "{d}");
+            assert_eq!(w.shared_mem, (128 * d + 4 * 64 * d) * 2 + 1024, "{d}");
+            assert!(
+                w.options.contains(&format!("-DATT_D={d}")) && w.options.contains(&"-DATT_WGMMA=1".into())
+            );
+        }
+        for d in [32, 96] {
+            assert_eq!(pl(d, Precision::Bf16, true).kernel, Kernel::MmaBf16, "{d}");
+        }
+        for p in [Precision::Exact, Precision::Tf32] {
+            assert!(plan(&a, [2, 1000, 3, 256, 256], p, true).unwrap().is_none(), "{p}");
+        }
+        assert!(plan(&a, [2, 1000, 3, 256, 256], Precision::Bf16, false).unwrap().is_none());
+        assert!(plan(&a, [2, 1000, 3, 256, 128], Precision::Bf16, true).unwrap().is_none());
+        assert_eq!(pl(128, Precision::Bf16, false).kernel, Kernel::MmaBf16);
         assert_eq!(pl(64, Precision::Bf16, false).kernel, Kernel::MmaBf16);
         assert_eq!(pl(64, Precision::Tf32, true).kernel, Kernel::MmaTf32);
         assert_eq!(shape(64, false, false), (2, 4));

@@ -24,9 +24,13 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
     }
     // The Hopper-only part of the attention source: the wgmma kernel, as the host compiles it.
     let src = mixer_cuda::kernels::ATTENTION_FUSED.full();
-    let extra: Vec<String> = ["-DATT_WGMMA=1", "-DATT_WM=1", "-DATT_WARPS=8"].map(String::from).to_vec();
-    let n = compile_only_with("attention_fused", &src, "sm_90a", &extra).unwrap_or_else(|e| panic!("{e}"));
-    assert!(n > 100, "attention_fused {extra:?}: PTX of {n} bytes");
+    for d in [64, 128, 256] {
+        let extra: Vec<String> =
+            vec!["-DATT_WGMMA=1".into(), "-DATT_WM=1".into(), "-DATT_WARPS=8".into(), format!("-DATT_D={d}")];
+        let n =
+            compile_only_with("attention_fused", &src, "sm_90a", &extra).unwrap_or_else(|e| panic!("{e}"));
+        assert!(n > 100, "attention_fused {extra:?}: PTX of {n} bytes");
+    }
     // Gated DeltaNet's chunked backward with the head dims fixed as the host compiles it.
     let bwd = mixer_cuda::kernels::LOGLINEAR_BACKWARD_CHUNKED.full();
     for (dk, dv) in [(5, 16), (70, 70), (64, 64), (128, 128), (256, 256), (16, 5)] {
