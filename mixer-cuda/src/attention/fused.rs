@@ -1,7 +1,7 @@
 //! The tensor-core forward (`kernels/attention_fused.cu`), FlashAttention-2 style, for the
 //! `tf32` and `bf16` modes and the `exact` mode on f32 inputs: a block of warps owns up to 128
-//! query rows of one (batch, head) (see [`shape`]); K and V tiles of 64 keys (32 in one case,
-//! [`keys_per_tile`]) stream through shared memory with `cp.async` (two stages); `mma.sync`
+//! query rows of one (batch, head) (see [`shape`]); K and V tiles of 64 keys (32 or 128 in one
+//! case each, [`keys_per_tile`]) stream through shared memory with `cp.async` (two stages); `mma.sync`
 //! computes `QKᵀ` and `PV` (bf16 `m16n8k16` or tf32 `m16n8k8`, `f32` accumulation); the
 //! online softmax runs in `f32` with `exp2` (scale·log₂e folded in, the exponent formed from the
 //! product rounded as the row maximum's, so that it is never positive); tiles wholly outside the
@@ -94,11 +94,21 @@ pub fn shape(d: usize, wgmma: bool, split: bool) -> (usize, usize) {
     }
 }
 
-/// Keys per K/V tile: 64, or 32 for the split-tf32 kernel at `D = 128`, where 64-key tiles' score
+/// Keys per K/V tile: 64; 32 for the split-tf32 kernel at `D = 128`, where 64-key tiles' score
 /// fragments spill (ptxas: 412 bytes at 64, 212 at 32) and measured 25.9 against 18.7 ms at
-/// (8, 4096, 16, 128) on the H200 (`bench/gpu/attn_tune.py --mode exact`, four warps).
-pub fn keys_per_tile(d: usize, split: bool) -> usize {
-    if split && d > 96 { BK / 2 } else { BK }
+/// (8, 4096, 16, 128) on the H200 (`bench/gpu/attn_tune.py --mode exact`, four warps); 128 for the
+/// `wgmma` kernel at `D = 128` (two n64 products per k-step, half the barriers per key): 1.74
+/// against 2.02 ms at (8, 4096, 16, 128), 3.09 against 3.60 at (1, 16384, 16, 128) on the H200,
+/// while at `D = 64` 128-key tiles lose (1.18 against 1.00 ms at (8, 4096, 16, 64)) and at 256
+/// they spill.
+pub fn keys_per_tile(d: usize, split: bool, wgmma: bool) -> usize {
+    if split && d > 96 {
+        BK / 2
+    } else if wgmma && d == 128 {
+        2 * BK
+    } else {
+        BK
+    }
 }
 
 /// The tensor-core launch for `shape = [B, T, H, Dk, Dv]` in mode `p` (`wgmma`: the device has
@@ -122,7 +132,7 @@ pub fn plan(a: &Attention, shape_: [usize; 5], p: Precision, wgmma: bool) -> Res
     }
     let split = p == Precision::Exact;
     let (wm, warps) = shape(d, wgmma, split);
-    let (bq, bk) = (16 * wm * warps, keys_per_tile(d, split));
+    let (bq, bk) = (16 * wm * warps, keys_per_tile(d, split, wgmma));
     let (kernel, smem) = match p {
         // The wgmma kernel aligns its tiles to 1024 bytes (128-byte swizzle atoms) itself.
         Precision::Bf16 if wgmma => (Kernel::WgmmaBf16, (bq * d + 4 * bk * d) * 2 + 1024),
@@ -312,10 +322,11 @@ mod tests {
     fn kernel_shapes_follow_the_head_dim() {
         let a = attention(None);
         let pl = |d, p, wg| plan(&a, [2, 1000, 3, d, d], p, wg).unwrap().unwrap();
-        for d in [64, 128, 256] {
+        for (d, bk) in [(64, 64), (128, 128), (256, 64)] {
             let w = pl(d, Precision::Bf16, true);
             assert_eq!((w.kernel, w.block, w.grid), (Kernel::WgmmaBf16, 256, [8, 6]), "{d}");
-            assert_eq!(w.shared_mem, (128 * d + 4 * 64 * d) * 2 + 1024, "{d}");
+            assert_eq!(w.shared_mem, (128 * d + 4 * bk * d) * 2 + 1024, "{d}");
+            assert!(w.options.contains(&format!("-DATT_BK={bk}")), "{d}");
             assert!(
                 w.options.contains(&format!("-DATT_D={d}")) && w.options.contains(&"-DATT_WGMMA=1".into())
             );
