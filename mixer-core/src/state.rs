@@ -248,6 +248,39 @@ pub fn by_rows_if_uneven<F: Real>(
     Some(decoder_by_rows(initial, counts.len(), |row| make(&one, row)))
 }
 
+/// A decoder that starts from a state at position `start` (a KV cache of `start` tokens, a GLR's
+/// cache at `start`, a Toeplitz history it replayed): `inner` counts positions from the sequence's
+/// start, as its cache needs, while [`crate::Decoder::position`] counts the tokens consumed after
+/// the state, as every decoder does (the lifts' count from their first step already). Stepping,
+/// capacity and the exported state are `inner`'s.
+pub fn resumed<F: Real>(inner: Box<dyn crate::Decoder<F>>, start: usize) -> Box<dyn crate::Decoder<F>> {
+    if start == 0 {
+        return inner;
+    }
+    Box::new(Resumed { inner, start })
+}
+
+/// The decoder of [`resumed`].
+struct Resumed<F> {
+    inner: Box<dyn crate::Decoder<F>>,
+    start: usize,
+}
+
+impl<F: Real> crate::Decoder<F> for Resumed<F> {
+    fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
+        self.inner.step(token)
+    }
+    fn cache_elems(&self) -> usize {
+        self.inner.cache_elems()
+    }
+    fn position(&self) -> usize {
+        self.inner.position().saturating_sub(self.start)
+    }
+    fn state(&self) -> Result<Tensors<F>> {
+        self.inner.state()
+    }
+}
+
 /// The decoder of [`decoder_by_rows`].
 struct ByRows<F> {
     rows: Vec<Box<dyn crate::Decoder<F>>>,

@@ -89,7 +89,8 @@ pub fn decoder_from_state<F: crate::vmath::VecMath>(
     }) {
         return d;
     }
-    Ok(Box::new(decoder::AttentionDecoder::<F>::from_state(a, dims, Some((s, len)))?))
+    let d = decoder::AttentionDecoder::<F>::from_state(a, dims, Some((s, len)))?;
+    Ok(mixer_core::state::resumed(Box::new(d), len))
 }
 
 /// The rows of the extension `e` of a run of the inputs `x` from a KV cache that are the cache's

@@ -39,7 +39,7 @@ pub fn decoder_from_state<F: Real>(
     }) {
         return d;
     }
-    Ok(Box::new(decoder::GlrDecoder::<F>::from_state(g, dims, Some((s, a)))?))
+    Ok(mixer_core::state::resumed(Box::new(decoder::GlrDecoder::<F>::from_state(g, dims, Some((s, a)))?), a))
 }
 
 /// The GLR on CPU.

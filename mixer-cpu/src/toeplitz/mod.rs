@@ -94,7 +94,7 @@ pub fn decoder_from_state<F: FftReal>(
             std::iter::once(("x".to_string(), hist.index_axis(ndarray::Axis(1), t).to_owned())).collect();
         dec.step(&token)?;
     }
-    Ok(dec)
+    Ok(mixer_core::state::resumed(dec, a))
 }
 
 /// The Toeplitz mixer on CPU.

@@ -128,6 +128,8 @@ fn prefill_then_decode_at_any_split() {
             let d = mixer_registry::state::validate(m.as_ref(), &tail).unwrap();
             let mut dec = decoder_from_state(m.as_ref(), &cpu, &tail, &d, Some(&sa)).unwrap();
             let yd = mixer_core::mixer::run_decoder(dec.as_mut(), &m.spec(), &tail, |_, _| {}).unwrap();
+            // `position` counts the tokens this decoder consumed, not the state's.
+            assert_eq!(dec.position(), t - a, "{name} {cfg} split {a}: position");
             let want = y.slice_axis(Axis(1), Slice::from(a..t));
             let c = mixer_core::Tolerance::for_dtype("f64").compare(yd.view(), want);
             assert!(c.pass, "{name} {cfg} split {a}: {c:?}");
