@@ -116,8 +116,9 @@ def _stream(device: torch.device) -> int:
 
 def _prepare(names: Sequence[str], tensors: Sequence[torch.Tensor], precision: str):
     """The inputs as the library takes them, and the tensors made for them (converted or copied),
-    which the caller keeps alive for the call. One pass: a float32/float64 tensor that the mode takes as it is, contiguous and
-    16-byte aligned, is read in place without further ado (:func:`_raw` for anything else)."""
+    which the caller keeps alive for the call. One pass: a float32/float64 tensor that the mode
+    takes as it is, contiguous and 16-byte aligned, is read in place without further ado
+    (:func:`_raw` for anything else)."""
     keep, raw = [], []
     bf16 = precision == "bf16"
     f32, f64 = torch.float32, torch.float64
