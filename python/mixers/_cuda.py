@@ -11,11 +11,16 @@ Mamba-2, gated DeltaNet), goes here instead of through host copies:
   ``bf16`` mode);
 - the work is enqueued on ``torch.cuda.current_stream()`` and nothing waits for the device;
 - every buffer the library needs, scratch and outputs alike, is allocated by PyTorch's caching
-  allocator (``torch.empty`` of bytes on the current stream, called from the library), and the
-  outputs are views of those tensors, so memory statistics, stream semantics and CUDA-graph
-  capture are PyTorch's own;
+  allocator (``torch.empty`` of the bytes asked for, on the current stream, called from the
+  library), and each output is such a tensor (resized in place to the output's shape) or a
+  tensor on its storage, so memory statistics, stream semantics and CUDA-graph capture are
+  PyTorch's own;
 - kernels are compiled by NVRTC on a shape's first call: run each op once before capturing a
   graph (:func:`warmup`).
+
+The common call (no state, no ``cu_seqlens``, outside ``torch.compile``) comes here straight from
+:func:`mixers._ops.call` through :func:`forward_plain` (no autograd ``Function`` at all when no
+gradient is wanted): the same library call as :func:`forward`, with less Python around it.
 
 Value constraints (``g ≤ 0``, ``beta ∈ [0, 1]``, finite inputs) are not checked on this path:
 their outcome lives on the device and reading it would wait for the stream.
@@ -24,6 +29,7 @@ their outcome lives on the device and reading it would wait for the stream.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -53,10 +59,15 @@ def applies(tensors: Sequence[torch.Tensor], backend: str, form: str, stateful: 
 
 @functools.lru_cache(maxsize=None)
 def _allocator(device: torch.device):
-    """``nbytes → (tensor, data_ptr)``: PyTorch's caching allocator, on the current stream."""
+    """``nbytes → (tensor, data_ptr)``: PyTorch's caching allocator, on the current stream (a
+    float32 tensor where ``nbytes`` is a multiple of 4, else bytes: most outputs are float32, and
+    :func:`_view` returns such an output's tensor itself)."""
 
     def alloc(nbytes: int):
-        t = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        if nbytes % 4 == 0:
+            t = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
+        else:
+            t = torch.empty(nbytes, dtype=torch.uint8, device=device)
         return t, t.data_ptr()
 
     return alloc
@@ -104,27 +115,52 @@ def _stream(device: torch.device) -> int:
 
 
 def _prepare(names: Sequence[str], tensors: Sequence[torch.Tensor], precision: str):
-    """The inputs as the library takes them; the converted tensors are kept alive by the caller
-    for the call."""
+    """The inputs as the library takes them, and the tensors made for them (converted or copied),
+    which the caller keeps alive for the call. One pass: a float32/float64 tensor that the mode
+    takes as it is, contiguous and 16-byte aligned, is read in place without further ado
+    (:func:`_raw` for anything else)."""
     keep, raw = [], []
+    bf16 = precision == "bf16"
+    f32, f64 = torch.float32, torch.float64
     for n, t in zip(names, tensors):
+        dt = t.dtype
+        # (`_dtype` keeps float64, and float32 except for an activation in the bf16 mode)
+        if (dt is f32 and not (bf16 and n in _ACTIVATIONS)) or dt is f64:
+            if t.is_contiguous():
+                ptr = t.data_ptr()
+                if not ptr % 16:
+                    raw.append((n, ptr, t.shape, "f32" if dt is f32 else "f64"))
+                    continue
         t, r = _raw(n, t, _dtype(n, t, precision))
         keep.append(t)
         raw.append(r)
     return keep, raw
 
 
-def _view(out) -> torch.Tensor:
+def _view(out, fresh: bool = True) -> torch.Tensor:
     """An output of the library as a tensor on the storage of the PyTorch tensor that owns its
-    memory (no copy; not an autograd view of it, so it may be modified in place)."""
+    memory (no copy; contiguous; not an autograd view of it, so it may be modified in place).
+    Where the output fills that tensor (from offset 0, of its dtype) and is the first output of
+    it (``fresh``), the output is that tensor itself, resized to the output's shape in place: the
+    tensor is one of :func:`_allocator`'s, which nothing else holds once the library returns."""
     owner, offset, shape, dtype = out
     dt = _DTYPES[dtype]
-    t = torch.empty((0,), dtype=dt, device=owner.device)
-    stride, acc = [], 1
-    for s in reversed(shape):
-        stride.append(acc)
-        acc *= s
-    return t.set_(owner.untyped_storage(), offset // dt.itemsize, list(shape), stride[::-1])
+    if fresh and offset == 0 and owner.dtype is dt and owner.numel() == math.prod(shape):
+        return owner.resize_(shape)
+    return owner.new_empty(0, dtype=dt).set_(owner.untyped_storage(), offset // dt.itemsize, shape)
+
+
+def _views(outs) -> List[torch.Tensor]:
+    """:func:`_view` of several outputs (``None`` stays ``None``), each owner's tensor reused by
+    its first output only."""
+    seen, views = set(), []
+    for out in outs:
+        if out is None:
+            views.append(None)
+            continue
+        views.append(_view(out, id(out[0]) not in seen))
+        seen.add(id(out[0]))
+    return views
 
 
 def _state(name: str, s: Optional[torch.Tensor], tensors: Sequence[torch.Tensor]):
@@ -148,7 +184,26 @@ def forward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], c
     y, fin = _mixers.cuda_forward(mixer, raw, stream, _allocator(device), config=config, form=form,
                                   precision=precision, initial=s0_raw, want_final=want_final)
     del keep, s0
-    return _view(y), None if fin is None else _view(fin)
+    y, fin = _views((y, fin))
+    return y, fin
+
+
+@functools.lru_cache(maxsize=None)
+def _allocator0():
+    """:func:`_allocator` of CUDA device 0."""
+    return _allocator(torch.device("cuda", 0))
+
+
+def forward_plain(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], config: str, form: str,
+                  precision: str) -> torch.Tensor:
+    """``y`` of :func:`forward` without a state, for tensors that are all on CUDA device 0 (the
+    caller has checked; :func:`applies` holds), enqueued on the current stream: the same library
+    call, with less Python around it (the common call of :func:`mixers._ops.call`)."""
+    keep, raw = _prepare(names, tensors, precision)
+    stream = _RAW_STREAM(0) if _RAW_STREAM is not None else torch.cuda.current_stream(0).cuda_stream
+    y, _ = _mixers.cuda_forward(mixer, raw, stream, _allocator0(), config=config, form=form, precision=precision)
+    del keep
+    return _view(y)
 
 
 def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], dy: torch.Tensor, config: str,
@@ -168,7 +223,7 @@ def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], 
     grads = _mixers.cuda_backward(mixer, raw, dy_raw, stream, _allocator(device), config=config,
                                   precision=precision, requires=requires, initial=s0_raw, d_final=df_raw)
     del keep, dy_t, s0, df
-    return {k: _view(v) for k, v in grads.items()}
+    return dict(zip(grads, _views(grads.values())))
 
 
 def warmup(fn, *args, **kwargs):

@@ -17,7 +17,10 @@ ops have a fake (meta) implementation, so ``torch.compile`` traces them without 
 breaks; the forward's autograd formula calls the backward op, which runs the library's own
 backward (``fast`` on the CPU, or the forward's form where the backend has a backward of it).
 :func:`call` (every function of the package) uses the ops while ``torch.compile`` traces, and
-in eager mode the same implementations through :class:`_Eager` (no ``torch.library`` dispatch).
+in eager mode the same implementations through :class:`_Eager` (no ``torch.library`` dispatch);
+the common eager call on the zero-copy CUDA path (no state, no ``cu_seqlens``) goes more directly
+still: through :class:`_Plain`, or with no autograd ``Function`` at all when no gradient is
+wanted (:func:`_plain_forward`, the op's forward for that case; the backward is the op's).
 
 What is copied: every input is read through numpy (a CPU ``float32``/``float64`` tensor is
 viewed, not copied) and copied once into the library's row-major arrays; outputs come back as
@@ -405,6 +408,55 @@ class _Eager(torch.autograd.Function):
         return (None, None, d_initial, None, None, None, None, None, None, *grads)
 
 
+@functools.lru_cache(maxsize=None)
+def _plan(mixer: str, names: Tuple[str, ...], config: str, form: str, backend: str, precision: str):
+    """What a call without a state or ``cu_seqlens`` on the zero-copy CUDA path needs besides its
+    tensors: ``(mixer, names, config, form, backend, precision, index of the mixed input)``, or
+    ``None`` where the op's config carries a state's shapes (such a call takes :class:`_Eager`)."""
+    config, given = _split_config(config)
+    if given is not None:
+        return None
+    mixed = spec(mixer, config)["mixed"]
+    if mixed not in names:
+        raise ValueError(f"missing input `{mixed}` of `{mixer}` (the mixed input); given: {', '.join(names)}")
+    return mixer, list(names), config, form, backend, precision, names.index(mixed)
+
+
+def _plain_forward(plan, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``y`` of the op's forward implementation for a call of ``plan`` (:func:`_plan`) whose
+    tensors are all on CUDA device 0: the zero-copy path, ``y`` in the mixed input's dtype."""
+    mixer, names, config, form, _, precision, mixed = plan
+    y = _cuda.forward_plain(mixer, names, tensors, config, form, precision)
+    dtype = tensors[mixed].dtype
+    return y if y.dtype == dtype else y.to(dtype)
+
+
+class _Plain(torch.autograd.Function):
+    """:class:`_Eager` for a call without a state or ``cu_seqlens`` on the zero-copy CUDA path:
+    one non-tensor argument (the call's :func:`_plan`), ``y`` alone as the output, the forward
+    :func:`_plain_forward`, the backward the op's backward implementation (so the same gradients,
+    and the same fallback to the host path where the CUDA backend has no backward)."""
+
+    @staticmethod
+    def forward(ctx, plan, *tensors):
+        y = _plain_forward(plan, tensors)
+        ctx.save_for_backward(*tensors)
+        ctx.plan = plan
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, d_y):
+        mixer, names, config, form, backend, precision, _ = ctx.plan
+        tensors = list(ctx.saved_tensors)
+        grads = _IMPLS[mixer][1](tensors, names, d_y, None, None, None, config, form, backend, precision)
+        return (None, *grads[: len(tensors)])
+
+
+# Forward-mode AD's current level (-1 outside `torch.autograd.forward_ad.dual_level`).
+_FORWARD_AD = torch.autograd.forward_ad
+
+
 def _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, options):
     """What the backward of a forward needs, kept on its autograd context."""
     ctx.save_for_backward(*tensors, initial_state, cu_seqlens)
@@ -455,18 +507,40 @@ def call(
     dict of tensors by name where it has several (the lifts' ``S`` and ``position``, the GLR's
     ``y`` and ``position``, attention's ``k``, ``v`` and ``length``, the Toeplitz mixer's ``x``
     and ``position``); a one-tensor state may be given as a dict too."""
-    given = {k: v for k, v in inputs.items() if v is not None}
-    for k, v in given.items():
+    names, tensors = [], []
+    for k, v in inputs.items():
+        if v is None:
+            continue
         if not isinstance(v, torch.Tensor):
             raise TypeError(f"input `{k}`: expected a torch.Tensor, got {type(v).__name__}")
-    if not given:
+        names.append(k)
+        tensors.append(v)
+    if not tensors:
         raise ValueError(f"`{mixer}`: no inputs given")
     cfg = config_json(config)
-    names = list(given)
-    tensors = [given[n] for n in names]
     if backend is None:
         backend = default_backend(tensors[0])
     op = mixer_op(mixer)
+    # The common call on the zero-copy path (`_cuda.applies` without a state or cu_seqlens), in
+    # eager mode outside functorch's transforms (which take the op's `_Eager`, as before).
+    if (initial_state is None and not output_final_state and cu_seqlens is None and backend == "cuda"
+            and (form == "fast" or form == "parallel") and not torch.compiler.is_compiling()
+            and not torch._C._are_functorch_transforms_active()):
+        grad = False
+        for t in tensors:
+            if not (t.is_cuda and t.get_device() == 0):
+                break
+            if t.requires_grad:
+                grad = True
+        else:
+            plan = _plan(mixer, tuple(names), cfg, form, backend, precision)
+            if plan is not None:
+                # No autograd node where no gradient is wanted, backward or forward-mode (a dual
+                # level makes the Function's missing jvp an error, as it is for `_Eager`).
+                if (grad and torch.is_grad_enabled()) or getattr(_FORWARD_AD, "_current_level", 0) != -1:
+                    return _Plain.apply(plan, *tensors)
+                return _plain_forward(plan, tensors)
+    given = dict(zip(names, tensors))
     layout = None
     if initial_state is not None or output_final_state:
         args = _shape_args(tensors, names, cu_seqlens)

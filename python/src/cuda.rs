@@ -1,15 +1,14 @@
 //! The zero-copy CUDA path: PyTorch's CUDA tensors run on the CUDA backend in place.
 //!
-//! The Python layer passes each contiguous input as `(name, data_ptr, shape, dtype)`, the
-//! handle of `torch.cuda.current_stream()` and an allocator (`nbytes → (tensor, data_ptr)`,
-//! `torch.empty` of bytes on the tensors' device). Here the inputs become device tensors over
-//! the caller's memory ([`mixers::cuda::DeviceTensor::borrowed`]), the run is enqueued on the
-//! caller's stream ([`mixers::cuda::on_stream`]) with every buffer it needs (scratch and outputs)
-//! taken from the caller's allocator ([`mixers::cuda::pool::with_allocator`]), and each output
-//! goes back as `(tensor, byte offset, shape, dtype)`: the PyTorch tensor that owns its memory,
-//! which the Python layer views as the output. Nothing is copied and nothing waits for the
-//! device; the GIL is released while the work is enqueued and taken again only inside the
-//! allocator.
+//! The Python layer passes each contiguous input as `(name, data_ptr, shape, dtype)`, the handle of
+//! `torch.cuda.current_stream()` and an allocator (`nbytes → (tensor, data_ptr)`, `torch.empty` of
+//! that many bytes on the tensors' device). Here the inputs become device tensors over the caller's
+//! memory ([`mixers::cuda::DeviceTensor::borrowed`]), the run is enqueued on the caller's stream
+//! ([`mixers::cuda::on_stream`]) with every buffer it needs (scratch and outputs) taken from the
+//! caller's allocator ([`mixers::cuda::pool::with_allocator`]), and each output goes back as
+//! `(tensor, byte offset, shape, dtype)`: the PyTorch tensor that owns its memory, which the Python
+//! layer views as the output. Nothing is copied and nothing waits for the device; the GIL is
+//! released while the work is enqueued and taken again only inside the allocator.
 //!
 //! Value constraints (finite inputs, `g ≤ 0`, `β ∈ [0, 1]`, …) are not checked here: on the
 //! device their outcome can only be read back by waiting for the stream. Shapes, sizes and dtypes

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import mixers
-from mixers import _cuda
+from mixers import _cuda, _ops
 
 from conftest import inputs
 
@@ -192,6 +192,53 @@ def test_the_op_runs_on_a_side_stream_without_waiting_for_it():
     assert torch.equal(y, want)
 
 
+@pytest.mark.parametrize("precision", ["exact", "bf16"])
+@pytest.mark.parametrize("name", ["gated-deltanet", "attention", "glr"])
+def test_the_direct_eager_path_equals_the_op_bit_for_bit(name, precision, monkeypatch):
+    """The common eager call (no state, no cu_seqlens) skips the op's generic path
+    (``_ops._Plain``, or no autograd Function when no gradient is wanted): y and every gradient
+    equal the ``torch.library`` op's bits (its generic forward and backward implementations), for
+    float32 and float16 inputs; under ``torch.no_grad`` the result has no autograd history."""
+    plain = []
+    real = _ops._plain_forward
+    monkeypatch.setattr(_ops, "_plain_forward", lambda *a: (plain.append(1), real(*a))[1])
+    op = getattr(torch.ops.mixers, _ops.op_name(name).split("::")[1])
+    for dtype in (torch.float32, torch.float16):
+        x = {k: v.to(dtype) for k, v in _dev(_inputs(name, 65)).items()}
+        names = list(x)
+        want, _ = op([x[n] for n in names], names, None, None, False, "{}", "fast", "cuda", precision)
+        plain.clear()
+        y = mixers.run(name, precision=precision, **x)
+        assert plain == [1] and y.grad_fn is None and y.dtype == dtype and not y._is_view()
+        assert torch.equal(y, want), f"{name} {dtype}: the direct path's y differs from the op's"
+
+        leaves = {k: v.clone().requires_grad_() for k, v in x.items()}
+        y = mixers.run(name, precision=precision, **leaves)
+        assert plain == [1, 1] and type(y.grad_fn).__name__ == "_PlainBackward", y.grad_fn
+        with torch.no_grad():
+            assert mixers.run(name, precision=precision, **leaves).grad_fn is None
+        assert torch.equal(y.detach(), want)
+        dy = torch.randn_like(y)
+        got = torch.autograd.grad(y, list(leaves.values()), dy)
+        ref = {k: v.clone().requires_grad_() for k, v in x.items()}
+        y_op, _ = op(list(ref.values()), names, None, None, False, "{}", "fast", "cuda", precision)
+        expected = torch.autograd.grad(y_op, list(ref.values()), dy)
+        for k, a, b in zip(names, got, expected):
+            assert a.dtype == b.dtype == dtype and torch.equal(a, b), f"{name} {dtype}: d_{k} differs from the op's"
+
+
+def test_a_dual_tensor_is_refused_as_before():
+    """Forward-mode AD takes the autograd Function (no jvp): an error, never a silent zero
+    tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    x = _dev(_inputs("gated-deltanet", 65))
+    with fwAD.dual_level():
+        dual = {**x, "q": fwAD.make_dual(x["q"], torch.ones_like(x["q"]))}
+        with pytest.raises(NotImplementedError, match="jvp"):
+            mixers.gated_delta_rule(**dual)
+
+
 def test_cuda_graph_capture_and_replay():
     x = _dev(_inputs("gated-deltanet", 65))
     static = {k: v.clone() for k, v in x.items()}
@@ -267,12 +314,21 @@ def test_per_call_overhead_over_the_library_call():
     op = _per_call(lambda: mixers.gated_delta_rule(**x))
     raw_op = _per_call(lambda: torch.ops.mixers.gated_deltanet(tensors, names, None, None, False, "{}", "fast", "cuda",
                                                               "exact"))
+    # The op's generic eager path (what the function took before its direct path), and the
+    # function with inputs that require a gradient (the direct path's autograd Function).
+    eager = _per_call(lambda: _ops._Eager.apply("gated-deltanet", names, None, None, False, "{}", "fast", "cuda",
+                                                "exact", *tensors))
+    leaves = {k: v.clone().requires_grad_() for k, v in x.items()}
+    grad = _per_call(lambda: mixers.gated_delta_rule(**leaves))
     allocs = []
     counting = lambda n: (allocs.append(n), alloc(n))[1]  # noqa: E731
     mixers._mixers.cuda_forward("gated-deltanet", raw, stream, counting, config="{}")
-    print(f"\nper call: library {lib * 1e6:.1f} µs ({len(allocs)} buffers from PyTorch's allocator), "
-          f"torch.ops.mixers.gated_deltanet {raw_op * 1e6:.1f} µs, mixers.gated_delta_rule {op * 1e6:.1f} µs; "
-          f"overhead of the op over the library {(raw_op - lib) * 1e6:.1f} µs, of the function {(op - lib) * 1e6:.1f} µs")
+    us = lambda t: f"{t * 1e6:.1f} µs"  # noqa: E731
+    print(f"\nper call: library {us(lib)} ({len(allocs)} buffers from PyTorch's allocator), "
+          f"torch.ops.mixers.gated_deltanet {us(raw_op)}, the generic eager path (_Eager) {us(eager)}, "
+          f"mixers.gated_delta_rule {us(op)} (inputs requiring a gradient: {us(grad)}); overhead over the library: "
+          f"op {us(raw_op - lib)}, _Eager {us(eager - lib)}, the function (direct path) {us(op - lib)}, "
+          f"with gradients {us(grad - lib)}")
     assert op < 1e-3
 
 
