@@ -123,10 +123,11 @@ def ours(binary, mixer, seqs, B, H, D, precision, max_seconds):
         rep = json.load(open(path))
     out = {}
     for p in rep["points"]:
+        kernel = (p.get("plan") or {}).get("function")  # the launch plan that ran (`mixers plan`)
         if p["backend"] == "cuda" and p["status"] == "ok":
-            out[p["seq"]] = (p["timing"]["median"] * 1e3, p["upload_s"] * 1e3, p["download_s"] * 1e3)
+            out[p["seq"]] = (p["timing"]["median"] * 1e3, p["upload_s"] * 1e3, p["download_s"] * 1e3, kernel)
         elif p["backend"] == "cuda":
-            out[p["seq"]] = (None, None, p.get("reason"))
+            out[p["seq"]] = (None, None, p.get("reason"), kernel)
     return out, rep["meta"].get("device")
 
 
@@ -177,11 +178,11 @@ def main():
         cut short by a time limit still leaves its table."""
         md = [f"Device: {device or torch.cuda.get_device_name()}; B ∈ {{{a.batches}}}, H = {H}, D = {D}; "
               f"command: `python3 bench/gpu/side_by_side.py --bin .gpu-bundle/bin/mixers --out $OUT`", "",
-              "| mixer | mode | B | T | ours ms | reference | ref ms | ours / ref | our upload / download ms | note |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| mixer | mode | B | T | ours ms | our kernel | reference | ref ms | ours / ref | our upload / download ms | note |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             note = r["ours_note"] or r["ref_note"] or ""
-            md.append(f"| {r['mixer']} | {r['precision']} | {r['B']} | {r['T']} | {fmt(r['ours_ms'])} | {r['reference']} | "
+            md.append(f"| {r['mixer']} | {r['precision']} | {r['B']} | {r['T']} | {fmt(r['ours_ms'])} | {r['kernel'] or '–'} | {r['reference']} | "
                       f"{fmt(r['ref_ms'])} | {fmt(r['ratio'])} | {fmt(r['upload_ms'])} / {fmt(r['download_ms'])} | {note} |")
         os.makedirs(a.out, exist_ok=True)
         open(os.path.join(a.out, "side_by_side.md"), "w").write("\n".join(md) + "\n")
@@ -199,11 +200,11 @@ def main():
                 except Exception as e:  # noqa: BLE001 - a reference that cannot run at this size
                     r, why = None, f"{type(e).__name__}: {str(e)[:120]}"
                 torch.cuda.empty_cache()
-                m = mine.get(T, (None, None, dev if not mine else "not measured"))
+                m = mine.get(T, (None, None, dev if not mine else "not measured", None))
                 rows.append({
                     "mixer": mixer, "precision": prec, "B": B, "T": T, "ours_ms": m[0],
                     "upload_ms": m[1], "download_ms": m[2] if m[0] is not None else None,
-                    "ours_note": None if m[0] is not None else m[2],
+                    "ours_note": None if m[0] is not None else m[2], "kernel": m[3],
                     "reference": ref_name, "ref_ms": r, "ref_note": why,
                     "ratio": (m[0] / r) if (m[0] is not None and r) else None,
                 })

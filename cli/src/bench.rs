@@ -151,7 +151,11 @@ pub fn bench_with(opts: &Options, mut after_point: impl FnMut(&Report) -> Result
                         cache_elems: None,
                         upload_s: None,
                         download_s: None,
+                        plan: None,
                     };
+                    if let Ok((_, dims)) = &inputs {
+                        p.plan = launch_plan(m, backend, form, dims, opts);
+                    }
                     if p.reason.is_none() {
                         let outcome = match &inputs {
                             Err(e) => Err(e.clone()),
@@ -204,6 +208,21 @@ pub fn bench_with(opts: &Options, mut after_point: impl FnMut(&Report) -> Result
     }
     pb.finish_and_clear();
     Ok(report(opts, &seqs, &backends, start, &points, &notes))
+}
+
+/// The launch plan of `form` on `backend` at `dims` in the bench's mode and dtype
+/// ([`mixer_registry::device_plan`], what `mixers plan` prints), where the backend's family reports
+/// one. `None` otherwise, a failed plan included: the plan is reported, not a condition of the run
+/// (whose own error is the point's).
+fn launch_plan(
+    m: &dyn mixer_core::mixer::Mixer,
+    backend: &str,
+    form: Form,
+    dims: &Dims,
+    opts: &Options,
+) -> Option<serde_json::Value> {
+    let b = mixer_registry::Backend::by_name(backend).ok()?;
+    mixer_registry::device_plan(m, &b, form, dims, opts.dtype, opts.precision).ok().flatten()
 }
 
 /// The message of a caught panic (library code should not panic; if a form does, the bench

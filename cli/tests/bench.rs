@@ -384,6 +384,7 @@ fn ratios_compare_forms_and_backends_at_equal_t() {
         cache_elems: None,
         upload_s: None,
         download_s: None,
+        plan: None,
     };
     let mut points = vec![
         pt("cpu", Form::Fast, 100, 2.0),

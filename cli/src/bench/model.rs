@@ -36,6 +36,17 @@ pub struct Point {
     pub upload_s: Option<f64>,
     /// CUDA only: device→host copy of `y`, seconds (not in `timing`).
     pub download_s: Option<f64>,
+    /// The device form's launch plan at this point's sizes and mode (what `mixers plan` prints:
+    /// kernel, function, options, grid, shared memory), where the backend's family reports one;
+    /// for a measured point it is the plan that ran.
+    pub plan: Option<serde_json::Value>,
+}
+
+impl Point {
+    /// The plan's kernel function (`attn_wgmma_bf16`, …), where a plan names one.
+    pub fn kernel(&self) -> Option<&str> {
+        self.plan.as_ref()?.get("function")?.as_str()
+    }
 }
 
 /// Outcome of a point.

@@ -85,6 +85,7 @@ pub fn points_table(r: &Report) -> String {
                     (Some(u), Some(d)) => format!("{} / {}", ms(u), ms(d)),
                     _ => "–".into(),
                 },
+                p.kernel().unwrap_or("–").to_string(),
                 match (p.status, &p.reason) {
                     (Status::Ok, _) => "ok".into(),
                     (Status::Skipped, Some(r)) => format!("skipped: {r}"),
@@ -108,6 +109,7 @@ pub fn points_table(r: &Report) -> String {
             "peak work mem",
             "cache elems",
             "upload / download ms",
+            "kernel",
             "status",
         ],
         &rows,
@@ -123,6 +125,8 @@ pub fn method(r: &Report) -> String {
          - backends: {}; {} logical CPUs, {} rayon threads; mixers {}{}\n\
          - timing: {}; median and min–max over up to {} timed runs or {} s per point\n\
          - memory: {}\n\
+         - kernel: the device form's launch plan at the point's sizes and mode (`mixers plan`; the whole \
+         plan is `plan` in bench.json), – where the backend reports none\n\
          - guards: materialized only up to T = {}; a series stops growing T after a point over {} s, or \
          before a point whose time, predicted from the series' measured points, is over it; points whose \
          estimated memory exceeds the budget (MIXERS_MAX_MEMORY, else available memory) are skipped with \
