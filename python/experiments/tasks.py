@@ -123,52 +123,85 @@ def _copy(c: TaskConfig, rng: np.random.Generator, n: int):
     return seq[:, :t], targets, np.zeros((n, t), dtype=np.int64)
 
 
+def _distinct(rng: np.random.Generator, n: int, lo: int, hi: int, d: int) -> np.ndarray:
+    """``[n, d]``: per row ``d`` distinct integers of ``[lo, hi)``, uniformly without replacement,
+    in random order. Small ranges: the first ``d`` of a random permutation per row. Large ones
+    (``hi − lo > 4d``): the first ``d`` distinct values of ``2d`` uniform draws (the same law),
+    rows with fewer drawn again."""
+    m = hi - lo
+    if m <= 4 * d:
+        return np.argsort(rng.random((n, m)), axis=1)[:, :d] + lo
+    out = np.empty((n, d), dtype=np.int64)
+    todo = np.arange(n)
+    while len(todo):
+        cand = rng.integers(0, m, size=(len(todo), 2 * d))
+        order = np.argsort(cand, axis=1, kind="stable")
+        sorted_ = np.take_along_axis(cand, order, axis=1)
+        repeat = np.zeros_like(cand, dtype=bool)  # a value drawn earlier in the row
+        np.put_along_axis(repeat, order[:, 1:], sorted_[:, 1:] == sorted_[:, :-1], axis=1)
+        ok = (~repeat).sum(axis=1) >= d
+        keep = np.argsort(repeat, axis=1, kind="stable")[:, :d]  # the first d distinct, in draw order
+        out[todo[ok]] = np.take_along_axis(cand, keep, axis=1)[ok] + lo
+        todo = todo[~ok]
+    return out
+
+
 def _mqar(c: TaskConfig, rng: np.random.Generator, n: int):
     v, d, t = c.vocab, c.pairs, c.seq_len
     half = v // 2
     space = (t - 2 * d) // 2
-    p = np.arange(1, space + 1, dtype=np.float64) ** (c.power_a - 1.0)
-    p /= p.sum()
+    logp = (c.power_a - 1.0) * np.log(np.arange(1, space + 1, dtype=np.float64))
+    rows = np.arange(n)[:, None]
     tokens = np.zeros((n, t), dtype=np.int64)
     targets = np.full((n, t), IGNORE, dtype=np.int64)
-    for i in range(n):
-        keys = rng.choice(np.arange(1, half), size=d, replace=False)
-        vals = rng.choice(np.arange(half, v), size=d, replace=False)
-        tokens[i, 0 : 2 * d : 2] = keys
-        tokens[i, 1 : 2 * d : 2] = vals
-        slots = 2 * d + 2 * rng.choice(space, size=d, replace=False, p=p)
-        tokens[i, slots] = keys
-        tokens[i, slots + 1] = vals
-        targets[i, slots] = vals
+    keys = _distinct(rng, n, 1, half, d)
+    vals = _distinct(rng, n, half, v, d)
+    tokens[:, 0 : 2 * d : 2] = keys
+    tokens[:, 1 : 2 * d : 2] = vals
+    # The query slots: d of `space` drawn one after another without replacement with probability
+    # ∝ (j+1)^(a−1) among those left, as the Gumbel-top-d of the log weights (the same
+    # distribution, ordered as the successive draws: key i goes to the i-th slot drawn).
+    slots = 2 * d + 2 * np.argsort(-(logp + rng.gumbel(size=(n, space))), axis=1)[:, :d]
+    tokens[rows, slots] = keys
+    tokens[rows, slots + 1] = vals
+    targets[rows, slots] = vals
     return tokens, targets, np.zeros((n, t), dtype=np.int64)
 
 
 def _multihop(c: TaskConfig, rng: np.random.Generator, n: int):
-    sep, t = c.vocab - 1, c.length
+    sep, t, q, pairs = c.vocab - 1, c.length, c.queries, c.pairs
+    rows = np.arange(n)[:, None]
+    # Hop counts per chain: the queried chains uniform in 1..max_hops, then distractor chains
+    # uniform in 1..min(max_hops, pairs left) until `pairs` pairs are used (0: no chain).
+    hops = np.zeros((n, pairs), dtype=np.int64)
+    hops[:, :q] = rng.integers(1, c.max_hops + 1, size=(n, q))
+    used = hops[:, :q].sum(axis=1)
+    u = rng.random((n, pairs))
+    for k in range(q, pairs):
+        m = np.minimum(c.max_hops, pairs - used)
+        hops[:, k] = np.where(m > 0, 1 + (u[:, k] * np.maximum(m, 1)).astype(np.int64), 0)
+        used += hops[:, k]
+    # Chain k takes symbols start_k … start_k + hops_k of a random permutation of 0..V−2 (node-
+    # disjoint); its pairs start at every one of them but its last.
+    symbols = np.argsort(rng.random((n, sep)), axis=1)
+    size = hops + (hops > 0)  # symbols per chain
+    ends = np.cumsum(size, axis=1) - 1  # the last symbol of each chain
+    starts = ends - hops
+    # True where a position is not a pair's first symbol: past the chains, or a chain's last.
+    not_first = np.arange(sep + 1)[None, :] >= size.sum(axis=1)[:, None]
+    np.put_along_axis(not_first, np.where(hops > 0, ends, sep), True, axis=1)
+    first = np.argsort(not_first, axis=1, kind="stable")[:, :pairs]  # the `pairs` pair starts
+    first = np.take_along_axis(first, np.argsort(rng.random((n, pairs)), axis=1), axis=1)  # shuffled
     tokens = np.zeros((n, t), dtype=np.int64)
     targets = np.full((n, t), IGNORE, dtype=np.int64)
     groups = np.zeros((n, t), dtype=np.int64)
-    for i in range(n):
-        symbols = iter(rng.permutation(sep))
-        chains, used = [], 0
-        for _ in range(c.queries):
-            h = int(rng.integers(1, c.max_hops + 1))
-            chains.append([next(symbols) for _ in range(h + 1)])
-            used += h
-        while used < c.pairs:
-            h = int(rng.integers(1, min(c.max_hops, c.pairs - used) + 1))
-            chains.append([next(symbols) for _ in range(h + 1)])
-            used += h
-        pairs = [(ch[j], ch[j + 1]) for ch in chains for j in range(len(ch) - 1)]
-        order = rng.permutation(len(pairs))
-        flat = [x for j in order for x in pairs[j]]
-        tokens[i, : 2 * c.pairs] = flat
-        tokens[i, 2 * c.pairs] = sep
-        for q, ch in enumerate(chains[: c.queries]):
-            pos = 2 * c.pairs + 1 + q
-            tokens[i, pos] = ch[0]
-            targets[i, pos] = ch[-1]
-            groups[i, pos] = len(ch) - 2
+    tokens[:, 0 : 2 * pairs : 2] = symbols[rows, first]
+    tokens[:, 1 : 2 * pairs : 2] = symbols[rows, first + 1]
+    tokens[:, 2 * pairs] = sep
+    pos = 2 * pairs + 1 + np.arange(q)
+    tokens[:, pos] = symbols[rows, starts[:, :q]]
+    targets[:, pos] = symbols[rows, ends[:, :q]]
+    groups[:, pos] = hops[:, :q] - 1
     return tokens, targets, groups
 
 
@@ -216,7 +249,8 @@ def sample(c: TaskConfig, n: int, rng: np.random.Generator, split: str):
         raise ValueError(f"unknown split `{split}`; expected train, val or test")
     parts, have, draws = [], 0, 0
     while have < n:
-        t, y, g = generate(c, max(n - have, 16), rng)
+        # A quarter of the draws fall in the held-out buckets: draw a third more than needed.
+        t, y, g = generate(c, max((n - have) * 4 // 3 + 8, 16), rng)
         b = bucket(t)
         keep = (b >= len(SPLITS)) if split == "train" else (b == SPLITS[split])
         parts.append((t[keep], y[keep], g[keep]))

@@ -63,6 +63,43 @@ def test_multihop_follows_chains():
             assert x == y[p] and hops == g[p] + 1
 
 
+def test_mqar_first_query_slot_follows_the_power_law():
+    """The query slots are drawn one after another without replacement with probability
+    ∝ (j+1)^(a−1): the first key's slot follows that law (total variation against it)."""
+    c = TaskConfig("mqar", vocab=16, pairs=2, seq_len=16, power_a=0.3)
+    tok, tgt, _ = generate(c, 40000, np.random.default_rng(3))
+    first_key = tok[:, 0]
+    slot = np.argmax((tok == first_key[:, None]) & (np.arange(16) >= 4)[None, :], axis=1)
+    j = (slot - 4) // 2
+    space = (16 - 4) // 2
+    law = np.arange(1, space + 1) ** (0.3 - 1.0)
+    law /= law.sum()
+    got = np.bincount(j, minlength=space) / len(j)
+    assert 0.5 * np.abs(got - law).sum() < 0.01, (got, law)
+
+
+@pytest.mark.parametrize("lo,hi,d", [(3, 20, 5), (1, 400, 12)])  # the permutation path, the draws path
+def test_distinct_draws_are_uniform_without_replacement(lo, hi, d):
+    from experiments.tasks import _distinct
+    x = _distinct(np.random.default_rng(6), 30000, lo, hi, d)
+    assert x.shape == (30000, d) and x.min() >= lo and x.max() < hi
+    assert all(len(set(r.tolist())) == d for r in x[:2000])
+    for col in (0, d - 1):  # every position's value is uniform on the range
+        got = np.bincount(x[:, col] - lo, minlength=hi - lo) / len(x)
+        assert 0.5 * np.abs(got - 1.0 / (hi - lo)).sum() < 0.06, (col, got)
+
+
+def test_multihop_hops_are_uniform():
+    """The queried chains' hop counts are uniform in 1..max_hops; the context holds `pairs`
+    distinct pairs of distinct symbols."""
+    c = TaskConfig("multihop", vocab=64, pairs=24, max_hops=4, queries=4)
+    tok, tgt, grp = generate(c, 20000, np.random.default_rng(4))
+    counts = np.bincount(grp[:, 49:53].ravel(), minlength=4) / grp[:, 49:53].size
+    assert np.abs(counts - 0.25).max() < 0.01, counts
+    firsts = tok[:, 0:48:2]
+    assert all(len(set(r.tolist())) == 24 for r in firsts[:200])
+
+
 def _fnv_mix(row):
     """The split hash of one row with Python integers mod 2⁶⁴ (FNV-1a, then the final mix)."""
     m = (1 << 64) - 1
