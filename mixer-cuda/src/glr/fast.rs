@@ -1,4 +1,4 @@
-//! The sparse recurrence, pipelined over tiles of [`TILE`] tokens (`kernels/glr.cu`,
+//! The sparse recurrence, pipelined over tiles of tokens ([`TILES`]; `kernels/glr.cu`,
 //! `glr_tiled`): a block per (batch, [`CHANNELS`] channels). One warp runs the recurrence of a
 //! tile with a single FMA per token on its critical path, `y_t = q_t + b1_t·y_{t−1}`, while one
 //! thread per (token, channel) of the next tile gathers every term whose `y` is already final
@@ -45,8 +45,8 @@ pub(crate) struct DeviceTable {
     pub(crate) strides: Pooled<i64>,
     /// `K`, the number of taps.
     pub(crate) k: usize,
-    /// The near-tap count of [`near_taps`].
-    near: usize,
+    /// The near-tap counts of [`near_taps`] for each tile of [`TILES`].
+    near: [usize; TILES.len()],
     /// The taps of [`short_taps`].
     short: usize,
 }
@@ -66,7 +66,7 @@ pub(crate) fn device_table(glr: &Glr, t: usize) -> Result<Arc<DeviceTable>> {
     }
     let (off, strides) = table(glr, t)?;
     let d = Arc::new(DeviceTable {
-        near: near_taps(&off, &strides, glr.pattern().cache_efficient()),
+        near: TILES.map(|tile| near_taps(&off, &strides, glr.pattern().cache_efficient(), tile)),
         short: short_taps(&off),
         k: off.len(),
         off: pool::upload(FAMILY, &off)?,
@@ -79,12 +79,19 @@ pub(crate) fn device_table(glr: &Glr, t: usize) -> Result<Arc<DeviceTable>> {
     Ok(d)
 }
 
-/// Tokens per tile (`GLR_L`).
-const TILE: usize = 64;
+/// Tokens per tile (`GLR_L`), in the order [`Layout::choose`] tries them: 64, or a shorter tile
+/// where more near taps than [`MAX_LIST`] reach the last two tiles of 64 (patterns with many small
+/// offsets, such as the dense recurrence `f(k) = k + 1`), which the sequential warp would otherwise
+/// add one by one on its critical path; with shorter tiles those taps are final before the tile
+/// that reads them and the gathering threads add them, many loads in flight.
+const TILES: [usize; 4] = [64, 32, 16, 8];
 /// Channels per block (`GLR_CH`).
 const CHANNELS: usize = 8;
-/// Threads per block: the sequential warp and one thread per (token, channel) of a tile.
-const THREADS: usize = 32 + TILE * CHANNELS;
+/// Threads per block at tiles of `tile` tokens: the sequential warp and one thread per (token,
+/// channel) of a tile.
+fn threads(tile: usize) -> usize {
+    32 + tile * CHANNELS
+}
 /// Longest gather list per token (`GLR_NN`): taps beyond it that reach the last two tiles are
 /// added by the sequential warp itself, which is slower.
 const MAX_LIST: usize = 16;
@@ -95,19 +102,23 @@ fn record_len(nl: usize) -> usize {
     (3 + nl).div_ceil(4) * 4
 }
 
-/// Dynamic shared memory of `glr_tiled` with gather lists of `nl` taps (see the kernel's layout:
-/// records and slot records of two tiles, and the ring of the last two tiles' outputs).
-fn smem_bytes(nl: usize, elem: usize) -> usize {
-    let tile = TILE * CHANNELS;
+/// Dynamic shared memory of `glr_tiled` at tiles of `tile` tokens with gather lists of `nl` taps
+/// (see the kernel's layout: records and slot records of two tiles, and the ring of the last two
+/// tiles' outputs).
+fn smem_bytes(nl: usize, elem: usize, tile: usize) -> usize {
+    let cells = tile * CHANNELS;
     let slots = if nl > 8 { 16 } else { 8 };
-    2 * tile * record_len(nl) * elem + (2 * TILE + 1) * CHANNELS * elem + 2 * tile * slots * 2
+    2 * cells * record_len(nl) * elem + (2 * tile + 1) * CHANNELS * elem + 2 * cells * slots * 2
 }
 
-/// The kernel's compile-time shape for one pattern table: taps sorted per token (`GLR_NN`), taps
-/// never listed (`GLR_K2`, those with `f(k) ≤ 2`), gather-list length (`GLR_NL`), whether near
-/// taps beyond `GLR_NN` exist (`GLR_FARNEAR`), and the dynamic shared memory.
+/// The kernel's compile-time shape for one pattern table: tokens per tile (`GLR_L`) and the near
+/// taps at that tile (the kernel's `knear`), taps sorted per token (`GLR_NN`), taps never listed
+/// (`GLR_K2`, those with `f(k) ≤ 2`), gather-list length (`GLR_NL`), whether near taps beyond
+/// `GLR_NN` exist (`GLR_FARNEAR`), and the dynamic shared memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Layout {
+    tile: usize,
+    knear: usize,
     nn: usize,
     k2: usize,
     nl: usize,
@@ -116,23 +127,28 @@ struct Layout {
 }
 
 impl Layout {
-    /// For `knear` near taps of which `short` have `f(k) ≤ 2`, elements of `elem` bytes and a
-    /// shared-memory ceiling `limit`: the longest list (at most [`MAX_LIST`] sorted taps) that fits.
-    fn choose(knear: usize, short: usize, elem: usize, limit: usize) -> Layout {
+    /// For the near-tap counts `near` at each tile of [`TILES`], of which `short` have `f(k) ≤ 2`,
+    /// elements of `elem` bytes and a shared-memory ceiling `limit`: the longest tile whose near
+    /// taps all fit a list of [`MAX_LIST`] (the shortest tile where none does), and the longest
+    /// list at it that fits the shared memory.
+    fn choose(near: [usize; TILES.len()], short: usize, elem: usize, limit: usize) -> Layout {
+        let i = near.iter().position(|&n| n <= MAX_LIST).unwrap_or(TILES.len() - 1);
+        let (tile, knear) = (TILES[i], near[i]);
         // Taps k < nn are sorted by the gathering threads; entries short..min(knear, nn) can be listed.
         let list_len = |nn: usize| knear.min(nn).saturating_sub(short);
         let mut nn = knear.clamp(1, MAX_LIST);
-        while nn > 1 && smem_bytes(list_len(nn), elem) > limit {
+        while nn > 1 && smem_bytes(list_len(nn), elem, tile) > limit {
             nn -= 1;
         }
         let nl = list_len(nn);
-        Layout { nn, k2: short.min(nn), nl, farnear: knear > nn, smem: smem_bytes(nl, elem) }
+        let smem = smem_bytes(nl, elem, tile);
+        Layout { tile, knear, nn, k2: short.min(nn), nl, farnear: knear > nn, smem }
     }
 
     /// The NVRTC defines of this layout.
     fn defines(&self) -> [String; 6] {
         [
-            format!("-DGLR_L={TILE}"),
+            format!("-DGLR_L={}", self.tile),
             format!("-DGLR_CH={CHANNELS}"),
             format!("-DGLR_NN={}", self.nn),
             format!("-DGLR_K2={}", self.k2),
@@ -142,10 +158,10 @@ impl Layout {
     }
 }
 
-/// `1 + max{k : f(k) − a_k + 1 ≤ 2·TILE − 1}` (`a_k = 1` when translation-invariant): taps from
-/// `knear` on always lie before the previous tile (`d_k(t) ≤ t − f(k) + a_k − 1`).
-fn near_taps(off: &[i64], strides: &[i64], ce: bool) -> usize {
-    let reach = 2 * TILE as i64 - 1;
+/// `1 + max{k : f(k) − a_k + 1 ≤ 2·tile − 1}` (`a_k = 1` when translation-invariant): taps from
+/// `knear` on always lie before the previous tile of `tile` tokens (`d_k(t) ≤ t − f(k) + a_k − 1`).
+fn near_taps(off: &[i64], strides: &[i64], ce: bool, tile: usize) -> usize {
+    let reach = 2 * tile as i64 - 1;
     (0..off.len())
         .filter(|&k| {
             let a = if ce { strides[k] } else { 1 };
@@ -228,11 +244,11 @@ pub(crate) fn tiled<F: GpuReal>(
     let mut y = pool::take::<F>(FAMILY, b * t * c)?;
     let [bi, ti, ci, ki, nai] = dims(b, t, c, k, na)?;
     let (ha, hb, cei) = (has_a as i32, has_b as i32, ce as i32);
-    let kni = int(FAMILY, "near taps", tab.near)?;
+    let kni = int(FAMILY, "near taps", lay.knear)?;
     let blocks = b * c.div_ceil(CHANNELS);
     let cfg = LaunchConfig {
         grid_dim: (int(FAMILY, "blocks", blocks)? as u32, 1, 1),
-        block_dim: (THREADS as u32, 1, 1),
+        block_dim: (threads(lay.tile) as u32, 1, 1),
         shared_mem_bytes: lay.smem as u32,
     };
     launch!(g, FAMILY, f, cfg;
@@ -245,12 +261,12 @@ mod tests {
     use super::*;
     use mixer_core::mixers::glr::{GlrConfig, On};
 
-    fn pow2(ce: bool, t: usize) -> (usize, usize) {
-        let f = mixer_registry::pattern("pow2").unwrap().offset;
-        let cfg = GlrConfig { pattern: "pow2".into(), cache_efficient: ce, order: None, on: On::B };
+    fn near(pattern: &str, ce: bool, t: usize) -> ([usize; 4], usize) {
+        let f = mixer_registry::pattern(pattern).unwrap().offset;
+        let cfg = GlrConfig { pattern: pattern.into(), cache_efficient: ce, order: None, on: On::B };
         let glr = Glr::new("glr", cfg, f).unwrap();
         let (off, strides) = table(&glr, t).unwrap();
-        (near_taps(&off, &strides, ce), short_taps(&off))
+        (TILES.map(|tile| near_taps(&off, &strides, ce, tile)), short_taps(&off))
     }
 
     /// The layouts the H200 ran in session 8 (the CuPy harness computes them with its own
@@ -259,30 +275,50 @@ mod tests {
     #[test]
     fn pow2_layouts_match_the_kernel_runs() {
         let limit = 219 << 10;
-        let (knear, short) = pow2(false, 65536);
-        assert_eq!((knear, short), (7, 2));
-        let l = Layout::choose(knear, short, 4, limit);
-        assert_eq!(l, Layout { nn: 7, k2: 2, nl: 5, farnear: false, smem: 53_280 });
-        let (knear, short) = pow2(true, 65536);
-        assert_eq!((knear, short), (8, 2));
-        assert_eq!(Layout::choose(knear, short, 4, limit).smem, 69_664);
-        assert_eq!(Layout::choose(knear, short, 4, limit).nl, 6);
+        let (kn, short) = near("pow2", false, 65536);
+        assert_eq!((kn[0], short), (7, 2));
+        let l = Layout::choose(kn, short, 4, limit);
+        assert_eq!(l, Layout { tile: 64, knear: 7, nn: 7, k2: 2, nl: 5, farnear: false, smem: 53_280 });
+        let (kn, short) = near("pow2", true, 65536);
+        assert_eq!((kn[0], short), (8, 2));
+        assert_eq!(Layout::choose(kn, short, 4, limit).smem, 69_664);
+        assert_eq!(Layout::choose(kn, short, 4, limit).nl, 6);
+    }
+
+    /// Many small offsets (`f(k) = k + 1`: 127 taps reach the last two tiles of 64) take tiles of
+    /// 8 tokens, where 15 do and all are listed; a pattern whose near taps fit keeps tiles of 64.
+    #[test]
+    fn many_near_taps_take_shorter_tiles() {
+        let off: Vec<i64> = (1..=255).collect();
+        let ones = vec![1; off.len()];
+        let kn = TILES.map(|tile| near_taps(&off, &ones, false, tile));
+        assert_eq!(kn, [127, 63, 31, 15]);
+        let l = Layout::choose(kn, short_taps(&off), 4, 219 << 10);
+        assert_eq!((l.tile, l.knear, l.nn, l.k2, l.nl, l.farnear), (8, 15, 15, 2, 13, false));
+        assert_eq!(l.smem, smem_bytes(13, 4, 8));
+        assert!(l.defines().contains(&"-DGLR_L=8".to_string()));
+        // None fits: the shortest tile, its near taps beyond the list to the sequential warp.
+        let l = Layout::choose([200, 100, 50, 25], 2, 4, 219 << 10);
+        assert_eq!((l.tile, l.knear, l.nn, l.farnear), (8, 25, 16, true));
+        let (kn, _) = near("sq1", false, 4096);
+        assert_eq!(Layout::choose(kn, 2, 4, 219 << 10).tile, 64, "{kn:?}");
     }
 
     /// A tight shared-memory ceiling shortens the sorted taps (and the list), leaving the near
     /// taps beyond them to the sequential warp; the list never counts the taps with f(k) ≤ 2.
     #[test]
     fn short_shared_memory_moves_near_taps_to_the_sequential_warp() {
-        let full = Layout::choose(16, 2, 8, usize::MAX);
-        assert_eq!((full.nn, full.nl, full.farnear), (16, 14, false));
-        let tight = Layout::choose(16, 2, 8, full.smem - 1);
+        let at64 = |n: usize| [n, n, n, n];
+        let full = Layout::choose(at64(16), 2, 8, usize::MAX);
+        assert_eq!((full.tile, full.nn, full.nl, full.farnear), (64, 16, 14, false));
+        let tight = Layout::choose(at64(16), 2, 8, full.smem - 1);
         assert!(tight.nn < 16 && tight.farnear && tight.smem < full.smem);
         assert_eq!(tight.nl, tight.nn - 2);
-        let one = Layout::choose(16, 2, 8, 0);
+        let one = Layout::choose(at64(16), 2, 8, 0);
         assert_eq!((one.nn, one.k2, one.nl, one.farnear), (1, 1, 0, true));
         assert_eq!(
-            Layout::choose(0, 0, 4, usize::MAX),
-            Layout { nn: 1, k2: 0, nl: 0, farnear: false, smem: smem_bytes(0, 4) }
+            Layout::choose(at64(0), 0, 4, usize::MAX),
+            Layout { tile: 64, knear: 0, nn: 1, k2: 0, nl: 0, farnear: false, smem: smem_bytes(0, 4, 64) }
         );
     }
 }

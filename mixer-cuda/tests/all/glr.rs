@@ -57,10 +57,10 @@ fn glr_cuda_plugin_pattern() {
     common::cross_check("fibonacci-glr", r#"{"cache_efficient": true}"#, &common::sizes(&[37]), &WANT);
 }
 
-/// The tiled kernel over many tiles (64 tokens each) and a channel count that is not a multiple
-/// of the block's 8: taps that reach the previous tile, far taps, more near taps than the
-/// unrolled 12 (`kth-order` 20, `dense-recurrence`), and near taps whose β is read from global
-/// memory because shared memory holds fewer (`dense-recurrence`, 127 near taps).
+/// The tiled kernel over many tiles (64 tokens each, 8 for patterns with many small offsets) and a
+/// channel count that is not a multiple of the block's 8: taps that reach the previous tile, far
+/// taps, and patterns whose near taps at tiles of 64 outnumber a gather list (`kth-order` 20,
+/// `dense-recurrence` 127), which run tiles of 8 tokens (`glr::fast::TILES`).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn glr_cuda_many_tiles() {
