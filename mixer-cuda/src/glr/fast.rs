@@ -79,12 +79,19 @@ pub(crate) fn device_table(glr: &Glr, t: usize) -> Result<Arc<DeviceTable>> {
     Ok(d)
 }
 
-/// Tokens per tile (`GLR_L`), in the order [`Layout::choose`] tries them: 64, or a shorter tile
-/// where more near taps than [`MAX_LIST`] reach the last two tiles of 64 (patterns with many small
-/// offsets, such as the dense recurrence `f(k) = k + 1`), which the sequential warp would otherwise
-/// add one by one on its critical path; with shorter tiles those taps are final before the tile
-/// that reads them and the gathering threads add them, many loads in flight.
+/// Tokens per tile (`GLR_L`), in the order [`Layout::choose`] tries them: 64, or, up to
+/// [`SHORT_TILES_MAX_T`] tokens, a shorter tile where more near taps than [`MAX_LIST`] reach the
+/// last two tiles of 64 (patterns with many small offsets, such as the dense recurrence
+/// `f(k) = k + 1`), which the sequential warp would otherwise add one by one on its critical path;
+/// with shorter tiles those taps are final before the tile that reads them and the gathering
+/// threads add them, many loads in flight.
 const TILES: [usize; 4] = [64, 32, 16, 8];
+/// The longest sequence that takes the shorter tiles: their gathering threads read every earlier
+/// token once per tile, `T²/L` loads per channel, which wins while `T` is short and loses at long
+/// ones. Measured on the H200 (dense recurrence, C = 64, `mixers bench`, 2026-12-03), tiles of 8
+/// against 64: 1.00 against 29.9 ms at (B, T) = (64, 256), 16.0 against 36.2 ms at (8, 1024),
+/// 251 against 154 ms at (1, 4096).
+const SHORT_TILES_MAX_T: usize = 1024;
 /// Channels per block (`GLR_CH`).
 const CHANNELS: usize = 8;
 /// Threads per block at tiles of `tile` tokens: the sequential warp and one thread per (token,
@@ -128,11 +135,16 @@ struct Layout {
 
 impl Layout {
     /// For the near-tap counts `near` at each tile of [`TILES`], of which `short` have `f(k) ≤ 2`,
-    /// elements of `elem` bytes and a shared-memory ceiling `limit`: the longest tile whose near
-    /// taps all fit a list of [`MAX_LIST`] (the shortest tile where none does), and the longest
-    /// list at it that fits the shared memory.
-    fn choose(near: [usize; TILES.len()], short: usize, elem: usize, limit: usize) -> Layout {
-        let i = near.iter().position(|&n| n <= MAX_LIST).unwrap_or(TILES.len() - 1);
+    /// a sequence of `t_len` tokens, elements of `elem` bytes and a shared-memory ceiling `limit`:
+    /// the longest tile whose near taps all fit a list of [`MAX_LIST`] (the shortest tile where
+    /// none does; always 64 beyond [`SHORT_TILES_MAX_T`] tokens), and the longest list at it that
+    /// fits the shared memory.
+    fn choose(near: [usize; TILES.len()], short: usize, t_len: usize, elem: usize, limit: usize) -> Layout {
+        let i = if t_len > SHORT_TILES_MAX_T {
+            0
+        } else {
+            near.iter().position(|&n| n <= MAX_LIST).unwrap_or(TILES.len() - 1)
+        };
         let (tile, knear) = (TILES[i], near[i]);
         // Taps k < nn are sorted by the gathering threads; entries short..min(knear, nn) can be listed.
         let list_len = |nn: usize| knear.min(nn).saturating_sub(short);
@@ -231,7 +243,7 @@ pub(crate) fn tiled<F: GpuReal>(
 ) -> Result<Pooled<F>> {
     let k = tab.k;
     let na = if has_a { k + 1 } else { 1 };
-    let lay = Layout::choose(tab.near, tab.short, std::mem::size_of::<F>(), max_dynamic_smem());
+    let lay = Layout::choose(tab.near, tab.short, t, std::mem::size_of::<F>(), max_dynamic_smem());
     let g = gpu()?;
     let mut opts = lay.defines().to_vec();
     if rev {
@@ -277,12 +289,12 @@ mod tests {
         let limit = 219 << 10;
         let (kn, short) = near("pow2", false, 65536);
         assert_eq!((kn[0], short), (7, 2));
-        let l = Layout::choose(kn, short, 4, limit);
+        let l = Layout::choose(kn, short, 65536, 4, limit);
         assert_eq!(l, Layout { tile: 64, knear: 7, nn: 7, k2: 2, nl: 5, farnear: false, smem: 53_280 });
         let (kn, short) = near("pow2", true, 65536);
         assert_eq!((kn[0], short), (8, 2));
-        assert_eq!(Layout::choose(kn, short, 4, limit).smem, 69_664);
-        assert_eq!(Layout::choose(kn, short, 4, limit).nl, 6);
+        assert_eq!(Layout::choose(kn, short, 65536, 4, limit).smem, 69_664);
+        assert_eq!(Layout::choose(kn, short, 65536, 4, limit).nl, 6);
     }
 
     /// Many small offsets (`f(k) = k + 1`: 127 taps reach the last two tiles of 64) take tiles of
@@ -293,15 +305,19 @@ mod tests {
         let ones = vec![1; off.len()];
         let kn = TILES.map(|tile| near_taps(&off, &ones, false, tile));
         assert_eq!(kn, [127, 63, 31, 15]);
-        let l = Layout::choose(kn, short_taps(&off), 4, 219 << 10);
+        let l = Layout::choose(kn, short_taps(&off), 256, 4, 219 << 10);
         assert_eq!((l.tile, l.knear, l.nn, l.k2, l.nl, l.farnear), (8, 15, 15, 2, 13, false));
         assert_eq!(l.smem, smem_bytes(13, 4, 8));
         assert!(l.defines().contains(&"-DGLR_L=8".to_string()));
         // None fits: the shortest tile, its near taps beyond the list to the sequential warp.
-        let l = Layout::choose([200, 100, 50, 25], 2, 4, 219 << 10);
+        let l = Layout::choose([200, 100, 50, 25], 2, 1000, 4, 219 << 10);
         assert_eq!((l.tile, l.knear, l.nn, l.farnear), (8, 25, 16, true));
         let (kn, _) = near("sq1", false, 4096);
-        assert_eq!(Layout::choose(kn, 2, 4, 219 << 10).tile, 64, "{kn:?}");
+        assert_eq!(Layout::choose(kn, 2, 4096, 4, 219 << 10).tile, 64, "{kn:?}");
+        // Long sequences keep tiles of 64 whatever their near taps.
+        let l = Layout::choose([127, 63, 31, 15], 2, 4096, 4, 219 << 10);
+        assert_eq!((l.tile, l.knear, l.nn, l.farnear), (64, 127, 16, true));
+        assert_eq!(Layout::choose([127, 63, 31, 15], 2, 1024, 4, 219 << 10).tile, 8);
     }
 
     /// A tight shared-memory ceiling shortens the sorted taps (and the list), leaving the near
@@ -309,15 +325,15 @@ mod tests {
     #[test]
     fn short_shared_memory_moves_near_taps_to_the_sequential_warp() {
         let at64 = |n: usize| [n, n, n, n];
-        let full = Layout::choose(at64(16), 2, 8, usize::MAX);
+        let full = Layout::choose(at64(16), 2, 100, 8, usize::MAX);
         assert_eq!((full.tile, full.nn, full.nl, full.farnear), (64, 16, 14, false));
-        let tight = Layout::choose(at64(16), 2, 8, full.smem - 1);
+        let tight = Layout::choose(at64(16), 2, 100, 8, full.smem - 1);
         assert!(tight.nn < 16 && tight.farnear && tight.smem < full.smem);
         assert_eq!(tight.nl, tight.nn - 2);
-        let one = Layout::choose(at64(16), 2, 8, 0);
+        let one = Layout::choose(at64(16), 2, 100, 8, 0);
         assert_eq!((one.nn, one.k2, one.nl, one.farnear), (1, 1, 0, true));
         assert_eq!(
-            Layout::choose(at64(0), 0, 4, usize::MAX),
+            Layout::choose(at64(0), 0, 100, 4, usize::MAX),
             Layout { tile: 64, knear: 0, nn: 1, k2: 0, nl: 0, farnear: false, smem: smem_bytes(0, 4, 64) }
         );
     }
