@@ -166,6 +166,16 @@ class MixerLayer(nn.Module):
     def _run(self, **inputs):
         return mixers.run(self.name, self.config, backend=self.backend, form=self.form, **inputs)
 
+    def slot_scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """``z [B, T, K, H]``: ``q_t · k_{src(t, j)}`` per slot ``j`` and head, from ``q, k [B, T, H, dh]``:
+        every score of a head (``[B, T, H, T]``) and then each slot's, which costs less than
+        gathering each slot's key (``[B, T, K, H, dh]``, whose backward scatters into ``k``) once
+        ``K·dh`` nears ``T`` (the dense recurrence: ``K = T − 1``)."""
+        b, t, h, _ = q.shape
+        s = torch.einsum("bthd,bshd->bths", q, k)
+        idx = self.src[None, :, None, :].expand(b, t, h, self.src.shape[1])
+        return torch.gather(s, 3, idx).transpose(2, 3)
+
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         b, t, _ = u.shape
         if t != self.t:
@@ -176,8 +186,7 @@ class MixerLayer(nn.Module):
             y = self._run(q=heads(self.wq(u)), k=heads(self.wk(u)), v=heads(self.wv(u)))
         elif self.fam == "glr":
             q, k = heads(self.wq(u)), heads(self.wk(u))
-            ks = k[:, self.src]  # [B, T, K, H, dh]: the key of each slot's source
-            z = torch.einsum("bthd,btjhd->btjh", q, ks) / math.sqrt(dh) + self.slot_bias
+            z = self.slot_scores(q, k) / math.sqrt(dh) + self.slot_bias
             mask = self.active[None, :, :, None]
             p = torch.softmax(z.masked_fill(~mask, -1e30), dim=2) * mask  # no active slot: 0
             gamma = torch.sigmoid(self.wgamma(u))  # [B, T, H]

@@ -17,7 +17,7 @@ import torch
 sys.path.append(os.path.join(os.path.dirname(__file__), ".."))
 
 from experiments import report, runner, settings  # noqa: E402
-from experiments.model import Model, glr_sources  # noqa: E402
+from experiments.model import MixerLayer, Model, glr_sources  # noqa: E402
 from experiments.tasks import IGNORE, Split, TaskConfig, TrainStream, generate, token_hash  # noqa: E402
 from experiments.train import RunConfig, lr_at, train  # noqa: E402
 
@@ -146,6 +146,21 @@ def test_glr_sources_are_the_patterns_offsets(name, config, t, expected):
     src = glr_sources(name, json.dumps(config, sort_keys=True), 20)
     assert [s for s in src[t].tolist() if s >= 0] == expected
     assert (src[0] == -1).all()
+
+
+@pytest.mark.parametrize("name,config", [("glr", {"pattern": "pow2"}), ("dense-recurrence", {})])
+def test_glr_slot_scores_are_each_slots_key(name, config):
+    """The GLR layer's slot scores equal q_t · k_src(t, j) formed slot by slot, forward and backward."""
+    layer = MixerLayer(name, config, width=8, heads=2, seq=13, layers=1).double()
+    q, k = (torch.randn(3, 13, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    got = layer.slot_scores(q, k)
+    want = torch.einsum("bthd,btjhd->btjh", q, k[:, layer.src])
+    assert got.shape == want.shape == (3, 13, layer.src.shape[1], 2)
+    assert torch.allclose(got, want, atol=1e-12)
+    w = torch.randn_like(got)
+    g1 = torch.autograd.grad((got * w).sum(), (q, k))
+    g2 = torch.autograd.grad((want * w).sum(), (q, k))
+    assert all(torch.allclose(a, b, atol=1e-12) for a, b in zip(g1, g2))
 
 
 ALL_ROWS = settings.TABLE1_ROWS + settings.MQAR_ROWS + [settings.TOEPLITZ_ROWS[1]]
