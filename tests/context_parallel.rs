@@ -176,8 +176,9 @@ fn check_splits(
     runs
 }
 
-/// The GLR on a lattice and on translation-invariant patterns, on `b` and on `a`, from states at
-/// positions past 0 (inputs with room for them, `Mixer::state_check_dims`).
+/// The GLR on a lattice and on translation-invariant patterns, on `b`, on `a` and on both (two
+/// kept streams), from states at positions past 0 (inputs with room for them,
+/// `Mixer::state_check_dims`).
 #[test]
 fn glr_ranks_equal_one_device_at_every_split() {
     let mut bad = Vec::new();
@@ -186,6 +187,8 @@ fn glr_ranks_equal_one_device_at_every_split() {
         ("glr", serde_json::json!({"pattern": "pow2", "cache_efficient": true})),
         ("glr", serde_json::json!({"pattern": "sq1"})),
         ("glr", serde_json::json!({"pattern": "pow2", "on": "a"})),
+        ("glr", serde_json::json!({"pattern": "sq1", "on": "both"})),
+        ("glr", serde_json::json!({"pattern": "pow2", "cache_efficient": true, "on": "both"})),
         ("kth-order", serde_json::json!({"order": 3})),
         ("diagonal-ssm", serde_json::json!({})),
     ];
@@ -294,6 +297,7 @@ fn two_ranks_equal_one_device_at_every_split_point() {
         ("gated-deltanet", serde_json::json!({"scale": 0.5})),
         ("loglinear-gated-deltanet", serde_json::json!({"scale": 0.5})),
         ("glr", serde_json::json!({"pattern": "pow2", "cache_efficient": true})),
+        ("glr", serde_json::json!({"pattern": "pow2", "on": "both"})),
     ];
     for (name, config) in cases {
         let m = mixer(name, &config).unwrap();
