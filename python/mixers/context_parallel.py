@@ -21,9 +21,10 @@ state in the slots that are live at its start position (bit ``i`` of the positio
 ``v`` widened by ``L·K`` zero columns; the ranks first all-gather their parts' lengths, which
 give every rank its start position.
 
-The GLR's state is its kept stream (``y``, or ``x`` with the pattern on ``A``) ``[B, R, C]`` and
-a position: a part's map is linear per channel in the start rows, ``tr [B, R, C, R]``, read off
-one run in which every channel is repeated ``R`` times with ``x = 0``, copy ``C + c·R + i``
+The GLR's state is its kept stream (``y``, or ``x`` with the pattern on ``A``, both with
+``on="both"``) ``[B, R, C]`` and a position: a part's map is linear per channel in the start
+rows (the streams stacked, ``N = S·R`` rows for ``S`` streams), ``tr [B, N, C, N]``, read off
+one run in which every channel is repeated ``N`` times with ``x = 0``, copy ``C + c·N + i``
 started from 1 in row ``i`` for every row that holds a value at the start position
 (``_mixers.glr_kept_rows``).
 """
@@ -139,24 +140,36 @@ def _glr(name, config, group, initial_state, output_final_state, inputs):
     cfg = json.dumps(config or {}, sort_keys=True)
     shapes = {k: list(v.shape) for k, v in inputs.items()}
     layout = _mixers.state_shapes(name, shapes, cfg)
-    stream = next(k for k in layout if k != "position")
-    r = layout[stream][1]
+    # The kept streams (one, or x and y with the pattern on both sides), stacked on the row axis.
+    streams = [k for k in layout if k != "position"]
+    r = layout[streams[0]][1]
+    n = len(streams) * r
     start = _start_positions(t, b, initial_state, group)
-    s = torch.zeros(b, r, c, dtype=work, device=x.device) if initial_state is None else initial_state[stream].to(work)
-    basis = torch.zeros(b, r, c + c * r, dtype=work, device=x.device)
+    s = torch.zeros(b, n, c, dtype=work, device=x.device) if initial_state is None else \
+        torch.cat([initial_state[k].to(work) for k in streams], dim=1)
+    basis = torch.zeros(b, n, c + c * n, dtype=work, device=x.device)
     for bi, p in enumerate(start):
         for i, live in enumerate(_mixers.glr_kept_rows(name, shapes, p, cfg)):
             if live:
-                basis[bi, i, c + i::r] = 1.0
+                for j in range(i, n, r):
+                    basis[bi, j, c + j::n] = 1.0
     position = torch.tensor(start, dtype=work, device=x.device)
-    # Channel C + c·R + i repeats channel c (its input x zero).
-    widened = {k: torch.cat([v, (torch.zeros_like(v) if k == "x" else v).repeat_interleave(r, dim=-1)], dim=-1)
+
+    def split(rows):
+        return {k: rows[:, i * r:(i + 1) * r].contiguous() for i, k in enumerate(streams)} | {"position": position}
+
+    # Channel C + c·N + i repeats channel c (its input x zero).
+    widened = {k: torch.cat([v, (torch.zeros_like(v) if k == "x" else v).repeat_interleave(n, dim=-1)], dim=-1)
                for k, v in inputs.items()}
-    end = _agreed(lambda: run(name, config, initial_state={stream: basis, "position": position},
-                              output_final_state=True, **widened)[1][stream], group, x.device)
-    s = _chain(end, s, lambda s, e: torch.einsum("bjci,bic->bjc", e[:, :, c:].reshape(b, r, c, r), s) + e[:, :, :c],
+
+    def ends():
+        fin = run(name, config, initial_state=split(basis), output_final_state=True, **widened)[1]
+        return torch.cat([fin[k] for k in streams], dim=1)
+
+    end = _agreed(ends, group, x.device)
+    s = _chain(end, s, lambda s, e: torch.einsum("bjci,bic->bjc", e[:, :, c:].reshape(b, n, c, n), s) + e[:, :, :c],
                group)
-    return _finish(name, config, {stream: s, "position": position}, output_final_state, inputs)
+    return _finish(name, config, split(s), output_final_state, inputs)
 
 
 def _lifted(name, config, group, initial_state, output_final_state, inputs):

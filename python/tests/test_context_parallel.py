@@ -2,7 +2,8 @@
 group (processes on this machine) give one process's ``y``, final state and gradients (every
 input's, and the initial state's summed over the ranks), float64, for the three base mixers and
 their lifts (level states and a position, from a prefix's final state), and the GLR (its kept
-stream and a position, from a prefix's state); the other mixers refused."""
+streams and a position, from a prefix's state; on B, on A and on both); the other mixers
+refused."""
 
 import os
 import socket
@@ -34,7 +35,7 @@ def _case(name, seq):
         x = {k: v[:, 13:].clone() for k, v in pre.items()}
         _, s0 = mixers.run("glr", _config(name), output_final_state=True, **{k: v[:, :13] for k, v in pre.items()})
         dy = torch.randn(x["x"].shape, dtype=torch.float64, generator=g)
-        return x, s0, dy, {_key(s0): torch.randn(s0[_key(s0)].shape, dtype=torch.float64, generator=g)}
+        return x, s0, dy, {k: torch.randn(s0[k].shape, dtype=torch.float64, generator=g) for k in _keys(s0)}
     x = inputs(name, seq=seq, **SIZES)
     b, _, h, dk = x["k"].shape
     dy = torch.randn(x["v"].shape, dtype=torch.float64, generator=g)
@@ -51,7 +52,9 @@ def _case(name, seq):
 
 
 _GLR = {"glr": {"pattern": "pow2"}, "glr/cache-efficient": {"pattern": "sq1", "cache_efficient": True},
-        "glr/on-a": {"pattern": "pow2", "on": "a"}}
+        "glr/on-a": {"pattern": "pow2", "on": "a"},
+        "glr/on-both": {"pattern": "sq1", "on": "both"},
+        "glr/on-both-cache-efficient": {"pattern": "pow2", "cache_efficient": True, "on": "both"}}
 
 
 def _config(case):
@@ -62,9 +65,9 @@ def _mixer(case):
     return case.split("/")[0]
 
 
-def _key(state):
-    """A state dict's tensor that takes a gradient (a lift's ``S``, the GLR's stream)."""
-    return next(k for k in state if k != "position")
+def _keys(state):
+    """A state dict's tensors that take a gradient (a lift's ``S``, the GLR's streams)."""
+    return [k for k in state if k != "position"]
 
 
 def _leaf(s0):
@@ -75,15 +78,15 @@ def _leaf(s0):
 
 
 def _fin_loss(fin, df):
-    return (fin[_key(fin)] * df[_key(fin)]).sum() if isinstance(fin, dict) else (fin * df).sum()
+    return sum((fin[k] * df[k]).sum() for k in _keys(fin)) if isinstance(fin, dict) else (fin * df).sum()
 
 
 def _grad(s0):
-    return s0[_key(s0)].grad if isinstance(s0, dict) else s0.grad
+    return torch.cat([s0[k].grad for k in _keys(s0)]) if isinstance(s0, dict) else s0.grad
 
 
 def _value(fin):
-    return fin[_key(fin)].detach() if isinstance(fin, dict) else fin.detach()
+    return torch.cat([fin[k].detach() for k in _keys(fin)]) if isinstance(fin, dict) else fin.detach()
 
 
 def _rank(rank, world, port, name, seq, cuts, out):
