@@ -3,7 +3,7 @@
 use mixer_registry::Availability;
 
 /// Whether the CUDA driver library can be loaded and a device exists. The first call creates
-/// the backend's context on device 0 (see [`crate::runtime::gpu`]); later calls reuse it.
+/// the backend's context on its device (see [`crate::runtime::gpu`]); later calls reuse it.
 pub fn probe() -> Availability {
     match crate::runtime::gpu() {
         Ok(g) => {

@@ -4,7 +4,7 @@
 //! loading) and checks that the driver library is present before touching it, because cudarc
 //! panics when it is missing.
 //!
-//! - [`runtime`]: the lazily created context and stream on device 0, a caller's stream lent
+//! - [`runtime`]: the lazily created context and stream on one device ([`runtime::select_device`]), a caller's stream lent
 //!   for one call ([`on_stream`]), the NVRTC module cache (compiled for the device's compute
 //!   capability), the count of host waits, errors as `Error::Backend { backend: "cuda", .. }`.
 //! - [`tensor`]: device tensors ([`DeviceTensor`], `f32`/`f64`/`bf16`, zero-copy batch views,
@@ -59,6 +59,7 @@ pub mod forms;
 pub mod glr;
 pub mod kernels;
 pub mod loglinear;
+pub mod nccl;
 pub mod nvrtc;
 pub mod pool;
 pub mod runtime;

@@ -147,7 +147,7 @@ impl<T: DeviceRepr + 'static> Pooled<T> {
 /// buffer: nothing is copied, and dropping it drops `owner` and never frees the memory.
 ///
 /// # Safety
-/// `ptr` must address at least `n` elements of `T` (any bytes, read as `T`) in device 0's
+/// `ptr` must address at least `n` elements of `T` (any bytes, read as `T`) in the backend device's
 /// primary context, valid while `owner` lives and while work enqueued on it runs.
 pub unsafe fn borrowed<T: DeviceRepr + 'static>(
     ptr: u64,

@@ -1,5 +1,6 @@
-//! The process-wide CUDA runtime of this backend: one context on device 0 (the device's primary
-//! context, the one PyTorch uses) with its own stream, created lazily (after checking that the driver library exists, since cudarc panics when
+//! The process-wide CUDA runtime of this backend: one context on one device (the device's primary
+//! context, the one PyTorch uses; device 0 unless [`select_device`] or `MIXERS_CUDA_DEVICE` chose
+//! another before first use, so that one process per GPU works) with its own stream, created lazily (after checking that the driver library exists, since cudarc panics when
 //! it does not), an NVRTC module cache keyed by (source, options), host↔device copies of
 //! `ndarray` tensors, and the error conversions to [`mixer_core::Error::Backend`].
 //!
@@ -37,8 +38,10 @@ type FunctionKey = (String, Vec<String>, String);
 
 /// The lazily created CUDA state shared by every kernel of this backend.
 pub struct Gpu {
-    /// Context on device 0 (the primary context).
+    /// Context on the device (its primary context).
     pub ctx: Arc<CudaContext>,
+    /// The device's ordinal ([`select_device`]).
+    pub ordinal: usize,
     /// The backend's own stream: where work goes outside [`on_stream`] ([`Gpu::stream`]).
     own_stream: Arc<CudaStream>,
     /// Compute capability `(major, minor)`.
@@ -63,8 +66,70 @@ impl std::fmt::Debug for Gpu {
 }
 
 static GPU: OnceLock<std::result::Result<Gpu, String>> = OnceLock::new();
+/// The device choice: the ordinal [`select_device`] chose, and whether the backend has started
+/// (then `ordinal` is the one it started on).
+struct Choice {
+    ordinal: Option<usize>,
+    started: bool,
+}
+static CHOICE: Mutex<Choice> = Mutex::new(Choice { ordinal: None, started: false });
+/// The environment variable that chooses the device when [`select_device`] was not called.
+pub const DEVICE_VAR: &str = "MIXERS_CUDA_DEVICE";
+
+/// Chooses the device (by ordinal, as the driver counts them) on which this process's backend
+/// runs, before its first use; once the backend has started, choosing the device it started on
+/// is a no-op and any other an error (one process runs on one device: start one process per
+/// GPU, as `torch.distributed` does). Without a choice the backend takes `MIXERS_CUDA_DEVICE`,
+/// else device 0. An ordinal beyond the devices is reported when the backend starts.
+pub fn select_device(ordinal: usize) -> Result<()> {
+    CHOICE.lock().map_err(|_| err("runtime", "the device choice's lock is poisoned"))?.select(ordinal)
+}
+
+impl Choice {
+    /// [`select_device`] on this choice.
+    fn select(&mut self, ordinal: usize) -> Result<()> {
+        match (self.started, self.ordinal) {
+            (false, _) => self.ordinal = Some(ordinal),
+            (true, Some(o)) if o == ordinal => {}
+            (true, started_on) => {
+                return Err(Error::Value {
+                    name: "CUDA device".into(),
+                    constraint: format!(
+                        "the device this process's CUDA backend already started on, {} (one device per \
+                         process: run one process per GPU)",
+                        started_on.map_or("none".into(), |o| o.to_string())
+                    ),
+                    found: ordinal.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the backend started and returns the ordinal it starts on: the chosen one, else
+    /// `env` (`MIXERS_CUDA_DEVICE`'s value), else 0.
+    fn start(&mut self, env: Option<String>) -> std::result::Result<usize, String> {
+        self.started = true;
+        let o = match (self.ordinal, env) {
+            (Some(o), _) => o,
+            (None, None) => 0,
+            (None, Some(v)) => v.trim().parse::<usize>().map_err(|_| {
+                format!("{DEVICE_VAR} must be a device ordinal (a non-negative integer), got {v:?}")
+            })?,
+        };
+        self.ordinal = Some(o);
+        Ok(o)
+    }
+}
+
+/// [`Choice::start`] of the process's choice.
+fn start_ordinal() -> std::result::Result<usize, String> {
+    let mut c = CHOICE.lock().map_err(|_| "the device choice's lock is poisoned".to_string())?;
+    c.start(std::env::var(DEVICE_VAR).ok())
+}
 
 fn create() -> std::result::Result<Gpu, String> {
+    let ordinal = start_ordinal()?;
     // SAFETY: only attempts to dlopen the driver library; no driver call is made before it.
     let present =
         std::panic::catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() }).unwrap_or(false);
@@ -81,7 +146,14 @@ fn create() -> std::result::Result<Gpu, String> {
         Ok(n) => n,
         Err(e) => return Err(format!("cannot count devices: {e}")),
     };
-    let ctx = CudaContext::new(0).map_err(|e| format!("cannot create a context on device 0: {e}"))?;
+    if ordinal >= count as usize {
+        return Err(format!(
+            "device {ordinal} was chosen, but the driver reports {count} device(s) (0 to {})",
+            count - 1
+        ));
+    }
+    let ctx =
+        CudaContext::new(ordinal).map_err(|e| format!("cannot create a context on device {ordinal}: {e}"))?;
     let cc = ctx.compute_capability().map_err(|e| format!("cannot read the compute capability: {e}"))?;
     let name = ctx.name().unwrap_or_else(|_| "unknown device".into());
     // SAFETY: the backend creates no stream of its own (`new_stream`), so cudarc never orders
@@ -101,6 +173,7 @@ fn create() -> std::result::Result<Gpu, String> {
         .max(1) as usize;
     Ok(Gpu {
         ctx,
+        ordinal,
         own_stream,
         cc,
         name,
@@ -157,7 +230,7 @@ pub(crate) fn scoped<T: 'static, R>(
 /// dropping it leaves the stream alone.
 ///
 /// # Safety
-/// `handle` must be a live stream of device 0's primary context (or 0, the legacy default
+/// `handle` must be a live stream of the backend's device's primary context (or 0, the legacy default
 /// stream), and stay alive while the returned stream or work enqueued through it is in use.
 pub unsafe fn borrowed_stream(handle: u64) -> Result<Arc<CudaStream>> {
     let g = gpu()?;
@@ -421,3 +494,31 @@ macro_rules! launch {
 }
 #[allow(unused_imports)]
 pub(crate) use launch;
+
+#[cfg(test)]
+mod tests {
+    use super::Choice;
+
+    /// Before the backend starts a choice may change; the start takes it (else the variable's
+    /// ordinal, else 0); afterwards only the ordinal it started on is accepted.
+    #[test]
+    fn the_device_is_chosen_before_the_start_and_fixed_after() {
+        let mut c = Choice { ordinal: None, started: false };
+        assert_eq!(c.start(None), Ok(0));
+        assert!(c.select(0).is_ok());
+        let e = c.select(1).unwrap_err().to_string();
+        assert!(e.contains("already started on, 0") && e.contains('1'), "{e}");
+
+        let mut c = Choice { ordinal: None, started: false };
+        c.select(3).unwrap();
+        c.select(2).unwrap();
+        assert_eq!(c.start(Some("5".into())), Ok(2));
+        assert!(c.select(2).is_ok() && c.select(3).is_err());
+
+        let mut c = Choice { ordinal: None, started: false };
+        assert_eq!(c.start(Some(" 1 ".into())), Ok(1));
+        let mut c = Choice { ordinal: None, started: false };
+        let e = c.start(Some("gpu1".into())).unwrap_err();
+        assert!(e.contains("MIXERS_CUDA_DEVICE") && e.contains("\"gpu1\""), "{e}");
+    }
+}

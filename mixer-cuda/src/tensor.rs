@@ -167,7 +167,7 @@ impl<T: DeviceScalar> DeviceTensor<T> {
     /// written in place, never freed; `owner` is dropped with the last view of it.
     ///
     /// # Safety
-    /// `ptr` must address `prod(shape)` elements of `T` in device 0's primary context, valid
+    /// `ptr` must address `prod(shape)` elements of `T` in the backend device's primary context, valid
     /// while `owner` lives and while work enqueued on them runs, and aligned to 16 bytes (the
     /// kernels' vector loads).
     pub unsafe fn borrowed(

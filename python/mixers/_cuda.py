@@ -1,6 +1,7 @@
 """The zero-copy CUDA path of the PyTorch ops.
 
-A call whose tensors are all CUDA tensors of device 0, run by the ``cuda`` backend in the
+A call whose tensors are all CUDA tensors of the backend's device (:func:`device`: one device a
+process, the first CUDA tensor's unless ``MIXERS_CUDA_DEVICE`` names it), run by the ``cuda`` backend in the
 ``parallel`` or ``fast`` form without ``cu_seqlens`` (and from a state only in the ``fast`` form
 and the ``exact`` mode, for the mixers whose state runs on device tensors: linear attention,
 Mamba-2, gated DeltaNet), goes here instead of through host copies:
@@ -53,8 +54,27 @@ def applies(tensors: Sequence[torch.Tensor], backend: str, form: str, stateful: 
         and form in ("fast", "parallel")
         and (not stateful or (form == "fast" and precision == "exact"))
         and cu_seqlens is None
-        and all(t.is_cuda and t.get_device() == 0 for t in tensors)
+        and all(t.is_cuda and t.get_device() == device(t) for t in tensors)
     )
+
+
+# The ordinal of the CUDA backend's device (None until the first CUDA tensor binds it).
+DEVICE: Optional[int] = None
+
+
+def device(t: torch.Tensor) -> int:
+    """The CUDA backend's device in this process: one device a process, bound on the first call
+    with a CUDA tensor to that tensor's device (``MIXERS_CUDA_DEVICE``, where set, chooses it
+    instead), as a process of ``torch.distributed`` works on one GPU; ``-1`` before a CUDA
+    tensor was seen, or where the backend cannot start. A tensor on another device takes the
+    host path (copied to the host and back), run on the backend's device."""
+    global DEVICE
+    if DEVICE is not None:
+        return DEVICE
+    if not t.is_cuda:
+        return -1
+    DEVICE = _mixers.cuda_bind_device(t.get_device())
+    return DEVICE
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,19 +209,21 @@ def forward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], c
 
 
 @functools.lru_cache(maxsize=None)
-def _allocator0():
-    """:func:`_allocator` of CUDA device 0."""
-    return _allocator(torch.device("cuda", 0))
+def _allocator_of(index: int):
+    """:func:`_allocator` of CUDA device ``index``."""
+    return _allocator(torch.device("cuda", index))
 
 
 def forward_plain(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], config: str, form: str,
                   precision: str) -> torch.Tensor:
-    """``y`` of :func:`forward` without a state, for tensors that are all on CUDA device 0 (the
+    """``y`` of :func:`forward` without a state, for tensors that are all on the backend's device (the
     caller has checked; :func:`applies` holds), enqueued on the current stream: the same library
     call, with less Python around it (the common call of :func:`mixers._ops.call`)."""
     keep, raw = _prepare(names, tensors, precision)
-    stream = _RAW_STREAM(0) if _RAW_STREAM is not None else torch.cuda.current_stream(0).cuda_stream
-    y, _ = _mixers.cuda_forward(mixer, raw, stream, _allocator0(), config=config, form=form, precision=precision)
+    index = DEVICE
+    stream = _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
+    y, _ = _mixers.cuda_forward(mixer, raw, stream, _allocator_of(index), config=config, form=form,
+                                precision=precision)
     del keep
     return _view(y)
 

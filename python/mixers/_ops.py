@@ -424,7 +424,7 @@ def _plan(mixer: str, names: Tuple[str, ...], config: str, form: str, backend: s
 
 def _plain_forward(plan, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """``y`` of the op's forward implementation for a call of ``plan`` (:func:`_plan`) whose
-    tensors are all on CUDA device 0: the zero-copy path, ``y`` in the mixed input's dtype."""
+    tensors are all on the CUDA backend's device: the zero-copy path, ``y`` in the mixed input's dtype."""
     mixer, names, config, form, _, precision, mixed = plan
     y = _cuda.forward_plain(mixer, names, tensors, config, form, precision)
     dtype = tensors[mixed].dtype
@@ -527,8 +527,9 @@ def call(
             and (form == "fast" or form == "parallel") and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active()):
         grad = False
+        dev = _cuda.DEVICE if _cuda.DEVICE is not None else _cuda.device(tensors[0])
         for t in tensors:
-            if not (t.is_cuda and t.get_device() == 0):
+            if not (t.is_cuda and t.get_device() == dev):
                 break
             if t.requires_grad:
                 grad = True

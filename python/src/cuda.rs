@@ -35,11 +35,24 @@ type Raw = (String, u64, Vec<usize>, String);
 /// the shape and the dtype.
 type Out = (Py<PyAny>, usize, Vec<usize>, &'static str);
 
+/// The device the CUDA backend runs on in this process, binding it to device `index` (the first
+/// CUDA tensor's) unless the backend has started or `MIXERS_CUDA_DEVICE` chooses it: the ordinal,
+/// or `-1` where the backend cannot start (the host path then reports why).
+#[pyfunction]
+pub fn cuda_bind_device(index: usize) -> i64 {
+    use mixers::cuda::runtime::{DEVICE_VAR, gpu, select_device};
+    if std::env::var_os(DEVICE_VAR).is_none() {
+        // An error only says that the backend started on another device, which `gpu()` tells.
+        let _ = select_device(index);
+    }
+    gpu().map_or(-1, |g| g.ordinal as i64)
+}
+
 /// A device tensor over the caller's memory, of the dtype named.
 fn borrowed(name: &str, ptr: u64, shape: &[usize], dtype: &str) -> mixer_core::Result<AnyDeviceTensor> {
     let unit = || Box::new(()) as Box<dyn Any + Send + Sync>;
     // SAFETY: the Python layer passes the `data_ptr()` of a contiguous CUDA tensor of this shape
-    // and dtype on device 0, and keeps the tensor alive for the call; the work is enqueued on
+    // and dtype on the backend's device, and keeps the tensor alive for the call; the work is enqueued on
     // the caller's current stream, which orders it before any later reuse of that memory.
     unsafe {
         Ok(match dtype {
@@ -96,7 +109,7 @@ fn enqueue<R: Send>(
 ) -> PyResult<R> {
     let alloc = allocator(alloc);
     py.detach(|| {
-        // SAFETY: `stream` is `torch.cuda.current_stream().cuda_stream` of device 0, alive for the
+        // SAFETY: `stream` is `torch.cuda.current_stream().cuda_stream` of the backend's device, alive for the
         // call (PyTorch owns it).
         let s = unsafe { mixers::cuda::borrowed_stream(stream) }?;
         mixers::cuda::on_stream(s, || mixers::cuda::pool::with_allocator(alloc, f))

@@ -31,8 +31,11 @@
 pub mod comm;
 mod glr;
 mod loglinear;
+mod nccl;
+pub mod wire;
 
 pub use comm::{Communicator, InProcess};
+pub use nccl::Nccl;
 
 use mixer_core::mixer::Mixer;
 use mixer_core::tensor::get;
