@@ -371,3 +371,18 @@ def test_parity_with_fla_forward(shape):
     o_b, _ = mixers.chunk_gated_delta_rule(q.to(bf), k.to(bf), v.to(bf), g, beta, precision="bf16")
     o_fb, _ = fla_chunk(q.to(bf), k.to(bf), v.to(bf), g, beta)
     _close(o_b.float(), o_fb.float(), (math.sqrt(2) * TOL["bf16"][0], TOL["bf16"][1] * 2), f"bf16 at {shape}")
+
+
+def test_the_backend_runs_on_the_first_cuda_tensors_device():
+    """One device a process: the first CUDA call binds the backend to its tensors' device (0
+    here); with a second GPU, tensors there take the host path and give the same ``y``."""
+    x = inputs("mamba2", seq=70, batch=1, heads=2, dk=16, dv=16)
+    on0 = {k: v.to("cuda:0", torch.float32) for k, v in x.items()}
+    y0 = mixers.run("mamba2", {"scale": 0.5}, **on0)
+    assert _cuda.DEVICE == 0 and _cuda.device(on0["v"]) == 0
+    if torch.cuda.device_count() > 1:
+        on1 = {k: v.to("cuda:1") for k, v in on0.items()}
+        assert not _cuda.applies(list(on1.values()), "cuda", "fast", False, None)
+        y1 = mixers.run("mamba2", {"scale": 0.5}, **on1)
+        assert y1.device == torch.device("cuda:1")
+        torch.testing.assert_close(y1.cpu(), y0.cpu(), rtol=1e-5, atol=1e-6)
