@@ -310,9 +310,9 @@ __device__ __forceinline__ void wg_rs(float (&d)[8][4], const u32 (&a)[4], u64 d
 
 #ifdef ATT_WGMMA
 // =======================================================================================
-// bf16 on Hopper's warpgroup MMA (the bf16 mode on compute capability 9.0, ATT_WM = 1, ATT_WARPS = 8,
-// ATT_D ∈ {64, 128, 256}, ATT_BK ∈ {64, 128}): the structure of attn_mma_bf16 with ATT_WM = 1, each
-// warpgroup owning 64 query rows. Tiles are stored as WG_NP panels of 64 columns (swz_panels),
+// bf16 on Hopper's warpgroup MMA (the bf16 mode on compute capability 9.0, ATT_WM = 1, ATT_WARPS = 8
+// or 12, ATT_D ∈ {64, 128, 256}, ATT_BK ∈ {64, 128}): the structure of attn_mma_bf16 with ATT_WM = 1,
+// each warpgroup owning 64 query rows. Tiles are stored as WG_NP panels of 64 columns (swz_panels),
 // 1024-byte aligned (128-byte swizzle atoms). S = Q Kᵀ as D/16 · BK/64 m64n64k16 wgmma with Q and K
 // from shared memory (K-major descriptors; k-step kt reads panel kt/4 at byte 32·(kt mod 4) of its
 // rows, each instruction 64 keys of it); the online softmax on

@@ -42,7 +42,7 @@ const WARPS: usize = 4;
 const WM: usize = 2;
 /// Keys per K/V tile.
 const BK: usize = 64;
-/// Warps per block of the `wgmma` kernel (two warpgroups, 16 query rows per warp).
+/// Warps per block of the `wgmma` kernel (two warpgroups, 16 query rows per warp; three at `D = 128`, [`shape`]).
 const WG_WARPS: usize = 8;
 
 /// The kernel of the bf16 mode.
@@ -78,7 +78,10 @@ pub fn applies_wgmma(dk: usize, dv: usize) -> bool {
 
 /// The rule for the tensor-core kernel's shape at head dim `d`: `(m-tiles per warp, warps)`.
 /// `wgmma` (bf16 on compute capability 9.0, [`applies_wgmma`]): two warpgroups of one m-tile per
-/// warp (128 rows). `mma.sync`: four warps of two
+/// warp (128 rows), three (192 rows) at `D = 128`, where with 128-key tiles a third warpgroup
+/// shares each K/V tile for one more third of the queries: on the H200 1.52 against 1.73 ms at
+/// (8, 4096, 16, 128) and 2.67 against 3.11 ms at (1, 16384, 16, 128), while at `D = 64` it does
+/// not win (1.04 against 0.98 ms at (8, 4096, 16, 64); `bench/gpu/attn_tune.py`). `mma.sync`: four warps of two
 /// m-tiles (128 rows) up to `D = 64`, of one (64 rows) above, where two m-tiles' output and Q
 /// fragments (`2·D/2 + 2·D/4` registers at `D = 128`) would spill. The split-tf32 kernel of the
 /// exact mode (`split`): eight warps of one m-tile (128 rows; its split fragments take the
@@ -87,6 +90,7 @@ pub fn applies_wgmma(dk: usize, dv: usize) -> bool {
 /// 18.2 against 18.7 at (8, 4096, 16, 128) (`bench/gpu/attn_tune.py --mode exact`).
 pub fn shape(d: usize, wgmma: bool, split: bool) -> (usize, usize) {
     match (wgmma, split, d <= 64) {
+        (true, ..) if d == 128 => (1, 3 * WG_WARPS / 2),
         (true, ..) => (1, WG_WARPS),
         (false, true, _) => (1, 2 * WARPS),
         (false, false, true) => (WM, WARPS),
@@ -316,16 +320,20 @@ mod tests {
         }
     }
 
-    /// Shapes: wgmma at D ∈ {64, 128, 256} in bf16 (256 only there); mma.sync two m-tiles per warp
-    /// up to 64, one above.
+    /// Shapes: wgmma at D ∈ {64, 128, 256} in bf16 (256 only there), three warpgroups at 128;
+    /// mma.sync two m-tiles per warp up to 64, one above.
     #[test]
     fn kernel_shapes_follow_the_head_dim() {
         let a = attention(None);
         let pl = |d, p, wg| plan(&a, [2, 1000, 3, d, d], p, wg).unwrap().unwrap();
-        for (d, bk) in [(64, 64), (128, 128), (256, 64)] {
+        for (d, bk, warps) in [(64, 64, 8), (128, 128, 12), (256, 64, 8)] {
             let w = pl(d, Precision::Bf16, true);
-            assert_eq!((w.kernel, w.block, w.grid), (Kernel::WgmmaBf16, 256, [8, 6]), "{d}");
-            assert_eq!(w.shared_mem, (128 * d + 4 * bk * d) * 2 + 1024, "{d}");
+            let bq = 16 * warps;
+            assert_eq!(
+                (w.kernel, w.block, w.grid),
+                (Kernel::WgmmaBf16, 32 * warps as u32, [1000u32.div_ceil(bq), 6])
+            );
+            assert_eq!(w.shared_mem, (bq as usize * d + 4 * bk * d) * 2 + 1024, "{d}");
             assert!(w.options.contains(&format!("-DATT_BK={bk}")), "{d}");
             assert!(
                 w.options.contains(&format!("-DATT_D={d}")) && w.options.contains(&"-DATT_WGMMA=1".into())

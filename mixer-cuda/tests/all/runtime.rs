@@ -24,9 +24,14 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
     }
     // The Hopper-only part of the attention source: the wgmma kernel, as the host compiles it.
     let src = mixer_cuda::kernels::ATTENTION_FUSED.full();
-    for d in [64, 128, 256] {
-        let extra: Vec<String> =
-            vec!["-DATT_WGMMA=1".into(), "-DATT_WM=1".into(), "-DATT_WARPS=8".into(), format!("-DATT_D={d}")];
+    for (d, warps, bk) in [(64, 8, 64), (128, 12, 128), (256, 8, 64)] {
+        let extra: Vec<String> = vec![
+            "-DATT_WGMMA=1".into(),
+            "-DATT_WM=1".into(),
+            format!("-DATT_WARPS={warps}"),
+            format!("-DATT_BK={bk}"),
+            format!("-DATT_D={d}"),
+        ];
         let n =
             compile_only_with("attention_fused", &src, "sm_90a", &extra).unwrap_or_else(|e| panic!("{e}"));
         assert!(n > 100, "attention_fused {extra:?}: PTX of {n} bytes");
