@@ -1,32 +1,38 @@
 """Context parallelism in PyTorch: one sequence split over the ranks of a ``torch.distributed``
 process group, each rank holding a contiguous part of the tokens (in rank order), for the
-log-linear base mixers (``linear-attention``, ``mamba2``, ``gated-deltanet``), with autograd.
+log-linear base mixers (``linear-attention``, ``mamba2``, ``gated-deltanet``), their lifts and
+the GLR, with autograd.
 
 The algorithm is the library's (docs/math.md §7.3, ``mixers::context_parallel`` in Rust): a
-part maps its start state affinely, ``S_end = S_start @ P + L`` (``S [B, H, V, K]``); each rank
-computes ``L`` (its part run from zeros) and ``P`` (its part run with ``v = 0`` of width ``K``
-from the identity) in one run (``v`` widened by ``K`` zero columns, from the state ``[0; I]``),
-the ranks all-gather them, and each chains the earlier ranks' maps from the
-initial state and runs its part from there. All three runs are the package's ops, and the
-all-gather is ``torch.distributed.nn.functional.all_gather``, which is differentiable, so
-``loss.backward()`` on every rank gives every rank's input gradients (and the initial state's)
-through the other ranks' parts. Only states and transitions cross ranks (``O(N·B·H·K·(K + V))``
-per call), never tokens.
+part maps its start state affinely, ``S_end = S_start @ P + L`` (``S [B, H, V, K]``), and its
+output is affine in it too, ``y_t = y_t^loc + S_start · r_t``, where ``y^loc`` is the part run
+from zeros and ``r_t`` what a unit start state adds to ``y_t`` (its *reach*). Each rank computes
+``(L, P)`` and ``(y^loc, r)`` in one run, the ranks all-gather ``(L, P)``, and each chains the
+earlier ranks' maps from the initial state to its start state ``S_r`` and adds ``S_r · r_t`` to
+``y^loc`` (no second run). For gated DeltaNet the run is the part's with ``v`` widened by ``K``
+zero columns from the state ``[0; I]``: its end state is ``[L; P]`` and the widened columns of
+``y_t`` are ``r_t = σ P_{≤t} q_t``. For Mamba-2 and linear attention ``P = e^{G_T} I`` and
+``r_t = σ e^{G_t} q_t`` are closed forms (``G`` the running sum of ``g``, zero for linear
+attention), so the run is the part's own. The runs are the package's ops, and the all-gather is
+``torch.distributed.nn.functional.all_gather``, which is differentiable, so ``loss.backward()``
+on every rank gives every rank's input gradients (and the initial state's) through the other
+ranks' parts, at the cost of the one run's backward. Only states and transitions cross ranks
+(``O(N·B·H·K·(K + V))`` per call), never tokens.
 
 The lifts (``loglinear-attention``, ``loglinear-mamba2``, ``loglinear-gated-deltanet``) carry
 Fenwick level states ``S [B, H, L, V, K]`` and a position (a state dict, docs/python.md): a
 part maps its start levels to its end levels, start slot ``i`` landing in one end slot times the
 base map (docs/math.md §7.3), so its transition is read off one run from a block-identity
 state in the slots that are live at its start position (bit ``i`` of the position set), with
-``v`` widened by ``L·K`` zero columns; the ranks first all-gather their parts' lengths, which
-give every rank its start position.
+``v`` widened by ``L·K`` zero columns, whose ``y`` columns are each slot's reach; the ranks first
+all-gather their parts' lengths, which give every rank its start position.
 
 The GLR's state is its kept stream (``y``, or ``x`` with the pattern on ``A``, both with
 ``on="both"``) ``[B, R, C]`` and a position: a part's map is linear per channel in the start
 rows (the streams stacked, ``N = S·R`` rows for ``S`` streams), ``tr [B, N, C, N]``, read off
 one run in which every channel is repeated ``N`` times with ``x = 0``, copy ``C + c·N + i``
 started from 1 in row ``i`` for every row that holds a value at the start position
-(``_mixers.glr_kept_rows``).
+(``_mixers.glr_kept_rows``); that copy's ``y`` is row ``i``'s reach in channel ``c``.
 """
 
 from __future__ import annotations
@@ -64,16 +70,41 @@ def context_parallel(name: str, config: Optional[dict] = None, *, group=None,
     work = torch.float64 if v.dtype == torch.float64 else torch.float32
     dv = v.shape[-1]
     zero = torch.zeros(b, h, dv, dk, dtype=work, device=v.device)
-    # L and P from one run: v widened by K zero columns, from the state [0; I] (each row of a
-    # state evolves on its own, so the end state is [L; P]).
-    eye = torch.eye(dk, dtype=work, device=v.device).expand(b, h, dk, dk)
-    widened = dict(inputs, v=torch.cat([v, v.new_zeros(b, t, h, dk)], dim=-1))
-    local_p = _agreed(lambda: run(name, config, initial_state=torch.cat([zero, eye], dim=2).contiguous(),
-                                  output_final_state=True, **widened)[1], group, v.device)
-    # [L; P] stacked on the state's row axis.
-    s = _chain(local_p, zero if initial_state is None else initial_state.to(work),
-               lambda s, lp: s @ lp[:, :, dv:] + lp[:, :, :dv], group)
-    return _finish(name, config, s, output_final_state, inputs)
+    s0 = zero if initial_state is None else initial_state.to(work)
+    if name != "gated-deltanet":
+        # P = e^{G_T} I is a number per head: one run from zeros gives y_loc and L, and the
+        # start state reaches y_t through σ e^{G_t} q_t.
+        y_loc, local = _agreed(lambda: run(name, config, output_final_state=True, **inputs), group, v.device)
+        logs = inputs["g"].to(work).cumsum(1) if "g" in inputs else torch.zeros(b, t, h, dtype=work, device=v.device)
+        scale = float((config or {}).get("scale", 1.0))
+        reach = scale * logs.exp().unsqueeze(-1) * q.to(work)
+        decay = logs[:, -1].exp()[:, :, None, None].expand(b, h, 1, dk)
+        # [L; e^{G_T}] stacked on the state's row axis.
+        end = torch.cat([local.to(work), decay], dim=2)
+        step = _scaled_step(dv)
+    else:
+        # L, P and the start state's reach from one run: v widened by K zero columns, from the
+        # state [0; I] (each row of a state evolves on its own, so the end state is [L; P] and
+        # the widened columns of y_t are σ P_{≤t} q_t).
+        eye = torch.eye(dk, dtype=work, device=v.device).expand(b, h, dk, dk)
+        widened = dict(inputs, v=torch.cat([v, v.new_zeros(b, t, h, dk)], dim=-1))
+        y_w, end = _agreed(lambda: run(name, config, initial_state=torch.cat([zero, eye], dim=2).contiguous(),
+                                       output_final_state=True, **widened), group, v.device)
+        y_loc, reach, end = y_w[..., :dv], y_w[..., dv:].to(work), end.to(work)
+        step = _product_step(dv)
+    s = _chain(end, s0, step, group)
+    y = (y_loc.to(work) + torch.einsum("bhvk,bthk->bthv", s, reach)).to(y_loc.dtype)
+    return (y, step(s, end)) if output_final_state else y
+
+
+def _scaled_step(dv):
+    """The chain's step for an end ``[L; e^{G_T}]``: ``s ↦ e^{G_T} s + L``."""
+    return lambda s, e: e[:, :, dv:dv + 1, :1] * s + e[:, :, :dv]
+
+
+def _product_step(dv):
+    """The chain's step for an end ``[L; P]``: ``s ↦ s P + L``."""
+    return lambda s, e: s @ e[:, :, dv:] + e[:, :, :dv]
 
 
 def _chain(end, s, step, group):
@@ -89,12 +120,6 @@ def _chain(end, s, step, group):
     for r in range(dist.get_rank(group)):
         s = step(s, gathered[r])
     return s + 0.0 * torch.stack(gathered).sum()
-
-
-def _finish(name, config, initial_state, output_final_state, inputs):
-    """This rank's part run from its start state: ``y``, and its end state where asked."""
-    y, fin = run(name, config, initial_state=initial_state, output_final_state=True, **inputs)
-    return (y, fin) if output_final_state else y
 
 
 def _agreed(step, group, device):
@@ -158,18 +183,28 @@ def _glr(name, config, group, initial_state, output_final_state, inputs):
     def split(rows):
         return {k: rows[:, i * r:(i + 1) * r].contiguous() for i, k in enumerate(streams)} | {"position": position}
 
-    # Channel C + c·N + i repeats channel c (its input x zero).
+    # Channel C + c·N + i repeats channel c (its input x zero): its y is what a unit in row i adds
+    # to channel c's outputs.
     widened = {k: torch.cat([v, (torch.zeros_like(v) if k == "x" else v).repeat_interleave(n, dim=-1)], dim=-1)
                for k, v in inputs.items()}
 
-    def ends():
-        fin = run(name, config, initial_state=split(basis), output_final_state=True, **widened)[1]
-        return torch.cat([fin[k] for k in streams], dim=1)
+    def widened_run():
+        y_w, fin = run(name, config, initial_state=split(basis), output_final_state=True, **widened)
+        return y_w, torch.cat([fin[k] for k in streams], dim=1)
 
-    end = _agreed(ends, group, x.device)
-    s = _chain(end, s, lambda s, e: torch.einsum("bjci,bic->bjc", e[:, :, c:].reshape(b, n, c, n), s) + e[:, :, :c],
-               group)
-    return _finish(name, config, split(s), output_final_state, inputs)
+    y_w, end = _agreed(widened_run, group, x.device)
+    end = end.to(work)
+
+    def step(s, e):
+        return torch.einsum("bjci,bic->bjc", e[:, :, c:].reshape(b, n, c, n), s) + e[:, :, :c]
+
+    s = _chain(end, s, step, group)
+    reach = y_w[..., c:].to(work).reshape(b, t, c, n)
+    y = (y_w[..., :c].to(work) + torch.einsum("btci,bic->btc", reach, s)).to(y_w.dtype)
+    if not output_final_state:
+        return y
+    fin = split(step(s, end))
+    return y, dict(fin, position=position + t)
 
 
 def _lifted(name, config, group, initial_state, output_final_state, inputs):
@@ -190,8 +225,20 @@ def _lifted(name, config, group, initial_state, output_final_state, inputs):
                 basis[bi, :, i, dv + i * dk: dv + (i + 1) * dk] = torch.eye(dk, dtype=work)
     position = torch.tensor(start, dtype=work, device=v.device)
     widened = dict(inputs, v=torch.cat([v, v.new_zeros(b, t, h, nl * dk)], dim=-1))
-    end = _agreed(lambda: run(name, config, initial_state={"S": basis, "position": position},
-                              output_final_state=True, **widened)[1]["S"], group, v.device)
-    s = _chain(end, s, lambda s, e: torch.einsum("bhivk,bhjikc->bhjvc", s, e[:, :, :, dv:].reshape(b, h, nl, nl, dk, dk))
-               + e[:, :, :, :dv], group)
-    return _finish(name, config, {"S": s, "position": position}, output_final_state, inputs)
+
+    def widened_run():
+        y_w, fin = run(name, config, initial_state={"S": basis, "position": position}, output_final_state=True,
+                       **widened)
+        return y_w, fin["S"]
+
+    y_w, end = _agreed(widened_run, group, v.device)
+    end = end.to(work)
+
+    def step(s, e):
+        return torch.einsum("bhivk,bhjikc->bhjvc", s, e[:, :, :, dv:].reshape(b, h, nl, nl, dk, dk)) + e[:, :, :, :dv]
+
+    s = _chain(end, s, step, group)
+    # The widened columns of y_t for slot i: what a unit start slot i adds to y_t.
+    reach = y_w[..., dv:].to(work).reshape(b, t, h, nl, dk)
+    y = (y_w[..., :dv].to(work) + torch.einsum("bhivk,bthik->bthv", s, reach)).to(y_w.dtype)
+    return (y, {"S": step(s, end), "position": position + t}) if output_final_state else y
