@@ -326,12 +326,12 @@ mod tests {
     fn kernel_shapes_follow_the_head_dim() {
         let a = attention(None);
         let pl = |d, p, wg| plan(&a, [2, 1000, 3, d, d], p, wg).unwrap().unwrap();
-        for (d, bk, warps) in [(64, 64, 8), (128, 128, 12), (256, 64, 8)] {
+        for (d, bk, warps) in [(64, 64, 8u32), (128, 128, 12), (256, 64, 8)] {
             let w = pl(d, Precision::Bf16, true);
             let bq = 16 * warps;
             assert_eq!(
                 (w.kernel, w.block, w.grid),
-                (Kernel::WgmmaBf16, 32 * warps as u32, [1000u32.div_ceil(bq), 6])
+                (Kernel::WgmmaBf16, 32 * warps, [1000u32.div_ceil(bq), 6])
             );
             assert_eq!(w.shared_mem, (bq as usize * d + 4 * bk * d) * 2 + 1024, "{d}");
             assert!(w.options.contains(&format!("-DATT_BK={bk}")), "{d}");
