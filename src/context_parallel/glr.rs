@@ -94,7 +94,7 @@ impl Part {
         backend: &Backend,
         x: &Tensors<F>,
         pos: &[usize],
-    ) -> Result<(ArrayD<f64>, ArrayD<f64>)> {
+    ) -> Result<super::Widened> {
         let g = downcast::<Glr>(m, "context parallel")?;
         let (c, r, n) = (self.c, self.r, self.rows());
         let wide: Tensors<F> = x
@@ -124,11 +124,24 @@ impl Part {
             let on = ch >= c && (ch - c) % n == i && live[b].get(i % r).copied().unwrap_or(false);
             if on { 1.0 } else { 0.0 }
         });
-        let (_, end) = run_from(m, backend, &wide, &self.state::<F>(&basis.into_dyn(), pos)?)?;
+        let (y, end) = run_from(m, backend, &wide, &self.state::<F>(&basis.into_dyn(), pos)?)?;
         let end = self.values(&end)?.0.into_dimensionality::<Ix3>().map_err(internal)?;
         let local = end.slice(ndarray::s![.., .., ..c]).to_owned().into_dyn();
         let tr = Array4::from_shape_fn((self.b, n, c, n), |(b, j, ch, i)| end[[b, j, c + ch * n + i]]);
-        Ok((local, tr.into_dyn()))
+        Ok(super::Widened { local, tr: tr.into_dyn(), y: Some(y.mapv(|v| v.f64())) })
+    }
+
+    /// The part's `y` from the start streams `s` `[B, N, C]` and its widened run's `y`
+    /// `[B, T, C + C·N]`: `y[t, c] = y^loc[t, c] + Σ_i s[i, c] · y[t, C + c·N + i]` (copy
+    /// `(c, i)`'s output is row `i`'s reach in channel `c`).
+    pub(super) fn output(&self, widened: &ArrayD<f64>, s: &ArrayD<f64>) -> Result<ArrayD<f64>> {
+        let w = widened.view().into_dimensionality::<Ix3>().map_err(internal)?;
+        let s = s.view().into_dimensionality::<Ix3>().map_err(internal)?;
+        let (c, n) = (self.c, self.rows());
+        let y = Array3::from_shape_fn((self.b, self.t, c), |(b, t, ch)| {
+            w[[b, t, ch]] + (0..n).map(|i| s[[b, i, ch]] * w[[b, t, c + ch * n + i]]).sum::<f64>()
+        });
+        Ok(y.into_dyn())
     }
 
     /// A part's transition applied to a stream: `out[b, j, c] = Σ_i tr[b, j, c, i] s[b, i, c]`, or

@@ -100,19 +100,20 @@ impl Part {
         Ok((st, pos))
     }
 
-    /// The part's end state from a zero start, `L`, and its transition `tr` (module
-    /// documentation), from one run: the part with `v` widened by `L·Dk` zero columns, from the
+    /// The part's end state from a zero start, `L`, its transition `tr` (module documentation)
+    /// and the run's `y`, from one run: the part with `v` widened by `L·Dk` zero columns, from the
     /// state whose rows `0 … Dv − 1` are zero and whose slot `i` holds the identity in rows
     /// `Dv + i·Dk …` for every slot that may be non-empty at the start position (bit `i` of it
     /// set, for a lift; the one slot of a base mixer). Each row of a state evolves on its own, so
-    /// the end state's first `Dv` rows are `L` and the rest `tr`.
+    /// the end state's first `Dv` rows are `L` and the rest `tr`; `y`'s first `Dv` columns are
+    /// the part's output from a zero start, columns `Dv + i·Dk …` slot `i`'s reach.
     pub(super) fn local_and_transition<F: Scalar>(
         &self,
         m: &dyn Mixer,
         backend: &Backend,
         x: &Tensors<F>,
         pos: &[usize],
-    ) -> Result<(ArrayD<f64>, ArrayD<f64>)> {
+    ) -> Result<super::Widened> {
         let (dk, dv, wide) = (self.dk, self.dv, self.l * self.dk);
         let basis = Array5::from_shape_fn((self.b, self.h, self.l, dv + wide, dk), |(b, _, i, r, c)| {
             let live = !self.lifted || (pos[b] >> i) & 1 == 1;
@@ -122,11 +123,31 @@ impl Part {
         let zeros = ArrayD::<F>::zeros(IxDyn(&[self.b, self.t, self.h, wide]));
         let mut xw = x.clone();
         xw.insert("v".into(), ndarray::concatenate(Axis(3), &[v.view(), zeros.view()]).map_err(internal)?);
-        let (_, end) = run_from(m, backend, &xw, &self.state::<F>(&basis.into_dyn(), pos)?)?;
+        let (y, end) = run_from(m, backend, &xw, &self.state::<F>(&basis.into_dyn(), pos)?)?;
         let end = self.values(&end)?.0;
         let local = end.slice_axis(Axis(3), Slice::from(..dv)).to_owned();
         let tr = end.slice_axis(Axis(3), Slice::from(dv..)).to_owned();
-        Ok((local, tr))
+        Ok(super::Widened { local, tr, y: Some(y.mapv(|v| v.f64())) })
+    }
+
+    /// The part's `y` from the start levels `s` `[B, H, L, Dv, Dk]` and its widened run's `y`
+    /// `[B, T, H, Dv + L·Dk]`: `y_t = y_t^loc + Σ_i s^(i) · r_t^(i)`.
+    pub(super) fn output(&self, widened: &ArrayD<f64>, s: &ArrayD<f64>) -> Result<ArrayD<f64>> {
+        let w = widened.view().into_dimensionality::<ndarray::Ix4>().map_err(internal)?;
+        let s = s.view().into_dimensionality::<Ix5>().map_err(internal)?;
+        let (dk, dv) = (self.dk, self.dv);
+        let mut y = w.slice(s![.., .., .., ..dv]).to_owned();
+        for b in 0..self.b {
+            for h in 0..self.h {
+                for i in 0..self.l {
+                    let reach = w.slice(s![b, .., h, dv + i * dk..dv + (i + 1) * dk]);
+                    let add = reach.dot(&s.slice(s![b, h, i, .., ..]).t());
+                    let mut o = y.slice_mut(s![b, .., h, ..]);
+                    o += &add;
+                }
+            }
+        }
+        Ok(y.into_dyn())
     }
 
     /// A part's transition applied to level states: `out[j] = Σ_i s[i] · tr[j][i-th block of

@@ -17,16 +17,17 @@
 //!
 //! Forward of rank `r`: all-gather the parts' lengths (for the start position), compute
 //! `(S_loc, tr)`, all-gather them, chain the earlier ranks' maps from the sequence's initial
-//! state to get the start state `S_r`, and run the part from `S_r`. Backward: the same start
+//! state to get the start state `S_r`; the part's output is affine in `S_r` too,
+//! `y_t = y_t^loc + S_r · r_t`, and the same widened run gives `y^loc` and each start row's reach
+//! `r_t` (its `y`'s first and widened columns), so the part is not run again. Backward: the same start
 //! states, then the part's backward from `S_r` with no cotangent of its end gives `S̄_loc` (the
 //! start state's gradient from the part's own outputs); all-gather them; the cotangent of the
 //! part's end is chained back from the last rank (`S̄_end(r − 1) = S̄_loc(r) + trᵀ(S̄_end(r))`,
 //! for a base mixer `S̄_end(r) · P_rᵀ`, the adjoint of `S ↦ S · P`), and the part's backward from
 //! `S_r` with that cotangent gives every gradient. Only lengths, states and transitions cross
 //! ranks, `O(N · B · H · L² · D²)` per call, never tokens. Each rank runs its part on its own
-//! backend, in the exact mode; the cost is two forward passes of the part (`S_loc` and the
-//! transition together, the part's values widened by `L·Dk` zero columns; then `y`), and for the
-//! backward those and two backward passes.
+//! backend, in the exact mode; the forward costs one run of the part with its values widened by
+//! `L·Dk` zero columns, the backward that run and two backward passes of the part.
 
 pub mod comm;
 mod glr;
@@ -93,8 +94,11 @@ impl Part {
         backend: &Backend,
         x: &Tensors<F>,
         pos: &[usize],
-    ) -> Result<(ArrayD<f64>, ArrayD<f64>)> {
+    ) -> Result<Widened> {
         each!(self, p => p.local_and_transition(m, backend, x, pos))
+    }
+    fn output(&self, widened_y: &ArrayD<f64>, s: &ArrayD<f64>) -> Result<ArrayD<f64>> {
+        each!(self, p => p.output(widened_y, s))
     }
     fn apply(&self, s: &ArrayD<f64>, tr: &ArrayD<f64>, transpose: bool) -> Result<ArrayD<f64>> {
         each!(self, p => p.apply(s, tr, transpose))
@@ -163,6 +167,25 @@ fn contribution<T>(local: &Result<T>, payload: impl FnOnce(&T) -> Tensors<f64>) 
     }
 }
 
+/// What a part's widened run gives (module documentation): the end state from a zero start `L`,
+/// the transition `tr`, and the run's `y` (`None` for an empty part): the part's `y` from a
+/// zero start in its first columns, each start row's reach in the widened ones.
+pub(super) struct Widened {
+    pub(super) local: ArrayD<f64>,
+    pub(super) tr: ArrayD<f64>,
+    pub(super) y: Option<ArrayD<f64>>,
+}
+
+/// [`starts`]' result: this rank's part, start state (values and positions), its own widened
+/// run, and every rank's transition.
+struct Start {
+    p: Part,
+    s: ArrayD<f64>,
+    pos: Vec<usize>,
+    own: Widened,
+    trs: Vec<ArrayD<f64>>,
+}
+
 /// This rank's start state (values and positions) and every rank's transition, from two
 /// all-gathers: the parts' lengths, then every part's `(L, tr)` (module documentation). Every
 /// rank reaches every collective until one reports a failure (then all return it).
@@ -172,7 +195,7 @@ fn starts<F: Scalar>(
     backend: &Backend,
     x: &Tensors<F>,
     initial: Option<&Tensors<F>>,
-) -> Result<(Part, ArrayD<f64>, Vec<usize>, Vec<ArrayD<f64>>)> {
+) -> Result<Start> {
     let rank = comm.rank();
     let p = Part::of(m, x);
     let lens = comm.all_gather(contribution(&p, |p| {
@@ -186,20 +209,23 @@ fn starts<F: Scalar>(
         };
         sized("initial state", &s, &p)?;
         let pos: Vec<usize> = pos0.iter().map(|&a| a + offset).collect();
-        let (loc, tr) =
-            if p.t() == 0 { (p.zeros(), p.identity()) } else { p.local_and_transition(m, backend, x, &pos)? };
-        Ok((p, s, pos, loc, tr))
+        let own = if p.t() == 0 {
+            Widened { local: p.zeros(), tr: p.identity(), y: None }
+        } else {
+            p.local_and_transition(m, backend, x, &pos)?
+        };
+        Ok((p, s, pos, own))
     });
-    let all = comm.all_gather(contribution(&local, |(_, _, _, loc, tr)| {
-        [("L".to_string(), loc.clone()), ("tr".to_string(), tr.clone())].into_iter().collect()
+    let all = comm.all_gather(contribution(&local, |(_, _, _, own)| {
+        [("L".to_string(), own.local.clone()), ("tr".to_string(), own.tr.clone())].into_iter().collect()
     }))?;
-    let (p, mut s, pos, loc, tr) = local?;
-    same_sizes(&all, &[("L", loc.shape()), ("tr", tr.shape())])?;
+    let (p, mut s, pos, own) = local?;
+    same_sizes(&all, &[("L", own.local.shape()), ("tr", own.tr.shape())])?;
     for g in &all[..rank] {
         s = p.apply(&s, get(g, "tr")?, false)? + get(g, "L")?;
     }
     let trs = all.iter().map(|g| get(g, "tr").cloned()).collect::<Result<Vec<_>>>()?;
-    Ok((p, s, pos, trs))
+    Ok(Start { p, s, pos, own, trs })
 }
 
 /// The forward of this rank's part `x` (its tokens, `[B, T_r, …]`) of a sequence that starts
@@ -213,13 +239,17 @@ pub fn forward<F: Scalar>(
     x: &Tensors<F>,
     initial: Option<&Tensors<F>>,
 ) -> Result<(ArrayD<F>, Tensors<F>)> {
-    let (p, s, pos, _) = starts(comm, m, backend, x, initial)?;
-    let s0 = p.state::<F>(&s, &pos)?;
-    if p.t() == 0 {
+    let Start { p, s, pos, own, .. } = starts(comm, m, backend, x, initial)?;
+    let Some(widened_y) = own.y else {
         let mixed = get(x, m.spec().mixed)?;
-        return Ok((ArrayD::zeros(mixed.raw_dim()), s0));
-    }
-    run_from(m, backend, x, &s0)
+        return Ok((ArrayD::zeros(mixed.raw_dim()), p.state::<F>(&s, &pos)?));
+    };
+    // The output is affine in the start state (math.md §7.3, the output's reach), and so is the
+    // end state: no second run of the part.
+    let y = p.output(&widened_y, &s)?.mapv(F::of);
+    let end = p.apply(&s, &own.tr, false)? + &own.local;
+    let end_pos: Vec<usize> = pos.iter().map(|&a| a + p.t()).collect();
+    Ok((y, p.state::<F>(&end, &end_pos)?))
 }
 
 /// The backward of [`forward`]: from this rank's `dy` and the cotangent `d_final` of the
@@ -235,7 +265,7 @@ pub fn backward<F: Scalar>(
     dy: &ArrayD<F>,
     d_final: Option<&Tensors<F>>,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
-    let (p, s, pos, trs) = starts(comm, m, backend, x, initial)?;
+    let Start { p, s, pos, trs, .. } = starts(comm, m, backend, x, initial)?;
     let local = p.state::<F>(&s, &pos).and_then(|s0| {
         let own = if p.t() == 0 {
             p.zeros()
