@@ -1,9 +1,11 @@
 //! The log-linear family's state map for context parallelism (docs/math.md §7.3): level states
 //! `[B, H, L, Dv, Dk]` (a base mixer's one level) and positions; a part's transition is
 //! `tr [B, H, L, L·Dk, Dk]`, block `(j, i)` of slot `j` being where start slot `i` goes, times `P`.
+//! `P` and the output's reach are read off a widened run, except for Mamba-2 and linear
+//! attention, where they are closed forms (`e^{G_T} I`, `σ e^{G_t} q_t`).
 
 use mixer_core::mixer::{Mixer, downcast};
-use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::state::POSITION;
 use mixer_core::tensor::{cast_tensors, get, tensors_to_f64};
 use mixer_core::{Error, Result, Tensors};
@@ -27,6 +29,9 @@ pub(super) struct Part {
     /// Level slots of the state (1 for a base mixer).
     l: usize,
     lifted: bool,
+    /// Mamba-2 and linear attention: the scale σ. Their transition `e^{G_T} I` and the reach
+    /// `σ e^{G_t} q_t` are closed forms, so their run is not widened.
+    closed: Option<f64>,
 }
 
 impl Part {
@@ -39,7 +44,8 @@ impl Part {
         };
         let lifted = ll.lift.is_some();
         let l = if lifted { get(x, "lambda")?.shape().get(3).copied().unwrap_or(0) } else { 1 };
-        Ok(Some(Part { b, t, h, dk, dv, l, lifted }))
+        let closed = (!lifted && ll.base != Base::GatedDeltaNet).then_some(ll.scale);
+        Ok(Some(Part { b, t, h, dk, dv, l, lifted, closed }))
     }
 
     /// Level states of zeros.
@@ -114,6 +120,9 @@ impl Part {
         x: &Tensors<F>,
         pos: &[usize],
     ) -> Result<super::Widened> {
+        if let Some(scale) = self.closed {
+            return self.closed_form(m, backend, x, pos, scale);
+        }
         let (dk, dv, wide) = (self.dk, self.dv, self.l * self.dk);
         let basis = Array5::from_shape_fn((self.b, self.h, self.l, dv + wide, dk), |(b, _, i, r, c)| {
             let live = !self.lifted || (pos[b] >> i) & 1 == 1;
@@ -128,6 +137,55 @@ impl Part {
         let local = end.slice_axis(Axis(3), Slice::from(..dv)).to_owned();
         let tr = end.slice_axis(Axis(3), Slice::from(dv..)).to_owned();
         Ok(super::Widened { local, tr, y: Some(y.mapv(|v| v.f64())) })
+    }
+
+    /// [`Part::local_and_transition`] of Mamba-2 and linear attention: the part's own run from
+    /// zeros gives `L` and `y^loc`; with `G_t` the running sum of `g` over the part (zero without
+    /// `g`), `tr = e^{G_T} I` and the reach `σ e^{G_t} q_t` (in the widened run's layout).
+    fn closed_form<F: Scalar>(
+        &self,
+        m: &dyn Mixer,
+        backend: &Backend,
+        x: &Tensors<F>,
+        pos: &[usize],
+        scale: f64,
+    ) -> Result<super::Widened> {
+        let (b, t, h, dk, dv) = (self.b, self.t, self.h, self.dk, self.dv);
+        let (y, end) = run_from(m, backend, x, &self.state::<F>(&self.zeros(), pos)?)?;
+        let local = self.values(&end)?.0;
+        let q = get(x, "q")?.view().into_dimensionality::<ndarray::Ix4>().map_err(internal)?;
+        let y = y.view().into_dimensionality::<ndarray::Ix4>().map_err(internal)?;
+        // G_t per (b, t, h).
+        let mut logs = ndarray::Array3::<f64>::zeros((b, t, h));
+        if let Some(g) = x.get("g") {
+            let g = g.view().into_dimensionality::<ndarray::Ix3>().map_err(internal)?;
+            for bi in 0..b {
+                for hi in 0..h {
+                    let mut acc = 0.0;
+                    for ti in 0..t {
+                        acc += g[[bi, ti, hi]].f64();
+                        logs[[bi, ti, hi]] = acc;
+                    }
+                }
+            }
+        }
+        let widened = ndarray::Array4::from_shape_fn((b, t, h, dv + dk), |(bi, ti, hi, c)| {
+            if c < dv {
+                y[[bi, ti, hi, c]].f64()
+            } else {
+                scale * logs[[bi, ti, hi]].exp() * q[[bi, ti, hi, c - dv]].f64()
+            }
+        });
+        let tr = Array5::from_shape_fn((b, h, 1, dk, dk), |(bi, hi, _, r, c)| {
+            if r == c && t > 0 {
+                logs[[bi, t - 1, hi]].exp()
+            } else if r == c {
+                1.0
+            } else {
+                0.0
+            }
+        });
+        Ok(super::Widened { local, tr: tr.into_dyn(), y: Some(widened.into_dyn()) })
     }
 
     /// The part's `y` from the start levels `s` `[B, H, L, Dv, Dk]` and its widened run's `y`
