@@ -141,14 +141,15 @@ def _agreed(step, group, device):
     return out
 
 
-def _start_positions(t, b, initial_state, group):
+def _start_positions(t, b, initial_state, group, device):
     """Every batch row's start position of this rank's part: the initial state's position (0
-    without one) plus the earlier ranks' lengths (all-gathered)."""
+    without one) plus the earlier ranks' lengths (all-gathered on ``device``, the inputs' device:
+    NCCL gathers CUDA tensors only)."""
     import torch.distributed as dist
 
     world, rank = dist.get_world_size(group), dist.get_rank(group)
-    lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(lengths, torch.tensor([t], dtype=torch.int64), group=group)
+    lengths = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(lengths, torch.tensor([t], dtype=torch.int64, device=device), group=group)
     p0 = [0] * b if initial_state is None else [int(p) for p in initial_state["position"].tolist()]
     return [p + sum(int(n) for n in lengths[:rank]) for p in p0]
 
@@ -169,7 +170,7 @@ def _glr(name, config, group, initial_state, output_final_state, inputs):
     streams = [k for k in layout if k != "position"]
     r = layout[streams[0]][1]
     n = len(streams) * r
-    start = _start_positions(t, b, initial_state, group)
+    start = _start_positions(t, b, initial_state, group, x.device)
     s = torch.zeros(b, n, c, dtype=work, device=x.device) if initial_state is None else \
         torch.cat([initial_state[k].to(work) for k in streams], dim=1)
     basis = torch.zeros(b, n, c + c * n, dtype=work, device=x.device)
@@ -214,7 +215,7 @@ def _lifted(name, config, group, initial_state, output_final_state, inputs):
     b, t, h, dk = k.shape
     dv, nl = v.shape[-1], inputs["lambda"].shape[-1]
     work = torch.float64 if v.dtype == torch.float64 else torch.float32
-    start = _start_positions(t, b, initial_state, group)
+    start = _start_positions(t, b, initial_state, group, v.device)
     s = torch.zeros(b, h, nl, dv, dk, dtype=work, device=v.device) if initial_state is None else \
         initial_state["S"].to(work)
     # The block-identity state: slot i holds I in rows V + i·K … where bit i of the start is set.

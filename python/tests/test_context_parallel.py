@@ -89,10 +89,22 @@ def _value(fin):
     return torch.cat([fin[k].detach() for k in _keys(fin)]) if isinstance(fin, dict) else fin.detach()
 
 
-def _rank(rank, world, port, name, seq, cuts, out):
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+def _to(obj, device):
+    """A tensor, or a dict of tensors (``None`` kept), on ``device``."""
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return None if obj is None else obj.to(device)
+
+
+def _rank(rank, world, port, name, seq, cuts, out, backend="gloo"):
+    """One rank: its part on the CPU (gloo), or on ``cuda:<rank>`` (nccl); results saved on the CPU."""
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        x, s0, dy, df = _case(name, seq)
+        x, s0, dy, df = (_to(o, device) for o in _case(name, seq))
         edges = [0, *cuts, seq]
         part = slice(edges[rank], edges[rank + 1])
         mine = {k: v[:, part].clone().requires_grad_() for k, v in x.items()}
@@ -101,20 +113,35 @@ def _rank(rank, world, port, name, seq, cuts, out):
                                          **mine)
         loss = (y * dy[:, part]).sum() + (_fin_loss(fin, df) if rank == world - 1 else 0.0)
         loss.backward()
-        torch.save({"y": y.detach(), "fin": _value(fin), "s0_grad": _grad(s0),
-                    "grads": {k: v.grad for k, v in mine.items()}}, os.path.join(out, f"{rank}.pt"))
+        torch.save(_to({"y": y.detach(), "fin": _value(fin), "s0_grad": _grad(s0)}, "cpu")
+                   | {"grads": {k: v.grad.cpu() for k, v in mine.items()}}, os.path.join(out, f"{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
+_NAMES = ["linear-attention", "mamba2", "gated-deltanet", "loglinear-attention", "loglinear-mamba2",
+          "loglinear-gated-deltanet", *_GLR]
+
+
 @pytest.mark.parametrize("cuts", [[30], [1, 50]])
-@pytest.mark.parametrize("name", ["linear-attention", "mamba2", "gated-deltanet", "loglinear-attention",
-                                  "loglinear-mamba2", "loglinear-gated-deltanet", *_GLR])
+@pytest.mark.parametrize("name", _NAMES)
 def test_ranks_equal_one_process(name, cuts):
+    _check_ranks(name, cuts, "gloo")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2
+                    or not dist.is_nccl_available(), reason="needs two CUDA devices and NCCL")
+@pytest.mark.parametrize("name", _NAMES)
+def test_ranks_on_two_gpus_equal_one_process(name):
+    """Two ranks on two GPUs over NCCL (each process's CUDA backend on its rank's device)."""
+    _check_ranks(name, [30], "nccl")
+
+
+def _check_ranks(name, cuts, backend):
     seq = 77
     world = len(cuts) + 1
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_rank, args=(world, _free_port(), name, seq, cuts, out), nprocs=world, join=True)
+        mp.spawn(_rank, args=(world, _free_port(), name, seq, cuts, out, backend), nprocs=world, join=True)
         parts = [torch.load(os.path.join(out, f"{r}.pt")) for r in range(world)]
     x, s0, dy, df = _case(name, seq)
     whole = {k: v.clone().requires_grad_() for k, v in x.items()}
