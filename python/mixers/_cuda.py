@@ -220,7 +220,7 @@ def forward_plain(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tens
     caller has checked; :func:`applies` holds), enqueued on the current stream: the same library
     call, with less Python around it (the common call of :func:`mixers._ops.call`)."""
     keep, raw = _prepare(names, tensors, precision)
-    index = DEVICE if DEVICE is not None else device(tensors[0])
+    index = device(tensors[0])
     stream = _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
     y, _ = _mixers.cuda_forward(mixer, raw, stream, _allocator_of(index), config=config, form=form,
                                 precision=precision)

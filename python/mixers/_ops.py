@@ -527,7 +527,7 @@ def call(
             and (form == "fast" or form == "parallel") and not torch.compiler.is_compiling()
             and not torch._C._are_functorch_transforms_active()):
         grad = False
-        dev = _cuda.DEVICE if _cuda.DEVICE is not None else _cuda.device(tensors[0])
+        dev = _cuda.device(tensors[0])
         for t in tensors:
             if not (t.is_cuda and t.get_device() == dev):
                 break

@@ -155,20 +155,12 @@ impl Part {
         let local = self.values(&end)?.0;
         let q = get(x, "q")?.view().into_dimensionality::<ndarray::Ix4>().map_err(internal)?;
         let y = y.view().into_dimensionality::<ndarray::Ix4>().map_err(internal)?;
-        // G_t per (b, t, h).
-        let mut logs = ndarray::Array3::<f64>::zeros((b, t, h));
-        if let Some(g) = x.get("g") {
-            let g = g.view().into_dimensionality::<ndarray::Ix3>().map_err(internal)?;
-            for bi in 0..b {
-                for hi in 0..h {
-                    let mut acc = 0.0;
-                    for ti in 0..t {
-                        acc += g[[bi, ti, hi]].f64();
-                        logs[[bi, ti, hi]] = acc;
-                    }
-                }
-            }
-        }
+        // G_t per (b, t, h): the running sum of g over the part (the part is not empty).
+        let mut logs = match x.get("g") {
+            Some(g) => g.view().into_dimensionality::<ndarray::Ix3>().map_err(internal)?.mapv(|v| v.f64()),
+            None => ndarray::Array3::zeros((b, t, h)),
+        };
+        logs.accumulate_axis_inplace(Axis(1), |&prev, cur| *cur += prev);
         let widened = ndarray::Array4::from_shape_fn((b, t, h, dv + dk), |(bi, ti, hi, c)| {
             if c < dv {
                 y[[bi, ti, hi, c]].f64()
@@ -176,15 +168,11 @@ impl Part {
                 scale * logs[[bi, ti, hi]].exp() * q[[bi, ti, hi, c - dv]].f64()
             }
         });
-        let tr = Array5::from_shape_fn((b, h, 1, dk, dk), |(bi, hi, _, r, c)| {
-            if r == c && t > 0 {
-                logs[[bi, t - 1, hi]].exp()
-            } else if r == c {
-                1.0
-            } else {
-                0.0
-            }
-        });
+        let decay = |bi: usize, hi: usize| logs[[bi, t - 1, hi]].exp();
+        let tr = Array5::from_shape_fn(
+            (b, h, 1, dk, dk),
+            |(bi, hi, _, r, c)| if r == c { decay(bi, hi) } else { 0.0 },
+        );
         Ok(super::Widened { local, tr: tr.into_dyn(), y: Some(widened.into_dyn()) })
     }
 
