@@ -4,7 +4,7 @@
 // - llc_out (FMA) and llc_out_tc (tensor cores): the scalar-decay members, reading the tree of chunk
 //   states (lifts) or the one state entering the chunk (direct = 1: without a lift, and gated
 //   DeltaNet without a lift with v = U', the new values of the state pass);
-// - llc_out_direct_tc: one state per chunk, Dk ≤ 64, tensor cores (f32, or bf16 as stored);
+// - llc_out_direct_tc: one state per chunk, Dk ≤ 128, tensor cores (f32, or bf16 as stored);
 // - llc_out_dl (FMA) and llc_out_dl_tc: gated DeltaNet's lift, with the intra-chunk coefficients
 //   P T⁻¹ diag(β) and the carried queries Q̃ = σ e^γ Q − P W.
 // The states come from loglinear_ssd.cu (scalar decay) or loglinear_state_pass.cu (gated
@@ -285,24 +285,25 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 }
 
 // 3''. Pass 3 without a lift (direct = 1: F[bh·NC + i] is the state entering chunk i) on tensor
-// cores, for Dk ≤ 64: the four tiles a block needs — Q, K [64 tokens × 64 key columns], V [64 tokens
-// × 64 value columns] and the state H [64 key rows × 64 value columns] — are copied by cp.async
-// all at once (Q and H first), so that one memory latency is exposed per block. Warp w owns rows
-// r = 16w..16w+15 of the chunk:
+// cores, for Dk ≤ KT (KT = 64 or 128 key columns): the four tiles a block needs — Q, K [64 tokens ×
+// KT key columns], V [64 tokens × 64 value columns] and the state H [KT key rows × 64 value columns]
+// — are copied by cp.async all at once (Q and H first), so that one memory latency is exposed per
+// block. Warp w owns rows r = 16w..16w+15 of the chunk:
 //   y_r = σ e^{γ_r} q_r·H + Σ_{s ≤ r} σ e^{γ_r − γ_s} (q_r·k_s) v_s.
 // The scores stay in registers and are P·V's A operand: inside each 8-key step the key order is
 // permuted (A column t ↔ key 2t, column t + 4 ↔ key 2t + 1) and V's rows are read in that order.
 // Key steps after the warp's last row are skipped. Columns ≥ Dk of Q and K, rows ≥ Dk of H, tokens
-// ≥ n and value columns ≥ Dv are zero-filled by the copies.
+// ≥ n and value columns ≥ Dv are zero-filled by the copies. Dk only sets the length of the loops
+// over key columns, so KT changes the shared memory and not the registers.
 // TI is the activations' type (q, k, v and y): f32, or bf16 as its bits (the bf16 mode; a bf16
 // value is exact in tf32, so Q, K and V need no rounding then, and y is rounded to bf16 at the
 // store). Shared tiles are unpadded and XOR-swizzled so that every fragment load hits distinct
-// banks: f32 Q, K (r, c) at r·64 + (c ⊕ 4(r mod 8)), V (s, d) at s·64 + (d ⊕ 8(⌊s/2⌋ mod 4)); bf16
-// Q, K, V: the 8-element (16-byte) group ⌊c/8⌋ ⊕ (r mod 8); the f32 state (c, d) at
-// c·64 + (d ⊕ 8(c mod 4)).
-// Grid (NC, BH, ⌈Dv/64⌉), 128 threads, dynamic shared memory lld_smem<TI>() bytes.
-template <typename TI>
-__device__ constexpr int lld_smem() { return 3 * 64 * 64 * (int)sizeof(TI) + 64 * 64 * 4; }
+// banks: f32 Q, K (r, c) at r·KT + (c ⊕ 4(r mod 8)), V (s, d) at s·64 + (d ⊕ 8(⌊s/2⌋ mod 4)); bf16
+// Q, K, V: the 8-element (16-byte) group ⌊c/8⌋ ⊕ (r mod 8) in rows of KT (Q, K) or 64 (V)
+// elements; the f32 state (c, d) at c·64 + (d ⊕ 8(c mod 4)).
+// Grid (NC, BH, ⌈Dv/64⌉), 128 threads, dynamic shared memory lld_smem<TI, KT>() bytes.
+template <typename TI, int KT>
+__device__ constexpr int lld_smem() { return (2 * KT + 64) * 64 * (int)sizeof(TI) + KT * 64 * 4; }
 // The A operand from an activation: f32 rounded to tf32; bf16 exact.
 __device__ __forceinline__ unsigned lld_a(float x) { return mx_tf32(x); }
 __device__ __forceinline__ unsigned lld_a(mx_bf16 b) { return (unsigned)b << 16; }
@@ -311,28 +312,30 @@ __device__ __forceinline__ unsigned lld_b(float x) { return mx_tf32(x); }
 __device__ __forceinline__ unsigned lld_b(mx_bf16 b) { return (unsigned)b << 16; }
 __device__ __forceinline__ void lld_store(float* y, float x) { *y = x; }
 __device__ __forceinline__ void lld_store(mx_bf16* y, float x) { *y = mx_f32_bf16(x); }
-// Swizzled offsets: of Q and K (qk = true) or V in a TI tile, and of the f32 state.
-template <typename TI>
+// Swizzled offsets: of Q and K (qk = true, rows of KT) or V (rows of 64) in a TI tile, and of the
+// f32 state.
+template <typename TI, int KT>
 __device__ __forceinline__ int lld_at(int r, int c, bool qk) {
-    if (sizeof(TI) == 2) return r * 64 + ((((c >> 3) ^ (r & 7)) << 3) | (c & 7));
-    return qk ? r * 64 + (c ^ ((r & 7) << 2)) : r * 64 + (c ^ (((r >> 1) & 3) << 3));
+    const int ld = qk ? KT : 64;
+    if (sizeof(TI) == 2) return r * ld + ((((c >> 3) ^ (r & 7)) << 3) | (c & 7));
+    return qk ? r * ld + (c ^ ((r & 7) << 2)) : r * ld + (c ^ (((r >> 1) & 3) << 3));
 }
 __device__ __forceinline__ int lld_h(int c, int d) { return c * 64 + (d ^ ((c & 3) << 3)); }
 // Copies rows [0, nrows) × columns [0, ncols) of a tile whose row r starts at src + r·rs into the
-// 64 × 64 shared tile dst (element (r, c) at dst + at(r, c)), zero-filling the rest: 16-byte copies
+// R × C shared tile dst (element (r, c) at dst + at(r, c)), zero-filling the rest: 16-byte copies
 // when vec (base and rows 16-byte aligned, ncols a multiple of 16 bytes), else element by element
 // (4-byte cp.async for f32, plain loads and stores for bf16).
-template <typename T, typename At>
+template <int R, int C, typename T, typename At>
 __device__ __forceinline__ void lld_tile(T* dst, const T* src, long long rs, int nrows, int ncols, bool vec, At at) {
     constexpr int E = 16 / sizeof(T);  // elements per 16 bytes
     if (vec) {
-        for (int idx = threadIdx.x; idx < 64 * (64 / E); idx += 128) {
-            const int r = idx / (64 / E), c = (idx % (64 / E)) * E, ok = r < nrows && c < ncols;
+        for (int idx = threadIdx.x; idx < R * (C / E); idx += 128) {
+            const int r = idx / (C / E), c = (idx % (C / E)) * E, ok = r < nrows && c < ncols;
             llc_cp_async16(dst + at(r, c), ok ? src + r * rs + c : src, ok);
         }
     } else {
-        for (int idx = threadIdx.x; idx < 64 * 64; idx += 128) {
-            const int r = idx >> 6, c = idx & 63;
+        for (int idx = threadIdx.x; idx < R * C; idx += 128) {
+            const int r = idx / C, c = idx % C;
             const bool ok = r < nrows && c < ncols;
             if (sizeof(T) == 4)
                 llc_cp_async(dst + at(r, c), ok ? src + r * rs + c : src, 4, ok);
@@ -341,7 +344,7 @@ __device__ __forceinline__ void lld_tile(T* dst, const T* src, long long rs, int
         }
     }
 }
-template <typename TI>
+template <typename TI, int KT>
 __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const float* F,
                                   TI* y, int Tn, int H, int Dk, int Dv, int nc, double scale) {
     LLC_FIX_DIMS(Dk, Dv);
@@ -349,9 +352,9 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
     __shared__ double gam[CH], gtmp[CH];
     extern __shared__ __align__(16) unsigned char lld_dyn[];
     float* Hs = reinterpret_cast<float*>(lld_dyn);
-    TI* Qs = reinterpret_cast<TI*>(Hs + 64 * 64);
-    TI* Ks = Qs + 64 * 64;
-    TI* Vs = Ks + 64 * 64;
+    TI* Qs = reinterpret_cast<TI*>(Hs + KT * 64);
+    TI* Ks = Qs + 64 * KT;
+    TI* Vs = Ks + 64 * KT;
     const int i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, d0 = blockIdx.z * 64;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
     const int i0 = i * CH, n = min(CH, Tn - i0), nd = min(64, Dv - d0);
@@ -360,14 +363,14 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
     const bool vq = Dk % E == 0 && llc_al16(q) && llc_al16(k), vv = Dv % E == 0 && llc_al16(v),
                vf = Dv % 4 == 0 && llc_al16(F);
     const int DK8 = (Dk + 7) / 8;
-    auto atqk = [](int r, int c) { return lld_at<TI>(r, c, true); };
-    auto atv = [](int r, int c) { return lld_at<TI>(r, c, false); };
+    auto atqk = [](int r, int c) { return lld_at<TI, KT>(r, c, true); };
+    auto atv = [](int r, int c) { return lld_at<TI, KT>(r, c, false); };
     // Group 1: Q and the entering state (none for chunk 0); group 2: K and V.
-    lld_tile(Qs, q + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
-    if (i > 0) lld_tile(Hs, F + ((long long)bh * nc + i) * Dk * Dv + d0, Dv, Dk, nd, vf, lld_h);
+    lld_tile<64, KT>(Qs, q + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
+    if (i > 0) lld_tile<KT, 64>(Hs, F + ((long long)bh * nc + i) * Dk * Dv + d0, Dv, Dk, nd, vf, lld_h);
     asm volatile("cp.async.commit_group;\n" ::);
-    lld_tile(Ks, k + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
-    lld_tile(Vs, v + row0 * Dv + d0, (long long)H * Dv, n, nd, vv, atv);
+    lld_tile<64, KT>(Ks, k + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
+    lld_tile<64, 64>(Vs, v + row0 * Dv + d0, (long long)H * Dv, n, nd, vv, atv);
     asm volatile("cp.async.commit_group;\n" ::);
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);  // ends with a barrier
     const int r0 = w * 16 + gi, r1 = r0 + 8;
@@ -427,16 +430,17 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
         }
 }
 
-extern "C" __global__ void __launch_bounds__(128)
-    llc_out_direct_tc_f32(const float* q, const float* k, const float* v, const float* g, int has_g, const float* F,
-                          float* y, int Tn, int H, int Dk, int Dv, int nc, double scale) {
-    llc_out_direct_tc<float>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale);
-}
-extern "C" __global__ void __launch_bounds__(128)
-    llc_out_direct_tc_bf16(const mx_bf16* q, const mx_bf16* k, const mx_bf16* v, const float* g, int has_g,
-                           const float* F, mx_bf16* y, int Tn, int H, int Dk, int Dv, int nc, double scale) {
-    llc_out_direct_tc<mx_bf16>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale);
-}
+// llc_out_direct_tc_{f32,bf16} (Dk ≤ 64) and llc_out_direct_tc_{f32,bf16}_k128 (Dk ≤ 128).
+#define LLD_EXPORT(NAME, TI, KT)                                                                              \
+    extern "C" __global__ void __launch_bounds__(128)                                                        \
+        NAME(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const float* F, TI* y, int Tn, \
+             int H, int Dk, int Dv, int nc, double scale) {                                                   \
+        llc_out_direct_tc<TI, KT>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale);                        \
+    }
+LLD_EXPORT(llc_out_direct_tc_f32, float, 64)
+LLD_EXPORT(llc_out_direct_tc_bf16, mx_bf16, 64)
+LLD_EXPORT(llc_out_direct_tc_f32_k128, float, 128)
+LLD_EXPORT(llc_out_direct_tc_bf16_k128, mx_bf16, 128)
 
 // 6. Outputs of gated DeltaNet's lift, chunk i, a tile of 64 value columns (docs/math.md §2.6):
 // P = σ QKᵀ ⊙ Γ (s ≤ r); the intra-chunk coefficients A = P T⁻¹ diag(β), weighted λ_r^(ℓ(r,s)), give

@@ -35,7 +35,7 @@ pub enum Path {
     Empty,
     /// The scalar-decay members: chunk states, tree or scan, outputs.
     Ssd,
-    /// The same in the bf16 mode on bf16 activations as stored (no lift, `Dk ≤ 64`).
+    /// The same in the bf16 mode on bf16 activations as stored (no lift, `Dk ≤ 128`).
     SsdBf16,
     /// Gated DeltaNet: WY/UT, the state pass, outputs.
     Delta,
@@ -106,14 +106,14 @@ pub fn plan(
     let bf16_mode = p == Precision::Bf16 && matches!(storage, Storage::Bf16 { .. });
     match ll.base {
         Base::LinearAttention | Base::Mamba2 => {
-            if bf16_mode && !lifted && dk <= 64 && b * t * h * dk * dv != 0 {
+            if bf16_mode && !lifted && output::direct_fits(dk, 2, device) && b * t * h * dk * dv != 0 {
                 plan.path = Path::SsdBf16;
                 plan.launches = ssd::launches(s, Elem::F32, p, false, true)?;
                 plan.launches.push(output::launch_bf16(s));
             } else if b * t * h * dv != 0 {
                 plan.path = Path::Ssd;
                 plan.launches = ssd::launches(s, elem, p, lifted, false)?;
-                plan.launches.push(output::launch(s, elem, p, lifted));
+                plan.launches.push(output::launch(s, elem, p, lifted, device));
             }
         }
         Base::GatedDeltaNet => {
@@ -140,7 +140,7 @@ pub fn plan(
                     plan.launches.push(if lifted {
                         output::launch_lift(s, elem, p)
                     } else {
-                        output::launch(s, elem, p, false)
+                        output::launch(s, elem, p, false, device)
                     });
                 }
             }
@@ -247,7 +247,7 @@ pub fn run_from<F: GpuReal>(
         match ll.base {
             Base::LinearAttention | Base::Mamba2 => {
                 let s = Shape::new(dims);
-                if ll.lift.is_none() && s.dk <= 64 && s.b * s.t * s.h * s.dk * s.dv != 0 {
+                if ll.lift.is_none() && output::direct_fits(s.dk, 2, device) && s.b * s.t * s.h * s.dk * s.dv != 0 {
                     return run_ssd_bf16(ll, x, st, device).map(|y| (y, None));
                 }
             }
@@ -528,9 +528,20 @@ mod tests {
             functions(&plan_of(Base::LinearAttention, false, T16K, Exact, F32)),
             ["llc_states_f32", "llc_scan_f32", "llc_out_f32"]
         );
-        // Dk above 64: the general tensor-core output kernel.
+        // 64 < Dk ≤ 128: tiles of 128 key columns; above 128, or where those tiles do not fit
+        // the device's shared memory, the general tensor-core output kernel.
         let p = plan_of(Base::Mamba2, false, [1, 16384, 16, 128, 64], Tf32, F32);
+        assert_eq!(functions(&p)[2], "llc_out_direct_tc_f32_k128");
+        assert_eq!(p.launches[2].shared_mem, (2 * 128 + 64) * 64 * 4 + 128 * 64 * 4);
+        let p = plan_of(Base::Mamba2, false, [1, 1000, 3, 72, 40], Tf32, F32);
+        assert_eq!(functions(&p)[2], "llc_out_direct_tc_f32_k128");
+        let p = plan_of(Base::Mamba2, false, [1, 16384, 16, 129, 64], Tf32, F32);
         assert_eq!(functions(&p)[2], "llc_out_tc_f32");
+        let small = Device { sms: 132, smem: 100 << 10 };
+        let p = plan(&mixer(Base::Mamba2, false), [1, 16384, 16, 128, 64], Tf32, F32, small).unwrap();
+        assert_eq!(functions(&p)[2], "llc_out_tc_f32");
+        let p = plan(&mixer(Base::Mamba2, false), T16K, Tf32, F32, small).unwrap();
+        assert_eq!(functions(&p)[2], "llc_out_direct_tc_f32");
         // The lift: a tree launch per level of 256 chunks (levels 1 to 8), then the outputs.
         let p = plan_of(Base::Mamba2, true, T16K, Tf32, F32);
         let f = functions(&p);
@@ -545,14 +556,18 @@ mod tests {
     }
 
     #[test]
-    fn scalar_decay_in_the_bf16_mode_reads_bf16_activations_without_a_lift_up_to_dk_64() {
+    fn scalar_decay_in_the_bf16_mode_reads_bf16_activations_without_a_lift_up_to_dk_128() {
         let p = plan_of(Base::LinearAttention, false, T16K, Bf16, Storage::Bf16 { aligned: false });
         assert_eq!(p.path, Path::SsdBf16);
         assert_eq!(functions(&p), ["llc_states_tc_bf16", "llc_scan_f32", "llc_out_direct_tc_bf16"]);
         assert_eq!(p.launches[2].shared_mem, 3 * 64 * 64 * 2 + 64 * 64 * 4);
-        // With the lift, Dk above 64, f32 activations or another mode: the f32 path.
+        let p = plan_of(Base::Mamba2, false, [1, 64, 2, 80, 64], Bf16, BF16);
+        assert_eq!(p.path, Path::SsdBf16);
+        assert_eq!(functions(&p)[2], "llc_out_direct_tc_bf16_k128");
+        assert_eq!(p.launches[2].shared_mem, (2 * 128 + 64) * 64 * 2 + 128 * 64 * 4);
+        // With the lift, Dk above 128, f32 activations or another mode: the f32 path.
         assert_eq!(plan_of(Base::Mamba2, true, T16K, Bf16, BF16).path, Path::Ssd);
-        assert_eq!(plan_of(Base::Mamba2, false, [1, 64, 2, 80, 64], Bf16, BF16).path, Path::Ssd);
+        assert_eq!(plan_of(Base::Mamba2, false, [1, 64, 2, 136, 64], Bf16, BF16).path, Path::Ssd);
         assert_eq!(plan_of(Base::Mamba2, false, T16K, Bf16, F32).path, Path::Ssd);
         assert_eq!(plan_of(Base::Mamba2, false, T16K, Tf32, BF16).path, Path::Ssd);
     }

@@ -7,10 +7,11 @@
 //!   state pass): `llc_out`, or `llc_out_tc` on tensor cores (the tf32 and bf16 modes with f32
 //!   data), reading the tree of chunk states (lifts: for every set bit `e − 1` of the chunk index
 //!   its bucket, read with `σ λ_r^(c+e) e^(γ_r) q_r`) or the one state entering the chunk
-//!   (`direct`, without a lift). Reading one state per chunk with tensor cores and `Dk ≤ 64`, it
-//!   is `llc_out_direct_tc`: a block copies its four tiles (Q, K, V, the state) into shared memory
-//!   at once and keeps the scores in registers as the A operand of `P·V`; its bf16 form reads
-//!   `q`, `k`, `v` as stored and writes a bf16 `y`.
+//!   (`direct`, without a lift). Reading one state per chunk with tensor cores and `Dk ≤ 128`
+//!   (where its shared memory fits the device, [`direct_fits`]), it is `llc_out_direct_tc`: a block
+//!   copies its four tiles (Q, K, V, the state) into shared memory at once and keeps the scores in
+//!   registers as the A operand of `P·V`; its bf16 form reads `q`, `k`, `v` as stored and writes
+//!   a bf16 `y`. Its `_k128` kernels hold 128 key columns (`64 < Dk ≤ 128`).
 //! - Gated DeltaNet's lift: `llc_out_dl` (or `llc_out_dl_tc`), the λ-weighted intra coefficients
 //!   `P T⁻¹ diag(β)` with `P = σ QKᵀ ⊙ Γ`, and every level state entering the chunk read with the
 //!   carried queries `Q̃ = σ diag(e^γ) Q − P W`.
@@ -18,7 +19,7 @@
 use cudarc::driver::{CudaFunction, CudaView, DeviceRepr, LaunchConfig};
 use mixer_core::{Precision, Result};
 
-use super::common::{Elem, FAMILY, Launch, Shape, Step, fixed_dims, kernel_ints, tensor_cores};
+use super::common::{Device, Elem, FAMILY, Launch, Shape, Step, fixed_dims, kernel_ints, tensor_cores};
 use crate::kernels;
 use crate::pool::Pooled;
 use crate::runtime::{gpu, int, launch};
@@ -34,10 +35,27 @@ fn out_dl_smem(elem: Elem) -> usize {
     (2 * ch * (ch + 1) + 64 * (ch + 1) + 2 * 16 * 65) * elem.bytes()
 }
 
-/// Dynamic shared memory of `llc_out_direct_tc` for activations of `bytes` bytes: the Q, K, V
-/// tiles `[64][64]` and the f32 state tile (`lld_smem` in the kernel).
-fn direct_smem(bytes: usize) -> usize {
-    3 * 64 * 64 * bytes + 64 * 64 * 4
+/// Key columns of `llc_out_direct_tc`'s tiles for `dk`: 64, or 128 (its `_k128` kernels); `None`
+/// above 128.
+fn direct_columns(dk: usize) -> Option<usize> {
+    match dk {
+        0..=64 => Some(64),
+        65..=128 => Some(128),
+        _ => None,
+    }
+}
+
+/// Dynamic shared memory of `llc_out_direct_tc` with `kt` key columns for activations of `bytes`
+/// bytes: the Q, K tiles `[64][kt]`, the V tile `[64][64]` and the f32 state tile `[kt][64]`
+/// (`lld_smem` in the kernel).
+fn direct_smem(kt: usize, bytes: usize) -> usize {
+    (2 * kt + 64) * 64 * bytes + kt * 64 * 4
+}
+
+/// Whether `llc_out_direct_tc` serves `dk` with activations of `bytes` bytes on `device`:
+/// `Dk ≤ 128` and its shared memory within the device's.
+pub(crate) fn direct_fits(dk: usize, bytes: usize, device: Device) -> bool {
+    direct_columns(dk).is_some_and(|kt| direct_smem(kt, bytes) <= device.smem)
 }
 
 /// Whether `l` is a launch of `llc_out_direct_tc` (its arguments differ from `llc_out`'s).
@@ -47,12 +65,12 @@ fn is_direct(l: &Launch) -> bool {
 
 /// The outputs of the scalar-decay members and of gated DeltaNet without a lift: the tree
 /// (`lifted`) or the state entering each chunk (otherwise): `llc_out_direct_tc_f32` with tensor
-/// cores and `Dk ≤ 64` without a lift, else `llc_out` or `llc_out_tc`.
-pub(crate) fn launch(s: Shape, elem: Elem, p: Precision, lifted: bool) -> Launch {
+/// cores without a lift where [`direct_fits`] on `device`, else `llc_out` or `llc_out_tc`.
+pub(crate) fn launch(s: Shape, elem: Elem, p: Precision, lifted: bool, device: Device) -> Launch {
     let nc = s.chunks(elem.chunk());
     let grid = [nc, s.bh(), s.dv.div_ceil(64)];
     let tc = tensor_cores(p, elem);
-    if !lifted && tc && s.dk <= 64 {
+    if !lifted && tc && direct_fits(s.dk, 4, device) {
         return launch_direct(s, "llc_out_direct_tc_f32", 4);
     }
     let (name, threads) = if tc { ("llc_out_tc", 128) } else { ("llc_out", 256) };
@@ -60,16 +78,19 @@ pub(crate) fn launch(s: Shape, elem: Elem, p: Precision, lifted: bool) -> Launch
         .on(grid, threads, 0)
 }
 
-/// `llc_out_direct_tc_bf16`: the bf16 mode's one state per chunk, bf16 activations and `y`.
+/// `llc_out_direct_tc_bf16`: the bf16 mode's one state per chunk, bf16 activations and `y`
+/// (the caller has checked [`direct_fits`]).
 pub(crate) fn launch_bf16(s: Shape) -> Launch {
     launch_direct(s, "llc_out_direct_tc_bf16", 2)
 }
 
-/// `llc_out_direct_tc` (`name`) for activations of `bytes` bytes.
+/// `llc_out_direct_tc` (`name`, with `_k128` where `Dk > 64`) for activations of `bytes` bytes.
 fn launch_direct(s: Shape, name: &str, bytes: usize) -> Launch {
     let grid = [s.chunks(64), s.bh(), s.dv.div_ceil(64)];
-    Launch::new(Step::Output, &kernels::LOGLINEAR_OUTPUT, name.to_string(), fixed_dims(s))
-        .on(grid, 128, direct_smem(bytes))
+    let kt = direct_columns(s.dk).unwrap_or(128);
+    let name = if kt > 64 { format!("{name}_k128") } else { name.to_string() };
+    Launch::new(Step::Output, &kernels::LOGLINEAR_OUTPUT, name, fixed_dims(s))
+        .on(grid, 128, direct_smem(kt, bytes))
         .opted_in(true)
 }
 

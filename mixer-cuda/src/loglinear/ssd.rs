@@ -23,7 +23,7 @@
 //! tree entries (which made pass 3 read about four states per chunk at 16k tokens).
 //!
 //! In the tf32 and bf16 modes `llc_states_tc` does the products of pass 1 on tensor cores (tf32
-//! `mma.sync`, f32 accumulation); in the bf16 mode without a lift, `Dk ≤ 64` and bf16 `q`, `k`,
+//! `mma.sync`, f32 accumulation); in the bf16 mode without a lift, `Dk ≤ 128` and bf16 `q`, `k`,
 //! `v`, [`run_bf16`] reads the activations as stored and writes a bf16 `y`.
 //!
 //! So the base mixers and the lifts share every pass; the lift costs one `CH × D_k × D_v` product
@@ -187,7 +187,7 @@ pub(crate) fn run<F: GpuReal>(
     Ok((y, fin))
 }
 
-/// The bf16 mode of linear attention and Mamba-2 without a lift, `Dk ≤ 64` (`g` as given), with
+/// The bf16 mode of linear attention and Mamba-2 without a lift, `Dk ≤ 128` (`g` as given), with
 /// the launches of `plan`: `llc_states_tc_bf16` and `llc_out_direct_tc_bf16` read `q`, `k`, `v` as they are stored
 /// and the latter writes a bf16 `y` (no f32 copies of the activations or of `y`; a bf16 value is
 /// exact in tf32, so the products are those of the f32 path on the same values); the states and

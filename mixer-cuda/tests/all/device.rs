@@ -433,6 +433,10 @@ fn loglinear_precision_modes_meet_their_tolerances() {
         ("loglinear-mamba2", 64, 777),
         ("loglinear-attention", 48, 1000),
         ("gated-deltanet", 64, 515),
+        // 64 < Dk ≤ 128: the output kernel's tiles of 128 key columns.
+        ("mamba2", 128, 1000),
+        ("linear-attention", 100, 333),
+        ("gated-deltanet", 128, 515),
     ] {
         let m = mixer(name, &serde_json::json!({})).unwrap();
         let dims = complete_dims(
@@ -510,8 +514,8 @@ fn bf16_and_tf32(m: &dyn mixer_core::Mixer, x: &Tensors<f32>) -> (ArrayD<mixer_c
 
 /// The bf16 mode of Mamba-2, linear attention and gated DeltaNet without a lift equals the tf32
 /// mode on the same values with its output rounded to bf16, bit for bit (bf16 values are exact in
-/// tf32), where it runs the tf32 kernels: Mamba-2 and linear attention with `Dk ≤ 64` read the
-/// bf16 activations as stored and write a bf16 `y`; otherwise the activations are converted and
+/// tf32), where it runs the tf32 kernels: Mamba-2 and linear attention with `Dk ≤ 128` read the
+/// bf16 activations as stored and write a bf16 `y` (tiles of 64 or 128 key columns); otherwise the activations are converted and
 /// the f32 kernels run (gated DeltaNet's sequential pass then takes k's bits without rounding
 /// them). Gated DeltaNet with `Dk ≤ 64` and head dims multiples of 8 runs on bf16 operands instead
 /// (`gated_deltanet_bf16_operands_…` below).
@@ -526,6 +530,9 @@ fn loglinear_bf16_mode_equals_tf32_on_the_same_values() {
         ("mamba2", 5, 130),
         ("linear-attention", 16, 333),
         ("mamba2", 70, 129),
+        ("mamba2", 128, 700),
+        ("linear-attention", 100, 333),
+        ("mamba2", 130, 129),
         ("gated-deltanet", 70, 129),
         ("gated-deltanet", 20, 300),
     ] {
