@@ -757,7 +757,10 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
                                mx_bf16* Vn, float* Hs, int Tn, int H, int Dk, int Dv, int nc) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, NT = 32 * NWV, KT = DKP / 8, K16 = DKP / 16, VB = 16 * NWV;
-    constexpr int DKW = (DKP + 31) / 32 * 32;    // W, K columns copied (zero from Dk on): whole x4 loads
+    // W, K columns copied (zero from Dk on): whole x4 loads of 32 keys, and a power of two so that a
+    // row's 16-byte pieces divide the threads (ldt_copy_tile); the products read KW32 groups of 32.
+    constexpr int DKW = DKP <= 32 ? 32 : DKP <= 64 ? 64 : 128, KW32 = (DKP + 31) / 32;
+    static_assert(DKP <= 128, "llc_delta_h_rb holds at most 128 keys");
     // Row strides (bf16) 16 bytes longer than the rows: an ldmatrix's eight rows fall in distinct
     // 16-byte bank groups.
     constexpr int LDW = DKW + 8, LDU = VB + 8;
@@ -841,7 +844,7 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
             A[kk][3] = mx_pack_bf16(-S[2 * kk + 1][2], -S[2 * kk + 1][3]);
         }
 #pragma unroll
-        for (int kq = 0; kq < DKW / 32; ++kq)
+        for (int kq = 0; kq < KW32; ++kq)
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
                 unsigned w[4];  // W rows 8nt .. 8nt + 7, keys 32kq .. 32kq + 31: two k-steps' B fragments

@@ -247,7 +247,10 @@ pub fn run_from<F: GpuReal>(
         match ll.base {
             Base::LinearAttention | Base::Mamba2 => {
                 let s = Shape::new(dims);
-                if ll.lift.is_none() && output::direct_fits(s.dk, 2, device) && s.b * s.t * s.h * s.dk * s.dv != 0 {
+                if ll.lift.is_none()
+                    && output::direct_fits(s.dk, 2, device)
+                    && s.b * s.t * s.h * s.dk * s.dv != 0
+                {
                     return run_ssd_bf16(ll, x, st, device).map(|y| (y, None));
                 }
             }

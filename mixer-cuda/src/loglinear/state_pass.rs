@@ -23,8 +23,8 @@
 //! The pass has several kernels; [`select`] is the one rule that picks one, from the shapes, the
 //! precision mode, the storage of the activations and the device's shared memory, and [`launches`]
 //! says how it is launched. The rule, in order:
-//! 1. the bf16 mode with bf16 `q`, `k`, `v` (rows 16-byte aligned), no lift, `Dk ≤ 64`, `Dk` and
-//!    `Dv` multiples of 8: `llc_delta_h_rb` ([`StatePass::Bf16Registers`]: bf16 operands, the
+//! 1. the bf16 mode with bf16 `q`, `k`, `v` (rows 16-byte aligned), no lift, `Dk ≤ 128` (and the
+//!    bf16 output kernel's tiles within the device's shared memory), `Dk` and `Dv` multiples of 8: `llc_delta_h_rb` ([`StatePass::Bf16Registers`]: bf16 operands, the
 //!    state in registers, two warps of 16 value columns, one where `Dv ≤ 16`), with three buffers
 //!    or two where they fit;
 //! 2. where the FMA pass's states and buffers do not fit in shared memory (on the H200 in f32 without
@@ -50,6 +50,7 @@ use serde::Serialize;
 use super::common::{
     Device, Elem, FAMILY, Launch, Shape, Step, Storage, fixed_dims, kernel_ints, tensor_cores, unexpected,
 };
+use super::output;
 use crate::kernels;
 use crate::pool::{self, Pooled};
 use crate::runtime::{gpu, launch};
@@ -123,10 +124,10 @@ pub(crate) fn delta_h_rg_smem(dk: usize, warps: usize, stages: usize) -> usize {
 
 /// Dynamic shared memory of `llc_delta_h_rb` (bytes; the layout in the kernel) with `warps` warps
 /// per block and `stages` buffers: per buffer the chunk's bf16 `W` and `K` (`Dk` rounded up to 16,
-/// then to 32, plus 8 entries per row), `U` (the block's `16·warps` columns plus 8) and the f32
+/// then to a power of two of at least 32, plus 8 entries per row), `U` (the block's `16·warps` columns plus 8) and the f32
 /// log-decays.
 pub(crate) fn delta_h_rb_smem(dk: usize, warps: usize, stages: usize) -> usize {
-    let ldw = (dk.div_ceil(16) * 16).div_ceil(32) * 32 + 8;
+    let ldw = (dk.div_ceil(16) * 16).max(32).next_power_of_two() + 8;
     stages * (64 * (2 * ldw + 16 * warps + 8) * 2 + 64 * 4)
 }
 
@@ -206,14 +207,16 @@ fn stages(fits: impl Fn(usize) -> bool) -> Option<usize> {
     (2..=3).rev().find(|&s| fits(s))
 }
 
-/// Whether the bf16 mode's pass may run: bf16 `q`, `k`, `v` with 16-byte aligned rows, no lift,
-/// `Dk ≤ 64`, `Dk` and `Dv` multiples of 8, nothing empty.
-fn bf16_applies(s: Shape, p: Precision, storage: Storage, lifted: bool) -> bool {
+/// Whether the bf16 mode's pass may run on `device`: bf16 `q`, `k`, `v` with 16-byte aligned rows,
+/// no lift, `Dk ≤ 128` with the bf16 output kernel fitting ([`output::direct_fits`]), `Dk` and
+/// `Dv` multiples of 8, nothing empty.
+fn bf16_applies(s: Shape, p: Precision, storage: Storage, lifted: bool, device: Device) -> bool {
     let Shape { b, t, h, dk, dv } = s;
     p == Precision::Bf16
         && storage == Storage::Bf16 { aligned: true }
         && !lifted
-        && dk <= 64
+        && dk <= RG_MAX_DK
+        && output::direct_fits(dk, 2, device)
         && dk.is_multiple_of(8)
         && dv.is_multiple_of(8)
         && b * t * h * dk * dv != 0
@@ -223,7 +226,7 @@ fn bf16_applies(s: Shape, p: Precision, storage: Storage, lifted: bool) -> bool 
 pub fn select(s: Shape, p: Precision, storage: Storage, lifted: bool, device: Device) -> StatePass {
     let Device { sms, smem: limit } = device;
     let (dk, dv, bh) = (s.dk, s.dv, s.bh());
-    if bf16_applies(s, p, storage, lifted) {
+    if bf16_applies(s, p, storage, lifted, device) {
         let warps = rb_warps(dv);
         if let Some(stages) = stages(|st| delta_h_rb_smem(dk, warps, st) <= limit) {
             return StatePass::Bf16Registers { warps, stages };
@@ -269,7 +272,7 @@ pub fn candidates(s: Shape, p: Precision, storage: Storage, lifted: bool, device
     let elem = storage.elem();
     let levels = levels(elem, lifted, s.t);
     let mut out = Vec::new();
-    if bf16_applies(s, p, storage, lifted) {
+    if bf16_applies(s, p, storage, lifted, device) {
         let warps = rb_warps(dv);
         out.extend(
             stages(|st| delta_h_rb_smem(dk, warps, st) <= limit)
@@ -608,23 +611,38 @@ mod tests {
     #[test]
     fn rule_1_the_bf16_mode_with_bf16_activations_runs_on_bf16_operands() {
         let bf = Storage::Bf16 { aligned: true };
-        for (dims, warps) in [([16, 64, 64], 2), ([512, 64, 64], 2), ([16, 32, 16], 1), ([16, 64, 24], 2)] {
+        for (dims, warps) in [
+            ([16, 64, 64], 2),
+            ([512, 64, 64], 2),
+            ([16, 32, 16], 1),
+            ([16, 64, 24], 2),
+            ([16, 72, 64], 2),
+            ([128, 128, 128], 2),
+        ] {
             let want = StatePass::Bf16Registers { warps, stages: 3 };
             assert_eq!(pick_in(Bf16, bf, false, dims, 1, H200), want, "{dims:?}");
         }
-        // Not where the rows are unaligned, the dims are not multiples of 8, Dk > 64, with the
+        // Dk = 128 on a device whose shared memory does not hold the bf16 output kernel's tiles
+        // (72 KiB): not there.
+        let small = Device { sms: 132, smem: 64 << 10 };
+        assert!(!matches!(
+            pick_in(Bf16, bf, false, [16, 128, 64], 1, small),
+            StatePass::Bf16Registers { .. }
+        ));
+        // Not where the rows are unaligned, the dims are not multiples of 8, Dk > 128, with the
         // lift, or in another mode: the f32 rule then.
         let unaligned = Storage::Bf16 { aligned: false };
-        for (p, storage, dims) in [
-            (Bf16, unaligned, [16, 64, 64]),
-            (Bf16, bf, [16, 60, 64]),
-            (Bf16, bf, [16, 72, 64]),
-            (Tf32, bf, [16, 64, 64]),
-        ] {
+        for (p, storage, dims) in
+            [(Bf16, unaligned, [16, 64, 64]), (Bf16, bf, [16, 60, 64]), (Tf32, bf, [16, 64, 64])]
+        {
             let got = pick_in(p, storage, false, dims, 1, H200);
             assert_eq!(got, StatePass::Shared { stages: 3, group: 1 }, "{p:?} {storage:?} {dims:?}");
         }
         assert_eq!(pick_in(Bf16, bf, true, [16, 64, 64], 9, H200), StatePass::Transition { stages: 3 });
+        assert_eq!(
+            pick_in(Bf16, bf, false, [16, 136, 64], 1, H200),
+            StatePass::Shared { stages: 2, group: 1 }
+        );
     }
 
     #[test]

@@ -517,7 +517,7 @@ fn bf16_and_tf32(m: &dyn mixer_core::Mixer, x: &Tensors<f32>) -> (ArrayD<mixer_c
 /// tf32), where it runs the tf32 kernels: Mamba-2 and linear attention with `Dk ≤ 128` read the
 /// bf16 activations as stored and write a bf16 `y` (tiles of 64 or 128 key columns); otherwise the activations are converted and
 /// the f32 kernels run (gated DeltaNet's sequential pass then takes k's bits without rounding
-/// them). Gated DeltaNet with `Dk ≤ 64` and head dims multiples of 8 runs on bf16 operands instead
+/// them). Gated DeltaNet with `Dk ≤ 128` and head dims multiples of 8 runs on bf16 operands instead
 /// (`gated_deltanet_bf16_operands_…` below).
 #[test]
 #[ignore = "needs a CUDA device"]
@@ -547,9 +547,10 @@ fn loglinear_bf16_mode_equals_tf32_on_the_same_values() {
     }
 }
 
-/// Gated DeltaNet's bf16 mode on bf16 operands (`Dk ≤ 64`, head dims multiples of 8: the WY
+/// Gated DeltaNet's bf16 mode on bf16 operands (`Dk ≤ 128`, head dims multiples of 8: the WY
 /// kernel, the sequential pass with the state in registers and bf16 mma, the bf16 output kernel)
-/// at key dims 8 to 64 (one to four 16-key steps, an odd count at 40), value dims that leave a
+/// at key dims 8 to 128 (one to eight 16-key steps, odd counts at 40 and 72, the output kernel's
+/// 128-column tiles from 72 on), value dims that leave a
 /// block's last warp partly or wholly past `Dv` (24, 72), one and two warps per block (as the host
 /// picks them) and T that is not a chunk multiple: within 10⁻² relative RMS of the f64 oracle on the same bf16 values
 /// (the mode's tolerance is 2·10⁻²), and not bit-equal to the tf32 mode's output rounded to bf16
@@ -561,9 +562,17 @@ fn gated_deltanet_bf16_operands_within_tolerance_at_every_shape() {
         return;
     };
     let m = mixer("gated-deltanet", &serde_json::json!({})).unwrap();
-    for (batch, heads, dk, dv, t) in
-        [(2, 3, 64, 64, 515), (1, 5, 40, 24, 200), (3, 2, 8, 16, 65), (1, 1, 64, 64, 1), (2, 4, 16, 72, 130)]
-    {
+    for (batch, heads, dk, dv, t) in [
+        (2, 3, 64, 64, 515),
+        (1, 5, 40, 24, 200),
+        (3, 2, 8, 16, 65),
+        (1, 1, 64, 64, 1),
+        (2, 4, 16, 72, 130),
+        // Dk above 64: the output kernel's tiles of 128 key columns.
+        (2, 3, 128, 128, 515),
+        (1, 2, 96, 40, 200),
+        (1, 3, 72, 64, 130),
+    ] {
         let dims = complete_dims(m.as_ref(), &Sizes { batch, seq: t, channels: 1, heads, dk, dv }.dims());
         let x = bf16_activations(&cast_tensors::<f32>(&m.random_inputs(&dims, 23).unwrap()));
         let x64: Tensors<f64> = x.iter().map(|(k, v)| (k.clone(), v.mapv(f64::from))).collect();
