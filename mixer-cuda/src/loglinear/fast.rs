@@ -75,6 +75,13 @@ pub struct Plan {
     pub alternatives: Vec<Launch>,
 }
 
+/// Whether linear attention and Mamba-2 in the bf16 mode on bf16 activations take the bf16 path
+/// ([`Path::SsdBf16`]): no lift, the one-state-per-chunk output kernel fitting `device`
+/// ([`output::direct_fits`]: `Dk ≤ 128`), nothing empty.
+fn ssd_bf16_applies(s: Shape, lifted: bool, device: Device) -> bool {
+    !lifted && output::direct_fits(s.dk, 2, device) && s.b * s.t * s.h * s.dk * s.dv != 0
+}
+
 /// The launches of the `fast` form of `ll` for `shape` (`[B, T, H, Dk, Dv]`), precision mode `p`,
 /// the activations' `storage` and `device`: the rule for the path and the state pass, and every
 /// kernel's function, defines, grid, block and dynamic shared memory. Errors where a size exceeds
@@ -87,7 +94,7 @@ pub fn plan(
     device: Device,
 ) -> Result<Plan> {
     let s = Shape::new(shape);
-    let [b, t, h, dk, dv] = shape;
+    let [b, t, h, _, dv] = shape;
     let lifted = ll.lift.is_some();
     let elem = storage.elem();
     let mut plan = Plan {
@@ -106,7 +113,7 @@ pub fn plan(
     let bf16_mode = p == Precision::Bf16 && matches!(storage, Storage::Bf16 { .. });
     match ll.base {
         Base::LinearAttention | Base::Mamba2 => {
-            if bf16_mode && !lifted && output::direct_fits(dk, 2, device) && b * t * h * dk * dv != 0 {
+            if bf16_mode && ssd_bf16_applies(s, lifted, device) {
                 plan.path = Path::SsdBf16;
                 plan.launches = ssd::launches(s, Elem::F32, p, false, true)?;
                 plan.launches.push(output::launch_bf16(s));
@@ -246,11 +253,7 @@ pub fn run_from<F: GpuReal>(
         let device = Device::current();
         match ll.base {
             Base::LinearAttention | Base::Mamba2 => {
-                let s = Shape::new(dims);
-                if ll.lift.is_none()
-                    && output::direct_fits(s.dk, 2, device)
-                    && s.b * s.t * s.h * s.dk * s.dv != 0
-                {
+                if ssd_bf16_applies(Shape::new(dims), ll.lift.is_some(), device) {
                     return run_ssd_bf16(ll, x, st, device).map(|y| (y, None));
                 }
             }

@@ -24,9 +24,10 @@
 //! precision mode, the storage of the activations and the device's shared memory, and [`launches`]
 //! says how it is launched. The rule, in order:
 //! 1. the bf16 mode with bf16 `q`, `k`, `v` (rows 16-byte aligned), no lift, `Dk ≤ 128` (and the
-//!    bf16 output kernel's tiles within the device's shared memory), `Dk` and `Dv` multiples of 8: `llc_delta_h_rb` ([`StatePass::Bf16Registers`]: bf16 operands, the
-//!    state in registers, two warps of 16 value columns, one where `Dv ≤ 16`), with three buffers
-//!    or two where they fit;
+//!    bf16 output kernel's tiles within the device's shared memory), `Dk` and `Dv` multiples of
+//!    8: `llc_delta_h_rb` ([`StatePass::Bf16Registers`]: bf16 operands, the state in registers,
+//!    two warps of 16 value columns, one where `Dv ≤ 16`), with three buffers or two where they
+//!    fit;
 //! 2. where the FMA pass's states and buffers do not fit in shared memory (on the H200 in f32 without
 //!    the lift `Dk` above about 190: 188 fits, 192 does not): the whole form in one block per head ([`StatePass::Sequential`],
 //!    `loglinear_sequential.cu`);
@@ -124,8 +125,8 @@ pub(crate) fn delta_h_rg_smem(dk: usize, warps: usize, stages: usize) -> usize {
 
 /// Dynamic shared memory of `llc_delta_h_rb` (bytes; the layout in the kernel) with `warps` warps
 /// per block and `stages` buffers: per buffer the chunk's bf16 `W` and `K` (`Dk` rounded up to 16,
-/// then to a power of two of at least 32, plus 8 entries per row), `U` (the block's `16·warps` columns plus 8) and the f32
-/// log-decays.
+/// then to a power of two of at least 32, plus 8 entries per row), `U` (the block's `16·warps`
+/// columns plus 8) and the f32 log-decays.
 pub(crate) fn delta_h_rb_smem(dk: usize, warps: usize, stages: usize) -> usize {
     let ldw = (dk.div_ceil(16) * 16).max(32).next_power_of_two() + 8;
     stages * (64 * (2 * ldw + 16 * warps + 8) * 2 + 64 * 4)
