@@ -284,9 +284,10 @@ extern "C" __global__ void __launch_bounds__(128, 4)
     llc_out_tc(q, k, v, g, has_g, lam, F, A, y, Tn, H, Dk, Dv, L, lifted, direct, nc, scale);
 }
 
-// 3''. Pass 3 without a lift (direct = 1: F[bh·NC + i] is the state entering chunk i) on tensor
-// cores, for Dk ≤ KT (KT = 64 or 128 key columns): the four tiles a block needs — Q, K [64 tokens ×
-// KT key columns], V [64 tokens × 64 value columns] and the state H [KT key rows × 64 value columns]
+// 3''. Pass 3 without a lift (direct = 1: F[bh·NC + i] is the state entering chunk i; chunk 0's
+// is read only with read0, a run from a state, where it is H_0 = S_0ᵀ) on tensor cores, for
+// Dk ≤ KT (KT = 64 or 128 key columns): the four tiles a block needs — Q, K [64 tokens × KT key
+// columns], V [64 tokens × 64 value columns] and the state H [KT key rows × 64 value columns]
 // — are copied by cp.async all at once (Q and H first), so that one memory latency is exposed per
 // block. Warp w owns rows r = 16w..16w+15 of the chunk:
 //   y_r = σ e^{γ_r} q_r·H + Σ_{s ≤ r} σ e^{γ_r − γ_s} (q_r·k_s) v_s.
@@ -346,7 +347,7 @@ __device__ __forceinline__ void lld_tile(T* dst, const T* src, long long rs, int
 }
 template <typename TI, int KT>
 __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const float* F,
-                                  TI* y, int Tn, int H, int Dk, int Dv, int nc, double scale) {
+                                  TI* y, int Tn, int H, int Dk, int Dv, int nc, double scale, int read0) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, E = 16 / sizeof(TI);
     __shared__ double gam[CH], gtmp[CH];
@@ -365,9 +366,11 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
     const int DK8 = (Dk + 7) / 8;
     auto atqk = [](int r, int c) { return lld_at<TI, KT>(r, c, true); };
     auto atv = [](int r, int c) { return lld_at<TI, KT>(r, c, false); };
-    // Group 1: Q and the entering state (none for chunk 0); group 2: K and V.
+    // Group 1: Q and the entering state (none for chunk 0 unless read0: a run from a state);
+    // group 2: K and V.
+    const bool state = i > 0 || read0;
     lld_tile<64, KT>(Qs, q + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
-    if (i > 0) lld_tile<KT, 64>(Hs, F + ((long long)bh * nc + i) * Dk * Dv + d0, Dv, Dk, nd, vf, lld_h);
+    if (state) lld_tile<KT, 64>(Hs, F + ((long long)bh * nc + i) * Dk * Dv + d0, Dv, Dk, nd, vf, lld_h);
     asm volatile("cp.async.commit_group;\n" ::);
     lld_tile<64, KT>(Ks, k + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
     lld_tile<64, 64>(Vs, v + row0 * Dv + d0, (long long)H * Dv, n, nd, vv, atv);
@@ -377,7 +380,7 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
     float o[8][4] = {};
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
     __syncthreads();
-    if (i > 0) {
+    if (state) {
         // o = (Q H) scaled by σ e^{γ_r} per row.
         for (int k8 = 0; k8 < DK8; ++k8) {
             const int c = k8 * 8 + tg;
@@ -434,8 +437,8 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
 #define LLD_EXPORT(NAME, TI, KT)                                                                              \
     extern "C" __global__ void __launch_bounds__(128)                                                        \
         NAME(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const float* F, TI* y, int Tn, \
-             int H, int Dk, int Dv, int nc, double scale) {                                                   \
-        llc_out_direct_tc<TI, KT>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale);                        \
+             int H, int Dk, int Dv, int nc, double scale, int read0) {                                        \
+        llc_out_direct_tc<TI, KT>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale, read0);                 \
     }
 LLD_EXPORT(llc_out_direct_tc_f32, float, 64)
 LLD_EXPORT(llc_out_direct_tc_bf16, mx_bf16, 64)

@@ -40,12 +40,11 @@ __device__ __forceinline__ void ldt_copy_rows(T* dst, int ld, const T* src, long
 // second buffer (cp.async) while the current one is computed. Per chunk j, K̂_s = e^{a_j − γ_s} k_s:
 // - lifted = 0 (one state S [Dk × 16]): write the entering state to Hs [BH][NC][Dk][Dv], form the
 //   new values U' = U − W S (written to Vn, laid out as v), and move on: S ← e^{a_j} S + K̂ᵀ U'.
-//   A run from a state (docs/math.md §7; the only pass besides ll_chunked that takes one, the
-//   host's rule in loglinear/state_pass.rs): with has_s0 the state entering chunk 0 is
-//   H_0 = S_0ᵀ, read from S0 [BH][Dv][Dk], instead of zero; with has_st the state after the
-//   last chunk (e^{a_j} over its n tokens only, so after token T − 1), H_T = S_Tᵀ, is written to
-//   ST [BH][Dv][Dk]. The host passes has_s0 = has_st = 0 with the lift (its level states are not
-//   one S).
+//   A run from a state (docs/math.md §7; every pass without a lift takes one, with the same
+//   arguments): with has_s0 the state entering chunk 0 is H_0 = S_0ᵀ, read from S0 [BH][Dv][Dk],
+//   instead of zero; with has_st the state after the last chunk (e^{a_j} over its n tokens only,
+//   so after token T − 1), H_T = S_Tᵀ, is written to ST [BH][Dv][Dk]. The host passes
+//   has_s0 = has_st = 0 with the lift (its level states are not one S).
 // - lifted = 1 (chunk-level Fenwick states S^(e), e < E, docs/math.md §2.6): merge levels 0..m
 //   into m + 1 (m = ctz j, j ≥ 1); write every non-empty level e ≥ 1 (bit e − 1 of j) to Hs at slot
 //   popsum(j) + rank [BH][slots][Dk][Dv] (popsum(j) = Σ_{j'<j} popcount(j'), so chunk j's levels
@@ -243,6 +242,7 @@ __device__ void llc_delta_h(const T* k, const T* g, int has_g, const T* W, const
 // products in groups of up to DH_LG (compile time): one barrier after product 1 and one after
 // product 2 per group rather than per level, each warp's W or K fragments loaded once per k-step
 // for the group, and the group's levels as independent mma chains (Un has DH_LG buffers).
+// Without a lift it starts from S0 and writes ST as llc_delta_h does (has_s0, has_st).
 // Grid (BH, ⌈Dv/16⌉), 288 threads (LDT_THREADS); dynamic shared memory: see delta_h_tc_smem in loglinear/state_pass.rs.
 #define LDT_LDS 24
 #ifndef DH_LG
@@ -307,7 +307,7 @@ __device__ __forceinline__ float ldt_decays(int lane, int n, float x0, float x1,
 }
 __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
                                float* Hs, int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots,
-                               int ST) {
+                               int ST, const float* S0, int has_s0, float* STo, int has_st) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, NW = 8, NT = NW * 32;  // NW warps compute; warp NW takes the decays
 #ifdef DH_DKP
@@ -389,7 +389,14 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
         decays(0, gx0, gx1, dec2);
         load_g(1, gx0, gx1);
     } else {
-        for (int idx = tid; idx < E * SD; idx += NT) S[idx] = 0.f;
+        // The states entering chunk 0: zero, or H_0 = S_0ᵀ (has_s0, no lift; entry (c, d) of H is
+        // entry (d, c) of S_0).
+        const bool from_s0 = has_s0 && !lifted;
+        for (int idx = tid; idx < E * SD; idx += NT) {
+            const int c = idx / LDT_LDS, dd = idx % LDT_LDS, d = d0 + dd;
+            const bool in = from_s0 && idx < SD && c < Dk && dd < LLC_DVT && d < Dv;
+            S[idx] = in ? S0[(long long)bh * DD + (long long)d * Dk + c] : 0.f;
+        }
         for (int jj = 0; jj < ST - 1 && jj < nc; ++jj) prefetch(jj, jj);
     }
     for (int j = 0; j < nc; ++j) {
@@ -565,13 +572,22 @@ __device__ void llc_delta_h_tc(const float* k, const float* g, int has_g, const 
             if (!late) __syncthreads();
         }
     }
+    // The state after the last token (no lift): S_T = Hᵀ, once the last update is complete.
+    if (has_st && !lifted) {
+        __syncthreads();
+        for (int idx = tid; idx < Dk * LLC_DVT; idx += blockDim.x) {
+            const int c = idx / LLC_DVT, dd = idx % LLC_DVT, d = d0 + dd;
+            if (d < Dv) STo[(long long)bh * DD + (long long)d * Dk + c] = S[c * LDT_LDS + dd];
+        }
+    }
 }
 
 #define LDT_THREADS 288  // 8 computing warps and the decay warp
 extern "C" __global__ void __launch_bounds__(LDT_THREADS, 1)
     llc_delta_h_tc_f32(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn, float* Hs,
-                       int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots, int stages) {
-    llc_delta_h_tc(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, lifted, E, slots, stages);
+                       int Tn, int H, int Dk, int Dv, int nc, int lifted, int E, long long slots, int stages,
+                       const float* S0, int has_s0, float* ST, int has_st) {
+    llc_delta_h_tc(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, lifted, E, slots, stages, S0, has_s0, ST, has_st);
 }
 
 // 5''. Gated DeltaNet's sequential pass without a lift, the state in registers (tf32 / bf16 modes,
@@ -591,12 +607,39 @@ extern "C" __global__ void __launch_bounds__(LDT_THREADS, 1)
 // Each warp issues both products of every chunk alone (128 mma at Dk = 64), so this kernel pays off
 // with many blocks only: the host takes it when llc_delta_h_tc's blocks would need more than one
 // wave (H200, T = 16k, Dk = Dv = 64, four warps: 0.80 ms against 0.68 at B·H = 16, 0.77 against
-// 1.27 at B·H = 64).
+// 1.27 at B·H = 64). From a state as llc_delta_h (has_s0, has_st; ldt_state_in, ldt_state_out).
 // Grid (BH, ⌈Dv / (16·NWV)⌉), 32·NWV threads; dynamic shared memory ST · delta_h_rg_stage floats
 // (delta_h_rg_smem in loglinear/state_pass.rs).
+// A run from a state in the register passes (llc_delta_h_rg, llc_delta_h_rb; no lift): a lane's
+// tiles of Sᵀ hold keys c = 8kk + 2t + (u & 1) of values d = dg + 8·(u ≥ 2); entry (c, d) of
+// H = Sᵀ is entry (d, c) of a state S [BH][Dv][Dk] (S0 at `at` = bh·Dk·Dv). ldt_state_in loads
+// H_0 = S_0ᵀ (zero without has_s0), ldt_state_out writes the state after the last token.
+template <int KT>
+__device__ __forceinline__ void ldt_state_in(float (&S)[KT][4], const float* S0, int has_s0, long long at, int Dk,
+                                             int Dv, int dg, int tg) {
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int c = 8 * kk + 2 * tg + (u & 1), d = dg + (u < 2 ? 0 : 8);
+            S[kk][u] = has_s0 && c < Dk && d < Dv ? S0[at + (long long)d * Dk + c] : 0.f;
+        }
+}
+template <int KT>
+__device__ __forceinline__ void ldt_state_out(const float (&S)[KT][4], float* ST, long long at, int Dk, int Dv, int dg,
+                                              int tg) {
+#pragma unroll
+    for (int kk = 0; kk < KT; ++kk)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int c = 8 * kk + 2 * tg + (u & 1), d = dg + (u < 2 ? 0 : 8);
+            if (c < Dk && d < Dv) ST[at + (long long)d * Dk + c] = S[kk][u];
+        }
+}
 template <int DKP, int NWV, int ST>
 __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
-                               float* Hs, int Tn, int H, int Dk, int Dv, int nc) {
+                               float* Hs, int Tn, int H, int Dk, int Dv, int nc, const float* S0, int has_s0,
+                               float* ST_, int has_st) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, NT = 32 * NWV, KT = DKP / 8, VB = 16 * NWV;
     // Row strides: W ≡ 8 (mod 32) floats for its float2 fragment loads, K ≡ 4 and U ≡ 4 (mod 16)
@@ -642,12 +685,9 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
         asm volatile("cp.async.commit_group;\n" ::);
     };
     for (int j = 0; j < ST - 1; ++j) prefetch(j);
-    float S[KT][4];  // Sᵀ: tile kk holds keys 8kk .. 8kk + 7 as (k = 2t, 2t + 1) × (values g, g + 8)
-#pragma unroll
-    for (int kk = 0; kk < KT; ++kk)
-#pragma unroll
-        for (int u = 0; u < 4; ++u) S[kk][u] = 0.f;
     const int dg = v0 + dw + gi;  // this lane's value columns dg and dg + 8
+    float S[KT][4];  // Sᵀ: tile kk holds keys 8kk .. 8kk + 7 as (k = 2t, 2t + 1) × (values g, g + 8)
+    ldt_state_in<KT>(S, S0, has_s0, bh * DD, Dk, Dv, dg, tg);
     for (int j = 0; j < nc; ++j) {
         // Chunk j's group is complete once at most ST − 2 younger ones are pending; the barrier
         // publishes it and frees chunk j − 1's buffer, which the prefetch below overwrites.
@@ -721,6 +761,7 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
                 mx_mma_tf32(S[kk], A[nt][0], A[nt][1], A[nt][2], A[nt][3], DH_KOP(kr[8 * kk]), DH_KOP(kr[LDK + 8 * kk]));
         }
     }
+    if (has_st) ldt_state_out<KT>(S, ST_, bh * DD, Dk, Dv, dg, tg);
 }
 
 #ifndef DHR_WARPS
@@ -736,8 +777,9 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
 #endif
 extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
     llc_delta_h_rg_f32(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
-                       float* Hs, int Tn, int H, int Dk, int Dv, int nc) {
-    llc_delta_h_rg<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc);
+                       float* Hs, int Tn, int H, int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST,
+                       int has_st) {
+    llc_delta_h_rg<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st);
 }
 
 // 5'''. Gated DeltaNet's sequential pass in the bf16 mode without a lift: llc_delta_h_rg's scheme
@@ -751,10 +793,12 @@ extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
 // Two accumulator tiles (keys, or tokens, 16kk .. 16kk + 15) make one A fragment of the next
 // product as they are: the first gives k = 2t, 2t + 1, the second 2t + 8, 2t + 9. The new values
 // leave transposed by movmatrix (two adjacent values of one token per lane). Needs Dk and Dv
-// multiples of 8 and 16-byte aligned k, W, U (the host checks).
+// multiples of 8 and 16-byte aligned k, W, U (the host checks). From an f32 state as
+// llc_delta_h_rg (the state stays f32 in and out).
 template <int DKP, int NWV, int ST>
 __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, const mx_bf16* W, const mx_bf16* U,
-                               mx_bf16* Vn, float* Hs, int Tn, int H, int Dk, int Dv, int nc) {
+                               mx_bf16* Vn, float* Hs, int Tn, int H, int Dk, int Dv, int nc, const float* S0,
+                               int has_s0, float* ST_, int has_st) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, NT = 32 * NWV, KT = DKP / 8, K16 = DKP / 16, VB = 16 * NWV;
     // W, K columns copied (zero from Dk on): whole x4 loads of 32 keys, and a power of two so that a
@@ -787,12 +831,9 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
         asm volatile("cp.async.commit_group;\n" ::);
     };
     for (int j = 0; j < ST - 1; ++j) prefetch(j);
-    float S[KT][4];  // Sᵀ: tile kk holds keys 8kk + 2t, 8kk + 2t + 1 (columns) of values g, g + 8
-#pragma unroll
-    for (int kk = 0; kk < KT; ++kk)
-#pragma unroll
-        for (int u = 0; u < 4; ++u) S[kk][u] = 0.f;
     const int dg = v0 + dw + gi;  // this lane's value columns dg and dg + 8 in S
+    float S[KT][4];  // Sᵀ: tile kk holds keys 8kk + 2t, 8kk + 2t + 1 (columns) of values g, g + 8
+    ldt_state_in<KT>(S, S0, has_s0, bh * DD, Dk, Dv, dg, tg);
     const bool hlo = dg < Dv, hhi = dg + 8 < Dv;
     float* hp = Hs + (long long)bh * nc * DD + 2 * tg * Dv + dg;  // chunk j's entering state, this lane's first entry
     const int dc = v0 + dw + 2 * tg;  // this lane's pairs of new values: columns dc, dc + 1 and dc + 8, dc + 9
@@ -889,12 +930,14 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
                 mx_mma_bf16(S[2 * np + 1], B2[kk][0], B2[kk][1], B2[kk][2], B2[kk][3], r[2], r[3]);
             }
     }
+    if (has_st) ldt_state_out<KT>(S, ST_, bh * DD, Dk, Dv, dg, tg);
 }
 #if DH_BF16  // the bf16 mode's kernels are compiled in their own module (-DDH_BF16=1)
 extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
     llc_delta_h_rb_bf16(const mx_bf16* k, const float* g, int has_g, const mx_bf16* W, const mx_bf16* U,
-                        mx_bf16* Vn, float* Hs, int Tn, int H, int Dk, int Dv, int nc) {
-    llc_delta_h_rb<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc);
+                        mx_bf16* Vn, float* Hs, int Tn, int H, int Dk, int Dv, int nc, const float* S0, int has_s0,
+                        float* ST, int has_st) {
+    llc_delta_h_rb<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st);
 }
 #endif
 

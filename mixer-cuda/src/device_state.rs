@@ -4,11 +4,13 @@
 //! and its gradient stay on the device; nothing waits for the stream.
 //!
 //! The registry decides availability (`mixer_registry::run_device_from_state`), as for host
-//! arrays. This checks, on the host, what a plain device run checks (shapes, bounds, dtypes)
-//! plus the state's names and shapes against the mixer's state (`Mixer::state_shapes`), its
-//! dtype (the inputs'), and the mode: a run from a state computes in the exact mode. Values (the
-//! inputs' constraints, a finite state, `dy` and `d_final`, a finite `y`) are checked on the
-//! device and reported when a result is read, unless `checks` is false.
+//! arrays. This checks, on the host, what a plain device run checks (shapes, bounds, the mode's
+//! dtypes) plus the state's names and shapes against the mixer's state (`Mixer::state_shapes`)
+//! and its dtype: f64 with f64 inputs in the exact mode, else f32 (the bf16 mode keeps the state
+//! in f32). The forward runs in the mode asked; the backward computes in the exact mode whatever
+//! the mode (bf16 inputs and `dy` converted to f32; docs/math.md §7.1). Values (the inputs'
+//! constraints, a finite state, `dy` and `d_final`, a finite `y`) are checked on the device and
+//! reported when a result is read, unless `checks` is false.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -36,8 +38,9 @@ pub struct Cotangents<'a> {
 }
 
 /// `y` and the final state of `m`'s `fast` form from the state `initial` (`None`: zeros) on
-/// device tensors, in the exact mode (`f32` or `f64`, the inputs' dtype). Returns at once; the
-/// results carry the deferred value checks. The registry decides availability.
+/// device tensors, in the mode `precision` (the state `f64` with `f64` inputs, else `f32`).
+/// Returns at once; the results carry the deferred value checks. The registry decides
+/// availability.
 pub fn run_device_from_state(
     m: &dyn Mixer,
     inputs: &DeviceTensors,
@@ -147,11 +150,15 @@ pub(crate) fn backward<T: DeviceFamily<f32> + DeviceFamily<f64>>(
             format!("{:?}", c.dy.shape()),
         ));
     }
-    let elem = if double { "f64" } else { "f32" };
-    if c.dy.dtype() != elem {
+    let want = match precision {
+        Precision::Bf16 => "bf16",
+        _ if double => "f64",
+        _ => "f32",
+    };
+    if c.dy.dtype() != want {
         return Err(Error::Value {
             name: "dy".into(),
-            constraint: format!("a {elem} device tensor (the inputs' dtype)"),
+            constraint: format!("a {want} device tensor (the dtype of y in the {precision} mode)"),
             found: format!("a {} device tensor", c.dy.dtype()),
         });
     }
@@ -176,23 +183,16 @@ pub(crate) fn backward<T: DeviceFamily<f32> + DeviceFamily<f64>>(
     Ok((grads, ds))
 }
 
-/// The host-side checks of a call from a state: the exact mode, the inputs as for a plain run,
-/// and each given state (`(name in errors, tensors)`) against the mixer's state at these sizes:
-/// its names, shapes and the inputs' dtype. Returns whether the call computes in `f64`.
+/// The host-side checks of a call from a state: the inputs as for a plain run in the mode, and
+/// each given state (`(name in errors, tensors)`) against the mixer's state at these sizes: its
+/// names, shapes and dtype (`f64` with `f64` inputs, else `f32`). Returns whether the call
+/// computes in `f64`.
 fn check(
     m: &dyn Mixer,
     inputs: &DeviceTensors,
     states: &[(&str, Option<&DeviceTensors>)],
     precision: Precision,
 ) -> Result<bool> {
-    if precision != Precision::Exact {
-        return Err(Error::Value {
-            name: "precision".into(),
-            constraint:
-                "a run from a state on device tensors computes in the exact mode (f32 or f64 tensors)".into(),
-            found: format!("the {precision} mode"),
-        });
-    }
     let double = check_on_host(m, inputs, precision)?;
     let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
     let dims = m.spec().bind(&shapes)?;
@@ -205,7 +205,7 @@ fn check(
         if let Some((k, t)) = s.iter().find(|(_, t)| t.dtype() != elem) {
             return Err(Error::Value {
                 name: format!("{what}.{k}"),
-                constraint: format!("a {elem} device tensor (the inputs' dtype)"),
+                constraint: format!("a {elem} device tensor (the state is f64 with f64 inputs, else f32)"),
                 found: format!("a {} device tensor", t.dtype()),
             });
         }

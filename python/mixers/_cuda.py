@@ -52,7 +52,7 @@ def applies(tensors: Sequence[torch.Tensor], backend: str, form: str, stateful: 
     return (
         backend == "cuda"
         and form in ("fast", "parallel")
-        and (not stateful or (form == "fast" and precision == "exact"))
+        and (not stateful or form == "fast")
         and cu_seqlens is None
         and all(t.is_cuda and t.get_device() == device(t) for t in tensors)
     )
@@ -196,7 +196,8 @@ def forward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], c
     """``(y, final_state)`` of the ``parallel`` or ``fast`` form, enqueued on the current stream
     (``y`` in the library's dtype: the mixed input's work dtype, bfloat16 in the ``bf16`` mode;
     ``final_state`` ``None`` unless ``want_final``). With ``initial_state`` or ``want_final`` the
-    ``fast`` form runs from the state (zeros without one), in the exact mode."""
+    ``fast`` form runs from the state (zeros without one), in the mode asked (the state float32,
+    or float64 with float64 inputs)."""
     keep, raw = _prepare(names, tensors, precision)
     s0, s0_raw = _state("initial_state", initial_state, tensors)
     device = tensors[0].device
@@ -233,8 +234,9 @@ def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], 
              d_final: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
     """The ``fast`` backward for the cotangent ``dy``, enqueued on the current stream:
     ``{"d_<input>": tensor}`` (float32 in the ``tf32`` and ``bf16`` modes, else the inputs'
-    dtype). From a state (``initial_state`` or the final state's cotangent ``d_final``) in the
-    exact mode, with ``"d_initial_state"`` when ``initial_state`` is given.
+    dtype). From a state (``initial_state`` or the final state's cotangent ``d_final``) computed in
+    the exact mode on the values as the mode stores them, with ``"d_initial_state"`` when
+    ``initial_state`` is given.
     ``NotImplementedError`` where the CUDA backend has no such backward for the mixer."""
     keep, raw = _prepare(names, tensors, precision)
     dy_dtype = torch.bfloat16 if precision == "bf16" else (torch.float32 if dy.dtype in _HALF else dy.dtype)

@@ -177,7 +177,7 @@ fn single(what: &str, s: &DeviceTensors) -> PyResult<AnyDeviceTensor> {
 /// the stream `stream` with every buffer from `alloc` (see the module's documentation); returns
 /// `y` and, with `want_final`, the final state, each as `(owner tensor, byte offset, shape,
 /// dtype)`. With `initial` (the state as one tensor, `Raw` like the inputs) or `want_final` the
-/// `fast` form runs from the state (zeros without one), in the exact mode
+/// `fast` form runs from the state (zeros without one), in the mode asked
 /// (`mixers::cuda::run_device_from_state`).
 #[pyfunction]
 #[pyo3(signature = (name, inputs, stream, alloc, config=None, form="fast", precision="exact", initial=None, want_final=false))]
@@ -225,8 +225,9 @@ pub fn cuda_forward(
 /// The `fast` backward of mixer `name` on CUDA tensors for the cotangent `dy` (shape of `y`;
 /// bf16 in the `bf16` mode), enqueued like [`cuda_forward`]; returns `{"d_<input>": output}`
 /// for every input in `requires` (default: all). With `initial` or `d_final` (the final state's
-/// cotangent; each one tensor) it is the backward from the state (exact mode), and with `initial`
-/// the result also holds `"d_initial_state"`.
+/// cotangent; each one tensor) it is the backward from the state (computed in the exact mode on
+/// the values as the mode stores them), and with `initial` the result also holds
+/// `"d_initial_state"`.
 #[pyfunction]
 #[pyo3(signature = (name, inputs, dy, stream, alloc, config=None, precision="exact", requires=None, initial=None, d_final=None))]
 #[allow(clippy::too_many_arguments)]

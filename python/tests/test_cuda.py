@@ -122,16 +122,47 @@ def test_runs_from_a_state_are_zero_copy_and_equal_the_rust_cuda_path(name, dtyp
     assert calls == ["forward", "backward"], calls
 
 
-def test_a_state_in_another_mode_or_of_a_lift_takes_the_host_path():
-    """A run from a state in the tf32 mode is computed exactly (as on the host path): the same y
-    as the exact mode. A lift's state (a dict of its level states and position) is refused by the
-    CUDA backend (it names the CPU backend); with ``backend="cpu"`` CUDA tensors take the host
-    path, give CUDA tensors back and equal the CPU's run; a lone tensor for it is refused."""
-    x = _dev(_inputs("mamba2", 65))
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize("name", ["linear-attention", "mamba2", "gated-deltanet"])
+def test_runs_from_a_state_in_the_tf32_and_bf16_modes_are_zero_copy(name, precision, monkeypatch):
+    """From a state on float32 CUDA tensors in the tf32 and bf16 modes: the zero-copy path runs
+    (forward and backward); y and the final state equal the Rust CUDA path in that mode bit for
+    bit, and every gradient and the initial state's (computed in the exact mode on the values as
+    the mode stores them: bf16 activations and dy in the bf16 mode) equal the Rust backward from
+    a state on those values."""
+    calls = []
+    for fn in ("forward", "backward"):
+        real = getattr(_cuda, fn)
+        monkeypatch.setattr(_cuda, fn, lambda *a, _f=real, _n=fn, **k: (calls.append(_n), _f(*a, **k))[1])
+    x = _inputs(name, 130, torch.float32)
+    b, _, h, dk = x["q"].shape
+    s0 = torch.randn(b, h, x["v"].shape[-1], dk, generator=torch.Generator().manual_seed(6))
+    dev = {k: v.cuda().requires_grad_() for k, v in x.items()}
+    s0_dev = s0.cuda().requires_grad_()
+    y, fin = mixers.run(name, precision=precision, initial_state=s0_dev, output_final_state=True, **dev)
+    assert fin.is_cuda and fin.dtype == torch.float32 and fin.shape == s0.shape
+    host = {k: v.numpy() for k, v in x.items()}
+    want_y, want_f = mixers.run_numpy(name, backend="cuda", precision=precision, initial_state={"S": s0.numpy()},
+                                      output_final_state=True, **host)
+    assert torch.equal(y.detach().cpu().float(), torch.from_numpy(want_y)), f"{name} {precision}: y"
+    assert torch.equal(fin.detach().cpu(), torch.from_numpy(want_f["S"])), f"{name} {precision}: final state"
+    dy, df = torch.randn_like(y), torch.randn_like(fin)
+    torch.autograd.backward([y, fin], [dy, df])
+    stored = (lambda t: t.bfloat16().float()) if precision == "bf16" else (lambda t: t)
+    xs = {k: (stored(v) if k in ("q", "k", "v") else v).numpy() for k, v in x.items()}
+    want = mixers.backward(name, stored(dy.float().cpu()).numpy(), backend="cuda", initial_state={"S": s0.numpy()},
+                           d_final_state={"S": df.cpu().numpy()}, **xs)
+    for k, v in dev.items():
+        assert torch.equal(v.grad.cpu(), torch.from_numpy(want["d_" + k])), f"{name} {precision}: d_{k}"
+    assert torch.equal(s0_dev.grad.cpu(), torch.from_numpy(want["d_initial_state"]["S"])), f"{name}: d_initial_state"
+    assert calls == ["forward", "backward"], calls
+
+
+def test_a_state_of_a_lift_takes_the_host_path():
+    """A lift's state (a dict of its level states and position) is refused by the CUDA backend
+    (it names the CPU backend); with ``backend="cpu"`` CUDA tensors take the host path, give CUDA
+    tensors back and equal the CPU's run; a lone tensor for it is refused."""
     s0 = torch.zeros(2, 2, 16, 16, device="cuda")
-    y_tf32, _ = mixers.run("mamba2", precision="tf32", initial_state=s0, output_final_state=True, **x)
-    y_exact, _ = mixers.run("mamba2", initial_state=s0, output_final_state=True, **x)
-    _close(y_tf32, y_exact, TOL["exact"], "tf32 from a state")
     whole = _dev(_inputs("loglinear-mamba2", 130))
     first = {k: v[:, :65] for k, v in whole.items()}
     second = {k: v[:, 65:] for k, v in whole.items()}

@@ -170,36 +170,6 @@ pub fn plan(
     Ok(plan)
 }
 
-/// The launches of a run of the `fast` form of `ll` from a state (docs/math.md §7;
-/// [`run_from`]) for `shape`, activations of element type `elem` and `device`: the [`plan`] of
-/// the exact mode with `q`, `k`, `v` stored as `elem`, whatever mode the call asks — the
-/// tensor-core output kernels read no state for chunk 0, and of gated DeltaNet's state passes
-/// only `llc_delta_h` and the sequential form take one ([`state_pass::takes_state`]), which the
-/// pass's rule gives there (rules 2 and 4; the tf32 mode permits tensor cores, it does not
-/// require them). So linear attention and Mamba-2 run their scan (which takes the state) and
-/// `llc_out`, gated DeltaNet `llc_wy`, `llc_delta_h` and `llc_out`, or `ll_chunked`. An error
-/// where the plan takes another path (an internal error: the rule and this plan disagree), or
-/// where [`plan`] gives one.
-pub fn plan_from_state(ll: &LogLinear, shape: [usize; 5], elem: Elem, device: Device) -> Result<Plan> {
-    let plan = plan(ll, shape, Precision::Exact, Storage::Real(elem), device)?;
-    let takes = match plan.path {
-        Path::Empty => true,
-        Path::Ssd => !plan.lifted,
-        Path::Delta | Path::Sequential => {
-            !plan.lifted && plan.state_pass.is_some_and(state_pass::takes_state)
-        }
-        Path::SsdBf16 | Path::DeltaBf16 => false,
-    };
-    if !takes {
-        let (path, pass) = (plan.path, plan.state_pass);
-        return Err(err(
-            FAMILY,
-            format!("internal: a run from a state on the {path:?} path ({pass:?}, lifted: {})", plan.lifted),
-        ));
-    }
-    Ok(plan)
-}
-
 /// How `q`, `k`, `v` are stored in `x` for the form of `F`: bf16 (with whether their rows start
 /// 16-byte aligned) where all three are bf16 and `F` is `f32`, else `F`.
 fn storage<F: GpuReal>(x: &DeviceTensors) -> Storage {
@@ -217,8 +187,8 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
 }
 
 /// Why the `fast` form of `ll` cannot run from a state here, or `None`: the base mixers can
-/// (linear attention and Mamba-2 through their scan, gated DeltaNet through its FMA state pass or
-/// the sequential form, [`state_pass::takes_state`]); the lifts cannot yet.
+/// (linear attention and Mamba-2 through their scan, gated DeltaNet through its state pass or the
+/// sequential form), in every mode; the lifts cannot yet.
 pub fn state_unsupported(ll: &LogLinear) -> Option<String> {
     ll.lift.map(|_| {
         "the lifts' state (Fenwick level states and a position, docs/math.md §7.1) runs on the CPU \
@@ -229,11 +199,11 @@ pub fn state_unsupported(ll: &LogLinear) -> Option<String> {
 
 /// [`run`] of a base mixer from the state `s0` (`S [B, H, Dv, Dk]` as `F`; `None`: zero); with
 /// `want_final`, also the final state after the last token (docs/math.md §7). Only where
-/// [`state_unsupported`] says nothing. A run from a state is planned in the exact mode with the
-/// activations as `F` (whatever `p`; `y` is still returned as `p` gives it): linear attention and
-/// Mamba-2 take the state in their scan and read it in chunk 0 with `llc_out`; gated DeltaNet
-/// takes it in `llc_delta_h` (or the sequential form, where that does not fit: the state pass's
-/// rule gives no other variant then, [`state_pass::takes_state`]) and reads it with `llc_out`.
+/// [`state_unsupported`] says nothing. A run from a state takes the launches of the run without
+/// one (the same [`plan`], in the mode asked): linear attention and Mamba-2 start their scan from
+/// `S_0ᵀ`, which writes the final state, and their outputs read it in chunk 0; gated DeltaNet's
+/// state pass (every variant, or the sequential form) starts from `S_0ᵀ` and writes the final
+/// state, and the outputs read it in chunk 0. The state stays `F` (f32 in the bf16 mode).
 pub fn run_from<F: GpuReal>(
     ll: &LogLinear,
     x: &DeviceTensors,
@@ -245,40 +215,42 @@ pub fn run_from<F: GpuReal>(
     if stateful && let Some(why) = state_unsupported(ll) {
         return Err(err(FAMILY, why));
     }
-    if !stateful
-        && p == Precision::Bf16
+    let check_s0 = |[b, _, h, dk, dv]: [usize; 5]| match s0 {
+        Some(s) if s.shape() != [b, h, dv, dk] => Err(Error::Value {
+            name: "S".into(),
+            constraint: format!("the initial state is [B, H, Dv, Dk] = [{b}, {h}, {dv}, {dk}]"),
+            found: format!("{:?}", s.shape()),
+        }),
+        _ => Ok(()),
+    };
+    if p == Precision::Bf16
         && let st @ Storage::Bf16 { .. } = storage::<F>(x)
         && let Some((_, dims)) = bf16_qkv(x)
     {
         let device = Device::current();
-        match ll.base {
-            Base::LinearAttention | Base::Mamba2 => {
-                if ssd_bf16_applies(Shape::new(dims), ll.lift.is_some(), device) {
-                    return run_ssd_bf16(ll, x, st, device).map(|y| (y, None));
-                }
-            }
-            Base::GatedDeltaNet => {
-                let lifted = ll.lift.is_some();
-                if let StatePass::Bf16Registers { .. } =
-                    state_pass::select(Shape::new(dims), p, st, lifted, device)
-                {
-                    return run_delta_bf16(ll, x, st, device).map(|y| (y, None));
-                }
-            }
+        let shape = Shape::new(dims);
+        let bf16_path = match ll.base {
+            Base::LinearAttention | Base::Mamba2 => ssd_bf16_applies(shape, ll.lift.is_some(), device),
+            Base::GatedDeltaNet => matches!(
+                state_pass::select(shape, p, st, ll.lift.is_some(), device),
+                StatePass::Bf16Registers { .. }
+            ),
+        };
+        if bf16_path {
+            check_s0(dims)?;
+            // (storage::<F> gives bf16 only where F is f32: these casts are identities.)
+            let s0 = s0.map(same::<F, f32>).transpose()?;
+            let (y, fin) = match ll.base {
+                Base::GatedDeltaNet => run_delta_bf16(ll, x, st, device, s0.as_ref(), want_final)?,
+                _ => run_ssd_bf16(ll, x, st, device, s0.as_ref(), want_final)?,
+            };
+            return Ok((y, fin.as_ref().map(same::<f32, F>).transpose()?));
         }
     }
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let (b, t, h, dk) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let dv = v.shape()[3];
-    if let Some(s) = s0
-        && s.shape() != [b, h, dv, dk]
-    {
-        return Err(Error::Value {
-            name: "S".into(),
-            constraint: format!("the initial state is [B, H, Dv, Dk] = [{b}, {h}, {dv}, {dk}]"),
-            found: format!("{:?}", s.shape()),
-        });
-    }
+    check_s0([b, t, h, dk, dv])?;
     if b * t * h * dv == 0 {
         // Nothing to mix: the state passes through unchanged.
         let fin = match (want_final, s0) {
@@ -300,11 +272,7 @@ pub fn run_from<F: GpuReal>(
         zero: pool::zeros::<F>(FAMILY, 1)?,
     };
     // The activations are F now (converted where they were stored otherwise).
-    let plan = if stateful {
-        plan_from_state(ll, inp.dims, Elem::of::<F>(), Device::current())?
-    } else {
-        plan(ll, inp.dims, p, Storage::Real(Elem::of::<F>()), Device::current())?
-    };
+    let plan = plan(ll, inp.dims, p, Storage::Real(Elem::of::<F>()), Device::current())?;
     let (y, fin) = match (plan.path, plan.state_pass) {
         (Path::Ssd, _) => ssd::run(ll, &inp, &plan.launches, s0, want_final)?,
         (Path::Sequential, _) => {
@@ -317,6 +285,13 @@ pub fn run_from<F: GpuReal>(
     let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
     let checks = inp.lam.as_ref().map(|(l, _)| l.checks().to_vec()).unwrap_or_default();
     Ok((finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)?, fin))
+}
+
+/// `a` as a tensor of `G`, where `F` and `G` are one type (an internal error otherwise).
+fn same<F: GpuReal, G: GpuReal>(a: &DeviceTensor<F>) -> Result<DeviceTensor<G>> {
+    G::unwrap(&F::wrap(a.clone()))
+        .cloned()
+        .ok_or_else(|| err(FAMILY, format!("internal: a {} state where {} was expected", F::ELEM, G::ELEM)))
 }
 
 /// A lift's λ weights on the device ([`lambda::weights`] of the inputs `lambda` and
@@ -352,22 +327,32 @@ pub(crate) fn map_lambda<F: GpuReal>(
     Ok((lambda::weights(ll, raw, param)?, levels))
 }
 
+/// The final state of a bf16 path, where one was asked for.
+type Bf16Final = Option<DeviceTensor<f32>>;
+
 /// Linear attention and Mamba-2 without a lift in the bf16 mode, on the bf16 activations as
-/// stored ([`Path::SsdBf16`]).
-fn run_ssd_bf16(ll: &LogLinear, x: &DeviceTensors, st: Storage, device: Device) -> Result<AnyDeviceTensor> {
+/// stored ([`Path::SsdBf16`]), from the f32 state `s0` (`None`: zero), with the final state where
+/// `want_final`.
+fn run_ssd_bf16(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    st: Storage,
+    device: Device,
+    s0: Option<&DeviceTensor<f32>>,
+    want_final: bool,
+) -> Result<(AnyDeviceTensor, Bf16Final)> {
     let Some((_, dims)) = bf16_qkv(x) else {
         return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
     };
     let g = if ll.base.has_decay() { input_opt::<f32>(x, "g")? } else { None };
     let plan = plan(ll, dims, Precision::Bf16, st, device)?;
-    ssd::run_bf16(ll, x, g.as_deref(), &plan.launches)
+    ssd::run_bf16(ll, x, g.as_deref(), &plan.launches, s0, want_final)
 }
 
 /// Gated DeltaNet, parallel over chunks except the state pass `pass`: the launches of the
 /// [`Path::Delta`] plan; without a lift from the initial state `s0` (`S_0 [B, H, Dv, Dk]`;
 /// `None`: zero: the pass starts from `H_0 = S_0ᵀ` and the outputs read it in chunk 0) and with
-/// `want_final` also returning the final state `S_T [B·H, Dv, Dk]` (from a pass that
-/// [`state_pass::takes_state`]).
+/// `want_final` also returning the final state `S_T [B·H, Dv, Dk]`.
 fn run_delta<F: GpuReal>(
     ll: &LogLinear,
     x: &ChunkedInputs<'_, F>,
@@ -454,8 +439,16 @@ fn run_delta<F: GpuReal>(
 /// registers, f32 accumulation, bf16 `m16n8k16` mma) writes the entering states (f32) and the new
 /// values (bf16); `llc_out_direct_tc_bf16` writes a bf16 `y`. The state and the new values are
 /// rounded to bf16 where they enter a product, so this mode is less exact than tf32 (about 10⁻³
-/// relative against the f64 oracle).
-fn run_delta_bf16(ll: &LogLinear, x: &DeviceTensors, st: Storage, device: Device) -> Result<AnyDeviceTensor> {
+/// relative against the f64 oracle). From the f32 state `s0` (`None`: zero), with the final state
+/// where `want_final` (f32: the pass keeps the state in f32).
+fn run_delta_bf16(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    st: Storage,
+    device: Device,
+    s0: Option<&DeviceTensor<f32>>,
+    want_final: bool,
+) -> Result<(AnyDeviceTensor, Bf16Final)> {
     let Some(([q, k, v], dims)) = bf16_qkv(x) else {
         return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
     };
@@ -477,16 +470,26 @@ fn run_delta_bf16(ll: &LogLinear, x: &DeviceTensors, st: Storage, device: Device
     wy::run(wyl, [&kv, &vv], (&gv, has_g), &bv, [&mut w, &mut u], (&mut tinv, false), s)?;
     let mut vn = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
     let mut hs = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
-    // No state in or out on this path (the flag 0; the buffer is never read).
-    let data =
-        PassData { k: &kv, g: (&gv, has_g), w: &w, u: &u, vn: &mut vn, hs: &mut hs, s0: (&gv, 0), fin: None };
+    let (s0v, has_s0) = view_or_zero(s0, &zero);
+    let mut fin = if want_final { Some(pool::take::<f32>(FAMILY, bh * dk * dv)?) } else { None };
+    let data = PassData {
+        k: &kv,
+        g: (&gv, has_g),
+        w: &w,
+        u: &u,
+        vn: &mut vn,
+        hs: &mut hs,
+        s0: (&s0v, has_s0),
+        fin: fin.as_mut(),
+    };
     state_pass::run(pass, std::slice::from_ref(pass_launch), data, s, Elem::F32, false)?;
     drop((w, u, tinv));
     let mut y = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
     let (f, cfg) = out.function()?;
     let vnv = vn.slice(0..vn.len());
-    output::run_direct(f, cfg, [&qv, &kv, &vnv], (&gv, has_g), &hs, s, ll.scale, &mut y)?;
-    Ok(AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?))
+    output::run_direct(f, cfg, [&qv, &kv, &vnv], (&gv, has_g), &hs, s, ll.scale, s0.is_some(), &mut y)?;
+    let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
+    Ok((AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?), fin))
 }
 
 #[cfg(test)]
@@ -616,44 +619,16 @@ mod tests {
     }
 
     #[test]
-    fn a_run_from_a_state_plans_the_exact_kernels_whose_pass_takes_the_state() {
-        let g = mixer(Base::GatedDeltaNet, false);
-        // Every head dim, f32 and f64, one or many batch·heads, on the H200 and on a device of 48
-        // KiB (where even Dk = 64 takes the sequential form): llc_delta_h or ll_chunked.
-        for dev in [H200, Device { sms: 1, smem: 48 << 10 }] {
-            for elem in [Elem::F32, Elem::F64] {
-                for d in [1, 5, 16, 40, 64, 70, 128, 188, 192, 256] {
-                    for (b, t, h) in [(1, 1, 1), (1, 65, 3), (2, 4096, 16)] {
-                        let p = plan_from_state(&g, [b, t, h, d, 2 * d], elem, dev).unwrap();
-                        let want = match p.path {
-                            Path::Delta => vec![
-                                format!("llc_wy_{}", elem.suffix()),
-                                format!("llc_delta_h_{}", elem.suffix()),
-                                format!("llc_out_{}", elem.suffix()),
-                            ],
-                            Path::Sequential => vec![format!("ll_chunked_{}", elem.suffix())],
-                            other => panic!("{other:?} at {dev:?} {elem:?} Dk = {d}"),
-                        };
-                        assert_eq!(functions(&p), want, "{dev:?} {elem:?} Dk = {d}");
-                        assert!(p.state_pass.is_some_and(state_pass::takes_state));
-                        assert_eq!(p.precision, Exact);
-                    }
-                }
-            }
-        }
-        let p = plan_from_state(&g, T16K, Elem::F32, H200).unwrap();
-        assert_eq!((p.path, p.state_pass), (Path::Delta, Some(StatePass::Fma)));
-        let p = plan_from_state(&g, [2, 1000, 3, 256, 256], Elem::F32, H200).unwrap();
-        assert_eq!((p.path, p.state_pass), (Path::Sequential, Some(StatePass::Sequential)));
-        // The scalar-decay members: their scan takes the state, llc_out reads it in chunk 0.
-        let p = plan_from_state(&mixer(Base::Mamba2, false), T16K, Elem::F32, H200).unwrap();
-        assert_eq!(functions(&p), ["llc_states_f32", "llc_scan_f32", "llc_out_f32"]);
-        // The lifts take no state on CUDA.
-        for base in [Base::GatedDeltaNet, Base::Mamba2] {
-            let e = plan_from_state(&mixer(base, true), T16K, Elem::F32, H200).unwrap_err();
-            assert!(e.to_string().contains("internal: a run from a state"), "{e}");
-            assert!(state_unsupported(&mixer(base, true)).is_some());
+    fn the_lifts_are_refused_from_a_state_before_anything_runs() {
+        // A run from a state takes the plan of the run without one (every pass without a lift
+        // takes the state); the lifts are refused with the reason, before touching a device.
+        for base in [Base::GatedDeltaNet, Base::Mamba2, Base::LinearAttention] {
             assert!(state_unsupported(&mixer(base, false)).is_none());
+            let why = state_unsupported(&mixer(base, true)).unwrap();
+            let e = run_from::<f32>(&mixer(base, true), &DeviceTensors::new(), Exact, None, true)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(&why), "{e}");
         }
     }
 

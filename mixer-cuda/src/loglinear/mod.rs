@@ -57,7 +57,7 @@ pub mod state_pass;
 pub mod wy;
 
 pub use common::{Device, Elem, Launch, Shape, Step, Storage};
-pub use fast::{Path, Plan, plan, plan_from_state};
+pub use fast::{Path, Plan, plan};
 pub use state_pass::StatePass;
 
 use mixer_core::mixers::loglinear::LogLinear;

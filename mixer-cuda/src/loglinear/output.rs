@@ -108,7 +108,8 @@ pub(crate) fn launch_lift(s: Shape, elem: Elem, p: Precision) -> Launch {
 /// Runs `l` (from [`launch`]; `f`, `cfg` its function and configuration): `y` from the chunks and
 /// the states they read — the tree (`lifted`), or the state entering each chunk (gated DeltaNet
 /// without a lift passes its new values as `v`, and no decays); `first_state`: chunk 0 reads a
-/// state too (a run from an initial state, kernel `direct = 2`; `llc_out` only).
+/// state too (a run from an initial state, without a lift: kernel `direct = 2`, or `read0` of
+/// `llc_out_direct_tc`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run<F: GpuReal>(
     l: &Launch,
@@ -124,14 +125,11 @@ pub(crate) fn run<F: GpuReal>(
     scale: f64,
     y: &mut Pooled<F>,
 ) -> Result<()> {
-    if first_state && (lifted || is_direct(l)) {
-        return Err(crate::runtime::err(
-            FAMILY,
-            "internal: a state entering chunk 0 needs llc_out without a lift",
-        ));
+    if first_state && lifted {
+        return Err(crate::runtime::err(FAMILY, "internal: a state entering chunk 0 with a lift"));
     }
     if is_direct(l) {
-        return run_direct(f, cfg, [q, k, v], (g, has_g), states, s, scale, y);
+        return run_direct(f, cfg, [q, k, v], (g, has_g), states, s, scale, first_state, y);
     }
     let Shape { t, h, dk, dv, .. } = s;
     let nc = s.chunks(Elem::of::<F>().chunk());
@@ -151,7 +149,7 @@ pub(crate) fn run<F: GpuReal>(
 
 /// Runs `llc_out_direct_tc_f32` or `_bf16` (function `f`, configuration `cfg`): one state per
 /// chunk, `q`, `k`, `v` and `y` of type `T` (f32, or bf16 as stored), `g` and the states entering
-/// the chunks of type `S` (f32).
+/// the chunks of type `S` (f32); chunk 0 reads its state only with `read0` (a run from a state).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_direct<T: DeviceRepr, S: DeviceRepr>(
     f: CudaFunction,
@@ -161,11 +159,13 @@ pub(crate) fn run_direct<T: DeviceRepr, S: DeviceRepr>(
     states: &Pooled<S>,
     s: Shape,
     scale: f64,
+    read0: bool,
     y: &mut Pooled<T>,
 ) -> Result<()> {
     let [ti, hi, dki, dvi, nci, _] = kernel_ints([s.t, s.h, s.dk, s.dv, s.chunks(64), s.bh()])?;
+    let read0 = read0 as i32;
     launch!(gpu()?, FAMILY, f, cfg;
-        q, k, v, g, &has_g, &**states, &mut **y, &ti, &hi, &dki, &dvi, &nci, &scale)
+        q, k, v, g, &has_g, &**states, &mut **y, &ti, &hi, &dki, &dvi, &nci, &scale, &read0)
 }
 
 /// Runs `llc_out_dl` or `llc_out_dl_tc` (function `f`, configuration `cfg`): the lift's outputs

@@ -191,13 +191,16 @@ pub(crate) fn run<F: GpuReal>(
 /// the launches of `plan`: `llc_states_tc_bf16` and `llc_out_direct_tc_bf16` read `q`, `k`, `v` as they are stored
 /// and the latter writes a bf16 `y` (no f32 copies of the activations or of `y`; a bf16 value is
 /// exact in tf32, so the products are those of the f32 path on the same values); the states and
-/// the scan stay f32.
+/// the scan stay f32. The scan may start from the f32 state `s0` (`S [B, H, Dv, Dk]`; `None`: zero;
+/// chunk 0's outputs then read it) and, with `want_final`, writes the final state.
 pub(crate) fn run_bf16(
     ll: &LogLinear,
     x: &DeviceTensors,
     g: Option<&DeviceTensor<f32>>,
     plan: &[Launch],
-) -> Result<AnyDeviceTensor> {
+    s0: Option<&DeviceTensor<f32>>,
+    want_final: bool,
+) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>)> {
     let Some(([q, k, v], dims)) = bf16_qkv(x) else {
         return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
     };
@@ -212,6 +215,8 @@ pub(crate) fn run_bf16(
     let mut states = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
     let mut decays = pool::take::<f64>(FAMILY, bh * nc)?;
     let mut unused = pool::zeros::<f32>(FAMILY, 1)?;
+    let (s0v, has_s0) = view_or_zero(s0, &zero);
+    let mut fin = if want_final { Some(pool::take::<f32>(FAMILY, bh * dk * dv)?) } else { None };
     let (qv, kv, vv) = (q.view(), k.view(), v.view());
     let mut y = None;
     for l in plan {
@@ -220,17 +225,19 @@ pub(crate) fn run_bf16(
             Step::States => launch!(gpu, FAMILY, f, cfg;
                 &kv, &vv, &gv, &has_g, &mut *states, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?,
             Step::Scan => {
-                // No state in or out on this path (zero flags; the pointers are never read).
-                let off = 0i32;
-                launch!(gpu, FAMILY, f, cfg; &mut *states, &*decays, &dki, &dvi, &nci, &gv, &off, &mut *unused, &off)?
+                let has_st = fin.is_some() as i32;
+                let st = fin.as_deref_mut().unwrap_or(&mut *unused);
+                launch!(gpu, FAMILY, f, cfg; &mut *states, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st)?
             }
             Step::Output => {
                 let y = y.insert(pool::take::<bf16>(FAMILY, b * t * h * dv)?);
-                output::run_direct(f, cfg, [&qv, &kv, &vv], (&gv, has_g), &states, s, ll.scale, y)?
+                let read0 = s0.is_some();
+                output::run_direct(f, cfg, [&qv, &kv, &vv], (&gv, has_g), &states, s, ll.scale, read0, y)?
             }
             _ => return Err(unexpected(l)),
         }
     }
     let y = y.ok_or_else(|| err(FAMILY, "internal: a plan without outputs"))?;
-    Ok(AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?))
+    let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
+    Ok((AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?), fin))
 }

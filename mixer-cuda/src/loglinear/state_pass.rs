@@ -11,14 +11,11 @@
 //!   `B_j = K̂ᵀ U` for every chunk in parallel first (`llc_lift_ab`) and does one product per
 //!   level and chunk (`llc_lift_h`).
 //!
-//! Without a lift the pass may start from an initial state and write the final state (a run from
-//! a state, docs/math.md §7): the state entering chunk 0 is then `H_0 = S_0ᵀ` instead of zero,
-//! and the state after the last chunk, taken through that chunk's tokens only, is `H_T = S_Tᵀ`
-//! (`S [B, H, Dv, Dk]`, `H = Sᵀ` per head). Only `llc_delta_h` ([`StatePass::Fma`]) and the
-//! sequential form ([`StatePass::Sequential`]) take a state ([`takes_state`]); a run from a state
-//! therefore asks the rule in the exact mode with the activations as their element type
-//! (`fast::run_from`, as the scalar-decay members' scan does), where rule 1 does not apply and
-//! rules 2 and 4 give one of those two.
+//! Without a lift every variant may start from an initial state and write the final state (a run
+//! from a state, docs/math.md §7): the state entering chunk 0 is then `H_0 = S_0ᵀ` instead of
+//! zero, and the state after the last chunk, taken through that chunk's tokens only, is
+//! `H_T = S_Tᵀ` (`S [B, H, Dv, Dk]`, `H = Sᵀ` per head, f32 or f64 as the states the pass keeps,
+//! f32 in the bf16 pass too). So a run from a state takes the pass the rule gives without one.
 //!
 //! The pass has several kernels; [`select`] is the one rule that picks one, from the shapes, the
 //! precision mode, the storage of the activations and the device's shared memory, and [`launches`]
@@ -193,14 +190,6 @@ pub enum StatePass {
     /// No pass of its own: the whole chunked form in one block per (batch, head)
     /// (`ll_chunked`, `loglinear_sequential.cu`), where the FMA pass does not fit.
     Sequential,
-}
-
-/// Whether `pass` starts from an initial state and writes the final state (without a lift):
-/// `llc_delta_h` and the sequential form. [`select`] in the exact mode with `q`, `k`, `v` stored
-/// as the element type gives one of them for every shape without a lift (rule 2 or 4), which is
-/// how a run from a state is planned.
-pub fn takes_state(pass: StatePass) -> bool {
-    matches!(pass, StatePass::Fma | StatePass::Sequential)
 }
 
 /// Three buffers where `fits` allows them, else two, else none.
@@ -386,9 +375,8 @@ pub(crate) fn launches(pass: StatePass, s: Shape, elem: Elem, p: Precision, lift
 
 /// What the pass reads and writes: `k`, `g`, the WY/UT step's `W` and `U` (activations of type
 /// `T`), the new values `vn` (without a lift) and the entering states `hs` (of type `S`); from a
-/// state ([`takes_state`] passes only, no lift), the initial state `s0` (`S_0 [B·H, Dv, Dk]` and
-/// 1, or any one-entry buffer and 0 for zero) and the final state `fin` (`S_T [B·H, Dv, Dk]`,
-/// where wanted).
+/// state (no lift), the initial state `s0` (`S_0 [B·H, Dv, Dk]` and 1, or any one-entry buffer
+/// and 0 for zero) and the final state `fin` (`S_T [B·H, Dv, Dk]`, where wanted).
 pub(crate) struct PassData<'a, 'b, T: DeviceScalar, S: DeviceScalar> {
     pub k: &'a CudaView<'b, T>,
     pub g: (&'a CudaView<'b, S>, i32),
@@ -409,13 +397,20 @@ pub(crate) fn run<T: DeviceScalar, S: DeviceScalar>(
     elem: Elem,
     lifted: bool,
 ) -> Result<()> {
-    let PassData { k, g: (g, has_g), w, u, vn, hs, s0: (s0, has_s0), mut fin } = x;
-    if (has_s0 != 0 || fin.is_some()) && (lifted || !takes_state(pass)) {
+    let PassData { k, g: (g, has_g), w, u, vn, hs, s0: (s0, has_s0), fin } = x;
+    if (has_s0 != 0 || fin.is_some()) && lifted {
         return Err(crate::runtime::err(
             FAMILY,
-            format!("internal: the state pass {pass:?} (lifted: {lifted}) takes no initial or final state"),
+            format!("internal: the lift's state pass {pass:?} takes no initial or final state"),
         ));
     }
+    // Without a final state the kernels are given a one-entry buffer for it (never written).
+    let has_st = fin.is_some() as i32;
+    let mut unused = None;
+    let st: &mut Pooled<S> = match fin {
+        Some(f) => f,
+        None => unused.insert(pool::take::<S>(FAMILY, 1)?),
+    };
     let nc = s.chunks(elem.chunk());
     let [ti, hi, dki, dvi, nci, _] = kernel_ints([s.t, s.h, s.dk, s.dv, nc, s.bh()])?;
     let levels = levels(elem, lifted, s.t);
@@ -442,26 +437,17 @@ pub(crate) fn run<T: DeviceScalar, S: DeviceScalar>(
                 launch!(gpu, FAMILY, f, cfg; &**mg, &**bg, &**eg, &mut **hs, &dki, &dvi, &nci, &levels_i, &slots_i, &st)?
             }
             (Step::StatePass, StatePass::Registers { .. } | StatePass::Bf16Registers { .. }) => {
-                launch!(gpu, FAMILY, f, cfg; k, g, &has_g, &**w, &**u, &mut **vn, &mut **hs, &ti, &hi, &dki, &dvi, &nci)?
+                launch!(gpu, FAMILY, f, cfg; k, g, &has_g, &**w, &**u, &mut **vn, &mut **hs, &ti, &hi, &dki, &dvi, &nci,
+                    s0, &has_s0, &mut **st, &has_st)?
             }
             (Step::StatePass, StatePass::Shared { stages, .. }) => {
-                let st = stages as i32;
+                let stages = stages as i32;
                 launch!(gpu, FAMILY, f, cfg; k, g, &has_g, &**w, &**u, &mut **vn, &mut **hs, &ti, &hi, &dki, &dvi, &nci,
-                    &lifted_i, &levels_i, &slots_i, &st)?
+                    &lifted_i, &levels_i, &slots_i, &stages, s0, &has_s0, &mut **st, &has_st)?
             }
             (Step::StatePass, StatePass::Fma) => {
-                // Without a final state the kernel is given s0's buffer for it (never written: has_st = 0).
-                let has_st = fin.is_some() as i32;
-                match fin.as_deref_mut() {
-                    Some(st) => {
-                        launch!(gpu, FAMILY, f, cfg; k, g, &has_g, &**w, &**u, &mut **vn, &mut **hs, &ti, &hi,
-                        &dki, &dvi, &nci, &lifted_i, &levels_i, &slots_i, s0, &has_s0, &mut **st, &has_st)?
-                    }
-                    None => {
-                        launch!(gpu, FAMILY, f, cfg; k, g, &has_g, &**w, &**u, &mut **vn, &mut **hs, &ti, &hi,
-                        &dki, &dvi, &nci, &lifted_i, &levels_i, &slots_i, s0, &has_s0, s0, &has_st)?
-                    }
-                }
+                launch!(gpu, FAMILY, f, cfg; k, g, &has_g, &**w, &**u, &mut **vn, &mut **hs, &ti, &hi,
+                    &dki, &dvi, &nci, &lifted_i, &levels_i, &slots_i, s0, &has_s0, &mut **st, &has_st)?
             }
             _ => return Err(unexpected(l)),
         }
@@ -504,33 +490,6 @@ mod tests {
     }
 
     use Precision::{Bf16, Exact, Tf32};
-
-    #[test]
-    fn a_run_from_a_state_gets_a_pass_that_takes_the_state() {
-        // The exact mode with the activations as their element type (how a run from a state asks):
-        // llc_delta_h where it fits, else the sequential form; never a tensor-core or bf16 pass.
-        for d in [dev(132, 48 << 10), H200] {
-            for elem in [Elem::F32, Elem::F64] {
-                for (bh, dk, dv) in
-                    [(1, 5, 7), (16, 64, 64), (512, 64, 64), (512, 128, 128), (16, 188, 64), (16, 256, 256)]
-                {
-                    for t in [1, 64, 65, 16384] {
-                        let s = Shape { b: 1, t, h: bh, dk, dv };
-                        let pass = select(s, Exact, Storage::Real(elem), false, d);
-                        assert!(takes_state(pass), "{d:?} {elem:?} {s:?}: {pass:?}");
-                    }
-                }
-            }
-        }
-        for pass in [
-            StatePass::Bf16Registers { warps: 2, stages: 3 },
-            StatePass::Registers { warps: 4, stages: 3 },
-            StatePass::Shared { stages: 3, group: 1 },
-            StatePass::Transition { stages: 3 },
-        ] {
-            assert!(!takes_state(pass), "{pass:?}");
-        }
-    }
 
     #[test]
     fn rule_4_the_exact_mode_runs_fma_whatever_fits() {

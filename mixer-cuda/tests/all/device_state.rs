@@ -1,8 +1,9 @@
 //! Runs from a state on device tensors (`mixer_cuda::{run_device_from_state,
 //! backward_device_from_state}`): the same bits as the host-array runs from a state on CUDA
 //! (which upload and call the same device forms) for linear attention, Mamba-2 and gated
-//! DeltaNet, f32 and f64, with and without each state; and the errors: a family whose state runs
-//! on host arrays only, a lift, a mode other than exact, a state of the wrong shape or dtype.
+//! DeltaNet, f32 and f64, with and without each state, in every precision mode; and the errors: a
+//! family whose state runs on host arrays only, a lift, inputs not stored as the mode takes them,
+//! a state of the wrong shape or dtype.
 //! GPU tests are `#[ignore]`d and skip without a device (fail under `MIXERS_REQUIRE_CUDA=1`).
 
 use mixer_core::mixer::Mixer;
@@ -82,6 +83,56 @@ fn device_runs_from_a_state_equal_the_host_runs_bit_for_bit() {
     }
 }
 
+/// In the tf32 and bf16 modes (f32 data; bf16 activations and `dy` in the bf16 mode, as that mode
+/// stores them): the device run from a state equals the host-array run on CUDA in the same mode
+/// bit for bit, and the device backward from a state (computed in the exact mode on the values as
+/// stored) equals the host backward from a state (exact) on the same values bit for bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn device_runs_from_a_state_in_the_tf32_and_bf16_modes_equal_the_host_runs() {
+    use mixer_registry::run::bf16_activations;
+    let Some(_turn) = gpu() else { return };
+    let gpu = cuda();
+    for name in ["linear-attention", "mamba2", "gated-deltanet"] {
+        let m = mixer(name, &serde_json::json!({"scale": 0.6})).unwrap();
+        for t in [1, 65, 300] {
+            let d = dims(t);
+            let x = cast_tensors::<f32>(&m.random_inputs(&d, 3).unwrap());
+            let s0 = cast_tensors::<f32>(&m.random_state(&d, 4).unwrap());
+            for p in [Precision::Tf32, Precision::Bf16] {
+                let label = format!("{name} T={t} {p}");
+                let (want_y, want_f) = run_state(m.as_ref(), &gpu, Form::Fast, &x, Some(&s0), p).unwrap();
+                let xd = upload_inputs(&x, p).unwrap();
+                let (y, fin) = run_device_from_state(m.as_ref(), &xd, Some(&up(&s0)), p).unwrap();
+                assert_eq!(y.dtype(), if p == Precision::Bf16 { "bf16" } else { "f32" }, "{label}");
+                assert_eq!(download_as::<f32>(&y).unwrap(), want_y, "{label}: y");
+                assert_eq!(down::<f32>(&fin), want_f, "{label}: final state");
+                // The backward: exact on the values as the mode stores them.
+                let bf16 = p == Precision::Bf16;
+                let xs = if bf16 { bf16_activations(&x) } else { x.clone() };
+                let dy = want_y.mapv(|v| (2.1 * v + 0.3).sin());
+                let dy = if bf16 { dy.mapv(mixer_core::precision::round_bf16) } else { dy };
+                let want =
+                    backward_state(m.as_ref(), &gpu, Form::Fast, &xs, Some(&s0), &dy, None, &Requires::All)
+                        .unwrap();
+                let dy_dev = upload_one(&dy, bf16).unwrap();
+                let (g, ds) = backward_device_from_state(
+                    m.as_ref(),
+                    &xd,
+                    Some(&up(&s0)),
+                    &dy_dev,
+                    None,
+                    &Requires::All,
+                    p,
+                )
+                .unwrap();
+                assert_eq!(down::<f32>(&g), want.0, "{label}: gradients");
+                assert_eq!(down::<f32>(&ds), want.1, "{label}: the initial state's gradient");
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn device_runs_from_a_state_refuse_what_they_cannot_run() {
@@ -95,8 +146,9 @@ fn device_runs_from_a_state_refuse_what_they_cannot_run() {
     let x = cast_tensors::<f32>(&m.random_inputs(&d, 1).unwrap());
     let s0 = cast_tensors::<f32>(&m.random_state(&d, 2).unwrap());
 
-    let e = run("gated-deltanet", serde_json::json!({}), &x, Some(&s0), Precision::Tf32);
-    assert!(e.contains("exact mode") && e.contains("tf32"), "{e}");
+    // The bf16 mode takes bf16 activations (f32 ones are refused, as in a run without a state).
+    let e = run("gated-deltanet", serde_json::json!({}), &x, Some(&s0), Precision::Bf16);
+    assert!(e.contains("a bf16 device tensor") && e.contains("bf16 mode"), "{e}");
     let mut wrong = s0.clone();
     wrong.insert("S".into(), ArrayD::zeros(ndarray::IxDyn(&[2, 2, 48, 70])));
     let e = run("gated-deltanet", serde_json::json!({}), &x, Some(&wrong), Precision::Exact);

@@ -60,7 +60,7 @@ fn loglinear_cuda_plugin_mask_and_scheme() {
 
 use mixer_core::mixer::complete_dims;
 use mixer_core::{DType, Tolerance};
-use mixer_cuda::loglinear::{Device, Elem, Path, plan_from_state};
+use mixer_cuda::loglinear::{Device, Elem, Path, Storage, plan};
 use mixer_registry::run::run_as;
 use mixer_registry::{Sizes, mixer};
 
@@ -277,11 +277,13 @@ fn gdn_case(
     (m.random_inputs(&dims, seed).unwrap(), m.random_state(&dims, seed + 1).unwrap())
 }
 
-/// The path and state pass CUDA takes for gated DeltaNet from a state at `[2, t, 2, dk, dv]` in
-/// `elem` on this device (`fast::plan_from_state`), printed and returned.
+/// The path and state pass CUDA takes for gated DeltaNet (from a state or not) at
+/// `[2, t, 2, dk, dv]` in the exact mode on `elem` data on this device (`fast::plan`), printed
+/// and returned.
 fn gdn_state_path(m: &dyn mixer_core::Mixer, t: usize, dk: usize, dv: usize, elem: Elem) -> Path {
     let ll = m.as_any().downcast_ref::<mixer_core::mixers::loglinear::LogLinear>().unwrap();
-    let p = plan_from_state(ll, [2, t, 2, dk, dv], elem, Device::current()).unwrap();
+    let p = plan(ll, [2, t, 2, dk, dv], mixer_core::Precision::Exact, Storage::Real(elem), Device::current())
+        .unwrap();
     let f: Vec<&str> = p.launches.iter().map(|l| l.function.as_str()).collect();
     println!(
         "STATE PLAN gated-deltanet T={t} Dk={dk} Dv={dv} {elem:?}: {:?} {:?} {f:?}",
@@ -342,8 +344,7 @@ fn gated_deltanet_cuda_from_a_state_equals_the_cpu() {
 
 /// Gated DeltaNet from a random state in the three precision modes on f32 data: through the
 /// device entry point `fast::run_from` on device tensors as the mode stores them (bf16 `q`, `k`,
-/// `v` in the bf16 mode: the run converts them and plans the exact kernels, and `y` comes back
-/// bf16), and through the registry's `run_state` in that mode. Against the CPU's fast form (f64)
+/// `v` in the bf16 mode, `y` bf16 then), and through the registry's `run_state` in that mode. Against the CPU's fast form (f64)
 /// from the same state on the same values (rounded to bf16 in the bf16 mode), within the mode's
 /// tolerance (`Precision::tolerance("f32")`), for `y` and `S_T`, at T = 1, 65, 1000 and every head
 /// dim of [`GDN_STATE_DIMS`].

@@ -15,6 +15,7 @@ mod loglinear;
 mod loglinear_backward;
 mod loglinear_backward_lift;
 mod loglinear_backward_state;
+mod loglinear_state_modes;
 mod runtime;
 mod state_grads;
 mod states_extension;
