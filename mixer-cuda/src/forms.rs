@@ -19,7 +19,8 @@ use mixer_core::mixer::{Decoder, Mixer};
 use mixer_core::precision::{ACTIVATIONS, round_bf16};
 use mixer_core::{Dims, Error, Form, Precision, Requires, Result, Tensors};
 use mixer_registry::{
-    BackwardFn, DecoderFn, Family, FormFn, PreciseBackwardFn, PreciseFn, StateBackwardFn, StateFn,
+    BackwardFn, DecoderFn, Family, FormFn, PreciseBackwardFn, PreciseFn, PreciseStateFn, StateBackwardFn,
+    StateFn,
 };
 use ndarray::ArrayD;
 
@@ -174,6 +175,12 @@ impl<F: GpuReal, T: DeviceFamily<F>> Family<F> for Hosted<T> {
             None => T::extension().map(|e| e.run),
         }
     }
+    fn precise_stateful(&self, form: Form) -> Option<PreciseStateFn<T::Mixer, F>> {
+        (form == Form::Fast)
+            .then(T::fast_from_state)
+            .flatten()
+            .map(|_| host_fast_from_state_with::<F, T> as PreciseStateFn<T::Mixer, F>)
+    }
     fn state_unsupported(&self, m: &T::Mixer, form: Form) -> Option<String> {
         T::state_unsupported(m, form)
     }
@@ -231,17 +238,28 @@ fn host_backward_with<F: GpuReal, T: DeviceFamily<F>>(
     g.iter().map(|(k, v)| Ok((k.clone(), download_as::<F>(v)?))).collect()
 }
 
-/// The `fast` form from a state on host arrays: uploads the inputs and the state, runs the
-/// device form, reads `y` and the final state back.
+/// The `fast` form from a state on host arrays (exact mode): [`host_fast_from_state_with`].
 fn host_fast_from_state<F: GpuReal, T: DeviceFamily<F>>(
     m: &T::Mixer,
     x: &Tensors<F>,
     initial: Option<&Tensors<F>>,
 ) -> Result<(ArrayD<F>, Tensors<F>)> {
+    host_fast_from_state_with::<F, T>(m, x, initial, Precision::Exact)
+}
+
+/// The `fast` form from a state on host arrays in mode `p`: uploads the inputs as the mode stores
+/// them (the activations rounded to bf16 and uploaded as bf16 in the `bf16` mode) and the state,
+/// runs the device form in `p`, reads `y` and the final state back as `F`.
+fn host_fast_from_state_with<F: GpuReal, T: DeviceFamily<F>>(
+    m: &T::Mixer,
+    x: &Tensors<F>,
+    initial: Option<&Tensors<F>>,
+    p: Precision,
+) -> Result<(ArrayD<F>, Tensors<F>)> {
     let f = T::fast_from_state().ok_or_else(|| err(m.family(), "internal: no fast form from a state"))?;
-    let dev = upload_inputs(x, Precision::Exact)?;
+    let dev = upload_inputs(x, p)?;
     let s0 = initial.map(|s| upload_inputs(s, Precision::Exact)).transpose()?;
-    let (y, fin) = f(m, &dev, s0.as_ref(), Precision::Exact)?;
+    let (y, fin) = f(m, &dev, s0.as_ref(), p)?;
     let fin = fin.iter().map(|(k, v)| Ok((k.clone(), download_as::<F>(v)?))).collect::<Result<_>>()?;
     Ok((download_as::<F>(&y)?, fin))
 }

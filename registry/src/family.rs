@@ -54,6 +54,10 @@ pub type PreciseBackwardFn<M, F> =
 /// A form run from a recurrent state ([`mixer_core::state`]): `y` and the final state, from
 /// the validated inputs and the validated initial state (`None`: zeros).
 pub type StateFn<M, F> = fn(&M, &Tensors<F>, Option<&Tensors<F>>) -> Result<(ArrayD<F>, Tensors<F>)>;
+/// A [`StateFn`] with its own handling of the `tf32` and `bf16` modes, from the validated `f32`
+/// inputs as given (the `bf16` mode's rounding of the activations is the implementation's).
+pub type PreciseStateFn<M, F> =
+    fn(&M, &Tensors<F>, Option<&Tensors<F>>, Precision) -> Result<(ArrayD<F>, Tensors<F>)>;
 /// The backward of a [`StateFn`]: from the inputs, the initial state, the cotangent `dy` of
 /// `y` and that of the final state (`None`: zero), the gradients `d_<input>` and the
 /// gradient of the initial state (keyed as the state's tensors; empty without one).
@@ -151,6 +155,12 @@ pub trait Family<F: Real>: Send + Sync + 'static {
     fn state_unsupported(&self, _m: &Self::Mixer, _form: Form) -> Option<String> {
         None
     }
+    /// [`Family::stateful`]'s form with its own handling of the `tf32` and `bf16` modes, if this
+    /// backend has one. Without it the registry runs the exact form (`tf32`) or converts at the
+    /// boundary (`bf16`: the activations and `y` rounded to bf16).
+    fn precise_stateful(&self, _form: Form) -> Option<PreciseStateFn<Self::Mixer, F>> {
+        None
+    }
     /// The backward of [`Family::stateful`]'s form, if this backend has it.
     fn stateful_backward(&self, _form: Form) -> Option<StateBackwardFn<Self::Mixer, F>> {
         None
@@ -241,6 +251,16 @@ pub trait DynFamily<F: Real>: Send + Sync {
         form: Form,
         x: &Tensors<F>,
         initial: Option<&Tensors<F>>,
+    ) -> Option<Result<(ArrayD<F>, Tensors<F>)>>;
+    /// Runs [`Family::precise_stateful`]'s form; `None` when there is none.
+    fn run_precise_state(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        initial: Option<&Tensors<F>>,
+        precision: Precision,
     ) -> Option<Result<(ArrayD<F>, Tensors<F>)>>;
     /// Runs [`Family::stateful_backward`]'s pass; `None` when there is none.
     #[allow(clippy::too_many_arguments)]
@@ -391,6 +411,18 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
     ) -> Option<Result<(ArrayD<F>, Tensors<F>)>> {
         let f = self.stateful(form)?;
         Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, initial)))
+    }
+    fn run_precise_state(
+        &self,
+        m: &dyn Mixer,
+        backend: &str,
+        form: Form,
+        x: &Tensors<F>,
+        initial: Option<&Tensors<F>>,
+        precision: Precision,
+    ) -> Option<Result<(ArrayD<F>, Tensors<F>)>> {
+        let f = self.precise_stateful(form)?;
+        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, initial, precision)))
     }
     fn run_state_backward(
         &self,

@@ -50,7 +50,7 @@ pub use device::{
 pub use entries::*;
 pub use family::{
     BackwardFn, DecoderFn, DynFamily, Family, FormFn, PackedBackwardFn, PackedFn, PreciseBackwardFn,
-    PreciseFn, Scalar, StateBackwardFn, StateDecoderFn, StateFn,
+    PreciseFn, PreciseStateFn, Scalar, StateBackwardFn, StateDecoderFn, StateFn,
 };
 pub use grad_check::{GradRow, check_grad, check_grad_with};
 pub use harness::{CheckRow, Sizes, check, check_with};

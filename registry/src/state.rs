@@ -152,8 +152,9 @@ pub fn decoder_from_state<F: Scalar>(
 
 /// Runs `form` of `m` on `backend` from the initial state `initial` (`None`: zeros), after
 /// checking the inputs and the state's names, shapes and values; returns `y` and the final
-/// state. Precision modes as in [`crate::run::run_with`]: `bf16` rounds the activations and `y`
-/// at the boundary, `tf32` runs the exact form.
+/// state. Precision modes as in [`crate::run::run_with`]: a backend form with its own handling of
+/// the mode ([`crate::Family::precise_stateful`]: CUDA's log-linear base mixers) runs in it;
+/// otherwise `bf16` rounds the activations and `y` at the boundary and `tf32` runs the exact form.
 pub fn run_state<F: Scalar>(
     m: &dyn Mixer,
     backend: &Backend,
@@ -170,6 +171,16 @@ pub fn run_state<F: Scalar>(
     }
     available(m, backend, form)?;
     mixer_core::memory::guard(m, form, &dims, F::DTYPE)?;
+    // A backend form with its own handling of the mode gets the inputs as given.
+    if !matches!(precision, Precision::Exact) && !matches!(form, Form::Materialized | Form::Recurrent) {
+        let imp = implementation::<F>(m, backend, form)?;
+        if let Some(out) = imp.run_precise_state(m, backend.name(), form, inputs, initial, precision) {
+            let (y, fin) = out?;
+            finite_output(m, form, backend, &y)?;
+            check_state("final_state", &want, &fin)?;
+            return Ok((y, fin));
+        }
+    }
     let rounded;
     let x = if precision == Precision::Bf16 {
         rounded = bf16_activations(inputs);

@@ -30,8 +30,8 @@
 //!   reversed run for `dv` (the reversed decays lack `g_0`);
 //! - `dG_{T−1}` gains `⟨S̄_T, S_T⟩` (the `G_{T−1}` in `S_T`), so every `dg_i` does.
 //!
-//! A backward from a state runs in the exact mode whatever the mode asked (the forward from a
-//! state plans the exact kernels; [`run_from`]).
+//! A backward from a state runs in the exact mode whatever the mode asked, on the values as the
+//! mode stores them ([`run_from`]).
 //!
 //! The forward is this backend's `fast` form ([`super::fast::run_from`]), in the call's mode (exact
 //! or tf32; the bf16 mode converts the activations and `dy` to f32 and runs the tf32 kernels). The
