@@ -52,6 +52,7 @@ macro_rules! cuda_family {
 
 pub mod attention;
 pub mod device;
+pub mod device_packed;
 pub mod device_run;
 pub mod device_state;
 pub mod fft;
@@ -67,6 +68,7 @@ pub mod tensor;
 pub mod timing;
 pub mod toeplitz;
 
+pub use device_packed::{backward_device_packed, run_device_packed};
 pub use device_run::{
     backward_device, backward_device_with, decoder_device, run_device, run_device_with, stream,
 };

@@ -53,7 +53,7 @@ def applies(tensors: Sequence[torch.Tensor], backend: str, form: str, stateful: 
         backend == "cuda"
         and form in ("fast", "parallel")
         and (not stateful or form == "fast")
-        and cu_seqlens is None
+        and (cu_seqlens is None or form == "fast")
         and all(t.is_cuda and t.get_device() == device(t) for t in tensors)
     )
 
@@ -192,18 +192,21 @@ def _state(name: str, s: Optional[torch.Tensor], tensors: Sequence[torch.Tensor]
 
 
 def forward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], config: str, form: str,
-            precision: str, initial_state: Optional[torch.Tensor] = None, want_final: bool = False):
+            precision: str, initial_state: Optional[torch.Tensor] = None, want_final: bool = False,
+            cu_seqlens: Optional[List[int]] = None):
     """``(y, final_state)`` of the ``parallel`` or ``fast`` form, enqueued on the current stream
     (``y`` in the library's dtype: the mixed input's work dtype, bfloat16 in the ``bf16`` mode;
     ``final_state`` ``None`` unless ``want_final``). With ``initial_state`` or ``want_final`` the
     ``fast`` form runs from the state (zeros without one), in the mode asked (the state float32,
-    or float64 with float64 inputs)."""
+    or float64 with float64 inputs). With ``cu_seqlens`` (the offsets, a list) the ``fast`` form runs
+    over the packed batch, sequence by sequence on views of the buffer (one state row each)."""
     keep, raw = _prepare(names, tensors, precision)
     s0, s0_raw = _state("initial_state", initial_state, tensors)
     device = tensors[0].device
     stream = _stream(device)
     y, fin = _mixers.cuda_forward(mixer, raw, stream, _allocator(device), config=config, form=form,
-                                  precision=precision, initial=s0_raw, want_final=want_final)
+                                  precision=precision, initial=s0_raw, want_final=want_final,
+                                  cu_seqlens=cu_seqlens)
     del keep, s0
     y, fin = _views((y, fin))
     return y, fin
@@ -231,12 +234,12 @@ def forward_plain(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tens
 
 def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], dy: torch.Tensor, config: str,
              precision: str, requires: Optional[List[str]] = None, initial_state: Optional[torch.Tensor] = None,
-             d_final: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+             d_final: Optional[torch.Tensor] = None, cu_seqlens: Optional[List[int]] = None) -> Dict[str, torch.Tensor]:
     """The ``fast`` backward for the cotangent ``dy``, enqueued on the current stream:
     ``{"d_<input>": tensor}`` (float32 in the ``tf32`` and ``bf16`` modes, else the inputs'
     dtype). From a state (``initial_state`` or the final state's cotangent ``d_final``) computed in
     the exact mode on the values as the mode stores them, with ``"d_initial_state"`` when
-    ``initial_state`` is given.
+    ``initial_state`` is given. With ``cu_seqlens``, the backward of the packed batch.
     ``NotImplementedError`` where the CUDA backend has no such backward for the mixer."""
     keep, raw = _prepare(names, tensors, precision)
     dy_dtype = torch.bfloat16 if precision == "bf16" else (torch.float32 if dy.dtype in _HALF else dy.dtype)
@@ -245,7 +248,8 @@ def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], 
     device = tensors[0].device
     stream = _stream(device)
     grads = _mixers.cuda_backward(mixer, raw, dy_raw, stream, _allocator(device), config=config,
-                                  precision=precision, requires=requires, initial=s0_raw, d_final=df_raw)
+                                  precision=precision, requires=requires, initial=s0_raw, d_final=df_raw,
+                                  cu_seqlens=cu_seqlens)
     del keep, dy_t, s0, df
     return dict(zip(grads, _views(grads.values())))
 

@@ -28,8 +28,10 @@ new arrays, wrapped without a copy. ``bfloat16``/``float16`` inputs are computed
 ``float32`` (converted on the way in, ``y`` and the gradients converted back; states stay
 ``float32``). CUDA tensors run zero-copy on the CUDA backend (``mixers._cuda``: in place, on
 the current stream, every buffer from PyTorch's allocator) for the ``parallel`` and ``fast``
-forms and the ``fast`` backward without a state or ``cu_seqlens``; other CUDA calls are copied
-to the host and back, run by the backend named by ``backend`` on host arrays.
+forms and the ``fast`` backward, from a state where the library runs one on device tensors (the
+log-linear base mixers) and over packed batches (``cu_seqlens``: every sequence run on views of
+the buffer; mixers whose inputs are all per token); other CUDA calls are copied to the host and
+back, run by the backend named by ``backend`` on host arrays.
 """
 
 from __future__ import annotations
@@ -273,11 +275,11 @@ def mixer_op(mixer: str):
                 tensors, backend, form, stateful, cu_seqlens, precision):
             try:
                 y, fin = _cuda.forward(mixer, names, inputs, config, form, precision, initial_state,
-                                       bool(output_final_state))
+                                       bool(output_final_state), cu_seqlens=_offsets(cu_seqlens))
             except NotImplementedError:
-                if not stateful:
+                if not stateful and cu_seqlens is None:
                     raise
-                # no run from a state on device tensors for this mixer: the host path below
+                # no run from a state or packed run on device tensors for this mixer: the host path below
             else:
                 s = fin.to(work) if output_final_state else mixed.new_empty(0, dtype=work)
                 return (y if y.dtype == mixed.dtype else y.to(mixed.dtype)), s
@@ -327,9 +329,10 @@ def mixer_op(mixer: str):
                 list(inputs) + [dy] + states, backend, form, stateful, cu_seqlens, precision):
             try:
                 grads = _cuda.backward(mixer, names, inputs, dy, config, precision,
-                                       initial_state=initial_state, d_final=d_final_state)
+                                       initial_state=initial_state, d_final=d_final_state,
+                                       cu_seqlens=_offsets(cu_seqlens))
             except NotImplementedError:
-                pass  # no CUDA backward of this mixer (from a state): the host path below
+                pass  # no CUDA backward of this mixer (from a state, packed): the host path below
             else:
                 out = [grads["d_" + n].to(t.dtype) for n, t in zip(names, inputs)]
                 if initial_state is None:

@@ -178,9 +178,11 @@ fn single(what: &str, s: &DeviceTensors) -> PyResult<AnyDeviceTensor> {
 /// `y` and, with `want_final`, the final state, each as `(owner tensor, byte offset, shape,
 /// dtype)`. With `initial` (the state as one tensor, `Raw` like the inputs) or `want_final` the
 /// `fast` form runs from the state (zeros without one), in the mode asked
-/// (`mixers::cuda::run_device_from_state`).
+/// (`mixers::cuda::run_device_from_state`). With `cu_seqlens` (the offsets of a packed batch,
+/// `B = 1`) the `fast` form runs sequence by sequence on views of the buffer, each from its row of
+/// `initial` (`mixers::cuda::run_device_packed`).
 #[pyfunction]
-#[pyo3(signature = (name, inputs, stream, alloc, config=None, form="fast", precision="exact", initial=None, want_final=false))]
+#[pyo3(signature = (name, inputs, stream, alloc, config=None, form="fast", precision="exact", initial=None, want_final=false, cu_seqlens=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn cuda_forward(
     py: Python<'_>,
@@ -193,10 +195,31 @@ pub fn cuda_forward(
     precision: &str,
     initial: Option<Raw>,
     want_final: bool,
+    cu_seqlens: Option<Vec<usize>>,
 ) -> PyResult<(Out, Option<Out>)> {
     let m = build(name, config)?;
     let form: Form = form.parse().or_py()?;
     let precision = Precision::parse(precision).or_py()?;
+    if let Some(cu) = cu_seqlens {
+        if form != Form::Fast {
+            return Err(py_err(Error::FormUnavailable {
+                mixer: m.name().into(),
+                form: format!("{} (a packed batch, zero-copy)", form.name()),
+                backend: "cuda".into(),
+                available: "fast".into(),
+            }));
+        }
+        let (y, fin) = enqueue(py, stream, alloc, || {
+            let x = device_inputs(&inputs)?;
+            let s0 = initial.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
+            mixers::cuda::run_device_packed(m.as_ref(), &x, &cu, s0.as_ref(), want_final, precision, false)
+        })?;
+        let fin = match (want_final, fin) {
+            (true, Some(f)) => Some(out(py, "final_state", &single("the final state", &f)?)?),
+            _ => None,
+        };
+        return Ok((out(py, "y", &y)?, fin));
+    }
     if initial.is_none() && !want_final {
         let y = enqueue(py, stream, alloc, || {
             let x = device_inputs(&inputs)?;
@@ -227,9 +250,10 @@ pub fn cuda_forward(
 /// for every input in `requires` (default: all). With `initial` or `d_final` (the final state's
 /// cotangent; each one tensor) it is the backward from the state (computed in the exact mode on
 /// the values as the mode stores them), and with `initial` the result also holds
-/// `"d_initial_state"`.
+/// `"d_initial_state"`. With `cu_seqlens`, the backward of a packed batch
+/// (`mixers::cuda::backward_device_packed`).
 #[pyfunction]
-#[pyo3(signature = (name, inputs, dy, stream, alloc, config=None, precision="exact", requires=None, initial=None, d_final=None))]
+#[pyo3(signature = (name, inputs, dy, stream, alloc, config=None, precision="exact", requires=None, initial=None, d_final=None, cu_seqlens=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn cuda_backward(
     py: Python<'_>,
@@ -243,6 +267,7 @@ pub fn cuda_backward(
     requires: Option<Vec<String>>,
     initial: Option<Raw>,
     d_final: Option<Raw>,
+    cu_seqlens: Option<Vec<usize>>,
 ) -> PyResult<BTreeMap<String, Out>> {
     let m = build(name, config)?;
     let precision = Precision::parse(precision).or_py()?;
@@ -251,6 +276,21 @@ pub fn cuda_backward(
     let (grads, d_init) = enqueue(py, stream, alloc, || {
         let x = device_inputs(&inputs)?;
         let d = borrowed(&dy.0, dy.1, &dy.2, &dy.3)?;
+        if let Some(cu) = &cu_seqlens {
+            let s0 = initial.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
+            let df = d_final.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
+            return mixers::cuda::backward_device_packed(
+                m.as_ref(),
+                &x,
+                cu,
+                s0.as_ref(),
+                &d,
+                df.as_ref(),
+                &requires,
+                precision,
+                false,
+            );
+        }
         if !stateful {
             let g = mixers::cuda::backward_device_with(m.as_ref(), &x, &d, &requires, precision, false)?;
             return Ok((g, DeviceTensors::new()));

@@ -417,3 +417,52 @@ def test_the_backend_runs_on_the_first_cuda_tensors_device():
         y1 = mixers.run("mamba2", {"scale": 0.5}, **on1)
         assert y1.device == torch.device("cuda:1")
         torch.testing.assert_close(y1.cpu(), y0.cpu(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("precision", ["exact", "tf32", "bf16"])
+@pytest.mark.parametrize("name", ["mamba2", "gated-deltanet", "attention"])
+def test_packed_batches_on_cuda_tensors_are_zero_copy(name, precision, monkeypatch):
+    """A packed batch (``cu_seqlens``: an empty sequence, one token, sequences around a chunk, the
+    last offset short of the buffer) on CUDA tensors takes the zero-copy path, forward and
+    backward, from one state row per sequence where the mixer has a state on the device; y, the
+    final states and every gradient equal the Rust CUDA path's packed call (host arrays) bit for
+    bit, and rows past the last offset are zero."""
+    calls = []
+    for fn in ("forward", "backward"):
+        real = getattr(_cuda, fn)
+        monkeypatch.setattr(_cuda, fn, lambda *a, _f=real, _n=fn, **k: (calls.append(_n), _f(*a, **k))[1])
+    cu = [0, 0, 1, 66, 130, 170]
+    x = {k: v[:1] for k, v in _inputs(name, 180, torch.float32).items()}
+    stateful = name != "attention"
+    dev = {k: v.cuda().requires_grad_() for k, v in x.items()}
+    cu_dev = torch.tensor(cu, device="cuda", dtype=torch.int32)
+    host = {k: v.numpy() for k, v in x.items()}
+    kw = {}
+    if stateful:
+        _, _, h, dk = x["q"].shape
+        s0 = torch.randn(len(cu) - 1, h, x["v"].shape[-1], dk, generator=torch.Generator().manual_seed(7))
+        s0_dev = s0.cuda().requires_grad_()
+        y, fin = mixers.run(name, precision=precision, cu_seqlens=cu_dev, initial_state=s0_dev,
+                            output_final_state=True, **dev)
+        want_y, want_f = mixers.run_numpy(name, backend="cuda", precision=precision, cu_seqlens=cu,
+                                          initial_state={"S": s0.numpy()}, output_final_state=True, **host)
+        assert torch.equal(fin.detach().cpu(), torch.from_numpy(want_f["S"])), f"{name} {precision}: final states"
+        kw = {"initial_state": {"S": s0.numpy()}}
+    else:
+        y = mixers.run(name, precision=precision, cu_seqlens=cu_dev, **dev)
+        want_y = mixers.run_numpy(name, backend="cuda", precision=precision, cu_seqlens=cu, **host)
+    assert torch.equal(y.detach().cpu().float(), torch.from_numpy(want_y)), f"{name} {precision}: y"
+    assert not y[:, cu[-1]:].any(), "rows past the last offset"
+    if precision != "exact" and not stateful:
+        return  # the host-array backward is exact; the device one without a state runs in the mode
+    dy = torch.randn_like(y)
+    outs, cots = ([y, fin], [dy, torch.zeros_like(fin)]) if stateful else ([y], [dy])
+    torch.autograd.backward(outs, cots)
+    stored = (lambda t: t.bfloat16().float()) if precision == "bf16" else (lambda t: t)
+    xs = {k: (stored(v) if k in ("q", "k", "v") else v).numpy() for k, v in x.items()}
+    want = mixers.backward(name, stored(dy.float().cpu()).numpy(), backend="cuda", cu_seqlens=cu, **kw, **xs)
+    for k, v in dev.items():
+        assert torch.equal(v.grad.cpu(), torch.from_numpy(want["d_" + k])), f"{name} {precision}: d_{k}"
+    if stateful:
+        assert torch.equal(s0_dev.grad.cpu(), torch.from_numpy(want["d_initial_state"]["S"])), "d_initial_state"
+    assert calls == ["forward", "backward"], calls

@@ -1,0 +1,133 @@
+//! Packed batches on device tensors (`mixer_cuda::{run_device_packed, backward_device_packed}`)
+//! against the host-array packed path on CUDA (`mixer_registry::packed`, which runs the same
+//! device forms sequence by sequence on uploaded copies), bit for bit: linear attention, Mamba-2
+//! and gated DeltaNet with and without states in every precision mode, attention without; an
+//! empty sequence, one token, two, around a chunk (63, 64, 65, 68) and the last offset short of
+//! the buffer (rows past it zero); and the errors.
+
+use mixer_core::mixer::Mixer;
+use mixer_core::state::StateVjp;
+use mixer_core::tensor::cast_tensors;
+use mixer_core::{Dims, Form, Precision, Requires, Tensors};
+use mixer_cuda::forms::{download_as, upload_inputs, upload_one};
+use mixer_cuda::{DeviceTensors, backward_device_packed, run_device_packed};
+use mixer_registry::mixer;
+use mixer_registry::packed::{backward_packed, run_packed};
+use mixer_registry::run::bf16_activations;
+use ndarray::{ArrayD, Axis, Slice};
+
+use crate::common::{cuda, gpu};
+
+/// Sequences of 0, 1, 2, 63, 64, 65, 68 and 37 tokens, then 10 rows past the last offset.
+const CU: [usize; 9] = [0, 0, 1, 3, 66, 130, 195, 263, 300];
+const T: usize = 310;
+
+fn down(t: &DeviceTensors) -> Tensors<f32> {
+    t.iter().map(|(k, v)| (k.clone(), download_as::<f32>(v).expect("download"))).collect()
+}
+
+fn tail_is_zero(y: &ArrayD<f32>, what: &str) {
+    let tail = y.slice_axis(Axis(1), Slice::from(CU[8]..));
+    assert!(tail.iter().all(|&v| v == 0.0), "{what}: rows past the last offset are not zero");
+}
+
+/// The device packed run and backward of `m` against the host packed path on CUDA, bit for bit.
+fn same_bits(m: &dyn Mixer, stateful: bool) {
+    let gpu = cuda();
+    let n = CU.len() - 1;
+    let dims: Dims = [("B", 1), ("T", T), ("H", 2), ("Dk", 48), ("Dv", 40)].into_iter().collect();
+    let x = cast_tensors::<f32>(&m.random_inputs(&dims, 5).unwrap());
+    let s0 = stateful.then(|| {
+        let mut d = dims.clone();
+        d.insert("B", n);
+        cast_tensors::<f32>(&m.random_state(&d, 6).unwrap())
+    });
+    let all = Requires::All;
+    for p in [Precision::Exact, Precision::Tf32, Precision::Bf16] {
+        let label = format!("{} {p}", m.name());
+        let dev = upload_inputs(&x, p).unwrap();
+        // Without states.
+        let (want, _) = run_packed(m, &gpu, Form::Fast, &x, &CU, None, false, p).unwrap();
+        let (y, fin) = run_device_packed(m, &dev, &CU, None, false, p, true).unwrap();
+        assert!(fin.is_none(), "{label}: a final state without asking");
+        let y = download_as::<f32>(&y).unwrap();
+        assert_eq!(y, want, "{label}: y");
+        tail_is_zero(&y, &label);
+        let dy = want.mapv(|v| (1.7 * v + 0.2).sin());
+        if p == Precision::Exact {
+            let args = StateVjp { x: &x, initial: None, dy: &dy, d_final: None, requires: &all };
+            let (g, _) = backward_packed(m, &gpu, Form::Fast, &CU, args).unwrap();
+            let dyd = upload_one(&dy, false).unwrap();
+            let (gd, ds) = backward_device_packed(m, &dev, &CU, None, &dyd, None, &all, p, true).unwrap();
+            assert!(ds.is_empty(), "{label}: an initial state's gradient without one");
+            let gd = down(&gd);
+            assert_eq!(gd, g, "{label}: gradients");
+            for (k, v) in &gd {
+                tail_is_zero(v, &format!("{label} {k}"));
+            }
+        }
+        let Some(s0) = &s0 else { continue };
+        // From states (one row per sequence; the empty sequence passes its row through).
+        let (want, want_f) = run_packed(m, &gpu, Form::Fast, &x, &CU, Some(s0), true, p).unwrap();
+        let s0d = upload_inputs(s0, Precision::Exact).unwrap();
+        let (y, fin) = run_device_packed(m, &dev, &CU, Some(&s0d), true, p, true).unwrap();
+        assert_eq!(download_as::<f32>(&y).unwrap(), want, "{label} from states: y");
+        let fin = down(&fin.expect("final states"));
+        assert_eq!(fin, want_f.unwrap(), "{label} from states: final states");
+        assert_eq!(fin["S"].index_axis(Axis(0), 0), s0["S"].index_axis(Axis(0), 0), "{label}: the empty one");
+        // The backward from states: exact on the values as the mode stores them.
+        let bf16 = p == Precision::Bf16;
+        let xs = if bf16 { bf16_activations(&x) } else { x.clone() };
+        let dy = want.mapv(|v| (1.3 * v - 0.4).cos());
+        let dy = if bf16 { dy.mapv(mixer_core::precision::round_bf16) } else { dy };
+        let df: Tensors<f32> = fin.iter().map(|(k, v)| (k.clone(), v.mapv(|e| (0.9 * e).sin()))).collect();
+        let args = StateVjp { x: &xs, initial: Some(s0), dy: &dy, d_final: Some(&df), requires: &all };
+        let (g, ds) = backward_packed(m, &gpu, Form::Fast, &CU, args).unwrap();
+        let (dyd, dfd) = (upload_one(&dy, bf16).unwrap(), upload_inputs(&df, Precision::Exact).unwrap());
+        let (gd, dsd) =
+            backward_device_packed(m, &dev, &CU, Some(&s0d), &dyd, Some(&dfd), &all, p, true).unwrap();
+        assert_eq!(down(&gd), g, "{label} from states: gradients");
+        assert_eq!(down(&dsd), ds, "{label} from states: the initial states' gradient");
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn device_packed_batches_equal_the_host_packed_path_bit_for_bit() {
+    let Some(_turn) = gpu() else { return };
+    for name in ["linear-attention", "mamba2", "gated-deltanet"] {
+        same_bits(mixer(name, &serde_json::json!({})).unwrap().as_ref(), true);
+    }
+    same_bits(mixer("attention", &serde_json::json!({})).unwrap().as_ref(), false);
+}
+
+#[test]
+#[ignore = "needs a CUDA device"]
+fn device_packed_batches_refuse_what_they_cannot_run() {
+    let Some(_turn) = gpu() else { return };
+    let m = mixer("mamba2", &serde_json::json!({})).unwrap();
+    let dims: Dims = [("B", 2), ("T", 9), ("H", 1), ("Dk", 4), ("Dv", 4)].into_iter().collect();
+    let x =
+        upload_inputs(&cast_tensors::<f32>(&m.random_inputs(&dims, 1).unwrap()), Precision::Exact).unwrap();
+    let e = run_device_packed(m.as_ref(), &x, &[0, 4, 9], None, false, Precision::Exact, true).unwrap_err();
+    assert!(e.to_string().contains("B = 1"), "{e}");
+    let one: Dims = [("B", 1), ("T", 9), ("H", 1), ("Dk", 4), ("Dv", 4)].into_iter().collect();
+    let x =
+        upload_inputs(&cast_tensors::<f32>(&m.random_inputs(&one, 1).unwrap()), Precision::Exact).unwrap();
+    let e = run_device_packed(m.as_ref(), &x, &[0, 4, 10], None, false, Precision::Exact, true).unwrap_err();
+    assert!(e.to_string().contains("at most at T = 9"), "{e}");
+    let wrong =
+        upload_inputs(&cast_tensors::<f32>(&m.random_state(&one, 2).unwrap()), Precision::Exact).unwrap();
+    let e = run_device_packed(m.as_ref(), &x, &[0, 4, 9], Some(&wrong), true, Precision::Exact, true)
+        .unwrap_err();
+    assert!(e.to_string().contains("one row per sequence"), "{e}");
+    let t = mixer("toeplitz", &serde_json::json!({})).unwrap();
+    let td = mixer_core::mixer::complete_dims(
+        t.as_ref(),
+        &mixer_registry::Sizes { batch: 1, seq: 9, channels: 4, heads: 1, dk: 4, dv: 4 }.dims(),
+    );
+    let tx =
+        upload_inputs(&cast_tensors::<f32>(&t.random_inputs(&td, 1).unwrap()), Precision::Exact).unwrap();
+    let e = run_device_packed(t.as_ref(), &tx, &[0, 4, 9], None, false, Precision::Exact, true).unwrap_err();
+    assert!(e.to_string().contains("host arrays only") && e.to_string().contains("taken whole"), "{e}");
+}
