@@ -163,6 +163,20 @@ fn state_map(m: &dyn Mixer, x: &DeviceTensors, raw: &Raw) -> mixer_core::Result<
     Ok(std::iter::once((name, borrowed(&raw.0, raw.1, &raw.2, &raw.3)?)).collect())
 }
 
+/// `Ok` for the `fast` form; the zero-copy `what` (a run from a state, a packed batch) takes no
+/// other (`NotImplementedError` in Python, so that the caller takes the host path).
+fn fast_only(m: &dyn Mixer, form: Form, what: &str) -> PyResult<()> {
+    if form == Form::Fast {
+        return Ok(());
+    }
+    Err(py_err(Error::FormUnavailable {
+        mixer: m.name().into(),
+        form: format!("{} ({what}, zero-copy)", form.name()),
+        backend: "cuda".into(),
+        available: "fast".into(),
+    }))
+}
+
 /// The single tensor of a state map.
 fn single(what: &str, s: &DeviceTensors) -> PyResult<AnyDeviceTensor> {
     match s.values().collect::<Vec<_>>().as_slice() {
@@ -201,14 +215,7 @@ pub fn cuda_forward(
     let form: Form = form.parse().or_py()?;
     let precision = Precision::parse(precision).or_py()?;
     if let Some(cu) = cu_seqlens {
-        if form != Form::Fast {
-            return Err(py_err(Error::FormUnavailable {
-                mixer: m.name().into(),
-                form: format!("{} (a packed batch, zero-copy)", form.name()),
-                backend: "cuda".into(),
-                available: "fast".into(),
-            }));
-        }
+        fast_only(m.as_ref(), form, "a packed batch")?;
         let (y, fin) = enqueue(py, stream, alloc, || {
             let x = device_inputs(&inputs)?;
             let s0 = initial.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
@@ -227,14 +234,7 @@ pub fn cuda_forward(
         })?;
         return Ok((out(py, "y", &y)?, None));
     }
-    if form != Form::Fast {
-        return Err(py_err(Error::FormUnavailable {
-            mixer: m.name().into(),
-            form: format!("{} (from a state, zero-copy)", form.name()),
-            backend: "cuda".into(),
-            available: "fast".into(),
-        }));
-    }
+    fast_only(m.as_ref(), form, "from a state")?;
     let (y, fin) = enqueue(py, stream, alloc, || {
         let x = device_inputs(&inputs)?;
         let s0 = initial.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;

@@ -379,18 +379,10 @@ fn run_delta<F: GpuReal>(
     wy::run(first, [&kv, &vv], (&g, has_g), &bv, [&mut w, &mut u], (&mut tinv, lifted), s)?;
     let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
     let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
-    let (s0v, has_s0) = view_or_zero(s0, &x.zero);
-    let mut fin = if want_final { Some(pool::take::<F>(FAMILY, bh * dk * dv)?) } else { None };
-    let data = PassData {
-        k: &kv,
-        g: (&g, has_g),
-        w: &w,
-        u: &u,
-        vn: &mut vn,
-        hs: &mut hs,
-        s0: (&s0v, has_s0),
-        fin: fin.as_mut(),
-    };
+    let ((s0v, has_s0), mut fin) = state_pass::state_io(s0, &x.zero, want_final, bh * dk * dv)?;
+    let (s0_arg, fin_buf) = ((&s0v, has_s0), fin.as_mut());
+    let data =
+        PassData { k: &kv, g: (&g, has_g), w: &w, u: &u, vn: &mut vn, hs: &mut hs, s0: s0_arg, fin: fin_buf };
     state_pass::run(pass, pass_launches, data, s, elem, lifted)?;
     drop(u);
     let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
@@ -470,8 +462,8 @@ fn run_delta_bf16(
     wy::run(wyl, [&kv, &vv], (&gv, has_g), &bv, [&mut w, &mut u], (&mut tinv, false), s)?;
     let mut vn = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
     let mut hs = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
-    let (s0v, has_s0) = view_or_zero(s0, &zero);
-    let mut fin = if want_final { Some(pool::take::<f32>(FAMILY, bh * dk * dv)?) } else { None };
+    let ((s0v, has_s0), mut fin) = state_pass::state_io(s0, &zero, want_final, bh * dk * dv)?;
+    let (s0_arg, fin_buf) = ((&s0v, has_s0), fin.as_mut());
     let data = PassData {
         k: &kv,
         g: (&gv, has_g),
@@ -479,8 +471,8 @@ fn run_delta_bf16(
         u: &u,
         vn: &mut vn,
         hs: &mut hs,
-        s0: (&s0v, has_s0),
-        fin: fin.as_mut(),
+        s0: s0_arg,
+        fin: fin_buf,
     };
     state_pass::run(pass, std::slice::from_ref(pass_launch), data, s, Elem::F32, false)?;
     drop((w, u, tinv));

@@ -388,6 +388,18 @@ pub(crate) struct PassData<'a, 'b, T: DeviceScalar, S: DeviceScalar> {
     pub fin: Option<&'a mut Pooled<S>>,
 }
 
+/// The state arguments of [`PassData`]: a view of `s0` and 1 (or of the one-entry `zero` and
+/// 0), and with `want_final` a buffer of `n` entries for the final state.
+pub(crate) fn state_io<'a, S: DeviceScalar>(
+    s0: Option<&'a crate::tensor::DeviceTensor<S>>,
+    zero: &'a Pooled<S>,
+    want_final: bool,
+    n: usize,
+) -> Result<((CudaView<'a, S>, i32), Option<Pooled<S>>)> {
+    let fin = if want_final { Some(pool::take::<S>(FAMILY, n)?) } else { None };
+    Ok((super::common::view_or_zero(s0, zero), fin))
+}
+
 /// Runs `plan` (from [`launches`] for `pass`) on `x`.
 pub(crate) fn run<T: DeviceScalar, S: DeviceScalar>(
     pass: StatePass,
