@@ -286,6 +286,9 @@ pub trait DynFamily<F: Real>: Send + Sync {
     ) -> Option<Result<Box<dyn Decoder<F>>>>;
     /// Whether `form` runs over a packed batch natively here ([`Family::packed`]).
     fn implements_packed(&self, form: Form) -> bool;
+    /// Whether `form` has its own handling of the `tf32` and `bf16` modes here, plain
+    /// ([`Family::precise`]) or from a state ([`Family::precise_stateful`]).
+    fn implements_precise(&self, form: Form) -> bool;
     /// Whether `form`'s native packed run has a backward here ([`Family::packed_backward`]).
     fn implements_packed_backward(&self, form: Form) -> bool;
     /// Runs [`Family::packed`]'s form; `None` when there is none.
@@ -451,6 +454,9 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
     }
     fn implements_packed(&self, form: Form) -> bool {
         self.packed(form).is_some()
+    }
+    fn implements_precise(&self, form: Form) -> bool {
+        self.precise(form).is_some() || self.precise_stateful(form).is_some()
     }
     fn implements_packed_backward(&self, form: Form) -> bool {
         self.packed_backward(form).is_some()

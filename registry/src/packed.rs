@@ -83,16 +83,20 @@ fn passed<F: Scalar>(given: Option<&Tensors<F>>, i: usize, one: &StateShapes) ->
 }
 
 /// The implementation of `m`'s family on `backend` for `F` when it runs the packed batch
-/// natively (`has`: [`DynFamily::implements_packed`] or its backward) in this mode; `None`: the
-/// sequences run one by one.
+/// natively (`has`: [`DynFamily::implements_packed`] or its backward) in this mode: the `exact`
+/// mode, or a mode the family handles at the boundary for `form` (no form of its own for it, so
+/// that a sequence alone would run the exact form: on the rounded activations in `bf16`). `None`:
+/// the sequences run one by one.
 fn native<F: Scalar>(
     m: &dyn Mixer,
     backend: &Backend,
+    form: Form,
     precision: Precision,
     has: impl Fn(&dyn DynFamily<F>) -> bool,
 ) -> Option<&'static dyn DynFamily<F>> {
     let imp = F::implementation(backend.family(m.family())?);
-    (precision == Precision::Exact && has(imp)).then_some(imp)
+    let mode = precision == Precision::Exact || !imp.implements_precise(form);
+    (mode && has(imp)).then_some(imp)
 }
 
 /// Sets the rows of the empty sequences of stacked states `out` (one row per sequence) to what
@@ -135,16 +139,30 @@ pub fn run_packed<F: Scalar>(
     let stateful = initial.is_some() || want_final;
     let lay = layout(m, inputs, cu_seqlens, stateful, &[("initial_state", initial)])?;
     let ranges = &lay.ranges;
-    if let Some(imp) = native::<F>(m, backend, precision, |i| i.implements_packed(form)) {
+    if let Some(imp) = native::<F>(m, backend, form, precision, |i| i.implements_packed(form)) {
         if stateful {
             crate::state::available(m, backend, form)?;
         } else {
             crate::run::available(m, backend, form)?;
         }
+        crate::run::check_precision(precision, F::DTYPE)?;
         mixer_core::memory::guard(m, form, &lay.dims, F::DTYPE)?;
-        let (y, fin) = imp
-            .run_packed(m, backend.name(), form, inputs, ranges, initial, want_final)
+        // A mode handled at the boundary, as a sequence alone gets it: `tf32` runs the exact form,
+        // `bf16` the exact form on the rounded activations, with `y` rounded.
+        let bf16 = precision == Precision::Bf16;
+        let rounded;
+        let x = if bf16 {
+            rounded = crate::run::bf16_activations(inputs);
+            &rounded
+        } else {
+            inputs
+        };
+        let (mut y, fin) = imp
+            .run_packed(m, backend.name(), form, x, ranges, initial, want_final)
             .unwrap_or_else(|| Err(internal(backend, "the native packed form is gone")))?;
+        if bf16 {
+            y.mapv_inplace(|v| F::of(f64::from(mixer_core::precision::round_bf16(v.f64() as f32))));
+        }
         let y = if stateful {
             crate::state::finite_output(m, form, backend, &y)?;
             y
@@ -238,7 +256,8 @@ pub fn backward_packed<F: Scalar>(
             mixer_core::error::fmt_shape(dy.shape()),
         ));
     }
-    if let Some(imp) = native::<F>(m, backend, Precision::Exact, |i| i.implements_packed_backward(form)) {
+    if let Some(imp) = native::<F>(m, backend, form, Precision::Exact, |i| i.implements_packed_backward(form))
+    {
         crate::backward::check_dy(m, inputs, dy)?;
         crate::backward::check_requires(m, &inputs.keys().cloned().collect::<Vec<_>>(), requires)?;
         if stateful {

@@ -189,3 +189,52 @@ fn packed_batches_of_random_lengths_equal_the_sequences_alone_bit_for_bit() {
         }
     }
 }
+
+/// The `tf32` and `bf16` modes (f32 inputs), which the CPU handles at the boundary (no form of
+/// its own for them): the native packed path gives every sequence what `run::run_with` and
+/// `run_state` give it alone in the same mode, bit for bit — the exact form, on the activations
+/// rounded to bf16 with `y` rounded in `bf16` — with and without states, zero past the end.
+#[test]
+fn packed_batches_in_the_tf32_and_bf16_modes_equal_the_sequences_alone_in_the_mode() {
+    let cpu = cpu();
+    let entry = mixer_registry::family("loglinear", "cpu").expect("the CPU log-linear family");
+    assert!(!entry.f32.implements_precise(Form::Fast), "the CPU has no tf32/bf16 form of its own");
+    let lens = [65, 0, 1, 64, 2, 63];
+    let cu = offsets(&lens);
+    let t_len = cu[cu.len() - 1] + 2;
+    for (k, (name, cfg)) in configs().into_iter().enumerate() {
+        let m = mixer(name, &cfg).unwrap();
+        let sizes = Sizes { batch: 1, seq: t_len, channels: 1, heads: 2, dk: 5, dv: 3 };
+        let dims = complete_dims(m.as_ref(), &sizes.dims());
+        let mut x = m.random_inputs(&dims, 90 + k as u64).unwrap();
+        if cfg.get("lambda_scheme").is_some() {
+            let l = x["lambda"].shape()[3];
+            x.insert("lambda_param".into(), ndarray::Array2::from_elem((2, l), 0.7).into_dyn());
+        }
+        let x = cast_tensors::<f32>(&x);
+        let mut state_dims = dims.clone();
+        state_dims.insert("B", lens.len());
+        let s0 = cast_tensors::<f32>(&m.random_state(&state_dims, 91).unwrap());
+        for p in [Precision::Tf32, Precision::Bf16] {
+            let what = format!("{name} {cfg} {p}");
+            let (y, _) = run_packed(m.as_ref(), &cpu, Form::Fast, &x, &cu, None, false, p).unwrap();
+            let (ys, fin) = run_packed(m.as_ref(), &cpu, Form::Fast, &x, &cu, Some(&s0), true, p).unwrap();
+            let fin = fin.unwrap();
+            for (i, w) in cu.windows(2).enumerate() {
+                let r = w[0]..w[1];
+                if r.is_empty() {
+                    continue;
+                }
+                let seg = segment(m.as_ref(), &x, r.clone()).unwrap();
+                let alone = run::run_with(m.as_ref(), &cpu, Form::Fast, &f32::tag(seg.clone()), p).unwrap();
+                assert!(rows(&y, r.clone()) == f32::untag(alone).unwrap(), "{what}: sequence {i}'s y");
+                let (alone_s, fin_i) =
+                    run_state(m.as_ref(), &cpu, Form::Fast, &seg, Some(&state_row(&s0, i)), p).unwrap();
+                assert!(rows(&ys, r.clone()) == alone_s, "{what}: sequence {i}'s y from a state");
+                assert_eq!(state_row(&fin, i), fin_i, "{what}: sequence {i}'s final state");
+            }
+            let end = cu[cu.len() - 1];
+            assert!(rows(&y, end..t_len).iter().chain(rows(&ys, end..t_len).iter()).all(|&v| v == 0.0));
+        }
+    }
+}
