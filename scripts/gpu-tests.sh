@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs the mixer-cuda test binary on a machine with a GPU, every test included (the GPU tests are
+# #[ignore]d so that `cargo test` on a machine without one reports them as ignored), as G
+# processes side by side (each takes every G-th test name), with MIXERS_REQUIRE_CUDA=1 so that a
+# test that finds no device fails instead of skipping. Prints each group's summary and every
+# failure; the groups' logs go to $OUT (default /tmp).
+#
+#     scripts/gpu-tests.sh BINARY [G]      # e.g. target/release/deps/all-<hash>, G = 11
+#
+# Build the binary with `cargo test --release -p mixer-cuda --test all --no-run` (the path is in
+# its output). Environment: T (seconds per group, default 420). The whole binary took about
+# 290–380 s of wall time as 11 groups on one H200 (2026-12-03).
+set -uo pipefail
+bin=${1:?usage: scripts/gpu-tests.sh BINARY [G]}
+groups=${2:-11}
+out=${OUT:-/tmp}
+export MIXERS_REQUIRE_CUDA=1
+names=$("$bin" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p')
+echo "tests: $(printf '%s\n' "$names" | grep -c .)"
+for g in $(seq 0 $((groups - 1))); do
+  picked=$(printf '%s\n' "$names" | awk -v g="$g" -v n="$groups" 'NR % n == g')
+  # shellcheck disable=SC2086 # one argument per test name
+  (timeout "${T:-420}" "$bin" --include-ignored --exact --test-threads=1 $picked >"$out/gpu-tests-$g.log" 2>&1
+   echo "group $g: exit $?") &
+done
+wait
+grep -h "test result" "$out"/gpu-tests-*.log
+grep -h -E "^test .* FAILED" "$out"/gpu-tests-*.log
+grep -h -A25 "^---- " "$out"/gpu-tests-*.log | head -200
+! grep -q -E "^test .* FAILED|^test result: FAILED" "$out"/gpu-tests-*.log
