@@ -425,6 +425,17 @@ def _plan(mixer: str, names: Tuple[str, ...], config: str, form: str, backend: s
     return mixer, list(names), config, form, backend, precision, names.index(mixed)
 
 
+def _wants_grad(tensors: Sequence[torch.Tensor], state: Optional[torch.Tensor]) -> bool:
+    """Whether a call needs an autograd node: a gradient may be taken of an input or of the state
+    (grad mode on), or a forward-mode dual level is active (where a missing jvp must be an
+    error, as it is for :class:`_Eager`)."""
+    if getattr(_FORWARD_AD, "_current_level", 0) != -1:
+        return True
+    if not torch.is_grad_enabled():
+        return False
+    return any(t.requires_grad for t in tensors) or (state is not None and state.requires_grad)
+
+
 def _plain_forward(plan, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     """``y`` of the op's forward implementation for a call of ``plan`` (:func:`_plan`) whose
     tensors are all on the CUDA backend's device: the zero-copy path, ``y`` in the mixed input's dtype."""
@@ -563,6 +574,11 @@ def call(
             initial_state = packed
     if torch.compiler.is_compiling():
         y, s = op(tensors, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend, precision)
+    elif not _wants_grad(tensors, initial_state) and not torch._C._are_functorch_transforms_active():
+        # No gradient wanted (inference: prefill from a state, packed batches): the op's forward
+        # implementation itself, without an autograd node (the same results).
+        y, s = _IMPLS[mixer][0](tensors, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form,
+                                backend, precision)
     else:
         y, s = _Eager.apply(mixer, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend,
                             precision, *tensors)

@@ -119,3 +119,32 @@ def test_a_glr_on_both_keeps_both_streams(config, a):
     (y * r).sum().backward()
     for k, v in x.items():
         assert torch.allclose(v.grad, want[k], rtol=1e-9, atol=1e-11), f"d_{k}"
+
+
+@pytest.mark.parametrize("name", ["mamba2", "loglinear-mamba2", "attention"])
+def test_calls_without_a_gradient_take_no_autograd_node(name, monkeypatch):
+    """A call from a state or over a packed batch that needs no gradient (no input or state
+    requires one, or grad mode off) runs the op's forward implementation without an autograd
+    ``Function``: no ``grad_fn``, the same values as the call whose inputs require a gradient
+    (which does go through the ``Function`` and has one)."""
+    from mixers import _ops
+    eager = []
+    real = _ops._Eager.apply
+    monkeypatch.setattr(_ops._Eager, "apply", lambda *a: (eager.append(1), real(*a))[1])
+    t = 12
+    x = inputs(name, seq=t, **SIZES)
+    start = _start(name, x, t)
+    y, s = mixers.run(name, initial_state=start, output_final_state=True, **x)
+    assert y.grad_fn is None and not eager, f"{name}: an autograd node without a gradient wanted"
+    xg = {k: v.clone().requires_grad_() for k, v in x.items()}
+    yg, sg = mixers.run(name, initial_state=start, output_final_state=True, **xg)
+    assert yg.grad_fn is not None and eager == [1], f"{name}: no autograd node for a gradient"
+    assert torch.equal(yg.detach(), y), f"{name}: the two paths differ"
+    with torch.no_grad():
+        yn, _ = mixers.run(name, initial_state=start, output_final_state=True, **xg)
+    assert yn.grad_fn is None and eager == [1] and torch.equal(yn, y)
+    if name != "attention":
+        cu = torch.tensor([0, 5, 12])
+        one = {k: v[:1] for k, v in x.items()}
+        yp = mixers.run(name, cu_seqlens=cu, **one)
+        assert yp.grad_fn is None and eager == [1], f"{name}: a packed call without a gradient"
