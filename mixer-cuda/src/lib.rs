@@ -13,7 +13,11 @@
 //! - [`forms`]: the device-tensor contract of the families ([`forms::DeviceFamily`],
 //!   [`DeviceDecoder`]) and the host-array forms built on it; [`device_run`]: the entry points
 //!   [`run_device`], [`backward_device`] and [`decoder_device`] for inputs that live on the GPU,
-//!   and [`stream`].
+//!   and [`stream`]; [`device_state`]: runs from a recurrent state on device tensors
+//!   ([`run_device_from_state`], [`backward_device_from_state`]); [`device_packed`]: packed
+//!   batches (`cu_seqlens`) on device tensors, sequence by sequence on views of the buffer
+//!   ([`run_device_packed`], [`backward_device_packed`]).
+//! - [`nccl`]: NCCL groups for context parallelism over several GPUs.
 //! - [`timing`]: CUDA-event timing of forms and decode loops on device-resident inputs.
 //! - [`kernels`]: the table of every kernel source (`mixer-cuda/kernels/*.cu`).
 //! - [`nvrtc`]: one NVRTC compilation (NVRTC's CUBIN, which the runtime loads, and its PTX).
