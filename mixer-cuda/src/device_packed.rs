@@ -192,25 +192,16 @@ fn segment(inputs: &DeviceTensors, r: Range<usize>) -> Result<DeviceTensors> {
     inputs.iter().map(|(k, v)| Ok((k.clone(), rows(v, r.clone())?))).collect()
 }
 
-/// Rows `r` (axis 1) of a `[1, T, …]` tensor, as a `[1, len, …]` view.
+/// Rows `r` (axis 1) of a `[1, T, …]` tensor, as a `[1, len, …]` view: the batch view of the
+/// `[T, …]` reshape.
 fn rows(t: &AnyDeviceTensor, r: Range<usize>) -> Result<AnyDeviceTensor> {
-    match t {
-        AnyDeviceTensor::F32(x) => Ok(AnyDeviceTensor::F32(rows_typed(x, r)?)),
-        AnyDeviceTensor::F64(x) => Ok(AnyDeviceTensor::F64(rows_typed(x, r)?)),
-        AnyDeviceTensor::Bf16(x) => Ok(AnyDeviceTensor::Bf16(rows_typed(x, r)?)),
-    }
-}
-
-fn rows_typed<T: DeviceScalar>(x: &DeviceTensor<T>, r: Range<usize>) -> Result<DeviceTensor<T>> {
-    let s = x.shape();
+    let s = t.shape();
     if s.len() < 2 || s[0] != 1 {
         return Err(Error::shape("packed input", "[1, T, …]", format!("{s:?}")));
     }
-    let len = r.end - r.start;
-    let flat = x.reshape(&s[1..])?.batch(r)?;
     let mut shape = s.to_vec();
-    shape[1] = len;
-    flat.reshape(&shape)
+    shape[1] = r.end - r.start;
+    t.reshape(&s[1..])?.batch(r)?.reshape(&shape)
 }
 
 /// Checks that every tensor of a per-sequence state has `n` rows (axis 0).
@@ -254,19 +245,10 @@ fn stack(m: &dyn Mixer, inputs: &DeviceTensors, rows: Vec<Option<DeviceTensors>>
         shape[0] = n;
         // Rows of `per` entries: place them as the "tokens" of a [1, n, per] buffer.
         let flat: Vec<(usize, AnyDeviceTensor)> =
-            parts.into_iter().map(|(i, t)| Ok((i, reshape(&t, &[1, 1, per])?))).collect::<Result<_>>()?;
-        let s = assemble(&flat, &[1, n, per], dtype, n)?;
-        out.insert(name, reshape(&s, &shape)?);
+            parts.into_iter().map(|(i, t)| Ok((i, t.reshape(&[1, 1, per])?))).collect::<Result<_>>()?;
+        out.insert(name, assemble(&flat, &[1, n, per], dtype, n)?.reshape(&shape)?);
     }
     Ok(out)
-}
-
-fn reshape(t: &AnyDeviceTensor, shape: &[usize]) -> Result<AnyDeviceTensor> {
-    Ok(match t {
-        AnyDeviceTensor::F32(x) => AnyDeviceTensor::F32(x.reshape(shape)?),
-        AnyDeviceTensor::F64(x) => AnyDeviceTensor::F64(x.reshape(shape)?),
-        AnyDeviceTensor::Bf16(x) => AnyDeviceTensor::Bf16(x.reshape(shape)?),
-    })
 }
 
 /// A gradient's dtype where no sequence gave one: f32 in the tf32 and bf16 modes, else the
@@ -287,35 +269,26 @@ fn assemble(
     debug_assert_eq!(shape.get(1), Some(&t_len));
     let checks: Vec<Arc<Deferred>> = parts.iter().flat_map(|(_, t)| t.checks().to_vec()).collect();
     let out = match dtype {
-        "f32" => AnyDeviceTensor::F32(place::<f32>(parts, shape, per_row, |t| match t {
-            AnyDeviceTensor::F32(x) => Some(x),
-            _ => None,
-        })?),
-        "f64" => AnyDeviceTensor::F64(place::<f64>(parts, shape, per_row, |t| match t {
-            AnyDeviceTensor::F64(x) => Some(x),
-            _ => None,
-        })?),
-        "bf16" => AnyDeviceTensor::Bf16(place::<bf16>(parts, shape, per_row, |t| match t {
-            AnyDeviceTensor::Bf16(x) => Some(x),
-            _ => None,
-        })?),
+        "f32" => place::<f32>(parts, shape, per_row)?,
+        "f64" => place::<f64>(parts, shape, per_row)?,
+        "bf16" => place::<bf16>(parts, shape, per_row)?,
         other => return Err(err(WHAT, format!("internal: no packed buffer of {other}"))),
     };
     Ok(out.with_checks(checks))
 }
 
+/// [`assemble`] for element type `T` (every part must be `T`).
 fn place<T: DeviceScalar>(
     parts: &[(usize, AnyDeviceTensor)],
     shape: &[usize],
     per_row: usize,
-    typed: impl Fn(&AnyDeviceTensor) -> Option<&DeviceTensor<T>>,
-) -> Result<DeviceTensor<T>> {
+) -> Result<AnyDeviceTensor> {
     let n: usize = shape.iter().product();
     let mut buf: Pooled<T> = pool::zeros::<T>(WHAT, n)?;
     let g = gpu()?;
     for (at, t) in parts {
-        let x =
-            typed(t).ok_or_else(|| err(WHAT, format!("internal: a part of {} among others", t.dtype())))?;
+        let x = T::unwrap(t)
+            .ok_or_else(|| err(WHAT, format!("internal: a part of {} among others", t.dtype())))?;
         let start = at * per_row;
         if x.is_empty() {
             continue;
@@ -327,7 +300,7 @@ fn place<T: DeviceScalar>(
             .memcpy_dtod(&x.view(), &mut buf.slice_mut(start..start + x.len()))
             .map_err(|e| err(WHAT, format!("copy into the packed buffer: {e}")))?;
     }
-    DeviceTensor::from_pooled(buf, shape)
+    Ok(T::wrap(DeviceTensor::from_pooled(buf, shape)?))
 }
 
 fn missing(name: &str) -> Error {

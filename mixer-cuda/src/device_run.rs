@@ -88,26 +88,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         let double = check_on_host(m, inputs, precision)?;
         let given: Vec<String> = inputs.keys().cloned().collect();
         mixer_registry::backward::check_requires(m, &given, requires)?;
-        let mixed = inputs.get(spec.mixed).map(|t| t.shape().to_vec()).unwrap_or_default();
-        if dy.shape() != mixed.as_slice() {
-            return Err(Error::shape(
-                "dy",
-                format!("{mixed:?} (the shape of y, i.e. of `{}`)", spec.mixed),
-                format!("{:?}", dy.shape()),
-            ));
-        }
-        let want = match precision {
-            Precision::Bf16 => "bf16",
-            _ if double => "f64",
-            _ => "f32",
-        };
-        if dy.dtype() != want {
-            return Err(Error::Value {
-                name: "dy".into(),
-                constraint: format!("a {want} device tensor (the dtype of y in the {precision} mode)"),
-                found: format!("a {} device tensor", dy.dtype()),
-            });
-        }
+        check_dy(m, inputs, dy, precision, double)?;
         // The value checks of the inputs and of dy, on the device, reported with every gradient
         // (none when `checks` is false).
         let wanted = checks;
@@ -345,8 +326,39 @@ pub(crate) fn check_any(
     }
 }
 
-/// The element types a call accepts: all `f64` (exact), all `f32` (exact or tf32), or bf16
-/// activations with `f32` for the rest (bf16). Returns whether the call computes in `f64`.
+/// The host-side checks of a backward's `dy`: the shape of `y` (of the mixed input) and the dtype
+/// of `y` in the mode (`bf16` in the bf16 mode, else `f64` for a call in `f64`, else `f32`).
+pub(crate) fn check_dy(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    dy: &AnyDeviceTensor,
+    precision: Precision,
+    double: bool,
+) -> Result<()> {
+    let spec = m.spec();
+    let mixed = inputs.get(spec.mixed).map(|t| t.shape().to_vec()).unwrap_or_default();
+    if dy.shape() != mixed.as_slice() {
+        return Err(Error::shape(
+            "dy",
+            format!("{mixed:?} (the shape of y, i.e. of `{}`)", spec.mixed),
+            format!("{:?}", dy.shape()),
+        ));
+    }
+    let want = match precision {
+        Precision::Bf16 => "bf16",
+        _ if double => "f64",
+        _ => "f32",
+    };
+    if dy.dtype() != want {
+        return Err(Error::Value {
+            name: "dy".into(),
+            constraint: format!("a {want} device tensor (the dtype of y in the {precision} mode)"),
+            found: format!("a {} device tensor", dy.dtype()),
+        });
+    }
+    Ok(())
+}
+
 /// The host-side checks of device inputs, shared by the forward and the backward: the shapes
 /// bind the spec's sizes, the sizes meet the mixer's bounds, the dtypes suit the mode. Returns
 /// whether the call computes in `f64`.
@@ -358,6 +370,8 @@ pub(crate) fn check_on_host(m: &dyn Mixer, inputs: &DeviceTensors, precision: Pr
     check_dtypes(inputs, precision)
 }
 
+/// The element types a call accepts: all `f64` (exact), all `f32` (exact or tf32), or bf16
+/// activations with `f32` for the rest (bf16). Returns whether the call computes in `f64`.
 fn check_dtypes(x: &DeviceTensors, p: Precision) -> Result<bool> {
     let activation = |k: &str| mixer_core::precision::ACTIVATIONS.contains(&k);
     let want = |k: &str, double: bool| match p {

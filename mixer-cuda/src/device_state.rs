@@ -20,7 +20,7 @@ use mixer_core::state::{StateShapes, check_shapes};
 use mixer_core::{Error, Precision, Requires, Result};
 use mixer_registry::Backend;
 
-use crate::device_run::{check_on_host, finite_check, input_checks, output_check};
+use crate::device_run::{check_dy, check_on_host, finite_check, input_checks, output_check};
 use crate::forms::DeviceFamily;
 use crate::runtime::err;
 use crate::tensor::{AnyDeviceTensor, Deferred, DeviceTensors, GpuReal};
@@ -141,27 +141,7 @@ pub(crate) fn backward<T: DeviceFamily<f32> + DeviceFamily<f64>>(
     let double = check(m, inputs, &states, precision)?;
     let given: Vec<String> = inputs.keys().cloned().collect();
     mixer_registry::backward::check_requires(m, &given, c.requires)?;
-    let spec = m.spec();
-    let mixed = inputs.get(spec.mixed).map(|t| t.shape().to_vec()).unwrap_or_default();
-    if c.dy.shape() != mixed.as_slice() {
-        return Err(Error::shape(
-            "dy",
-            format!("{mixed:?} (the shape of y, i.e. of `{}`)", spec.mixed),
-            format!("{:?}", c.dy.shape()),
-        ));
-    }
-    let want = match precision {
-        Precision::Bf16 => "bf16",
-        _ if double => "f64",
-        _ => "f32",
-    };
-    if c.dy.dtype() != want {
-        return Err(Error::Value {
-            name: "dy".into(),
-            constraint: format!("a {want} device tensor (the dtype of y in the {precision} mode)"),
-            found: format!("a {} device tensor", c.dy.dtype()),
-        });
-    }
+    check_dy(m, inputs, c.dy, precision, double)?;
     let mut deferred = Vec::new();
     if checks {
         deferred = value_checks(m, inputs, &states)?;

@@ -361,6 +361,14 @@ impl AnyDeviceTensor {
             AnyDeviceTensor::Bf16(t) => AnyDeviceTensor::Bf16(t.batch(range)?),
         })
     }
+    /// The same elements under another shape with as many elements (no copy).
+    pub fn reshape(&self, shape: &[usize]) -> Result<Self> {
+        Ok(match self {
+            AnyDeviceTensor::F32(t) => AnyDeviceTensor::F32(t.reshape(shape)?),
+            AnyDeviceTensor::F64(t) => AnyDeviceTensor::F64(t.reshape(shape)?),
+            AnyDeviceTensor::Bf16(t) => AnyDeviceTensor::Bf16(t.reshape(shape)?),
+        })
+    }
     /// The `T` tensor, or an error naming the input and both dtypes.
     pub fn typed<T: DeviceScalar>(&self, name: &str) -> Result<&DeviceTensor<T>> {
         T::unwrap(self).ok_or_else(|| Error::Value {

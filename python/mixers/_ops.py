@@ -425,15 +425,11 @@ def _plan(mixer: str, names: Tuple[str, ...], config: str, form: str, backend: s
     return mixer, list(names), config, form, backend, precision, names.index(mixed)
 
 
-def _wants_grad(tensors: Sequence[torch.Tensor], state: Optional[torch.Tensor]) -> bool:
-    """Whether a call needs an autograd node: a gradient may be taken of an input or of the state
-    (grad mode on), or a forward-mode dual level is active (where a missing jvp must be an
-    error, as it is for :class:`_Eager`)."""
-    if getattr(_FORWARD_AD, "_current_level", 0) != -1:
-        return True
-    if not torch.is_grad_enabled():
-        return False
-    return any(t.requires_grad for t in tensors) or (state is not None and state.requires_grad)
+def _wants_grad(requires_grad: bool) -> bool:
+    """Whether a call needs an autograd node, given whether one of its tensors requires a
+    gradient: one may be taken (grad mode on), or a forward-mode dual level is active (where a
+    missing jvp must be an error, as it is for :class:`_Eager`)."""
+    return (requires_grad and torch.is_grad_enabled()) or getattr(_FORWARD_AD, "_current_level", 0) != -1
 
 
 def _plain_forward(plan, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -552,7 +548,7 @@ def call(
             if plan is not None:
                 # No autograd node where no gradient is wanted, backward or forward-mode (a dual
                 # level makes the Function's missing jvp an error, as it is for `_Eager`).
-                if (grad and torch.is_grad_enabled()) or getattr(_FORWARD_AD, "_current_level", 0) != -1:
+                if _wants_grad(grad):
                     return _Plain.apply(plan, *tensors)
                 return _plain_forward(plan, tensors)
     given = dict(zip(names, tensors))
@@ -572,14 +568,14 @@ def call(
                 cfg = _with_given(cfg, state_shapes)
         if initial_state is not None:
             initial_state = packed
+    args = (initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend, precision)
+    grad = any(t.requires_grad for t in tensors) or (initial_state is not None and initial_state.requires_grad)
     if torch.compiler.is_compiling():
-        y, s = op(tensors, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend, precision)
-    elif not _wants_grad(tensors, initial_state) and not torch._C._are_functorch_transforms_active():
+        y, s = op(tensors, names, *args)
+    elif _wants_grad(grad) or torch._C._are_functorch_transforms_active():
+        y, s = _Eager.apply(mixer, names, *args, *tensors)
+    else:
         # No gradient wanted (inference: prefill from a state, packed batches): the op's forward
         # implementation itself, without an autograd node (the same results).
-        y, s = _IMPLS[mixer][0](tensors, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form,
-                                backend, precision)
-    else:
-        y, s = _Eager.apply(mixer, names, initial_state, cu_seqlens, bool(output_final_state), cfg, form, backend,
-                            precision, *tensors)
+        y, s = _IMPLS[mixer][0](tensors, names, *args)
     return (y, unpack_state(s, layout)) if output_final_state else y

@@ -22,7 +22,7 @@ use ndarray::ArrayD;
 
 use crate::family::Scalar;
 use crate::lookup::family;
-use crate::run::{bf16_activations, bf16_value, check_precision};
+use crate::run::{bf16_value, check_precision, stored};
 
 /// The backward forms of `m` on `backend`: `materialized` when the mixer maps entry
 /// gradients to its inputs, and the backend's backward forms that this configuration
@@ -81,11 +81,8 @@ fn at_boundary<'a, F: Scalar>(
     dy: &'a ArrayD<F>,
     precision: Precision,
 ) -> (Cow<'a, Tensors<F>>, Cow<'a, ArrayD<F>>) {
-    if precision == Precision::Bf16 {
-        (Cow::Owned(bf16_activations(inputs)), Cow::Owned(dy.mapv(bf16_value)))
-    } else {
-        (Cow::Borrowed(inputs), Cow::Borrowed(dy))
-    }
+    let dy = if precision == Precision::Bf16 { Cow::Owned(dy.mapv(bf16_value)) } else { Cow::Borrowed(dy) };
+    (stored(inputs, precision), dy)
 }
 
 /// An error unless `dy` has the shape of `y` (that of the mixed input) and finite values.

@@ -149,19 +149,12 @@ pub fn run_packed<F: Scalar>(
         mixer_core::memory::guard(m, form, &lay.dims, F::DTYPE)?;
         // A mode handled at the boundary, as a sequence alone gets it: `tf32` runs the exact form,
         // `bf16` the exact form on the rounded activations, with `y` rounded.
-        let bf16 = precision == Precision::Bf16;
-        let rounded;
-        let x = if bf16 {
-            rounded = crate::run::bf16_activations(inputs);
-            &rounded
-        } else {
-            inputs
-        };
+        let x = crate::run::stored(inputs, precision);
         let (mut y, fin) = imp
-            .run_packed(m, backend.name(), form, x, ranges, initial, want_final)
+            .run_packed(m, backend.name(), form, &x, ranges, initial, want_final)
             .unwrap_or_else(|| Err(internal(backend, "the native packed form is gone")))?;
-        if bf16 {
-            y.mapv_inplace(|v| F::of(f64::from(mixer_core::precision::round_bf16(v.f64() as f32))));
+        if precision == Precision::Bf16 {
+            y.mapv_inplace(crate::run::bf16_value);
         }
         let y = if stateful {
             crate::state::finite_output(m, form, backend, &y)?;

@@ -2,6 +2,8 @@
 //! backend can run a form, dispatch, and the generic forms (`materialized` through the
 //! oracle, `recurrent` through the decoder).
 
+use std::borrow::Cow;
+
 use mixer_core::mixer::{Decoder, Mixer, run_decoder, validate};
 use mixer_core::precision::{ACTIVATIONS, round_bf16};
 use mixer_core::tensor::cast_tensors;
@@ -236,6 +238,12 @@ pub fn bf16_activations<F: mixer_core::Real>(x: &Tensors<F>) -> Tensors<F> {
             (k.clone(), v)
         })
         .collect()
+}
+
+/// The inputs as a call in `precision` stores them where the mode is handled at the boundary:
+/// [`bf16_activations`] in `bf16`, as given otherwise.
+pub(crate) fn stored<F: mixer_core::Real>(x: &Tensors<F>, precision: Precision) -> Cow<'_, Tensors<F>> {
+    if precision == Precision::Bf16 { Cow::Owned(bf16_activations(x)) } else { Cow::Borrowed(x) }
 }
 
 /// `x` rounded to the nearest bf16 number (through `f32`, ties to even).

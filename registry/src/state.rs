@@ -19,7 +19,7 @@ use ndarray::ArrayD;
 
 use crate::backend::Backend;
 use crate::family::Scalar;
-use crate::run::bf16_activations;
+use crate::run::{bf16_value, stored};
 
 /// The validated sizes of typed inputs (shapes, derived sizes, value constraints), as
 /// [`mixer_core::mixer::validate`] does for tagged ones.
@@ -172,39 +172,37 @@ pub fn run_state<F: Scalar>(
     available(m, backend, form)?;
     mixer_core::memory::guard(m, form, &dims, F::DTYPE)?;
     // A backend form with its own handling of the mode gets the inputs as given.
-    if !matches!(precision, Precision::Exact) && !matches!(form, Form::Materialized | Form::Recurrent) {
-        let imp = implementation::<F>(m, backend, form)?;
-        if let Some(out) = imp.run_precise_state(m, backend.name(), form, inputs, initial, precision) {
-            let (y, fin) = out?;
-            finite_output(m, form, backend, &y)?;
-            check_state("final_state", &want, &fin)?;
-            return Ok((y, fin));
+    let precise = match (precision, form) {
+        (Precision::Exact, _) | (_, Form::Materialized | Form::Recurrent) => None,
+        (p, f) => {
+            implementation::<F>(m, backend, f)?.run_precise_state(m, backend.name(), f, inputs, initial, p)
         }
-    }
-    let rounded;
-    let x = if precision == Precision::Bf16 {
-        rounded = bf16_activations(inputs);
-        &rounded
-    } else {
-        inputs
     };
-    let (mut y, fin) = match form {
-        Form::Materialized => {
-            let (y, fin) = m.state_oracle(&tensors_to_f64(x), initial.map(tensors_to_f64).as_ref())?;
-            (y.mapv(F::of), cast_tensors::<F>(&fin))
+    let (y, fin) = match precise {
+        Some(out) => out?,
+        None => {
+            let x = stored(inputs, precision);
+            let (mut y, fin) = match form {
+                Form::Materialized => {
+                    let (y, fin) =
+                        m.state_oracle(&tensors_to_f64(&x), initial.map(tensors_to_f64).as_ref())?;
+                    (y.mapv(F::of), cast_tensors::<F>(&fin))
+                }
+                Form::Recurrent => {
+                    let mut dec = decoder_from_state(m, backend, &x, &dims, initial)?;
+                    let y = run_decoder(dec.as_mut(), &m.spec(), &x, |_, _| {})?;
+                    (y, dec.state()?)
+                }
+                f => implementation::<F>(m, backend, f)?
+                    .run_state(m, backend.name(), f, &x, initial)
+                    .unwrap_or_else(|| Err(not_run(m, backend, f)))?,
+            };
+            if precision == Precision::Bf16 {
+                y.mapv_inplace(bf16_value);
+            }
+            (y, fin)
         }
-        Form::Recurrent => {
-            let mut dec = decoder_from_state(m, backend, x, &dims, initial)?;
-            let y = run_decoder(dec.as_mut(), &m.spec(), x, |_, _| {})?;
-            (y, dec.state()?)
-        }
-        f => implementation::<F>(m, backend, f)?
-            .run_state(m, backend.name(), f, x, initial)
-            .unwrap_or_else(|| Err(not_run(m, backend, f)))?,
     };
-    if precision == Precision::Bf16 {
-        y.mapv_inplace(|v| F::of(f64::from(mixer_core::precision::round_bf16(v.f64() as f32))));
-    }
     finite_output(m, form, backend, &y)?;
     check_state("final_state", &want, &fin)?;
     Ok((y, fin))

@@ -228,22 +228,21 @@ pub fn run_from<F: GpuReal>(
         && let Some((_, dims)) = bf16_qkv(x)
     {
         let device = Device::current();
-        let shape = Shape::new(dims);
-        let bf16_path = match ll.base {
-            Base::LinearAttention | Base::Mamba2 => ssd_bf16_applies(shape, ll.lift.is_some(), device),
-            Base::GatedDeltaNet => matches!(
-                state_pass::select(shape, p, st, ll.lift.is_some(), device),
-                StatePass::Bf16Registers { .. }
-            ),
+        let (shape, lifted) = (Shape::new(dims), ll.lift.is_some());
+        let bf16_run: Option<Bf16Run> = match ll.base {
+            Base::LinearAttention | Base::Mamba2 => {
+                ssd_bf16_applies(shape, lifted, device).then_some(run_ssd_bf16 as Bf16Run)
+            }
+            Base::GatedDeltaNet => {
+                matches!(state_pass::select(shape, p, st, lifted, device), StatePass::Bf16Registers { .. })
+                    .then_some(run_delta_bf16 as Bf16Run)
+            }
         };
-        if bf16_path {
+        if let Some(run_bf16) = bf16_run {
             check_s0(dims)?;
             // (storage::<F> gives bf16 only where F is f32: these casts are identities.)
             let s0 = s0.map(same::<F, f32>).transpose()?;
-            let (y, fin) = match ll.base {
-                Base::GatedDeltaNet => run_delta_bf16(ll, x, st, device, s0.as_ref(), want_final)?,
-                _ => run_ssd_bf16(ll, x, st, device, s0.as_ref(), want_final)?,
-            };
+            let (y, fin) = run_bf16(ll, x, st, device, s0.as_ref(), want_final)?;
             return Ok((y, fin.as_ref().map(same::<f32, F>).transpose()?));
         }
     }
@@ -327,8 +326,16 @@ pub(crate) fn map_lambda<F: GpuReal>(
     Ok((lambda::weights(ll, raw, param)?, levels))
 }
 
-/// The final state of a bf16 path, where one was asked for.
-type Bf16Final = Option<DeviceTensor<f32>>;
+/// A bf16 path ([`run_ssd_bf16`], [`run_delta_bf16`]): `y` (bf16) and, where `want_final`, the
+/// f32 final state, from the activations' storage, the device and the f32 state `s0`.
+type Bf16Run = fn(
+    &LogLinear,
+    &DeviceTensors,
+    Storage,
+    Device,
+    Option<&DeviceTensor<f32>>,
+    bool,
+) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>)>;
 
 /// Linear attention and Mamba-2 without a lift in the bf16 mode, on the bf16 activations as
 /// stored ([`Path::SsdBf16`]), from the f32 state `s0` (`None`: zero), with the final state where
@@ -340,7 +347,7 @@ fn run_ssd_bf16(
     device: Device,
     s0: Option<&DeviceTensor<f32>>,
     want_final: bool,
-) -> Result<(AnyDeviceTensor, Bf16Final)> {
+) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>)> {
     let Some((_, dims)) = bf16_qkv(x) else {
         return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
     };
@@ -380,9 +387,16 @@ fn run_delta<F: GpuReal>(
     let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
     let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
     let ((s0v, has_s0), mut fin) = state_pass::state_io(s0, &x.zero, want_final, bh * dk * dv)?;
-    let (s0_arg, fin_buf) = ((&s0v, has_s0), fin.as_mut());
-    let data =
-        PassData { k: &kv, g: (&g, has_g), w: &w, u: &u, vn: &mut vn, hs: &mut hs, s0: s0_arg, fin: fin_buf };
+    let data = PassData {
+        k: &kv,
+        g: (&g, has_g),
+        w: &w,
+        u: &u,
+        vn: &mut vn,
+        hs: &mut hs,
+        s0: (&s0v, has_s0),
+        fin: fin.as_mut(),
+    };
     state_pass::run(pass, pass_launches, data, s, elem, lifted)?;
     drop(u);
     let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
@@ -440,7 +454,7 @@ fn run_delta_bf16(
     device: Device,
     s0: Option<&DeviceTensor<f32>>,
     want_final: bool,
-) -> Result<(AnyDeviceTensor, Bf16Final)> {
+) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>)> {
     let Some(([q, k, v], dims)) = bf16_qkv(x) else {
         return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
     };
@@ -463,7 +477,6 @@ fn run_delta_bf16(
     let mut vn = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
     let mut hs = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
     let ((s0v, has_s0), mut fin) = state_pass::state_io(s0, &zero, want_final, bh * dk * dv)?;
-    let (s0_arg, fin_buf) = ((&s0v, has_s0), fin.as_mut());
     let data = PassData {
         k: &kv,
         g: (&gv, has_g),
@@ -471,8 +484,8 @@ fn run_delta_bf16(
         u: &u,
         vn: &mut vn,
         hs: &mut hs,
-        s0: s0_arg,
-        fin: fin_buf,
+        s0: (&s0v, has_s0),
+        fin: fin.as_mut(),
     };
     state_pass::run(pass, std::slice::from_ref(pass_launch), data, s, Elem::F32, false)?;
     drop((w, u, tinv));
