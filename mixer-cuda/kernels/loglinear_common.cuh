@@ -251,6 +251,29 @@ __device__ __forceinline__ void llc_cp_async16(void* dst, const void* src, int v
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
 }
 
+// Copies rows [0, nrows) × columns [0, ncols) of a tile whose row r starts at src + r·rs into the
+// R × C shared tile dst (element (r, c) at dst + at(r, c)), zero-filling the rest: 16-byte copies
+// when vec (base and rows 16-byte aligned, ncols a multiple of 16 bytes), else element by element
+// (4-byte cp.async for f32, plain loads and stores for bf16). 128 threads.
+template <int R, int C, typename T, typename At>
+__device__ __forceinline__ void lld_tile(T* dst, const T* src, long long rs, int nrows, int ncols, bool vec, At at) {
+    constexpr int E = 16 / sizeof(T);  // elements per 16 bytes
+    if (vec) {
+        for (int idx = threadIdx.x; idx < R * (C / E); idx += 128) {
+            const int r = idx / (C / E), c = (idx % (C / E)) * E, ok = r < nrows && c < ncols;
+            llc_cp_async16(dst + at(r, c), ok ? src + r * rs + c : src, ok);
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < R * C; idx += 128) {
+            const int r = idx / C, c = idx % C;
+            const bool ok = r < nrows && c < ncols;
+            if (sizeof(T) == 4)
+                llc_cp_async(dst + at(r, c), ok ? src + r * rs + c : src, 4, ok);
+            else
+                dst[at(r, c)] = ok ? src[r * rs + c] : T(0);
+        }
+    }
+}
 // acc += A·B over k < kend (a multiple of 8) as tf32 m16n8k8 mma, for a warp's 16 rows from mr and
 // 32 columns from nb (g = lane / 4, t = lane % 4): A row-major with rows of LD floats, k along the
 // row; B = bt rows k, or with b_t B[k][col] = bt[col][k] (the transpose of a row-major tile).

@@ -322,29 +322,6 @@ __device__ __forceinline__ int lld_at(int r, int c, bool qk) {
     return qk ? r * ld + (c ^ ((r & 7) << 2)) : r * ld + (c ^ (((r >> 1) & 3) << 3));
 }
 __device__ __forceinline__ int lld_h(int c, int d) { return c * 64 + (d ^ ((c & 3) << 3)); }
-// Copies rows [0, nrows) × columns [0, ncols) of a tile whose row r starts at src + r·rs into the
-// R × C shared tile dst (element (r, c) at dst + at(r, c)), zero-filling the rest: 16-byte copies
-// when vec (base and rows 16-byte aligned, ncols a multiple of 16 bytes), else element by element
-// (4-byte cp.async for f32, plain loads and stores for bf16).
-template <int R, int C, typename T, typename At>
-__device__ __forceinline__ void lld_tile(T* dst, const T* src, long long rs, int nrows, int ncols, bool vec, At at) {
-    constexpr int E = 16 / sizeof(T);  // elements per 16 bytes
-    if (vec) {
-        for (int idx = threadIdx.x; idx < R * (C / E); idx += 128) {
-            const int r = idx / (C / E), c = (idx % (C / E)) * E, ok = r < nrows && c < ncols;
-            llc_cp_async16(dst + at(r, c), ok ? src + r * rs + c : src, ok);
-        }
-    } else {
-        for (int idx = threadIdx.x; idx < R * C; idx += 128) {
-            const int r = idx / C, c = idx % C;
-            const bool ok = r < nrows && c < ncols;
-            if (sizeof(T) == 4)
-                llc_cp_async(dst + at(r, c), ok ? src + r * rs + c : src, 4, ok);
-            else
-                dst[at(r, c)] = ok ? src[r * rs + c] : T(0);
-        }
-    }
-}
 template <typename TI, int KT>
 __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const float* F,
                                   TI* y, int Tn, int H, int Dk, int Dv, int nc, double scale, int read0) {

@@ -222,6 +222,126 @@ extern "C" __global__ void __launch_bounds__(128)
     llc_states_tc<mx_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
 }
 
+// 1'+2'. Without a lift, in the tensor-core modes: the chunk states and the scan in one pass that
+// walks the chunks of a (batch·head, tile) in order, the state in registers — so the chunk states
+// Z_j are never written to memory and read back:
+//   F[bh·NC + j] = H_j,   H_{j+1} = e^{a_j} H_j + Z_j   (H_0 = S_0ᵀ or 0; ST = H_NC transposed).
+// Z_j is the product of llc_states_tc (the same tf32 operands, fragments and order) and the update
+// the fma of llc_scan, so F, A and ST are bit for bit those of llc_states_tc + llc_scan. A tile is
+// 64 key rows × LLW_VT value columns (warp w owns key rows 16w..16w+15); K, V and g of the next
+// LLW_STAGES − 1 chunks are in flight (cp.async) while a chunk is multiplied, so a step exposes no
+// memory latency. K̂ = e^{a_j − γ_s} k_s is formed from the raw tile when the fragment is loaded.
+// Shared tiles (TI as stored: f32, or bf16 bits) are padded by 8 elements a row: fragment loads hit
+// distinct banks. Grid (⌈Dk/64⌉·⌈Dv/LLW_VT⌉, BH), 128 threads, dynamic shared memory
+// LLW_STAGES · 64 · (72 + LLW_VT + 8) · sizeof(TI) bytes.
+#ifndef LLW_VT
+#define LLW_VT 64
+#endif
+#ifndef LLW_STAGES
+#define LLW_STAGES 3
+#endif
+template <typename TI>
+__device__ void llc_walk_tc(const TI* k, const TI* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
+                            int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = 64, VT = LLW_VT, NT = VT / 8, E = 16 / (int)sizeof(TI), KLD = 64 + 8, VLD = VT + 8;
+    constexpr int STAGE = CH * KLD + CH * VLD;  // elements of one stage's K and V tiles
+    __shared__ double gam[CH], gtmp[CH];
+    __shared__ float gs[LLW_STAGES][CH];
+    extern __shared__ __align__(16) unsigned char llw_dyn[];
+    TI* tiles = reinterpret_cast<TI*>(llw_dyn);
+    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int ntd = (Dv + VT - 1) / VT;
+    const int c0 = (blockIdx.x / ntd) * 64, d0 = (blockIdx.x % ntd) * VT;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const int cr = warp * 16 + gi;
+    const long long DD = (long long)Dk * Dv;
+    const bool vk = Dk % E == 0 && llc_al16(k), vv = Dv % E == 0 && llc_al16(v);
+    auto atk = [](int r, int c) { return r * KLD + c; };
+    auto atv = [](int r, int c) { return r * VLD + c; };
+    // The copies of chunk j into stage j mod LLW_STAGES (one commit group, empty past the last chunk).
+    auto issue = [&](int j) {
+        if (j < nc) {
+            TI* Ks = tiles + (j % LLW_STAGES) * STAGE;
+            const int i0 = j * CH, n = min(CH, Tn - i0);
+            const long long row0 = ((long long)b * Tn + i0) * H + h;
+            lld_tile<CH, 64>(Ks, k + row0 * Dk + c0, (long long)H * Dk, n, Dk - c0, vk, atk);
+            lld_tile<CH, VT>(Ks + CH * KLD, v + row0 * Dv + d0, (long long)H * Dv, n, Dv - d0, vv, atv);
+            if (tid < CH) {
+                const bool ok = has_g && tid < n;
+                llc_cp_async(&gs[j % LLW_STAGES][tid], ok ? g + row0 + (long long)tid * H : g, 4, ok);
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    // The state entering chunk 0, in the accumulator layout: entry (c, d) is S_0's (d, c).
+    float hc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int c = c0 + cr + (u < 2 ? 0 : 8), d = d0 + nt * 8 + 2 * tg + (u & 1);
+            hc[nt][u] = has_s0 && c < Dk && d < Dv ? S0[(long long)bh * DD + (long long)d * Dk + c] : 0.f;
+        }
+#pragma unroll
+    for (int p = 0; p < LLW_STAGES - 1; ++p) issue(p);
+    for (int j = 0; j < nc; ++j) {
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(LLW_STAGES - 2) : "memory");
+        __syncthreads();
+        issue(j + LLW_STAGES - 1);  // into the stage read by step j − 1, which every thread has left
+        const TI* Ks = tiles + (j % LLW_STAGES) * STAGE;
+        const TI* Vs = Ks + CH * KLD;
+        const int n = min(CH, Tn - j * CH);
+        const double p = llc_prefix<CH>(tid < CH ? (double)gs[j % LLW_STAGES][tid] : 0.0, gtmp);
+        if (tid < CH) gam[tid] = p;
+        __syncthreads();
+        const double alast = gam[CH - 1];
+        float acc[NT][4] = {};
+        for (int k8 = 0; k8 < (n + 7) / 8; ++k8) {
+            const int s = k8 * 8 + tg;
+            const float w0 = __expf((float)(alast - gam[s])), w1 = __expf((float)(alast - gam[s + 4]));
+            const unsigned a0 = mx_tf32(w0 * llc_f(Ks[atk(s, cr)])), a1 = mx_tf32(w0 * llc_f(Ks[atk(s, cr + 8)]));
+            const unsigned a2 = mx_tf32(w1 * llc_f(Ks[atk(s + 4, cr)])),
+                           a3 = mx_tf32(w1 * llc_f(Ks[atk(s + 4, cr + 8)]));
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                mx_mma_tf32(acc[nt], a0, a1, a2, a3, mx_tf32(llc_f(Vs[atv(s, nt * 8 + gi)])),
+                            mx_tf32(llc_f(Vs[atv(s + 4, nt * 8 + gi)])));
+        }
+        float* Fj = F + ((long long)bh * nc + j) * DD;
+        const float w = mx_exp((float)alast);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int c = c0 + cr + (u < 2 ? 0 : 8), d = d0 + nt * 8 + 2 * tg + (u & 1);
+                if (c < Dk && d < Dv) Fj[(long long)c * Dv + d] = hc[nt][u];
+                hc[nt][u] = fma(w, hc[nt][u], acc[nt][u]);
+            }
+        if (blockIdx.x == 0 && tid == 0) A[(long long)bh * nc + j] = alast;
+    }
+    if (has_st) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int c = c0 + cr + (u < 2 ? 0 : 8), d = d0 + nt * 8 + 2 * tg + (u & 1);
+                if (c < Dk && d < Dv) ST[(long long)bh * DD + (long long)d * Dk + c] = hc[nt][u];
+            }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    llc_walk_tc_f32(const float* k, const float* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
+                    int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st) {
+    llc_walk_tc<float>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st);
+}
+extern "C" __global__ void __launch_bounds__(128)
+    llc_walk_tc_bf16(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, float* F, double* A, int Tn,
+                     int H, int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st) {
+    llc_walk_tc<mx_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st);
+}
+
 #define LLS_EXPORT(T, S)                                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llc_states_##S(const T* k, const T* v, const T* g, int has_g, T* F, double* A, int Tn, int H, int Dk,      \

@@ -174,6 +174,8 @@ pub enum Step {
     },
     /// The scan over chunks that leaves the state entering each chunk (no lift).
     Scan,
+    /// The chunk states and the scan in one walk over the chunks (no lift, tensor cores).
+    Walk,
     /// Gated DeltaNet's WY/UT pieces (`loglinear_wy.cu`).
     Wy,
     /// The per-chunk maps `M_j`, `B_j` of the transition form (`loglinear_state_pass.cu`).

@@ -115,11 +115,11 @@ pub fn plan(
         Base::LinearAttention | Base::Mamba2 => {
             if bf16_mode && ssd_bf16_applies(s, lifted, device) {
                 plan.path = Path::SsdBf16;
-                plan.launches = ssd::launches(s, Elem::F32, p, false, true)?;
+                plan.launches = ssd::launches(s, Elem::F32, p, false, true, device)?;
                 plan.launches.push(output::launch_bf16(s));
             } else if b * t * h * dv != 0 {
                 plan.path = Path::Ssd;
-                plan.launches = ssd::launches(s, elem, p, lifted, false)?;
+                plan.launches = ssd::launches(s, elem, p, lifted, false, device)?;
                 plan.launches.push(output::launch(s, elem, p, lifted, device));
             }
         }
@@ -211,6 +211,21 @@ pub fn run_from<F: GpuReal>(
     s0: Option<&DeviceTensor<F>>,
     want_final: bool,
 ) -> Result<(AnyDeviceTensor, Option<DeviceTensor<F>>)> {
+    run_planned_for(ll, x, p, s0, want_final, Device::current())
+}
+
+/// [`run_from`] with the launches [`plan`] chooses for `device` rather than for this process's
+/// device (whose kernels run them): for reproducing another device's plan, and for tests that
+/// hold a path's launches against another's (a device with one multiprocessor takes the paths
+/// meant for many blocks).
+pub fn run_planned_for<F: GpuReal>(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    p: Precision,
+    s0: Option<&DeviceTensor<F>>,
+    want_final: bool,
+    device: Device,
+) -> Result<(AnyDeviceTensor, Option<DeviceTensor<F>>)> {
     let stateful = s0.is_some() || want_final;
     if stateful && let Some(why) = state_unsupported(ll) {
         return Err(err(FAMILY, why));
@@ -227,7 +242,6 @@ pub fn run_from<F: GpuReal>(
         && let st @ Storage::Bf16 { .. } = storage::<F>(x)
         && let Some((_, dims)) = bf16_qkv(x)
     {
-        let device = Device::current();
         let (shape, lifted) = (Shape::new(dims), ll.lift.is_some());
         let bf16_run: Option<Bf16Run> = match ll.base {
             Base::LinearAttention | Base::Mamba2 => {
@@ -271,7 +285,7 @@ pub fn run_from<F: GpuReal>(
         zero: pool::zeros::<F>(FAMILY, 1)?,
     };
     // The activations are F now (converted where they were stored otherwise).
-    let plan = plan(ll, inp.dims, p, Storage::Real(Elem::of::<F>()), Device::current())?;
+    let plan = plan(ll, inp.dims, p, Storage::Real(Elem::of::<F>()), device)?;
     let (y, fin) = match (plan.path, plan.state_pass) {
         (Path::Ssd, _) => ssd::run(ll, &inp, &plan.launches, s0, want_final)?,
         (Path::Sequential, _) => {
@@ -567,6 +581,36 @@ mod tests {
         let p = plan_of(Base::Mamba2, false, T16K, Exact, Storage::Real(Elem::F64));
         assert_eq!((p.chunk, p.launches[0].grid[0]), (32, 512));
         assert_eq!(functions(&p), ["llc_states_f64", "llc_scan_f64", "llc_out_f64"]);
+    }
+
+    #[test]
+    fn scalar_decay_walks_the_chunks_where_there_are_enough_blocks_for_the_device() {
+        // (8, 4096, 16, 128): 4 key × value tiles of 64 × 128 heads = 512 blocks ≥ 1.5 · 132.
+        let p = plan_of(Base::Mamba2, false, [8, 4096, 16, 128, 128], Tf32, F32);
+        assert_eq!(functions(&p), ["llc_walk_tc_f32", "llc_out_direct_tc_f32_k128"]);
+        assert_eq!(p.launches[0].step, Step::Walk);
+        assert_eq!((p.launches[0].grid, p.launches[0].block), ([4, 128, 1], 128));
+        assert!(p.launches[0].defines.contains(&"LLW_VT=64".to_string()));
+        assert_eq!(p.launches[0].shared_mem, 2 * 64 * (72 + 72) * 4);
+        let p = plan_of(Base::Mamba2, false, [8, 4096, 16, 128, 128], Bf16, BF16);
+        assert_eq!(functions(&p), ["llc_walk_tc_bf16", "llc_out_direct_tc_bf16_k128"]);
+        assert_eq!(p.launches[0].shared_mem, 3 * 64 * (72 + 72) * 2);
+        // (8, 4096, 16, 64): 128 blocks of 64 value columns are too few, 256 of 32 are enough.
+        let p = plan_of(Base::LinearAttention, false, [8, 4096, 16, 64, 64], Tf32, F32);
+        assert_eq!(p.launches[0].grid, [2, 128, 1]);
+        assert!(p.launches[0].defines.contains(&"LLW_VT=32".to_string()));
+        // B = 1: too few blocks either way; the exact mode and the lifts never walk.
+        for shape in [T16K, [1, 16384, 16, 128, 128]] {
+            assert_eq!(functions(&plan_of(Base::Mamba2, false, shape, Tf32, F32))[0], "llc_states_tc_f32");
+        }
+        assert_eq!(
+            functions(&plan_of(Base::Mamba2, false, [8, 4096, 16, 128, 128], Exact, F32))[0],
+            "llc_states_f32"
+        );
+        assert_eq!(
+            functions(&plan_of(Base::Mamba2, true, [8, 4096, 16, 128, 128], Tf32, F32))[0],
+            "llc_states_tc_f32"
+        );
     }
 
     #[test]

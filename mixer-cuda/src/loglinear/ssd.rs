@@ -22,6 +22,11 @@
 //! `j`, and pass 3 reads that one state per chunk (`direct`) instead of summing `popcount(i)`
 //! tree entries (which made pass 3 read about four states per chunk at 16k tokens).
 //!
+//! Without a lift on tensor cores, where there are enough (batch·head, tile) blocks for the
+//! device (`walk`), passes 1 and 2' are one launch, `llc_walk_tc`: each block walks its tile's
+//! chunks in order with the state in registers and writes `H_j` only — bit for bit the states
+//! and the scan, without writing and reading back the chunk states.
+//!
 //! In the tf32 and bf16 modes `llc_states_tc` does the products of pass 1 on tensor cores (tf32
 //! `mma.sync`, f32 accumulation); in the bf16 mode without a lift, `Dk ≤ 128` and bf16 `q`, `k`,
 //! `v`, [`run_bf16`] reads the activations as stored and writes a bf16 `y`.
@@ -35,7 +40,7 @@ use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Precision, Result};
 
 use super::common::{
-    ChunkedInputs, Elem, FAMILY, Launch, Shape, Step, bf16_qkv, check_sizes, fixed_dims, kernel_ints,
+    ChunkedInputs, Device, Elem, FAMILY, Launch, Shape, Step, bf16_qkv, check_sizes, fixed_dims, kernel_ints,
     tensor_cores, unexpected, view_or_zero,
 };
 use super::output;
@@ -58,14 +63,34 @@ fn states(s: Shape, elem: Elem, lifted: bool) -> usize {
 
 /// The launches before the outputs, in order: the chunk states (`llc_states`, on tensor cores
 /// `llc_states_tc`; `bf16`: `llc_states_tc_bf16`, reading bf16 `k`, `v`), then the tree's
-/// levels (lifts) or the scan. Checks the sizes ([`check_sizes`]).
-pub(crate) fn launches(s: Shape, elem: Elem, p: Precision, lifted: bool, bf16: bool) -> Result<Vec<Launch>> {
+/// levels (lifts) or the scan — or, without a lift on tensor cores where [`walk`] pays, the one
+/// launch of `llc_walk_tc` that does both. Checks the sizes ([`check_sizes`]).
+pub(crate) fn launches(
+    s: Shape,
+    elem: Elem,
+    p: Precision,
+    lifted: bool,
+    bf16: bool,
+    device: Device,
+) -> Result<Vec<Launch>> {
     check_sizes(s, elem, states(s, elem, lifted))?;
     let nc = s.chunks(elem.chunk());
     let (bh, sfx) = (s.bh(), elem.suffix());
     let tiles = |n: usize| n.div_ceil(64);
     let k = |step, name: String| Launch::new(step, &kernels::LOGLINEAR_SSD, name, fixed_dims(s));
-    let (name, threads) = match (bf16, tensor_cores(p, elem)) {
+    let tc = bf16 || tensor_cores(p, elem);
+    if !lifted && tc {
+        let bytes = if bf16 { 2 } else { 4 };
+        if let Some((vt, stages)) = walk(s, bytes, device) {
+            let name = if bf16 { "llc_walk_tc_bf16".to_string() } else { format!("llc_walk_tc_{sfx}") };
+            let mut defines = fixed_dims(s);
+            defines.extend([format!("LLW_VT={vt}"), format!("LLW_STAGES={stages}")]);
+            let grid = [tiles(s.dk) * s.dv.div_ceil(vt), bh, 1];
+            let l = Launch::new(Step::Walk, &kernels::LOGLINEAR_SSD, name, defines);
+            return Ok(vec![l.on(grid, 128, walk_smem(vt, stages, bytes)).opted_in(true)]);
+        }
+    }
+    let (name, threads) = match (bf16, tc) {
         (true, _) => ("llc_states_tc_bf16".to_string(), 128),
         (false, true) => (format!("llc_states_tc_{sfx}"), 128),
         (false, false) => (format!("llc_states_{sfx}"), 256),
@@ -85,6 +110,29 @@ pub(crate) fn launches(s: Shape, elem: Elem, p: Precision, lifted: bool, bf16: b
         out.push(k(Step::Tree { level: e }, format!("llc_tree_{sfx}")).on([cnt, bh, 1], 256, 0));
     }
     Ok(out)
+}
+
+/// Dynamic shared memory of `llc_walk_tc` with `vt` value columns and `stages` chunks in flight,
+/// activations of `bytes` bytes: per stage a K tile `[64][72]` and a V tile `[64][vt + 8]`.
+fn walk_smem(vt: usize, stages: usize, bytes: usize) -> usize {
+    stages * 64 * (72 + vt + 8) * bytes
+}
+
+/// `llc_walk_tc`'s value columns per block and stages in flight, where the walk replaces the
+/// states and the scan. A walk is sequential over the chunks of its (batch·head, tile) block, so it
+/// pays only with enough blocks to fill the device: at least 1.5 per multiprocessor, with 64
+/// value columns a block, else 32. Measured on the H200 (Mamba-2, H = 16, `mixers bench`, whole
+/// call): the walk 1.85 / 1.31 ms against 2.09 / 2.15 ms (tf32 / bf16) at (B, T, D) =
+/// (8, 4096, 128) with 512 blocks; 1.77 / 1.39 against 2.10 / 2.15 at (4, 8192, 128), 256 blocks;
+/// with 32 columns 0.53 / 0.46 against 0.56 / 0.58 at (8, 4096, 64), 256 blocks; but 1.26 / 1.12
+/// against 1.08 / 1.12 at (1, 16384, 128) with 128 blocks, and 0.84 against 0.31 at
+/// (1, 16384, 64) with 32: few blocks walking many chunks.
+fn walk(s: Shape, bytes: usize, device: Device) -> Option<(usize, usize)> {
+    let blocks = |vt: usize| s.dk.div_ceil(64) * s.dv.div_ceil(vt) * s.bh();
+    let vt = [64, 32].into_iter().find(|&vt| 2 * blocks(vt) >= 3 * device.sms)?;
+    // Three chunks in flight for bf16 (55 KiB), two for f32 (72 KiB at 64 columns).
+    let stages = if bytes == 2 { 3 } else { 2 };
+    (walk_smem(vt, stages, bytes) <= device.smem).then_some((vt, stages))
 }
 
 /// The chunk states of [`prefix`]: the tree's entries (lifts) or the state entering each chunk
@@ -121,7 +169,9 @@ pub(crate) fn prefix<F: GpuReal>(
     let mut decays = pool::take::<f64>(FAMILY, bh * entries)?;
     let [ti, hi, dki, dvi, nci, bhi] = kernel_ints([t, h, dk, dv, nc, bh])?;
     let (kv, vv) = (x.k.view(), x.v.view());
-    if (s0.is_some() || want_final) && (lifted || !plan.iter().any(|l| l.step == Step::Scan)) {
+    if (s0.is_some() || want_final)
+        && (lifted || !plan.iter().any(|l| matches!(l.step, Step::Scan | Step::Walk)))
+    {
         return Err(err(FAMILY, "internal: a state needs the scan of a base mixer"));
     }
     let (s0v, has_s0) = view_or_zero(s0, &x.zero);
@@ -137,6 +187,13 @@ pub(crate) fn prefix<F: GpuReal>(
                 let st = fin.as_deref_mut().unwrap_or(&mut *unused);
                 launch!(g, FAMILY, f, cfg;
                     &mut *tree, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st)?
+            }
+            Step::Walk => {
+                let has_st = fin.is_some() as i32;
+                let mut unused = pool::take::<F>(FAMILY, 1)?;
+                let st = fin.as_deref_mut().unwrap_or(&mut *unused);
+                launch!(g, FAMILY, f, cfg; &kv, &vv, &gv, &has_g, &mut *tree, &mut *decays,
+                    &ti, &hi, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st)?
             }
             Step::Tree { level } => {
                 let ei = level as i32;
@@ -228,6 +285,12 @@ pub(crate) fn run_bf16(
                 let has_st = fin.is_some() as i32;
                 let st = fin.as_deref_mut().unwrap_or(&mut *unused);
                 launch!(gpu, FAMILY, f, cfg; &mut *states, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st)?
+            }
+            Step::Walk => {
+                let has_st = fin.is_some() as i32;
+                let st = fin.as_deref_mut().unwrap_or(&mut *unused);
+                launch!(gpu, FAMILY, f, cfg; &kv, &vv, &gv, &has_g, &mut *states, &mut *decays,
+                    &ti, &hi, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st)?
             }
             Step::Output => {
                 let y = y.insert(pool::take::<bf16>(FAMILY, b * t * h * dv)?);

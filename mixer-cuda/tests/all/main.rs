@@ -17,6 +17,7 @@ mod loglinear_backward;
 mod loglinear_backward_lift;
 mod loglinear_backward_state;
 mod loglinear_state_modes;
+mod loglinear_walk;
 mod runtime;
 mod state_grads;
 mod states_extension;
