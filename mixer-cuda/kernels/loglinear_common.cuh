@@ -251,6 +251,33 @@ __device__ __forceinline__ void llc_cp_async16(void* dst, const void* src, int v
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
 }
 
+// A packed batch's chunk table (B = 1, sequences packed along T; docs/math.md §7.2): every chunk
+// lies inside one sequence, which restarts the chunking. For NC chunks and NS sequences,
+// tab[j] = the first token of chunk j, tab[NC + j] = its length, plus 1 << 16 where it is its
+// sequence's first chunk, and tab[2·NC + s] = the first chunk of sequence s (s ≤ NS; chunk
+// indices run over all sequences in order). has_tab = 0: no table, chunk j holds tokens
+// CH·j .. CH·j + CH − 1 of every batch row, and only chunk 0 is first.
+struct LlcChunk {
+    int i0, n;
+    bool first;
+};
+__device__ __forceinline__ LlcChunk llc_chunk(const int* tab, int has_tab, int j, int nc, int Tn, int CH) {
+    if (!has_tab) return {j * CH, min(CH, Tn - j * CH), j == 0};
+    const int m = tab[nc + j];
+    return {tab[j], m & 0xffff, (m >> 16) != 0};
+}
+// The chunks [jb, je) a per-(row, head) pass walks: every chunk of batch row b (no table, bh = b·H + h
+// the state's row), or sequence s's chunks (a table; row = s·H + h is the state's row, and the
+// chunk states of head h are those of batch row 0).
+struct LlcRange {
+    int bh, jb, je;
+};
+__device__ __forceinline__ LlcRange llc_range(const int* tab, int has_tab, int row, int H, int nc) {
+    if (!has_tab) return {row, 0, nc};
+    const int s = row / H;
+    return {row % H, tab[2 * nc + s], tab[2 * nc + s + 1]};
+}
+
 // Copies rows [0, nrows) × columns [0, ncols) of a tile whose row r starts at src + r·rs into the
 // R × C shared tile dst (element (r, c) at dst + at(r, c)), zero-filling the rest: 16-byte copies
 // when vec (base and rows 16-byte aligned, ncols a multiple of 16 bytes), else element by element

@@ -285,7 +285,8 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 }
 
 // 3''. Pass 3 without a lift (direct = 1: F[bh·NC + i] is the state entering chunk i; chunk 0's
-// is read only with read0, a run from a state, where it is H_0 = S_0ᵀ) on tensor cores, for
+// is read only with read0, a run from a state, where it is H_0 = S_0ᵀ; with a chunk table
+// (llc_chunk, a packed batch) the same holds of every sequence's first chunk) on tensor cores, for
 // Dk ≤ KT (KT = 64 or 128 key columns): the four tiles a block needs — Q, K [64 tokens × KT key
 // columns], V [64 tokens × 64 value columns] and the state H [KT key rows × 64 value columns]
 // — are copied by cp.async all at once (Q and H first), so that one memory latency is exposed per
@@ -324,7 +325,8 @@ __device__ __forceinline__ int lld_at(int r, int c, bool qk) {
 __device__ __forceinline__ int lld_h(int c, int d) { return c * 64 + (d ^ ((c & 3) << 3)); }
 template <typename TI, int KT>
 __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const float* F,
-                                  TI* y, int Tn, int H, int Dk, int Dv, int nc, double scale, int read0) {
+                                  TI* y, int Tn, int H, int Dk, int Dv, int nc, double scale, int read0, const int* tab,
+                                  int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, E = 16 / sizeof(TI);
     __shared__ double gam[CH], gtmp[CH];
@@ -335,7 +337,8 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
     TI* Vs = Ks + 64 * KT;
     const int i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, d0 = blockIdx.z * 64;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
-    const int i0 = i * CH, n = min(CH, Tn - i0), nd = min(64, Dv - d0);
+    const LlcChunk ck = llc_chunk(tab, has_tab, i, nc, Tn, CH);
+    const int i0 = ck.i0, n = ck.n, nd = min(64, Dv - d0);
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     const float sc = (float)scale;
     const bool vq = Dk % E == 0 && llc_al16(q) && llc_al16(k), vv = Dv % E == 0 && llc_al16(v),
@@ -343,9 +346,9 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
     const int DK8 = (Dk + 7) / 8;
     auto atqk = [](int r, int c) { return lld_at<TI, KT>(r, c, true); };
     auto atv = [](int r, int c) { return lld_at<TI, KT>(r, c, false); };
-    // Group 1: Q and the entering state (none for chunk 0 unless read0: a run from a state);
+    // Group 1: Q and the entering state (none for a first chunk unless read0: a run from a state);
     // group 2: K and V.
-    const bool state = i > 0 || read0;
+    const bool state = !ck.first || read0;
     lld_tile<64, KT>(Qs, q + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
     if (state) lld_tile<KT, 64>(Hs, F + ((long long)bh * nc + i) * Dk * Dv + d0, Dv, Dk, nd, vf, lld_h);
     asm volatile("cp.async.commit_group;\n" ::);
@@ -414,8 +417,8 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
 #define LLD_EXPORT(NAME, TI, KT)                                                                              \
     extern "C" __global__ void __launch_bounds__(128)                                                        \
         NAME(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const float* F, TI* y, int Tn, \
-             int H, int Dk, int Dv, int nc, double scale, int read0) {                                        \
-        llc_out_direct_tc<TI, KT>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale, read0);                 \
+             int H, int Dk, int Dv, int nc, double scale, int read0, const int* tab, int has_tab) {           \
+        llc_out_direct_tc<TI, KT>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale, read0, tab, has_tab);   \
     }
 LLD_EXPORT(llc_out_direct_tc_f32, float, 64)
 LLD_EXPORT(llc_out_direct_tc_bf16, mx_bf16, 64)

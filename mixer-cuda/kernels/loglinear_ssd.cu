@@ -26,7 +26,7 @@
 // Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 256 threads.
 template <typename T>
 __device__ void llc_states(const T* k, const T* v, const T* g, int has_g, T* F, double* A, int Tn, int H, int Dk, int Dv,
-                           int nc) {
+                           int nc, const int* tab, int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH;
     __shared__ double gam[CH], gtmp[CH];
@@ -36,7 +36,8 @@ __device__ void llc_states(const T* k, const T* v, const T* g, int has_g, T* F, 
     const int ntd = (Dv + LLC_NT - 1) / LLC_NT;
     const int c0 = (blockIdx.z / ntd) * LLC_NT, d0 = (blockIdx.z % ntd) * LLC_NT;
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int i0 = j * CH, n = min(CH, Tn - i0);
+    const LlcChunk ck = llc_chunk(tab, has_tab, j, nc, Tn, CH);
+    const int i0 = ck.i0, n = ck.n;
     const long long row0 = ((long long)b * Tn + i0) * H + h;  // row of token i0 (times H per token)
     llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
     const double alast = gam[CH - 1];
@@ -106,23 +107,25 @@ __device__ void llc_tree(T* __restrict__ F, double* A, int e, int BH, int Dk, in
 // chunks' values before storing any (the loads do not wait on the recurrence; 32 in flight
 // rather than 16 took mamba2's whole call from 0.34 to 0.30 ms at T = 16k on the H200).
 // With has_st, the final state H_nc is written transposed as ST [BH][Dv][Dk] (docs/math.md §7).
-// Grid (⌈Dk·Dv/256⌉, BH), 256 threads.
+// With a chunk table (llc_chunk; B = 1) a block row is a (sequence, head) that walks its
+// sequence's chunks from its own row of S0 and writes its own row of ST.
+// Grid (⌈Dk·Dv/256⌉, BH, or NS·H with a table), 256 threads.
 #define LLC_SCAN_P 32
 template <typename T>
 __device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk, int Dv, int nc, const T* S0,
-                         int has_s0, T* ST, int has_st) {
+                         int has_s0, T* ST, int has_st, const int* tab, int has_tab, int H) {
     LLC_FIX_DIMS(Dk, Dv);
     const long long DD = (long long)Dk * Dv;
     const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
-    const int bh = blockIdx.y;
+    const LlcRange rg = llc_range(tab, has_tab, blockIdx.y, H, nc);
     if (idx >= DD) return;
-    T* f = F + (long long)bh * nc * DD + idx;
-    const double* a = A + (long long)bh * nc;
-    // Entry idx = (key c, value d) of H is entry (d, c) of the state S = Hᵀ.
-    const long long sidx = (long long)bh * DD + (idx % Dv) * Dk + idx / Dv;
+    T* f = F + (long long)rg.bh * nc * DD + idx;
+    const double* a = A + (long long)rg.bh * nc;
+    // Entry idx = (key c, value d) of H is entry (d, c) of the state S = Hᵀ (row blockIdx.y of S0, ST).
+    const long long sidx = (long long)blockIdx.y * DD + (idx % Dv) * Dk + idx / Dv;
     T hcur = has_s0 ? S0[sidx] : (T)0;
-    int j0 = 0;
-    for (; j0 + LLC_SCAN_P <= nc; j0 += LLC_SCAN_P) {
+    int j0 = rg.jb;
+    for (; j0 + LLC_SCAN_P <= rg.je; j0 += LLC_SCAN_P) {
         T z[LLC_SCAN_P], w[LLC_SCAN_P];
 #pragma unroll
         for (int p = 0; p < LLC_SCAN_P; ++p) {
@@ -139,7 +142,7 @@ __device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk
             hcur = fma(w[p], hcur, z[p]);
         }
     }
-    for (; j0 < nc; ++j0) {
+    for (; j0 < rg.je; ++j0) {
         const T z = f[(long long)j0 * DD];
         f[(long long)j0 * DD] = hcur;
         hcur = fma(mx_exp((T)a[j0]), hcur, z);
@@ -153,7 +156,7 @@ __device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk
 // (padded: fragment loads hit 32 banks). Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 128 threads.
 template <typename TI>
 __device__ void llc_states_tc(const TI* k, const TI* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
-                              int Dk, int Dv, int nc) {
+                              int Dk, int Dv, int nc, const int* tab, int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64;
     __shared__ double gam[CH], gtmp[CH];
@@ -163,7 +166,8 @@ __device__ void llc_states_tc(const TI* k, const TI* v, const float* g, int has_
     const int ntd = (Dv + 63) / 64;
     const int c0 = (blockIdx.z / ntd) * 64, d0 = (blockIdx.z % ntd) * 64;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
-    const int i0 = j * CH, n = min(CH, Tn - i0);
+    const LlcChunk ck = llc_chunk(tab, has_tab, j, nc, Tn, CH);
+    const int i0 = ck.i0, n = ck.n;
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
     const double alast = gam[CH - 1];
@@ -212,14 +216,14 @@ __device__ void llc_states_tc(const TI* k, const TI* v, const float* g, int has_
 
 extern "C" __global__ void __launch_bounds__(128)
     llc_states_tc_f32(const float* k, const float* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
-                      int Dk, int Dv, int nc) {
-    llc_states_tc<float>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
+                      int Dk, int Dv, int nc, const int* tab, int has_tab) {
+    llc_states_tc<float>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, tab, has_tab);
 }
 // The bf16 mode's activations read as they are stored (bf16 bits; g stays f32).
 extern "C" __global__ void __launch_bounds__(128)
     llc_states_tc_bf16(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, float* F, double* A, int Tn,
-                       int H, int Dk, int Dv, int nc) {
-    llc_states_tc<mx_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);
+                       int H, int Dk, int Dv, int nc, const int* tab, int has_tab) {
+    llc_states_tc<mx_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, tab, has_tab);
 }
 
 // 1'+2'. Without a lift, in the tensor-core modes: the chunk states and the scan in one pass that
@@ -232,7 +236,9 @@ extern "C" __global__ void __launch_bounds__(128)
 // LLW_STAGES − 1 chunks are in flight (cp.async) while a chunk is multiplied, so a step exposes no
 // memory latency. K̂ = e^{a_j − γ_s} k_s is formed from the raw tile when the fragment is loaded.
 // Shared tiles (TI as stored: f32, or bf16 bits) are padded by 8 elements a row: fragment loads hit
-// distinct banks. Grid (⌈Dk/64⌉·⌈Dv/LLW_VT⌉, BH), 128 threads, dynamic shared memory
+// distinct banks. With a chunk table (llc_chunk; B = 1) a block row is a (sequence, head) that walks
+// its sequence's chunks from its own row of S0 and writes its own row of ST.
+// Grid (⌈Dk/64⌉·⌈Dv/LLW_VT⌉, BH, or NS·H with a table), 128 threads, dynamic shared memory
 // LLW_STAGES · 64 · (72 + LLW_VT + 8) · sizeof(TI) bytes.
 #ifndef LLW_VT
 #define LLW_VT 64
@@ -242,7 +248,8 @@ extern "C" __global__ void __launch_bounds__(128)
 #endif
 template <typename TI>
 __device__ void llc_walk_tc(const TI* k, const TI* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
-                            int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st) {
+                            int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st, const int* tab,
+                            int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, VT = LLW_VT, NT = VT / 8, E = 16 / (int)sizeof(TI), KLD = 64 + 8, VLD = VT + 8;
     constexpr int STAGE = CH * KLD + CH * VLD;  // elements of one stage's K and V tiles
@@ -250,7 +257,8 @@ __device__ void llc_walk_tc(const TI* k, const TI* v, const float* g, int has_g,
     __shared__ float gs[LLW_STAGES][CH];
     extern __shared__ __align__(16) unsigned char llw_dyn[];
     TI* tiles = reinterpret_cast<TI*>(llw_dyn);
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
+    const LlcRange rg = llc_range(tab, has_tab, blockIdx.y, H, nc);
+    const int bh = rg.bh, b = bh / H, h = bh % H, row = blockIdx.y;  // row: S0's and ST's
     const int ntd = (Dv + VT - 1) / VT;
     const int c0 = (blockIdx.x / ntd) * 64, d0 = (blockIdx.x % ntd) * VT;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
@@ -259,17 +267,19 @@ __device__ void llc_walk_tc(const TI* k, const TI* v, const float* g, int has_g,
     const bool vk = Dk % E == 0 && llc_al16(k), vv = Dv % E == 0 && llc_al16(v);
     auto atk = [](int r, int c) { return r * KLD + c; };
     auto atv = [](int r, int c) { return r * VLD + c; };
-    // The copies of chunk j into stage j mod LLW_STAGES (one commit group, empty past the last chunk).
-    auto issue = [&](int j) {
-        if (j < nc) {
-            TI* Ks = tiles + (j % LLW_STAGES) * STAGE;
-            const int i0 = j * CH, n = min(CH, Tn - i0);
-            const long long row0 = ((long long)b * Tn + i0) * H + h;
+    // The copies of the block's p-th chunk into stage p mod LLW_STAGES (one commit group, empty past
+    // the last chunk).
+    auto issue = [&](int p) {
+        if (rg.jb + p < rg.je) {
+            TI* Ks = tiles + (p % LLW_STAGES) * STAGE;
+            const LlcChunk ck = llc_chunk(tab, has_tab, rg.jb + p, nc, Tn, CH);
+            const int n = ck.n;
+            const long long row0 = ((long long)b * Tn + ck.i0) * H + h;
             lld_tile<CH, 64>(Ks, k + row0 * Dk + c0, (long long)H * Dk, n, Dk - c0, vk, atk);
             lld_tile<CH, VT>(Ks + CH * KLD, v + row0 * Dv + d0, (long long)H * Dv, n, Dv - d0, vv, atv);
             if (tid < CH) {
                 const bool ok = has_g && tid < n;
-                llc_cp_async(&gs[j % LLW_STAGES][tid], ok ? g + row0 + (long long)tid * H : g, 4, ok);
+                llc_cp_async(&gs[p % LLW_STAGES][tid], ok ? g + row0 + (long long)tid * H : g, 4, ok);
             }
         }
         asm volatile("cp.async.commit_group;\n" ::);
@@ -281,19 +291,20 @@ __device__ void llc_walk_tc(const TI* k, const TI* v, const float* g, int has_g,
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int c = c0 + cr + (u < 2 ? 0 : 8), d = d0 + nt * 8 + 2 * tg + (u & 1);
-            hc[nt][u] = has_s0 && c < Dk && d < Dv ? S0[(long long)bh * DD + (long long)d * Dk + c] : 0.f;
+            hc[nt][u] = has_s0 && c < Dk && d < Dv ? S0[(long long)row * DD + (long long)d * Dk + c] : 0.f;
         }
 #pragma unroll
     for (int p = 0; p < LLW_STAGES - 1; ++p) issue(p);
-    for (int j = 0; j < nc; ++j) {
+    for (int p = 0; rg.jb + p < rg.je; ++p) {
+        const int j = rg.jb + p;
         asm volatile("cp.async.wait_group %0;\n" ::"n"(LLW_STAGES - 2) : "memory");
         __syncthreads();
-        issue(j + LLW_STAGES - 1);  // into the stage read by step j − 1, which every thread has left
-        const TI* Ks = tiles + (j % LLW_STAGES) * STAGE;
+        issue(p + LLW_STAGES - 1);  // into the stage read by step p − 1, which every thread has left
+        const TI* Ks = tiles + (p % LLW_STAGES) * STAGE;
         const TI* Vs = Ks + CH * KLD;
-        const int n = min(CH, Tn - j * CH);
-        const double p = llc_prefix<CH>(tid < CH ? (double)gs[j % LLW_STAGES][tid] : 0.0, gtmp);
-        if (tid < CH) gam[tid] = p;
+        const int n = llc_chunk(tab, has_tab, j, nc, Tn, CH).n;
+        const double pre = llc_prefix<CH>(tid < CH ? (double)gs[p % LLW_STAGES][tid] : 0.0, gtmp);
+        if (tid < CH) gam[tid] = pre;
         __syncthreads();
         const double alast = gam[CH - 1];
         float acc[NT][4] = {};
@@ -326,34 +337,37 @@ __device__ void llc_walk_tc(const TI* k, const TI* v, const float* g, int has_g,
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const int c = c0 + cr + (u < 2 ? 0 : 8), d = d0 + nt * 8 + 2 * tg + (u & 1);
-                if (c < Dk && d < Dv) ST[(long long)bh * DD + (long long)d * Dk + c] = hc[nt][u];
+                if (c < Dk && d < Dv) ST[(long long)row * DD + (long long)d * Dk + c] = hc[nt][u];
             }
     }
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     llc_walk_tc_f32(const float* k, const float* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
-                    int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st) {
-    llc_walk_tc<float>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st);
+                    int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st, const int* tab,
+                    int has_tab) {
+    llc_walk_tc<float>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st, tab, has_tab);
 }
 extern "C" __global__ void __launch_bounds__(128)
     llc_walk_tc_bf16(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, float* F, double* A, int Tn,
-                     int H, int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st) {
-    llc_walk_tc<mx_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st);
+                     int H, int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st,
+                     const int* tab, int has_tab) {
+    llc_walk_tc<mx_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st, tab, has_tab);
 }
 
 #define LLS_EXPORT(T, S)                                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llc_states_##S(const T* k, const T* v, const T* g, int has_g, T* F, double* A, int Tn, int H, int Dk,      \
-                       int Dv, int nc) {                                                                          \
-        llc_states<T>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc);                                                   \
+                       int Dv, int nc, const int* tab, int has_tab) {                                             \
+        llc_states<T>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, tab, has_tab);                                     \
     }                                                                                                             \
     extern "C" __global__ void llc_tree_##S(T* F, double* A, int e, int BH, int Dk, int Dv, int nc) {             \
         llc_tree<T>(F, A, e, BH, Dk, Dv, nc);                                                                     \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
-        llc_scan_##S(T* F, const double* A, int Dk, int Dv, int nc, const T* S0, int has_s0, T* ST, int has_st) {  \
-        llc_scan<T>(F, A, Dk, Dv, nc, S0, has_s0, ST, has_st);                                                    \
+        llc_scan_##S(T* F, const double* A, int Dk, int Dv, int nc, const T* S0, int has_s0, T* ST, int has_st,    \
+                     const int* tab, int has_tab, int H) {                                                        \
+        llc_scan<T>(F, A, Dk, Dv, nc, S0, has_s0, ST, has_st, tab, has_tab, H);                                   \
     }
 
 LLS_EXPORT(float, f32)

@@ -5,6 +5,11 @@
 //! tensors (linear attention, Mamba-2, gated DeltaNet; the registry decides, as for
 //! [`crate::run_device_from_state`]).
 //!
+//! Linear attention and Mamba-2 in the tf32 and bf16 modes (`Dk ≤ 128`) run the whole batch in
+//! one launch sequence over a chunk table whose chunking restarts at every sequence start
+//! (`crate::loglinear::packed`), bit for bit the sequences run one by one. Every other mixer and
+//! mode runs sequence by sequence:
+//!
 //! Every sequence runs as a sequence of its own: its rows of the packed buffer are zero-copy
 //! views (`B = 1`, so sequence `i`'s tokens `cu_seqlens[i] .. cu_seqlens[i + 1]` are one
 //! contiguous block of every per-token input), run by the device form from row `i` of the initial
@@ -26,7 +31,9 @@ use mixer_core::mixer::Mixer;
 use mixer_core::state::check_cu_seqlens;
 use mixer_core::{Error, Form, Precision, Requires, Result};
 
-use crate::device_state::{Cotangents, backward_device_from_state_with, run_device_from_state_with};
+use crate::device_state::{
+    Cotangents, backward_device_from_state_with, run_device_from_state_with, run_packed,
+};
 use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu};
 use crate::tensor::{AnyDeviceTensor, Deferred, DeviceScalar, DeviceTensor, DeviceTensors, bf16};
@@ -50,6 +57,9 @@ pub fn run_device_packed(
     let (ranges, t_len) = layout(m, inputs, cu_seqlens)?;
     if let Some(s) = initial {
         rows_of("initial_state", s, ranges.len())?;
+    }
+    if let Some(out) = run_packed(m, inputs, cu_seqlens, initial, want_final, precision, checks)? {
+        return Ok(out);
     }
     let stateful = initial.is_some() || want_final;
     let mut ys = Vec::with_capacity(ranges.len());

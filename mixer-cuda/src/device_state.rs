@@ -16,6 +16,8 @@ use std::any::Any;
 use std::sync::Arc;
 
 use mixer_core::mixer::{Mixer, downcast};
+use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::mixers::loglinear::state::STATE;
 use mixer_core::state::{StateShapes, check_shapes};
 use mixer_core::{Error, Precision, Requires, Result};
 use mixer_registry::Backend;
@@ -163,6 +165,48 @@ pub(crate) fn backward<T: DeviceFamily<f32> + DeviceFamily<f64>>(
     Ok((grads, ds))
 }
 
+/// A packed batch (`cu_seqlens`, `B = 1`; offsets checked) in one launch sequence where the family
+/// has one (`crate::loglinear::packed`: linear attention and Mamba-2 in the tf32 and bf16 modes),
+/// with the checks of a run: the inputs as for a plain run of the whole buffer, `initial` against
+/// the mixer's state with a row per sequence, the deferred value checks. `None` where there is no
+/// such path for these inputs (the caller runs the sequences one by one); the final states have a
+/// row per sequence.
+pub(crate) fn run_packed(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    cu_seqlens: &[usize],
+    initial: Option<&DeviceTensors>,
+    want_final: bool,
+    precision: Precision,
+    checks: bool,
+) -> Result<Option<(AnyDeviceTensor, Option<DeviceTensors>)>> {
+    let Some(ll) = m.as_any().downcast_ref::<LogLinear>() else {
+        return Ok(None);
+    };
+    let states = [("initial_state", initial)];
+    let rows = cu_seqlens.len().saturating_sub(1);
+    if check_rows(m, inputs, &states, precision, Some(rows))? {
+        return Ok(None);
+    }
+    let s0 = initial.map(|s| crate::forms::input::<f32>(s, STATE)).transpose()?;
+    let stateful = initial.is_some() || want_final;
+    let Some((y, fin)) =
+        crate::loglinear::packed::run(ll, inputs, cu_seqlens, s0.as_deref(), stateful, precision)?
+    else {
+        return Ok(None);
+    };
+    let mut deferred = if checks { value_checks(m, inputs, &states)? } else { Vec::new() };
+    if checks {
+        let what = format!("`{}` fast form over a packed batch on cuda", m.name());
+        deferred.push(output_check(&y, what, "every input and the state are")?);
+    }
+    let fin = fin.map(|f| {
+        let f = AnyDeviceTensor::F32(f).with_checks(deferred.iter().cloned());
+        [(STATE.to_string(), f)].into_iter().collect()
+    });
+    Ok(Some((y.with_checks(deferred), fin)))
+}
+
 /// The host-side checks of a call from a state: the inputs as for a plain run in the mode, and
 /// each given state (`(name in errors, tensors)`) against the mixer's state at these sizes: its
 /// names, shapes and dtype (`f64` with `f64` inputs, else `f32`). Returns whether the call
@@ -173,9 +217,24 @@ fn check(
     states: &[(&str, Option<&DeviceTensors>)],
     precision: Precision,
 ) -> Result<bool> {
+    check_rows(m, inputs, states, precision, None)
+}
+
+/// [`check`], with the states' batch axis `rows` where given (a packed batch: one row per
+/// sequence) instead of the inputs'.
+fn check_rows(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    states: &[(&str, Option<&DeviceTensors>)],
+    precision: Precision,
+    rows: Option<usize>,
+) -> Result<bool> {
     let double = check_on_host(m, inputs, precision)?;
     let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
-    let dims = m.spec().bind(&shapes)?;
+    let mut dims = m.spec().bind(&shapes)?;
+    if let Some(rows) = rows {
+        dims.insert("B", rows);
+    }
     let elem = if double { "f64" } else { "f32" };
     for &(what, state) in states {
         let Some(s) = state else { continue };

@@ -116,7 +116,7 @@ pub(crate) fn scalar<F: GpuReal>(
         zero: pool::zeros::<F>(FAMILY, 1)?,
     };
     let tree_plan = ssd::launches(s, elem, Precision::Exact, true, false, super::common::Device::current())?;
-    let ssd::Prefix { tree, decays, .. } = ssd::prefix(ll, &inp, &tree_plan, None, false)?;
+    let ssd::Prefix { tree, decays, .. } = ssd::prefix(ll, &inp, &tree_plan, None, false, None)?;
 
     let nc = s.chunks(elem.chunk());
     let bh = s.bh();

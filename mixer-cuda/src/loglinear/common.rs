@@ -308,6 +308,73 @@ pub(crate) fn kernel_ints(v: [usize; 6]) -> Result<[i32; 6]> {
     Ok(out)
 }
 
+/// A packed batch's chunk table on the device (`B = 1`, the sequences of `cu_seqlens` one after
+/// the other along `T`; `llc_chunk` in `kernels/loglinear_common.cuh`, docs/math.md §7.2): the
+/// chunking restarts at every sequence start, so every chunk of up to 64 tokens lies inside one
+/// sequence, and the chunk indices run over all sequences in order.
+pub(crate) struct ChunkTable {
+    /// `[chunks]` first tokens, `[chunks]` lengths (plus `1 << 16` on a sequence's first chunk),
+    /// `[seqs + 1]` every sequence's first chunk.
+    pub tab: Pooled<i32>,
+    /// Chunks over all sequences.
+    pub chunks: usize,
+    /// Sequences (empty ones included).
+    pub seqs: usize,
+}
+
+impl ChunkTable {
+    /// The table of the offsets `cu` (checked by the caller: non-decreasing from 0) with chunks of
+    /// 64 tokens, as the host builds it.
+    pub(crate) fn host(cu: &[usize]) -> Result<Vec<i32>> {
+        let seqs = cu.len().saturating_sub(1);
+        let chunks: usize = cu.windows(2).map(|w| (w[1] - w[0]).div_ceil(64)).sum();
+        let (mut start, mut len, mut first) = (Vec::new(), Vec::new(), Vec::with_capacity(seqs + 1));
+        for w in cu.windows(2) {
+            first.push(int(FAMILY, "chunks", start.len())?);
+            for (c, i0) in (w[0]..w[1]).step_by(64).enumerate() {
+                start.push(int(FAMILY, "T", i0)?);
+                len.push((w[1] - i0).min(64) as i32 | if c == 0 { 1 << 16 } else { 0 });
+            }
+        }
+        first.push(int(FAMILY, "chunks", chunks)?);
+        Ok([start, len, first].concat())
+    }
+
+    /// [`ChunkTable::host`] on the device.
+    pub(crate) fn upload(cu: &[usize]) -> Result<ChunkTable> {
+        let host = ChunkTable::host(cu)?;
+        let seqs = cu.len().saturating_sub(1);
+        Ok(ChunkTable { chunks: (host.len() - seqs - 1) / 2, seqs, tab: crate::pool::upload(FAMILY, &host)? })
+    }
+}
+
+/// `plan`'s launches (of a plan for `B = seqs`) on a chunk table of `chunks` chunks over `seqs`
+/// sequences of `h` heads: the per-chunk kernels (states, outputs) over its chunks with `B = 1`,
+/// the per-(row, head) passes (scan, walk) over its sequences.
+pub(crate) fn table_grids(plan: &[Launch], chunks: usize, seqs: usize, h: usize) -> Vec<Launch> {
+    let mut out = plan.to_vec();
+    for l in &mut out {
+        match l.step {
+            Step::States | Step::Output => l.grid[..2].copy_from_slice(&[chunks as u32, h as u32]),
+            Step::Scan | Step::Walk => l.grid[1] = (seqs * h) as u32,
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The kernel arguments `(tab, has_tab)` of a chunk table, or of none (`none`, a one-entry buffer
+/// the kernels do not read, and 0).
+pub(crate) fn table_args<'a>(
+    table: Option<&'a ChunkTable>,
+    none: &'a Pooled<i32>,
+) -> (CudaView<'a, i32>, i32) {
+    match table {
+        Some(c) => (c.tab.slice(0..c.tab.len()), 1),
+        None => (none.slice(0..1), 0),
+    }
+}
+
 /// Whether the products run on tensor cores: the tf32 and bf16 modes, with f32 arithmetic.
 pub(crate) fn tensor_cores(p: Precision, elem: Elem) -> bool {
     p != Precision::Exact && elem == Elem::F32

@@ -11,6 +11,8 @@
 //! storage of the activations and a device, as data (serializable to JSON), so that tuning
 //! harnesses read the host's launches instead of deriving them again.
 
+use std::borrow::Cow;
+
 use mixer_core::fenwick::bitlen;
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Precision, Result};
@@ -172,7 +174,7 @@ pub fn plan(
 
 /// How `q`, `k`, `v` are stored in `x` for the form of `F`: bf16 (with whether their rows start
 /// 16-byte aligned) where all three are bf16 and `F` is `f32`, else `F`.
-fn storage<F: GpuReal>(x: &DeviceTensors) -> Storage {
+pub(crate) fn storage<F: GpuReal>(x: &DeviceTensors) -> Storage {
     match bf16_qkv(x) {
         Some((qkv, _)) if Elem::of::<F>() == Elem::F32 => {
             Storage::Bf16 { aligned: qkv.iter().all(|a| a.identity().1 % 8 == 0) }
@@ -273,21 +275,11 @@ pub fn run_planned_for<F: GpuReal>(
         };
         return Ok((finish(DeviceTensor::<F>::zeros(&[b, t, h, dv])?, p)?, fin));
     }
-    let lam = if ll.lift.is_some() { Some(mapped_lambda::<F>(ll, x, t)?) } else { None };
-    let inp = ChunkedInputs {
-        g: if ll.base.has_decay() { input_opt::<F>(x, "g")? } else { None },
-        beta: if ll.base.has_beta() { input_opt::<F>(x, "beta")? } else { None },
-        q,
-        k,
-        v,
-        lam,
-        dims: [b, t, h, dk, dv],
-        zero: pool::zeros::<F>(FAMILY, 1)?,
-    };
+    let inp = chunked_inputs(ll, x, (q, k, v), [b, t, h, dk, dv])?;
     // The activations are F now (converted where they were stored otherwise).
     let plan = plan(ll, inp.dims, p, Storage::Real(Elem::of::<F>()), device)?;
     let (y, fin) = match (plan.path, plan.state_pass) {
-        (Path::Ssd, _) => ssd::run(ll, &inp, &plan.launches, s0, want_final)?,
+        (Path::Ssd, _) => ssd::run(ll, &inp, &plan.launches, s0, want_final, None)?,
         (Path::Sequential, _) => {
             let l = plan.launches.first().ok_or_else(|| err(FAMILY, "internal: an empty plan"))?;
             sequential::run(ll, &inp, l, s0, want_final)?
@@ -298,6 +290,26 @@ pub fn run_planned_for<F: GpuReal>(
     let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
     let checks = inp.lam.as_ref().map(|(l, _)| l.checks().to_vec()).unwrap_or_default();
     Ok((finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)?, fin))
+}
+
+/// The inputs of the chunked form from `q`, `k`, `v` (as `F`, of sizes `dims`) and the rest of
+/// `x`: `g` and `beta` where the base mixer has them, a lift's mapped λ.
+pub(crate) fn chunked_inputs<'a, F: GpuReal>(
+    ll: &LogLinear,
+    x: &'a DeviceTensors,
+    (q, k, v): (Cow<'a, DeviceTensor<F>>, Cow<'a, DeviceTensor<F>>, Cow<'a, DeviceTensor<F>>),
+    dims: [usize; 5],
+) -> Result<ChunkedInputs<'a, F>> {
+    Ok(ChunkedInputs {
+        g: if ll.base.has_decay() { input_opt::<F>(x, "g")? } else { None },
+        beta: if ll.base.has_beta() { input_opt::<F>(x, "beta")? } else { None },
+        lam: if ll.lift.is_some() { Some(mapped_lambda::<F>(ll, x, dims[1])?) } else { None },
+        q,
+        k,
+        v,
+        dims,
+        zero: pool::zeros::<F>(FAMILY, 1)?,
+    })
 }
 
 /// `a` as a tensor of `G`, where `F` and `G` are one type (an internal error otherwise).
@@ -367,7 +379,7 @@ fn run_ssd_bf16(
     };
     let g = if ll.base.has_decay() { input_opt::<f32>(x, "g")? } else { None };
     let plan = plan(ll, dims, Precision::Bf16, st, device)?;
-    ssd::run_bf16(ll, x, g.as_deref(), &plan.launches, s0, want_final)
+    ssd::run_bf16(ll, x, g.as_deref(), &plan.launches, s0, want_final, None)
 }
 
 /// Gated DeltaNet, parallel over chunks except the state pass `pass`: the launches of the
@@ -433,6 +445,7 @@ fn run_delta<F: GpuReal>(
             s,
             ll.scale,
             &mut y,
+            None,
         )?;
         return Ok((y, fin));
     }
@@ -506,7 +519,17 @@ fn run_delta_bf16(
     let mut y = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
     let (f, cfg) = out.function()?;
     let vnv = vn.slice(0..vn.len());
-    output::run_direct(f, cfg, [&qv, &kv, &vnv], (&gv, has_g), &hs, s, ll.scale, s0.is_some(), &mut y)?;
+    output::run_direct(
+        f,
+        cfg,
+        [&qv, &kv, &vnv],
+        (&gv, has_g),
+        (&hs, None),
+        s,
+        ll.scale,
+        s0.is_some(),
+        &mut y,
+    )?;
     let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
     Ok((AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?), fin))
 }

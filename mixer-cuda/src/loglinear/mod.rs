@@ -50,6 +50,7 @@ pub mod decoder;
 pub mod fast;
 pub mod lambda;
 pub mod output;
+pub mod packed;
 pub mod parallel;
 pub mod sequential;
 pub mod ssd;

@@ -19,7 +19,9 @@
 use cudarc::driver::{CudaFunction, CudaView, DeviceRepr, LaunchConfig};
 use mixer_core::{Precision, Result};
 
-use super::common::{Device, Elem, FAMILY, Launch, Shape, Step, fixed_dims, kernel_ints, tensor_cores};
+use super::common::{
+    ChunkTable, Device, Elem, FAMILY, Launch, Shape, Step, fixed_dims, kernel_ints, table_args, tensor_cores,
+};
 use crate::kernels;
 use crate::pool::Pooled;
 use crate::runtime::{gpu, int, launch};
@@ -124,12 +126,16 @@ pub(crate) fn run<F: GpuReal>(
     s: Shape,
     scale: f64,
     y: &mut Pooled<F>,
+    table: Option<&ChunkTable>,
 ) -> Result<()> {
     if first_state && lifted {
         return Err(crate::runtime::err(FAMILY, "internal: a state entering chunk 0 with a lift"));
     }
     if is_direct(l) {
-        return run_direct(f, cfg, [q, k, v], (g, has_g), states, s, scale, first_state, y);
+        return run_direct(f, cfg, [q, k, v], (g, has_g), (states, table), s, scale, first_state, y);
+    }
+    if table.is_some() {
+        return Err(crate::runtime::err(FAMILY, "internal: a chunk table needs llc_out_direct_tc"));
     }
     let Shape { t, h, dk, dv, .. } = s;
     let nc = s.chunks(Elem::of::<F>().chunk());
@@ -150,22 +156,27 @@ pub(crate) fn run<F: GpuReal>(
 /// Runs `llc_out_direct_tc_f32` or `_bf16` (function `f`, configuration `cfg`): one state per
 /// chunk, `q`, `k`, `v` and `y` of type `T` (f32, or bf16 as stored), `g` and the states entering
 /// the chunks of type `S` (f32); chunk 0 reads its state only with `read0` (a run from a state).
+/// With a chunk table (a packed batch) the chunks are the table's and every sequence's first
+/// chunk reads its state only with `read0`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run_direct<T: DeviceRepr, S: DeviceRepr>(
     f: CudaFunction,
     cfg: LaunchConfig,
     [q, k, v]: [&CudaView<'_, T>; 3],
     (g, has_g): (&CudaView<'_, S>, i32),
-    states: &Pooled<S>,
+    (states, table): (&Pooled<S>, Option<&ChunkTable>),
     s: Shape,
     scale: f64,
     read0: bool,
     y: &mut Pooled<T>,
 ) -> Result<()> {
-    let [ti, hi, dki, dvi, nci, _] = kernel_ints([s.t, s.h, s.dk, s.dv, s.chunks(64), s.bh()])?;
+    let nc = table.map_or(s.chunks(64), |c| c.chunks);
+    let [ti, hi, dki, dvi, nci, _] = kernel_ints([s.t, s.h, s.dk, s.dv, nc, s.bh()])?;
     let read0 = read0 as i32;
+    let none = crate::pool::take::<i32>(FAMILY, 1)?;
+    let (tab, has_tab) = table_args(table, &none);
     launch!(gpu()?, FAMILY, f, cfg;
-        q, k, v, g, &has_g, &**states, &mut **y, &ti, &hi, &dki, &dvi, &nci, &scale, &read0)
+        q, k, v, g, &has_g, &**states, &mut **y, &ti, &hi, &dki, &dvi, &nci, &scale, &read0, &tab, &has_tab)
 }
 
 /// Runs `llc_out_dl` or `llc_out_dl_tc` (function `f`, configuration `cfg`): the lift's outputs

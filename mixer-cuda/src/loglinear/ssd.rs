@@ -40,8 +40,8 @@ use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Precision, Result};
 
 use super::common::{
-    ChunkedInputs, Device, Elem, FAMILY, Launch, Shape, Step, bf16_qkv, check_sizes, fixed_dims, kernel_ints,
-    tensor_cores, unexpected, view_or_zero,
+    ChunkTable, ChunkedInputs, Device, Elem, FAMILY, Launch, Shape, Step, bf16_qkv, check_sizes, fixed_dims,
+    kernel_ints, table_args, tensor_cores, unexpected, view_or_zero,
 };
 use super::output;
 use crate::kernels;
@@ -149,19 +149,26 @@ pub(crate) struct Prefix<F: GpuReal> {
 /// Runs the launches of `plan` before the outputs ([`launches`]: the chunk states, then the tree
 /// or the scan); the backward of the lifts reads the tree ([`super::backward_lift`]). A base mixer
 /// may start from the state `s0` (`S [B, H, Dv, Dk]`, docs/math.md §7; `None`: zero) and, with
-/// `want_final`, also returns its final state (both taken by the scan).
+/// `want_final`, also returns its final state (both taken by the scan). With a chunk `table`
+/// (a packed batch, `B = 1`, a base mixer, the plan's grids from [`ChunkTable::launches`]) the
+/// chunks are the table's and `s0` and the final state have a row per sequence.
 pub(crate) fn prefix<F: GpuReal>(
     ll: &LogLinear,
     x: &ChunkedInputs<'_, F>,
     plan: &[Launch],
     s0: Option<&DeviceTensor<F>>,
     want_final: bool,
+    table: Option<&ChunkTable>,
 ) -> Result<Prefix<F>> {
     let s = x.shape();
-    let [_, t, h, dk, dv] = s.dims();
+    let [b, t, h, dk, dv] = s.dims();
     let lifted = ll.lift.is_some();
-    let entries = states(s, Elem::of::<F>(), lifted);
-    let nc = s.chunks(Elem::of::<F>().chunk());
+    if table.is_some() && lifted {
+        return Err(err(FAMILY, "internal: a chunk table with a lift"));
+    }
+    let nc = table.map_or(s.chunks(Elem::of::<F>().chunk()), |c| c.chunks);
+    let entries = if table.is_some() { nc } else { states(s, Elem::of::<F>(), lifted) };
+    let rows = table.map_or(b, |c| c.seqs);
     let bh = s.bh();
     let g = gpu()?;
     let (gv, has_g) = x.g_view();
@@ -175,25 +182,27 @@ pub(crate) fn prefix<F: GpuReal>(
         return Err(err(FAMILY, "internal: a state needs the scan of a base mixer"));
     }
     let (s0v, has_s0) = view_or_zero(s0, &x.zero);
-    let mut fin = if want_final { Some(pool::take::<F>(FAMILY, bh * dk * dv)?) } else { None };
+    let mut fin = if want_final { Some(pool::take::<F>(FAMILY, rows * h * dk * dv)?) } else { None };
+    let none = pool::take::<i32>(FAMILY, 1)?;
+    let (tab, has_tab) = table_args(table, &none);
     for l in plan {
         let (f, cfg) = l.function()?;
         match l.step {
             Step::States => launch!(g, FAMILY, f, cfg;
-                &kv, &vv, &gv, &has_g, &mut *tree, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?,
+                &kv, &vv, &gv, &has_g, &mut *tree, &mut *decays, &ti, &hi, &dki, &dvi, &nci, &tab, &has_tab)?,
             Step::Scan => {
                 let has_st = fin.is_some() as i32;
                 let mut unused = pool::take::<F>(FAMILY, 1)?;
                 let st = fin.as_deref_mut().unwrap_or(&mut *unused);
                 launch!(g, FAMILY, f, cfg;
-                    &mut *tree, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st)?
+                    &mut *tree, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st, &tab, &has_tab, &hi)?
             }
             Step::Walk => {
                 let has_st = fin.is_some() as i32;
                 let mut unused = pool::take::<F>(FAMILY, 1)?;
                 let st = fin.as_deref_mut().unwrap_or(&mut *unused);
                 launch!(g, FAMILY, f, cfg; &kv, &vv, &gv, &has_g, &mut *tree, &mut *decays,
-                    &ti, &hi, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st)?
+                    &ti, &hi, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st, &tab, &has_tab)?
             }
             Step::Tree { level } => {
                 let ei = level as i32;
@@ -206,13 +215,15 @@ pub(crate) fn prefix<F: GpuReal>(
 }
 
 /// Runs the passes of `plan` (from [`launches`], then [`output::launch`]); returns `y`
-/// `[B, T, H, Dv]` and, with `want_final`, the final state ([`prefix`]).
+/// `[B, T, H, Dv]` and, with `want_final`, the final state ([`prefix`]; a chunk `table` as
+/// there, which needs the direct output kernel; rows past the table's last token are zero).
 pub(crate) fn run<F: GpuReal>(
     ll: &LogLinear,
     x: &ChunkedInputs<'_, F>,
     plan: &[Launch],
     s0: Option<&DeviceTensor<F>>,
     want_final: bool,
+    table: Option<&ChunkTable>,
 ) -> Result<(Pooled<F>, Option<Pooled<F>>)> {
     let s = x.shape();
     let [b, t, h, _, dv] = s.dims();
@@ -221,10 +232,12 @@ pub(crate) fn run<F: GpuReal>(
     if out_launch.step != Step::Output {
         return Err(unexpected(out_launch));
     }
-    let Prefix { tree, decays, fin } = prefix(ll, x, before, s0, want_final)?;
+    let Prefix { tree, decays, fin } = prefix(ll, x, before, s0, want_final, table)?;
     let (gv, has_g) = x.g_view();
     let levels = x.lam.as_ref().map_or(1, |(_, n)| *n);
-    let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    // With a table, rows past its last token are written by no chunk: zero.
+    let n = b * t * h * dv;
+    let mut y = if table.is_some() { pool::zeros::<F>(FAMILY, n)? } else { pool::take::<F>(FAMILY, n)? };
     let (lv, scale) = (x.lam_view(), ll.scale);
     let (qv, kv, vv) = (x.q.view(), x.k.view(), x.v.view());
     output::run(
@@ -240,6 +253,7 @@ pub(crate) fn run<F: GpuReal>(
         s,
         scale,
         &mut y,
+        table,
     )?;
     Ok((y, fin))
 }
@@ -249,7 +263,8 @@ pub(crate) fn run<F: GpuReal>(
 /// and the latter writes a bf16 `y` (no f32 copies of the activations or of `y`; a bf16 value is
 /// exact in tf32, so the products are those of the f32 path on the same values); the states and
 /// the scan stay f32. The scan may start from the f32 state `s0` (`S [B, H, Dv, Dk]`; `None`: zero;
-/// chunk 0's outputs then read it) and, with `want_final`, writes the final state.
+/// chunk 0's outputs then read it) and, with `want_final`, writes the final state. A chunk
+/// `table` as in [`prefix`] (`y` zero past its last token).
 pub(crate) fn run_bf16(
     ll: &LogLinear,
     x: &DeviceTensors,
@@ -257,6 +272,7 @@ pub(crate) fn run_bf16(
     plan: &[Launch],
     s0: Option<&DeviceTensor<f32>>,
     want_final: bool,
+    table: Option<&ChunkTable>,
 ) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>)> {
     let Some(([q, k, v], dims)) = bf16_qkv(x) else {
         return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
@@ -265,42 +281,51 @@ pub(crate) fn run_bf16(
     let [b, t, h, dk, dv] = dims;
     let zero = pool::zeros::<f32>(FAMILY, 1)?;
     let (gv, has_g) = view_or_zero(g, &zero);
-    let nc = s.chunks(64);
-    let bh = s.bh();
+    let nc = table.map_or(s.chunks(64), |c| c.chunks);
+    let (bh, rows) = (s.bh(), table.map_or(b, |c| c.seqs));
     let gpu = gpu()?;
     let [ti, hi, dki, dvi, nci, _] = kernel_ints([t, h, dk, dv, nc, bh])?;
     let mut states = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
     let mut decays = pool::take::<f64>(FAMILY, bh * nc)?;
     let mut unused = pool::zeros::<f32>(FAMILY, 1)?;
     let (s0v, has_s0) = view_or_zero(s0, &zero);
-    let mut fin = if want_final { Some(pool::take::<f32>(FAMILY, bh * dk * dv)?) } else { None };
+    let mut fin = if want_final { Some(pool::take::<f32>(FAMILY, rows * h * dk * dv)?) } else { None };
+    let none = pool::take::<i32>(FAMILY, 1)?;
+    let (tab, has_tab) = table_args(table, &none);
     let (qv, kv, vv) = (q.view(), k.view(), v.view());
     let mut y = None;
     for l in plan {
         let (f, cfg) = l.function()?;
         match l.step {
             Step::States => launch!(gpu, FAMILY, f, cfg;
-                &kv, &vv, &gv, &has_g, &mut *states, &mut *decays, &ti, &hi, &dki, &dvi, &nci)?,
+                &kv, &vv, &gv, &has_g, &mut *states, &mut *decays, &ti, &hi, &dki, &dvi, &nci, &tab, &has_tab)?,
             Step::Scan => {
                 let has_st = fin.is_some() as i32;
                 let st = fin.as_deref_mut().unwrap_or(&mut *unused);
-                launch!(gpu, FAMILY, f, cfg; &mut *states, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st)?
+                launch!(gpu, FAMILY, f, cfg;
+                    &mut *states, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st, &tab, &has_tab, &hi)?
             }
             Step::Walk => {
                 let has_st = fin.is_some() as i32;
                 let st = fin.as_deref_mut().unwrap_or(&mut *unused);
                 launch!(gpu, FAMILY, f, cfg; &kv, &vv, &gv, &has_g, &mut *states, &mut *decays,
-                    &ti, &hi, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st)?
+                    &ti, &hi, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st, &tab, &has_tab)?
             }
             Step::Output => {
-                let y = y.insert(pool::take::<bf16>(FAMILY, b * t * h * dv)?);
+                let n = b * t * h * dv;
+                let y = y.insert(if table.is_some() {
+                    pool::zeros::<bf16>(FAMILY, n)?
+                } else {
+                    pool::take::<bf16>(FAMILY, n)?
+                });
                 let read0 = s0.is_some();
-                output::run_direct(f, cfg, [&qv, &kv, &vv], (&gv, has_g), &states, s, ll.scale, read0, y)?
+                let st = (&states, table);
+                output::run_direct(f, cfg, [&qv, &kv, &vv], (&gv, has_g), st, s, ll.scale, read0, y)?
             }
             _ => return Err(unexpected(l)),
         }
     }
     let y = y.ok_or_else(|| err(FAMILY, "internal: a plan without outputs"))?;
-    let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
+    let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[rows, h, dv, dk])).transpose()?;
     Ok((AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?), fin))
 }

@@ -131,3 +131,74 @@ fn device_packed_batches_refuse_what_they_cannot_run() {
     let e = run_device_packed(t.as_ref(), &tx, &[0, 4, 9], None, false, Precision::Exact, true).unwrap_err();
     assert!(e.to_string().contains("host arrays only") && e.to_string().contains("taken whole"), "{e}");
 }
+
+/// Linear attention and Mamba-2 over 60 sequences (H = 4, D = 64) in the tf32 and bf16 modes, with
+/// and without states: one launch sequence on the chunk table that walks the chunks of every
+/// (sequence, head) (checked through the packed plan) equals the host packed path on CUDA, which
+/// runs every sequence alone with the parallel chunk states and the scan, bit for bit; and the
+/// three sequences of [`CU`] (the table's chunk states and scan, checked the same way).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn packed_batches_of_the_base_mixers_run_as_one_batch_and_equal_the_sequences_alone() {
+    let Some(_turn) = gpu() else { return };
+    let gpu = cuda();
+    // Lengths 0, 1, 63, 64, 65, 128, 200 and pseudo-random ones up to 300.
+    let mut lens = vec![0usize, 1, 63, 64, 65, 128, 200];
+    let mut r = 12345u64;
+    while lens.len() < 60 {
+        r = r.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        lens.push((r >> 33) as usize % 301);
+    }
+    let mut cu = vec![0];
+    for l in &lens {
+        cu.push(cu.last().unwrap() + l);
+    }
+    let t = cu.last().unwrap() + 7;
+    let device = mixer_cuda::loglinear::Device::current();
+    for name in ["linear-attention", "mamba2"] {
+        let m = mixer(name, &serde_json::json!({})).unwrap();
+        let ll = m.as_any().downcast_ref::<mixer_core::mixers::loglinear::LogLinear>().unwrap();
+        let dims: Dims = [("B", 1), ("T", t), ("H", 4), ("Dk", 64), ("Dv", 64)].into_iter().collect();
+        let x = cast_tensors::<f32>(&m.random_inputs(&dims, 9).unwrap());
+        let mut d = dims.clone();
+        d.insert("B", lens.len());
+        let s0 = cast_tensors::<f32>(&m.random_state(&d, 10).unwrap());
+        let s0d = upload_inputs(&s0, Precision::Exact).unwrap();
+        for p in [Precision::Tf32, Precision::Bf16] {
+            let storage = if p == Precision::Bf16 {
+                mixer_cuda::loglinear::Storage::Bf16 { aligned: true }
+            } else {
+                mixer_cuda::loglinear::Storage::Real(mixer_cuda::loglinear::Elem::F32)
+            };
+            for (cu, walks) in [(&cu[..], true), (&CU[..], false)] {
+                let tt = if walks { t } else { T };
+                let x = if walks { x.clone() } else { slice_t(&x, tt) };
+                let (_, l) =
+                    mixer_cuda::loglinear::packed::launches(ll, [tt, 4, 64, 64], cu, p, storage, device)
+                        .unwrap()
+                        .expect("one launch sequence");
+                assert_eq!(l[0].function.starts_with("llc_walk_tc"), walks, "{name} {p}: {l:?}");
+                let label = format!("{name} {p} {} sequences", cu.len() - 1);
+                let dev = upload_inputs(&x, p).unwrap();
+                let (want, _) = run_packed(m.as_ref(), &gpu, Form::Fast, &x, cu, None, false, p).unwrap();
+                let (y, _) = run_device_packed(m.as_ref(), &dev, cu, None, false, p, true).unwrap();
+                assert_eq!(download_as::<f32>(&y).unwrap(), want, "{label}: y");
+                if !walks {
+                    continue;
+                }
+                let (want, want_f) =
+                    run_packed(m.as_ref(), &gpu, Form::Fast, &x, cu, Some(&s0), true, p).unwrap();
+                let (y, fin) = run_device_packed(m.as_ref(), &dev, cu, Some(&s0d), true, p, true).unwrap();
+                let y = download_as::<f32>(&y).unwrap();
+                assert_eq!(y, want, "{label} from states: y");
+                assert!(y.slice_axis(Axis(1), Slice::from(cu[cu.len() - 1]..)).iter().all(|&v| v == 0.0));
+                assert_eq!(down(&fin.expect("final states")), want_f.unwrap(), "{label}: final states");
+            }
+        }
+    }
+}
+
+/// The first `t` rows of every `[1, T, …]` input.
+fn slice_t(x: &Tensors<f32>, t: usize) -> Tensors<f32> {
+    x.iter().map(|(k, v)| (k.clone(), v.slice_axis(Axis(1), Slice::from(..t)).to_owned())).collect()
+}

@@ -1,0 +1,150 @@
+//! Packed variable-length batches of linear attention and Mamba-2 in one launch sequence
+//! (docs/math.md §7.2): the sequences of `cu_seqlens` (`B = 1`) run as one batch whose chunking
+//! restarts at every sequence start — a chunk table ([`ChunkTable`]) tells the chunk kernels
+//! (`llc_states_tc`, `llc_out_direct_tc`) each chunk's first token, length and whether it starts
+//! its sequence, and the per-(row, head) passes (`llc_scan`, `llc_walk_tc`) walk each sequence's
+//! chunks from its own row of the initial state and write its own row of the final state. Every
+//! chunk is the chunk a sequence run alone has, with the same operands in the same order, so the
+//! batch equals the sequences run one by one bit for bit — at the cost of one run over the total
+//! length instead of one run per sequence.
+//!
+//! It serves the tf32 and bf16 modes without a lift where the plan's outputs are the direct
+//! kernel's (`Dk ≤ 128`); elsewhere [`run`] says `None` and the caller runs the sequences one by
+//! one (`crate::device_packed`).
+
+use std::borrow::Cow;
+
+use mixer_core::mixers::loglinear::{Base, LogLinear};
+use mixer_core::{Precision, Result};
+
+use super::common::{ChunkTable, Device, Elem, Launch, Storage, table_grids};
+use super::fast::{Path, chunked_inputs, plan, storage};
+use super::ssd;
+use crate::forms::{finish, input, input_opt};
+use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
+
+/// The path and launches of a packed batch `cu` of `[1, T, H, Dk]` activations (`Dv` value
+/// columns) stored as `storage`, in mode `p` on `device`, in one launch sequence; `None` where this
+/// path does not serve `ll`, the mode or the sizes. The launches are those of the `fast` plan of
+/// the sequences as `N` rows of the longest length (so the walk's rule counts (sequence, head)
+/// blocks) on the chunk table's grids.
+pub fn launches(
+    ll: &LogLinear,
+    [_, h, dk, dv]: [usize; 4],
+    cu: &[usize],
+    p: Precision,
+    storage: Storage,
+    device: Device,
+) -> Result<Option<(Path, Vec<Launch>)>> {
+    let served = ll.lift.is_none()
+        && matches!(ll.base, Base::LinearAttention | Base::Mamba2)
+        && matches!(p, Precision::Tf32 | Precision::Bf16)
+        && storage != Storage::Real(Elem::F64);
+    let n = cu.len().saturating_sub(1);
+    let longest = cu.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+    if !served || longest == 0 {
+        return Ok(None);
+    }
+    let pl = plan(ll, [n, longest, h, dk, dv], p, storage, device)?;
+    let direct = pl.launches.last().is_some_and(|l| l.function.starts_with("llc_out_direct_tc"));
+    if !matches!(pl.path, Path::Ssd | Path::SsdBf16) || !direct {
+        return Ok(None);
+    }
+    let chunks = cu.windows(2).map(|w| (w[1] - w[0]).div_ceil(64)).sum();
+    Ok(Some((pl.path, table_grids(&pl.launches, chunks, n, h))))
+}
+
+/// `y` `[1, T, H, Dv]` (zero past the last offset) and, with `want_final`, the final states
+/// `[N, H, Dv, Dk]` of the packed batch `cu` (offsets checked by the caller against `T`), every
+/// sequence from its row of `s0` (`[N, H, Dv, Dk]`, f32; `None`: zero); `None` where
+/// [`launches`] says so.
+pub(crate) fn run(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    cu: &[usize],
+    s0: Option<&DeviceTensor<f32>>,
+    want_final: bool,
+    p: Precision,
+) -> Result<Option<(AnyDeviceTensor, Option<DeviceTensor<f32>>)>> {
+    let (Some(q), Some(v)) = (x.get("q"), x.get("v")) else {
+        return Ok(None);
+    };
+    let (&[1, t, h, dk], &[_, _, _, dv]) = (q.shape(), v.shape()) else {
+        return Ok(None);
+    };
+    let n = cu.len().saturating_sub(1);
+    let Some((path, launches)) = launches(ll, [t, h, dk, dv], cu, p, storage::<f32>(x), Device::current())?
+    else {
+        return Ok(None);
+    };
+    let table = ChunkTable::upload(cu)?;
+    if path == Path::SsdBf16 {
+        let g = if ll.base.has_decay() { input_opt::<f32>(x, "g")? } else { None };
+        return ssd::run_bf16(ll, x, g.as_deref(), &launches, s0, want_final, Some(&table)).map(Some);
+    }
+    let qkv: (Cow<'_, DeviceTensor<f32>>, _, _) = (input(x, "q")?, input(x, "k")?, input(x, "v")?);
+    let inp = chunked_inputs(ll, x, qkv, [1, t, h, dk, dv])?;
+    let (y, fin) = ssd::run(ll, &inp, &launches, s0, want_final, Some(&table))?;
+    let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[n, h, dv, dk])).transpose()?;
+    Ok(Some((finish(DeviceTensor::from_pooled(y, &[1, t, h, dv])?, p)?, fin)))
+}
+
+#[cfg(test)]
+mod tests {
+    use mixer_core::mixers::loglinear::{LambdaScheme, LevelMask, Lift};
+
+    use super::*;
+
+    const F: i32 = 1 << 16;
+
+    fn mixer(lifted: bool) -> LogLinear {
+        let lift = lifted.then(|| Lift { mask: LevelMask::fenwick(), lambda: LambdaScheme::identity() });
+        LogLinear::new("m", Base::Mamba2, lift, 0.125, 64).unwrap()
+    }
+
+    #[test]
+    fn the_chunk_table_restarts_the_chunking_at_every_sequence() {
+        // An empty sequence, one token, 65 tokens (two chunks), 64 tokens (one).
+        let tab = ChunkTable::host(&[0, 0, 1, 66, 130]).unwrap();
+        let (starts, lens, firsts) = (&tab[..4], &tab[4..8], &tab[8..]);
+        assert_eq!(starts, [0, 1, 65, 66]);
+        assert_eq!(lens, [1 | F, 64 | F, 1, 64 | F]);
+        assert_eq!(firsts, [0, 0, 1, 3, 4]);
+        assert_eq!(ChunkTable::host(&[0]).unwrap(), [0]);
+    }
+
+    #[test]
+    fn packed_batches_of_the_base_mixers_take_one_launch_sequence_on_the_table() {
+        let (m, st) = (mixer(false), Storage::Real(Elem::F32));
+        // 60 sequences of 100 tokens, H = 4, D = 64: 240 (sequence, head) blocks walk.
+        let cu: Vec<usize> = (0..=60).map(|i| 100 * i).collect();
+        let (path, l) =
+            launches(&m, [6000, 4, 64, 64], &cu, Precision::Tf32, st, Device::H200).unwrap().unwrap();
+        assert_eq!(path, Path::Ssd);
+        assert_eq!(
+            l.iter().map(|l| l.function.as_str()).collect::<Vec<_>>(),
+            ["llc_walk_tc_f32", "llc_out_direct_tc_f32"]
+        );
+        assert_eq!((l[0].grid, l[1].grid), ([1, 240, 1], [120, 4, 1]));
+        // Three sequences: the states over the table's chunks, the scan over (sequence, head).
+        let bf = Storage::Bf16 { aligned: true };
+        let (path, l) =
+            launches(&m, [300, 4, 64, 64], &[0, 100, 130, 300], Precision::Bf16, bf, Device::H200)
+                .unwrap()
+                .unwrap();
+        assert_eq!(path, Path::SsdBf16);
+        assert_eq!((l[0].function.as_str(), l[0].grid), ("llc_states_tc_bf16", [2 + 1 + 3, 4, 1]));
+        assert_eq!((l[1].function.as_str(), l[1].grid[1]), ("llc_scan_f32", 12));
+        assert_eq!(l[2].grid, [6, 4, 1]);
+        // Not served: the exact mode, f64, a lift, Dk above the direct kernel's 128, all empty.
+        let none = |m: &LogLinear, dk, p, st, cu: &[usize]| {
+            launches(m, [300, 4, dk, 64], cu, p, st, Device::H200).unwrap().is_none()
+        };
+        let cu = [0, 100, 300];
+        assert!(none(&m, 64, Precision::Exact, st, &cu));
+        assert!(none(&m, 64, Precision::Tf32, Storage::Real(Elem::F64), &cu));
+        assert!(none(&mixer(true), 64, Precision::Tf32, st, &cu));
+        assert!(none(&m, 136, Precision::Tf32, st, &cu));
+        assert!(none(&m, 64, Precision::Tf32, st, &[0, 0, 0]));
+    }
+}
