@@ -257,11 +257,11 @@ __device__ __forceinline__ void llc_cp_async16(void* dst, const void* src, int v
 // sequence's first chunk, and tab[2·NC + s] = the first chunk of sequence s (s ≤ NS; chunk
 // indices run over all sequences in order). has_tab = 0: no table, chunk j holds tokens
 // CH·j .. CH·j + CH − 1 of every batch row, and only chunk 0 is first.
-struct LlcChunk {
+struct LlcSpan {
     int i0, n;
     bool first;
 };
-__device__ __forceinline__ LlcChunk llc_chunk(const int* tab, int has_tab, int j, int nc, int Tn, int CH) {
+__device__ __forceinline__ LlcSpan llc_span(const int* tab, int has_tab, int j, int nc, int Tn, int CH) {
     if (!has_tab) return {j * CH, min(CH, Tn - j * CH), j == 0};
     const int m = tab[nc + j];
     return {tab[j], m & 0xffff, (m >> 16) != 0};

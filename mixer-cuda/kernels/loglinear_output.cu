@@ -286,7 +286,7 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 
 // 3''. Pass 3 without a lift (direct = 1: F[bh·NC + i] is the state entering chunk i; chunk 0's
 // is read only with read0, a run from a state, where it is H_0 = S_0ᵀ; with a chunk table
-// (llc_chunk, a packed batch) the same holds of every sequence's first chunk) on tensor cores, for
+// (llc_span, a packed batch) the same holds of every sequence's first chunk) on tensor cores, for
 // Dk ≤ KT (KT = 64 or 128 key columns): the four tiles a block needs — Q, K [64 tokens × KT key
 // columns], V [64 tokens × 64 value columns] and the state H [KT key rows × 64 value columns]
 // — are copied by cp.async all at once (Q and H first), so that one memory latency is exposed per
@@ -337,7 +337,7 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
     TI* Vs = Ks + 64 * KT;
     const int i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, d0 = blockIdx.z * 64;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
-    const LlcChunk ck = llc_chunk(tab, has_tab, i, nc, Tn, CH);
+    const LlcSpan ck = llc_span(tab, has_tab, i, nc, Tn, CH);
     const int i0 = ck.i0, n = ck.n, nd = min(64, Dv - d0);
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     const float sc = (float)scale;

@@ -36,7 +36,7 @@ __device__ void llc_states(const T* k, const T* v, const T* g, int has_g, T* F, 
     const int ntd = (Dv + LLC_NT - 1) / LLC_NT;
     const int c0 = (blockIdx.z / ntd) * LLC_NT, d0 = (blockIdx.z % ntd) * LLC_NT;
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const LlcChunk ck = llc_chunk(tab, has_tab, j, nc, Tn, CH);
+    const LlcSpan ck = llc_span(tab, has_tab, j, nc, Tn, CH);
     const int i0 = ck.i0, n = ck.n;
     const long long row0 = ((long long)b * Tn + i0) * H + h;  // row of token i0 (times H per token)
     llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
@@ -107,7 +107,7 @@ __device__ void llc_tree(T* __restrict__ F, double* A, int e, int BH, int Dk, in
 // chunks' values before storing any (the loads do not wait on the recurrence; 32 in flight
 // rather than 16 took mamba2's whole call from 0.34 to 0.30 ms at T = 16k on the H200).
 // With has_st, the final state H_nc is written transposed as ST [BH][Dv][Dk] (docs/math.md §7).
-// With a chunk table (llc_chunk; B = 1) a block row is a (sequence, head) that walks its
+// With a chunk table (llc_span; B = 1) a block row is a (sequence, head) that walks its
 // sequence's chunks from its own row of S0 and writes its own row of ST.
 // Grid (⌈Dk·Dv/256⌉, BH, or NS·H with a table), 256 threads.
 #define LLC_SCAN_P 32
@@ -166,7 +166,7 @@ __device__ void llc_states_tc(const TI* k, const TI* v, const float* g, int has_
     const int ntd = (Dv + 63) / 64;
     const int c0 = (blockIdx.z / ntd) * 64, d0 = (blockIdx.z % ntd) * 64;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
-    const LlcChunk ck = llc_chunk(tab, has_tab, j, nc, Tn, CH);
+    const LlcSpan ck = llc_span(tab, has_tab, j, nc, Tn, CH);
     const int i0 = ck.i0, n = ck.n;
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
@@ -236,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(128)
 // LLW_STAGES − 1 chunks are in flight (cp.async) while a chunk is multiplied, so a step exposes no
 // memory latency. K̂ = e^{a_j − γ_s} k_s is formed from the raw tile when the fragment is loaded.
 // Shared tiles (TI as stored: f32, or bf16 bits) are padded by 8 elements a row: fragment loads hit
-// distinct banks. With a chunk table (llc_chunk; B = 1) a block row is a (sequence, head) that walks
+// distinct banks. With a chunk table (llc_span; B = 1) a block row is a (sequence, head) that walks
 // its sequence's chunks from its own row of S0 and writes its own row of ST.
 // Grid (⌈Dk/64⌉·⌈Dv/LLW_VT⌉, BH, or NS·H with a table), 128 threads, dynamic shared memory
 // LLW_STAGES · 64 · (72 + LLW_VT + 8) · sizeof(TI) bytes.
@@ -272,7 +272,7 @@ __device__ void llc_walk_tc(const TI* k, const TI* v, const float* g, int has_g,
     auto issue = [&](int p) {
         if (rg.jb + p < rg.je) {
             TI* Ks = tiles + (p % LLW_STAGES) * STAGE;
-            const LlcChunk ck = llc_chunk(tab, has_tab, rg.jb + p, nc, Tn, CH);
+            const LlcSpan ck = llc_span(tab, has_tab, rg.jb + p, nc, Tn, CH);
             const int n = ck.n;
             const long long row0 = ((long long)b * Tn + ck.i0) * H + h;
             lld_tile<CH, 64>(Ks, k + row0 * Dk + c0, (long long)H * Dk, n, Dk - c0, vk, atk);
@@ -302,7 +302,7 @@ __device__ void llc_walk_tc(const TI* k, const TI* v, const float* g, int has_g,
         issue(p + LLW_STAGES - 1);  // into the stage read by step p − 1, which every thread has left
         const TI* Ks = tiles + (p % LLW_STAGES) * STAGE;
         const TI* Vs = Ks + CH * KLD;
-        const int n = llc_chunk(tab, has_tab, j, nc, Tn, CH).n;
+        const int n = llc_span(tab, has_tab, j, nc, Tn, CH).n;
         const double pre = llc_prefix<CH>(tid < CH ? (double)gs[p % LLW_STAGES][tid] : 0.0, gtmp);
         if (tid < CH) gam[tid] = pre;
         __syncthreads();

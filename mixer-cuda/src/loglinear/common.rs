@@ -309,7 +309,7 @@ pub(crate) fn kernel_ints(v: [usize; 6]) -> Result<[i32; 6]> {
 }
 
 /// A packed batch's chunk table on the device (`B = 1`, the sequences of `cu_seqlens` one after
-/// the other along `T`; `llc_chunk` in `kernels/loglinear_common.cuh`, docs/math.md §7.2): the
+/// the other along `T`; `llc_span` in `kernels/loglinear_common.cuh`, docs/math.md §7.2): the
 /// chunking restarts at every sequence start, so every chunk of up to 64 tokens lies inside one
 /// sequence, and the chunk indices run over all sequences in order.
 pub(crate) struct ChunkTable {
