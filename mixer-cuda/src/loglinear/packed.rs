@@ -1,6 +1,6 @@
 //! Packed variable-length batches of linear attention and Mamba-2 in one launch sequence
 //! (docs/math.md §7.2): the sequences of `cu_seqlens` (`B = 1`) run as one batch whose chunking
-//! restarts at every sequence start — a chunk table ([`ChunkTable`]) tells the chunk kernels
+//! restarts at every sequence start — a chunk table (`ChunkTable`) tells the chunk kernels
 //! (`llc_states_tc`, `llc_out_direct_tc`) each chunk's first token, length and whether it starts
 //! its sequence, and the per-(row, head) passes (`llc_scan`, `llc_walk_tc`) walk each sequence's
 //! chunks from its own row of the initial state and write its own row of the final state. Every
@@ -9,7 +9,7 @@
 //! length instead of one run per sequence.
 //!
 //! It serves the tf32 and bf16 modes without a lift where the plan's outputs are the direct
-//! kernel's (`Dk ≤ 128`); elsewhere [`run`] says `None` and the caller runs the sequences one by
+//! kernel's (`Dk ≤ 128`); elsewhere `run` says `None` and the caller runs the sequences one by
 //! one (`crate::device_packed`).
 
 use std::borrow::Cow;
