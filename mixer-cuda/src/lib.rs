@@ -15,7 +15,8 @@
 //!   [`run_device`], [`backward_device`] and [`decoder_device`] for inputs that live on the GPU,
 //!   and [`stream`]; [`device_state`]: runs from a recurrent state on device tensors
 //!   ([`run_device_from_state`], [`backward_device_from_state`]); [`device_packed`]: packed
-//!   batches (`cu_seqlens`) on device tensors, sequence by sequence on views of the buffer
+//!   batches (`cu_seqlens`) on device tensors, in one launch sequence over a chunk table where
+//!   the family has one (`loglinear::packed`), else sequence by sequence on views of the buffer
 //!   ([`run_device_packed`], [`backward_device_packed`]).
 //! - [`nccl`]: NCCL groups for context parallelism over several GPUs.
 //! - [`timing`]: CUDA-event timing of forms and decode loops on device-resident inputs.

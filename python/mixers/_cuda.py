@@ -199,7 +199,9 @@ def forward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], c
     ``final_state`` ``None`` unless ``want_final``). With ``initial_state`` or ``want_final`` the
     ``fast`` form runs from the state (zeros without one), in the mode asked (the state float32,
     or float64 with float64 inputs). With ``cu_seqlens`` (the offsets, a list) the ``fast`` form runs
-    over the packed batch, sequence by sequence on views of the buffer (one state row each)."""
+    over the packed batch (one state row per sequence): in one launch sequence where the library has
+    one (linear attention and Mamba-2 in the tf32 and bf16 modes), else sequence by sequence on views
+    of the buffer."""
     keep, raw = _prepare(names, tensors, precision)
     s0, s0_raw = _state("initial_state", initial_state, tensors)
     device = tensors[0].device
