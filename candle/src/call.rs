@@ -29,21 +29,28 @@ fn compute_dtype(name: &str, d: DType) -> Result<DType, Error> {
     }
 }
 
-/// Checks that every tensor is on the CPU and of the first tensor's dtype; returns that dtype.
-fn check_tensors(all: &[(&str, &Tensor)]) -> Result<DType, Error> {
+/// Checks that every tensor is on the first tensor's device (the CPU, or a CUDA device with the
+/// feature `cuda`) and of its dtype; returns that dtype and whether the tensors are on CUDA.
+fn check_tensors(all: &[(&str, &Tensor)]) -> Result<(DType, bool), Error> {
     let Some((first, t0)) = all.first() else {
-        return Ok(DType::F32);
+        return Ok((DType::F32, false));
     };
     let dtype = t0.dtype();
     compute_dtype(first, dtype)?;
+    let device = t0.device();
+    let supported = match device {
+        Device::Cpu => true,
+        Device::Cuda(_) => cfg!(feature = "cuda"),
+        Device::Metal(_) => false,
+    };
     for (name, t) in all {
-        if !matches!(t.device(), Device::Cpu) {
-            return Err(Error::Device {
-                name: name.to_string(),
-                expected: "the CPU (this crate runs the CPU path; the tensor must be moved with `to_device`)"
-                    .into(),
-                got: device_name(t.device()),
-            });
+        if !supported || !t.device().same_device(device) {
+            let expected = if supported {
+                format!("{} (as `{first}`)", device_name(device))
+            } else {
+                "the CPU or a CUDA device (with this crate's feature `cuda`); move it with `to_device`".into()
+            };
+            return Err(Error::Device { name: name.to_string(), expected, got: device_name(t.device()) });
         }
         if t.dtype() != dtype {
             return Err(Error::Dtype {
@@ -53,7 +60,7 @@ fn check_tensors(all: &[(&str, &Tensor)]) -> Result<DType, Error> {
             });
         }
     }
-    Ok(dtype)
+    Ok((dtype, matches!(device, Device::Cuda(_))))
 }
 
 /// Runs the configured mixer `m` on `inputs` with `opts`: `y`, and with `with_state` (or an
@@ -68,7 +75,7 @@ pub(crate) fn apply(
 ) -> candle_core::Result<(Tensor, Vec<(String, Tensor)>)> {
     let with_state = with_state || initial.is_some();
     let all: Vec<(&str, &Tensor)> = inputs.iter().chain(initial.unwrap_or(&[])).copied().collect();
-    let dtype = check_tensors(&all)?;
+    let (dtype, on_cuda) = check_tensors(&all)?;
     let compute = compute_dtype("", dtype)?;
 
     let shapes: BTreeMap<String, Vec<usize>> =
@@ -88,7 +95,7 @@ pub(crate) fn apply(
     }
     let backend = match opts.backend {
         Some(b) => b,
-        None => lib(Backend::by_name("cpu"))?,
+        None => lib(Backend::by_name(if on_cuda { "cuda" } else { "cpu" }))?,
     };
     let named = |list: &Named<'_>| {
         Packing::new(list.iter().map(|(n, t)| (n.to_string(), t.dims().to_vec())).collect())

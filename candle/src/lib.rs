@@ -27,6 +27,8 @@
 //! gated DeltaNet layer that trains.
 
 mod call;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod error;
 mod op;
 pub mod ops;

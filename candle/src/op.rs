@@ -12,13 +12,16 @@
 //!   backend has it, else `fast`, else `materialized`; exact arithmetic) and returns the
 //!   argument's cotangent `[x̄_1 … x̄_n | S̄_0]`, packed as the argument was. A part of the result
 //!   that the loss does not use arrives as zeros (candle's `narrow` backward), which is its
-//!   cotangent.
+//!   cotangent. It is itself a candle op of (argument, cotangent), [`Grad`], so that it runs
+//!   where the tensors are.
+//! - With the feature `cuda`, `cuda_fwd` and [`Grad`]'s `cuda_fwd` run the CUDA backend on the
+//!   buffers where they lie (`crate::cuda`).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, Layout, Shape, Tensor, WithDType};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor, WithDType};
 use mixer_core::mixer::Mixer;
 use mixer_core::{Form, Precision, Requires, Tensors};
 use mixer_registry::call::Target;
@@ -85,7 +88,7 @@ impl MixerOp {
     }
 
     /// The forward on a flat argument: the flat result.
-    fn forward<F: Scalar + WithDType>(&self, flat: &[F]) -> candle_core::Result<Vec<F>> {
+    pub(crate) fn forward<F: Scalar + WithDType>(&self, flat: &[F]) -> candle_core::Result<Vec<F>> {
         let (inputs, initial) = self.unpack_args(flat)?;
         let r = &self.run;
         let at = Target::new(self.mixer.as_ref(), &r.backend, r.form).packed(r.cu_seqlens.as_deref());
@@ -99,7 +102,11 @@ impl MixerOp {
 
     /// The backward on a flat argument and the flat cotangent of the result: the flat
     /// cotangent of the argument.
-    fn backward<F: Scalar + WithDType>(&self, flat: &[F], d_out: &[F]) -> candle_core::Result<Vec<F>> {
+    pub(crate) fn backward<F: Scalar + WithDType>(
+        &self,
+        flat: &[F],
+        d_out: &[F],
+    ) -> candle_core::Result<Vec<F>> {
         let (inputs, initial) = self.unpack_args(flat)?;
         let mut d_out = self.output.unpack(self.name, d_out)?;
         let dy = d_out.remove("y").ok_or_else(|| Error::Packing {
@@ -134,50 +141,95 @@ impl MixerOp {
     }
 }
 
+/// The contiguous elements of a CPU buffer as `F`.
+fn cpu_elems<'a, F: WithDType>(op: &str, s: &'a CpuStorage, l: &Layout) -> candle_core::Result<&'a [F]> {
+    let (start, end) = l.contiguous_offsets().ok_or_else(|| Error::Packing {
+        op: op.into(),
+        expected: "a contiguous buffer".into(),
+        got: format!("strides {:?}", l.stride()),
+    })?;
+    Ok(&s.as_slice::<F>()?[start..end])
+}
+
+/// The error for a buffer of another dtype than `F32` or `F64`.
+fn dtype_error(op: &str, got: DType) -> candle_core::Error {
+    Error::Dtype { name: op.into(), expected: "F32 or F64".into(), got }.into()
+}
+
 impl CustomOp1 for MixerOp {
     fn name(&self) -> &'static str {
         self.name
     }
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (start, end) = layout.contiguous_offsets().ok_or_else(|| Error::Packing {
-            op: self.name.into(),
-            expected: "a contiguous buffer".into(),
-            got: format!("strides {:?}", layout.stride()),
-        })?;
-        let out = match storage {
-            CpuStorage::F32(v) => f32::to_cpu_storage_owned(self.forward(&v[start..end])?),
-            CpuStorage::F64(v) => f64::to_cpu_storage_owned(self.forward(&v[start..end])?),
-            other => {
-                return Err(Error::Dtype {
-                    name: self.name.into(),
-                    expected: "F32 or F64".into(),
-                    got: other.dtype(),
-                }
-                .into());
-            }
+        let out = match storage.dtype() {
+            DType::F32 => f32::to_cpu_storage_owned(self.forward(cpu_elems(self.name, storage, layout)?)?),
+            DType::F64 => f64::to_cpu_storage_owned(self.forward(cpu_elems(self.name, storage, layout)?)?),
+            other => return Err(dtype_error(self.name, other)),
         };
         Ok((out, Shape::from(self.output.len())))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        storage: &candle_core::CudaStorage,
+        layout: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        match storage.dtype() {
+            DType::F32 => self.cuda_forward::<f32>(storage, layout),
+            DType::F64 => self.cuda_forward::<f64>(storage, layout),
+            other => Err(dtype_error(self.name, other)),
+        }
+    }
+
     fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        let grad = match arg.dtype() {
-            candle_core::DType::F32 => Tensor::from_vec(
-                self.backward(&arg.to_vec1::<f32>()?, &grad_res.to_vec1::<f32>()?)?,
-                arg.shape(),
-                arg.device(),
-            ),
-            candle_core::DType::F64 => Tensor::from_vec(
-                self.backward(&arg.to_vec1::<f64>()?, &grad_res.to_vec1::<f64>()?)?,
-                arg.shape(),
-                arg.device(),
-            ),
-            got => {
-                return Err(
-                    Error::Dtype { name: self.name.into(), expected: "F32 or F64".into(), got }.into()
-                );
+        arg.apply_op2_no_bwd(&grad_res.contiguous()?, &Grad(self)).map(Some)
+    }
+}
+
+/// The backward of a [`MixerOp`] as a candle op of (argument, cotangent of the result): the
+/// argument's cotangent, by the library's CPU backward on the CPU and by the CUDA backend's on
+/// CUDA (`crate::cuda`).
+struct Grad<'a>(&'a MixerOp);
+
+impl CustomOp2 for Grad<'_> {
+    fn name(&self) -> &'static str {
+        self.0.name
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        d: &CpuStorage,
+        ld: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.0;
+        let out = match s.dtype() {
+            DType::F32 => {
+                f32::to_cpu_storage_owned(op.backward(cpu_elems(op.name, s, l)?, cpu_elems(op.name, d, ld)?)?)
             }
+            DType::F64 => {
+                f64::to_cpu_storage_owned(op.backward(cpu_elems(op.name, s, l)?, cpu_elems(op.name, d, ld)?)?)
+            }
+            other => return Err(dtype_error(op.name, other)),
         };
-        grad.map(Some)
+        Ok((out, l.shape().clone()))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+        d: &candle_core::CudaStorage,
+        ld: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        match s.dtype() {
+            DType::F32 => self.0.cuda_backward::<f32>(s, l, d, ld),
+            DType::F64 => self.0.cuda_backward::<f64>(s, l, d, ld),
+            other => Err(dtype_error(self.0.name, other)),
+        }
     }
 }

@@ -44,7 +44,7 @@ impl Packing {
     }
 
     /// Each part's name, shape and element range in the buffer.
-    fn ranges(&self) -> impl Iterator<Item = (&str, &[usize], Range<usize>)> {
+    pub(crate) fn ranges(&self) -> impl Iterator<Item = (&str, &[usize], Range<usize>)> {
         let mut at = 0;
         self.parts.iter().map(move |(n, s)| {
             let len: usize = s.iter().product();

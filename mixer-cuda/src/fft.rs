@@ -107,8 +107,7 @@ impl FftReal for f64 {
 }
 
 fn cufft_present() -> bool {
-    // SAFETY: only attempts to dlopen the cuFFT library.
-    std::panic::catch_unwind(|| unsafe { cudarc::cufft::sys::is_culib_present() }).unwrap_or(false)
+    crate::runtime::culib_present!(cufft)
 }
 
 /// Runs `f` with the cached plan for (n, batch, kind) of type `F`, creating it if needed.

@@ -17,7 +17,9 @@
 //!   ([`run_device_from_state`], [`backward_device_from_state`]); [`device_packed`]: packed
 //!   batches (`cu_seqlens`) on device tensors, in one launch sequence over a chunk table where
 //!   the family has one (`loglinear::packed`), else sequence by sequence on views of the buffer
-//!   ([`run_device_packed`], [`backward_device_packed`]).
+//!   ([`run_device_packed`], [`backward_device_packed`]); [`device_call`]: one forward and one
+//!   backward over these three, chosen by the call's options (the Python package's and the
+//!   candle ops' entry).
 //! - [`nccl`]: NCCL groups for context parallelism over several GPUs.
 //! - [`timing`]: CUDA-event timing of forms and decode loops on device-resident inputs.
 //! - [`kernels`]: the table of every kernel source (`mixer-cuda/kernels/*.cu`).
@@ -57,6 +59,7 @@ macro_rules! cuda_family {
 
 pub mod attention;
 pub mod device;
+pub mod device_call;
 pub mod device_packed;
 pub mod device_run;
 pub mod device_state;

@@ -25,10 +25,7 @@ pub const ID_BYTES: usize = 128;
 
 /// Whether NCCL's library can be loaded, else why not.
 fn present() -> Result<()> {
-    // SAFETY: only attempts to dlopen the library; no NCCL call is made before it.
-    let found =
-        std::panic::catch_unwind(|| unsafe { cudarc::nccl::sys::is_culib_present() }).unwrap_or(false);
-    if found {
+    if crate::runtime::culib_present!(nccl) {
         Ok(())
     } else {
         Err(Error::BackendUnavailable {

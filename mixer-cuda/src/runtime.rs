@@ -130,10 +130,7 @@ fn start_ordinal() -> std::result::Result<usize, String> {
 
 fn create() -> std::result::Result<Gpu, String> {
     let ordinal = start_ordinal()?;
-    // SAFETY: only attempts to dlopen the driver library; no driver call is made before it.
-    let present =
-        std::panic::catch_unwind(|| unsafe { cudarc::driver::sys::is_culib_present() }).unwrap_or(false);
-    if !present {
+    if !culib_present!(driver) {
         return Err("the CUDA driver library (libcuda.so) was not found".into());
     }
     match std::panic::catch_unwind(cudarc::driver::result::init) {
@@ -262,9 +259,26 @@ pub fn driver_version() -> Option<String> {
 
 /// Whether NVRTC can be loaded (checked before compiling: cudarc panics when it is missing).
 fn nvrtc_present() -> bool {
-    // SAFETY: only attempts to dlopen the NVRTC library.
-    std::panic::catch_unwind(|| unsafe { cudarc::nvrtc::sys::is_culib_present() }).unwrap_or(false)
+    culib_present!(nvrtc)
 }
+
+/// Whether the CUDA library of cudarc's module `$module` (`driver`, `nvrtc`, `cufft`, `nccl`)
+/// can be loaded: cudarc panics on the first call into a library it cannot open, so every
+/// library is probed before its first use. With the feature `linked` (cudarc's dynamic
+/// linking, which candle's `cuda` feature imposes) the libraries are linked into the program,
+/// so a running program has them.
+macro_rules! culib_present {
+    ($module:ident) => {{
+        #[cfg(feature = "linked")]
+        let present = true;
+        // SAFETY: only attempts to dlopen the library; no call into it is made.
+        #[cfg(not(feature = "linked"))]
+        let present =
+            std::panic::catch_unwind(|| unsafe { cudarc::$module::sys::is_culib_present() }).unwrap_or(false);
+        present
+    }};
+}
+pub(crate) use culib_present;
 
 impl Gpu {
     /// The stream the calling thread's work goes to: the one lent by [`on_stream`], else the

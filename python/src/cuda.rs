@@ -20,12 +20,14 @@ use std::sync::Arc;
 
 use mixer_core::mixer::Mixer;
 use mixer_core::{Error, Form, Precision, Requires};
+use mixers::cuda::device_call::{self, Call};
+use mixers::cuda::device_state::Cotangents;
 use mixers::cuda::pool::ExternalAlloc;
 use mixers::cuda::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::{OrPy, build, py_err};
+use crate::{OrPy, build};
 
 /// One CUDA tensor as the Python layer passes it: name, `data_ptr()`, shape, dtype (`"f32"`,
 /// `"f64"` or `"bf16"`).
@@ -163,20 +165,6 @@ fn state_map(m: &dyn Mixer, x: &DeviceTensors, raw: &Raw) -> mixer_core::Result<
     Ok(std::iter::once((name, borrowed(&raw.0, raw.1, &raw.2, &raw.3)?)).collect())
 }
 
-/// `Ok` for the `fast` form; the zero-copy `what` (a run from a state, a packed batch) takes no
-/// other (`NotImplementedError` in Python, so that the caller takes the host path).
-fn fast_only(m: &dyn Mixer, form: Form, what: &str) -> PyResult<()> {
-    if form == Form::Fast {
-        return Ok(());
-    }
-    Err(py_err(Error::FormUnavailable {
-        mixer: m.name().into(),
-        form: format!("{} ({what}, zero-copy)", form.name()),
-        backend: "cuda".into(),
-        available: "fast".into(),
-    }))
-}
-
 /// The single tensor of a state map.
 fn single(what: &str, s: &DeviceTensors) -> PyResult<AnyDeviceTensor> {
     match s.values().collect::<Vec<_>>().as_slice() {
@@ -214,34 +202,14 @@ pub fn cuda_forward(
     let m = build(name, config)?;
     let form: Form = form.parse().or_py()?;
     let precision = Precision::parse(precision).or_py()?;
-    if let Some(cu) = cu_seqlens {
-        fast_only(m.as_ref(), form, "a packed batch")?;
-        let (y, fin) = enqueue(py, stream, alloc, || {
-            let x = device_inputs(&inputs)?;
-            let s0 = initial.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
-            mixers::cuda::run_device_packed(m.as_ref(), &x, &cu, s0.as_ref(), want_final, precision, false)
-        })?;
-        let fin = match (want_final, fin) {
-            (true, Some(f)) => Some(out(py, "final_state", &single("the final state", &f)?)?),
-            _ => None,
-        };
-        return Ok((out(py, "y", &y)?, fin));
-    }
-    if initial.is_none() && !want_final {
-        let y = enqueue(py, stream, alloc, || {
-            let x = device_inputs(&inputs)?;
-            mixers::cuda::run_device_with(m.as_ref(), form, &x, precision, false)
-        })?;
-        return Ok((out(py, "y", &y)?, None));
-    }
-    fast_only(m.as_ref(), form, "from a state")?;
     let (y, fin) = enqueue(py, stream, alloc, || {
         let x = device_inputs(&inputs)?;
         let s0 = initial.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
-        mixers::cuda::device_state::run_device_from_state_with(m.as_ref(), &x, s0.as_ref(), precision, false)
+        let call =
+            Call { form, precision, initial: s0.as_ref(), cu_seqlens: cu_seqlens.as_deref(), checks: false };
+        device_call::forward(m.as_ref(), &x, &call, want_final)
     })?;
-    let fin =
-        if want_final { Some(out(py, "final_state", &single("the final state", &fin)?)?) } else { None };
+    let fin = fin.map(|f| out(py, "final_state", &single("the final state", &f)?)).transpose()?;
     Ok((out(py, "y", &y)?, fin))
 }
 
@@ -272,40 +240,20 @@ pub fn cuda_backward(
     let m = build(name, config)?;
     let precision = Precision::parse(precision).or_py()?;
     let requires = requires.map_or(Requires::All, Requires::only);
-    let stateful = initial.is_some() || d_final.is_some();
     let (grads, d_init) = enqueue(py, stream, alloc, || {
         let x = device_inputs(&inputs)?;
         let d = borrowed(&dy.0, dy.1, &dy.2, &dy.3)?;
-        if let Some(cu) = &cu_seqlens {
-            let s0 = initial.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
-            let df = d_final.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
-            return mixers::cuda::backward_device_packed(
-                m.as_ref(),
-                &x,
-                cu,
-                s0.as_ref(),
-                &d,
-                df.as_ref(),
-                &requires,
-                precision,
-                false,
-            );
-        }
-        if !stateful {
-            let g = mixers::cuda::backward_device_with(m.as_ref(), &x, &d, &requires, precision, false)?;
-            return Ok((g, DeviceTensors::new()));
-        }
         let s0 = initial.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
         let df = d_final.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
-        let c = mixers::cuda::device_state::Cotangents { dy: &d, d_final: df.as_ref(), requires: &requires };
-        mixers::cuda::device_state::backward_device_from_state_with(
-            m.as_ref(),
-            &x,
-            s0.as_ref(),
-            c,
+        let call = Call {
+            form: Form::Fast,
             precision,
-            false,
-        )
+            initial: s0.as_ref(),
+            cu_seqlens: cu_seqlens.as_deref(),
+            checks: false,
+        };
+        let c = Cotangents { dy: &d, d_final: df.as_ref(), requires: &requires };
+        device_call::backward(m.as_ref(), &x, &call, c)
     })?;
     let mut res: BTreeMap<String, Out> =
         grads.iter().map(|(k, v)| Ok((k.clone(), out(py, k, v)?))).collect::<PyResult<_>>()?;
