@@ -35,7 +35,7 @@ use mixer_registry::Scalar;
 
 use crate::error::{Error, lib};
 use crate::op::MixerOp;
-use crate::packing::Packing;
+use crate::packing::{Packing, part};
 
 /// An element type of the packed buffers on CUDA: `f32` or `f64`.
 pub(crate) trait Elem: Scalar + WithDType + CudaDType + DeviceScalar {}
@@ -161,19 +161,7 @@ fn assemble<F: Elem>(
     let out = dev.alloc_zeros::<F>(p.len())?;
     let base = address(&out, 0, stream);
     for (name, shape, range) in p.ranges() {
-        let t = tensors.get(name).ok_or_else(|| Error::Packing {
-            op: op.into(),
-            expected: format!("a result `{name}`"),
-            got: format!("only {:?}", tensors.keys().collect::<Vec<_>>()),
-        })?;
-        if t.shape() != shape {
-            return Err(Error::Packing {
-                op: op.into(),
-                expected: format!("`{name}` of shape {shape:?}"),
-                got: format!("shape {:?}", t.shape()),
-            }
-            .into());
-        }
+        let t = part(op, tensors, name, shape, AnyDeviceTensor::shape)?;
         let t = as_elem::<F>(t, op)?;
         let dst = base + (range.start * std::mem::size_of::<F>()) as u64;
         copy::<F>(dst, address(&t.view(), 0, stream), range.len(), stream)?;

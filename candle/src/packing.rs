@@ -8,6 +8,7 @@
 //! `narrow` + `reshape`, whose backward passes candle already has: the cotangent of a packed
 //! buffer is the cotangents of its parts packed the same way.
 
+use std::collections::BTreeMap;
 use std::ops::Range;
 
 use candle_core::Tensor;
@@ -72,18 +73,7 @@ impl Packing {
     /// present with its part's shape.
     pub fn pack_into<F: Copy>(&self, op: &str, tensors: &Tensors<F>, out: &mut Vec<F>) -> Result<(), Error> {
         for (n, s, _) in self.ranges() {
-            let a = tensors.get(n).ok_or_else(|| Error::Packing {
-                op: op.into(),
-                expected: format!("a tensor `{n}`"),
-                got: format!("only {:?}", tensors.keys().collect::<Vec<_>>()),
-            })?;
-            if a.shape() != s {
-                return Err(Error::Packing {
-                    op: op.into(),
-                    expected: format!("`{n}` of shape {s:?}"),
-                    got: format!("shape {:?}", a.shape()),
-                });
-            }
+            let a = part(op, tensors, n, s, |a| a.shape())?;
             out.extend(a.as_standard_layout().iter().copied());
         }
         Ok(())
@@ -111,6 +101,30 @@ impl Packing {
             got: format!("{got}"),
         })
     }
+}
+
+/// The tensor of the part `name` in `tensors`, checked to have the part's shape `shape`
+/// (`shape_of` reads a tensor's).
+pub(crate) fn part<'a, T>(
+    op: &str,
+    tensors: &'a BTreeMap<String, T>,
+    name: &str,
+    shape: &[usize],
+    shape_of: impl Fn(&T) -> &[usize],
+) -> Result<&'a T, Error> {
+    let t = tensors.get(name).ok_or_else(|| Error::Packing {
+        op: op.into(),
+        expected: format!("a tensor `{name}`"),
+        got: format!("only {:?}", tensors.keys().collect::<Vec<_>>()),
+    })?;
+    if shape_of(t) != shape {
+        return Err(Error::Packing {
+            op: op.into(),
+            expected: format!("`{name}` of shape {shape:?}"),
+            got: format!("shape {:?}", shape_of(t)),
+        });
+    }
+    Ok(t)
 }
 
 #[cfg(test)]
