@@ -4,8 +4,8 @@
 //! `q, k, v = W_{q,k,v} x`, an optional causal depthwise short convolution (width 4) and SiLU on
 //! each, L2-normalised `q` and `k`, `β = sigmoid(W_b x)`, the decay
 //! `g = −exp(A_log) · softplus(W_a x + dt_bias)`, the mixer
-//! `o = gated_deltanet(q, k, v, g, β)` with `scale = 1/√Dk` (mixers-candle, the library's CPU
-//! forward and backward), an output gate `RMSNorm(o) ⊙ SiLU(W_g x)` per head and `W_o`.
+//! `o = gated_deltanet(q, k, v, g, β)` with `scale = 1/√Dk` (mixers-candle: the library's CPU
+//! forward and backward, or its CUDA ones on CUDA tensors), an output gate `RMSNorm(o) ⊙ SiLU(W_g x)` per head and `W_o`.
 //!
 //! The model embeds tokens, adds the layer on a pre-norm residual and reads logits out; the task
 //! is to output the previous token (without the short convolution only the mixer can carry it). It trains with
@@ -14,6 +14,9 @@
 //! ```sh
 //! cargo run --release -p mixers-candle --example gated_deltanet_layer
 //! ```
+//!
+//! `--short-conv` adds the short convolutions; `--cuda` trains on the first CUDA device (a build
+//! with the feature `cuda`, docs/candle.md).
 
 use candle_core::{D, DType, Device, Result, Tensor, Var};
 use mixers_candle::{Options, ops};
@@ -29,27 +32,46 @@ pub struct Config {
     pub batch: usize,
     pub seq: usize,
     pub lag: usize,
+    /// Where the model and the data live (`--cuda`: the first CUDA device, with the feature
+    /// `cuda`).
+    pub device: Device,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { vocab: 8, d_model: 32, heads: 2, head_dim: 16, short_conv: false, batch: 8, seq: 33, lag: 1 }
+        Config {
+            vocab: 8,
+            d_model: 32,
+            heads: 2,
+            head_dim: 16,
+            short_conv: false,
+            batch: 8,
+            seq: 33,
+            lag: 1,
+            device: Device::Cpu,
+        }
     }
 }
 
+/// Where parameters come from: the random generator and the device they live on.
+pub struct Init {
+    pub rng: StdRng,
+    pub device: Device,
+}
+
 /// A trainable tensor drawn uniformly from `[−a, a]`.
-fn param(rng: &mut StdRng, shape: &[usize], a: f32) -> Result<Var> {
+fn param(init: &mut Init, shape: &[usize], a: f32) -> Result<Var> {
     let n = shape.iter().product();
-    let data: Vec<f32> = (0..n).map(|_| rng.random_range(-a..a)).collect();
-    Var::from_tensor(&Tensor::from_vec(data, shape, &Device::Cpu)?)
+    let data: Vec<f32> = (0..n).map(|_| init.rng.random_range(-a..a)).collect();
+    Var::from_tensor(&Tensor::from_vec(data, shape, &init.device)?)
 }
 
 /// `x W` for `x [B, T, in]`, `W [in, out]` (initialised with `a = 1/√in`).
 struct Linear(Var);
 
 impl Linear {
-    fn new(rng: &mut StdRng, d_in: usize, d_out: usize) -> Result<Self> {
-        Ok(Linear(param(rng, &[d_in, d_out], 1.0 / (d_in as f32).sqrt())?))
+    fn new(init: &mut Init, d_in: usize, d_out: usize) -> Result<Self> {
+        Ok(Linear(param(init, &[d_in, d_out], 1.0 / (d_in as f32).sqrt())?))
     }
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.broadcast_matmul(self.0.as_tensor())
@@ -109,20 +131,20 @@ pub struct GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
-    pub fn new(rng: &mut StdRng, c: &Config) -> Result<Self> {
+    pub fn new(init: &mut Init, c: &Config) -> Result<Self> {
         let (d, hd) = (c.d_model, c.heads * c.head_dim);
-        let conv = |rng: &mut StdRng| param(rng, &[hd, 4], 0.5).map(ShortConv);
-        let convs = if c.short_conv { Some([conv(rng)?, conv(rng)?, conv(rng)?]) } else { None };
+        let conv = |init: &mut Init| param(init, &[hd, 4], 0.5).map(ShortConv);
+        let convs = if c.short_conv { Some([conv(init)?, conv(init)?, conv(init)?]) } else { None };
         Ok(GatedDeltaNet {
-            q: Linear::new(rng, d, hd)?,
-            k: Linear::new(rng, d, hd)?,
-            v: Linear::new(rng, d, hd)?,
-            a: Linear::new(rng, d, c.heads)?,
-            b: Linear::new(rng, d, c.heads)?,
-            gate: Linear::new(rng, d, hd)?,
-            out: Linear::new(rng, hd, d)?,
-            a_log: param(rng, &[c.heads], 0.5)?,
-            dt_bias: param(rng, &[c.heads], 0.5)?,
+            q: Linear::new(init, d, hd)?,
+            k: Linear::new(init, d, hd)?,
+            v: Linear::new(init, d, hd)?,
+            a: Linear::new(init, d, c.heads)?,
+            b: Linear::new(init, d, c.heads)?,
+            gate: Linear::new(init, d, hd)?,
+            out: Linear::new(init, hd, d)?,
+            a_log: param(init, &[c.heads], 0.5)?,
+            dt_bias: param(init, &[c.heads], 0.5)?,
             convs,
             heads: c.heads,
             head_dim: c.head_dim,
@@ -182,11 +204,11 @@ pub struct Model {
 }
 
 impl Model {
-    pub fn new(rng: &mut StdRng, c: &Config) -> Result<Self> {
+    pub fn new(init: &mut Init, c: &Config) -> Result<Self> {
         Ok(Model {
-            embed: param(rng, &[c.vocab, c.d_model], 1.0)?,
-            layer: GatedDeltaNet::new(rng, c)?,
-            readout: Linear::new(rng, c.d_model, c.vocab)?,
+            embed: param(init, &[c.vocab, c.d_model], 1.0)?,
+            layer: GatedDeltaNet::new(init, c)?,
+            readout: Linear::new(init, c.d_model, c.vocab)?,
         })
     }
 
@@ -255,20 +277,20 @@ fn batch(rng: &mut StdRng, c: &Config) -> Result<(Tensor, Tensor)> {
         }
     }
     Ok((
-        Tensor::from_vec(tokens, (c.batch, c.seq), &Device::Cpu)?,
-        Tensor::from_vec(one_hot, (c.batch, c.seq, c.vocab), &Device::Cpu)?,
+        Tensor::from_vec(tokens, (c.batch, c.seq), &c.device)?,
+        Tensor::from_vec(one_hot, (c.batch, c.seq, c.vocab), &c.device)?,
     ))
 }
 
 /// Trains a fresh model for `steps` Adam steps and returns the loss of each step.
 pub fn train(c: &Config, steps: usize, lr: f64, seed: u64, print: bool) -> Result<Vec<f32>> {
-    let mut rng = StdRng::seed_from_u64(seed);
-    let model = Model::new(&mut rng, c)?;
+    let mut init = Init { rng: StdRng::seed_from_u64(seed), device: c.device.clone() };
+    let model = Model::new(&mut init, c)?;
     let vars = model.vars();
     let mut adam = Adam::new(&vars, lr)?;
     let mut losses = Vec::with_capacity(steps);
     for step in 0..steps {
-        let (tokens, targets) = batch(&mut rng, c)?;
+        let (tokens, targets) = batch(&mut init.rng, c)?;
         let loss = cross_entropy(&model.forward(&tokens)?, &targets)?;
         let l = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
         if print {
@@ -281,7 +303,9 @@ pub fn train(c: &Config, steps: usize, lr: f64, seed: u64, print: bool) -> Resul
 }
 
 fn main() -> Result<()> {
-    let c = Config { short_conv: std::env::args().any(|a| a == "--short-conv"), ..Config::default() };
+    let flag = |f: &str| std::env::args().any(|a| a == f);
+    let device = if flag("--cuda") { Device::new_cuda(0)? } else { Device::Cpu };
+    let c = Config { short_conv: flag("--short-conv"), device, ..Config::default() };
     let losses = train(&c, 60, 2e-2, 0, true)?;
     println!(
         "first loss {:.4}, last loss {:.4} (chance: ln {} = {:.4})",

@@ -2,7 +2,7 @@
 
 #[allow(dead_code)]
 #[path = "../../examples/gated_deltanet_layer.rs"]
-mod layer;
+pub mod layer;
 
 #[test]
 fn the_gated_deltanet_layer_example_learns_the_previous_token_task() {
