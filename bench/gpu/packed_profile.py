@@ -15,8 +15,7 @@ import time
 import torch
 
 import mixers
-
-F = torch.nn.functional
+from packed_cost import packed_inputs, random_offsets
 
 
 def main():
@@ -27,13 +26,9 @@ def main():
     T, H, D = a.t, 16, 64
     gen = torch.Generator().manual_seed(3)
     for mode in ("tf32", "bf16"):
-        dt = torch.bfloat16 if mode == "bf16" else torch.float32
-        q, k = (F.normalize(torch.randn(1, T, H, D, device="cuda"), dim=-1).to(dt) for _ in range(2))
-        x = {"q": q, "k": k, "v": torch.randn(1, T, H, D, device="cuda", dtype=dt),
-             "g": F.logsigmoid(torch.randn(1, T, H, device="cuda"))}
+        x = packed_inputs("mamba2", mode, T, H, D)
         for n in map(int, a.counts.split(",")):
-            cuts = sorted(torch.randperm(T - 1, generator=gen)[: n - 1].add(1).tolist())
-            cu = torch.tensor([0] + cuts + [T])
+            cu = random_offsets(T, n, gen)
             kw = {} if n == 1 else {"cu_seqlens": cu}
             for _ in range(3):
                 mixers.run("mamba2", precision=mode, **kw, **x)
