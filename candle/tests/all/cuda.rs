@@ -207,15 +207,5 @@ fn packed_batches_and_the_host_fallback_on_cuda_tensors_match_the_cpu() {
 #[ignore = "needs a CUDA device"]
 fn the_gated_deltanet_layer_example_learns_on_cuda_tensors() {
     let Some(dev) = gpu() else { return };
-    for short_conv in [false, true] {
-        let c = crate::example::layer::Config { short_conv, device: dev.clone(), ..Default::default() };
-        let losses = crate::example::layer::train(&c, 40, 2e-2, 1, false).unwrap();
-        let first: f32 = losses[..3].iter().sum::<f32>() / 3.0;
-        let last: f32 = losses[losses.len() - 3..].iter().sum::<f32>() / 3.0;
-        assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
-        assert!(
-            last < 0.5 * first,
-            "short_conv = {short_conv}: the loss went from {first} to {last}: {losses:?}"
-        );
-    }
+    crate::example::assert_learns(&dev);
 }
