@@ -183,10 +183,14 @@ fn flat<'a, F: Elem>(
     Ok((s.as_cuda_slice::<F>()?, start))
 }
 
-/// Whether a library error means that the device forms lack what was asked (the host path
-/// then runs it).
-fn unavailable(e: &mixer_core::Error) -> bool {
-    matches!(e, mixer_core::Error::FormUnavailable { .. })
+/// A library result on the device: `None` where the device forms lack what was asked
+/// (`FormUnavailable`: the host path then runs it).
+fn or_unavailable<T>(r: mixer_core::Result<T>) -> candle_core::Result<Option<T>> {
+    match r {
+        Ok(t) => Ok(Some(t)),
+        Err(mixer_core::Error::FormUnavailable { .. }) => Ok(None),
+        Err(e) => Err(Error::Mixers(e).into()),
+    }
 }
 
 /// Runs `host` on the host copies of `args` (each a buffer and its start) and puts its result
@@ -205,9 +209,9 @@ fn on_host<F: Elem>(
 }
 
 impl MixerOp {
-    /// Whether this op's calls run on the CUDA backend's device forms.
-    fn on_device(&self) -> bool {
-        self.run.backend.name() == "cuda"
+    /// Elements of the flat argument: the inputs, then the initial state.
+    fn arg_len(&self) -> usize {
+        self.inputs.len() + self.initial.as_ref().map_or(0, Packing::len)
     }
 
     /// The argument's parts on the device: the inputs and the initial state.
@@ -228,6 +232,35 @@ impl MixerOp {
         Ok((inputs, initial))
     }
 
+    /// Runs `device` on the CUDA backend, bound to `dev` and on candle's stream, with the
+    /// argument `(buf, start)`'s parts and the call's options (form `form`): its flat result, or
+    /// `None` where the op's backend is not `cuda` or `device` returns `None` (the host path then
+    /// runs the call).
+    fn on_device<F: Elem>(
+        &self,
+        dev: &CudaDevice,
+        form: Form,
+        (buf, start): (&CudaSlice<F>, usize),
+        device: impl FnOnce(&CudaStream, &DeviceTensors, &Call<'_>) -> candle_core::Result<Option<CudaSlice<F>>>,
+    ) -> candle_core::Result<Option<CudaSlice<F>>> {
+        if self.run.backend.name() != "cuda" {
+            return Ok(None);
+        }
+        check_mode::<F>(self.name, self.run.precision)?;
+        let stream = bind(self.name, dev)?;
+        mixer_cuda::on_stream(stream.clone(), || {
+            let (x, s0) = self.device_args::<F>(address(buf, start, &stream), &stream)?;
+            let call = Call {
+                form,
+                precision: self.run.precision,
+                initial: s0.as_ref(),
+                cu_seqlens: self.run.cu_seqlens.as_deref(),
+                checks: false,
+            };
+            device(&stream, &x, &call)
+        })
+    }
+
     /// `cuda_fwd` for elements `F`.
     pub(crate) fn cuda_forward<F: Elem>(
         &self,
@@ -235,37 +268,22 @@ impl MixerOp {
         l: &Layout,
     ) -> candle_core::Result<(CudaStorage, Shape)> {
         let (buf, start) = flat::<F>(self.name, s, l)?;
-        let n = self.inputs.len() + self.initial.as_ref().map_or(0, Packing::len);
         let dev = s.device();
-        let shape = Shape::from(self.output.len());
-        if self.on_device() {
-            check_mode::<F>(self.name, self.run.precision)?;
-            let stream = bind(self.name, dev)?;
-            let r = mixer_cuda::on_stream(stream.clone(), || -> candle_core::Result<_> {
-                let (x, s0) = self.device_args::<F>(address(buf, start, &stream), &stream)?;
-                let call = Call {
-                    form: self.run.form,
-                    precision: self.run.precision,
-                    initial: s0.as_ref(),
-                    cu_seqlens: self.run.cu_seqlens.as_deref(),
-                    checks: false,
-                };
-                match device_call::forward(self.mixer.as_ref(), &x, &call, self.with_state) {
-                    Ok((y, fin)) => {
-                        let mut all = fin.unwrap_or_default();
-                        all.insert("y".into(), y);
-                        assemble::<F>(self.name, &self.output, &all, dev, &stream).map(Some)
-                    }
-                    Err(e) if unavailable(&e) => Ok(None),
-                    Err(e) => Err(Error::Mixers(e).into()),
-                }
-            })?;
-            if let Some(out) = r {
-                return Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), shape));
-            }
-        }
-        let out = on_host::<F>(dev, &[(buf, start, n)], |h| self.forward(&h[0]))?;
-        Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), shape))
+        let out = self.on_device(dev, self.run.form, (buf, start), |stream, x, call| {
+            let Some((y, fin)) =
+                or_unavailable(device_call::forward(self.mixer.as_ref(), x, call, self.with_state))?
+            else {
+                return Ok(None);
+            };
+            let mut all = fin.unwrap_or_default();
+            all.insert("y".into(), y);
+            assemble::<F>(self.name, &self.output, &all, dev, stream).map(Some)
+        })?;
+        let out = match out {
+            Some(out) => out,
+            None => on_host::<F>(dev, &[(buf, start, self.arg_len())], |h| self.forward(&h[0]))?,
+        };
+        Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), Shape::from(self.output.len())))
     }
 
     /// The backward's `cuda_fwd` for elements `F`: the flat cotangent of the argument from the
@@ -279,59 +297,45 @@ impl MixerOp {
     ) -> candle_core::Result<(CudaStorage, Shape)> {
         let (buf, start) = flat::<F>(self.name, s, l)?;
         let (dbuf, dstart) = flat::<F>(self.name, d, ld)?;
-        let n = self.inputs.len() + self.initial.as_ref().map_or(0, Packing::len);
         let dev = s.device();
-        let shape = Shape::from(n);
-        if self.on_device() {
-            check_mode::<F>(self.name, self.run.precision)?;
-            let stream = bind(self.name, dev)?;
-            let r = mixer_cuda::on_stream(stream.clone(), || -> candle_core::Result<_> {
-                let (x, s0) = self.device_args::<F>(address(buf, start, &stream), &stream)?;
-                let mut douts =
-                    parts::<F>(&self.output, address(dbuf, dstart, &stream), Precision::Exact, &stream)?;
-                let dy = douts.remove("y").ok_or_else(|| Error::Packing {
-                    op: self.name.into(),
-                    expected: "a part `y`".into(),
-                    got: "none".into(),
-                })?;
-                let dy = match (self.run.precision, dy) {
-                    (Precision::Bf16, AnyDeviceTensor::F32(t)) => {
-                        AnyDeviceTensor::Bf16(lib(f32_to_bf16(&t))?)
-                    }
-                    (_, t) => t,
-                };
-                let d_final = self.with_state.then_some(&douts);
-                let call = Call {
-                    form: Form::Fast,
-                    precision: self.run.precision,
-                    initial: s0.as_ref(),
-                    cu_seqlens: self.run.cu_seqlens.as_deref(),
-                    checks: false,
-                };
-                let c = Cotangents { dy: &dy, d_final, requires: &Requires::All };
-                match device_call::backward(self.mixer.as_ref(), &x, &call, c) {
-                    Ok((grads, d_init)) => {
-                        let mut all: DeviceTensors = grads
-                            .into_iter()
-                            .map(|(k, v)| (k.strip_prefix("d_").map(str::to_string).unwrap_or(k), v))
-                            .collect();
-                        let mut p = self.inputs.parts().to_vec();
-                        if let Some(i) = &self.initial {
-                            p.extend(i.parts().iter().cloned());
-                            all.extend(d_init);
-                        }
-                        assemble::<F>(self.name, &Packing::new(p), &all, dev, &stream).map(Some)
-                    }
-                    Err(e) if unavailable(&e) => Ok(None),
-                    Err(e) => Err(Error::Mixers(e).into()),
-                }
+        let out = self.on_device(dev, Form::Fast, (buf, start), |stream, x, call| {
+            let mut douts =
+                parts::<F>(&self.output, address(dbuf, dstart, stream), Precision::Exact, stream)?;
+            let dy = douts.remove("y").ok_or_else(|| Error::Packing {
+                op: self.name.into(),
+                expected: "a part `y`".into(),
+                got: "none".into(),
             })?;
-            if let Some(out) = r {
-                return Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), shape));
+            let dy = match (self.run.precision, dy) {
+                (Precision::Bf16, AnyDeviceTensor::F32(t)) => AnyDeviceTensor::Bf16(lib(f32_to_bf16(&t))?),
+                (_, t) => t,
+            };
+            let c =
+                Cotangents { dy: &dy, d_final: self.with_state.then_some(&douts), requires: &Requires::All };
+            let Some((grads, d_init)) =
+                or_unavailable(device_call::backward(self.mixer.as_ref(), x, call, c))?
+            else {
+                return Ok(None);
+            };
+            let mut all: DeviceTensors = grads
+                .into_iter()
+                .map(|(k, v)| (k.strip_prefix("d_").map(str::to_string).unwrap_or(k), v))
+                .collect();
+            let mut p = self.inputs.parts().to_vec();
+            if let Some(i) = &self.initial {
+                p.extend(i.parts().iter().cloned());
+                all.extend(d_init);
             }
-        }
-        let m = self.output.len();
-        let out = on_host::<F>(dev, &[(buf, start, n), (dbuf, dstart, m)], |h| self.backward(&h[0], &h[1]))?;
-        Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), shape))
+            assemble::<F>(self.name, &Packing::new(p), &all, dev, stream).map(Some)
+        })?;
+        let n = self.arg_len();
+        let out = match out {
+            Some(out) => out,
+            None => {
+                let args = [(buf, start, n), (dbuf, dstart, self.output.len())];
+                on_host::<F>(dev, &args, |h| self.backward(&h[0], &h[1]))?
+            }
+        };
+        Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), Shape::from(n)))
     }
 }
