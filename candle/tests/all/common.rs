@@ -66,8 +66,19 @@ pub fn candle_op(name: &str, t: &BTreeMap<String, Var>, opts: &Options) -> candl
     }
 }
 
-/// The typed API (`mixers::ops`) of the mixer `name` on the library's arrays.
+/// `opts` with the CPU backend where it names none: what the candle ops do with CPU tensors,
+/// while the typed API's default ([`mixers::registry::Backend::auto`]) is CUDA where a GPU is.
+pub fn on_cpu(opts: &Options) -> Options {
+    match opts.backend {
+        Some(_) => opts.clone(),
+        None => opts.clone().backend(mixers::registry::Backend::by_name("cpu").unwrap()),
+    }
+}
+
+/// The typed API (`mixers::ops`) of the mixer `name` on the library's arrays, on the backend the
+/// candle ops take for CPU tensors ([`on_cpu`]).
 pub fn typed_api<F: ops::Scalar>(name: &str, x: &Tensors<F>, opts: &Options) -> ArrayD<F> {
+    let opts = &on_cpu(opts);
     let a4 = |n: &str| x[n].view().into_dimensionality::<Ix4>().unwrap();
     let a3 = |n: &str| x[n].view().into_dimensionality::<Ix3>().unwrap();
     let y = match name {

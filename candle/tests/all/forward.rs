@@ -65,11 +65,11 @@ fn state_ops_equal_the_typed_state_api() {
             "linear-attention" => (
                 mixers_candle::ops::linear_attention_state(t("q"), t("k"), t("v"), Some(&s0c), &opts)
                     .unwrap(),
-                ops::linear_attention_state(a4("q"), a4("k"), a4("v"), Some(s0v), &opts).unwrap(),
+                ops::linear_attention_state(a4("q"), a4("k"), a4("v"), Some(s0v), &on_cpu(&opts)).unwrap(),
             ),
             "mamba2" => (
                 mixers_candle::ops::mamba2_state(t("q"), t("k"), t("v"), t("g"), Some(&s0c), &opts).unwrap(),
-                ops::mamba2_state(a4("q"), a4("k"), a4("v"), a3("g"), Some(s0v), &opts).unwrap(),
+                ops::mamba2_state(a4("q"), a4("k"), a4("v"), a3("g"), Some(s0v), &on_cpu(&opts)).unwrap(),
             ),
             _ => (
                 mixers_candle::ops::gated_deltanet_state(
@@ -82,8 +82,16 @@ fn state_ops_equal_the_typed_state_api() {
                     &opts,
                 )
                 .unwrap(),
-                ops::gated_deltanet_state(a4("q"), a4("k"), a4("v"), a3("g"), a3("beta"), Some(s0v), &opts)
-                    .unwrap(),
+                ops::gated_deltanet_state(
+                    a4("q"),
+                    a4("k"),
+                    a4("v"),
+                    a3("g"),
+                    a3("beta"),
+                    Some(s0v),
+                    &on_cpu(&opts),
+                )
+                .unwrap(),
             ),
         };
         assert_eq!(array::<f64>(&y), yr.into_dyn(), "{name} y");
@@ -110,7 +118,8 @@ fn packed_batches_equal_the_typed_api() {
     let a4 = |n: &str| x[n].view().into_dimensionality::<mixers::ndarray::Ix4>().unwrap();
     let a3 = |n: &str| x[n].view().into_dimensionality::<mixers::ndarray::Ix3>().unwrap();
     let (yr, sr) =
-        ops::gated_deltanet_state(a4("q"), a4("k"), a4("v"), a3("g"), a3("beta"), None, &opts).unwrap();
+        ops::gated_deltanet_state(a4("q"), a4("k"), a4("v"), a3("g"), a3("beta"), None, &on_cpu(&opts))
+            .unwrap();
     assert_eq!(s.dims(), &[4, 2, 3, 5]);
     assert_eq!(array::<f64>(&y), yr.into_dyn());
     assert_eq!(array::<f64>(&s), sr.into_dyn());
@@ -132,7 +141,7 @@ fn run_reaches_the_glr_and_the_toeplitz_mixer() {
         x["x"].view().into_dimensionality::<Ix3>().unwrap(),
         x["w"].view().into_dimensionality::<Ix3>().unwrap(),
         x.get("bias").map(|b| b.view().into_dimensionality::<Ix2>().unwrap()),
-        &Options::default(),
+        &on_cpu(&Options::default()),
     )
     .unwrap();
     assert_eq!(array::<f64>(&y), want.into_dyn());

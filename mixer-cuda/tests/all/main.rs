@@ -8,6 +8,7 @@ mod attention;
 mod backward;
 mod common;
 mod device;
+mod device_bf16;
 mod device_packed;
 mod device_state;
 mod errors_and_scale;
