@@ -124,28 +124,28 @@ __device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk
     // Entry idx = (key c, value d) of H is entry (d, c) of the state S = Hᵀ (row blockIdx.y of S0, ST).
     const long long sidx = (long long)blockIdx.y * DD + (idx % Dv) * Dk + idx / Dv;
     T hcur = has_s0 ? S0[sidx] : (T)0;
-    int j0 = rg.jb;
-    for (; j0 + LLC_SCAN_P <= rg.je; j0 += LLC_SCAN_P) {
+    for (int j0 = rg.jb; j0 < rg.je; j0 += LLC_SCAN_P) {
+        const int m = min(LLC_SCAN_P, rg.je - j0);  // the last group may be short
         T z[LLC_SCAN_P], w[LLC_SCAN_P];
 #pragma unroll
         for (int p = 0; p < LLC_SCAN_P; ++p) {
-            z[p] = f[(long long)(j0 + p) * DD];
-            w[p] = mx_exp((T)a[j0 + p]);
+            if (p < m) {
+                z[p] = f[(long long)(j0 + p) * DD];
+                w[p] = mx_exp((T)a[j0 + p]);
+            }
         }
         // Every load of the group (states and decays) is issued before the first store: a load
         // after a store that the compiler cannot tell apart waits for it, and each step would
-        // then wait a full memory latency.
+        // then wait a full memory latency (a short last group stepped one chunk at a time made
+        // a packed batch's scan, with a short group per sequence, five times slower).
         asm volatile("" ::: "memory");
 #pragma unroll
         for (int p = 0; p < LLC_SCAN_P; ++p) {
-            f[(long long)(j0 + p) * DD] = hcur;
-            hcur = fma(w[p], hcur, z[p]);
+            if (p < m) {
+                f[(long long)(j0 + p) * DD] = hcur;
+                hcur = fma(w[p], hcur, z[p]);
+            }
         }
-    }
-    for (; j0 < rg.je; ++j0) {
-        const T z = f[(long long)j0 * DD];
-        f[(long long)j0 * DD] = hcur;
-        hcur = fma(mx_exp((T)a[j0]), hcur, z);
     }
     if (has_st) ST[sidx] = hcur;
 }

@@ -10,7 +10,7 @@
 
 use std::borrow::Cow;
 
-use cudarc::driver::{CudaFunction, CudaView, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaView, DeviceRepr, LaunchConfig, ValidAsZeroBits};
 use mixer_core::mixers::loglinear::Base;
 use mixer_core::{Error, Precision, Result};
 use serde::Serialize;
@@ -320,6 +320,8 @@ pub(crate) struct ChunkTable {
     pub chunks: usize,
     /// Sequences (empty ones included).
     pub seqs: usize,
+    /// The tokens the sequences cover (the last offset).
+    pub end: usize,
 }
 
 impl ChunkTable {
@@ -344,7 +346,31 @@ impl ChunkTable {
     pub(crate) fn upload(cu: &[usize]) -> Result<ChunkTable> {
         let host = ChunkTable::host(cu)?;
         let seqs = cu.len().saturating_sub(1);
-        Ok(ChunkTable { chunks: (host.len() - seqs - 1) / 2, seqs, tab: crate::pool::upload(FAMILY, &host)? })
+        let end = cu.last().copied().unwrap_or(0);
+        Ok(ChunkTable {
+            chunks: (host.len() - seqs - 1) / 2,
+            seqs,
+            end,
+            tab: crate::pool::upload(FAMILY, &host)?,
+        })
+    }
+
+    /// The packed output `y` of `n` elements, `per_token` a token (`B = 1`): its rows past the
+    /// last offset zeroed (no chunk writes them), the others left to the output kernel.
+    pub(crate) fn output<T: DeviceRepr + ValidAsZeroBits + 'static>(
+        &self,
+        n: usize,
+        per_token: usize,
+    ) -> Result<Pooled<T>> {
+        let mut y = crate::pool::take::<T>(FAMILY, n)?;
+        let from = (self.end * per_token).min(n);
+        if from < n {
+            gpu()?
+                .stream()
+                .memset_zeros(&mut y.slice_mut(from..n))
+                .map_err(|e| err(FAMILY, format!("zeroing the rows past the last offset: {e}")))?;
+        }
+        Ok(y)
     }
 }
 

@@ -235,9 +235,11 @@ pub(crate) fn run<F: GpuReal>(
     let Prefix { tree, decays, fin } = prefix(ll, x, before, s0, want_final, table)?;
     let (gv, has_g) = x.g_view();
     let levels = x.lam.as_ref().map_or(1, |(_, n)| *n);
-    // With a table, rows past its last token are written by no chunk: zero.
     let n = b * t * h * dv;
-    let mut y = if table.is_some() { pool::zeros::<F>(FAMILY, n)? } else { pool::take::<F>(FAMILY, n)? };
+    let mut y = match table {
+        Some(c) => c.output::<F>(n, h * dv)?,
+        None => pool::take::<F>(FAMILY, n)?,
+    };
     let (lv, scale) = (x.lam_view(), ll.scale);
     let (qv, kv, vv) = (x.q.view(), x.k.view(), x.v.view());
     output::run(
@@ -313,10 +315,9 @@ pub(crate) fn run_bf16(
             }
             Step::Output => {
                 let n = b * t * h * dv;
-                let y = y.insert(if table.is_some() {
-                    pool::zeros::<bf16>(FAMILY, n)?
-                } else {
-                    pool::take::<bf16>(FAMILY, n)?
+                let y = y.insert(match table {
+                    Some(c) => c.output::<bf16>(n, h * dv)?,
+                    None => pool::take::<bf16>(FAMILY, n)?,
                 });
                 let read0 = s0.is_some();
                 let st = (&states, table);
