@@ -277,7 +277,7 @@ __device__ void llbl_dlam(const T* q, const T* dy, const T* g, int has_g, const 
     const int i = c.i, bh = c.bh, tid = c.tid, tx = c.tx, ty = c.ty, n = c.n;
     const long long row0 = c.row0;
     const long long DD = (long long)Dk * Dv;
-    if (tid == 0) nlev_s = llc_levels(i, bh, nc, 0, A, lev_ent, lev_d, lev_e);
+    if (tid == 0) nlev_s = llc_levels(i, i == 0, bh, nc, 0, A, lev_ent, lev_d, lev_e);
     llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);  // synchronises
     const int nlev = nlev_s;
     for (int grp = 0; grp < nlev; ++grp) {

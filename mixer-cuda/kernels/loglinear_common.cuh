@@ -30,14 +30,15 @@ __device__ inline long long llc_entry(int e, int bh, int m, int nc, int BH) {
 // The states chunk i reads between chunks (thread 0 of llc_out / llc_out_tc; returns how many):
 // for every set bit e − 1 of i, its tree entry (the level-(e−1) block 2·(i ≫ e)), the decay from
 // that block's end to the chunk's start (the entries of the lower set bits summed) and e; with
-// direct = 1 the one state entering chunk i (entry bh·NC + i), none for i = 0; direct = 2 the
-// same with a state entering chunk 0 too (a run from an initial state, docs/math.md §7).
-__device__ inline int llc_levels(int i, int bh, int nc, int direct, const double* A, long long* ent, double* dec,
-                                 int* lev) {
+// direct = 1 the one state entering chunk i (entry bh·NC + i), none for a first chunk (i = 0, or a
+// sequence's first chunk in a packed batch: first); direct = 2 the same with a state entering a
+// first chunk too (a run from an initial state, docs/math.md §7).
+__device__ inline int llc_levels(int i, bool first, int bh, int nc, int direct, const double* A, long long* ent,
+                                 double* dec, int* lev) {
     if (direct) {
         ent[0] = (long long)bh * nc + i;
         dec[0] = 0.0;
-        return (i > 0 || direct == 2) ? 1 : 0;
+        return (!first || direct == 2) ? 1 : 0;
     }
     int np = 0;
     double d = 0.0;

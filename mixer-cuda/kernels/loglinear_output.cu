@@ -15,7 +15,8 @@
 // read once with σ e^{γ_r} q_r; v is then the new values U' of the sequential pass.
 template <typename T>
 __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_g, const T* lam, const T* F, const double* A,
-                        T* y, int Tn, int H, int Dk, int Dv, int L, int lifted, int direct, int nc, double scale) {
+                        T* y, int Tn, int H, int Dk, int Dv, int L, int lifted, int direct, int nc, double scale,
+                        const int* tab, int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH, CB = Llc<T>::CBITS, RI = CH / 16;
     __shared__ double gam[CH], gtmp[CH];
@@ -26,11 +27,12 @@ __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_
     __shared__ int lev_e[32];          // and e
     __shared__ int nlev_s;
     const LlcChunk c = llc_chunk<CH>(Tn, H);
-    const int i = c.i, bh = c.bh, d0 = blockIdx.z * LLC_NT, tid = c.tid, tx = c.tx, ty = c.ty, n = c.n;
-    const long long row0 = c.row0;
+    const LlcSpan sp = llc_span(tab, has_tab, c.i, nc, Tn, CH);  // a packed batch's chunk (no table: c's)
+    const int i = c.i, bh = c.bh, d0 = blockIdx.z * LLC_NT, tid = c.tid, tx = c.tx, ty = c.ty, n = sp.n;
+    const long long row0 = ((long long)c.b * Tn + sp.i0) * H + c.h;
     const long long DD = (long long)Dk * Dv;
     const T sc = (T)scale;
-    if (tid == 0) nlev_s = llc_levels(i, bh, nc, direct, A, lev_ent, lev_d, lev_e);
+    if (tid == 0) nlev_s = llc_levels(i, sp.first, bh, nc, direct, A, lev_ent, lev_d, lev_e);
     llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
     const int nlev = nlev_s;
     // Intra-chunk scores P[r][s] (r = ty + 16a, s = tx + 16b'), masked, decayed, weighted.
@@ -111,7 +113,7 @@ __device__ void llc_out(const T* q, const T* k, const T* v, const T* g, int has_
 #define LLT_LDP 68
 __device__ void llc_out_tc(const float* q, const float* k, const float* v, const float* g, int has_g,
                            const float* lam, const float* F, const double* A, float* y, int Tn, int H, int Dk,
-                           int Dv, int L, int lifted, int direct, int nc, double scale) {
+                           int Dv, int L, int lifted, int direct, int nc, double scale, const int* tab, int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, CB = 6;
     __shared__ double gam[CH], gtmp[CH];
@@ -128,14 +130,15 @@ __device__ void llc_out_tc(const float* q, const float* k, const float* v, const
     const int d0 = blockIdx.z * 64;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
     const int r0 = warp * 16 + gi, r1 = r0 + 8;
-    const int i0 = i * CH, n = min(CH, Tn - i0);
+    const LlcSpan sp = llc_span(tab, has_tab, i, nc, Tn, CH);  // a packed batch's chunk, or chunk i
+    const int i0 = sp.i0, n = sp.n;
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     const long long DD = (long long)Dk * Dv;
     const float sc = (float)scale;
     const bool vq = Dk % 4 == 0 && llc_al16(q) && llc_al16(k), vv = Dv % 4 == 0 && llc_al16(v),
                vf = Dv % 4 == 0 && llc_al16(F);
     if (tid == 0) {
-        nlev_s = llc_levels(i, bh, nc, direct, A, lev_ent, lev_d, lev_e);
+        nlev_s = llc_levels(i, sp.first, bh, nc, direct, A, lev_ent, lev_d, lev_e);
         for (int l = 0; l < nlev_s; ++l) lev_w[l] = __expf((float)lev_d[l]);
     }
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
@@ -280,8 +283,8 @@ __device__ void llc_out_tc(const float* q, const float* k, const float* v, const
 extern "C" __global__ void __launch_bounds__(128, 4)
     llc_out_tc_f32(const float* q, const float* k, const float* v, const float* g, int has_g, const float* lam,
                    const float* F, const double* A, float* y, int Tn, int H, int Dk, int Dv, int L, int lifted,
-                   int direct, int nc, double scale) {
-    llc_out_tc(q, k, v, g, has_g, lam, F, A, y, Tn, H, Dk, Dv, L, lifted, direct, nc, scale);
+                   int direct, int nc, double scale, const int* tab, int has_tab) {
+    llc_out_tc(q, k, v, g, has_g, lam, F, A, y, Tn, H, Dk, Dv, L, lifted, direct, nc, scale, tab, has_tab);
 }
 
 // 3''. Pass 3 without a lift (direct = 1: F[bh·NC + i] is the state entering chunk i; chunk 0's
@@ -691,8 +694,8 @@ extern "C" __global__ void __launch_bounds__(256)
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llc_out_##S(const T* q, const T* k, const T* v, const T* g, int has_g, const T* lam, const T* F,          \
                     const double* A, T* y, int Tn, int H, int Dk, int Dv, int L, int lifted, int direct, int nc,  \
-                    double scale) {                                                                               \
-        llc_out<T>(q, k, v, g, has_g, lam, F, A, y, Tn, H, Dk, Dv, L, lifted, direct, nc, scale);                 \
+                    double scale, const int* tab, int has_tab) {                                                  \
+        llc_out<T>(q, k, v, g, has_g, lam, F, A, y, Tn, H, Dk, Dv, L, lifted, direct, nc, scale, tab, has_tab);   \
     }                                                                                                             \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llc_out_dl_##S(const T* q, const T* k, const T* v, const T* g, int has_g, const T* beta, const T* lam,      \

@@ -166,7 +166,7 @@ pub(crate) fn backward<T: DeviceFamily<f32> + DeviceFamily<f64>>(
 }
 
 /// A packed batch (`cu_seqlens`, `B = 1`; offsets checked) in one launch sequence where the family
-/// has one (`crate::loglinear::packed`: linear attention and Mamba-2 in the tf32 and bf16 modes),
+/// has one (`crate::loglinear::packed`: linear attention and Mamba-2 with f32 arithmetic),
 /// with the checks of a run: the inputs as for a plain run of the whole buffer, `initial` against
 /// the mixer's state with a row per sequence, the deferred value checks. `None` where there is no
 /// such path for these inputs (the caller runs the sequences one by one); the final states have a

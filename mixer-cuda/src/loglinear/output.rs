@@ -134,11 +134,11 @@ pub(crate) fn run<F: GpuReal>(
     if is_direct(l) {
         return run_direct(f, cfg, [q, k, v], (g, has_g), (states, table), s, scale, first_state, y);
     }
-    if table.is_some() {
-        return Err(crate::runtime::err(FAMILY, "internal: a chunk table needs llc_out_direct_tc"));
+    if table.is_some() && lifted {
+        return Err(crate::runtime::err(FAMILY, "internal: a chunk table with a lift"));
     }
     let Shape { t, h, dk, dv, .. } = s;
-    let nc = s.chunks(Elem::of::<F>().chunk());
+    let nc = table.map_or(s.chunks(Elem::of::<F>().chunk()), |c| c.chunks);
     let (ti, hi, dki, dvi, nci) = (t as i32, h as i32, dk as i32, dv as i32, nc as i32);
     let direct = if lifted {
         0
@@ -148,9 +148,11 @@ pub(crate) fn run<F: GpuReal>(
         1
     };
     let (li, lifted) = (int(FAMILY, "L", levels)?, lifted as i32);
+    let none = crate::pool::take::<i32>(FAMILY, 1)?;
+    let (tab, has_tab) = table_args(table, &none);
     launch!(gpu()?, FAMILY, f, cfg;
         q, k, v, g, &has_g, lam, &**states, &**decays, &mut **y,
-        &ti, &hi, &dki, &dvi, &li, &lifted, &direct, &nci, &scale)
+        &ti, &hi, &dki, &dvi, &li, &lifted, &direct, &nci, &scale, &tab, &has_tab)
 }
 
 /// Runs `llc_out_direct_tc_f32` or `_bf16` (function `f`, configuration `cfg`): one state per

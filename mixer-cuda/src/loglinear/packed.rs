@@ -8,9 +8,10 @@
 //! batch equals the sequences run one by one bit for bit — at the cost of one run over the total
 //! length instead of one run per sequence.
 //!
-//! It serves the tf32 and bf16 modes without a lift where the plan's outputs are the direct
-//! kernel's (`Dk ≤ 128`); elsewhere `run` says `None` and the caller runs the sequences one by
-//! one (`crate::device_packed`).
+//! It serves every mode with f32 arithmetic (f32 or bf16 activations; f64 runs chunks of 32) without
+//! a lift: every output kernel of the chunked form without a lift (`llc_out`, `llc_out_tc`,
+//! `llc_out_direct_tc`) takes the table; elsewhere [`run`] says `None` and the caller runs the
+//! sequences one by one (`crate::device_packed`).
 
 use std::borrow::Cow;
 
@@ -36,9 +37,9 @@ pub fn launches(
     storage: Storage,
     device: Device,
 ) -> Result<Option<(Path, Vec<Launch>)>> {
+    // Chunks of 64 tokens: f32 arithmetic (f64 runs chunks of 32).
     let served = ll.lift.is_none()
         && matches!(ll.base, Base::LinearAttention | Base::Mamba2)
-        && matches!(p, Precision::Tf32 | Precision::Bf16)
         && storage != Storage::Real(Elem::F64);
     let n = cu.len().saturating_sub(1);
     let longest = cu.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
@@ -46,8 +47,7 @@ pub fn launches(
         return Ok(None);
     }
     let pl = plan(ll, [n, longest, h, dk, dv], p, storage, device)?;
-    let direct = pl.launches.last().is_some_and(|l| l.function.starts_with("llc_out_direct_tc"));
-    if !matches!(pl.path, Path::Ssd | Path::SsdBf16) || !direct {
+    if !matches!(pl.path, Path::Ssd | Path::SsdBf16) {
         return Ok(None);
     }
     let chunks = cu.windows(2).map(|w| (w[1] - w[0]).div_ceil(64)).sum();
@@ -136,15 +136,20 @@ mod tests {
         assert_eq!((l[0].function.as_str(), l[0].grid), ("llc_states_tc_bf16", [2 + 1 + 3, 4, 1]));
         assert_eq!((l[1].function.as_str(), l[1].grid[1]), ("llc_scan_f32", 12));
         assert_eq!(l[2].grid, [6, 4, 1]);
-        // Not served: the exact mode, f64, a lift, Dk above the direct kernel's 128, all empty.
-        let none = |m: &LogLinear, dk, p, st, cu: &[usize]| {
-            launches(m, [300, 4, dk, 64], cu, p, st, Device::H200).unwrap().is_none()
-        };
+        // The exact mode (FMA kernels) and Dk above the direct kernel's 128 (llc_out_tc) too.
         let cu = [0, 100, 300];
-        assert!(none(&m, 64, Precision::Exact, st, &cu));
-        assert!(none(&m, 64, Precision::Tf32, Storage::Real(Elem::F64), &cu));
-        assert!(none(&mixer(true), 64, Precision::Tf32, st, &cu));
-        assert!(none(&m, 136, Precision::Tf32, st, &cu));
-        assert!(none(&m, 64, Precision::Tf32, st, &[0, 0, 0]));
+        let functions = |dk, p| -> Vec<String> {
+            let (_, l) = launches(&m, [300, 4, dk, 64], &cu, p, st, Device::H200).unwrap().unwrap();
+            l.into_iter().map(|l| l.function).collect()
+        };
+        assert_eq!(functions(64, Precision::Exact), ["llc_states_f32", "llc_scan_f32", "llc_out_f32"]);
+        assert_eq!(functions(136, Precision::Tf32)[2], "llc_out_tc_f32");
+        // Not served: f64 (chunks of 32), a lift, only empty sequences.
+        let none = |m: &LogLinear, p, st, cu: &[usize]| {
+            launches(m, [300, 4, 64, 64], cu, p, st, Device::H200).unwrap().is_none()
+        };
+        assert!(none(&m, Precision::Exact, Storage::Real(Elem::F64), &cu));
+        assert!(none(&mixer(true), Precision::Tf32, st, &cu));
+        assert!(none(&m, Precision::Tf32, st, &[0, 0, 0]));
     }
 }

@@ -132,11 +132,11 @@ fn device_packed_batches_refuse_what_they_cannot_run() {
     assert!(e.to_string().contains("host arrays only") && e.to_string().contains("taken whole"), "{e}");
 }
 
-/// Linear attention and Mamba-2 over 60 sequences (H = 4, D = 64) in the tf32 and bf16 modes, with
-/// and without states: one launch sequence on the chunk table that walks the chunks of every
-/// (sequence, head) (checked through the packed plan) equals the host packed path on CUDA, which
-/// runs every sequence alone with the parallel chunk states and the scan, bit for bit; and the
-/// three sequences of [`CU`] (the table's chunk states and scan, checked the same way).
+/// Linear attention and Mamba-2 over 60 sequences (H = 4, D = 64) in every mode, with and without
+/// states: one launch sequence on the chunk table — in the tf32 and bf16 modes walking the chunks
+/// of every (sequence, head), in the exact mode the FMA states, scan and outputs (checked through
+/// the packed plan) — equals the host packed path on CUDA, which runs every sequence alone, bit
+/// for bit; and the eight sequences of [`CU`] (the table's chunk states and scan, no walk).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn packed_batches_of_the_base_mixers_run_as_one_batch_and_equal_the_sequences_alone() {
@@ -164,7 +164,7 @@ fn packed_batches_of_the_base_mixers_run_as_one_batch_and_equal_the_sequences_al
         d.insert("B", lens.len());
         let s0 = cast_tensors::<f32>(&m.random_state(&d, 10).unwrap());
         let s0d = upload_inputs(&s0, Precision::Exact).unwrap();
-        for p in [Precision::Tf32, Precision::Bf16] {
+        for p in [Precision::Exact, Precision::Tf32, Precision::Bf16] {
             let storage = if p == Precision::Bf16 {
                 mixer_cuda::loglinear::Storage::Bf16 { aligned: true }
             } else {
@@ -177,7 +177,8 @@ fn packed_batches_of_the_base_mixers_run_as_one_batch_and_equal_the_sequences_al
                     mixer_cuda::loglinear::packed::launches(ll, [tt, 4, 64, 64], cu, p, storage, device)
                         .unwrap()
                         .expect("one launch sequence");
-                assert_eq!(l[0].function.starts_with("llc_walk_tc"), walks, "{name} {p}: {l:?}");
+                let walk = walks && p != Precision::Exact;
+                assert_eq!(l[0].function.starts_with("llc_walk_tc"), walk, "{name} {p}: {l:?}");
                 let label = format!("{name} {p} {} sequences", cu.len() - 1);
                 let dev = upload_inputs(&x, p).unwrap();
                 let (want, _) = run_packed(m.as_ref(), &gpu, Form::Fast, &x, cu, None, false, p).unwrap();
@@ -196,6 +197,34 @@ fn packed_batches_of_the_base_mixers_run_as_one_batch_and_equal_the_sequences_al
             }
         }
     }
+}
+
+/// Mamba-2 with Dk = 136 (the general tensor-core output kernel, `llc_out_tc`) over the sequences
+/// of [`CU`] in the tf32 mode, from states: one launch sequence on the chunk table equals the host
+/// packed path on CUDA bit for bit.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn packed_batches_with_wide_keys_run_the_general_output_kernel_on_the_table() {
+    let Some(_turn) = gpu() else { return };
+    let m = mixer("mamba2", &serde_json::json!({})).unwrap();
+    let ll = m.as_any().downcast_ref::<mixer_core::mixers::loglinear::LogLinear>().unwrap();
+    let dims: Dims = [("B", 1), ("T", T), ("H", 2), ("Dk", 136), ("Dv", 40)].into_iter().collect();
+    let x = cast_tensors::<f32>(&m.random_inputs(&dims, 11).unwrap());
+    let mut d = dims.clone();
+    d.insert("B", CU.len() - 1);
+    let s0 = cast_tensors::<f32>(&m.random_state(&d, 12).unwrap());
+    let p = Precision::Tf32;
+    let storage = mixer_cuda::loglinear::Storage::Real(mixer_cuda::loglinear::Elem::F32);
+    let device = mixer_cuda::loglinear::Device::current();
+    let (_, l) = mixer_cuda::loglinear::packed::launches(ll, [T, 2, 136, 40], &CU, p, storage, device)
+        .unwrap()
+        .expect("one launch sequence");
+    assert_eq!(l.last().unwrap().function, "llc_out_tc_f32");
+    let (want, want_f) = run_packed(m.as_ref(), &cuda(), Form::Fast, &x, &CU, Some(&s0), true, p).unwrap();
+    let (dev, s0d) = (upload_inputs(&x, p).unwrap(), upload_inputs(&s0, Precision::Exact).unwrap());
+    let (y, fin) = run_device_packed(m.as_ref(), &dev, &CU, Some(&s0d), true, p, true).unwrap();
+    assert_eq!(download_as::<f32>(&y).unwrap(), want, "y");
+    assert_eq!(down(&fin.expect("final states")), want_f.unwrap(), "final states");
 }
 
 /// The first `t` rows of every `[1, T, …]` input.
