@@ -639,7 +639,7 @@ __device__ __forceinline__ void ldt_state_out(const float (&S)[KT][4], float* ST
 template <int DKP, int NWV, int ST>
 __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
                                float* Hs, int Tn, int H, int Dk, int Dv, int nc, const float* S0, int has_s0,
-                               float* ST_, int has_st) {
+                               float* ST_, int has_st, const int* tab, int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, NT = 32 * NWV, KT = DKP / 8, VB = 16 * NWV;
     // Row strides: W ≡ 8 (mod 32) floats for its float2 fragment loads, K ≡ 4 and U ≡ 4 (mod 16)
@@ -648,22 +648,26 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
     constexpr int STAGE = CH * (LDW + LDK + LDU + 1);
     extern __shared__ unsigned char llc_dyn[];
     float* smem = reinterpret_cast<float*>(llc_dyn);
-    const int bh = blockIdx.x, b = bh / H, h = bh % H;
+    // The chunks [jb, je) this block walks: every chunk of its (batch, head), or a packed batch's
+    // sequence's (row = (sequence, head): its rows of S0 and ST; llc_range).
+    const LlcRange rg = llc_range(tab, has_tab, blockIdx.x, H, nc);
+    const int bh = rg.bh, b = bh / H, h = bh % H, row = blockIdx.x;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
     const int v0 = blockIdx.y * VB, dw = warp * 16;  // the block's first value column, the warp's within it
     const long long DD = (long long)Dk * Dv;
     const bool vk = Dk % 4 == 0 && llc_al16(k) && llc_al16(W);
     const bool vu = Dv % 4 == 0 && llc_al16(U);
-    // Chunk j's W, K (rows padded to LDW, LDK; columns Dk..DKP zero), U (the block's VB columns) and
-    // log-decays into buffer j mod ST; rows past the chunk's end are zero. One commit group per
-    // call, empty past the last chunk.
-    auto prefetch = [&](int j) {
-        if (j < nc) {
-            float* Ws = smem + (j % ST) * STAGE;
+    // The block's p-th chunk's W, K (rows padded to LDW, LDK; columns Dk..DKP zero), U (the block's
+    // VB columns) and log-decays into buffer p mod ST; rows past the chunk's end are zero. One
+    // commit group per call, empty past the last chunk.
+    auto prefetch = [&](int p) {
+        if (rg.jb + p < rg.je) {
+            float* Ws = smem + (p % ST) * STAGE;
             float* Ks = Ws + CH * LDW;
             float* Us = Ks + CH * LDK;
             float* gs = Us + CH * LDU;
-            const int i0 = j * CH, n = min(CH, Tn - i0);
+            const LlcSpan sp = llc_span(tab, has_tab, rg.jb + p, nc, Tn, CH);
+            const int i0 = sp.i0, n = sp.n;
             const long long row0 = ((long long)b * Tn + i0) * H + h;
             constexpr bool tiles = ldt_tiles<CH, NT, DKP / 4>();
             if constexpr (tiles) {
@@ -687,18 +691,20 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
     for (int j = 0; j < ST - 1; ++j) prefetch(j);
     const int dg = v0 + dw + gi;  // this lane's value columns dg and dg + 8
     float S[KT][4];  // Sᵀ: tile kk holds keys 8kk .. 8kk + 7 as (k = 2t, 2t + 1) × (values g, g + 8)
-    ldt_state_in<KT>(S, S0, has_s0, bh * DD, Dk, Dv, dg, tg);
-    for (int j = 0; j < nc; ++j) {
+    ldt_state_in<KT>(S, S0, has_s0, row * DD, Dk, Dv, dg, tg);
+    for (int p = 0; rg.jb + p < rg.je; ++p) {
+        const int j = rg.jb + p;
         // Chunk j's group is complete once at most ST − 2 younger ones are pending; the barrier
         // publishes it and frees chunk j − 1's buffer, which the prefetch below overwrites.
         asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2) : "memory");
         __syncthreads();
-        prefetch(j + ST - 1);
-        const float* Ws = smem + (j % ST) * STAGE;
+        prefetch(p + ST - 1);
+        const float* Ws = smem + (p % ST) * STAGE;
         const float* Ks = Ws + CH * LDW;
         const float* Us = Ks + CH * LDK;
         const float* gs = Us + CH * LDU;
-        const int i0 = j * CH, n = min(CH, Tn - i0);
+        const LlcSpan sp = llc_span(tab, has_tab, j, nc, Tn, CH);
+        const int i0 = sp.i0, n = sp.n;
         const long long row0 = ((long long)b * Tn + i0) * H + h;
         float* Hj = Hs + ((long long)bh * nc + j) * DD;
 #pragma unroll
@@ -761,7 +767,7 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
                 mx_mma_tf32(S[kk], A[nt][0], A[nt][1], A[nt][2], A[nt][3], DH_KOP(kr[8 * kk]), DH_KOP(kr[LDK + 8 * kk]));
         }
     }
-    if (has_st) ldt_state_out<KT>(S, ST_, bh * DD, Dk, Dv, dg, tg);
+    if (has_st) ldt_state_out<KT>(S, ST_, row * DD, Dk, Dv, dg, tg);
 }
 
 #ifndef DHR_WARPS
@@ -778,8 +784,9 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
 extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
     llc_delta_h_rg_f32(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
                        float* Hs, int Tn, int H, int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST,
-                       int has_st) {
-    llc_delta_h_rg<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st);
+                       int has_st, const int* tab, int has_tab) {
+    llc_delta_h_rg<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st,
+                                               tab, has_tab);
 }
 
 // 5'''. Gated DeltaNet's sequential pass in the bf16 mode without a lift: llc_delta_h_rg's scheme
@@ -798,7 +805,7 @@ extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
 template <int DKP, int NWV, int ST>
 __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, const mx_bf16* W, const mx_bf16* U,
                                mx_bf16* Vn, float* Hs, int Tn, int H, int Dk, int Dv, int nc, const float* S0,
-                               int has_s0, float* ST_, int has_st) {
+                               int has_s0, float* ST_, int has_st, const int* tab, int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, NT = 32 * NWV, KT = DKP / 8, K16 = DKP / 16, VB = 16 * NWV;
     // W, K columns copied (zero from Dk on): whole x4 loads of 32 keys, and a power of two so that a
@@ -810,18 +817,20 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
     constexpr int LDW = DKW + 8, LDU = VB + 8;
     constexpr int STAGE = CH * (2 * LDW + LDU) * 2 + CH * 4;  // bytes: W, K, U, log-decays
     extern __shared__ unsigned char llc_dyn[];
-    const int bh = blockIdx.x, b = bh / H, h = bh % H;
+    const LlcRange rg = llc_range(tab, has_tab, blockIdx.x, H, nc);  // as llc_delta_h_rg
+    const int bh = rg.bh, b = bh / H, h = bh % H, row = blockIdx.x;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
     const int lr = lane & 7, lm = lane >> 3;   // the row and the matrix this lane addresses in ldmatrix
     const int v0 = blockIdx.y * VB, dw = warp * 16;  // the block's first value column, the warp's within it
     const long long DD = (long long)Dk * Dv;
-    auto prefetch = [&](int j) {
-        if (j < nc) {
-            mx_bf16* Ws = reinterpret_cast<mx_bf16*>(llc_dyn + (j % ST) * STAGE);
+    auto prefetch = [&](int p) {
+        if (rg.jb + p < rg.je) {
+            mx_bf16* Ws = reinterpret_cast<mx_bf16*>(llc_dyn + (p % ST) * STAGE);
             mx_bf16* Ks = Ws + CH * LDW;
             mx_bf16* Us = Ks + CH * LDW;
             float* gs = reinterpret_cast<float*>(Us + CH * LDU);
-            const int i0 = j * CH, n = min(CH, Tn - i0);
+            const LlcSpan sp = llc_span(tab, has_tab, rg.jb + p, nc, Tn, CH);
+            const int i0 = sp.i0, n = sp.n;
             const long long row0 = ((long long)b * Tn + i0) * H + h;
             ldt_copy_tile<CH, NT, DKW / 8, LDW>(Ws, W + row0 * Dk, (long long)H * Dk, Dk, n);
             ldt_copy_tile<CH, NT, DKW / 8, LDW>(Ks, k + row0 * Dk, (long long)H * Dk, Dk, n);
@@ -833,22 +842,23 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
     for (int j = 0; j < ST - 1; ++j) prefetch(j);
     const int dg = v0 + dw + gi;  // this lane's value columns dg and dg + 8 in S
     float S[KT][4];  // Sᵀ: tile kk holds keys 8kk + 2t, 8kk + 2t + 1 (columns) of values g, g + 8
-    ldt_state_in<KT>(S, S0, has_s0, bh * DD, Dk, Dv, dg, tg);
+    ldt_state_in<KT>(S, S0, has_s0, row * DD, Dk, Dv, dg, tg);
     const bool hlo = dg < Dv, hhi = dg + 8 < Dv;
-    float* hp = Hs + (long long)bh * nc * DD + 2 * tg * Dv + dg;  // chunk j's entering state, this lane's first entry
+    float* hp = Hs + ((long long)bh * nc + rg.jb) * DD + 2 * tg * Dv + dg;  // chunk j's entering state, this lane's first entry
     const int dc = v0 + dw + 2 * tg;  // this lane's pairs of new values: columns dc, dc + 1 and dc + 8, dc + 9
     const bool vlo = dc < Dv, vhi = dc + 8 < Dv;
     const long long vstep = 8LL * H * Dv;  // eight tokens of Vn
-    for (int j = 0; j < nc; ++j) {
-        // As llc_delta_h_rg: chunk j's group is complete, the barrier frees chunk j − 1's buffer.
+    for (int p = 0; rg.jb + p < rg.je; ++p) {
+        // As llc_delta_h_rg: chunk p's group is complete, the barrier frees chunk p − 1's buffer.
         asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2) : "memory");
         __syncthreads();
-        prefetch(j + ST - 1);
-        const unsigned char* base = llc_dyn + (j % ST) * STAGE;
+        prefetch(p + ST - 1);
+        const unsigned char* base = llc_dyn + (p % ST) * STAGE;
         const unsigned wa = (unsigned)__cvta_generic_to_shared(base);
         const unsigned ka = wa + CH * LDW * 2, ua = ka + CH * LDW * 2;
         const float* gs = reinterpret_cast<const float*>(base + CH * (2 * LDW + LDU) * 2);
-        const int i0 = j * CH, n = min(CH, Tn - i0);
+        const LlcSpan sp = llc_span(tab, has_tab, rg.jb + p, nc, Tn, CH);
+        const int i0 = sp.i0, n = sp.n;
         const long long row0 = ((long long)b * Tn + i0) * H + h;
         // The entering state: keys 8kk + 2t (+1) of values g, g + 8 (Dk is a multiple of 8, so a
         // key tile is in or out whole).
@@ -930,14 +940,15 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
                 mx_mma_bf16(S[2 * np + 1], B2[kk][0], B2[kk][1], B2[kk][2], B2[kk][3], r[2], r[3]);
             }
     }
-    if (has_st) ldt_state_out<KT>(S, ST_, bh * DD, Dk, Dv, dg, tg);
+    if (has_st) ldt_state_out<KT>(S, ST_, row * DD, Dk, Dv, dg, tg);
 }
 #if DH_BF16  // the bf16 mode's kernels are compiled in their own module (-DDH_BF16=1)
 extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
     llc_delta_h_rb_bf16(const mx_bf16* k, const float* g, int has_g, const mx_bf16* W, const mx_bf16* U,
                         mx_bf16* Vn, float* Hs, int Tn, int H, int Dk, int Dv, int nc, const float* S0, int has_s0,
-                        float* ST, int has_st) {
-    llc_delta_h_rb<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st);
+                        float* ST, int has_st, const int* tab, int has_tab) {
+    llc_delta_h_rb<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st,
+                                               tab, has_tab);
 }
 #endif
 

@@ -123,7 +123,7 @@ __device__ inline void llc_store_ti(T* Ti, const T* Tt, int bh, int j) {
 // Grid (NC, BH), 256 threads.
 template <typename T>
 __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* beta, T* W, T* U, T* Ti, int want_ti,
-                       int Tn, int H, int Dk, int Dv) {
+                       int Tn, int H, int Dk, int Dv, int nc, const int* tab, int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = Llc<T>::CH, RI = CH / 16, LDT = CH + 1;
     __shared__ double gam[CH], gtmp[CH];
@@ -134,7 +134,8 @@ __device__ void llc_wy(const T* k, const T* v, const T* g, int has_g, const T* b
     const int j = blockIdx.x, bh = blockIdx.y;
     const int b = bh / H, h = bh % H;
     const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
-    const int i0 = j * CH, n = min(CH, Tn - i0);
+    const LlcSpan sp = llc_span(tab, has_tab, j, nc, Tn, CH);  // chunk j, or a packed batch's
+    const int i0 = sp.i0, n = sp.n;
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : (T)0;
     llc_gamma<T, CH>(gam, gtmp, g, has_g, row0, H, n);
@@ -203,7 +204,7 @@ __device__ __forceinline__ void lwt_store(mx_bf16* p, float x, bool) { *p = mx_f
 #define LWT_LD 68
 template <typename TI, typename TO>
 __device__ void llc_wy_tc(const TI* k, const TI* v, const float* g, int has_g, const float* beta, TO* W, TO* U,
-                          float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
+                          float* Ti, int want_ti, int Tn, int H, int Dk, int Dv, int nc, const int* tab, int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64, LDL = LWT_LD;
     __shared__ double gam[CH], gtmp[CH];
@@ -215,7 +216,8 @@ __device__ void llc_wy_tc(const TI* k, const TI* v, const float* g, int has_g, c
     const int j = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
     const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32;  // this warp's first row and column
-    const int i0 = j * CH, n = min(CH, Tn - i0);
+    const LlcSpan sp = llc_span(tab, has_tab, j, nc, Tn, CH);  // chunk j, or a packed batch's
+    const int i0 = sp.i0, n = sp.n;
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : 0.f;
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
@@ -299,24 +301,25 @@ __device__ void llc_wy_tc(const TI* k, const TI* v, const float* g, int has_g, c
 #endif
 extern "C" __global__ void __launch_bounds__(256, LWT_MIN_BLOCKS)
     llc_wy_tc_f32(const float* k, const float* v, const float* g, int has_g, const float* beta, float* W, float* U,
-                  float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
-    llc_wy_tc<float, float>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);
+                  float* Ti, int want_ti, int Tn, int H, int Dk, int Dv, int nc, const int* tab, int has_tab) {
+    llc_wy_tc<float, float>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv, nc, tab, has_tab);
 }
 #if DH_BF16
 // The bf16 mode without a lift: k and v read as stored, W and U written rounded to bf16 (the
 // operands of llc_delta_h_rb); g and β f32.
 extern "C" __global__ void __launch_bounds__(256, LWT_MIN_BLOCKS)
     llc_wy_tc_bf16(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, const float* beta, mx_bf16* W,
-                   mx_bf16* U, float* Ti, int want_ti, int Tn, int H, int Dk, int Dv) {
-    llc_wy_tc<mx_bf16, mx_bf16>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);
+                   mx_bf16* U, float* Ti, int want_ti, int Tn, int H, int Dk, int Dv, int nc, const int* tab,
+                   int has_tab) {
+    llc_wy_tc<mx_bf16, mx_bf16>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv, nc, tab, has_tab);
 }
 #endif
 
 #define LLW_EXPORT(T, S)                                                                                          \
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llc_wy_##S(const T* k, const T* v, const T* g, int has_g, const T* beta, T* W, T* U, T* Ti, int want_ti,   \
-                   int Tn, int H, int Dk, int Dv) {                                                               \
-        llc_wy<T>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv);                                        \
+                   int Tn, int H, int Dk, int Dv, int nc, const int* tab, int has_tab) {                          \
+        llc_wy<T>(k, v, g, has_g, beta, W, U, Ti, want_ti, Tn, H, Dk, Dv, nc, tab, has_tab);                      \
     }
 
 LLW_EXPORT(float, f32)

@@ -5,8 +5,8 @@
 //! tensors (linear attention, Mamba-2, gated DeltaNet; the registry decides, as for
 //! [`crate::run_device_from_state`]).
 //!
-//! Linear attention and Mamba-2 (f32 or bf16 activations, every mode) run the whole batch in
-//! one launch sequence over a chunk table whose chunking restarts at every sequence start
+//! Linear attention and Mamba-2 (f32 or bf16 activations, every mode) and gated DeltaNet (its
+//! register state passes) run the whole batch in one launch sequence over a chunk table whose chunking restarts at every sequence start
 //! (`crate::loglinear::packed`), bit for bit the sequences run one by one. Every other mixer and
 //! mode runs sequence by sequence:
 //!

@@ -161,7 +161,7 @@ pub(crate) fn delta<F: GpuReal>(
     let mut w = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let mut u = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let mut tinv = pool::take::<F>(FAMILY, bh * nc * ch * ch)?;
-    wy::run(l_wy, [&kv, &vv], (&gv, 1), &bv, [&mut w, &mut u], (&mut tinv, true), s)?;
+    wy::run(l_wy, [&kv, &vv], (&gv, 1), &bv, [&mut w, &mut u], (&mut tinv, true), s, None)?;
     let g = gpu()?;
     let zero = pool::zeros::<F>(FAMILY, 1)?;
     let mut no_out = pool::take::<F>(FAMILY, 1)?;

@@ -230,6 +230,7 @@ pub(crate) fn delta<F: GpuReal>(
         [&mut w, &mut u],
         (&mut tinv, true),
         s,
+        None,
     )?;
     let gp = gpu()?;
     let [l_fwd, l_qt, l_rev, l_levels, l_grad, l_src, l_rev_t] = &plan;
@@ -261,6 +262,7 @@ pub(crate) fn delta<F: GpuReal>(
             s,
             elem,
             true,
+            None,
         )?;
     }
     let scale = F::of(ll.scale);

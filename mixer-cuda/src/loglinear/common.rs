@@ -375,14 +375,16 @@ impl ChunkTable {
 }
 
 /// `plan`'s launches (of a plan for `B = seqs`) on a chunk table of `chunks` chunks over `seqs`
-/// sequences of `h` heads: the per-chunk kernels (states, outputs) over its chunks with `B = 1`,
-/// the per-(row, head) passes (scan, walk) over its sequences.
+/// sequences of `h` heads: the per-chunk kernels (states, WY, outputs) over its chunks with
+/// `B = 1`, the per-(row, head) passes (scan, walk, gated DeltaNet's state pass) over its
+/// sequences.
 pub(crate) fn table_grids(plan: &[Launch], chunks: usize, seqs: usize, h: usize) -> Vec<Launch> {
     let mut out = plan.to_vec();
     for l in &mut out {
         match l.step {
-            Step::States | Step::Output => l.grid[..2].copy_from_slice(&[chunks as u32, h as u32]),
+            Step::States | Step::Wy | Step::Output => l.grid[..2].copy_from_slice(&[chunks as u32, h as u32]),
             Step::Scan | Step::Walk => l.grid[1] = (seqs * h) as u32,
+            Step::StatePass => l.grid[0] = (seqs * h) as u32,
             _ => {}
         }
     }

@@ -19,7 +19,8 @@ use mixer_core::{Error, Precision, Result};
 use serde::Serialize;
 
 use super::common::{
-    ChunkedInputs, Device, Elem, FAMILY, Launch, Shape, Storage, bf16_qkv, check_sizes, view_or_zero,
+    ChunkTable, ChunkedInputs, Device, Elem, FAMILY, Launch, Shape, Storage, bf16_qkv, check_sizes,
+    view_or_zero,
 };
 use super::state_pass::{self, PassData, StatePass};
 use super::{lambda, output, sequential, ssd, wy};
@@ -284,7 +285,7 @@ pub fn run_planned_for<F: GpuReal>(
             let l = plan.launches.first().ok_or_else(|| err(FAMILY, "internal: an empty plan"))?;
             sequential::run(ll, &inp, l, s0, want_final)?
         }
-        (Path::Delta, Some(pass)) => run_delta(ll, &inp, pass, &plan.launches, s0, want_final)?,
+        (Path::Delta, Some(pass)) => run_delta(ll, &inp, pass, &plan.launches, s0, want_final, None)?,
         _ => return Err(err(FAMILY, format!("internal: no path for the plan {:?}", plan.path))),
     };
     let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
@@ -385,19 +386,23 @@ fn run_ssd_bf16(
 /// Gated DeltaNet, parallel over chunks except the state pass `pass`: the launches of the
 /// [`Path::Delta`] plan; without a lift from the initial state `s0` (`S_0 [B, H, Dv, Dk]`;
 /// `None`: zero: the pass starts from `H_0 = S_0ᵀ` and the outputs read it in chunk 0) and with
-/// `want_final` also returning the final state `S_T [B·H, Dv, Dk]`.
-fn run_delta<F: GpuReal>(
+/// `want_final` also returning the final state `S_T [B·H, Dv, Dk]`. With a chunk `table` (a packed
+/// batch, no lift, a register pass; the launches on the table's grids) `s0` and the final state
+/// have a row per sequence and `y` is zero past the last offset.
+pub(crate) fn run_delta<F: GpuReal>(
     ll: &LogLinear,
     x: &ChunkedInputs<'_, F>,
     pass: StatePass,
     launches: &[Launch],
     s0: Option<&DeviceTensor<F>>,
     want_final: bool,
+    table: Option<&ChunkTable>,
 ) -> Result<(pool::Pooled<F>, Option<pool::Pooled<F>>)> {
     let s = x.shape();
     let [b, t, h, dk, dv] = s.dims();
     let elem = Elem::of::<F>();
-    let (ch, nc, bh) = (elem.chunk(), s.chunks(elem.chunk()), s.bh());
+    let (ch, bh) = (elem.chunk(), s.bh());
+    let (nc, rows) = table.map_or((s.chunks(ch), b), |c| (c.chunks, c.seqs));
     let lifted = ll.lift.is_some();
     let slots = state_pass::slots(lifted, nc);
     let (g, has_g) = x.g_view();
@@ -409,10 +414,10 @@ fn run_delta<F: GpuReal>(
     let mut u = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let mut tinv = pool::take::<F>(FAMILY, if lifted { bh * nc * ch * ch } else { 1 })?;
     let (kv, vv, bv) = (x.k.view(), x.v.view(), beta.view());
-    wy::run(first, [&kv, &vv], (&g, has_g), &bv, [&mut w, &mut u], (&mut tinv, lifted), s)?;
+    wy::run(first, [&kv, &vv], (&g, has_g), &bv, [&mut w, &mut u], (&mut tinv, lifted), s, table)?;
     let mut vn = pool::take::<F>(FAMILY, if lifted { 1 } else { b * t * h * dv })?;
     let mut hs = pool::take::<F>(FAMILY, bh * slots.max(1) * dk * dv)?;
-    let ((s0v, has_s0), mut fin) = state_pass::state_io(s0, &x.zero, want_final, bh * dk * dv)?;
+    let ((s0v, has_s0), mut fin) = state_pass::state_io(s0, &x.zero, want_final, rows * h * dk * dv)?;
     let data = PassData {
         k: &kv,
         g: (&g, has_g),
@@ -423,9 +428,12 @@ fn run_delta<F: GpuReal>(
         s0: (&s0v, has_s0),
         fin: fin.as_mut(),
     };
-    state_pass::run(pass, pass_launches, data, s, elem, lifted)?;
+    state_pass::run(pass, pass_launches, data, s, elem, lifted, table)?;
     drop(u);
-    let mut y = pool::take::<F>(FAMILY, b * t * h * dv)?;
+    let mut y = match table {
+        Some(c) => c.output::<F>(b * t * h * dv, h * dv)?,
+        None => pool::take::<F>(FAMILY, b * t * h * dv)?,
+    };
     let qv = x.q.view();
     let fc = last.function()?;
     if !lifted {
@@ -445,7 +453,7 @@ fn run_delta<F: GpuReal>(
             s,
             ll.scale,
             &mut y,
-            None,
+            table,
         )?;
         return Ok((y, fin));
     }
@@ -482,6 +490,26 @@ fn run_delta_bf16(
     s0: Option<&DeviceTensor<f32>>,
     want_final: bool,
 ) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>)> {
+    let Some((_, dims)) = bf16_qkv(x) else {
+        return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
+    };
+    let plan = plan(ll, dims, Precision::Bf16, st, device)?;
+    let pass =
+        plan.state_pass.ok_or_else(|| err(FAMILY, "internal: a gated DeltaNet plan without a pass"))?;
+    delta_bf16(ll, x, pass, &plan.launches, s0, want_final, None)
+}
+
+/// [`run_delta_bf16`] with the launches of its plan (`pass` its state pass); a chunk `table` as in
+/// [`run_delta`].
+pub(crate) fn delta_bf16(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    pass: StatePass,
+    launches: &[Launch],
+    s0: Option<&DeviceTensor<f32>>,
+    want_final: bool,
+    table: Option<&ChunkTable>,
+) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>)> {
     let Some(([q, k, v], dims)) = bf16_qkv(x) else {
         return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
     };
@@ -491,19 +519,19 @@ fn run_delta_bf16(
     let beta = input::<f32>(x, "beta")?;
     let zero = pool::zeros::<f32>(FAMILY, 1)?;
     let (gv, has_g) = view_or_zero(gt.as_deref(), &zero);
-    let plan = plan(ll, dims, Precision::Bf16, st, device)?;
-    let (Some(pass), [wyl, pass_launch, out]) = (plan.state_pass, &plan.launches[..]) else {
+    let [wyl, pass_launch, out] = launches else {
         return Err(err(FAMILY, "internal: the bf16 plan of gated DeltaNet has three launches"));
     };
-    let (nc, bh) = (s.chunks(64), s.bh());
+    let bh = s.bh();
+    let (nc, rows) = table.map_or((s.chunks(64), b), |c| (c.chunks, c.seqs));
     let (qv, kv, vv, bv) = (q.view(), k.view(), v.view(), beta.view());
     let mut w = pool::take::<bf16>(FAMILY, b * t * h * dk)?;
     let mut u = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
     let mut tinv = pool::take::<f32>(FAMILY, 1)?;
-    wy::run(wyl, [&kv, &vv], (&gv, has_g), &bv, [&mut w, &mut u], (&mut tinv, false), s)?;
+    wy::run(wyl, [&kv, &vv], (&gv, has_g), &bv, [&mut w, &mut u], (&mut tinv, false), s, table)?;
     let mut vn = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
     let mut hs = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
-    let ((s0v, has_s0), mut fin) = state_pass::state_io(s0, &zero, want_final, bh * dk * dv)?;
+    let ((s0v, has_s0), mut fin) = state_pass::state_io(s0, &zero, want_final, rows * h * dk * dv)?;
     let data = PassData {
         k: &kv,
         g: (&gv, has_g),
@@ -514,9 +542,12 @@ fn run_delta_bf16(
         s0: (&s0v, has_s0),
         fin: fin.as_mut(),
     };
-    state_pass::run(pass, std::slice::from_ref(pass_launch), data, s, Elem::F32, false)?;
+    state_pass::run(pass, std::slice::from_ref(pass_launch), data, s, Elem::F32, false, table)?;
     drop((w, u, tinv));
-    let mut y = pool::take::<bf16>(FAMILY, b * t * h * dv)?;
+    let mut y = match table {
+        Some(c) => c.output::<bf16>(b * t * h * dv, h * dv)?,
+        None => pool::take::<bf16>(FAMILY, b * t * h * dv)?,
+    };
     let (f, cfg) = out.function()?;
     let vnv = vn.slice(0..vn.len());
     output::run_direct(
@@ -524,13 +555,13 @@ fn run_delta_bf16(
         cfg,
         [&qv, &kv, &vnv],
         (&gv, has_g),
-        (&hs, None),
+        (&hs, table),
         s,
         ll.scale,
         s0.is_some(),
         &mut y,
     )?;
-    let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
+    let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[rows, h, dv, dk])).transpose()?;
     Ok((AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?), fin))
 }
 

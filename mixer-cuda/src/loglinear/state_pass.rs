@@ -46,7 +46,8 @@ use mixer_core::{Precision, Result};
 use serde::Serialize;
 
 use super::common::{
-    Device, Elem, FAMILY, Launch, Shape, Step, Storage, fixed_dims, kernel_ints, tensor_cores, unexpected,
+    ChunkTable, Device, Elem, FAMILY, Launch, Shape, Step, Storage, fixed_dims, kernel_ints, tensor_cores,
+    unexpected,
 };
 use super::output;
 use crate::kernels;
@@ -400,7 +401,8 @@ pub(crate) fn state_io<'a, S: DeviceScalar>(
     Ok((super::common::view_or_zero(s0, zero), fin))
 }
 
-/// Runs `plan` (from [`launches`] for `pass`) on `x`.
+/// Runs `plan` (from [`launches`] for `pass`) on `x`; with a chunk `table` (a packed batch, the
+/// register passes only) over the table's chunks, a block row per (sequence, head).
 pub(crate) fn run<T: DeviceScalar, S: DeviceScalar>(
     pass: StatePass,
     plan: &[Launch],
@@ -408,6 +410,7 @@ pub(crate) fn run<T: DeviceScalar, S: DeviceScalar>(
     s: Shape,
     elem: Elem,
     lifted: bool,
+    table: Option<&ChunkTable>,
 ) -> Result<()> {
     let PassData { k, g: (g, has_g), w, u, vn, hs, s0: (s0, has_s0), fin } = x;
     if (has_s0 != 0 || fin.is_some()) && lifted {
@@ -423,8 +426,17 @@ pub(crate) fn run<T: DeviceScalar, S: DeviceScalar>(
         Some(f) => f,
         None => unused.insert(pool::take::<S>(FAMILY, 1)?),
     };
-    let nc = s.chunks(elem.chunk());
+    let registers = matches!(pass, StatePass::Registers { .. } | StatePass::Bf16Registers { .. });
+    if table.is_some() && !registers {
+        return Err(crate::runtime::err(
+            FAMILY,
+            format!("internal: a chunk table with the state pass {pass:?}"),
+        ));
+    }
+    let nc = table.map_or(s.chunks(elem.chunk()), |c| c.chunks);
     let [ti, hi, dki, dvi, nci, _] = kernel_ints([s.t, s.h, s.dk, s.dv, nc, s.bh()])?;
+    let none = pool::take::<i32>(FAMILY, 1)?;
+    let (tab, has_tab) = super::common::table_args(table, &none);
     let levels = levels(elem, lifted, s.t);
     let (lifted_i, levels_i, slots_i) = (lifted as i32, levels as i32, slots(lifted, nc) as i64);
     let gpu = gpu()?;
@@ -450,7 +462,7 @@ pub(crate) fn run<T: DeviceScalar, S: DeviceScalar>(
             }
             (Step::StatePass, StatePass::Registers { .. } | StatePass::Bf16Registers { .. }) => {
                 launch!(gpu, FAMILY, f, cfg; k, g, &has_g, &**w, &**u, &mut **vn, &mut **hs, &ti, &hi, &dki, &dvi, &nci,
-                    s0, &has_s0, &mut **st, &has_st)?
+                    s0, &has_s0, &mut **st, &has_st, &tab, &has_tab)?
             }
             (Step::StatePass, StatePass::Shared { stages, .. }) => {
                 let stages = stages as i32;

@@ -13,7 +13,9 @@
 use cudarc::driver::CudaView;
 use mixer_core::{Precision, Result};
 
-use super::common::{Elem, FAMILY, Launch, Shape, Step, fixed_dims, kernel_ints, tensor_cores};
+use super::common::{
+    ChunkTable, Elem, FAMILY, Launch, Shape, Step, fixed_dims, kernel_ints, table_args, tensor_cores,
+};
 use crate::kernels;
 use crate::pool::Pooled;
 use crate::runtime::{gpu, launch};
@@ -52,10 +54,14 @@ pub(crate) fn run<T: DeviceScalar, G: DeviceScalar>(
     [w, u]: [&mut Pooled<T>; 2],
     (tinv, want_ti): (&mut Pooled<G>, bool),
     s: Shape,
+    table: Option<&ChunkTable>,
 ) -> Result<()> {
-    let [ti, hi, dki, dvi, _, _] = kernel_ints([s.t, s.h, s.dk, s.dv, 0, 0])?;
+    let nc = table.map_or(0, |c| c.chunks);
+    let [ti, hi, dki, dvi, nci, _] = kernel_ints([s.t, s.h, s.dk, s.dv, nc, 0])?;
     let want_ti = want_ti as i32;
     let (f, cfg) = l.function()?;
+    let none = crate::pool::take::<i32>(FAMILY, 1)?;
+    let (tab, has_tab) = table_args(table, &none);
     launch!(gpu()?, FAMILY, f, cfg;
-        k, v, g, &has_g, beta, &mut **w, &mut **u, &mut **tinv, &want_ti, &ti, &hi, &dki, &dvi)
+        k, v, g, &has_g, beta, &mut **w, &mut **u, &mut **tinv, &want_ti, &ti, &hi, &dki, &dvi, &nci, &tab, &has_tab)
 }

@@ -136,7 +136,9 @@ fn device_packed_batches_refuse_what_they_cannot_run() {
 /// states: one launch sequence on the chunk table — in the tf32 and bf16 modes walking the chunks
 /// of every (sequence, head), in the exact mode the FMA states, scan and outputs (checked through
 /// the packed plan) — equals the host packed path on CUDA, which runs every sequence alone, bit
-/// for bit; and the eight sequences of [`CU`] (the table's chunk states and scan, no walk).
+/// for bit; and the eight sequences of [`CU`] (the table's chunk states and scan, no walk). Gated
+/// DeltaNet likewise where it takes the table (its register state passes: 60 sequences in the tf32
+/// and bf16 modes), sequence by sequence elsewhere.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn packed_batches_of_the_base_mixers_run_as_one_batch_and_equal_the_sequences_alone() {
@@ -155,7 +157,8 @@ fn packed_batches_of_the_base_mixers_run_as_one_batch_and_equal_the_sequences_al
     }
     let t = cu.last().unwrap() + 7;
     let device = mixer_cuda::loglinear::Device::current();
-    for name in ["linear-attention", "mamba2"] {
+    for name in ["linear-attention", "mamba2", "gated-deltanet"] {
+        let gdn = name == "gated-deltanet";
         let m = mixer(name, &serde_json::json!({})).unwrap();
         let ll = m.as_any().downcast_ref::<mixer_core::mixers::loglinear::LogLinear>().unwrap();
         let dims: Dims = [("B", 1), ("T", t), ("H", 4), ("Dk", 64), ("Dv", 64)].into_iter().collect();
@@ -173,12 +176,18 @@ fn packed_batches_of_the_base_mixers_run_as_one_batch_and_equal_the_sequences_al
             for (cu, walks) in [(&cu[..], true), (&CU[..], false)] {
                 let tt = if walks { t } else { T };
                 let x = if walks { x.clone() } else { slice_t(&x, tt) };
-                let (_, l) =
-                    mixer_cuda::loglinear::packed::launches(ll, [tt, 4, 64, 64], cu, p, storage, device)
-                        .unwrap()
-                        .expect("one launch sequence");
-                let walk = walks && p != Precision::Exact;
-                assert_eq!(l[0].function.starts_with("llc_walk_tc"), walk, "{name} {p}: {l:?}");
+                let pl =
+                    mixer_cuda::loglinear::packed::plan_packed(ll, [tt, 4, 64, 64], cu, p, storage, device)
+                        .unwrap();
+                // Gated DeltaNet takes the table with its register passes only: tf32 and bf16
+                // with many (sequence, head) rows.
+                let native = !gdn || (walks && p != Precision::Exact);
+                assert_eq!(pl.is_some(), native, "{name} {p} {} sequences", cu.len() - 1);
+                if let Some(pl) = &pl {
+                    let walk = !gdn && walks && p != Precision::Exact;
+                    let l = &pl.launches;
+                    assert_eq!(l[0].function.starts_with("llc_walk_tc"), walk, "{name} {p}: {l:?}");
+                }
                 let label = format!("{name} {p} {} sequences", cu.len() - 1);
                 let dev = upload_inputs(&x, p).unwrap();
                 let (want, _) = run_packed(m.as_ref(), &gpu, Form::Fast, &x, cu, None, false, p).unwrap();
@@ -216,9 +225,10 @@ fn packed_batches_with_wide_keys_run_the_general_output_kernel_on_the_table() {
     let p = Precision::Tf32;
     let storage = mixer_cuda::loglinear::Storage::Real(mixer_cuda::loglinear::Elem::F32);
     let device = mixer_cuda::loglinear::Device::current();
-    let (_, l) = mixer_cuda::loglinear::packed::launches(ll, [T, 2, 136, 40], &CU, p, storage, device)
+    let l = mixer_cuda::loglinear::packed::plan_packed(ll, [T, 2, 136, 40], &CU, p, storage, device)
         .unwrap()
-        .expect("one launch sequence");
+        .expect("one launch sequence")
+        .launches;
     assert_eq!(l.last().unwrap().function, "llc_out_tc_f32");
     let (want, want_f) = run_packed(m.as_ref(), &cuda(), Form::Fast, &x, &CU, Some(&s0), true, p).unwrap();
     let (dev, s0d) = (upload_inputs(&x, p).unwrap(), upload_inputs(&s0, Precision::Exact).unwrap());
