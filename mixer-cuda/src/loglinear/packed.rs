@@ -1,10 +1,10 @@
 //! Packed variable-length batches of linear attention, Mamba-2 and gated DeltaNet in one launch
-//! sequence
-//! (docs/math.md §7.2): the sequences of `cu_seqlens` (`B = 1`) run as one batch whose chunking
-//! restarts at every sequence start — a chunk table (`ChunkTable`) tells the chunk kernels
-//! (`llc_states_tc`, `llc_out_direct_tc`) each chunk's first token, length and whether it starts
-//! its sequence, and the per-(row, head) passes (`llc_scan`, `llc_walk_tc`) walk each sequence's
-//! chunks from its own row of the initial state and write its own row of the final state. Every
+//! sequence (docs/math.md §7.2): the sequences of `cu_seqlens` (`B = 1`) run as one batch whose
+//! chunking restarts at every sequence start — a chunk table ([`ChunkTable`]) tells the chunk
+//! kernels (the chunk states, the WY pieces, the outputs) each chunk's first token, length and
+//! whether it starts its sequence, and the per-(row, head) passes (the scan, the walk, gated
+//! DeltaNet's register passes) walk each sequence's chunks from its own row of the initial state
+//! and write its own row of the final state. Every
 //! chunk is the chunk a sequence run alone has, with the same operands in the same order, so the
 //! batch equals the sequences run one by one bit for bit — at the cost of one run over the total
 //! length instead of one run per sequence.
