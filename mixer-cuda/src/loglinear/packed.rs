@@ -1,6 +1,6 @@
 //! Packed variable-length batches of linear attention, Mamba-2 and gated DeltaNet in one launch
 //! sequence (docs/math.md §7.2): the sequences of `cu_seqlens` (`B = 1`) run as one batch whose
-//! chunking restarts at every sequence start — a chunk table ([`ChunkTable`]) tells the chunk
+//! chunking restarts at every sequence start — a chunk table (`ChunkTable`) tells the chunk
 //! kernels (the chunk states, the WY pieces, the outputs) each chunk's first token, length and
 //! whether it starts its sequence, and the per-(row, head) passes (the scan, the walk, gated
 //! DeltaNet's register passes) walk each sequence's chunks from its own row of the initial state
@@ -13,7 +13,7 @@
 //! attention and Mamba-2 in every mode (every output kernel without a lift — `llc_out`,
 //! `llc_out_tc`, `llc_out_direct_tc` — takes the table), gated DeltaNet where its plan takes a
 //! register state pass (`llc_delta_h_rg`, `llc_delta_h_rb`, which take it, after `llc_wy_tc`);
-//! elsewhere [`run`] says `None` and the caller runs the sequences one by one
+//! elsewhere `run` says `None` and the caller runs the sequences one by one
 //! (`crate::device_packed`).
 
 use std::borrow::Cow;
