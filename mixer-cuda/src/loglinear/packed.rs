@@ -4,10 +4,9 @@
 //! kernels (the chunk states, the WY pieces, the outputs) each chunk's first token, length and
 //! whether it starts its sequence, and the per-(row, head) passes (the scan, the walk, gated
 //! DeltaNet's register passes) walk each sequence's chunks from its own row of the initial state
-//! and write its own row of the final state. Every
-//! chunk is the chunk a sequence run alone has, with the same operands in the same order, so the
-//! batch equals the sequences run one by one bit for bit — at the cost of one run over the total
-//! length instead of one run per sequence.
+//! and write its own row of the final state. Every chunk is the chunk a sequence run alone has,
+//! with the same operands in the same order, so the batch equals the sequences run one by one bit
+//! for bit — at the cost of one run over the total length instead of one run per sequence.
 //!
 //! It serves f32 arithmetic (f32 or bf16 activations; f64 runs chunks of 32) without a lift: linear
 //! attention and Mamba-2 in every mode (every output kernel without a lift — `llc_out`,
