@@ -124,8 +124,29 @@ __device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk
     // Entry idx = (key c, value d) of H is entry (d, c) of the state S = Hᵀ (row blockIdx.y of S0, ST).
     const long long sidx = (long long)blockIdx.y * DD + (idx % Dv) * Dk + idx / Dv;
     T hcur = has_s0 ? S0[sidx] : (T)0;
-    for (int j0 = rg.jb; j0 < rg.je; j0 += LLC_SCAN_P) {
-        const int m = min(LLC_SCAN_P, rg.je - j0);  // the last group may be short
+    // Groups of LLC_SCAN_P chunks: every load of a group (states and decays) is issued before its
+    // first store, since a load after a store that the compiler cannot tell apart waits for it,
+    // and each step would then wait a full memory latency. The full groups and the short last
+    // one are separate loops: predicating the full groups' loads and stores on the group's length
+    // made the compiler serialise them (a B = 1 scan 2.5× slower), and stepping the short group
+    // one chunk at a time made a packed batch's scan, a short group per sequence, 5× slower.
+    int j0 = rg.jb;
+    for (; j0 + LLC_SCAN_P <= rg.je; j0 += LLC_SCAN_P) {
+        T z[LLC_SCAN_P], w[LLC_SCAN_P];
+#pragma unroll
+        for (int p = 0; p < LLC_SCAN_P; ++p) {
+            z[p] = f[(long long)(j0 + p) * DD];
+            w[p] = mx_exp((T)a[j0 + p]);
+        }
+        asm volatile("" ::: "memory");
+#pragma unroll
+        for (int p = 0; p < LLC_SCAN_P; ++p) {
+            f[(long long)(j0 + p) * DD] = hcur;
+            hcur = fma(w[p], hcur, z[p]);
+        }
+    }
+    const int m = rg.je - j0;  // the short last group, 0 ≤ m < LLC_SCAN_P
+    if (m > 0) {
         T z[LLC_SCAN_P], w[LLC_SCAN_P];
 #pragma unroll
         for (int p = 0; p < LLC_SCAN_P; ++p) {
@@ -134,10 +155,6 @@ __device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk
                 w[p] = mx_exp((T)a[j0 + p]);
             }
         }
-        // Every load of the group (states and decays) is issued before the first store: a load
-        // after a store that the compiler cannot tell apart waits for it, and each step would
-        // then wait a full memory latency (a short last group stepped one chunk at a time made
-        // a packed batch's scan, with a short group per sequence, five times slower).
         asm volatile("" ::: "memory");
 #pragma unroll
         for (int p = 0; p < LLC_SCAN_P; ++p) {

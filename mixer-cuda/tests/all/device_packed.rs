@@ -16,7 +16,7 @@ use mixer_registry::packed::{backward_packed, run_packed};
 use mixer_registry::run::bf16_activations;
 use ndarray::{ArrayD, Axis, Slice};
 
-use crate::common::{cuda, gpu};
+use crate::common::{cpu, cuda, gpu};
 
 /// Sequences of 0, 1, 2, 63, 64, 65, 68 and 37 tokens, then 10 rows past the last offset.
 const CU: [usize; 9] = [0, 0, 1, 3, 66, 130, 195, 263, 300];
@@ -24,6 +24,12 @@ const T: usize = 310;
 
 fn down(t: &DeviceTensors) -> Tensors<f32> {
     t.iter().map(|(k, v)| (k.clone(), download_as::<f32>(v).expect("download"))).collect()
+}
+
+/// `max |a − b| / max |b|`.
+fn max_rel(a: &ArrayD<f32>, b: &ArrayD<f32>) -> f64 {
+    let scale = b.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs())).max(1e-30);
+    a.iter().zip(b).fold(0f64, |m, (&x, &y)| m.max((f64::from(x) - f64::from(y)).abs())) / scale
 }
 
 fn tail_is_zero(y: &ArrayD<f32>, what: &str) {
@@ -179,9 +185,9 @@ fn packed_batches_of_the_base_mixers_run_as_one_batch_and_equal_the_sequences_al
                 let pl =
                     mixer_cuda::loglinear::packed::plan_packed(ll, [tt, 4, 64, 64], cu, p, storage, device)
                         .unwrap();
-                // Gated DeltaNet takes the table with its register passes only: tf32 and bf16
-                // with many (sequence, head) rows.
-                let native = !gdn || (walks && p != Precision::Exact);
+                // Gated DeltaNet takes the table with its register passes only: the bf16 one, and
+                // the tf32 one where there are many (sequence, head) rows.
+                let native = !gdn || p == Precision::Bf16 || (walks && p == Precision::Tf32);
                 assert_eq!(pl.is_some(), native, "{name} {p} {} sequences", cu.len() - 1);
                 if let Some(pl) = &pl {
                     let walk = !gdn && walks && p != Precision::Exact;
@@ -192,7 +198,24 @@ fn packed_batches_of_the_base_mixers_run_as_one_batch_and_equal_the_sequences_al
                 let dev = upload_inputs(&x, p).unwrap();
                 let (want, _) = run_packed(m.as_ref(), &gpu, Form::Fast, &x, cu, None, false, p).unwrap();
                 let (y, _) = run_device_packed(m.as_ref(), &dev, cu, None, false, p, true).unwrap();
-                assert_eq!(download_as::<f32>(&y).unwrap(), want, "{label}: y");
+                let y = download_as::<f32>(&y).unwrap();
+                // Gated DeltaNet's sequences alone take the shared-memory state pass in the tf32
+                // mode (too few rows for the register pass the table takes): other roundings, so
+                // the two are compared within the mode's tolerance, and both with the CPU.
+                if gdn && walks && p == Precision::Tf32 {
+                    let (cpu_y, _) =
+                        run_packed(m.as_ref(), &cpu(), Form::Fast, &x, cu, None, false, p).unwrap();
+                    for (other, what) in [(&want, "the sequences alone"), (&cpu_y, "the CPU")] {
+                        let err = max_rel(&y, other);
+                        eprintln!("{label}: y against {what}: max error {err:.3e} of the largest entry");
+                        assert!(
+                            err <= 5e-3,
+                            "{label}: y against {what}: max error {err:.3e} of the largest entry"
+                        );
+                    }
+                } else {
+                    assert_eq!(y, want, "{label}: y");
+                }
                 if !walks {
                     continue;
                 }
@@ -200,9 +223,21 @@ fn packed_batches_of_the_base_mixers_run_as_one_batch_and_equal_the_sequences_al
                     run_packed(m.as_ref(), &gpu, Form::Fast, &x, cu, Some(&s0), true, p).unwrap();
                 let (y, fin) = run_device_packed(m.as_ref(), &dev, cu, Some(&s0d), true, p, true).unwrap();
                 let y = download_as::<f32>(&y).unwrap();
-                assert_eq!(y, want, "{label} from states: y");
+                if gdn && p == Precision::Tf32 {
+                    let err = max_rel(&y, &want);
+                    eprintln!("{label} from states: y max error {err:.3e} of the largest entry");
+                    assert!(err <= 5e-3, "{label} from states: y max error {err:.3e} of the largest entry");
+                } else {
+                    assert_eq!(y, want, "{label} from states: y");
+                }
                 assert!(y.slice_axis(Axis(1), Slice::from(cu[cu.len() - 1]..)).iter().all(|&v| v == 0.0));
-                assert_eq!(down(&fin.expect("final states")), want_f.unwrap(), "{label}: final states");
+                let (fin, want_f) = (down(&fin.expect("final states")), want_f.unwrap());
+                if gdn && p == Precision::Tf32 {
+                    let err = max_rel(&fin["S"], &want_f["S"]);
+                    assert!(err <= 5e-3, "{label}: final states: max error {err:.3e} of the largest entry");
+                } else {
+                    assert_eq!(fin, want_f, "{label}: final states");
+                }
             }
         }
     }
