@@ -14,7 +14,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use mixer_core::Result;
 
 use crate::pool::{self, Pooled};
-use crate::runtime::{err, gpu};
+use crate::runtime::{StreamKey, count_sync, err, gpu};
 use crate::tensor::GpuReal;
 
 /// The transform a plan computes.
@@ -28,10 +28,16 @@ enum Kind {
     Complex,
 }
 
-/// Cached cuFFT plans, keyed by (n, batch, kind, f64), with the handle of the stream each is
-/// set to (a plan runs on the calling thread's stream: it is moved there when that differs).
-static PLANS: LazyLock<Mutex<HashMap<(usize, usize, Kind, bool), (CudaFft, usize)>>> =
+/// Cached cuFFT plans, keyed by (stream, n, batch, kind, f64). A plan's work area is its own,
+/// so two streams never share a plan: transforms in flight on two streams at once would write
+/// the same work area. At most [`MAX_PLANS`] are kept: when full, the device is waited for and
+/// all are dropped (plans of streams that no longer run work would otherwise pile up).
+#[allow(clippy::type_complexity)]
+static PLANS: LazyLock<Mutex<HashMap<(StreamKey, usize, usize, Kind, bool), CudaFft>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// Plans kept at most.
+const MAX_PLANS: usize = 64;
 
 /// A scalar with cuFFT real transforms.
 pub trait FftReal: GpuReal {
@@ -126,10 +132,14 @@ fn with_plan<F: FftReal, R>(
     let ni = i32::try_from(n).map_err(|_| err(kernel, format!("FFT size {n} exceeds i32")))?;
     let bi = i32::try_from(batch).map_err(|_| err(kernel, format!("FFT batch {batch} exceeds i32")))?;
     let mut cache = PLANS.lock().map_err(|_| err(kernel, "FFT plan cache poisoned"))?;
-    let key = (n, batch, kind, F::DOUBLE);
-    let stream = g.stream();
-    let here = stream.cu_stream() as usize;
-    let entry = match cache.entry(key) {
+    let key = (g.stream_key(), n, batch, kind, F::DOUBLE);
+    if cache.len() >= MAX_PLANS && !cache.contains_key(&key) {
+        // Transforms may still be in flight on the plans' work areas.
+        g.ctx.synchronize().map_err(|e| err(kernel, format!("waiting for the device: {e}")))?;
+        count_sync();
+        cache.clear();
+    }
+    let plan = match cache.entry(key) {
         std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
         std::collections::hash_map::Entry::Vacant(v) => {
             let ty = match kind {
@@ -137,19 +147,11 @@ fn with_plan<F: FftReal, R>(
                 Kind::Inverse => F::INV,
                 Kind::Complex => F::CPLX,
             };
-            let plan = CudaFft::plan_1d(ni, ty, bi, stream.clone())
+            let plan = CudaFft::plan_1d(ni, ty, bi, g.stream())
                 .map_err(|e| err(kernel, format!("cuFFT plan (n = {n}, batch = {batch}, {ty:?}): {e}")))?;
-            v.insert((plan, here))
+            v.insert(plan)
         }
     };
-    let (plan, on) = (&mut entry.0, &mut entry.1);
-    if *on != here {
-        // SAFETY: the plan is used under the cache's lock only, and the stream outlives the call
-        // that lent it (`runtime::on_stream`); the next call on another stream moves it again.
-        unsafe { plan.set_stream(stream) }
-            .map_err(|e| err(kernel, format!("cuFFT: moving a plan to the calling stream: {e}")))?;
-        *on = here;
-    }
     f(plan).map_err(|e| err(kernel, format!("cuFFT execution (n = {n}, batch = {batch}): {e}")))
 }
 

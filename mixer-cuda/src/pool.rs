@@ -24,10 +24,10 @@ use std::sync::{Arc, LazyLock, Mutex};
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use mixer_core::Result;
 
-use crate::runtime::{err, gpu};
+use crate::runtime::{StreamKey, err, gpu};
 
-/// A free list: (stream handle, element type, bucket length).
-type Key = (usize, TypeId, usize);
+/// A free list: (stream, element type, bucket length).
+type Key = (StreamKey, TypeId, usize);
 
 /// A caller's device allocator: `bytes` → the device address of at least that many bytes
 /// (aligned to 256 bytes), and its owner, which keeps the memory allocated until it is dropped.
@@ -106,15 +106,10 @@ pub struct Pooled<T: DeviceRepr + 'static> {
 
 /// Where a buffer goes when it is dropped.
 enum Home {
-    /// The free list of this stream (handle).
-    Pool(usize),
+    /// The free list of this stream.
+    Pool(StreamKey),
     /// Memory someone else owns: cudarc's handle is forgotten, the owner dropped.
     External(Box<dyn Any + Send + Sync>),
-}
-
-/// The handle of a stream, as a key.
-fn stream_key(s: &cudarc::driver::CudaStream) -> usize {
-    s.cu_stream() as usize
 }
 
 impl<T: DeviceRepr + 'static> std::fmt::Debug for Pooled<T> {
@@ -202,7 +197,7 @@ pub fn take<T: DeviceRepr + 'static>(kernel: &str, n: usize) -> Result<Pooled<T>
         return external::<T>(kernel, &*alloc, n);
     }
     let len = bucket(n);
-    let stream = stream_key(&gpu()?.stream());
+    let stream = gpu()?.stream_key();
     let key = (stream, TypeId::of::<T>(), len);
     let cached =
         FREE.lock().map_err(|_| err(kernel, "device memory pool poisoned"))?.get_mut(&key).and_then(Vec::pop);

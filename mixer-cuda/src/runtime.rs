@@ -44,6 +44,8 @@ pub struct Gpu {
     pub ordinal: usize,
     /// The backend's own stream: where work goes outside [`on_stream`] ([`Gpu::stream`]).
     own_stream: Arc<CudaStream>,
+    /// Its identity ([`StreamKey`]).
+    own_key: StreamKey,
     /// Compute capability `(major, minor)`.
     pub cc: (i32, i32),
     /// Device name.
@@ -158,6 +160,7 @@ fn create() -> std::result::Result<Gpu, String> {
     // buffer (and no view of a caller's memory) creates events that would never be used.
     unsafe { ctx.disable_event_tracking() };
     let own_stream = ctx.default_stream();
+    let own_key = StreamKey::of(&own_stream);
     let optin = ctx
         .attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -172,6 +175,7 @@ fn create() -> std::result::Result<Gpu, String> {
         ctx,
         ordinal,
         own_stream,
+        own_key,
         cc,
         name,
         count,
@@ -191,8 +195,45 @@ pub fn gpu() -> Result<&'static Gpu> {
 
 thread_local! {
     static SYNCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    /// The stream lent to this thread by [`on_stream`], if any.
-    static LENT: RefCell<Option<Arc<CudaStream>>> = const { RefCell::new(None) };
+    /// The stream lent to this thread by [`on_stream`], if any, and its identity.
+    static LENT: RefCell<Option<(Arc<CudaStream>, StreamKey)>> = const { RefCell::new(None) };
+}
+
+/// `CU_STREAM_PER_THREAD`: the handle that names the calling thread's per-thread default stream
+/// (candle's stream for a device made by `Device::new_cuda`), a different stream on every thread.
+const PER_THREAD_STREAM: usize = 0x2;
+
+/// The identity of a stream, for what the backend keeps per stream (the pool's free lists, cuFFT
+/// plans, uploaded tables, cached spectra): work is ordered only within one stream, so a buffer
+/// written on one stream is handed only to later work on the same one. A handle alone does not
+/// identify a stream: `CU_STREAM_PER_THREAD` is one handle for a different stream on each
+/// thread, and a destroyed stream's handle may come back for a new one. So the key is the
+/// driver's unique id of the stream (`cuStreamGetId`; the handle where the driver lacks it) and,
+/// for the per-thread handle, the calling thread.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct StreamKey {
+    id: u64,
+    thread: Option<std::thread::ThreadId>,
+}
+
+impl StreamKey {
+    /// The key of `stream` as seen from the calling thread.
+    pub fn of(stream: &CudaStream) -> StreamKey {
+        let handle = stream.cu_stream();
+        let mut id = 0u64;
+        // SAFETY: writes one integer; `handle` is a live stream of the backend's context (or a
+        // special handle, which the driver resolves). Caught: cudarc panics when the loaded
+        // driver lacks the entry point (before CUDA 12.0).
+        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+            cudarc::driver::sys::cuStreamGetId(handle, &mut id)
+        }));
+        let id = match got {
+            Ok(cudarc::driver::sys::CUresult::CUDA_SUCCESS) => id,
+            _ => (handle as u64) | (1 << 63),
+        };
+        let thread = (handle as usize == PER_THREAD_STREAM).then(|| std::thread::current().id());
+        StreamKey { id, thread }
+    }
 }
 
 /// Runs `f` with every launch, copy, memset, FFT and pooled buffer of the calling thread on
@@ -201,7 +242,8 @@ thread_local! {
 /// it; the caller orders it with its own work on that stream. Buffers taken from the pool
 /// inside are handed out again only to work on the same stream ([`crate::pool`]).
 pub fn on_stream<R>(stream: Arc<CudaStream>, f: impl FnOnce() -> R) -> R {
-    scoped(&LENT, stream, f)
+    let key = StreamKey::of(&stream);
+    scoped(&LENT, (stream, key), f)
 }
 
 /// Runs `f` with `value` in the thread-local `slot`, and puts the slot's previous value back on
@@ -284,7 +326,12 @@ impl Gpu {
     /// The stream the calling thread's work goes to: the one lent by [`on_stream`], else the
     /// backend's own.
     pub fn stream(&self) -> Arc<CudaStream> {
-        LENT.with(|l| l.borrow().clone()).unwrap_or_else(|| self.own_stream.clone())
+        LENT.with(|l| l.borrow().as_ref().map(|(s, _)| s.clone())).unwrap_or_else(|| self.own_stream.clone())
+    }
+
+    /// The identity of [`Gpu::stream`] ([`StreamKey`]).
+    pub fn stream_key(&self) -> StreamKey {
+        LENT.with(|l| l.borrow().as_ref().map(|(_, k)| *k)).unwrap_or(self.own_key)
     }
 
     /// The architecture option for this device, e.g. `sm_90`.

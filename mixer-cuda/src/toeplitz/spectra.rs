@@ -4,9 +4,10 @@
 //! depend only on `w`, `T` and the FFT size, so they are computed once and reused. The key is
 //! the tensor's identity ([`DeviceTensor::identity`]): its buffer (held weakly, so a dropped
 //! tensor — whose buffer the pool may hand out again — never matches), offset and shape, with
-//! `T` and `p`. A host-array call uploads `w` afresh, so it always computes the spectra (as
-//! the CPU's content-keyed cache would for changed taps). At most [`CAPACITY`] spectra are
-//! kept, least recently used first out.
+//! `T` and `p`, and the stream they were computed on (work on another stream is not ordered
+//! after them). A host-array call uploads `w` afresh, so it always computes the spectra (as the
+//! CPU's content-keyed cache would for changed taps). At most [`CAPACITY`] spectra are kept,
+//! least recently used first out.
 
 use std::any::Any;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
@@ -18,7 +19,7 @@ use super::common::FAMILY;
 use crate::fft::{FftReal, rfft};
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{err, gpu, grid1, int, launch};
+use crate::runtime::{StreamKey, err, gpu, grid1, int, launch};
 use crate::tensor::DeviceTensor;
 
 /// Spectra kept at most.
@@ -26,6 +27,8 @@ pub const CAPACITY: usize = 8;
 
 struct Entry<F: FftReal> {
     owner: Weak<Pooled<F>>,
+    /// The stream the spectra were computed on: work on another one is not ordered after it.
+    stream: StreamKey,
     offset: usize,
     shape: Vec<usize>,
     t: usize,
@@ -54,12 +57,18 @@ pub fn spectra<F: FftReal>(
     n: usize,
 ) -> Result<Arc<Pooled<F::C>>> {
     let (owner, offset, shape) = w.identity();
+    let stream = gpu()?.stream_key();
     let mut cache = CACHE.lock().map_err(|_| err(FAMILY, "spectrum cache poisoned"))?;
     // Entries of dropped tensors can never match again.
     cache.retain(|e| e.downcast_ref::<Entry<F>>().is_none_or(|e| e.owner.strong_count() > 0));
     let hit = cache.iter().position(|e| {
         e.downcast_ref::<Entry<F>>().is_some_and(|e| {
-            Weak::ptr_eq(&e.owner, &owner) && e.offset == offset && e.shape == shape && e.t == t && e.n == n
+            Weak::ptr_eq(&e.owner, &owner)
+                && e.stream == stream
+                && e.offset == offset
+                && e.shape == shape
+                && e.t == t
+                && e.n == n
         })
     });
     if let Some(i) = hit {
@@ -76,7 +85,7 @@ pub fn spectra<F: FftReal>(
     if cache.len() >= CAPACITY {
         cache.remove(0);
     }
-    cache.push(Box::new(Entry::<F> { owner, offset, shape, t, n, spectra: spectra.clone() }));
+    cache.push(Box::new(Entry::<F> { owner, stream, offset, shape, t, n, spectra: spectra.clone() }));
     Ok(spectra)
 }
 

@@ -22,6 +22,7 @@ mod loglinear_walk;
 mod runtime;
 mod state_grads;
 mod states_extension;
+mod streams;
 mod suite;
 mod toeplitz;
 
