@@ -300,23 +300,15 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 // Key steps after the warp's last row are skipped. Columns ≥ Dk of Q and K, rows ≥ Dk of H, tokens
 // ≥ n and value columns ≥ Dv are zero-filled by the copies. Dk only sets the length of the loops
 // over key columns, so KT changes the shared memory and not the registers.
-// TI is the activations' type (q, k, v and y): f32, or bf16 as its bits (the bf16 mode; a bf16
-// value is exact in tf32, so Q, K and V need no rounding then, and y is rounded to bf16 at the
-// store). Shared tiles are unpadded and XOR-swizzled so that every fragment load hits distinct
-// banks: f32 Q, K (r, c) at r·KT + (c ⊕ 4(r mod 8)), V (s, d) at s·64 + (d ⊕ 8(⌊s/2⌋ mod 4)); bf16
-// Q, K, V: the 8-element (16-byte) group ⌊c/8⌋ ⊕ (r mod 8) in rows of KT (Q, K) or 64 (V)
-// elements; the f32 state (c, d) at c·64 + (d ⊕ 8(c mod 4)).
+// TI is the activations' type (q, k, v and y): f32 here (rounded to tf32 as operands); bf16 (the
+// bf16 mode) in llc_out_direct_bf below. Shared tiles are unpadded and XOR-swizzled so that every
+// fragment load hits distinct banks: f32 Q, K (r, c) at r·KT + (c ⊕ 4(r mod 8)), V (s, d) at
+// s·64 + (d ⊕ 8(⌊s/2⌋ mod 4)), the f32 state (c, d) at c·64 + (d ⊕ 8(c mod 4)); bf16 Q, K, V and
+// state: the 8-element (16-byte) group ⌊c/8⌋ ⊕ (r mod 8) in rows of KT (Q, K) or 64 (V, state)
+// elements, so that the eight rows an ldmatrix reads fall in distinct banks.
 // Grid (NC, BH, ⌈Dv/64⌉), 128 threads, dynamic shared memory lld_smem<TI, KT>() bytes.
 template <typename TI, int KT>
-__device__ constexpr int lld_smem() { return (2 * KT + 64) * 64 * (int)sizeof(TI) + KT * 64 * 4; }
-// The A operand from an activation: f32 rounded to tf32; bf16 exact.
-__device__ __forceinline__ unsigned lld_a(float x) { return mx_tf32(x); }
-__device__ __forceinline__ unsigned lld_a(mx_bf16 b) { return (unsigned)b << 16; }
-// The B operand: K, V (activations) and the f32 state, rounded to tf32.
-__device__ __forceinline__ unsigned lld_b(float x) { return mx_tf32(x); }
-__device__ __forceinline__ unsigned lld_b(mx_bf16 b) { return (unsigned)b << 16; }
-__device__ __forceinline__ void lld_store(float* y, float x) { *y = x; }
-__device__ __forceinline__ void lld_store(mx_bf16* y, float x) { *y = mx_f32_bf16(x); }
+__device__ constexpr int lld_smem() { return (3 * KT + 64) * 64 * (int)sizeof(TI); }
 // Swizzled offsets: of Q and K (qk = true, rows of KT) or V (rows of 64) in a TI tile, and of the
 // f32 state.
 template <typename TI, int KT>
@@ -367,12 +359,12 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
         // o = (Q H) scaled by σ e^{γ_r} per row.
         for (int k8 = 0; k8 < DK8; ++k8) {
             const int c = k8 * 8 + tg;
-            const unsigned a0 = lld_a(Qs[atqk(r0, c)]), a1 = lld_a(Qs[atqk(r1, c)]), a2 = lld_a(Qs[atqk(r0, c + 4)]),
-                           a3 = lld_a(Qs[atqk(r1, c + 4)]);
+            const unsigned a0 = mx_tf32(Qs[atqk(r0, c)]), a1 = mx_tf32(Qs[atqk(r1, c)]), a2 = mx_tf32(Qs[atqk(r0, c + 4)]),
+                           a3 = mx_tf32(Qs[atqk(r1, c + 4)]);
 #pragma unroll
             for (int dt = 0; dt < 8; ++dt)
-                mx_mma_tf32(o[dt], a0, a1, a2, a3, lld_b(Hs[lld_h(c, dt * 8 + gi)]),
-                            lld_b(Hs[lld_h(c + 4, dt * 8 + gi)]));
+                mx_mma_tf32(o[dt], a0, a1, a2, a3, mx_tf32(Hs[lld_h(c, dt * 8 + gi)]),
+                            mx_tf32(Hs[lld_h(c + 4, dt * 8 + gi)]));
         }
         const float f0 = r0 < n ? sc * __expf((float)gam[r0]) : 0.f, f1 = r1 < n ? sc * __expf((float)gam[r1]) : 0.f;
 #pragma unroll
@@ -384,12 +376,12 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
     float s[8][4] = {};
     for (int k8 = 0; k8 < DK8; ++k8) {
         const int c = k8 * 8 + tg;
-        const unsigned a0 = lld_a(Qs[atqk(r0, c)]), a1 = lld_a(Qs[atqk(r1, c)]), a2 = lld_a(Qs[atqk(r0, c + 4)]),
-                       a3 = lld_a(Qs[atqk(r1, c + 4)]);
+        const unsigned a0 = mx_tf32(Qs[atqk(r0, c)]), a1 = mx_tf32(Qs[atqk(r1, c)]), a2 = mx_tf32(Qs[atqk(r0, c + 4)]),
+                       a3 = mx_tf32(Qs[atqk(r1, c + 4)]);
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt)
             if (nt <= 2 * w + 1)
-                mx_mma_tf32(s[nt], a0, a1, a2, a3, lld_b(Ks[atqk(nt * 8 + gi, c)]), lld_b(Ks[atqk(nt * 8 + gi, c + 4)]));
+                mx_mma_tf32(s[nt], a0, a1, a2, a3, mx_tf32(Ks[atqk(nt * 8 + gi, c)]), mx_tf32(Ks[atqk(nt * 8 + gi, c + 4)]));
     }
     // P = σ e^{γ_r − γ_s} S on s ≤ r < n, 0 elsewhere; then o += P V with the permuted key order.
     const double g0 = gam[min(r0, CH - 1)], g1 = gam[min(r1, CH - 1)];
@@ -405,28 +397,169 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
         const int k0 = nt * 8 + 2 * tg;
 #pragma unroll
         for (int dt = 0; dt < 8; ++dt)
-            mx_mma_tf32(o[dt], a0, a1, a2, a3, lld_b(Vs[atv(k0, dt * 8 + gi)]), lld_b(Vs[atv(k0 + 1, dt * 8 + gi)]));
+            mx_mma_tf32(o[dt], a0, a1, a2, a3, mx_tf32(Vs[atv(k0, dt * 8 + gi)]), mx_tf32(Vs[atv(k0 + 1, dt * 8 + gi)]));
     }
 #pragma unroll
     for (int dt = 0; dt < 8; ++dt)
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
             const int r = u < 2 ? r0 : r1, d = dt * 8 + 2 * tg + (u & 1);
-            if (r < n && d < nd) lld_store(y + (row0 + (long long)r * H) * Dv + d0 + d, o[dt][u]);
+            if (r < n && d < nd) y[(row0 + (long long)r * H) * Dv + d0 + d] = o[dt][u];
         }
 }
 
-// llc_out_direct_tc_{f32,bf16} (Dk ≤ 64) and llc_out_direct_tc_{f32,bf16}_k128 (Dk ≤ 128).
-#define LLD_EXPORT(NAME, TI, KT)                                                                              \
+// 3'''. llc_out_direct_tc's bf16 form (the bf16 mode: q, k, v and y bf16), the same outputs with
+// every product on m16n8k16 bf16 tensor cores (f32 accumulation) and every operand read by
+// ldmatrix from the swizzled tiles: Q and K as stored, V and the state transposed. The entering
+// state (f32 in global memory) is rounded to bf16 as it is staged, through registers, while Q, K
+// and V are in flight by cp.async; the scores P, rounded to bf16, are P·V's A operand straight
+// from their accumulators (keys 16j .. 16j + 15 are the n-tiles 2j and 2j + 1). Key steps after
+// the warp's last row are skipped. Rounding the state and P to bf16 instead of tf32 is within the
+// mode's tolerance (docs/design.md, precision modes). Dynamic shared memory lld_smem<mx_bf16, KT>().
+template <int KT>
+__device__ void llc_out_direct_bf(const mx_bf16* q, const mx_bf16* k, const mx_bf16* v, const float* g, int has_g,
+                                  const float* F, mx_bf16* y, int Tn, int H, int Dk, int Dv, int nc, double scale,
+                                  int read0, const int* tab, int has_tab) {
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = 64;
+    __shared__ double gam[CH], gtmp[CH];
+    extern __shared__ __align__(16) unsigned char lld_dyn[];
+    mx_bf16* Hs = reinterpret_cast<mx_bf16*>(lld_dyn);
+    mx_bf16* Qs = Hs + KT * 64;
+    mx_bf16* Ks = Qs + 64 * KT;
+    mx_bf16* Vs = Ks + 64 * KT;
+    const int i = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H, d0 = blockIdx.z * 64;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    // The row and the matrix this lane addresses in an ldmatrix x4.
+    const int lr = lane & 7, lm = lane >> 3;
+    const LlcSpan ck = llc_span(tab, has_tab, i, nc, Tn, CH);
+    const int i0 = ck.i0, n = ck.n, nd = min(64, Dv - d0);
+    const long long row0 = ((long long)b * Tn + i0) * H + h;
+    const float sc = (float)scale;
+    const bool vq = Dk % 8 == 0 && llc_al16(q) && llc_al16(k), vv = Dv % 8 == 0 && llc_al16(v),
+               vf = Dv % 4 == 0 && llc_al16(F);
+    auto atqk = [](int r, int c) { return lld_at<mx_bf16, KT>(r, c, true); };
+    auto atv = [](int r, int c) { return lld_at<mx_bf16, KT>(r, c, false); };
+    const bool state = !ck.first || read0;
+    lld_tile<64, KT>(Qs, q + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
+    asm volatile("cp.async.commit_group;\n" ::);
+    lld_tile<64, KT>(Ks, k + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
+    lld_tile<64, 64>(Vs, v + row0 * Dv + d0, (long long)H * Dv, n, nd, vv, atv);
+    asm volatile("cp.async.commit_group;\n" ::);
+    if (state) {
+        // The state's rows c < KT (zero at c ≥ Dk), value columns d0 .. d0 + 63 (zero past Dv),
+        // four at a time: H (c, d) = F[c][d0 + d].
+        const float* Fc = F + ((long long)bh * nc + i) * Dk * Dv + d0;
+        for (int idx = tid; idx < KT * 16; idx += 128) {
+            const int c = idx >> 4, d = (idx & 15) * 4;
+            float4 x = {0.f, 0.f, 0.f, 0.f};
+            if (c < Dk && d < nd) {
+                const float* src = Fc + (long long)c * Dv + d;
+                if (vf)
+                    x = *reinterpret_cast<const float4*>(src);
+                else
+                    x = {src[0], d + 1 < nd ? src[1] : 0.f, d + 2 < nd ? src[2] : 0.f, d + 3 < nd ? src[3] : 0.f};
+            }
+            *reinterpret_cast<uint2*>(Hs + atv(c, d)) = make_uint2(mx_pack_bf16(x.x, x.y), mx_pack_bf16(x.z, x.w));
+        }
+    }
+    llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);  // ends with a barrier
+    const int r0 = w * 16 + gi, r1 = r0 + 8, DK16 = (Dk + 15) / 16;
+    // The A fragment of the warp's 16 rows of Q at key columns 16kk .. 16kk + 15.
+    auto qfrag = [&](unsigned (&a)[4], int kk) {
+        mx_ldsm_x4(a, smem_u32(Qs + atqk(w * 16 + lr + 8 * (lm & 1), kk * 16 + 8 * (lm >> 1))));
+    };
+    // c[2j], c[2j + 1] += a · B over the rows 16kk .. 16kk + 15 of a row-major tile X (V or the
+    // state) and its columns 16j .. 16j + 15, j < 4: the B fragments by ldmatrix.trans.
+    auto times_rows = [&](float (&c)[8][4], const unsigned (&a)[4], const mx_bf16* X, int kk) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            unsigned bb[4];
+            mx_ldsm_x4_t(bb, smem_u32(X + atv(kk * 16 + lr + 8 * (lm & 1), j * 16 + 8 * (lm >> 1))));
+            mx_mma_bf16(c[2 * j], a[0], a[1], a[2], a[3], bb[0], bb[1]);
+            mx_mma_bf16(c[2 * j + 1], a[0], a[1], a[2], a[3], bb[2], bb[3]);
+        }
+    };
+    float o[8][4] = {};
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+    __syncthreads();
+    if (state) {
+        // o = (Q H) scaled by σ e^{γ_r} per row.
+        for (int kk = 0; kk < DK16; ++kk) {
+            unsigned a[4];
+            qfrag(a, kk);
+            times_rows(o, a, Hs, kk);
+        }
+        const float f0 = r0 < n ? sc * __expf((float)gam[r0]) : 0.f, f1 = r1 < n ? sc * __expf((float)gam[r1]) : 0.f;
+#pragma unroll
+        for (int dt = 0; dt < 8; ++dt) o[dt][0] *= f0, o[dt][1] *= f0, o[dt][2] *= f1, o[dt][3] *= f1;
+    }
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+    // Scores of the warp's rows against keys 0 .. 16w + 15 (key blocks j ≤ w): the B fragments
+    // of K's rows 16j .. 16j + 15 as stored (ldmatrix matrices: rows +0/+8 by lm / 2, columns
+    // +0/+8 by lm mod 2).
+    float s[8][4] = {};
+    for (int kk = 0; kk < DK16; ++kk) {
+        unsigned a[4];
+        qfrag(a, kk);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if (j > w) continue;
+            unsigned bb[4];
+            mx_ldsm_x4(bb, smem_u32(Ks + atqk(j * 16 + lr + 8 * (lm >> 1), kk * 16 + 8 * (lm & 1))));
+            mx_mma_bf16(s[2 * j], a[0], a[1], a[2], a[3], bb[0], bb[1]);
+            mx_mma_bf16(s[2 * j + 1], a[0], a[1], a[2], a[3], bb[2], bb[3]);
+        }
+    }
+    // P = σ e^{γ_r − γ_s} S on s ≤ r < n, 0 elsewhere; then o += P V, key block by key block.
+    const double g0 = gam[min(r0, CH - 1)], g1 = gam[min(r1, CH - 1)];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        if (j > w) continue;
+#pragma unroll
+        for (int nt = 2 * j; nt < 2 * j + 2; ++nt)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int r = u < 2 ? r0 : r1, ss = nt * 8 + 2 * tg + (u & 1);
+                s[nt][u] = (ss <= r && r < n) ? sc * s[nt][u] * __expf((float)((u < 2 ? g0 : g1) - gam[ss])) : 0.f;
+            }
+        const unsigned a[4] = {mx_pack_bf16(s[2 * j][0], s[2 * j][1]), mx_pack_bf16(s[2 * j][2], s[2 * j][3]),
+                               mx_pack_bf16(s[2 * j + 1][0], s[2 * j + 1][1]),
+                               mx_pack_bf16(s[2 * j + 1][2], s[2 * j + 1][3])};
+        times_rows(o, a, Vs, j);
+    }
+    // y, two columns at a time where both are inside Dv and the pair is 4-byte aligned.
+    const bool pairs = Dv % 2 == 0 && llc_al16(y);
+#pragma unroll
+    for (int dt = 0; dt < 8; ++dt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int r = half ? r1 : r0, d = dt * 8 + 2 * tg;
+            if (r >= n || d >= nd) continue;
+            mx_bf16* dst = y + (row0 + (long long)r * H) * Dv + d0 + d;
+            const float lo = o[dt][2 * half], hi = o[dt][2 * half + 1];
+            if (pairs) {
+                *reinterpret_cast<unsigned*>(dst) = mx_pack_bf16(lo, hi);
+            } else {
+                dst[0] = mx_f32_bf16(lo);
+                if (d + 1 < nd) dst[1] = mx_f32_bf16(hi);
+            }
+        }
+}
+
+// llc_out_direct_tc_f32 (Dk ≤ 64) and llc_out_direct_tc_f32_k128 (Dk ≤ 128); the bf16 mode's
+// llc_out_direct_tc_bf16 and llc_out_direct_tc_bf16_k128.
+#define LLD_EXPORT(NAME, TI, BODY)                                                                            \
     extern "C" __global__ void __launch_bounds__(128)                                                        \
         NAME(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const float* F, TI* y, int Tn, \
              int H, int Dk, int Dv, int nc, double scale, int read0, const int* tab, int has_tab) {           \
-        llc_out_direct_tc<TI, KT>(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale, read0, tab, has_tab);   \
+        BODY(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale, read0, tab, has_tab);                        \
     }
-LLD_EXPORT(llc_out_direct_tc_f32, float, 64)
-LLD_EXPORT(llc_out_direct_tc_bf16, mx_bf16, 64)
-LLD_EXPORT(llc_out_direct_tc_f32_k128, float, 128)
-LLD_EXPORT(llc_out_direct_tc_bf16_k128, mx_bf16, 128)
+LLD_EXPORT(llc_out_direct_tc_f32, float, (llc_out_direct_tc<float, 64>))
+LLD_EXPORT(llc_out_direct_tc_f32_k128, float, (llc_out_direct_tc<float, 128>))
+LLD_EXPORT(llc_out_direct_tc_bf16, mx_bf16, llc_out_direct_bf<64>)
+LLD_EXPORT(llc_out_direct_tc_bf16_k128, mx_bf16, llc_out_direct_bf<128>)
 
 // 6. Outputs of gated DeltaNet's lift, chunk i, a tile of 64 value columns (docs/math.md §2.6):
 // P = σ QKᵀ ⊙ Γ (s ≤ r); the intra-chunk coefficients A = P T⁻¹ diag(β), weighted λ_r^(ℓ(r,s)), give

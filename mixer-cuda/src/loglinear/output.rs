@@ -10,8 +10,9 @@
 //!   (`direct`, without a lift). Reading one state per chunk with tensor cores and `Dk ≤ 128`
 //!   (where its shared memory fits the device, [`direct_fits`]), it is `llc_out_direct_tc`: a block
 //!   copies its four tiles (Q, K, V, the state) into shared memory at once and keeps the scores in
-//!   registers as the A operand of `P·V`; its bf16 form reads `q`, `k`, `v` as stored and writes
-//!   a bf16 `y`. Its `_k128` kernels hold 128 key columns (`64 < Dk ≤ 128`).
+//!   registers as the A operand of `P·V`; its bf16 form reads `q`, `k`, `v` as stored, computes
+//!   every product on bf16 tensor cores (the state rounded to bf16 as it is staged) and writes a
+//!   bf16 `y`. Its `_k128` kernels hold 128 key columns (`64 < Dk ≤ 128`).
 //! - Gated DeltaNet's lift: `llc_out_dl` (or `llc_out_dl_tc`), the λ-weighted intra coefficients
 //!   `P T⁻¹ diag(β)` with `P = σ QKᵀ ⊙ Γ`, and every level state entering the chunk read with the
 //!   carried queries `Q̃ = σ diag(e^γ) Q − P W`.
@@ -48,10 +49,11 @@ fn direct_columns(dk: usize) -> Option<usize> {
 }
 
 /// Dynamic shared memory of `llc_out_direct_tc` with `kt` key columns for activations of `bytes`
-/// bytes: the Q, K tiles `[64][kt]`, the V tile `[64][64]` and the f32 state tile `[kt][64]`
-/// (`lld_smem` in the kernel).
+/// bytes: the Q, K tiles `[64][kt]`, the V tile `[64][64]` and the state tile `[kt][64]`, all in
+/// the activations' type (the bf16 kernel rounds the state to bf16 as it stages it; `lld_smem` in
+/// the kernel): 56 KiB in bf16 at `kt = 128`, 112 KiB in f32.
 fn direct_smem(kt: usize, bytes: usize) -> usize {
-    (2 * kt + 64) * 64 * bytes + kt * 64 * 4
+    (3 * kt + 64) * 64 * bytes
 }
 
 /// Whether `llc_out_direct_tc` serves `dk` with activations of `bytes` bytes on `device`:

@@ -512,27 +512,21 @@ fn bf16_and_tf32(m: &dyn mixer_core::Mixer, x: &Tensors<f32>) -> (ArrayD<mixer_c
     (yb, differ)
 }
 
-/// The bf16 mode of Mamba-2, linear attention and gated DeltaNet without a lift equals the tf32
-/// mode on the same values with its output rounded to bf16, bit for bit (bf16 values are exact in
-/// tf32), where it runs the tf32 kernels: Mamba-2 and linear attention with `Dk ≤ 128` read the
-/// bf16 activations as stored and write a bf16 `y` (tiles of 64 or 128 key columns); otherwise the activations are converted and
-/// the f32 kernels run (gated DeltaNet's sequential pass then takes k's bits without rounding
-/// them). Gated DeltaNet with `Dk ≤ 128` and head dims multiples of 8 runs on bf16 operands instead
-/// (`gated_deltanet_bf16_operands_…` below).
+/// Where the bf16 mode has no bf16 kernels it converts the activations and runs the f32 kernels,
+/// so it equals the tf32 mode on the same values with its output rounded to bf16, bit for bit
+/// (bf16 values are exact in tf32): Mamba-2 and linear attention with `Dk > 128`, gated DeltaNet
+/// with head dims that are not multiples of 8 (its sequential pass then takes k's bits without
+/// rounding them). With `Dk ≤ 128` (and, for gated DeltaNet, multiples of 8) the mode runs on bf16
+/// operands instead (`bf16_operands_…` below).
 #[test]
 #[ignore = "needs a CUDA device"]
-fn loglinear_bf16_mode_equals_tf32_on_the_same_values() {
+fn loglinear_bf16_mode_equals_tf32_on_the_same_values_where_it_converts() {
     let Some(_turn) = gpu() else {
         return;
     };
     for (name, d, t) in [
-        ("mamba2", 64, 1000),
-        ("mamba2", 5, 130),
-        ("linear-attention", 16, 333),
-        ("mamba2", 70, 129),
-        ("mamba2", 128, 700),
-        ("linear-attention", 100, 333),
         ("mamba2", 130, 129),
+        ("linear-attention", 136, 200),
         ("gated-deltanet", 70, 129),
         ("gated-deltanet", 20, 300),
     ] {
@@ -547,32 +541,13 @@ fn loglinear_bf16_mode_equals_tf32_on_the_same_values() {
     }
 }
 
-/// Gated DeltaNet's bf16 mode on bf16 operands (`Dk ≤ 128`, head dims multiples of 8: the WY
-/// kernel, the sequential pass with the state in registers and bf16 mma, the bf16 output kernel)
-/// at key dims 8 to 128 (one to eight 16-key steps, odd counts at 40 and 72, the output kernel's
-/// 128-column tiles from 72 on), value dims that leave a
-/// block's last warp partly or wholly past `Dv` (24, 72), one and two warps per block (as the host
-/// picks them) and T that is not a chunk multiple: within 10⁻² relative RMS of the f64 oracle on the same bf16 values
-/// (the mode's tolerance is 2·10⁻²), and not bit-equal to the tf32 mode's output rounded to bf16
-/// (so the bf16 kernels ran, not the converted f32 path).
-#[test]
-#[ignore = "needs a CUDA device"]
-fn gated_deltanet_bf16_operands_within_tolerance_at_every_shape() {
-    let Some(_turn) = gpu() else {
-        return;
-    };
-    let m = mixer("gated-deltanet", &serde_json::json!({})).unwrap();
-    for (batch, heads, dk, dv, t) in [
-        (2, 3, 64, 64, 515),
-        (1, 5, 40, 24, 200),
-        (3, 2, 8, 16, 65),
-        (1, 1, 64, 64, 1),
-        (2, 4, 16, 72, 130),
-        // Dk above 64: the output kernel's tiles of 128 key columns.
-        (2, 3, 128, 128, 515),
-        (1, 2, 96, 40, 200),
-        (1, 3, 72, 64, 130),
-    ] {
+/// `m`'s bf16 mode on bf16 operands at each (batch, heads, Dk, Dv, T) of `shapes`: within 10⁻²
+/// relative RMS of the f64 oracle on the same bf16 values (the mode's tolerance is 2·10⁻²), and
+/// not bit-equal to the tf32 mode's output rounded to bf16 (so the bf16 kernels ran, not the
+/// converted f32 path).
+fn bf16_operands_within_tolerance(name: &str, shapes: &[(usize, usize, usize, usize, usize)]) {
+    let m = mixer(name, &serde_json::json!({})).unwrap();
+    for &(batch, heads, dk, dv, t) in shapes {
         let dims = complete_dims(m.as_ref(), &Sizes { batch, seq: t, channels: 1, heads, dk, dv }.dims());
         let x = bf16_activations(&cast_tensors::<f32>(&m.random_inputs(&dims, 23).unwrap()));
         let x64: Tensors<f64> = x.iter().map(|(k, v)| (k.clone(), v.mapv(f64::from))).collect();
@@ -580,13 +555,69 @@ fn gated_deltanet_bf16_operands_within_tolerance_at_every_shape() {
         let (yb, differ) = bf16_and_tf32(m.as_ref(), &x);
         let err = rel_rms(&yb.mapv(|v| f64::from(v.to_f32())), &want);
         println!(
-            "PRECISION gated-deltanet bf16 B={batch} H={heads} Dk={dk} Dv={dv} T={t}: rel RMS {err:.2e}, \
+            "PRECISION {name} bf16 B={batch} H={heads} Dk={dk} Dv={dv} T={t}: rel RMS {err:.2e}, \
              {differ} of {} entries differ from tf32",
             yb.len()
         );
-        assert!(err <= 1e-2, "Dk = {dk}, Dv = {dv}, T = {t}: {err:.3e}");
-        assert!(differ > 0, "Dk = {dk}, Dv = {dv}, T = {t}: bit-equal to the tf32 path");
+        assert!(err <= 1e-2, "{name} Dk = {dk}, Dv = {dv}, T = {t}: {err:.3e}");
+        assert!(differ > 0, "{name} Dk = {dk}, Dv = {dv}, T = {t}: bit-equal to the tf32 path");
     }
+}
+
+/// Mamba-2 and linear attention in the bf16 mode with `Dk ≤ 128` (the states on tensor cores, the
+/// bf16 output kernel: bf16 mma on Q, K, V, the state and the scores rounded to bf16) at key dims
+/// 5 to 128 (one 16-key step, a partial one at 5 and 70, the 128-column tiles from 70 on), value
+/// dims that leave a value tile partly filled (40, 72, 100), T from one token to several chunks,
+/// none a multiple of 64 but one.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn scalar_decay_bf16_operands_within_tolerance_at_every_shape() {
+    let Some(_turn) = gpu() else {
+        return;
+    };
+    bf16_operands_within_tolerance(
+        "mamba2",
+        &[
+            (2, 3, 64, 64, 1000),
+            (1, 2, 5, 5, 130),
+            (2, 3, 70, 70, 129),
+            (2, 3, 128, 128, 700),
+            (1, 2, 96, 40, 200),
+            (1, 2, 64, 72, 3),
+        ],
+    );
+    bf16_operands_within_tolerance(
+        "linear-attention",
+        &[(2, 3, 16, 16, 333), (2, 3, 100, 100, 333), (1, 4, 128, 64, 128)],
+    );
+}
+
+/// Gated DeltaNet's bf16 mode on bf16 operands (`Dk ≤ 128`, head dims multiples of 8: the WY
+/// kernel, the sequential pass with the state in registers and bf16 mma, the bf16 output kernel)
+/// at key dims 8 to 128 (one to eight 16-key steps, odd counts at 40 and 72, the output kernel's
+/// 128-column tiles from 72 on), value dims that leave a block's last warp partly or wholly past
+/// `Dv` (24, 72), one and two warps per block (as the host picks them) and T that is not a chunk
+/// multiple.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn gated_deltanet_bf16_operands_within_tolerance_at_every_shape() {
+    let Some(_turn) = gpu() else {
+        return;
+    };
+    bf16_operands_within_tolerance(
+        "gated-deltanet",
+        &[
+            (2, 3, 64, 64, 515),
+            (1, 5, 40, 24, 200),
+            (3, 2, 8, 16, 65),
+            (1, 1, 64, 64, 1),
+            (2, 4, 16, 72, 130),
+            // Dk above 64: the output kernel's tiles of 128 key columns.
+            (2, 3, 128, 128, 515),
+            (1, 2, 96, 40, 200),
+            (1, 3, 72, 64, 130),
+        ],
+    );
 }
 
 #[test]
