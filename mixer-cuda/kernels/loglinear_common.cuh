@@ -255,9 +255,10 @@ __device__ __forceinline__ void llc_cp_async16(void* dst, const void* src, int v
 // A packed batch's chunk table (B = 1, sequences packed along T; docs/math.md §7.2): every chunk
 // lies inside one sequence, which restarts the chunking. For NC chunks and NS sequences,
 // tab[j] = the first token of chunk j, tab[NC + j] = its length, plus 1 << 16 where it is its
-// sequence's first chunk, and tab[2·NC + s] = the first chunk of sequence s (s ≤ NS; chunk
-// indices run over all sequences in order). has_tab = 0: no table, chunk j holds tokens
-// CH·j .. CH·j + CH − 1 of every batch row, and only chunk 0 is first.
+// sequence's first chunk, tab[2·NC + s] = the first chunk of sequence s (s ≤ NS; chunk indices run
+// over all sequences in order), and tab[2·NC + NS + 1 + k] = the sequence with the k-th most
+// chunks (ties in order). has_tab = 0: no table, chunk j holds tokens CH·j .. CH·j + CH − 1 of
+// every batch row, and only chunk 0 is first.
 struct LlcSpan {
     int i0, n;
     bool first;
@@ -267,16 +268,21 @@ __device__ __forceinline__ LlcSpan llc_span(const int* tab, int has_tab, int j, 
     const int m = tab[nc + j];
     return {tab[j], m & 0xffff, (m >> 16) != 0};
 }
-// The chunks [jb, je) a per-(row, head) pass walks: every chunk of batch row b (no table, bh = b·H + h
-// the state's row), or sequence s's chunks (a table; row = s·H + h is the state's row, and the
-// chunk states of head h are those of batch row 0).
+// The chunks [jb, je) the per-(row, head) pass of launch row `row` (of NS·H with a table) walks,
+// and the state's row it reads and writes (S0, ST): without a table every chunk of batch row b,
+// row = bh = b·H + h; with one, sequence s's chunks, the state's row s·H + h (and the chunk states
+// of head h are those of batch row 0), where s is the sequence with the (row / H)-th most chunks:
+// blocks start in launch order and each walks its sequence's chunks one after the other, so the
+// longest walks start first and the short ones fill in behind them (with the sequences in order,
+// a long one started last would run alone at the end: a packed batch's scan took 3.6× the time of
+// one sequence's on the H200).
 struct LlcRange {
-    int bh, jb, je;
+    int bh, jb, je, row;
 };
-__device__ __forceinline__ LlcRange llc_range(const int* tab, int has_tab, int row, int H, int nc) {
-    if (!has_tab) return {row, 0, nc};
-    const int s = row / H;
-    return {row % H, tab[2 * nc + s], tab[2 * nc + s + 1]};
+__device__ __forceinline__ LlcRange llc_range(const int* tab, int has_tab, int row, int H, int nc, int ns) {
+    if (!has_tab) return {row, 0, nc, row};
+    const int s = tab[2 * nc + ns + 1 + row / H], h = row % H;
+    return {h, tab[2 * nc + s], tab[2 * nc + s + 1], s * H + h};
 }
 
 // Copies rows [0, nrows) × columns [0, ncols) of a tile whose row r starts at src + r·rs into the

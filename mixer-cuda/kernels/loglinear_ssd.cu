@@ -117,12 +117,12 @@ __device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk
     LLC_FIX_DIMS(Dk, Dv);
     const long long DD = (long long)Dk * Dv;
     const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
-    const LlcRange rg = llc_range(tab, has_tab, blockIdx.y, H, nc);
+    const LlcRange rg = llc_range(tab, has_tab, blockIdx.y, H, nc, gridDim.y / H);
     if (idx >= DD) return;
     T* f = F + (long long)rg.bh * nc * DD + idx;
     const double* a = A + (long long)rg.bh * nc;
-    // Entry idx = (key c, value d) of H is entry (d, c) of the state S = Hᵀ (row blockIdx.y of S0, ST).
-    const long long sidx = (long long)blockIdx.y * DD + (idx % Dv) * Dk + idx / Dv;
+    // Entry idx = (key c, value d) of H is entry (d, c) of the state S = Hᵀ (row rg.row of S0, ST).
+    const long long sidx = (long long)rg.row * DD + (idx % Dv) * Dk + idx / Dv;
     T hcur = has_s0 ? S0[sidx] : (T)0;
     // Groups of LLC_SCAN_P chunks: every load of a group (states and decays) is issued before its
     // first store, since a load after a store that the compiler cannot tell apart waits for it,
@@ -274,8 +274,8 @@ __device__ void llc_walk_tc(const TI* k, const TI* v, const float* g, int has_g,
     __shared__ float gs[LLW_STAGES][CH];
     extern __shared__ __align__(16) unsigned char llw_dyn[];
     TI* tiles = reinterpret_cast<TI*>(llw_dyn);
-    const LlcRange rg = llc_range(tab, has_tab, blockIdx.y, H, nc);
-    const int bh = rg.bh, b = bh / H, h = bh % H, row = blockIdx.y;  // row: S0's and ST's
+    const LlcRange rg = llc_range(tab, has_tab, blockIdx.y, H, nc, gridDim.y / H);
+    const int bh = rg.bh, b = bh / H, h = bh % H, row = rg.row;  // row: S0's and ST's
     const int ntd = (Dv + VT - 1) / VT;
     const int c0 = (blockIdx.x / ntd) * 64, d0 = (blockIdx.x % ntd) * VT;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;

@@ -650,8 +650,8 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
     float* smem = reinterpret_cast<float*>(llc_dyn);
     // The chunks [jb, je) this block walks: every chunk of its (batch, head), or a packed batch's
     // sequence's (row = (sequence, head): its rows of S0 and ST; llc_range).
-    const LlcRange rg = llc_range(tab, has_tab, blockIdx.x, H, nc);
-    const int bh = rg.bh, b = bh / H, h = bh % H, row = blockIdx.x;
+    const LlcRange rg = llc_range(tab, has_tab, blockIdx.x, H, nc, gridDim.x / H);
+    const int bh = rg.bh, b = bh / H, h = bh % H, row = rg.row;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
     const int v0 = blockIdx.y * VB, dw = warp * 16;  // the block's first value column, the warp's within it
     const long long DD = (long long)Dk * Dv;
@@ -817,8 +817,8 @@ __device__ void llc_delta_h_rb(const mx_bf16* k, const float* g, int has_g, cons
     constexpr int LDW = DKW + 8, LDU = VB + 8;
     constexpr int STAGE = CH * (2 * LDW + LDU) * 2 + CH * 4;  // bytes: W, K, U, log-decays
     extern __shared__ unsigned char llc_dyn[];
-    const LlcRange rg = llc_range(tab, has_tab, blockIdx.x, H, nc);  // as llc_delta_h_rg
-    const int bh = rg.bh, b = bh / H, h = bh % H, row = blockIdx.x;
+    const LlcRange rg = llc_range(tab, has_tab, blockIdx.x, H, nc, gridDim.x / H);  // as llc_delta_h_rg
+    const int bh = rg.bh, b = bh / H, h = bh % H, row = rg.row;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
     const int lr = lane & 7, lm = lane >> 3;   // the row and the matrix this lane addresses in ldmatrix
     const int v0 = blockIdx.y * VB, dw = warp * 16;  // the block's first value column, the warp's within it

@@ -314,7 +314,8 @@ pub(crate) fn kernel_ints(v: [usize; 6]) -> Result<[i32; 6]> {
 /// sequence, and the chunk indices run over all sequences in order.
 pub(crate) struct ChunkTable {
     /// `[chunks]` first tokens, `[chunks]` lengths (plus `1 << 16` on a sequence's first chunk),
-    /// `[seqs + 1]` every sequence's first chunk.
+    /// `[seqs + 1]` every sequence's first chunk, `[seqs]` the sequences by decreasing chunk count
+    /// (ties in order): the order in which the passes over chunks start them (`llc_range`).
     pub tab: Pooled<i32>,
     /// Chunks over all sequences.
     pub chunks: usize,
@@ -339,7 +340,9 @@ impl ChunkTable {
             }
         }
         first.push(int(FAMILY, "chunks", chunks)?);
-        Ok([start, len, first].concat())
+        let mut order: Vec<i32> = (0..seqs).map(|s| int(FAMILY, "sequences", s)).collect::<Result<_>>()?;
+        order.sort_by_key(|&s| std::cmp::Reverse(first[s as usize + 1] - first[s as usize]));
+        Ok([start, len, first, order].concat())
     }
 
     /// [`ChunkTable::host`] on the device.
@@ -348,7 +351,7 @@ impl ChunkTable {
         let seqs = cu.len().saturating_sub(1);
         let end = cu.last().copied().unwrap_or(0);
         Ok(ChunkTable {
-            chunks: (host.len() - seqs - 1) / 2,
+            chunks: (host.len() - 2 * seqs - 1) / 2,
             seqs,
             end,
             tab: crate::pool::upload(FAMILY, &host)?,

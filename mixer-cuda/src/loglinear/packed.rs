@@ -138,10 +138,12 @@ mod tests {
     fn the_chunk_table_restarts_the_chunking_at_every_sequence() {
         // An empty sequence, one token, 65 tokens (two chunks), 64 tokens (one).
         let tab = ChunkTable::host(&[0, 0, 1, 66, 130]).unwrap();
-        let (starts, lens, firsts) = (&tab[..4], &tab[4..8], &tab[8..]);
+        let (starts, lens, firsts, order) = (&tab[..4], &tab[4..8], &tab[8..13], &tab[13..]);
         assert_eq!(starts, [0, 1, 65, 66]);
         assert_eq!(lens, [1 | F, 64 | F, 1, 64 | F]);
         assert_eq!(firsts, [0, 0, 1, 3, 4]);
+        // Two chunks, then the one-chunk sequences in order, the empty one last.
+        assert_eq!(order, [2, 1, 3, 0]);
         assert_eq!(ChunkTable::host(&[0]).unwrap(), [0]);
     }
 
