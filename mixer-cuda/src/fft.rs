@@ -29,15 +29,28 @@ enum Kind {
 }
 
 /// Cached cuFFT plans, keyed by (stream, n, batch, kind, f64). A plan's work area is its own,
-/// so two streams never share a plan: transforms in flight on two streams at once would write
-/// the same work area. At most [`MAX_PLANS`] are kept: when full, the device is waited for and
-/// all are dropped (plans of streams that no longer run work would otherwise pile up).
+/// so two streams do not share a plan: transforms in flight on two streams at once would write
+/// the same work area. Inside a CUDA graph capture a plan cannot be made (cuFFT allocates its
+/// work area), so a capturing stream without a plan of its own takes another stream's plan of
+/// the same transform (a warm-up run made it) and moves it to itself. At most [`MAX_PLANS`] are
+/// kept: when full (and not capturing), the device is waited for and all are dropped (plans of
+/// streams that no longer run work would otherwise pile up).
 #[allow(clippy::type_complexity)]
 static PLANS: LazyLock<Mutex<HashMap<(StreamKey, usize, usize, Kind, bool), CudaFft>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// Plans kept at most.
 const MAX_PLANS: usize = 64;
+
+/// Whether `stream` is capturing a CUDA graph (a query that capture allows); `false` where the
+/// driver cannot tell.
+fn is_capturing(stream: &cudarc::driver::CudaStream) -> bool {
+    use cudarc::driver::sys::{CUresult, CUstreamCaptureStatus, cuStreamIsCapturing};
+    let mut status = CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: writes one enum; the stream is live for the call.
+    let r = unsafe { cuStreamIsCapturing(stream.cu_stream(), &mut status) };
+    r == CUresult::CUDA_SUCCESS && status != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+}
 
 /// A scalar with cuFFT real transforms.
 pub trait FftReal: GpuReal {
@@ -133,7 +146,21 @@ fn with_plan<F: FftReal, R>(
     let bi = i32::try_from(batch).map_err(|_| err(kernel, format!("FFT batch {batch} exceeds i32")))?;
     let mut cache = PLANS.lock().map_err(|_| err(kernel, "FFT plan cache poisoned"))?;
     let key = (g.stream_key(), n, batch, kind, F::DOUBLE);
-    if cache.len() >= MAX_PLANS && !cache.contains_key(&key) {
+    let stream = g.stream();
+    let capturing = !cache.contains_key(&key) && is_capturing(&stream);
+    if capturing {
+        let same =
+            |k: &(StreamKey, usize, usize, Kind, bool)| (k.1, k.2, k.3, k.4) == (n, batch, kind, F::DOUBLE);
+        let other = cache.keys().find(|k| same(k)).copied();
+        if let Some(mut plan) = other.and_then(|o| cache.remove(&o)) {
+            // SAFETY: the plan is used under the cache's lock only, and the stream outlives the
+            // call that lent it (`runtime::on_stream`).
+            unsafe { plan.set_stream(stream.clone()) }
+                .map_err(|e| err(kernel, format!("cuFFT: moving a plan to the capturing stream: {e}")))?;
+            cache.insert(key, plan);
+        }
+    }
+    if !capturing && cache.len() >= MAX_PLANS && !cache.contains_key(&key) {
         // Transforms may still be in flight on the plans' work areas.
         g.ctx.synchronize().map_err(|e| err(kernel, format!("waiting for the device: {e}")))?;
         count_sync();
@@ -147,7 +174,7 @@ fn with_plan<F: FftReal, R>(
                 Kind::Inverse => F::INV,
                 Kind::Complex => F::CPLX,
             };
-            let plan = CudaFft::plan_1d(ni, ty, bi, g.stream())
+            let plan = CudaFft::plan_1d(ni, ty, bi, stream)
                 .map_err(|e| err(kernel, format!("cuFFT plan (n = {n}, batch = {batch}, {ty:?}): {e}")))?;
             v.insert(plan)
         }

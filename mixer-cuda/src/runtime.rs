@@ -205,34 +205,24 @@ const PER_THREAD_STREAM: usize = 0x2;
 
 /// The identity of a stream, for what the backend keeps per stream (the pool's free lists, cuFFT
 /// plans, uploaded tables, cached spectra): work is ordered only within one stream, so a buffer
-/// written on one stream is handed only to later work on the same one. A handle alone does not
-/// identify a stream: `CU_STREAM_PER_THREAD` is one handle for a different stream on each
-/// thread, and a destroyed stream's handle may come back for a new one. So the key is the
-/// driver's unique id of the stream (`cuStreamGetId`; the handle where the driver lacks it) and,
-/// for the per-thread handle, the calling thread.
+/// written on one stream is handed only to later work on the same one. The key is the stream's
+/// handle and, for `CU_STREAM_PER_THREAD` (one handle for a different stream on each thread), the
+/// calling thread. A destroyed stream's handle can come back for a new stream only once the
+/// driver has released it, after the old stream's work has completed, so the handle is enough
+/// otherwise. No driver call is made: the key is taken inside CUDA graph capture too, where
+/// queries such as `cuStreamGetId` invalidated PyTorch's capture on the H200.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct StreamKey {
-    id: u64,
+    handle: usize,
     thread: Option<std::thread::ThreadId>,
 }
 
 impl StreamKey {
     /// The key of `stream` as seen from the calling thread.
     pub fn of(stream: &CudaStream) -> StreamKey {
-        let handle = stream.cu_stream();
-        let mut id = 0u64;
-        // SAFETY: writes one integer; `handle` is a live stream of the backend's context (or a
-        // special handle, which the driver resolves). Caught: cudarc panics when the loaded
-        // driver lacks the entry point (before CUDA 12.0).
-        let got = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
-            cudarc::driver::sys::cuStreamGetId(handle, &mut id)
-        }));
-        let id = match got {
-            Ok(cudarc::driver::sys::CUresult::CUDA_SUCCESS) => id,
-            _ => (handle as u64) | (1 << 63),
-        };
-        let thread = (handle as usize == PER_THREAD_STREAM).then(|| std::thread::current().id());
-        StreamKey { id, thread }
+        let handle = stream.cu_stream() as usize;
+        let thread = (handle == PER_THREAD_STREAM).then(|| std::thread::current().id());
+        StreamKey { handle, thread }
     }
 }
 

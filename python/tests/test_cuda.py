@@ -304,6 +304,24 @@ def test_cuda_graph_capture_and_replay():
         assert torch.equal(a, b)
 
 
+def test_cuda_graph_capture_of_the_fft_mixer():
+    """The Toeplitz mixer's cuFFT transforms inside a capture: plans are kept per stream and none
+    can be made while capturing, so the capture stream takes the plan the warm-up made on its side
+    stream. The replay equals an eager call on the new values."""
+    x = _dev(_inputs("toeplitz", 65))
+    static = {k: v.clone() for k, v in x.items()}
+    mixers.cuda_warmup(lambda **kw: mixers.run("toeplitz", **kw), **static)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = mixers.run("toeplitz", **static)
+    fresh = _dev(_inputs("toeplitz", 65, seed=5))
+    for k, v in fresh.items():
+        static[k].copy_(v)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y, mixers.run("toeplitz", **fresh))
+
+
 def test_torch_compile_fullgraph_without_graph_breaks():
     x = _dev(_inputs("gated-deltanet", 65))
 

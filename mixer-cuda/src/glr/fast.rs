@@ -21,7 +21,7 @@ use super::common::{FAMILY, dims};
 use crate::forms::{finish, input, input_opt};
 use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{StreamKey, err, gpu, int, launch, max_dynamic_smem, opt_in};
+use crate::runtime::{err, gpu, int, launch, max_dynamic_smem, opt_in};
 use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
 
@@ -51,17 +51,17 @@ pub(crate) struct DeviceTable {
     short: usize,
 }
 
-/// Device tables by (mixer name, mixer config, T, stream), so that a repeated call uploads
-/// nothing. The name is part of the key: aliases such as `diagonal-ssm` and `dense-recurrence`
-/// fix the pattern by name and may share a config. The stream is too: a table is uploaded on
-/// the stream of its first call, and work on another stream is not ordered after that upload.
-#[allow(clippy::type_complexity)]
-static TABLES: LazyLock<Mutex<HashMap<(String, String, usize, StreamKey), Arc<DeviceTable>>>> =
+/// Device tables by (mixer name, mixer config, T), so that a repeated call uploads nothing. The
+/// name is part of the key: aliases such as `diagonal-ssm` and `dense-recurrence` fix the pattern
+/// by name and may share a config. Every stream reads them: a table's first call waits for its
+/// upload once, so that work on another stream, not ordered after that upload, never reads it
+/// early (a table made inside a CUDA graph capture fails there, as its upload would anyway).
+static TABLES: LazyLock<Mutex<HashMap<(String, String, usize), Arc<DeviceTable>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The device table of `glr` for length `t`, uploaded on first use.
 pub(crate) fn device_table(glr: &Glr, t: usize) -> Result<Arc<DeviceTable>> {
-    let key = (glr.name().to_string(), glr.config().to_string(), t, gpu()?.stream_key());
+    let key = (glr.name().to_string(), glr.config().to_string(), t);
     let mut cache = TABLES.lock().map_err(|_| err(FAMILY, "pattern table cache poisoned"))?;
     if let Some(d) = cache.get(&key) {
         return Ok(d.clone());
@@ -74,6 +74,7 @@ pub(crate) fn device_table(glr: &Glr, t: usize) -> Result<Arc<DeviceTable>> {
         off: pool::upload(FAMILY, &off)?,
         strides: pool::upload(FAMILY, &strides)?,
     });
+    gpu()?.sync(FAMILY)?;
     if cache.len() >= 1024 {
         cache.clear();
     }
