@@ -1,10 +1,10 @@
 //! Two threads, each on a stream of its own, running the same calls at the same time get the
-//! bits one thread gets alone. What the backend keeps between calls (the pool's free lists, cuFFT
-//! plans, uploaded GLR tables, Toeplitz spectra) is kept per stream, and a stream is told apart
-//! by the driver's id, not its handle: candle's CUDA devices run on `CU_STREAM_PER_THREAD`, one
-//! handle that names a different stream on every thread, and sharing free lists by that handle
-//! handed one thread's buffers to the other while its kernels still used them (gradients of
-//! state runs and packed batches came out wrong with two test threads).
+//! bits one thread gets alone. What the backend keeps between calls per stream (the pool's free
+//! lists, cuFFT plans, Toeplitz spectra) is keyed by the stream's handle and, for
+//! `CU_STREAM_PER_THREAD`, the thread: candle's CUDA devices run on that one handle, which names a
+//! different stream on every thread, and free lists keyed by the handle alone handed one thread's
+//! buffers to the other while its kernels still used them (gradients of state runs and packed
+//! batches came out wrong with two test threads; this test failed that way on the H200).
 
 use std::sync::{Arc, Barrier};
 
