@@ -318,6 +318,15 @@ __device__ __forceinline__ int lld_at(int r, int c, bool qk) {
     return qk ? r * ld + (c ^ ((r & 7) << 2)) : r * ld + (c ^ (((r >> 1) & 3) << 3));
 }
 __device__ __forceinline__ int lld_h(int c, int d) { return c * 64 + (d ^ ((c & 3) << 3)); }
+// Scales the accumulator rows r0 and r0 + 8 of a warp's 64 columns (o[dt][0..1] and o[dt][2..3])
+// by σ e^{γ_r}, and rows at or past n to zero: the read of the entering state, q_r·H, becomes
+// σ e^{γ_r} q_r·H.
+__device__ __forceinline__ void lld_scale_rows(float (&o)[8][4], const double* gam, int r0, int n, float sc) {
+    const int r1 = r0 + 8;
+    const float f0 = r0 < n ? sc * __expf((float)gam[r0]) : 0.f, f1 = r1 < n ? sc * __expf((float)gam[r1]) : 0.f;
+#pragma unroll
+    for (int dt = 0; dt < 8; ++dt) o[dt][0] *= f0, o[dt][1] *= f0, o[dt][2] *= f1, o[dt][3] *= f1;
+}
 template <typename TI, int KT>
 __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const float* F,
                                   TI* y, int Tn, int H, int Dk, int Dv, int nc, double scale, int read0, const int* tab,
@@ -366,9 +375,7 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
                 mx_mma_tf32(o[dt], a0, a1, a2, a3, mx_tf32(Hs[lld_h(c, dt * 8 + gi)]),
                             mx_tf32(Hs[lld_h(c + 4, dt * 8 + gi)]));
         }
-        const float f0 = r0 < n ? sc * __expf((float)gam[r0]) : 0.f, f1 = r1 < n ? sc * __expf((float)gam[r1]) : 0.f;
-#pragma unroll
-        for (int dt = 0; dt < 8; ++dt) o[dt][0] *= f0, o[dt][1] *= f0, o[dt][2] *= f1, o[dt][3] *= f1;
+        lld_scale_rows(o, gam, r0, n, sc);
     }
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     __syncthreads();
@@ -490,9 +497,7 @@ __device__ void llc_out_direct_bf(const mx_bf16* q, const mx_bf16* k, const mx_b
             qfrag(a, kk);
             times_rows(o, a, Hs, kk);
         }
-        const float f0 = r0 < n ? sc * __expf((float)gam[r0]) : 0.f, f1 = r1 < n ? sc * __expf((float)gam[r1]) : 0.f;
-#pragma unroll
-        for (int dt = 0; dt < 8; ++dt) o[dt][0] *= f0, o[dt][1] *= f0, o[dt][2] *= f1, o[dt][3] *= f1;
+        lld_scale_rows(o, gam, r0, n, sc);
     }
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
     __syncthreads();
