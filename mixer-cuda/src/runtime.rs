@@ -44,8 +44,6 @@ pub struct Gpu {
     pub ordinal: usize,
     /// The backend's own stream: where work goes outside [`on_stream`] ([`Gpu::stream`]).
     own_stream: Arc<CudaStream>,
-    /// Its identity ([`StreamKey`]).
-    own_key: StreamKey,
     /// Compute capability `(major, minor)`.
     pub cc: (i32, i32),
     /// Device name.
@@ -160,7 +158,6 @@ fn create() -> std::result::Result<Gpu, String> {
     // buffer (and no view of a caller's memory) creates events that would never be used.
     unsafe { ctx.disable_event_tracking() };
     let own_stream = ctx.default_stream();
-    let own_key = StreamKey::of(&own_stream);
     let optin = ctx
         .attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -175,7 +172,6 @@ fn create() -> std::result::Result<Gpu, String> {
         ctx,
         ordinal,
         own_stream,
-        own_key,
         cc,
         name,
         count,
@@ -195,8 +191,8 @@ pub fn gpu() -> Result<&'static Gpu> {
 
 thread_local! {
     static SYNCS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    /// The stream lent to this thread by [`on_stream`], if any, and its identity.
-    static LENT: RefCell<Option<(Arc<CudaStream>, StreamKey)>> = const { RefCell::new(None) };
+    /// The stream lent to this thread by [`on_stream`], if any.
+    static LENT: RefCell<Option<Arc<CudaStream>>> = const { RefCell::new(None) };
 }
 
 /// `CU_STREAM_PER_THREAD`: the handle that names the calling thread's per-thread default stream
@@ -232,8 +228,7 @@ impl StreamKey {
 /// it; the caller orders it with its own work on that stream. Buffers taken from the pool
 /// inside are handed out again only to work on the same stream ([`crate::pool`]).
 pub fn on_stream<R>(stream: Arc<CudaStream>, f: impl FnOnce() -> R) -> R {
-    let key = StreamKey::of(&stream);
-    scoped(&LENT, (stream, key), f)
+    scoped(&LENT, stream, f)
 }
 
 /// Runs `f` with `value` in the thread-local `slot`, and puts the slot's previous value back on
@@ -316,12 +311,13 @@ impl Gpu {
     /// The stream the calling thread's work goes to: the one lent by [`on_stream`], else the
     /// backend's own.
     pub fn stream(&self) -> Arc<CudaStream> {
-        LENT.with(|l| l.borrow().as_ref().map(|(s, _)| s.clone())).unwrap_or_else(|| self.own_stream.clone())
+        LENT.with(|l| l.borrow().clone()).unwrap_or_else(|| self.own_stream.clone())
     }
 
     /// The identity of [`Gpu::stream`] ([`StreamKey`]).
     pub fn stream_key(&self) -> StreamKey {
-        LENT.with(|l| l.borrow().as_ref().map(|(_, k)| *k)).unwrap_or(self.own_key)
+        LENT.with(|l| l.borrow().as_deref().map(StreamKey::of))
+            .unwrap_or_else(|| StreamKey::of(&self.own_stream))
     }
 
     /// The architecture option for this device, e.g. `sm_90`.

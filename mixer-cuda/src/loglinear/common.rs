@@ -326,11 +326,16 @@ pub(crate) struct ChunkTable {
 }
 
 impl ChunkTable {
+    /// The chunks of 64 tokens the sequences of the offsets `cu` cut into, over all sequences.
+    pub(crate) fn count(cu: &[usize]) -> usize {
+        cu.windows(2).map(|w| (w[1] - w[0]).div_ceil(64)).sum()
+    }
+
     /// The table of the offsets `cu` (checked by the caller: non-decreasing from 0) with chunks of
     /// 64 tokens, as the host builds it.
     pub(crate) fn host(cu: &[usize]) -> Result<Vec<i32>> {
         let seqs = cu.len().saturating_sub(1);
-        let chunks: usize = cu.windows(2).map(|w| (w[1] - w[0]).div_ceil(64)).sum();
+        let chunks = ChunkTable::count(cu);
         let (mut start, mut len, mut first) = (Vec::new(), Vec::new(), Vec::with_capacity(seqs + 1));
         for w in cu.windows(2) {
             first.push(int(FAMILY, "chunks", start.len())?);
@@ -357,24 +362,25 @@ impl ChunkTable {
             tab: crate::pool::upload(FAMILY, &host)?,
         })
     }
+}
 
-    /// The packed output `y` of `n` elements, `per_token` a token (`B = 1`): its rows past the
-    /// last offset zeroed (no chunk writes them), the others left to the output kernel.
-    pub(crate) fn output<T: DeviceRepr + ValidAsZeroBits + 'static>(
-        &self,
-        n: usize,
-        per_token: usize,
-    ) -> Result<Pooled<T>> {
-        let mut y = crate::pool::take::<T>(FAMILY, n)?;
-        let from = (self.end * per_token).min(n);
-        if from < n {
-            gpu()?
-                .stream()
-                .memset_zeros(&mut y.slice_mut(from..n))
-                .map_err(|e| err(FAMILY, format!("zeroing the rows past the last offset: {e}")))?;
-        }
-        Ok(y)
+/// The output `y` of `n` elements for the output kernel to fill, `per_token` of them a token:
+/// with a chunk `table` (a packed batch, `B = 1`) its rows past the last offset zeroed, since no
+/// chunk writes them.
+pub(crate) fn output_buffer<T: DeviceRepr + ValidAsZeroBits + 'static>(
+    table: Option<&ChunkTable>,
+    n: usize,
+    per_token: usize,
+) -> Result<Pooled<T>> {
+    let mut y = crate::pool::take::<T>(FAMILY, n)?;
+    let from = table.map_or(n, |c| (c.end * per_token).min(n));
+    if from < n {
+        gpu()?
+            .stream()
+            .memset_zeros(&mut y.slice_mut(from..n))
+            .map_err(|e| err(FAMILY, format!("zeroing the rows past the last offset: {e}")))?;
     }
+    Ok(y)
 }
 
 /// `plan`'s launches (of a plan for `B = seqs`) on a chunk table of `chunks` chunks over `seqs`

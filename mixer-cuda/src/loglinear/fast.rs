@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use super::common::{
     ChunkTable, ChunkedInputs, Device, Elem, FAMILY, Launch, Shape, Storage, bf16_qkv, check_sizes,
-    view_or_zero,
+    output_buffer, view_or_zero,
 };
 use super::state_pass::{self, PassData, StatePass};
 use super::{lambda, output, sequential, ssd, wy};
@@ -430,10 +430,7 @@ pub(crate) fn run_delta<F: GpuReal>(
     };
     state_pass::run(pass, pass_launches, data, s, elem, lifted, table)?;
     drop(u);
-    let mut y = match table {
-        Some(c) => c.output::<F>(b * t * h * dv, h * dv)?,
-        None => pool::take::<F>(FAMILY, b * t * h * dv)?,
-    };
+    let mut y = output_buffer::<F>(table, b * t * h * dv, h * dv)?;
     let qv = x.q.view();
     let fc = last.function()?;
     if !lifted {
@@ -544,10 +541,7 @@ pub(crate) fn delta_bf16(
     };
     state_pass::run(pass, std::slice::from_ref(pass_launch), data, s, Elem::F32, false, table)?;
     drop((w, u, tinv));
-    let mut y = match table {
-        Some(c) => c.output::<bf16>(b * t * h * dv, h * dv)?,
-        None => pool::take::<bf16>(FAMILY, b * t * h * dv)?,
-    };
+    let mut y = output_buffer::<bf16>(table, b * t * h * dv, h * dv)?;
     let (f, cfg) = out.function()?;
     let vnv = vn.slice(0..vn.len());
     output::run_direct(

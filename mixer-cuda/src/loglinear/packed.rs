@@ -48,18 +48,15 @@ pub fn plan_packed(
         return Ok(None);
     }
     let mut pl = plan(ll, [n, longest, h, dk, dv], p, storage, device)?;
-    let registers =
-        matches!(pl.state_pass, Some(StatePass::Registers { .. } | StatePass::Bf16Registers { .. }));
     let table_path = match pl.path {
         Path::Ssd | Path::SsdBf16 => true,
-        Path::Delta | Path::DeltaBf16 => registers,
+        Path::Delta | Path::DeltaBf16 => pl.state_pass.is_some_and(StatePass::in_registers),
         _ => false,
     };
     if !table_path {
         return Ok(None);
     }
-    let chunks = cu.windows(2).map(|w| (w[1] - w[0]).div_ceil(64)).sum();
-    pl.launches = table_grids(&pl.launches, chunks, n, h);
+    pl.launches = table_grids(&pl.launches, ChunkTable::count(cu), n, h);
     Ok(Some(pl))
 }
 

@@ -41,7 +41,7 @@ use mixer_core::{Precision, Result};
 
 use super::common::{
     ChunkTable, ChunkedInputs, Device, Elem, FAMILY, Launch, Shape, Step, bf16_qkv, check_sizes, fixed_dims,
-    kernel_ints, table_args, tensor_cores, unexpected, view_or_zero,
+    kernel_ints, output_buffer, table_args, tensor_cores, unexpected, view_or_zero,
 };
 use super::output;
 use crate::kernels;
@@ -236,10 +236,7 @@ pub(crate) fn run<F: GpuReal>(
     let (gv, has_g) = x.g_view();
     let levels = x.lam.as_ref().map_or(1, |(_, n)| *n);
     let n = b * t * h * dv;
-    let mut y = match table {
-        Some(c) => c.output::<F>(n, h * dv)?,
-        None => pool::take::<F>(FAMILY, n)?,
-    };
+    let mut y = output_buffer::<F>(table, n, h * dv)?;
     let (lv, scale) = (x.lam_view(), ll.scale);
     let (qv, kv, vv) = (x.q.view(), x.k.view(), x.v.view());
     output::run(
@@ -315,10 +312,7 @@ pub(crate) fn run_bf16(
             }
             Step::Output => {
                 let n = b * t * h * dv;
-                let y = y.insert(match table {
-                    Some(c) => c.output::<bf16>(n, h * dv)?,
-                    None => pool::take::<bf16>(FAMILY, n)?,
-                });
+                let y = y.insert(output_buffer::<bf16>(table, n, h * dv)?);
                 let read0 = s0.is_some();
                 let st = (&states, table);
                 output::run_direct(f, cfg, [&qv, &kv, &vv], (&gv, has_g), st, s, ll.scale, read0, y)?

@@ -193,6 +193,14 @@ pub enum StatePass {
     Sequential,
 }
 
+impl StatePass {
+    /// Whether the pass keeps the state in registers (`llc_delta_h_rg`, `llc_delta_h_rb`): the
+    /// passes that take a packed batch's chunk table.
+    pub(crate) fn in_registers(self) -> bool {
+        matches!(self, StatePass::Registers { .. } | StatePass::Bf16Registers { .. })
+    }
+}
+
 /// Three buffers where `fits` allows them, else two, else none.
 fn stages(fits: impl Fn(usize) -> bool) -> Option<usize> {
     (2..=3).rev().find(|&s| fits(s))
@@ -426,8 +434,7 @@ pub(crate) fn run<T: DeviceScalar, S: DeviceScalar>(
         Some(f) => f,
         None => unused.insert(pool::take::<S>(FAMILY, 1)?),
     };
-    let registers = matches!(pass, StatePass::Registers { .. } | StatePass::Bf16Registers { .. });
-    if table.is_some() && !registers {
+    if table.is_some() && !pass.in_registers() {
         return Err(crate::runtime::err(
             FAMILY,
             format!("internal: a chunk table with the state pass {pass:?}"),
