@@ -7,12 +7,15 @@
 //
 // Linear attention and Mamba-2 (transposed operators): the gradients are forward runs on
 // reversed sequences, joined by
-// - llb_reverse:   out[b, t, h, :] = c · x[b, T−1−t, h, :] (c = σ for dy, else 1);
-// - llb_reverse_g: the reversed log-decays g'_0 = 0, g'_j = g_{T−j} (j ≥ 1), so that
-//                  G'_{T−1−s} − G'_{T−1−t} = G_t − G_s;
-// - llb_dg_*:      dG_t = q_t·dq_t − k_t·dk_t (+ ⟨S̄_T, S_T⟩ at t = T − 1 from a state) (a warp
-//                  per token) and dg_i = Σ_{t ≥ i} dG_t by a tiled suffix scan, dots and sums in
-//                  f64 (below).
+// - llb_reverse:   out[b, t, h, :] = c · x[b, M−1−t, h, :] for t < N, zero where M−1−t is not a
+//                  token of x (c = σ for dy, else 1): M = N = T reverses; M = N = T' > T reverses
+//                  into T' rows, the first T' − T zero (padded to whole chunks); M = T', N = T
+//                  reverses such a run back;
+// - llb_reverse_g: the reversed log-decays over N rows, g'_0 = 0, g'_j = g_{N−j} (j ≥ 1; zero past
+//                  T), so that G'_{N−1−s} − G'_{N−1−t} = G_t − G_s;
+// - llb_dg_chunk:  the decay gradient from the states at the chunk boundaries (below);
+// - llb_dg_*:      the lifts' decay gradient: dG_t = q_t·dq_t − k_t·dk_t (a warp per token) and
+//                  dg_i = Σ_{t ≥ i} dG_t by a tiled suffix scan, dots and sums in f64 (below).
 // From a state (docs/math.md §7.1, "The CUDA backward from a state"), two per-(b, h) state maps
 // [B·H, R, C]:
 // - llb_state_t:     out[bh, c, r] = x[bh, r, c] (S_0ᵀ and S̄_Tᵀ for the runs that read them);
@@ -25,29 +28,94 @@ template <typename T> __device__ inline T llb_warp_sum(T x) {
     return x;
 }
 
-template <typename T> __device__ void llb_reverse(const T* x, T* out, int B, int Tn, int H, int D, T c) {
-    const long long n = (long long)B * Tn * H * D;
+// x [B, Tn, H, D] → out [B, N, H, D] (llb_reverse above).
+template <typename T>
+__device__ void llb_reverse(const T* x, T* out, int B, int Tn, int H, int D, int M, int N, T c) {
+    const long long n = (long long)B * N * H * D;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long e = gtid(); e < n; e += stride) {
-        const long long row = e / D;  // (b·T + t)·H + h
+        const long long row = e / D;  // (b·N + t)·H + h
         const int d = (int)(e - row * D);
         const int h = (int)(row % H);
         const long long bt = row / H;
-        const int t = (int)(bt % Tn);
-        const long long b = bt / Tn;
-        out[e] = c * x[((b * Tn + (Tn - 1 - t)) * H + h) * D + d];
+        const int t = (int)(bt % N);
+        const long long b = bt / N;
+        const int src = M - 1 - t;
+        out[e] = src < Tn ? c * x[((b * Tn + src) * H + h) * D + d] : T(0);
     }
 }
 
-template <typename T> __device__ void llb_reverse_g(const T* g, T* out, int B, int Tn, int H) {
-    const long long n = (long long)B * Tn * H;
+// g [B, Tn, H] → out [B, N, H] (llb_reverse_g above).
+template <typename T> __device__ void llb_reverse_g(const T* g, T* out, int B, int Tn, int H, int N) {
+    const long long n = (long long)B * N * H;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long e = gtid(); e < n; e += stride) {
         const int h = (int)(e % H);
         const long long bt = e / H;
-        const int j = (int)(bt % Tn);
-        const long long b = bt / Tn;
-        out[e] = j == 0 ? T(0) : g[(b * Tn + (Tn - j)) * H + h];
+        const int j = (int)(bt % N);
+        const long long b = bt / N;
+        out[e] = j == 0 || N - j >= Tn ? T(0) : g[(b * Tn + (N - j)) * H + h];
+    }
+}
+
+// The decay gradient of linear attention's and Mamba-2's backward from the chunk boundaries
+// (docs/math.md §2.7): dg_r = Σ_{s < r ≤ t} σ e^(G_t − G_s) (q_t·k_s)(dy_t·v_s), the pairs that
+// straddle r. For r in chunk m (tokens t0 = m·C … t1 − 1), with b = t1 the next boundary,
+//     dg_r = Σ_{r ≤ t < t1} (q_t·dq_t − k_t·dk_t) + dg_b,
+//     dg_b = e^(g_b) ⟨Hq_{m+1}, Hk_{NC−1−m}⟩   (b < T),   dg_T = ⟨S̄_T, S_T⟩ (0 without S̄_T),
+// where Hq_j is the dq run's state entering its chunk j, S_{jC−1} = Σ_{s < jC} e^(G_{jC−1} − G_s)
+// v_s k_sᵀ (and S_0's term), and Hk_j the reversed dk run's state entering its chunk j, that run
+// padded to NC·C rows so that its chunk NC − j starts at original token j·C: Σ_{t ≥ jC}
+// e^(G_t − G_{jC}) σ dy_t q_tᵀ (and S̄_T's term) — both [Dv][Dk] in the same layout, so the inner
+// product is entry by entry. The suffix sum runs inside one chunk, so the
+// rounding of dq and dk (tf32 products) enters over at most C tokens instead of the rest of the
+// sequence, where q·dq and k·dk cancel. One block of 256 threads per (chunk, b·h); every sum in
+// a fixed order, in f64. hq, hk: [B·H][NC][Dk·Dv]; df the final state's cotangent [B·H][Dv][Dk],
+// ft the final state transposed [B·H][Dk][Dv] (⟨S̄_T, S_T⟩ = Σ_{i, j} df[i][j] ft[j][i]); C ≤ 64.
+template <typename T>
+__device__ void llb_dg_chunk(const T* q, const T* dq, const T* k, const T* dk, const T* g, const T* hq, const T* hk,
+                             const T* df, const T* ft, int has_tail, T* dg, int Tn, int H, int Dk, int Dv, int C,
+                             int NC) {
+    __shared__ double red[256];
+    __shared__ double a[64];
+    const int m = blockIdx.x, bh = blockIdx.y, tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int b = bh / H, h = bh % H;
+    const int t0 = m * C, t1 = min(Tn, t0 + C);
+    const long long DD = (long long)Dk * Dv;
+    double x = 0.0;
+    if (m + 1 < NC) {
+        const T* A = hq + ((long long)bh * NC + m + 1) * DD;
+        const T* Bk = hk + ((long long)bh * NC + (NC - 1 - m)) * DD;
+        for (long long e = tid; e < DD; e += blockDim.x) x += (double)A[e] * (double)Bk[e];
+    } else if (has_tail) {
+        const long long s0 = (long long)bh * DD;
+        for (long long e = tid; e < DD; e += blockDim.x) {
+            const long long i = e / Dk, j = e - i * Dk;
+            x += (double)df[s0 + e] * (double)ft[s0 + j * Dv + i];
+        }
+    }
+    red[tid] = x;
+    __syncthreads();
+    for (int w = blockDim.x / 2; w > 0; w >>= 1) {
+        if (tid < w) red[tid] += red[tid + w];
+        __syncthreads();
+    }
+    for (int t = t0 + warp; t < t1; t += blockDim.x / 32) {
+        const long long base = ((long long)(b * Tn + t) * H + h) * Dk;
+        double y = 0.0;
+        for (int d = lane; d < Dk; d += 32)
+            y += (double)q[base + d] * (double)dq[base + d] - (double)k[base + d] * (double)dk[base + d];
+        y = llb_warp_sum(y);
+        if (lane == 0) a[t - t0] = y;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        double acc = red[0];
+        if (m + 1 < NC) acc *= exp((double)g[((long long)b * Tn + t1) * H + h]);
+        for (int t = t1 - 1; t >= t0; --t) {
+            acc += a[t - t0];
+            dg[((long long)b * Tn + t) * H + h] = (T)acc;
+        }
     }
 }
 
@@ -55,18 +123,14 @@ template <typename T> __device__ void llb_reverse_g(const T* g, T* out, int B, i
 // launches, all in f64 and in a fixed order (the same bits every run). The scratch a [B·H, T]
 // (f64) holds dG, and s [B·H, NT] the sums of tiles of L tokens (NT = ⌈T/L⌉, L from the host):
 // - llb_dg_dot:  a warp per (b, t, h) row, grid-stride: lanes read the row's Dk entries
-//                coalesced (d = lane + 32 j), the warp sums them; a[bh, t] = dG_t; with has_tail
-//                the row t = T − 1 adds ⟨S̄_T, S_T⟩ = Σ_{i < Dv, j < Dk} df[bh, i, j] · ft[bh, j, i]
-//                (df the final state's cotangent [B·H, Dv, Dk], ft the final state transposed
-//                [B·H, Dk, Dv]), lanes over the entries e = lane + 32 j, before the warp's sum;
+//                coalesced (d = lane + 32 j), the warp sums them; a[bh, t] = dG_t;
 // - llb_dg_tile: a thread per (bh, tile): s[bh, c] = Σ over the tile's tokens, last to first;
 // - llb_dg_scan: a thread per bh: s[bh, c] ← Σ_{c' > c} s[bh, c'] (exclusive suffix sums, last
 //                tile to first);
 // - llb_dg_out:  a thread per (bh, tile): walks its tokens last to first from s[bh, c],
 //                dg[b, t, h] = s[bh, c] + Σ_{t ≤ t' < tile end} a[bh, t'] (one rounding to T).
 template <typename T>
-__device__ void llb_dg_dot(const T* q, const T* dq, const T* k, const T* dk, const T* df, const T* ft, int has_tail,
-                           double* a, int B, int Tn, int H, int Dk, int Dv) {
+__device__ void llb_dg_dot(const T* q, const T* dq, const T* k, const T* dk, double* a, int B, int Tn, int H, int Dk) {
     const long long rows = (long long)B * Tn * H;
     const long long warps = (long long)gridDim.x * (blockDim.x / 32);
     const int lane = threadIdx.x % 32;
@@ -78,13 +142,6 @@ __device__ void llb_dg_dot(const T* q, const T* dq, const T* k, const T* dk, con
         double x = 0.0;
         for (int d = lane; d < Dk; d += 32)
             x += (double)q[base + d] * (double)dq[base + d] - (double)k[base + d] * (double)dk[base + d];
-        if (has_tail && t == Tn - 1) {
-            const long long n = (long long)Dk * Dv, s0 = (b * H + h) * n;
-            for (long long e = lane; e < n; e += 32) {
-                const long long i = e / Dk, j = e - i * Dk;
-                x += (double)df[s0 + e] * (double)ft[s0 + j * Dv + i];
-            }
-        }
         x = llb_warp_sum(x);
         if (lane == 0) a[(b * H + h) * Tn + t] = x;
     }
@@ -157,16 +214,22 @@ __device__ void llb_dg_out(const double* a, const double* s, T* dg, int BH, int 
 }
 
 #define LLB_EXPORT(T, S)                                                                                       \
-    extern "C" __global__ void llb_reverse_##S(const T* x, T* out, int B, int Tn, int H, int D, T c) {        \
-        llb_reverse<T>(x, out, B, Tn, H, D, c);                                                              \
+    extern "C" __global__ void llb_reverse_##S(const T* x, T* out, int B, int Tn, int H, int D, int M, int N,   \
+                                               T c) {                                                        \
+        llb_reverse<T>(x, out, B, Tn, H, D, M, N, c);                                                        \
     }                                                                                                        \
-    extern "C" __global__ void llb_reverse_g_##S(const T* g, T* out, int B, int Tn, int H) {                  \
-        llb_reverse_g<T>(g, out, B, Tn, H);                                                                  \
+    extern "C" __global__ void llb_reverse_g_##S(const T* g, T* out, int B, int Tn, int H, int N) {           \
+        llb_reverse_g<T>(g, out, B, Tn, H, N);                                                               \
     }                                                                                                        \
-    extern "C" __global__ void llb_dg_dot_##S(const T* q, const T* dq, const T* k, const T* dk, const T* df,   \
-                                              const T* ft, int has_tail, double* a, int B, int Tn, int H,  \
-                                              int Dk, int Dv) {                                            \
-        llb_dg_dot<T>(q, dq, k, dk, df, ft, has_tail, a, B, Tn, H, Dk, Dv);                                  \
+    extern "C" __global__ void llb_dg_chunk_##S(const T* q, const T* dq, const T* k, const T* dk, const T* g,  \
+                                                const T* hq, const T* hk, const T* df, const T* ft,           \
+                                                int has_tail, T* dg, int Tn, int H, int Dk, int Dv, int C,     \
+                                                int NC) {                                                    \
+        llb_dg_chunk<T>(q, dq, k, dk, g, hq, hk, df, ft, has_tail, dg, Tn, H, Dk, Dv, C, NC);                 \
+    }                                                                                                        \
+    extern "C" __global__ void llb_dg_dot_##S(const T* q, const T* dq, const T* k, const T* dk, double* a,     \
+                                              int B, int Tn, int H, int Dk) {                              \
+        llb_dg_dot<T>(q, dq, k, dk, a, B, Tn, H, Dk);                                                        \
     }                                                                                                        \
     extern "C" __global__ void llb_state_t_##S(const T* x, T* out, int BH, int R, int C) {                     \
         llb_state_t<T>(x, out, BH, R, C);                                                                    \

@@ -11,10 +11,18 @@
 //!   — anti-causal, so the forward on time-reversed sequences (`t' = T−1−t`) with the reversed
 //!   log-decays `g'_0 = 0`, `g'_j = g_{T−j}`: `dv = rev(fwd(rev k, rev q, rev dy, g'))`,
 //!   `dk = rev(fwd(rev v, rev dy, rev q, g'))`;
-//! - `dG_t = q_t·dq_t − k_t·dk_t`, `dg_i = Σ_{t≥i} dG_t` (f64 dots and sums): `dG` token-parallel
-//!   (a warp per token), then the suffix sums by tiles of `L` tokens ([`dg_tile`]): each tile's
-//!   sum, the exclusive suffix sums of the tile sums, and each tile walked from its suffix, every
-//!   sum in a fixed order (last token first).
+//! - `dg_r = Σ_{s<r≤t} σ e^{G_t−G_s} (q_t·k_s)(dy_t·v_s)`, the pairs that straddle `r`, from the
+//!   chunk boundaries (`llb_dg_chunk`, f64 dots and sums): for `r` in a chunk ending at `b`,
+//!   `dg_r = Σ_{r≤t<b} (q_t·dq_t − k_t·dk_t) + dg_b`, and at a boundary
+//!   `dg_b = e^{g_b} ⟨S_{b−1}, P_b⟩` from the states the `dq` run and the reversed `dk` run enter
+//!   their chunks with (`S_{b−1} = Σ_{s<b} e^{G_{b−1}−G_s} v_s k_sᵀ`,
+//!   `P_b = Σ_{t≥b} e^{G_t−G_b} σ dy_t q_tᵀ`). The reversed runs are padded in front to whole
+//!   chunks so that their chunks start where the forward's do. The suffix `Σ_{t≥r} (q·dq − k·dk)`
+//!   over the rest of the sequence, whose two sums cancel (its total is exactly 0), would carry the
+//!   rounding of `dq` and `dk` from every later token; here only a chunk's. So the tf32 kernels
+//!   serve Mamba-2 too. (The lifts, whose state is a level array, keep that suffix form: `dG`
+//!   token-parallel, then the suffix sums by tiles of `L` tokens ([`dg_tile`]), every sum in a
+//!   fixed order, last token first; their `dq` and `dk` come from exact kernels.)
 //!
 //! The reversed runs take the scale `1` and `σ dy` (reversed and scaled in one kernel), so that a
 //! state enters them unscaled (below); the products are the same.
@@ -28,14 +36,17 @@
 //!   (adds `e^{G_{T−1}−G_s} S̄_Tᵀ v_s`);
 //! - `S̄_0 = σ Σ_t e^{G_t} dy_t q_tᵀ + e^{G_{T−1}} S̄_T` is `e^{g_0}` times the final state of the
 //!   reversed run for `dv` (the reversed decays lack `g_0`);
-//! - `dG_{T−1}` gains `⟨S̄_T, S_T⟩` (the `G_{T−1}` in `S_T`), so every `dg_i` does.
+//! - `dG_{T−1}` gains `⟨S̄_T, S_T⟩` (the `G_{T−1}` in `S_T`), so every `dg_i` does: the last
+//!   chunk's boundary value `dg_T`; the states at the other boundaries carry `S_0`'s and `S̄_T`'s
+//!   terms as the runs start from them.
 //!
 //! A backward from a state runs in the exact mode whatever the mode asked, on the values as the
 //! mode stores them ([`run_from`]).
 //!
-//! The forward is this backend's `fast` form ([`super::fast::run_from`]), in the call's mode (exact
-//! or tf32; the bf16 mode converts the activations and `dy` to f32 and runs the tf32 kernels). The
-//! recipe ([`transposed`]) is written once over [`Transposes`]; the tests run it on the CPU too.
+//! The forward is this backend's `fast` form ([`super::fast::run_keeping`], which also hands back
+//! the states entering the chunks), in the call's mode (exact or tf32; the bf16 mode converts the
+//! activations and `dy` to f32 and runs the tf32 kernels). The recipe ([`transposed`]) is written
+//! once over [`Transposes`]; the tests run it on the CPU too.
 //!
 //! **Gated DeltaNet** runs the chunked backward through the WY/UT form
 //! ([`super::backward_chunked`]), from a state by starting its two passes from `S_0ᵀ` and `S̄_Tᵀ`.
@@ -45,7 +56,7 @@ use std::marker::PhantomData;
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
-use super::common::{FAMILY, view_or_zero};
+use super::common::{Device, Elem, FAMILY, view_or_zero};
 use super::{backward_chunked, backward_lift, backward_lift_delta, fast};
 use crate::forms::input;
 use crate::kernels;
@@ -53,6 +64,7 @@ use crate::pool;
 use crate::runtime::{err, gpu, grid1, int, launch};
 use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
+use cudarc::driver::LaunchConfig;
 
 /// Why the `fast` backward of `ll` does not run on CUDA, or `None`: a lift needs the Fenwick mask
 /// (as its `fast` form does).
@@ -160,20 +172,16 @@ pub fn run_from<F: GpuReal>(
             let r = backward_lift::scalar::<F>(ll, x, [&q, &k, &v, &dy], g.as_deref(), [b, t, h, dk, dv])?;
             if g.is_some() && wants("g") {
                 let ops = OnDevice::<F> { ll, p: Precision::Exact, _f: PhantomData };
-                put("g", ops.decay_grad([&q, &r.dq, &k, &r.dk], None)?);
+                put("g", ops.decay_grad([&q, &r.dq, &k, &r.dk])?);
             }
             put_lift(&mut put, r);
             None
         }
         Base::LinearAttention | Base::Mamba2 => {
-            // `d_g` is the reverse cumulative sum of `q·dq − k·dk`, a difference of nearly equal
-            // sums (its total over the sequence is exactly 0), so the tf32 kernels' rounding of
-            // `dq` and `dk` grows far past the mode's bound there: with decays the transposed runs
-            // take the exact kernels in every mode (the tf32/bf16 test failed on the H200 before).
-            // Without decays (linear attention) the tf32 kernels run in the tf32 and bf16 modes
-            // (on f32 activations in the bf16 mode).
-            let fp =
-                if p == Precision::Exact || ll.base.has_decay() { Precision::Exact } else { Precision::Tf32 };
+            // The tf32 kernels in the tf32 and bf16 modes (on f32 activations in the bf16 mode):
+            // `d_g` is formed from the chunk boundaries (module documentation), so their rounding
+            // of `dq` and `dk` enters it over one chunk only.
+            let fp = if p == Precision::Exact { Precision::Exact } else { Precision::Tf32 };
             let ops = OnDevice::<F> { ll, p: fp, _f: PhantomData };
             let want = Wants { q: wants("q"), k: wants("k"), v: wants("v"), g: g.is_some() && wants("g") };
             let r =
@@ -262,13 +270,22 @@ pub(crate) struct Transposed<T> {
 pub(crate) trait Transposes {
     /// A tensor.
     type T;
-    /// `out[b, t] = c · x[b, T−1−t]`.
-    fn reverse(&self, x: &Self::T, c: f64) -> Result<Self::T>;
-    /// The reversed log-decays: `g'[b, 0] = 0`, `g'[b, j] = g[b, T−j]` (j ≥ 1).
-    fn reverse_decay(&self, g: &Self::T) -> Result<Self::T>;
+    /// The tokens of a sequence tensor (its axis 1).
+    fn steps(&self, x: &Self::T) -> usize;
+    /// The chunk `C` of the states [`Transposes::forward`] keeps.
+    fn chunk(&self) -> usize;
+    /// `out[b, t] = c · x[b, m−1−t]` for `t < n` (zero where `m−1−t` is not a token of `x`): `m = n
+    /// = T` reverses, `m = n > T` reverses into `n` rows (the first `n − T` zero), and `m > n = T`
+    /// reverses such a run back.
+    fn reverse(&self, x: &Self::T, c: f64, m: usize, n: usize) -> Result<Self::T>;
+    /// The reversed log-decays over `n ≥ T` rows: `g'[b, 0] = 0`, `g'[b, j] = g[b, n−j]` (j ≥ 1;
+    /// zero past `T`).
+    fn reverse_decay(&self, g: &Self::T, n: usize) -> Result<Self::T>;
     /// The base mixer's forward of `[q, k, v]` with scale `σ` from the state `s0` (`None`: zero),
-    /// `y_t = σ S_t q_t`, `S_t = e^{g_t} S_{t−1} + v_t k_tᵀ` (no decay: `g = 0`), and with
-    /// `want_final` its final state `S_T`.
+    /// `y_t = σ S_t q_t`, `S_t = e^{g_t} S_{t−1} + v_t k_tᵀ` (no decay: `g = 0`); with
+    /// `want_final` its final state `S_T`, and with `want_chunks` the states entering its chunks
+    /// of [`Transposes::chunk`] tokens, `S_{jC−1}ᵀ` (`[B, H, ⌈T/C⌉, Dk, Dv]` of this run's
+    /// `Dk`, `Dv`; `None` where the forward does not keep them).
     fn forward(
         &self,
         qkv: [&Self::T; 3],
@@ -276,14 +293,23 @@ pub(crate) trait Transposes {
         sigma: f64,
         s0: Option<&Self::T>,
         want_final: bool,
-    ) -> Result<(Self::T, Option<Self::T>)>;
+        want_chunks: bool,
+    ) -> Result<(Self::T, Option<Self::T>, Option<Self::T>)>;
     /// Each state transposed: `out[b, h] = s[b, h]ᵀ`.
     fn transpose_state(&self, s: &Self::T) -> Result<Self::T>;
     /// Each state times its first token's decay: `out[b, h] = e^{g[b, 0, h]} s[b, h]`.
     fn decay_state(&self, s: &Self::T, g: &Self::T) -> Result<Self::T>;
-    /// `dg_i = Σ_{t≥i} dG_t`, `dG_t = q_t·dq_t − k_t·dk_t` from `[q, dq, k, dk]`, and with
-    /// `tail = (S̄_T, S_Tᵀ)` `dG_{T−1} += ⟨S̄_T, S_T⟩`.
-    fn decay_grad(&self, q_dq_k_dk: [&Self::T; 4], tail: Option<(&Self::T, &Self::T)>) -> Result<Self::T>;
+    /// `dg` from the chunk boundaries (module documentation): `[q, dq, k, dk]`, the log-decays `g`,
+    /// `[hq, hk]` the states entering the chunks of the `dq` run and of the reversed `dk` run
+    /// (padded to whole chunks), and with `tail = (S̄_T, S_Tᵀ)` the last boundary's
+    /// `dg_T = ⟨S̄_T, S_T⟩` (zero without).
+    fn decay_grad_chunked(
+        &self,
+        q_dq_k_dk: [&Self::T; 4],
+        g: &Self::T,
+        hq_hk: [&Self::T; 2],
+        tail: Option<(&Self::T, &Self::T)>,
+    ) -> Result<Self::T>;
 }
 
 /// The VJP of linear attention (`g = None`) or Mamba-2 of scale `sigma` by transposed operators
@@ -301,24 +327,29 @@ pub(crate) fn transposed<O: Transposes>(
     let States { s0, d_final } = states;
     let need_q = want.q || want.g;
     let need_k = want.k || want.g;
+    let want_dg = want.g && g.is_some();
     // S_T (as S_Tᵀ, the dq run's final state) for dG_{T−1}'s ⟨S̄_T, S_T⟩.
-    let need_st = want.g && g.is_some() && d_final.is_some();
-    let (dq, st) = if need_q {
+    let need_st = want_dg && d_final.is_some();
+    // With dg the reversed runs are padded in front to whole chunks (tp rows), so that their
+    // chunk boundaries are the forward's.
+    let tn = o.steps(q);
+    let tp = if want_dg { tn.div_ceil(o.chunk()) * o.chunk() } else { tn };
+    let (dq, st, hq) = if need_q {
         let s0t = s0.map(|s| o.transpose_state(s)).transpose()?;
-        let (dq, st) = o.forward([dy, v, k], g, sigma, s0t.as_ref(), need_st)?;
-        (Some(dq), st)
+        let (dq, st, hq) = o.forward([dy, v, k], g, sigma, s0t.as_ref(), need_st, want_dg)?;
+        (Some(dq), st, hq)
     } else {
-        (None, None)
+        (None, None, None)
     };
-    let (mut dk, mut dv, mut ds0) = (None, None, None);
+    let (mut dk, mut dv, mut ds0, mut hk) = (None, None, None, None);
     if need_k || want.v || s0.is_some() {
-        let gr = g.map(|g| o.reverse_decay(g)).transpose()?;
-        let (rq, rdy) = (o.reverse(q, 1.0)?, o.reverse(dy, sigma)?);
+        let gr = g.map(|g| o.reverse_decay(g, tp)).transpose()?;
+        let (rq, rdy) = (o.reverse(q, 1.0, tp, tp)?, o.reverse(dy, sigma, tp, tp)?);
         if want.v || s0.is_some() {
-            let rk = o.reverse(k, 1.0)?;
-            let (r, fin) = o.forward([&rk, &rq, &rdy], gr.as_ref(), 1.0, d_final, s0.is_some())?;
+            let rk = o.reverse(k, 1.0, tp, tp)?;
+            let (r, fin, _) = o.forward([&rk, &rq, &rdy], gr.as_ref(), 1.0, d_final, s0.is_some(), false)?;
             if want.v {
-                dv = Some(o.reverse(&r, 1.0)?);
+                dv = Some(o.reverse(&r, 1.0, tp, tn)?);
             }
             ds0 = match (fin, g) {
                 (Some(f), Some(g)) => Some(o.decay_state(&f, g)?),
@@ -327,14 +358,21 @@ pub(crate) fn transposed<O: Transposes>(
             };
         }
         if need_k {
-            let rv = o.reverse(v, 1.0)?;
+            let rv = o.reverse(v, 1.0, tp, tp)?;
             let dft = d_final.map(|d| o.transpose_state(d)).transpose()?;
-            dk =
-                Some(o.reverse(&o.forward([&rv, &rdy, &rq], gr.as_ref(), 1.0, dft.as_ref(), false)?.0, 1.0)?);
+            let (r, _, h) = o.forward([&rv, &rdy, &rq], gr.as_ref(), 1.0, dft.as_ref(), false, want_dg)?;
+            dk = Some(o.reverse(&r, 1.0, tp, tn)?);
+            hk = h;
         }
     }
-    let dg = match (want.g, &dq, &dk) {
-        (true, Some(dq), Some(dk)) => Some(o.decay_grad([q, dq, k, dk], d_final.zip(st.as_ref()))?),
+    let dg = match (want_dg, &dq, &dk, g) {
+        (true, Some(dq), Some(dk), Some(g)) => {
+            let tail = d_final.zip(st.as_ref());
+            let (Some(hq), Some(hk)) = (&hq, &hk) else {
+                return Err(err(FAMILY, "internal: a forward that kept no chunk states for d_g"));
+            };
+            Some(o.decay_grad_chunked([q, dq, k, dk], g, [hq, hk], tail)?)
+        }
         _ => None,
     };
     Ok(Transposed { dq: if want.q { dq } else { None }, dk: if want.k { dk } else { None }, dv, dg, ds0 })
@@ -362,25 +400,40 @@ fn bthd(s: &[usize]) -> Result<[i32; 4]> {
 impl<F: GpuReal> Transposes for OnDevice<'_, F> {
     type T = DeviceTensor<F>;
 
-    fn reverse(&self, x: &DeviceTensor<F>, c: f64) -> Result<DeviceTensor<F>> {
+    fn steps(&self, x: &DeviceTensor<F>) -> usize {
+        x.shape().get(1).copied().unwrap_or(0)
+    }
+
+    fn chunk(&self) -> usize {
+        Elem::of::<F>().chunk()
+    }
+
+    fn reverse(&self, x: &DeviceTensor<F>, c: f64, m: usize, n: usize) -> Result<DeviceTensor<F>> {
         let [b, t, h, d] = bthd(x.shape())?;
-        let mut out = pool::take::<F>(FAMILY, x.len())?;
+        let mut shape = x.shape().to_vec();
+        shape[1] = n;
+        let len = shape.iter().product::<usize>();
+        let (mi, ni) = (int(FAMILY, "T", m)?, int(FAMILY, "T", n)?);
+        let mut out = pool::take::<F>(FAMILY, len)?;
         let g = gpu()?;
         let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_reverse_{}", F::SUFFIX))?;
         let (xv, c) = (x.view(), F::of(c));
-        launch!(g, FAMILY, f, grid1(x.len().min(1 << 20), 256); &xv, &mut *out, &b, &t, &h, &d, &c)?;
-        DeviceTensor::from_pooled(out, x.shape())
+        launch!(g, FAMILY, f, grid1(len.min(1 << 20), 256); &xv, &mut *out, &b, &t, &h, &d, &mi, &ni, &c)?;
+        DeviceTensor::from_pooled(out, &shape)
     }
 
-    fn reverse_decay(&self, gt: &DeviceTensor<F>) -> Result<DeviceTensor<F>> {
+    fn reverse_decay(&self, gt: &DeviceTensor<F>, n: usize) -> Result<DeviceTensor<F>> {
         let [b, t, h, _] = bthd(gt.shape())?;
-        let mut out = pool::take::<F>(FAMILY, gt.len())?;
+        let shape = [gt.shape()[0], n, gt.shape()[2]];
+        let ni = int(FAMILY, "T", n)?;
+        let len = shape.iter().product::<usize>();
+        let mut out = pool::take::<F>(FAMILY, len)?;
         let g = gpu()?;
         let f =
             g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_reverse_g_{}", F::SUFFIX))?;
         let gv = gt.view();
-        launch!(g, FAMILY, f, grid1(gt.len().min(1 << 20), 256); &gv, &mut *out, &b, &t, &h)?;
-        DeviceTensor::from_pooled(out, gt.shape())
+        launch!(g, FAMILY, f, grid1(len.min(1 << 20), 256); &gv, &mut *out, &b, &t, &h, &ni)?;
+        DeviceTensor::from_pooled(out, &shape)
     }
 
     fn forward(
@@ -390,7 +443,8 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         sigma: f64,
         s0: Option<&DeviceTensor<F>>,
         want_final: bool,
-    ) -> Result<(DeviceTensor<F>, Option<DeviceTensor<F>>)> {
+        want_chunks: bool,
+    ) -> Result<(DeviceTensor<F>, Option<DeviceTensor<F>>, Option<DeviceTensor<F>>)> {
         let mut x: DeviceTensors = [("q", q), ("k", k), ("v", v)]
             .into_iter()
             .map(|(n, a)| (n.to_string(), F::wrap(a.clone())))
@@ -403,14 +457,14 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         } else {
             std::borrow::Cow::Owned(LogLinear { scale: sigma, ..self.ll.clone() })
         };
-        let (y, fin) = fast::run_from::<F>(&ll, &x, self.p, s0, want_final)?;
-        let y = F::unwrap(&y).cloned().ok_or_else(|| {
+        let r = fast::run_keeping::<F>(&ll, &x, self.p, s0, want_final, Device::current(), want_chunks)?;
+        let y = F::unwrap(&r.y).cloned().ok_or_else(|| {
             err(
                 FAMILY,
-                format!("internal: the forward returned {} where {} was expected", y.dtype(), F::ELEM),
+                format!("internal: the forward returned {} where {} was expected", r.y.dtype(), F::ELEM),
             )
         })?;
-        Ok((y, fin))
+        Ok((y, r.fin, r.chunks))
     }
 
     fn transpose_state(&self, s: &DeviceTensor<F>) -> Result<DeviceTensor<F>> {
@@ -445,28 +499,26 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         DeviceTensor::from_pooled(out, s.shape())
     }
 
-    fn decay_grad(
+    fn decay_grad_chunked(
         &self,
-        [q, dq, k, dk]: [&DeviceTensor<F>; 4],
+        qdk: [&DeviceTensor<F>; 4],
+        g: &DeviceTensor<F>,
+        hqk: [&DeviceTensor<F>; 2],
         tail: Option<(&DeviceTensor<F>, &DeviceTensor<F>)>,
     ) -> Result<DeviceTensor<F>> {
+        self.dg_chunked(qdk, g, hqk, tail)
+    }
+}
+
+impl<F: GpuReal> OnDevice<'_, F> {
+    /// The lifts' `dg_i = Σ_{t≥i} dG_t`, `dG_t = q_t·dq_t − k_t·dk_t` from `[q, dq, k, dk]`:
+    /// `llb_dg_dot`, then the tiled suffix scan (`llb_dg_tile`, `llb_dg_scan`, `llb_dg_out`).
+    fn decay_grad(&self, [q, dq, k, dk]: [&DeviceTensor<F>; 4]) -> Result<DeviceTensor<F>> {
         let [b, t, h, d] = bthd(q.shape())?;
         let (bh, tn) = (q.shape()[0] * q.shape()[2], q.shape()[1]);
         let l = dg_tile(tn);
         let nt = tn.div_ceil(l);
         let (bhi, li, nti) = (int(FAMILY, "B·H", bh)?, int(FAMILY, "tile", l)?, int(FAMILY, "tiles", nt)?);
-        // The tail's states: S̄_T [B, H, Dv, Dk] and S_Tᵀ [B, H, Dk, Dv].
-        let dv = tail.map_or(0, |(df, _)| df.shape().get(2).copied().unwrap_or(0));
-        let (sb, sh, sk) = (q.shape()[0], q.shape()[2], q.shape()[3]);
-        if let Some((df, ft)) = tail
-            && (df.shape() != [sb, sh, dv, sk] || ft.shape() != [sb, sh, sk, dv])
-        {
-            return Err(err(FAMILY, format!("internal: tail states {:?} and {:?}", df.shape(), ft.shape())));
-        }
-        let zero = pool::zeros::<F>(FAMILY, 1)?;
-        let (dfv, has_tail) = view_or_zero(tail.map(|(d, _)| d), &zero);
-        let (ftv, _) = view_or_zero(tail.map(|(_, f)| f), &zero);
-        let dvi = int(FAMILY, "Dv", dv)?;
         let mut a = pool::take::<f64>(FAMILY, bh * tn)?;
         let mut s = pool::take::<f64>(FAMILY, bh * nt)?;
         let mut out = pool::take::<F>(FAMILY, bh * tn)?;
@@ -475,7 +527,7 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         let (qv, dqv, kv, dkv) = (q.view(), dq.view(), k.view(), dk.view());
         let f = kernel(&format!("llb_dg_dot_{}", F::SUFFIX))?;
         launch!(g, FAMILY, f, grid1((bh * tn * 32).min(1 << 22), 256);
-            &qv, &dqv, &kv, &dkv, &dfv, &ftv, &has_tail, &mut *a, &b, &t, &h, &d, &dvi)?;
+            &qv, &dqv, &kv, &dkv, &mut *a, &b, &t, &h, &d)?;
         let f = kernel("llb_dg_tile")?;
         launch!(g, FAMILY, f, grid1((bh * nt).min(1 << 20), 128); &*a, &mut *s, &bhi, &t, &li, &nti)?;
         let f = kernel("llb_dg_scan")?;
@@ -483,6 +535,47 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         let f = kernel(&format!("llb_dg_out_{}", F::SUFFIX))?;
         launch!(g, FAMILY, f, grid1((bh * nt).min(1 << 20), 128);
             &*a, &*s, &mut *out, &bhi, &t, &h, &li, &nti)?;
+        DeviceTensor::from_pooled(out, &q.shape()[..3])
+    }
+
+    /// [`Transposes::decay_grad_chunked`]: `llb_dg_chunk`, a block per (chunk, batch·head).
+    fn dg_chunked(
+        &self,
+        [q, dq, k, dk]: [&DeviceTensor<F>; 4],
+        gt: &DeviceTensor<F>,
+        [hq, hk]: [&DeviceTensor<F>; 2],
+        tail: Option<(&DeviceTensor<F>, &DeviceTensor<F>)>,
+    ) -> Result<DeviceTensor<F>> {
+        let [_, t, h, d] = bthd(q.shape())?;
+        let (bh, tn, c) = (q.shape()[0] * q.shape()[2], q.shape()[1], self.chunk());
+        let nc = tn.div_ceil(c);
+        let dv = hq.shape().get(3).copied().unwrap_or(0);
+        let want = [q.shape()[0], q.shape()[2], nc, dv, q.shape()[3]];
+        if hq.shape() != want || hk.shape() != want {
+            return Err(err(
+                FAMILY,
+                format!(
+                    "internal: chunk states {:?} and {:?} where {want:?} was expected",
+                    hq.shape(),
+                    hk.shape()
+                ),
+            ));
+        }
+        let zero = pool::zeros::<F>(FAMILY, 1)?;
+        let (dfv, has_tail) = view_or_zero(tail.map(|(d, _)| d), &zero);
+        let (ftv, _) = view_or_zero(tail.map(|(_, f)| f), &zero);
+        let (dvi, ci, nci) = (int(FAMILY, "Dv", dv)?, int(FAMILY, "chunk", c)?, int(FAMILY, "chunks", nc)?);
+        // The forward's chunk kernels launch the same grid (chunks, B·H), so the sizes fit.
+        let mut out = pool::take::<F>(FAMILY, bh * tn)?;
+        let g = gpu()?;
+        let f =
+            g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_dg_chunk_{}", F::SUFFIX))?;
+        let cfg =
+            LaunchConfig { grid_dim: (nc as u32, bh as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (qv, dqv, kv, dkv, gv, hqv, hkv) =
+            (q.view(), dq.view(), k.view(), dk.view(), gt.view(), hq.view(), hk.view());
+        launch!(g, FAMILY, f, cfg;
+            &qv, &dqv, &kv, &dkv, &gv, &hqv, &hkv, &dfv, &ftv, &has_tail, &mut *out, &t, &h, &d, &dvi, &ci, &nci)?;
         DeviceTensor::from_pooled(out, &q.shape()[..3])
     }
 }
@@ -540,18 +633,36 @@ mod tests {
         m: &'a LogLinear,
     }
 
+    /// The chunk of [`OnHost`]'s chunk states: small, so that the recipe's cases (T up to 70)
+    /// cross many chunk boundaries.
+    const HOST_CHUNK: usize = 8;
+
     impl Transposes for OnHost<'_> {
         type T = ArrayD<f64>;
-        fn reverse(&self, x: &ArrayD<f64>, c: f64) -> Result<ArrayD<f64>> {
-            let mut y = x.mapv(|e| c * e);
-            y.invert_axis(Axis(1));
-            Ok(y.as_standard_layout().into_owned())
+        fn steps(&self, x: &ArrayD<f64>) -> usize {
+            x.shape()[1]
         }
-        fn reverse_decay(&self, g: &ArrayD<f64>) -> Result<ArrayD<f64>> {
+        fn chunk(&self) -> usize {
+            HOST_CHUNK
+        }
+        fn reverse(&self, x: &ArrayD<f64>, c: f64, m: usize, n: usize) -> Result<ArrayD<f64>> {
+            let mut shape = x.shape().to_vec();
+            shape[1] = n;
+            let mut out = ArrayD::zeros(IxDyn(&shape));
+            for t in 0..n {
+                if let Some(src) = (m - 1).checked_sub(t).filter(|&s| s < x.shape()[1]) {
+                    out.index_axis_mut(Axis(1), t).assign(&x.index_axis(Axis(1), src).mapv(|e| c * e));
+                }
+            }
+            Ok(out)
+        }
+        fn reverse_decay(&self, g: &ArrayD<f64>, n: usize) -> Result<ArrayD<f64>> {
             let t = g.shape()[1];
-            let mut out = ArrayD::zeros(g.raw_dim());
-            for j in 1..t {
-                out.index_axis_mut(Axis(1), j).assign(&g.index_axis(Axis(1), t - j));
+            let mut out = ArrayD::zeros(IxDyn(&[g.shape()[0], n, g.shape()[2]]));
+            for j in 1..n {
+                if n - j < t {
+                    out.index_axis_mut(Axis(1), j).assign(&g.index_axis(Axis(1), n - j));
+                }
             }
             Ok(out)
         }
@@ -562,17 +673,35 @@ mod tests {
             sigma: f64,
             s0: Option<&ArrayD<f64>>,
             want_final: bool,
-        ) -> Result<(ArrayD<f64>, Option<ArrayD<f64>>)> {
-            let mut x: Tensors<f64> =
-                [("q", q), ("k", k), ("v", v)].into_iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
-            if let Some(g) = g {
-                x.insert("g".into(), g.clone());
-            }
+            want_chunks: bool,
+        ) -> Result<(ArrayD<f64>, Option<ArrayD<f64>>, Option<ArrayD<f64>>)> {
             let cpu = Backend::by_name("cpu")?;
             let m = LogLinear { scale: sigma, ..self.m.clone() };
             let s0: Option<Tensors<f64>> = s0.map(|s| [(STATE.to_string(), s.clone())].into_iter().collect());
-            let (y, fin) = run_state(&m, &cpu, Form::Fast, &x, s0.as_ref(), Precision::Exact)?;
-            Ok((y, want_final.then(|| fin[STATE].clone())))
+            // The run over the first `n` tokens.
+            let run = |n: usize| {
+                let mut x: Tensors<f64> = [("q", q), ("k", k), ("v", v)]
+                    .into_iter()
+                    .map(|(name, a)| (name.to_string(), a.slice_axis(Axis(1), (0..n).into()).to_owned()))
+                    .collect();
+                if let Some(g) = g {
+                    x.insert("g".into(), g.slice_axis(Axis(1), (0..n).into()).to_owned());
+                }
+                run_state(&m, &cpu, Form::Fast, &x, s0.as_ref(), Precision::Exact)
+            };
+            let (y, fin) = run(q.shape()[1])?;
+            // H_j = S_{jC−1}ᵀ: the final state of the run over the first j·C tokens, transposed.
+            let chunks = if want_chunks {
+                let nc = q.shape()[1].div_ceil(HOST_CHUNK);
+                let h: Vec<ArrayD<f64>> = (0..nc)
+                    .map(|j| Ok(self.transpose_state(&run(j * HOST_CHUNK)?.1[STATE])?.insert_axis(Axis(2))))
+                    .collect::<Result<_>>()?;
+                let views: Vec<_> = h.iter().map(|a| a.view()).collect();
+                Some(ndarray::concatenate(Axis(2), &views).unwrap())
+            } else {
+                None
+            };
+            Ok((y, want_final.then(|| fin[STATE].clone()), chunks))
         }
         fn transpose_state(&self, s: &ArrayD<f64>) -> Result<ArrayD<f64>> {
             Ok(s.view().permuted_axes(IxDyn(&[0, 1, 3, 2])).as_standard_layout().into_owned())
@@ -587,27 +716,40 @@ mod tests {
             }
             Ok(out)
         }
-        fn decay_grad(
+        /// The loops of `llb_dg_chunk`.
+        fn decay_grad_chunked(
             &self,
             [q, dq, k, dk]: [&ArrayD<f64>; 4],
+            g: &ArrayD<f64>,
+            [hq, hk]: [&ArrayD<f64>; 2],
             tail: Option<(&ArrayD<f64>, &ArrayD<f64>)>,
         ) -> Result<ArrayD<f64>> {
-            let mut d = (q * dq - k * dk).sum_axis(Axis(3));
-            if let Some((df, ft)) = tail {
-                let t = d.shape()[1];
-                let st = self.transpose_state(ft)?;
-                for b in 0..d.shape()[0] {
-                    for h in 0..d.shape()[2] {
-                        let dot = (&df.slice(s![b, h, .., ..]) * &st.slice(s![b, h, .., ..])).sum();
-                        d[[b, t - 1, h]] += dot;
+            let (tn, c) = (q.shape()[1], HOST_CHUNK);
+            let nc = tn.div_ceil(c);
+            let dgt = (q * dq - k * dk).sum_axis(Axis(3));
+            let mut out = ArrayD::zeros(dgt.raw_dim());
+            for b in 0..q.shape()[0] {
+                for h in 0..q.shape()[2] {
+                    for m in 0..nc {
+                        let (t0, t1) = (m * c, tn.min(m * c + c));
+                        let mut acc = if m + 1 < nc {
+                            let a = hq.slice(s![b, h, m + 1, .., ..]);
+                            let z = hk.slice(s![b, h, nc - 1 - m, .., ..]);
+                            (&a * &z).sum() * g[[b, t1, h]].exp()
+                        } else if let Some((df, ft)) = tail {
+                            let st = self.transpose_state(ft)?;
+                            (&df.slice(s![b, h, .., ..]) * &st.slice(s![b, h, .., ..])).sum()
+                        } else {
+                            0.0
+                        };
+                        for t in (t0..t1).rev() {
+                            acc += dgt[[b, t, h]];
+                            out[[b, t, h]] = acc;
+                        }
                     }
                 }
             }
-            for mut lane in d.lanes_mut(Axis(1)) {
-                let dg = suffix_by_tiles(&lane.to_vec());
-                lane.assign(&ndarray::ArrayView1::from(&dg));
-            }
-            Ok(d)
+            Ok(out)
         }
     }
 

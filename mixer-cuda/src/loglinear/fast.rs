@@ -229,6 +229,31 @@ pub fn run_planned_for<F: GpuReal>(
     want_final: bool,
     device: Device,
 ) -> Result<(AnyDeviceTensor, Option<DeviceTensor<F>>)> {
+    run_keeping(ll, x, p, s0, want_final, device, false).map(|r| (r.y, r.fin))
+}
+
+/// What [`run_keeping`] returns.
+pub(crate) struct Kept<F: GpuReal> {
+    /// `y [B, T, H, Dv]`.
+    pub y: AnyDeviceTensor,
+    /// The final state `S [B, H, Dv, Dk]` (with `want_final`).
+    pub fin: Option<DeviceTensor<F>>,
+    /// With `keep` on the chunked path of linear attention or Mamba-2 without a lift: the state
+    /// entering every chunk of `CH = Elem::chunk()` tokens, `H_j = S_{jCH−1}ᵀ` (`H_0 = S_0ᵀ`, zero
+    /// without an initial state), `[B, H, ⌈T/CH⌉, Dk, Dv]`; `None` on every other path.
+    pub chunks: Option<DeviceTensor<F>>,
+}
+
+/// [`run_planned_for`], keeping with `keep` the states entering the chunks ([`Kept::chunks`]).
+pub(crate) fn run_keeping<F: GpuReal>(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    p: Precision,
+    s0: Option<&DeviceTensor<F>>,
+    want_final: bool,
+    device: Device,
+    keep: bool,
+) -> Result<Kept<F>> {
     let stateful = s0.is_some() || want_final;
     if stateful && let Some(why) = state_unsupported(ll) {
         return Err(err(FAMILY, why));
@@ -260,7 +285,7 @@ pub fn run_planned_for<F: GpuReal>(
             // (storage::<F> gives bf16 only where F is f32: these casts are identities.)
             let s0 = s0.map(same::<F, f32>).transpose()?;
             let (y, fin) = run_bf16(ll, x, st, device, s0.as_ref(), want_final)?;
-            return Ok((y, fin.as_ref().map(same::<f32, F>).transpose()?));
+            return Ok(Kept { y, fin: fin.as_ref().map(same::<f32, F>).transpose()?, chunks: None });
         }
     }
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
@@ -274,12 +299,19 @@ pub fn run_planned_for<F: GpuReal>(
             (true, Some(s)) => Some(s.clone()),
             (true, None) => Some(DeviceTensor::<F>::zeros(&[b, h, dv, dk])?),
         };
-        return Ok((finish(DeviceTensor::<F>::zeros(&[b, t, h, dv])?, p)?, fin));
+        return Ok(Kept { y: finish(DeviceTensor::<F>::zeros(&[b, t, h, dv])?, p)?, fin, chunks: None });
     }
     let inp = chunked_inputs(ll, x, (q, k, v), [b, t, h, dk, dv])?;
     // The activations are F now (converted where they were stored otherwise).
     let plan = plan(ll, inp.dims, p, Storage::Real(Elem::of::<F>()), device)?;
+    let mut chunks = None;
     let (y, fin) = match (plan.path, plan.state_pass) {
+        (Path::Ssd, _) if keep && ll.lift.is_none() => {
+            let (y, pre) = ssd::run_keeping(ll, &inp, &plan.launches, s0, want_final, None)?;
+            let nc = t.div_ceil(Elem::of::<F>().chunk());
+            chunks = Some(DeviceTensor::from_pooled(pre.tree, &[b, h, nc, dk, dv])?);
+            (y, pre.fin)
+        }
         (Path::Ssd, _) => ssd::run(ll, &inp, &plan.launches, s0, want_final, None)?,
         (Path::Sequential, _) => {
             let l = plan.launches.first().ok_or_else(|| err(FAMILY, "internal: an empty plan"))?;
@@ -290,7 +322,8 @@ pub fn run_planned_for<F: GpuReal>(
     };
     let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[b, h, dv, dk])).transpose()?;
     let checks = inp.lam.as_ref().map(|(l, _)| l.checks().to_vec()).unwrap_or_default();
-    Ok((finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)?, fin))
+    let y = finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?.with_checks(checks), p)?;
+    Ok(Kept { y, fin, chunks })
 }
 
 /// The inputs of the chunked form from `q`, `k`, `v` (as `F`, of sizes `dims`) and the rest of

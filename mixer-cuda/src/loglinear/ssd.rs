@@ -225,6 +225,19 @@ pub(crate) fn run<F: GpuReal>(
     want_final: bool,
     table: Option<&ChunkTable>,
 ) -> Result<(Pooled<F>, Option<Pooled<F>>)> {
+    run_keeping(ll, x, plan, s0, want_final, table).map(|(y, p)| (y, p.fin))
+}
+
+/// [`run`], returning with `y` the [`Prefix`] the outputs read: without a lift, the state entering
+/// every chunk (what the base mixers' backward reads at the chunk boundaries, [`super::backward`]).
+pub(crate) fn run_keeping<F: GpuReal>(
+    ll: &LogLinear,
+    x: &ChunkedInputs<'_, F>,
+    plan: &[Launch],
+    s0: Option<&DeviceTensor<F>>,
+    want_final: bool,
+    table: Option<&ChunkTable>,
+) -> Result<(Pooled<F>, Prefix<F>)> {
     let s = x.shape();
     let [b, t, h, _, dv] = s.dims();
     let lifted = ll.lift.is_some();
@@ -232,7 +245,8 @@ pub(crate) fn run<F: GpuReal>(
     if out_launch.step != Step::Output {
         return Err(unexpected(out_launch));
     }
-    let Prefix { tree, decays, fin } = prefix(ll, x, before, s0, want_final, table)?;
+    let pre = prefix(ll, x, before, s0, want_final, table)?;
+    let (tree, decays) = (&pre.tree, &pre.decays);
     let (gv, has_g) = x.g_view();
     let levels = x.lam.as_ref().map_or(1, |(_, n)| *n);
     let n = b * t * h * dv;
@@ -245,8 +259,8 @@ pub(crate) fn run<F: GpuReal>(
         [&qv, &kv, &vv],
         (&gv, has_g),
         &lv,
-        &tree,
-        &decays,
+        tree,
+        decays,
         levels,
         (lifted, s0.is_some()),
         s,
@@ -254,7 +268,7 @@ pub(crate) fn run<F: GpuReal>(
         &mut y,
         table,
     )?;
-    Ok((y, fin))
+    Ok((y, pre))
 }
 
 /// The bf16 mode of linear attention and Mamba-2 without a lift, `Dk ≤ 128` (`g` as given), with
