@@ -418,7 +418,10 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         let g = gpu()?;
         let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_reverse_{}", F::SUFFIX))?;
         let (xv, c) = (x.view(), F::of(c));
-        launch!(g, FAMILY, f, grid1(len.min(1 << 20), 256); &xv, &mut *out, &b, &t, &h, &d, &mi, &ni, &c)?;
+        // A block per output token row (`llb_reverse`).
+        let rows = (shape[0] * n).clamp(1, 1 << 20) as u32;
+        let cfg = LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        launch!(g, FAMILY, f, cfg; &xv, &mut *out, &b, &t, &h, &d, &mi, &ni, &c)?;
         DeviceTensor::from_pooled(out, &shape)
     }
 
