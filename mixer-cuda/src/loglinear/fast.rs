@@ -306,13 +306,14 @@ pub(crate) fn run_keeping<F: GpuReal>(
     let plan = plan(ll, inp.dims, p, Storage::Real(Elem::of::<F>()), device)?;
     let mut chunks = None;
     let (y, fin) = match (plan.path, plan.state_pass) {
-        (Path::Ssd, _) if keep && ll.lift.is_none() => {
-            let (y, pre) = ssd::run_keeping(ll, &inp, &plan.launches, s0, want_final, None)?;
-            let nc = t.div_ceil(Elem::of::<F>().chunk());
-            chunks = Some(DeviceTensor::from_pooled(pre.tree, &[b, h, nc, dk, dv])?);
+        (Path::Ssd, _) => {
+            let (y, pre) = ssd::run(ll, &inp, &plan.launches, s0, want_final, None)?;
+            if keep && ll.lift.is_none() {
+                let nc = t.div_ceil(Elem::of::<F>().chunk());
+                chunks = Some(DeviceTensor::from_pooled(pre.tree, &[b, h, nc, dk, dv])?);
+            }
             (y, pre.fin)
         }
-        (Path::Ssd, _) => ssd::run(ll, &inp, &plan.launches, s0, want_final, None)?,
         (Path::Sequential, _) => {
             let l = plan.launches.first().ok_or_else(|| err(FAMILY, "internal: an empty plan"))?;
             sequential::run(ll, &inp, l, s0, want_final)?

@@ -98,7 +98,7 @@ pub(crate) fn run(
     let inp = chunked_inputs(ll, x, qkv, [1, t, h, dk, dv])?;
     let (y, fin) = match (pl.path, pl.state_pass) {
         (Path::Delta, Some(pass)) => run_delta(ll, &inp, pass, launches, s0, want_final, Some(&table))?,
-        _ => ssd::run(ll, &inp, launches, s0, want_final, Some(&table))?,
+        _ => ssd::run(ll, &inp, launches, s0, want_final, Some(&table)).map(|(y, p)| (y, p.fin))?,
     };
     let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[n, h, dv, dk])).transpose()?;
     Ok(Some((finish(DeviceTensor::from_pooled(y, &[1, t, h, dv])?, p)?, fin)))

@@ -215,22 +215,11 @@ pub(crate) fn prefix<F: GpuReal>(
 }
 
 /// Runs the passes of `plan` (from [`launches`], then [`output::launch`]); returns `y`
-/// `[B, T, H, Dv]` and, with `want_final`, the final state ([`prefix`]; a chunk `table` as
-/// there, which needs the direct output kernel; rows past the table's last token are zero).
+/// `[B, T, H, Dv]` and the [`Prefix`] the outputs read: with `want_final` the final state (a
+/// chunk `table` as in [`prefix`], which needs the direct output kernel; rows past the table's
+/// last token are zero), and without a lift the state entering every chunk (what the base
+/// mixers' backward reads at the chunk boundaries, [`super::backward`]).
 pub(crate) fn run<F: GpuReal>(
-    ll: &LogLinear,
-    x: &ChunkedInputs<'_, F>,
-    plan: &[Launch],
-    s0: Option<&DeviceTensor<F>>,
-    want_final: bool,
-    table: Option<&ChunkTable>,
-) -> Result<(Pooled<F>, Option<Pooled<F>>)> {
-    run_keeping(ll, x, plan, s0, want_final, table).map(|(y, p)| (y, p.fin))
-}
-
-/// [`run`], returning with `y` the [`Prefix`] the outputs read: without a lift, the state entering
-/// every chunk (what the base mixers' backward reads at the chunk boundaries, [`super::backward`]).
-pub(crate) fn run_keeping<F: GpuReal>(
     ll: &LogLinear,
     x: &ChunkedInputs<'_, F>,
     plan: &[Launch],
