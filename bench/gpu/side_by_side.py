@@ -111,6 +111,17 @@ def ref_fft_conv_heads(B, T, H, D, cached):
     return timed(f)
 
 
+def plan_kernels(plan):
+    """The kernels of the launch plan that ran (`mixers plan`): attention's one function, or the
+    log-linear family's launches in order, joined by "+" (`None` without a plan)."""
+    if not plan:
+        return None
+    if plan.get("function"):
+        return plan["function"]
+    names = [l.get("function") for l in plan.get("launches", []) if l.get("function")]
+    return " + ".join(names) or None
+
+
 def ours(binary, mixer, seqs, B, H, D, precision, max_seconds):
     with tempfile.TemporaryDirectory() as d:
         cmd = [binary, "bench", "--backend", "cuda", "--form", "fast", "--mixer", mixer,
@@ -123,7 +134,7 @@ def ours(binary, mixer, seqs, B, H, D, precision, max_seconds):
         rep = json.load(open(path))
     out = {}
     for p in rep["points"]:
-        kernel = (p.get("plan") or {}).get("function")  # the launch plan that ran (`mixers plan`)
+        kernel = plan_kernels(p.get("plan"))
         if p["backend"] == "cuda" and p["status"] == "ok":
             out[p["seq"]] = (p["timing"]["median"] * 1e3, p["upload_s"] * 1e3, p["download_s"] * 1e3, kernel)
         elif p["backend"] == "cuda":
