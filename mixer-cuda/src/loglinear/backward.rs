@@ -804,15 +804,16 @@ mod tests {
         }
     }
 
-    /// The recipe tests' cases: linear attention and Mamba-2 (σ = 0.8) at three shapes `(B, T, H,
-    /// Dk, Dv)`, random inputs and a cotangent `dy`, handed to `f`.
+    /// The recipe tests' cases: linear attention and Mamba-2 (σ = 0.8) at four shapes `(B, T, H,
+    /// Dk, Dv)` — `T` one token, past whole chunks of [`HOST_CHUNK`] (the reversed runs padded) and
+    /// a whole number of them — random inputs and a cotangent `dy`, handed to `f`.
     fn for_each_recipe_case(
         mut f: impl FnMut(&str, &dyn Mixer, &LogLinear, [usize; 5], &Dims, &Tensors<f64>, &ArrayD<f64>),
     ) {
         for name in ["linear-attention", "mamba2"] {
             let boxed = mixer_registry::mixer(name, &serde_json::json!({"scale": 0.8})).unwrap();
             let ll: &LogLinear = downcast(boxed.as_ref(), "test").unwrap();
-            for (b, t, h, dk, dv) in [(2, 37, 2, 5, 3), (1, 1, 1, 4, 6), (1, 70, 1, 3, 8)] {
+            for (b, t, h, dk, dv) in [(2, 37, 2, 5, 3), (1, 1, 1, 4, 6), (1, 70, 1, 3, 8), (1, 16, 1, 3, 2)] {
                 let dims = [("B", b), ("T", t), ("H", h), ("Dk", dk), ("Dv", dv)].into_iter().collect();
                 let x = boxed.random_inputs(&dims, 7).unwrap();
                 let dy = x["v"].mapv(|e| (3.0 * e + 0.2).sin());
