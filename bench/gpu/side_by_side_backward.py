@@ -111,6 +111,8 @@ def main():
          None if FLA else lambda *s: ref_loglinear(*s, True), True),
         ("mamba2", "exact", "fla chunk_simple_gla fp32 forward", None if FLA else ref_simple_gla, False),
         ("mamba2", "tf32", "fla chunk_simple_gla fp32 forward", None if FLA else ref_simple_gla, False),
+        ("mamba2", "bf16", "fla chunk_simple_gla bf16 forward",
+         None if FLA else lambda *s: ref_simple_gla(*s, torch.bfloat16), False),
         ("gated-deltanet", "exact", "fla chunk_gated_delta_rule fp32 forward",
          None if FLA else ref_gdn, False),
         ("gated-deltanet", "tf32", "fla chunk_gated_delta_rule fp32 forward",
