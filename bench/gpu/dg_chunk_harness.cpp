@@ -5,8 +5,9 @@
 // pairs that straddle i, s < i ≤ t, of σ e^(G_t − G_s) (q_t·k_s)(dy_t·v_s), plus the terms of the
 // initial state S_0 and of the final state's cotangent S̄_T, in f64 loops. The kernel's inputs
 // (dq, dk, the states entering the chunks of the dq run and of the padded reversed dk run) are
-// formed here from their definitions, so a wrong chunk index, boundary decay or tail fails. No GPU
-// and no CUDA headers. Run from the repository root:
+// formed here from their definitions, so a wrong chunk index, boundary decay or tail fails. Also the
+// lifts' decay gradient (llb_dg_dot and the tiled suffix scan), which shares the per-token dot
+// llb_row_dg with llb_dg_chunk. No GPU and no CUDA headers. Run from the repository root:
 //   g++ -std=c++20 -O1 -pthread bench/gpu/dg_chunk_harness.cpp -o /tmp/dg_harness && /tmp/dg_harness
 // It exits non-zero on a failure.
 #include <tuple>
@@ -196,6 +197,35 @@ template <typename T> static void run_dg(const Case& c, const char* name, double
     check(what, rel_err(dg, reference(c)), tol);
 }
 
+// The lifts' decay gradient, llb_dg_dot then the tiled suffix scan (llb_dg_tile, llb_dg_scan,
+// llb_dg_out), against dg_i = Σ_{t ≥ i} (q_t·dq_t − k_t·dk_t) in f64 loops (dq, dk any values here).
+static void run_dg_suffix(int B, int Tn, int H, int Dk, int L) {
+    const size_t rows = (size_t)B * Tn * H;
+    std::mt19937 rng(5u + Tn);
+    std::normal_distribution<double> n(0.0, 1.0);
+    std::vector<double> q(rows * Dk), dq(rows * Dk), k(rows * Dk), dk(rows * Dk);
+    for (auto* a : {&q, &dq, &k, &dk})
+        for (auto& x : *a) x = n(rng);
+    const int NT = (Tn + L - 1) / L, BH = B * H;
+    std::vector<double> a((size_t)BH * Tn), s((size_t)BH * NT), dg(rows, NAN), want(rows);
+    launch(4, 1, [&] { llb_dg_dot<double>(q.data(), dq.data(), k.data(), dk.data(), a.data(), B, Tn, H, Dk); });
+    launch(1, 1, [&] { llb_dg_tile_sums(a.data(), s.data(), BH, Tn, L, NT); });
+    launch(1, 1, [&] { llb_dg_scan_tiles(s.data(), BH, NT); });
+    launch(1, 1, [&] { llb_dg_out<double>(a.data(), s.data(), dg.data(), BH, Tn, H, L, NT); });
+    for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h) {
+            double acc = 0;
+            for (int t = Tn - 1; t >= 0; --t) {
+                const size_t r = ((size_t)b * Tn + t) * H + h;
+                acc += dot(&q[r * Dk], &dq[r * Dk], Dk) - dot(&k[r * Dk], &dk[r * Dk], Dk);
+                want[r] = acc;
+            }
+        }
+    char what[120];
+    std::snprintf(what, sizeof what, "llb_dg_dot + tiled suffix scan B%d T%d H%d Dk%d L%d", B, Tn, H, Dk, L);
+    check(what, rel_err(dg, want), 1e-12);
+}
+
 // llb_reverse and llb_reverse_g against their definitions at (M, N) = (T, T), (T', T') and (T', T).
 static void run_reverse(int B, int Tn, int H, int D, int C) {
     const int Tp = (Tn + C - 1) / C * C;
@@ -242,6 +272,8 @@ int main() {
         run_dg<double>(c, "f64", 1e-12);
         run_dg<float>(c, "f32", 2e-5);
     }
+    run_dg_suffix(2, 37, 3, 40, 8);
+    run_dg_suffix(1, 130, 1, 5, 12);
     run_reverse(2, 37, 3, 5, 8);
     run_reverse(1, 16, 2, 4, 8);
     if (failures) std::printf("%d FAILED\n", failures);

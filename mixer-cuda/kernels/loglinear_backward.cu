@@ -28,9 +28,19 @@ template <typename T> __device__ inline T llb_warp_sum(T x) {
     return x;
 }
 
+// dG_t = q_t·dq_t − k_t·dk_t of the token row starting at `base` (Dk entries), in f64, by one
+// warp: lanes over the entries (d = lane + 32 j, coalesced), then the warp's sum (every lane has it).
+template <typename T>
+__device__ inline double llb_row_dg(const T* q, const T* dq, const T* k, const T* dk, long long base, int Dk, int lane) {
+    double x = 0.0;
+    for (int d = lane; d < Dk; d += 32)
+        x += (double)q[base + d] * (double)dq[base + d] - (double)k[base + d] * (double)dk[base + d];
+    return llb_warp_sum(x);
+}
+
 // x [B, Tn, H, D] → out [B, N, H, D] (llb_reverse above): a block per output token row (grid-stride
 // over the B·N rows), whose H·D entries are contiguous in x and in out — a copy without a division
-// per entry (the division per entry made this kernel 120 µs for 4 MiB on the H200).
+// per entry (four 64-bit divisions per entry made it 120 µs for 64 MiB on the H200, 48 µs now).
 template <typename T>
 __device__ void llb_reverse(const T* x, T* out, int B, int Tn, int H, int D, int M, int N, T c) {
     const int HD = H * D;
@@ -109,11 +119,7 @@ __device__ void llb_dg_chunk(const T* q, const T* dq, const T* k, const T* dk, c
         __syncthreads();
     }
     for (int t = t0 + warp; t < t1; t += blockDim.x / 32) {
-        const long long base = ((long long)(b * Tn + t) * H + h) * Dk;
-        double y = 0.0;
-        for (int d = lane; d < Dk; d += 32)
-            y += (double)q[base + d] * (double)dq[base + d] - (double)k[base + d] * (double)dk[base + d];
-        y = llb_warp_sum(y);
+        const double y = llb_row_dg(q, dq, k, dk, ((long long)(b * Tn + t) * H + h) * Dk, Dk, lane);
         if (lane == 0) a[t - t0] = y;
     }
     __syncthreads();
@@ -143,14 +149,10 @@ __device__ void llb_dg_dot(const T* q, const T* dq, const T* k, const T* dk, dou
     const long long warps = (long long)gridDim.x * (blockDim.x / 32);
     const int lane = threadIdx.x % 32;
     for (long long row = gtid() / 32; row < rows; row += warps) {  // row = (b·T + t)·H + h
-        const long long base = row * Dk;
         const int h = (int)(row % H);
         const long long bt = row / H;
         const long long t = bt % Tn, b = bt / Tn;
-        double x = 0.0;
-        for (int d = lane; d < Dk; d += 32)
-            x += (double)q[base + d] * (double)dq[base + d] - (double)k[base + d] * (double)dk[base + d];
-        x = llb_warp_sum(x);
+        const double x = llb_row_dg(q, dq, k, dk, row * Dk, Dk, lane);
         if (lane == 0) a[(b * H + h) * Tn + t] = x;
     }
 }

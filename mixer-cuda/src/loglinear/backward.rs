@@ -502,47 +502,8 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         DeviceTensor::from_pooled(out, s.shape())
     }
 
+    /// `llb_dg_chunk`, a block per (chunk, batch·head).
     fn decay_grad_chunked(
-        &self,
-        qdk: [&DeviceTensor<F>; 4],
-        g: &DeviceTensor<F>,
-        hqk: [&DeviceTensor<F>; 2],
-        tail: Option<(&DeviceTensor<F>, &DeviceTensor<F>)>,
-    ) -> Result<DeviceTensor<F>> {
-        self.dg_chunked(qdk, g, hqk, tail)
-    }
-}
-
-impl<F: GpuReal> OnDevice<'_, F> {
-    /// The lifts' `dg_i = Σ_{t≥i} dG_t`, `dG_t = q_t·dq_t − k_t·dk_t` from `[q, dq, k, dk]`:
-    /// `llb_dg_dot`, then the tiled suffix scan (`llb_dg_tile`, `llb_dg_scan`, `llb_dg_out`).
-    fn decay_grad(&self, [q, dq, k, dk]: [&DeviceTensor<F>; 4]) -> Result<DeviceTensor<F>> {
-        let [b, t, h, d] = bthd(q.shape())?;
-        let (bh, tn) = (q.shape()[0] * q.shape()[2], q.shape()[1]);
-        let l = dg_tile(tn);
-        let nt = tn.div_ceil(l);
-        let (bhi, li, nti) = (int(FAMILY, "B·H", bh)?, int(FAMILY, "tile", l)?, int(FAMILY, "tiles", nt)?);
-        let mut a = pool::take::<f64>(FAMILY, bh * tn)?;
-        let mut s = pool::take::<f64>(FAMILY, bh * nt)?;
-        let mut out = pool::take::<F>(FAMILY, bh * tn)?;
-        let g = gpu()?;
-        let kernel = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], name);
-        let (qv, dqv, kv, dkv) = (q.view(), dq.view(), k.view(), dk.view());
-        let f = kernel(&format!("llb_dg_dot_{}", F::SUFFIX))?;
-        launch!(g, FAMILY, f, grid1((bh * tn * 32).min(1 << 22), 256);
-            &qv, &dqv, &kv, &dkv, &mut *a, &b, &t, &h, &d)?;
-        let f = kernel("llb_dg_tile")?;
-        launch!(g, FAMILY, f, grid1((bh * nt).min(1 << 20), 128); &*a, &mut *s, &bhi, &t, &li, &nti)?;
-        let f = kernel("llb_dg_scan")?;
-        launch!(g, FAMILY, f, grid1(bh.min(1 << 20), 128); &mut *s, &bhi, &nti)?;
-        let f = kernel(&format!("llb_dg_out_{}", F::SUFFIX))?;
-        launch!(g, FAMILY, f, grid1((bh * nt).min(1 << 20), 128);
-            &*a, &*s, &mut *out, &bhi, &t, &h, &li, &nti)?;
-        DeviceTensor::from_pooled(out, &q.shape()[..3])
-    }
-
-    /// [`Transposes::decay_grad_chunked`]: `llb_dg_chunk`, a block per (chunk, batch·head).
-    fn dg_chunked(
         &self,
         [q, dq, k, dk]: [&DeviceTensor<F>; 4],
         gt: &DeviceTensor<F>,
@@ -579,6 +540,35 @@ impl<F: GpuReal> OnDevice<'_, F> {
             (q.view(), dq.view(), k.view(), dk.view(), gt.view(), hq.view(), hk.view());
         launch!(g, FAMILY, f, cfg;
             &qv, &dqv, &kv, &dkv, &gv, &hqv, &hkv, &dfv, &ftv, &has_tail, &mut *out, &t, &h, &d, &dvi, &ci, &nci)?;
+        DeviceTensor::from_pooled(out, &q.shape()[..3])
+    }
+}
+
+impl<F: GpuReal> OnDevice<'_, F> {
+    /// The lifts' `dg_i = Σ_{t≥i} dG_t`, `dG_t = q_t·dq_t − k_t·dk_t` from `[q, dq, k, dk]`:
+    /// `llb_dg_dot`, then the tiled suffix scan (`llb_dg_tile`, `llb_dg_scan`, `llb_dg_out`).
+    fn decay_grad(&self, [q, dq, k, dk]: [&DeviceTensor<F>; 4]) -> Result<DeviceTensor<F>> {
+        let [b, t, h, d] = bthd(q.shape())?;
+        let (bh, tn) = (q.shape()[0] * q.shape()[2], q.shape()[1]);
+        let l = dg_tile(tn);
+        let nt = tn.div_ceil(l);
+        let (bhi, li, nti) = (int(FAMILY, "B·H", bh)?, int(FAMILY, "tile", l)?, int(FAMILY, "tiles", nt)?);
+        let mut a = pool::take::<f64>(FAMILY, bh * tn)?;
+        let mut s = pool::take::<f64>(FAMILY, bh * nt)?;
+        let mut out = pool::take::<F>(FAMILY, bh * tn)?;
+        let g = gpu()?;
+        let kernel = |name: &str| g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], name);
+        let (qv, dqv, kv, dkv) = (q.view(), dq.view(), k.view(), dk.view());
+        let f = kernel(&format!("llb_dg_dot_{}", F::SUFFIX))?;
+        launch!(g, FAMILY, f, grid1((bh * tn * 32).min(1 << 22), 256);
+            &qv, &dqv, &kv, &dkv, &mut *a, &b, &t, &h, &d)?;
+        let f = kernel("llb_dg_tile")?;
+        launch!(g, FAMILY, f, grid1((bh * nt).min(1 << 20), 128); &*a, &mut *s, &bhi, &t, &li, &nti)?;
+        let f = kernel("llb_dg_scan")?;
+        launch!(g, FAMILY, f, grid1(bh.min(1 << 20), 128); &mut *s, &bhi, &nti)?;
+        let f = kernel(&format!("llb_dg_out_{}", F::SUFFIX))?;
+        launch!(g, FAMILY, f, grid1((bh * nt).min(1 << 20), 128);
+            &*a, &*s, &mut *out, &bhi, &t, &h, &li, &nti)?;
         DeviceTensor::from_pooled(out, &q.shape()[..3])
     }
 }
@@ -730,6 +720,8 @@ mod tests {
             let (tn, c) = (q.shape()[1], HOST_CHUNK);
             let nc = tn.div_ceil(c);
             let dgt = (q * dq - k * dk).sum_axis(Axis(3));
+            // (S̄_T, S_T) for the last chunk's boundary value ⟨S̄_T, S_T⟩.
+            let tail = tail.map(|(df, ft)| Ok::<_, Error>((df, self.transpose_state(ft)?))).transpose()?;
             let mut out = ArrayD::zeros(dgt.raw_dim());
             for b in 0..q.shape()[0] {
                 for h in 0..q.shape()[2] {
@@ -739,8 +731,7 @@ mod tests {
                             let a = hq.slice(s![b, h, m + 1, .., ..]);
                             let z = hk.slice(s![b, h, nc - 1 - m, .., ..]);
                             (&a * &z).sum() * g[[b, t1, h]].exp()
-                        } else if let Some((df, ft)) = tail {
-                            let st = self.transpose_state(ft)?;
+                        } else if let Some((df, st)) = &tail {
                             (&df.slice(s![b, h, .., ..]) * &st.slice(s![b, h, .., ..])).sum()
                         } else {
                             0.0
