@@ -28,21 +28,33 @@ template <typename T> __device__ inline T llb_warp_sum(T x) {
     return x;
 }
 
+// An activation as f64 (bf16 widened exactly).
+__device__ __forceinline__ double llb_f64(float x) { return (double)x; }
+__device__ __forceinline__ double llb_f64(double x) { return x; }
+__device__ __forceinline__ double llb_f64(mx_bf16 x) { return (double)mx_bf16_f32(x); }
+
 // dG_t = q_t·dq_t − k_t·dk_t of the token row starting at `base` (Dk entries), in f64, by one
 // warp: lanes over the entries (d = lane + 32 j, coalesced), then the warp's sum (every lane has it).
-template <typename T>
-__device__ inline double llb_row_dg(const T* q, const T* dq, const T* k, const T* dk, long long base, int Dk, int lane) {
+template <typename V>
+__device__ inline double llb_row_dg(const V* q, const V* dq, const V* k, const V* dk, long long base, int Dk, int lane) {
     double x = 0.0;
     for (int d = lane; d < Dk; d += 32)
-        x += (double)q[base + d] * (double)dq[base + d] - (double)k[base + d] * (double)dk[base + d];
+        x += llb_f64(q[base + d]) * llb_f64(dq[base + d]) - llb_f64(k[base + d]) * llb_f64(dk[base + d]);
     return llb_warp_sum(x);
 }
 
 // x [B, Tn, H, D] → out [B, N, H, D] (llb_reverse above): a block per output token row (grid-stride
 // over the B·N rows), whose H·D entries are contiguous in x and in out — a copy without a division
 // per entry (four 64-bit divisions per entry made it 120 µs for 64 MiB on the H200, 48 µs now).
-template <typename T>
-__device__ void llb_reverse(const T* x, T* out, int B, int Tn, int H, int D, int M, int N, T c) {
+// c · x in the element's type (a bf16 element scaled in f32 and rounded back; c = 1 copies it).
+__device__ __forceinline__ float llb_scaled(float x, float c) { return c * x; }
+__device__ __forceinline__ double llb_scaled(double x, double c) { return c * x; }
+__device__ __forceinline__ mx_bf16 llb_scaled(mx_bf16 x, float c) {
+    return c == 1.0f ? x : mx_f32_bf16(c * mx_bf16_f32(x));
+}
+
+template <typename T, typename S>
+__device__ void llb_reverse(const T* x, T* out, int B, int Tn, int H, int D, int M, int N, S c) {
     const int HD = H * D;
     const long long rows = (long long)B * N;
     for (long long row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -52,7 +64,7 @@ __device__ void llb_reverse(const T* x, T* out, int B, int Tn, int H, int D, int
         if (src >= 0 && src < Tn) {
             const T* in = x + (b * Tn + src) * HD;
 #pragma unroll 4
-            for (int i = threadIdx.x; i < HD; i += blockDim.x) o[i] = c * in[i];
+            for (int i = threadIdx.x; i < HD; i += blockDim.x) o[i] = llb_scaled(in[i], c);
         } else {
 #pragma unroll 4
             for (int i = threadIdx.x; i < HD; i += blockDim.x) o[i] = T(0);
@@ -90,8 +102,8 @@ template <typename T> __device__ void llb_reverse_g(const T* g, T* out, int B, i
 // dk and two states per chunk once: 0.40 GB in 196 µs at (1, 16384, 16, 64) on the H200 (Nsight
 // Compute, base clocks), about 2 TB/s; a variant with eight loads in flight a thread took 116
 // registers and 237 µs.
-template <typename T>
-__device__ void llb_dg_chunk(const T* q, const T* dq, const T* k, const T* dk, const T* g, const T* hq, const T* hk,
+template <typename V, typename T>
+__device__ void llb_dg_chunk(const V* q, const V* dq, const V* k, const V* dk, const T* g, const T* hq, const T* hk,
                              const T* df, const T* ft, int has_tail, T* dg, int Tn, int H, int Dk, int Dv, int C,
                              int NC) {
     __shared__ double red[256];
@@ -226,7 +238,7 @@ __device__ void llb_dg_out(const double* a, const double* s, T* dg, int BH, int 
 #define LLB_EXPORT(T, S)                                                                                       \
     extern "C" __global__ void llb_reverse_##S(const T* x, T* out, int B, int Tn, int H, int D, int M, int N,   \
                                                T c) {                                                        \
-        llb_reverse<T>(x, out, B, Tn, H, D, M, N, c);                                                        \
+        llb_reverse<T, T>(x, out, B, Tn, H, D, M, N, c);                                                     \
     }                                                                                                        \
     extern "C" __global__ void llb_reverse_g_##S(const T* g, T* out, int B, int Tn, int H, int N) {           \
         llb_reverse_g<T>(g, out, B, Tn, H, N);                                                               \
@@ -235,7 +247,7 @@ __device__ void llb_dg_out(const double* a, const double* s, T* dg, int BH, int 
                                                 const T* hq, const T* hk, const T* df, const T* ft,           \
                                                 int has_tail, T* dg, int Tn, int H, int Dk, int Dv, int C,     \
                                                 int NC) {                                                    \
-        llb_dg_chunk<T>(q, dq, k, dk, g, hq, hk, df, ft, has_tail, dg, Tn, H, Dk, Dv, C, NC);                 \
+        llb_dg_chunk<T, T>(q, dq, k, dk, g, hq, hk, df, ft, has_tail, dg, Tn, H, Dk, Dv, C, NC);              \
     }                                                                                                        \
     extern "C" __global__ void llb_dg_dot_##S(const T* q, const T* dq, const T* k, const T* dk, double* a,     \
                                               int B, int Tn, int H, int Dk) {                              \
@@ -255,6 +267,19 @@ __device__ void llb_dg_out(const double* a, const double* s, T* dg, int BH, int 
 
 LLB_EXPORT(float, f32)
 LLB_EXPORT(double, f64)
+
+// The bf16 mode's reversed runs on bf16 activations (their scale in f32) and its decay gradient
+// from bf16 q, dq, k, dk with f32 log-decays and chunk states.
+extern "C" __global__ void llb_reverse_bf16(const mx_bf16* x, mx_bf16* out, int B, int Tn, int H, int D, int M,
+                                            int N, float c) {
+    llb_reverse<mx_bf16, float>(x, out, B, Tn, H, D, M, N, c);
+}
+extern "C" __global__ void llb_dg_chunk_bf16(const mx_bf16* q, const mx_bf16* dq, const mx_bf16* k,
+                                             const mx_bf16* dk, const float* g, const float* hq, const float* hk,
+                                             const float* df, const float* ft, int has_tail, float* dg, int Tn, int H,
+                                             int Dk, int Dv, int C, int NC) {
+    llb_dg_chunk<mx_bf16, float>(q, dq, k, dk, g, hq, hk, df, ft, has_tail, dg, Tn, H, Dk, Dv, C, NC);
+}
 
 extern "C" __global__ void llb_dg_tile(const double* a, double* s, int BH, int Tn, int L, int NT) {
     llb_dg_tile_sums(a, s, BH, Tn, L, NT);

@@ -183,6 +183,14 @@ __device__ inline void llc_qk(T (&acc)[CH / 16][CH / 16], const T* q, const T* k
 // from one 16-byte (f32) or 8-byte (bf16) load.
 __device__ __forceinline__ float llc_f(float x) { return x; }
 __device__ __forceinline__ float llc_f(mx_bf16 b) { return mx_bf16_f32(b); }
+// An f32 value stored as T: itself, or rounded to bf16 (nearest even).
+template <typename T>
+__device__ __forceinline__ T llc_as(float x) {
+    if constexpr (sizeof(T) == 2)
+        return mx_f32_bf16(x);
+    else
+        return x;
+}
 __device__ __forceinline__ float4 llc_f4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ float4 llc_f4(const mx_bf16* p) {
     return mx_bf16x4_f32(*reinterpret_cast<const uint2*>(p));

@@ -418,14 +418,16 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
 // 3'''. llc_out_direct_tc's bf16 form (the bf16 mode: q, k, v and y bf16), the same outputs with
 // every product on m16n8k16 bf16 tensor cores (f32 accumulation) and every operand read by
 // ldmatrix from the swizzled tiles: Q and K as stored, V and the state transposed. The entering
-// state (f32 in global memory) is rounded to bf16 as it is staged, through registers, while Q, K
-// and V are in flight by cp.async; the scores P, rounded to bf16, are P·V's A operand straight
-// from their accumulators (keys 16j .. 16j + 15 are the n-tiles 2j and 2j + 1). Key steps after
-// the warp's last row are skipped. Rounding the state and P to bf16 instead of tf32 is within the
-// mode's tolerance (docs/design.md, precision modes). Dynamic shared memory lld_smem<mx_bf16, KT>().
-template <int KT>
+// state is bf16 in global memory (TS = mx_bf16: copied by cp.async with Q) or f32 (rounded to
+// bf16 as it is staged, through registers, while Q, K and V are in flight by cp.async): the same
+// operand either way, since llc_scan_hb and llc_walk_tc_hb round as the staging does. The scores
+// P, rounded to bf16, are P·V's A operand straight from their accumulators (keys 16j .. 16j + 15
+// are the n-tiles 2j and 2j + 1). Key steps after the warp's last row are skipped. Rounding the
+// state and P to bf16 instead of tf32 is within the mode's tolerance (docs/design.md, precision
+// modes). Dynamic shared memory lld_smem<mx_bf16, KT>().
+template <int KT, typename TS>
 __device__ void llc_out_direct_bf(const mx_bf16* q, const mx_bf16* k, const mx_bf16* v, const float* g, int has_g,
-                                  const float* F, mx_bf16* y, int Tn, int H, int Dk, int Dv, int nc, double scale,
+                                  const TS* F, mx_bf16* y, int Tn, int H, int Dk, int Dv, int nc, double scale,
                                   int read0, const int* tab, int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64;
@@ -444,24 +446,28 @@ __device__ void llc_out_direct_bf(const mx_bf16* q, const mx_bf16* k, const mx_b
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     const float sc = (float)scale;
     const bool vq = Dk % 8 == 0 && llc_al16(q) && llc_al16(k), vv = Dv % 8 == 0 && llc_al16(v),
-               vf = Dv % 4 == 0 && llc_al16(F);
+               vf = Dv % (16 / (int)sizeof(TS)) == 0 && llc_al16(F);
     auto atqk = [](int r, int c) { return lld_at<mx_bf16, KT>(r, c, true); };
     auto atv = [](int r, int c) { return lld_at<mx_bf16, KT>(r, c, false); };
     const bool state = !ck.first || read0;
+    const TS* Fc = F + ((long long)bh * nc + i) * Dk * Dv + d0;
     lld_tile<64, KT>(Qs, q + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
+    // A bf16 state (llc_scan_hb, llc_walk_tc_hb) is copied with Q: the state's rows c < KT (zero at
+    // c ≥ Dk), value columns d0 .. d0 + 63 (zero past Dv), laid out as V.
+    if constexpr (sizeof(TS) == 2)
+        if (state) lld_tile<KT, 64>(Hs, Fc, Dv, Dk, nd, vf, atv);
     asm volatile("cp.async.commit_group;\n" ::);
     lld_tile<64, KT>(Ks, k + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
     lld_tile<64, 64>(Vs, v + row0 * Dv + d0, (long long)H * Dv, n, nd, vv, atv);
     asm volatile("cp.async.commit_group;\n" ::);
-    if (state) {
+    if (sizeof(TS) == 4 && state) {
         // The state's rows c < KT (zero at c ≥ Dk), value columns d0 .. d0 + 63 (zero past Dv),
         // four at a time: H (c, d) = F[c][d0 + d].
-        const float* Fc = F + ((long long)bh * nc + i) * Dk * Dv + d0;
         for (int idx = tid; idx < KT * 16; idx += 128) {
             const int c = idx >> 4, d = (idx & 15) * 4;
             float4 x = {0.f, 0.f, 0.f, 0.f};
             if (c < Dk && d < nd) {
-                const float* src = Fc + (long long)c * Dv + d;
+                const float* src = reinterpret_cast<const float*>(Fc) + (long long)c * Dv + d;
                 if (vf)
                     x = *reinterpret_cast<const float4*>(src);
                 else
@@ -554,17 +560,21 @@ __device__ void llc_out_direct_bf(const mx_bf16* q, const mx_bf16* k, const mx_b
 }
 
 // llc_out_direct_tc_f32 (Dk ≤ 64) and llc_out_direct_tc_f32_k128 (Dk ≤ 128); the bf16 mode's
-// llc_out_direct_tc_bf16 and llc_out_direct_tc_bf16_k128.
-#define LLD_EXPORT(NAME, TI, BODY)                                                                            \
+// llc_out_direct_tc_bf16 and llc_out_direct_tc_bf16_k128 (f32 states: gated DeltaNet's pass, and
+// the runs of the backward, which keeps them), llc_out_direct_tc_hb and llc_out_direct_tc_hb_k128
+// (the states in bf16: llc_scan_hb, llc_walk_tc_hb).
+#define LLD_EXPORT(NAME, TI, TS, BODY)                                                                       \
     extern "C" __global__ void __launch_bounds__(128)                                                        \
-        NAME(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const float* F, TI* y, int Tn, \
+        NAME(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const TS* F, TI* y, int Tn,   \
              int H, int Dk, int Dv, int nc, double scale, int read0, const int* tab, int has_tab) {           \
         BODY(q, k, v, g, has_g, F, y, Tn, H, Dk, Dv, nc, scale, read0, tab, has_tab);                        \
     }
-LLD_EXPORT(llc_out_direct_tc_f32, float, (llc_out_direct_tc<float, 64>))
-LLD_EXPORT(llc_out_direct_tc_f32_k128, float, (llc_out_direct_tc<float, 128>))
-LLD_EXPORT(llc_out_direct_tc_bf16, mx_bf16, llc_out_direct_bf<64>)
-LLD_EXPORT(llc_out_direct_tc_bf16_k128, mx_bf16, llc_out_direct_bf<128>)
+LLD_EXPORT(llc_out_direct_tc_f32, float, float, (llc_out_direct_tc<float, 64>))
+LLD_EXPORT(llc_out_direct_tc_f32_k128, float, float, (llc_out_direct_tc<float, 128>))
+LLD_EXPORT(llc_out_direct_tc_bf16, mx_bf16, float, (llc_out_direct_bf<64, float>))
+LLD_EXPORT(llc_out_direct_tc_bf16_k128, mx_bf16, float, (llc_out_direct_bf<128, float>))
+LLD_EXPORT(llc_out_direct_tc_hb, mx_bf16, mx_bf16, (llc_out_direct_bf<64, mx_bf16>))
+LLD_EXPORT(llc_out_direct_tc_hb_k128, mx_bf16, mx_bf16, (llc_out_direct_bf<128, mx_bf16>))
 
 // 6. Outputs of gated DeltaNet's lift, chunk i, a tile of 64 value columns (docs/math.md §2.6):
 // P = σ QKᵀ ⊙ Γ (s ≤ r); the intra-chunk coefficients A = P T⁻¹ diag(β), weighted λ_r^(ℓ(r,s)), give

@@ -109,17 +109,27 @@ __device__ void llc_tree(T* __restrict__ F, double* A, int e, int BH, int Dk, in
 // With has_st, the final state H_nc is written transposed as ST [BH][Dv][Dk] (docs/math.md §7).
 // With a chunk table (llc_span; B = 1) a block row is a (sequence, head) that walks its
 // sequence's chunks from its own row of S0 and writes its own row of ST.
+// HB (llc_scan_hb, the bf16 mode's forward): H_j goes rounded to bf16 into Hb [BH][NC][Dk][Dv]
+// instead of over Z_j (the output kernel's operand as it would round it; F is only read).
 // Grid (⌈Dk·Dv/256⌉, BH, or NS·H with a table), 256 threads.
 #define LLC_SCAN_P 32
-template <typename T>
-__device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk, int Dv, int nc, const T* S0,
-                         int has_s0, T* ST, int has_st, const int* tab, int has_tab, int H) {
+template <typename T, bool HB>
+__device__ void llc_scan(T* __restrict__ F, mx_bf16* __restrict__ Hb, const double* __restrict__ A, int Dk, int Dv,
+                         int nc, const T* S0, int has_s0, T* ST, int has_st, const int* tab, int has_tab, int H) {
     LLC_FIX_DIMS(Dk, Dv);
     const long long DD = (long long)Dk * Dv;
     const long long idx = (long long)blockIdx.x * 256 + threadIdx.x;
     const LlcRange rg = llc_range(tab, has_tab, blockIdx.y, H, nc, gridDim.y / H);
     if (idx >= DD) return;
     T* f = F + (long long)rg.bh * nc * DD + idx;
+    mx_bf16* hb = HB ? Hb + (long long)rg.bh * nc * DD + idx : nullptr;
+    // H_j into entry j: over Z_j, or rounded to bf16 into Hb.
+    auto put = [&](int j, T x) {
+        if constexpr (HB)
+            hb[(long long)j * DD] = mx_f32_bf16(x);
+        else
+            f[(long long)j * DD] = x;
+    };
     const double* a = A + (long long)rg.bh * nc;
     // Entry idx = (key c, value d) of H is entry (d, c) of the state S = Hᵀ (row rg.row of S0, ST).
     const long long sidx = (long long)rg.row * DD + (idx % Dv) * Dk + idx / Dv;
@@ -143,7 +153,7 @@ __device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk
         asm volatile("" ::: "memory");
 #pragma unroll
         for (int p = 0; p < LLC_SCAN_P; ++p) {
-            f[(long long)(j0 + p) * DD] = hcur;
+            put(j0 + p, hcur);
             hcur = fma(w[p], hcur, z[p]);
         }
     }
@@ -161,20 +171,35 @@ __device__ void llc_scan(T* __restrict__ F, const double* __restrict__ A, int Dk
         asm volatile("" ::: "memory");
 #pragma unroll
         for (int p = 0; p < LLC_SCAN_P; ++p) {
-            if (p < m) f[(long long)(j0 + p) * DD] = hcur;
+            if (p < m) put(j0 + p, hcur);
             hcur = p < m ? fma(w[p], hcur, z[p]) : hcur;
         }
     }
     if (has_st) ST[sidx] = hcur;
 }
 
-// 1'. llc_states on tensor cores (tf32 / bf16 modes; k and v f32, or bf16 bits as stored in the bf16
-// mode — TI): Z_j = K̂ᵀ V as m16n8k8 tf32 mma,
+// The end of llc_states_tc and llc_states_tc_bf16: a warp's accumulators (key rows cr, cr + 8 of
+// the tile at c0, value columns d0 + 8nt + 2tg, + 1) as Z_j's entries (Z_j [Dk][Dv] at
+// F[bh·NC + j]) and, once per chunk, a_j.
+__device__ __forceinline__ void llc_put_z(const float (&acc)[8][4], float* F, double* A, int bh, int nc, int j,
+                                          int c0, int d0, int cr, int tg, int Dk, int Dv, double alast) {
+    const long long DD = (long long)Dk * Dv;
+    float* Z = F + ((long long)bh * nc + j) * DD;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int c = c0 + cr + (u < 2 ? 0 : 8), d = d0 + nt * 8 + 2 * tg + (u & 1);
+            if (c < Dk && d < Dv) Z[(long long)c * Dv + d] = acc[nt][u];
+        }
+    if (blockIdx.z == 0 && threadIdx.x == 0) A[(long long)bh * nc + j] = alast;
+}
+
+// 1'. llc_states on tensor cores, the tf32 mode (k and v f32): Z_j = K̂ᵀ V as m16n8k8 tf32 mma,
 // a 64 × 64 tile of (key rows, value columns) per block, 4 warps of 16 key rows. Ks, Vs [64][72]
 // (padded: fragment loads hit 32 banks). Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 128 threads.
-template <typename TI>
-__device__ void llc_states_tc(const TI* k, const TI* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
-                              int Dk, int Dv, int nc, const int* tab, int has_tab) {
+__device__ void llc_states_tc(const float* k, const float* v, const float* g, int has_g, float* F, double* A, int Tn,
+                              int H, int Dk, int Dv, int nc, const int* tab, int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
     constexpr int CH = 64;
     __shared__ double gam[CH], gtmp[CH];
@@ -189,9 +214,9 @@ __device__ void llc_states_tc(const TI* k, const TI* v, const float* g, int has_
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
     const double alast = gam[CH - 1];
-    // Four entries per load (one 16-byte f32 or 8-byte bf16 load when the rows allow it); K and V
-    // loads are all issued before the first store.
-    const bool vk = Dk % 4 == 0 && mx_aligned(k, 4 * sizeof(TI)), vv = Dv % 4 == 0 && mx_aligned(v, 4 * sizeof(TI));
+    // Four entries per load (one 16-byte load when the rows allow it); K and V loads are all issued
+    // before the first store.
+    const bool vk = Dk % 4 == 0 && llc_al16(k), vv = Dv % 4 == 0 && llc_al16(v);
     llc_stage<float4, 2 * CH * 16 / 128, 128>(
         2 * CH * 16,
         [&](int idx) {
@@ -220,52 +245,104 @@ __device__ void llc_states_tc(const TI* k, const TI* v, const float* g, int has_
             mx_mma_tf32(acc[nt], a0, a1, a2, a3, __float_as_uint(Vs[s * LLT_LDV + nt * 8 + gi]),
                         __float_as_uint(Vs[(s + 4) * LLT_LDV + nt * 8 + gi]));
     }
-    const long long DD = (long long)Dk * Dv;
-    float* Z = F + ((long long)bh * nc + j) * DD;
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int c = c0 + cr + (u < 2 ? 0 : 8), d = d0 + nt * 8 + 2 * tg + (u & 1);
-            if (c < Dk && d < Dv) Z[(long long)c * Dv + d] = acc[nt][u];
-        }
-    if (blockIdx.z == 0 && tid == 0) A[(long long)bh * nc + j] = alast;
+    llc_put_z(acc, F, A, bh, nc, j, c0, d0, cr, tg, Dk, Dv, alast);
 }
 
 extern "C" __global__ void __launch_bounds__(128)
     llc_states_tc_f32(const float* k, const float* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
                       int Dk, int Dv, int nc, const int* tab, int has_tab) {
-    llc_states_tc<float>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, tab, has_tab);
+    llc_states_tc(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, tab, has_tab);
 }
-// The bf16 mode's activations read as they are stored (bf16 bits; g stays f32).
+
+// Z += K̂ᵀ V for a warp's 16 key rows (kb .. kb + 15 of the tiles) and NT·8 value columns on
+// m16n8k16 bf16 tensor cores (f32 accumulation), over the chunk's tokens s < n in steps of 16 in
+// order: K̂_s = e^{a − γ_s} k_s with each product rounded to bf16 (the bf16 mode's rounding of the
+// decayed keys), V as stored. Ks (tokens × key columns, rows of KLD elements) and Vs (tokens ×
+// value columns, rows of VLD) hold the raw bf16 tiles, zero from token n on; both operands come by
+// ldmatrix.trans (rows of KLD, VLD elements a multiple of 16 bytes, ≡ 16 mod 128 or 80: the eight
+// rows an ldmatrix reads fall in distinct banks). llc_states_tc_bf16 and the bf16 walk take their
+// chunk states from here: the same operands and order, so the same bits.
+template <int NT, int KLD, int VLD>
+__device__ __forceinline__ void llc_z_bf16(float (&acc)[NT][4], const mx_bf16* Ks, const mx_bf16* Vs,
+                                           const double* gam, double alast, int n, int kb, int lane) {
+    const int tg = lane & 3, q = lane >> 3, r = lane & 7;
+    // A register's two bf16 (tokens s, s + 1 of one key row) times their decays, rounded to bf16.
+    auto decayed = [](unsigned x, float w_lo, float w_hi) {
+        return mx_pack_bf16(w_lo * __uint_as_float(x << 16), w_hi * __uint_as_float(x & 0xffff0000u));
+    };
+    for (int s0 = 0; s0 < n; s0 += 16) {
+        unsigned a[4];
+        mx_ldsm_x4_t(a, smem_u32(Ks + (s0 + (q >> 1) * 8 + r) * KLD + kb + (q & 1) * 8));
+        const int s = s0 + 2 * tg;
+        const float w0 = __expf((float)(alast - gam[s])), w1 = __expf((float)(alast - gam[s + 1])),
+                    w8 = __expf((float)(alast - gam[s + 8])), w9 = __expf((float)(alast - gam[s + 9]));
+        const unsigned a0 = decayed(a[0], w0, w1), a1 = decayed(a[1], w0, w1), a2 = decayed(a[2], w8, w9),
+                       a3 = decayed(a[3], w8, w9);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt += 2) {
+            unsigned b[4];
+            mx_ldsm_x4_t(b, smem_u32(Vs + (s0 + (q & 1) * 8 + r) * VLD + (nt + (q >> 1)) * 8));
+            mx_mma_bf16(acc[nt], a0, a1, a2, a3, b[0], b[1]);
+            mx_mma_bf16(acc[nt + 1], a0, a1, a2, a3, b[2], b[3]);
+        }
+    }
+}
+
+// 1''. llc_states in the bf16 mode (k and v bf16 as stored; g f32): the same Z_j and a_j as
+// llc_states_tc, the product by llc_z_bf16 on the raw tiles copied by cp.async (K, V [64][72]
+// bf16). Grid (NC, BH, ⌈Dk/64⌉·⌈Dv/64⌉), 128 threads.
 extern "C" __global__ void __launch_bounds__(128)
     llc_states_tc_bf16(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, float* F, double* A, int Tn,
                        int H, int Dk, int Dv, int nc, const int* tab, int has_tab) {
-    llc_states_tc<mx_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, tab, has_tab);
+    LLC_FIX_DIMS(Dk, Dv);
+    constexpr int CH = 64, LD = 72;
+    __shared__ double gam[CH], gtmp[CH];
+    __shared__ __align__(16) mx_bf16 Ks[CH * LD], Vs[CH * LD];
+    const int j = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const int ntd = (Dv + 63) / 64;
+    const int c0 = (blockIdx.z / ntd) * 64, d0 = (blockIdx.z % ntd) * 64;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const LlcSpan ck = llc_span(tab, has_tab, j, nc, Tn, CH);
+    const int n = ck.n;
+    const long long row0 = ((long long)b * Tn + ck.i0) * H + h;
+    auto at = [](int r, int c) { return r * LD + c; };
+    lld_tile<CH, 64>(Ks, k + row0 * Dk + c0, (long long)H * Dk, n, Dk - c0, Dk % 8 == 0 && llc_al16(k), at);
+    lld_tile<CH, 64>(Vs, v + row0 * Dv + d0, (long long)H * Dv, n, Dv - d0, Dv % 8 == 0 && llc_al16(v), at);
+    asm volatile("cp.async.commit_group;\n" ::);
+    llc_gamma<float, CH>(gam, gtmp, g, has_g, row0, H, n);
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    __syncthreads();
+    const double alast = gam[CH - 1];
+    float acc[8][4] = {};
+    llc_z_bf16<8, LD, LD>(acc, Ks, Vs, gam, alast, n, warp * 16, lane);
+    llc_put_z(acc, F, A, bh, nc, j, c0, d0, warp * 16 + gi, tg, Dk, Dv, alast);
 }
 
 // 1'+2'. Without a lift, in the tensor-core modes: the chunk states and the scan in one pass that
 // walks the chunks of a (batch·head, tile) in order, the state in registers — so the chunk states
 // Z_j are never written to memory and read back:
 //   F[bh·NC + j] = H_j,   H_{j+1} = e^{a_j} H_j + Z_j   (H_0 = S_0ᵀ or 0; ST = H_NC transposed).
-// Z_j is the product of llc_states_tc (the same tf32 operands, fragments and order) and the update
-// the fma of llc_scan, so F, A and ST are bit for bit those of llc_states_tc + llc_scan. A tile is
+// Z_j is the product of llc_states_tc (f32: the same tf32 operands, fragments and order) or of
+// llc_states_tc_bf16 (bf16: llc_z_bf16 itself) and the update the fma of llc_scan, so F, A and ST
+// are bit for bit those of the states kernel + llc_scan. A tile is
 // 64 key rows × LLW_VT value columns (warp w owns key rows 16w..16w+15); K, V and g of the next
 // LLW_STAGES − 1 chunks are in flight (cp.async) while a chunk is multiplied, so a step exposes no
-// memory latency. K̂ = e^{a_j − γ_s} k_s is formed from the raw tile when the fragment is loaded.
+// memory latency. K̂ = e^{a_j − γ_s} k_s is formed from the raw tile when the fragment is loaded
+// (tf32 mma on f32 tiles; bf16 m16n8k16 mma on bf16 tiles, llc_z_bf16).
 // Shared tiles (TI as stored: f32, or bf16 bits) are padded by 8 elements a row: fragment loads hit
 // distinct banks. With a chunk table (llc_span; B = 1) a block row is a (sequence, head) that walks
 // its sequence's chunks from its own row of S0 and writes its own row of ST.
-// Grid (⌈Dk/64⌉·⌈Dv/LLW_VT⌉, BH, or NS·H with a table), 128 threads, dynamic shared memory
-// LLW_STAGES · 64 · (72 + LLW_VT + 8) · sizeof(TI) bytes.
+// F holds f32 states, or (llc_walk_tc_hb, the bf16 mode's forward) the states rounded to bf16 as
+// llc_scan_hb writes them. Grid (⌈Dk/64⌉·⌈Dv/LLW_VT⌉, BH, or NS·H with a table), 128 threads,
+// dynamic shared memory LLW_STAGES · 64 · (72 + LLW_VT + 8) · sizeof(TI) bytes.
 #ifndef LLW_VT
 #define LLW_VT 64
 #endif
 #ifndef LLW_STAGES
 #define LLW_STAGES 3
 #endif
-template <typename TI>
-__device__ void llc_walk_tc(const TI* k, const TI* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
+template <typename TI, typename TF>
+__device__ void llc_walk_tc(const TI* k, const TI* v, const float* g, int has_g, TF* F, double* A, int Tn, int H,
                             int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st, const int* tab,
                             int has_tab) {
     LLC_FIX_DIMS(Dk, Dv);
@@ -326,25 +403,29 @@ __device__ void llc_walk_tc(const TI* k, const TI* v, const float* g, int has_g,
         __syncthreads();
         const double alast = gam[CH - 1];
         float acc[NT][4] = {};
-        for (int k8 = 0; k8 < (n + 7) / 8; ++k8) {
-            const int s = k8 * 8 + tg;
-            const float w0 = __expf((float)(alast - gam[s])), w1 = __expf((float)(alast - gam[s + 4]));
-            const unsigned a0 = mx_tf32(w0 * llc_f(Ks[atk(s, cr)])), a1 = mx_tf32(w0 * llc_f(Ks[atk(s, cr + 8)]));
-            const unsigned a2 = mx_tf32(w1 * llc_f(Ks[atk(s + 4, cr)])),
-                           a3 = mx_tf32(w1 * llc_f(Ks[atk(s + 4, cr + 8)]));
+        if constexpr (sizeof(TI) == 2) {
+            llc_z_bf16<NT, KLD, VLD>(acc, Ks, Vs, gam, alast, n, warp * 16, lane);
+        } else {
+            for (int k8 = 0; k8 < (n + 7) / 8; ++k8) {
+                const int s = k8 * 8 + tg;
+                const float w0 = __expf((float)(alast - gam[s])), w1 = __expf((float)(alast - gam[s + 4]));
+                const unsigned a0 = mx_tf32(w0 * llc_f(Ks[atk(s, cr)])), a1 = mx_tf32(w0 * llc_f(Ks[atk(s, cr + 8)]));
+                const unsigned a2 = mx_tf32(w1 * llc_f(Ks[atk(s + 4, cr)])),
+                               a3 = mx_tf32(w1 * llc_f(Ks[atk(s + 4, cr + 8)]));
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt)
-                mx_mma_tf32(acc[nt], a0, a1, a2, a3, mx_tf32(llc_f(Vs[atv(s, nt * 8 + gi)])),
-                            mx_tf32(llc_f(Vs[atv(s + 4, nt * 8 + gi)])));
+                for (int nt = 0; nt < NT; ++nt)
+                    mx_mma_tf32(acc[nt], a0, a1, a2, a3, mx_tf32(llc_f(Vs[atv(s, nt * 8 + gi)])),
+                                mx_tf32(llc_f(Vs[atv(s + 4, nt * 8 + gi)])));
+            }
         }
-        float* Fj = F + ((long long)bh * nc + j) * DD;
+        TF* Fj = F + ((long long)bh * nc + j) * DD;
         const float w = mx_exp((float)alast);
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 const int c = c0 + cr + (u < 2 ? 0 : 8), d = d0 + nt * 8 + 2 * tg + (u & 1);
-                if (c < Dk && d < Dv) Fj[(long long)c * Dv + d] = hc[nt][u];
+                if (c < Dk && d < Dv) Fj[(long long)c * Dv + d] = llc_as<TF>(hc[nt][u]);
                 hc[nt][u] = fma(w, hc[nt][u], acc[nt][u]);
             }
         if (blockIdx.x == 0 && tid == 0) A[(long long)bh * nc + j] = alast;
@@ -364,13 +445,20 @@ extern "C" __global__ void __launch_bounds__(128)
     llc_walk_tc_f32(const float* k, const float* v, const float* g, int has_g, float* F, double* A, int Tn, int H,
                     int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st, const int* tab,
                     int has_tab) {
-    llc_walk_tc<float>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st, tab, has_tab);
+    llc_walk_tc<float, float>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st, tab, has_tab);
 }
 extern "C" __global__ void __launch_bounds__(128)
     llc_walk_tc_bf16(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, float* F, double* A, int Tn,
                      int H, int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st,
                      const int* tab, int has_tab) {
-    llc_walk_tc<mx_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st, tab, has_tab);
+    llc_walk_tc<mx_bf16, float>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st, tab, has_tab);
+}
+// The bf16 mode's forward: the entering states written rounded to bf16 (as llc_scan_hb).
+extern "C" __global__ void __launch_bounds__(128)
+    llc_walk_tc_hb(const mx_bf16* k, const mx_bf16* v, const float* g, int has_g, mx_bf16* F, double* A, int Tn,
+                   int H, int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST, int has_st, const int* tab,
+                   int has_tab) {
+    llc_walk_tc<mx_bf16, mx_bf16>(k, v, g, has_g, F, A, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st, tab, has_tab);
 }
 
 #define LLS_EXPORT(T, S)                                                                                          \
@@ -385,8 +473,13 @@ extern "C" __global__ void __launch_bounds__(128)
     extern "C" __global__ void __launch_bounds__(256)                                                             \
         llc_scan_##S(T* F, const double* A, int Dk, int Dv, int nc, const T* S0, int has_s0, T* ST, int has_st,    \
                      const int* tab, int has_tab, int H) {                                                        \
-        llc_scan<T>(F, A, Dk, Dv, nc, S0, has_s0, ST, has_st, tab, has_tab, H);                                   \
+        llc_scan<T, false>(F, nullptr, A, Dk, Dv, nc, S0, has_s0, ST, has_st, tab, has_tab, H);                   \
     }
 
 LLS_EXPORT(float, f32)
 LLS_EXPORT(double, f64)
+extern "C" __global__ void __launch_bounds__(256)
+    llc_scan_hb(float* F, mx_bf16* Hb, const double* A, int Dk, int Dv, int nc, const float* S0, int has_s0, float* ST,
+                int has_st, const int* tab, int has_tab, int H) {
+    llc_scan<float, true>(F, Hb, A, Dk, Dv, nc, S0, has_s0, ST, has_st, tab, has_tab, H);
+}

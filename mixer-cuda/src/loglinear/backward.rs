@@ -44,9 +44,12 @@
 //! mode stores them ([`run_from`]).
 //!
 //! The forward is this backend's `fast` form ([`super::fast::run_keeping`], which also hands back
-//! the states entering the chunks), in the call's mode (exact or tf32; the bf16 mode converts the
-//! activations and `dy` to f32 and runs the tf32 kernels). The recipe ([`transposed`]) is written
-//! once over [`Transposes`]; the tests run it on the CPU too.
+//! the states entering the chunks), in the call's mode: exact, tf32, or in the bf16 mode on the
+//! bf16 activations and `dy` as given (the reversed copies, the runs' outputs `dq`, `dk`, `dv`
+//! bf16 too, their chunk states and `dg` f32; `σ dy` rounded to bf16 for the reversed runs), so
+//! that the runs take the forward's bf16 kernels; with f32 activations or `dy` the bf16 mode
+//! converts them to f32 and runs the tf32 kernels. The gradients come back as f32. The recipe
+//! ([`transposed`]) is written once over [`Transposes`]; the tests run it on the CPU too.
 //!
 //! **Gated DeltaNet** runs the chunked backward through the WY/UT form
 //! ([`super::backward_chunked`]), from a state by starting its two passes from `S_0ᵀ` and `S̄_Tᵀ`.
@@ -56,15 +59,15 @@ use std::marker::PhantomData;
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
-use super::common::{Device, Elem, FAMILY, view_or_zero};
+use super::common::{Device, Elem, FAMILY, Storage, view_or_zero};
 use super::{backward_chunked, backward_lift, backward_lift_delta, fast};
 use crate::forms::input;
 use crate::kernels;
 use crate::pool;
 use crate::runtime::{err, gpu, grid1, int, launch};
-use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
-use cudarc::driver::LaunchConfig;
+use crate::tensor::{DeviceScalar, GpuReal};
+use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 /// Why the `fast` backward of `ll` does not run on CUDA, or `None`: a lift needs the Fenwick mask
 /// (as its `fast` form does).
@@ -106,9 +109,13 @@ pub fn run_from<F: GpuReal>(
         return Err(err(FAMILY, why));
     }
     let p = if stateful { Precision::Exact } else { p };
-    let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let dy_map: DeviceTensors = [("dy".to_string(), dy.clone())].into_iter().collect();
-    let dy = input::<F>(&dy_map, "dy")?;
+    // The activations and `dy` as given (their sizes are checked here) and, where a path needs
+    // them so, as `F` (bf16 converted: not on the bf16 mode's own path).
+    let (q, k, v) = (given(x, "q")?, given(x, "k")?, given(x, "v")?);
+    let as_f = || -> Result<[std::borrow::Cow<'_, DeviceTensor<F>>; 4]> {
+        Ok([input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?, input::<F>(&dy_map, "dy")?])
+    };
     let &[b, t, h, dk] = q.shape() else {
         return Err(Error::shape("q", "[B, T, H, Dk]", format!("{:?}", q.shape())));
     };
@@ -145,7 +152,8 @@ pub fn run_from<F: GpuReal>(
     };
     if b * t * h * dk * dv == 0 {
         // y is identically zero (or empty) and S_T = S_0 (T = 0, or a state without entries):
-        // every input gradient is zero, and S̄_0 = S̄_T.
+        // every input gradient is zero, and S̄_0 = S̄_T. (The conversion checks the dtypes.)
+        as_f()?;
         put("q", DeviceTensor::zeros(q.shape())?);
         put("k", DeviceTensor::zeros(k.shape())?);
         put("v", DeviceTensor::zeros(v.shape())?);
@@ -169,6 +177,7 @@ pub fn run_from<F: GpuReal>(
     }
     let ds0 = match ll.base {
         Base::LinearAttention | Base::Mamba2 if ll.lift.is_some() => {
+            let [q, k, v, dy] = as_f()?;
             let r = backward_lift::scalar::<F>(ll, x, [&q, &k, &v, &dy], g.as_deref(), [b, t, h, dk, dv])?;
             if g.is_some() && wants("g") {
                 let ops = OnDevice::<F> { ll, p: Precision::Exact, _f: PhantomData };
@@ -178,25 +187,41 @@ pub fn run_from<F: GpuReal>(
             None
         }
         Base::LinearAttention | Base::Mamba2 => {
-            // The tf32 kernels in the tf32 and bf16 modes (on f32 activations in the bf16 mode):
-            // `d_g` is formed from the chunk boundaries (module documentation), so their rounding
-            // of `dq` and `dk` enters it over one chunk only.
-            let fp = if p == Precision::Exact { Precision::Exact } else { Precision::Tf32 };
+            // The tf32 kernels in the tf32 mode, and the bf16 ones on bf16 activations and `dy`
+            // in the bf16 mode (else the tf32 ones on f32 copies): `d_g` is formed from the chunk
+            // boundaries (module documentation), so their rounding of `dq` and `dk` enters it over
+            // one chunk only.
+            let on_bf16 = p == Precision::Bf16
+                && matches!(fast::storage::<F>(x), Storage::Bf16 { .. })
+                && matches!(dy, AnyDeviceTensor::Bf16(_));
+            let (fp, qkvd) = match p {
+                Precision::Exact => (Precision::Exact, None),
+                Precision::Bf16 if on_bf16 => (Precision::Bf16, Some([q, k, v, dy].map(|a| a.clone()))),
+                _ => (Precision::Tf32, None),
+            };
+            let qkvd = match qkvd {
+                Some(a) => a,
+                None => as_f()?.map(|a| F::wrap(a.into_owned())),
+            };
             let ops = OnDevice::<F> { ll, p: fp, _f: PhantomData };
             let want = Wants { q: wants("q"), k: wants("k"), v: wants("v"), g: g.is_some() && wants("g") };
-            let r =
-                transposed(&ops, [&q, &k, &v, &dy], g.as_deref(), ll.scale, States { s0, d_final }, want)?;
+            let [qa, ka, va, dya] = &qkvd;
+            let ga = g.as_deref().map(|g| F::wrap(g.clone()));
+            let sa = [s0, d_final].map(|s| s.map(|s| F::wrap(s.clone())));
+            let states = States { s0: sa[0].as_ref(), d_final: sa[1].as_ref() };
+            let r = transposed(&ops, [qa, ka, va, dya], ga.as_ref(), ll.scale, states, want)?;
             for (name, a) in [("q", r.dq), ("k", r.dk), ("v", r.dv), ("g", r.dg)] {
                 if let Some(a) = a {
-                    put(name, a);
+                    put(name, crate::forms::cotangent::<F>(&a, a.shape())?);
                 }
             }
-            r.ds0
+            r.ds0.as_ref().map(|s| real::<F>(s).cloned()).transpose()?
         }
         Base::GatedDeltaNet => {
             let (Some(g), Some(beta)) = (g.as_deref(), beta.as_deref()) else {
                 return Err(err(FAMILY, "gated DeltaNet needs `g` and `beta`"));
             };
+            let [q, k, v, dy] = as_f()?;
             if ll.lift.is_some() {
                 let r =
                     backward_lift_delta::delta::<F>(ll, x, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv])?;
@@ -216,6 +241,15 @@ pub fn run_from<F: GpuReal>(
         }
     };
     Ok((out, ds0))
+}
+
+/// The input `name` of `x` as given.
+fn given<'a>(x: &'a DeviceTensors, name: &str) -> Result<&'a AnyDeviceTensor> {
+    x.get(name).ok_or_else(|| Error::MissingInput {
+        name: name.to_string(),
+        expected: "a device tensor of that name".into(),
+        given: x.keys().cloned().collect::<Vec<_>>().join(", "),
+    })
 }
 
 /// Hands a lift's gradients to `put`: `d_q`, `d_k`, `d_v`, `d_lambda` and, where the λ scheme has
@@ -397,10 +431,21 @@ fn bthd(s: &[usize]) -> Result<[i32; 4]> {
     }
 }
 
-impl<F: GpuReal> Transposes for OnDevice<'_, F> {
-    type T = DeviceTensor<F>;
+/// A tensor of the recipe as `F` (every tensor but the bf16 mode's activations and their
+/// reversed runs' outputs).
+fn real<F: GpuReal>(x: &AnyDeviceTensor) -> Result<&DeviceTensor<F>> {
+    F::unwrap(x).ok_or_else(|| {
+        err(FAMILY, format!("internal: a {} tensor where {} was expected", x.dtype(), F::ELEM))
+    })
+}
 
-    fn steps(&self, x: &DeviceTensor<F>) -> usize {
+/// [`Transposes`] on device tensors of `F`, and in the bf16 mode on bf16 activations: `q`, `k`,
+/// `v`, `dy`, their reversed copies and the runs' outputs stay bf16 (the runs take the bf16 path
+/// of [`fast::run_keeping`]); log-decays, states and `dg` are `F`.
+impl<F: GpuReal> Transposes for OnDevice<'_, F> {
+    type T = AnyDeviceTensor;
+
+    fn steps(&self, x: &AnyDeviceTensor) -> usize {
         x.shape().get(1).copied().unwrap_or(0)
     }
 
@@ -408,24 +453,15 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         Elem::of::<F>().chunk()
     }
 
-    fn reverse(&self, x: &DeviceTensor<F>, c: f64, m: usize, n: usize) -> Result<DeviceTensor<F>> {
-        let [b, t, h, d] = bthd(x.shape())?;
-        let mut shape = x.shape().to_vec();
-        shape[1] = n;
-        let len = shape.iter().product::<usize>();
-        let (mi, ni) = (int(FAMILY, "T", m)?, int(FAMILY, "T", n)?);
-        let mut out = pool::take::<F>(FAMILY, len)?;
-        let g = gpu()?;
-        let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_reverse_{}", F::SUFFIX))?;
-        let (xv, c) = (x.view(), F::of(c));
-        // A block per output token row (`llb_reverse`).
-        let rows = (shape[0] * n).clamp(1, 1 << 20) as u32;
-        let cfg = LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        launch!(g, FAMILY, f, cfg; &xv, &mut *out, &b, &t, &h, &d, &mi, &ni, &c)?;
-        DeviceTensor::from_pooled(out, &shape)
+    fn reverse(&self, x: &AnyDeviceTensor, c: f64, m: usize, n: usize) -> Result<AnyDeviceTensor> {
+        match x {
+            AnyDeviceTensor::Bf16(a) => Ok(AnyDeviceTensor::Bf16(reverse_rows(a, "bf16", c as f32, m, n)?)),
+            _ => Ok(F::wrap(reverse_rows(real::<F>(x)?, F::SUFFIX, F::of(c), m, n)?)),
+        }
     }
 
-    fn reverse_decay(&self, gt: &DeviceTensor<F>, n: usize) -> Result<DeviceTensor<F>> {
+    fn reverse_decay(&self, gt: &AnyDeviceTensor, n: usize) -> Result<AnyDeviceTensor> {
+        let gt = real::<F>(gt)?;
         let [b, t, h, _] = bthd(gt.shape())?;
         let shape = [gt.shape()[0], n, gt.shape()[2]];
         let ni = int(FAMILY, "T", n)?;
@@ -436,41 +472,35 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
             g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_reverse_g_{}", F::SUFFIX))?;
         let gv = gt.view();
         launch!(g, FAMILY, f, grid1(len.min(1 << 20), 256); &gv, &mut *out, &b, &t, &h, &ni)?;
-        DeviceTensor::from_pooled(out, &shape)
+        Ok(F::wrap(DeviceTensor::from_pooled(out, &shape)?))
     }
 
     fn forward(
         &self,
-        [q, k, v]: [&DeviceTensor<F>; 3],
-        g: Option<&DeviceTensor<F>>,
+        [q, k, v]: [&AnyDeviceTensor; 3],
+        g: Option<&AnyDeviceTensor>,
         sigma: f64,
-        s0: Option<&DeviceTensor<F>>,
+        s0: Option<&AnyDeviceTensor>,
         want_final: bool,
         want_chunks: bool,
-    ) -> Result<(DeviceTensor<F>, Option<DeviceTensor<F>>, Option<DeviceTensor<F>>)> {
-        let mut x: DeviceTensors = [("q", q), ("k", k), ("v", v)]
-            .into_iter()
-            .map(|(n, a)| (n.to_string(), F::wrap(a.clone())))
-            .collect();
+    ) -> Result<(AnyDeviceTensor, Option<AnyDeviceTensor>, Option<AnyDeviceTensor>)> {
+        let mut x: DeviceTensors =
+            [("q", q), ("k", k), ("v", v)].into_iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
         if let Some(g) = g {
-            x.insert("g".into(), F::wrap(g.clone()));
+            x.insert("g".into(), g.clone());
         }
         let ll = if sigma == self.ll.scale {
             std::borrow::Cow::Borrowed(self.ll)
         } else {
             std::borrow::Cow::Owned(LogLinear { scale: sigma, ..self.ll.clone() })
         };
+        let s0 = s0.map(real::<F>).transpose()?;
         let r = fast::run_keeping::<F>(&ll, &x, self.p, s0, want_final, Device::current(), want_chunks)?;
-        let y = F::unwrap(&r.y).cloned().ok_or_else(|| {
-            err(
-                FAMILY,
-                format!("internal: the forward returned {} where {} was expected", r.y.dtype(), F::ELEM),
-            )
-        })?;
-        Ok((y, r.fin, r.chunks))
+        Ok((r.y, r.fin.map(F::wrap), r.chunks.map(F::wrap)))
     }
 
-    fn transpose_state(&self, s: &DeviceTensor<F>) -> Result<DeviceTensor<F>> {
+    fn transpose_state(&self, s: &AnyDeviceTensor) -> Result<AnyDeviceTensor> {
+        let s = real::<F>(s)?;
         let &[b, h, r, c] = s.shape() else {
             return Err(err(FAMILY, format!("internal: a state of shape {:?}", s.shape())));
         };
@@ -480,10 +510,11 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_state_t_{}", F::SUFFIX))?;
         let sv = s.view();
         launch!(g, FAMILY, f, grid1(s.len().min(1 << 20), 256); &sv, &mut *out, &bhi, &ri, &ci)?;
-        DeviceTensor::from_pooled(out, &[b, h, c, r])
+        Ok(F::wrap(DeviceTensor::from_pooled(out, &[b, h, c, r])?))
     }
 
-    fn decay_state(&self, s: &DeviceTensor<F>, gt: &DeviceTensor<F>) -> Result<DeviceTensor<F>> {
+    fn decay_state(&self, s: &AnyDeviceTensor, gt: &AnyDeviceTensor) -> Result<AnyDeviceTensor> {
+        let (s, gt) = (real::<F>(s)?, real::<F>(gt)?);
         let [b, t, h, _] = bthd(gt.shape())?;
         let (bh, n) = (gt.shape()[0] * gt.shape()[2], s.shape()[2..].iter().product::<usize>());
         if s.shape()[..2] != [gt.shape()[0], gt.shape()[2]] {
@@ -499,49 +530,60 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
             g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_state_decay_{}", F::SUFFIX))?;
         let (sv, gv) = (s.view(), gt.view());
         launch!(g, FAMILY, f, grid1((bh * n).min(1 << 20), 256); &sv, &gv, &mut *out, &b, &t, &h, &ni)?;
-        DeviceTensor::from_pooled(out, s.shape())
+        Ok(F::wrap(DeviceTensor::from_pooled(out, s.shape())?))
     }
 
     /// `llb_dg_chunk`, a block per (chunk, batch·head).
     fn decay_grad_chunked(
         &self,
-        [q, dq, k, dk]: [&DeviceTensor<F>; 4],
-        gt: &DeviceTensor<F>,
-        [hq, hk]: [&DeviceTensor<F>; 2],
-        tail: Option<(&DeviceTensor<F>, &DeviceTensor<F>)>,
-    ) -> Result<DeviceTensor<F>> {
-        let [_, t, h, d] = bthd(q.shape())?;
-        let (bh, tn, c) = (q.shape()[0] * q.shape()[2], q.shape()[1], self.chunk());
-        let nc = tn.div_ceil(c);
-        let dv = hq.shape().get(3).copied().unwrap_or(0);
-        let want = [q.shape()[0], q.shape()[2], nc, dv, q.shape()[3]];
-        if hq.shape() != want || hk.shape() != want {
-            return Err(err(
-                FAMILY,
-                format!(
-                    "internal: chunk states {:?} and {:?} where {want:?} was expected",
-                    hq.shape(),
-                    hk.shape()
-                ),
-            ));
-        }
-        let zero = pool::zeros::<F>(FAMILY, 1)?;
-        let (dfv, has_tail) = view_or_zero(tail.map(|(d, _)| d), &zero);
-        let (ftv, _) = view_or_zero(tail.map(|(_, f)| f), &zero);
-        let (dvi, ci, nci) = (int(FAMILY, "Dv", dv)?, int(FAMILY, "chunk", c)?, int(FAMILY, "chunks", nc)?);
-        // The forward's chunk kernels launch the same grid (chunks, B·H), so the sizes fit.
-        let mut out = pool::take::<F>(FAMILY, bh * tn)?;
-        let g = gpu()?;
-        let f =
-            g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_dg_chunk_{}", F::SUFFIX))?;
-        let cfg =
-            LaunchConfig { grid_dim: (nc as u32, bh as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let (qv, dqv, kv, dkv, gv, hqv, hkv) =
-            (q.view(), dq.view(), k.view(), dk.view(), gt.view(), hq.view(), hk.view());
-        launch!(g, FAMILY, f, cfg;
-            &qv, &dqv, &kv, &dkv, &gv, &hqv, &hkv, &dfv, &ftv, &has_tail, &mut *out, &t, &h, &d, &dvi, &ci, &nci)?;
-        DeviceTensor::from_pooled(out, &q.shape()[..3])
+        qdk: [&AnyDeviceTensor; 4],
+        g: &AnyDeviceTensor,
+        [hq, hk]: [&AnyDeviceTensor; 2],
+        tail: Option<(&AnyDeviceTensor, &AnyDeviceTensor)>,
+    ) -> Result<AnyDeviceTensor> {
+        let tail = match tail {
+            Some((d, f)) => Some((real::<F>(d)?, real::<F>(f)?)),
+            None => None,
+        };
+        let states = [real::<F>(hq)?, real::<F>(hk)?];
+        let dg = match qdk {
+            [
+                AnyDeviceTensor::Bf16(q),
+                AnyDeviceTensor::Bf16(dq),
+                AnyDeviceTensor::Bf16(k),
+                AnyDeviceTensor::Bf16(dk),
+            ] => self.dg_chunked([q, dq, k, dk], "bf16", real::<F>(g)?, states, tail)?,
+            [q, dq, k, dk] => {
+                let a = [real::<F>(q)?, real::<F>(dq)?, real::<F>(k)?, real::<F>(dk)?];
+                self.dg_chunked(a, F::SUFFIX, real::<F>(g)?, states, tail)?
+            }
+        };
+        Ok(F::wrap(dg))
     }
+}
+
+/// `llb_reverse_<suffix>` of `x` (`[B, T, H, D]`) into `n` rows: `out[b, t] = c · x[b, m−1−t]`
+/// ([`Transposes::reverse`]); a block per output token row.
+fn reverse_rows<A: DeviceScalar, S: DeviceRepr>(
+    x: &DeviceTensor<A>,
+    suffix: &str,
+    c: S,
+    m: usize,
+    n: usize,
+) -> Result<DeviceTensor<A>> {
+    let [b, t, h, d] = bthd(x.shape())?;
+    let mut shape = x.shape().to_vec();
+    shape[1] = n;
+    let len = shape.iter().product::<usize>();
+    let (mi, ni) = (int(FAMILY, "T", m)?, int(FAMILY, "T", n)?);
+    let mut out = pool::take::<A>(FAMILY, len)?;
+    let g = gpu()?;
+    let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_reverse_{suffix}"))?;
+    let xv = x.view();
+    let rows = (shape[0] * n).clamp(1, 1 << 20) as u32;
+    let cfg = LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    launch!(g, FAMILY, f, cfg; &xv, &mut *out, &b, &t, &h, &d, &mi, &ni, &c)?;
+    DeviceTensor::from_pooled(out, &shape)
 }
 
 impl<F: GpuReal> OnDevice<'_, F> {
@@ -569,6 +611,48 @@ impl<F: GpuReal> OnDevice<'_, F> {
         let f = kernel(&format!("llb_dg_out_{}", F::SUFFIX))?;
         launch!(g, FAMILY, f, grid1((bh * nt).min(1 << 20), 128);
             &*a, &*s, &mut *out, &bhi, &t, &h, &li, &nti)?;
+        DeviceTensor::from_pooled(out, &q.shape()[..3])
+    }
+
+    /// [`Transposes::decay_grad_chunked`]: `llb_dg_chunk_<suffix>`, a block per (chunk,
+    /// batch·head), with activations of `A` (`F`, or bf16 in the bf16 mode).
+    fn dg_chunked<A: DeviceScalar>(
+        &self,
+        [q, dq, k, dk]: [&DeviceTensor<A>; 4],
+        suffix: &str,
+        gt: &DeviceTensor<F>,
+        [hq, hk]: [&DeviceTensor<F>; 2],
+        tail: Option<(&DeviceTensor<F>, &DeviceTensor<F>)>,
+    ) -> Result<DeviceTensor<F>> {
+        let [_, t, h, d] = bthd(q.shape())?;
+        let (bh, tn, c) = (q.shape()[0] * q.shape()[2], q.shape()[1], self.chunk());
+        let nc = tn.div_ceil(c);
+        let dv = hq.shape().get(3).copied().unwrap_or(0);
+        let want = [q.shape()[0], q.shape()[2], nc, dv, q.shape()[3]];
+        if hq.shape() != want || hk.shape() != want {
+            return Err(err(
+                FAMILY,
+                format!(
+                    "internal: chunk states {:?} and {:?} where {want:?} was expected",
+                    hq.shape(),
+                    hk.shape()
+                ),
+            ));
+        }
+        let zero = pool::zeros::<F>(FAMILY, 1)?;
+        let (dfv, has_tail) = view_or_zero(tail.map(|(d, _)| d), &zero);
+        let (ftv, _) = view_or_zero(tail.map(|(_, f)| f), &zero);
+        let (dvi, ci, nci) = (int(FAMILY, "Dv", dv)?, int(FAMILY, "chunk", c)?, int(FAMILY, "chunks", nc)?);
+        // The forward's chunk kernels launch the same grid (chunks, B·H), so the sizes fit.
+        let mut out = pool::take::<F>(FAMILY, bh * tn)?;
+        let g = gpu()?;
+        let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_dg_chunk_{suffix}"))?;
+        let cfg =
+            LaunchConfig { grid_dim: (nc as u32, bh as u32, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+        let (qv, dqv, kv, dkv, gv, hqv, hkv) =
+            (q.view(), dq.view(), k.view(), dk.view(), gt.view(), hq.view(), hk.view());
+        launch!(g, FAMILY, f, cfg;
+            &qv, &dqv, &kv, &dkv, &gv, &hqv, &hkv, &dfv, &ftv, &has_tail, &mut *out, &t, &h, &d, &dvi, &ci, &nci)?;
         DeviceTensor::from_pooled(out, &q.shape()[..3])
     }
 }

@@ -115,7 +115,7 @@ pub(crate) fn scalar<F: GpuReal>(
         dims,
         zero: pool::zeros::<F>(FAMILY, 1)?,
     };
-    let tree_plan = ssd::launches(s, elem, Precision::Exact, true, false, super::common::Device::current())?;
+    let tree_plan = ssd::launches(s, elem, Precision::Exact, true, None, super::common::Device::current())?;
     let ssd::Prefix { tree, decays, .. } = ssd::prefix(ll, &inp, &tree_plan, None, false, None)?;
 
     let nc = s.chunks(elem.chunk());

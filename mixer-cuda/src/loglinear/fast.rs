@@ -22,10 +22,11 @@ use super::common::{
     ChunkTable, ChunkedInputs, Device, Elem, FAMILY, Launch, Shape, Storage, bf16_qkv, check_sizes,
     output_buffer, view_or_zero,
 };
+use super::ssd::Bf16States;
 use super::state_pass::{self, PassData, StatePass};
 use super::{lambda, output, sequential, ssd, wy};
 use crate::forms::{finish, input, input_opt};
-use crate::pool;
+use crate::pool::{self, Pooled};
 use crate::runtime::err;
 use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
@@ -96,6 +97,19 @@ pub fn plan(
     storage: Storage,
     device: Device,
 ) -> Result<Plan> {
+    plan_with(ll, shape, p, storage, device, Bf16States::Bf16)
+}
+
+/// [`plan`], the bf16 path of linear attention and Mamba-2 writing the states entering the chunks
+/// as `states` says (f32 where a backward keeps them).
+fn plan_with(
+    ll: &LogLinear,
+    shape: [usize; 5],
+    p: Precision,
+    storage: Storage,
+    device: Device,
+    states: Bf16States,
+) -> Result<Plan> {
     let s = Shape::new(shape);
     let [b, t, h, _, dv] = shape;
     let lifted = ll.lift.is_some();
@@ -118,11 +132,11 @@ pub fn plan(
         Base::LinearAttention | Base::Mamba2 => {
             if bf16_mode && ssd_bf16_applies(s, lifted, device) {
                 plan.path = Path::SsdBf16;
-                plan.launches = ssd::launches(s, Elem::F32, p, false, true, device)?;
-                plan.launches.push(output::launch_bf16(s));
+                plan.launches = ssd::launches(s, Elem::F32, p, false, Some(states), device)?;
+                plan.launches.push(output::launch_bf16(s, states));
             } else if b * t * h * dv != 0 {
                 plan.path = Path::Ssd;
-                plan.launches = ssd::launches(s, elem, p, lifted, false, device)?;
+                plan.launches = ssd::launches(s, elem, p, lifted, None, device)?;
                 plan.launches.push(output::launch(s, elem, p, lifted, device));
             }
         }
@@ -134,7 +148,7 @@ pub fn plan(
                     plan.path = Path::DeltaBf16;
                     plan.launches.push(wy::launch_bf16(s));
                     plan.launches.extend(state_pass::launches(pass, s, Elem::F32, p, false));
-                    plan.launches.push(output::launch_bf16(s));
+                    plan.launches.push(output::launch_bf16(s, Bf16States::F32));
                 }
                 _ if b * t * h * dv == 0 => {}
                 StatePass::Sequential => {
@@ -244,6 +258,11 @@ pub(crate) struct Kept<F: GpuReal> {
     pub chunks: Option<DeviceTensor<F>>,
 }
 
+/// The shape of [`Kept::chunks`] for a run of sizes `[B, T, H, Dk, Dv]` in chunks of `F`.
+fn chunk_shape<F: GpuReal>([b, t, h, dk, dv]: [usize; 5]) -> [usize; 5] {
+    [b, h, t.div_ceil(Elem::of::<F>().chunk()), dk, dv]
+}
+
 /// [`run_planned_for`], keeping with `keep` the states entering the chunks ([`Kept::chunks`]).
 pub(crate) fn run_keeping<F: GpuReal>(
     ll: &LogLinear,
@@ -284,8 +303,14 @@ pub(crate) fn run_keeping<F: GpuReal>(
             check_s0(dims)?;
             // (storage::<F> gives bf16 only where F is f32: these casts are identities.)
             let s0 = s0.map(same::<F, f32>).transpose()?;
-            let (y, fin) = run_bf16(ll, x, st, device, s0.as_ref(), want_final)?;
-            return Ok(Kept { y, fin: fin.as_ref().map(same::<f32, F>).transpose()?, chunks: None });
+            let (y, fin, chunks) = run_bf16(ll, x, st, device, s0.as_ref(), want_final, keep)?;
+            let chunks = match chunks {
+                Some(c) if keep => {
+                    Some(same::<f32, F>(&DeviceTensor::from_pooled(c, &chunk_shape::<F>(dims))?)?)
+                }
+                _ => None,
+            };
+            return Ok(Kept { y, fin: fin.as_ref().map(same::<f32, F>).transpose()?, chunks });
         }
     }
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
@@ -309,8 +334,7 @@ pub(crate) fn run_keeping<F: GpuReal>(
         (Path::Ssd, _) => {
             let (y, pre) = ssd::run(ll, &inp, &plan.launches, s0, want_final, None)?;
             if keep && ll.lift.is_none() {
-                let nc = t.div_ceil(Elem::of::<F>().chunk());
-                chunks = Some(DeviceTensor::from_pooled(pre.tree, &[b, h, nc, dk, dv])?);
+                chunks = Some(DeviceTensor::from_pooled(pre.tree, &chunk_shape::<F>([b, t, h, dk, dv]))?);
             }
             (y, pre.fin)
         }
@@ -387,8 +411,10 @@ pub(crate) fn map_lambda<F: GpuReal>(
     Ok((lambda::weights(ll, raw, param)?, levels))
 }
 
-/// A bf16 path ([`run_ssd_bf16`], [`run_delta_bf16`]): `y` (bf16) and, where `want_final`, the
-/// f32 final state, from the activations' storage, the device and the f32 state `s0`.
+/// A bf16 path ([`run_ssd_bf16`], [`run_delta_bf16`]): `y` (bf16), where `want_final` the f32
+/// final state, and where the path has them and `keep` asks for them the f32 states entering the
+/// chunks (those of [`Kept::chunks`], pooled), from the activations' storage, the device and the
+/// f32 state `s0`.
 type Bf16Run = fn(
     &LogLinear,
     &DeviceTensors,
@@ -396,11 +422,13 @@ type Bf16Run = fn(
     Device,
     Option<&DeviceTensor<f32>>,
     bool,
-) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>)>;
+    bool,
+) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>, Option<Pooled<f32>>)>;
 
 /// Linear attention and Mamba-2 without a lift in the bf16 mode, on the bf16 activations as
 /// stored ([`Path::SsdBf16`]), from the f32 state `s0` (`None`: zero), with the final state where
-/// `want_final`.
+/// `want_final`; the states entering the chunks stay f32 and come back where `keep` (else they are
+/// written in bf16 for the outputs alone: [`Bf16States`]).
 fn run_ssd_bf16(
     ll: &LogLinear,
     x: &DeviceTensors,
@@ -408,13 +436,15 @@ fn run_ssd_bf16(
     device: Device,
     s0: Option<&DeviceTensor<f32>>,
     want_final: bool,
-) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>)> {
+    keep: bool,
+) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>, Option<Pooled<f32>>)> {
     let Some((_, dims)) = bf16_qkv(x) else {
         return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
     };
     let g = if ll.base.has_decay() { input_opt::<f32>(x, "g")? } else { None };
-    let plan = plan(ll, dims, Precision::Bf16, st, device)?;
-    ssd::run_bf16(ll, x, g.as_deref(), &plan.launches, s0, want_final, None)
+    let states = if keep { Bf16States::F32 } else { Bf16States::Bf16 };
+    let plan = plan_with(ll, dims, Precision::Bf16, st, device, states)?;
+    ssd::run_bf16(ll, x, g.as_deref(), (&plan.launches, states), s0, want_final, None)
 }
 
 /// Gated DeltaNet, parallel over chunks except the state pass `pass`: the launches of the
@@ -520,14 +550,16 @@ fn run_delta_bf16(
     device: Device,
     s0: Option<&DeviceTensor<f32>>,
     want_final: bool,
-) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>)> {
+    _keep: bool,
+) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>, Option<Pooled<f32>>)> {
     let Some((_, dims)) = bf16_qkv(x) else {
         return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
     };
     let plan = plan(ll, dims, Precision::Bf16, st, device)?;
     let pass =
         plan.state_pass.ok_or_else(|| err(FAMILY, "internal: a gated DeltaNet plan without a pass"))?;
-    delta_bf16(ll, x, pass, &plan.launches, s0, want_final, None)
+    let (y, fin) = delta_bf16(ll, x, pass, &plan.launches, s0, want_final, None)?;
+    Ok((y, fin, None))
 }
 
 /// [`run_delta_bf16`] with the launches of its plan (`pass` its state pass); a chunk `table` as in
@@ -675,8 +707,13 @@ mod tests {
         assert!(p.launches[0].defines.contains(&"LLW_VT=64".to_string()));
         assert_eq!(p.launches[0].shared_mem, 2 * 64 * (72 + 72) * 4);
         let p = plan_of(Base::Mamba2, false, [8, 4096, 16, 128, 128], Bf16, BF16);
-        assert_eq!(functions(&p), ["llc_walk_tc_bf16", "llc_out_direct_tc_bf16_k128"]);
+        assert_eq!(functions(&p), ["llc_walk_tc_hb", "llc_out_direct_tc_hb_k128"]);
         assert_eq!(p.launches[0].shared_mem, 3 * 64 * (72 + 72) * 2);
+        // A backward keeps the f32 states: the same launches writing and reading f32.
+        let st = BF16;
+        let p =
+            plan_with(&mixer(Base::Mamba2, false), [8, 4096, 16, 128, 128], Bf16, st, H200, Bf16States::F32);
+        assert_eq!(functions(&p.unwrap()), ["llc_walk_tc_bf16", "llc_out_direct_tc_bf16_k128"]);
         // (8, 4096, 16, 64): 128 blocks of 64 value columns are too few, 256 of 32 are enough.
         let p = plan_of(Base::LinearAttention, false, [8, 4096, 16, 64, 64], Tf32, F32);
         assert_eq!(p.launches[0].grid, [2, 128, 1]);
@@ -699,12 +736,15 @@ mod tests {
     fn scalar_decay_in_the_bf16_mode_reads_bf16_activations_without_a_lift_up_to_dk_128() {
         let p = plan_of(Base::LinearAttention, false, T16K, Bf16, Storage::Bf16 { aligned: false });
         assert_eq!(p.path, Path::SsdBf16);
-        assert_eq!(functions(&p), ["llc_states_tc_bf16", "llc_scan_f32", "llc_out_direct_tc_bf16"]);
-        // Q, K, V and the state (rounded to bf16 in shared memory), 64 × 64 bf16 tiles each.
+        assert_eq!(functions(&p), ["llc_states_tc_bf16", "llc_scan_hb", "llc_out_direct_tc_hb"]);
+        let keep = Bf16States::F32;
+        let pk = plan_with(&mixer(Base::LinearAttention, false), T16K, Bf16, BF16, H200, keep).unwrap();
+        assert_eq!(functions(&pk), ["llc_states_tc_bf16", "llc_scan_f32", "llc_out_direct_tc_bf16"]);
+        // Q, K, V and the state (bf16 in shared memory), 64 × 64 bf16 tiles each.
         assert_eq!(p.launches[2].shared_mem, 4 * 64 * 64 * 2);
         let p = plan_of(Base::Mamba2, false, [1, 64, 2, 80, 64], Bf16, BF16);
         assert_eq!(p.path, Path::SsdBf16);
-        assert_eq!(functions(&p)[2], "llc_out_direct_tc_bf16_k128");
+        assert_eq!(functions(&p)[2], "llc_out_direct_tc_hb_k128");
         assert_eq!(p.launches[2].shared_mem, (3 * 128 + 64) * 64 * 2);
         // With the lift, Dk above 128, f32 activations or another mode: the f32 path.
         assert_eq!(plan_of(Base::Mamba2, true, T16K, Bf16, BF16).path, Path::Ssd);

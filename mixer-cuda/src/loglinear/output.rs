@@ -23,6 +23,7 @@ use mixer_core::{Precision, Result};
 use super::common::{
     ChunkTable, Device, Elem, FAMILY, Launch, Shape, Step, fixed_dims, kernel_ints, table_args, tensor_cores,
 };
+use super::ssd::Bf16States;
 use crate::kernels;
 use crate::pool::Pooled;
 use crate::runtime::{gpu, int, launch};
@@ -82,10 +83,15 @@ pub(crate) fn launch(s: Shape, elem: Elem, p: Precision, lifted: bool, device: D
         .on(grid, threads, 0)
 }
 
-/// `llc_out_direct_tc_bf16`: the bf16 mode's one state per chunk, bf16 activations and `y`
-/// (the caller has checked [`direct_fits`]).
-pub(crate) fn launch_bf16(s: Shape) -> Launch {
-    launch_direct(s, "llc_out_direct_tc_bf16", 2)
+/// `llc_out_direct_tc_bf16` (f32 states) or `llc_out_direct_tc_hb` (bf16 states, `states`): the
+/// bf16 mode's one state per chunk, bf16 activations and `y` (the caller has checked
+/// [`direct_fits`]).
+pub(crate) fn launch_bf16(s: Shape, states: Bf16States) -> Launch {
+    let name = match states {
+        Bf16States::Bf16 => "llc_out_direct_tc_hb",
+        Bf16States::F32 => "llc_out_direct_tc_bf16",
+    };
+    launch_direct(s, name, 2)
 }
 
 /// `llc_out_direct_tc` (`name`, with `_k128` where `Dk > 64`) for activations of `bytes` bytes.
@@ -157,18 +163,19 @@ pub(crate) fn run<F: GpuReal>(
         &ti, &hi, &dki, &dvi, &li, &lifted, &direct, &nci, &scale, &tab, &has_tab)
 }
 
-/// Runs `llc_out_direct_tc_f32` or `_bf16` (function `f`, configuration `cfg`): one state per
-/// chunk, `q`, `k`, `v` and `y` of type `T` (f32, or bf16 as stored), `g` and the states entering
-/// the chunks of type `S` (f32); chunk 0 reads its state only with `read0` (a run from a state).
+/// Runs `llc_out_direct_tc_f32`, `_bf16` or `_hb` (function `f`, configuration `cfg`): one state
+/// per chunk, `q`, `k`, `v` and `y` of type `T` (f32, or bf16 as stored), `g` of type `S` (f32),
+/// the states entering the chunks of type `H` (f32, or bf16 for `_hb`); chunk 0 reads its state
+/// only with `read0` (a run from a state).
 /// With a chunk table (a packed batch) the chunks are the table's and every sequence's first
 /// chunk reads its state only with `read0`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run_direct<T: DeviceRepr, S: DeviceRepr>(
+pub(crate) fn run_direct<T: DeviceRepr, S: DeviceRepr, H: DeviceRepr>(
     f: CudaFunction,
     cfg: LaunchConfig,
     [q, k, v]: [&CudaView<'_, T>; 3],
     (g, has_g): (&CudaView<'_, S>, i32),
-    (states, table): (&Pooled<S>, Option<&ChunkTable>),
+    (states, table): (&Pooled<H>, Option<&ChunkTable>),
     s: Shape,
     scale: f64,
     read0: bool,

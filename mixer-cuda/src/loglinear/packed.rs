@@ -87,7 +87,9 @@ pub(crate) fn run(
     match (pl.path, pl.state_pass) {
         (Path::SsdBf16, _) => {
             let g = if ll.base.has_decay() { input_opt::<f32>(x, "g")? } else { None };
-            return ssd::run_bf16(ll, x, g.as_deref(), launches, s0, want_final, Some(&table)).map(Some);
+            let launches = (&launches[..], ssd::Bf16States::Bf16);
+            let (y, fin, _) = ssd::run_bf16(ll, x, g.as_deref(), launches, s0, want_final, Some(&table))?;
+            return Ok(Some((y, fin)));
         }
         (Path::DeltaBf16, Some(pass)) => {
             return delta_bf16(ll, x, pass, launches, s0, want_final, Some(&table)).map(Some);
@@ -165,7 +167,7 @@ mod tests {
                 .unwrap();
         assert_eq!(path, Path::SsdBf16);
         assert_eq!((l[0].function.as_str(), l[0].grid), ("llc_states_tc_bf16", [2 + 1 + 3, 4, 1]));
-        assert_eq!((l[1].function.as_str(), l[1].grid[1]), ("llc_scan_f32", 12));
+        assert_eq!((l[1].function.as_str(), l[1].grid[1]), ("llc_scan_hb", 12));
         assert_eq!(l[2].grid, [6, 4, 1]);
         // The exact mode (FMA kernels) and Dk above the direct kernel's 128 (llc_out_tc) too.
         let cu = [0, 100, 300];

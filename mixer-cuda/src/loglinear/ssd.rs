@@ -27,9 +27,11 @@
 //! chunks in order with the state in registers and writes `H_j` only — bit for bit the states
 //! and the scan, without writing and reading back the chunk states.
 //!
-//! In the tf32 and bf16 modes `llc_states_tc` does the products of pass 1 on tensor cores (tf32
-//! `mma.sync`, f32 accumulation); in the bf16 mode without a lift, `Dk ≤ 128` and bf16 `q`, `k`,
-//! `v`, [`run_bf16`] reads the activations as stored and writes a bf16 `y`.
+//! In the tf32 mode `llc_states_tc` does the products of pass 1 on tensor cores (tf32
+//! `mma.sync`, f32 accumulation), in the bf16 mode on bf16 activations `llc_states_tc_bf16` (bf16
+//! `mma.sync` on `k` as stored times its decay rounded to bf16, and `v` as stored; f32
+//! accumulation); in the bf16 mode without a lift, `Dk ≤ 128` and bf16 `q`, `k`, `v`,
+//! [`run_bf16`] reads the activations as stored and writes a bf16 `y`.
 //!
 //! So the base mixers and the lifts share every pass; the lift costs one `CH × D_k × D_v` product
 //! per set bit of the chunk index (`O(T log T)` work) and the tree holds `< 2 T/CH` states per
@@ -50,6 +52,19 @@ use crate::runtime::{err, gpu, launch};
 use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
+/// Where the bf16 path ([`run_bf16`]) puts the states entering the chunks: rounded to bf16, the
+/// output kernel's operand as it would round it (the forward: `llc_scan_hb` or `llc_walk_tc_hb`,
+/// then `llc_out_direct_tc_hb`, half the bytes), or f32 (`llc_scan_f32` or `llc_walk_tc_bf16`,
+/// then `llc_out_direct_tc_bf16`: a backward keeps them for its decay gradient). `y` has the same
+/// bits either way.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Bf16States {
+    /// bf16 states, for the outputs alone.
+    Bf16,
+    /// f32 states, handed back.
+    F32,
+}
+
 /// Tree entries per (batch, head): `Σ_e ⌊nc / 2^e⌋` over the levels that are read.
 fn tree_entries(nc: usize) -> usize {
     (0..usize::BITS).map(|e| nc >> e).take_while(|&c| c > 0).sum()
@@ -62,15 +77,16 @@ fn states(s: Shape, elem: Elem, lifted: bool) -> usize {
 }
 
 /// The launches before the outputs, in order: the chunk states (`llc_states`, on tensor cores
-/// `llc_states_tc`; `bf16`: `llc_states_tc_bf16`, reading bf16 `k`, `v`), then the tree's
-/// levels (lifts) or the scan — or, without a lift on tensor cores where [`walk`] pays, the one
-/// launch of `llc_walk_tc` that does both. Checks the sizes ([`check_sizes`]).
+/// `llc_states_tc`; on the bf16 path, `bf16` given: `llc_states_tc_bf16`, reading bf16 `k`, `v`),
+/// then the tree's levels (lifts) or the scan — or, without a lift on tensor cores where [`walk`]
+/// pays, the one launch of `llc_walk_tc` that does both; the bf16 path's scan and walk write the
+/// entering states as `bf16` says ([`Bf16States`]). Checks the sizes ([`check_sizes`]).
 pub(crate) fn launches(
     s: Shape,
     elem: Elem,
     p: Precision,
     lifted: bool,
-    bf16: bool,
+    bf16: Option<Bf16States>,
     device: Device,
 ) -> Result<Vec<Launch>> {
     check_sizes(s, elem, states(s, elem, lifted))?;
@@ -78,11 +94,15 @@ pub(crate) fn launches(
     let (bh, sfx) = (s.bh(), elem.suffix());
     let tiles = |n: usize| n.div_ceil(64);
     let k = |step, name: String| Launch::new(step, &kernels::LOGLINEAR_SSD, name, fixed_dims(s));
-    let tc = bf16 || tensor_cores(p, elem);
+    let tc = bf16.is_some() || tensor_cores(p, elem);
     if !lifted && tc {
-        let bytes = if bf16 { 2 } else { 4 };
+        let bytes = if bf16.is_some() { 2 } else { 4 };
         if let Some((vt, stages)) = walk(s, bytes, device) {
-            let name = if bf16 { "llc_walk_tc_bf16".to_string() } else { format!("llc_walk_tc_{sfx}") };
+            let name = match bf16 {
+                Some(Bf16States::Bf16) => "llc_walk_tc_hb".to_string(),
+                Some(Bf16States::F32) => "llc_walk_tc_bf16".to_string(),
+                None => format!("llc_walk_tc_{sfx}"),
+            };
             let mut defines = fixed_dims(s);
             defines.extend([format!("LLW_VT={vt}"), format!("LLW_STAGES={stages}")]);
             let grid = [tiles(s.dk) * s.dv.div_ceil(vt), bh, 1];
@@ -91,13 +111,18 @@ pub(crate) fn launches(
         }
     }
     let (name, threads) = match (bf16, tc) {
-        (true, _) => ("llc_states_tc_bf16".to_string(), 128),
-        (false, true) => (format!("llc_states_tc_{sfx}"), 128),
-        (false, false) => (format!("llc_states_{sfx}"), 256),
+        (Some(_), _) => ("llc_states_tc_bf16".to_string(), 128),
+        (None, true) => (format!("llc_states_tc_{sfx}"), 128),
+        (None, false) => (format!("llc_states_{sfx}"), 256),
     };
     let mut out = vec![k(Step::States, name).on([nc, bh, tiles(s.dk) * tiles(s.dv)], threads, 0)];
     if !lifted {
-        out.push(k(Step::Scan, format!("llc_scan_{sfx}")).on([(s.dk * s.dv).div_ceil(256), bh, 1], 256, 0));
+        let scan = if bf16 == Some(Bf16States::Bf16) {
+            "llc_scan_hb".to_string()
+        } else {
+            format!("llc_scan_{sfx}")
+        };
+        out.push(k(Step::Scan, scan).on([(s.dk * s.dv).div_ceil(256), bh, 1], 256, 0));
         return Ok(out);
     }
     for e in 1..usize::BITS as usize {
@@ -261,21 +286,24 @@ pub(crate) fn run<F: GpuReal>(
 }
 
 /// The bf16 mode of linear attention and Mamba-2 without a lift, `Dk ≤ 128` (`g` as given), with
-/// the launches of `plan`: `llc_states_tc_bf16` and `llc_out_direct_tc_bf16` read `q`, `k`, `v` as they are stored
-/// and the latter writes a bf16 `y` (no f32 copies of the activations or of `y`; a bf16 value is
-/// exact in tf32, so the products are those of the f32 path on the same values); the states and
-/// the scan stay f32. The scan may start from the f32 state `s0` (`S [B, H, Dv, Dk]`; `None`: zero;
-/// chunk 0's outputs then read it) and, with `want_final`, writes the final state. A chunk
-/// `table` as in [`prefix`] (`y` zero past its last token).
+/// the launches of `plan`, made for `kind` ([`Bf16States`]): `llc_states_tc_bf16` (or the walk)
+/// and the output kernel read `q`, `k`, `v` as they are stored and the latter writes a bf16 `y`
+/// (no f32 copies of the activations or of `y`; every product on bf16 tensor cores, the decayed
+/// keys, the entering state and the scores rounded to bf16 as operands); the chunk states and the
+/// scan's sums are f32, the states entering the chunks f32 or bf16 as `kind` says. The scan may
+/// start from the f32 state `s0` (`S [B, H, Dv, Dk]`; `None`: zero; chunk 0's outputs then read
+/// it) and, with `want_final`, writes the f32 final state. A chunk `table` as in [`prefix`] (`y`
+/// zero past its last token). Returns `y`, the final state and, for [`Bf16States::F32`], the f32
+/// state entering every chunk (`[B·H][chunks][Dk][Dv]`, as [`Prefix::tree`] without a lift).
 pub(crate) fn run_bf16(
     ll: &LogLinear,
     x: &DeviceTensors,
     g: Option<&DeviceTensor<f32>>,
-    plan: &[Launch],
+    (plan, kind): (&[Launch], Bf16States),
     s0: Option<&DeviceTensor<f32>>,
     want_final: bool,
     table: Option<&ChunkTable>,
-) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>)> {
+) -> Result<(AnyDeviceTensor, Option<DeviceTensor<f32>>, Option<Pooled<f32>>)> {
     let Some(([q, k, v], dims)) = bf16_qkv(x) else {
         return Err(err(FAMILY, "internal: the bf16 path needs bf16 q, k, v"));
     };
@@ -287,7 +315,12 @@ pub(crate) fn run_bf16(
     let (bh, rows) = (s.bh(), table.map_or(b, |c| c.seqs));
     let gpu = gpu()?;
     let [ti, hi, dki, dvi, nci, _] = kernel_ints([t, h, dk, dv, nc, bh])?;
-    let mut states = pool::take::<f32>(FAMILY, bh * nc * dk * dv)?;
+    // The f32 chunk states (the scan's input, or what the walk writes for `F32`) and, for `Bf16`,
+    // the bf16 states entering the chunks.
+    let walks = plan.iter().any(|l| matches!(l.step, Step::Walk));
+    let hb = kind == Bf16States::Bf16;
+    let mut states = pool::take::<f32>(FAMILY, if hb && walks { 1 } else { bh * nc * dk * dv })?;
+    let mut entering = pool::take::<bf16>(FAMILY, if hb { bh * nc * dk * dv } else { 1 })?;
     let mut decays = pool::take::<f64>(FAMILY, bh * nc)?;
     let mut unused = pool::zeros::<f32>(FAMILY, 1)?;
     let (s0v, has_s0) = view_or_zero(s0, &zero);
@@ -304,26 +337,40 @@ pub(crate) fn run_bf16(
             Step::Scan => {
                 let has_st = fin.is_some() as i32;
                 let st = fin.as_deref_mut().unwrap_or(&mut *unused);
-                launch!(gpu, FAMILY, f, cfg;
-                    &mut *states, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st, &tab, &has_tab, &hi)?
+                if hb {
+                    launch!(gpu, FAMILY, f, cfg; &mut *states, &mut *entering,
+                        &*decays, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st, &tab, &has_tab, &hi)?
+                } else {
+                    launch!(gpu, FAMILY, f, cfg;
+                        &mut *states, &*decays, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st, &tab, &has_tab, &hi)?
+                }
             }
             Step::Walk => {
                 let has_st = fin.is_some() as i32;
                 let st = fin.as_deref_mut().unwrap_or(&mut *unused);
-                launch!(gpu, FAMILY, f, cfg; &kv, &vv, &gv, &has_g, &mut *states, &mut *decays,
-                    &ti, &hi, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st, &tab, &has_tab)?
+                if hb {
+                    launch!(gpu, FAMILY, f, cfg; &kv, &vv, &gv, &has_g, &mut *entering, &mut *decays,
+                        &ti, &hi, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st, &tab, &has_tab)?
+                } else {
+                    launch!(gpu, FAMILY, f, cfg; &kv, &vv, &gv, &has_g, &mut *states, &mut *decays,
+                        &ti, &hi, &dki, &dvi, &nci, &s0v, &has_s0, st, &has_st, &tab, &has_tab)?
+                }
             }
             Step::Output => {
                 let n = b * t * h * dv;
                 let y = y.insert(output_buffer::<bf16>(table, n, h * dv)?);
                 let read0 = s0.is_some();
-                let st = (&states, table);
-                output::run_direct(f, cfg, [&qv, &kv, &vv], (&gv, has_g), st, s, ll.scale, read0, y)?
+                let (qkv, gs) = ([&qv, &kv, &vv], (&gv, has_g));
+                if hb {
+                    output::run_direct(f, cfg, qkv, gs, (&entering, table), s, ll.scale, read0, y)?
+                } else {
+                    output::run_direct(f, cfg, qkv, gs, (&states, table), s, ll.scale, read0, y)?
+                }
             }
             _ => return Err(unexpected(l)),
         }
     }
     let y = y.ok_or_else(|| err(FAMILY, "internal: a plan without outputs"))?;
     let fin = fin.map(|f| DeviceTensor::from_pooled(f, &[rows, h, dv, dk])).transpose()?;
-    Ok((AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?), fin))
+    Ok((AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, &[b, t, h, dv])?), fin, (!hb).then_some(states)))
 }

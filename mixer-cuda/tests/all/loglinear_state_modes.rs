@@ -133,6 +133,8 @@ fn runs_from_a_state_in_the_tf32_and_bf16_modes_match_the_cpu() {
         "llc_out_direct_tc_f32_k128",
         "llc_out_direct_tc_bf16",
         "llc_out_direct_tc_bf16_k128",
+        "llc_out_direct_tc_hb",
+        "llc_out_direct_tc_hb_k128",
         "llc_out_tc_f32",
         "llc_delta_h_tc_f32",
         "llc_delta_h_rg_f32",
