@@ -165,13 +165,6 @@ template <typename T> static Inputs<T> inputs(const Case& c) {
     return {as(c.q), as(dq), as(c.k), as(dk), as(c.g), as(hq), as(hk), as(c.Sb), as(ft), NC};
 }
 
-static int failures = 0;
-
-static void check(const char* what, double err, double tol) {
-    std::printf("%-60s error %.3e (tolerance %.0e)%s\n", what, err, tol, err <= tol ? "" : "  FAILED");
-    if (!(err <= tol)) ++failures;
-}
-
 // max |got − want| / max(1, max |want|).
 template <typename T> static double rel_err(const std::vector<T>& got, const std::vector<double>& want) {
     double e = 0, m = 1;
@@ -187,7 +180,7 @@ template <typename T> static void run_dg(const Case& c, const char* name, double
     std::vector<T> dg((size_t)c.B * c.Tn * c.H, (T)NAN);
     const int has_tail = c.df;
     launch(in.NC, c.B * c.H, [&] {
-        llb_dg_chunk<T>(in.q.data(), in.dq.data(), in.k.data(), in.dk.data(), in.g.data(), in.hq.data(),
+        llb_dg_chunk<T, T>(in.q.data(), in.dq.data(), in.k.data(), in.dk.data(), in.g.data(), in.hq.data(),
                         in.hk.data(), in.df.data(), in.ft.data(), has_tail, dg.data(), c.Tn, c.H, c.Dk, c.Dv, c.C,
                         in.NC);
     });
@@ -226,6 +219,65 @@ static void run_dg_suffix(int B, int Tn, int H, int Dk, int L) {
     check(what, rel_err(dg, want), 1e-12);
 }
 
+// The bf16 mode's llb_dg_chunk (bf16 q, dq, k, dk; f32 g and states) against the f64 kernel on the
+// same bf16 values widened: the same sums, so they differ by the f32 states and g only.
+static void run_dg_bf16(const Case& c) {
+    auto in = inputs<double>(c);
+    auto round = [](std::vector<double>& a, std::vector<mx_bf16>& b) {
+        b.resize(a.size());
+        for (size_t i = 0; i < a.size(); ++i) a[i] = mx_bf16_f32(b[i] = mx_f32_bf16((float)a[i]));
+    };
+    std::vector<mx_bf16> qb, dqb, kb, dkb;
+    round(in.q, qb), round(in.dq, dqb), round(in.k, kb), round(in.dk, dkb);
+    auto f32 = [](const std::vector<double>& a) { return std::vector<float>(a.begin(), a.end()); };
+    const auto [g, hq, hk, df, ft] = std::tuple{f32(in.g), f32(in.hq), f32(in.hk), f32(in.df), f32(in.ft)};
+    const size_t n = (size_t)c.B * c.Tn * c.H;
+    std::vector<double> want(n, NAN);
+    std::vector<float> got(n, NAN);
+    const int has_tail = c.df;
+    launch(in.NC, c.B * c.H, [&] {
+        llb_dg_chunk<double, double>(in.q.data(), in.dq.data(), in.k.data(), in.dk.data(), in.g.data(),
+                                     in.hq.data(), in.hk.data(), in.df.data(), in.ft.data(), has_tail, want.data(),
+                                     c.Tn, c.H, c.Dk, c.Dv, c.C, in.NC);
+    });
+    launch(in.NC, c.B * c.H, [&] {
+        llb_dg_chunk<mx_bf16, float>(qb.data(), dqb.data(), kb.data(), dkb.data(), g.data(), hq.data(), hk.data(),
+                                     df.data(), ft.data(), has_tail, got.data(), c.Tn, c.H, c.Dk, c.Dv, c.C,
+                                     in.NC);
+    });
+    char what[160];
+    std::snprintf(what, sizeof what, "llb_dg_chunk bf16 B%d T%d H%d Dk%d Dv%d C%d S0 %d S̄T %d", c.B, c.Tn, c.H,
+                  c.Dk, c.Dv, c.C, c.s0, c.df);
+    check(what, rel_err(got, want), 2e-5);
+}
+
+// llb_reverse on bf16 rows: a copy at c = 1, a scaling by 1/2 (exact in bf16), and σ = 0.7 rounded
+// to bf16 from f32 as the kernel does.
+static void run_reverse_bf16(int B, int Tn, int H, int D, int C) {
+    const int Tp = (Tn + C - 1) / C * C;
+    std::vector<mx_bf16> x((size_t)B * Tn * H * D);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = mx_f32_bf16(0.37f * (float)i - 3.0f);
+    for (auto [M, N, c] : {std::tuple{Tp, Tp, 1.0f}, std::tuple{Tn, Tn, 0.5f}, std::tuple{Tp, Tp, 0.7f}}) {
+        std::vector<mx_bf16> out((size_t)B * N * H * D, 0xffffu);
+        launch(B * N, 1, [&] { llb_reverse<mx_bf16, float>(x.data(), out.data(), B, Tn, H, D, M, N, c); });
+        int bad = 0;
+        for (int b = 0; b < B; ++b)
+            for (int t = 0; t < N; ++t)
+                for (int e = 0; e < H * D; ++e) {
+                    const int src = M - 1 - t;
+                    const mx_bf16 want =
+                        src < Tn ? (c == 1.0f ? x[((size_t)b * Tn + src) * H * D + e]
+                                              : mx_f32_bf16(c * mx_bf16_f32(x[((size_t)b * Tn + src) * H * D + e])))
+                                 : (mx_bf16)0;
+                    bad += out[((size_t)b * N + t) * H * D + e] != want;
+                }
+        char what[120];
+        std::snprintf(what, sizeof what, "llb_reverse bf16 B%d T%d H%d D%d M%d N%d c %.1f (entries wrong)", B, Tn,
+                      H, D, M, N, c);
+        check(what, bad, 0.0);
+    }
+}
+
 // llb_reverse and llb_reverse_g against their definitions at (M, N) = (T, T), (T', T') and (T', T).
 static void run_reverse(int B, int Tn, int H, int D, int C) {
     const int Tp = (Tn + C - 1) / C * C;
@@ -234,7 +286,7 @@ static void run_reverse(int B, int Tn, int H, int D, int C) {
     for (size_t i = 0; i < g.size(); ++i) g[i] = -(float)i - 1.0f;
     for (auto [M, N, c] : {std::tuple{Tn, Tn, 2.0f}, std::tuple{Tp, Tp, 1.0f}, std::tuple{Tp, Tn, 0.5f}}) {
         std::vector<float> out((size_t)B * N * H * D, NAN), go((size_t)B * N * H, NAN);
-        launch(B * N, 1, [&] { llb_reverse<float>(x.data(), out.data(), B, Tn, H, D, M, N, c); });
+        launch(B * N, 1, [&] { llb_reverse<float, float>(x.data(), out.data(), B, Tn, H, D, M, N, c); });
         double err = 0;
         for (int b = 0; b < B; ++b)
             for (int t = 0; t < N; ++t)
@@ -271,12 +323,12 @@ int main() {
         const Case c = make(B, Tn, H, Dk, Dv, C, s0, df, 11u + Tn + Dk);
         run_dg<double>(c, "f64", 1e-12);
         run_dg<float>(c, "f32", 2e-5);
+        run_dg_bf16(c);
     }
     run_dg_suffix(2, 37, 3, 40, 8);
     run_dg_suffix(1, 130, 1, 5, 12);
     run_reverse(2, 37, 3, 5, 8);
     run_reverse(1, 16, 2, 4, 8);
-    if (failures) std::printf("%d FAILED\n", failures);
-    else std::printf("all passed\n");
-    return failures ? 1 : 0;
+    run_reverse_bf16(2, 37, 3, 5, 8);
+    return harness_end();
 }

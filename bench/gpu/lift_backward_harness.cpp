@@ -8,7 +8,6 @@
 // It exits non-zero on a failure.
 #define __launch_bounds__(...)
 #include "cpu_cuda.h"
-inline int __popc(unsigned x) { return __builtin_popcount(x); }
 #include "../../mixer-cuda/kernels/loglinear_backward_lift.cu"
 
 typedef long long ll;

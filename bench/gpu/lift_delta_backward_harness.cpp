@@ -14,7 +14,6 @@
 // It exits non-zero on a failure.
 #include "cpu_cuda.h"
 inline int __ffs(int x) { return __builtin_ffs(x); }
-inline int __popc(unsigned x) { return __builtin_popcount(x); }
 #include "lgl.cu"
 #include "gdn_case.h"
 
