@@ -1,6 +1,7 @@
 //! What the candle op costs over the library: gated DeltaNet's forward through
-//! `mixers_candle::ops::gated_deltanet` against `mixers::ops::gated_deltanet` on the same
-//! values, and candle's `backward()` through the op against the library's backward
+//! `mixers_candle::ops::gated_deltanet` (on variables, so through the custom op and its packed
+//! argument, and on plain tensors, which need no gradient and skip both) against
+//! `mixers::ops::gated_deltanet` on the same values, and candle's `backward()` through the op against the library's backward
 //! (`mixers::registry::call::backward`) for the same cotangent (`ȳ = 1`). Median of `REPS` runs each.
 //!
 //! ```sh
@@ -34,9 +35,9 @@ fn median(mut f: impl FnMut()) -> Duration {
 fn main() -> candle_core::Result<()> {
     let cpu = Backend::by_name("cpu").map_err(candle_core::Error::wrap)?;
     println!(
-        "| B | T | H | D | typed API forward | candle op forward | library backward | candle `backward()` |"
+        "| B | T | H | D | typed API forward | candle op forward, no gradient | candle op forward | library backward | candle forward + `backward()` |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (b, t, h, d) in [(1, 1000, 4, 64), (4, 2048, 8, 64), (2, 4096, 4, 128)] {
         let sizes = Sizes { batch: b, seq: t, channels: 1, heads: h, dk: d, dv: d };
         let m = ops::configured("gated-deltanet", &Options::default()).map_err(candle_core::Error::wrap)?;
@@ -61,6 +62,20 @@ fn main() -> candle_core::Result<()> {
         let typed = median(|| {
             ops::gated_deltanet(a4("q"), a4("k"), a4("v"), a3("g"), a3("beta"), &opts).unwrap();
         });
+        let plain: Vec<(String, Tensor)> =
+            vars.iter().map(|(k, v)| (k.clone(), v.as_tensor().detach())).collect();
+        let tensor = |n: &str| plain.iter().find(|(k, _)| k == n).map(|(_, t)| t).unwrap();
+        let candle_plain = median(|| {
+            mixers_candle::ops::gated_deltanet(
+                tensor("q"),
+                tensor("k"),
+                tensor("v"),
+                tensor("g"),
+                tensor("beta"),
+                &opts,
+            )
+            .unwrap();
+        });
         let candle = median(|| {
             mixers_candle::ops::gated_deltanet(var("q"), var("k"), var("v"), var("g"), var("beta"), &opts)
                 .unwrap();
@@ -83,8 +98,9 @@ fn main() -> candle_core::Result<()> {
         });
         let ms = |d: Duration| format!("{:.2} ms", d.as_secs_f64() * 1e3);
         println!(
-            "| {b} | {t} | {h} | {d} | {} | {} | {} | {} |",
+            "| {b} | {t} | {h} | {d} | {} | {} | {} | {} | {} |",
             ms(typed),
+            ms(candle_plain),
             ms(candle),
             ms(lib_bwd),
             ms(candle_bwd)

@@ -88,10 +88,10 @@ pub(crate) fn apply(
         if let (Some(cu), Some(b)) = (&opts.cu_seqlens, dims.get_mut("B")) {
             *b = cu.len().saturating_sub(1);
         }
-        let states = m
-            .state_shapes(&dims)
-            .map_err(|why| Error::Mixers(mixer_core::state::no_state(m.name(), &why)))?;
-        output.extend(states);
+        // The sizes a given state binds (attention's cache capacity) as the library reads them.
+        let given: Option<mixer_core::state::StateShapes> =
+            initial.map(|l| l.iter().map(|(n, t)| (n.to_string(), t.dims().to_vec())).collect());
+        output.extend(lib(mixer_registry::state::shapes(m.as_ref(), &dims, given.as_ref()))?);
     }
     let backend = match opts.backend {
         Some(b) => b,
@@ -110,10 +110,15 @@ pub(crate) fn apply(
         mixer: Arc::from(m),
     };
     let cast = all.iter().map(|(_, t)| t.to_dtype(compute)).collect::<candle_core::Result<Vec<_>>>()?;
-    let packed = Packing::pack_tensors(&cast.iter().collect::<Vec<_>>())?;
     let output = op.output.clone();
-    let result = packed.apply_op1(op)?;
-    let mut parts = output.unpack_tensor(&result)?.into_iter().map(|t| t.to_dtype(dtype));
+    // Nothing to differentiate on the CPU: no packed argument, no graph (`MixerOp::forward_detached`).
+    let parts = if !on_cuda && !cast.iter().any(Tensor::track_op) {
+        op.forward_detached(&cast)?
+    } else {
+        let packed = Packing::pack_tensors(&cast.iter().collect::<Vec<_>>())?;
+        output.unpack_tensor(&packed.apply_op1(op)?)?
+    };
+    let mut parts = parts.into_iter().map(|t| t.to_dtype(dtype));
     let y = parts.next().ok_or_else(|| Error::Packing {
         op: "apply".into(),
         expected: "y".into(),

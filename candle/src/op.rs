@@ -26,9 +26,10 @@ use mixer_core::mixer::Mixer;
 use mixer_core::{Form, Precision, Requires, Tensors};
 use mixer_registry::call::Target;
 use mixer_registry::{Backend, Scalar, call};
+use ndarray::{ArrayD, IxDyn};
 
 use crate::error::{Error, lib};
-use crate::packing::Packing;
+use crate::packing::{Packing, into_flat};
 
 /// Where and how a call runs: the options of [`mixers::ops::Options`] that the op keeps.
 #[derive(Clone, Debug)]
@@ -87,17 +88,73 @@ impl MixerOp {
         Ok((inputs, initial))
     }
 
-    /// The forward on a flat argument: the flat result.
-    pub(crate) fn forward<F: Scalar + WithDType>(&self, flat: &[F]) -> candle_core::Result<Vec<F>> {
-        let (inputs, initial) = self.unpack_args(flat)?;
+    /// The forward on the inputs and the initial state: `y` and the final state's tensors, by
+    /// name.
+    fn run<F: Scalar>(
+        &self,
+        inputs: &Tensors<F>,
+        initial: Option<&Tensors<F>>,
+    ) -> candle_core::Result<Tensors<F>> {
         let r = &self.run;
         let at = Target::new(self.mixer.as_ref(), &r.backend, r.form).packed(r.cu_seqlens.as_deref());
-        let (y, fin) = lib(call::forward(at, &inputs, initial.as_ref(), self.with_state, r.precision))?;
-        let mut out_parts = fin.unwrap_or_default();
-        out_parts.insert("y".into(), y);
-        let mut out = Vec::with_capacity(self.output.len());
-        self.output.pack_into(self.name, &out_parts, &mut out)?;
+        let (y, fin) = lib(call::forward(at, inputs, initial, self.with_state, r.precision))?;
+        let mut out = fin.unwrap_or_default();
+        out.insert("y".into(), y);
         Ok(out)
+    }
+
+    /// The forward on a flat argument: the flat result (`y` alone handed over without a copy).
+    pub(crate) fn forward<F: Scalar + WithDType>(&self, flat: &[F]) -> candle_core::Result<Vec<F>> {
+        let (inputs, initial) = self.unpack_args(flat)?;
+        let out = self.run(&inputs, initial.as_ref())?;
+        Ok(self.output.pack(self.name, out)?)
+    }
+
+    /// The forward outside candle's graph, for CPU tensors none of which needs a gradient:
+    /// `parts` are the inputs then the initial state's tensors (in the compute dtype), each
+    /// read once into the library's arrays, with no packed argument; the result's tensors
+    /// (`y`, then the final state's) take the library's output arrays without a copy.
+    pub(crate) fn forward_detached(&self, parts: &[Tensor]) -> candle_core::Result<Vec<Tensor>> {
+        match parts.first().map(Tensor::dtype) {
+            Some(DType::F64) => self.forward_detached_as::<f64>(parts),
+            _ => self.forward_detached_as::<f32>(parts),
+        }
+    }
+
+    fn forward_detached_as<F: Scalar + WithDType>(
+        &self,
+        parts: &[Tensor],
+    ) -> candle_core::Result<Vec<Tensor>> {
+        let names = self.inputs.parts().iter().chain(self.initial.as_ref().map_or(&[][..], |p| p.parts()));
+        let mut arrays = names
+            .zip(parts)
+            .map(|((n, _), t)| {
+                let a = ArrayD::from_shape_vec(IxDyn(t.dims()), t.flatten_all()?.to_vec1::<F>()?).map_err(
+                    |e| Error::Packing {
+                        op: self.name.into(),
+                        expected: format!("`{n}`"),
+                        got: e.to_string(),
+                    },
+                )?;
+                Ok((n.clone(), a))
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        let initial = arrays.split_off(self.inputs.parts().len());
+        let initial: Option<Tensors<F>> = self.initial.is_some().then(|| initial.into_iter().collect());
+        let mut out = self.run(&arrays.into_iter().collect(), initial.as_ref())?;
+        self.output
+            .parts()
+            .iter()
+            .map(|(n, s)| {
+                let a =
+                    out.remove(n).filter(|a| a.shape() == s.as_slice()).ok_or_else(|| Error::Packing {
+                        op: self.name.into(),
+                        expected: format!("an output `{n}` of shape {s:?}"),
+                        got: "none of that shape".into(),
+                    })?;
+                Tensor::from_vec(into_flat(a), s.as_slice(), &candle_core::Device::Cpu)
+            })
+            .collect()
     }
 
     /// The backward on a flat argument and the flat cotangent of the result: the flat

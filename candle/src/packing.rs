@@ -79,6 +79,18 @@ impl Packing {
         Ok(())
     }
 
+    /// The tensors named by the parts, taken, as one flat row-major buffer. A packing of one
+    /// part whose array is row-major already hands its memory over without a copy.
+    pub fn pack<F: Copy>(&self, op: &str, mut tensors: Tensors<F>) -> Result<Vec<F>, Error> {
+        if let [(n, s)] = self.parts.as_slice() {
+            part(op, &tensors, n, s, |a| a.shape())?;
+            return Ok(tensors.remove(n).map(into_flat).unwrap_or_default());
+        }
+        let mut out = Vec::with_capacity(self.len());
+        self.pack_into(op, &tensors, &mut out)?;
+        Ok(out)
+    }
+
     /// One flat candle tensor of `tensors` (in the parts' order; a differentiable `cat`).
     pub fn pack_tensors(tensors: &[&Tensor]) -> candle_core::Result<Tensor> {
         let flat = tensors.iter().map(|t| t.flatten_all()).collect::<candle_core::Result<Vec<_>>>()?;
@@ -100,6 +112,21 @@ impl Packing {
             expected: format!("{} elements ({:?})", self.len(), self.parts),
             got: format!("{got}"),
         })
+    }
+}
+
+/// The elements of `a` in row-major order, moved out of it where they already lie so.
+pub(crate) fn into_flat<F: Copy>(a: ArrayD<F>) -> Vec<F> {
+    if !a.is_standard_layout() {
+        return a.iter().copied().collect();
+    }
+    let n = a.len();
+    match a.into_raw_vec_and_offset() {
+        (v, Some(0) | None) if v.len() == n => v,
+        (v, off) => {
+            let at = off.unwrap_or(0);
+            v[at..at + n].to_vec()
+        }
     }
 }
 
@@ -149,6 +176,35 @@ mod tests {
         wrong.insert("b".into(), ArrayD::zeros(IxDyn(&[2])));
         let e = p.pack_into("t", &wrong, &mut Vec::new()).unwrap_err().to_string();
         assert!(e.contains("`b` of shape [1]") && e.contains("shape [2]"), "{e}");
+    }
+
+    #[test]
+    fn pack_takes_a_single_row_major_part_without_a_copy() {
+        let a = ArrayD::from_shape_vec(IxDyn(&[2, 3]), (0..6).map(f64::from).collect()).unwrap();
+        let at = a.as_ptr();
+        let one = Packing::new(vec![("y".into(), vec![2, 3])]);
+        let v = one.pack("t", Tensors::from([("y".to_string(), a.clone())])).unwrap();
+        assert_eq!(v, (0..6).map(f64::from).collect::<Vec<_>>());
+        let moved = one.pack("t", Tensors::from([("y".to_string(), a)])).unwrap();
+        assert_eq!(moved.as_ptr(), at, "a row-major single part is handed over, not copied");
+        // A transposed (column-major) array and a sliced one come out row-major.
+        let t = ArrayD::from_shape_vec(IxDyn(&[3, 2]), vec![0., 3., 1., 4., 2., 5.]).unwrap();
+        let tt = t.t().to_owned();
+        let v =
+            Packing::new(vec![("y".into(), vec![2, 3])]).pack("t", Tensors::from([("y".to_string(), tt)]));
+        assert_eq!(v.unwrap(), vec![0., 1., 2., 3., 4., 5.]);
+        let mut s = ArrayD::from_shape_vec(IxDyn(&[4]), vec![9., 1., 2., 3.]).unwrap();
+        s.slice_collapse(ndarray::s![1..]);
+        assert_eq!(into_flat(s), vec![1., 2., 3.]);
+        let e =
+            one.pack("t", Tensors::from([("y".to_string(), ArrayD::<f64>::zeros(IxDyn(&[3])))])).unwrap_err();
+        assert!(e.to_string().contains("`y` of shape [2, 3]"), "{e}");
+        let two = Packing::new(vec![("a".into(), vec![1]), ("b".into(), vec![2])]);
+        let parts = Tensors::from([
+            ("a".to_string(), ArrayD::from_elem(IxDyn(&[1]), 1.0)),
+            ("b".to_string(), ArrayD::from_elem(IxDyn(&[2]), 2.0)),
+        ]);
+        assert_eq!(two.pack("t", parts).unwrap(), vec![1.0, 2.0, 2.0]);
     }
 
     #[test]

@@ -186,13 +186,19 @@ pub fn fit_dims<M: Mixer + ?Sized>(m: &M, dims: &Dims) -> Dims {
 
 /// Checks shapes, derived sizes and value constraints; returns the bound sizes.
 pub fn validate(m: &dyn Mixer, inputs: &AnyTensors) -> Result<Dims> {
-    let spec = m.spec();
-    let dims = spec.bind(&inputs.shapes())?;
-    spec.check_bounds(&dims, &m.bounds(&dims))?;
     match inputs {
-        AnyTensors::F32(t) => spec.check_values(t)?,
-        AnyTensors::F64(t) => spec.check_values(t)?,
+        AnyTensors::F32(t) => validate_typed(m, t),
+        AnyTensors::F64(t) => validate_typed(m, t),
     }
+}
+
+/// [`validate`] on tensors of one known scalar type (no tagged copy needed).
+pub fn validate_typed<F: Real>(m: &dyn Mixer, inputs: &Tensors<F>) -> Result<Dims> {
+    let spec = m.spec();
+    let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
+    let dims = spec.bind(&shapes)?;
+    spec.check_bounds(&dims, &m.bounds(&dims))?;
+    spec.check_values(inputs)?;
     Ok(dims)
 }
 
@@ -268,25 +274,30 @@ pub fn run_decoder<F: Real>(
 /// are finite: such an entry means the result overflowed the scalar type (or a form has a
 /// bug), and it is reported with its index instead of being written silently.
 pub fn check_output(m: &dyn Mixer, form: crate::Form, backend: &str, y: &Tensor) -> Result<()> {
-    fn first_bad<F: Real>(a: &ArrayD<F>) -> Option<(Vec<usize>, f64)> {
-        if crate::spec::Constraint::Finite.all(a) {
-            return None;
-        }
-        a.indexed_iter().find(|(_, x)| !x.is_finite()).map(|(i, x)| (i.as_array_view().to_vec(), x.f64()))
+    match y {
+        Tensor::F32(a) => check_output_typed(m, form, backend, a),
+        Tensor::F64(a) => check_output_typed(m, form, backend, a),
     }
-    let bad = match y {
-        Tensor::F32(a) => first_bad(a),
-        Tensor::F64(a) => first_bad(a),
-    };
-    match bad {
-        None => Ok(()),
-        Some((idx, x)) => Err(Error::Numerical(format!(
-            "`{}` {form} form on {backend}: y{} = {x} although every input is finite; the result \
-             overflows {}{}",
-            m.name(),
-            fmt_shape(&idx),
-            y.dtype().name(),
-            m.overflow_hint().map(|h| format!(" ({h})")).unwrap_or_default()
-        ))),
+}
+
+/// [`check_output`] on an output of one known scalar type.
+pub fn check_output_typed<F: Real>(
+    m: &dyn Mixer,
+    form: crate::Form,
+    backend: &str,
+    y: &ArrayD<F>,
+) -> Result<()> {
+    if crate::spec::Constraint::Finite.all(y) {
+        return Ok(());
     }
+    let Some((idx, x)) = y.indexed_iter().find(|(_, x)| !x.is_finite()) else { return Ok(()) };
+    Err(Error::Numerical(format!(
+        "`{}` {form} form on {backend}: y{} = {} although every input is finite; the result \
+         overflows {}{}",
+        m.name(),
+        fmt_shape(&idx.as_array_view().to_vec()),
+        x.f64(),
+        F::DTYPE.name(),
+        m.overflow_hint().map(|h| format!(" ({h})")).unwrap_or_default()
+    )))
 }

@@ -15,7 +15,7 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use mixer_core::grad::{grad_name, materialized_backward};
-use mixer_core::mixer::{Mixer, validate};
+use mixer_core::mixer::Mixer;
 use mixer_core::tensor::{cast_tensors, fmt_shape_of};
 use mixer_core::{AnyTensors, DType, Error, Form, Precision, Requires, Result, Tensor, Tensors};
 use ndarray::ArrayD;
@@ -230,16 +230,12 @@ pub fn backward_with(
     requires: &Requires,
     precision: Precision,
 ) -> Result<BTreeMap<String, Tensor>> {
-    check_precision(precision, inputs.dtype())?;
-    validate(m, inputs)?;
-    let given: Vec<String> = inputs.shapes().into_keys().collect();
-    check_requires(m, &given, requires)?;
     match (inputs, dy) {
         (AnyTensors::F64(t), Tensor::F64(d)) => {
-            tagged(backward_typed(m, backend, form, t, d, requires, precision))
+            tagged(backward_typed_with(m, backend, form, t, d, requires, precision))
         }
         (AnyTensors::F32(t), Tensor::F32(d)) => {
-            tagged(backward_typed(m, backend, form, t, d, requires, precision))
+            tagged(backward_typed_with(m, backend, form, t, d, requires, precision))
         }
         _ => Err(Error::Io(format!(
             "dy is {} but the inputs are {}; expected one dtype",
@@ -247,6 +243,24 @@ pub fn backward_with(
             inputs.dtype().name()
         ))),
     }
+}
+
+/// [`backward_with`] on inputs and `dy` of one known scalar type, read where they are (no
+/// tagged copy).
+pub fn backward_typed_with<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &str,
+    form: Form,
+    inputs: &Tensors<F>,
+    dy: &ArrayD<F>,
+    requires: &Requires,
+    precision: Precision,
+) -> Result<Tensors<F>> {
+    check_precision(precision, F::DTYPE)?;
+    mixer_core::mixer::validate_typed(m, inputs)?;
+    let given: Vec<String> = inputs.keys().cloned().collect();
+    check_requires(m, &given, requires)?;
+    backward_typed(m, backend, form, inputs, dy, requires, precision)
 }
 
 /// Typed gradients as dtype-tagged tensors.

@@ -10,7 +10,6 @@ use ndarray::ArrayD;
 
 use crate::backend::Backend;
 use crate::family::Scalar;
-use crate::packed::{internal, untag_all};
 
 /// What a call runs: the form `form` of the mixer `mixer` on `backend`, over the packed batch
 /// `cu_seqlens` when given (else one sequence per batch row).
@@ -58,11 +57,7 @@ pub fn forward<F: Scalar>(
             let (y, f) = crate::state::run_state(m, backend, form, inputs, initial, precision)?;
             Ok((y, Some(f)))
         }
-        (None, false) => {
-            let y = crate::run::run_with(m, backend, form, &F::tag(inputs.clone()), precision)?;
-            let y = F::untag(y).ok_or_else(|| internal(backend, "the output came back in another dtype"))?;
-            Ok((y, None))
-        }
+        (None, false) => Ok((crate::run::run_typed_with(m, backend, form, inputs, precision)?, None)),
     }
 }
 
@@ -96,16 +91,15 @@ pub fn backward<F: Scalar>(
             crate::state::backward_state(m, backend, form, inputs, initial, dy, d_final, requires)
         }
         (None, false) => {
-            let g = crate::backward::backward_with(
+            let grads = crate::backward::backward_typed_with(
                 m,
                 backend.name(),
                 form,
-                &F::tag(inputs.clone()),
-                &F::tag_one(dy.clone()),
+                inputs,
+                dy,
                 requires,
                 precision,
             )?;
-            let grads = untag_all::<F>(backend, g)?;
             Ok((grads, Tensors::new()))
         }
     }

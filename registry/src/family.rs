@@ -545,6 +545,8 @@ pub trait Scalar: Real {
     fn tag_one(a: ArrayD<Self>) -> Tensor;
     /// A tagged tensor back as this type (`None` when it has another dtype).
     fn untag(t: Tensor) -> Option<ArrayD<Self>>;
+    /// Named tensors of this type as `f32` ones (`None` unless `Self` is `f32`).
+    fn as_f32(t: &Tensors<Self>) -> Option<&Tensors<f32>>;
 }
 
 /// [`Scalar`] for `$t`, whose entry field and tag variant are `$field` and `$tag` (the other
@@ -566,6 +568,9 @@ macro_rules! scalar {
                     Tensor::$tag(a) => Some(a),
                     Tensor::$other(_) => None,
                 }
+            }
+            fn as_f32(t: &Tensors<$t>) -> Option<&Tensors<f32>> {
+                (t as &dyn std::any::Any).downcast_ref()
             }
         }
     };

@@ -17,7 +17,6 @@
 //! static inputs (Toeplitz taps, `lambda_param`) are summed over the sequences. An empty
 //! sequence passes its initial state through unchanged (and its cotangent back).
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 
 use mixer_core::mixer::Mixer;
@@ -31,7 +30,7 @@ use ndarray::{ArrayD, Axis};
 
 use crate::backend::Backend;
 use crate::family::{DynFamily, Scalar};
-use crate::state::{backward_state, run_state, validate};
+use crate::state::{backward_state, run_state};
 
 /// A packed call's validated layout.
 struct Layout {
@@ -54,7 +53,7 @@ fn layout<F: Scalar>(
     stateful: bool,
     given: &[(&str, Option<&Tensors<F>>)],
 ) -> Result<Layout> {
-    let dims = validate(m, inputs)?;
+    let dims = mixer_core::mixer::validate_typed(m, inputs)?;
     let x = get(inputs, m.spec().mixed)?;
     let ranges = check_cu_seqlens(cu_seqlens, x.shape()[0], x.shape()[1])?;
     if !stateful {
@@ -160,9 +159,8 @@ pub fn run_packed<F: Scalar>(
             crate::state::finite_output(m, form, backend, &y)?;
             y
         } else {
-            let y = F::tag_one(y);
-            mixer_core::mixer::check_output(m, form, backend.name(), &y)?;
-            F::untag(y).ok_or_else(|| internal(backend, "the output came back in another dtype"))?
+            mixer_core::mixer::check_output_typed(m, form, backend.name(), &y)?;
+            y
         };
         let fin = match (&lay.states, fin) {
             (Some(shapes), Some(mut fin)) => {
@@ -190,9 +188,7 @@ pub fn run_packed<F: Scalar>(
             return Ok((Some(yi), Some(fi)));
         }
         let seg = segment(m, inputs, r.clone())?;
-        let t = crate::run::run_with(m, backend, form, &F::tag(seg), precision)?;
-        let yi = F::untag(t).ok_or_else(|| internal(backend, "the output came back in another dtype"))?;
-        Ok((Some(yi), None))
+        Ok((Some(crate::run::run_typed_with(m, backend, form, &seg, precision)?), None))
     })?;
     let mut y = ArrayD::<F>::zeros(get(inputs, m.spec().mixed)?.raw_dim());
     let mut finals = Vec::with_capacity(ranges.len());
@@ -291,8 +287,16 @@ pub fn backward_packed<F: Scalar>(
                 backward_state(m, backend, form, &seg, row.as_ref(), &dyi, d_row.as_ref(), requires)?;
             return Ok((Some(g), Some(ds)));
         }
-        let g = crate::backward::backward(m, backend.name(), form, &F::tag(seg), &F::tag_one(dyi), requires)?;
-        Ok((Some(untag_all(backend, g)?), None))
+        let g = crate::backward::backward_typed_with(
+            m,
+            backend.name(),
+            form,
+            &seg,
+            &dyi,
+            requires,
+            Precision::Exact,
+        )?;
+        Ok((Some(g), None))
     })?;
     let mut d_states = Vec::with_capacity(ranges.len());
     for (r, (gi, ds)) in ranges.iter().zip(results) {
@@ -308,18 +312,4 @@ pub fn backward_packed<F: Scalar>(
     }
     let d_initial = if initial.is_some() { stack_rows(&d_states)? } else { Tensors::new() };
     Ok((grads, d_initial))
-}
-
-/// Gradients tagged by dtype back as `F` (an internal error if one came back in another dtype).
-pub(crate) fn untag_all<F: Scalar>(
-    backend: &Backend,
-    g: BTreeMap<String, mixer_core::Tensor>,
-) -> Result<Tensors<F>> {
-    g.into_iter()
-        .map(|(k, v)| {
-            F::untag(v)
-                .map(|a| (k, a))
-                .ok_or_else(|| internal(backend, "a gradient came back in another dtype"))
-        })
-        .collect()
 }

@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use mixer_core::mixer::{Decoder, Mixer, run_decoder, validate};
+use mixer_core::mixer::{Decoder, Mixer, run_decoder};
 use mixer_core::precision::{ACTIVATIONS, round_bf16};
 use mixer_core::tensor::cast_tensors;
 use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Result, Tensor, Tensors, oracle};
@@ -177,17 +177,35 @@ pub fn run_with(
     inputs: &AnyTensors,
     precision: Precision,
 ) -> Result<Tensor> {
-    check_precision(precision, inputs.dtype())?;
-    let dims = validate(m, inputs)?;
-    mixer_core::memory::guard(m, form, &dims, inputs.dtype())?;
-    let y = match inputs {
-        AnyTensors::F64(t) => run_typed::<f64>(m, backend, form, t, &dims).map(Tensor::F64),
-        AnyTensors::F32(t) if precision == Precision::Exact => {
-            run_typed::<f32>(m, backend, form, t, &dims).map(Tensor::F32)
+    match inputs {
+        AnyTensors::F64(t) => run_typed_with(m, backend, form, t, precision).map(Tensor::F64),
+        AnyTensors::F32(t) => run_typed_with(m, backend, form, t, precision).map(Tensor::F32),
+    }
+}
+
+/// [`run_with`] on inputs of one known scalar type, read where they are (no tagged copy).
+pub fn run_typed_with<F: Scalar>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    form: Form,
+    inputs: &Tensors<F>,
+    precision: Precision,
+) -> Result<ArrayD<F>> {
+    check_precision(precision, F::DTYPE)?;
+    let dims = mixer_core::mixer::validate_typed(m, inputs)?;
+    mixer_core::memory::guard(m, form, &dims, F::DTYPE)?;
+    let y = match F::as_f32(inputs) {
+        Some(x) if precision != Precision::Exact => {
+            let y = run_reduced(m, backend, form, x, &dims, precision)?;
+            F::untag(Tensor::F32(y)).ok_or_else(|| Error::Backend {
+                backend: backend.name().into(),
+                family: Some(m.family().into()),
+                message: "internal: an f32 output did not come back as f32".into(),
+            })?
         }
-        AnyTensors::F32(t) => run_reduced(m, backend, form, t, &dims, precision).map(Tensor::F32),
-    }?;
-    mixer_core::mixer::check_output(m, form, backend.name(), &y)?;
+        _ => run_typed::<F>(m, backend, form, inputs, &dims)?,
+    };
+    mixer_core::mixer::check_output_typed(m, form, backend.name(), &y)?;
     Ok(y)
 }
 

@@ -10,7 +10,7 @@
 //! a family is refused with an error listing the forms that do run from a state; the plain
 //! forms never receive a state, so none can ignore one silently.
 
-use mixer_core::mixer::{Mixer, run_decoder};
+use mixer_core::mixer::{Mixer, run_decoder, validate_typed};
 use mixer_core::spec::Constraint;
 use mixer_core::state::{StateShapes, check_state, no_state, shapes_of};
 use mixer_core::tensor::{cast_tensors, tensors_to_f64};
@@ -20,17 +20,6 @@ use ndarray::ArrayD;
 use crate::backend::Backend;
 use crate::family::Scalar;
 use crate::run::{bf16_value, stored};
-
-/// The validated sizes of typed inputs (shapes, derived sizes, value constraints), as
-/// [`mixer_core::mixer::validate`] does for tagged ones.
-pub fn validate<F: mixer_core::Real>(m: &dyn Mixer, inputs: &Tensors<F>) -> Result<Dims> {
-    let spec = m.spec();
-    let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
-    let dims = spec.bind(&shapes)?;
-    spec.check_bounds(&dims, &m.bounds(&dims))?;
-    spec.check_values(inputs)?;
-    Ok(dims)
-}
 
 /// The state's shapes of `m` at `dims` when a run starts from a state of the shapes `given`
 /// (`None`: no state given; [`Mixer::state_sizes`] reads the sizes the inputs do not bind from
@@ -164,7 +153,7 @@ pub fn run_state<F: Scalar>(
     precision: Precision,
 ) -> Result<(ArrayD<F>, Tensors<F>)> {
     check_precision::<F>(precision)?;
-    let dims = validate(m, inputs)?;
+    let dims = validate_typed(m, inputs)?;
     let want = shapes(m, &dims, initial.map(shapes_of).as_ref())?;
     if let Some(s) = initial {
         check_state("initial_state", &want, s)?;
@@ -259,7 +248,7 @@ pub fn backward_state<F: Scalar>(
     d_final: Option<&Tensors<F>>,
     requires: &Requires,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
-    let dims = validate(m, inputs)?;
+    let dims = validate_typed(m, inputs)?;
     let want = shapes(m, &dims, initial.map(shapes_of).as_ref())?;
     if let Some(s) = initial {
         check_state("initial_state", &want, s)?;

@@ -35,7 +35,7 @@ impl Part {
     /// The part `x` of a GLR, or `None` for another family.
     pub(super) fn of<F: Scalar>(m: &dyn Mixer, x: &Tensors<F>) -> Result<Option<Part>> {
         let Ok(g) = downcast::<Glr>(m, "context parallel") else { return Ok(None) };
-        let dims = mixer_registry::state::validate(m, x)?;
+        let dims = mixer_registry::mixer_core::mixer::validate_typed(m, x)?;
         let k = slot_count(&dims).unwrap_or(0);
         let size = |s: &str| dims.get(s).copied().unwrap_or(0);
         let r = mixer_core::mixers::glr::state::rows(g, k);

@@ -69,13 +69,7 @@ pub(crate) fn forward<F: Scalar, D: Dimension>(
         )?;
         return into_rank(y);
     }
-    let y = mixer_registry::run::run_with(m, &backend, opts.form, &F::tag(owned(inputs)), opts.precision)?;
-    let dtype = y.dtype();
-    into_rank(F::untag(y).ok_or_else(|| Error::Backend {
-        backend: "ops".into(),
-        family: None,
-        message: format!("expected a {} output, the dynamic path returned {}", F::DTYPE.name(), dtype.name()),
-    })?)
+    into_rank(mixer_registry::run::run_typed_with(m, &backend, opts.form, &owned(inputs), opts.precision)?)
 }
 
 /// Runs `opts.form` of `m` from the state `initial` (the mixer's single state tensor `state`;

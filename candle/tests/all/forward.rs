@@ -1,7 +1,7 @@
 //! The candle ops' `y` (and final state) against the typed API on the same values, bit for
 //! bit, and against the f64 oracle; lengths that are not chunk multiples.
 
-use candle_core::DType;
+use candle_core::{DType, Tensor, Var};
 use mixers::ops::{self, Options};
 use mixers::prelude::{Form, Tolerance};
 
@@ -174,4 +174,73 @@ fn bf16_inputs_are_computed_in_f32_and_returned_in_bf16() {
         array::<f32>(&y.to_dtype(DType::F32).unwrap()),
         array::<f32>(&y32.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap())
     );
+}
+
+#[test]
+fn a_forward_without_gradients_equals_the_graph_forward_bit_for_bit() {
+    // Plain CPU tensors take the detached path (no packed argument, no graph); variables the
+    // custom op. Both must give the same bits: every typed mixer, three dtypes, states in and
+    // out, a packed batch, and a mixer reached by `run` only.
+    fn named<'a>(l: &'a [(&'a str, Tensor)]) -> Vec<(&'a str, &'a Tensor)> {
+        l.iter().map(|(n, t)| (*n, t)).collect()
+    }
+    for (name, order) in TYPED {
+        let (m, x) = inputs(name, &sizes(2, 65), 31);
+        let dims = mixers::core::mixer::complete_dims(m.as_ref(), &sizes(2, 65).dims());
+        let s0 = m.random_state(&dims, 4).ok();
+        for dtype in [DType::F64, DType::F32, DType::BF16] {
+            let v = vars(&x, dtype);
+            let plain: Vec<(&str, Tensor)> = order.iter().map(|n| (*n, v[*n].as_tensor().detach())).collect();
+            let graph: Vec<(&str, Tensor)> = order.iter().map(|n| (*n, v[*n].as_tensor().clone())).collect();
+            assert!(plain.iter().all(|(_, t)| !t.track_op()) && graph.iter().all(|(_, t)| t.track_op()));
+            let cfg = serde_json::json!({});
+            let opts = Options::default();
+            let y_plain = mixers_candle::run(name, &cfg, &named(&plain), &opts).unwrap();
+            let y_graph = mixers_candle::run(name, &cfg, &named(&graph), &opts).unwrap();
+            assert!(!y_plain.track_op() && y_graph.track_op(), "{name}: the plain call is off the graph");
+            let bits = |t: &Tensor| array::<f64>(&t.to_dtype(DType::F64).unwrap());
+            assert_eq!(bits(&y_plain), bits(&y_graph), "{name} {dtype:?}");
+            if let Some(s0) = &s0 {
+                let s: Vec<(String, Tensor)> =
+                    s0.iter().map(|(k, a)| (k.clone(), tensor(a, dtype))).collect();
+                let s_named: Vec<(&str, &Tensor)> = s.iter().map(|(k, t)| (k.as_str(), t)).collect();
+                let s_var: Vec<(String, Tensor)> = s
+                    .iter()
+                    .map(|(k, t)| (k.clone(), Var::from_tensor(t).unwrap().as_tensor().clone()))
+                    .collect();
+                let s_var_named: Vec<(&str, &Tensor)> = s_var.iter().map(|(k, t)| (k.as_str(), t)).collect();
+                let (yp, fp) =
+                    mixers_candle::run_state(name, &cfg, &named(&plain), Some(&s_named), &opts).unwrap();
+                let (yg, fg) =
+                    mixers_candle::run_state(name, &cfg, &named(&graph), Some(&s_var_named), &opts).unwrap();
+                assert_eq!(bits(&yp), bits(&yg), "{name} {dtype:?} from a state");
+                if name == "attention" {
+                    // The cache keeps the given capacity (not the inputs' T).
+                    let k =
+                        |l: &[(String, Tensor)]| l.iter().find(|(n, _)| n == "k").map(|(_, t)| t.dims()[1]);
+                    assert_eq!(k(&fp), k(&s), "{dtype:?}: the final cache's capacity");
+                }
+                assert_eq!(fp.len(), fg.len());
+                for ((np, tp), (ng, tg)) in fp.iter().zip(&fg) {
+                    assert_eq!(np, ng);
+                    assert_eq!(bits(tp), bits(tg), "{name} {dtype:?} final `{np}`");
+                }
+            }
+        }
+    }
+    // A packed batch, with final states.
+    let (_, x) = inputs("gated-deltanet", &sizes(1, 40), 22);
+    let opts = Options::default().cu_seqlens(&[0, 1, 17, 17, 33]);
+    let v = vars(&x, DType::F32);
+    let order = ["q", "k", "v", "g", "beta"];
+    let plain: Vec<Tensor> = order.iter().map(|n| v[*n].as_tensor().detach()).collect();
+    let graph: Vec<Tensor> = order.iter().map(|n| v[*n].as_tensor().clone()).collect();
+    let run = |l: &[Tensor]| {
+        let named: Vec<(&str, &Tensor)> = order.iter().copied().zip(l).collect();
+        mixers_candle::run_state("gated-deltanet", &serde_json::json!({}), &named, None, &opts).unwrap()
+    };
+    let ((yp, fp), (yg, fg)) = (run(&plain), run(&graph));
+    assert_eq!(array::<f32>(&yp), array::<f32>(&yg));
+    assert_eq!(array::<f32>(&fp[0].1), array::<f32>(&fg[0].1));
+    assert_eq!(fp[0].1.dims(), &[4, 2, 3, 5]);
 }

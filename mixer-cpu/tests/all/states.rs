@@ -125,7 +125,7 @@ fn prefill_then_decode_at_any_split() {
             let (_, sa) =
                 run_state(m.as_ref(), &cpu, Form::Fast, &head, Some(&s0), Precision::Exact).unwrap();
             let tail = mixer_core::state::segment_from_state(m.as_ref(), &x, a..t).unwrap();
-            let d = mixer_registry::state::validate(m.as_ref(), &tail).unwrap();
+            let d = mixer_core::mixer::validate_typed(m.as_ref(), &tail).unwrap();
             let mut dec = decoder_from_state(m.as_ref(), &cpu, &tail, &d, Some(&sa)).unwrap();
             let yd = mixer_core::mixer::run_decoder(dec.as_mut(), &m.spec(), &tail, |_, _| {}).unwrap();
             // `position` counts the tokens this decoder consumed, not the state's.
