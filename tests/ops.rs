@@ -189,6 +189,20 @@ fn plugin_mask_and_lambda_scheme_by_value() {
             .expect("no recurrent form with the log-distance mask")
             .to_string();
     assert!(e.contains("recurrent") && e.contains("Fenwick"), "{e}");
+    // Its state is a cache of past tokens, not the typed level state: the typed state function
+    // says where to go instead.
+    let e = ops::loglinear_mamba2_state(
+        v4(&inputs, "q"),
+        v4(&inputs, "k"),
+        v4(&inputs, "v"),
+        v3(&inputs, "g"),
+        v4(&inputs, "lambda"),
+        None,
+        &Options::default().backend(cpu()).mask("log-distance").form(mixers::prelude::Form::Parallel),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("keeps a cache of its past tokens") && e.contains("call::forward"), "{e}");
 }
 
 #[test]

@@ -69,11 +69,12 @@ def test_wrong_initial_state_shape():
         mixers.mamba2(**x, initial_state=torch.zeros(2, 2, 3, 3, dtype=torch.float64))
 
 
-def test_mixers_without_a_state_refuse_one():
-    # A lift with a level mask other than Fenwick's has no recurrent state.
+def test_a_form_without_a_state_refuses_one():
+    # A lift under a level mask other than Fenwick's runs from its cache in the parallel and
+    # materialized forms only.
     x = inputs("log-distance-mamba2", **SIZES)
-    with pytest.raises(NotImplementedError, match="recurrent state"):
-        mixers.run("log-distance-mamba2", **x, output_final_state=True)
+    with pytest.raises(NotImplementedError, match="needs the Fenwick mask"):
+        mixers.run("log-distance-mamba2", **x, form="fast", output_final_state=True)
 
 
 def test_unknown_mixer_and_bad_config():

@@ -10,7 +10,20 @@ import mixers
 from conftest import inputs
 
 SIZES = dict(batch=2, heads=2, dk=4, dv=3, channels=5)
-CASES = ["loglinear-mamba2", "loglinear-attention", "loglinear-gated-deltanet", "glr", "attention", "toeplitz"]
+CASES = [
+    "loglinear-mamba2",
+    "loglinear-attention",
+    "loglinear-gated-deltanet",
+    "glr",
+    "attention",
+    "toeplitz",
+    "log-distance-mamba2",
+]
+# Mixers whose state is a cache of past tokens with a capacity: attention, and a lift under a
+# mask other than Fenwick (the example plugin's), which also caches the decays.
+CACHED = {"attention": ("length", []), "log-distance-mamba2": ("position", ["g"])}
+# The plugin's lift has no fast form (it needs the Fenwick mask).
+FORM = {"log-distance-mamba2": "parallel"}
 
 
 def _per_token(name):
@@ -25,14 +38,15 @@ def _split(name, x, a):
 
 
 def _start(name, x, t):
-    """A fresh state where the mixer needs one to say its capacity (attention: a zero cache of
-    capacity ``t``), else ``None``."""
-    if name != "attention":
+    """A fresh state where the mixer needs one to say its capacity (a zero cache of capacity
+    ``t``), else ``None``."""
+    if name not in CACHED:
         return None
+    count, more = CACHED[name]
     b, _, h, dk = x["k"].shape
     dv = x["v"].shape[-1]
     z = x["k"].new_zeros
-    return {"k": z(b, t, h, dk), "v": z(b, t, h, dv), "length": z(b)}
+    return {"k": z(b, t, h, dk), "v": z(b, t, h, dv), count: z(b), **{n: z(b, t, h) for n in more}}
 
 
 @pytest.mark.parametrize("a", [1, 9, 16])
@@ -41,15 +55,17 @@ def test_two_parts_from_a_state_dict_equal_the_whole_run(name, a):
     t = 21
     x = inputs(name, seq=t, grad=True, **SIZES)
     r = torch.randn(x[mixers.spec(name)["mixed"]].shape, dtype=torch.float64)
-    whole = mixers.run(name, initial_state=_start(name, x, t), **x) if name == "attention" else mixers.run(name, **x)
+    form = FORM.get(name, "fast")
+    start = _start(name, x, t)
+    whole = mixers.run(name, initial_state=start, form=form, **x) if start else mixers.run(name, form=form, **x)
     (whole * r).sum().backward()
     want = {k: v.grad.clone() for k, v in x.items()}
     for v in x.values():
         v.grad = None
     first, rest = _split(name, x, a)
-    y1, s = mixers.run(name, initial_state=_start(name, x, t), output_final_state=True, **first)
+    y1, s = mixers.run(name, initial_state=_start(name, x, t), output_final_state=True, form=form, **first)
     assert isinstance(s, dict) and len(s) > 1, f"{name}: a state of several tensors comes back as a dict"
-    y2, s2 = mixers.run(name, initial_state=s, output_final_state=True, **rest)
+    y2, s2 = mixers.run(name, initial_state=s, output_final_state=True, form=form, **rest)
     assert sorted(s2) == sorted(s)
     y = torch.cat([y1, y2], dim=1)
     assert torch.allclose(y, whole, rtol=1e-10, atol=1e-12), f"{name}: {(y - whole).abs().max().item()}"

@@ -337,6 +337,17 @@ fn lift_run<F: Scalar>(
     inputs: Vec<Named<'_, F>>,
     initial: Option<&LevelState<F>>,
 ) -> Result<(Array4<F>, LevelState<F>)> {
+    if let Some(ll) = m.as_any().downcast_ref::<mixer_core::mixers::loglinear::LogLinear>()
+        && mixer_core::mixers::loglinear::state::cache(ll).is_some()
+    {
+        return Err(Error::Io(format!(
+            "`{}` under the mask `{}` keeps a cache of its past tokens as its state, not Fenwick level \
+             states (docs/math.md §7.1): run it from a state through `mixers::registry::call::forward` \
+             (named tensors), not this typed function",
+            m.name(),
+            ll.lift.map_or("fenwick", |l| l.mask.name)
+        )));
+    }
     let init = initial.map(LevelState::to_tensors).transpose()?;
     let (y, fin) = forward_states(m, opts, inputs, init)?;
     Ok((y, LevelState::from_tensors(fin)?))

@@ -79,6 +79,7 @@ macro_rules! state_oracle {
 }
 
 pub mod attention;
+pub mod cache;
 pub mod glr;
 pub mod loglinear;
 #[cfg(test)]

@@ -187,3 +187,71 @@ fn bad_states_are_refused() {
         assert!(e.contains("position + T ≤ Tw = 12") && e.contains("position 7, T = 6"), "{form}: {e}");
     }
 }
+
+/// A lift under a mask other than Fenwick (the example plugin's `log-distance`) keeps a cache of
+/// its past tokens (docs/math.md §7.1): the suite's `state` check passes in the forms that run
+/// from it (the reference and `parallel`; `fast` and `recurrent` need the Fenwick mask, and say
+/// so), runs of one token at a time from the prefill's cache give the whole run's rows and final
+/// cache at every split, and a cache too small for the run is refused with its sizes.
+#[test]
+fn a_lift_under_a_plugin_mask_runs_from_its_cache() {
+    let cpu = cpu();
+    for (name, cfg) in
+        [("log-distance-mamba2", json!({})), ("loglinear-gated-deltanet", json!({"mask": "log-distance"}))]
+    {
+        let m = mixer(name, &cfg).unwrap();
+        let forms = mixer_registry::state::forms(m.as_ref(), &cpu);
+        assert_eq!(forms, [Form::Materialized, Form::Parallel], "{name}");
+        for t in [1, 2, 63, 65] {
+            let cases = check_mixer(m.as_ref(), &cpu, &sizes(t), 7);
+            let state: Vec<_> = cases.iter().filter(|c| c.check == Check::State).collect();
+            assert_eq!(state.len(), 2 * forms.len(), "{name} T={t}");
+            let failed: Vec<String> =
+                state.iter().filter(|c| c.failure.is_some()).map(|c| c.to_string()).collect();
+            assert!(failed.is_empty(), "{name} T={t}:\n{}", failed.join("\n"));
+        }
+        let e = run_state(m.as_ref(), &cpu, Form::Fast, &setup(m.as_ref(), 4, 1).0, None, Precision::Exact)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs the Fenwick mask"), "{name}: {e}");
+        // λ with levels for the cached tokens too (L ≥ L(position + T)).
+        let t = 12;
+        let mut d = mixer_core::mixer::complete_dims(m.as_ref(), &sizes(t).dims());
+        d.insert("L", 6);
+        let x = m.random_inputs(&d, 5).unwrap();
+        let s0 = m.random_state(&d, 5).unwrap();
+        assert_eq!(s0[POSITION].as_slice().unwrap(), &[5.0, 2.0], "{name}: the cached tokens per row");
+        let (y, fin) = run_state(m.as_ref(), &cpu, Form::Parallel, &x, Some(&s0), Precision::Exact).unwrap();
+        let (yr, fr) =
+            run_state(m.as_ref(), &cpu, Form::Materialized, &x, Some(&s0), Precision::Exact).unwrap();
+        let tol = mixer_core::Tolerance::for_dtype("f64");
+        assert!(tol.compare(y.view(), yr.view()).pass, "{name}: parallel vs the reference");
+        for a in 0..=t {
+            let head = mixer_core::state::segment_from_state(m.as_ref(), &x, 0..a).unwrap();
+            let (_, mut s) =
+                run_state(m.as_ref(), &cpu, Form::Parallel, &head, Some(&s0), Precision::Exact).unwrap();
+            for i in a..t {
+                let tok = mixer_core::state::segment_from_state(m.as_ref(), &x, i..i + 1).unwrap();
+                let (yi, si) =
+                    run_state(m.as_ref(), &cpu, Form::Parallel, &tok, Some(&s), Precision::Exact).unwrap();
+                let c = tol.compare(yi.view(), y.slice_axis(Axis(1), Slice::from(i..i + 1)));
+                assert!(c.pass, "{name} split {a}, token {i}: {c:?}");
+                s = si;
+            }
+            for (k, v) in &fin {
+                assert!(tol.compare(s[k].view(), v.view()).pass, "{name} split {a}: final `{k}`");
+                assert!(tol.compare(fr[k].view(), v.view()).pass, "{name}: final `{k}` vs the reference");
+            }
+        }
+        let mut full = s0.clone();
+        full.get_mut(POSITION).unwrap()[0] = 6.0;
+        full.get_mut("k").unwrap().fill(1.0);
+        let e = run_state(m.as_ref(), &cpu, Form::Parallel, &x, Some(&full), Precision::Exact)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("capacity N ≥ position + T") && e.contains("N = 17, position 6, T = 12"),
+            "{name}: {e}"
+        );
+    }
+}

@@ -574,7 +574,21 @@ impl Mixer for LogLinear {
     fn state_shapes(&self, dims: &Dims) -> std::result::Result<crate::state::StateShapes, String> {
         state::shapes(self, dims)
     }
+    fn state_sizes(&self, dims: &Dims, given: Option<&crate::state::StateShapes>) -> Dims {
+        state::cache(self).map(|c| c.sizes(dims, given)).unwrap_or_default()
+    }
     fn random_state(&self, dims: &Dims, seed: u64) -> Result<Tensors<f64>> {
+        if let Some(c) = state::cache(self) {
+            // Room for 5 cached tokens before the run, as many as the λ levels `L` reach: a run
+            // of `T` tokens after `a` needs `L ≥ L(a + T)`.
+            let t_len = dims.get("T").copied().unwrap_or(0);
+            let mut d = dims.clone();
+            d.insert(crate::mixers::cache::CAPACITY, t_len + 5);
+            let shapes = self.state_shapes(&d).map_err(|why| crate::state::no_state(&self.name, &why))?;
+            let nl = dims.get("L").copied().unwrap_or(0);
+            let reach = (0..=5).take_while(|&a| self.levels(a + t_len) <= nl).last().unwrap_or(0);
+            return c.random_state(&shapes, seed, reach);
+        }
         let shapes = self.state_shapes(dims).map_err(|why| crate::state::no_state(&self.name, &why))?;
         let s = crate::state::random(&shapes, seed);
         match self.lift {

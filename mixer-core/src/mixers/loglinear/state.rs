@@ -27,22 +27,57 @@ use ndarray::{ArrayD, Axis, IxDyn, Slice, s};
 use super::LogLinear;
 use crate::error::{Error, Result};
 use crate::grad::{Requires, grad_name};
+use crate::mixers::cache::Cache;
 use crate::state::StateShapes;
 use crate::tensor::{Tensors, get};
 
 pub use super::STATE;
 
 /// The state's shapes: `S [B, H, Dv, Dk]` for the base mixers, `S [B, H, L, Dv, Dk]` and
-/// `position [B]` for the Fenwick lifts, or why there is none (other masks).
+/// `position [B]` for the Fenwick lifts, and for the lifts under another mask the cache of
+/// [`cache`]: `k [B, N, H, Dk]`, `v [B, N, H, Dv]`, `g [B, N, H]` and `beta [B, N, H]` where the
+/// base mixer has them, `position [B]`.
 pub(crate) fn shapes(m: &LogLinear, dims: &crate::Dims) -> std::result::Result<StateShapes, String> {
+    let size = |s: &str| dims.get(s).copied().ok_or_else(|| format!("size `{s}` is unbound"));
+    if let Some(c) = cache(m) {
+        return c.shapes(dims, |name| match name {
+            "k" => Ok(vec![size("H")?, size("Dk")?]),
+            "v" => Ok(vec![size("H")?, size("Dv")?]),
+            _ => Ok(vec![size("H")?]),
+        });
+    }
     if m.lift.is_some() {
-        if !m.has_fenwick_structure() {
-            return Err("the lifts' state holds Fenwick level states; this mask is not Fenwick".into());
-        }
         return super::lift_state::shapes(dims);
     }
-    let size = |s: &str| dims.get(s).copied().ok_or_else(|| format!("size `{s}` is unbound"));
     Ok(vec![(STATE.into(), vec![size("B")?, size("H")?, size("Dv")?, size("Dk")?])])
+}
+
+/// The state of a lift under a mask other than Fenwick (`None` for the base mixers and the
+/// Fenwick lifts): such a mask's buckets have no recurrence, so the state is a cache of every
+/// past token's `k`, `v` (and `g`, `β` where the base mixer has them) with their count
+/// `position`, and a run from it is a run of the extended sequence ([`crate::mixers::cache`];
+/// the prefix rows' `λ` repeat the run's first token's, the query side, which those rows' unused
+/// outputs alone read).
+pub fn cache(m: &LogLinear) -> Option<Cache> {
+    if m.lift.is_none() || m.has_fenwick_structure() {
+        return None;
+    }
+    let mut cached = vec!["k", "v"];
+    if m.base.has_decay() {
+        cached.push("g");
+    }
+    if m.base.has_beta() {
+        cached.push("beta");
+    }
+    cached.sort();
+    Some(Cache {
+        cached,
+        length: super::lift_state::POSITION,
+        window: None,
+        per_token: crate::mixer::Mixer::spec(m).per_token(),
+        copy_first: vec!["lambda"],
+        mixed: "v",
+    })
 }
 
 /// The extension: a scale-1 copy of the mixer, its inputs, and the number of load tokens.
@@ -111,6 +146,9 @@ pub(crate) fn oracle(
     x: &Tensors<f64>,
     initial: Option<&Tensors<f64>>,
 ) -> Result<(ArrayD<f64>, Tensors<f64>)> {
+    if let Some(c) = cache(m) {
+        return c.run(x, initial, |e| crate::oracle::dense(m, e));
+    }
     if m.lift.is_some() {
         return super::lift_state::run(m, x, initial);
     }
@@ -134,6 +172,10 @@ pub(crate) fn oracle_vjp(
     d_final: Option<&Tensors<f64>>,
     requires: &Requires,
 ) -> Result<(Tensors<f64>, Tensors<f64>)> {
+    if let Some(c) = cache(m) {
+        let args = crate::state::StateVjp { x, initial, dy, d_final, requires };
+        return c.vjp(args, |e, d| crate::grad::materialized_backward(m, e, d, &Requires::All));
+    }
     if m.lift.is_some() {
         return super::lift_state::vjp(m, x, initial, dy, d_final, requires);
     }
@@ -192,6 +234,7 @@ pub(crate) fn oracle_vjp(
 
 #[cfg(test)]
 mod tests {
+    use super::super::lift_state::POSITION as POSITION_NAME;
     use super::*;
     use crate::mixer::{Mixer, complete_dims};
     use crate::mixers::loglinear::Base;
@@ -302,6 +345,120 @@ mod tests {
                 check_partial(&format!("{} d_S0", m.name), gs[STATE][ix], &s0, STATE, &ix, |s| loss(&x, s));
             }
             check_inputs(&m.name, &g, &x, &["q", "k", "v", "g", "beta"], |x| loss(x, &s0));
+        }
+    }
+
+    /// A mask that depends on absolute positions (blocks of 4) and on the distance: level 0 for
+    /// the token itself, then 1 in the same block, 2 in another block within 5 tokens, 3 beyond.
+    fn block_level(t: usize, s: usize) -> usize {
+        match (t == s, t / 4 == s / 4, t - s <= 5) {
+            (true, ..) => 0,
+            (_, true, _) => 1,
+            (_, _, true) => 2,
+            _ => 3,
+        }
+    }
+    fn block_levels(_t: usize) -> usize {
+        4
+    }
+    /// `λ = raw² · p`, a scheme with a parameter (so `lambda_param` has a gradient).
+    fn scaled(raw: f64, p: f64) -> f64 {
+        raw * raw * p
+    }
+    fn d_scaled(raw: f64, p: f64) -> (f64, f64) {
+        (2.0 * raw * p, raw * raw)
+    }
+
+    /// The three lifts under the block mask, the last with the scaled λ scheme.
+    fn cached_lifts() -> Vec<LogLinear> {
+        let mask = super::super::LevelMask { name: "block", level: block_level, levels: block_levels };
+        let schemes = [
+            super::super::LambdaScheme::identity(),
+            super::super::LambdaScheme::identity(),
+            super::super::LambdaScheme { name: "scaled", map: scaled, grad: Some(d_scaled) },
+        ];
+        [Base::LinearAttention, Base::Mamba2, Base::GatedDeltaNet]
+            .into_iter()
+            .zip(schemes)
+            .map(|(b, lambda)| {
+                let lift = super::super::Lift { mask, lambda };
+                LogLinear::new(&format!("loglinear-{}", b.name()), b, Some(lift), 0.7, 4).unwrap()
+            })
+            .collect()
+    }
+
+    fn lift_dims(t: usize, n: usize) -> crate::Dims {
+        [("B", 2), ("T", t), ("H", 2), ("Dk", 3), ("Dv", 2), ("L", 4), ("N", n)].into_iter().collect()
+    }
+
+    /// Under a mask other than Fenwick a lift's state is the cache of its past tokens: a split
+    /// anywhere gives the plain oracle's rows of the whole sequence and the same final cache.
+    #[test]
+    fn a_lift_under_another_mask_continues_from_its_cache() {
+        for m in cached_lifts() {
+            let c = cache(&m).unwrap();
+            let t_len = 11;
+            let mut x = m.random_inputs(&complete_dims(&m, &lift_dims(t_len, t_len)), 3).unwrap();
+            if m.lift.is_some_and(|l| l.lambda.name == "scaled") {
+                let p = ArrayD::from_shape_fn(IxDyn(&[2, 4]), |i| 0.5 + 0.25 * (i[0] + i[1]) as f64);
+                x.insert("lambda_param".into(), p);
+            }
+            let whole = crate::oracle::dense(&m, &x).unwrap();
+            let (y0, f0) = oracle(&m, &x, None).unwrap();
+            close(&y0, &whole, &format!("{} from no state", m.name));
+            let names: Vec<String> =
+                shapes(&m, &lift_dims(t_len, t_len)).unwrap().into_iter().map(|(k, _)| k).collect();
+            assert_eq!(names.len(), c.cached.len() + 1, "{}: {names:?}", m.name);
+            let empty = crate::state::zeros::<f64>(&shapes(&m, &lift_dims(t_len, t_len)).unwrap());
+            for a in [0, 1, 3, 4, 9, 11] {
+                let (head, tail) = (segment(&m, &x, 0..a).unwrap(), segment(&m, &x, a..t_len).unwrap());
+                let (joined, sb) = split_run(|x, s| oracle(&m, x, s), &head, &tail, Some(&empty));
+                close(&joined, &whole, &format!("{} split at {a}", m.name));
+                for k in &names {
+                    close(&sb[k], &f0[k], &format!("{} final `{k}` split at {a}", m.name));
+                }
+            }
+            // A cache too small for the run is refused, with the sizes.
+            let small = crate::state::zeros::<f64>(&shapes(&m, &lift_dims(t_len, t_len - 1)).unwrap());
+            let e = oracle(&m, &x, Some(&small)).unwrap_err().to_string();
+            assert!(e.contains("N = 10, position 0, T = 11"), "{e}");
+        }
+    }
+
+    /// Central differences of `⟨ȳ, y⟩ + Σ ⟨S̄, S_T⟩` against the cache's backward, for the
+    /// cached tokens, every input and `lambda_param`.
+    #[test]
+    fn a_lift_cache_backward_matches_finite_differences() {
+        for m in cached_lifts() {
+            let c = cache(&m).unwrap();
+            let d = complete_dims(&m, &lift_dims(5, 10));
+            let mut x = m.random_inputs(&d, 4).unwrap();
+            if m.lift.is_some_and(|l| l.lambda.name == "scaled") {
+                x.insert("lambda_param".into(), ArrayD::from_elem(IxDyn(&[2, 4]), 0.8));
+            }
+            let s0 = m.random_state(&lift_dims(5, 5), 9).unwrap();
+            assert_eq!(s0[POSITION_NAME].as_slice().unwrap(), &[5.0, 2.0], "{}", m.name);
+            let (y, fin) = oracle(&m, &x, Some(&s0)).unwrap();
+            let cached: Vec<&str> = c.cached.clone();
+            let co = Cotangents::new(&y, &fin, &cached);
+            let (g, gs) = oracle_vjp(&m, &x, Some(&s0), &co.dy, Some(&co.d_final), &Requires::All).unwrap();
+            let loss = |x: &Tensors<f64>, s: &Tensors<f64>| co.loss(oracle(&m, x, Some(s)).unwrap());
+            for name in &cached {
+                let mut ix = vec![0, 3];
+                ix.extend(std::iter::repeat_n(1, s0[*name].ndim() - 2));
+                check_partial(
+                    &format!("{} d_state.{name}", m.name),
+                    gs[*name][ix.as_slice()],
+                    &s0,
+                    name,
+                    &ix,
+                    |s| loss(&x, s),
+                );
+            }
+            assert!(gs[POSITION_NAME].iter().all(|&v| v == 0.0));
+            check_inputs(&m.name, &g, &x, &["q", "k", "v", "g", "beta", "lambda", "lambda_param"], |x| {
+                loss(x, &s0)
+            });
         }
     }
 }
