@@ -19,7 +19,7 @@ use ndarray::ArrayD;
 
 use crate::backend::Backend;
 use crate::family::Scalar;
-use crate::run::{bf16_value, stored};
+use crate::run::{bf16_value, check_precision, stored};
 
 /// The state's shapes of `m` at `dims` when a run starts from a state of the shapes `given`
 /// (`None`: no state given; [`Mixer::state_sizes`] reads the sizes the inputs do not bind from
@@ -85,17 +85,6 @@ fn not_run(m: &dyn Mixer, backend: &Backend, form: Form) -> Error {
     }
 }
 
-fn check_precision<F: Scalar>(precision: Precision) -> Result<()> {
-    if precision != Precision::Exact && F::DTYPE != DType::F32 {
-        return Err(Error::Value {
-            name: "precision".into(),
-            constraint: format!("the {precision} mode takes f32 inputs"),
-            found: format!("{} inputs", F::DTYPE.name()),
-        });
-    }
-    Ok(())
-}
-
 /// An error unless `y` of a run from a state is finite.
 pub(crate) fn finite_output<F: mixer_core::Real>(
     m: &dyn Mixer,
@@ -152,7 +141,7 @@ pub fn run_state<F: Scalar>(
     initial: Option<&Tensors<F>>,
     precision: Precision,
 ) -> Result<(ArrayD<F>, Tensors<F>)> {
-    check_precision::<F>(precision)?;
+    check_precision(precision, F::DTYPE)?;
     let dims = validate_typed(m, inputs)?;
     let want = shapes(m, &dims, initial.map(shapes_of).as_ref())?;
     if let Some(s) = initial {
