@@ -141,19 +141,12 @@ impl MixerOp {
             .collect::<candle_core::Result<Vec<_>>>()?;
         let initial = arrays.split_off(self.inputs.parts().len());
         let initial: Option<Tensors<F>> = self.initial.is_some().then(|| initial.into_iter().collect());
-        let mut out = self.run(&arrays.into_iter().collect(), initial.as_ref())?;
-        self.output
-            .parts()
-            .iter()
-            .map(|(n, s)| {
-                let a =
-                    out.remove(n).filter(|a| a.shape() == s.as_slice()).ok_or_else(|| Error::Packing {
-                        op: self.name.into(),
-                        expected: format!("an output `{n}` of shape {s:?}"),
-                        got: "none of that shape".into(),
-                    })?;
-                Tensor::from_vec(into_flat(a), s.as_slice(), &candle_core::Device::Cpu)
-            })
+        let out = self.run(&arrays.into_iter().collect(), initial.as_ref())?;
+        let arrays = self.output.take(self.name, out)?;
+        arrays
+            .into_iter()
+            .zip(self.output.parts())
+            .map(|(a, (_, s))| Tensor::from_vec(into_flat(a), s.as_slice(), &candle_core::Device::Cpu))
             .collect()
     }
 

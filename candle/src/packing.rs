@@ -79,12 +79,27 @@ impl Packing {
         Ok(())
     }
 
+    /// The tensors named by the parts, taken out of `tensors` in the parts' order, each checked
+    /// to be present with its part's shape (as [`Packing::pack_into`] checks them).
+    pub fn take<F>(&self, op: &str, mut tensors: Tensors<F>) -> Result<Vec<ArrayD<F>>, Error> {
+        self.parts
+            .iter()
+            .map(|(n, s)| {
+                part(op, &tensors, n, s, |a| a.shape())?;
+                tensors.remove(n).ok_or_else(|| Error::Packing {
+                    op: op.into(),
+                    expected: format!("a tensor `{n}`"),
+                    got: "none (internal: it was just found)".into(),
+                })
+            })
+            .collect()
+    }
+
     /// The tensors named by the parts, taken, as one flat row-major buffer. A packing of one
     /// part whose array is row-major already hands its memory over without a copy.
-    pub fn pack<F: Copy>(&self, op: &str, mut tensors: Tensors<F>) -> Result<Vec<F>, Error> {
-        if let [(n, s)] = self.parts.as_slice() {
-            part(op, &tensors, n, s, |a| a.shape())?;
-            return Ok(tensors.remove(n).map(into_flat).unwrap_or_default());
+    pub fn pack<F: Copy>(&self, op: &str, tensors: Tensors<F>) -> Result<Vec<F>, Error> {
+        if self.parts.len() == 1 {
+            return Ok(self.take(op, tensors)?.into_iter().next().map(into_flat).unwrap_or_default());
         }
         let mut out = Vec::with_capacity(self.len());
         self.pack_into(op, &tensors, &mut out)?;
