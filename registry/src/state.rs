@@ -14,7 +14,7 @@ use mixer_core::mixer::{Mixer, run_decoder, validate_typed};
 use mixer_core::spec::Constraint;
 use mixer_core::state::{StateShapes, check_state, no_state, shapes_of};
 use mixer_core::tensor::{cast_tensors, tensors_to_f64};
-use mixer_core::{DType, Dims, Error, Form, Precision, Requires, Result, Tensors, grad_name};
+use mixer_core::{Dims, Error, Form, Precision, Requires, Result, Tensors, grad_name};
 use ndarray::ArrayD;
 
 use crate::backend::Backend;
