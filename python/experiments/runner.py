@@ -5,7 +5,9 @@ its JSON log under ``<out>/<experiment>/runs/``, then ``results.json``, ``table.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
+import multiprocessing
 import os
 import re
 import sys
@@ -41,6 +43,9 @@ def parser(experiment: str) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--out", default="out/papers", help="output folder (default out/papers)")
     p.add_argument("--resume", action="store_true", help="keep the runs whose log already exists")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs at once, each in its own process (default 1); on one GPU a small model "
+                        "leaves it mostly idle, so several runs share it")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a shared machine)")
     p.add_argument("--quiet", action="store_true")
     return p
@@ -59,6 +64,31 @@ def notes(experiment: str, cells: Dict, rows) -> List[str]:
                    f"toeplitz − mamba2 = {means['toeplitz'] - means['mamba2']:+.1f} points (the paper's claim: "
                    "Toeplitz about as attention, Mamba-2 behind)")
     return out
+
+
+def _run(job) -> tuple:
+    """One run in this process: trains, writes its log (whole or not at all: a run cut short
+    leaves no log, so that ``--resume`` runs it again); returns (path, log)."""
+    cfg, device, path, meta, threads = job
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    log = train(RunConfig.from_dict(cfg), device)
+    log.update(meta)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".part", "w") as f:
+        json.dump(log, f)
+    os.replace(path + ".part", path)
+    return path, log
+
+
+def _store(runs: Dict, path: str, log: Dict, quiet: bool) -> None:
+    runs[(log["structure"], log["config"]["task"]["task"])][path] = log
+    if not quiet:
+        print(f"{log['structure']:32s} {log['config']['task']['task']:9s} lr {log['config']['lr']:<8g} seed "
+              f"{log['seed']}: test {100 * log['test']['accuracy']:5.1f} %  loss {log['curve']['loss'][0]:.3f} → "
+              f"{log['curve']['loss'][-1]:.3f}  {log['wall_s']:.1f} s", file=sys.stderr)
 
 
 def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> Dict:
@@ -85,30 +115,34 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
     root = os.path.join(a.out, experiment)
     os.makedirs(os.path.join(root, "runs"), exist_ok=True)
     start = time.time()
-    cells = {}
+    runs: Dict = {}  # (label, task) -> logs in the order of lrs and seeds
+    todo = []
     for r in rows:
         for t in tasks:
-            runs = []
             for lr in lrs:
                 for seed in a.seeds:
                     path = os.path.join(root, "runs", _slug(r.label), t.task, f"lr{lr:g}-seed{seed}.json")
+                    runs.setdefault((r.label, t.task), {})[path] = None
                     if a.resume and os.path.exists(path):
                         with open(path) as f:
-                            runs.append(json.load(f))
+                            runs[(r.label, t.task)][path] = json.load(f)
                         continue
                     cfg = RunConfig(task=t, mixer=r.mixer, mixer_config=dict(r.config), lr=lr, seed=seed,
                                     dtype=a.dtype, backend=a.backend, form=a.form, **b.run)
-                    log = train(cfg, a.device)
-                    log["experiment"], log["structure"], log["budget"] = experiment, r.label, a.budget
-                    os.makedirs(os.path.dirname(path), exist_ok=True)
-                    with open(path, "w") as f:
-                        json.dump(log, f)
-                    runs.append(log)
-                    if not a.quiet:
-                        print(f"{r.label:32s} {t.task:9s} lr {lr:<8g} seed {seed}: test "
-                              f"{100 * log['test']['accuracy']:5.1f} %  loss {log['curve']['loss'][0]:.3f} → "
-                              f"{log['curve']['loss'][-1]:.3f}  {log['wall_s']:.1f} s", file=sys.stderr)
-            cells[(r.label, t.task)] = report.cell(runs)
+                    meta = {"experiment": experiment, "structure": r.label, "budget": a.budget}
+                    todo.append((r.cost * t.length, (cfg.to_dict(), a.device, path, meta, a.threads)))
+    if a.jobs > 1:
+        # The costliest runs first, so that none of them starts last and alone.
+        todo.sort(key=lambda c: -c[0])
+        ctx = multiprocessing.get_context("spawn")  # a CUDA context per process, none inherited
+        with concurrent.futures.ProcessPoolExecutor(max_workers=a.jobs, mp_context=ctx) as pool:
+            done = [pool.submit(_run, job) for _, job in todo]
+            for fut in concurrent.futures.as_completed(done):
+                _store(runs, *fut.result(), a.quiet)
+    else:
+        for _, job in todo:
+            _store(runs, *_run(job), a.quiet)
+    cells = {key: report.cell(list(logs.values())) for key, logs in runs.items()}
     names = [t.task for t in tasks]
     extra = notes(experiment, cells, rows)
     wall = time.time() - start

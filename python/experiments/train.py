@@ -131,6 +131,13 @@ def train(cfg: RunConfig, device: str = "cpu", progress=None) -> Dict:
                             lr=cfg.lr, betas=cfg.betas)
     every = cfg.eval_every or max(1, cfg.steps // 10)
     curve = {"step": [], "loss": [], "lr": [], "eval_step": [], "val_accuracy": []}
+    pending = []
+
+    def flush():
+        if pending:
+            curve["loss"].extend(torch.stack(pending).tolist())
+            pending.clear()
+
     for step in range(cfg.steps):
         lr = lr_at(cfg, step)
         for g in opt.param_groups:
@@ -143,13 +150,18 @@ def train(cfg: RunConfig, device: str = "cpu", progress=None) -> Dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
         curve["step"].append(step)
-        curve["loss"].append(loss.item())
+        # Kept on the device and read at the evaluations: a read per step would make the host
+        # wait for every step's kernels instead of preparing the next batch meanwhile.
+        pending.append(loss.detach())
         curve["lr"].append(lr)
+        if progress is not None:
+            flush()
+            progress(step, curve["loss"][-1])
         if (step + 1) % every == 0 and step + 1 < cfg.steps:
+            flush()
             curve["eval_step"].append(step + 1)
             curve["val_accuracy"].append(evaluate(model, val, device)["accuracy"])
-        if progress is not None:
-            progress(step, loss.item())
+    flush()
     final_val = evaluate(model, val, device)
     curve["eval_step"].append(cfg.steps)
     curve["val_accuracy"].append(final_val["accuracy"])

@@ -234,3 +234,18 @@ def test_one_command_writes_logs_and_table(tmp_path):
     assert len(res["cells"]) == 2
     again = runner.main("toeplitz_copy", "t", argv + ["--resume"])
     assert again["cells"] == res["cells"]
+
+
+def test_runs_in_parallel_processes_give_the_logs_of_one_process(tmp_path):
+    argv = ["--budget", "tiny", "--steps", "6", "--quiet", "--only", "attention,toeplitz", "--threads", "1",
+            "--seeds", "0", "1"]
+    one = runner.main("toeplitz_copy", "t", argv + ["--out", str(tmp_path / "one")])
+    two = runner.main("toeplitz_copy", "t", argv + ["--out", str(tmp_path / "two"), "--jobs", "3"])
+    logs = sorted(p.relative_to(tmp_path / "one").as_posix() for p in (tmp_path / "one").glob("*/runs/*/*/*.json"))
+    assert len(logs) == 4
+    for rel in logs:
+        a, b = (json.loads((tmp_path / side / rel).read_text()) for side in ("one", "two"))
+        assert a["config"] == b["config"] and a["curve"]["loss"] == b["curve"]["loss"]
+        assert a["test"] == b["test"] and a["val"] == b["val"]
+    strip = lambda cells: [{k: v for k, v in c.items() if k != "wall_s"} for c in cells]  # noqa: E731
+    assert strip(one["cells"]) == strip(two["cells"])
