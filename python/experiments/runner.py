@@ -44,8 +44,9 @@ def parser(experiment: str) -> argparse.ArgumentParser:
     p.add_argument("--out", default="out/papers", help="output folder (default out/papers)")
     p.add_argument("--resume", action="store_true", help="keep the runs whose log already exists")
     p.add_argument("--jobs", type=int, default=1,
-                   help="runs at once, each in its own process (default 1); on one GPU a small model "
-                        "leaves it mostly idle, so several runs share it")
+                   help="runs at once, each in its own process (default 1; each gets cores/jobs torch "
+                        "threads unless --threads says); on one GPU a small model leaves it mostly idle, "
+                        "so several runs share it")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a shared machine)")
     p.add_argument("--quiet", action="store_true")
     return p
@@ -98,6 +99,8 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
         import torch
 
         torch.set_num_threads(a.threads)
+    if a.jobs < 1:
+        raise SystemExit(f"--jobs: expected at least 1 run at once, got {a.jobs}")
     b = settings.budget(experiment, a.budget, a.steps)
     rows = settings.ROWS[experiment]
     if a.only:
@@ -115,6 +118,9 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
     root = os.path.join(a.out, experiment)
     os.makedirs(os.path.join(root, "runs"), exist_ok=True)
     start = time.time()
+    # Parallel runs share the cores: torch's default (a thread per core in every process) would
+    # oversubscribe them.
+    threads = a.threads or (max(1, (os.cpu_count() or 1) // a.jobs) if a.jobs > 1 else None)
     runs: Dict = {}  # (label, task) -> logs in the order of lrs and seeds
     todo = []
     for r in rows:
@@ -130,7 +136,7 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
                     cfg = RunConfig(task=t, mixer=r.mixer, mixer_config=dict(r.config), lr=lr, seed=seed,
                                     dtype=a.dtype, backend=a.backend, form=a.form, **b.run)
                     meta = {"experiment": experiment, "structure": r.label, "budget": a.budget}
-                    todo.append((r.cost * t.length, (cfg.to_dict(), a.device, path, meta, a.threads)))
+                    todo.append((r.cost * t.length, (cfg.to_dict(), a.device, path, meta, threads)))
     if a.jobs > 1:
         # The costliest runs first, so that none of them starts last and alone.
         todo.sort(key=lambda c: -c[0])
