@@ -40,6 +40,8 @@ def parser(experiment: str) -> argparse.ArgumentParser:
     p.add_argument("--tasks", help="comma-separated tasks to run")
     p.add_argument("--backend", help="the library backend (default: cuda for CUDA tensors, else cpu)")
     p.add_argument("--form", default="fast", help="the mixers' form: fast (default), parallel, materialized, …")
+    p.add_argument("--eager", action="store_true",
+                   help="on CUDA, launch every step's kernels instead of replaying a captured step (CUDA graph)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--out", default="out/papers", help="output folder (default out/papers)")
     p.add_argument("--resume", action="store_true", help="keep the runs whose log already exists")
@@ -134,7 +136,7 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
                             runs[(r.label, t.task)][path] = json.load(f)
                         continue
                     cfg = RunConfig(task=t, mixer=r.mixer, mixer_config=dict(r.config), lr=lr, seed=seed,
-                                    dtype=a.dtype, backend=a.backend, form=a.form, **b.run)
+                                    dtype=a.dtype, backend=a.backend, form=a.form, graph=not a.eager, **b.run)
                     meta = {"experiment": experiment, "structure": r.label, "budget": a.budget}
                     todo.append((r.cost * t.length, (cfg.to_dict(), a.device, path, meta, threads)))
     if a.jobs > 1:

@@ -46,6 +46,8 @@ class RunConfig:
     dtype: str = "float32"
     backend: Optional[str] = None  # None: the package's default for the tensors' device
     form: str = "fast"  # the mixer's form (its backward: the same form where the backend has it)
+    #: On CUDA, replay one captured training step (a CUDA graph) after the first GRAPH_AFTER steps.
+    graph: bool = True
 
     def to_dict(self) -> Dict:
         d = asdict(self)
@@ -59,6 +61,11 @@ class RunConfig:
         d["task"] = TaskConfig(**d["task"])
         d["betas"] = tuple(d.get("betas", (0.9, 0.98)))
         return RunConfig(**d)
+
+
+#: Steps run as they are before a training step is captured (a capture needs warmed-up
+#: kernels, allocator and autograd state).
+GRAPH_AFTER = 3
 
 
 def lr_at(cfg: RunConfig, step: int) -> float:
@@ -127,8 +134,12 @@ def train(cfg: RunConfig, device: str = "cpu", progress=None) -> Dict:
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "slot_bias" not in n and "taps" not in n
              and "lambda_param" not in n and "tok" not in n and "pos" not in n]
     rest = [p for p in model.parameters() if all(p is not q for q in decay)]
+    graphed = cfg.graph and torch.device(device).type == "cuda"
+    # Replayed steps read the learning rate from the device: a tensor, and an optimizer whose
+    # state lives there (`capturable`).
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=cfg.lr, betas=cfg.betas)
+                            lr=torch.tensor(cfg.lr, device=device) if graphed else cfg.lr, betas=cfg.betas,
+                            capturable=graphed)
     every = cfg.eval_every or max(1, cfg.steps // 10)
     curve = {"step": [], "loss": [], "lr": [], "eval_step": [], "val_accuracy": []}
     pending = []
@@ -138,21 +149,54 @@ def train(cfg: RunConfig, device: str = "cpu", progress=None) -> Dict:
             curve["loss"].extend(torch.stack(pending).tolist())
             pending.clear()
 
-    for step in range(cfg.steps):
-        lr = lr_at(cfg, step)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        tok, tgt = stream.next()
-        logits = model(_tensor(tok, device)).float()
-        loss = F.cross_entropy(logits.flatten(0, 1), _tensor(tgt, device).flatten(), ignore_index=IGNORE)
-        opt.zero_grad(set_to_none=True)
+    def step_on(tok: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        """Forward, backward, clipping and the optimizer's step (gradients start unset)."""
+        logits = model(tok).float()
+        loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=IGNORE)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
         opt.step()
+        return loss.detach()
+
+    graph = None
+    side = torch.cuda.Stream(device) if graphed else None
+    for step in range(cfg.steps):
+        lr = lr_at(cfg, step)
+        for g in opt.param_groups:
+            if graphed:
+                g["lr"].fill_(lr)
+            else:
+                g["lr"] = lr
+        tok, tgt = stream.next()
+        if graph is not None:
+            # From page-locked copies, without waiting: the host draws the next batch while the
+            # device runs this step (torch keeps each pinned block until its copy is done).
+            static_tok.copy_(torch.from_numpy(tok).pin_memory(), non_blocking=True)
+            static_tgt.copy_(torch.from_numpy(tgt).pin_memory(), non_blocking=True)
+            graph.replay()
+            loss = static_loss.clone()
+        elif graphed:
+            # Warm-up steps on a side stream, as a capture requires.
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                opt.zero_grad(set_to_none=True)
+                loss = step_on(_tensor(tok, device), _tensor(tgt, device))
+            torch.cuda.current_stream().wait_stream(side)
+        else:
+            opt.zero_grad(set_to_none=True)
+            loss = step_on(_tensor(tok, device), _tensor(tgt, device))
+        if graphed and graph is None and step + 1 == GRAPH_AFTER:
+            # The first steps run as they are (the warm-up a capture needs); the rest replay
+            # one captured step on fixed input buffers: one launch instead of hundreds.
+            static_tok, static_tgt = _tensor(tok, device), _tensor(tgt, device)
+            opt.zero_grad(set_to_none=True)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static_loss = step_on(static_tok, static_tgt)
         curve["step"].append(step)
         # Kept on the device and read at the evaluations: a read per step would make the host
         # wait for every step's kernels instead of preparing the next batch meanwhile.
-        pending.append(loss.detach())
+        pending.append(loss)
         curve["lr"].append(lr)
         if progress is not None:
             flush()
