@@ -70,6 +70,7 @@ pub mod kernels;
 pub mod loglinear;
 pub mod nccl;
 pub mod nvrtc;
+pub mod once_map;
 pub mod pool;
 pub mod runtime;
 pub mod tensor;

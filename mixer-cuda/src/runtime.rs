@@ -1,7 +1,8 @@
 //! The process-wide CUDA runtime of this backend: one context on one device (the device's primary
 //! context, the one PyTorch uses; device 0 unless [`select_device`] or `MIXERS_CUDA_DEVICE` chose
 //! another before first use, so that one process per GPU works) with its own stream, created lazily (after checking that the driver library exists, since cudarc panics when
-//! it does not), an NVRTC module cache keyed by (source, options), host↔device copies of
+//! it does not), an NVRTC module cache keyed by (source, options) that compiles different
+//! sources on different threads at once ([`crate::once_map`]), host↔device copies of
 //! `ndarray` tensors, and the error conversions to [`mixer_core::Error::Backend`].
 //!
 //! Streams: every launch, copy, memset and FFT of a thread goes to [`Gpu::stream`], the
@@ -24,6 +25,8 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchCo
 
 use cudarc::nvrtc::Ptx;
 use mixer_core::{Error, Result};
+
+use crate::once_map::OnceMap;
 
 /// A backend error of a family (or of a kernel source, by its name):
 /// `Error::Backend { backend: "cuda", family, message }`.
@@ -54,7 +57,9 @@ pub struct Gpu {
     pub smem_optin: usize,
     /// Multiprocessors (132 on the H200).
     pub sms: usize,
-    modules: Mutex<HashMap<ModuleKey, Arc<CudaModule>>>,
+    /// Compiled modules; a compilation holds its own key's cell only (threads compiling other
+    /// sources go on meanwhile).
+    modules: OnceMap<ModuleKey, Arc<CudaModule>>,
     /// Functions of the builtin sources, found without formatting or hashing their text.
     functions: Mutex<HashMap<FunctionKey, CudaFunction>>,
 }
@@ -177,7 +182,7 @@ fn create() -> std::result::Result<Gpu, String> {
         count,
         smem_optin,
         sms,
-        modules: Mutex::new(HashMap::new()),
+        modules: OnceMap::new(),
         functions: Mutex::new(HashMap::new()),
     })
 }
@@ -342,33 +347,30 @@ impl Gpu {
         let rest: Vec<String> = extra.iter().filter(|o| !o.starts_with(ARCH)).cloned().collect();
         let options = nvrtc_options(&arch, &rest);
         let key = (src.to_string(), options.clone());
-        let mut cache = self.modules.lock().map_err(|_| err(kernel, "module cache poisoned"))?;
-        if let Some(m) = cache.get(&key) {
-            return Ok(m.clone());
-        }
-        let want_cubin = crate::nvrtc::cubin_wanted();
-        let compile = |opts: &[String]| compile_checked(kernel, src, opts, want_cubin);
-        let load =
-            |ptx: Ptx| self.ctx.load_module(ptx).map_err(|e| err(kernel, format!("loading the module: {e}")));
-        let compiled = compile(&options)?;
-        // NVRTC's CUBIN when asked for (crate::nvrtc), its PTX when the CUBIN is absent or the
-        // driver refuses it.
-        let from_cubin = compiled.cubin.map(|c| load(Ptx::from_binary(c)));
-        let module = match (from_cubin, compiled.ptx) {
-            (Some(Ok(m)), _) => m,
-            (_, Some(ptx)) => load(ptx)?,
-            (Some(Err(e)), None) => return Err(e),
-            // Some NVRTC versions give no PTX for a real architecture: fall back to the
-            // virtual one (the driver then compiles the PTX for this device).
-            (None, None) => {
-                let mut virt = options.clone();
-                virt[0] = virt[0].replace("=sm_", "=compute_");
-                let ptx = compile(&virt)?.ptx.ok_or_else(|| err(kernel, "NVRTC gave no PTX"))?;
-                load(ptx)?
-            }
-        };
-        cache.insert(key, module.clone());
-        Ok(module)
+        self.modules.get_or_try_insert(key, || {
+            let want_cubin = crate::nvrtc::cubin_wanted();
+            let compile = |opts: &[String]| compile_checked(kernel, src, opts, want_cubin);
+            let load = |ptx: Ptx| {
+                self.ctx.load_module(ptx).map_err(|e| err(kernel, format!("loading the module: {e}")))
+            };
+            let compiled = compile(&options)?;
+            // NVRTC's CUBIN when asked for (crate::nvrtc), its PTX when the CUBIN is absent or the
+            // driver refuses it.
+            let from_cubin = compiled.cubin.map(|c| load(Ptx::from_binary(c)));
+            Ok(match (from_cubin, compiled.ptx) {
+                (Some(Ok(m)), _) => m,
+                (_, Some(ptx)) => load(ptx)?,
+                (Some(Err(e)), None) => return Err(e),
+                // Some NVRTC versions give no PTX for a real architecture: fall back to the
+                // virtual one (the driver then compiles the PTX for this device).
+                (None, None) => {
+                    let mut virt = options.clone();
+                    virt[0] = virt[0].replace("=sm_", "=compute_");
+                    let ptx = compile(&virt)?.ptx.ok_or_else(|| err(kernel, "NVRTC gave no PTX"))?;
+                    load(ptx)?
+                }
+            })
+        })
     }
 
     /// The function `name` of the module compiled from `src`.

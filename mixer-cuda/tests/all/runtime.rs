@@ -14,6 +14,31 @@ use ndarray::{ArrayD, IxDyn};
 
 #[test]
 #[ignore = "needs NVRTC (the CUDA toolkit)"]
+fn nvrtc_compiles_different_sources_on_several_threads_at_once() {
+    // The module cache compiles different sources on different threads concurrently
+    // (`mixer_cuda::once_map`): each PTX must equal that of the same source compiled alone.
+    if !nvrtc_here() {
+        return;
+    }
+    let sources: Vec<_> = mixer_cuda::kernels::ALL.iter().take(4).map(|k| (k.name, k.full())).collect();
+    let alone: Vec<String> = sources
+        .iter()
+        .map(|(n, s)| compile_ptx_only(n, s, "sm_90", &[]).unwrap_or_else(|e| panic!("{e}")).to_src())
+        .collect();
+    let together: Vec<String> = std::thread::scope(|scope| {
+        let handles: Vec<_> = sources
+            .iter()
+            .map(|(n, s)| scope.spawn(move || compile_ptx_only(n, s, "sm_90", &[]).map(|p| p.to_src())))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap().unwrap_or_else(|e| panic!("{e}"))).collect()
+    });
+    for (((n, _), a), b) in sources.iter().zip(&alone).zip(&together) {
+        assert!(a == b, "{n}: the PTX compiled beside other sources differs from the one compiled alone");
+    }
+}
+
+#[test]
+#[ignore = "needs NVRTC (the CUDA toolkit)"]
 fn every_kernel_compiles_with_nvrtc_for_sm90() {
     if !nvrtc_here() {
         return;
