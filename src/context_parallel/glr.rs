@@ -144,6 +144,18 @@ impl Part {
         Ok(y.into_dyn())
     }
 
+    /// The adjoint of [`Part::output`] in the start streams: the start state's gradient through
+    /// the part's own outputs, `Λ[b, i, c] = Σ_t dy[b, t, c] · y[b, t, C + c·N + i]` `[B, N, C]`.
+    pub(super) fn output_adjoint(&self, widened: &ArrayD<f64>, dy: &ArrayD<f64>) -> Result<ArrayD<f64>> {
+        let w = widened.view().into_dimensionality::<Ix3>().map_err(internal)?;
+        let dy = dy.view().into_dimensionality::<Ix3>().map_err(internal)?;
+        let (c, n) = (self.c, self.rows());
+        let out = Array3::from_shape_fn((self.b, n, c), |(b, i, ch)| {
+            (0..self.t).map(|t| dy[[b, t, ch]] * w[[b, t, c + ch * n + i]]).sum::<f64>()
+        });
+        Ok(out.into_dyn())
+    }
+
     /// A part's transition applied to a stream: `out[b, j, c] = Σ_i tr[b, j, c, i] s[b, i, c]`, or
     /// its adjoint (`transpose`: `out[b, i, c] = Σ_j tr[b, j, c, i] s[b, j, c]`).
     pub(super) fn apply(&self, s: &ArrayD<f64>, tr: &ArrayD<f64>, transpose: bool) -> Result<ArrayD<f64>> {

@@ -196,6 +196,26 @@ impl Part {
         Ok(y.into_dyn())
     }
 
+    /// The adjoint of [`Part::output`] in the start levels: the start state's gradient through
+    /// the part's own outputs, `Λ^(i) = Σ_t dy_t r_t^(i)ᵀ` `[B, H, L, Dv, Dk]`, from the widened
+    /// run's `y` and `dy [B, T, H, Dv]`.
+    pub(super) fn output_adjoint(&self, widened: &ArrayD<f64>, dy: &ArrayD<f64>) -> Result<ArrayD<f64>> {
+        let w = widened.view().into_dimensionality::<ndarray::Ix4>().map_err(internal)?;
+        let dy = dy.view().into_dimensionality::<ndarray::Ix4>().map_err(internal)?;
+        let (dk, dv) = (self.dk, self.dv);
+        let mut out = Array5::<f64>::zeros((self.b, self.h, self.l, dv, dk));
+        for b in 0..self.b {
+            for h in 0..self.h {
+                let g = dy.slice(s![b, .., h, ..]);
+                for i in 0..self.l {
+                    let reach = w.slice(s![b, .., h, dv + i * dk..dv + (i + 1) * dk]);
+                    out.slice_mut(s![b, h, i, .., ..]).assign(&g.t().dot(&reach));
+                }
+            }
+        }
+        Ok(out.into_dyn())
+    }
+
     /// A part's transition applied to level states: `out[j] = Σ_i s[i] · tr[j][i-th block of
     /// Dk rows]`, or its adjoint (`transpose`: `out[i] = Σ_j s[j] · tr[j][i-th block]ᵀ`).
     pub(super) fn apply(&self, s: &ArrayD<f64>, tr: &ArrayD<f64>, transpose: bool) -> Result<ArrayD<f64>> {

@@ -20,14 +20,14 @@
 //! state to get the start state `S_r`; the part's output is affine in `S_r` too,
 //! `y_t = y_t^loc + S_r · r_t`, and the same widened run gives `y^loc` and each start row's reach
 //! `r_t` (its `y`'s first and widened columns), so the part is not run again. Backward: the same start
-//! states, then the part's backward from `S_r` with no cotangent of its end gives `S̄_loc` (the
-//! start state's gradient from the part's own outputs); all-gather them; the cotangent of the
+//! states and widened run, whose reach gives `S̄_loc = Σ_t dy_t r_tᵀ` (the start state's gradient
+//! from the part's own outputs, the adjoint of the reach); all-gather them; the cotangent of the
 //! part's end is chained back from the last rank (`S̄_end(r − 1) = S̄_loc(r) + trᵀ(S̄_end(r))`,
 //! for a base mixer `S̄_end(r) · P_rᵀ`, the adjoint of `S ↦ S · P`), and the part's backward from
 //! `S_r` with that cotangent gives every gradient. Only lengths, states and transitions cross
 //! ranks, `O(N · B · H · L² · D²)` per call, never tokens. Each rank runs its part on its own
 //! backend, in the exact mode; the forward costs one run of the part with its values widened by
-//! `L·Dk` zero columns, the backward that run and two backward passes of the part.
+//! `L·Dk` zero columns, the backward that run and one backward pass of the part.
 
 pub mod comm;
 mod glr;
@@ -99,6 +99,9 @@ impl Part {
     }
     fn output(&self, widened_y: &ArrayD<f64>, s: &ArrayD<f64>) -> Result<ArrayD<f64>> {
         each!(self, p => p.output(widened_y, s))
+    }
+    fn output_adjoint(&self, widened_y: &ArrayD<f64>, dy: &ArrayD<f64>) -> Result<ArrayD<f64>> {
+        each!(self, p => p.output_adjoint(widened_y, dy))
     }
     fn apply(&self, s: &ArrayD<f64>, tr: &ArrayD<f64>, transpose: bool) -> Result<ArrayD<f64>> {
         each!(self, p => p.apply(s, tr, transpose))
@@ -265,13 +268,14 @@ pub fn backward<F: Scalar>(
     dy: &ArrayD<F>,
     d_final: Option<&Tensors<F>>,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
-    let Start { p, s, pos, trs, .. } = starts(comm, m, backend, x, initial)?;
+    let Start { p, s, pos, own, trs } = starts(comm, m, backend, x, initial)?;
+    // The start state's gradient through the part's own outputs, Λ = Σ_t dy_t r_tᵀ: the adjoint
+    // of the output's reach (math.md §7.3), read off the widened run the forward made; no
+    // backward pass.
     let local = p.state::<F>(&s, &pos).and_then(|s0| {
-        let own = if p.t() == 0 {
-            p.zeros()
-        } else {
-            let (_, ds) = backward_state(m, backend, Form::Fast, x, Some(&s0), dy, None, &Requires::All)?;
-            p.values(&ds)?.0
+        let own = match &own.y {
+            None => p.zeros(),
+            Some(widened) => p.output_adjoint(widened, &dy.mapv(|v| v.f64()))?,
         };
         Ok((s0, own))
     });
