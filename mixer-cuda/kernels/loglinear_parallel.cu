@@ -17,6 +17,13 @@
 // ll_map_lambda maps raw λ [.., H, L] to weights with the scheme's device function and the
 // parameter lambda_param [H, L] (1 when absent), for the Fenwick-structured forms; its flag
 // ends as n − i for the first raw value i mapped to a non-finite or negative weight.
+//
+// With the scheme's derivative `void mixers_lambda_grad(double raw, double param, double* d_raw,
+// double* d_param)` spliced in (MIXERS_LAMBDA_GRAD defined), the λ map's backward: from the
+// gradient dλ of the weights, ll_lambda_vjp writes d_raw = dλ · ∂map/∂raw per entry, and
+// ll_lambda_vjp_param / ll_lambda_param_sum d_param[h, l] = Σ_rows dλ · ∂map/∂param: block
+// (h·L + l, part) sums the rows part, part + P, part + 2P, … in a fixed order, the parts are then
+// added in order (no atomics: the result does not depend on the schedule).
 
 template <typename T>
 __device__ void ll_quadratic(const T* q, const T* k, const T* v, const T* g, const T* beta, const T* lam, T* y,
@@ -78,6 +85,67 @@ __device__ void ll_map_lambda(const T* raw, const T* param, int has_param, T* ou
         out[i] = (T)w;
     }
 }
+
+#ifdef MIXERS_LAMBDA_GRAD
+template <typename T>
+__device__ void ll_lambda_vjp(const T* raw, const T* param, int has_param, const T* dlam, T* draw, long long n,
+                              int H, int L) {
+    for (long long i = gtid(); i < n; i += (long long)gridDim.x * blockDim.x) {
+        const int l = (int)(i % L), h = (int)((i / L) % H);
+        const double p = has_param ? (double)param[h * L + l] : 1.0;
+        double dr, dp;
+        mixers_lambda_grad((double)raw[i], p, &dr, &dp);
+        draw[i] = (T)((double)dlam[i] * dr);
+    }
+}
+
+// blockDim.x = 256; grid (H·L, P); partial [P][H·L].
+template <typename T>
+__device__ void ll_lambda_vjp_param(const T* raw, const T* param, const T* dlam, double* partial, long long rows,
+                                    int HL) {
+    __shared__ double acc[256];
+    const int hl = blockIdx.x, part = blockIdx.y, P = gridDim.y;
+    const double p = (double)param[hl];
+    double a = 0.0;
+    for (long long r = part + (long long)P * threadIdx.x; r < rows; r += (long long)P * blockDim.x) {
+        const long long i = r * HL + hl;
+        double dr, dp;
+        mixers_lambda_grad((double)raw[i], p, &dr, &dp);
+        a += (double)dlam[i] * dp;
+    }
+    acc[threadIdx.x] = a;
+    __syncthreads();
+    for (int w = 128; w > 0; w >>= 1) {
+        if (threadIdx.x < w) acc[threadIdx.x] += acc[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[(long long)part * HL + hl] = acc[0];
+}
+
+template <typename T>
+__device__ void ll_lambda_param_sum(const double* partial, T* dparam, int P, int HL) {
+    const long long hl = gtid();
+    if (hl >= HL) return;
+    double a = 0.0;
+    for (int part = 0; part < P; ++part) a += partial[(long long)part * HL + hl];
+    dparam[hl] = (T)a;
+}
+
+#define LL_GRAD_EXPORT(T, S)                                                                                     \
+    extern "C" __global__ void ll_lambda_vjp_##S(const T* raw, const T* param, int has_param, const T* dlam,    \
+                                                 T* draw, long long n, int H, int L) {                           \
+        ll_lambda_vjp<T>(raw, param, has_param, dlam, draw, n, H, L);                                            \
+    }                                                                                                            \
+    extern "C" __global__ void ll_lambda_vjp_param_##S(const T* raw, const T* param, const T* dlam,             \
+                                                       double* partial, long long rows, int HL) {               \
+        ll_lambda_vjp_param<T>(raw, param, dlam, partial, rows, HL);                                             \
+    }                                                                                                            \
+    extern "C" __global__ void ll_lambda_param_sum_##S(const double* partial, T* dparam, int P, int HL) {       \
+        ll_lambda_param_sum<T>(partial, dparam, P, HL);                                                          \
+    }
+LL_GRAD_EXPORT(float, f32)
+LL_GRAD_EXPORT(double, f64)
+#endif
 
 #define LL_EXPORT(T, S)                                                                                          \
     extern "C" __global__ void ll_quadratic_##S(const T* q, const T* k, const T* v, const T* g, const T* beta,   \

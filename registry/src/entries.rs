@@ -124,4 +124,9 @@ pub struct LambdaGradEntry {
     pub name: &'static str,
     /// `(∂map/∂raw, ∂map/∂param)` at `(raw, param)`.
     pub grad: fn(f64, f64) -> (f64, f64),
+    /// The same as a CUDA device function, `__device__ void mixers_lambda_grad(double raw,
+    /// double param, double* d_raw, double* d_param)`: the CUDA backward of a lifted mixer then
+    /// stays on the device (without it, it reads `lambda` back to the host, which waits for the
+    /// stream and cannot be captured in a CUDA graph).
+    pub cuda: Option<&'static str>,
 }

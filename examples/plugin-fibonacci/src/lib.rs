@@ -80,7 +80,15 @@ pub fn sigmoid2_grad(raw: f64, param: f64) -> (f64, f64) {
 }
 
 #[register]
-static SIGMOID2_GRAD: LambdaGradEntry = LambdaGradEntry { name: "sigmoid2", grad: sigmoid2_grad };
+static SIGMOID2_GRAD: LambdaGradEntry = LambdaGradEntry {
+    name: "sigmoid2",
+    grad: sigmoid2_grad,
+    cuda: Some(
+        "__device__ void mixers_lambda_grad(double raw, double param, double* dr, double* dp) { \
+         double s = 1.0 / (1.0 + exp(-param * raw)); double d = 2.0 * s * (1.0 - s); \
+         *dr = d * param; *dp = d * raw; }",
+    ),
+};
 
 fn with_defaults(base: serde_json::Value, user: &serde_json::Value) -> serde_json::Value {
     let mut cfg = base;

@@ -183,9 +183,10 @@ pub(crate) fn lift_lambda<'a, F: GpuReal>(
     Ok(LiftLambda { raw, param, weights, levels })
 }
 
-/// The λ scheme's backward of `dlam` (the gradient of the mapped weights): the identity's on the
-/// device (`d_lambda = dλ`, no parameter gradient), any other scheme's on the host with its
-/// registered derivative.
+/// The λ scheme's backward of `dlam` (the gradient of the mapped weights): the identity's as is
+/// (`d_lambda = dλ`, no parameter gradient), a scheme with a device derivative on the device
+/// ([`super::lambda::vjp`]), any other on the host with its registered derivative (which reads
+/// `lambda` back: the stream waits, and a CUDA graph cannot capture the call).
 pub(crate) fn lambda_backward<F: GpuReal>(
     ll: &LogLinear,
     lambda: &LiftLambda<'_, F>,
@@ -193,6 +194,9 @@ pub(crate) fn lambda_backward<F: GpuReal>(
 ) -> Result<(DeviceTensor<F>, Option<DeviceTensor<F>>)> {
     if ll.lift.is_some_and(|l| l.lambda.is_identity()) {
         return Ok((dlam, None));
+    }
+    if let Some(d) = super::lambda::vjp(ll, &lambda.raw, lambda.param.as_deref(), &dlam)? {
+        return Ok(d);
     }
     let param = lambda.param.as_deref().map(|p| p.to_host()).transpose()?;
     let (dr, dp) = ll.lambda_vjp(&lambda.raw.to_host()?, param.as_ref(), &dlam.to_host()?)?;

@@ -21,8 +21,9 @@ use crate::tensor::{AnyDeviceTensor, Deferred, DeviceTensor, DeviceTensors};
 const SMEM: usize = 48 * 1024;
 
 /// The kernel source for this mixer: common helpers, the mask's and the λ scheme's device
-/// functions (from their registry entries; [`kernels::NO_LIFT`] without a lift), then the
-/// generic kernel.
+/// functions (from their registry entries; [`kernels::NO_LIFT`] without a lift) — with the
+/// scheme's device derivative where registered, which adds the λ map's backward kernels — then
+/// the generic kernel.
 pub fn kernel_source(ll: &LogLinear) -> Result<String> {
     let Some(lift) = ll.lift else {
         return Ok(kernels::LOGLINEAR_PARALLEL.full());
@@ -35,7 +36,12 @@ pub fn kernel_source(ll: &LogLinear) -> Result<String> {
     let lam_src = lam.cuda.ok_or_else(|| {
         err(FAMILY, format!("λ scheme `{}` has no CUDA device function (LambdaEntry::cuda)", lam.name))
     })?;
-    Ok(kernels::with_prelude(&format!("{mask_src}\n{lam_src}"), kernels::LOGLINEAR_PARALLEL.body))
+    // The scheme's derivative, when registered for the device, adds the λ map's backward kernels.
+    let grad = match mixer_registry::lambda_grad(lam.name).and_then(|g| g.cuda) {
+        Some(src) => format!("#define MIXERS_LAMBDA_GRAD 1\n{src}"),
+        None => String::new(),
+    };
+    Ok(kernels::with_prelude(&format!("{mask_src}\n{lam_src}\n{grad}"), kernels::LOGLINEAR_PARALLEL.body))
 }
 
 /// The key of [`kernel_source`] for [`crate::runtime::Gpu::kernel_keyed`]: the mask and the λ

@@ -6,13 +6,38 @@
 //! without a device (fail under `MIXERS_REQUIRE_CUDA=1`).
 
 use mixer_core::{DType, Precision};
-use mixer_registry::mixer;
+use mixer_registry::{LambdaEntry, LambdaGradEntry, mixer, register};
 
 use crate::common::gpu;
 use crate::loglinear_backward::{
     base, case, compare, cpu_grads, cuda_exact, f32_rounded, matches_the_cpu_in_f64_and_f32,
     modes_match_the_cpu, same_bits_twice, small_case, time_forward_and_backward,
 };
+
+fn softplus(raw: f64, param: f64) -> f64 {
+    let z = param * raw;
+    if z > 30.0 { z } else { z.exp().ln_1p() }
+}
+
+fn softplus_grad(raw: f64, param: f64) -> (f64, f64) {
+    let sig = 1.0 / (1.0 + (-param * raw).exp());
+    (sig * param, sig * raw)
+}
+
+/// The softplus scheme with its derivative on the host only: the backward maps λ's gradient back
+/// on the host (the fallback for a plugin without `LambdaGradEntry::cuda`).
+#[register]
+static SOFTPLUS_HOST_GRAD: LambdaEntry = LambdaEntry {
+    name: "test-softplus-host-grad",
+    doc: "test: softplus with no device derivative",
+    map: softplus,
+    cuda: Some(
+        "__device__ double mixers_lambda(double raw, double param) { double z = param * raw; return z > 30.0 ? z : log1p(exp(z)); }",
+    ),
+};
+#[register]
+static SOFTPLUS_HOST_GRAD_D: LambdaGradEntry =
+    LambdaGradEntry { name: "test-softplus-host-grad", grad: softplus_grad, cuda: None };
 
 const LIFTS: [&str; 3] = ["loglinear-attention", "loglinear-mamba2", "loglinear-gated-deltanet"];
 
@@ -34,20 +59,24 @@ fn lifted_backward_matches_the_cpu_loglinear_gated_deltanet() {
     matches_the_cpu_in_f64_and_f32("loglinear-gated-deltanet");
 }
 
-/// The softplus scheme with a `lambda_param` input (its gradient mapped back on the host), and
-/// more λ levels than the sequence reads.
+/// The softplus scheme with a `lambda_param` input (its gradient mapped back on the device, and
+/// on the host for a copy of the scheme without a device derivative), and more λ levels than the
+/// sequence reads; 4500 rows of λ make the parameter's sum one of two parts.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn lifted_backward_through_the_softplus_scheme_with_a_parameter() {
     let Some(_turn) = gpu() else { return };
     let mut bad = Vec::new();
-    for (name, s, dtype, tol) in [
-        ("loglinear-mamba2", [2, 300, 2, 16, 24], DType::F64, 1e-10),
-        ("loglinear-mamba2", [1, 1000, 2, 64, 64], DType::F32, 1e-4),
-        ("loglinear-gated-deltanet", [2, 300, 2, 16, 24], DType::F64, 1e-10),
-        ("loglinear-gated-deltanet", [1, 1000, 2, 64, 64], DType::F32, 1e-4),
+    for (name, scheme, s, dtype, tol) in [
+        ("loglinear-mamba2", "softplus", [2, 300, 2, 16, 24], DType::F64, 1e-10),
+        ("loglinear-mamba2", "softplus", [1, 1000, 2, 64, 64], DType::F32, 1e-4),
+        ("loglinear-mamba2", "softplus", [3, 1500, 2, 16, 16], DType::F64, 1e-10),
+        ("loglinear-mamba2", "test-softplus-host-grad", [2, 300, 2, 16, 24], DType::F64, 1e-10),
+        ("loglinear-gated-deltanet", "softplus", [2, 300, 2, 16, 24], DType::F64, 1e-10),
+        ("loglinear-gated-deltanet", "softplus", [1, 1000, 2, 64, 64], DType::F32, 1e-4),
+        ("loglinear-gated-deltanet", "test-softplus-host-grad", [1, 1000, 2, 64, 64], DType::F32, 1e-4),
     ] {
-        let m = mixer(name, &serde_json::json!({"scale": 0.7, "lambda_scheme": "softplus"})).unwrap();
+        let m = mixer(name, &serde_json::json!({"scale": 0.7, "lambda_scheme": scheme})).unwrap();
         let (mut x, dy) = case(m.as_ref(), s, 12);
         let [b, t, h, _, _] = s;
         let l = x["lambda"].shape()[3] + 2;
@@ -61,7 +90,7 @@ fn lifted_backward_through_the_softplus_scheme_with_a_parameter() {
         let want = cpu_grads(m.as_ref(), &x, &dy);
         assert!(want.contains_key("d_lambda_param"), "the CPU gives the parameter's gradient");
         let got = cuda_exact(m.as_ref(), &x, &dy, dtype);
-        bad.extend(compare(&format!("{name} softplus {} {s:?}", dtype.name()), &got, &want, tol));
+        bad.extend(compare(&format!("{name} {scheme} {} {s:?}", dtype.name()), &got, &want, tol));
     }
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }

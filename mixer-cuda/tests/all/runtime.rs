@@ -330,3 +330,29 @@ fn loglinear_kernel_compiles_with_every_registered_mask_and_lambda_scheme() {
     }
     assert!(n >= 4, "expected the builtin and plugin masks × schemes, compiled {n}");
 }
+
+/// The generic log-linear source with each λ scheme's device functions spliced in, as the host
+/// compiles it: the map, and the map's backward where the scheme registered a device derivative
+/// (the builtins and the plugin's `sigmoid2`) — its three kernels are then in the PTX.
+#[test]
+#[ignore = "needs NVRTC (the CUDA toolkit)"]
+fn lambda_schemes_compile_with_their_device_derivatives() {
+    if !nvrtc_here() {
+        return;
+    }
+    for scheme in ["identity", "ones", "softplus", "sigmoid2"] {
+        let m = mixer_registry::mixer("loglinear-mamba2", &serde_json::json!({ "lambda_scheme": scheme }))
+            .unwrap();
+        let ll = mixer_core::mixer::downcast::<mixer_core::mixers::loglinear::LogLinear>(m.as_ref(), "cuda")
+            .unwrap();
+        let src = mixer_cuda::loglinear::parallel::kernel_source(ll).unwrap();
+        let ptx = compile_ptx_only("loglinear_parallel", &src, "sm_90", &[])
+            .unwrap_or_else(|e| panic!("{e}"))
+            .to_src();
+        for k in
+            ["ll_map_lambda_f32", "ll_lambda_vjp_f64", "ll_lambda_vjp_param_f32", "ll_lambda_param_sum_f64"]
+        {
+            assert!(ptx.contains(&format!(".entry {k}")), "{scheme}: no {k} in the PTX");
+        }
+    }
+}

@@ -35,11 +35,31 @@ pub fn softplus_grad(raw: f64, param: f64) -> (f64, f64) {
 }
 
 #[register]
-static IDENTITY_GRAD: LambdaGradEntry = LambdaGradEntry { name: "identity", grad: identity_grad };
+static IDENTITY_GRAD: LambdaGradEntry = LambdaGradEntry {
+    name: "identity",
+    grad: identity_grad,
+    cuda: Some(
+        "__device__ void mixers_lambda_grad(double raw, double param, double* dr, double* dp) { *dr = 1.0; *dp = 0.0; }",
+    ),
+};
 #[register]
-static ONES_GRAD: LambdaGradEntry = LambdaGradEntry { name: "ones", grad: ones_grad };
+static ONES_GRAD: LambdaGradEntry = LambdaGradEntry {
+    name: "ones",
+    grad: ones_grad,
+    cuda: Some(
+        "__device__ void mixers_lambda_grad(double raw, double param, double* dr, double* dp) { *dr = 0.0; *dp = 0.0; }",
+    ),
+};
 #[register]
-static SOFTPLUS_GRAD: LambdaGradEntry = LambdaGradEntry { name: "softplus", grad: softplus_grad };
+static SOFTPLUS_GRAD: LambdaGradEntry = LambdaGradEntry {
+    name: "softplus",
+    grad: softplus_grad,
+    cuda: Some(
+        "__device__ void mixers_lambda_grad(double raw, double param, double* dr, double* dp) { \
+         double z = param * raw; double e = exp(-fabs(z)); \
+         double sig = z >= 0.0 ? 1.0 / (1.0 + e) : e / (1.0 + e); *dr = sig * param; *dp = sig * raw; }",
+    ),
+};
 
 #[register]
 static IDENTITY: LambdaEntry = LambdaEntry {
