@@ -92,6 +92,9 @@ pub fn vjp<F: VecMath>(
     vjp_from(a, inputs, dy, req, 0)
 }
 
+/// Groups of key blocks whose `q̄` sums are added in a fixed order (see [`vjp_from`]).
+const DQ_GROUPS: usize = 8;
+
 /// [`vjp`] for a `dy` that is zero on the rows before `from_row` (a run from a KV cache of
 /// `from_row` rows, on its extension, docs/math.md §7.1): the query blocks wholly before it are
 /// left out, in the forward's recomputation too. Their rows add exact zeros to `k̄` and `v̄`, so
@@ -122,36 +125,46 @@ pub fn vjp_from<F: VecMath>(
         .map(|bh| {
             let (b, h) = (bh / hn, bh % hn);
             let (lse, dd) = (lse.slice(s![b, h, ..]), dd.slice(s![b, h, ..]));
-            let empty = || (Vec::new(), Array2::<F>::zeros((tn, dk)));
-            (0..tn.div_ceil(BLOCK_K))
+            // The key blocks in fixed groups (a function of the length only), each adding its
+            // blocks' q̄ in order, then the groups' sums in order: the same bits on any number of
+            // threads.
+            let nkb = tn.div_ceil(BLOCK_K);
+            let per = nkb.div_ceil(DQ_GROUPS).max(1);
+            let groups: Vec<(Vec<KeyGrads<F>>, Array2<F>)> = (0..nkb.div_ceil(per))
                 .into_par_iter()
-                .fold(empty, |(mut blocks, mut dq), jb| {
-                    let (j0, j1) = (jb * BLOCK_K, ((jb + 1) * BLOCK_K).min(tn));
-                    let (kb, vb) = (k.slice(s![b, h, j0..j1, ..]), v.slice(s![b, h, j0..j1, ..]));
-                    let mut dkb = Array2::<F>::zeros((j1 - j0, dk));
-                    let mut dvb = Array2::<F>::zeros((j1 - j0, dv));
-                    // Last query that sees key j1 − 1: t − s < w.
-                    let t_end = a.window().map_or(tn, |w| (j1 - 1 + w).min(tn));
-                    let mut i0 = (j0 / BLOCK_Q) * BLOCK_Q;
-                    i0 = i0.max(from_row);
-                    while i0 < t_end {
-                        let i1 = (i0 + BLOCK_Q).min(tn);
-                        let (qb, gb) = (q.slice(s![b, h, i0..i1, ..]), g.slice(s![b, h, i0..i1, ..]));
-                        let rows = |x: &ndarray::ArrayView1<'_, F>| x.slice(s![i0..i1]).to_vec();
-                        let (p, ds) = tile(&cx, qb, kb, vb, gb, &rows(&lse), &rows(&dd), (i0, j0));
-                        dvb += &p.t().dot(&gb);
-                        dkb.scaled_add(cx.scale, &ds.t().dot(&qb));
-                        dq.slice_mut(s![i0..i1, ..]).scaled_add(cx.scale, &ds.dot(&kb));
-                        i0 = i1;
+                .map(|gi| {
+                    let (mut blocks, mut dq) = (Vec::new(), Array2::<F>::zeros((tn, dk)));
+                    for jb in gi * per..((gi + 1) * per).min(nkb) {
+                        let (j0, j1) = (jb * BLOCK_K, ((jb + 1) * BLOCK_K).min(tn));
+                        let (kb, vb) = (k.slice(s![b, h, j0..j1, ..]), v.slice(s![b, h, j0..j1, ..]));
+                        let mut dkb = Array2::<F>::zeros((j1 - j0, dk));
+                        let mut dvb = Array2::<F>::zeros((j1 - j0, dv));
+                        // Last query that sees key j1 − 1: t − s < w.
+                        let t_end = a.window().map_or(tn, |w| (j1 - 1 + w).min(tn));
+                        let mut i0 = (j0 / BLOCK_Q) * BLOCK_Q;
+                        i0 = i0.max(from_row);
+                        while i0 < t_end {
+                            let i1 = (i0 + BLOCK_Q).min(tn);
+                            let (qb, gb) = (q.slice(s![b, h, i0..i1, ..]), g.slice(s![b, h, i0..i1, ..]));
+                            let rows = |x: &ndarray::ArrayView1<'_, F>| x.slice(s![i0..i1]).to_vec();
+                            let (p, ds) = tile(&cx, qb, kb, vb, gb, &rows(&lse), &rows(&dd), (i0, j0));
+                            dvb += &p.t().dot(&gb);
+                            dkb.scaled_add(cx.scale, &ds.t().dot(&qb));
+                            dq.slice_mut(s![i0..i1, ..]).scaled_add(cx.scale, &ds.dot(&kb));
+                            i0 = i1;
+                        }
+                        blocks.push((j0, dkb, dvb));
                     }
-                    blocks.push((j0, dkb, dvb));
                     (blocks, dq)
                 })
-                .reduce(empty, |(mut ba, mut qa), (bb, qb)| {
-                    ba.extend(bb);
-                    qa += &qb;
-                    (ba, qa)
-                })
+                .collect();
+            let mut it = groups.into_iter();
+            let first = it.next().unwrap_or_else(|| (Vec::new(), Array2::<F>::zeros((tn, dk))));
+            it.fold(first, |(mut ba, mut qa), (bb, qb)| {
+                ba.extend(bb);
+                qa += &qb;
+                (ba, qa)
+            })
         })
         .collect();
     let mut dq = Array4::<F>::zeros((bn, tn, hn, dk));

@@ -11,7 +11,8 @@
 //! product of spectra of size `p ≥ 2T−1`, so the pass costs a constant number of FFTs per
 //! column, like the forward: with one kernel per head (`Kw = 1`) one thread-local pass per
 //! column transforms `rev ȳ` and `x`, inverts `ŵ ⊙ ĝ` for `x̄` and adds `x̂ ⊙ ĝ` to
-//! its head's `w̄` spectrum (no spectra stored); with `Kw > 1` the column spectra are kept,
+//! its head's `w̄` spectrum (no spectra stored; the columns in 16 fixed groups whose sums are
+//! added in order, so the bits do not depend on the threads); with `Kw > 1` the column spectra are kept,
 //! since a column meets its `Kw` neighbours. Taps and bias entries beyond `T` get gradient 0.
 
 use mixer_core::mixers::toeplitz::Toeplitz;
@@ -23,6 +24,10 @@ use realfft::num_complex::Complex;
 
 use super::columns::{Columns, columns, from_columns};
 use super::fast::{Buffers, FftReal, column_spectra, fft_size, plans, tap_spectra};
+
+/// Column groups of the `w̄` sum with one kernel per head: its partial sums are added in a fixed
+/// order, so the result does not depend on the thread count or on the scheduling.
+const REDUCE_GROUPS: usize = 16;
 
 /// The `fast` backward (see the module documentation).
 pub fn vjp<F: FftReal>(
@@ -70,12 +75,17 @@ pub fn vjp<F: FftReal>(
         // for x̄ and for the head's w̄ accumulator, and dropped, in one thread-local pass.
         let nspec = pl.len() / 2 + 1;
         let zeros = || vec![vec![Complex::<F>::default(); nspec]; p.heads];
-        dx_cols
-            .par_chunks_mut(t)
+        // Fixed groups of consecutive columns (a function of the shape only), each summed in
+        // column order, then the groups in order: the same bits on any number of threads.
+        let per_group = (nb * c).div_ceil(REDUCE_GROUPS) * t;
+        let partial: Vec<Vec<Vec<Complex<F>>>> = dx_cols
+            .par_chunks_mut(per_group)
             .enumerate()
-            .try_fold(
-                || (Buffers::new(&pl), vec![Complex::<F>::default(); nspec], zeros()),
-                |(mut buf, mut gs, mut acc), (idx, dxc)| -> Result<_> {
+            .map(|(gi, group)| -> Result<_> {
+                let (mut buf, mut gs, mut acc) =
+                    (Buffers::new(&pl), vec![Complex::<F>::default(); nspec], zeros());
+                for (k, dxc) in group.chunks_mut(t).enumerate() {
+                    let idx = gi * (per_group / t) + k;
                     let h = (idx % c) / d;
                     buf.forward(&pl, gcols.col(idx))?;
                     gs.copy_from_slice(&buf.spec);
@@ -88,14 +98,14 @@ pub fn vjp<F: FftReal>(
                         buf.inverse(&pl)?;
                         dxc.iter_mut().enumerate().for_each(|(s, v)| *v = buf.real[t - 1 - s]);
                     }
-                    Ok((buf, gs, acc))
-                },
-            )
-            .map(|r| r.map(|(_, _, acc)| acc))
-            .try_reduce(zeros, |mut a, b| {
-                a.iter_mut().zip(b).for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(u, v)| *u += v));
-                Ok(a)
-            })?
+                }
+                Ok(acc)
+            })
+            .collect::<Result<_>>()?;
+        partial.into_iter().fold(zeros(), |mut a, b| {
+            a.iter_mut().zip(b).for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(u, v)| *u += v));
+            a
+        })
     } else {
         let g_hat = column_spectra(&gcols, &pl)?;
         if let Some(w_hat) = &w_hat {

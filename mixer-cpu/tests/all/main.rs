@@ -8,6 +8,7 @@ mod loglinear;
 mod loglinear_packed;
 mod states;
 mod suite;
+mod thread_count;
 mod toeplitz;
 
 use mixer_registry::harness::Sizes;
