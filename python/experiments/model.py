@@ -103,8 +103,12 @@ class MixerLayer(nn.Module):
     """One token-mixing layer: the mixer's inputs from ``u``, the op, the output projection."""
 
     def __init__(self, name: str, config: Dict, width: int, heads: int, seq: int, layers: int,
-                 backend: Optional[str] = None, form: str = "fast"):
+                 backend: Optional[str] = None, form: str = "fast", conv: int = 0):
         super().__init__()
+        # A short causal depthwise convolution of the layer's input (kernel ``conv``; 0: none),
+        # as Mamba-2's and gated DeltaNet's layers and Zoology's attention models have: each
+        # token's inputs to the mixer see the few tokens before it.
+        self.conv = nn.Conv1d(width, width, conv, groups=width, padding=conv - 1) if conv > 0 else None
         if heads < 1 or width % heads:
             raise ValueError(f"width {width} must be a positive multiple of heads {heads}")
         self.name, self.fam, self.backend, self.form = name, family(name), backend, form
@@ -181,6 +185,8 @@ class MixerLayer(nn.Module):
         if t != self.t:
             raise ValueError(f"the layer was built for sequences of {self.t} tokens, got {t}")
         h, dh = self.h, self.dh
+        if self.conv is not None:
+            u = self.conv(u.transpose(1, 2))[..., :t].transpose(1, 2)
         heads = lambda z: z.view(b, t, h, dh)  # noqa: E731
         if self.fam == "attention":
             y = self._run(q=heads(self.wq(u)), k=heads(self.wk(u)), v=heads(self.wv(u)))
@@ -213,10 +219,10 @@ class Block(nn.Module):
     """``h ← h + mix(RMSNorm(h))``, ``h ← h + W₂·GELU(W₁·RMSNorm(h))``."""
 
     def __init__(self, mixer: str, config: Dict, width: int, heads: int, seq: int, layers: int, mlp: int,
-                 backend: Optional[str], form: str):
+                 backend: Optional[str], form: str, conv: int = 0):
         super().__init__()
         self.norm1, self.norm2 = nn.RMSNorm(width), nn.RMSNorm(width)
-        self.mix = MixerLayer(mixer, config, width, heads, seq, layers, backend, form)
+        self.mix = MixerLayer(mixer, config, width, heads, seq, layers, backend, form, conv)
         self.mlp = nn.Sequential(linear(width, mlp * width, True), nn.GELU(), linear(mlp * width, width, True))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
@@ -226,10 +232,11 @@ class Block(nn.Module):
 
 class Model(nn.Module):
     """Embeddings, ``layers`` blocks with mixer ``mixer`` (``config``), final norm and head; the
-    mixer runs its form ``form`` on ``backend`` (the package's default for ``None``)."""
+    mixer runs its form ``form`` on ``backend`` (the package's default for ``None``), after a
+    short causal convolution of kernel ``conv`` (0: none)."""
 
     def __init__(self, mixer: str, config: Dict, vocab: int, seq: int, width: int = 32, layers: int = 2,
-                 heads: int = 2, mlp: int = 2, backend: Optional[str] = None, form: str = "fast"):
+                 heads: int = 2, mlp: int = 2, backend: Optional[str] = None, form: str = "fast", conv: int = 0):
         super().__init__()
         self.tok = nn.Embedding(vocab, width)
         self.pos = nn.Embedding(seq, width)
@@ -238,7 +245,7 @@ class Model(nn.Module):
         # steps (26 % at T = 64 with 8 pairs), at the same scale it did by step 450 (docs/papers.md).
         nn.init.normal_(self.pos.weight, std=1.0)
         self.blocks = nn.ModuleList(
-            Block(mixer, config, width, heads, seq, layers, mlp, backend, form) for _ in range(layers)
+            Block(mixer, config, width, heads, seq, layers, mlp, backend, form, conv) for _ in range(layers)
         )
         self.norm = nn.RMSNorm(width)
         self.head = linear(width, vocab, True)

@@ -29,6 +29,8 @@ class RunConfig:
     layers: int = 2
     heads: int = 2
     mlp: int = 2
+    #: Kernel of the short causal depthwise convolution before each mixer (0: none).
+    conv: int = 0
     steps: int = 1000
     batch: int = 32
     lr: float = 3e-3
@@ -130,7 +132,7 @@ def train(cfg: RunConfig, device: str = "cpu", progress=None) -> Dict:
     stream = TrainStream(c, cfg.batch, cfg.seed, cfg.train_examples)
     dtype = getattr(torch, cfg.dtype)
     model = Model(cfg.mixer, cfg.mixer_config, c.vocab_size, c.length, cfg.width, cfg.layers, cfg.heads, cfg.mlp,
-                  cfg.backend, cfg.form).to(device=device, dtype=dtype)
+                  cfg.backend, cfg.form, cfg.conv).to(device=device, dtype=dtype)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "slot_bias" not in n and "taps" not in n
              and "lambda_param" not in n and "tok" not in n and "pos" not in n]
     rest = [p for p in model.parameters() if all(p is not q for q in decay)]

@@ -176,6 +176,21 @@ def test_every_layer_runs_forward_and_backward(row):
         assert p.grad is not None and torch.isfinite(p.grad).all(), n
 
 
+@pytest.mark.parametrize("mixer", ["attention", "mamba2", "glr"])
+def test_the_short_convolution_is_causal_and_learns(mixer):
+    torch.manual_seed(0)
+    model = Model(mixer, {}, vocab=9, seq=12, width=8, layers=2, heads=2, conv=3).double()
+    tok = torch.randint(0, 9, (2, 12))
+    other = tok.clone()
+    other[:, 7] = (tok[:, 7] + 1) % 9
+    a, b = model(tok), model(other)
+    assert torch.equal(a[:, :7], b[:, :7])  # no position before 7 sees token 7
+    assert not torch.allclose(a[:, 7:], b[:, 7:])
+    a.square().mean().backward()
+    convs = [blk.mix.conv for blk in model.blocks]
+    assert all(c.weight.shape == (8, 1, 3) and c.weight.grad.abs().sum() > 0 for c in convs)
+
+
 def test_lr_schedule():
     cfg = RunConfig(task=TaskConfig(), mixer="attention", steps=100, lr=1.0, warmup=0.05, min_lr=0.1)
     assert lr_at(cfg, 0) == pytest.approx(0.2) and lr_at(cfg, 4) == pytest.approx(1.0)
