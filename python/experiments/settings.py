@@ -107,8 +107,9 @@ BUDGETS: Dict[str, Dict[str, Budget]] = {
         "tiny": Budget((TaskConfig("mqar", vocab=16, pairs=2, seq_len=12),), dict(_TINY_RUN, conv=SHORT_CONV),
                        (1e-2,)),
         # Zoology's MQAR at 64 pairs: vocabulary 8192, T = 256, 100 000 training examples, a
-        # test set of 3000, batch 64, AdamW with weight decay 0.1, learning rates logspace(−4, −2, 4);
-        # model width 32 (the log-linear paper's MQAR), 2 blocks.
+        # test set of 3000, AdamW with weight decay 0.1, learning rates logspace(−4, −2, 4)
+        # (Zoology's batches at T = 256 are 256; ours are 64); model width 32 (the log-linear
+        # paper's MQAR), 2 blocks.
         "short": Budget(
             (TaskConfig("mqar", vocab=8192, pairs=64, seq_len=256),),
             dict(width=32, layers=2, heads=2, mlp=2, conv=SHORT_CONV, steps=12500, batch=64, train_examples=100_000,
