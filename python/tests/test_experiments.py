@@ -177,7 +177,7 @@ def test_every_layer_runs_forward_and_backward(row):
 
 
 @pytest.mark.parametrize("mixer", ["attention", "mamba2", "glr"])
-def test_the_short_convolution_is_causal_and_learns(mixer):
+def test_the_short_convolution_is_causal_and_gets_gradients(mixer):
     torch.manual_seed(0)
     model = Model(mixer, {}, vocab=9, seq=12, width=8, layers=2, heads=2, conv=3).double()
     tok = torch.randint(0, 9, (2, 12))
