@@ -158,13 +158,14 @@ pub fn vjp_from<F: VecMath>(
                     (blocks, dq)
                 })
                 .collect();
-            let mut it = groups.into_iter();
-            let first = it.next().unwrap_or_else(|| (Vec::new(), Array2::<F>::zeros((tn, dk))));
-            it.fold(first, |(mut ba, mut qa), (bb, qb)| {
-                ba.extend(bb);
-                qa += &qb;
-                (ba, qa)
-            })
+            groups
+                .into_iter()
+                .reduce(|(mut ba, mut qa), (bb, qb)| {
+                    ba.extend(bb);
+                    qa += &qb;
+                    (ba, qa)
+                })
+                .unwrap_or_else(|| (Vec::new(), Array2::<F>::zeros((tn, dk))))
         })
         .collect();
     let mut dq = Array4::<F>::zeros((bn, tn, hn, dk));

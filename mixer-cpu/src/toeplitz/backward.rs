@@ -77,15 +77,15 @@ pub fn vjp<F: FftReal>(
         let zeros = || vec![vec![Complex::<F>::default(); nspec]; p.heads];
         // Fixed groups of consecutive columns (a function of the shape only), each summed in
         // column order, then the groups in order: the same bits on any number of threads.
-        let per_group = (nb * c).div_ceil(REDUCE_GROUPS) * t;
+        let cols_per_group = (nb * c).div_ceil(REDUCE_GROUPS);
         let partial: Vec<Vec<Vec<Complex<F>>>> = dx_cols
-            .par_chunks_mut(per_group)
+            .par_chunks_mut(cols_per_group * t)
             .enumerate()
             .map(|(gi, group)| -> Result<_> {
                 let (mut buf, mut gs, mut acc) =
                     (Buffers::new(&pl), vec![Complex::<F>::default(); nspec], zeros());
                 for (k, dxc) in group.chunks_mut(t).enumerate() {
-                    let idx = gi * (per_group / t) + k;
+                    let idx = gi * cols_per_group + k;
                     let h = (idx % c) / d;
                     buf.forward(&pl, gcols.col(idx))?;
                     gs.copy_from_slice(&buf.spec);

@@ -9,12 +9,13 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::CudaView;
 use mixer_core::mixers::loglinear::{LogLinear, lambda_shape};
 use mixer_core::{Error, Result};
 
 use super::common::FAMILY;
-use super::parallel::{kernel_key, kernel_source};
-use crate::pool;
+use super::parallel::{device_derivative, kernel_key, kernel_source};
+use crate::pool::{self, Pooled};
 use crate::runtime::{gpu, grid1, int, launch};
 use crate::tensor::GpuReal;
 use crate::tensor::{Deferred, DeviceTensor};
@@ -50,8 +51,8 @@ pub fn weights<F: GpuReal>(
             g.kernel_keyed(FAMILY, &kernel_key(ll), &[], &format!("ll_map_lambda_{}", F::SUFFIX), || {
                 kernel_source(ll)
             })?;
-        let zero = pool::zeros::<F>(FAMILY, 1)?;
-        let pv = param.map_or_else(|| zero.slice(0..1), |p| p.view());
+        let mut slot = None;
+        let pv = param_view(param, &mut slot)?;
         let (rv, has, ni, hi, li) =
             (raw.view(), param.is_some() as i32, n as i64, int(FAMILY, "H", h)?, int(FAMILY, "L", l)?);
         launch!(g, FAMILY, f, grid1(n.min(1 << 20), 256); &rv, &pv, &has, &mut *out, &ni, &hi, &li, flag.flag())?;
@@ -73,7 +74,7 @@ pub fn vjp<F: GpuReal>(
     let Some(lift) = ll.lift else {
         return Err(Error::config(&ll.name, "this mixer takes no `lambda`"));
     };
-    if mixer_registry::lambda_grad(lift.lambda.name).and_then(|g| g.cuda).is_none() {
+    if device_derivative(lift.lambda.name).is_none() {
         return Ok(None);
     }
     let s = raw.shape();
@@ -83,24 +84,22 @@ pub fn vjp<F: GpuReal>(
     let (h, l) = lambda_shape(s, param.map(|p| p.shape()))?;
     let n = raw.len();
     let mut draw = pool::take::<F>(FAMILY, n)?;
-    let dparam = match param {
-        Some(p) => Some(pool::take::<F>(FAMILY, p.len())?),
-        None => None,
-    };
     let g = gpu()?;
     let function = |name: &str| {
         g.kernel_keyed(FAMILY, &kernel_key(ll), &[], &format!("{name}_{}", F::SUFFIX), || kernel_source(ll))
     };
     let (hi, li) = (int(FAMILY, "H", h)?, int(FAMILY, "L", l)?);
-    let zero = pool::zeros::<F>(FAMILY, 1)?;
     if n > 0 {
         let f = function("ll_lambda_vjp")?;
-        let pv = param.map_or_else(|| zero.slice(0..1), |p| p.view());
+        let mut slot = None;
+        let pv = param_view(param, &mut slot)?;
         let (rv, dv, has, ni) = (raw.view(), dlam.view(), param.is_some() as i32, n as i64);
         launch!(g, FAMILY, f, grid1(n.min(1 << 20), 256); &rv, &pv, &has, &dv, &mut *draw, &ni, &hi, &li)?;
     }
-    let dparam = match (param, dparam) {
-        (Some(p), Some(mut out)) => {
+    let dparam = match param {
+        None => None,
+        Some(p) => {
+            let mut out = pool::take::<F>(FAMILY, p.len())?;
             let hl = h * l;
             let rows = n / hl.max(1);
             // Parts of 4096 rows, at most 64 of them (a fixed function of the shape).
@@ -121,7 +120,18 @@ pub fn vjp<F: GpuReal>(
             launch!(g, FAMILY, f, grid1(hl, 256); &*partial, &mut *out, &pi, &hli)?;
             Some(DeviceTensor::from_pooled(out, p.shape())?)
         }
-        _ => None,
     };
     Ok(Some((DeviceTensor::from_pooled(draw, s)?, dparam)))
+}
+
+/// `param`'s view, or (no parameter) a one-element placeholder held in `slot`: the kernels read
+/// the parameter only when `has_param` says it was given.
+fn param_view<'a, F: GpuReal>(
+    param: Option<&'a DeviceTensor<F>>,
+    slot: &'a mut Option<Pooled<F>>,
+) -> Result<CudaView<'a, F>> {
+    Ok(match param {
+        Some(p) => p.view(),
+        None => slot.insert(pool::zeros::<F>(FAMILY, 1)?).slice(0..1),
+    })
 }

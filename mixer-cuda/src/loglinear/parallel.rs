@@ -37,11 +37,17 @@ pub fn kernel_source(ll: &LogLinear) -> Result<String> {
         err(FAMILY, format!("λ scheme `{}` has no CUDA device function (LambdaEntry::cuda)", lam.name))
     })?;
     // The scheme's derivative, when registered for the device, adds the λ map's backward kernels.
-    let grad = match mixer_registry::lambda_grad(lam.name).and_then(|g| g.cuda) {
+    let grad = match device_derivative(lam.name) {
         Some(src) => format!("#define MIXERS_LAMBDA_GRAD 1\n{src}"),
         None => String::new(),
     };
     Ok(kernels::with_prelude(&format!("{mask_src}\n{lam_src}\n{grad}"), kernels::LOGLINEAR_PARALLEL.body))
+}
+
+/// The device function of λ scheme `scheme`'s derivative (`LambdaGradEntry::cuda`), where it was
+/// registered: [`kernel_source`] then adds the λ map's backward kernels.
+pub fn device_derivative(scheme: &str) -> Option<&'static str> {
+    mixer_registry::lambda_grad(scheme).and_then(|g| g.cuda)
 }
 
 /// The key of [`kernel_source`] for [`crate::runtime::Gpu::kernel_keyed`]: the mask and the λ
