@@ -69,6 +69,11 @@ pub struct Args {
     /// both scaling exponents (default lengths 4k, 8k, 16k).
     #[arg(long)]
     backward: bool,
+    /// Measure packed batches instead: for each count N (comma list, e.g. `4,16,64`), N
+    /// sequences of random lengths filling one batch row of T tokens against one sequence of
+    /// length T, forward and backward of the fast forms, and their ratio (default lengths 4k, 16k).
+    #[arg(long, value_delimiter = ',', conflicts_with = "backward")]
+    packed: Vec<usize>,
 }
 
 impl Args {
@@ -137,6 +142,12 @@ pub(crate) fn run(a: Args) -> Result<i32> {
             opts.seqs = super::backward::DEFAULT_SEQS.to_vec();
         }
         return super::backward::run(&opts);
+    }
+    if !a.packed.is_empty() {
+        if a.seq == "1k..64k" {
+            opts.seqs = super::packed::DEFAULT_SEQS.to_vec();
+        }
+        return super::packed::run(&opts, &a.packed);
     }
     let (report, files) = bench_to(&opts, &a.out)?;
     print!("{}", render_markdown(&report));

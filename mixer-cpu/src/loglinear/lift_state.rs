@@ -227,6 +227,11 @@ pub(crate) fn head_vjp<F: VecMath>(
     let nl = hd.lam.map_or(0, |l| l.ncols());
     let cbits = m.chunk_log2() as usize;
     let (p, q) = split(m, pos, t_len);
+    // Without an adjoint of the final levels, the chunked backward takes the partial last chunk
+    // too (the adjoint after it is zero, whatever the levels' layout there): only a head that
+    // starts off a chunk boundary runs token by token. With one, the tail does, from the token
+    // levels at the last chunk boundary.
+    let q = if d_levels.iter().all(|l| l.iter().all(|&x| x == F::zero())) { t_len } else { q };
     let mut out = HeadGrads::zeros(t_len, dk, dv, nl);
     let dy_rows = |r: std::ops::Range<usize>| flat(dy.subrows(r.start, r.len()));
     // Forward to the boundaries: the levels at p (head) and at q (middle).
@@ -237,17 +242,19 @@ pub(crate) fn head_vjp<F: VecMath>(
     let c0 = (pos + p) / m.chunk;
     let mid = rows(hd, p..q);
     let h0 = to_chunk_levels(&at_p, cbits, dk, dv);
-    let at_q = if q > p {
-        let mut states = sweep(m, &mid, h0.clone(), c0, false, |_, _, _| Ok(()))?;
-        merge_states(&mut states, (pos + q) / m.chunk, |a, b| a + b);
-        to_token_levels(&states, cbits, at_p.len(), dk, dv)
-    } else {
-        at_p.clone()
-    };
-    // Tail.
-    let tail = owned(&rows(hd, q..t_len));
-    let gt = vjp_tokens(m, &tail.tokens(), pos + q, &at_q, &dy_rows(q..t_len), &mut d_levels)?;
-    put_tokens(&mut out, &gt, q);
+    if q < t_len {
+        let at_q = if q > p {
+            let mut states = sweep(m, &mid, h0.clone(), c0, false, |_, _, _| Ok(()))?;
+            merge_states(&mut states, (pos + q) / m.chunk, |a, b| a + b);
+            to_token_levels(&states, cbits, at_p.len(), dk, dv)
+        } else {
+            at_p.clone()
+        };
+        // Tail.
+        let tail = owned(&rows(hd, q..t_len));
+        let gt = vjp_tokens(m, &tail.tokens(), pos + q, &at_q, &dy_rows(q..t_len), &mut d_levels)?;
+        put_tokens(&mut out, &gt, q);
+    }
     // Middle: the adjoint of the merge at q, then the chunked backward.
     if q > p {
         let mut d_chunks = to_chunk_levels(&d_levels, cbits, dk, dv);
