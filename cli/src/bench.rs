@@ -30,6 +30,7 @@ mod guard;
 mod measure;
 mod model;
 mod options;
+mod packed;
 mod plan;
 pub(crate) mod plot;
 mod report;
