@@ -183,6 +183,12 @@ pub trait Family<F: Real>: Send + Sync + 'static {
     fn packed_backward(&self, _form: Form) -> Option<PackedBackwardFn<Self::Mixer, F>> {
         None
     }
+    /// Whether [`Family::packed`] and [`Family::packed_backward`] also run packed batches with
+    /// states (initial states given, or the final states asked for or given a cotangent);
+    /// `false`: those batches run sequence by sequence.
+    fn packed_with_states(&self, _form: Form) -> bool {
+        true
+    }
 }
 
 /// [`Family`] with the mixer type erased: what a [`FamilyEntry`](crate::FamilyEntry) stores.
@@ -291,6 +297,8 @@ pub trait DynFamily<F: Real>: Send + Sync {
     fn implements_precise(&self, form: Form) -> bool;
     /// Whether `form`'s native packed run has a backward here ([`Family::packed_backward`]).
     fn implements_packed_backward(&self, form: Form) -> bool;
+    /// Whether `form`'s native packed run takes states ([`Family::packed_with_states`]).
+    fn implements_packed_states(&self, form: Form) -> bool;
     /// Runs [`Family::packed`]'s form; `None` when there is none.
     #[allow(clippy::too_many_arguments)]
     fn run_packed(
@@ -460,6 +468,9 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
     }
     fn implements_packed_backward(&self, form: Form) -> bool {
         self.packed_backward(form).is_some()
+    }
+    fn implements_packed_states(&self, form: Form) -> bool {
+        self.packed_with_states(form)
     }
     fn run_packed(
         &self,

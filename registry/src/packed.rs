@@ -3,7 +3,8 @@
 //!
 //! A family that runs a form over a packed batch natively ([`crate::Family::packed`] and
 //! [`crate::Family::packed_backward`], e.g. the CPU log-linear family's `fast` form: one job
-//! list over (sequence, head)) gets the whole batch in one call, in the `exact` mode, after the
+//! list over (sequence, head); with states too unless [`crate::Family::packed_with_states`]
+//! says otherwise) gets the whole batch in one call, in the `exact` mode, after the
 //! same checks as the sequences would get one by one; it must give each sequence exactly what
 //! the form gives it alone. Every other family, form and mode runs sequence by sequence (in
 //! parallel on a backend whose calls may run on several threads at once,
@@ -138,7 +139,9 @@ pub fn run_packed<F: Scalar>(
     let stateful = initial.is_some() || want_final;
     let lay = layout(m, inputs, cu_seqlens, stateful, &[("initial_state", initial)])?;
     let ranges = &lay.ranges;
-    if let Some(imp) = native::<F>(m, backend, form, precision, |i| i.implements_packed(form)) {
+    if let Some(imp) = native::<F>(m, backend, form, precision, |i| {
+        i.implements_packed(form) && (!stateful || i.implements_packed_states(form))
+    }) {
         if stateful {
             crate::state::available(m, backend, form)?;
         } else {
@@ -245,8 +248,9 @@ pub fn backward_packed<F: Scalar>(
             mixer_core::error::fmt_shape(dy.shape()),
         ));
     }
-    if let Some(imp) = native::<F>(m, backend, form, Precision::Exact, |i| i.implements_packed_backward(form))
-    {
+    if let Some(imp) = native::<F>(m, backend, form, Precision::Exact, |i| {
+        i.implements_packed_backward(form) && (!stateful || i.implements_packed_states(form))
+    }) {
         crate::backward::check_dy(m, inputs, dy)?;
         crate::backward::check_requires(m, &inputs.keys().cloned().collect::<Vec<_>>(), requires)?;
         if stateful {

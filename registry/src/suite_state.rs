@@ -225,6 +225,26 @@ pub(crate) fn packed_check(
     if y.slice_axis(Axis(1), Slice::from(last..)).iter().any(|&v| v != 0.0) {
         return Err("rows past the last offset are not zero".into());
     }
+    if stateful {
+        // The plain packed run is an entry point of its own (a family may run it natively and
+        // leave states to the registry): each sequence as its plain run alone.
+        let (y, _) = run_packed(m, backend, form, &x, &cu, None, false, Precision::Exact)
+            .map_err(|e| format!("packed without states: {e}"))?;
+        for (i, w) in cu.windows(2).enumerate().filter(|(_, w)| w[0] < w[1]) {
+            let r = w[0]..w[1];
+            let seg = segment(m, &x, r.clone()).map_err(|e| e.to_string())?;
+            let alone = crate::run::run_as(m, backend, form, &seg, DType::F64)
+                .map_err(|e| format!("sequence {i} alone: {e}"))?;
+            if y.slice_axis(Axis(1), Slice::from(r.clone())).to_owned() != alone {
+                return Err(format!(
+                    "sequence {i} (rows {r:?}) of the batch without states differs from its run alone"
+                ));
+            }
+        }
+        if y.slice_axis(Axis(1), Slice::from(last..)).iter().any(|&v| v != 0.0) {
+            return Err("rows past the last offset are not zero (without states)".into());
+        }
+    }
     if !with_backward {
         return Ok(());
     }

@@ -8,11 +8,13 @@
 //! `beta [B,T,K,C]`. Blocks (batch × channel block) run in parallel with rayon.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
+use mixer_core::mixer::Mixer;
 use mixer_core::mixers::glr::{Glr, Slots};
 use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Error, Real, Result, Tensors};
-use ndarray::{Array3, ArrayD, Axis};
+use ndarray::{Array3, ArrayD, Axis, Slice};
 use rayon::prelude::*;
 
 /// Channel block width: enough blocks to keep every thread busy (4 per thread), at least 16
@@ -36,8 +38,9 @@ pub(crate) struct Views<'a, F> {
     pub(crate) has_b: bool,
 }
 
-/// `y[t, 0..w]` of batch row `b`, channels `c0..c0+w`, as a `[T, w]` row-major buffer.
-pub(crate) fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, b: usize, c0: usize, w: usize) -> Vec<F> {
+/// `y[t, 0..w]` of the sequence `v` (one batch row), channels `c0..c0+w`, as a `[T, w]`
+/// row-major buffer.
+pub(crate) fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, c0: usize, w: usize) -> Vec<F> {
     let (tn, cn, kn) = (v.t_len, v.c_len, v.k_len);
     let k1 = kn + 1;
     let mut buf = vec![F::zero(); tn * w];
@@ -49,10 +52,10 @@ pub(crate) fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, b: usize, c0: usiz
         }
         let (done, rest) = buf.split_at_mut(t * w);
         let cur = &mut rest[..w];
-        let row = (b * tn + t) * cn + c0;
+        let row = t * cn + c0;
         let xt = &v.x[row..row + w];
         if v.has_a {
-            let base = (b * tn + t) * k1;
+            let base = t * k1;
             let a0 = &v.alpha[base * cn + c0..][..w];
             for ((y, &a), &x) in cur.iter_mut().zip(a0).zip(xt) {
                 *y = a * x;
@@ -60,7 +63,7 @@ pub(crate) fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, b: usize, c0: usiz
             for k in 0..n {
                 let d = slots.pos(t, k);
                 let ak = &v.alpha[(base + k + 1) * cn + c0..][..w];
-                let xd = &v.x[(b * tn + d) * cn + c0..][..w];
+                let xd = &v.x[d * cn + c0..][..w];
                 for ((y, &a), &x) in cur.iter_mut().zip(ak).zip(xd) {
                     *y += a * x;
                 }
@@ -72,7 +75,7 @@ pub(crate) fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, b: usize, c0: usiz
             }
         }
         if v.has_b {
-            let base = (b * tn + t) * kn;
+            let base = t * kn;
             for k in 0..n {
                 let d = slots.pos(t, k);
                 let bk = &v.beta[(base + k) * cn + c0..][..w];
@@ -151,9 +154,66 @@ pub(crate) fn views<'a, F>(
     }
 }
 
+/// The sequences of a call in its `[B, T, …]` buffer: sequence `i` is the tokens `ranges[i].1`
+/// of batch row `ranges[i].0` — every batch row whole for a plain call, the `cu_seqlens`
+/// ranges of row 0 for a packed one.
+pub(crate) type Seqs = [(usize, Range<usize>)];
+
+/// The batch rows of a plain call as sequences.
+pub(crate) fn rows(bn: usize, tn: usize) -> Vec<(usize, Range<usize>)> {
+    (0..bn).map(|b| (b, 0..tn)).collect()
+}
+
+/// The [`Views`] of sequence `(b, r)` read in place in the gathered buffer `v` (whose `K` is the
+/// buffer's), with the slots of a sequence of `r.len()` tokens: the rows of `x`, `alpha` and
+/// `beta` of one sequence are contiguous, so the sequence runs exactly as it would alone.
+pub(crate) fn seq_views<'a, F>(v: &Views<'a, F>, (b, r): &(usize, Range<usize>)) -> Views<'a, F> {
+    let (cn, kn) = (v.c_len, v.k_len);
+    let rows = |a: &'a [F], per_t: usize| {
+        if a.is_empty() { a } else { &a[(b * v.t_len + r.start) * per_t..(b * v.t_len + r.end) * per_t] }
+    };
+    let ka = if v.has_a { kn + 1 } else { 1 };
+    Views {
+        x: rows(v.x, cn),
+        alpha: rows(v.alpha, ka * cn),
+        beta: rows(v.beta, kn * cn),
+        t_len: r.len(),
+        c_len: cn,
+        k_len: kn,
+        has_a: v.has_a,
+        has_b: v.has_b,
+    }
+}
+
 /// The fast form: `y [B,T,C]` from `x [B,T,C]`, `alpha`, `beta` (shapes per docs/math.md §1.2, with
 /// `K ≥ K(T)`); inactive slots (`f(k) > t`) are never read.
 pub fn fast<F: Real>(g: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
+    let xs = get(inputs, "x")?.shape().to_vec();
+    run(g, inputs, &rows(xs.first().copied().unwrap_or(0), xs.get(1).copied().unwrap_or(0)))
+}
+
+/// The fast form over a packed batch (`B = 1`, sequence `i` at the rows `ranges[i]`, checked by
+/// the registry), natively: one job list over (sequence, channel block), every sequence read in
+/// place in the buffer (no copy of `alpha` and `beta`, whose slot axes dominate the inputs), so
+/// each gets exactly the bits of its run alone; rows past the last range get zeros. Plain runs
+/// only: with states the registry runs the sequences one by one ([`super`]).
+pub fn fast_packed<F: Real>(
+    g: &Glr,
+    inputs: &Tensors<F>,
+    ranges: &[Range<usize>],
+    initial: Option<&Tensors<F>>,
+    want_final: bool,
+) -> Result<(ArrayD<F>, Option<Tensors<F>>)> {
+    if initial.is_some() || want_final {
+        return Err(Error::config(g.name(), "internal: the native packed fast form takes no state"));
+    }
+    let seqs: Vec<_> = ranges.iter().map(|r| (0, r.clone())).collect();
+    Ok((run(g, inputs, &seqs)?, None))
+}
+
+/// [`fast`] and [`fast_packed`]: every sequence of `seqs` by the sparse recurrence, zeros
+/// elsewhere.
+fn run<F: Real>(g: &Glr, inputs: &Tensors<F>, seqs: &Seqs) -> Result<ArrayD<F>> {
     let xs = get(inputs, "x")?.shape().to_vec();
     if xs.len() != 3 {
         return Err(Error::shape("x", "[B, T, C]", mixer_core::error::fmt_shape(&xs)));
@@ -162,16 +222,19 @@ pub fn fast<F: Real>(g: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let slots = g.slots(tn);
     let (x, alpha, beta) = gather(g, inputs, &slots)?;
     let views = views(g, &x, &alpha, &beta, &xs, slot_axis(g, inputs, &slots)?);
-    let w = block_width(bn, cn);
+    let parts: Vec<(Views<'_, F>, Slots)> =
+        seqs.iter().map(|s| (seq_views(&views, s), g.slots(s.1.len()))).collect();
+    let w = block_width(seqs.len(), cn);
     let tasks: Vec<(usize, usize)> =
-        (0..bn).flat_map(|b| (0..cn).step_by(w.max(1)).map(move |c0| (b, c0))).collect();
+        (0..seqs.len()).flat_map(|i| (0..cn).step_by(w.max(1)).map(move |c0| (i, c0))).collect();
     let blocks: Vec<Vec<F>> =
-        tasks.par_iter().map(|&(b, c0)| block(&views, &slots, b, c0, w.min(cn - c0))).collect();
+        tasks.par_iter().map(|&(i, c0)| block(&parts[i].0, &parts[i].1, c0, w.min(cn - c0))).collect();
     let mut y = Array3::<F>::zeros((bn, tn, cn));
-    for (&(b, c0), buf) in tasks.iter().zip(&blocks) {
+    for (&(i, c0), buf) in tasks.iter().zip(&blocks) {
         let wb = w.min(cn - c0);
-        let mut yb = y.index_axis_mut(Axis(0), b);
-        for (t, mut row) in yb.outer_iter_mut().enumerate() {
+        let (b, r) = &seqs[i];
+        let mut yb = y.index_axis_mut(Axis(0), *b);
+        for (t, mut row) in yb.slice_axis_mut(Axis(0), Slice::from(r.clone())).outer_iter_mut().enumerate() {
             for j in 0..wb {
                 row[c0 + j] = buf[t * wb + j];
             }

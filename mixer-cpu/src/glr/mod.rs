@@ -19,7 +19,8 @@ use mixer_core::mixers::glr::state as glr_state;
 use mixer_core::state::StateVjp;
 use mixer_core::{Dims, DimsExt, Form, Real, Requires, Result, Tensors};
 use mixer_registry::{
-    BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, StateBackwardFn, StateDecoderFn, StateFn, register,
+    BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, PackedBackwardFn, PackedFn, StateBackwardFn,
+    StateDecoderFn, StateFn, register,
 };
 
 /// The decoder started from a state (docs/math.md §7.1; `None`: position 0). Rows at different
@@ -70,6 +71,17 @@ impl<F: Real> Family<F> for GlrCpu {
     }
     fn decoder_from_state(&self) -> Option<StateDecoderFn<Glr, F>> {
         Some(decoder_from_state)
+    }
+    /// `fast` over a packed batch, each sequence read in place ([`fast::fast_packed`]); from
+    /// states the sequences run one by one (on the extension of each).
+    fn packed(&self, form: Form) -> Option<PackedFn<Glr, F>> {
+        (form == Form::Fast).then_some(fast::fast_packed)
+    }
+    fn packed_backward(&self, form: Form) -> Option<PackedBackwardFn<Glr, F>> {
+        (form == Form::Fast).then_some(backward::vjp_packed)
+    }
+    fn packed_with_states(&self, _form: Form) -> bool {
+        false
     }
 }
 
