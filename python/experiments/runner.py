@@ -15,7 +15,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from . import report, settings
-from .train import RunConfig, train
+from .train import RunConfig, train, train_many
 
 
 #: The settings of each task that the table reports.
@@ -49,6 +49,9 @@ def parser(experiment: str) -> argparse.ArgumentParser:
                    help="runs at once, each in its own process (default 1; each gets cores/jobs torch "
                         "threads unless --threads says); on one GPU a small model leaves it mostly idle, "
                         "so several runs share it")
+    p.add_argument("--streams", type=int, default=1,
+                   help="runs per process, a step of each in turn, each on its own CUDA stream (default 1): "
+                        "on one GPU the small models' steps then overlap within one CUDA context")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a shared machine)")
     p.add_argument("--quiet", action="store_true")
     return p
@@ -69,21 +72,26 @@ def notes(experiment: str, cells: Dict, rows) -> List[str]:
     return out
 
 
-def _run(job) -> tuple:
-    """One run in this process: trains, writes its log (whole or not at all: a run cut short
-    leaves no log, so that ``--resume`` runs it again); returns (path, log)."""
-    cfg, device, path, meta, threads = job
+def _run(jobs) -> List[tuple]:
+    """Runs in this process, a step of each in turn (:func:`~experiments.train.train_many`; one
+    run: :func:`~experiments.train.train`); writes each run's log (whole or not at all: a run cut
+    short leaves no log, so that ``--resume`` runs it again); returns [(path, log)]."""
+    threads = jobs[0][4]
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    log = train(RunConfig.from_dict(cfg), device)
-    log.update(meta)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".part", "w") as f:
-        json.dump(log, f)
-    os.replace(path + ".part", path)
-    return path, log
+    cfgs = [RunConfig.from_dict(cfg) for cfg, *_ in jobs]
+    logs = [train(cfgs[0], jobs[0][1])] if len(jobs) == 1 else train_many(cfgs, jobs[0][1])
+    out = []
+    for (_, _, path, meta, _), log in zip(jobs, logs):
+        log.update(meta)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".part", "w") as f:
+            json.dump(log, f)
+        os.replace(path + ".part", path)
+        out.append((path, log))
+    return out
 
 
 def _store(runs: Dict, path: str, log: Dict, quiet: bool) -> None:
@@ -103,6 +111,8 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
         torch.set_num_threads(a.threads)
     if a.jobs < 1:
         raise SystemExit(f"--jobs: expected at least 1 run at once, got {a.jobs}")
+    if a.streams < 1:
+        raise SystemExit(f"--streams: expected at least 1 run per process, got {a.streams}")
     b = settings.budget(experiment, a.budget, a.steps)
     rows = settings.ROWS[experiment]
     if a.only:
@@ -139,17 +149,22 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
                                     dtype=a.dtype, backend=a.backend, form=a.form, graph=not a.eager, **b.run)
                     meta = {"experiment": experiment, "structure": r.label, "budget": a.budget}
                     todo.append((r.cost * t.length, (cfg.to_dict(), a.device, path, meta, threads)))
-    if a.jobs > 1:
-        # The costliest runs first, so that none of them starts last and alone.
+    if a.jobs > 1 or a.streams > 1:
+        # The costliest runs first, so that none of them starts last and alone; a process takes
+        # `streams` runs of about the same cost.
         todo.sort(key=lambda c: -c[0])
+    groups = [[job for _, job in todo[i : i + a.streams]] for i in range(0, len(todo), a.streams)]
+    if a.jobs > 1:
         ctx = multiprocessing.get_context("spawn")  # a CUDA context per process, none inherited
         with concurrent.futures.ProcessPoolExecutor(max_workers=a.jobs, mp_context=ctx) as pool:
-            done = [pool.submit(_run, job) for _, job in todo]
+            done = [pool.submit(_run, group) for group in groups]
             for fut in concurrent.futures.as_completed(done):
-                _store(runs, *fut.result(), a.quiet)
+                for path, log in fut.result():
+                    _store(runs, path, log, a.quiet)
     else:
-        for _, job in todo:
-            _store(runs, *_run(job), a.quiet)
+        for group in groups:
+            for path, log in _run(group):
+                _store(runs, path, log, a.quiet)
     cells = {key: report.cell(list(logs.values())) for key, logs in runs.items()}
     names = [t.task for t in tasks]
     extra = notes(experiment, cells, rows)

@@ -5,10 +5,11 @@ JSON. The same configuration and seed give the same data and the same initialisa
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -119,105 +120,155 @@ def evaluate(model: Model, split: Split, device, batch: int = 256) -> Dict:
     }
 
 
+class Trainer:
+    """One run, a step at a time (:meth:`step` until :attr:`done`, then :meth:`log`), so that
+    several runs can share a process (:func:`train_many`). On CUDA the run keeps to a stream of
+    its own: every copy, step, replay and evaluation of it is queued there, so the steps of
+    different runs overlap on the device."""
+
+    def __init__(self, cfg: RunConfig, device: str = "cpu", progress=None):
+        self.start = time.time()
+        self.cfg, self.device, self.progress = cfg, device, progress
+        torch.manual_seed(cfg.seed)
+        c = cfg.task
+        c.validate()
+        self.val = Split(c, cfg.val_size, seed=(cfg.seed << 8) + 1, which="val")
+        self.test = Split(c, cfg.test_size, seed=(cfg.seed << 8) + 2, which="test")
+        self.stream_in = TrainStream(c, cfg.batch, cfg.seed, cfg.train_examples)
+        dtype = getattr(torch, cfg.dtype)
+        self.graphed = cfg.graph and torch.device(device).type == "cuda"
+        self.cuda_stream = torch.cuda.Stream(device) if self.graphed else None
+        with self._on():
+            self.model = Model(cfg.mixer, cfg.mixer_config, c.vocab_size, c.length, cfg.width, cfg.layers, cfg.heads,
+                               cfg.mlp, cfg.backend, cfg.form, cfg.conv).to(device=device, dtype=dtype)
+            model = self.model
+            decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "slot_bias" not in n
+                     and "taps" not in n and "lambda_param" not in n and "tok" not in n and "pos" not in n]
+            rest = [p for p in model.parameters() if all(p is not q for q in decay)]
+            # Replayed steps read the learning rate from the device: a tensor, and an optimizer whose
+            # state lives there (`capturable`).
+            self.opt = torch.optim.AdamW(
+                [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
+                lr=torch.tensor(cfg.lr, device=device) if self.graphed else cfg.lr, betas=cfg.betas,
+                capturable=self.graphed)
+        self.every = cfg.eval_every or max(1, cfg.steps // 10)
+        self.curve = {"step": [], "loss": [], "lr": [], "eval_step": [], "val_accuracy": []}
+        self.pending = []
+        self.graph = None
+        self.at = 0
+
+    def _on(self):
+        """The run's stream as the current one (CUDA), else nothing."""
+        return torch.cuda.stream(self.cuda_stream) if self.cuda_stream is not None else contextlib.nullcontext()
+
+    @property
+    def done(self) -> bool:
+        return self.at >= self.cfg.steps
+
+    def _flush(self):
+        if self.pending:
+            self.curve["loss"].extend(torch.stack(self.pending).tolist())
+            self.pending.clear()
+
+    def _step_on(self, tok: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        """Forward, backward, clipping and the optimizer's step (gradients start unset)."""
+        logits = self.model(tok).float()
+        loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=IGNORE)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
+        self.opt.step()
+        return loss.detach()
+
+    def step(self) -> None:
+        """One training step (and the evaluation due after it), queued on the run's stream."""
+        cfg, step, device = self.cfg, self.at, self.device
+        with self._on():
+            lr = lr_at(cfg, step)
+            for g in self.opt.param_groups:
+                if self.graphed:
+                    g["lr"].fill_(lr)
+                else:
+                    g["lr"] = lr
+            tok, tgt = self.stream_in.next()
+            if self.graph is not None:
+                # From page-locked copies, without waiting: the host draws the next batch while
+                # the device runs this step (torch keeps each pinned block until its copy is done).
+                self.static_tok.copy_(torch.from_numpy(tok).pin_memory(), non_blocking=True)
+                self.static_tgt.copy_(torch.from_numpy(tgt).pin_memory(), non_blocking=True)
+                self.graph.replay()
+                loss = self.static_loss.clone()
+            else:
+                # On CUDA the warm-up steps run on the run's own stream (not the default one), as a
+                # capture requires.
+                self.opt.zero_grad(set_to_none=True)
+                loss = self._step_on(_tensor(tok, device), _tensor(tgt, device))
+            if self.graphed and self.graph is None and step + 1 == GRAPH_AFTER:
+                # The first steps run as they are (the warm-up a capture needs); the rest replay
+                # one captured step on fixed input buffers: one launch instead of hundreds.
+                self.static_tok, self.static_tgt = _tensor(tok, device), _tensor(tgt, device)
+                self.opt.zero_grad(set_to_none=True)
+                self.graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(self.graph, stream=self.cuda_stream):
+                    self.static_loss = self._step_on(self.static_tok, self.static_tgt)
+            self.curve["step"].append(step)
+            # Kept on the device and read at the evaluations: a read per step would make the
+            # host wait for every step's kernels instead of preparing the next batch meanwhile.
+            self.pending.append(loss)
+            self.curve["lr"].append(lr)
+            if self.progress is not None:
+                self._flush()
+                self.progress(step, self.curve["loss"][-1])
+            if (step + 1) % self.every == 0 and step + 1 < cfg.steps:
+                self._flush()
+                self.curve["eval_step"].append(step + 1)
+                self.curve["val_accuracy"].append(evaluate(self.model, self.val, device)["accuracy"])
+        self.at += 1
+
+    def log(self) -> Dict:
+        """The run's log, after the final evaluations (see :func:`train`)."""
+        cfg = self.cfg
+        with self._on():
+            self._flush()
+            final_val = evaluate(self.model, self.val, self.device)
+            self.curve["eval_step"].append(cfg.steps)
+            self.curve["val_accuracy"].append(final_val["accuracy"])
+            test = evaluate(self.model, self.test, self.device)
+        return {
+            "config": cfg.to_dict(),
+            "seed": cfg.seed,
+            "parameters": sum(p.numel() for p in self.model.parameters()),
+            "device": str(self.device),
+            "curve": self.curve,
+            "val": final_val,
+            "test": test,
+            "wall_s": time.time() - self.start,
+        }
+
+
 def train(cfg: RunConfig, device: str = "cpu", progress=None) -> Dict:
     """Trains one model; returns its log: ``config``, ``seed``, ``curve`` (every step's loss and
     learning rate; validation accuracy every ``eval_every`` steps), ``val`` and ``test`` (the
     final evaluations), ``parameters``, ``wall_s``."""
-    start = time.time()
-    torch.manual_seed(cfg.seed)
-    c = cfg.task
-    c.validate()
-    val = Split(c, cfg.val_size, seed=(cfg.seed << 8) + 1, which="val")
-    test = Split(c, cfg.test_size, seed=(cfg.seed << 8) + 2, which="test")
-    stream = TrainStream(c, cfg.batch, cfg.seed, cfg.train_examples)
-    dtype = getattr(torch, cfg.dtype)
-    model = Model(cfg.mixer, cfg.mixer_config, c.vocab_size, c.length, cfg.width, cfg.layers, cfg.heads, cfg.mlp,
-                  cfg.backend, cfg.form, cfg.conv).to(device=device, dtype=dtype)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "slot_bias" not in n and "taps" not in n
-             and "lambda_param" not in n and "tok" not in n and "pos" not in n]
-    rest = [p for p in model.parameters() if all(p is not q for q in decay)]
-    graphed = cfg.graph and torch.device(device).type == "cuda"
-    # Replayed steps read the learning rate from the device: a tensor, and an optimizer whose
-    # state lives there (`capturable`).
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
-                            lr=torch.tensor(cfg.lr, device=device) if graphed else cfg.lr, betas=cfg.betas,
-                            capturable=graphed)
-    every = cfg.eval_every or max(1, cfg.steps // 10)
-    curve = {"step": [], "loss": [], "lr": [], "eval_step": [], "val_accuracy": []}
-    pending = []
+    run = Trainer(cfg, device, progress)
+    while not run.done:
+        run.step()
+    return run.log()
 
-    def flush():
-        if pending:
-            curve["loss"].extend(torch.stack(pending).tolist())
-            pending.clear()
 
-    def step_on(tok: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        """Forward, backward, clipping and the optimizer's step (gradients start unset)."""
-        logits = model(tok).float()
-        loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=IGNORE)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-        opt.step()
-        return loss.detach()
-
-    graph = None
-    side = torch.cuda.Stream(device) if graphed else None
-    for step in range(cfg.steps):
-        lr = lr_at(cfg, step)
-        for g in opt.param_groups:
-            if graphed:
-                g["lr"].fill_(lr)
+def train_many(cfgs: List[RunConfig], device: str = "cpu") -> List[Dict]:
+    """Trains several models in one process, a step of each in turn; returns their logs in
+    order, each the log :func:`train` gives the run alone (``wall_s``: from the start of all to
+    the run's end). On CUDA each run has its own stream, so while the host queues one run's step
+    the device runs the others': small models that leave the device mostly idle share it with
+    one CUDA context instead of several processes' (which the device time-slices)."""
+    runs = [Trainer(c, device) for c in cfgs]
+    logs: List[Optional[Dict]] = [None] * len(runs)
+    while any(lg is None for lg in logs):
+        for i, r in enumerate(runs):
+            if logs[i] is not None:
+                continue
+            if r.done:
+                logs[i] = r.log()
             else:
-                g["lr"] = lr
-        tok, tgt = stream.next()
-        if graph is not None:
-            # From page-locked copies, without waiting: the host draws the next batch while the
-            # device runs this step (torch keeps each pinned block until its copy is done).
-            static_tok.copy_(torch.from_numpy(tok).pin_memory(), non_blocking=True)
-            static_tgt.copy_(torch.from_numpy(tgt).pin_memory(), non_blocking=True)
-            graph.replay()
-            loss = static_loss.clone()
-        elif graphed:
-            # Warm-up steps on a side stream, as a capture requires.
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                opt.zero_grad(set_to_none=True)
-                loss = step_on(_tensor(tok, device), _tensor(tgt, device))
-            torch.cuda.current_stream().wait_stream(side)
-        else:
-            opt.zero_grad(set_to_none=True)
-            loss = step_on(_tensor(tok, device), _tensor(tgt, device))
-        if graphed and graph is None and step + 1 == GRAPH_AFTER:
-            # The first steps run as they are (the warm-up a capture needs); the rest replay
-            # one captured step on fixed input buffers: one launch instead of hundreds.
-            static_tok, static_tgt = _tensor(tok, device), _tensor(tgt, device)
-            opt.zero_grad(set_to_none=True)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static_loss = step_on(static_tok, static_tgt)
-        curve["step"].append(step)
-        # Kept on the device and read at the evaluations: a read per step would make the host
-        # wait for every step's kernels instead of preparing the next batch meanwhile.
-        pending.append(loss)
-        curve["lr"].append(lr)
-        if progress is not None:
-            flush()
-            progress(step, curve["loss"][-1])
-        if (step + 1) % every == 0 and step + 1 < cfg.steps:
-            flush()
-            curve["eval_step"].append(step + 1)
-            curve["val_accuracy"].append(evaluate(model, val, device)["accuracy"])
-    flush()
-    final_val = evaluate(model, val, device)
-    curve["eval_step"].append(cfg.steps)
-    curve["val_accuracy"].append(final_val["accuracy"])
-    return {
-        "config": cfg.to_dict(),
-        "seed": cfg.seed,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "device": str(device),
-        "curve": curve,
-        "val": final_val,
-        "test": evaluate(model, test, device),
-        "wall_s": time.time() - start,
-    }
+                r.step()
+    return logs

@@ -19,7 +19,7 @@ sys.path.append(os.path.join(os.path.dirname(__file__), ".."))
 from experiments import report, runner, settings  # noqa: E402
 from experiments.model import MixerLayer, Model, glr_sources  # noqa: E402
 from experiments.tasks import IGNORE, Split, TaskConfig, TrainStream, generate, token_hash  # noqa: E402
-from experiments.train import GRAPH_AFTER, RunConfig, lr_at, train  # noqa: E402
+from experiments.train import GRAPH_AFTER, RunConfig, lr_at, train, train_many  # noqa: E402
 
 
 def test_copy_layout():
@@ -264,6 +264,41 @@ def test_runs_in_parallel_processes_give_the_logs_of_one_process(tmp_path):
         assert a["test"] == b["test"] and a["val"] == b["val"]
     strip = lambda cells: [{k: v for k, v in c.items() if k != "wall_s"} for c in cells]  # noqa: E731
     assert strip(one["cells"]) == strip(two["cells"])
+    # Two runs per process (a step of each in turn), in two processes: the same logs again.
+    three = runner.main("toeplitz_copy", "t", argv + ["--out", str(tmp_path / "three"), "--jobs", "2", "--streams", "2"])
+    for rel in logs:
+        a, c = (json.loads((tmp_path / side / rel).read_text()) for side in ("one", "three"))
+        assert a["curve"]["loss"] == c["curve"]["loss"] and a["test"] == c["test"]
+    assert strip(one["cells"]) == strip(three["cells"])
+
+
+def _shared_process_runs(device):
+    """Three runs (two mixers, two seeds and learning rates, one shorter) for train_many."""
+    base = dict(task=TaskConfig("mqar", vocab=16, pairs=2, seq_len=12), width=16, layers=1, heads=2, steps=8,
+                batch=8, val_size=32, test_size=32, eval_every=3)
+    return [RunConfig(mixer="attention", seed=0, **base), RunConfig(mixer="mamba2", seed=1, lr=1e-2, **base),
+            RunConfig(mixer="attention", seed=2, **{**base, "steps": 5})]
+
+
+def test_runs_sharing_a_process_give_the_logs_of_runs_alone():
+    cfgs = _shared_process_runs("cpu")
+    alone = [train(c) for c in cfgs]
+    shared = train_many(cfgs)
+    assert len(shared) == 3
+    for a, b in zip(alone, shared):
+        assert a["config"] == b["config"] and a["curve"] == b["curve"]
+        assert a["val"] == b["val"] and a["test"] == b["test"]
+    assert len(shared[2]["curve"]["loss"]) == 5 and shared[0]["curve"]["loss"] != shared[2]["curve"]["loss"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_runs_sharing_a_process_on_their_own_streams_train_as_alone():
+    cfgs = _shared_process_runs("cuda")
+    alone = [train(c, "cuda") for c in cfgs]
+    shared = train_many(cfgs, "cuda")
+    for a, b in zip(alone, shared):
+        np.testing.assert_allclose(b["curve"]["loss"], a["curve"]["loss"], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(b["test"]["loss"], a["test"]["loss"], rtol=1e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
