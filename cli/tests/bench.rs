@@ -313,6 +313,9 @@ fn cli_errors_are_one_line() {
         (vec!["bench", "--mixer", "a", "--mixer", "b", "--config", "{}"], "exactly one"),
         (vec!["bench", "--mixer", "no-such-mixer", "--seq", "16"], "no-such-mixer"),
         (vec!["bench", "--form", "fastest", "--seq", "16"], "fastest"),
+        (vec!["bench", "--packed", "4", "--batch", "2", "--seq", "16"], "B = 1"),
+        (vec!["bench", "--packed", "40", "--mixer", "mamba2", "--seq", "16"], "1..=T = 16, given 40"),
+        (vec!["bench", "--packed", "4", "--backward", "--seq", "16"], "--backward"),
     ] {
         let (code, err) = mixers_cli(&args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -406,4 +409,51 @@ fn ratios_compare_forms_and_backends_at_equal_t() {
     let f = bench::fits(&points);
     assert_eq!(f.len(), 2, "{f:?}"); // cpu fast (100, 300) and cuda fast (100, 200)
     assert!(f.iter().any(|x| x.backend == "cuda" && (x.exponent - (0.9f64 / 0.5).log2()).abs() < 1e-12));
+}
+
+/// `bench --packed`: one row per (mixer, backend, T, N) with both times and their ratio, forward
+/// and backward.
+#[test]
+fn packed_batches_are_timed_against_one_sequence() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = Command::new(env!("CARGO_BIN_EXE_mixers"))
+        .args([
+            "bench",
+            "--packed",
+            "1,5",
+            "--mixer",
+            "mamba2",
+            "glr",
+            "--backend",
+            "cpu",
+            "--seq",
+            "37",
+            "--reps",
+            "1",
+        ])
+        .output()
+        .expect("the mixers binary runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    for mixer in ["mamba2", "glr"] {
+        for n in ["1", "5"] {
+            let row = text
+                .lines()
+                .find(|l| {
+                    let c: Vec<&str> = l.split('|').map(str::trim).collect();
+                    c.len() > 10 && c[1] == mixer && c[3] == "37" && c[4] == n
+                })
+                .unwrap_or_else(|| panic!("no row for {mixer} N = {n} in\n{text}"));
+            let cells: Vec<f64> =
+                row.split('|').map(str::trim).skip(5).filter_map(|c| c.parse().ok()).collect();
+            assert_eq!(cells.len(), 6, "{row}");
+            assert!(cells.iter().all(|&v| v > 0.0 && v.is_finite()), "{row}");
+            // The ratio columns are the packed time over the one-sequence time (the times printed
+            // to 0.001 ms, the ratio to 0.01).
+            for (one, packed, ratio) in [(cells[0], cells[1], cells[2]), (cells[3], cells[4], cells[5])] {
+                let slack = 0.0005 * (1.0 / one + packed / (one * one)) + 0.005;
+                assert!((packed / one - ratio).abs() <= slack * 1.01, "{row}");
+            }
+        }
+    }
 }

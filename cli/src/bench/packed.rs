@@ -178,7 +178,7 @@ pub(crate) fn run(opts: &Options, counts: &[usize]) -> Result<i32> {
 }
 
 fn ms(s: f64) -> String {
-    format!("{:.2}", s * 1e3)
+    format!("{:.3}", s * 1e3)
 }
 
 #[cfg(test)]
