@@ -62,6 +62,9 @@ pub struct Args {
     /// No learned position embedding.
     #[arg(long)]
     no_pos_emb: bool,
+    /// Kernel of a short causal depthwise convolution before each mixer (0: none, the default).
+    #[arg(long)]
+    conv: Option<usize>,
     /// Backend of the mixer layers' forward and backward (`cpu`, `cuda`); the rest of the model
     /// runs on the host.
     #[arg(long)]
@@ -124,7 +127,7 @@ fn config(a: &Args) -> Result<TrainConfig> {
     macro_rules! set {
         ($($f:ident),*) => { $( if let Some(x) = a.$f { cfg.$f = x; } )* };
     }
-    set!(steps, seed, width, layers, heads, batch, eval_every, test_size);
+    set!(steps, seed, width, layers, heads, batch, eval_every, test_size, conv);
     if let Some(lr) = a.lr {
         cfg.optim.lr = lr;
     }

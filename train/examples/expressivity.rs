@@ -8,6 +8,7 @@
 //! cargo run --release --example expressivity [-- --quick] [--jobs 2] [--out out/expressivity]
 //!                                            [--only attention,mamba2] [--tasks copy,mqar]
 //!                                            [--seeds 0,1] [--steps N] [--backend cuda]
+//!                                            [--conv K]
 //! ```
 //! writes `OUT.md` and `OUT.json` (`--quick`: `OUT-quick.*`).
 
@@ -30,6 +31,9 @@ fn main() {
     if let Some(t) = arg(&args, "--tasks") {
         let keep: Vec<&str> = t.split(',').map(str::trim).collect();
         setting.tasks.retain(|c| keep.contains(&c.task.name()));
+    }
+    if let Some(k) = arg(&args, "--conv").and_then(|s| s.parse().ok()) {
+        setting.run.conv = k;
     }
     if let Some(b) = arg(&args, "--backend") {
         setting.run.backend = b;

@@ -31,6 +31,8 @@ pub struct TrainConfig {
     pub mlp_mult: usize,
     /// Learned absolute position embedding.
     pub pos_emb: bool,
+    /// Kernel of a short causal depthwise convolution before each mixer (0: none).
+    pub conv: usize,
     /// Optimiser steps.
     pub steps: usize,
     /// Sequences per step.
@@ -59,6 +61,7 @@ impl Default for TrainConfig {
             heads: 2,
             mlp_mult: 2,
             pos_emb: true,
+            conv: 0,
             steps: 1000,
             batch: 32,
             optim: AdamWConfig::default(),
@@ -83,6 +86,7 @@ impl TrainConfig {
             heads: self.heads,
             mlp_mult: self.mlp_mult,
             pos_emb: self.pos_emb,
+            conv: self.conv,
         }
     }
 }

@@ -36,6 +36,9 @@ pub struct ModelConfig {
     pub mlp_mult: usize,
     /// Learned absolute position embedding.
     pub pos_emb: bool,
+    /// Kernel of a short causal depthwise convolution of each mixer layer's input (0: none).
+    #[serde(default)]
+    pub conv: usize,
 }
 
 /// The model: configuration, parameters and the layers built from the configuration.
@@ -63,6 +66,8 @@ pub struct Output {
 struct BlockCache {
     h_in: Array2<f64>,
     r1: Array1<f64>,
+    /// The convolution's input (the normalised block input), with a convolution.
+    n1: Option<Array2<f64>>,
     mix: LayerCache,
     h_mid: Array2<f64>,
     n2: Array2<f64>,
@@ -79,6 +84,7 @@ impl Model {
         check(cfg.layers >= 1 && cfg.layers <= 64, "layers must be in 1..=64")?;
         check(cfg.width >= 1 && cfg.width <= 4096, "width must be in 1..=4096")?;
         check(cfg.mlp_mult >= 1 && cfg.mlp_mult <= 16, "mlp_mult must be in 1..=16")?;
+        check(cfg.conv <= 64, "conv (the short convolution's kernel) must be in 0..=64")?;
         let (d, v, t) = (cfg.width, cfg.vocab, cfg.seq_len);
         let f = cfg.mlp_mult * d;
         let mut layers = Vec::new();
@@ -101,6 +107,17 @@ impl Model {
             let layer =
                 MixerLayer::new(&format!("{pre}.mix"), &cfg.mixer, &cfg.mixer_config, d, cfg.heads, t)?;
             specs.push(ParamSpec::vector(format!("{pre}.norm1"), d, 1.0));
+            if cfg.conv > 0 {
+                // The standard deviation of PyTorch's default `Conv1d` initialisation
+                // (uniform in ±1/√K); the bias starts at zero.
+                specs.push(ParamSpec {
+                    name: format!("{pre}.conv.w"),
+                    shape: vec![cfg.conv, d],
+                    init: Init::Normal(1.0 / (3.0 * cfg.conv as f64).sqrt()),
+                    decay: true,
+                });
+                specs.push(ParamSpec::vector(format!("{pre}.conv.b"), d, 0.0));
+            }
             specs.extend(layer.param_specs(cfg.layers));
             specs.push(ParamSpec::vector(format!("{pre}.norm2"), d, 1.0));
             specs.push(ParamSpec::matrix(format!("{pre}.mlp.w1"), d, f, 1.0));
@@ -203,7 +220,15 @@ impl Model {
         for (i, layer) in self.layers.iter().enumerate() {
             let pre = format!("blocks.{i}");
             let (n1, r1) = nn::rmsnorm(h.view(), &vec1(p, &format!("{pre}.norm1"))?);
-            let (m, mix) = layer.forward(p, &n1, n)?;
+            let (m, mix, n1) = if self.cfg.conv > 0 {
+                let w = mat(p, &format!("{pre}.conv.w"))?;
+                let u = nn::causal_conv(n1.view(), w, &vec1(p, &format!("{pre}.conv.b"))?, self.cfg.seq_len);
+                let (m, mix) = layer.forward(p, &u, n)?;
+                (m, mix, Some(n1))
+            } else {
+                let (m, mix) = layer.forward(p, &n1, n)?;
+                (m, mix, None)
+            };
             let h_mid = &h + &m;
             let (n2, r2) = nn::rmsnorm(h_mid.view(), &vec1(p, &format!("{pre}.norm2"))?);
             let mut a1 = nn::linear(n2.view(), mat(p, &format!("{pre}.mlp.w1"))?);
@@ -212,7 +237,7 @@ impl Model {
             let mut o = nn::linear(z1.view(), mat(p, &format!("{pre}.mlp.w2"))?);
             nn::add_bias(&mut o, &vec1(p, &format!("{pre}.mlp.b2"))?);
             let h_out = &h_mid + &o;
-            caches.push(BlockCache { h_in: h, r1, mix, h_mid, n2, r2, a1, z1 });
+            caches.push(BlockCache { h_in: h, r1, n1, mix, h_mid, n2, r2, a1, z1 });
             h = h_out;
         }
         let (nf, rf) = nn::rmsnorm(h.view(), &vec1(p, "norm_f")?);
@@ -268,7 +293,14 @@ impl Model {
             acc1(&mut grads, &g2, dg2);
             dh += &dmid;
             // Mixer branch.
-            let dn1 = layer.backward(p, c.mix, &dh, &mut grads)?;
+            let mut dn1 = layer.backward(p, c.mix, &dh, &mut grads)?;
+            if let Some(n1) = &c.n1 {
+                let w = format!("{pre}.conv.w");
+                let (du, dw, db) = nn::causal_conv_back(n1.view(), mat(p, &w)?, dn1.view(), self.cfg.seq_len);
+                acc2(&mut grads, &w, dw);
+                acc1(&mut grads, &format!("{pre}.conv.b"), db);
+                dn1 = du;
+            }
             let g1 = format!("{pre}.norm1");
             let (dx, dg1) = nn::rmsnorm_back(c.h_in.view(), &vec1(p, &g1)?, &c.r1, dn1.view());
             acc1(&mut grads, &g1, dg1);
@@ -315,6 +347,7 @@ mod tests {
             heads: 2,
             mlp_mult: 2,
             pos_emb: true,
+            conv: 0,
         }
     }
 
@@ -322,7 +355,12 @@ mod tests {
     /// `⟨grad, dir⟩`: checks the whole backward (embedding, norms, MLP, head, the layer's
     /// coefficient maps and the mixer's gradients) at once.
     fn check_model(mixer: &str, mixer_config: Value) {
-        let mut m = Model::new(cfg(mixer, mixer_config), 3).unwrap();
+        check_model_config(cfg(mixer, mixer_config));
+    }
+
+    fn check_model_config(c: ModelConfig) {
+        let mixer = c.mixer.clone();
+        let mut m = Model::new(c, 3).unwrap();
         let (n, t) = (2, m.cfg.seq_len);
         let tokens: Vec<usize> = (0..n * t).map(|i| (i * 5 + 3) % 7).collect();
         let targets: Vec<Option<usize>> = (0..n * t).map(|i| (i % 3 != 0).then_some((i * 3) % 7)).collect();
@@ -369,6 +407,24 @@ mod tests {
     #[test]
     fn toeplitz_model_gradient() {
         check_model("toeplitz", serde_json::json!({}));
+    }
+    #[test]
+    fn models_with_a_short_convolution() {
+        for (mixer, c) in [("attention", "{}"), ("mamba2", "{}"), ("glr", r#"{"pattern": "pow2"}"#)] {
+            check_model_config(ModelConfig { conv: 3, ..cfg(mixer, serde_json::from_str(c).unwrap()) });
+        }
+        // Causal: a token changes no logit before it, in its sequence or the other.
+        let m = Model::new(ModelConfig { conv: 4, ..cfg("attention", serde_json::json!({})) }, 1).unwrap();
+        let t = m.cfg.seq_len;
+        let tokens: Vec<usize> = (0..2 * t).map(|i| (i * 5 + 3) % 7).collect();
+        let base = m.logits(&tokens, 2).unwrap();
+        let mut changed = tokens.clone();
+        changed[t + 4] = (changed[t + 4] + 1) % 7;
+        let moved = m.logits(&changed, 2).unwrap();
+        for r in 0..2 * t {
+            let same = base.row(r) == moved.row(r);
+            assert_eq!(same, r < t + 4, "row {r}");
+        }
     }
 
     #[test]

@@ -173,6 +173,42 @@ pub fn cross_entropy(logits: ArrayView2<f64>, targets: &[Option<usize>]) -> Cros
     CrossEntropy { loss: if n == 0 { 0.0 } else { loss / n as f64 }, dlogits, correct }
 }
 
+/// Short causal depthwise convolution over the rows `[N·T, D]` of `n` sequences of `t` rows:
+/// `y[r, c] = b[c] + Σ_j w[j, c] · x[r − (K−1−j), c]` over the taps `j` whose row lies in the
+/// same sequence (`K` = rows of `w [K, D]`; `w[K−1]` weighs the row itself, as PyTorch's
+/// `Conv1d(D, D, K, groups=D, padding=K−1)` truncated to the first `T` outputs).
+pub fn causal_conv(x: ArrayView2<f64>, w: ArrayView2<f64>, b: &Array1<f64>, t: usize) -> Array2<f64> {
+    let k = w.nrows();
+    let mut y = Array2::zeros(x.raw_dim());
+    for (r, mut row) in y.outer_iter_mut().enumerate() {
+        row.assign(b);
+        for j in (0..k).filter(|&j| k - 1 - j <= r % t.max(1)) {
+            row.scaled_add(1.0, &(&w.row(j) * &x.row(r - (k - 1 - j))));
+        }
+    }
+    y
+}
+
+/// The backward of [`causal_conv`]: from `dy`, the gradients of `x`, `w` and `b`.
+pub fn causal_conv_back(
+    x: ArrayView2<f64>,
+    w: ArrayView2<f64>,
+    dy: ArrayView2<f64>,
+    t: usize,
+) -> (Array2<f64>, Array2<f64>, Array1<f64>) {
+    let k = w.nrows();
+    let mut dx = Array2::zeros(x.raw_dim());
+    let mut dw = Array2::zeros(w.raw_dim());
+    for (r, g) in dy.outer_iter().enumerate() {
+        for j in (0..k).filter(|&j| k - 1 - j <= r % t.max(1)) {
+            let src = r - (k - 1 - j);
+            dx.row_mut(src).scaled_add(1.0, &(&w.row(j) * &g));
+            dw.row_mut(j).scaled_add(1.0, &(&x.row(src) * &g));
+        }
+    }
+    (dx, dw, bias_back(dy))
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -198,6 +234,35 @@ pub(crate) mod tests {
     }
 
     const TOL: f64 = 1e-6;
+
+    #[test]
+    fn causal_conv_is_causal_per_sequence_and_matches_finite_differences() {
+        let mut rng = StdRng::seed_from_u64(4);
+        let (n, t, d, k) = (3, 5, 4, 3);
+        let (x, w, c) = (rand2(&mut rng, n * t, d), rand2(&mut rng, k, d), rand2(&mut rng, n * t, d));
+        let b = Array1::from_vec(vec![0.1, -0.2, 0.3, 0.05]);
+        // By hand: row 1 of sequence 2 sees its own row (w[2]) and the row before (w[1]), not
+        // the last row of sequence 1.
+        let y = causal_conv(x.view(), w.view(), &b, t);
+        let r = 2 * t + 1;
+        for ch in 0..d {
+            let want = b[ch] + w[[2, ch]] * x[[r, ch]] + w[[1, ch]] * x[[r - 1, ch]];
+            assert!((y[[r, ch]] - want).abs() < 1e-12);
+            assert!((y[[2 * t, ch]] - (b[ch] + w[[2, ch]] * x[[2 * t, ch]])).abs() < 1e-12);
+        }
+        let loss = |x: &Array2<f64>, w: &Array2<f64>, b: &Array1<f64>| {
+            (causal_conv(x.view(), w.view(), b, t) * &c).sum()
+        };
+        let (dx, dw, db) = causal_conv_back(x.view(), w.view(), c.view(), t);
+        let dir = rand2(&mut rng, n * t, d);
+        assert!(fd_check(&|x| loss(x, &w, &b), &x, &dx, &dir) < TOL);
+        let dir = rand2(&mut rng, k, d);
+        assert!(fd_check(&|w| loss(&x, w, &b), &w, &dw, &dir) < TOL);
+        let db2 = Array2::from_shape_vec((1, d), db.to_vec()).unwrap();
+        let b2 = Array2::from_shape_vec((1, d), b.to_vec()).unwrap();
+        let dir = rand2(&mut rng, 1, d);
+        assert!(fd_check(&|b| loss(&x, &w, &b.row(0).to_owned()), &b2, &db2, &dir) < TOL);
+    }
 
     #[test]
     fn linear_and_bias_match_finite_differences() {
