@@ -184,10 +184,12 @@ fn run<F: Real>(g: &Glr, inputs: &Tensors<F>, dy: &ArrayD<F>, seqs: &Seqs) -> Re
             tasks.push((i, BlockOut { c0: j * w, dx, dalpha, dbeta }));
         }
     }
+    let parts: Vec<(Views<'_, F>, Slots)> =
+        seqs.iter().map(|s| (seq_views(&v, s), g.slots(s.1.len()))).collect();
     tasks.into_par_iter().for_each(|(i, out)| {
         let (b, r) = &seqs[i];
         let g0 = (b * tn + r.start) * cn;
-        block_vjp(&seq_views(&v, &seqs[i]), &g.slots(r.len()), &gy[g0..g0 + r.len() * cn], out)
+        block_vjp(&parts[i].0, &parts[i].1, &gy[g0..g0 + r.len() * cn], out)
     });
     let mut out = Tensors::new();
     out.insert(grad_name("x"), dx.into_dyn());
