@@ -316,6 +316,7 @@ fn cli_errors_are_one_line() {
         (vec!["bench", "--packed", "4", "--batch", "2", "--seq", "16"], "B = 1"),
         (vec!["bench", "--packed", "40", "--mixer", "mamba2", "--seq", "16"], "1..=T = 16, given 40"),
         (vec!["bench", "--packed", "4", "--backward", "--seq", "16"], "--backward"),
+        (vec!["bench", "--states", "--seq", "16"], "--packed"),
     ] {
         let (code, err) = mixers_cli(&args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -455,5 +456,35 @@ fn packed_batches_are_timed_against_one_sequence() {
                 assert!((packed / one - ratio).abs() <= slack * 1.01, "{row}");
             }
         }
+    }
+}
+
+/// `bench --packed --states`: the runs start from states (a line says so) and every mixer with a
+/// state gets its rows.
+#[test]
+fn packed_batches_from_states_are_timed() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let out = Command::new(env!("CARGO_BIN_EXE_mixers"))
+        .args([
+            "bench",
+            "--packed",
+            "3",
+            "--states",
+            "--mixer",
+            "mamba2",
+            "loglinear-mamba2",
+            "--backend",
+            "cpu",
+        ])
+        .args(["--seq", "70", "--reps", "1"])
+        .output()
+        .expect("the mixers binary runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("from random initial states"), "{text}");
+    for mixer in ["mamba2", "loglinear-mamba2"] {
+        let row = text.lines().find(|l| l.split('|').nth(1).map(str::trim) == Some(mixer));
+        let row = row.unwrap_or_else(|| panic!("no row for {mixer} in\n{text}"));
+        assert!(!row.contains("FAIL") && row.matches('|').count() == 11, "{row}");
     }
 }

@@ -74,6 +74,10 @@ pub struct Args {
     /// length T, forward and backward of the fast forms, and their ratio (default lengths 4k, 16k).
     #[arg(long, value_delimiter = ',', conflicts_with = "backward")]
     packed: Vec<usize>,
+    /// With --packed: every run starts from random initial states and returns its final states,
+    /// and the backwards take their cotangents.
+    #[arg(long, requires = "packed")]
+    states: bool,
 }
 
 impl Args {
@@ -147,7 +151,7 @@ pub(crate) fn run(a: Args) -> Result<i32> {
         if a.seq == "1k..64k" {
             opts.seqs = super::packed::DEFAULT_SEQS.to_vec();
         }
-        return super::packed::run(&opts, &a.packed);
+        return super::packed::run(&opts, &a.packed, a.states);
     }
     let (report, files) = bench_to(&opts, &a.out)?;
     print!("{}", render_markdown(&report));

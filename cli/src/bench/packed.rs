@@ -5,14 +5,17 @@
 //! row once as one sequence and once as the packed batch ([`mixer_registry::call::forward`],
 //! the entry point of the command line and the Python package), in `--precision`'s mode; where
 //! the backend has a fast backward, both backwards run too (exact mode: the packed backward
-//! takes no other) from one standard-normal cotangent. Median of `reps` timed runs after one
+//! takes no other) from one standard-normal cotangent. With `--states` both runs start from random
+//! initial states (`Mixer::random_state`, one row per sequence for the batch), return their final
+//! states, and the backwards take random cotangents of those: the path of chunked prefill and of
+//! truncated backpropagation through time. Median of `reps` timed runs after one
 //! untimed run, wall time of the host-array calls (validation included; on a device backend,
 //! the copies to and from the device too).
 
-use mixer_core::mixer::Mixer;
+use mixer_core::mixer::{Mixer, complete_dims};
 use mixer_core::spec::{Gen, draw};
 use mixer_core::tensor::cast_tensors;
-use mixer_core::{DType, Error, Form, Precision, Requires, Result, Tensors};
+use mixer_core::{DType, Dims, Error, Form, Precision, Requires, Result, Tensors};
 use mixer_registry::Backend;
 use mixer_registry::backward::backward_forms;
 use mixer_registry::call::{Target, backward, forward};
@@ -45,34 +48,58 @@ struct Times {
     backward: Option<(f64, f64)>,
 }
 
+/// With `--states`: the initial states and the final states' cotangents of the one sequence
+/// (`B = 1`) and of the packed batch (one row per sequence).
+struct States<F> {
+    one: (Tensors<F>, Tensors<F>),
+    rows: (Tensors<F>, Tensors<F>),
+}
+
+impl<F: Scalar> States<F> {
+    /// Random states (`Mixer::random_state`) for `n` sequences of the sizes `dims` (`B = 1`).
+    fn draw(m: &dyn Mixer, dims: &Dims, n: usize, seed: u64) -> Result<Self> {
+        let mut rows = dims.clone();
+        rows.insert("B", n);
+        let pair = |d: &Dims, s: u64| -> Result<(Tensors<F>, Tensors<F>)> {
+            Ok((cast_tensors::<F>(&m.random_state(d, s)?), cast_tensors::<F>(&m.random_state(d, s + 1)?)))
+        };
+        Ok(States { one: pair(dims, seed)?, rows: pair(&rows, seed + 2)? })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn measure<F: Scalar>(
     m: &dyn Mixer,
     b: &Backend,
     x: &Tensors<F>,
     dy: &ArrayD<F>,
     cu: &[usize],
+    states: Option<&States<F>>,
     with_backward: bool,
     opts: &Options,
 ) -> Result<Times> {
     let (reps, budget) = (opts.reps, opts.max_seconds);
     let at = Target::new(m, b, Form::Fast);
+    let (one, rows) = (states.map(|s| &s.one), states.map(|s| &s.rows));
     let mut err = None;
-    let mut fwd = |t: Target<'_>, p: Precision| {
-        time(1, reps, budget, || forward(t, x, None, false, p).map_err(|e| err = Some(e))).median
+    let mut fwd = |t: Target<'_>, s: Option<&(Tensors<F>, Tensors<F>)>, p: Precision| {
+        let s0 = s.map(|s| &s.0);
+        time(1, reps, budget, || forward(t, x, s0, s0.is_some(), p).map_err(|e| err = Some(e))).median
     };
-    let one = fwd(at, opts.precision);
-    let packed = fwd(at.packed(Some(cu)), opts.precision);
+    let t_one = fwd(at, one, opts.precision);
+    let t_packed = fwd(at.packed(Some(cu)), rows, opts.precision);
     if let Some(e) = err.take() {
         return Err(e);
     }
     let backward = if with_backward {
-        let mut bwd = |t: Target<'_>| {
+        let mut bwd = |t: Target<'_>, s: Option<&(Tensors<F>, Tensors<F>)>| {
+            let (s0, df) = (s.map(|s| &s.0), s.map(|s| &s.1));
             time(1, reps, budget, || {
-                backward(t, x, None, dy, None, &Requires::All, Precision::Exact).map_err(|e| err = Some(e))
+                backward(t, x, s0, dy, df, &Requires::All, Precision::Exact).map_err(|e| err = Some(e))
             })
             .median
         };
-        let pair = (bwd(at), bwd(at.packed(Some(cu))));
+        let pair = (bwd(at, one), bwd(at.packed(Some(cu)), rows));
         if let Some(e) = err {
             return Err(e);
         }
@@ -80,14 +107,14 @@ fn measure<F: Scalar>(
     } else {
         None
     };
-    Ok(Times { one, packed, backward })
+    Ok(Times { one: t_one, packed: t_packed, backward })
 }
 
 /// Lengths measured when `--seq` is left at its default.
 pub const DEFAULT_SEQS: [usize; 2] = [4096, 16384];
 
 /// Runs the measurement and prints one table; exit code 1 when a run failed.
-pub(crate) fn run(opts: &Options, counts: &[usize]) -> Result<i32> {
+pub(crate) fn run(opts: &Options, counts: &[usize], with_states: bool) -> Result<i32> {
     super::check_options(opts)?;
     if opts.batch != 1 {
         return Err(Error::Io(format!(
@@ -111,14 +138,24 @@ pub(crate) fn run(opts: &Options, counts: &[usize]) -> Result<i32> {
                 let x = m.random_inputs(&sizes(opts, seq).dims(), opts.seed)?;
                 let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0xb4c);
                 let dy = draw(Gen::Normal(1.0), x[m.spec().mixed].shape(), &mut rng);
+                let dims = complete_dims(m.as_ref(), &sizes(opts, seq).dims());
                 for &n in counts {
                     let cu = random_offsets(seq, n, opts.seed)?;
+                    let seed = opts.seed ^ 0x57a7;
                     let r = match opts.dtype {
-                        DType::F64 => measure(m.as_ref(), b, &x, &dy, &cu, with_backward, opts),
+                        DType::F64 => {
+                            let s = with_states.then(|| States::draw(m.as_ref(), &dims, n, seed)).transpose();
+                            s.and_then(|s| {
+                                measure(m.as_ref(), b, &x, &dy, &cu, s.as_ref(), with_backward, opts)
+                            })
+                        }
                         DType::F32 => {
                             let x = cast_tensors::<f32>(&x);
                             let dy = dy.mapv(|v| v as f32);
-                            measure(m.as_ref(), b, &x, &dy, &cu, with_backward, opts)
+                            let s = with_states.then(|| States::draw(m.as_ref(), &dims, n, seed)).transpose();
+                            s.and_then(|s| {
+                                measure(m.as_ref(), b, &x, &dy, &cu, s.as_ref(), with_backward, opts)
+                            })
                         }
                     };
                     let mut row = vec![lab.clone(), b.name().into(), seq.to_string(), n.to_string()];
@@ -151,12 +188,17 @@ pub(crate) fn run(opts: &Options, counts: &[usize]) -> Result<i32> {
     }
     println!(
         "packed batch of N sequences of random lengths vs one sequence of the same total length T, fast forms, \
-         {} {} (backward exact) H={} D={}; wall time of the host-array calls (validation included; on a device \
+         {} {} (backward exact) H={} D={}{}; wall time of the host-array calls (validation included; on a device \
          backend the copies too)\n",
         opts.dtype.name(),
         opts.precision,
         opts.heads,
-        opts.dim
+        opts.dim,
+        if with_states {
+            ", from random initial states with the final states and their cotangents"
+        } else {
+            ""
+        }
     );
     let head = [
         "mixer",
