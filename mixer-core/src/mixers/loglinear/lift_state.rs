@@ -24,7 +24,7 @@
 //! merge for token `t + 1` adds levels `0 … m` (`m = ctz(t + 1)`) into level `m + 1`. Its
 //! reverse mode is [`vjp_tokens`].
 
-use ndarray::{ArrayD, IxDyn};
+use ndarray::{ArrayD, Axis, IxDyn, Slice};
 
 use super::{Base, LogLinear, STATE};
 use crate::error::{Error, Result, fmt_shape};
@@ -98,9 +98,13 @@ pub fn positions<F: Real>(state: &Tensors<F>, t_len: usize) -> Result<Vec<usize>
 /// `pos` (bit `i` of the row's position clear). The initial state's gradient lives in the same
 /// subspace as the state: those slots are not free (a state with entries there is refused).
 pub fn project<F: Real>(s: &mut ArrayD<F>, pos: &[usize]) {
-    for (ix, x) in s.indexed_iter_mut() {
-        if (pos[ix[0]] >> ix[2]) & 1 == 0 {
-            *x = F::zero();
+    for (mut row, &p) in s.outer_iter_mut().zip(pos) {
+        for mut head in row.outer_iter_mut() {
+            for (i, mut slot) in head.outer_iter_mut().enumerate() {
+                if (p >> i) & 1 == 0 {
+                    slot.fill(F::zero());
+                }
+            }
         }
     }
 }
@@ -162,31 +166,31 @@ pub struct TokenGrads<F> {
 /// The levels of one head of a state `S [B, H, L, Dv, Dk]` (level 0 empty, level `i + 1` from
 /// slot `i`).
 pub fn load<F: Real>(s: &ArrayD<F>, b: usize, h: usize) -> Levels<F> {
-    let (nl, dv, dk) = (s.shape()[2], s.shape()[3], s.shape()[4]);
-    let mut levels = vec![vec![F::zero(); dv * dk]; nl + 1];
-    for i in 0..nl {
-        for r in 0..dv {
-            for c in 0..dk {
-                levels[i + 1][r * dk + c] = s[[b, h, i, r, c]];
-            }
-        }
-    }
-    levels
+    let (dv, dk) = (s.shape()[3], s.shape()[4]);
+    let head = s.index_axis(Axis(0), b);
+    let head = head.index_axis(Axis(0), h);
+    // Level `i + 1` is slot `i`, row-major `Dv × Dk`.
+    std::iter::once(vec![F::zero(); dv * dk])
+        .chain(head.outer_iter().map(|slot| slot.iter().copied().collect()))
+        .collect()
 }
 
 /// Writes the levels `1 …` of one head into slots `0 …` of `S [B, H, L, Dv, Dk]`; an error
 /// when level 0 or a level beyond the slots holds a state.
 pub fn store<F: Real>(s: &mut ArrayD<F>, b: usize, h: usize, levels: &Levels<F>) -> Result<()> {
-    let (nl, dv, dk) = (s.shape()[2], s.shape()[3], s.shape()[4]);
+    let nl = s.shape()[2];
     for (l, st) in levels.iter().enumerate() {
         let slot = l.checked_sub(1).filter(|&i| i < nl);
         match slot {
             Some(i) => {
-                for r in 0..dv {
-                    for c in 0..dk {
-                        s[[b, h, i, r, c]] = st[r * dk + c];
-                    }
-                }
+                let mut dst = s.slice_each_axis_mut(|ax| match ax.axis.index() {
+                    0 => Slice::from(b..b + 1),
+                    1 => Slice::from(h..h + 1),
+                    2 => Slice::from(i..i + 1),
+                    _ => Slice::from(..),
+                });
+                // One slot, `Dv × Dk` in standard order.
+                dst.iter_mut().zip(st.iter()).for_each(|(d, &x)| *d = x);
             }
             None if st.iter().any(|&x| x != F::zero()) => {
                 return Err(Error::Numerical(format!(
@@ -200,8 +204,25 @@ pub fn store<F: Real>(s: &mut ArrayD<F>, b: usize, h: usize, levels: &Levels<F>)
     Ok(())
 }
 
+/// `Σ_c a[c] b[c]` in eight running sums added in a fixed order (the compiler vectorises
+/// them; a single running sum is bound by the latency of each addition).
+fn dot<F: Real>(a: &[F], b: &[F]) -> F {
+    let mut acc = [F::zero(); 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail = ca.remainder().iter().zip(cb.remainder()).fold(F::zero(), |s, (&x, &y)| s + x * y);
+    for (x, y) in ca.zip(cb) {
+        let (x, y): (&[F; 8], &[F; 8]) =
+            (x.try_into().expect("a chunk of 8"), y.try_into().expect("a chunk of 8"));
+        for j in 0..8 {
+            acc[j] += x[j] * y[j];
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `S k` row by row (`S` is `Dv × Dk` row-major).
 fn gdn_rows<F: Real>(st: &[F], k: &[F], dv: usize, dk: usize) -> Vec<F> {
-    (0..dv).map(|r| (0..dk).map(|c| st[r * dk + c] * k[c]).fold(F::zero(), |a, x| a + x)).collect()
+    (0..dv).map(|r| dot(&st[r * dk..(r + 1) * dk], k)).collect()
 }
 
 /// The transition of one token on one level: Mamba-2 `S ← e^g S`, gated DeltaNet
@@ -285,7 +306,7 @@ pub fn run_tokens<F: Real>(
             }
             let w = scale * x.lam[i * nl + l];
             for r in 0..dv {
-                yt[r] += w * (0..dk).map(|c| st[r * dk + c] * q[c]).fold(F::zero(), |a, b| a + b);
+                yt[r] += w * dot(&st[r * dk..(r + 1) * dk], q);
             }
         }
         merge(levels, pos + i + 1);
@@ -356,7 +377,7 @@ pub fn vjp_tokens<F: Real>(
             let w = scale * x.lam[i * nl + l];
             let mut dl = z;
             for r in 0..dv {
-                let sq = (0..dk).map(|c| st[r * dk + c] * q[c]).fold(z, |a, b| a + b);
+                let sq = dot(&st[r * dk..(r + 1) * dk], q);
                 dl += gy[r] * sq;
                 for c in 0..dk {
                     dz[l][r * dk + c] += w * gy[r] * q[c];
