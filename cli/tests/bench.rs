@@ -300,6 +300,14 @@ fn bad_options_are_errors() {
     assert!(bench::bench(&o).is_err());
 }
 
+/// The standard output of a `mixers` run that must succeed.
+fn mixers_stdout(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_mixers")).args(args).output().expect("the mixers binary runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
 fn mixers_cli(args: &[&str]) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_mixers")).args(args).output().expect("the mixers binary runs");
     (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned())
@@ -417,25 +425,20 @@ fn ratios_compare_forms_and_backends_at_equal_t() {
 #[test]
 fn packed_batches_are_timed_against_one_sequence() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let out = Command::new(env!("CARGO_BIN_EXE_mixers"))
-        .args([
-            "bench",
-            "--packed",
-            "1,5",
-            "--mixer",
-            "mamba2",
-            "glr",
-            "--backend",
-            "cpu",
-            "--seq",
-            "37",
-            "--reps",
-            "1",
-        ])
-        .output()
-        .expect("the mixers binary runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let text = mixers_stdout(&[
+        "bench",
+        "--packed",
+        "1,5",
+        "--mixer",
+        "mamba2",
+        "glr",
+        "--backend",
+        "cpu",
+        "--seq",
+        "37",
+        "--reps",
+        "1",
+    ]);
     for mixer in ["mamba2", "glr"] {
         for n in ["1", "5"] {
             let row = text
@@ -464,23 +467,21 @@ fn packed_batches_are_timed_against_one_sequence() {
 #[test]
 fn packed_batches_from_states_are_timed() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let out = Command::new(env!("CARGO_BIN_EXE_mixers"))
-        .args([
-            "bench",
-            "--packed",
-            "3",
-            "--states",
-            "--mixer",
-            "mamba2",
-            "loglinear-mamba2",
-            "--backend",
-            "cpu",
-        ])
-        .args(["--seq", "70", "--reps", "1"])
-        .output()
-        .expect("the mixers binary runs");
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let text = mixers_stdout(&[
+        "bench",
+        "--packed",
+        "3",
+        "--states",
+        "--mixer",
+        "mamba2",
+        "loglinear-mamba2",
+        "--backend",
+        "cpu",
+        "--seq",
+        "70",
+        "--reps",
+        "1",
+    ]);
     assert!(text.contains("from random initial states"), "{text}");
     for mixer in ["mamba2", "loglinear-mamba2"] {
         let row = text.lines().find(|l| l.split('|').nth(1).map(str::trim) == Some(mixer));

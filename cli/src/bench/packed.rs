@@ -74,10 +74,12 @@ fn measure<F: Scalar>(
     x: &Tensors<F>,
     dy: &ArrayD<F>,
     cu: &[usize],
-    states: Option<&States<F>>,
+    states: Option<(&Dims, u64)>,
     with_backward: bool,
     opts: &Options,
 ) -> Result<Times> {
+    let states = states.map(|(dims, seed)| States::<F>::draw(m, dims, cu.len() - 1, seed)).transpose()?;
+    let states = states.as_ref();
     let (reps, budget) = (opts.reps, opts.max_seconds);
     let at = Target::new(m, b, Form::Fast);
     let (one, rows) = (states.map(|s| &s.one), states.map(|s| &s.rows));
@@ -141,21 +143,12 @@ pub(crate) fn run(opts: &Options, counts: &[usize], with_states: bool) -> Result
                 let dims = complete_dims(m.as_ref(), &sizes(opts, seq).dims());
                 for &n in counts {
                     let cu = random_offsets(seq, n, opts.seed)?;
-                    let seed = opts.seed ^ 0x57a7;
+                    let states = with_states.then_some((&dims, opts.seed ^ 0x57a7));
                     let r = match opts.dtype {
-                        DType::F64 => {
-                            let s = with_states.then(|| States::draw(m.as_ref(), &dims, n, seed)).transpose();
-                            s.and_then(|s| {
-                                measure(m.as_ref(), b, &x, &dy, &cu, s.as_ref(), with_backward, opts)
-                            })
-                        }
+                        DType::F64 => measure(m.as_ref(), b, &x, &dy, &cu, states, with_backward, opts),
                         DType::F32 => {
-                            let x = cast_tensors::<f32>(&x);
-                            let dy = dy.mapv(|v| v as f32);
-                            let s = with_states.then(|| States::draw(m.as_ref(), &dims, n, seed)).transpose();
-                            s.and_then(|s| {
-                                measure(m.as_ref(), b, &x, &dy, &cu, s.as_ref(), with_backward, opts)
-                            })
+                            let (x, dy) = (cast_tensors::<f32>(&x), dy.mapv(|v| v as f32));
+                            measure(m.as_ref(), b, &x, &dy, &cu, states, with_backward, opts)
                         }
                     };
                     let mut row = vec![lab.clone(), b.name().into(), seq.to_string(), n.to_string()];
