@@ -5,8 +5,11 @@
 //! A run of `T` tokens from position `a` splits at the chunk boundaries `p = min(a + T, ⌈a/C⌉C)`
 //! and `q = max(p, ⌊(a + T)/C⌋C)`:
 //! - **head** `[a, p)` (the rest of a chunk, `< C` tokens) and **tail** `[q, a + T)` (`< C`
-//!   tokens): the literal recurrence ([`run_tokens`], `O(L · D_k D_v)` per token, as the
-//!   chunked form's reads);
+//!   tokens): each one partial chunk ([`partial`]) from the merged-ahead token levels at its
+//!   start, at the chunked form's cost per token: the chunk's pieces, its intra output with the
+//!   levels of the tokens' absolute positions, the read of every held level `ℓ` with
+//!   `λ^(max(ℓ, bitlen(t ⊕ start)))`, and the merged-ahead levels at its end formed directly
+//!   (held levels transitioned and merged, the run's tokens added by their buckets);
 //! - **middle** `[p, q)`, whole chunks: the chunked sweep of §2.6 ([`super::chunked`]) from
 //!   chunk-level states. At a chunk boundary `p` the merged-ahead token levels `1 … c` are empty
 //!   (bits `0 … c − 1` of `p` are 0), and token level `c + e` is chunk level `e` after the
@@ -14,16 +17,18 @@
 //!   at `q` its states after the last chunk take the merge for chunk `q/C` and become token
 //!   levels `c + e` again.
 //!
-//! The backward runs the three parts in reverse: the tail's reverse mode ([`vjp_tokens`]), the
-//! adjoint of the merge at `q`, the chunked backward ([`super::backward_chunked`]) from those
-//! adjoints, and the head's reverse mode, whose adjoint of the initial levels is the initial
-//! state's gradient.
+//! The backward runs the three parts in reverse: the tail's reverse mode (the literal
+//! recurrence's, [`vjp_tokens`]; only with a cotangent of the final levels, otherwise the
+//! chunked backward takes the tail as its partial last chunk), the adjoint of the merge at `q`,
+//! the chunked backward ([`super::backward_chunked`]) from those adjoints, and the head's
+//! reverse mode ([`vjp_tokens`]), whose adjoint of the initial levels is the initial state's
+//! gradient.
 
 use faer::{Accum, Mat, MatRef};
 use mixer_core::fenwick::{bitlen, merge_level, merge_states};
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::mixers::loglinear::lift_state::{
-    Levels, TokenGrads, TokenRows, load, positions_each, run_tokens, vjp_tokens,
+    Levels, TokenGrads, TokenRows, load, positions_each, vjp_tokens,
 };
 use mixer_core::mixers::loglinear::state::STATE;
 use mixer_core::tensor::get;
@@ -317,11 +322,9 @@ pub(crate) fn head_vjp<F: VecMath>(
     let q = if d_levels.iter().all(|l| l.iter().all(|&x| x == F::zero())) { t_len } else { q };
     let mut out = HeadGrads::zeros(t_len, dk, dv, nl);
     let dy_rows = |r: std::ops::Range<usize>| flat(dy.subrows(r.start, r.len()));
-    // Forward to the boundaries: the levels at p (head) and at q (middle).
+    // Forward to the boundaries: the levels at p (head, as a partial chunk) and at q (middle).
     let head = owned(&rows(hd, 0..p));
-    let mut at_p = initial.clone();
-    let mut scratch = vec![F::zero(); p * dv];
-    run_tokens(m, &head.tokens(), pos, &mut at_p, &mut scratch, None)?;
+    let at_p = partial(m, hd, pos, 0..p, initial.clone(), Mat::<F>::zeros(p, dv).as_mut())?;
     let c0 = (pos + p) / m.chunk;
     let mid = rows(hd, p..q);
     let h0 = to_chunk_levels(&at_p, cbits, dk, dv);
@@ -379,6 +382,7 @@ mod tests {
     use super::*;
     use mixer_core::Dims;
     use mixer_core::mixer::{Mixer, complete_dims};
+    use mixer_core::mixers::loglinear::lift_state::run_tokens;
     use mixer_core::mixers::loglinear::{Base, LambdaScheme, LevelMask, Lift};
 
     fn lift(base: Base, chunk: usize) -> LogLinear {
