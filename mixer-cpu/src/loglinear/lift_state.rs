@@ -25,7 +25,7 @@
 //! gradient.
 
 use faer::{Accum, Mat, MatRef};
-use mixer_core::fenwick::{bitlen, merge_level, merge_states};
+use mixer_core::fenwick::{bitlen, bucket, merge_level, merge_states};
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::mixers::loglinear::lift_state::{
     Levels, TokenGrads, TokenRows, load, positions_each, vjp_tokens,
@@ -256,12 +256,8 @@ fn partial<F: VecMath>(
     let bv = Mat::<F>::from_fn(n, dv, |s, d| hd.beta[i0 + s] * hd.v[(i0 + s, d)]);
     let mut hb = Mat::<F>::zeros(dk, dv);
     for l in 1..=h {
-        let half = 1usize << (l - 1);
-        if end & half == 0 {
-            continue;
-        }
-        let lo = end >> l << l;
-        let (s0, s1) = (lo.max(a), (lo + half).min(end));
+        let Some(b) = bucket(end, l) else { continue };
+        let (s0, s1) = (b.start.max(a), b.end.min(end));
         if s0 >= s1 {
             continue;
         }
