@@ -59,11 +59,25 @@ pub fn shapes_of<F>(state: &Tensors<F>) -> StateShapes {
 /// row, after checking that each is a whole number `≥ 0` and that the final position `a + T`
 /// is exact in the scalar type (`2^24` in `f32`, `2^53` in `f64`). Errors name the row.
 pub fn positions<F: Real>(p: &ArrayD<F>, t_len: usize) -> Result<Vec<usize>> {
+    positions_each(p, &vec![t_len; p.len()])
+}
+
+/// [`positions`] with a run of `lens[b]` tokens for row `b` (the sequences of a packed batch,
+/// each from its own row of the state); `lens` has one entry per row.
+pub fn positions_each<F: Real>(p: &ArrayD<F>, lens: &[usize]) -> Result<Vec<usize>> {
     let digits =
         if F::DTYPE == crate::tensor::DType::F32 { f32::MANTISSA_DIGITS } else { f64::MANTISSA_DIGITS };
+    if p.len() != lens.len() {
+        return Err(Error::shape(
+            format!("state.{POSITION}"),
+            format!("[{}]", lens.len()),
+            fmt_shape(p.shape()),
+        ));
+    }
     p.iter()
+        .zip(lens)
         .enumerate()
-        .map(|(b, &x)| {
+        .map(|(b, (&x, &t_len))| {
             let v = x.f64();
             if !(v >= 0.0 && v.fract() == 0.0 && v < 2f64.powi(53)) {
                 return Err(Error::Value {

@@ -14,7 +14,7 @@ use mixer_core::{Error, Requires, Result, Tensors, grad_name};
 use ndarray::{Array4, ArrayD, Axis, IxDyn, Slice};
 use rayon::prelude::*;
 
-use mixer_core::mixers::loglinear::lift_state::{Levels, POSITION, project, store};
+use mixer_core::mixers::loglinear::lift_state::{POSITION, project, store_slots};
 use mixer_core::mixers::loglinear::state::STATE;
 
 use super::backward_chunked::{HeadGrads, head_vjp_from};
@@ -114,28 +114,35 @@ fn run<F: VecMath>(
                 mixer_core::error::fmt_shape(d.shape()),
             ));
         }
-        let per_head: Vec<(HeadGrads<F>, Levels<F>)> = heads
+        // With an initial state, each job writes its initial levels' adjoint straight into its
+        // block of the state's gradient (level 0 has no slot: the state has it empty).
+        let mut ds = ArrayD::<F>::zeros(IxDyn(&[if s0.is_some() { ns } else { 0 }, sz.h, nl, sz.dv, sz.dk]));
+        let blocks: Vec<Option<&mut [F]>> = match s0 {
+            Some(_) => common::head_blocks(&mut ds, &heads, sz.h)?.into_iter().map(Some).collect(),
+            None => heads.iter().map(|_| None).collect(),
+        };
+        let per_head: Vec<HeadGrads<F>> = heads
             .par_iter()
-            .map(|hd| {
+            .zip(blocks)
+            .map(|(hd, dst)| {
                 let levels = lift_state::levels_of(s0, hd.b, hd.h, nl, sz.dk, sz.dv);
                 let d_levels = lift_state::levels_of(df, hd.b, hd.h, nl, sz.dk, sz.dv);
-                lift_state::head_vjp(ll, hd, pos[hd.b], levels, dy_of(hd).as_ref(), d_levels)
+                let (g, mut d0) =
+                    lift_state::head_vjp(ll, hd, pos[hd.b], levels, dy_of(hd).as_ref(), d_levels)?;
+                if let Some(dst) = dst {
+                    d0[0].iter_mut().for_each(|x| *x = F::zero());
+                    d0.truncate(nl + 1);
+                    store_slots(dst, &d0)?;
+                }
+                Ok(g)
             })
             .collect::<Result<_>>()?;
         if s0.is_some() {
-            let mut ds = ArrayD::<F>::zeros(IxDyn(&[ns, sz.h, nl, sz.dv, sz.dk]));
-            for (hd, (_, d0)) in heads.iter().zip(&per_head) {
-                let mut d0 = d0.clone();
-                // Level 0 has no slot: the state has it empty.
-                d0[0].iter_mut().for_each(|x| *x = F::zero());
-                d0.truncate(nl + 1);
-                store(&mut ds, hd.b, hd.h, &d0)?;
-            }
             project(&mut ds, &pos);
             d_state.insert(STATE.to_string(), ds);
             d_state.insert(POSITION.to_string(), ArrayD::zeros(IxDyn(&[ns])));
         }
-        per_head.into_iter().map(|(g, _)| g).collect()
+        per_head
     } else {
         let per_head: Vec<(HeadGrads<F>, Mat<F>)> = heads
             .par_iter()

@@ -314,7 +314,7 @@ fn intra_vjp<F: VecMath>(
     };
     let beta = &hd.beta[i0..i0 + n];
     // A without β (P T⁻¹ or P), and Ā.
-    let pt = ck.wy.as_ref().map(|wy| delta_intra(ck, wy));
+    let pt = ck.wy.as_ref().map(|wy| delta_intra(ck.p.as_ref(), wy));
     let a0 = pt.as_ref().unwrap_or(&ck.p);
     let bs = |s: usize| if pt.is_some() { beta[s] } else { one };
     let mut e = Mat::<F>::zeros(n, n);

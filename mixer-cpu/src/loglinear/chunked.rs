@@ -138,9 +138,9 @@ pub(crate) fn chunk_pieces<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>, i0: usiz
 }
 
 /// `P T⁻¹` (gated DeltaNet): the intra-chunk coefficients are `A = P T⁻¹ diag(β)`.
-pub(crate) fn delta_intra<F: VecMath>(ck: &Chunk<F>, wy: &Wy<F>) -> Mat<F> {
-    let mut a = Mat::<F>::zeros(ck.n, ck.n);
-    mm(a.as_mut(), Accum::Replace, ck.p.as_ref(), wy.tinv.as_ref(), F::one());
+pub(crate) fn delta_intra<F: VecMath>(p: MatRef<'_, F>, wy: &Wy<F>) -> Mat<F> {
+    let mut a = Mat::<F>::zeros(p.nrows(), p.ncols());
+    mm(a.as_mut(), Accum::Replace, p, wy.tinv.as_ref(), F::one());
     a
 }
 
@@ -161,34 +161,32 @@ pub(crate) fn visit_levels(
     Ok(())
 }
 
-/// `a_{r,s} ← λ^(ℓ)_{i0+r} Γ_{r,s} a_{r,s}` for every pair `s ≤ r` of the chunk `[i0, i0 + n)`
-/// (`a` lower triangular, `ℓ = ℓ(i0 + r, i0 + s)`, `lam` the `T × L` weights, `Γ` the chunk's
-/// `n × n` decay when given, else 1); entries above the diagonal are left as they are. An
-/// error when a level is beyond the given λ levels.
+/// `a_{r,s} ← λ^(ℓ)_{i0+r} Γ_{r,s} a_{r,s}` for every pair `s ≤ r` of the rows `[i0, i0 + n)`
+/// of `lam` (`a` lower triangular, `ℓ = ℓ(at + r, at + s)` with `at` the absolute position of
+/// row `i0`, `lam` the `T × L` weights, `Γ` the `n × n` decay when given, else 1); entries above
+/// the diagonal are left as they are. An error when a level is beyond the given λ levels.
 ///
-/// With the Fenwick mask the chunk start is a multiple of the chunk size `2^c ≥ n`, so
-/// `ℓ(i0 + r, i0 + s) = bitlen(r ⊕ s)`: in column `s`, level 0 is the diagonal, and level
-/// `l ≥ 1` is present when bit `l − 1` of `s` is clear, as the rows
-/// `⌊s/2^l⌋·2^l + 2^(l−1) ≤ r < ⌊s/2^l⌋·2^l + 2^l`, so each column is scaled by at most
-/// `bitlen(n − 1) + 1` contiguous runs of λ's columns (read once per chunk, level-major). Other
-/// masks go pair by pair through [`visit_levels`].
+/// With the Fenwick mask, `ℓ(at + r, at + s) = bitlen((at + r) ⊕ (at + s))`: in column `s`
+/// (absolute `σ = at + s`), level 0 is the diagonal, and level `l ≥ 1` is present when bit
+/// `l − 1` of `σ` is clear, as the rows whose absolute positions lie in
+/// `⌊σ/2^l⌋·2^l + 2^(l−1) … ⌊σ/2^l⌋·2^l + 2^l − 1` (cut to the `n` rows), so each column is
+/// scaled by at most `bitlen((at + n − 1) ⊕ at) + 1` contiguous runs of λ's columns (read once
+/// per call, level-major). A chunk of the chunked form starts at a multiple of `2^c ≥ n`, where
+/// this is `bitlen(r ⊕ s)`; a lift's head from a state starts anywhere
+/// ([`super::lift_state`]). Other masks go pair by pair through [`visit_levels`].
 pub(crate) fn scale_by_levels<F: VecMath>(
     m: &LogLinear,
     mut a: MatMut<'_, F>,
     lam: MatRef<'_, F>,
     i0: usize,
     n: usize,
+    at: usize,
     gamma: Option<MatRef<'_, F>>,
 ) -> Result<()> {
     let n_levels = lam.ncols();
-    let top = mixer_core::fenwick::bitlen(n.saturating_sub(1));
-    let chunk = m.chunk;
-    if !m.lift.is_some_and(|l| l.mask.is_fenwick())
-        || !i0.is_multiple_of(chunk)
-        || n > chunk
-        || top >= n_levels
-    {
-        return visit_levels(m, i0, n, n_levels, |r, s, l| {
+    let top = mixer_core::fenwick::bitlen((at + n.saturating_sub(1)) ^ at);
+    if !m.lift.is_some_and(|l| l.mask.is_fenwick()) || top >= n_levels {
+        return visit_levels(m, at, n, n_levels, |r, s, l| {
             a[(r, s)] *= lam[(i0 + r, l)] * gamma.map_or(F::one(), |g| g[(r, s)]);
         });
     }
@@ -204,10 +202,15 @@ pub(crate) fn scale_by_levels<F: VecMath>(
         let col = a.as_mut().col_mut(s).try_as_col_major_mut().expect(unit).as_slice_mut();
         let gcol = gamma.map(|g| g.col(s).try_as_col_major().expect(unit).as_slice());
         col[s] *= lt[s] * gcol.map_or(F::one(), |g| g[s]);
+        let sigma = at + s;
         for l in 1..=top {
             let half = 1usize << (l - 1);
-            let lo = (s >> l << l) + half;
-            if s & half != 0 || lo >= n {
+            if sigma & half != 0 {
+                continue;
+            }
+            // The rows after s (bit l − 1 of σ is clear, so the start lies past σ ≥ at).
+            let lo = (sigma >> l << l) + half - at;
+            if lo >= n {
                 continue;
             }
             let rows = lo..(lo + half).min(n);
@@ -274,7 +277,12 @@ pub(crate) fn read_col(cbits: usize, e: usize, n_levels: usize, ci: usize) -> Re
 /// `K̂ᵀ (W Z)` (`2·n·D_k·N`), i.e. when several level states are stacked. With `read`, the
 /// queries are stacked on top of `Φ` so that the same product also gives the read
 /// `Q̃ Z` in rows `0 .. off = n` (one wide product instead of two).
-fn transition<F: VecMath>(ck: &Chunk<F>, base: Base, zcat: &Mat<F>, read: bool) -> (Mat<F>, usize) {
+pub(crate) fn transition<F: VecMath>(
+    ck: &Chunk<F>,
+    base: Base,
+    zcat: &Mat<F>,
+    read: bool,
+) -> (Mat<F>, usize) {
     let total = if base.has_decay() { ck.total } else { F::one() };
     let Some(wy) = &ck.wy else {
         return (zcat * faer::Scale(total), 0);
@@ -451,28 +459,7 @@ pub(crate) fn run_head_levels<F: VecMath>(
     let mut y = Mat::<F>::zeros(t_len, dv);
     let states = sweep(m, hd, h0, c0, true, |_, ck, st| {
         let (i0, n) = (ck.i0, ck.n);
-        let vc = hd.v.subrows(i0, n);
-        // Intra-chunk part.
-        let a = match (&ck.wy, &hd.lam) {
-            (Some(wy), None) => {
-                mm(y.subrows_mut(i0, n), Accum::Replace, ck.p.as_ref(), wy.u.as_ref(), F::one());
-                None
-            }
-            (Some(wy), Some(_)) => {
-                let mut a = delta_intra(&ck, wy);
-                for s in 0..n {
-                    col_mut(&mut a, s).iter_mut().for_each(|x| *x *= hd.beta[i0 + s]);
-                }
-                Some(a)
-            }
-            (None, _) => Some(ck.p),
-        };
-        if let Some(mut a) = a {
-            if let Some(lam) = &hd.lam {
-                scale_by_levels(m, a.as_mut(), *lam, i0, n, None)?;
-            }
-            mm(y.subrows_mut(i0, n), Accum::Replace, a.as_ref(), vc, F::one());
-        }
+        intra_into(m, hd, i0, n, i0, ck.p, ck.wy.as_ref(), y.subrows_mut(i0, n))?;
         // Read every present state, stacked: R = Q̃ [H⁽ᵉ¹⁾ | H⁽ᵉ²⁾ | …].
         if st.present.is_empty() {
             return Ok(());
@@ -484,17 +471,58 @@ pub(crate) fn run_head_levels<F: VecMath>(
         });
         for (j, &col) in st.cols.iter().enumerate() {
             let w = read_weights(hd, i0, n, col);
-            for d in 0..dv {
-                let src = r.col(j * dv + d);
-                let mut dst = y.col_mut(d);
-                for row in 0..n {
-                    dst[i0 + row] += w[row] * src[row];
-                }
-            }
+            add_weighted_rows(y.subrows_mut(i0, n), r.subcols(j * dv, dv), &w);
         }
         Ok(())
     })?;
     Ok((y, states))
+}
+
+/// The intra-chunk output of the chunk of `n` rows from row `i0` of `hd` into `dst` (`n × D_v`,
+/// replaced), from its `P` and, for gated DeltaNet, its WY/UT pieces: `P Ũ` (gated DeltaNet),
+/// `P V` (the others); lifted, `(Λ ⊙ A) V` with `A = P T⁻¹ diag(β)` (gated DeltaNet) or `A = P`,
+/// and `Λ_{rs} = λ^(ℓ(at + r, at + s))_{i0+r}` for `at` the absolute position of row `i0` (see
+/// [`scale_by_levels`]). `P` is taken to be scaled in place.
+pub(crate) fn intra_into<F: VecMath>(
+    m: &LogLinear,
+    hd: &Head<'_, F>,
+    i0: usize,
+    n: usize,
+    at: usize,
+    p: Mat<F>,
+    wy: Option<&Wy<F>>,
+    dst: MatMut<'_, F>,
+) -> Result<()> {
+    let mut a = match (wy, &hd.lam) {
+        (Some(wy), None) => {
+            mm(dst, Accum::Replace, p.as_ref(), wy.u.as_ref(), F::one());
+            return Ok(());
+        }
+        (Some(wy), Some(_)) => {
+            let mut a = delta_intra(p.as_ref(), wy);
+            for s in 0..n {
+                col_mut(&mut a, s).iter_mut().for_each(|x| *x *= hd.beta[i0 + s]);
+            }
+            a
+        }
+        (None, _) => p,
+    };
+    if let Some(lam) = &hd.lam {
+        scale_by_levels(m, a.as_mut(), *lam, i0, n, at, None)?;
+    }
+    mm(dst, Accum::Replace, a.as_ref(), hd.v.subrows(i0, n), F::one());
+    Ok(())
+}
+
+/// `dst_r += w_r · src_r` for every row `r` (`dst`, `src`: `n × D_v`): a read of a level state,
+/// weighted per row.
+pub(crate) fn add_weighted_rows<F: VecMath>(mut dst: MatMut<'_, F>, src: MatRef<'_, F>, w: &[F]) {
+    for d in 0..src.ncols() {
+        let (s, mut t) = (src.col(d), dst.as_mut().col_mut(d));
+        for row in 0..w.len() {
+            t[row] += w[row] * s[row];
+        }
+    }
 }
 
 /// The masked chunk decay `Γ_{r,s} = e^(γ_r − γ_s)` for `s ≤ r`, zero above the
@@ -559,38 +587,53 @@ mod tests {
     use mixer_core::mixers::loglinear::{Base, LambdaScheme, LevelMask, Lift, LogLinear};
 
     /// The Fenwick fast path of `scale_by_levels`, with and without the decay `Γ`, against
-    /// `λ^(ℓ(t,s))_t Γ_{r,s} a_{r,s}` formed pair by pair from the mask's level function:
-    /// full chunks of 16 and the partial last chunk of a length that is no multiple of it
-    /// (T = 45); entries above the diagonal are left as they are.
+    /// `λ^(ℓ(at + r, at + s))_{i0+r} Γ_{r,s} a_{r,s}` formed pair by pair from the mask's level
+    /// function: full chunks of 16 and the partial last chunk of a length that is no multiple of
+    /// it (T = 45) at their own positions, and rows whose absolute position `at` is off a chunk
+    /// boundary (a lift's head from a state: 5, 100, 127, 129, and rows that cross a power of
+    /// two); entries above the diagonal are left as they are.
     #[test]
     fn level_scaling_matches_the_mask_pair_by_pair() {
         let lift = Lift { mask: LevelMask::fenwick(), lambda: LambdaScheme::identity() };
         let m = LogLinear::new("x", Base::Mamba2, Some(lift), 1.0, 16).unwrap();
         let t_len = 45;
-        let lam = Mat::<f64>::from_fn(t_len, 6, |t, l| 0.25 + ((t * 7 + l * 5) % 11) as f64 / 8.0);
-        for i0 in [0usize, 16, 32] {
-            let n = 16.min(t_len - i0);
+        let lam = Mat::<f64>::from_fn(t_len, 9, |t, l| 0.25 + ((t * 7 + l * 5) % 11) as f64 / 8.0);
+        let cases = [
+            (0usize, 16usize, 0usize),
+            (16, 16, 16),
+            (32, 13, 32),
+            (3, 11, 5),
+            (7, 16, 100),
+            (0, 1, 127),
+            (2, 15, 127),
+            (10, 9, 129),
+            (29, 16, 120),
+        ];
+        for (i0, n, at) in cases {
             let a = Mat::<f64>::from_fn(n, n, |r, s| 1.0 + ((r * 3 + s * 13) % 17) as f64 / 4.0);
             let gam =
                 Mat::<f64>::from_fn(n, n, |r, s| if s <= r { (-0.1 * (r - s) as f64).exp() } else { 9.0 });
             for with_gamma in [false, true] {
                 let mut got = a.clone();
-                scale_by_levels(&m, got.as_mut(), lam.as_ref(), i0, n, with_gamma.then(|| gam.as_ref()))
-                    .unwrap();
+                let g = with_gamma.then(|| gam.as_ref());
+                scale_by_levels(&m, got.as_mut(), lam.as_ref(), i0, n, at, g).unwrap();
                 for r in 0..n {
                     for s in 0..n {
                         let want = if s <= r {
-                            let l = mixer_core::fenwick::level(i0 + r, i0 + s);
+                            let l = mixer_core::fenwick::level(at + r, at + s);
                             a[(r, s)] * lam[(i0 + r, l)] * if with_gamma { gam[(r, s)] } else { 1.0 }
                         } else {
                             a[(r, s)]
                         };
                         let err = (got[(r, s)] - want).abs();
-                        assert!(err <= 1e-15 * want.abs(), "i0 {i0} r {r} s {s} gamma {with_gamma}");
+                        assert!(err <= 1e-15 * want.abs(), "i0 {i0} at {at} r {r} s {s} gamma {with_gamma}");
                     }
                 }
             }
         }
+        // Rows whose levels reach past λ's are refused, not read out of bounds.
+        let e = scale_by_levels(&m, Mat::<f64>::zeros(4, 4).as_mut(), lam.as_ref(), 0, 4, 254, None);
+        assert!(e.unwrap_err().to_string().contains("level 9"));
     }
 
     /// Scaling with the flush: entries that end up below the smallest normal `f32` become

@@ -224,6 +224,39 @@ pub fn heads<'a, F: Real>(
     Ok((Sizes { b: nb, t: t_len, h: nh, dk, dv }, layout, out))
 }
 
+/// The blocks `a[b, h]` (each the rest of the axes, in standard order) of a new array `a`
+/// whose first two axes are the sequences of a call and its `nh` heads, one per head of `heads`
+/// and in its order, so that each (sequence, head) job can write its own block.
+pub fn head_blocks<'a, F: Real>(
+    a: &'a mut ArrayD<F>,
+    heads: &[Head<'_, F>],
+    nh: usize,
+) -> Result<Vec<&'a mut [F]>> {
+    let rows = a.shape().iter().take(2).product::<usize>();
+    let block = a.len().checked_div(rows).unwrap_or(0);
+    let flat = a.as_slice_mut().ok_or_else(|| internal("a new array is not in standard layout"))?;
+    let mut by: Vec<Option<&mut [F]>> = match block {
+        0 => (0..rows).map(|_| Some(&mut [][..])).collect(),
+        _ => flat.chunks_mut(block).map(Some).collect(),
+    };
+    heads
+        .iter()
+        .map(|hd| {
+            by.get_mut(hd.b * nh + hd.h)
+                .and_then(Option::take)
+                .ok_or_else(|| internal("two heads, or a head outside the array, for one block"))
+        })
+        .collect()
+}
+
+fn internal(message: &str) -> Error {
+    Error::Backend {
+        backend: "cpu".into(),
+        family: Some("loglinear".into()),
+        message: format!("internal: {message}"),
+    }
+}
+
 /// Assembles per-(sequence, head) outputs `|r|×Dv` (views of any layout; a row-major one is
 /// copied row by row) into `y [B, T, H, Dv]`, in parallel over the rows `(b, t)`; rows outside
 /// every sequence of `layout` stay zero.

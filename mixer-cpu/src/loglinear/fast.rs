@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use faer::Mat;
 use mixer_core::mixers::loglinear::LogLinear;
-use mixer_core::mixers::loglinear::lift_state::{Levels, POSITION, store};
+use mixer_core::mixers::loglinear::lift_state::{POSITION, store_slots};
 use mixer_core::mixers::loglinear::state::STATE;
 use mixer_core::tensor::get;
 use mixer_core::{Error, Result, Tensors};
@@ -136,19 +136,22 @@ fn lift_from<F: VecMath>(
     let (sz, layout, heads) = common::heads(m, &x, Some(&lam), packed)?;
     let nl = lam.shape()[3];
     let (pos, s0) = lift_state::initial(initial, &layout)?;
-    let outs: Vec<(Mat<F>, Levels<F>)> = heads
+    // Each job writes its final levels into its own block of the final state (no second copy of
+    // the levels, and the new pages are touched in parallel).
+    let mut fin = ArrayD::<F>::zeros(IxDyn(&[layout.len(), sz.h, nl, sz.dv, sz.dk]));
+    let blocks = common::head_blocks(&mut fin, &heads, sz.h)?;
+    let ys: Vec<Mat<F>> = heads
         .par_iter()
-        .map(|hd| {
+        .zip(blocks)
+        .map(|(hd, dst)| {
             let levels = lift_state::levels_of(s0, hd.b, hd.h, nl, sz.dk, sz.dv);
-            flushed(|| lift_state::run_head(m, hd, pos[hd.b], levels))
+            let (y, last) = flushed(|| lift_state::run_head(m, hd, pos[hd.b], levels))?;
+            store_slots(dst, &last)?;
+            Ok(y)
         })
         .collect::<Result<_>>()?;
-    let views: Vec<_> = outs.iter().map(|(y, _)| y.as_ref()).collect();
+    let views: Vec<_> = ys.iter().map(Mat::as_ref).collect();
     let y = common::assemble(sz, &layout, &heads, &views);
-    let mut fin = ArrayD::<F>::zeros(IxDyn(&[layout.len(), sz.h, nl, sz.dv, sz.dk]));
-    for (hd, (_, levels)) in heads.iter().zip(&outs) {
-        store(&mut fin, hd.b, hd.h, levels)?;
-    }
     let fin_pos =
         (0..layout.len()).map(|i| F::of((pos[i] + layout.seq(i).1.len()) as f64)).collect::<Vec<F>>();
     let fin_pos = ArrayD::from_shape_vec(IxDyn(&[layout.len()]), fin_pos)

@@ -5,8 +5,11 @@
 //! A run of `T` tokens from position `a` splits at the chunk boundaries `p = min(a + T, ⌈a/C⌉C)`
 //! and `q = max(p, ⌊(a + T)/C⌋C)`:
 //! - **head** `[a, p)` (the rest of a chunk, `< C` tokens) and **tail** `[q, a + T)` (`< C`
-//!   tokens): the literal recurrence ([`run_tokens`], `O(L · D_k D_v)` per token, as the
-//!   chunked form's reads);
+//!   tokens): each one partial chunk ([`partial`]) from the merged-ahead token levels at its
+//!   start, at the chunked form's cost per token: the chunk's pieces, its intra output with the
+//!   levels of the tokens' absolute positions, the read of every held level `ℓ` with
+//!   `λ^(max(ℓ, bitlen(t ⊕ start)))`, and the merged-ahead levels at its end formed directly
+//!   (held levels transitioned and merged, the run's tokens added by their buckets);
 //! - **middle** `[p, q)`, whole chunks: the chunked sweep of §2.6 ([`super::chunked`]) from
 //!   chunk-level states. At a chunk boundary `p` the merged-ahead token levels `1 … c` are empty
 //!   (bits `0 … c − 1` of `p` are 0), and token level `c + e` is chunk level `e` after the
@@ -14,30 +17,31 @@
 //!   at `q` its states after the last chunk take the merge for chunk `q/C` and become token
 //!   levels `c + e` again.
 //!
-//! The backward runs the three parts in reverse: the tail's reverse mode ([`vjp_tokens`]), the
-//! adjoint of the merge at `q`, the chunked backward ([`super::backward_chunked`]) from those
-//! adjoints, and the head's reverse mode, whose adjoint of the initial levels is the initial
-//! state's gradient.
+//! The backward runs the three parts in reverse: the tail's reverse mode (the literal
+//! recurrence's, [`vjp_tokens`]; only with a cotangent of the final levels, otherwise the
+//! chunked backward takes the tail as its partial last chunk), the adjoint of the merge at `q`,
+//! the chunked backward ([`super::backward_chunked`]) from those adjoints, and the head's
+//! reverse mode ([`vjp_tokens`]), whose adjoint of the initial levels is the initial state's
+//! gradient.
 
-use faer::{Mat, MatRef};
-use mixer_core::fenwick::{merge_level, merge_states};
+use faer::{Accum, Mat, MatRef};
+use mixer_core::fenwick::{bitlen, bucket, merge_level, merge_states};
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::mixers::loglinear::lift_state::{
-    Levels, TokenGrads, TokenRows, load, positions, run_tokens, vjp_tokens,
+    Levels, TokenGrads, TokenRows, load, positions_each, vjp_tokens,
 };
 use mixer_core::mixers::loglinear::state::STATE;
-use mixer_core::state::state_row;
 use mixer_core::tensor::get;
 use mixer_core::{Error, Result, Tensors};
 use ndarray::ArrayD;
 
 use super::backward_chunked::{HeadGrads, head_vjp_levels};
-use super::chunked::{run_head_levels, sweep};
+use super::chunked::{add_weighted_rows, chunk_pieces, intra_into, mm, run_head_levels, sweep, transition};
 use super::common::{Head, Layout};
 use crate::vmath::VecMath;
 
 /// The positions (one per sequence of `layout`) and the level tensor of a lift's initial state
-/// (checked by [`positions`] for each sequence's length), or position 0 and no tensor without
+/// (checked by [`positions_each`] for each sequence's length), or position 0 and no tensor without
 /// one.
 pub(crate) fn initial<'a, F: VecMath>(
     initial: Option<&'a Tensors<F>>,
@@ -45,21 +49,7 @@ pub(crate) fn initial<'a, F: VecMath>(
 ) -> Result<(Vec<usize>, Option<&'a ArrayD<F>>)> {
     let Some(s) = initial else { return Ok((vec![0; layout.len()], None)) };
     let lens: Vec<usize> = (0..layout.len()).map(|i| layout.seq(i).1.len()).collect();
-    let pos = match lens.first() {
-        Some(&t_len) if lens.iter().all(|&n| n == t_len) => positions(s, t_len)?,
-        _ => lens
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| {
-                positions(&state_row(s, i), n).map(|p| p[0]).map_err(|e| match e {
-                    Error::Value { name, constraint, found } => {
-                        Error::Value { name: name.replace("[0]", &format!("[{i}]")), constraint, found }
-                    }
-                    e => e,
-                })
-            })
-            .collect::<Result<_>>()?,
-    };
+    let pos = positions_each(s, &lens)?;
     Ok((pos, Some(get(s, STATE)?)))
 }
 
@@ -163,24 +153,13 @@ pub(crate) fn run_head<F: VecMath>(
     m: &LogLinear,
     hd: &Head<'_, F>,
     pos: usize,
-    mut levels: Levels<F>,
+    levels: Levels<F>,
 ) -> Result<(Mat<F>, Levels<F>)> {
     let (t_len, dk, dv) = (hd.q.nrows(), hd.q.ncols(), hd.v.ncols());
     let cbits = m.chunk_log2() as usize;
     let (p, q) = split(m, pos, t_len);
     let mut y = Mat::<F>::zeros(t_len, dv);
-    let tokens = |range: std::ops::Range<usize>, levels: &mut Levels<F>, y: &mut Mat<F>| -> Result<()> {
-        let o = owned(&rows(hd, range.clone()));
-        let mut yt = vec![F::zero(); range.len() * dv];
-        run_tokens(m, &o.tokens(), pos + range.start, levels, &mut yt, None)?;
-        for (i, t) in range.enumerate() {
-            for r in 0..dv {
-                y[(t, r)] = yt[i * dv + r];
-            }
-        }
-        Ok(())
-    };
-    tokens(0..p, &mut levels, &mut y)?;
+    let mut levels = partial(m, hd, pos, 0..p, levels, y.as_mut())?;
     if q > p {
         let c0 = (pos + p) / m.chunk;
         let h0 = to_chunk_levels(&levels, cbits, dk, dv);
@@ -189,8 +168,113 @@ pub(crate) fn run_head<F: VecMath>(
         merge_states(&mut states, (pos + q) / m.chunk, |a, b| a + b);
         levels = to_token_levels(&states, cbits, levels.len(), dk, dv);
     }
-    tokens(q..t_len, &mut levels, &mut y)?;
+    let levels = partial(m, hd, pos, q..t_len, levels, y.as_mut())?;
     Ok((y, levels))
+}
+
+/// The rows `r` of a head (tokens `[a, E)`, `a = pos + r.start`, `E = pos + r.end`, inside one
+/// chunk: `E ≤ (⌊a/C⌋ + 1)·C`) run as one partial chunk from the merged-ahead token `levels`
+/// at `a` (docs/math.md §7.1, *head and tail*): writes rows `r` of `y` and returns the
+/// merged-ahead levels at `E`. With the chunk's pieces ([`chunk_pieces`] of these rows, `γ`
+/// local to them):
+/// - `y = (Λ ⊙ A) V` inside the rows ([`intra_into`], `Λ` at the tokens' absolute positions),
+///   plus, for every level `ℓ ≥ 1` held at `a`, the read `λ_t^(max(ℓ, bitlen(t ⊕ a))) (Q̃ H^(ℓ))_t`:
+///   every token `s` of that bucket (`bitlen(a ⊕ s) = ℓ`) lies at level
+///   `max(ℓ, bitlen(t ⊕ a))` of `t ≥ a`;
+/// - the levels at `E`, with `h = bitlen(E ⊕ a)`: level `ℓ > h` is level `ℓ` at `a` after the
+///   chunk's transition ([`transition`]), level `h` the sum of the transitioned levels `< h`,
+///   and each level `ℓ ≤ h` also receives the run's tokens of its bucket at `E`
+///   (`{ s ∈ [a, E) : bitlen(E ⊕ s) = ℓ }`, a contiguous block `B`): `X_B diag(β_B) V_B` with
+///   `X = K̂ᵀ T⁻¹` (`K̂ᵀ` without the delta rule), the part of the chunk's own state `K̂ᵀ Ũ`
+///   that those tokens add.
+///
+/// An error when a level that holds a state is read beyond λ's levels.
+fn partial<F: VecMath>(
+    m: &LogLinear,
+    hd: &Head<'_, F>,
+    pos: usize,
+    r: std::ops::Range<usize>,
+    levels: Levels<F>,
+    mut y: faer::MatMut<'_, F>,
+) -> Result<Levels<F>> {
+    let (i0, n) = (r.start, r.len());
+    if n == 0 {
+        return Ok(levels);
+    }
+    let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
+    let lam = hd.lam.ok_or_else(|| Error::config(&m.name, "a lift's head needs λ"))?;
+    let nl = lam.ncols();
+    let (a, end) = (pos + i0, pos + r.end);
+    let h = bitlen(end ^ a);
+    let ck = chunk_pieces(m, hd, i0, n);
+    let mut y = y.as_mut().subrows_mut(i0, n);
+    intra_into(m, hd, i0, n, a, ck.p.clone(), ck.wy.as_ref(), y.as_mut())?;
+    let mut out = vec![vec![F::zero(); dv * dk]; levels.len().max(h + 1)];
+    // Reads and transition of the levels held at a, stacked: Z = [H^(ℓ_1) | H^(ℓ_2) | …].
+    let live: Vec<usize> = (1..levels.len()).filter(|&l| levels[l].iter().any(|&x| x != F::zero())).collect();
+    if !live.is_empty() {
+        let mut zcat = Mat::<F>::zeros(dk, dv * live.len());
+        for (j, &l) in live.iter().enumerate() {
+            let st = &levels[l];
+            zcat.as_mut()
+                .submatrix_mut(0, j * dv, dk, dv)
+                .copy_from(Mat::<F>::from_fn(dk, dv, |c, d| st[d * dk + c]));
+        }
+        let (next, off) = transition(&ck, m.base, &zcat, true);
+        let read = if off > 0 {
+            next.subrows(0, off).to_owned()
+        } else {
+            let mut rd = Mat::<F>::zeros(n, zcat.ncols());
+            mm(rd.as_mut(), Accum::Replace, ck.qt.as_ref(), zcat.as_ref(), F::one());
+            rd
+        };
+        for (j, &l) in live.iter().enumerate() {
+            let w = (0..n)
+                .map(|x| {
+                    let lt = l.max(bitlen((a + x) ^ a));
+                    if lt >= nl {
+                        return Err(m.level_error(a + x, a + x, lt, nl));
+                    }
+                    Ok(lam[(i0 + x, lt)])
+                })
+                .collect::<Result<Vec<F>>>()?;
+            add_weighted_rows(y.as_mut(), read.subcols(j * dv, dv), &w);
+            add_transposed(&mut out[l.max(h)], next.submatrix(off, j * dv, dk, dv));
+        }
+    }
+    // The run's tokens by their buckets at E: X_B diag(β_B) V_B.
+    let tinv_k;
+    let x = match &ck.wy {
+        Some(wy) => {
+            let mut x = Mat::<F>::zeros(dk, n);
+            mm(x.as_mut(), Accum::Replace, ck.khat.transpose(), wy.tinv.as_ref(), F::one());
+            tinv_k = x;
+            tinv_k.as_ref()
+        }
+        None => ck.khat.transpose(),
+    };
+    let bv = Mat::<F>::from_fn(n, dv, |s, d| hd.beta[i0 + s] * hd.v[(i0 + s, d)]);
+    let mut hb = Mat::<F>::zeros(dk, dv);
+    for l in 1..=h {
+        let Some(b) = bucket(end, l) else { continue };
+        let (s0, s1) = (b.start.max(a), b.end.min(end));
+        if s0 >= s1 {
+            continue;
+        }
+        mm(hb.as_mut(), Accum::Replace, x.subcols(s0 - a, s1 - s0), bv.subrows(s0 - a, s1 - s0), F::one());
+        add_transposed(&mut out[l], hb.as_ref());
+    }
+    Ok(out)
+}
+
+/// `st += Hᵀ` (`st` a level state `S`, `Dv × Dk` row-major; `H` its `Dk × Dv` transpose form).
+fn add_transposed<F: VecMath>(st: &mut [F], h: MatRef<'_, F>) {
+    let dk = h.nrows();
+    for c in 0..dk {
+        for d in 0..h.ncols() {
+            st[d * dk + c] += h[(c, d)];
+        }
+    }
 }
 
 /// Adds the token gradients of the rows `at..` into `out`.
@@ -234,11 +318,9 @@ pub(crate) fn head_vjp<F: VecMath>(
     let q = if d_levels.iter().all(|l| l.iter().all(|&x| x == F::zero())) { t_len } else { q };
     let mut out = HeadGrads::zeros(t_len, dk, dv, nl);
     let dy_rows = |r: std::ops::Range<usize>| flat(dy.subrows(r.start, r.len()));
-    // Forward to the boundaries: the levels at p (head) and at q (middle).
+    // Forward to the boundaries: the levels at p (head, as a partial chunk) and at q (middle).
     let head = owned(&rows(hd, 0..p));
-    let mut at_p = initial.clone();
-    let mut scratch = vec![F::zero(); p * dv];
-    run_tokens(m, &head.tokens(), pos, &mut at_p, &mut scratch, None)?;
+    let at_p = partial(m, hd, pos, 0..p, initial.clone(), Mat::<F>::zeros(p, dv).as_mut())?;
     let c0 = (pos + p) / m.chunk;
     let mid = rows(hd, p..q);
     let h0 = to_chunk_levels(&at_p, cbits, dk, dv);
@@ -288,4 +370,111 @@ pub(crate) fn head_vjp<F: VecMath>(
     let gh = vjp_tokens(m, &head.tokens(), pos, &initial, &dy_rows(0..p), &mut d_levels)?;
     put_tokens(&mut out, &gh, 0);
     Ok((out, d_levels))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::common;
+    use super::*;
+    use mixer_core::Dims;
+    use mixer_core::mixer::{Mixer, complete_dims};
+    use mixer_core::mixers::loglinear::lift_state::run_tokens;
+    use mixer_core::mixers::loglinear::{Base, LambdaScheme, LevelMask, Lift};
+
+    fn lift(base: Base, chunk: usize) -> LogLinear {
+        let lift = Lift { mask: LevelMask::fenwick(), lambda: LambdaScheme::identity() };
+        LogLinear::new(base.name(), base, Some(lift), 0.7, chunk).unwrap()
+    }
+
+    /// Merged-ahead levels `0 … nl` at position `a`: level `ℓ ≥ 1` holds entries in `[−1, 1]`
+    /// exactly where bit `ℓ − 1` of `a` is set (a valid state), the others zero.
+    fn levels_at(a: usize, nl: usize, width: usize, seed: usize) -> Levels<f64> {
+        (0..=nl)
+            .map(|l| {
+                let live = l >= 1 && (a >> (l - 1)) & 1 == 1;
+                (0..width)
+                    .map(|i| if live { ((i * 7 + seed * 13 + l * 5) % 17) as f64 / 8.0 - 1.0 } else { 0.0 })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// The largest entry-wise difference of two level arrays (the shorter padded with zeros),
+    /// and the largest entry.
+    fn level_error(got: &Levels<f64>, want: &Levels<f64>) -> (f64, f64) {
+        let (mut err, mut big) = (0.0f64, 0.0f64);
+        for l in 0..got.len().max(want.len()) {
+            let (g, w) = (got.get(l), want.get(l));
+            let width = g.or(w).map_or(0, Vec::len);
+            for i in 0..width {
+                let (x, y) = (g.map_or(0.0, |g| g[i]), w.map_or(0.0, |w| w[i]));
+                err = err.max((x - y).abs());
+                big = big.max(y.abs());
+            }
+        }
+        (err, big)
+    }
+
+    /// [`run_head`] (partial chunks for the head and the tail, the chunked sweep between) against
+    /// the literal recurrence from the same state, for the three lifts with chunks of 64 and
+    /// 16: runs from positions on and off chunk and Fenwick boundaries (0, 1, 5, 47, 62, 63, 64,
+    /// 100, 127, 129), so heads of 63, 59, 17, 2 and 1 tokens and none, and lengths that leave
+    /// tails of 1, 2, 17 and 63 tokens, whole runs inside one chunk, and runs with whole chunks
+    /// between: the outputs and the final merged-ahead levels.
+    #[test]
+    fn partial_chunks_from_a_state_are_the_literal_recurrence() {
+        let (dk, dv, nl) = (5, 3, 10);
+        for base in [Base::LinearAttention, Base::Mamba2, Base::GatedDeltaNet] {
+            for chunk in [64, 16] {
+                let m = lift(base, chunk);
+                for (case, t_len) in [1usize, 2, 17, 63, 64, 81, 150].into_iter().enumerate() {
+                    let dims: Dims = [("B", 1), ("T", t_len), ("H", 1), ("Dk", dk), ("Dv", dv), ("L", nl)]
+                        .into_iter()
+                        .collect();
+                    let x = m.random_inputs(&complete_dims(&m, &dims), case as u64).unwrap();
+                    let lam = m.lambda_weights_ref(get(&x, "lambda").unwrap(), None).unwrap();
+                    let (_, _, heads) = common::heads(&m, &x, Some(&lam), None).unwrap();
+                    let hd = &heads[0];
+                    let o = owned(hd);
+                    for a in [0usize, 1, 5, 47, 62, 63, 64, 100, 127, 129] {
+                        let what = format!("{} C = {chunk}, T = {t_len} from {a}", m.name);
+                        let levels = levels_at(a, nl, dv * dk, case + a);
+                        let (y, fin) = run_head(&m, hd, a, levels.clone()).unwrap();
+                        let mut want_fin = levels;
+                        let mut want_y = vec![0.0; t_len * dv];
+                        run_tokens(&m, &o.tokens(), a, &mut want_fin, &mut want_y, None).unwrap();
+                        let big = want_y.iter().fold(1.0f64, |b, &v| b.max(v.abs()));
+                        for t in 0..t_len {
+                            for d in 0..dv {
+                                let err = (y[(t, d)] - want_y[t * dv + d]).abs();
+                                assert!(err <= 1e-12 * big, "{what}: y[{t}, {d}] off by {err:e}");
+                            }
+                        }
+                        let (err, big) = level_error(&fin, &want_fin);
+                        assert!(err <= 1e-12 * big.max(1.0), "{what}: final levels off by {err:e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A level that holds a state and is read beyond λ's levels is an error of the partial chunk
+    /// (a head, and a tail after whole chunks), not a read out of bounds.
+    #[test]
+    fn a_partial_chunk_reading_past_lambda_is_refused() {
+        let (dk, dv, nl) = (2, 2, 4);
+        let m = lift(Base::Mamba2, 4);
+        for (t_len, a) in [(3usize, 5usize), (9, 4)] {
+            let dims: Dims =
+                [("B", 1), ("T", t_len), ("H", 1), ("Dk", dk), ("Dv", dv), ("L", nl)].into_iter().collect();
+            let x = m.random_inputs(&complete_dims(&m, &dims), 1).unwrap();
+            let lam = m.lambda_weights_ref(get(&x, "lambda").unwrap(), None).unwrap();
+            let (_, _, heads) = common::heads(&m, &x, Some(&lam), None).unwrap();
+            // Level 5 (slot 4) held, λ has levels 0 … 3.
+            let mut levels = levels_at(a, nl, dv * dk, 0);
+            levels.push(vec![0.5; dv * dk]);
+            let e = run_head(&m, &heads[0], a, levels).unwrap_err().to_string();
+            assert!(e.contains("λ needs more than"), "T = {t_len} from {a}: {e}");
+        }
+    }
 }

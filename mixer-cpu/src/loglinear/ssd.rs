@@ -106,7 +106,7 @@ pub fn run_head_from<F: VecMath>(
         }
         if let Some(lam) = &hd.lam {
             let g = decay.then(|| gamma.as_ref().submatrix(0, 0, n, n));
-            scale_by_levels(m, pc.as_mut(), *lam, i0, n, g)?;
+            scale_by_levels(m, pc.as_mut(), *lam, i0, n, i0, g)?;
         }
         mm(yc.as_mut(), Accum::Replace, pc.as_ref(), vc, F::one());
 

@@ -24,7 +24,7 @@
 //! merge for token `t + 1` adds levels `0 … m` (`m = ctz(t + 1)`) into level `m + 1`. Its
 //! reverse mode is [`vjp_tokens`].
 
-use ndarray::{ArrayD, Axis, IxDyn, Slice};
+use ndarray::{ArrayD, Axis, IxDyn};
 
 use super::{Base, LogLinear, STATE};
 use crate::error::{Error, Result, fmt_shape};
@@ -52,6 +52,13 @@ pub(crate) fn shapes(dims: &crate::Dims) -> std::result::Result<StateShapes, Str
 /// with bit `i` of the position clear holding zeros (such a level is empty after that many
 /// tokens). The tensors' names and shapes are checked by [`crate::state::check_state`].
 pub fn positions<F: Real>(state: &Tensors<F>, t_len: usize) -> Result<Vec<usize>> {
+    let nb = get(state, POSITION)?.len();
+    positions_each(state, &vec![t_len; nb])
+}
+
+/// [`positions`] with a run of `lens[b]` tokens from row `b` (the sequences of a packed batch,
+/// one state row each); `lens` has one entry per row.
+pub fn positions_each<F: Real>(state: &Tensors<F>, lens: &[usize]) -> Result<Vec<usize>> {
     let s = get(state, STATE)?;
     let p = get(state, POSITION)?;
     if s.ndim() != 5 || p.shape() != [s.shape()[0]] {
@@ -62,8 +69,8 @@ pub fn positions<F: Real>(state: &Tensors<F>, t_len: usize) -> Result<Vec<usize>
         ));
     }
     let slots = s.shape()[2];
-    let pos = crate::state::positions(p, t_len)?;
-    for (b, &a) in pos.iter().enumerate() {
+    let pos = crate::state::positions_each(p, lens)?;
+    for (b, (&a, &t_len)) in pos.iter().zip(lens).enumerate() {
         let need = num_levels(a + t_len);
         if need > slots {
             return Err(Error::Value {
@@ -78,7 +85,7 @@ pub fn positions<F: Real>(state: &Tensors<F>, t_len: usize) -> Result<Vec<usize>
             });
         }
         for i in 0..slots {
-            if (a >> i) & 1 == 0 && s.slice(ndarray::s![b, .., i, .., ..]).iter().any(|&x| x != F::zero()) {
+            if (a >> i) & 1 == 0 && !is_zero(s.slice(ndarray::s![b, .., i, .., ..])) {
                 return Err(Error::Value {
                     name: format!("state.{STATE}[{b}, :, {i}]"),
                     constraint: format!(
@@ -92,6 +99,17 @@ pub fn positions<F: Real>(state: &Tensors<F>, t_len: usize) -> Result<Vec<usize>
         }
     }
     Ok(pos)
+}
+
+/// Whether every entry of `slot` (`[H, Dv, Dk]`) is zero; each head's `Dv × Dk` block read as
+/// one slice where it is contiguous.
+fn is_zero<F: Real>(slot: ndarray::ArrayView3<'_, F>) -> bool {
+    // Blocks of 64 tested without a branch per entry (so that the test vectorises).
+    let zero = |x: &[F]| !x.chunks(64).any(|c| c.iter().fold(false, |nz, &v| nz | (v != F::zero())));
+    slot.outer_iter().all(|blk| match blk.as_slice() {
+        Some(x) => zero(x),
+        None => blk.iter().all(|&v| v == F::zero()),
+    })
 }
 
 /// Zeroes the slots of a state-shaped `S [B, H, L, Dv, Dk]` that are empty at the positions
@@ -169,36 +187,51 @@ pub fn load<F: Real>(s: &ArrayD<F>, b: usize, h: usize) -> Levels<F> {
     let (dv, dk) = (s.shape()[3], s.shape()[4]);
     let head = s.index_axis(Axis(0), b);
     let head = head.index_axis(Axis(0), h);
-    // Level `i + 1` is slot `i`, row-major `Dv × Dk`.
+    // Level `i + 1` is slot `i`, row-major `Dv × Dk` (one slice copy where it is contiguous).
     std::iter::once(vec![F::zero(); dv * dk])
-        .chain(head.outer_iter().map(|slot| slot.iter().copied().collect()))
+        .chain(head.outer_iter().map(|slot| match slot.as_slice() {
+            Some(x) => x.to_vec(),
+            None => slot.iter().copied().collect(),
+        }))
         .collect()
 }
 
-/// Writes the levels `1 …` of one head into slots `0 …` of `S [B, H, L, Dv, Dk]`; an error
-/// when level 0 or a level beyond the slots holds a state.
+/// Writes the levels `1 …` of one head into slots `0 …` of `S [B, H, L, Dv, Dk]` (slots past
+/// the levels given are zeroed); an error when level 0 or a level beyond the slots holds a
+/// state.
 pub fn store<F: Real>(s: &mut ArrayD<F>, b: usize, h: usize, levels: &Levels<F>) -> Result<()> {
-    let nl = s.shape()[2];
+    let mut head = s.index_axis_mut(Axis(0), b);
+    let mut head = head.index_axis_mut(Axis(0), h);
+    match head.as_slice_mut() {
+        Some(dst) => store_slots(dst, levels),
+        None => {
+            let mut flat = vec![F::zero(); head.len()];
+            store_slots(&mut flat, levels)?;
+            head.iter_mut().zip(flat).for_each(|(d, x)| *d = x);
+            Ok(())
+        }
+    }
+}
+
+/// [`store`] into one head's slots given as one slice (`[L, Dv, Dk]` in standard order, `L` the
+/// number of slots: `dst.len() / (Dv·Dk)` for the levels' `Dv·Dk`).
+pub fn store_slots<F: Real>(dst: &mut [F], levels: &Levels<F>) -> Result<()> {
+    let width = levels.first().map_or(0, Vec::len);
+    let nl = dst.len().checked_div(width).unwrap_or(0);
+    if width > 0 {
+        for (i, slot) in dst.chunks_exact_mut(width).enumerate() {
+            match levels.get(i + 1) {
+                Some(st) => slot.copy_from_slice(st),
+                None => slot.fill(F::zero()),
+            }
+        }
+    }
     for (l, st) in levels.iter().enumerate() {
-        let slot = l.checked_sub(1).filter(|&i| i < nl);
-        match slot {
-            Some(i) => {
-                let mut dst = s.slice_each_axis_mut(|ax| match ax.axis.index() {
-                    0 => Slice::from(b..b + 1),
-                    1 => Slice::from(h..h + 1),
-                    2 => Slice::from(i..i + 1),
-                    _ => Slice::from(..),
-                });
-                // One slot, `Dv × Dk` in standard order.
-                dst.iter_mut().zip(st.iter()).for_each(|(d, &x)| *d = x);
-            }
-            None if st.iter().any(|&x| x != F::zero()) => {
-                return Err(Error::Numerical(format!(
-                    "level {l} holds a state after the merge, but the state has slots for levels \
-                     1 … {nl} only"
-                )));
-            }
-            None => {}
+        if (l == 0 || l > nl) && st.iter().any(|&x| x != F::zero()) {
+            return Err(Error::Numerical(format!(
+                "level {l} holds a state after the merge, but the state has slots for levels 1 … \
+                 {nl} only"
+            )));
         }
     }
     Ok(())
