@@ -236,14 +236,15 @@ class Model(nn.Module):
     short causal convolution of kernel ``conv`` (0: none)."""
 
     def __init__(self, mixer: str, config: Dict, vocab: int, seq: int, width: int = 32, layers: int = 2,
-                 heads: int = 2, mlp: int = 2, backend: Optional[str] = None, form: str = "fast", conv: int = 0):
+                 heads: int = 2, mlp: int = 2, backend: Optional[str] = None, form: str = "fast", conv: int = 0,
+                 pos_std: float = 1.0):
         super().__init__()
         self.tok = nn.Embedding(vocab, width)
         self.pos = nn.Embedding(seq, width)
         nn.init.normal_(self.tok.weight, std=1.0)
-        # Positions at the tokens' scale: at a tenth of it attention did not learn MQAR in 1500
-        # steps (26 % at T = 64 with 8 pairs), at the same scale it did by step 450 (docs/papers.md).
-        nn.init.normal_(self.pos.weight, std=1.0)
+        # Positions at the tokens' scale by default (``pos_std``): at a tenth of it attention did
+        # not learn MQAR in 1500 steps without the short convolution (docs/papers.md).
+        nn.init.normal_(self.pos.weight, std=pos_std)
         self.blocks = nn.ModuleList(
             Block(mixer, config, width, heads, seq, layers, mlp, backend, form, conv) for _ in range(layers)
         )

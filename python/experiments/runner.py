@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -43,6 +44,8 @@ def parser(experiment: str) -> argparse.ArgumentParser:
     p.add_argument("--eager", action="store_true",
                    help="on CUDA, launch every step's kernels instead of replaying a captured step (CUDA graph)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    p.add_argument("--pos-std", type=float,
+                   help="standard deviation of the position embedding's initial draw (default: the budget's, 1)")
     p.add_argument("--out", default="out/papers", help="output folder (default out/papers)")
     p.add_argument("--resume", action="store_true", help="keep the runs whose log already exists")
     p.add_argument("--jobs", type=int, default=1,
@@ -114,6 +117,10 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
     if a.streams < 1:
         raise SystemExit(f"--streams: expected at least 1 run per process, got {a.streams}")
     b = settings.budget(experiment, a.budget, a.steps)
+    if a.pos_std is not None:
+        if not a.pos_std >= 0.0:
+            raise SystemExit(f"--pos-std: expected a standard deviation ≥ 0, got {a.pos_std}")
+        b = dataclasses.replace(b, run={**b.run, "pos_std": a.pos_std})
     rows = settings.ROWS[experiment]
     if a.only:
         want = set(a.only.split(","))

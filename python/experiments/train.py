@@ -32,6 +32,8 @@ class RunConfig:
     mlp: int = 2
     #: Kernel of the short causal depthwise convolution before each mixer (0: none).
     conv: int = 0
+    #: Standard deviation of the learned position embedding's initial draw (tokens: 1).
+    pos_std: float = 1.0
     steps: int = 1000
     batch: int = 32
     lr: float = 3e-3
@@ -140,7 +142,7 @@ class Trainer:
         self.cuda_stream = torch.cuda.Stream(device) if self.graphed else None
         with self._on():
             self.model = Model(cfg.mixer, cfg.mixer_config, c.vocab_size, c.length, cfg.width, cfg.layers, cfg.heads,
-                               cfg.mlp, cfg.backend, cfg.form, cfg.conv).to(device=device, dtype=dtype)
+                               cfg.mlp, cfg.backend, cfg.form, cfg.conv, cfg.pos_std).to(device=device, dtype=dtype)
             model = self.model
             decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "slot_bias" not in n
                      and "taps" not in n and "lambda_param" not in n and "tok" not in n and "pos" not in n]

@@ -251,6 +251,23 @@ def test_one_command_writes_logs_and_table(tmp_path):
     assert again["cells"] == res["cells"]
 
 
+def test_the_positions_scale_reaches_the_model_and_the_log(tmp_path):
+    # The model draws its positions at `pos_std` (0: none at all, so the output cannot depend on
+    # a token's position when every token is the same).
+    flat = Model("attention", {}, vocab=5, seq=7, width=8, layers=1, heads=2, pos_std=0.0)
+    assert torch.count_nonzero(flat.pos.weight) == 0
+    drawn = Model("attention", {}, vocab=5, seq=4000, width=8, layers=1, heads=2, pos_std=0.5)
+    assert abs(drawn.pos.weight.std().item() - 0.5) < 0.02
+    argv = ["--budget", "tiny", "--steps", "2", "--out", str(tmp_path), "--quiet", "--only", "attention",
+            "--threads", "1", "--pos-std", "0.25"]
+    runner.main("toeplitz_copy", "t", argv)
+    (log,) = [json.loads(p.read_text()) for p in (tmp_path / "toeplitz_copy").glob("runs/*/*/*.json")]
+    assert log["config"]["pos_std"] == 0.25
+    assert RunConfig.from_dict(log["config"]).pos_std == 0.25
+    with pytest.raises(SystemExit, match="--pos-std"):
+        runner.main("toeplitz_copy", "t", argv[:-1] + ["-1"])
+
+
 def test_runs_in_parallel_processes_give_the_logs_of_one_process(tmp_path):
     argv = ["--budget", "tiny", "--steps", "6", "--quiet", "--only", "attention,toeplitz", "--threads", "1",
             "--seeds", "0", "1"]
