@@ -206,7 +206,7 @@ fn chunk_vjp<F: VecMath>(
         z: Mat::zeros(dk, dv * st.present.len()),
     };
     states_vjp(hd, dy, ck, st, after, &mut adj, out);
-    intra_vjp(m, hd, dy, ck, &mut adj, out)?;
+    intra_vjp(m, hd, dy, ck, ck.i0, &mut adj, out)?;
     pieces_vjp(m, hd, ck, &mut adj, out);
     Ok(adj.z)
 }
@@ -222,32 +222,9 @@ fn states_vjp<F: VecMath>(
     out: &mut HeadGrads<F>,
 ) {
     let (i0, n, dk, dv) = (ck.i0, ck.n, hd.q.ncols(), hd.v.ncols());
-    let one = F::one();
-    let gy = dy.subrows(i0, n);
     let np = st.present.len();
     if np > 0 {
-        // Read: y_r += w_j[r] (Q̃ Z_j)_r.
-        let rc = hd.lam.as_ref().map(|_| {
-            let mut r = Mat::<F>::zeros(n, dv * np);
-            mm(r.as_mut(), Accum::Replace, ck.qt.as_ref(), st.zcat.as_ref(), one);
-            r
-        });
-        let mut drc = Mat::<F>::zeros(n, dv * np);
-        for (j, &col) in st.cols.iter().enumerate() {
-            let w = read_weights(hd, i0, n, col);
-            for r in 0..n {
-                for d in 0..dv {
-                    drc[(r, j * dv + d)] = w[r] * gy[(r, d)];
-                }
-                if let (Some(l), Some(rc)) = (col, &rc) {
-                    out.dlam[(i0 + r, l)] +=
-                        dot((0..dv).map(|d| gy[(r, d)]), (0..dv).map(|d| rc[(r, j * dv + d)]));
-                }
-            }
-        }
-        mm(adj.qt.as_mut(), Accum::Add, drc.as_ref(), st.zcat.transpose(), one);
-        mm(adj.z.as_mut(), Accum::Replace, ck.qt.transpose(), drc.as_ref(), one);
-        // Transition: Z' = e^(γ_{n−1}) Z − K̂ᵀ W Z (the last term with the delta rule only).
+        let weights: Vec<Vec<F>> = st.cols.iter().map(|&col| read_weights(hd, i0, n, col)).collect();
         let mut dzp = Mat::<F>::zeros(dk, dv * np);
         let mut any = false;
         for (j, &e) in st.present.iter().enumerate() {
@@ -256,37 +233,185 @@ fn states_vjp<F: VecMath>(
                 any = true;
             }
         }
-        if any {
-            for c in 0..adj.z.ncols() {
-                for r in 0..dk {
-                    adj.z[(r, c)] += ck.total * dzp[(r, c)];
-                    adj.total += dzp[(r, c)] * st.zcat[(r, c)];
-                }
-            }
-            if let Some(wy) = &ck.wy {
-                let mut kd = Mat::<F>::zeros(n, dv * np);
-                mm(kd.as_mut(), Accum::Replace, ck.khat.as_ref(), dzp.as_ref(), one);
-                mm(adj.z.as_mut(), Accum::Add, wy.w.transpose(), kd.as_ref(), -one);
-                mm(adj.w.as_mut(), Accum::Add, kd.as_ref(), st.zcat.transpose(), -one);
-                let mut wz = Mat::<F>::zeros(n, dv * np);
-                mm(wz.as_mut(), Accum::Replace, wy.w.as_ref(), st.zcat.as_ref(), one);
-                mm(adj.khat.as_mut(), Accum::Add, wz.as_ref(), dzp.transpose(), -one);
-            }
-        }
+        held_vjp(hd, dy, ck, &st.zcat, |j, r| (weights[j][r], st.cols[j]), any.then_some(&dzp), adj, out);
     }
     // Own state at level 0: K̂ᵀ Ũ (K̂ᵀ V without the delta rule).
     if let Some(Some(dh0)) = after.first() {
         match &ck.wy {
             Some(wy) => {
-                mm(adj.khat.as_mut(), Accum::Add, wy.u.as_ref(), dh0.transpose(), one);
-                mm(adj.u.as_mut(), Accum::Add, ck.khat.as_ref(), dh0.as_ref(), one);
+                mm(adj.khat.as_mut(), Accum::Add, wy.u.as_ref(), dh0.transpose(), F::one());
+                mm(adj.u.as_mut(), Accum::Add, ck.khat.as_ref(), dh0.as_ref(), F::one());
             }
             None => {
-                mm(adj.khat.as_mut(), Accum::Add, hd.v.subrows(i0, n), dh0.transpose(), one);
-                mm(out.dv.as_mut().subrows_mut(i0, n), Accum::Add, ck.khat.as_ref(), dh0.as_ref(), one);
+                mm(adj.khat.as_mut(), Accum::Add, hd.v.subrows(i0, n), dh0.transpose(), F::one());
+                mm(out.dv.as_mut().subrows_mut(i0, n), Accum::Add, ck.khat.as_ref(), dh0.as_ref(), F::one());
             }
         }
     }
+}
+
+/// The adjoint of the reads and the transition of the states `Z = [H_1 | H_2 | …]` held at the
+/// chunk's start (`D_k × (D_v · #held)`), into `adj` (`adj.z` replaced by `Z̄`) and `out`:
+/// - **read** `y_r += w_j[r] (Q̃ Z_j)_r` with `(w_j[r], col) = read(j, r)`: `R̄_j = diag(w_j) Ȳ`,
+///   `Q̃̄ += Σ_j R̄_j Z_jᵀ`, `Z̄_j = Q̃ᵀ R̄_j`, and `λ̄^(col)_r += ȳ_r · (Q̃ Z_j)_r` where `col` is
+///   given (`None`: a weight that is no λ, as the base mixers' 1);
+/// - **transition** `Z'_j = e^(γ_{n−1}) Z_j − K̂ᵀ W Z_j` with `Z̄'` = `dzp` (`None`: zero):
+///   `Z̄ += e^(γ_{n−1}) Z̄' − Wᵀ K̂ Z̄'`, `K̂̄ −= W Z Z̄'ᵀ`, `W̄ −= K̂ Z̄' Zᵀ`,
+///   `ē^(γ_{n−1}) += ⟨Z̄', Z⟩`.
+#[allow(clippy::too_many_arguments)]
+fn held_vjp<F: VecMath>(
+    hd: &Head<'_, F>,
+    dy: MatRef<'_, F>,
+    ck: &Chunk<F>,
+    zcat: &Mat<F>,
+    read: impl Fn(usize, usize) -> (F, Option<usize>),
+    dzp: Option<&Mat<F>>,
+    adj: &mut Adj<F>,
+    out: &mut HeadGrads<F>,
+) {
+    let (i0, n, dk, dv) = (ck.i0, ck.n, hd.q.ncols(), hd.v.ncols());
+    let one = F::one();
+    let gy = dy.subrows(i0, n);
+    let np = zcat.ncols() / dv.max(1);
+    if np == 0 {
+        return;
+    }
+    // Read: y_r += w_j[r] (Q̃ Z_j)_r.
+    let rc = hd.lam.as_ref().map(|_| {
+        let mut r = Mat::<F>::zeros(n, dv * np);
+        mm(r.as_mut(), Accum::Replace, ck.qt.as_ref(), zcat.as_ref(), one);
+        r
+    });
+    let mut drc = Mat::<F>::zeros(n, dv * np);
+    for j in 0..np {
+        for r in 0..n {
+            let (w, col) = read(j, r);
+            for d in 0..dv {
+                drc[(r, j * dv + d)] = w * gy[(r, d)];
+            }
+            if let (Some(l), Some(rc)) = (col, &rc) {
+                out.dlam[(i0 + r, l)] +=
+                    dot((0..dv).map(|d| gy[(r, d)]), (0..dv).map(|d| rc[(r, j * dv + d)]));
+            }
+        }
+    }
+    mm(adj.qt.as_mut(), Accum::Add, drc.as_ref(), zcat.transpose(), one);
+    mm(adj.z.as_mut(), Accum::Replace, ck.qt.transpose(), drc.as_ref(), one);
+    // Transition: Z' = e^(γ_{n−1}) Z − K̂ᵀ W Z (the last term with the delta rule only).
+    let Some(dzp) = dzp else { return };
+    for c in 0..adj.z.ncols() {
+        for r in 0..dk {
+            adj.z[(r, c)] += ck.total * dzp[(r, c)];
+            adj.total += dzp[(r, c)] * zcat[(r, c)];
+        }
+    }
+    if let Some(wy) = &ck.wy {
+        let mut kd = Mat::<F>::zeros(n, dv * np);
+        mm(kd.as_mut(), Accum::Replace, ck.khat.as_ref(), dzp.as_ref(), one);
+        mm(adj.z.as_mut(), Accum::Add, wy.w.transpose(), kd.as_ref(), -one);
+        mm(adj.w.as_mut(), Accum::Add, kd.as_ref(), zcat.transpose(), -one);
+        let mut wz = Mat::<F>::zeros(n, dv * np);
+        mm(wz.as_mut(), Accum::Replace, wy.w.as_ref(), zcat.as_ref(), one);
+        mm(adj.khat.as_mut(), Accum::Add, wz.as_ref(), dzp.transpose(), -one);
+    }
+}
+
+/// The adjoint of a partial chunk from token levels (docs/math.md §7.1, *its reverse mode*):
+/// the chunk `ck` of `hd`'s rows `[i0, i0 + n)`, whose first token is at the absolute position
+/// `at`, read the held states `Z = [H_1 | H_2 | …]` (`D_k × (D_v · #held)`) with the weight and
+/// λ column `read(j, r)` per held state `j` and row `r`, transitioned them (`Z̄'` = `dzp`;
+/// `None`: zero), and added the blocks `H_B = X_{:,B} diag(β_B) V_B` (`X = K̂ᵀ T⁻¹`, `X = K̂ᵀ`
+/// and `β = 1` without the delta rule) of its tokens to the levels at its end, whose adjoints
+/// are `blocks` (rows `B` local to the chunk, `H̄_B` `D_k × D_v`). The adjoint of the blocks is
+/// `X̄_{:,B} = H̄_B (diag(β) V)_Bᵀ`, `(diag(β) V)̄_B = X_{:,B}ᵀ H̄_B`; then, with the delta rule,
+/// `K̂̄ += T⁻¹ X̄ᵀ` and `T̄ −= Xᵀ X̄ T^(−ᵀ)` (from `dX = −X dT T⁻¹`), and
+/// `β̄_s += v_s · (diag(β) V)̄_s`, `v̄_s += β_s (diag(β) V)̄_s`. The rest is the whole chunk's
+/// ([`intra_vjp`] with the levels of the absolute positions, [`pieces_vjp`]). Accumulates the
+/// gradients of the chunk's tokens into `out` and returns `Z̄`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn partial_chunk_vjp<F: VecMath>(
+    m: &LogLinear,
+    hd: &Head<'_, F>,
+    dy: MatRef<'_, F>,
+    ck: &Chunk<F>,
+    at: usize,
+    zcat: &Mat<F>,
+    read: impl Fn(usize, usize) -> (F, Option<usize>),
+    dzp: Option<&Mat<F>>,
+    blocks: &[(std::ops::Range<usize>, Mat<F>)],
+    out: &mut HeadGrads<F>,
+) -> Result<Mat<F>> {
+    let (i0, n, dk, dv) = (ck.i0, ck.n, hd.q.ncols(), hd.v.ncols());
+    let one = F::one();
+    let delta = ck.wy.is_some();
+    let (nd, nt) = if delta { (n, n) } else { (0, 0) };
+    let mut adj = Adj {
+        qt: Mat::zeros(n, dk),
+        khat: Mat::zeros(n, dk),
+        p: Mat::zeros(n, n),
+        w: Mat::zeros(nd, dk),
+        u: Mat::zeros(nd, dv),
+        t: Mat::zeros(nt, nt),
+        eg: vec![F::zero(); n],
+        beta: vec![F::zero(); n],
+        total: F::zero(),
+        z: Mat::zeros(dk, zcat.ncols()),
+    };
+    held_vjp(hd, dy, ck, zcat, read, dzp, &mut adj, out);
+    if !blocks.is_empty() {
+        let vc = hd.v.subrows(i0, n);
+        let bs = |s: usize| if delta { hd.beta[i0 + s] } else { one };
+        let bv = Mat::<F>::from_fn(n, dv, |s, d| bs(s) * vc[(s, d)]);
+        // X = K̂ᵀ T⁻¹ (K̂ᵀ without the delta rule), D_k × n.
+        let x = match &ck.wy {
+            Some(wy) => {
+                let mut x = Mat::<F>::zeros(dk, n);
+                mm(x.as_mut(), Accum::Replace, ck.khat.transpose(), wy.tinv.as_ref(), one);
+                x
+            }
+            None => ck.khat.transpose().to_owned(),
+        };
+        let mut dx = Mat::<F>::zeros(dk, n);
+        let mut dbv = Mat::<F>::zeros(n, dv);
+        for (b, dh) in blocks {
+            let (s0, len) = (b.start, b.len());
+            mm(
+                dx.as_mut().subcols_mut(s0, len),
+                Accum::Add,
+                dh.as_ref(),
+                bv.subrows(s0, len).transpose(),
+                one,
+            );
+            mm(
+                dbv.as_mut().subrows_mut(s0, len),
+                Accum::Add,
+                x.subcols(s0, len).transpose(),
+                dh.as_ref(),
+                one,
+            );
+        }
+        for s in 0..n {
+            for d in 0..dv {
+                out.dv[(i0 + s, d)] += bs(s) * dbv[(s, d)];
+            }
+        }
+        match &ck.wy {
+            Some(wy) => {
+                for s in 0..n {
+                    adj.beta[s] += dot((0..dv).map(|d| vc[(s, d)]), (0..dv).map(|d| dbv[(s, d)]));
+                }
+                // Z = X̄ T^(−ᵀ); K̂̄ += Zᵀ; T̄ −= Xᵀ Z.
+                let mut zt = Mat::<F>::zeros(dk, n);
+                mm(zt.as_mut(), Accum::Replace, dx.as_ref(), wy.tinv.transpose(), one);
+                adj.khat += zt.transpose();
+                mm(adj.t.as_mut(), Accum::Add, x.transpose(), zt.as_ref(), -one);
+            }
+            None => adj.khat += dx.transpose(),
+        }
+    }
+    intra_vjp(m, hd, dy, ck, at, &mut adj, out)?;
+    pieces_vjp(m, hd, ck, &mut adj, out);
+    Ok(adj.z)
 }
 
 /// The adjoint of the intra-chunk part: `Y += P Ũ` (gated DeltaNet), `Y += P V`
@@ -296,6 +421,7 @@ fn intra_vjp<F: VecMath>(
     hd: &Head<'_, F>,
     dy: MatRef<'_, F>,
     ck: &Chunk<F>,
+    at: usize,
     adj: &mut Adj<F>,
     out: &mut HeadGrads<F>,
 ) -> Result<()> {
@@ -321,7 +447,7 @@ fn intra_vjp<F: VecMath>(
     mm(e.as_mut(), Accum::Replace, gy, vc.transpose(), one);
     let mut la = Mat::<F>::zeros(n, n);
     let mut da = Mat::<F>::zeros(n, n);
-    visit_levels(m, i0, n, lam.ncols(), |r, s, l| {
+    visit_levels(m, at, n, lam.ncols(), |r, s, l| {
         let a = a0[(r, s)] * bs(s);
         let lw = lam[(i0 + r, l)];
         out.dlam[(i0 + r, l)] += a * e[(r, s)];

@@ -17,25 +17,26 @@
 //!   at `q` its states after the last chunk take the merge for chunk `q/C` and become token
 //!   levels `c + e` again.
 //!
-//! The backward runs the three parts in reverse: the tail's reverse mode (the literal
-//! recurrence's, [`vjp_tokens`]; only with a cotangent of the final levels, otherwise the
-//! chunked backward takes the tail as its partial last chunk), the adjoint of the merge at `q`,
-//! the chunked backward ([`super::backward_chunked`]) from those adjoints, and the head's
-//! reverse mode ([`vjp_tokens`]), whose adjoint of the initial levels is the initial state's
-//! gradient.
+//! The backward runs the three parts in reverse: the tail's reverse mode (the partial chunk's,
+//! [`partial_vjp`]; only with a cotangent of the final levels, otherwise the chunked backward
+//! takes the tail as its partial last chunk), the adjoint of the merge at `q`, the chunked
+//! backward ([`super::backward_chunked`]) from those adjoints, and the head's reverse mode
+//! ([`partial_vjp`]), whose adjoint of the initial levels is the initial state's gradient. The
+//! partial chunk's reverse mode is the whole chunk's with the reads' weights and the adjoints
+//! at its end remapped (docs/math.md §7.1, *its reverse mode*), so the head and the tail cost
+//! per token what the chunked backward does; the literal recurrence's reverse mode
+//! (`vjp_tokens`) is its reference in the tests.
 
 use faer::{Accum, Mat, MatRef};
 use mixer_core::fenwick::{bitlen, bucket, merge_level, merge_states};
 use mixer_core::mixers::loglinear::LogLinear;
-use mixer_core::mixers::loglinear::lift_state::{
-    Levels, TokenGrads, TokenRows, load, positions_each, vjp_tokens,
-};
+use mixer_core::mixers::loglinear::lift_state::{Levels, load, positions_each};
 use mixer_core::mixers::loglinear::state::STATE;
 use mixer_core::tensor::get;
 use mixer_core::{Error, Result, Tensors};
 use ndarray::ArrayD;
 
-use super::backward_chunked::{HeadGrads, head_vjp_levels};
+use super::backward_chunked::{HeadGrads, head_vjp_levels, partial_chunk_vjp};
 use super::chunked::{add_weighted_rows, chunk_pieces, intra_into, mm, run_head_levels, sweep, transition};
 use super::common::{Head, Layout};
 use crate::vmath::VecMath;
@@ -83,14 +84,17 @@ fn rows<'a, F: VecMath>(hd: &Head<'a, F>, r: std::ops::Range<usize>) -> Head<'a,
     }
 }
 
+#[cfg(test)]
 fn flat<F: VecMath>(a: MatRef<'_, F>) -> Vec<F> {
     (0..a.nrows()).flat_map(|r| (0..a.ncols()).map(move |c| a[(r, c)])).collect()
 }
 
-/// A head's rows as the row-major vectors of [`TokenRows`].
-fn owned<F: VecMath>(hd: &Head<'_, F>) -> TokenRows<F> {
+/// A head's rows as the row-major vectors of `TokenRows` (the literal recurrence's, for the
+/// tests).
+#[cfg(test)]
+fn owned<F: VecMath>(hd: &Head<'_, F>) -> mixer_core::mixers::loglinear::lift_state::TokenRows<F> {
     let lam = hd.lam.expect("a lift's head has λ");
-    TokenRows {
+    mixer_core::mixers::loglinear::lift_state::TokenRows {
         q: flat(hd.q),
         k: flat(hd.k),
         v: flat(hd.v),
@@ -267,32 +271,90 @@ fn partial<F: VecMath>(
     Ok(out)
 }
 
+/// The reverse mode of [`partial`] (docs/math.md §7.1, *its reverse mode*): from `dy` (the
+/// head's cotangent, rows `r` read) and the adjoint `d_end` of the merged-ahead levels at `E`,
+/// accumulates the gradients of rows `r` into `out` and returns the adjoint of the levels at
+/// `a` (the held levels `ℓ` with bit `ℓ − 1` of `a` set, or holding a state; zero elsewhere).
+/// Per held level `ℓ`: the read's weight at row `t` is `λ^(ℓ_t)`, `ℓ_t = max(ℓ, bitlen(t ⊕ a))`,
+/// and the adjoint of its transitioned state is `H̄^(max(ℓ, h))` at `E`; the run's tokens of the
+/// bucket `B` of level `ℓ ≤ h` at `E` take `H̄^(ℓ)` ([`partial_chunk_vjp`]). The chunk's pieces
+/// are formed again from its rows. An error where [`partial`] gives one (a held level read
+/// beyond λ's levels).
+#[allow(clippy::too_many_arguments)]
+fn partial_vjp<F: VecMath>(
+    m: &LogLinear,
+    hd: &Head<'_, F>,
+    pos: usize,
+    r: std::ops::Range<usize>,
+    levels: &Levels<F>,
+    dy: MatRef<'_, F>,
+    d_end: Levels<F>,
+    out: &mut HeadGrads<F>,
+) -> Result<Levels<F>> {
+    let (i0, n) = (r.start, r.len());
+    if n == 0 {
+        return Ok(d_end);
+    }
+    let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
+    let lam = hd.lam.ok_or_else(|| Error::config(&m.name, "a lift's head needs λ"))?;
+    let nl = lam.ncols();
+    let (a, end) = (pos + i0, pos + r.end);
+    let h = bitlen(end ^ a);
+    let ck = chunk_pieces(m, hd, i0, n);
+    let as_h = |st: &[F]| Mat::<F>::from_fn(dk, dv, |c, d| st[d * dk + c]);
+    let nonzero = |st: &[F]| st.iter().any(|&x| x != F::zero());
+    let held: Vec<usize> =
+        (1..levels.len()).filter(|&l| bucket(a, l).is_some() || nonzero(&levels[l])).collect();
+    let mut zcat = Mat::<F>::zeros(dk, dv * held.len());
+    let mut dzp = Mat::<F>::zeros(dk, dv * held.len());
+    let mut any = false;
+    // λ column of held level j at row x (None: beyond λ, a level that holds no state).
+    let mut cols = Vec::with_capacity(held.len());
+    for (j, &l) in held.iter().enumerate() {
+        zcat.as_mut().submatrix_mut(0, j * dv, dk, dv).copy_from(as_h(&levels[l]));
+        if let Some(d) = d_end.get(l.max(h)).filter(|d| nonzero(d)) {
+            dzp.as_mut().submatrix_mut(0, j * dv, dk, dv).copy_from(as_h(d));
+            any = true;
+        }
+        let col = (0..n)
+            .map(|x| {
+                let lt = l.max(bitlen((a + x) ^ a));
+                match (lt < nl, nonzero(&levels[l])) {
+                    (true, _) => Ok(Some(lt)),
+                    (false, false) => Ok(None),
+                    (false, true) => Err(m.level_error(a + x, a + x, lt, nl)),
+                }
+            })
+            .collect::<Result<Vec<Option<usize>>>>()?;
+        cols.push(col);
+    }
+    let read = |j: usize, x: usize| match cols[j][x] {
+        Some(l) => (lam[(i0 + x, l)], Some(l)),
+        None => (F::zero(), None),
+    };
+    // The adjoints of the run's tokens' blocks at E.
+    let mut blocks = Vec::new();
+    for l in 1..=h {
+        let (Some(b), Some(d)) = (bucket(end, l), d_end.get(l)) else { continue };
+        let (s0, s1) = (b.start.max(a), b.end.min(end));
+        if s0 < s1 && nonzero(d) {
+            blocks.push((s0 - a..s1 - a, as_h(d)));
+        }
+    }
+    let dz = partial_chunk_vjp(m, hd, dy, &ck, a, &zcat, read, any.then_some(&dzp), &blocks, out)?;
+    let mut d_start = vec![vec![F::zero(); dv * dk]; levels.len()];
+    for (j, &l) in held.iter().enumerate() {
+        add_transposed(&mut d_start[l], dz.submatrix(0, j * dv, dk, dv));
+    }
+    Ok(d_start)
+}
+
 /// `st += Hᵀ` (`st` a level state `S`, `Dv × Dk` row-major; `H` its `Dk × Dv` transpose form).
 fn add_transposed<F: VecMath>(st: &mut [F], h: MatRef<'_, F>) {
     let dk = h.nrows();
     for c in 0..dk {
         for d in 0..h.ncols() {
             st[d * dk + c] += h[(c, d)];
-        }
-    }
-}
-
-/// Adds the token gradients of the rows `at..` into `out`.
-fn put_tokens<F: VecMath>(out: &mut HeadGrads<F>, g: &TokenGrads<F>, at: usize) {
-    let (dk, dv, nl) = (out.dq.ncols(), out.dv.ncols(), out.dlam.ncols());
-    for i in 0..g.dg.len() {
-        let t = at + i;
-        for c in 0..dk {
-            out.dq[(t, c)] = g.dq[i * dk + c];
-            out.dk[(t, c)] = g.dk[i * dk + c];
-        }
-        for r in 0..dv {
-            out.dv[(t, r)] = g.dv[i * dv + r];
-        }
-        out.dg[t] = g.dg[i].f64();
-        out.dbeta[t] = g.dbeta[i];
-        for l in 0..nl {
-            out.dlam[(t, l)] = g.dlam[i * nl + l];
         }
     }
 }
@@ -317,9 +379,7 @@ pub(crate) fn head_vjp<F: VecMath>(
     // levels at the last chunk boundary.
     let q = if d_levels.iter().all(|l| l.iter().all(|&x| x == F::zero())) { t_len } else { q };
     let mut out = HeadGrads::zeros(t_len, dk, dv, nl);
-    let dy_rows = |r: std::ops::Range<usize>| flat(dy.subrows(r.start, r.len()));
     // Forward to the boundaries: the levels at p (head, as a partial chunk) and at q (middle).
-    let head = owned(&rows(hd, 0..p));
     let at_p = partial(m, hd, pos, 0..p, initial.clone(), Mat::<F>::zeros(p, dv).as_mut())?;
     let c0 = (pos + p) / m.chunk;
     let mid = rows(hd, p..q);
@@ -333,9 +393,7 @@ pub(crate) fn head_vjp<F: VecMath>(
             at_p.clone()
         };
         // Tail.
-        let tail = owned(&rows(hd, q..t_len));
-        let gt = vjp_tokens(m, &tail.tokens(), pos + q, &at_q, &dy_rows(q..t_len), &mut d_levels)?;
-        put_tokens(&mut out, &gt, q);
+        d_levels = partial_vjp(m, hd, pos, q..t_len, &at_q, dy, d_levels, &mut out)?;
     }
     // Middle: the adjoint of the merge at q, then the chunked backward.
     if q > p {
@@ -367,8 +425,7 @@ pub(crate) fn head_vjp<F: VecMath>(
         d_levels = to_token_levels(&d_h0, cbits, at_p.len(), dk, dv);
     }
     // Head.
-    let gh = vjp_tokens(m, &head.tokens(), pos, &initial, &dy_rows(0..p), &mut d_levels)?;
-    put_tokens(&mut out, &gh, 0);
+    let d_levels = partial_vjp(m, hd, pos, 0..p, &initial, dy, d_levels, &mut out)?;
     Ok((out, d_levels))
 }
 
@@ -378,7 +435,7 @@ mod tests {
     use super::*;
     use mixer_core::Dims;
     use mixer_core::mixer::{Mixer, complete_dims};
-    use mixer_core::mixers::loglinear::lift_state::run_tokens;
+    use mixer_core::mixers::loglinear::lift_state::{run_tokens, vjp_tokens};
     use mixer_core::mixers::loglinear::{Base, LambdaScheme, LevelMask, Lift};
 
     fn lift(base: Base, chunk: usize) -> LogLinear {
@@ -456,6 +513,128 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The largest entry-wise difference of `got` against `want`, relative to `want`'s largest
+    /// entry (at least 1).
+    fn rel_error(got: impl Iterator<Item = f64>, want: &[f64]) -> f64 {
+        let big = want.iter().fold(1.0f64, |b, &v| b.max(v.abs()));
+        got.zip(want).fold(0.0f64, |e, (g, &w)| e.max((g - w).abs())) / big
+    }
+
+    /// The reverse mode of the partial chunk ([`partial_vjp`]) against the literal recurrence's
+    /// ([`vjp_tokens`]) from the same levels, for the three lifts with chunks of 64 and 16: from
+    /// positions 0, 1, 5, 47, 62, 63, 64, 100, 127, 129, runs of 1, 2, 17 and 63 tokens and the
+    /// rest of the chunk (those inside one chunk), from a row inside a longer head (so rows are
+    /// offset), with random cotangents of `y` and of the levels at the end (the levels that hold
+    /// tokens there): every input's gradient (the other rows' zero) and the adjoint of the
+    /// levels held at the start, to 1e-10.
+    #[test]
+    fn the_partial_chunks_reverse_mode_is_the_literal_recurrences() {
+        let (dk, dv, nl) = (5, 3, 10);
+        let mut checked = 0;
+        for base in [Base::LinearAttention, Base::Mamba2, Base::GatedDeltaNet] {
+            for chunk in [64, 16] {
+                let m = lift(base, chunk);
+                for a in [0usize, 1, 5, 47, 62, 63, 64, 100, 127, 129] {
+                    let room = (a / chunk + 1) * chunk - a;
+                    let mut lens: Vec<usize> =
+                        [1, 2, 17, 63, room].into_iter().filter(|&n| n <= room).collect();
+                    lens.dedup();
+                    for n in lens {
+                        let what = format!("{} C = {chunk}, {n} tokens from {a}", m.name);
+                        let i0 = a.min(3);
+                        let t_len = i0 + n + 2;
+                        let dims: Dims =
+                            [("B", 1), ("T", t_len), ("H", 1), ("Dk", dk), ("Dv", dv), ("L", nl)]
+                                .into_iter()
+                                .collect();
+                        let seed = (a * 131 + n) as u64;
+                        let x = m.random_inputs(&complete_dims(&m, &dims), seed).unwrap();
+                        let lam = m.lambda_weights_ref(get(&x, "lambda").unwrap(), None).unwrap();
+                        let (_, _, heads) = common::heads(&m, &x, Some(&lam), None).unwrap();
+                        let hd = &heads[0];
+                        let levels = levels_at(a, nl, dv * dk, n + a);
+                        let end = a + n;
+                        let d_end: Levels<f64> = levels_at(end, nl + 1, dv * dk, 3 * n + 1)
+                            .into_iter()
+                            .map(|l| l.into_iter().map(|v| 0.5 * v + 0.125).collect::<Vec<f64>>())
+                            .enumerate()
+                            .map(
+                                |(l, v)| {
+                                    if l >= 1 && (end >> (l - 1)) & 1 == 1 { v } else { vec![0.0; v.len()] }
+                                },
+                            )
+                            .collect();
+                        let dy =
+                            Mat::<f64>::from_fn(t_len, dv, |t, d| ((t * 5 + d * 3) % 7) as f64 / 3.0 - 1.0);
+                        let mut out = HeadGrads::zeros(t_len, dk, dv, nl);
+                        let r = i0..i0 + n;
+                        let d_start = partial_vjp(
+                            &m,
+                            hd,
+                            a - i0,
+                            r.clone(),
+                            &levels,
+                            dy.as_ref(),
+                            d_end.clone(),
+                            &mut out,
+                        )
+                        .unwrap();
+                        let o = owned(&rows(hd, r.clone()));
+                        let mut want_start = d_end;
+                        let want = vjp_tokens(
+                            &m,
+                            &o.tokens(),
+                            a,
+                            &levels,
+                            &flat(dy.subrows(i0, n)),
+                            &mut want_start,
+                        )
+                        .unwrap();
+                        let row = |mat: &Mat<f64>, t: usize| {
+                            (0..mat.ncols()).map(move |c| mat[(t, c)]).collect::<Vec<_>>()
+                        };
+                        let rows_of =
+                            |mat: &Mat<f64>| r.clone().flat_map(|t| row(mat, t)).collect::<Vec<f64>>();
+                        let errs = [
+                            ("q", rel_error(rows_of(&out.dq).into_iter(), &want.dq)),
+                            ("k", rel_error(rows_of(&out.dk).into_iter(), &want.dk)),
+                            ("v", rel_error(rows_of(&out.dv).into_iter(), &want.dv)),
+                            ("g", rel_error(out.dg[r.clone()].iter().copied(), &want.dg)),
+                            ("beta", rel_error(out.dbeta[r.clone()].iter().copied(), &want.dbeta)),
+                            ("lambda", rel_error(rows_of(&out.dlam).into_iter(), &want.dlam)),
+                        ];
+                        for (name, err) in errs {
+                            // Linear attention takes no log-decays (its g̃ is not an input).
+                            if name == "g" && !base.has_decay() {
+                                continue;
+                            }
+                            assert!(err <= 1e-10, "{what}: d{name} off by {err:e} (relative)");
+                        }
+                        // The other rows get nothing.
+                        for t in (0..t_len).filter(|t| !r.contains(t)) {
+                            let z = row(&out.dq, t)
+                                .iter()
+                                .chain(&row(&out.dk, t))
+                                .chain(&row(&out.dv, t))
+                                .chain(&row(&out.dlam, t))
+                                .all(|&v| v == 0.0)
+                                && (out.dg[t] == 0.0 || !base.has_decay())
+                                && out.dbeta[t] == 0.0;
+                            assert!(z, "{what}: row {t} outside the chunk got a gradient");
+                        }
+                        // The adjoint of the levels held at a (the state's subspace).
+                        for l in (1..=nl).filter(|&l| (a >> (l - 1)) & 1 == 1) {
+                            let err = rel_error(d_start[l].iter().copied(), &want_start[l]);
+                            assert!(err <= 1e-10, "{what}: adjoint of level {l} at the start off by {err:e}");
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(checked > 100, "{checked} cases");
     }
 
     /// A level that holds a state and is read beyond λ's levels is an error of the partial chunk
