@@ -178,6 +178,26 @@ struct Adj<F> {
     z: Mat<F>,
 }
 
+impl<F: VecMath> Adj<F> {
+    /// Zero adjoints for a chunk of `n` tokens (`W̄, Ũ̄, T̄` empty without the delta rule) and
+    /// `zcols` columns of stacked start states.
+    fn zeros(n: usize, dk: usize, dv: usize, delta: bool, zcols: usize) -> Self {
+        let (nd, nt) = if delta { (n, n) } else { (0, 0) };
+        Adj {
+            qt: Mat::zeros(n, dk),
+            khat: Mat::zeros(n, dk),
+            p: Mat::zeros(n, n),
+            w: Mat::zeros(nd, dk),
+            u: Mat::zeros(nd, dv),
+            t: Mat::zeros(nt, nt),
+            eg: vec![F::zero(); n],
+            beta: vec![F::zero(); n],
+            total: F::zero(),
+            z: Mat::zeros(dk, zcols),
+        }
+    }
+}
+
 /// The adjoint of one chunk: accumulates the input gradients of its tokens into `out` and
 /// returns `Z̄`, the adjoint of its stacked start states (`D_k × (D_v · #present)`).
 /// `after[e]` is the adjoint of level `e` after the chunk (absent: zero).
@@ -191,20 +211,7 @@ fn chunk_vjp<F: VecMath>(
     out: &mut HeadGrads<F>,
 ) -> Result<Mat<F>> {
     let (n, dk, dv) = (ck.n, hd.q.ncols(), hd.v.ncols());
-    let delta = ck.wy.is_some();
-    let (nd, nt) = if delta { (n, n) } else { (0, 0) };
-    let mut adj = Adj {
-        qt: Mat::zeros(n, dk),
-        khat: Mat::zeros(n, dk),
-        p: Mat::zeros(n, n),
-        w: Mat::zeros(nd, dk),
-        u: Mat::zeros(nd, dv),
-        t: Mat::zeros(nt, nt),
-        eg: vec![F::zero(); n],
-        beta: vec![F::zero(); n],
-        total: F::zero(),
-        z: Mat::zeros(dk, dv * st.present.len()),
-    };
+    let mut adj = Adj::zeros(n, dk, dv, ck.wy.is_some(), dv * st.present.len());
     states_vjp(hd, dy, ck, st, after, &mut adj, out);
     intra_vjp(m, hd, dy, ck, ck.i0, &mut adj, out)?;
     pieces_vjp(m, hd, ck, &mut adj, out);
@@ -344,19 +351,7 @@ pub(crate) fn partial_chunk_vjp<F: VecMath>(
     let (i0, n, dk, dv) = (ck.i0, ck.n, hd.q.ncols(), hd.v.ncols());
     let one = F::one();
     let delta = ck.wy.is_some();
-    let (nd, nt) = if delta { (n, n) } else { (0, 0) };
-    let mut adj = Adj {
-        qt: Mat::zeros(n, dk),
-        khat: Mat::zeros(n, dk),
-        p: Mat::zeros(n, n),
-        w: Mat::zeros(nd, dk),
-        u: Mat::zeros(nd, dv),
-        t: Mat::zeros(nt, nt),
-        eg: vec![F::zero(); n],
-        beta: vec![F::zero(); n],
-        total: F::zero(),
-        z: Mat::zeros(dk, zcat.ncols()),
-    };
+    let mut adj = Adj::zeros(n, dk, dv, delta, zcat.ncols());
     held_vjp(hd, dy, ck, zcat, read, dzp, &mut adj, out);
     if !blocks.is_empty() {
         let vc = hd.v.subrows(i0, n);

@@ -37,7 +37,9 @@ use mixer_core::{Error, Result, Tensors};
 use ndarray::ArrayD;
 
 use super::backward_chunked::{HeadGrads, head_vjp_levels, partial_chunk_vjp};
-use super::chunked::{add_weighted_rows, chunk_pieces, intra_into, mm, run_head_levels, sweep, transition};
+use super::chunked::{
+    Chunk, add_weighted_rows, chunk_pieces, intra_into, mm, run_head_levels, sweep, transition,
+};
 use super::common::{Head, Layout};
 use crate::vmath::VecMath;
 
@@ -176,6 +178,46 @@ pub(crate) fn run_head<F: VecMath>(
     Ok((y, levels))
 }
 
+/// A partial chunk's rows `r` of a head run from position `pos`, and what [`partial`] and
+/// [`partial_vjp`] both need: its first row `i0` and length `n`, the head's `Dk, Dv`, λ and its
+/// levels `nl`, the absolute start `a` and end `E`, `h = bitlen(E ⊕ a)`, and the chunk's pieces.
+struct Span<'a, F: VecMath> {
+    i0: usize,
+    n: usize,
+    dk: usize,
+    dv: usize,
+    lam: MatRef<'a, F>,
+    nl: usize,
+    a: usize,
+    end: usize,
+    h: usize,
+    ck: Chunk<F>,
+}
+
+impl<'a, F: VecMath> Span<'a, F> {
+    /// `None` for an empty range; an error for a head without λ.
+    fn of(m: &LogLinear, hd: &Head<'a, F>, pos: usize, r: &std::ops::Range<usize>) -> Result<Option<Self>> {
+        let (i0, n) = (r.start, r.len());
+        if n == 0 {
+            return Ok(None);
+        }
+        let lam = hd.lam.ok_or_else(|| Error::config(&m.name, "a lift's head needs λ"))?;
+        let (a, end) = (pos + i0, pos + r.end);
+        Ok(Some(Span {
+            i0,
+            n,
+            dk: hd.q.ncols(),
+            dv: hd.v.ncols(),
+            lam,
+            nl: lam.ncols(),
+            a,
+            end,
+            h: bitlen(end ^ a),
+            ck: chunk_pieces(m, hd, i0, n),
+        }))
+    }
+}
+
 /// The rows `r` of a head (tokens `[a, E)`, `a = pos + r.start`, `E = pos + r.end`, inside one
 /// chunk: `E ≤ (⌊a/C⌋ + 1)·C`) run as one partial chunk from the merged-ahead token `levels`
 /// at `a` (docs/math.md §7.1, *head and tail*): writes rows `r` of `y` and returns the
@@ -201,16 +243,9 @@ fn partial<F: VecMath>(
     levels: Levels<F>,
     mut y: faer::MatMut<'_, F>,
 ) -> Result<Levels<F>> {
-    let (i0, n) = (r.start, r.len());
-    if n == 0 {
+    let Some(Span { i0, n, dk, dv, lam, nl, a, end, h, ck }) = Span::of(m, hd, pos, &r)? else {
         return Ok(levels);
-    }
-    let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
-    let lam = hd.lam.ok_or_else(|| Error::config(&m.name, "a lift's head needs λ"))?;
-    let nl = lam.ncols();
-    let (a, end) = (pos + i0, pos + r.end);
-    let h = bitlen(end ^ a);
-    let ck = chunk_pieces(m, hd, i0, n);
+    };
     let mut y = y.as_mut().subrows_mut(i0, n);
     intra_into(m, hd, i0, n, a, ck.p.clone(), ck.wy.as_ref(), y.as_mut())?;
     let mut out = vec![vec![F::zero(); dv * dk]; levels.len().max(h + 1)];
@@ -291,16 +326,9 @@ fn partial_vjp<F: VecMath>(
     d_end: Levels<F>,
     out: &mut HeadGrads<F>,
 ) -> Result<Levels<F>> {
-    let (i0, n) = (r.start, r.len());
-    if n == 0 {
+    let Some(Span { i0, n, dk, dv, lam, nl, a, end, h, ck }) = Span::of(m, hd, pos, &r)? else {
         return Ok(d_end);
-    }
-    let (dk, dv) = (hd.q.ncols(), hd.v.ncols());
-    let lam = hd.lam.ok_or_else(|| Error::config(&m.name, "a lift's head needs λ"))?;
-    let nl = lam.ncols();
-    let (a, end) = (pos + i0, pos + r.end);
-    let h = bitlen(end ^ a);
-    let ck = chunk_pieces(m, hd, i0, n);
+    };
     let as_h = |st: &[F]| Mat::<F>::from_fn(dk, dv, |c, d| st[d * dk + c]);
     let nonzero = |st: &[F]| st.iter().any(|&x| x != F::zero());
     let held: Vec<usize> =
