@@ -46,7 +46,7 @@ use faer::{Accum, Mat, MatRef};
 use mixer_core::Result;
 use mixer_core::mixers::loglinear::LogLinear;
 
-use super::chunked::{Chunk, Stacked, delta_intra, mm, read_weights, sweep, visit_levels};
+use super::chunked::{Chunk, Stacked, delta_intra, mm, own_state_factors, read_weights, sweep, visit_levels};
 use super::common::Head;
 
 /// One head's gradients: `dq, dk [T×Dk]`, `dv [T×Dv]`, `dg, dbeta [T]`, `dlam [T×L]`.
@@ -356,16 +356,7 @@ pub(crate) fn partial_chunk_vjp<F: VecMath>(
     if !blocks.is_empty() {
         let vc = hd.v.subrows(i0, n);
         let bs = |s: usize| if delta { hd.beta[i0 + s] } else { one };
-        let bv = Mat::<F>::from_fn(n, dv, |s, d| bs(s) * vc[(s, d)]);
-        // X = K̂ᵀ T⁻¹ (K̂ᵀ without the delta rule), D_k × n.
-        let x = match &ck.wy {
-            Some(wy) => {
-                let mut x = Mat::<F>::zeros(dk, n);
-                mm(x.as_mut(), Accum::Replace, ck.khat.transpose(), wy.tinv.as_ref(), one);
-                x
-            }
-            None => ck.khat.transpose().to_owned(),
-        };
+        let (x, bv) = own_state_factors(hd, ck);
         let mut dx = Mat::<F>::zeros(dk, n);
         let mut dbv = Mat::<F>::zeros(n, dv);
         for (b, dh) in blocks {

@@ -137,6 +137,22 @@ pub(crate) fn chunk_pieces<F: VecMath>(m: &LogLinear, hd: &Head<'_, F>, i0: usiz
     Chunk { i0, n, eg, tail, total, gamma, p, qt, khat, wy }
 }
 
+/// The factors of the chunk's own state by token, `K̂ᵀ Ũ = X diag(β) V`: `X = K̂ᵀ T⁻¹`
+/// (`D_k × n`; `K̂ᵀ` without the delta rule) and `diag(β) V` (`n × D_v`; `β = 1` without it).
+/// Token `s` adds `X_{:,s} β_s v_sᵀ` (docs/math.md §7.1, a partial chunk's levels at its end).
+pub(crate) fn own_state_factors<F: VecMath>(hd: &Head<'_, F>, ck: &Chunk<F>) -> (Mat<F>, Mat<F>) {
+    let x = match &ck.wy {
+        Some(wy) => {
+            let mut x = Mat::<F>::zeros(ck.khat.ncols(), ck.n);
+            mm(x.as_mut(), Accum::Replace, ck.khat.transpose(), wy.tinv.as_ref(), F::one());
+            x
+        }
+        None => ck.khat.transpose().to_owned(),
+    };
+    let bv = Mat::<F>::from_fn(ck.n, hd.v.ncols(), |s, d| hd.beta[ck.i0 + s] * hd.v[(ck.i0 + s, d)]);
+    (x, bv)
+}
+
 /// `P T⁻¹` (gated DeltaNet): the intra-chunk coefficients are `A = P T⁻¹ diag(β)`.
 pub(crate) fn delta_intra<F: VecMath>(p: MatRef<'_, F>, wy: &Wy<F>) -> Mat<F> {
     let mut a = Mat::<F>::zeros(p.nrows(), p.ncols());

@@ -38,7 +38,8 @@ use ndarray::ArrayD;
 
 use super::backward_chunked::{HeadGrads, head_vjp_levels, partial_chunk_vjp};
 use super::chunked::{
-    Chunk, add_weighted_rows, chunk_pieces, intra_into, mm, run_head_levels, sweep, transition,
+    Chunk, add_weighted_rows, chunk_pieces, intra_into, mm, own_state_factors, run_head_levels, sweep,
+    transition,
 };
 use super::common::{Head, Layout};
 use crate::vmath::VecMath;
@@ -125,7 +126,7 @@ fn to_chunk_levels<F: VecMath>(
     let mut out: Vec<Option<Mat<F>>> = vec![None];
     for st in levels.iter().skip(cbits + 1) {
         let nonzero = st.iter().any(|&x| x != F::zero());
-        out.push(nonzero.then(|| Mat::from_fn(dk, dv, |c, r| st[r * dk + c])));
+        out.push(nonzero.then(|| as_h(st, dk, dv)));
     }
     out
 }
@@ -254,10 +255,7 @@ fn partial<F: VecMath>(
     if !live.is_empty() {
         let mut zcat = Mat::<F>::zeros(dk, dv * live.len());
         for (j, &l) in live.iter().enumerate() {
-            let st = &levels[l];
-            zcat.as_mut()
-                .submatrix_mut(0, j * dv, dk, dv)
-                .copy_from(Mat::<F>::from_fn(dk, dv, |c, d| st[d * dk + c]));
+            zcat.as_mut().submatrix_mut(0, j * dv, dk, dv).copy_from(as_h(&levels[l], dk, dv));
         }
         let (next, off) = transition(&ck, m.base, &zcat, true);
         let read = if off > 0 {
@@ -282,17 +280,7 @@ fn partial<F: VecMath>(
         }
     }
     // The run's tokens by their buckets at E: X_B diag(β_B) V_B.
-    let tinv_k;
-    let x = match &ck.wy {
-        Some(wy) => {
-            let mut x = Mat::<F>::zeros(dk, n);
-            mm(x.as_mut(), Accum::Replace, ck.khat.transpose(), wy.tinv.as_ref(), F::one());
-            tinv_k = x;
-            tinv_k.as_ref()
-        }
-        None => ck.khat.transpose(),
-    };
-    let bv = Mat::<F>::from_fn(n, dv, |s, d| hd.beta[i0 + s] * hd.v[(i0 + s, d)]);
+    let (x, bv) = own_state_factors(hd, &ck);
     let mut hb = Mat::<F>::zeros(dk, dv);
     for l in 1..=h {
         let Some(b) = bucket(end, l) else { continue };
@@ -329,7 +317,6 @@ fn partial_vjp<F: VecMath>(
     let Some(Span { i0, n, dk, dv, lam, nl, a, end, h, ck }) = Span::of(m, hd, pos, &r)? else {
         return Ok(d_end);
     };
-    let as_h = |st: &[F]| Mat::<F>::from_fn(dk, dv, |c, d| st[d * dk + c]);
     let nonzero = |st: &[F]| st.iter().any(|&x| x != F::zero());
     let held: Vec<usize> =
         (1..levels.len()).filter(|&l| bucket(a, l).is_some() || nonzero(&levels[l])).collect();
@@ -339,9 +326,9 @@ fn partial_vjp<F: VecMath>(
     // λ column of held level j at row x (None: beyond λ, a level that holds no state).
     let mut cols = Vec::with_capacity(held.len());
     for (j, &l) in held.iter().enumerate() {
-        zcat.as_mut().submatrix_mut(0, j * dv, dk, dv).copy_from(as_h(&levels[l]));
+        zcat.as_mut().submatrix_mut(0, j * dv, dk, dv).copy_from(as_h(&levels[l], dk, dv));
         if let Some(d) = d_end.get(l.max(h)).filter(|d| nonzero(d)) {
-            dzp.as_mut().submatrix_mut(0, j * dv, dk, dv).copy_from(as_h(d));
+            dzp.as_mut().submatrix_mut(0, j * dv, dk, dv).copy_from(as_h(d, dk, dv));
             any = true;
         }
         let col = (0..n)
@@ -366,7 +353,7 @@ fn partial_vjp<F: VecMath>(
         let (Some(b), Some(d)) = (bucket(end, l), d_end.get(l)) else { continue };
         let (s0, s1) = (b.start.max(a), b.end.min(end));
         if s0 < s1 && nonzero(d) {
-            blocks.push((s0 - a..s1 - a, as_h(d)));
+            blocks.push((s0 - a..s1 - a, as_h(d, dk, dv)));
         }
     }
     let dz = partial_chunk_vjp(m, hd, dy, &ck, a, &zcat, read, any.then_some(&dzp), &blocks, out)?;
@@ -375,6 +362,12 @@ fn partial_vjp<F: VecMath>(
         add_transposed(&mut d_start[l], dz.submatrix(0, j * dv, dk, dv));
     }
     Ok(d_start)
+}
+
+/// A level state `S` (`D_v × D_k`, row-major) as `H = Sᵀ` (`D_k × D_v`), the chunked form's
+/// orientation.
+fn as_h<F: VecMath>(st: &[F], dk: usize, dv: usize) -> Mat<F> {
+    Mat::from_fn(dk, dv, |c, d| st[d * dk + c])
 }
 
 /// `st += Hᵀ` (`st` a level state `S`, `Dv × Dk` row-major; `H` its `Dk × Dv` transpose form).
