@@ -43,9 +43,11 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
     if !nvrtc_here() {
         return;
     }
+    // Each job: (kernel, source, architecture, options); compiled on every core at the end (one
+    // NVRTC run per job takes seconds, and the list is long).
+    let mut jobs: Vec<(&str, String, &str, Vec<String>)> = Vec::new();
     for k in mixer_cuda::kernels::ALL {
-        let n = compile_only(k.name, &k.full(), "sm_90").unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 100, "{}: PTX of {n} bytes", k.name);
+        jobs.push((k.name, k.full(), "sm_90", Vec::new()));
     }
     // The Hopper-only part of the attention source: the wgmma kernel, as the host compiles it.
     let src = mixer_cuda::kernels::ATTENTION_FUSED.full();
@@ -57,17 +59,13 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
             format!("-DATT_BK={bk}"),
             format!("-DATT_D={d}"),
         ];
-        let n =
-            compile_only_with("attention_fused", &src, "sm_90a", &extra).unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 100, "attention_fused {extra:?}: PTX of {n} bytes");
+        jobs.push(("attention_fused", src.clone(), "sm_90a", extra));
     }
     // Gated DeltaNet's chunked backward with the head dims fixed as the host compiles it.
     let bwd = mixer_cuda::kernels::LOGLINEAR_BACKWARD_CHUNKED.full();
     for (dk, dv) in [(5, 16), (70, 70), (64, 64), (128, 128), (256, 256), (16, 5)] {
-        let extra = [format!("-DLLC_DK={dk}"), format!("-DLLC_DV={dv}")];
-        let n = compile_only_with("loglinear_backward_chunked", &bwd, "sm_90", &extra)
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 100, "loglinear_backward_chunked {extra:?}: PTX of {n} bytes");
+        let extra = vec![format!("-DLLC_DK={dk}"), format!("-DLLC_DV={dv}")];
+        jobs.push(("loglinear_backward_chunked", bwd.clone(), "sm_90", extra));
     }
     // The exact attention kernel and the mma.sync kernels at the launch plans of other head dims
     // (attention::fast::plan: Dk ≠ Dv, odd, 256 in f64; tensor cores at 32, 96, 128).
@@ -86,8 +84,7 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         } else {
             mixer_cuda::kernels::ATTENTION_FUSED
         };
-        let n = compile_only_with(k.name, &k.full(), "sm_90", &pl.options).unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 100, "{} {:?}: PTX of {n} bytes", pl.function, pl.options);
+        jobs.push((k.name, k.full(), "sm_90", pl.options));
     }
     // The tensor-core backward at every head dim its plan takes (both modes share one source).
     let bwd = mixer_cuda::kernels::ATTENTION_BACKWARD_FUSED.full();
@@ -104,9 +101,7 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         .unwrap()
         .unwrap();
         assert_eq!(pl.dkdv.options, pl.dq.options);
-        let n = compile_only_with("attention_backward_fused", &bwd, "sm_90", &pl.dkdv.options)
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 100, "attention_backward_fused {:?}: PTX of {n} bytes", pl.dkdv.options);
+        jobs.push(("attention_backward_fused", bwd.clone(), "sm_90", pl.dkdv.options));
     }
     // Gated DeltaNet's state passes as the host compiles them: head dims fixed, warps per block
     // and buffers of the register-state passes (tf32 and bf16), k's bits taken as they are in the
@@ -136,12 +131,39 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
             extra.push("-DDH_BF16=1".into());
             wy_opts.push("-DDH_BF16=1".into());
         }
-        let n = compile_only_with("loglinear_state_pass", &pass, "sm_90", &extra)
-            .unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 100, "loglinear_state_pass {extra:?}: PTX of {n} bytes");
-        let n = compile_only_with("loglinear_wy", &wy, "sm_90", &wy_opts).unwrap_or_else(|e| panic!("{e}"));
-        assert!(n > 100, "loglinear_wy {wy_opts:?}: PTX of {n} bytes");
+        jobs.push(("loglinear_state_pass", pass.clone(), "sm_90", extra));
+        jobs.push(("loglinear_wy", wy.clone(), "sm_90", wy_opts));
     }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len());
+    let failures: Vec<String> = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut bad = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some((name, src, arch, opts)) = jobs.get(i) else {
+                            return bad;
+                        };
+                        match compile_only_with(name, src, arch, opts) {
+                            Ok(n) if n > 100 => {}
+                            Ok(n) => bad.push(format!("{name} {arch} {opts:?}: PTX of {n} bytes")),
+                            Err(e) => bad.push(format!("{name} {arch} {opts:?}: {e}")),
+                        }
+                    }
+                })
+            })
+            .collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap()).collect()
+    });
+    assert!(
+        failures.is_empty(),
+        "{} of {} compilations failed:\n{}",
+        failures.len(),
+        jobs.len(),
+        failures.join("\n")
+    );
 }
 
 /// `true` when NVRTC is here; otherwise prints why the test skips (and fails it under
