@@ -6,14 +6,16 @@
 //! the entry point of the command line and the Python package), in `--precision`'s mode; where
 //! the backend has a fast backward, both backwards run too (exact mode: the packed backward
 //! takes no other) from one standard-normal cotangent. With `--states` both runs start from random
-//! initial states (`Mixer::random_state`, one row per sequence for the batch), return their final
-//! states, and the backwards take random cotangents of those: the path of chunked prefill and of
+//! initial states (`Mixer::random_state`, one row per sequence for the batch; the lifts' with
+//! [`SPARE_LEVELS`] levels of room, so they start from populated levels), return their final
+//! states, and the backwards take random cotangents of those (every entry): the path of chunked prefill and of
 //! truncated backpropagation through time. Median of `reps` timed runs after one
 //! untimed run, wall time of the host-array calls (validation included; on a device backend,
 //! the copies to and from the device too).
 
 use mixer_core::mixer::{Mixer, complete_dims};
 use mixer_core::spec::{Gen, draw};
+use mixer_core::state::{no_state, random};
 use mixer_core::tensor::cast_tensors;
 use mixer_core::{DType, Dims, Error, Form, Precision, Requires, Result, Tensors};
 use mixer_registry::Backend;
@@ -56,12 +58,16 @@ struct States<F> {
 }
 
 impl<F: Scalar> States<F> {
-    /// Random states (`Mixer::random_state`) for `n` sequences of the sizes `dims` (`B = 1`).
+    /// Random states (`Mixer::random_state`) for `n` sequences of the sizes `dims` (`B = 1`),
+    /// and cotangents of the final states with every entry drawn from `[−1, 1)`
+    /// (`mixer_core::state::random`: a valid state's empty slots, e.g. a lift's levels above
+    /// its position, would make its cotangent partly zero).
     fn draw(m: &dyn Mixer, dims: &Dims, n: usize, seed: u64) -> Result<Self> {
         let mut rows = dims.clone();
         rows.insert("B", n);
         let pair = |d: &Dims, s: u64| -> Result<(Tensors<F>, Tensors<F>)> {
-            Ok((cast_tensors::<F>(&m.random_state(d, s)?), cast_tensors::<F>(&m.random_state(d, s + 1)?)))
+            let shapes = m.state_shapes(d).map_err(|why| no_state(m.name(), &why))?;
+            Ok((cast_tensors::<F>(&m.random_state(d, s)?), cast_tensors::<F>(&random(&shapes, s + 1))))
         };
         Ok(States { one: pair(dims, seed)?, rows: pair(&rows, seed + 2)? })
     }
@@ -112,6 +118,21 @@ fn measure<F: Scalar>(
     Ok(Times { one: t_one, packed: t_packed, backward })
 }
 
+/// Levels `L` to spare for runs from states: a lift's random state sits at a position in
+/// `1 … 2^(L−1) − T` (`Mixer::random_state`), so with the fewest levels `T` needs it would sit at
+/// 0 with every level empty; two more levels put it at a small nonzero position with
+/// populated levels, and the run crosses chunk boundaries after a head of its own.
+const SPARE_LEVELS: usize = 2;
+
+/// The sizes of the inputs: `dims`, and with `--states` [`SPARE_LEVELS`] more levels than `T`
+/// needs for a mixer with levels (the log-linear lifts).
+fn room_for_states(m: &dyn Mixer, mut dims: Dims, with_states: bool) -> Dims {
+    if with_states && let Some(&l) = complete_dims(m, &dims).get("L") {
+        dims.insert("L", l + SPARE_LEVELS);
+    }
+    dims
+}
+
 /// Lengths measured when `--seq` is left at its default.
 pub const DEFAULT_SEQS: [usize; 2] = [4096, 16384];
 
@@ -137,10 +158,11 @@ pub(crate) fn run(opts: &Options, counts: &[usize], with_states: bool) -> Result
         for b in &backends {
             let with_backward = backward_forms(m.as_ref(), b.name()).contains(&Form::Fast);
             for &seq in &opts.seqs {
-                let x = m.random_inputs(&sizes(opts, seq).dims(), opts.seed)?;
+                let dims = room_for_states(m.as_ref(), sizes(opts, seq).dims(), with_states);
+                let x = m.random_inputs(&dims, opts.seed)?;
                 let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0xb4c);
                 let dy = draw(Gen::Normal(1.0), x[m.spec().mixed].shape(), &mut rng);
-                let dims = complete_dims(m.as_ref(), &sizes(opts, seq).dims());
+                let dims = complete_dims(m.as_ref(), &dims);
                 for &n in counts {
                     let cu = random_offsets(seq, n, opts.seed)?;
                     let states = with_states.then_some((&dims, opts.seed ^ 0x57a7));
