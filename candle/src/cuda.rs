@@ -11,9 +11,9 @@
 //!   are copied into the flat result candle owns (one copy of the output).
 //! - In the `bf16` mode the activations (`x`, `q`, `k`, `v`) are rounded to bf16 on the device
 //!   first and `y` is widened back to `f32` after, the values the CPU path's rounding gives.
-//! - What the device forms do not have (a run from a state of the lifts, a packed batch of the
-//!   GLR, a backward the backend lacks, an op whose backend is not `cuda`) runs on the host on
-//!   a copy of the buffers, as the CPU path does, and comes back to the device.
+//! - What the device forms do not have (a run from a state of the lifts, the GLR or the
+//!   Toeplitz mixer, a backward the backend lacks, an op whose backend is not `cuda`) runs on
+//!   the host on a copy of the buffers, as the CPU path does, and comes back to the device.
 //! - As in the Python package's zero-copy path, the value constraints of the inputs (finite
 //!   values, `g ≤ 0`, `β ∈ [0, 1]`, …) are not checked on the device: reading their outcome
 //!   would wait for the stream. Shapes, sizes and dtypes are checked on the host.

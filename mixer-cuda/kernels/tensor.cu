@@ -1,4 +1,5 @@
-// Element-wise helpers of device tensors: bfloat16 conversions and the input value checks.
+// Element-wise helpers of device tensors: bfloat16 conversions, the input value checks, and the
+// row copies and sums of packed batches.
 //
 // bf16 is handled as its 16 bits (unsigned short): f32 → bf16 rounds to nearest, ties to
 // even, NaN kept quiet (the same rule as the host's round_bf16), bf16 → f32 is exact.
@@ -92,4 +93,41 @@ extern "C" __global__ void check_values_f64(const double* a, long long n, int c,
 }
 extern "C" __global__ void check_values_bf16(const unsigned short* a, long long n, int c, long long* flag) {
     check_values<unsigned short>(a, n, c, flag);
+}
+
+// Packed batches (device_packed.rs): `rows` runs of `width` elements, run r read from
+// src[r · src_pitch …] and written to dst[r · dst_pitch …] (a sequence's slots cut out of the
+// packed buffer's slot axis, or its slots' gradients placed back into it).
+template <typename T>
+__device__ void copy_rows(const T* src, long long src_pitch, T* dst, long long dst_pitch, long long width,
+                          long long rows) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = gtid(); i < rows * width; i += stride) {
+        const long long r = i / width, c = i - r * width;
+        dst[r * dst_pitch + c] = src[r * src_pitch + c];
+    }
+}
+
+extern "C" __global__ void copy_rows_f32(const float* src, long long sp, float* dst, long long dp, long long w,
+                                         long long rows) {
+    copy_rows<float>(src, sp, dst, dp, w, rows);
+}
+extern "C" __global__ void copy_rows_f64(const double* src, long long sp, double* dst, long long dp, long long w,
+                                         long long rows) {
+    copy_rows<double>(src, sp, dst, dp, w, rows);
+}
+extern "C" __global__ void copy_rows_bf16(const unsigned short* src, long long sp, unsigned short* dst,
+                                          long long dp, long long w, long long rows) {
+    copy_rows<unsigned short>(src, sp, dst, dp, w, rows);
+}
+
+// out[i] += a[i]: the gradients of a packed batch's inputs taken whole (Toeplitz taps, λ
+// parameters), summed over the sequences in their order (as the host path sums them).
+extern "C" __global__ void add_into_f32(const float* a, float* out, long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = gtid(); i < n; i += stride) out[i] = out[i] + a[i];
+}
+extern "C" __global__ void add_into_f64(const double* a, double* out, long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = gtid(); i < n; i += stride) out[i] = out[i] + a[i];
 }

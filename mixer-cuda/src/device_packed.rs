@@ -1,28 +1,32 @@
 //! Packed variable-length batches on device tensors (`cu_seqlens`, docs/math.md §7.2):
-//! [`run_device_packed`] and [`backward_device_packed`] of the `fast` form, for mixers whose
-//! inputs are all per token: without states for any such mixer with a device `fast` form
-//! (attention included), with states for those whose `fast` form runs from a state on device
-//! tensors (linear attention, Mamba-2, gated DeltaNet; the registry decides, as for
-//! [`crate::run_device_from_state`]).
+//! [`run_device_packed`] and [`backward_device_packed`] of the `fast` form: without states for
+//! any mixer with a device `fast` form (attention, the GLR and the Toeplitz mixer included), with
+//! states for those whose `fast` form runs from a state on device tensors (linear attention,
+//! Mamba-2, gated DeltaNet; the registry decides, as for [`crate::run_device_from_state`]).
 //!
 //! Linear attention and Mamba-2 (f32 or bf16 activations, every mode) and gated DeltaNet (its
 //! register state passes) run the whole batch in one launch sequence over a chunk table whose chunking restarts at every sequence start
 //! (`crate::loglinear::packed`), bit for bit the sequences run one by one. Every other mixer and
 //! mode runs sequence by sequence:
 //!
-//! Every sequence runs as a sequence of its own: its rows of the packed buffer are zero-copy
-//! views (`B = 1`, so sequence `i`'s tokens `cu_seqlens[i] .. cu_seqlens[i + 1]` are one
-//! contiguous block of every per-token input), run by the device form from row `i` of the initial
-//! state (zeros without one) in the mode asked, and its output is copied into the packed `y`
-//! (zeros past the last offset); final states come back one row per sequence. So a packed batch
-//! equals the sequences run one by one on the device, bit for bit, as the host-array path
+//! Every sequence runs as a sequence of its own, as `mixer_core::state::segment` cuts it on the
+//! host: its rows of every per-token input are zero-copy views (`B = 1`, so sequence `i`'s
+//! tokens `cu_seqlens[i] .. cu_seqlens[i + 1]` are one contiguous block), inputs without a
+//! sequence axis (the Toeplitz taps and bias, λ parameters) are taken whole, and an axis whose
+//! size is a function of the length (the GLR's slots, `Mixer::length_axes`) is cut to the
+//! sequence's own size by one copy on the device (plain runs only: a run from a state reads the
+//! slots of absolute positions). The sequence is run by the device form from row `i` of the
+//! initial state (zeros without one) in the mode asked, and its output is copied into the packed
+//! `y` (zeros past the last offset); final states come back one row per sequence. So a packed
+//! batch equals the sequences run one by one on the device, bit for bit, as the host-array path
 //! (`mixer_registry::packed`) does; nothing goes through the host. The cost is one run per
 //! sequence (its launches and host-side work), not one run over the whole buffer.
 //!
 //! The backward runs each sequence's backward (from its state, or the plain backward in the mode
-//! without states) on the same views and writes the gradients at the sequence's rows (zero past
-//! the last offset). An empty sequence passes its initial state through unchanged, and its
-//! cotangent back.
+//! without states) on the same inputs and writes the gradients of per-token inputs at the
+//! sequence's rows (zero past the last offset, and in the slots a shorter sequence does not
+//! have); the gradients of inputs taken whole are summed over the sequences in their order. An
+//! empty sequence passes its initial state through unchanged, and its cotangent back.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -34,9 +38,11 @@ use mixer_core::{Error, Form, Precision, Requires, Result};
 use crate::device_state::{
     Cotangents, backward_device_from_state_with, run_device_from_state_with, run_packed,
 };
+use crate::kernels;
 use crate::pool::{self, Pooled};
-use crate::runtime::{err, gpu};
+use crate::runtime::{err, gpu, grid1, launch};
 use crate::tensor::{AnyDeviceTensor, Deferred, DeviceScalar, DeviceTensor, DeviceTensors, bf16};
+use cudarc::driver::{CudaView, CudaViewMut};
 
 const WHAT: &str = "packed";
 
@@ -70,7 +76,7 @@ pub fn run_device_packed(
             finals.push(row);
             continue;
         }
-        let seg = segment(inputs, r.clone())?;
+        let seg = segment(m, inputs, r.clone(), stateful)?;
         if !stateful {
             ys.push((r.start, crate::device_run::run_device_with(m, Form::Fast, &seg, precision, checks)?));
             continue;
@@ -134,7 +140,7 @@ pub fn backward_device_packed(
             d_init.push(df);
             continue;
         }
-        let seg = segment(inputs, r.clone())?;
+        let seg = segment(m, inputs, r.clone(), stateful)?;
         let dyi = rows(dy, r.clone())?;
         if stateful {
             let c = Cotangents { dy: &dyi, d_final: df.as_ref(), requires };
@@ -148,8 +154,10 @@ pub fn backward_device_packed(
             ));
         }
     }
-    // Every gradient a sequence returned, assembled at its rows; inputs no sequence ran give
-    // what the registry's checks would: the names `requires` asks for, zero everywhere.
+    // Every gradient a sequence returned, assembled at its rows (summed for inputs taken whole);
+    // inputs no sequence ran give what the registry's checks would: the names `requires` asks
+    // for, zero everywhere.
+    let per_token = m.spec().per_token();
     let names: Vec<String> = match grads.first() {
         Some((_, g)) => g.keys().cloned().collect(),
         None => inputs.keys().filter(|k| requires.wants(k)).map(|k| format!("d_{k}")).collect(),
@@ -162,7 +170,12 @@ pub fn backward_device_packed(
             .map(|(at, g)| g.get(&name).cloned().map(|t| (*at, t)).ok_or_else(|| missing(&name)))
             .collect::<Result<_>>()?;
         let dtype = parts.first().map_or(grad_dtype(x.dtype(), precision), |(_, t)| t.dtype());
-        out.insert(name, assemble(&parts, x.shape(), dtype, t_len)?);
+        let g = if per_token.iter().any(|p| name[2..] == *p) {
+            assemble(&parts, x.shape(), dtype, t_len)?
+        } else {
+            summed(&parts, x.shape(), dtype)?
+        };
+        out.insert(name, g);
     }
     let d_initial = match initial {
         Some(_) => stack(m, inputs, d_init)?,
@@ -171,8 +184,7 @@ pub fn backward_device_packed(
     Ok((out, d_initial))
 }
 
-/// The sequences' row ranges and `T`, after checking the offsets and that every input is a
-/// per-token `[1, T, …]` tensor with no other axis tied to `T`.
+/// The sequences' row ranges and `T`, after checking the offsets against the mixed input.
 fn layout(m: &dyn Mixer, inputs: &DeviceTensors, cu_seqlens: &[usize]) -> Result<(Vec<Range<usize>>, usize)> {
     let spec = m.spec();
     let mixed = inputs.get(spec.mixed).ok_or_else(|| missing(spec.mixed))?;
@@ -180,26 +192,72 @@ fn layout(m: &dyn Mixer, inputs: &DeviceTensors, cu_seqlens: &[usize]) -> Result
         [b, t, ..] => (*b, *t),
         s => return Err(Error::shape(spec.mixed, "[B, T, …]", format!("{s:?}"))),
     };
-    let ranges = check_cu_seqlens(cu_seqlens, b, t)?;
-    let per_token = spec.per_token();
-    let host_only = |why: String| Error::FormUnavailable {
-        mixer: m.name().into(),
-        form: format!("fast over a packed batch on device tensors ({why})"),
-        backend: "cuda".into(),
-        available: "the same call on host arrays only".into(),
-    };
-    if let Some(k) = inputs.keys().find(|k| !per_token.contains(k)) {
-        return Err(host_only(format!("input `{k}` is taken whole, not per token")));
-    }
-    if !m.length_axes(t).is_empty() {
-        return Err(host_only("it has axes tied to T".into()));
-    }
-    Ok((ranges, t))
+    Ok((check_cu_seqlens(cu_seqlens, b, t)?, t))
 }
 
-/// Sequence `r`'s inputs: zero-copy views of rows `r` of every `[1, T, …]` input.
-fn segment(inputs: &DeviceTensors, r: Range<usize>) -> Result<DeviceTensors> {
-    inputs.iter().map(|(k, v)| Ok((k.clone(), rows(v, r.clone())?))).collect()
+/// Sequence `r`'s inputs (as `mixer_core::state::segment`): zero-copy views of rows `r` of every
+/// per-token `[1, T, …]` input, every other input whole, and (without states) each length axis
+/// cut to its size at the sequence's length by [`leading`].
+fn segment(m: &dyn Mixer, inputs: &DeviceTensors, r: Range<usize>, stateful: bool) -> Result<DeviceTensors> {
+    let per_token = m.spec().per_token();
+    let cuts = if stateful { Vec::new() } else { m.length_axes(r.len()) };
+    inputs
+        .iter()
+        .map(|(k, v)| {
+            let mut t = if per_token.contains(k) { rows(v, r.clone())? } else { v.clone() };
+            if let Some(&(_, axis, n)) = cuts.iter().find(|c| c.0 == k.as_str())
+                && t.shape().get(axis).is_some_and(|&size| size > n)
+            {
+                t = leading(&t, axis, n)?;
+            }
+            Ok((k.clone(), t))
+        })
+        .collect()
+}
+
+/// The first `n` entries of axis `axis` of `t`, as a new contiguous tensor (one copy on the
+/// device), keeping `t`'s deferred checks.
+fn leading(t: &AnyDeviceTensor, axis: usize, n: usize) -> Result<AnyDeviceTensor> {
+    fn of<T: DeviceScalar>(t: &AnyDeviceTensor, axis: usize, n: usize) -> Result<AnyDeviceTensor> {
+        let x = T::unwrap(t).ok_or_else(|| err(WHAT, "internal: a tensor of another type"))?;
+        let s = x.shape();
+        let outer: usize = s[..axis].iter().product();
+        let inner: usize = s[axis + 1..].iter().product();
+        let mut shape = s.to_vec();
+        shape[axis] = n;
+        let mut buf: Pooled<T> = pool::take::<T>(WHAT, outer * n * inner)?;
+        copy_rows(&x.view(), s[axis] * inner, &mut buf.slice_mut(..), n * inner, n * inner, outer)?;
+        Ok(T::wrap(DeviceTensor::from_pooled(buf, &shape)?.with_checks(x.checks().iter().cloned())))
+    }
+    match t.dtype() {
+        "f32" => of::<f32>(t, axis, n),
+        "f64" => of::<f64>(t, axis, n),
+        _ => of::<bf16>(t, axis, n),
+    }
+}
+
+/// `rows` runs of `width` elements from `src` (run `r` at `r · src_pitch`) to `dst` (at
+/// `r · dst_pitch`), on the device (`kernels/tensor.cu`, `copy_rows_*`).
+fn copy_rows<T: DeviceScalar>(
+    src: &CudaView<'_, T>,
+    src_pitch: usize,
+    dst: &mut CudaViewMut<'_, T>,
+    dst_pitch: usize,
+    width: usize,
+    rows: usize,
+) -> Result<()> {
+    let n = width * rows;
+    if n == 0 {
+        return Ok(());
+    }
+    let last = |pitch: usize| (rows - 1) * pitch + width;
+    if last(src_pitch) > src.len() || last(dst_pitch) > dst.len() {
+        return Err(err(WHAT, "internal: a row copy past its buffers"));
+    }
+    let g = gpu()?;
+    let f = g.kernel(WHAT, &kernels::TENSOR, &[], &format!("copy_rows_{}", T::ELEM))?;
+    let (sp, dp, w, r) = (src_pitch as i64, dst_pitch as i64, width as i64, rows as i64);
+    launch!(g, WHAT, f, grid1(n.min(1 << 20), 256); src, &sp, dst, &dp, &w, &r)
 }
 
 /// Rows `r` (axis 1) of a `[1, T, …]` tensor, as a `[1, len, …]` view: the batch view of the
@@ -303,6 +361,10 @@ fn place<T: DeviceScalar>(
         if x.is_empty() {
             continue;
         }
+        if let Some((rows, width, pitch)) = narrower(x.shape(), shape)? {
+            copy_rows(&x.view(), width, &mut buf.slice_mut(start.min(n)..), pitch, width, rows)?;
+            continue;
+        }
         if start + x.len() > n {
             return Err(err(WHAT, "internal: a sequence's rows past the packed buffer"));
         }
@@ -313,6 +375,104 @@ fn place<T: DeviceScalar>(
     Ok(T::wrap(DeviceTensor::from_pooled(buf, shape)?))
 }
 
+/// Where a part `[1, len, …]` is narrower than the buffer `[1, T, …]` on one axis `a ≥ 2` (a
+/// sequence's slots): `(rows, width, pitch)` of its placement as runs, `rows = len · Π
+/// shape[2..a]` runs of `width = part[a] · Π shape[a+1..]` elements, `pitch = shape[a] · Π
+/// shape[a+1..]` apart in the buffer; `None` where it is as wide on every axis.
+fn narrower(part: &[usize], shape: &[usize]) -> Result<Option<(usize, usize, usize)>> {
+    let bad = || err(WHAT, format!("internal: a part {part:?} of a packed buffer {shape:?}"));
+    if part.len() != shape.len() || part.len() < 2 {
+        return Err(bad());
+    }
+    let wider: Vec<usize> = (2..part.len()).filter(|&a| part[a] != shape[a]).collect();
+    match wider[..] {
+        [] => Ok(None),
+        [a] if part[a] < shape[a] => {
+            let inner: usize = shape[a + 1..].iter().product();
+            let rows = part[1] * shape[2..a].iter().product::<usize>();
+            Ok(Some((rows, part[a] * inner, shape[a] * inner)))
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// The sum of `parts` (each of `shape`, in order) as one tensor of `dtype` (`f32` or `f64`;
+/// zeros without parts), carrying their deferred checks: the gradient of an input taken whole.
+fn summed(parts: &[(usize, AnyDeviceTensor)], shape: &[usize], dtype: &str) -> Result<AnyDeviceTensor> {
+    fn of<T: DeviceScalar>(parts: &[(usize, AnyDeviceTensor)], shape: &[usize]) -> Result<AnyDeviceTensor> {
+        let n: usize = shape.iter().product();
+        let mut buf: Pooled<T> = pool::zeros::<T>(WHAT, n)?;
+        let g = gpu()?;
+        let f = g.kernel(WHAT, &kernels::TENSOR, &[], &format!("add_into_{}", T::ELEM))?;
+        for (_, t) in parts {
+            let x = T::unwrap(t).ok_or_else(|| err(WHAT, "internal: a gradient of another type"))?;
+            if x.shape() != shape {
+                return Err(err(WHAT, format!("internal: a gradient {:?} for {shape:?}", x.shape())));
+            }
+            let (xv, ni) = (x.view(), n as i64);
+            if n > 0 {
+                launch!(g, WHAT, f.clone(), grid1(n.min(1 << 20), 256); &xv, &mut *buf, &ni)?;
+            }
+        }
+        Ok(T::wrap(DeviceTensor::from_pooled(buf, shape)?))
+    }
+    let checks: Vec<Arc<Deferred>> = parts.iter().flat_map(|(_, t)| t.checks().to_vec()).collect();
+    let out = match dtype {
+        "f32" => of::<f32>(parts, shape)?,
+        "f64" => of::<f64>(parts, shape)?,
+        other => return Err(err(WHAT, format!("internal: no summed gradient of {other}"))),
+    };
+    Ok(out.with_checks(checks))
+}
+
 fn missing(name: &str) -> Error {
     err(WHAT, format!("internal: `{name}` missing"))
+}
+
+#[cfg(test)]
+mod tests {
+    use ndarray::{ArrayD, IxDyn, s};
+
+    use super::narrower;
+
+    /// What `copy_rows` does on the device, on host slices.
+    fn copy_rows(src: &[f64], sp: usize, dst: &mut [f64], dp: usize, width: usize, rows: usize) {
+        for r in 0..rows {
+            dst[r * dp..r * dp + width].copy_from_slice(&src[r * sp..r * sp + width]);
+        }
+    }
+
+    /// The runs [`narrower`] gives place a sequence's slots `[1, len, k, c]` at its rows of a
+    /// `[1, T, K, c]` buffer exactly where ndarray's slicing puts them, zeros elsewhere; parts
+    /// as wide as the buffer take the plain copy; a part wider than the buffer, or narrower on
+    /// two axes, is refused.
+    #[test]
+    fn the_slot_runs_place_a_sequence_where_slicing_does() {
+        let (t, kk, c) = (11, 5, 3);
+        for (at, len, k) in [(0, 4, 2), (4, 7, 5), (3, 1, 0), (2, 6, 3)] {
+            let part =
+                ArrayD::from_shape_fn(IxDyn(&[1, len, k, c]), |i| (1 + i[1] * 100 + i[2] * 10 + i[3]) as f64);
+            let mut want = ArrayD::<f64>::zeros(IxDyn(&[1, t, kk, c]));
+            want.slice_mut(s![.., at..at + len, ..k, ..]).assign(&part);
+            let mut got = vec![0.0; t * kk * c];
+            match narrower(part.shape(), &[1, t, kk, c]).unwrap() {
+                Some((rows, width, pitch)) => {
+                    assert_eq!((rows, width, pitch), (len, k * c, kk * c));
+                    let start = at * kk * c;
+                    copy_rows(part.as_slice().unwrap(), width, &mut got[start..], pitch, width, rows);
+                }
+                None => {
+                    assert_eq!(k, kk);
+                    let start = at * kk * c;
+                    got[start..start + part.len()].copy_from_slice(part.as_slice().unwrap());
+                }
+            }
+            assert_eq!(got, want.into_raw_vec_and_offset().0, "at {at}, len {len}, k {k}");
+        }
+        // An axis past the slots (`[1, T, 4, K, 2]`, the slots at axis 3).
+        assert_eq!(narrower(&[1, 3, 4, 2, 2], &[1, 9, 4, 5, 2]).unwrap(), Some((12, 4, 10)));
+        assert!(narrower(&[1, 3, 6, 2], &[1, 9, 5, 2]).is_err(), "wider than the buffer");
+        assert!(narrower(&[1, 3, 4, 1], &[1, 9, 5, 2]).is_err(), "narrower on two axes");
+        assert!(narrower(&[1, 3, 4], &[1, 9, 5, 2]).is_err(), "another rank");
+    }
 }

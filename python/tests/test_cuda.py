@@ -484,3 +484,30 @@ def test_packed_batches_on_cuda_tensors_are_zero_copy(name, precision, monkeypat
     if stateful:
         assert torch.equal(s0_dev.grad.cpu(), torch.from_numpy(want["d_initial_state"]["S"])), "d_initial_state"
     assert calls == ["forward", "backward"], calls
+
+
+@pytest.mark.parametrize("name,config", [("glr", {"pattern": "pow2"}), ("toeplitz", {"heads": 3})])
+def test_packed_glr_and_toeplitz_on_cuda_tensors_are_zero_copy(name, config, monkeypatch):
+    """A packed batch of the GLR (each sequence's slots cut on the device) and of the Toeplitz
+    mixer (taps taken whole, their gradient summed over the sequences) on CUDA tensors takes the
+    zero-copy path, forward and backward; y and every gradient equal the Rust CUDA path's packed
+    call on host arrays bit for bit, and rows past the last offset are zero."""
+    calls = []
+    for fn in ("forward", "backward"):
+        real = getattr(_cuda, fn)
+        monkeypatch.setattr(_cuda, fn, lambda *a, _f=real, _n=fn, **k: (calls.append(_n), _f(*a, **k))[1])
+    cu = [0, 0, 1, 66, 130, 170]
+    x = inputs(name, config, dtype=torch.float32, seq=180, seed=3, **dict(SIZES, batch=1))
+    dev = {k: v.cuda().requires_grad_() for k, v in x.items()}
+    cu_dev = torch.tensor(cu, device="cuda", dtype=torch.int32)
+    host = {k: v.numpy() for k, v in x.items()}
+    y = mixers.run(name, config, cu_seqlens=cu_dev, **dev)
+    want_y = mixers.run_numpy(name, config, backend="cuda", cu_seqlens=cu, **host)
+    assert torch.equal(y.detach().cpu(), torch.from_numpy(want_y)), f"{name}: y"
+    assert not y[:, cu[-1]:].any(), "rows past the last offset"
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    want = mixers.backward(name, dy.cpu().numpy(), config, backend="cuda", cu_seqlens=cu, **host)
+    for k, v in dev.items():
+        assert torch.equal(v.grad.cpu(), torch.from_numpy(want["d_" + k])), f"{name}: d_{k}"
+    assert calls == ["forward", "backward"], calls

@@ -3,7 +3,7 @@
 //! device forms sequence by sequence on uploaded copies), bit for bit: linear attention, Mamba-2
 //! and gated DeltaNet with and without states in every precision mode, attention without; an
 //! empty sequence, one token, two, around a chunk (63, 64, 65, 68) and the last offset short of
-//! the buffer (rows past it zero); and the errors.
+//! the buffer (rows past it zero); the GLR and the Toeplitz mixer without states; and the errors.
 
 use mixer_core::mixer::Mixer;
 use mixer_core::state::StateVjp;
@@ -139,15 +139,66 @@ fn device_packed_batches_refuse_what_they_cannot_run() {
     let e = run_device_packed(m.as_ref(), &x, &[0, 4, 9], Some(&wrong), true, Precision::Exact, true)
         .unwrap_err();
     assert!(e.to_string().contains("one row per sequence"), "{e}");
-    let t = mixer("toeplitz", &serde_json::json!({})).unwrap();
-    let td = mixer_core::mixer::complete_dims(
-        t.as_ref(),
-        &mixer_registry::Sizes { batch: 1, seq: 9, channels: 4, heads: 1, dk: 4, dv: 4 }.dims(),
-    );
-    let tx =
-        upload_inputs(&cast_tensors::<f32>(&t.random_inputs(&td, 1).unwrap()), Precision::Exact).unwrap();
-    let e = run_device_packed(t.as_ref(), &tx, &[0, 4, 9], None, false, Precision::Exact, true).unwrap_err();
-    assert!(e.to_string().contains("host arrays only") && e.to_string().contains("taken whole"), "{e}");
+}
+
+/// The GLR (slots cut to each sequence's length on the device, their gradients placed back with
+/// zeros in the slots a shorter sequence lacks) and the Toeplitz mixer (taps and bias taken whole,
+/// their gradients summed over the sequences) over the sequences of [`CU`]: the device packed run
+/// and backward against the host packed path on CUDA, bit for bit, in every mode the host path
+/// runs (and refused by both in the others).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn device_packed_batches_of_the_glr_and_the_toeplitz_mixer_equal_the_host_packed_path() {
+    let Some(_turn) = gpu() else { return };
+    let gpu = cuda();
+    let all = Requires::All;
+    let sizes = mixer_registry::Sizes { batch: 1, seq: T, channels: 6, heads: 2, dk: 4, dv: 4 }.dims();
+    for (name, cfg) in [
+        ("glr", serde_json::json!({"pattern": "pow2"})),
+        ("glr", serde_json::json!({"pattern": "sq1", "cache_efficient": true})),
+        ("glr", serde_json::json!({"pattern": "pow2", "on": "both"})),
+        ("kth-order", serde_json::json!({"order": 3})),
+        ("toeplitz", serde_json::json!({})),
+        ("toeplitz", serde_json::json!({"heads": 3})),
+    ] {
+        let m = mixer(name, &cfg).unwrap();
+        let dims = mixer_core::mixer::complete_dims(m.as_ref(), &sizes);
+        let x = cast_tensors::<f32>(&m.random_inputs(&dims, 7).unwrap());
+        for p in [Precision::Exact, Precision::Tf32, Precision::Bf16] {
+            let label = format!("{name} {cfg} {p}");
+            let dev = upload_inputs(&x, p).unwrap();
+            let device = run_device_packed(m.as_ref(), &dev, &CU, None, false, p, true);
+            let want = match run_packed(m.as_ref(), &gpu, Form::Fast, &x, &CU, None, false, p) {
+                Ok((want, _)) => want,
+                Err(e) => {
+                    assert!(device.is_err(), "{label}: the host path refuses ({e}), the device path runs");
+                    continue;
+                }
+            };
+            let y = download_as::<f32>(&device.unwrap().0).unwrap();
+            assert_eq!(y, want, "{label}: y");
+            tail_is_zero(&y, &label);
+            if p != Precision::Exact {
+                continue;
+            }
+            let dy = want.mapv(|v| (1.7 * v + 0.2).sin());
+            let args = StateVjp { x: &x, initial: None, dy: &dy, d_final: None, requires: &all };
+            let (g, _) = backward_packed(m.as_ref(), &gpu, Form::Fast, &CU, args).unwrap();
+            let dyd = upload_one(&dy, false).unwrap();
+            let (gd, _) =
+                backward_device_packed(m.as_ref(), &dev, &CU, None, &dyd, None, &all, p, true).unwrap();
+            let gd = down(&gd);
+            assert_eq!(
+                gd.keys().collect::<Vec<_>>(),
+                g.keys().collect::<Vec<_>>(),
+                "{label}: gradient names"
+            );
+            for (k, v) in &g {
+                assert_eq!(&gd[k], v, "{label}: {k}");
+            }
+            assert!(g.values().all(|v| v.iter().any(|&e| e != 0.0)), "{label}: a zero gradient");
+        }
+    }
 }
 
 /// Linear attention and Mamba-2 over 60 sequences (H = 4, D = 64) in every mode, with and without
