@@ -17,8 +17,9 @@
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::attention::state::LENGTH;
 use mixer_core::mixers::attention::{Attention, Logits};
+use mixer_core::real::dot8;
 use mixer_core::tensor::contiguous;
-use mixer_core::{Dims, DimsExt, Error, Real, Result, Tensors};
+use mixer_core::{Dims, DimsExt, Error, Result, Tensors};
 use ndarray::{ArrayD, ArrayView1, IxDyn};
 use rayon::prelude::*;
 
@@ -26,9 +27,6 @@ use crate::vmath::VecMath;
 
 /// Cache entries × head dims per step above which the heads run in parallel.
 const PAR_WORK: usize = 1 << 16;
-
-/// Partial sums of the score dot products (lets them vectorise without reassociation).
-const LANES: usize = 8;
 
 /// The attention KV-cache decoder on CPU.
 pub struct AttentionDecoder<F> {
@@ -91,23 +89,6 @@ impl<F: VecMath> AttentionDecoder<F> {
     }
 }
 
-/// `a · b` in `F` with [`LANES`] independent partial sums.
-fn dot_lanes<F: Real>(a: &[F], b: &[F]) -> F {
-    let mut acc = [F::zero(); LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let (ra, rb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..LANES {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let mut s = acc.iter().fold(F::zero(), |s, &v| s + v);
-    for (&x, &y) in ra.iter().zip(rb) {
-        s += x * y;
-    }
-    s
-}
-
 /// One head's output over the cached rows `slots` (token indices `first..=t` in order):
 /// `out = Σ w_s v_s / Σ w_s`. `u` and `w` are scratch of at least `slots.len()` entries;
 /// `neg` whether `σ < 0`.
@@ -132,7 +113,7 @@ fn head<F: VecMath>(
     let mut mx = f64::NEG_INFINITY;
     for (i, s) in (first..=t).enumerate() {
         let kr = &keys[(s % cap) * dk..][..dk];
-        let key = super::key(lg, dot_lanes(q, kr), ArrayView1::from(q), ArrayView1::from(kr), t, s)?;
+        let key = super::key(lg, dot8(q, kr), ArrayView1::from(q), ArrayView1::from(kr), t, s)?;
         u[i] = key;
         mx = mx.max(key);
     }

@@ -30,7 +30,7 @@ use super::{Base, LogLinear, STATE};
 use crate::error::{Error, Result, fmt_shape};
 use crate::fenwick::{bitlen, merge_level, num_levels};
 use crate::grad::{Requires, grad_name};
-use crate::real::Real;
+use crate::real::{Real, dot8};
 use crate::state::StateShapes;
 use crate::tensor::{Tensors, get};
 
@@ -237,25 +237,9 @@ pub fn store_slots<F: Real>(dst: &mut [F], levels: &Levels<F>) -> Result<()> {
     Ok(())
 }
 
-/// `Σ_c a[c] b[c]` in eight running sums added in a fixed order (the compiler vectorises
-/// them; a single running sum is bound by the latency of each addition).
-fn dot<F: Real>(a: &[F], b: &[F]) -> F {
-    let mut acc = [F::zero(); 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail = ca.remainder().iter().zip(cb.remainder()).fold(F::zero(), |s, (&x, &y)| s + x * y);
-    for (x, y) in ca.zip(cb) {
-        let (x, y): (&[F; 8], &[F; 8]) =
-            (x.try_into().expect("a chunk of 8"), y.try_into().expect("a chunk of 8"));
-        for j in 0..8 {
-            acc[j] += x[j] * y[j];
-        }
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
 /// `S k` row by row (`S` is `Dv × Dk` row-major).
 fn gdn_rows<F: Real>(st: &[F], k: &[F], dv: usize, dk: usize) -> Vec<F> {
-    (0..dv).map(|r| dot(&st[r * dk..(r + 1) * dk], k)).collect()
+    (0..dv).map(|r| dot8(&st[r * dk..(r + 1) * dk], k)).collect()
 }
 
 /// The transition of one token on one level: Mamba-2 `S ← e^g S`, gated DeltaNet
@@ -339,7 +323,7 @@ pub fn run_tokens<F: Real>(
             }
             let w = scale * x.lam[i * nl + l];
             for r in 0..dv {
-                yt[r] += w * dot(&st[r * dk..(r + 1) * dk], q);
+                yt[r] += w * dot8(&st[r * dk..(r + 1) * dk], q);
             }
         }
         merge(levels, pos + i + 1);
@@ -410,7 +394,7 @@ pub fn vjp_tokens<F: Real>(
             let w = scale * x.lam[i * nl + l];
             let mut dl = z;
             for r in 0..dv {
-                let sq = dot(&st[r * dk..(r + 1) * dk], q);
+                let sq = dot8(&st[r * dk..(r + 1) * dk], q);
                 dl += gy[r] * sq;
                 for c in 0..dk {
                     dz[l][r * dk + c] += w * gy[r] * q[c];
