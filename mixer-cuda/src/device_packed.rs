@@ -164,13 +164,14 @@ pub fn backward_device_packed(
     };
     let mut out = DeviceTensors::new();
     for name in names {
-        let x = inputs.get(name.trim_start_matches("d_")).ok_or_else(|| missing(&name))?;
+        let input = name.trim_start_matches("d_");
+        let x = inputs.get(input).ok_or_else(|| missing(&name))?;
         let parts: Vec<(usize, AnyDeviceTensor)> = grads
             .iter()
             .map(|(at, g)| g.get(&name).cloned().map(|t| (*at, t)).ok_or_else(|| missing(&name)))
             .collect::<Result<_>>()?;
         let dtype = parts.first().map_or(grad_dtype(x.dtype(), precision), |(_, t)| t.dtype());
-        let g = if per_token.iter().any(|p| name[2..] == *p) {
+        let g = if per_token.iter().any(|p| p == input) {
             assemble(&parts, x.shape(), dtype, t_len)?
         } else {
             summed(&parts, x.shape(), dtype)?
@@ -215,18 +216,19 @@ fn segment(m: &dyn Mixer, inputs: &DeviceTensors, r: Range<usize>, stateful: boo
         .collect()
 }
 
-/// The first `n` entries of axis `axis` of `t`, as a new contiguous tensor (one copy on the
-/// device), keeping `t`'s deferred checks.
+/// The first `n` entries of axis `axis ≥ 2` of a `[1, len, …]` tensor `t`, as a new contiguous
+/// tensor (one copy on the device, the runs of [`narrower`] read the other way), keeping `t`'s
+/// deferred checks.
 fn leading(t: &AnyDeviceTensor, axis: usize, n: usize) -> Result<AnyDeviceTensor> {
     fn of<T: DeviceScalar>(t: &AnyDeviceTensor, axis: usize, n: usize) -> Result<AnyDeviceTensor> {
         let x = T::unwrap(t).ok_or_else(|| err(WHAT, "internal: a tensor of another type"))?;
-        let s = x.shape();
-        let outer: usize = s[..axis].iter().product();
-        let inner: usize = s[axis + 1..].iter().product();
-        let mut shape = s.to_vec();
+        let mut shape = x.shape().to_vec();
         shape[axis] = n;
-        let mut buf: Pooled<T> = pool::take::<T>(WHAT, outer * n * inner)?;
-        copy_rows(&x.view(), s[axis] * inner, &mut buf.slice_mut(..), n * inner, n * inner, outer)?;
+        let Some((rows, width, pitch)) = narrower(&shape, x.shape())? else {
+            return Ok(t.clone());
+        };
+        let mut buf: Pooled<T> = pool::take::<T>(WHAT, shape.iter().product())?;
+        copy_rows(&x.view(), pitch, &mut buf.slice_mut(..), width, width, rows)?;
         Ok(T::wrap(DeviceTensor::from_pooled(buf, &shape)?.with_checks(x.checks().iter().cloned())))
     }
     match t.dtype() {
@@ -381,7 +383,7 @@ fn place<T: DeviceScalar>(
 /// shape[a+1..]` apart in the buffer; `None` where it is as wide on every axis.
 fn narrower(part: &[usize], shape: &[usize]) -> Result<Option<(usize, usize, usize)>> {
     let bad = || err(WHAT, format!("internal: a part {part:?} of a packed buffer {shape:?}"));
-    if part.len() != shape.len() || part.len() < 2 {
+    if part.len() != shape.len() || part.len() < 2 || part[0] != 1 || shape[0] != 1 {
         return Err(bad());
     }
     let wider: Vec<usize> = (2..part.len()).filter(|&a| part[a] != shape[a]).collect();
@@ -474,5 +476,6 @@ mod tests {
         assert!(narrower(&[1, 3, 6, 2], &[1, 9, 5, 2]).is_err(), "wider than the buffer");
         assert!(narrower(&[1, 3, 4, 1], &[1, 9, 5, 2]).is_err(), "narrower on two axes");
         assert!(narrower(&[1, 3, 4], &[1, 9, 5, 2]).is_err(), "another rank");
+        assert!(narrower(&[2, 3, 4, 2], &[2, 9, 5, 2]).is_err(), "more than one batch row");
     }
 }

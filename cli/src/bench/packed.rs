@@ -124,10 +124,10 @@ fn measure<F: Scalar>(
 /// populated levels, and the run crosses chunk boundaries after a head of its own.
 const SPARE_LEVELS: usize = 2;
 
-/// The sizes of the inputs: `dims`, and with `--states` [`SPARE_LEVELS`] more levels than `T`
-/// needs for a mixer with levels (the log-linear lifts).
-fn room_for_states(m: &dyn Mixer, mut dims: Dims, with_states: bool) -> Dims {
-    if with_states && let Some(&l) = complete_dims(m, &dims).get("L") {
+/// The sizes of the inputs: the completed sizes `dims`, and with `--states` [`SPARE_LEVELS`]
+/// more levels than `T` needs for a mixer with levels (the log-linear lifts).
+fn room_for_states(mut dims: Dims, with_states: bool) -> Dims {
+    if with_states && let Some(&l) = dims.get("L") {
         dims.insert("L", l + SPARE_LEVELS);
     }
     dims
@@ -158,11 +158,10 @@ pub(crate) fn run(opts: &Options, counts: &[usize], with_states: bool) -> Result
         for b in &backends {
             let with_backward = backward_forms(m.as_ref(), b.name()).contains(&Form::Fast);
             for &seq in &opts.seqs {
-                let dims = room_for_states(m.as_ref(), sizes(opts, seq).dims(), with_states);
+                let dims = room_for_states(complete_dims(m.as_ref(), &sizes(opts, seq).dims()), with_states);
                 let x = m.random_inputs(&dims, opts.seed)?;
                 let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed ^ 0xb4c);
                 let dy = draw(Gen::Normal(1.0), x[m.spec().mixed].shape(), &mut rng);
-                let dims = complete_dims(m.as_ref(), &dims);
                 for &n in counts {
                     let cu = random_offsets(seq, n, opts.seed)?;
                     let states = with_states.then_some((&dims, opts.seed ^ 0x57a7));
