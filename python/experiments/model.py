@@ -13,6 +13,10 @@ attention (+ window)        ``q, k, v = u·W_q, u·W_k, u·W_v``; scale ``1/√(
 GLR (``on = "b"``)          ``x = u·W_x``, ``α = σ(u·W_α + b_α)`` per channel,
                             ``β[t, j] = γ_t · softmax_{j active at t}(q_t·k_{d_j(t)}/√(D/H) + b_j)``
                             per head, ``γ = σ(u·W_γ + b_γ)``: ``Σ_j |β_{t,j}| = γ_t ≤ 1`` (stable)
+GLR (``on = "a"``)          ``x = u·W_x``, ``α[t, 0 | 1+j] = softmax over the token itself and the
+                            active slots of q'_t·k'_s/√(D/H) + b'`` per head (its own ``W_q', W_k'``,
+                            bias ``b' [K+1, H]``): attention restricted to the pattern; no ``β``
+GLR (``on = "both"``)       the ``α`` of ``"a"`` and the ``β`` of ``"b"``
 Mamba-2                     ``q, k, v`` projections, ``g = −e^{a_h}·softplus(u·W_g + b_g)``,
                             scale ``1/√(D/H)``
 gated DeltaNet              the same with ``q, k`` L2-normalised per head, ``β = σ(u·W_β + b_β)``
@@ -119,18 +123,27 @@ class MixerLayer(nn.Module):
         if self.fam == "attention":
             self.wq, self.wk, self.wv = lin(d), lin(d), lin(d)
         elif self.fam == "glr":
-            if cfg.get("on", "b") != "b":
-                raise ValueError(f"`{name}`: training supports GLR with on = \"b\" only, got on = {cfg['on']!r}")
+            self.on = cfg.get("on", "b")
+            if self.on not in ("a", "b", "both"):
+                raise ValueError(f"`{name}`: on must be \"a\", \"b\" or \"both\", got on = {self.on!r}")
             import json
 
-            src = glr_sources(name, json.dumps(cfg, sort_keys=True), seq)
+            # The slots' sources do not depend on where the pattern sits.
+            src = glr_sources(name, json.dumps({**cfg, "on": "b"}, sort_keys=True), seq)
             self.register_buffer("src", torch.from_numpy(np.maximum(src, 0)), persistent=False)
             self.register_buffer("active", torch.from_numpy(src >= 0), persistent=False)
             k = src.shape[1]
-            self.wx, self.walpha, self.wq, self.wk = lin(d), lin(d, True), lin(d), lin(d)
-            self.slot_bias = nn.Parameter(torch.zeros(k, h))
-            self.wgamma = lin(h, True)
-            nn.init.ones_(self.wgamma.bias)
+            self.wx = lin(d)
+            if self.on == "b":
+                self.walpha = lin(d, True)
+            else:  # the pattern on A: attention over the token itself and its slots
+                self.wqa, self.wka = lin(d), lin(d)
+                self.slot_bias_a = nn.Parameter(torch.zeros(k + 1, h))
+            if self.on != "a":  # the pattern on B
+                self.wq, self.wk = lin(d), lin(d)
+                self.slot_bias = nn.Parameter(torch.zeros(k, h))
+                self.wgamma = lin(h, True)
+                nn.init.ones_(self.wgamma.bias)
         elif self.fam == "ssd":
             self.gdn = "deltanet" in name
             self.lift = name.startswith("loglinear-")
@@ -191,13 +204,24 @@ class MixerLayer(nn.Module):
         if self.fam == "attention":
             y = self._run(q=heads(self.wq(u)), k=heads(self.wk(u)), v=heads(self.wv(u)))
         elif self.fam == "glr":
-            q, k = heads(self.wq(u)), heads(self.wk(u))
-            z = self.slot_scores(q, k) / math.sqrt(dh) + self.slot_bias
             mask = self.active[None, :, :, None]
-            p = torch.softmax(z.masked_fill(~mask, -1e30), dim=2) * mask  # no active slot: 0
-            gamma = torch.sigmoid(self.wgamma(u))  # [B, T, H]
-            beta = (p * gamma[:, :, None, :]).repeat_interleave(dh, dim=3)  # [B, T, K, D]
-            y = self._run(x=self.wx(u), alpha=torch.sigmoid(self.walpha(u)), beta=beta)
+            inputs = {"x": self.wx(u)}
+            if self.on == "b":
+                inputs["alpha"] = torch.sigmoid(self.walpha(u))
+            else:  # slot 0: the token itself, always active
+                qa, ka = heads(self.wqa(u)), heads(self.wka(u))
+                za = torch.cat([(qa * ka).sum(-1)[:, :, None, :], self.slot_scores(qa, ka)], dim=2)
+                za = za / math.sqrt(dh) + self.slot_bias_a
+                maska = torch.cat([torch.ones_like(mask[:, :, :1]), mask], dim=2)
+                pa = torch.softmax(za.masked_fill(~maska, -1e30), dim=2) * maska
+                inputs["alpha"] = pa.repeat_interleave(dh, dim=3)  # [B, T, K + 1, D]
+            if self.on != "a":
+                q, k = heads(self.wq(u)), heads(self.wk(u))
+                z = self.slot_scores(q, k) / math.sqrt(dh) + self.slot_bias
+                p = torch.softmax(z.masked_fill(~mask, -1e30), dim=2) * mask  # no active slot: 0
+                gamma = torch.sigmoid(self.wgamma(u))  # [B, T, H]
+                inputs["beta"] = (p * gamma[:, :, None, :]).repeat_interleave(dh, dim=3)  # [B, T, K, D]
+            y = self._run(**inputs)
         elif self.fam == "ssd":
             q, k, v = heads(self.wq(u)), heads(self.wk(u)), heads(self.wv(u))
             if self.gdn:

@@ -46,6 +46,9 @@ def parser(experiment: str) -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
     p.add_argument("--pos-std", type=float,
                    help="standard deviation of the position embedding's initial draw (default: the budget's, 1)")
+    p.add_argument("--glr-on", choices=("a", "b", "both"),
+                   help="where the GLR rows' pattern sits (the mixer's `on`): b, the output recurrence "
+                        "(default); a, the input mixing (attention over the pattern); both")
     p.add_argument("--out", default="out/papers", help="output folder (default out/papers)")
     p.add_argument("--resume", action="store_true", help="keep the runs whose log already exists")
     p.add_argument("--jobs", type=int, default=1,
@@ -58,6 +61,15 @@ def parser(experiment: str) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's; 1 on a shared machine)")
     p.add_argument("--quiet", action="store_true")
     return p
+
+
+def with_glr_on(row: settings.Row, on: str) -> settings.Row:
+    """``row`` with its mixer's ``on`` set to ``on`` where it is a GLR mixer (others unchanged)."""
+    from .model import family
+
+    if family(row.mixer) != "glr":
+        return row
+    return dataclasses.replace(row, config={**row.config, "on": on})
 
 
 def notes(experiment: str, cells: Dict, rows) -> List[str]:
@@ -122,6 +134,8 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
             raise SystemExit(f"--pos-std: expected a standard deviation ≥ 0, got {a.pos_std}")
         b = dataclasses.replace(b, run={**b.run, "pos_std": a.pos_std})
     rows = settings.ROWS[experiment]
+    if a.glr_on:
+        rows = [with_glr_on(r, a.glr_on) for r in rows]
     if a.only:
         want = set(a.only.split(","))
         rows = [r for r in rows if r.label in want or r.mixer in want]
@@ -146,7 +160,9 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
         for t in tasks:
             for lr in lrs:
                 for seed in a.seeds:
-                    path = os.path.join(root, "runs", _slug(r.label), t.task, f"lr{lr:g}-seed{seed}.json")
+                    on = r.config.get("on", "b")
+                    folder = _slug(r.label) + ("" if on == "b" else f"-on-{on}")  # no log shared across `on`
+                    path = os.path.join(root, "runs", folder, t.task, f"lr{lr:g}-seed{seed}.json")
                     runs.setdefault((r.label, t.task), {})[path] = None
                     if a.resume and os.path.exists(path):
                         with open(path) as f:
@@ -180,6 +196,8 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
         fields = {k: v for k, v in t.to_dict().items() if k in _FIELDS[t.task]}
         extra.append(f"Task `{t.task}`: {json.dumps(fields)} (T = {t.length}).")
     extra.append("Model and training: " + json.dumps({k: v for k, v in b.run.items()}) + ".")
+    if a.glr_on:
+        extra.append(f"The GLR rows' pattern on `{a.glr_on}` (`--glr-on`; the default is `b`, the output recurrence).")
     runs_wall = sum(c["wall_s"] for c in cells.values())
     extra.append(f"Budget `{a.budget}`, seeds {a.seeds}, learning rates {lrs}, device `{a.device}`, form "
                  f"`{a.form}`: {runs_wall:.0f} s of training wall time (the runs' sum).")

@@ -334,3 +334,49 @@ def test_a_captured_training_step_trains_as_the_launched_one(mixer, monkeypatch)
     # bits may differ in the last places).
     np.testing.assert_allclose(graphed["curve"]["loss"], eager["curve"]["loss"], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(graphed["val"]["loss"], eager["val"]["loss"], rtol=1e-4)
+
+
+@pytest.mark.parametrize("on", ["a", "b", "both"])
+@pytest.mark.parametrize("name,config", [("glr", {"pattern": "sq1", "cache_efficient": True}), ("dense-recurrence", {})])
+def test_the_glr_layer_puts_its_pattern_where_on_says(name, config, on):
+    """The layer's α (pattern on A: a softmax over the token itself and its slots) and β (pattern
+    on B) give the literal recurrence y_t = Σ_j α_{t,j} x_{src} + Σ_j β_{t,j} y_{src}, per channel."""
+    torch.manual_seed(1)
+    t, width, heads = 11, 8, 2
+    layer = MixerLayer(name, {**config, "on": on}, width=width, heads=heads, seq=t, layers=1).double()
+    captured = {}
+    run = layer._run
+    layer._run = lambda **inputs: captured.update(inputs) or run(**inputs)
+    u = torch.randn(2, t, width, dtype=torch.float64)
+    layer(u)
+    x, alpha, beta = captured["x"], captured["alpha"], captured.get("beta")
+    src, active = layer.src, layer.active
+    assert (beta is None) == (on == "a")
+    if on == "b":
+        assert alpha.shape == x.shape
+    else:  # A's weights: a distribution over the token itself and its active slots
+        assert alpha.shape == (2, t, src.shape[1] + 1, width)
+        assert torch.allclose(alpha.sum(2), torch.ones(()).double())
+        assert (alpha[:, :, 1:][:, ~active] == 0).all()
+    y = torch.zeros_like(x)
+    for i in range(t):
+        own = alpha[:, i] * x[:, i] if on == "b" else alpha[:, i, 0] * x[:, i]
+        for j in range(src.shape[1]):
+            if active[i, j]:
+                if on != "b":
+                    own = own + alpha[:, i, j + 1] * x[:, src[i, j]]
+                if on != "a":
+                    own = own + beta[:, i, j] * y[:, src[i, j]]
+        y[:, i] = own
+    got = layer._run(**captured)
+    assert torch.allclose(got, y, atol=1e-12)
+
+
+def test_the_glr_rows_take_on_from_the_command_line(tmp_path):
+    argv = ["--budget", "tiny", "--steps", "2", "--out", str(tmp_path), "--quiet", "--only", "Dense recurrence,Attention",
+            "--tasks", "mqar", "--threads", "1", "--glr-on", "both"]
+    res = runner.main("table1", "t", argv)
+    logs = {p.parent.parent.name: json.loads(p.read_text()) for p in (tmp_path / "table1").glob("runs/*/*/*.json")}
+    assert logs["dense-recurrence-on-both"]["config"]["mixer_config"] == {"on": "both"}
+    assert logs["attention"]["config"]["mixer_config"] == {}
+    assert any("`both`" in n for n in res["notes"])
