@@ -8,6 +8,8 @@
 //! |---|---|
 //! | attention | `q, k, v = u·W_q, u·W_k, u·W_v` (`H` heads of `D/H`) |
 //! | glr (`on = "b"`) | `x = u·W_x`, `alpha = σ(u·W_α + b_α)`, `beta[t,k] = γ_t · softmax_{k : f(k) ≤ t}(σ q_t·k_{d_k(t)} + b_k)` per head (`q, k` projections of `u`, `σ = 1/√(D/H)`, a learned bias per slot), `γ = σ(u·W_γ + b_γ)`, so `Σ_k |β| ≤ 1` |
+//! | glr (`on = "a"`) | `x = u·W_x`, `alpha[t, ·] = softmax` over the token itself (entry 0) and its active slots of `σ q'_t·k'_s + b'` per head (its own `W_q', W_k'` and bias `[K+1, H]`): attention restricted to the pattern, no `beta` |
+//! | glr (`on = "both"`) | the `alpha` of `"a"` and the `beta` of `"b"` |
 //! | mamba2, linear attention | `q, k, v` projections, `g = −e^{a_h} · softplus(u·W_g + b_g)` |
 //! | gated DeltaNet | the above with `q, k` L2-normalised per head, `beta = σ(u·W_b + b_b)` |
 //! | log-linear lifts | the base's, and `lambda = u·W_λ + b_λ` with the `softplus` λ scheme and its learnable `lambda_param [H, L]` (init 1) |
@@ -25,6 +27,8 @@ use serde_json::Value;
 
 use super::nn;
 use super::params::{Init, ParamSpec, Params, acc1, acc2, mat, vec1};
+use super::slot_softmax::{self as slot, Dims, SlotSet};
+use mixer_core::mixers::glr::On;
 
 /// The backend a layer runs its mixer on unless told otherwise ([`MixerLayer::on_backend`]).
 pub const BACKEND: &str = "cpu";
@@ -32,7 +36,7 @@ pub const BACKEND: &str = "cpu";
 #[derive(Clone, Debug)]
 enum Kind {
     Attention,
-    Glr { slots: Slots },
+    Glr { slots: Slots, on: On },
     Ssd { gdn: bool, lift: Option<usize> },
     Toeplitz { kw: usize },
 }
@@ -125,10 +129,7 @@ impl MixerLayer {
             "attention" => Kind::Attention,
             "glr" => {
                 let g = downcast::<mixer_core::mixers::glr::Glr>(mixer.as_ref(), BACKEND)?;
-                if g.on() != mixer_core::mixers::glr::On::B {
-                    return Err(Error::config(name, "training supports glr with on = \"b\" only"));
-                }
-                Kind::Glr { slots: g.slots(t) }
+                Kind::Glr { slots: g.slots(t), on: g.on() }
             }
             "loglinear" => {
                 let l = downcast::<LogLinear>(mixer.as_ref(), BACKEND)?;
@@ -189,19 +190,27 @@ impl MixerLayer {
             Kind::Attention => {
                 v.extend([m("wq", d), m("wk", d), m("wv", d)]);
             }
-            Kind::Glr { slots } => {
+            Kind::Glr { slots, on } => {
                 v.push(m("wx", d));
-                v.push(m("walpha", d));
-                v.push(ParamSpec::vector(self.n("balpha"), d, 0.0));
-                v.extend([m("wq", d), m("wk", d)]);
-                v.push(ParamSpec {
-                    name: self.n("slot_bias"),
-                    shape: vec![slots.len().max(1), h],
+                let bias = |name: &str, set: SlotSet<'_>| ParamSpec {
+                    name: self.n(name),
+                    shape: vec![set.len().max(1), h],
                     init: Init::Const(0.0),
                     decay: false,
-                });
-                v.push(m("wgamma", h));
-                v.push(ParamSpec::vector(self.n("bgamma"), h, 1.0));
+                };
+                if on.has_a() {
+                    v.extend([m("wqa", d), m("wka", d)]);
+                    v.push(bias("slot_bias_a", SlotSet { slots, with_self: true }));
+                } else {
+                    v.push(m("walpha", d));
+                    v.push(ParamSpec::vector(self.n("balpha"), d, 0.0));
+                }
+                if on.has_b() {
+                    v.extend([m("wq", d), m("wk", d)]);
+                    v.push(bias("slot_bias", SlotSet { slots, with_self: false }));
+                    v.push(m("wgamma", h));
+                    v.push(ParamSpec::vector(self.n("bgamma"), h, 1.0));
+                }
             }
             Kind::Ssd { gdn, lift } => {
                 v.extend([m("wq", d), m("wk", d), m("wv", d)]);
@@ -270,57 +279,38 @@ impl MixerLayer {
                     inputs.insert(name.into(), reshape(proj(w)?, &[n, t, h, dh])?);
                 }
             }
-            Kind::Glr { slots } => {
+            Kind::Glr { slots, on } => {
                 inputs.insert("x".into(), reshape(proj("wx")?, &[n, t, d])?);
-                let mut za = proj("walpha")?;
-                nn::add_bias(&mut za, &vec1(p, &self.n("balpha"))?);
-                inputs.insert("alpha".into(), reshape(za.mapv(nn::sigmoid), &[n, t, d])?);
-                let k = slots.len();
-                let (q, kk) = (proj("wq")?, proj("wk")?);
-                let sb = mat(p, &self.n("slot_bias"))?;
-                let scale = 1.0 / (dh as f64).sqrt();
-                // Logits: σ·q_t·k_{d_j(t)} + bias_j per head (attention-like scores over the slots).
-                let mut zb = Array2::<f64>::zeros((n * t, k * h));
-                for r in 0..n * t {
-                    let (b0, tt) = (r - r % t, r % t);
-                    for (j, src) in slots.deps(tt) {
-                        for hh in 0..h {
-                            let cs = hh * dh..(hh + 1) * dh;
-                            let dot: f64 = cs.map(|c| q[[r, c]] * kk[[b0 + src, c]]).sum();
-                            zb[[r, j * h + hh]] = scale * dot + sb[[j, hh]];
-                        }
-                    }
+                let dims = Dims { n, t, h, dh };
+                if on.has_a() {
+                    // Attention over the token itself and its slots.
+                    let set = SlotSet { slots, with_self: true };
+                    let (q, kk) = (proj("wqa")?, proj("wka")?);
+                    let probs = slot::weights(&q, &kk, mat(p, &self.n("slot_bias_a"))?, set, dims);
+                    inputs.insert("alpha".into(), slot::spread(&probs, None, set.len(), dims));
+                    aux.insert("qa".into(), q.into_dyn());
+                    aux.insert("ka".into(), kk.into_dyn());
+                    aux.insert("probs_a".into(), probs.into_dyn());
+                } else {
+                    let mut za = proj("walpha")?;
+                    nn::add_bias(&mut za, &vec1(p, &self.n("balpha"))?);
+                    inputs.insert("alpha".into(), reshape(za.mapv(nn::sigmoid), &[n, t, d])?);
+                    aux.insert("alpha".into(), inputs["alpha"].clone());
                 }
-                aux.insert("q".into(), q.into_dyn());
-                aux.insert("k".into(), kk.into_dyn());
-                let mut zg = proj("wgamma")?;
-                nn::add_bias(&mut zg, &vec1(p, &self.n("bgamma"))?);
-                let gamma = zg.mapv(nn::sigmoid); // [N·T, H]
-                let mut probs = Array2::<f64>::zeros((n * t, k * h)); // softmax weights, slot-major
-                let mut beta = ArrayD::<f64>::zeros(IxDyn(&[n, t, k, d]));
-                for r in 0..n * t {
-                    let tt = r % t;
-                    let a = slots.active(tt);
-                    if a == 0 {
-                        continue;
-                    }
-                    for hh in 0..h {
-                        let m = (0..a).map(|j| zb[[r, j * h + hh]]).fold(f64::NEG_INFINITY, f64::max);
-                        let z: f64 = (0..a).map(|j| (zb[[r, j * h + hh]] - m).exp()).sum();
-                        for j in 0..a {
-                            let pr = (zb[[r, j * h + hh]] - m).exp() / z;
-                            probs[[r, j * h + hh]] = pr;
-                            let b = gamma[[r, hh]] * pr;
-                            for c in hh * dh..(hh + 1) * dh {
-                                beta[[r / t, tt, j, c]] = b;
-                            }
-                        }
-                    }
+                if on.has_b() {
+                    // β = γ_t · the softmax over the slots of the past outputs read.
+                    let set = SlotSet { slots, with_self: false };
+                    let (q, kk) = (proj("wq")?, proj("wk")?);
+                    let probs = slot::weights(&q, &kk, mat(p, &self.n("slot_bias"))?, set, dims);
+                    let mut zg = proj("wgamma")?;
+                    nn::add_bias(&mut zg, &vec1(p, &self.n("bgamma"))?);
+                    let gamma = zg.mapv(nn::sigmoid); // [N·T, H]
+                    inputs.insert("beta".into(), slot::spread(&probs, Some(&gamma), set.len(), dims));
+                    aux.insert("q".into(), q.into_dyn());
+                    aux.insert("k".into(), kk.into_dyn());
+                    aux.insert("gamma".into(), gamma.into_dyn());
+                    aux.insert("probs".into(), probs.into_dyn());
                 }
-                inputs.insert("beta".into(), beta);
-                aux.insert("alpha".into(), inputs["alpha"].clone());
-                aux.insert("gamma".into(), gamma.into_dyn());
-                aux.insert("probs".into(), probs.into_dyn());
             }
             Kind::Ssd { gdn, lift } => {
                 let (mut q, mut k) = (proj("wq")?, proj("wk")?);
@@ -432,63 +422,60 @@ impl MixerLayer {
                     back(w, None, gd(name, d)?, &mut du, grads)?;
                 }
             }
-            Kind::Glr { slots } => {
+            Kind::Glr { slots, on } => {
                 back("wx", None, gd("x", d)?, &mut du, grads)?;
-                let alpha = flat(&c.aux["alpha"], d)?;
-                let dza = gd("alpha", d)? * &alpha.mapv(|a| a * (1.0 - a));
-                back("walpha", Some("balpha"), dza, &mut du, grads)?;
-                let k = slots.len();
-                let dbeta = g
-                    .get("d_beta")
-                    .ok_or_else(|| Error::Io("the backward returned no d_beta".into()))?
-                    .to_f64();
-                let dbeta =
-                    dbeta.into_shape_with_order((u.nrows(), k, d)).map_err(|e| Error::Io(e.to_string()))?;
-                let gamma = flat(&c.aux["gamma"], h)?;
-                let probs = flat(&c.aux["probs"], k * h)?;
-                let mut dzb = Array2::<f64>::zeros((u.nrows(), k * h));
-                let mut dzg = Array2::<f64>::zeros((u.nrows(), h));
-                for r in 0..u.nrows() {
-                    let a = slots.active(r % t);
-                    for hh in 0..h {
-                        // dβ per (slot, head): the sum over the head's channels.
-                        let db: Vec<f64> = (0..a)
-                            .map(|j| dbeta.slice(ndarray::s![r, j, hh * dh..(hh + 1) * dh]).sum())
-                            .collect();
-                        let gm = gamma[[r, hh]];
-                        let dgamma: f64 = (0..a).map(|j| probs[[r, j * h + hh]] * db[j]).sum();
-                        // dp = γ·dβ; dz = p ⊙ (dp − Σ p·dp).
-                        let mean: f64 = (0..a).map(|j| probs[[r, j * h + hh]] * gm * db[j]).sum();
-                        for j in 0..a {
-                            dzb[[r, j * h + hh]] = probs[[r, j * h + hh]] * (gm * db[j] - mean);
-                        }
-                        dzg[[r, hh]] = if a == 0 { 0.0 } else { dgamma * gm * (1.0 - gm) };
-                    }
+                let dims = Dims { n: u.nrows() / t, t, h, dh };
+                let coef = |name: &str, s_len: usize| -> Result<ndarray::Array3<f64>> {
+                    let a = g
+                        .get(&format!("d_{name}"))
+                        .ok_or_else(|| Error::Io(format!("the backward returned no d_{name}")))?
+                        .to_f64();
+                    a.into_shape_with_order((u.nrows(), s_len, d)).map_err(|e| Error::Io(e.to_string()))
+                };
+                if on.has_a() {
+                    let set = SlotSet { slots, with_self: true };
+                    let dp = slot::head_sums(coef("alpha", set.len())?.view(), dims);
+                    let (q, kk) = (flat(&c.aux["qa"], d)?, flat(&c.aux["ka"], d)?);
+                    let probs = flat(&c.aux["probs_a"], set.len() * h)?;
+                    let (dq, dk, dsb) = slot::backward(&dp, &probs, &q, &kk, set, dims);
+                    acc2(grads, &self.n("slot_bias_a"), dsb);
+                    back("wqa", None, dq, &mut du, grads)?;
+                    back("wka", None, dk, &mut du, grads)?;
+                } else {
+                    let alpha = flat(&c.aux["alpha"], d)?;
+                    let dza = gd("alpha", d)? * &alpha.mapv(|a| a * (1.0 - a));
+                    back("walpha", Some("balpha"), dza, &mut du, grads)?;
                 }
-                // Through the logits σ·q_t·k_{d_j(t)} + bias_j.
-                let q = flat(&c.aux["q"], d)?;
-                let kk = flat(&c.aux["k"], d)?;
-                let scale = 1.0 / (dh as f64).sqrt();
-                let (mut dq, mut dk) =
-                    (Array2::<f64>::zeros(q.raw_dim()), Array2::<f64>::zeros(kk.raw_dim()));
-                let mut dsb = Array2::<f64>::zeros((k.max(1), h));
-                for r in 0..u.nrows() {
-                    let (b0, tt) = (r - r % t, r % t);
-                    for (j, src) in slots.deps(tt) {
+                if on.has_b() {
+                    let set = SlotSet { slots, with_self: false };
+                    // dβ per (slot, head) is the sum over the head's channels; β = γ·p.
+                    let db = slot::head_sums(coef("beta", set.len())?.view(), dims);
+                    let gamma = flat(&c.aux["gamma"], h)?;
+                    let probs = flat(&c.aux["probs"], set.len() * h)?;
+                    let mut dp = Array2::<f64>::zeros(db.raw_dim());
+                    let mut dzg = Array2::<f64>::zeros((u.nrows(), h));
+                    for r in 0..u.nrows() {
                         for hh in 0..h {
-                            let dz = dzb[[r, j * h + hh]];
-                            dsb[[j, hh]] += dz;
-                            for cc in hh * dh..(hh + 1) * dh {
-                                dq[[r, cc]] += scale * dz * kk[[b0 + src, cc]];
-                                dk[[b0 + src, cc]] += scale * dz * q[[r, cc]];
+                            let gm = gamma[[r, hh]];
+                            let mut dgamma = 0.0;
+                            for s in 0..set.len() {
+                                let col = s * h + hh;
+                                dgamma += probs[[r, col]] * db[[r, col]];
+                                dp[[r, col]] = gm * db[[r, col]];
+                            }
+                            // A token without an active slot has no β: γ does not reach the output.
+                            if slots.active(r % t) > 0 {
+                                dzg[[r, hh]] = dgamma * gm * (1.0 - gm);
                             }
                         }
                     }
+                    let (q, kk) = (flat(&c.aux["q"], d)?, flat(&c.aux["k"], d)?);
+                    let (dq, dk, dsb) = slot::backward(&dp, &probs, &q, &kk, set, dims);
+                    acc2(grads, &self.n("slot_bias"), dsb);
+                    back("wq", None, dq, &mut du, grads)?;
+                    back("wk", None, dk, &mut du, grads)?;
+                    back("wgamma", Some("bgamma"), dzg, &mut du, grads)?;
                 }
-                acc2(grads, &self.n("slot_bias"), dsb);
-                back("wq", None, dq, &mut du, grads)?;
-                back("wk", None, dk, &mut du, grads)?;
-                back("wgamma", Some("bgamma"), dzg, &mut du, grads)?;
             }
             Kind::Ssd { gdn, lift } => {
                 let (mut dq, mut dk) = (gd("q", d)?, gd("k", d)?);

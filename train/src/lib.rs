@@ -30,6 +30,7 @@ pub mod model;
 pub mod nn;
 pub mod optim;
 pub mod params;
+mod slot_softmax;
 pub mod tasks;
 
 // The layers run their mixers on the CPU backend, which registers itself at link time through

@@ -395,6 +395,13 @@ mod tests {
         check_model("dense-recurrence", serde_json::json!({}));
     }
     #[test]
+    fn glr_model_gradient_with_the_pattern_on_a_and_on_both() {
+        for on in ["a", "both"] {
+            check_model("glr", serde_json::json!({"pattern": "sq1", "cache_efficient": true, "on": on}));
+            check_model("dense-recurrence", serde_json::json!({"on": on}));
+        }
+    }
+    #[test]
     fn mamba2_model_gradient() {
         check_model("mamba2", serde_json::json!({}));
         check_model("loglinear-mamba2", serde_json::json!({}));
