@@ -8,8 +8,10 @@
 //! cargo run --release --example expressivity [-- --quick] [--jobs 2] [--out out/expressivity]
 //!                                            [--only attention,mamba2] [--tasks copy,mqar]
 //!                                            [--seeds 0,1] [--steps N] [--backend cuda]
-//!                                            [--conv K]
+//!                                            [--conv K] [--glr-on a|b|both]
 //! ```
+//! `--glr-on` puts the GLR rows' pattern on the input mixing (`a`), the output recurrence (`b`,
+//! the layer's default) or both: the mixer's `on` (docs/math.md §1.2, docs/training.md).
 //! writes `OUT.md` and `OUT.json` (`--quick`: `OUT-quick.*`).
 
 use mixers_train::expressivity::{Setting, rows, run};
@@ -43,6 +45,18 @@ fn main() {
     if let Some(only) = arg(&args, "--only") {
         let keep: Vec<&str> = only.split(',').map(str::trim).collect();
         all.retain(|r| keep.contains(&r.mixer.as_str()) || keep.contains(&r.label.as_str()));
+    }
+    if let Some(on) = arg(&args, "--glr-on") {
+        if !["a", "b", "both"].contains(&on.as_str()) {
+            eprintln!("error: --glr-on: expected a, b or both, got `{on}`");
+            std::process::exit(2);
+        }
+        for r in all.iter_mut() {
+            let glr = mixer_registry::mixer_entry(&r.mixer).is_ok_and(|e| e.family == "glr");
+            if let (true, Some(c)) = (glr, r.config.as_object_mut()) {
+                c.insert("on".into(), on.clone().into());
+            }
+        }
     }
     let out = arg(&args, "--out").unwrap_or_else(|| "out/expressivity".into());
     let out = if quick { format!("{out}-quick") } else { out };
