@@ -41,6 +41,33 @@ enum Kind {
     Toeplitz { kw: usize },
 }
 
+/// One side of the GLR layer's slot weights (docs/training.md): its projections and bias, the
+/// names under which the forward keeps its `q`, `k` and weights, and whether the token itself is
+/// entry 0 (the pattern on `A`).
+struct Side {
+    wq: &'static str,
+    wk: &'static str,
+    bias: &'static str,
+    q: &'static str,
+    k: &'static str,
+    probs: &'static str,
+    with_self: bool,
+}
+
+/// `alpha` with the pattern on `A`: attention over the token itself and its slots.
+const SIDE_A: Side =
+    Side { wq: "wqa", wk: "wka", bias: "slot_bias_a", q: "qa", k: "ka", probs: "probs_a", with_self: true };
+/// `beta` with the pattern on `B`: the softmax over the slots of the past outputs read (times `γ`).
+const SIDE_B: Side =
+    Side { wq: "wq", wk: "wk", bias: "slot_bias", q: "q", k: "k", probs: "probs", with_self: false };
+
+impl Side {
+    /// The side's entries of each row over the pattern's `slots`.
+    fn set<'a>(&self, slots: &'a Slots) -> SlotSet<'a> {
+        SlotSet { slots, with_self: self.with_self }
+    }
+}
+
 /// One mixer layer of a model: its mixer, sizes and parameter names under `prefix`.
 pub struct MixerLayer {
     mixer: Box<dyn Mixer>,
@@ -192,22 +219,23 @@ impl MixerLayer {
             }
             Kind::Glr { slots, on } => {
                 v.push(m("wx", d));
-                let bias = |name: &str, set: SlotSet<'_>| ParamSpec {
-                    name: self.n(name),
-                    shape: vec![set.len().max(1), h],
-                    init: Init::Const(0.0),
-                    decay: false,
+                let weights = |v: &mut Vec<ParamSpec>, side: &Side| {
+                    v.extend([m(side.wq, d), m(side.wk, d)]);
+                    v.push(ParamSpec {
+                        name: self.n(side.bias),
+                        shape: vec![side.set(slots).len().max(1), h],
+                        init: Init::Const(0.0),
+                        decay: false,
+                    });
                 };
                 if on.has_a() {
-                    v.extend([m("wqa", d), m("wka", d)]);
-                    v.push(bias("slot_bias_a", SlotSet { slots, with_self: true }));
+                    weights(&mut v, &SIDE_A);
                 } else {
                     v.push(m("walpha", d));
                     v.push(ParamSpec::vector(self.n("balpha"), d, 0.0));
                 }
                 if on.has_b() {
-                    v.extend([m("wq", d), m("wk", d)]);
-                    v.push(bias("slot_bias", SlotSet { slots, with_self: false }));
+                    weights(&mut v, &SIDE_B);
                     v.push(m("wgamma", h));
                     v.push(ParamSpec::vector(self.n("bgamma"), h, 1.0));
                 }
@@ -282,15 +310,18 @@ impl MixerLayer {
             Kind::Glr { slots, on } => {
                 inputs.insert("x".into(), reshape(proj("wx")?, &[n, t, d])?);
                 let dims = Dims { n, t, h, dh };
+                // A side's weights `[N·T, S·H]`; its `q` and `k` kept for the backward.
+                let weights = |side: &Side, aux: &mut Tensors<f64>| -> Result<Array2<f64>> {
+                    let (q, kk) = (proj(side.wq)?, proj(side.wk)?);
+                    let probs = slot::weights(&q, &kk, mat(p, &self.n(side.bias))?, side.set(slots), dims);
+                    aux.insert(side.q.into(), q.into_dyn());
+                    aux.insert(side.k.into(), kk.into_dyn());
+                    Ok(probs)
+                };
                 if on.has_a() {
-                    // Attention over the token itself and its slots.
-                    let set = SlotSet { slots, with_self: true };
-                    let (q, kk) = (proj("wqa")?, proj("wka")?);
-                    let probs = slot::weights(&q, &kk, mat(p, &self.n("slot_bias_a"))?, set, dims);
-                    inputs.insert("alpha".into(), slot::spread(&probs, None, set.len(), dims));
-                    aux.insert("qa".into(), q.into_dyn());
-                    aux.insert("ka".into(), kk.into_dyn());
-                    aux.insert("probs_a".into(), probs.into_dyn());
+                    let probs = weights(&SIDE_A, &mut aux)?;
+                    inputs.insert("alpha".into(), slot::spread(&probs, None, dims));
+                    aux.insert(SIDE_A.probs.into(), probs.into_dyn());
                 } else {
                     let mut za = proj("walpha")?;
                     nn::add_bias(&mut za, &vec1(p, &self.n("balpha"))?);
@@ -298,18 +329,13 @@ impl MixerLayer {
                     aux.insert("alpha".into(), inputs["alpha"].clone());
                 }
                 if on.has_b() {
-                    // β = γ_t · the softmax over the slots of the past outputs read.
-                    let set = SlotSet { slots, with_self: false };
-                    let (q, kk) = (proj("wq")?, proj("wk")?);
-                    let probs = slot::weights(&q, &kk, mat(p, &self.n("slot_bias"))?, set, dims);
+                    let probs = weights(&SIDE_B, &mut aux)?;
                     let mut zg = proj("wgamma")?;
                     nn::add_bias(&mut zg, &vec1(p, &self.n("bgamma"))?);
                     let gamma = zg.mapv(nn::sigmoid); // [N·T, H]
-                    inputs.insert("beta".into(), slot::spread(&probs, Some(&gamma), set.len(), dims));
-                    aux.insert("q".into(), q.into_dyn());
-                    aux.insert("k".into(), kk.into_dyn());
+                    inputs.insert("beta".into(), slot::spread(&probs, Some(&gamma), dims));
                     aux.insert("gamma".into(), gamma.into_dyn());
-                    aux.insert("probs".into(), probs.into_dyn());
+                    aux.insert(SIDE_B.probs.into(), probs.into_dyn());
                 }
             }
             Kind::Ssd { gdn, lift } => {
@@ -425,40 +451,42 @@ impl MixerLayer {
             Kind::Glr { slots, on } => {
                 back("wx", None, gd("x", d)?, &mut du, grads)?;
                 let dims = Dims { n: u.nrows() / t, t, h, dh };
-                let coef = |name: &str, s_len: usize| -> Result<ndarray::Array3<f64>> {
-                    let a = g
-                        .get(&format!("d_{name}"))
-                        .ok_or_else(|| Error::Io(format!("the backward returned no d_{name}")))?
-                        .to_f64();
-                    a.into_shape_with_order((u.nrows(), s_len, d)).map_err(|e| Error::Io(e.to_string()))
+                // From the cotangent of a side's weights `dp`, the gradients of its parameters.
+                let weights_back = |side: &Side,
+                                    dp: &Array2<f64>,
+                                    probs: &Array2<f64>,
+                                    du: &mut Array2<f64>,
+                                    grads: &mut Params|
+                 -> Result<()> {
+                    let (q, kk) = (flat(&c.aux[side.q], d)?, flat(&c.aux[side.k], d)?);
+                    let (dq, dk, dbias) = slot::backward(dp, probs, &q, &kk, side.set(slots), dims);
+                    acc2(grads, &self.n(side.bias), dbias);
+                    back(side.wq, None, dq, du, grads)?;
+                    back(side.wk, None, dk, du, grads)
                 };
                 if on.has_a() {
-                    let set = SlotSet { slots, with_self: true };
-                    let dp = slot::head_sums(coef("alpha", set.len())?.view(), dims);
-                    let (q, kk) = (flat(&c.aux["qa"], d)?, flat(&c.aux["ka"], d)?);
-                    let probs = flat(&c.aux["probs_a"], set.len() * h)?;
-                    let (dq, dk, dsb) = slot::backward(&dp, &probs, &q, &kk, set, dims);
-                    acc2(grads, &self.n("slot_bias_a"), dsb);
-                    back("wqa", None, dq, &mut du, grads)?;
-                    back("wka", None, dk, &mut du, grads)?;
+                    let s_len = SIDE_A.set(slots).len();
+                    let dp = slot::head_sums(&gd("alpha", s_len * d)?, dims);
+                    let probs = flat(&c.aux[SIDE_A.probs], s_len * h)?;
+                    weights_back(&SIDE_A, &dp, &probs, &mut du, grads)?;
                 } else {
                     let alpha = flat(&c.aux["alpha"], d)?;
                     let dza = gd("alpha", d)? * &alpha.mapv(|a| a * (1.0 - a));
                     back("walpha", Some("balpha"), dza, &mut du, grads)?;
                 }
                 if on.has_b() {
-                    let set = SlotSet { slots, with_self: false };
+                    let s_len = SIDE_B.set(slots).len();
                     // dβ per (slot, head) is the sum over the head's channels; β = γ·p.
-                    let db = slot::head_sums(coef("beta", set.len())?.view(), dims);
+                    let db = slot::head_sums(&gd("beta", s_len * d)?, dims);
                     let gamma = flat(&c.aux["gamma"], h)?;
-                    let probs = flat(&c.aux["probs"], set.len() * h)?;
+                    let probs = flat(&c.aux[SIDE_B.probs], s_len * h)?;
                     let mut dp = Array2::<f64>::zeros(db.raw_dim());
                     let mut dzg = Array2::<f64>::zeros((u.nrows(), h));
                     for r in 0..u.nrows() {
                         for hh in 0..h {
                             let gm = gamma[[r, hh]];
                             let mut dgamma = 0.0;
-                            for s in 0..set.len() {
+                            for s in 0..s_len {
                                 let col = s * h + hh;
                                 dgamma += probs[[r, col]] * db[[r, col]];
                                 dp[[r, col]] = gm * db[[r, col]];
@@ -469,11 +497,7 @@ impl MixerLayer {
                             }
                         }
                     }
-                    let (q, kk) = (flat(&c.aux["q"], d)?, flat(&c.aux["k"], d)?);
-                    let (dq, dk, dsb) = slot::backward(&dp, &probs, &q, &kk, set, dims);
-                    acc2(grads, &self.n("slot_bias"), dsb);
-                    back("wq", None, dq, &mut du, grads)?;
-                    back("wk", None, dk, &mut du, grads)?;
+                    weights_back(&SIDE_B, &dp, &probs, &mut du, grads)?;
                     back("wgamma", Some("bgamma"), dzg, &mut du, grads)?;
                 }
             }

@@ -10,7 +10,7 @@
 //! K + 1, C]`). Weights of inactive entries are 0; a row without an active entry has none.
 
 use mixer_core::pattern::Slots;
-use ndarray::{Array2, ArrayD, ArrayView2, ArrayView3, IxDyn};
+use ndarray::{Array2, ArrayD, ArrayView2, IxDyn};
 
 /// The entries of a row: the pattern's slots, with or without the token itself in front.
 #[derive(Clone, Copy)]
@@ -73,10 +73,10 @@ pub(crate) fn weights(
     p
 }
 
-/// The mixer's coefficients `[N, T, S, D]`: `p` per head spread over its channels, times
-/// `gate [N·T, H]` where given (the recurrence's `γ`).
-pub(crate) fn spread(p: &Array2<f64>, gate: Option<&Array2<f64>>, s_len: usize, d: Dims) -> ArrayD<f64> {
-    let width = d.h * d.dh;
+/// The mixer's coefficients `[N, T, S, D]`: `p [N·T, S·H]` per head spread over its channels,
+/// times `gate [N·T, H]` where given (the recurrence's `γ`).
+pub(crate) fn spread(p: &Array2<f64>, gate: Option<&Array2<f64>>, d: Dims) -> ArrayD<f64> {
+    let (width, s_len) = (d.h * d.dh, p.ncols() / d.h.max(1));
     let mut out = ArrayD::<f64>::zeros(IxDyn(&[d.n, d.t, s_len, width]));
     for r in 0..d.n * d.t {
         for s in 0..s_len {
@@ -91,15 +91,17 @@ pub(crate) fn spread(p: &Array2<f64>, gate: Option<&Array2<f64>>, s_len: usize, 
     out
 }
 
-/// The cotangent of the per-head weights from that of the coefficients `[N·T, S, D]`: the sum
-/// over each head's channels (`[N·T, S·H]`).
-pub(crate) fn head_sums(dcoef: ArrayView3<'_, f64>, d: Dims) -> Array2<f64> {
-    let (rows, s_len, _) = dcoef.dim();
-    let mut out = Array2::<f64>::zeros((rows, s_len * d.h));
-    for r in 0..rows {
+/// The cotangent of the per-head weights from that of the coefficients `[N·T, S·D]` (entry-major):
+/// the sum over each head's channels (`[N·T, S·H]`).
+pub(crate) fn head_sums(dcoef: &Array2<f64>, d: Dims) -> Array2<f64> {
+    let width = d.h * d.dh;
+    let s_len = dcoef.ncols() / width.max(1);
+    let mut out = Array2::<f64>::zeros((dcoef.nrows(), s_len * d.h));
+    for r in 0..dcoef.nrows() {
         for s in 0..s_len {
             for hh in 0..d.h {
-                out[[r, s * d.h + hh]] = (hh * d.dh..(hh + 1) * d.dh).map(|c| dcoef[[r, s, c]]).sum();
+                out[[r, s * d.h + hh]] =
+                    (hh * d.dh..(hh + 1) * d.dh).map(|c| dcoef[[r, s * width + c]]).sum();
             }
         }
     }
@@ -140,16 +142,12 @@ pub(crate) fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::params::normal;
+    use crate::nn::tests::rand2;
     use mixer_core::mixer::downcast;
     use mixer_core::mixers::glr::Glr;
     use mixer_core::{AnyTensors, Form, Tensors};
     use rand::SeedableRng;
     use rand::rngs::StdRng;
-
-    fn rand2(rng: &mut StdRng, r: usize, c: usize) -> Array2<f64> {
-        Array2::from_shape_fn((r, c), |_| normal(rng))
-    }
 
     /// The weights are a distribution over each row's active entries, and spread as `alpha` of
     /// the pattern on `A` they give the library's `y_t = Σ_s p[t, s] · x_{src(t, s)}` with entry 0
@@ -183,7 +181,7 @@ mod tests {
             }
             let mut inputs = Tensors::new();
             inputs.insert("x".into(), x.clone().into_shape_with_order(IxDyn(&[n, t, h * dh])).unwrap());
-            inputs.insert("alpha".into(), spread(&p, None, set.len(), d));
+            inputs.insert("alpha".into(), spread(&p, None, d));
             let y = mixer_registry::run::run(
                 mixer.as_ref(),
                 &mixer_registry::Backend::by_name("cpu").unwrap(),
