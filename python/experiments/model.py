@@ -193,6 +193,17 @@ class MixerLayer(nn.Module):
         idx = self.src[None, :, None, :].expand(b, t, h, self.src.shape[1])
         return torch.gather(s, 3, idx).transpose(2, 3)
 
+    def slot_weights(self, q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, with_self: bool) -> torch.Tensor:
+        """``[B, T, S, H]``: per head, the softmax over a token's active slots (with ``with_self``,
+        the token itself first, always active) of ``q_t·k_src/√(D/H) + bias``; 0 at inactive slots
+        and for a token without an active one."""
+        z, mask = self.slot_scores(q, k), self.active[None, :, :, None]
+        if with_self:
+            z = torch.cat([(q * k).sum(-1)[:, :, None, :], z], dim=2)
+            mask = torch.cat([torch.ones_like(mask[:, :, :1]), mask], dim=2)
+        z = z / math.sqrt(self.dh) + bias
+        return torch.softmax(z.masked_fill(~mask, -1e30), dim=2) * mask
+
     def forward(self, u: torch.Tensor) -> torch.Tensor:
         b, t, _ = u.shape
         if t != self.t:
@@ -204,21 +215,14 @@ class MixerLayer(nn.Module):
         if self.fam == "attention":
             y = self._run(q=heads(self.wq(u)), k=heads(self.wk(u)), v=heads(self.wv(u)))
         elif self.fam == "glr":
-            mask = self.active[None, :, :, None]
             inputs = {"x": self.wx(u)}
             if self.on == "b":
                 inputs["alpha"] = torch.sigmoid(self.walpha(u))
-            else:  # slot 0: the token itself, always active
-                qa, ka = heads(self.wqa(u)), heads(self.wka(u))
-                za = torch.cat([(qa * ka).sum(-1)[:, :, None, :], self.slot_scores(qa, ka)], dim=2)
-                za = za / math.sqrt(dh) + self.slot_bias_a
-                maska = torch.cat([torch.ones_like(mask[:, :, :1]), mask], dim=2)
-                pa = torch.softmax(za.masked_fill(~maska, -1e30), dim=2) * maska
+            else:  # entry 0: the token itself
+                pa = self.slot_weights(heads(self.wqa(u)), heads(self.wka(u)), self.slot_bias_a, with_self=True)
                 inputs["alpha"] = pa.repeat_interleave(dh, dim=3)  # [B, T, K + 1, D]
             if self.on != "a":
-                q, k = heads(self.wq(u)), heads(self.wk(u))
-                z = self.slot_scores(q, k) / math.sqrt(dh) + self.slot_bias
-                p = torch.softmax(z.masked_fill(~mask, -1e30), dim=2) * mask  # no active slot: 0
+                p = self.slot_weights(heads(self.wq(u)), heads(self.wk(u)), self.slot_bias, with_self=False)
                 gamma = torch.sigmoid(self.wgamma(u))  # [B, T, H]
                 inputs["beta"] = (p * gamma[:, :, None, :]).repeat_interleave(dh, dim=3)  # [B, T, K, D]
             y = self._run(**inputs)
