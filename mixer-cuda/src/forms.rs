@@ -20,7 +20,7 @@ use mixer_core::precision::{ACTIVATIONS, round_bf16};
 use mixer_core::{Dims, Error, Form, Precision, Requires, Result, Tensors};
 use mixer_registry::{
     BackwardFn, DecoderFn, Family, FormFn, PreciseBackwardFn, PreciseFn, PreciseStateFn, StateBackwardFn,
-    StateFn,
+    StateDecoderFn, StateFn,
 };
 use ndarray::ArrayD;
 
@@ -84,6 +84,13 @@ pub trait DeviceDecoder: Send {
     fn position(&self) -> usize;
 }
 
+/// A device decoder whose state can be read back (docs/math.md §7.1): what a run of the tokens
+/// it consumed returns as its final state.
+pub trait StatefulDeviceDecoder<F>: DeviceDecoder {
+    /// The state after the tokens consumed, on the host (waits for the stream).
+    fn state(&self) -> Result<Tensors<F>>;
+}
+
 /// A device decoder from the static inputs (host arrays: kernels, biases, λ parameters) and
 /// the bound sizes.
 pub type DeviceDecoderFn<M, F> = fn(&M, &Tensors<F>, &Dims) -> Result<Box<dyn DeviceDecoder>>;
@@ -102,6 +109,11 @@ pub trait DeviceFamily<F: GpuReal>: Send + Sync + 'static {
     }
     /// The decoder, if any.
     fn decoder() -> Option<DeviceDecoderFn<Self::Mixer, F>> {
+        None
+    }
+    /// The decoder started from a state on host arrays (the `recurrent` form from a state), if
+    /// any: its state on the device, driven with host arrays ([`hosted_decoder`]).
+    fn decoder_from_state() -> Option<StateDecoderFn<Self::Mixer, F>> {
         None
     }
     /// A configuration this backend cannot run in `form` although the family has the form.
@@ -162,6 +174,9 @@ impl<F: GpuReal, T: DeviceFamily<F>> Family<F> for Hosted<T> {
     }
     fn decoder(&self) -> Option<DecoderFn<T::Mixer, F>> {
         T::decoder().map(|_| host_decoder::<F, T> as DecoderFn<T::Mixer, F>)
+    }
+    fn decoder_from_state(&self) -> Option<StateDecoderFn<T::Mixer, F>> {
+        T::decoder_from_state()
     }
     fn unsupported(&self, m: &T::Mixer, form: Form) -> Option<String> {
         T::unsupported(m, form)
@@ -370,16 +385,47 @@ struct HostDecoder<F> {
     _f: std::marker::PhantomData<fn() -> F>,
 }
 
+/// One step of a device decoder on host arrays: the token uploaded, `y` read back.
+fn host_step<F: GpuReal>(inner: &mut dyn DeviceDecoder, token: &Tensors<F>) -> Result<ArrayD<F>> {
+    let dev = upload_inputs(token, Precision::Exact)?;
+    download_as::<F>(&inner.step(&dev)?)
+}
+
 impl<F: GpuReal> Decoder<F> for HostDecoder<F> {
     fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
-        let dev = upload_inputs(token, Precision::Exact)?;
-        download_as::<F>(&self.inner.step(&dev)?)
+        host_step(self.inner.as_mut(), token)
     }
     fn cache_elems(&self) -> usize {
         self.inner.cache_elems()
     }
     fn position(&self) -> usize {
         self.inner.position()
+    }
+}
+
+/// A device decoder that exports its state, driven with host arrays: the registry's decoder from
+/// a state ([`DeviceFamily::decoder_from_state`]) on this backend.
+pub fn hosted_decoder<F: GpuReal>(inner: Box<dyn StatefulDeviceDecoder<F>>) -> Box<dyn Decoder<F>> {
+    Box::new(StatefulHostDecoder { inner })
+}
+
+/// The decoder of [`hosted_decoder`].
+struct StatefulHostDecoder<F> {
+    inner: Box<dyn StatefulDeviceDecoder<F>>,
+}
+
+impl<F: GpuReal> Decoder<F> for StatefulHostDecoder<F> {
+    fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
+        host_step(self.inner.as_mut(), token)
+    }
+    fn cache_elems(&self) -> usize {
+        self.inner.cache_elems()
+    }
+    fn position(&self) -> usize {
+        self.inner.position()
+    }
+    fn state(&self) -> Result<Tensors<F>> {
+        self.inner.state()
     }
 }
 

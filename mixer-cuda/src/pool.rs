@@ -264,6 +264,24 @@ pub fn upload<T: DeviceRepr + ValidAsZeroBits + 'static>(kernel: &str, s: &[T]) 
     Ok(p)
 }
 
+/// The first `n` elements of a pooled device buffer, copied to the host after the stream's work
+/// before it (waits for the stream).
+pub fn download<T: DeviceRepr + ValidAsZeroBits + Default + Clone + 'static>(
+    kernel: &str,
+    p: &Pooled<T>,
+    n: usize,
+) -> Result<Vec<T>> {
+    let mut v = vec![T::default(); n];
+    if n > 0 {
+        let g = gpu()?;
+        g.stream()
+            .memcpy_dtoh(&p.slice(0..n), &mut v[..])
+            .map_err(|e| err(kernel, format!("device→host copy of {n} elements: {e}")))?;
+        g.sync(kernel)?;
+    }
+    Ok(v)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -5,13 +5,24 @@
 //! the keys (flash-decoding): blocks of 256 keys per (batch, head), a warp per 32 keys reading
 //! whole cache rows, write partial maxima, sums and weighted values, and one block per
 //! (batch, head) combines them. Two launches per token; nothing waits for the stream.
+//!
+//! From a KV cache (docs/math.md §7.1, [`from_state`]): the `ℓ` cached tokens become tokens
+//! `0 … ℓ − 1` of the ring (built for `ℓ + T` tokens), as on the CPU; the exported state is the
+//! last `ℓ'` tokens of the ring, oldest first, in a cache of the given capacity `N` (`T` without
+//! a given cache, `w − 1` with a window), `ℓ'` all of them or the last `w − 1`. Rows with
+//! different cached lengths get a decoder each.
 
 use cudarc::driver::LaunchConfig;
+use mixer_core::mixer::Decoder;
 use mixer_core::mixers::attention::Attention;
-use mixer_core::{Dims, DimsExt, Error, Result};
+use mixer_core::mixers::attention::state::lengths;
+use mixer_core::state::{by_rows_if_uneven, resumed};
+use mixer_core::tensor::get;
+use mixer_core::{Dims, DimsExt, Error, Result, Tensors};
+use ndarray::{ArrayD, IxDyn};
 
 use super::common::{FAMILY, window_arg};
-use crate::forms::{DeviceDecoder, input};
+use crate::forms::{DeviceDecoder, StatefulDeviceDecoder, hosted_decoder, input};
 use crate::kernels;
 use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu, int, launch, max_dynamic_smem, opt_in};
@@ -43,6 +54,10 @@ pub struct AttentionDecoder<F: GpuReal> {
     t: usize,
     /// The score scale, passed to the kernel as a double (overflow-free logits).
     scale: f64,
+    /// The window `w`, if any.
+    window: Option<usize>,
+    /// The capacity `N` of the exported state's cache (docs/math.md §7.1).
+    state_cap: usize,
 }
 
 impl<F: GpuReal> AttentionDecoder<F> {
@@ -73,7 +88,33 @@ impl<F: GpuReal> AttentionDecoder<F> {
             tmax,
             t: 0,
             scale: a.scale(dk),
+            window: a.window(),
+            state_cap: a.window().map_or(tmax, |w| w - 1),
         })
+    }
+
+    /// A decoder for `T` more tokens after the `len` tokens cached in `s` (`k [B, N, H, Dk]`,
+    /// `v [B, N, H, Dv]`, every row holding `len`): they become tokens `0 … len − 1` of the ring.
+    fn from_cache(a: &Attention, dims: &Dims, s: &Tensors<F>, len: usize) -> Result<Self> {
+        let mut more = dims.clone();
+        more.insert("T", dims.size("T")? + len);
+        let mut d = Self::new(a, &more)?;
+        let (b, h, dk, dv, cap) = (d.b, d.h, d.dk, d.dv, d.cap);
+        let n = get(s, "k")?.shape()[1];
+        for (name, dd, buf) in [("k", dk, &mut d.kc), ("v", dv, &mut d.vc)] {
+            let c = get(s, name)?;
+            let mut host = vec![F::default(); cap * b * h * dd];
+            for (bi, j, hi, e) in (0..b)
+                .flat_map(|bi| (0..len).map(move |j| (bi, j)))
+                .flat_map(|(bi, j)| (0..h).flat_map(move |hi| (0..dd).map(move |e| (bi, j, hi, e))))
+            {
+                host[(((j % cap) * b + bi) * h + hi) * dd + e] = c[[bi, j, hi, e]];
+            }
+            *buf = pool::upload(FAMILY, &host)?;
+        }
+        d.t = len;
+        d.state_cap = n;
+        Ok(d)
     }
 
     fn filled(&self) -> usize {
@@ -156,4 +197,52 @@ impl<F: GpuReal> DeviceDecoder for AttentionDecoder<F> {
     fn position(&self) -> usize {
         self.t
     }
+}
+
+impl<F: GpuReal> StatefulDeviceDecoder<F> for AttentionDecoder<F> {
+    /// The KV cache of the tokens the next one attends over (module documentation).
+    fn state(&self) -> Result<Tensors<F>> {
+        let (b, h, cap, n) = (self.b, self.h, self.cap, self.state_cap);
+        let len = self.window.map_or(self.t, |w| self.t.min(w - 1));
+        if len > n {
+            return Err(Error::Decoder(format!(
+                "the decoder holds {len} tokens, more than the state's capacity N = {n}"
+            )));
+        }
+        let mut out: Tensors<F> = Tensors::new();
+        for (name, dd, buf) in [("k", self.dk, &self.kc), ("v", self.dv, &self.vc)] {
+            let ring = pool::download(FAMILY, buf, cap * b * h * dd)?;
+            let mut c = vec![F::default(); b * n * h * dd];
+            for (bi, j, hi) in
+                (0..b).flat_map(|bi| (0..len).flat_map(move |j| (0..h).map(move |hi| (bi, j, hi))))
+            {
+                let slot = (self.t - len + j) % cap;
+                c[((bi * n + j) * h + hi) * dd..][..dd]
+                    .copy_from_slice(&ring[((slot * b + bi) * h + hi) * dd..][..dd]);
+            }
+            let c = ArrayD::from_shape_vec(IxDyn(&[b, n, h, dd]), c)
+                .map_err(|e| Error::Decoder(format!("the exported cache: {e}")))?;
+            out.insert(name.to_string(), c);
+        }
+        out.insert("length".to_string(), ArrayD::from_elem(IxDyn(&[b]), F::of(len as f64)));
+        Ok(out)
+    }
+}
+
+/// The decoder started from the KV cache `initial` (docs/math.md §7.1; `None`: an empty one),
+/// driven with host arrays: the registry's decoder from a state on this backend.
+pub fn from_state<F: GpuReal>(
+    a: &Attention,
+    _statics: &Tensors<F>,
+    dims: &Dims,
+    initial: Option<&Tensors<F>>,
+) -> Result<Box<dyn Decoder<F>>> {
+    let Some(s) = initial else { return Ok(hosted_decoder(Box::new(AttentionDecoder::<F>::new(a, dims)?))) };
+    let lens = lengths(a, s, dims.size("T")?)?;
+    if let Some(d) = by_rows_if_uneven(&lens, s, dims, |one, row| from_state(a, _statics, one, Some(row))) {
+        return d;
+    }
+    let len = lens.first().copied().unwrap_or(0);
+    let d = AttentionDecoder::<F>::from_cache(a, dims, s, len)?;
+    Ok(resumed(hosted_decoder(Box::new(d)), len))
 }

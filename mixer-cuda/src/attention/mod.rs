@@ -30,6 +30,7 @@ use crate::tensor::GpuReal;
 use mixer_core::mixers::attention::state as attention_state;
 use mixer_core::state::StateVjp;
 use mixer_core::{Dims, Form, Precision, Requires, Result};
+use mixer_registry::StateDecoderFn;
 
 use common::FAMILY;
 
@@ -68,6 +69,9 @@ impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     }
     fn decoder() -> Option<DeviceDecoderFn<Attention, F>> {
         Some(|a, _statics, dims| Ok(Box::new(decoder::AttentionDecoder::<F>::new(a, dims)?)))
+    }
+    fn decoder_from_state() -> Option<StateDecoderFn<Attention, F>> {
+        Some(decoder::from_state::<F>)
     }
     fn backward() -> Option<DeviceBackwardFn<Attention>> {
         Some(backward::run::<F>)

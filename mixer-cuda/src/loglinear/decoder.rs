@@ -15,18 +15,31 @@
 //! device buffer has one slot per λ level (`L ≥ L(T)`); a token needing a level beyond it is an
 //! error. The kernel reads the token's inputs where they are (λ mapped on the device first for
 //! the lifts), and `y_t` stays on the device: nothing waits.
+//!
+//! From a state (docs/math.md §7.1, [`from_state`]): a base mixer's `S` is level 0. A lift's
+//! state at position `a` holds the levels *after* the merge for token `a`, while the kernel's
+//! step `a` does that merge itself, writing level `m + 1` (`m = ctz(a)`) as the sum of levels
+//! `0 … m`; so the state's level `m + 1` is loaded into level 0 (levels `1 … m` are empty at `a`)
+//! and every other level in place, and the first step's merge puts it back. The exported state
+//! ([`StatefulDeviceDecoder::state`]) applies the merge for the next token to the levels read
+//! back, as the CPU decoder does. A decoder steps its batch rows at one position, so a state
+//! whose rows are at different positions gets a decoder per row.
 
 use cudarc::driver::LaunchConfig;
-use mixer_core::fenwick::{bitlen, merge_level, occupied_levels};
-use mixer_core::mixer::check_decoder_capacity;
+use mixer_core::fenwick::{bitlen, merge_level, merge_states, occupied_levels};
+use mixer_core::mixer::{Decoder, check_decoder_capacity};
+use mixer_core::mixers::loglinear::lift_state::{POSITION, positions};
+use mixer_core::mixers::loglinear::state::STATE;
 use mixer_core::mixers::loglinear::{DecoderSizes, LogLinear};
-use mixer_core::{Dims, Error, Result};
-use ndarray::ArrayD;
+use mixer_core::state::{by_rows_if_uneven, position_tensor};
+use mixer_core::tensor::get;
+use mixer_core::{Dims, DimsExt, Error, Result, Tensors};
+use ndarray::{ArrayD, IxDyn};
 
 use super::common::{FAMILY, base_code};
 use super::lambda;
 use crate::attention::decoder::token_shape;
-use crate::forms::{DeviceDecoder, input};
+use crate::forms::{DeviceDecoder, StatefulDeviceDecoder, hosted_decoder, input};
 use crate::kernels;
 use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu, int, launch};
@@ -53,6 +66,9 @@ pub struct LogLinearDecoder<F: GpuReal> {
     occ: u64,
     /// Tokens the decoder was built for (`T`).
     t_len: usize,
+    /// The position of the first token (the state's `position`; 0 without a state).
+    start: usize,
+    /// The position of the next token.
     pos: usize,
 }
 
@@ -76,8 +92,49 @@ impl<F: GpuReal> LogLinearDecoder<F> {
             zero: pool::zeros::<F>(FAMILY, 1)?,
             occ: 0,
             t_len,
+            start: 0,
             pos: 0,
         })
+    }
+
+    /// Loads the state `s` (every batch row at one position; checked by [`positions`]) into the
+    /// level states, as the module's doc says, and starts at its position.
+    fn load(mut self, s: &Tensors<F>) -> Result<Self> {
+        let (nb, nh, dk, dv, slots) = (self.nb, self.nh, self.dk, self.dv, self.slots);
+        let dd = dk * dv;
+        let s0 = get(s, STATE)?;
+        let mut host = vec![F::default(); nb * nh * slots * dd];
+        let mut put = |bh: usize, level: usize, at: &dyn Fn(usize, usize) -> F| {
+            let dst = &mut host[(bh * slots + level) * dd..][..dd];
+            for (i, x) in dst.iter_mut().enumerate() {
+                *x = at(i / dk, i % dk);
+            }
+        };
+        if self.m.lift.is_none() {
+            for bh in 0..nb * nh {
+                put(bh, 0, &|r, c| s0[[bh / nh, bh % nh, r, c]]);
+            }
+        } else {
+            let a = positions(s, self.t_len)?.first().copied().unwrap_or(0);
+            let m = merge_level(a);
+            for i in (0..s0.shape()[2]).filter(|i| (a >> i) & 1 == 1) {
+                let level = if m == Some(i) { 0 } else { i + 1 };
+                if level >= slots {
+                    return Err(Error::Decoder(format!(
+                        "position {a} holds Fenwick level {}, but the decoder has {slots} level slots",
+                        i + 1
+                    )));
+                }
+                for bh in 0..nb * nh {
+                    put(bh, level, &|r, c| s0[[bh / nh, bh % nh, i, r, c]]);
+                }
+            }
+            self.start = a;
+            self.pos = a;
+            self.occ = (a as u64) << 1;
+        }
+        self.states = pool::upload(FAMILY, &host)?;
+        Ok(self)
     }
 
     /// Sets the λ scheme's parameter `lambda_param [H, L]` (a static input; absent = 1).
@@ -87,6 +144,29 @@ impl<F: GpuReal> LogLinearDecoder<F> {
     }
 }
 
+/// The decoder of `m` started from the state `initial` (docs/math.md §7.1; `None`: zeros), driven
+/// with host arrays: the registry's decoder from a state on this backend. Its state lives on the
+/// device; [`Decoder::state`] reads it back.
+pub fn from_state<F: GpuReal>(
+    m: &LogLinear,
+    statics: &Tensors<F>,
+    dims: &Dims,
+    initial: Option<&Tensors<F>>,
+) -> Result<Box<dyn Decoder<F>>> {
+    if let (Some(s), Some(_)) = (initial, m.lift) {
+        let pos = positions(s, dims.size("T")?)?;
+        if let Some(d) = by_rows_if_uneven(&pos, s, dims, |one, row| from_state(m, statics, one, Some(row))) {
+            return d;
+        }
+    }
+    let d = LogLinearDecoder::<F>::new(m, dims)?.with_lambda_param(statics.get("lambda_param"))?;
+    let d = match initial {
+        Some(s) => d.load(s)?,
+        None => d,
+    };
+    Ok(hosted_decoder(Box::new(d)))
+}
+
 impl<F: GpuReal> DeviceDecoder for LogLinearDecoder<F> {
     fn step(&mut self, tok: &DeviceTensors) -> Result<AnyDeviceTensor> {
         let (nb, nh, dk, dv) = (self.nb, self.nh, self.dk, self.dv);
@@ -94,7 +174,7 @@ impl<F: GpuReal> DeviceDecoder for LogLinearDecoder<F> {
         let base = self.m.base;
         let lifted = self.m.lift.is_some();
         let t = self.pos;
-        check_decoder_capacity(t, self.t_len)?;
+        check_decoder_capacity(t - self.start, self.t_len)?;
         let mut toks = Vec::with_capacity(3);
         for (name, d) in [("q", dk), ("k", dk), ("v", dv)] {
             let x = input::<F>(tok, name)?;
@@ -170,6 +250,47 @@ impl<F: GpuReal> DeviceDecoder for LogLinearDecoder<F> {
     }
 
     fn position(&self) -> usize {
-        self.pos
+        self.pos - self.start
+    }
+}
+
+impl<F: GpuReal> StatefulDeviceDecoder<F> for LogLinearDecoder<F> {
+    /// A base mixer's `S [B, H, Dv, Dk]` (level 0); a lift's `S [B, H, L, Dv, Dk]` after the merge
+    /// for the next token (slot `i`: level `i + 1`) and `position [B]` (docs/math.md §7.1).
+    fn state(&self) -> Result<Tensors<F>> {
+        let (nb, nh, dk, dv, slots) = (self.nb, self.nh, self.dk, self.dv, self.slots);
+        let dd = dk * dv;
+        let host = pool::download(FAMILY, &self.states, nb * nh * slots * dd)?;
+        let block = |bh: usize, l: usize| host[(bh * slots + l) * dd..][..dd].to_vec();
+        let shape_err = |e: ndarray::ShapeError| Error::Decoder(format!("the exported state: {e}"));
+        if self.m.lift.is_none() {
+            let s: Vec<F> = (0..nb * nh).flat_map(|bh| block(bh, 0)).collect();
+            let s = ArrayD::from_shape_vec(IxDyn(&[nb, nh, dv, dk]), s).map_err(shape_err)?;
+            return Ok([(STATE.to_string(), s)].into_iter().collect());
+        }
+        let nl = self.n_levels;
+        let mut s = vec![F::default(); nb * nh * nl * dd];
+        for bh in 0..nb * nh {
+            let mut levels: Vec<Option<Vec<F>>> = (0..slots).map(|l| Some(block(bh, l))).collect();
+            merge_states(&mut levels, self.pos, |mut acc, x| {
+                acc.iter_mut().zip(&x).for_each(|(a, b)| *a += *b);
+                acc
+            });
+            for (l, st) in levels.iter().enumerate().skip(1) {
+                let Some(st) = st else { continue };
+                if l <= nl {
+                    s[(bh * nl + l - 1) * dd..][..dd].copy_from_slice(st);
+                } else if st.iter().any(|&x| x != F::default()) {
+                    return Err(Error::Decoder(format!(
+                        "at position {} level {l} holds a state, but the state has slots for levels \
+                         1 … {nl} (L = {nl})",
+                        self.pos
+                    )));
+                }
+            }
+        }
+        let s = ArrayD::from_shape_vec(IxDyn(&[nb, nh, nl, dv, dk]), s).map_err(shape_err)?;
+        let pos = position_tensor::<F>(&vec![self.pos; nb]);
+        Ok([(STATE.to_string(), s), (POSITION.to_string(), pos)].into_iter().collect())
     }
 }

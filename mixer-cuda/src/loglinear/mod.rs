@@ -69,6 +69,7 @@ use crate::forms::{
 };
 use crate::tensor::GpuReal;
 use mixer_core::mixers::loglinear::state::STATE;
+use mixer_registry::StateDecoderFn;
 
 use common::FAMILY;
 
@@ -114,8 +115,10 @@ impl<F: GpuReal> DeviceFamily<F> for LogLinearCuda {
             Ok((y, [(STATE.to_string(), F::wrap(fin))].into_iter().collect()))
         })
     }
-    fn state_unsupported(m: &LogLinear, _form: Form) -> Option<String> {
-        fast::state_unsupported(m)
+    /// The lifts' `fast` form from a state ([`fast::state_unsupported`]); their decoder runs from
+    /// one.
+    fn state_unsupported(m: &LogLinear, form: Form) -> Option<String> {
+        if form == Form::Fast { fast::state_unsupported(m) } else { None }
     }
     /// [`backward::run_from`] (exact mode whatever the mode asked).
     fn fast_backward_from_state() -> Option<DeviceStateBackwardFn<LogLinear>> {
@@ -133,6 +136,9 @@ impl<F: GpuReal> DeviceFamily<F> for LogLinearCuda {
                     .with_lambda_param(statics.get("lambda_param"))?,
             ))
         })
+    }
+    fn decoder_from_state() -> Option<StateDecoderFn<LogLinear, F>> {
+        Some(decoder::from_state::<F>)
     }
 }
 

@@ -26,10 +26,11 @@ pub mod online;
 pub mod parallel;
 pub mod spectra;
 
+use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::mixers::toeplitz::state as toeplitz_state;
-use mixer_core::mixers::toeplitz::{DecoderKind, Toeplitz};
 use mixer_core::state::StateVjp;
 use mixer_core::{Requires, Result};
+use mixer_registry::StateDecoderFn;
 
 use crate::fft::FftReal;
 use crate::forms::{
@@ -54,11 +55,11 @@ impl<F: FftReal> DeviceFamily<F> for ToeplitzCuda {
     }
     fn decoder() -> Option<DeviceDecoderFn<Toeplitz, F>> {
         Some(|tz, statics, dims| -> Result<Box<dyn crate::forms::DeviceDecoder>> {
-            Ok(match tz.cfg.decoder {
-                DecoderKind::Naive => Box::new(naive::NaiveDecoder::<F>::new(tz, statics, dims)?),
-                DecoderKind::Online => Box::new(online::OnlineDecoder::<F>::new(tz, statics, dims)?),
-            })
+            Ok(decoder::make::<F>(tz, statics, dims)?)
         })
+    }
+    fn decoder_from_state() -> Option<StateDecoderFn<Toeplitz, F>> {
+        Some(decoder::from_state::<F>)
     }
     /// From a state (the last inputs the taps read): the fast form and its backward on the
     /// extension by them ([`toeplitz_state`]).

@@ -10,7 +10,7 @@ use mixer_core::{Dims, Result, Tensors};
 use super::common::FAMILY;
 use super::decoder::Statics;
 use crate::fft::FftReal;
-use crate::forms::DeviceDecoder;
+use crate::forms::{DeviceDecoder, StatefulDeviceDecoder};
 use crate::kernels;
 use crate::pool::{self, Pooled};
 use crate::runtime::{gpu, grid1, launch};
@@ -52,5 +52,11 @@ impl<F: FftReal> DeviceDecoder for NaiveDecoder<F> {
     }
     fn position(&self) -> usize {
         self.t
+    }
+}
+
+impl<F: FftReal> StatefulDeviceDecoder<F> for NaiveDecoder<F> {
+    fn state(&self) -> Result<Tensors<F>> {
+        self.s.state(&self.hist, self.t)
     }
 }

@@ -23,7 +23,7 @@ use super::decoder::Statics;
 use super::fast::tiles;
 use super::spectra;
 use crate::fft::{FftReal, irfft, rfft};
-use crate::forms::DeviceDecoder;
+use crate::forms::{DeviceDecoder, StatefulDeviceDecoder};
 use crate::kernels;
 use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu, grid1, int, launch};
@@ -142,5 +142,11 @@ impl<F: FftReal> DeviceDecoder for OnlineDecoder<F> {
     }
     fn position(&self) -> usize {
         self.t
+    }
+}
+
+impl<F: FftReal> StatefulDeviceDecoder<F> for OnlineDecoder<F> {
+    fn state(&self) -> Result<Tensors<F>> {
+        self.s.state(&self.hist, self.t)
     }
 }

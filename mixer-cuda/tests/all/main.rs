@@ -7,6 +7,7 @@
 mod attention;
 mod backward;
 mod common;
+mod decoder_state;
 mod device;
 mod device_bf16;
 mod device_packed;
