@@ -4,16 +4,26 @@
 //! `[t + 1 − f(K−1), t]` otherwise. Slots are assigned on the host; each step is one kernel
 //! launch, one thread per (batch, channel). The step's slot table goes to the device with a
 //! stream-ordered copy into the decoder's own buffer, so no step waits for the stream.
+//!
+//! From a state at position `a` (docs/math.md §7.1, [`from_state`]), as on the CPU: the state's
+//! values are loaded into the cache at the positions they hold, the decoder steps the absolute
+//! positions `a … a + T − 1` with the inputs' slot axis `K` (at least `K(a + T)`), and keeps its
+//! cache after the last token so that [`StatefulDeviceDecoder::state`] can read it back. Rows at
+//! different positions get a decoder each.
 
 use std::collections::{BTreeSet, HashMap};
 
-use mixer_core::mixer::check_decoder_capacity;
+use mixer_core::mixer::{Decoder, check_decoder_capacity};
+use mixer_core::mixers::glr::state as glr_state;
 use mixer_core::mixers::glr::{Glr, Slots};
-use mixer_core::{Dims, DimsExt, Result};
+use mixer_core::state::{POSITION, by_rows_if_uneven, position_tensor, resumed};
+use mixer_core::tensor::get;
+use mixer_core::{Dims, DimsExt, Error, Result, Tensors};
+use ndarray::{ArrayD, IxDyn};
 
 use super::common::FAMILY;
 use crate::attention::decoder::token_shape;
-use crate::forms::{DeviceDecoder, input};
+use crate::forms::{DeviceDecoder, StatefulDeviceDecoder, hosted_decoder, input};
 use crate::kernels;
 use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu, grid1, int, launch};
@@ -35,6 +45,11 @@ pub struct GlrDecoder<F: GpuReal> {
     dslots: Pooled<i32>,
     slot_of: HashMap<usize, i32>,
     free: Vec<i32>,
+    /// The slot axis `K` of the tokens' `beta` (`alpha` has one more): at least `K(T)`.
+    k_in: usize,
+    /// Whether the cache is kept after the last token (a decoder whose state is read back).
+    keep_last: bool,
+    glr: Glr,
 }
 
 impl<F: GpuReal> GlrDecoder<F> {
@@ -58,18 +73,65 @@ impl<F: GpuReal> GlrDecoder<F> {
             cy: alloc(on.has_b())?,
             slot_of: HashMap::new(),
             free: (0..cap as i32).rev().collect(),
+            k_in: glr.slots(tmax).len(),
+            keep_last: false,
+            glr: glr.clone(),
         })
     }
 
-    /// Positions read by token `t`, per slot (`None` when inactive).
+    /// A decoder for `T` more tokens after the state `s` at position `a` (every batch row there,
+    /// checked by the caller; `None`: position 0, an empty cache), whose cache outlives the last
+    /// token (module documentation).
+    fn from_state(glr: &Glr, dims: &Dims, s: Option<(&Tensors<F>, usize)>) -> Result<Self> {
+        let (b, t_len, c) = (dims.size("B")?, dims.size("T")?, dims.size("C")?);
+        let a = s.map_or(0, |(_, a)| a);
+        let mut d = Self::new(glr, dims)?;
+        // Slots through position a + T: the cache after the last token is P_(a+T).
+        d.slots = Slots::new(glr.pattern(), a + t_len + 1);
+        d.k_in = glr_state::slot_count(dims).unwrap_or(0).max(d.k_in);
+        d.dslots = pool::zeros::<i32>(FAMILY, d.k_in.max(1))?;
+        d.keep_last = true;
+        d.tmax = a + t_len;
+        d.t = a;
+        let cap = glr.pattern().max_cache(a + t_len + 1).max(1);
+        d.free = (0..cap as i32).rev().collect();
+        // The positions the tokens from a on read, each with the state's row that holds it.
+        let rows: HashMap<usize, usize> = glr_state::kept(glr, d.k_in, a)
+            .into_iter()
+            .enumerate()
+            .filter_map(|(j, p)| p.map(|p| (p, j)))
+            .collect();
+        let live = if a == 0 { Default::default() } else { d.live_after(a - 1) };
+        let mut hx = vec![F::default(); if d.has_a { cap * b * c } else { 1 }];
+        let mut hy = vec![F::default(); if d.has_b { cap * b * c } else { 1 }];
+        for p in live {
+            let slot = d.free.pop().ok_or_else(|| err(FAMILY, "internal: decoder cache overflow"))?;
+            d.slot_of.insert(p, slot);
+            let (Some((st, _)), Some(&j)) = (s, rows.get(&p)) else { continue };
+            for (used, name, host) in [(d.has_a, "x", &mut hx), (d.has_b, "y", &mut hy)] {
+                if !used {
+                    continue;
+                }
+                let v = get(st, name)?;
+                for (bi, ci) in (0..b).flat_map(|bi| (0..c).map(move |ci| (bi, ci))) {
+                    host[((slot as usize) * b + bi) * c + ci] = v[[bi, j, ci]];
+                }
+            }
+        }
+        d.cx = pool::upload(FAMILY, &hx)?;
+        d.cy = pool::upload(FAMILY, &hy)?;
+        Ok(d)
+    }
+
+    /// Positions read by token `t`, per slot of the tokens' slot axis (`None` when inactive).
     fn deps(&self, t: usize) -> Vec<Option<usize>> {
         let active = self.slots.active(t);
-        (0..self.slots.len()).map(|k| (k < active).then(|| self.slots.pos(t, k))).collect()
+        (0..self.k_in).map(|k| (k < active).then(|| self.slots.pos(t, k))).collect()
     }
 
     /// Positions to keep after token `t`: those tokens `> t` read.
     fn live_after(&self, t: usize) -> BTreeSet<usize> {
-        if t + 1 >= self.tmax {
+        if t + 1 >= self.tmax && !self.keep_last {
             return BTreeSet::new();
         }
         if self.slots.cache_efficient() {
@@ -85,7 +147,7 @@ impl<F: GpuReal> DeviceDecoder for GlrDecoder<F> {
     fn step(&mut self, token: &DeviceTensors) -> Result<AnyDeviceTensor> {
         let t = self.t;
         check_decoder_capacity(t, self.tmax)?;
-        let (b, c, k) = (self.b, self.c, self.slots.len());
+        let (b, c, k) = (self.b, self.c, self.k_in);
         let na = if self.has_a { k + 1 } else { 1 };
         let g = gpu()?;
         let xt = input::<F>(token, "x")?;
@@ -148,4 +210,55 @@ impl<F: GpuReal> DeviceDecoder for GlrDecoder<F> {
     fn position(&self) -> usize {
         self.t
     }
+}
+
+impl<F: GpuReal> StatefulDeviceDecoder<F> for GlrDecoder<F> {
+    /// The kept streams (`y`, `x`) `[B, R, C]` at the positions the state's rows hold after the
+    /// tokens consumed, and `position [B]` (docs/math.md §7.1).
+    fn state(&self) -> Result<Tensors<F>> {
+        let (b, c) = (self.b, self.c);
+        let kept = glr_state::kept(&self.glr, self.k_in, self.t);
+        let mut out = Tensors::new();
+        for (used, name, cache) in [(self.has_b, "y", &self.cy), (self.has_a, "x", &self.cx)] {
+            if !used {
+                continue;
+            }
+            let host = pool::download(FAMILY, cache, cache.len())?;
+            let mut v = vec![F::default(); b * kept.len() * c];
+            for (j, p) in kept.iter().enumerate() {
+                let Some(p) = p else { continue };
+                let &slot = self.slot_of.get(p).ok_or_else(|| {
+                    Error::Decoder(format!("position {p} of the state at {} is not in the cache", self.t))
+                })?;
+                for (bi, ci) in (0..b).flat_map(|bi| (0..c).map(move |ci| (bi, ci))) {
+                    v[(bi * kept.len() + j) * c + ci] = host[((slot as usize) * b + bi) * c + ci];
+                }
+            }
+            let v = ArrayD::from_shape_vec(IxDyn(&[b, kept.len(), c]), v)
+                .map_err(|e| Error::Decoder(format!("the exported cache: {e}")))?;
+            out.insert(name.to_string(), v);
+        }
+        out.insert(POSITION.to_string(), position_tensor::<F>(&vec![self.t; b]));
+        Ok(out)
+    }
+}
+
+/// The decoder started from the state `initial` (module documentation; `None`: position 0),
+/// driven with host arrays: the registry's decoder from a state on this backend.
+pub fn from_state<F: GpuReal>(
+    g: &Glr,
+    _statics: &Tensors<F>,
+    dims: &Dims,
+    initial: Option<&Tensors<F>>,
+) -> Result<Box<dyn Decoder<F>>> {
+    let Some(s) = initial else {
+        return Ok(hosted_decoder(Box::new(GlrDecoder::<F>::from_state(g, dims, None)?)));
+    };
+    let k = glr_state::slot_count(dims).unwrap_or(0);
+    let pos = glr_state::positions(g, s, dims.size("T")?, k)?;
+    if let Some(d) = by_rows_if_uneven(&pos, s, dims, |one, row| from_state(g, _statics, one, Some(row))) {
+        return d;
+    }
+    let a = pos.first().copied().unwrap_or(0);
+    Ok(resumed(hosted_decoder(Box::new(GlrDecoder::<F>::from_state(g, dims, Some((s, a)))?)), a))
 }

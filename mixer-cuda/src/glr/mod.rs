@@ -27,6 +27,7 @@ use mixer_core::state::StateVjp;
 use mixer_core::state::{cut, scatter};
 use mixer_core::tensor::get;
 use mixer_core::{Real, Requires, Result, Tensors};
+use mixer_registry::StateDecoderFn;
 use ndarray::ArrayD;
 
 use crate::forms::{
@@ -49,6 +50,9 @@ impl<F: GpuReal> DeviceFamily<F> for GlrCuda {
     }
     fn decoder() -> Option<DeviceDecoderFn<Glr, F>> {
         Some(|g, _statics, dims| Ok(Box::new(decoder::GlrDecoder::<F>::new(g, dims)?)))
+    }
+    fn decoder_from_state() -> Option<StateDecoderFn<Glr, F>> {
+        Some(decoder::from_state::<F>)
     }
     /// From a state (the past outputs the pattern reads): the fast form and its backward on the
     /// extension by them ([`glr_state`]).

@@ -98,37 +98,14 @@ impl<F: GpuReal> LogLinearDecoder<F> {
     }
 
     /// Loads the state `s` (every batch row at one position; checked by [`positions`]) into the
-    /// level states, as the module's doc says, and starts at its position.
+    /// level states ([`load_levels`]) and starts at its position.
     fn load(mut self, s: &Tensors<F>) -> Result<Self> {
-        let (nb, nh, dk, dv, slots) = (self.nb, self.nh, self.dk, self.dv, self.slots);
-        let dd = dk * dv;
-        let s0 = get(s, STATE)?;
-        let mut host = vec![F::default(); nb * nh * slots * dd];
-        let mut put = |bh: usize, level: usize, at: &dyn Fn(usize, usize) -> F| {
-            let dst = &mut host[(bh * slots + level) * dd..][..dd];
-            for (i, x) in dst.iter_mut().enumerate() {
-                *x = at(i / dk, i % dk);
-            }
+        let a = match self.m.lift {
+            Some(_) => Some(positions(s, self.t_len)?.first().copied().unwrap_or(0)),
+            None => None,
         };
-        if self.m.lift.is_none() {
-            for bh in 0..nb * nh {
-                put(bh, 0, &|r, c| s0[[bh / nh, bh % nh, r, c]]);
-            }
-        } else {
-            let a = positions(s, self.t_len)?.first().copied().unwrap_or(0);
-            let m = merge_level(a);
-            for i in (0..s0.shape()[2]).filter(|i| (a >> i) & 1 == 1) {
-                let level = if m == Some(i) { 0 } else { i + 1 };
-                if level >= slots {
-                    return Err(Error::Decoder(format!(
-                        "position {a} holds Fenwick level {}, but the decoder has {slots} level slots",
-                        i + 1
-                    )));
-                }
-                for bh in 0..nb * nh {
-                    put(bh, level, &|r, c| s0[[bh / nh, bh % nh, i, r, c]]);
-                }
-            }
+        let host = load_levels(get(s, STATE)?, a, self.slots)?;
+        if let Some(a) = a {
             self.start = a;
             self.pos = a;
             self.occ = (a as u64) << 1;
@@ -259,38 +236,121 @@ impl<F: GpuReal> StatefulDeviceDecoder<F> for LogLinearDecoder<F> {
     /// for the next token (slot `i`: level `i + 1`) and `position [B]` (docs/math.md §7.1).
     fn state(&self) -> Result<Tensors<F>> {
         let (nb, nh, dk, dv, slots) = (self.nb, self.nh, self.dk, self.dv, self.slots);
-        let dd = dk * dv;
-        let host = pool::download(FAMILY, &self.states, nb * nh * slots * dd)?;
-        let block = |bh: usize, l: usize| host[(bh * slots + l) * dd..][..dd].to_vec();
-        let shape_err = |e: ndarray::ShapeError| Error::Decoder(format!("the exported state: {e}"));
-        if self.m.lift.is_none() {
-            let s: Vec<F> = (0..nb * nh).flat_map(|bh| block(bh, 0)).collect();
-            let s = ArrayD::from_shape_vec(IxDyn(&[nb, nh, dv, dk]), s).map_err(shape_err)?;
-            return Ok([(STATE.to_string(), s)].into_iter().collect());
+        let host = pool::download(FAMILY, &self.states, nb * nh * slots * dk * dv)?;
+        let lift = self.m.lift.map(|_| (self.n_levels, self.pos));
+        export_levels(&host, [nb, nh, dk, dv], slots, lift)
+    }
+}
+
+/// The device's level states `[B·H][slots][Dv][Dk]` holding the state `s0` (module
+/// documentation): a base mixer's `S [B, H, Dv, Dk]` (`a = None`) as level 0; a lift's
+/// `S [B, H, L, Dv, Dk]` at position `a` with its level `ctz(a) + 1` as level 0, which the first
+/// step's merge moves back, and every other live level in place.
+fn load_levels<F: GpuReal>(s0: &ArrayD<F>, a: Option<usize>, slots: usize) -> Result<Vec<F>> {
+    let sh = s0.shape();
+    let (nb, nh, dv, dk) = (sh[0], sh[1], sh[sh.len() - 2], sh[sh.len() - 1]);
+    let dd = dk * dv;
+    let mut host = vec![F::default(); nb * nh * slots * dd];
+    let mut put = |bh: usize, level: usize, at: &dyn Fn(usize, usize) -> F| {
+        let dst = &mut host[(bh * slots + level) * dd..][..dd];
+        for (i, x) in dst.iter_mut().enumerate() {
+            *x = at(i / dk, i % dk);
         }
-        let nl = self.n_levels;
-        let mut s = vec![F::default(); nb * nh * nl * dd];
+    };
+    let Some(a) = a else {
         for bh in 0..nb * nh {
-            let mut levels: Vec<Option<Vec<F>>> = (0..slots).map(|l| Some(block(bh, l))).collect();
-            merge_states(&mut levels, self.pos, |mut acc, x| {
-                acc.iter_mut().zip(&x).for_each(|(a, b)| *a += *b);
-                acc
-            });
-            for (l, st) in levels.iter().enumerate().skip(1) {
-                let Some(st) = st else { continue };
-                if l <= nl {
-                    s[(bh * nl + l - 1) * dd..][..dd].copy_from_slice(st);
-                } else if st.iter().any(|&x| x != F::default()) {
-                    return Err(Error::Decoder(format!(
-                        "at position {} level {l} holds a state, but the state has slots for levels \
-                         1 … {nl} (L = {nl})",
-                        self.pos
-                    )));
-                }
+            put(bh, 0, &|r, c| s0[[bh / nh, bh % nh, r, c]]);
+        }
+        return Ok(host);
+    };
+    let m = merge_level(a);
+    for i in (0..sh[2]).filter(|i| (a >> i) & 1 == 1) {
+        let level = if m == Some(i) { 0 } else { i + 1 };
+        if level >= slots {
+            return Err(Error::Decoder(format!(
+                "position {a} holds Fenwick level {}, but the decoder has {slots} level slots",
+                i + 1
+            )));
+        }
+        for bh in 0..nb * nh {
+            put(bh, level, &|r, c| s0[[bh / nh, bh % nh, i, r, c]]);
+        }
+    }
+    Ok(host)
+}
+
+/// The state held by the device's level states `host` (`[B·H][slots][Dv][Dk]`, `dims`
+/// `[B, H, Dk, Dv]`): a base mixer's `S` (level 0), or, with `lift = (L, p)`, a lift's `S`
+/// after the merge for the next token `p` (slot `i`: level `i + 1`) and `position` `p`.
+fn export_levels<F: GpuReal>(
+    host: &[F],
+    [nb, nh, dk, dv]: [usize; 4],
+    slots: usize,
+    lift: Option<(usize, usize)>,
+) -> Result<Tensors<F>> {
+    let dd = dk * dv;
+    let block = |bh: usize, l: usize| host[(bh * slots + l) * dd..][..dd].to_vec();
+    let shape_err = |e: ndarray::ShapeError| Error::Decoder(format!("the exported state: {e}"));
+    let Some((nl, pos)) = lift else {
+        let s: Vec<F> = (0..nb * nh).flat_map(|bh| block(bh, 0)).collect();
+        let s = ArrayD::from_shape_vec(IxDyn(&[nb, nh, dv, dk]), s).map_err(shape_err)?;
+        return Ok([(STATE.to_string(), s)].into_iter().collect());
+    };
+    let mut s = vec![F::default(); nb * nh * nl * dd];
+    for bh in 0..nb * nh {
+        let mut levels: Vec<Option<Vec<F>>> = (0..slots).map(|l| Some(block(bh, l))).collect();
+        merge_states(&mut levels, pos, |mut acc, x| {
+            acc.iter_mut().zip(&x).for_each(|(a, b)| *a += *b);
+            acc
+        });
+        for (l, st) in levels.iter().enumerate().skip(1) {
+            let Some(st) = st else { continue };
+            if l <= nl {
+                s[(bh * nl + l - 1) * dd..][..dd].copy_from_slice(st);
+            } else if st.iter().any(|&x| x != F::default()) {
+                return Err(Error::Decoder(format!(
+                    "at position {pos} level {l} holds a state, but the state has slots for levels \
+                     1 … {nl} (L = {nl})"
+                )));
             }
         }
-        let s = ArrayD::from_shape_vec(IxDyn(&[nb, nh, nl, dv, dk]), s).map_err(shape_err)?;
-        let pos = position_tensor::<F>(&vec![self.pos; nb]);
-        Ok([(STATE.to_string(), s), (POSITION.to_string(), pos)].into_iter().collect())
+    }
+    let s = ArrayD::from_shape_vec(IxDyn(&[nb, nh, nl, dv, dk]), s).map_err(shape_err)?;
+    Ok([(STATE.to_string(), s), (POSITION.to_string(), position_tensor::<F>(&vec![pos; nb]))]
+        .into_iter()
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lift's state at every position up to 70 (live slots only, as a decoder leaves them)
+    /// loaded into the device layout and exported again, before any step, is the same state;
+    /// and the device layout holds level `ctz(a) + 1` at level 0, as the kernel's first merge
+    /// expects. A base mixer's `S` goes through level 0.
+    #[test]
+    fn a_state_loaded_and_exported_is_the_same_state() {
+        let (nb, nh, nl, dv, dk, slots) = (1, 2, 8, 3, 2, 8);
+        for a in 0..70usize {
+            let s0 = ArrayD::from_shape_fn(IxDyn(&[nb, nh, nl, dv, dk]), |i| {
+                if (a >> i[2]) & 1 == 1 { (i[1] * 97 + i[2] * 13 + i[3] * 5 + i[4] + 1) as f64 } else { 0.0 }
+            });
+            let host = load_levels(&s0, Some(a), slots).unwrap();
+            let block = |l: usize| &host[(slots + l) * dv * dk..][..dv * dk];
+            if a > 0 {
+                let m = a.trailing_zeros() as usize;
+                assert_eq!(block(0)[0], s0[[0, 1, m, 0, 0]], "a={a}: level {} at level 0", m + 1);
+                assert!(block(m + 1).iter().all(|&x| x == 0.0), "a={a}");
+            }
+            let out = export_levels(&host, [nb, nh, dk, dv], slots, Some((nl, a))).unwrap();
+            assert_eq!(out[STATE], s0, "a={a}");
+            assert_eq!(out[POSITION].as_slice().unwrap(), &[a as f64]);
+        }
+        let s0 = ArrayD::from_shape_fn(IxDyn(&[2, 2, dv, dk]), |i| {
+            (i[0] * 31 + i[1] * 7 + i[2] * 3 + i[3]) as f64
+        });
+        let host = load_levels(&s0, None, 1).unwrap();
+        assert_eq!(export_levels(&host, [2, 2, dk, dv], 1, None).unwrap()[STATE], s0);
     }
 }

@@ -29,6 +29,14 @@ fn configs() -> Vec<(&'static str, serde_json::Value)> {
         ("local-attention", json!({"window": 2})),
         ("toeplitz", json!({"heads": 2})),
         ("toeplitz", json!({"heads": 1, "kernel_width": 3, "decoder": "naive"})),
+        ("glr", json!({"pattern": "pow2"})),
+        ("glr", json!({"pattern": "sq1", "cache_efficient": true})),
+        ("glr", json!({"pattern": "pow2", "cache_efficient": true, "on": "a"})),
+        ("glr", json!({"pattern": "fibonacci", "cache_efficient": true})),
+        ("glr", json!({"pattern": "sq1", "cache_efficient": true, "on": "both"})),
+        ("kth-order", json!({"order": 3})),
+        ("diagonal-ssm", json!({"on": "both"})),
+        ("dense-recurrence", json!({"on": "a"})),
     ]
 }
 
