@@ -49,6 +49,9 @@ pub struct GlrDecoder<F: GpuReal> {
     k_in: usize,
     /// Whether the cache is kept after the last token (a decoder whose state is read back).
     keep_last: bool,
+    /// The positions a translation-invariant pattern keeps: the last `f(K − 1)` (of the slots,
+    /// or of the inputs' slot axis when a state is read back: the state's rows).
+    window: usize,
     glr: Glr,
 }
 
@@ -75,6 +78,7 @@ impl<F: GpuReal> GlrDecoder<F> {
             free: (0..cap as i32).rev().collect(),
             k_in: glr.slots(tmax).len(),
             keep_last: false,
+            window: slots_window(&glr.slots(tmax)),
             glr: glr.clone(),
         })
     }
@@ -93,7 +97,11 @@ impl<F: GpuReal> GlrDecoder<F> {
         d.keep_last = true;
         d.tmax = a + t_len;
         d.t = a;
-        let cap = glr.pattern().max_cache(a + t_len + 1).max(1);
+        let rows = glr_state::rows(glr, d.k_in);
+        d.window = slots_window(&d.slots).max(rows);
+        let cap =
+            if glr.pattern().cache_efficient() { glr.pattern().max_cache(a + t_len + 1) } else { d.window }
+                .max(1);
         d.free = (0..cap as i32).rev().collect();
         // The positions the tokens from a on read, each with the state's row that holds it.
         let rows: HashMap<usize, usize> = glr_state::kept(glr, d.k_in, a)
@@ -137,10 +145,14 @@ impl<F: GpuReal> GlrDecoder<F> {
         if self.slots.cache_efficient() {
             self.slots.deps(t + 1).map(|(_, d)| d).collect()
         } else {
-            let w = self.slots.offsets().last().copied().unwrap_or(0);
-            ((t + 1).saturating_sub(w)..=t).collect()
+            ((t + 1).saturating_sub(self.window)..=t).collect()
         }
     }
+}
+
+/// The window a translation-invariant pattern's decoder keeps for `slots`: the largest offset.
+fn slots_window(slots: &Slots) -> usize {
+    slots.offsets().last().copied().unwrap_or(0)
 }
 
 impl<F: GpuReal> DeviceDecoder for GlrDecoder<F> {
