@@ -160,8 +160,10 @@ def test_runs_from_a_state_in_the_tf32_and_bf16_modes_are_zero_copy(name, precis
 
 def test_a_state_of_a_lift_takes_the_host_path():
     """A lift's state (a dict of its level states and position) is refused by the CUDA backend
-    (it names the CPU backend); with ``backend="cpu"`` CUDA tensors take the host path, give CUDA
-    tensors back and equal the CPU's run; a lone tensor for it is refused."""
+    in the ``fast`` form (it names the CPU backend); with ``backend="cpu"`` CUDA tensors take the
+    host path, give CUDA tensors back and equal the CPU's run; the ``recurrent`` form runs it on
+    the CUDA backend (its decoder from the state) and equals it too; a lone tensor for it is
+    refused."""
     s0 = torch.zeros(2, 2, 16, 16, device="cuda")
     whole = _dev(_inputs("loglinear-mamba2", 130))
     first = {k: v[:, :65] for k, v in whole.items()}
@@ -176,6 +178,13 @@ def test_a_state_of_a_lift_takes_the_host_path():
     assert y.is_cuda
     want = mixers.run("loglinear-mamba2", **{k: v.cpu() for k, v in whole.items()})[:, 65:]
     _close(y, want, TOL["exact"], "a lift from a state dict: the second half of the whole run")
+    # The recurrent form (the decoder) runs the lift from a state on the CUDA backend.
+    y, fin = mixers.run("loglinear-mamba2", initial_state=s, form="recurrent", output_final_state=True, **second)
+    assert y.is_cuda and fin["S"].is_cuda
+    _close(y, want, TOL["exact"], "a lift's CUDA decoder from a state: the second half of the whole run")
+    _, want_fin = mixers.run("loglinear-mamba2", output_final_state=True, **{k: v.cpu() for k, v in whole.items()})
+    for k in ("S", "position"):
+        _close(fin[k], want_fin[k], TOL["exact"], f"a lift's CUDA decoder from a state: final `{k}`")
 
 
 def test_bfloat16_tensors_run_in_place_in_the_bf16_mode():
