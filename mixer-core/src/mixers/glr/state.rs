@@ -25,7 +25,10 @@
 //! streams (`x` and `y`, the same rows).
 //!
 //! **Runs from a state** ([`run`]): per group of batch rows at one position `a`, the form runs on
-//! the extended sequence of `a + T` tokens at absolute positions `0 … a + T − 1`: prefix token
+//! the extended sequence of `a + T` tokens at absolute positions `0 … a + T − 1` (for a
+//! translation-invariant pattern at `a' = min(a, f(K − 1))` instead, `a' + T` tokens: the same
+//! run, since its taps read only `t − f(k)` and the state holds the last `f(K − 1)` positions):
+//! prefix token
 //! `p < a` has `x_p` = the state's value at `p` (zero where it holds none), `α_p = 1` and no
 //! slots, so `y_p = x_p` — the kept output (`on = "b"`) or the kept input (`on = "a"`) — then
 //! the run's tokens. Positions the state does not keep are never read (above), so `y` is the
@@ -275,6 +278,15 @@ fn state_of<'a, F: Real>(
     }
 }
 
+/// The position at which a run of a translation-invariant pattern from a state at `a` with `K`
+/// slots is computed: `min(a, f(K − 1))`. Its taps read `t − f(k)` for every slot, all `K` slots
+/// are active from `f(K − 1)` on, and the state's rows are the last `f(K − 1)` positions, so the
+/// run at that position is the same run; the extension's prefix then has at most `f(K − 1)` rows
+/// instead of `a`. A lattice's positions depend on the absolute position: it keeps `a`.
+fn effective(m: &Glr, k: usize, a: usize) -> usize {
+    if m.pattern().cache_efficient() { a } else { a.min(rows(m, k)) }
+}
+
 /// `y` and the final state of a run from `initial` (`None`: zeros at position 0) by `form` on
 /// the extension (module documentation).
 pub fn run<F: Real>(
@@ -290,6 +302,7 @@ pub fn run<F: Real>(
     let mut fin: Vec<ArrayD<F>> =
         names.iter().map(|_| ArrayD::<F>::zeros(IxDyn(&[nb, rows(m, k), c]))).collect();
     for (a, group) in by_length(&pos) {
+        let a = effective(m, k, a);
         // The streams over the extension: y (the form's output; with `on = "both"` the sum of the
         // parts through the kept outputs and the kept inputs), x (the inputs after the prefix).
         let (ye, xe) = if m.on() == On::Both {
@@ -349,6 +362,7 @@ pub fn vjp<F: Real>(
         names.iter().map(|_| ArrayD::<F>::zeros(IxDyn(&[nb, rows(m, k), c]))).collect();
     let dx_name = grad_name("x");
     for (a, group) in by_length(&pos) {
+        let a = effective(m, k, a);
         let mut dye = crate::state::prefixed(dy, None, &group, a);
         dye.slice_mut(s![.., ..a, ..]).fill(F::zero());
         let ends = kept(m, k, a + t_len);
@@ -571,6 +585,46 @@ mod tests {
                     let live = kept(&m, sizes(&x).unwrap().3, a).iter().flatten().count();
                     assert_eq!(live, Slots::new(m.pattern(), a + 1).distinct_positions(a), "{}", m.name());
                 }
+            }
+        }
+    }
+
+    /// After a long prefix a translation-invariant pattern's run from a state extends the run by
+    /// `f(K − 1)` rows, not by the prefix, and still gives the whole run's rows and final state;
+    /// a lattice keeps the whole prefix.
+    #[test]
+    fn a_long_prefix_extends_a_translation_invariant_run_by_its_window_only() {
+        for m in mixers() {
+            let t_len = 90;
+            let x = inputs(&m, t_len, 0, 5);
+            let k = sizes(&x).unwrap().3;
+            let whole = crate::oracle::dense(&m, &x).unwrap();
+            let (_, f0) = m.state_oracle(&x, None).unwrap();
+            let per_token = m.spec().per_token();
+            let a = 83;
+            let (head, tail) =
+                (cut(&x, &per_token, &[], 0..a).unwrap(), cut(&x, &per_token, &[], a..t_len).unwrap());
+            let (_, sa) = m.state_oracle(&head, None).unwrap();
+            let lens = std::cell::RefCell::new(Vec::new());
+            let (yb, sb) = run(&m, &tail, Some(&sa), |e| {
+                lens.borrow_mut().push(get(e, "x")?.shape()[1]);
+                crate::oracle::dense(&m, e)
+            })
+            .unwrap();
+            let want = if m.pattern().cache_efficient() { a } else { a.min(rows(&m, k)) } + t_len - a;
+            assert!(
+                lens.borrow().iter().all(|&n| n == want),
+                "{}: extensions {:?}, want {want}",
+                m.name(),
+                lens
+            );
+            close(
+                &yb,
+                &whole.slice(s![.., a.., ..]).to_owned().into_dyn(),
+                &format!("{} after a prefix of {a}", m.name()),
+            );
+            for &name in streams(&m) {
+                close(&sb[name], &f0[name], &format!("{} final state `{name}`", m.name()));
             }
         }
     }
