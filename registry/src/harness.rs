@@ -176,3 +176,27 @@ pub(crate) fn cases(
         dtypes.iter().map(move |&dtype| (form, dtype, precision.tolerance(dtype.name())))
     })
 }
+
+/// One configuration per family and state layout whose state is a prefix of the inputs or a
+/// cache (attention's KV cache, the Toeplitz mixer's input history, the GLR's kept streams): the
+/// configurations the backends' tests of runs and decoders from a state go through.
+pub fn cache_state_configs() -> Vec<(&'static str, serde_json::Value)> {
+    use serde_json::json;
+    vec![
+        ("attention", json!({})),
+        ("attention", json!({"window": 5})),
+        ("local-attention", json!({"window": 2})),
+        ("toeplitz", json!({"heads": 2})),
+        ("toeplitz", json!({"heads": 1, "kernel_width": 3, "decoder": "naive"})),
+        ("glr", json!({"pattern": "pow2"})),
+        ("glr", json!({"pattern": "sq1", "cache_efficient": true})),
+        ("glr", json!({"pattern": "pow2", "cache_efficient": true, "on": "a"})),
+        ("glr", json!({"pattern": "fibonacci", "cache_efficient": true})),
+        ("glr", json!({"pattern": "pow2", "on": "both"})),
+        ("glr", json!({"pattern": "sq1", "cache_efficient": true, "on": "both"})),
+        ("kth-order", json!({"order": 3})),
+        ("diagonal-ssm", json!({})),
+        ("diagonal-ssm", json!({"on": "both"})),
+        ("dense-recurrence", json!({"on": "a"})),
+    ]
+}

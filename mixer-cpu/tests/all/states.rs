@@ -17,23 +17,7 @@ use crate::cpu;
 
 /// The configurations with a state, one per family and layout.
 fn configs() -> Vec<(&'static str, serde_json::Value)> {
-    vec![
-        ("attention", json!({})),
-        ("attention", json!({"window": 5})),
-        ("local-attention", json!({"window": 2})),
-        ("toeplitz", json!({"heads": 2})),
-        ("toeplitz", json!({"heads": 1, "kernel_width": 3, "decoder": "naive"})),
-        ("glr", json!({"pattern": "pow2"})),
-        ("glr", json!({"pattern": "sq1", "cache_efficient": true})),
-        ("glr", json!({"pattern": "pow2", "cache_efficient": true, "on": "a"})),
-        ("glr", json!({"pattern": "fibonacci", "cache_efficient": true})),
-        ("glr", json!({"pattern": "pow2", "on": "both"})),
-        ("glr", json!({"pattern": "sq1", "cache_efficient": true, "on": "both"})),
-        ("kth-order", json!({"order": 3})),
-        ("diagonal-ssm", json!({})),
-        ("diagonal-ssm", json!({"on": "both"})),
-        ("dense-recurrence", json!({"on": "a"})),
-    ]
+    mixer_registry::harness::cache_state_configs()
 }
 
 fn sizes(t: usize) -> Sizes {

@@ -15,29 +15,19 @@ use serde_json::json;
 
 use super::common;
 
-/// One configuration per family and state layout that has a CUDA decoder from a state.
+/// One configuration per family and state layout: the log-linear members (a state of level
+/// states or one state) and those whose state is a cache or a prefix of the inputs.
 fn configs() -> Vec<(&'static str, serde_json::Value)> {
-    vec![
+    let mut c = vec![
         ("linear-attention", json!({})),
         ("mamba2", json!({})),
         ("gated-deltanet", json!({})),
         ("loglinear-attention", json!({"lambda_scheme": "softplus"})),
         ("loglinear-mamba2", json!({})),
         ("loglinear-gated-deltanet", json!({})),
-        ("attention", json!({})),
-        ("attention", json!({"window": 5})),
-        ("local-attention", json!({"window": 2})),
-        ("toeplitz", json!({"heads": 2})),
-        ("toeplitz", json!({"heads": 1, "kernel_width": 3, "decoder": "naive"})),
-        ("glr", json!({"pattern": "pow2"})),
-        ("glr", json!({"pattern": "sq1", "cache_efficient": true})),
-        ("glr", json!({"pattern": "pow2", "cache_efficient": true, "on": "a"})),
-        ("glr", json!({"pattern": "fibonacci", "cache_efficient": true})),
-        ("glr", json!({"pattern": "sq1", "cache_efficient": true, "on": "both"})),
-        ("kth-order", json!({"order": 3})),
-        ("diagonal-ssm", json!({"on": "both"})),
-        ("dense-recurrence", json!({"on": "a"})),
-    ]
+    ];
+    c.extend(mixer_registry::harness::cache_state_configs());
+    c
 }
 
 /// The inputs of `t` tokens and a random initial state (rows at different positions or cached
