@@ -11,6 +11,7 @@ use std::borrow::Cow;
 use std::ops::Range;
 
 use mixer_core::mixer::Mixer;
+use mixer_core::mixers::glr::state as glr_state;
 use mixer_core::mixers::glr::{Glr, Slots};
 use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Error, Real, Result, Tensors};
@@ -41,52 +42,114 @@ pub(crate) struct Views<'a, F> {
 /// `y[t, 0..w]` of the sequence `v` (one batch row), channels `c0..c0+w`, as a `[T, w]`
 /// row-major buffer.
 pub(crate) fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, c0: usize, w: usize) -> Vec<F> {
-    let (tn, cn, kn) = (v.t_len, v.c_len, v.k_len);
+    // Without a prefix every read is of the run itself.
+    block_after(v, slots, c0, w, &Prefix::none()).unwrap_or_default()
+}
+
+/// What a run from a state reads before its first token (docs/math.md §7.1): the run's tokens are
+/// at the absolute positions `a …`, and a position `d < a` is read from row `row_of(d)` of the
+/// state's kept outputs `y` (pattern on `B`) or inputs `x` (on `A`), `[R, C]` row-major for one
+/// batch row.
+pub(crate) struct Prefix<'a, F> {
+    pub(crate) a: usize,
+    /// `(position, row)`, sorted by position: the kept positions and their rows.
+    pub(crate) rows: Vec<(usize, usize)>,
+    pub(crate) y: &'a [F],
+    pub(crate) x: &'a [F],
+}
+
+impl<'a, F> Prefix<'a, F> {
+    /// No prefix: a run from position 0.
+    pub(crate) fn none() -> Self {
+        Prefix { a: 0, rows: Vec::new(), y: &[], x: &[] }
+    }
+
+    /// Row `d < a` of `stream` (`[R, C]`), channels `c0..c0 + w`, or `None` where the state does
+    /// not keep `d` (it keeps every position a later token reads: never, for a valid state).
+    fn row(&self, stream: &'a [F], d: usize, cn: usize, c0: usize, w: usize) -> Option<&'a [F]> {
+        let i = self.rows.binary_search_by_key(&d, |e| e.0).ok()?;
+        stream.get(self.rows[i].1 * cn + c0..)?.get(..w)
+    }
+}
+
+/// [`block`] of a run whose tokens sit at the absolute positions `pre.a …` and read the positions
+/// before `pre.a` from `pre` (`slots` sized for `pre.a + T`); an error names a read position the
+/// state does not keep.
+pub(crate) fn block_after<F: Real>(
+    v: &Views<'_, F>,
+    slots: &Slots,
+    c0: usize,
+    w: usize,
+    pre: &Prefix<'_, F>,
+) -> Result<Vec<F>> {
+    let (tn, cn, kn, a) = (v.t_len, v.c_len, v.k_len, pre.a);
     let k1 = kn + 1;
     let mut buf = vec![F::zero(); tn * w];
-    let mut n = 0usize;
+    let zeros = vec![F::zero(); w];
+    let mut missing = None;
     let offsets = slots.offsets();
-    for t in 0..tn {
+    let mut n = offsets.partition_point(|&f| f < a);
+    for r in 0..tn {
+        let t = a + r;
         while n < offsets.len() && offsets[n] <= t {
             n += 1;
         }
-        let (done, rest) = buf.split_at_mut(t * w);
+        let (done, rest) = buf.split_at_mut(r * w);
         let cur = &mut rest[..w];
-        let row = t * cn + c0;
+        let row = r * cn + c0;
         let xt = &v.x[row..row + w];
         if v.has_a {
-            let base = t * k1;
+            let base = r * k1;
             let a0 = &v.alpha[base * cn + c0..][..w];
-            for ((y, &a), &x) in cur.iter_mut().zip(a0).zip(xt) {
-                *y = a * x;
+            for ((y, &al), &x) in cur.iter_mut().zip(a0).zip(xt) {
+                *y = al * x;
             }
             for k in 0..n {
                 let d = slots.pos(t, k);
                 let ak = &v.alpha[(base + k + 1) * cn + c0..][..w];
-                let xd = &v.x[d * cn + c0..][..w];
-                for ((y, &a), &x) in cur.iter_mut().zip(ak).zip(xd) {
-                    *y += a * x;
+                let xd = if d >= a {
+                    &v.x[(d - a) * cn + c0..][..w]
+                } else {
+                    pre.row(pre.x, d, cn, c0, w).unwrap_or_else(|| {
+                        missing = Some(d);
+                        &zeros
+                    })
+                };
+                for ((y, &al), &x) in cur.iter_mut().zip(ak).zip(xd) {
+                    *y += al * x;
                 }
             }
         } else {
             let at = &v.alpha[row..row + w];
-            for ((y, &a), &x) in cur.iter_mut().zip(at).zip(xt) {
-                *y = a * x;
+            for ((y, &al), &x) in cur.iter_mut().zip(at).zip(xt) {
+                *y = al * x;
             }
         }
         if v.has_b {
-            let base = t * kn;
+            let base = r * kn;
             for k in 0..n {
                 let d = slots.pos(t, k);
                 let bk = &v.beta[(base + k) * cn + c0..][..w];
-                let yd = &done[d * w..(d + 1) * w];
+                let yd = if d >= a {
+                    &done[(d - a) * w..(d - a + 1) * w]
+                } else {
+                    pre.row(pre.y, d, cn, c0, w).unwrap_or_else(|| {
+                        missing = Some(d);
+                        &zeros
+                    })
+                };
                 for ((y, &bb), &p) in cur.iter_mut().zip(bk).zip(yd) {
                     *y += bb * p;
                 }
             }
         }
     }
-    buf
+    match missing {
+        None => Ok(buf),
+        Some(d) => Err(Error::Numerical(format!(
+            "glr from a state at position {a}: position {d} is read but the state does not keep it"
+        ))),
+    }
 }
 
 /// The contiguous `x`, `alpha` and `beta` (empty without `b`), shapes checked.
@@ -241,4 +304,100 @@ fn run<F: Real>(g: &Glr, inputs: &Tensors<F>, seqs: &Seqs) -> Result<ArrayD<F>> 
         }
     }
     Ok(y.into_dyn())
+}
+
+/// The fast form from a state (docs/math.md §7.1; `None`: position 0) without the extension: per
+/// batch row at position `a`, the sparse recurrence over the run's tokens at their absolute
+/// positions `a …`, reading the positions before `a` from the state's kept values, so it costs
+/// `O(T · K)` per channel whatever `a` (the extension's run costs `O((a + T) · K)`). Returns `y`
+/// and the final state (the kept streams at the positions [`glr_state::kept`] lists after
+/// `a + T`, and `position`).
+pub fn fast_from<F: Real>(
+    g: &Glr,
+    inputs: &Tensors<F>,
+    initial: Option<&Tensors<F>>,
+) -> Result<(ArrayD<F>, Tensors<F>)> {
+    let xs = get(inputs, "x")?.shape().to_vec();
+    if xs.len() != 3 {
+        return Err(Error::shape("x", "[B, T, C]", mixer_core::error::fmt_shape(&xs)));
+    }
+    let (bn, tn, cn) = (xs[0], xs[1], xs[2]);
+    let k = slot_axis(g, inputs, &g.slots(tn))?;
+    let pos = match initial {
+        Some(s) => glr_state::positions(g, s, tn, k)?,
+        None => vec![0; bn],
+    };
+    let slots = g.slots(pos.iter().copied().max().unwrap_or(0) + tn);
+    let (x, alpha, beta) = gather(g, inputs, &slots)?;
+    let v = views(g, &x, &alpha, &beta, &xs, k);
+    let rn = glr_state::rows(g, k);
+    // The state's streams, `[B, R, C]` row-major each (empty where the mixer keeps none).
+    let stream = |name: &str| -> Result<Cow<'_, [F]>> {
+        match initial {
+            Some(s) if glr_state::streams(g).contains(&name) => contiguous(s, name, &[bn, rn, cn]),
+            _ => Ok(Cow::Owned(Vec::new())),
+        }
+    };
+    let (sy, sx) = (stream("y")?, stream("x")?);
+    fn of_row<F>(st: &[F], b: usize, n: usize) -> &[F] {
+        if st.is_empty() { st } else { &st[b * n..(b + 1) * n] }
+    }
+    let prefixes: Vec<Prefix<'_, F>> = pos
+        .iter()
+        .enumerate()
+        .map(|(b, &a)| {
+            let mut rows: Vec<(usize, usize)> = glr_state::kept(g, k, a)
+                .into_iter()
+                .enumerate()
+                .filter_map(|(j, p)| p.map(|p| (p, j)))
+                .collect();
+            rows.sort_unstable();
+            Prefix { a, rows, y: of_row(&sy, b, rn * cn), x: of_row(&sx, b, rn * cn) }
+        })
+        .collect();
+    let seqs = self::rows(bn, tn);
+    let w = block_width(bn, cn);
+    let tasks: Vec<(usize, usize)> =
+        (0..bn).flat_map(|b| (0..cn).step_by(w.max(1)).map(move |c0| (b, c0))).collect();
+    let blocks: Vec<Vec<F>> = tasks
+        .par_iter()
+        .map(|&(b, c0)| block_after(&seq_views(&v, &seqs[b]), &slots, c0, w.min(cn - c0), &prefixes[b]))
+        .collect::<Result<_>>()?;
+    let mut y = Array3::<F>::zeros((bn, tn, cn));
+    for (&(b, c0), buf) in tasks.iter().zip(&blocks) {
+        let wb = w.min(cn - c0);
+        for (t, mut row) in y.index_axis_mut(Axis(0), b).outer_iter_mut().enumerate() {
+            for j in 0..wb {
+                row[c0 + j] = buf[t * wb + j];
+            }
+        }
+    }
+    // The final state: each kept position's value from the run (at or after `a`) or the state.
+    let mut fin = Tensors::new();
+    for &name in glr_state::streams(g) {
+        let mut f = Array3::<F>::zeros((bn, rn, cn));
+        for (b, pre) in prefixes.iter().enumerate() {
+            for (j, at) in glr_state::kept(g, k, pre.a + tn).into_iter().enumerate() {
+                let Some(p) = at else { continue };
+                let src: Vec<F> = if p >= pre.a {
+                    let r = p - pre.a;
+                    if name == "y" {
+                        y.slice(ndarray::s![b, r, ..]).to_vec()
+                    } else {
+                        x[(b * tn + r) * cn..][..cn].to_vec()
+                    }
+                } else {
+                    let st = if name == "y" { pre.y } else { pre.x };
+                    pre.row(st, p, cn, 0, cn).map(<[F]>::to_vec).ok_or_else(|| {
+                        Error::Numerical(format!("glr from a state at {}: position {p} is not kept", pre.a))
+                    })?
+                };
+                f.slice_mut(ndarray::s![b, j, ..]).assign(&ndarray::ArrayView1::from(&src[..]));
+            }
+        }
+        fin.insert(name.to_string(), f.into_dyn());
+    }
+    let end: Vec<usize> = pos.iter().map(|&a| a + tn).collect();
+    fin.insert(mixer_core::state::POSITION.to_string(), mixer_core::state::position_tensor(&end));
+    Ok((y.into_dyn(), fin))
 }

@@ -6,8 +6,9 @@
 //! - `materialized`: the generic oracle on [`Glr`]'s `(A, B)`.
 //!
 //! `fast` (and its backward) and `recurrent` run from a state and return the final state
-//! (docs/math.md §7.1): the fast form on the extension of [`glr_state`], the decoder with the
-//! state's values as its cache ([`decoder_from_state`]).
+//! (docs/math.md §7.1): the fast form over the run's tokens alone, reading the positions before
+//! them from the state ([`fast::fast_from`]), its backward on the extension of [`glr_state`], the
+//! decoder with the state's values as its cache ([`decoder_from_state`]).
 
 pub mod backward;
 pub mod decoder;
@@ -57,10 +58,10 @@ impl<F: Real> Family<F> for GlrCpu {
     fn backward(&self, form: Form) -> Option<BackwardFn<Glr, F>> {
         (form == Form::Fast).then_some(backward::vjp)
     }
-    /// `fast` from a state: the sparse recurrence on the extension by the state's values
-    /// ([`glr_state::run`]).
+    /// `fast` from a state: the sparse recurrence over the run's tokens, reading the positions
+    /// before them from the state's values ([`fast::fast_from`]).
     fn stateful(&self, form: Form) -> Option<StateFn<Glr, F>> {
-        (form == Form::Fast).then_some(|g, x, s| glr_state::run(g, x, s, |e| fast::fast(g, e)))
+        (form == Form::Fast).then_some(fast::fast_from)
     }
     fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<Glr, F>> {
         (form == Form::Fast).then_some(|g, x, s, dy, df, req| {

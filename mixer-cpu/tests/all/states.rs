@@ -239,3 +239,39 @@ fn a_lift_under_a_plugin_mask_runs_from_its_cache() {
         );
     }
 }
+
+/// After a long prefix the GLR's fast form from a state runs only the run's tokens (reading the
+/// state's kept values, not an extension of the prefix): the rows of the whole run and its final
+/// state, on lattices and windows with the pattern on `B`, on `A` and on both; and bit for bit
+/// the extension's rows where the pattern is on one side (the same sums in the same order).
+#[test]
+fn the_glr_runs_after_a_long_prefix_without_its_extension() {
+    let cpu = cpu();
+    for (name, cfg) in configs().into_iter().filter(|(n, _)| !n.contains("attention") && *n != "toeplitz") {
+        let m = mixer(name, &cfg).unwrap();
+        let (t, a) = (700, 613);
+        let d = mixer_core::mixer::complete_dims(m.as_ref(), &sizes(t).dims());
+        let x = m.random_inputs(&d, 21).unwrap();
+        // The whole run by the materialized oracle (the dense `(I − B)⁻¹ A x`).
+        let (y, fin) = m.state_oracle(&x, None).unwrap();
+        let head = mixer_core::state::segment_from_state(m.as_ref(), &x, 0..a).unwrap();
+        let tail = mixer_core::state::segment_from_state(m.as_ref(), &x, a..t).unwrap();
+        let (_, sa) = run_state(m.as_ref(), &cpu, Form::Fast, &head, None, Precision::Exact).unwrap();
+        let (yb, sb) = run_state(m.as_ref(), &cpu, Form::Fast, &tail, Some(&sa), Precision::Exact).unwrap();
+        let tol = mixer_core::Tolerance::for_dtype("f64");
+        let c = tol.compare(yb.view(), y.slice_axis(Axis(1), Slice::from(a..t)));
+        assert!(c.pass, "{name} {cfg}: y after {a} {c:?}");
+        for (k, v) in &fin {
+            let c = tol.compare(sb[k].view(), v.view());
+            assert!(c.pass, "{name} {cfg}: final `{k}` {c:?}");
+        }
+        let g = m.as_any().downcast_ref::<mixer_core::mixers::glr::Glr>().unwrap();
+        if g.on() != mixer_core::mixers::glr::On::Both {
+            let (ye, _) = mixer_core::mixers::glr::state::run(g, &tail, Some(&sa), |e| {
+                mixer_cpu::glr::fast::fast(g, e)
+            })
+            .unwrap();
+            assert_eq!(yb, ye, "{name} {cfg}: the direct run and the extension's differ");
+        }
+    }
+}
