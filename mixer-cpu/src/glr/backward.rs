@@ -12,14 +12,17 @@
 //! forward recurrence first (one `[T, w]` buffer per channel block). Inactive slots get 0.
 
 use mixer_core::mixer::Mixer;
+use mixer_core::mixers::glr::state as glr_state;
 use mixer_core::mixers::glr::{Glr, Slots};
-use mixer_core::tensor::get;
+use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Error, Real, Requires, Result, Tensors, grad_name};
 use ndarray::{Array3, Array4, ArrayD, ArrayViewMut, ArrayViewMut1, ArrayViewMut2, ArrayViewMut3, Axis};
 use rayon::prelude::*;
 use std::ops::Range;
 
-use super::fast::{Seqs, Views, block, block_width, gather, rows, seq_views, slot_axis, views};
+use super::fast::{
+    Prefix, Seqs, Views, block_after, block_width, gather, not_kept, rows, seq_views, slot_axis, views,
+};
 
 /// One channel block's gradients, written in place: views of `dx [T, w]`,
 /// `dalpha [T, A, w]` and `dbeta [T, K, w]` (the block's channels of one sequence; the last
@@ -54,12 +57,44 @@ fn row<'a, F>(v: ArrayViewMut1<'a, F>) -> &'a mut [F] {
     v.into_slice().expect("the channel axis is the arrays' last, contiguous axis")
 }
 
-fn block_vjp<F: Real>(v: &Views<'_, F>, slots: &Slots, gy: &[F], out: BlockOut<'_, F>) {
-    let (tn, cn) = (v.t_len, v.c_len);
+/// The final state's cotangent of one batch row of a run from a state: `(position, row)` of the
+/// positions the final state keeps, and its streams' cotangents `[R, C]` (empty where not kept
+/// or not given).
+pub(crate) struct Finals<'a, F> {
+    ends: Vec<(usize, usize)>,
+    dy: &'a [F],
+    dx: &'a [F],
+}
+
+impl<F> Finals<'_, F> {
+    fn none() -> Self {
+        Finals { ends: Vec::new(), dy: &[], dx: &[] }
+    }
+}
+
+/// `acc += src`, element by element.
+fn add_to<F: Real>(acc: &mut [F], src: &[F]) {
+    acc.iter_mut().zip(src).for_each(|(a, &s)| *a += s);
+}
+
+/// One channel block's backward of a run whose tokens sit at the absolute positions `pre.a …`
+/// (0 without a state), reading the positions before them from `pre` (docs/math.md §7.1): the
+/// cotangents of a read before `pre.a` go to the state's row that keeps it, and the final state's
+/// cotangent `fin` adds to the outputs (`y`) or inputs (`x`) it copies. Returns the state's rows'
+/// cotangents `[R, w]` for `y` and for `x`.
+fn block_vjp<F: Real>(
+    v: &Views<'_, F>,
+    slots: &Slots,
+    gy: &[F],
+    out: BlockOut<'_, F>,
+    pre: &Prefix<'_, F>,
+    fin: &Finals<'_, F>,
+) -> Result<(Vec<F>, Vec<F>)> {
+    let (tn, cn, a) = (v.t_len, v.c_len, pre.a);
     let BlockOut { c0, mut dx, mut dalpha, mut dbeta } = out;
     let w = dx.ncols();
     let ka = dalpha.shape()[1];
-    let y = if v.has_b { block(v, slots, c0, w) } else { Vec::new() };
+    let y = if v.has_b { block_after(v, slots, c0, w, pre)? } else { Vec::new() };
     let mut g = vec![F::zero(); tn * w];
     for t in 0..tn {
         let r = t * cn + c0;
@@ -68,41 +103,70 @@ fn block_vjp<F: Real>(v: &Views<'_, F>, slots: &Slots, gy: &[F], out: BlockOut<'
     // x̄ is scattered to earlier rows: kept in a local [T, w] buffer, copied out at the end;
     // ᾱ and β̄ are written row by row in place (each (t, k) once).
     let mut dxl = vec![F::zero(); tn * w];
+    let (mut dsy, mut dsx) = (vec![F::zero(); pre.n_rows * w], vec![F::zero(); pre.n_rows * w]);
+    let at = |d: usize| pre.index(d).ok_or_else(|| not_kept(a, d));
+    for &(p, j) in &fin.ends {
+        let at_row = j * cn + c0..j * cn + c0 + w;
+        let (sy, sx) = (fin.dy.get(at_row.clone()), fin.dx.get(at_row));
+        if let Some(src) = sy {
+            let dst = if p >= a { &mut g[(p - a) * w..][..w] } else { &mut dsy[at(p)? * w..][..w] };
+            add_to(dst, src);
+        }
+        if let Some(src) = sx {
+            let dst = if p >= a { &mut dxl[(p - a) * w..][..w] } else { &mut dsx[at(p)? * w..][..w] };
+            add_to(dst, src);
+        }
+    }
     let mut da_rows = dalpha.outer_iter_mut().rev();
     let mut db_rows = dbeta.outer_iter_mut().rev();
-    for t in (0..tn).rev() {
+    for r in (0..tn).rev() {
+        let t = a + r;
         let n = slots.active(t);
-        let (before, rest) = g.split_at_mut(t * w);
+        let (before, rest) = g.split_at_mut(r * w);
         let gt = &rest[..w];
-        let r = t * cn + c0;
-        let xt = &v.x[r..r + w];
+        let row_x = r * cn + c0;
+        let xt = &v.x[row_x..row_x + w];
         let (Some(mut dat), Some(mut dbt)) = (da_rows.next(), db_rows.next()) else { break };
         let mut da_slots = dat.outer_iter_mut().map(row);
         let mut db_slots = dbt.outer_iter_mut().map(row);
         // α on x_t.
-        let a0 = if v.has_a { &v.alpha[t * ka * cn + c0..][..w] } else { &v.alpha[r..r + w] };
+        let a0 = if v.has_a { &v.alpha[r * ka * cn + c0..][..w] } else { &v.alpha[row_x..row_x + w] };
         let Some(da0) = da_slots.next() else { break };
         for j in 0..w {
             da0[j] = gt[j] * xt[j];
-            dxl[t * w + j] += a0[j] * gt[j];
+            dxl[r * w + j] += a0[j] * gt[j];
         }
         for k in 0..n {
             let d = slots.pos(t, k);
             if v.has_a {
-                let ak = &v.alpha[(t * ka + k + 1) * cn + c0..][..w];
-                let xd = &v.x[d * cn + c0..][..w];
+                let ak = &v.alpha[(r * ka + k + 1) * cn + c0..][..w];
+                let (xd, dxd) = if d >= a {
+                    (&v.x[(d - a) * cn + c0..][..w], &mut dxl[(d - a) * w..(d - a + 1) * w])
+                } else {
+                    let i = at(d)?;
+                    (
+                        pre.row(pre.x, d, cn, c0, w).ok_or_else(|| not_kept(a, d))?,
+                        &mut dsx[i * w..(i + 1) * w],
+                    )
+                };
                 let Some(dak) = da_slots.next() else { break };
-                let dxd = &mut dxl[d * w..(d + 1) * w];
                 for j in 0..w {
                     dak[j] = gt[j] * xd[j];
                     dxd[j] += ak[j] * gt[j];
                 }
             }
             if v.has_b {
-                let bk = &v.beta[(t * v.k_len + k) * cn + c0..][..w];
-                let yd = &y[d * w..(d + 1) * w];
+                let bk = &v.beta[(r * v.k_len + k) * cn + c0..][..w];
+                let (yd, gd) = if d >= a {
+                    (&y[(d - a) * w..(d - a + 1) * w], &mut before[(d - a) * w..(d - a + 1) * w])
+                } else {
+                    let i = at(d)?;
+                    (
+                        pre.row(pre.y, d, cn, c0, w).ok_or_else(|| not_kept(a, d))?,
+                        &mut dsy[i * w..(i + 1) * w],
+                    )
+                };
                 let Some(dbk) = db_slots.next() else { break };
-                let gd = &mut before[d * w..(d + 1) * w];
                 for j in 0..w {
                     dbk[j] = gt[j] * yd[j];
                     gd[j] += bk[j] * gt[j];
@@ -113,12 +177,14 @@ fn block_vjp<F: Real>(v: &Views<'_, F>, slots: &Slots, gy: &[F], out: BlockOut<'
     for (t, dxt) in dx.outer_iter_mut().enumerate() {
         row(dxt).copy_from_slice(&dxl[t * w..(t + 1) * w]);
     }
+    Ok((dsy, dsx))
 }
 
 /// The `fast` backward (see the module documentation).
 pub fn vjp<F: Real>(g: &Glr, inputs: &Tensors<F>, dy: &ArrayD<F>, _req: &Requires) -> Result<Tensors<F>> {
     let xs = get(inputs, "x")?.shape().to_vec();
-    run(g, inputs, dy, &rows(xs.first().copied().unwrap_or(0), xs.get(1).copied().unwrap_or(0)))
+    let seqs = rows(xs.first().copied().unwrap_or(0), xs.get(1).copied().unwrap_or(0));
+    Ok(run(g, inputs, dy, &seqs, None)?.0)
 }
 
 /// The backward of [`super::fast::fast_packed`] (`B = 1`, sequence `i` at the rows
@@ -139,13 +205,34 @@ pub fn vjp_packed<F: Real>(
         return Err(Error::config(g.name(), "internal: the native packed backward takes no state"));
     }
     let seqs: Vec<_> = ranges.iter().map(|r| (0, r.clone())).collect();
-    Ok((run(g, inputs, dy, &seqs)?, Tensors::new()))
+    Ok((run(g, inputs, dy, &seqs, None)?.0, Tensors::new()))
 }
 
-/// [`vjp`] and [`vjp_packed`]: the backward of every sequence of `seqs`, zeros elsewhere.
-fn run<F: Real>(g: &Glr, inputs: &Tensors<F>, dy: &ArrayD<F>, seqs: &Seqs) -> Result<Tensors<F>> {
+/// The state of each sequence of a backward from a state: its prefix, the final state's
+/// cotangent, and the slots of the absolute positions the sequences reach.
+struct FromState<'a, F> {
+    pre: Vec<Prefix<'a, F>>,
+    fin: Vec<Finals<'a, F>>,
+    slots: Slots,
+}
+
+/// The cotangents of one task's state rows: `(sequence, first channel, (y rows, x rows))`.
+type StateRows<F> = Vec<(usize, usize, (Vec<F>, Vec<F>))>;
+
+/// [`vjp`], [`vjp_packed`] and [`vjp_from`]: the backward of every sequence of `seqs` (from its
+/// state where `from` gives one), zeros elsewhere; with the state rows' cotangents per task.
+fn run<F: Real>(
+    g: &Glr,
+    inputs: &Tensors<F>,
+    dy: &ArrayD<F>,
+    seqs: &Seqs,
+    from: Option<&FromState<'_, F>>,
+) -> Result<(Tensors<F>, StateRows<F>)> {
     let xs = get(inputs, "x")?.shape().to_vec();
-    let slots = g.slots(xs.get(1).copied().unwrap_or(0));
+    let slots = match from {
+        Some(f) => f.slots.clone(),
+        None => g.slots(xs.get(1).copied().unwrap_or(0)),
+    };
     let (x, alpha, beta) = gather(g, inputs, &slots)?;
     let v = views(g, &x, &alpha, &beta, &xs, slot_axis(g, inputs, &slots)?);
     if dy.shape() != xs.as_slice() {
@@ -184,13 +271,21 @@ fn run<F: Real>(g: &Glr, inputs: &Tensors<F>, dy: &ArrayD<F>, seqs: &Seqs) -> Re
             tasks.push((i, BlockOut { c0: j * w, dx, dalpha, dbeta }));
         }
     }
-    let parts: Vec<(Views<'_, F>, Slots)> =
-        seqs.iter().map(|s| (seq_views(&v, s), g.slots(s.1.len()))).collect();
-    tasks.into_par_iter().for_each(|(i, out)| {
-        let (b, r) = &seqs[i];
-        let g0 = (b * tn + r.start) * cn;
-        block_vjp(&parts[i].0, &parts[i].1, &gy[g0..g0 + r.len() * cn], out)
-    });
+    let parts: Vec<(Views<'_, F>, Slots)> = seqs
+        .iter()
+        .map(|s| (seq_views(&v, s), if from.is_some() { slots.clone() } else { g.slots(s.1.len()) }))
+        .collect();
+    let state_rows = tasks
+        .into_par_iter()
+        .map(|(i, out)| {
+            let (b, r) = &seqs[i];
+            let g0 = (b * tn + r.start) * cn;
+            let c0 = out.c0;
+            let (none_p, none_f) = (Prefix::none(), Finals::none());
+            let (pre, fin) = from.map_or((&none_p, &none_f), |f| (&f.pre[i], &f.fin[i]));
+            block_vjp(&parts[i].0, &parts[i].1, &gy[g0..g0 + r.len() * cn], out, pre, fin).map(|d| (i, c0, d))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut out = Tensors::new();
     out.insert(grad_name("x"), dx.into_dyn());
     let da = if v.has_a { da.into_dyn() } else { da.remove_axis(Axis(2)).into_dyn() };
@@ -198,5 +293,87 @@ fn run<F: Real>(g: &Glr, inputs: &Tensors<F>, dy: &ArrayD<F>, seqs: &Seqs) -> Re
     if v.has_b {
         out.insert(grad_name("beta"), db.into_dyn());
     }
-    Ok(out)
+    Ok((out, state_rows))
+}
+
+/// The backward of [`super::fast::fast_from`] (docs/math.md §7.1; `initial` `None`: position 0):
+/// the reverse sparse recurrence over the run's tokens alone, the cotangents of the reads before a
+/// row's position going to the state's rows that keep them, and the final state's cotangent
+/// `d_final` to what it copies (outputs of the run, its inputs, or the state's rows): `O(T · K)`
+/// per channel whatever the position. Returns the gradients `requires` asks for and, with
+/// `initial`, the state's gradient (zero in `position` and in the rows that keep nothing).
+pub fn vjp_from<F: Real>(
+    g: &Glr,
+    inputs: &Tensors<F>,
+    initial: Option<&Tensors<F>>,
+    dy: &ArrayD<F>,
+    d_final: Option<&Tensors<F>>,
+    requires: &Requires,
+) -> Result<(Tensors<F>, Tensors<F>)> {
+    let xs = get(inputs, "x")?.shape().to_vec();
+    if xs.len() != 3 {
+        return Err(Error::shape("x", "[B, T, C]", mixer_core::error::fmt_shape(&xs)));
+    }
+    let (bn, tn, cn) = (xs[0], xs[1], xs[2]);
+    let k = slot_axis(g, inputs, &g.slots(tn))?;
+    let pos = match initial {
+        Some(s) => glr_state::positions(g, s, tn, k)?,
+        None => vec![0; bn],
+    };
+    let rn = glr_state::rows(g, k);
+    let streams = glr_state::streams(g);
+    fn stream<'t, F: Real>(
+        t: Option<&'t Tensors<F>>,
+        name: &str,
+        streams: &[&str],
+        shape: &[usize],
+    ) -> Result<std::borrow::Cow<'t, [F]>> {
+        match t {
+            Some(s) if streams.contains(&name) => contiguous(s, name, shape),
+            _ => Ok(std::borrow::Cow::Owned(Vec::new())),
+        }
+    }
+    fn part<F>(s: &[F], b: usize, n: usize) -> &[F] {
+        if s.is_empty() { s } else { &s[b * n..(b + 1) * n] }
+    }
+    let shape = [bn, rn, cn];
+    let (sy, sx) = (stream(initial, "y", streams, &shape)?, stream(initial, "x", streams, &shape)?);
+    let (fy, fx) = (stream(d_final, "y", streams, &shape)?, stream(d_final, "x", streams, &shape)?);
+    let from = FromState {
+        pre: pos.iter().enumerate().map(|(b, &a)| Prefix::of_row(g, k, a, b, (&sy, &sx), cn)).collect(),
+        fin: pos
+            .iter()
+            .enumerate()
+            .map(|(b, &a)| Finals {
+                ends: glr_state::kept(g, k, a + tn)
+                    .into_iter()
+                    .enumerate()
+                    .filter_map(|(j, p)| p.map(|p| (p, j)))
+                    .collect(),
+                dy: part(&fy, b, rn * cn),
+                dx: part(&fx, b, rn * cn),
+            })
+            .collect(),
+        slots: g.slots(pos.iter().copied().max().unwrap_or(0) + tn),
+    };
+    let (mut grads, rows_of) = run(g, inputs, dy, &rows(bn, tn), Some(&from))?;
+    grads.retain(|n, _| n.strip_prefix("d_").is_some_and(|n| requires.wants(n)));
+    let mut state = Tensors::new();
+    if initial.is_some() {
+        for &name in streams {
+            let mut d = Array3::<F>::zeros((bn, rn, cn));
+            for (b, c0, (dsy, dsx)) in &rows_of {
+                let src = if name == "y" { dsy } else { dsx };
+                let w = src.len() / rn.max(1);
+                for j in 0..rn {
+                    for c in 0..w {
+                        d[[*b, j, c0 + c]] = src[j * w + c];
+                    }
+                }
+            }
+            state.insert(name.to_string(), d.into_dyn());
+        }
+        state.insert(mixer_core::state::POSITION.to_string(), ArrayD::zeros(ndarray::IxDyn(&[bn])));
+    }
+    Ok((grads, state))
 }

@@ -54,6 +54,8 @@ pub(crate) struct Prefix<'a, F> {
     pub(crate) a: usize,
     /// `(position, row)`, sorted by position: the kept positions and their rows.
     pub(crate) rows: Vec<(usize, usize)>,
+    /// The state's rows `R`.
+    pub(crate) n_rows: usize,
     pub(crate) y: &'a [F],
     pub(crate) x: &'a [F],
 }
@@ -61,15 +63,45 @@ pub(crate) struct Prefix<'a, F> {
 impl<'a, F> Prefix<'a, F> {
     /// No prefix: a run from position 0.
     pub(crate) fn none() -> Self {
-        Prefix { a: 0, rows: Vec::new(), y: &[], x: &[] }
+        Prefix { a: 0, rows: Vec::new(), n_rows: 0, y: &[], x: &[] }
+    }
+
+    /// The prefix of batch row `b` at position `a` of a state whose `K` slots keep the positions
+    /// [`glr_state::kept`] lists, its streams `[B, R, C]` row-major (empty where not kept).
+    pub(crate) fn of_row(
+        g: &Glr,
+        k: usize,
+        a: usize,
+        b: usize,
+        (y, x): (&'a [F], &'a [F]),
+        cn: usize,
+    ) -> Self {
+        let mut rows: Vec<(usize, usize)> =
+            glr_state::kept(g, k, a).into_iter().enumerate().filter_map(|(j, p)| p.map(|p| (p, j))).collect();
+        rows.sort_unstable();
+        let n = glr_state::rows(g, k) * cn;
+        let part = |s: &'a [F]| if s.is_empty() { s } else { &s[b * n..(b + 1) * n] };
+        Prefix { a, rows, n_rows: glr_state::rows(g, k), y: part(y), x: part(x) }
+    }
+
+    /// The state's row that keeps position `d < a`, or `None` where it keeps none (every
+    /// position a later token reads is kept: never, for a valid state).
+    pub(crate) fn index(&self, d: usize) -> Option<usize> {
+        self.rows.binary_search_by_key(&d, |e| e.0).ok().map(|i| self.rows[i].1)
     }
 
     /// Row `d < a` of `stream` (`[R, C]`), channels `c0..c0 + w`, or `None` where the state does
-    /// not keep `d` (it keeps every position a later token reads: never, for a valid state).
-    fn row(&self, stream: &'a [F], d: usize, cn: usize, c0: usize, w: usize) -> Option<&'a [F]> {
-        let i = self.rows.binary_search_by_key(&d, |e| e.0).ok()?;
-        stream.get(self.rows[i].1 * cn + c0..)?.get(..w)
+    /// not keep `d`.
+    pub(crate) fn row(&self, stream: &'a [F], d: usize, cn: usize, c0: usize, w: usize) -> Option<&'a [F]> {
+        stream.get(self.index(d)? * cn + c0..)?.get(..w)
     }
+}
+
+/// The error for a read of a position before a run from a state that the state does not keep.
+pub(crate) fn not_kept(a: usize, d: usize) -> Error {
+    Error::Numerical(format!(
+        "glr from a state at position {a}: position {d} is read but the state does not keep it"
+    ))
 }
 
 /// [`block`] of a run whose tokens sit at the absolute positions `pre.a …` and read the positions
@@ -146,9 +178,7 @@ pub(crate) fn block_after<F: Real>(
     }
     match missing {
         None => Ok(buf),
-        Some(d) => Err(Error::Numerical(format!(
-            "glr from a state at position {a}: position {d} is read but the state does not keep it"
-        ))),
+        Some(d) => Err(not_kept(a, d)),
     }
 }
 
@@ -339,22 +369,8 @@ pub fn fast_from<F: Real>(
         }
     };
     let (sy, sx) = (stream("y")?, stream("x")?);
-    fn of_row<F>(st: &[F], b: usize, n: usize) -> &[F] {
-        if st.is_empty() { st } else { &st[b * n..(b + 1) * n] }
-    }
-    let prefixes: Vec<Prefix<'_, F>> = pos
-        .iter()
-        .enumerate()
-        .map(|(b, &a)| {
-            let mut rows: Vec<(usize, usize)> = glr_state::kept(g, k, a)
-                .into_iter()
-                .enumerate()
-                .filter_map(|(j, p)| p.map(|p| (p, j)))
-                .collect();
-            rows.sort_unstable();
-            Prefix { a, rows, y: of_row(&sy, b, rn * cn), x: of_row(&sx, b, rn * cn) }
-        })
-        .collect();
+    let prefixes: Vec<Prefix<'_, F>> =
+        pos.iter().enumerate().map(|(b, &a)| Prefix::of_row(g, k, a, b, (&sy, &sx), cn)).collect();
     let seqs = self::rows(bn, tn);
     let w = block_width(bn, cn);
     let tasks: Vec<(usize, usize)> =
@@ -388,9 +404,7 @@ pub fn fast_from<F: Real>(
                     }
                 } else {
                     let st = if name == "y" { pre.y } else { pre.x };
-                    pre.row(st, p, cn, 0, cn).map(<[F]>::to_vec).ok_or_else(|| {
-                        Error::Numerical(format!("glr from a state at {}: position {p} is not kept", pre.a))
-                    })?
+                    pre.row(st, p, cn, 0, cn).map(<[F]>::to_vec).ok_or_else(|| not_kept(pre.a, p))?
                 };
                 f.slice_mut(ndarray::s![b, j, ..]).assign(&ndarray::ArrayView1::from(&src[..]));
             }

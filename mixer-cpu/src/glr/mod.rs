@@ -7,8 +7,8 @@
 //!
 //! `fast` (and its backward) and `recurrent` run from a state and return the final state
 //! (docs/math.md §7.1): the fast form over the run's tokens alone, reading the positions before
-//! them from the state ([`fast::fast_from`]), its backward on the extension of [`glr_state`], the
-//! decoder with the state's values as its cache ([`decoder_from_state`]).
+//! them from the state ([`fast::fast_from`], its backward [`backward::vjp_from`]), the decoder
+//! with the state's values as its cache ([`decoder_from_state`]).
 
 pub mod backward;
 pub mod decoder;
@@ -17,8 +17,7 @@ pub mod fast;
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::glr::Glr;
 use mixer_core::mixers::glr::state as glr_state;
-use mixer_core::state::StateVjp;
-use mixer_core::{Dims, DimsExt, Form, Real, Requires, Result, Tensors};
+use mixer_core::{Dims, DimsExt, Form, Real, Result, Tensors};
 use mixer_registry::{
     BackwardFn, DecoderFn, Family, FamilyEntry, FormFn, PackedBackwardFn, PackedFn, StateBackwardFn,
     StateDecoderFn, StateFn, register,
@@ -63,12 +62,10 @@ impl<F: Real> Family<F> for GlrCpu {
     fn stateful(&self, form: Form) -> Option<StateFn<Glr, F>> {
         (form == Form::Fast).then_some(fast::fast_from)
     }
+    /// Its backward: the reverse sparse recurrence over the run's tokens, the reads before them
+    /// differentiated into the state's rows ([`backward::vjp_from`]).
     fn stateful_backward(&self, form: Form) -> Option<StateBackwardFn<Glr, F>> {
-        (form == Form::Fast).then_some(|g, x, s, dy, df, req| {
-            glr_state::vjp(g, StateVjp { x, initial: s, dy, d_final: df, requires: req }, |e, d| {
-                backward::vjp(g, e, d, &Requires::All)
-            })
-        })
+        (form == Form::Fast).then_some(backward::vjp_from)
     }
     fn decoder_from_state(&self) -> Option<StateDecoderFn<Glr, F>> {
         Some(decoder_from_state)

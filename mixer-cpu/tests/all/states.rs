@@ -242,8 +242,9 @@ fn a_lift_under_a_plugin_mask_runs_from_its_cache() {
 
 /// After a long prefix the GLR's fast form from a state runs only the run's tokens (reading the
 /// state's kept values, not an extension of the prefix): the rows of the whole run and its final
-/// state, on lattices and windows with the pattern on `B`, on `A` and on both; and bit for bit
-/// the extension's rows where the pattern is on one side (the same sums in the same order).
+/// state, on lattices and windows with the pattern on `B`, on `A` and on both; its backward (into
+/// the state's rows) equals the extension's backward; and its rows are bit for bit the
+/// extension's where the pattern is on one side (the same sums in the same order).
 #[test]
 fn the_glr_runs_after_a_long_prefix_without_its_extension() {
     let cpu = cpu();
@@ -266,6 +267,28 @@ fn the_glr_runs_after_a_long_prefix_without_its_extension() {
             assert!(c.pass, "{name} {cfg}: final `{k}` {c:?}");
         }
         let g = m.as_any().downcast_ref::<mixer_core::mixers::glr::Glr>().unwrap();
+        // The backward from the state against the extension's backward, with cotangents of `y`
+        // and of the final state.
+        let dy = yb.mapv(|v| (3.1 * v).sin());
+        let df: Tensors<f64> =
+            sb.iter().map(|(k, v)| (k.clone(), v.mapv(|v| (1.7 * v + 0.2).cos()))).collect();
+        let all = mixer_core::Requires::All;
+        let (gd, sd) = mixer_cpu::glr::backward::vjp_from(g, &tail, Some(&sa), &dy, Some(&df), &all).unwrap();
+        let args = mixer_core::state::StateVjp {
+            x: &tail,
+            initial: Some(&sa),
+            dy: &dy,
+            d_final: Some(&df),
+            requires: &all,
+        };
+        let (ge, se) =
+            mixer_core::mixers::glr::state::vjp(g, args, |e, d| mixer_cpu::glr::backward::vjp(g, e, d, &all))
+                .unwrap();
+        for (k, v) in ge.iter().chain(se.iter()) {
+            let got = gd.get(k).or_else(|| sd.get(k)).unwrap();
+            let c = tol.compare(got.view(), v.view());
+            assert!(c.pass, "{name} {cfg}: `{k}` of the backward after {a} {c:?}");
+        }
         if g.on() != mixer_core::mixers::glr::On::Both {
             let (ye, _) = mixer_core::mixers::glr::state::run(g, &tail, Some(&sa), |e| {
                 mixer_cpu::glr::fast::fast(g, e)

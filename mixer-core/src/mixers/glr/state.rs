@@ -1,5 +1,6 @@
-//! The recurrent state of the GLR (docs/math.md §7.1) and runs from it for every form and
-//! backend through the *extension*.
+//! The recurrent state of the GLR (docs/math.md §7.1) and runs from it through the *extension*:
+//! the reference (`Mixer::state_oracle`) and the CUDA backend's `fast` form from a state (the
+//! CPU backend's runs over the run's tokens alone, reading the state: `mixer_cpu::glr::fast`).
 //!
 //! **Layout.** After a prefix of `a` tokens a decoder keeps the past values later tokens read:
 //! the outputs `y` when the pattern is on `B` (`on = "b"`), the inputs `x` when it is on `A`
