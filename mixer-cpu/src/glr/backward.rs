@@ -14,14 +14,15 @@
 use mixer_core::mixer::Mixer;
 use mixer_core::mixers::glr::state as glr_state;
 use mixer_core::mixers::glr::{Glr, Slots};
-use mixer_core::tensor::{contiguous, get};
+use mixer_core::tensor::get;
 use mixer_core::{Error, Real, Requires, Result, Tensors, grad_name};
 use ndarray::{Array3, Array4, ArrayD, ArrayViewMut, ArrayViewMut1, ArrayViewMut2, ArrayViewMut3, Axis};
 use rayon::prelude::*;
 use std::ops::Range;
 
 use super::fast::{
-    Prefix, Seqs, Views, block_after, block_width, gather, not_kept, rows, seq_views, slot_axis, views,
+    Prefix, Seqs, Views, block_after, block_width, gather, not_kept, rows, seq_views, slot_axis,
+    state_stream, views,
 };
 
 /// One channel block's gradients, written in place: views of `dx [T, w]`,
@@ -210,7 +211,7 @@ pub fn vjp_packed<F: Real>(
 
 /// The state of each sequence of a backward from a state: its prefix, the final state's
 /// cotangent, and the slots of the absolute positions the sequences reach.
-struct FromState<'a, F> {
+struct SeqStates<'a, F> {
     pre: Vec<Prefix<'a, F>>,
     fin: Vec<Finals<'a, F>>,
     slots: Slots,
@@ -226,7 +227,7 @@ fn run<F: Real>(
     inputs: &Tensors<F>,
     dy: &ArrayD<F>,
     seqs: &Seqs,
-    from: Option<&FromState<'_, F>>,
+    from: Option<&SeqStates<'_, F>>,
 ) -> Result<(Tensors<F>, StateRows<F>)> {
     let xs = get(inputs, "x")?.shape().to_vec();
     let slots = match from {
@@ -310,36 +311,16 @@ pub fn vjp_from<F: Real>(
     d_final: Option<&Tensors<F>>,
     requires: &Requires,
 ) -> Result<(Tensors<F>, Tensors<F>)> {
-    let xs = get(inputs, "x")?.shape().to_vec();
-    if xs.len() != 3 {
-        return Err(Error::shape("x", "[B, T, C]", mixer_core::error::fmt_shape(&xs)));
-    }
+    let super::fast::FromState { xs, k, rn, pos } = super::fast::from_state(g, inputs, initial)?;
     let (bn, tn, cn) = (xs[0], xs[1], xs[2]);
-    let k = slot_axis(g, inputs, &g.slots(tn))?;
-    let pos = match initial {
-        Some(s) => glr_state::positions(g, s, tn, k)?,
-        None => vec![0; bn],
-    };
-    let rn = glr_state::rows(g, k);
     let streams = glr_state::streams(g);
-    fn stream<'t, F: Real>(
-        t: Option<&'t Tensors<F>>,
-        name: &str,
-        streams: &[&str],
-        shape: &[usize],
-    ) -> Result<std::borrow::Cow<'t, [F]>> {
-        match t {
-            Some(s) if streams.contains(&name) => contiguous(s, name, shape),
-            _ => Ok(std::borrow::Cow::Owned(Vec::new())),
-        }
-    }
     fn part<F>(s: &[F], b: usize, n: usize) -> &[F] {
         if s.is_empty() { s } else { &s[b * n..(b + 1) * n] }
     }
     let shape = [bn, rn, cn];
-    let (sy, sx) = (stream(initial, "y", streams, &shape)?, stream(initial, "x", streams, &shape)?);
-    let (fy, fx) = (stream(d_final, "y", streams, &shape)?, stream(d_final, "x", streams, &shape)?);
-    let from = FromState {
+    let (sy, sx) = (state_stream(g, initial, "y", &shape)?, state_stream(g, initial, "x", &shape)?);
+    let (fy, fx) = (state_stream(g, d_final, "y", &shape)?, state_stream(g, d_final, "x", &shape)?);
+    let from = SeqStates {
         pre: pos.iter().enumerate().map(|(b, &a)| Prefix::of_row(g, k, a, b, (&sy, &sx), cn)).collect(),
         fin: pos
             .iter()

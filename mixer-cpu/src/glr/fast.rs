@@ -336,6 +336,47 @@ fn run<F: Real>(g: &Glr, inputs: &Tensors<F>, seqs: &Seqs) -> Result<ArrayD<F>> 
     Ok(y.into_dyn())
 }
 
+/// The sizes of a run from a state: `x`'s shape `[B, T, C]`, the slot axis `K`, the state's rows
+/// `R`, and each batch row's position (checked; 0 without a state).
+pub(crate) struct FromState {
+    pub(crate) xs: Vec<usize>,
+    pub(crate) k: usize,
+    pub(crate) rn: usize,
+    pub(crate) pos: Vec<usize>,
+}
+
+/// [`FromState`] of the inputs and the state `initial`.
+pub(crate) fn from_state<F: Real>(
+    g: &Glr,
+    inputs: &Tensors<F>,
+    initial: Option<&Tensors<F>>,
+) -> Result<FromState> {
+    let xs = get(inputs, "x")?.shape().to_vec();
+    if xs.len() != 3 {
+        return Err(Error::shape("x", "[B, T, C]", mixer_core::error::fmt_shape(&xs)));
+    }
+    let k = slot_axis(g, inputs, &g.slots(xs[1]))?;
+    let pos = match initial {
+        Some(s) => glr_state::positions(g, s, xs[1], k)?,
+        None => vec![0; xs[0]],
+    };
+    Ok(FromState { rn: glr_state::rows(g, k), xs, k, pos })
+}
+
+/// Stream `name` (`y` or `x`) of a state or of its cotangent `t`, `shape = [B, R, C]` row-major,
+/// or empty where the mixer keeps no such stream or `t` is `None`.
+pub(crate) fn state_stream<'t, F: Real>(
+    g: &Glr,
+    t: Option<&'t Tensors<F>>,
+    name: &str,
+    shape: &[usize],
+) -> Result<Cow<'t, [F]>> {
+    match t {
+        Some(s) if glr_state::streams(g).contains(&name) => contiguous(s, name, shape),
+        _ => Ok(Cow::Owned(Vec::new())),
+    }
+}
+
 /// The fast form from a state (docs/math.md §7.1; `None`: position 0) without the extension: per
 /// batch row at position `a`, the sparse recurrence over the run's tokens at their absolute
 /// positions `a …`, reading the positions before `a` from the state's kept values, so it costs
@@ -347,28 +388,13 @@ pub fn fast_from<F: Real>(
     inputs: &Tensors<F>,
     initial: Option<&Tensors<F>>,
 ) -> Result<(ArrayD<F>, Tensors<F>)> {
-    let xs = get(inputs, "x")?.shape().to_vec();
-    if xs.len() != 3 {
-        return Err(Error::shape("x", "[B, T, C]", mixer_core::error::fmt_shape(&xs)));
-    }
+    let FromState { xs, k, rn, pos } = from_state(g, inputs, initial)?;
     let (bn, tn, cn) = (xs[0], xs[1], xs[2]);
-    let k = slot_axis(g, inputs, &g.slots(tn))?;
-    let pos = match initial {
-        Some(s) => glr_state::positions(g, s, tn, k)?,
-        None => vec![0; bn],
-    };
     let slots = g.slots(pos.iter().copied().max().unwrap_or(0) + tn);
     let (x, alpha, beta) = gather(g, inputs, &slots)?;
     let v = views(g, &x, &alpha, &beta, &xs, k);
-    let rn = glr_state::rows(g, k);
-    // The state's streams, `[B, R, C]` row-major each (empty where the mixer keeps none).
-    let stream = |name: &str| -> Result<Cow<'_, [F]>> {
-        match initial {
-            Some(s) if glr_state::streams(g).contains(&name) => contiguous(s, name, &[bn, rn, cn]),
-            _ => Ok(Cow::Owned(Vec::new())),
-        }
-    };
-    let (sy, sx) = (stream("y")?, stream("x")?);
+    let (sy, sx) =
+        (state_stream(g, initial, "y", &[bn, rn, cn])?, state_stream(g, initial, "x", &[bn, rn, cn])?);
     let prefixes: Vec<Prefix<'_, F>> =
         pos.iter().enumerate().map(|(b, &a)| Prefix::of_row(g, k, a, b, (&sy, &sx), cn)).collect();
     let seqs = self::rows(bn, tn);
