@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use std::ops::Range;
 
 use super::fast::{
-    Prefix, Seqs, Views, block_after, block_width, gather, not_kept, rows, seq_views, slot_axis,
+    Prefix, Seqs, Views, batch_row, block_after, block_width, gather, not_kept, rows, seq_views, slot_axis,
     state_stream, views,
 };
 
@@ -145,10 +145,7 @@ fn block_vjp<F: Real>(
                     (&v.x[(d - a) * cn + c0..][..w], &mut dxl[(d - a) * w..(d - a + 1) * w])
                 } else {
                     let i = at(d)?;
-                    (
-                        pre.row(pre.x, d, cn, c0, w).ok_or_else(|| not_kept(a, d))?,
-                        &mut dsx[i * w..(i + 1) * w],
-                    )
+                    (&pre.x[i * cn + c0..][..w], &mut dsx[i * w..(i + 1) * w])
                 };
                 let Some(dak) = da_slots.next() else { break };
                 for j in 0..w {
@@ -162,10 +159,7 @@ fn block_vjp<F: Real>(
                     (&y[(d - a) * w..(d - a + 1) * w], &mut before[(d - a) * w..(d - a + 1) * w])
                 } else {
                     let i = at(d)?;
-                    (
-                        pre.row(pre.y, d, cn, c0, w).ok_or_else(|| not_kept(a, d))?,
-                        &mut dsy[i * w..(i + 1) * w],
-                    )
+                    (&pre.y[i * cn + c0..][..w], &mut dsy[i * w..(i + 1) * w])
                 };
                 let Some(dbk) = db_slots.next() else { break };
                 for j in 0..w {
@@ -314,9 +308,6 @@ pub fn vjp_from<F: Real>(
     let super::fast::FromState { xs, k, rn, pos } = super::fast::from_state(g, inputs, initial)?;
     let (bn, tn, cn) = (xs[0], xs[1], xs[2]);
     let streams = glr_state::streams(g);
-    fn part<F>(s: &[F], b: usize, n: usize) -> &[F] {
-        if s.is_empty() { s } else { &s[b * n..(b + 1) * n] }
-    }
     let shape = [bn, rn, cn];
     let (sy, sx) = (state_stream(g, initial, "y", &shape)?, state_stream(g, initial, "x", &shape)?);
     let (fy, fx) = (state_stream(g, d_final, "y", &shape)?, state_stream(g, d_final, "x", &shape)?);
@@ -326,13 +317,9 @@ pub fn vjp_from<F: Real>(
             .iter()
             .enumerate()
             .map(|(b, &a)| Finals {
-                ends: glr_state::kept(g, k, a + tn)
-                    .into_iter()
-                    .enumerate()
-                    .filter_map(|(j, p)| p.map(|p| (p, j)))
-                    .collect(),
-                dy: part(&fy, b, rn * cn),
-                dx: part(&fx, b, rn * cn),
+                ends: glr_state::kept_rows(g, k, a + tn),
+                dy: batch_row(&fy, b, rn * cn),
+                dx: batch_row(&fx, b, rn * cn),
             })
             .collect(),
         slots: g.slots(pos.iter().copied().max().unwrap_or(0) + tn),

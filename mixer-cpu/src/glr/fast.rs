@@ -39,13 +39,6 @@ pub(crate) struct Views<'a, F> {
     pub(crate) has_b: bool,
 }
 
-/// `y[t, 0..w]` of the sequence `v` (one batch row), channels `c0..c0+w`, as a `[T, w]`
-/// row-major buffer.
-pub(crate) fn block<F: Real>(v: &Views<'_, F>, slots: &Slots, c0: usize, w: usize) -> Vec<F> {
-    // Without a prefix every read is of the run itself.
-    block_after(v, slots, c0, w, &Prefix::none()).unwrap_or_default()
-}
-
 /// What a run from a state reads before its first token (docs/math.md §7.1): the run's tokens are
 /// at the absolute positions `a …`, and a position `d < a` is read from row `row_of(d)` of the
 /// state's kept outputs `y` (pattern on `B`) or inputs `x` (on `A`), `[R, C]` row-major for one
@@ -76,12 +69,9 @@ impl<'a, F> Prefix<'a, F> {
         (y, x): (&'a [F], &'a [F]),
         cn: usize,
     ) -> Self {
-        let mut rows: Vec<(usize, usize)> =
-            glr_state::kept(g, k, a).into_iter().enumerate().filter_map(|(j, p)| p.map(|p| (p, j))).collect();
-        rows.sort_unstable();
-        let n = glr_state::rows(g, k) * cn;
-        let part = |s: &'a [F]| if s.is_empty() { s } else { &s[b * n..(b + 1) * n] };
-        Prefix { a, rows, n_rows: glr_state::rows(g, k), y: part(y), x: part(x) }
+        let n_rows = glr_state::rows(g, k);
+        let (y, x) = (batch_row(y, b, n_rows * cn), batch_row(x, b, n_rows * cn));
+        Prefix { a, rows: glr_state::kept_rows(g, k, a), n_rows, y, x }
     }
 
     /// The state's row that keeps position `d < a`, or `None` where it keeps none (every
@@ -97,6 +87,11 @@ impl<'a, F> Prefix<'a, F> {
     }
 }
 
+/// Batch row `b` (`n` elements) of a row-major `[B, …]` buffer, or the empty buffer itself.
+pub(crate) fn batch_row<F>(s: &[F], b: usize, n: usize) -> &[F] {
+    if s.is_empty() { s } else { &s[b * n..(b + 1) * n] }
+}
+
 /// The error for a read of a position before a run from a state that the state does not keep.
 pub(crate) fn not_kept(a: usize, d: usize) -> Error {
     Error::Numerical(format!(
@@ -104,9 +99,10 @@ pub(crate) fn not_kept(a: usize, d: usize) -> Error {
     ))
 }
 
-/// [`block`] of a run whose tokens sit at the absolute positions `pre.a …` and read the positions
-/// before `pre.a` from `pre` (`slots` sized for `pre.a + T`); an error names a read position the
-/// state does not keep.
+/// `y[t, 0..w]` of the sequence `v` (one batch row), channels `c0..c0+w`, as a `[T, w]`
+/// row-major buffer, its tokens at the absolute positions `pre.a …` (0 without a state), reading
+/// the positions before `pre.a` from `pre` (`slots` sized for `pre.a + T`); an error names a read
+/// position the state does not keep.
 pub(crate) fn block_after<F: Real>(
     v: &Views<'_, F>,
     slots: &Slots,
@@ -282,7 +278,7 @@ pub(crate) fn seq_views<'a, F>(v: &Views<'a, F>, (b, r): &(usize, Range<usize>))
 /// `K ≥ K(T)`); inactive slots (`f(k) > t`) are never read.
 pub fn fast<F: Real>(g: &Glr, inputs: &Tensors<F>) -> Result<ArrayD<F>> {
     let xs = get(inputs, "x")?.shape().to_vec();
-    run(g, inputs, &rows(xs.first().copied().unwrap_or(0), xs.get(1).copied().unwrap_or(0)))
+    run(g, inputs, &rows(xs.first().copied().unwrap_or(0), xs.get(1).copied().unwrap_or(0)), None)
 }
 
 /// The fast form over a packed batch (`B = 1`, sequence `i` at the rows `ranges[i]`, checked by
@@ -301,27 +297,41 @@ pub fn fast_packed<F: Real>(
         return Err(Error::config(g.name(), "internal: the native packed fast form takes no state"));
     }
     let seqs: Vec<_> = ranges.iter().map(|r| (0, r.clone())).collect();
-    Ok((run(g, inputs, &seqs)?, None))
+    Ok((run(g, inputs, &seqs, None)?, None))
 }
 
-/// [`fast`] and [`fast_packed`]: every sequence of `seqs` by the sparse recurrence, zeros
-/// elsewhere.
-fn run<F: Real>(g: &Glr, inputs: &Tensors<F>, seqs: &Seqs) -> Result<ArrayD<F>> {
+/// [`fast`], [`fast_packed`] and [`fast_from`]: every sequence of `seqs` by the sparse
+/// recurrence, zeros elsewhere; with `from`, sequence `i` runs from the prefix `from.1[i]` on the
+/// slots `from.0` of the absolute positions.
+fn run<F: Real>(
+    g: &Glr,
+    inputs: &Tensors<F>,
+    seqs: &Seqs,
+    from: Option<(&Slots, &[Prefix<'_, F>])>,
+) -> Result<ArrayD<F>> {
     let xs = get(inputs, "x")?.shape().to_vec();
     if xs.len() != 3 {
         return Err(Error::shape("x", "[B, T, C]", mixer_core::error::fmt_shape(&xs)));
     }
     let (bn, tn, cn) = (xs[0], xs[1], xs[2]);
-    let slots = g.slots(tn);
+    let slots = from.map_or_else(|| g.slots(tn), |(s, _)| s.clone());
     let (x, alpha, beta) = gather(g, inputs, &slots)?;
     let views = views(g, &x, &alpha, &beta, &xs, slot_axis(g, inputs, &slots)?);
-    let parts: Vec<(Views<'_, F>, Slots)> =
-        seqs.iter().map(|s| (seq_views(&views, s), g.slots(s.1.len()))).collect();
+    let parts: Vec<(Views<'_, F>, Slots)> = seqs
+        .iter()
+        .map(|s| (seq_views(&views, s), if from.is_some() { slots.clone() } else { g.slots(s.1.len()) }))
+        .collect();
     let w = block_width(seqs.len(), cn);
     let tasks: Vec<(usize, usize)> =
         (0..seqs.len()).flat_map(|i| (0..cn).step_by(w.max(1)).map(move |c0| (i, c0))).collect();
-    let blocks: Vec<Vec<F>> =
-        tasks.par_iter().map(|&(i, c0)| block(&parts[i].0, &parts[i].1, c0, w.min(cn - c0))).collect();
+    let none = Prefix::none();
+    let blocks: Vec<Vec<F>> = tasks
+        .par_iter()
+        .map(|&(i, c0)| {
+            let pre = from.map_or(&none, |(_, p)| &p[i]);
+            block_after(&parts[i].0, &parts[i].1, c0, w.min(cn - c0), pre)
+        })
+        .collect::<Result<_>>()?;
     let mut y = Array3::<F>::zeros((bn, tn, cn));
     for (&(i, c0), buf) in tasks.iter().zip(&blocks) {
         let wb = w.min(cn - c0);
@@ -391,48 +401,26 @@ pub fn fast_from<F: Real>(
     let FromState { xs, k, rn, pos } = from_state(g, inputs, initial)?;
     let (bn, tn, cn) = (xs[0], xs[1], xs[2]);
     let slots = g.slots(pos.iter().copied().max().unwrap_or(0) + tn);
-    let (x, alpha, beta) = gather(g, inputs, &slots)?;
-    let v = views(g, &x, &alpha, &beta, &xs, k);
     let (sy, sx) =
         (state_stream(g, initial, "y", &[bn, rn, cn])?, state_stream(g, initial, "x", &[bn, rn, cn])?);
     let prefixes: Vec<Prefix<'_, F>> =
         pos.iter().enumerate().map(|(b, &a)| Prefix::of_row(g, k, a, b, (&sy, &sx), cn)).collect();
-    let seqs = self::rows(bn, tn);
-    let w = block_width(bn, cn);
-    let tasks: Vec<(usize, usize)> =
-        (0..bn).flat_map(|b| (0..cn).step_by(w.max(1)).map(move |c0| (b, c0))).collect();
-    let blocks: Vec<Vec<F>> = tasks
-        .par_iter()
-        .map(|&(b, c0)| block_after(&seq_views(&v, &seqs[b]), &slots, c0, w.min(cn - c0), &prefixes[b]))
-        .collect::<Result<_>>()?;
-    let mut y = Array3::<F>::zeros((bn, tn, cn));
-    for (&(b, c0), buf) in tasks.iter().zip(&blocks) {
-        let wb = w.min(cn - c0);
-        for (t, mut row) in y.index_axis_mut(Axis(0), b).outer_iter_mut().enumerate() {
-            for j in 0..wb {
-                row[c0 + j] = buf[t * wb + j];
-            }
-        }
-    }
+    let y = run(g, inputs, &rows(bn, tn), Some((&slots, &prefixes)))?;
     // The final state: each kept position's value from the run (at or after `a`) or the state.
+    let x = get(inputs, "x")?;
     let mut fin = Tensors::new();
     for &name in glr_state::streams(g) {
+        let (run_stream, st) = if name == "y" { (&y, &sy) } else { (x, &sx) };
         let mut f = Array3::<F>::zeros((bn, rn, cn));
         for (b, pre) in prefixes.iter().enumerate() {
-            for (j, at) in glr_state::kept(g, k, pre.a + tn).into_iter().enumerate() {
-                let Some(p) = at else { continue };
-                let src: Vec<F> = if p >= pre.a {
-                    let r = p - pre.a;
-                    if name == "y" {
-                        y.slice(ndarray::s![b, r, ..]).to_vec()
-                    } else {
-                        x[(b * tn + r) * cn..][..cn].to_vec()
-                    }
+            for (p, j) in glr_state::kept_rows(g, k, pre.a + tn) {
+                let mut dst = f.slice_mut(ndarray::s![b, j, ..]);
+                if p >= pre.a {
+                    dst.assign(&run_stream.slice(ndarray::s![b, p - pre.a, ..]));
                 } else {
-                    let st = if name == "y" { pre.y } else { pre.x };
-                    pre.row(st, p, cn, 0, cn).map(<[F]>::to_vec).ok_or_else(|| not_kept(pre.a, p))?
-                };
-                f.slice_mut(ndarray::s![b, j, ..]).assign(&ndarray::ArrayView1::from(&src[..]));
+                    let row = pre.index(p).ok_or_else(|| not_kept(pre.a, p))?;
+                    dst.assign(&ndarray::ArrayView1::from(&batch_row(st, b, rn * cn)[row * cn..][..cn]));
+                }
             }
         }
         fin.insert(name.to_string(), f.into_dyn());

@@ -104,11 +104,7 @@ impl<F: GpuReal> GlrDecoder<F> {
                 .max(1);
         d.free = (0..cap as i32).rev().collect();
         // The positions the tokens from a on read, each with the state's row that holds it.
-        let rows: HashMap<usize, usize> = glr_state::kept(glr, d.k_in, a)
-            .into_iter()
-            .enumerate()
-            .filter_map(|(j, p)| p.map(|p| (p, j)))
-            .collect();
+        let rows: HashMap<usize, usize> = glr_state::kept_rows(glr, d.k_in, a).into_iter().collect();
         let live = if a == 0 { Default::default() } else { d.live_after(a - 1) };
         let mut hx = vec![F::default(); if d.has_a { cap * b * c } else { 1 }];
         let mut hy = vec![F::default(); if d.has_b { cap * b * c } else { 1 }];

@@ -95,6 +95,15 @@ pub fn kept(m: &Glr, k: usize, a: usize) -> Vec<Option<usize>> {
     out
 }
 
+/// [`kept`] as `(position, row)` pairs sorted by position: the positions a state at `a` keeps and
+/// the row that holds each.
+pub fn kept_rows(m: &Glr, k: usize, a: usize) -> Vec<(usize, usize)> {
+    let mut rows: Vec<(usize, usize)> =
+        kept(m, k, a).into_iter().enumerate().filter_map(|(j, p)| p.map(|p| (p, j))).collect();
+    rows.sort_unstable();
+    rows
+}
+
 /// The state's shapes: each kept stream (`y`, `x`) `[B, R, C]` and `position [B]`.
 pub(crate) fn shapes(m: &Glr, dims: &crate::Dims) -> std::result::Result<StateShapes, String> {
     let size = |s: &str| dims.get(s).copied().ok_or_else(|| format!("size `{s}` is unbound"));
