@@ -17,7 +17,7 @@ use mixer_core::mixer::Decoder;
 use mixer_core::mixers::attention::Attention;
 use mixer_core::mixers::attention::state::lengths;
 use mixer_core::state::{by_rows_if_uneven, resumed};
-use mixer_core::tensor::get;
+use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Dims, DimsExt, Error, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
 
@@ -102,15 +102,8 @@ impl<F: GpuReal> AttentionDecoder<F> {
         let (b, h, dk, dv, cap) = (d.b, d.h, d.dk, d.dv, d.cap);
         let n = get(s, "k")?.shape()[1];
         for (name, dd, buf) in [("k", dk, &mut d.kc), ("v", dv, &mut d.vc)] {
-            let c = get(s, name)?;
-            let mut host = vec![F::default(); cap * b * h * dd];
-            for (bi, j, hi, e) in (0..b)
-                .flat_map(|bi| (0..len).map(move |j| (bi, j)))
-                .flat_map(|(bi, j)| (0..h).flat_map(move |hi| (0..dd).map(move |e| (bi, j, hi, e))))
-            {
-                host[(((j % cap) * b + bi) * h + hi) * dd + e] = c[[bi, j, hi, e]];
-            }
-            *buf = pool::upload(FAMILY, &host)?;
+            let c = contiguous(s, name, &[b, n, h, dd])?;
+            *buf = pool::upload(FAMILY, &ring_of(&c, [b, n, h * dd], cap, len))?;
         }
         d.t = len;
         d.state_cap = n;
@@ -212,14 +205,7 @@ impl<F: GpuReal> StatefulDeviceDecoder<F> for AttentionDecoder<F> {
         let mut out: Tensors<F> = Tensors::new();
         for (name, dd, buf) in [("k", self.dk, &self.kc), ("v", self.dv, &self.vc)] {
             let ring = pool::download(FAMILY, buf, cap * b * h * dd)?;
-            let mut c = vec![F::default(); b * n * h * dd];
-            for (bi, j, hi) in
-                (0..b).flat_map(|bi| (0..len).flat_map(move |j| (0..h).map(move |hi| (bi, j, hi))))
-            {
-                let slot = (self.t - len + j) % cap;
-                c[((bi * n + j) * h + hi) * dd..][..dd]
-                    .copy_from_slice(&ring[((slot * b + bi) * h + hi) * dd..][..dd]);
-            }
+            let c = cache_of(&ring, [b, n, h * dd], cap, (self.t, len));
             let c = ArrayD::from_shape_vec(IxDyn(&[b, n, h, dd]), c)
                 .map_err(|e| Error::Decoder(format!("the exported cache: {e}")))?;
             out.insert(name.to_string(), c);
@@ -227,6 +213,32 @@ impl<F: GpuReal> StatefulDeviceDecoder<F> for AttentionDecoder<F> {
         out.insert("length".to_string(), ArrayD::from_elem(IxDyn(&[b]), F::of(len as f64)));
         Ok(out)
     }
+}
+
+/// The ring `[cap, B, row]` holding rows `0 … len − 1` of the cache `c` (`[B, N, row]` row-major,
+/// `row = H·D` per token) as tokens `0 … len − 1` (`len ≤ cap`).
+fn ring_of<F: Copy + Default>(c: &[F], [b, n, row]: [usize; 3], cap: usize, len: usize) -> Vec<F> {
+    let mut ring = vec![F::default(); cap * b * row];
+    for (bi, j) in (0..b).flat_map(|bi| (0..len).map(move |j| (bi, j))) {
+        ring[((j % cap) * b + bi) * row..][..row].copy_from_slice(&c[(bi * n + j) * row..][..row]);
+    }
+    ring
+}
+
+/// The cache `[B, N, row]` of the last `len` of the `t` tokens a ring `[cap, B, row]` holds
+/// (token `s` in slot `s mod cap`), oldest first, zeros after.
+fn cache_of<F: Copy + Default>(
+    ring: &[F],
+    [b, n, row]: [usize; 3],
+    cap: usize,
+    (t, len): (usize, usize),
+) -> Vec<F> {
+    let mut c = vec![F::default(); b * n * row];
+    for (bi, j) in (0..b).flat_map(|bi| (0..len).map(move |j| (bi, j))) {
+        let slot = (t - len + j) % cap;
+        c[(bi * n + j) * row..][..row].copy_from_slice(&ring[(slot * b + bi) * row..][..row]);
+    }
+    c
 }
 
 /// The decoder started from the KV cache `initial` (docs/math.md §7.1; `None`: an empty one),
@@ -245,4 +257,29 @@ pub fn from_state<F: GpuReal>(
     let len = lens.first().copied().unwrap_or(0);
     let d = AttentionDecoder::<F>::from_cache(a, dims, s, len)?;
     Ok(resumed(hosted_decoder(Box::new(d)), len))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cache_of, ring_of};
+
+    /// A cache loaded into the ring and read back before any step is the same cache; and a ring
+    /// that tokens `0 … 6` wrote in turn (slot `s mod 4`) exports its last three, oldest first.
+    #[test]
+    fn a_cache_loaded_into_the_ring_reads_back_and_the_ring_exports_its_last_tokens() {
+        let (b, n, row, cap) = (2, 5, 3, 4);
+        let len = 3;
+        let c: Vec<f64> =
+            (0..b * n * row).map(|i| if (i / row) % n < len { i as f64 + 1.0 } else { 0.0 }).collect();
+        assert_eq!(cache_of(&ring_of(&c, [b, n, row], cap, len), [b, n, row], cap, (len, len)), c);
+        let ring: Vec<f64> = (0..cap * b * row)
+            .map(|i| {
+                let slot = i / (b * row);
+                (if slot + cap <= 6 { slot + cap } else { slot }) as f64
+            })
+            .collect();
+        let out = cache_of(&ring, [b, n, row], cap, (7, 3));
+        let tokens: Vec<f64> = (0..n).map(|j| out[j * row]).collect();
+        assert_eq!(tokens, [4.0, 5.0, 6.0, 0.0, 0.0]);
+    }
 }

@@ -248,23 +248,19 @@ impl<F: GpuReal> StatefulDeviceDecoder<F> for LogLinearDecoder<F> {
 /// step's merge moves back, and every other live level in place.
 fn load_levels<F: GpuReal>(s0: &ArrayD<F>, a: Option<usize>, slots: usize) -> Result<Vec<F>> {
     let sh = s0.shape();
-    let (nb, nh, dv, dk) = (sh[0], sh[1], sh[sh.len() - 2], sh[sh.len() - 1]);
-    let dd = dk * dv;
+    let (nb, nh, dd) = (sh[0], sh[1], sh[sh.len() - 2] * sh[sh.len() - 1]);
+    // Each (batch, head[, slot]) block of `S` is one `Dv × Dk` level state, rows as the device's.
+    let src = s0.as_standard_layout();
+    let src = src.as_slice().unwrap_or_default();
     let mut host = vec![F::default(); nb * nh * slots * dd];
-    let mut put = |bh: usize, level: usize, at: &dyn Fn(usize, usize) -> F| {
-        let dst = &mut host[(bh * slots + level) * dd..][..dd];
-        for (i, x) in dst.iter_mut().enumerate() {
-            *x = at(i / dk, i % dk);
-        }
-    };
     let Some(a) = a else {
         for bh in 0..nb * nh {
-            put(bh, 0, &|r, c| s0[[bh / nh, bh % nh, r, c]]);
+            host[bh * slots * dd..][..dd].copy_from_slice(&src[bh * dd..][..dd]);
         }
         return Ok(host);
     };
-    let m = merge_level(a);
-    for i in (0..sh[2]).filter(|i| (a >> i) & 1 == 1) {
+    let (nl, m) = (sh[2], merge_level(a));
+    for i in (0..nl).filter(|i| (a >> i) & 1 == 1) {
         let level = if m == Some(i) { 0 } else { i + 1 };
         if level >= slots {
             return Err(Error::Decoder(format!(
@@ -273,7 +269,7 @@ fn load_levels<F: GpuReal>(s0: &ArrayD<F>, a: Option<usize>, slots: usize) -> Re
             )));
         }
         for bh in 0..nb * nh {
-            put(bh, level, &|r, c| s0[[bh / nh, bh % nh, i, r, c]]);
+            host[(bh * slots + level) * dd..][..dd].copy_from_slice(&src[(bh * nl + i) * dd..][..dd]);
         }
     }
     Ok(host)
