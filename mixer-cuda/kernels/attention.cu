@@ -1,5 +1,9 @@
 // Softmax attention (docs/math.md §1.3): y_t = Σ_{s ≤ t, t−s < window} softmax_s(scale · q_t·k_s) v_s.
-// Layouts: q, k [B,T,H,Dk]; v, y [B,T,H,Dv]. window ≤ 0 means full causal attention.
+// Layouts: q [B,T,H,Dk], y [B,T,H,Dv]; k [B,Nk,H,Dk], v [B,Nk,H,Dv]. window ≤ 0 means full causal
+// attention. The forward kernels take the keys of a KV cache before the queries (a run from a
+// state, docs/math.md §7.1): prefix null, or P_b = prefix[b] keys before batch row b's first query,
+// so that query t sits at position a = P_b + t among the keys 0 … P_b + T − 1 of its row (Nk ≥
+// P_b + T rows per batch row; Nk = T and P = 0 for a plain run).
 
 // Exact forward (FlashAttention-2 structure on FMA units, f32 for f32 inputs, f64 for f64).
 // Grid (⌈T/BQ⌉, B·H), blocks longest query tile first; AX_THREADS = 256 threads seen as a
@@ -94,7 +98,7 @@ __device__ __forceinline__ T ax_weight(T al2, T a, T b) {
 
 template <typename T>
 __device__ void attn_exact(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ y,
-                           int Tn, int H, int window, double scale, int force_exact) {
+                           int Tn, int H, int window, double scale, int force_exact, const int* prefix, int Nk) {
     typedef AxLayout<T> L;
     typedef AxVec<T> Vec;
     constexpr int VW = L::VW;
@@ -107,11 +111,13 @@ __device__ void attn_exact(const T* __restrict__ q, const T* __restrict__ k, con
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     const long long tk = (long long)H * AX_DK, tv = (long long)H * AX_DV;
     const T* qb = q + (long long)b * Tn * tk + (long long)h * AX_DK;
-    const T* kb = k + (long long)b * Tn * tk + (long long)h * AX_DK;
-    const T* vb = v + (long long)b * Tn * tv + (long long)h * AX_DV;
+    const T* kb = k + (long long)b * Nk * tk + (long long)h * AX_DK;
+    const T* vb = v + (long long)b * Nk * tv + (long long)h * AX_DV;
     T* yb = y + (long long)b * Tn * tv + (long long)h * AX_DV;
-    const int q_last = min(q0 + AX_BQ, Tn) - 1;
-    const int first = window > 0 ? max(0, q0 - window + 1) / AX_BK : 0, last = q_last / AX_BK;
+    // Positions among the keys: the block's first query a0, its last a_last; Tk keys.
+    const int P = prefix ? prefix[b] : 0, Tk = P + Tn, a0 = q0 + P;
+    const int a_last = min(q0 + AX_BQ, Tn) - 1 + P;
+    const int first = window > 0 ? max(0, a0 - window + 1) / AX_BK : 0, last = a_last / AX_BK;
     const T sg = scale < 0.0 ? (T)-1 : (T)1;
     const T al2 = (T)(fabs(scale) * 1.4426950408889634);
     const T ninf = Lim<T>::neg_inf();
@@ -131,8 +137,8 @@ __device__ void attn_exact(const T* __restrict__ q, const T* __restrict__ k, con
         const int k0 = j * AX_BK;
         __syncthreads();  // every thread is done with the last tile's K, V, P (and Q is staged)
         if (overflow) break;
-        ax_load_rows<T, AX_DKP>(ks, L::KS, kb, tk, k0, AX_BK, Tn, AX_DK);
-        ax_load_rows<T, AX_DVP>(vs, AX_DVP, vb, tv, k0, AX_BK, Tn, AX_DV);
+        ax_load_rows<T, AX_DKP>(ks, L::KS, kb, tk, k0, AX_BK, Tk, AX_DK);
+        ax_load_rows<T, AX_DVP>(vs, AX_DVP, vb, tv, k0, AX_BK, Tk, AX_DV);
         __syncthreads();
         // S = Q Kᵀ, four dims per step.
         T s[AX_TM][AX_TN];
@@ -160,7 +166,7 @@ __device__ void attn_exact(const T* __restrict__ q, const T* __restrict__ k, con
         }
         // Keys, the overflow check, masks.
         bool bad = false;
-        const bool edge = k0 + AX_BK - 1 > q0 || k0 + AX_BK > Tn || (window > 0 && q0 + AX_BQ - 1 - k0 >= window);
+        const bool edge = k0 + AX_BK - 1 > a0 || k0 + AX_BK > Tk || (window > 0 && a0 + AX_BQ - 1 - k0 >= window);
 #pragma unroll
         for (int i = 0; i < AX_TM; ++i)
 #pragma unroll
@@ -168,8 +174,8 @@ __device__ void attn_exact(const T* __restrict__ q, const T* __restrict__ k, con
                 bad = bad || !isfinite(s[i][n]);
                 s[i][n] *= sg;
                 if (edge) {
-                    const int r = row0 + i, c = k0 + tx + AX_LANES * n;
-                    if (c > r || c >= Tn || (window > 0 && r - c >= window)) s[i][n] = ninf;
+                    const int r = P + row0 + i, c = k0 + tx + AX_LANES * n;
+                    if (c > r || c >= Tk || (window > 0 && r - c >= window)) s[i][n] = ninf;
                 }
             }
         if (bad) atomicExch(&overflow, 1);  // atomic: many threads may set it at once
@@ -227,7 +233,7 @@ __device__ void attn_exact(const T* __restrict__ q, const T* __restrict__ k, con
     }
     __syncthreads();  // the last tile's overflow flag is visible; K, V are free for the fallback
     if (overflow) {
-        if (tid < AX_BQ && q0 + tid < Tn) attn_row_f64<T>(qb, kb, vb, yb, tk, tv, AX_DK, AX_DV, q0 + tid, window, scale);
+        if (tid < AX_BQ && q0 + tid < Tn) attn_row_f64<T>(qb, kb, vb, yb, tk, tv, AX_DK, AX_DV, q0 + tid, P, window, scale);
         return;
     }
 #pragma unroll
@@ -412,6 +418,6 @@ ATTN_EXPORT(double, f64)
 static_assert(AX_TM % AxLayout<AX_T>::VW == 0 && AX_BK % AX_LANES == 0, "AX_TM: whole vectors; AX_BK: 16 lanes");
 extern "C" __global__ void __launch_bounds__(AX_THREADS, AX_MINB)
     AX_NAME(const AX_T* q, const AX_T* k, const AX_T* v, AX_T* y, int Tn, int H, int window, double scale,
-            int force_exact) {
-    attn_exact<AX_T>(q, k, v, y, Tn, H, window, scale, force_exact);
+            int force_exact, const int* prefix, int Nk) {
+    attn_exact<AX_T>(q, k, v, y, Tn, H, window, scale, force_exact, prefix, Nk);
 }

@@ -16,22 +16,23 @@ __device__ inline double attn_dot(const T* a, const T* b, int n) {
 
 // Query row t of one (batch, head), read from the inputs in global memory (rows of q, k at stride
 // tk, of v and y at stride tv), with the overflow-free keys u_s = sign(σ)·q_t·k_s and their
-// maximum M in double: y_t = Σ_s w(u_s, M) v_s / Σ_s w(u_s, M) over s ∈ [max(0, t − window + 1), t]
-// (window ≤ 0: [0, t]). Two passes over the keys: M, then the weighted sums, accumulated in y_t.
+// maximum M in double: y_t = Σ_s w(u_s, M) v_s / Σ_s w(u_s, M) over s ∈ [max(0, a − window + 1), a]
+// (window ≤ 0: [0, a]), a = P + t the query's position among the keys (P: the keys before the
+// first query, a KV cache's; 0 without one). Two passes over the keys: M, then the weighted sums, accumulated in y_t.
 // The fallback of the forward kernels for rows where some f32 product q·k is not finite, or where
 // |σ|·log₂e is not a normal f32; slow (one thread a row), taken only there.
 template <typename T>
 __device__ void attn_row_f64(const T* qb, const T* kb, const T* vb, T* yb, long long tk, long long tv, int dk, int dv,
-                             int t, int window, double scale) {
+                             int t, int P, int window, double scale) {
     const double asc = fabs(scale), sg = scale < 0.0 ? -1.0 : 1.0;
     const T* qr = qb + (long long)t * tk;
     T* yr = yb + (long long)t * tv;
-    const int lo = window > 0 ? max(0, t - window + 1) : 0;
+    const int a = P + t, lo = window > 0 ? max(0, a - window + 1) : 0;
     double m = Lim<double>::neg_inf();
-    for (int s = lo; s <= t; ++s) m = fmax(m, sg * attn_dot(qr, kb + (long long)s * tk, dk));
+    for (int s = lo; s <= a; ++s) m = fmax(m, sg * attn_dot(qr, kb + (long long)s * tk, dk));
     for (int d = 0; d < dv; ++d) yr[d] = (T)0;
     double l = 0.0;
-    for (int s = lo; s <= t; ++s) {
+    for (int s = lo; s <= a; ++s) {
         const double p = attn_weight(asc, sg * attn_dot(qr, kb + (long long)s * tk, dk), m);
         l += p;
         const T* vr = vb + (long long)s * tv;

@@ -2,8 +2,10 @@
 //
 //   y_t = Σ_{s ≤ t, t − s < window} softmax_s(scale · q_t·k_s) v_s
 //
-// Layouts: q, k [B,T,H,D]; v, y [B,T,H,D] (token stride H·D). window ≤ 0: full causal. stats:
-// null, or [B·H·T][4] floats for the backward's row statistics (att_store).
+// Layouts: q, y [B,T,H,D]; k, v [B,Nk,H,D] (token stride H·D). window ≤ 0: full causal. stats:
+// null, or [B·H·T][4] floats for the backward's row statistics (att_store). prefix: null, or the
+// keys of a KV cache before batch row b's first query, P_b = prefix[b] (query t at position P_b + t
+// among the row's P_b + T keys, Nk ≥ P_b + T; attention.cu says more).
 // Compile-time: ATT_D (head dim: 32, 64, 96 or 128; wgmma 64, 128 or 256), ATT_BK (keys per tile), ATT_WM (16-row
 // m-tiles per warp). A block of 4 warps owns BQ = 64·ATT_WM query rows of one (batch, head).
 //
@@ -167,12 +169,14 @@ __device__ __forceinline__ void softmax_update(float (&s)[ATT_WM][ATT_BK / 8][4]
             }
 }
 
-// Tile range of a query block: [first, last] key tiles, with the window's skip.
-__device__ __forceinline__ void tile_range(int q0, int T, int window, int& first, int& last) {
-    const int q_last = min(q0 + ATT_BQ, T) - 1;
-    last = q_last / ATT_BK;
-    first = window > 0 ? max(0, q0 - window + 1) / ATT_BK : 0;
+// Tile range of a query block (first row q0 of T, at position P + q0 among the keys): [first, last]
+// key tiles, with the window's skip.
+__device__ __forceinline__ void tile_range(int q0, int T, int P, int window, int& first, int& last) {
+    const int a_last = min(q0 + ATT_BQ, T) - 1 + P;
+    last = a_last / ATT_BK;
+    first = window > 0 ? max(0, q0 + P - window + 1) / ATT_BK : 0;
 }
+// q0: the block's first query's position among the keys; T: the number of keys.
 __device__ __forceinline__ bool tile_needs_mask(int q0, int k0, int T, int window) {
     // Some key after some query row, past T, or (window) too far back for some row.
     if (k0 + ATT_BK - 1 > q0) return true;
@@ -214,26 +218,36 @@ __device__ __forceinline__ void load_tile_bf16(bf16_t* sm, const bf16_t* base, i
     }
 }
 
-// The block's query tile (longest rows first), its key tiles [first, last] and its offsets in the
-// [B,T,H,D] layout; issues the copies of Q and the first K tile (one group) and V tile (a second).
+// The block's query tile (longest rows first; rows q0 … of T, at positions P + q0 … among the Tk =
+// P + T keys), its key tiles [first, last] and its offsets in the layouts (off: q and y's, koff: k
+// and v's).
 struct AttBlock {
-    int q0, first, last;
-    long long tok, off;
+    int q0, first, last, P, Tk;
+    long long tok, off, koff;
 };
-template <bool PANELS>
-__device__ __forceinline__ AttBlock att_start_bf16(bf16_t* qs, bf16_t* k0s, bf16_t* v0s, const bf16_t* q,
-                                                   const bf16_t* k, const bf16_t* v, int T, int H, int window) {
+__device__ __forceinline__ AttBlock att_block(int T, int H, int window, const int* prefix, int Nk) {
     AttBlock a;
     const int qb = gridDim.x - 1 - blockIdx.x;
     const int bh = blockIdx.y, b = bh / H, h = bh % H;
     a.q0 = qb * ATT_BQ;
+    a.P = prefix ? prefix[b] : 0;
+    a.Tk = a.P + T;
     a.tok = (long long)H * ATT_D;
     a.off = (long long)b * T * a.tok + (long long)h * ATT_D;
-    tile_range(a.q0, T, window, a.first, a.last);
+    a.koff = (long long)b * Nk * a.tok + (long long)h * ATT_D;
+    tile_range(a.q0, T, a.P, window, a.first, a.last);
+    return a;
+}
+// att_block, then the copies of Q and the first K tile (one group) and V tile (a second).
+template <bool PANELS>
+__device__ __forceinline__ AttBlock att_start_bf16(bf16_t* qs, bf16_t* k0s, bf16_t* v0s, const bf16_t* q,
+                                                   const bf16_t* k, const bf16_t* v, int T, int H, int window,
+                                                   const int* prefix, int Nk) {
+    const AttBlock a = att_block(T, H, window, prefix, Nk);
     load_tile_bf16<PANELS>(qs, q + a.off, a.q0, ATT_BQ, T, a.tok);
-    load_tile_bf16<PANELS>(k0s, k + a.off, a.first * ATT_BK, ATT_BK, T, a.tok);
+    load_tile_bf16<PANELS>(k0s, k + a.koff, a.first * ATT_BK, ATT_BK, a.Tk, a.tok);
     cp_commit();
-    load_tile_bf16<PANELS>(v0s, v + a.off, a.first * ATT_BK, ATT_BK, T, a.tok);
+    load_tile_bf16<PANELS>(v0s, v + a.koff, a.first * ATT_BK, ATT_BK, a.Tk, a.tok);
     cp_commit();
     return a;
 }
@@ -333,15 +347,15 @@ __device__ __forceinline__ float (&wg_n64(float (&a)[N][4], int p))[8][4] {
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_wgmma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                     bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2,
-                  float* __restrict__ stats) {
+                  float* __restrict__ stats, const int* __restrict__ prefix, int Nk) {
     // Dynamic shared memory (plus up to 1 KB to align): q [BQ·D] | k stage 0, 1 [BK·D] | v stage 0, 1 [BK·D].
     extern __shared__ __align__(1024) bf16_t smw[];
     bf16_t* qs = smw + ((1024 - (smem_u32(smw) & 1023)) & 1023) / 2;
     bf16_t* ks[2] = {qs + ATT_BQ * ATT_D, qs + ATT_BQ * ATT_D + ATT_BK * ATT_D};
     bf16_t* vs[2] = {ks[1] + ATT_BK * ATT_D, ks[1] + 2 * ATT_BK * ATT_D};
-    const AttBlock ab = att_start_bf16<true>(qs, ks[0], vs[0], q, k, v, T, H, window);
-    const int q0 = ab.q0, first = ab.first, last = ab.last;
-    const long long tok = ab.tok, off = ab.off;
+    const AttBlock ab = att_start_bf16<true>(qs, ks[0], vs[0], q, k, v, T, H, window, prefix, Nk);
+    const int q0 = ab.q0, first = ab.first, last = ab.last, P = ab.P, Tk = ab.Tk;
+    const long long tok = ab.tok, off = ab.off, koff = ab.koff;
     const int warp = threadIdx.x >> 5, wg = warp >> 2;
     const int wrow0 = q0 + warp * 16;
 
@@ -359,8 +373,8 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
         wg_proxy_fence();
         __syncthreads();
         if (j < last) {
-            load_tile_bf16<true>(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
-            load_tile_bf16<true>(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok);
+            load_tile_bf16<true>(ks[stage ^ 1], k + koff, (j + 1) * ATT_BK, ATT_BK, Tk, tok);
+            load_tile_bf16<true>(vs[stage ^ 1], v + koff, (j + 1) * ATT_BK, ATT_BK, Tk, tok);
         }
         cp_commit();
         // S = Q Kᵀ: 16 columns of reduction per instruction.
@@ -377,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
         }
         wg_commit();
         wg_wait0();
-        if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
+        if (tile_needs_mask(q0 + P, j * ATT_BK, Tk, window)) mask_tile(s, wrow0 + P, j * ATT_BK, Tk, window);
         softmax_update(s, st, o, scale_log2);
         // O += P V: P as the A fragment (the same packing as attn_mma_bf16), V MN-major, panel by panel.
         u32 pa[ATT_BK / 16][4];
@@ -406,15 +420,15 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_mma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                   bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2,
-                  float* __restrict__ stats) {
+                  float* __restrict__ stats, const int* __restrict__ prefix, int Nk) {
     // Dynamic shared memory: q [BQ·D] | k stage 0, 1 [BK·D] | v stage 0, 1 [BK·D].
     extern __shared__ __align__(128) bf16_t smb[];
     bf16_t* qs = smb;
     bf16_t* ks[2] = {qs + ATT_BQ * ATT_D, qs + ATT_BQ * ATT_D + ATT_BK * ATT_D};
     bf16_t* vs[2] = {ks[1] + ATT_BK * ATT_D, ks[1] + 2 * ATT_BK * ATT_D};
-    const AttBlock ab = att_start_bf16<false>(qs, ks[0], vs[0], q, k, v, T, H, window);
-    const int q0 = ab.q0, first = ab.first, last = ab.last;
-    const long long tok = ab.tok, off = ab.off;
+    const AttBlock ab = att_start_bf16<false>(qs, ks[0], vs[0], q, k, v, T, H, window, prefix, Nk);
+    const int q0 = ab.q0, first = ab.first, last = ab.last, P = ab.P, Tk = ab.Tk;
+    const long long tok = ab.tok, off = ab.off, koff = ab.koff;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wrow0 = q0 + warp * 16 * ATT_WM;
 
@@ -427,7 +441,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
         // Groups in flight: K_j, V_j. K_{j+1} is issued once every warp is done with K_{j−1}
         // (the barrier below), V_{j+1} once every warp is done with V_{j−1} (the middle barrier).
         const int stage = (j - first) & 1;
-        att_next(j < last, [&] { load_tile_bf16<false>(ks[stage ^ 1], k + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
+        att_next(j < last, [&] { load_tile_bf16<false>(ks[stage ^ 1], k + koff, (j + 1) * ATT_BK, ATT_BK, Tk, tok); });
         if (j == first) {
 #pragma unroll
             for (int mt = 0; mt < ATT_WM; ++mt)
@@ -459,9 +473,9 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
                 for (int mt = 0; mt < ATT_WM; ++mt)
                     att_mma_bf16_n16(s[mt][2 * np], s[mt][2 * np + 1], qf[mt][kt], bf[np]);
         }
-        if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
+        if (tile_needs_mask(q0 + P, j * ATT_BK, Tk, window)) mask_tile(s, wrow0 + P, j * ATT_BK, Tk, window);
         softmax_update(s, st, o, scale_log2);
-        att_next(j < last, [&] { load_tile_bf16<false>(vs[stage ^ 1], v + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
+        att_next(j < last, [&] { load_tile_bf16<false>(vs[stage ^ 1], v + koff, (j + 1) * ATT_BK, ATT_BK, Tk, tok); });
         // O += P V
         const u32 vb = smem_u32(vs[stage]);
 #pragma unroll
@@ -560,27 +574,23 @@ template <bool SPLIT>
 __device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const float* __restrict__ k,
                                               const float* __restrict__ v, float* __restrict__ y, int T, int H,
                                               int window, float scale_log2, float* __restrict__ stats, double scale,
-                                              float* __restrict__ flag) {
+                                              float* __restrict__ flag, const int* __restrict__ prefix, int Nk) {
     extern __shared__ __align__(16) float smf[];
     __shared__ int overflow;
     float* ks0 = smf;
     float* ks1 = ks0 + ATT_BK * KS_STRIDE;
     float* vs0 = ks1 + ATT_BK * KS_STRIDE;
     float* vs1 = vs0 + ATT_BK * VS_STRIDE;
-    const int qb = gridDim.x - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / H, h = bh % H;
-    const int q0 = qb * ATT_BQ;
-    const long long tok = (long long)H * ATT_D;
-    const long long off = (long long)b * T * tok + (long long)h * ATT_D;
+    const AttBlock ab = att_block(T, H, window, prefix, Nk);
+    const int q0 = ab.q0, first = ab.first, last = ab.last, P = ab.P, Tk = ab.Tk;
+    const long long tok = ab.tok, off = ab.off, koff = ab.koff;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int wrow0 = q0 + warp * 16 * ATT_WM;
     if (SPLIT && threadIdx.x == 0) overflow = 0;  // seen by every thread after att_next's barrier
 
-    int first, last;
-    tile_range(q0, T, window, first, last);
-    load_tile_f32(ks0, KS_STRIDE, k + off, first * ATT_BK, ATT_BK, T, tok);
+    load_tile_f32(ks0, KS_STRIDE, k + koff, first * ATT_BK, ATT_BK, Tk, tok);
     cp_commit();
-    load_tile_f32(vs0, VS_STRIDE, v + off, first * ATT_BK, ATT_BK, T, tok);
+    load_tile_f32(vs0, VS_STRIDE, v + koff, first * ATT_BK, ATT_BK, Tk, tok);
     cp_commit();
 
     // Q fragments straight from global memory (read once): rounded to tf32 here, or kept in f32
@@ -610,7 +620,7 @@ __device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const
 
     for (int j = first; j <= last; ++j) {
         const int stage = (j - first) & 1;  // same K/V pipeline as the bf16 kernel
-        att_next(j < last, [&] { load_tile_f32(stage ? ks0 : ks1, KS_STRIDE, k + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
+        att_next(j < last, [&] { load_tile_f32(stage ? ks0 : ks1, KS_STRIDE, k + koff, (j + 1) * ATT_BK, ATT_BK, Tk, tok); });
         const float* kss = stage ? ks1 : ks0;
         const float* vss = stage ? vs1 : vs0;
         float s[ATT_WM][ATT_BK / 8][4];
@@ -634,9 +644,9 @@ __device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const
 #pragma unroll
                 for (int nt = 0; nt < ATT_BK / 8; ++nt)
                     seen += (s[mt][nt][0] + s[mt][nt][1]) + (s[mt][nt][2] + s[mt][nt][3]);
-        if (tile_needs_mask(q0, j * ATT_BK, T, window)) mask_tile(s, wrow0, j * ATT_BK, T, window);
+        if (tile_needs_mask(q0 + P, j * ATT_BK, Tk, window)) mask_tile(s, wrow0 + P, j * ATT_BK, Tk, window);
         softmax_update(s, st, o, scale_log2);
-        att_next(j < last, [&] { load_tile_f32(stage ? vs0 : vs1, VS_STRIDE, v + off, (j + 1) * ATT_BK, ATT_BK, T, tok); });
+        att_next(j < last, [&] { load_tile_f32(stage ? vs0 : vs1, VS_STRIDE, v + koff, (j + 1) * ATT_BK, ATT_BK, Tk, tok); });
         // O += P V, one 8-key step at a time; A column t ↔ key 2t, t+4 ↔ key 2t+1.
 #pragma unroll
         for (int kt = 0; kt < ATT_BK / 8; ++kt) {
@@ -668,7 +678,7 @@ __device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const
             if (flag && threadIdx.x == 0) *flag = 1.f;
             const int r = q0 + threadIdx.x;
             if (threadIdx.x < ATT_BQ && r < T)
-                attn_row_f64<float>(q + off, k + off, v + off, y + off, tok, tok, ATT_D, ATT_D, r, window, scale);
+                attn_row_f64<float>(q + off, k + koff, v + koff, y + off, tok, tok, ATT_D, ATT_D, r, P, window, scale);
             return;
         }
     }
@@ -678,8 +688,8 @@ __device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_mma_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                   float* __restrict__ y, int B, int T, int H, int window, float scale_log2,
-                  float* __restrict__ stats) {
-    attn_f32_body<false>(q, k, v, y, T, H, window, scale_log2, stats, 0.0, nullptr);
+                  float* __restrict__ stats, const int* __restrict__ prefix, int Nk) {
+    attn_f32_body<false>(q, k, v, y, T, H, window, scale_log2, stats, 0.0, nullptr, prefix, Nk);
 }
 
 // The exact mode's kernel on f32 inputs (scale: σ in double, for rows computed again in double;
@@ -687,6 +697,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_mma_tf32x3(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                     float* __restrict__ y, int B, int T, int H, int window, float scale_log2,
-                    float* __restrict__ stats, double scale, float* __restrict__ flag) {
-    attn_f32_body<true>(q, k, v, y, T, H, window, scale_log2, stats, scale, flag);
+                    float* __restrict__ stats, double scale, float* __restrict__ flag,
+                    const int* __restrict__ prefix, int Nk) {
+    attn_f32_body<true>(q, k, v, y, T, H, window, scale_log2, stats, scale, flag, prefix, Nk);
 }

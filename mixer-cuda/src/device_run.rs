@@ -133,6 +133,10 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         <T as DeviceFamily<f32>>::fast_from_state().is_some()
     }
 
+    fn implements_state_backward(&self) -> bool {
+        <T as DeviceFamily<f32>>::fast_backward_from_state().is_some()
+    }
+
     fn run_state(
         &self,
         m: &dyn Mixer,

@@ -65,7 +65,8 @@ pub type DeviceStateBackwardFn<M> = fn(
 /// *extension* (docs/math.md §7): the state is a prefix of the inputs (attention's KV cache, the
 /// Toeplitz mixer's input history, the GLR's past outputs), so the run from a state is the
 /// device `fast` form (and its backward) on the inputs extended by that prefix, as on the CPU.
-/// For a family with no device form from a state ([`DeviceFamily::fast_from_state`]).
+/// For a family with no device form from a state ([`DeviceFamily::fast_from_state`]), or (the
+/// backward alone) none of its backward.
 pub struct Extension<M, F> {
     /// `y` and the final state ([`StateFn`]).
     pub run: StateFn<M, F>,
@@ -143,7 +144,8 @@ pub trait DeviceFamily<F: GpuReal>: Send + Sync + 'static {
         None
     }
     /// The `fast` form from a state on host arrays by the state's extension ([`Extension`]), for
-    /// a family without [`DeviceFamily::fast_from_state`].
+    /// a family without [`DeviceFamily::fast_from_state`] (its backward: without
+    /// [`DeviceFamily::fast_backward_from_state`]).
     fn extension() -> Option<Extension<Self::Mixer, F>> {
         None
     }
@@ -205,8 +207,7 @@ impl<F: GpuReal, T: DeviceFamily<F>> Family<F> for Hosted<T> {
         }
         match T::fast_backward_from_state() {
             Some(_) => Some(host_backward_from_state::<F, T> as StateBackwardFn<T::Mixer, F>),
-            None if T::fast_from_state().is_none() => T::extension().map(|e| e.backward),
-            None => None,
+            None => T::extension().map(|e| e.backward),
         }
     }
     fn backward(&self, form: Form) -> Option<BackwardFn<T::Mixer, F>> {

@@ -45,15 +45,7 @@ impl DeviceTimer for CudaTimer {
         let y = run_device(m, form, &dev, p)?;
         let download_s = download(&y)?;
         drop(y);
-        let start = Instant::now();
-        let mut v = Vec::new();
-        while v.is_empty() || (v.len() < reps.max(1) && start.elapsed().as_secs_f64() < budget_s) {
-            let e0 = event()?;
-            let y = run_device_with(m, form, &dev, p, false)?;
-            let e1 = event()?;
-            v.push(seconds(&e0, &e1)?);
-            drop(y);
-        }
+        let v = event_times(reps, budget_s, || run_device_with(m, form, &dev, p, false))?;
         Ok(summary(v, upload_s, download_s))
     }
     /// Times the `fast` backward of `m` (every input's gradient) on device-resident copies of
@@ -87,15 +79,7 @@ impl DeviceTimer for CudaTimer {
         }
         let download_s = t0.elapsed().as_secs_f64();
         drop(g);
-        let start = Instant::now();
-        let mut v = Vec::new();
-        while v.is_empty() || (v.len() < reps.max(1) && start.elapsed().as_secs_f64() < budget_s) {
-            let e0 = event()?;
-            let g = backward_device(m, &dev, &d, &Requires::All, p)?;
-            let e1 = event()?;
-            v.push(seconds(&e0, &e1)?);
-            drop(g);
-        }
+        let v = event_times(reps, budget_s, || backward_device(m, &dev, &d, &Requires::All, p))?;
         Ok(summary(v, upload_s, download_s))
     }
     /// Times decoding every token of `inputs` with the device decoder (all tokens uploaded
@@ -117,6 +101,22 @@ impl DeviceTimer for CudaTimer {
     fn device_info(&self) -> Result<(String, Option<String>)> {
         Ok((gpu()?.name.clone(), crate::runtime::driver_version()))
     }
+}
+
+/// The event-timed seconds of up to `reps` calls of `run` (at least one) within `budget_s`
+/// seconds: an event on the backend's stream before and after each call, whose result is dropped
+/// after the second. Warm up first (compilation, plans, the pool).
+pub fn event_times<R>(reps: usize, budget_s: f64, mut run: impl FnMut() -> Result<R>) -> Result<Vec<f64>> {
+    let start = Instant::now();
+    let mut v = Vec::new();
+    while v.is_empty() || (v.len() < reps.max(1) && start.elapsed().as_secs_f64() < budget_s) {
+        let e0 = event()?;
+        let r = run()?;
+        let e1 = event()?;
+        v.push(seconds(&e0, &e1)?);
+        drop(r);
+    }
+    Ok(v)
 }
 
 /// Records an event on the backend's stream.

@@ -118,9 +118,36 @@ impl Cache {
                 got.join(", "),
             ));
         }
-        let mut out = Vec::with_capacity(l.len());
-        for (b, &x) in l.iter().enumerate() {
-            let x = x.f64();
+        let out = self.check_lengths(l.iter().map(|x| x.f64()), n, t_len)?;
+        for (b, &len) in out.iter().enumerate() {
+            for (name, a) in &tensors {
+                let empty = a.index_axis(Axis(0), b);
+                if empty.slice_axis(Axis(0), Slice::from(len..)).iter().any(|&x| x != F::zero()) {
+                    return Err(Error::Value {
+                        name: format!("state.{name}[{b}, {len}..]"),
+                        constraint: format!(
+                            "rows from the {} {len} on are empty, so they must be zero",
+                            self.length
+                        ),
+                        found: "non-zero entries".into(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The cached lengths `lengths` (one per batch row) checked for a run of `t_len` tokens into
+    /// caches of capacity `n`: whole numbers `≤ n`, and `ℓ + T ≤ n` without a window. The
+    /// length checks of [`Cache::lengths`], for a state whose cached rows are not on the host.
+    pub fn check_lengths(
+        &self,
+        lengths: impl IntoIterator<Item = f64>,
+        n: usize,
+        t_len: usize,
+    ) -> Result<Vec<usize>> {
+        let mut out = Vec::new();
+        for (b, x) in lengths.into_iter().enumerate() {
             if !(x >= 0.0 && x.fract() == 0.0 && x <= n as f64) {
                 return Err(Error::Value {
                     name: format!("state.{}[{b}]", self.length),
@@ -142,26 +169,13 @@ impl Cache {
                     found: format!("N = {n}, {} {len}, T = {t_len}", self.length),
                 });
             }
-            for (name, a) in &tensors {
-                let empty = a.index_axis(Axis(0), b);
-                if empty.slice_axis(Axis(0), Slice::from(len..)).iter().any(|&x| x != F::zero()) {
-                    return Err(Error::Value {
-                        name: format!("state.{name}[{b}, {len}..]"),
-                        constraint: format!(
-                            "rows from the {} {len} on are empty, so they must be zero",
-                            self.length
-                        ),
-                        found: "non-zero entries".into(),
-                    });
-                }
-            }
             out.push(len);
         }
         Ok(out)
     }
 
     /// The final length after `t_len` more tokens from `len` cached ones.
-    fn final_len(&self, len: usize, t_len: usize) -> usize {
+    pub fn final_len(&self, len: usize, t_len: usize) -> usize {
         self.window.map_or(len + t_len, |w| (len + t_len).min(w - 1))
     }
 

@@ -191,7 +191,7 @@ pub fn run(
             .memset_zeros(&mut stats.slice_mut(at..at + 1))
             .map_err(|e| err(FAMILY, format!("zeroing the overflow flag: {e}")))?;
     }
-    let y = fused::launch_with_stats(a, x, &pl.forward, shape, Some(&mut *stats))?;
+    let y = fused::launch_with_stats(a, x, &pl.forward, shape, Some(&mut *stats), None)?;
     let f = |l: &Launch| {
         let func = g.kernel(FAMILY, &kernels::ATTENTION_BACKWARD_FUSED, &l.options, &l.function)?;
         if l.shared_mem > 48 << 10 {

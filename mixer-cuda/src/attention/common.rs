@@ -8,11 +8,50 @@ use serde::Serialize;
 /// Family name in errors.
 pub(crate) const FAMILY: &str = "attention";
 
-/// The window as the kernels take it: `0` for none (or one at least as long as `T`).
+/// The window as the kernels take it: `0` for none (or one at least as long as the `t_len` keys).
 pub(crate) fn window_arg(a: &Attention, t_len: usize) -> i32 {
     match a.window() {
         Some(w) if w < t_len => w as i32,
         _ => 0,
+    }
+}
+
+/// The keys of a forward launch that continues KV caches (docs/math.md §7.1): batch row `b`'s
+/// first query sits at position `prefix[b]` among its keys, `k` and `v` hold `rows ≥ prefix[b] + T`
+/// token rows per batch row (`[B, rows, H, D]`), the cached keys first; `longest` is the largest
+/// prefix. A plain run has none (`prefix` null, `rows = T`).
+pub(crate) struct Keys<'a> {
+    /// `P_b`, one per batch row, on the device.
+    pub prefix: &'a cudarc::driver::CudaSlice<i32>,
+    /// Token rows of `k` and `v` per batch row.
+    pub rows: usize,
+    /// `max_b P_b`.
+    pub longest: usize,
+}
+
+/// The kernels' last two arguments for `keys` (`None`: a plain run of `t_len` tokens): the
+/// prefixes' device address (0: none), the key rows per batch row, and the guard that orders the
+/// launch after the prefixes' upload; with the window argument for the longest row of keys.
+pub(crate) fn key_args<'a>(
+    a: &Attention,
+    keys: Option<&Keys<'a>>,
+    t_len: usize,
+    stream: &'a cudarc::driver::CudaStream,
+) -> mixer_core::Result<(u64, i32, i32, Option<cudarc::driver::SyncOnDrop<'a>>)> {
+    use cudarc::driver::DevicePtr;
+    match keys {
+        None => Ok((0, crate::runtime::int(FAMILY, "T", t_len)?, window_arg(a, t_len), None)),
+        Some(k) => {
+            if k.rows < k.longest + t_len {
+                return Err(crate::runtime::err(
+                    FAMILY,
+                    format!("internal: {} key rows for {} cached and {t_len} new tokens", k.rows, k.longest),
+                ));
+            }
+            let (p, guard) = k.prefix.device_ptr(stream);
+            let rows = crate::runtime::int(FAMILY, "key rows", k.rows)?;
+            Ok((p, rows, window_arg(a, k.longest + t_len), Some(guard)))
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use mixer_core::mixers::attention::Attention;
 use mixer_core::{Precision, Result};
 
 pub use super::common::{ExactTile, Kernel, Plan, Storage};
-use super::common::{FAMILY, window_arg};
+use super::common::{FAMILY, Keys, key_args};
 use super::fused;
 use crate::forms::{finish, input};
 use crate::kernels;
@@ -133,6 +133,18 @@ pub fn plan(
 
 /// Runs the fast form on device tensors: the launch [`plan`] gives.
 pub fn run<F: GpuReal>(a: &Attention, x: &DeviceTensors, p: Precision) -> Result<AnyDeviceTensor> {
+    run_keys::<F>(a, x, p, None)
+}
+
+/// [`run`] with the keys of a KV cache before the queries where `keys` says so ([`Keys`]): `k` and
+/// `v` are `[B, keys.rows, H, D]`, `q` and `y` `[B, T, H, D]`. The plan is the plain run's at
+/// the queries' shape.
+pub(crate) fn run_keys<F: GpuReal>(
+    a: &Attention,
+    x: &DeviceTensors,
+    p: Precision,
+    keys: Option<&Keys<'_>>,
+) -> Result<AnyDeviceTensor> {
     let (Some(q0), Some(v0)) = (x.get("q"), x.get("v")) else {
         // `input` below names what is missing.
         input::<F>(x, "q")?;
@@ -151,7 +163,7 @@ pub fn run<F: GpuReal>(a: &Attention, x: &DeviceTensors, p: Precision) -> Result
         return finish(DeviceTensor::<F>::zeros(&[s[0], s[1], s[2], dv])?, p);
     };
     if pl.kernel != Kernel::Exact {
-        return fused::launch(a, x, &pl, shape);
+        return fused::launch_with_stats(a, x, &pl, shape, None, keys);
     }
     let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
     let [b, t, h, dk, dv] = shape;
@@ -166,12 +178,14 @@ pub fn run<F: GpuReal>(a: &Attention, x: &DeviceTensors, p: Precision) -> Result
         block_dim: (pl.block, 1, 1),
         shared_mem_bytes: pl.shared_mem as u32,
     };
-    let (ti, hi, w) = (int(FAMILY, "T", t)?, int(FAMILY, "H", h)?, window_arg(a, t));
+    let (ti, hi) = (int(FAMILY, "T", t)?, int(FAMILY, "H", h)?);
+    let stream = g.stream();
+    let (pre, nk, w, _guard) = key_args(a, keys, t, &stream)?;
     // Passed as a double: the kernel's exact rows form overflow-free logits from it.
     let scale: f64 = a.scale(dk);
     let force = i32::from(pl.force_exact);
     let (qv, kv, vv) = (q.view(), k.view(), v.view());
-    launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &ti, &hi, &w, &scale, &force)?;
+    launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &ti, &hi, &w, &scale, &force, &pre, &nk)?;
     finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?, p)
 }
 

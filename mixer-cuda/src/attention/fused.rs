@@ -31,7 +31,7 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use mixer_core::mixers::attention::Attention;
 use mixer_core::{Precision, Result};
 
-use super::common::{FAMILY, Kernel, Plan, window_arg};
+use super::common::{FAMILY, Kernel, Keys, Plan, key_args};
 use crate::kernels;
 use crate::pool;
 use crate::runtime::{err, gpu, int, launch};
@@ -207,7 +207,7 @@ pub(crate) fn launch(
     pl: &Plan,
     shape_: [usize; 5],
 ) -> Result<AnyDeviceTensor> {
-    launch_with_stats(a, x, pl, shape_, None)
+    launch_with_stats(a, x, pl, shape_, None, None)
 }
 
 /// Where the exact mode's overflow flag sits in a statistics buffer of `rows` rows: the float
@@ -221,12 +221,14 @@ pub(crate) fn flag_index(rows: usize) -> usize {
 /// given: the first step of the tensor-core backward ([`super::backward_fused`]). The exact mode's
 /// kernel also sets the float after them, `stats[4·B·H·T]`, to 1 where a block's scores overflow
 /// (those rows are computed again in double and get no statistics); the caller zeroes it first.
+/// With `keys`, `k` and `v` hold a KV cache before the queries ([`Keys`]).
 pub(crate) fn launch_with_stats(
     a: &Attention,
     x: &DeviceTensors,
     pl: &Plan,
     shape_: [usize; 5],
     stats: Option<&mut cudarc::driver::CudaSlice<f32>>,
+    keys: Option<&Keys<'_>>,
 ) -> Result<AnyDeviceTensor> {
     use cudarc::driver::DevicePtrMut;
     let [b, t, h, d, _] = shape_;
@@ -242,7 +244,6 @@ pub(crate) fn launch_with_stats(
     };
     int(FAMILY, "B·T·H·D", b * t * h * d)?;
     let (bi, ti, hi) = (int(FAMILY, "B", b)?, int(FAMILY, "T", t)?, int(FAMILY, "H", h)?);
-    let w = window_arg(a, t);
     let scale_log2 = (a.scale(d) * std::f64::consts::LOG2_E) as f32;
     let (q, k, v) = (input_any(x, "q")?, input_any(x, "k")?, input_any(x, "v")?);
     let n = b * t * h * d;
@@ -257,6 +258,7 @@ pub(crate) fn launch_with_stats(
     // The statistics' device address, or null (the forward alone); the guard orders the launch
     // after earlier uses of the buffer.
     let stream = g.stream();
+    let (pre, nk, w, _keys_guard) = key_args(a, keys, t, &stream)?;
     let (st_ptr, _guard) = match stats {
         Some(st) => {
             let (p, guard) = st.device_ptr_mut(&stream);
@@ -269,7 +271,7 @@ pub(crate) fn launch_with_stats(
             let (q, k, v) = (q.typed::<bf16>("q")?, k.typed::<bf16>("k")?, v.typed::<bf16>("v")?);
             let mut y = pool::take::<bf16>(FAMILY, n)?;
             let (qv, kv, vv) = (q.view(), k.view(), v.view());
-            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr)?;
+            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &pre, &nk)?;
             AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, s)?)
         }
         _ => {
@@ -282,9 +284,10 @@ pub(crate) fn launch_with_stats(
                 let scale = a.scale(d);
                 let flag = if st_ptr == 0 { 0 } else { st_ptr + 4 * flag_index(b * h * t) as u64 };
                 launch!(g, FAMILY, f, cfg;
-                    &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &scale, &flag)?;
+                    &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &scale, &flag, &pre, &nk)?;
             } else {
-                launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr)?;
+                launch!(g, FAMILY, f, cfg;
+                    &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &pre, &nk)?;
             }
             AnyDeviceTensor::F32(DeviceTensor::from_pooled(y, s)?)
         }

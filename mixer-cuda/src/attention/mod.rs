@@ -19,11 +19,13 @@ pub mod common;
 pub mod decoder;
 pub mod fast;
 pub mod fused;
+pub mod state;
 
 use mixer_core::mixers::attention::Attention;
 
 use crate::forms::{
-    DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, Extension, host_backward, host_fast,
+    DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateFn, Extension, host_backward,
+    host_fast,
 };
 use crate::runtime::{gpu, max_dynamic_smem};
 use crate::tensor::GpuReal;
@@ -76,8 +78,12 @@ impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     fn backward() -> Option<DeviceBackwardFn<Attention>> {
         Some(backward::run::<F>)
     }
-    /// From a KV cache: the fast form and its backward on the extension by the cache
-    /// ([`attention_state`]).
+    /// From a KV cache: the run's queries against the cached keys and its own ([`state`]).
+    fn fast_from_state() -> Option<DeviceStateFn<Attention>> {
+        Some(state::run_from::<F>)
+    }
+    /// From a KV cache: the backward on the extension by the cache ([`attention_state`]), on host
+    /// arrays (the forward is [`state`]'s).
     fn extension() -> Option<Extension<Attention, F>> {
         Some(Extension {
             run: |a, x, s| attention_state::run(a, x, s, |e| host_fast::<F, AttentionCuda>(a, e)),

@@ -2,7 +2,8 @@
 //! backward_device_from_state}`): the same bits as the host-array runs from a state on CUDA
 //! (which upload and call the same device forms) for linear attention, Mamba-2 and gated
 //! DeltaNet, f32 and f64, with and without each state, in every precision mode; and the errors: a
-//! family whose state runs on host arrays only, a lift, inputs not stored as the mode takes them,
+//! family whose state runs on host arrays only (the Toeplitz mixer; attention's backward, in
+//! attention_state.rs), a lift, inputs not stored as the mode takes them,
 //! a state of the wrong shape or dtype.
 //! GPU tests are `#[ignore]`d and skip without a device (fail under `MIXERS_REQUIRE_CUDA=1`).
 
@@ -166,8 +167,9 @@ fn device_runs_from_a_state_refuse_what_they_cannot_run() {
     let e = run("loglinear-gated-deltanet", lifted, &lx, None, Precision::Exact);
     assert!(e.contains("CPU backend only"), "{e}");
 
-    let att = mixer("attention", &serde_json::json!({})).unwrap();
-    let ax = cast_tensors::<f32>(&att.random_inputs(&d, 1).unwrap());
-    let e = run("attention", serde_json::json!({}), &ax, None, Precision::Exact);
-    assert!(e.contains("host arrays only"), "{e}");
+    let tp = mixer("toeplitz", &serde_json::json!({})).unwrap();
+    let td = mixer_core::mixer::complete_dims(tp.as_ref(), &d);
+    let tx = cast_tensors::<f32>(&tp.random_inputs(&td, 1).unwrap());
+    let e = run("toeplitz", serde_json::json!({}), &tx, None, Precision::Exact);
+    assert!(e.contains("fast form from a state on host arrays only"), "{e}");
 }

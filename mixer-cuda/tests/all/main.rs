@@ -5,6 +5,7 @@
 //! (`MIXERS_REQUIRE_CUDA=1` turns "no device, skipped" into a failure).
 
 mod attention;
+mod attention_state;
 mod backward;
 mod common;
 mod decoder_state;

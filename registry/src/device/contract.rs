@@ -53,6 +53,11 @@ pub trait DeviceForms: Send + Sync {
     fn implements_state(&self) -> bool {
         false
     }
+    /// Whether [`DeviceForms::backward_state`] runs too (where the family has the backward from
+    /// a state on host arrays): the forward's answer unless the backend says otherwise.
+    fn implements_state_backward(&self) -> bool {
+        self.implements_state()
+    }
     /// The `fast` form from the state `initial` (the backend's map of the state's tensors, named
     /// and shaped as the mixer's state; `None`: zeros) on device tensors: the backend's pair
     /// `(y, final state)`, without waiting for the device. Called only where the registry found

@@ -223,11 +223,12 @@ fn state_why_not(m: &dyn Mixer, backend: &Backend, backward: bool) -> Option<Str
         return Some(e.to_string());
     }
     match backend.family(m.family()).and_then(|e| e.device) {
-        Some(d) if d.implements_state() => None,
+        Some(d) if d.implements_state() && (!backward || d.implements_state_backward()) => None,
         Some(_) => Some(format!(
-            "backend `{}` runs the `{}` family from a state on host arrays only",
+            "backend `{}` runs the `{}` family's {} from a state on host arrays only",
             backend.name(),
-            m.family()
+            m.family(),
+            if backward { "backward" } else { "fast form" }
         )),
         None => Some(format!(
             "backend `{}` has no device-tensor forms for the `{}` family (only host arrays)",

@@ -74,6 +74,23 @@ pub fn lengths<F: Real>(m: &Attention, state: &Tensors<F>, t_len: usize) -> Resu
     cache(m).lengths(state, t_len)
 }
 
+/// [`lengths`]' checks of the cached lengths alone (for a cache whose rows are not on the host):
+/// whole numbers `≤ n`, `ℓ + T ≤ n` without a window.
+pub fn check_lengths(
+    m: &Attention,
+    lengths: impl IntoIterator<Item = f64>,
+    n: usize,
+    t_len: usize,
+) -> Result<Vec<usize>> {
+    cache(m).check_lengths(lengths, n, t_len)
+}
+
+/// The cache's length after a run of `t_len` tokens from `len` cached ones: `len + T`, at most
+/// `w − 1` with a window.
+pub fn final_len(m: &Attention, len: usize, t_len: usize) -> usize {
+    cache(m).final_len(len, t_len)
+}
+
 /// `y` and the final cache of a run from `initial` (`None`: an empty cache) by `form` on the
 /// extension (module documentation).
 pub fn run<F: Real>(
