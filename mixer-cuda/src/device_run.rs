@@ -240,7 +240,7 @@ fn typed_decoder<F: GpuReal, T: DeviceFamily<F>>(
 ) -> Result<Box<dyn DeviceDecoder>> {
     let mm = downcast::<T::Mixer>(m, "cuda")?;
     let make = T::decoder().ok_or_else(|| err(m.family(), "internal: no device decoder"))?;
-    make(mm, statics, dims)
+    Ok(make(mm, statics, dims)?)
 }
 
 fn run_erased<T: DeviceFamily<f32> + DeviceFamily<f64>>(

@@ -94,7 +94,7 @@ pub trait StatefulDeviceDecoder<F>: DeviceDecoder {
 
 /// A device decoder from the static inputs (host arrays: kernels, biases, λ parameters) and
 /// the bound sizes.
-pub type DeviceDecoderFn<M, F> = fn(&M, &Tensors<F>, &Dims) -> Result<Box<dyn DeviceDecoder>>;
+pub type DeviceDecoderFn<M, F> = fn(&M, &Tensors<F>, &Dims) -> Result<Box<dyn StatefulDeviceDecoder<F>>>;
 
 /// One family's forms on device tensors, for element type `F` (`f32` or `f64`).
 pub trait DeviceFamily<F: GpuReal>: Send + Sync + 'static {
@@ -377,47 +377,25 @@ fn host_decoder<F: GpuReal, T: DeviceFamily<F>>(
     dims: &Dims,
 ) -> Result<Box<dyn Decoder<F>>> {
     let make = T::decoder().ok_or_else(|| err(m.family(), "internal: no decoder"))?;
-    Ok(Box::new(HostDecoder::<F> { inner: make(m, statics, dims)?, _f: std::marker::PhantomData }))
+    Ok(hosted_decoder(make(m, statics, dims)?))
 }
 
-/// A device decoder driven with host arrays: uploads the token, steps, reads `y`.
+/// A device decoder driven with host arrays (uploads the token, steps, reads `y`; its state read
+/// back on the host): the registry's decoder on this backend, from zeros or from a state
+/// ([`DeviceFamily::decoder_from_state`]).
+pub fn hosted_decoder<F: GpuReal>(inner: Box<dyn StatefulDeviceDecoder<F>>) -> Box<dyn Decoder<F>> {
+    Box::new(HostDecoder { inner })
+}
+
+/// The decoder of [`hosted_decoder`].
 struct HostDecoder<F> {
-    inner: Box<dyn DeviceDecoder>,
-    _f: std::marker::PhantomData<fn() -> F>,
-}
-
-/// One step of a device decoder on host arrays: the token uploaded, `y` read back.
-fn host_step<F: GpuReal>(inner: &mut dyn DeviceDecoder, token: &Tensors<F>) -> Result<ArrayD<F>> {
-    let dev = upload_inputs(token, Precision::Exact)?;
-    download_as::<F>(&inner.step(&dev)?)
+    inner: Box<dyn StatefulDeviceDecoder<F>>,
 }
 
 impl<F: GpuReal> Decoder<F> for HostDecoder<F> {
     fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
-        host_step(self.inner.as_mut(), token)
-    }
-    fn cache_elems(&self) -> usize {
-        self.inner.cache_elems()
-    }
-    fn position(&self) -> usize {
-        self.inner.position()
-    }
-}
-
-/// A device decoder that exports its state, driven with host arrays: the registry's decoder from
-/// a state ([`DeviceFamily::decoder_from_state`]) on this backend.
-pub fn hosted_decoder<F: GpuReal>(inner: Box<dyn StatefulDeviceDecoder<F>>) -> Box<dyn Decoder<F>> {
-    Box::new(StatefulHostDecoder { inner })
-}
-
-/// The decoder of [`hosted_decoder`].
-struct StatefulHostDecoder<F> {
-    inner: Box<dyn StatefulDeviceDecoder<F>>,
-}
-
-impl<F: GpuReal> Decoder<F> for StatefulHostDecoder<F> {
-    fn step(&mut self, token: &Tensors<F>) -> Result<ArrayD<F>> {
-        host_step(self.inner.as_mut(), token)
+        let dev = upload_inputs(token, Precision::Exact)?;
+        download_as::<F>(&self.inner.step(&dev)?)
     }
     fn cache_elems(&self) -> usize {
         self.inner.cache_elems()

@@ -26,10 +26,10 @@ pub mod online;
 pub mod parallel;
 pub mod spectra;
 
+use mixer_core::Requires;
 use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::mixers::toeplitz::state as toeplitz_state;
 use mixer_core::state::StateVjp;
-use mixer_core::{Requires, Result};
 use mixer_registry::StateDecoderFn;
 
 use crate::fft::FftReal;
@@ -54,9 +54,7 @@ impl<F: FftReal> DeviceFamily<F> for ToeplitzCuda {
         Some(backward::run::<F>)
     }
     fn decoder() -> Option<DeviceDecoderFn<Toeplitz, F>> {
-        Some(|tz, statics, dims| -> Result<Box<dyn crate::forms::DeviceDecoder>> {
-            Ok(decoder::make::<F>(tz, statics, dims)?)
-        })
+        Some(decoder::make::<F>)
     }
     fn decoder_from_state() -> Option<StateDecoderFn<Toeplitz, F>> {
         Some(decoder::from_state::<F>)
