@@ -132,29 +132,15 @@ extern "C" __global__ void add_into_f64(const double* a, double* out, long long 
     for (long long i = gtid(); i < n; i += stride) out[i] = out[i] + a[i];
 }
 
-// dst[i] = src[i] converted (bf16 → f32/f64 exactly; f32/f64 → bf16 through f32, rounded to nearest,
-// ties to even; the same type copied): the rows of a KV cache and a run's keys and values put
-// together in the type a kernel reads (attention from a state, attention/state.rs).
-__device__ inline double as_double(float x) { return x; }
-__device__ inline double as_double(double x) { return x; }
-__device__ inline double as_double(unsigned short b) { return mx_bf16_f32(b); }
-template <typename D> __device__ inline D from_double(double x);
-template <> __device__ inline float from_double<float>(double x) { return (float)x; }
-template <> __device__ inline double from_double<double>(double x) { return x; }
-template <> __device__ inline unsigned short from_double<unsigned short>(double x) { return f32_to_bf16_bits((float)x); }
-template <typename S, typename D>
-__device__ void copy_as(const S* src, D* dst, long long n) {
+// dst[i] = src[i] converted between f64 and bf16 (bf16 → f64 exactly; f64 → bf16 through f32,
+// rounded to nearest, ties to even, as the host rounds): the rows of a KV cache and a run's keys and
+// values put together in the type a kernel reads (attention from a state, attention/state.rs;
+// f32 takes f32_to_bf16 and bf16_to_f32 above).
+extern "C" __global__ void copy_as_f64_bf16(const double* src, unsigned short* dst, long long n) {
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = gtid(); i < n; i += stride) dst[i] = from_double<D>(as_double(src[i]));
+    for (long long i = gtid(); i < n; i += stride) dst[i] = f32_to_bf16_bits((float)src[i]);
 }
-#define COPY_AS(S, SN, D, DN)                                                                 \
-    extern "C" __global__ void copy_as_##SN##_##DN(const S* src, D* dst, long long n) {        \
-        copy_as<S, D>(src, dst, n);                                                            \
-    }
-COPY_AS(float, f32, unsigned short, bf16)
-COPY_AS(double, f64, unsigned short, bf16)
-COPY_AS(unsigned short, bf16, float, f32)
-COPY_AS(unsigned short, bf16, double, f64)
-COPY_AS(float, f32, float, f32)
-COPY_AS(double, f64, double, f64)
-COPY_AS(unsigned short, bf16, unsigned short, bf16)
+extern "C" __global__ void copy_as_bf16_f64(const unsigned short* src, double* dst, long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = gtid(); i < n; i += stride) dst[i] = mx_bf16_f32(src[i]);
+}

@@ -129,7 +129,7 @@ fn joined<F: GpuReal, E: DeviceScalar>(
 ) -> Result<DeviceTensor<E>> {
     let s = run.shape();
     let (t_len, w) = (s[1], s[2] * s[3]);
-    let mut buf = pool::zeros::<E>(FAMILY, s[0] * rows * w)?;
+    let mut buf = pool::take::<E>(FAMILY, s[0] * rows * w)?;
     for (b, &l) in lens.iter().enumerate() {
         let dst = b * rows * w;
         if let Some(c) = cache {
@@ -138,6 +138,7 @@ fn joined<F: GpuReal, E: DeviceScalar>(
         }
         let (src, dst) = (b * t_len * w, dst + l * w);
         copy_as(&run.view().slice(src..src + t_len * w), &mut buf.slice_mut(dst..dst + t_len * w))?;
+        zero(&mut buf.slice_mut(dst + t_len * w..(b + 1) * rows * w))?;
     }
     DeviceTensor::from_pooled(buf, &[s[0], rows, s[2], s[3]])
 }
@@ -153,7 +154,7 @@ fn finals<F: GpuReal, E: DeviceScalar>(
 ) -> Result<DeviceTensor<F>> {
     let s = run.shape();
     let (t_len, w) = (s[1], s[2] * s[3]);
-    let mut buf = pool::zeros::<F>(FAMILY, s[0] * cap * w)?;
+    let mut buf = pool::take::<F>(FAMILY, s[0] * cap * w)?;
     for (b, (&l, &keep)) in lens.iter().zip(keeps).enumerate() {
         let from = l + t_len - keep; // the first kept token among the ℓ_b + T
         let dst = b * cap * w;
@@ -168,15 +169,26 @@ fn finals<F: GpuReal, E: DeviceScalar>(
         let (r0, n) = (from.max(l) - l, keep - from_cache);
         let (src, dst) = ((b * t_len + r0) * w, dst + from_cache * w);
         copy_as(&run.view().slice(src..src + n * w), &mut buf.slice_mut(dst..dst + n * w))?;
+        zero(&mut buf.slice_mut(dst + n * w..(b + 1) * cap * w))?;
     }
     DeviceTensor::from_pooled(buf, &[s[0], cap, s[2], s[3]])
 }
 
-/// `dst = src` converted element by element (`kernels/tensor.cu`, `copy_as_*`).
+/// `dst = 0` on the stream.
+fn zero<T: DeviceScalar>(dst: &mut CudaViewMut<'_, T>) -> Result<()> {
+    if dst.len() > 0 {
+        gpu()?.stream().memset_zeros(dst).map_err(|e| err(FAMILY, format!("zeroing: {e}")))?;
+    }
+    Ok(())
+}
+
+/// `dst = src` converted element by element: a device-to-device copy for one type, the
+/// vectorized `f32_to_bf16` / `bf16_to_f32` and `copy_as_*` for f64 (`kernels/tensor.cu`).
 fn copy_as<S: DeviceScalar, D: DeviceScalar>(
     src: &CudaView<'_, S>,
     dst: &mut CudaViewMut<'_, D>,
 ) -> Result<()> {
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
     let n = src.len();
     if n != dst.len() {
         return Err(err(FAMILY, format!("internal: copying {n} elements into {}", dst.len())));
@@ -185,7 +197,27 @@ fn copy_as<S: DeviceScalar, D: DeviceScalar>(
         return Ok(());
     }
     let g = gpu()?;
-    let f = g.kernel(FAMILY, &kernels::TENSOR, &[], &format!("copy_as_{}_{}", S::ELEM, D::ELEM))?;
+    let name = match (S::ELEM, D::ELEM) {
+        (a, b) if a == b => {
+            let stream = g.stream();
+            let (sp, _read) = src.device_ptr(&stream);
+            let (dp, _write) = dst.device_ptr_mut(&stream);
+            // SAFETY: two live device buffers of n elements of one type, ordered on the stream.
+            return unsafe {
+                cudarc::driver::result::memcpy_dtod_async(
+                    dp,
+                    sp,
+                    n * std::mem::size_of::<S>(),
+                    stream.cu_stream(),
+                )
+            }
+            .map_err(|e| err(FAMILY, format!("copying on the device: {e}")));
+        }
+        ("f32", "bf16") => "f32_to_bf16".to_string(),
+        ("bf16", "f32") => "bf16_to_f32".to_string(),
+        (a, b) => format!("copy_as_{a}_{b}"),
+    };
+    let f = g.kernel(FAMILY, &kernels::TENSOR, &[], &name)?;
     let ni = n as i64;
     launch!(g, FAMILY, f, grid1(n.min(1 << 20), 256); src, dst, &ni)
 }

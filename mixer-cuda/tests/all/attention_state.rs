@@ -116,13 +116,14 @@ fn attention_continues_a_long_cache() {
 fn attention_from_a_cache_on_device_tensors_in_every_mode() {
     let Some(_turn) = gpu() else { return };
     let up = |t: &Tensors<f32>| upload_inputs(t, Precision::Exact).unwrap();
-    for (cfg, lens, n) in cases(70) {
+    // D = 64: the wgmma kernel in the bf16 mode (compute capability 9.0); D = 32: mma.sync.
+    for ((cfg, lens, n), d) in cases(70).into_iter().flat_map(|c| [(c.clone(), 64), (c, 32)]) {
         let m = mixer("attention", &cfg).unwrap();
-        let x64 = m.random_inputs(&dims(3, 70, 64), 7).unwrap();
-        let s64 = cache(&lens, n, 64, 3);
+        let x64 = m.random_inputs(&dims(3, 70, d), 7).unwrap();
+        let s64 = cache(&lens, n, d, 3);
         let (x, s0) = (cast_tensors::<f32>(&x64), cast_tensors::<f32>(&s64));
         for p in Precision::ALL {
-            let label = format!("{cfg} {p}");
+            let label = format!("{cfg} D={d} {p}");
             let (want_y, want_f) = run_state(m.as_ref(), &cuda(), Form::Fast, &x, Some(&s0), p).unwrap();
             let (y, fin) =
                 run_device_from_state(m.as_ref(), &upload_inputs(&x, p).unwrap(), Some(&up(&s0)), p).unwrap();
@@ -139,7 +140,7 @@ fn attention_from_a_cache_on_device_tensors_in_every_mode() {
             let c = p.tolerance("f32").compare(want_y.mapv(f64::from).view(), oracle.view());
             assert!(c.pass, "{label}: y against the f64 CPU run {c:?}");
         }
-        let dy = upload_one(&ArrayD::<f32>::ones(IxDyn(&[3, 70, 2, 64])), false).unwrap();
+        let dy = upload_one(&ArrayD::<f32>::ones(IxDyn(&[3, 70, 2, d])), false).unwrap();
         let e = backward_device_from_state(
             m.as_ref(),
             &up(&x),

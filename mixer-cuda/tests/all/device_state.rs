@@ -168,7 +168,8 @@ fn device_runs_from_a_state_refuse_what_they_cannot_run() {
     assert!(e.contains("CPU backend only"), "{e}");
 
     let tp = mixer("toeplitz", &serde_json::json!({})).unwrap();
-    let td = mixer_core::mixer::complete_dims(tp.as_ref(), &d);
+    let mut td = mixer_core::mixer::complete_dims(tp.as_ref(), &d);
+    td.insert("C", 8);
     let tx = cast_tensors::<f32>(&tp.random_inputs(&td, 1).unwrap());
     let e = run("toeplitz", serde_json::json!({}), &tx, None, Precision::Exact);
     assert!(e.contains("fast form from a state on host arrays only"), "{e}");
