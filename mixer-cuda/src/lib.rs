@@ -73,6 +73,7 @@ pub mod nvrtc;
 pub mod once_map;
 pub mod pool;
 pub mod runtime;
+pub(crate) mod state_rows;
 pub mod tensor;
 pub mod timing;
 pub mod toeplitz;

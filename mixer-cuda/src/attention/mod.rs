@@ -24,14 +24,11 @@ pub mod state;
 use mixer_core::mixers::attention::Attention;
 
 use crate::forms::{
-    DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateFn, Extension, host_backward,
-    host_fast,
+    DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateBackwardFn, DeviceStateFn,
 };
 use crate::runtime::{gpu, max_dynamic_smem};
 use crate::tensor::GpuReal;
-use mixer_core::mixers::attention::state as attention_state;
-use mixer_core::state::StateVjp;
-use mixer_core::{Dims, Form, Precision, Requires, Result};
+use mixer_core::{Dims, Form, Precision, Result};
 use mixer_registry::StateDecoderFn;
 
 use common::FAMILY;
@@ -82,18 +79,9 @@ impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     fn fast_from_state() -> Option<DeviceStateFn<Attention>> {
         Some(state::run_from::<F>)
     }
-    /// From a KV cache: the backward on the extension by the cache ([`attention_state`]), on host
-    /// arrays (the forward is [`state`]'s).
-    fn extension() -> Option<Extension<Attention, F>> {
-        Some(Extension {
-            run: |a, x, s| attention_state::run(a, x, s, |e| host_fast::<F, AttentionCuda>(a, e)),
-            backward: |a, x, s, dy, df, req| {
-                let args = StateVjp { x, initial: s, dy, d_final: df, requires: req };
-                attention_state::vjp(a, args, |e, d| {
-                    host_backward::<F, AttentionCuda>(a, e, d, &Requires::All)
-                })
-            },
-        })
+    /// From a KV cache: the backward on the extension by the cache, on the device ([`state`]).
+    fn fast_backward_from_state() -> Option<DeviceStateBackwardFn<Attention>> {
+        Some(state::backward_from::<F>)
     }
 }
 

@@ -13,22 +13,63 @@
 //! together in a buffer of `max_b ℓ_b + T` rows in the kernels' type and the final cache is copied
 //! from the cache's rows and the run's.
 //!
+//! The backward from a cache ([`backward_from`]) is the extension's, on the device: the plain
+//! backward (exact mode, on the values as stored) over each batch row's `[cache; run]` with zero
+//! queries and cotangents on the cache's rows (so it computes them again: `O((ℓ + T)²)`); the
+//! cache's gradient is the extension's rows `0 … ℓ_b − 1`, and the final cache's cotangent adds to
+//! the rows it copied.
+//!
 //! The lengths are read back to the host (`B` numbers: the launch needs them) and checked as the
 //! host checks them (whole numbers, `ℓ + T ≤ N` without a window); the cache rows past a length
 //! are not read (the host path also refuses a cache whose rows there are not zero).
 
-use cudarc::driver::{CudaView, CudaViewMut};
 use mixer_core::mixers::attention::Attention;
 use mixer_core::mixers::attention::state::{LENGTH, check_lengths, final_len};
-use mixer_core::{Precision, Result};
+use mixer_core::{Precision, Requires, Result};
 
 use super::common::{FAMILY, Keys};
 use super::fast::run_keys;
-use crate::forms::input;
-use crate::kernels;
-use crate::pool;
-use crate::runtime::{err, gpu, grid1, launch};
+use crate::forms::{cotangent, input};
+use crate::runtime::{err, gpu};
+use crate::state_rows::{counts, finals, joined, split_grad};
 use crate::tensor::{AnyDeviceTensor, DeviceScalar, DeviceTensor, DeviceTensors, GpuReal, bf16};
+
+/// A run's cache: its `k` and `v` (`None`: empty), the lengths (checked for a run of `T` tokens)
+/// and the capacity of the final cache.
+struct Cache<F: GpuReal> {
+    kv: Option<(DeviceTensor<F>, DeviceTensor<F>)>,
+    lens: Vec<usize>,
+    cap: usize,
+}
+
+impl<F: GpuReal> Cache<F> {
+    /// The cache `s0` of a run of `q`'s `T` tokens (`None`: empty, `B` rows).
+    fn of(a: &Attention, q: &AnyDeviceTensor, s0: Option<&DeviceTensors>) -> Result<Self> {
+        let [b, t_len] = [q.shape()[0], q.shape()[1]];
+        Ok(match s0 {
+            Some(s) => {
+                let (kc, vc, l) = (input::<F>(s, "k")?, input::<F>(s, "v")?, input::<F>(s, LENGTH)?);
+                let cap = kc.shape()[1];
+                let lens = check_lengths(a, l.to_host()?.iter().map(|v| v.f64()), cap, t_len)?;
+                Cache { kv: Some((kc.into_owned(), vc.into_owned())), lens, cap }
+            }
+            None => Cache { kv: None, lens: vec![0; b], cap: a.window().map_or(t_len, |w| w - 1) },
+        })
+    }
+    fn k(&self) -> Option<&DeviceTensor<F>> {
+        self.kv.as_ref().map(|c| &c.0)
+    }
+    fn v(&self) -> Option<&DeviceTensor<F>> {
+        self.kv.as_ref().map(|c| &c.1)
+    }
+    /// The final lengths after `t_len` tokens.
+    fn keeps(&self, a: &Attention, t_len: usize) -> Vec<usize> {
+        self.lens.iter().map(|&l| final_len(a, l, t_len)).collect()
+    }
+    fn longest(&self) -> usize {
+        self.lens.iter().copied().max().unwrap_or(0)
+    }
+}
 
 /// `y` and the final cache of `a`'s `fast` form from the cache `s0` (`None`: empty) on device
 /// tensors in mode `p` (module documentation): `q`, `k`, `v` as the mode stores them, the cache
@@ -40,24 +81,10 @@ pub fn run_from<F: GpuReal>(
     p: Precision,
 ) -> Result<(AnyDeviceTensor, DeviceTensors)> {
     let q = x.get("q").ok_or_else(|| err(FAMILY, "internal: no `q`"))?;
-    let [b, t_len] = [q.shape()[0], q.shape()[1]];
-    let cache = match s0 {
-        Some(s) => {
-            let (kc, vc, l) = (input::<F>(s, "k")?, input::<F>(s, "v")?, input::<F>(s, LENGTH)?);
-            let n = kc.shape()[1];
-            let lens = check_lengths(a, l.to_host()?.iter().map(|v| v.f64()), n, t_len)?;
-            Some((kc.into_owned(), vc.into_owned(), lens, n))
-        }
-        None => None,
-    };
-    let (lens, cap) = match &cache {
-        Some((_, _, lens, n)) => (lens.clone(), *n),
-        None => (vec![0; b], a.window().map_or(t_len, |w| w - 1)),
-    };
-    let cached = cache.as_ref().map(|(k, v, _, _)| (k, v));
+    let cache = Cache::<F>::of(a, q, s0)?;
     match q {
-        AnyDeviceTensor::Bf16(_) => run_typed::<F, bf16>(a, x, cached, &lens, cap, p),
-        _ => run_typed::<F, F>(a, x, cached, &lens, cap, p),
+        AnyDeviceTensor::Bf16(_) => run_typed::<F, bf16>(a, x, &cache, p),
+        _ => run_typed::<F, F>(a, x, &cache, p),
     }
 }
 
@@ -65,9 +92,7 @@ pub fn run_from<F: GpuReal>(
 fn run_typed<F: GpuReal, E: DeviceScalar>(
     a: &Attention,
     x: &DeviceTensors,
-    cache: Option<(&DeviceTensor<F>, &DeviceTensor<F>)>,
-    lens: &[usize],
-    cap: usize,
+    cache: &Cache<F>,
     p: Precision,
 ) -> Result<(AnyDeviceTensor, DeviceTensors)> {
     let run = |name: &str| -> Result<&DeviceTensor<E>> {
@@ -75,149 +100,77 @@ fn run_typed<F: GpuReal, E: DeviceScalar>(
         E::unwrap(t).ok_or_else(|| err(FAMILY, format!("`{name}` is {}, `q` is {}", t.dtype(), E::ELEM)))
     };
     let (k, v) = (run("k")?, run("v")?);
-    let t_len = k.shape()[1];
-    let keeps: Vec<usize> = lens.iter().map(|&l| final_len(a, l, t_len)).collect();
-    let longest = lens.iter().copied().max().unwrap_or(0);
-    let g = gpu()?;
+    let (t_len, lens, cap) = (k.shape()[1], &cache.lens, cache.cap);
+    let keeps = cache.keeps(a, t_len);
+    let longest = cache.longest();
     let prefix: Vec<i32> = lens.iter().map(|&l| l as i32).collect();
-    let prefix =
-        g.stream().clone_htod(&prefix).map_err(|e| err(FAMILY, format!("uploading the lengths: {e}")))?;
+    let prefix = gpu()?
+        .stream()
+        .clone_htod(&prefix)
+        .map_err(|e| err(FAMILY, format!("uploading the lengths: {e}")))?;
     // The final cache is the key buffer where nothing is dropped and no type changes.
     let in_place = a.window().is_none() && E::ELEM == F::ELEM;
     let rows = if in_place { cap } else { longest + t_len };
-    let (kc, vc) = (cache.map(|c| c.0), cache.map(|c| c.1));
-    let kx = joined::<F, E>(kc, k, lens, rows)?;
-    let vx = joined::<F, E>(vc, v, lens, rows)?;
-    let mut inputs = DeviceTensors::new();
-    for (name, t) in x {
-        let t = match name.as_str() {
-            "k" => E::wrap(kx.clone()),
-            "v" => E::wrap(vx.clone()),
-            _ => t.clone(),
-        };
-        inputs.insert(name.clone(), t);
-    }
+    let kx = joined::<F, E>(cache.k(), k, lens, rows)?;
+    let vx = joined::<F, E>(cache.v(), v, lens, rows)?;
+    let mut inputs = x.clone();
+    inputs.insert("k".into(), E::wrap(kx.clone()));
+    inputs.insert("v".into(), E::wrap(vx.clone()));
     let keys = Keys { prefix: &prefix, rows, longest };
     let y = run_keys::<F>(a, &inputs, p, Some(&keys))?;
     let (kf, vf) = if in_place {
-        (unwrap_as::<E, F>(&kx)?, unwrap_as::<E, F>(&vx)?)
+        (same::<E, F>(&kx)?, same::<E, F>(&vx)?)
     } else {
-        (finals::<F, E>(kc, k, lens, &keeps, cap)?, finals::<F, E>(vc, v, lens, &keeps, cap)?)
+        (finals::<F, E>(cache.k(), k, lens, &keeps, cap)?, finals::<F, E>(cache.v(), v, lens, &keeps, cap)?)
     };
-    let fl: Vec<F> = keeps.iter().map(|&l| F::of(l as f64)).collect();
-    let fl = DeviceTensor::<F>::upload(
-        &ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(&[fl.len()]), fl)
-            .map_err(|e| err(FAMILY, format!("internal: lengths: {e}")))?,
-    )?;
-    let fin =
-        [("k", kf), ("v", vf), (LENGTH, fl)].into_iter().map(|(n, t)| (n.to_string(), F::wrap(t))).collect();
-    Ok((y, fin))
+    let fin = [("k", kf), ("v", vf), (LENGTH, counts::<F>(&keeps)?)];
+    Ok((y, fin.into_iter().map(|(n, t)| (n.to_string(), F::wrap(t))).collect()))
+}
+
+/// The backward of [`run_from`] (module documentation): the gradients `d_q`, `d_k`, `d_v` and,
+/// with `s0`, the cache's (`length`'s zero), from `dy` and the final cache's cotangent `d_final`
+/// (`None`: zero); computed in the exact mode on the values as stored, whatever `_p`.
+pub fn backward_from<F: GpuReal>(
+    a: &Attention,
+    x: &DeviceTensors,
+    s0: Option<&DeviceTensors>,
+    dy: &AnyDeviceTensor,
+    d_final: Option<&DeviceTensors>,
+    _req: &Requires,
+    _p: Precision,
+) -> Result<(DeviceTensors, DeviceTensors)> {
+    let q0 = x.get("q").ok_or_else(|| err(FAMILY, "internal: no `q`"))?;
+    let cache = Cache::<F>::of(a, q0, s0)?;
+    let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
+    let (t_len, lens) = (q.shape()[1], &cache.lens);
+    let mut y_shape = q.shape().to_vec();
+    y_shape[3] = v.shape()[3];
+    let dy = cotangent::<F>(dy, &y_shape)?;
+    let n = cache.longest() + t_len;
+    let mut ext = x.clone();
+    ext.insert("q".into(), F::wrap(joined::<F, F>(None, &q, lens, n)?));
+    ext.insert("k".into(), F::wrap(joined::<F, F>(cache.k(), &k, lens, n)?));
+    ext.insert("v".into(), F::wrap(joined::<F, F>(cache.v(), &v, lens, n)?));
+    let dy_ext = F::wrap(joined::<F, F>(None, &dy, lens, n)?);
+    let g = super::backward::run::<F>(a, &ext, &dy_ext, &Requires::All, Precision::Exact)?;
+    let keeps = cache.keeps(a, t_len);
+    let grad = |name: &str| input::<F>(&g, &format!("d_{name}"));
+    let df = |name: &str| d_final.map(|d| input::<F>(d, name)).transpose();
+    let (dq, _) = split_grad::<F>(&*grad("q")?, None, lens, &keeps, t_len, 0)?;
+    let (dk, dkc) = split_grad::<F>(&*grad("k")?, df("k")?.as_deref(), lens, &keeps, t_len, cache.cap)?;
+    let (dv, dvc) = split_grad::<F>(&*grad("v")?, df("v")?.as_deref(), lens, &keeps, t_len, cache.cap)?;
+    let grads = [("d_q", dq), ("d_k", dk), ("d_v", dv)];
+    let grads = grads.into_iter().map(|(n, t)| (n.to_string(), F::wrap(t))).collect();
+    let mut ds = DeviceTensors::new();
+    if s0.is_some() {
+        ds.insert("k".into(), F::wrap(dkc));
+        ds.insert("v".into(), F::wrap(dvc));
+        ds.insert(LENGTH.into(), F::wrap(DeviceTensor::<F>::zeros(&[lens.len()])?));
+    }
+    Ok((grads, ds))
 }
 
 /// `t` as the same tensor of type `B` (`A` and `B` the same type here).
-fn unwrap_as<A: DeviceScalar, B: DeviceScalar>(t: &DeviceTensor<A>) -> Result<DeviceTensor<B>> {
+fn same<A: DeviceScalar, B: DeviceScalar>(t: &DeviceTensor<A>) -> Result<DeviceTensor<B>> {
     B::unwrap(&A::wrap(t.clone())).cloned().ok_or_else(|| err(FAMILY, "internal: key buffer of another type"))
-}
-
-/// `[B, rows, H, D]` in `E`: batch row `b` holds the cache's first `ℓ_b` rows (converted) and
-/// then the run's `T`, zeros after.
-fn joined<F: GpuReal, E: DeviceScalar>(
-    cache: Option<&DeviceTensor<F>>,
-    run: &DeviceTensor<E>,
-    lens: &[usize],
-    rows: usize,
-) -> Result<DeviceTensor<E>> {
-    let s = run.shape();
-    let (t_len, w) = (s[1], s[2] * s[3]);
-    let mut buf = pool::take::<E>(FAMILY, s[0] * rows * w)?;
-    for (b, &l) in lens.iter().enumerate() {
-        let dst = b * rows * w;
-        if let Some(c) = cache {
-            let src = b * c.shape()[1] * w;
-            copy_as(&c.view().slice(src..src + l * w), &mut buf.slice_mut(dst..dst + l * w))?;
-        }
-        let (src, dst) = (b * t_len * w, dst + l * w);
-        copy_as(&run.view().slice(src..src + t_len * w), &mut buf.slice_mut(dst..dst + t_len * w))?;
-        zero(&mut buf.slice_mut(dst + t_len * w..(b + 1) * rows * w))?;
-    }
-    DeviceTensor::from_pooled(buf, &[s[0], rows, s[2], s[3]])
-}
-
-/// The final cache `[B, cap, H, D]` in `F`: batch row `b` keeps the last `keep_b` of its
-/// `ℓ_b + T` tokens (the cache's rows, then the run's), zeros after.
-fn finals<F: GpuReal, E: DeviceScalar>(
-    cache: Option<&DeviceTensor<F>>,
-    run: &DeviceTensor<E>,
-    lens: &[usize],
-    keeps: &[usize],
-    cap: usize,
-) -> Result<DeviceTensor<F>> {
-    let s = run.shape();
-    let (t_len, w) = (s[1], s[2] * s[3]);
-    let mut buf = pool::take::<F>(FAMILY, s[0] * cap * w)?;
-    for (b, (&l, &keep)) in lens.iter().zip(keeps).enumerate() {
-        let from = l + t_len - keep; // the first kept token among the ℓ_b + T
-        let dst = b * cap * w;
-        let from_cache = l.saturating_sub(from);
-        if let (Some(c), true) = (cache, from_cache > 0) {
-            let src = (b * c.shape()[1] + from) * w;
-            copy_as(
-                &c.view().slice(src..src + from_cache * w),
-                &mut buf.slice_mut(dst..dst + from_cache * w),
-            )?;
-        }
-        let (r0, n) = (from.max(l) - l, keep - from_cache);
-        let (src, dst) = ((b * t_len + r0) * w, dst + from_cache * w);
-        copy_as(&run.view().slice(src..src + n * w), &mut buf.slice_mut(dst..dst + n * w))?;
-        zero(&mut buf.slice_mut(dst + n * w..(b + 1) * cap * w))?;
-    }
-    DeviceTensor::from_pooled(buf, &[s[0], cap, s[2], s[3]])
-}
-
-/// `dst = 0` on the stream.
-fn zero<T: DeviceScalar>(dst: &mut CudaViewMut<'_, T>) -> Result<()> {
-    if dst.len() > 0 {
-        gpu()?.stream().memset_zeros(dst).map_err(|e| err(FAMILY, format!("zeroing: {e}")))?;
-    }
-    Ok(())
-}
-
-/// `dst = src` converted element by element: a device-to-device copy for one type, the
-/// vectorized `f32_to_bf16` / `bf16_to_f32` and `copy_as_*` for f64 (`kernels/tensor.cu`).
-fn copy_as<S: DeviceScalar, D: DeviceScalar>(
-    src: &CudaView<'_, S>,
-    dst: &mut CudaViewMut<'_, D>,
-) -> Result<()> {
-    use cudarc::driver::{DevicePtr, DevicePtrMut};
-    let n = src.len();
-    if n != dst.len() {
-        return Err(err(FAMILY, format!("internal: copying {n} elements into {}", dst.len())));
-    }
-    if n == 0 {
-        return Ok(());
-    }
-    let g = gpu()?;
-    let name = match (S::ELEM, D::ELEM) {
-        (a, b) if a == b => {
-            let stream = g.stream();
-            let (sp, _read) = src.device_ptr(&stream);
-            let (dp, _write) = dst.device_ptr_mut(&stream);
-            // SAFETY: two live device buffers of n elements of one type, ordered on the stream.
-            return unsafe {
-                cudarc::driver::result::memcpy_dtod_async(
-                    dp,
-                    sp,
-                    n * std::mem::size_of::<S>(),
-                    stream.cu_stream(),
-                )
-            }
-            .map_err(|e| err(FAMILY, format!("copying on the device: {e}")));
-        }
-        ("f32", "bf16") => "f32_to_bf16".to_string(),
-        ("bf16", "f32") => "bf16_to_f32".to_string(),
-        (a, b) => format!("copy_as_{a}_{b}"),
-    };
-    let f = g.kernel(FAMILY, &kernels::TENSOR, &[], &name)?;
-    let ni = n as i64;
-    launch!(g, FAMILY, f, grid1(n.min(1 << 20), 256); src, dst, &ni)
 }

@@ -25,16 +25,14 @@ pub mod naive;
 pub mod online;
 pub mod parallel;
 pub mod spectra;
+pub mod state;
 
-use mixer_core::Requires;
 use mixer_core::mixers::toeplitz::Toeplitz;
-use mixer_core::mixers::toeplitz::state as toeplitz_state;
-use mixer_core::state::StateVjp;
 use mixer_registry::StateDecoderFn;
 
 use crate::fft::FftReal;
 use crate::forms::{
-    DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, Extension, host_backward, host_fast,
+    DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateBackwardFn, DeviceStateFn,
 };
 
 use common::FAMILY;
@@ -59,16 +57,14 @@ impl<F: FftReal> DeviceFamily<F> for ToeplitzCuda {
     fn decoder_from_state() -> Option<StateDecoderFn<Toeplitz, F>> {
         Some(decoder::from_state::<F>)
     }
-    /// From a state (the last inputs the taps read): the fast form and its backward on the
-    /// extension by them ([`toeplitz_state`]).
-    fn extension() -> Option<Extension<Toeplitz, F>> {
-        Some(Extension {
-            run: |tz, x, s| toeplitz_state::run(x, s, |e| host_fast::<F, ToeplitzCuda>(tz, e)),
-            backward: |tz, x, s, dy, df, req| {
-                let args = StateVjp { x, initial: s, dy, d_final: df, requires: req };
-                toeplitz_state::vjp(args, |e, d| host_backward::<F, ToeplitzCuda>(tz, e, d, &Requires::All))
-            },
-        })
+    /// From a state (the inputs the taps read): the fast form on the extension by them, on the
+    /// device ([`state`]).
+    fn fast_from_state() -> Option<DeviceStateFn<Toeplitz>> {
+        Some(state::run_from::<F>)
+    }
+    /// The backward from a state: the extension's, on the device ([`state`]).
+    fn fast_backward_from_state() -> Option<DeviceStateBackwardFn<Toeplitz>> {
+        Some(state::backward_from::<F>)
     }
 }
 

@@ -4,7 +4,7 @@
 //! kernel and the tensor-core kernels, with and without a window, rows of different cached
 //! lengths (0 included) and a long cache; on device tensors the same bits as the host-array path
 //! in every mode, the modes within their tolerance of the f64 CPU run, and the backward from a
-//! state refused on device tensors (it runs on host arrays).
+//! cache on device tensors against the CPU's.
 //! GPU tests are `#[ignore]`d and skip without a device (fail under `MIXERS_REQUIRE_CUDA=1`).
 
 use mixer_core::mixer::Mixer;
@@ -140,19 +140,47 @@ fn attention_from_a_cache_on_device_tensors_in_every_mode() {
             let c = p.tolerance("f32").compare(want_y.mapv(f64::from).view(), oracle.view());
             assert!(c.pass, "{label}: y against the f64 CPU run {c:?}");
         }
-        let dy = upload_one(&ArrayD::<f32>::ones(IxDyn(&[3, 70, 2, d])), false).unwrap();
-        let e = backward_device_from_state(
-            m.as_ref(),
-            &up(&x),
-            Some(&up(&s0)),
-            &dy,
-            None,
-            &Requires::All,
-            Precision::Exact,
-        )
-        .map(|_| ())
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("backward from a state on host arrays only"), "{e}");
+        // The backward from the cache on device tensors (exact mode, the extension's) against
+        // the CPU's in f64: the inputs' gradients and the cache's, with the final cache's
+        // cotangent and without.
+        let dy64 = m.random_inputs(&dims(3, 70, d), 11).unwrap().remove("q").unwrap();
+        let (_, f64s) =
+            run_state(m.as_ref(), &cpu(), Form::Fast, &x64, Some(&s64), Precision::Exact).unwrap();
+        let df64: Tensors<f64> =
+            f64s.iter().map(|(k, v)| (k.clone(), v.mapv(|e| (1.3 * e + 0.2).cos()))).collect();
+        for with_df in [false, true] {
+            let df = with_df.then_some(&df64);
+            let want = mixer_registry::state::backward_state(
+                m.as_ref(),
+                &cpu(),
+                Form::Fast,
+                &x64,
+                Some(&s64),
+                &dy64,
+                df,
+                &Requires::All,
+            )
+            .unwrap();
+            let (dy, df32) = (dy64.mapv(|v| v as f32), df.map(cast_tensors::<f32>));
+            let (g, ds) = backward_device_from_state(
+                m.as_ref(),
+                &up(&x),
+                Some(&up(&s0)),
+                &upload_one(&dy, false).unwrap(),
+                df32.as_ref().map(up).as_ref(),
+                &Requires::All,
+                Precision::Exact,
+            )
+            .unwrap();
+            let label = format!("{cfg} D={d} backward, d_final {with_df}");
+            for (got, want) in [(&g, &want.0), (&ds, &want.1)] {
+                assert_eq!(got.len(), want.len(), "{label}: {:?}", got.keys().collect::<Vec<_>>());
+                for (k, w) in want {
+                    let got = download_as::<f64>(&got[k]).unwrap();
+                    let c = Tolerance::F32.compare_grad(got.view(), w.view());
+                    assert!(c.pass, "{label}: {k} {c:?}");
+                }
+            }
+        }
     }
 }

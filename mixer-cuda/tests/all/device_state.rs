@@ -2,8 +2,7 @@
 //! backward_device_from_state}`): the same bits as the host-array runs from a state on CUDA
 //! (which upload and call the same device forms) for linear attention, Mamba-2 and gated
 //! DeltaNet, f32 and f64, with and without each state, in every precision mode; and the errors: a
-//! family whose state runs on host arrays only (the Toeplitz mixer; attention's backward, in
-//! attention_state.rs), a lift, inputs not stored as the mode takes them,
+//! family whose state runs on host arrays only (the GLR), a lift, inputs not stored as the mode takes them,
 //! a state of the wrong shape or dtype.
 //! GPU tests are `#[ignore]`d and skip without a device (fail under `MIXERS_REQUIRE_CUDA=1`).
 
@@ -167,10 +166,65 @@ fn device_runs_from_a_state_refuse_what_they_cannot_run() {
     let e = run("loglinear-gated-deltanet", lifted, &lx, None, Precision::Exact);
     assert!(e.contains("CPU backend only"), "{e}");
 
-    let tp = mixer("toeplitz", &serde_json::json!({})).unwrap();
-    let mut td = mixer_core::mixer::complete_dims(tp.as_ref(), &d);
-    td.insert("C", 8);
-    let tx = cast_tensors::<f32>(&tp.random_inputs(&td, 1).unwrap());
-    let e = run("toeplitz", serde_json::json!({}), &tx, None, Precision::Exact);
+    let glr = mixer("glr", &serde_json::json!({})).unwrap();
+    let mut gd = mixer_core::mixer::complete_dims(glr.as_ref(), &d);
+    gd.insert("C", 8);
+    let gx = cast_tensors::<f32>(&glr.random_inputs(&gd, 1).unwrap());
+    let e = run("glr", serde_json::json!({}), &gx, None, Precision::Exact);
     assert!(e.contains("fast form from a state on host arrays only"), "{e}");
+}
+
+/// The Toeplitz mixer from a state on device tensors (the extension by the state's history, built
+/// on the device; rows at different positions): `y`, the final state and the backward (with and
+/// without the final state's cotangent) against the CPU in f64, within f32's tolerance.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_toeplitz_mixer_runs_from_a_state_on_device_tensors() {
+    use mixer_core::Tolerance;
+    let Some(_turn) = gpu() else { return };
+    let cpu = crate::common::cpu();
+    for cfg in [serde_json::json!({}), serde_json::json!({"heads": 2, "kernel_width": 3})] {
+        let m = mixer("toeplitz", &cfg).unwrap();
+        let mut d: Dims = [("B", 3), ("T", 37), ("C", 6), ("Tw", 301)].into_iter().collect();
+        d = mixer_core::mixer::complete_dims(m.as_ref(), &d);
+        let x64 = m.random_inputs(&d, 5).unwrap();
+        let s64 = m.random_state(&d, 6).unwrap();
+        let (x, s0) = (cast_tensors::<f32>(&x64), cast_tensors::<f32>(&s64));
+        let (want_y, want_f) =
+            run_state(m.as_ref(), &cpu, Form::Fast, &x64, Some(&s64), Precision::Exact).unwrap();
+        let (y, fin) = run_device_from_state(m.as_ref(), &up(&x), Some(&up(&s0)), Precision::Exact).unwrap();
+        let close = |what: &str, got: &ArrayD<f64>, want: &ArrayD<f64>| {
+            let c = Tolerance::F32.compare_grad(got.view(), want.view());
+            assert!(c.pass, "toeplitz {cfg}: {what} {c:?}");
+        };
+        close("y", &download_as::<f64>(&y).unwrap(), &want_y);
+        for (k, w) in &want_f {
+            close(&format!("final {k}"), &download_as::<f64>(&fin[k]).unwrap(), w);
+        }
+        let dy64 = want_y.mapv(|v| (2.1 * v + 0.3).sin());
+        let df64: Tensors<f64> =
+            want_f.iter().map(|(k, v)| (k.clone(), v.mapv(|e| (1.1 * e).cos()))).collect();
+        for with_df in [false, true] {
+            let df = with_df.then_some(&df64);
+            let want =
+                backward_state(m.as_ref(), &cpu, Form::Fast, &x64, Some(&s64), &dy64, df, &Requires::All)
+                    .unwrap();
+            let dfd = df.map(|t| up(&cast_tensors::<f32>(t)));
+            let (g, ds) = backward_device_from_state(
+                m.as_ref(),
+                &up(&x),
+                Some(&up(&s0)),
+                &upload_one(&dy64.mapv(|v| v as f32), false).unwrap(),
+                dfd.as_ref(),
+                &Requires::All,
+                Precision::Exact,
+            )
+            .unwrap();
+            for (got, want) in [(&g, &want.0), (&ds, &want.1)] {
+                for (k, w) in want {
+                    close(&format!("{k} (d_final {with_df})"), &download_as::<f64>(&got[k]).unwrap(), w);
+                }
+            }
+        }
+    }
 }

@@ -58,8 +58,24 @@ pub fn positions<F: Real>(state: &Tensors<F>, t_len: usize) -> Result<Vec<usize>
             format!("x {}, position {}", fmt_shape(hist.shape()), fmt_shape(p.shape())),
         ));
     }
-    let tw = hist.shape()[1];
-    let pos = crate::state::positions(p, t_len)?;
+    let pos = check_positions(p, hist.shape()[1], t_len)?;
+    for (b, &a) in pos.iter().enumerate() {
+        if hist.slice(s![b, a.., ..]).iter().any(|&v| v != F::zero()) {
+            return Err(Error::Value {
+                name: format!("state.{HISTORY}[{b}, {a}..]"),
+                constraint: format!("rows from the position {a} on hold no input yet, so they must be zero"),
+                found: "non-zero entries".into(),
+            });
+        }
+    }
+    Ok(pos)
+}
+
+/// The positions `position [B]` checked for a run of `t_len` tokens with taps of length `tw`
+/// ([`crate::state::positions`], and `a + T ≤ Tw`): [`positions`]' checks without the history's
+/// rows, for a state whose history is not on the host.
+pub fn check_positions<F: Real>(position: &ArrayD<F>, tw: usize, t_len: usize) -> Result<Vec<usize>> {
+    let pos = crate::state::positions(position, t_len)?;
     for (b, &a) in pos.iter().enumerate() {
         if a + t_len > tw {
             return Err(Error::Value {
@@ -70,13 +86,6 @@ pub fn positions<F: Real>(state: &Tensors<F>, t_len: usize) -> Result<Vec<usize>
                     a + t_len - 1
                 ),
                 found: format!("position {a}, T = {t_len}"),
-            });
-        }
-        if hist.slice(s![b, a.., ..]).iter().any(|&v| v != F::zero()) {
-            return Err(Error::Value {
-                name: format!("state.{HISTORY}[{b}, {a}..]"),
-                constraint: format!("rows from the position {a} on hold no input yet, so they must be zero"),
-                found: "non-zero entries".into(),
             });
         }
     }
