@@ -31,7 +31,7 @@ use super::common::{FAMILY, Keys};
 use super::fast::run_keys;
 use crate::forms::{cotangent, input};
 use crate::runtime::{err, gpu};
-use crate::state_rows::{counts, finals, joined, split_grad};
+use crate::state_rows::{counts, finals, gathered, joined, split_grad};
 use crate::tensor::{AnyDeviceTensor, DeviceScalar, DeviceTensor, DeviceTensors, GpuReal, bf16};
 
 /// A run's cache: its `k` and `v` (`None`: empty), the lengths (checked for a run of `T` tokens)
@@ -156,7 +156,7 @@ pub fn backward_from<F: GpuReal>(
     let keeps = cache.keeps(a, t_len);
     let grad = |name: &str| input::<F>(&g, &format!("d_{name}"));
     let df = |name: &str| d_final.map(|d| input::<F>(d, name)).transpose();
-    let (dq, _) = split_grad::<F>(&*grad("q")?, None, lens, &keeps, t_len, 0)?;
+    let dq = gathered::<F>(&*grad("q")?, lens, t_len)?;
     let (dk, dkc) = split_grad::<F>(&*grad("k")?, df("k")?.as_deref(), lens, &keeps, t_len, cache.cap)?;
     let (dv, dvc) = split_grad::<F>(&*grad("v")?, df("v")?.as_deref(), lens, &keeps, t_len, cache.cap)?;
     let grads = [("d_q", dq), ("d_k", dk), ("d_v", dv)];

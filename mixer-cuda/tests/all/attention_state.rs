@@ -176,11 +176,16 @@ fn attention_from_a_cache_on_device_tensors_in_every_mode() {
             for (got, want) in [(&g, &want.0), (&ds, &want.1)] {
                 assert_eq!(got.len(), want.len(), "{label}: {:?}", got.keys().collect::<Vec<_>>());
                 for (k, w) in want {
-                    let got = download_as::<f64>(&got[k]).unwrap();
+                    let got = down64(&got[k]);
                     let c = Tolerance::F32.compare_grad(got.view(), w.view());
                     assert!(c.pass, "{label}: {k} {c:?}");
                 }
             }
         }
     }
+}
+
+/// An f32 device tensor read back as f64.
+fn down64(t: &mixer_cuda::AnyDeviceTensor) -> ArrayD<f64> {
+    download_as::<f32>(t).unwrap().mapv(f64::from)
 }

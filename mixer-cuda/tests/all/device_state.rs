@@ -197,9 +197,9 @@ fn the_toeplitz_mixer_runs_from_a_state_on_device_tensors() {
             let c = Tolerance::F32.compare_grad(got.view(), want.view());
             assert!(c.pass, "toeplitz {cfg}: {what} {c:?}");
         };
-        close("y", &download_as::<f64>(&y).unwrap(), &want_y);
+        close("y", &down64(&y), &want_y);
         for (k, w) in &want_f {
-            close(&format!("final {k}"), &download_as::<f64>(&fin[k]).unwrap(), w);
+            close(&format!("final {k}"), &down64(&fin[k]), w);
         }
         let dy64 = want_y.mapv(|v| (2.1 * v + 0.3).sin());
         let df64: Tensors<f64> =
@@ -222,9 +222,14 @@ fn the_toeplitz_mixer_runs_from_a_state_on_device_tensors() {
             .unwrap();
             for (got, want) in [(&g, &want.0), (&ds, &want.1)] {
                 for (k, w) in want {
-                    close(&format!("{k} (d_final {with_df})"), &download_as::<f64>(&got[k]).unwrap(), w);
+                    close(&format!("{k} (d_final {with_df})"), &down64(&got[k]), w);
                 }
             }
         }
     }
+}
+
+/// An f32 device tensor read back as f64.
+fn down64(t: &mixer_cuda::AnyDeviceTensor) -> ArrayD<f64> {
+    download_as::<f32>(t).unwrap().mapv(f64::from)
 }
