@@ -132,21 +132,20 @@ pub(crate) fn split_grad<F: GpuReal>(
         let gpu = gpu()?;
         let f = gpu.kernel(WHAT, &kernels::TENSOR, &[], &format!("add_into_{}", F::ELEM))?;
         let fc = df.shape()[1];
-        let add = |src: usize, out: &mut CudaViewMut<'_, F>| -> Result<()> {
-            let m = out.len();
+        // out[dst .. dst + m] += df[src .. src + m]
+        let add = |src: usize, out: &mut pool::Pooled<F>, dst: usize, m: usize| -> Result<()> {
             if m == 0 {
                 return Ok(());
             }
-            let (a, mi) = (df.view().slice(src..src + m), m as i64);
-            launch!(gpu, WHAT, &f, grid1(m.min(1 << 20), 256); &a, out, &mi)
+            let (a, mi, mut o) = (df.view().slice(src..src + m), m as i64, out.slice_mut(dst..dst + m));
+            launch!(gpu, WHAT, &f, grid1(m.min(1 << 20), 256); &a, &mut o, &mi)
         };
         for (b, (&l, &keep)) in lens.iter().zip(keeps).enumerate() {
             let from = l + t_len - keep; // the extension's row of the final state's row 0
             let in_prefix = l.saturating_sub(from); // final rows 0 … in_prefix − 1 copy prefix rows
-            let dst = (b * cap + from) * w;
-            add(b * fc * w, &mut pre.slice_mut(dst..dst + in_prefix * w))?;
+            add(b * fc * w, &mut pre, (b * cap + from) * w, in_prefix * w)?;
             let dst = (b * t_len + from.max(l) - l) * w;
-            add((b * fc + in_prefix) * w, &mut run.slice_mut(dst..dst + (keep - in_prefix) * w))?;
+            add((b * fc + in_prefix) * w, &mut run, dst, (keep - in_prefix) * w)?;
         }
     }
     Ok((
