@@ -132,15 +132,3 @@ extern "C" __global__ void add_into_f64(const double* a, double* out, long long 
     for (long long i = gtid(); i < n; i += stride) out[i] = out[i] + a[i];
 }
 
-// dst[i] = src[i] converted between f64 and bf16 (bf16 → f64 exactly; f64 → bf16 through f32,
-// rounded to nearest, ties to even, as the host rounds): the rows of a KV cache and a run's keys and
-// values put together in the type a kernel reads (attention from a state, attention/state.rs;
-// f32 takes f32_to_bf16 and bf16_to_f32 above).
-extern "C" __global__ void copy_as_f64_bf16(const double* src, unsigned short* dst, long long n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = gtid(); i < n; i += stride) dst[i] = f32_to_bf16_bits((float)src[i]);
-}
-extern "C" __global__ void copy_as_bf16_f64(const unsigned short* src, double* dst, long long n) {
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = gtid(); i < n; i += stride) dst[i] = mx_bf16_f32(src[i]);
-}

@@ -172,7 +172,7 @@ pub(crate) fn zero<T: DeviceScalar>(dst: &mut CudaViewMut<'_, T>) -> Result<()> 
 }
 
 /// `dst = src` converted element by element: a device-to-device copy for one type, the
-/// vectorized `f32_to_bf16` / `bf16_to_f32` and `copy_as_*` for f64 (`kernels/tensor.cu`).
+/// vectorized `f32_to_bf16` / `bf16_to_f32` (`kernels/tensor.cu`) between f32 and bf16.
 pub(crate) fn copy_as<S: DeviceScalar, D: DeviceScalar>(
     src: &CudaView<'_, S>,
     dst: &mut CudaViewMut<'_, D>,
@@ -202,11 +202,12 @@ pub(crate) fn copy_as<S: DeviceScalar, D: DeviceScalar>(
             }
             .map_err(|e| err(WHAT, format!("copying on the device: {e}")));
         }
-        ("f32", "bf16") => "f32_to_bf16".to_string(),
-        ("bf16", "f32") => "bf16_to_f32".to_string(),
-        (a, b) => format!("copy_as_{a}_{b}"),
+        ("f32", "bf16") => "f32_to_bf16",
+        ("bf16", "f32") => "bf16_to_f32",
+        // The bf16 mode takes f32 states and inputs only (`f64` runs in the exact mode).
+        (a, b) => return Err(err(WHAT, format!("internal: no conversion from {a} to {b}"))),
     };
-    let f = g.kernel(WHAT, &kernels::TENSOR, &[], &name)?;
+    let f = g.kernel(WHAT, &kernels::TENSOR, &[], name)?;
     let ni = n as i64;
     launch!(g, WHAT, f, grid1(n.min(1 << 20), 256); src, dst, &ni)
 }
