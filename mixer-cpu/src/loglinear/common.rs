@@ -355,15 +355,15 @@ pub(crate) fn state_tensor<'a, F: Real>(
 /// `H = S_{b,h}ᵀ` (`D_k × D_v`) of a state `S [B, H, Dv, Dk]`.
 pub(crate) fn state_head<F: Real>(s: &ArrayD<F>, b: usize, h: usize) -> Mat<F> {
     let (dv, dk) = (s.shape()[2], s.shape()[3]);
-    Mat::from_fn(dk, dv, |c, r| s[[b, h, r, c]])
+    let blk = s.slice(ndarray::s![b, h, .., ..]);
+    Mat::from_fn(dk, dv, |c, r| blk[[r, c]])
 }
 
 /// Writes `H` (`D_k × D_v`) as `S_{b,h} = Hᵀ` into a state `S [B, H, Dv, Dk]`.
 pub(crate) fn put_state<F: Real>(s: &mut ArrayD<F>, b: usize, h: usize, hm: MatRef<'_, F>) {
-    for c in 0..hm.nrows() {
-        for r in 0..hm.ncols() {
-            s[[b, h, r, c]] = hm[(c, r)];
-        }
+    let mut blk = s.slice_mut(ndarray::s![b, h, .., ..]);
+    for ((r, c), v) in blk.indexed_iter_mut() {
+        *v = hm[(c, r)];
     }
 }
 
