@@ -139,6 +139,12 @@ pub trait DeviceFamily<F: GpuReal>: Send + Sync + 'static {
     fn state_unsupported(_m: &Self::Mixer, _form: Form) -> Option<String> {
         None
     }
+    /// The checks of a state on host arrays that the device form from a state does not make
+    /// itself (it reads only what it needs, on the device): a cache's rows past its length, or a
+    /// history's rows from its position on, must be zero. `x` are the run's inputs. Default: none.
+    fn check_host_state(_m: &Self::Mixer, _x: &Tensors<F>, _s: &Tensors<F>) -> Result<()> {
+        Ok(())
+    }
     /// The backward of the `fast` form from a state ([`DeviceFamily::fast_from_state`]'s), if any.
     fn fast_backward_from_state() -> Option<DeviceStateBackwardFn<Self::Mixer>> {
         None
@@ -273,6 +279,9 @@ fn host_fast_from_state_with<F: GpuReal, T: DeviceFamily<F>>(
     p: Precision,
 ) -> Result<(ArrayD<F>, Tensors<F>)> {
     let f = T::fast_from_state().ok_or_else(|| err(m.family(), "internal: no fast form from a state"))?;
+    if let Some(s) = initial {
+        T::check_host_state(m, x, s)?;
+    }
     let dev = upload_inputs(x, p)?;
     let s0 = initial.map(|s| upload_inputs(s, Precision::Exact)).transpose()?;
     let (y, fin) = f(m, &dev, s0.as_ref(), p)?;
@@ -293,6 +302,9 @@ fn host_backward_from_state<F: GpuReal, T: DeviceFamily<F>>(
 ) -> Result<(Tensors<F>, Tensors<F>)> {
     let f = T::fast_backward_from_state()
         .ok_or_else(|| err(m.family(), "internal: no fast backward from a state"))?;
+    if let Some(s) = initial {
+        T::check_host_state(m, x, s)?;
+    }
     let dev = upload_inputs(x, Precision::Exact)?;
     let s0 = initial.map(|s| upload_inputs(s, Precision::Exact)).transpose()?;
     let df = d_final.map(|s| upload_inputs(s, Precision::Exact)).transpose()?;

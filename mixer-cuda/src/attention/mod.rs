@@ -28,7 +28,7 @@ use crate::forms::{
 };
 use crate::runtime::{gpu, max_dynamic_smem};
 use crate::tensor::GpuReal;
-use mixer_core::{Dims, Form, Precision, Result};
+use mixer_core::{Dims, Form, Precision, Result, Tensors};
 use mixer_registry::StateDecoderFn;
 
 use common::FAMILY;
@@ -78,6 +78,12 @@ impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     /// From a KV cache: the run's queries against the cached keys and its own ([`state`]).
     fn fast_from_state() -> Option<DeviceStateFn<Attention>> {
         Some(state::run_from::<F>)
+    }
+    /// The host's checks of a cache: the lengths and the zero rows past them
+    /// (`mixer_core::mixers::attention::state::lengths`).
+    fn check_host_state(a: &Attention, x: &Tensors<F>, s: &Tensors<F>) -> Result<()> {
+        let t_len = x.get("q").map_or(0, |q| q.shape()[1]);
+        mixer_core::mixers::attention::state::lengths(a, s, t_len).map(drop)
     }
     /// From a KV cache: the backward on the extension by the cache, on the device ([`state`]).
     fn fast_backward_from_state() -> Option<DeviceStateBackwardFn<Attention>> {

@@ -21,7 +21,8 @@
 //!
 //! The lengths are read back to the host (`B` numbers: the launch needs them) and checked as the
 //! host checks them (whole numbers, `ℓ + T ≤ N` without a window); the cache rows past a length
-//! are not read (the host path also refuses a cache whose rows there are not zero).
+//! are not read (on host arrays a cache whose rows there are not zero is refused before the
+//! upload, `DeviceFamily::check_host_state`, as the CPU refuses it).
 
 use mixer_core::mixers::attention::Attention;
 use mixer_core::mixers::attention::state::{LENGTH, check_lengths, final_len};

@@ -28,6 +28,7 @@ pub mod spectra;
 pub mod state;
 
 use mixer_core::mixers::toeplitz::Toeplitz;
+use mixer_core::{Result, Tensors};
 use mixer_registry::StateDecoderFn;
 
 use crate::fft::FftReal;
@@ -61,6 +62,12 @@ impl<F: FftReal> DeviceFamily<F> for ToeplitzCuda {
     /// device ([`state`]).
     fn fast_from_state() -> Option<DeviceStateFn<Toeplitz>> {
         Some(state::run_from::<F>)
+    }
+    /// The host's checks of a history: the positions and the zero rows from them on
+    /// (`mixer_core::mixers::toeplitz::state::positions`).
+    fn check_host_state(_tz: &Toeplitz, x: &Tensors<F>, s: &Tensors<F>) -> Result<()> {
+        let t_len = x.get("x").map_or(0, |v| v.shape()[1]);
+        mixer_core::mixers::toeplitz::state::positions(s, t_len).map(drop)
     }
     /// The backward from a state: the extension's, on the device ([`state`]).
     fn fast_backward_from_state() -> Option<DeviceStateBackwardFn<Toeplitz>> {

@@ -10,7 +10,8 @@
 //! as stored) with the cotangent zero off the run's rows; the history's gradient is the
 //! extension's rows `0 … a_b − 1`, and the final history's cotangent adds to the rows it copied.
 //! The positions are read back to the host (the copies need them) and checked as the host checks
-//! them; the history's rows from a position on are not read.
+//! them; the history's rows from a position on are not read (on host arrays a history whose rows
+//! there are not zero is refused before the upload, `DeviceFamily::check_host_state`).
 
 use mixer_core::mixers::toeplitz::Toeplitz;
 use mixer_core::mixers::toeplitz::state::{HISTORY, check_positions};

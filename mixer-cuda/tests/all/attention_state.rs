@@ -95,6 +95,23 @@ fn attention_from_a_cache_matches_the_cpu() {
     }
 }
 
+/// On host arrays the CUDA backend refuses a cache whose rows past its length are not zero, as
+/// the CPU does (the device form itself does not read them).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn a_cache_with_rows_past_its_length_is_refused_on_host_arrays() {
+    let Some(_turn) = gpu() else { return };
+    let m = mixer("attention", &json!({})).unwrap();
+    let x = m.random_inputs(&dims(3, 5, 8), 1).unwrap();
+    let mut s0 = cache(&[0, 2, 4], 12, 8, 2);
+    s0.get_mut("k").unwrap()[[1, 3, 0, 0]] = 1.0;
+    for b in [cpu(), cuda()] {
+        let e =
+            run_state(m.as_ref(), &b, Form::Fast, &x, Some(&s0), Precision::Exact).unwrap_err().to_string();
+        assert!(e.contains("state.k[1, 2..]") && e.contains("must be zero"), "{}: {e}", b.name());
+    }
+}
+
 /// A long cache (3000 tokens) before 65 new ones, with and without a window, in f32.
 #[test]
 #[ignore = "needs a CUDA device"]
