@@ -4,7 +4,7 @@
 //!
 //! Batch row `b` with `ℓ_b` cached tokens reads the keys `[k_cache[b, 0 … ℓ_b − 1]; k[b]]` (and
 //! the values alike) from one buffer of `R ≥ ℓ_b + T` token rows per batch row, and the forward
-//! kernels are told that its query `t` sits at position `ℓ_b + t` among them ([`Keys`]); every
+//! kernels are told that its query `t` sits at position `ℓ_b + t` among them (`attention::common::Keys`); every
 //! kernel of the plain run takes them (the FMA kernel, the split-tf32, tf32 and bf16 tensor-core
 //! kernels). Without a window, in the state's own element type (the `exact` and `tf32` modes),
 //! that buffer is the final cache itself (capacity `N ≥ ℓ_b + T`, its rows from `ℓ_b + T` on zero):
