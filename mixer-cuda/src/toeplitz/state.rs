@@ -25,24 +25,27 @@ use crate::runtime::err;
 use crate::state_rows::{counts, finals, gathered, joined, split_grad};
 use crate::tensor::{AnyDeviceTensor, DeviceScalar, DeviceTensor, DeviceTensors, bf16};
 
-/// The history (`None`: none) and the positions of a run of `x`'s `T` tokens from `s0`.
-type History<F> = (Option<DeviceTensor<F>>, Vec<usize>);
+/// What a run from a state needs of it: the history (`None`: none), the positions (checked for a
+/// run of `t_len` tokens with taps of length `tw`, `a + T ≤ Tw`; without a state `T ≤ Tw` is the
+/// plain run's check).
+struct History<F: FftReal> {
+    hist: Option<DeviceTensor<F>>,
+    pos: Vec<usize>,
+    t_len: usize,
+    tw: usize,
+}
 
-fn history<F: FftReal>(x: &DeviceTensors, s0: Option<&DeviceTensors>) -> Result<(History<F>, usize, usize)> {
+fn history<F: FftReal>(x: &DeviceTensors, s0: Option<&DeviceTensors>) -> Result<History<F>> {
     let xs = x.get("x").ok_or_else(|| err(FAMILY, "internal: no `x`"))?;
     let w = x.get("w").ok_or_else(|| err(FAMILY, "internal: no `w`"))?;
     let (b, t_len, tw) = (xs.shape()[0], xs.shape()[1], w.shape().last().copied().unwrap_or(0));
-    let h = match s0 {
+    Ok(match s0 {
         Some(s) => {
             let pos = check_positions(&input::<F>(s, POSITION)?.to_host()?, tw, t_len)?;
-            (Some(input::<F>(s, HISTORY)?.into_owned()), pos)
+            History { hist: Some(input::<F>(s, HISTORY)?.into_owned()), pos, t_len, tw }
         }
-        None => (None, vec![0; b]),
-    };
-    if let Some(a) = h.1.iter().map(|&a| a + t_len).find(|&n| n > tw) {
-        return Err(mixer_core::Error::shape("w", format!("Tw ≥ position + T = {a}"), format!("Tw = {tw}")));
-    }
-    Ok((h, t_len, tw))
+        None => History { hist: None, pos: vec![0; b], t_len, tw },
+    })
 }
 
 /// `y` and the final state of the `fast` form from `s0` (`None`: position 0) on device tensors in
@@ -66,7 +69,7 @@ fn run_typed<F: FftReal, E: DeviceScalar>(
     s0: Option<&DeviceTensors>,
     p: Precision,
 ) -> Result<(AnyDeviceTensor, DeviceTensors)> {
-    let ((hist, pos), t_len, tw) = history::<F>(x, s0)?;
+    let History { hist, pos, t_len, tw } = history::<F>(x, s0)?;
     let xs = x.get("x").and_then(E::unwrap).ok_or_else(|| err(FAMILY, "internal: `x` of another type"))?;
     let n = pos.iter().copied().max().unwrap_or(0) + t_len;
     let mut ext = x.clone();
@@ -94,7 +97,7 @@ pub fn backward_from<F: FftReal>(
     _req: &Requires,
     _p: Precision,
 ) -> Result<(DeviceTensors, DeviceTensors)> {
-    let ((hist, pos), t_len, tw) = history::<F>(x, s0)?;
+    let History { hist, pos, t_len, tw } = history::<F>(x, s0)?;
     let xs = input::<F>(x, "x")?;
     let dy = cotangent::<F>(dy, xs.shape())?;
     let n = pos.iter().copied().max().unwrap_or(0) + t_len;
