@@ -5,7 +5,11 @@
 // Layouts: q, y [B,T,H,D]; k, v [B,Nk,H,D] (token stride H·D). window ≤ 0: full causal. stats:
 // null, or [B·H·T][4] floats for the backward's row statistics (att_store). prefix: null, or the
 // keys of a KV cache before batch row b's first query, P_b = prefix[b] (query t at position P_b + t
-// among the row's P_b + T keys, Nk ≥ P_b + T; attention.cu says more).
+// among the row's P_b + T keys, Nk ≥ P_b + T; attention.cu says more). part: null, or (a grid of
+// Z = gridDim.z > 1 key splits, for few query tiles over many keys) the blocks' partial results:
+// block z takes the z-th of Z equal shares of its key tiles and writes its rows' unnormalized
+// outputs o [Z][B·H][T][D] and (m, ℓ) [Z][B·H][T][2] after them (att_store_part);
+// attn_combine_splits then forms y = Σ_z 2^{m_z − M} o_z / Σ_z 2^{m_z − M} ℓ_z, M = max_z m_z.
 // Compile-time: ATT_D (head dim: 32, 64, 96 or 128; wgmma 64, 128 or 256), ATT_BK (keys per tile), ATT_WM (16-row
 // m-tiles per warp). A block of 4 warps owns BQ = 64·ATT_WM query rows of one (batch, head).
 //
@@ -236,6 +240,11 @@ __device__ __forceinline__ AttBlock att_block(int T, int H, int window, const in
     a.off = (long long)b * T * a.tok + (long long)h * ATT_D;
     a.koff = (long long)b * Nk * a.tok + (long long)h * ATT_D;
     tile_range(a.q0, T, a.P, window, a.first, a.last);
+    if (gridDim.z > 1) {  // key splits: this block's share (none at all where first > last)
+        const int per = (a.last - a.first + gridDim.z) / gridDim.z;
+        a.first += blockIdx.z * per;
+        a.last = min(a.last, a.first + per - 1);
+    }
     return a;
 }
 // att_block, then the copies of Q and the first K tile (one group) and V tile (a second).
@@ -282,6 +291,71 @@ __device__ __forceinline__ void att_store(TO* y, const float (&o)[ATT_WM][ATT_D 
                     att_put2(dst + dt * 8 + 2 * t, o[mt][dt][2 * r] * inv, o[mt][dt][2 * r + 1] * inv);
             }
         }
+}
+
+// A key split's partial result for the warp's rows from wrow0 (module header, `part`): the
+// unnormalized outputs o and the rows' (m, ℓ), ℓ summed over the four threads of a row. Waits for
+// the block's copies first (a block without key tiles has issued some and runs no loop).
+__device__ __forceinline__ void att_store_part(float* part, const float (&o)[ATT_WM][ATT_D / 8][4],
+                                               const RowState& st, int wrow0, int T) {
+    cp_wait<0>();
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const long long slab = (long long)blockIdx.z * gridDim.y + blockIdx.y;
+    float* po = part + slab * T * ATT_D;
+    float* pml = part + (long long)gridDim.z * gridDim.y * T * ATT_D + slab * T * 2;
+#pragma unroll
+    for (int mt = 0; mt < ATT_WM; ++mt)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float l = st.l[mt][r];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            const int row = wrow0 + mt * 16 + g + r * 8;
+            if (row >= T) continue;
+            if (t == 0) {
+                pml[2 * row] = st.m[mt][r];
+                pml[2 * row + 1] = l;
+            }
+#pragma unroll
+            for (int dt = 0; dt < ATT_D / 8; ++dt)
+                *reinterpret_cast<float2*>(po + (long long)row * ATT_D + dt * 8 + 2 * t) =
+                    make_float2(o[mt][dt][2 * r], o[mt][dt][2 * r + 1]);
+        }
+}
+// The end of every forward kernel: y (att_store), or a key split's partial result.
+template <typename TO>
+__device__ __forceinline__ void att_finish(TO* y, float* part, const float (&o)[ATT_WM][ATT_D / 8][4],
+                                           const RowState& st, int wrow0, int T, long long tok, float* stats) {
+    if (part) att_store_part(part, o, st, wrow0, T);
+    else att_store(y, o, st, wrow0, T, tok, stats);
+}
+
+// y from the Z key splits' partial results (module header), one block per (query row t, b·h),
+// the output in bf16 (yb) or f32 (yf; the other null) at [B,T,H,D]. A row no key reaches (ℓ = 0 in
+// every split) gets 0, as att_store gives it.
+extern "C" __global__ void attn_combine_splits(const float* __restrict__ part, bf16_t* __restrict__ yb,
+                                               float* __restrict__ yf, int T, int H, int Z) {
+    const int t = blockIdx.x, bh = blockIdx.y, b = bh / H, h = bh % H;
+    const long long nbh = gridDim.y;
+    const float* ml = part + (long long)Z * nbh * T * ATT_D;
+    float M = NEG_INF;
+    for (int z = 0; z < Z; ++z) M = fmaxf(M, ml[((z * nbh + bh) * T + t) * 2]);
+    const float mref = M == NEG_INF ? 0.f : M;
+    float L = 0.f;
+    for (int z = 0; z < Z; ++z) {
+        const float* e = ml + ((z * nbh + bh) * T + t) * 2;
+        L += exp2f(e[0] - mref) * e[1];
+    }
+    const float inv = L > 0.f ? 1.f / L : 0.f;
+    const long long out = ((long long)(b * T + t) * H + h) * ATT_D;
+    for (int c = threadIdx.x; c < ATT_D; c += blockDim.x) {
+        float acc = 0.f;
+        for (int z = 0; z < Z; ++z)
+            acc += exp2f(ml[((z * nbh + bh) * T + t) * 2] - mref) * part[((z * nbh + bh) * T + t) * ATT_D + c];
+        const float v = acc * inv;
+        if (yb) yb[out + c] = (bf16_t)(mx_pack_bf16(v, 0.f) & 0xffffu);
+        else yf[out + c] = v;
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -347,7 +421,7 @@ __device__ __forceinline__ float (&wg_n64(float (&a)[N][4], int p))[8][4] {
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_wgmma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                     bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2,
-                  float* __restrict__ stats, const int* __restrict__ prefix, int Nk) {
+                  float* __restrict__ stats, const int* __restrict__ prefix, int Nk, float* __restrict__ part) {
     // Dynamic shared memory (plus up to 1 KB to align): q [BQ·D] | k stage 0, 1 [BK·D] | v stage 0, 1 [BK·D].
     extern __shared__ __align__(1024) bf16_t smw[];
     bf16_t* qs = smw + ((1024 - (smem_u32(smw) & 1023)) & 1023) / 2;
@@ -413,14 +487,14 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
         wg_commit();
         wg_wait0();
     }
-    att_store(y + off, o, st, wrow0, T, tok, stats);
+    att_finish(y + off, part, o, st, wrow0, T, tok, stats);
 }
 #endif
 
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_mma_bf16(const bf16_t* __restrict__ q, const bf16_t* __restrict__ k, const bf16_t* __restrict__ v,
                   bf16_t* __restrict__ y, int B, int T, int H, int window, float scale_log2,
-                  float* __restrict__ stats, const int* __restrict__ prefix, int Nk) {
+                  float* __restrict__ stats, const int* __restrict__ prefix, int Nk, float* __restrict__ part) {
     // Dynamic shared memory: q [BQ·D] | k stage 0, 1 [BK·D] | v stage 0, 1 [BK·D].
     extern __shared__ __align__(128) bf16_t smb[];
     bf16_t* qs = smb;
@@ -502,7 +576,7 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
                     att_mma_bf16_n16(o[mt][2 * dp], o[mt][2 * dp + 1], pa[mt], vf[dp]);
         }
     }
-    att_store(y + off, o, st, wrow0, T, tok, stats);
+    att_finish(y + off, part, o, st, wrow0, T, tok, stats);
 }
 
 // =======================================================================================
@@ -574,7 +648,8 @@ template <bool SPLIT>
 __device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const float* __restrict__ k,
                                               const float* __restrict__ v, float* __restrict__ y, int T, int H,
                                               int window, float scale_log2, float* __restrict__ stats, double scale,
-                                              float* __restrict__ flag, const int* __restrict__ prefix, int Nk) {
+                                              float* __restrict__ flag, const int* __restrict__ prefix, int Nk,
+                                              float* __restrict__ part) {
     extern __shared__ __align__(16) float smf[];
     __shared__ int overflow;
     float* ks0 = smf;
@@ -682,14 +757,14 @@ __device__ __forceinline__ void attn_f32_body(const float* __restrict__ q, const
             return;
         }
     }
-    att_store(y + off, o, st, wrow0, T, tok, stats);
+    att_finish(y + off, part, o, st, wrow0, T, tok, stats);
 }
 
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
     attn_mma_tf32(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                   float* __restrict__ y, int B, int T, int H, int window, float scale_log2,
-                  float* __restrict__ stats, const int* __restrict__ prefix, int Nk) {
-    attn_f32_body<false>(q, k, v, y, T, H, window, scale_log2, stats, 0.0, nullptr, prefix, Nk);
+                  float* __restrict__ stats, const int* __restrict__ prefix, int Nk, float* __restrict__ part) {
+    attn_f32_body<false>(q, k, v, y, T, H, window, scale_log2, stats, 0.0, nullptr, prefix, Nk, part);
 }
 
 // The exact mode's kernel on f32 inputs (scale: σ in double, for rows computed again in double;
@@ -699,5 +774,5 @@ extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32, 1)
                     float* __restrict__ y, int B, int T, int H, int window, float scale_log2,
                     float* __restrict__ stats, double scale, float* __restrict__ flag,
                     const int* __restrict__ prefix, int Nk) {
-    attn_f32_body<true>(q, k, v, y, T, H, window, scale_log2, stats, scale, flag, prefix, Nk);
+    attn_f32_body<true>(q, k, v, y, T, H, window, scale_log2, stats, scale, flag, prefix, Nk, nullptr);
 }

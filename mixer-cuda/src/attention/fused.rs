@@ -237,8 +237,18 @@ pub(crate) fn launch_with_stats(
     let smem = pl.shared_mem;
     f.set_attribute(CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
         .map_err(|e| err(FAMILY, format!("opting in to {smem} bytes of shared memory: {e}")))?;
+    let split = pl.kernel == Kernel::MmaTf32x3;
+    // Key splits where a KV cache leaves few query tiles over many keys (not the exact mode, whose
+    // blocks may compute their rows again in double; not with statistics, the backward's).
+    let splits = match keys {
+        Some(k) if !split && stats.is_none() => {
+            let bk = keys_per_tile(d, split, pl.kernel == Kernel::WgmmaBf16);
+            key_splits(pl.grid[0] as usize * pl.grid[1] as usize, (k.longest + t).div_ceil(bk), g.sms)
+        }
+        _ => 1,
+    };
     let cfg = LaunchConfig {
-        grid_dim: (pl.grid[0], pl.grid[1], 1),
+        grid_dim: (pl.grid[0], pl.grid[1], splits as u32),
         block_dim: (pl.block, 1, 1),
         shared_mem_bytes: smem as u32,
     };
@@ -248,7 +258,6 @@ pub(crate) fn launch_with_stats(
     let (q, k, v) = (input_any(x, "q")?, input_any(x, "k")?, input_any(x, "v")?);
     let n = b * t * h * d;
     let s = q.shape();
-    let split = pl.kernel == Kernel::MmaTf32x3;
     if let Some(st) = &stats {
         int(FAMILY, "B·H·T statistics", st.len() / 4)?;
         if st.len() < flag_index(b * h * t) + usize::from(split) {
@@ -266,12 +275,37 @@ pub(crate) fn launch_with_stats(
         }
         None => (0, None),
     };
+    // The splits' partial results ([`key_splits`]), combined into y after the launch.
+    let mut part =
+        if splits > 1 { Some(pool::take::<f32>(FAMILY, splits * b * h * t * (d + 2))?) } else { None };
+    let (part_ptr, _part_guard) = match part.as_mut() {
+        Some(p) => {
+            let (ptr, guard) = p.device_ptr_mut(&stream);
+            (ptr, Some(guard))
+        }
+        None => (0, None),
+    };
+    let combine = |yb: u64, yf: u64| -> Result<()> {
+        if splits == 1 {
+            return Ok(());
+        }
+        let c = g.kernel(FAMILY, &kernels::ATTENTION_FUSED, &pl.options, "attn_combine_splits")?;
+        let cfg = LaunchConfig {
+            grid_dim: (t as u32, (b * h) as u32, 1),
+            block_dim: (64, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let z = splits as i32;
+        launch!(g, FAMILY, c, cfg; &part_ptr, &yb, &yf, &ti, &hi, &z)
+    };
     Ok(match pl.kernel {
         Kernel::MmaBf16 | Kernel::WgmmaBf16 => {
             let (q, k, v) = (q.typed::<bf16>("q")?, k.typed::<bf16>("k")?, v.typed::<bf16>("v")?);
             let mut y = pool::take::<bf16>(FAMILY, n)?;
             let (qv, kv, vv) = (q.view(), k.view(), v.view());
-            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &pre, &nk)?;
+            launch!(g, FAMILY, f, cfg;
+                &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &pre, &nk, &part_ptr)?;
+            combine(y.device_ptr_mut(&stream).0, 0)?;
             AnyDeviceTensor::Bf16(DeviceTensor::from_pooled(y, s)?)
         }
         _ => {
@@ -287,11 +321,23 @@ pub(crate) fn launch_with_stats(
                     &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &scale, &flag, &pre, &nk)?;
             } else {
                 launch!(g, FAMILY, f, cfg;
-                    &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &pre, &nk)?;
+                    &qv, &kv, &vv, &mut *y, &bi, &ti, &hi, &w, &scale_log2, &st_ptr, &pre, &nk, &part_ptr)?;
+                combine(0, y.device_ptr_mut(&stream).0)?;
             }
             AnyDeviceTensor::F32(DeviceTensor::from_pooled(y, s)?)
         }
     })
+}
+
+/// Key splits of a launch of `blocks` blocks (query tiles × B·H) over up to `key_tiles` key tiles
+/// each: 1 where the blocks fill the device's `sms` multiprocessors twice over; else enough splits
+/// that the blocks do, each of at least four key tiles (the combine reads every split's rows once
+/// more).
+pub fn key_splits(blocks: usize, key_tiles: usize, sms: usize) -> usize {
+    if blocks == 0 || blocks >= 2 * sms {
+        return 1;
+    }
+    (2 * sms).div_ceil(blocks).min(key_tiles / 4).max(1)
 }
 
 /// The device tensor `name` of `x`, or the error naming what is there.
@@ -305,6 +351,17 @@ fn input_any<'a>(x: &'a DeviceTensors, name: &str) -> Result<&'a AnyDeviceTensor
 
 #[cfg(test)]
 mod tests {
+
+    /// Key splits: none where the blocks fill the device twice over; else enough to, each split
+    /// at least four key tiles.
+    #[test]
+    fn keys_split_only_where_the_blocks_leave_the_device_idle() {
+        assert_eq!(key_splits(300, 1000, 132), 1);
+        assert_eq!(key_splits(16, 1024, 132), 17);
+        assert_eq!(key_splits(16, 8, 132), 2);
+        assert_eq!(key_splits(16, 3, 132), 1);
+        assert_eq!(key_splits(0, 100, 132), 1);
+    }
     use super::*;
     use mixer_core::mixers::attention::AttentionConfig;
 

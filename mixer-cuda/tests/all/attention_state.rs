@@ -125,6 +125,43 @@ fn attention_continues_a_long_cache() {
     }
 }
 
+/// Long caches before few tokens on device tensors in the tf32 and bf16 modes, where the launch
+/// splits the keys across blocks (`fused::key_splits`): within the mode's tolerance of the f64
+/// CPU run, rows of different lengths, with and without a window.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_splits_the_keys_of_a_long_cache() {
+    let Some(_turn) = gpu() else { return };
+    let up = |t: &Tensors<f32>| upload_inputs(t, Precision::Exact).unwrap();
+    for (cfg, lens, n) in [(json!({}), vec![2000, 700], 2040), (json!({"window": 300}), vec![299, 120], 299)]
+    {
+        for d in [64, 128] {
+            let m = mixer("attention", &cfg).unwrap();
+            let x64 = m.random_inputs(&dims(2, 33, d), 8).unwrap();
+            let s64 = cache(&lens, n, d, 5);
+            let (x, s0) = (cast_tensors::<f32>(&x64), cast_tensors::<f32>(&s64));
+            for p in [Precision::Tf32, Precision::Bf16] {
+                let (y, _) =
+                    run_device_from_state(m.as_ref(), &upload_inputs(&x, p).unwrap(), Some(&up(&s0)), p)
+                        .unwrap();
+                let xs =
+                    if p == Precision::Bf16 { mixer_registry::run::bf16_activations(&x) } else { x.clone() };
+                let (oracle, _) = run_state(
+                    m.as_ref(),
+                    &cpu(),
+                    Form::Fast,
+                    &tensors_to_f64(&xs),
+                    Some(&s64),
+                    Precision::Exact,
+                )
+                .unwrap();
+                let c = p.tolerance("f32").compare(down64(&y).view(), oracle.view());
+                assert!(c.pass, "{cfg} D={d} {p}: y against the f64 CPU run {c:?}");
+            }
+        }
+    }
+}
+
 /// On device tensors in every mode: the same bits as the host-array run on CUDA (which uploads the
 /// same values), `y` in the mode's storage, within the mode's tolerance of the f64 CPU run; the
 /// backward from a state is refused there (the host arrays have it).
