@@ -324,6 +324,11 @@ pub(crate) fn transition<F: VecMath>(
     (out, 0)
 }
 
+/// Whether every entry of `h` is zero.
+fn is_zero<F: VecMath>(h: MatRef<'_, F>) -> bool {
+    (0..h.ncols()).all(|c| h.col(c).iter().all(|&x| x == F::zero()))
+}
+
 /// Sets the entries of a decayed state whose magnitude is below the smallest normal number
 /// to zero; returns whether a non-zero entry is left. Such an entry contributes less than
 /// `F`'s resolution to any output of normal size, and products with subnormal operands or
@@ -421,12 +426,16 @@ pub(crate) fn sweep<F: VecMath>(
             }
             let next = out.subrows(off, dk);
             // Entries that decayed below the smallest normal number are flushed to zero, and a
-            // level left all zero is dropped (see [`flush_subnormals`]).
+            // level that decayed to all zero is dropped (see [`flush_subnormals`]); a level that
+            // entered the chunk all zero (a zero initial state, or a chunk with `v = 0`) is kept,
+            // since the backward needs its adjoint (its inputs' and the initial state's gradients
+            // do not vanish with its value).
             // The new states overwrite the old ones in place (no allocation per chunk).
             for (j, &e) in present.iter().enumerate() {
                 let blk = states[e].as_mut().expect("a present level holds a state");
+                let entered_zero = m.base.has_decay() && is_zero(blk.as_ref());
                 blk.copy_from(next.submatrix(0, j * dv, dk, dv));
-                let gone = m.base.has_decay() && !flush_subnormals(blk.as_mut());
+                let gone = m.base.has_decay() && !flush_subnormals(blk.as_mut()) && !entered_zero;
                 if gone {
                     states[e] = None;
                 }

@@ -116,17 +116,21 @@ fn split(m: &LogLinear, pos: usize, t_len: usize) -> (usize, usize) {
     (p - pos, q - pos)
 }
 
-/// Token level `c + e` (`S`, `Dv × Dk` row-major) as chunk level `e ≥ 1` (`H = Sᵀ`).
+/// Token level `c + e` (`S`, `Dv × Dk` row-major) as chunk level `e ≥ 1` (`H = Sᵀ`). An all-zero
+/// level is left out unless it is live at the position `live_at` (a zero initial state still has
+/// an adjoint: the initial state's gradient does not depend on its value).
 fn to_chunk_levels<F: VecMath>(
     levels: &Levels<F>,
     cbits: usize,
     dk: usize,
     dv: usize,
+    live_at: Option<usize>,
 ) -> Vec<Option<Mat<F>>> {
     let mut out: Vec<Option<Mat<F>>> = vec![None];
-    for st in levels.iter().skip(cbits + 1) {
+    for (l, st) in levels.iter().enumerate().skip(cbits + 1) {
         let nonzero = st.iter().any(|&x| x != F::zero());
-        out.push(nonzero.then(|| as_h(st, dk, dv)));
+        let live = live_at.is_some_and(|a| bucket(a, l).is_some());
+        out.push((nonzero || live).then(|| as_h(st, dk, dv)));
     }
     out
 }
@@ -169,7 +173,7 @@ pub(crate) fn run_head<F: VecMath>(
     let mut levels = partial(m, hd, pos, 0..p, levels, y.as_mut())?;
     if q > p {
         let c0 = (pos + p) / m.chunk;
-        let h0 = to_chunk_levels(&levels, cbits, dk, dv);
+        let h0 = to_chunk_levels(&levels, cbits, dk, dv, Some(pos + p));
         let (ym, mut states) = run_head_levels(m, &rows(hd, p..q), h0, c0)?;
         y.as_mut().subrows_mut(p, q - p).copy_from(&ym);
         merge_states(&mut states, (pos + q) / m.chunk, |a, b| a + b);
@@ -404,7 +408,7 @@ pub(crate) fn head_vjp<F: VecMath>(
     let at_p = partial(m, hd, pos, 0..p, initial.clone(), Mat::<F>::zeros(p, dv).as_mut())?;
     let c0 = (pos + p) / m.chunk;
     let mid = rows(hd, p..q);
-    let h0 = to_chunk_levels(&at_p, cbits, dk, dv);
+    let h0 = to_chunk_levels(&at_p, cbits, dk, dv, Some(pos + p));
     if q < t_len {
         let at_q = if q > p {
             let mut states = sweep(m, &mid, h0.clone(), c0, false, |_, _, _| Ok(()))?;
@@ -418,7 +422,7 @@ pub(crate) fn head_vjp<F: VecMath>(
     }
     // Middle: the adjoint of the merge at q, then the chunked backward.
     if q > p {
-        let mut d_chunks = to_chunk_levels(&d_levels, cbits, dk, dv);
+        let mut d_chunks = to_chunk_levels(&d_levels, cbits, dk, dv, None);
         if let Some(mg) = merge_level((pos + q) / m.chunk) {
             if d_chunks.len() < mg + 2 {
                 d_chunks.resize(mg + 2, None);

@@ -10,6 +10,7 @@ mod states;
 mod suite;
 mod thread_count;
 mod toeplitz;
+mod zero_states;
 
 use mixer_registry::harness::Sizes;
 use mixer_registry::suite::check_mixer;
