@@ -15,7 +15,7 @@
 
 use mixer_core::{Form, Precision, Tensors};
 use mixer_cuda::forms::upload_inputs;
-use mixer_cuda::timing::event_times;
+use mixer_cuda::timing::median_event_time;
 use mixer_cuda::{run_device, run_device_from_state};
 use ndarray::{ArrayD, IxDyn};
 
@@ -36,11 +36,6 @@ fn random(shape: &[usize], seed: u64) -> ArrayD<f32> {
         s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((s >> 40) as f32) / (1u64 << 23) as f32 - 1.0
     })
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 fn main() -> mixer_core::Result<()> {
@@ -78,10 +73,7 @@ fn main() -> mixer_core::Result<()> {
             let (xd, wd) = (upload_inputs(&x, p)?, upload_inputs(&whole, p)?);
             let m = m.as_ref();
             // Each timed after one warm-up call (compilation, plans, the pool).
-            let time = |f: &dyn Fn() -> mixer_core::Result<()>| -> mixer_core::Result<f64> {
-                f()?;
-                Ok(median(event_times(reps, 10.0, f)?))
-            };
+            let time = |f: &dyn Fn() -> mixer_core::Result<()>| median_event_time(reps, 10.0, f);
             let t_cached = time(&|| run_device_from_state(m, &xd, Some(&s0), p).map(drop))?;
             let t_whole = time(&|| run_device(m, Form::Fast, &wd, p).map(drop))?;
             let t_new = time(&|| run_device(m, Form::Fast, &xd, p).map(drop))?;

@@ -154,6 +154,10 @@ pub const LOGLINEAR_BACKWARD_LIFT: KernelSource = kernel!("loglinear_backward_li
 /// Device-tensor helpers: bf16 conversions and input value checks (`kernels/tensor.cu`).
 pub const TENSOR: KernelSource = kernel!("tensor");
 
+/// The lifts' `fast` form from a state: a segment's rows of the base run and what is read back
+/// from them (`src/loglinear/lift_state.rs`).
+pub const LOGLINEAR_LIFT_STATE: KernelSource = kernel!("loglinear_lift_state");
+
 /// Every kernel source of the backend.
 pub const ALL: &[KernelSource] = &[
     ATTENTION,
@@ -175,6 +179,7 @@ pub const ALL: &[KernelSource] = &[
     LOGLINEAR_BACKWARD_CHUNKED,
     LOGLINEAR_BACKWARD_LIFT,
     LOGLINEAR_BACKWARD_LIFT_DELTA,
+    LOGLINEAR_LIFT_STATE,
     TENSOR,
 ];
 

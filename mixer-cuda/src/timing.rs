@@ -119,6 +119,15 @@ pub fn event_times<R>(reps: usize, budget_s: f64, mut run: impl FnMut() -> Resul
     Ok(v)
 }
 
+/// The median of [`event_times`] after one warm-up call of `run` (compilation, plans, the pool),
+/// in seconds: what the benches report per shape.
+pub fn median_event_time<R>(reps: usize, budget_s: f64, mut run: impl FnMut() -> Result<R>) -> Result<f64> {
+    drop(run()?);
+    let mut v = event_times(reps, budget_s, run)?;
+    v.sort_by(f64::total_cmp);
+    Ok(v[v.len() / 2])
+}
+
 /// Records an event on the backend's stream.
 fn event() -> Result<cudarc::driver::CudaEvent> {
     let g = gpu()?;

@@ -203,13 +203,14 @@ pub fn run<F: GpuReal>(ll: &LogLinear, x: &DeviceTensors, p: Precision) -> Resul
     run_from::<F>(ll, x, p, None, false).map(|(y, _)| y)
 }
 
-/// Why the `fast` form of `ll` cannot run from a state here, or `None`: the base mixers can
-/// (linear attention and Mamba-2 through their scan, gated DeltaNet through its state pass or the
-/// sequential form), in every mode; the lifts cannot yet.
+/// Why [`run_from`] cannot run `ll` from a state, or `None`: the base mixers can (linear attention
+/// and Mamba-2 through their scan, gated DeltaNet through its state pass or the sequential form),
+/// in every mode; a lift's level states go through [`super::lift_state`] instead (the chunk-state
+/// tree takes none).
 pub fn state_unsupported(ll: &LogLinear) -> Option<String> {
     ll.lift.map(|_| {
-        "the lifts' state (Fenwick level states and a position, docs/math.md §7.1) runs on the CPU \
-         backend only: the CUDA chunk-state tree takes no level states yet"
+        "the lifts' state (Fenwick level states and a position, docs/math.md §7.1) is taken by \
+         `loglinear::lift_state::run_from`, not by the chunked form itself"
             .into()
     })
 }
@@ -791,9 +792,10 @@ mod tests {
     }
 
     #[test]
-    fn the_lifts_are_refused_from_a_state_before_anything_runs() {
+    fn the_chunked_form_refuses_level_states_before_anything_runs() {
         // A run from a state takes the plan of the run without one (every pass without a lift
-        // takes the state); the lifts are refused with the reason, before touching a device.
+        // takes the state); a lift's level states are refused with the reason (lift_state takes
+        // them), before touching a device.
         for base in [Base::GatedDeltaNet, Base::Mamba2, Base::LinearAttention] {
             assert!(state_unsupported(&mixer(base, false)).is_none());
             let why = state_unsupported(&mixer(base, true)).unwrap();

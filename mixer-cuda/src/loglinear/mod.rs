@@ -21,6 +21,9 @@
 //!   of `(dy, v, k)` and a reverse sweep over chunks ([`backward_lift`],
 //!   `loglinear_backward_lift.cu`); the lifted gated DeltaNet's by its own passes over the level
 //!   states and chunk-parallel gradients ([`backward_lift_delta`], `loglinear_backward_lift_delta.cu`);
+//! - the lifts' `fast` form from a state and its backward ([`lift_state`],
+//!   `loglinear_lift_state.cu`): the run cut into aligned segments, each the lift from zero on
+//!   its own tokens plus one base-mixer run from a state over a row per level state;
 //! - `recurrent` ([`decoder`]): O(log T) device-resident level states per head (§2.5), one
 //!   kernel launch per token, a warp per (batch·head, state row).
 //!
@@ -28,8 +31,9 @@
 //! `state_pass`, `output`, `sequential`, `lambda` → `common`; `ssd` → `output`; `decoder` →
 //! `lambda` → `parallel`; `backward` → `fast`, `backward_lift`, `backward_lift_delta`,
 //! `backward_chunked`; `backward_lift` → `fast`, `ssd`, `state_pass`; `backward_lift_delta` →
-//! `backward_lift`, `fast`, `state_pass`, `wy`; `backward_chunked` → `wy`; only the backward files
-//! import `fast`, and nothing imports this module.
+//! `backward_lift`, `fast`, `state_pass`, `wy`; `backward_chunked` → `wy`; `lift_state` → `fast`,
+//! `backward`, `backward_lift`; only the backward files and `lift_state` import `fast`, and nothing
+//! imports this module.
 //!
 //! The `fast` and `recurrent` forms exist only with Fenwick structure (base mixers, or the
 //! Fenwick mask); the registry refuses the rest through `Mixer::form_unsupported`, on every
@@ -49,6 +53,7 @@ pub mod common;
 pub mod decoder;
 pub mod fast;
 pub mod lambda;
+pub mod lift_state;
 pub mod output;
 pub mod packed;
 pub mod parallel;
@@ -107,22 +112,34 @@ impl<F: GpuReal> DeviceFamily<F> for LogLinearCuda {
     fn backward_unsupported(m: &LogLinear) -> Option<String> {
         backward::unsupported(m)
     }
+    /// The base mixers' by [`fast::run_from`]; the lifts' by [`lift_state::run_from`].
     fn fast_from_state() -> Option<DeviceStateFn<LogLinear>> {
         Some(|m, x, s0, p| {
+            if m.lift.is_some() {
+                return lift_state::run_from::<F>(m, x, p, s0);
+            }
             let s0 = s0.map(|s| crate::forms::input::<F>(s, STATE)).transpose()?;
             let (y, fin) = fast::run_from::<F>(m, x, p, s0.as_deref(), true)?;
             let fin = fin.ok_or_else(|| crate::runtime::err(FAMILY, "internal: no final state"))?;
             Ok((y, [(STATE.to_string(), F::wrap(fin))].into_iter().collect()))
         })
     }
-    /// The lifts' `fast` form from a state ([`fast::state_unsupported`]); their decoder runs from
-    /// one.
-    fn state_unsupported(m: &LogLinear, form: Form) -> Option<String> {
-        if form == Form::Fast { fast::state_unsupported(m) } else { None }
+    /// The state of a lift on host arrays: its positions and empty slots, as the CPU checks them
+    /// ([`lift_state::run_from`] reads only the positions back).
+    fn check_host_state(m: &LogLinear, x: &mixer_core::Tensors<F>, s: &mixer_core::Tensors<F>) -> Result<()> {
+        if m.lift.is_none() || !m.has_fenwick_structure() {
+            return Ok(());
+        }
+        let t_len = x.get("q").map_or(0, |q| q.shape()[1]);
+        mixer_core::mixers::loglinear::lift_state::positions(s, t_len).map(drop)
     }
-    /// [`backward::run_from`] (exact mode whatever the mode asked).
+    /// The base mixers' by [`backward::run_from`], the lifts' by [`lift_state::backward_from`]
+    /// (exact mode whatever the mode asked).
     fn fast_backward_from_state() -> Option<DeviceStateBackwardFn<LogLinear>> {
         Some(|m, x, s0, dy, d_final, req, p| {
+            if m.lift.is_some() {
+                return lift_state::backward_from::<F>(m, x, s0, dy, d_final, req);
+            }
             let s0 = s0.map(|s| crate::forms::input::<F>(s, STATE)).transpose()?;
             let df = d_final.map(|s| crate::forms::input::<F>(s, STATE)).transpose()?;
             let (g, ds) = backward::run_from::<F>(m, x, s0.as_deref(), dy, df.as_deref(), req, p)?;

@@ -160,11 +160,21 @@ fn device_runs_from_a_state_refuse_what_they_cannot_run() {
         run_device_from_state(m.as_ref(), &up(&x), Some(&as64), Precision::Exact).map(|_| ()).unwrap_err();
     assert!(e.to_string().contains("f32 device tensor"), "{e}");
 
-    let lifted = serde_json::json!({});
-    let lift = mixer("loglinear-gated-deltanet", &lifted).unwrap();
-    let lx = cast_tensors::<f32>(&lift.random_inputs(&d, 1).unwrap());
-    let e = run("loglinear-gated-deltanet", lifted, &lx, None, Precision::Exact);
-    assert!(e.contains("CPU backend only"), "{e}");
+    // A lift's level state of the wrong shape, and one whose position needs more levels than λ.
+    let lift = mixer("loglinear-gated-deltanet", &serde_json::json!({})).unwrap();
+    let ld = mixer_core::mixer::complete_dims(lift.as_ref(), &d);
+    let lx = cast_tensors::<f32>(&lift.random_inputs(&ld, 1).unwrap());
+    let ls = cast_tensors::<f32>(&lift.random_state(&ld, 2).unwrap());
+    let mut bad = ls.clone();
+    let mut shape = ls["S"].shape().to_vec();
+    shape[2] += 1;
+    bad.insert("S".into(), ArrayD::zeros(ndarray::IxDyn(&shape)));
+    let e = run("loglinear-gated-deltanet", serde_json::json!({}), &lx, Some(&bad), Precision::Exact);
+    assert!(e.contains("initial_state.S"), "{e}");
+    let mut far = ls.clone();
+    far.insert("position".into(), ArrayD::from_elem(ndarray::IxDyn(&[2]), (1u32 << 20) as f32));
+    let e = run("loglinear-gated-deltanet", serde_json::json!({}), &lx, Some(&far), Precision::Exact);
+    assert!(e.contains("state.position[0]") && e.contains("need L ≥"), "{e}");
 
     let glr = mixer("glr", &serde_json::json!({})).unwrap();
     let mut gd = mixer_core::mixer::complete_dims(glr.as_ref(), &d);

@@ -15,6 +15,7 @@ mod device_packed;
 mod device_state;
 mod errors_and_scale;
 mod glr;
+mod lift_state;
 mod loglinear;
 mod loglinear_backward;
 mod loglinear_backward_lift;

@@ -69,6 +69,30 @@ pub fn positions_each<F: Real>(state: &Tensors<F>, lens: &[usize]) -> Result<Vec
         ));
     }
     let slots = s.shape()[2];
+    let pos = level_positions(p, slots, lens)?;
+    for (b, &a) in pos.iter().enumerate() {
+        for i in 0..slots {
+            if (a >> i) & 1 == 0 && !is_zero(s.slice(ndarray::s![b, .., i, .., ..])) {
+                return Err(Error::Value {
+                    name: format!("state.{STATE}[{b}, :, {i}]"),
+                    constraint: format!(
+                        "slot {i} holds level {} of the next token, empty at position {a} (bit {i} \
+                         of {a} is 0), so it must be zero",
+                        i + 1
+                    ),
+                    found: "non-zero entries".into(),
+                });
+            }
+        }
+    }
+    Ok(pos)
+}
+
+/// The positions `p [B]` of a lift's state with `slots` level slots for a run of `lens[b]` tokens
+/// from row `b`, after the checks of [`positions_each`] that read the positions alone: whole
+/// numbers `≥ 0` and `L ≥ L(a + T)`. The CUDA backend reads only the positions of a state on
+/// device tensors back (the slots stay on the device, unchecked).
+pub fn level_positions<F: Real>(p: &ArrayD<F>, slots: usize, lens: &[usize]) -> Result<Vec<usize>> {
     let pos = crate::state::positions_each(p, lens)?;
     for (b, (&a, &t_len)) in pos.iter().zip(lens).enumerate() {
         let need = num_levels(a + t_len);
@@ -83,19 +107,6 @@ pub fn positions_each<F: Real>(state: &Tensors<F>, lens: &[usize]) -> Result<Vec
                 ),
                 found: format!("L = {slots}, position {a}"),
             });
-        }
-        for i in 0..slots {
-            if (a >> i) & 1 == 0 && !is_zero(s.slice(ndarray::s![b, .., i, .., ..])) {
-                return Err(Error::Value {
-                    name: format!("state.{STATE}[{b}, :, {i}]"),
-                    constraint: format!(
-                        "slot {i} holds level {} of the next token, empty at position {a} (bit {i} \
-                         of {a} is 0), so it must be zero",
-                        i + 1
-                    ),
-                    found: "non-zero entries".into(),
-                });
-            }
         }
     }
     Ok(pos)
