@@ -290,8 +290,7 @@ def chunk_log_linear_attn(
     level states merged ahead for the next token and the tokens consumed, docs/math.md §7.1),
     as this function returns it with ``output_final_state=True``; pass it back to continue the
     sequence (``L`` must then cover the levels of the whole sequence). Unlike fla's op, the
-    backward runs through an initial state. A state runs on the CPU backend (on CUDA tensors:
-    ``backend="cpu"``)."""
+    backward runs through an initial state, on either backend."""
     if initial_state is not None and not isinstance(initial_state, dict):
         raise NotImplementedError(
             "chunk_log_linear_attn: initial_state is the state this function returns (a dict of the "

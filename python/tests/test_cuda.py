@@ -158,33 +158,46 @@ def test_runs_from_a_state_in_the_tf32_and_bf16_modes_are_zero_copy(name, precis
     assert calls == ["forward", "backward"], calls
 
 
-def test_a_state_of_a_lift_takes_the_host_path():
-    """A lift's state (a dict of its level states and position) is refused by the CUDA backend
-    in the ``fast`` form (it names the CPU backend); with ``backend="cpu"`` CUDA tensors take the
-    host path, give CUDA tensors back and equal the CPU's run; the ``recurrent`` form runs it on
-    the CUDA backend (its decoder from the state) and equals it too; a lone tensor for it is
-    refused."""
+def test_a_lift_runs_from_its_state_on_cuda():
+    """A lift's state (a dict of its level states and position) runs on the CUDA backend in the
+    ``fast`` form (docs/math.md §7.1, the segments of ``loglinear::lift_state``): the second half
+    of a sequence from the first half's CUDA final state equals the second half of the whole run
+    on the CPU, and the final state equals the whole run's; ``backend="cpu"`` takes the host path
+    and agrees; the ``recurrent`` form (the decoder from the state) agrees too; the gradients
+    through the state (of the inputs and of the initial state) equal the CPU's; a lone tensor for
+    the state is refused."""
     s0 = torch.zeros(2, 2, 16, 16, device="cuda")
     whole = _dev(_inputs("loglinear-mamba2", 130))
     first = {k: v[:, :65] for k, v in whole.items()}
     second = {k: v[:, 65:] for k, v in whole.items()}
     with pytest.raises(ValueError, match="dict"):
         mixers.run("loglinear-mamba2", initial_state=s0, **first)
-    with pytest.raises(NotImplementedError, match="CPU backend"):
-        mixers.run("loglinear-mamba2", output_final_state=True, **first)
-    _, s = mixers.run("loglinear-mamba2", output_final_state=True, backend="cpu", **first)
+    _, s = mixers.run("loglinear-mamba2", output_final_state=True, **first)
     assert isinstance(s, dict) and s["S"].is_cuda
+    want = mixers.run("loglinear-mamba2", **{k: v.cpu() for k, v in whole.items()})[:, 65:]
+    _, want_fin = mixers.run("loglinear-mamba2", output_final_state=True, **{k: v.cpu() for k, v in whole.items()})
+    y, fin = mixers.run("loglinear-mamba2", initial_state=s, output_final_state=True, **second)
+    assert y.is_cuda and fin["S"].is_cuda
+    _close(y, want, TOL["exact"], "a lift from its CUDA state: the second half of the whole run")
+    for k in ("S", "position"):
+        _close(fin[k], want_fin[k], TOL["exact"], f"a lift from its CUDA state: final `{k}`")
     y = mixers.run("loglinear-mamba2", initial_state=s, backend="cpu", **second)
     assert y.is_cuda
-    want = mixers.run("loglinear-mamba2", **{k: v.cpu() for k, v in whole.items()})[:, 65:]
-    _close(y, want, TOL["exact"], "a lift from a state dict: the second half of the whole run")
-    # The recurrent form (the decoder) runs the lift from a state on the CUDA backend.
+    _close(y, want, TOL["exact"], "a lift from a state dict on the host path")
     y, fin = mixers.run("loglinear-mamba2", initial_state=s, form="recurrent", output_final_state=True, **second)
-    assert y.is_cuda and fin["S"].is_cuda
     _close(y, want, TOL["exact"], "a lift's CUDA decoder from a state: the second half of the whole run")
-    _, want_fin = mixers.run("loglinear-mamba2", output_final_state=True, **{k: v.cpu() for k, v in whole.items()})
-    for k in ("S", "position"):
-        _close(fin[k], want_fin[k], TOL["exact"], f"a lift's CUDA decoder from a state: final `{k}`")
+    # Gradients through the state: the second half from the first half's state, on CUDA and on
+    # the CPU (the same values).
+    grads = {}
+    for dev in ("cuda", "cpu"):
+        x = {k: v.detach().to(dev).requires_grad_(k in ("q", "k", "v", "g")) for k, v in second.items()}
+        st = {k: v.detach().to(dev) for k, v in s.items()}
+        st["S"].requires_grad_(True)
+        y, f = mixers.run("loglinear-mamba2", initial_state=st, output_final_state=True, **x)
+        (y.square().sum() + (f["S"] * 0.5).sum()).backward()
+        grads[dev] = {k: x[k].grad.cpu() for k in ("q", "k", "v", "g")} | {"S": st["S"].grad.cpu()}
+    for k, g in grads["cuda"].items():
+        _close(g, grads["cpu"][k], TOL["exact"], f"a lift from its CUDA state: d_{k}")
 
 
 def test_bfloat16_tensors_run_in_place_in_the_bf16_mode():
