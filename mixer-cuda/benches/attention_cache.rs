@@ -15,7 +15,7 @@
 
 use mixer_core::{Form, Precision, Tensors};
 use mixer_cuda::forms::upload_inputs;
-use mixer_cuda::timing::median_event_time;
+use mixer_cuda::timing::{bench_options, median_event_time};
 use mixer_cuda::{run_device, run_device_from_state};
 use ndarray::{ArrayD, IxDyn};
 
@@ -39,14 +39,7 @@ fn random(shape: &[usize], seed: u64) -> ArrayD<f32> {
 }
 
 fn main() -> mixer_core::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let reps = args
-        .iter()
-        .position(|a| a == "--reps")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(20);
+    let (quick, reps) = bench_options();
     let m = mixer_registry::mixer("attention", &serde_json::json!({}))?;
     let shapes = if quick { &SHAPES[..2] } else { &SHAPES[..] };
     for &(b, l, t, h, d) in shapes {

@@ -15,7 +15,7 @@
 use mixer_core::mixer::Mixer;
 use mixer_core::{Dims, Form, Precision, Tensors};
 use mixer_cuda::forms::upload_inputs;
-use mixer_cuda::timing::median_event_time;
+use mixer_cuda::timing::{bench_options, median_event_time};
 use mixer_cuda::{run_device, run_device_from_state};
 use ndarray::{ArrayD, IxDyn};
 
@@ -51,14 +51,7 @@ fn state_at(m: &dyn Mixer, d: &Dims, a: usize) -> mixer_core::Result<Tensors<f32
 }
 
 fn main() -> mixer_core::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let reps = args
-        .iter()
-        .position(|a| a == "--reps")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(20);
+    let (quick, reps) = bench_options();
     let shapes = if quick { &SHAPES[..2] } else { &SHAPES[..] };
     for name in ["loglinear-mamba2", "loglinear-gated-deltanet"] {
         let m = mixer_registry::mixer(name, &serde_json::json!({}))?;

@@ -128,6 +128,20 @@ pub fn median_event_time<R>(reps: usize, budget_s: f64, mut run: impl FnMut() ->
     Ok(v[v.len() / 2])
 }
 
+/// The options of this crate's benches from the command line: `--quick` (the first shapes only)
+/// and `--reps N` (timed calls per measurement, default 20).
+pub fn bench_options() -> (bool, usize) {
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let reps = args
+        .iter()
+        .position(|a| a == "--reps")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20);
+    (quick, reps)
+}
+
 /// Records an event on the backend's stream.
 fn event() -> Result<cudarc::driver::CudaEvent> {
     let g = gpu()?;
