@@ -160,7 +160,7 @@ fn inputs<'a, F: GpuReal>(ll: &LogLinear, x: &'a DeviceTensors) -> Result<(Input
                 Err(Error::MissingInput {
                     name: name.into(),
                     expected: format!("[{b}, {t}, {h}]"),
-                    given: String::new(),
+                    given: x.keys().cloned().collect::<Vec<_>>().join(", "),
                 })
             } else {
                 Ok(None)
