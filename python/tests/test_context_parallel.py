@@ -131,10 +131,10 @@ def test_ranks_equal_one_process(name, cuts):
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2
                     or not dist.is_nccl_available(), reason="needs two CUDA devices and NCCL")
-@pytest.mark.parametrize("name", [n for n in _NAMES if not n.startswith("loglinear-")])
+@pytest.mark.parametrize("name", _NAMES)
 def test_ranks_on_two_gpus_equal_one_process(name):
-    """Two ranks on two GPUs over NCCL (each process's CUDA backend on its rank's device). Not the
-    lifts: the CUDA backend runs no lift from a state yet."""
+    """Two ranks on two GPUs over NCCL (each process's CUDA backend on its rank's device), the
+    lifts included (their run from a state on CUDA: docs/math.md §7.1)."""
     _check_ranks(name, [30], "nccl")
 
 
