@@ -93,8 +93,9 @@ pub fn run<F: GpuReal>(
 /// The backward of the `fast` form from the initial state `s0` with the final state's cotangent
 /// `d_final` (both `S [B, H, Dv, Dk]` as `F`; `None`: zero): `d_<input>` as [`run`] gives them and,
 /// with `s0`, the initial state's gradient `S̄_0 [B, H, Dv, Dk]` (module documentation). With
-/// either state it runs in the exact mode whatever `p` asks; the lifts are refused
-/// ([`unsupported`], [`fast::state_unsupported`]).
+/// either state it runs in the exact mode whatever `p` asks; the lifts' level states are refused
+/// here ([`unsupported`], [`fast::state_unsupported`]): their backward from a state is
+/// [`super::lift_state::backward_from`]'s.
 pub fn run_from<F: GpuReal>(
     ll: &LogLinear,
     x: &DeviceTensors,
