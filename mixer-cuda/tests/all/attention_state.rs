@@ -164,7 +164,8 @@ fn attention_splits_the_keys_of_a_long_cache() {
 
 /// On device tensors in every mode: the same bits as the host-array run on CUDA (which uploads the
 /// same values), `y` in the mode's storage, within the mode's tolerance of the f64 CPU run; the
-/// backward from a state is refused there (the host arrays have it).
+/// backward from the cache on device tensors (with and without the final cache's cotangent)
+/// against the CPU's.
 #[test]
 #[ignore = "needs a CUDA device"]
 fn attention_from_a_cache_on_device_tensors_in_every_mode() {
