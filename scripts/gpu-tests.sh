@@ -9,7 +9,8 @@
 #
 # Build the binary with `cargo test --release -p mixer-cuda --test all --no-run` (the path is in
 # its output). Environment: T (seconds per group, default 420), TT (seconds for the timing tests,
-# run alone after the groups, default 300). The whole binary took about 290–380 s of wall time as
+# run alone after the groups, default 300), SHARD=i/n (only every n-th test from the i-th, from 0:
+# the binary in n device calls, e.g. SHARD=0/2 then SHARD=1/2; the timing tests run with shard 0). The whole binary took about 290–380 s of wall time as
 # 11 groups on one H200 (2026-12-03). Prints each group's summary, every failure and the tests
 # that did not finish; exits 0 only when every test passed.
 set -uo pipefail
@@ -18,6 +19,10 @@ groups=${2:-11}
 out=${OUT:-/tmp}
 export MIXERS_REQUIRE_CUDA=1
 all=$("$bin" --list --include-ignored 2>/dev/null | sed -n 's/: test$//p')
+if [ -n "${SHARD:-}" ]; then
+  shard=${SHARD%/*} shards=${SHARD#*/}
+  all=$(printf '%s\n' "$all" | awk -v i="$shard" -v n="$shards" '/_timing/ ? i == 0 : (NR - 1) % n == i')
+fi
 # The timing tests (names with `_timing`) run after the groups, one at a time: side by side they
 # measure each other, and ten processes' large inputs ran an 80 GB H100 out of memory.
 names=$(printf '%s\n' "$all" | grep -v '_timing')
