@@ -13,11 +13,11 @@
 //!     cargo bench -p mixer-cuda --bench lift_state -- [--quick] [--reps N]
 
 use mixer_core::mixer::Mixer;
+use mixer_core::mixers::loglinear::lift_state::at_positions;
 use mixer_core::{Dims, Form, Precision, Tensors};
 use mixer_cuda::forms::upload_inputs;
 use mixer_cuda::timing::{bench_options, median_event_time};
 use mixer_cuda::{run_device, run_device_from_state};
-use ndarray::{ArrayD, IxDyn};
 
 /// `(B, a, T, H, D)`: chunked prefill after a power of two and after an odd position (a segment
 /// per set bit of `a` at the start), batches, head dims 64 and 128, few tokens after a long prefix.
@@ -38,15 +38,7 @@ fn dims([b, t, h, d, l]: [usize; 5]) -> Dims {
 /// clear).
 fn state_at(m: &dyn Mixer, d: &Dims, a: usize) -> mixer_core::Result<Tensors<f32>> {
     let mut s = m.random_state(d, 5)?;
-    if let Some(st) = s.get_mut("S") {
-        for (i, mut slot) in st.axis_iter_mut(ndarray::Axis(2)).enumerate() {
-            if (a >> i) & 1 == 0 {
-                slot.fill(0.0);
-            }
-        }
-    }
-    let b = d.get("B").copied().unwrap_or(1);
-    s.insert("position".into(), ArrayD::from_elem(IxDyn(&[b]), a as f64));
+    at_positions(&mut s, &vec![a; d.get("B").copied().unwrap_or(1)])?;
     Ok(mixer_core::tensor::cast_tensors::<f32>(&s))
 }
 

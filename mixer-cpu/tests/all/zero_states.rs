@@ -5,11 +5,12 @@
 //! state's gradient from positions on a chunk boundary, the second wrong `v̄`).
 
 use mixer_core::mixer::complete_dims;
+use mixer_core::mixers::loglinear::lift_state::at_positions;
 use mixer_core::{AnyTensors, Dims, Form, Requires, Tensor, Tolerance};
 use mixer_registry::backward::backward;
 use mixer_registry::state::backward_state;
 use mixer_registry::{Backend, mixer};
-use ndarray::{ArrayD, IxDyn};
+use ndarray::ArrayD;
 
 /// The lifts from a level state at positions on a chunk boundary (64, 4096) and off one, with
 /// every slot zero except at the random state's own position bits (so the live slots at the
@@ -25,19 +26,8 @@ fn a_zero_live_level_keeps_its_gradient() {
                 [("B", 1), ("T", t), ("H", 2), ("Dk", 8), ("Dv", 6), ("L", 14)].into_iter().collect();
             let x = m.random_inputs(&d, 3).unwrap();
             let mut s = m.random_state(&d, 4).unwrap();
-            for ((_, _, i, _, _), v) in s
-                .get_mut("S")
-                .unwrap()
-                .view_mut()
-                .into_dimensionality::<ndarray::Ix5>()
-                .unwrap()
-                .indexed_iter_mut()
-            {
-                if (a >> i) & 1 == 0 || i < 6 {
-                    *v = 0.0;
-                }
-            }
-            s.insert("position".into(), ArrayD::from_shape_vec(IxDyn(&[1]), vec![a as f64]).unwrap());
+            at_positions(&mut s, &[a]).unwrap();
+            s.get_mut("S").unwrap().slice_mut(ndarray::s![.., .., ..6, .., ..]).fill(0.0);
             let (y, f) = m.state_oracle(&x, Some(&s)).unwrap();
             let dy = y.mapv(|v| (2.3 * v + 0.4).sin());
             let df: mixer_core::Tensors<f64> =

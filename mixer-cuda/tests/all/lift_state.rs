@@ -7,6 +7,7 @@
 //! device (fail under `MIXERS_REQUIRE_CUDA=1`).
 
 use mixer_core::mixer::Mixer;
+use mixer_core::mixers::loglinear::lift_state::at_positions;
 use mixer_core::state::segment;
 use mixer_core::tensor::{cast_tensors, tensors_to_f64};
 use mixer_core::{DType, Dims, Form, Precision, Tensors, Tolerance};
@@ -14,7 +15,7 @@ use mixer_cuda::forms::upload_inputs;
 use mixer_cuda::{AnyDeviceTensor, run_device_from_state};
 use mixer_registry::mixer;
 use mixer_registry::state::run_state;
-use ndarray::{ArrayD, Axis, IxDyn};
+use ndarray::{ArrayD, Axis};
 
 use crate::common::{cpu, cuda, gpu};
 use crate::state_grads::{compare, grads};
@@ -29,18 +30,7 @@ fn dims([b, t, h, dk, dv, l]: [usize; 6]) -> Dims {
 /// where the position's bit is clear, as a state at that position is).
 fn state_at(m: &dyn Mixer, d: &Dims, pos: &[usize], seed: u64) -> Tensors<f64> {
     let mut s = m.random_state(d, seed).unwrap();
-    let st = s.get_mut("S").unwrap();
-    for ((b, _, i, _, _), x) in
-        st.view_mut().into_dimensionality::<ndarray::Ix5>().unwrap().indexed_iter_mut()
-    {
-        if (pos[b] >> i) & 1 == 0 {
-            *x = 0.0;
-        }
-    }
-    s.insert(
-        "position".into(),
-        ArrayD::from_shape_vec(IxDyn(&[pos.len()]), pos.iter().map(|&a| a as f64).collect()).unwrap(),
-    );
+    at_positions(&mut s, pos).unwrap();
     s
 }
 

@@ -138,6 +138,16 @@ pub fn project<F: Real>(s: &mut ArrayD<F>, pos: &[usize]) {
     }
 }
 
+/// Moves a lift's state `s` to the positions `pos` (one per batch row): its slots that are empty
+/// there zeroed ([`project`]) and `position` set, so that it is a valid state at them whatever
+/// values its live slots hold.
+pub fn at_positions<F: Real>(s: &mut Tensors<F>, pos: &[usize]) -> Result<()> {
+    let st = s.get_mut(STATE).ok_or_else(|| Error::Numerical("no state tensor".into()))?;
+    project(st, pos);
+    s.insert(POSITION.into(), crate::state::position_tensor(pos));
+    Ok(())
+}
+
 /// One head's tokens, row-major: `q, k` (`T·Dk`), `v` (`T·Dv`), `g` (`T`, log-decays; zeros
 /// without a decay), `beta` (`T`; ones without the delta rule), `lam` (`T·nl`, the λ weights
 /// after the scheme).
@@ -687,22 +697,7 @@ pub(crate) fn random_state(dims: &crate::Dims, mut s: Tensors<f64>) -> Result<Te
     let span = (1usize << nl.saturating_sub(1).min(40)).saturating_sub(t_len);
     let nb = get(&s, POSITION)?.len();
     let pos: Vec<usize> = (0..nb).map(|b| if span == 0 { 0 } else { 1 + (b * 7 + 5) % span }).collect();
-    let st = s.get_mut(STATE).ok_or_else(|| Error::Numerical("no state tensor".into()))?;
-    for ((b, _, i, _, _), x) in st
-        .view_mut()
-        .into_dimensionality::<ndarray::Ix5>()
-        .map_err(|e| Error::Numerical(e.to_string()))?
-        .indexed_iter_mut()
-    {
-        if (pos[b] >> i) & 1 == 0 {
-            *x = 0.0;
-        }
-    }
-    s.insert(
-        POSITION.into(),
-        ArrayD::from_shape_vec(IxDyn(&[nb]), pos.iter().map(|&a| a as f64).collect())
-            .map_err(|e| Error::Numerical(e.to_string()))?,
-    );
+    at_positions(&mut s, &pos)?;
     Ok(s)
 }
 
