@@ -19,7 +19,7 @@ Mamba-2, gated DeltaNet), goes here instead of through host copies:
 - kernels are compiled by NVRTC on a shape's first call: run each op once before capturing a
   graph (:func:`warmup`).
 
-The common call (no state, no ``cu_seqlens``, outside ``torch.compile``) comes here straight from
+The common call (no state, outside ``torch.compile``; a packed batch too) comes here straight from
 :func:`mixers._ops.call` through :func:`forward_plain` (no autograd ``Function`` at all when no
 gradient is wanted): the same library call as :func:`forward`, with less Python around it.
 
@@ -221,15 +221,16 @@ def _allocator_of(index: int):
 
 
 def forward_plain(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], config: str, form: str,
-                  precision: str) -> torch.Tensor:
+                  precision: str, cu_seqlens: Optional[List[int]] = None) -> torch.Tensor:
     """``y`` of :func:`forward` without a state, for tensors that are all on the backend's device (the
     caller has checked; :func:`applies` holds), enqueued on the current stream: the same library
-    call, with less Python around it (the common call of :func:`mixers._ops.call`)."""
+    call, with less Python around it (the common call of :func:`mixers._ops.call`); with
+    ``cu_seqlens`` (the offsets) the packed batch."""
     keep, raw = _prepare(names, tensors, precision)
     index = device(tensors[0])
     stream = _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
     y, _ = _mixers.cuda_forward(mixer, raw, stream, _allocator_of(index), config=config, form=form,
-                                precision=precision)
+                                precision=precision, cu_seqlens=cu_seqlens)
     del keep
     return _view(y)
 

@@ -18,9 +18,10 @@ breaks; the forward's autograd formula calls the backward op, which runs the lib
 backward (``fast`` on the CPU, or the forward's form where the backend has a backward of it).
 :func:`call` (every function of the package) uses the ops while ``torch.compile`` traces, and
 in eager mode the same implementations through :class:`_Eager` (no ``torch.library`` dispatch);
-the common eager call on the zero-copy CUDA path (no state, no ``cu_seqlens``) goes more directly
-still: through :class:`_Plain`, or with no autograd ``Function`` at all when no gradient is
-wanted (:func:`_plain_forward`, the op's forward for that case; the backward is the op's).
+the common eager call on the zero-copy CUDA path (no state; a packed batch in the ``fast`` form
+too) goes more directly still: through :class:`_Plain`, or with no autograd ``Function`` at all
+when no gradient is wanted (:func:`_plain_forward`, the op's forward for that case; the backward
+is the op's).
 
 What is copied: every input is read through numpy (a CPU ``float32``/``float64`` tensor is
 viewed, not copied) and copied once into the library's row-major arrays; outputs come back as
@@ -432,34 +433,36 @@ def _wants_grad(requires_grad: bool) -> bool:
     return (requires_grad and torch.is_grad_enabled()) or getattr(_FORWARD_AD, "_current_level", 0) != -1
 
 
-def _plain_forward(plan, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+def _plain_forward(plan, tensors: Sequence[torch.Tensor], cu_seqlens=None) -> torch.Tensor:
     """``y`` of the op's forward implementation for a call of ``plan`` (:func:`_plan`) whose
-    tensors are all on the CUDA backend's device: the zero-copy path, ``y`` in the mixed input's dtype."""
+    tensors are all on the CUDA backend's device: the zero-copy path, ``y`` in the mixed input's
+    dtype; with ``cu_seqlens`` (the offsets tensor, ``fast`` form) the packed batch."""
     mixer, names, config, form, _, precision, mixed = plan
-    y = _cuda.forward_plain(mixer, names, tensors, config, form, precision)
+    y = _cuda.forward_plain(mixer, names, tensors, config, form, precision, cu_seqlens=_offsets(cu_seqlens))
     dtype = tensors[mixed].dtype
     return y if y.dtype == dtype else y.to(dtype)
 
 
 class _Plain(torch.autograd.Function):
-    """:class:`_Eager` for a call without a state or ``cu_seqlens`` on the zero-copy CUDA path:
-    one non-tensor argument (the call's :func:`_plan`), ``y`` alone as the output, the forward
+    """:class:`_Eager` for a call without a state on the zero-copy CUDA path: one non-tensor
+    argument (the call's :func:`_plan` and its ``cu_seqlens``), ``y`` alone as the output, the forward
     :func:`_plain_forward`, the backward the op's backward implementation (so the same gradients,
     and the same fallback to the host path where the CUDA backend has no backward)."""
 
     @staticmethod
-    def forward(ctx, plan, *tensors):
-        y = _plain_forward(plan, tensors)
+    def forward(ctx, call, *tensors):
+        plan, cu_seqlens = call
+        y = _plain_forward(plan, tensors, cu_seqlens)
         ctx.save_for_backward(*tensors)
-        ctx.plan = plan
+        ctx.call = call
         return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, d_y):
-        mixer, names, config, form, backend, precision, _ = ctx.plan
+        (mixer, names, config, form, backend, precision, _), cu_seqlens = ctx.call
         tensors = list(ctx.saved_tensors)
-        grads = _IMPLS[mixer][1](tensors, names, d_y, None, None, None, config, form, backend, precision)
+        grads = _IMPLS[mixer][1](tensors, names, d_y, None, None, cu_seqlens, config, form, backend, precision)
         return (None, *grads[: len(tensors)])
 
 
@@ -531,11 +534,11 @@ def call(
     if backend is None:
         backend = default_backend(tensors[0])
     op = mixer_op(mixer)
-    # The common call on the zero-copy path (`_cuda.applies` without a state or cu_seqlens), in
-    # eager mode outside functorch's transforms (which take the op's `_Eager`, as before).
-    if (initial_state is None and not output_final_state and cu_seqlens is None and backend == "cuda"
-            and (form == "fast" or form == "parallel") and not torch.compiler.is_compiling()
-            and not torch._C._are_functorch_transforms_active()):
+    # The common call on the zero-copy path (`_cuda.applies` without a state; a packed batch in the
+    # fast form), in eager mode outside functorch's transforms (which take the op's `_Eager`).
+    if (initial_state is None and not output_final_state and backend == "cuda"
+            and (form == "fast" or (form == "parallel" and cu_seqlens is None))
+            and not torch.compiler.is_compiling() and not torch._C._are_functorch_transforms_active()):
         grad = False
         dev = _cuda.device(tensors[0])
         for t in tensors:
@@ -547,10 +550,16 @@ def call(
             plan = _plan(mixer, tuple(names), cfg, form, backend, precision)
             if plan is not None:
                 # No autograd node where no gradient is wanted, backward or forward-mode (a dual
-                # level makes the Function's missing jvp an error, as it is for `_Eager`).
-                if _wants_grad(grad):
-                    return _Plain.apply(plan, *tensors)
-                return _plain_forward(plan, tensors)
+                # level makes the Function's missing jvp an error, as it is for `_Eager`). A packed
+                # batch the CUDA backend cannot run on device tensors takes the op's path below
+                # (its host path).
+                try:
+                    if _wants_grad(grad):
+                        return _Plain.apply((plan, cu_seqlens), *tensors)
+                    return _plain_forward(plan, tensors, cu_seqlens)
+                except NotImplementedError:
+                    if cu_seqlens is None:
+                        raise
     given = dict(zip(names, tensors))
     layout = None
     if initial_state is not None or output_final_state:

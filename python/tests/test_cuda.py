@@ -468,9 +468,10 @@ def test_packed_batches_on_cuda_tensors_are_zero_copy(name, precision, monkeypat
     final states and every gradient equal the Rust CUDA path's packed call (host arrays) bit for
     bit, and rows past the last offset are zero."""
     calls = []
-    for fn in ("forward", "backward"):
-        real = getattr(_cuda, fn)
-        monkeypatch.setattr(_cuda, fn, lambda *a, _f=real, _n=fn, **k: (calls.append(_n), _f(*a, **k))[1])
+    # (a packed batch without a state takes the direct path's forward_plain)
+    for fn in ("forward", "forward_plain", "backward"):
+        real, tag = getattr(_cuda, fn), fn.replace("_plain", "")
+        monkeypatch.setattr(_cuda, fn, lambda *a, _f=real, _n=tag, **k: (calls.append(_n), _f(*a, **k))[1])
     cu = [0, 0, 1, 66, 130, 170]
     x = {k: v[:1] for k, v in _inputs(name, 180, torch.float32).items()}
     stateful = name != "attention"
@@ -515,9 +516,10 @@ def test_packed_glr_and_toeplitz_on_cuda_tensors_are_zero_copy(name, config, mon
     zero-copy path, forward and backward; y and every gradient equal the Rust CUDA path's packed
     call on host arrays bit for bit, and rows past the last offset are zero."""
     calls = []
-    for fn in ("forward", "backward"):
-        real = getattr(_cuda, fn)
-        monkeypatch.setattr(_cuda, fn, lambda *a, _f=real, _n=fn, **k: (calls.append(_n), _f(*a, **k))[1])
+    # (a packed batch without a state takes the direct path's forward_plain)
+    for fn in ("forward", "forward_plain", "backward"):
+        real, tag = getattr(_cuda, fn), fn.replace("_plain", "")
+        monkeypatch.setattr(_cuda, fn, lambda *a, _f=real, _n=tag, **k: (calls.append(_n), _f(*a, **k))[1])
     cu = [0, 0, 1, 66, 130, 170]
     x = inputs(name, config, dtype=torch.float32, seq=180, seed=3, **dict(SIZES, batch=1))
     dev = {k: v.cuda().requires_grad_() for k, v in x.items()}
