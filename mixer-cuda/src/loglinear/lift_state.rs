@@ -43,7 +43,7 @@ use crate::forms::{cotangent, finish, input, input_opt};
 use crate::kernels;
 use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu, grid1, int, launch};
-use crate::state_rows::{copy_as, counts};
+use crate::state_rows::{copy_as, counts, gathered};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, GpuReal};
 
 /// One segment `[c, e)` of a run (absolute positions) with its rows: `held` the slots live at
@@ -346,23 +346,6 @@ fn states<F: GpuReal>(
     DeviceTensor::from_pooled(out, shape)
 }
 
-/// Token rows `r0 … r0 + n − 1` of `x [B, T, …]`, as `[B, n, …]`.
-fn token_rows<F: GpuReal>(x: &DeviceTensor<F>, r0: usize, n: usize) -> Result<DeviceTensor<F>> {
-    let s = x.shape();
-    let row: usize = s[2..].iter().product();
-    let mut shape = s.to_vec();
-    shape[1] = n;
-    let mut out = pool::take::<F>(FAMILY, s[0] * n * row)?;
-    if s[0] * n * row > 0 {
-        let g = gpu()?;
-        let f = g.kernel(FAMILY, &kernels::TENSOR, &[], &format!("copy_rows_{}", F::SUFFIX))?;
-        let src = x.view().slice(r0 * row..);
-        let (sp, dp, w, rows) = ((s[1] * row) as i64, (n * row) as i64, (n * row) as i64, s[0] as i64);
-        launch!(g, FAMILY, f, grid1((s[0] * n * row).min(1 << 20), 256); &src, &sp, &mut *out, &dp, &w, &rows)?;
-    }
-    DeviceTensor::from_pooled(out, &shape)
-}
-
 /// The segment's rows of the base run: `x` (`q`, `k`, `v`, `g`, `beta` as [`Spread`] says) and the
 /// initial states (`lls_load` of the level states at `c`).
 fn base_rows<F: GpuReal>(
@@ -400,7 +383,7 @@ fn lift_rows<F: GpuReal>(inp: &Inputs<F>, seg: &Segment, r0: usize) -> Result<De
         ("lambda", Some(&inp.w)),
     ] {
         if let Some(t) = t {
-            x.insert(name.into(), F::wrap(token_rows(t, r0, n)?));
+            x.insert(name.into(), F::wrap(gathered(t, &vec![r0; t.shape()[0]], n)?));
         }
     }
     Ok(x)
@@ -527,7 +510,7 @@ fn backward_rows<F: GpuReal>(
         let (n, r0) = (seg.len(), seg.c - a);
         let rows = seg.rows();
         // The lift on the segment's own tokens, from zero.
-        let dy_seg = F::wrap(token_rows(dy, r0, n)?);
+        let dy_seg = F::wrap(gathered(dy, &vec![r0; dy.shape()[0]], n)?);
         let gl = backward::run::<F>(
             &m.lift,
             &lift_rows(inp, seg, r0)?,
