@@ -298,7 +298,10 @@ extern "C" __global__ void __launch_bounds__(128, 4)
 // The scores stay in registers and are P·V's A operand: inside each 8-key step the key order is
 // permuted (A column t ↔ key 2t, column t + 4 ↔ key 2t + 1) and V's rows are read in that order.
 // Key steps after the warp's last row are skipped. Columns ≥ Dk of Q and K, rows ≥ Dk of H, tokens
-// ≥ n and value columns ≥ Dv are zero-filled by the copies. Dk only sets the length of the loops
+// ≥ n and value columns ≥ Dv are zero-filled by the copies. With HT the states are stored
+// transposed ([Dv][Dk] per chunk: the backward's reversed run for d_v reads the chunk states of its
+// run for d_k, which are the transposes of its own): H's tile is copied as K's is (rows = value
+// columns) and its fragments read at the transposed index. Dk only sets the length of the loops
 // over key columns, so KT changes the shared memory and not the registers.
 // TI is the activations' type (q, k, v and y): f32 here (rounded to tf32 as operands); bf16 (the
 // bf16 mode) in llc_out_direct_bf below. Shared tiles are unpadded and XOR-swizzled so that every
@@ -327,7 +330,7 @@ __device__ __forceinline__ void lld_scale_rows(float (&o)[8][4], const double* g
 #pragma unroll
     for (int dt = 0; dt < 8; ++dt) o[dt][0] *= f0, o[dt][1] *= f0, o[dt][2] *= f1, o[dt][3] *= f1;
 }
-template <typename TI, int KT>
+template <typename TI, int KT, bool HT = false>
 __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const float* g, int has_g, const float* F,
                                   TI* y, int Tn, int H, int Dk, int Dv, int nc, double scale, int read0, const int* tab,
                                   int has_tab) {
@@ -346,15 +349,24 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
     const long long row0 = ((long long)b * Tn + i0) * H + h;
     const float sc = (float)scale;
     const bool vq = Dk % E == 0 && llc_al16(q) && llc_al16(k), vv = Dv % E == 0 && llc_al16(v),
-               vf = Dv % 4 == 0 && llc_al16(F);
+               vf = (HT ? Dk : Dv) % 4 == 0 && llc_al16(F);
     const int DK8 = (Dk + 7) / 8;
     auto atqk = [](int r, int c) { return lld_at<TI, KT>(r, c, true); };
     auto atv = [](int r, int c) { return lld_at<TI, KT>(r, c, false); };
+    // The state's entry (c, d) (key column c, value column d of the tile): H[c][d0 + d], or with HT
+    // (the state stored transposed, [Dv][Dk]) H[d0 + d][c], staged as K is (rows d).
+    auto ath = [](int c, int d) { return HT ? lld_at<float, KT>(d, c, true) : lld_h(c, d); };
     // Group 1: Q and the entering state (none for a first chunk unless read0: a run from a state);
     // group 2: K and V.
     const bool state = !ck.first || read0;
     lld_tile<64, KT>(Qs, q + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
-    if (state) lld_tile<KT, 64>(Hs, F + ((long long)bh * nc + i) * Dk * Dv + d0, Dv, Dk, nd, vf, lld_h);
+    if (state) {
+        const float* Fc = F + ((long long)bh * nc + i) * Dk * Dv;
+        if (HT)
+            lld_tile<64, KT>(Hs, Fc + (long long)d0 * Dk, Dk, nd, Dk, vf, atqk);
+        else
+            lld_tile<KT, 64>(Hs, Fc + d0, Dv, Dk, nd, vf, lld_h);
+    }
     asm volatile("cp.async.commit_group;\n" ::);
     lld_tile<64, KT>(Ks, k + row0 * Dk, (long long)H * Dk, n, Dk, vq, atqk);
     lld_tile<64, 64>(Vs, v + row0 * Dv + d0, (long long)H * Dv, n, nd, vv, atv);
@@ -372,8 +384,8 @@ __device__ void llc_out_direct_tc(const TI* q, const TI* k, const TI* v, const f
                            a3 = mx_tf32(Qs[atqk(r1, c + 4)]);
 #pragma unroll
             for (int dt = 0; dt < 8; ++dt)
-                mx_mma_tf32(o[dt], a0, a1, a2, a3, mx_tf32(Hs[lld_h(c, dt * 8 + gi)]),
-                            mx_tf32(Hs[lld_h(c + 4, dt * 8 + gi)]));
+                mx_mma_tf32(o[dt], a0, a1, a2, a3, mx_tf32(Hs[ath(c, dt * 8 + gi)]),
+                            mx_tf32(Hs[ath(c + 4, dt * 8 + gi)]));
         }
         lld_scale_rows(o, gam, r0, n, sc);
     }
@@ -559,7 +571,8 @@ __device__ void llc_out_direct_bf(const mx_bf16* q, const mx_bf16* k, const mx_b
         }
 }
 
-// llc_out_direct_tc_f32 (Dk ≤ 64) and llc_out_direct_tc_f32_k128 (Dk ≤ 128); the bf16 mode's
+// llc_out_direct_tc_f32 (Dk ≤ 64) and llc_out_direct_tc_f32_k128 (Dk ≤ 128), with _ht the states
+// transposed (HT); the bf16 mode's
 // llc_out_direct_tc_bf16 and llc_out_direct_tc_bf16_k128 (f32 states: gated DeltaNet's pass, and
 // the runs of the backward, which keeps them), llc_out_direct_tc_hb and llc_out_direct_tc_hb_k128
 // (the states in bf16: llc_scan_hb, llc_walk_tc_hb).
@@ -571,6 +584,8 @@ __device__ void llc_out_direct_bf(const mx_bf16* q, const mx_bf16* k, const mx_b
     }
 LLD_EXPORT(llc_out_direct_tc_f32, float, float, (llc_out_direct_tc<float, 64>))
 LLD_EXPORT(llc_out_direct_tc_f32_k128, float, float, (llc_out_direct_tc<float, 128>))
+LLD_EXPORT(llc_out_direct_tc_f32_ht, float, float, (llc_out_direct_tc<float, 64, true>))
+LLD_EXPORT(llc_out_direct_tc_f32_ht_k128, float, float, (llc_out_direct_tc<float, 128, true>))
 LLD_EXPORT(llc_out_direct_tc_bf16, mx_bf16, float, (llc_out_direct_bf<64, float>))
 LLD_EXPORT(llc_out_direct_tc_bf16_k128, mx_bf16, float, (llc_out_direct_bf<128, float>))
 LLD_EXPORT(llc_out_direct_tc_hb, mx_bf16, mx_bf16, (llc_out_direct_bf<64, mx_bf16>))

@@ -59,7 +59,7 @@ use std::marker::PhantomData;
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
-use super::common::{Device, Elem, FAMILY, Storage, view_or_zero};
+use super::common::{Device, Elem, FAMILY, Launch, Storage, view_or_zero};
 use super::{backward_chunked, backward_lift, backward_lift_delta, fast};
 use crate::forms::input;
 use crate::kernels;
@@ -330,6 +330,24 @@ pub(crate) trait Transposes {
         want_final: bool,
         want_chunks: bool,
     ) -> Result<(Self::T, Option<Self::T>, Option<Self::T>)>;
+    /// Whether [`Transposes::forward_transposed`] runs the forward of `[q, k, v]` here.
+    fn shares_chunks(&self, _qkv: [&Self::T; 3]) -> Result<bool> {
+        Ok(false)
+    }
+    /// `y` of [`Transposes::forward`] of `[q, k, v]` (log-decays `g`, scale `σ`) whose states
+    /// entering the chunks are `chunks` transposed: `chunks [B, H, ⌈T/C⌉, Dv, Dk]` is what
+    /// `forward` keeps for the run of `[·, v, k]` (keys and values exchanged), chunk 0's the
+    /// transposed initial state, read with `read0`. Where [`Transposes::shares_chunks`] says so.
+    fn forward_transposed(
+        &self,
+        _qkv: [&Self::T; 3],
+        _g: Option<&Self::T>,
+        _sigma: f64,
+        _chunks: &Self::T,
+        _read0: bool,
+    ) -> Result<Self::T> {
+        Err(err(FAMILY, "internal: no forward from transposed chunk states here"))
+    }
     /// Each state transposed: `out[b, h] = s[b, h]ᵀ`.
     fn transpose_state(&self, s: &Self::T) -> Result<Self::T>;
     /// Each state times its first token's decay: `out[b, h] = e^{g[b, 0, h]} s[b, h]`.
@@ -349,8 +367,10 @@ pub(crate) trait Transposes {
 
 /// The VJP of linear attention (`g = None`) or Mamba-2 of scale `sigma` by transposed operators
 /// (module documentation), from `states`: one forward for `dq` (from `S_0ᵀ`), one reversed
-/// forward each for `dv` (from `S̄_T`; also run for `S̄_0` with an initial state) and `dk` (from
-/// `S̄_Tᵀ`), then `dg`.
+/// forward each for `dk` (from `S̄_Tᵀ`) and `dv` (from `S̄_T`; also run for `S̄_0` with an initial
+/// state), then `dg`. The reversed runs exchange keys and values, so their chunk states are each
+/// other's transposes: where [`Transposes::shares_chunks`], the run for `dv` reads those the run
+/// for `dk` kept ([`Transposes::forward_transposed`]) instead of computing its own.
 pub(crate) fn transposed<O: Transposes>(
     o: &O,
     [q, k, v, dy]: [&O::T; 4],
@@ -380,24 +400,49 @@ pub(crate) fn transposed<O: Transposes>(
     if need_k || want.v || s0.is_some() {
         let gr = g.map(|g| o.reverse_decay(g, tp)).transpose()?;
         let (rq, rdy) = (o.reverse(q, 1.0, tp, tp)?, o.reverse(dy, sigma, tp, tp)?);
-        if want.v || s0.is_some() {
-            let rk = o.reverse(k, 1.0, tp, tp)?;
-            let (r, fin, _) = o.forward([&rk, &rq, &rdy], gr.as_ref(), 1.0, d_final, s0.is_some(), false)?;
-            if want.v {
-                dv = Some(o.reverse(&r, 1.0, tp, tn)?);
-            }
-            ds0 = match (fin, g) {
+        let rk = if want.v || s0.is_some() { Some(o.reverse(k, 1.0, tp, tp)?) } else { None };
+        // The reversed runs for d_k and d_v exchange keys and values, so their chunk states are
+        // each other's transposes: where the backend reads states transposed, the run for d_v
+        // reads the run for d_k's instead of making its own.
+        let share = match &rk {
+            Some(rk) if need_k && want.v => o.shares_chunks([rk, &rq, &rdy])?,
+            _ => false,
+        };
+        // S̄_0 from the final state of the run for d_v ([Dv, Dk] of the forward's), or from the
+        // run for d_k's transposed.
+        let initial_grad = |fin: Option<O::T>, transposed: bool| -> Result<Option<O::T>> {
+            let fin = match fin {
+                Some(f) if transposed => Some(o.transpose_state(&f)?),
+                f => f,
+            };
+            Ok(match (fin, g) {
                 (Some(f), Some(g)) => Some(o.decay_state(&f, g)?),
                 (f, None) => f,
                 (None, _) => None,
-            };
-        }
+            })
+        };
+        let mut shared = false;
         if need_k {
             let rv = o.reverse(v, 1.0, tp, tp)?;
             let dft = d_final.map(|d| o.transpose_state(d)).transpose()?;
-            let (r, _, h) = o.forward([&rv, &rdy, &rq], gr.as_ref(), 1.0, dft.as_ref(), false, want_dg)?;
+            let fin_k = share && s0.is_some();
+            let (r, fin, h) =
+                o.forward([&rv, &rdy, &rq], gr.as_ref(), 1.0, dft.as_ref(), fin_k, want_dg || share)?;
             dk = Some(o.reverse(&r, 1.0, tp, tn)?);
-            hk = h;
+            if let (Some(rk), Some(h), true) = (&rk, &h, share) {
+                let r = o.forward_transposed([rk, &rq, &rdy], gr.as_ref(), 1.0, h, d_final.is_some())?;
+                dv = Some(o.reverse(&r, 1.0, tp, tn)?);
+                ds0 = initial_grad(fin, true)?;
+                shared = true;
+            }
+            hk = if want_dg { h } else { None };
+        }
+        if let (Some(rk), false) = (&rk, shared) {
+            let (r, fin, _) = o.forward([rk, &rq, &rdy], gr.as_ref(), 1.0, d_final, s0.is_some(), false)?;
+            if want.v {
+                dv = Some(o.reverse(&r, 1.0, tp, tn)?);
+            }
+            ds0 = initial_grad(fin, false)?;
         }
     }
     let dg = match (want_dg, &dq, &dk, g) {
@@ -419,6 +464,15 @@ struct OnDevice<'a, F> {
     ll: &'a LogLinear,
     p: Precision,
     _f: PhantomData<F>,
+}
+
+impl<F: GpuReal> OnDevice<'_, F> {
+    /// [`fast::transposed_output`] for a run of `q`, `v` (as `F`; bf16 tensors: `None`).
+    fn transposed_launch(&self, q: &AnyDeviceTensor, v: &AnyDeviceTensor) -> Result<Option<Launch>> {
+        let (Some(q), Some(v)) = (F::unwrap(q), F::unwrap(v)) else { return Ok(None) };
+        let (&[b, t, h, dk], Some(&dv)) = (q.shape(), v.shape().get(3)) else { return Ok(None) };
+        fast::transposed_output::<F>(self.ll, [b, t, h, dk, dv], self.p, Device::current())
+    }
 }
 
 /// `[B, T, H, D]` of a sequence tensor (`D = 1` for `[B, T, H]`).
@@ -498,6 +552,32 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
         let s0 = s0.map(real::<F>).transpose()?;
         let r = fast::run_keeping::<F>(&ll, &x, self.p, s0, want_final, Device::current(), want_chunks)?;
         Ok((r.y, r.fin.map(F::wrap), r.chunks.map(F::wrap)))
+    }
+
+    /// Where `[q, k, v]` are `F` = f32 and the tf32 plan's output is `llc_out_direct_tc_f32`
+    /// ([`fast::transposed_output`]).
+    fn shares_chunks(&self, [q, _, v]: [&AnyDeviceTensor; 3]) -> Result<bool> {
+        Ok(self.transposed_launch(q, v)?.is_some())
+    }
+
+    fn forward_transposed(
+        &self,
+        [q, k, v]: [&AnyDeviceTensor; 3],
+        g: Option<&AnyDeviceTensor>,
+        sigma: f64,
+        chunks: &AnyDeviceTensor,
+        read0: bool,
+    ) -> Result<AnyDeviceTensor> {
+        let Some(l) = self.transposed_launch(q, v)? else {
+            return Err(err(FAMILY, "internal: no output launch that reads transposed chunk states"));
+        };
+        let mut x: DeviceTensors =
+            [("q", q), ("k", k), ("v", v)].into_iter().map(|(n, a)| (n.to_string(), a.clone())).collect();
+        if let Some(g) = g {
+            x.insert("g".into(), g.clone());
+        }
+        let ll = LogLinear { scale: sigma, ..self.ll.clone() };
+        fast::run_transposed::<F>(&ll, &x, &l, real::<F>(chunks)?, read0, self.p)
     }
 
     fn transpose_state(&self, s: &AnyDeviceTensor) -> Result<AnyDeviceTensor> {
@@ -709,6 +789,9 @@ mod tests {
 
     struct OnHost<'a> {
         m: &'a LogLinear,
+        /// Whether the run for `d_v` reads the run for `d_k`'s chunk states
+        /// ([`Transposes::forward_transposed`]).
+        share: bool,
     }
 
     /// The chunk of [`OnHost`]'s chunk states: small, so that the recipe's cases (T up to 70)
@@ -780,6 +863,40 @@ mod tests {
                 None
             };
             Ok((y, want_final.then(|| fin[STATE].clone()), chunks))
+        }
+        fn shares_chunks(&self, _: [&ArrayD<f64>; 3]) -> Result<bool> {
+            Ok(self.share)
+        }
+        /// The recurrence `S_t = e^{g_t} S_{t−1} + v_t k_tᵀ`, `y_t = σ S_t q_t`, with `S` set to
+        /// chunk `j`'s given state before the chunk's first token (chunk 0: zero unless `read0`).
+        fn forward_transposed(
+            &self,
+            [q, k, v]: [&ArrayD<f64>; 3],
+            g: Option<&ArrayD<f64>>,
+            sigma: f64,
+            chunks: &ArrayD<f64>,
+            read0: bool,
+        ) -> Result<ArrayD<f64>> {
+            let (nb, tn, nh, dv) = (q.shape()[0], q.shape()[1], q.shape()[2], v.shape()[3]);
+            let mut y = ArrayD::zeros(IxDyn(&[nb, tn, nh, dv]));
+            for b in 0..nb {
+                for h in 0..nh {
+                    let mut st = ndarray::Array2::<f64>::zeros((dv, k.shape()[3]));
+                    for t in 0..tn {
+                        if t % HOST_CHUNK == 0 && (t > 0 || read0) {
+                            st.assign(&chunks.slice(s![b, h, t / HOST_CHUNK, .., ..]));
+                        }
+                        let decay = g.map_or(1.0, |g| g[[b, t, h]].exp());
+                        let (kt, vt) = (k.slice(s![b, t, h, ..]), v.slice(s![b, t, h, ..]));
+                        st.mapv_inplace(|e| decay * e);
+                        for (i, &vi) in vt.iter().enumerate() {
+                            st.row_mut(i).scaled_add(vi, &kt);
+                        }
+                        y.slice_mut(s![b, t, h, ..]).assign(&(st.dot(&q.slice(s![b, t, h, ..])) * sigma));
+                    }
+                }
+            }
+            Ok(y)
         }
         fn transpose_state(&self, s: &ArrayD<f64>) -> Result<ArrayD<f64>> {
             Ok(s.view().permuted_axes(IxDyn(&[0, 1, 3, 2])).as_standard_layout().into_owned())
@@ -911,16 +1028,18 @@ mod tests {
             let want_g = Wants { q: true, k: true, v: true, g: g.is_some() };
             let none = States { s0: None, d_final: None };
             let xs = [&x["q"], &x["k"], &x["v"], dy];
-            let got = transposed(&OnHost { m: ll }, xs, g, ll.scale, none, want_g).unwrap();
-            assert!(got.ds0.is_none(), "{name}: no initial state, no gradient of one");
-            let got = [("d_q", got.dq), ("d_k", got.dk), ("d_v", got.dv), ("d_g", got.dg)];
-            for (k, a) in got {
-                let Some(w) = want.get(k) else {
-                    assert!(a.is_none(), "{name}: {k} without a decay");
-                    continue;
-                };
-                let err = error(&a.unwrap(), w);
-                assert!(err < 1e-12, "{name} {shape:?} {k}: error {err:.3e}");
+            for share in [false, true] {
+                let got = transposed(&OnHost { m: ll, share }, xs, g, ll.scale, none, want_g).unwrap();
+                assert!(got.ds0.is_none(), "{name}: no initial state, no gradient of one");
+                let got = [("d_q", got.dq), ("d_k", got.dk), ("d_v", got.dv), ("d_g", got.dg)];
+                for (k, a) in got {
+                    let Some(w) = want.get(k) else {
+                        assert!(a.is_none(), "{name}: {k} without a decay");
+                        continue;
+                    };
+                    let err = error(&a.unwrap(), w);
+                    assert!(err < 1e-12, "{name} {shape:?} shared chunks {share} {k}: error {err:.3e}");
+                }
             }
         });
     }
@@ -935,17 +1054,23 @@ mod tests {
         let (xs, g, none) =
             ([&x["q"], &x["k"], &x["v"], &dy], x.get("g"), States { s0: None, d_final: None });
         let want = Wants { q: false, k: false, v: true, g: false };
-        let r = transposed(&OnHost { m: ll }, xs, g, 1.0, none, want).unwrap();
+        let r = transposed(&OnHost { m: ll, share: true }, xs, g, 1.0, none, want).unwrap();
         assert!(r.dv.is_some() && r.dq.is_none() && r.dk.is_none() && r.dg.is_none());
         let want = Wants { q: false, k: false, v: false, g: true };
-        let r = transposed(&OnHost { m: ll }, xs, g, 1.0, none, want).unwrap();
+        let r = transposed(&OnHost { m: ll, share: true }, xs, g, 1.0, none, want).unwrap();
         assert!(r.dg.is_some() && r.dq.is_none() && r.dk.is_none() && r.dv.is_none());
         // With an initial state its gradient comes back whatever else is wanted.
         let s0 = boxed.random_state(&dims, 4).unwrap();
         let want = Wants { q: false, k: true, v: false, g: false };
-        let r =
-            transposed(&OnHost { m: ll }, xs, g, 1.0, States { s0: Some(&s0[STATE]), d_final: None }, want)
-                .unwrap();
+        let r = transposed(
+            &OnHost { m: ll, share: true },
+            xs,
+            g,
+            1.0,
+            States { s0: Some(&s0[STATE]), d_final: None },
+            want,
+        )
+        .unwrap();
         assert!(r.ds0.is_some() && r.dk.is_some() && r.dq.is_none() && r.dv.is_none() && r.dg.is_none());
     }
 
@@ -966,19 +1091,22 @@ mod tests {
                 let wants = Wants { q: true, k: true, v: true, g: g.is_some() };
                 let states = States { s0: s0.map(|s| &s[STATE]), d_final: df.map(|s| &s[STATE]) };
                 let xs = [&x["q"], &x["k"], &x["v"], dy];
-                let got = transposed(&OnHost { m: ll }, xs, g, ll.scale, states, wants).unwrap();
-                let label = format!("{name} {shape:?} S_0: {with_s0}, S̄_T: {with_df}");
-                assert_eq!(got.ds0.is_some(), with_s0, "{label}: S̄_0 iff an initial state");
-                let got =
-                    [("d_q", got.dq), ("d_k", got.dk), ("d_v", got.dv), ("d_g", got.dg), ("S", got.ds0)];
-                for (k, a) in got {
-                    let w = if k == "S" { want_ds.get(k) } else { want.get(k) };
-                    let Some(w) = w else {
-                        assert!(a.is_none(), "{label}: {k} should not be there");
-                        continue;
-                    };
-                    let err = error(&a.unwrap(), w);
-                    assert!(err < 1e-12, "{label} {k}: error {err:.3e}");
+                for share in [false, true] {
+                    let got = transposed(&OnHost { m: ll, share }, xs, g, ll.scale, states, wants).unwrap();
+                    let label =
+                        format!("{name} {shape:?} S_0: {with_s0}, S̄_T: {with_df}, shared chunks {share}");
+                    assert_eq!(got.ds0.is_some(), with_s0, "{label}: S̄_0 iff an initial state");
+                    let got =
+                        [("d_q", got.dq), ("d_k", got.dk), ("d_v", got.dv), ("d_g", got.dg), ("S", got.ds0)];
+                    for (k, a) in got {
+                        let w = if k == "S" { want_ds.get(k) } else { want.get(k) };
+                        let Some(w) = w else {
+                            assert!(a.is_none(), "{label}: {k} should not be there");
+                            continue;
+                        };
+                        let err = error(&a.unwrap(), w);
+                        assert!(err < 1e-12, "{label} {k}: error {err:.3e}");
+                    }
                 }
             }
         });

@@ -247,6 +247,66 @@ pub fn run_planned_for<F: GpuReal>(
     run_keeping(ll, x, p, s0, want_final, device, false).map(|r| (r.y, r.fin))
 }
 
+/// The output launch of the chunked form of `ll` (no lift) at the sizes `dims` in mode `p` on
+/// activations of `F`, reading the states entering its chunks stored transposed
+/// (`llc_out_direct_tc_f32_ht`, `_ht_k128`), where the plan's output is `llc_out_direct_tc_f32`
+/// (f32, tensor cores, `Dk ≤ 128`); else `None`. The backward's reversed run for `d_v` reads the
+/// chunk states of its run for `d_k` so ([`super::backward`]).
+pub(crate) fn transposed_output<F: GpuReal>(
+    ll: &LogLinear,
+    dims: [usize; 5],
+    p: Precision,
+    device: Device,
+) -> Result<Option<Launch>> {
+    if ll.lift.is_some() || Elem::of::<F>() != Elem::F32 {
+        return Ok(None);
+    }
+    let plan = plan(ll, dims, p, Storage::Real(Elem::F32), device)?;
+    Ok(match (plan.path, plan.launches.last()) {
+        (Path::Ssd, Some(l)) if l.function.starts_with("llc_out_direct_tc_f32") => {
+            let mut l = l.clone();
+            l.function = l.function.replacen("llc_out_direct_tc_f32", "llc_out_direct_tc_f32_ht", 1);
+            Some(l)
+        }
+        _ => None,
+    })
+}
+
+/// `y` of the chunked form of `x` (`q`, `k`, `v` and `g` as `F`) by the launch `l` of
+/// [`transposed_output`], the state entering chunk `j` being `chunks[.., j]` transposed (`chunks
+/// [B, H, ⌈T/64⌉, Dv, Dk]`: [`Kept::chunks`] of a run whose keys and values are this run's values
+/// and keys); chunk 0 reads its state only with `read0`.
+pub(crate) fn run_transposed<F: GpuReal>(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    l: &Launch,
+    chunks: &DeviceTensor<F>,
+    read0: bool,
+    p: Precision,
+) -> Result<AnyDeviceTensor> {
+    let (q, k, v) = (input::<F>(x, "q")?, input::<F>(x, "k")?, input::<F>(x, "v")?);
+    let &[b, t, h, dk] = q.shape() else {
+        return Err(err(FAMILY, format!("internal: q of shape {:?}", q.shape())));
+    };
+    let dv = v.shape().get(3).copied().unwrap_or(0);
+    let want = [b, h, t.div_ceil(64), dv, dk];
+    if chunks.shape() != want {
+        return Err(err(
+            FAMILY,
+            format!("internal: chunk states {:?} where {want:?} was expected", chunks.shape()),
+        ));
+    }
+    let g = if ll.base.has_decay() { input_opt::<F>(x, "g")? } else { None };
+    let zero = pool::zeros::<F>(FAMILY, 1)?;
+    let (gv, has_g) = view_or_zero(g.as_deref(), &zero);
+    let mut y = output_buffer::<F>(None, b * t * h * dv, h * dv)?;
+    let (qv, kv, vv, cv) = (q.view(), k.view(), v.view(), chunks.view());
+    let s = Shape::new([b, t, h, dk, dv]);
+    let (f, cfg) = l.function()?;
+    output::run_direct(f, cfg, [&qv, &kv, &vv], (&gv, has_g), (&cv, None), s, ll.scale, read0, &mut y)?;
+    finish(DeviceTensor::from_pooled(y, &[b, t, h, dv])?, p)
+}
+
 /// What [`run_keeping`] returns.
 pub(crate) struct Kept<F: GpuReal> {
     /// `y [B, T, H, Dv]`.
@@ -616,7 +676,7 @@ pub(crate) fn delta_bf16(
         cfg,
         [&qv, &kv, &vnv],
         (&gv, has_g),
-        (&hs, table),
+        (&hs.slice(0..hs.len()), table),
         s,
         ll.scale,
         s0.is_some(),
@@ -651,6 +711,32 @@ mod tests {
     }
 
     const T16K: [usize; 5] = [1, 16384, 16, 64, 64];
+
+    #[test]
+    fn the_output_from_transposed_states_is_the_direct_kernels_ht_form() {
+        let ht = |base, lifted, shape, p| {
+            transposed_output::<f32>(&mixer(base, lifted), shape, p, H200).unwrap().map(|l| l.function)
+        };
+        assert_eq!(ht(Base::Mamba2, false, T16K, Tf32).as_deref(), Some("llc_out_direct_tc_f32_ht"));
+        let p = plan_of(Base::Mamba2, false, [8, 4096, 16, 128, 70], Tf32, F32);
+        let l = transposed_output::<f32>(&mixer(Base::Mamba2, false), [8, 4096, 16, 128, 70], Tf32, H200)
+            .unwrap();
+        let l = l.expect("a tf32 run with Dk = 128 reads transposed states");
+        assert_eq!(l.function, "llc_out_direct_tc_f32_ht_k128");
+        // The same grid, block and shared memory as the plan's own output launch.
+        let own = p.launches.last().unwrap();
+        assert_eq!(
+            (l.grid, l.block, l.shared_mem, &l.defines),
+            (own.grid, own.block, own.shared_mem, &own.defines)
+        );
+        assert_eq!(ht(Base::LinearAttention, false, T16K, Tf32).as_deref(), Some("llc_out_direct_tc_f32_ht"));
+        // The exact mode's FMA kernel, a lift, a head dim past 128, and f64 have none.
+        assert_eq!(ht(Base::Mamba2, false, T16K, Exact), None);
+        assert_eq!(ht(Base::Mamba2, true, T16K, Tf32), None);
+        assert_eq!(ht(Base::Mamba2, false, [1, 4096, 2, 129, 64], Tf32), None);
+        let f64_run = transposed_output::<f64>(&mixer(Base::Mamba2, false), T16K, Tf32, H200).unwrap();
+        assert!(f64_run.is_none());
+    }
 
     #[test]
     fn an_empty_output_launches_nothing() {

@@ -140,7 +140,8 @@ pub(crate) fn run<F: GpuReal>(
         return Err(crate::runtime::err(FAMILY, "internal: a state entering chunk 0 with a lift"));
     }
     if is_direct(l) {
-        return run_direct(f, cfg, [q, k, v], (g, has_g), (states, table), s, scale, first_state, y);
+        let sv = states.slice(0..states.len());
+        return run_direct(f, cfg, [q, k, v], (g, has_g), (&sv, table), s, scale, first_state, y);
     }
     if table.is_some() && lifted {
         return Err(crate::runtime::err(FAMILY, "internal: a chunk table with a lift"));
@@ -175,7 +176,7 @@ pub(crate) fn run_direct<T: DeviceRepr, S: DeviceRepr, H: DeviceRepr>(
     cfg: LaunchConfig,
     [q, k, v]: [&CudaView<'_, T>; 3],
     (g, has_g): (&CudaView<'_, S>, i32),
-    (states, table): (&Pooled<H>, Option<&ChunkTable>),
+    (states, table): (&CudaView<'_, H>, Option<&ChunkTable>),
     s: Shape,
     scale: f64,
     read0: bool,
@@ -187,7 +188,7 @@ pub(crate) fn run_direct<T: DeviceRepr, S: DeviceRepr, H: DeviceRepr>(
     let none = crate::pool::take::<i32>(FAMILY, 1)?;
     let (tab, has_tab) = table_args(table, &none);
     launch!(gpu()?, FAMILY, f, cfg;
-        q, k, v, g, &has_g, &**states, &mut **y, &ti, &hi, &dki, &dvi, &nci, &scale, &read0, &tab, &has_tab)
+        q, k, v, g, &has_g, states, &mut **y, &ti, &hi, &dki, &dvi, &nci, &scale, &read0, &tab, &has_tab)
 }
 
 /// Runs `llc_out_dl` or `llc_out_dl_tc` (function `f`, configuration `cfg`): the lift's outputs

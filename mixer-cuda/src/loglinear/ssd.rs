@@ -362,9 +362,11 @@ pub(crate) fn run_bf16(
                 let read0 = s0.is_some();
                 let (qkv, gs) = ([&qv, &kv, &vv], (&gv, has_g));
                 if hb {
-                    output::run_direct(f, cfg, qkv, gs, (&entering, table), s, ll.scale, read0, y)?
+                    let ev = entering.slice(0..entering.len());
+                    output::run_direct(f, cfg, qkv, gs, (&ev, table), s, ll.scale, read0, y)?
                 } else {
-                    output::run_direct(f, cfg, qkv, gs, (&states, table), s, ll.scale, read0, y)?
+                    let sv = states.slice(0..states.len());
+                    output::run_direct(f, cfg, qkv, gs, (&sv, table), s, ll.scale, read0, y)?
                 }
             }
             _ => return Err(unexpected(l)),
