@@ -213,15 +213,7 @@ fn glr_ranks_equal_one_device_at_every_split() {
 fn ranks_equal_one_device_at_every_split() {
     let mut bad = Vec::new();
     let mut runs = 0;
-    let names = [
-        "linear-attention",
-        "mamba2",
-        "gated-deltanet",
-        "loglinear-attention",
-        "loglinear-mamba2",
-        "loglinear-gated-deltanet",
-    ];
-    for name in names {
+    for name in mixers::core::mixers::loglinear::MEMBERS {
         let m = mixer(name, &serde_json::json!({"scale": 0.5})).unwrap();
         for t in [1, 63, 130] {
             // A lift's λ has two levels more than T needs, so its random state sits at a position

@@ -18,7 +18,7 @@ use mixer_registry::state::run_state;
 use ndarray::{ArrayD, Axis};
 
 use crate::common::{cpu, cuda, gpu};
-use crate::state_grads::{compare, grads};
+use crate::state_grads::against_the_cpu;
 
 const LIFTS: [&str; 3] = ["loglinear-attention", "loglinear-mamba2", "loglinear-gated-deltanet"];
 
@@ -101,12 +101,8 @@ fn lifts_from_a_state_match_the_cpu() {
                         bad.push(format!("{label} {what}: {c:?}"));
                     }
                 }
-                let dy = yc.mapv(|v| (2.3 * v + 0.4).sin());
-                let df: Tensors<f64> =
-                    fc.iter().map(|(k, v)| (k.clone(), v.mapv(|e| (1.3 * e).cos()))).collect();
-                let want = grads(m.as_ref(), &cpu, DType::F64, [Some(&x), Some(&s0), Some(&df)], &dy);
-                let got = grads(m.as_ref(), &gpu, dtype, [Some(&x), Some(&s0), Some(&df)], &dy);
-                bad.extend(compare(&label, &got, &want, tol));
+                let backends = [&cpu, &gpu];
+                bad.extend(against_the_cpu(&label, m.as_ref(), backends, dtype, [&x, &s0], (&yc, &fc), tol));
             }
         }
     }

@@ -179,14 +179,7 @@ fn loglinear_backward_from_a_state_split_equals_the_whole_run() {
 #[test]
 fn loglinear_backward_from_a_state_lists_the_bases_and_the_lifts() {
     let cuda = Backend::registered("cuda").unwrap();
-    for name in [
-        "linear-attention",
-        "mamba2",
-        "gated-deltanet",
-        "loglinear-attention",
-        "loglinear-mamba2",
-        "loglinear-gated-deltanet",
-    ] {
+    for name in mixer_core::mixers::loglinear::MEMBERS {
         let m = mixer(name, &serde_json::json!({})).unwrap();
         let have = backward_forms(m.as_ref(), &cuda);
         assert!(have.contains(&Form::Fast), "{name}: no fast backward from a state on cuda, only {have:?}");

@@ -78,3 +78,23 @@ pub fn compare(
     }
     bad
 }
+
+/// The backward from `s0` of `m` on `backend` in `dtype` against `cpu`'s in f64 ([`grads`],
+/// [`compare`]), with the cotangents drawn from the CPU run's outputs `y` and final state `fin`:
+/// `sin(2.3 y + 0.4)` and `cos(1.3 f)`. Returns the failures.
+#[allow(clippy::too_many_arguments)]
+pub fn against_the_cpu(
+    label: &str,
+    m: &dyn Mixer,
+    [cpu, backend]: [&Backend; 2],
+    dtype: DType,
+    [x, s0]: [&Tensors<f64>; 2],
+    (y, fin): (&ArrayD<f64>, &Tensors<f64>),
+    tol: Tolerance,
+) -> Vec<String> {
+    let dy = y.mapv(|v| (2.3 * v + 0.4).sin());
+    let df: Tensors<f64> = fin.iter().map(|(k, v)| (k.clone(), v.mapv(|e| (1.3 * e).cos()))).collect();
+    let want = grads(m, cpu, DType::F64, [Some(x), Some(s0), Some(&df)], &dy);
+    let got = grads(m, backend, dtype, [Some(x), Some(s0), Some(&df)], &dy);
+    compare(label, &got, &want, tol)
+}

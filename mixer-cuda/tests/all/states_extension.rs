@@ -16,7 +16,7 @@ use mixer_registry::{Backend, mixer};
 use ndarray::ArrayD;
 
 use crate::common::{cpu, cuda, gpu};
-use crate::state_grads::{compare, grads};
+use crate::state_grads::against_the_cpu;
 
 /// The mixers (name, configuration) and their sizes but `T`: causal and windowed attention with
 /// `Dk ≠ Dv`, a two-head Toeplitz mixer with a kernel longer than some sequences, the GLR on a
@@ -112,12 +112,16 @@ fn runs_from_a_state_by_the_extension_match_the_cpu() {
                 for (k, w) in &want_f {
                     bad.extend(check(&format!("{label} final {k}"), &fin[k], w, tol));
                 }
-                let dy = want_y.mapv(|v| (2.3 * v + 0.4).sin());
-                let df: Tensors<f64> =
-                    want_f.iter().map(|(k, v)| (k.clone(), v.mapv(|e| (1.3 * e).cos()))).collect();
-                let want = grads(m.as_ref(), &cpu, DType::F64, [Some(&x), Some(&s0), Some(&df)], &dy);
-                let got = grads(m.as_ref(), &gpu, dtype, [Some(&x), Some(&s0), Some(&df)], &dy);
-                bad.extend(compare(&label, &got, &want, tol));
+                let backends = [&cpu, &gpu];
+                bad.extend(against_the_cpu(
+                    &label,
+                    m.as_ref(),
+                    backends,
+                    dtype,
+                    [&x, &s0],
+                    (&want_y, &want_f),
+                    tol,
+                ));
             }
         }
     }
