@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod mixer;
 pub mod mixers;
 pub mod oracle;
+pub mod parallel;
 pub mod pattern;
 pub mod precision;
 pub mod real;

@@ -61,8 +61,31 @@ pub fn parse_bytes(s: &str) -> Result<f64> {
     Ok(v * mult)
 }
 
-/// `MemAvailable` of `/proc/meminfo` in bytes, where the file exists.
+/// How long a reading of `/proc/meminfo` serves [`available_memory`]: reading the file costs
+/// about 10 µs, which a call of a few tokens (a decoding step) would otherwise pay every time,
+/// while the available memory of a machine moves on the scale of the allocations, not of
+/// microseconds.
+pub const MEMINFO_REFRESH: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// `MemAvailable` of `/proc/meminfo` in bytes, where the file exists, as read at most
+/// [`MEMINFO_REFRESH`] ago (the process's last reading, shared by its threads).
 pub fn available_memory() -> Option<f64> {
+    use std::sync::Mutex;
+    use std::time::Instant;
+    static LAST: Mutex<Option<(Instant, Option<f64>)>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((at, bytes)) = *last
+        && at.elapsed() < MEMINFO_REFRESH
+    {
+        return bytes;
+    }
+    let bytes = read_available_memory();
+    *last = Some((Instant::now(), bytes));
+    bytes
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes, read now.
+fn read_available_memory() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;

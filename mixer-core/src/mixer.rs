@@ -255,7 +255,9 @@ pub fn run_decoder<F: Real>(
     let mut y = ArrayD::<F>::zeros(IxDyn(&shape));
     for t in 0..t_len {
         let tok = token_slice(inputs, &per_token, t);
-        let yt = dec.step(&tok)?;
+        // A step reads its token and the cache: a small one runs on this thread.
+        let values = tok.values().map(ArrayD::len).sum::<usize>() + dec.cache_elems();
+        let yt = crate::parallel::sized(values, || dec.step(&tok))?;
         let mut dst = y.index_axis_mut(Axis(1), t);
         if yt.shape() != dst.shape() {
             return Err(Error::Decoder(format!(

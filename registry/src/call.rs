@@ -9,7 +9,7 @@ use mixer_core::{Error, Form, Precision, Requires, Result, Tensors};
 use ndarray::ArrayD;
 
 use crate::backend::Backend;
-use crate::family::Scalar;
+use crate::family::{Scalar, values};
 
 /// What a call runs: the form `form` of the mixer `mixer` on `backend`, over the packed batch
 /// `cu_seqlens` when given (else one sequence per batch row).
@@ -49,7 +49,8 @@ pub fn forward<F: Scalar>(
 ) -> Result<(ArrayD<F>, Option<Tensors<F>>)> {
     let Target { mixer: m, backend, form, cu_seqlens } = at;
     let stateful = initial.is_some() || want_final;
-    match (cu_seqlens, stateful) {
+    // The checks and the run of a small call stay on this thread (`mixer_core::parallel`).
+    mixer_core::parallel::sized(values(&[Some(inputs), initial], &[]), || match (cu_seqlens, stateful) {
         (Some(cu), _) => {
             crate::packed::run_packed(m, backend, form, inputs, cu, initial, want_final, precision)
         }
@@ -58,7 +59,7 @@ pub fn forward<F: Scalar>(
             Ok((y, Some(f)))
         }
         (None, false) => Ok((crate::run::run_typed_with(m, backend, form, inputs, precision)?, None)),
-    }
+    })
 }
 
 /// The backward of [`forward`] (the same target but for the backward's form, and the same
@@ -82,7 +83,8 @@ pub fn backward<F: Scalar>(
              the exact arithmetic only); use the exact mode"
         )));
     }
-    match (cu_seqlens, from_state) {
+    let read = values(&[Some(inputs), initial, d_final], &[dy]);
+    mixer_core::parallel::sized(read, || match (cu_seqlens, from_state) {
         (Some(cu), _) => {
             let args = mixer_core::state::StateVjp { x: inputs, initial, dy, d_final, requires };
             crate::packed::backward_packed(m, backend, form, cu, args)
@@ -102,7 +104,7 @@ pub fn backward<F: Scalar>(
             )?;
             Ok((grads, Tensors::new()))
         }
-    }
+    })
 }
 
 /// The backward form for a forward run in `forward`: `asked` when given, else `forward` when

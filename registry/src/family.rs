@@ -327,6 +327,19 @@ pub trait DynFamily<F: Real>: Send + Sync {
     ) -> Option<Result<(Tensors<F>, Tensors<F>)>>;
 }
 
+/// The number of values in the tensors of `maps` (`None`: none) and in `arrays`: what a call
+/// reads, the measure of [`mixer_core::parallel::sized`].
+pub(crate) fn values<F: Real>(maps: &[Option<&Tensors<F>>], arrays: &[&ArrayD<F>]) -> usize {
+    maps.iter().flatten().flat_map(|t| t.values()).chain(arrays.iter().copied()).map(ArrayD::len).sum()
+}
+
+/// Runs `f`, a backend's form, as [`mixer_core::parallel::sized`] for a call that reads the
+/// tensors of `maps` and `arrays` ([`values`]): small calls keep the CPU backend's parallel
+/// loops on the calling thread.
+fn sized<F: Real, R>(maps: &[Option<&Tensors<F>>], arrays: &[&ArrayD<F>], f: impl FnOnce() -> R) -> R {
+    mixer_core::parallel::sized(values(maps, arrays), f)
+}
+
 impl<F: Real, T: Family<F>> DynFamily<F> for T {
     fn implements(&self, form: Form) -> bool {
         match form {
@@ -345,7 +358,7 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
             Form::Fast => self.fast()?,
             Form::Materialized | Form::Recurrent => return None,
         };
-        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x)))
+        Some(sized(&[Some(x)], &[], || downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x))))
     }
     fn run_precise(
         &self,
@@ -356,7 +369,7 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         precision: Precision,
     ) -> Option<Result<ArrayD<F>>> {
         let f = self.precise(form)?;
-        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, precision)))
+        Some(sized(&[Some(x)], &[], || downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, precision))))
     }
     fn decoder(
         &self,
@@ -384,7 +397,9 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         requires: &Requires,
     ) -> Option<Result<Tensors<F>>> {
         let f = self.backward(form)?;
-        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, dy, requires)))
+        Some(sized(&[Some(x)], &[dy], || {
+            downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, dy, requires))
+        }))
     }
     fn run_precise_backward(
         &self,
@@ -397,7 +412,9 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         precision: Precision,
     ) -> Option<Result<Tensors<F>>> {
         let f = self.precise_backward(form)?;
-        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, dy, requires, precision)))
+        Some(sized(&[Some(x)], &[dy], || {
+            downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, dy, requires, precision))
+        }))
     }
     fn implements_state(&self, form: Form) -> bool {
         match form {
@@ -421,7 +438,9 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         initial: Option<&Tensors<F>>,
     ) -> Option<Result<(ArrayD<F>, Tensors<F>)>> {
         let f = self.stateful(form)?;
-        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, initial)))
+        Some(sized(&[Some(x), initial], &[], || {
+            downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, initial))
+        }))
     }
     fn run_precise_state(
         &self,
@@ -433,7 +452,9 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         precision: Precision,
     ) -> Option<Result<(ArrayD<F>, Tensors<F>)>> {
         let f = self.precise_stateful(form)?;
-        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, initial, precision)))
+        Some(sized(&[Some(x), initial], &[], || {
+            downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, initial, precision))
+        }))
     }
     fn run_state_backward(
         &self,
@@ -447,7 +468,9 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         requires: &Requires,
     ) -> Option<Result<(Tensors<F>, Tensors<F>)>> {
         let f = self.stateful_backward(form)?;
-        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, initial, dy, d_final, requires)))
+        Some(sized(&[Some(x), initial, d_final], &[dy], || {
+            downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, initial, dy, d_final, requires))
+        }))
     }
     fn decoder_from_state(
         &self,
@@ -483,7 +506,9 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         want_final: bool,
     ) -> Option<Result<(ArrayD<F>, Option<Tensors<F>>)>> {
         let f = self.packed(form)?;
-        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, ranges, initial, want_final)))
+        Some(sized(&[Some(x), initial], &[], || {
+            downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, ranges, initial, want_final))
+        }))
     }
     fn run_packed_backward(
         &self,
@@ -498,7 +523,9 @@ impl<F: Real, T: Family<F>> DynFamily<F> for T {
         requires: &Requires,
     ) -> Option<Result<(Tensors<F>, Tensors<F>)>> {
         let f = self.packed_backward(form)?;
-        Some(downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, ranges, initial, dy, d_final, requires)))
+        Some(sized(&[Some(x), initial, d_final], &[dy], || {
+            downcast::<T::Mixer>(m, backend).and_then(|m| f(m, x, ranges, initial, dy, d_final, requires))
+        }))
     }
 }
 

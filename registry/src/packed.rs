@@ -21,6 +21,7 @@
 use std::ops::Range;
 
 use mixer_core::mixer::Mixer;
+use mixer_core::parallel::min_len;
 use mixer_core::state::{
     StateShapes, StateVjp, check_cu_seqlens, check_state, scatter, segment, segment_from_state, shapes_of,
     stack_rows, state_row, zeros,
@@ -214,7 +215,7 @@ fn each_sequence<T: Send>(
 ) -> Result<Vec<T>> {
     use rayon::prelude::*;
     if backend.entry().concurrent {
-        ranges.par_iter().enumerate().map(|(i, r)| f(i, r)).collect()
+        ranges.par_iter().with_min_len(min_len()).enumerate().map(|(i, r)| f(i, r)).collect()
     } else {
         ranges.iter().enumerate().map(|(i, r)| f(i, r)).collect()
     }

@@ -13,6 +13,7 @@
 //! accumulators, and a window `w` keeps the cost at `O(T w)`.
 
 use mixer_core::mixers::attention::Attention;
+use mixer_core::parallel::min_len;
 use mixer_core::{Requires, Result, Tensors, grad_name};
 use ndarray::{Array2, Array3, Array4, ArrayD, ArrayView2, s};
 use rayon::prelude::*;
@@ -122,6 +123,7 @@ pub fn vjp_from<F: VecMath>(
     // Per (b, h): the key blocks' k̄, v̄ and the summed q̄.
     let per_head: Vec<(Vec<KeyGrads<F>>, Array2<F>)> = (0..bn * hn)
         .into_par_iter()
+        .with_min_len(min_len())
         .map(|bh| {
             let (b, h) = (bh / hn, bh % hn);
             let (lse, dd) = (lse.slice(s![b, h, ..]), dd.slice(s![b, h, ..]));
@@ -132,6 +134,7 @@ pub fn vjp_from<F: VecMath>(
             let per = nkb.div_ceil(DQ_GROUPS).max(1);
             let groups: Vec<(Vec<KeyGrads<F>>, Array2<F>)> = (0..nkb.div_ceil(per))
                 .into_par_iter()
+                .with_min_len(min_len())
                 .map(|gi| {
                     let (mut blocks, mut dq) = (Vec::new(), Array2::<F>::zeros((tn, dk)));
                     for jb in gi * per..((gi + 1) * per).min(nkb) {

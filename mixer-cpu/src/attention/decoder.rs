@@ -17,6 +17,7 @@
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::attention::state::LENGTH;
 use mixer_core::mixers::attention::{Attention, Logits};
+use mixer_core::parallel::min_len;
 use mixer_core::real::dot8;
 use mixer_core::tensor::contiguous;
 use mixer_core::{Dims, DimsExt, Error, Result, Tensors};
@@ -163,6 +164,7 @@ impl<F: VecMath> Decoder<F> for AttentionDecoder<F> {
         let scratch = || (vec![0.0f64; n], vec![F::zero(); n]);
         if dv > 0 && n * bn * hn * (dk + dv) >= PAR_WORK {
             y.par_chunks_mut(dv)
+                .with_min_len(min_len())
                 .enumerate()
                 .map_init(scratch, |(u, w), job| run(job, u, w))
                 .collect::<Result<()>>()?;

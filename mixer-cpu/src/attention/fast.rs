@@ -48,6 +48,7 @@ use faer::linalg::matmul::matmul;
 use faer::{Accum, MatMut, MatRef, Par};
 use mixer_core::error::fmt_shape;
 use mixer_core::mixers::attention::{Attention, Logits};
+use mixer_core::parallel::min_len;
 use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Error, Result, Tensors};
 use ndarray::{
@@ -272,6 +273,7 @@ fn max_abs<F: VecMath>(x: &[F]) -> f64 {
         if bad.iter().chain(rest).any(|&e| !e.is_finite()) { f64::NAN } else { worst }
     };
     x.par_chunks(1 << 16)
+        .with_min_len(min_len())
         .map(block)
         .reduce(|| 0.0, |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) })
 }
@@ -363,7 +365,7 @@ fn drive<F: VecMath>(
         }
     }
     let lg = a.logits(dk);
-    tasks.into_par_iter().try_for_each(|task| {
+    tasks.into_par_iter().with_min_len(min_len()).try_for_each(|task| {
         if let Some(pk) = &packed {
             let mut sc = fused::Scratch::new(dk);
             for mut out in task {

@@ -40,6 +40,7 @@
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 use mixer_core::mixers::attention::Attention;
+use mixer_core::parallel::min_len;
 use rayon::prelude::*;
 
 /// Keys per block: the lanes of four AVX-512 registers.
@@ -107,7 +108,7 @@ impl Packed {
         let mut vp = vec![[0.0f32; KB]; bh * nkb * KB];
         let mut vmax = 0.0;
         if tn > 0 {
-            kt.par_chunks_mut(nkb * dk).enumerate().for_each(|(i, dst)| {
+            kt.par_chunks_mut(nkb * dk).with_min_len(min_len()).enumerate().for_each(|(i, dst)| {
                 for t in 0..tn {
                     let (b, lane) = (t / KB, t % KB);
                     for (lanes, &x) in dst[b * dk..][..dk].iter_mut().zip(&k[row(i, t, dk)..][..dk]) {
@@ -117,6 +118,7 @@ impl Packed {
             });
             vmax = vp
                 .par_chunks_mut(nkb * KB)
+                .with_min_len(min_len())
                 .enumerate()
                 .map(|(i, dst)| {
                     let mut mx = 0.0f32;

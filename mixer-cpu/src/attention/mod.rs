@@ -22,6 +22,7 @@ use mixer_core::Form;
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::attention::state as attention_state;
 use mixer_core::mixers::attention::{Attention, Logits, dot_f64};
+use mixer_core::parallel::min_len;
 use mixer_core::state::StateVjp;
 use mixer_core::tensor::get;
 use mixer_core::{Dims, DimsExt, Error, Real, Requires, Result, Tensors};
@@ -44,7 +45,7 @@ pub(crate) fn heads_major<F: Real>(inputs: &Tensors<F>, name: &str) -> Result<Ar
     let src = src.as_slice().expect("a standard-layout array is contiguous");
     let mut data = vec![F::zero(); src.len()];
     if tn * dn > 0 {
-        data.par_chunks_mut(tn * dn).enumerate().for_each(|(bh, dst)| {
+        data.par_chunks_mut(tn * dn).with_min_len(min_len()).enumerate().for_each(|(bh, dst)| {
             let (b, h) = (bh / hn, bh % hn);
             for (t, row) in dst.chunks_exact_mut(dn).enumerate() {
                 row.copy_from_slice(&src[((b * tn + t) * hn + h) * dn..][..dn]);

@@ -3,6 +3,7 @@
 //! row softmax, then `Y = PV`. `O(T²)` time and memory per head; parallel over batch × heads.
 
 use mixer_core::mixers::attention::Attention;
+use mixer_core::parallel::min_len;
 use mixer_core::{Real, Result, Tensors};
 use ndarray::{Array2, Array4, ArrayD, s};
 use rayon::prelude::*;
@@ -19,6 +20,7 @@ pub fn parallel<F: Real>(a: &Attention, inputs: &Tensors<F>) -> Result<ArrayD<F>
     let pairs: Vec<(usize, usize)> = (0..bn).flat_map(|b| (0..hn).map(move |h| (b, h))).collect();
     let outs: Vec<Array2<F>> = pairs
         .par_iter()
+        .with_min_len(min_len())
         .map(|&(b, h)| {
             let qh = q.slice(s![b, h, .., ..]);
             let kh = k.slice(s![b, h, .., ..]);

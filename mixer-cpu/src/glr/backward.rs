@@ -14,6 +14,7 @@
 use mixer_core::mixer::Mixer;
 use mixer_core::mixers::glr::state as glr_state;
 use mixer_core::mixers::glr::{Glr, Slots};
+use mixer_core::parallel::min_len;
 use mixer_core::tensor::get;
 use mixer_core::{Error, Real, Requires, Result, Tensors, grad_name};
 use ndarray::{Array3, Array4, ArrayD, ArrayViewMut, ArrayViewMut1, ArrayViewMut2, ArrayViewMut3, Axis};
@@ -272,6 +273,7 @@ fn run<F: Real>(
         .collect();
     let state_rows = tasks
         .into_par_iter()
+        .with_min_len(min_len())
         .map(|(i, out)| {
             let (b, r) = &seqs[i];
             let g0 = (b * tn + r.start) * cn;

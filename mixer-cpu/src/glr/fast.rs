@@ -13,6 +13,7 @@ use std::ops::Range;
 use mixer_core::mixer::Mixer;
 use mixer_core::mixers::glr::state as glr_state;
 use mixer_core::mixers::glr::{Glr, Slots};
+use mixer_core::parallel::min_len;
 use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Error, Real, Result, Tensors};
 use ndarray::{Array3, ArrayD, Axis, Slice};
@@ -327,6 +328,7 @@ fn run<F: Real>(
     let none = Prefix::none();
     let blocks: Vec<Vec<F>> = tasks
         .par_iter()
+        .with_min_len(min_len())
         .map(|&(i, c0)| {
             let pre = from.map_or(&none, |(_, p)| &p[i]);
             block_after(&parts[i].0, &parts[i].1, c0, w.min(cn - c0), pre)

@@ -9,6 +9,7 @@ use std::ops::Range;
 use crate::vmath::VecMath;
 use faer::Mat;
 use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::parallel::min_len;
 use mixer_core::tensor::get;
 use mixer_core::{Error, Requires, Result, Tensors, grad_name};
 use ndarray::{Array4, ArrayD, Axis, IxDyn, Slice};
@@ -123,6 +124,7 @@ fn run<F: VecMath>(
         };
         let per_head: Vec<HeadGrads<F>> = heads
             .par_iter()
+            .with_min_len(min_len())
             .zip(blocks)
             .map(|(hd, dst)| {
                 let levels = lift_state::levels_of(s0, hd.b, hd.h, nl, sz.dk, sz.dv);
@@ -146,6 +148,7 @@ fn run<F: VecMath>(
     } else {
         let per_head: Vec<(HeadGrads<F>, Mat<F>)> = heads
             .par_iter()
+            .with_min_len(min_len())
             .map(|hd| {
                 let h0 = s0.map(|s| common::state_head(s, hd.b, hd.h));
                 let dl = d_last.map(|s| common::state_head(s, hd.b, hd.h));

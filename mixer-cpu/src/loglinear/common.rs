@@ -10,6 +10,7 @@ use std::ops::Range;
 
 use faer::{Mat, MatRef};
 use mixer_core::mixers::loglinear::LogLinear;
+use mixer_core::parallel::min_len;
 use mixer_core::tensor::get;
 use mixer_core::{Error, Real, Result, Tensors};
 use ndarray::{ArrayD, ArrayView3, Ix3};
@@ -274,7 +275,7 @@ pub fn assemble<F: Real>(
     let row = s.h * s.dv;
     if row > 0 && s.t > 0 {
         let flat = y.as_slice_mut().expect("a new array is in standard layout");
-        flat.par_chunks_mut(row).enumerate().for_each(|(bt, dst)| {
+        flat.par_chunks_mut(row).with_min_len(min_len()).enumerate().for_each(|(bt, dst)| {
             let Some((i, t)) = layout.locate(bt / s.t, bt % s.t) else { return };
             for (h, part) in dst.chunks_mut(s.dv).enumerate() {
                 let Some(yh) = by_bh[i * s.h + h] else { continue };
@@ -387,7 +388,8 @@ pub(crate) fn run_heads<F: VecMath>(
         None => None,
     };
     let (sizes, layout, heads) = heads(m, &x, lam.as_deref(), packed)?;
-    let ys: Vec<Mat<F>> = heads.par_iter().map(|hd| f(m, hd)).collect::<Result<_>>()?;
+    let ys: Vec<Mat<F>> =
+        heads.par_iter().with_min_len(min_len()).map(|hd| f(m, hd)).collect::<Result<_>>()?;
     let views: Vec<_> = ys.iter().map(|y| if transposed { y.transpose() } else { y.as_ref() }).collect();
     Ok(assemble(sizes, &layout, &heads, &views))
 }

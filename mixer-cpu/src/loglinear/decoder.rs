@@ -73,28 +73,27 @@ pub fn build_from<F: Real>(
     let (dk, dv) = (sizes.dk, sizes.dv);
     let mut states = vec![Vec::new(); sizes.nb * sizes.nh];
     let mut start = vec![0; sizes.nb];
-    // H = Sᵀ, row-major D_k × D_v, from S[.., r, c] = at(r, c).
-    let transposed = |at: &dyn Fn(usize, usize) -> F| -> Option<Vec<F>> {
-        let hm: Vec<F> = (0..dk * dv).map(|i| at(i % dv, i / dv)).collect();
-        hm.iter().any(|&x| x != F::zero()).then_some(hm)
-    };
     match (initial, m.lift) {
         (None, _) => {}
         (Some(s), None) => {
-            let s0 = get(s, STATE)?;
+            let s0 = get(s, STATE)?.as_standard_layout();
+            let flat = flat(&s0)?;
             for (bh, st) in states.iter_mut().enumerate() {
-                let (b, h) = (bh / sizes.nh, bh % sizes.nh);
-                *st = vec![Some((0..dk * dv).map(|i| s0[[b, h, i % dv, i / dv]]).collect())];
+                *st = vec![Some(h_of(&flat[bh * dk * dv..][..dk * dv], dk, dv))];
             }
         }
         (Some(s), Some(_)) => {
             start = positions(s, sizes.t_len)?;
-            let s0 = get(s, STATE)?;
+            let s0 = get(s, STATE)?.as_standard_layout();
+            let slots = s0.shape()[2];
+            let flat = flat(&s0)?;
             for (bh, st) in states.iter_mut().enumerate() {
-                let (b, h) = (bh / sizes.nh, bh % sizes.nh);
-                *st = std::iter::once(None)
-                    .chain((0..s0.shape()[2]).map(|i| transposed(&|r, c| s0[[b, h, i, r, c]])))
-                    .collect();
+                // An all-zero slot is an empty level.
+                let level = |i: usize| {
+                    Some(h_of(&flat[(bh * slots + i) * dk * dv..][..dk * dv], dk, dv))
+                        .filter(|hm| hm.iter().any(|&x| x != F::zero()))
+                };
+                *st = std::iter::once(None).chain((0..slots).map(level)).collect();
             }
         }
     }
@@ -108,6 +107,20 @@ pub fn build_from<F: Real>(
     }))
 }
 
+/// The entries of a standard-layout array.
+fn flat<'a, F>(a: &'a ndarray::CowArray<'_, F, IxDyn>) -> Result<&'a [F]> {
+    a.as_slice().ok_or_else(|| Error::Decoder("internal: a standard-layout state is not contiguous".into()))
+}
+
+/// `S` (`D_v × D_k`, row-major) as the decoder's `H = Sᵀ` (`D_k × D_v`, row-major).
+fn h_of<F: Real>(s: &[F], dk: usize, dv: usize) -> Vec<F> {
+    let mut h = vec![F::zero(); dk * dv];
+    if !h.is_empty() {
+        transpose::transpose(s, &mut h, dk, dv);
+    }
+    h
+}
+
 impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
     /// The state after the tokens consumed (docs/math.md §7.1): a base mixer's `S [B, H, Dv, Dk]`
     /// (`S = Hᵀ`); a lift's level states after the merge for the next token, slot `i` holding
@@ -115,26 +128,26 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
     /// away).
     fn state(&self) -> Result<Tensors<F>> {
         let DecoderSizes { nb, nh, dk, dv, n_levels, .. } = self.sizes;
-        let put = |s: &mut ArrayD<F>, prefix: &[usize], hm: &[F]| {
-            for (i, &x) in hm.iter().enumerate() {
-                let mut ix = prefix.to_vec();
-                ix.extend([i % dv, i / dv]);
-                s[ix.as_slice()] = x;
-            }
+        // Each `D_v × D_k` block of `S` is `H = Sᵀ` transposed back.
+        let put = |s: &mut ArrayD<F>, block: usize, hm: &[F]| -> Result<()> {
+            let dst = s
+                .as_slice_mut()
+                .ok_or_else(|| Error::Decoder("internal: a new state array is not contiguous".into()))?;
+            transpose::transpose(hm, &mut dst[block * dk * dv..][..dk * dv], dv, dk);
+            Ok(())
         };
         if self.m.lift.is_none() {
             let mut s = ArrayD::<F>::zeros(IxDyn(&[nb, nh, dv, dk]));
             for (bh, st) in self.states.iter().enumerate() {
                 if let Some(Some(hm)) = st.first() {
-                    put(&mut s, &[bh / nh, bh % nh], hm);
+                    put(&mut s, bh, hm)?;
                 }
             }
             return Ok([(STATE.to_string(), s)].into_iter().collect());
         }
         let mut s = ArrayD::<F>::zeros(IxDyn(&[nb, nh, n_levels, dv, dk]));
         for (bh, st) in self.states.iter().enumerate() {
-            let (b, h) = (bh / nh, bh % nh);
-            let next = self.start[b] + self.pos;
+            let next = self.start[bh / nh] + self.pos;
             let mut levels = st.clone();
             merge_states(&mut levels, next, |mut acc, s| {
                 acc.iter_mut().zip(&s).for_each(|(a, x)| *a += *x);
@@ -143,7 +156,7 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
             for (l, hm) in levels.iter().enumerate() {
                 let Some(hm) = hm else { continue };
                 match l.checked_sub(1).filter(|&i| i < n_levels) {
-                    Some(i) => put(&mut s, &[b, h, i], hm),
+                    Some(i) => put(&mut s, bh * n_levels + i, hm)?,
                     None => {
                         return Err(Error::Decoder(format!(
                             "at position {next} level {l} holds a state, but the state has slots for \

@@ -11,6 +11,7 @@ use faer::Mat;
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::mixers::loglinear::lift_state::{POSITION, store_slots};
 use mixer_core::mixers::loglinear::state::STATE;
+use mixer_core::parallel::min_len;
 use mixer_core::tensor::get;
 use mixer_core::{Error, Result, Tensors};
 use ndarray::{ArrayD, IxDyn};
@@ -109,6 +110,7 @@ fn base_from<F: VecMath>(
     let scalar = ssd::applies(m);
     let outs: Vec<(Mat<F>, Mat<F>)> = heads
         .par_iter()
+        .with_min_len(min_len())
         .map(|hd| {
             let h0 = s0.map(|s| common::state_head(s, hd.b, hd.h));
             flushed(|| if scalar { ssd::run_head_from(m, hd, h0) } else { chunked::run_head_from(m, hd, h0) })
@@ -142,6 +144,7 @@ fn lift_from<F: VecMath>(
     let blocks = common::head_blocks(&mut fin, &heads, sz.h)?;
     let ys: Vec<Mat<F>> = heads
         .par_iter()
+        .with_min_len(min_len())
         .zip(blocks)
         .map(|(hd, dst)| {
             let levels = lift_state::levels_of(s0, hd.b, hd.h, nl, sz.dk, sz.dv);

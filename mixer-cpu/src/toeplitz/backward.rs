@@ -16,6 +16,7 @@
 //! since a column meets its `Kw` neighbours. Taps and bias entries beyond `T` get gradient 0.
 
 use mixer_core::mixers::toeplitz::Toeplitz;
+use mixer_core::parallel::min_len;
 use mixer_core::tensor::get;
 use mixer_core::{Error, Requires, Result, Tensors, grad_name};
 use ndarray::{ArrayD, IxDyn};
@@ -80,6 +81,7 @@ pub fn vjp<F: FftReal>(
         let cols_per_group = (nb * c).div_ceil(REDUCE_GROUPS);
         let partial: Vec<Vec<Vec<Complex<F>>>> = dx_cols
             .par_chunks_mut(cols_per_group * t)
+            .with_min_len(min_len())
             .enumerate()
             .map(|(gi, group)| -> Result<_> {
                 let (mut buf, mut gs, mut acc) =
@@ -109,7 +111,7 @@ pub fn vjp<F: FftReal>(
     } else {
         let g_hat = column_spectra(&gcols, &pl)?;
         if let Some(w_hat) = &w_hat {
-            dx_cols.par_chunks_mut(t).enumerate().try_for_each_init(
+            dx_cols.par_chunks_mut(t).with_min_len(min_len()).enumerate().try_for_each_init(
                 || Buffers::new(&pl),
                 |buf, (idx, dxc)| -> Result<()> {
                     let (b, ci) = (idx / c, idx % c);
@@ -134,6 +136,7 @@ pub fn vjp<F: FftReal>(
         let rows = if want_w { p.kernel_width * p.heads } else { 0 };
         (0..rows)
             .into_par_iter()
+            .with_min_len(min_len())
             .map(|r| {
                 let (i, h) = (r / p.heads, r % p.heads);
                 let dl = p.kernel_width - 1 - i;
@@ -155,6 +158,7 @@ pub fn vjp<F: FftReal>(
         let scale = F::one() / F::of(pl.len() as f64);
         let rows: Vec<Vec<F>> = dw_spectra
             .into_par_iter()
+            .with_min_len(min_len())
             .map_init(
                 || Buffers::new(&pl),
                 |buf, spec| {

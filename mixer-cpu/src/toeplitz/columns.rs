@@ -3,6 +3,7 @@
 //! directions are cache-blocked transposes of each batch row, parallel over channel blocks.
 
 use mixer_core::Real;
+use mixer_core::parallel::min_len;
 use ndarray::{ArrayD, IxDyn};
 use rayon::prelude::*;
 
@@ -31,7 +32,7 @@ fn transpose_batched<F: Real>(src: &[F], dst: &mut [F], rows: usize, cols: usize
     if rows == 0 || cols == 0 {
         return;
     }
-    dst.par_chunks_mut(TILE * rows).enumerate().for_each(|(blk, out)| {
+    dst.par_chunks_mut(TILE * rows).with_min_len(min_len()).enumerate().for_each(|(blk, out)| {
         // `out` holds output rows [blk·TILE, …) of the stacked [nb·cols, rows] result.
         let first = blk * TILE;
         let nrows_out = out.len() / rows;

@@ -21,6 +21,7 @@ use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use mixer_core::mixers::toeplitz::{Prepared, Toeplitz};
+use mixer_core::parallel::min_len;
 use mixer_core::{Error, Real, Result};
 
 use super::columns::Columns;
@@ -238,11 +239,15 @@ pub fn tap_spectra<F: FftReal>(
     // Hashed (and, on a candidate hit, compared) in blocks in parallel: at T = 4k with one
     // kernel per channel the taps are as large as the input.
     const BLOCK: usize = 1 << 16;
-    let block_hashes: Vec<u64> = taps.par_chunks(BLOCK).map(hash_taps).collect();
+    let block_hashes: Vec<u64> = taps.par_chunks(BLOCK).with_min_len(min_len()).map(hash_taps).collect();
     let hash = block_hashes.iter().fold(taps.len() as u64, |acc, &h| mix(acc, h));
     let same = |stored: &[F]| {
         stored.len() == taps.len()
-            && stored.par_chunks(BLOCK).zip(taps.par_chunks(BLOCK)).all(|(a, b)| a == b)
+            && stored
+                .par_chunks(BLOCK)
+                .with_min_len(min_len())
+                .zip(taps.par_chunks(BLOCK).with_min_len(min_len()))
+                .all(|(a, b)| a == b)
     };
     {
         let mut cache = F::state().spectra.lock().unwrap_or_else(PoisonError::into_inner);
@@ -259,6 +264,7 @@ pub fn tap_spectra<F: FftReal>(
     let scale = F::one() / F::of(p as f64);
     let spectra: Vec<Vec<Complex<F>>> = (0..rows)
         .into_par_iter()
+        .with_min_len(min_len())
         .map_init(
             || Buffers::new(pl),
             |buf, r| {
@@ -285,6 +291,7 @@ pub fn cached_spectra<F: FftReal>() -> usize {
 pub fn column_spectra<F: FftReal>(x: &Columns<F>, pl: &Plans<F>) -> Result<Vec<Vec<Complex<F>>>> {
     x.data
         .par_chunks(x.len.max(1))
+        .with_min_len(min_len())
         .map_init(
             || Buffers::new(pl),
             |buf, col| {
@@ -344,13 +351,14 @@ pub fn fast_rows<F: FftReal>(p: &Prepared<F>, x: &[F]) -> Result<Vec<F>> {
     };
     let blocks: Vec<Vec<Vec<F>>> = (0..tasks.div_ceil(per))
         .into_par_iter()
+        .with_min_len(min_len())
         .map(|g| {
             let mut bufs: Vec<Buffers<F>> = (0..CHANNEL_BLOCK.min(c)).map(|_| Buffers::new(&pl)).collect();
             (g * per..((g + 1) * per).min(tasks)).map(|task| run(&mut bufs, task)).collect::<Result<_>>()
         })
         .collect::<Result<_>>()?;
     let blocks: Vec<&Vec<F>> = blocks.iter().flatten().collect();
-    y.par_chunks_mut(c).enumerate().for_each(|(bs, row)| {
+    y.par_chunks_mut(c).with_min_len(min_len()).enumerate().for_each(|(bs, row)| {
         let (b, s) = (bs / t, bs % t);
         for (k, dst) in row.chunks_mut(CHANNEL_BLOCK).enumerate() {
             let cw = dst.len();
@@ -376,6 +384,7 @@ pub fn fast<F: FftReal>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Result
     let x_hat = column_spectra(x, &pl)?;
     out.data
         .par_chunks_mut(t)
+        .with_min_len(min_len())
         .enumerate()
         .try_for_each_init(
             || Buffers::new(&pl),

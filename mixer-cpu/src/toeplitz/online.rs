@@ -28,6 +28,7 @@ use std::collections::VecDeque;
 
 use mixer_core::mixer::Decoder;
 use mixer_core::mixers::toeplitz::Toeplitz;
+use mixer_core::parallel::min_len;
 use mixer_core::{Dims, Result, Tensors};
 use ndarray::ArrayD;
 use rayon::prelude::*;
@@ -140,7 +141,11 @@ impl<F: FftReal> OnlineDecoder<F> {
             Ok(buf.spec.clone())
         };
         let u_hat: Vec<Vec<Complex<F>>> = if par {
-            base.hist.par_iter().map_init(|| Buffers::new(&pl), fwd).collect::<Result<_>>()?
+            base.hist
+                .par_iter()
+                .with_min_len(min_len())
+                .map_init(|| Buffers::new(&pl), fwd)
+                .collect::<Result<_>>()?
         } else {
             let mut buf = Buffers::new(&pl);
             base.hist.iter().map(|col| fwd(&mut buf, col)).collect::<Result<_>>()?
@@ -160,7 +165,11 @@ impl<F: FftReal> OnlineDecoder<F> {
             Ok(buf.real[k..k + reach].to_vec())
         };
         if par {
-            (0..base.batch * c).into_par_iter().map_init(|| Buffers::new(&pl), inv).collect()
+            (0..base.batch * c)
+                .into_par_iter()
+                .with_min_len(min_len())
+                .map_init(|| Buffers::new(&pl), inv)
+                .collect()
         } else {
             let mut buf = Buffers::new(&pl);
             (0..base.batch * c).map(|idx| inv(&mut buf, idx)).collect()

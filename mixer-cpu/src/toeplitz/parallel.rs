@@ -2,6 +2,7 @@
 
 use mixer_core::Real;
 use mixer_core::mixers::toeplitz::{Prepared, Toeplitz};
+use mixer_core::parallel::min_len;
 use rayon::prelude::*;
 
 use super::columns::Columns;
@@ -30,7 +31,7 @@ pub fn direct<F: Real>(m: &Toeplitz, p: &Prepared<F>, x: &Columns<F>) -> Columns
     if t == 0 {
         return out;
     }
-    out.data.par_chunks_mut(t).enumerate().for_each(|(idx, y)| {
+    out.data.par_chunks_mut(t).with_min_len(min_len()).enumerate().for_each(|(idx, y)| {
         let (b, e) = (idx / c, idx % c);
         let h = e / d;
         if let Some(bias) = p.bias_row(h) {
