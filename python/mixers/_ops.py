@@ -74,7 +74,10 @@ def _host(t: torch.Tensor, dtype: Optional[torch.dtype] = None):
     """``t`` as a numpy array on the host (a view when it already is one), of ``dtype``, else
     of its own dtype with half types as float32 (so the library sees, and refuses, inputs of
     mixed or non-float dtypes)."""
-    return t.detach().to(device="cpu", dtype=dtype or _work_dtype(t)).numpy()
+    dtype = dtype or _work_dtype(t)
+    if t.is_cpu and t.dtype == dtype:
+        return t.detach().numpy()  # the common case: a view, nothing to convert
+    return t.detach().to(device="cpu", dtype=dtype).numpy()
 
 
 def _offsets(cu_seqlens: Optional[torch.Tensor]) -> Optional[List[int]]:
@@ -127,30 +130,43 @@ def _shape_args(inputs: Sequence[torch.Tensor], names: Sequence[str], cu_seqlens
     packed batch, ``-1`` without one): the arguments of :func:`_layout_const` and
     :func:`_state_names`."""
     nseq = -1 if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
-    return tuple(names), tuple(tuple(int(d) for d in t.shape) for t in inputs), nseq
+    return tuple(names), tuple(tuple(map(int, t.shape)) for t in inputs), nseq
+
+
+# `_layout_const`'s answers by argument (a cache written by hand: `functools.lru_cache` would hide
+# the function from `torch.compiler.assume_constant_result`).
+_LAYOUTS: Dict[tuple, tuple] = {}
 
 
 @torch.compiler.assume_constant_result
 def _layout_const(mixer: str, config: str, names: tuple, shapes: tuple, nseq: int, given: tuple) -> tuple:
     """The names and shapes of the mixer's state tensors for inputs of ``names`` and ``shapes``, in
     the library's order (one row per sequence of a packed batch), when the run starts from a state
-    of the shapes ``given`` (``((name, shape), …)``; ``()``: from zero), as ``((name, shape), …)``;
-    ``NotImplementedError`` (the library's message) for a mixer without a state. A constant under
-    ``torch.compile``."""
+    of the shapes ``given`` (``((name, shape), …)``; ``()``: from zero), as ``((name, shape), …)``
+    with each shape a tuple; ``NotImplementedError`` (the library's message) for a mixer without a
+    state. Asked of the library once per distinct argument (a decoding loop asks the same every
+    step); a constant under ``torch.compile``."""
+    key = (mixer, config, names, shapes, nseq, given)
+    if key in _LAYOUTS:
+        return _LAYOUTS[key]
     given = {k: list(v) for k, v in given} or None
     layout = {k: list(v) for k, v in
               _mixers.state_shapes(mixer, dict(zip(names, map(list, shapes))), config, given).items()}
     if nseq >= 0 and given is None:
         layout = {k: [nseq] + v[1:] for k, v in layout.items()}
-    return tuple((k, list(v)) for k, v in layout.items())
+    if len(_LAYOUTS) >= 4096:
+        _LAYOUTS.clear()
+    _LAYOUTS[key] = tuple((k, tuple(v)) for k, v in layout.items())
+    return _LAYOUTS[key]
 
 
 def _state_layout(
     name: str, config: str, inputs: Sequence[torch.Tensor], names: Sequence[str], cu_seqlens, given=None
 ) -> Dict[str, List[int]]:
-    """:func:`_layout_const` of tensors, with ``given`` a dict (``None``: from zero)."""
-    return dict(_layout_const(name, config, *_shape_args(inputs, names, cu_seqlens),
-                              tuple((given or {}).items())))
+    """:func:`_layout_const` of tensors as a dict of shapes (lists), with ``given`` a dict
+    (``None``: from zero)."""
+    given = tuple((k, tuple(v)) for k, v in (given or {}).items())
+    return {k: list(v) for k, v in _layout_const(name, config, *_shape_args(inputs, names, cu_seqlens), given)}
 
 
 # The names of a mixer's state tensors by (mixer, config): they do not depend on the sizes.
@@ -498,7 +514,7 @@ def config_json(config: Optional[dict]) -> str:
 
 def default_backend(t: torch.Tensor) -> str:
     """``cuda`` for a CUDA tensor, else ``cpu``."""
-    return "cuda" if t.device.type == "cuda" else "cpu"
+    return "cuda" if t.is_cuda else "cpu"
 
 
 def call(
