@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use faer::{Mat, MatRef};
+use faer::{Mat, MatMut, MatRef};
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::parallel::min_len;
 use mixer_core::tensor::get;
@@ -356,15 +356,20 @@ pub(crate) fn state_tensor<'a, F: Real>(
 /// `H = S_{b,h}ᵀ` (`D_k × D_v`) of a state `S [B, H, Dv, Dk]`.
 pub(crate) fn state_head<F: Real>(s: &ArrayD<F>, b: usize, h: usize) -> Mat<F> {
     let (dv, dk) = (s.shape()[2], s.shape()[3]);
+    // A copy of the block only where it is not contiguous; then one blocked transposed copy.
     let blk = s.slice(ndarray::s![b, h, .., ..]);
-    Mat::from_fn(dk, dv, |c, r| blk[[r, c]])
+    let blk = blk.as_standard_layout();
+    let flat = blk.as_slice().expect("a standard-layout array is contiguous");
+    MatRef::from_row_major_slice(flat, dv, dk).transpose().to_owned()
 }
 
 /// Writes `H` (`D_k × D_v`) as `S_{b,h} = Hᵀ` into a state `S [B, H, Dv, Dk]`.
 pub(crate) fn put_state<F: Real>(s: &mut ArrayD<F>, b: usize, h: usize, hm: MatRef<'_, F>) {
+    let (dv, dk) = (s.shape()[2], s.shape()[3]);
     let mut blk = s.slice_mut(ndarray::s![b, h, .., ..]);
-    for ((r, c), v) in blk.indexed_iter_mut() {
-        *v = hm[(c, r)];
+    match blk.as_slice_mut() {
+        Some(flat) => MatMut::from_row_major_slice_mut(flat, dv, dk).copy_from(hm.transpose()),
+        None => blk.indexed_iter_mut().for_each(|((r, c), v)| *v = hm[(c, r)]),
     }
 }
 
