@@ -1,15 +1,20 @@
 //! The recurrent form (docs/math.md §2.5): O(log T) states per head for the lifts, one state for
 //! the base mixers.
 //!
-//! Per (batch, head) the decoder keeps level states `H^(ℓ) = S^((ℓ)ᵀ) ∈
-//! ℝ^(D_k × D_v)` (only the non-empty ones). At token `t`:
-//! 1. (lifts) if `t ≥ 1`, `m = ctz(t)`: `H^(m+1) ← Σ_{ℓ ≤ m} H^(ℓ)`,
+//! Per (batch, head) the decoder keeps level states `S^(ℓ) ∈ ℝ^(D_v × D_k)`, row-major, the
+//! layout of the state a run returns (docs/math.md §7.1), so that a state goes in and out as a
+//! plain copy (only the non-empty levels). At token `t`:
+//! 1. (lifts) if `t ≥ 1`, `m = ctz(t)`: `S^(m+1) ← Σ_{ℓ ≤ m} S^(ℓ)`,
 //!    levels `0..m` emptied;
-//! 2. every level takes the transition: Mamba-2 `H ← e^(g_t) H`; gated DeltaNet
-//!    `H ← e^(g_t)(I − β_t k_t k_tᵀ) H`; linear attention nothing;
-//! 3. insert `H^(0) ← k_t v_tᵀ` (gated DeltaNet `β_t k_t v_tᵀ`; the base
+//! 2. every level takes the transition: Mamba-2 `S ← e^(g_t) S`; gated DeltaNet
+//!    `S ← e^(g_t) S (I − β_t k_t k_tᵀ)`; linear attention nothing;
+//! 3. insert `S^(0) ← v_t k_tᵀ` (gated DeltaNet `β_t v_t k_tᵀ`; the base
 //!    mixers add it to their single state);
-//! 4. read `y_t = σ Σ_ℓ λ_t^(ℓ) H^((ℓ)ᵀ) q_t`.
+//! 4. read `y_t = σ Σ_ℓ λ_t^(ℓ) S^(ℓ) q_t`.
+//!
+//! Steps 2–4 take one pass over the rows of each level (per value channel: the transition, the
+//! insert at level 0, then the read, as axpys and dots over the `D_k` keys), and a level whose
+//! entries have all decayed below the smallest normal number is dropped after it.
 //!
 //! A step costs `O(L · D_k D_v)` with `L ≤ ⌊log_2 t⌋ + 2` non-empty levels, and
 //! the merge is amortized O(1) states; `cache_elems` counts the scalars in non-empty states.
@@ -21,6 +26,8 @@ use mixer_core::mixers::loglinear::state::STATE;
 use mixer_core::mixers::loglinear::{Base, DecoderSizes, LogLinear};
 use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Dims, Error, Real, Result, Tensors};
+
+use crate::vmath::dot;
 use ndarray::{ArrayD, IxDyn};
 
 /// The decoder of one configured member of the family.
@@ -30,7 +37,7 @@ pub struct LogLinearDecoder<F: Real> {
     sizes: DecoderSizes,
     /// The λ scheme's parameter `lambda_param [H, L]`, when given (a static input).
     lambda_param: Option<ArrayD<F>>,
-    /// Per (batch, head): the level states, `Dk×Dv` row-major.
+    /// Per (batch, head): the level states, `Dv×Dk` row-major.
     states: Vec<Vec<Option<Vec<F>>>>,
     /// Per batch row: the position of the first token (a lift's state's `position`; else 0).
     start: Vec<usize>,
@@ -59,7 +66,7 @@ pub fn build<F: Real>(m: &LogLinear, statics: &Tensors<F>, dims: &Dims) -> Resul
 }
 
 /// Builds the decoder started from the state `initial` (docs/math.md §7.1; `None`: zero): a
-/// base mixer's `S [B, H, Dv, Dk]` as its one state `H = Sᵀ`; a lift's `S [B, H, L, Dv, Dk]`
+/// base mixer's `S [B, H, Dv, Dk]` as its one state; a lift's `S [B, H, L, Dv, Dk]`
 /// (slot `i`: level `i + 1`) as its level states and `position [B]` as the position of each
 /// row's first token (checked: [`positions`]). The state is merged ahead, so the first step's
 /// merge finds its levels empty.
@@ -79,7 +86,7 @@ pub fn build_from<F: Real>(
             let s0 = get(s, STATE)?.as_standard_layout();
             let flat = flat(&s0)?;
             for (bh, st) in states.iter_mut().enumerate() {
-                *st = vec![Some(h_of(&flat[bh * dk * dv..][..dk * dv], dk, dv))];
+                *st = vec![Some(flat[bh * dk * dv..][..dk * dv].to_vec())];
             }
         }
         (Some(s), Some(_)) => {
@@ -90,8 +97,8 @@ pub fn build_from<F: Real>(
             for (bh, st) in states.iter_mut().enumerate() {
                 // An all-zero slot is an empty level.
                 let level = |i: usize| {
-                    Some(h_of(&flat[(bh * slots + i) * dk * dv..][..dk * dv], dk, dv))
-                        .filter(|hm| hm.iter().any(|&x| x != F::zero()))
+                    Some(flat[(bh * slots + i) * dk * dv..][..dk * dv].to_vec())
+                        .filter(|sm| sm.iter().any(|&x| x != F::zero()))
                 };
                 *st = std::iter::once(None).chain((0..slots).map(level)).collect();
             }
@@ -112,28 +119,19 @@ fn flat<'a, F>(a: &'a ndarray::CowArray<'_, F, IxDyn>) -> Result<&'a [F]> {
     a.as_slice().ok_or_else(|| Error::Decoder("internal: a standard-layout state is not contiguous".into()))
 }
 
-/// `S` (`D_v × D_k`, row-major) as the decoder's `H = Sᵀ` (`D_k × D_v`, row-major).
-fn h_of<F: Real>(s: &[F], dk: usize, dv: usize) -> Vec<F> {
-    let mut h = vec![F::zero(); dk * dv];
-    if !h.is_empty() {
-        transpose::transpose(s, &mut h, dk, dv);
-    }
-    h
-}
-
 impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
-    /// The state after the tokens consumed (docs/math.md §7.1): a base mixer's `S [B, H, Dv, Dk]`
-    /// (`S = Hᵀ`); a lift's level states after the merge for the next token, slot `i` holding
+    /// The state after the tokens consumed (docs/math.md §7.1): a base mixer's `S [B, H, Dv, Dk]`;
+    /// a lift's level states after the merge for the next token, slot `i` holding
     /// level `i + 1`, and `position` (zero where nothing was inserted or a state decayed
     /// away).
     fn state(&self) -> Result<Tensors<F>> {
         let DecoderSizes { nb, nh, dk, dv, n_levels, .. } = self.sizes;
-        // Each `D_v × D_k` block of `S` is `H = Sᵀ` transposed back.
-        let put = |s: &mut ArrayD<F>, block: usize, hm: &[F]| -> Result<()> {
+        // Each `D_v × D_k` block of `S` is a level state as it is.
+        let put = |s: &mut ArrayD<F>, block: usize, sm: &[F]| -> Result<()> {
             let dst = s
                 .as_slice_mut()
                 .ok_or_else(|| Error::Decoder("internal: a new state array is not contiguous".into()))?;
-            transpose::transpose(hm, &mut dst[block * dk * dv..][..dk * dv], dv, dk);
+            dst[block * dk * dv..][..dk * dv].copy_from_slice(sm);
             Ok(())
         };
         if self.m.lift.is_none() {
@@ -189,16 +187,15 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
             }
             None => None,
         };
-        if dv == 0 {
-            // No value channels: every state is empty and `y_t` has no entries (and rows of
+        if dv == 0 || dk == 0 {
+            // No value channels or no keys: every state is empty and `y_t` is zero (and rows of
             // width 0 cannot be iterated below).
             self.pos += 1;
-            return Ok(ArrayD::zeros(IxDyn(&[nb, nh, 0])));
+            return Ok(ArrayD::zeros(IxDyn(&[nb, nh, dv])));
         }
         let lifted = lam.is_some();
         let scale = F::of(self.m.scale);
         let mut y = vec![F::zero(); nb * nh * dv];
-        let mut ku = vec![F::zero(); dv];
         for bh in 0..nb * nh {
             let t = self.start[bh / nh] + self.pos;
             let st = &mut self.states[bh];
@@ -209,52 +206,19 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
                     acc
                 });
             }
-            // 2. transition every level.
+            // 2–4 in one pass over each level's rows: the transition, the insert (level 0), the
+            // read (levels are independent, so each is read as soon as it is updated).
             let kt = &k[bh * dk..(bh + 1) * dk];
             let qt = &q[bh * dk..(bh + 1) * dk];
             let vt = &v[bh * dv..(bh + 1) * dv];
             let decay = g.as_ref().map_or(F::one(), |g| F::of(g[bh].f64().exp()));
             let bt = beta.as_ref().map_or(F::one(), |x| x[bh]);
-            for s in st.iter_mut().flatten() {
-                match base {
-                    Base::LinearAttention => {}
-                    Base::Mamba2 => s.iter_mut().for_each(|x| *x *= decay),
-                    Base::GatedDeltaNet => {
-                        // H ← e^g (H − β k (kᵀH)).
-                        ku.iter_mut().for_each(|x| *x = F::zero());
-                        for (row, &kd) in s.chunks_exact(dv).zip(kt) {
-                            ku.iter_mut().zip(row).for_each(|(u, &x)| *u += kd * x);
-                        }
-                        for (row, &kd) in s.chunks_exact_mut(dv).zip(kt) {
-                            let bk = bt * kd;
-                            row.iter_mut().zip(&ku).for_each(|(x, &u)| *x = decay * (*x - bk * u));
-                        }
-                    }
-                }
-            }
-            // Levels whose entries have all decayed below the smallest normal number are
-            // dropped: their contribution is below the type's resolution, and carrying them
-            // through subnormal arithmetic is 10-100x slower (with g ≈ −0.05, a Fenwick bucket
-            // reaches that range after ~15k tokens).
-            if base.has_decay() {
-                for slot in st.iter_mut() {
-                    if slot.as_ref().is_some_and(|s| negligible(s)) {
-                        *slot = None;
-                    }
-                }
-            }
-            // 3. insert.
             if st.is_empty() {
                 st.push(None);
             }
-            let slot = st[0].get_or_insert_with(|| vec![F::zero(); dk * dv]);
-            for (row, &kd) in slot.chunks_exact_mut(dv).zip(kt) {
-                let bk = bt * kd;
-                row.iter_mut().zip(vt).for_each(|(x, &vv)| *x += bk * vv);
-            }
-            // 4. read.
+            st[0].get_or_insert_with(|| vec![F::zero(); dk * dv]);
             let yt = &mut y[bh * dv..(bh + 1) * dv];
-            for (l, s) in st.iter().enumerate() {
+            for (l, s) in st.iter_mut().enumerate() {
                 let Some(s) = s else { continue };
                 let w = match &lam {
                     Some(lam) => {
@@ -267,12 +231,34 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
                     }
                     None => F::one(),
                 } * scale;
-                if w == F::zero() {
-                    continue;
+                for ((row, &vv), yv) in s.chunks_exact_mut(dk).zip(vt).zip(yt.iter_mut()) {
+                    match base {
+                        Base::LinearAttention => {}
+                        Base::Mamba2 => row.iter_mut().for_each(|x| *x *= decay),
+                        // S ← e^g (S − β (S k) kᵀ).
+                        Base::GatedDeltaNet => {
+                            let bu = bt * dot(row, kt);
+                            row.iter_mut().zip(kt).for_each(|(x, &kd)| *x = decay * (*x - bu * kd));
+                        }
+                    }
+                    if l == 0 {
+                        let bv = bt * vv;
+                        row.iter_mut().zip(kt).for_each(|(x, &kd)| *x += bv * kd);
+                    }
+                    if w != F::zero() {
+                        *yv += w * dot(row, qt);
+                    }
                 }
-                for (row, &qd) in s.chunks_exact(dv).zip(qt) {
-                    let wq = w * qd;
-                    yt.iter_mut().zip(row).for_each(|(y, &x)| *y += wq * x);
+            }
+            // Levels whose entries have all decayed below the smallest normal number are
+            // dropped: their contribution is below the type's resolution, and carrying them
+            // through subnormal arithmetic is 10-100x slower (with g ≈ −0.05, a Fenwick bucket
+            // reaches that range after ~15k tokens).
+            if base.has_decay() {
+                for slot in st.iter_mut() {
+                    if slot.as_ref().is_some_and(|s| negligible(s)) {
+                        *slot = None;
+                    }
                 }
             }
         }
