@@ -18,27 +18,6 @@ use mixer_core::Real;
 use multiversion::multiversion;
 
 /// Elementwise kernels with a fast path per scalar type.
-/// `Σ_i a_i b_i` over the shorter of the two, in eight interleaved partial sums (lane `i mod 8`)
-/// added at the end, so that the loop vectorises (a left-to-right sum cannot be reordered by the
-/// compiler). The order is fixed: the same inputs give the same bits.
-#[inline]
-pub fn dot<F: Real>(a: &[F], b: &[F]) -> F {
-    let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut acc = [F::zero(); 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ar, br) = (ac.remainder(), bc.remainder());
-    for (x, y) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    for (l, (&x, &y)) in ar.iter().zip(br).enumerate() {
-        acc[l] += x * y;
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
-}
-
 pub trait VecMath: Real {
     /// `xs[i] ← e^{a·(xs[i] − m)}` for every `i` (`a > 0`, `xs[i] ≤ m` or `−∞`); returns the
     /// sum of the new values.

@@ -24,10 +24,9 @@ use mixer_core::mixer::{Decoder, check_decoder_capacity};
 use mixer_core::mixers::loglinear::lift_state::{POSITION, positions};
 use mixer_core::mixers::loglinear::state::STATE;
 use mixer_core::mixers::loglinear::{Base, DecoderSizes, LogLinear};
+use mixer_core::real::dot8;
 use mixer_core::tensor::{contiguous, get};
 use mixer_core::{Dims, Error, Real, Result, Tensors};
-
-use crate::vmath::dot;
 use ndarray::{ArrayD, IxDyn};
 
 /// The decoder of one configured member of the family.
@@ -237,7 +236,7 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
                         Base::Mamba2 => row.iter_mut().for_each(|x| *x *= decay),
                         // S ← e^g (S − β (S k) kᵀ).
                         Base::GatedDeltaNet => {
-                            let bu = bt * dot(row, kt);
+                            let bu = bt * dot8(row, kt);
                             row.iter_mut().zip(kt).for_each(|(x, &kd)| *x = decay * (*x - bu * kd));
                         }
                     }
@@ -246,7 +245,7 @@ impl<F: Real> Decoder<F> for LogLinearDecoder<F> {
                         row.iter_mut().zip(kt).for_each(|(x, &kd)| *x += bv * kd);
                     }
                     if w != F::zero() {
-                        *yv += w * dot(row, qt);
+                        *yv += w * dot8(row, qt);
                     }
                 }
             }
