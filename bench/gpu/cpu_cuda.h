@@ -43,6 +43,16 @@ template <typename T> T lgb_exchange(T x, int src_of_lane_xor, bool up) {
     return y;
 }
 template <typename T> T __shfl_xor_sync(unsigned, T x, int o) { return lgb_exchange(x, o, false); }
+// __shfl_sync: lane src's x (src taken mod 32, as on the device).
+template <typename T> T __shfl_sync(unsigned, T x, int src) {
+    const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+    g_x[w][l] = (double)x;
+    g_warp[w]->arrive_and_wait();
+    const T y = (T)g_x[w][src & 31];
+    g_warp[w]->arrive_and_wait();
+    return y;
+}
+inline int __ffs(int x) { return __builtin_ffs(x); }
 template <typename T> T __shfl_up_sync(unsigned, T x, int o) { return lgb_exchange(x, o, true); }
 inline long long gtid() { return (long long)blockIdx.x * blockDim.x + threadIdx.x; }
 // A harness's checks: each prints its error against its tolerance (NaN fails); harness_end()
@@ -155,6 +165,22 @@ inline void mx_ldsm(unsigned (&r)[4], unsigned addr, bool trans) {
     });
 }
 inline void mx_ldsm_x4(unsigned (&r)[4], unsigned addr) { mx_ldsm(r, addr, false); }
+// movmatrix.trans of an 8 × 8 b16 matrix, lane l holding row l / 4, entries 2(l % 4), + 1.
+inline unsigned mx_movm_t(unsigned x) {
+    const unsigned post[1] = {x};
+    unsigned r = 0;
+    warp_round(post, 1, [&](unsigned (*p)[8], int l) {
+        const int row = l / 4, c0 = 2 * (l % 4);
+        unsigned out = 0;
+        for (int e = 0; e < 2; ++e) {  // entry (row, c0 + e) of the result = (c0 + e, row) of the input
+            const int src_row = c0 + e, src_col = row;
+            const unsigned w = p[src_row * 4 + src_col / 2][0];
+            out |= ((src_col & 1 ? w >> 16 : w & 0xffffu) & 0xffffu) << (16 * e);
+        }
+        r = out;
+    });
+    return r;
+}
 inline void mx_ldsm_x4_t(unsigned (&r)[4], unsigned addr) { mx_ldsm(r, addr, true); }
 inline unsigned __cvta_generic_to_shared(const void*) { return 0; }
 inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }

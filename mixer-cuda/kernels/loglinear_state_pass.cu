@@ -636,7 +636,16 @@ __device__ __forceinline__ void ldt_state_out(const float (&S)[KT][4], float* ST
             if (c < Dk && d < Dv) ST[at + (long long)d * Dk + c] = S[kk][u];
         }
 }
-template <int DKP, int NWV, int ST>
+// REV: gated DeltaNet's reverse pass over chunks for its backward (docs/math.md §2.7; the FMA
+// form is lgb_pass<T, true> of loglinear_backward_chunked.cu), the same body with the chunks taken
+// from the last and W and K exchanged: called with k ← W (the WY step's, tf32-rounded) and W ← k,
+// U ← A = Pᵀ dY and Hs ← the chunks' B = σ Qᵀ diag(e^γ) dY (lgb_pre). With X (Dk × Dv, held as
+// the forward holds Sᵀ) the adjoint of the state after chunk j, per chunk:
+//   dU' = A + diag(τ) K X (written to Vn),
+//   B_j read from Hs_j, X stored there, X ← e^{a_j} X + B_j − Wᵀ dU';
+// X starts as S̄_Tᵀ (S0 ← the final state's cotangent) and the X left after chunk 0 is S̄_0ᵀ
+// (written to ST_). No chunk table.
+template <int DKP, int NWV, int ST, bool REV = false>
 __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const float* W, const float* U, float* Vn,
                                float* Hs, int Tn, int H, int Dk, int Dv, int nc, const float* S0, int has_s0,
                                float* ST_, int has_st, const int* tab, int has_tab) {
@@ -660,13 +669,15 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
     // The block's p-th chunk's W, K (rows padded to LDW, LDK; columns Dk..DKP zero), U (the block's
     // VB columns) and log-decays into buffer p mod ST; rows past the chunk's end are zero. One
     // commit group per call, empty past the last chunk.
+    // The block's p-th chunk: j = jb + p, or from the end (REV).
+    auto chunk_of = [&](int p) { return REV ? rg.je - 1 - p : rg.jb + p; };
     auto prefetch = [&](int p) {
         if (rg.jb + p < rg.je) {
             float* Ws = smem + (p % ST) * STAGE;
             float* Ks = Ws + CH * LDW;
             float* Us = Ks + CH * LDK;
             float* gs = Us + CH * LDU;
-            const LlcSpan sp = llc_span(tab, has_tab, rg.jb + p, nc, Tn, CH);
+            const LlcSpan sp = llc_span(tab, has_tab, chunk_of(p), nc, Tn, CH);
             const int i0 = sp.i0, n = sp.n;
             const long long row0 = ((long long)b * Tn + i0) * H + h;
             constexpr bool tiles = ldt_tiles<CH, NT, DKP / 4>();
@@ -693,9 +704,9 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
     float S[KT][4];  // Sᵀ: tile kk holds keys 8kk .. 8kk + 7 as (k = 2t, 2t + 1) × (values g, g + 8)
     ldt_state_in<KT>(S, S0, has_s0, row * DD, Dk, Dv, dg, tg);
     for (int p = 0; rg.jb + p < rg.je; ++p) {
-        const int j = rg.jb + p;
+        const int j = chunk_of(p);
         // Chunk j's group is complete once at most ST − 2 younger ones are pending; the barrier
-        // publishes it and frees chunk j − 1's buffer, which the prefetch below overwrites.
+        // publishes it and frees the previous chunk's buffer, which the prefetch below overwrites.
         asm volatile("cp.async.wait_group %0;\n" ::"n"(ST - 2) : "memory");
         __syncthreads();
         prefetch(p + ST - 1);
@@ -707,58 +718,87 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
         const int i0 = sp.i0, n = sp.n;
         const long long row0 = ((long long)b * Tn + i0) * H + h;
         float* Hj = Hs + ((long long)bh * nc + j) * DD;
+        if (!REV) {
 #pragma unroll
-        for (int kk = 0; kk < KT; ++kk)
+            for (int kk = 0; kk < KT; ++kk)
 #pragma unroll
-            for (int u = 0; u < 4; ++u) {
-                const int c = 8 * kk + 2 * tg + (u & 1), d = dg + (u < 2 ? 0 : 8);
-                if (c < Dk && d < Dv) Hj[(long long)c * Dv + d] = S[kk][u];
-            }
+                for (int u = 0; u < 4; ++u) {
+                    const int c = 8 * kk + 2 * tg + (u & 1), d = dg + (u < 2 ? 0 : 8);
+                    if (c < Dk && d < Dv) Hj[(long long)c * Dv + d] = S[kk][u];
+                }
+        }
         float d0, d1;
         const float tot = ldt_decays(lane, n, gs[2 * lane], gs[2 * lane + 1], d0, d1);
-        // U'ᵀ = Uᵀ − Sᵀ Wᵀ: tile nt holds tokens 8nt + 2t, 8nt + 2t + 1 (columns) of values g, g + 8.
+        // Forward: U'ᵀ = Uᵀ − Sᵀ Wᵀ; reverse: (K X)ᵀ = Xᵀ Kᵀ (K in W's place, rounded here). Tile nt
+        // holds tokens 8nt + 2t, 8nt + 2t + 1 (columns) of values g, g + 8.
         float P[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
             const float* ur = Us + (8 * nt + 2 * tg) * LDU + dw + gi;
-            P[nt][0] = ur[0];
-            P[nt][1] = ur[LDU];
-            P[nt][2] = ur[8];
-            P[nt][3] = ur[LDU + 8];
+            P[nt][0] = REV ? 0.f : ur[0];
+            P[nt][1] = REV ? 0.f : ur[LDU];
+            P[nt][2] = REV ? 0.f : ur[8];
+            P[nt][3] = REV ? 0.f : ur[LDU + 8];
         }
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk) {
             // −S rounded to tf32 (the rounding is odd, so this is −tf32(S)); W arrives rounded.
-            const unsigned a0 = mx_tf32(-S[kk][0]), a1 = mx_tf32(-S[kk][2]), a2 = mx_tf32(-S[kk][1]),
-                           a3 = mx_tf32(-S[kk][3]);
+            const float sg = REV ? 1.f : -1.f;
+            const unsigned a0 = mx_tf32(sg * S[kk][0]), a1 = mx_tf32(sg * S[kk][2]), a2 = mx_tf32(sg * S[kk][1]),
+                           a3 = mx_tf32(sg * S[kk][3]);
 #pragma unroll
             for (int nt = 0; nt < 8; ++nt) {
                 const float2 w = *reinterpret_cast<const float2*>(Ws + (8 * nt + gi) * LDW + 8 * kk + 2 * tg);
-                mx_mma_tf32(P[nt], a0, a1, a2, a3, __float_as_uint(w.x), __float_as_uint(w.y));
+                const unsigned b0 = REV ? mx_tf32(w.x) : __float_as_uint(w.x),
+                               b1 = REV ? mx_tf32(w.y) : __float_as_uint(w.y);
+                mx_mma_tf32(P[nt], a0, a1, a2, a3, b0, b1);
             }
         }
-        // The new values out (tokens before n, columns before Dv), then scaled by their decays
-        // (0 from n on) and rounded once for the state update.
+        // Forward: the new values out (tokens before n, columns before Dv), then scaled by their
+        // decays (0 from n on) and rounded once for the state update. Reverse: dU' = A + τ (K X)
+        // out, and −dU' rounded for the update.
         unsigned A[8][4];
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
             const float e0 = __shfl_sync(0xffffffffu, d0, 4 * nt + tg), e1 = __shfl_sync(0xffffffffu, d1, 4 * nt + tg);
             const int s = 8 * nt + 2 * tg;
+            if (REV) {
+                const float* ur = Us + s * LDU + dw + gi;
+                P[nt][0] = fmaf(e0, P[nt][0], ur[0]);
+                P[nt][1] = fmaf(e1, P[nt][1], ur[LDU]);
+                P[nt][2] = fmaf(e0, P[nt][2], ur[8]);
+                P[nt][3] = fmaf(e1, P[nt][3], ur[LDU + 8]);
+            }
             if (s < n && dg < Dv) Vn[(row0 + (long long)s * H) * Dv + dg] = P[nt][0];
             if (s + 1 < n && dg < Dv) Vn[(row0 + (long long)(s + 1) * H) * Dv + dg] = P[nt][1];
             if (s < n && dg + 8 < Dv) Vn[(row0 + (long long)s * H) * Dv + dg + 8] = P[nt][2];
             if (s + 1 < n && dg + 8 < Dv) Vn[(row0 + (long long)(s + 1) * H) * Dv + dg + 8] = P[nt][3];
-            A[nt][0] = mx_tf32(e0 * P[nt][0]);
-            A[nt][1] = mx_tf32(e0 * P[nt][2]);
-            A[nt][2] = mx_tf32(e1 * P[nt][1]);
-            A[nt][3] = mx_tf32(e1 * P[nt][3]);
+            const float f0 = REV ? -1.f : e0, f1 = REV ? -1.f : e1;
+            A[nt][0] = mx_tf32(f0 * P[nt][0]);
+            A[nt][1] = mx_tf32(f0 * P[nt][2]);
+            A[nt][2] = mx_tf32(f1 * P[nt][1]);
+            A[nt][3] = mx_tf32(f1 * P[nt][3]);
         }
-        // Sᵀ ← e^{a_j} Sᵀ + (scaled U'ᵀ) K: k-steps over the chunk's tokens (rows n..63 of K and of
-        // the scaled values are zero).
+        // Forward: Sᵀ ← e^{a_j} Sᵀ + (scaled U'ᵀ) K; reverse: B_j read and X stored in its place,
+        // Xᵀ ← e^{a_j} Xᵀ + B_jᵀ − dU'ᵀ W (W in K's place). k-steps over the chunk's tokens (rows
+        // n..63 of K, W and of the scaled values are zero).
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk)
 #pragma unroll
-            for (int u = 0; u < 4; ++u) S[kk][u] *= tot;
+            for (int u = 0; u < 4; ++u) {
+                if (REV) {
+                    const int c = 8 * kk + 2 * tg + (u & 1), d = dg + (u < 2 ? 0 : 8);
+                    float bj = 0.f;
+                    if (c < Dk && d < Dv) {
+                        float* at = Hj + (long long)c * Dv + d;
+                        bj = *at;
+                        *at = S[kk][u];
+                    }
+                    S[kk][u] = fmaf(tot, S[kk][u], bj);
+                } else {
+                    S[kk][u] *= tot;
+                }
+            }
 #pragma unroll
         for (int nt = 0; nt < 8; ++nt) {
             const float* kr = Ks + (8 * nt + 2 * tg) * LDK + gi;
@@ -787,6 +827,17 @@ extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
                        int has_st, const int* tab, int has_tab) {
     llc_delta_h_rg<DHR_DKP, DHR_WARPS, DHR_ST>(k, g, has_g, W, U, Vn, Hs, Tn, H, Dk, Dv, nc, S0, has_s0, ST, has_st,
                                                tab, has_tab);
+}
+// The reverse pass of gated DeltaNet's backward (llc_delta_h_rg with REV): W and k as the forward
+// pass takes them (exchanged here), A over U (lgb_pre's Pᵀ dY), dU' into dU, B_j over Xs read and
+// X_j written in its place, from the final state's cotangent dF (where has_df) and with the
+// initial state's cotangent into dS0 (where has_ds0). Grid and shared memory as llc_delta_h_rg.
+extern "C" __global__ void __launch_bounds__(32 * DHR_WARPS)
+    llc_delta_h_rg_rev_f32(const float* k, const float* g, const float* W, const float* A, float* dU, float* Xs,
+                           int Tn, int H, int Dk, int Dv, int nc, const float* dF, int has_df, float* dS0,
+                           int has_ds0) {
+    llc_delta_h_rg<DHR_DKP, DHR_WARPS, DHR_ST, true>(W, g, 1, k, A, dU, Xs, Tn, H, Dk, Dv, nc, dF, has_df, dS0,
+                                                     has_ds0, nullptr, 0);
 }
 
 // 5'''. Gated DeltaNet's sequential pass in the bf16 mode without a lift: llc_delta_h_rg's scheme

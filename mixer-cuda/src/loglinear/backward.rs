@@ -232,7 +232,7 @@ pub fn run_from<F: GpuReal>(
                 return Ok((out, None));
             }
             let ([dq, dkk, dvv, db, dg], ds0) =
-                backward_chunked::delta(ll, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv], s0, d_final)?;
+                backward_chunked::delta(ll, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv], p, s0, d_final)?;
             put("q", dq);
             put("k", dkk);
             put("v", dvv);

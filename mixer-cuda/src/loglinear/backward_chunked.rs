@@ -40,7 +40,11 @@
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Precision, Result};
 
-use super::common::{Elem, FAMILY, Launch, Shape, Step, check_sizes, fixed_dims, kernel_ints, view_or_zero};
+use super::common::{
+    Device, Elem, FAMILY, Launch, Shape, Step, Storage, check_sizes, fixed_dims, kernel_ints, tensor_cores,
+    view_or_zero,
+};
+use super::state_pass::{self, PassData, StatePass};
 use super::wy;
 use crate::kernels;
 use crate::pool::{self, Pooled};
@@ -88,10 +92,26 @@ pub(crate) fn grad_smem(elem: Elem) -> usize {
     (if 2 * nn >= wt { end } else { end + wt }) * elem.bytes()
 }
 
-/// The launches, in order: the WY step, the forward pass, `lgb_pre`, the reverse pass, `lgb_grad`,
-/// for a device with `smem` bytes of dynamic shared memory per block (the passes' `stages` in
-/// [`Launch::stages`]).
-pub(crate) fn launches(s: Shape, elem: Elem, smem: usize) -> Vec<Launch> {
+/// The backward's plan: `launches` in order the WY step, the forward state pass, `lgb_pre`, the
+/// reverse pass and `lgb_grad`. The forward state pass is the backward's own `lgb_pass_fwd`
+/// (`pass = None`; FMA) or, in the `tf32` and `bf16` modes with f32 data, the forward's own
+/// tensor-core pass (`pass = Some`: [`StatePass::Registers`] or [`StatePass::Shared`], as
+/// [`state_pass::select`] gives it for the `tf32` mode) after the forward's tensor-core WY step
+/// (`llc_wy_tc`, with `T⁻¹`): both leave the states entering the chunks (`Dk × Dv`, the layout
+/// `lgb_pre` and `lgb_grad` read) and the new values `U'`.
+///
+/// The reverse pass is `lgb_pass_rev` (FMA) or, on tensor cores where `Dk ≤ 128` and its buffers fit,
+/// `llc_delta_h_rg_rev_f32` (`reverse_on_tensor_cores`): the forward's register pass run backwards
+/// with `W` and `K` exchanged, one warp per 16 value columns (four warps a block where that still
+/// gives more than one wave of blocks, else one).
+pub(crate) struct Plan {
+    pub launches: Vec<Launch>,
+    pub pass: Option<StatePass>,
+    pub reverse_on_tensor_cores: bool,
+}
+
+/// The backward's [`Plan`] for mode `p` on `device` (the passes' `stages` in [`Launch::stages`]).
+pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
     let (nc, bh, sfx) = (s.chunks(elem.chunk()), s.bh(), elem.suffix());
     let src = &kernels::LOGLINEAR_BACKWARD_CHUNKED;
     let on = |name: &str, grid: [usize; 3], smem: usize| {
@@ -100,18 +120,63 @@ pub(crate) fn launches(s: Shape, elem: Elem, smem: usize) -> Vec<Launch> {
             .opted_in(true)
     };
     let pass_grid = [bh, s.dv.div_ceil(NCOL), 1];
-    let stages = pass_stages(elem, s.dk, smem);
-    let pass = |name: &str| {
+    let stages = pass_stages(elem, s.dk, device.smem);
+    let own_pass = |name: &str| {
         let l = on(name, pass_grid, pass_smem(elem, s.dk, stages));
         Launch { stages: Some(stages), ..l }
     };
-    vec![
-        wy::launch(s, elem, Precision::Exact),
-        pass("lgb_pass_fwd"),
-        on("lgb_pre", [nc, bh, 1], pre_smem(elem)),
-        pass("lgb_pass_rev"),
-        on("lgb_grad", [nc, bh, 1], grad_smem(elem)),
-    ]
+    // The forward's pass in the tf32 mode's form (the bf16 mode's f32 copies of bf16 activations
+    // take the same kernels).
+    let forward = if tensor_cores(p, elem) {
+        match state_pass::select(s, Precision::Tf32, Storage::Real(elem), false, device) {
+            pass @ (StatePass::Registers { .. } | StatePass::Shared { .. }) => Some(pass),
+            _ => None,
+        }
+    } else {
+        None
+    };
+    let rev_tc = tensor_cores(p, elem).then(|| {
+        let warps = if bh * s.dv.div_ceil(16) > device.sms { s.dv.div_ceil(16).min(4) } else { 1 };
+        let stages = (2..=3).rev().find(|&st| state_pass::delta_h_rg_smem(s.dk, warps, st) <= device.smem)?;
+        (s.dk <= state_pass::RG_MAX_DK).then_some((warps, stages))
+    });
+    let rev = match rev_tc.flatten() {
+        Some((warps, stages)) => {
+            let mut defines = fixed_dims(s);
+            defines.extend([format!("DHR_WARPS={warps}"), format!("DHR_ST={stages}")]);
+            Launch::new(
+                Step::Backward,
+                &kernels::LOGLINEAR_STATE_PASS,
+                "llc_delta_h_rg_rev_f32".into(),
+                defines,
+            )
+            .on(
+                [bh, s.dv.div_ceil(16 * warps), 1],
+                32 * warps,
+                state_pass::delta_h_rg_smem(s.dk, warps, stages),
+            )
+            .opted_in(true)
+        }
+        None => own_pass("lgb_pass_rev"),
+    };
+    let (wy, fwd) = match forward {
+        Some(pass) => {
+            let mut l = state_pass::launches(pass, s, elem, Precision::Tf32, false);
+            (wy::launch(s, elem, Precision::Tf32), l.remove(0))
+        }
+        None => (wy::launch(s, elem, Precision::Exact), own_pass("lgb_pass_fwd")),
+    };
+    Plan {
+        launches: vec![
+            wy,
+            fwd,
+            on("lgb_pre", [nc, bh, 1], pre_smem(elem)),
+            rev,
+            on("lgb_grad", [nc, bh, 1], grad_smem(elem)),
+        ],
+        pass: forward,
+        reverse_on_tensor_cores: rev_tc.flatten().is_some(),
+    }
 }
 
 /// Gated DeltaNet's chunked backward: `[dq, dk, dv, dβ, dg]` from `[q, k, v, g, β, dy]` of
@@ -123,6 +188,7 @@ pub(crate) fn delta<F: GpuReal>(
     ll: &LogLinear,
     [q, k, v, gt, beta, dy]: [&DeviceTensor<F>; 6],
     dims: [usize; 5],
+    p: Precision,
     s0: Option<&DeviceTensor<F>>,
     d_final: Option<&DeviceTensor<F>>,
 ) -> Result<([DeviceTensor<F>; 5], Option<DeviceTensor<F>>)> {
@@ -138,12 +204,13 @@ pub(crate) fn delta<F: GpuReal>(
     let (ch, nc, bh) = (elem.chunk(), s.chunks(elem.chunk()), s.bh());
     check_sizes(s, elem, 2 * nc)?;
     let [ti, hi, dki, dvi, nci, _] = kernel_ints([t, h, dk, dv, nc, bh])?;
-    let plan = launches(s, elem, max_dynamic_smem());
-    let [l_wy, l_fwd, l_pre, l_rev, l_grad] = &plan[..] else {
+    let device = Device::current();
+    let plan = plan(s, elem, p, device);
+    let [l_wy, l_fwd, l_pre, l_rev, l_grad] = &plan.launches[..] else {
         return Err(err(FAMILY, "internal: the backward plan has five launches"));
     };
-    let stages = int(FAMILY, "stages", l_fwd.stages.unwrap_or(1))?;
-    for l in [l_fwd, l_grad] {
+    let stages = int(FAMILY, "stages", pass_stages(elem, dk, device.smem))?;
+    for l in [l_fwd, l_rev, l_grad] {
         if l.shared_mem > max_dynamic_smem() {
             return Err(err(
                 FAMILY,
@@ -168,9 +235,30 @@ pub(crate) fn delta<F: GpuReal>(
     let (s0v, has_s0) = view_or_zero(s0, &zero);
     let (dfv, has_df) = view_or_zero(d_final, &zero);
     let mut zs = pool::take::<F>(FAMILY, bh * nc * dk * dv)?;
-    let (f, cfg) = l_fwd.function()?;
-    launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *u, &mut *zs, &s0v, &has_s0, &mut *no_out, &0i32,
-        &ti, &hi, &dki, &dvi, &nci, &stages)?;
+    // U' over U (the backward's own pass) or into a buffer of its own (the forward's).
+    let u = match plan.pass {
+        Some(pass) => {
+            let mut vn = pool::take::<F>(FAMILY, b * t * h * dv)?;
+            let data = PassData {
+                k: &kv,
+                g: (&gv, 1),
+                w: &w,
+                u: &u,
+                vn: &mut vn,
+                hs: &mut zs,
+                s0: (&s0v, has_s0),
+                fin: None,
+            };
+            state_pass::run(pass, std::slice::from_ref(l_fwd), data, s, elem, false, None)?;
+            vn
+        }
+        None => {
+            let (f, cfg) = l_fwd.function()?;
+            launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *u, &mut *zs, &s0v, &has_s0, &mut *no_out, &0i32,
+                &ti, &hi, &dki, &dvi, &nci, &stages)?;
+            u
+        }
+    };
     let scale = F::of(ll.scale);
     let mut du = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let mut xs = pool::take::<F>(FAMILY, bh * nc * dk * dv)?;
@@ -183,8 +271,18 @@ pub(crate) fn delta<F: GpuReal>(
         None => &mut *no_out,
     };
     let (f, cfg) = l_rev.function()?;
-    launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *du, &mut *xs, &dfv, &has_df, ds0_out, &has_ds0,
-        &ti, &hi, &dki, &dvi, &nci, &stages)?;
+    // dU' over A (the FMA pass) or into a buffer of its own (the tensor-core pass).
+    let mut du = if plan.reverse_on_tensor_cores {
+        let mut du2 = pool::take::<F>(FAMILY, b * t * h * dv)?;
+        launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &*du, &mut *du2, &mut *xs, &ti, &hi, &dki, &dvi, &nci,
+            &dfv, &has_df, ds0_out, &has_ds0)?;
+        drop(du);
+        du2
+    } else {
+        launch!(g, FAMILY, f, cfg; &kv, &gv, &*w, &mut *du, &mut *xs, &dfv, &has_df, ds0_out, &has_ds0,
+            &ti, &hi, &dki, &dvi, &nci, &stages)?;
+        du
+    };
     drop(w);
     let [mut d_q, mut d_k, mut d_v, mut d_b, mut d_g] = grad_buffers::<F>(dims)?;
     let (f, cfg) = l_grad.function()?;
@@ -225,19 +323,20 @@ pub(crate) fn grad_tensors<F: GpuReal>(
 mod plan_tests {
     use super::*;
 
-    const H200_SMEM: usize = 227 << 10;
+    const H200: Device = Device { sms: 132, smem: 227 << 10 };
 
     #[test]
     fn the_plan_is_five_launches_with_two_stages_where_they_fit() {
         let s = Shape { b: 1, t: 16384, h: 16, dk: 64, dv: 64 };
-        let l = launches(s, Elem::F32, H200_SMEM);
-        let names: Vec<&str> = l.iter().map(|l| l.function.as_str()).collect();
+        let pl = plan(s, Elem::F32, Precision::Exact, H200);
+        let l = &pl.launches;
+        assert_eq!(pl.pass, None);
         assert_eq!(
-            names,
+            names(&pl),
             ["llc_wy_f32", "lgb_pass_fwd_f32", "lgb_pre_f32", "lgb_pass_rev_f32", "lgb_grad_f32"]
         );
         assert_eq!((l[1].grid, l[2].grid, l[4].grid), ([16, 4, 1], [256, 16, 1], [256, 16, 1]));
-        assert_eq!(l[1].stages, Some(2));
+        assert_eq!((l[1].stages, l[3].stages), (Some(2), Some(2)));
         // Two stages of W, k [64][65], U [64][16], g [64]; the state slice [64][16]; N [64][16].
         assert_eq!(l[1].shared_mem, (2 * (2 * 64 * 65 + 64 * 16 + 64) + 64 * 16 + 64 * 16) * 4);
         assert_eq!(l[4].shared_mem, (4 * 64 * 65 + 64 * 65 + 5 * 16 * 65) * 4);
@@ -247,11 +346,55 @@ mod plan_tests {
         // Dk = 256: one stage; everything within the H200's shared memory in f32 and f64.
         for elem in [Elem::F32, Elem::F64] {
             let s = Shape { b: 1, t: 100, h: 1, dk: 256, dv: 256 };
-            let l = launches(s, elem, H200_SMEM);
+            let l = plan(s, elem, Precision::Exact, H200).launches;
             assert_eq!(l[1].stages, Some(1), "{elem:?}");
-            assert!(l.iter().all(|l| l.shared_mem <= H200_SMEM), "{elem:?}");
+            assert!(l.iter().all(|l| l.shared_mem <= H200.smem), "{elem:?}");
         }
-        assert_eq!(pass_stages(Elem::F32, 128, H200_SMEM), 2);
+        assert_eq!(pass_stages(Elem::F32, 128, H200.smem), 2);
+    }
+
+    fn names(p: &Plan) -> Vec<&str> {
+        p.launches.iter().map(|l| l.function.as_str()).collect()
+    }
+
+    #[test]
+    fn the_tensor_core_modes_take_the_forwards_wy_step_and_state_pass() {
+        for p in [Precision::Tf32, Precision::Bf16] {
+            // Few blocks: the shared-memory pass; many: the register pass (the forward's rule).
+            let few = plan(Shape { b: 1, t: 16384, h: 16, dk: 64, dv: 64 }, Elem::F32, p, H200);
+            assert!(matches!(few.pass, Some(StatePass::Shared { .. })), "{p:?}");
+            assert_eq!(names(&few)[..2], ["llc_wy_tc_f32", "llc_delta_h_tc_f32"], "{p:?}");
+            // The reverse pass on tensor cores, a warp a block (64 blocks: one wave).
+            assert!(few.reverse_on_tensor_cores);
+            assert_eq!((few.launches[3].grid, few.launches[3].block), ([16, 4, 1], 32));
+            for d in [64, 128] {
+                let many = plan(Shape { b: 8, t: 4096, h: 16, dk: d, dv: d }, Elem::F32, p, H200);
+                assert!(matches!(many.pass, Some(StatePass::Registers { .. })), "{p:?} {d}");
+                assert_eq!(
+                    names(&many),
+                    [
+                        "llc_wy_tc_f32",
+                        "llc_delta_h_rg_f32",
+                        "lgb_pre_f32",
+                        "llc_delta_h_rg_rev_f32",
+                        "lgb_grad_f32"
+                    ]
+                );
+                // Four warps of 16 value columns a block, as the forward's register pass.
+                assert_eq!(many.launches[3].block, 128);
+                assert!(many.launches[3].defines.contains(&"DHR_WARPS=4".to_string()));
+                // The bf16 mode's f32 copies run the tf32 mode's kernels (no DH_K_TF32).
+                assert!(!many.launches[1].defines.iter().any(|d| d.starts_with("DH_K_TF32")));
+            }
+        }
+        // f64, and head dims whose forward pass is the FMA one, keep the backward's own pass.
+        let s = Shape { b: 1, t: 1000, h: 2, dk: 64, dv: 64 };
+        assert_eq!(plan(s, Elem::F64, Precision::Tf32, H200).pass, None);
+        let wide = Shape { b: 1, t: 1000, h: 2, dk: 256, dv: 64 };
+        let w = plan(wide, Elem::F32, Precision::Tf32, H200);
+        assert_eq!((w.pass, names(&w)[..2].to_vec()), (None, vec!["llc_wy_f32", "lgb_pass_fwd_f32"]));
+        assert!(!w.reverse_on_tensor_cores);
+        assert_eq!(names(&w)[3], "lgb_pass_rev_f32");
     }
 }
 

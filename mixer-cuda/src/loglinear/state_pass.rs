@@ -110,7 +110,7 @@ const LIFT_AB_SMEM: usize = 2 * 64 * 68 * 4;
 pub const LEVEL_GROUPS: [usize; 2] = [4, 1];
 
 /// Largest `Dk` of `llc_delta_h_rg` (its state tile is `Dk/8 · 4` registers per lane).
-const RG_MAX_DK: usize = 128;
+pub(crate) const RG_MAX_DK: usize = 128;
 
 /// Dynamic shared memory of `llc_delta_h_rg` (the layout in the kernel) with `warps` warps per
 /// block and `stages` buffers: per buffer the chunk's `W` and `K` (`DKP` = `Dk` rounded up to

@@ -124,8 +124,16 @@ const F64_SIZES: [[usize; 5]; 6] = [
 const F32_SIZES: [[usize; 5]; 5] =
     [[2, 1, 1, 16, 5], [1, 65, 2, 128, 128], [1, 1000, 2, 70, 64], [1, 4099, 1, 64, 64], [2, 63, 3, 5, 70]];
 /// The modes' sizes: the last one long, where the decay gradient's rounding would add up over the
-/// sequence if it were summed past the chunk boundaries (docs/math.md §2.7).
-const MODE_SIZES: [[usize; 5]; 3] = [[1, 1000, 1, 70, 16], [2, 4099, 1, 128, 64], [1, 16411, 2, 64, 64]];
+/// sequence if it were summed past the chunk boundaries (docs/math.md §2.7); the last two with
+/// enough batch·heads for gated DeltaNet's register pass (more than one wave of 16-column blocks on
+/// the H200), at `Dk = 64` and `128`.
+const MODE_SIZES: [[usize; 5]; 5] = [
+    [1, 1000, 1, 70, 16],
+    [2, 4099, 1, 128, 64],
+    [1, 16411, 2, 64, 64],
+    [3, 700, 12, 64, 70],
+    [2, 300, 40, 128, 32],
+];
 
 /// Every gradient of `name` against the CPU at [`F64_SIZES`] (f64) and [`F32_SIZES`] (f32, the
 /// reference on the f32-rounded inputs).
