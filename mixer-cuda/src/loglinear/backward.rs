@@ -225,7 +225,7 @@ pub fn run_from<F: GpuReal>(
             let [q, k, v, dy] = as_f()?;
             if ll.lift.is_some() {
                 let r =
-                    backward_lift_delta::delta::<F>(ll, x, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv])?;
+                    backward_lift_delta::delta::<F>(ll, x, [&q, &k, &v, g, beta, &dy], [b, t, h, dk, dv], p)?;
                 put_lift(&mut put, r.lift);
                 put("beta", r.dbeta);
                 put("g", r.dg);

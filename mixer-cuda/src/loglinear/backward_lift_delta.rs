@@ -7,9 +7,9 @@
 //! `Y = Σ_e diag(w_e) Q̃ Z^e + (Λ ⊙ P N) V` over the levels `e` present at chunk `j`, each taken
 //! through the chunk as `Z^e ← e^a Z^e − K̂ᵀ W Z^e`, and the chunk's own state `Z^0 = K̂ᵀ U`.
 //! The backward:
-//! - the forward's WY step (exact kernel), then the level states `Z^e` entering every chunk, in
-//!   the slots the forward's output step reads: by the forward's own lifted state pass (exact
-//!   kernels) where [`state_pass::select`] gives one, else by `lgl_fwd` (merge, write,
+//! - the forward's WY step, then the level states `Z^e` entering every chunk, in the slots the
+//!   forward's output step reads: by the forward's own lifted state pass where
+//!   [`state_pass::select`] gives one, else by `lgl_fwd` (merge, write,
 //!   `Z^e ← e^a Z^e − K̂ᵀ (W Z^e)`, `Z^0 = K̂ᵀ U`);
 //! - `Q̃` per chunk (`lgl_qt`), then one reverse pass over chunks for the adjoints — in the
 //!   transition form where `Mᵀ_j` fits in shared memory (`lgl_src`, chunk-parallel: the map
@@ -27,8 +27,10 @@
 //! Memory besides the gradients, in `D_k × D_v` states per (batch, head): the forward's level
 //! states (`Σ_{j < T/C} popcount(j)`, about `(T/C) log₂(T/C) / 2`), the adjoints (that plus
 //! `T/C`), `Hxz` (`T/C` matrices of `D_k × D_k`), plus `T⁻¹`, `W`, `U`, `Q̃`, `dQ̃` and the mapped λ.
-//! Every mode runs the same FMA kernels in the element type of the call (f32 in the tf32 and bf16
-//! modes, on activations converted to f32), as gated DeltaNet's backward does. Every sum runs in a
+//! The WY step and the forward's pass run in the forward's kernels for the mode (on tensor cores in
+//! the tf32 and bf16 modes with f32 data, as the tf32 forward; exact kernels otherwise); every other
+//! kernel is FMA in the element type of the call (f32 in the tf32 and bf16 modes, on activations
+//! converted to f32). Every sum runs in a
 //! fixed order, so the same inputs give the same bits. The λ scheme's backward is the scalar
 //! lifts' (`backward_lift::lambda_backward`). The two passes keep their level states in
 //! shared memory where they fit next to two stage buffers of chunk rows, else in global memory
@@ -40,7 +42,7 @@ use mixer_core::{Precision, Result};
 use super::backward_chunked::{grad_buffers, grad_tensors};
 use super::backward_lift::{LiftGrads, lambda_backward, lift_lambda};
 use super::common::{
-    Device, Elem, FAMILY, Launch, Shape, Step, Storage, check_sizes, fixed_dims, kernel_ints,
+    Device, Elem, FAMILY, Launch, Shape, Step, Storage, check_sizes, fixed_dims, kernel_ints, tensor_cores,
 };
 use super::state_pass::{self, PassData, StatePass};
 use super::wy;
@@ -186,6 +188,7 @@ pub(crate) fn delta<F: GpuReal>(
     x: &DeviceTensors,
     [q, k, v, g, beta, dy]: [&DeviceTensor<F>; 6],
     dims: [usize; 5],
+    p: Precision,
 ) -> Result<LiftDeltaGrads<F>> {
     let [b, t, h, dk, dv] = dims;
     let lambda = lift_lambda::<F>(ll, x, [b, t, h])?;
@@ -217,13 +220,16 @@ pub(crate) fn delta<F: GpuReal>(
     let (li, ei) = (int(FAMILY, "L", n_lam)?, int(FAMILY, "levels", levels)?);
     let (qv, kv, vv, gv, bv, dyv) = (q.view(), k.view(), v.view(), g.view(), beta.view(), dy.view());
     let lv = lambda.weights.view();
+    // The forward's WY step and level states in the forward's kernels for the mode: on tensor cores
+    // in the tf32 and bf16 modes with f32 data (the tf32 forward's), else exact.
+    let fp = if tensor_cores(p, elem) { Precision::Tf32 } else { Precision::Exact };
 
     // The forward's WY step, then its level states (lgl_fwd).
     let mut w = pool::take::<F>(FAMILY, b * t * h * dk)?;
     let mut u = pool::take::<F>(FAMILY, b * t * h * dv)?;
     let mut tinv = pool::take::<F>(FAMILY, bh * nc * ch * ch)?;
     wy::run(
-        &wy::launch(s, elem, Precision::Exact),
+        &wy::launch(s, elem, fp),
         [&kv, &vv],
         (&gv, 1),
         &bv,
@@ -236,7 +242,7 @@ pub(crate) fn delta<F: GpuReal>(
     let [l_fwd, l_qt, l_rev, l_levels, l_grad, l_src, l_rev_t] = &plan;
     // The passes' level states in global memory where they do not fit in shared memory and a pass
     // of this file runs (else one entry, never read: has_gst = 0).
-    let pass = state_pass::select(s, Precision::Exact, Storage::Real(elem), true, Device::current());
+    let pass = state_pass::select(s, fp, Storage::Real(elem), true, Device::current());
     let pp = pass_plan(elem, dk, levels, smem);
     let global = !pp.shared_states;
     let (has_gst, stages) = (global as i32, int(FAMILY, "stages", pp.stages)?);
@@ -255,15 +261,7 @@ pub(crate) fn delta<F: GpuReal>(
         let s0 = zero.slice(0..1);
         let data =
             PassData { k: &kv, g: (&gv, 1), w: &w, u: &u, vn: &mut vn, hs: &mut zs, s0: (&s0, 0), fin: None };
-        state_pass::run(
-            pass,
-            &state_pass::launches(pass, s, elem, Precision::Exact, true),
-            data,
-            s,
-            elem,
-            true,
-            None,
-        )?;
+        state_pass::run(pass, &state_pass::launches(pass, s, elem, fp, true), data, s, elem, true, None)?;
     }
     let scale = F::of(ll.scale);
     let mut qt = pool::take::<F>(FAMILY, b * t * h * dk)?;
