@@ -92,7 +92,9 @@ template <typename T> std::vector<std::vector<double>> reference(const Case<T>& 
 }
 
 // The kernels' launches as src/loglinear/backward_chunked.rs makes them (W, U, T⁻¹ by loops).
-template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c, int stages) {
+// With pre (f32): the state products on tensor cores (lgb_state_tc_f32, the mma emulated) and
+// lgb_grad_pre_f32, as the tf32 and bf16 modes run them.
+template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c, int stages, bool pre = false) {
     constexpr int CH = Llc<T>::CH;
     const int B = c.B, Tn = c.Tn, H = c.H, Dk = c.Dk, Dv = c.Dv, BH = B * H, NC = (Tn + CH - 1) / CH;
     std::vector<T> W, U, Ti;
@@ -104,19 +106,36 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c,
     launch(BH, ncol_blocks, [&] { lgb_pass<T, false>(c.k.data(), c.g.data(), W.data(), U.data(), zs.data(), nullptr, 0, nullptr, 0, Tn, H, Dk, Dv, NC, stages); });
     launch(NC, BH, [&] { lgb_pre<T>(c.q.data(), c.k.data(), c.g.data(), c.dy.data(), du.data(), xs.data(), Tn, H, Dk, Dv, NC, scale); });
     launch(BH, ncol_blocks, [&] { lgb_pass<T, true>(c.k.data(), c.g.data(), W.data(), du.data(), xs.data(), nullptr, 0, nullptr, 0, Tn, H, Dk, Dv, NC, stages); });
-    launch(NC, BH, [&] {
-        lgb_grad<T>(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.dy.data(), Ti.data(), zs.data(),
-                    xs.data(), U.data(), du.data(), dq.data(), dk.data(), dv.data(), db.data(), dg.data(), Tn, H, Dk,
-                    Dv, NC, scale);
-    });
+    if constexpr (sizeof(T) == 4) {
+        if (pre) {
+            std::vector<float> a1(W.size()), a2(W.size()), a3(W.size());
+            launch(NC, BH, (Dk + 63) / 64, [&] {
+                lgb_state_tc_f32(c.dy.data(), U.data(), du.data(), zs.data(), xs.data(), a1.data(), a2.data(),
+                                 a3.data(), Tn, H, Dk, Dv, NC);
+            });
+            launch(NC, BH, [&] {
+                lgb_grad<float, true>(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.dy.data(),
+                                      Ti.data(), zs.data(), xs.data(), U.data(), du.data(), dq.data(), dk.data(),
+                                      dv.data(), db.data(), dg.data(), Tn, H, Dk, Dv, NC, scale, a1.data(), a2.data(),
+                                      a3.data());
+            });
+        }
+    }
+    if (!pre)
+        launch(NC, BH, [&] {
+            lgb_grad<T>(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.dy.data(), Ti.data(),
+                        zs.data(), xs.data(), U.data(), du.data(), dq.data(), dk.data(), dv.data(), db.data(),
+                        dg.data(), Tn, H, Dk, Dv, NC, scale);
+        });
     auto d = [](const std::vector<T>& x) { return std::vector<double>(x.begin(), x.end()); };
     return {d(dq), d(dk), d(dv), d(db), d(dg)};
 }
 
-template <typename T> int run(int B, int Tn, int H, int Dk, int Dv, bool strong, double tol, int stages = 2) {
+template <typename T>
+int run(int B, int Tn, int H, int Dk, int Dv, bool strong, double tol, int stages = 2, bool pre = false) {
     Case<T> c = make<T>(B, Tn, H, Dk, Dv, 1000u + Tn * 7 + Dk, strong);
     const auto want = reference(c);
-    const auto got = kernels(c, stages);
+    const auto got = kernels(c, stages, pre);
     const char* names[] = {"dq", "dk", "dv", "dbeta", "dg"};
     int fails = 0;
     for (int i = 0; i < 5; ++i) {
@@ -125,8 +144,9 @@ template <typename T> int run(int B, int Tn, int H, int Dk, int Dv, bool strong,
         for (double x : got[i]) finite = finite && std::isfinite(x);
         const bool ok = finite && e <= tol;
         fails += !ok;
-        std::printf("%s %s (B,T,H,Dk,Dv)=(%d,%d,%d,%d,%d)%s %s rel=%.2e\n", ok ? "ok  " : "FAIL",
-                    sizeof(T) == 8 ? "f64" : "f32", B, Tn, H, Dk, Dv, strong ? " strong" : "", names[i], e);
+        std::printf("%s %s (B,T,H,Dk,Dv)=(%d,%d,%d,%d,%d)%s%s %s rel=%.2e\n", ok ? "ok  " : "FAIL",
+                    sizeof(T) == 8 ? "f64" : "f32", B, Tn, H, Dk, Dv, strong ? " strong" : "",
+                    pre ? " tensor-core state products" : "", names[i], e);
     }
     // Central differences of L = Σ dy·y for a few entries of q, k, v, g, β (f64 only).
     if (sizeof(T) == 8 && !strong) {
@@ -170,6 +190,10 @@ int main() {
     fails += run<float>(1, 130, 1, 16, 24, false, 1e-4);
     fails += run<float>(2, 63, 1, 5, 17, false, 1e-4);
     fails += run<float>(1, 200, 1, 24, 20, true, 1e-4);
+    // The tf32 and bf16 modes' state products on tensor cores (the tf32 tolerance).
+    fails += run<float>(1, 130, 2, 70, 66, false, 5e-3, 2, true);
+    fails += run<float>(2, 150, 1, 130, 17, false, 5e-3, 2, true);
+    fails += run<float>(1, 200, 1, 24, 80, true, 5e-3, 2, true);
     std::printf(fails ? "%d FAILED\n" : "all passed\n", fails);
     return fails != 0;
 }

@@ -13,7 +13,10 @@
 // - lgb_grad:     chunk-parallel, every input gradient of the chunk's tokens (below).
 // The passes share one body (lgb_pass, REV = the reverse pass): the state's columns are
 // independent, so a block takes LGB_NCOL of them for one batch·head. Every sum runs in a fixed
-// order (no atomics): the same inputs give the same bits. FMA in T (f32 in every mode but f64).
+// order (no atomics): the same inputs give the same bits. FMA in T (the exact mode, f32 or f64).
+// In the tf32 and bf16 modes the host runs the forward's tensor-core WY step and state pass and
+// the reverse pass llc_delta_h_rg_rev_f32 (loglinear_state_pass.cu) in place of the passes here,
+// and with Dv > 64 lgb_state_tc_f32 + lgb_grad_pre_f32 (below) in place of lgb_grad.
 
 #define LGB_NCOL 16  // state columns per block of the passes
 
@@ -250,16 +253,23 @@ template <typename T> struct LgbGrad {
 //    the chunk), with their row dots for γ̄ and β̄;
 // 5. γ̄_{n−1} += e^(γ_{n−1}) ⟨X, Z⟩ + Σ_r k_r·(K̂-term)_r, dg = the reverse cumulative sum of γ̄
 //    inside the chunk, dβ.
-template <typename T>
+// PRE (lgb_grad_pre_f32, after lgb_state_tc): the three products over the values that read a state
+// come from global memory, A1 = dY Zᵀ and A2 = U' Xᵀ as they are and E Zᵀ as T⁻ᵀ (dU' Zᵀ) from
+// A3 = dU' Zᵀ (one product over the chunk per key tile instead of one over the values).
+template <typename T, bool PRE = false>
 __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T* beta, const T* dy, const T* ti,
                          const T* zs, const T* xs, const T* un, T* e, T* dq, T* dk, T* dv, T* db, T* dg, int Tn, int H,
-                         int Dk, int Dv, int NC, T scale) {
+                         int Dk, int Dv, int NC, T scale, const T* A1p = nullptr, const T* A2p = nullptr,
+                         const T* A3p = nullptr) {
     LLC_FIX_DIMS(Dk, Dv);
     using L = LgbGrad<T>;
+    static_assert(!PRE || L::NN >= L::WT, "k's tile must fit over PG");
     constexpr int CH = L::CH, RI = CH / 16, LDN = L::LDN;
     extern __shared__ __align__(16) unsigned char lgb_smem[];
     T* sm = reinterpret_cast<T*>(lgb_smem);
-    T *Ti = sm + L::TI, *PG = sm + L::PG, *Mp = sm + L::MP, *F = sm + L::F, *W1 = sm + L::W1, *W2 = sm + L::W2;
+    // With PRE step 4 reads T⁻¹ again: k's tile goes over PG (free after step 3) instead of over Ti.
+    T *Ti = sm + L::TI, *PG = sm + L::PG, *Mp = sm + L::MP, *F = sm + L::F, *W1 = sm + L::W1,
+      *W2 = sm + (PRE ? L::PG : L::W2);
     T* sl[5];
 #pragma unroll
     for (int i = 0; i < 5; ++i) sl[i] = sm + L::SLICES + i * L::SL;
@@ -356,7 +366,13 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         lgb_tile<T, CH>(W1, q, row0, H, Dk, d0, n, [](int) { return (T)1; });
         lgb_tile<T, CH>(W2, k, row0, H, Dk, d0, n, [](int) { return (T)1; });
         LgbAcc<T, RI, 4> a1a, a2a, a3a, aqa, aka;
-        for (int c0 = 0; c0 < Dv; c0 += LLC_KT) {
+        if constexpr (PRE) {
+            T* a3s = sl[0];  // the five slices' space as one [64][LLC_LD] tile
+            lgb_tile<T, CH>(a3s, A3p, row0, H, Dk, d0, n, [](int) { return (T)1; });
+            __syncthreads();
+            a3a.add(Ti, LDN, 1, a3s, LLC_LD, n);
+        }
+        for (int c0 = 0; !PRE && c0 < Dv; c0 += LLC_KT) {
             lgb_slice<T, CH>(sl[0], dy, row0, H, Dv, c0, n);
             lgb_slice<T, CH>(sl[1], un, row0, H, Dv, c0, n);
             lgb_slice<T, CH>(sl[2], e, row0, H, Dv, c0, n);
@@ -380,6 +396,14 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         a1a.get(a1);
         a2a.get(a2);
         a3a.get(a3);
+        if constexpr (PRE) {
+            LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, 0) {
+                const bool in = r < n && d0 + c < Dk;
+                const long long off = (row0 + (long long)r * H) * Dk + d0 + c;
+                a1[a][bb] = in ? A1p[off] : (T)0;
+                a2[a][bb] = in ? A2p[off] : (T)0;
+            }
+        }
         aqa.get(aq);
         aka.get(ak);
         LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, 0) {
@@ -448,4 +472,67 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     }
 
 LGB_EXPORT(float, f32)
+
+// The products of lgb_grad that read a state, on tensor cores (the tf32 and bf16 modes with f32
+// data): for chunk blockIdx.x, batch·head blockIdx.y and key columns c0 = 64·blockIdx.z … c0 + 63,
+// A1 = dY Zᵀ, A2 = U' Xᵀ and A3 = dU' Zᵀ (rows of [B,T,H,Dk] tensors, the chunk's tokens), each
+// summed over 64-column tiles of the values: the chunk's dY, U' and dU' rows (llc_stage_tile) and
+// rows c0 … c0 + 63 of Z and X ([Dk][Dv] per chunk) staged rounded to tf32, then m16n8k8 tf32 mma
+// with f32 accumulation (llc_mma_rows; warp w owns rows 16 (w mod 4) … + 15 and columns
+// 32 ⌊w / 4⌋ … + 31). lgb_grad_pre_f32 reads them. Grid (NC, BH, ⌈Dk/64⌉), 256 threads, dynamic
+// shared memory five [64][LGS_LD] float tiles (lgb_state_smem on the host).
+#define LGS_LD 68
+extern "C" __global__ void __launch_bounds__(256)
+    lgb_state_tc_f32(const float* dy, const float* un, const float* du, const float* zs, const float* xs, float* A1,
+                     float* A2, float* A3, int Tn, int H, int Dk, int Dv, int NC) {
+    LLC_FIX_DIMS(Dk, Dv);
+    extern __shared__ __align__(16) unsigned char lgb_smem[];
+    float* R1 = reinterpret_cast<float*>(lgb_smem);
+    float *R2 = R1 + 64 * LGS_LD, *R3 = R2 + 64 * LGS_LD, *S1 = R3 + 64 * LGS_LD, *S2 = S1 + 64 * LGS_LD;
+    const LlcChunk ck = llc_chunk<64>(Tn, H);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32, c0 = blockIdx.z * 64;
+    const long long sidx = ((long long)ck.bh * NC + ck.i) * Dk * Dv;
+    const float *zj = zs + sidx, *xj = xs + sidx;
+    const bool vec = Dv % 4 == 0 && llc_al16(dy) && llc_al16(un) && llc_al16(du);
+    float a1[4][4] = {}, a2[4][4] = {}, a3[4][4] = {};
+    for (int d0 = 0; d0 < Dv; d0 += 64) {
+        llc_stage_tile<LGS_LD>(R1, dy, ck.row0, H, Dv, d0, ck.n, vec, true, [](int) { return 1.f; });
+        llc_stage_tile<LGS_LD>(R2, un, ck.row0, H, Dv, d0, ck.n, vec, true, [](int) { return 1.f; });
+        llc_stage_tile<LGS_LD>(R3, du, ck.row0, H, Dv, d0, ck.n, vec, true, [](int) { return 1.f; });
+        for (int idx = tid; idx < 64 * 64; idx += 256) {
+            const int r = idx >> 6, c = idx & 63;
+            const bool in = c0 + r < Dk && d0 + c < Dv;
+            const long long off = (long long)(c0 + r) * Dv + d0 + c;
+            S1[r * LGS_LD + c] = in ? __uint_as_float(mx_tf32(zj[off])) : 0.f;
+            S2[r * LGS_LD + c] = in ? __uint_as_float(mx_tf32(xj[off])) : 0.f;
+        }
+        __syncthreads();
+        const int kend = min(64, (Dv - d0 + 7) & ~7);
+        llc_mma_rows<LGS_LD>(a1, R1, S1, kend, true, mr, nb, gi, tg);
+        llc_mma_rows<LGS_LD>(a2, R2, S2, kend, true, mr, nb, gi, tg);
+        llc_mma_rows<LGS_LD>(a3, R3, S1, kend, true, mr, nb, gi, tg);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int r = mr + gi + (u < 2 ? 0 : 8), c = c0 + nb + 8 * nt + 2 * tg + (u & 1);
+            if (r < ck.n && c < Dk) {
+                const long long off = (ck.row0 + (long long)r * H) * Dk + c;
+                A1[off] = a1[nt][u];
+                A2[off] = a2[nt][u];
+                A3[off] = a3[nt][u];
+            }
+        }
+}
+extern "C" __global__ void lgb_grad_pre_f32(const float* q, const float* k, const float* v, const float* g,
+                                            const float* beta, const float* dy, const float* ti, const float* zs,
+                                            const float* xs, const float* un, float* e, float* dq, float* dk,
+                                            float* dv, float* db, float* dg, int Tn, int H, int Dk, int Dv, int NC,
+                                            float scale, const float* A1, const float* A2, const float* A3) {
+    lgb_grad<float, true>(q, k, v, g, beta, dy, ti, zs, xs, un, e, dq, dk, dv, db, dg, Tn, H, Dk, Dv, NC, scale, A1,
+                          A2, A3);
+}
 LGB_EXPORT(double, f64)

@@ -718,15 +718,25 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
         const int i0 = sp.i0, n = sp.n;
         const long long row0 = ((long long)b * Tn + i0) * H + h;
         float* Hj = Hs + ((long long)bh * nc + j) * DD;
-        if (!REV) {
+        // Reverse: B_j into registers first, every load issued before the stores of X_j to the
+        // same places (and before the chunk's products, which hide their latency).
+        float Bq[REV ? KT : 1][4];
+        if constexpr (REV) {
 #pragma unroll
             for (int kk = 0; kk < KT; ++kk)
 #pragma unroll
                 for (int u = 0; u < 4; ++u) {
                     const int c = 8 * kk + 2 * tg + (u & 1), d = dg + (u < 2 ? 0 : 8);
-                    if (c < Dk && d < Dv) Hj[(long long)c * Dv + d] = S[kk][u];
+                    Bq[REV ? kk : 0][u] = c < Dk && d < Dv ? Hj[(long long)c * Dv + d] : 0.f;
                 }
         }
+#pragma unroll
+        for (int kk = 0; kk < KT; ++kk)
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                const int c = 8 * kk + 2 * tg + (u & 1), d = dg + (u < 2 ? 0 : 8);
+                if (c < Dk && d < Dv) Hj[(long long)c * Dv + d] = S[kk][u];
+            }
         float d0, d1;
         const float tot = ldt_decays(lane, n, gs[2 * lane], gs[2 * lane + 1], d0, d1);
         // Forward: U'ᵀ = Uᵀ − Sᵀ Wᵀ; reverse: (K X)ᵀ = Xᵀ Kᵀ (K in W's place, rounded here). Tile nt
@@ -779,22 +789,15 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
             A[nt][2] = mx_tf32(f1 * P[nt][1]);
             A[nt][3] = mx_tf32(f1 * P[nt][3]);
         }
-        // Forward: Sᵀ ← e^{a_j} Sᵀ + (scaled U'ᵀ) K; reverse: B_j read and X stored in its place,
-        // Xᵀ ← e^{a_j} Xᵀ + B_jᵀ − dU'ᵀ W (W in K's place). k-steps over the chunk's tokens (rows
+        // Forward: Sᵀ ← e^{a_j} Sᵀ + (scaled U'ᵀ) K; reverse: Xᵀ ← e^{a_j} Xᵀ + B_jᵀ − dU'ᵀ W (W in
+        // K's place). k-steps over the chunk's tokens (rows
         // n..63 of K, W and of the scaled values are zero).
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk)
 #pragma unroll
             for (int u = 0; u < 4; ++u) {
                 if (REV) {
-                    const int c = 8 * kk + 2 * tg + (u & 1), d = dg + (u < 2 ? 0 : 8);
-                    float bj = 0.f;
-                    if (c < Dk && d < Dv) {
-                        float* at = Hj + (long long)c * Dv + d;
-                        bj = *at;
-                        *at = S[kk][u];
-                    }
-                    S[kk][u] = fmaf(tot, S[kk][u], bj);
+                    S[kk][u] = fmaf(tot, S[kk][u], Bq[REV ? kk : 0][u]);
                 } else {
                     S[kk][u] *= tot;
                 }

@@ -26,16 +26,20 @@
 //! the reverse pass from `S̄_Tᵀ`, and the adjoint the reverse pass leaves after chunk 0 is `S̄_0ᵀ`;
 //! every chunk-local formula above holds as written.
 //!
-//! Five launches: the forward's WY step `llc_wy` (FMA, with `T⁻¹`), `lgb_pass_fwd` (the states
-//! entering the chunks and `U'`), `lgb_pre` (`Pᵀ dY` and `σ Qᵀ diag(e^γ) dY`, chunk-parallel),
-//! `lgb_pass_rev` (`X` per chunk and `dU'`), `lgb_grad` (chunk-parallel, every gradient). The
+//! Five launches in the exact mode (and f64): the forward's WY step `llc_wy` (FMA, with `T⁻¹`),
+//! `lgb_pass_fwd` (the states entering the chunks and `U'`), `lgb_pre` (`Pᵀ dY` and
+//! `σ Qᵀ diag(e^γ) dY`, chunk-parallel), `lgb_pass_rev` (`X` per chunk and `dU'`), `lgb_grad`
+//! (chunk-parallel, every gradient), all FMA in the element type of the call. In the tf32 and bf16
+//! modes (f32 data; the bf16 mode's activations widened to f32) the WY step and both passes run on
+//! tensor cores ([`Plan`]): the forward's own `llc_wy_tc` and state pass, and the reverse pass
+//! `llc_delta_h_rg_rev_f32` (`Dk ≤ 128`); with `Dv > 64` the gradients' three products over the
+//! values that read a state go to `lgb_state_tc_f32` and `lgb_grad_pre_f32` reads them. The
 //! backward keeps two `Dk × Dv` states per chunk (`Z` and `X`), `W`, `U'`, `dU'` (then `E`) and
-//! `T⁻¹`: `B·H·⌈T/C⌉·(2 Dk Dv + C²) + B·T·H·(Dk + 2 Dv)` values besides the gradients. Every mode
-//! computes in the element type of the call (f32 in the tf32 and bf16 modes, on activations
-//! converted to f32), FMA throughout. (A version running the chunk products of `lgb_pre` and
-//! `lgb_grad` on tensor cores, three tf32 `mma.sync` terms per product, was slower on the H200 —
-//! 1.0 ms more at (1, 16384, 16, 64) — and was deleted.) Every sum runs in a fixed order, so the
-//! same inputs give the same bits.
+//! `T⁻¹`: `B·H·⌈T/C⌉·(2 Dk Dv + C²) + B·T·H·(Dk + 2 Dv)` values besides the gradients (plus
+//! `B·T·H·(Dv + 3 Dk)` on tensor cores: `U'` and `dU'` in buffers of their own, the state products).
+//! (A version running every chunk product of `lgb_pre` and `lgb_grad` on tensor cores, three tf32
+//! `mma.sync` terms per product, was slower on the H200 — 1.0 ms more at (1, 16384, 16, 64) — and
+//! was deleted.) Every sum runs in a fixed order, so the same inputs give the same bits.
 
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Precision, Result};
@@ -102,13 +106,27 @@ pub(crate) fn grad_smem(elem: Elem) -> usize {
 ///
 /// The reverse pass is `lgb_pass_rev` (FMA) or, on tensor cores where `Dk ≤ 128` and its buffers fit,
 /// `llc_delta_h_rg_rev_f32` (`reverse_on_tensor_cores`): the forward's register pass run backwards
-/// with `W` and `K` exchanged, one warp per 16 value columns (four warps a block where that still
-/// gives more than one wave of blocks, else one).
+/// with `W` and `K` exchanged, one warp per 16 value columns, up to four warps a block (as the
+/// forward's register pass; one warp a block took 1.60 ms at (1, 16384, 16, 64) on an H100).
+///
+/// On tensor cores with `Dv > 64` (`state_products`) the three products of `lgb_grad` over the values that read a
+/// state, `dY Zᵀ`, `U' Xᵀ` and `dU' Zᵀ`, run before it in `lgb_state_tc_f32` (chunk-parallel, tf32
+/// `mma.sync`), and the last launch is `lgb_grad_pre_f32`, which reads them.
 pub(crate) struct Plan {
     pub launches: Vec<Launch>,
     pub pass: Option<StatePass>,
     pub reverse_on_tensor_cores: bool,
+    pub state_products: Option<Launch>,
 }
+
+/// Dynamic shared memory of `lgb_state_tc_f32` (bytes): five `[64][68]` f32 tiles.
+pub(crate) const STATE_TC_SMEM: usize = 5 * 64 * 68 * 4;
+
+/// The state products run on tensor cores only for value heads wider than this: at `Dv = 64` the
+/// FMA products inside `lgb_grad` cost less than `lgb_state_tc` + `lgb_grad_pre` (H100,
+/// (1, 16384, 16, 64): 2.02 ms against 0.39 + 2.59), at `Dv = 128` more ((8, 4096, 16, 128):
+/// 16.4 ms against 2.34 + 10.8).
+const STATE_TC_MIN_DV: usize = 64;
 
 /// The backward's [`Plan`] for mode `p` on `device` (the passes' `stages` in [`Launch::stages`]).
 pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
@@ -136,7 +154,7 @@ pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
         None
     };
     let rev_tc = tensor_cores(p, elem).then(|| {
-        let warps = if bh * s.dv.div_ceil(16) > device.sms { s.dv.div_ceil(16).min(4) } else { 1 };
+        let warps = s.dv.div_ceil(16).min(4);
         let stages = (2..=3).rev().find(|&st| state_pass::delta_h_rg_smem(s.dk, warps, st) <= device.smem)?;
         (s.dk <= state_pass::RG_MAX_DK).then_some((warps, stages))
     });
@@ -166,16 +184,19 @@ pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
         }
         None => (wy::launch(s, elem, Precision::Exact), own_pass("lgb_pass_fwd")),
     };
+    let tc = tensor_cores(p, elem) && s.dv > STATE_TC_MIN_DV;
+    let state_products = tc.then(|| on("lgb_state_tc", [nc, bh, s.dk.div_ceil(64)], STATE_TC_SMEM));
     Plan {
         launches: vec![
             wy,
             fwd,
             on("lgb_pre", [nc, bh, 1], pre_smem(elem)),
             rev,
-            on("lgb_grad", [nc, bh, 1], grad_smem(elem)),
+            on(if tc { "lgb_grad_pre" } else { "lgb_grad" }, [nc, bh, 1], grad_smem(elem)),
         ],
         pass: forward,
         reverse_on_tensor_cores: rev_tc.flatten().is_some(),
+        state_products,
     }
 }
 
@@ -286,8 +307,21 @@ pub(crate) fn delta<F: GpuReal>(
     drop(w);
     let [mut d_q, mut d_k, mut d_v, mut d_b, mut d_g] = grad_buffers::<F>(dims)?;
     let (f, cfg) = l_grad.function()?;
-    launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*tinv, &*zs, &*xs, &*u, &mut *du,
-        &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale)?;
+    match &plan.state_products {
+        Some(l) => {
+            let n = b * t * h * dk;
+            let (mut a1, mut a2, mut a3) =
+                (pool::take::<F>(FAMILY, n)?, pool::take::<F>(FAMILY, n)?, pool::take::<F>(FAMILY, n)?);
+            let (fs, cs) = l.function()?;
+            launch!(g, FAMILY, fs, cs; &dyv, &*u, &*du, &*zs, &*xs, &mut *a1, &mut *a2, &mut *a3,
+                &ti, &hi, &dki, &dvi, &nci)?;
+            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*tinv, &*zs, &*xs, &*u, &mut *du,
+                &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale,
+                &*a1, &*a2, &*a3)?;
+        }
+        None => launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*tinv, &*zs, &*xs, &*u, &mut *du,
+            &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale)?,
+    }
     let grads = grad_tensors([d_q, d_k, d_v, d_b, d_g], dims)?;
     Ok((grads, ds0.map(|d| DeviceTensor::from_pooled(d, &[b, h, dv, dk])).transpose()?))
 }
@@ -330,7 +364,7 @@ mod plan_tests {
         let s = Shape { b: 1, t: 16384, h: 16, dk: 64, dv: 64 };
         let pl = plan(s, Elem::F32, Precision::Exact, H200);
         let l = &pl.launches;
-        assert_eq!(pl.pass, None);
+        assert_eq!((pl.pass, pl.state_products.is_none()), (None, true));
         assert_eq!(
             names(&pl),
             ["llc_wy_f32", "lgb_pass_fwd_f32", "lgb_pre_f32", "lgb_pass_rev_f32", "lgb_grad_f32"]
@@ -364,10 +398,13 @@ mod plan_tests {
             let few = plan(Shape { b: 1, t: 16384, h: 16, dk: 64, dv: 64 }, Elem::F32, p, H200);
             assert!(matches!(few.pass, Some(StatePass::Shared { .. })), "{p:?}");
             assert_eq!(names(&few)[..2], ["llc_wy_tc_f32", "llc_delta_h_tc_f32"], "{p:?}");
-            // The reverse pass on tensor cores, a warp a block (64 blocks: one wave).
+            // The reverse pass on tensor cores, four warps a block as the forward's register pass;
+            // at Dv = 64 the gradients' FMA products over the values.
             assert!(few.reverse_on_tensor_cores);
-            assert_eq!((few.launches[3].grid, few.launches[3].block), ([16, 4, 1], 32));
-            for d in [64, 128] {
+            assert_eq!((few.launches[3].grid, few.launches[3].block), ([16, 1, 1], 128));
+            assert_eq!((names(&few)[4], few.state_products.is_none()), ("lgb_grad_f32", true));
+            {
+                let d = 128;
                 let many = plan(Shape { b: 8, t: 4096, h: 16, dk: d, dv: d }, Elem::F32, p, H200);
                 assert!(matches!(many.pass, Some(StatePass::Registers { .. })), "{p:?} {d}");
                 assert_eq!(
@@ -377,9 +414,13 @@ mod plan_tests {
                         "llc_delta_h_rg_f32",
                         "lgb_pre_f32",
                         "llc_delta_h_rg_rev_f32",
-                        "lgb_grad_f32"
+                        "lgb_grad_pre_f32"
                     ]
                 );
+                // The state products on tensor cores before the gradients: a block per chunk,
+                // batch·head and 64 key columns.
+                let sp = many.state_products.as_ref().expect("tensor cores");
+                assert_eq!((sp.function.as_str(), sp.grid), ("lgb_state_tc_f32", [64, 128, d as u32 / 64]));
                 // Four warps of 16 value columns a block, as the forward's register pass.
                 assert_eq!(many.launches[3].block, 128);
                 assert!(many.launches[3].defines.contains(&"DHR_WARPS=4".to_string()));
@@ -395,6 +436,14 @@ mod plan_tests {
         assert_eq!((w.pass, names(&w)[..2].to_vec()), (None, vec!["llc_wy_f32", "lgb_pass_fwd_f32"]));
         assert!(!w.reverse_on_tensor_cores);
         assert_eq!(names(&w)[3], "lgb_pass_rev_f32");
+        // No state products at Dv = 64; at Dv = 65 four key tiles (Dk = 256).
+        assert!(w.state_products.is_none());
+        let wider = Shape { dv: 65, ..wide };
+        assert_eq!(
+            plan(wider, Elem::F32, Precision::Tf32, H200).state_products.map(|l| l.grid),
+            Some([16, 2, 4])
+        );
+        assert!(plan(s, Elem::F64, Precision::Tf32, H200).state_products.is_none());
     }
 }
 

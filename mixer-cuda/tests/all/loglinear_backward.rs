@@ -261,6 +261,16 @@ fn loglinear_backward_in_the_tf32_and_bf16_modes_on_device_tensors() {
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
 
+/// Gated DeltaNet alone in the tf32 and bf16 modes (its backward's tensor-core passes: the
+/// shared-memory and register forward passes, the reverse register pass with one and four warps).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn loglinear_backward_gated_deltanet_in_the_tf32_and_bf16_modes() {
+    let Some(_turn) = gpu() else { return };
+    let bad = modes_match_the_cpu(&["gated-deltanet"]);
+    assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_backward_is_finite_where_decays_vanish_and_beta_is_0_or_1() {

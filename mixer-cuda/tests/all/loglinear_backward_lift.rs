@@ -103,6 +103,16 @@ fn lifted_backward_in_the_tf32_and_bf16_modes_on_device_tensors() {
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
 
+/// The lifted gated DeltaNet alone in the tf32 and bf16 modes (the forward's tensor-core WY step
+/// and level pass in its backward).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn lifted_gated_deltanet_backward_in_the_tf32_and_bf16_modes() {
+    let Some(_turn) = gpu() else { return };
+    let bad = modes_match_the_cpu(&["loglinear-gated-deltanet"]);
+    assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
+}
+
 /// `g = −1e4` on every third token (the past is wiped there), λ = 0 on a level and (gated
 /// DeltaNet) β alternating 0 and 1: finite, and equal to the CPU's.
 #[test]
