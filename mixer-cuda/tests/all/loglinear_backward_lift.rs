@@ -10,8 +10,9 @@ use mixer_registry::{LambdaEntry, LambdaGradEntry, mixer, register};
 
 use crate::common::gpu;
 use crate::loglinear_backward::{
-    base, case, compare, cpu_grads, cuda_exact, f32_rounded, matches_the_cpu_in_f64_and_f32,
-    modes_match_the_cpu, same_bits_twice, small_case, time_forward_and_backward,
+    REGISTER_PASS_SIZES, base, case, compare, cpu_grads, cuda_exact, f32_rounded,
+    matches_the_cpu_in_f64_and_f32, modes_match_the_cpu, same_bits_twice, small_case,
+    time_forward_and_backward,
 };
 
 fn softplus(raw: f64, param: f64) -> f64 {
@@ -99,7 +100,7 @@ fn lifted_backward_through_the_softplus_scheme_with_a_parameter() {
 #[ignore = "needs a CUDA device"]
 fn lifted_backward_in_the_tf32_and_bf16_modes_on_device_tensors() {
     let Some(_turn) = gpu() else { return };
-    let bad = modes_match_the_cpu(&LIFTS);
+    let bad = modes_match_the_cpu(&LIFTS, &[]);
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
 
@@ -109,7 +110,7 @@ fn lifted_backward_in_the_tf32_and_bf16_modes_on_device_tensors() {
 #[ignore = "needs a CUDA device"]
 fn lifted_gated_deltanet_backward_in_the_tf32_and_bf16_modes() {
     let Some(_turn) = gpu() else { return };
-    let bad = modes_match_the_cpu(&["loglinear-gated-deltanet"]);
+    let bad = modes_match_the_cpu(&["loglinear-gated-deltanet"], &REGISTER_PASS_SIZES);
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
 
