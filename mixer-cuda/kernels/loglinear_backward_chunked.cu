@@ -514,18 +514,14 @@ extern "C" __global__ void __launch_bounds__(256)
         llc_mma_rows<LGS_LD>(a3, R3, S1, kend, true, mr, nb, gi, tg);
         __syncthreads();
     }
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int r = mr + gi + (u < 2 ? 0 : 8), c = c0 + nb + 8 * nt + 2 * tg + (u & 1);
-            if (r < ck.n && c < Dk) {
-                const long long off = (ck.row0 + (long long)r * H) * Dk + c;
-                A1[off] = a1[nt][u];
-                A2[off] = a2[nt][u];
-                A3[off] = a3[nt][u];
-            }
+    LLC_MMA_EACH(nt, u, r, c, 0, c0) {
+        if (r < ck.n && c < Dk) {
+            const long long off = (ck.row0 + (long long)r * H) * Dk + c;
+            A1[off] = a1[nt][u];
+            A2[off] = a2[nt][u];
+            A3[off] = a3[nt][u];
         }
+    }
 }
 extern "C" __global__ void lgb_grad_pre_f32(const float* q, const float* k, const float* v, const float* g,
                                             const float* beta, const float* dy, const float* ti, const float* zs,

@@ -337,6 +337,14 @@ __device__ __forceinline__ void llc_mma_rows(float (&acc)[4][4], const float* a,
     }
 }
 
+// The entries of a warp's accumulators as llc_mma_rows leaves them: the statement after
+// LLC_MMA_EACH(nt, u, r, c, r0, c0) runs for acc[nt][u] at row r = r0 + mr + g + 8⌊u/2⌋ and
+// column c = c0 + nb + 8nt + 2t + (u mod 2) (mr, nb, gi = g and tg = t in scope, as they are passed
+// to llc_mma_rows; r0 and c0 go in unparenthesised, as in LLC_TILE_EACH).
+#define LLC_MMA_EACH(nt, u, r, c, r0, c0)                                                                  \
+    _Pragma("unroll") for (int nt = 0; nt < 4; ++nt) _Pragma("unroll") for (int u = 0; u < 4; ++u)         \
+        if (const int r = r0 + mr + gi + ((u) < 2 ? 0 : 8), c = c0 + nb + 8 * (nt) + 2 * tg + ((u) & 1); true)
+
 // Σ_{j' < j} popcount(j'): for each bit b, the numbers below j with bit b set.
 __device__ inline long long llc_popsum(long long j) {
     long long s = 0;

@@ -790,8 +790,8 @@ __device__ void llc_delta_h_rg(const float* k, const float* g, int has_g, const 
             A[nt][3] = mx_tf32(f1 * P[nt][3]);
         }
         // Forward: Sᵀ ← e^{a_j} Sᵀ + (scaled U'ᵀ) K; reverse: Xᵀ ← e^{a_j} Xᵀ + B_jᵀ − dU'ᵀ W (W in
-        // K's place). k-steps over the chunk's tokens (rows
-        // n..63 of K, W and of the scaled values are zero).
+        // K's place). k-steps over the chunk's tokens (rows n..63 of K, W and of the scaled values
+        // are zero).
 #pragma unroll
         for (int kk = 0; kk < KT; ++kk)
 #pragma unroll

@@ -143,37 +143,19 @@ pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
         let l = on(name, pass_grid, pass_smem(elem, s.dk, stages));
         Launch { stages: Some(stages), ..l }
     };
+    let tc = tensor_cores(p, elem);
     // The forward's pass in the tf32 mode's form (the bf16 mode's f32 copies of bf16 activations
     // take the same kernels).
-    let forward = if tensor_cores(p, elem) {
-        match state_pass::select(s, Precision::Tf32, Storage::Real(elem), false, device) {
-            pass @ (StatePass::Registers { .. } | StatePass::Shared { .. }) => Some(pass),
-            _ => None,
-        }
-    } else {
-        None
-    };
-    let rev_tc = tensor_cores(p, elem).then(|| {
-        let warps = s.dv.div_ceil(16).min(4);
-        let stages = (2..=3).rev().find(|&st| state_pass::delta_h_rg_smem(s.dk, warps, st) <= device.smem)?;
-        (s.dk <= state_pass::RG_MAX_DK).then_some((warps, stages))
-    });
-    let rev = match rev_tc.flatten() {
-        Some((warps, stages)) => {
-            let mut defines = fixed_dims(s);
-            defines.extend([format!("DHR_WARPS={warps}"), format!("DHR_ST={stages}")]);
-            Launch::new(
-                Step::Backward,
-                &kernels::LOGLINEAR_STATE_PASS,
-                "llc_delta_h_rg_rev_f32".into(),
-                defines,
-            )
-            .on(
-                [bh, s.dv.div_ceil(16 * warps), 1],
-                32 * warps,
-                state_pass::delta_h_rg_smem(s.dk, warps, stages),
-            )
-            .opted_in(true)
+    let forward = tc
+        .then(|| state_pass::select(s, Precision::Tf32, Storage::Real(elem), false, device))
+        .filter(|pass| matches!(pass, StatePass::Registers { .. } | StatePass::Shared { .. }));
+    // The reverse pass: the register pass's launch (its warps, buffers, grid and shared memory)
+    // with the kernel run backwards.
+    let rev_tc = tc.then(|| state_pass::registers(s.dk, s.dv, device.smem)).flatten();
+    let rev = match rev_tc {
+        Some(pass) => {
+            let l = state_pass::launches(pass, s, elem, Precision::Tf32, false).remove(0);
+            Launch { step: Step::Backward, function: "llc_delta_h_rg_rev_f32".into(), ..l }
         }
         None => own_pass("lgb_pass_rev"),
     };
@@ -184,18 +166,18 @@ pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
         }
         None => (wy::launch(s, elem, Precision::Exact), own_pass("lgb_pass_fwd")),
     };
-    let tc = tensor_cores(p, elem) && s.dv > STATE_TC_MIN_DV;
-    let state_products = tc.then(|| on("lgb_state_tc", [nc, bh, s.dk.div_ceil(64)], STATE_TC_SMEM));
+    let state = tc && s.dv > STATE_TC_MIN_DV;
+    let state_products = state.then(|| on("lgb_state_tc", [nc, bh, s.dk.div_ceil(64)], STATE_TC_SMEM));
     Plan {
         launches: vec![
             wy,
             fwd,
             on("lgb_pre", [nc, bh, 1], pre_smem(elem)),
             rev,
-            on(if tc { "lgb_grad_pre" } else { "lgb_grad" }, [nc, bh, 1], grad_smem(elem)),
+            on(if state { "lgb_grad_pre" } else { "lgb_grad" }, [nc, bh, 1], grad_smem(elem)),
         ],
         pass: forward,
-        reverse_on_tensor_cores: rev_tc.flatten().is_some(),
+        reverse_on_tensor_cores: rev_tc.is_some(),
         state_products,
     }
 }

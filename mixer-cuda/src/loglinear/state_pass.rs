@@ -110,7 +110,7 @@ const LIFT_AB_SMEM: usize = 2 * 64 * 68 * 4;
 pub const LEVEL_GROUPS: [usize; 2] = [4, 1];
 
 /// Largest `Dk` of `llc_delta_h_rg` (its state tile is `Dk/8 · 4` registers per lane).
-pub(crate) const RG_MAX_DK: usize = 128;
+const RG_MAX_DK: usize = 128;
 
 /// Dynamic shared memory of `llc_delta_h_rg` (the layout in the kernel) with `warps` warps per
 /// block and `stages` buffers: per buffer the chunk's `W` and `K` (`DKP` = `Dk` rounded up to
@@ -206,6 +206,18 @@ fn stages(fits: impl Fn(usize) -> bool) -> Option<usize> {
     (2..=3).rev().find(|&s| fits(s))
 }
 
+/// The register pass ([`StatePass::Registers`]) for `Dk × Dv` states within `limit` bytes of
+/// shared memory: four warps of 16 value columns a block (fewer where `Dv` is narrower), three
+/// buffers or two; `None` where `Dk > RG_MAX_DK` or two buffers do not fit. Gated DeltaNet's
+/// backward runs its reverse pass (`llc_delta_h_rg_rev_f32`) with the same warps and buffers.
+pub(crate) fn registers(dk: usize, dv: usize, limit: usize) -> Option<StatePass> {
+    if dk > RG_MAX_DK {
+        return None;
+    }
+    let warps = dv.div_ceil(16).min(4);
+    stages(|st| delta_h_rg_smem(dk, warps, st) <= limit).map(|stages| StatePass::Registers { warps, stages })
+}
+
 /// Whether the bf16 mode's pass may run on `device`: bf16 `q`, `k`, `v` with 16-byte aligned rows,
 /// no lift, `Dk ≤ 128` with the bf16 output kernel fitting ([`output::direct_fits`]), `Dk` and
 /// `Dv` multiples of 8, nothing empty.
@@ -246,11 +258,11 @@ pub fn select(s: Shape, p: Precision, storage: Storage, lifted: bool, device: De
     if !tensor_cores(p, elem) {
         return StatePass::Fma;
     }
-    if !lifted && dk <= RG_MAX_DK && bh * dv.div_ceil(16) > sms {
-        let warps = dv.div_ceil(16).min(4);
-        if let Some(stages) = stages(|st| delta_h_rg_smem(dk, warps, st) <= limit) {
-            return StatePass::Registers { warps, stages };
-        }
+    if !lifted
+        && bh * dv.div_ceil(16) > sms
+        && let Some(pass) = registers(dk, dv, limit)
+    {
+        return pass;
     }
     let groups: &[usize] = if lifted { &LEVEL_GROUPS } else { &[1] };
     groups
@@ -288,12 +300,8 @@ pub fn candidates(s: Shape, p: Precision, storage: Storage, lifted: bool, device
         );
     }
     if tensor_cores(p, elem) {
-        if !lifted && dk <= RG_MAX_DK {
-            let warps = dv.div_ceil(16).min(4);
-            out.extend(
-                stages(|st| delta_h_rg_smem(dk, warps, st) <= limit)
-                    .map(|stages| StatePass::Registers { warps, stages }),
-            );
+        if !lifted {
+            out.extend(registers(dk, dv, limit));
         }
         let groups: &[usize] = if lifted { &LEVEL_GROUPS } else { &[1] };
         for &group in groups {
