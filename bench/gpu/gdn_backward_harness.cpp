@@ -92,8 +92,9 @@ template <typename T> std::vector<std::vector<double>> reference(const Case<T>& 
 }
 
 // The kernels' launches as src/loglinear/backward_chunked.rs makes them (W, U, T⁻¹ by loops).
-// With pre (f32): the state products on tensor cores (lgb_state_tc_f32, the mma emulated) and
-// lgb_grad_pre_f32, as the tf32 and bf16 modes run them.
+// With pre (f32): the tf32 and bf16 modes' kernels, the mma emulated: lgb_pre_tc_f32 and, with
+// Dv > 64, the state products (lgb_state_tc_f32), the chunk products (lgb_chunk_tc_f32) and
+// lgb_grad_pre_f32.
 template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c, int stages, bool pre = false) {
     constexpr int CH = Llc<T>::CH;
     const int B = c.B, Tn = c.Tn, H = c.H, Dk = c.Dk, Dv = c.Dv, BH = B * H, NC = (Tn + CH - 1) / CH;
@@ -104,24 +105,43 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c,
     const T scale = (T)c.sigma;
     const int ncol_blocks = (Dv + LGB_NCOL - 1) / LGB_NCOL;
     launch(BH, ncol_blocks, [&] { lgb_pass<T, false>(c.k.data(), c.g.data(), W.data(), U.data(), zs.data(), nullptr, 0, nullptr, 0, Tn, H, Dk, Dv, NC, stages); });
-    launch(NC, BH, [&] { lgb_pre<T>(c.q.data(), c.k.data(), c.g.data(), c.dy.data(), du.data(), xs.data(), Tn, H, Dk, Dv, NC, scale); });
-    launch(BH, ncol_blocks, [&] { lgb_pass<T, true>(c.k.data(), c.g.data(), W.data(), du.data(), xs.data(), nullptr, 0, nullptr, 0, Tn, H, Dk, Dv, NC, stages); });
+    bool pre_tc = false;
     if constexpr (sizeof(T) == 4) {
         if (pre) {
-            std::vector<float> a1(W.size()), a2(W.size()), a3(W.size());
+            pre_tc = true;
+            launch(NC, BH, [&] {
+                lgb_pre_tc_f32(c.q.data(), c.k.data(), c.g.data(), c.dy.data(), du.data(), xs.data(), Tn, H, Dk, Dv,
+                               NC, scale);
+            });
+        }
+    }
+    if (!pre_tc)
+        launch(NC, BH, [&] { lgb_pre<T>(c.q.data(), c.k.data(), c.g.data(), c.dy.data(), du.data(), xs.data(), Tn, H, Dk, Dv, NC, scale); });
+    launch(BH, ncol_blocks, [&] { lgb_pass<T, true>(c.k.data(), c.g.data(), W.data(), du.data(), xs.data(), nullptr, 0, nullptr, 0, Tn, H, Dk, Dv, NC, stages); });
+    // As the host plans it: with Dv > 64 the state products, the chunk products and lgb_grad_pre_f32;
+    // else lgb_grad.
+    bool products = false;
+    if constexpr (sizeof(T) == 4) {
+        if (pre && Dv > 64) {
+            products = true;
+            std::vector<float> a1(W.size()), a2(W.size()), a3(W.size()), cm((size_t)BH * NC * 4 * LGB_TRI);
             launch(NC, BH, (Dk + 63) / 64, [&] {
                 lgb_state_tc_f32(c.dy.data(), U.data(), du.data(), zs.data(), xs.data(), a1.data(), a2.data(),
                                  a3.data(), Tn, H, Dk, Dv, NC);
             });
             launch(NC, BH, [&] {
-                lgb_grad<float, true>(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.dy.data(),
-                                      Ti.data(), zs.data(), xs.data(), U.data(), du.data(), dq.data(), dk.data(),
-                                      dv.data(), db.data(), dg.data(), Tn, H, Dk, Dv, NC, scale, a1.data(), a2.data(),
-                                      a3.data());
+                lgb_chunk_tc_f32(c.q.data(), c.k.data(), c.g.data(), c.beta.data(), c.dy.data(), U.data(), Ti.data(),
+                                 du.data(), a3.data(), cm.data(), dq.data(), dk.data(), Tn, H, Dk, Dv, NC, scale);
+            });
+            launch(NC, BH, [&] {
+                lgb_grad_pre_f32(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.dy.data(),
+                                 Ti.data(), zs.data(), xs.data(), U.data(), du.data(), dq.data(), dk.data(), dv.data(),
+                                 db.data(), dg.data(), Tn, H, Dk, Dv, NC, scale, a1.data(), a2.data(), a3.data(),
+                                 cm.data());
             });
         }
     }
-    if (!pre)
+    if (!products)
         launch(NC, BH, [&] {
             lgb_grad<T>(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.dy.data(), Ti.data(),
                         zs.data(), xs.data(), U.data(), du.data(), dq.data(), dk.data(), dv.data(), db.data(),
@@ -146,7 +166,7 @@ int run(int B, int Tn, int H, int Dk, int Dv, bool strong, double tol, int stage
         fails += !ok;
         std::printf("%s %s (B,T,H,Dk,Dv)=(%d,%d,%d,%d,%d)%s%s %s rel=%.2e\n", ok ? "ok  " : "FAIL",
                     sizeof(T) == 8 ? "f64" : "f32", B, Tn, H, Dk, Dv, strong ? " strong" : "",
-                    pre ? " tensor-core state products" : "", names[i], e);
+                    pre ? " tensor cores" : "", names[i], e);
     }
     // Central differences of L = Σ dy·y for a few entries of q, k, v, g, β (f64 only).
     if (sizeof(T) == 8 && !strong) {
@@ -194,6 +214,7 @@ int main() {
     fails += run<float>(1, 130, 2, 70, 66, false, 5e-3, 2, true);
     fails += run<float>(2, 150, 1, 130, 17, false, 5e-3, 2, true);
     fails += run<float>(1, 200, 1, 24, 80, true, 5e-3, 2, true);
+    fails += run<float>(2, 130, 1, 64, 64, false, 5e-3, 2, true);
     std::printf(fails ? "%d FAILED\n" : "all passed\n", fails);
     return fails != 0;
 }

@@ -16,9 +16,11 @@
 // order (no atomics): the same inputs give the same bits. FMA in T (the exact mode, f32 or f64).
 // In the tf32 and bf16 modes the host runs the forward's tensor-core WY step and state pass and
 // the reverse pass llc_delta_h_rg_rev_f32 (loglinear_state_pass.cu) in place of the passes here,
-// and with Dv > 64 lgb_state_tc_f32 + lgb_grad_pre_f32 (below) in place of lgb_grad.
+// lgb_pre_tc_f32 in place of lgb_pre, and with Dv > 64 lgb_state_tc_f32 + lgb_chunk_tc_f32 +
+// lgb_grad_pre_f32 (below) in place of lgb_grad.
 
 #define LGB_NCOL 16  // state columns per block of the passes
+#define LGB_TRI 2080 // 64 · 65 / 2: a 64 × 64 lower triangle with its diagonal (lgb_chunk_tc's products)
 
 // A pass's stage buffers for one chunk: Wb, Kb [CH][ld] (the chunk's W and k rows), Ub [CH][NCOL]
 // (columns c0 .. c0 + NCOL − 1 of U), gb [CH] (log-decays).
@@ -253,23 +255,22 @@ template <typename T> struct LgbGrad {
 //    the chunk), with their row dots for γ̄ and β̄;
 // 5. γ̄_{n−1} += e^(γ_{n−1}) ⟨X, Z⟩ + Σ_r k_r·(K̂-term)_r, dg = the reverse cumulative sum of γ̄
 //    inside the chunk, dβ.
-// PRE (lgb_grad_pre_f32, after lgb_state_tc): the three products over the values that read a state
-// come from global memory, A1 = dY Zᵀ and A2 = U' Xᵀ as they are and E Zᵀ as T⁻ᵀ (dU' Zᵀ) from
-// A3 = dU' Zᵀ (one product over the chunk per key tile instead of one over the values).
+// PRE (lgb_grad_pre_f32, after lgb_state_tc and lgb_chunk_tc): every product comes from global
+// memory and what is left is element-wise: e already holds E = T⁻ᵀ dU', the chunk's dY U'ᵀ, E U'ᵀ,
+// QKᵀ and KKᵀ come from cm (lower triangles, LGB_TRI) instead of steps 1's and 2's products, and
+// step 4 reads dY Zᵀ (A1), U' Xᵀ (A2), E Zᵀ (A3) and Mp K, Mpᵀ Q + (F + Fᵀ) K (in dq and dk).
 template <typename T, bool PRE = false>
 __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T* beta, const T* dy, const T* ti,
                          const T* zs, const T* xs, const T* un, T* e, T* dq, T* dk, T* dv, T* db, T* dg, int Tn, int H,
                          int Dk, int Dv, int NC, T scale, const T* A1p = nullptr, const T* A2p = nullptr,
-                         const T* A3p = nullptr) {
+                         const T* A3p = nullptr, const T* cm = nullptr) {
     LLC_FIX_DIMS(Dk, Dv);
     using L = LgbGrad<T>;
-    static_assert(!PRE || L::NN >= L::WT, "k's tile must fit over PG");
+    static_assert(!PRE || L::CH == 64, "the chunk products are 64 × 64");
     constexpr int CH = L::CH, RI = CH / 16, LDN = L::LDN;
     extern __shared__ __align__(16) unsigned char lgb_smem[];
     T* sm = reinterpret_cast<T*>(lgb_smem);
-    // With PRE step 4 reads T⁻¹ again: k's tile goes over PG (free after step 3) instead of over Ti.
-    T *Ti = sm + L::TI, *PG = sm + L::PG, *Mp = sm + L::MP, *F = sm + L::F, *W1 = sm + L::W1,
-      *W2 = sm + (PRE ? L::PG : L::W2);
+    T *Ti = sm + L::TI, *PG = sm + L::PG, *Mp = sm + L::MP, *F = sm + L::F, *W1 = sm + L::W1, *W2 = sm + L::W2;
     T* sl[5];
 #pragma unroll
     for (int i = 0; i < 5; ++i) sl[i] = sm + L::SLICES + i * L::SL;
@@ -281,7 +282,7 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     if (tid < CH) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : (T)0;
     llc_gamma<T, CH>(gam, gtmp, g, 1, row0, H, n);
     const T* tij = ti + ((long long)ck.bh * NC + ck.i) * CH * CH;
-    for (int idx = tid; idx < CH * CH; idx += 256) Ti[(idx / CH) * LDN + idx % CH] = tij[idx];
+    for (int idx = tid; !PRE && idx < CH * CH; idx += 256) Ti[(idx / CH) * LDN + idx % CH] = tij[idx];
     const long long sidx = ((long long)ck.bh * NC + ck.i) * Dk * Dv;
     const T *zj = zs + sidx, *xj = xs + sidx;
     // e^(γ_{n−1}) ⟨X, Z⟩, reduced in a fixed order.
@@ -295,6 +296,17 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     LgbAcc<T, RI, RI> dyua, eta;
     T ve[RI] = {};
     for (int c0 = 0; c0 < Dv; c0 += LLC_NT) {
+        if constexpr (PRE) {
+            LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, c0) {
+                if (r < n && c < Dv) {
+                    const long long off = (row0 + (long long)r * H) * Dv + c;
+                    const T x = e[off];
+                    dv[off] = bet[r] * x;
+                    ve[a] = fma(v[off], x, ve[a]);
+                }
+            }
+            continue;
+        }
         __syncthreads();
         lgb_tile<T, CH>(W1, e, row0, H, Dv, c0, n, [](int) { return (T)1; });
         __syncthreads();
@@ -325,7 +337,7 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     }
     // 2. QKᵀ and KKᵀ.
     LgbAcc<T, RI, RI> qka, kka;
-    for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
+    for (int c0 = 0; !PRE && c0 < Dk; c0 += LLC_KT) {
         lgb_slice<T, CH>(sl[0], q, row0, H, Dk, c0, n);
         lgb_slice<T, CH>(sl[1], k, row0, H, Dk, c0, n);
         __syncthreads();
@@ -338,6 +350,18 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     eta.get(et);
     qka.get(qk);
     kka.get(kk);
+    if constexpr (PRE) {
+        // Step 3 reads the four products at s ≤ r only (the rest is masked there).
+        const T* cj = cm + ((long long)ck.bh * NC + ck.i) * 4 * LGB_TRI;
+        LLC_TILE_EACH(RI, RI, a, bb, r, s2, 0, 0) {
+            const bool low = s2 <= r;
+            const int at = low ? r * (r + 1) / 2 + s2 : 0;
+            dyu[a][bb] = low ? cj[at] : (T)0;
+            et[a][bb] = low ? cj[LGB_TRI + at] : (T)0;
+            qk[a][bb] = low ? cj[2 * LGB_TRI + at] : (T)0;
+            kk[a][bb] = low ? cj[3 * LGB_TRI + at] : (T)0;
+        }
+    }
     // 3. Mp, F, the β-gradient of T and the decay terms.
     T dbr[RI] = {};
     LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
@@ -346,9 +370,11 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         const T mp = scale * dyu[a][bb] * gm;
         const T dt = strict ? -et[a][bb] : (T)0;
         const T f = dt * bet[r] * gm;
-        Mp[r * LDN + s] = mp;
-        if (s < r) F[r * LDN + s] = F[s * LDN + r] = f;  // F + Fᵀ (F strictly lower)
-        if (s == r) F[r * LDN + r] = (T)0;
+        if constexpr (!PRE) {  // (with PRE lgb_chunk_tc has formed step 4's products)
+            Mp[r * LDN + s] = mp;
+            if (s < r) F[r * LDN + s] = F[s * LDN + r] = f;  // F + Fᵀ (F strictly lower)
+            if (s == r) F[r * LDN + r] = (T)0;
+        }
         dbr[a] = fma(dt * gm, kk[a][bb], dbr[a]);
         PG[r * LDN + s] = strict ? fma(mp, qk[a][bb], f * kk[a][bb]) : (T)0;
     }
@@ -365,13 +391,8 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         __syncthreads();
         lgb_tile<T, CH>(W1, q, row0, H, Dk, d0, n, [](int) { return (T)1; });
         lgb_tile<T, CH>(W2, k, row0, H, Dk, d0, n, [](int) { return (T)1; });
+        __syncthreads();
         LgbAcc<T, RI, 4> a1a, a2a, a3a, aqa, aka;
-        if constexpr (PRE) {
-            T* a3s = sl[0];  // the five slices' space as one [64][LLC_LD] tile
-            lgb_tile<T, CH>(a3s, A3p, row0, H, Dk, d0, n, [](int) { return (T)1; });
-            __syncthreads();
-            a3a.add(Ti, LDN, 1, a3s, LLC_LD, n);
-        }
         for (int c0 = 0; !PRE && c0 < Dv; c0 += LLC_KT) {
             lgb_slice<T, CH>(sl[0], dy, row0, H, Dv, c0, n);
             lgb_slice<T, CH>(sl[1], un, row0, H, Dv, c0, n);
@@ -389,23 +410,28 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
             a3a.add(sl[2], LLC_LD, 1, sl[3], LLC_LD, LLC_KT);
             __syncthreads();
         }
-        aqa.add(Mp, 1, LDN, W2, LLC_LD, n);
-        aka.add(Mp, LDN, 1, W1, LLC_LD, n);
-        aka.add(F, 1, LDN, W2, LLC_LD, n);
+        if constexpr (!PRE) {
+            aqa.add(Mp, 1, LDN, W2, LLC_LD, n);
+            aka.add(Mp, LDN, 1, W1, LLC_LD, n);
+            aka.add(F, 1, LDN, W2, LLC_LD, n);
+        }
         T a1[RI][4], a2[RI][4], a3[RI][4], aq[RI][4], ak[RI][4];
         a1a.get(a1);
         a2a.get(a2);
         a3a.get(a3);
+        aqa.get(aq);
+        aka.get(ak);
         if constexpr (PRE) {
             LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, 0) {
                 const bool in = r < n && d0 + c < Dk;
                 const long long off = (row0 + (long long)r * H) * Dk + d0 + c;
                 a1[a][bb] = in ? A1p[off] : (T)0;
                 a2[a][bb] = in ? A2p[off] : (T)0;
+                a3[a][bb] = in ? A3p[off] : (T)0;
+                aq[a][bb] = in ? dq[off] : (T)0;
+                ak[a][bb] = in ? dk[off] : (T)0;
             }
         }
-        aqa.get(aq);
-        aka.get(ak);
         LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, 0) {
             if (r < n) {
                 const T eg = (T)mx_exp(gam[r]), tl = (T)mx_exp(gam[n - 1] - gam[r]);
@@ -472,6 +498,7 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     }
 
 LGB_EXPORT(float, f32)
+LGB_EXPORT(double, f64)
 
 // The products of lgb_grad that read a state, on tensor cores (the tf32 and bf16 modes with f32
 // data): for chunk blockIdx.x, batch·head blockIdx.y and key columns c0 = 64·blockIdx.z … c0 + 63,
@@ -523,12 +550,185 @@ extern "C" __global__ void __launch_bounds__(256)
         }
     }
 }
-extern "C" __global__ void lgb_grad_pre_f32(const float* q, const float* k, const float* v, const float* g,
-                                            const float* beta, const float* dy, const float* ti, const float* zs,
-                                            const float* xs, const float* un, float* e, float* dq, float* dk,
-                                            float* dv, float* db, float* dg, int Tn, int H, int Dk, int Dv, int NC,
-                                            float scale, const float* A1, const float* A2, const float* A3) {
-    lgb_grad<float, true>(q, k, v, g, beta, dy, ti, zs, xs, un, e, dq, dk, dv, db, dg, Tn, H, Dk, Dv, NC, scale, A1,
-                          A2, A3);
+// lgb_pre on tensor cores (the tf32 and bf16 modes, f32 data): for chunk blockIdx.x and
+// batch·head blockIdx.y, P = σ (QKᵀ ⊙ Γ) (lower, diagonal included; QKᵀ over 64-column key tiles),
+// stored transposed and rounded to tf32, then per 64-column tile of the values A = Pᵀ dY (rows of
+// a [B,T,H,Dv] tensor) and, per 64-column key tile, B = (σ diag(e^γ) Q)ᵀ dY into bs
+// [B·H, NC, Dk, Dv] — every product m16n8k8 tf32 mma with f32 accumulation (llc_mma_rows, eight
+// warps of 16 × 32 outputs). Grid (NC, BH), 256 threads, dynamic shared memory three [64][LGS_LD]
+// float tiles (Q or σ e^γ Qᵀ, K or dY, Pᵀ).
+extern "C" __global__ void __launch_bounds__(256)
+    lgb_pre_tc_f32(const float* q, const float* k, const float* g, const float* dy, float* A, float* bs, int Tn,
+                   int H, int Dk, int Dv, int NC, float scale) {
+    LLC_FIX_DIMS(Dk, Dv);
+    extern __shared__ __align__(16) unsigned char lgb_smem[];
+    float* X1 = reinterpret_cast<float*>(lgb_smem);
+    float *X2 = X1 + 64 * LGS_LD, *Pt = X2 + 64 * LGS_LD;
+    __shared__ double gam[64], gtmp[64];
+    __shared__ float wq[64];
+    const LlcChunk ck = llc_chunk<64>(Tn, H);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32, n = ck.n;
+    const long long row0 = ck.row0;
+    llc_gamma<float, 64>(gam, gtmp, g, 1, row0, H, n);
+    if (tid < 64) wq[tid] = tid < n ? scale * (float)mx_exp(gam[tid]) : 0.f;
+    const bool vq = Dk % 4 == 0 && llc_al16(q) && llc_al16(k), vd = Dv % 4 == 0 && llc_al16(dy);
+    const int ks = (n + 7) & ~7;  // the chunk's rows, in steps of 8 (rows from n on are zero)
+    {
+        float acc[4][4] = {};
+        for (int c0 = 0; c0 < Dk; c0 += 64) {
+            llc_stage_tile<LGS_LD>(X1, q, row0, H, Dk, c0, n, vq, true, [](int) { return 1.f; });
+            llc_stage_tile<LGS_LD>(X2, k, row0, H, Dk, c0, n, vq, true, [](int) { return 1.f; });
+            __syncthreads();
+            llc_mma_rows<LGS_LD>(acc, X1, X2, min(64, (Dk - c0 + 7) & ~7), true, mr, nb, gi, tg);
+            __syncthreads();
+        }
+        LLC_MMA_EACH(nt, u, r, c, 0, 0) {
+            const float p = (c <= r && r < n) ? scale * acc[nt][u] * (float)mx_exp(gam[r] - gam[c]) : 0.f;
+            Pt[c * LGS_LD + r] = __uint_as_float(mx_tf32(p));
+        }
+    }
+    for (int d0 = 0; d0 < Dv; d0 += 64) {
+        llc_stage_tile<LGS_LD>(X2, dy, row0, H, Dv, d0, n, vd, true, [](int) { return 1.f; });
+        __syncthreads();
+        {
+            float a[4][4] = {};
+            llc_mma_rows<LGS_LD>(a, Pt, X2, ks, false, mr, nb, gi, tg);
+            LLC_MMA_EACH(nt, u, r, c, 0, d0) {
+                if (r < n && c < Dv) A[(row0 + (long long)r * H) * Dv + c] = a[nt][u];
+            }
+        }
+        float* bj = bs + ((long long)ck.bh * NC + ck.i) * Dk * Dv;
+        for (int c0 = 0; c0 < Dk; c0 += 64) {
+            // (σ e^γ Q)ᵀ: row c of the tile is key c0 + c, column s the token.
+            for (int idx = tid; idx < 64 * 64; idx += 256) {
+                const int s = idx >> 6, c = idx & 63;
+                const bool in = s < n && c0 + c < Dk;
+                X1[c * LGS_LD + s] = in ? __uint_as_float(mx_tf32(wq[s] * q[(row0 + (long long)s * H) * Dk + c0 + c])) : 0.f;
+            }
+            __syncthreads();
+            float b[4][4] = {};
+            llc_mma_rows<LGS_LD>(b, X1, X2, ks, false, mr, nb, gi, tg);
+            LLC_MMA_EACH(nt, u, c, d, c0, d0) {
+                if (c < Dk && d < Dv) bj[(long long)c * Dv + d] = b[nt][u];
+            }
+            __syncthreads();
+        }
+    }
 }
-LGB_EXPORT(double, f64)
+// The chunk products of lgb_grad on tensor cores (the tf32 and bf16 modes, f32 data, Dv > 64),
+// after lgb_state_tc (it reads dU' and A3 = dU' Zᵀ): for chunk blockIdx.x and batch·head
+// blockIdx.y,
+// 1. E = T⁻ᵀ dU' per 64-column tile of the values (written over dU' in e), and the 64 × 64
+//    products dY U'ᵀ and E U'ᵀ (over the values), QKᵀ and KKᵀ (over the keys), their lower
+//    triangles with the diagonal (row-major, entry (r, s ≤ r) at r (r + 1) / 2 + s) into
+//    cm [B·H, NC, 4, LGB_TRI], which lgb_grad_pre_f32's step 3 reads;
+// 2. Mp = σ (dY U'ᵀ) ⊙ Γ (lower with the diagonal) and F + Fᵀ with F = −(E U'ᵀ) ⊙ diag(β) Γ
+//    (strictly lower), as lgb_grad's step 3 forms them, into shared tiles (Mp, Mpᵀ, F + Fᵀ);
+// 3. per 64 key columns, step 4's products over the chunk: Mp K into dq, Mpᵀ Q + (F + Fᵀ) K into
+//    dk, and E Zᵀ = T⁻ᵀ (dU' Zᵀ) over A3 — lgb_grad_pre_f32 adds the terms that read a state.
+// Every product m16n8k8 tf32 mma with f32 accumulation on operands staged rounded to tf32
+// (llc_mma_rows, eight warps of 16 × 32 outputs). Grid (NC, BH), 256 threads, dynamic shared
+// memory five [64][LGS_LD] float tiles.
+extern "C" __global__ void __launch_bounds__(256)
+    lgb_chunk_tc_f32(const float* q, const float* k, const float* g, const float* beta, const float* dy,
+                     const float* un, const float* ti, float* e, float* A3, float* cm, float* dq, float* dk, int Tn,
+                     int H, int Dk, int Dv, int NC, float scale) {
+    LLC_FIX_DIMS(Dk, Dv);
+    extern __shared__ __align__(16) unsigned char lgb_smem[];
+    float* Tt = reinterpret_cast<float*>(lgb_smem);  // T⁻ᵀ
+    float *X1 = Tt + 64 * LGS_LD, *X2 = X1 + 64 * LGS_LD, *X3 = X2 + 64 * LGS_LD, *X4 = X3 + 64 * LGS_LD;
+    __shared__ double gam[64], gtmp[64];
+    __shared__ float bet[64];
+    const LlcChunk ck = llc_chunk<64>(Tn, H);
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
+    const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32, n = ck.n;
+    const long long row0 = ck.row0;
+    if (tid < 64) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : 0.f;
+    llc_gamma<float, 64>(gam, gtmp, g, 1, row0, H, n);
+    const float* tij = ti + ((long long)ck.bh * NC + ck.i) * 64 * 64;
+    for (int idx = tid; idx < 64 * 64; idx += 256) Tt[(idx & 63) * LGS_LD + (idx >> 6)] = __uint_as_float(mx_tf32(tij[idx]));
+    const bool vv = Dv % 4 == 0 && llc_al16(dy) && llc_al16(un) && llc_al16(e);
+    const bool vk = Dk % 4 == 0 && llc_al16(q) && llc_al16(k) && llc_al16(A3);
+    const int ks = (n + 7) & ~7;
+    // 1.
+    float dyu[4][4] = {}, et[4][4] = {};
+    for (int d0 = 0; d0 < Dv; d0 += 64) {
+        llc_stage_tile<LGS_LD>(X1, e, row0, H, Dv, d0, n, vv, true, [](int) { return 1.f; });
+        llc_stage_tile<LGS_LD>(X3, un, row0, H, Dv, d0, n, vv, true, [](int) { return 1.f; });
+        llc_stage_tile<LGS_LD>(X4, dy, row0, H, Dv, d0, n, vv, true, [](int) { return 1.f; });
+        __syncthreads();
+        float ea[4][4] = {};
+        llc_mma_rows<LGS_LD>(ea, Tt, X1, ks, false, mr, nb, gi, tg);
+        LLC_MMA_EACH(nt, u, r, c, 0, 0) {
+            if (r < n && d0 + c < Dv) e[(row0 + (long long)r * H) * Dv + d0 + c] = ea[nt][u];
+            X2[r * LGS_LD + c] = __uint_as_float(mx_tf32(ea[nt][u]));
+        }
+        __syncthreads();
+        const int kv = min(64, (Dv - d0 + 7) & ~7);
+        llc_mma_rows<LGS_LD>(dyu, X4, X3, kv, true, mr, nb, gi, tg);
+        llc_mma_rows<LGS_LD>(et, X2, X3, kv, true, mr, nb, gi, tg);
+        __syncthreads();
+    }
+    float qk[4][4] = {}, kk[4][4] = {};
+    for (int c0 = 0; c0 < Dk; c0 += 64) {
+        llc_stage_tile<LGS_LD>(X1, q, row0, H, Dk, c0, n, vk, true, [](int) { return 1.f; });
+        llc_stage_tile<LGS_LD>(X2, k, row0, H, Dk, c0, n, vk, true, [](int) { return 1.f; });
+        __syncthreads();
+        const int kq = min(64, (Dk - c0 + 7) & ~7);
+        llc_mma_rows<LGS_LD>(qk, X1, X2, kq, true, mr, nb, gi, tg);
+        llc_mma_rows<LGS_LD>(kk, X2, X2, kq, true, mr, nb, gi, tg);
+        __syncthreads();
+    }
+    float* cj = cm + ((long long)ck.bh * NC + ck.i) * 4 * LGB_TRI;
+    // 2. (X1 = Mp, X2 = Mpᵀ, X3 = F + Fᵀ; each entry below the diagonal also writes its mirror.)
+    LLC_MMA_EACH(nt, u, r, c, 0, 0) {
+        const bool low = r < n && c <= r, strict = low && c < r;
+        const float gm = low ? (float)mx_exp(gam[r] - gam[c]) : 0.f;
+        const float mp = scale * dyu[nt][u] * gm, f = strict ? -et[nt][u] * bet[r] * gm : 0.f;
+        X1[r * LGS_LD + c] = X2[c * LGS_LD + r] = __uint_as_float(mx_tf32(mp));
+        if (c < r) X3[r * LGS_LD + c] = X3[c * LGS_LD + r] = __uint_as_float(mx_tf32(f));
+        if (c == r) X3[r * LGS_LD + r] = 0.f;
+        if (c <= r) {
+            const int at = r * (r + 1) / 2 + c;
+            cj[at] = dyu[nt][u];
+            cj[LGB_TRI + at] = et[nt][u];
+            cj[2 * LGB_TRI + at] = qk[nt][u];
+            cj[3 * LGB_TRI + at] = kk[nt][u];
+        }
+    }
+    // 3. X4 holds k's tile, then q's, then A3's.
+    for (int c0 = 0; c0 < Dk; c0 += 64) {
+        float aq[4][4] = {}, ak[4][4] = {}, a3[4][4] = {};
+        llc_stage_tile<LGS_LD>(X4, k, row0, H, Dk, c0, n, vk, true, [](int) { return 1.f; });
+        __syncthreads();
+        llc_mma_rows<LGS_LD>(aq, X1, X4, ks, false, mr, nb, gi, tg);
+        llc_mma_rows<LGS_LD>(ak, X3, X4, ks, false, mr, nb, gi, tg);
+        __syncthreads();
+        llc_stage_tile<LGS_LD>(X4, q, row0, H, Dk, c0, n, vk, true, [](int) { return 1.f; });
+        __syncthreads();
+        llc_mma_rows<LGS_LD>(ak, X2, X4, ks, false, mr, nb, gi, tg);
+        __syncthreads();
+        llc_stage_tile<LGS_LD>(X4, A3, row0, H, Dk, c0, n, vk, true, [](int) { return 1.f; });
+        __syncthreads();
+        llc_mma_rows<LGS_LD>(a3, Tt, X4, ks, false, mr, nb, gi, tg);
+        LLC_MMA_EACH(nt, u, r, c, 0, c0) {
+            if (r < n && c < Dk) {
+                const long long off = (row0 + (long long)r * H) * Dk + c;
+                dq[off] = aq[nt][u];
+                dk[off] = ak[nt][u];
+                A3[off] = a3[nt][u];
+            }
+        }
+        __syncthreads();
+    }
+}
+extern "C" __global__ void lgb_grad_pre_f32(const float* q, const float* k, const float* v, const float* g,
+                                               const float* beta, const float* dy, const float* ti, const float* zs,
+                                               const float* xs, const float* un, float* e, float* dq, float* dk,
+                                               float* dv, float* db, float* dg, int Tn, int H, int Dk, int Dv, int NC,
+                                               float scale, const float* A1, const float* A2, const float* A3,
+                                               const float* cm) {
+    lgb_grad<float, true>(q, k, v, g, beta, dy, ti, zs, xs, un, e, dq, dk, dv, db, dg, Tn, H, Dk, Dv, NC, scale, A1,
+                          A2, A3, cm);
+}

@@ -106,27 +106,49 @@ pub(crate) fn grad_smem(elem: Elem) -> usize {
 ///
 /// The reverse pass is `lgb_pass_rev` (FMA) or, on tensor cores where `Dk ≤ 128` and its buffers fit,
 /// `llc_delta_h_rg_rev_f32` (`reverse_on_tensor_cores`): the forward's register pass run backwards
-/// with `W` and `K` exchanged, one warp per 16 value columns, up to four warps a block (as the
-/// forward's register pass; one warp a block took 1.60 ms at (1, 16384, 16, 64) on an H100).
+/// with `W` and `K` exchanged, one warp per 16 value columns: up to four warps a block as the
+/// forward's register pass, but one where `B·H·⌈Dv/16⌉` does not exceed the multiprocessors and
+/// `Dk ≤ 64` (see [`REV_ONE_WARP_MAX_DK`]).
 ///
-/// On tensor cores with `Dv > 64` (`state_products`) the three products of `lgb_grad` over the values that read a
-/// state, `dY Zᵀ`, `U' Xᵀ` and `dU' Zᵀ`, run before it in `lgb_state_tc_f32` (chunk-parallel, tf32
-/// `mma.sync`), and the last launch is `lgb_grad_pre_f32`, which reads them.
+/// On tensor cores `lgb_pre` is `lgb_pre_tc_f32`, and with `Dv > 64` (`products`) the products of
+/// `lgb_grad` run before it: `lgb_state_tc_f32` (the three over the values that read a state,
+/// `dY Zᵀ`, `U' Xᵀ` and `dU' Zᵀ`) and then `lgb_chunk_tc_f32` (`E = T⁻ᵀ dU'` over `dU'`, the
+/// chunk's `dY U'ᵀ`, `E U'ᵀ`, `QKᵀ`, `KKᵀ`, then `Mp K`, `Mpᵀ Q + (F + Fᵀ) K` into `dq`, `dk` and
+/// `T⁻ᵀ (dU' Zᵀ)`), both chunk-parallel on tf32 `mma.sync`; the last launch is then
+/// `lgb_grad_pre_f32`, element-wise over what they leave.
 pub(crate) struct Plan {
     pub launches: Vec<Launch>,
     pub pass: Option<StatePass>,
     pub reverse_on_tensor_cores: bool,
-    pub state_products: Option<Launch>,
+    /// `lgb_state_tc` and `lgb_chunk_tc`, in this order.
+    pub products: Option<[Launch; 2]>,
 }
+
+/// The reverse pass takes one warp a block where its 16-column warps do not fill the device only up
+/// to this `Dk`. Four warps put `B·H·⌈Dv/64⌉` blocks on the device: at (1, 16384, 16, 64) on an
+/// H100 2.63 ms against one warp's 1.60; at `Dk = 128` each block stages the chunk's `W` and `K`
+/// rows for fewer columns, and one warp made the whole backward at (1, 16384, 16, 128) 11.7 ms
+/// against 8.4 with four.
+const REV_ONE_WARP_MAX_DK: usize = 64;
+
+/// Dynamic shared memory of `lgb_chunk_tc_f32` (bytes): five `[64][68]` f32 tiles.
+pub(crate) const CHUNK_TC_SMEM: usize = 5 * 64 * 68 * 4;
+
+/// Floats of `lgb_chunk_tc_f32`'s output per chunk: four 64 × 64 lower triangles with the diagonal
+/// (`LGB_TRI` in the kernel).
+const CHUNK_PRODUCTS: usize = 4 * 64 * 65 / 2;
+
+/// Dynamic shared memory of `lgb_pre_tc_f32` (bytes): three `[64][68]` f32 tiles.
+pub(crate) const PRE_TC_SMEM: usize = 3 * 64 * 68 * 4;
 
 /// Dynamic shared memory of `lgb_state_tc_f32` (bytes): five `[64][68]` f32 tiles.
 pub(crate) const STATE_TC_SMEM: usize = 5 * 64 * 68 * 4;
 
-/// The state products run on tensor cores only for value heads wider than this: at `Dv = 64` the
-/// FMA products inside `lgb_grad` cost less than `lgb_state_tc` + `lgb_grad_pre` (H100,
-/// (1, 16384, 16, 64): 2.02 ms against 0.39 + 2.59), at `Dv = 128` more ((8, 4096, 16, 128):
-/// 16.4 ms against 2.34 + 10.8).
-const STATE_TC_MIN_DV: usize = 64;
+/// The products run on tensor cores only for value heads wider than this: at `Dv = 64` the FMA
+/// products inside `lgb_grad` cost less than `lgb_chunk_tc` + `lgb_grad` with its chunk products
+/// read (H100, (1, 16384, 16, 64): 2.02 ms against 0.48 + 2.28, and 0.39 more for
+/// `lgb_state_tc`), at `Dv = 128` more ((8, 4096, 16, 128): 16.4 ms against 2.35 + 1.36 + 6.18).
+const PRODUCTS_MIN_DV: usize = 64;
 
 /// The backward's [`Plan`] for mode `p` on `device` (the passes' `stages` in [`Launch::stages`]).
 pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
@@ -150,8 +172,11 @@ pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
         .then(|| state_pass::select(s, Precision::Tf32, Storage::Real(elem), false, device))
         .filter(|pass| matches!(pass, StatePass::Registers { .. } | StatePass::Shared { .. }));
     // The reverse pass: the register pass's launch (its warps, buffers, grid and shared memory)
-    // with the kernel run backwards.
-    let rev_tc = tc.then(|| state_pass::registers(s.dk, s.dv, device.smem)).flatten();
+    // with the kernel run backwards; one warp a block where the value columns do not fill the device
+    // and `Dk ≤ 64`.
+    let few = bh * s.dv.div_ceil(16) <= device.sms;
+    let warps = if few && s.dk <= REV_ONE_WARP_MAX_DK { 1 } else { state_pass::RG_MAX_WARPS };
+    let rev_tc = tc.then(|| state_pass::registers(s.dk, s.dv, device.smem, warps)).flatten();
     let rev = match rev_tc {
         Some(pass) => {
             let l = state_pass::launches(pass, s, elem, Precision::Tf32, false).remove(0);
@@ -166,19 +191,28 @@ pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
         }
         None => (wy::launch(s, elem, Precision::Exact), own_pass("lgb_pass_fwd")),
     };
-    let state = tc && s.dv > STATE_TC_MIN_DV;
-    let state_products = state.then(|| on("lgb_state_tc", [nc, bh, s.dk.div_ceil(64)], STATE_TC_SMEM));
+    let products = (tc && s.dv > PRODUCTS_MIN_DV).then(|| {
+        [
+            on("lgb_state_tc", [nc, bh, s.dk.div_ceil(64)], STATE_TC_SMEM),
+            on("lgb_chunk_tc", [nc, bh, 1], CHUNK_TC_SMEM),
+        ]
+    });
+    let grad = if products.is_some() { "lgb_grad_pre" } else { "lgb_grad" };
     Plan {
         launches: vec![
             wy,
             fwd,
-            on("lgb_pre", [nc, bh, 1], pre_smem(elem)),
+            if tc {
+                on("lgb_pre_tc", [nc, bh, 1], PRE_TC_SMEM)
+            } else {
+                on("lgb_pre", [nc, bh, 1], pre_smem(elem))
+            },
             rev,
-            on(if state { "lgb_grad_pre" } else { "lgb_grad" }, [nc, bh, 1], grad_smem(elem)),
+            on(grad, [nc, bh, 1], grad_smem(elem)),
         ],
         pass: forward,
         reverse_on_tensor_cores: rev_tc.is_some(),
-        state_products,
+        products,
     }
 }
 
@@ -289,17 +323,22 @@ pub(crate) fn delta<F: GpuReal>(
     drop(w);
     let [mut d_q, mut d_k, mut d_v, mut d_b, mut d_g] = grad_buffers::<F>(dims)?;
     let (f, cfg) = l_grad.function()?;
-    match &plan.state_products {
-        Some(l) => {
+    match &plan.products {
+        // On tensor cores: the state products (they read dU'), then the chunk products (E over dU').
+        Some([l_state, l_chunk]) => {
             let n = b * t * h * dk;
             let (mut a1, mut a2, mut a3) =
                 (pool::take::<F>(FAMILY, n)?, pool::take::<F>(FAMILY, n)?, pool::take::<F>(FAMILY, n)?);
-            let (fs, cs) = l.function()?;
+            let (fs, cs) = l_state.function()?;
             launch!(g, FAMILY, fs, cs; &dyv, &*u, &*du, &*zs, &*xs, &mut *a1, &mut *a2, &mut *a3,
                 &ti, &hi, &dki, &dvi, &nci)?;
+            let mut cm = pool::take::<F>(FAMILY, bh * nc * CHUNK_PRODUCTS)?;
+            let (fc, cc) = l_chunk.function()?;
+            launch!(g, FAMILY, fc, cc; &qv, &kv, &gv, &bv, &dyv, &*u, &*tinv, &mut *du, &mut *a3, &mut *cm,
+                &mut *d_q, &mut *d_k, &ti, &hi, &dki, &dvi, &nci, &scale)?;
             launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*tinv, &*zs, &*xs, &*u, &mut *du,
                 &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale,
-                &*a1, &*a2, &*a3)?;
+                &*a1, &*a2, &*a3, &*cm)?;
         }
         None => launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*tinv, &*zs, &*xs, &*u, &mut *du,
             &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale)?,
@@ -346,7 +385,7 @@ mod plan_tests {
         let s = Shape { b: 1, t: 16384, h: 16, dk: 64, dv: 64 };
         let pl = plan(s, Elem::F32, Precision::Exact, H200);
         let l = &pl.launches;
-        assert_eq!((pl.pass, pl.state_products.is_none()), (None, true));
+        assert_eq!((pl.pass, pl.products.is_none()), (None, true));
         assert_eq!(
             names(&pl),
             ["llc_wy_f32", "lgb_pass_fwd_f32", "lgb_pre_f32", "lgb_pass_rev_f32", "lgb_grad_f32"]
@@ -380,11 +419,16 @@ mod plan_tests {
             let few = plan(Shape { b: 1, t: 16384, h: 16, dk: 64, dv: 64 }, Elem::F32, p, H200);
             assert!(matches!(few.pass, Some(StatePass::Shared { .. })), "{p:?}");
             assert_eq!(names(&few)[..2], ["llc_wy_tc_f32", "llc_delta_h_tc_f32"], "{p:?}");
-            // The reverse pass on tensor cores, four warps a block as the forward's register pass;
-            // at Dv = 64 the gradients' FMA products over the values.
+            // The reverse pass on tensor cores, one warp a block where 16-column warps do not
+            // fill the device (16 · 4 ≤ 132); lgb_pre on tensor cores; at Dv = 64 the gradients'
+            // FMA products.
             assert!(few.reverse_on_tensor_cores);
-            assert_eq!((few.launches[3].grid, few.launches[3].block), ([16, 1, 1], 128));
-            assert_eq!((names(&few)[4], few.state_products.is_none()), ("lgb_grad_f32", true));
+            assert_eq!((few.launches[3].grid, few.launches[3].block), ([16, 4, 1], 32));
+            assert_eq!(names(&few)[2..], ["lgb_pre_tc_f32", "llc_delta_h_rg_rev_f32", "lgb_grad_f32"]);
+            assert!(few.products.is_none());
+            // As few columns at Dk = 128: four warps a block.
+            let few128 = plan(Shape { b: 1, t: 16384, h: 16, dk: 128, dv: 128 }, Elem::F32, p, H200);
+            assert_eq!((few128.launches[3].grid, few128.launches[3].block), ([16, 2, 1], 128));
             {
                 let d = 128;
                 let many = plan(Shape { b: 8, t: 4096, h: 16, dk: d, dv: d }, Elem::F32, p, H200);
@@ -394,15 +438,16 @@ mod plan_tests {
                     [
                         "llc_wy_tc_f32",
                         "llc_delta_h_rg_f32",
-                        "lgb_pre_f32",
+                        "lgb_pre_tc_f32",
                         "llc_delta_h_rg_rev_f32",
                         "lgb_grad_pre_f32"
                     ]
                 );
-                // The state products on tensor cores before the gradients: a block per chunk,
-                // batch·head and 64 key columns.
-                let sp = many.state_products.as_ref().expect("tensor cores");
+                // The state products on tensor cores before the gradients (a block per chunk,
+                // batch·head and 64 key columns), then the chunk products (a block per chunk).
+                let [sp, cp] = many.products.as_ref().expect("tensor cores");
                 assert_eq!((sp.function.as_str(), sp.grid), ("lgb_state_tc_f32", [64, 128, d as u32 / 64]));
+                assert_eq!((cp.function.as_str(), cp.grid), ("lgb_chunk_tc_f32", [64, 128, 1]));
                 // Four warps of 16 value columns a block, as the forward's register pass.
                 assert_eq!(many.launches[3].block, 128);
                 assert!(many.launches[3].defines.contains(&"DHR_WARPS=4".to_string()));
@@ -418,14 +463,14 @@ mod plan_tests {
         assert_eq!((w.pass, names(&w)[..2].to_vec()), (None, vec!["llc_wy_f32", "lgb_pass_fwd_f32"]));
         assert!(!w.reverse_on_tensor_cores);
         assert_eq!(names(&w)[3], "lgb_pass_rev_f32");
-        // No state products at Dv = 64; at Dv = 65 four key tiles (Dk = 256).
-        assert!(w.state_products.is_none());
+        // No tensor-core products at Dv = 64; at Dv = 65 four key tiles (Dk = 256).
+        assert!(w.products.is_none());
         let wider = Shape { dv: 65, ..wide };
         assert_eq!(
-            plan(wider, Elem::F32, Precision::Tf32, H200).state_products.map(|l| l.grid),
+            plan(wider, Elem::F32, Precision::Tf32, H200).products.map(|[l, _]| l.grid),
             Some([16, 2, 4])
         );
-        assert!(plan(s, Elem::F64, Precision::Tf32, H200).state_products.is_none());
+        assert!(plan(s, Elem::F64, Precision::Tf32, H200).products.is_none());
     }
 }
 

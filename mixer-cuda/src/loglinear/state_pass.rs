@@ -206,15 +206,19 @@ fn stages(fits: impl Fn(usize) -> bool) -> Option<usize> {
     (2..=3).rev().find(|&s| fits(s))
 }
 
+/// Warps of 16 value columns a block of the register pass, at most.
+pub(crate) const RG_MAX_WARPS: usize = 4;
+
 /// The register pass ([`StatePass::Registers`]) for `Dk × Dv` states within `limit` bytes of
-/// shared memory: four warps of 16 value columns a block (fewer where `Dv` is narrower), three
-/// buffers or two; `None` where `Dk > RG_MAX_DK` or two buffers do not fit. Gated DeltaNet's
-/// backward runs its reverse pass (`llc_delta_h_rg_rev_f32`) with the same warps and buffers.
-pub(crate) fn registers(dk: usize, dv: usize, limit: usize) -> Option<StatePass> {
+/// shared memory: `max_warps` warps of 16 value columns a block (fewer where `Dv` is narrower;
+/// the forward takes [`RG_MAX_WARPS`]), three buffers or two; `None` where `Dk > RG_MAX_DK` or
+/// two buffers do not fit. Gated DeltaNet's backward runs its reverse pass
+/// (`llc_delta_h_rg_rev_f32`) on the same launch.
+pub(crate) fn registers(dk: usize, dv: usize, limit: usize, max_warps: usize) -> Option<StatePass> {
     if dk > RG_MAX_DK {
         return None;
     }
-    let warps = dv.div_ceil(16).min(4);
+    let warps = dv.div_ceil(16).min(max_warps);
     stages(|st| delta_h_rg_smem(dk, warps, st) <= limit).map(|stages| StatePass::Registers { warps, stages })
 }
 
@@ -260,7 +264,7 @@ pub fn select(s: Shape, p: Precision, storage: Storage, lifted: bool, device: De
     }
     if !lifted
         && bh * dv.div_ceil(16) > sms
-        && let Some(pass) = registers(dk, dv, limit)
+        && let Some(pass) = registers(dk, dv, limit, RG_MAX_WARPS)
     {
         return pass;
     }
@@ -301,7 +305,7 @@ pub fn candidates(s: Shape, p: Precision, storage: Storage, lifted: bool, device
     }
     if tensor_cores(p, elem) {
         if !lifted {
-            out.extend(registers(dk, dv, limit));
+            out.extend(registers(dk, dv, limit, RG_MAX_WARPS));
         }
         let groups: &[usize] = if lifted { &LEVEL_GROUPS } else { &[1] };
         for &group in groups {

@@ -259,12 +259,14 @@ fn loglinear_backward_in_the_tf32_and_bf16_modes_on_device_tensors() {
 
 /// Gated DeltaNet alone in the tf32 and bf16 modes, also at [`REGISTER_PASS_SIZES`] (its
 /// backward's tensor-core passes: the shared-memory and register forward passes, the reverse
-/// register pass, the state products).
+/// register pass, the products on tensor cores at `Dv > 64`) and at two key tiles with those
+/// products (`Dk = 128`, `Dv = 96`, the reverse pass at four warps with few columns).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn loglinear_backward_gated_deltanet_in_the_tf32_and_bf16_modes() {
     let Some(_turn) = gpu() else { return };
-    let bad = modes_match_the_cpu(&["gated-deltanet"], &REGISTER_PASS_SIZES);
+    let sizes = [REGISTER_PASS_SIZES.as_slice(), &[[1, 333, 2, 128, 96]]].concat();
+    let bad = modes_match_the_cpu(&["gated-deltanet"], &sizes);
     assert!(bad.is_empty(), "failed:\n{}", bad.join("\n"));
 }
 
