@@ -32,14 +32,14 @@
 //! (chunk-parallel, every gradient), all FMA in the element type of the call. In the tf32 and bf16
 //! modes (f32 data; the bf16 mode's activations widened to f32) the WY step and both passes run on
 //! tensor cores ([`Plan`]): the forward's own `llc_wy_tc` and state pass, and the reverse pass
-//! `llc_delta_h_rg_rev_f32` (`Dk ≤ 128`); with `Dv > 64` the gradients' three products over the
-//! values that read a state go to `lgb_state_tc_f32` and `lgb_grad_pre_f32` reads them. The
-//! backward keeps two `Dk × Dv` states per chunk (`Z` and `X`), `W`, `U'`, `dU'` (then `E`) and
-//! `T⁻¹`: `B·H·⌈T/C⌉·(2 Dk Dv + C²) + B·T·H·(Dk + 2 Dv)` values besides the gradients (plus
-//! `B·T·H·(Dv + 3 Dk)` on tensor cores: `U'` and `dU'` in buffers of their own, the state products).
-//! (A version running every chunk product of `lgb_pre` and `lgb_grad` on tensor cores, three tf32
-//! `mma.sync` terms per product, was slower on the H200 — 1.0 ms more at (1, 16384, 16, 64) — and
-//! was deleted.) Every sum runs in a fixed order, so the same inputs give the same bits.
+//! `llc_delta_h_rg_rev_f32` (`Dk ≤ 128`); `lgb_pre` is `lgb_pre_tc_f32`, and with `Dv > 64` every
+//! product of the gradients runs on tensor cores in `lgb_state_tc_f32` and `lgb_chunk_tc_f32`,
+//! and `lgb_grad_pre_f32` is element-wise over what they leave. The backward keeps two
+//! `Dk × Dv` states per chunk (`Z` and `X`), `W`, `U'`, `dU'` (then `E`) and `T⁻¹`:
+//! `B·H·⌈T/C⌉·(2 Dk Dv + C²) + B·T·H·(Dk + 2 Dv)` values besides the gradients (plus
+//! `B·T·H·(Dv + 3 Dk)` on tensor cores: `U'` and `dU'` in buffers of their own, the state
+//! products; and `4·2080` per chunk of chunk products). Every sum runs in a fixed order, so the
+//! same inputs give the same bits.
 
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Precision, Result};
