@@ -30,6 +30,20 @@ pub fn grad_name(name: &str) -> String {
     format!("d_{name}")
 }
 
+/// The name under which a backward may be given the forward's output for the same inputs: `y`,
+/// of the mixed input's shape, as the forward returned it (in the same precision mode). A backward
+/// that reads `y` (the GLR's `β̄_{t,k} = g_t y_{d_k(t)}`) takes it in place of running the forward
+/// again; the others ignore it. It has no gradient. Not recognised for a mixer with an input of
+/// that name.
+pub const SAVED_OUTPUT: &str = "y";
+
+/// The forward's output among a backward's `inputs` ([`SAVED_OUTPUT`]), when it is given and `m`
+/// has no input of that name.
+pub fn saved_output<'a, F>(m: &dyn Mixer, inputs: &'a Tensors<F>) -> Option<&'a ArrayD<F>> {
+    let y = inputs.get(SAVED_OUTPUT)?;
+    (!m.spec().inputs.iter().any(|d| d.name == SAVED_OUTPUT)).then_some(y)
+}
+
 /// Which input gradients a backward pass must produce.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Requires {

@@ -194,8 +194,46 @@ pub fn validate(m: &dyn Mixer, inputs: &AnyTensors) -> Result<Dims> {
 
 /// [`validate`] on tensors of one known scalar type (no tagged copy needed).
 pub fn validate_typed<F: Real>(m: &dyn Mixer, inputs: &Tensors<F>) -> Result<Dims> {
+    validate_except(m, inputs, None)
+}
+
+/// [`validate_typed`] for a backward's inputs, which may hold the forward's output
+/// ([`crate::grad::SAVED_OUTPUT`]): the mixer's inputs as [`validate_typed`] checks them, and the
+/// saved output with the mixed input's shape and finite values.
+pub fn validate_backward_typed<F: Real>(m: &dyn Mixer, inputs: &Tensors<F>) -> Result<Dims> {
+    let Some(y) = crate::grad::saved_output(m, inputs) else { return validate_typed(m, inputs) };
+    let dims = validate_except(m, inputs, Some(crate::grad::SAVED_OUTPUT))?;
+    let mixed = m.spec().mixed;
+    let want = crate::tensor::get(inputs, mixed)?.shape();
+    if y.shape() != want {
+        return Err(Error::shape(
+            crate::grad::SAVED_OUTPUT,
+            format!("{} (the forward's output: the shape of `{mixed}`)", crate::error::fmt_shape(want)),
+            crate::error::fmt_shape(y.shape()),
+        ));
+    }
+    // The index is only looked up once a non-finite value is known to exist (an indexed scan
+    // costs as much as a fast backward).
+    if y.iter().any(|x| !x.is_finite())
+        && let Some((i, x)) = y.indexed_iter().find(|(_, x)| !x.is_finite())
+    {
+        return Err(Error::Value {
+            name: crate::grad::SAVED_OUTPUT.into(),
+            constraint: "values must be finite (the forward's output)".into(),
+            found: format!("{x} at {:?}", ndarray::Dimension::slice(&i)),
+        });
+    }
+    Ok(dims)
+}
+
+/// [`validate_typed`] without the input named `skip`.
+fn validate_except<F: Real>(m: &dyn Mixer, inputs: &Tensors<F>, skip: Option<&str>) -> Result<Dims> {
     let spec = m.spec();
-    let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
+    let shapes = inputs
+        .iter()
+        .filter(|(k, _)| Some(k.as_str()) != skip)
+        .map(|(k, v)| (k.clone(), v.shape().to_vec()))
+        .collect();
     let dims = spec.bind(&shapes)?;
     spec.check_bounds(&dims, &m.bounds(&dims))?;
     spec.check_values(inputs)?;

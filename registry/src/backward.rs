@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use mixer_core::grad::{grad_name, materialized_backward};
+use mixer_core::grad::{SAVED_OUTPUT, grad_name, materialized_backward, saved_output};
 use mixer_core::mixer::Mixer;
 use mixer_core::tensor::{cast_tensors, fmt_shape_of};
 use mixer_core::{AnyTensors, DType, Error, Form, Precision, Requires, Result, Tensor, Tensors};
@@ -142,7 +142,8 @@ pub(crate) fn wanted<F: Scalar>(
     mut out: Tensors<F>,
 ) -> Result<Tensors<F>> {
     out.retain(|k, _| k.strip_prefix("d_").is_some_and(|n| requires.wants(n) && inputs.contains_key(n)));
-    for name in inputs.keys().filter(|n| requires.wants(n)) {
+    let saved = saved_output(m, inputs).is_some();
+    for name in inputs.keys().filter(|n| requires.wants(n) && !(saved && *n == SAVED_OUTPUT)) {
         let g = out.get(&grad_name(name)).ok_or_else(|| Error::Backend {
             backend: backend.into(),
             family: Some(m.family().into()),
@@ -178,7 +179,12 @@ fn backward_typed<F: Scalar>(
             if !m.has_materialized_vjp() {
                 return Err(unavailable(m, form, backend));
             }
-            let (x, d) = at_boundary(inputs, dy, precision);
+            // The oracle recomputes everything: the saved output is not passed on.
+            let mut inputs = Cow::Borrowed(inputs);
+            if saved_output(m, &inputs).is_some() {
+                inputs.to_mut().remove(SAVED_OUTPUT);
+            }
+            let (x, d) = at_boundary(&inputs, dy, precision);
             let x64 = mixer_core::tensor::tensors_to_f64(&x);
             let g = materialized_backward(m, &x64, &d.mapv(|x| x.f64()), requires)?;
             cast_tensors::<F>(&g)
@@ -257,7 +263,7 @@ pub fn backward_typed_with<F: Scalar>(
     precision: Precision,
 ) -> Result<Tensors<F>> {
     check_precision(precision, F::DTYPE)?;
-    mixer_core::mixer::validate_typed(m, inputs)?;
+    mixer_core::mixer::validate_backward_typed(m, inputs)?;
     let given: Vec<String> = inputs.keys().cloned().collect();
     check_requires(m, &given, requires)?;
     backward_typed(m, backend, form, inputs, dy, requires, precision)

@@ -77,6 +77,13 @@ pub fn backward<F: Scalar>(
 ) -> Result<(Tensors<F>, Tensors<F>)> {
     let Target { mixer: m, backend, form, cu_seqlens } = at;
     let from_state = initial.is_some() || d_final.is_some();
+    if (cu_seqlens.is_some() || from_state) && mixer_core::grad::saved_output(m, inputs).is_some() {
+        return Err(Error::Io(format!(
+            "the forward's output (`{}`) is taken by a backward without cu_seqlens and states only; \
+             leave it out there",
+            mixer_core::grad::SAVED_OUTPUT
+        )));
+    }
     if precision != Precision::Exact && (cu_seqlens.is_some() || from_state) {
         return Err(Error::Io(format!(
             "a backward in the {precision} mode takes neither cu_seqlens nor states (their backward runs \

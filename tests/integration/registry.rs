@@ -269,3 +269,121 @@ fn configs_must_be_objects() {
     }
     assert!(mixers::registry::mixer("attention", &serde_json::Value::Null).is_ok());
 }
+
+/// A backward given the forward's output (`y`, `mixer_core::grad::SAVED_OUTPUT`): the GLR reads
+/// it instead of running its forward again, with the same bits; other mixers and the
+/// materialized form ignore it; it has no gradient; a wrong shape, a non-finite value, or a
+/// packed or stateful backward is an error that names it.
+#[test]
+fn backward_takes_the_forwards_saved_output() {
+    use mixers::core::Precision;
+    use mixers::core::tensor::cast_tensors;
+    use mixers::registry::backward::{backward, backward_typed_with};
+    use mixers::registry::run::run_typed_with;
+    let cpu = Backend::by_name("cpu").unwrap();
+    let glr = [
+        ("glr", serde_json::json!({"pattern": "pow2"})),
+        ("glr", serde_json::json!({"pattern": "pow2", "on": "both", "cache_efficient": true})),
+        ("glr", serde_json::json!({"pattern": "sq1", "on": "a"})),
+    ];
+    for (name, cfg) in glr.iter().cloned().chain([("mamba2", serde_json::json!({}))]) {
+        let m = mixers::registry::mixer(name, &cfg).unwrap();
+        let sizes = Sizes { seq: 37, batch: 2, channels: 41, ..Sizes::default() };
+        let x = mixers::registry::grad_check::grad_inputs(m.as_ref(), &sizes, 3).unwrap();
+        let mixed = m.spec().mixed;
+        let dy = x[mixed].mapv(|v| (1.3 * v).cos());
+        for form in [Form::Fast, Form::Materialized] {
+            let y = run_typed_with(m.as_ref(), &cpu, form, &x, Precision::Exact).unwrap();
+            let mut with_y = x.clone();
+            with_y.insert("y".into(), y.clone());
+            let want =
+                backward_typed_with(m.as_ref(), "cpu", form, &x, &dy, &Requires::All, Precision::Exact)
+                    .unwrap();
+            let got =
+                backward_typed_with(m.as_ref(), "cpu", form, &with_y, &dy, &Requires::All, Precision::Exact)
+                    .unwrap();
+            assert_eq!(got, want, "{name} {cfg} {form:?}: the same gradients, and no d_y");
+            // f32 the same way.
+            let x32 = cast_tensors::<f32>(&x);
+            let y32 = run_typed_with(m.as_ref(), &cpu, form, &x32, Precision::Exact).unwrap();
+            let mut with_y32 = x32.clone();
+            with_y32.insert("y".into(), y32);
+            let dy32 = dy.mapv(|v| v as f32);
+            let want =
+                backward_typed_with(m.as_ref(), "cpu", form, &x32, &dy32, &Requires::All, Precision::Exact);
+            let got = backward_typed_with(
+                m.as_ref(),
+                "cpu",
+                form,
+                &with_y32,
+                &dy32,
+                &Requires::All,
+                Precision::Exact,
+            );
+            assert_eq!(got.unwrap(), want.unwrap(), "{name} {cfg} {form:?} f32");
+        }
+        // The GLR's fast backward reads the given y: another y gives other gradients for beta.
+        if name == "glr" && cfg.get("on").is_none_or(|o| o != "a") {
+            let mut other = x.clone();
+            other.insert("y".into(), x[mixed].mapv(|v| 0.5 * v + 0.25));
+            let a =
+                backward_typed_with(m.as_ref(), "cpu", Form::Fast, &x, &dy, &Requires::All, Precision::Exact)
+                    .unwrap();
+            let b = backward_typed_with(
+                m.as_ref(),
+                "cpu",
+                Form::Fast,
+                &other,
+                &dy,
+                &Requires::All,
+                Precision::Exact,
+            )
+            .unwrap();
+            assert_ne!(a["d_beta"], b["d_beta"], "{cfg}: the saved output is read");
+            assert_eq!(a["d_alpha"], b["d_alpha"], "{cfg}: only beta's gradient reads y");
+        }
+        // Errors name it.
+        let bad_shape = x[mixed].slice_axis(ndarray::Axis(1), (0..5).into()).to_owned();
+        let mut bad = x.clone();
+        bad.insert("y".into(), bad_shape);
+        let e = backward(
+            m.as_ref(),
+            "cpu",
+            Form::Fast,
+            &AnyTensors::F64(bad),
+            &Tensor::F64(dy.clone()),
+            &Requires::All,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("`y`") || e.contains("y:") || e.contains(" y "), "{e}");
+        let mut nan = x.clone();
+        let mut yn = x[mixed].clone();
+        *yn.iter_mut().nth(7).unwrap() = f64::NAN;
+        nan.insert("y".into(), yn);
+        let e = backward(
+            m.as_ref(),
+            "cpu",
+            Form::Fast,
+            &AnyTensors::F64(nan),
+            &Tensor::F64(dy.clone()),
+            &Requires::All,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("finite"), "{e}");
+        let mut with_y = x.clone();
+        with_y.insert("y".into(), x[mixed].clone());
+        let at = mixers::registry::call::Target {
+            mixer: m.as_ref(),
+            backend: &cpu,
+            form: Form::Fast,
+            cu_seqlens: Some(&[0, 10, 37]),
+        };
+        let e =
+            mixers::registry::call::backward(at, &with_y, None, &dy, None, &Requires::All, Precision::Exact)
+                .unwrap_err()
+                .to_string();
+        assert!(e.contains("`y`"), "{e}");
+    }
+}

@@ -8,9 +8,11 @@
 //! cache-efficient lattices work unchanged). Then
 //! `ᾱ_t = g_t x_t` (or `ᾱ_{t,0}`), `ᾱ_{t,k+1} = g_t x_{d_k(t)}`,
 //! `β̄_{t,k} = g_t y_{d_k(t)}`, `x̄_t += α_t g_t`,
-//! `x̄_{d_k(t)} += α_{t,k+1} g_t`. The outputs `y` are recomputed by the
-//! forward recurrence first (one `[T, w]` buffer per channel block). Inactive slots get 0.
+//! `x̄_{d_k(t)} += α_{t,k+1} g_t`. The outputs `y` are the forward's when the call is given them
+//! (`mixer_core::grad::SAVED_OUTPUT`), else recomputed by the forward recurrence first (one
+//! `[T, w]` buffer per channel block). Inactive slots get 0.
 
+use mixer_core::grad::{SAVED_OUTPUT, saved_output};
 use mixer_core::mixer::Mixer;
 use mixer_core::mixers::glr::state as glr_state;
 use mixer_core::mixers::glr::{Glr, Slots};
@@ -84,10 +86,12 @@ fn add_to<F: Real>(acc: &mut [F], src: &[F]) {
 /// cotangents of a read before `pre.a` go to the state's row that keeps it, and the final state's
 /// cotangent `fin` adds to the outputs (`y`) or inputs (`x`) it copies. Returns the state's rows'
 /// cotangents `[R, w]` for `y` and for `x`.
+#[allow(clippy::too_many_arguments)]
 fn block_vjp<F: Real>(
     v: &Views<'_, F>,
     slots: &Slots,
     gy: &[F],
+    ys: Option<&[F]>,
     out: BlockOut<'_, F>,
     pre: &Prefix<'_, F>,
     fin: &Finals<'_, F>,
@@ -96,12 +100,12 @@ fn block_vjp<F: Real>(
     let BlockOut { c0, mut dx, mut dalpha, mut dbeta } = out;
     let w = dx.ncols();
     let ka = dalpha.shape()[1];
-    let y = if v.has_b { block_after(v, slots, c0, w, pre)? } else { Vec::new() };
-    let mut g = vec![F::zero(); tn * w];
-    for t in 0..tn {
-        let r = t * cn + c0;
-        g[t * w..(t + 1) * w].copy_from_slice(&gy[r..r + w]);
-    }
+    let y = match (v.has_b, ys) {
+        (false, _) => Vec::new(),
+        (true, Some(ys)) => block_rows(ys, tn, cn, c0, w),
+        (true, None) => block_after(v, slots, c0, w, pre)?,
+    };
+    let mut g = block_rows(gy, tn, cn, c0, w);
     // x̄ is scattered to earlier rows: kept in a local [T, w] buffer, copied out at the end;
     // ᾱ and β̄ are written row by row in place (each (t, k) once).
     let mut dxl = vec![F::zero(); tn * w];
@@ -176,11 +180,27 @@ fn block_vjp<F: Real>(
     Ok((dsy, dsx))
 }
 
-/// The `fast` backward (see the module documentation).
+/// Channels `c0 .. c0 + w` of the `[T, C]` rows `src` as a `[T, w]` row-major buffer.
+fn block_rows<F: Copy>(src: &[F], tn: usize, cn: usize, c0: usize, w: usize) -> Vec<F> {
+    (0..tn).flat_map(|t| src[t * cn + c0..][..w].iter().copied()).collect()
+}
+
+/// The `fast` backward (see the module documentation); with the forward's output among the
+/// inputs (`mixer_core::grad::SAVED_OUTPUT`) it reads that instead of recomputing it.
 pub fn vjp<F: Real>(g: &Glr, inputs: &Tensors<F>, dy: &ArrayD<F>, _req: &Requires) -> Result<Tensors<F>> {
     let xs = get(inputs, "x")?.shape().to_vec();
     let seqs = rows(xs.first().copied().unwrap_or(0), xs.get(1).copied().unwrap_or(0));
-    Ok(run(g, inputs, dy, &seqs, None)?.0)
+    let saved = saved_output(g, inputs);
+    if let Some(y) = saved
+        && y.shape() != xs.as_slice()
+    {
+        return Err(Error::shape(
+            SAVED_OUTPUT,
+            mixer_core::error::fmt_shape(&xs),
+            mixer_core::error::fmt_shape(y.shape()),
+        ));
+    }
+    Ok(run(g, inputs, dy, saved, &seqs, None)?.0)
 }
 
 /// The backward of [`super::fast::fast_packed`] (`B = 1`, sequence `i` at the rows
@@ -201,7 +221,7 @@ pub fn vjp_packed<F: Real>(
         return Err(Error::config(g.name(), "internal: the native packed backward takes no state"));
     }
     let seqs: Vec<_> = ranges.iter().map(|r| (0, r.clone())).collect();
-    Ok((run(g, inputs, dy, &seqs, None)?.0, Tensors::new()))
+    Ok((run(g, inputs, dy, None, &seqs, None)?.0, Tensors::new()))
 }
 
 /// The state of each sequence of a backward from a state: its prefix, the final state's
@@ -216,11 +236,13 @@ struct SeqStates<'a, F> {
 type StateRows<F> = Vec<(usize, usize, (Vec<F>, Vec<F>))>;
 
 /// [`vjp`], [`vjp_packed`] and [`vjp_from`]: the backward of every sequence of `seqs` (from its
-/// state where `from` gives one), zeros elsewhere; with the state rows' cotangents per task.
+/// state where `from` gives one), zeros elsewhere; with the state rows' cotangents per task. `y`:
+/// the forward's output (`[B, T, C]`, checked by the caller), read instead of recomputed.
 fn run<F: Real>(
     g: &Glr,
     inputs: &Tensors<F>,
     dy: &ArrayD<F>,
+    y: Option<&ArrayD<F>>,
     seqs: &Seqs,
     from: Option<&SeqStates<'_, F>>,
 ) -> Result<(Tensors<F>, StateRows<F>)> {
@@ -240,6 +262,8 @@ fn run<F: Real>(
     }
     let gy = dy.as_standard_layout();
     let gy = gy.as_slice().expect("a standard-layout array is one slice");
+    let ys = y.map(|y| y.as_standard_layout());
+    let ys = ys.as_ref().map(|y| y.as_slice().expect("a standard-layout array is one slice"));
     let (bn, tn, cn, kn) = (xs[0], xs[1], xs[2], v.k_len);
     let ka = if v.has_a { kn + 1 } else { 1 };
     let w = block_width(seqs.len(), cn).max(1);
@@ -280,7 +304,9 @@ fn run<F: Real>(
             let c0 = out.c0;
             let (none_p, none_f) = (Prefix::none(), Finals::none());
             let (pre, fin) = from.map_or((&none_p, &none_f), |f| (&f.pre[i], &f.fin[i]));
-            block_vjp(&parts[i].0, &parts[i].1, &gy[g0..g0 + r.len() * cn], out, pre, fin).map(|d| (i, c0, d))
+            let rows = g0..g0 + r.len() * cn;
+            let ys = ys.map(|y| &y[rows.clone()]);
+            block_vjp(&parts[i].0, &parts[i].1, &gy[rows], ys, out, pre, fin).map(|d| (i, c0, d))
         })
         .collect::<Result<Vec<_>>>()?;
     let mut out = Tensors::new();
@@ -326,7 +352,7 @@ pub fn vjp_from<F: Real>(
             .collect(),
         slots: g.slots(pos.iter().copied().max().unwrap_or(0) + tn),
     };
-    let (mut grads, rows_of) = run(g, inputs, dy, &rows(bn, tn), Some(&from))?;
+    let (mut grads, rows_of) = run(g, inputs, dy, None, &rows(bn, tn), Some(&from))?;
     grads.retain(|n, _| n.strip_prefix("d_").is_some_and(|n| requires.wants(n)));
     let mut state = Tensors::new();
     if initial.is_some() {
