@@ -212,17 +212,7 @@ pub fn validate_backward_typed<F: Real>(m: &dyn Mixer, inputs: &Tensors<F>) -> R
             crate::error::fmt_shape(y.shape()),
         ));
     }
-    // The index is only looked up once a non-finite value is known to exist (an indexed scan
-    // costs as much as a fast backward).
-    if y.iter().any(|x| !x.is_finite())
-        && let Some((i, x)) = y.indexed_iter().find(|(_, x)| !x.is_finite())
-    {
-        return Err(Error::Value {
-            name: crate::grad::SAVED_OUTPUT.into(),
-            constraint: "values must be finite (the forward's output)".into(),
-            found: format!("{x} at {:?}", ndarray::Dimension::slice(&i)),
-        });
-    }
+    crate::spec::Constraint::Finite.check(crate::grad::SAVED_OUTPUT, y)?;
     Ok(dims)
 }
 

@@ -54,6 +54,22 @@ impl Constraint {
             Constraint::NonNegative => "values must be ≥ 0 and finite",
         }
     }
+    /// An error naming `name`, the constraint and the first entry of `a` that breaks it, if one
+    /// does: the fast scan ([`Constraint::all`]) first, the index looked up only on a violation.
+    pub fn check<F: Real>(self, name: &str, a: &ArrayD<F>) -> Result<()> {
+        if self.all(a) {
+            return Ok(());
+        }
+        match a.indexed_iter().find(|(_, x)| !self.ok(x.f64())) {
+            Some((idx, x)) => Err(Error::Value {
+                name: name.to_string(),
+                constraint: self.describe().to_string(),
+                found: format!("{x} at {}", fmt_shape(idx.as_array_view().as_slice().unwrap_or(&[]))),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Whether every entry of `a` satisfies the constraint: branch-free folds over blocks of a
     /// contiguous array (which the compiler vectorises), in parallel for large arrays, stopping
     /// at the first failing block; other layouts entry by entry.
@@ -318,17 +334,8 @@ impl InputSpec {
     /// Checks every value constraint.
     pub fn check_values<F: Real>(&self, inputs: &Tensors<F>) -> Result<()> {
         for d in &self.inputs {
-            let Some(a) = inputs.get(d.name) else { continue };
-            // Fast scan first; the index of a violation is only looked up when there is one.
-            if d.constraint.all(a) {
-                continue;
-            }
-            if let Some((idx, x)) = a.indexed_iter().find(|(_, x)| !d.constraint.ok(x.f64())) {
-                return Err(Error::Value {
-                    name: d.name.to_string(),
-                    constraint: d.constraint.describe().to_string(),
-                    found: format!("{x} at {}", fmt_shape(idx.as_array_view().as_slice().unwrap_or(&[]))),
-                });
+            if let Some(a) = inputs.get(d.name) {
+                d.constraint.check(d.name, a)?;
             }
         }
         Ok(())

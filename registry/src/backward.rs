@@ -95,18 +95,7 @@ pub(crate) fn check_dy<F: Scalar>(m: &dyn Mixer, inputs: &Tensors<F>, dy: &Array
             fmt_shape_of(dy),
         ));
     }
-    // The index is only formed once a non-finite value is known to exist (an indexed scan of
-    // every element costs as much as a fast backward pass).
-    if dy.iter().any(|x| !x.is_finite())
-        && let Some((i, x)) = dy.indexed_iter().find(|(_, x)| !x.is_finite())
-    {
-        return Err(Error::Value {
-            name: "dy".into(),
-            constraint: "values must be finite".into(),
-            found: format!("{x} at {:?}", ndarray::Dimension::slice(&i)),
-        });
-    }
-    Ok(())
+    mixer_core::spec::Constraint::Finite.check("dy", dy)
 }
 
 /// The implementation of `m`'s family on `backend` for `F` when it has the backward of `form`
