@@ -342,36 +342,19 @@ fn backward_takes_the_forwards_saved_output() {
             assert_ne!(a["d_beta"], b["d_beta"], "{cfg}: the saved output is read");
             assert_eq!(a["d_alpha"], b["d_alpha"], "{cfg}: only beta's gradient reads y");
         }
-        // Errors name it.
-        let bad_shape = x[mixed].slice_axis(ndarray::Axis(1), (0..5).into()).to_owned();
-        let mut bad = x.clone();
-        bad.insert("y".into(), bad_shape);
-        let e = backward(
-            m.as_ref(),
-            "cpu",
-            Form::Fast,
-            &AnyTensors::F64(bad),
-            &Tensor::F64(dy.clone()),
-            &Requires::All,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("`y`") || e.contains("y:") || e.contains(" y "), "{e}");
-        let mut nan = x.clone();
-        let mut yn = x[mixed].clone();
-        *yn.iter_mut().nth(7).unwrap() = f64::NAN;
-        nan.insert("y".into(), yn);
-        let e = backward(
-            m.as_ref(),
-            "cpu",
-            Form::Fast,
-            &AnyTensors::F64(nan),
-            &Tensor::F64(dy.clone()),
-            &Requires::All,
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("finite"), "{e}");
+        // Errors name it: a wrong shape, a non-finite value.
+        let short = x[mixed].slice_axis(ndarray::Axis(1), (0..5).into()).to_owned();
+        let mut nan = x[mixed].clone();
+        *nan.iter_mut().nth(7).unwrap() = f64::NAN;
+        for (y, want) in [(short, "input `y`: expected shape"), (nan, "input `y`: values must be finite")] {
+            let mut bad = x.clone();
+            bad.insert("y".into(), y);
+            let dy = Tensor::F64(dy.clone());
+            let e = backward(m.as_ref(), "cpu", Form::Fast, &AnyTensors::F64(bad), &dy, &Requires::All)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{e}");
+        }
         let mut with_y = x.clone();
         with_y.insert("y".into(), x[mixed].clone());
         let at = mixers::registry::call::Target {

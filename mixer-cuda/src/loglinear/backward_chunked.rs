@@ -429,25 +429,28 @@ mod plan_tests {
             // As few columns at Dk = 128: four warps a block.
             let few128 = plan(Shape { b: 1, t: 16384, h: 16, dk: 128, dv: 128 }, Elem::F32, p, H200);
             assert_eq!((few128.launches[3].grid, few128.launches[3].block), ([16, 2, 1], 128));
-            {
-                let d = 128;
+            for d in [64, 128] {
                 let many = plan(Shape { b: 8, t: 4096, h: 16, dk: d, dv: d }, Elem::F32, p, H200);
                 assert!(matches!(many.pass, Some(StatePass::Registers { .. })), "{p:?} {d}");
+                // At Dv = 64 the gradients' own FMA products; above it the products on tensor
+                // cores before them: the state products (a block per chunk, batch·head and 64 key
+                // columns), then the chunk products (a block per chunk).
+                let grad = if d > 64 { "lgb_grad_pre_f32" } else { "lgb_grad_f32" };
                 assert_eq!(
                     names(&many),
-                    [
-                        "llc_wy_tc_f32",
-                        "llc_delta_h_rg_f32",
-                        "lgb_pre_tc_f32",
-                        "llc_delta_h_rg_rev_f32",
-                        "lgb_grad_pre_f32"
-                    ]
+                    ["llc_wy_tc_f32", "llc_delta_h_rg_f32", "lgb_pre_tc_f32", "llc_delta_h_rg_rev_f32", grad],
+                    "{p:?} {d}"
                 );
-                // The state products on tensor cores before the gradients (a block per chunk,
-                // batch·head and 64 key columns), then the chunk products (a block per chunk).
-                let [sp, cp] = many.products.as_ref().expect("tensor cores");
-                assert_eq!((sp.function.as_str(), sp.grid), ("lgb_state_tc_f32", [64, 128, d as u32 / 64]));
-                assert_eq!((cp.function.as_str(), cp.grid), ("lgb_chunk_tc_f32", [64, 128, 1]));
+                match many.products.as_ref() {
+                    Some([sp, cp]) => {
+                        assert_eq!(
+                            (sp.function.as_str(), sp.grid),
+                            ("lgb_state_tc_f32", [64, 128, d as u32 / 64])
+                        );
+                        assert_eq!((cp.function.as_str(), cp.grid), ("lgb_chunk_tc_f32", [64, 128, 1]));
+                    }
+                    None => assert_eq!(d, 64, "{p:?}: tensor-core products at Dv = {d}"),
+                }
                 // Four warps of 16 value columns a block, as the forward's register pass.
                 assert_eq!(many.launches[3].block, 128);
                 assert!(many.launches[3].defines.contains(&"DHR_WARPS=4".to_string()));
