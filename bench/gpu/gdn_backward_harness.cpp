@@ -125,20 +125,30 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c,
         if (pre && Dv > 64) {
             products = true;
             std::vector<float> a1(W.size()), a2(W.size()), a3(W.size()), cm((size_t)BH * NC * 4 * LGB_TRI);
+            std::vector<double> xz((size_t)BH * NC * ((Dk + 63) / 64));
             launch(NC, BH, (Dk + 63) / 64, [&] {
                 lgb_state_tc_f32(c.dy.data(), U.data(), du.data(), zs.data(), xs.data(), a1.data(), a2.data(),
-                                 a3.data(), Tn, H, Dk, Dv, NC);
+                                 a3.data(), xz.data(), Tn, H, Dk, Dv, NC);
             });
             launch(NC, BH, [&] {
                 lgb_chunk_tc_f32(c.q.data(), c.k.data(), c.g.data(), c.beta.data(), c.dy.data(), U.data(), Ti.data(),
                                  du.data(), a3.data(), cm.data(), dq.data(), dk.data(), Tn, H, Dk, Dv, NC, scale);
             });
+            // lgb_grad_pre_f32 stays within its shared memory (LgbGrad::PRE_TOTAL floats): the bytes
+            // after it keep a mark.
+            const size_t used = LgbGrad<float>::PRE_TOTAL * sizeof(float);
+            std::memset(g_dyn + used, 0xA5, sizeof(g_dyn) - used);
             launch(NC, BH, [&] {
                 lgb_grad_pre_f32(c.q.data(), c.k.data(), c.v.data(), c.g.data(), c.beta.data(), c.dy.data(),
                                  Ti.data(), zs.data(), xs.data(), U.data(), du.data(), dq.data(), dk.data(), dv.data(),
                                  db.data(), dg.data(), Tn, H, Dk, Dv, NC, scale, a1.data(), a2.data(), a3.data(),
-                                 cm.data());
+                                 cm.data(), xz.data());
             });
+            for (size_t i = used; i < sizeof(g_dyn); ++i)
+                if (g_dyn[i] != 0xA5) {
+                    std::printf("FAIL lgb_grad_pre_f32 wrote shared memory at byte %zu, past its %zu\n", i, used);
+                    std::exit(1);
+                }
         }
     }
     if (!products)

@@ -238,6 +238,8 @@ template <typename T> struct LgbGrad {
                          END = SLICES + 5 * SL;
     static constexpr bool W2_OVER = 2 * NN >= WT;
     static constexpr int W2 = W2_OVER ? 0 : END, TOTAL = W2_OVER ? END : END + WT;
+    // With PRE only PG and the q and k tiles: k's tile over PG (read before step 4), q's after.
+    static constexpr int PRE_W1 = NN > WT ? NN : WT, PRE_TOTAL = PRE_W1 + WT;
 };
 
 // Every input gradient of chunk blockIdx.x, batch·head blockIdx.y (docs/math.md §2.7), from the
@@ -258,12 +260,13 @@ template <typename T> struct LgbGrad {
 // PRE (lgb_grad_pre_f32, after lgb_state_tc and lgb_chunk_tc): every product comes from global
 // memory and what is left is element-wise: e already holds E = T⁻ᵀ dU', the chunk's dY U'ᵀ, E U'ᵀ,
 // QKᵀ and KKᵀ come from cm (lower triangles, LGB_TRI) instead of steps 1's and 2's products, and
-// step 4 reads dY Zᵀ (A1), U' Xᵀ (A2), E Zᵀ (A3) and Mp K, Mpᵀ Q + (F + Fᵀ) K (in dq and dk).
+// step 4 reads dY Zᵀ (A1), U' Xᵀ (A2), E Zᵀ (A3) and Mp K, Mpᵀ Q + (F + Fᵀ) K (in dq and dk), and
+// ⟨X, Z⟩ is the sum of lgb_state_tc's partial sums (xzp).
 template <typename T, bool PRE = false>
 __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T* beta, const T* dy, const T* ti,
                          const T* zs, const T* xs, const T* un, T* e, T* dq, T* dk, T* dv, T* db, T* dg, int Tn, int H,
                          int Dk, int Dv, int NC, T scale, const T* A1p = nullptr, const T* A2p = nullptr,
-                         const T* A3p = nullptr, const T* cm = nullptr) {
+                         const T* A3p = nullptr, const T* cm = nullptr, const double* xzp = nullptr) {
     LLC_FIX_DIMS(Dk, Dv);
     using L = LgbGrad<T>;
     static_assert(!PRE || L::CH == 64, "the chunk products are 64 × 64");
@@ -271,6 +274,7 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     extern __shared__ __align__(16) unsigned char lgb_smem[];
     T* sm = reinterpret_cast<T*>(lgb_smem);
     T *Ti = sm + L::TI, *PG = sm + L::PG, *Mp = sm + L::MP, *F = sm + L::F, *W1 = sm + L::W1, *W2 = sm + L::W2;
+    if constexpr (PRE) PG = W2 = sm, W1 = sm + L::PRE_W1, Ti = Mp = F = nullptr;
     T* sl[5];
 #pragma unroll
     for (int i = 0; i < 5; ++i) sl[i] = sm + L::SLICES + i * L::SL;
@@ -285,8 +289,16 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     for (int idx = tid; !PRE && idx < CH * CH; idx += 256) Ti[(idx / CH) * LDN + idx % CH] = tij[idx];
     const long long sidx = ((long long)ck.bh * NC + ck.i) * Dk * Dv;
     const T *zj = zs + sidx, *xj = xs + sidx;
-    // e^(γ_{n−1}) ⟨X, Z⟩, reduced in a fixed order.
-    {
+    // e^(γ_{n−1}) ⟨X, Z⟩, reduced in a fixed order (with PRE: lgb_state_tc's partial sums, one per
+    // 64 keys, in order).
+    if constexpr (PRE) {
+        if ((tid & 31) == 0) {
+            double x = 0.0;
+            const int nkt = (Dk + 63) / 64;
+            for (int z = 0; tid == 0 && z < nkt; ++z) x += xzp[((long long)ck.bh * NC + ck.i) * nkt + z];
+            red[tid >> 5] = x;
+        }
+    } else {
         double x = 0.0;
         for (long long i = tid; i < (long long)Dk * Dv; i += 256) x += (double)xj[i] * (double)zj[i];
         for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -506,12 +518,13 @@ LGB_EXPORT(double, f64)
 // summed over 64-column tiles of the values: the chunk's dY, U' and dU' rows (llc_stage_tile) and
 // rows c0 … c0 + 63 of Z and X ([Dk][Dv] per chunk) staged rounded to tf32, then m16n8k8 tf32 mma
 // with f32 accumulation (llc_mma_rows; warp w owns rows 16 (w mod 4) … + 15 and columns
-// 32 ⌊w / 4⌋ … + 31). lgb_grad_pre_f32 reads them. Grid (NC, BH, ⌈Dk/64⌉), 256 threads, dynamic
+// 32 ⌊w / 4⌋ … + 31); and ⟨X, Z⟩ over those rows into xzp [B·H, NC, ⌈Dk/64⌉] (double, from the
+// unrounded states). lgb_grad_pre_f32 reads them. Grid (NC, BH, ⌈Dk/64⌉), 256 threads, dynamic
 // shared memory five [64][LGS_LD] float tiles (lgb_state_smem on the host).
 #define LGS_LD 68
 extern "C" __global__ void __launch_bounds__(256)
     lgb_state_tc_f32(const float* dy, const float* un, const float* du, const float* zs, const float* xs, float* A1,
-                     float* A2, float* A3, int Tn, int H, int Dk, int Dv, int NC) {
+                     float* A2, float* A3, double* xzp, int Tn, int H, int Dk, int Dv, int NC) {
     LLC_FIX_DIMS(Dk, Dv);
     extern __shared__ __align__(16) unsigned char lgb_smem[];
     float* R1 = reinterpret_cast<float*>(lgb_smem);
@@ -523,6 +536,7 @@ extern "C" __global__ void __launch_bounds__(256)
     const float *zj = zs + sidx, *xj = xs + sidx;
     const bool vec = Dv % 4 == 0 && llc_al16(dy) && llc_al16(un) && llc_al16(du);
     float a1[4][4] = {}, a2[4][4] = {}, a3[4][4] = {};
+    double xz = 0.0;  // this thread's part of Σ X ⊙ Z over the block's rows
     for (int d0 = 0; d0 < Dv; d0 += 64) {
         llc_stage_tile<LGS_LD>(R1, dy, ck.row0, H, Dv, d0, ck.n, vec, true, [](int) { return 1.f; });
         llc_stage_tile<LGS_LD>(R2, un, ck.row0, H, Dv, d0, ck.n, vec, true, [](int) { return 1.f; });
@@ -531,8 +545,10 @@ extern "C" __global__ void __launch_bounds__(256)
             const int r = idx >> 6, c = idx & 63;
             const bool in = c0 + r < Dk && d0 + c < Dv;
             const long long off = (long long)(c0 + r) * Dv + d0 + c;
-            S1[r * LGS_LD + c] = in ? __uint_as_float(mx_tf32(zj[off])) : 0.f;
-            S2[r * LGS_LD + c] = in ? __uint_as_float(mx_tf32(xj[off])) : 0.f;
+            const float z = in ? zj[off] : 0.f, x = in ? xj[off] : 0.f;
+            xz += (double)x * (double)z;
+            S1[r * LGS_LD + c] = __uint_as_float(mx_tf32(z));
+            S2[r * LGS_LD + c] = __uint_as_float(mx_tf32(x));
         }
         __syncthreads();
         const int kend = min(64, (Dv - d0 + 7) & ~7);
@@ -548,6 +564,16 @@ extern "C" __global__ void __launch_bounds__(256)
             A2[off] = a2[nt][u];
             A3[off] = a3[nt][u];
         }
+    }
+    // ⟨X, Z⟩ over the block's 64 keys, reduced in a fixed order, for lgb_grad_pre.
+    __shared__ double red[8];
+    for (int o = 16; o > 0; o >>= 1) xz += __shfl_xor_sync(0xffffffffu, xz, o);
+    if (lane == 0) red[warp] = xz;
+    __syncthreads();
+    if (tid == 0) {
+        double x = 0.0;
+        for (int w = 0; w < 8; ++w) x += red[w];
+        xzp[((long long)ck.bh * NC + ck.i) * gridDim.z + blockIdx.z] = x;
     }
 }
 // lgb_pre on tensor cores (the tf32 and bf16 modes, f32 data): for chunk blockIdx.x and
@@ -728,7 +754,7 @@ extern "C" __global__ void lgb_grad_pre_f32(const float* q, const float* k, cons
                                                const float* xs, const float* un, float* e, float* dq, float* dk,
                                                float* dv, float* db, float* dg, int Tn, int H, int Dk, int Dv, int NC,
                                                float scale, const float* A1, const float* A2, const float* A3,
-                                               const float* cm) {
+                                               const float* cm, const double* xzp) {
     lgb_grad<float, true>(q, k, v, g, beta, dy, ti, zs, xs, un, e, dq, dk, dv, db, dg, Tn, H, Dk, Dv, NC, scale, A1,
-                          A2, A3, cm);
+                          A2, A3, cm, xzp);
 }

@@ -131,6 +131,11 @@ pub(crate) struct Plan {
 /// against 8.4 with four.
 const REV_ONE_WARP_MAX_DK: usize = 64;
 
+/// Dynamic shared memory of `lgb_grad_pre_f32` (bytes; `LgbGrad::PRE_TOTAL` in the kernel): the
+/// decay terms `[64][65]` with `k`'s tile over them once read, and `q`'s tile `[64][65]` — a third
+/// of `lgb_grad`'s, whose products it does not form.
+pub(crate) const GRAD_PRE_SMEM: usize = 2 * 64 * 65 * 4;
+
 /// Dynamic shared memory of `lgb_chunk_tc_f32` (bytes): five `[64][68]` f32 tiles.
 pub(crate) const CHUNK_TC_SMEM: usize = 5 * 64 * 68 * 4;
 
@@ -145,9 +150,10 @@ pub(crate) const PRE_TC_SMEM: usize = 3 * 64 * 68 * 4;
 pub(crate) const STATE_TC_SMEM: usize = 5 * 64 * 68 * 4;
 
 /// The products run on tensor cores only for value heads wider than this: at `Dv = 64` the FMA
-/// products inside `lgb_grad` cost less than `lgb_chunk_tc` + `lgb_grad` with its chunk products
-/// read (H100, (1, 16384, 16, 64): 2.02 ms against 0.48 + 2.28, and 0.39 more for
-/// `lgb_state_tc`), at `Dv = 128` more ((8, 4096, 16, 128): 16.4 ms against 2.35 + 1.36 + 6.18).
+/// products inside `lgb_grad` cost less (H100, whole backward with the products on tensor cores
+/// at `Dv = 64` against without: 4.74 / 4.63 ms tf32 at (1, 16384, 16, 64), 6.93 / 6.84 at
+/// (8, 4096, 16, 64)), at `Dv = 128` more (`lgb_grad` alone 16.4 ms against 2.37 + 2.45 + 4.01
+/// for `lgb_state_tc`, `lgb_chunk_tc`, `lgb_grad_pre` at (8, 4096, 16, 128)).
 const PRODUCTS_MIN_DV: usize = 64;
 
 /// The backward's [`Plan`] for mode `p` on `device` (the passes' `stages` in [`Launch::stages`]).
@@ -197,7 +203,8 @@ pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
             on("lgb_chunk_tc", [nc, bh, 1], CHUNK_TC_SMEM),
         ]
     });
-    let grad = if products.is_some() { "lgb_grad_pre" } else { "lgb_grad" };
+    let (grad, g_smem) =
+        if products.is_some() { ("lgb_grad_pre", GRAD_PRE_SMEM) } else { ("lgb_grad", grad_smem(elem)) };
     Plan {
         launches: vec![
             wy,
@@ -208,7 +215,7 @@ pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
                 on("lgb_pre", [nc, bh, 1], pre_smem(elem))
             },
             rev,
-            on(grad, [nc, bh, 1], grad_smem(elem)),
+            on(grad, [nc, bh, 1], g_smem),
         ],
         pass: forward,
         reverse_on_tensor_cores: rev_tc.is_some(),
@@ -329,8 +336,9 @@ pub(crate) fn delta<F: GpuReal>(
             let n = b * t * h * dk;
             let (mut a1, mut a2, mut a3) =
                 (pool::take::<F>(FAMILY, n)?, pool::take::<F>(FAMILY, n)?, pool::take::<F>(FAMILY, n)?);
+            let mut xz = pool::take::<f64>(FAMILY, bh * nc * dk.div_ceil(64))?;
             let (fs, cs) = l_state.function()?;
-            launch!(g, FAMILY, fs, cs; &dyv, &*u, &*du, &*zs, &*xs, &mut *a1, &mut *a2, &mut *a3,
+            launch!(g, FAMILY, fs, cs; &dyv, &*u, &*du, &*zs, &*xs, &mut *a1, &mut *a2, &mut *a3, &mut *xz,
                 &ti, &hi, &dki, &dvi, &nci)?;
             let mut cm = pool::take::<F>(FAMILY, bh * nc * CHUNK_PRODUCTS)?;
             let (fc, cc) = l_chunk.function()?;
@@ -338,7 +346,7 @@ pub(crate) fn delta<F: GpuReal>(
                 &mut *d_q, &mut *d_k, &ti, &hi, &dki, &dvi, &nci, &scale)?;
             launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*tinv, &*zs, &*xs, &*u, &mut *du,
                 &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale,
-                &*a1, &*a2, &*a3, &*cm)?;
+                &*a1, &*a2, &*a3, &*cm, &*xz)?;
         }
         None => launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*tinv, &*zs, &*xs, &*u, &mut *du,
             &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale)?,
@@ -448,6 +456,7 @@ mod plan_tests {
                             ("lgb_state_tc_f32", [64, 128, d as u32 / 64])
                         );
                         assert_eq!((cp.function.as_str(), cp.grid), ("lgb_chunk_tc_f32", [64, 128, 1]));
+                        assert_eq!(many.launches[4].shared_mem, 2 * 64 * 65 * 4);
                     }
                     None => assert_eq!(d, 64, "{p:?}: tensor-core products at Dv = {d}"),
                 }
