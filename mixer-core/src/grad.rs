@@ -41,7 +41,12 @@ pub const SAVED_OUTPUT: &str = "y";
 /// has no input of that name.
 pub fn saved_output<'a, F>(m: &dyn Mixer, inputs: &'a Tensors<F>) -> Option<&'a ArrayD<F>> {
     let y = inputs.get(SAVED_OUTPUT)?;
-    (!m.spec().inputs.iter().any(|d| d.name == SAVED_OUTPUT)).then_some(y)
+    takes_saved_output(m).then_some(y)
+}
+
+/// Whether a backward of `m` recognises [`SAVED_OUTPUT`] (`m` has no input of that name).
+pub fn takes_saved_output(m: &dyn Mixer) -> bool {
+    !m.spec().inputs.iter().any(|d| d.name == SAVED_OUTPUT)
 }
 
 /// Which input gradients a backward pass must produce.

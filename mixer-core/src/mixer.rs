@@ -36,6 +36,13 @@ pub trait Mixer: Send + Sync + Debug + Any {
         let dims = complete_dims(self, dims);
         self.spec().random(&dims, seed, false)
     }
+    /// Whether the `fast` backward reads the forward's output when the backward's inputs carry
+    /// it ([`crate::grad::SAVED_OUTPUT`]) instead of recomputing it: a caller that keeps `y`
+    /// anyway (an autograd node) passes it where this holds. Every backend's `fast` backward
+    /// of such a mixer reads it; elsewhere it is accepted and ignored. Default: no.
+    fn backward_reads_output(&self) -> bool {
+        false
+    }
     /// Why this configuration has no such form on any backend (e.g. the chunked form of a
     /// log-linear mixer needs the Fenwick mask), or `None` when the form may exist.
     fn form_unsupported(&self, _form: crate::Form) -> Option<String> {

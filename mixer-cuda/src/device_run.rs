@@ -12,6 +12,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
+use mixer_core::grad::{SAVED_OUTPUT, takes_saved_output};
 use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::spec::{Constraint, InputSpec};
 use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Requires, Result, Tensors};
@@ -85,16 +86,42 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         // The shapes, bounds and dtypes on the host, as for `run`; `dy` has the shape of y (of
         // the mixed input) and the activations' dtype.
         let spec = m.spec();
-        let double = check_on_host(m, inputs, precision)?;
+        // The forward's output, when given (`SAVED_OUTPUT`): the shape of y, dy's dtype (or f32
+        // in the bf16 mode, where the backward computes in f32).
+        let saved = inputs.get(SAVED_OUTPUT).filter(|_| takes_saved_output(m));
+        let double = check_on_host_except(m, inputs, precision, saved.map(|_| SAVED_OUTPUT))?;
         let given: Vec<String> = inputs.keys().cloned().collect();
         mixer_registry::backward::check_requires(m, &given, requires)?;
         check_dy(m, inputs, dy, precision, double)?;
+        if let Some(y) = saved {
+            let mixed = inputs.get(spec.mixed).map(|t| t.shape().to_vec()).unwrap_or_default();
+            let dtype_ok = y.dtype() == dy.dtype() || (dy.dtype() == "bf16" && y.dtype() == "f32");
+            if y.shape() != mixed.as_slice() || !dtype_ok {
+                return Err(Error::Value {
+                    name: SAVED_OUTPUT.into(),
+                    constraint: format!(
+                        "the forward's output: a {} device tensor of shape {} (that of `{}`)",
+                        if dy.dtype() == "bf16" { "bf16 or f32" } else { dy.dtype() },
+                        mixer_core::error::fmt_shape(&mixed),
+                        spec.mixed
+                    ),
+                    found: format!(
+                        "a {} device tensor of shape {}",
+                        y.dtype(),
+                        mixer_core::error::fmt_shape(y.shape())
+                    ),
+                });
+            }
+        }
         // The value checks of the inputs and of dy, on the device, reported with every gradient
         // (none when `checks` is false).
         let wanted = checks;
         let mut checks = if wanted { input_checks(&spec, inputs)? } else { Vec::new() };
         if wanted {
             checks.push(finite_check("dy", dy)?);
+            if let Some(y) = saved {
+                checks.push(finite_check(SAVED_OUTPUT, y)?);
+            }
         }
         let grads = if double {
             typed_backward::<f64, T>(m, inputs, dy, requires, precision)
@@ -108,7 +135,8 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
             })
             .map(|(k, v)| (k, v.with_checks(checks.iter().cloned())))
             .collect();
-        for name in inputs.keys().filter(|n| requires.wants(n)) {
+        let differentiable = |n: &&String| requires.wants(n) && !(saved.is_some() && *n == SAVED_OUTPUT);
+        for name in inputs.keys().filter(differentiable) {
             let g = out.get(&format!("d_{name}")).ok_or_else(|| {
                 err(
                     m.family(),
@@ -367,16 +395,28 @@ pub(crate) fn check_dy(
 /// bind the spec's sizes, the sizes meet the mixer's bounds, the dtypes suit the mode. Returns
 /// whether the call computes in `f64`.
 pub(crate) fn check_on_host(m: &dyn Mixer, inputs: &DeviceTensors, precision: Precision) -> Result<bool> {
+    check_on_host_except(m, inputs, precision, None)
+}
+
+/// [`check_on_host`] without the tensor named `skip` (a backward's saved output).
+fn check_on_host_except(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    precision: Precision,
+    skip: Option<&str>,
+) -> Result<bool> {
     let spec = m.spec();
-    let shapes = inputs.iter().map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
+    let kept = |k: &String| Some(k.as_str()) != skip;
+    let shapes =
+        inputs.iter().filter(|(k, _)| kept(k)).map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
     let dims = spec.bind(&shapes)?;
     spec.check_bounds(&dims, &m.bounds(&dims))?;
-    check_dtypes(inputs, precision)
+    check_dtypes(inputs, precision, skip)
 }
 
 /// The element types a call accepts: all `f64` (exact), all `f32` (exact or tf32), or bf16
 /// activations with `f32` for the rest (bf16). Returns whether the call computes in `f64`.
-fn check_dtypes(x: &DeviceTensors, p: Precision) -> Result<bool> {
+fn check_dtypes(x: &DeviceTensors, p: Precision, skip: Option<&str>) -> Result<bool> {
     let activation = |k: &str| mixer_core::precision::ACTIVATIONS.contains(&k);
     let want = |k: &str, double: bool| match p {
         Precision::Bf16 if activation(k) => "bf16",
@@ -384,7 +424,7 @@ fn check_dtypes(x: &DeviceTensors, p: Precision) -> Result<bool> {
         _ => "f32",
     };
     let double = p == Precision::Exact && x.values().any(|t| t.dtype() == "f64");
-    for (k, t) in x {
+    for (k, t) in x.iter().filter(|(k, _)| Some(k.as_str()) != skip) {
         let w = want(k, double);
         if t.dtype() != w {
             return Err(Error::Value {

@@ -237,16 +237,23 @@ def forward_plain(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tens
 
 def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], dy: torch.Tensor, config: str,
              precision: str, requires: Optional[List[str]] = None, initial_state: Optional[torch.Tensor] = None,
-             d_final: Optional[torch.Tensor] = None, cu_seqlens: Optional[List[int]] = None) -> Dict[str, torch.Tensor]:
+             d_final: Optional[torch.Tensor] = None, cu_seqlens: Optional[List[int]] = None,
+             y: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
     """The ``fast`` backward for the cotangent ``dy``, enqueued on the current stream:
     ``{"d_<input>": tensor}`` (float32 in the ``tf32`` and ``bf16`` modes, else the inputs'
     dtype). From a state (``initial_state`` or the final state's cotangent ``d_final``) computed in
     the exact mode on the values as the mode stores them, with ``"d_initial_state"`` when
-    ``initial_state`` is given. With ``cu_seqlens``, the backward of the packed batch.
-    ``NotImplementedError`` where the CUDA backend has no such backward for the mixer."""
+    ``initial_state`` is given. With ``cu_seqlens``, the backward of the packed batch. ``y``: the
+    forward's output (float32 or float64; no state, no ``cu_seqlens``), which a backward that
+    reads it then does not recompute. ``NotImplementedError`` where the CUDA backend has no such
+    backward for the mixer."""
     keep, raw = _prepare(names, tensors, precision)
     dy_dtype = torch.bfloat16 if precision == "bf16" else (torch.float32 if dy.dtype in _HALF else dy.dtype)
     dy_t, dy_raw = _raw("dy", dy, dy_dtype)
+    if y is not None:
+        y_t, y_raw = _raw("y", y, y.dtype)
+        keep.append(y_t)
+        raw.append(y_raw)
     (s0, s0_raw), (df, df_raw) = _state("initial_state", initial_state, tensors), _state("d_final", d_final, tensors)
     device = tensors[0].device
     stream = _stream(device)

@@ -53,15 +53,36 @@ _SCHEMA = (
 )
 _BACKWARD_SCHEMA = (
     "(Tensor[] inputs, str[] names, Tensor dy, Tensor? initial_state, Tensor? d_final_state, "
-    "Tensor? cu_seqlens, str config, str form, str backend, str precision) -> Tensor[]"
+    "Tensor? cu_seqlens, str config, str form, str backend, str precision, Tensor? y=None) -> Tensor[]"
 )
 
 
 @functools.lru_cache(maxsize=None)
 def spec(name: str, config: str = "{}") -> dict:
     """The inputs of mixer ``name`` with a JSON ``config``: ``{"mixed", "inputs": [{"name",
-    "shape", "optional", "per_token"}], "family", "doc"}`` (cached)."""
+    "shape", "optional", "per_token"}], "family", "doc", "backward_reads_output"}`` (cached)."""
     return json.loads(_mixers.spec(name, config))
+
+
+@torch.compiler.assume_constant_result
+def _reads_output(mixer: str, config: str) -> bool:
+    """Whether the mixer's backward reads the forward's output ``y`` when given it (the GLR's
+    ``d_beta``): then its autograd node keeps ``y`` and passes it, and the backward does not run
+    the forward again (constant under ``torch.compile``)."""
+    return spec(mixer, _split_config(config)[0])["backward_reads_output"]
+
+
+# The dtypes the library computes in: a `y` of another dtype (float16 or bfloat16 inputs) holds a
+# rounded output, and its autograd node does not keep it.
+_WORK = (torch.float32, torch.float64)
+
+
+def _keeps_output(mixer, config, tensors, names, initial_state, cu_seqlens, output_final_state) -> bool:
+    """Whether a call's autograd node keeps ``y`` for its backward (:func:`_reads_output`): no
+    state, no ``cu_seqlens``, and ``y`` in a dtype the library computes in."""
+    if initial_state is not None or output_final_state or cu_seqlens is not None or not _reads_output(mixer, config):
+        return False
+    return tensors[list(names).index(_mixed_name(mixer, config))].dtype in _WORK
 
 
 def _work_dtype(t: torch.Tensor) -> torch.dtype:
@@ -336,18 +357,24 @@ def mixer_op(mixer: str):
     fwd = torch.library.custom_op(base, forward_impl, mutates_args=(), schema=_SCHEMA)
     fwd.register_fake(forward_fake)
 
-    def backward_impl(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend, precision):
+    def backward_impl(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend, precision,
+                      y=None):
+        """The backward op's implementation; ``y``, the forward's output where the autograd node
+        kept it (:func:`_keeps_output`), is passed on without a state or ``cu_seqlens`` (to the
+        CPU only in the exact mode, whose forward the CPU backward would run again)."""
         config, given = _split_config(config)
         mixed = _mixed(mixer, config, inputs, names)
         work = _work_dtype(mixed)
         stateful = initial_state is not None or d_final_state is not None
+        if stateful or cu_seqlens is not None:
+            y = None
         states = [s for s in (initial_state, d_final_state) if s is not None]
         if not _several(mixer, config, inputs, names, cu_seqlens, stateful, given) and _cuda.applies(
                 list(inputs) + [dy] + states, backend, form, stateful, cu_seqlens, precision):
             try:
                 grads = _cuda.backward(mixer, names, inputs, dy, config, precision,
                                        initial_state=initial_state, d_final=d_final_state,
-                                       cu_seqlens=_offsets(cu_seqlens))
+                                       cu_seqlens=_offsets(cu_seqlens), y=y)
             except NotImplementedError:
                 pass  # no CUDA backward of this mixer (from a state, packed): the host path below
             else:
@@ -356,6 +383,8 @@ def mixer_op(mixer: str):
                     return out + [mixed.new_empty(0, dtype=work)]
                 return out + [grads["d_initial_state"].to(initial_state.dtype)]
         x = {n: _host(t) for n, t in zip(names, inputs)}
+        if y is not None and precision == "exact":
+            x["y"] = _host(y, work)
         layout = _state_layout(mixer, config, inputs, names, cu_seqlens, given) if stateful else None
         initial = None if initial_state is None else _state_to_host(initial_state, given or layout, work)
         d_final = None if d_final_state is None else _state_to_host(d_final_state, layout, work)
@@ -377,7 +406,8 @@ def mixer_op(mixer: str):
             out.append(_state_from_host(d_init, given or layout, initial_state.device, initial_state.dtype))
         return out
 
-    def backward_fake(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend, precision):
+    def backward_fake(inputs, names, dy, initial_state, d_final_state, cu_seqlens, config, form, backend, precision,
+                      y=None):
         config, _ = _split_config(config)
         mixed = _mixed(mixer, config, inputs, names)
         out = [t.new_empty(t.shape) for t in inputs]
@@ -392,7 +422,9 @@ def mixer_op(mixer: str):
 
     def setup_context(ctx, inputs, output):
         tensors, names, initial_state, cu_seqlens, output_final_state, config, form, backend, precision = inputs
-        _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, (config, form, backend, precision))
+        keep = _keeps_output(mixer, config, tensors, names, initial_state, cu_seqlens, output_final_state)
+        _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, (config, form, backend, precision),
+              output[0] if keep else None)
 
     def backward(ctx, d_y, d_state):
         grads, d_initial = _backward(ctx, d_y, d_state, bwd)
@@ -415,7 +447,9 @@ class _Eager(torch.autograd.Function):
         forward_impl, backward_impl = _IMPLS[mixer]
         y, s = forward_impl(list(tensors), names, initial_state, cu_seqlens, output_final_state, config, form,
                             backend, precision)
-        _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, (config, form, backend, precision))
+        keep_y = _keeps_output(mixer, config, tensors, names, initial_state, cu_seqlens, output_final_state)
+        _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, (config, form, backend, precision),
+              y if keep_y else None)
         ctx.backward_impl = backward_impl
         if not output_final_state:
             ctx.mark_non_differentiable(s)
@@ -469,7 +503,8 @@ class _Plain(torch.autograd.Function):
     def forward(ctx, call, *tensors):
         plan, cu_seqlens = call
         y = _plain_forward(plan, tensors, cu_seqlens)
-        ctx.save_for_backward(*tensors)
+        ctx.keeps_y = cu_seqlens is None and _reads_output(plan[0], plan[2]) and y.dtype in _WORK
+        ctx.save_for_backward(*tensors, *([y] if ctx.keeps_y else []))
         ctx.call = call
         return y
 
@@ -478,7 +513,8 @@ class _Plain(torch.autograd.Function):
     def backward(ctx, d_y):
         (mixer, names, config, form, backend, precision, _), cu_seqlens = ctx.call
         tensors = list(ctx.saved_tensors)
-        grads = _IMPLS[mixer][1](tensors, names, d_y, None, None, cu_seqlens, config, form, backend, precision)
+        y = tensors.pop() if ctx.keeps_y else None
+        grads = _IMPLS[mixer][1](tensors, names, d_y, None, None, cu_seqlens, config, form, backend, precision, y)
         return (None, *grads[: len(tensors)])
 
 
@@ -486,9 +522,10 @@ class _Plain(torch.autograd.Function):
 _FORWARD_AD = torch.autograd.forward_ad
 
 
-def _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, options):
-    """What the backward of a forward needs, kept on its autograd context."""
-    ctx.save_for_backward(*tensors, initial_state, cu_seqlens)
+def _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, options, y=None):
+    """What the backward of a forward needs, kept on its autograd context (``y``, the forward's
+    output, where the backward reads it: :func:`_reads_output`)."""
+    ctx.save_for_backward(*tensors, initial_state, cu_seqlens, y)
     ctx.count, ctx.names = len(tensors), list(names)
     ctx.want_final, ctx.options = bool(output_final_state), options
 
@@ -498,8 +535,9 @@ def _backward(ctx, d_y, d_state, backward_fn):
     ``y`` and of the final state, by ``backward_fn`` (the backward op or its implementation)."""
     saved = ctx.saved_tensors
     tensors, initial_state, cu_seqlens = list(saved[: ctx.count]), saved[ctx.count], saved[ctx.count + 1]
+    y = saved[ctx.count + 2]
     d_final = d_state if ctx.want_final and d_state is not None else None
-    grads = backward_fn(tensors, ctx.names, d_y, initial_state, d_final, cu_seqlens, *ctx.options)
+    grads = backward_fn(tensors, ctx.names, d_y, initial_state, d_final, cu_seqlens, *ctx.options, y)
     return list(grads[: ctx.count]), (grads[ctx.count] if initial_state is not None else None)
 
 

@@ -309,6 +309,7 @@ fn spec_value(m: &dyn mixer_core::Mixer, entry: &mixer_registry::MixerEntry) -> 
         "doc": entry.doc,
         "mixed": spec.mixed,
         "inputs": inputs,
+        "backward_reads_output": m.backward_reads_output(),
     })
 }
 

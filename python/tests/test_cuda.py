@@ -246,6 +246,30 @@ def test_the_op_runs_on_a_side_stream_without_waiting_for_it():
 
 
 @pytest.mark.parametrize("precision", ["exact", "bf16"])
+def test_the_glr_backward_is_given_the_forwards_output(precision, monkeypatch):
+    """The GLR's autograd node keeps ``y`` (float32 and float64 calls) and passes it to the CUDA
+    backward, which reads it instead of running the forward again; Mamba-2's backward does not
+    read it and gets none, nor does a float16 call (its ``y`` is rounded). The gradients with
+    ``y`` are checked against the CPU and the Rust path by the tests above."""
+    seen = []
+    real = _cuda._mixers.cuda_backward
+
+    def spy(mixer, raw, *args, **kwargs):
+        seen.append((mixer, sorted(r[0] for r in raw)))
+        return real(mixer, raw, *args, **kwargs)
+
+    monkeypatch.setattr(_cuda._mixers, "cuda_backward", spy)
+    cases = [("glr", torch.float32, True), ("glr", torch.float16, False), ("mamba2", torch.float32, False)]
+    if precision == "exact":
+        cases.append(("glr", torch.float64, True))
+    for name, dtype, keeps in cases:
+        x = {k: v.to(dtype).requires_grad_() for k, v in _dev(_inputs(name, 65)).items()}
+        y = mixers.run(name, precision=precision, **x)
+        y.backward(torch.ones_like(y))
+        assert seen[-1] == (name, sorted(list(x) + (["y"] if keeps else []))), (name, dtype, seen[-1])
+
+
+@pytest.mark.parametrize("precision", ["exact", "bf16"])
 @pytest.mark.parametrize("name", ["gated-deltanet", "attention", "glr"])
 def test_the_direct_eager_path_equals_the_op_bit_for_bit(name, precision, monkeypatch):
     """The common eager call (no state, no cu_seqlens) skips the op's generic path

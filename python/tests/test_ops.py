@@ -136,3 +136,31 @@ def test_precision_modes():
     b = mixers.mamba2(**x, precision="bf16")
     assert torch.equal(b, b.to(torch.bfloat16).float())  # y stored in bf16
     assert (b - exact).abs().max() < 0.05 * exact.abs().max()
+
+
+def test_autograd_gives_the_glr_backward_the_forwards_output(monkeypatch):
+    """The GLR's backward reads ``y`` (for ``d_beta``): its autograd node keeps the forward's
+    output and passes it (the library's backward then skips its own forward), with the same
+    gradients as the library's backward without it; Mamba-2's does not read it and gets none."""
+    from mixers import _ops
+
+    assert _ops.spec("glr", "{}")["backward_reads_output"]
+    assert not _ops.spec("mamba2", "{}")["backward_reads_output"]
+    seen = []
+    library_backward = _ops._mixers.backward
+
+    def spy(name, x, *args, **kwargs):
+        seen.append((name, sorted(x)))
+        return library_backward(name, x, *args, **kwargs)
+
+    monkeypatch.setattr(_ops._mixers, "backward", spy)
+    for name in ["glr", "mamba2"]:
+        x = inputs(name, grad=True, **dict(SMALL, seq=37))
+        y = mixers.run(name, **x)
+        dy = torch.randn_like(y)
+        got = torch.autograd.grad(y, list(x.values()), dy)
+        assert seen[-1] == (name, sorted(list(x) + (["y"] if name == "glr" else [])))
+        want = mixers.backward(name, dy, **{n: t.detach() for n, t in x.items()})
+        assert seen[-1] == (name, sorted(x))
+        for n, g in zip(x, got):
+            assert torch.equal(g, want["d_" + n]), f"{name}: d_{n}"

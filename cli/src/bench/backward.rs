@@ -9,7 +9,7 @@
 use mixer_core::mixer::{Mixer, validate};
 use mixer_core::spec::{Gen, draw};
 use mixer_core::tensor::cast_tensors;
-use mixer_core::{AnyTensors, DType, Error, Form, Requires, Result, Tensor};
+use mixer_core::{AnyTensors, DType, Error, Form, Precision, Requires, Result, Tensor};
 use mixer_registry::backward::{backward_forms, backward_with};
 use mixer_registry::{Backend, DeviceTimer};
 use rand::SeedableRng;
@@ -72,7 +72,7 @@ pub(crate) fn run(opts: &Options) -> Result<i32> {
                 };
                 validate(m.as_ref(), &inputs)?;
                 let (fwd, bwd, err) = match b.entry().timer {
-                    Some(timer) => device_times(timer, m.as_ref(), &inputs, &dy, opts),
+                    Some(timer) => device_times(timer, m.as_ref(), b, &inputs, &dy, opts),
                     None => host_times(m.as_ref(), b, &inputs, &dy, opts),
                 };
                 if let Some(e) = err {
@@ -114,10 +114,11 @@ pub(crate) fn run(opts: &Options) -> Result<i32> {
     for b in &backends {
         let how = if b.entry().timer.is_some() {
             "device events around runs on device-resident inputs and dy (uploaded once; transfers \
-             excluded; the backward includes its device-side value checks of the inputs and dy)"
+             excluded; the backward includes its device-side value checks of the inputs and dy, \
+             and is given the forward's output where it reads it, as in a training step)"
         } else {
             "wall time of the host-array calls (validation included; the backward is given the \
-             forward's output, as in a training step)"
+             forward's output where it reads it, as in a training step)"
         };
         println!("{}: {how}", b.name());
     }
@@ -148,10 +149,8 @@ fn host_times(
     let fwd = time(1, opts.reps, opts.max_seconds, || {
         mixer_registry::run::run_with(m, b, Form::Fast, inputs, p).map_err(|e| err = Some(e))
     });
-    // The backward of a training step: given the forward's output (which a backward that reads
-    // it, the GLR's, then does not recompute).
-    let saved = match mixer_registry::run::run_with(m, b, Form::Fast, inputs, p) {
-        Ok(y) => with_saved_output(inputs, y),
+    let saved = match training_inputs(m, b, inputs, p) {
+        Ok(x) => x,
         Err(e) => return (fwd.median, 0.0, Some(e)),
     };
     let bwd = time(1, opts.reps, opts.max_seconds, || {
@@ -160,10 +159,16 @@ fn host_times(
     (fwd.median, bwd.median, err)
 }
 
-/// `inputs` with the forward's output `y` under `SAVED_OUTPUT` (dtypes as the forward gives them).
-fn with_saved_output(inputs: &AnyTensors, y: Tensor) -> AnyTensors {
+/// The backward's inputs in a training step: with the forward's output `y` under
+/// `SAVED_OUTPUT` (dtypes as the forward gives them) where the backward reads it (the GLR's
+/// `d_beta`, which then does not recompute it), else `inputs`.
+fn training_inputs(m: &dyn Mixer, b: &Backend, inputs: &AnyTensors, p: Precision) -> Result<AnyTensors> {
+    if !m.backward_reads_output() {
+        return Ok(inputs.clone());
+    }
+    let y = mixer_registry::run::run_with(m, b, Form::Fast, inputs, p)?;
     let name = mixer_core::grad::SAVED_OUTPUT.to_string();
-    match (inputs.clone(), y) {
+    Ok(match (inputs.clone(), y) {
         (AnyTensors::F32(mut x), Tensor::F32(y)) => {
             x.insert(name, y);
             AnyTensors::F32(x)
@@ -173,7 +178,7 @@ fn with_saved_output(inputs: &AnyTensors, y: Tensor) -> AnyTensors {
             AnyTensors::F64(x)
         }
         (x, _) => x,
-    }
+    })
 }
 
 /// Forward and backward medians (seconds) from the backend's device timer (events around
@@ -181,13 +186,16 @@ fn with_saved_output(inputs: &AnyTensors, y: Tensor) -> AnyTensors {
 fn device_times(
     timer: &dyn DeviceTimer,
     m: &dyn Mixer,
+    b: &Backend,
     inputs: &AnyTensors,
     dy: &Tensor,
     opts: &Options,
 ) -> (f64, f64, Option<Error>) {
     let (p, reps, budget) = (opts.precision, opts.reps, opts.max_seconds);
+    // The backward of a training step (given the forward's output where it reads it).
     let r = timer.time_form(m, Form::Fast, inputs, p, reps, budget).and_then(|f| {
-        let g = timer.time_backward(m, inputs, dy, p, reps, budget)?;
+        let saved = training_inputs(m, b, inputs, p)?;
+        let g = timer.time_backward(m, &saved, dy, p, reps, budget)?;
         Ok((f.median, g.median))
     });
     match r {

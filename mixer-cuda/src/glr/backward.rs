@@ -31,7 +31,8 @@
 //! Then `glrb_grads`, one thread per (batch, token, channel): `ᾱ`, `β̄`, `x̄` from `g`, `x` and
 //! `y`.
 //!
-//! `y` is recomputed by the forward ([`super::fast::run`]) when `d_beta` is asked for. Work
+//! `y` is the forward's output when the call carries it (`mixer_core::grad::SAVED_OUTPUT`), else
+//! recomputed by the forward ([`super::fast::run`]), when `d_beta` is asked for. Work
 //! `O(T · K)` per channel, as the forward; extra memory besides the above: `y`, `B·T·C`.
 //! Deterministic: every sum is formed by one thread in a fixed order. The `tf32`
 //! and `bf16` modes run the same `f32` kernels (bf16 activations and `dy` converted on the
@@ -39,6 +40,9 @@
 
 use mixer_core::error::fmt_shape;
 use mixer_core::mixers::glr::Glr;
+use std::borrow::Cow;
+
+use mixer_core::grad::SAVED_OUTPUT;
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
 use super::common::{FAMILY, dims};
@@ -116,16 +120,22 @@ pub fn run<F: GpuReal>(
     if tab.k != k {
         return Err(err(FAMILY, format!("internal: the pattern table has {} taps, K(T) = {k}", tab.k)));
     }
-    // y, read at the taps' positions by d_beta (the forward's own kernel, exact arithmetic).
-    let y = if want_b {
-        let y = super::fast::run::<F>(glr, x, Precision::Exact)?;
-        Some(
-            F::unwrap(&y)
-                .cloned()
-                .ok_or_else(|| err(FAMILY, "internal: the forward returned another dtype"))?,
-        )
-    } else {
-        None
+    // y, read at the taps' positions by d_beta: the forward's output when the call carries it
+    // (SAVED_OUTPUT), else the forward's own kernel again (exact arithmetic).
+    let y: Option<Cow<'_, DeviceTensor<F>>> = match (want_b, input_opt::<F>(x, SAVED_OUTPUT)?) {
+        (false, _) => None,
+        (true, Some(y)) => {
+            expect_shape(SAVED_OUTPUT, y.shape(), &[b, t, c])?;
+            Some(y)
+        }
+        (true, None) => {
+            let y = super::fast::run::<F>(glr, x, Precision::Exact)?;
+            Some(Cow::Owned(
+                F::unwrap(&y)
+                    .cloned()
+                    .ok_or_else(|| err(FAMILY, "internal: the forward returned another dtype"))?,
+            ))
+        }
     };
     let g = gpu()?;
     let opts = [format!("-DGLRB_NT={THREADS}")];

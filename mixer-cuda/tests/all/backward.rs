@@ -6,7 +6,10 @@
 use super::common;
 
 use mixer_core::mixer::{Mixer, complete_dims};
+use mixer_core::tensor::cast_tensors;
 use mixer_core::{DType, Form, Precision, Requires, Tensors};
+use mixer_cuda::forms::{download_as, f32_to_bf16, upload_inputs, upload_one};
+use mixer_cuda::{AnyDeviceTensor, backward_device, run_device};
 use mixer_registry::backward::backward_as;
 use mixer_registry::{Sizes, mixer};
 use ndarray::ArrayD;
@@ -444,6 +447,72 @@ fn glr_backward_is_repeatable_and_requires_subsets() {
                 assert_eq!(s.keys().collect::<Vec<_>>(), vec![&name], "glr {cfg}: {only}");
                 let same = s[&name].iter().zip(a[&name].iter()).all(|(p, q)| p.to_bits() == q.to_bits());
                 assert!(same, "glr {cfg} {}: {name} alone differs from {name} of all", dtype.name());
+            }
+        }
+    }
+}
+
+/// GLR: given the forward's output (`y`, `SAVED_OUTPUT`), the backward reads it instead of
+/// running the forward again — the same bits as without it (the forward is deterministic), and
+/// another `y` changes `d_beta` only.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn glr_backward_reads_the_saved_output() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    let cuda = mixer_registry::Backend::by_name("cuda").unwrap();
+    for cfg in [
+        serde_json::json!({"pattern": "pow2"}),
+        serde_json::json!({"pattern": "sq1", "cache_efficient": true, "on": "both"}),
+    ] {
+        let m = mixer("glr", &cfg).unwrap();
+        let (x, dy) = glr_case(m.as_ref(), 2, 1000, 13, 11);
+        for dtype in [DType::F32, DType::F64] {
+            let y = mixer_registry::run::run_as(m.as_ref(), &cuda, Form::Fast, &x, dtype).unwrap();
+            let mut with_y = x.clone();
+            with_y.insert("y".into(), y.clone());
+            let a = backward_as(m.as_ref(), "cuda", Form::Fast, &x, &dy, dtype, &Requires::All).unwrap();
+            let b = backward_as(m.as_ref(), "cuda", Form::Fast, &with_y, &dy, dtype, &Requires::All).unwrap();
+            assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "glr {cfg}: no d_y");
+            for (name, g) in &a {
+                let same = g.iter().zip(b[name].iter()).all(|(p, q)| p.to_bits() == q.to_bits());
+                assert!(same, "glr {cfg} {}: {name} differs with the saved output", dtype.name());
+            }
+            with_y.insert("y".into(), y.mapv(|v| 0.5 * v + 0.25));
+            let c = backward_as(m.as_ref(), "cuda", Form::Fast, &with_y, &dy, dtype, &Requires::All).unwrap();
+            assert_ne!(c["d_beta"], a["d_beta"], "glr {cfg}: the saved output is read");
+            assert_eq!(c["d_alpha"], a["d_alpha"], "glr {cfg}: only d_beta reads y");
+        }
+        // On device tensors, as a training step holds them: y as the device forward wrote it (and
+        // in the bf16 mode also rounded to bf16, dy's dtype), no d_y; d_alpha and d_x the same
+        // bits as without it, d_beta (which reads y) within the mode's rounding of y of the one
+        // from the recomputed y.
+        let (x32, dy32) = (cast_tensors::<f32>(&x), dy.mapv(|v| v as f32));
+        for (p, round) in [(Precision::Tf32, false), (Precision::Bf16, false), (Precision::Bf16, true)] {
+            let dev = upload_inputs(&x32, p).unwrap();
+            let d = upload_one(&dy32, p == Precision::Bf16).unwrap();
+            let mut with_y = upload_inputs(&x32, p).unwrap();
+            let y = run_device(m.as_ref(), Form::Fast, &dev, p).unwrap();
+            let y = match (round, y) {
+                (true, AnyDeviceTensor::F32(t)) => AnyDeviceTensor::Bf16(f32_to_bf16(&t).unwrap()),
+                (_, y) => y,
+            };
+            with_y.insert("y".into(), y);
+            let a = backward_device(m.as_ref(), &dev, &d, &Requires::All, p).unwrap();
+            let b = backward_device(m.as_ref(), &with_y, &d, &Requires::All, p).unwrap();
+            assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "glr {cfg} {p:?}: no d_y");
+            for (name, g) in &a {
+                let f64s = |t| download_as::<f32>(t).unwrap().mapv(f64::from);
+                let (ga, gb) = (f64s(g), f64s(&b[name]));
+                if name == "d_beta" {
+                    let rel = rms(&(&ga - &gb)) / rms(&ga);
+                    let tol = if p == Precision::Bf16 { 1e-2 } else { 1e-5 };
+                    assert!(rel < tol, "glr {cfg} {p:?}: d_beta rel {rel:.2e} with the saved output");
+                } else {
+                    let same = ga.iter().zip(gb.iter()).all(|(p, q)| p.to_bits() == q.to_bits());
+                    assert!(same, "glr {cfg} {p:?}: {name} differs with the saved output on device");
+                }
             }
         }
     }

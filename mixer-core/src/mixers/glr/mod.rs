@@ -215,6 +215,10 @@ impl Mixer for Glr {
     fn family(&self) -> &'static str {
         "glr"
     }
+    /// `d_beta` reads `y` at the taps' positions (with `on = b` or `both`).
+    fn backward_reads_output(&self) -> bool {
+        self.config.on.has_b()
+    }
     fn config(&self) -> serde_json::Value {
         let on = serde_json::to_value(self.config.on).unwrap_or_default();
         match self.name.as_str() {
