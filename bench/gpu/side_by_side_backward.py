@@ -117,11 +117,14 @@ def main():
          None if FLA else ref_gdn, False),
         ("gated-deltanet", "tf32", "fla chunk_gated_delta_rule fp32 forward",
          None if FLA else ref_gdn, False),
+        ("gated-deltanet", "bf16", "fla chunk_gated_delta_rule bf16 forward",
+         None if FLA else lambda *s: ref_gdn(*s, torch.bfloat16), False),
         ("loglinear-attention", "exact", "(no reference)", None, False),
         # The lifted gated DeltaNet: no fla kernel; its goal's anchor is the gated-deltanet row above
         # (forward + backward ≤ 1.6× ours).
         ("loglinear-gated-deltanet", "exact", "(no reference; see gated-deltanet)", None, False),
         ("loglinear-gated-deltanet", "tf32", "(no reference; see gated-deltanet)", None, False),
+        ("loglinear-gated-deltanet", "bf16", "(no reference; see gated-deltanet)", None, False),
     ]
     if a.only:
         cases = [c for c in cases if c[0].startswith(tuple(a.only.split(",")))]
