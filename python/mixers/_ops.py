@@ -77,6 +77,19 @@ def _reads_output(mixer: str, config: str) -> bool:
 _WORK = (torch.float32, torch.float64)
 
 
+class _KeptOutput:
+    """The forward's output kept on an eager autograd node for a backward that reads it: an alias
+    (``detach``: no reference back to the node) that notices in-place changes — the backward is
+    given ``y`` only while it is as the forward wrote it, and otherwise runs the forward again, so
+    that ``y += residual`` after the call keeps working."""
+
+    def __init__(self, y: torch.Tensor):
+        self.y, self.version = y.detach(), y._version
+
+    def get(self) -> Optional[torch.Tensor]:
+        return self.y if self.y._version == self.version else None
+
+
 def _keeps_output(mixer, config, tensors, names, initial_state, cu_seqlens, output_final_state) -> bool:
     """Whether a call's autograd node keeps ``y`` for its backward (:func:`_reads_output`): no
     state, no ``cu_seqlens``, and ``y`` in a dtype the library computes in."""
@@ -447,9 +460,9 @@ class _Eager(torch.autograd.Function):
         forward_impl, backward_impl = _IMPLS[mixer]
         y, s = forward_impl(list(tensors), names, initial_state, cu_seqlens, output_final_state, config, form,
                             backend, precision)
-        keep_y = _keeps_output(mixer, config, tensors, names, initial_state, cu_seqlens, output_final_state)
-        _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, (config, form, backend, precision),
-              y if keep_y else None)
+        _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, (config, form, backend, precision))
+        if _keeps_output(mixer, config, tensors, names, initial_state, cu_seqlens, output_final_state):
+            ctx.kept = _KeptOutput(y)
         ctx.backward_impl = backward_impl
         if not output_final_state:
             ctx.mark_non_differentiable(s)
@@ -503,8 +516,9 @@ class _Plain(torch.autograd.Function):
     def forward(ctx, call, *tensors):
         plan, cu_seqlens = call
         y = _plain_forward(plan, tensors, cu_seqlens)
-        ctx.keeps_y = cu_seqlens is None and _reads_output(plan[0], plan[2]) and y.dtype in _WORK
-        ctx.save_for_backward(*tensors, *([y] if ctx.keeps_y else []))
+        ctx.save_for_backward(*tensors)
+        if cu_seqlens is None and _reads_output(plan[0], plan[2]) and y.dtype in _WORK:
+            ctx.kept = _KeptOutput(y)
         ctx.call = call
         return y
 
@@ -513,7 +527,7 @@ class _Plain(torch.autograd.Function):
     def backward(ctx, d_y):
         (mixer, names, config, form, backend, precision, _), cu_seqlens = ctx.call
         tensors = list(ctx.saved_tensors)
-        y = tensors.pop() if ctx.keeps_y else None
+        y = ctx.kept.get() if hasattr(ctx, "kept") else None
         grads = _IMPLS[mixer][1](tensors, names, d_y, None, None, cu_seqlens, config, form, backend, precision, y)
         return (None, *grads[: len(tensors)])
 
@@ -524,7 +538,9 @@ _FORWARD_AD = torch.autograd.forward_ad
 
 def _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, options, y=None):
     """What the backward of a forward needs, kept on its autograd context (``y``, the forward's
-    output, where the backward reads it: :func:`_reads_output`)."""
+    output, where the backward reads it: :func:`_keeps_output`; the op's autograd formula saves it
+    as PyTorch saves an output, so that changing it in place is an error at the backward, as for
+    PyTorch's own ops; the eager path keeps a :class:`_KeptOutput` instead)."""
     ctx.save_for_backward(*tensors, initial_state, cu_seqlens, y)
     ctx.count, ctx.names = len(tensors), list(names)
     ctx.want_final, ctx.options = bool(output_final_state), options
@@ -536,6 +552,8 @@ def _backward(ctx, d_y, d_state, backward_fn):
     saved = ctx.saved_tensors
     tensors, initial_state, cu_seqlens = list(saved[: ctx.count]), saved[ctx.count], saved[ctx.count + 1]
     y = saved[ctx.count + 2]
+    if y is None and hasattr(ctx, "kept"):
+        y = ctx.kept.get()
     d_final = d_state if ctx.want_final and d_state is not None else None
     grads = backward_fn(tensors, ctx.names, d_y, initial_state, d_final, cu_seqlens, *ctx.options, y)
     return list(grads[: ctx.count]), (grads[ctx.count] if initial_state is not None else None)

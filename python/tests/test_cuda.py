@@ -249,8 +249,9 @@ def test_the_op_runs_on_a_side_stream_without_waiting_for_it():
 def test_the_glr_backward_is_given_the_forwards_output(precision, monkeypatch):
     """The GLR's autograd node keeps ``y`` (float32 and float64 calls) and passes it to the CUDA
     backward, which reads it instead of running the forward again; Mamba-2's backward does not
-    read it and gets none, nor does a float16 call (its ``y`` is rounded). The gradients with
-    ``y`` are checked against the CPU and the Rust path by the tests above."""
+    read it and gets none, nor does a float16 call (its ``y`` is rounded), nor a call whose ``y``
+    was changed in place. The gradients with ``y`` are checked against the CPU and the Rust path
+    by the tests above."""
     seen = []
     real = _cuda._mixers.cuda_backward
 
@@ -267,6 +268,12 @@ def test_the_glr_backward_is_given_the_forwards_output(precision, monkeypatch):
         y = mixers.run(name, precision=precision, **x)
         y.backward(torch.ones_like(y))
         assert seen[-1] == (name, sorted(list(x) + (["y"] if keeps else []))), (name, dtype, seen[-1])
+    # Changed in place after the call, y is not given (the backward runs the forward again).
+    x = {k: v.requires_grad_() for k, v in _dev(_inputs("glr", 65)).items()}
+    y = mixers.run("glr", precision=precision, **x)
+    y += 1.0
+    y.backward(torch.ones_like(y))
+    assert seen[-1] == ("glr", sorted(x))
 
 
 @pytest.mark.parametrize("precision", ["exact", "bf16"])

@@ -141,8 +141,8 @@ def test_precision_modes():
 def test_autograd_gives_the_glr_backward_the_forwards_output(monkeypatch):
     """The GLR's backward reads ``y`` (for ``d_beta``): its autograd node keeps the forward's
     output and passes it (the library's backward then skips its own forward), with the same
-    gradients as the library's backward without it, eager and under ``torch.compile``; Mamba-2's
-    does not read it and gets none."""
+    gradients as the library's backward without it, eager and under ``torch.compile``, and not
+    once it is changed in place; Mamba-2's does not read it and gets none."""
     from mixers import _ops
 
     assert _ops.spec("glr", "{}")["backward_reads_output"]
@@ -165,6 +165,17 @@ def test_autograd_gives_the_glr_backward_the_forwards_output(monkeypatch):
         assert seen[-1] == (name, sorted(x))
         for n, g in zip(x, got):
             assert torch.equal(g, want["d_" + n]), f"{name}: d_{n}"
+    # Changed in place after the call (a residual added to it), y is not given: the backward runs
+    # the forward again, with the same gradients.
+    x = inputs("glr", grad=True, **dict(SMALL, seq=37))
+    y = mixers.run("glr", **x)
+    dy = torch.randn_like(y)
+    want = torch.autograd.grad(y, list(x.values()), dy, retain_graph=True)
+    assert seen[-1] == ("glr", sorted(list(x) + ["y"]))
+    y += 1.0
+    got = torch.autograd.grad(y, list(x.values()), dy)
+    assert seen[-1] == ("glr", sorted(x))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
     # The op's own autograd formula (what torch.compile traces) keeps it too.
     x = inputs("glr", grad=True, **dict(SMALL, seq=37))
     torch.compile(lambda **x: mixers.run("glr", **x), fullgraph=True)(**x).sum().backward()
