@@ -322,8 +322,11 @@ fn backward_takes_the_forwards_saved_output() {
             );
             assert_eq!(got.unwrap(), want.unwrap(), "{name} {cfg} {form:?} f32");
         }
-        // The GLR's fast backward reads the given y: another y gives other gradients for beta.
-        if name == "glr" && cfg.get("on").is_none_or(|o| o != "a") {
+        // The GLR's fast backward reads the given y (as `backward_reads_output` says): another y
+        // gives other gradients for beta.
+        let reads = name == "glr" && cfg.get("on").is_none_or(|o| o != "a");
+        assert_eq!(m.backward_reads_output(), reads, "{name} {cfg}: backward_reads_output");
+        if reads {
             let mut other = x.clone();
             other.insert("y".into(), x[mixed].mapv(|v| 0.5 * v + 0.25));
             let a =

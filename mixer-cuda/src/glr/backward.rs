@@ -38,11 +38,11 @@
 //! and `bf16` modes run the same `f32` kernels (bf16 activations and `dy` converted on the
 //! device) and return `f32` gradients.
 
-use mixer_core::error::fmt_shape;
-use mixer_core::mixers::glr::Glr;
 use std::borrow::Cow;
 
+use mixer_core::error::fmt_shape;
 use mixer_core::grad::SAVED_OUTPUT;
+use mixer_core::mixers::glr::Glr;
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
 use super::common::{FAMILY, dims};
