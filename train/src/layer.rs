@@ -15,7 +15,7 @@
 //! | log-linear lifts | the base's, and `lambda = u·W_λ + b_λ` with the `softplus` λ scheme and its learnable `lambda_param [H, L]` (init 1) |
 //! | toeplitz | `x = u·W_x`; the taps `w [H, T]` are parameters |
 
-use mixer_core::grad::Requires;
+use mixer_core::grad::{Requires, SAVED_OUTPUT};
 use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::mixers::loglinear::{Base, LogLinear};
 use mixer_core::mixers::toeplitz::Toeplitz;
@@ -411,11 +411,17 @@ impl MixerLayer {
             .ok_or_else(|| Error::Io("internal: no mixed input".into()))?;
         let dy = reshape(dy, mixed.shape())?;
         let g_in = c.inputs.get("g").cloned();
+        // The mixer's output, kept from the forward, for a backward that reads it (the GLR's).
+        let mut inputs = c.inputs;
+        if self.mixer.backward_reads_output() {
+            let shape = dy.shape().to_vec();
+            inputs.insert(SAVED_OUTPUT.into(), reshape(c.y, &shape)?);
+        }
         let g = mixer_registry::backward::backward(
             self.mixer.as_ref(),
             self.backend.name(),
             Form::Fast,
-            &AnyTensors::F64(c.inputs),
+            &AnyTensors::F64(inputs),
             &Tensor::F64(dy),
             &Requires::All,
         )?;
