@@ -333,7 +333,7 @@ impl MixerOp {
             Some(out) => out,
             None => {
                 let args = [(buf, start, n), (dbuf, dstart, self.output.len())];
-                on_host::<F>(dev, &args, |h| self.backward(&h[0], &h[1]))?
+                on_host::<F>(dev, &args, |h| self.backward(&h[0], &h[1], None))?
             }
         };
         Ok((CudaStorage::wrap_cuda_slice(out, dev.clone()), Shape::from(n)))

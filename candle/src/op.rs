@@ -21,7 +21,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor, WithDType};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Shape, Tensor, WithDType};
 use mixer_core::mixer::Mixer;
 use mixer_core::{Form, Precision, Requires, Tensors};
 use mixer_registry::call::Target;
@@ -150,14 +150,36 @@ impl MixerOp {
             .collect()
     }
 
+    /// Whether the backward is given the forward's `y` (from the op's result): where the mixer's
+    /// backward reads it (the GLR's), for a plain exact call (no state, no packed batch; the
+    /// backward is exact, so a `y` of another mode would not be the one it recomputes).
+    fn keeps_output(&self) -> bool {
+        let r = &self.run;
+        self.mixer.backward_reads_output()
+            && r.precision == Precision::Exact
+            && r.cu_seqlens.is_none()
+            && self.initial.is_none()
+            && !self.with_state
+    }
+
     /// The backward on a flat argument and the flat cotangent of the result: the flat
-    /// cotangent of the argument.
+    /// cotangent of the argument; `out`, the flat result, gives the backward the forward's `y`
+    /// (`mixer_core::grad::SAVED_OUTPUT`).
     pub(crate) fn backward<F: Scalar + WithDType>(
         &self,
         flat: &[F],
         d_out: &[F],
+        out: Option<&[F]>,
     ) -> candle_core::Result<Vec<F>> {
-        let (inputs, initial) = self.unpack_args(flat)?;
+        let (mut inputs, initial) = self.unpack_args(flat)?;
+        if let Some(out) = out {
+            let y = self.output.unpack(self.name, out)?.remove("y").ok_or_else(|| Error::Packing {
+                op: self.name.into(),
+                expected: "a part `y`".into(),
+                got: "none".into(),
+            })?;
+            inputs.insert(mixer_core::grad::SAVED_OUTPUT.into(), y);
+        }
         let mut d_out = self.output.unpack(self.name, d_out)?;
         let dy = d_out.remove("y").ok_or_else(|| Error::Packing {
             op: self.name.into(),
@@ -233,8 +255,48 @@ impl CustomOp1 for MixerOp {
         }
     }
 
-    fn bwd(&self, arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
-        arg.apply_op2_no_bwd(&grad_res.contiguous()?, &Grad(self)).map(Some)
+    fn bwd(&self, arg: &Tensor, res: &Tensor, grad_res: &Tensor) -> candle_core::Result<Option<Tensor>> {
+        let grad_res = grad_res.contiguous()?;
+        if arg.device().is_cpu() && self.keeps_output() {
+            return arg.apply_op3_no_bwd(&res.contiguous()?, &grad_res, &GradGivenOutput(self)).map(Some);
+        }
+        arg.apply_op2_no_bwd(&grad_res, &Grad(self)).map(Some)
+    }
+}
+
+/// [`Grad`] given the op's result too, on the CPU, for a backward that reads the forward's `y`
+/// ([`MixerOp::keeps_output`]): (argument, result, cotangent of the result).
+struct GradGivenOutput<'a>(&'a MixerOp);
+
+impl CustomOp3 for GradGivenOutput<'_> {
+    fn name(&self) -> &'static str {
+        self.0.name
+    }
+
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        r: &CpuStorage,
+        lr: &Layout,
+        d: &CpuStorage,
+        ld: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let op = self.0;
+        let out = match s.dtype() {
+            DType::F32 => f32::to_cpu_storage_owned(op.backward(
+                cpu_elems(op.name, s, l)?,
+                cpu_elems(op.name, d, ld)?,
+                Some(cpu_elems(op.name, r, lr)?),
+            )?),
+            DType::F64 => f64::to_cpu_storage_owned(op.backward(
+                cpu_elems(op.name, s, l)?,
+                cpu_elems(op.name, d, ld)?,
+                Some(cpu_elems(op.name, r, lr)?),
+            )?),
+            other => return Err(dtype_error(op.name, other)),
+        };
+        Ok((out, l.shape().clone()))
     }
 }
 
@@ -257,12 +319,16 @@ impl CustomOp2 for Grad<'_> {
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let op = self.0;
         let out = match s.dtype() {
-            DType::F32 => {
-                f32::to_cpu_storage_owned(op.backward(cpu_elems(op.name, s, l)?, cpu_elems(op.name, d, ld)?)?)
-            }
-            DType::F64 => {
-                f64::to_cpu_storage_owned(op.backward(cpu_elems(op.name, s, l)?, cpu_elems(op.name, d, ld)?)?)
-            }
+            DType::F32 => f32::to_cpu_storage_owned(op.backward(
+                cpu_elems(op.name, s, l)?,
+                cpu_elems(op.name, d, ld)?,
+                None,
+            )?),
+            DType::F64 => f64::to_cpu_storage_owned(op.backward(
+                cpu_elems(op.name, s, l)?,
+                cpu_elems(op.name, d, ld)?,
+                None,
+            )?),
             other => return Err(dtype_error(op.name, other)),
         };
         Ok((out, l.shape().clone()))
