@@ -90,12 +90,16 @@ class _KeptOutput:
         return self.y if self.y._version == self.version else None
 
 
-def _keeps_output(mixer, config, tensors, names, initial_state, cu_seqlens, output_final_state) -> bool:
+def _keeps_output(mixer, config, tensors, names, initial_state, cu_seqlens, output_final_state, backend,
+                  precision) -> bool:
     """Whether a call's autograd node keeps ``y`` for its backward (:func:`_reads_output`): no
-    state, no ``cu_seqlens``, and ``y`` in a dtype the library computes in."""
+    state, no ``cu_seqlens``, ``y`` in a dtype the library computes in, and a backward that takes
+    it — the CUDA backend's on CUDA tensors, or any in the exact mode (the host path passes it
+    only there)."""
     if initial_state is not None or output_final_state or cu_seqlens is not None or not _reads_output(mixer, config):
         return False
-    return tensors[list(names).index(_mixed_name(mixer, config))].dtype in _WORK
+    mixed = tensors[list(names).index(_mixed_name(mixer, config))]
+    return mixed.dtype in _WORK and (precision == "exact" or (backend == "cuda" and mixed.is_cuda))
 
 
 def _work_dtype(t: torch.Tensor) -> torch.dtype:
@@ -435,7 +439,8 @@ def mixer_op(mixer: str):
 
     def setup_context(ctx, inputs, output):
         tensors, names, initial_state, cu_seqlens, output_final_state, config, form, backend, precision = inputs
-        keep = _keeps_output(mixer, config, tensors, names, initial_state, cu_seqlens, output_final_state)
+        keep = _keeps_output(mixer, config, tensors, names, initial_state, cu_seqlens, output_final_state, backend,
+                             precision)
         _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, (config, form, backend, precision),
               output[0] if keep else None)
 
@@ -461,7 +466,8 @@ class _Eager(torch.autograd.Function):
         y, s = forward_impl(list(tensors), names, initial_state, cu_seqlens, output_final_state, config, form,
                             backend, precision)
         _save(ctx, tensors, names, initial_state, cu_seqlens, output_final_state, (config, form, backend, precision))
-        if _keeps_output(mixer, config, tensors, names, initial_state, cu_seqlens, output_final_state):
+        if _keeps_output(mixer, config, tensors, names, initial_state, cu_seqlens, output_final_state, backend,
+                         precision):
             ctx.kept = _KeptOutput(y)
         ctx.backward_impl = backward_impl
         if not output_final_state:

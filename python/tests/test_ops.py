@@ -176,6 +176,10 @@ def test_autograd_gives_the_glr_backward_the_forwards_output(monkeypatch):
     got = torch.autograd.grad(y, list(x.values()), dy)
     assert seen[-1] == ("glr", sorted(x))
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # On the CPU outside the exact mode the backward would not be given y: the node keeps none.
+    x = inputs("glr", dtype=torch.float32, grad=True, **dict(SMALL, seq=37))
+    assert hasattr(mixers.run("glr", **x).grad_fn, "kept")
+    assert not hasattr(mixers.run("glr", precision="tf32", **x).grad_fn, "kept")
     # The op's own autograd formula (what torch.compile traces) keeps it too.
     x = inputs("glr", grad=True, **dict(SMALL, seq=37))
     torch.compile(lambda **x: mixers.run("glr", **x), fullgraph=True)(**x).sum().backward()
