@@ -282,22 +282,37 @@ impl CustomOp3 for GradGivenOutput<'_> {
         d: &CpuStorage,
         ld: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let op = self.0;
-        let out = match s.dtype() {
-            DType::F32 => f32::to_cpu_storage_owned(op.backward(
-                cpu_elems(op.name, s, l)?,
-                cpu_elems(op.name, d, ld)?,
-                Some(cpu_elems(op.name, r, lr)?),
-            )?),
-            DType::F64 => f64::to_cpu_storage_owned(op.backward(
-                cpu_elems(op.name, s, l)?,
-                cpu_elems(op.name, d, ld)?,
-                Some(cpu_elems(op.name, r, lr)?),
-            )?),
-            other => return Err(dtype_error(op.name, other)),
-        };
-        Ok((out, l.shape().clone()))
+        cpu_backward(self.0, (s, l), (d, ld), Some((r, lr)))
     }
+}
+
+/// The op's CPU backward on the storages of the argument and of the result's cotangent (and of
+/// the result, for a backward given the forward's `y`): the argument's cotangent.
+fn cpu_backward(
+    op: &MixerOp,
+    (s, l): (&CpuStorage, &Layout),
+    (d, ld): (&CpuStorage, &Layout),
+    result: Option<(&CpuStorage, &Layout)>,
+) -> candle_core::Result<(CpuStorage, Shape)> {
+    fn typed<F: Scalar + WithDType>(
+        op: &MixerOp,
+        (s, l): (&CpuStorage, &Layout),
+        (d, ld): (&CpuStorage, &Layout),
+        result: Option<(&CpuStorage, &Layout)>,
+    ) -> candle_core::Result<CpuStorage> {
+        let out = result.map(|(r, lr)| cpu_elems::<F>(op.name, r, lr)).transpose()?;
+        Ok(F::to_cpu_storage_owned(op.backward(
+            cpu_elems(op.name, s, l)?,
+            cpu_elems(op.name, d, ld)?,
+            out,
+        )?))
+    }
+    let out = match s.dtype() {
+        DType::F32 => typed::<f32>(op, (s, l), (d, ld), result)?,
+        DType::F64 => typed::<f64>(op, (s, l), (d, ld), result)?,
+        other => return Err(dtype_error(op.name, other)),
+    };
+    Ok((out, l.shape().clone()))
 }
 
 /// The backward of a [`MixerOp`] as a candle op of (argument, cotangent of the result): the
@@ -317,21 +332,7 @@ impl CustomOp2 for Grad<'_> {
         d: &CpuStorage,
         ld: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let op = self.0;
-        let out = match s.dtype() {
-            DType::F32 => f32::to_cpu_storage_owned(op.backward(
-                cpu_elems(op.name, s, l)?,
-                cpu_elems(op.name, d, ld)?,
-                None,
-            )?),
-            DType::F64 => f64::to_cpu_storage_owned(op.backward(
-                cpu_elems(op.name, s, l)?,
-                cpu_elems(op.name, d, ld)?,
-                None,
-            )?),
-            other => return Err(dtype_error(op.name, other)),
-        };
-        Ok((out, l.shape().clone()))
+        cpu_backward(self.0, (s, l), (d, ld), None)
     }
 
     #[cfg(feature = "cuda")]
