@@ -4,6 +4,7 @@ differences, plain, from a state and over packed sequences."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -184,3 +185,10 @@ def test_autograd_gives_the_glr_backward_the_forwards_output(monkeypatch):
     x = inputs("glr", grad=True, **dict(SMALL, seq=37))
     torch.compile(lambda **x: mixers.run("glr", **x), fullgraph=True)(**x).sum().backward()
     assert seen[-1] == ("glr", sorted(list(x) + ["y"]))
+    # The numpy layer passes a given y on: the same gradients, no d_y.
+    xn = mixers.random_inputs("glr", None, batch=1, seq=20, channels=3)
+    yn = mixers.run_numpy("glr", **xn)
+    plain = mixers.backward("glr", np.cos(yn), **xn)
+    given = mixers.backward("glr", np.cos(yn), **xn, y=yn)
+    assert seen[-1] == ("glr", sorted(list(xn) + ["y"]))
+    assert sorted(given) == sorted(plain) and all(np.array_equal(given[k], plain[k]) for k in plain)
