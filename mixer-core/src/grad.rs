@@ -49,6 +49,12 @@ pub fn takes_saved_output(m: &dyn Mixer) -> bool {
     !m.spec().inputs.iter().any(|d| d.name == SAVED_OUTPUT)
 }
 
+/// Whether the entry `name` of a backward's inputs is the forward's output ([`SAVED_OUTPUT`],
+/// which has no gradient) rather than an input of `m`.
+pub fn is_saved_output(m: &dyn Mixer, name: &str) -> bool {
+    name == SAVED_OUTPUT && takes_saved_output(m)
+}
+
 /// Which input gradients a backward pass must produce.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Requires {

@@ -12,7 +12,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use mixer_core::grad::{SAVED_OUTPUT, takes_saved_output};
+use mixer_core::grad::{SAVED_OUTPUT, is_saved_output, takes_saved_output};
 use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::spec::{Constraint, InputSpec};
 use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Requires, Result, Tensors};
@@ -135,8 +135,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
             })
             .map(|(k, v)| (k, v.with_checks(checks.iter().cloned())))
             .collect();
-        let differentiable = |n: &&String| requires.wants(n) && !(saved.is_some() && *n == SAVED_OUTPUT);
-        for name in inputs.keys().filter(differentiable) {
+        for name in inputs.keys().filter(|n| requires.wants(n) && !is_saved_output(m, n)) {
             let g = out.get(&format!("d_{name}")).ok_or_else(|| {
                 err(
                     m.family(),

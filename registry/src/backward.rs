@@ -14,7 +14,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use mixer_core::grad::{SAVED_OUTPUT, grad_name, materialized_backward, saved_output};
+use mixer_core::grad::{SAVED_OUTPUT, grad_name, is_saved_output, materialized_backward, saved_output};
 use mixer_core::mixer::Mixer;
 use mixer_core::tensor::{cast_tensors, fmt_shape_of};
 use mixer_core::{AnyTensors, DType, Error, Form, Precision, Requires, Result, Tensor, Tensors};
@@ -131,8 +131,7 @@ pub(crate) fn wanted<F: Scalar>(
     mut out: Tensors<F>,
 ) -> Result<Tensors<F>> {
     out.retain(|k, _| k.strip_prefix("d_").is_some_and(|n| requires.wants(n) && inputs.contains_key(n)));
-    let saved = saved_output(m, inputs).is_some();
-    for name in inputs.keys().filter(|n| requires.wants(n) && !(saved && *n == SAVED_OUTPUT)) {
+    for name in inputs.keys().filter(|n| requires.wants(n) && !is_saved_output(m, n)) {
         let g = out.get(&grad_name(name)).ok_or_else(|| Error::Backend {
             backend: backend.into(),
             family: Some(m.family().into()),
