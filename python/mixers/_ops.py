@@ -523,7 +523,8 @@ class _Plain(torch.autograd.Function):
         plan, cu_seqlens = call
         y = _plain_forward(plan, tensors, cu_seqlens)
         ctx.save_for_backward(*tensors)
-        if cu_seqlens is None and _reads_output(plan[0], plan[2]) and y.dtype in _WORK:
+        mixer, names, config, _, backend, precision, _ = plan
+        if _keeps_output(mixer, config, tensors, names, None, cu_seqlens, False, backend, precision):
             ctx.kept = _KeptOutput(y)
         ctx.call = call
         return y
