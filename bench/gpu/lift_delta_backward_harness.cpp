@@ -13,7 +13,6 @@
 //   g++ -std=c++20 -O2 -pthread -I/tmp bench/gpu/lift_delta_backward_harness.cpp -o /tmp/lgl_harness && /tmp/lgl_harness
 // It exits non-zero on a failure.
 #include "cpu_cuda.h"
-inline int __ffs(int x) { return __builtin_ffs(x); }
 #include "lgl.cu"
 #include "gdn_case.h"
 

@@ -179,6 +179,7 @@ __device__ void lgb_pre(const T* q, const T* k, const T* g, const T* dy, T* A, T
     constexpr int CH = Llc<T>::CH, RI = CH / 16, LDN = CH + 1;
     extern __shared__ __align__(16) unsigned char lgb_smem[];
     __shared__ double gam[CH], gtmp[1];
+    __shared__ T wq[CH];  // σ e^(γ_r), once per row
     T* P = reinterpret_cast<T*>(lgb_smem);
     T* Dt = P + CH * LDN;
     T* Qt = Dt + LLC_NT * LLC_LD;
@@ -186,6 +187,7 @@ __device__ void lgb_pre(const T* q, const T* k, const T* g, const T* dy, T* A, T
     const LlcChunk ck = llc_chunk<CH>(Tn, H);
     const int ty = ck.ty, tx = ck.tx, n = ck.n;
     llc_gamma<T, CH>(gam, gtmp, g, 1, ck.row0, H, n);
+    if (threadIdx.x < CH) wq[threadIdx.x] = scale * (T)mx_exp(gam[threadIdx.x]);
     {
         LgbAcc<T, RI, RI> qk;
         for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
@@ -215,7 +217,7 @@ __device__ void lgb_pre(const T* q, const T* k, const T* g, const T* dy, T* A, T
         }
         for (int d0 = 0; d0 < Dk; d0 += LLC_NT) {
             __syncthreads();
-            lgb_tile<T, CH>(Qt, q, ck.row0, H, Dk, d0, n, [&](int r) { return scale * (T)mx_exp(gam[r]); });
+            lgb_tile<T, CH>(Qt, q, ck.row0, H, Dk, d0, n, [&](int r) { return wq[r]; });
             __syncthreads();
             LgbAcc<T, 4, 4> ba;
             ba.add(Qt, LLC_LD, 1, Dt, LLC_LD, n);

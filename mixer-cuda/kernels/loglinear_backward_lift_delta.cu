@@ -95,12 +95,14 @@ __device__ void lgl_qt(const T* q, const T* k, const T* g, const T* W, T* qt, in
     constexpr int CH = Llc<T>::CH, RI = CH / 16, LDN = CH + 1;
     extern __shared__ __align__(16) unsigned char lgl_smem[];
     __shared__ double gam[CH], gtmp[1];
+    __shared__ T wq[CH];
     T* P = reinterpret_cast<T*>(lgl_smem);
     T* Wt = P + CH * LDN;
     T *Xs = Wt + LLC_NT * LLC_LD, *Ys = Xs + LLC_KT * LLC_LD;
     const LlcChunk ck = llc_chunk<CH>(Tn, H);
     const int ty = ck.ty, tx = ck.tx, n = ck.n;
     llc_gamma<T, CH>(gam, gtmp, g, 1, ck.row0, H, n);
+    if (threadIdx.x < CH) wq[threadIdx.x] = scale * (T)mx_exp(gam[threadIdx.x]);  // σ e^(γ_r), once per row
     lgl_p<T, CH>(P, q, k, gam, ck, H, Dk, scale, Xs, Ys);
     for (int d0 = 0; d0 < Dk; d0 += LLC_NT) {
         __syncthreads();
@@ -111,7 +113,7 @@ __device__ void lgl_qt(const T* q, const T* k, const T* g, const T* W, T* qt, in
         LLC_TILE_EACH(RI, 4, a, bb, r, d, 0, d0) {
             if (r < n && d < Dk) {
                 const long long off = (ck.row0 + (long long)r * H) * Dk + d;
-                qt[off] = fma(scale * (T)mx_exp(gam[r]), q[off], -acc[a][bb]);
+                qt[off] = fma(wq[r], q[off], -acc[a][bb]);
             }
         }
     }
@@ -299,12 +301,14 @@ __device__ void lgl_src(const T* k, const T* g, const T* W, const T* qt, const T
     const int DKP = (Dk + 15) / 16 * 16;
     extern __shared__ __align__(16) unsigned char lgl_smem[];
     __shared__ double gam[CH], gtmp[1];
+    __shared__ T tau[CH];
     T* A = reinterpret_cast<T*>(lgl_smem);
     T* Bt = A + CH * LLC_LD;
     const LlcChunk ck = llc_chunk<CH>(Tn, H);
     const int ty = ck.ty, tx = ck.tx, n = ck.n, j = ck.i;
     llc_gamma<T, CH>(gam, gtmp, g, 1, ck.row0, H, n);
     if (threadIdx.x == 0) ea[(long long)ck.bh * NC + j] = (T)mx_exp(gam[n - 1]);
+    if (threadIdx.x < CH) tau[threadIdx.x] = -(T)mx_exp(gam[n - 1] - gam[threadIdx.x]);  // once per row
     // Mᵀ_j, 64 × 64 tiles: A = W tile (rows r, key columns d), Bt = τ-weighted k tile.
     T* mj = mt + ((long long)ck.bh * NC + j) * DKP * DKP;
     for (int d0 = 0; d0 < DKP; d0 += LLC_NT)
@@ -312,7 +316,7 @@ __device__ void lgl_src(const T* k, const T* g, const T* W, const T* qt, const T
             __syncthreads();
             lgb_tile<T, CH>(A, W, ck.row0, H, Dk, d0, n, [](int) { return (T)1; });
             lgb_tile<T, CH>(Bt, k, ck.row0, H, Dk, e0, n,
-                            [&](int r) { return -(T)mx_exp(gam[n - 1] - gam[r]); });
+                            [&](int r) { return tau[r]; });
             __syncthreads();
             T acc[4][4] = {};
             lgb_gemm2<T, 4, 4>(acc, A, LLC_LD, 1, Bt, LLC_LD, 1, n, ty, tx);
