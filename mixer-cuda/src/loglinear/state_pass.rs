@@ -37,7 +37,8 @@
 //!    count): `llc_delta_h_rg` ([`StatePass::Registers`], four warps, fewer when `Dv` is narrower,
 //!    three buffers or two);
 //! 6. `llc_delta_h_tc` ([`StatePass::Shared`]) with the first level group of [`LEVEL_GROUPS`]
-//!    (one level without a lift) that fits with three buffers or two;
+//!    (one level without a lift) that fits with three buffers or two, else with the lift the first
+//!    that fits with one (`Dk = 128` past T = 2048, where the transition form does not fit);
 //! 7. else `llc_delta_h`.
 
 use cudarc::driver::CudaView;
@@ -206,6 +207,21 @@ fn stages(fits: impl Fn(usize) -> bool) -> Option<usize> {
     (2..=3).rev().find(|&s| fits(s))
 }
 
+/// `llc_delta_h_tc` ([`StatePass::Shared`]): the first level group of `groups` that fits with
+/// three buffers or two ([`stages`]); else, with the lift, the first that fits with one. The lift's
+/// chunks end with a barrier, so with one buffer chunk `j`'s tiles are loaded at the chunk's start,
+/// not overlapped with the products; its level states grow with `T` (at `Dk = 128` on 219 KiB two
+/// buffers fit up to T = 2048, one up to T = 2¹⁵, but rule 2 takes over past T = 2¹⁴). Without
+/// the lift the pass prefetches after the chunk's first barrier and needs two.
+fn shared_pass(lifted: bool, groups: &[usize], fits: impl Fn(usize, usize) -> bool) -> Option<StatePass> {
+    let with = |group: usize| stages(|st| fits(st, group)).map(|stages| StatePass::Shared { stages, group });
+    groups.iter().find_map(|&g| with(g)).or_else(|| {
+        let one =
+            |&group: &usize| (lifted && fits(1, group)).then_some(StatePass::Shared { stages: 1, group });
+        groups.iter().find_map(one)
+    })
+}
+
 /// Warps of 16 value columns a block of the register pass, at most.
 pub(crate) const RG_MAX_WARPS: usize = 4;
 
@@ -269,12 +285,7 @@ pub fn select(s: Shape, p: Precision, storage: Storage, lifted: bool, device: De
         return pass;
     }
     let groups: &[usize] = if lifted { &LEVEL_GROUPS } else { &[1] };
-    groups
-        .iter()
-        .find_map(|&group| {
-            let stages = stages(|st| delta_h_tc_smem(dk, levels, st, group) <= limit)?;
-            Some(StatePass::Shared { stages, group })
-        })
+    shared_pass(lifted, groups, |st, group| delta_h_tc_smem(dk, levels, st, group) <= limit)
         .unwrap_or(StatePass::Fma)
 }
 
@@ -309,10 +320,7 @@ pub fn candidates(s: Shape, p: Precision, storage: Storage, lifted: bool, device
         }
         let groups: &[usize] = if lifted { &LEVEL_GROUPS } else { &[1] };
         for &group in groups {
-            out.extend(
-                stages(|st| delta_h_tc_smem(dk, levels, st, group) <= limit)
-                    .map(|stages| StatePass::Shared { stages, group }),
-            );
+            out.extend(shared_pass(lifted, &[group], |st, g| delta_h_tc_smem(dk, levels, st, g) <= limit));
         }
     }
     out
@@ -578,6 +586,23 @@ mod tests {
         );
         // Dk = 16 fits eighteen levels (T = 2²³) but the transition form takes seventeen at most.
         assert!(matches!(pick(Tf32, true, [16, 16, 16], 18, H200), StatePass::Shared { .. }));
+        // Dk = 128: from seven levels (T past 2048) neither the transition form nor two buffers
+        // fit; one buffer, levels four at a time, up to nine levels (T = 2¹⁴); from ten the FMA
+        // pass's states do not fit either (rule 2).
+        assert_eq!(pick(Tf32, true, [16, 128, 128], 6, H200), StatePass::Shared { stages: 2, group: 1 });
+        for levels in [7, 8, 9] {
+            assert_eq!(
+                pick(Tf32, true, [128, 128, 128], levels, H200),
+                StatePass::Shared { stages: 1, group: 4 }
+            );
+        }
+        assert_eq!(pick(Tf32, true, [16, 128, 128], 10, H200), StatePass::Sequential);
+        // Two buffers in a smaller group come before one buffer; without the lift one is never taken.
+        let fits = |st: usize, group: usize| st * group <= 2;
+        assert_eq!(shared_pass(true, &LEVEL_GROUPS, fits), Some(StatePass::Shared { stages: 2, group: 1 }));
+        let fits = |st: usize, group: usize| st == 1 && group == 4;
+        assert_eq!(shared_pass(true, &LEVEL_GROUPS, fits), Some(StatePass::Shared { stages: 1, group: 4 }));
+        assert_eq!(shared_pass(false, &[1], |st, _| st == 1), None);
     }
 
     #[test]
