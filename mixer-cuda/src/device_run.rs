@@ -94,24 +94,7 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         mixer_registry::backward::check_requires(m, &given, requires)?;
         check_dy(m, inputs, dy, precision, double)?;
         if let Some(y) = saved {
-            let mixed = inputs.get(spec.mixed).map(|t| t.shape().to_vec()).unwrap_or_default();
-            let dtype_ok = y.dtype() == dy.dtype() || (dy.dtype() == "bf16" && y.dtype() == "f32");
-            if y.shape() != mixed.as_slice() || !dtype_ok {
-                return Err(Error::Value {
-                    name: SAVED_OUTPUT.into(),
-                    constraint: format!(
-                        "the forward's output: a {} device tensor of shape {} (that of `{}`)",
-                        if dy.dtype() == "bf16" { "bf16 or f32" } else { dy.dtype() },
-                        mixer_core::error::fmt_shape(&mixed),
-                        spec.mixed
-                    ),
-                    found: format!(
-                        "a {} device tensor of shape {}",
-                        y.dtype(),
-                        mixer_core::error::fmt_shape(y.shape())
-                    ),
-                });
-            }
+            check_saved_output(m, inputs, y, dy)?;
         }
         // The value checks of the inputs and of dy, on the device, reported with every gradient
         // (none when `checks` is false).
@@ -388,6 +371,32 @@ pub(crate) fn check_dy(
         });
     }
     Ok(())
+}
+
+/// The host-side checks of a backward's saved output (`SAVED_OUTPUT`): the shape of `y` (of the
+/// mixed input) and dy's dtype, or `f32` beside a bf16 `dy` (the bf16 mode computes in `f32`).
+pub(crate) fn check_saved_output(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    y: &AnyDeviceTensor,
+    dy: &AnyDeviceTensor,
+) -> Result<()> {
+    let spec = m.spec();
+    let mixed = inputs.get(spec.mixed).map(|t| t.shape().to_vec()).unwrap_or_default();
+    let dtype_ok = y.dtype() == dy.dtype() || (dy.dtype() == "bf16" && y.dtype() == "f32");
+    if y.shape() == mixed.as_slice() && dtype_ok {
+        return Ok(());
+    }
+    Err(Error::Value {
+        name: SAVED_OUTPUT.into(),
+        constraint: format!(
+            "the forward's output: a {} device tensor of shape {} (that of `{}`)",
+            if dy.dtype() == "bf16" { "bf16 or f32" } else { dy.dtype() },
+            mixer_core::error::fmt_shape(&mixed),
+            spec.mixed
+        ),
+        found: format!("a {} device tensor of shape {}", y.dtype(), mixer_core::error::fmt_shape(y.shape())),
+    })
 }
 
 /// The host-side checks of device inputs, shared by the forward and the backward: the shapes

@@ -514,6 +514,11 @@ fn glr_backward_reads_the_saved_output() {
                     assert!(same, "glr {cfg} {p:?}: {name} differs with the saved output on device");
                 }
             }
+            // A saved output of another shape is refused, naming it.
+            let short = x32["x"].slice(ndarray::s![.., ..999, ..]).to_owned().into_dyn();
+            with_y.insert("y".into(), upload_one(&short, false).unwrap());
+            let e = backward_device(m.as_ref(), &with_y, &d, &Requires::All, p).unwrap_err().to_string();
+            assert!(e.contains("input `y`") && e.contains("999"), "glr {cfg} {p:?}: {e}");
         }
     }
 }
