@@ -16,11 +16,10 @@
 // order (no atomics): the same inputs give the same bits. FMA in T (the exact mode, f32 or f64).
 // In the tf32 and bf16 modes the host runs the forward's tensor-core WY step and state pass and
 // the reverse pass llc_delta_h_rg_rev_f32 (loglinear_state_pass.cu) in place of the passes here,
-// lgb_pre_tc_f32 in place of lgb_pre, and with Dv > 64 lgb_state_tc_f32 + lgb_chunk_tc_f32 +
-// lgb_grad_pre_f32 (below) in place of lgb_grad.
+// lgb_pre_tc_f32 in place of lgb_pre, and with Dv > 64 lgb_state_tc_f32 + lgb_grad_tc_f32 (below)
+// in place of lgb_grad.
 
 #define LGB_NCOL 16  // state columns per block of the passes
-#define LGB_TRI 2080 // 64 · 65 / 2: a 64 × 64 lower triangle with its diagonal (lgb_chunk_tc's products)
 
 // A pass's stage buffers for one chunk: Wb, Kb [CH][ld] (the chunk's W and k rows), Ub [CH][NCOL]
 // (columns c0 .. c0 + NCOL − 1 of U), gb [CH] (log-decays).
@@ -240,8 +239,6 @@ template <typename T> struct LgbGrad {
                          END = SLICES + 5 * SL;
     static constexpr bool W2_OVER = 2 * NN >= WT;
     static constexpr int W2 = W2_OVER ? 0 : END, TOTAL = W2_OVER ? END : END + WT;
-    // With PRE only PG and the q and k tiles: k's tile over PG (read before step 4), q's after.
-    static constexpr int PRE_W1 = NN > WT ? NN : WT, PRE_TOTAL = PRE_W1 + WT;
 };
 
 // Every input gradient of chunk blockIdx.x, batch·head blockIdx.y (docs/math.md §2.7), from the
@@ -259,24 +256,16 @@ template <typename T> struct LgbGrad {
 //    the chunk), with their row dots for γ̄ and β̄;
 // 5. γ̄_{n−1} += e^(γ_{n−1}) ⟨X, Z⟩ + Σ_r k_r·(K̂-term)_r, dg = the reverse cumulative sum of γ̄
 //    inside the chunk, dβ.
-// PRE (lgb_grad_pre_f32, after lgb_state_tc and lgb_chunk_tc): every product comes from global
-// memory and what is left is element-wise: e already holds E = T⁻ᵀ dU', the chunk's dY U'ᵀ, E U'ᵀ,
-// QKᵀ and KKᵀ come from cm (lower triangles, LGB_TRI) instead of steps 1's and 2's products, and
-// step 4 reads dY Zᵀ (A1), U' Xᵀ (A2), E Zᵀ (A3) and Mp K, Mpᵀ Q + (F + Fᵀ) K (in dq and dk), and
-// ⟨X, Z⟩ is the sum of lgb_state_tc's partial sums (xzp).
-template <typename T, bool PRE = false>
+template <typename T>
 __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T* beta, const T* dy, const T* ti,
                          const T* zs, const T* xs, const T* un, T* e, T* dq, T* dk, T* dv, T* db, T* dg, int Tn, int H,
-                         int Dk, int Dv, int NC, T scale, const T* A1p = nullptr, const T* A2p = nullptr,
-                         const T* A3p = nullptr, const T* cm = nullptr, const double* xzp = nullptr) {
+                         int Dk, int Dv, int NC, T scale) {
     LLC_FIX_DIMS(Dk, Dv);
     using L = LgbGrad<T>;
-    static_assert(!PRE || L::CH == 64, "the chunk products are 64 × 64");
     constexpr int CH = L::CH, RI = CH / 16, LDN = L::LDN;
     extern __shared__ __align__(16) unsigned char lgb_smem[];
     T* sm = reinterpret_cast<T*>(lgb_smem);
     T *Ti = sm + L::TI, *PG = sm + L::PG, *Mp = sm + L::MP, *F = sm + L::F, *W1 = sm + L::W1, *W2 = sm + L::W2;
-    if constexpr (PRE) PG = W2 = sm, W1 = sm + L::PRE_W1, Ti = Mp = F = nullptr;
     T* sl[5];
 #pragma unroll
     for (int i = 0; i < 5; ++i) sl[i] = sm + L::SLICES + i * L::SL;
@@ -290,19 +279,11 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     // Per row: e^(γ_r) and e^(γ_{n−1} − γ_r) (read by steps 4 and 5 after a barrier).
     if (tid < CH) eg[tid] = (T)mx_exp(gam[tid]), tl[tid] = (T)mx_exp(gam[n - 1] - gam[tid]);
     const T* tij = ti + ((long long)ck.bh * NC + ck.i) * CH * CH;
-    for (int idx = tid; !PRE && idx < CH * CH; idx += 256) Ti[(idx / CH) * LDN + idx % CH] = tij[idx];
+    for (int idx = tid; idx < CH * CH; idx += 256) Ti[(idx / CH) * LDN + idx % CH] = tij[idx];
     const long long sidx = ((long long)ck.bh * NC + ck.i) * Dk * Dv;
     const T *zj = zs + sidx, *xj = xs + sidx;
-    // e^(γ_{n−1}) ⟨X, Z⟩, reduced in a fixed order (with PRE: lgb_state_tc's partial sums, one per
-    // 64 keys, in order).
-    if constexpr (PRE) {
-        if ((tid & 31) == 0) {
-            double x = 0.0;
-            const int nkt = (Dk + 63) / 64;
-            for (int z = 0; tid == 0 && z < nkt; ++z) x += xzp[((long long)ck.bh * NC + ck.i) * nkt + z];
-            red[tid >> 5] = x;
-        }
-    } else {
+    // e^(γ_{n−1}) ⟨X, Z⟩, reduced in a fixed order.
+    {
         double x = 0.0;
         for (long long i = tid; i < (long long)Dk * Dv; i += 256) x += (double)xj[i] * (double)zj[i];
         for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
@@ -312,17 +293,6 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     LgbAcc<T, RI, RI> dyua, eta;
     T ve[RI] = {};
     for (int c0 = 0; c0 < Dv; c0 += LLC_NT) {
-        if constexpr (PRE) {
-            LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, c0) {
-                if (r < n && c < Dv) {
-                    const long long off = (row0 + (long long)r * H) * Dv + c;
-                    const T x = e[off];
-                    dv[off] = bet[r] * x;
-                    ve[a] = fma(v[off], x, ve[a]);
-                }
-            }
-            continue;
-        }
         __syncthreads();
         lgb_tile<T, CH>(W1, e, row0, H, Dv, c0, n, [](int) { return (T)1; });
         __syncthreads();
@@ -353,7 +323,7 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     }
     // 2. QKᵀ and KKᵀ.
     LgbAcc<T, RI, RI> qka, kka;
-    for (int c0 = 0; !PRE && c0 < Dk; c0 += LLC_KT) {
+    for (int c0 = 0; c0 < Dk; c0 += LLC_KT) {
         lgb_slice<T, CH>(sl[0], q, row0, H, Dk, c0, n);
         lgb_slice<T, CH>(sl[1], k, row0, H, Dk, c0, n);
         __syncthreads();
@@ -366,18 +336,6 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     eta.get(et);
     qka.get(qk);
     kka.get(kk);
-    if constexpr (PRE) {
-        // Step 3 reads the four products at s ≤ r only (the rest is masked there).
-        const T* cj = cm + ((long long)ck.bh * NC + ck.i) * 4 * LGB_TRI;
-        LLC_TILE_EACH(RI, RI, a, bb, r, s2, 0, 0) {
-            const bool low = s2 <= r;
-            const int at = low ? r * (r + 1) / 2 + s2 : 0;
-            dyu[a][bb] = low ? cj[at] : (T)0;
-            et[a][bb] = low ? cj[LGB_TRI + at] : (T)0;
-            qk[a][bb] = low ? cj[2 * LGB_TRI + at] : (T)0;
-            kk[a][bb] = low ? cj[3 * LGB_TRI + at] : (T)0;
-        }
-    }
     // 3. Mp, F, the β-gradient of T and the decay terms.
     T dbr[RI] = {};
     LLC_TILE_EACH(RI, RI, a, bb, r, s, 0, 0) {
@@ -386,11 +344,9 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         const T mp = scale * dyu[a][bb] * gm;
         const T dt = strict ? -et[a][bb] : (T)0;
         const T f = dt * bet[r] * gm;
-        if constexpr (!PRE) {  // (with PRE lgb_chunk_tc has formed step 4's products)
-            Mp[r * LDN + s] = mp;
-            if (s < r) F[r * LDN + s] = F[s * LDN + r] = f;  // F + Fᵀ (F strictly lower)
-            if (s == r) F[r * LDN + r] = (T)0;
-        }
+        Mp[r * LDN + s] = mp;
+        if (s < r) F[r * LDN + s] = F[s * LDN + r] = f;  // F + Fᵀ (F strictly lower)
+        if (s == r) F[r * LDN + r] = (T)0;
         dbr[a] = fma(dt * gm, kk[a][bb], dbr[a]);
         PG[r * LDN + s] = strict ? fma(mp, qk[a][bb], f * kk[a][bb]) : (T)0;
     }
@@ -409,7 +365,7 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         lgb_tile<T, CH>(W2, k, row0, H, Dk, d0, n, [](int) { return (T)1; });
         __syncthreads();
         LgbAcc<T, RI, 4> a1a, a2a, a3a, aqa, aka;
-        for (int c0 = 0; !PRE && c0 < Dv; c0 += LLC_KT) {
+        for (int c0 = 0; c0 < Dv; c0 += LLC_KT) {
             lgb_slice<T, CH>(sl[0], dy, row0, H, Dv, c0, n);
             lgb_slice<T, CH>(sl[1], un, row0, H, Dv, c0, n);
             lgb_slice<T, CH>(sl[2], e, row0, H, Dv, c0, n);
@@ -426,28 +382,15 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
             a3a.add(sl[2], LLC_LD, 1, sl[3], LLC_LD, LLC_KT);
             __syncthreads();
         }
-        if constexpr (!PRE) {
-            aqa.add(Mp, 1, LDN, W2, LLC_LD, n);
-            aka.add(Mp, LDN, 1, W1, LLC_LD, n);
-            aka.add(F, 1, LDN, W2, LLC_LD, n);
-        }
+        aqa.add(Mp, 1, LDN, W2, LLC_LD, n);
+        aka.add(Mp, LDN, 1, W1, LLC_LD, n);
+        aka.add(F, 1, LDN, W2, LLC_LD, n);
         T a1[RI][4], a2[RI][4], a3[RI][4], aq[RI][4], ak[RI][4];
         a1a.get(a1);
         a2a.get(a2);
         a3a.get(a3);
         aqa.get(aq);
         aka.get(ak);
-        if constexpr (PRE) {
-            LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, 0) {
-                const bool in = r < n && d0 + c < Dk;
-                const long long off = (row0 + (long long)r * H) * Dk + d0 + c;
-                a1[a][bb] = in ? A1p[off] : (T)0;
-                a2[a][bb] = in ? A2p[off] : (T)0;
-                a3[a][bb] = in ? A3p[off] : (T)0;
-                aq[a][bb] = in ? dq[off] : (T)0;
-                ak[a][bb] = in ? dk[off] : (T)0;
-            }
-        }
         LLC_TILE_EACH(RI, 4, a, bb, r, c, 0, 0) {
             if (r < n) {
                 const T q1 = scale * eg[r] * a1[a][bb], k2 = tl[r] * a2[a][bb];
@@ -522,7 +465,7 @@ LGB_EXPORT(double, f64)
 // rows c0 … c0 + 63 of Z and X ([Dk][Dv] per chunk) staged rounded to tf32, then m16n8k8 tf32 mma
 // with f32 accumulation (llc_mma_rows; warp w owns rows 16 (w mod 4) … + 15 and columns
 // 32 ⌊w / 4⌋ … + 31); and ⟨X, Z⟩ over those rows into xzp [B·H, NC, ⌈Dk/64⌉] (double, from the
-// unrounded states). lgb_grad_pre_f32 reads them. Grid (NC, BH, ⌈Dk/64⌉), 256 threads, dynamic
+// unrounded states). lgb_grad_tc_f32 reads them. Grid (NC, BH, ⌈Dk/64⌉), 256 threads, dynamic
 // shared memory five [64][LGS_LD] float tiles (lgb_state_smem on the host).
 #define LGS_LD 68
 extern "C" __global__ void __launch_bounds__(256)
@@ -568,7 +511,7 @@ extern "C" __global__ void __launch_bounds__(256)
             A3[off] = a3[nt][u];
         }
     }
-    // ⟨X, Z⟩ over the block's 64 keys, reduced in a fixed order, for lgb_grad_pre.
+    // ⟨X, Z⟩ over the block's 64 keys, reduced in a fixed order, for lgb_grad_tc.
     __shared__ double red[8];
     for (int o = 16; o > 0; o >>= 1) xz += __shfl_xor_sync(0xffffffffu, xz, o);
     if (lane == 0) red[warp] = xz;
@@ -645,52 +588,67 @@ extern "C" __global__ void __launch_bounds__(256)
         }
     }
 }
-// The chunk products of lgb_grad on tensor cores (the tf32 and bf16 modes, f32 data, Dv > 64),
-// after lgb_state_tc (it reads dU' and A3 = dU' Zᵀ): for chunk blockIdx.x and batch·head
-// blockIdx.y,
-// 1. E = T⁻ᵀ dU' per 64-column tile of the values (written over dU' in e), and the 64 × 64
-//    products dY U'ᵀ and E U'ᵀ (over the values), QKᵀ and KKᵀ (over the keys), their lower
-//    triangles with the diagonal (row-major, entry (r, s ≤ r) at r (r + 1) / 2 + s) into
-//    cm [B·H, NC, 4, LGB_TRI], which lgb_grad_pre_f32's step 3 reads;
-// 2. Mp = σ (dY U'ᵀ) ⊙ Γ (lower with the diagonal) and F + Fᵀ with F = −(E U'ᵀ) ⊙ diag(β) Γ
-//    (strictly lower), as lgb_grad's step 3 forms them, into shared tiles (Mp, Mpᵀ, F + Fᵀ);
-// 3. per 64 key columns, step 4's products over the chunk: Mp K into dq, Mpᵀ Q + (F + Fᵀ) K into
-//    dk, and E Zᵀ = T⁻ᵀ (dU' Zᵀ) over A3 — lgb_grad_pre_f32 adds the terms that read a state.
+// Every input gradient of lgb_grad on tensor cores (the tf32 and bf16 modes, f32 data, Dv > 64),
+// after lgb_state_tc (A1 = dY Zᵀ, A2 = U' Xᵀ, A3 = dU' Zᵀ and the partial sums xzp of ⟨X, Z⟩): for
+// chunk blockIdx.x and batch·head blockIdx.y, lgb_grad's steps with its products on tensor cores:
+// 1. per 64-column tile of the values, E = T⁻ᵀ dU' (dU' from du, read only), dv = diag(β) E and
+//    Σ v·E per row, and the 64 × 64 products dY U'ᵀ and E U'ᵀ;
+// 2. QKᵀ and KKᵀ over 64-column key tiles;
+// 3. Mp = σ (dY U'ᵀ) ⊙ Γ (lower with the diagonal) and F + Fᵀ with F = −(E U'ᵀ) ⊙ diag(β) Γ
+//    (strictly lower) into shared tiles (Mp, Mpᵀ, F + Fᵀ), the β-gradient of T per row, and the
+//    decay terms PG (staged in X4), reduced into dgs;
+// 4. per 64 key columns: Mp K, Mpᵀ Q + (F + Fᵀ) K and E Zᵀ = T⁻ᵀ A3 on tensor cores, then dq =
+//    σ diag(e^γ) A1 + Mp K and dk = Mpᵀ Q + (F + Fᵀ) K + diag(e^(γ_{n−1} − γ)) A2 −
+//    diag(β e^γ) E Zᵀ element-wise, with the row dots the decay gradient needs;
+// 5. the row sums (each over the four lanes of a quad, then the two warps that share the rows),
+//    γ̄_{n−1} += e^(γ_{n−1}) ⟨X, Z⟩ + Σ_r k_r·(K̂-term)_r, dg = the reverse cumulative sum of γ̄
+//    inside the chunk, dβ.
 // Every product m16n8k8 tf32 mma with f32 accumulation on operands staged rounded to tf32
-// (llc_mma_rows, eight warps of 16 × 32 outputs). Grid (NC, BH), 256 threads, dynamic shared
-// memory five [64][LGS_LD] float tiles.
+// (llc_mma_rows, eight warps of 16 × 32 outputs). Every sum in a fixed order. Grid (NC, BH), 256
+// threads, dynamic shared memory five [64][LGS_LD] float tiles.
 extern "C" __global__ void __launch_bounds__(256)
-    lgb_chunk_tc_f32(const float* q, const float* k, const float* g, const float* beta, const float* dy,
-                     const float* un, const float* ti, float* e, float* A3, float* cm, float* dq, float* dk, int Tn,
-                     int H, int Dk, int Dv, int NC, float scale) {
+    lgb_grad_tc_f32(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                    const float* dy, const float* un, const float* ti, const float* du, const float* A1,
+                    const float* A2, const float* A3, const double* xzp, float* dq, float* dk, float* dv, float* db,
+                    float* dg, int Tn, int H, int Dk, int Dv, int NC, float scale) {
     LLC_FIX_DIMS(Dk, Dv);
     extern __shared__ __align__(16) unsigned char lgb_smem[];
     float* Tt = reinterpret_cast<float*>(lgb_smem);  // T⁻ᵀ
     float *X1 = Tt + 64 * LGS_LD, *X2 = X1 + 64 * LGS_LD, *X3 = X2 + 64 * LGS_LD, *X4 = X3 + 64 * LGS_LD;
-    __shared__ double gam[64], gtmp[64];
-    __shared__ float bet[64];
+    __shared__ double gam[64], gtmp[64], dgs[64];
+    __shared__ float bet[64], eg[64], tl[64];
+    // Row sums of the two warps that share a row (half = nb / 32): Σ v·E, the β-gradient of T,
+    // Σ q·(σ e^γ A1), Σ k·(e^(γ_{n−1} − γ) A2), Σ k·(E Zᵀ).
+    __shared__ float part[5][2][64];
     const LlcChunk ck = llc_chunk<64>(Tn, H);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
-    const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32, n = ck.n;
+    const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32, half = warp >> 2, n = ck.n;
     const long long row0 = ck.row0;
     if (tid < 64) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : 0.f;
     llc_gamma<float, 64>(gam, gtmp, g, 1, row0, H, n);
+    // Per row, after llc_gamma's barrier (read after the next one): e^(γ_r), e^(γ_{n−1} − γ_r).
+    if (tid < 64) eg[tid] = (float)mx_exp(gam[tid]), tl[tid] = (float)mx_exp(gam[n - 1] - gam[tid]);
     const float* tij = ti + ((long long)ck.bh * NC + ck.i) * 64 * 64;
     for (int idx = tid; idx < 64 * 64; idx += 256) Tt[(idx & 63) * LGS_LD + (idx >> 6)] = __uint_as_float(mx_tf32(tij[idx]));
-    const bool vv = Dv % 4 == 0 && llc_al16(dy) && llc_al16(un) && llc_al16(e);
+    const bool vv = Dv % 4 == 0 && llc_al16(dy) && llc_al16(un) && llc_al16(du);
     const bool vk = Dk % 4 == 0 && llc_al16(q) && llc_al16(k) && llc_al16(A3);
     const int ks = (n + 7) & ~7;
+    float rs[5][2] = {};  // this thread's parts of the row sums of part, rows mr + gi and mr + gi + 8
     // 1.
     float dyu[4][4] = {}, et[4][4] = {};
     for (int d0 = 0; d0 < Dv; d0 += 64) {
-        llc_stage_tile<LGS_LD>(X1, e, row0, H, Dv, d0, n, vv, true, [](int) { return 1.f; });
+        llc_stage_tile<LGS_LD>(X1, du, row0, H, Dv, d0, n, vv, true, [](int) { return 1.f; });
         llc_stage_tile<LGS_LD>(X3, un, row0, H, Dv, d0, n, vv, true, [](int) { return 1.f; });
         llc_stage_tile<LGS_LD>(X4, dy, row0, H, Dv, d0, n, vv, true, [](int) { return 1.f; });
         __syncthreads();
         float ea[4][4] = {};
         llc_mma_rows<LGS_LD>(ea, Tt, X1, ks, false, mr, nb, gi, tg);
         LLC_MMA_EACH(nt, u, r, c, 0, 0) {
-            if (r < n && d0 + c < Dv) e[(row0 + (long long)r * H) * Dv + d0 + c] = ea[nt][u];
+            if (r < n && d0 + c < Dv) {
+                const long long off = (row0 + (long long)r * H) * Dv + d0 + c;
+                dv[off] = bet[r] * ea[nt][u];
+                rs[0][u >> 1] = fma(v[off], ea[nt][u], rs[0][u >> 1]);
+            }
             X2[r * LGS_LD + c] = __uint_as_float(mx_tf32(ea[nt][u]));
         }
         __syncthreads();
@@ -699,6 +657,7 @@ extern "C" __global__ void __launch_bounds__(256)
         llc_mma_rows<LGS_LD>(et, X2, X3, kv, true, mr, nb, gi, tg);
         __syncthreads();
     }
+    // 2.
     float qk[4][4] = {}, kk[4][4] = {};
     for (int c0 = 0; c0 < Dk; c0 += 64) {
         llc_stage_tile<LGS_LD>(X1, q, row0, H, Dk, c0, n, vk, true, [](int) { return 1.f; });
@@ -709,24 +668,28 @@ extern "C" __global__ void __launch_bounds__(256)
         llc_mma_rows<LGS_LD>(kk, X2, X2, kq, true, mr, nb, gi, tg);
         __syncthreads();
     }
-    float* cj = cm + ((long long)ck.bh * NC + ck.i) * 4 * LGB_TRI;
-    // 2. (X1 = Mp, X2 = Mpᵀ, X3 = F + Fᵀ; each entry below the diagonal also writes its mirror.)
+    // 3. (X1 = Mp, X2 = Mpᵀ, X3 = F + Fᵀ, X4 = PG; each entry below the diagonal also writes its
+    // mirror.)
     LLC_MMA_EACH(nt, u, r, c, 0, 0) {
         const bool low = r < n && c <= r, strict = low && c < r;
         const float gm = low ? (float)mx_exp(gam[r] - gam[c]) : 0.f;
-        const float mp = scale * dyu[nt][u] * gm, f = strict ? -et[nt][u] * bet[r] * gm : 0.f;
+        const float mp = scale * dyu[nt][u] * gm, dt = strict ? -et[nt][u] : 0.f, f = dt * bet[r] * gm;
         X1[r * LGS_LD + c] = X2[c * LGS_LD + r] = __uint_as_float(mx_tf32(mp));
         if (c < r) X3[r * LGS_LD + c] = X3[c * LGS_LD + r] = __uint_as_float(mx_tf32(f));
         if (c == r) X3[r * LGS_LD + r] = 0.f;
-        if (c <= r) {
-            const int at = r * (r + 1) / 2 + c;
-            cj[at] = dyu[nt][u];
-            cj[LGB_TRI + at] = et[nt][u];
-            cj[2 * LGB_TRI + at] = qk[nt][u];
-            cj[3 * LGB_TRI + at] = kk[nt][u];
-        }
+        rs[1][u >> 1] = fma(dt * gm, kk[nt][u], rs[1][u >> 1]);
+        X4[r * LGS_LD + c] = strict ? fma(mp, qk[nt][u], f * kk[nt][u]) : 0.f;
     }
-    // 3. X4 holds k's tile, then q's, then A3's.
+    __syncthreads();
+    // The decay terms add to γ̄_r and subtract from γ̄_s.
+    if (tid < 64) {
+        double x = 0.0;
+        for (int s = 0; s < 64; ++s) x += (double)X4[tid * LGS_LD + s];
+        for (int r = 0; r < 64; ++r) x -= (double)X4[r * LGS_LD + tid];
+        dgs[tid] = x;
+    }
+    __syncthreads();
+    // 4. X4 holds k's tile, then q's, then A3's.
     for (int c0 = 0; c0 < Dk; c0 += 64) {
         float aq[4][4] = {}, ak[4][4] = {}, a3[4][4] = {};
         llc_stage_tile<LGS_LD>(X4, k, row0, H, Dk, c0, n, vk, true, [](int) { return 1.f; });
@@ -744,22 +707,42 @@ extern "C" __global__ void __launch_bounds__(256)
         LLC_MMA_EACH(nt, u, r, c, 0, c0) {
             if (r < n && c < Dk) {
                 const long long off = (row0 + (long long)r * H) * Dk + c;
-                dq[off] = aq[nt][u];
-                dk[off] = ak[nt][u];
-                A3[off] = a3[nt][u];
+                const float q1 = scale * eg[r] * A1[off], k2 = tl[r] * A2[off], kv = k[off];
+                rs[2][u >> 1] = fma(q[off], q1, rs[2][u >> 1]);
+                rs[3][u >> 1] = fma(kv, k2, rs[3][u >> 1]);
+                rs[4][u >> 1] = fma(kv, a3[nt][u], rs[4][u >> 1]);
+                dq[off] = q1 + aq[nt][u];
+                dk[off] = ak[nt][u] + k2 - bet[r] * eg[r] * a3[nt][u];
             }
         }
         __syncthreads();
     }
-}
-// Two blocks a multiprocessor (128 registers): at (8, 4096, 16, 128) 2.72 ms against 3.05 at one
-// (190 registers) and 3.52 at three (80 registers, spilling); H100, ncu.
-extern "C" __global__ void __launch_bounds__(256, 2) lgb_grad_pre_f32(const float* q, const float* k, const float* v, const float* g,
-                                               const float* beta, const float* dy, const float* ti, const float* zs,
-                                               const float* xs, const float* un, float* e, float* dq, float* dk,
-                                               float* dv, float* db, float* dg, int Tn, int H, int Dk, int Dv, int NC,
-                                               float scale, const float* A1, const float* A2, const float* A3,
-                                               const float* cm, const double* xzp) {
-    lgb_grad<float, true>(q, k, v, g, beta, dy, ti, zs, xs, un, e, dq, dk, dv, db, dg, Tn, H, Dk, Dv, NC, scale, A1,
-                          A2, A3, cm, xzp);
+    // 5.
+#pragma unroll
+    for (int i = 0; i < 5; ++i)
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+            float x = rs[i][h2];
+            x += __shfl_xor_sync(0xffffffffu, x, 1);
+            x += __shfl_xor_sync(0xffffffffu, x, 2);
+            if (tg == 0) part[i][half][mr + gi + 8 * h2] = x;
+        }
+    __syncthreads();
+    if (tid == 0) {
+        const int nkt = (Dk + 63) / 64;
+        double xz = 0.0;
+        for (int z = 0; z < nkt; ++z) xz += xzp[((long long)ck.bh * NC + ck.i) * nkt + z];
+        double last = mx_exp(gam[n - 1]) * xz;
+        for (int r = 0; r < n; ++r) last += (double)(part[3][0][r] + part[3][1][r]);
+        double acc = 0.0;
+        for (int r = n - 1; r >= 0; --r) {
+            const float rq = part[2][0][r] + part[2][1][r], rk2 = part[3][0][r] + part[3][1][r];
+            const float rkez = part[4][0][r] + part[4][1][r], rve = part[0][0][r] + part[0][1][r];
+            const float rdb = part[1][0][r] + part[1][1][r];
+            acc += dgs[r] + (double)rq - (double)rk2 - (double)(bet[r] * eg[r] * rkez) + (r == n - 1 ? last : 0.0);
+            const long long row = row0 + (long long)r * H;
+            dg[row] = (float)acc;
+            db[row] = rdb + rve - eg[r] * rkez;
+        }
+    }
 }

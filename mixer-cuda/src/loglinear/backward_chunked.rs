@@ -33,13 +33,12 @@
 //! modes (f32 data; the bf16 mode's activations widened to f32) the WY step and both passes run on
 //! tensor cores ([`Plan`]): the forward's own `llc_wy_tc` and state pass, and the reverse pass
 //! `llc_delta_h_rg_rev_f32` (`Dk ≤ 128`); `lgb_pre` is `lgb_pre_tc_f32`, and with `Dv > 64` every
-//! product of the gradients runs on tensor cores in `lgb_state_tc_f32` and `lgb_chunk_tc_f32`,
-//! and `lgb_grad_pre_f32` is element-wise over what they leave. The backward keeps two
-//! `Dk × Dv` states per chunk (`Z` and `X`), `W`, `U'`, `dU'` (then `E`) and `T⁻¹`:
+//! product of the gradients runs on tensor cores: those that read a state in `lgb_state_tc_f32`,
+//! the chunk's own and the gradients in `lgb_grad_tc_f32`. The backward keeps two `Dk × Dv` states
+//! per chunk (`Z` and `X`), `W`, `U'`, `dU'` (then `E`, except in `lgb_grad_tc_f32`) and `T⁻¹`:
 //! `B·H·⌈T/C⌉·(2 Dk Dv + C²) + B·T·H·(Dk + 2 Dv)` values besides the gradients (plus
 //! `B·T·H·(Dv + 3 Dk)` on tensor cores: `U'` and `dU'` in buffers of their own, the state
-//! products; and `4·2080` per chunk of chunk products). Every sum runs in a fixed order, so the
-//! same inputs give the same bits.
+//! products). Every sum runs in a fixed order, so the same inputs give the same bits.
 
 use mixer_core::mixers::loglinear::LogLinear;
 use mixer_core::{Precision, Result};
@@ -111,17 +110,17 @@ pub(crate) fn grad_smem(elem: Elem) -> usize {
 /// `Dk ≤ 64` (see [`REV_ONE_WARP_MAX_DK`]).
 ///
 /// On tensor cores `lgb_pre` is `lgb_pre_tc_f32`, and with `Dv > 64` (`products`) the products of
-/// `lgb_grad` run before it: `lgb_state_tc_f32` (the three over the values that read a state,
-/// `dY Zᵀ`, `U' Xᵀ` and `dU' Zᵀ`) and then `lgb_chunk_tc_f32` (`E = T⁻ᵀ dU'` over `dU'`, the
-/// chunk's `dY U'ᵀ`, `E U'ᵀ`, `QKᵀ`, `KKᵀ`, then `Mp K`, `Mpᵀ Q + (F + Fᵀ) K` into `dq`, `dk` and
-/// `T⁻ᵀ (dU' Zᵀ)`), both chunk-parallel on tf32 `mma.sync`; the last launch is then
-/// `lgb_grad_pre_f32`, element-wise over what they leave.
+/// `lgb_grad` that read a state run before it in `lgb_state_tc_f32` (`dY Zᵀ`, `U' Xᵀ` and
+/// `dU' Zᵀ`, a block per chunk, batch·head and 64 key columns), and the last launch is
+/// `lgb_grad_tc_f32` (`E = T⁻ᵀ dU'`, the chunk's `dY U'ᵀ`, `E U'ᵀ`, `QKᵀ`, `KKᵀ`, then `Mp K`,
+/// `Mpᵀ Q + (F + Fᵀ) K` and `T⁻ᵀ (dU' Zᵀ)`, and every gradient from them), both chunk-parallel on
+/// tf32 `mma.sync`.
 pub(crate) struct Plan {
     pub launches: Vec<Launch>,
     pub pass: Option<StatePass>,
     pub reverse_on_tensor_cores: bool,
-    /// `lgb_state_tc` and `lgb_chunk_tc`, in this order.
-    pub products: Option<[Launch; 2]>,
+    /// `lgb_state_tc`, run before the last launch (`lgb_grad_tc`).
+    pub products: Option<Launch>,
 }
 
 /// The reverse pass takes one warp a block where its 16-column warps do not fill the device only up
@@ -131,17 +130,8 @@ pub(crate) struct Plan {
 /// against 8.4 with four.
 const REV_ONE_WARP_MAX_DK: usize = 64;
 
-/// Dynamic shared memory of `lgb_grad_pre_f32` (bytes; `LgbGrad::PRE_TOTAL` in the kernel): the
-/// decay terms `[64][65]` with `k`'s tile over them once read, and `q`'s tile `[64][65]` — a third
-/// of `lgb_grad`'s, whose products it does not form.
-pub(crate) const GRAD_PRE_SMEM: usize = 2 * 64 * 65 * 4;
-
-/// Dynamic shared memory of `lgb_chunk_tc_f32` (bytes): five `[64][68]` f32 tiles.
-pub(crate) const CHUNK_TC_SMEM: usize = 5 * 64 * 68 * 4;
-
-/// Floats of `lgb_chunk_tc_f32`'s output per chunk: four 64 × 64 lower triangles with the diagonal
-/// (`LGB_TRI` in the kernel).
-const CHUNK_PRODUCTS: usize = 4 * 64 * 65 / 2;
+/// Dynamic shared memory of `lgb_grad_tc_f32` (bytes): five `[64][68]` f32 tiles.
+pub(crate) const GRAD_TC_SMEM: usize = 5 * 64 * 68 * 4;
 
 /// Dynamic shared memory of `lgb_pre_tc_f32` (bytes): three `[64][68]` f32 tiles.
 pub(crate) const PRE_TC_SMEM: usize = 3 * 64 * 68 * 4;
@@ -153,7 +143,7 @@ pub(crate) const STATE_TC_SMEM: usize = 5 * 64 * 68 * 4;
 /// products inside `lgb_grad` cost less (H100, whole backward with the products on tensor cores
 /// at `Dv = 64` against without: 4.74 / 4.63 ms tf32 at (1, 16384, 16, 64), 6.93 / 6.84 at
 /// (8, 4096, 16, 64)), at `Dv = 128` more (`lgb_grad` alone 16.4 ms against 2.37 + 2.45 + 4.01
-/// for `lgb_state_tc`, `lgb_chunk_tc`, `lgb_grad_pre` at (8, 4096, 16, 128)).
+/// for `lgb_state_tc` and the two kernels `lgb_grad_tc` has since replaced at (8, 4096, 16, 128)).
 const PRODUCTS_MIN_DV: usize = 64;
 
 /// The backward's [`Plan`] for mode `p` on `device` (the passes' `stages` in [`Launch::stages`]).
@@ -197,14 +187,10 @@ pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
         }
         None => (wy::launch(s, elem, Precision::Exact), own_pass("lgb_pass_fwd")),
     };
-    let products = (tc && s.dv > PRODUCTS_MIN_DV).then(|| {
-        [
-            on("lgb_state_tc", [nc, bh, s.dk.div_ceil(64)], STATE_TC_SMEM),
-            on("lgb_chunk_tc", [nc, bh, 1], CHUNK_TC_SMEM),
-        ]
-    });
+    let products = (tc && s.dv > PRODUCTS_MIN_DV)
+        .then(|| on("lgb_state_tc", [nc, bh, s.dk.div_ceil(64)], STATE_TC_SMEM));
     let (grad, g_smem) =
-        if products.is_some() { ("lgb_grad_pre", GRAD_PRE_SMEM) } else { ("lgb_grad", grad_smem(elem)) };
+        if products.is_some() { ("lgb_grad_tc", GRAD_TC_SMEM) } else { ("lgb_grad", grad_smem(elem)) };
     Plan {
         launches: vec![
             wy,
@@ -331,8 +317,8 @@ pub(crate) fn delta<F: GpuReal>(
     let [mut d_q, mut d_k, mut d_v, mut d_b, mut d_g] = grad_buffers::<F>(dims)?;
     let (f, cfg) = l_grad.function()?;
     match &plan.products {
-        // On tensor cores: the state products (they read dU'), then the chunk products (E over dU').
-        Some([l_state, l_chunk]) => {
+        // On tensor cores: the state products (they read dU'), then every gradient.
+        Some(l_state) => {
             let n = b * t * h * dk;
             let (mut a1, mut a2, mut a3) =
                 (pool::take::<F>(FAMILY, n)?, pool::take::<F>(FAMILY, n)?, pool::take::<F>(FAMILY, n)?);
@@ -340,13 +326,8 @@ pub(crate) fn delta<F: GpuReal>(
             let (fs, cs) = l_state.function()?;
             launch!(g, FAMILY, fs, cs; &dyv, &*u, &*du, &*zs, &*xs, &mut *a1, &mut *a2, &mut *a3, &mut *xz,
                 &ti, &hi, &dki, &dvi, &nci)?;
-            let mut cm = pool::take::<F>(FAMILY, bh * nc * CHUNK_PRODUCTS)?;
-            let (fc, cc) = l_chunk.function()?;
-            launch!(g, FAMILY, fc, cc; &qv, &kv, &gv, &bv, &dyv, &*u, &*tinv, &mut *du, &mut *a3, &mut *cm,
-                &mut *d_q, &mut *d_k, &ti, &hi, &dki, &dvi, &nci, &scale)?;
-            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*tinv, &*zs, &*xs, &*u, &mut *du,
-                &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale,
-                &*a1, &*a2, &*a3, &*cm, &*xz)?;
+            launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*u, &*tinv, &*du, &*a1, &*a2, &*a3,
+                &*xz, &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale)?;
         }
         None => launch!(g, FAMILY, f, cfg; &qv, &kv, &vv, &gv, &bv, &dyv, &*tinv, &*zs, &*xs, &*u, &mut *du,
             &mut *d_q, &mut *d_k, &mut *d_v, &mut *d_b, &mut *d_g, &ti, &hi, &dki, &dvi, &nci, &scale)?,
@@ -440,23 +421,25 @@ mod plan_tests {
             for d in [64, 128] {
                 let many = plan(Shape { b: 8, t: 4096, h: 16, dk: d, dv: d }, Elem::F32, p, H200);
                 assert!(matches!(many.pass, Some(StatePass::Registers { .. })), "{p:?} {d}");
-                // At Dv = 64 the gradients' own FMA products; above it the products on tensor
-                // cores before them: the state products (a block per chunk, batch·head and 64 key
-                // columns), then the chunk products (a block per chunk).
-                let grad = if d > 64 { "lgb_grad_pre_f32" } else { "lgb_grad_f32" };
+                // At Dv = 64 the gradients' own FMA products; above it the state products on tensor
+                // cores (a block per chunk, batch·head and 64 key columns), then every gradient on
+                // tensor cores (a block per chunk).
+                let grad = if d > 64 { "lgb_grad_tc_f32" } else { "lgb_grad_f32" };
                 assert_eq!(
                     names(&many),
                     ["llc_wy_tc_f32", "llc_delta_h_rg_f32", "lgb_pre_tc_f32", "llc_delta_h_rg_rev_f32", grad],
                     "{p:?} {d}"
                 );
                 match many.products.as_ref() {
-                    Some([sp, cp]) => {
+                    Some(sp) => {
                         assert_eq!(
                             (sp.function.as_str(), sp.grid),
                             ("lgb_state_tc_f32", [64, 128, d as u32 / 64])
                         );
-                        assert_eq!((cp.function.as_str(), cp.grid), ("lgb_chunk_tc_f32", [64, 128, 1]));
-                        assert_eq!(many.launches[4].shared_mem, 2 * 64 * 65 * 4);
+                        assert_eq!(
+                            (many.launches[4].grid, many.launches[4].shared_mem),
+                            ([64, 128, 1], 5 * 64 * 68 * 4)
+                        );
                     }
                     None => assert_eq!(d, 64, "{p:?}: tensor-core products at Dv = {d}"),
                 }
@@ -478,10 +461,7 @@ mod plan_tests {
         // No tensor-core products at Dv = 64; at Dv = 65 four key tiles (Dk = 256).
         assert!(w.products.is_none());
         let wider = Shape { dv: 65, ..wide };
-        assert_eq!(
-            plan(wider, Elem::F32, Precision::Tf32, H200).products.map(|[l, _]| l.grid),
-            Some([16, 2, 4])
-        );
+        assert_eq!(plan(wider, Elem::F32, Precision::Tf32, H200).products.map(|l| l.grid), Some([16, 2, 4]));
         assert!(plan(s, Elem::F64, Precision::Tf32, H200).products.is_none());
     }
 }
