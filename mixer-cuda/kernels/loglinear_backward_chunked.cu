@@ -605,8 +605,9 @@ extern "C" __global__ void __launch_bounds__(256)
 //    inside the chunk, dβ.
 // Every product m16n8k8 tf32 mma with f32 accumulation on operands staged rounded to tf32
 // (llc_mma_rows, eight warps of 16 × 32 outputs). Every sum in a fixed order. Grid (NC, BH), 256
-// threads, dynamic shared memory five [64][LGS_LD] float tiles.
-extern "C" __global__ void __launch_bounds__(256)
+// threads, dynamic shared memory five [64][LGS_LD] float tiles; two blocks a multiprocessor (at most
+// 128 registers: at Dk = 64, Dv = 96 it took 164 without the bound).
+extern "C" __global__ void __launch_bounds__(256, 2)
     lgb_grad_tc_f32(const float* q, const float* k, const float* v, const float* g, const float* beta,
                     const float* dy, const float* un, const float* ti, const float* du, const float* A1,
                     const float* A2, const float* A3, const double* xzp, float* dq, float* dk, float* dv, float* db,
@@ -617,12 +618,12 @@ extern "C" __global__ void __launch_bounds__(256)
     float *X1 = Tt + 64 * LGS_LD, *X2 = X1 + 64 * LGS_LD, *X3 = X2 + 64 * LGS_LD, *X4 = X3 + 64 * LGS_LD;
     __shared__ double gam[64], gtmp[64], dgs[64];
     __shared__ float bet[64], eg[64], tl[64];
-    // Row sums of the two warps that share a row (half = nb / 32): Σ v·E, the β-gradient of T,
+    // Row sums of the two warps that share a row (wh = nb / 32): Σ v·E, the β-gradient of T,
     // Σ q·(σ e^γ A1), Σ k·(e^(γ_{n−1} − γ) A2), Σ k·(E Zᵀ).
     __shared__ float part[5][2][64];
     const LlcChunk ck = llc_chunk<64>(Tn, H);
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gi = lane >> 2, tg = lane & 3;
-    const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32, half = warp >> 2, n = ck.n;
+    const int mr = (warp & 3) * 16, nb = (warp >> 2) * 32, wh = warp >> 2, n = ck.n;
     const long long row0 = ck.row0;
     if (tid < 64) bet[tid] = tid < n ? beta[row0 + (long long)tid * H] : 0.f;
     llc_gamma<float, 64>(gam, gtmp, g, 1, row0, H, n);
@@ -725,7 +726,7 @@ extern "C" __global__ void __launch_bounds__(256)
             float x = rs[i][h2];
             x += __shfl_xor_sync(0xffffffffu, x, 1);
             x += __shfl_xor_sync(0xffffffffu, x, 2);
-            if (tg == 0) part[i][half][mr + gi + 8 * h2] = x;
+            if (tg == 0) part[i][wh][mr + gi + 8 * h2] = x;
         }
     __syncthreads();
     if (tid == 0) {
