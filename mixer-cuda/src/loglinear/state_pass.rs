@@ -26,8 +26,9 @@
 //!    two warps of 16 value columns, one where `Dv ≤ 16`), with three buffers or two where they
 //!    fit;
 //! 2. where the FMA pass's states and buffers do not fit in shared memory (on the H200 in f32 without
-//!    the lift `Dk` above about 190: 188 fits, 192 does not): the whole form in one block per head ([`StatePass::Sequential`],
-//!    `loglinear_sequential.cu`);
+//!    the lift `Dk` above about 190: 188 fits, 192 does not): in the tf32 and bf16 modes rule 6's
+//!    pass where it fits (the lift at `Dk = 128` up to T = 2¹⁶), else the whole form in one block
+//!    per head ([`StatePass::Sequential`], `loglinear_sequential.cu`);
 //! 3. the lift with f32 data, at most [`LIFT_MAX_LEVELS`] chunk levels, its two copies of the
 //!    states fitting with three buffers or two: the transition form ([`StatePass::Transition`];
 //!    tensor cores in the tf32 and bf16 modes, FMA in the exact mode);
@@ -211,8 +212,8 @@ fn stages(fits: impl Fn(usize) -> bool) -> Option<usize> {
 /// three buffers or two ([`stages`]); else, with the lift, the first that fits with one. The lift's
 /// chunks end with a barrier, so with one buffer chunk `j`'s tiles are loaded at the chunk's start,
 /// not overlapped with the products; its level states grow with `T` (at `Dk = 128` on 219 KiB two
-/// buffers fit up to T = 2048, one up to T = 2¹⁵, but rule 2 takes over past T = 2¹⁴). Without
-/// the lift the pass prefetches after the chunk's first barrier and needs two.
+/// buffers fit up to T = 2048, one up to T = 2¹⁵ with groups of four levels and up to 2¹⁶ with
+/// one). Without the lift the pass prefetches after the chunk's first barrier and needs two.
 fn shared_pass(lifted: bool, groups: &[usize], fits: impl Fn(usize, usize) -> bool) -> Option<StatePass> {
     let with = |group: usize| stages(|st| fits(st, group)).map(|stages| StatePass::Shared { stages, group });
     groups.iter().find_map(|&g| with(g)).or_else(|| {
@@ -265,8 +266,11 @@ pub fn select(s: Shape, p: Precision, storage: Storage, lifted: bool, device: De
     }
     let elem = storage.elem();
     let levels = levels(elem, lifted, s.t);
+    let groups: &[usize] = if lifted { &LEVEL_GROUPS } else { &[1] };
+    let shared = || shared_pass(lifted, groups, |st, group| delta_h_tc_smem(dk, levels, st, group) <= limit);
     if delta_h_smem(elem, dk, levels) > limit {
-        return StatePass::Sequential;
+        // Rule 2, unless the tensor-core pass fits (no FMA staging beside its states).
+        return tensor_cores(p, elem).then(shared).flatten().unwrap_or(StatePass::Sequential);
     }
     if lifted
         && elem == Elem::F32
@@ -284,9 +288,7 @@ pub fn select(s: Shape, p: Precision, storage: Storage, lifted: bool, device: De
     {
         return pass;
     }
-    let groups: &[usize] = if lifted { &LEVEL_GROUPS } else { &[1] };
-    shared_pass(lifted, groups, |st, group| delta_h_tc_smem(dk, levels, st, group) <= limit)
-        .unwrap_or(StatePass::Fma)
+    shared().unwrap_or(StatePass::Fma)
 }
 
 /// Every variant the rule chooses among that fits these shapes, mode, storage and device (each
@@ -305,7 +307,16 @@ pub fn candidates(s: Shape, p: Precision, storage: Storage, lifted: bool, device
                 .map(|stages| StatePass::Bf16Registers { warps, stages }),
         );
     }
+    let groups: &[usize] = if lifted { &LEVEL_GROUPS } else { &[1] };
+    let shared = |out: &mut Vec<StatePass>| {
+        for &group in groups {
+            out.extend(shared_pass(lifted, &[group], |st, g| delta_h_tc_smem(dk, levels, st, g) <= limit));
+        }
+    };
     if delta_h_smem(elem, dk, levels) > limit {
+        if tensor_cores(p, elem) {
+            shared(&mut out);
+        }
         return out;
     }
     out.push(StatePass::Fma);
@@ -318,10 +329,7 @@ pub fn candidates(s: Shape, p: Precision, storage: Storage, lifted: bool, device
         if !lifted {
             out.extend(registers(dk, dv, limit, RG_MAX_WARPS));
         }
-        let groups: &[usize] = if lifted { &LEVEL_GROUPS } else { &[1] };
-        for &group in groups {
-            out.extend(shared_pass(lifted, &[group], |st, g| delta_h_tc_smem(dk, levels, st, g) <= limit));
-        }
+        shared(&mut out);
     }
     out
 }
@@ -587,16 +595,20 @@ mod tests {
         // Dk = 16 fits eighteen levels (T = 2²³) but the transition form takes seventeen at most.
         assert!(matches!(pick(Tf32, true, [16, 16, 16], 18, H200), StatePass::Shared { .. }));
         // Dk = 128: from seven levels (T past 2048) neither the transition form nor two buffers
-        // fit; one buffer, levels four at a time, up to nine levels (T = 2¹⁴); from ten the FMA
-        // pass's states do not fit either (rule 2).
+        // fit; one buffer, levels four at a time up to ten levels (T = 2¹⁵), one at a time at
+        // eleven (T = 2¹⁶), then the one-block-per-head form. From ten levels the FMA pass does not
+        // fit (rule 2): the exact mode takes that form there.
         assert_eq!(pick(Tf32, true, [16, 128, 128], 6, H200), StatePass::Shared { stages: 2, group: 1 });
-        for levels in [7, 8, 9] {
+        for levels in [7, 9, 10] {
             assert_eq!(
                 pick(Tf32, true, [128, 128, 128], levels, H200),
                 StatePass::Shared { stages: 1, group: 4 }
             );
         }
-        assert_eq!(pick(Tf32, true, [16, 128, 128], 10, H200), StatePass::Sequential);
+        assert_eq!(pick(Bf16, true, [16, 128, 128], 11, H200), StatePass::Shared { stages: 1, group: 1 });
+        assert_eq!(pick(Tf32, true, [16, 128, 128], 12, H200), StatePass::Sequential);
+        assert_eq!(pick(Exact, true, [16, 128, 128], 9, H200), StatePass::Fma);
+        assert_eq!(pick(Exact, true, [16, 128, 128], 10, H200), StatePass::Sequential);
         // Two buffers in a smaller group come before one buffer; without the lift one is never taken.
         let fits = |st: usize, group: usize| st * group <= 2;
         assert_eq!(shared_pass(true, &LEVEL_GROUPS, fits), Some(StatePass::Shared { stages: 2, group: 1 }));

@@ -458,6 +458,31 @@ fn loglinear_precision_modes_meet_their_tolerances() {
     }
 }
 
+/// The lifted gated DeltaNet at `Dk = 128` past T = 16384, where the FMA level pass no longer fits
+/// in shared memory: the exact mode runs the one-block-per-head form, the tf32 and bf16 modes the
+/// tensor-core level pass with one buffer (levels four at a time at T = 20000, one at a time at
+/// 40000). tf32 within its tolerance of the exact run, and not equal to it (another path ran).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn lifted_gated_deltanet_at_dk_128_past_16384_tokens_runs_on_tensor_cores() {
+    let Some(_turn) = gpu() else {
+        return;
+    };
+    let backend = cuda();
+    let m = mixer("loglinear-gated-deltanet", &serde_json::json!({})).unwrap();
+    for t in [20000, 40000] {
+        let sizes = Sizes { batch: 1, seq: t, channels: 1, heads: 1, dk: 128, dv: 128 };
+        let x64 = m.random_inputs(&complete_dims(m.as_ref(), &sizes.dims()), 29).unwrap();
+        let x32 = AnyTensors::F32(cast_tensors::<f32>(&x64));
+        let exact = run(m.as_ref(), &backend, Form::Fast, &x32).unwrap().to_f64();
+        let tf32 = run_with(m.as_ref(), &backend, Form::Fast, &x32, Precision::Tf32).unwrap().to_f64();
+        let err = rel_rms(&tf32, &exact);
+        println!("LIFT D=128 T={t}: tf32 against exact rel RMS {err:.2e}");
+        assert!(err <= Precision::Tf32.tolerance("f32").rel_rms, "T = {t}: {err:.3e}");
+        assert!(err > 1e-6, "T = {t}: tf32 {err:.3e} from the exact run: the same kernels ran");
+    }
+}
+
 /// Gated DeltaNet's sequential pass with the state in registers (the host takes it from about 34
 /// batch·heads of 64 value columns on the H200) at head dims 20 (two warps per block), 64, 70 and
 /// 128 (four warps; two buffers at 128), and the shared-memory pass at B·H = 6, at T that is not a
