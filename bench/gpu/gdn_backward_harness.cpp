@@ -93,7 +93,7 @@ template <typename T> std::vector<std::vector<double>> reference(const Case<T>& 
 
 // The kernels' launches as src/loglinear/backward_chunked.rs makes them (W, U, T⁻¹ by loops).
 // With pre (f32): the tf32 and bf16 modes' kernels, the mma emulated: lgb_pre_tc_f32 and, with
-// Dv > 64, the state products (lgb_state_tc_f32) and then every gradient on tensor cores
+// Dv > 32, the state products (lgb_state_tc_f32) and then every gradient on tensor cores
 // (lgb_grad_tc_f32).
 template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c, int stages, bool pre = false) {
     constexpr int CH = Llc<T>::CH;
@@ -118,10 +118,10 @@ template <typename T> std::vector<std::vector<double>> kernels(const Case<T>& c,
     if (!pre_tc)
         launch(NC, BH, [&] { lgb_pre<T>(c.q.data(), c.k.data(), c.g.data(), c.dy.data(), du.data(), xs.data(), Tn, H, Dk, Dv, NC, scale); });
     launch(BH, ncol_blocks, [&] { lgb_pass<T, true>(c.k.data(), c.g.data(), W.data(), du.data(), xs.data(), nullptr, 0, nullptr, 0, Tn, H, Dk, Dv, NC, stages); });
-    // As the host plans it: with Dv > 64 the state products and lgb_grad_tc_f32; else lgb_grad.
+    // As the host plans it: with Dv > 32 the state products and lgb_grad_tc_f32; else lgb_grad.
     bool products = false;
     if constexpr (sizeof(T) == 4) {
-        if (pre && Dv > 64) {
+        if (pre && Dv > 32) {
             products = true;
             std::vector<float> a1(W.size()), a2(W.size()), a3(W.size());
             std::vector<double> xz((size_t)BH * NC * ((Dk + 63) / 64));

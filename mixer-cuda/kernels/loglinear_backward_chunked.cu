@@ -16,7 +16,7 @@
 // order (no atomics): the same inputs give the same bits. FMA in T (the exact mode, f32 or f64).
 // In the tf32 and bf16 modes the host runs the forward's tensor-core WY step and state pass and
 // the reverse pass llc_delta_h_rg_rev_f32 (loglinear_state_pass.cu) in place of the passes here,
-// lgb_pre_tc_f32 in place of lgb_pre, and with Dv > 64 lgb_state_tc_f32 + lgb_grad_tc_f32 (below)
+// lgb_pre_tc_f32 in place of lgb_pre, and with Dv > 32 lgb_state_tc_f32 + lgb_grad_tc_f32 (below)
 // in place of lgb_grad.
 
 #define LGB_NCOL 16  // state columns per block of the passes
@@ -588,7 +588,7 @@ extern "C" __global__ void __launch_bounds__(256)
         }
     }
 }
-// Every input gradient of lgb_grad on tensor cores (the tf32 and bf16 modes, f32 data, Dv > 64),
+// Every input gradient of lgb_grad on tensor cores (the tf32 and bf16 modes, f32 data, Dv > 32),
 // after lgb_state_tc (A1 = dY Zᵀ, A2 = U' Xᵀ, A3 = dU' Zᵀ and the partial sums xzp of ⟨X, Z⟩): for
 // chunk blockIdx.x and batch·head blockIdx.y, lgb_grad's steps with its products on tensor cores:
 // 1. per 64-column tile of the values, E = T⁻ᵀ dU' (dU' from du, read only), dv = diag(β) E and

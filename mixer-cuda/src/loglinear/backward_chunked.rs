@@ -32,7 +32,7 @@
 //! (chunk-parallel, every gradient), all FMA in the element type of the call. In the tf32 and bf16
 //! modes (f32 data; the bf16 mode's activations widened to f32) the WY step and both passes run on
 //! tensor cores ([`Plan`]): the forward's own `llc_wy_tc` and state pass, and the reverse pass
-//! `llc_delta_h_rg_rev_f32` (`Dk ≤ 128`); `lgb_pre` is `lgb_pre_tc_f32`, and with `Dv > 64` every
+//! `llc_delta_h_rg_rev_f32` (`Dk ≤ 128`); `lgb_pre` is `lgb_pre_tc_f32`, and with `Dv > 32` every
 //! product of the gradients runs on tensor cores: those that read a state in `lgb_state_tc_f32`,
 //! the chunk's own and the gradients in `lgb_grad_tc_f32`. The backward keeps two `Dk × Dv` states
 //! per chunk (`Z` and `X`), `W`, `U'`, `dU'` (then `E`, except in `lgb_grad_tc_f32`) and `T⁻¹`:
@@ -109,7 +109,7 @@ pub(crate) fn grad_smem(elem: Elem) -> usize {
 /// forward's register pass, but one where `B·H·⌈Dv/16⌉` does not exceed the multiprocessors and
 /// `Dk ≤ 64` (see [`REV_ONE_WARP_MAX_DK`]).
 ///
-/// On tensor cores `lgb_pre` is `lgb_pre_tc_f32`, and with `Dv > 64` (`products`) the products of
+/// On tensor cores `lgb_pre` is `lgb_pre_tc_f32`, and with `Dv > 32` (`products`) the products of
 /// `lgb_grad` that read a state run before it in `lgb_state_tc_f32` (`dY Zᵀ`, `U' Xᵀ` and
 /// `dU' Zᵀ`, a block per chunk, batch·head and 64 key columns), and the last launch is
 /// `lgb_grad_tc_f32` (`E = T⁻ᵀ dU'`, the chunk's `dY U'ᵀ`, `E U'ᵀ`, `QKᵀ`, `KKᵀ`, then `Mp K`,
@@ -139,12 +139,12 @@ pub(crate) const PRE_TC_SMEM: usize = 3 * 64 * 68 * 4;
 /// Dynamic shared memory of `lgb_state_tc_f32` (bytes): five `[64][68]` f32 tiles.
 pub(crate) const STATE_TC_SMEM: usize = 5 * 64 * 68 * 4;
 
-/// The products run on tensor cores only for value heads wider than this: at `Dv = 64` the FMA
-/// products inside `lgb_grad` cost less (H100, whole backward with the products on tensor cores
-/// at `Dv = 64` against without: 4.74 / 4.63 ms tf32 at (1, 16384, 16, 64), 6.93 / 6.84 at
-/// (8, 4096, 16, 64)), at `Dv = 128` more (`lgb_grad` alone 16.4 ms against 2.37 + 2.45 + 4.01
-/// for `lgb_state_tc` and the two kernels `lgb_grad_tc` has since replaced at (8, 4096, 16, 128)).
-const PRODUCTS_MIN_DV: usize = 64;
+/// The products run on tensor cores for value heads wider than this. Since `lgb_grad_tc` is one
+/// kernel, they win at `Dv = 64` too (H100, 2026-12-06, whole backward, the FMA `lgb_grad` against
+/// the tensor-core products in the same call: tf32 7.48 → 5.29 ms at (8, 4096, 16, 64), 5.06 →
+/// 3.93 at (1, 16384, 16, 64); bf16 7.73 → 5.51 at (8, 4096, 16, 64)); at `Dv ≤ 32` they were not
+/// measured, and the FMA kernel keeps them.
+const PRODUCTS_MIN_DV: usize = 32;
 
 /// The backward's [`Plan`] for mode `p` on `device` (the passes' `stages` in [`Launch::stages`]).
 pub(crate) fn plan(s: Shape, elem: Elem, p: Precision, device: Device) -> Plan {
@@ -409,40 +409,41 @@ mod plan_tests {
             assert!(matches!(few.pass, Some(StatePass::Shared { .. })), "{p:?}");
             assert_eq!(names(&few)[..2], ["llc_wy_tc_f32", "llc_delta_h_tc_f32"], "{p:?}");
             // The reverse pass on tensor cores, one warp a block where 16-column warps do not
-            // fill the device (16 · 4 ≤ 132); lgb_pre on tensor cores; at Dv = 64 the gradients'
-            // FMA products.
+            // fill the device (16 · 4 ≤ 132); lgb_pre, the state products and the gradients on
+            // tensor cores.
             assert!(few.reverse_on_tensor_cores);
             assert_eq!((few.launches[3].grid, few.launches[3].block), ([16, 4, 1], 32));
-            assert_eq!(names(&few)[2..], ["lgb_pre_tc_f32", "llc_delta_h_rg_rev_f32", "lgb_grad_f32"]);
-            assert!(few.products.is_none());
+            assert_eq!(names(&few)[2..], ["lgb_pre_tc_f32", "llc_delta_h_rg_rev_f32", "lgb_grad_tc_f32"]);
+            assert_eq!(few.products.map(|l| l.grid), Some([256, 16, 1]));
+            // At Dv = 32 the gradients' own FMA products.
+            let narrow = plan(Shape { b: 1, t: 16384, h: 16, dk: 64, dv: 32 }, Elem::F32, p, H200);
+            assert_eq!(names(&narrow)[4], "lgb_grad_f32");
+            assert!(narrow.products.is_none());
             // As few columns at Dk = 128: four warps a block.
             let few128 = plan(Shape { b: 1, t: 16384, h: 16, dk: 128, dv: 128 }, Elem::F32, p, H200);
             assert_eq!((few128.launches[3].grid, few128.launches[3].block), ([16, 2, 1], 128));
             for d in [64, 128] {
                 let many = plan(Shape { b: 8, t: 4096, h: 16, dk: d, dv: d }, Elem::F32, p, H200);
                 assert!(matches!(many.pass, Some(StatePass::Registers { .. })), "{p:?} {d}");
-                // At Dv = 64 the gradients' own FMA products; above it the state products on tensor
-                // cores (a block per chunk, batch·head and 64 key columns), then every gradient on
-                // tensor cores (a block per chunk).
-                let grad = if d > 64 { "lgb_grad_tc_f32" } else { "lgb_grad_f32" };
+                // The state products on tensor cores (a block per chunk, batch·head and 64 key
+                // columns), then every gradient on tensor cores (a block per chunk).
                 assert_eq!(
                     names(&many),
-                    ["llc_wy_tc_f32", "llc_delta_h_rg_f32", "lgb_pre_tc_f32", "llc_delta_h_rg_rev_f32", grad],
+                    [
+                        "llc_wy_tc_f32",
+                        "llc_delta_h_rg_f32",
+                        "lgb_pre_tc_f32",
+                        "llc_delta_h_rg_rev_f32",
+                        "lgb_grad_tc_f32"
+                    ],
                     "{p:?} {d}"
                 );
-                match many.products.as_ref() {
-                    Some(sp) => {
-                        assert_eq!(
-                            (sp.function.as_str(), sp.grid),
-                            ("lgb_state_tc_f32", [64, 128, d as u32 / 64])
-                        );
-                        assert_eq!(
-                            (many.launches[4].grid, many.launches[4].shared_mem),
-                            ([64, 128, 1], 5 * 64 * 68 * 4)
-                        );
-                    }
-                    None => assert_eq!(d, 64, "{p:?}: tensor-core products at Dv = {d}"),
-                }
+                let sp = many.products.as_ref().expect("the state products");
+                assert_eq!((sp.function.as_str(), sp.grid), ("lgb_state_tc_f32", [64, 128, d as u32 / 64]));
+                assert_eq!(
+                    (many.launches[4].grid, many.launches[4].shared_mem),
+                    ([64, 128, 1], 5 * 64 * 68 * 4)
+                );
                 // Four warps of 16 value columns a block, as the forward's register pass.
                 assert_eq!(many.launches[3].block, 128);
                 assert!(many.launches[3].defines.contains(&"DHR_WARPS=4".to_string()));
@@ -458,10 +459,8 @@ mod plan_tests {
         assert_eq!((w.pass, names(&w)[..2].to_vec()), (None, vec!["llc_wy_f32", "lgb_pass_fwd_f32"]));
         assert!(!w.reverse_on_tensor_cores);
         assert_eq!(names(&w)[3], "lgb_pass_rev_f32");
-        // No tensor-core products at Dv = 64; at Dv = 65 four key tiles (Dk = 256).
-        assert!(w.products.is_none());
-        let wider = Shape { dv: 65, ..wide };
-        assert_eq!(plan(wider, Elem::F32, Precision::Tf32, H200).products.map(|l| l.grid), Some([16, 2, 4]));
+        // Tensor-core products at Dv = 64 with the FMA passes: four key tiles (Dk = 256).
+        assert_eq!(w.products.map(|l| l.grid), Some([16, 2, 4]));
         assert!(plan(s, Elem::F64, Precision::Tf32, H200).products.is_none());
     }
 }
