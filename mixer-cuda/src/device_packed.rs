@@ -39,10 +39,10 @@ use crate::device_state::{
     Cotangents, backward_device_from_state_with, run_device_from_state_with, run_packed,
 };
 use crate::kernels;
+use crate::pitched::copy_rows;
 use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu, grid1, launch};
 use crate::tensor::{AnyDeviceTensor, Deferred, DeviceScalar, DeviceTensor, DeviceTensors, bf16};
-use cudarc::driver::{CudaView, CudaViewMut};
 
 const WHAT: &str = "packed";
 
@@ -236,30 +236,6 @@ fn leading(t: &AnyDeviceTensor, axis: usize, n: usize) -> Result<AnyDeviceTensor
         "f64" => of::<f64>(t, axis, n),
         _ => of::<bf16>(t, axis, n),
     }
-}
-
-/// `rows` runs of `width` elements from `src` (run `r` at `r · src_pitch`) to `dst` (at
-/// `r · dst_pitch`), on the device (`kernels/tensor.cu`, `copy_rows_*`).
-fn copy_rows<T: DeviceScalar>(
-    src: &CudaView<'_, T>,
-    src_pitch: usize,
-    dst: &mut CudaViewMut<'_, T>,
-    dst_pitch: usize,
-    width: usize,
-    rows: usize,
-) -> Result<()> {
-    let n = width * rows;
-    if n == 0 {
-        return Ok(());
-    }
-    let last = |pitch: usize| (rows - 1) * pitch + width;
-    if last(src_pitch) > src.len() || last(dst_pitch) > dst.len() {
-        return Err(err(WHAT, "internal: a row copy past its buffers"));
-    }
-    let g = gpu()?;
-    let f = g.kernel(WHAT, &kernels::TENSOR, &[], &format!("copy_rows_{}", T::ELEM))?;
-    let (sp, dp, w, r) = (src_pitch as i64, dst_pitch as i64, width as i64, rows as i64);
-    launch!(g, WHAT, f, grid1(n.min(1 << 20), 256); src, &sp, dst, &dp, &w, &r)
 }
 
 /// Rows `r` (axis 1) of a `[1, T, …]` tensor, as a `[1, len, …]` view: the batch view of the

@@ -71,6 +71,7 @@ pub mod loglinear;
 pub mod nccl;
 pub mod nvrtc;
 pub mod once_map;
+pub(crate) mod pitched;
 pub mod pool;
 pub mod runtime;
 pub(crate) mod state_rows;

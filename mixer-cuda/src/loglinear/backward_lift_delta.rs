@@ -42,12 +42,15 @@ use mixer_core::{Precision, Result};
 use super::backward_chunked::{grad_buffers, grad_tensors};
 use super::backward_lift::{LiftGrads, lambda_backward, lift_lambda};
 use super::common::{
-    Device, Elem, FAMILY, Launch, Shape, Step, Storage, check_sizes, fixed_dims, kernel_ints, tensor_cores,
+    Device, Elem, FAMILY, Launch, Shape, Step, Storage, check_sizes, fixed_dims, kernel_ints, max_bh,
+    tensor_cores,
 };
 use super::state_pass::{self, PassData, StatePass};
 use super::wy;
+use crate::forms::input_opt;
 use crate::kernels;
-use crate::pool;
+use crate::pitched::{put_axis, slice_axis};
+use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu, int, launch, max_dynamic_smem};
 use crate::tensor::{DeviceTensor, DeviceTensors, GpuReal};
 
@@ -181,9 +184,94 @@ pub(crate) struct LiftDeltaGrads<F: GpuReal> {
     pub dbeta: DeviceTensor<F>,
 }
 
+/// The chunk states of `Dk × Dv` elements the backward keeps per (batch, head): the forward's
+/// level states, the reverse sources, the adjoints (one more per chunk) and `Hxz` (`Dk × Dk` per
+/// chunk).
+fn chunk_states(s: Shape, elem: Elem) -> usize {
+    let nc = s.chunks(elem.chunk());
+    3 * state_pass::slots(true, nc) + nc + nc * s.dk.div_ceil(s.dv.max(1))
+}
+
 /// The backward of the lifted gated DeltaNet (module documentation) on the inputs `x` (for λ)
-/// with `[q, k, v, g, β, dy]` as `F`, of `[B, T, H, Dk, Dv]` (nothing empty).
+/// with `[q, k, v, g, β, dy]` as `F`, of `[B, T, H, Dk, Dv]` (nothing empty). Heads are
+/// independent: where the chunk states of all `B·H` exceed a quarter of the device's memory (or
+/// what the chunked forms allocate; [`max_bh`]) but those of all `B` rows of fewer heads do not,
+/// the backward runs on groups of heads one after another ([`in_head_groups`]), with the same bits
+/// as one call.
 pub(crate) fn delta<F: GpuReal>(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    qkvgbd: [&DeviceTensor<F>; 6],
+    dims: [usize; 5],
+    p: Precision,
+) -> Result<LiftDeltaGrads<F>> {
+    let [b, _, h, _, _] = dims;
+    let (s, elem) = (Shape::new(dims), Elem::of::<F>());
+    let heads = max_bh(s, elem, chunk_states(s, elem))? / b.max(1);
+    if heads >= h || heads == 0 {
+        return delta_heads(ll, x, qkvgbd, dims, p);
+    }
+    in_head_groups(ll, x, qkvgbd, dims, p, heads)
+}
+
+/// [`delta`] on groups of `heads` heads (the last one shorter): each group's inputs cut out of
+/// the head axis (`lambda_param`'s axis 0, axis 2 of the rest), its gradients written into theirs.
+pub(crate) fn in_head_groups<F: GpuReal>(
+    ll: &LogLinear,
+    x: &DeviceTensors,
+    qkvgbd: [&DeviceTensor<F>; 6],
+    dims: [usize; 5],
+    p: Precision,
+    heads: usize,
+) -> Result<LiftDeltaGrads<F>> {
+    let [b, t, h, dk, dv] = dims;
+    let lambda = crate::forms::input::<F>(x, "lambda")?;
+    let param = input_opt::<F>(x, "lambda_param")?;
+    let nl = lambda.shape().get(3).copied().unwrap_or(0);
+    let shapes = [
+        vec![b, t, h, dk],
+        vec![b, t, h, dk],
+        vec![b, t, h, dv],
+        vec![b, t, h, nl],
+        vec![b, t, h],
+        vec![b, t, h],
+    ];
+    let mut full: Vec<Pooled<F>> =
+        shapes.iter().map(|s| pool::take::<F>(FAMILY, s.iter().product())).collect::<Result<_>>()?;
+    let mut dparam = match &param {
+        Some(pp) => Some((pool::take::<F>(FAMILY, pp.len())?, pp.shape().to_vec())),
+        None => None,
+    };
+    for h0 in (0..h).step_by(heads.max(1)) {
+        let r = h0..(h0 + heads).min(h);
+        let mut xg = DeviceTensors::new();
+        xg.insert("lambda".into(), F::wrap(slice_axis(&lambda, 2, r.clone())?));
+        if let Some(pp) = &param {
+            xg.insert("lambda_param".into(), F::wrap(slice_axis(pp, 0, r.clone())?));
+        }
+        let cut = qkvgbd.map(|a| slice_axis(a, 2, r.clone()));
+        let [q, k, v, g, beta, dy] = cut;
+        let (q, k, v, g, beta, dy) = (q?, k?, v?, g?, beta?, dy?);
+        let gr = delta_heads(ll, &xg, [&q, &k, &v, &g, &beta, &dy], [b, t, r.len(), dk, dv], p)?;
+        let parts = [&gr.lift.dq, &gr.lift.dk, &gr.lift.dv, &gr.lift.dlambda, &gr.dg, &gr.dbeta];
+        for ((part, buf), shape) in parts.into_iter().zip(full.iter_mut()).zip(&shapes) {
+            put_axis(part, buf, shape, 2, r.clone())?;
+        }
+        match (dparam.as_mut(), gr.lift.dparam.as_ref()) {
+            (Some((buf, shape)), Some(part)) => put_axis(part, buf, shape, 0, r.clone())?,
+            // A scheme without a parameter gradient gives none for any group.
+            _ => dparam = None,
+        }
+    }
+    let mut it = full.into_iter().zip(shapes).map(|(buf, s)| DeviceTensor::from_pooled(buf, &s));
+    let mut next = || it.next().ok_or_else(|| err(FAMILY, "internal: a head group's gradient missing"))?;
+    let (dq, dk_, dv_, dlambda, dg, dbeta) = (next()?, next()?, next()?, next()?, next()?, next()?);
+    let dparam = dparam.map(|(buf, s)| DeviceTensor::from_pooled(buf, &s)).transpose()?;
+    Ok(LiftDeltaGrads { lift: LiftGrads { dq, dk: dk_, dv: dv_, dlambda, dparam }, dg, dbeta })
+}
+
+/// [`delta`] in one call over every head.
+fn delta_heads<F: GpuReal>(
     ll: &LogLinear,
     x: &DeviceTensors,
     [q, k, v, g, beta, dy]: [&DeviceTensor<F>; 6],
@@ -198,9 +286,7 @@ pub(crate) fn delta<F: GpuReal>(
     let (ch, nc, bh) = (elem.chunk(), s.chunks(elem.chunk()), s.bh());
     let levels = state_pass::levels(elem, true, t);
     let slots = state_pass::slots(true, nc);
-    // The forward's level states, the reverse sources, the adjoints (one more per chunk) and Hxz
-    // (Dk × Dk per chunk).
-    check_sizes(s, elem, 3 * slots + nc + nc * dk.div_ceil(dv.max(1)))?;
+    check_sizes(s, elem, chunk_states(s, elem))?;
     let smem = max_dynamic_smem();
     let plan = launches(s, elem, levels, smem);
     let by_maps = reverse_by_maps(elem, dk, levels, smem);
@@ -343,5 +429,68 @@ mod tests {
             assert!(l.shared_mem <= 227 << 10, "{} needs {} bytes", l.function, l.shared_mem);
         }
         assert!(grad_smem(Elem::F64) <= 227 << 10);
+    }
+
+    /// Heads run in groups (of 2, 2 and 1 of H = 5, the softplus scheme with `lambda_param`; f32
+    /// in the tf32 mode and f64 in the exact mode) give the bits of one call over every head,
+    /// `lambda_param`'s gradient included.
+    #[test]
+    #[ignore = "needs a CUDA device"]
+    fn head_groups_give_the_bits_of_one_call() {
+        if crate::device::skip_reason().is_some() {
+            return;
+        }
+        let m = mixer_registry::mixer(
+            "loglinear-gated-deltanet",
+            &serde_json::json!({"scale": 0.7, "lambda_scheme": "softplus"}),
+        )
+        .unwrap();
+        let ll = m.as_any().downcast_ref::<LogLinear>().expect("a log-linear mixer");
+        let [b, t, h, dk, dv] = [2, 333, 5, 32, 24];
+        let dims = [("B", b), ("T", t), ("H", h), ("Dk", dk), ("Dv", dv)].into_iter().collect();
+        let mut x = m.random_inputs(&dims, 5).unwrap();
+        let l = x["lambda"].shape()[3];
+        x.insert(
+            "lambda_param".into(),
+            ndarray::ArrayD::from_shape_fn(vec![h, l], |ix| 0.5 + 0.1 * (ix[0] + 2 * ix[1]) as f64),
+        );
+        let dy = ndarray::ArrayD::from_shape_fn(vec![b, t, h, dv], |ix| {
+            ((ix[1] * 5 + ix[2] * 3 + ix[3]) as f64).sin()
+        });
+        fn bits<F: GpuReal>(
+            ll: &LogLinear,
+            x: &mixer_core::Tensors<f64>,
+            dy: &ndarray::ArrayD<f64>,
+            p: Precision,
+        ) {
+            let xf: mixer_core::Tensors<F> = mixer_core::tensor::cast_tensors(x);
+            let dev = crate::forms::upload_inputs(&xf, Precision::Exact).unwrap();
+            let up = |n: &str| crate::forms::input::<F>(&dev, n).unwrap().into_owned();
+            let dyd = DeviceTensor::<F>::upload(&dy.mapv(F::of)).unwrap();
+            let (q, k, v, g, beta) = (up("q"), up("k"), up("v"), up("g"), up("beta"));
+            let args = [&q, &k, &v, &g, &beta, &dyd];
+            let s = q.shape();
+            let dims = [s[0], s[1], s[2], s[3], v.shape()[3]];
+            let one = delta_heads(ll, &dev, args, dims, p).unwrap();
+            let groups = in_head_groups(ll, &dev, args, dims, p, 2).unwrap();
+            let pairs = [
+                ("dq", &one.lift.dq, &groups.lift.dq),
+                ("dk", &one.lift.dk, &groups.lift.dk),
+                ("dv", &one.lift.dv, &groups.lift.dv),
+                ("dlambda", &one.lift.dlambda, &groups.lift.dlambda),
+                ("dg", &one.dg, &groups.dg),
+                ("dbeta", &one.dbeta, &groups.dbeta),
+                ("dparam", one.lift.dparam.as_ref().unwrap(), groups.lift.dparam.as_ref().unwrap()),
+            ];
+            for (name, a, b) in pairs {
+                let (a, b) = (a.to_host().unwrap(), b.to_host().unwrap());
+                assert_eq!(a.shape(), b.shape(), "{name}");
+                let same = a.iter().zip(b.iter()).all(|(x, y)| x.f64().to_bits() == y.f64().to_bits());
+                assert!(same, "{} {p:?}: {name} differs between one call and head groups", F::SUFFIX);
+                assert!(a.iter().any(|x| x.f64() != 0.0), "{name} is not all zeros");
+            }
+        }
+        bits::<f32>(ll, &x, &dy, Precision::Tf32);
+        bits::<f64>(ll, &x, &dy, Precision::Exact);
     }
 }

@@ -275,6 +275,16 @@ pub(crate) fn unexpected(l: &Launch) -> Error {
     )
 }
 
+/// The most batch·heads whose `states` chunk states of `Dk × Dv` elements of `elem` take at most
+/// a quarter of the device's memory and at most [`MAX_TREE_BYTES`] (what a call that runs in
+/// groups of heads gives each group: the rest holds the inputs, their copies for the group and the
+/// gradients).
+pub(crate) fn max_bh(s: Shape, elem: Elem, states: usize) -> Result<usize> {
+    let total =
+        gpu()?.ctx.total_mem().map_err(|e| err(FAMILY, format!("reading the device's memory: {e}")))?;
+    Ok(MAX_TREE_BYTES.min(total / 4) / (states * s.dk * s.dv * elem.bytes()).max(1))
+}
+
 /// The limits of the chunk-parallel kernels: `states` chunk states of `Dk × Dv` elements of
 /// `elem` per (batch, head) within [`MAX_TREE_BYTES`], indices within `i32`, `B·H` within a grid
 /// dimension.

@@ -41,6 +41,7 @@ use super::common::FAMILY;
 use super::{backward, fast};
 use crate::forms::{cotangent, finish, input, input_opt};
 use crate::kernels;
+use crate::pitched::copy_rows;
 use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu, grid1, int, launch};
 use crate::state_rows::{copy_as, counts, gathered};
@@ -550,12 +551,8 @@ fn backward_rows<F: GpuReal>(
         // λ̄: the lift's on the segment's rows, then the held reads' q · q̄_row added.
         let dl = got(&gl, "lambda")?;
         let g = gpu()?;
-        if !dl.is_empty() {
-            let f = g.kernel(FAMILY, &kernels::TENSOR, &[], &format!("copy_rows_{}", F::SUFFIX))?;
-            let (sp, dp, wd, nr) = ((n * h * nl) as i64, (t * h * nl) as i64, (n * h * nl) as i64, b as i64);
-            let (dlv, mut dwv) = (dl.view(), dw.slice_mut(r0 * h * nl..));
-            launch!(g, FAMILY, f, grid1(dl.len().min(1 << 20), 256); &dlv, &sp, &mut dwv, &dp, &wd, &nr)?;
-        }
+        let run = n * h * nl;
+        copy_rows(&dl.view(), run, &mut dw.slice_mut(r0 * h * nl..), t * h * nl, run, b)?;
         let nheld = seg.held.count_ones() as usize;
         if nheld * n * b * h > 0 {
             let dqr = got(&gr, "q")?;
