@@ -459,9 +459,10 @@ fn loglinear_precision_modes_meet_their_tolerances() {
 }
 
 /// The lifted gated DeltaNet at `Dk = 128` past T = 16384, where the FMA level pass no longer fits
-/// in shared memory: the exact mode runs the one-block-per-head form, the tf32 and bf16 modes the
-/// tensor-core level pass with one buffer (levels four at a time at T = 20000, one at a time at
-/// 40000). tf32 within its tolerance of the exact run, and not equal to it (another path ran).
+/// in shared memory: the exact mode runs the one-block-per-head form, the tf32 mode (and the bf16
+/// mode, by the same rule) the tensor-core level pass with one buffer (levels four at a time at
+/// T = 20000, one at a time at 40000). tf32 within its tolerance of the exact run, and not equal
+/// to it (another path ran).
 #[test]
 #[ignore = "needs a CUDA device"]
 fn lifted_gated_deltanet_at_dk_128_past_16384_tokens_runs_on_tensor_cores() {
