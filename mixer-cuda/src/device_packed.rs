@@ -39,7 +39,7 @@ use crate::device_state::{
     Cotangents, backward_device_from_state_with, run_device_from_state_with, run_packed,
 };
 use crate::kernels;
-use crate::pitched::copy_rows;
+use crate::pitched::{copy_rows, slice_axis};
 use crate::pool::{self, Pooled};
 use crate::runtime::{err, gpu, grid1, launch};
 use crate::tensor::{AnyDeviceTensor, Deferred, DeviceScalar, DeviceTensor, DeviceTensors, bf16};
@@ -217,19 +217,14 @@ fn segment(m: &dyn Mixer, inputs: &DeviceTensors, r: Range<usize>, stateful: boo
 }
 
 /// The first `n` entries of axis `axis ≥ 2` of a `[1, len, …]` tensor `t`, as a new contiguous
-/// tensor (one copy on the device, the runs of [`narrower`] read the other way), keeping `t`'s
-/// deferred checks.
+/// tensor (one copy on the device: [`slice_axis`]), keeping `t`'s deferred checks.
 fn leading(t: &AnyDeviceTensor, axis: usize, n: usize) -> Result<AnyDeviceTensor> {
     fn of<T: DeviceScalar>(t: &AnyDeviceTensor, axis: usize, n: usize) -> Result<AnyDeviceTensor> {
         let x = T::unwrap(t).ok_or_else(|| err(WHAT, "internal: a tensor of another type"))?;
-        let mut shape = x.shape().to_vec();
-        shape[axis] = n;
-        let Some((rows, width, pitch)) = narrower(&shape, x.shape())? else {
+        if x.shape().get(axis) == Some(&n) {
             return Ok(t.clone());
-        };
-        let mut buf: Pooled<T> = pool::take::<T>(WHAT, shape.iter().product())?;
-        copy_rows(&x.view(), pitch, &mut buf.slice_mut(..), width, width, rows)?;
-        Ok(T::wrap(DeviceTensor::from_pooled(buf, &shape)?.with_checks(x.checks().iter().cloned())))
+        }
+        Ok(T::wrap(slice_axis(x, axis, 0..n)?.with_checks(x.checks().iter().cloned())))
     }
     match t.dtype() {
         "f32" => of::<f32>(t, axis, n),

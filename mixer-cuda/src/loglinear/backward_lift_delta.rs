@@ -249,8 +249,7 @@ pub(crate) fn in_head_groups<F: GpuReal>(
         if let Some(pp) = &param {
             xg.insert("lambda_param".into(), F::wrap(slice_axis(pp, 0, r.clone())?));
         }
-        let cut = qkvgbd.map(|a| slice_axis(a, 2, r.clone()));
-        let [q, k, v, g, beta, dy] = cut;
+        let [q, k, v, g, beta, dy] = qkvgbd.map(|a| slice_axis(a, 2, r.clone()));
         let (q, k, v, g, beta, dy) = (q?, k?, v?, g?, beta?, dy?);
         let gr = delta_heads(ll, &xg, [&q, &k, &v, &g, &beta, &dy], [b, t, r.len(), dk, dv], p)?;
         let parts = [&gr.lift.dq, &gr.lift.dk, &gr.lift.dv, &gr.lift.dlambda, &gr.dg, &gr.dbeta];
@@ -263,9 +262,11 @@ pub(crate) fn in_head_groups<F: GpuReal>(
             _ => dparam = None,
         }
     }
-    let mut it = full.into_iter().zip(shapes).map(|(buf, s)| DeviceTensor::from_pooled(buf, &s));
-    let mut next = || it.next().ok_or_else(|| err(FAMILY, "internal: a head group's gradient missing"))?;
-    let (dq, dk_, dv_, dlambda, dg, dbeta) = (next()?, next()?, next()?, next()?, next()?, next()?);
+    let grads = full.into_iter().zip(&shapes).map(|(buf, s)| DeviceTensor::from_pooled(buf, s));
+    let Ok([dq, dk_, dv_, dlambda, dg, dbeta]) = <[_; 6]>::try_from(grads.collect::<Result<Vec<_>>>()?)
+    else {
+        return Err(err(FAMILY, "internal: a head group's gradients are not six"));
+    };
     let dparam = dparam.map(|(buf, s)| DeviceTensor::from_pooled(buf, &s)).transpose()?;
     Ok(LiftDeltaGrads { lift: LiftGrads { dq, dk: dk_, dv: dv_, dlambda, dparam }, dg, dbeta })
 }
