@@ -241,6 +241,41 @@ template <typename T> struct LgbGrad {
     static constexpr int W2 = W2_OVER ? 0 : END, TOTAL = W2_OVER ? END : END + WT;
 };
 
+// The decay terms of γ̄ for rows r < ch of a chunk, by thread r: Σ_s PG_rs − Σ_s PG_sr, in f64 and
+// in a fixed order (PG in shared memory, rows of ld entries).
+template <typename T> __device__ inline void lgb_decay_sums(const T* PG, int ld, int ch, double* dgs) {
+    const int r = threadIdx.x;
+    if (r < ch) {
+        double x = 0.0;
+        for (int s = 0; s < ch; ++s) x += (double)PG[r * ld + s];
+        for (int s = 0; s < ch; ++s) x -= (double)PG[s * ld + r];
+        dgs[r] = x;
+    }
+}
+
+// A chunk row's sums that dg and dβ read (lgb_dg_db).
+template <typename T> struct LgbRowSums {
+    T rq, rk2, rkez, rve, rdb;
+};
+
+// Step 5's end, by one thread: γ̄_r = dgs_r + rq_r − rk2_r − β_r e^(γ_r) rkez_r, plus at the last
+// row e^(γ_{n−1}) ⟨X, Z⟩ (xz) + Σ_r rk2_r; dg = the reverse cumulative sum of γ̄ inside the chunk
+// (f64) and dβ_r = rdb_r + rve_r − e^(γ_r) rkez_r, at the chunk's rows. sums(r): row r's LgbRowSums.
+template <typename T, typename Sums>
+__device__ inline void lgb_dg_db(Sums sums, const double* dgs, const double* gam, const T* bet, const T* eg,
+                                 double xz, int n, long long row0, int H, T* dg, T* db) {
+    double last = mx_exp(gam[n - 1]) * xz;
+    for (int r = 0; r < n; ++r) last += (double)sums(r).rk2;
+    double acc = 0.0;
+    for (int r = n - 1; r >= 0; --r) {
+        const LgbRowSums<T> x = sums(r);
+        acc += dgs[r] + (double)x.rq - (double)x.rk2 - (double)(bet[r] * eg[r] * x.rkez) + (r == n - 1 ? last : 0.0);
+        const long long row = row0 + (long long)r * H;
+        dg[row] = (T)acc;
+        db[row] = x.rdb + x.rve - eg[r] * x.rkez;
+    }
+}
+
 // Every input gradient of chunk blockIdx.x, batch·head blockIdx.y (docs/math.md §2.7), from the
 // chunk's T⁻¹ (ti [B·H, NC, CH, CH], row-major), its entering state Z (zs), the adjoint X of the
 // state after it (xs), its new values U' (un) and their adjoint dU' (e, overwritten with
@@ -351,12 +386,7 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
         PG[r * LDN + s] = strict ? fma(mp, qk[a][bb], f * kk[a][bb]) : (T)0;
     }
     __syncthreads();
-    if (tid < CH) {
-        double x = 0.0;
-        for (int s = 0; s < CH; ++s) x += (double)PG[tid * LDN + s];
-        for (int r = 0; r < CH; ++r) x -= (double)PG[r * LDN + tid];
-        dgs[tid] = x;
-    }
+    lgb_decay_sums(PG, LDN, CH, dgs);
     // 4. The keys side.
     T r1[RI] = {}, r2[RI] = {}, r3[RI] = {};
     for (int d0 = 0; d0 < Dk; d0 += LLC_NT) {
@@ -420,16 +450,9 @@ __device__ void lgb_grad(const T* q, const T* k, const T* v, const T* g, const T
     if (tid == 0) {
         double xz = 0.0;
         for (int w = 0; w < 8; ++w) xz += red[w];
-        double last = mx_exp(gam[n - 1]) * xz;
-        for (int r = 0; r < n; ++r) last += (double)rk2[r];
-        double acc = 0.0;
-        for (int r = n - 1; r >= 0; --r) {
-            acc += dgs[r] + (double)rq[r] - (double)rk2[r] - (double)(bet[r] * eg[r] * rkez[r]) +
-                   (r == n - 1 ? last : 0.0);
-            const long long row = row0 + (long long)r * H;
-            dg[row] = (T)acc;
-            db[row] = rdb[r] + rve[r] - eg[r] * rkez[r];
-        }
+        lgb_dg_db(
+            [&](int r) { return LgbRowSums<T>{rq[r], rk2[r], rkez[r], rve[r], rdb[r]}; }, dgs, gam, bet, eg, xz, n,
+            row0, H, dg, db);
     }
 }
 
@@ -683,12 +706,7 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     }
     __syncthreads();
     // The decay terms add to γ̄_r and subtract from γ̄_s.
-    if (tid < 64) {
-        double x = 0.0;
-        for (int s = 0; s < 64; ++s) x += (double)X4[tid * LGS_LD + s];
-        for (int r = 0; r < 64; ++r) x -= (double)X4[r * LGS_LD + tid];
-        dgs[tid] = x;
-    }
+    lgb_decay_sums(X4, LGS_LD, 64, dgs);
     __syncthreads();
     // 4. X4 holds k's tile, then q's, then A3's.
     for (int c0 = 0; c0 < Dk; c0 += 64) {
@@ -733,17 +751,10 @@ extern "C" __global__ void __launch_bounds__(256, 2)
         const int nkt = (Dk + 63) / 64;
         double xz = 0.0;
         for (int z = 0; z < nkt; ++z) xz += xzp[((long long)ck.bh * NC + ck.i) * nkt + z];
-        double last = mx_exp(gam[n - 1]) * xz;
-        for (int r = 0; r < n; ++r) last += (double)(part[3][0][r] + part[3][1][r]);
-        double acc = 0.0;
-        for (int r = n - 1; r >= 0; --r) {
-            const float rq = part[2][0][r] + part[2][1][r], rk2 = part[3][0][r] + part[3][1][r];
-            const float rkez = part[4][0][r] + part[4][1][r], rve = part[0][0][r] + part[0][1][r];
-            const float rdb = part[1][0][r] + part[1][1][r];
-            acc += dgs[r] + (double)rq - (double)rk2 - (double)(bet[r] * eg[r] * rkez) + (r == n - 1 ? last : 0.0);
-            const long long row = row0 + (long long)r * H;
-            dg[row] = (float)acc;
-            db[row] = rdb + rve - eg[r] * rkez;
-        }
+        // Each row's sum over the two warps that share it.
+        auto sum = [&](int i, int r) { return part[i][0][r] + part[i][1][r]; };
+        lgb_dg_db(
+            [&](int r) { return LgbRowSums<float>{sum(2, r), sum(3, r), sum(4, r), sum(0, r), sum(1, r)}; }, dgs,
+            gam, bet, eg, xz, n, row0, H, dg, db);
     }
 }
