@@ -291,9 +291,10 @@ static double run_case(const Case& cs, bool bf16, std::mt19937_64& rng) {
             e2 += std::isfinite((*got[g])[i]) ? d * d : INFINITY;
             w2 += (*want[g])[i] * (*want[g])[i];
         }
-        // d_q, d_k cancel to 0 at a window of 1: relative to σ·rms(dy)·rms(v)·rms(k or q) then, the
-        // floor of mixer-cuda/tests/all/backward.rs (entries of size 1).
-        const double floor = scale * std::sqrt((double)n);
+        // d_q, d_k cancel to 0 at a window of 1 (and at T = 1): relative to the size of their summands
+        // σ·(dy·v)·(k or q) then, dy·v a dot product of D terms of size √D (entries of size 1), the
+        // floor of mixer-cuda/tests/all/backward.rs's tensor-core test.
+        const double floor = scale * std::sqrt((double)D) * std::sqrt((double)n);
         const double rel = std::sqrt(e2) / std::max(std::sqrt(w2), g < 2 ? floor : 1e-300);
         worst = std::max(worst, rel);
         std::printf("D=%d BN=%d %s B=%d T=%d H=%d window=%d %s rel_rms=%.3e\n", D, ATC_BN, bf16 ? "bf16" : "tf32", B,

@@ -3,11 +3,11 @@ on a GPU machine with CuPy and PyTorch, without a Rust build: compiles the kerne
 under given compile-time settings (ATC_WARPS, ATC_BN) and times atc_dkdv and atc_dq alone (CUDA
 events, median of 5, causal, device-resident inputs in the [B, T, H, D] layout) beside torch SDPA's
 backward alone (forward + backward less forward, the same dtype: bf16, or fp32 with TF32 off for
-the tf32 mode). The row statistics are zeros: the kernels' work does not depend on values (no
+the tf32 and exact modes; the exact mode's kernels are the tf32x3 ones). The row statistics are zeros: the kernels' work does not depend on values (no
 data-dependent branches); correctness is checked by bench/gpu/attention_backward_harness.cpp and
 the GPU tests (mixer-cuda/tests/all/backward.rs), not here.
 
-    python3 bench/gpu/attn_backward_tune.py [--shape B,T,H,D (1,16384,16,64)] [--mode bf16|tf32] \
+    python3 bench/gpu/attn_backward_tune.py [--shape B,T,H,D (1,16384,16,64)] [--mode bf16|tf32|exact] \
         [ATC_WARPS=4,ATC_BN=64 ...]
 
 With no variant, the settings of attention::backward_fused::plan (8 warps; 64 columns up to D = 64,
@@ -25,7 +25,7 @@ from attention_backward_torch import median_ms, sdpa
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--shape", default="1,16384,16,64", help="B,T,H,D")
-ap.add_argument("--mode", default="bf16", choices=["bf16", "tf32"])
+ap.add_argument("--mode", default="bf16", choices=["bf16", "tf32", "exact"])
 ap.add_argument("variants", nargs="*")
 a = ap.parse_args()
 B, T, H, D = map(int, a.shape.split(","))
@@ -42,7 +42,7 @@ t_bwd = fb_ref - f_ref
 print(f"SDPA {a.mode} backward alone B={B} T={T} H={H} D={D}: {t_bwd:.3f} ms", flush=True)
 src = open("mixer-cuda/kernels/common.cuh").read() + "\n" + open("mixer-cuda/kernels/attention_backward_fused.cu").read()
 default = f"ATC_WARPS=8,ATC_BN={64 if D <= 64 else 32}"
-suffix = "bf16" if a.mode == "bf16" else "tf32"
+suffix = {"bf16": "bf16", "tf32": "tf32", "exact": "tf32x3"}[a.mode]
 for var in a.variants or [default]:
     d = dict(kv.split("=") for kv in var.split(",") if kv)
     warps, bn = int(d.get("ATC_WARPS", 8)), int(d.get("ATC_BN", 64))

@@ -31,12 +31,26 @@ use crate::pool;
 use crate::runtime::{err, gpu, int, launch};
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors, bf16};
 
-/// Warps per block of `atc_dkdv` and `atc_dq` (`ATC_WARPS`), 16 rows each: 128 rows per block, so
-/// that each streamed column tile is read from L2 once per 128 rows (the bytes the two kernels read
-/// grow as `T² D / rows per block`).
-const WARPS: usize = 8;
-/// Rows (keys in `atc_dkdv`, queries in `atc_dq`) per block.
-const BM: usize = 16 * WARPS;
+/// The tiles of `atc_dkdv` or `atc_dq`: warps per block (`ATC_WARPS`, 16 rows each: keys in
+/// `atc_dkdv`, queries in `atc_dq`) and columns per streamed tile (`ATC_BN`: queries in
+/// `atc_dkdv`, keys in `atc_dq`). Each streamed column tile is read from L2 once per block, so the
+/// bytes a kernel reads grow as `T² D / rows per block`; the score, `dP` and gradient accumulators
+/// of a warp (`2·BN/4 + 2·D/2` floats a thread in `atc_dkdv`) bound the columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Tiles {
+    /// Warps per block.
+    pub warps: usize,
+    /// Columns per streamed tile.
+    pub bn: usize,
+}
+
+impl Tiles {
+    /// Rows per block.
+    pub fn rows(self) -> usize {
+        16 * self.warps
+    }
+}
+
 /// Warps per block of `atc_delta` (one row each).
 const DELTA_WARPS: usize = 8;
 
@@ -62,8 +76,8 @@ pub struct Launch {
 pub struct BackwardPlan {
     /// The forward's launch ([`fused::plan`]), run with the statistics buffer.
     pub forward: super::fast::Plan,
-    /// Columns per streamed tile (`ATC_BN`): queries in `atc_dkdv`, keys in `atc_dq`.
-    pub bn: usize,
+    /// The tiles of `atc_dkdv` and of `atc_dq` ([`tiles`]).
+    pub tiles: [Tiles; 2],
     /// `D_t = dy_t · y_t`.
     pub delta: Launch,
     /// `d_k`, `d_v` per key tile.
@@ -72,19 +86,20 @@ pub struct BackwardPlan {
     pub dq: Launch,
 }
 
-/// The tile rule: `ATC_BN = 64` columns at head dims up to 64, 32 above (the score, `dP` and both
-/// gradient accumulators stay within the registers of a thread: `2·D/2 + 2·BN/4` floats).
-pub fn columns(d: usize) -> usize {
-    if d <= 64 { 64 } else { 32 }
+/// The tiles of (`atc_dkdv`, `atc_dq`) at head dim `d` in mode `p`: 8 warps, 64 columns up to
+/// `D = 64` and 32 above, for both.
+pub fn tiles(d: usize, _p: Precision) -> (Tiles, Tiles) {
+    let t = Tiles { warps: 8, bn: if d <= 64 { 64 } else { 32 } };
+    (t, t)
 }
 
-/// Shared memory (bytes) of `atc_dkdv` and `atc_dq` at head dim `d`, `bn` columns, for the mode's
-/// storage (`bf16`: rows of `d` bf16; tf32: rows of `d + 8` floats): `BM` rows of two inputs, two
-/// stages of `bn` rows of two inputs, and in `atc_dkdv` two stages of `bn` statistics (16 bytes).
-pub fn smem(d: usize, bn: usize, p: Precision) -> (usize, usize) {
+/// Dynamic shared memory (bytes) of a kernel with tiles `t` at head dim `d`, for the mode's
+/// storage (`bf16`: rows of `d` bf16; tf32: rows of `d + 8` floats): the block's rows of two
+/// inputs, two stages of `t.bn` rows of two inputs, and with `stats` (`atc_dkdv`) two stages of
+/// `t.bn` statistics (16 bytes each).
+pub fn smem(d: usize, t: Tiles, p: Precision, stats: bool) -> usize {
     let row = if p == Precision::Bf16 { 2 * d } else { 4 * (d + 8) };
-    let tiles = (2 * BM + 4 * bn) * row;
-    (tiles + 2 * bn * 16, tiles)
+    (2 * t.rows() + 4 * t.bn) * row + if stats { 2 * t.bn * 16 } else { 0 }
 }
 
 /// The tensor-core backward for `shape = [B, T, H, Dk, Dv]` in mode `p` on activations stored as
@@ -107,8 +122,8 @@ pub fn plan(a: &Attention, shape: [usize; 5], p: Precision, storage: Storage, li
         return Ok(None);
     }
     let Some(forward) = fused::plan(a, shape, p, wgmma)? else { return Ok(None) };
-    let bn = columns(d);
-    let (sm_dkdv, sm_dq) = smem(d, bn, p);
+    let (tk, tq) = tiles(d, p);
+    let (sm_dkdv, sm_dq) = (smem(d, tk, p, true), smem(d, tq, p, false));
     if sm_dkdv.max(sm_dq) > limit {
         return Ok(None);
     }
@@ -117,24 +132,22 @@ pub fn plan(a: &Attention, shape: [usize; 5], p: Precision, storage: Storage, li
         Precision::Tf32 => "tf32",
         Precision::Exact => "tf32x3",
     };
-    let options = vec![format!("-DATC_D={d}"), format!("-DATC_WARPS={WARPS}"), format!("-DATC_BN={bn}")];
-    let tiles = int(FAMILY, "row tiles", t.div_ceil(BM))? as u32;
-    let bh = int(FAMILY, "B·H", b * h)? as u32;
-    let rows = b * t * h;
-    let kernel = |name: &str, grid: [u32; 2], block: usize, shared_mem: usize| Launch {
-        function: format!("{name}_{suffix}"),
-        options: options.clone(),
-        grid,
-        block: block as u32,
-        shared_mem,
+    // (atc_delta takes ATC_D alone: it is compiled with atc_dkdv's options, one module fewer)
+    let kernel = |name: &str, tl: Tiles, grid: [usize; 2], block: usize, shared_mem: usize| {
+        Ok::<_, mixer_core::Error>(Launch {
+            function: format!("{name}_{suffix}"),
+            options: vec![format!("-DATC_D={d}"), format!("-DATC_WARPS={}", tl.warps), format!("-DATC_BN={}", tl.bn)],
+            grid: [int(FAMILY, "blocks", grid[0])? as u32, int(FAMILY, "B·H", grid[1])? as u32],
+            block: block as u32,
+            shared_mem,
+        })
     };
-    let delta_blocks = int(FAMILY, "rows", rows.div_ceil(DELTA_WARPS))? as u32;
     Ok(Some(BackwardPlan {
-        delta: kernel("atc_delta", [delta_blocks, 1], 32 * DELTA_WARPS, 0),
-        dkdv: kernel("atc_dkdv", [tiles, bh], 32 * WARPS, sm_dkdv),
-        dq: kernel("atc_dq", [tiles, bh], 32 * WARPS, sm_dq),
+        delta: kernel("atc_delta", tk, [(b * t * h).div_ceil(DELTA_WARPS), 1], 32 * DELTA_WARPS, 0)?,
+        dkdv: kernel("atc_dkdv", tk, [t.div_ceil(tk.rows()), b * h], 32 * tk.warps, sm_dkdv)?,
+        dq: kernel("atc_dq", tq, [t.div_ceil(tq.rows()), b * h], 32 * tq.warps, sm_dq)?,
         forward,
-        bn,
+        tiles: [tk, tq],
     }))
 }
 
@@ -285,7 +298,7 @@ mod tests {
             ] {
                 let pl = plan(&a, [2, 1000, 3, d, d], p, s, H200, true).unwrap().unwrap();
                 assert_eq!(pl.dkdv.function, format!("atc_dkdv_{suffix}"), "{d} {p}");
-                assert_eq!(pl.dq.grid, [8, 6], "{d} {p}");
+                assert_eq!(pl.dq.grid, [1000usize.div_ceil(pl.tiles[1].rows()) as u32, 6], "{d} {p}");
                 assert_eq!(pl.delta.grid, [750, 1], "{d} {p}");
                 assert!(pl.dq.options.contains(&format!("-DATC_D={d}")));
                 if p == Precision::Exact {
@@ -315,24 +328,44 @@ mod tests {
         );
     }
 
-    /// The tiles: 64 columns up to D = 64, 32 above; the shared memory counted from the layout.
+    /// The tiles of each kernel; the shared memory counted from the layout.
     #[test]
     fn tiles_and_shared_memory_follow_the_head_dim() {
-        assert_eq!((columns(32), columns(64), columns(96), columns(128)), (64, 64, 32, 32));
-        // bf16 D = 64: K, V 128 × 64, two stages of Q, dY 64 × 64, and 2 × 64 statistics.
+        let eight = |bn| Tiles { warps: 8, bn };
+        assert_eq!(tiles(64, Precision::Tf32), (eight(64), eight(64)));
+        assert_eq!(tiles(128, Precision::Tf32), (eight(32), eight(32)));
+        // bf16 D = 64, 8 warps: K, V 128 × 64, two stages of Q, dY 64 × 64, and 2 × 64 statistics.
+        assert_eq!(smem(64, eight(64), Precision::Bf16, true), (2 * 128 + 4 * 64) * 128 + 2 * 64 * 16);
+        assert_eq!(smem(64, eight(64), Precision::Bf16, false), (2 * 128 + 4 * 64) * 128);
+        // tf32 D = 128: rows of 136 floats; 4 warps: 64 rows.
         assert_eq!(
-            smem(64, 64, Precision::Bf16),
-            ((2 * 128 + 4 * 64) * 128 + 2 * 64 * 16, (2 * 128 + 4 * 64) * 128)
+            smem(128, Tiles { warps: 4, bn: 32 }, Precision::Tf32, false),
+            (2 * 64 + 4 * 32) * 136 * 4
         );
-        // tf32 D = 128: rows of 136 floats.
-        assert_eq!(smem(128, 32, Precision::Tf32).1, (2 * 128 + 4 * 32) * 136 * 4);
         let a = attention(None, None);
-        let pl =
-            plan(&a, [8, 4096, 16, 128, 128], Precision::Tf32, Storage::F32, H200, true).unwrap().unwrap();
-        assert_eq!((pl.bn, pl.dkdv.shared_mem, pl.dkdv.block), (32, smem(128, 32, Precision::Tf32).0, 256));
-        assert_eq!(pl.forward.kernel, Kernel::MmaTf32);
+        for (shape, p, s) in [
+            ([8, 4096, 16, 128, 128], Precision::Tf32, Storage::F32),
+            ([1, 16384, 16, 64, 64], Precision::Bf16, Storage::Bf16),
+            ([2, 1000, 3, 96, 96], Precision::Exact, Storage::F32),
+        ] {
+            let pl = plan(&a, shape, p, s, H200, true).unwrap().unwrap();
+            let (tk, tq) = tiles(shape[3], p);
+            assert_eq!(pl.tiles, [tk, tq]);
+            assert_eq!(
+                (pl.dkdv.shared_mem, pl.dkdv.block as usize),
+                (smem(shape[3], tk, p, true), 32 * tk.warps)
+            );
+            assert_eq!(
+                (pl.dq.shared_mem, pl.dq.block as usize),
+                (smem(shape[3], tq, p, false), 32 * tq.warps)
+            );
+            assert_eq!(pl.dkdv.grid, [shape[1].div_ceil(tk.rows()) as u32, (shape[0] * shape[2]) as u32]);
+            assert_eq!(pl.dq.grid, [shape[1].div_ceil(tq.rows()) as u32, (shape[0] * shape[2]) as u32]);
+            assert!(pl.dq.options.contains(&format!("-DATC_WARPS={}", tq.warps)));
+            assert!(pl.dq.options.contains(&format!("-DATC_BN={}", tq.bn)));
+        }
         let pl =
             plan(&a, [1, 16384, 16, 64, 64], Precision::Bf16, Storage::Bf16, H200, true).unwrap().unwrap();
-        assert_eq!((pl.bn, pl.forward.kernel), (64, Kernel::WgmmaBf16));
+        assert_eq!(pl.forward.kernel, Kernel::WgmmaBf16);
     }
 }

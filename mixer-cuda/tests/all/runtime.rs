@@ -86,22 +86,32 @@ fn every_kernel_compiles_with_nvrtc_for_sm90() {
         };
         jobs.push((k.name, k.full(), "sm_90", pl.options));
     }
-    // The tensor-core backward at every head dim its plan takes (both modes share one source).
+    // The tensor-core backward at every head dim and mode its plan takes (one source; each set
+    // of tiles its own options).
     let bwd = mixer_cuda::kernels::ATTENTION_BACKWARD_FUSED.full();
-    for d in [32, 96, 128] {
-        let shape = [1, 100, 1, d, d];
-        let pl = mixer_cuda::attention::backward_fused::plan(
-            &a,
-            shape,
-            Precision::Bf16,
-            Storage::Bf16,
-            219 << 10,
-            true,
-        )
-        .unwrap()
-        .unwrap();
-        assert_eq!(pl.dkdv.options, pl.dq.options);
-        jobs.push(("attention_backward_fused", bwd.clone(), "sm_90", pl.dkdv.options));
+    let mut seen = std::collections::HashSet::new();
+    for d in [32, 64, 96, 128] {
+        for (p, storage) in [
+            (Precision::Bf16, Storage::Bf16),
+            (Precision::Tf32, Storage::F32),
+            (Precision::Exact, Storage::F32),
+        ] {
+            let pl = mixer_cuda::attention::backward_fused::plan(
+                &a,
+                [1, 100, 1, d, d],
+                p,
+                storage,
+                219 << 10,
+                true,
+            )
+            .unwrap()
+            .unwrap();
+            for options in [pl.dkdv.options, pl.dq.options] {
+                if seen.insert(options.clone()) {
+                    jobs.push(("attention_backward_fused", bwd.clone(), "sm_90", options));
+                }
+            }
+        }
     }
     // Gated DeltaNet's state passes as the host compiles them: head dims fixed, warps per block
     // and buffers of the register-state passes (tf32 and bf16), k's bits taken as they are in the
