@@ -7,7 +7,8 @@
 //! one lent by [`crate::runtime::on_stream`]), so a buffer freed after its last launch was
 //! enqueued can be handed to the next launch on the same stream without waiting, and only
 //! there. [`stats`] counts the driver allocations, for tests and reports; [`release_cached`]
-//! gives the cached buffers back to the driver.
+//! gives the cached buffers back to the driver, as the pool itself does when the driver runs out
+//! of memory (then it tries the allocation once more).
 //!
 //! A caller can provide the memory instead ([`with_allocator`]): inside, every buffer comes
 //! from the caller's allocator (PyTorch's caching allocator, for the Python package), and a
@@ -211,8 +212,21 @@ pub fn take<T: DeviceRepr + 'static>(kernel: &str, n: usize) -> Result<Pooled<T>
             let g = gpu()?;
             // SAFETY: device memory; every user either overwrites it or zeroes it first
             // ([`zeros`]).
-            let s = unsafe { g.stream().alloc::<T>(len) }
-                .map_err(|e| err(kernel, format!("allocating {bytes} bytes of device memory: {e}")))?;
+            let alloc = || unsafe { g.stream().alloc::<T>(len) };
+            let s = match alloc() {
+                Ok(s) => Ok(s),
+                // Out of device memory with buffers cached: give them back to the driver, wait for
+                // the frees, and try once more (as PyTorch's caching allocator does).
+                Err(_) if CACHED_BYTES.load(Ordering::Relaxed) > 0 => {
+                    release_cached();
+                    g.stream()
+                        .synchronize()
+                        .map_err(|e| err(kernel, format!("waiting for the device: {e}")))?;
+                    alloc()
+                }
+                Err(e) => Err(e),
+            }
+            .map_err(|e| err(kernel, format!("allocating {bytes} bytes of device memory: {e}")))?;
             DRIVER_ALLOCS.fetch_add(1, Ordering::Relaxed);
             THREAD_ALLOCS.with(|c| c.set(c.get() + 1));
             DRIVER_BYTES.fetch_add(bytes, Ordering::Relaxed);

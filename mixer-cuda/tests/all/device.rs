@@ -77,6 +77,26 @@ fn every_form_on_device_tensors_equals_the_host_path_bit_for_bit() {
     println!("DEVICE bit-for-bit: {n} cases");
 }
 
+/// A buffer of most of the free device memory, dropped, stays cached in the pool; a buffer of
+/// another size that fits only without it is still allocated: the pool gives its cache back to
+/// the driver when the driver runs out, and tries again.
+#[test]
+#[ignore = "needs a CUDA device"]
+fn the_pool_gives_its_cache_back_when_the_device_runs_out() {
+    let Some(_turn) = gpu_alone() else { return };
+    let g = mixer_cuda::runtime::gpu().unwrap();
+    g.stream().synchronize().unwrap();
+    pool::release_cached();
+    let (free, _) = g.ctx.mem_get_info().unwrap();
+    let n = free / 10 * 6 / 4;
+    drop(pool::take::<f32>("test", n).unwrap());
+    assert!(pool::stats().cached_bytes >= n * 4, "the dropped buffer is cached");
+    let b = pool::take::<f32>("test", n / 4 * 5);
+    assert!(b.is_ok(), "0.75 of the free memory after 0.6 of it was cached: {:?}", b.err());
+    drop(b);
+    pool::release_cached();
+}
+
 #[test]
 #[ignore = "needs a CUDA device"]
 fn steady_state_calls_allocate_no_device_memory() {
