@@ -86,11 +86,26 @@ pub struct BackwardPlan {
     pub dq: Launch,
 }
 
-/// The tiles of (`atc_dkdv`, `atc_dq`) at head dim `d` in mode `p`: 8 warps, 64 columns up to
-/// `D = 64` and 32 above, for both.
-pub fn tiles(d: usize, _p: Precision) -> (Tiles, Tiles) {
-    let t = Tiles { warps: 8, bn: if d <= 64 { 64 } else { 32 } };
-    (t, t)
+/// The tiles of (`atc_dkdv`, `atc_dq`) at head dim `d` in mode `p`, the fastest of a sweep of warps
+/// {2, 4, 8} × columns {32, 64, 128} per kernel on an H100 (docs/gradients.md, "Tiles"; at
+/// `D = 64` two shapes agreed): bf16 at `D = 64` 4 warps with 64 columns and 4 with 128, at
+/// `D = 128` 4 with 64 for both; tf32 at `D = 64` 4 with 32 and 8 with 128. Elsewhere (the
+/// exact mode's split products, tf32 at `D = 128`, and the unmeasured head dims 32 and 96) 8 warps
+/// with 64 columns up to `D = 64` and 32 above, for both.
+pub fn tiles(d: usize, p: Precision) -> (Tiles, Tiles) {
+    let t = |warps, bn| Tiles { warps, bn };
+    match (p, d) {
+        (Precision::Bf16, 64) => (t(4, 64), t(4, 128)),
+        (Precision::Bf16, 128) => (t(4, 64), t(4, 64)),
+        (Precision::Tf32, 64) => (t(4, 32), t(8, 128)),
+        _ => (default_tiles(d), default_tiles(d)),
+    }
+}
+
+/// 8 warps with 64 columns up to `D = 64`, 32 above: the tiles where none were measured faster,
+/// and where the measured ones do not fit a device's shared memory.
+fn default_tiles(d: usize) -> Tiles {
+    Tiles { warps: 8, bn: if d <= 64 { 64 } else { 32 } }
 }
 
 /// Dynamic shared memory (bytes) of a kernel with tiles `t` at head dim `d`, for the mode's
@@ -123,6 +138,8 @@ pub fn plan(a: &Attention, shape: [usize; 5], p: Precision, storage: Storage, li
     }
     let Some(forward) = fused::plan(a, shape, p, wgmma)? else { return Ok(None) };
     let (tk, tq) = tiles(d, p);
+    let fit = |t: Tiles, stats| if smem(d, t, p, stats) <= limit { t } else { default_tiles(d) };
+    let (tk, tq) = (fit(tk, true), fit(tq, false));
     let (sm_dkdv, sm_dq) = (smem(d, tk, p, true), smem(d, tq, p, false));
     if sm_dkdv.max(sm_dq) > limit {
         return Ok(None);
@@ -322,7 +339,12 @@ mod tests {
         assert!(f32_64(Some(-0.5)).unwrap().is_none());
         assert!(f32_64(Some(1e35)).unwrap().is_none());
         assert!(f32_64(Some(0.0)).unwrap().is_some());
-        // tf32 at D = 128 needs 211 KiB: not without opting in.
+        // Measured tiles that do not fit give way to the default ones (tf32's 8 × 128 at D = 64
+        // needs 216 KiB); tf32 at D = 128 needs 211 KiB: not without opting in.
+        let small = 160 << 10;
+        let pl = plan(&a, [1, 10, 1, 64, 64], Precision::Tf32, Storage::F32, small, true).unwrap().unwrap();
+        assert_eq!(pl.tiles[1], default_tiles(64));
+        assert!(pl.dq.shared_mem <= small);
         assert!(
             plan(&a, [1, 10, 1, 128, 128], Precision::Tf32, Storage::F32, 48 << 10, true).unwrap().is_none()
         );
@@ -332,8 +354,10 @@ mod tests {
     #[test]
     fn tiles_and_shared_memory_follow_the_head_dim() {
         let eight = |bn| Tiles { warps: 8, bn };
-        assert_eq!(tiles(64, Precision::Tf32), (eight(64), eight(64)));
+        assert_eq!(tiles(64, Precision::Exact), (eight(64), eight(64)));
         assert_eq!(tiles(128, Precision::Tf32), (eight(32), eight(32)));
+        assert_eq!(tiles(96, Precision::Bf16), (eight(32), eight(32)));
+        assert_eq!(tiles(64, Precision::Tf32), (Tiles { warps: 4, bn: 32 }, eight(128)));
         // bf16 D = 64, 8 warps: K, V 128 × 64, two stages of Q, dY 64 × 64, and 2 × 64 statistics.
         assert_eq!(smem(64, eight(64), Precision::Bf16, true), (2 * 128 + 4 * 64) * 128 + 2 * 64 * 16);
         assert_eq!(smem(64, eight(64), Precision::Bf16, false), (2 * 128 + 4 * 64) * 128);
