@@ -3,15 +3,17 @@ on a GPU machine with CuPy and PyTorch, without a Rust build: compiles the kerne
 under given compile-time settings (ATC_WARPS, ATC_BN) and times atc_dkdv and atc_dq alone (CUDA
 events, median of 5, causal, device-resident inputs in the [B, T, H, D] layout) beside torch SDPA's
 backward alone (forward + backward less forward, the same dtype: bf16, or fp32 with TF32 off for
-the tf32 and exact modes; the exact mode's kernels are the tf32x3 ones). The row statistics are zeros: the kernels' work does not depend on values (no
-data-dependent branches); correctness is checked by bench/gpu/attention_backward_harness.cpp and
-the GPU tests (mixer-cuda/tests/all/backward.rs), not here.
+the tf32 and exact modes; the exact mode's kernels are the tf32x3 ones). The row statistics are
+zeros: the kernels' work does not depend on values (no data-dependent branches); correctness is
+checked by bench/gpu/attention_backward_harness.cpp and the GPU tests
+(mixer-cuda/tests/all/backward.rs), not here.
 
     python3 bench/gpu/attn_backward_tune.py [--shape B,T,H,D (1,16384,16,64)] [--mode bf16|tf32|exact] \
         [ATC_WARPS=4,ATC_BN=64 ...]
 
-With no variant, the settings of attention::backward_fused::plan (8 warps; 64 columns up to D = 64,
-32 above) are timed.
+With no variant, the default tiles of attention::backward_fused (8 warps; 64 columns up to D = 64,
+32 above) are timed for both kernels; the plan's own choice per kernel and mode
+(attention::backward_fused::tiles) may differ.
 """
 import argparse
 import math
