@@ -37,6 +37,13 @@ pub fn grad_name(name: &str) -> String {
 /// that name.
 pub const SAVED_OUTPUT: &str = "y";
 
+/// The name under which a device backward may be given, beside [`SAVED_OUTPUT`], what the
+/// forward saved for it (a backend's own record, from a forward run for a backward: on CUDA,
+/// attention's per-row softmax statistics, `mixer_cuda::run_device_saving`): with both, the
+/// backward skips the forward it would otherwise run again. Only backends that save something
+/// accept it; it has no gradient.
+pub const SAVED_STATISTICS: &str = "y_stats";
+
 /// The forward's output among a backward's `inputs` ([`SAVED_OUTPUT`]), when it is given and `m`
 /// has no input of that name.
 pub fn saved_output<'a, F>(m: &dyn Mixer, inputs: &'a Tensors<F>) -> Option<&'a ArrayD<F>> {

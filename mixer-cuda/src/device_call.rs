@@ -12,7 +12,7 @@ use mixer_core::mixer::Mixer;
 use mixer_core::{Error, Form, Precision, Result};
 
 use crate::device_packed::{backward_device_packed, run_device_packed};
-use crate::device_run::{backward_device_with, run_device_with};
+use crate::device_run::{backward_device_with, run_device_saving, run_device_with};
 use crate::device_state::{Cotangents, backward_device_from_state_with, run_device_from_state_with};
 use crate::tensor::{AnyDeviceTensor, DeviceTensors};
 
@@ -65,6 +65,22 @@ pub fn forward(
     fast_only(m, call.form, "a run from a state")?;
     let (y, fin) = run_device_from_state_with(m, inputs, call.initial, call.precision, call.checks)?;
     Ok((y, want_final.then_some(fin)))
+}
+
+/// [`forward`] run for a backward (no final state): `y` and what the backward may read instead of
+/// running the forward again ([`crate::run_device_saving`]; `None` where the family saves
+/// nothing, and for a run from a state or a packed batch, whose backwards read nothing). Give
+/// both to [`backward`] as `y` and `y_stats` (`mixer_core::grad::{SAVED_OUTPUT,
+/// SAVED_STATISTICS}`).
+pub fn forward_saving(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    call: &Call<'_>,
+) -> Result<(AnyDeviceTensor, Option<AnyDeviceTensor>)> {
+    if call.form == Form::Fast && call.initial.is_none() && call.cu_seqlens.is_none() {
+        return run_device_saving(m, inputs, call.precision, call.checks);
+    }
+    Ok((forward(m, inputs, call, false)?.0, None))
 }
 
 /// The backward of [`forward`] (the `fast` form's): the gradients `d_<input>` of the inputs

@@ -12,7 +12,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use mixer_core::grad::{SAVED_OUTPUT, is_saved_output, takes_saved_output};
+use mixer_core::grad::{SAVED_OUTPUT, SAVED_STATISTICS, is_saved_output, takes_saved_output};
 use mixer_core::mixer::{Mixer, downcast};
 use mixer_core::spec::{Constraint, InputSpec};
 use mixer_core::{AnyTensors, DType, Dims, Error, Form, Precision, Requires, Result, Tensors};
@@ -70,6 +70,33 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         Ok(Box::new(y.with_checks(checks)))
     }
 
+    fn implements_saving(&self) -> bool {
+        <T as DeviceFamily<f32>>::fast_saving().is_some()
+    }
+
+    fn run_saving(
+        &self,
+        m: &dyn Mixer,
+        inputs: &dyn Any,
+        precision: Precision,
+        checks: bool,
+    ) -> Result<Box<dyn Any>> {
+        let inputs = tensors(inputs, "inputs")?;
+        let double = check_on_host(m, inputs, precision)?;
+        let spec = m.spec();
+        let mut wanted = if checks { input_checks(&spec, inputs)? } else { Vec::new() };
+        let (y, saved) = if double {
+            typed_saving::<f64, T>(m, inputs, precision)
+        } else {
+            typed_saving::<f32, T>(m, inputs, precision)
+        }?;
+        if !checks {
+            return Ok(Box::new((y, saved)));
+        }
+        wanted.push(output_check(&y, format!("`{}` fast form on cuda", m.name()), "every input is")?);
+        Ok(Box::new((y.with_checks(wanted), saved)))
+    }
+
     fn backward(
         &self,
         m: &dyn Mixer,
@@ -89,7 +116,15 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         // The forward's output, when given (`SAVED_OUTPUT`): the shape of y, dy's dtype (or f32
         // in the bf16 mode, where the backward computes in f32).
         let saved = inputs.get(SAVED_OUTPUT).filter(|_| takes_saved_output(m));
-        let double = check_on_host_except(m, inputs, precision, saved.map(|_| SAVED_OUTPUT))?;
+        // What a saving forward left for this backward (`SAVED_STATISTICS`), where the family
+        // saves anything (else it is an unknown input, refused below); the family checks its size.
+        let stats = inputs.get(SAVED_STATISTICS).filter(|_| self.implements_saving());
+        if let Some(s) = stats {
+            check_saved_statistics(s, saved.is_some())?;
+        }
+        let skip: Vec<&str> =
+            [saved.map(|_| SAVED_OUTPUT), stats.map(|_| SAVED_STATISTICS)].into_iter().flatten().collect();
+        let double = check_on_host_except(m, inputs, precision, &skip)?;
         let given: Vec<String> = inputs.keys().cloned().collect();
         mixer_registry::backward::check_requires(m, &given, requires)?;
         check_dy(m, inputs, dy, precision, double)?;
@@ -118,7 +153,8 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
             })
             .map(|(k, v)| (k, v.with_checks(checks.iter().cloned())))
             .collect();
-        for name in inputs.keys().filter(|n| requires.wants(n) && !is_saved_output(m, n)) {
+        let saved_name = |n: &str| is_saved_output(m, n) || (n == SAVED_STATISTICS && stats.is_some());
+        for name in inputs.keys().filter(|n| requires.wants(n) && !saved_name(n)) {
             let g = out.get(&format!("d_{name}")).ok_or_else(|| {
                 err(
                     m.family(),
@@ -241,6 +277,17 @@ fn typed_backward<F: GpuReal, T: DeviceFamily<F>>(
     let mm = downcast::<T::Mixer>(m, "cuda")?;
     let f = T::backward().ok_or_else(|| err(m.family(), "internal: no fast backward on device tensors"))?;
     f(mm, x, dy, req, p)
+}
+
+fn typed_saving<F: GpuReal, T: DeviceFamily<F>>(
+    m: &dyn Mixer,
+    x: &DeviceTensors,
+    p: Precision,
+) -> Result<(AnyDeviceTensor, Option<AnyDeviceTensor>)> {
+    let mm = downcast::<T::Mixer>(m, "cuda")?;
+    let f =
+        T::fast_saving().ok_or_else(|| err(m.family(), "internal: no saving fast form on device tensors"))?;
+    f(mm, x, p)
 }
 
 fn typed_decoder<F: GpuReal, T: DeviceFamily<F>>(
@@ -403,18 +450,35 @@ pub(crate) fn check_saved_output(
 /// bind the spec's sizes, the sizes meet the mixer's bounds, the dtypes suit the mode. Returns
 /// whether the call computes in `f64`.
 pub(crate) fn check_on_host(m: &dyn Mixer, inputs: &DeviceTensors, precision: Precision) -> Result<bool> {
-    check_on_host_except(m, inputs, precision, None)
+    check_on_host_except(m, inputs, precision, &[])
 }
 
-/// [`check_on_host`] without the tensor named `skip` (a backward's saved output).
+/// The host-side checks of what a saving forward left for the backward (`SAVED_STATISTICS`):
+/// an `f32` device tensor, given with the forward's output `y` (the statistics alone say nothing
+/// of `y`, which the backward reads too).
+fn check_saved_statistics(s: &AnyDeviceTensor, with_y: bool) -> Result<()> {
+    if s.dtype() != "f32" || !with_y {
+        return Err(Error::Value {
+            name: SAVED_STATISTICS.into(),
+            constraint: format!(
+                "what the saving forward returned beside `{SAVED_OUTPUT}` (an f32 device tensor), given with that `{SAVED_OUTPUT}`"
+            ),
+            found: format!("a {} device tensor{}", s.dtype(), if with_y { "" } else { " without `y`" }),
+        });
+    }
+    Ok(())
+}
+
+/// [`check_on_host`] without the tensors named in `skip` (a backward's saved output and
+/// statistics).
 fn check_on_host_except(
     m: &dyn Mixer,
     inputs: &DeviceTensors,
     precision: Precision,
-    skip: Option<&str>,
+    skip: &[&str],
 ) -> Result<bool> {
     let spec = m.spec();
-    let kept = |k: &String| Some(k.as_str()) != skip;
+    let kept = |k: &String| !skip.contains(&k.as_str());
     let shapes =
         inputs.iter().filter(|(k, _)| kept(k)).map(|(k, v)| (k.clone(), v.shape().to_vec())).collect();
     let dims = spec.bind(&shapes)?;
@@ -424,7 +488,7 @@ fn check_on_host_except(
 
 /// The element types a call accepts: all `f64` (exact), all `f32` (exact or tf32), or bf16
 /// activations with `f32` for the rest (bf16). Returns whether the call computes in `f64`.
-fn check_dtypes(x: &DeviceTensors, p: Precision, skip: Option<&str>) -> Result<bool> {
+fn check_dtypes(x: &DeviceTensors, p: Precision, skip: &[&str]) -> Result<bool> {
     let activation = |k: &str| mixer_core::precision::ACTIVATIONS.contains(&k);
     let want = |k: &str, double: bool| match p {
         Precision::Bf16 if activation(k) => "bf16",
@@ -432,7 +496,7 @@ fn check_dtypes(x: &DeviceTensors, p: Precision, skip: Option<&str>) -> Result<b
         _ => "f32",
     };
     let double = p == Precision::Exact && x.values().any(|t| t.dtype() == "f64");
-    for (k, t) in x.iter().filter(|(k, _)| Some(k.as_str()) != skip) {
+    for (k, t) in x.iter().filter(|(k, _)| !skip.contains(&k.as_str())) {
         let w = want(k, double);
         if t.dtype() != w {
             return Err(Error::Value {
@@ -476,6 +540,22 @@ pub fn run_device_with(
     checks: bool,
 ) -> Result<AnyDeviceTensor> {
     mixer_registry::run_device(m, &Backend::by_name("cuda")?, form, inputs, precision, checks)
+}
+
+/// The `fast` form of `m` on device tensors run for a backward: `y` (the bits of
+/// [`run_device_with`]'s) and what the backward may read instead of running the forward again,
+/// where the family saves anything in this configuration (attention on tensor cores: each row's
+/// softmax statistics, docs/gradients.md), else `None`. Give both to [`backward_device`] as
+/// `y` (`mixer_core::grad::SAVED_OUTPUT`) and `y_stats` (`SAVED_STATISTICS`), with the same
+/// inputs and mode: the backward then skips its forward. Returns at once; `checks` as in
+/// [`run_device_with`].
+pub fn run_device_saving(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    precision: Precision,
+    checks: bool,
+) -> Result<(AnyDeviceTensor, Option<AnyDeviceTensor>)> {
+    mixer_registry::run_device_saving(m, &Backend::by_name("cuda")?, inputs, precision, checks)
 }
 
 /// The gradients of the `fast` form of `m` on device tensors: for the output cotangent `dy`

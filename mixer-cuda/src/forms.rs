@@ -33,6 +33,13 @@ use crate::tensor::{AnyDeviceTensor, DeviceScalar, DeviceTensor, DeviceTensors, 
 /// A device form: inputs on the device, output on the device, nothing waited for.
 pub type DeviceFormFn<M> = fn(&M, &DeviceTensors, Precision) -> Result<AnyDeviceTensor>;
 
+/// The `fast` form run for a backward ([`crate::run_device_saving`]): `y` and what the backward
+/// may read instead of running the forward again (`mixer_core::grad::SAVED_STATISTICS`; `None`
+/// where nothing is saved in this configuration), nothing waited for. `y` has the bits of the
+/// plain `fast` form's.
+pub type DeviceSavingFn<M> =
+    fn(&M, &DeviceTensors, Precision) -> Result<(AnyDeviceTensor, Option<AnyDeviceTensor>)>;
+
 /// A device form run from a recurrent state (docs/math.md §7): the inputs, the initial state
 /// (`None`: zeros) as device tensors named as the mixer's state; returns `y` and the final
 /// state, nothing waited for.
@@ -128,6 +135,11 @@ pub trait DeviceFamily<F: GpuReal>: Send + Sync + 'static {
     /// A configuration whose `fast` backward this backend cannot run although the family has
     /// one (the reason), or `None`.
     fn backward_unsupported(_m: &Self::Mixer) -> Option<String> {
+        None
+    }
+    /// The `fast` form that also saves what its backward reads ([`DeviceSavingFn`]), if the
+    /// family saves anything; its backward then accepts `mixer_core::grad::SAVED_STATISTICS`.
+    fn fast_saving() -> Option<DeviceSavingFn<Self::Mixer>> {
         None
     }
     /// The `fast` form run from a state, if any.

@@ -235,25 +235,42 @@ def forward_plain(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tens
     return _view(y)
 
 
+def forward_saving(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], config: str,
+                   precision: str):
+    """:func:`forward_plain` in the ``fast`` form run for a backward: ``(y, stats)``, where ``stats``
+    is what the CUDA backend saves for this call's backward (attention on tensor cores: each row's
+    softmax statistics, a float32 tensor) or ``None``. Give both ``y`` (as the library returned it)
+    and ``stats`` to :func:`backward`, which then skips the forward it would otherwise run again."""
+    keep, raw = _prepare(names, tensors, precision)
+    index = device(tensors[0])
+    stream = _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
+    y, stats = _mixers.cuda_forward_saving(mixer, raw, stream, _allocator_of(index), config=config, form="fast",
+                                           precision=precision)
+    del keep
+    return tuple(_views((y, stats)))
+
+
 def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], dy: torch.Tensor, config: str,
              precision: str, requires: Optional[List[str]] = None, initial_state: Optional[torch.Tensor] = None,
              d_final: Optional[torch.Tensor] = None, cu_seqlens: Optional[List[int]] = None,
-             y: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+             y: Optional[torch.Tensor] = None, stats: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
     """The ``fast`` backward for the cotangent ``dy``, enqueued on the current stream:
     ``{"d_<input>": tensor}`` (float32 in the ``tf32`` and ``bf16`` modes, else the inputs'
     dtype). From a state (``initial_state`` or the final state's cotangent ``d_final``) computed in
     the exact mode on the values as the mode stores them, with ``"d_initial_state"`` when
     ``initial_state`` is given. With ``cu_seqlens``, the backward of the packed batch. ``y``: the
     forward's output (float32 or float64; no state, no ``cu_seqlens``), which a backward that
-    reads it then does not recompute. ``NotImplementedError`` where the CUDA backend has no such
-    backward for the mixer."""
+    reads it then does not recompute; with ``stats`` (from :func:`forward_saving`, given with its
+    ``y``) the backward skips the forward. ``NotImplementedError`` where the CUDA backend has no
+    such backward for the mixer."""
     keep, raw = _prepare(names, tensors, precision)
     dy_dtype = torch.bfloat16 if precision == "bf16" else (torch.float32 if dy.dtype in _HALF else dy.dtype)
     dy_t, dy_raw = _raw("dy", dy, dy_dtype)
-    if y is not None:
-        y_t, y_raw = _raw("y", y, y.dtype)
-        keep.append(y_t)
-        raw.append(y_raw)
+    for name, t in (("y", y), ("y_stats", stats)):
+        if t is not None:
+            t, r = _raw(name, t, t.dtype)
+            keep.append(t)
+            raw.append(r)
     (s0, s0_raw), (df, df_raw) = _state("initial_state", initial_state, tensors), _state("d_final", d_final, tensors)
     device = tensors[0].device
     stream = _stream(device)

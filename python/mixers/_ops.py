@@ -502,13 +502,19 @@ def _wants_grad(requires_grad: bool) -> bool:
     return (requires_grad and torch.is_grad_enabled()) or getattr(_FORWARD_AD, "_current_level", 0) != -1
 
 
-def _plain_forward(plan, tensors: Sequence[torch.Tensor], cu_seqlens=None) -> torch.Tensor:
+def _plain_forward(plan, tensors: Sequence[torch.Tensor], cu_seqlens=None, saving=False):
     """``y`` of the op's forward implementation for a call of ``plan`` (:func:`_plan`) whose
     tensors are all on the CUDA backend's device: the zero-copy path, ``y`` in the mixed input's
-    dtype; with ``cu_seqlens`` (the offsets tensor, ``fast`` form) the packed batch."""
+    dtype; with ``cu_seqlens`` (the offsets tensor, ``fast`` form) the packed batch. With
+    ``saving`` (the ``fast`` form without ``cu_seqlens``), the forward run for a backward:
+    ``(y, the library's y, stats)``, ``stats`` what the library saved for the backward
+    (:func:`mixers._cuda.forward_saving`) or ``None``."""
     mixer, names, config, form, _, precision, mixed = plan
-    y = _cuda.forward_plain(mixer, names, tensors, config, form, precision, cu_seqlens=_offsets(cu_seqlens))
     dtype = tensors[mixed].dtype
+    if saving:
+        y, stats = _cuda.forward_saving(mixer, names, tensors, config, precision)
+        return (y if y.dtype == dtype else y.to(dtype)), y, stats
+    y = _cuda.forward_plain(mixer, names, tensors, config, form, precision, cu_seqlens=_offsets(cu_seqlens))
     return y if y.dtype == dtype else y.to(dtype)
 
 
@@ -521,12 +527,21 @@ class _Plain(torch.autograd.Function):
     @staticmethod
     def forward(ctx, call, *tensors):
         plan, cu_seqlens = call
-        y = _plain_forward(plan, tensors, cu_seqlens)
+        mixer, names, config, form, backend, precision, mixed = plan
         ctx.save_for_backward(*tensors)
-        mixer, names, config, _, backend, precision, _ = plan
+        ctx.call = call
+        if form == "fast" and cu_seqlens is None:
+            # Run for the backward: where the library saves something for it (attention's row
+            # statistics), the node keeps that and the library's `y`, and the backward skips the
+            # forward it would otherwise run again.
+            y, y_lib, stats = _plain_forward(plan, tensors, None, True)
+            if stats is not None:
+                ctx.saved_run = (_KeptOutput(y_lib), stats)
+                return y
+        else:
+            y = _plain_forward(plan, tensors, cu_seqlens)
         if _keeps_output(mixer, config, tensors, names, None, cu_seqlens, False, backend, precision):
             ctx.kept = _KeptOutput(y)
-        ctx.call = call
         return y
 
     @staticmethod
@@ -534,6 +549,12 @@ class _Plain(torch.autograd.Function):
     def backward(ctx, d_y):
         (mixer, names, config, form, backend, precision, _), cu_seqlens = ctx.call
         tensors = list(ctx.saved_tensors)
+        if hasattr(ctx, "saved_run"):
+            kept, stats = ctx.saved_run
+            y = kept.get()
+            if y is not None:  # (None: `y` was changed in place; the backward runs the forward)
+                grads = _cuda.backward(mixer, names, tensors, d_y, config, precision, y=y, stats=stats)
+                return (None, *(grads["d_" + n].to(t.dtype) for n, t in zip(names, tensors)))
         y = ctx.kept.get() if hasattr(ctx, "kept") else None
         grads = _IMPLS[mixer][1](tensors, names, d_y, None, None, cu_seqlens, config, form, backend, precision, y)
         return (None, *grads[: len(tensors)])

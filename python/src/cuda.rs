@@ -213,6 +213,37 @@ pub fn cuda_forward(
     Ok((out(py, "y", &y)?, fin))
 }
 
+/// [`cuda_forward`] run for a backward, without a state: `y` and, where the CUDA backend saves
+/// something for the backward in this configuration (attention on tensor cores: each row's
+/// softmax statistics), that tensor, else `None` (`mixers::cuda::device_call::forward_saving`).
+/// Give both to [`cuda_backward`] as the inputs `y` and `y_stats`: the backward then skips the
+/// forward it would otherwise run again.
+#[pyfunction]
+#[pyo3(signature = (name, inputs, stream, alloc, config=None, form="fast", precision="exact", cu_seqlens=None))]
+#[allow(clippy::too_many_arguments)]
+pub fn cuda_forward_saving(
+    py: Python<'_>,
+    name: &str,
+    inputs: Vec<Raw>,
+    stream: u64,
+    alloc: Py<PyAny>,
+    config: Option<&str>,
+    form: &str,
+    precision: &str,
+    cu_seqlens: Option<Vec<usize>>,
+) -> PyResult<(Out, Option<Out>)> {
+    let m = build(name, config)?;
+    let form: Form = form.parse().or_py()?;
+    let precision = Precision::parse(precision).or_py()?;
+    let (y, saved) = enqueue(py, stream, alloc, || {
+        let x = device_inputs(&inputs)?;
+        let call = Call { form, precision, initial: None, cu_seqlens: cu_seqlens.as_deref(), checks: false };
+        device_call::forward_saving(m.as_ref(), &x, &call)
+    })?;
+    let saved = saved.map(|s| out(py, mixer_core::grad::SAVED_STATISTICS, &s)).transpose()?;
+    Ok((out(py, "y", &y)?, saved))
+}
+
 /// The `fast` backward of mixer `name` on CUDA tensors for the cotangent `dy` (shape of `y`;
 /// bf16 in the `bf16` mode), enqueued like [`cuda_forward`]; returns `{"d_<input>": output}`
 /// for every input in `requires` (default: all). With `initial` or `d_final` (the final state's

@@ -311,6 +311,45 @@ def test_the_direct_eager_path_equals_the_op_bit_for_bit(name, precision, monkey
             assert a.dtype == b.dtype == dtype and torch.equal(a, b), f"{name} {dtype}: d_{k} differs from the op's"
 
 
+@pytest.mark.parametrize("precision", ["exact", "tf32", "bf16"])
+def test_attention_backward_reads_the_statistics_its_forward_saved(precision, monkeypatch):
+    """Where attention runs on tensor cores (head dim 64 here), its autograd node keeps the row
+    statistics the forward saved with the library's ``y``, and the CUDA backward given both skips
+    the forward: ``y`` and every gradient equal, bit for bit, those of the op (whose backward runs
+    the forward again), for float32 and bfloat16 inputs; a ``y`` changed in place is not given
+    (the backward runs the forward)."""
+    seen = []
+    real = _cuda._mixers.cuda_backward
+
+    def spy(mixer, raw, *args, **kwargs):
+        seen.append(sorted(r[0] for r in raw))
+        return real(mixer, raw, *args, **kwargs)
+
+    monkeypatch.setattr(_cuda._mixers, "cuda_backward", spy)
+    op = getattr(torch.ops.mixers, _ops.op_name("attention").split("::")[1])
+    x0 = _dev(inputs("attention", dtype=torch.float64, seq=77, seed=3, batch=2, heads=3, dk=64, dv=64, channels=6))
+    for dtype in (torch.float32, torch.bfloat16):
+        x = {k: v.to(dtype) for k, v in x0.items()}
+        names = list(x)
+        leaves = {k: v.clone().requires_grad_() for k, v in x.items()}
+        y = mixers.run("attention", precision=precision, **leaves)
+        dy = torch.randn_like(y)
+        got = torch.autograd.grad(y, list(leaves.values()), dy)
+        assert seen[-1] == sorted(names + ["y", "y_stats"]), (dtype, seen[-1])
+        ref = {k: v.clone().requires_grad_() for k, v in x.items()}
+        y_op, _ = op(list(ref.values()), names, None, None, False, "{}", "fast", "cuda", precision)
+        expected = torch.autograd.grad(y_op, list(ref.values()), dy)
+        assert seen[-1] == sorted(names), (dtype, seen[-1])
+        assert torch.equal(y.detach(), y_op.detach()), f"{dtype}: y of the saving forward differs from the op's"
+        for k, a, b in zip(names, got, expected):
+            assert a.dtype == b.dtype == dtype and torch.equal(a, b), f"{dtype}: d_{k} differs from the op's"
+    leaves = {k: v.float().requires_grad_() for k, v in x0.items()}
+    y = mixers.run("attention", precision=precision, **leaves)
+    y += 1.0
+    y.backward(torch.ones_like(y))
+    assert seen[-1] == sorted(leaves), seen[-1]
+
+
 def test_a_dual_tensor_is_refused_as_before():
     """Forward-mode AD takes the autograd Function (no jvp): an error, never a silent zero
     tangent."""

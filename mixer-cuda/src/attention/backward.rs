@@ -28,6 +28,7 @@
 //! `f32` for `f32` and bf16 inputs.
 
 use cudarc::driver::LaunchConfig;
+use mixer_core::grad::{SAVED_OUTPUT, SAVED_STATISTICS};
 use mixer_core::mixers::attention::Attention;
 use mixer_core::{Error, Precision, Requires, Result, grad_name};
 
@@ -243,22 +244,25 @@ fn tensor_cores(
     req: &Requires,
     p: Precision,
 ) -> Result<Option<DeviceTensors>> {
-    let (Some(q), Some(k), Some(v)) = (x.get("q"), x.get("k"), x.get("v")) else { return Ok(None) };
-    let (&[b, t, h, dk], &[.., dv]) = (q.shape(), v.shape()) else { return Ok(None) };
-    let shape = [b, t, h, dk, dv];
-    if k.shape() != q.shape() || v.shape() != [b, t, h, dv] || dy.shape() != v.shape() {
-        return Ok(None);
-    }
-    let storage = match [q, k, v, dy].map(AnyDeviceTensor::dtype) {
-        ["f32", "f32", "f32", "f32"] => Storage::F32,
-        ["bf16", "bf16", "bf16", "bf16"] => Storage::Bf16,
-        _ => return Ok(None),
+    let stats = x.get(SAVED_STATISTICS);
+    let Some((pl, shape)) = fused_plan(a, x, Some(dy), p)? else {
+        return match stats {
+            // Statistics from a saving forward that found the tensor-core path: the backward must
+            // find it too (another mode, other dtypes or sizes than the forward's).
+            Some(_) => Err(err(
+                FAMILY,
+                format!(
+                    "`{SAVED_STATISTICS}` was given, but the tensor-core backward, which reads it, does not run on these inputs in the {p} mode: give it only with the inputs and mode of the forward that saved it"
+                ),
+            )),
+            None => Ok(None),
+        };
     };
-    let wgmma = gpu()?.has_wgmma();
-    let Some(pl) = backward_fused::plan(a, shape, p, storage, max_dynamic_smem(), wgmma)? else {
-        return Ok(None);
+    let saved = match (stats, x.get(SAVED_OUTPUT)) {
+        (Some(s), Some(y)) => Some(backward_fused::Saved { y, stats: s.typed::<f32>(SAVED_STATISTICS)? }),
+        _ => None,
     };
-    let grads = backward_fused::run(&pl, a, x, dy, req, shape)?;
+    let grads = backward_fused::run(&pl, a, x, dy, req, shape, saved)?;
     if grads.flag == 0 {
         return grads.into_tensors(req).map(Some);
     }
@@ -269,6 +273,49 @@ fn tensor_cores(
     let out = fma::<f32>(a, x, dy, req, into);
     drop(grads.stats);
     out.map(Some)
+}
+
+/// The tensor-core backward's plan and `[B, T, H, Dk, Dv]` for these inputs (and `dy`, where
+/// given, of `v`'s shape and dtype), or `None` where the FMA kernels run: shapes that do not
+/// match (left to the FMA path, which names them), mixed storages, or no plan.
+fn fused_plan(
+    a: &Attention,
+    x: &DeviceTensors,
+    dy: Option<&AnyDeviceTensor>,
+    p: Precision,
+) -> Result<Option<(backward_fused::BackwardPlan, [usize; 5])>> {
+    let (Some(q), Some(k), Some(v)) = (x.get("q"), x.get("k"), x.get("v")) else { return Ok(None) };
+    let (&[b, t, h, dk], &[.., dv]) = (q.shape(), v.shape()) else { return Ok(None) };
+    let shape = [b, t, h, dk, dv];
+    let dy = dy.unwrap_or(v);
+    if k.shape() != q.shape() || v.shape() != [b, t, h, dv] || dy.shape() != v.shape() {
+        return Ok(None);
+    }
+    let storage = match [q, k, v, dy].map(AnyDeviceTensor::dtype) {
+        ["f32", "f32", "f32", "f32"] => Storage::F32,
+        ["bf16", "bf16", "bf16", "bf16"] => Storage::Bf16,
+        _ => return Ok(None),
+    };
+    let wgmma = gpu()?.has_wgmma();
+    Ok(backward_fused::plan(a, shape, p, storage, max_dynamic_smem(), wgmma)?.map(|pl| (pl, shape)))
+}
+
+/// The `fast` form run for a backward ([`crate::run_device_saving`]): where the tensor-core
+/// backward runs on these inputs, the forward's kernel with the statistics buffer that backward
+/// reads ([`backward_fused::forward_with_stats`]; `y` has the plain forward's bits), returned as
+/// `SAVED_STATISTICS` (`f32`, [`backward_fused::stats_len`]`(B·H·T)` floats); elsewhere the plain
+/// forward and nothing saved.
+pub fn run_saving<F: GpuReal>(
+    a: &Attention,
+    x: &DeviceTensors,
+    p: Precision,
+) -> Result<(AnyDeviceTensor, Option<AnyDeviceTensor>)> {
+    let Some((pl, shape)) = fused_plan(a, x, None, p)? else {
+        return Ok((super::fast::run::<F>(a, x, p)?, None));
+    };
+    let (y, stats) = backward_fused::forward_with_stats(&pl, a, x, shape)?;
+    let len = stats.len();
+    Ok((y, Some(AnyDeviceTensor::F32(DeviceTensor::from_pooled(stats, &[len])?))))
 }
 
 #[cfg(test)]

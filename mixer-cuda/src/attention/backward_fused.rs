@@ -197,10 +197,84 @@ impl Grads {
     }
 }
 
+/// The length of a statistics buffer of `rows` rows: `[rows][4]` floats (`m`, `g`, then `D` and
+/// one unused, written by the backward) and the exact mode's overflow flag after them (0 in the
+/// other modes).
+pub fn stats_len(rows: usize) -> usize {
+    fused::flag_index(rows) + 1
+}
+
+/// The first step of the backward, which a forward run for a backward takes instead of its plain
+/// launch ([`crate::run_device_saving`]): the forward's kernel of `pl` with a fresh statistics
+/// buffer ([`stats_len`], the flag zeroed first). Returns `y` (the plain forward's bits) and the
+/// buffer.
+pub fn forward_with_stats(
+    pl: &BackwardPlan,
+    a: &Attention,
+    x: &DeviceTensors,
+    shape: [usize; 5],
+) -> Result<(AnyDeviceTensor, pool::Pooled<f32>)> {
+    let [b, t, h, ..] = shape;
+    let at = fused::flag_index(b * h * t);
+    let mut stats = pool::take::<f32>(FAMILY, stats_len(b * h * t))?;
+    gpu()?
+        .stream()
+        .memset_zeros(&mut stats.slice_mut(at..at + 1))
+        .map_err(|e| err(FAMILY, format!("zeroing the overflow flag: {e}")))?;
+    let y = fused::launch_with_stats(a, x, &pl.forward, shape, Some(&mut *stats), None)?;
+    Ok((y, stats))
+}
+
+/// What a forward run for the backward left ([`forward_with_stats`]): its `y` (in the mode's
+/// storage) and statistics buffer.
+pub struct Saved<'a> {
+    pub y: &'a AnyDeviceTensor,
+    pub stats: &'a DeviceTensor<f32>,
+}
+
+impl Saved<'_> {
+    /// The host's checks of what was saved against the call's shape and storage: `y` as the
+    /// forward returns it (`[B, T, H, Dv]`, bf16 in the bf16 mode, else f32), the statistics of
+    /// [`stats_len`]`(B·H·T)` floats.
+    fn check(&self, shape: [usize; 5], storage: Storage) -> Result<()> {
+        use mixer_core::Error;
+        let [b, t, h, _, dv] = shape;
+        let dtype = if storage == Storage::Bf16 { "bf16" } else { "f32" };
+        if self.y.dtype() != dtype || self.y.shape() != [b, t, h, dv] {
+            return Err(Error::Value {
+                name: mixer_core::grad::SAVED_OUTPUT.into(),
+                constraint: format!(
+                    "with `{}`, the saving forward's output: a {dtype} device tensor of shape [{b}, {t}, {h}, {dv}]",
+                    mixer_core::grad::SAVED_STATISTICS
+                ),
+                found: format!(
+                    "a {} device tensor of shape {}",
+                    self.y.dtype(),
+                    mixer_core::error::fmt_shape(self.y.shape())
+                ),
+            });
+        }
+        let want = stats_len(b * h * t);
+        if self.stats.shape() != [want] {
+            return Err(Error::Value {
+                name: mixer_core::grad::SAVED_STATISTICS.into(),
+                constraint: format!(
+                    "the saving forward's statistics at B·H·T = {}: {want} floats (4 per row and a flag)",
+                    b * h * t
+                ),
+                found: format!("shape {}", mixer_core::error::fmt_shape(self.stats.shape())),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// Runs the plan `pl` (from [`plan`]) on `x` and `dy` (all bf16 for the bf16 kernels, f32 for
-/// exact and tf32): `d_q`, `d_k`, `d_v` (those `req` asks for) as `f32`, nothing waited for. The
-/// exact mode's forward sets a flag after the statistics where some `q·k` is beyond f32's range;
-/// the tensor-core kernels then skip ([`Grads`]).
+/// exact and tf32): `d_q`, `d_k`, `d_v` (those `req` asks for) as `f32`, nothing waited for. With
+/// `saved` (a forward run for the backward on the same inputs and mode) its `y` and a copy of its
+/// statistics are used, else the forward runs first ([`forward_with_stats`]). The exact mode's
+/// forward sets a flag after the statistics where some `q·k` is beyond f32's range; the
+/// tensor-core kernels then skip ([`Grads`]).
 pub fn run(
     pl: &BackwardPlan,
     a: &Attention,
@@ -208,20 +282,31 @@ pub fn run(
     dy: &AnyDeviceTensor,
     req: &Requires,
     shape: [usize; 5],
+    saved: Option<Saved<'_>>,
 ) -> Result<Grads> {
     let [b, t, h, d, _] = shape;
     let g = gpu()?;
     let rows = b * h * t;
     let split = pl.forward.kernel == Kernel::MmaTf32x3;
-    // The statistics, and for the exact mode the overflow flag after them (zeroed here).
     let at = fused::flag_index(rows);
-    let mut stats = pool::take::<f32>(FAMILY, at + usize::from(split))?;
-    if split {
-        g.stream()
-            .memset_zeros(&mut stats.slice_mut(at..at + 1))
-            .map_err(|e| err(FAMILY, format!("zeroing the overflow flag: {e}")))?;
-    }
-    let y = fused::launch_with_stats(a, x, &pl.forward, shape, Some(&mut *stats), None)?;
+    let (y, mut stats) = match saved {
+        Some(s) => {
+            let storage = if pl.forward.kernel == Kernel::MmaBf16 || pl.forward.kernel == Kernel::WgmmaBf16 {
+                Storage::Bf16
+            } else {
+                Storage::F32
+            };
+            s.check(shape, storage)?;
+            // A copy: the backward writes `D` into its statistics, and the saved ones may serve
+            // several backwards.
+            let mut stats = pool::take::<f32>(FAMILY, stats_len(rows))?;
+            g.stream()
+                .memcpy_dtod(&s.stats.view(), &mut stats.slice_mut(0..stats_len(rows)))
+                .map_err(|e| err(FAMILY, format!("copying the saved statistics: {e}")))?;
+            (s.y.clone(), stats)
+        }
+        None => forward_with_stats(pl, a, x, shape)?,
+    };
     let f = |l: &Launch| {
         let func = g.kernel(FAMILY, &kernels::ATTENTION_BACKWARD_FUSED, &l.options, &l.function)?;
         if l.shared_mem > 48 << 10 {

@@ -24,7 +24,8 @@ pub mod state;
 use mixer_core::mixers::attention::Attention;
 
 use crate::forms::{
-    DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceStateBackwardFn, DeviceStateFn,
+    DeviceBackwardFn, DeviceDecoderFn, DeviceFamily, DeviceFormFn, DeviceSavingFn, DeviceStateBackwardFn,
+    DeviceStateFn,
 };
 use crate::runtime::{gpu, max_dynamic_smem};
 use crate::tensor::GpuReal;
@@ -74,6 +75,10 @@ impl<F: GpuReal> DeviceFamily<F> for AttentionCuda {
     }
     fn backward() -> Option<DeviceBackwardFn<Attention>> {
         Some(backward::run::<F>)
+    }
+    /// With the tensor-core backward's statistics ([`backward::run_saving`]).
+    fn fast_saving() -> Option<DeviceSavingFn<Attention>> {
+        Some(backward::run_saving::<F>)
     }
     /// From a KV cache: the run's queries against the cached keys and its own ([`state`]).
     fn fast_from_state() -> Option<DeviceStateFn<Attention>> {

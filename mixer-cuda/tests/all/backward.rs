@@ -773,6 +773,88 @@ fn attention_backward_tensor_cores_repeat_and_stay_finite() {
     }
 }
 
+/// A forward run for the backward (`run_device_saving`) gives the plain forward's `y` bit for bit
+/// and the statistics with which the backward, given that `y` and `y_stats`, skips its forward and
+/// gives the gradients of the backward that runs it, bit for bit: every mode (exact and tf32 on
+/// f32 tensors, bf16 on bf16 tensors), windowed or not, at sizes that are no tile multiples, and
+/// a second backward from the same saved tensors (the backward writes into a copy). Misuse is
+/// refused: the statistics without `y`, of another length, where the tensor-core backward does not
+/// run (`f64` inputs, which save nothing).
+#[test]
+#[ignore = "needs a CUDA device"]
+fn attention_backward_from_the_saved_statistics() {
+    let Some(_turn) = common::gpu() else {
+        return;
+    };
+    use mixer_core::grad::{SAVED_OUTPUT, SAVED_STATISTICS};
+    use mixer_cuda::run_device_saving;
+    let bits = |a: &AnyDeviceTensor| -> Vec<u64> {
+        download_as::<f64>(a).unwrap().iter().map(|v| v.to_bits()).collect()
+    };
+    for (window, b, t, h, d) in
+        [(None, 2, 131, 3, 64), (Some(50), 1, 77, 2, 128), (None, 1, 1, 1, 32), (Some(9), 2, 70, 1, 96)]
+    {
+        let m = attention_with(window);
+        let s = Sizes { batch: b, seq: t, channels: 1, heads: h, dk: d, dv: d };
+        let x64 = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 7).unwrap();
+        let x32 = cast_tensors::<f32>(&x64);
+        let dy = cotangent(&[b, t, h, d], 8).mapv(|v| v as f32);
+        for p in [Precision::Exact, Precision::Tf32, Precision::Bf16] {
+            let what = format!("{p}, window {window:?}, (B, T, H, D) = ({b}, {t}, {h}, {d})");
+            let x = mixer_cuda::forms::upload_inputs(&x32, p).unwrap();
+            let dyd = upload_one(&dy, p == Precision::Bf16).unwrap();
+            let plain = run_device(m.as_ref(), Form::Fast, &x, p).unwrap();
+            let (y, stats) = run_device_saving(m.as_ref(), &x, p, true).unwrap();
+            let stats = stats.unwrap_or_else(|| panic!("{what}: nothing saved on tensor cores"));
+            assert_eq!(bits(&y), bits(&plain), "{what}: y of the saving forward");
+            let want = backward_device(m.as_ref(), &x, &dyd, &Requires::All, p).unwrap();
+            let mut xs = x.clone();
+            xs.insert(SAVED_OUTPUT.into(), y.clone());
+            xs.insert(SAVED_STATISTICS.into(), stats.clone());
+            for run in 0..2 {
+                let got = backward_device(m.as_ref(), &xs, &dyd, &Requires::All, p).unwrap();
+                assert_eq!(got.len(), 3, "{what}: {:?}", got.keys().collect::<Vec<_>>());
+                for (name, g) in &want {
+                    assert_eq!(
+                        bits(&got[name]),
+                        bits(g),
+                        "{what}: {name} from the saved statistics (run {run})"
+                    );
+                }
+            }
+            // Misuse: the statistics without `y`; of another length.
+            let mut no_y = x.clone();
+            no_y.insert(SAVED_STATISTICS.into(), stats.clone());
+            let e = backward_device(m.as_ref(), &no_y, &dyd, &Requires::All, p).unwrap_err().to_string();
+            assert!(e.contains("y_stats") && e.contains("without `y`"), "{what}: {e}");
+            let mut short = xs.clone();
+            let short_stats =
+                AnyDeviceTensor::F32(mixer_cuda::DeviceTensor::zeros(&[stats.shape()[0] - 1]).unwrap());
+            short.insert(SAVED_STATISTICS.into(), short_stats);
+            let e = backward_device(m.as_ref(), &short, &dyd, &Requires::All, p).unwrap_err().to_string();
+            assert!(e.contains("y_stats") && e.contains("4 per row"), "{what}: {e}");
+        }
+    }
+    // f64 inputs run the FMA kernels, which read no statistics: nothing is saved.
+    let m = attention_with(None);
+    let s = Sizes { batch: 1, seq: 40, channels: 1, heads: 1, dk: 16, dv: 16 };
+    let x = m.random_inputs(&complete_dims(m.as_ref(), &s.dims()), 2).unwrap();
+    let x = mixer_cuda::forms::upload_inputs(&x, Precision::Exact).unwrap();
+    let (y, stats) = run_device_saving(m.as_ref(), &x, Precision::Exact, true).unwrap();
+    assert!(stats.is_none());
+    assert_eq!(bits(&y), bits(&run_device(m.as_ref(), Form::Fast, &x, Precision::Exact).unwrap()));
+    // Statistics given where the tensor-core backward does not run (f64 inputs) are refused.
+    let mut xs = x.clone();
+    xs.insert(SAVED_OUTPUT.into(), y);
+    xs.insert(
+        SAVED_STATISTICS.into(),
+        AnyDeviceTensor::F32(mixer_cuda::DeviceTensor::zeros(&[161]).unwrap()),
+    );
+    let dy = upload_one(&cotangent(&[1, 40, 1, 16], 3), false).unwrap();
+    let e = backward_device(m.as_ref(), &xs, &dy, &Requires::All, Precision::Exact).unwrap_err().to_string();
+    assert!(e.contains("y_stats") && e.contains("does not run"), "{e}");
+}
+
 /// Times the attention forward and the backward in the tf32 mode (f32 tensors) and the bf16 mode
 /// (bf16 tensors) on the device (CUDA events, the median of 5 runs after a warm-up), causal, one
 /// `TIMING` line per shape and mode: (B, T, H, D) = (1, 16384, 16, 64), (8, 4096, 16, 64),
@@ -805,11 +887,28 @@ fn attention_backward_timing_modes() {
             let bwd = median_ms(&mut || {
                 drop(mixer_cuda::attention::backward::run::<f32>(&a, &x, &dy, &Requires::All, p).unwrap())
             });
+            // The training step's pair: the forward run for the backward, then the backward from
+            // what it saved (`y` and the statistics).
+            let mut saved_bwd = Vec::new();
+            let pair = median_ms(&mut || {
+                let (y, stats) = mixer_cuda::run_device_saving(m.as_ref(), &x, p, false).unwrap();
+                let mut xs = x.clone();
+                xs.insert(mixer_core::grad::SAVED_OUTPUT.into(), y);
+                xs.insert(mixer_core::grad::SAVED_STATISTICS.into(), stats.unwrap());
+                saved_bwd.push(xs);
+            });
+            let xs = saved_bwd.pop().unwrap();
+            let bwd_saved = median_ms(&mut || {
+                drop(mixer_cuda::attention::backward::run::<f32>(&a, &xs, &dy, &Requires::All, p).unwrap())
+            });
             println!(
-                "TIMING attention {} B={b} T={t} H={h} D={d} ms: fwd={fwd:.3} bwd={bwd:.3} fwd+bwd={:.3} bwd/fwd={:.2}",
+                "TIMING attention {} B={b} T={t} H={h} D={d} ms: fwd={fwd:.3} bwd={bwd:.3} fwd+bwd={:.3} bwd/fwd={:.2} \
+                 saving fwd={pair:.3} bwd from saved={bwd_saved:.3} fwd+bwd={:.3} bwd/fwd={:.2}",
                 p.name(),
                 fwd + bwd,
-                bwd / fwd
+                bwd / fwd,
+                pair + bwd_saved,
+                bwd_saved / fwd
             );
         }
     }

@@ -48,6 +48,29 @@ pub trait DeviceForms: Send + Sync {
             message: "internal: these device forms have no backward".into(),
         })
     }
+    /// Whether [`DeviceForms::run_saving`] saves anything for the backward (else the registry
+    /// runs the plain `fast` form and saves nothing).
+    fn implements_saving(&self) -> bool {
+        false
+    }
+    /// The `fast` form on device tensors, also returning what its backward may read instead of
+    /// running the forward again (`mixer_core::grad::SAVED_STATISTICS`): the backend's pair
+    /// `(y, Option<saved tensor>)`, without waiting for the device. Called only where
+    /// [`DeviceForms::implements_saving`] holds and the `fast` form is available; `checks` as in
+    /// [`DeviceForms::run`].
+    fn run_saving(
+        &self,
+        m: &dyn Mixer,
+        _inputs: &dyn Any,
+        _precision: Precision,
+        _checks: bool,
+    ) -> Result<Box<dyn Any>> {
+        Err(Error::Backend {
+            backend: "device".into(),
+            family: Some(m.family().into()),
+            message: "internal: these device forms save nothing for the backward".into(),
+        })
+    }
     /// Whether the `fast` form runs from a state on device tensors ([`DeviceForms::run_state`],
     /// and [`DeviceForms::backward_state`] where the family has the backward from a state).
     fn implements_state(&self) -> bool {

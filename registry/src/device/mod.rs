@@ -139,6 +139,25 @@ pub fn run_device<T: Any>(
     unbox(m, backend, y)
 }
 
+/// The `fast` form of `m` on `backend`'s device tensors with what its backward may read instead
+/// of running the forward again (`mixer_core::grad::SAVED_STATISTICS`, the backend's tensor `S`):
+/// `(y, Some(saved))` where the family saves something in this configuration, else `(y, None)`
+/// from the plain `fast` form. Without waiting for the device; `checks` as in
+/// [`DeviceForms::run`].
+pub fn run_device_saving<T: Any, S: Any>(
+    m: &dyn Mixer,
+    backend: &Backend,
+    inputs: &dyn Any,
+    precision: Precision,
+    checks: bool,
+) -> Result<(T, Option<S>)> {
+    let forms = forms_of(m, backend, Form::Fast)?;
+    if !forms.implements_saving() {
+        return Ok((unbox(m, backend, forms.run(m, Form::Fast, inputs, precision, checks)?)?, None));
+    }
+    unbox(m, backend, forms.run_saving(m, inputs, precision, checks)?)
+}
+
 /// Why `backend` has no `fast` backward on device tensors for `m`, or `None`: the mixer's
 /// restriction of the form, then the family's host backward and its restriction (the device
 /// backward is built on the same contract), then the device forms.
