@@ -57,17 +57,10 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         checks: bool,
     ) -> Result<Box<dyn Any>> {
         let inputs = tensors(inputs, "inputs")?;
-        // The shapes, bounds and dtypes on the host; then, unless `checks` is false, the
-        // device-side value checks of the inputs, the run, and the finiteness check of `y`.
-        let double = check_on_host(m, inputs, precision)?;
-        let spec = m.spec();
-        if !checks {
-            return run_erased::<T>(m, form, inputs, precision, double).map(|y| Box::new(y) as Box<dyn Any>);
-        }
-        let mut checks = input_checks(&spec, inputs)?;
-        let y = run_erased::<T>(m, form, inputs, precision, double)?;
-        checks.push(output_check(&y, format!("`{}` {form} form on cuda", m.name()), "every input is")?);
-        Ok(Box::new(y.with_checks(checks)))
+        let (y, ()) = checked(m, inputs, precision, checks, form, |double| {
+            Ok((run_erased::<T>(m, form, inputs, precision, double)?, ()))
+        })?;
+        Ok(Box::new(y))
     }
 
     fn implements_saving(&self) -> bool {
@@ -82,19 +75,14 @@ impl<T: DeviceFamily<f32> + DeviceFamily<f64>> DeviceForms for Device<T> {
         checks: bool,
     ) -> Result<Box<dyn Any>> {
         let inputs = tensors(inputs, "inputs")?;
-        let double = check_on_host(m, inputs, precision)?;
-        let spec = m.spec();
-        let mut wanted = if checks { input_checks(&spec, inputs)? } else { Vec::new() };
-        let (y, saved) = if double {
-            typed_saving::<f64, T>(m, inputs, precision)
-        } else {
-            typed_saving::<f32, T>(m, inputs, precision)
-        }?;
-        if !checks {
-            return Ok(Box::new((y, saved)));
-        }
-        wanted.push(output_check(&y, format!("`{}` fast form on cuda", m.name()), "every input is")?);
-        Ok(Box::new((y.with_checks(wanted), saved)))
+        let out = checked(m, inputs, precision, checks, Form::Fast, |double| {
+            if double {
+                typed_saving::<f64, T>(m, inputs, precision)
+            } else {
+                typed_saving::<f32, T>(m, inputs, precision)
+            }
+        })?;
+        Ok(Box::new(out))
     }
 
     fn backward(
@@ -298,6 +286,27 @@ fn typed_decoder<F: GpuReal, T: DeviceFamily<F>>(
     let mm = downcast::<T::Mixer>(m, "cuda")?;
     let make = T::decoder().ok_or_else(|| err(m.family(), "internal: no device decoder"))?;
     Ok(make(mm, statics, dims)?)
+}
+
+/// A forward of `form` on device tensors (`run(double)`, `double`: whether the call computes in
+/// `f64`) after the host's checks of the shapes, bounds and dtypes; unless `checks` is false, with
+/// the device-side value checks of the inputs and the finiteness check of `y` attached to `y`.
+fn checked<R>(
+    m: &dyn Mixer,
+    inputs: &DeviceTensors,
+    precision: Precision,
+    checks: bool,
+    form: Form,
+    run: impl FnOnce(bool) -> Result<(AnyDeviceTensor, R)>,
+) -> Result<(AnyDeviceTensor, R)> {
+    let double = check_on_host(m, inputs, precision)?;
+    if !checks {
+        return run(double);
+    }
+    let mut wanted = input_checks(&m.spec(), inputs)?;
+    let (y, rest) = run(double)?;
+    wanted.push(output_check(&y, format!("`{}` {form} form on cuda", m.name()), "every input is")?);
+    Ok((y.with_checks(wanted), rest))
 }
 
 fn run_erased<T: DeviceFamily<f32> + DeviceFamily<f64>>(

@@ -206,9 +206,9 @@ def forward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], c
     s0, s0_raw = _state("initial_state", initial_state, tensors)
     device = tensors[0].device
     stream = _stream(device)
-    y, fin = _mixers.cuda_forward(mixer, raw, stream, _allocator(device), config=config, form=form,
-                                  precision=precision, initial=s0_raw, want_final=want_final,
-                                  cu_seqlens=cu_seqlens)
+    y, fin, _ = _mixers.cuda_forward(mixer, raw, stream, _allocator(device), config=config, form=form,
+                                     precision=precision, initial=s0_raw, want_final=want_final,
+                                     cu_seqlens=cu_seqlens)
     del keep, s0
     y, fin = _views((y, fin))
     return y, fin
@@ -229,8 +229,8 @@ def forward_plain(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tens
     keep, raw = _prepare(names, tensors, precision)
     index = device(tensors[0])
     stream = _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
-    y, _ = _mixers.cuda_forward(mixer, raw, stream, _allocator_of(index), config=config, form=form,
-                                precision=precision, cu_seqlens=cu_seqlens)
+    y, _, _ = _mixers.cuda_forward(mixer, raw, stream, _allocator_of(index), config=config, form=form,
+                                   precision=precision, cu_seqlens=cu_seqlens)
     del keep
     return _view(y)
 
@@ -244,8 +244,8 @@ def forward_saving(mixer: str, names: Sequence[str], tensors: Sequence[torch.Ten
     keep, raw = _prepare(names, tensors, precision)
     index = device(tensors[0])
     stream = _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
-    y, stats = _mixers.cuda_forward_saving(mixer, raw, stream, _allocator_of(index), config=config, form="fast",
-                                           precision=precision)
+    y, _, stats = _mixers.cuda_forward(mixer, raw, stream, _allocator_of(index), config=config, form="fast",
+                                       precision=precision, saving=True)
     del keep
     return tuple(_views((y, stats)))
 

@@ -182,9 +182,13 @@ fn single(what: &str, s: &DeviceTensors) -> PyResult<AnyDeviceTensor> {
 /// `fast` form runs from the state (zeros without one), in the mode asked
 /// (`mixers::cuda::run_device_from_state`). With `cu_seqlens` (the offsets of a packed batch,
 /// `B = 1`) the `fast` form runs sequence by sequence on views of the buffer, each from its row of
-/// `initial` (`mixers::cuda::run_device_packed`).
+/// `initial` (`mixers::cuda::run_device_packed`). With `saving` (and neither a state nor
+/// `want_final`) the forward runs for a backward, and the third output is what the CUDA backend
+/// saves for that backward (attention on tensor cores: each row's softmax statistics;
+/// `mixers::cuda::device_call::forward_saving`), `None` where nothing is saved: give it to
+/// [`cuda_backward`] as the input `y_stats` with `y`, and the backward skips the forward.
 #[pyfunction]
-#[pyo3(signature = (name, inputs, stream, alloc, config=None, form="fast", precision="exact", initial=None, want_final=false, cu_seqlens=None))]
+#[pyo3(signature = (name, inputs, stream, alloc, config=None, form="fast", precision="exact", initial=None, want_final=false, cu_seqlens=None, saving=false))]
 #[allow(clippy::too_many_arguments)]
 pub fn cuda_forward(
     py: Python<'_>,
@@ -198,50 +202,27 @@ pub fn cuda_forward(
     initial: Option<Raw>,
     want_final: bool,
     cu_seqlens: Option<Vec<usize>>,
-) -> PyResult<(Out, Option<Out>)> {
+    saving: bool,
+) -> PyResult<(Out, Option<Out>, Option<Out>)> {
     let m = build(name, config)?;
     let form: Form = form.parse().or_py()?;
     let precision = Precision::parse(precision).or_py()?;
-    let (y, fin) = enqueue(py, stream, alloc, || {
+    let saving = saving && initial.is_none() && !want_final;
+    let (y, fin, saved) = enqueue(py, stream, alloc, || {
         let x = device_inputs(&inputs)?;
         let s0 = initial.as_ref().map(|r| state_map(m.as_ref(), &x, r)).transpose()?;
         let call =
             Call { form, precision, initial: s0.as_ref(), cu_seqlens: cu_seqlens.as_deref(), checks: false };
-        device_call::forward(m.as_ref(), &x, &call, want_final)
+        if saving {
+            let (y, saved) = device_call::forward_saving(m.as_ref(), &x, &call)?;
+            return Ok((y, None, saved));
+        }
+        let (y, fin) = device_call::forward(m.as_ref(), &x, &call, want_final)?;
+        Ok((y, fin, None))
     })?;
     let fin = fin.map(|f| out(py, "final_state", &single("the final state", &f)?)).transpose()?;
-    Ok((out(py, "y", &y)?, fin))
-}
-
-/// [`cuda_forward`] run for a backward, without a state: `y` and, where the CUDA backend saves
-/// something for the backward in this configuration (attention on tensor cores: each row's
-/// softmax statistics), that tensor, else `None` (`mixers::cuda::device_call::forward_saving`).
-/// Give both to [`cuda_backward`] as the inputs `y` and `y_stats`: the backward then skips the
-/// forward it would otherwise run again.
-#[pyfunction]
-#[pyo3(signature = (name, inputs, stream, alloc, config=None, form="fast", precision="exact", cu_seqlens=None))]
-#[allow(clippy::too_many_arguments)]
-pub fn cuda_forward_saving(
-    py: Python<'_>,
-    name: &str,
-    inputs: Vec<Raw>,
-    stream: u64,
-    alloc: Py<PyAny>,
-    config: Option<&str>,
-    form: &str,
-    precision: &str,
-    cu_seqlens: Option<Vec<usize>>,
-) -> PyResult<(Out, Option<Out>)> {
-    let m = build(name, config)?;
-    let form: Form = form.parse().or_py()?;
-    let precision = Precision::parse(precision).or_py()?;
-    let (y, saved) = enqueue(py, stream, alloc, || {
-        let x = device_inputs(&inputs)?;
-        let call = Call { form, precision, initial: None, cu_seqlens: cu_seqlens.as_deref(), checks: false };
-        device_call::forward_saving(m.as_ref(), &x, &call)
-    })?;
     let saved = saved.map(|s| out(py, mixer_core::grad::SAVED_STATISTICS, &s)).transpose()?;
-    Ok((out(py, "y", &y)?, saved))
+    Ok((out(py, "y", &y)?, fin, saved))
 }
 
 /// The `fast` backward of mixer `name` on CUDA tensors for the cotangent `dy` (shape of `y`;

@@ -446,7 +446,6 @@ fn _mixers(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(registered, m)?)?;
     m.add_function(wrap_pyfunction!(random_inputs, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_forward, m)?)?;
-    m.add_function(wrap_pyfunction!(cuda::cuda_forward_saving, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_backward, m)?)?;
     m.add_function(wrap_pyfunction!(cuda::cuda_bind_device, m)?)?;
     Ok(())

@@ -42,11 +42,7 @@ pub trait DeviceForms: Send + Sync {
         _precision: Precision,
         _checks: bool,
     ) -> Result<Box<dyn Any>> {
-        Err(Error::Backend {
-            backend: "device".into(),
-            family: Some(m.family().into()),
-            message: "internal: these device forms have no backward".into(),
-        })
+        Err(absent(m, "have no backward"))
     }
     /// Whether [`DeviceForms::run_saving`] saves anything for the backward (else the registry
     /// runs the plain `fast` form and saves nothing).
@@ -65,11 +61,7 @@ pub trait DeviceForms: Send + Sync {
         _precision: Precision,
         _checks: bool,
     ) -> Result<Box<dyn Any>> {
-        Err(Error::Backend {
-            backend: "device".into(),
-            family: Some(m.family().into()),
-            message: "internal: these device forms save nothing for the backward".into(),
-        })
+        Err(absent(m, "save nothing for the backward"))
     }
     /// Whether the `fast` form runs from a state on device tensors ([`DeviceForms::run_state`],
     /// and [`DeviceForms::backward_state`] where the family has the backward from a state).
@@ -131,13 +123,19 @@ pub trait DeviceForms: Send + Sync {
     }
 }
 
-/// The error of a state entry point that a backend's device forms do not implement.
-fn no_device_state(m: &dyn Mixer) -> Error {
+/// The error of an entry point that a backend's device forms do not implement: these forms
+/// `what`.
+fn absent(m: &dyn Mixer, what: &str) -> Error {
     Error::Backend {
         backend: "device".into(),
         family: Some(m.family().into()),
-        message: "internal: these device forms do not run from a state".into(),
+        message: format!("internal: these device forms {what}"),
     }
+}
+
+/// The error of a state entry point that a backend's device forms do not implement.
+fn no_device_state(m: &dyn Mixer) -> Error {
+    absent(m, "do not run from a state")
 }
 
 /// Event-timed runs of one form on device-resident inputs, in seconds.
