@@ -60,8 +60,17 @@ _BACKWARD_SCHEMA = (
 @functools.lru_cache(maxsize=None)
 def spec(name: str, config: str = "{}") -> dict:
     """The inputs of mixer ``name`` with a JSON ``config``: ``{"mixed", "inputs": [{"name",
-    "shape", "optional", "per_token"}], "family", "doc", "backward_reads_output"}`` (cached)."""
+    "shape", "optional", "per_token"}], "family", "doc", "backward_reads_output",
+    "cuda_saves_for_backward"}`` (cached)."""
     return json.loads(_mixers.spec(name, config))
+
+
+@torch.compiler.assume_constant_result
+def _cuda_saves(mixer: str, config: str) -> bool:
+    """Whether the CUDA backend's forward run for a backward saves something that its backward
+    reads instead of running the forward again (attention's row statistics; constant under
+    ``torch.compile``)."""
+    return spec(mixer, _split_config(config)[0])["cuda_saves_for_backward"]
 
 
 @torch.compiler.assume_constant_result
@@ -530,7 +539,7 @@ class _Plain(torch.autograd.Function):
         mixer, names, config, form, backend, precision, mixed = plan
         ctx.save_for_backward(*tensors)
         ctx.call = call
-        if form == "fast" and cu_seqlens is None:
+        if form == "fast" and cu_seqlens is None and _cuda_saves(mixer, config):
             # Run for the backward: where the library saves something for it (attention's row
             # statistics), the node keeps that and the library's `y`, and the backward skips the
             # forward it would otherwise run again.

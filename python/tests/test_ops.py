@@ -139,6 +139,18 @@ def test_precision_modes():
     assert (b - exact).abs().max() < 0.05 * exact.abs().max()
 
 
+def test_the_spec_says_which_mixers_save_for_their_cuda_backward():
+    """Attention's CUDA forward run for a backward saves its row statistics (the eager autograd
+    node on CUDA tensors keeps them; docs/python.md); the recurrent families save nothing. A static
+    property of the registration: the same answer on a machine without a GPU."""
+    from mixers import _ops
+
+    assert _ops.spec("attention", "{}")["cuda_saves_for_backward"]
+    assert _ops.spec("local-attention", '{"window": 4}')["cuda_saves_for_backward"]
+    for name in ("mamba2", "gated-deltanet", "glr", "toeplitz", "loglinear-mamba2"):
+        assert not _ops.spec(name, "{}")["cuda_saves_for_backward"], name
+
+
 def test_autograd_gives_the_glr_backward_the_forwards_output(monkeypatch):
     """The GLR's backward reads ``y`` (for ``d_beta``): its autograd node keeps the forward's
     output and passes it (the library's backward then skips its own forward), with the same

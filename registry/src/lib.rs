@@ -45,7 +45,8 @@ pub use mixer_registry_macros::register;
 pub use backend::{Backend, backends_status};
 pub use device::{
     DeviceForms, DeviceTimer, DeviceTiming, backward_device, backward_device_from_state, decoder_device,
-    device_available, device_forms, device_plan, run_device, run_device_from_state, run_device_saving,
+    device_available, device_forms, device_plan, device_saves, run_device, run_device_from_state,
+    run_device_saving,
 };
 pub use entries::*;
 pub use family::{

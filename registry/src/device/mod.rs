@@ -139,6 +139,13 @@ pub fn run_device<T: Any>(
     unbox(m, backend, y)
 }
 
+/// Whether `backend`'s device forms of `m`'s family save something for the backward
+/// ([`run_device_saving`]); a static property of the registration (the backend is not probed:
+/// [`Backend::registered`] will do), false where the backend has no device forms of the family.
+pub fn device_saves(m: &dyn Mixer, backend: &Backend) -> bool {
+    backend.family(m.family()).and_then(|e| e.device).is_some_and(|f| f.implements_saving())
+}
+
 /// The `fast` form of `m` on `backend`'s device tensors with what its backward may read instead
 /// of running the forward again (`mixer_core::grad::SAVED_STATISTICS`, the backend's tensor `S`):
 /// `(y, Some(saved))` where the family saves something in this configuration, else `(y, None)`
