@@ -788,8 +788,14 @@ fn attention_backward_from_the_saved_statistics() {
     };
     use mixer_core::grad::{SAVED_OUTPUT, SAVED_STATISTICS};
     use mixer_cuda::run_device_saving;
+    // Each element's bits in its own type (bf16 exactly as f64).
     let bits = |a: &AnyDeviceTensor| -> Vec<u64> {
-        download_as::<f64>(a).unwrap().iter().map(|v| v.to_bits()).collect()
+        match a {
+            AnyDeviceTensor::F32(_) => {
+                download_as::<f32>(a).unwrap().iter().map(|v| u64::from(v.to_bits())).collect()
+            }
+            _ => download_as::<f64>(a).unwrap().iter().map(|v| v.to_bits()).collect(),
+        }
     };
     for (window, b, t, h, d) in
         [(None, 2, 131, 3, 64), (Some(50), 1, 77, 2, 128), (None, 1, 1, 1, 32), (Some(9), 2, 70, 1, 96)]
