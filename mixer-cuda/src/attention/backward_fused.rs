@@ -2,7 +2,9 @@
 //! for the `tf32` and `bf16` modes, FlashAttention-2 style, deterministic (no atomics).
 //!
 //! With `λ = σ·log₂e` and the keys `u_{t,s} = q_t · k_s`, the forward's tensor-core kernel
-//! ([`super::fused`]) is run once more with a statistics buffer and leaves per row
+//! ([`super::fused`]) is run once more with a statistics buffer (or, given what a forward run for
+//! the backward saved, [`Saved`], that forward's `y` and a copy of its statistics are taken) and
+//! leaves per row
 //! `m_t = max_s λ u_{t,s}` and `g_t = log₂ Σ_s 2^{λ u_{t,s} − m_t}` over the visible keys
 //! (`s ≤ t`, `t − s < w`), so that `P_{t,s} = 2^{min(λ u_{t,s} − m_t, 0) − g_t}` (the CPU's
 //! `e^{σ q_t·k_s − LSE_t}` with `LSE_t = (m_t + g_t)·ln 2`, kept in two parts so that it cannot
