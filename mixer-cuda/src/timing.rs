@@ -15,11 +15,12 @@ use mixer_core::mixer::Mixer;
 use mixer_core::{AnyTensors, Dims, Form, Precision, Requires, Result, Tensor, Tensors};
 use mixer_registry::DeviceTimer;
 
-use crate::device_run::{backward_device, decoder_device, run_device, run_device_with};
+use crate::device_run::{backward_device, decoder_device, run_device, run_device_saving, run_device_with};
 use crate::forms::{upload_inputs, upload_one};
 use crate::runtime::{err, gpu};
 use crate::tensor::GpuReal;
 use crate::tensor::{AnyDeviceTensor, DeviceTensor, DeviceTensors};
+use mixer_core::grad::{SAVED_OUTPUT, SAVED_STATISTICS};
 
 pub use mixer_registry::DeviceTiming;
 
@@ -53,7 +54,9 @@ impl DeviceTimer for CudaTimer {
     /// up to `reps` event-timed runs of [`backward_device`] within `budget_s` seconds. A time
     /// includes every launch of the backward and its device-side value checks of the inputs
     /// and `dy` (the device backward always checks them); `download_s` is that of all the
-    /// gradients.
+    /// gradients. As in a training step, the backward is given what the forward saves for it
+    /// where the family saves anything ([`crate::run_device_saving`]: attention's statistics, with
+    /// its `y`), run once before the timed runs.
     fn time_backward(
         &self,
         m: &dyn Mixer,
@@ -63,7 +66,16 @@ impl DeviceTimer for CudaTimer {
         reps: usize,
         budget_s: f64,
     ) -> Result<DeviceTiming> {
-        let (dev, upload_s) = upload_timed(inputs, p)?;
+        let (mut dev, upload_s) = upload_timed(inputs, p)?;
+        let saves =
+            mixer_registry::Backend::registered("cuda").is_ok_and(|b| mixer_registry::device_saves(m, &b));
+        if saves
+            && !dev.contains_key(SAVED_OUTPUT)
+            && let (y, Some(stats)) = run_device_saving(m, &dev, p, false)?
+        {
+            dev.insert(SAVED_OUTPUT.into(), y);
+            dev.insert(SAVED_STATISTICS.into(), stats);
+        }
         let e0 = event()?;
         let d = match dy {
             Tensor::F32(d) => upload_one(d, p == Precision::Bf16)?,
