@@ -567,6 +567,12 @@ pub fn run_device_saving(
     mixer_registry::run_device_saving(m, &Backend::by_name("cuda")?, inputs, precision, checks)
 }
 
+/// Whether [`run_device_saving`] saves anything for `m`'s backward (its family's CUDA forms
+/// save something): a property of the registration, answered without probing the device.
+pub fn device_saves(m: &dyn Mixer) -> bool {
+    Backend::registered("cuda").is_ok_and(|b| mixer_registry::device_saves(m, &b))
+}
+
 /// The gradients of the `fast` form of `m` on device tensors: for the output cotangent `dy`
 /// (the shape of `y`; bf16 in the `bf16` mode, else the inputs' dtype), the vector–Jacobian
 /// products `d_<input>` of every given input `requires` asks for (the input's shape; `f32` in

@@ -81,8 +81,8 @@ pub mod toeplitz;
 
 pub use device_packed::{backward_device_packed, run_device_packed};
 pub use device_run::{
-    backward_device, backward_device_with, decoder_device, run_device, run_device_saving, run_device_with,
-    stream,
+    backward_device, backward_device_with, decoder_device, device_saves, run_device, run_device_saving,
+    run_device_with, stream,
 };
 pub use device_state::{backward_device_from_state, run_device_from_state};
 pub use forms::DeviceDecoder;

@@ -221,33 +221,22 @@ def _allocator_of(index: int):
 
 
 def forward_plain(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], config: str, form: str,
-                  precision: str, cu_seqlens: Optional[List[int]] = None) -> torch.Tensor:
+                  precision: str, cu_seqlens: Optional[List[int]] = None, saving: bool = False):
     """``y`` of :func:`forward` without a state, for tensors that are all on the backend's device (the
     caller has checked; :func:`applies` holds), enqueued on the current stream: the same library
     call, with less Python around it (the common call of :func:`mixers._ops.call`); with
-    ``cu_seqlens`` (the offsets) the packed batch."""
+    ``cu_seqlens`` (the offsets) the packed batch. With ``saving`` (the ``fast`` form, no
+    ``cu_seqlens``) the forward runs for a backward and the result is ``(y, stats)``, ``stats``
+    what the CUDA backend saves for that backward (attention on tensor cores: each row's softmax
+    statistics, a float32 tensor) or ``None``: give both ``y`` (as the library returned it) and
+    ``stats`` to :func:`backward`, which then skips the forward it would otherwise run again."""
     keep, raw = _prepare(names, tensors, precision)
     index = device(tensors[0])
     stream = _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
-    y, _, _ = _mixers.cuda_forward(mixer, raw, stream, _allocator_of(index), config=config, form=form,
-                                   precision=precision, cu_seqlens=cu_seqlens)
+    y, _, stats = _mixers.cuda_forward(mixer, raw, stream, _allocator_of(index), config=config, form=form,
+                                       precision=precision, cu_seqlens=cu_seqlens, saving=saving)
     del keep
-    return _view(y)
-
-
-def forward_saving(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], config: str,
-                   precision: str):
-    """:func:`forward_plain` in the ``fast`` form run for a backward: ``(y, stats)``, where ``stats``
-    is what the CUDA backend saves for this call's backward (attention on tensor cores: each row's
-    softmax statistics, a float32 tensor) or ``None``. Give both ``y`` (as the library returned it)
-    and ``stats`` to :func:`backward`, which then skips the forward it would otherwise run again."""
-    keep, raw = _prepare(names, tensors, precision)
-    index = device(tensors[0])
-    stream = _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
-    y, _, stats = _mixers.cuda_forward(mixer, raw, stream, _allocator_of(index), config=config, form="fast",
-                                       precision=precision, saving=True)
-    del keep
-    return tuple(_views((y, stats)))
+    return tuple(_views((y, stats))) if saving else _view(y)
 
 
 def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], dy: torch.Tensor, config: str,
@@ -260,7 +249,7 @@ def backward(mixer: str, names: Sequence[str], tensors: Sequence[torch.Tensor], 
     the exact mode on the values as the mode stores them, with ``"d_initial_state"`` when
     ``initial_state`` is given. With ``cu_seqlens``, the backward of the packed batch. ``y``: the
     forward's output (float32 or float64; no state, no ``cu_seqlens``), which a backward that
-    reads it then does not recompute; with ``stats`` (from :func:`forward_saving`, given with its
+    reads it then does not recompute; with ``stats`` (from :func:`forward_plain` with ``saving``, given with its
     ``y``) the backward skips the forward. ``NotImplementedError`` where the CUDA backend has no
     such backward for the mixer."""
     keep, raw = _prepare(names, tensors, precision)

@@ -517,11 +517,11 @@ def _plain_forward(plan, tensors: Sequence[torch.Tensor], cu_seqlens=None, savin
     dtype; with ``cu_seqlens`` (the offsets tensor, ``fast`` form) the packed batch. With
     ``saving`` (the ``fast`` form without ``cu_seqlens``), the forward run for a backward:
     ``(y, the library's y, stats)``, ``stats`` what the library saved for the backward
-    (:func:`mixers._cuda.forward_saving`) or ``None``."""
+    (:func:`mixers._cuda.forward_plain` with ``saving``) or ``None``."""
     mixer, names, config, form, _, precision, mixed = plan
     dtype = tensors[mixed].dtype
     if saving:
-        y, stats = _cuda.forward_saving(mixer, names, tensors, config, precision)
+        y, stats = _cuda.forward_plain(mixer, names, tensors, config, "fast", precision, saving=True)
         return (y if y.dtype == dtype else y.to(dtype)), y, stats
     y = _cuda.forward_plain(mixer, names, tensors, config, form, precision, cu_seqlens=_offsets(cu_seqlens))
     return y if y.dtype == dtype else y.to(dtype)

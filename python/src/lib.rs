@@ -310,8 +310,7 @@ fn spec_value(m: &dyn mixer_core::Mixer, entry: &mixer_registry::MixerEntry) -> 
         "mixed": spec.mixed,
         "inputs": inputs,
         "backward_reads_output": m.backward_reads_output(),
-        "cuda_saves_for_backward": mixer_registry::Backend::registered("cuda")
-            .is_ok_and(|b| mixer_registry::device_saves(m, &b)),
+        "cuda_saves_for_backward": mixers::cuda::device_saves(m),
     })
 }
 

@@ -235,13 +235,12 @@ pub struct Saved<'a> {
 }
 
 impl Saved<'_> {
-    /// The host's checks of what was saved against the call's shape and storage: `y` as the
-    /// forward returns it (`[B, T, H, Dv]`, bf16 in the bf16 mode, else f32), the statistics of
-    /// [`stats_len`]`(B·H·T)` floats.
-    fn check(&self, shape: [usize; 5], storage: Storage) -> Result<()> {
+    /// The host's checks of what was saved against the call's shape and storage `dtype` (that of
+    /// `q, k, v` and `dy`): `y` as the forward returns it (`[B, T, H, Dv]` in that storage), the
+    /// statistics of [`stats_len`]`(B·H·T)` floats.
+    fn check(&self, shape: [usize; 5], dtype: &str) -> Result<()> {
         use mixer_core::Error;
         let [b, t, h, _, dv] = shape;
-        let dtype = if storage == Storage::Bf16 { "bf16" } else { "f32" };
         if self.y.dtype() != dtype || self.y.shape() != [b, t, h, dv] {
             return Err(Error::Value {
                 name: mixer_core::grad::SAVED_OUTPUT.into(),
@@ -293,12 +292,7 @@ pub fn run(
     let at = fused::flag_index(rows);
     let (y, mut stats) = match saved {
         Some(s) => {
-            let storage = if pl.forward.kernel == Kernel::MmaBf16 || pl.forward.kernel == Kernel::WgmmaBf16 {
-                Storage::Bf16
-            } else {
-                Storage::F32
-            };
-            s.check(shape, storage)?;
+            s.check(shape, dy.dtype())?;
             // A copy: the backward writes `D` into its statistics, and the saved ones may serve
             // several backwards.
             let mut stats = pool::take::<f32>(FAMILY, stats_len(rows))?;
