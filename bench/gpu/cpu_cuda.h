@@ -80,6 +80,10 @@ inline float2 make_float2(float x, float y) { return {x, y}; }
 struct uint2 {
     unsigned x, y;
 };
+struct uint4 {
+    unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 // f32 rounded to tf32, to nearest with ties away (cvt.rna.tf32.f32 on finite values).

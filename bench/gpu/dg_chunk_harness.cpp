@@ -251,6 +251,11 @@ static void run_dg_bf16(const Case& c) {
     check(what, rel_err(got, want), 2e-5);
 }
 
+// Whether llb_reverse moves these rows as 16-byte vectors (its condition).
+template <typename T> static bool vectors(const T* x, const T* out, int hd) {
+    return hd % (16 / sizeof(T)) == 0 && ((unsigned long long)x | (unsigned long long)out) % 16 == 0;
+}
+
 // llb_reverse on bf16 rows: a copy at c = 1, a scaling by 1/2 (exact in bf16), and σ = 0.7 rounded
 // to bf16 from f32 as the kernel does.
 static void run_reverse_bf16(int B, int Tn, int H, int D, int C) {
@@ -272,8 +277,8 @@ static void run_reverse_bf16(int B, int Tn, int H, int D, int C) {
                     bad += out[((size_t)b * N + t) * H * D + e] != want;
                 }
         char what[120];
-        std::snprintf(what, sizeof what, "llb_reverse bf16 B%d T%d H%d D%d M%d N%d c %.1f (entries wrong)", B, Tn,
-                      H, D, M, N, c);
+        std::snprintf(what, sizeof what, "llb_reverse bf16 B%d T%d H%d D%d M%d N%d c %.1f%s (entries wrong)", B, Tn,
+                      H, D, M, N, c, vectors(x.data(), out.data(), H * D) ? ", vectors" : "");
         check(what, bad, 0.0);
     }
 }
@@ -296,7 +301,8 @@ static void run_reverse(int B, int Tn, int H, int D, int C) {
                     err = std::max(err, std::fabs(out[((size_t)b * N + t) * H * D + e] - want));
                 }
         char what[120];
-        std::snprintf(what, sizeof what, "llb_reverse B%d T%d H%d D%d M%d N%d", B, Tn, H, D, M, N);
+        std::snprintf(what, sizeof what, "llb_reverse B%d T%d H%d D%d M%d N%d%s", B, Tn, H, D, M, N,
+                      vectors(x.data(), out.data(), H * D) ? ", vectors" : "");
         check(what, err, 0.0);
         if (M == N) {
             launch(1, 1, [&] { llb_reverse_g<float>(g.data(), go.data(), B, Tn, H, N); });
@@ -327,8 +333,11 @@ int main() {
     }
     run_dg_suffix(2, 37, 3, 40, 8);
     run_dg_suffix(1, 130, 1, 5, 12);
+    // Rows of 15 and 8 entries (entry by entry), 12 f32 and 16 bf16 entries (16-byte vectors).
     run_reverse(2, 37, 3, 5, 8);
     run_reverse(1, 16, 2, 4, 8);
+    run_reverse(2, 21, 3, 4, 8);
     run_reverse_bf16(2, 37, 3, 5, 8);
+    run_reverse_bf16(2, 21, 2, 8, 8);
     return harness_end();
 }

@@ -644,7 +644,7 @@ impl<F: GpuReal> Transposes for OnDevice<'_, F> {
 }
 
 /// `llb_reverse_<suffix>` of `x` (`[B, T, H, D]`) into `n` rows: `out[b, t] = c · x[b, m−1−t]`
-/// ([`Transposes::reverse`]); a block per output token row.
+/// ([`Transposes::reverse`]); a block per output token row, a thread per 16 bytes of it.
 fn reverse_rows<A: DeviceScalar, S: DeviceRepr>(
     x: &DeviceTensor<A>,
     suffix: &str,
@@ -662,7 +662,11 @@ fn reverse_rows<A: DeviceScalar, S: DeviceRepr>(
     let f = g.kernel(FAMILY, &kernels::LOGLINEAR_BACKWARD, &[], &format!("llb_reverse_{suffix}"))?;
     let xv = x.view();
     let rows = (shape[0] * n).clamp(1, 1 << 20) as u32;
-    let cfg = LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    // A thread per 16-byte vector of a row (the kernel's unit where rows are whole vectors), a warp
+    // at least and 256 at most.
+    let vectors = (h as usize * d as usize * std::mem::size_of::<A>()).div_ceil(16);
+    let threads = vectors.div_ceil(32).clamp(1, 8) as u32 * 32;
+    let cfg = LaunchConfig { grid_dim: (rows, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 };
     launch!(g, FAMILY, f, cfg; &xv, &mut *out, &b, &t, &h, &d, &mi, &ni, &c)?;
     DeviceTensor::from_pooled(out, &shape)
 }
