@@ -16,7 +16,7 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 from . import report, settings
-from .train import RunConfig, train, train_many
+from .train import RunConfig, train_many
 
 
 #: The settings of each task that the table reports.
@@ -50,7 +50,13 @@ def parser(experiment: str) -> argparse.ArgumentParser:
                    help="where the GLR rows' pattern sits (the mixer's `on`): b, the output recurrence "
                         "(default); a, the input mixing (attention over the pattern); both")
     p.add_argument("--out", default="out/papers", help="output folder (default out/papers)")
-    p.add_argument("--resume", action="store_true", help="keep the runs whose log already exists")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs whose log already exists, and continue those stopped by --max-seconds "
+                        "from their checkpoints")
+    p.add_argument("--max-seconds", type=float,
+                   help="stop after this many seconds: every run not finished by then writes a checkpoint "
+                        "(`<log>.ckpt`) instead of its log, and the command exits with status 3 without a table; "
+                        "run it again with --resume to go on (default: no limit)")
     p.add_argument("--jobs", type=int, default=1,
                    help="runs at once, each in its own process (default 1; each gets cores/jobs torch "
                         "threads unless --threads says); on one GPU a small model leaves it mostly idle, "
@@ -88,18 +94,23 @@ def notes(experiment: str, cells: Dict, rows) -> List[str]:
 
 
 def _run(jobs) -> List[tuple]:
-    """Runs in this process, a step of each in turn (:func:`~experiments.train.train_many`; one
-    run: :func:`~experiments.train.train`); writes each run's log (whole or not at all: a run cut
-    short leaves no log, so that ``--resume`` runs it again); returns [(path, log)]."""
-    threads = jobs[0][4]
+    """Runs in this process, a step of each in turn (:func:`~experiments.train.train_many`); writes
+    each finished run's log (whole or not at all: a run cut short leaves no log, so that
+    ``--resume`` runs it again — from its checkpoint where the deadline wrote one); returns
+    [(path, log)] of the finished runs."""
+    threads, deadline = jobs[0][4], jobs[0][5]
     if threads:
         import torch
 
         torch.set_num_threads(threads)
     cfgs = [RunConfig.from_dict(cfg) for cfg, *_ in jobs]
-    logs = [train(cfgs[0], jobs[0][1])] if len(jobs) == 1 else train_many(cfgs, jobs[0][1])
+    ckpts = [path + ".ckpt" for _, _, path, *_ in jobs]
+    # (checkpoints are read even without a deadline: --resume goes on from them)
+    logs = train_many(cfgs, jobs[0][1], checkpoints=ckpts, deadline=deadline)
     out = []
-    for (_, _, path, meta, _), log in zip(jobs, logs):
+    for (_, _, path, meta, _, _), log in zip(jobs, logs):
+        if log is None:
+            continue
         log.update(meta)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".part", "w") as f:
@@ -151,6 +162,9 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
     root = os.path.join(a.out, experiment)
     os.makedirs(os.path.join(root, "runs"), exist_ok=True)
     start = time.time()
+    if a.max_seconds is not None and not a.max_seconds > 0:
+        raise SystemExit(f"--max-seconds: expected a positive number of seconds, got {a.max_seconds}")
+    deadline = None if a.max_seconds is None else start + a.max_seconds
     # Parallel runs share the cores: torch's default (a thread per core in every process) would
     # oversubscribe them.
     threads = a.threads or (max(1, (os.cpu_count() or 1) // a.jobs) if a.jobs > 1 else None)
@@ -164,6 +178,8 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
                     folder = _slug(r.label) + ("" if on == "b" else f"-on-{on}")  # no log shared across `on`
                     path = os.path.join(root, "runs", folder, t.task, f"lr{lr:g}-seed{seed}.json")
                     runs.setdefault((r.label, t.task), {})[path] = None
+                    if not a.resume and os.path.exists(path + ".ckpt"):
+                        os.remove(path + ".ckpt")  # a fresh run does not go on from an old one
                     if a.resume and os.path.exists(path):
                         with open(path) as f:
                             runs[(r.label, t.task)][path] = json.load(f)
@@ -171,7 +187,7 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
                     cfg = RunConfig(task=t, mixer=r.mixer, mixer_config=dict(r.config), lr=lr, seed=seed,
                                     dtype=a.dtype, backend=a.backend, form=a.form, graph=not a.eager, **b.run)
                     meta = {"experiment": experiment, "structure": r.label, "budget": a.budget}
-                    todo.append((r.cost * t.length, (cfg.to_dict(), a.device, path, meta, threads)))
+                    todo.append((r.cost * t.length, (cfg.to_dict(), a.device, path, meta, threads, deadline)))
     if a.jobs > 1 or a.streams > 1:
         # The costliest runs first, so that none of them starts last and alone; a process takes
         # `streams` runs of about the same cost.
@@ -188,6 +204,12 @@ def main(experiment: str, title: str, argv: Optional[Sequence[str]] = None) -> D
         for group in groups:
             for path, log in _run(group):
                 _store(runs, path, log, a.quiet)
+    stopped = [path for logs in runs.values() for path, log in logs.items() if log is None]
+    if stopped:
+        print(f"{len(stopped)} of {sum(len(v) for v in runs.values())} runs stopped at --max-seconds "
+              f"{a.max_seconds:g} with a checkpoint each (`<log>.ckpt` under {os.path.join(root, 'runs')}); run the "
+              "same command with --resume to go on", file=sys.stderr)
+        raise SystemExit(3)
     cells = {key: report.cell(list(logs.values())) for key, logs in runs.items()}
     names = [t.task for t in tasks]
     extra = notes(experiment, cells, rows)

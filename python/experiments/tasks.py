@@ -293,3 +293,17 @@ class TrainStream:
         idx = self.order[self.at : self.at + self.batch]
         self.at += self.batch
         return self.pool[0][idx], self.pool[1][idx]
+
+    def state(self) -> Dict:
+        """Where the stream is: its generator's state and, with a pool, the epoch's order and
+        position (:meth:`restore` goes on from there)."""
+        d = {"rng": self.rng.bit_generator.state}
+        if self.pool is not None:
+            d.update(order=self.order.copy(), at=self.at)
+        return d
+
+    def restore(self, d: Dict) -> None:
+        """Goes on from :meth:`state` of a stream of the same task, batch, seed and pool."""
+        self.rng.bit_generator.state = d["rng"]
+        if self.pool is not None:
+            self.order, self.at = np.asarray(d["order"]), int(d["at"])

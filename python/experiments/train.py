@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
@@ -158,6 +159,8 @@ class Trainer:
         self.pending = []
         self.graph = None
         self.at = 0
+        self.eager = 0  # steps run as they are by this object (the warm-up a capture needs)
+        self.before = 0.0  # wall seconds of the run before a checkpoint it was restored from
 
     def _on(self):
         """The run's stream as the current one (CUDA), else nothing."""
@@ -204,7 +207,8 @@ class Trainer:
                 # capture requires.
                 self.opt.zero_grad(set_to_none=True)
                 loss = self._step_on(_tensor(tok, device), _tensor(tgt, device))
-            if self.graphed and self.graph is None and step + 1 == GRAPH_AFTER:
+            self.eager += self.graph is None
+            if self.graphed and self.graph is None and self.eager == GRAPH_AFTER:
                 # The first steps run as they are (the warm-up a capture needs); the rest replay
                 # one captured step on fixed input buffers: one launch instead of hundreds.
                 self.static_tok, self.static_tgt = _tensor(tok, device), _tensor(tgt, device)
@@ -243,8 +247,54 @@ class Trainer:
             "curve": self.curve,
             "val": final_val,
             "test": test,
-            "wall_s": time.time() - self.start,
+            "wall_s": self.before + time.time() - self.start,
         }
+
+    def checkpoint(self, path: str) -> None:
+        """Writes what the run needs to go on from here (whole or not at all): its step, curve,
+        wall time so far, the model's and optimizer's states, torch's random states and the
+        training stream's position. :meth:`restore` on a new :class:`Trainer` of the same
+        configuration continues the run as if it had not stopped (the same bits on the CPU)."""
+        with self._on():
+            self._flush()
+            state = {
+                "config": self.cfg.to_dict(),
+                "at": self.at,
+                "curve": self.curve,
+                "wall_s": self.before + time.time() - self.start,
+                "model": self.model.state_dict(),
+                "opt": self.opt.state_dict(),
+                "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(self.device) if self.cuda_stream is not None else None,
+                "stream": self.stream_in.state(),
+            }
+            if self.cuda_stream is not None:
+                self.cuda_stream.synchronize()
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        torch.save(state, path + ".part")
+        os.replace(path + ".part", path)
+
+    def restore(self, path: str) -> None:
+        """Continues from :meth:`checkpoint`'s file ``path``, written by a run of the same
+        configuration (``ValueError`` otherwise)."""
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        if state["config"] != self.cfg.to_dict():
+            raise ValueError(f"{path}: a checkpoint of another run configuration ({state['config']}), "
+                             f"expected {self.cfg.to_dict()}")
+        with self._on():
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["opt"])
+            if self.graphed:
+                # A replayed step reads the learning rate from the device (a tensor), as set up
+                # in __init__; the state dict carried it as the number it held.
+                for g in self.opt.param_groups:
+                    g["lr"] = torch.tensor(float(g["lr"]), device=self.device)
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and self.cuda_stream is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+        self.stream_in.restore(state["stream"])
+        self.at, self.curve, self.before = state["at"], state["curve"], state["wall_s"]
+        self.start = time.time()
 
 
 def train(cfg: RunConfig, device: str = "cpu", progress=None) -> Dict:
@@ -257,20 +307,37 @@ def train(cfg: RunConfig, device: str = "cpu", progress=None) -> Dict:
     return run.log()
 
 
-def train_many(cfgs: List[RunConfig], device: str = "cpu") -> List[Dict]:
+def train_many(cfgs: List[RunConfig], device: str = "cpu", checkpoints: Optional[List[str]] = None,
+               deadline: Optional[float] = None) -> List[Optional[Dict]]:
     """Trains several models in one process, a step of each in turn; returns their logs in
     order, each the log :func:`train` gives the run alone (``wall_s``: from the start of all to
     the run's end). On CUDA each run has its own stream, so while the host queues one run's step
     the device runs the others': small models that leave the device mostly idle share it with
-    one CUDA context instead of several processes' (which the device time-slices)."""
+    one CUDA context instead of several processes' (which the device time-slices).
+
+    With ``checkpoints`` (a file path per run): a run whose file exists continues from it
+    (:meth:`Trainer.restore`), and at ``deadline`` (a :func:`time.time`) every unfinished run
+    writes its file (:meth:`Trainer.checkpoint`) and its log is ``None``; a finished run's file is
+    removed."""
     runs = [Trainer(c, device) for c in cfgs]
+    if checkpoints is not None:
+        for r, path in zip(runs, checkpoints):
+            if os.path.exists(path):
+                r.restore(path)
     logs: List[Optional[Dict]] = [None] * len(runs)
     while any(lg is None for lg in logs):
+        if deadline is not None and time.time() >= deadline:
+            for r, path, lg in zip(runs, checkpoints or [None] * len(runs), logs):
+                if lg is None and path is not None:
+                    r.checkpoint(path)
+            return logs
         for i, r in enumerate(runs):
             if logs[i] is not None:
                 continue
             if r.done:
                 logs[i] = r.log()
+                if checkpoints is not None and os.path.exists(checkpoints[i]):
+                    os.remove(checkpoints[i])
             else:
                 r.step()
     return logs

@@ -3,6 +3,7 @@ task generators follow their definitions, the GLR slots read from the library ar
 offsets, every family's layer runs forward and backward, a trivial task trains, Kendall τ and the
 table are right on hand-computed inputs, and one command writes its logs and table."""
 
+import dataclasses
 import json
 import math
 import os
@@ -19,7 +20,7 @@ sys.path.append(os.path.join(os.path.dirname(__file__), ".."))
 from experiments import report, runner, settings  # noqa: E402
 from experiments.model import MixerLayer, Model, glr_sources  # noqa: E402
 from experiments.tasks import IGNORE, Split, TaskConfig, TrainStream, generate, token_hash  # noqa: E402
-from experiments.train import GRAPH_AFTER, RunConfig, lr_at, train, train_many  # noqa: E402
+from experiments.train import GRAPH_AFTER, RunConfig, Trainer, lr_at, train, train_many  # noqa: E402
 
 
 def test_copy_layout():
@@ -306,6 +307,65 @@ def test_runs_sharing_a_process_give_the_logs_of_runs_alone():
         assert a["config"] == b["config"] and a["curve"] == b["curve"]
         assert a["val"] == b["val"] and a["test"] == b["test"]
     assert len(shared[2]["curve"]["loss"]) == 5 and shared[0]["curve"]["loss"] != shared[2]["curve"]["loss"]
+
+
+def _stopped_and_resumed(cfg, device, path, stop_at):
+    """A run of ``cfg`` stopped after ``stop_at`` steps and checkpointed to ``path``, then
+    continued to its end by a new Trainer; its log."""
+    first = Trainer(cfg, device)
+    for _ in range(stop_at):
+        first.step()
+    first.checkpoint(path)
+    second = Trainer(cfg, device)
+    second.restore(path)
+    while not second.done:
+        second.step()
+    return second.log()
+
+
+def test_a_run_stopped_at_its_deadline_goes_on_from_its_checkpoint_as_if_it_had_not_stopped(tmp_path):
+    # The same bits on the CPU: the model, the optimizer's moments and step, the training stream's
+    # position in its shuffled pool (reshuffled within the run), the curve and its evaluations.
+    for cfg in _shared_process_runs("cpu")[:2]:
+        cfg = dataclasses.replace(cfg, train_examples=20)
+        whole = train(cfg)
+        resumed = _stopped_and_resumed(cfg, "cpu", str(tmp_path / "run.ckpt"), stop_at=4)
+        assert whole["curve"] == resumed["curve"] and len(whole["curve"]["val_accuracy"]) == 3
+        assert whole["val"] == resumed["val"] and whole["test"] == resumed["test"]
+    with pytest.raises(ValueError, match="another run configuration"):
+        Trainer(dataclasses.replace(cfg, lr=0.5)).restore(str(tmp_path / "run.ckpt"))
+
+
+def test_max_seconds_stops_the_command_and_resume_finishes_it(tmp_path):
+    argv = ["--budget", "tiny", "--steps", "6", "--out", str(tmp_path), "--quiet", "--only", "attention,toeplitz",
+            "--threads", "1"]
+    whole = runner.main("toeplitz_copy", "t", argv + ["--out", str(tmp_path / "whole")])
+    with pytest.raises(SystemExit) as stop:
+        runner.main("toeplitz_copy", "t", argv + ["--max-seconds", "1e-9"])
+    assert stop.value.code == 3
+    root = tmp_path / "toeplitz_copy" / "runs"
+    assert sorted(p.name for p in root.glob("*/*/*")) == ["lr0.01-seed0.json.ckpt"] * 2
+    again = runner.main("toeplitz_copy", "t", argv + ["--resume"])
+    assert not list(root.glob("*/*/*.ckpt"))
+    for rel in ("attention/copy/lr0.01-seed0.json", "toeplitz/copy/lr0.01-seed0.json"):
+        a = json.loads((tmp_path / "whole" / "toeplitz_copy" / "runs" / rel).read_text())
+        b = json.loads((root / rel).read_text())
+        assert a["curve"] == b["curve"] and a["test"] == b["test"]
+    strip = lambda cells: [{k: v for k, v in c.items() if k != "wall_s"} for c in cells]  # noqa: E731
+    assert strip(whole["cells"]) == strip(again["cells"])
+    with pytest.raises(SystemExit, match="--max-seconds"):
+        runner.main("toeplitz_copy", "t", argv + ["--max-seconds", "0"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_captured_run_goes_on_from_its_checkpoint(tmp_path):
+    # Resumed past the capture: the new Trainer warms up and captures again, and trains on.
+    for cfg in _shared_process_runs("cuda")[:2]:
+        cfg = dataclasses.replace(cfg, steps=12)
+        whole = train(cfg, "cuda")
+        resumed = _stopped_and_resumed(cfg, "cuda", str(tmp_path / "run.ckpt"), stop_at=6)
+        np.testing.assert_allclose(resumed["curve"]["loss"], whole["curve"]["loss"], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(resumed["test"]["loss"], whole["test"]["loss"], rtol=1e-4)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
