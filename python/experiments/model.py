@@ -279,10 +279,20 @@ class Model(nn.Module):
         self.norm = nn.RMSNorm(width)
         self.head = linear(width, vocab, True)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens [B, T]`` → logits ``[B, T, vocab]``."""
+    def hidden(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, T]`` → the last block's output ``[B, T, width]``."""
         t = tokens.shape[1]
         h = self.tok(tokens) + self.pos(torch.arange(t, device=tokens.device))
         for blk in self.blocks:
             h = blk(h)
-        return self.head(self.norm(h))
+        return h
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens [B, T]`` → logits ``[B, T, vocab]``."""
+        return self.head(self.norm(self.hidden(tokens)))
+
+    def logits_at(self, tokens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The logits of the positions ``rows`` (indices into the ``B·T`` flattened positions)
+        only, ``[len(rows), vocab]``: the rows of :meth:`forward`'s logits, without the head's
+        work for the others (the norm and the head act position by position)."""
+        return self.head(self.norm(self.hidden(tokens).flatten(0, 1).index_select(0, rows)))

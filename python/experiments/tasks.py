@@ -101,6 +101,16 @@ class TaskConfig:
             return self.seq_len
         return 2 * self.pairs + 1 + self.queries
 
+    @property
+    def labels(self) -> int:
+        """The most labelled positions an example has (copy: the string and its final `.`; mqar:
+        a query per pair; multihop: the queries)."""
+        if self.task == "copy":
+            return self.max_len + 1
+        if self.task == "mqar":
+            return self.pairs
+        return self.queries
+
     def to_dict(self) -> Dict:
         return asdict(self)
 

@@ -154,6 +154,8 @@ class Trainer:
                 [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}],
                 lr=torch.tensor(cfg.lr, device=device) if self.graphed else cfg.lr, betas=cfg.betas,
                 capturable=self.graphed)
+        #: Labelled positions a batch can have (the padded length of :meth:`_labelled`).
+        self.slots = cfg.batch * min(c.labels, c.length)
         self.every = cfg.eval_every or max(1, cfg.steps // 10)
         self.curve = {"step": [], "loss": [], "lr": [], "eval_step": [], "val_accuracy": []}
         self.pending = []
@@ -175,10 +177,28 @@ class Trainer:
             self.curve["loss"].extend(torch.stack(self.pending).tolist())
             self.pending.clear()
 
-    def _step_on(self, tok: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        """Forward, backward, clipping and the optimizer's step (gradients start unset)."""
-        logits = self.model(tok).float()
-        loss = F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=IGNORE)
+    def _labelled(self, tgt: np.ndarray):
+        """``(rows, labels)``: the flattened positions of a batch's labelled targets and those
+        targets, padded to :attr:`slots` entries (row 0, label ``IGNORE``) so that a captured step
+        sees the same shapes every time."""
+        flat = tgt.reshape(-1)
+        rows = np.flatnonzero(flat != IGNORE)
+        if len(rows) > self.slots:
+            raise ValueError(f"a batch with {len(rows)} labelled positions, expected at most {self.slots} "
+                             f"({self.cfg.batch} examples of at most {self.cfg.task.labels})")
+        out = np.zeros(self.slots, dtype=np.int64)
+        lab = np.full(self.slots, IGNORE, dtype=np.int64)
+        out[: len(rows)], lab[: len(rows)] = rows, flat[rows]
+        return out, lab
+
+    def _step_on(self, tok: torch.Tensor, rows: torch.Tensor, lab: torch.Tensor) -> torch.Tensor:
+        """Forward, backward, clipping and the optimizer's step (gradients start unset). The loss
+        is the cross-entropy of the labelled positions (``rows``, ``lab`` of :meth:`_labelled`),
+        whose logits alone are formed: the same loss as over every position's logits with the
+        others ignored, without the head's work for them (three quarters of MQAR's positions,
+        whose vocabulary head of 8192 outputs dominates the step)."""
+        logits = self.model.logits_at(tok, rows).float()
+        loss = F.cross_entropy(logits, lab, ignore_index=IGNORE)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
         self.opt.step()
@@ -195,27 +215,28 @@ class Trainer:
                 else:
                     g["lr"] = lr
             tok, tgt = self.stream_in.next()
+            rows, lab = self._labelled(tgt)
             if self.graph is not None:
                 # From page-locked copies, without waiting: the host draws the next batch while
                 # the device runs this step (torch keeps each pinned block until its copy is done).
-                self.static_tok.copy_(torch.from_numpy(tok).pin_memory(), non_blocking=True)
-                self.static_tgt.copy_(torch.from_numpy(tgt).pin_memory(), non_blocking=True)
+                for buf, a in zip(self.static_in, (tok, rows, lab)):
+                    buf.copy_(torch.from_numpy(a).pin_memory(), non_blocking=True)
                 self.graph.replay()
                 loss = self.static_loss.clone()
             else:
                 # On CUDA the warm-up steps run on the run's own stream (not the default one), as a
                 # capture requires.
                 self.opt.zero_grad(set_to_none=True)
-                loss = self._step_on(_tensor(tok, device), _tensor(tgt, device))
+                loss = self._step_on(*(_tensor(a, device) for a in (tok, rows, lab)))
             self.eager += self.graph is None
             if self.graphed and self.graph is None and self.eager == GRAPH_AFTER:
                 # The first steps run as they are (the warm-up a capture needs); the rest replay
                 # one captured step on fixed input buffers: one launch instead of hundreds.
-                self.static_tok, self.static_tgt = _tensor(tok, device), _tensor(tgt, device)
+                self.static_in = [_tensor(a, device) for a in (tok, rows, lab)]
                 self.opt.zero_grad(set_to_none=True)
                 self.graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(self.graph, stream=self.cuda_stream):
-                    self.static_loss = self._step_on(self.static_tok, self.static_tgt)
+                    self.static_loss = self._step_on(*self.static_in)
             self.curve["step"].append(step)
             # Kept on the device and read at the evaluations: a read per step would make the
             # host wait for every step's kernels instead of preparing the next batch meanwhile.

@@ -12,6 +12,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 # `experiments` lives next to the package sources in python/; appended, so the installed `mixers`
 # (with its compiled extension) stays first on the path.
@@ -307,6 +308,32 @@ def test_runs_sharing_a_process_give_the_logs_of_runs_alone():
         assert a["config"] == b["config"] and a["curve"] == b["curve"]
         assert a["val"] == b["val"] and a["test"] == b["test"]
     assert len(shared[2]["curve"]["loss"]) == 5 and shared[0]["curve"]["loss"] != shared[2]["curve"]["loss"]
+
+
+@pytest.mark.parametrize("task", [TaskConfig("copy", alphabet=5, min_len=2, max_len=6),
+                                  TaskConfig("mqar", vocab=40, pairs=5, seq_len=24),
+                                  TaskConfig("multihop", vocab=32, pairs=6, max_hops=2, queries=2)])
+def test_the_loss_on_the_labelled_positions_is_the_loss_over_every_position(task):
+    # The step forms the logits of the labelled positions only; the loss and every gradient are
+    # those of the cross-entropy over all positions' logits with the others ignored.
+    cfg = RunConfig(task=task, mixer="mamba2", width=16, layers=1, heads=2, batch=6, steps=3, val_size=8,
+                    test_size=8)
+    run = Trainer(cfg)
+    tok, tgt = run.stream_in.next()
+    rows, lab = run._labelled(tgt)
+    assert len(rows) == 6 * task.labels and (tgt != IGNORE).sum() <= len(rows)
+    model = run.model
+    tok_t = torch.from_numpy(tok)
+    full = F.cross_entropy(model(tok_t).flatten(0, 1), torch.from_numpy(tgt).flatten(), ignore_index=IGNORE)
+    g_full = torch.autograd.grad(full, list(model.parameters()))
+    part = F.cross_entropy(model.logits_at(tok_t, torch.from_numpy(rows)), torch.from_numpy(lab), ignore_index=IGNORE)
+    g_part = torch.autograd.grad(part, list(model.parameters()))
+    torch.testing.assert_close(part, full, rtol=1e-6, atol=0)
+    for a, b in zip(g_part, g_full):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    many = np.full_like(tgt, 1)
+    with pytest.raises(ValueError, match="labelled positions"):
+        run._labelled(many)
 
 
 def _stopped_and_resumed(cfg, device, path, stop_at):
