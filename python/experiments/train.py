@@ -298,7 +298,9 @@ class Trainer:
     def restore(self, path: str) -> None:
         """Continues from :meth:`checkpoint`'s file ``path``, written by a run of the same
         configuration (``ValueError`` otherwise)."""
-        state = torch.load(path, map_location=self.device, weights_only=False)
+        # On the CPU: the random states must stay there, and load_state_dict copies the tensors
+        # onto the model's and the optimizer's device.
+        state = torch.load(path, map_location="cpu", weights_only=False)
         if state["config"] != self.cfg.to_dict():
             raise ValueError(f"{path}: a checkpoint of another run configuration ({state['config']}), "
                              f"expected {self.cfg.to_dict()}")
