@@ -258,13 +258,16 @@ template <typename T> static bool vectors(const T* x, const T* out, int hd) {
 
 // llb_reverse on bf16 rows: a copy at c = 1, a scaling by 1/2 (exact in bf16), and σ = 0.7 rounded
 // to bf16 from f32 as the kernel does.
-static void run_reverse_bf16(int B, int Tn, int H, int D, int C) {
+static void run_reverse_bf16(int B, int Tn, int H, int D, int C, int shift = 0) {
     const int Tp = (Tn + C - 1) / C * C;
-    std::vector<mx_bf16> x((size_t)B * Tn * H * D);
-    for (size_t i = 0; i < x.size(); ++i) x[i] = mx_f32_bf16(0.37f * (float)i - 3.0f);
+    // `shift` entries into an aligned buffer (shift 1: a source 2 bytes off 16-byte alignment,
+    // which takes the entry-by-entry path whatever the row's length).
+    std::vector<mx_bf16> buf((size_t)B * Tn * H * D + 8);
+    for (size_t i = 0; i < buf.size(); ++i) buf[i] = mx_f32_bf16(0.37f * (float)i - 3.0f);
+    const mx_bf16* x = buf.data() + shift;
     for (auto [M, N, c] : {std::tuple{Tp, Tp, 1.0f}, std::tuple{Tn, Tn, 0.5f}, std::tuple{Tp, Tp, 0.7f}}) {
         std::vector<mx_bf16> out((size_t)B * N * H * D, 0xffffu);
-        launch(B * N, 1, [&] { llb_reverse<mx_bf16, float>(x.data(), out.data(), B, Tn, H, D, M, N, c); });
+        launch(B * N, 1, [&] { llb_reverse<mx_bf16, float>(x, out.data(), B, Tn, H, D, M, N, c); });
         int bad = 0;
         for (int b = 0; b < B; ++b)
             for (int t = 0; t < N; ++t)
@@ -278,7 +281,7 @@ static void run_reverse_bf16(int B, int Tn, int H, int D, int C) {
                 }
         char what[120];
         std::snprintf(what, sizeof what, "llb_reverse bf16 B%d T%d H%d D%d M%d N%d c %.1f%s (entries wrong)", B, Tn,
-                      H, D, M, N, c, vectors(x.data(), out.data(), H * D) ? ", vectors" : "");
+                      H, D, M, N, c, vectors(x, out.data(), H * D) ? ", vectors" : "");
         check(what, bad, 0.0);
     }
 }
@@ -339,5 +342,6 @@ int main() {
     run_reverse(2, 21, 3, 4, 8);
     run_reverse_bf16(2, 37, 3, 5, 8);
     run_reverse_bf16(2, 21, 2, 8, 8);
+    run_reverse_bf16(2, 21, 2, 8, 8, 1);
     return harness_end();
 }
