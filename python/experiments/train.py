@@ -92,27 +92,31 @@ def _tensor(a: np.ndarray, device) -> torch.Tensor:
 @torch.no_grad()
 def evaluate(model: Model, split: Split, device, batch: int = 256) -> Dict:
     """Accuracy on labelled positions, whole-example accuracy (every labelled position right), and
-    per group (multi-hop: per hop count), over ``split``; the mean cross-entropy."""
+    per group (multi-hop: per hop count), over ``split``; the mean cross-entropy. Only the labelled
+    positions' logits are formed (:meth:`Model.logits_at`), as in training."""
     model.eval()
     right = total = seq_right = 0
     loss_sum = 0.0
     per_group: Dict[int, list] = {}
     for lo in range(0, len(split.tokens), batch):
-        tok = _tensor(split.tokens[lo : lo + batch], device)
-        tgt = _tensor(split.targets[lo : lo + batch], device)
-        logits = model(tok).float()
-        loss_sum += F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=IGNORE, reduction="sum").item()
-        lab = tgt != IGNORE
-        ok = (logits.argmax(-1) == tgt) & lab
-        right += ok.sum().item()
-        total += lab.sum().item()
-        seq_right += (ok.sum(1) == lab.sum(1)).sum().item()
-        groups = split.groups[lo : lo + batch]
-        okn, labn = ok.cpu().numpy(), lab.cpu().numpy()
-        for g in np.unique(groups[labn]):
-            sel = labn & (groups == g)
+        tok = split.tokens[lo : lo + batch]
+        tgt = split.targets[lo : lo + batch]
+        flat = tgt.reshape(-1)
+        rows = np.flatnonzero(flat != IGNORE)
+        logits = model.logits_at(_tensor(tok, device), _tensor(rows, device)).float()
+        lab = _tensor(flat[rows], device)
+        loss_sum += F.cross_entropy(logits, lab, reduction="sum").item()
+        ok = (logits.argmax(-1) == lab).cpu().numpy()
+        right += int(ok.sum())
+        total += len(rows)
+        # An example is right where none of its labelled positions is wrong.
+        wrong = np.bincount(rows[~ok] // tgt.shape[1], minlength=len(tok))
+        seq_right += int((wrong == 0).sum())
+        groups = split.groups[lo : lo + batch].reshape(-1)[rows]
+        for g in np.unique(groups):
+            sel = groups == g
             acc = per_group.setdefault(int(g), [0, 0])
-            acc[0] += int(okn[sel].sum())
+            acc[0] += int(ok[sel].sum())
             acc[1] += int(sel.sum())
     model.train()
     return {

@@ -21,7 +21,7 @@ sys.path.append(os.path.join(os.path.dirname(__file__), ".."))
 from experiments import report, runner, settings  # noqa: E402
 from experiments.model import MixerLayer, Model, glr_sources  # noqa: E402
 from experiments.tasks import IGNORE, Split, TaskConfig, TrainStream, generate, token_hash  # noqa: E402
-from experiments.train import GRAPH_AFTER, RunConfig, Trainer, lr_at, train, train_many  # noqa: E402
+from experiments.train import GRAPH_AFTER, RunConfig, Trainer, evaluate, lr_at, train, train_many  # noqa: E402
 
 
 def test_copy_layout():
@@ -334,6 +334,47 @@ def test_the_loss_on_the_labelled_positions_is_the_loss_over_every_position(task
     many = np.full_like(tgt, 1)
     with pytest.raises(ValueError, match="labelled positions"):
         run._labelled(many)
+
+
+def _evaluate_on_every_position(model, split, batch=7):
+    """The evaluation over every position's logits (what :func:`evaluate` computed before it
+    formed the labelled positions' only), for comparison."""
+    right = total = seq_right = 0
+    loss_sum, per_group = 0.0, {}
+    with torch.no_grad():
+        for lo in range(0, len(split.tokens), batch):
+            tgt = torch.from_numpy(split.targets[lo : lo + batch])
+            logits = model(torch.from_numpy(split.tokens[lo : lo + batch])).float()
+            loss_sum += F.cross_entropy(logits.flatten(0, 1), tgt.flatten(), ignore_index=IGNORE,
+                                        reduction="sum").item()
+            lab = tgt != IGNORE
+            ok = (logits.argmax(-1) == tgt) & lab
+            right, total = right + ok.sum().item(), total + lab.sum().item()
+            seq_right += (ok.sum(1) == lab.sum(1)).sum().item()
+            groups = split.groups[lo : lo + batch]
+            for g in np.unique(groups[lab.numpy()]):
+                sel = lab.numpy() & (groups == g)
+                acc = per_group.setdefault(int(g), [0, 0])
+                acc[0], acc[1] = acc[0] + int(ok.numpy()[sel].sum()), acc[1] + int(sel.sum())
+    return {"accuracy": right / total, "sequence_accuracy": seq_right / len(split.tokens), "loss": loss_sum / total,
+            "per_group": {g: r / n for g, (r, n) in sorted(per_group.items())}}
+
+
+@pytest.mark.parametrize("task", [TaskConfig("copy", alphabet=3, min_len=1, max_len=3),
+                                  TaskConfig("multihop", vocab=32, pairs=6, max_hops=3, queries=2)])
+def test_the_evaluation_on_the_labelled_positions_is_the_evaluation_over_every_position(task):
+    # Trained a little, so that some positions and whole examples are right and others not.
+    cfg = RunConfig(task=task, mixer="attention", width=16, layers=1, heads=2, batch=16, steps=40, lr=1e-2,
+                    val_size=50, test_size=50)
+    run = Trainer(cfg)
+    while not run.done:
+        run.step()
+    got = evaluate(run.model, run.test, "cpu", batch=7)
+    want = _evaluate_on_every_position(run.model, run.test)
+    assert 0 < got["accuracy"] < 1 and got["sequence_accuracy"] < 1
+    assert got["accuracy"] == want["accuracy"] and got["sequence_accuracy"] == want["sequence_accuracy"]
+    assert got["per_group"] == want["per_group"] and len(got["per_group"]) == (3 if task.task == "multihop" else 1)
+    assert got["loss"] == pytest.approx(want["loss"], rel=1e-6)
 
 
 def _stopped_and_resumed(cfg, device, path, stop_at):
