@@ -423,6 +423,13 @@ def test_max_seconds_stops_the_command_and_resume_finishes_it(tmp_path):
     assert strip(whole["cells"]) == strip(again["cells"])
     with pytest.raises(SystemExit, match="--max-seconds"):
         runner.main("toeplitz_copy", "t", argv + ["--max-seconds", "0"])
+    # Runs in two processes stop and go on the same way.
+    par = argv[:5] + [str(tmp_path / "par")] + argv[6:] + ["--jobs", "2"]
+    with pytest.raises(SystemExit):
+        runner.main("toeplitz_copy", "t", par + ["--max-seconds", "1e-9"])
+    assert len(list((tmp_path / "par").glob("*/runs/*/*/*.ckpt"))) == 2
+    resumed = runner.main("toeplitz_copy", "t", par + ["--resume"])
+    assert strip(whole["cells"]) == strip(resumed["cells"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
