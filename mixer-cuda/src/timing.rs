@@ -15,7 +15,9 @@ use mixer_core::mixer::Mixer;
 use mixer_core::{AnyTensors, Dims, Form, Precision, Requires, Result, Tensor, Tensors};
 use mixer_registry::DeviceTimer;
 
-use crate::device_run::{backward_device, decoder_device, run_device, run_device_saving, run_device_with};
+use crate::device_run::{
+    backward_device, decoder_device, device_saves, run_device, run_device_saving, run_device_with,
+};
 use crate::forms::{upload_inputs, upload_one};
 use crate::runtime::{err, gpu};
 use crate::tensor::GpuReal;
@@ -67,9 +69,7 @@ impl DeviceTimer for CudaTimer {
         budget_s: f64,
     ) -> Result<DeviceTiming> {
         let (mut dev, upload_s) = upload_timed(inputs, p)?;
-        let saves =
-            mixer_registry::Backend::registered("cuda").is_ok_and(|b| mixer_registry::device_saves(m, &b));
-        if saves
+        if device_saves(m)
             && !dev.contains_key(SAVED_OUTPUT)
             && let (y, Some(stats)) = run_device_saving(m, &dev, p, false)?
         {
