@@ -89,6 +89,14 @@ def _tensor(a: np.ndarray, device) -> torch.Tensor:
     return torch.from_numpy(a).to(device)
 
 
+def labelled(tgt: np.ndarray):
+    """``(rows, labels)``: the positions of ``tgt``'s labelled targets in its flattened ``B·T``
+    positions, and those targets."""
+    flat = tgt.reshape(-1)
+    rows = np.flatnonzero(flat != IGNORE)
+    return rows, flat[rows]
+
+
 @torch.no_grad()
 def evaluate(model: Model, split: Split, device, batch: int = 256) -> Dict:
     """Accuracy on labelled positions, whole-example accuracy (every labelled position right), and
@@ -101,10 +109,9 @@ def evaluate(model: Model, split: Split, device, batch: int = 256) -> Dict:
     for lo in range(0, len(split.tokens), batch):
         tok = split.tokens[lo : lo + batch]
         tgt = split.targets[lo : lo + batch]
-        flat = tgt.reshape(-1)
-        rows = np.flatnonzero(flat != IGNORE)
+        rows, labels = labelled(tgt)
         logits = model.logits_at(_tensor(tok, device), _tensor(rows, device)).float()
-        lab = _tensor(flat[rows], device)
+        lab = _tensor(labels, device)
         loss_sum += F.cross_entropy(logits, lab, reduction="sum").item()
         ok = (logits.argmax(-1) == lab).cpu().numpy()
         right += int(ok.sum())
@@ -185,14 +192,13 @@ class Trainer:
         """``(rows, labels)``: the flattened positions of a batch's labelled targets and those
         targets, padded to :attr:`slots` entries (row 0, label ``IGNORE``) so that a captured step
         sees the same shapes every time."""
-        flat = tgt.reshape(-1)
-        rows = np.flatnonzero(flat != IGNORE)
+        rows, labels = labelled(tgt)
         if len(rows) > self.slots:
             raise ValueError(f"a batch with {len(rows)} labelled positions, expected at most {self.slots} "
                              f"({self.cfg.batch} examples of at most {self.cfg.task.labels})")
         out = np.zeros(self.slots, dtype=np.int64)
         lab = np.full(self.slots, IGNORE, dtype=np.int64)
-        out[: len(rows)], lab[: len(rows)] = rows, flat[rows]
+        out[: len(rows)], lab[: len(rows)] = rows, labels
         return out, lab
 
     def _step_on(self, tok: torch.Tensor, rows: torch.Tensor, lab: torch.Tensor) -> torch.Tensor:
@@ -345,7 +351,9 @@ def train_many(cfgs: List[RunConfig], device: str = "cpu", checkpoints: Optional
     With ``checkpoints`` (a file path per run): a run whose file exists continues from it
     (:meth:`Trainer.restore`), and at ``deadline`` (a :func:`time.time`) every unfinished run
     writes its file (:meth:`Trainer.checkpoint`) and its log is ``None``; a finished run's file is
-    removed."""
+    removed. A ``deadline`` needs ``checkpoints``."""
+    if deadline is not None and checkpoints is None:
+        raise ValueError("train_many: a deadline needs a checkpoint path per run")
     runs = [Trainer(c, device) for c in cfgs]
     if checkpoints is not None:
         for r, path in zip(runs, checkpoints):
@@ -354,8 +362,8 @@ def train_many(cfgs: List[RunConfig], device: str = "cpu", checkpoints: Optional
     logs: List[Optional[Dict]] = [None] * len(runs)
     while any(lg is None for lg in logs):
         if deadline is not None and time.time() >= deadline:
-            for r, path, lg in zip(runs, checkpoints or [None] * len(runs), logs):
-                if lg is None and path is not None:
+            for r, path, lg in zip(runs, checkpoints, logs):
+                if lg is None:
                     r.checkpoint(path)
             return logs
         for i, r in enumerate(runs):
